@@ -176,12 +176,13 @@ def _run_plain_sink(frame: Any, handler: Any, sink: Any, checkpoint: Path, timeo
 def _rule_run(spark, database, source: Path, checkpoint: Path, name: str, mapping, prefetch, timeout: float,
               **options: Any) -> dict[str, Any]:
     import spark_bridge
+    from activedb.ingest import RulesHandler
 
     started = time.perf_counter()
     frame = _source(spark, source)
     query = spark_bridge.ingest(database, frame, mapping=mapping, query_name=name,
                                 checkpoint_location=str(checkpoint), trigger={"availableNow": True},
-                                prefetch=prefetch, **options)
+                                handler=RulesHandler(prefetch), **options)
     progress = _run_query(query, timeout)
     sink = spark_bridge.sink_of(query)
     outcomes = {outcome.batch_id: outcome for outcome in sink.recent_outcomes()}
@@ -208,7 +209,7 @@ def _rule_run(spark, database, source: Path, checkpoint: Path, name: str, mappin
 
 
 def _plain_run(spark, url: str, source: Path, checkpoint: Path, timeout: float) -> dict[str, Any]:
-    from spark_bridge._baseline import PlainWriteSink
+    from benchmarks.plain_write import PlainWriteSink
 
     per_batch: dict[int, tuple[float, float]] = {}
     sink = PlainWriteSink(url, "notifications", ledger_values={"transaction_id": "bench-plain-write"},
@@ -231,7 +232,8 @@ def _plain_run(spark, url: str, source: Path, checkpoint: Path, timeout: float) 
 def _peer_run(spark, url: str, source: Path, checkpoint: Path, timeout: float) -> dict[str, Any]:
     """The PL/pgSQL peer: each batch's rows sorted by time and COPY'd into hh_badge_events (its trigger applies
     the rules), one transaction with its ledger row."""
-    from spark_bridge._baseline import PlainWriteSink, streaming_query_id
+    from benchmarks.plain_write import PlainWriteSink
+    from spark_bridge._sink import streaming_query_id
 
     sink = PlainWriteSink(url, "hh_badge_events", columns=("type", "worker", "ts", "room"),
                           ledger_values={"transaction_id": "bench-plpgsql-peer"}, ledger_count_column="events")
@@ -260,7 +262,7 @@ def _counter_peer_run(spark, url: str, source: Path, checkpoint: Path, timeout: 
     """The one-rule case without activedb: each batch's worker numbers either COPY'd into
     bench_counter_events (``method="copy"``: its row trigger upserts bench_counters) or upserted into
     bench_counters by ``executemany`` (``INSERT … ON CONFLICT``), one transaction with its ledger row."""
-    from spark_bridge._baseline import PlainWriteSink
+    from benchmarks.plain_write import PlainWriteSink
 
     worker_number = "CAST(substring(worker, 2) AS INT) AS key"
     if method == "copy":
@@ -378,14 +380,14 @@ def _event_phases(database, size: int) -> dict[str, Any]:
     import pstats
 
     from activedb.examples.hand_hygiene.events import generate
-    from activedb.ingest._mapping import EventMapping
+    from activedb.ingest import EventMapping, RulesHandler
     from benchmarks import add_frame_ends, called_from, cumulative, database_wait, phase_seconds, scaled
     from spark_bridge import IngestSink
 
     batches = _arrow_batches(generate(WORKERS, size * TIMED_BATCHES, SEED + 1), size)
     sink = IngestSink(database, EventMapping("type", "worker", "ts", payload_columns=("room",)),
-                      query_name=f"{QUERY_PREFIX}-phases", prefetch={"bench_counters": _worker_number})
-    sink.record_lineage = False
+                      query_name=f"{QUERY_PREFIX}-phases", handler=RulesHandler({"bench_counters": _worker_number}),
+                      lineage=False)
     per_event_us, _, _, profile = _timed_and_profiled(database, sink, batches, f"{QUERY_PREFIX}-phases")
     stats = pstats.Stats(profile)
     raw, total = phase_seconds(stats, _EVENT_PHASES)
@@ -456,7 +458,7 @@ def _declared_phases(database, size: int) -> dict[str, Any]:
 
     from activedb.examples.hand_hygiene.app import reset_tables
     from activedb.examples.hand_hygiene.events import generate
-    from activedb.ingest._mapping import EventMapping
+    from activedb.ingest import EventMapping
     from benchmarks import database_wait, phase_seconds
     from spark_bridge import IngestSink
 
@@ -513,10 +515,11 @@ def _eca_split(database, url: str, size: int) -> dict[str, Any]:
     and whether the two left the same tables."""
     from activedb.examples.hand_hygiene.app import reset_tables
     from activedb.examples.hand_hygiene.events import generate
+    from activedb.ingest import RulesHandler
     from benchmarks._profile import server_cpu_seconds
 
     from spark_bridge import EventMapping, IngestSink
-    from spark_bridge._baseline import PlainWriteSink
+    from benchmarks.plain_write import PlainWriteSink
 
     batches = _arrow_batches(generate(WORKERS, size * TIMED_BATCHES, SEED + 3), size)
     measured = sum(batch.num_rows for batch in batches[1:])
@@ -542,7 +545,7 @@ def _eca_split(database, url: str, size: int) -> dict[str, Any]:
 
     reset_tables(database)
     sink = IngestSink(database, EventMapping("type", "worker", "ts", payload_columns=("room",)),
-                      query_name=f"{QUERY_PREFIX}-eca-split", prefetch={"worker_status": None})
+                      query_name=f"{QUERY_PREFIX}-eca-split", handler=RulesHandler({"worker_status": None}))
     try:
         rules = window(lambda number: sink.process(batches[number], number, query_id=query_id),
                        lambda: database.rules.wait_idle(600))

@@ -23,7 +23,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from activedb.ingest._mapping import EventMapping
+from activedb.ingest import EventMapping
 from benchmarks.ingest import register_minimal
 from benchmarks.report import BenchReport, Row
 
@@ -60,8 +60,7 @@ def run(quick: bool = False, progress: Any = None) -> BenchReport:
     register_minimal(database)
     run_id = uuid.uuid4()
     queries = [f"{QUERY_PREFIX}-off@{run_id}", f"{QUERY_PREFIX}-on@{run_id}"]
-    plain = IngestSink(database, MAPPING, query_name=f"{QUERY_PREFIX}-off")
-    plain.record_lineage = False
+    plain = IngestSink(database, MAPPING, query_name=f"{QUERY_PREFIX}-off", lineage=False)
     recorded = IngestSink(database, MAPPING, query_name=f"{QUERY_PREFIX}-on")
     try:
         batch_id = 0

@@ -74,6 +74,7 @@ def _run(workload: str, size: int, batches: int, phase: str) -> None:
     from activedb.examples.hand_hygiene import MIGRATIONS
     from activedb.examples.hand_hygiene.app import reset_tables
     from activedb.examples.hand_hygiene.events import generate
+    from activedb.ingest import RulesHandler
     from spark_bridge import EventMapping, IngestSink
 
     from benchmarks import MIGRATIONS as BENCH_MIGRATIONS
@@ -102,7 +103,7 @@ def _run(workload: str, size: int, batches: int, phase: str) -> None:
                                      "room": event["room"]} for event in events[start:start + size]])
               for start in range(0, len(events), size)]
     sink = IngestSink(database, EventMapping("type", "worker", "ts", payload_columns=("room",)),
-                      query_name="bench-instructions", prefetch=prefetch)
+                      query_name="bench-instructions", handler=RulesHandler(prefetch))
     query_id = f"bench-instructions-{workload}-{os.getpid()}"
     try:
         sink.process(tables[0], 0, query_id=query_id)                 # warm-up: statements, caches, threads

@@ -1,18 +1,18 @@
-"""``activedb run`` and ``activedb dead-letters replay``: Spark ingestion from the command line.
+"""``activedb run``: Spark ingestion from the command line.
 
     activedb run APP --source file:DIR|rate|socket:HOST:PORT|kafka:BROKERS/TOPIC
                  [--checkpoint DIR] [--query-name NAME] [--reset] [--metrics-port [ADDRESS:]PORT] [...]
-    activedb dead-letters replay APP [--id N] [--query NAME] [--batch B] [--reason TEXT]
 
-``APP`` is what :func:`spark_bridge.load_app` loads.  What ``run`` shows, how it stops and what it says
+``APP`` is what :func:`activedb.cli.application.load_app` loads (``activedb dead-letters replay APP`` takes the
+same).  What ``run`` shows, how it stops and what it says
 when a batch fails: the package's ``README.md`` ("Statistics and the CLI", "The console").
-:func:`register_commands` adds the commands to the ``activedb`` group (``status`` is
-``_status_cli.py``; where the events come from, ``_sources.py``).
+:func:`register_commands` adds the commands to the ``activedb`` group (``activedb status`` is
+``activedb.cli.status``'s and ``dead-letters replay`` ``activedb.cli.dead_letters``': the ledger and replay are the
+ingestion core's; where the events come from, ``_sources.py``).
 """
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import logging
 import re
@@ -24,15 +24,13 @@ from typing import Any
 
 import click
 
-from activedb.cli.dead_letters import letter_filter, letter_filters
 from activedb.metrics import metrics_port_option, start_metrics
 
 from spark_bridge._file_order import FileOrder, check_file_order
 from spark_bridge._sources import SOURCE_FORMS, build_stream, is_missing_data_source, kafka_hint, parse_source
-from spark_bridge._status_cli import status_command
-from spark_bridge.errors import SparkBridgeError, describe, first_line
+from spark_bridge.errors import IngestError, SparkBridgeError, describe, first_line
 
-__all__ = ["register_commands", "run_command", "replay_command"]
+__all__ = ["register_commands", "run_command"]
 
 SINK_IDLE_TIMEOUT_SECONDS = 120.0
 DETACHED_TIMEOUT_SECONDS = 60.0
@@ -246,10 +244,10 @@ def failure_message(sink: Any, failure: BaseException, app: str) -> str:
 def _progress(database: Any, name: str, checkpoint_dir: Path) -> list[str]:
     """What query ``name`` has done so far, in words (empty: it starts over): its ledger rows, its checkpoint's
     committed micro-batches."""
-    import spark_bridge
+    from activedb.ingest import ingestion_status
 
     found = []
-    statuses = spark_bridge.ingestion_status(database, name)
+    statuses = ingestion_status(database, name)
     if statuses:
         found.append(f"the ledger holds {statuses[0].batches:,} batches ({statuses[0].events:,} events)")
     commits = checkpoint_dir / "commits"         # Spark's log of the micro-batches it committed
@@ -277,8 +275,8 @@ def dead_letter_hint(database: Any, app: str, name: str, *, started_over: bool, 
     """What ``run`` says after a run that wrote dead letters: which of query ``name``'s are late — older than
     the state the application's tables held, so a replay would reject them again — and, for a query that
     started over on tables earlier runs filled (a new name without ``--reset``), that this is why."""
-    import spark_bridge
     from activedb import deadletters
+    from activedb.ingest import ingestion_status
 
     reasons = deadletters.count_by_reason(database, deadletters.LetterFilter(query=name, replayed=False))
     late = sum(count for reason, count in reasons.items() if _LATE.search(reason))
@@ -288,7 +286,7 @@ def dead_letter_hint(database: Any, app: str, name: str, *, started_over: bool, 
         lines.append(f"{late:,} of query {name}'s dead letters are late: older than what the application's tables "
                      f"(or the stream's watermark) held when they came; `dead-letters replay` would reject them again")
         if started_over and not reset:
-            earlier = [status.query_name for status in spark_bridge.ingestion_status(database)
+            earlier = [status.query_name for status in ingestion_status(database)
                        if status.query_name != name]
             by = f" (queries {', '.join(earlier)} wrote to them)" if earlier else ""
             lines.append(f"query {name!r} is new and started over without --reset, on tables that earlier runs "
@@ -407,7 +405,7 @@ def run_command(ctx: click.Context, app: str, source_text: str, checkpoint: str 
     import spark_bridge
     from activedb import mask_secrets
     from activedb.cli import console as make_console, open_database
-    from spark_bridge._app import ingest_options
+    from activedb.cli.application import app_handler
     from spark_bridge._cluster import check_database_for_executors
 
     source = parse_source(source_text)
@@ -490,12 +488,10 @@ def run_command(ctx: click.Context, app: str, source_text: str, checkpoint: str 
             query = spark_bridge.ingest(
                 database, frame, mapping=loaded.mapping, query_name=name, checkpoint_location=str(checkpoint_dir),
                 trigger={"availableNow": True} if available_now else trigger, known_types=loaded.known_types,
-                prefetch=loaded.prefetch, watermark_delay=watermark_delay or loaded.watermark_delay,
-                partition_by_key=partitions, app=app if partitions else None,
-                **ingest_options(loaded),       # the app's QUERIES/SCHEDULER or EXECUTOR/TRANSACTIONS
-                on_partition_failure=on_partition_failure,
+                watermark_delay=watermark_delay or loaded.watermark_delay, handler=app_handler(loaded),
+                partition_by_key=partitions, app=app if partitions else None, on_partition_failure=on_partition_failure,
             )
-        except SparkBridgeError as error:
+        except (SparkBridgeError, IngestError) as error:
             raise click.ClickException(str(error)) from None
         sink = spark_bridge.sink_of(query)
         if metrics is not None:
@@ -543,55 +539,10 @@ def _load_app(app: str, verbose: bool) -> Any:
         logging.getLogger("activedb.rules").addHandler(logging.StreamHandler())
     try:
         return spark_bridge.load_app(app, require_mapping=True)
-    except SparkBridgeError as error:
+    except (SparkBridgeError, IngestError) as error:
         raise click.ClickException(str(error)) from None
 
 
-@click.command("replay")
-@click.argument("app")
-@letter_filters
-@click.option("--limit", type=int, default=0, help="At most this many (default: all that match).")
-@click.option("--verbose", is_flag=True, help="Also log each event the rules reject again.")
-@click.pass_context
-def replay_command(ctx: click.Context, app: str, ids: tuple[int, ...], query: str | None, batch: int | None,
-                   reason: str | None, limit: int, verbose: bool) -> None:
-    """Re-submit dead letters (not yet replayed) to APP's rules through the same path as a micro-batch,
-    exactly once: each commits with its ledger row (query replay:NAME, batch = the dead letter's id) and
-    is marked replayed in the same transaction; one rejected again becomes a new dead letter.
-
-    APP is what `activedb run` takes (register(db) and MAPPING)."""
-    from activedb import deadletters
-    from activedb.cli import open_database
-    from spark_bridge._replay import replay_dead_letters
-
-    loaded = _load_app(app, verbose)
-    database = open_database(ctx, writes=True)
-    try:
-        letters = deadletters.select(database, letter_filter(ids, query, batch, reason, replayed=False),
-                                     limit=limit or None)
-        if not letters:
-            click.echo("no dead letters to replay match (`activedb dead-letters list --all` shows replayed ones)")
-            return
-        if loaded.migrations is not None:
-            database.upgrade_app(loaded.migrations)
-        loaded.register(database)
-        outcomes = replay_dead_letters(database, loaded, letters)
-    finally:
-        database.close()
-    counts = collections.Counter(outcome.outcome for outcome in outcomes)
-    queries = sorted({outcome.query_id for outcome in outcomes})
-    click.echo(f"replayed {len(outcomes)} dead letter(s) as {', '.join(queries)}: "
-               + ", ".join(f"{count} {what}" for what, count in sorted(counts.items())))
-    if counts.get("rejected again"):
-        click.echo(f"those rejected again are new dead letters: activedb dead-letters list --query "
-                   f"{queries[0].split(':', 1)[1]}")
-
-
 def register_commands(main_group: click.Group) -> None:
-    """Add ``run`` and ``status`` to the ``activedb`` command group, and ``replay`` to its ``dead-letters``
-    group."""
+    """Add ``run`` to the ``activedb`` command group."""
     main_group.add_command(run_command, "run")
-    main_group.add_command(status_command, "status")
-    letters = main_group.commands.get("dead-letters")
-    if isinstance(letters, click.Group):
-        letters.add_command(replay_command, "replay")

@@ -17,8 +17,8 @@ SPARK_FILES = 4                 # the stream is written as this many files (micr
 
 def feed(db: Any, events: list[dict], app: Any, console: Any, progress: Any, engine: Any) -> dict:
     """Feed ``events`` through Spark Structured Streaming into ``engine``'s pattern queries
-    (``spark_bridge.ingest(…, queries=engine)``; an ``activedb.streams.StreamEngine`` built with
-    ``record_dead_letters=False``).
+    (``spark_bridge.ingest(…, handler=streams.QueriesHandler(engine))``; an ``activedb.streams.StreamEngine``
+    built with ``record_dead_letters=False``).
 
     The events are written as JSON files (one micro-batch each, ``app.SCHEMA``), read as a file stream
     with a checkpoint in the same temporary folder, renamed to the paper's vocabulary (``ENTER``…,
@@ -30,6 +30,7 @@ def feed(db: Any, events: list[dict], app: Any, console: Any, progress: Any, eng
     """
     import activedb
     import spark_bridge
+    from activedb.streams import QueriesHandler
     from pyspark.sql import functions as F
 
     progress.start("micro-batches", total=SPARK_FILES)
@@ -46,7 +47,8 @@ def feed(db: Any, events: list[dict], app: Any, console: Any, progress: Any, eng
                                         "type", "HCW-ID", "ts", payload_columns=("location",)),
                                     query_name="hand_hygiene_demo_queries",
                                     checkpoint_location=str(Path(folder) / "checkpoint"),
-                                    trigger={"availableNow": True}, queries=engine, watermark_delay="30 seconds")
+                                    trigger={"availableNow": True}, handler=QueriesHandler(engine),
+                                    watermark_delay="30 seconds")
         sink = spark_bridge.sink_of(query)
         progress.note("waiting for the first micro-batch ...")
         while not query.awaitTermination(0.5):

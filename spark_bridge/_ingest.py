@@ -1,27 +1,28 @@
-"""``ingest()``: attach a Structured Streaming DataFrame to an activedb database.
+"""``ingest()``: attach a Structured Streaming DataFrame to an activedb database — the Spark connector of the
+ingestion core (``activedb.ingest``); ``sink_of(query)``, ``end_of_stream(query)``.
 
-See ``spark_bridge/README.md`` (exactly once, the watermark, the scale-out path) and the
-docstrings of :mod:`spark_bridge._sink` and :mod:`spark_bridge._scaleout`.
+See ``spark_bridge/README.md`` (the watermark, the scale-out path) and the docstrings of
+:mod:`spark_bridge._sink` and :mod:`spark_bridge._scaleout`; the batch protocol is ``activedb/ingest/README.md``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import difflib
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from activedb.ingest._mapping import EventMapping, as_mapping
-from activedb.ingest._protocol import BatchHandler
+from activedb.cli.application import portable_spec
+from activedb.ingest import BatchHandler, EventMapping, RulesHandler, as_mapping
 
-from spark_bridge._app import portable_spec
 from spark_bridge._foreach import foreach_batch
 from spark_bridge._scaleout import PartitionedIngestSink
 from spark_bridge._sink import IngestSink, QueryRun
 from spark_bridge.errors import IngestError, MappingError
 
-__all__ = ["IngestOptions", "ingest", "sink_of"]
+__all__ = ["IngestOptions", "end_of_stream", "ingest", "sink_of"]
 
 #: The attribute of the returned StreamingQuery (or DataStreamWriter) holding the sink.
 SINK_ATTRIBUTE = "activedb_sink"
@@ -37,87 +38,70 @@ def _check_columns(streaming_df: Any, mapping: EventMapping) -> None:
             f"fix the EventMapping or select/rename the columns before ingest()")
 
 
+#: Options ``ingest()`` had before a batch's path became one handler object: what to pass instead.
+_MOVED = {"queries": "handler=streams.QueriesHandler(engine_or_factory, scheduler=…)",
+          "scheduler": "handler=streams.QueriesHandler(engine_or_factory, scheduler=…)",
+          "executor": "handler=batch.TpgHandler(transactions)",
+          "transactions": "handler=batch.TpgHandler(transactions)",
+          "composition": "handler=composite.CompositeHandler(engine)",
+          "prefetch": "handler=activedb.ingest.RulesHandler(prefetch=…)",
+          "lower_declared": "handler=activedb.ingest.RulesHandler(lower_declared=…)"}
+
+
 @dataclass(frozen=True)
 class IngestOptions:
     """How :func:`ingest` runs a query beyond its mapping, name and checkpoint; checked when built
     (every check of ``ingest()``'s options is here).  Immutable.  ``ingest(…, **fields)`` builds one.
 
+    * ``handler`` — where each batch goes (an ``activedb.ingest.BatchHandler``): the rules by default
+      (``activedb.ingest.RulesHandler(prefetch=…, lower_declared=…)``), ``streams.QueriesHandler(engine,
+      scheduler=…)`` (stream engines; the watermark as punctuation), ``batch.TpgHandler(transactions)`` (declared
+      state transactions planned per batch), ``composite.CompositeHandler(engine)`` (a mapping with
+      ``producer_column``); one handler object feeds one query;
     * ``trigger`` — ``None`` (batches back to back), ``"5 seconds"``/``5``, or keyword arguments for
       ``DataStreamWriter.trigger`` (``{"availableNow": True}``);
-    * ``known_types`` — accepted event types (default: the path's, for the rules the types they listen to);
-    * ``prefetch`` — rule path: ``{table: None | payload field | callable}``, rows loaded per batch in one
-      query (``None``: the event key is the row key);
-    * ``lower_declared`` — rule path: a batch whose every event type fires one declared rule
-      (``@batch.declared``) runs as one batch of state transactions at commit when that is the same as
-      firing them (default True; ``activedb/batch/README.md``, "Declared rules"); False fires them event
-      by event (to compare, or to debug one firing at a time);
+    * ``known_types`` — accepted event types (default: the handler's, for the rules the types they listen to);
     * ``watermark_delay`` — applies ``withWatermark(mapping.ts_column, delay)`` (the column must be a Spark
       timestamp); a watermark declared on the frame works as well.  The batch's Spark watermark is
       punctuated after the batch commits (``db.punctuate(query_name, watermark)``) and events older than it
       are dead letters;
     * ``start=False`` — return the ``DataStreamWriter`` (sink in ``writer.activedb_sink``) to configure and
-      start; ``on_phase(phase, batch_id)`` — a seam for crash tests (``_outcome.PHASES``);
-    * ``lineage`` — every batch transaction records the source batch it consumed (``db.batches``);
-    * the path of a batch, at most one (the rules without any): ``queries`` (+ ``scheduler``) — stream
-      engines (``activedb.streams.StreamEngine`` built with ``record_dead_letters=False``; one, a list, or a
-      factory ``factory(db, scheduler=…)``), the watermark as punctuation, ``scheduler`` (``"sei"``,
-      ``"s2pl"``, ``"lwm"`` or a ``streams.Scheduler``) the engines' own; ``executor="tpg"`` and
-      ``transactions`` (``activedb.batch.StateTransactions``, planned per batch at commit);
-      ``composition`` (an ``activedb.composite.CompositionEngine``, a mapping with ``producer_column``);
-    * the scale-out path (``_scaleout.py``), rules only: ``partition_by_key=N`` — each batch repartitioned by
-      key into ``N`` Spark tasks, each applying its partition in its own engine that registers ``app``'s
-      rules (``connect_options`` go to its ``activedb.connect``); ``on_partition_failure`` — ``"forward"``
-      (default: the query fails; after the fix a restart completes the batch) or ``"compensate"`` (the
-      committed partitions are compensated, the failed one's rows become dead letters; ``_atomic.py``).
+      start; ``on_phase(phase, batch_id)`` — a seam for crash tests (``activedb.ingest.Phase``);
+    * ``lineage`` — every batch transaction records the source batch it consumed (``db.batches``; on by default
+      here, as the atomic batch features need it);
+    * the scale-out path (``_scaleout.py``), the rule path only: ``partition_by_key=N`` — each batch repartitioned
+      by key into ``N`` Spark tasks, each applying its partition in its own engine that registers ``app``'s
+      rules (``connect_options`` go to its ``activedb.connect``; ``prefetch`` and ``lower_declared`` are the
+      handler's); ``on_partition_failure`` — ``"forward"`` (default: the query fails; after the fix a restart
+      completes the batch) or ``"compensate"`` (the committed partitions are compensated, the failed one's rows
+      become dead letters; ``activedb.atomic``'s split batches).
     """
 
+    handler: BatchHandler | None = None
     trigger: Any = None
     known_types: Collection[str] | None = None
-    prefetch: Mapping[str, Any] | None = None
-    lower_declared: bool = True
     watermark_delay: str | dt.timedelta | None = None
     start: bool = True
     on_phase: Callable[[str, int], None] | None = None
     lineage: bool = True
-    queries: Any = None
-    scheduler: Any = None
-    executor: str | None = None
-    transactions: Any = None
-    composition: Any = None
     partition_by_key: int | None = None
     app: str | Callable[[Any], Any] | None = None
     connect_options: Mapping[str, Any] | None = None
     on_partition_failure: str | None = None
 
     def __post_init__(self) -> None:
-        if self.executor not in (None, "rules", "tpg"):
-            raise IngestError(f"executor must be 'rules' (the default: events through the rules, one subtransaction "
-                              f"each) or 'tpg' (declared state transactions planned per batch); got {self.executor!r}")
-        path = self.path()
-        if self.transactions is not None and self.executor != "tpg":
-            raise IngestError("transactions= is for executor='tpg': pass ingest(…, executor='tpg', transactions=…)")
-        if self.executor == "tpg" and self.transactions is None:
-            raise IngestError("executor='tpg' needs transactions=batch.StateTransactions() declaring each event "
-                              "type's state transaction (see activedb/batch/README.md)")
-        if self.scheduler is not None and self.queries is None:
-            raise IngestError("scheduler= chooses the stream engine's scheduler (sei, s2pl, lwm): pass queries=engine "
-                              "too; the rule path and executor='tpg' have no such choice")
-        if path is not None and self.partition_by_key is not None:
-            instead = {"queries=": "for concurrency inside a batch use scheduler='s2pl' or 'lwm' (one engine orders "
-                                   "events across keys)",
-                       "executor='tpg'": "the planner splits a batch into independent components itself: use "
-                                         "batch.StateTransactions(processes=N)",
-                       "composition=": "a composition spans producers and keys, so it runs in one engine"}[path]
-            raise IngestError(f"partition_by_key= (the scale-out path) does not combine with {path}: {instead}")
-        if not isinstance(self.lower_declared, bool):
-            raise IngestError(f"lower_declared must be True or False, got {self.lower_declared!r}")
-        if path is not None and not self.lower_declared:
-            raise IngestError(f"lower_declared= is for the rule path (declared rules fired by the events); {path} "
-                              f"runs no rules per event")
-        if path is not None and self.prefetch:
-            raise IngestError(f"prefetch= is for the rule path; with {path} rows are loaded by the engine (stream "
-                              f"engines prefetch what their access plans name; the TPG batch reads its declared rows "
-                              f"FOR UPDATE)")
+        if self.handler is not None and not isinstance(self.handler, BatchHandler):
+            raise IngestError(f"handler must be an activedb.ingest.BatchHandler (RulesHandler, streams.QueriesHandler, "
+                              f"batch.TpgHandler, composite.CompositeHandler, or your own); got {self.handler!r}")
+        if self.partition_by_key is not None and not isinstance(self.handler, (RulesHandler, type(None))):
+            instead = {"queries": "for concurrency inside a batch use scheduler='s2pl' or 'lwm' (one engine orders "
+                                  "events across keys)",
+                       "tpg": "the planner splits a batch into independent components itself: use "
+                              "batch.StateTransactions(processes=N)",
+                       "composite": "a composition spans producers and keys, so it runs in one engine"}
+            raise IngestError(f"partition_by_key= (the scale-out path) runs the rules in each Spark task; it does not "
+                              f"combine with the {self.handler.name} handler: "
+                              f"{instead.get(self.handler.name, 'run it without partition_by_key')}")
         if self.partition_by_key is None and (self.app is not None or self.on_partition_failure is not None):
             raise IngestError(f"{'app=' if self.app is not None else 'on_partition_failure='} is for the scale-out "
                               f"path only (with partition_by_key=N); without it a batch is one transaction, atomic "
@@ -128,37 +112,10 @@ class IngestOptions:
                 f"trigger must be None, a processing-time interval ('5 seconds' or 5), or keyword arguments of "
                 f"DataStreamWriter.trigger such as {{'availableNow': True}}; got {self.trigger!r}")
 
-    def path(self) -> str | None:
-        """The option choosing a batch's path other than the rules (``"queries="``, …), or None."""
-        given = {"queries=": self.queries is not None, "executor='tpg'": self.executor == "tpg",
-                 "composition=": self.composition is not None}
-        chosen = [name for name, present in given.items() if present]
-        if len(chosen) > 1:
-            raise IngestError(
-                f"{' and '.join(chosen)} are different paths for a batch; choose one per query (start two ingest() "
-                f"queries over the same source, each with its own query_name and checkpoint, to feed both)")
-        return chosen[0] if chosen else None
-
-    def handler(self, db: Any, mapping: EventMapping) -> BatchHandler | None:
-        """The path's handler (None: the sink's rule path)."""
-        if self.queries is not None:
-            from activedb.streams._ingest import QueriesHandler, build_engines
-
-            return QueriesHandler(build_engines(db, self.queries, self.scheduler), mapping.key_column)
-        if self.executor == "tpg":
-            from activedb.batch._ingest import TpgHandler
-
-            return TpgHandler(self.transactions)
-        if self.composition is not None:
-            from activedb.composite._ingest import CompositeHandler
-
-            return CompositeHandler(self.composition, mapping)
-        return None
-
 
 def ingest(db: Any, streaming_df: Any, *, mapping: EventMapping, query_name: str,
            checkpoint_location: str | None = None, options: IngestOptions | None = None, **fields: Any) -> Any:
-    """Feed ``streaming_df`` into ``db``'s rules (or the path ``options`` choose), one micro-batch per
+    """Feed ``streaming_df`` into ``db``'s rules (or the handler ``options`` names), one micro-batch per
     top-level transaction, exactly once; return the started ``StreamingQuery`` (its sink is
     ``query.activedb_sink``).
 
@@ -169,8 +126,8 @@ def ingest(db: Any, streaming_df: Any, *, mapping: EventMapping, query_name: str
     * ``checkpoint_location`` — required: where Spark keeps the query id and the offsets of
       every planned batch; restarting from it re-runs the last unfinished batch with the
       same id, which the ledger then applies or skips;
-    * ``options`` — an :class:`IngestOptions`, or its fields as keywords (``trigger=``, ``known_types=``,
-      ``prefetch=``, ``watermark_delay=``, ``queries=``, ``partition_by_key=``, …).
+    * ``options`` — an :class:`IngestOptions`, or its fields as keywords (``handler=``, ``trigger=``,
+      ``known_types=``, ``watermark_delay=``, ``partition_by_key=``, …).
 
     pyspark is needed only for the DataFrame itself; nothing else here imports it.
     """
@@ -185,7 +142,13 @@ def ingest(db: Any, streaming_df: Any, *, mapping: EventMapping, query_name: str
                           f"{', '.join(sorted(fields))}=)")
     unknown = sorted(set(fields) - {field.name for field in dataclasses.fields(IngestOptions)})
     if unknown:
-        raise IngestError(f"ingest() has no option {unknown[0]!r}; the options are the fields of IngestOptions: "
+        names = [field.name for field in dataclasses.fields(IngestOptions)]
+        hints = []
+        for name in difflib.get_close_matches(unknown[0], [*names, *_MOVED], n=1, cutoff=0.75):
+            hints += [] if name == unknown[0] else [f"did you mean {name}=?"]
+            hints += [f"{name}= is the handler's now: {_MOVED[name]}"] if name in _MOVED else []
+        hint = f" ({' '.join(hints)})" if hints else ""
+        raise IngestError(f"ingest() has no option {unknown[0]!r}{hint}; the options are the fields of IngestOptions: "
                           f"{', '.join(field.name for field in dataclasses.fields(IngestOptions))}")
     options = options or IngestOptions(**fields)
     try:
@@ -195,7 +158,7 @@ def ingest(db: Any, streaming_df: Any, *, mapping: EventMapping, query_name: str
     if not getattr(streaming_df, "isStreaming", False):
         raise IngestError(
             "ingest() needs a streaming DataFrame (spark.readStream...); for a static DataFrame use "
-            "IngestSink(db, mapping, query_name=...).process(df.toArrow(), batch_id, query_id=...)")
+            "activedb.ingest.feed(db, [df.toArrow()], source=..., mapping=...)")
     _check_columns(streaming_df, mapping)
     if options.watermark_delay is not None:
         delay = options.watermark_delay
@@ -210,17 +173,16 @@ def ingest(db: Any, streaming_df: Any, *, mapping: EventMapping, query_name: str
         streaming_df = streaming_df.withWatermark(mapping.ts_column, delay)
 
     session = streaming_df.sparkSession
-    common = dict(query_name=query_name, known_types=options.known_types, prefetch=options.prefetch,
-                  spark_session=session, on_phase=options.on_phase, lower_declared=options.lower_declared)
+    common = dict(query_name=query_name, known_types=options.known_types, spark_session=session,
+                  on_phase=options.on_phase, lineage=options.lineage)
     if options.partition_by_key is None:
-        sink: IngestSink = IngestSink(db, mapping, handler=options.handler(db, mapping), **common)
-        sink.record_lineage = options.lineage
+        sink: IngestSink = IngestSink(db, mapping, handler=options.handler, **common)
     else:
         sink = PartitionedIngestSink(db, mapping, partitions=options.partition_by_key,
                                      app=None if options.app is None else portable_spec(options.app),
                                      connect_options=options.connect_options,
                                      on_partition_failure=options.on_partition_failure or "forward",
-                                     lineage=options.lineage, **common)
+                                     rules=options.handler, **common)
     run = QueryRun(sink)      # told the query once start() returns: its batches need not ask Spark for it
     # One session wrapper per run (_foreach): only for the run started here — a writer handed back could be
     # started more than once, each start a run of its own with a session of its own.
@@ -249,3 +211,12 @@ def sink_of(query_or_writer: Any) -> IngestSink:
     if sink is None:
         raise IngestError("this query was not started by spark_bridge.ingest()")
     return sink
+
+
+def end_of_stream(query_or_sink: Any) -> int:
+    """Tell the engine behind a query made by ``ingest(…, handler=streams.QueriesHandler(…))`` that its (bounded)
+    source has ended: events its reorder buffer still holds are released (``punctuation=END_OF_STREAM``) and
+    processed in a transaction of their own.  Call it after the query terminated (``availableNow``); afterwards
+    every new event of the engine is late.  Returns how many events that processed (0 for the other handlers).
+    Idempotent."""
+    return getattr(query_or_sink, SINK_ATTRIBUTE, query_or_sink).end_of_stream()

@@ -1,8 +1,8 @@
 """The scale-out path: a micro-batch partitioned by key, each partition in its own engine.
 
 :class:`PartitionedIngestSink` is the ``foreachBatch`` callable when ``ingest(..., partition_by_key=N,
-app=...)``: one Spark job per batch, each task applying its partition with an ``IngestSink`` on its own
-``activedb.Database`` as batch ``(q#pK, b)``.  Why it is safe, when to use it and what a failed partition
+app=...)``: one Spark job per batch, each task applying its partition with an ``activedb.ingest.Ingestion`` on
+its own ``activedb.Database`` as batch ``(q#pK, b)``.  Why it is safe, when to use it and what a failed partition
 means: the package's ``README.md`` ("The scale-out path", "Atomic batches").  ``_worker_mutex`` protects
 the per-process caches ``_worker_databases`` and ``_worker_sinks``; it is a leaf (no SQL, no Spark, no
 user code while held).
@@ -18,14 +18,13 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from activedb import atomic
 from activedb.atomic import SplitFailure
+from activedb.cli.application import app_name, load_app
 from activedb.errors import classify
-from activedb.ingest._ledger import ledger_query_id
-from activedb.ingest._mapping import EventMapping
-from activedb.ingest._outcome import BatchOutcome, PhaseTimings
+from activedb.ingest import BatchOutcome, EventMapping, Ingestion, LedgerId, Phase, PhaseTimings, RulesHandler
 
-from spark_bridge import _atomic, _cluster
-from spark_bridge._app import app_name, load_app
+from spark_bridge import _cluster
 from spark_bridge._sink import IngestSink
 from spark_bridge.errors import IngestError, describe
 
@@ -35,7 +34,7 @@ __all__ = ["PartitionedIngestSink"]
 # Per Python worker process (see the module docstring). _worker_mutex protects both dicts.
 _worker_mutex = threading.Lock()
 _worker_databases: dict[tuple[str, str], Any] = {}
-_worker_sinks: dict[tuple, IngestSink] = {}
+_worker_sinks: dict[tuple, Ingestion] = {}
 
 
 def _worker_database(url: str, app: str | Callable[[Any], Any], connect_options: Mapping[str, Any]) -> Any:
@@ -96,7 +95,7 @@ class _PartitionTask:
         batch = [self._row_dict(row) for row in rows]
         fetched = time.perf_counter() - started
         sink = self._sink()
-        query_id = ledger_query_id(self.query_name, self.query_id.rsplit("@", 1)[1], partition)
+        query_id = str(LedgerId.parse(self.query_id).partitioned(partition))
         try:
             report = {"partition": partition, "outcome": sink.process(
                 batch, self.batch_id, query_id=query_id, watermark=self.watermark, punctuate=False,
@@ -106,16 +105,16 @@ class _PartitionTask:
         sink.db.rules.wait_idle(self.detached_timeout)
         yield report
 
-    def _failure(self, sink: IngestSink, partition: int, query_id: str, batch: list[dict[str, Any]],
+    def _failure(self, sink: Ingestion, partition: int, query_id: str, batch: list[dict[str, Any]],
                  error: BaseException) -> dict[str, Any]:
         """The report of a partition whose batch transaction failed; with the policy ``compensate`` (and not
-        an outage) its rows are dead letters first (``_atomic.settle_failed_partition``).  A transient failure
+        an outage) its rows are dead letters first (``atomic.settle_failed_partition``).  A transient failure
         (``activedb.errors.classify``: PostgreSQL unusable, a conflict, a deadlock) is not the partition's fault:
         replay completes the batch."""
         infrastructure = classify(error).transient
         letters, settled = 0, False
-        if not infrastructure and _atomic.as_policy(self.on_partition_failure) is _atomic.SplitFailure.COMPENSATE:
-            letters = _atomic.settle_failed_partition(sink, batch, query_id, self.batch_id, partition,
+        if not infrastructure and atomic.as_policy(self.on_partition_failure) is atomic.SplitFailure.COMPENSATE:
+            letters = atomic.settle_failed_partition(sink, batch, query_id, self.batch_id, partition,
                                                       self.partitions, error)
             settled = True
         outcome = BatchOutcome(query_id, self.batch_id, settled, len(batch), 0, letters, {}, None, PhaseTimings())
@@ -132,7 +131,7 @@ class _PartitionTask:
                 values[column] = value.astimezone(dt.timezone.utc)
         return values
 
-    def _sink(self) -> IngestSink:
+    def _sink(self) -> Ingestion:
         key = (self.url, app_name(self.app), self.query_name, self.mapping, self.known_types, self.prefetch,
                self.lineage, self.lower_declared)
         with _worker_mutex:
@@ -141,9 +140,9 @@ class _PartitionTask:
             return sink
         app = _cluster.shipped_app(self.app) if self.app_shipped else self.app
         database = _worker_database(self.url, app, dict(self.connect_options))
-        sink = IngestSink(database, self.mapping, query_name=self.query_name, known_types=self.known_types,
-                          prefetch=dict(self.prefetch), lower_declared=self.lower_declared)
-        sink.record_lineage = self.lineage
+        sink = Ingestion(database, self.mapping, source=self.query_name, known_types=self.known_types,
+                         handler=RulesHandler(dict(self.prefetch), lower_declared=self.lower_declared),
+                         lineage=self.lineage)
         with _worker_mutex:
             return _worker_sinks.setdefault(key, sink)
 
@@ -151,18 +150,20 @@ class _PartitionTask:
 class PartitionedIngestSink(IngestSink):
     """``foreachBatch`` callable of the scale-out path (the module docstring); ``partitions``, ``app``,
     ``connect_options`` (default: the driver's ``rule_execution``), ``on_partition_failure`` and
-    ``lineage`` are ``ingest()``'s (:class:`~spark_bridge.IngestOptions`).  The driver's ``db`` keeps the
-    statistics, checks the query name against the ledger, punctuates and runs the compensations (declare
-    them there too); the events are applied by the tasks' engines.  Thread-safety: as :class:`IngestSink`.
+    ``lineage`` are ``ingest()``'s (:class:`~spark_bridge.IngestOptions`); ``rules``: the rule path's handler
+    whose ``prefetch`` and ``lower_declared`` the tasks' own handlers take (default: ``RulesHandler()``).  The
+    driver's ``db`` keeps the statistics, checks the query name against the ledger, punctuates and runs the
+    compensations (declare them there too); the events are applied by the tasks' engines.  Thread-safety: as
+    :class:`IngestSink`.
     """
 
     def __init__(self, db: Any, mapping: EventMapping, *, partitions: int, app: Any,
                  connect_options: Mapping[str, Any] | None = None, detached_timeout: float = 300.0,
-                 on_partition_failure: SplitFailure = SplitFailure.FORWARD, lineage: bool = True,
-                 **sink_options: Any) -> None:
-        """``sink_options``: those of :class:`IngestSink` (``query_name``, ``known_types``, ``prefetch``, …)."""
-        super().__init__(db, mapping, **sink_options)
-        prefetch = sink_options.get("prefetch")
+                 on_partition_failure: SplitFailure | str = SplitFailure.FORWARD, lineage: bool = True,
+                 rules: RulesHandler | None = None, **sink_options: Any) -> None:
+        """``sink_options``: those of :class:`IngestSink` (``query_name``, ``known_types``, …)."""
+        rules = RulesHandler() if rules is None else rules
+        super().__init__(db, mapping, handler=rules, lineage=lineage, **sink_options)
         if isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1:
             raise IngestError(f"partition_by_key must be a positive number of partitions, got {partitions!r}")
         if app is None:
@@ -176,11 +177,10 @@ class PartitionedIngestSink(IngestSink):
         self.partitions = partitions
         self.app = app
         self._app_shipped = _cluster.ship_app(session, app)
-        self.on_partition_failure = _atomic.as_policy(on_partition_failure)
-        self.record_lineage = lineage
+        self.on_partition_failure = atomic.as_policy(on_partition_failure)
         self._declared: set[str] = set()   # ledger query ids whose policy was recorded; under self._mutex
-        self._prefetch_items = tuple(sorted((prefetch or {}).items()))
-        self.lower_declared = sink_options.get("lower_declared", True)
+        self._prefetch_items = tuple(sorted(rules.prefetch.items()))
+        self.lower_declared = rules.lower_declared
         options = {"rule_execution": db.rules.execution, **(connect_options or {})}
         self._connect_options = tuple(sorted(options.items()))
         self._detached_timeout = detached_timeout
@@ -201,8 +201,8 @@ class PartitionedIngestSink(IngestSink):
             local_time_columns=tuple(field.name for field in batch_df.schema.fields
                                      if field.dataType.typeName() == "timestamp"),
             partitions=self.partitions, on_partition_failure=self.on_partition_failure.value,
-            lineage=self.record_lineage, lower_declared=self.lower_declared, app_shipped=self._app_shipped)
-        self.context.book.phase("fetched", batch_id)
+            lineage=self.lineage, lower_declared=self.lower_declared, app_shipped=self._app_shipped)
+        self.phase(Phase.FETCHED, batch_id)
         # Always run the job, also for a batch whose partitions all committed: running it
         # feeds Spark's event-time statistics (see _sink.py), and each task skips by itself.
         try:
@@ -215,16 +215,16 @@ class PartitionedIngestSink(IngestSink):
             raise failure from error
         failures = [row for row in results if row.get("failed")]
         if failures:
-            _atomic.settle(self.db, query_id, batch_id, self.partitions, self.on_partition_failure, failures)
+            atomic.settle(self.db, query_id, batch_id, self.partitions, self.on_partition_failure, failures)
         elif any(not row["outcome"].committed for row in results):
-            _atomic.after_replay(self.db, query_id, batch_id)
+            atomic.after_replay(self.db, query_id, batch_id)
         outcome = self._combine(query_id, batch_id, watermark, results)
         if outcome.committed:
-            self.context.book.phase("committed", batch_id)
+            self.phase(Phase.COMMITTED, batch_id)
             if watermark is not None:
                 self.db.punctuate(self.query_name, watermark)
         else:
-            self.context.book.phase("skipped", batch_id)
+            self.phase(Phase.SKIPPED, batch_id)
         self.context.book.record(outcome, began)
 
     def _declare(self, query_id: str) -> None:
@@ -232,7 +232,7 @@ class PartitionedIngestSink(IngestSink):
         with self._mutex:
             if query_id in self._declared:
                 return
-        _atomic.declare_policy(self.db, query_id, self.query_name, self.partitions, self.on_partition_failure)
+        atomic.declare_policy(self.db, query_id, self.query_name, self.partitions, self.on_partition_failure)
         with self._mutex:
             self._declared.add(query_id)
 

@@ -1,96 +1,64 @@
-"""The rule-layer sink: one micro-batch → one activedb transaction, exactly once.
+"""The Spark connector's sink: ``foreachBatch`` → the ingestion core, one micro-batch per batch, exactly once.
 
-:class:`IngestSink` is the ``foreachBatch`` callable behind :func:`spark_bridge.ingest`: ``toArrow()``
-(always, also for a batch that will be skipped), then :func:`activedb.ingest._protocol.run_batch` with the
-sink's handler through :meth:`IngestSink.process`, which also runs without Spark (a ``pyarrow.Table``
-or a list of dicts) and inside the scale-out tasks.  Design note: the package's ``README.md`` ("One
-micro-batch").
+:class:`IngestSink` is the ``foreachBatch`` callable behind :func:`spark_bridge.ingest`: an
+:class:`activedb.ingest.Ingestion` whose source is the query's name and whose runs are Spark's query ids, plus
+what is Spark's — ``toArrow()`` (always, also for a batch that will be skipped), the batch's watermark read
+from the query's ``StreamExecution``, the checkpoint-renamed check.  :meth:`~activedb.ingest.Ingestion.process`
+also runs without Spark (a ``pyarrow.Table`` or a list of dicts).  Design note: the package's ``README.md``
+("One micro-batch"); the batch protocol is ``activedb/ingest/README.md``.
 
-Thread-safety: the sink's :class:`~activedb.ingest._outcome.BatchBook` keeps the statistics (its own
-mutex); ``_mutex`` protects the per-query bookkeeping.  Spark calls ``foreachBatch`` one batch at a
-time per query, and :meth:`process` may also be called from several threads (each call runs its own
-top-level transaction).  No mutex is held while calling Spark, the engine or PostgreSQL.  The paths of a
-batch get the sink's :class:`~activedb.ingest._letters.SinkContext`, never the sink.
+Thread-safety: the ingestion's book keeps the statistics (its own mutex); ``_mutex`` protects the per-query
+bookkeeping below.  Spark calls ``foreachBatch`` one batch at a time per query.  No mutex is held while
+calling Spark, the handler or PostgreSQL.
 """
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import logging
 import threading
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection
 from typing import Any
 
-import sqlalchemy as sa
+from activedb.ingest import BatchHandler, EventMapping, Ingestion, LedgerId, Phase, PhaseTimings, sources_of_run
 
-from activedb.ingest._ledger import LEDGER_TABLE, last_watermark, ledger_query_id, parse_ledger_query_id
-from activedb.ingest._letters import SinkContext
-from activedb.ingest._mapping import EPOCH, EventMapping, as_mapping
-from activedb.ingest._outcome import BatchBook, BatchOutcome, IngestStatistics, PhaseTimings
-from activedb.ingest._protocol import BatchHandler, run_batch
-from activedb.ingest._rules import RulesHandler
-from activedb.tracing import BatchTracing
+from spark_bridge.errors import IngestError, QueryRenamedError
 
-from spark_bridge._atomic import lineage_participants
-from spark_bridge._baseline import streaming_query_id
-from spark_bridge.errors import IngestError, MappingError, QueryRenamedError
-
-__all__ = ["IngestSink"]
+__all__ = ["IngestSink", "QueryRun", "streaming_query_id"]
 
 logger = logging.getLogger("spark_bridge.ingest")
 
-_UTC = dt.timezone.utc
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+#: Spark sets this local property on the thread that runs foreachBatch: the query's id, which is stored in the
+#: checkpoint and therefore survives restarts (unlike runId).
+_QUERY_ID_PROPERTY = "sql.streaming.queryId"
 _EXECUTIONS_KEPT = 64        # (Spark query ids a long-lived sink has seen: one per run; the cache stays bounded)
 
 
-class IngestSink:
+class IngestSink(Ingestion):
     """``foreachBatch`` callable applying each micro-batch to ``db`` through its handler (the rules by default).
 
-    ``query_name``, ``known_types``, ``prefetch`` and ``on_phase`` are ``ingest()``'s (``IngestOptions``);
-    ``spark_session`` — the session the query was started from (to read the batch's watermark; ``None``:
-    no watermark unless :meth:`process` is given one); ``batch_attempts`` — top-level attempts per batch on
-    serialization conflicts; ``event_attempts`` — attempts per event when a rule is chosen as deadlock
-    victim; ``handler`` — a ``_handler.BatchHandler`` that takes the batches instead of the rule path
-    (``_rules_handler.RulesHandler``); ``event_ids_under`` — the query name whose ingested event ids count
-    for duplicate detection (default ``query_name``; a dead-letter replay passes the original query's name).
+    ``query_name`` (the ingestion's source), ``known_types``, ``on_phase``, ``handler`` and ``lineage`` are
+    ``ingest()``'s (``IngestOptions``); ``spark_session`` — the session the query was started from (to read the
+    batch's watermark; ``None``: no watermark unless :meth:`process` is given one); ``batch_attempts`` —
+    top-level attempts per batch on serialization conflicts; ``event_ids_under`` — the query name whose
+    ingested event ids count for duplicate detection.  Lineage is on by default here: the atomic batch features
+    rest on it (compensating a scale-out batch, ``activedb batches`` over ingested batches).
 
     Thread-safety: see the module docstring.
     """
 
-    #: Record each batch transaction's lineage (it consumed the source batch; ``spark_bridge/_atomic.py``),
-    #: in its own flush. ``ingest(..., lineage=False)`` sets it False on the sink.
-    record_lineage: bool = True
-
     def __init__(self, db: Any, mapping: EventMapping, *, query_name: str, known_types: Collection[str] | None = None,
-                 prefetch: Mapping[str, Any] | None = None, spark_session: Any = None,
-                 on_phase: Callable[[str, int], None] | None = None, batch_attempts: int = 3, event_attempts: int = 3,
-                 handler: BatchHandler | None = None, event_ids_under: str | None = None,
-                 lower_declared: bool = True) -> None:
-        try:
-            mapping = as_mapping(mapping)
-        except MappingError as error:
-            raise IngestError(f"mapping: {error}") from None
+                 spark_session: Any = None, on_phase: Callable[[str, int], None] | None = None,
+                 batch_attempts: int = 3, handler: BatchHandler | None = None, event_ids_under: str | None = None,
+                 lineage: bool = True) -> None:
         if not isinstance(query_name, str) or not query_name.strip():
             raise IngestError("query_name must be a non-empty string (it names the query in the ledger)")
-        if batch_attempts < 1 or event_attempts < 1:
-            raise IngestError("batch_attempts and event_attempts must be at least 1")
-        self.db = db
-        self.mapping = mapping
-        self.query_name = query_name
+        super().__init__(db, mapping, source=query_name, handler=handler, known_types=known_types,
+                         batch_attempts=batch_attempts, on_phase=on_phase, lineage=lineage,
+                         event_ids_under=event_ids_under)
         self._spark_session = spark_session
-        #: Where the batches go (``_handler.BatchHandler``: the rules by default; queries, tpg, composite).
-        #: Set once here, never changed.
-        self.handler: BatchHandler = handler or RulesHandler(db, prefetch, event_attempts,
-                                                             lower_declared=lower_declared)
-        #: Duplicate detection's scope (``EventMapping.id_column``): a query and its replays share one.
-        self.event_ids_under = event_ids_under or query_name
-        #: What a batch path needs of this sink (``_handler.run_batch`` gets it, not the sink).
-        self.context = SinkContext(db, mapping, query_name, self.event_ids_under,
-                                   None if known_types is None else frozenset(known_types), batch_attempts,
-                                   BatchBook(query_name, on_phase), BatchTracing(db, query_name))
-        self._book = self.context.book
         # self._mutex protects the three fields below (the counters are the book's).
         self._mutex = threading.Lock()
         self._checked_spark_ids: set[str] = set()
@@ -132,13 +100,9 @@ class IngestSink:
         table = batch_df.toArrow()
         to_arrow = time.perf_counter() - started
         watermark = self.spark_watermark(spark_query_id, current=execution)
-        self._book.phase("fetched", batch_id)
+        self.phase(Phase.FETCHED, batch_id)
         self.process(table, batch_id, query_id=query_id, watermark=watermark,
-                     extra_timings=PhaseTimings(to_arrow=to_arrow), _counted=True)
-
-    def last_failure(self) -> tuple[int, BaseException] | None:
-        """``(batch id, the Python exception)`` of the last batch that raised out of the sink, or None."""
-        return self._book.last_failure()
+                     extra_timings=PhaseTimings(to_arrow=to_arrow))
 
     def spark_watermark(self, spark_query_id: str, *, current: Any = None) -> dt.datetime | None:
         """Spark's event-time watermark of the batch now running in query ``spark_query_id`` (the package's
@@ -170,7 +134,7 @@ class IngestSink:
             if warn:
                 logger.warning("cannot read the batch watermark from Spark (%r); no punctuation is given", error)
             return None
-        return None if millis <= 0 else EPOCH + dt.timedelta(milliseconds=millis)
+        return None if millis <= 0 else _EPOCH + dt.timedelta(milliseconds=millis)
 
     def _remember_execution(self, spark_query_id: str, execution: Any) -> tuple[Any, bool]:
         """``(execution, whether its plan declares a watermark)``, kept as the query's known run."""
@@ -181,73 +145,32 @@ class IngestSink:
             self._executions[spark_query_id] = known
         return known
 
-    # -- one batch ----------------------------------------------------------------------------
-
-    def process(self, rows: Any, batch_id: int, *, query_id: str, watermark: dt.datetime | None = None,
-                extra_timings: PhaseTimings | None = None, punctuate: bool = True,
-                participants: Collection[Any] = (), _counted: bool = False) -> BatchOutcome:
-        """Apply one batch (a ``pyarrow.Table``/``RecordBatch`` or a list of dicts) as
-        ``(query_id, batch_id)``, exactly once. ``watermark``: events older than it are dead
-        letters, and it is punctuated after the commit (``punctuate=False``: the caller does).
-        Raises only when the batch could not be committed (PostgreSQL unusable, conflicts
-        beyond ``batch_attempts``); the batch may then be re-run.  ``participants``: more commit
-        participants of the batch's transaction (a dead-letter replay marks its letter there); one that
-        raises ``BatchAlreadyCommitted`` makes the batch skipped."""
-        with contextlib.nullcontext() if _counted else self._book.in_batch():
-            participants = (*participants, *lineage_participants(self.db, query_id, batch_id, self.record_lineage))
-            return run_batch(self.context, self.handler, rows, batch_id, query_id=query_id, watermark=watermark,
-                             timings=extra_timings or PhaseTimings(), punctuate=punctuate, participants=participants)
-
     # -- helpers ------------------------------------------------------------------------------
 
-    def known_types(self) -> frozenset[str] | None:
-        """The event types accepted now (``SinkContext.accepted_types``)."""
-        return self.context.accepted_types(self.handler)
-
     def _query_id_for(self, spark_query_id: str) -> str:
+        """The ledger id of the run whose Spark query id is ``spark_query_id``; its first batch here checks the
+        checkpoint was not renamed and punctuates again what the ledger last recorded (``Ingestion.resume``)."""
         with self._mutex:
             checked = spark_query_id in self._checked_spark_ids
-        query_id = ledger_query_id(self.query_name, spark_query_id)
+        query_id = str(LedgerId(self.source, spark_query_id))
         if not checked:
-            check_not_renamed(self.db, self.query_name, spark_query_id)
-            # A restarted driver punctuates again what the ledger last recorded (punctuations
-            # live in memory; the ledger row of every batch keeps its watermark durably).
-            resumed = last_watermark(self.db, query_id)
-            if resumed is not None:
-                self.db.punctuate(self.query_name, resumed.astimezone(_UTC))
+            check_not_renamed(self.db, self.source, spark_query_id)
+            self.resume(query_id)
             with self._mutex:
                 self._checked_spark_ids.add(spark_query_id)
-        self._book.running_as(query_id)
         return query_id
 
-    # -- statistics (the book's) --------------------------------------------------------------
 
-    def wait_idle(self, timeout: float | None = None) -> bool:
-        """Wait until no batch is being processed; False if ``timeout`` passed first."""
-        return self._book.wait_idle(timeout)
+def streaming_query_id(batch_df: Any) -> str | None:
+    """The id of the streaming query that produced ``batch_df`` (inside foreachBatch)."""
+    value = batch_df.sparkSession.sparkContext.getLocalProperty(_QUERY_ID_PROPERTY)
+    return None if value is None else str(value)
 
-    def recent_outcomes(self) -> list[BatchOutcome]:
-        """The last :data:`~activedb.ingest._outcome.RECENT_OUTCOMES` batches' outcomes, oldest first."""
-        return self._book.recent_outcomes()
-
-    def statistics(self) -> IngestStatistics:
-        """A consistent snapshot of the counters (see :class:`IngestStatistics`)."""
-        return self._book.statistics()
-
-    def close(self) -> None:
-        """Release the handler's resources (the TPG path's worker processes) and the tracing's observer."""
-        self.handler.close()
-        if self.context.tracing is not None:
-            self.context.tracing.close()
 
 def check_not_renamed(db: Any, query_name: str, spark_query_id: str) -> None:
-    """Raise :class:`QueryRenamedError` if the ledger holds batches of
-    ``spark_query_id`` (the checkpoint's query) under another query name."""
-    ledger = db.table(LEDGER_TABLE)
-    with db.engine.connect() as connection:
-        others = connection.execute(sa.select(ledger.c.query_id).where(
-            ledger.c.query_id.like(f"%@{spark_query_id}%")).distinct().limit(5)).scalars().all()
-    names = sorted({parse_ledger_query_id(other)[0] for other in others} - {query_name})
+    """Raise :class:`QueryRenamedError` if the ledger holds batches of ``spark_query_id`` (the checkpoint's
+    query) under another query name."""
+    names = sorted(sources_of_run(db, spark_query_id) - {query_name})
     if names:
         raise QueryRenamedError(
             f"this checkpoint (Spark query id {spark_query_id}) was ingested as query {names[0]!r}, not "

@@ -2,13 +2,15 @@
 
 Every error says what to do next. The Spark connector's own derive from :class:`SparkBridgeError`; those about
 an ingestion's setup also from :class:`activedb.ingest.errors.IngestError` (re-exported here with
-``MappingError``), so a caller can catch either family at once; all are ``activedb.ActivedbError``s.
+``MappingError``, ``AppLoadError``; ``PartitionFailed`` is ``activedb.atomic``'s), so a caller can catch either family at once;
+all are ``activedb.ActivedbError``s.
 """
 
 from __future__ import annotations
 
+from activedb.atomic.errors import PartitionFailed
 from activedb.errors import ActivedbError
-from activedb.ingest.errors import IngestError, MappingError, describe, first_line
+from activedb.ingest.errors import AppLoadError, IngestError, MappingError, describe, first_line
 
 __all__ = ["AppLoadError", "IngestError", "JavaNotFoundError", "MappingError", "PartitionFailed", "QueryRenamedError",
            "SourceError", "SparkBridgeError", "describe", "first_line"]
@@ -45,17 +47,7 @@ class QueryRenamedError(IngestError, SparkBridgeError):
     from a new checkpoint directory."""
 
 
-class AppLoadError(IngestError, SparkBridgeError):
-    """An application module or file for ``activedb run`` (or the scale-out path) could
-    not be loaded, or lacks ``register(db)`` / ``MAPPING``."""
-
-
 class SourceError(IngestError, SparkBridgeError):
     """A ``--source`` specification is malformed or its Spark connector is missing."""
 
 
-class PartitionFailed(IngestError, SparkBridgeError):
-    """A partition of a scale-out batch failed for good and the query stops: with
-    ``on_partition_failure="forward"`` (fix the cause and restart from the checkpoint; the batch
-    completes), when PostgreSQL was unusable (restart once it is back), or when compensating the
-    committed partitions failed (declare the compensation; a restart resumes it)."""

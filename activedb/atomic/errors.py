@@ -27,6 +27,13 @@ class UnsafeUndo(AtomicBatchError):
     Processing*, §1, on sagas)."""
 
 
+class PartitionFailed(AtomicBatchError):
+    """A partition of a split source batch failed for good and the ingestion stops: with
+    ``on_partition_failure="forward"`` (fix the cause and restart it; the batch completes), when PostgreSQL was
+    unusable (restart once it is back), or when compensating the committed partitions failed (declare the
+    compensation; a restart resumes it)."""
+
+
 class CompensationFailed(AtomicBatchError):
     """A compensating transaction failed; the ones before it committed and are recorded, so running the
     same compensation again resumes after them."""

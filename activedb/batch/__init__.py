@@ -8,8 +8,9 @@ tables fire); ``run_batch(db, events, transactions)`` (its own transaction); ``r
 events, state)`` (no database); ``decide(transactions, events)`` (the decision model's pick for a batch, and
 why, without running it); ``render_tpg`` / ``tpg_graph`` (the picture of a small batch); ``@batch.declared`` (a rule whose action is
 a declared state transaction), ``lower(db.rules, tx, event_types)`` and ``apply_lowered(db.rules, tx, events,
-lowered)`` (a micro-batch of its events as one batch, the firing record kept: the Spark sink's rule path
-uses them).
+lowered)`` (a micro-batch of its events as one batch, the firing record kept: the ingestion core's rule path
+reaches them through ``DeclaredAction.batch_lowering``); :class:`TpgHandler` (batches of any ingestion connector
+as batches of state transactions: ``handler=TpgHandler(transactions)``).
 
 Strategies: ``"auto"`` (the decision model: the lean serial executor in one process, components
 over processes when they pay), ``"lean"``, ``"serial"`` (the reference meaning), ``"tpg"`` (the
@@ -25,6 +26,7 @@ from activedb.batch._result import BatchResult, BatchStatistics, TransactionResu
 from activedb.batch._runtime import decide, normalise_events, run_in_memory
 from activedb.batch._store import apply_batch, dead_letter_row, run_batch
 from activedb.batch._commit import PendingBatch, PendingState, apply_at_commit
+from activedb.batch._ingest import TpgHandler
 from activedb.batch._rules import DeclaredAction, Lowered, apply_lowered, declared, lower
 from activedb.batch._strategy import (AbortMode, DecisionRule, Exploration, Granularity, Split, Strategy, all_strategies,
                                       parse_strategy)
@@ -38,4 +40,4 @@ __all__ = ["Abort", "AbortMode", "DecisionRule", "Split", "all_strategies", "app
            "errors", "Exploration", "Granularity", "Inserted", "InsertedInto", "normalise_events", "OpKind", "Ops",
            "OpState",
            "parse_strategy", "PendingBatch", "PendingState", "render_tpg", "run_batch", "run_in_memory",
-           "StateTransactions", "Strategy", "tpg_graph", "TransactionResult"]
+           "StateTransactions", "Strategy", "TpgHandler", "tpg_graph", "TransactionResult"]

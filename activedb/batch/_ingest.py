@@ -1,9 +1,8 @@
-"""The TPG path: micro-batches of declared state transactions (``activedb.batch``), for ``ingest(db,
-frame, executor="tpg", transactions=state_transactions)``.  The batch is a commit participant enlisted
-**before** the ledger, so state, dead letters and ledger row commit together.  Design note: the
-package's ``README.md`` ("TPG: declared state transactions").  ``StateTransactions(processes=N)`` runs
-components of a batch in N processes; call :meth:`TpgHandler.close` (``sink.close()``) when the query
-stops.
+"""The TPG path: batches of any ingestion connector as batches of declared state transactions —
+``handler=TpgHandler(state_transactions)``.  The batch is a commit participant enlisted **before** the ledger,
+so state, dead letters and ledger row commit together.  Design note: ``README.md`` in this package ("Wiring
+ingestion"); the batch protocol is ``activedb/ingest/README.md``.  ``StateTransactions(processes=N)`` runs
+components of a batch in N processes; the ingestion's ``close()`` stops them.
 """
 
 from __future__ import annotations
@@ -35,7 +34,7 @@ class TpgHandler(BatchHandler):
     def __init__(self, transactions: Any) -> None:
         if not isinstance(transactions, StateTransactions):
             raise IngestError(
-                "executor='tpg' needs transactions=batch.StateTransactions() with a @transactions.on(type) "
+                "TpgHandler needs transactions: a batch.StateTransactions() with a @transactions.on(type) "
                 f"declaration per event type; got {transactions!r}")
         self.transactions = transactions
         self.last_pending: Any = None     # the last batch's PendingBatch (its mode, seconds, result)
@@ -44,8 +43,7 @@ class TpgHandler(BatchHandler):
         return frozenset(self.transactions.event_types) or None
 
     def handle(self, tx: Transaction, batch_input: BatchInput, ledger: IngestionLedger) -> None:
-        self.last_pending = apply_at_commit(tx, batch_input.events, self.transactions,
-                                                  **batch_input.at_commit(ledger))
+        self.last_pending = apply_at_commit(tx, batch_input.events, self.transactions, **batch_input.at_commit(ledger))
 
     def apply_events(self, tx: Transaction, events: list) -> None:
         """A trial flush's batch: ``events`` as a batch at the commit of ``tx`` (its dead letters not stored)."""

@@ -9,7 +9,7 @@
     activedb bench NAME [--quick] [--plot OUT.png]              benchmarks (NAME --help says what each measures)
     activedb outbox [--retry [ID ...]] [--json]                 detached rule firings: pending, done, failed
 
-(``run``, ``status`` and ``dead-letters replay`` come with spark_bridge, through entry points.)
+(``run`` comes with spark_bridge, through an entry point; ``status`` too, from ``activedb.cli.status``.)
 The schema rule (:func:`open_database`) and the modules: the design note, ``README.md``.
 """
 
@@ -452,7 +452,7 @@ def bench() -> None:
 
 def _register_commands() -> None:
     """The command groups of this package's modules (they use the helpers above); the commands other packages
-    contribute (``activedb run`` and ``status`` come with spark_bridge) follow at the first lookup (``_Group``)."""
+    contribute (``activedb run`` comes with spark_bridge) follow at the first lookup (``_Group``)."""
     from activedb.cli import dead_letters, rules, schema
 
     for group in (schema.db, schema.app, rules.rules, dead_letters.dead_letters):

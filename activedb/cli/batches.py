@@ -22,7 +22,7 @@ def batches_group() -> None:
 
 @contextlib.contextmanager
 def _spark_form_hint(query: str):
-    """A batch Spark ingestion consumed is recorded as ``NAME@SPARK_QUERY_ID``: say so when a bare name is
+    """A batch an ingestion with runs consumed (Spark's) is recorded as ``NAME@RUN``: say so when a bare name is
     not found."""
     from activedb.atomic.errors import UnknownBatch
 
@@ -33,7 +33,7 @@ def _spark_form_hint(query: str):
             raise
         raise UnknownBatch(f"{error}; a batch Spark ingestion consumed is named NAME@SPARK_QUERY_ID, e.g. "
                            f"`activedb batches show {query}@<id> BATCH` (`activedb status --json` lists each "
-                           f"query's spark_query_ids)") from None
+                           f"query's runs)") from None
 
 
 @batches_group.command("show")

@@ -1,10 +1,12 @@
-"""``activedb dead-letters list / show / purge``: rows ingestion could not apply (``activedb.deadletters``
-owns the table and its SQL; ``replay`` comes with spark_bridge, through its entry point)."""
+"""``activedb dead-letters list / show / purge / replay``: rows ingestion could not apply (``activedb.deadletters``
+owns the table and its SQL; a replay goes through the ingestion core, ``activedb.ingest.replay_dead_letters``)."""
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
+import logging
 
 import click
 
@@ -44,7 +46,7 @@ def letter_filters(function):
 @click.group("dead-letters", cls=_Group)
 def dead_letters() -> None:
     """Rows ingestion could not apply (activedb_dead_letters): bad rows, late events, events a rule
-    rejected. `replay` (with spark_bridge) re-submits them through the same path, exactly once."""
+    rejected. `replay` re-submits them through the same path, exactly once."""
 
 
 @dead_letters.command("list")
@@ -134,3 +136,49 @@ def letters_purge(ctx: click.Context, ids, query, batch, reason, only_replayed: 
         _confirm(f"delete {count} dead letter(s) from {database.describe()}?", yes)
         deleted = deadletters.purge(database, selected)
         click.echo(f"deleted {deleted} dead letter(s)")
+
+
+@dead_letters.command("replay")
+@click.argument("app")
+@letter_filters
+@click.option("--limit", type=int, default=0, help="At most this many (default: all that match).")
+@click.option("--verbose", is_flag=True, help="Also log each event the rules reject again.")
+@click.pass_context
+def replay_command(ctx: click.Context, app: str, ids: tuple[int, ...], query: str | None, batch: int | None,
+                   reason: str | None, limit: int, verbose: bool) -> None:
+    """Re-submit dead letters (not yet replayed) to APP's rules through the same path as a micro-batch,
+    exactly once: each commits with its ledger row (query replay:NAME, batch = the dead letter's id) and
+    is marked replayed in the same transaction; one rejected again becomes a new dead letter.
+
+    APP is what `activedb run` takes (register(db) and MAPPING)."""
+    from activedb import deadletters
+    from activedb.cli.application import load_app
+    from activedb.ingest import replay_dead_letters
+    from activedb.ingest.errors import IngestError
+
+    if not verbose:
+        logging.getLogger("activedb.rules").setLevel(logging.CRITICAL)
+    try:
+        loaded = load_app(app, require_mapping=True)
+    except IngestError as error:
+        raise click.ClickException(str(error)) from None
+    database = open_database(ctx, writes=True)
+    try:
+        letters = deadletters.select(database, letter_filter(ids, query, batch, reason, replayed=False),
+                                     limit=limit or None)
+        if not letters:
+            click.echo("no dead letters to replay match (`activedb dead-letters list --all` shows replayed ones)")
+            return
+        if loaded.migrations is not None:
+            database.upgrade_app(loaded.migrations)
+        loaded.register(database)
+        outcomes = replay_dead_letters(database, loaded, letters)
+    finally:
+        database.close()
+    counts = collections.Counter(outcome.outcome for outcome in outcomes)
+    queries = sorted({outcome.query_id for outcome in outcomes})
+    click.echo(f"replayed {len(outcomes)} dead letter(s) as {', '.join(queries)}: "
+               + ", ".join(f"{count} {what}" for what, count in sorted(counts.items())))
+    if counts.get("rejected again"):
+        click.echo(f"those rejected again are new dead letters: activedb dead-letters list --query "
+                   f"{queries[0].split(':', 1)[1]}")

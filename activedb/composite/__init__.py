@@ -3,7 +3,9 @@
 
 Public interface: :class:`CompositionEngine` (``create_stream``, ``define``/``query``, ``join``/``leave``,
 ``signal``/``heartbeat``/``submit``/``process``, ``spec`` for rules, ``window`` for :func:`plot`), its
-records and errors.  The example is docs/howto/composite-events.md's; the design note is
+records and errors; :class:`CompositeHandler` (batches of any ingestion connector into an engine:
+``handler=CompositeHandler(engine)``), :func:`rows_to_items`, :func:`feed_batch`.  The example is
+docs/howto/composite-events.md's; the design note is
 ``activedb/composite/README.md``.
 """
 
@@ -14,15 +16,17 @@ from activedb import lazy
 from activedb.composite.errors import (CompositeError, EventRejected, LateEvent, MembershipError, ProducerTimeout,
                                        UncertainOrder)
 
-__all__ = ["Choice", "CompositeError", "CompositeEvent", "CompositeStatistics", "CompositionEngine", "DEFAULT_TIMEOUT",
-           "EventRejected", "Heartbeat", "Invalidation", "Item", "LateEvent", "ManualClock", "MembershipError", "MembershipKind",
-           "MonotonicClock", "POList", "ProducerInfo", "ProducerTimeout", "Resolution", "TimeoutPolicy",
-           "UncertainOrder", "Uncertainty", "UncertaintyKind", "Window", "WindowEntry", "errors", "plot"]
+__all__ = ["Choice", "CompositeError", "CompositeEvent", "CompositeHandler", "CompositeStatistics", "CompositionEngine",
+           "DEFAULT_TIMEOUT", "EventRejected", "FeedResult", "Heartbeat", "Invalidation", "Item", "LateEvent",
+           "ManualClock", "MembershipError", "MembershipKind", "MonotonicClock", "POList", "ProducerInfo",
+           "ProducerTimeout", "Resolution", "TimeoutPolicy", "UncertainOrder", "Uncertainty", "UncertaintyKind", "Window",
+           "WindowEntry", "errors", "feed_batch", "plot", "rows_to_items"]
 
 # imported on first use: `import activedb.composite` stays fast (the CLI's start)
 __getattr__, __dir__ = lazy.exports(__name__, {
     "activedb.composite._clock": ["ManualClock", "MonotonicClock"],
     "activedb.composite._engine": ["DEFAULT_TIMEOUT", "CompositionEngine"],
+    "activedb.composite._ingest": ["CompositeHandler", "FeedResult", "feed_batch", "rows_to_items"],
     "activedb.composite._records": ["CompositeStatistics", "MembershipKind", "ProducerInfo", "TimeoutPolicy", "Window",
                                     "WindowEntry"],
     "activedb.composite._model": ["Choice", "CompositeEvent", "Heartbeat", "Invalidation", "Resolution", "Uncertainty",
@@ -34,6 +38,9 @@ __getattr__, __dir__ = lazy.exports(__name__, {
 if TYPE_CHECKING:  # the names above, for type checkers (tests/test_typing.py keeps both lists equal)
     from activedb.composite._clock import ManualClock as ManualClock, MonotonicClock as MonotonicClock
     from activedb.composite._engine import CompositionEngine as CompositionEngine, DEFAULT_TIMEOUT as DEFAULT_TIMEOUT
+    from activedb.composite._ingest import (
+        CompositeHandler as CompositeHandler, FeedResult as FeedResult, feed_batch as feed_batch,
+        rows_to_items as rows_to_items)
     from activedb.composite._records import (
         CompositeStatistics as CompositeStatistics, MembershipKind as MembershipKind, ProducerInfo as ProducerInfo,
         TimeoutPolicy as TimeoutPolicy, Window as Window, WindowEntry as WindowEntry)

@@ -2,9 +2,9 @@
 :func:`rows_to_items` (rows — a ``pyarrow.Table``/``RecordBatch`` or dicts — to the engine's events with
 accuracy-interval timestamps and heartbeats, plus rejected rows) and :func:`feed_batch` (then
 ``engine.process(tx, items)``, or ``engine.submit(items)`` without a transaction), and
-:class:`CompositeHandler`, the batch path of ``ingest(…, composition=engine)``.  Each producer's rows
+:class:`CompositeHandler`, the batch path of an ingestion (``handler=CompositeHandler(engine)``).  Each producer's rows
 are put back into detection order, so micro-batch boundaries never change a composition's result (the
-design note ``activedb/composite/README.md``, "Spark").  Pure Python plus pyarrow; never imports pyspark.
+design note ``activedb/composite/README.md``, "Ingestion").  Pure Python; Arrow rows only if pyarrow is there.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from activedb.composite._engine import CompositionEngine
 from activedb.composite._model import CompositeEvent, Heartbeat
 from activedb.events import Timestamp
 from activedb.ingest._ledger import IngestionLedger
-from activedb.ingest._mapping import TS_UNITS, EventMapping, InvalidField, Rejected, jsonable, to_utc
+from activedb.ingest._mapping import TS_UNITS, EventMapping, InvalidField, Rejected, is_arrow, jsonable, to_utc
 from activedb.ingest._protocol import BatchHandler, BatchInput
 from activedb.ingest.errors import IngestError, MappingError
 from activedb.streams import StreamEvent
@@ -40,9 +40,7 @@ class FeedResult:
 
 
 def _rows(rows: Any) -> list[dict]:
-    import pyarrow as pa
-
-    if isinstance(rows, (pa.Table, pa.RecordBatch)):
+    if is_arrow(rows):
         return rows.to_pylist()
     return [row if isinstance(row, dict) else {"value": row} for row in rows]
 
@@ -146,23 +144,26 @@ def feed_batch(engine: CompositionEngine, rows: Any, mapping: EventMapping, *, t
 
 
 class CompositeHandler(BatchHandler):
-    """The batch path of ``ingest(…, composition=engine)`` (design note and limits: the package's
-    ``README.md``, "Composite: many producers"): each batch to a composition engine, which reads the rows
-    itself (``validates_rows = False``: a heartbeat row has no key, and the order that matters is per
-    producer).  Thread-safety: one batch at a time (the engine's own mutex guards its state)."""
+    """Each batch of an ingestion into the composition engine ``engine`` (design note and limits:
+    ``README.md`` in this package, "Ingestion"), which reads the rows itself (``validates_rows = False``: a
+    heartbeat row has no key, and the order that matters is per producer); the mapping must name the producer.
+    Thread-safety: one batch at a time (the engine's own mutex guards its state)."""
 
     name = "composite"
     late_rows_are_dead_letters = False
     validates_rows = False
 
-    def __init__(self, engine: Any, mapping: Any) -> None:
+    def __init__(self, engine: CompositionEngine) -> None:
         if not isinstance(engine, CompositionEngine):
-            raise IngestError(f"composition= takes an activedb.composite.CompositionEngine; got {engine!r}")
-        if mapping.producer_column is None:
-            raise IngestError(
-                "composition= needs a mapping that names the producer: EventMapping(…, producer_column='producer', "
-                "accuracy_column='accuracy', heartbeat_type='heartbeat')")
+            raise IngestError(f"CompositeHandler takes an activedb.composite.CompositionEngine; got {engine!r}")
         self.engine = engine
+        self.mapping: EventMapping | None = None       # set once by bind()
+
+    def bind(self, db: Any, mapping: EventMapping | None) -> None:
+        if mapping is None or mapping.producer_column is None:
+            raise IngestError(
+                "a composition needs a mapping that names the producer: EventMapping(…, producer_column='producer', "
+                "accuracy_column='accuracy', heartbeat_type='heartbeat')")
         self.mapping = mapping
 
     def handle(self, tx: Transaction, batch: BatchInput, ledger: IngestionLedger) -> None:

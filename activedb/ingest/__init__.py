@@ -2,11 +2,39 @@
 with their true reasons, poison search and the same statistics for every connector (Spark, change capture, a
 plain Python feed, the replay of dead letters).  Design note: ``README.md`` in this package.
 
-Public names (so far): :class:`LedgerId`, :class:`Batch`, :class:`Source`, :class:`Phase`, ``Rows``.
+Public names:
+
+* the interface — :class:`LedgerId`, :class:`Batch`, :class:`Source`, :class:`Phase`, ``Rows``;
+* :func:`feed` (the plain connector), :func:`drive` (any pull :class:`Source`), :func:`replay_dead_letters`;
+* :class:`Ingestion` (what a connector holds: ``process``, ``reject``, ``statistics``, …), :class:`BatchHandler` and
+  :class:`BatchInput` (where a batch goes), :class:`RulesHandler` (the rule path, every connector's default),
+  :class:`BatchLowering`;
+* the ledger — :class:`IngestionLedger`, :func:`batch_committed`, :func:`ingestion_status`, :class:`QueryStatus`,
+  :func:`ledger_query_id`, :func:`parse_ledger_query_id`, :func:`sources_of_run`, :func:`forget_run`;
+* validation — :class:`EventMapping`, :func:`as_mapping`, :func:`rows_to_events`, :class:`RawEvent`,
+  :class:`Rejected`;
+* outcomes — :class:`BatchOutcome`, :class:`IngestStatistics`, :class:`PhaseTimings`;
+* :mod:`activedb.ingest.errors`.
 
 Importing this package imports nothing of Spark or pyarrow.
 """
 
+from activedb.ingest import errors
+from activedb.ingest._feed import RowBatches, drive, feed
+from activedb.ingest._ingestion import Ingestion
 from activedb.ingest._interface import Batch, LedgerId, Phase, Rows, Source
+from activedb.ingest._ledger import (
+    IngestionLedger, QueryStatus, batch_committed, forget_run, ingestion_status, ledger_query_id,
+    parse_ledger_query_id, sources_of_run,
+)
+from activedb.ingest._mapping import EventMapping, RawEvent, Rejected, as_mapping, rows_to_events
+from activedb.ingest._outcome import BatchOutcome, IngestStatistics, PhaseTimings
+from activedb.ingest._protocol import BatchHandler, BatchInput
+from activedb.ingest._replay import ReplayOutcome, ReplayResult, Replayable, replay_dead_letters
+from activedb.ingest._rules import BatchLowering, RulesHandler
 
-__all__ = ["Batch", "LedgerId", "Phase", "Rows", "Source"]
+__all__ = ["Batch", "BatchHandler", "BatchInput", "BatchLowering", "BatchOutcome", "EventMapping", "IngestStatistics",
+           "Ingestion", "IngestionLedger", "LedgerId", "Phase", "PhaseTimings", "QueryStatus", "RawEvent", "Rejected",
+           "Replayable", "ReplayOutcome", "ReplayResult", "RowBatches", "Rows", "RulesHandler", "Source", "as_mapping",
+           "batch_committed", "drive", "errors", "feed", "forget_run", "ingestion_status", "ledger_query_id", "parse_ledger_query_id",
+           "replay_dead_letters", "rows_to_events", "sources_of_run"]

@@ -1,25 +1,25 @@
-"""How the rule path tells failures apart — the event's (a dead letter), a conflict (the batch is re-run),
-a deadlock (the event is re-run), the server's (the batch fails) — and how it finds the events whose writes
-PostgreSQL refuses (:func:`find_culprits`, by trial flushes).  Design note: the package's ``README.md``."""
+"""How the batch protocol tells failures apart — the event's (a dead letter), a conflict (the batch is re-run),
+a deadlock (the event is re-run), the server's (the batch fails), all through ``activedb.errors.classify`` —
+and how it finds the events whose writes PostgreSQL refuses (:func:`find_culprits`, by trial flushes).  Design
+note: ``README.md`` in this package ("One batch", step 5)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from activedb.txn import CommitParticipant
 from activedb.errors import (
     CascadeLimitExceeded, DatabaseError, DuplicateKey, Failure, InvalidValue, RuleFailed, SerializationConflict, causes,
     classify,
 )
-from activedb.ingest._mapping import RawEvent
 from activedb.ingest.errors import first_line
+from activedb.txn import CommitParticipant
 
 if TYPE_CHECKING:  # pragma: no cover
     from activedb.txn import Transaction
 
 __all__ = ["conflict_in", "find_culprits", "is_infrastructure_failure", "is_poison_failure",
-           "rejection_reason", "trial"]
+           "refused_writes", "rejection_reason", "trial"]
 
 
 def is_infrastructure_failure(error: BaseException) -> bool:
@@ -55,7 +55,9 @@ def rejection_reason(error: BaseException) -> str:
     return f"event processing failed: {type(error).__name__}: {error}"
 
 
-def _poison_reason(error: BaseException) -> str:
+def refused_writes(error: BaseException) -> str:
+    """The dead-letter reason of an event whose writes PostgreSQL refused at the commit with ``error`` (the
+    default of ``BatchHandler.refusal_reason``)."""
     return f"PostgreSQL refused this event's writes at the commit: {first_line(error)}"
 
 
@@ -70,10 +72,10 @@ class _TrialStop(CommitParticipant):
         raise _TrialPassed()
 
 
-def trial(db: Any, query_name: str, apply: Callable[[Any, list[RawEvent]], None],
-          events: list[RawEvent]) -> BaseException | None:
-    """Run ``apply(tx, events)`` in a transaction that is flushed and then rolled back; the refusal of a
-    poison failure, or None if PostgreSQL took everything."""
+def trial(db: Any, query_name: str, apply: Callable[[Any, list[Any]], None], events: list[Any],
+          is_refusal: Callable[[BaseException], bool] | None = None) -> BaseException | None:
+    """Run ``apply(tx, events)`` in a transaction that is flushed and then rolled back; the refusal (a poison
+    failure, or what ``is_refusal`` accepts), or None if PostgreSQL took everything."""
     try:
         with db.transaction(name=f"trial:{query_name}", participants=[_TrialStop()]) as tx:
             db.outbox.mark_replayed(tx)
@@ -81,16 +83,18 @@ def trial(db: Any, query_name: str, apply: Callable[[Any, list[RawEvent]], None]
     except _TrialPassed:
         return None
     except Exception as failure:
-        if is_poison_failure(failure):
+        if (is_refusal or is_poison_failure)(failure):
             return failure
         raise
     raise AssertionError("unreachable: a trial never commits")
 
 
-def find_culprits(try_events: Callable[[list[RawEvent]], BaseException | None], events: list[RawEvent],
-                  failure: BaseException, *, blame_unreproduced: bool = True) -> list[tuple[RawEvent, str]]:
-    """The events whose writes make PostgreSQL refuse the batch, each with PostgreSQL's reason;
-    ``try_events(subset)`` is a :func:`trial` of ``subset``.
+def find_culprits(try_events: Callable[[list[Any]], BaseException | None], events: list[Any],
+                  failure: BaseException, reason: Callable[[Any, BaseException], str] | None = None, *,
+                  blame_unreproduced: bool = True) -> list[tuple[Any, str]]:
+    """The events whose writes make PostgreSQL refuse the batch, each with its dead-letter reason —
+    ``reason(event, refusal)``, by default PostgreSQL's (:func:`refused_writes`); ``try_events(subset)`` is a
+    :func:`trial` of ``subset``.
 
     Halves are tried on their own (flushed and rolled back), recursively: a poison event makes every set
     it is in fail, so about 2n event applications and log2(n) rounds find one.  If a failure needs events
@@ -100,13 +104,14 @@ def find_culprits(try_events: Callable[[list[RawEvent]], BaseException | None], 
     with ``blame_unreproduced``, and nobody (an empty list) without it."""
     if not events or try_events([]) is not None:
         raise failure
+    explain = reason or (lambda event, refusal: refused_writes(refusal))
 
-    def search(subset: list[RawEvent], known: BaseException | None) -> list[tuple[RawEvent, str]]:
+    def search(subset: list[Any], known: BaseException | None) -> list[tuple[Any, str]]:
         refusal = known if known is not None else try_events(subset)
         if refusal is None:
             return []
         if len(subset) == 1:
-            return [(subset[0], _poison_reason(refusal))]
+            return [(subset[0], explain(subset[0], refusal))]
         middle = len(subset) // 2
         found = search(subset[:middle], None) + search(subset[middle:], None)
         if found:
@@ -121,7 +126,7 @@ def find_culprits(try_events: Callable[[list[RawEvent]], BaseException | None], 
             else:
                 high = probe
         culprit = subset[low - 1]
-        return [(culprit, _poison_reason(try_events(subset[:low]) or refusal)
+        return [(culprit, explain(culprit, try_events(subset[:low]) or refusal)
                  + " (together with an earlier event of the batch)")]
 
     return search(events, failure)

@@ -136,9 +136,9 @@ class Source(Protocol):
         ...
 
 
-class Phase(str, enum.Enum):
+class Phase(enum.StrEnum):
     """The points of a batch that ``on_phase(phase, batch_number)`` hears (a seam for crash tests and
-    monitoring; a ``str`` enum: ``Phase.FLUSH == "flush"``)."""
+    monitoring; a ``StrEnum``: ``Phase.FLUSH == "flush"``)."""
 
     FETCHED = "fetched"      # the rows are in Python, nothing written (a connector says so)
     FLUSH = "flush"          # inside the flush: everything written, PostgreSQL's COMMIT is next

@@ -1,7 +1,8 @@
 """The ingestion ledger: :class:`IngestionLedger`, the commit participant that writes a batch's ledger row in
-the batch's PostgreSQL transaction; ledger query ids (``NAME@SPARK_QUERY_ID``, ``NAME@SPARK_QUERY_ID#pN``
-for a scale-out partition; why both parts matter: the package's ``README.md``, "Invariants"); what
-ingestion has committed, read back from PostgreSQL (:func:`ingestion_status`, :func:`batch_committed`).
+the batch's PostgreSQL transaction; the ledger's keys (a source run's :class:`~activedb.ingest.LedgerId`
+text and the batch number; why both parts matter: ``README.md`` in this package, "Invariants"); what ingestion
+has committed, read back from PostgreSQL (:func:`ingestion_status` — what ``activedb status`` shows —,
+:func:`batch_committed`, :func:`last_watermark`, :func:`ingested_event_ids`).
 """
 
 from __future__ import annotations
@@ -9,7 +10,6 @@ from __future__ import annotations
 import collections
 import datetime as dt
 import json
-import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -18,51 +18,45 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 
-from activedb.txn import Along, CommitParticipant
 from activedb.errors import BatchAlreadyCommitted, SerializationConflict
-
+from activedb.ingest._interface import LedgerId
+from activedb.txn import Along, CommitParticipant
 
 if TYPE_CHECKING:  # pragma: no cover
+    from activedb._handle import DatabaseHandle
     from activedb.txn import Transaction
 
-__all__ = ["IngestionLedger", "QueryStatus", "batch_committed", "ingestion_status", "ledger_query_id",
-           "parse_ledger_query_id"]
+__all__ = ["IngestionLedger", "QueryStatus", "batch_committed", "forget_run", "ingestion_status", "ledger_query_id",
+           "parse_ledger_query_id", "sources_of_run"]
 
 LEDGER_TABLE = "activedb_ingestion_ledger"
 EVENT_ID_TABLE = "activedb_ingested_events"
 
-_UUID = r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
-_LEDGER_ID = re.compile(rf"^(?P<name>.*)@(?P<spark>{_UUID})(?:#p(?P<partition>\d+))?$")
 
-
-def ledger_query_id(query_name: str, spark_query_id: str, partition: int | None = None) -> str:
-    """The ledger's query id for ``query_name`` run from a checkpoint whose Spark query id is
-    ``spark_query_id`` (and for one ``partition`` of the scale-out path)."""
-    text = f"{query_name}@{spark_query_id}"
-    return text if partition is None else f"{text}#p{partition}"
+def ledger_query_id(query_name: str, run: str, partition: int | None = None) -> str:
+    """The ledger's text for run ``run`` of source ``query_name`` (and one ``partition`` of a split batch):
+    ``str(LedgerId(query_name, run, partition))`` — for a Spark query, ``run`` is its query id."""
+    return str(LedgerId(query_name, run, partition))
 
 
 def parse_ledger_query_id(query_id: str) -> tuple[str, str | None, int | None]:
-    """``(query name, spark query id or None, partition or None)``; ids not made by the
-    bridge (e.g. the plain-write baseline's bare UUIDs) come back as ``(query_id, None, None)``."""
-    match = _LEDGER_ID.match(query_id)
-    if match is None:
-        return query_id, None, None
-    partition = match.group("partition")
-    return match.group("name"), match.group("spark"), None if partition is None else int(partition)
+    """``(source, run or None, partition or None)`` of a ledger id's text (:meth:`LedgerId.parse`); ids without a
+    run (``capture:orders``, the plain-write baseline's bare ids) come back as ``(query_id, None, None)``."""
+    parsed = LedgerId.parse(query_id)
+    return parsed.source, parsed.run, parsed.partition
 
 
 @dataclass(frozen=True)
 class QueryStatus:
-    """What one ingestion query has committed, from the ledger. Immutable.
+    """What one source (an ingestion query) has committed, from the ledger. Immutable.
 
-    ``batches`` counts distinct batch ids (a scale-out batch has one ledger row per
-    partition); ``events``, ``dead_letters`` and ``rule_firings`` are summed over every
-    ledger row of the query.
+    ``runs`` are the runs seen (for a Spark query its query ids, one per checkpoint); ``batches`` counts distinct
+    batch ids (a scale-out batch has one ledger row per partition); ``events``, ``dead_letters`` and
+    ``rule_firings`` are summed over every ledger row of the source.
     """
 
     query_name: str
-    spark_query_ids: tuple[str, ...]
+    runs: tuple[str, ...]
     batches: int
     ledger_rows: int
     partitions: int | None
@@ -75,10 +69,10 @@ class QueryStatus:
     rule_firings: Mapping[str, int] = field(default_factory=dict)
 
 
-def ingestion_status(db: Any, query_name: str | None = None) -> list[QueryStatus]:
-    """Per query name, what the ledger of ``db`` (an ``activedb.Database``) holds, sorted
-    by name; only ``query_name`` when given. Reads PostgreSQL only; works while a query
-    is running (committed batches only) and after it stopped."""
+def ingestion_status(db: DatabaseHandle, query_name: str | None = None) -> list[QueryStatus]:
+    """Per source, what the ledger of ``db`` (an ``activedb.Database``) holds, sorted by name; only
+    ``query_name`` when given.  Reads PostgreSQL only; works while an ingestion is running (committed batches
+    only) and after it stopped."""
     ledger = db.table(LEDGER_TABLE)
     with db.engine.connect() as connection:
         ledger_rows = connection.execute(sa.select(
@@ -86,10 +80,10 @@ def ingestion_status(db: Any, query_name: str | None = None) -> list[QueryStatus
             ledger.c.rule_firings, ledger.c.committed_at)).all()
     groups: dict[str, list[tuple[Any, str | None, int | None]]] = {}
     for row in ledger_rows:
-        name, spark_id, partition = parse_ledger_query_id(row.query_id)
+        name, run, partition = parse_ledger_query_id(row.query_id)
         if query_name is not None and name != query_name:
             continue
-        groups.setdefault(name, []).append((row, spark_id, partition))
+        groups.setdefault(name, []).append((row, run, partition))
     result = []
     for name in sorted(groups):
         entries = groups[name]
@@ -98,7 +92,7 @@ def ingestion_status(db: Any, query_name: str | None = None) -> list[QueryStatus
         for row in rows:
             firings.update({rule: int(count) for rule, count in (row.rule_firings or {}).items()})
         result.append(QueryStatus(
-            query_name=name, spark_query_ids=tuple(sorted({spark for _, spark, _ in entries if spark is not None})),
+            query_name=name, runs=tuple(sorted({run for _, run, _ in entries if run is not None})),
             batches=len({row.batch_id for row in rows}), ledger_rows=len(rows),
             partitions=len({partition for _, _, partition in entries if partition is not None}) or None,
             last_batch_id=max(row.batch_id for row in rows), events=sum(row.events for row in rows),
@@ -109,9 +103,27 @@ def ingestion_status(db: Any, query_name: str | None = None) -> list[QueryStatus
     return result
 
 
+def sources_of_run(db: DatabaseHandle, run: str) -> set[str]:
+    """The sources under which the ledger holds batches of the run ``run`` (normally one: a run renamed to
+    another source would have its re-delivered batch applied again under the new name)."""
+    ledger = db.table(LEDGER_TABLE)
+    with db.engine.connect() as connection:
+        texts = connection.execute(sa.select(ledger.c.query_id).where(
+            ledger.c.query_id.like(f"%@{run}%")).distinct().limit(5)).scalars().all()
+    return {parsed.source for parsed in map(LedgerId.parse, texts) if parsed.run == run}
 
 
-def last_watermark(db: Any, query_id: str) -> dt.datetime | None:
+def forget_run(connection: sa.Connection, query_id: str) -> int:
+    """Delete the ledger rows of the run ``query_id`` (its partitions' too) on ``connection`` (in the caller's
+    transaction): its batches count as never applied, for a source that starts its numbering over under the
+    same id (a capture consumer dropped and registered again).  Returns the rows deleted."""
+    result = connection.execute(sa.text(
+        f"DELETE FROM {LEDGER_TABLE} WHERE query_id = :q OR query_id LIKE :partitions"),
+        {"q": query_id, "partitions": f"{query_id}#p%"})
+    return result.rowcount
+
+
+def last_watermark(db: DatabaseHandle, query_id: str) -> dt.datetime | None:
     """The latest watermark the ledger recorded for ``query_id`` (its partitions included)."""
     ledger = db.table(LEDGER_TABLE)
     with db.engine.connect() as connection:
@@ -142,7 +154,7 @@ class IngestionLedger(CommitParticipant):
     PostgreSQL transaction is about to commit (a seam for crash tests).
     """
 
-    def __init__(self, db: Any, query_id: str, batch_id: int, *,
+    def __init__(self, db: DatabaseHandle, query_id: str, batch_id: int, *,
                  on_flush: Callable[[int], None] | None = None) -> None:
         self.db = db
         self.query_id = query_id
@@ -162,7 +174,7 @@ class IngestionLedger(CommitParticipant):
         self.flush_began = time.perf_counter()
         self.rule_firings = self.db.rules.firings_in(transaction)
 
-    def write(self, transaction: Transaction, connection: Any) -> None:
+    def write(self, transaction: Transaction, connection: sa.Connection) -> None:
         if not self.event_ids:
             return              # the row goes with the flush's last round trip (statements_along)
         if connection.exec_driver_sql(_LEDGER_ROW_IF_NEW, self._row(transaction)).first() is None:
@@ -191,7 +203,7 @@ class IngestionLedger(CommitParticipant):
             return None
         return self._duplicate()
 
-    def _record_event_ids(self, connection: Any) -> None:
+    def _record_event_ids(self, connection: sa.Connection) -> None:
         table = self.db.table(EVENT_ID_TABLE)
         inserted = connection.execute(
             postgresql.insert(table).on_conflict_do_nothing().returning(table.c.event_id),
@@ -206,12 +218,12 @@ class IngestionLedger(CommitParticipant):
     def acts_before_commit(self, transaction: Transaction) -> bool:
         return self._on_flush is not None
 
-    def about_to_commit(self, transaction: Transaction, connection: Any) -> None:
+    def about_to_commit(self, transaction: Transaction, connection: sa.Connection) -> None:
         if self._on_flush is not None:
             self._on_flush(self.batch_id)
 
 
-def ingested_event_ids(db: Any, query_name: str, event_ids: list[str]) -> dict[str, tuple[str, int]]:
+def ingested_event_ids(db: DatabaseHandle, query_name: str, event_ids: list[str]) -> dict[str, tuple[str, int]]:
     """Of ``event_ids``, those already ingested under ``query_name``: ``{event id: (query id, batch id)}``."""
     if not event_ids:
         return {}
@@ -222,7 +234,7 @@ def ingested_event_ids(db: Any, query_name: str, event_ids: list[str]) -> dict[s
     return {row.event_id: (row.query_id, row.batch_id) for row in rows}
 
 
-def batch_committed(db: Any, query_id: str, batch_id: int) -> bool:
+def batch_committed(db: DatabaseHandle, query_id: str, batch_id: int) -> bool:
     """True if ``(query_id, batch_id)`` is in the ingestion ledger of ``db`` (its effects are committed)."""
     ledger = db.table(LEDGER_TABLE)
     with db.engine.connect() as connection:

@@ -6,7 +6,7 @@ timestamp and the payload); :func:`rows_to_events` (rows — a ``pyarrow.Table``
 reason and the raw row, JSON-safe); :func:`jsonable`.  The decisions on timestamps, keys, types, order,
 corrupt records, lone surrogates and event ids: the package's ``README.md`` ("Validation").
 
-Pure Python plus pyarrow (imported on first use); never imports pyspark.
+Pure Python; an Arrow batch is validated by ``_arrow.py``, which imports pyarrow (only an Arrow batch gets there).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import datetime as dt
 import json
 import math
 import re
+import sys
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -412,9 +413,7 @@ def rows_to_events(rows: Any, mapping: EventMapping,
     key_label = f"key ({mapping.key_column!r})"
     ts_label = f"timestamp ({mapping.ts_column!r})"
 
-    import pyarrow as pa
-
-    if isinstance(rows, (pa.Table, pa.RecordBatch)):
+    if is_arrow(rows):
         from activedb.ingest._arrow import table_to_events
 
         return table_to_events(rows, mapping, known, unit_divisor, (type_label, key_label, ts_label))
@@ -470,6 +469,13 @@ def rows_to_events(rows: Any, mapping: EventMapping,
                     else {"value": jsonable(rows[position])}) for position in sorted(errors)]
     good.sort(key=by_ts)
     return good, bad
+
+
+def is_arrow(rows: Any) -> bool:
+    """Whether ``rows`` is a ``pyarrow.Table`` or ``RecordBatch`` — asked without importing pyarrow: rows can be
+    Arrow only if something imported it already (pyarrow is an extra, ``activedb[spark]``)."""
+    pa = sys.modules.get("pyarrow")
+    return pa is not None and isinstance(rows, (pa.Table, pa.RecordBatch))
 
 
 def event_id(value: Any) -> str:

@@ -1,10 +1,12 @@
-"""The one protocol of a micro-batch: :func:`run_batch` runs any :class:`BatchHandler` (``_rules_handler``,
-``_queries_handler``, ``_tpg_handler``, ``composite_feed``, ``_atomic``'s failed partition) exactly once; the
-sink, the scale-out tasks and dead-letter replays all reach it.  Design note: the package's ``README.md``
-("One micro-batch", "Four paths for a batch").
+"""The one batch protocol: :func:`run_batch` runs a batch through any :class:`BatchHandler` (the rule path
+``_rules.py``, the engines' handlers beside them — ``activedb.streams``, ``activedb.batch``,
+``activedb.composite``, ``activedb.capture`` — and a connector's own) exactly once; every connector reaches it
+through :class:`~activedb.ingest.Ingestion`.  :class:`BatchContext` is what it gets of the ingestion (with the
+validation of a batch's rows), :class:`BatchInput` what a handler gets of a batch.  Design note: ``README.md``
+in this package ("One batch").
 
-Thread-safety: a handler is called by one batch at a time (Spark's ``foreachBatch``); the engines
-behind the handlers refuse concurrent batches themselves.
+Thread-safety: a handler is called by one batch at a time (its connector's contract); the engines behind the
+handlers refuse concurrent batches themselves.
 """
 
 from __future__ import annotations
@@ -14,41 +16,47 @@ import datetime as dt
 import functools
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from activedb import lowlevel
 from activedb.deadletters import Letter
 from activedb.errors import BatchAlreadyCommitted, SerializationConflict
-from activedb.ingest._failures import find_culprits, is_poison_failure, trial
-from activedb.ingest._ledger import IngestionLedger, batch_committed
-from activedb.ingest._letters import BatchLetters, SinkContext, no_cyclic_gc
-from activedb.ingest._mapping import RawEvent
-from activedb.ingest._outcome import BatchOutcome, PhaseTimings
+from activedb.ingest._failures import find_culprits, is_poison_failure, refused_writes, trial
+from activedb.ingest._interface import Phase
+from activedb.ingest._ledger import IngestionLedger, batch_committed, ingested_event_ids
+from activedb.ingest._letters import BatchLetters, no_cyclic_gc
+from activedb.ingest._mapping import EventMapping, RawEvent, rows_to_events
+from activedb.ingest._outcome import BatchBook, BatchOutcome, PhaseTimings
 from activedb.ingest.errors import first_line
-from activedb.tracing import BatchTrace
+from activedb.tracing import BatchTrace, BatchTracing
 
 if TYPE_CHECKING:  # pragma: no cover
     from activedb.txn import Transaction
 
-__all__ = ["BatchHandler", "BatchInput", "run_batch"]
+__all__ = ["BatchContext", "BatchHandler", "BatchInput", "run_batch"]
 
 logger = logging.getLogger("activedb.ingest")
+
+_FLUSH, _COMMITTED = Phase.FLUSH, Phase.COMMITTED
 
 
 @dataclass(frozen=True)
 class BatchInput:
-    """One micro-batch as a handler sees it.  Immutable.
+    """One batch as a handler sees it.  Immutable.
 
-    ``rows``: the batch as fetched (a ``pyarrow.Table`` or a list of dicts); ``events``: the rows
-    that validated, sorted by application time (empty if the handler validates itself);
-    ``letters``: the dead letters (``activedb.deadletters.Letter``) of the rows the sink already
-    rejected — the handler adds its own and stores them all; ``dead_letters`` is the batch's dead-letter
-    sink: ``dead_letters.for_events([(event, reason), …])`` makes letters keeping the original rows of
-    events of this batch, ``dead_letters.insert(tx, letters)`` stores them in ``tx``."""
+    ``rows``: the batch as delivered (mappings, or a ``pyarrow.Table``); ``events``: its events sorted by
+    application time — the rows that validated, or those the connector made itself (change capture) — each
+    with ``position``, its row's index (empty if the handler reads the rows itself); ``letters``: the dead
+    letters (``activedb.deadletters.Letter``) of the rows already rejected — the handler adds its own and stores
+    them all; ``dead_letters`` is the batch's dead-letter sink: ``dead_letters.for_events([(event, reason), …])``
+    makes letters keeping the original rows of events of this batch, ``dead_letters.insert(tx, letters)`` stores
+    them in ``tx``.  ``query_id`` is the run's ledger id (a :class:`~activedb.ingest.LedgerId`'s text),
+    ``query_name`` the source's name."""
 
     rows: Any
-    events: tuple[RawEvent, ...]
+    events: tuple[Any, ...]
     letters: tuple[Letter, ...]
     query_id: str
     query_name: str
@@ -65,12 +73,12 @@ class BatchInput:
     def _event_ids(self) -> frozenset[int]:
         return frozenset(map(id, self.events))
 
-    def at_commit(self, ledger: Any, *, refused_may_come_again: bool = False) -> dict[str, Any]:
+    def at_commit(self, ledger: IngestionLedger, *, refused_may_come_again: bool = False) -> dict[str, Any]:
         """The keyword arguments of ``activedb.batch.apply_at_commit`` (and ``apply_lowered``) for this batch's
         ``events``: labelled with its query and batch id; inside the commit, before the ledger's write, the
         ledger's counts (``on_result``) and the dead letters — the batch's own and one per aborted event,
-        ``aborted: <reason>``, keeping the row Spark delivered (``letters``; ``event.position`` of a result is
-        the index in ``events``, whose own ``.position`` is its Arrow row).  ``refused_may_come_again``: the
+        ``aborted: <reason>``, keeping the row as delivered (``letters``; ``event.position`` of a result is
+        the index in ``events``, whose own ``.position`` is its row).  ``refused_may_come_again``: the
         ledger records the ids of the applied events only (as the rule path does: a refused one may come
         again)."""
         events, base = self.events, list(self.letters)
@@ -90,23 +98,30 @@ class BatchInput:
 
 
 class BatchHandler:
-    """Where a micro-batch's events go (module docstring): a path overrides ``handle`` and what it does
-    differently from these defaults."""
+    """Where a batch's events go: a handler overrides :meth:`handle` and what it does differently from these
+    defaults (SQLAlchemy's style: each method's docstring is its contract).  A handler is bound to one
+    database by the ingestion that takes it (:meth:`bind`) and runs one batch at a time."""
 
-    #: The path's name, for messages and statistics (``"rules"``, ``"queries"``, ``"tpg"``, ``"composite"``).
+    #: The path's name, for messages and statistics (``"rules"``, ``"queries"``, ``"tpg"``, ``"composite"``, …).
     name = "handler"
-    #: True: the sink dead-letters rows older than the batch's watermark before ``handle`` (Spark's
-    #: lateness rule).  False: the handler's engine decides lateness itself.
+    #: True: the core dead-letters rows older than the batch's watermark before ``handle`` (the lateness rule
+    #: of a punctuated source).  False: the handler's engine decides lateness itself.
     late_rows_are_dead_letters = True
-    #: True: the sink runs ``rows_to_events`` and passes the events; False: the handler reads
-    #: ``BatchInput.rows`` itself (``events`` and ``letters`` are then empty).
+    #: True: the core validates the rows against the mapping (``rows_to_events``) and passes the events;
+    #: False: the handler reads ``BatchInput.rows`` itself (``events`` and ``letters`` are then empty, unless
+    #: the connector handed over its own events).
     validates_rows = True
     #: True: ``apply_events(tx, events)`` applies any subset of the batch's events, so a commit
     #: PostgreSQL refuses is searched for its culprits (trial flushes) instead of failing the batch.
     searches_poison = False
 
+    def bind(self, db: Any, mapping: EventMapping | None) -> None:
+        """The ingestion that takes this handler feeds ``db`` with rows mapped by ``mapping`` (None: the rows are
+        not mapped): called once, before the first batch; raise :class:`~activedb.ingest.errors.IngestError` if
+        the handler cannot work with them.  Nothing to do here."""
+
     def accepted_types(self) -> frozenset[str] | None:
-        """Event types the sink accepts when ``ingest(known_types=…)`` is not given (None: any)."""
+        """Event types accepted when the ingestion is given no ``known_types`` (None: any)."""
         return None
 
     def handle(self, tx: Transaction, batch: BatchInput, ledger: IngestionLedger) -> None:
@@ -115,9 +130,20 @@ class BatchHandler:
         before the ledger.  Raise to fail the batch (``tx`` then aborts and nothing is kept)."""
         raise NotImplementedError
 
-    def apply_events(self, tx: Transaction, events: list[RawEvent]) -> None:
+    def apply_events(self, tx: Transaction, events: list[Any]) -> None:
         """Apply ``events`` in ``tx`` for a trial flush (only called if ``searches_poison``)."""
         raise NotImplementedError
+
+    def is_refusal(self, failure: BaseException) -> bool:
+        """Whether the failed commit ``failure`` is PostgreSQL refusing what some events wrote, to be searched for
+        them (only asked if ``searches_poison``).  Default: a value it cannot store or a constraint — SQLSTATE
+        classes 22, 23, 54, as ``activedb.errors.classify`` says (``is_poison_failure``)."""
+        return is_poison_failure(failure)
+
+    def refusal_reason(self, event: Any, refusal: BaseException) -> str:
+        """The dead-letter reason of an event whose writes PostgreSQL refused at the commit (``refusal``: what
+        it raised in the trial that named the event)."""
+        return refused_writes(refusal)
 
     def retries_refused(self, batch: BatchInput, failure: BaseException) -> bool:
         """PostgreSQL refused the commit of ``batch`` for a value (a poison failure): True if the handler's next
@@ -129,29 +155,97 @@ class BatchHandler:
     def end_of_stream(self, db: Any, query_name: str, query_id: str | None = None) -> int:
         """The source ended: release what the engine still holds back, in a transaction of its own;
         returns how many events that processed.  Idempotent.  ``query_id``: the ledger id of the run
-        (its dead letters are kept under it), if the sink has seen a batch.  Nothing is held back here."""
+        (its dead letters are kept under it), if a batch was seen.  Nothing is held back here."""
         return 0
 
     def close(self) -> None:
         """Release the path's resources (the TPG path's worker processes); nothing here."""
 
 
-def run_batch(context: SinkContext, handler: BatchHandler, rows: Any, batch_id: int, *, query_id: str,
+@dataclass(frozen=True)
+class BatchContext:
+    """What the batch protocol needs of the :class:`~activedb.ingest.Ingestion` that calls it (never the
+    ingestion itself).  Immutable; ``book`` is thread-safe.
+
+    ``known_types``: the event types the ingestion was given, None if not given (each handler then has its
+    default); ``batch_attempts``: top-level attempts per batch on serialization conflicts; ``event_ids_under``:
+    the source name event ids are kept under for duplicate detection."""
+
+    db: Any
+    mapping: EventMapping | None
+    query_name: str
+    event_ids_under: str
+    known_types: frozenset[str] | None
+    batch_attempts: int
+    book: BatchBook
+    #: The spans of the batches (``activedb.tracing``; they are made only when an OpenTelemetry SDK is configured).
+    tracing: BatchTracing | None = None
+
+    def accepted_types(self, handler: BatchHandler) -> frozenset[str] | None:
+        """The event types accepted now: ``known_types`` if given, else the handler's (``handler.accepted_types()``,
+        for the rules the stream types they listen to; None: any)."""
+        return self.known_types if self.known_types is not None else handler.accepted_types()
+
+    def validate(self, rows: Any, dead: BatchLetters, watermark: dt.datetime | None,
+                 accepted: frozenset[str] | None, late_rows_are_dead_letters: bool = True,
+                 ) -> tuple[list[RawEvent], list[Letter]]:
+        """The batch's valid events (sorted by application time) and the dead letters of the rest: rows
+        ``rows_to_events`` rejects (or of a type not in ``accepted``; None: any), events older than
+        ``watermark`` (if ``late_rows_are_dead_letters``) and duplicate ids."""
+        mapping = self.mapping
+        if mapping is None:
+            raise ValueError("a batch validated against no mapping: give the Ingestion its EventMapping")
+        good, bad = rows_to_events(rows, mapping, accepted)
+        letters = dead.rejected(bad)
+        if watermark is not None and late_rows_are_dead_letters:
+            on_time = [event for event in good if event.ts >= watermark]
+            if len(on_time) != len(good):
+                letters += dead.for_events([(event, f"late: {mapping.ts_column} {event.ts.isoformat()} is older "
+                                                    f"than the stream's watermark {watermark.isoformat()} (Spark's "
+                                                    f"lateness rule)") for event in good if event.ts < watermark])
+                good = on_time
+        if mapping.id_column is not None:
+            good, duplicates = self.without_duplicates(good)
+            letters += dead.for_events(duplicates)
+        return good, letters
+
+    def without_duplicates(self, events: list[RawEvent]) -> tuple[list[RawEvent], list[tuple[RawEvent, str]]]:
+        """Split off events whose id was already ingested under ``event_ids_under``, or appeared earlier in
+        the batch (the first occurrence, in application-time order, is applied)."""
+        seen = ingested_event_ids(self.db, self.event_ids_under, [event.event_id for event in events])
+        first: dict[str, RawEvent] = {}
+        kept, duplicates = [], []
+        for event in events:
+            if event.event_id in seen:
+                query_id, batch = seen[event.event_id]
+                duplicates.append((event, f"duplicate: event id {event.event_id!r} was already ingested in batch "
+                                          f"{batch} of {query_id}"))
+            elif event.event_id in first:
+                duplicates.append((event, f"duplicate: event id {event.event_id!r} appears more than once in "
+                                          f"this batch (row {first[event.event_id].position} was applied)"))
+            else:
+                first[event.event_id] = event
+                kept.append(event)
+        return kept, duplicates
+
+
+def run_batch(context: BatchContext, handler: BatchHandler, rows: Any, batch_id: int, *, query_id: str,
               watermark: dt.datetime | None, timings: PhaseTimings, punctuate: bool = True,
-              participants: tuple = ()) -> BatchOutcome:
-    """One batch through ``handler``, exactly once; returns its outcome.  ``context``: what the calling
-    :class:`~spark_bridge._sink.IngestSink` shares with its batch paths; ``participants``: more commit
-    participants of the batch's transaction (lineage, a replay's mark), enlisted before the ledger.
+              participants: tuple = (), events: Sequence[Any] | None = None, fresh: bool = False) -> BatchOutcome:
+    """One batch through ``handler``, exactly once; returns its outcome.  ``participants``: more commit
+    participants of the batch's transaction (lineage, a replay's mark, capture's position), enlisted before the
+    ledger; ``events``: the batch's events, made by the connector (nothing is validated then); ``fresh``: the
+    connector vouches the ledger cannot have the batch but through a duplicate run (``Ingestion.process``).
     Raises only when the batch could not be committed (PostgreSQL unusable, conflicts beyond
     ``batch_attempts``, a refused commit the handler cannot search)."""
     row_count = rows.num_rows if hasattr(rows, "num_rows") else len(rows)
     trace = None if context.tracing is None else context.tracing.start(query_id, batch_id, row_count, timings.to_arrow)
     if trace is None:       # no SDK configured: no span
         return _run_batch(context, handler, rows, row_count, batch_id, query_id, watermark, timings, punctuate,
-                          participants, None)
+                          participants, events, fresh, None)
     try:
         outcome = _run_batch(context, handler, rows, row_count, batch_id, query_id, watermark, timings, punctuate,
-                             participants, trace)
+                             participants, events, fresh, trace)
     except BaseException as error:
         trace.end(None, error)
         raise
@@ -159,23 +253,27 @@ def run_batch(context: SinkContext, handler: BatchHandler, rows: Any, batch_id: 
     return outcome
 
 
-def _run_batch(context: SinkContext, handler: BatchHandler, rows: Any, row_count: int, batch_id: int, query_id: str,
-               watermark: dt.datetime | None, timings: PhaseTimings, punctuate: bool, participants: tuple,
+def _run_batch(context: BatchContext, handler: BatchHandler, rows: Any, row_count: int, batch_id: int,
+               query_id: str, watermark: dt.datetime | None, timings: PhaseTimings, punctuate: bool,
+               participants: tuple, events: Sequence[Any] | None, fresh: bool,
                trace: BatchTrace | None) -> BatchOutcome:
     """:func:`run_batch`'s work; ``trace``: the batch's spans (None: not traced)."""
     book = context.book
     began = time.perf_counter() - timings.to_arrow
-    # A replay of a committed batch is skipped before anything runs; the batch after the one this sink committed
-    # last cannot be one (BatchBook.follows_committed): its round trips to the ledger are saved.
-    if not book.follows_committed(query_id, batch_id) and batch_committed(context.db, query_id, batch_id):
+    # A replay of a committed batch is skipped before anything runs; the batch after the one this ingestion
+    # committed last cannot be one (BatchBook.follows_committed), nor a batch the connector vouches for: their
+    # round trips to the ledger are saved (a duplicate run is refused at the commit).
+    if not (fresh or book.follows_committed(query_id, batch_id)) and batch_committed(context.db, query_id, batch_id):
         return book.skipped(query_id, batch_id, row_count, watermark, timings, began)
 
-    with no_cyclic_gc():    # until the tree has ended, then one young collection (_batch.no_cyclic_gc)
+    with no_cyclic_gc():    # until the tree has ended, then one young collection (_letters.no_cyclic_gc)
         started = time.perf_counter()
-        good: list[RawEvent] = []
+        good: list[Any] = []
         letters: list[Letter] = []
         dead = BatchLetters(context.db, rows, query_id, batch_id)
-        if handler.validates_rows:
+        if events is not None:
+            good = list(events)
+        elif handler.validates_rows:
             good, letters = context.validate(rows, dead, watermark, context.accepted_types(handler),
                                              handler.late_rows_are_dead_letters)
         timings = timings + PhaseTimings(validate=time.perf_counter() - started)
@@ -191,9 +289,9 @@ def _run_batch(context: SinkContext, handler: BatchHandler, rows: Any, row_count
             # (Without a listener the ledger has nothing to do at about_to_commit: the COMMIT rides with the last
             # statement of the flush.)
             ledger = IngestionLedger(context.db, query_id, batch_id,
-                                     on_flush=functools.partial(book.phase, "flush") if book.hears_phases else None)
+                                     on_flush=functools.partial(book.phase, _FLUSH) if book.hears_phases else None)
             ledger.watermark = watermark
-            if context.mapping.id_column is not None:
+            if context.mapping is not None and context.mapping.id_column is not None:
                 ledger.query_name = context.event_ids_under
                 ledger.event_ids = [event.event_id for event in batch.events]
             try:
@@ -216,7 +314,7 @@ def _run_batch(context: SinkContext, handler: BatchHandler, rows: Any, row_count
                             batch_id, query_id, attempt + 1, context.batch_attempts)
                 continue
             except Exception as failure:
-                if not (handler.searches_poison and is_poison_failure(failure)):
+                if not (handler.searches_poison and handler.is_refusal(failure)):
                     raise
                 if not handler.retries_refused(batch, failure):
                     batch, unreproduced = _without_culprits(context, handler, batch, failure, unreproduced)
@@ -229,7 +327,7 @@ def _run_batch(context: SinkContext, handler: BatchHandler, rows: Any, row_count
     flush_began = ledger.flush_began or ended
     timings = timings + PhaseTimings(engine=exit_began - started, commit=max(0.0, flush_began - exit_began),
                                      flush=ended - min(max(flush_began, exit_began), ended))
-    book.phase("committed", batch_id)
+    book.phase(_COMMITTED, batch_id)
     if punctuate and watermark is not None:
         context.db.punctuate(context.query_name, watermark)
     outcome = BatchOutcome(query_id, batch_id, True, row_count, ledger.events, ledger.dead_letters,
@@ -238,15 +336,16 @@ def _run_batch(context: SinkContext, handler: BatchHandler, rows: Any, row_count
     return outcome
 
 
-def _without_culprits(context: SinkContext, handler: BatchHandler, batch: BatchInput, failure: BaseException,
+def _without_culprits(context: BatchContext, handler: BatchHandler, batch: BatchInput, failure: BaseException,
                       unreproduced: bool) -> tuple[BatchInput, bool]:
     """PostgreSQL refused the batch's commit because of what some event wrote (a key too large for its
     index, a constraint): the batch without those events, which become dead letters; and whether a refusal
     no trial reproduced has been met.  The first such refusal re-runs the batch as it is (it may have been
     another transaction's doing); the second names the batch's last event (``find_culprits``)."""
     culprits = find_culprits(
-        lambda events: trial(context.db, context.query_name, handler.apply_events, events), list(batch.events),
-        failure, blame_unreproduced=unreproduced)
+        lambda events: trial(context.db, context.query_name, handler.apply_events, events, handler.is_refusal),
+        list(batch.events),
+        failure, handler.refusal_reason, blame_unreproduced=unreproduced)
     if not culprits:
         logger.warning("batch %s of %s: PostgreSQL refused its commit (%s) but no trial of its events reproduces "
                        "that; re-running the batch as it is", batch.batch_id, batch.query_id, first_line(failure))
@@ -257,13 +356,3 @@ def _without_culprits(context: SinkContext, handler: BatchHandler, batch: BatchI
     letters = batch.dead_letters.for_events(culprits)
     return dataclasses.replace(batch, events=tuple(event for event in batch.events if id(event) not in gone),
                                letters=batch.letters + tuple(letters)), unreproduced
-
-
-def end_of_stream(query_or_sink: Any) -> int:
-    """Tell the engine behind a query made by ``ingest(…, queries=…)`` that its (bounded) source has
-    ended: events its reorder buffer still holds are released (``punctuation=END_OF_STREAM``) and
-    processed in a transaction of their own.  Call it after the query terminated (``availableNow``);
-    afterwards every new event of the engine is late.  Returns how many events that processed (0 for
-    the other paths).  Idempotent."""
-    sink = getattr(query_or_sink, "activedb_sink", query_or_sink)
-    return sink.handler.end_of_stream(sink.db, sink.query_name, sink.statistics().query_id)

@@ -1,10 +1,10 @@
-"""The rule path: every event of a micro-batch in its own subtransaction, the rules on ``db.stream(type)``
-firing inside it — the default of ``ingest()`` and of ``IngestSink`` — or, when each type's one rule is a
+"""The rule path: every event of a batch in its own subtransaction, the rules on ``db.stream(type)`` firing
+inside it — every connector's default (:class:`RulesHandler`) — or, when each type's one rule is a
 declared rule (``activedb.batch.declared``) and firing them one by one is the same as running their
 declarations as one batch, the batch at commit — through the :class:`BatchLowering` the rule's action offers
 (``activedb.batch`` provides it; this module imports nothing of that package).  Design note: the package's
-``README.md`` ("One micro-batch", step 4; "Declared rules on the sink"); ``_failures.py`` tells an event's
-failure from a batch's.
+``README.md`` ("The interface"; ``activedb/batch/README.md``, "Declared rules"); ``_failures.py`` tells an
+event's failure from a batch's.
 
 Thread-safety: one batch at a time (its cache of lowered rules, ``last_lowered``); one batch's events run
 one after the other in the calling thread.
@@ -20,6 +20,7 @@ from activedb.ingest._failures import conflict_in, is_infrastructure_failure, re
 from activedb.ingest._ledger import IngestionLedger
 from activedb.ingest._mapping import RawEvent
 from activedb.ingest._protocol import BatchHandler, BatchInput
+from activedb.ingest.errors import IngestError
 from activedb.txn import TxnState, run_inline
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -58,29 +59,39 @@ def _emit(sub: Any, event: RawEvent) -> None:
 
 
 class RulesHandler(BatchHandler):
-    """Runs each event of a batch through the rules of ``db`` (module docstring).  ``prefetch``:
-    ``{table: how}`` tables loaded in one query per batch before the events run (``how``: None — the
-    event's key is the row key —, a payload field name, or a callable ``RawEvent -> key``);
+    """Runs each event of a batch through the rules of the database it is bound to (module docstring) — every
+    connector's default.  ``prefetch``: ``{table: how}`` tables loaded in one query per batch before the events
+    run (``how``: None — the event's key is the row key —, a payload field name, or a callable
+    ``RawEvent -> key``); ``event_attempts``: attempts of an event whose rule is chosen as deadlock victim;
     ``lower_declared``: see the attribute."""
 
     name = "rules"
     searches_poison = True
 
-    def __init__(self, db: Any, prefetch: Mapping[str, Any] | None = None, event_attempts: int = 3, *,
+    def __init__(self, prefetch: Mapping[str, Any] | None = None, event_attempts: int = 3, *,
                  lower_declared: bool = True) -> None:
-        self.db = db
+        if not isinstance(lower_declared, bool):
+            raise IngestError(f"lower_declared must be True or False, got {lower_declared!r}")
+        if isinstance(event_attempts, bool) or not isinstance(event_attempts, int) or event_attempts < 1:
+            raise IngestError(f"event_attempts must be at least 1, got {event_attempts!r}")
+        self.db: Any = None           # set once by bind()
         self.prefetch = dict(prefetch or {})
         self.event_attempts = event_attempts
         #: Run a batch whose rules are all declared rules as one batch of state transactions at commit
-        #: when that is the same as firing them (``activedb.batch.lower``); False: always event by event
-        #: (``ingest(…, lower_declared=False)``).
+        #: when that is the same as firing them (``activedb.batch.lower``); False: always event by event.
         self.lower_declared = lower_declared
-        self._lowered: dict = {}      # ``batch.lower``'s cache (this sink runs one batch at a time)
+        self._lowered: dict = {}      # the lowering's cache (one batch at a time)
         # ((query id, batch id), its PendingBatch) of the last batch that was lowered, and the (query id, batch
         # id) of a batch whose lowered attempt PostgreSQL refused for a value an event wrote: its further
         # attempts run event by event, where each such event is refused alone, with its reason.
         self._last_lowered: tuple[tuple[str, int], Any] | None = None
         self._event_by_event: tuple[str, int] | None = None
+
+    def bind(self, db: Any, mapping: Any) -> None:
+        """Fire the rules of ``db`` (a handler serves one database)."""
+        if self.db is not None and self.db is not db:
+            raise IngestError("this RulesHandler already feeds another database; give each ingestion its own")
+        self.db = db
 
     @property
     def last_lowered(self) -> Any:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from activedb.errors import ActivedbError
 
-__all__ = ["IngestError", "MappingError", "describe", "first_line"]
+__all__ = ["AppLoadError", "IngestError", "MappingError", "describe", "first_line"]
 
 
 def first_line(error: BaseException) -> str:
@@ -22,6 +22,11 @@ def describe(error: BaseException) -> str:
 class IngestError(ActivedbError):
     """An ingestion was set up in a way that cannot work (an empty source name, a handler that does not fit
     the mapping, a connector's argument missing, …).  The message says which argument to change."""
+
+
+class AppLoadError(IngestError):
+    """An application module or file (``activedb run``, ``activedb dead-letters replay``, the scale-out tasks)
+    could not be loaded, or lacks ``register(db)`` / ``MAPPING``."""
 
 
 class MappingError(IngestError, ValueError):

@@ -170,8 +170,8 @@ class ActivedbCollector(Collector):
         with self._mutex:
             ingestions = list(self._ingestions)
         families = {field: CounterMetricFamily(f"activedb_ingest_{field}", text, labels=["query"]) for field, text in (
-            ("batches", "Micro-batches committed"),
-            ("batches_skipped", "Micro-batches the ledger already had (replayed by Spark, not applied again)"),
+            ("batches", "Batches committed"),
+            ("batches_skipped", "Batches the ledger already had (delivered again, not applied again)"),
             ("rows", "Rows received"), ("events", "Events applied"),
             ("dead_letters", "Rows that went to the dead letters"))}
         firings = CounterMetricFamily("activedb_ingest_rule_firings", "Rule firings in committed batches",

@@ -2,7 +2,8 @@
 correctness (Wang, Rundensteiner, Ellison, *Active Complex Event Processing over Event Streams*).
 
 Public interface: :class:`StreamEngine` (``create_stream``, ``define`` or ``query``/``rule``,
-``process(tx, events, punctuation=…)`` per micro-batch, ``feed``, ``statistics``), the Python builders
+``process(tx, events, punctuation=…)`` per micro-batch, ``feed``, ``statistics``), :class:`QueriesHandler`
+(batches of any ingestion connector into engines: ``handler=QueriesHandler(engine)``), the Python builders
 (``seq``, ``event``, ``store``, …), the schedulers and the algebra.  The design note is
 ``activedb/streams/README.md``.
 """
@@ -19,6 +20,7 @@ from activedb.streams._engine import StreamEngine
 from activedb.streams._expressions import Ctx, ReadSpec, WriteSpec
 from activedb.streams._events import END_OF_STREAM, DeadLetter, Output, StreamEvent
 from activedb.streams._history import StreamHistory, StreamOp
+from activedb.streams._ingest import QueriesHandler
 from activedb.streams._language import parse
 from activedb.streams._locks import LockMode, LWMLockTable, S2PLLockTable, StreamLockTable
 from activedb.streams._matcher import PartitionState
@@ -30,8 +32,9 @@ from activedb.streams import errors
 
 __all__ = ["AccessPlan", "BatchResult", "BatchRun", "CompiledQuery", "CompiledRule", "Consumption", "Ctx", "DeadLetter",
            "END_OF_STREAM", "EventRef", "LWMLockTable", "LWMScheduler", "LockMode", "LockingScheduler", "NEW", "Output",
-           "PartitionState", "QueryCounters", "ReadSpec", "Ref", "Resource", "S2PLLockTable", "S2PLScheduler",
-           "SEIScheduler", "STransaction", "Scheduler", "SchedulerKind", "SchedulerHooks", "SchedulerStatistics", "Selection",
+           "PartitionState", "QueriesHandler", "QueryCounters", "ReadSpec", "Ref", "Resource", "S2PLLockTable",
+           "S2PLScheduler", "SEIScheduler", "STransaction", "Scheduler", "SchedulerKind", "SchedulerHooks",
+           "SchedulerStatistics", "Selection",
            "StoreView", "StreamEngine", "StreamEvent", "StreamHistory", "StreamLockTable", "StreamOp", "StreamSchema",
            "StreamStatistics", "UnscheduledScheduler", "WriteSpec", "algebra", "compile_query", "component", "conj",
            "delete", "errors", "event", "exists", "insert", "lit", "not_", "parse", "query_definition", "same", "seq",

@@ -1,6 +1,6 @@
-"""The queries path: micro-batches into ``activedb.streams`` engines, for ``ingest(db, frame,
-queries=engine_or_list, scheduler=…)``.  Design note: the package's ``README.md`` ("Queries: stream
-engines").
+"""The queries path: batches of any ingestion connector into ``activedb.streams`` engines —
+``handler=QueriesHandler(engine_or_list_or_factory, scheduler=…)``.  Design note: ``README.md`` in this
+package ("Ingestion"); the batch protocol is ``activedb/ingest/README.md``.
 
 Thread-safety: one batch at a time (``StreamEngine.process`` refuses a second concurrent one).
 """
@@ -27,43 +27,47 @@ __all__ = ["QueriesHandler", "build_engines"]
 SCHEDULERS = tuple(kind.value for kind in SchedulerKind if kind is not SchedulerKind.UNSCHEDULED)
 
 
-def build_engines(db: Any, queries: Any, scheduler: SchedulerKind | Scheduler | None) -> list[Any]:
-    """The engines behind ``ingest(queries=…, scheduler=…)``, checked.
-
-    ``queries`` is a :class:`~activedb.StreamEngine`, a list of them, or a factory
-    ``factory(db, scheduler=…)`` (``factory(db)`` without ``scheduler=``) returning one or a list.
-    ``scheduler`` (``"sei"``, ``"s2pl"``, ``"lwm"`` or a ``Scheduler``) must be the one each
-    engine was built with."""
+def _check_scheduler(scheduler: object) -> None:
     if scheduler is not None and not isinstance(scheduler, (str, Scheduler)):
         raise IngestError(f"scheduler must be one of {', '.join(SCHEDULERS)} or a streams.Scheduler such as "
                           f"streams.LWMScheduler(granularity='table'); got {scheduler!r}")
     if isinstance(scheduler, str) and scheduler not in SCHEDULERS:
         raise IngestError(f"unknown scheduler {scheduler!r}: use one of {', '.join(SCHEDULERS)} "
                           f"(or a configured streams.S2PLScheduler/LWMScheduler)")
+
+
+def build_engines(db: Any, queries: Any, scheduler: SchedulerKind | Scheduler | str | None) -> list[Any]:
+    """The engines behind ``QueriesHandler(queries, scheduler)`` on ``db``, checked.
+
+    ``queries`` is a :class:`~activedb.StreamEngine`, a list of them, or a factory
+    ``factory(db, scheduler=…)`` (``factory(db)`` without ``scheduler=``) returning one or a list.
+    ``scheduler`` (``"sei"``, ``"s2pl"``, ``"lwm"`` or a ``Scheduler``) must be the one each
+    engine was built with."""
+    _check_scheduler(scheduler)
     built = queries
     if callable(queries) and not isinstance(queries, StreamEngine):
         built = queries(db) if scheduler is None else queries(db, scheduler=scheduler)
     engines = list(built) if isinstance(built, (list, tuple)) else [built]
     if not engines or not all(isinstance(engine, StreamEngine) for engine in engines):
         raise IngestError(
-            "queries= takes a streams.StreamEngine, a list of them, or a factory(db, scheduler=…) returning them; "
-            f"got {queries!r}")
+            "QueriesHandler takes a streams.StreamEngine, a list of them, or a factory(db, scheduler=…) returning "
+            f"them; got {queries!r}")
     names = [engine.name for engine in engines]
     if len(set(names)) != len(names):
         raise IngestError(f"two engines are named {sorted({n for n in names if names.count(n) > 1})[0]!r}: the name "
                           f"keys an engine's saved state, give each its own StreamEngine(name=…)")
     for engine in engines:
         if engine.db is not db:
-            raise IngestError(f"engine {engine.name!r} was built on another Database than the one given to "
-                              f"ingest(); build it with StreamEngine(db, …) on the same db")
+            raise IngestError(f"engine {engine.name!r} was built on another Database than the one it is fed into; "
+                              f"build it with StreamEngine(db, …) on the same db")
         if engine.record_dead_letters:
             raise IngestError(
                 f"engine {engine.name!r} records its own dead letters (under 'streams:{engine.name}', without the "
-                f"raw row); ingest() stores them with the batch's raw rows under the query's ledger id: build it "
+                f"raw row); an ingestion stores them with the batch's raw rows under the run's ledger id: build it "
                 f"with StreamEngine(db, …, record_dead_letters=False)")
         if not engine.streams:
             raise IngestError(f"engine {engine.name!r} has no stream: declare one with engine.create_stream(…) "
-                              f"before ingest()")
+                              f"before feeding it")
         if scheduler is None:
             continue
         have = engine.scheduler
@@ -71,24 +75,41 @@ def build_engines(db: Any, queries: Any, scheduler: SchedulerKind | Scheduler | 
         if not agrees:
             wanted = scheduler if isinstance(scheduler, str) else type(scheduler).__name__
             raise IngestError(
-                f"engine {engine.name!r} runs scheduler {have.name!r}, but ingest() was asked for {wanted!r}: build "
-                f"the engine with StreamEngine(db, …, scheduler={wanted!r}) (or pass a factory "
-                f"queries=lambda db, scheduler: … that does), or leave scheduler= out to use the engine's")
+                f"engine {engine.name!r} runs scheduler {have.name!r}, but QueriesHandler was given {wanted!r}: "
+                f"build the engine with StreamEngine(db, …, scheduler={wanted!r}) (or pass a factory "
+                f"QueriesHandler(lambda db, scheduler: …, scheduler=…) that does), or leave scheduler= out to use "
+                f"the engine's")
     return engines
 
 
 class QueriesHandler(BatchHandler):
-    """Feeds each batch to stream engines (module docstring).  ``key_attribute``: the attribute the
-    event's key becomes (the mapping's key column name)."""
+    """Feeds each batch to stream engines (module docstring): ``queries`` is a :class:`StreamEngine` built with
+    ``record_dead_letters=False``, a list of them, or a factory ``factory(db, scheduler=…)`` (``factory(db)``
+    without ``scheduler``) returning one or a list, built when an ingestion takes the handler; ``scheduler``
+    (``"sei"``, ``"s2pl"``, ``"lwm"`` or a configured :class:`Scheduler`) must be the engines' own — None: theirs.
+    An event's key becomes the attribute named by the mapping's key column."""
 
     name = "queries"
     late_rows_are_dead_letters = False      # the engine's reorder buffer decides lateness
 
-    def __init__(self, engines: Sequence[Any], key_attribute: str) -> None:
-        self.engines = tuple(engines)
-        self.key_attribute = key_attribute
+    def __init__(self, queries: Any, scheduler: SchedulerKind | Scheduler | str | None = None) -> None:
+        _check_scheduler(scheduler)
+        self.queries = queries
+        self.scheduler = scheduler
+        self.engines: tuple[StreamEngine, ...] = ()      # set once by bind()
+        self.key_attribute: str | None = None
         # Per engine: event type -> the stream to name (None: the engine's only stream).
         self._routes: list[dict[str, str | None] | None] = []
+
+    def bind(self, db: Any, mapping: Any) -> None:
+        """Build (or check) the engines on ``db``; an event's key becomes ``mapping.key_column``."""
+        if self.engines:
+            raise IngestError("this QueriesHandler already feeds an ingestion; give each ingestion its own")
+        if mapping is None:
+            raise IngestError("the queries path needs a mapping: its key column names the attribute an event's key "
+                              "becomes")
+        self.engines = tuple(build_engines(db, self.queries, self.scheduler))
+        self.key_attribute = mapping.key_column
         for engine in self.engines:
             schemas = engine.streams
             if any(schema.types is None for schema in schemas.values()):
@@ -96,7 +117,7 @@ class QueriesHandler(BatchHandler):
                 continue
             routes: dict[str, str | None] = {}
             for name, schema in schemas.items():
-                for event_type in schema.types:
+                for event_type in schema.types or ():
                     routes.setdefault(event_type, None if len(schemas) == 1 else name)
             self._routes.append(routes)
 

@@ -169,5 +169,5 @@ def _event_from_mapping(raw: Mapping[str, Any]) -> StreamEvent:
     attributes = raw.get("attributes")
     if attributes is None:
         attributes = {key: value for key, value in raw.items() if key not in ("type", "ts", "stream")}
-    return StreamEvent(type=raw.get("type"), ts=raw.get("ts"),  # type: ignore[arg-type]  # (StreamEvent checks)
-                       attributes=dict(attributes), stream=raw.get("stream"), origin=raw)
+    return StreamEvent(type=raw.get("type"), ts=raw.get("ts"),  # type: ignore[arg-type]  # (StreamEvent checks) attributes=dict(attributes), stream=raw.get("stream"),
+                       origin=raw)

@@ -25,7 +25,7 @@ from activedb import lowlevel
 import activedb
 from activedb import batch, testing
 from benchmarks import workloads
-from spark_bridge import IngestionLedger, batch_committed  # the ledger participant
+from activedb.ingest import IngestionLedger, batch_committed  # the ledger participant
 from tests.batch.test_store import KEYS, _ledger_batch, _ledger_reference, _reset, _rows
 
 

@@ -8,7 +8,7 @@ import pytest
 import sqlalchemy as sa
 
 import activedb
-from spark_bridge import IngestionLedger, batch_committed  # the ledger participant (a test may use both)
+from activedb.ingest import IngestionLedger, batch_committed  # the ledger participant (a test may use both)
 from activedb import batch
 from benchmarks import workloads
 

@@ -197,7 +197,7 @@ def test_demo_writes_event_files_for_activedb_run(tmp_path):
 @pytest.mark.spark
 def test_run_demo_through_spark_matches_the_direct_path(app, activedb_url, activedb_make_url, spark, capsys):
     """The Spark feed gives the state the same application gives without Spark: the pattern queries
-    through ``ingest(…, queries=engine)``, whose dead letters (the run's ledger id, those released at the
+    through ``ingest(…, handler=QueriesHandler(engine))``, whose dead letters (the run's ledger id, those released at the
     end of the stream included) are the rejected events."""
     db = app
     through_spark = run_demo(url=activedb_url, events=120, workers=4, seed=5, use_spark=True)

@@ -12,6 +12,7 @@ import sqlalchemy as sa
 import activedb
 from activedb.examples.hand_hygiene import MIGRATIONS, app, declared
 from activedb.examples.hand_hygiene.events import generate
+from activedb.ingest import RulesHandler
 from benchmarks import MIGRATIONS as BENCH_MIGRATIONS
 from spark_bridge import EventMapping, IngestSink
 
@@ -51,7 +52,7 @@ def _batches(seed: int) -> list[list[dict]]:
 
 
 def _through_sink(database, batches, query: str, *, lower: bool = True, prefetch=None) -> list[bool]:
-    sink = IngestSink(database, MAPPING, query_name=query, prefetch=prefetch, lower_declared=lower)
+    sink = IngestSink(database, MAPPING, query_name=query, handler=RulesHandler(prefetch, lower_declared=lower))
     lowered = []
     try:
         for number, rows in enumerate(batches):
@@ -132,7 +133,7 @@ def test_an_incident_report_names_its_alert_by_time(url):
 
 def test_it_is_an_application_activedb_run_can_load():
     """``activedb run activedb.examples.hand_hygiene.declared --source file:DIR`` finds what it needs."""
-    from spark_bridge._app import load_app
+    from activedb.cli.application import load_app
 
     loaded = load_app("activedb.examples.hand_hygiene.declared", require_mapping=True)
     assert loaded.register is declared.register and loaded.reset is declared.reset

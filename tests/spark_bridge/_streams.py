@@ -74,7 +74,7 @@ def assert_flush_is_open(url: str) -> None:
     is in the ledger."""
     import psycopg
 
-    from spark_bridge._baseline import psycopg_conninfo
+    from benchmarks.plain_write import psycopg_conninfo
 
     with psycopg.connect(psycopg_conninfo(url)) as connection:
         open_transactions = connection.execute(

@@ -8,7 +8,7 @@ import psycopg
 import pyarrow as pa
 import pytest
 
-from spark_bridge._baseline import PlainWriteSink, psycopg_conninfo
+from benchmarks.plain_write import PlainWriteSink, psycopg_conninfo
 from spark_bridge.errors import SparkBridgeError
 
 UTC = dt.timezone.utc

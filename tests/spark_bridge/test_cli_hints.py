@@ -18,6 +18,7 @@ import pytest
 import sqlalchemy as sa
 
 import activedb
+import activedb.ingest
 import spark_bridge
 from activedb import testing
 from activedb.examples.hand_hygiene import MIGRATIONS
@@ -55,7 +56,7 @@ def test_a_query_started_over_on_filled_tables_points_at_the_state_and_a_second_
             def committed() -> bool:
                 if first.poll() is not None:
                     raise AssertionError(f"activedb run exited with {first.returncode}:\n{output.read_text()[-3000:]}")
-                statuses = spark_bridge.ingestion_status(database, "again")
+                statuses = activedb.ingest.ingestion_status(database, "again")
                 return bool(statuses) and statuses[0].batches >= 1
 
             testing.wait_until(committed, DRIVER_WAIT_SECONDS, "the first run's batch",

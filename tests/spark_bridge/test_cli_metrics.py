@@ -11,6 +11,7 @@ import pytest
 import sqlalchemy as sa
 from click.testing import CliRunner
 
+import activedb.ingest
 import spark_bridge
 from activedb.cli import main
 from tests.metrics._served import ServingProcess, scrape, total
@@ -37,7 +38,7 @@ def test_a_scrape_during_a_run_returns_the_families_with_the_runs_numbers(tmp_pa
         with ServingProcess(command, tmp_path / "run.out",
                             {"COLUMNS": "200", "ACTIVEDB_HOME": str(tmp_path / "home")}) as served:
             endpoint = served.endpoint(TIMEOUT_SECONDS)
-            served.wait_for(lambda: [status.batches for status in spark_bridge.ingestion_status(database, "metered")]
+            served.wait_for(lambda: [status.batches for status in activedb.ingest.ingestion_status(database, "metered")]
                             == [3], "three committed batches", TIMEOUT_SECONDS)
             # the sink counts a batch after its commit, and detached firings run after it: wait for the scrape to
             # show the third batch and the outbox's failed firings
@@ -51,7 +52,7 @@ def test_a_scrape_during_a_run_returns_the_families_with_the_runs_numbers(tmp_pa
                                        "the scrape to show three batches and no pending outbox firing",
                                        TIMEOUT_SECONDS)
 
-            [status] = spark_bridge.ingestion_status(database, "metered")
+            [status] = activedb.ingest.ingestion_status(database, "metered")
             assert total(families, "activedb_ingest_events", query="metered") == status.events > 0
             assert total(families, "activedb_ingest_dead_letters", query="metered") == status.dead_letters > 0
             for rule, count in status.rule_firings.items():

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+import activedb.ingest
 import spark_bridge
 from activedb import testing
 from activedb.cli import main
@@ -53,7 +54,7 @@ def test_run_ingests_a_file_source_until_ctrl_c_stops_it_cleanly(tmp_path, make_
         database = app_database(url)
         try:
             def all_batches_committed() -> bool:
-                statuses = spark_bridge.ingestion_status(database, "cli")
+                statuses = activedb.ingest.ingestion_status(database, "cli")
                 return bool(statuses) and statuses[0].batches == 3
 
             _wait_until(all_batches_committed, timeout=TIMEOUT_SECONDS, process=process, output=output)
@@ -182,7 +183,7 @@ def reset(db):
 
 
 def test_reset_is_refused_when_the_query_has_progress_in_the_ledger_or_the_checkpoint(tmp_path, make_database_url):
-    from activedb.ingest._ledger import ledger_query_id
+    from activedb.ingest import ledger_query_id
     from tests.spark_bridge.test_sink import _event
 
     url = make_database_url("reset_guard")

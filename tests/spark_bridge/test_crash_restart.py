@@ -17,7 +17,7 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-from spark_bridge._baseline import psycopg_conninfo
+from benchmarks.plain_write import psycopg_conninfo
 from tests.spark_bridge.drivers.crash_driver import kill_driver, read_log, start_driver
 from tests.spark_bridge._streams import write_files
 from tests.spark_bridge._waits import drivers, finish_driver, wait_for_driver_line

@@ -16,6 +16,7 @@ import sqlalchemy as sa
 import activedb
 from activedb import Coupling, batch
 from activedb.errors import RuleFailed
+from activedb.ingest import RulesHandler
 from spark_bridge import IngestSink
 from tests.spark_bridge import app_declared
 from tests.spark_bridge._streams import BASE_TIME, dead_letters, ledger
@@ -50,7 +51,7 @@ def _counters(database) -> list[tuple]:
 def _run(database, batches: list[list[dict]], query: str, *, lower: bool = True):
     """The batches through a new sink; its counters rows, the seq of each dead letter per batch, the firing
     counts of the rules and whether every batch was lowered."""
-    sink = IngestSink(database, app_declared.MAPPING, query_name=query, lower_declared=lower)
+    sink = IngestSink(database, app_declared.MAPPING, query_name=query, handler=RulesHandler(lower_declared=lower))
     before = {name: (counters.fired, counters.executed, counters.failed)
               for name, counters in database.rules.statistics().per_rule.items()}
     lowered = []

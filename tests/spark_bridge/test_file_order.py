@@ -12,6 +12,7 @@ import sys
 
 import pytest
 
+import activedb.ingest
 import spark_bridge
 from spark_bridge._file_order import FileOrder, check_file_order, contradictions, scan_files
 from spark_bridge.errors import SourceError
@@ -76,7 +77,7 @@ def test_run_refuses_a_shuffled_copy_then_reads_it_in_the_events_order(tmp_path,
     try:
         reference = apply_directly(direct, workload.good)
         assert app_state(database) == app_state(direct)                  # the events' order, not the copy's
-        [status] = spark_bridge.ingestion_status(database, "copy")
+        [status] = activedb.ingest.ingestion_status(database, "copy")
         assert (status.batches, status.events) == (4, reference.applied)
         assert status.dead_letters == len(workload.malformed) + reference.rejected
     finally:

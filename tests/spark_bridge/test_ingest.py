@@ -20,6 +20,7 @@ import datetime as dt
 
 import pytest
 
+import activedb.ingest
 import spark_bridge
 from spark_bridge.errors import IngestError
 from tests.spark_bridge import app_counters
@@ -67,7 +68,7 @@ def test_stream_to_the_end_equals_the_events_applied_directly_and_a_replay_is_sk
 
         assert app_state(streamed) == app_state(direct)
         assert app_state(streamed)["counters"], "the workload must change something"
-        [status] = spark_bridge.ingestion_status(streamed, "counters")
+        [status] = activedb.ingest.ingestion_status(streamed, "counters")
         assert status.rule_firings == reference.rule_firings
         assert (status.batches, status.last_batch_id, status.events) == (4, 3, reference.applied)
         letters = dead_letters(streamed)
@@ -337,7 +338,7 @@ def test_scale_out_path_applies_each_key_partition_in_its_own_engine(spark, tmp_
         rows = ledger(streamed)
         assert {query_id for query_id, *_ in rows} == {f"scaled@{query.id}#p0", f"scaled@{query.id}#p1"}
         assert sorted({batch for _, batch, *_ in rows}) == [0, 1, 2]
-        [status] = spark_bridge.ingestion_status(streamed, "scaled")
+        [status] = activedb.ingest.ingestion_status(streamed, "scaled")
         assert (status.batches, status.partitions, status.events) == (3, 2, reference.applied)
         assert status.rule_firings == reference.rule_firings
         assert status.dead_letters == len(workload.malformed) + reference.rejected

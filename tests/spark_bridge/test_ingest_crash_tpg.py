@@ -1,4 +1,4 @@
-"""SIGKILL a driver ingesting with ``executor="tpg"`` inside the commit of a batch, restart it from its
+"""SIGKILL a driver ingesting with ``handler=TpgHandler(…)`` inside the commit of a batch, restart it from its
 checkpoint: the state equals an uninterrupted run (the serial reference, batch by batch).
 
 The driver (``tests.spark_bridge.drivers.ingest_driver``) runs the Streaming Ledger application

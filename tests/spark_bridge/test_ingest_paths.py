@@ -8,7 +8,7 @@ real PostgreSQL; every stream is a few JSON-lines files read with ``availableNow
   is skipped by the ledger (SEI case); ``end_of_stream`` releases what the reorder buffer held;
 * **tpg** — the Streaming Ledger workload through the TPG planner equals the serial reference
   (state, per-batch committed/aborted counts, dead letters with their reasons);
-* **composite** — interval events from two producers through ``ingest(composition=…)`` give the
+* **composite** — interval events from two producers through ``ingest(handler=CompositeHandler(…))`` give the
   composite events the engine gives the same rows directly;
 * **misuse** — argument combinations that cannot work are refused with what to do instead.
 """
@@ -25,7 +25,7 @@ import sqlalchemy as sa
 
 import activedb
 import spark_bridge
-from activedb import composite, streams
+from activedb import batch, composite, streams
 from benchmarks import MIGRATIONS as BENCH_MIGRATIONS
 from spark_bridge.errors import IngestError
 from tests.conftest import APP_MIGRATIONS
@@ -121,8 +121,9 @@ def test_queries_through_spark_equal_the_engine_fed_directly_with_each_scheduler
         frame = spark.readStream.schema(BADGE_SCHEMA).option("maxFilesPerTrigger", 1).json(str(tmp_path / "in"))
         return spark_bridge.ingest(database, frame, mapping=BADGE_MAPPING, query_name="badges",
                                    checkpoint_location=str(tmp_path / "checkpoint"), trigger={"availableNow": True},
-                                   watermark_delay="20 seconds", queries=lambda db, scheduler: _hygiene(db, scheduler),
-                                   scheduler=scheduler_argument)
+                                   watermark_delay="20 seconds",
+                                   handler=streams.QueriesHandler(lambda db, scheduler: _hygiene(db, scheduler),
+                                                                  scheduler=scheduler_argument))
 
     query = start(streamed, scheduler)
     run_to_end(query)
@@ -182,7 +183,7 @@ def test_tpg_through_spark_equals_the_serial_reference(spark, tmp_path, make_dat
                  .json(str(tmp_path / "in")))
         query = spark_bridge.ingest(database, frame, mapping=app_ledger.MAPPING, query_name="ledger",
                                     checkpoint_location=str(tmp_path / "checkpoint"), trigger={"availableNow": True},
-                                    executor="tpg", transactions=app_ledger.TRANSACTIONS())
+                                    handler=batch.TpgHandler(app_ledger.TRANSACTIONS()))
         run_to_end(query)
         final, outcomes = app_ledger.serial_reference(batches)
         assert app_ledger.stored_state(database) == final
@@ -236,7 +237,7 @@ def test_composition_through_spark_equals_the_engine_fed_directly(spark, tmp_pat
         frame = spark.readStream.schema(schema).option("maxFilesPerTrigger", 1).json(str(tmp_path / "in"))
         query = spark_bridge.ingest(database, frame, mapping=mapping, query_name="pairs",
                                     checkpoint_location=str(tmp_path / "checkpoint"), trigger={"availableNow": True},
-                                    composition=engine)
+                                    handler=composite.CompositeHandler(engine))
         run_to_end(query)
         with database.engine.connect() as connection:
             ledger = connection.execute(sa.text(
@@ -256,21 +257,22 @@ def test_argument_combinations_that_cannot_work_are_refused(spark, tmp_path, mak
         common = dict(mapping=BADGE_MAPPING, query_name="q", checkpoint_location=str(tmp_path / "ck"), start=False)
         sei_engine = _hygiene(database, "sei")
         cases = [
-            (dict(executor="tpg", transactions=app_ledger.TRANSACTIONS(), partition_by_key=2, app="x"),
+            (lambda: dict(handler=batch.TpgHandler(app_ledger.TRANSACTIONS()), partition_by_key=2, app="x"),
              "StateTransactions\\(processes=N\\)"),
-            (dict(queries=sei_engine, executor="tpg", transactions=app_ledger.TRANSACTIONS()), "choose one"),
-            (dict(queries=sei_engine, scheduler="lwm"), "scheduler='lwm'"),
-            (dict(queries=sei_engine, scheduler="2pl"), "unknown scheduler"),
-            (dict(scheduler="sei"), "pass queries=engine"),
-            (dict(executor="tpg"), "needs transactions="),
-            (dict(transactions=app_ledger.TRANSACTIONS()), "executor='tpg'"),
-            (dict(queries=streams.StreamEngine(database, name="own")), "record_dead_letters=False"),
-            (dict(composition=composite.CompositionEngine(name="c")), "producer_column"),
+            (lambda: dict(handler=streams.QueriesHandler(sei_engine, scheduler="lwm")), "scheduler='lwm'"),
+            (lambda: dict(handler=streams.QueriesHandler(sei_engine, scheduler="2pl")), "unknown scheduler"),
+            (lambda: dict(handler=batch.TpgHandler(object())), "needs transactions"),
+            (lambda: dict(queries=sei_engine), "QueriesHandler"),             # the options of before say where
+            (lambda: dict(executor="tpg"), "TpgHandler"),
+            (lambda: dict(handler=streams.QueriesHandler(streams.StreamEngine(database, name="own"))),
+             "record_dead_letters=False"),
+            (lambda: dict(handler=composite.CompositeHandler(composite.CompositionEngine(name="c"))), "producer_column"),
         ]
         for options, message in cases:
             with pytest.raises(IngestError, match=message):
-                spark_bridge.ingest(database, frame, **common, **options)
-        writer = spark_bridge.ingest(database, frame, **common, queries=sei_engine, scheduler="sei")
+                spark_bridge.ingest(database, frame, **common, **options())
+        writer = spark_bridge.ingest(database, frame, **common,
+                                     handler=streams.QueriesHandler(sei_engine, scheduler="sei"))
         assert spark_bridge.sink_of(writer).handler.engines == (sei_engine,)
     finally:
         database.close()

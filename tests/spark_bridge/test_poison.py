@@ -152,7 +152,7 @@ def test_a_refusal_no_trial_reproduces_twice_names_the_last_event():
 
 
 def test_values_a_tpg_batch_cannot_store_are_dead_letters_and_the_stream_goes_on(databases):
-    """On the TPG path (``executor="tpg"``) a state transaction whose written value the table cannot hold —
+    """On the TPG path (``TpgHandler``) a state transaction whose written value the table cannot hold —
     a NUL in a text column, a string for a number — is a dead letter alone: the batch commits without it and
     the next batch runs (such a value used to fail the whole batch, again on every restart)."""
     from activedb import batch

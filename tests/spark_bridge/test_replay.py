@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from activedb.cli import main
 from spark_bridge import IngestSink
-from spark_bridge._replay import replay_dead_letters
+from activedb.ingest import replay_dead_letters
 from tests.spark_bridge import app_counters
 from tests.spark_bridge._streams import BASE_TIME, app_database, ledger
 

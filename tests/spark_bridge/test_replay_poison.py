@@ -20,7 +20,7 @@ import spark_bridge
 from activedb import deadletters
 from activedb.deadletters import LetterFilter
 from spark_bridge import EventMapping, IngestSink
-from spark_bridge._replay import replay_dead_letters
+from activedb.ingest import replay_dead_letters
 from tests.spark_bridge import app_counters
 from tests.spark_bridge._streams import BASE_TIME, app_database, app_state
 

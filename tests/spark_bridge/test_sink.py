@@ -14,10 +14,12 @@ import sqlalchemy as sa
 
 from activedb import lowlevel
 import activedb
+import activedb.ingest
 import spark_bridge
 from activedb.errors import DatabaseUnavailable, SerializationConflict
 from lockmgr.testing import wait_until
-from spark_bridge import BatchHandler, IngestOptions, IngestSink, ingest
+from activedb.ingest import BatchHandler, RulesHandler
+from spark_bridge import IngestOptions, IngestSink, ingest
 from spark_bridge.errors import IngestError
 from tests.spark_bridge import app_counters
 from tests.spark_bridge._streams import BASE_TIME, app_database, app_state, dead_letters, ledger
@@ -73,7 +75,7 @@ def test_the_ledger_is_asked_about_a_batch_unless_the_sink_saw_the_one_before_co
         assert not replay.committed and len(asked) == 2                    # asked, found, skipped
         assert sink.process([_event(6)], 6, query_id="q@asked").committed and len(asked) == 2
         assert sink.process([_event(8)], 8, query_id="q@asked").committed and len(asked) == 3   # after a gap
-        with database.transaction(participants=[spark_bridge.IngestionLedger(database, "q@asked", 9)]):
+        with database.transaction(participants=[activedb.ingest.IngestionLedger(database, "q@asked", 9)]):
             pass                                                          # a duplicate run committed batch 9
         state = app_state(database)
         duplicate = sink.process([_event(9, amount=1000)], 9, query_id="q@asked")
@@ -133,7 +135,7 @@ def test_known_types_default_to_the_stream_types_the_rules_listen_to(database):
 
 
 def test_prefetch_loads_the_keyed_rows_in_one_query(database):
-    sink = IngestSink(database, app_counters.MAPPING, query_name="q", prefetch={"counters": None})
+    sink = IngestSink(database, app_counters.MAPPING, query_name="q", handler=RulesHandler({"counters": None}))
     sink.process([_event(seq, key=f"k{seq % 4}") for seq in range(1, 9)], 0, query_id="q@pre")
     selects = []
 
@@ -165,24 +167,24 @@ def test_a_database_failure_inside_an_event_fails_the_batch_instead_of_dead_lett
     assert calls.is_set()
     assert any(isinstance(cause, DatabaseUnavailable) for cause in (raised.value, raised.value.__cause__))
     assert ledger(database) == [] and dead_letters(database) == []
-    assert not spark_bridge.batch_committed(database, "q@down", 0)
+    assert not activedb.ingest.batch_committed(database, "q@down", 0)
 
 
 def test_ingest_status_groups_ledger_rows_by_query_name(database):
     sink = IngestSink(database, app_counters.MAPPING, query_name="alpha")
     spark_id = "0b7ee7b6-2a1e-4bb1-8a6e-0b39c3c8d001"
     for batch in range(3):
-        sink.process([_event(batch + 1, amount=60)], batch, query_id=spark_bridge.ledger_query_id("alpha", spark_id))
+        sink.process([_event(batch + 1, amount=60)], batch, query_id=activedb.ingest.ledger_query_id("alpha", spark_id))
     for partition in range(2):
         sink.process([_event(10 + partition, key=f"p{partition}")], 0,
-                     query_id=spark_bridge.ledger_query_id("beta", spark_id.replace("d001", "d002"), partition))
-    alpha, beta = spark_bridge.ingestion_status(database)
+                     query_id=activedb.ingest.ledger_query_id("beta", spark_id.replace("d001", "d002"), partition))
+    alpha, beta = activedb.ingest.ingestion_status(database)
     assert (alpha.query_name, alpha.batches, alpha.last_batch_id, alpha.events, alpha.partitions) == (
         "alpha", 3, 2, 3, None)
     assert alpha.rule_firings == {"apply_add": 3, "milestone": 3}
     assert (beta.query_name, beta.batches, beta.ledger_rows, beta.partitions) == ("beta", 1, 2, 2)
-    assert spark_bridge.parse_ledger_query_id(f"beta@{spark_id}#p1") == ("beta", spark_id, 1)
-    assert spark_bridge.parse_ledger_query_id("plain-uuid") == ("plain-uuid", None, None)
+    assert activedb.ingest.parse_ledger_query_id(f"beta@{spark_id}#p1") == ("beta", spark_id, 1)
+    assert activedb.ingest.parse_ledger_query_id("plain-uuid") == ("plain-uuid", None, None)
 
 
 def test_sink_arguments_are_checked(database):
@@ -195,20 +197,20 @@ def test_sink_arguments_are_checked(database):
 def test_the_ledger_participant_makes_a_batch_exactly_once(database):
     """The ledger row is written by a commit participant in the batch's own PostgreSQL transaction: a
     second transaction for the same (query, batch) fails at its flush and writes nothing."""
-    first = spark_bridge.IngestionLedger(database, "query-a", 7)
+    first = activedb.ingest.IngestionLedger(database, "query-a", 7)
     with database.transaction(participants=[first]) as tx:
         tx.write("counters", "b", total=1)
-    assert spark_bridge.batch_committed(database, "query-a", 7)
-    assert not spark_bridge.batch_committed(database, "query-a", 8)
+    assert activedb.ingest.batch_committed(database, "query-a", 7)
+    assert not activedb.ingest.batch_committed(database, "query-a", 8)
     with pytest.raises(activedb.BatchAlreadyCommitted, match="batch 7 of query 'query-a'"):
-        with database.transaction(participants=[spark_bridge.IngestionLedger(database, "query-a", 7)]) as tx:
+        with database.transaction(participants=[activedb.ingest.IngestionLedger(database, "query-a", 7)]) as tx:
             tx.write("counters", "b", total=2)
     with database.engine.connect() as connection:
         assert connection.execute(sa.text("SELECT total FROM counters WHERE key = 'b'")).scalar() == 1
     # With event ids (recorded in write, after the row): the duplicate is still told as such, not as a conflict
     # of its ids, and a ledger row of another batch that fails along the flush is not taken for a duplicate.
     for attempt in range(2):
-        with_ids = spark_bridge.IngestionLedger(database, "query-a", 9)
+        with_ids = activedb.ingest.IngestionLedger(database, "query-a", 9)
         with_ids.query_name, with_ids.event_ids = "query-a", ["e1", "e2"]
         with pytest.raises(activedb.BatchAlreadyCommitted, match="batch 9 of query 'query-a'") if attempt else \
                 contextlib.nullcontext():
@@ -218,11 +220,11 @@ def test_the_ledger_participant_makes_a_batch_exactly_once(database):
         def statements_along(self, tx):                      # after the ledger's row, in the same round trip
             return (activedb.Along("INSERT INTO counters (key, total) VALUES ('b', 4)"),)
 
-    other = spark_bridge.IngestionLedger(database, "query-a", 8)
+    other = activedb.ingest.IngestionLedger(database, "query-a", 8)
     with pytest.raises(activedb.DatabaseError) as refused:
         with database.transaction(participants=[other, DuplicateCounter()]):
             pass
-    assert refused.value.sqlstate == "23505" and not spark_bridge.batch_committed(database, "query-a", 8)
+    assert refused.value.sqlstate == "23505" and not activedb.ingest.batch_committed(database, "query-a", 8)
     with database.engine.connect() as connection:
         assert connection.execute(sa.text("SELECT total FROM counters WHERE key = 'b'")).scalar() == 1
 
@@ -318,25 +320,21 @@ def test_the_collector_is_paused_for_the_whole_batch_and_left_as_the_caller_had_
 
 
 def test_ingest_options_are_checked_in_one_place_before_spark_is_touched():
-    with pytest.raises(IngestError, match="pass queries=engine too"):
-        IngestOptions(scheduler="sei")
-    with pytest.raises(IngestError, match="choose one per query"):
-        IngestOptions(queries=object(), composition=object())
+    with pytest.raises(IngestError, match="handler must be an activedb.ingest.BatchHandler"):
+        IngestOptions(handler=object())
     with pytest.raises(IngestError, match="scale-out path only"):
         IngestOptions(app="app.py")
     with pytest.raises(IngestError, match="trigger must be"):
         IngestOptions(trigger=True)
     with pytest.raises(IngestError, match="lower_declared must be True or False"):
-        IngestOptions(lower_declared="no")
-    with pytest.raises(IngestError, match="lower_declared= is for the rule path"):
-        IngestOptions(executor="tpg", transactions=object(), lower_declared=False)
+        IngestOptions(handler=RulesHandler(lower_declared="no"))
     common = dict(mapping=app_counters.MAPPING, query_name="q", checkpoint_location="ck")
     with pytest.raises(IngestError, match="no option 'prefech'.*prefetch"):
         ingest(object(), object(), prefech={"counters": None}, **common)
     with pytest.raises(IngestError, match="not both"):
         ingest(object(), object(), options=IngestOptions(), lineage=False, **common)
     with pytest.raises(IngestError, match="needs a streaming DataFrame"):      # the options passed their checks
-        ingest(object(), object(), options=IngestOptions(prefetch={"counters": None}), **common)
+        ingest(object(), object(), options=IngestOptions(handler=RulesHandler({"counters": None})), **common)
 
 
 @pytest.mark.parametrize("first_commits", [True, False], ids=["first commits", "first aborts"])
@@ -358,7 +356,7 @@ def test_two_flushes_of_one_batch_at_once_commit_it_once(database, first_commits
 
     def flush(name, on_flush):
         try:
-            with database.transaction(participants=[spark_bridge.IngestionLedger(database, query, 1,
+            with database.transaction(participants=[activedb.ingest.IngestionLedger(database, query, 1,
                                                                                  on_flush=on_flush)]) as tx:
                 log_ids[name] = tx.log_id
             outcomes[name] = "committed"

@@ -83,7 +83,7 @@ def test_every_batch_transaction_records_the_source_batch_it_consumed(make_datab
         assert (ledger[(driver, 0)], ledger[(partition, 1)]) == (applied, partitioned)
         assert database.batches.transaction(applied).name == "ingest:q"
 
-        sink.record_lineage = False
+        sink.lineage = False
         assert sink.process([_row(3, "c", 0)], 2, query_id=driver).committed
         assert query_rows(database, "SELECT count(*) FROM activedb_lineage_batches WHERE batch_id = '2'") == [(0,)]
     finally:
@@ -94,7 +94,7 @@ def test_a_driver_that_died_before_compensating_is_resumed_by_the_replay(make_da
     """The failed task settled (dead letters, ledger row, *compensating*) and the driver died before it
     compensated: when Spark re-runs the batch every partition is skipped, and the driver resumes the
     compensation — once."""
-    from spark_bridge import _atomic
+    from activedb import atomic as _atomic
 
     database = split_database(make_database_url("resume"))
     try:

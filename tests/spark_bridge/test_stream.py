@@ -13,7 +13,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from spark_bridge._baseline import PlainWriteSink, psycopg_conninfo
+from benchmarks.plain_write import PlainWriteSink, psycopg_conninfo
 from activedb.ingest._mapping import EventMapping, rows_to_events
 from tests.spark_bridge._streams import write_files
 

@@ -567,18 +567,3 @@ def test_a_saved_row_that_cannot_be_read_is_named_and_left_as_it_was(db):
                            {"value": json.dumps(value), "item": item})
     after.feed([])
     assert (after.partitions("Q1"), after.partitions("Q2")) == expected
-
-
-def test_events_given_as_mappings_equal_the_same_stream_events(db):
-    """``process``/``feed`` take an event as a mapping (type, ts, attributes, stream) too: the same outputs and
-    store effects as the StreamEvent objects, attributes and stream kept."""
-    events = random_stream(random.Random(SEED + 1), 120)
-    expected, _ = run_sorted(db, events, name="as-objects")
-    assert expected[2], "the random stream should make Q1 match at least once"
-    reset(db)
-    made = engine(db, name="as-mappings")
-    mappings = [{"type": event.type, "ts": event.ts, "attributes": dict(event.attributes), "stream": "estream"}
-                for event in sorted(events, key=lambda event: event.ts)]
-    result = made.feed(mappings, punctuation=streams.END_OF_STREAM)
-    assert result.dead_letters == ()
-    assert observe(db, result.outputs) == expected

@@ -2,9 +2,10 @@
 Event Streams*), end to end, as the paper's pattern queries.
 
 :func:`run_demo` tells the story in four steps: :func:`introduce` (what the application is), :func:`feed`
-(the tables, the coupling-mode rules, the stream engine, and a generated stream of badge events fed
-directly as micro-batch transactions, or through Spark Structured Streaming by the ``spark`` feed that
-spark_bridge contributes), :func:`tell_story` (what happened to the workers and which query moved them,
+(the tables, the coupling-mode rules, the stream engine, and a generated stream of badge events fed as
+micro-batch transactions through activedb's ingestion core — by its plain connector, :func:`feed_directly`, or
+through Spark Structured Streaming by the ``spark`` feed that spark_bridge contributes), :func:`tell_story`
+(what happened to the workers and which query moved them,
 read back from PostgreSQL) and :func:`show_engine` (the engines' numbers).  Nothing printed is canned.
 :func:`write_event_files` writes the same stream as JSON-lines files for ``activedb run``
 (``activedb demo --write-events DIR``).
@@ -13,6 +14,7 @@ read back from PostgreSQL) and :func:`show_engine` (the engines' numbers).  Noth
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import json
 import logging
 import os
@@ -61,7 +63,7 @@ class Run:
     path: str                       # "direct" or "spark"
     rules: dict                     # the ECA rules declared on the database, by name
     engine: Any                     # the StreamEngine
-    result: Any = None              # queries.FeedResult (direct)
+    result: Any = None              # DirectFeed (direct)
     dead_letter_query: str | None = None     # query_id of this run's dead letters in activedb_dead_letters
 
 
@@ -119,8 +121,7 @@ def feed(database, console: Console, *, events: int, workers: int, seed: int, us
     rules = queries.register_rules(database)
     engine = queries.make_engine(database, record_dead_letters=False)   # as badge rows: replayable
     queries.reset(database, engine)
-    run = Run(path="spark" if use_spark else "direct", rules=rules, engine=engine,
-              dead_letter_query=None if use_spark else f"streams:{engine.name}")
+    run = Run(path="spark" if use_spark else "direct", rules=rules, engine=engine)
     definitions = f"{len(engine.queries)} queries and {len(engine.rules)} ON OUTPUT rules (engine " \
                   f"{engine.name!r}, scheduler {engine.scheduler.name})"
     console.print(f"{definitions}; {len(rules)} ECA rules declared on {database.describe()}; feeding the events "
@@ -136,19 +137,65 @@ def feed(database, console: Console, *, events: int, workers: int, seed: int, us
                 if isinstance(outcome, dict) and outcome.get("dead_letter_query"):
                     run.dead_letter_query = outcome["dead_letter_query"]
             else:
-                run.result = queries.feed(database, run.engine, stream, progress=progress)
+                run.result, run.dead_letter_query = feed_directly(database, run.engine, stream, progress)
             progress.note("waiting for the detached rules ...")
             database.rules.wait_idle(DETACHED_WAIT_SECONDS)
     finally:
         progress.close()
     elapsed = time.perf_counter() - started
     result = run.result
-    if isinstance(result, queries.FeedResult):
+    if isinstance(result, DirectFeed):
         console.print(f"fed {result.events} events in {result.batches} micro-batch transactions (the last one "
-                      f"END_OF_STREAM): {result.processed} stream transactions committed, {result.failed} aborted, "
-                      f"{len(result.dead_letters)} dead letters; {elapsed:.2f} s including the detached rules",
-                      highlight=False)
+                      f"END_OF_STREAM), each with its ledger row: {result.processed} stream transactions committed, "
+                      f"{result.failed} aborted, {result.dead_letters} dead letters; {elapsed:.2f} s including the "
+                      f"detached rules", highlight=False)
     return run
+
+
+@dataclass(frozen=True)
+class DirectFeed:
+    """What :func:`feed_directly` did (the engine's counters of the run)."""
+
+    events: int
+    batches: int            # micro-batch transactions, the END_OF_STREAM one included
+    processed: int          # s-transactions committed
+    failed: int             # s-transactions aborted
+    dead_letters: int
+
+
+def feed_directly(database, engine, stream: list[dict], progress: Progress) -> tuple[DirectFeed, str]:
+    """Feed ``stream`` without Spark through the plain connector of activedb's ingestion core
+    (``activedb.ingest.feed``) into ``engine`` (``streams.QueriesHandler``): the rows as the Spark feed renames
+    them, in arrival order, as micro-batches of ``queries.DEFAULT_CHUNK_SIZE``, each one transaction with its
+    ledger row and a watermark (the largest timestamp of the batches before it minus
+    ``queries.PUNCTUATION_DELAY``), then ``END_OF_STREAM``.  The source is the engine's own
+    (``streams:<engine>``, whose ledger rows ``queries.reset`` forgets with the engine's state: a demo starts
+    over); returns what it did and the source's ledger id, under which its dead letters are kept."""
+    from activedb.ingest import Batch, EventMapping, LedgerId, Phase, feed
+    from activedb.streams import QueriesHandler
+
+    rows = [{"type": event["type"].upper(), "HCW-ID": event["worker"], "ts": event["ts"],
+             "location": event["room"]} for event in stream]
+    size, batches, seen = queries.DEFAULT_CHUNK_SIZE, [], None
+    for number, start in enumerate(range(0, len(rows), size)):
+        chunk = rows[start:start + size]
+        watermark = (None if seen is None
+                     else dt.datetime.fromtimestamp(seen - queries.PUNCTUATION_DELAY, dt.timezone.utc))
+        batches.append(Batch(number, chunk, watermark))
+        seen = max([seen or float("-inf"), *(row["ts"] for row in chunk)])
+    progress.start("micro-batches", total=len(batches) + 1)
+
+    def heard(phase: str, batch: int) -> None:
+        if phase in (Phase.COMMITTED, Phase.SKIPPED):
+            progress.update(batch + 1, f"events {min((batch + 1) * size, len(rows))} of {len(rows)}")
+
+    source = f"streams:{engine.name}"
+    feed(database, batches, source=source, on_phase=heard, end_of_stream=True, handler=QueriesHandler(engine),
+         mapping=EventMapping("type", "HCW-ID", "ts", payload_columns=("location",)))
+    progress.update(len(batches) + 1, "end of stream")
+    statistics = engine.statistics()
+    return (DirectFeed(len(rows), len(batches) + 1, statistics.events_processed, statistics.events_failed,
+                       statistics.dead_letters), str(LedgerId(source)))
 
 
 def write_event_files(directory: str | Path, *, events: int = 400, workers: int = 12, seed: int = 7,

@@ -22,6 +22,7 @@ from typing import Any, Iterable
 
 from activedb import Coupling, Event, Rule, Transaction, deadletters, streams
 from activedb.errors import RuleFailed
+from activedb.ingest import forget_run
 from activedb.progress import Progress
 from activedb.examples.hand_hygiene import app
 from activedb.examples.hand_hygiene.app import SAFE, STATUS_CHANGED, WORKERS
@@ -289,7 +290,10 @@ def badge_row(event: streams.StreamEvent) -> dict:
 
 def reset(db, engine: streams.StreamEngine) -> None:
     """Start clean: empty the application's tables, forget ``engine``'s saved state (buffer, partial
-    matches, punctuations) and delete its dead letters (``query_id = "streams:<name>"``)."""
+    matches, punctuations), delete its dead letters (``query_id = "streams:<name>"``) and forget the batches
+    fed to it under that source (``activedb.ingest.forget_run``: the demo feeds them again)."""
     app.reset_tables(db)
     engine.reset_state()
     deadletters.purge(db, deadletters.LetterFilter(query=f"streams:{engine.name}"))
+    with db.engine.begin() as connection:
+        forget_run(connection, f"streams:{engine.name}")

@@ -4,7 +4,7 @@ Two halves:
 
 * **the driver** (``python -m tests.spark_bridge.drivers.crash_driver ...``): a file-source
   stream (JSON lines, one file per micro-batch) through :func:`spark_bridge.get_spark`
-  into :class:`~spark_bridge._baseline.PlainWriteSink`. It appends one line per step
+  into :class:`~benchmarks.plain_write.PlainWriteSink`. It appends one line per step
   to an event log (``started``, ``batch <id> <rows> <first key>``, ``written <id>``,
   ``committed <id>``, ``skipped <id>``, ``finished``), flushed and fsynced, so the log
   survives the kill. With ``--hold PHASE:BATCH`` it writes ``holding PHASE <id>`` and
@@ -91,7 +91,7 @@ def _driver(argv: Sequence[str]) -> int:
             log.write(f"holding {phase} {batch_id}")
             threading.Event().wait()  # until SIGKILL
 
-    from spark_bridge._baseline import PlainWriteSink
+    from benchmarks.plain_write import PlainWriteSink
     from spark_bridge.session import get_spark
 
     def on_phase(phase: str, batch_id: int) -> None:

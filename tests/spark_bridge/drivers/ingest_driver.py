@@ -35,7 +35,7 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-from spark_bridge._app import ingest_options
+from activedb.cli.application import app_handler
 from tests.spark_bridge.drivers.crash_driver import spawn_driver, start_log
 
 __all__ = ["HOLD_PHASES", "start_ingest_driver"]
@@ -94,7 +94,7 @@ def _driver(argv: Sequence[str]) -> int:
     query = spark_bridge.ingest(
         database, frame, mapping=loaded.mapping, query_name=options.query_name,
         checkpoint_location=str(options.checkpoint), trigger={"availableNow": True}, on_phase=on_phase,
-        **ingest_options(loaded),        # the app's path: QUERIES/SCHEDULER or EXECUTOR/TRANSACTIONS
+        handler=app_handler(loaded),     # the app's path: QUERIES/SCHEDULER, EXECUTOR/TRANSACTIONS or the rules
     )
     query.awaitTermination()
     failure = query.exception()

@@ -1,8 +1,10 @@
-"""Atomic batches on the Spark bridge: the lineage participant of every batch transaction, and the policy
-for a scale-out partition that fails for good (``forward`` or ``compensate``).  Design note: the
-package's ``README.md`` ("Atomic batches: lineage, and a partition that fails for good").
+"""A split source batch one partition of which fails for good: the policy (``forward`` or ``compensate``) a
+connector that splits batches declares (the Spark scale-out path), the failed partition's side (its rows
+dead letters, ``Ingestion.reject``), the driver's decision and compensation (``db.batches``), and what
+``activedb status`` shows (the tables ``activedb_split_queries`` and ``activedb_split_failures``).  Lineage —
+every batch transaction records the source batch it consumed — is the ingestion core's
+(``activedb.ingest.Ingestion(lineage=True)``).  Design note: ``README.md`` in this package ("Split batches").
 
-Everything here uses activedb's public API (``db.batches``, commit participants, ``db.transaction``).
 Thread-safety: stateless functions; :class:`FailureRow` is used by one flush at a time.
 """
 
@@ -16,23 +18,18 @@ from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
-from activedb import CommitParticipant
-from activedb.atomic import SplitFailure
-from activedb.atomic.errors import LineageError, UnknownBatch
-from activedb.deadletters import Letter
-from activedb.ingest._ledger import IngestionLedger, ledger_query_id, parse_ledger_query_id
-from activedb.ingest._outcome import PhaseTimings
-from activedb.ingest._protocol import BatchHandler, BatchInput, run_batch
-
-from spark_bridge.errors import IngestError, PartitionFailed, describe
+from activedb.atomic._batches import SplitFailure
+from activedb.atomic.errors import LineageError, PartitionFailed, UnknownBatch
+from activedb.ingest import BatchOutcome, LedgerId
+from activedb.ingest.errors import IngestError, describe
+from activedb.txn import CommitParticipant
 
 if TYPE_CHECKING:  # pragma: no cover
-    from activedb import Transaction
+    from activedb.txn import Transaction
 
-__all__ = ["SplitBatchStatus", "SplitState", "as_policy", "lineage_participants", "source_query_id",
-           "split_status"]
+__all__ = ["SplitBatchStatus", "SplitState", "as_policy", "split_status"]
 
-logger = logging.getLogger("spark_bridge.ingest")
+logger = logging.getLogger("activedb.atomic")
 
 QUERIES_TABLE = "activedb_split_queries"
 FAILURES_TABLE = "activedb_split_failures"
@@ -60,21 +57,6 @@ def as_policy(value: Any) -> SplitFailure:
                           f"'compensate' (undo the committed partitions), got {value!r}") from None
 
 
-# --- lineage -------------------------------------------------------------------------------------------
-
-def source_query_id(query_id: str) -> str:
-    """The source batch's query id of a ledger query id: ``NAME@SPARK`` for ``NAME@SPARK#pK``; other ids
-    (a dead-letter replay's ``replay:NAME``, the baseline's bare ids) as they are."""
-    name, spark_id, partition = parse_ledger_query_id(query_id)
-    return query_id if spark_id is None or partition is None else ledger_query_id(name, spark_id)
-
-
-def lineage_participants(db: Any, query_id: str, batch_id: int, enabled: bool = True) -> tuple:
-    """The commit participants that record the batch transaction's lineage: it consumed the source batch
-    ``(source_query_id(query_id), batch_id)``.  Empty when lineage is off."""
-    return (db.batches.consuming(source_query_id(query_id), batch_id),) if enabled else ()
-
-
 # --- the policy a query declared -------------------------------------------------------------------------
 
 def declare_policy(db: Any, query_id: str, query_name: str, partitions: int, policy: SplitFailure) -> None:
@@ -98,10 +80,10 @@ class FailureRow(CommitParticipant):
         self.values = {"q": query_id, "b": batch_id, "p": partition, "n": partitions, "policy": policy.value,
                        "state": state.value, "error": error}
 
-    def write(self, transaction: Transaction, connection: Any) -> None:
+    def write(self, transaction: Transaction, connection: sa.Connection) -> None:
         self.upsert(connection)
 
-    def upsert(self, connection: Any) -> None:
+    def upsert(self, connection: sa.Connection) -> None:
         connection.execute(sa.text(
             f"INSERT INTO {FAILURES_TABLE} (query_id, batch_id, partition, partitions, policy, state, error) "
             "VALUES (:q, :b, :p, :n, :policy, :state, :error) ON CONFLICT (query_id, batch_id, partition) DO UPDATE "
@@ -112,32 +94,17 @@ class FailureRow(CommitParticipant):
 def settle_failed_partition(sink: Any, rows: Sequence[Mapping[str, Any]], query_id: str, batch_id: int,
                             partition: int, partitions: int, error: BaseException) -> int:
     """Policy *compensate*, in the failed task: the partition's rows become dead letters, with its ledger row
-    (0 events) and its failure row (*compensating*), in one transaction (``_handler.run_batch``, as every
-    batch).  Returns the number of letters.
+    (0 events) and its failure row (*compensating*), in one transaction (``Ingestion.reject``, exactly once as
+    every batch).  Returns the number of letters.
 
     From then on a replay of the batch skips this partition (the ledger has it), and the driver — now or
     after a restart — compensates the partitions that committed."""
     reason = (f"partition {partition} of batch {batch_id} failed for good ({describe(error)}); the source batch "
               f"was compensated (on_partition_failure='compensate') — replay these rows once the cause is fixed")
-    failure = FailureRow(source_query_id(query_id), batch_id, partition, partitions, SplitFailure.COMPENSATE,
-                         SplitState.COMPENSATING, describe(error))
-    return run_batch(sink.context, _FailedPartition(reason), rows, batch_id, query_id=query_id, watermark=None,
-                     timings=PhaseTimings(), punctuate=False, participants=(failure,)).dead_letters
-
-
-class _FailedPartition(BatchHandler):
-    """The batch path of a partition that failed for good: every row a dead letter with ``reason``."""
-
-    name = "failed partition"
-    validates_rows = False
-
-    def __init__(self, reason: str) -> None:
-        self.reason = reason
-
-    def handle(self, tx: Transaction, batch: BatchInput, ledger: IngestionLedger) -> None:
-        letters = [Letter(self.reason, dict(row)) for row in batch.rows]
-        batch.dead_letters.insert(tx, letters)
-        ledger.dead_letters = len(letters)
+    failure = FailureRow(str(LedgerId.parse(query_id).whole()), batch_id, partition, partitions,
+                         SplitFailure.COMPENSATE, SplitState.COMPENSATING, describe(error))
+    outcome: BatchOutcome = sink.reject(rows, batch_id, query_id=query_id, reason=reason, participants=(failure,))
+    return outcome.dead_letters
 
 
 # --- the driver's side ------------------------------------------------------------------------------------------
@@ -163,7 +130,7 @@ def compensate_split(db: Any, source: str, batch_id: int) -> int:
     return compensated
 
 
-def _settle_rows(connection: Any, source: str, batch_id: int, state: SplitState, settled: SplitState,
+def _settle_rows(connection: sa.Connection, source: str, batch_id: int, state: SplitState, settled: SplitState,
                  compensated: int | None = None) -> None:
     """The batch's failure rows in ``state`` are ``settled`` now (``compensated``: how many transactions)."""
     connection.execute(sa.text(
@@ -243,7 +210,7 @@ def split_status(db: Any, query_name: str | None = None) -> list[SplitBatchStatu
     result = [SplitBatchStatus(row.query_name, query_id, row.on_partition_failure, row.partitions)
               for query_id, row in sorted(declared.items()) if query_name is None or row.query_name == query_name]
     for (query_id, batch_id), rows in sorted(grouped.items()):
-        name = parse_ledger_query_id(query_id)[0]
+        name = LedgerId.parse(query_id).source
         if query_name is not None and name != query_name:
             continue
         state = min((row.state for row in rows), key=order.index)
@@ -252,25 +219,3 @@ def split_status(db: Any, query_name: str | None = None) -> list[SplitBatchStatu
             tuple(row.partition for row in rows), rows[0].error,
             max((row.compensated for row in rows if row.compensated is not None), default=None)))
     return result
-
-
-def print_split_batches(console: Any, statuses: list[SplitBatchStatus]) -> None:
-    """The scale-out policies and the split batches with a failed partition (``activedb status``)."""
-    if not statuses:
-        return
-    from rich.table import Table
-
-    for status in statuses:
-        if status.batch_id is None:
-            console.print(f"scale-out query {status.query_name} ({status.partitions} partitions): "
-                          f"on_partition_failure={status.on_partition_failure}", highlight=False)
-    failed = [status for status in statuses if status.batch_id is not None]
-    if not failed:
-        return
-    table = Table("query", "batch", "policy", "state", "failed partitions", "compensated", "error",
-                  title="split batches with a partition that failed for good (activedb_split_failures)")
-    for status in failed:
-        table.add_row(status.query_name, str(status.batch_id), status.on_partition_failure or "-",
-                      status.state or "-", ", ".join(map(str, status.failed_partitions)),
-                      "-" if status.compensated is None else str(status.compensated), status.error or "")
-    console.print(table)

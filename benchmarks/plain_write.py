@@ -1,6 +1,7 @@
-"""The plain write path: micro-batches into PostgreSQL with no rules, exactly once — the baseline of
-``activedb bench ingest`` and the smallest instance of the bridge's exactly-once protocol (the package's
-``README.md``, "The plain write path").
+"""The plain write path: Spark micro-batches into PostgreSQL with no rules, exactly once — the baseline of
+``activedb bench ingest`` (the benchmarks' ``README.md``) and the smallest instance of an exactly-once
+``foreachBatch`` sink (a ledger row in the batch's transaction), used by the Spark crash tests as their
+simplest subject.  Not part of activedb: the product's one batch protocol is ``activedb.ingest``'s.
 
 Public names: :class:`PlainWriteSink` (the ``foreachBatch`` callable) and
 :class:`PlainWriteStatistics`. psycopg and pyarrow are imported when first used; pyspark
@@ -17,15 +18,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from spark_bridge._sink import streaming_query_id
 from spark_bridge.errors import SparkBridgeError
 
-__all__ = ["PlainWriteSink", "PlainWriteStatistics", "psycopg_conninfo", "streaming_query_id"]
+__all__ = ["PlainWriteSink", "PlainWriteStatistics", "psycopg_conninfo"]
 
 _METHODS = ("copy", "executemany")
-
-#: Spark sets this local property on the thread that runs foreachBatch: the query's id,
-#: which is stored in the checkpoint and therefore survives restarts (unlike runId).
-_QUERY_ID_PROPERTY = "sql.streaming.queryId"
 
 
 @dataclass(frozen=True)
@@ -45,11 +43,6 @@ def psycopg_conninfo(dsn: str) -> str:
         if dsn.startswith(prefix):
             return "postgresql://" + dsn[len(prefix):]
     return dsn
-
-
-def streaming_query_id(batch_df: Any) -> str | None:
-    """The id of the streaming query that produced ``batch_df`` (inside foreachBatch)."""
-    return batch_df.sparkSession.sparkContext.getLocalProperty(_QUERY_ID_PROPERTY)
 
 
 def _identifier(name: str) -> Any:

@@ -1,22 +1,22 @@
-"""Load an activedb application (a module or a ``.py`` file providing ``register(db)``, ``MAPPING``, …: the
-package's ``README.md``, "From an application module") for ``activedb run`` and for the scale-out tasks.
+"""An activedb application — a module or a ``.py`` file providing ``register(db)``, ``MAPPING``, … (the
+contract: ``spark_bridge/README.md``, "From an application module") — as the commands that feed it see it:
+``activedb run`` and its scale-out tasks (spark_bridge), ``activedb dead-letters replay``.
 
-Public here: :func:`load_app`, :class:`LoadedApp`; :func:`ingest_options` turns an application's path
-into ``ingest()`` keyword arguments.
+Public here: :func:`load_app`, :class:`LoadedApp`, :func:`app_name`, :func:`portable_spec`; :func:`app_handler`
+is the handler of an application's batches.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from activedb.ingest._mapping import EventMapping, as_mapping
+from activedb.ingest import BatchHandler, EventMapping, RulesHandler, as_mapping
+from activedb.ingest.errors import AppLoadError, MappingError
 
-from spark_bridge.errors import AppLoadError, MappingError
-
-__all__ = ["LoadedApp", "app_name", "ingest_options", "load_app"]
+__all__ = ["LoadedApp", "app_handler", "app_name", "load_app", "portable_spec"]
 
 
 @dataclass(frozen=True)
@@ -30,7 +30,7 @@ class LoadedApp:
     schema: Any
     known_types: frozenset[str] | None
     watermark_delay: str | None
-    prefetch: dict | None
+    prefetch: Mapping[str, object] | None
     from_rate: Callable[[Any], Any] | None
     reset: Callable[[Any], Any] | None = None
     queries: Any = None
@@ -43,7 +43,7 @@ def load_app(spec: str | Path | Callable[[Any], Any], *, require_mapping: bool =
     """Load the application named by ``spec``: a module name, a ``.py`` path, or a
     ``register(db)`` callable (then only ``register`` is known).
 
-    Raises :class:`~spark_bridge.errors.AppLoadError` with what is missing.
+    Raises :class:`~activedb.ingest.errors.AppLoadError` with what is missing.
     """
     if callable(spec) and not isinstance(spec, (str, Path)):
         return LoadedApp(app_name(spec), spec, None, None, None, None, None, None, None)
@@ -63,8 +63,9 @@ def load_app(spec: str | Path | Callable[[Any], Any], *, require_mapping: bool =
     migrations = getattr(module, "MIGRATIONS", None)
     if migrations is not None:
         migrations = Path(migrations)
-        if not migrations.is_absolute() and getattr(module, "__file__", None):
-            migrations = Path(module.__file__).parent / migrations
+        source = getattr(module, "__file__", None)
+        if not migrations.is_absolute() and source:
+            migrations = Path(source).parent / migrations
     known = getattr(module, "KNOWN_TYPES", None)
     from_rate, reset = (getattr(module, name, None) for name in ("from_rate", "reset"))
     return LoadedApp(
@@ -83,20 +84,24 @@ def app_name(spec: str | Path | Callable[[Any], Any]) -> str:
     return f"{getattr(spec, '__module__', '?')}.{getattr(spec, '__qualname__', repr(spec))}"
 
 
-def ingest_options(loaded: LoadedApp) -> dict[str, Any]:
-    """``ingest()`` keyword arguments for the application's path: ``queries``/``scheduler`` from
-    ``QUERIES``/``SCHEDULER``, ``executor``/``transactions`` from ``EXECUTOR``/``TRANSACTIONS``; empty for
-    the rule path."""
-    options: dict[str, Any] = {}
+def app_handler(loaded: LoadedApp) -> BatchHandler:
+    """Where the application's batches go: ``streams.QueriesHandler(QUERIES, SCHEDULER)``,
+    ``batch.TpgHandler(TRANSACTIONS)`` with ``EXECUTOR = "tpg"`` (``TRANSACTIONS`` may be a factory), else the rule
+    path with the application's ``PREFETCH``."""
     if loaded.queries is not None:
-        options.update(queries=loaded.queries, scheduler=loaded.scheduler)
-    if loaded.executor is not None:
-        options["executor"] = loaded.executor
+        from activedb.streams import QueriesHandler
+
+        return QueriesHandler(loaded.queries, loaded.scheduler)
+    if loaded.executor not in (None, "rules", "tpg"):
+        raise AppLoadError(f"{loaded.name}: EXECUTOR is 'rules' (the default) or 'tpg', got {loaded.executor!r}")
+    if loaded.executor == "tpg":
+        from activedb.batch import TpgHandler
+
         transactions = loaded.transactions
         if callable(transactions) and not hasattr(transactions, "declare"):
             transactions = transactions()
-        options["transactions"] = transactions
-    return options
+        return TpgHandler(transactions)
+    return RulesHandler(loaded.prefetch)
 
 
 def portable_spec(spec: str | Path | Callable[[Any], Any]) -> str | Callable[[Any], Any]:

@@ -1,6 +1,7 @@
-"""``activedb status``: what ingestion committed (the ledger), split batches, detached rule firings and the
-change-capture backlog, as tables or one JSON object.  Read-only: it never upgrades a schema.  Registered with the
-other ingestion commands by ``_cli.register_commands``.
+"""``activedb status``: what ingestion committed (the ledger, every connector's: Spark's queries, capture
+consumers, feeds, replays), split batches, detached rule firings and the change-capture backlog, as tables or one
+JSON object.  Read-only: it never upgrades a schema.  Registered by :func:`register_commands` (an
+``activedb.commands`` entry point).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from typing import Any
 
 import click
 
-__all__ = ["print_capture_backlog", "print_detached", "status_command"]
+__all__ = ["print_capture_backlog", "print_detached", "print_split_batches", "register_commands", "status_command"]
 
 
 @click.command("status")
@@ -23,13 +24,13 @@ __all__ = ["print_capture_backlog", "print_detached", "status_command"]
 def status_command(ctx: click.Context, query_name: str | None, as_json: bool) -> None:
     """Show what ingestion has committed, per query, from PostgreSQL's ledger, and the detached rule
     firings (pending, done, failed — with the failures' rule, trigger, event and error)."""
-    import spark_bridge
+    from activedb.atomic import split_status
     from activedb.cli import open_database
-    from spark_bridge._atomic import print_split_batches, split_status
+    from activedb.ingest import ingestion_status
 
     database = open_database(ctx, writes=False)
     try:
-        statuses = spark_bridge.ingestion_status(database, query_name)
+        statuses = ingestion_status(database, query_name)
         splits = split_status(database, query_name)
         detached = database.outbox.statistics()
         failures = database.outbox.failures(limit=20)
@@ -100,3 +101,30 @@ def print_detached(console: Any, detached: Any, failures: list[Any]) -> None:
                   f"{detached.failed:,} failed", highlight=False)
     if failures:
         console.print(failed_firings_table(failures))
+
+
+def print_split_batches(console: Any, statuses: list[Any]) -> None:
+    """The scale-out policies and the split batches with a failed partition (``activedb status``)."""
+    if not statuses:
+        return
+    from rich.table import Table
+
+    for status in statuses:
+        if status.batch_id is None:
+            console.print(f"scale-out query {status.query_name} ({status.partitions} partitions): "
+                          f"on_partition_failure={status.on_partition_failure}", highlight=False)
+    failed = [status for status in statuses if status.batch_id is not None]
+    if not failed:
+        return
+    table = Table("query", "batch", "policy", "state", "failed partitions", "compensated", "error",
+                  title="split batches with a partition that failed for good (activedb_split_failures)")
+    for status in failed:
+        table.add_row(status.query_name, str(status.batch_id), status.on_partition_failure or "-",
+                      status.state or "-", ", ".join(map(str, status.failed_partitions)),
+                      "-" if status.compensated is None else str(status.compensated), status.error or "")
+    console.print(table)
+
+
+def register_commands(main_group: click.Group) -> None:
+    """Add ``status`` to the ``activedb`` command group."""
+    main_group.add_command(status_command, "status")

@@ -1,0 +1,75 @@
+"""The plain connector: :func:`feed` — any iterable of row batches into the ingestion core, exactly once —
+and :func:`drive`, which runs any pull :class:`~activedb.ingest.Source` through an
+:class:`~activedb.ingest.Ingestion`.  Design note: ``README.md`` in this package ("Connectors").
+
+Thread-safety: one call runs its batches one after the other on the calling thread.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from activedb.ingest._ingestion import Ingestion
+from activedb.ingest._interface import Batch, LedgerId, Rows, Source
+from activedb.ingest._mapping import EventMapping
+from activedb.ingest._outcome import BatchOutcome
+from activedb.ingest._protocol import BatchHandler
+
+if TYPE_CHECKING:  # pragma: no cover
+    from activedb.ingest._ingestion import IngestDatabase
+    from activedb.txn import CommitParticipant
+
+__all__ = ["RowBatches", "drive", "feed"]
+
+#: The commit participants of one batch's transaction, given the batch (a replay marks its letter there).
+Participants = Callable[[Batch], Sequence["CommitParticipant"]]
+
+
+@dataclass(frozen=True)
+class RowBatches:
+    """A :class:`~activedb.ingest.Source` over ``batches``: each a :class:`Batch`, or rows numbered by their
+    position in the iterable (0, 1, …).  Iterating it again yields the same batches if ``batches`` does (a
+    list, a re-opened file): the contract exactly once rests on."""
+
+    ledger_id: LedgerId
+    rows: Iterable[Rows | Batch]
+
+    def batches(self) -> Iterator[Batch]:
+        for number, batch in enumerate(self.rows):
+            yield batch if isinstance(batch, Batch) else Batch(number, batch)
+
+
+def drive(ingestion: Ingestion, source: Source, *, participants: Participants | None = None) -> list[BatchOutcome]:
+    """Apply every batch of ``source`` (a :class:`~activedb.ingest.Source`) through ``ingestion``, in order;
+    their outcomes (a batch the ledger had: ``committed`` False).  Raises what ``Ingestion.process`` raises;
+    the batches before it are committed, so driving the same source again applies the rest."""
+    query_id = str(source.ledger_id)
+    return [ingestion.process(batch.rows, batch.number, query_id=query_id, watermark=batch.watermark,
+                              participants=participants(batch) if participants is not None else ())
+            for batch in source.batches()]
+
+
+def feed(db: IngestDatabase, batches: Iterable[Rows | Batch], *, source: str, run: str | None = None,
+         mapping: EventMapping | Mapping[str, object] | None = None, handler: BatchHandler | None = None,
+         known_types: Collection[str] | None = None, on_phase: Callable[[str, int], None] | None = None,
+         lineage: bool = False, event_ids_under: str | None = None, participants: Participants | None = None,
+         end_of_stream: bool = False) -> list[BatchOutcome]:
+    """Feed ``batches`` into ``db`` as source ``source`` (run ``run``), exactly once: each batch (rows — mappings
+    or an Arrow table —, numbered by position; or a :class:`Batch` with its own number and watermark) in one
+    top-level transaction with its ledger row; a batch the ledger has is skipped, so feeding the same batches
+    again — after a crash at any point — applies nothing twice.  ``mapping``, ``handler`` (the rules by
+    default), ``known_types``, ``on_phase``, ``lineage`` and ``event_ids_under`` are :class:`Ingestion`'s;
+    ``participants(batch)`` adds commit participants to a batch's transaction; ``end_of_stream``: the batches are
+    the whole source — after the last, the handler releases what its engine holds back
+    (``Ingestion.end_of_stream``).  Returns the outcomes, in order."""
+    ingestion = Ingestion(db, mapping, source=source, handler=handler, known_types=known_types, on_phase=on_phase,
+                          lineage=lineage, event_ids_under=event_ids_under)
+    try:
+        outcomes = drive(ingestion, RowBatches(LedgerId(source, run), batches), participants=participants)
+        if end_of_stream:
+            ingestion.end_of_stream()
+        return outcomes
+    finally:
+        ingestion.close()

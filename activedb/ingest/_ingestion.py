@@ -1,0 +1,193 @@
+"""What a connector holds: :class:`Ingestion` — one source's batches into ``db`` through one handler, exactly
+once (:func:`~activedb.ingest._protocol.run_batch`), with the statistics every connector reports.  Design note:
+``README.md`` in this package ("The interface", "One batch").
+
+Thread-safety: the ingestion's :class:`~activedb.ingest._outcome.BatchBook` keeps the statistics under its own
+mutex; :meth:`Ingestion.process` may be called from several threads (each call runs its own top-level
+transaction), but a handler runs one batch at a time, so a connector calls it for one batch at a time per
+handler (Spark's ``foreachBatch`` does).  No mutex is held while calling the handler or PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+from activedb.ingest._interface import LedgerId, Phase
+from activedb.ingest._ledger import IngestionLedger, last_watermark
+from activedb.ingest._mapping import EventMapping, as_mapping
+from activedb.ingest._outcome import BatchBook, BatchOutcome, IngestStatistics, PhaseTimings
+from activedb.ingest._protocol import BatchContext, BatchHandler, BatchInput, run_batch
+from activedb.ingest._rules import RulesHandler
+from activedb.ingest.errors import IngestError, MappingError
+from activedb.tracing import BatchTracing
+
+from activedb._handle import DatabaseHandle
+
+if TYPE_CHECKING:  # pragma: no cover
+    from activedb.txn import CommitParticipant, Transaction
+
+__all__ = ["IngestDatabase", "Ingestion"]
+
+
+class _Lineage(Protocol):
+    def consuming(self, query_id: str, batch_id: object = None) -> CommitParticipant: ...
+
+
+class IngestDatabase(DatabaseHandle, Protocol):
+    """The database as the ingestion core uses it: :class:`~activedb._handle.DatabaseHandle` and the lineage
+    of batches (``db.batches``, asked only by an ``Ingestion(lineage=True)``)."""
+
+    @property
+    def batches(self) -> _Lineage: ...
+
+_UTC = dt.timezone.utc
+
+
+class Ingestion:
+    """Batches of the source ``source`` into ``db`` through ``handler`` (the rules by default: :class:`RulesHandler`).
+
+    * ``mapping`` — which columns make an event (an :class:`EventMapping` or a dict of its arguments); None for a
+      handler that reads the rows itself or a connector that hands over events (change capture);
+    * ``source`` — the stable name of the source: the ledger ids' first part, the punctuation source, the name
+      of the batches' transactions (``ingest:<source>``);
+    * ``known_types`` — the event types accepted (default: the handler's, for the rules the types they listen to);
+    * ``batch_attempts`` — top-level attempts of a batch that meets serialization conflicts;
+    * ``on_phase(phase, batch_id)`` — hears every :class:`Phase` of every batch (a seam for crash tests);
+    * ``lineage`` — every batch transaction records the source batch it consumed (``db.batches``, the atomic
+      batch features; the design note says where it is on);
+    * ``event_ids_under`` — the source name whose ingested event ids count for duplicate detection
+      (``EventMapping.id_column``; default ``source``; a dead-letter replay passes the original source).
+
+    Thread-safety: see the module docstring.
+    """
+
+    def __init__(self, db: IngestDatabase, mapping: EventMapping | Mapping[str, object] | None = None, *, source: str,
+                 handler: BatchHandler | None = None, known_types: Collection[str] | None = None,
+                 batch_attempts: int = 3, on_phase: Callable[[str, int], None] | None = None, lineage: bool = False,
+                 event_ids_under: str | None = None) -> None:
+        if mapping is not None:
+            try:
+                mapping = as_mapping(mapping)
+            except MappingError as error:
+                raise IngestError(f"mapping: {error}") from None
+        if not isinstance(source, str) or not source.strip():
+            raise IngestError("the source name must be a non-empty string (it names the source in the ledger)")
+        if batch_attempts < 1:
+            raise IngestError("batch_attempts must be at least 1")
+        handler = RulesHandler() if handler is None else handler
+        if not isinstance(handler, BatchHandler):
+            raise IngestError(f"handler must be an activedb.ingest.BatchHandler (RulesHandler, "
+                              f"streams.QueriesHandler, batch.TpgHandler, composite.CompositeHandler, …), got "
+                              f"{handler!r}")
+        handler.bind(db, mapping)
+        self.db = db
+        self.mapping = mapping
+        self.source = source
+        #: Where the batches go; bound to ``db`` here, never changed.
+        self.handler = handler
+        self.lineage = lineage
+        #: What the batch protocol needs of this ingestion (``run_batch`` gets it, not the ingestion).
+        self.context = BatchContext(db, mapping, source, event_ids_under or source,
+                                   None if known_types is None else frozenset(known_types), batch_attempts,
+                                   BatchBook(source, on_phase), BatchTracing(db, source))
+        self._book = self.context.book
+
+    @property
+    def query_name(self) -> str:
+        """The source name (what ``ingest()`` calls the query's name)."""
+        return self.source
+
+    def process(self, rows: Any, batch_id: int, *, query_id: str, watermark: dt.datetime | None = None,
+                extra_timings: PhaseTimings | None = None, punctuate: bool = True,
+                participants: Collection[CommitParticipant] = (), events: Sequence[Any] | None = None,
+                fresh: bool = False) -> BatchOutcome:
+        """Apply batch ``batch_id`` of the run ``query_id`` (a :class:`LedgerId`'s text) — ``rows``, a sequence of
+        mappings or a ``pyarrow.Table``/``RecordBatch`` — exactly once; returns its outcome.
+
+        ``watermark``: events older are dead letters, and it is punctuated after the commit (``punctuate=False``:
+        the caller does); ``participants``: more commit participants of the batch's transaction (a replay's mark,
+        capture's position), before the ledger; ``events``: the batch's events when the connector made them
+        itself (change capture), each with ``position``, its row's index — nothing is validated then; ``fresh``:
+        the connector vouches that the ledger cannot have the batch but through a duplicate run (its position
+        commits with the ledger row), so the ledger is not asked first (a duplicate is refused at the commit).
+        Raises only when the batch could not be committed (PostgreSQL unusable, conflicts beyond
+        ``batch_attempts``, a refused commit the handler cannot search); the batch may then be re-run."""
+        with self._book.in_batch():
+            if self.lineage:
+                participants = (*participants, self.db.batches.consuming(
+                    str(LedgerId.parse(query_id).whole()), batch_id))
+            return run_batch(self.context, self.handler, rows, batch_id, query_id=query_id, watermark=watermark,
+                             timings=extra_timings or PhaseTimings(), punctuate=punctuate,
+                             participants=tuple(participants), events=events, fresh=fresh)
+
+    def reject(self, rows: Any, batch_id: int, *, query_id: str, reason: str,
+               participants: Collection[CommitParticipant] = ()) -> BatchOutcome:
+        """Give up on batch ``batch_id`` of the run ``query_id``: every row a dead letter with ``reason`` (kept
+        exactly as delivered), committed with the batch's ledger row — so the batch counts as done and a
+        re-delivery is skipped — in one transaction with ``participants`` (a connector's record of why: the Spark
+        scale-out path's failed partition).  Exactly once, as :meth:`process`."""
+        with self._book.in_batch():
+            return run_batch(self.context, _Rejected(reason), rows, batch_id, query_id=query_id, watermark=None,
+                             timings=PhaseTimings(), punctuate=False, participants=tuple(participants))
+
+    def resume(self, query_id: str) -> None:
+        """A run resumes (a restarted process): punctuate again the last watermark the ledger recorded for it
+        (punctuations live in memory; every batch's ledger row keeps its watermark)."""
+        resumed = last_watermark(self.db, query_id)
+        if resumed is not None:
+            self.db.punctuate(self.source, resumed.astimezone(_UTC))
+        self._book.running_as(query_id)
+
+    def known_types(self) -> frozenset[str] | None:
+        """The event types accepted now (``known_types``, else the handler's)."""
+        return self.context.accepted_types(self.handler)
+
+    def end_of_stream(self) -> int:
+        """The source ended: the handler releases what its engine still holds back (``streams``), in a
+        transaction of its own; returns how many events that processed.  Idempotent."""
+        return self.handler.end_of_stream(self.db, self.source, self._book.statistics().query_id)
+
+    # -- statistics (the book's) --------------------------------------------------------------
+
+    def phase(self, phase: Phase, batch_id: int) -> None:
+        """Tell ``on_phase`` that batch ``batch_id`` reached ``phase`` (a connector's own phases: ``FETCHED``)."""
+        self._book.phase(phase, batch_id)
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """Wait until no batch is being processed; False if ``timeout`` passed first."""
+        return self._book.wait_idle(timeout)
+
+    def last_failure(self) -> tuple[int, BaseException] | None:
+        """``(batch id, the exception)`` of the last batch that raised out of the ingestion, or None."""
+        return self._book.last_failure()
+
+    def recent_outcomes(self) -> list[BatchOutcome]:
+        """The last :data:`~activedb.ingest._outcome.RECENT_OUTCOMES` batches' outcomes, oldest first."""
+        return self._book.recent_outcomes()
+
+    def statistics(self) -> IngestStatistics:
+        """A consistent snapshot of the counters (see :class:`IngestStatistics`)."""
+        return self._book.statistics()
+
+    def close(self) -> None:
+        """Release the handler's resources (the TPG path's worker processes) and the tracing's observer."""
+        self.handler.close()
+        if self.context.tracing is not None:
+            self.context.tracing.close()
+
+
+class _Rejected(BatchHandler):
+    """The batch path of :meth:`Ingestion.reject`: every row a dead letter with ``reason``."""
+
+    name = "rejected"
+    validates_rows = False
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+    def handle(self, tx: Transaction, batch: BatchInput, ledger: IngestionLedger) -> None:
+        letters = batch.dead_letters.all_rows(self.reason)
+        batch.dead_letters.insert(tx, letters)
+        ledger.dead_letters = len(letters)

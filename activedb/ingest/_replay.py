@@ -1,0 +1,88 @@
+"""Replaying dead letters through the plain connector, exactly once: letter ``d`` as batch ``d.id`` of the source
+``replay:NAME`` (``NAME`` the source it was rejected by), marked replayed in the same transaction
+(``activedb.deadletters.LetterReplayed``).  ``activedb dead-letters replay APP`` calls it.  Design note:
+``README.md`` in this package ("Connectors").
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Collection, Iterable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from activedb.deadletters import LetterRecord, LetterReplayed
+from activedb.ingest._feed import feed
+from activedb.ingest._interface import Batch, LedgerId
+from activedb.ingest._mapping import EventMapping
+from activedb.ingest._protocol import BatchHandler
+from activedb.ingest._rules import RulesHandler
+
+if TYPE_CHECKING:  # pragma: no cover
+    from activedb.ingest._ingestion import IngestDatabase
+
+__all__ = ["REPLAY_PREFIX", "ReplayOutcome", "ReplayResult", "Replayable", "original_query_name",
+           "replay_dead_letters"]
+
+REPLAY_PREFIX = "replay:"
+
+
+class Replayable(Protocol):
+    """What replaying needs of an application (``spark_bridge.LoadedApp`` has it): the ``mapping`` its rows were
+    read with, the ``known_types`` it accepts (None: its rules'), the rule path's ``prefetch``."""
+
+    mapping: EventMapping | None
+    known_types: Collection[str] | None
+    prefetch: Mapping[str, Any] | None
+
+
+class ReplayResult(enum.StrEnum):
+    """What became of a replayed letter."""
+
+    APPLIED = "applied"
+    REJECTED_AGAIN = "rejected again"
+    ALREADY_REPLAYED = "already replayed"
+
+
+@dataclass(frozen=True)
+class ReplayOutcome:
+    """What became of one dead letter. Immutable."""
+
+    letter_id: int
+    query_id: str          # the replay's ledger id: replay:NAME
+    outcome: ReplayResult
+
+
+def original_query_name(query_id: str | None) -> str:
+    """``NAME`` for a dead letter of the ledger id ``query_id`` (``NAME@RUN[#pN]``, ``replay:NAME``, or
+    anything else)."""
+    name = LedgerId.parse(query_id).source if query_id else "unknown"
+    while name.startswith(REPLAY_PREFIX):
+        name = name[len(REPLAY_PREFIX):]
+    return name
+
+
+def replay_dead_letters(db: IngestDatabase, app: Replayable, letters: Iterable[LetterRecord | Mapping[str, object]],
+                        *,
+                        handler: Callable[[], BatchHandler] | None = None) -> list[ReplayOutcome]:
+    """Replay ``letters`` (:class:`~activedb.deadletters.LetterRecord`, or rows of ``activedb_dead_letters`` as
+    dicts) into ``db``, whose rules ``app`` declared already, each through :func:`feed` with the original row
+    (the rule path with ``app.prefetch``, or ``handler()``); event ids are checked under the original source.
+    Waits for the detached rules."""
+    outcomes = []
+    for letter in letters:
+        if not isinstance(letter, LetterRecord):
+            letter = LetterRecord.from_mapping(letter)
+        original = original_query_name(letter.query_id)
+        source = f"{REPLAY_PREFIX}{original}"
+        row = letter.row()
+        rows = row if hasattr(row, "num_rows") else [row]
+        [outcome] = feed(db, [Batch(letter.id, rows)], source=source, mapping=app.mapping,
+                         handler=handler() if handler is not None else RulesHandler(app.prefetch),
+                         known_types=app.known_types, event_ids_under=original,
+                         participants=lambda batch: [LetterReplayed(db, batch.number, source)])
+        result = (ReplayResult.ALREADY_REPLAYED if not outcome.committed
+                  else ReplayResult.APPLIED if outcome.events else ReplayResult.REJECTED_AGAIN)
+        outcomes.append(ReplayOutcome(letter.id, source, result))
+    db.rules.wait_idle(120)
+    return outcomes

@@ -1,0 +1,113 @@
+"""The plain connector (``activedb.ingest.feed``): any iterable of row batches through the one batch protocol,
+exactly once — feeding the same batches again applies nothing twice, also after a process was SIGKILLed
+inside a batch's flush or between its commit and ``feed``'s return — with the same ledger rows, dead letters
+and reasons as an uninterrupted run."""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+import sys
+
+import pyarrow as pa
+import pytest
+import sqlalchemy as sa
+
+from activedb.ingest import Batch, LedgerId, RulesHandler, feed, ingestion_status
+from tests.ingest.feed_driver import RUN, SOURCE, workload_batches
+from tests.spark_bridge import app_counters
+from tests.spark_bridge._streams import BASE_TIME, app_database, app_state, dead_letters
+from tests.spark_bridge._waits import drivers, finish_driver, wait_for_driver_line
+from tests.spark_bridge.drivers.crash_driver import kill_driver, read_log, spawn_driver
+
+SEED, FILES = 5, 6
+
+
+def letters(database) -> list[tuple]:
+    """The dead letters, their reasons without the transaction ids they name (those differ between runs)."""
+    return [(query, batch, re.sub(r" in T[0-9.]+", "", reason), raw)
+            for query, batch, reason, raw in dead_letters(database)]
+
+
+def ledger_rows(database) -> list[tuple]:
+    with database.engine.connect() as connection:
+        return [tuple(row) for row in connection.execute(sa.text(
+            "SELECT query_id, batch_id, events, dead_letters FROM activedb_ingestion_ledger ORDER BY 1, 2"))]
+
+
+@pytest.fixture(scope="module")
+def reference(make_database_url):
+    """The workload fed once, uninterrupted: its state, ledger and dead letters."""
+    database = app_database(make_database_url("reference"))
+    try:
+        outcomes = feed(database, workload_batches(SEED, FILES), source=SOURCE, run=RUN, mapping=app_counters.MAPPING)
+        database.rules.wait_idle(60)
+        assert all(outcome.committed for outcome in outcomes) and len(outcomes) == FILES
+        yield app_state(database), ledger_rows(database), letters(database)
+    finally:
+        database.close()
+
+
+def test_feeding_the_same_batches_again_applies_nothing_twice(make_database_url, reference):
+    state, ledger, dead = reference
+    database = app_database(make_database_url("again"))
+    try:
+        batches = workload_batches(SEED, FILES)
+        first = feed(database, batches[:3], source=SOURCE, run=RUN, mapping=app_counters.MAPPING)
+        again = feed(database, batches, source=SOURCE, run=RUN, mapping=app_counters.MAPPING,
+                     handler=RulesHandler())
+        database.rules.wait_idle(60)
+        assert [outcome.committed for outcome in first] == [True] * 3
+        assert [outcome.committed for outcome in again] == [False] * 3 + [True] * (FILES - 3)
+        assert (app_state(database), ledger_rows(database), letters(database)) == (state, ledger, dead)
+        [status] = ingestion_status(database, SOURCE)
+        assert status.runs == (RUN,) and status.batches == FILES
+        assert {row[0] for row in ledger} == {str(LedgerId(SOURCE, RUN))}
+    finally:
+        database.close()
+
+
+def test_a_feed_takes_arrow_tables_and_numbered_batches_with_their_watermark(make_database_url):
+    database = app_database(make_database_url("arrow"))
+    try:
+        rows = [{"type": "add", "key": "k", "ts": BASE_TIME + dt.timedelta(seconds=second), "amount": 1, "seq": second}
+                for second in range(4)]
+        watermark = BASE_TIME + dt.timedelta(seconds=2)
+        [outcome] = feed(database, [Batch(7, pa.Table.from_pylist(rows), watermark)], source="arrow",
+                         mapping=app_counters.MAPPING)
+        assert (outcome.batch_id, outcome.query_id, outcome.events, outcome.dead_letters) == (7, "arrow", 2, 2)
+        reasons = [reason for _, _, reason, _ in dead_letters(database)]
+        assert all(reason.startswith("late: ts") for reason in reasons) and len(reasons) == 2
+        assert app_state(database)["counters"][0][:3] == ("k", 2, 2)
+    finally:
+        database.close()
+
+
+def test_a_process_killed_between_flush_and_return_leaves_nothing_twice(make_database_url, reference, tmp_path):
+    """Run 1 is SIGKILLed inside batch 2's flush (everything written, not committed), run 2 after batch 4's
+    commit (before ``feed`` returned), run 3 feeds the same batches to the end: the ledger skips what
+    committed, and every table, ledger row and dead letter equals the uninterrupted run's."""
+    state, ledger, dead = reference
+    url = make_database_url("killed")
+    app_database(url).close()
+    logs = [tmp_path / f"run{number}.log" for number in (1, 2, 3)]
+    outputs = [tmp_path / f"run{number}.out" for number in (1, 2, 3)]
+    command = [sys.executable, "-m", "tests.ingest.feed_driver", "--url", url, "--seed", str(SEED),
+               "--files", str(FILES)]
+    with drivers() as processes:
+        for log, output, hold in zip(logs[:2], outputs[:2], ("flush:2", "committed:4")):
+            processes.append(spawn_driver([*command, "--log", str(log)], hold, output))
+            wait_for_driver_line(log, lambda words: words[:1] == ["holding"], process=processes[-1], output=output,
+                                 what=f"the 'holding {hold}' line")
+            kill_driver(processes[-1])
+        processes.append(spawn_driver([*command, "--log", str(logs[2])], None, outputs[2]))
+        finish_driver(logs[2], processes[-1], output=outputs[2], what="run 3's 'finished' line")
+    phases = [[" ".join(words) for _, words in read_log(log) if words[0] in ("committed", "skipped")] for log in logs]
+    assert phases[0] == ["committed 0", "committed 1"]                       # batch 2 died in its flush
+    assert phases[1] == ["skipped 0", "skipped 1", "committed 2", "committed 3", "committed 4"]
+    assert phases[2] == [*(f"skipped {batch}" for batch in range(5)), "committed 5"]
+    database = app_database(url)
+    try:
+        assert (app_state(database), ledger_rows(database), letters(database)) == (state, ledger, dead)
+    finally:
+        database.close()
