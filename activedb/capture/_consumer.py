@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import datetime as dt
 import enum
-import itertools
 import logging
 import random
 import threading
@@ -21,13 +20,14 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
-from activedb.capture import _firing, _leader
+from activedb.capture import _leader
 from activedb.capture._fetch import ChangeReader, Entry
-from activedb.capture._firing import TRANSIENT, Result, RetryBatch
-from activedb.capture._position import (CapturedChange, DeadLetter, Position, PositionWriter, Step, prune,
-                                        read_position, register)
+from activedb.capture._firing import TRANSIENT, CaptureHandler, CapturedEvent, RetryBatch, source_of
+from activedb.capture._position import (KINDS, CapturedChange, Position, PositionWriter, Step, prune, read_position,
+                                        register)
 from activedb.capture.errors import CaptureConflict, CaptureError, CaptureNotInstalled, ConsumerStopped
-from activedb.errors import DatabaseError, DatabaseUnavailable, TransactionAborted
+from activedb.errors import DatabaseUnavailable, TransactionAborted
+from activedb.ingest import Ingestion, LedgerId
 from activedb.rules import FiringOutcome
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -107,7 +107,7 @@ class CaptureConsumer:
         self.behind_seconds = behind_seconds
         self.max_retries = max_retries
         self.on_step = on_step
-        # One batch at a time; protects _listener, _reader, _known_position, _firing_numbers, _last_prune.
+        # One batch at a time; protects _listener, _reader, _known_position, _handler, _last_prune.
         self._run_mutex = threading.Lock()
         self._mutex = threading.Lock()          # protects the fields below
         self._progress = threading.Condition(self._mutex)
@@ -119,9 +119,14 @@ class CaptureConsumer:
         self._fetches_begun = 0                 # fetch numbers, to wait for a fetch that began later
         self._last_empty_fetch = 0              # number of the last fetch that found nothing
         self._last_behind_warning = 0.0
-        self._firing_numbers = itertools.count(1)     # numbers the batches' firings, in order
         self._listener = _leader.Listener(database, name)
         self._reader = ChangeReader(database)
+        #: The consumer's batches go through the ingestion core, as source ``capture:<name>`` (no run: the same
+        #: start position always yields the same batch): the one batch protocol, ledger, dead letters and
+        #: statistics of every connector (``ingestion.statistics()``, what metrics watch).
+        self._handler = CaptureHandler(name, self._step)
+        self.ingestion = Ingestion(database, source=source_of(name), handler=self._handler)
+        self.ledger_id = str(LedgerId(source_of(name)))
         # The position as this consumer last committed it while leading (None: read it from PostgreSQL).
         self._known_position: Position | None = None
         self._last_prune = 0.0
@@ -356,45 +361,34 @@ class CaptureConsumer:
                     return 0
                 # Jittered back-off between retries of the batch (not used to order threads).
                 time.sleep(random.uniform(0.5, 1.5) * min(0.5, 0.002 * 2 ** attempt))
-            except DatabaseError as error:
-                # PostgreSQL refused the batch's effects (a constraint, a value too large …): find the change
-                # whose reactions cannot commit by halving the batch; at one change, keep it as a dead letter.
-                if len(changes) > 1:
-                    limit = max(1, len(changes) // 2)
-                    logger.warning("capture consumer %r: batch of %d at %s refused (%s); retrying with %d",
-                                   self.name, len(changes), start, error, limit)
-                    continue
-                return self._give_up(start, changes[0], error)
 
     def _apply(self, start: Position, changes: list[Entry]) -> int:
+        """One batch through the ingestion core: batch number the first change's id (the same start position
+        always reads the same first change), rows the changes as their dead letters keep them, events the
+        changes' own; the position writer commits with the ledger row.  A change whose reactions PostgreSQL
+        refuses is found by the core's trial flushes and kept as a dead letter; the rest commits."""
         end = changes[-1][0].at
         writer = PositionWriter(self._database, self.name, start, end, len(changes), self._step)
-        planned = _firing.plan(self._database, self.name, changes, writer.dead_letters,
-                               self._firing_numbers.__next__)
-        results: list[Result] = []
-        began = time.perf_counter()
-        with self._database.transaction(name=f"capture:{self.name}", participants=[writer]) as transaction:
-            inline = _firing.may_share_a_subtransaction(self._database, planned)
-            for first in range(0, len(planned), _firing.CHUNK_FIRINGS):
-                results.extend(_firing.run_chunk(self._database, self.name, transaction,
-                                                 planned[first:first + _firing.CHUNK_FIRINGS], inline))
-            for result in results:
-                if result.outcome is FiringOutcome.FAILED:
-                    firing = result.firing
-                    writer.dead_letters.append(DeadLetter(
-                        result.change, f"rule {firing.rule.name!r} failed on {result.change.describe()}: "
-                        f"{result.error!r}", rule=firing.rule.name, key=firing.event.key))
-            self._step(Step.FIRED, len(results))
-            fired = time.perf_counter()
+        rows = [{"consumer": self.name, "table": change.table, "operation": KINDS[change.operation].value,
+                 "xid": change.xid, "commit_position": change.position, "change_id": change.change_id, "rule": None,
+                 "key": None if event is None else event.key} for change, event, _ in changes]
+        events = [CapturedEvent(position, change, event, problem)
+                  for position, (change, event, problem) in enumerate(changes)]
+        self._handler.begin(writer)
+        outcome = self.ingestion.process(rows, changes[0][0].change_id, query_id=self.ledger_id, events=events,
+                                         participants=(writer,), punctuate=False, fresh=True)
+        if not outcome.committed:        # the ledger had the batch: another leader committed it (same start)
+            raise CaptureConflict(f"capture consumer {self.name!r}: the batch from {start} was committed by another "
+                                  f"process consuming under the same name; the consumer reads its position again")
         # Committed: the position and the effects are durable together.
-        committed = time.perf_counter()
+        results = self._handler.results
         rules = self._database.rules
         for result in results:
-            rules.count(result.firing.rule, "fired")
             if result.outcome is FiringOutcome.EXECUTED:
                 rules.count(result.firing.rule, "executed")
-        self._committed(end, len(changes), firings=len(results), failed=len(writer.dead_letters),
-                        rules_seconds=fired - began, commit_seconds=committed - fired)
+        timings = outcome.timings
+        self._committed(end, len(changes), firings=len(results), failed=outcome.dead_letters,
+                        rules_seconds=timings.validate + timings.engine, commit_seconds=timings.commit + timings.flush)
         return len(changes)
 
     def _committed(self, end: Position, changes: int, **counts: float) -> None:
@@ -405,21 +399,6 @@ class CaptureConsumer:
                 self._counters[what] += amount
             self._progress.notify_all()
         self._step(Step.COMMITTED, changes)
-
-    def _give_up(self, start: Position, entry: Entry, error: DatabaseError) -> int:
-        """The reactions to one change cannot commit: advance past it, keeping it as a dead letter."""
-        change = entry[0]
-        writer = PositionWriter(self._database, self.name, start, change.at, 1, self._step)
-        writer.dead_letters.append(DeadLetter(
-            change, f"the reactions to {change.describe()} cannot be committed: {error}",
-            key=entry[1].key if entry[1] is not None else None))
-        logger.error("capture consumer %r: %s; kept as a dead letter, going on", self.name, writer.dead_letters[0].reason)
-        self._known_position = None
-        with self._database.transaction(name=f"capture:{self.name}", participants=[writer]):
-            pass
-        self._known_position = change.at
-        self._committed(change.at, 1, failed=1)
-        return 1
 
     def _note_lag(self, change: CapturedChange) -> None:
         now = dt.datetime.now(dt.timezone.utc)

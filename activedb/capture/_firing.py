@@ -1,25 +1,33 @@
-"""Planning and running a capture batch's firings: the changes in commit order, each change's rules in
-priority groups, run through the rule manager's ``fire`` (which says each one's ``FiringOutcome``) — in
-chunks sharing one subtransaction when that cannot be told apart from one subtransaction each.  Design
-note: ``README.md`` in this package."""
+"""A capture batch as a batch of the ingestion core (``activedb.ingest``): :class:`CaptureHandler` fires each
+change's rules — planned by the one rule dispatcher (``db.rules.plan``: priority groups, numbering, the firing
+record) and run through its ``fire`` (which says each one's ``FiringOutcome``), in chunks sharing one
+subtransaction when that cannot be told apart from one subtransaction each — and keeps what fails as dead
+letters of the batch.  Design note: ``README.md`` in this package ("Exactly once, in commit order").
+
+Thread-safety: a handler serves one consumer, which runs one batch at a time (its ``_run_mutex``).
+"""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
-from coupling import Coupling, priority_groups
+from coupling import Coupling
 
 from activedb import lowlevel
-from activedb.capture._fetch import Entry
-from activedb.capture._position import CapturedChange, DeadLetter
-from activedb.errors import DeadlockDetected, SerializationConflict
-from activedb.events import Origin
-from activedb.rules import Fired, Firing, FiringOutcome, Rule
+from activedb.capture._position import CapturedChange, PositionWriter, Step
+from activedb.deadletters import Letter
+from activedb.errors import DatabaseError, DeadlockDetected, SerializationConflict, classify
+from activedb.events import Event
+from activedb.ingest import BatchHandler, BatchInput, IngestionLedger
+from activedb.rules import Fired, Firing, FiringOutcome
 
 if TYPE_CHECKING:  # pragma: no cover
     from activedb._handle import DatabaseHandle as Database
+    from activedb.ingest import EventMapping
+    from activedb.rules import RuleManager
     from activedb.txn import Transaction
 
 logger = logging.getLogger("activedb.capture")
@@ -32,7 +40,21 @@ CHUNK_FIRINGS = 100
 #: Failures after which a firing (or the batch) runs again.
 TRANSIENT = (DeadlockDetected, SerializationConflict)
 
-Planned = tuple[CapturedChange, Firing]
+
+def source_of(consumer: str) -> str:
+    """The ingestion source of consumer ``consumer``'s batches (and its ledger id: capture has no runs)."""
+    return f"capture:{consumer}"
+
+
+@dataclass(frozen=True, eq=False)
+class CapturedEvent:
+    """One change of a batch as the ingestion core sees it: ``position``, the index of its row in the batch (the
+    row its dead letter keeps), the change, and its event — or None and ``problem``, why it cannot become one."""
+
+    position: int
+    change: CapturedChange
+    event: Event | None
+    problem: str | None = None
 
 
 @dataclass
@@ -40,6 +62,7 @@ class Result:
     """What one firing of a batch came to."""
 
     change: CapturedChange
+    position: int
     firing: Firing
     outcome: FiringOutcome
     error: BaseException | None
@@ -49,35 +72,100 @@ class RetryBatch(Exception):
     """A firing kept failing transiently: abort the batch and run it again."""
 
 
-def rules_by_table(database: "Database") -> dict[str, list[Rule]]:
-    """The enabled rules on captured changes, per table."""
-    found: dict[str, list[Rule]] = {}
-    for rule in database.rules:
-        if rule.enabled and rule.on.origin is Origin.EXTERNAL:
-            found.setdefault(rule.on.source, []).append(rule)
-    return found
+class CaptureHandler(BatchHandler):
+    """The handler of one consumer's batches (module docstring): ``events`` are :class:`CapturedEvent` s; a
+    change that cannot become an event, or whose rule fails, is a dead letter and the others go on; a change
+    whose reactions PostgreSQL refuses at the commit is found by the core's trial flushes.  ``on_step`` hears
+    :attr:`Step.FIRED`.  Before each batch the consumer hands over its position writer (:meth:`begin`), which
+    records the batch's failures with the position."""
+
+    name = "capture"
+    validates_rows = False
+    late_rows_are_dead_letters = False
+    searches_poison = True
+
+    def __init__(self, consumer: str, on_step: Callable[[Step, int], None]) -> None:
+        self.consumer = consumer
+        self._on_step = on_step
+        self.db: Database | None = None
+        self._writer: PositionWriter | None = None
+        #: The firings of the last batch that committed (or was last attempted), for the consumer's counters.
+        self.results: list[Result] = []
+
+    def bind(self, db: Database, mapping: EventMapping | None) -> None:
+        self.db = db
+
+    def begin(self, writer: PositionWriter) -> None:
+        """The next batch advances the position through ``writer``."""
+        self._writer = writer
+        self.results = []
+
+    def handle(self, tx: Transaction, batch: BatchInput, ledger: IngestionLedger) -> None:
+        results = self._fire(tx, batch.events)
+        letters = list(batch.letters) + batch.dead_letters.for_events(
+            [(event, event.problem) for event in batch.events if event.event is None])
+        for event in batch.events:
+            if event.event is None:
+                logger.error("capture consumer %r: %s", self.consumer, event.problem)
+        for result in results:
+            if result.outcome is FiringOutcome.FAILED:
+                firing = result.firing
+                letters.append(Letter(
+                    f"rule {firing.rule.name!r} failed on {result.change.describe()}: {result.error!r}",
+                    {**batch.rows[result.position], "rule": firing.rule.name, "key": firing.event.key}))
+        batch.dead_letters.insert(tx, letters)
+        ledger.events = sum(event.event is not None for event in batch.events)
+        ledger.dead_letters = len(letters)
+        if self._writer is not None:
+            self._writer.failed = len(letters)
+        self.results = results
+        self._on_step(Step.FIRED, len(results))
+
+    def apply_events(self, tx: Transaction, events: list[CapturedEvent]) -> None:
+        self._fire(tx, events)
+
+    def refusal_reason(self, event: CapturedEvent, refusal: BaseException) -> str:
+        return f"the reactions to {event.change.describe()} cannot be committed: {refusal}"
+
+    def is_refusal(self, failure: BaseException) -> bool:
+        """Any error of PostgreSQL's about what the batch wrote (not a lost connection, a conflict): a change
+        whose reactions cannot commit is looked for and kept aside, so that one never stops the stream."""
+        return isinstance(failure, DatabaseError) and not classify(failure).transient
+
+    def _bound(self) -> Database:
+        if self.db is None:
+            raise RuntimeError("CaptureHandler.bind(db, …) first (the Ingestion that takes it binds it)")
+        return self.db
+
+    def _fire(self, tx: Transaction, events: Sequence[CapturedEvent]) -> list[Result]:
+        """Plan (``db.rules.plan``) and run the firings of ``events``, in commit order."""
+        rules = self._bound().rules
+        planned = [(event, firing) for event in events if event.event is not None
+                   for firing in rules.plan(tx, event.event)]
+        inline = may_share_a_subtransaction(self._bound(), planned)
+        results: list[Result] = []
+        for first in range(0, len(planned), CHUNK_FIRINGS):
+            results.extend(self._run_chunk(tx, planned[first:first + CHUNK_FIRINGS], inline))
+        return results
+
+    def _run_chunk(self, tx: Transaction, chunk: list[tuple[CapturedEvent, Firing]], inline: bool) -> list[Result]:
+        """Run ``chunk``'s firings through the rule manager: together in one subtransaction if ``inline`` (the
+        fast path), and one subtransaction each if not, or if any of them raised there (nothing of the shared
+        one is kept)."""
+        rules = self._bound().rules
+        if inline and chunk:
+            try:
+                fired = lowlevel.run_subtransaction(tx, rules.fire, [firing for _, firing in chunk], shared=True,
+                                                    name=f"capture:{self.consumer}:rules")
+                return [Result(event.change, event.position, firing, outcome, None)
+                        for (event, firing), (outcome, _) in zip(chunk, fired)]
+            except Exception as error:       # re-run one by one: the failing firing alone is discarded
+                logger.info("capture consumer %r: a firing of a chunk of %d raised (%r); running them one by one",
+                            self.consumer, len(chunk), error)
+        return [Result(event.change, event.position, firing, *fire(rules, tx, firing)) for event, firing in chunk]
 
 
-def plan(database: "Database", name: str, changes: list[Entry], dead_letters: list[DeadLetter],
-         number: Callable[[], int]) -> list[Planned]:
-    """The batch's firings in order: changes in commit order, each change's rules in priority groups
-    (equal priorities in declaration order).  Changes that cannot become events go to ``dead_letters``;
-    ``number()`` gives each firing its number."""
-    by_table = rules_by_table(database)
-    planned = []
-    for change, event, problem in changes:
-        if event is None:
-            dead_letters.append(DeadLetter(change, problem))
-            logger.error("capture consumer %r: %s", name, problem)
-            continue
-        candidates = [rule for rule in by_table.get(change.table, ()) if rule.on.matches(event)]
-        firings = [Firing(rule, event, (rule.name,), rule.coupling, number()) for rule in candidates]
-        for group in (priority_groups(firings) if len(firings) > 1 else (firings,)):
-            planned.extend((change, firing) for firing in group)
-    return planned
-
-
-def may_share_a_subtransaction(database: "Database", planned: list[Planned]) -> bool:
+def may_share_a_subtransaction(database: "Database", planned: list[tuple[CapturedEvent, Firing]]) -> bool:
     """Whether firings may run together in one subtransaction (re-run one by one if any fails): only if
     that cannot be told apart from one subtransaction each — no deferred rule is enabled (a deferred
     rule fired by a firing runs when the firing's transaction commits) and every rule couples its
@@ -87,28 +175,12 @@ def may_share_a_subtransaction(database: "Database", planned: list[Planned]) -> 
     return all(firing.rule.action_coupling is Coupling.IMMEDIATE for _, firing in planned)
 
 
-def run_chunk(database: "Database", name: str, transaction: "Transaction", chunk: list[Planned],
-              inline: bool) -> list[Result]:
-    """Run ``chunk``'s firings through the rule manager: together in one subtransaction if ``inline`` (the
-    fast path), and one subtransaction each if not, or if any of them raised there (nothing of the
-    shared one is kept)."""
-    if inline and chunk:
-        try:
-            fired = lowlevel.run_subtransaction(transaction, database.rules.fire, [firing for _, firing in chunk],
-                                                   shared=True, name=f"capture:{name}:rules")
-            return [Result(change, firing, outcome, None) for (change, firing), (outcome, _) in zip(chunk, fired)]
-        except Exception as error:       # re-run one by one: the failing firing alone is discarded
-            logger.info("capture consumer %r: a firing of a chunk of %d raised (%r); running them one by one",
-                        name, len(chunk), error)
-    return [Result(change, firing, *fire(database, transaction, firing)) for change, firing in chunk]
-
-
-def fire(database: "Database", transaction: "Transaction", firing: Firing) -> Fired:
+def fire(rules: RuleManager, transaction: Transaction, firing: Firing) -> Fired:
     """Run one firing in its own subtransaction of the batch, again while it fails transiently."""
     transient: BaseException | None = None
     for _ in range(FIRING_ATTEMPTS):
         try:
-            (fired,) = database.rules.fire(transaction, [firing])
+            (fired,) = rules.fire(transaction, [firing])
             if not isinstance(fired.error, TRANSIENT):
                 return fired
             transient = fired.error

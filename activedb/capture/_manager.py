@@ -13,10 +13,12 @@ import sqlalchemy as sa
 
 from activedb.capture import _sql
 from activedb.capture._consumer import CaptureConsumer
+from activedb.capture._firing import source_of
 from activedb.capture._position import prune
 from activedb.capture._status import (BEHIND_CHANGES, BEHIND_SECONDS, CapturedTable, CaptureStatus, capture_status,
                                       captured_tables)
 from activedb.capture.errors import CaptureError, CaptureNotInstalled
+from activedb.ingest import forget_run
 
 if TYPE_CHECKING:  # pragma: no cover
     from activedb._handle import DatabaseHandle as Database
@@ -84,10 +86,11 @@ class CaptureManager:
         return self.consumer(name, **options).start()
 
     def drop_consumer(self, name: str) -> None:
-        """Forget consumer ``name``'s position (it no longer holds back pruning; if it runs again, it
-        starts from the oldest retained change)."""
+        """Forget consumer ``name``'s position and its batches in the ingestion ledger (it no longer holds back
+        pruning; if it runs again, it starts from the oldest retained change, as new)."""
         with self._database.engine.begin() as connection:
             connection.execute(sa.text(f"DELETE FROM {_sql.CONSUMERS} WHERE name = :name"), {"name": name})
+            forget_run(connection, source_of(name))
 
     def prune(self, retention: float | dt.timedelta = 0.0) -> int:
         """Remove changes every consumer has handled and older than ``retention``; returns the commits

@@ -1,18 +1,18 @@
 """Where a capture consumer is, and what moves it: :class:`Position`, :class:`CapturedChange`, the commit
-participant :class:`PositionWriter` (the compare-and-set advance and the batch's dead letters, in the
-batch's PostgreSQL transaction), reading and registering a consumer's row, and :func:`prune`.  Design
-note: ``README.md`` in this package."""
+participant :class:`PositionWriter` (the compare-and-set advance of the consumer's row, with its counts, in the
+batch's PostgreSQL transaction — the source's offset, as Spark's checkpoint is Spark's; the batch's ledger row
+and dead letters are the ingestion core's), reading and registering a consumer's row, and :func:`prune`.
+Design note: ``README.md`` in this package."""
 
 from __future__ import annotations
 
 import datetime as dt
 import enum
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
 
 import sqlalchemy as sa
 
-from activedb import deadletters
 from activedb.capture import _sql
 from activedb.capture.errors import CaptureConflict, CaptureNotInstalled
 from activedb.events import EventKind
@@ -70,21 +70,12 @@ class CapturedChange:
                 f"transaction {self.xid}, commit position {self.position})")
 
 
-@dataclass
-class DeadLetter:
-    """A change (or one rule's reaction to it) that is kept aside instead of handled."""
-
-    change: CapturedChange
-    reason: str
-    rule: str | None = None
-    key: Any = None
-
-
 @dataclass(eq=False)
 class PositionWriter(CommitParticipant):
     """Advances consumer ``name``'s position from ``start`` to ``end`` in the batch's PostgreSQL
-    transaction, after checking it is still at ``start``; writes the batch's ``dead_letters`` there too.
-    ``on_step`` hears :attr:`Step.WRITING` and :attr:`Step.WRITTEN`.  Used by one batch (one thread)."""
+    transaction, after checking it is still at ``start``, counting ``handled`` changes and ``failed`` dead letters
+    (the batch's handler sets it).  ``on_step`` hears :attr:`Step.WRITING` and :attr:`Step.WRITTEN`.  Used by one
+    batch (one thread)."""
 
     database: "Database"
     name: str
@@ -92,27 +83,19 @@ class PositionWriter(CommitParticipant):
     end: Position
     handled: int
     on_step: Callable[[Step, int], None]
-    dead_letters: list[DeadLetter] = field(default_factory=list)
+    failed: int = 0
 
     def write(self, transaction: "Transaction", connection: sa.Connection) -> None:
         self.on_step(Step.WRITING, self.handled)
         advanced = connection.execute(sa.text(_sql.ADVANCE_POSITION), {
             "name": self.name, "position": self.end.commit, "change_id": self.end.change_id,
-            "handled": self.handled, "failed": len(self.dead_letters), "start_position": self.start.commit,
+            "handled": self.handled, "failed": self.failed, "start_position": self.start.commit,
             "start_change_id": self.start.change_id}).first()
         if advanced is None:
             raise CaptureConflict(
                 f"capture consumer {self.name!r}: its position is no longer {self.start}, where this batch "
                 f"started (another process consumes under the same name); nothing of the batch was kept — "
                 f"the consumer reads its position again")
-        if self.dead_letters:
-            connection.execute(self.database.table(deadletters.TABLE).insert(), [
-                row for letter in self.dead_letters for row in deadletters.table_rows(
-                    f"capture:{self.name}", letter.change.position, [deadletters.Letter(letter.reason, {
-                        "consumer": self.name, "table": letter.change.table,
-                        "operation": KINDS[letter.change.operation].value, "xid": letter.change.xid,
-                        "commit_position": letter.change.position, "change_id": letter.change.change_id,
-                        "rule": letter.rule, "key": letter.key})])])
 
     def about_to_commit(self, transaction: "Transaction", connection: sa.Connection) -> None:
         self.on_step(Step.WRITTEN, self.handled)

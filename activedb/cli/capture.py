@@ -129,6 +129,7 @@ def consume_command(ctx: click.Context, app: str, name: str, batch_size: int, re
         consumer = database.capture.consumer(name, batch_size=batch_size, retention=retention)
         if metrics is not None:
             metrics.watch_consumer(consumer)
+            metrics.watch_ingestion(consumer.ingestion)     # its batches, as any ingestion's
         if until_caught_up:
             handled = consumer.run_until_caught_up(lead_timeout=lead_timeout)
             click.echo(f"capture consumer {name!r}: handled {handled:,} changes, caught up at {consumer.position}")

@@ -273,8 +273,25 @@ class RuleManager(TransactionExtension):
             if failures:
                 _raise_failure(*failures[0], what)
 
+    def plan(self, transaction: Transaction, event: Event) -> list[Firing]:
+        """The firings ``event`` causes in ``transaction``, in the order a dispatch runs them: the enabled rules
+        matching it — of any origin: a captured change's (``Origin.EXTERNAL``), which no transaction's events
+        reach, included — in priority groups (higher first; equal priorities in declaration order), each
+        numbered by this manager and recorded in the tree's firing record (``firings_in``, the transaction-log
+        row).  Runs nothing: the caller runs them (:meth:`fire`; the capture consumer's batches)."""
+        rules = self.registry.matching(event)
+        if not rules:
+            return []
+        root = transaction.root
+        self.record.dispatched(root, slot(root, RuleContext), rules)
+        chain = chain_of(transaction)
+        firings = [Firing(rule, event, (*chain, rule.name), rule.coupling, next(self._numbers)) for rule in rules]
+        if len(firings) == 1:
+            return firings
+        return [firing for group in priority_groups(firings) for firing in group]
+
     def fire(self, transaction: Transaction, firings: list[Firing], *, shared: bool = False) -> list[Fired]:
-        """Run ``firings`` (planned by the caller: the capture consumer) in order, each as :meth:`execute` does
+        """Run ``firings`` (:meth:`plan`'s: the capture consumer's) in order, each as :meth:`execute` does
         in a subtransaction of its own, and tell each one's :class:`FiringOutcome` (a rule that raises is
         FAILED, the others go on); ``shared``: all in ``transaction`` itself, the first error propagates.
         An error of the transaction itself (deadlock, serialization conflict) propagates either way."""

@@ -47,6 +47,9 @@ class RuleRegistry:
         # Derived from _rules by _reindex(): enabled rules by the event kind they react to, and the
         # tables whose data events are observed (writes there read the old row).
         self.by_kind: dict[EventKind, tuple[Rule, ...]] = {}
+        # The same for rules on captured changes (origin EXTERNAL): the capture consumer's batches dispatch them
+        # (``RuleManager.plan``), never a transaction's own events.
+        self.external_by_kind: dict[EventKind, tuple[Rule, ...]] = {}
         self.observed_tables: frozenset[str] = frozenset()
         # The rules matching an event of a (kind, source), filled by ``matching`` and replaced (empty) with
         # the index: ``EventSpec.matches`` depends on nothing else of an in-process event.
@@ -299,11 +302,11 @@ class RuleRegistry:
         return frozenset(rule.on.source for rule in self.by_kind.get(EventKind.STREAM, ()) if rule.on.source)
 
     def matching(self, event: Event) -> tuple[Rule, ...]:
-        """The enabled rules whose spec matches ``event`` (an in-process event: origin ``ACTIVEDB``), in
-        registration order — ``[rule for rule in by_kind[kind] if rule.on.matches(event)]``, remembered per
-        kind and source."""
+        """The enabled rules whose spec matches ``event``, in registration order — ``[rule for rule in
+        by_kind[kind] if rule.on.matches(event)]``, remembered per kind and source; for a captured change
+        (origin ``EXTERNAL``) the rules on captured changes, ``external_by_kind``'s."""
         if event.origin is not _ACTIVEDB:
-            return ()                   # the index holds rules on in-process events only
+            return tuple(rule for rule in self.external_by_kind.get(event.kind, ()) if rule.on.matches(event))
         cache = self._matching          # before by_kind: a reindex in between only fills a dropped cache
         key = (event.kind, event.source)
         rules = cache.get(key)
@@ -318,13 +321,16 @@ class RuleRegistry:
         """Rebuild the lookup structures after the rule set or an enabled flag changed.  Caller holds
         ``_mutex``.  Readers use the published dict/frozenset without it: each is replaced whole."""
         by_kind: dict[EventKind, list[Rule]] = {}
+        external: dict[EventKind, list[Rule]] = {}
         for rule in self._rules.values():
-            # Rules on captured changes are dispatched by activedb.capture's consumer, never in-process.
-            if not rule.enabled or rule.on.origin is not Origin.ACTIVEDB:
+            if not rule.enabled:
                 continue
+            # Rules on captured changes are dispatched by activedb.capture's consumer, never in-process.
+            index = by_kind if rule.on.origin is Origin.ACTIVEDB else external
             for kind in rule.on.kinds():
-                by_kind.setdefault(kind, []).append(rule)
+                index.setdefault(kind, []).append(rule)
         self.by_kind = {kind: tuple(rules) for kind, rules in by_kind.items()}
+        self.external_by_kind = {kind: tuple(rules) for kind, rules in external.items()}
         self._matching = {}
         self.observed_tables = frozenset(rule.on.source for rule in self._rules.values()
                                          if rule.enabled and rule.on.is_data and rule.on.origin is Origin.ACTIVEDB)

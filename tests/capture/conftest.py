@@ -35,7 +35,8 @@ def conninfo(database_url) -> str:
 
 @pytest.fixture
 def clean(db):
-    """A clean slate: no rules, no consumers, no captured changes, empty tables (capture stays on)."""
+    """A clean slate: no rules, no consumers, no captured changes, no ledger rows, empty tables (capture stays
+    on)."""
     db.capture.close()
     for name in db.rules.names():
         db.rules.remove(name)
@@ -43,6 +44,6 @@ def clean(db):
         # Plain DELETEs would be captured: drop the rows with TRUNCATE, which row triggers do not see.
         connection.execute(sa.text(f"TRUNCATE {', '.join(TABLES)}, activedb_capture_changes, "
                                    f"activedb_capture_commits, activedb_capture_consumers, activedb_dead_letters, "
-                                   f"activedb_rules"))
+                                   f"activedb_ingestion_ledger, activedb_rules"))
     db.schema.refresh()
     return db

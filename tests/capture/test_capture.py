@@ -18,6 +18,7 @@ import sqlalchemy as sa
 import activedb
 from activedb.capture import CaptureNotEnabledWarning, ConsumerState, Step
 from activedb.events import EventKind, Origin
+from activedb.ingest import ingestion_status
 from activedb.testing import Watchdog, wait_until
 from tests.capture import _app
 
@@ -238,6 +239,40 @@ def test_a_failing_rule_is_a_dead_letter_and_the_others_go_on(clean, conninfo):
     assert backlog.failed == 1 and backlog.changes == 0
     assert "consumer 'default' has 1 failed rule firings: `activedb dead-letters list --query capture:default`" \
         in " ".join(db.capture.status().warnings())
+
+
+def test_a_capture_batch_is_a_batch_of_the_ingestion_core(clean, conninfo):
+    """Each committed batch has its ledger row (source ``capture:<consumer>``, batch number the id of its first
+    change), its dead letters are filed under it, and the rules' firings are the rule dispatcher's (recorded in
+    the ledger row as in the transaction log); ``activedb status`` lists the consumer beside Spark's queries."""
+    db = clean
+    _app.register(db)
+
+    @db.rule(on=db.captured("orders", "inserted"), coupling="detached")
+    def picky(tx, event):
+        if event.key == 41:
+            raise ValueError("no 41")
+
+    with psycopg.connect(conninfo, autocommit=True) as psql:
+        psql.execute("INSERT INTO orders (id, customer, amount) VALUES (40, 'a', 1), (41, 'a', 1)")
+        psql.execute("INSERT INTO orders (id, customer, amount) VALUES (42, 'a', 1)")
+        first_ids = [row[0] for row in psql.execute(
+            "SELECT min(id) FROM activedb_capture_changes GROUP BY xid ORDER BY 1").fetchall()]
+    consumer = db.capture.consumer(batch_size=2)
+    assert consumer.run_until_caught_up() == 3
+    with db.engine.connect() as connection:
+        ledger = connection.execute(sa.text(
+            "SELECT query_id, batch_id, events, dead_letters, rule_firings FROM activedb_ingestion_ledger "
+            "ORDER BY batch_id")).all()
+        letters = connection.execute(sa.text("SELECT query_id, batch_id FROM activedb_dead_letters")).all()
+    assert [row[:4] for row in ledger] == [("capture:default", first_ids[0], 2, 1),
+                                           ("capture:default", first_ids[1], 1, 0)]
+    assert ledger[0].rule_firings["picky"] == 2 and ledger[1].rule_firings["picky"] == 1
+    assert letters == [("capture:default", first_ids[0])]
+    [status] = ingestion_status(db, "capture:default")
+    assert (status.batches, status.events, status.dead_letters, status.runs) == (2, 3, 1, ())
+    statistics = consumer.ingestion.statistics()
+    assert (statistics.batches, statistics.events, statistics.dead_letters) == (2, 3, 1)
 
 
 def test_a_change_whose_reactions_postgresql_refuses_becomes_a_dead_letter(clean, conninfo):

@@ -34,6 +34,9 @@ def test_a_scrape_of_a_running_consumer(database_url, tmp_path):
         assert total(families, "activedb_capture_consumer_batches", consumer="metered") > 0
         assert total(families, "activedb_capture_consumer_firings", consumer="metered") > 0
         assert total(families, "activedb_capture_consumer_failed", consumer="metered") == 0
+        # its batches are batches of the ingestion core, counted as every connector's
+        assert total(families, "activedb_ingest_batches", query="capture:metered") == total(
+            families, "activedb_capture_consumer_batches", consumer="metered")
         # the detached rules run after the consumer's batch commits (through the outbox): wait for them
         served.wait_for(lambda: total(scrape(endpoint), "activedb_rule_firings", rule="log_change",
                                       outcome="executed") == changes, "every change's log_change firing", TIMEOUT)
