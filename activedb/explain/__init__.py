@@ -32,14 +32,19 @@ import signal
 import threading
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, TypeAlias
 
 from activedb.errors import PictureError
 from activedb.explain._drawing import EDGE_KINDS, draw
 from activedb.txn import Observer
 
 if TYPE_CHECKING:  # pragma: no cover
-    from lockmgr import LockTableSnapshot
+    import networkx
+    from types import FrameType
+
+    from lockmgr import Deadlock, LockTableSnapshot
+
+    from activedb.txn import Transaction
 
     from activedb._handle import DatabaseHandle as Database
 
@@ -102,14 +107,14 @@ class Explanation:
     victim: str | None = None
 
     @property
-    def graph(self):
+    def graph(self) -> networkx.DiGraph[str]:
         """A ``networkx.DiGraph``: a node per transaction (attributes ``name``, ``state``, ``depth``,
         ``parent``, ``held``, ``retained``, ``waiting_for`` as text), an edge per wait (``kind``,
         ``resource``, ``in_cycle``) and per parent → child (``kind="child"``).  Between one pair a wait edge
         wins over the tree edge."""
         import networkx
 
-        graph = networkx.DiGraph(title=self.title, deadlock=self.deadlock)
+        graph: networkx.DiGraph[str] = networkx.DiGraph(title=self.title, deadlock=self.deadlock)
         for node in self.nodes:
             graph.add_node(node.tid, name=node.name, state=node.state, depth=node.depth, parent=node.parent,
                            held=[lock.describe() for lock in node.held],
@@ -166,8 +171,8 @@ class Explanation:
 
     @classmethod
     def load(cls, path: str | Path) -> "Explanation":
-        def lock(value):
-            return None if value is None else HeldLock(**value)
+        def lock(value: Mapping[str, object] | None) -> HeldLock | None:
+            return None if value is None else HeldLock(**value)  # type: ignore[arg-type]  # (as saved)
 
         try:
             data = json.loads(Path(path).read_text())
@@ -215,7 +220,11 @@ def _mode_name(mode: Any) -> str:
     return getattr(mode, "name", str(mode))
 
 
-def from_snapshot(snapshot: "LockTableSnapshot", known: Mapping[str, tuple[str | None, str]] | None = None, *,
+#: What activedb knows of a transaction: ``(name, state[, parent id])``.
+_Known: TypeAlias = "tuple[str | None, str] | tuple[str | None, str, str | None]"
+
+
+def from_snapshot(snapshot: "LockTableSnapshot", known: Mapping[str, _Known] | None = None, *,
                   cycle: Iterable[Any] = (), victim: Any = None, title: str = "activedb transactions",
                   deadlock: str | None = None, states_from_snapshot: bool = False) -> Explanation:
     """An explanation from a lock-manager snapshot.  ``known`` maps the ids of activedb transactions to
@@ -224,7 +233,7 @@ def from_snapshot(snapshot: "LockTableSnapshot", known: Mapping[str, tuple[str |
     victim; ``states_from_snapshot``: states as the lock manager saw them then (a deadlock's picture), not
     activedb's current ones.  Works for a bare ``lockmgr.LockManager`` too (``known`` empty: every
     lock-manager transaction is a node)."""
-    known = {tid: tuple(value) + (None,) * (3 - len(value)) for tid, value in (known or {}).items()}
+    known = {tid: tuple(value) + (None,) * (3 - len(value)) for tid, value in (known or {}).items()}  # type: ignore[misc]
     infos = snapshot.transactions
 
     def owner(tid: Any) -> str:
@@ -286,7 +295,7 @@ def from_snapshot(snapshot: "LockTableSnapshot", known: Mapping[str, tuple[str |
         if info is not None and info.parent is not None:
             return owner(info.parent)
         if info is None and tid in known:        # ended (a committed child): its parent as activedb knows it
-            return known[tid][2]
+            return known[tid][2]  # type: ignore[misc]  # (padded to three)
         return None
 
     def order(tid: str) -> tuple[int, str]:
@@ -296,16 +305,16 @@ def from_snapshot(snapshot: "LockTableSnapshot", known: Mapping[str, tuple[str |
     nodes = []
     for tid in sorted(node_ids, key=order):
         source = node_ids[tid]
-        name, state, _ = known.get(tid, (None, None, None))
+        name, state, _ = known.get(tid, (None, None, None))  # type: ignore[misc]  # (padded to three)
         if state is None or states_from_snapshot:
-            info = infos.get(source)
-            state = info.state.value if info is not None else "ended"
-        parent = parent_of(tid)
-        depth, cursor = 0, parent
+            found = infos.get(source)
+            state = found.state.value if found is not None else "ended"
+        parent_id = parent_of(tid)
+        depth, cursor = 0, parent_id
         while cursor is not None and depth < 64:
             depth += 1
             cursor = parent_of(cursor)
-        nodes.append(ExplainNode(tid=tid, parent=parent if parent in node_ids else None, name=name, state=state,
+        nodes.append(ExplainNode(tid=tid, parent=parent_id if parent_id in node_ids else None, name=name, state=state,
                                  depth=depth, held=tuple(sorted(held.get(tid, ()), key=_lock_key)),
                                  retained=tuple(sorted(retained.get(tid, ()), key=_lock_key)),
                                  waiting_for=waiting.get(tid), segments=tuple(sorted(segments.get(tid, ()))),
@@ -338,7 +347,7 @@ def _known_transactions(roots: Iterable[Any]) -> dict[str, tuple[str | None, str
     return known
 
 
-def find_deadlock(error: BaseException | None):
+def find_deadlock(error: BaseException | None) -> Deadlock | None:
     """The ``lockmgr.Deadlock`` (activedb's ``DeadlockDetected``, or a lock manager's own) that is ``error`` or
     caused it (``__cause__``/``__context__``), or None."""
     from lockmgr import Deadlock
@@ -381,11 +390,11 @@ class DeadlockExplainer(Observer):
     def __init__(self, db: "Database"):
         self._db = db
 
-    def on_abort(self, transaction, reason):
+    def on_abort(self, transaction: Transaction, reason: BaseException | None) -> None:
         found = find_deadlock(reason)
         if found is None or getattr(found, "snapshot", None) is None or getattr(found, "explanation", None):
             return
-        found.explanation = explain(self._db, deadlock=found, also=[transaction])
+        found.explanation = explain(self._db, deadlock=found, also=[transaction])  # type: ignore[attr-defined]
 
 
 def explain_directory(directory: str | Path | None = None) -> Path:
@@ -415,7 +424,7 @@ def serve_on_signal(db: "Database", directory: str | Path | None = None) -> Path
         except Exception:  # a diagnostic must never take the process down
             logging.getLogger("activedb.explain").exception("could not write %s", path)
 
-    def handler(signum, frame) -> None:
+    def handler(signum: int, frame: FrameType | None) -> None:
         threading.Thread(target=dump, name="activedb-explain", daemon=True).start()
 
     signal.signal(signal.SIGUSR1, handler)
@@ -551,7 +560,8 @@ def _open_process(pid: int) -> int | None:
     if opener is None:
         return None
     try:
-        return opener(pid)
+        pidfd: int = opener(pid)
+        return pidfd
     except ProcessLookupError:
         raise PictureError(f"no process {pid}") from None
     except OSError:          # no pidfds here (ENOSYS) or not allowed: checked by pid alone

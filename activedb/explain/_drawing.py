@@ -8,12 +8,20 @@ from __future__ import annotations
 
 import math
 import textwrap
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeAlias
 
 from activedb.extras import Extra, needs
 
 if TYPE_CHECKING:  # pragma: no cover
+    from matplotlib.artist import Artist
+    from matplotlib.figure import Figure
+    from matplotlib.text import Text
+
     from activedb.explain import ExplainNode, Explanation, HeldLock
+
+#: A point and a box (left, bottom, right, top) in data coordinates.
+_Point: TypeAlias = "tuple[float, float]"
+_Box: TypeAlias = "tuple[float, float, float, float]"
 
 #: Every edge kind, with the colour it is drawn in and what it means.
 EDGE_KINDS: dict[str, tuple[str, str]] = {
@@ -118,22 +126,23 @@ def _shorten(line: str, width: int) -> str:
     return line if len(line) <= width else line[:width - 1] + "…"
 
 
-def _point(p0, control, p2, t: float) -> tuple[float, float]:
+def _point(p0: _Point, control: _Point, p2: _Point, t: float) -> tuple[float, float]:
     """The quadratic Bézier ``p0 -> control -> p2`` at ``t``."""
     a, b, c = (1 - t) ** 2, 2 * (1 - t) * t, t * t
     return (a * p0[0] + b * control[0] + c * p2[0], a * p0[1] + b * control[1] + c * p2[1])
 
 
-def _control(p0, p2, rad: float) -> tuple[float, float]:
+def _control(p0: _Point, p2: _Point, rad: float) -> tuple[float, float]:
     """The control point of the arc ``p0 -> p2`` bent by ``rad`` (matplotlib's ``arc3``)."""
     return ((p0[0] + p2[0]) / 2 + rad * (p2[1] - p0[1]), (p0[1] + p2[1]) / 2 - rad * (p2[0] - p0[0]))
 
 
-def _inside(point, box) -> bool:
+def _inside(point: _Point, box: _Box) -> bool:
     return box[0] <= point[0] <= box[2] and box[1] <= point[1] <= box[3]
 
 
-def _clipped_curve(p0, p2, rad: float, start_box, end_box):
+def _clipped_curve(p0: _Point, p2: _Point, rad: float, start_box: _Box, end_box: _Box
+                   ) -> tuple[list[_Point], _Point]:
     """The arc ``p0 -> p2`` (bent by ``rad`` as matplotlib's ``arc3``) cut where it leaves ``start_box`` and
     enters ``end_box``: ``(path vertices, label point)``."""
     control = _control(p0, p2, rad)
@@ -143,19 +152,19 @@ def _clipped_curve(p0, p2, rad: float, start_box, end_box):
     if t1 <= t0:
         t0, t1 = 0.0, 1.0
     # The part [t0, t1] of a quadratic Bézier is again one, with this control point (de Casteljau).
-    sub_control = tuple((1 - t0) * (1 - t1) * p0[axis] + ((1 - t0) * t1 + t0 * (1 - t1)) * control[axis]
-                        + t0 * t1 * p2[axis] for axis in (0, 1))
+    sub_control_x, sub_control_y = ((1 - t0) * (1 - t1) * p0[axis] + ((1 - t0) * t1 + t0 * (1 - t1)) * control[axis]
+                                    + t0 * t1 * p2[axis] for axis in (0, 1))
     label_at = t0 + 0.3 * (t1 - t0)          # nearer the waiter: labels of edges into one target do not pile up
-    return [_point(p0, control, p2, t0), sub_control, _point(p0, control, p2, t1)], _point(p0, control, p2, label_at)
+    return [_point(p0, control, p2, t0), (sub_control_x, sub_control_y), _point(p0, control, p2, t1)], _point(p0, control, p2, label_at)
 
 
-def _crosses(p0, p2, rad: float, boxes) -> bool:
+def _crosses(p0: _Point, p2: _Point, rad: float, boxes: list[_Box]) -> bool:
     """True if the arc ``p0 -> p2`` bent by ``rad`` passes through one of ``boxes``."""
     control = _control(p0, p2, rad)
     return any(_inside(_point(p0, control, p2, step / 60), box) for step in range(1, 60) for box in boxes)
 
 
-def draw(explanation: Explanation, dpi: int):
+def draw(explanation: Explanation, dpi: int) -> Figure:
     """The picture of ``explanation`` as a matplotlib ``Figure`` (the caller saves it)."""
     with needs(Extra.PLOT, "drawing an explanation"):
         from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -189,7 +198,7 @@ def draw(explanation: Explanation, dpi: int):
     axes.set_xlim(min(xs) - x_scale * 0.7, max(xs) + x_scale * 0.7)
     axes.set_ylim(min(ys) - y_scale * 0.75 - extra, max(ys) + y_scale * 0.75 + extra)
 
-    texts = {}
+    texts: dict[str, Text] = {}
     for node in explanation.nodes:
         x, y = points[node.tid]
         victim = node.tid == explanation.victim
@@ -201,17 +210,17 @@ def draw(explanation: Explanation, dpi: int):
             bbox=dict(boxstyle="round,pad=0.45", facecolor=colour, edgecolor=border,
                       linestyle="--" if victim else "-", linewidth=2.2 if node.waiting or victim else 1.0))
     # Where each box is, in data coordinates: arrows start and end on the boxes' borders.
-    renderer = canvas.get_renderer()
+    renderer = canvas.get_renderer()  # type: ignore[no-untyped-call]
     inverse = axes.transData.inverted()
-    boxes = {}
+    boxes: dict[str, _Box] = {}
     for tid, text in texts.items():
         text.update_bbox_position_size(renderer)
-        extent = text.get_bbox_patch().get_window_extent(renderer)
+        extent = text.get_bbox_patch().get_window_extent(renderer)  # type: ignore[union-attr]  # (it has a bbox)
         (left, bottom), (right, top) = inverse.transform([[extent.x0, extent.y0], [extent.x1, extent.y1]])
         boxes[tid] = (left, bottom, right, top)
 
     kinds_drawn: dict[str, None] = {}           # in the order first drawn
-    pair_count: dict[frozenset, int] = {}
+    pair_count: dict[frozenset[str], int] = {}
     waited = {(edge.waiter, edge.target) for edge in explanation.edges if edge.kind != "child"}
     for edge in explanation.edges:
         if edge.waiter not in points or edge.target not in points:
@@ -241,15 +250,15 @@ def draw(explanation: Explanation, dpi: int):
                                        color=colour, zorder=2, shrinkA=0, shrinkB=1,
                                        linestyle="--" if edge.kind in _REGISTERED_KINDS else "-"))
         if edge.kind != "child":
-            text = edge.kind + (f"\n{_shorten(edge.resource, 28)}" if edge.resource else "")
-            axes.text(middle[0], middle[1], text, fontsize=7, ha="center", va="center", color=colour, zorder=4,
+            caption = edge.kind + (f"\n{_shorten(edge.resource, 28)}" if edge.resource else "")
+            axes.text(middle[0], middle[1], caption, fontsize=7, ha="center", va="center", color=colour, zorder=4,
                       bbox=dict(boxstyle="round,pad=0.15", facecolor="white", edgecolor="none", alpha=0.85))
         kinds_drawn[edge.kind] = None
 
     if not explanation.nodes:
         axes.text(0.5, 0.5, "no transaction is running", ha="center", va="center", fontsize=12,
                   transform=axes.transAxes)
-    handles = [Line2D([0], [0], color=EDGE_KINDS.get(kind, (_OTHER_KIND_COLOUR, ""))[0], linewidth=2,
+    handles: list[Artist] = [Line2D([0], [0], color=EDGE_KINDS.get(kind, (_OTHER_KIND_COLOUR, ""))[0], linewidth=2,
                       linestyle="--" if kind in _REGISTERED_KINDS else "-",
                       label=f"{kind}: {EDGE_KINDS.get(kind, ('', 'registered wait'))[1]}") for kind in kinds_drawn]
     if any(edge.in_cycle for edge in explanation.edges):
