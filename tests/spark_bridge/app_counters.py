@@ -18,8 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from activedb import Coupling
-
-from spark_bridge import EventMapping
+from activedb.ingest import EventMapping
 
 MAPPING = EventMapping("type", "key", "ts", payload_columns=("amount", "seq"))
 SCHEMA = "type STRING, key STRING, ts TIMESTAMP, amount INT, seq INT"
