@@ -45,7 +45,7 @@ class TpgHandler(BatchHandler):
     def handle(self, tx: Transaction, batch_input: BatchInput, ledger: IngestionLedger) -> None:
         self.last_pending = apply_at_commit(tx, batch_input.events, self.transactions, **batch_input.at_commit(ledger))
 
-    def apply_events(self, tx: Transaction, events: list) -> None:
+    def apply_events(self, tx: Transaction, events: list[object]) -> None:
         """A trial flush's batch: ``events`` as a batch at the commit of ``tx`` (its dead letters not stored)."""
         apply_at_commit(tx, events, self.transactions, dead_letters=None)
 

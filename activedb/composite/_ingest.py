@@ -39,9 +39,10 @@ class FeedResult:
     rejected: tuple[Rejected, ...]
 
 
-def _rows(rows: Any) -> list[dict]:
+def _rows(rows: Any) -> list[dict[str, Any]]:
     if is_arrow(rows):
-        return rows.to_pylist()
+        table_rows: list[dict[str, Any]] = rows.to_pylist()
+        return table_rows
     return [row if isinstance(row, dict) else {"value": row} for row in rows]
 
 
@@ -68,7 +69,7 @@ def rows_to_items(rows: Any, mapping: EventMapping) -> tuple[list[Any], list[Rej
         raise MappingError("rows_to_items needs EventMapping(producer_column=…) (and accuracy columns for "
                            "intervals): a composition engine keeps its progress per producer")
     divisor = TS_UNITS[mapping.ts_unit]
-    per_producer: dict[str, list[tuple[tuple, Any]]] = {}
+    per_producer: dict[str, list[tuple[tuple[object, ...], Any]]] = {}
     rejected: list[Rejected] = []
     for position, row in enumerate(_rows(rows)):
         try:
@@ -87,7 +88,8 @@ def rows_to_items(rows: Any, mapping: EventMapping) -> tuple[list[Any], list[Rej
                 minus = plus = _seconds(row.get(mapping.accuracy_column), f"accuracy ({mapping.accuracy_column!r})")
             elif mapping.accuracy_minus_column is not None:
                 minus = _seconds(row.get(mapping.accuracy_minus_column), f"α⁻ ({mapping.accuracy_minus_column!r})")
-                plus = _seconds(row.get(mapping.accuracy_plus_column), f"α⁺ ({mapping.accuracy_plus_column!r})")
+                plus = _seconds(row.get(mapping.accuracy_plus_column),  # type: ignore[arg-type]  # (both or neither)
+                                f"α⁺ ({mapping.accuracy_plus_column!r})")
             else:
                 minus = plus = 0.0
             local = None
@@ -119,7 +121,7 @@ def rows_to_items(rows: Any, mapping: EventMapping) -> tuple[list[Any], list[Rej
     return items, rejected
 
 
-def feed_batch(engine: CompositionEngine, rows: Any, mapping: EventMapping, *, tx: Transaction = None
+def feed_batch(engine: CompositionEngine, rows: Any, mapping: EventMapping, *, tx: Transaction | None = None
                ) -> FeedResult:
     """Feed one micro-batch: ``engine.process(tx, …)`` inside the batch's transaction (composites
     emitted, state restored if it aborts) or ``engine.submit(…)`` when ``tx`` is None."""
@@ -167,7 +169,7 @@ class CompositeHandler(BatchHandler):
         self.mapping = mapping
 
     def handle(self, tx: Transaction, batch: BatchInput, ledger: IngestionLedger) -> None:
-        result = feed_batch(self.engine, batch.rows, self.mapping, tx=tx)
+        result = feed_batch(self.engine, batch.rows, self.mapping, tx=tx)  # type: ignore[arg-type]  # (bound)
         letters = list(batch.letters) + batch.dead_letters.rejected(result.rejected)
         batch.dead_letters.insert(tx, letters)
         ledger.events = len(result.composites)

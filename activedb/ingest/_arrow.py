@@ -60,7 +60,8 @@ def arrow_values(column: Any) -> list[Any]:
             return _micros_to_datetimes(values)
         epoch, delta = EPOCH, dt.timedelta
         return [None if value is None else epoch + delta(microseconds=value) for value in values]
-    return column.to_pylist()
+    listed: list[Any] = column.to_pylist()
+    return listed
 
 
 def _micros_to_datetimes(micros: list[int]) -> list[dt.datetime]:

@@ -186,7 +186,7 @@ class IngestionLedger(CommitParticipant):
         duplicate is ``BatchAlreadyCommitted``."""
         return () if self.event_ids else (Along(_LEDGER_ROW, self._row(transaction), self._refused),)
 
-    def _row(self, transaction: Transaction) -> tuple:
+    def _row(self, transaction: Transaction) -> tuple[object, ...]:
         return (self.query_id, self.batch_id, transaction.log_id, self.events, self.dead_letters, self.watermark,
                 json.dumps(self.rule_firings))
 

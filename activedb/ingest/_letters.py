@@ -62,7 +62,7 @@ class BatchLetters:
         return [rows[position] for position in positions]
 
 
-def _shown(original: Any) -> dict | None:
+def _shown(original: Any) -> dict[str, object] | None:
     """The readable form (``raw``) of a one-row Arrow table: its columns made storable JSON; None for any
     other row (``Letter.raw`` makes it)."""
     if hasattr(original, "to_pylist") and hasattr(original, "schema"):

@@ -159,7 +159,8 @@ def _raw_event_maker() -> Callable[[str, Any, dt.datetime, Mapping[str, Any], in
     set_type, set_key, set_ts, set_payload, set_position, set_id = (
         getattr(RawEvent, name).__set__ for name in ("event_type", "key", "ts", "payload", "position", "event_id"))
 
-    def make(event_type, key, ts, payload, position, event_id):
+    def make(event_type: str, key: object, ts: dt.datetime, payload: Mapping[str, object], position: int,
+             event_id: str | None) -> RawEvent:
         event = new(RawEvent)
         set_type(event, event_type)
         set_key(event, key)

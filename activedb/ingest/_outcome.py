@@ -235,4 +235,5 @@ class BatchBook:
                 query_name=self.query_name, query_id=self._query_id, last_batch_id=self._last_batch_id,
                 rule_firings=dict(self._rule_firings), watermark=watermark, watermark_lag_seconds=lag,
                 events_per_second=self._counters["events"] / elapsed if elapsed > 0 else 0.0,
-                last_batch_events_per_second=self._last_batch_rate, timings=self._timings, **self._counters)
+                last_batch_events_per_second=self._last_batch_rate, timings=self._timings,
+                **self._counters)  # type: ignore[arg-type]  # (counts ints, seconds_in_sink a float)

@@ -33,7 +33,7 @@ from activedb.ingest.errors import first_line
 from activedb.tracing import BatchTrace, BatchTracing
 
 if TYPE_CHECKING:  # pragma: no cover
-    from activedb.txn import Transaction
+    from activedb.txn import CommitParticipant, Transaction
 
 __all__ = ["BatchContext", "BatchHandler", "BatchInput", "run_batch"]
 
@@ -212,7 +212,8 @@ class BatchContext:
     def without_duplicates(self, events: list[RawEvent]) -> tuple[list[RawEvent], list[tuple[RawEvent, str]]]:
         """Split off events whose id was already ingested under ``event_ids_under``, or appeared earlier in
         the batch (the first occurrence, in application-time order, is applied)."""
-        seen = ingested_event_ids(self.db, self.event_ids_under, [event.event_id for event in events])
+        seen = ingested_event_ids(self.db, self.event_ids_under,
+                                  [event.event_id for event in events])  # type: ignore[misc]  # (an id column: ids)
         first: dict[str, RawEvent] = {}
         kept, duplicates = [], []
         for event in events:
@@ -224,14 +225,15 @@ class BatchContext:
                 duplicates.append((event, f"duplicate: event id {event.event_id!r} appears more than once in "
                                           f"this batch (row {first[event.event_id].position} was applied)"))
             else:
-                first[event.event_id] = event
+                first[event.event_id] = event  # type: ignore[index]
                 kept.append(event)
         return kept, duplicates
 
 
 def run_batch(context: BatchContext, handler: BatchHandler, rows: Any, batch_id: int, *, query_id: str,
               watermark: dt.datetime | None, timings: PhaseTimings, punctuate: bool = True,
-              participants: tuple = (), events: Sequence[Any] | None = None, fresh: bool = False) -> BatchOutcome:
+              participants: tuple[CommitParticipant, ...] = (), events: Sequence[Any] | None = None,
+              fresh: bool = False) -> BatchOutcome:
     """One batch through ``handler``, exactly once; returns its outcome.  ``participants``: more commit
     participants of the batch's transaction (lineage, a replay's mark, capture's position), enlisted before the
     ledger; ``events``: the batch's events, made by the connector (nothing is validated then); ``fresh``: the
@@ -255,7 +257,7 @@ def run_batch(context: BatchContext, handler: BatchHandler, rows: Any, batch_id:
 
 def _run_batch(context: BatchContext, handler: BatchHandler, rows: Any, row_count: int, batch_id: int,
                query_id: str, watermark: dt.datetime | None, timings: PhaseTimings, punctuate: bool,
-               participants: tuple, events: Sequence[Any] | None, fresh: bool,
+               participants: tuple[CommitParticipant, ...], events: Sequence[Any] | None, fresh: bool,
                trace: BatchTrace | None) -> BatchOutcome:
     """:func:`run_batch`'s work; ``trace``: the batch's spans (None: not traced)."""
     book = context.book

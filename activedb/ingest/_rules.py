@@ -41,7 +41,7 @@ class BatchLowering(Protocol):
     attribute (``activedb.batch.DeclaredAction`` does); the rule path asks the action of the first event
     type's one rule.  Stateless; its ``cache`` is the caller's."""
 
-    def lower(self, rules: Any, transaction: Transaction, event_types: Iterable[str], cache: dict) -> Any | None:
+    def lower(self, rules: Any, transaction: Transaction, event_types: Iterable[str], cache: dict[object, object]) -> Any | None:
         """What :meth:`apply` needs to run the events of ``event_types`` as one batch, or None when firing them
         one by one would differ (``activedb.batch.lower``)."""
         ...
@@ -80,7 +80,7 @@ class RulesHandler(BatchHandler):
         #: Run a batch whose rules are all declared rules as one batch of state transactions at commit
         #: when that is the same as firing them (``activedb.batch.lower``); False: always event by event.
         self.lower_declared = lower_declared
-        self._lowered: dict = {}      # the lowering's cache (one batch at a time)
+        self._lowered: dict[object, object] = {}      # the lowering's cache (one batch at a time)
         # ((query id, batch id), its PendingBatch) of the last batch that was lowered, and the (query id, batch
         # id) of a batch whose lowered attempt PostgreSQL refused for a value an event wrote: its further
         # attempts run event by event, where each such event is refused alone, with its reason.
@@ -120,7 +120,7 @@ class RulesHandler(BatchHandler):
                 self.db.rules, tx, {event.event_type for event in batch.events}, self._lowered)
             if lowered is not None:
                 # One batch of state transactions at commit, the firing record kept (``batch.apply_lowered``).
-                self._last_lowered = (this, lowering.apply(
+                self._last_lowered = (this, lowering.apply(  # type: ignore[union-attr]  # (it lowered)
                     self.db.rules, tx, batch.events, lowered, **batch.at_commit(ledger, refused_may_come_again=True)))
                 return
         self._prefetch_rows(tx, batch.events)
@@ -178,7 +178,7 @@ class RulesHandler(BatchHandler):
     def _prefetch_rows(self, tx: Transaction, events: tuple[RawEvent, ...] | list[RawEvent]) -> None:
         for table, how in self.prefetch.items():
             if how is None:
-                keys = [event.key for event in events]
+                keys: list[Any] = [event.key for event in events]
             elif callable(how):
                 keys = [how(event) for event in events]
             else:

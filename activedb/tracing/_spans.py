@@ -97,10 +97,18 @@ class BatchTracing:
 class Outcome(Protocol):
     """What a batch came to, as :meth:`BatchTrace.end` reads it (``activedb.ingest.BatchOutcome`` is one)."""
 
-    committed: bool         # False: the ledger had the batch, nothing was applied
-    events: int
-    dead_letters: int
-    attempts: int
+    @property
+    def committed(self) -> bool:        # False: the ledger had the batch, nothing was applied
+        ...
+
+    @property
+    def events(self) -> int: ...
+
+    @property
+    def dead_letters(self) -> int: ...
+
+    @property
+    def attempts(self) -> int: ...
 
 
 class BatchTrace:
