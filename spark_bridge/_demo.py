@@ -30,6 +30,7 @@ def feed(db: Any, events: list[dict], app: Any, console: Any, progress: Any, eng
     """
     import activedb
     import spark_bridge
+    from activedb.ingest import END_OF_STREAM_BATCH
     from activedb.streams import QueriesHandler
     from pyspark.sql import functions as F
 
@@ -59,19 +60,21 @@ def feed(db: Any, events: list[dict], app: Any, console: Any, progress: Any, eng
         if query.exception() is not None:
             raise RuntimeError(f"the demo's streaming query failed: {query.exception()}")
         released = spark_bridge.end_of_stream(query)
-        statistics = sink.statistics()
+        statistics = sink.statistics()          # the release included: its events and dead letters
     console.print(
         f"fed {len(events)} events through Spark Structured Streaming into the pattern queries: "
-        f"{statistics.batches} micro-batches (each one transaction, punctuated by Spark's watermark), "
-        f"{statistics.events + released} stream transactions committed ({released} released at the end of "
-        f"the stream), {statistics.dead_letters} dead letters (late, rejected or malformed)")
+        f"{statistics.batches} micro-batches (each one transaction, punctuated by Spark's watermark) and the "
+        f"end-of-stream release, {statistics.events} stream transactions committed ({released} released at the end "
+        f"of the stream), {statistics.dead_letters} dead letters (late, rejected or malformed)")
     ledger = db.table("activedb_ingestion_ledger")
     with db.engine.connect() as connection:      # this run's rows only: its query id is new with its checkpoint
         batches, last, applied, letters = connection.execute(sa.select(
-            sa.func.count(), sa.func.max(ledger.c.batch_id), sa.func.sum(ledger.c.events),
-            sa.func.sum(ledger.c.dead_letters)).where(ledger.c.query_id == statistics.query_id)).one()
+            sa.func.count().filter(ledger.c.batch_id != END_OF_STREAM_BATCH), sa.func.max(ledger.c.batch_id),
+            sa.func.sum(ledger.c.events), sa.func.sum(ledger.c.dead_letters)).where(
+                ledger.c.query_id == statistics.query_id)).one()
     console.print(f"ingestion ledger in PostgreSQL for query {statistics.query_id}: {batches} batches committed "
-                  f"(last batch id {last}), {applied} events, {letters} dead letters")
+                  f"(last batch id {last}) and the end-of-stream release (batch {END_OF_STREAM_BATCH}), {applied} "
+                  f"events, {letters} dead letters — {applied + letters} of the {len(events)} rows")
     return {"dead_letter_query": statistics.query_id}
 
 

@@ -216,7 +216,8 @@ def sink_of(query_or_writer: Any) -> IngestSink:
 def end_of_stream(query_or_sink: Any) -> int:
     """Tell the engine behind a query made by ``ingest(…, handler=streams.QueriesHandler(…))`` that its (bounded)
     source has ended: events its reorder buffer still holds are released (``punctuation=END_OF_STREAM``) and
-    processed in a transaction of their own.  Call it after the query terminated (``availableNow``); afterwards
-    every new event of the engine is late.  Returns how many events that processed (0 for the other handlers).
-    Idempotent."""
+    processed in the run's end-of-stream batch (``activedb.ingest.END_OF_STREAM_BATCH``, with its ledger row: the
+    ledger then accounts for every row).  Call it after the query terminated (``availableNow``); afterwards every
+    new event of the engine is late.  Returns how many events that processed (0 for the other handlers, and for a
+    second call: the ledger has the release)."""
     return getattr(query_or_sink, SINK_ATTRIBUTE, query_or_sink).end_of_stream()

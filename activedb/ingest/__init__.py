@@ -24,7 +24,7 @@ from activedb.ingest._feed import RowBatches, drive, feed
 from activedb.ingest._ingestion import Ingestion
 from activedb.ingest._interface import Batch, LedgerId, Phase, Rows, Source
 from activedb.ingest._ledger import (
-    IngestionLedger, QueryStatus, batch_committed, forget_run, ingestion_status, ledger_query_id,
+    END_OF_STREAM_BATCH, IngestionLedger, QueryStatus, batch_committed, forget_run, ingestion_status, ledger_query_id,
     parse_ledger_query_id, sources_of_run,
 )
 from activedb.ingest._mapping import EventMapping, RawEvent, Rejected, as_mapping, rows_to_events
@@ -33,8 +33,8 @@ from activedb.ingest._protocol import BatchHandler, BatchInput
 from activedb.ingest._replay import ReplayOutcome, ReplayResult, Replayable, replay_dead_letters
 from activedb.ingest._rules import BatchLowering, RulesHandler
 
-__all__ = ["Batch", "BatchHandler", "BatchInput", "BatchLowering", "BatchOutcome", "EventMapping", "IngestStatistics",
-           "Ingestion", "IngestionLedger", "LedgerId", "Phase", "PhaseTimings", "QueryStatus", "RawEvent", "Rejected",
+__all__ = ["END_OF_STREAM_BATCH", "Batch", "BatchHandler", "BatchInput", "BatchLowering", "BatchOutcome", "EventMapping",
+           "IngestStatistics", "Ingestion", "IngestionLedger", "LedgerId", "Phase", "PhaseTimings", "QueryStatus", "RawEvent", "Rejected",
            "Replayable", "ReplayOutcome", "ReplayResult", "RowBatches", "Rows", "RulesHandler", "Source", "as_mapping",
            "batch_committed", "drive", "errors", "feed", "forget_run", "ingestion_status", "ledger_query_id", "parse_ledger_query_id",
            "replay_dead_letters", "rows_to_events", "sources_of_run"]

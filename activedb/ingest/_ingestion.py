@@ -15,7 +15,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from activedb.ingest._interface import LedgerId, Phase
-from activedb.ingest._ledger import IngestionLedger, last_watermark
+from activedb.ingest._ledger import END_OF_STREAM_BATCH, IngestionLedger, last_watermark
 from activedb.ingest._mapping import EventMapping, as_mapping
 from activedb.ingest._outcome import BatchBook, BatchOutcome, IngestStatistics, PhaseTimings
 from activedb.ingest._protocol import BatchContext, BatchHandler, BatchInput, run_batch
@@ -144,10 +144,18 @@ class Ingestion:
         """The event types accepted now (``known_types``, else the handler's)."""
         return self.context.accepted_types(self.handler)
 
-    def end_of_stream(self) -> int:
-        """The source ended: the handler releases what its engine still holds back (``streams``), in a
-        transaction of its own; returns how many events that processed.  Idempotent."""
-        return self.handler.end_of_stream(self.db, self.source, self._book.statistics().query_id)
+    def end_of_stream(self, query_id: str | None = None) -> int:
+        """The source ended: the handler releases what its engine still holds back (``streams``) in the run's
+        end-of-stream batch — number ``END_OF_STREAM_BATCH``, exactly once, with its ledger row, so that the ledger
+        accounts for every row delivered —; returns how many events that applied (0 for a handler that holds
+        nothing back, or a second call).  ``query_id``: the run (default: the last one this ingestion saw)."""
+        query_id = query_id or self._book.statistics().query_id
+        if not self.handler.holds_back or query_id is None:
+            return 0
+        with self._book.in_batch():
+            outcome = run_batch(self.context, _EndOfStream(self.handler), [], END_OF_STREAM_BATCH,
+                                query_id=query_id, watermark=None, timings=PhaseTimings(), punctuate=False)
+        return outcome.events if outcome.committed else 0
 
     # -- statistics (the book's) --------------------------------------------------------------
 
@@ -176,6 +184,19 @@ class Ingestion:
         self.handler.close()
         if self.context.tracing is not None:
             self.context.tracing.close()
+
+
+class _EndOfStream(BatchHandler):
+    """The batch path of :meth:`Ingestion.end_of_stream`: the handler's :meth:`~BatchHandler.release`."""
+
+    name = "end of stream"
+    validates_rows = False
+
+    def __init__(self, handler: BatchHandler) -> None:
+        self.handler = handler
+
+    def handle(self, tx: Transaction, batch: BatchInput, ledger: IngestionLedger) -> None:
+        self.handler.release(tx, batch, ledger)
 
 
 class _Rejected(BatchHandler):

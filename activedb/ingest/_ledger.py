@@ -26,10 +26,14 @@ if TYPE_CHECKING:  # pragma: no cover
     from activedb._handle import DatabaseHandle
     from activedb.txn import Transaction
 
-__all__ = ["IngestionLedger", "QueryStatus", "batch_committed", "forget_run", "ingestion_status", "ledger_query_id",
-           "parse_ledger_query_id", "sources_of_run"]
+__all__ = ["END_OF_STREAM_BATCH", "IngestionLedger", "QueryStatus", "batch_committed", "forget_run", "ingestion_status",
+           "ledger_query_id", "parse_ledger_query_id", "sources_of_run"]
 
 LEDGER_TABLE = "activedb_ingestion_ledger"
+#: The batch number of a run's end-of-stream release (``Ingestion.end_of_stream``): what a handler's engine still
+#: held back when the source ended, applied in a batch of its own with its ledger row — never a number a
+#: connector gives a batch, so a run that goes on later is not mistaken for it.
+END_OF_STREAM_BATCH = -1
 EVENT_ID_TABLE = "activedb_ingested_events"
 
 
@@ -51,8 +55,9 @@ class QueryStatus:
     """What one source (an ingestion query) has committed, from the ledger. Immutable.
 
     ``runs`` are the runs seen (for a Spark query its query ids, one per checkpoint); ``batches`` counts distinct
-    batch ids (a scale-out batch has one ledger row per partition); ``events``, ``dead_letters`` and
-    ``rule_firings`` are summed over every ledger row of the source.
+    batch ids (a scale-out batch has one ledger row per partition), an end-of-stream release not among them, nor
+    in ``last_batch_id``; ``events``, ``dead_letters`` and ``rule_firings`` are summed over every ledger row of the
+    source, the releases' included: with them, ``events + dead_letters`` accounts for every row delivered.
     """
 
     query_name: str
@@ -93,7 +98,7 @@ def ingestion_status(db: DatabaseHandle, query_name: str | None = None) -> list[
             firings.update({rule: int(count) for rule, count in (row.rule_firings or {}).items()})
         result.append(QueryStatus(
             query_name=name, runs=tuple(sorted({run for _, run, _ in entries if run is not None})),
-            batches=len({row.batch_id for row in rows}), ledger_rows=len(rows),
+            batches=len({row.batch_id for row in rows if row.batch_id != END_OF_STREAM_BATCH}), ledger_rows=len(rows),
             partitions=len({partition for _, _, partition in entries if partition is not None}) or None,
             last_batch_id=max(row.batch_id for row in rows), events=sum(row.events for row in rows),
             dead_letters=sum(row.dead_letters for row in rows),

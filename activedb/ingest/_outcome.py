@@ -197,15 +197,18 @@ class BatchBook:
     # -- outcomes and statistics ------------------------------------------------------------------
 
     def record(self, outcome: BatchOutcome, began: float) -> None:
-        """Count ``outcome`` (a batch that began at ``time.perf_counter()`` ``began``)."""
+        """Count ``outcome`` (a batch that began at ``time.perf_counter()`` ``began``).  A run's end-of-stream release
+        (a negative batch number: ``END_OF_STREAM_BATCH``) adds its events and dead letters, not a batch."""
         ended = time.perf_counter()
         elapsed = ended - began
         outcome = dataclasses.replace(outcome, seconds=elapsed)
+        release = outcome.batch_id < 0
         with self._mutex:
             counters = self._counters
             self._last_batch_ended = ended
             self._query_id = self._query_id or outcome.query_id
-            self._last_batch_id = outcome.batch_id
+            if not release:
+                self._last_batch_id = outcome.batch_id
             counters["rows"] += outcome.rows
             self._timings = self._timings + outcome.timings
             counters["seconds_in_sink"] += elapsed
@@ -213,9 +216,9 @@ class BatchBook:
             if outcome.watermark is not None and (self._watermark is None or outcome.watermark > self._watermark):
                 self._watermark = outcome.watermark
             if not outcome.committed:
-                counters["batches_skipped"] += 1
+                counters["batches_skipped"] += 0 if release else 1
                 return
-            counters["batches"] += 1
+            counters["batches"] += 0 if release else 1
             counters["events"] += outcome.events
             counters["dead_letters"] += outcome.dead_letters
             self._rule_firings.update(outcome.rule_firings)

@@ -152,11 +152,16 @@ class BatchHandler:
         attempt is searched then.  Default False: the trials apply it as the failed attempt did."""
         return False
 
-    def end_of_stream(self, db: Any, query_name: str, query_id: str | None = None) -> int:
-        """The source ended: release what the engine still holds back, in a transaction of its own;
-        returns how many events that processed.  Idempotent.  ``query_id``: the ledger id of the run
-        (its dead letters are kept under it), if a batch was seen.  Nothing is held back here."""
-        return 0
+    #: True: the handler's engine holds events back across batches (a reorder buffer) until the source ends
+    #: (:meth:`release`); False: nothing is held back, and the end of the stream has nothing to do.
+    holds_back = False
+
+    def release(self, tx: Transaction, batch: BatchInput, ledger: IngestionLedger) -> None:
+        """The source ended: release what the engine still holds back, inside ``tx`` — the run's end-of-stream
+        batch (``END_OF_STREAM_BATCH``, no rows; ``Ingestion.end_of_stream``) — and set the ledger's ``events`` and
+        ``dead_letters`` as :meth:`handle` does (``batch.dead_letters`` keeps the letters under the batch).  Called
+        once per run: its ledger row makes a second call a skipped batch.  Only if :attr:`holds_back`."""
+        raise NotImplementedError
 
     def close(self) -> None:
         """Release the path's resources (the TPG path's worker processes); nothing here."""

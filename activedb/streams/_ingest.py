@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from activedb import deadletters
 from activedb.deadletters import Letter
 from activedb.ingest._ledger import IngestionLedger
 from activedb.ingest._protocol import BatchHandler, BatchInput
@@ -167,19 +166,21 @@ class QueriesHandler(BatchHandler):
                 letters.append(_event_letter(reason, letter.event))
         return letters
 
-    def end_of_stream(self, db: Any, query_name: str, query_id: str | None = None) -> int:
-        """``engine.process(tx, [], punctuation=END_OF_STREAM)`` for every engine, in one transaction;
-        dead letters under the run's ledger id ``query_id`` (batch id NULL), or ``<query_name>:end`` without
-        one.  Idempotent: the engines' saved state records the release, so a second call releases nothing."""
+    holds_back = True        # the engines' reorder buffers
+
+    def release(self, tx: Transaction, batch: BatchInput, ledger: IngestionLedger) -> None:
+        """``engine.process(tx, [], punctuation=END_OF_STREAM)`` for every engine, in the run's end-of-stream
+        batch: the events released count in its ledger row, their dead letters are kept under it.  The engines'
+        saved state records the release too, so a later one releases nothing."""
         processed = 0
-        with db.transaction(name=f"ingest:{query_name}:end") as tx:
-            letters = []
-            for engine in self.engines:
-                result = engine.process(tx, [], punctuation=END_OF_STREAM)
-                processed += result.processed
-                letters += [_event_letter(letter.reason, letter.event) for letter in result.dead_letters]
-            deadletters.insert(tx, db.catalog, query_id or f"{query_name}:end", None, letters)
-        return processed
+        letters = []
+        for engine in self.engines:
+            result = engine.process(tx, [], punctuation=END_OF_STREAM)
+            processed += result.processed
+            letters += [_event_letter(letter.reason, letter.event) for letter in result.dead_letters]
+        batch.dead_letters.insert(tx, letters)
+        ledger.events = processed
+        ledger.dead_letters = len(letters)
 
     def statistics(self) -> dict[str, Any]:
         """``{engine name: StreamStatistics}`` (throughput, L_query, L_rule, …) of every engine."""

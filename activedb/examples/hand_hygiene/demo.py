@@ -145,10 +145,11 @@ def feed(database, console: Console, *, events: int, workers: int, seed: int, us
     elapsed = time.perf_counter() - started
     result = run.result
     if isinstance(result, DirectFeed):
-        console.print(f"fed {result.events} events in {result.batches} micro-batch transactions (the last one "
-                      f"END_OF_STREAM), each with its ledger row: {result.processed} stream transactions committed, "
-                      f"{result.failed} aborted, {result.dead_letters} dead letters; {elapsed:.2f} s including the "
-                      f"detached rules", highlight=False)
+        console.print(f"fed {result.events} events in {result.batches} micro-batch transactions and the end-of-stream "
+                      f"release, each with its ledger row: {result.processed} stream transactions committed, "
+                      f"{result.failed} aborted, {result.dead_letters} dead letters — {result.processed} + "
+                      f"{result.dead_letters} of the {result.events} rows, as the ledger holds; {elapsed:.2f} s "
+                      f"including the detached rules", highlight=False)
     return run
 
 
@@ -156,11 +157,11 @@ def feed(database, console: Console, *, events: int, workers: int, seed: int, us
 class DirectFeed:
     """What :func:`feed_directly` did (the engine's counters of the run)."""
 
-    events: int
-    batches: int            # micro-batch transactions, the END_OF_STREAM one included
-    processed: int          # s-transactions committed
-    failed: int             # s-transactions aborted
-    dead_letters: int
+    events: int             # rows fed
+    batches: int            # micro-batch transactions (the end-of-stream release besides)
+    processed: int          # events applied (s-transactions committed), from the run's ledger
+    failed: int             # s-transactions aborted (the engine's count)
+    dead_letters: int       # from the run's ledger
 
 
 def feed_directly(database, engine, stream: list[dict], progress: Progress) -> tuple[DirectFeed, str]:
@@ -171,7 +172,7 @@ def feed_directly(database, engine, stream: list[dict], progress: Progress) -> t
     ``queries.PUNCTUATION_DELAY``), then ``END_OF_STREAM``.  The source is the engine's own
     (``streams:<engine>``, whose ledger rows ``queries.reset`` forgets with the engine's state: a demo starts
     over); returns what it did and the source's ledger id, under which its dead letters are kept."""
-    from activedb.ingest import Batch, EventMapping, LedgerId, Phase, feed
+    from activedb.ingest import Batch, EventMapping, LedgerId, Phase, feed, ingestion_status
     from activedb.streams import QueriesHandler
 
     rows = [{"type": event["type"].upper(), "HCW-ID": event["worker"], "ts": event["ts"],
@@ -186,16 +187,16 @@ def feed_directly(database, engine, stream: list[dict], progress: Progress) -> t
     progress.start("micro-batches", total=len(batches) + 1)
 
     def heard(phase: str, batch: int) -> None:
-        if phase in (Phase.COMMITTED, Phase.SKIPPED):
+        if phase in (Phase.COMMITTED, Phase.SKIPPED) and batch >= 0:      # (not the end-of-stream release)
             progress.update(batch + 1, f"events {min((batch + 1) * size, len(rows))} of {len(rows)}")
 
     source = f"streams:{engine.name}"
     feed(database, batches, source=source, on_phase=heard, end_of_stream=True, handler=QueriesHandler(engine),
          mapping=EventMapping("type", "HCW-ID", "ts", payload_columns=("location",)))
     progress.update(len(batches) + 1, "end of stream")
-    statistics = engine.statistics()
-    return (DirectFeed(len(rows), len(batches) + 1, statistics.events_processed, statistics.events_failed,
-                       statistics.dead_letters), str(LedgerId(source)))
+    [status] = ingestion_status(database, source)     # what the user is told is what the ledger holds
+    return (DirectFeed(len(rows), len(batches), status.events, engine.statistics().events_failed,
+                       status.dead_letters), str(LedgerId(source)))
 
 
 def write_event_files(directory: str | Path, *, events: int = 400, workers: int = 12, seed: int = 7,
