@@ -32,9 +32,10 @@ threads (and the other process).
 
 As a second process (``PYTHONPATH`` = the repository root)::
 
-    python -m tests.scenarios._list_append_workload URL PROCESS SEED THREADS TRANSACTIONS OUTPUT
+    python -m tests.scenarios._list_append_workload URL PROCESS SEED THREADS TRANSACTIONS OUTPUT REPRESENTATION
 
-connects, prints ``ready``, waits for a line on stdin, runs the same workers and writes
+connects, picks REPRESENTATION (a ``Subtransactions`` value) for inline subtransactions, prints ``ready`` and
+it, waits for a line on stdin, runs the same workers and writes
 ``{"history": [...], "unended": [...], "errors": [...], "outcomes": {...}}`` as JSON to OUTPUT.
 """
 
@@ -53,6 +54,7 @@ from typing import Any
 
 import activedb
 from activedb import testing
+from activedb.lowlevel import Subtransactions
 from activedb.testing import Outcome, RecordedTransaction
 
 TABLE = "lists"
@@ -347,9 +349,10 @@ def final_lists(db: activedb.Database) -> dict[str, list]:
 
 
 def main(argv: list[str]) -> int:
-    url, process, seed, threads, transactions, output = argv
+    url, process, seed, threads, transactions, output, representation = argv
     db = activedb.connect(url)
-    print("ready", flush=True)
+    db.transactions.subtransactions = Subtransactions(representation)
+    print(f"ready {db.transactions.subtransactions.value}", flush=True)
     sys.stdin.readline()
     try:
         recorder = Workload(db, process, seed).run(int(threads), int(transactions), WATCHDOG_TIMEOUT)

@@ -125,15 +125,15 @@ def test_two_processes(db, database_url, tmp_path, representation):
     count = transactions(350)
     output = tmp_path / "p1-history.json"
     errors = tmp_path / "p1-stderr.txt"
-    environment = {**os.environ, "PYTHONPATH": str(REPOSITORY), "ACTIVEDB_SUBTRANSACTIONS": representation}
+    environment = {**os.environ, "PYTHONPATH": str(REPOSITORY)}
     with open(errors, "w") as stderr:
         process = subprocess.Popen(
             [sys.executable, "-m", "tests.scenarios._list_append_workload", database_url, "p1", SEED,
-             str(THREADS), str(count), str(output)],
+             str(THREADS), str(count), str(output), representation],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, text=True, cwd=REPOSITORY,
             env=environment)
         try:
-            assert process.stdout.readline().strip() == "ready", errors.read_text()
+            assert process.stdout.readline().strip() == f"ready {representation}", errors.read_text()
             process.stdin.write("go\n")      # both processes start their workers now
             process.stdin.flush()
             recorder: Recorder = Workload(db, "p0", SEED).run(THREADS, count, WATCHDOG_TIMEOUT)
