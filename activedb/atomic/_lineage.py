@@ -17,7 +17,7 @@ import sqlalchemy as sa
 
 from activedb import lowlevel
 from activedb.rules import FiringOutcome
-from activedb.txn import Along, CommitParticipant, Observer, TransactionExtension, TxnState
+from activedb.txn import Along, CommitParticipant, FiringView, Observer, TransactionExtension, TxnState
 from activedb.store import jsonable
 
 from activedb.atomic.errors import LineageError
@@ -280,7 +280,7 @@ class RuleNotes(Observer):
     def __init__(self, has_compensation: Callable[[str], bool]):
         self.has_compensation = has_compensation
 
-    def on_firing_end(self, transaction: "Transaction", firing: Any, outcome: str) -> None:
+    def on_firing_end(self, transaction: "Transaction", firing: FiringView, outcome: FiringOutcome) -> None:
         # Called in the firing's own transaction, before it commits: the note commits (or is dropped)
         # with the firing's effects.
         name = firing.rule.name

@@ -16,7 +16,7 @@ import time
 from typing import TYPE_CHECKING, Any, Protocol
 
 from activedb import lowlevel
-from activedb.txn import CommitParticipant, Observer
+from activedb.txn import CommitParticipant, FiringOutcome, FiringView, Observer
 
 if TYPE_CHECKING:  # pragma: no cover
     from opentelemetry.context import Context
@@ -223,7 +223,7 @@ class _FiringSpans(Observer):
             with self._mutex:
                 self._batches.pop(root, None)
 
-    def on_firing_start(self, transaction: Transaction, firing: Any) -> None:
+    def on_firing_start(self, transaction: Transaction, firing: FiringView) -> None:
         with self._mutex:
             batch = self._batches.get(transaction.root)
             if batch is None:
@@ -237,14 +237,14 @@ class _FiringSpans(Observer):
         with self._mutex:
             batch.firings[transaction] = span
 
-    def on_firing_end(self, transaction: Transaction, firing: Any, outcome: str) -> None:
+    def on_firing_end(self, transaction: Transaction, firing: FiringView, outcome: FiringOutcome) -> None:
         with self._mutex:
             batch = self._batches.get(transaction.root)
             span = None if batch is None else batch.firings.pop(transaction, None)
         if span is None:
             return
         span.set_attribute("activedb.rule.outcome", str(outcome))
-        if outcome == "failed":
+        if outcome is FiringOutcome.FAILED:
             from opentelemetry.trace import Status, StatusCode
 
             span.set_status(Status(StatusCode.ERROR, f"rule {firing.rule.name!r} raised"))

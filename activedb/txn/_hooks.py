@@ -76,10 +76,11 @@ class FiringOutcome(enum.StrEnum):
 
 
 class RuleView(Protocol):
-    """What an observer reads of a firing's rule (``activedb.rules.Rule`` is one)."""
+    """What an observer reads of a firing's rule (``activedb.rules.Rule`` is one): its name (a firing's rule is
+    registered, and the registry names every rule it holds)."""
 
     @property
-    def name(self) -> str | None: ...
+    def name(self) -> str: ...
 
 
 class FiringView(Protocol):
