@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from activedb.composite._model import describe_event
-from activedb.events import seconds
+from activedb.events import TimeUnit, seconds
 from activedb.extras import Extra, needs
 
 GAP_FACTOR = 4.0          # an empty stretch longer than this many typical interval widths is compressed to it
@@ -89,12 +89,13 @@ def _spread_labels(items: list[tuple[float, str]], room_per_character: float) ->
     return levels
 
 
-def plot(window: Any, path: str | Path, *, title: str | None = None, unit: str = "ms") -> Path:
+def plot(window: Any, path: str | Path, *, title: str | None = None, unit: TimeUnit = TimeUnit.MS) -> Path:
     """Draw ``window`` (``CompositionEngine.window()``) to ``path`` (PNG); returns the path.
 
-    Times are shown relative to the earliest lower bound in the window, in ``unit`` ("ms" or "s"); long
-    empty stretches (over :data:`GAP_FACTOR` typical interval widths) are drawn that long, with a grey band
-    saying how much time they stand for."""
+    Times are shown relative to the earliest lower bound in the window, in ``unit`` (an
+    ``activedb.events.TimeUnit``); long empty stretches (over :data:`GAP_FACTOR` typical interval widths) are drawn
+    that long, with a grey band saying how much time they stand for."""
+    unit = TimeUnit.parse(unit, "plot(unit=...)")
     with needs(Extra.PLOT, "a picture of composite events"):
         import matplotlib
 
@@ -104,7 +105,7 @@ def plot(window: Any, path: str | Path, *, title: str | None = None, unit: str =
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
-    scale = 1000.0 if unit == "ms" else 1.0
+    scale = float(unit.per_second)
     lowers = [item.ts.interval.lower for item in (*window.entries, *window.composites)]
     origin = min(lowers) if lowers else 0.0
 

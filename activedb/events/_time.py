@@ -13,6 +13,25 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
+from activedb._closedset import ClosedSet
+
+
+class TimeUnit(ClosedSet):
+    """The unit of a number of seconds' fractions: a numeric timestamp's since the Unix epoch
+    (``EventMapping(ts_unit=...)``), a picture's time axis (``activedb.composite``'s ``plot(unit=...)``)."""
+
+    S = "s"
+    MS = "ms"
+    US = "us"
+
+    @property
+    def per_second(self) -> int:
+        """How many of this unit make a second."""
+        return _PER_SECOND[self]
+
+
+_PER_SECOND = {TimeUnit.S: 1, TimeUnit.MS: 1_000, TimeUnit.US: 1_000_000}
+
 
 class Order(enum.Enum):
     """How two timestamps are ordered: the first BEFORE the second, AFTER it, or UNCERTAIN (``⊥``)."""

@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from activedb.errors import InvalidChoice
+from activedb.events import TimeUnit
 from activedb.ingest.errors import MappingError
 from activedb.store import jsonable  # the one conversion into storable JSON (dead letters, logs)
 
@@ -29,7 +31,7 @@ __all__ = ["EventMapping", "RawEvent", "Rejected", "as_mapping", "jsonable", "ro
 
 _UTC = dt.timezone.utc
 EPOCH = dt.datetime(1970, 1, 1, tzinfo=_UTC)
-TS_UNITS: Mapping[str, int] = MappingProxyType({"s": 1, "ms": 1_000, "us": 1_000_000})
+TS_UNITS: Mapping[TimeUnit, int] = MappingProxyType({unit: unit.per_second for unit in TimeUnit})
 _MISSING = object()  # a field absent from a row, as opposed to present and null
 _INTERVAL_FIELDS = ("producer_column", "accuracy_column", "accuracy_minus_column", "accuracy_plus_column",
                     "local_ts_column", "heartbeat_type")
@@ -42,8 +44,8 @@ class EventMapping:
     ``payload_columns=None`` means every column except the type, key and timestamp
     columns (and the corrupt-record column); a list names exactly the payload columns (each
     must be present in a row, null values are allowed). ``type_map`` renames raw type values
-    (for example numeric codes to names). ``ts_unit`` is the unit of numeric timestamps:
-    ``"s"``, ``"ms"`` or ``"us"`` since the Unix epoch. ``id_column`` names a column that
+    (for example numeric codes to names). ``ts_unit`` is the unit of numeric timestamps since the
+    Unix epoch: an ``activedb.events.TimeUnit`` (``S``, ``MS``, ``US``; or its value, ``"ms"``). ``id_column`` names a column that
     identifies an event across re-sends (the sink then dead-letters an event whose id it has
     already ingested under the same query name); ``corrupt_column`` is Spark's corrupt-record
     column (rows where it holds text are rejected with the reason; ``None``: no such column);
@@ -56,7 +58,7 @@ class EventMapping:
     ts_column: str
     payload_columns: tuple[str, ...] | None = None
     type_map: Mapping[Any, str] | None = field(default=None, hash=False)
-    ts_unit: str = "s"
+    ts_unit: TimeUnit = TimeUnit.S
     # Accuracy-interval time (activedb.composite; see activedb/composite/_ingest.py).  The event's
     # interval is [ts − α⁻, ts + α⁺] with α from ``accuracy_column`` (both sides) or
     # ``accuracy_minus_column``/``accuracy_plus_column`` (seconds); ``producer_column`` names its producer,
@@ -105,8 +107,10 @@ class EventMapping:
             object.__setattr__(self, "payload_columns", columns)
         if self.type_map is not None:
             object.__setattr__(self, "type_map", MappingProxyType(dict(self.type_map)))
-        if self.ts_unit not in TS_UNITS:
-            raise MappingError(f"ts_unit must be one of {sorted(TS_UNITS)}, got {self.ts_unit!r}")
+        try:
+            object.__setattr__(self, "ts_unit", TimeUnit.parse(self.ts_unit, "EventMapping(ts_unit=...)"))
+        except InvalidChoice as error:
+            raise MappingError(str(error)) from None
 
     def payload_columns_for(self, columns: Iterable[str]) -> tuple[str, ...]:
         """The payload columns for a batch whose columns are ``columns`` (in that order)."""

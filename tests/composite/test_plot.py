@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import itertools
 
+import pytest
+
 from click.testing import CliRunner
 
 from activedb.cli import main
@@ -35,3 +37,11 @@ def test_the_fig3_scenario_draws(tmp_path):
     result = CliRunner().invoke(main, ["composite", "plot", "--scenario", "fig3", "--out", str(out)])
     assert result.exit_code == 0, result.output
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_axis_unit_is_a_time_unit():
+    from activedb.composite import plot
+    from activedb.errors import InvalidChoice
+
+    with pytest.raises(InvalidChoice, match=r"plot\(unit=\.\.\.\)='minutes' is not a TimeUnit: use one of TimeUnit.S"):
+        plot(None, "never.png", unit="minutes")          # refused before anything is drawn

@@ -210,6 +210,15 @@ def test_malformed_mappings_raise(kwargs):
         EventMapping(**kwargs)
 
 
+def test_the_timestamp_unit_is_a_time_unit():
+    from activedb.events import TimeUnit
+
+    assert EventMapping("t", "k", "ts", ts_unit="ms").ts_unit is TimeUnit.MS
+    assert EventMapping("t", "k", "ts").ts_unit is TimeUnit.S and TimeUnit.US.per_second == 1_000_000
+    with pytest.raises(MappingError, match=r"ts_unit=\.\.\.\)='minutes' is not a TimeUnit: use one of TimeUnit.S"):
+        EventMapping("t", "k", "ts", ts_unit="minutes")
+
+
 def test_mapping_is_immutable_and_hashable():
     mapping = EventMapping("t", "k", "ts", payload_columns=["a"], type_map={1: "x"})
     assert mapping.payload_columns == ("a",)
