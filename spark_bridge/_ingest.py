@@ -14,6 +14,7 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from activedb.atomic import SplitFailure, as_policy
 from activedb.cli.application import portable_spec
 from activedb.ingest import BatchHandler, EventMapping, RulesHandler, as_mapping
 
@@ -72,9 +73,9 @@ class IngestOptions:
     * the scale-out path (``_scaleout.py``), the rule path only: ``partition_by_key=N`` — each batch repartitioned
       by key into ``N`` Spark tasks, each applying its partition in its own engine that registers ``app``'s
       rules (``connect_options`` go to its ``activedb.connect``; ``prefetch`` and ``lower_declared`` are the
-      handler's); ``on_partition_failure`` — ``"forward"`` (default: the query fails; after the fix a restart
-      completes the batch) or ``"compensate"`` (the committed partitions are compensated, the failed one's rows
-      become dead letters; ``activedb.atomic``'s split batches).
+      handler's); ``on_partition_failure`` — an ``activedb.atomic.SplitFailure``: ``FORWARD`` (default: the query
+      fails; after the fix a restart completes the batch) or ``COMPENSATE`` (the committed partitions are
+      compensated, the failed one's rows become dead letters; ``activedb.atomic``'s split batches).
     """
 
     handler: BatchHandler | None = None
@@ -87,7 +88,7 @@ class IngestOptions:
     partition_by_key: int | None = None
     app: str | Callable[[Any], Any] | None = None
     connect_options: Mapping[str, Any] | None = None
-    on_partition_failure: str | None = None
+    on_partition_failure: SplitFailure | None = None
 
     def __post_init__(self) -> None:
         if self.handler is not None and not isinstance(self.handler, BatchHandler):
@@ -102,6 +103,8 @@ class IngestOptions:
             raise IngestError(f"partition_by_key= (the scale-out path) runs the rules in each Spark task; it does not "
                               f"combine with the {self.handler.name} handler: "
                               f"{instead.get(self.handler.name, 'run it without partition_by_key')}")
+        if self.on_partition_failure is not None:
+            object.__setattr__(self, "on_partition_failure", as_policy(self.on_partition_failure))
         if self.partition_by_key is None and (self.app is not None or self.on_partition_failure is not None):
             raise IngestError(f"{'app=' if self.app is not None else 'on_partition_failure='} is for the scale-out "
                               f"path only (with partition_by_key=N); without it a batch is one transaction, atomic "
@@ -181,7 +184,7 @@ def ingest(db: Any, streaming_df: Any, *, mapping: EventMapping, query_name: str
         sink = PartitionedIngestSink(db, mapping, partitions=options.partition_by_key,
                                      app=None if options.app is None else portable_spec(options.app),
                                      connect_options=options.connect_options,
-                                     on_partition_failure=options.on_partition_failure or "forward",
+                                     on_partition_failure=options.on_partition_failure or SplitFailure.FORWARD,
                                      rules=options.handler, **common)
     run = QueryRun(sink)      # told the query once start() returns: its batches need not ask Spark for it
     # One session wrapper per run (_foreach): only for the run started here — a writer handed back could be

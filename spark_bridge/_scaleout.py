@@ -85,7 +85,7 @@ class _PartitionTask:
     detached_timeout: float
     local_time_columns: tuple[str, ...]  # TIMESTAMP (not TIMESTAMP_NTZ) columns of the batch
     partitions: int = 1
-    on_partition_failure: str = "forward"   # a SplitFailure value
+    on_partition_failure: SplitFailure = SplitFailure.FORWARD
     lineage: bool = True
     lower_declared: bool = True
     app_shipped: bool = False   # app is the driver's path of a file shipped to the executors (_cluster.ship_app)
@@ -200,7 +200,7 @@ class PartitionedIngestSink(IngestSink):
             detached_timeout=self._detached_timeout,
             local_time_columns=tuple(field.name for field in batch_df.schema.fields
                                      if field.dataType.typeName() == "timestamp"),
-            partitions=self.partitions, on_partition_failure=self.on_partition_failure.value,
+            partitions=self.partitions, on_partition_failure=self.on_partition_failure,
             lineage=self.lineage, lower_declared=self.lower_declared, app_shipped=self._app_shipped)
         self.phase(Phase.FETCHED, batch_id)
         # Always run the job, also for a batch whose partitions all committed: running it

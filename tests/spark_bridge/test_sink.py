@@ -13,6 +13,7 @@ import pytest
 import sqlalchemy as sa
 
 from activedb import lowlevel
+from activedb.atomic import SplitFailure
 import activedb
 import activedb.ingest
 import spark_bridge
@@ -326,6 +327,10 @@ def test_ingest_options_are_checked_in_one_place_before_spark_is_touched():
         IngestOptions(app="app.py")
     with pytest.raises(IngestError, match="trigger must be"):
         IngestOptions(trigger=True)
+    scale_out = dict(partition_by_key=2, app="app.py")
+    assert IngestOptions(**scale_out, on_partition_failure="compensate").on_partition_failure is SplitFailure.COMPENSATE
+    with pytest.raises(IngestError, match="'forward'.*'compensate'.*got 'undo'"):
+        IngestOptions(**scale_out, on_partition_failure="undo")
     with pytest.raises(IngestError, match="lower_declared must be True or False"):
         IngestOptions(handler=RulesHandler(lower_declared="no"))
     common = dict(mapping=app_counters.MAPPING, query_name="q", checkpoint_location="ck")
