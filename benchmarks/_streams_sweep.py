@@ -215,6 +215,7 @@ def sweep_rows(report: BenchReport, sweep: dict[str, Any]) -> None:
                  "model_events_per_s": model,
                  "lock_waits": {name: [item.get("lock_waits") for item in entry[name]] for name in ("s2pl", "lwm")},
                  "early_releases_lwm": [item.get("early_releases") for item in entry["lwm"]],
+                 "deferred_writes_lwm": [item.get("deferred_writes") for item in entry["lwm"]],
                  "runs": {name: [item.get("runs") for item in entry[name]] for name in ("s2pl", "lwm")},
                  "cpu_us_per_event": {name: [item.get("cpu_us_per_event") for item in entry[name]]
                                       for name in ("s2pl", "lwm")},

@@ -393,7 +393,8 @@ def _scheduler_figures(engine) -> dict[str, Any]:
     figures = scheduler.statistics()
     return {"lock_waits": figures.lock_waits, "order_waits": figures.order_waits, "restarts": figures.restarts,
             "wait_seconds": round(figures.wait_seconds, 3), "max_in_flight": figures.max_in_flight,
-            "versions_peak": figures.versions_peak, "early_releases": figures.early_releases}
+            "versions_peak": figures.versions_peak, "early_releases": figures.early_releases,
+            "deferred_writes": figures.deferred_writes}
 
 
 def throughput_once(database, scheduler: Callable[[], Any], events: list, definitions: str,
