@@ -20,7 +20,7 @@ import signal
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import click
 
@@ -169,7 +169,7 @@ def _started_spark() -> Any:
 
 
 @contextlib.contextmanager
-def _status(console: Any, text: str):
+def _status(console: Any, text: str) -> Iterator[None]:
     """A spinner with ``text`` on a terminal; one line otherwise."""
     if console.is_terminal:
         with console.status(text):
@@ -303,7 +303,7 @@ class CheckpointInUse(click.ClickException):
 
 
 @contextlib.contextmanager
-def _checkpoint_lock(checkpoint_dir: Path, name: str):
+def _checkpoint_lock(checkpoint_dir: Path, name: str) -> Iterator[None]:
     """Hold ``checkpoint_dir/.activedb-run.lock`` (an exclusive ``flock``, released when this process ends,
     however it ends) while ``run`` uses the checkpoint: two runs of one query on one checkpoint would both
     write Spark's logs there, and the later writer fails in the middle of a batch."""
@@ -424,7 +424,8 @@ def run_command(ctx: click.Context, app: str, source_text: str, checkpoint: str 
         raise click.ClickException(f"--reset: application {loaded.name} has no reset(db) function")
     if source.kind == "file" and max_files_per_trigger and file_format == "json":     # before anything is read
         try:
-            retimed = check_file_order(Path(source.path), loaded.mapping.ts_column, max_files_per_trigger,
+            retimed = check_file_order(Path(source.path), loaded.mapping.ts_column,  # type: ignore[arg-type]
+                                       max_files_per_trigger,
                                        FileOrder(file_order))
         except SparkBridgeError as error:
             raise click.ClickException(str(error)) from None

@@ -15,7 +15,8 @@ from spark_bridge._sources import write_event_files
 SPARK_FILES = 4                 # the stream is written as this many files (micro-batches)
 
 
-def feed(db: Any, events: list[dict], app: Any, console: Any, progress: Any, engine: Any) -> dict:
+def feed(db: Any, events: list[dict[str, object]], app: Any, console: Any, progress: Any, engine: Any
+         ) -> dict[str, object]:
     """Feed ``events`` through Spark Structured Streaming into ``engine``'s pattern queries
     (``spark_bridge.ingest(…, handler=streams.QueriesHandler(engine))``; an ``activedb.streams.StreamEngine``
     built with ``record_dead_letters=False``).

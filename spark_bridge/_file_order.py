@@ -116,16 +116,16 @@ def contradictions(files: list[SourceFile], per_batch: int) -> list[tuple[Source
     """Pairs ``(late, earlier)``: ``late`` is read in a later micro-batch than ``earlier`` (Spark's order:
     modification time; between equal times any order may happen, so the one that contradicts is assumed)
     while all of ``late``'s events precede all of ``earlier``'s.  Empty: the times do not contradict."""
-    timed = [file for file in files if file.first is not None]
-    spark_order = sorted(timed, key=lambda file: (file.modified_ms, -file.first))
+    timed = [file for file in files if file.first is not None]     # (and so ``last``: a file with events)
+    spark_order = sorted(timed, key=lambda file: (file.modified_ms, -file.first))  # type: ignore[operator]
     found = []
     latest: SourceFile | None = None          # of the files earlier batches read, the one whose first event is latest
     for start in range(0, len(spark_order), per_batch):
         batch = spark_order[start:start + per_batch]
         if latest is not None:
-            found += [(file, latest) for file in batch if file.last < latest.first]
-        candidate = max(batch, key=lambda file: file.first)
-        if latest is None or candidate.first > latest.first:
+            found += [(file, latest) for file in batch if file.last < latest.first]  # type: ignore[operator]
+        candidate = max(batch, key=lambda file: file.first)  # type: ignore[arg-type,return-value]
+        if latest is None or candidate.first > latest.first:  # type: ignore[operator]
             latest = candidate
     return found
 

@@ -34,7 +34,7 @@ def foreach_batch(writer: Any, func: Callable[[Any, int], None]) -> Any:
         return writer.foreachBatch(func)
     java_import(gateway.jvm, "org.apache.spark.sql.execution.streaming.sources.*")
     gateway.jvm.PythonForeachBatchHelper.callForeachBatch(jwrite, function)
-    ensure_callback_server_started(gateway)
+    ensure_callback_server_started(gateway)  # type: ignore[no-untyped-call]  # (py4j: untyped)
     return writer
 
 

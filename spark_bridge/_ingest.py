@@ -185,7 +185,7 @@ def ingest(db: Any, streaming_df: Any, *, mapping: EventMapping, query_name: str
                                      app=None if options.app is None else portable_spec(options.app),
                                      connect_options=options.connect_options,
                                      on_partition_failure=options.on_partition_failure or SplitFailure.FORWARD,
-                                     rules=options.handler, **common)
+                                     rules=options.handler, **common)  # type: ignore[arg-type]  # (checked: rules)
     run = QueryRun(sink)      # told the query once start() returns: its batches need not ask Spark for it
     # One session wrapper per run (_foreach): only for the run started here — a writer handed back could be
     # started more than once, each start a run of its own with a session of its own.
@@ -210,7 +210,7 @@ def ingest(db: Any, streaming_df: Any, *, mapping: EventMapping, query_name: str
 
 def sink_of(query_or_writer: Any) -> IngestSink:
     """The :class:`IngestSink` behind a query (or writer) made by :func:`ingest`."""
-    sink = getattr(query_or_writer, SINK_ATTRIBUTE, None)
+    sink: IngestSink | None = getattr(query_or_writer, SINK_ATTRIBUTE, None)
     if sink is None:
         raise IngestError("this query was not started by spark_bridge.ingest()")
     return sink
@@ -223,4 +223,5 @@ def end_of_stream(query_or_sink: Any) -> int:
     ledger then accounts for every row).  Call it after the query terminated (``availableNow``); afterwards every
     new event of the engine is late.  Returns how many events that processed (0 for the other handlers, and for a
     second call: the ledger has the release)."""
-    return getattr(query_or_sink, SINK_ATTRIBUTE, query_or_sink).end_of_stream()
+    processed: int = getattr(query_or_sink, SINK_ATTRIBUTE, query_or_sink).end_of_stream()
+    return processed

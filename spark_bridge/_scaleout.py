@@ -34,7 +34,7 @@ __all__ = ["PartitionedIngestSink"]
 # Per Python worker process (see the module docstring). _worker_mutex protects both dicts.
 _worker_mutex = threading.Lock()
 _worker_databases: dict[tuple[str, str], Any] = {}
-_worker_sinks: dict[tuple, Ingestion] = {}
+_worker_sinks: dict[tuple[object, ...], Ingestion] = {}
 
 
 def _worker_database(url: str, app: str | Callable[[Any], Any], connect_options: Mapping[str, Any]) -> Any:
@@ -124,7 +124,7 @@ class _PartitionTask:
     def _row_dict(self, row: Any) -> dict[str, Any]:
         """A Spark ``Row`` as a dict; ``TIMESTAMP`` values (naive, in the worker's local time
         zone, as pyspark hands them out) become aware UTC datetimes."""
-        values = row.asDict(recursive=True)
+        values: dict[str, Any] = row.asDict(recursive=True)
         for column in self.local_time_columns:
             value = values.get(column)
             if isinstance(value, dt.datetime) and value.tzinfo is None:
@@ -194,7 +194,8 @@ class PartitionedIngestSink(IngestSink):
         began = time.perf_counter()
         watermark = self.spark_watermark(spark_query_id, current=execution)
         task = _PartitionTask(
-            url=self._url, app=self.app, mapping=self.mapping, query_name=self.query_name, query_id=query_id,
+            url=self._url, app=self.app, mapping=self.mapping,  # type: ignore[arg-type]  # (bound)
+            query_name=self.query_name, query_id=query_id,
             batch_id=batch_id, watermark=watermark, known_types=self.context.known_types,
             prefetch=self._prefetch_items, connect_options=self._connect_options,
             detached_timeout=self._detached_timeout,
@@ -206,7 +207,7 @@ class PartitionedIngestSink(IngestSink):
         # Always run the job, also for a batch whose partitions all committed: running it
         # feeds Spark's event-time statistics (see _sink.py), and each task skips by itself.
         try:
-            results = (batch_df.repartition(self.partitions, functions.col(self.mapping.key_column))
+            results = (batch_df.repartition(self.partitions, functions.col(self.mapping.key_column))  # type: ignore[union-attr]
                        .rdd.mapPartitionsWithIndex(task).collect())
         except Exception as error:
             failure = _cluster.task_failure(error)      # what the task's Python raised, not Spark's Java trace

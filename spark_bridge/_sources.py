@@ -60,7 +60,7 @@ def parse_source(text: str) -> SourceSpec:
     raise click.BadParameter(f"{text!r} is not a source; use {SOURCE_FORMS}", param_hint="--source")
 
 
-def write_event_files(directory: Path, events: list[dict], per_file: int, first_mtime: float) -> None:
+def write_event_files(directory: Path, events: list[dict[str, object]], per_file: int, first_mtime: float) -> None:
     """``events`` as JSON-lines files of ``per_file`` events in the new ``directory``, the n-th modified at
     ``first_mtime + n``: a file source reads them one micro-batch each (``maxFilesPerTrigger=1``) in that
     order (it takes files in modification-time order)."""

@@ -14,13 +14,15 @@ import sys
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable, TypeVar
 
 from activedb.extras import Extra, require
 from spark_bridge import _cluster, _java
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from pyspark.sql import SparkSession
+
+_T = TypeVar("_T")
 
 __all__ = ["FAST_CHECKPOINT_FILE_MANAGER", "get_spark", "spark_conf"]
 
@@ -116,6 +118,7 @@ def get_spark(app_name: str = "activedb", *, master: str = "local[2]", fast_chec
         session = _with_quiet_stderr(builder.getOrCreate, Path(warnings_to))
     else:
         session = builder.getOrCreate()
+    assert isinstance(session, SparkSession)
     if not fast_checkpoints and _CHECKPOINT_FILE_MANAGER_KEY not in (conf or {}):
         # A reused session may carry the option from an earlier call; back to Spark's default.
         session.conf.unset(_CHECKPOINT_FILE_MANAGER_KEY)
@@ -138,7 +141,7 @@ def to_log(line: bytes, in_record: bool) -> bool:
     return bool(_LOG_LINE.match(line)) or (in_record and bool(_CONTINUATION.match(line)))
 
 
-def _with_quiet_stderr(start, log_path: Path):
+def _with_quiet_stderr(start: Callable[[], _T], log_path: Path) -> _T:
     """Run ``start()`` (which launches the JVM) with file descriptor 2 on a pipe, so that the JVM
     inherits the pipe as its stderr; a daemon thread copies the lines :func:`to_log` picks to ``log_path``
     and everything else to the original stderr, for as long as the JVM lives.  Python's own fd 2 is

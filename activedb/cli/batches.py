@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from activedb.cli import load_app, open_database
 from activedb.extras import Extra, needs
+
+if TYPE_CHECKING:  # pragma: no cover
+    import networkx as nx
 
 
 @click.group("batches")
@@ -21,7 +24,7 @@ def batches_group() -> None:
 
 
 @contextlib.contextmanager
-def _spark_form_hint(query: str):
+def _spark_form_hint(query: str) -> Iterator[None]:
     """A batch an ingestion with runs consumed (Spark's) is recorded as ``NAME@RUN``: say so when a bare name is
     not found."""
     from activedb.atomic.errors import UnknownBatch
@@ -74,7 +77,7 @@ def show(ctx: click.Context, query: str, batch: str, png: str | None, as_json: b
             click.echo(f"picture: {png}", err=True)
 
 
-def render_tree(graph, title: str) -> str:
+def render_tree(graph: nx.DiGraph[str], title: str) -> str:
     """𝒯(b) as an indented tree; transactions pulled in only by the independent scover are listed after."""
     import networkx as nx
 
@@ -107,7 +110,7 @@ def render_tree(graph, title: str) -> str:
     if others:
         lines.append(f"pulled in by the independent scover ({len(others)}):")
         order = {node: index for index, node in enumerate(nx.topological_sort(graph))}
-        for node in sorted(others, key=order.get):
+        for node in sorted(others, key=order.__getitem__):
             lines.append("  " + label(node))
     return "\n".join(lines)
 
@@ -134,7 +137,7 @@ def _node_label(node: str, lineage: Any) -> str:
     return "\n".join(lines)
 
 
-def draw(graph, title: str, path: str, notes: Sequence[str] = ()) -> None:
+def draw(graph: nx.DiGraph[str], title: str, path: str, notes: Sequence[str] = ()) -> None:
     """𝒯(b) left to right by triggering order: each transaction a labelled box (its name and the batches
     it consumed), orange in 𝒯(b), grey when only the independent scover adds it, a red border when it
     was compensated; ``notes`` (the scovers) under the graph.  The figure grows with the graph and is

@@ -5,18 +5,26 @@
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import json
 import signal
 import threading
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import click
 
 from activedb.cli import _options, load_app
 from activedb.metrics import metrics_port_option, start_metrics
 
+if TYPE_CHECKING:  # pragma: no cover
+    from activedb import Database
 
-def _connect(ctx: click.Context):
+
+def _when(at: dt.datetime | None) -> str:
+    return at.isoformat(timespec="seconds") if at is not None else "-"
+
+
+def _connect(ctx: click.Context) -> Database:
     """``activedb.connect`` for ``--url``/``--home`` (capture needs its tables: connecting upgrades them)."""
     import activedb
 
@@ -67,12 +75,12 @@ def status_command(ctx: click.Context, as_json: bool, behind_changes: int, behin
         counts = (consumer.name, position, f"{consumer.handled:,}", f"{consumer.failed:,}")
         if not consumer.tables:
             backlog.add_row(*counts, "-", "0", "0", "-", state)
-        for table in consumer.tables:
-            backlog.add_row(*counts, table.table, f"{table.changes:,}", f"{table.transactions:,}",
-                            table.oldest_committed_at.isoformat(timespec="seconds"), state)
-    for table in status.unconsumed:
-        backlog.add_row("(none)", "-", "-", "-", table.table, f"{table.changes:,}", f"{table.transactions:,}",
-                        table.oldest_committed_at.isoformat(timespec="seconds"), "no consumer")
+        for pending in consumer.tables:
+            backlog.add_row(*counts, pending.table, f"{pending.changes:,}", f"{pending.transactions:,}",
+                            _when(pending.oldest_committed_at), state)
+    for pending in status.unconsumed:
+        backlog.add_row("(none)", "-", "-", "-", pending.table, f"{pending.changes:,}", f"{pending.transactions:,}",
+                        _when(pending.oldest_committed_at), "no consumer")
     console.print(backlog)
     for line in status.warnings():
         console.print(f"[yellow]warning:[/yellow] {line}", highlight=False)

@@ -28,6 +28,7 @@ from activedb.rules import Firing
 from activedb.store import TableInfo
 
 if TYPE_CHECKING:  # pragma: no cover
+    from activedb.outbox._recording import Entry
     from activedb.rules import RuleManager
     from activedb.store import Catalog
     from activedb.txn import Transaction, TransactionManager
@@ -226,7 +227,7 @@ class Outbox:
             return []
         if self._sequence is None:
             self._sequence = self.catalog.sequence_of(self.catalog.table_info(_records.TABLE), "id")
-        return self.catalog.draw_keys(self._sequence, count)
+        return self.catalog.draw_keys(self._sequence, count)  # type: ignore[arg-type]  # (set above)
 
     def record_now(self, items: list[tuple["Firing", str, str | None, bool]]) -> None:
         """Record ``(firing, trigger id, trigger log id, trigger committed)`` items in a transaction of their
@@ -251,7 +252,7 @@ class Outbox:
         """Queue recorded firings ``(record id, firing, attempts)`` to run."""
         self._executor.submit([Work(record_id, firing, attempts) for record_id, firing, attempts in items])
 
-    def count_cancelled(self, entries) -> None:
+    def count_cancelled(self, entries: Iterable[Entry]) -> None:
         rules_by_name = {entry.firing.rule.name: entry.firing.rule for entry in entries}
         for name, count in collections.Counter(entry.firing.rule.name for entry in entries).items():
             self.rules.count(rules_by_name[name], "cancelled", count)
@@ -317,9 +318,9 @@ class Outbox:
             for row in rows:
                 try:
                     firing = Firing(self.rules.get(row.rule), _records.decode_event(row.event), tuple(row.chain),
-                                    Coupling(row.coupling), -row.id)
+                                    Coupling(row.coupling), -row.id)  # type: ignore[call-arg]  # (by value)
                 except Exception as error:     # e.g. an event this version cannot decode: failed, for a person
-                    self.fail_alone(Work(row.id, None, row.attempts), error)
+                    self.fail_alone(Work(row.id, None, row.attempts), error)  # type: ignore[arg-type]  # (none made)
                     continue
                 works.append(Work(row.id, firing, row.attempts))
             self._executor.submit(works)
