@@ -3,9 +3,9 @@
 ``connect(url, config)`` takes it; ``connect(url, rule_execution=RuleExecution.INLINE)`` is the shorthand (each
 keyword a field of ``Config``, replacing the default's or ``config``'s).  Nested parts are frozen too:
 :class:`EngineOptions` (the SQLAlchemy connection pool activedb makes) and :class:`~activedb.outbox.OutboxOptions`
-(how recorded detached firings run).  A ``Config`` is immutable and picklable: a process that starts workers
-(the Spark bridge's scale-out) hands the same configuration to each; ``dataclasses.replace(config, **changes)``
-makes a changed copy.  Only this module knows the keywords' names: ``connect`` and ``Database`` read the fields.
+(how recorded detached firings run).  A ``Config`` is immutable and picklable (unless its clock
+is not), so a process can hand it to workers it starts; ``dataclasses.replace(config, **changes)`` makes a changed
+copy.  Only this module knows the keywords' names: ``connect`` and ``Database`` read the fields.
 """
 
 from __future__ import annotations
