@@ -32,7 +32,7 @@ import signal
 import threading
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, TypeAlias
+from typing import TYPE_CHECKING, Any, Iterable, Literal, Mapping, TypeAlias
 
 from activedb.errors import PictureError
 from activedb.explain._drawing import EDGE_KINDS, draw
@@ -188,7 +188,7 @@ class Explanation:
         except (KeyError, TypeError, ValueError) as error:
             raise PictureError(f"{path} is not an explanation written by activedb ({error!r})") from None
 
-    def render(self, path: str | Path, *, format: str | None = None, dpi: int = 110) -> Path:
+    def render(self, path: str | Path, *, format: Literal["png", "svg"] | None = None, dpi: int = 110) -> Path:
         """Draw the trees and the wait-for graph into ``path`` (PNG or SVG, from the suffix or
         ``format``) with matplotlib; returns the path."""
         path = Path(path)
