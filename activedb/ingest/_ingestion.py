@@ -91,7 +91,7 @@ class Ingestion:
         #: What the batch protocol needs of this ingestion (``run_batch`` gets it, not the ingestion).
         self.context = BatchContext(db, mapping, source, event_ids_under or source,
                                    None if known_types is None else frozenset(known_types), batch_attempts,
-                                   BatchBook(source, on_phase), BatchTracing(db, source))
+                                   BatchBook(source, on_phase, wall=db.clock.wall), BatchTracing(db, source))
         self._book = self.context.book
 
     @property

@@ -79,7 +79,8 @@ class IngestStatistics:
     ``events_per_second`` is over the wall time from the first batch's start to the last
     batch's end (so it does not decay while the stream is idle);
     ``last_batch_events_per_second`` over the last committed batch's time in the sink.
-    ``watermark_lag_seconds`` is wall-clock now minus the watermark (None without one).
+    ``watermark_lag_seconds`` is the time of day by the database's clock (``db.clock.wall()``, which a test may
+    drive: ``activedb.clock.ManualClock``) minus the watermark (None without one).
     """
 
     query_name: str
@@ -107,9 +108,12 @@ class BatchBook:
     Thread-safety: ``_mutex`` protects every field below it; ``on_phase`` is called without it.
     """
 
-    def __init__(self, query_name: str, on_phase: Callable[[str, int], None] | None = None):
+    def __init__(self, query_name: str, on_phase: Callable[[str, int], None] | None = None, *,
+                 wall: Callable[[], dt.datetime] | None = None):
         self.query_name = query_name
         self._on_phase = on_phase
+        #: The time of day the watermark's lag is measured against (the database's clock: ``db.clock.wall``).
+        self._wall = wall or (lambda: dt.datetime.now(_UTC))
         self._mutex = threading.Lock()
         self._query_id: str | None = None
         self._counters = dict(batches=0, batches_skipped=0, rows=0, events=0, dead_letters=0, seconds_in_sink=0.0)
@@ -231,7 +235,7 @@ class BatchBook:
     def statistics(self) -> IngestStatistics:
         with self._mutex:
             watermark = self._watermark
-            lag = None if watermark is None else (dt.datetime.now(_UTC) - watermark).total_seconds()
+            lag = None if watermark is None else (self._wall() - watermark).total_seconds()
             elapsed = (0.0 if self._first_batch_began is None or self._last_batch_ended is None
                        else self._last_batch_ended - self._first_batch_began)
             return IngestStatistics(

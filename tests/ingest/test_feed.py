@@ -13,7 +13,9 @@ import pyarrow as pa
 import pytest
 import sqlalchemy as sa
 
-from activedb.ingest import Batch, LedgerId, RulesHandler, feed, ingestion_status
+import activedb
+from activedb.clock import ManualClock
+from activedb.ingest import Batch, Ingestion, LedgerId, RowBatches, RulesHandler, drive, feed, ingestion_status
 from tests.ingest.feed_driver import RUN, SOURCE, workload_batches
 from tests.spark_bridge import app_counters
 from tests.spark_bridge._streams import BASE_TIME, app_database, app_state, dead_letters
@@ -110,4 +112,23 @@ def test_a_process_killed_between_flush_and_return_leaves_nothing_twice(make_dat
     try:
         assert (app_state(database), ledger_rows(database), letters(database)) == (state, ledger, dead)
     finally:
+        database.close()
+
+
+def test_the_watermark_lag_is_measured_on_the_databases_clock(database_url):
+    """``watermark_lag_seconds``: the database's time of day (``db.clock``, here a ``ManualClock``) minus the last
+    batch's watermark — so a test stamping events in its own time sees the lag in that time."""
+    clock = ManualClock(wall=BASE_TIME + dt.timedelta(seconds=10))
+    database = activedb.connect(database_url, clock=clock)
+    database.upgrade_app(app_counters.MIGRATIONS)
+    app_counters.register(database)
+    ingestion = Ingestion(database, app_counters.MAPPING, source="lag")
+    try:
+        rows = [{"type": "add", "key": "k", "ts": BASE_TIME + dt.timedelta(seconds=3), "amount": 1, "seq": 0}]
+        drive(ingestion, RowBatches(LedgerId("lag"), [Batch(0, rows, BASE_TIME + dt.timedelta(seconds=2))]))
+        assert ingestion.statistics().watermark_lag_seconds == 8.0
+        clock.advance(5)
+        assert ingestion.statistics().watermark_lag_seconds == 13.0
+    finally:
+        ingestion.close()
         database.close()
