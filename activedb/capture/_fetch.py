@@ -26,7 +26,7 @@ class ChangeReader:
 
     def __init__(self, database: "Database"):
         self.database = database
-        self._statements: dict[tuple, Any] = {}
+        self._statements: dict[tuple[object, ...], Any] = {}
 
     def fetch(self, start: Position, limit: int) -> list[Entry]:
         """The next changes after ``start``, in order, with their events (None and a reason for a change
@@ -82,7 +82,7 @@ class ChangeReader:
             "table_oid": oid, "first_position": start.commit, "first_change": start.change_id,
             "last_position": end.commit, "last_change": end.change_id})
         width = len(names)
-        entries = []
+        entries: list[tuple[CapturedChange, Event | None, str | None]] = []
         for row in rows:
             change = CapturedChange(row[0], row[1], int(row[2]), table_name, row[3], row[4])
             values = tuple(row)

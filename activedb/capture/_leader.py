@@ -84,9 +84,11 @@ class Listener:
         import psycopg
 
         connection = self._connection
+        assert connection is not None       # (the precondition)
         try:
             if wait <= 0:
-                return connection.execute("SELECT pg_try_advisory_lock(%s, %s)", self.lock).fetchone()[0]
+                row = connection.execute("SELECT pg_try_advisory_lock(%s, %s)", self.lock).fetchone()
+                return bool(row is not None and row[0])
             connection.execute(f"SET lock_timeout = {int(wait * 1000)}")
             try:
                 connection.execute("SELECT pg_advisory_lock(%s, %s)", self.lock)
@@ -104,8 +106,10 @@ class Listener:
         (the caller closes it, under its ``_run_mutex``).  Precondition: :attr:`connected`."""
         import psycopg
 
+        connection = self._connection
+        assert connection is not None       # (the precondition)
         try:
-            for _ in self._connection.notifies(timeout=timeout, stop_after=1):
+            for _ in connection.notifies(timeout=timeout, stop_after=1):
                 pass
             return True
         except psycopg.OperationalError as error:

@@ -102,11 +102,12 @@ def capture_status(engine: sa.Engine, *, behind_changes: int = BEHIND_CHANGES,
         if not installed:
             return CaptureStatus(installed=False)
         tables = captured_tables(connection)
-        now = connection.execute(sa.text("SELECT now()")).scalar()
+        now: dt.datetime = connection.execute(sa.text("SELECT now()")).scalar_one()
         consumers = []
         for row in connection.execute(sa.text(_sql.CONSUMER_ROWS)).all():
             backlog = _backlog(connection, Position(row.position, row.change_id))
-            oldest = min((table.oldest_committed_at for table in backlog), default=None)
+            oldest = min((table.oldest_committed_at for table in backlog if table.oldest_committed_at is not None),
+                         default=None)
             lag = (now - oldest).total_seconds() if oldest is not None else None
             pending = sum(table.changes for table in backlog)
             consumers.append(ConsumerBacklog(
@@ -117,7 +118,7 @@ def capture_status(engine: sa.Engine, *, behind_changes: int = BEHIND_CHANGES,
         retained = connection.execute(sa.text(_sql.RETAINED)).scalar()
         latest = connection.execute(sa.text(_sql.LATEST_POSITION)).scalar()
     return CaptureStatus(installed=True, tables=tables, consumers=tuple(consumers), unconsumed=unconsumed,
-                         retained_changes=retained, latest_position=latest)
+                         retained_changes=retained, latest_position=latest)  # type: ignore[arg-type]
 
 
 def captured_tables(connection: sa.Connection) -> tuple[CapturedTable, ...]:

@@ -22,13 +22,20 @@ import inspect
 import sys
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any, Unpack
 
 import click
 
 from activedb import plugins
 from activedb.errors import ActivedbError, SchemaNotAtHead
 from activedb.extras import Extra, MissingExtra, extra_of, require
+
+if TYPE_CHECKING:  # pragma: no cover
+    from rich.console import Console
+    from rich.table import Table
+
+    from activedb import Database
+    from activedb._config import ConnectKeywords
 
 WIDE = 132            # columns of tables printed to a file or a pipe
 
@@ -39,7 +46,7 @@ def _benchmarks() -> dict[str, str]:
     return {name: entry.value for name, entry in plugins.entry_points(plugins.BENCHMARKS).items()}
 
 
-def console(stderr: bool = False):
+def console(stderr: bool = False) -> Console:
     """A ``rich`` console: the terminal's width on a terminal, :data:`WIDE` columns into a file or a pipe."""
     from rich.console import Console
 
@@ -54,7 +61,7 @@ class _Group(click.Group):
     module into one clear line, ``activedb: error: …``, and exit code 1."""
 
 
-    def invoke(self, ctx: click.Context):
+    def invoke(self, ctx: click.Context) -> object:
         try:
             return super().invoke(ctx)
         except click.UsageError:
@@ -67,8 +74,9 @@ class _Group(click.Group):
 
             if isinstance(error, ActivedbError):
                 message, code = str(error), 1
-            elif extra_of(error) is not None:             # an extra's module that a code path imported bare
-                message, code = str(MissingExtra(extra_of(error), error.name.partition(".")[0],
+            elif (extra := extra_of(error)) is not None:    # an extra's module that a code path imported bare
+                module = getattr(error, "name", None) or ""
+                message, code = str(MissingExtra(extra, module.partition(".")[0],
                                                  f"`activedb {ctx.invoked_subcommand}`")), 1
             elif isinstance(error, click.ClickException):     # a command's own refusal: the same one-line form
                 message, code = error.format_message(), error.exit_code
@@ -99,7 +107,7 @@ class _MainGroup(_Group):
             for entry in plugins.entry_points(plugins.COMMANDS).values():
                 entry.load()(self)
 
-    def get_command(self, ctx: click.Context, cmd_name: str):
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         self._load_plugins()
         return super().get_command(ctx, cmd_name)
 
@@ -123,11 +131,13 @@ def main(ctx: click.Context, url: str | None, home: str | None) -> None:
     ctx.obj = {"url": url, "home": home}
 
 
-def _options(ctx: click.Context) -> dict:
-    return ctx.find_root().obj or {"url": None, "home": None}
+def _options(ctx: click.Context) -> dict[str, str | None]:
+    found: dict[str, str | None] = ctx.find_root().obj or {"url": None, "home": None}
+    return found
 
 
-def open_database(ctx: click.Context, *, writes: bool, check_schema: bool = True, **options):
+def open_database(ctx: click.Context, *, writes: bool, check_schema: bool = True,
+                  **options: Unpack[ConnectKeywords]) -> Database:
     """Connect for a command, following the schema rule (the design note, ``README.md``).
 
     ``writes``: the command writes activedb's tables, so a database that never had them gets them
@@ -137,7 +147,7 @@ def open_database(ctx: click.Context, *, writes: bool, check_schema: bool = True
     from activedb._migrate import SchemaState, head
 
     obj = _options(ctx)
-    database = activedb.connect(obj["url"], home=obj["home"], upgrade=False, **options)
+    database = activedb.connect(obj["url"], home=obj["home"], upgrade=False, **options)  # type: ignore[misc]
     if not check_schema:
         return database
     try:
@@ -239,7 +249,7 @@ def explain(ctx: click.Context, snapshot: str | None, pid: int | None, output: s
         home = _options(ctx)["home"]
         explanation = request(pid, Path(home) / "explain" if home else None, timeout=timeout)
     else:
-        explanation = Explanation.load(snapshot)
+        explanation = Explanation.load(snapshot)  # type: ignore[arg-type]  # (no --pid: a SNAPSHOT)
     if as_text or output is None:
         click.echo(explanation.text())
     if output is not None:
@@ -355,7 +365,7 @@ def _run_pending(database: Any, module: ModuleType) -> tuple[int, int]:
     return after[0] - before[0], after[1] - before[1]
 
 
-def failed_firings_table(failures: list) -> Any:
+def failed_firings_table(failures: list[Any]) -> Table:
     """The detached firings that failed for good, as a table (``activedb outbox``, ``activedb status``)."""
     from rich.table import Table
 
@@ -376,7 +386,7 @@ class _Benchmarks(click.Group):
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(_benchmarks())
 
-    def get_command(self, ctx: click.Context, name: str):
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
         found = _benchmarks()
         if not found:
             raise click.ClickException(f"no benchmark is installed (asked for {name!r}): the benchmarks are not "

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from activedb.atomic import CompensationMode, CompensationScope
 from activedb.cli import load_app, open_database
 from activedb.extras import Extra, needs
 
@@ -64,7 +65,7 @@ def show(ctx: click.Context, query: str, batch: str, png: str | None, as_json: b
         else:
             click.echo(render_tree(graph, f"{query}/{batch}"))
             click.echo(f"scover: {', '.join(sorted(map(str, scover)))}")
-            state = ("complete" if cover.complete
+            state = ("complete" if cover.complete or cover.cut is None
                      else f"CUT at the {cover.cut.value} bound — not independent; next round would add "
                           f"{', '.join(sorted(map(str, cover.frontier))) or 'more transactions'}")
             click.echo(f"independent scover ({cover.rounds} rounds, {state}): "
@@ -219,9 +220,10 @@ def compensate(ctx: click.Context, query: str, batch: str, mode: str, scope: str
         if app:
             load_app(app, click.ClickException).register(db)
         with _spark_form_hint(query):
-            report = db.batches.compensate((query, batch), mode=mode, scope=scope, dry_run=dry_run,
+            report = db.batches.compensate((query, batch), mode=CompensationMode.parse(mode, "--mode"),
+                                           scope=CompensationScope.parse(scope, "--scope"), dry_run=dry_run,
                                            allow_unsafe=allow_unsafe, max_rounds=max_rounds)
-        described = report.describe()
+        described: dict[str, Any] = report.describe()
         if as_json:
             click.echo(json.dumps(described, indent=2, default=str))
             return

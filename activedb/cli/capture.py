@@ -28,7 +28,8 @@ def _connect(ctx: click.Context) -> Database:
     """``activedb.connect`` for ``--url``/``--home`` (capture needs its tables: connecting upgrades them)."""
     import activedb
 
-    return activedb.connect(**_options(ctx))
+    options = _options(ctx)
+    return activedb.connect(options["url"], home=options["home"])
 
 
 @click.group("capture")
