@@ -16,7 +16,7 @@ from typing import Any
 
 from activedb.atomic import SplitFailure, as_policy
 from activedb.cli.application import portable_spec
-from activedb.ingest import BatchHandler, EventMapping, RulesHandler, as_mapping
+from activedb.ingest import BatchHandler, Deadlines, EventMapping, RulesHandler, as_mapping
 
 from spark_bridge._foreach import foreach_batch
 from spark_bridge._scaleout import PartitionedIngestSink
@@ -76,6 +76,11 @@ class IngestOptions:
       handler's); ``on_partition_failure`` — an ``activedb.atomic.SplitFailure``: ``FORWARD`` (default: the query
       fails; after the fix a restart completes the batch) or ``COMPENSATE`` (the committed partitions are
       compensated, the failed one's rows become dead letters; ``activedb.atomic``'s split batches).
+    * ``deadlines`` — how long a batch, and a rule firing in it, may run (``activedb.ingest.Deadlines``; the batch
+      in progress is then seen by ``activedb status`` and the metrics): past one, the batch fails with
+      ``BatchDeadlineExceeded`` (the query stops with it) and the thread that did not return is abandoned — the
+      process should end or restart (``activedb run`` restarts itself).  Not on the scale-out path, whose batches
+      run in Spark's tasks.
     """
 
     handler: BatchHandler | None = None
@@ -89,8 +94,11 @@ class IngestOptions:
     app: str | Callable[[Any], Any] | None = None
     connect_options: Mapping[str, Any] | None = None
     on_partition_failure: SplitFailure | None = None
+    deadlines: Deadlines | None = None
 
     def __post_init__(self) -> None:
+        if self.deadlines is not None and not isinstance(self.deadlines, Deadlines):
+            raise IngestError(f"deadlines must be an activedb.ingest.Deadlines (or None), got {self.deadlines!r}")
         if self.handler is not None and not isinstance(self.handler, BatchHandler):
             raise IngestError(f"handler must be an activedb.ingest.BatchHandler (RulesHandler, streams.QueriesHandler, "
                               f"batch.TpgHandler, composite.CompositeHandler, or your own); got {self.handler!r}")
@@ -179,7 +187,7 @@ def ingest(db: Any, streaming_df: Any, *, mapping: EventMapping, query_name: str
     common = dict(query_name=query_name, known_types=options.known_types, spark_session=session,
                   on_phase=options.on_phase, lineage=options.lineage)
     if options.partition_by_key is None:
-        sink: IngestSink = IngestSink(db, mapping, handler=options.handler, **common)
+        sink: IngestSink = IngestSink(db, mapping, handler=options.handler, deadlines=options.deadlines, **common)
     else:
         sink = PartitionedIngestSink(db, mapping, partitions=options.partition_by_key,
                                      app=None if options.app is None else portable_spec(options.app),

@@ -21,7 +21,8 @@ import time
 from collections.abc import Callable, Collection
 from typing import Any
 
-from activedb.ingest import BatchHandler, EventMapping, Ingestion, LedgerId, Phase, PhaseTimings, sources_of_run
+from activedb.ingest import (BatchHandler, Deadlines, EventMapping, Ingestion, LedgerId, Phase, PhaseTimings,
+                             sources_of_run)
 
 from spark_bridge.errors import IngestError, QueryRenamedError
 
@@ -52,12 +53,12 @@ class IngestSink(Ingestion):
     def __init__(self, db: Any, mapping: EventMapping, *, query_name: str, known_types: Collection[str] | None = None,
                  spark_session: Any = None, on_phase: Callable[[str, int], None] | None = None,
                  batch_attempts: int = 3, handler: BatchHandler | None = None, event_ids_under: str | None = None,
-                 lineage: bool = True) -> None:
+                 lineage: bool = True, deadlines: Deadlines | None = None) -> None:
         if not isinstance(query_name, str) or not query_name.strip():
             raise IngestError("query_name must be a non-empty string (it names the query in the ledger)")
         super().__init__(db, mapping, source=query_name, handler=handler, known_types=known_types,
                          batch_attempts=batch_attempts, on_phase=on_phase, lineage=lineage,
-                         event_ids_under=event_ids_under)
+                         event_ids_under=event_ids_under, deadlines=deadlines)
         self._spark_session = spark_session
         # self._mutex protects the three fields below (the counters are the book's).
         self._mutex = threading.Lock()

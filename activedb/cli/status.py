@@ -8,29 +8,37 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-__all__ = ["print_capture_backlog", "print_detached", "print_split_batches", "register_commands", "status_command"]
+if TYPE_CHECKING:  # pragma: no cover
+    from rich.console import Console
+
+    from activedb.ingest import BatchReport
+
+__all__ = ["print_capture_backlog", "print_detached", "print_in_progress", "print_split_batches", "register_commands",
+           "status_command"]
 
 
 @click.command("status")
 @click.option("--query-name", default=None, help="Only this query.")
 @click.option("--json", "as_json", is_flag=True,
-              help="Print one JSON object instead of tables: ingestion, split_batches, detached, detached_failures, "
-                   "capture.")
+              help="Print one JSON object instead of tables: ingestion, in_progress, split_batches, detached, "
+                   "detached_failures, capture.")
 @click.pass_context
 def status_command(ctx: click.Context, query_name: str | None, as_json: bool) -> None:
-    """Show what ingestion has committed, per query, from PostgreSQL's ledger, and the detached rule
-    firings (pending, done, failed — with the failures' rule, trigger, event and error)."""
+    """Show what ingestion has committed, per query, from PostgreSQL's ledger, the batches in progress (with
+    their oldest rule firing, as their processes report them), and the detached rule firings (pending, done,
+    failed — with the failures' rule, trigger, event and error)."""
     from activedb.atomic import split_status
     from activedb.cli import open_database
-    from activedb.ingest import ingestion_status
+    from activedb.ingest import batches_in_progress, ingestion_status
 
     database = open_database(ctx, writes=False)
     try:
         statuses = ingestion_status(database, query_name)
+        in_progress = batches_in_progress(database, query_name)
         splits = split_status(database, query_name)
         detached = database.outbox.statistics()
         failures = database.outbox.failures(limit=20)
@@ -40,6 +48,7 @@ def status_command(ctx: click.Context, query_name: str | None, as_json: bool) ->
     if as_json:
         document = {
             "ingestion": [dataclasses.asdict(status) for status in statuses],
+            "in_progress": [dataclasses.asdict(report) for report in in_progress],
             "split_batches": [dataclasses.asdict(split) for split in splits],
             "detached": dataclasses.asdict(detached),
             "detached_failures": [dataclasses.asdict(failure) for failure in failures],
@@ -70,9 +79,30 @@ def status_command(ctx: click.Context, query_name: str | None, as_json: bool) ->
             for rule, count in status.rule_firings.items():
                 rules.add_row(status.query_name, rule, f"{count:,}")
         console.print(rules)
+    print_in_progress(console, in_progress)
     print_split_batches(console, splits)
     print_detached(console, detached, failures)
     print_capture_backlog(console, capture)
+
+
+def print_in_progress(console: Console, reports: list[BatchReport]) -> None:
+    """The batches in progress their processes reported (``activedb.ingest.batches_in_progress``): one line each,
+    with its oldest rule firing still running and its deadline; a report its process stopped refreshing says so."""
+    import datetime as dt
+
+    for report in reports:
+        line = (f"batch {report.batch_id} of query {report.query_name} in progress for {report.seconds:,.0f} s "
+                f"({report.rows:,} rows; {report.query_id}, pid {report.pid} on {report.host})")
+        if report.firing_rule is not None and report.firing_started_at is not None:
+            since = (dt.datetime.now(dt.timezone.utc) - report.firing_started_at).total_seconds()
+            line += (f"; its oldest rule firing: rule {report.firing_rule} running for {since:,.0f} s on "
+                     f"{report.firing_event}")
+        if report.deadline_at is not None:
+            line += f"; deadline at {report.deadline_at.isoformat(timespec='seconds')}"
+        if report.stale:
+            line = (f"[yellow]not refreshed since {report.reported_at.isoformat(timespec='seconds')}[/yellow] (its "
+                    f"process stopped reporting: killed, or its machine is gone): {line}")
+        console.print(line, highlight=False, soft_wrap=True)
 
 
 def print_capture_backlog(console: Any, capture: Any) -> None:

@@ -25,7 +25,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from activedb.txn import Transaction
 
 __all__ = ["TABLE", "Letter", "LetterFilter", "LetterRecord", "LetterReplayed", "count", "count_by_reason",
-           "decode_original", "encode_original", "insert", "purge", "select", "table_rows"]
+           "decode_original", "encode_original", "insert", "insert_ahead", "purge", "select", "table_rows",
+           "written_ahead"]
 
 TABLE = "activedb_dead_letters"
 _ARROW_TAG = "$arrow"
@@ -63,6 +64,8 @@ class LetterRecord:
     created_at: dt.datetime | None = None
     replayed_at: dt.datetime | None = None
     replay_query_id: str | None = None
+    #: The row's index in its batch, for a letter written ahead of its batch (:func:`insert_ahead`), else None.
+    position: int | None = None
 
     @classmethod
     def from_mapping(cls, row: Mapping[str, object]) -> "LetterRecord":
@@ -162,6 +165,26 @@ def insert(tx: Transaction, catalog: Catalog, query_id: str | None, batch_id: in
     tx.prefetch(TABLE, ids)
     for letter_id, row in zip(ids, rows):
         tx.insert(TABLE, id=letter_id, **row)
+
+
+def insert_ahead(database: DatabaseHandle, query_id: str, batch_id: int, position: int, letter: Letter) -> int:
+    """Write ``letter`` at once, on a connection of its own, as the dead letter of row ``position`` of batch
+    ``batch_id`` of ``query_id`` — *ahead of* that batch, which has not committed (a rule past its deadline: the
+    batch's own transaction cannot commit any more).  A re-run of the batch leaves the row out
+    (:func:`written_ahead`).  Returns the letter's id."""
+    table = database.table(TABLE)
+    [row] = table_rows(query_id, batch_id, [letter])
+    with database.engine.begin() as connection:
+        return int(connection.execute(table.insert().values(**row, position=position).returning(table.c.id))
+                   .scalar_one())
+
+
+def written_ahead(connection: sa.Connection, table: sa.Table, query_id: str, batch_id: int) -> dict[int, int]:
+    """``{position: letter id}`` of the letters written ahead of batch ``batch_id`` of ``query_id``
+    (:func:`insert_ahead`), read on ``connection``."""
+    rows = connection.execute(sa.select(table.c.position, table.c.id).where(
+        table.c.query_id == query_id, table.c.batch_id == batch_id, table.c.position.is_not(None)))
+    return {position: letter_id for position, letter_id in rows}
 
 
 # --- reading -------------------------------------------------------------------------------------------

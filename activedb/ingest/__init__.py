@@ -14,6 +14,8 @@ Public names:
 * validation — :class:`EventMapping`, :func:`as_mapping`, :func:`rows_to_events`, :class:`RawEvent`,
   :class:`Rejected`;
 * outcomes — :class:`BatchOutcome`, :class:`IngestStatistics`, :class:`PhaseTimings`;
+* deadlines and the batch in progress — :class:`Deadlines`, :class:`BatchInProgress`, :class:`FiringInProgress`,
+  :func:`batches_in_progress`, :class:`BatchReport`;
 * :mod:`activedb.ingest.errors`.
 
 Importing this package imports nothing of Spark or pyarrow.
@@ -28,13 +30,15 @@ from activedb.ingest._ledger import (
     parse_ledger_query_id, sources_of_run,
 )
 from activedb.ingest._mapping import EventMapping, RawEvent, Rejected, as_mapping, rows_to_events
-from activedb.ingest._outcome import BatchOutcome, IngestStatistics, PhaseTimings
+from activedb.ingest._outcome import BatchInProgress, BatchOutcome, FiringInProgress, IngestStatistics, PhaseTimings
 from activedb.ingest._protocol import BatchHandler, BatchInput
 from activedb.ingest._replay import ReplayOutcome, ReplayResult, Replayable, replay_dead_letters
 from activedb.ingest._rules import BatchLowering, RulesHandler
+from activedb.ingest._watch import BatchReport, Deadlines, batches_in_progress
 
-__all__ = ["END_OF_STREAM_BATCH", "Batch", "BatchHandler", "BatchInput", "BatchLowering", "BatchOutcome", "EventMapping",
-           "IngestStatistics", "Ingestion", "IngestionLedger", "LedgerId", "Phase", "PhaseTimings", "QueryStatus", "RawEvent", "Rejected",
+__all__ = ["END_OF_STREAM_BATCH", "Batch", "BatchHandler", "BatchInProgress", "BatchReport", "Deadlines", "FiringInProgress",
+           "batches_in_progress", "BatchInput", "BatchLowering", "BatchOutcome", "EventMapping", "IngestStatistics",
+           "Ingestion", "IngestionLedger", "LedgerId", "Phase", "PhaseTimings", "QueryStatus", "RawEvent", "Rejected",
            "Replayable", "ReplayOutcome", "ReplayResult", "RowBatches", "Rows", "RulesHandler", "Source", "as_mapping",
            "batch_committed", "drive", "errors", "feed", "forget_run", "ingestion_status", "ledger_query_id", "parse_ledger_query_id",
            "replay_dead_letters", "rows_to_events", "sources_of_run"]

@@ -20,6 +20,7 @@ from activedb.ingest._mapping import EventMapping, as_mapping
 from activedb.ingest._outcome import BatchBook, BatchOutcome, IngestStatistics, PhaseTimings
 from activedb.ingest._protocol import BatchContext, BatchHandler, BatchInput, run_batch
 from activedb.ingest._rules import RulesHandler
+from activedb.ingest._watch import BatchInProgress, Deadlines, Watch
 from activedb.ingest.errors import IngestError, MappingError
 from activedb.tracing import BatchTracing
 
@@ -59,6 +60,10 @@ class Ingestion:
       batch features; the design note says where it is on);
     * ``event_ids_under`` — the source name whose ingested event ids count for duplicate detection
       (``EventMapping.id_column``; default ``source``; a dead-letter replay passes the original source).
+    * ``deadlines`` — how long a batch and a rule firing in it may run (:class:`Deadlines`); given, the batches run
+      on a thread of the ingestion's own while the caller waits with the deadlines, and the batch in progress is
+      seen (:meth:`batch_in_progress`, ``activedb status``).  None (the default): the batch runs on the caller's
+      thread, without deadlines.
 
     Thread-safety: see the module docstring.
     """
@@ -66,7 +71,7 @@ class Ingestion:
     def __init__(self, db: IngestDatabase, mapping: EventMapping | Mapping[str, object] | None = None, *, source: str,
                  handler: BatchHandler | None = None, known_types: Collection[str] | None = None,
                  batch_attempts: int = 3, on_phase: Callable[[str, int], None] | None = None, lineage: bool = False,
-                 event_ids_under: str | None = None) -> None:
+                 event_ids_under: str | None = None, deadlines: Deadlines | None = None) -> None:
         if mapping is not None:
             try:
                 mapping = as_mapping(mapping)
@@ -81,6 +86,8 @@ class Ingestion:
             raise IngestError(f"handler must be an activedb.ingest.BatchHandler (RulesHandler, "
                               f"streams.QueriesHandler, batch.TpgHandler, composite.CompositeHandler, …), got "
                               f"{handler!r}")
+        if deadlines is not None and not isinstance(deadlines, Deadlines):
+            raise IngestError(f"deadlines must be an activedb.ingest.Deadlines (or None), got {deadlines!r}")
         handler.bind(db, mapping)
         self.db = db
         self.mapping = mapping
@@ -91,7 +98,8 @@ class Ingestion:
         #: What the batch protocol needs of this ingestion (``run_batch`` gets it, not the ingestion).
         self.context = BatchContext(db, mapping, source, event_ids_under or source,
                                    None if known_types is None else frozenset(known_types), batch_attempts,
-                                   BatchBook(source, on_phase, wall=db.clock.wall), BatchTracing(db, source))
+                                   BatchBook(source, on_phase, wall=db.clock.wall), BatchTracing(db, source),
+                                   None if deadlines is None else Watch(db, source, deadlines))
         self._book = self.context.book
 
     @property
@@ -118,9 +126,20 @@ class Ingestion:
             if self.lineage:
                 participants = (*participants, self.db.batches.consuming(
                     str(LedgerId.parse(query_id).whole()), batch_id))
-            return run_batch(self.context, self.handler, rows, batch_id, query_id=query_id, watermark=watermark,
-                             timings=extra_timings or PhaseTimings(), punctuate=punctuate,
-                             participants=tuple(participants), events=events, fresh=fresh)
+            timings = extra_timings or PhaseTimings()
+            watch = self.context.watch
+            if watch is None:
+                self._book.batch_began(query_id, batch_id, rows)
+                try:
+                    return run_batch(self.context, self.handler, rows, batch_id, query_id=query_id,
+                                     watermark=watermark, timings=timings, punctuate=punctuate,
+                                     participants=tuple(participants), events=events, fresh=fresh)
+                finally:
+                    self._book.batch_ended()
+            return watch.run(query_id, batch_id, rows, lambda: run_batch(
+                self.context, self.handler, rows, batch_id, query_id=query_id, watermark=watermark, timings=timings,
+                punctuate=punctuate, participants=tuple(participants), events=events, fresh=fresh),
+                self.handler.event_in_progress)
 
     def reject(self, rows: Any, batch_id: int, *, query_id: str, reason: str,
                participants: Collection[CommitParticipant] = ()) -> BatchOutcome:
@@ -179,11 +198,20 @@ class Ingestion:
         """A consistent snapshot of the counters (see :class:`IngestStatistics`)."""
         return self._book.statistics()
 
+    def batch_in_progress(self) -> BatchInProgress | None:
+        """The batch running now (None between batches): how long, and — with :class:`Deadlines` — its oldest rule
+        firing still running and the time to its first deadline."""
+        watch = self.context.watch
+        return watch.in_progress() if watch is not None else self._book.in_progress()
+
     def close(self) -> None:
-        """Release the handler's resources (the TPG path's worker processes) and the tracing's observer."""
+        """Release the handler's resources (the TPG path's worker processes), the tracing's observer and the
+        deadlines' thread."""
         self.handler.close()
         if self.context.tracing is not None:
             self.context.tracing.close()
+        if self.context.watch is not None:
+            self.context.watch.close()
 
 
 class _EndOfStream(BatchHandler):

@@ -11,10 +11,11 @@ import dataclasses
 import datetime as dt
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sized
 from dataclasses import astuple, dataclass, field
 
-__all__ = ["PHASES", "RECENT_OUTCOMES", "BatchBook", "BatchOutcome", "IngestStatistics", "PhaseTimings"]
+__all__ = ["PHASES", "RECENT_OUTCOMES", "BatchBook", "BatchInProgress", "BatchOutcome", "FiringInProgress",
+           "IngestStatistics", "PhaseTimings"]
 
 _UTC = dt.timezone.utc
 
@@ -100,6 +101,31 @@ class IngestStatistics:
     timings: PhaseTimings = field(default_factory=PhaseTimings)
 
 
+@dataclass(frozen=True)
+class FiringInProgress:
+    """The oldest rule firing still running in a batch.  Immutable."""
+
+    rule: str
+    event: str              # the event it runs on, described (``Event.describe()``)
+    seconds: float          # how long it has run
+    transaction: str        # the id of the transaction it runs in
+
+
+@dataclass(frozen=True)
+class BatchInProgress:
+    """A batch an ingestion is running now.  Immutable.  ``firing``: its oldest rule firing still running (a
+    watched ingestion's only); ``deadline_in``: seconds until its first deadline passes (None: no deadline)."""
+
+    query_id: str           # the run's ledger id
+    query_name: str         # the source
+    batch_id: int
+    rows: int
+    started_at: dt.datetime
+    seconds: float
+    firing: FiringInProgress | None = None
+    deadline_in: float | None = None
+
+
 class BatchBook:
     """The bookkeeping of one sink's batches: ``on_phase(phase, batch_id)`` (:data:`PHASES`), the
     counters behind :class:`IngestStatistics`, the last :data:`RECENT_OUTCOMES` outcomes, the batches in
@@ -129,6 +155,9 @@ class BatchBook:
         self._recent: collections.deque[BatchOutcome] = collections.deque(maxlen=RECENT_OUTCOMES)
         self._last_failure: tuple[int, BaseException] | None = None
         self._in_batch = 0  # Invariant: number of __call__/process calls currently running (>= 0)
+        #: The batch running on its caller's thread: (query id, batch id, rows, since: monotonic, since: UTC);
+        #: replaced whole by one reference store, read without the mutex.
+        self._current: tuple[str, int, int, float, dt.datetime] | None = None
         self._idle = threading.Condition(self._mutex)
 
     # -- phases -----------------------------------------------------------------------------------
@@ -165,6 +194,24 @@ class BatchBook:
             return self._last_committed == (query_id, batch_id - 1)
 
     # -- batches in progress, failures ------------------------------------------------------------
+
+    def batch_began(self, query_id: str, batch_id: int, rows: Sized) -> None:
+        """Batch ``batch_id`` of ``query_id`` (``rows``) begins on the caller's thread (an ingestion without
+        deadlines: its :class:`~activedb.ingest._watch.Watch` knows its own)."""
+        count = getattr(rows, "num_rows", None)
+        count = len(rows) if count is None else int(count)
+        self._current = (query_id, batch_id, count, time.monotonic(), dt.datetime.now(_UTC))  # (one store)
+
+    def batch_ended(self) -> None:
+        self._current = None
+
+    def in_progress(self) -> BatchInProgress | None:
+        """The batch running now, or None (its firings are not known here: a watched ingestion's are)."""
+        current = self._current
+        if current is None:
+            return None
+        query_id, batch_id, count, started, started_at = current
+        return BatchInProgress(query_id, self.query_name, batch_id, count, started_at, time.monotonic() - started)
 
     @contextlib.contextmanager
     def in_batch(self) -> Iterator[None]:

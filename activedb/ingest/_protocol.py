@@ -30,6 +30,7 @@ from activedb.ingest._letters import BatchLetters, no_cyclic_gc
 from activedb.ingest._mapping import EventMapping, RawEvent, rows_to_events
 from activedb.ingest._outcome import BatchBook, BatchOutcome, PhaseTimings
 from activedb.ingest.errors import first_line
+from activedb.ingest._watch import Watch, letters_written_ahead
 from activedb.tracing import BatchTrace, BatchTracing
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -152,6 +153,12 @@ class BatchHandler:
         attempt is searched then.  Default False: the trials apply it as the failed attempt did."""
         return False
 
+    def event_in_progress(self) -> RawEvent | None:
+        """The event of the batch being applied now, if the handler applies them one by one (asked from another
+        thread when a rule passes its deadline: that event becomes the dead letter, ``activedb.ingest.Deadlines``);
+        None: no single event is to blame (the default)."""
+        return None
+
     #: True: the handler's engine holds events back across batches (a reorder buffer) until the source ends
     #: (:meth:`release`); False: nothing is held back, and the end of the stream has nothing to do.
     holds_back = False
@@ -185,6 +192,8 @@ class BatchContext:
     book: BatchBook
     #: The spans of the batches (``activedb.tracing``; they are made only when an OpenTelemetry SDK is configured).
     tracing: BatchTracing | None = None
+    #: What watches the batches (``Deadlines``): each attempt's top-level transaction is told to it.
+    watch: Watch | None = None
 
     def accepted_types(self, handler: BatchHandler) -> frozenset[str] | None:
         """The event types accepted now: ``known_types`` if given, else the handler's (``handler.accepted_types()``,
@@ -270,8 +279,11 @@ def _run_batch(context: BatchContext, handler: BatchHandler, rows: Any, row_coun
     # A replay of a committed batch is skipped before anything runs; the batch after the one this ingestion
     # committed last cannot be one (BatchBook.follows_committed), nor a batch the connector vouches for: their
     # round trips to the ledger are saved (a duplicate run is refused at the commit).
-    if not (fresh or book.follows_committed(query_id, batch_id)) and batch_committed(context.db, query_id, batch_id):
-        return book.skipped(query_id, batch_id, row_count, watermark, timings, began)
+    ahead: dict[int, int] = {}      # rows dead-lettered ahead of this batch (a rule past its deadline): left out
+    if not (fresh or book.follows_committed(query_id, batch_id)):
+        if batch_committed(context.db, query_id, batch_id):
+            return book.skipped(query_id, batch_id, row_count, watermark, timings, began)
+        ahead = letters_written_ahead(context.db, query_id, batch_id)
 
     with no_cyclic_gc():    # until the tree has ended, then one young collection (_letters.no_cyclic_gc)
         started = time.perf_counter()
@@ -283,6 +295,8 @@ def _run_batch(context: BatchContext, handler: BatchHandler, rows: Any, row_coun
         elif handler.validates_rows:
             good, letters = context.validate(rows, dead, watermark, context.accepted_types(handler),
                                              handler.late_rows_are_dead_letters)
+        if ahead:
+            good = [event for event in good if event.position not in ahead]
         timings = timings + PhaseTimings(validate=time.perf_counter() - started)
 
         batch = BatchInput(
@@ -305,9 +319,12 @@ def _run_batch(context: BatchContext, handler: BatchHandler, rows: Any, row_coun
                 with context.db.transaction(name=f"ingest:{context.query_name}", participants=list(participants)) as tx:
                     if trace is not None:       # the firings in tx's tree are the batch's
                         trace.transaction(tx)
+                    if context.watch is not None:
+                        context.watch.transaction(tx)
                     # Re-run until it commits: an aborted attempt is no outcome for the detached rules it fired.
                     context.db.outbox.mark_replayed(tx)
                     handler.handle(tx, batch, ledger)
+                    ledger.dead_letters += len(ahead)      # rows whose letters a deadline wrote ahead of the batch
                     if trace is not None:       # the commit's span, ended by a participant's committed/aborted
                         trace.commit_started(tx)
                     lowlevel.enlist(tx, ledger)        # last: a participant the handler enlisted writes the counts first

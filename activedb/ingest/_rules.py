@@ -86,6 +86,8 @@ class RulesHandler(BatchHandler):
         # attempts run event by event, where each such event is refused alone, with its reason.
         self._last_lowered: tuple[tuple[str, int], Any] | None = None
         self._event_by_event: tuple[str, int] | None = None
+        #: The event whose subtransaction runs now (read by another thread at a rule's deadline).
+        self._running: RawEvent | None = None
 
     def bind(self, db: Any, mapping: Any) -> None:
         """Fire the rules of ``db`` (a handler serves one database)."""
@@ -160,20 +162,28 @@ class RulesHandler(BatchHandler):
             name = f"event:{event.event_type}"
             if len(_NAMES) < _MAX_NAMES:      # (types come from the data: the cache stays bounded)
                 _NAMES[event.event_type] = name
-        for attempt in range(1, self.event_attempts + 1):
-            try:
-                run_inline(tx, _emit, event, name)     # run_subtransaction(tx, _emit, event, name=name), positional
-                return None
-            except Exception as failure:
-                conflict = conflict_in(failure)
-                if conflict is not None:
-                    raise conflict from failure   # not the event's fault: the whole batch is re-run
-                if is_infrastructure_failure(failure) or tx.state is not _ACTIVE:
-                    raise
-                if classify(failure) is Failure.DEADLOCK and attempt < self.event_attempts:
-                    continue
-                return rejection_reason(failure)
-        raise AssertionError("unreachable: the last attempt returns or raises")
+        self._running = event
+        try:
+            for attempt in range(1, self.event_attempts + 1):
+                try:
+                    run_inline(tx, _emit, event, name)     # run_subtransaction(tx, _emit, event, name=name)
+                    return None
+                except Exception as failure:
+                    conflict = conflict_in(failure)
+                    if conflict is not None:
+                        raise conflict from failure   # not the event's fault: the whole batch is re-run
+                    if is_infrastructure_failure(failure) or tx.state is not _ACTIVE:
+                        raise
+                    if classify(failure) is Failure.DEADLOCK and attempt < self.event_attempts:
+                        continue
+                    return rejection_reason(failure)
+            raise AssertionError("unreachable: the last attempt returns or raises")
+        finally:
+            self._running = None
+
+    def event_in_progress(self) -> RawEvent | None:
+        """The event whose subtransaction runs now (None between events: at the batch's commit)."""
+        return self._running
 
     def _prefetch_rows(self, tx: Transaction, events: tuple[RawEvent, ...] | list[RawEvent]) -> None:
         for table, how in self.prefetch.items():

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from activedb.errors import ActivedbError
 
-__all__ = ["AppLoadError", "IngestError", "MappingError", "describe", "first_line"]
+__all__ = ["AppLoadError", "BatchDeadlineExceeded", "IngestError", "MappingError", "describe", "first_line"]
 
 
 def first_line(error: BaseException) -> str:
@@ -35,3 +35,35 @@ class MappingError(IngestError, ValueError):
     This is about the mapping's configuration (for example an empty column name), never about a data row:
     bad rows are *rejected*, not raised.
     """
+
+
+class BatchDeadlineExceeded(IngestError):
+    """A batch, or a rule firing in it, ran past its deadline (``activedb.ingest.Deadlines``).  The batch was rolled
+    back — its transaction doomed, its PostgreSQL transaction ended —; past a rule's deadline the event the rule
+    ran on is dead letter ``letter_id`` (written at once; a re-run of the batch leaves it out).  The thread that did
+    not return cannot be stopped: the ingestion takes no more batches, and its process should end or restart.
+    ``batch_id``: the batch; ``what``: what passed its deadline, in words."""
+
+    def __init__(self, what: str, *, batch_id: int) -> None:
+        super().__init__(what)
+        self.what = what
+        self.batch_id = batch_id
+        self.letter_id: int | None = None
+        self.letter_error: BaseException | None = None
+
+    def settle(self, *, blamed: bool, batch_deadline: bool = False) -> None:
+        """The whole message, once the culprit's dead letter is written (or not)."""
+        if self.letter_id is not None:
+            then = f"the event is dead letter {self.letter_id}, and a re-run applies the batch without it"
+        elif blamed:
+            then = (f"its dead letter could not be written ({describe(self.letter_error or IngestError())}): a re-run "
+                    f"meets the rule again")
+        elif batch_deadline:
+            then = ("a re-run runs it as it was: give batches more time (Deadlines(batch=…), activedb run "
+                    "--batch-deadline) or make them smaller (--max-files-per-trigger)")
+        else:
+            then = ("no event of the batch is to blame (a rule of its commit): a re-run runs it as it was — fix or "
+                    "disable the rule (activedb rules disable NAME)")
+        self.args = (f"{self.what}. The batch was rolled back (nothing of it is applied, its row locks are released); "
+                     f"{then}. The thread that did not return cannot be stopped: this ingestion takes no more "
+                     f"batches — end the process and start it again (activedb run restarts itself)",)

@@ -19,6 +19,7 @@ with needs(Extra.METRICS, "Prometheus metrics (activedb.metrics)"):
     from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:  # pragma: no cover
+    from activedb.ingest import BatchInProgress
     from activedb.capture import CaptureManager
     from activedb.outbox import Outbox
 
@@ -44,6 +45,10 @@ class IngestionSource(Protocol):
 
     def recent_outcomes(self) -> list[Any]:
         """The last batches' outcomes, oldest first, each with ``seconds``."""
+
+    def batch_in_progress(self) -> BatchInProgress | None:
+        """The batch running now (``seconds``, ``firing`` with ``rule`` and ``seconds``, or None), or None between
+        batches."""
 
 
 class ConsumerSource(Protocol):
@@ -180,8 +185,17 @@ class ActivedbCollector(Collector):
                                 "watermark", labels=["query"])
         latency = HistogramMetricFamily("activedb_batch_seconds", "Seconds a micro-batch took in the sink",
                                         labels=["query"])
+        running = GaugeMetricFamily("activedb_ingest_batch_in_progress_seconds", "How long the batch in progress has "
+                                    "run (absent between batches)", labels=["query"])
+        oldest = GaugeMetricFamily("activedb_ingest_oldest_firing_seconds", "How long the oldest rule firing still "
+                                   "running in the batch in progress has run", labels=["query", "rule"])
         for source, histogram in ingestions:
             statistics = source.statistics()
+            batch = source.batch_in_progress()
+            if batch is not None:
+                running.add_metric([statistics.query_name], batch.seconds)
+                if batch.firing is not None:
+                    oldest.add_metric([statistics.query_name, batch.firing.rule], batch.firing.seconds)
             histogram.absorb(source.recent_outcomes())
             query = statistics.query_name
             for field, family in families.items():
@@ -193,7 +207,7 @@ class ActivedbCollector(Collector):
             buckets, total = histogram.snapshot()
             latency.add_metric([query], buckets, total)
         yield from families.values()
-        yield from (firings, lag, latency)
+        yield from (firings, lag, latency, running, oldest)
 
     def _capture_consumers(self) -> Iterator[Metric]:
         with self._mutex:

@@ -135,6 +135,18 @@ def app_state(database: activedb.Database) -> dict[str, list[tuple]]:
         }
 
 
+def counter_locked(engine: sa.Engine, key: str) -> bool:
+    """Whether another transaction holds ``counters``' row ``key`` ``FOR UPDATE`` (asked with ``NOWAIT``)."""
+    with engine.connect() as connection:
+        try:
+            connection.execute(sa.text("SELECT 1 FROM counters WHERE key = :key FOR UPDATE NOWAIT"), {"key": key})
+            return False
+        except sa.exc.OperationalError:
+            return True
+        finally:
+            connection.rollback()
+
+
 def dead_letters(database: activedb.Database) -> list[tuple]:
     """``(query_id, batch_id, reason, raw)`` of every dead letter, in id order."""
     with database.engine.connect() as connection:

@@ -1,0 +1,390 @@
+"""Deadlines and the batch in progress: :class:`Deadlines` (how long a batch, and a rule firing in it, may run),
+:class:`BatchInProgress` and :class:`FiringInProgress` (what runs now: ``activedb run``'s progress line, the
+metrics), :class:`Watch` (what a watched ingestion holds: the thread its batches run on, the clock of its rule
+firings, the report of a long batch to the database, the deadlines) and :func:`batches_in_progress` (the reports,
+as ``activedb status`` reads them).  Design note: the package's ``README.md``, "Deadlines and the batch in
+progress".
+
+Thread-safety: a :class:`Watch` runs one batch at a time (its ingestion's); ``Watch._mutex`` protects the batch
+in progress (a leaf: no SQL or user code under it); :class:`FiringClock` needs none.  The
+report is written by the thread that waits for the batch, never by the batch's own.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import math
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, TypeVar, cast
+
+import sqlalchemy as sa
+
+from activedb import deadletters, lowlevel
+from activedb.ingest._letters import BatchLetters
+from activedb.ingest._outcome import BatchInProgress, FiringInProgress
+from activedb.ingest.errors import BatchDeadlineExceeded, IngestError
+from activedb.txn import FiringOutcome, FiringView, Observer
+
+if TYPE_CHECKING:  # pragma: no cover
+    from activedb._handle import DatabaseHandle
+    from activedb.ingest._interface import Rows
+    from activedb.ingest._mapping import RawEvent
+    from activedb.txn import Transaction
+
+__all__ = ["BatchInProgress", "BatchReport", "Deadlines", "FiringInProgress", "Watch", "batches_in_progress",
+           "letters_written_ahead"]
+
+logger = logging.getLogger("activedb.ingest")
+
+_UTC = dt.timezone.utc
+_T = TypeVar("_T")
+
+PROGRESS_TABLE = "activedb_batches_in_progress"
+#: A batch that has run this long is reported to the database (one that ends sooner costs no SQL).
+REPORT_AFTER_SECONDS = 2.0
+#: How often the report of a batch still running is refreshed (``reported_at``).
+REPORT_EVERY_SECONDS = 5.0
+#: A report older than this belongs to a process that stopped reporting (``BatchReport.stale``).
+STALE_AFTER_SECONDS = 3 * REPORT_EVERY_SECONDS
+
+
+@dataclass(frozen=True)
+class Deadlines:
+    """How long a batch may run and how long a rule firing in it may run, in seconds (None: no limit); given to
+    an ingestion (``Ingestion(deadlines=…)``, ``spark_bridge.ingest(deadlines=…)``), they also make its batch in
+    progress visible (``activedb status``, the metrics).  ``Deadlines()`` watches without a limit.  Immutable.
+
+    What a deadline does (the design note says why): the batch's transaction is doomed and its PostgreSQL
+    transaction ended at once (row locks released); for a rule, the event it was running on becomes a dead letter
+    at once, and a re-run of the batch leaves it out; the batch fails with :class:`BatchDeadlineExceeded` and the
+    connector re-delivers it later.  The thread that does not return cannot be stopped: it is abandoned, and the
+    ingestion takes no more batches — the process should end or restart (``activedb run`` restarts itself)."""
+
+    batch: float | None = None
+    rule: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("batch", "rule"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                      or not math.isfinite(value) or value <= 0):
+                raise IngestError(f"Deadlines({name}=…) takes a number of seconds > 0, or None for no limit; "
+                                  f"got {value!r}")
+
+
+@dataclass(frozen=True)
+class BatchReport:
+    """A row of ``activedb_batches_in_progress``: a batch that had run :data:`REPORT_AFTER_SECONDS` when its
+    process reported it.  ``stale``: not refreshed for :data:`STALE_AFTER_SECONDS` — the process stopped
+    reporting (it was killed, or its machine is gone); ``seconds``: how long the batch has run by now."""
+
+    query_id: str
+    query_name: str
+    batch_id: int
+    rows: int
+    host: str
+    pid: int
+    started_at: dt.datetime
+    reported_at: dt.datetime
+    deadline_at: dt.datetime | None
+    firing_rule: str | None
+    firing_event: str | None
+    firing_started_at: dt.datetime | None
+    seconds: float
+    stale: bool
+
+
+def batches_in_progress(db: DatabaseHandle, query_name: str | None = None) -> list[BatchReport]:
+    """The batches in progress their processes reported (of source ``query_name``, or all), oldest first."""
+    table = db.table(PROGRESS_TABLE)
+    statement = sa.select(table, sa.func.now().label("now")).order_by(table.c.started_at)
+    if query_name is not None:
+        statement = statement.where(table.c.query_name == query_name)
+    with db.engine.connect() as connection:
+        rows = connection.execute(statement).mappings().all()
+    return [BatchReport(**{name: row[name] for name in (
+        "query_id", "query_name", "batch_id", "rows", "host", "pid", "started_at", "reported_at", "deadline_at",
+        "firing_rule", "firing_event", "firing_started_at")},
+        seconds=(row["now"] - row["started_at"]).total_seconds(),
+        stale=(row["now"] - row["reported_at"]).total_seconds() > STALE_AFTER_SECONDS) for row in rows]
+
+
+def letters_written_ahead(db: DatabaseHandle, query_id: str, batch_id: int) -> dict[int, int]:
+    """``{row position: letter id}`` of the dead letters a deadline wrote ahead of batch ``batch_id`` of
+    ``query_id`` (:meth:`Watch._abandon`): its re-run leaves those rows out."""
+    table = db.table(deadletters.TABLE)
+    with db.engine.connect() as connection:
+        return deadletters.written_ahead(connection, table, query_id, batch_id)
+
+
+class FiringClock(Observer):
+    """The rule firings running now and since when (an :class:`~activedb.txn.Observer`; a database without a
+    watched ingestion does not call its hooks).  Thread-safety: ``_running`` is changed and copied by single dict
+    operations, each atomic under CPython's GIL — no mutex on a firing's path (two hooks per firing)."""
+
+    def __init__(self) -> None:
+        self._running: dict[int, tuple[Transaction, FiringView, float]] = {}   # id(firing) -> its transaction, it, since
+
+    def on_firing_start(self, transaction: Transaction, firing: FiringView) -> None:
+        self._running[id(firing)] = (transaction, firing, time.monotonic())
+
+    def on_firing_end(self, transaction: Transaction, firing: FiringView, outcome: FiringOutcome) -> None:
+        self._running.pop(id(firing), None)
+
+    def oldest(self, root: Transaction) -> tuple[Transaction, FiringView, float] | None:
+        """The oldest firing running in ``root``'s tree: ``(its transaction, the firing, since)``, or None."""
+        running = [entry for entry in self._running.copy().values() if entry[0].root is root]
+        return min(running, key=lambda entry: entry[2], default=None)
+
+
+class _Call:
+    """One call handed to the runner's thread: its outcome once ``done`` is set."""
+
+    def __init__(self, function: Callable[[], object] | None) -> None:
+        self.function = function
+        self.done = threading.Event()
+        self.result: object = None
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            assert self.function is not None
+            self.result = self.function()
+        except BaseException as error:     # handed to the waiting thread, which raises it
+            self.error = error
+        finally:
+            self.done.set()
+
+
+class _Runner:
+    """A daemon thread running one call at a time: the batches of a watched ingestion run here, so that the
+    connector's thread can wait with a deadline (a thread that never returns is abandoned with it: a daemon
+    does not keep the process alive)."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._mutex = threading.Lock()     # protects _calls and _thread
+        self._calls: list[_Call] = []
+        self._wake = threading.Condition(self._mutex)
+        self._thread: threading.Thread | None = None
+
+    def submit(self, function: Callable[[], object]) -> _Call:
+        call = _Call(function)
+        with self._mutex:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
+                self._thread.start()
+            self._calls.append(call)
+            self._wake.notify()
+        return call
+
+    def _loop(self) -> None:
+        while True:
+            with self._mutex:
+                while not self._calls:
+                    self._wake.wait()
+                call = self._calls.pop(0)
+            if call.function is None:       # close()
+                return
+            call.run()
+
+    def close(self) -> None:
+        with self._mutex:
+            if self._thread is None:
+                return
+            self._calls.append(_Call(None))
+            self._wake.notify()
+
+
+@dataclass
+class _Current:
+    """The batch a watch runs now (the waiting thread reads it; ``root`` is set by the batch's thread)."""
+
+    query_id: str
+    batch_id: int
+    rows: int
+    started: float                  # time.monotonic()
+    started_at: dt.datetime
+    root: Transaction | None = None
+
+
+class Watch:
+    """What watches one ingestion's batches, given its :class:`Deadlines`: they run on a thread of their own
+    (:meth:`run`) while the caller's thread waits, reports a batch that runs long to ``activedb_batches_in_progress``
+    and enforces the deadlines.  Thread-safety: the module docstring."""
+
+    def __init__(self, db: DatabaseHandle, source: str, deadlines: Deadlines) -> None:
+        self.db = db
+        self.source = source
+        self.deadlines = deadlines
+        self.clock = FiringClock()
+        db.observe(self.clock)
+        self._runner = _Runner(f"activedb-ingest:{source}")
+        self._mutex = threading.Lock()      # protects _current and abandoned
+        self._current: _Current | None = None
+        #: Why this watch abandoned a batch whose thread still runs: it takes no more batches.
+        self.abandoned: BatchDeadlineExceeded | None = None
+        self._host, self._pid = socket.gethostname(), os.getpid()
+
+    # -- the batch in progress ----------------------------------------------------------------------
+
+    def transaction(self, root: Transaction) -> None:
+        """The batch's (next) top-level transaction (called by its thread, at each attempt)."""
+        current = self._current
+        if current is not None:
+            current.root = root
+
+    def in_progress(self) -> BatchInProgress | None:
+        """The batch running now, its oldest firing and the time to its first deadline; None between batches."""
+        with self._mutex:
+            current = self._current
+        if current is None:
+            return None
+        now = time.monotonic()
+        seconds = now - current.started
+        firing = None
+        remaining = [] if self.deadlines.batch is None else [self.deadlines.batch - seconds]
+        oldest = None if current.root is None else self.clock.oldest(current.root)
+        if oldest is not None:
+            transaction, fired, since = oldest
+            firing = FiringInProgress(fired.rule.name, fired.event.describe(), now - since, transaction.id)
+            if self.deadlines.rule is not None:
+                remaining.append(self.deadlines.rule - firing.seconds)
+        return BatchInProgress(current.query_id, self.source, current.batch_id, current.rows, current.started_at,
+                               seconds, firing, min(remaining, default=None))
+
+    # -- running a batch ----------------------------------------------------------------------------
+
+    def run(self, query_id: str, batch_id: int, rows: Rows, call: Callable[[], _T],
+            event_in_progress: Callable[[], RawEvent | None]) -> _T:
+        """``call()`` (the batch) on the watch's thread, waited for with the deadlines; its result, or its error
+        raised.  Past a deadline the batch is abandoned (:meth:`_abandon`) and :class:`BatchDeadlineExceeded`
+        raised.  ``rows``: the batch as delivered (a culprit's dead letter keeps its row); ``event_in_progress``:
+        the handler's event running now (the culprit of a rule deadline)."""
+        if self.abandoned is not None:
+            raise IngestError(f"this ingestion abandoned a batch whose rule never returned ({self.abandoned}); it "
+                              f"takes no more batches: end this process and start it again (activedb run restarts "
+                              f"itself)")
+        row_count = rows.num_rows if hasattr(rows, "num_rows") else len(rows)
+        with self._mutex:
+            self._current = _Current(query_id, batch_id, row_count, time.monotonic(), dt.datetime.now(_UTC))
+        reported = False
+        try:
+            handle = self._runner.submit(call)
+            next_report = REPORT_AFTER_SECONDS
+            while not handle.done.wait(self._wait(next_report)):
+                batch = self.in_progress()
+                if batch is None:       # (not while this thread runs it)
+                    continue
+                if batch.deadline_in is not None and batch.deadline_in <= 0:
+                    self._abandon(batch, rows, event_in_progress)      # raises
+                if batch.seconds >= next_report:
+                    reported = self._report(batch) or reported
+                    next_report = batch.seconds + REPORT_EVERY_SECONDS
+        finally:
+            with self._mutex:
+                self._current = None
+            if reported:
+                self._unreport(query_id)
+        if handle.error is not None:
+            raise handle.error
+        return cast(_T, handle.result)
+
+    def _wait(self, next_report: float) -> float:
+        """How long to wait before looking again: until the next report or the first deadline, at most a second."""
+        batch = self.in_progress()
+        if batch is None:
+            return 0.05
+        until = [next_report - batch.seconds, 1.0]
+        if batch.deadline_in is not None:
+            until.append(batch.deadline_in)
+        return max(0.01, min(until))
+
+    def _abandon(self, batch: BatchInProgress, rows: Rows, event_in_progress: Callable[[], RawEvent | None]) -> None:
+        """Give up ``batch``: its transaction is doomed and its PostgreSQL transaction ended now
+        (``lowlevel.abandon``); past a rule's deadline, the event it runs on is a dead letter at once, which a re-run
+        leaves out; the watch takes no more batches.  Raises :class:`BatchDeadlineExceeded`."""
+        firing = batch.firing
+        rule_late = (firing is not None and self.deadlines.rule is not None and firing.seconds >= self.deadlines.rule)
+        where = f"batch {batch.batch_id} of {batch.query_id}"
+        if rule_late:
+            assert firing is not None
+            what = (f"rule {firing.rule!r} did not return within its deadline of {self.deadlines.rule:g} s (it has "
+                    f"run {firing.seconds:,.0f} s on {firing.event})")
+        else:
+            running = ("" if firing is None
+                       else f"; rule {firing.rule!r} has run {firing.seconds:,.0f} s on {firing.event}")
+            what = (f"the batch did not finish within its deadline of {self.deadlines.batch:g} s ({batch.rows:,} rows"
+                    f"{running})")
+        error = BatchDeadlineExceeded(f"{where}: {what}", batch_id=batch.batch_id)
+        with self._mutex:
+            root = None if self._current is None else self._current.root
+            self.abandoned = error
+        if root is not None:
+            lowlevel.abandon(root, error)
+        culprit = event_in_progress() if rule_late else None
+        if culprit is not None:
+            assert firing is not None
+            reason = (f"rule {firing.rule!r} did not return within its deadline of {self.deadlines.rule:g} s on this "
+                      f"event: the batch was applied without it (fix the rule, then replay this dead letter)")
+            letter = BatchLetters(self.db, rows, batch.query_id, batch.batch_id).for_events([(culprit, reason)])[0]
+            try:
+                error.letter_id = deadletters.insert_ahead(self.db, batch.query_id, batch.batch_id, culprit.position,
+                                                           letter)
+            except Exception as failure:       # (PostgreSQL unusable: the re-run meets the rule again)
+                logger.exception("%s: the dead letter of the event whose rule did not return could not be written",
+                                 where)
+                error.letter_error = failure
+        error.settle(blamed=culprit is not None, batch_deadline=not rule_late)
+        raise error
+
+    # -- the report -----------------------------------------------------------------------------------
+
+    def _report(self, batch: BatchInProgress) -> bool:
+        """Write (or refresh) ``batch``'s row of ``activedb_batches_in_progress``; False if it could not be written
+        (the failure is logged: reporting never fails a batch)."""
+        from sqlalchemy.dialects import postgresql
+
+        now = dt.datetime.now(_UTC)
+        firing = batch.firing
+        values = {"query_id": batch.query_id, "query_name": batch.query_name, "batch_id": batch.batch_id,
+                  "rows": batch.rows, "host": self._host, "pid": self._pid, "started_at": batch.started_at,
+                  "reported_at": sa.func.now(),
+                  "deadline_at": None if batch.deadline_in is None else now + dt.timedelta(seconds=batch.deadline_in),
+                  "firing_rule": None if firing is None else firing.rule,
+                  "firing_event": None if firing is None else firing.event,
+                  "firing_started_at": None if firing is None else now - dt.timedelta(seconds=firing.seconds)}
+        try:
+            table = self.db.table(PROGRESS_TABLE)
+            statement = postgresql.insert(table).values(**values)
+            statement = statement.on_conflict_do_update(index_elements=[table.c.query_id], set_={
+                name: statement.excluded[name] for name in values if name != "query_id"})
+            with self.db.engine.begin() as connection:
+                connection.execute(statement)
+            return True
+        except Exception:
+            logger.warning("could not report batch %s of %s in progress", batch.batch_id, batch.query_id,
+                           exc_info=True)
+            return False
+
+    def _unreport(self, query_id: str) -> None:
+        try:
+            table = self.db.table(PROGRESS_TABLE)
+            with self.db.engine.begin() as connection:
+                connection.execute(table.delete().where(table.c.query_id == query_id, table.c.pid == self._pid,
+                                                        table.c.host == self._host))
+        except Exception:
+            logger.warning("could not remove the report of %s's batch in progress", query_id, exc_info=True)
+
+    def close(self) -> None:
+        """Stop the watch's thread (unless it was abandoned) and its clock."""
+        self.db.transactions.observers.remove(self.clock)
+        if self.abandoned is None:
+            self._runner.close()
+

@@ -1,0 +1,132 @@
+"""Deadlines of an ingestion (``Ingestion(deadlines=Deadlines(...))``, no Spark): a rule that does not return is seen
+(the batch in progress, its oldest firing), its batch is given up at the rule's deadline — rolled back, its row lock
+released at once, the event a dead letter written ahead of the batch — and a new process (a new connection, as
+``activedb run`` restarts itself) applies the batch without that event, exactly once; the ledger accounts for every
+row.  A batch's own deadline blames no event."""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+
+import pytest
+import sqlalchemy as sa
+
+import activedb
+from activedb import Coupling, deadletters, testing
+from activedb.ingest import Deadlines, Ingestion, batches_in_progress
+from activedb.ingest.errors import BatchDeadlineExceeded, IngestError
+from tests.spark_bridge import app_counters
+from tests.spark_bridge._streams import BASE_TIME, app_database, app_state, apply_directly, counter_locked, iso
+
+STUCK_SEQ = 99
+TIMEOUT = 120
+
+
+def _row(seq: int, key: str, amount: int = 5) -> dict:
+    return {"type": "add", "key": key, "ts": iso(BASE_TIME + dt.timedelta(seconds=seq)), "amount": amount, "seq": seq}
+
+
+@pytest.fixture()
+def released():
+    """The event the stuck rule waits on (set at the end, so that its thread ends with the test)."""
+    event = threading.Event()
+    yield event
+    event.set()
+
+
+def _stuck_database(url: str, released: threading.Event, started: threading.Event):
+    """The counters application whose ``apply_add`` reads its row for update and waits for ``released`` on the
+    event of :data:`STUCK_SEQ` (a rule that does not return, as far as any deadline of a test goes)."""
+    database = activedb.connect(url)
+    database.upgrade_app(app_counters.MIGRATIONS)
+
+    def apply_add_or_hang(tx, event) -> None:
+        if event.payload["seq"] == STUCK_SEQ:
+            tx.read("counters", event.key, for_update=True)
+            started.set()
+            released.wait()
+        app_counters.apply_add(tx, event)
+
+    database.rule(on=database.stream("add"), coupling=Coupling.IMMEDIATE, name="apply_add")(apply_add_or_hang)
+    database.rule(on=database.stream("sub"), coupling=Coupling.IMMEDIATE, name="apply_sub")(app_counters.apply_sub)
+    database.rule(on=database.modified("counters"), when=app_counters.crossed_a_hundred, coupling=Coupling.DEFERRED,
+                  name="milestone")(app_counters.milestone)
+    return database
+
+
+def test_a_rule_past_its_deadline_is_a_dead_letter_and_a_new_process_applies_the_rest(make_database_url, released):
+    url = make_database_url("deadline")
+    first = [_row(1, "k1", 30), _row(2, "k2")]
+    second = [_row(3, "k1"), _row(STUCK_SEQ, "k1"), _row(4, "k2")]
+    started = threading.Event()
+    database = _stuck_database(url, released, started)
+    ingestion = Ingestion(database, app_counters.MAPPING, source="stuck", deadlines=Deadlines(rule=3))
+    try:
+        ingestion.process(first, 0, query_id="stuck@run")
+        failures = []
+
+        def second_batch():
+            try:
+                ingestion.process(second, 1, query_id="stuck@run")
+            except BaseException as error:
+                failures.append(error)
+
+        runner = threading.Thread(target=second_batch)
+        runner.start()
+        assert started.wait(TIMEOUT)
+        testing.wait_until(lambda: (ingestion.batch_in_progress() or None) and ingestion.batch_in_progress().firing,
+                           TIMEOUT, "the firing to be seen")
+        seen = ingestion.batch_in_progress()
+        assert (seen.batch_id, seen.rows, seen.firing.rule) == (1, 3, "apply_add") and "k1" in seen.firing.event
+        assert 0 < seen.deadline_in <= 3
+        assert counter_locked(database.engine, "k1")
+        testing.wait_until(lambda: batches_in_progress(database, "stuck"), TIMEOUT, "the report in the database")
+        runner.join(TIMEOUT)
+        [error] = failures
+        assert isinstance(error, BatchDeadlineExceeded) and error.batch_id == 1 and error.letter_id is not None
+        assert "rule 'apply_add' did not return within its deadline of 3 s" in str(error)
+        assert not counter_locked(database.engine, "k1")        # released at the deadline, the thread still waits
+        assert batches_in_progress(database, "stuck") == [] and ingestion.batch_in_progress() is None
+        with pytest.raises(IngestError, match="takes no more batches"):
+            ingestion.process(second, 1, query_id="stuck@run")
+    finally:
+        ingestion.close()
+    [letter] = deadletters.select(database)
+    assert (letter.id, letter.batch_id, letter.position, letter.raw["seq"]) == (error.letter_id, 1, 1, STUCK_SEQ)
+    database.close()
+
+    restarted = app_database(url)                               # the new process: the counters' own rules
+    try:
+        again = Ingestion(restarted, app_counters.MAPPING, source="stuck", deadlines=Deadlines(rule=3))
+        try:
+            outcome = again.process(second, 1, query_id="stuck@run")
+        finally:
+            again.close()
+        assert (outcome.committed, outcome.events, outcome.dead_letters) == (True, 2, 1)
+        with restarted.engine.connect() as connection:
+            ledger = connection.execute(sa.text(
+                "SELECT batch_id, events, dead_letters FROM activedb_ingestion_ledger ORDER BY 1")).all()
+        assert [tuple(row) for row in ledger] == [(0, 2, 0), (1, 2, 1)]
+        direct = app_database(make_database_url("deadline_direct"))
+        try:
+            apply_directly(direct, first + [row for row in second if row["seq"] != STUCK_SEQ])
+            assert app_state(restarted) == app_state(direct)
+        finally:
+            direct.close()
+    finally:
+        restarted.close()
+
+
+def test_a_batch_past_its_own_deadline_blames_no_event(make_database_url, released):
+    started = threading.Event()
+    database = _stuck_database(make_database_url("batch_deadline"), released, started)
+    ingestion = Ingestion(database, app_counters.MAPPING, source="slow", deadlines=Deadlines(batch=2))
+    try:
+        with pytest.raises(BatchDeadlineExceeded, match="did not finish within its deadline of 2 s") as raised:
+            ingestion.process([_row(STUCK_SEQ, "k1")], 0, query_id="slow@run")
+        assert raised.value.letter_id is None and "a re-run runs it as it was" in str(raised.value)
+        assert deadletters.select(database) == []
+    finally:
+        ingestion.close()
+        database.close()
