@@ -35,7 +35,7 @@ class EngineOptions:
     max_overflow: int = 30
     pool_use_lifo: bool = True
     connect_timeout: int = 5
-    create_engine: Mapping[str, object] = field(default_factory=dict)
+    create_engine: Mapping[str, object] = field(default_factory=dict, hash=False)   # (a dict: compared, not hashed)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "create_engine", dict(self.create_engine))     # (a copy: the caller's may change)

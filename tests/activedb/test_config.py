@@ -24,6 +24,8 @@ def test_a_configuration_is_frozen_typed_and_picklable():
     with pytest.raises(dataclasses.FrozenInstanceError):
         config.max_workers = 4
     assert pickle.loads(pickle.dumps(config)) == config
+    assert hash(Config()) == hash(Config()) and {config: 1}[dataclasses.replace(config)] == 1   # a usable key
+    assert Config(engine=EngineOptions(create_engine={"echo": True})) != Config()
     assert dataclasses.replace(config, lock_timeout=2.0).lock_timeout == 2.0 and config.lock_timeout is None
     with pytest.raises(TypeError, match="activedb.OutboxOptions"):
         Config(outbox={"recovery_interval": None})
