@@ -57,7 +57,7 @@ def _offset(reference: Any, amount: Any) -> Any:
     return amount
 
 
-def check_time(value: Any, what: str) -> None:
+def check_time(value: object, what: str) -> None:
     """Raise ``ValueError`` unless ``value`` is a finite number of seconds or an aware datetime."""
     if isinstance(value, bool):
         raise ValueError(f"{what} {value!r} is a boolean, not a time")
@@ -72,7 +72,7 @@ def check_time(value: Any, what: str) -> None:
     raise ValueError(f"{what} {value!r} is neither a number of seconds nor an aware datetime")
 
 
-def _check_accuracy(value: Any, what: str) -> None:
+def _check_accuracy(value: object, what: str) -> None:
     amount = seconds(value) if isinstance(value, (int, float, dt.timedelta)) and not isinstance(value, bool) \
         else None
     if amount is None or not math.isfinite(amount) or amount < 0:
@@ -119,7 +119,7 @@ class AccuracyInterval:
         return f"[{_show(self.lower)}, {_show(self.upper)}]"
 
 
-def _show(value: Any) -> str:
+def _show(value: object) -> str:
     if isinstance(value, dt.datetime):
         return value.isoformat()
     if isinstance(value, float):

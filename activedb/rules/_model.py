@@ -35,7 +35,8 @@ class Rule:
 
     #: Set when the rule is registered (the class's name when not given): a registered rule always has one.
     name: str = None  # type: ignore[assignment]
-    on: EventSpec | None = None
+    #: Required: registration refuses a rule without one (an event such as ``db.updated("table")``).
+    on: EventSpec = None  # type: ignore[assignment]
     coupling: Coupling = Coupling.IMMEDIATE            # a value's string (``"deferred"``) is accepted too
     action_coupling: Coupling = Coupling.IMMEDIATE
     priority: float | None = None

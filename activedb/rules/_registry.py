@@ -16,7 +16,7 @@ import sys
 import threading
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
@@ -28,6 +28,7 @@ from activedb.events import Event, EventKind, EventSpec, Origin
 from activedb.rules._model import FunctionRule, Rule, fingerprint
 
 if TYPE_CHECKING:  # pragma: no cover
+    from activedb.rules._manager import RuleManager
     from activedb.store import Catalog
 
 logger = logging.getLogger("activedb.rules")
@@ -57,7 +58,7 @@ class RuleRegistry:
 
     # --- declaring ----------------------------------------------------------------------------
 
-    def add(self, rule: Rule, *, replace: bool = False, manager=None) -> Rule:
+    def add(self, rule: Rule, *, replace: bool = False, manager: RuleManager | None = None) -> Rule:
         if isinstance(rule, type) and issubclass(rule, Rule):
             rule = rule()
         if not isinstance(rule, Rule):
@@ -110,7 +111,7 @@ class RuleRegistry:
         spec = rule.on
         if spec.is_data:
             try:
-                self.catalog.table(spec.source)
+                self.catalog.table(spec.source)  # type: ignore[arg-type]  # (a data event names its table)
             except UnknownTable as error:
                 raise RuleError(f"rule {name!r}: {error}") from None
         if spec.origin is Origin.EXTERNAL:
@@ -153,7 +154,7 @@ class RuleRegistry:
                 f"coupling='detached'"
             )
 
-    def definition(self, rule: Rule) -> dict:
+    def definition(self, rule: Rule) -> dict[str, object]:
         return {
             "event": str(rule.on),
             "coupling": rule.coupling.value,
@@ -222,7 +223,7 @@ class RuleRegistry:
                             f"(`activedb rules list` shows the persisted ones)")
         return removed
 
-    def purge(self, names) -> int:
+    def purge(self, names: Iterable[str]) -> int:
         """Delete the rows of ``names`` from ``activedb_rules`` (their versions and flags are forgotten; a
         later declaration starts again at version 1).  Rules declared in this process stop firing too.
         Returns the number of rows deleted."""
@@ -233,7 +234,8 @@ class RuleRegistry:
             self._reindex()
         table = self.catalog.table(RULES_TABLE)
         with self.catalog.engine.begin() as connection:
-            return connection.execute(table.delete().where(table.c.name.in_(names))).rowcount
+            deleted: int = connection.execute(table.delete().where(table.c.name.in_(names))).rowcount
+            return deleted
 
     def set_enabled(self, name: str, enabled: bool) -> None:
         """Enable or disable ``name`` in ``activedb_rules`` and, if it is declared here, in this process.
@@ -274,7 +276,7 @@ class RuleRegistry:
     def __len__(self) -> int:
         return len(self._rules)
 
-    def persisted(self, *, include_removed: bool = True, module: str | None = None) -> list[dict]:
+    def persisted(self, *, include_removed: bool = True, module: str | None = None) -> list[dict[str, Any]]:
         """The registry as stored in PostgreSQL (every rule ever declared on this database, by name);
         ``include_removed=False`` leaves out removed rules, ``module`` keeps the rules declared by that
         module or a module under it (``activedb.examples`` matches ``activedb.examples.hand_hygiene.app``)."""
@@ -287,7 +289,7 @@ class RuleRegistry:
         with self.catalog.engine.connect() as connection:
             return [dict(row._mapping) for row in connection.execute(query)]
 
-    def firing_counts(self) -> dict[str, dict]:
+    def firing_counts(self) -> dict[str, dict[str, Any]]:
         """Per rule, ``{"fired": n, "last": datetime}`` summed over the committed top-level transactions in
         ``activedb_transaction_log`` (each records the firings dispatched in its tree, ``info.rule_firings``)."""
         with self.catalog.engine.connect() as connection:
@@ -332,7 +334,7 @@ class RuleRegistry:
         self.by_kind = {kind: tuple(rules) for kind, rules in by_kind.items()}
         self.external_by_kind = {kind: tuple(rules) for kind, rules in external.items()}
         self._matching = {}
-        self.observed_tables = frozenset(rule.on.source for rule in self._rules.values()
+        self.observed_tables = frozenset(rule.on.source for rule in self._rules.values()  # type: ignore[misc]
                                          if rule.enabled and rule.on.is_data and rule.on.origin is Origin.ACTIVEDB)
 
 
@@ -344,7 +346,7 @@ def _declared_by(name: str) -> str:
     if name == "__main__":
         spec = getattr(module, "__spec__", None)
         if spec is not None and spec.name and spec.name != "__main__":
-            return spec.name                          # python -m pkg.tool
+            return str(spec.name)                     # python -m pkg.tool
         return Path(file).name if file else name       # python tool.py
     if file and Path(file).stem not in (name.rpartition(".")[2], "__init__"):
         return Path(file).name                         # imported from a file under a name of its own
