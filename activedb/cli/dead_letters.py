@@ -7,10 +7,17 @@ import collections
 import dataclasses
 import json
 import logging
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
 from activedb.cli import _Group, _confirm, console, open_database
+
+if TYPE_CHECKING:  # pragma: no cover
+    from activedb.deadletters import LetterFilter
+
+_Command = TypeVar("_Command", bound=Callable[..., Any])
 
 
 #: How much of a dead letter's reason and row ``dead-letters list`` prints (``show ID`` or ``--full``: all).
@@ -25,13 +32,14 @@ def _shortened(text: str, limit: int | None, letter_id: int) -> tuple[str, bool]
     return f"{text[:limit]}… ({len(text):,} characters; `activedb dead-letters show {letter_id}` shows all)", True
 
 
-def letter_filter(ids=(), query=None, batch=None, reason=None, replayed=None):
+def letter_filter(ids: Iterable[int] = (), query: str | None = None, batch: int | None = None,
+                  reason: str | None = None, replayed: bool | None = None) -> LetterFilter:
     from activedb.deadletters import LetterFilter
 
     return LetterFilter(ids=tuple(ids), query=query, batch=batch, reason=reason, replayed=replayed)
 
 
-def letter_filters(function):
+def letter_filters(function: _Command) -> _Command:
     """The filters every ``dead-letters`` command takes."""
     for decorator in reversed((
         click.option("--id", "ids", type=int, multiple=True, help="Only these dead letters (repeatable)."),
@@ -57,8 +65,8 @@ def dead_letters() -> None:
                                            f"{LIST_ROW_CHARS} characters; `show ID` prints one whole).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @click.pass_context
-def letters_list(ctx: click.Context, ids, query, batch, reason, include_replayed: bool, limit: int, full: bool,
-                 as_json: bool) -> None:
+def letters_list(ctx: click.Context, ids: tuple[int, ...], query: str | None, batch: int | None, reason: str | None,
+                 include_replayed: bool, limit: int, full: bool, as_json: bool) -> None:
     """Dead letters, oldest first (not yet replayed unless --all); long reasons and rows are cut."""
     from activedb import deadletters
 
@@ -123,7 +131,8 @@ def letters_show(ctx: click.Context, letter_id: int) -> None:
 @click.option("--replayed", "only_replayed", is_flag=True, help="Only dead letters already replayed.")
 @click.option("--yes", is_flag=True, help="Do not ask first.")
 @click.pass_context
-def letters_purge(ctx: click.Context, ids, query, batch, reason, only_replayed: bool, yes: bool) -> None:
+def letters_purge(ctx: click.Context, ids: tuple[int, ...], query: str | None, batch: int | None, reason: str | None,
+                  only_replayed: bool, yes: bool) -> None:
     """Delete the dead letters that match the filters (all of them without filters). Asks first."""
     from activedb import deadletters
 
@@ -153,7 +162,7 @@ def replay_command(ctx: click.Context, app: str, ids: tuple[int, ...], query: st
     APP is what `activedb run` takes (register(db) and MAPPING)."""
     from activedb import deadletters
     from activedb.cli.application import load_app
-    from activedb.ingest import replay_dead_letters
+    from activedb.ingest import ReplayResult, replay_dead_letters
     from activedb.ingest.errors import IngestError
 
     if not verbose:
@@ -179,6 +188,6 @@ def replay_command(ctx: click.Context, app: str, ids: tuple[int, ...], query: st
     queries = sorted({outcome.query_id for outcome in outcomes})
     click.echo(f"replayed {len(outcomes)} dead letter(s) as {', '.join(queries)}: "
                + ", ".join(f"{count} {what}" for what, count in sorted(counts.items())))
-    if counts.get("rejected again"):
+    if counts.get(ReplayResult.REJECTED_AGAIN):
         click.echo(f"those rejected again are new dead letters: activedb dead-letters list --query "
                    f"{queries[0].split(':', 1)[1]}")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from activedb.deadletters import LetterRecord, LetterReplayed
 from activedb.ingest._feed import feed
@@ -31,9 +31,14 @@ class Replayable(Protocol):
     """What replaying needs of an application (``spark_bridge.LoadedApp`` has it): the ``mapping`` its rows were
     read with, the ``known_types`` it accepts (None: its rules'), the rule path's ``prefetch``."""
 
-    mapping: EventMapping | None
-    known_types: Collection[str] | None
-    prefetch: Mapping[str, Any] | None
+    @property
+    def mapping(self) -> EventMapping | None: ...
+
+    @property
+    def known_types(self) -> Collection[str] | None: ...
+
+    @property
+    def prefetch(self) -> Mapping[str, object] | None: ...
 
 
 class ReplayResult(enum.StrEnum):
