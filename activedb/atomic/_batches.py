@@ -213,15 +213,15 @@ class Batches:
             return CompensationReport(compensation, dry_run=True)
         return _compensate.execute(self._compensations, compensation, allow_unsafe=allow_unsafe)
 
-    def settle_failed_split(self, source_batch: BatchLike, *, on_failure: str | "SplitFailure",
+    def settle_failed_split(self, source_batch: BatchLike, *, on_failure: SplitFailure,
                             allow_unsafe: bool = False) -> CompensationReport | None:
         """A partition of the split batch ``source_batch`` failed for good (a poisoned partition replay
-        cannot fix).  ``on_failure="forward"``: nothing is undone — the batch completes forward when the
+        cannot fix).  ``on_failure=SplitFailure.FORWARD``: nothing is undone — the batch completes forward when the
         failed partition is applied again after the fix (the ledger skips the committed ones); returns
-        None.  ``"compensate"``: the partitions that committed (and everything they triggered) are
+        None.  ``SplitFailure.COMPENSATE``: the partitions that committed (and everything they triggered) are
         compensated in full, so the source batch leaves no effect; returns the report.  The Spark
         scale-out path is meant to call this with ``ingest(..., on_partition_failure=...)``."""
-        if SplitFailure(on_failure) is SplitFailure.FORWARD:
+        if SplitFailure.parse(on_failure, "settle_failed_split(on_failure=...)") is SplitFailure.FORWARD:
             return None
         return self.compensate(source_batch, mode=CompensationMode.FULL, allow_unsafe=allow_unsafe)
 

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
+from activedb._handle import DatabaseHandle
 from activedb.atomic._batches import SplitFailure
 from activedb.atomic.errors import LineageError, PartitionFailed, UnknownBatch
 from activedb.ingest import BatchOutcome, LedgerId
@@ -59,7 +60,7 @@ def as_policy(value: Any) -> SplitFailure:
 
 # --- the policy a query declared -------------------------------------------------------------------------
 
-def declare_policy(db: Any, query_id: str, query_name: str, partitions: int, policy: SplitFailure) -> None:
+def declare_policy(db: DatabaseHandle, query_id: str, query_name: str, partitions: int, policy: SplitFailure) -> None:
     """Record (upsert) the scale-out query's partition count and policy, for ``activedb status``."""
     with db.engine.begin() as connection:
         connection.execute(sa.text(
@@ -113,7 +114,7 @@ def compensate_split(db: Any, source: str, batch_id: int) -> int:
     """Compensate the committed partitions of ``(source, batch_id)`` and mark its *compensating* rows
     *compensated*; the number of transactions compensated (by this call and before).  Resumable."""
     try:
-        report = db.batches.settle_failed_split((source, batch_id), on_failure=SplitFailure.COMPENSATE.value)
+        report = db.batches.settle_failed_split((source, batch_id), on_failure=SplitFailure.COMPENSATE)
         compensated = len(report.compensated) + len(report.plan.already)
     except UnknownBatch:
         compensated = 0          # no partition committed (or lineage is off): nothing to undo
@@ -192,7 +193,7 @@ class SplitBatchStatus:
     compensated: int | None = None
 
 
-def split_status(db: Any, query_name: str | None = None) -> list[SplitBatchStatus]:
+def split_status(db: DatabaseHandle, query_name: str | None = None) -> list[SplitBatchStatus]:
     """The scale-out queries' declared policies and their batches with a partition that failed for good,
     from PostgreSQL (``activedb status``)."""
     with db.engine.connect() as connection:

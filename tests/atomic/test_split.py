@@ -9,6 +9,8 @@ import uuid
 import pytest
 import sqlalchemy as sa
 
+from activedb.errors import InvalidChoice
+
 
 def run_partitions(db, query, batch_id, partitions, poisoned=None):
     """Partition K writes items ``<query>-K-<n>``; the poisoned one raises before committing."""
@@ -55,6 +57,8 @@ def test_complete_a_split_batch_forward_after_the_fix(undo_items):
     query = f"split{uuid.uuid4().hex[:8]}"
     run_partitions(db, query, 8, partitions=3, poisoned=1)
     assert db.batches.settle_failed_split((query, 8), on_failure="forward") is None
+    with pytest.raises(InvalidChoice, match=r"settle_failed_split\(on_failure=\.\.\.\)='undo' is not a SplitFailure"):
+        db.batches.settle_failed_split((query, 8), on_failure="undo")
     assert rows(db, query) == 6
     with db.transaction(name="partition") as tx:       # the fixed partition, applied again
         db.batches.consumed(tx, query, 8)
