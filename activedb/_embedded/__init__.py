@@ -18,13 +18,16 @@ import threading
 import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 from activedb._embedded._files import (HANDLE_FILE, check_owned, check_path, data_directory_owners,
                                        make_private_directory, socket_directory_for, write_password)
 from activedb._embedded._server import (SUPERUSER, bin_directory, check_data_directory, initdb, lock_down, postmaster,
                                         runner_for, start_postgres, stop_postgres, wait_ready)
 from activedb.errors import EmbeddedServerError
+
+if TYPE_CHECKING:  # pragma: no cover
+    import sqlalchemy as sa
 
 DATABASE_NAME = "activedb"
 LOCK_FILE = ".server.lock"
@@ -91,7 +94,8 @@ _registry: dict[Path, _Registration] = {}     # data directory -> this process's
 
 def _handle_pids(pgdata: Path) -> list[int]:
     try:
-        return json.loads((pgdata / HANDLE_FILE).read_text() or "[]")
+        pids: list[int] = json.loads((pgdata / HANDLE_FILE).read_text() or "[]")
+        return pids
     except (FileNotFoundError, json.JSONDecodeError):
         return []
 
@@ -199,7 +203,7 @@ def _unregister(pgdata: Path) -> None:
                 Path(running.socket_directory).rmdir()     # our private directory in the temp dir, now empty
 
 
-def log_of_url(url) -> str | None:
+def log_of_url(url: sa.URL) -> str | None:
     """The log file of this process's embedded server that a SQLAlchemy ``url`` points at (its socket
     directory, ``?host=``), if any (for advice in error messages)."""
     socket = url.query.get("host")

@@ -13,11 +13,17 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from activedb._embedded._files import (HANDLE_FILE, PASSWORD_FILE, SERVICE_USER, hba_trusts, make_private_directory,
                                        read_password, write_hba, write_password)
 from activedb.errors import EmbeddedServerError
 from activedb.extras import Extra, needs
+
+if TYPE_CHECKING:  # pragma: no cover
+    import pwd
+
+    import psutil
 
 SUPERUSER = "postgres"
 START_TIMEOUT_SECONDS = 60
@@ -60,10 +66,12 @@ class Runner:
         return argv
 
     def run(self, argv: list[str], *, input: str | None = None, timeout: float = START_TIMEOUT_SECONDS
-            ) -> subprocess.CompletedProcess:
-        as_user = {"user": self.owner, "group": self.group, "extra_groups": []} if self.how == "service" else {}
+            ) -> subprocess.CompletedProcess[str]:
+        if self.how == "service":
+            return subprocess.run(self.command(argv), input=input, capture_output=True, text=True, timeout=timeout,
+                                  check=True, user=self.owner, group=self.group, extra_groups=[])
         return subprocess.run(self.command(argv), input=input, capture_output=True, text=True, timeout=timeout,
-                              check=True, **as_user)
+                              check=True)
 
     def own(self, path: Path) -> None:
         """Give a directory activedb just created to the server's owner."""
@@ -107,7 +115,7 @@ def runner_for(pgdata: Path) -> Runner:
     return Runner("service", entry.pw_uid, entry.pw_gid)
 
 
-def _service_user():
+def _service_user() -> pwd.struct_passwd:
     import pwd
 
     try:
@@ -247,7 +255,7 @@ def stop_postgres(pgdata: Path) -> None:
         return
 
 
-def _exited(process, timeout: float) -> bool:
+def _exited(process: psutil.Process, timeout: float) -> bool:
     """Wait until the postmaster has exited: gone, or a zombie.  Its parent is init (``pg_ctl`` daemonises it),
     and an init that reaps slowly (some container inits take over a second) must not make every command that
     stopped the server wait for the reaping."""

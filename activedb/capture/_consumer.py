@@ -125,7 +125,7 @@ class CaptureConsumer:
         #: start position always yields the same batch): the one batch protocol, ledger, dead letters and
         #: statistics of every connector (``ingestion.statistics()``, what metrics watch).
         self._handler = CaptureHandler(name, self._step)
-        self.ingestion = Ingestion(database, source=source_of(name), handler=self._handler)
+        self.ingestion = Ingestion(database, source=source_of(name), handler=self._handler)  # type: ignore[arg-type]
         self.ledger_id = str(LedgerId(source_of(name)))
         # The position as this consumer last committed it while leading (None: read it from PostgreSQL).
         self._known_position: Position | None = None
@@ -153,7 +153,7 @@ class CaptureConsumer:
     def statistics(self) -> ConsumerStatistics:
         with self._mutex:
             return ConsumerStatistics(name=self.name, state=self._state, position=self._position,
-                                      lag_seconds=self._lag, **self._counters)
+                                      lag_seconds=self._lag, **self._counters)  # type: ignore[arg-type]
 
     def _count(self, **increments: float) -> None:
         with self._mutex:
