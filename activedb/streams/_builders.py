@@ -7,17 +7,17 @@ TypeError).  Plain Python values are literals.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Mapping
+from typing import Callable, Iterable, Mapping
 
 from activedb.streams import algebra as ast
 from activedb.streams.errors import DefinitionError
 
 
-def _operator(node: type, operator: str, reflected: bool = False) -> Callable[["Ref", Any], "Ref"]:
+def _operator(node: type, operator: str, reflected: bool = False) -> Callable[["Ref", object], "Ref"]:
     """The method behind ``ref <operator> other`` (``other <operator> ref`` when ``reflected``),
     building a ``node`` (:class:`~algebra.Compare` or :class:`~algebra.Arithmetic`)."""
 
-    def method(self: Ref, other: Any) -> Ref:
+    def method(self: Ref, other: object) -> Ref:
         operands = (_node(other), self.node) if reflected else (self.node, _node(other))
         return Ref(node(operator, *operands))
 
@@ -50,10 +50,10 @@ class Ref:
     def __neg__(self) -> "Ref":
         return Ref(ast.Negate(self.node))
 
-    def __and__(self, other: Any) -> "Ref":
+    def __and__(self, other: object) -> "Ref":
         return Ref(ast.And(_flatten(ast.And, self.node) + _flatten(ast.And, _node(other))))
 
-    def __or__(self, other: Any) -> "Ref":
+    def __or__(self, other: object) -> "Ref":
         return Ref(ast.Or(_flatten(ast.Or, self.node) + _flatten(ast.Or, _node(other))))
 
     def __invert__(self) -> "Ref":
@@ -77,7 +77,7 @@ def _flatten(kind: type, node: ast.Expr) -> tuple[ast.Expr, ...]:
     return node.operands if isinstance(node, kind) else (node,)  # type: ignore[attr-defined]  # (And, Or)
 
 
-def _node(value: Any) -> ast.Expr:
+def _node(value: object) -> ast.Expr:
     if isinstance(value, Ref):
         return value.node
     if isinstance(value, ast.Expr):
@@ -87,7 +87,7 @@ def _node(value: Any) -> ast.Expr:
     return ast.Literal(value)
 
 
-def lit(value: Any) -> Ref:
+def lit(value: object) -> Ref:
     """A literal (needed on the left of a comparison: ``lit('safe') == store(…)``)."""
     return Ref(ast.Literal(value))
 
@@ -127,18 +127,19 @@ def same(attribute: str) -> Ref:
     return Ref(ast.Equivalence(attribute))
 
 
-def _conditions(where: Mapping[str, Any] | None, keywords: Mapping[str, Any]) -> tuple[tuple[str, ast.Expr], ...]:
+def _conditions(where: Mapping[str, object] | None, keywords: Mapping[str, object]
+                ) -> tuple[tuple[str, ast.Expr], ...]:
     pairs = dict(where or {})
     pairs.update(keywords)
     return tuple((column, _node(value)) for column, value in pairs.items())
 
 
-def store(table: str, column: str, where: Mapping[str, Any] | None = None, **equalities: Any) -> Ref:
+def store(table: str, column: str, where: Mapping[str, object] | None = None, **equalities: object) -> Ref:
     """``(SELECT column FROM table WHERE k = v …)``: a read of the store at the query's time."""
     return Ref(ast.ScalarSubquery(ast.Select(table, column, _conditions(where, equalities))))
 
 
-def exists(table: str, where: Mapping[str, Any] | None = None, **equalities: Any) -> Ref:
+def exists(table: str, where: Mapping[str, object] | None = None, **equalities: object) -> Ref:
     """``EXISTS (SELECT * FROM table WHERE k = v …)``."""
     return Ref(ast.Exists(ast.Select(table, None, _conditions(where, equalities))))
 
@@ -166,23 +167,23 @@ def conj(*components: str | ast.EventComponent) -> ast.Conj:
     return ast.Conj(_components(components))
 
 
-def update(table: str, *, set: Mapping[str, Any], where: Mapping[str, Any]) -> ast.UpdateAction:  # noqa: A002
+def update(table: str, *, set: Mapping[str, object], where: Mapping[str, object]) -> ast.UpdateAction:  # noqa: A002
     """``UPDATE table SET … WHERE <whole key> = …``."""
     return ast.UpdateAction(table, _conditions(set, {}), _conditions(where, {}))
 
 
-def insert(table: str, values: Mapping[str, Any] | None = None, **columns: Any) -> ast.InsertAction:
+def insert(table: str, values: Mapping[str, object] | None = None, **columns: object) -> ast.InsertAction:
     """``INSERT INTO table (c, …) VALUES (v, …)``."""
     pairs = _conditions(values, columns)
     return ast.InsertAction(table, tuple(column for column, _ in pairs), tuple(node for _, node in pairs))
 
 
-def delete(table: str, where: Mapping[str, Any] | None = None, **key: Any) -> ast.DeleteAction:
+def delete(table: str, where: Mapping[str, object] | None = None, **key: object) -> ast.DeleteAction:
     """``DELETE FROM table WHERE <whole key> = …``."""
     return ast.DeleteAction(table, _conditions(where, key))
 
 
-def _where(where: Any) -> ast.Expr | None:
+def _where(where: object) -> ast.Expr | None:
     if where is None:
         return None
     if isinstance(where, (list, tuple)):
@@ -193,7 +194,7 @@ def _where(where: Any) -> ast.Expr | None:
     return _node(where)
 
 
-def _returns(returns: Any) -> tuple[ast.ReturnItem, ...]:
+def _returns(returns: Mapping[str | None, object] | Iterable[object]) -> tuple[ast.ReturnItem, ...]:
     items = []
     pairs = returns.items() if isinstance(returns, Mapping) else ((None, value) for value in returns)
     for name, value in pairs:
@@ -204,7 +205,9 @@ def _returns(returns: Any) -> tuple[ast.ReturnItem, ...]:
     return tuple(items)
 
 
-def query_definition(name: str, *, pattern: Any, returns: Any, where: Any = None, within: float | None = None,
+def query_definition(name: str, *, pattern: ast.Pattern | str | ast.EventComponent,
+                     returns: Mapping[str | None, object] | Iterable[object], where: object = None,
+                     within: float | None = None,
                      stream: str | None = None, selection: ast.Selection | str = ast.Selection.SKIP_TILL_ANY_MATCH,
                      priority: float | None = None, consumption: ast.Consumption | str | None = None
                      ) -> ast.QueryDefinition:
@@ -218,7 +221,7 @@ def query_definition(name: str, *, pattern: Any, returns: Any, where: Any = None
                                consumption=ast.Consumption(consumption) if consumption is not None else None)
 
 
-def rule_definition(name: str, *, on_output: str, action: Any, when: Any = None, priority: float | None = None,
+def rule_definition(name: str, *, on_output: str, action: object, when: object = None, priority: float | None = None,
                     new: str = "NEW", reads: Iterable[str] | None = None, writes: Iterable[str] | None = None,
                     replace: bool = False) -> ast.RuleDefinition:
     actions = list(action) if isinstance(action, (list, tuple)) else [action]
