@@ -20,6 +20,8 @@ from activedb.streams.errors import StreamStateError
 
 if TYPE_CHECKING:  # pragma: no cover
     from activedb.store import Key
+    from activedb.streams._engine import StreamEngine
+    from activedb.streams._state import Pending, State
     from activedb.txn import Transaction
 
 TABLE = "activedb_stream_state"
@@ -222,7 +224,7 @@ def _decode_state(value: dict[str, Any]) -> PartitionState:
                           tuple(tuple(decode_event(event) for event in run) for run in value["runs"]))
 
 
-def save(engine: Any, tx: Transaction, pending: Any) -> None:
+def save(engine: StreamEngine, tx: Transaction, pending: Pending) -> None:
     """Write what ``pending`` changed into ``tx`` (see the module docstring)."""
     name = engine.name
     chunks, released = pending.chunks, pending.released
@@ -263,7 +265,7 @@ def save(engine: Any, tx: Transaction, pending: Any) -> None:
     tx.write(TABLE, (name, "meta", ""), value=meta)
 
 
-def load(engine: Any) -> Any:
+def load(engine: StreamEngine) -> State:
     """The engine's saved state (an empty one if it has none).  A row it cannot read raises
     ``StreamStateError`` naming the row (nothing is changed)."""
     from activedb.streams._state import State
@@ -299,7 +301,7 @@ def load(engine: Any) -> Any:
     for arrival, event in buffered:
         if state.released is not None and ts_less(event.ts, state.released):
             continue
-        stream = streams.get(event.stream)
+        stream = streams.get(event.stream)  # type: ignore[arg-type]  # (None finds none: refused below)
         if stream is None:
             raise StreamStateError(f"engine {engine.name}: a buffered event belongs to stream {event.stream!r}, "
                                    f"which is not declared; declare it before the first batch")
@@ -309,7 +311,7 @@ def load(engine: Any) -> Any:
     return state
 
 
-def _load_row(engine: Any, state: Any, kind: str, item: str, value: Any,
+def _load_row(engine: StreamEngine, state: State, kind: str, item: str, value: Any,
               buffered: list[tuple[int, StreamEvent]]) -> None:
     """Load one saved row other than a ``partitions`` row (those are applied oldest first, by ``load``)."""
     if kind == "meta":
@@ -340,7 +342,7 @@ def _load_row(engine: Any, state: Any, kind: str, item: str, value: Any,
 
 
 @contextlib.contextmanager
-def _readable(engine: Any, kind: str, item: str) -> Iterator[None]:
+def _readable(engine: StreamEngine, kind: str, item: str) -> Iterator[None]:
     """Turn a malformed saved row (a missing field, an index out of range, a value of the wrong kind) into a
     ``StreamStateError`` that names it."""
     try:
@@ -360,7 +362,7 @@ def _encode_key(key: Key) -> list[object]:
     return [encode_value(value) for value in key]
 
 
-def delete(engine: Any) -> None:
+def delete(engine: StreamEngine) -> None:
     table = engine.db.table(TABLE)
     with engine.db.engine.begin() as connection:
         connection.execute(sa.delete(table).where(table.c.engine == engine.name))
