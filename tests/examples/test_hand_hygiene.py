@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 
 import pytest
 
@@ -210,6 +211,12 @@ def test_run_demo_through_spark_matches_the_direct_path(app, activedb_url, activ
     assert through_spark.statuses == direct.statuses
     assert spark_compensations == [(direct.rejected,)]
     assert f"Dead letters of this run (activedb_dead_letters): {direct.rejected}, of them 0 late" in output
+    # every number about the run agrees with its ledger, which accounts for every row (the release included)
+    fed = re.search(r"stream transactions committed \(\d+ released at the end of the stream\), (\d+) dead letters",
+                    output)
+    held = re.search(r"(\d+) events, (\d+) dead letters — (\d+) of the 120 rows", output)
+    assert fed and held, output[-3000:]
+    assert int(fed.group(1)) == int(held.group(2)) == direct.rejected and int(held.group(3)) == 120
 
 
 def test_a_batch_after_the_tables_were_reset_equals_a_fresh_run(app, activedb_make_url):
