@@ -117,12 +117,13 @@ def _compare(database, report: BenchReport, label: str, event_type: str, count: 
 _PHASES = (
     ("match", [("activedb/rules/_registry.py", "matching")], []),
     ("condition", [("activedb/rules/_model.py", "condition")], []),
-    ("lock", [("activedb/txn/_locking.py", "acquire")], []),
-    ("write", [("activedb/txn/_writes.py", "write")], ["lock"]),
-    ("child create", [("activedb/txn/_children.py", "_begin_inline")], []),
+    # (Each phase of a frame's or node's path and of a savepoint's of the lean run, txn README "The lean run".)
+    ("lock", [("activedb/txn/_locking.py", "acquire"), ("activedb/txn/_lean.py", "_lock")], []),
+    ("write", [("activedb/txn/_writes.py", "write")], ["lock"]),  # (a savepoint: its ``_modify`` inside)
+    ("child create", [("activedb/txn/_children.py", "_begin_inline"), ("activedb/txn/_lean.py", "open_savepoint")], []),
     ("flush", [("activedb/txn/_flush.py", "flush")], []),
     # Every commit's time but the flush's: the children's, and the top-level's hooks (small).
-    ("child commit", [("activedb/txn/_tree.py", "commit")], ["flush"]),
+    ("child commit", [("activedb/txn/_tree.py", "commit"), ("activedb/txn/_lean.py", "end")], ["flush"]),
 )
 _DISPATCH = ("activedb/rules/_manager.py", "on_event")
 _RUN_FIRING = ("activedb/txn/_children.py", "run_inline")     # called by the dispatch for each firing

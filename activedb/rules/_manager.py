@@ -48,6 +48,7 @@ class RuleManager(TransactionExtension):
         self.execution = execution
         self.record = FiringRecord()
         self._numbers = itertools.count(1)
+        self._plans: dict[tuple[Rule, ...], _Plan] = {}       # per matching rule set (``on_event``)
         self.detached = DetachedRunner(self, transactions)
         self.gate = self.detached.gate
         transactions.extensions.add(self)
@@ -58,6 +59,7 @@ class RuleManager(TransactionExtension):
         """Validate, register and persist ``rule``; returns it.  (Recorded firings of it that no living
         process runs — e.g. left by a process that died — are claimed and run soon after.)"""
         added = self.registry.add(rule, replace=replace, manager=self)
+        self._plans = {}        # (a rule added again may have another coupling or priority)
         self.detached.rules_changed()
         return added
 
@@ -65,6 +67,7 @@ class RuleManager(TransactionExtension):
         """Stop rule ``name`` firing here and mark it removed in ``activedb_rules`` (also a rule only
         persisted, declared by another process); a later declaration brings it back."""
         self.registry.remove(name)
+        self._plans = {}
         self.detached.rules_changed()
 
     def purge(self, names) -> int:
@@ -150,7 +153,7 @@ class RuleManager(TransactionExtension):
     frame_hooks = False
 
     def wants_old_images(self, table: str) -> bool:
-        return self.observes(table)
+        return table in self.registry.observed_tables      # (``observes``, without its call: every write asks)
 
     def on_begin(self, transaction: Transaction) -> None:
         if transaction.parent is None and self.registry.by_kind.get(EventKind.BEGAN):
@@ -229,49 +232,82 @@ class RuleManager(TransactionExtension):
                     self.record.ran(root, tree, rule, executed)
                 return
             self.record.dispatched(root, tree, rules)
-            firings = (firing,)
-        else:
-            self.record.dispatched(root, tree, rules)
-            firings = [Firing(rule, event, (*chain, rule.name), rule.coupling, next(self._numbers))
-                       for rule in rules]
-        immediate = []
-        for firing in firings:
-            coupling = firing.coupling
-            if coupling is _IMMEDIATE:
-                immediate.append(firing)
-            elif coupling is _DEFERRED:
+            if firing.coupling is _DEFERRED:
                 deferred_queue_for(transaction, self.max_deferred_cycles).add(firing)
             else:
                 self.detached.start(transaction, firing, ended=ended)
-        if immediate:
-            self._run_groups(transaction, immediate, "immediate")
+            return
+        plan = self._plans.get(rules)
+        if plan is None:
+            plan = _Plan(rules)
+            if len(self._plans) >= _PLANS:
+                self._plans = {}
+            self._plans[rules] = plan
+        self.record.dispatched(root, tree, rules)
+        numbers = self._numbers
+        firings = [Firing(rule, event, (*chain, rule.name), rule.coupling, next(numbers)) for rule in rules]
+        if plan.others:
+            for index in plan.others:
+                firing = firings[index]
+                if firing.coupling is _DEFERRED:
+                    deferred_queue_for(transaction, self.max_deferred_cycles).add(firing)
+                else:
+                    self.detached.start(transaction, firing, ended=ended)
+        if plan.groups is not None:
+            for group in plan.groups:
+                self._run_group([firings[index] for index in group], transaction, "immediate")
+        elif plan.order:
+            self._run_each(transaction, firings, plan.order, "immediate")
 
     def _run_groups(self, transaction: Transaction, firings: list[Firing], what: str) -> None:
         """Run firings as children of ``transaction``: priority groups in order, a group concurrently."""
         for group in (priority_groups(firings) if len(firings) > 1 else (firings,)):
-            failures: list[tuple[Firing, BaseException]] = []
-            if self.execution is RuleExecution.INLINE or len(group) == 1:
-                executed = []
-                for firing in group:
-                    try:
-                        if run_inline(transaction, self._execute, firing, _transaction_name(firing.rule), Firing):
-                            executed.append(firing)
-                    except DependencyAbort:
-                        pass
-                    except BaseException as error:
-                        failures.append((firing, error))
-                self._executed(executed)
-            else:
-                # Siblings that may run concurrently, run one after another by this thread until one of them
-                # has to run elsewhere (txn README, "Groups on threads").
-                outcomes = run_group(transaction, self.execute, group,
-                                     [_transaction_name(firing.rule) for firing in group])
-                self._executed([firing for firing, (ok, value) in zip(group, outcomes) if ok and value])
-                for firing, (ok, error) in zip(group, outcomes):
-                    if not ok and not isinstance(error, DependencyAbort):
-                        failures.append((firing, error))
-            if failures:
-                _raise_failure(*failures[0], what)
+            self._run_group(group, transaction, what)
+
+    def _run_group(self, group: list[Firing], transaction: Transaction, what: str) -> None:
+        """Run one priority group of firings as children of ``transaction``, concurrently; raise the first failure
+        once every member ended."""
+        failures: list[tuple[Firing, BaseException]] = []
+        if self.execution is RuleExecution.INLINE or len(group) == 1:
+            executed = []
+            for firing in group:
+                try:
+                    if run_inline(transaction, self._execute, firing, _transaction_name(firing.rule), Firing):
+                        executed.append(firing)
+                except DependencyAbort:
+                    pass
+                except BaseException as error:
+                    failures.append((firing, error))
+            self._executed(executed)
+        else:
+            # Siblings that may run concurrently, run one after another by this thread until one of them
+            # has to run elsewhere (txn README, "Groups on threads").
+            outcomes = run_group(transaction, self.execute, group,
+                                 [_transaction_name(firing.rule) for firing in group])
+            self._executed([firing for firing, (ok, value) in zip(group, outcomes) if ok and value])
+            for firing, (ok, error) in zip(group, outcomes):
+                if not ok and not isinstance(error, DependencyAbort):
+                    failures.append((firing, error))
+        if failures:
+            _raise_failure(*failures[0], what)
+
+    def _run_each(self, transaction: Transaction, firings: list[Firing], order: tuple[int, ...], what: str) -> None:
+        """``_run_groups`` for priority groups of one firing each, ``order`` their indices in ``firings``: one
+        after the other, each inline; the first failure stops the rest (as its group's failure does)."""
+        executed: list[str] = []
+        try:
+            for index in order:
+                firing = firings[index]
+                try:
+                    if run_inline(transaction, self._execute, firing, _transaction_name(firing.rule), Firing):
+                        executed.append(firing.rule.name)
+                except DependencyAbort:
+                    pass
+                except BaseException as error:
+                    _raise_failure(firing, error, what)
+        finally:
+            if executed:
+                self.record.executed(executed)
 
     def plan(self, transaction: Transaction, event: Event) -> list[Firing]:
         """The firings ``event`` causes in ``transaction``, in the order a dispatch runs them: the enabled rules
@@ -364,6 +400,25 @@ class RuleManager(TransactionExtension):
 
 
 _NAMES: dict[str, str] = {}     # rule name -> the name of its firings' transactions (``_transaction_name``)
+_PLANS = 1024                   # rule sets whose plans ``on_event`` keeps before it starts afresh
+
+
+class _Plan:
+    """How ``on_event`` runs the firings of one matching rule set of several rules (what the dispatch would find out
+    per event): ``others``, the indices of the deferred and detached ones, in the rule set's order; the immediate
+    ones' priority groups as index tuples (``groups``), or, when each group has one firing, ``order``, their indices
+    in the order the groups run (``coupling.priority_groups``)."""
+
+    __slots__ = ("others", "groups", "order")
+
+    def __init__(self, rules: tuple[Rule, ...]):
+        self.others = tuple(index for index, rule in enumerate(rules) if rule.coupling is not _IMMEDIATE)
+        immediate = [index for index, rule in enumerate(rules) if rule.coupling is _IMMEDIATE]
+        groups = priority_groups(immediate, key=lambda index: rules[index].priority)
+        if all(len(group) == 1 for group in groups):
+            self.groups, self.order = None, tuple(group[0] for group in groups)
+        else:
+            self.groups, self.order = tuple(tuple(group) for group in groups), ()
 
 
 def _transaction_name(rule: Rule) -> str:

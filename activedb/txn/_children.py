@@ -42,6 +42,13 @@ class Subtransactions(ClosedSet):
 
 _FRAMES = Subtransactions.FRAMES
 
+# The lean run (``_lean.py``, README "The lean run"), installed by that module when it is imported (it subclasses the
+# transaction, which this module's mixin is part of).
+Savepoint: type = type(None)
+lean_parent: Callable[["Transaction"], "Transaction | None"]
+open_savepoint: Callable[..., "Transaction"]
+end_savepoint: Callable[["Transaction"], None]
+
 
 class SubtransactionHandle:
     """The handle ``spawn`` returns: ``result(timeout)``, ``wait(timeout)``, ``done()``, ``state``."""
@@ -203,35 +210,44 @@ def run_inline(parent: "Transaction", function: Callable[[Any, Any], Any], argum
     no observer of node events, no recorder) is begun and ended here, without ``_begin_inline``'s and
     ``commit``'s calls (README, "Frames": "What is left per firing")."""
     manager = parent.manager
-    observers = manager.observers
     extensions = manager.extensions
     slots = {kind: argument} if kind is not None else None
-    if (manager.subtransactions is not _FRAMES or (parent._lazy and (not parent._frame or parent._guarded))
-            or parent._lazy_child is not None or parent._children or manager.recorder
-            or observers.on_begin or observers.on_spawn or observers.on_commit or observers.on_abort
-            or extensions.on_begin_in_frames):
-        child = _begin_inline(parent, name, None, slots)
-        running = manager._local.running
+    # A savepoint of the lean run when the tree is exclusive (README, "The lean run").
+    root = lean_parent(parent) if parent.parent is None or type(parent) is Savepoint else None
+    push = True
+    if root is not None:
+        child = open_savepoint(parent, root, name, slots)
     else:
-        # The frame's begin: what ``_begin_inline`` does for a frame when nothing hears of it.
-        child = _open_frame(parent, manager, name, None, slots)
+        if type(parent) is Savepoint:
+            parent._decode()  # (its object used inside its running child's block, or something now hears of frames)
+        observers = manager.observers
+        if (manager.subtransactions is not _FRAMES or (parent._lazy and (not parent._frame or parent._guarded))
+                or parent._lazy_child is not None or parent._children or manager.recorder
+                or observers.on_begin or observers.on_spawn or observers.on_commit or observers.on_abort
+                or extensions.on_begin_in_frames):
+            child = _begin_inline(parent, name, None, slots, lean=False)      # (which pushes it)
+            push = False
+        else:
+            # The frame's begin: what ``_begin_inline`` does for a frame when nothing hears of it.
+            child = _open_frame(parent, manager, name, None, slots)
+    if push:
         try:
-            running = manager._local.running
+            manager._local.running.append(child)        # (push_running, without its call)
         except AttributeError:
             manager.push_running(child)
-            running = manager._local.running
-        else:
-            running.append(child)
+    running = manager._local.running
     try:
         try:
             result = function(child, argument)
         except BaseException as error:
             child.abort(error)
             raise
-        # Its commit: for a frame that is active, not doomed, and whose before-commit hooks are none (an
-        # extension that asked for its end hooks makes it go round), ``commit`` would go straight to
-        # ``_end_frame``; any other child commits.
-        if (child._end_hooks or extensions.before_commit_in_frames or child._doomed is not None
+        # Its commit: a savepoint's (decoded meanwhile: as its frame's); for a frame that is active, not doomed, and
+        # whose before-commit hooks are none (an extension that asked for its end hooks makes it go round),
+        # ``commit`` would go straight to ``_end_frame``; any other child commits.
+        if type(child) is Savepoint:
+            end_savepoint(child)
+        elif (child._end_hooks or extensions.before_commit_in_frames or child._doomed is not None
                 or child._state is not _ACTIVE or not child._frame):
             child.commit()
         else:
@@ -242,14 +258,25 @@ def run_inline(parent: "Transaction", function: Callable[[Any, Any], Any], argum
 
 
 def _begin_inline(parent: "Transaction", name: str | None, number: int | None = None,
-                  slots: dict | None = None) -> "Transaction":
+                  slots: dict | None = None, lean: bool = True) -> "Transaction":
     """Create an inline child of ``parent`` and make it the transaction this thread runs; extensions and
     observers hear of its begin.  It is a *frame* (README, "Frames") when ``parent`` is not lazy and has no
     live child and no observer wants node events: a lazy child that is not registered among the children.
     (A member of a group run as frames is a leaf: its inline child makes it a node first, README "Groups on
     threads".)  ``number``: the child's number, reserved by a group; ``slots``: its typed slots from the start
-    (``run_inline``'s ``kind``)."""
+    (``run_inline``'s ``kind``); ``lean``: it may be a savepoint of the lean run (README, "The lean run"; not a
+    group's member)."""
     manager = parent.manager
+    root = lean_parent(parent) if lean and (parent.parent is None or type(parent) is Savepoint) else None
+    if root is not None:
+        child = open_savepoint(parent, root, name, slots)
+        try:
+            manager._local.running.append(child)        # (push_running, without its call)
+        except AttributeError:
+            manager.push_running(child)
+        return child
+    if type(parent) is Savepoint:
+        parent._decode()
     observers = manager.observers
     if (manager.subtransactions is _FRAMES and (not parent._lazy or parent._frame and not parent._guarded)
             and parent._lazy_child is None
@@ -298,6 +325,8 @@ def _end_inline(child: "Transaction", error: BaseException | None) -> None:
     try:
         if error is not None:
             child.abort(error)
+        elif type(child) is Savepoint:
+            end_savepoint(child)
         else:
             child.commit()
     finally:

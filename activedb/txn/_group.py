@@ -128,7 +128,7 @@ def _run_frames(group: _Group, pool) -> None:
         index = group.next
         group.next = index + 1
         try:
-            child = _begin_inline(parent, group.names[index], group.numbers[index])
+            child = _begin_inline(parent, group.names[index], group.numbers[index], lean=False)
         except BaseException as error:
             results[index] = (False, error)
             continue

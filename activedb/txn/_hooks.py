@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 import logging
 import threading
-from typing import TYPE_CHECKING, Generic, Iterator, Protocol, TypeVar
+from typing import TYPE_CHECKING, Callable, Generic, Iterator, Protocol, TypeVar
 
 if TYPE_CHECKING:  # pragma: no cover
     from coupling import Coupling
@@ -162,11 +162,17 @@ class HookRegistry(Generic[_Member]):
         return iter(self._members)
 
     if TYPE_CHECKING:
+        present: bool              # (set by _publish: README, "The lean run")
+        hooked_in_frames: bool
+
         # ``registry.<hook>`` and ``registry.<hook>_in_frames``: the bound hooks, set by _publish.
         def __getattr__(self, name: str) -> tuple[Callable[..., object], ...]: ...
 
     def _publish(self) -> None:
         """Caller holds ``_mutex`` (or is the constructor).  One tuple per hook, of overriding members."""
+        #: Whether any member is registered (the lean run opens savepoints only while no observer is: README, "The
+        #: lean run").
+        self.present = bool(self._members)
         for name in self._names:
             default = getattr(self._base, name)
             bound = tuple(getattr(member, name) for member in self._members
@@ -174,6 +180,9 @@ class HookRegistry(Generic[_Member]):
             setattr(self, name, bound)
             setattr(self, f"{name}_in_frames", tuple(hook for hook in bound
                                                      if getattr(hook.__self__, "frame_hooks", True)))
+        #: Whether a member wants a frame's begin or end hooks (``frame_hooks``): the lean run opens no savepoint then.
+        self.hooked_in_frames = any(getattr(self, f"{name}_in_frames", ()) for name in
+                                    ("on_begin", "before_commit", "after_end"))
 
     def call(self, name: str, *args: object) -> None:
         """Call hook ``name`` on every member overriding it (passive: isolate failures)."""

@@ -129,6 +129,8 @@ class Locking:
         frames"): each registered below its parent, outermost first, each given its grants newest first.
         A running member of a group run as frames does it under its group's guard (README, "Groups on
         threads")."""
+        if node._encoded:
+            node._decode()       # a savepoint of the lean run: its frame first (README, "The lean run")
         if node._guarded:
             node._materialize_guarded()
             return

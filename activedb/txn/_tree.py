@@ -31,6 +31,8 @@ from activedb.txn._view import TreeRows
 from activedb.txn._writes import Writes, take_back_writes
 
 if TYPE_CHECKING:  # pragma: no cover
+    from lockmgr._table import Grant
+
     from activedb.store import Entry, Key
     from activedb.txn._manager import TransactionManager
     from activedb.txn._pool import Task
@@ -46,6 +48,9 @@ _new_node = object.__new__
 _NONE: tuple = ()   # a node's scans or participants until its first (its children and tasks: ``_EMPTY``)
 
 
+#: The logs of a node that is not a root (``Transaction._lean_undo``, ``_lean_grants``): empty, never written.
+_NO_LOG: list[Any] = []
+
 class Transaction(Reads, Writes, Children):
     """A node of a transaction tree.  See the module docstring.
 
@@ -60,11 +65,14 @@ class Transaction(Reads, Writes, Children):
                  "_mutex", "_state", "_children", "_tasks", "_writes", "_db_reads", "_scans", "_participants",
                  "_slots", "_doomed", "_thread", "_read_base", "_holds", "_lazy", "_lazy_child", "_modes_held",
                  "_modes_retained", "_grants", "_grants_retained", "_frame", "_end_hooks", "_undo", "_tree_rows",
-                 "__weakref__")
+                 "_lean_undo", "_lean_grants", "_lean_thread", "_undo_at", "_grants_at", "_held_from", "__weakref__")
 
     #: True on a running member of a group run as frames (``_group.GuardedFrame``, README "Groups on threads"):
     #: its materialization takes the group's guard (``Locking.materialize`` asks).
     _guarded = False
+    #: True on a savepoint of the lean run (``_lean.Savepoint``, README "The lean run"), whose frame fields are encoded
+    #: in its root's logs until ``_decode`` writes them out.
+    _encoded = False
 
     def __init__(self, manager: "TransactionManager", parent: "Transaction | None",
                  name: str | None = None, read_base: "ReadBase | None" = None, inline: bool = False,
@@ -144,6 +152,14 @@ class Transaction(Reads, Writes, Children):
         # ``before_commit`` and ``after_end`` are called for it as for a node (README, "Frames").
         self._end_hooks = False
         self._undo: dict | None = None
+        # A root's lean run (README, "The lean run"; ``_lean.py``): its undo log ``(row, entry before, entry)``, its
+        # grants log (``LockManager.try_retain``'s list), the thread that runs it (0: none yet).  A node below the
+        # root has none: ``_NO_LOG``, never written (only a root's logs are).
+        self._lean_undo: list[tuple[tuple[str, Key], Entry | None, Entry]] = [] if parent is None else _NO_LOG
+        self._lean_grants: list[Grant] = [] if parent is None else _NO_LOG
+        self._lean_thread = 0
+        # A savepoint's places in those logs (``_lean.Savepoint``); unused by a node.
+        self._undo_at = self._grants_at = self._held_from = 0
         if not lazy:
             manager.locking.begin(self, awaited=inline)
         recorder = manager.recorder
@@ -179,7 +195,9 @@ class Transaction(Reads, Writes, Children):
         frame._holds = frame._end_hooks = False
         frame._lazy = frame._frame = True
         frame._modes_held = frame._modes_retained = frame._grants = frame._undo = None
-        frame._grants_retained = 0
+        frame._grants_retained = frame._undo_at = frame._grants_at = frame._held_from = 0
+        frame._lean_undo = frame._lean_grants = _NO_LOG
+        frame._lean_thread = 0
         recorder = manager.recorder
         if recorder:
             recorder.record("begin", frame.id, parent=self.id, root=frame.root.id)
@@ -278,9 +296,12 @@ class Transaction(Reads, Writes, Children):
                 return value
         elif not create:
             return None
-        elif self._frame:        # no other thread knows a frame: its first slot needs no mutex
+        if self._frame:        # no other thread knows a frame: its slots need no mutex
             value = kind()
-            self._slots = {kind: value}
+            if slots is None:
+                self._slots = {kind: value}
+            else:
+                slots[kind] = value
             return value
         with self._mutex:
             if self._slots is None:
@@ -322,6 +343,12 @@ class Transaction(Reads, Writes, Children):
         except BaseException as error:
             self.abort(error)
             raise
+        self._commit_after_hooks()
+
+    def _commit_after_hooks(self) -> None:
+        """``commit`` once the before-commit hooks ran (a savepoint of the lean run that those hooks decoded goes on
+        here: ``_lean.end``)."""
+        manager = self.manager
         if self._frame:      # still a frame after the hooks (a deferred cycle they ran may have materialized it)
             self._end_frame()
             return
@@ -521,3 +548,6 @@ def _delegate_to_parent(node: Transaction) -> None:
         if participants:
             parent._participants = [*parent._participants, *participants]
         parent.subtransactions_committed += 1 + node.subtransactions_committed
+
+
+from activedb.txn import _lean  # noqa: E402  (the lean run's savepoints are a subclass: README, "The lean run")

@@ -11,12 +11,13 @@ from lockmgr import Mode, TxnState
 
 from activedb.errors import DuplicateKey, InvalidKey
 from activedb.events import EventKind, new_event
-from activedb.store import Entry, EntryKind, Key, TableInfo, TableRef
+from activedb.store import Entry, EntryKind, Key, RowImage, TableInfo, TableRef
 from activedb.txn import _view
 from activedb.txn._hotkeys import HotKeys
 from activedb.txn._reads import BulkLock
 
 if TYPE_CHECKING:  # pragma: no cover
+    from activedb.txn._hooks import HookRegistry, TransactionExtension
     from activedb.txn._tree import Transaction
 
 # Enum members as module constants: cheaper than the class attribute lookup on the hot path.
@@ -99,20 +100,7 @@ class Writes:
         if recorder:
             recorder.record("write", self.id, root=self.root.id, table=info.name, key=key, value=entry)
         if observed and (entry.kind is not _DELETE or old is not None):
-            if entry.kind is _DELETE:
-                kind, new = EventKind.DELETED, None
-            else:
-                new = entry.apply(old)
-                if old is None:
-                    kind = EventKind.INSERTED
-                    # The stored row: every column (constant defaults for the ones not given) and the key.
-                    new = {**info.blank_row, **new, **info.full_key_row(key)}
-                else:
-                    kind = EventKind.UPDATED
-            display_key = key[0] if len(key) == 1 else key
-            event = new_event(kind, info.name, display_key, old, new, None, None, self.id)
-            for hook in extensions.on_event:
-                hook(self, event)
+            data_event(self, info, key, entry, old, extensions)
 
 
     def write_many(self, table: TableRef, rows: Mapping[Hashable, Mapping[str, object] | None], *,
@@ -148,6 +136,25 @@ class Writes:
         event = new_event(_STREAM, event_type, key, None, None, dict(payload or {}), ts, self.id)
         for hook in self.manager.extensions.on_event:
             hook(self, event)
+
+
+def data_event(node: "Transaction", info: TableInfo, key: Key, entry: Entry, old: RowImage | None,
+               extensions: "HookRegistry[TransactionExtension]") -> None:
+    """The data event of ``node``'s change ``entry`` of row ``key`` (whose image was ``old``), heard by the
+    extensions (``_modify``, once the entry is written)."""
+    if entry.kind is _DELETE:
+        kind, new = EventKind.DELETED, None
+    else:
+        new = entry.apply(old)
+        if old is None:
+            kind = EventKind.INSERTED
+            # The stored row: every column (constant defaults for the ones not given) and the key.
+            new = {**info.blank_row, **new, **info.full_key_row(key)}
+        else:
+            kind = EventKind.UPDATED
+    event = new_event(kind, info.name, key[0] if len(key) == 1 else key, old, new, None, None, node.id)
+    for hook in extensions.on_event:
+        hook(node, event)
 
 
 def write_in_parent(node: "Transaction", row: tuple, entry: Entry, table: str) -> None:

@@ -804,9 +804,10 @@ def test_a_function_rule_without_a_condition_has_the_always_true_one(db):
 
 
 def test_a_frame_has_every_field_a_node_has(db, use):
-    """A frame is built by ``Transaction._new_frame``, a node by the constructor: each sets every field of the
-    class (a field added to one and forgotten in the other fails here), and ``run_inline``'s ``kind`` makes the
-    argument the child's slot of that type from its begin, in every representation."""
+    """A frame is built by ``Transaction._new_frame`` (or written out by a savepoint of the lean run as it decodes,
+    ``_lean._write_out``), a node by the constructor: each sets every field of the class (a field added to one and
+    forgotten in another fails here), and ``run_inline``'s ``kind`` makes the argument the child's slot of that type
+    from its begin, in every representation."""
     fields = [name for name in activedb.Transaction.__slots__ if name != "__weakref__"]
     argument = object()
     seen = {}
@@ -814,11 +815,17 @@ def test_a_frame_has_every_field_a_node_has(db, use):
         use(representation)
         with db.transaction() as tx:
             def look(child, given):
-                seen[representation] = (child._frame, [name for name in fields if not hasattr(child, name)],
-                                        lowlevel.slot(child, object, create=False) is given)
+                lean = type(child) is not activedb.Transaction
+                if lean:
+                    child._decode()      # the frame it encodes (README, "The lean run")
+                inner = []
+                with child.subtransaction() as grandchild:      # a frame's frame (no savepoint after a decode)
+                    inner.append((grandchild._frame, [name for name in fields if not hasattr(grandchild, name)]))
+                seen[representation] = (lean, child._frame, [name for name in fields if not hasattr(child, name)],
+                                        lowlevel.slot(child, object, create=False) is given, inner[0])
             run_inline(tx, look, argument, "look", object)
-    assert seen[Subtransactions.FRAMES] == (True, [], True)
-    assert seen[Subtransactions.LAZY] == seen[Subtransactions.MATERIALIZED] == (False, [], True)
+    assert seen[Subtransactions.FRAMES] == (True, True, [], True, (True, []))
+    assert seen[Subtransactions.LAZY] == seen[Subtransactions.MATERIALIZED] == (False, False, [], True, (False, []))
 
 
 class _RefusesRuleCommits(activedb.TransactionExtension):

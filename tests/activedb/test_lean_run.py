@@ -1,0 +1,336 @@
+"""The lean run (txn README, "The lean run"): inline subtransactions of an exclusive tree are savepoints of a run kept
+in the root, which decode into frames the moment anything else is asked of them.
+
+Each scenario runs with ``frames`` (savepoints wherever the tree is exclusive) and with ``materialized`` (every node
+registered: the reference): the lock pictures (``lock_snapshot``, taken in the tree's thread and by another thread),
+every value read and the final table must be equal, and with ``frames`` the inner subtransaction must have been a
+savepoint before it left the lean state and a frame (or node) after.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import sqlalchemy as sa
+
+import activedb
+from activedb import Coupling, lowlevel
+from activedb.txn import Subtransactions, run_inline
+from tests.activedb.test_lazy_equivalence import _picture
+from tests.conftest import APP_MIGRATIONS
+
+WAIT = 60.0          # a bounded wait for the other thread (fails with what it saw)
+
+
+class Planned(Exception):
+    """A failure the scenario asked for."""
+
+
+@pytest.fixture(scope="module")
+def db(database_url):
+    database = activedb.connect(database_url, rule_execution="inline")
+    database.upgrade_app(APP_MIGRATIONS)
+
+    @database.rule(on=database.stream("lean_bump"), coupling=Coupling.IMMEDIATE, name="lean_bump")
+    def bump(tx, event):
+        row = tx.read("items", event.key)
+        tx.write("items", event.key, value=(row["value"] if row else 0) + 1)
+        if event.payload.get("deferred"):
+            tx.signal("lean_later", number=event.payload["n"])
+        SEEN.append(type(tx).__name__)
+
+    @database.rule(on=database.signalled("lean_later"), coupling=Coupling.DEFERRED, name="lean_later")
+    def later(tx, event):
+        tx.write("items", f"later{event.payload['number']}", value=event.payload["number"])
+        SEEN.append(type(tx).__name__)
+
+    @database.rule(on=database.stream("lean_fail"), coupling=Coupling.IMMEDIATE, name="lean_fail")
+    def fail(tx, event):
+        tx.write("items", event.key, value=-1)
+        raise Planned(event.key)
+
+    yield database
+    database.close()
+
+
+SEEN: list[str] = []
+
+
+def _reset(db, rows: dict) -> None:
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("DELETE FROM items"))
+        for key, value in rows.items():
+            connection.execute(sa.text("INSERT INTO items (key, value) VALUES (:key, :value)"),
+                               {"key": key, "value": value})
+
+
+def _items(db) -> dict:
+    with db.engine.connect() as connection:
+        return dict(connection.execute(sa.text("SELECT key, value FROM items ORDER BY key")).all())
+
+
+def _from_another_thread(db, names: dict) -> tuple:
+    """The picture and ``explain``'s transactions as another thread sees them now."""
+    seen: list = []
+
+    def look() -> None:
+        explanation = db.explain()
+        seen.append((_picture(db, names),
+                     sorted((names.get(node.tid, "?"), node.state, node.depth) for node in explanation.nodes
+                            if node.tid in names)))
+    thread = threading.Thread(target=look)
+    thread.start()
+    thread.join(WAIT)
+    assert seen, "the other thread did not take its picture"
+    return seen[0]
+
+
+def _wait_for_lock_wait(db, expected: int = 1) -> None:
+    """Until ``expected`` lock requests wait (a bounded state wait: fails with the lock table it saw)."""
+    deadline = time.monotonic() + WAIT
+    while time.monotonic() < deadline:
+        snapshot = db.transactions.lock_snapshot()
+        if sum(len(edges) for edges in snapshot.waits.values()) >= expected:
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"no lock request waited within {WAIT} s: {db.transactions.lock_snapshot()}")
+
+
+class _Quiet(activedb.Observer):
+    """An observer of firings (it makes every later inline child a frame or node, never a savepoint)."""
+
+    def on_firing_start(self, transaction, firing) -> None:
+        pass
+
+
+def _leave(how: str, db, inner, names: dict, seen: list, pictures: list) -> None:
+    """What makes ``inner`` (a savepoint with ``frames``) leave the lean state."""
+    if how == "spawn":
+        inner.spawn(lambda child: child.write("items", "e", value=5)).result(WAIT)
+    elif how == "wait":                                  # a nested top-level transaction: a wait of ``inner``
+        with db.transaction() as nested:
+            names[nested.id] = "nested"
+            nested.write("items", "f", value=6)
+            pictures.append(_picture(db, names))
+    elif how == "lock":                                  # another tree holds the row: the request must wait
+        holding, release = threading.Event(), threading.Event()
+
+        def other() -> None:
+            with db.transaction() as tree:
+                names[tree.id] = "other"
+                tree.write("items", "g", value=70)
+                holding.set()
+                assert release.wait(WAIT)
+
+        thread = threading.Thread(target=other)
+        thread.start()
+        assert holding.wait(WAIT)
+
+        def releaser() -> None:
+            _wait_for_lock_wait(db)
+            pictures.append(_picture(db, names))
+            release.set()
+
+        helper = threading.Thread(target=releaser)
+        helper.start()
+        try:
+            inner.write("items", "g", value=7)           # waits for the other tree's commit
+        finally:
+            release.set()
+            helper.join(WAIT)
+            thread.join(WAIT)
+    elif how == "abort":                                 # an inner savepoint aborts after its writes: no decode
+        try:
+            with inner.subtransaction() as deepest:
+                names[deepest.id] = "deepest"
+                deepest.write("items", "a", value=99)
+                deepest.write("items", "h", value=8)
+                seen.append(deepest.read("items", "a"))
+                pictures.append(_picture(db, names))
+                raise Planned("deepest")
+        except Planned:
+            pass
+    elif how == "scan":
+        seen.append(sorted(row["key"] for row in inner.scan("items")))
+    elif how == "fresh read":                            # a row nobody prefetched: a round trip
+        seen.append(inner.read("items", "z"))
+    elif how == "observer":                              # an observer registered meanwhile: its next child decodes it
+        observer = db.observe(_Quiet())
+        try:
+            with inner.subtransaction() as child:
+                names[child.id] = "child"
+                child.write("items", "i", value=9)
+                pictures.append(_picture(db, names))
+        finally:
+            db.transactions.observers.remove(observer)
+    elif how == "parent used":                           # its parent's object used inside its block
+        inner.parent.write("items", "j", value=10)
+    else:
+        raise AssertionError(how)
+
+
+def _scenario(db, representation: Subtransactions, how: str) -> tuple:
+    db.transactions.subtransactions = representation
+    _reset(db, {"a": 1, "b": 2, "c": 3})
+    pictures, seen, kinds, others = [], [], [], []
+    try:
+        with db.transaction() as tx:
+            names = {tx.id: "root"}
+            tx.prefetch("items", ["a", "b", "c", "d", "e", "h"])
+            with tx.subtransaction() as warm:              # the tree's first write of the table: IW retained after
+                names[warm.id] = "warm"
+                warm.write("items", "a", value=10)
+            with tx.subtransaction() as outer:
+                names[outer.id] = "outer"
+                outer.write("items", "b", value=20)
+                with outer.subtransaction() as inner:
+                    names[inner.id] = "inner"
+                    seen.append(inner.read("items", "b"))
+                    inner.write("items", "c", value=30)
+                    inner.delete("items", "d")
+                    kinds.append(type(inner).__name__)
+                    pictures.append(_picture(db, names))
+                    others.append(_from_another_thread(db, names))
+                    kinds.append(type(inner).__name__)     # (another thread's look decodes nothing)
+                    _leave(how, db, inner, names, seen, pictures)
+                    kinds.append(type(inner).__name__)
+                    pictures.append(_picture(db, names))
+                    inner.write("items", "c", value=31)
+                    seen.append(inner.read("items", "c"))
+                seen.append(outer.read("items", "c"))
+                seen.append(outer.subtransactions_committed)
+                pictures.append(_picture(db, names))
+            pictures.append(_picture(db, names))
+            seen.append(tx.subtransactions_committed)
+    finally:
+        db.transactions.subtransactions = Subtransactions.FRAMES
+    assert db.transactions.locks.statistics().transactions == 0
+    return (pictures, seen, _items(db), others), kinds
+
+
+LEAVING = ["spawn", "wait", "lock", "abort", "scan", "fresh read", "observer", "parent used"]
+
+
+@pytest.mark.parametrize("how", LEAVING)
+def test_a_savepoint_that_leaves_the_lean_state_halfway_behaves_as_the_materialized_tree(db, how):
+    """Savepoints that write, delete and read, then leave the lean state (they spawn, wait, meet a lock another
+    tree holds, open a scan or a read PostgreSQL must answer, meet an observer registered meanwhile, have their
+    parent's object used) leave the pictures — also another thread's, with ``explain``'s transactions — reads and
+    table of the materialized tree; until then they are savepoints, which another thread's look does not decode."""
+    frames, kinds = _scenario(db, Subtransactions.FRAMES, how)
+    materialized, _ = _scenario(db, Subtransactions.MATERIALIZED, how)
+    assert frames == materialized
+    # (An inner savepoint's abort is answered on the logs: its parent stays a savepoint.)
+    assert kinds == ["Savepoint", "Savepoint", "Savepoint" if how == "abort" else "Transaction"]
+    pictures, seen, table, others = frames
+    assert seen[0]["value"] == 20 and seen[-4]["value"] == 31 and seen[-3]["value"] == 31
+    assert others[0][0] == pictures[0]                                  # another thread sees the same picture
+    assert pictures[0][("row", "items", ("c",))] == ({"inner": "WRITE"}, {"root": "READ"})
+    assert table["a"] == 10 and table["b"] == 20 and table["c"] == 31 and "d" not in table
+
+
+def _outer_aborts(db, representation: Subtransactions) -> tuple:
+    """An outer savepoint aborts after its inner one committed writes (both undone), then the next event's."""
+    db.transactions.subtransactions = representation
+    _reset(db, {"a": 1, "b": 2})
+    seen = []
+    try:
+        with db.transaction() as tx:
+            names = {tx.id: "root"}
+            tx.prefetch("items", ["a", "b", "c"])
+            tx.write("items", "b", value=2)   # (the root's own table lock: the savepoints' is retained)
+            try:
+                with tx.subtransaction() as outer:
+                    names[outer.id] = "outer"
+                    outer.write("items", "a", value=10)
+                    with outer.subtransaction() as inner:
+                        names[inner.id] = "inner"
+                        inner.write("items", "a", value=11)
+                        inner.insert("items", key="c", value=3)
+                    seen.append(outer.read("items", "a"))
+                    seen.append(_picture(db, names))
+                    seen.append(type(outer).__name__)
+                    raise Planned("outer")
+            except Planned:
+                pass
+            seen.append(_picture(db, names))
+            seen.append((tx.read("items", "a"), tx.read("items", "c")))
+            with tx.subtransaction() as again:
+                names[again.id] = "again"
+                again.insert("items", key="c", value=30)
+                seen.append(_picture(db, names))
+    finally:
+        db.transactions.subtransactions = Subtransactions.FRAMES
+    return seen, _items(db)
+
+
+def test_an_outer_savepoint_aborting_after_its_inner_one_committed_undoes_both(db):
+    """Rule 4 on the logs: the entries of both leave the root's write set, their grants are undone (the root's
+    record too: the next savepoint's insert of the same row is granted afresh), as in the materialized tree."""
+    frames = _outer_aborts(db, Subtransactions.FRAMES)
+    materialized = _outer_aborts(db, Subtransactions.MATERIALIZED)
+    assert frames[0].pop(2) == "Savepoint" and materialized[0].pop(2) == "Transaction"
+    assert frames == materialized
+    seen, table = frames
+    assert seen[0]["value"] == 11 and seen[3][0]["value"] == 1 and seen[3][1] is None
+    assert table == {"a": 1, "b": 2, "c": 30}
+
+
+def _events(db, representation: Subtransactions) -> tuple:
+    """The Spark sink's shape: each event in its own inline subtransaction of one top-level transaction, its rules
+    inside it (an immediate rule that reads and writes, a deferred rule at that one's commit, a rule that fails)."""
+    db.transactions.subtransactions = representation
+    _reset(db, {"k0": 0})
+    SEEN.clear()
+    locks = db.transactions.locks
+    begun = locks.statistics().begun
+    failed = []
+    try:
+        with db.transaction() as tx:
+            tx.prefetch("items", ["k0", "k1", "k2"])
+            tx.write("items", "k0", value=0)        # (the root's own write lock on the table: each event's is retained)
+            for number in range(12):
+                kind = "lean_fail" if number % 5 == 4 else "lean_bump"
+                try:
+                    lowlevel.run_subtransaction(
+                        tx, lambda sub, n: sub.emit(kind, key=f"k{n % 3}", payload={"deferred": n % 3 == 1, "n": n}),
+                        number)
+                except activedb.RuleFailed as error:
+                    failed.append(error.rule)
+            committed = tx.subtransactions_committed
+            fired = db.rules.firings_in(tx)
+    finally:
+        db.transactions.subtransactions = Subtransactions.FRAMES
+    return (_items(db), failed, committed, fired), locks.statistics().begun - begun, list(SEEN)
+
+
+def test_the_sinks_shape_runs_as_savepoints_and_leaves_the_materialized_result(db):
+    """Events, their immediate and deferred firings and a failing rule run as savepoints only: nothing begins in
+    the lock manager but the top-level transaction, every rule's transaction is a savepoint, and the table,
+    failures, counts and firings are the materialized tree's."""
+    frames, begun, seen = _events(db, Subtransactions.FRAMES)
+    materialized, begun_materialized, _ = _events(db, Subtransactions.MATERIALIZED)
+    assert frames == materialized
+    assert begun == 1 and begun_materialized > 12
+    assert seen and set(seen) == {"Savepoint"}
+    table, failed, committed, fired = frames
+    assert failed == ["lean_fail", "lean_fail"]
+    assert table == {"k0": 3, "k1": 3, "k2": 4, "later1": 1, "later7": 7, "later10": 10}
+
+
+def test_a_savepoint_kept_after_it_ended_refuses_work_and_tells_its_outcome(db):
+    """A savepoint user code keeps after its end answers ``state``, ``parent`` and ``id`` as its frame would, and
+    refuses work as a committed frame does; a field only a frame keeps, read from it, decodes it alone."""
+    kept = []
+    with db.transaction() as tx:
+        run_inline(tx, lambda child, _: kept.append(child), None, "kept")
+        assert type(kept[0]).__name__ == "Savepoint"
+        assert kept[0].state is activedb.TxnState.COMMITTED and kept[0].parent is tx
+        assert kept[0].id.startswith(f"{tx.id}.")
+        with pytest.raises(activedb.TransactionError, match="committed"):
+            kept[0].write("items", "a", value=1)
+        assert type(kept[0]).__name__ == "Savepoint"
+        assert kept[0]._tree_rows is tx._tree_rows and type(kept[0]).__name__ == "Transaction"
+        assert kept[0].state is activedb.TxnState.COMMITTED and kept[0].parent is tx
