@@ -18,12 +18,13 @@ from typing import TYPE_CHECKING, Any, Callable, Hashable, Mapping
 
 from activedb.errors import DuplicateKey
 from activedb.store import Entry, EntryKind, matches
-from activedb.streams._view import StoreView, _as_key
+from activedb.streams._view import Stamp, StoreView, _as_key
 
 if TYPE_CHECKING:  # pragma: no cover
     from activedb.store import Key, RowImage, TableInfo
     from activedb.txn import Transaction
     from activedb.streams._batch import STransaction
+    from activedb.streams._history import StreamHistory
 
 _PATCH, _INSERT, _DELETE, _REPLACE = EntryKind.PATCH, EntryKind.INSERT, EntryKind.DELETE, EntryKind.REPLACE
 _DELETE_ENTRY = Entry(_DELETE)
@@ -64,9 +65,10 @@ class Overlay:
     """The rows of one batch under SEI (module docstring).  ``mark``/``rollback``/``keep`` bracket one
     s-transaction; ``write_back`` puts the batch's change into its transaction and empties the overlay."""
 
-    def __init__(self, tx: "Transaction", history: Any = None, cost: Callable[[str], None] | None = None):
+    def __init__(self, tx: "Transaction", history: StreamHistory | None = None,
+                 cost: Callable[[str], None] | None = None):
         self._tx = tx
-        self._view = OverlayView(self, tx, None, history, cost)
+        self._view = OverlayView(self, tx, None, history, cost)  # type: ignore[arg-type]  # (stamped per use: view())
         self._given: dict[tuple[Any, Hashable, type], _Row] = {}          # (table, key) as the view was given them
         self._table_info: Callable[[Any], "TableInfo"] = tx.manager.catalog.table_info
         self._rows: dict[tuple[str, Key], _Row] = {}
@@ -110,7 +112,7 @@ class Overlay:
 
     # --- one s-transaction ----------------------------------------------------------------------------
 
-    def view(self, stamp: Any) -> "OverlayView":
+    def view(self, stamp: Stamp) -> "OverlayView":
         """The store view of the s-transaction ``stamp`` names (one view, stamped again for each)."""
         view = self._view
         view.restamp(stamp)
@@ -132,7 +134,7 @@ class Overlay:
 
     # --- the store operations -------------------------------------------------------------------------
 
-    def _row(self, table: Any, key: Key) -> _Row:
+    def _row(self, table: str, key: Key) -> _Row:
         """The row ``key`` (a tuple, as the view gives it) of ``table``.  A one-column key is looked up first as
         it was given, with its value's class (``1``, ``1.0`` and ``True`` are equal keys of a dict, not equally
         valid keys of a table), so that only a row's first touch pays for the checks of its table and key."""
@@ -149,7 +151,7 @@ class Overlay:
         row = self._given[given] = self._find(table, key)
         return row
 
-    def _find(self, table: Any, key: Key) -> _Row:
+    def _find(self, table: str, key: Key) -> _Row:
         info = self._table_info(table)
         key = info.key(key[0] if len(key) == 1 else key)
         row = self._rows.get((info.name, key))
@@ -157,20 +159,20 @@ class Overlay:
             row = self._rows[(info.name, key)] = _Row(info, key)
         return row
 
-    def read(self, table: Any, key: Key) -> RowImage | None:
+    def read(self, table: str, key: Key) -> RowImage | None:
         image = self.image(table, key)
         return dict(image) if image is not None else None
 
-    def image(self, table: Any, key: Key) -> RowImage | None:
+    def image(self, table: str, key: Key) -> RowImage | None:
         """The row as the s-transaction sees it — the overlay's own dict: the caller must not change it."""
         row = self._row(table, key)
         return row.base if row.entry is None and row.base is not _UNREAD else row.image(self._tx)  # type: ignore[return-value]
 
-    def write(self, table: Any, key: Key, values: RowImage) -> None:
+    def write(self, table: str, key: Key, values: RowImage) -> None:
         row = self._row(table, key)
         self._change(row, Entry(_PATCH, row.info.values_without_key(row.key, values)))
 
-    def insert(self, table: Any, values: RowImage) -> Key:
+    def insert(self, table: str, values: RowImage) -> Key:
         info = self._table_info(table)
         values = info.check_values(values)
         row = self._row(info.name, info.key_from_values(values))
@@ -181,10 +183,10 @@ class Overlay:
                                           if name not in info.key_columns}))
         return row.key
 
-    def delete(self, table: Any, key: Key) -> None:
+    def delete(self, table: str, key: Key) -> None:
         self._change(self._row(table, key), _DELETE_ENTRY)
 
-    def scan(self, table: Any, where: Mapping[str, Any] | None) -> list[RowImage]:
+    def scan(self, table: str, where: Mapping[str, object] | None) -> list[RowImage]:
         """The tree's rows of ``table`` matching ``where``, with the overlay's changes over them."""
         info = self._table_info(table)
         columns = info.key_columns
@@ -236,20 +238,20 @@ class OverlayView(StoreView):
     """An s-transaction's view of the store under SEI on the overlay: the operations of :class:`StoreView`
     (stamped, recorded, costed alike), answered by the batch's :class:`Overlay` instead of a subtransaction."""
 
-    def __init__(self, overlay: Overlay, tx: "Transaction", stamp: Any, history: Any = None,
+    def __init__(self, overlay: Overlay, tx: "Transaction", stamp: Stamp, history: StreamHistory | None = None,
                  cost: Callable[[str], None] | None = None):
         super().__init__(tx, stamp, history, cost)
         self._overlay = overlay
 
-    def read(self, table: str, key: Any) -> RowImage | None:
+    def read(self, table: str, key: Hashable) -> RowImage | None:
         image = self._image(table, key)
         return None if image is None else dict(image)
 
-    def read_value(self, table: str, key: Any, column: str) -> Any:
+    def read_value(self, table: str, key: Hashable, column: str) -> Any:
         image = self._image(table, key)      # (only one value of it leaves: no copy)
         return None if image is None else image.get(column)
 
-    def _image(self, table: str, key: Any) -> RowImage | None:
+    def _image(self, table: str, key: Hashable) -> RowImage | None:
         """A Read's steps (StoreView's, inline: the one operation of most s-transactions) with the overlay's own
         image of the row — the caller copies what it hands out."""
         if key.__class__ is not tuple:
@@ -262,11 +264,11 @@ class OverlayView(StoreView):
             self._record(self._history.read, table, key, None if image is None else dict(image), "derive")
         return image
 
-    def scan(self, table: str, where: Mapping[str, Any] | None = None) -> list[RowImage]:
+    def scan(self, table: str, where: Mapping[str, object] | None = None) -> list[RowImage]:
         self._before("read", table, None)
         return self._read(table, None, self._overlay.scan(table, where))
 
-    def write(self, table: str, key: Any, **values: Any) -> None:
+    def write(self, table: str, key: Hashable, **values: object) -> None:
         key = _as_key(key)
         self._before("write", table, key)
         self._overlay.write(table, key, dict(values))
@@ -278,7 +280,7 @@ class OverlayView(StoreView):
         self._written(table, key, dict(values), "insert")
         return key[0] if len(key) == 1 else key
 
-    def delete(self, table: str, key: Any) -> None:
+    def delete(self, table: str, key: Hashable) -> None:
         key = _as_key(key)
         self._before("write", table, key)
         self._overlay.delete(table, key)

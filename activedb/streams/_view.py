@@ -7,7 +7,7 @@ methods.  Thread-safety: a view belongs to the thread running its unit of work.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Mapping, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Hashable, Mapping, NamedTuple, TypeVar
 
 from activedb.errors import DuplicateKey
 from activedb.streams._locks import LockMode
@@ -21,6 +21,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from activedb.txn import Transaction
     from activedb.streams._locks import Owner, StreamLockTable
     from activedb.streams._versions import VersionStore
+    from activedb.streams._history import StreamHistory
 
 
 class Stamp(NamedTuple):
@@ -41,7 +42,8 @@ def _as_key(key: object) -> Key:
 class StoreView:
     """Stamped store access for one unit of work."""
 
-    def __init__(self, tx: Transaction, stamp: Stamp, history: Any = None, cost: Callable[[str], None] | None = None):
+    def __init__(self, tx: Transaction, stamp: Stamp, history: StreamHistory | None = None,
+                 cost: Callable[[str], None] | None = None):
         self.tx = tx
         self.stamp = stamp
         self._history = history
@@ -83,22 +85,22 @@ class StoreView:
 
     # --- the store API --------------------------------------------------------------------------
 
-    def read(self, table: str, key: Any) -> RowImage | None:
+    def read(self, table: str, key: Hashable) -> RowImage | None:
         key = _as_key(key)
         self._before("read", table, key)
         return self._read(table, key, self.tx.read(table, key))
 
-    def read_value(self, table: str, key: Any, column: str) -> Any:
+    def read_value(self, table: str, key: Hashable, column: str) -> Any:
         """``column`` of the row ``key`` (None if there is no such row): a scalar subquery's read — one read,
         counted, recorded and locked as :meth:`read` is."""
         row = self.read(table, key)
         return None if row is None else row.get(column)
 
-    def scan(self, table: str, where: Mapping[str, Any] | None = None) -> list[RowImage]:
+    def scan(self, table: str, where: Mapping[str, object] | None = None) -> list[RowImage]:
         self._before("read", table, None)
         return self._read(table, None, self.tx.scan(table, where))
 
-    def write(self, table: str, key: Any, **values: Any) -> None:
+    def write(self, table: str, key: Hashable, **values: object) -> None:
         self._before("write", table, _as_key(key))
         self.tx.write(table, key, **values)
         self._written(table, _as_key(key), dict(values), "write")
@@ -109,7 +111,7 @@ class StoreView:
         self._written(table, _as_key(key), dict(values), "insert")
         return key
 
-    def delete(self, table: str, key: Any) -> None:
+    def delete(self, table: str, key: Hashable) -> None:
         self._before("write", table, _as_key(key))
         self.tx.delete(table, key)
         self._written(table, _as_key(key), None, "delete")
@@ -126,7 +128,7 @@ class StoreView:
         self.writes += 1
         return self._record(self._history.write, table, key, values, operation) if self._history is not None else None
 
-    def _key_of_values(self, table: str, values: Mapping[str, Any]) -> Key | None:
+    def _key_of_values(self, table: str, values: Mapping[str, object]) -> Key | None:
         """The key an insert names (None if the database generates it); only locking views need it."""
         return None
 
@@ -174,7 +176,8 @@ class LockedView(StoreView):
     """A view whose every operation first waits for its lock in the batch's stream lock
     table (``table``; ``owner``: the s-transaction's lock owner) — S2PL's view."""
 
-    def __init__(self, tx: Transaction, stamp: Stamp, history: Any, cost: Callable[[str], None] | None, *,
+    def __init__(self, tx: Transaction, stamp: Stamp, history: StreamHistory | None,
+                 cost: Callable[[str], None] | None, *,
                  table: "StreamLockTable", owner: "Owner", catalog: Any):
         super().__init__(tx, stamp, history, cost)
         self._owner = owner
@@ -186,7 +189,7 @@ class LockedView(StoreView):
         if self._cost is not None:
             self._cost(kind)
 
-    def _key_of_values(self, table: str, values: Mapping[str, Any]) -> Key | None:
+    def _key_of_values(self, table: str, values: Mapping[str, object]) -> Key | None:
         columns = self._catalog.table(table).key_columns
         if all(values.get(column) is not None for column in columns):
             return tuple(values[column] for column in columns)
@@ -199,7 +202,8 @@ class VersionedView(LockedView):
     batch writes that table back from its versions at its end (the design note's "What a Read sees"),
     else they go into the s-transaction's subtransaction too."""
 
-    def __init__(self, tx: Transaction, stamp: Stamp, history: Any, cost: Callable[[str], None] | None, *,
+    def __init__(self, tx: Transaction, stamp: Stamp, history: StreamHistory | None,
+                 cost: Callable[[str], None] | None, *,
                  table: "StreamLockTable", owner: "Owner", catalog: Any, versions: "VersionStore",
                  on_version: Callable[[int], None] | None = None,
                  validate: Callable[[str, str, Key | None], None] | None = None,
@@ -215,7 +219,7 @@ class VersionedView(LockedView):
         #: longer granted (an earlier s-transaction that released its write locks early is run again).
         self._validate = validate
 
-    def read(self, table: str, key: Any) -> RowImage | None:
+    def read(self, table: str, key: Hashable) -> RowImage | None:
         key = _as_key(key)
         if not self._versions.tracks(table, key):
             # No plan of the batch reads the row: the tree shows it as this Read must see it
@@ -232,7 +236,7 @@ class VersionedView(LockedView):
             self._validate("read", table, key)
         return self._read(table, key, image, sequence)
 
-    def scan(self, table: str, where: Mapping[str, Any] | None = None) -> list[RowImage]:
+    def scan(self, table: str, where: Mapping[str, object] | None = None) -> list[RowImage]:
         if not self._versions.tracks_table(table):
             return super().scan(table, where)          # as for read: covered by its own write lock only
         self._before("read", table, None)
