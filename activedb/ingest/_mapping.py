@@ -126,7 +126,7 @@ class EventMapping:
                                       self.local_ts_column) if column is not None]
 
 
-def as_mapping(mapping: Any) -> "EventMapping":
+def as_mapping(mapping: object) -> "EventMapping":
     """``mapping`` as an :class:`EventMapping`: one already, or a dict of its keyword arguments — the
     form an application module can declare without importing spark_bridge, e.g.
     ``MAPPING = {"type_column": "type", "key_column": "worker", "ts_column": "ts", "payload_columns": ["room"]}``."""
@@ -193,7 +193,7 @@ class Rejected:
     row: Mapping[str, Any] = field(hash=False)
 
 
-def _describe(value: Any) -> str:
+def _describe(value: object) -> str:
     text = repr(value)
     return f"{text if len(text) <= 60 else text[:57] + '...'} ({type(value).__name__})"
 
@@ -263,7 +263,7 @@ def corrupt_reason(line: Any, values: Mapping[str, Any], types: Mapping[str, str
 SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
 
 
-def lone_surrogate_reason(line: Any, fields: Collection[str]) -> str | None:
+def lone_surrogate_reason(line: object, fields: Collection[str]) -> str | None:
     """Why the row of JSON text ``line`` cannot be trusted as Spark delivered it, or None: the value of one
     of its ``fields`` (the batch's columns) holds a lone surrogate, which Spark's string conversion replaced
     by ``?``.  Fields the schema does not read are not looked at."""
@@ -327,7 +327,7 @@ def _field_holding_escapes(text: str) -> str | None:
                 None)
 
 
-def _has_escaped_byte(value: Any) -> bool:
+def _has_escaped_byte(value: object) -> bool:
     if isinstance(value, str):
         return any("\udc80" <= char <= "\udcff" for char in value)
     if isinstance(value, dict):
@@ -337,7 +337,7 @@ def _has_escaped_byte(value: Any) -> bool:
     return False
 
 
-def _has_lone_surrogate(value: Any) -> bool:
+def _has_lone_surrogate(value: object) -> bool:
     if isinstance(value, str):
         return any("\ud800" <= char <= "\udfff" for char in value)   # a pair was decoded into one character
     if isinstance(value, dict):
@@ -347,7 +347,7 @@ def _has_lone_surrogate(value: Any) -> bool:
     return False
 
 
-def check_key(value: Any) -> str | int:
+def check_key(value: object) -> str | int:
     if isinstance(value, str):
         if value:
             return value
@@ -476,14 +476,14 @@ def rows_to_events(rows: Any, mapping: EventMapping,
     return good, bad
 
 
-def is_arrow(rows: Any) -> bool:
+def is_arrow(rows: object) -> bool:
     """Whether ``rows`` is a ``pyarrow.Table`` or ``RecordBatch`` — asked without importing pyarrow: rows can be
     Arrow only if something imported it already (pyarrow is an extra, ``activedb[spark]``)."""
     pa = sys.modules.get("pyarrow")
     return pa is not None and isinstance(rows, (pa.Table, pa.RecordBatch))
 
 
-def event_id(value: Any) -> str:
+def event_id(value: object) -> str:
     if isinstance(value, bool) or not isinstance(value, (str, int)):
         raise InvalidField(f"is {_describe(value)}, need a string or an integer")
     text = str(value)

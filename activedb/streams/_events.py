@@ -112,7 +112,7 @@ class DeadLetter:
     punctuation: Any = None
 
 
-def format_ts(ts: Any) -> str:
+def format_ts(ts: object) -> str:
     if isinstance(ts, dt.datetime):
         return ts.isoformat()
     if isinstance(ts, float) and ts.is_integer():
@@ -153,7 +153,7 @@ def ts_extreme(values: Iterable[Any], *, latest: bool) -> Any:
     return extreme
 
 
-def check_ts(ts: Any) -> str:
+def check_ts(ts: object) -> str:
     """The kind of timestamp (``"number"`` or ``"datetime"``); raises ValueError otherwise."""
     check_time(ts, "timestamp")
     return "datetime" if isinstance(ts, dt.datetime) else "number"
