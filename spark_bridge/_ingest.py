@@ -16,7 +16,7 @@ from typing import Any
 
 from activedb.atomic import SplitFailure, as_policy
 from activedb.cli.application import portable_spec
-from activedb.ingest import BatchHandler, Deadlines, EventMapping, RulesHandler, as_mapping
+from activedb.ingest import BatchHandler, Deadlines, EventMapping, Phase, RulesHandler, as_mapping
 
 from spark_bridge._foreach import foreach_batch
 from spark_bridge._scaleout import PartitionedIngestSink
@@ -88,7 +88,7 @@ class IngestOptions:
     known_types: Collection[str] | None = None
     watermark_delay: str | dt.timedelta | None = None
     start: bool = True
-    on_phase: Callable[[str, int], None] | None = None
+    on_phase: Callable[[Phase, int], None] | None = None
     lineage: bool = True
     partition_by_key: int | None = None
     app: str | Callable[[Any], Any] | None = None

@@ -51,7 +51,7 @@ class IngestSink(Ingestion):
     """
 
     def __init__(self, db: Any, mapping: EventMapping, *, query_name: str, known_types: Collection[str] | None = None,
-                 spark_session: Any = None, on_phase: Callable[[str, int], None] | None = None,
+                 spark_session: Any = None, on_phase: Callable[[Phase, int], None] | None = None,
                  batch_attempts: int = 3, handler: BatchHandler | None = None, event_ids_under: str | None = None,
                  lineage: bool = True, deadlines: Deadlines | None = None) -> None:
         if not isinstance(query_name, str) or not query_name.strip():

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from activedb.ingest._ingestion import Ingestion
-from activedb.ingest._interface import Batch, LedgerId, Rows, Source
+from activedb.ingest._interface import Batch, LedgerId, Phase, Rows, Source
 from activedb.ingest._mapping import EventMapping
 from activedb.ingest._outcome import BatchOutcome
 from activedb.ingest._protocol import BatchHandler
@@ -53,7 +53,7 @@ def drive(ingestion: Ingestion, source: Source, *, participants: Participants | 
 
 def feed(db: IngestDatabase, batches: Iterable[Rows | Batch], *, source: str, run: str | None = None,
          mapping: EventMapping | Mapping[str, object] | None = None, handler: BatchHandler | None = None,
-         known_types: Collection[str] | None = None, on_phase: Callable[[str, int], None] | None = None,
+         known_types: Collection[str] | None = None, on_phase: Callable[[Phase, int], None] | None = None,
          lineage: bool = False, event_ids_under: str | None = None, participants: Participants | None = None,
          end_of_stream: bool = False) -> list[BatchOutcome]:
     """Feed ``batches`` into ``db`` as source ``source`` (run ``run``), exactly once: each batch (rows — mappings

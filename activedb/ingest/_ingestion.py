@@ -70,7 +70,7 @@ class Ingestion:
 
     def __init__(self, db: IngestDatabase, mapping: EventMapping | Mapping[str, object] | None = None, *, source: str,
                  handler: BatchHandler | None = None, known_types: Collection[str] | None = None,
-                 batch_attempts: int = 3, on_phase: Callable[[str, int], None] | None = None, lineage: bool = False,
+                 batch_attempts: int = 3, on_phase: Callable[[Phase, int], None] | None = None, lineage: bool = False,
                  event_ids_under: str | None = None, deadlines: Deadlines | None = None) -> None:
         if mapping is not None:
             try:
@@ -179,8 +179,10 @@ class Ingestion:
     # -- statistics (the book's) --------------------------------------------------------------
 
     def phase(self, phase: Phase, batch_id: int) -> None:
-        """Tell ``on_phase`` that batch ``batch_id`` reached ``phase`` (a connector's own phases: ``FETCHED``)."""
-        self._book.phase(phase, batch_id)
+        """Tell ``on_phase`` that batch ``batch_id`` reached ``phase`` (a connector's own phases: ``FETCHED``).
+        ``phase``: a :class:`Phase` or its value (``"fetched"``); ``on_phase`` hears the member.  Anything else
+        raises :class:`~activedb.errors.InvalidChoice` naming the members."""
+        self._book.phase(Phase.parse(phase, "Ingestion.phase(phase=...)"), batch_id)
 
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Wait until no batch is being processed; False if ``timeout`` passed first."""

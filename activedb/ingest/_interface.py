@@ -9,11 +9,12 @@ Everything here is immutable and safe to share between threads.
 from __future__ import annotations
 
 import datetime as dt
-import enum
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, runtime_checkable
+
+from activedb._closedset import ClosedSet
 
 if TYPE_CHECKING:  # pragma: no cover
     import pyarrow
@@ -136,9 +137,11 @@ class Source(Protocol):
         ...
 
 
-class Phase(enum.StrEnum):
+class Phase(ClosedSet):
     """The points of a batch that ``on_phase(phase, batch_number)`` hears (a seam for crash tests and
-    monitoring; a ``StrEnum``: ``Phase.FLUSH == "flush"``)."""
+    monitoring).  ``on_phase`` is always called with a member; a member is a ``str`` (``Phase.FLUSH == "flush"``),
+    so a callback typed ``(str, int)`` fits.  Where a phase is given (``Ingestion.phase``), its value's string is
+    accepted too; anything else is an :class:`~activedb.errors.InvalidChoice` naming the members."""
 
     FETCHED = "fetched"      # the rows are in Python, nothing written (a connector says so)
     FLUSH = "flush"          # inside the flush: everything written, PostgreSQL's COMMIT is next

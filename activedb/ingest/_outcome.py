@@ -14,18 +14,12 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sized
 from dataclasses import astuple, dataclass, field
 
-__all__ = ["PHASES", "RECENT_OUTCOMES", "BatchBook", "BatchInProgress", "BatchOutcome", "FiringInProgress",
+from activedb.ingest._interface import Phase
+
+__all__ = ["RECENT_OUTCOMES", "BatchBook", "BatchInProgress", "BatchOutcome", "FiringInProgress",
            "IngestStatistics", "PhaseTimings"]
 
 _UTC = dt.timezone.utc
-
-#: Phases reported to ``on_phase(phase, batch_id)``:
-#: ``fetched``  — rows are in Python (after ``toArrow``), nothing written;
-#: ``flush``    — inside the engine's flush: the PostgreSQL transaction holds the ledger
-#:                row, the effects and the dead letters, and is about to commit;
-#: ``committed`` — the batch committed (before the punctuation and before Spark's commit log);
-#: ``skipped``  — the ledger already had the batch.
-PHASES = ("fetched", "flush", "committed", "skipped")
 
 #: How many batch outcomes :meth:`IngestSink.recent_outcomes` keeps (like Spark's recentProgress).
 RECENT_OUTCOMES = 100
@@ -127,14 +121,14 @@ class BatchInProgress:
 
 
 class BatchBook:
-    """The bookkeeping of one sink's batches: ``on_phase(phase, batch_id)`` (:data:`PHASES`), the
+    """The bookkeeping of one sink's batches: ``on_phase(phase, batch_id)`` (a :class:`Phase`), the
     counters behind :class:`IngestStatistics`, the last :data:`RECENT_OUTCOMES` outcomes, the batches in
     progress and the last failure.
 
     Thread-safety: ``_mutex`` protects every field below it; ``on_phase`` is called without it.
     """
 
-    def __init__(self, query_name: str, on_phase: Callable[[str, int], None] | None = None, *,
+    def __init__(self, query_name: str, on_phase: Callable[[Phase, int], None] | None = None, *,
                  wall: Callable[[], dt.datetime] | None = None):
         self.query_name = query_name
         self._on_phase = on_phase
@@ -167,8 +161,9 @@ class BatchBook:
         """Whether an ``on_phase`` listens (else :meth:`phase` does nothing, and a flush need not stop for it)."""
         return self._on_phase is not None
 
-    def phase(self, phase: str, batch_id: int) -> None:
-        """Tell ``on_phase`` that batch ``batch_id`` reached ``phase`` (one of :data:`PHASES`)."""
+    def phase(self, phase: Phase, batch_id: int) -> None:
+        """Tell ``on_phase`` that batch ``batch_id`` reached ``phase`` (a member: the callers inside the package
+        pass one; :meth:`Ingestion.phase <activedb.ingest.Ingestion.phase>` parses a connector's)."""
         if self._on_phase is not None:
             self._on_phase(phase, batch_id)
 
@@ -176,7 +171,7 @@ class BatchBook:
                 timings: PhaseTimings, began: float) -> BatchOutcome:
         """Record a batch the ledger already had; returns its outcome."""
         self.committed(query_id, batch_id)
-        self.phase("skipped", batch_id)
+        self.phase(Phase.SKIPPED, batch_id)
         outcome = BatchOutcome(query_id, batch_id, False, row_count, 0, 0, {}, watermark, timings)
         self.record(outcome, began)
         return outcome

@@ -15,7 +15,9 @@ import sqlalchemy as sa
 
 import activedb
 from activedb.clock import ManualClock
-from activedb.ingest import Batch, Ingestion, LedgerId, RowBatches, RulesHandler, drive, feed, ingestion_status
+from activedb.errors import InvalidChoice
+from activedb.ingest import (Batch, Ingestion, LedgerId, Phase, RowBatches, RulesHandler, drive, feed,
+                             ingestion_status)
 from tests.ingest.feed_driver import RUN, SOURCE, workload_batches
 from tests.spark_bridge import app_counters
 from tests.spark_bridge._streams import BASE_TIME, app_database, app_state, dead_letters
@@ -129,6 +131,30 @@ def test_the_watermark_lag_is_measured_on_the_databases_clock(database_url):
         assert ingestion.statistics().watermark_lag_seconds == 8.0
         clock.advance(5)
         assert ingestion.statistics().watermark_lag_seconds == 13.0
+    finally:
+        ingestion.close()
+        database.close()
+
+
+def test_on_phase_hears_phase_members_and_a_connectors_phase_is_parsed(database_url):
+    """``on_phase`` is called with :class:`Phase` members — the core's (``flush``, ``committed``, ``skipped``) and a
+    connector's given as a member or as its value's string; any other string is refused, naming the members."""
+    database = app_database(database_url)
+    heard: list[tuple[object, int]] = []
+    ingestion = Ingestion(database, app_counters.MAPPING, source="phases",
+                          on_phase=lambda phase, batch: heard.append((phase, batch)))
+    try:
+        rows = [{"type": "add", "key": "k", "ts": BASE_TIME, "amount": 1, "seq": 0}]
+        ingestion.phase("fetched", 0)
+        drive(ingestion, RowBatches(LedgerId("phases"), [Batch(0, rows)]))
+        ingestion.phase(Phase.FETCHED, 0)
+        drive(ingestion, RowBatches(LedgerId("phases"), [Batch(0, rows)]))
+        assert heard == [(Phase.FETCHED, 0), (Phase.FLUSH, 0), (Phase.COMMITTED, 0), (Phase.FETCHED, 0),
+                         (Phase.SKIPPED, 0)]
+        assert all(type(phase) is Phase for phase, _ in heard), heard
+        with pytest.raises(InvalidChoice, match=r"Ingestion\.phase\(phase=\.\.\.\).*fetched.*flush.*committed"):
+            ingestion.phase("fetch", 1)
+        assert len(heard) == 5
     finally:
         ingestion.close()
         database.close()
