@@ -35,10 +35,16 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+from hypothesis import HealthCheck, settings
 
 import activedb
 from activedb import _embedded
 from activedb.testing._databases import Server, ServerAtUrl, create_database, drop_database
+
+# Property tests hold on a busy machine: hypothesis's wall-clock checks (a 200 ms deadline per example, "input
+# generation is slow") measure the load, not the property; a test's own @settings still override the rest.
+settings.register_profile("activedb-suite", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("activedb-suite")
 
 APP_MIGRATIONS = Path(__file__).parent / "app_migrations"
 SERVER_VARIABLE = "ACTIVEDB_TEST_SERVER"
