@@ -37,6 +37,7 @@ from spark_bridge.errors import IngestError, SparkBridgeError, describe, first_l
 if TYPE_CHECKING:  # pragma: no cover
     from rich.console import Console
 
+    from activedb import Database
     from activedb.ingest import BatchInProgress
     from spark_bridge._sink import IngestSink
 
@@ -337,7 +338,7 @@ def failure_message(sink: Any, failure: BaseException, app: str) -> str:
             f"run the same command again: it resumes from the checkpoint")
 
 
-def _progress(database: Any, name: str, checkpoint_dir: Path) -> list[str]:
+def _progress(database: Database, name: str, checkpoint_dir: Path) -> list[str]:
     """What query ``name`` has done so far, in words (empty: it starts over): its ledger rows, its checkpoint's
     committed micro-batches."""
     from activedb.ingest import ingestion_status
@@ -367,7 +368,7 @@ def _refuse_reset_with_progress(found: list[str], name: str) -> None:
 _LATE = re.compile(r"\blate\b|\bolder than\b", re.IGNORECASE)
 
 
-def dead_letter_hint(database: Any, app: str, name: str, *, started_over: bool, reset: bool, source: str) -> list[str]:
+def dead_letter_hint(database: Database, app: str, name: str, *, started_over: bool, reset: bool, source: str) -> list[str]:
     """What ``run`` says after a run that wrote dead letters: which of query ``name``'s are late — older than
     the state the application's tables held, so a replay would reject them again — and, for a query that
     started over on tables earlier runs filled (a new name without ``--reset``), that this is why."""

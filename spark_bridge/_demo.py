@@ -6,16 +6,19 @@ from __future__ import annotations
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
 from spark_bridge._sources import write_event_files
 
+if TYPE_CHECKING:  # pragma: no cover
+    from activedb import Database
+
 SPARK_FILES = 4                 # the stream is written as this many files (micro-batches)
 
 
-def feed(db: Any, events: list[dict[str, object]], app: Any, console: Any, progress: Any, engine: Any
+def feed(db: Database, events: list[dict[str, object]], app: Any, console: Any, progress: Any, engine: Any
          ) -> dict[str, object]:
     """Feed ``events`` through Spark Structured Streaming into ``engine``'s pattern queries
     (``spark_bridge.ingest(…, handler=streams.QueriesHandler(engine))``; an ``activedb.streams.StreamEngine``

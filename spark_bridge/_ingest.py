@@ -12,7 +12,7 @@ import datetime as dt
 import difflib
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from activedb.atomic import SplitFailure, as_policy
 from activedb.cli.application import portable_spec
@@ -22,6 +22,9 @@ from spark_bridge._foreach import foreach_batch
 from spark_bridge._scaleout import PartitionedIngestSink
 from spark_bridge._sink import IngestSink, QueryRun
 from spark_bridge.errors import IngestError, MappingError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from activedb import Database
 
 __all__ = ["IngestOptions", "end_of_stream", "ingest", "sink_of"]
 
@@ -124,7 +127,7 @@ class IngestOptions:
                 f"DataStreamWriter.trigger such as {{'availableNow': True}}; got {self.trigger!r}")
 
 
-def ingest(db: Any, streaming_df: Any, *, mapping: EventMapping, query_name: str,
+def ingest(db: Database, streaming_df: Any, *, mapping: EventMapping, query_name: str,
            checkpoint_location: str | None = None, options: IngestOptions | None = None, **fields: Any) -> Any:
     """Feed ``streaming_df`` into ``db``'s rules (or the handler ``options`` names), one micro-batch per
     top-level transaction, exactly once; return the started ``StreamingQuery`` (its sink is

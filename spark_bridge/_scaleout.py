@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from activedb import atomic
 from activedb.atomic import SplitFailure
@@ -27,6 +27,9 @@ from activedb.ingest import BatchOutcome, EventMapping, Ingestion, LedgerId, Pha
 from spark_bridge import _cluster
 from spark_bridge._sink import IngestSink
 from spark_bridge.errors import IngestError, describe
+
+if TYPE_CHECKING:  # pragma: no cover
+    from activedb import Database
 
 __all__ = ["PartitionedIngestSink"]
 
@@ -157,7 +160,7 @@ class PartitionedIngestSink(IngestSink):
     :class:`IngestSink`.
     """
 
-    def __init__(self, db: Any, mapping: EventMapping, *, partitions: int, app: Any,
+    def __init__(self, db: Database, mapping: EventMapping, *, partitions: int, app: Any,
                  connect_options: Mapping[str, Any] | None = None, detached_timeout: float = 300.0,
                  on_partition_failure: SplitFailure | str = SplitFailure.FORWARD, lineage: bool = True,
                  rules: RulesHandler | None = None, **sink_options: Any) -> None:

@@ -19,12 +19,15 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Collection
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from activedb.ingest import (BatchHandler, Deadlines, EventMapping, Ingestion, LedgerId, Phase, PhaseTimings,
                              sources_of_run)
 
 from spark_bridge.errors import IngestError, QueryRenamedError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from activedb import Database
 
 __all__ = ["IngestSink", "QueryRun", "streaming_query_id"]
 
@@ -50,7 +53,11 @@ class IngestSink(Ingestion):
     Thread-safety: see the module docstring.
     """
 
-    def __init__(self, db: Any, mapping: EventMapping, *, query_name: str, known_types: Collection[str] | None = None,
+    #: The driver's database (an ``activedb.Database``: its ``batches`` settle a split batch, its ``url`` is
+    #: checked for the executors).
+    db: Database
+
+    def __init__(self, db: Database, mapping: EventMapping, *, query_name: str, known_types: Collection[str] | None = None,
                  spark_session: Any = None, on_phase: Callable[[Phase, int], None] | None = None,
                  batch_attempts: int = 3, handler: BatchHandler | None = None, event_ids_under: str | None = None,
                  lineage: bool = True, deadlines: Deadlines | None = None) -> None:
@@ -168,7 +175,7 @@ def streaming_query_id(batch_df: Any) -> str | None:
     return None if value is None else str(value)
 
 
-def check_not_renamed(db: Any, query_name: str, spark_query_id: str) -> None:
+def check_not_renamed(db: Database, query_name: str, spark_query_id: str) -> None:
     """Raise :class:`QueryRenamedError` if the ledger holds batches of ``spark_query_id`` (the checkpoint's
     query) under another query name."""
     names = sorted(sources_of_run(db, spark_query_id) - {query_name})

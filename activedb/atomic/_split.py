@@ -14,12 +14,12 @@ import enum
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import sqlalchemy as sa
 
 from activedb._handle import DatabaseHandle
-from activedb.atomic._batches import SplitFailure
+from activedb.atomic._batches import Batches, SplitFailure
 from activedb.atomic.errors import LineageError, PartitionFailed, UnknownBatch
 from activedb.ingest import BatchOutcome, LedgerId
 from activedb.ingest.errors import IngestError, describe
@@ -110,11 +110,21 @@ def settle_failed_partition(sink: Any, rows: Sequence[Mapping[str, Any]], query_
 
 # --- the driver's side ------------------------------------------------------------------------------------------
 
-def compensate_split(db: Any, source: str, batch_id: int) -> int:
+class SplitDriverDatabase(DatabaseHandle, Protocol):
+    """The driver's database, as the decision and compensation of a split batch use it: a
+    :class:`~activedb._handle.DatabaseHandle` with its atomic batches (``db.batches``: an ``activedb.Database``
+    has them)."""
+
+    @property
+    def batches(self) -> Batches: ...
+
+
+def compensate_split(db: SplitDriverDatabase, source: str, batch_id: int) -> int:
     """Compensate the committed partitions of ``(source, batch_id)`` and mark its *compensating* rows
     *compensated*; the number of transactions compensated (by this call and before).  Resumable."""
     try:
         report = db.batches.settle_failed_split((source, batch_id), on_failure=SplitFailure.COMPENSATE)
+        assert report is not None, "settle_failed_split(on_failure=COMPENSATE) always reports"
         compensated = len(report.compensated) + len(report.plan.already)
     except UnknownBatch:
         compensated = 0          # no partition committed (or lineage is off): nothing to undo
@@ -140,7 +150,7 @@ def _settle_rows(connection: sa.Connection, source: str, batch_id: int, state: S
         {"settled": settled.value, "n": compensated, "q": source, "b": batch_id, "state": state.value})
 
 
-def after_replay(db: Any, source: str, batch_id: int) -> None:
+def after_replay(db: SplitDriverDatabase, source: str, batch_id: int) -> None:
     """A batch some partitions of which the ledger skipped (Spark re-ran it) has no failure now: a forward
     failure of it is *completed*; an interrupted compensation of it is resumed."""
     with db.engine.begin() as connection:
@@ -152,7 +162,7 @@ def after_replay(db: Any, source: str, batch_id: int) -> None:
         compensate_split(db, source, batch_id)
 
 
-def settle(db: Any, source: str, batch_id: int, partitions: int, policy: SplitFailure,
+def settle(db: SplitDriverDatabase, source: str, batch_id: int, partitions: int, policy: SplitFailure,
            failures: Sequence[Mapping[str, Any]]) -> None:
     """The driver's decision for a batch some partitions of which failed (their task reports): raises
     :class:`PartitionFailed` when the query must stop (forward, or PostgreSQL unusable), else compensates."""

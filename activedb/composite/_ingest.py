@@ -25,6 +25,7 @@ from activedb.ingest.errors import IngestError, MappingError
 from activedb.streams import StreamEvent
 
 if TYPE_CHECKING:  # pragma: no cover
+    from activedb._handle import DatabaseHandle
     from activedb.txn import Transaction
 
 __all__ = ["CompositeHandler", "FeedResult", "feed_batch", "rows_to_items"]
@@ -161,7 +162,7 @@ class CompositeHandler(BatchHandler):
         self.engine = engine
         self.mapping: EventMapping | None = None       # set once by bind()
 
-    def bind(self, db: Any, mapping: EventMapping | None) -> None:
+    def bind(self, db: DatabaseHandle, mapping: EventMapping | None) -> None:
         if mapping is None or mapping.producer_column is None:
             raise IngestError(
                 "a composition needs a mapping that names the producer: EventMapping(…, producer_column='producer', "

@@ -16,6 +16,7 @@ from activedb.ingest.errors import first_line
 from activedb.txn import CommitParticipant
 
 if TYPE_CHECKING:  # pragma: no cover
+    from activedb.ingest._database import IngestDatabase
     from activedb.txn import Transaction
 
 __all__ = ["conflict_in", "find_culprits", "is_infrastructure_failure", "is_poison_failure",
@@ -72,7 +73,7 @@ class _TrialStop(CommitParticipant):
         raise _TrialPassed()
 
 
-def trial(db: Any, query_name: str, apply: Callable[[Any, list[Any]], None], events: list[Any],
+def trial(db: IngestDatabase, query_name: str, apply: Callable[[Any, list[Any]], None], events: list[Any],
           is_refusal: Callable[[BaseException], bool] | None = None) -> BaseException | None:
     """Run ``apply(tx, events)`` in a transaction that is flushed and then rolled back; the refusal (a poison
     failure, or what ``is_refusal`` accepts), or None if PostgreSQL took everything."""

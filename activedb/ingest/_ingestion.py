@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Callable, Collection, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from activedb.ingest._interface import LedgerId, Phase
 from activedb.ingest._ledger import END_OF_STREAM_BATCH, IngestionLedger, last_watermark
@@ -24,24 +24,12 @@ from activedb.ingest._watch import BatchInProgress, Deadlines, Watch
 from activedb.ingest.errors import IngestError, MappingError
 from activedb.tracing import BatchTracing
 
-from activedb._handle import DatabaseHandle
+from activedb.ingest._database import IngestDatabase
 
 if TYPE_CHECKING:  # pragma: no cover
     from activedb.txn import CommitParticipant, Transaction
 
 __all__ = ["IngestDatabase", "Ingestion"]
-
-
-class _Lineage(Protocol):
-    def consuming(self, query_id: str, batch_id: object = None) -> CommitParticipant: ...
-
-
-class IngestDatabase(DatabaseHandle, Protocol):
-    """The database as the ingestion core uses it: :class:`~activedb._handle.DatabaseHandle` and the lineage
-    of batches (``db.batches``, asked only by an ``Ingestion(lineage=True)``)."""
-
-    @property
-    def batches(self) -> _Lineage: ...
 
 _UTC = dt.timezone.utc
 

@@ -34,6 +34,7 @@ from activedb.ingest._watch import Watch, letters_written_ahead
 from activedb.tracing import BatchTrace, BatchTracing
 
 if TYPE_CHECKING:  # pragma: no cover
+    from activedb.ingest._database import IngestDatabase
     from activedb.txn import CommitParticipant, Transaction
 
 __all__ = ["BatchContext", "BatchHandler", "BatchInput", "run_batch"]
@@ -116,7 +117,7 @@ class BatchHandler:
     #: PostgreSQL refuses is searched for its culprits (trial flushes) instead of failing the batch.
     searches_poison = False
 
-    def bind(self, db: Any, mapping: EventMapping | None) -> None:
+    def bind(self, db: IngestDatabase, mapping: EventMapping | None) -> None:
         """The ingestion that takes this handler feeds ``db`` with rows mapped by ``mapping`` (None: the rows are
         not mapped): called once, before the first batch; raise :class:`~activedb.ingest.errors.IngestError` if
         the handler cannot work with them.  Nothing to do here."""
@@ -183,7 +184,7 @@ class BatchContext:
     default); ``batch_attempts``: top-level attempts per batch on serialization conflicts; ``event_ids_under``:
     the source name event ids are kept under for duplicate detection."""
 
-    db: Any
+    db: IngestDatabase
     mapping: EventMapping | None
     query_name: str
     event_ids_under: str

@@ -24,6 +24,8 @@ from activedb.ingest.errors import IngestError
 from activedb.txn import TxnState, run_inline
 
 if TYPE_CHECKING:  # pragma: no cover
+    from activedb._handle import DatabaseHandle
+    from activedb.rules import RuleManager
     from activedb.txn import Transaction
 
 __all__ = ["BatchLowering", "RulesHandler"]
@@ -74,7 +76,7 @@ class RulesHandler(BatchHandler):
             raise IngestError(f"lower_declared must be True or False, got {lower_declared!r}")
         if isinstance(event_attempts, bool) or not isinstance(event_attempts, int) or event_attempts < 1:
             raise IngestError(f"event_attempts must be at least 1, got {event_attempts!r}")
-        self.db: Any = None           # set once by bind()
+        self.db: DatabaseHandle | None = None           # set once by bind()
         self.prefetch = dict(prefetch or {})
         self.event_attempts = event_attempts
         #: Run a batch whose rules are all declared rules as one batch of state transactions at commit
@@ -89,11 +91,18 @@ class RulesHandler(BatchHandler):
         #: The event whose subtransaction runs now (read by another thread at a rule's deadline).
         self._running: RawEvent | None = None
 
-    def bind(self, db: Any, mapping: Any) -> None:
+    def bind(self, db: DatabaseHandle, mapping: object) -> None:
         """Fire the rules of ``db`` (a handler serves one database)."""
         if self.db is not None and self.db is not db:
             raise IngestError("this RulesHandler already feeds another database; give each ingestion its own")
         self.db = db
+
+    def _rules(self) -> RuleManager:
+        """The rules of the database this handler is bound to."""
+        if self.db is None:
+            raise IngestError("this RulesHandler is not bound to a database: an Ingestion binds it (give it as "
+                              "Ingestion(db, handler=...), feed(db, handler=...) or ingest(db, handler=...))")
+        return self.db.rules
 
     @property
     def last_lowered(self) -> Any:
@@ -102,7 +111,7 @@ class RulesHandler(BatchHandler):
 
     def accepted_types(self) -> frozenset[str] | None:
         """The stream types the rules of ``db`` listen to now (None — anything — if none)."""
-        return self.db.rules.stream_types() or None
+        return self._rules().stream_types() or None
 
     def retries_refused(self, batch: BatchInput, failure: BaseException) -> bool:
         """A lowered attempt PostgreSQL refused (a value an event's declaration wrote): its trials would run event
@@ -119,11 +128,11 @@ class RulesHandler(BatchHandler):
         if self.lower_declared and batch.events and self._event_by_event != this:
             lowering = self._lowering(batch.events[0].event_type)
             lowered = None if lowering is None else lowering.lower(
-                self.db.rules, tx, {event.event_type for event in batch.events}, self._lowered)
+                self._rules(), tx, {event.event_type for event in batch.events}, self._lowered)
             if lowered is not None:
                 # One batch of state transactions at commit, the firing record kept (``batch.apply_lowered``).
                 self._last_lowered = (this, lowering.apply(  # type: ignore[union-attr]  # (it lowered)
-                    self.db.rules, tx, batch.events, lowered, **batch.at_commit(ledger, refused_may_come_again=True)))
+                    self._rules(), tx, batch.events, lowered, **batch.at_commit(ledger, refused_may_come_again=True)))
                 return
         self._prefetch_rows(tx, batch.events)
         applied = 0
@@ -145,7 +154,7 @@ class RulesHandler(BatchHandler):
     def _lowering(self, event_type: str) -> BatchLowering | None:
         """The :class:`BatchLowering` the action of the one rule ``event_type`` fires offers, if any (a batch is
         lowered only when every type's rule is such a rule: ``lower`` checks the rest)."""
-        fired = self.db.rules.on_stream(event_type)
+        fired = self._rules().on_stream(event_type)
         return getattr(fired[0].action_function(), "batch_lowering", None) if len(fired) == 1 else None
 
     def apply_events(self, tx: Transaction, events: list[RawEvent]) -> None:

@@ -19,6 +19,8 @@ from activedb.streams._events import END_OF_STREAM, StreamEvent
 from activedb.streams._scheduler import Scheduler, SchedulerKind
 
 if TYPE_CHECKING:  # pragma: no cover
+    from activedb._handle import DatabaseHandle
+    from activedb.ingest._mapping import EventMapping
     from activedb.txn import Transaction
 
 __all__ = ["QueriesHandler", "build_engines"]
@@ -35,7 +37,7 @@ def _check_scheduler(scheduler: object) -> None:
                           f"(or a configured streams.S2PLScheduler/LWMScheduler)")
 
 
-def build_engines(db: Any, queries: Any, scheduler: SchedulerKind | Scheduler | str | None) -> list[Any]:
+def build_engines(db: DatabaseHandle, queries: Any, scheduler: SchedulerKind | Scheduler | str | None) -> list[Any]:
     """The engines behind ``QueriesHandler(queries, scheduler)`` on ``db``, checked.
 
     ``queries`` is a :class:`~activedb.StreamEngine`, a list of them, or a factory
@@ -100,7 +102,7 @@ class QueriesHandler(BatchHandler):
         # Per engine: event type -> the stream to name (None: the engine's only stream).
         self._routes: list[dict[str, str | None] | None] = []
 
-    def bind(self, db: Any, mapping: Any) -> None:
+    def bind(self, db: DatabaseHandle, mapping: EventMapping | None) -> None:
         """Build (or check) the engines on ``db``; an event's key becomes ``mapping.key_column``."""
         if self.engines:
             raise IngestError("this QueriesHandler already feeds an ingestion; give each ingestion its own")

@@ -1,11 +1,12 @@
 """The ingestion interface's value types: the ledger id's grammar (old ids keep their meaning) and a batch's
-contract checks."""
+contract checks; a handler not bound to a database says so."""
 
 import datetime as dt
 
 import pytest
 
-from activedb.ingest import Batch, LedgerId, Phase
+from activedb.ingest import Batch, LedgerId, Phase, RulesHandler
+from activedb.ingest.errors import IngestError
 
 SPARK_ID = "4c1f2a3b-0d9e-4f5a-8b7c-6d5e4f3a2b1c"
 
@@ -48,3 +49,9 @@ def test_a_batch_checks_its_number_and_watermark():
     with pytest.raises(ValueError, match="aware"):
         Batch(1, [], dt.datetime(2024, 1, 1))
     assert Phase.FLUSH == "flush" and Phase("skipped") is Phase.SKIPPED
+
+
+def test_a_rules_handler_no_ingestion_bound_says_so():
+    """A ``RulesHandler`` asked before an ingestion bound it to a database says how it gets one."""
+    with pytest.raises(IngestError, match=r"not bound to a database: an Ingestion binds it"):
+        RulesHandler().accepted_types()

@@ -1,0 +1,39 @@
+""":class:`IngestDatabase`: the database as the ingestion core uses it — a
+:class:`~activedb._handle.DatabaseHandle` with the two services of the layers above that a batch may ask for,
+typed by what the core calls on them (``activedb.Database`` has both).  Design note: ``README.md`` in this
+package."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+from activedb._handle import DatabaseHandle
+
+if TYPE_CHECKING:  # pragma: no cover
+    from activedb.txn import CommitParticipant, Transaction
+
+__all__ = ["IngestDatabase"]
+
+
+class _Lineage(Protocol):
+    """``db.batches`` as the core asks it (``activedb.atomic.Batches``)."""
+
+    def consuming(self, query_id: str, batch_id: object = None) -> CommitParticipant: ...
+
+
+class _ReplayMarker(Protocol):
+    """``db.outbox`` as the core asks it (``activedb.outbox.Outbox``)."""
+
+    def mark_replayed(self, transaction: Transaction) -> None: ...
+
+
+class IngestDatabase(DatabaseHandle, Protocol):
+    """:class:`~activedb._handle.DatabaseHandle`, the lineage of batches (``db.batches``, asked only by an
+    ``Ingestion(lineage=True)``) and the outbox (``db.outbox``: a trial flush of the poison search marks its
+    transaction replayed, so its outbox records are not sent)."""
+
+    @property
+    def batches(self) -> _Lineage: ...
+
+    @property
+    def outbox(self) -> _ReplayMarker: ...
