@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 from coupling import Coupling, DeferredCycleLimitExceeded, Verdict, priority_groups
 
@@ -70,7 +70,7 @@ class RuleManager(TransactionExtension):
         self._plans = {}
         self.detached.rules_changed()
 
-    def purge(self, names) -> int:
+    def purge(self, names: Iterable[str]) -> int:
         """Delete the persisted rows of ``names`` (see ``RuleRegistry.purge``); returns how many."""
         return self.registry.purge(names)
 
@@ -88,15 +88,15 @@ class RuleManager(TransactionExtension):
     def names(self) -> list[str]:
         return self.registry.names()
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Rule]:
         return iter(self.registry)
 
-    def persisted(self, *, include_removed: bool = True, module: str | None = None) -> list[dict]:
+    def persisted(self, *, include_removed: bool = True, module: str | None = None) -> list[dict[str, Any]]:
         """The registry as stored in PostgreSQL (every rule ever declared on this database); see
         ``RuleRegistry.persisted`` for the filters."""
         return self.registry.persisted(include_removed=include_removed, module=module)
 
-    def firing_counts(self) -> dict[str, dict]:
+    def firing_counts(self) -> dict[str, dict[str, Any]]:
         """Per rule name, firings recorded by committed transactions (``activedb_transaction_log``):
         ``{"fired": n, "last": datetime of the last such commit}``."""
         return self.registry.firing_counts()
@@ -176,7 +176,8 @@ class RuleManager(TransactionExtension):
             if context.gate_key is not None:
                 verdict = self.detached.wait_may_commit(transaction, context)
                 if verdict is not Verdict.COMMIT:
-                    coupling = slot(transaction, Firing, create=False).coupling
+                    # (A gated tree has its firing: the gate key comes from it.)
+                    coupling = slot(transaction, Firing, create=False).coupling  # type: ignore[union-attr]
                     raise DependencyAbort(f"{coupling.value} dependency of {transaction.id} says abort")
         if transaction.parent is None and self.registry.by_kind.get(EventKind.COMMITTED):
             # Rules on this transaction's commit (all of the detached family) fire now, just before its
@@ -285,9 +286,9 @@ class RuleManager(TransactionExtension):
             outcomes = run_group(transaction, self.execute, group,
                                  [_transaction_name(firing.rule) for firing in group])
             self._executed([firing for firing, (ok, value) in zip(group, outcomes) if ok and value])
-            for firing, (ok, error) in zip(group, outcomes):
-                if not ok and not isinstance(error, DependencyAbort):
-                    failures.append((firing, error))
+            for firing, (ok, outcome) in zip(group, outcomes):
+                if not ok and not isinstance(outcome, DependencyAbort):
+                    failures.append((firing, outcome))
         if failures:
             _raise_failure(*failures[0], what)
 

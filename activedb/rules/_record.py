@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import collections
 import threading
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterable
 
 from coupling import Coupling
 
@@ -29,7 +29,7 @@ class FiringRecord:
         self._counters: dict[str, RuleCounters] = collections.defaultdict(RuleCounters)
         self._per_mode: collections.Counter[Coupling] = collections.Counter()
 
-    def dispatched(self, root: "Transaction", context: RuleContext, rules: "list[Rule]") -> None:
+    def dispatched(self, root: "Transaction", context: RuleContext, rules: "Iterable[Rule]") -> None:
         """``rules`` fired in ``root``'s tree, whose ``RuleContext`` is ``context`` (a tree that has ended
         already is counted at once)."""
         mutex = self._mutex

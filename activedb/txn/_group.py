@@ -23,7 +23,7 @@ from typing import Any, Callable, Sequence
 
 from activedb.txn import _help_edges
 from activedb.txn._children import _ACTIVE, SubtransactionHandle, Subtransactions, _begin_inline, _run_body
-from activedb.txn._pool import Task
+from activedb.txn._pool import Task, WorkerPool
 from activedb.txn._tree import Transaction
 
 #: The running guarded frame -> its group (a frame is guarded only while it runs as a member of a group).
@@ -114,7 +114,7 @@ def _spawned(parent: Transaction, function: Callable[[Any, Any], Any], arguments
     return results
 
 
-def _run_frames(group: _Group, pool) -> None:
+def _run_frames(group: _Group, pool: WorkerPool) -> None:
     """Run members on the owner's thread, one after another, as guarded frames until the group is concurrent or
     every member has started.  The guard is held from one member's end to the next one's start (one acquire
     for both), and given up while a member's user code runs."""
@@ -129,8 +129,8 @@ def _run_frames(group: _Group, pool) -> None:
         group.next = index + 1
         try:
             child = _begin_inline(parent, group.names[index], group.numbers[index], lean=False)
-        except BaseException as error:
-            results[index] = (False, error)
+        except BaseException as refused:
+            results[index] = (False, refused)
             continue
         if child._frame:
             child.__class__ = GuardedFrame
@@ -143,7 +143,7 @@ def _run_frames(group: _Group, pool) -> None:
         pool.activity += 1       # progress, for the pool's waker (as a claimed task counts)
         group.inside = False
         lock.release()
-        error = None
+        error: BaseException | None = None
         try:
             value = function(child, arguments[index])
         except BaseException as caught:
@@ -240,10 +240,10 @@ def _run_node(group: _Group, index: int) -> None:
         group.results[index] = (False, error)
 
 
-def _bracketed(name: str) -> Callable:
+def _bracketed(name: str) -> Callable[..., object]:
     method = getattr(Transaction, name)
 
-    def bracketed(self, *args, **kwargs):
+    def bracketed(self: Transaction, *args: object, **kwargs: object) -> object:
         group = _GROUPS.get(self)
         if group is None or group.inside:       # a node again, or an operation inside another one
             return method(self, *args, **kwargs)

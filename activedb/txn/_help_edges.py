@@ -94,10 +94,10 @@ def flush() -> None:
             edge.skipped = True
 
 
-def unregistered(manager: object) -> list[tuple[str, str, object]]:
+def unregistered(manager: object) -> list[tuple[str, str, str]]:
     """``(waiter id, target id, kind)`` of every edge of ``manager``'s transactions that some thread keeps
     unregistered now (for the pictures: ``TransactionManager.lock_snapshot``)."""
-    found = []
+    found: list[tuple[str, str, str]] = []
     for stack in list(_stacks.values()):
         for edge in list(stack):
             if not edge.flushed and edge.waiter.manager is manager:

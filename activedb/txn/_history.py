@@ -16,7 +16,10 @@ from __future__ import annotations
 import itertools
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:  # pragma: no cover
+    from activedb.store import Key
 
 
 @dataclass(frozen=True)
@@ -27,7 +30,7 @@ class HistoryOp:
     parent: str | None = None
     root: str | None = None
     table: str | None = None
-    key: tuple | None = None
+    key: Key | None = None
     value: Any = None             # read: image seen; write: Entry; flush: {(table, key): image}
     read_from: str | None = None  # read of committed data: root that wrote it ("initial" if none seen)
     source: str | None = None     # read: "own", "ancestor:<tid>" or "committed"
@@ -41,7 +44,7 @@ class HistoryRecorder:
     def __post_init__(self) -> None:
         self._mutex = threading.Lock()
         self._sequence = itertools.count(1)
-        self._last_writer: dict[tuple[str, tuple], str] = {}
+        self._last_writer: dict[tuple[str, Key], str] = {}
         self._listeners: tuple[Callable[[HistoryOp], None], ...] = ()
 
     def listen(self, listener: Callable[[HistoryOp], None]) -> Callable[[], None]:
@@ -68,7 +71,7 @@ class HistoryRecorder:
         if self._listeners:
             self._tell(op)
 
-    def record_committed_read(self, transaction: str, root: str, table: str, key: tuple, image: Any) -> None:
+    def record_committed_read(self, transaction: str, root: str, table: str, key: Key, image: object) -> None:
         with self._mutex:
             writer = self._last_writer.get((table, key), "initial")
             op = HistoryOp(next(self._sequence), "read", transaction, root=root, table=table, key=key,
@@ -77,7 +80,7 @@ class HistoryRecorder:
         if self._listeners:
             self._tell(op)
 
-    def record_flush(self, root: str, images: dict[tuple[str, tuple], Any]) -> None:
+    def record_flush(self, root: str, images: dict[tuple[str, Key], Any]) -> None:
         """Precondition: called after the PostgreSQL commit, while the tree still holds its locks."""
         with self._mutex:
             op = HistoryOp(next(self._sequence), "flush", root, root=root, value=dict(images))

@@ -15,5 +15,5 @@ class HotKeys:
 
     def __init__(self) -> None:
         self.update_intent: frozenset[str] = frozenset()
-        self.plain_reads: set[tuple[str, tuple]] = set()
+        self.plain_reads: set[tuple[str, tuple[object, ...]]] = set()
         self.read_then_written: set[str] = set()

@@ -432,7 +432,7 @@ class Locking:
                                    waits=types.MappingProxyType({waiter: types.MappingProxyType(edges)
                                                                  for waiter, edges in waits.items()}))
 
-    def holders(self, table: str, key: Any = None) -> lockmgr.Holders:
+    def holders(self, table: str, key: object = None) -> lockmgr.Holders:
         """Who holds, retains and waits for a row (or, with ``key=None``, the table) — for tests and tools."""
         return self.lock_manager.holders(("table", table) if key is None else ("row", table, key))
 

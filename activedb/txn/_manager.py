@@ -72,7 +72,7 @@ class TransactionManager:
         # Invariant: _live holds exactly the top-level transactions whose ``transaction()`` block is running.
         self._live: dict[str, Transaction] = {}
 
-    def _before_lock_wait(self, tid: Any) -> None:
+    def _before_lock_wait(self, tid: object) -> None:
         """The lock manager's ``before_wait``: this thread's request may wait (README, "A helped child's wait
         edge, registered when needed")."""
         _help_edges.flush()
@@ -106,7 +106,7 @@ class TransactionManager:
     def transaction(self, *, name: str | None = None, participants: Iterable[CommitParticipant] = (),
                     read_base: ReadBase | None = None,
                     prepare: Callable[[Transaction], None] | None = None,
-                    update_intent: frozenset = frozenset()) -> Iterator[Transaction]:
+                    update_intent: frozenset[str] = frozenset()) -> Iterator[Transaction]:
         """``with manager.transaction() as tx:`` — a top-level transaction, committed when the block ends
         normally and aborted when it raises.  ``prepare(tx)`` runs before the extensions hear of its begin
         (the rule manager uses it to attach the firing a detached rule runs).  ``update_intent``: tables
@@ -243,8 +243,11 @@ class _Waiting:
     __slots__ = ("manager", "node", "kind", "target", "on_victim", "preferred_victim", "registered", "targets",
                  "helps", "late", "kept")
 
-    def __init__(self, manager, node, kind, target, on_victim, preferred_victim, targets=None, helps=False,
-                 late=False):
+    registered: lockmgr.ExternalWait | None     # (annotation only: a slot, set in ``__init__``)
+
+    def __init__(self, manager: TransactionManager, node: Transaction, kind: WaitKind, target: str | None,
+                 on_victim: Callable[[BaseException], None] | None, preferred_victim: bool,
+                 targets: list[str] | None = None, helps: bool = False, late: bool = False) -> None:
         self.manager, self.node, self.kind, self.target = manager, node, kind, target
         self.on_victim, self.preferred_victim, self.registered = on_victim, preferred_victim, None
         self.targets, self.helps, self.late = targets, helps, late
@@ -262,7 +265,8 @@ class _Waiting:
                     kind = WaitKind.COMMIT   # a parent waiting for its own children: the declared commit edge
                 try:
                     if self.late:
-                        self.kept = _help_edges.HelpEdge(waiter, target, kind)
+                        # (``late`` waits always name their one target.)
+                        self.kept = _help_edges.HelpEdge(waiter, target, kind)  # type: ignore[arg-type]
                         _help_edges.push(self.kept)
                     else:
                         _help_edges.flush()    # (edges of children this thread helps: before its own)

@@ -27,7 +27,7 @@ class Along:
     is this statement's (e.g. a unique violation that means "done already"), or None."""
 
     sql: str
-    parameters: tuple | dict = ()
+    parameters: tuple[object, ...] | dict[str, object] = ()
     refused: Callable[[BaseException], BaseException | None] | None = None
 
 

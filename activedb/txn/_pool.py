@@ -141,7 +141,9 @@ class Task:
         except BaseException as error:  # handed to whoever waits
             self.error = error
         finally:
-            self._function = self._args = None
+            # Lets go of the call and its arguments; a task runs at most once (``_claimed``), so nothing reads
+            # them after this.
+            self._function = self._args = None  # type: ignore[assignment]
             self._finished = True
             self._done.release()
 
@@ -153,7 +155,7 @@ class Task:
         no result); False if someone else has it."""
         if not self.claim():
             return False
-        self._function = self._args = None
+        self._function = self._args = None  # type: ignore[assignment]  # (never run: claimed above)
         self._finished = True
         self._done.release()
         return True

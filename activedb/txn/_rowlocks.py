@@ -46,7 +46,7 @@ class RowLocks(CommitParticipant):
         self._root = root
         self._mutex = threading.Lock()          # protects connection, _transaction, rows
         self.connection: sa.Connection | None = None
-        self._transaction = None
+        self._transaction: sa.RootTransaction | None = None
         #: (table, key) of every row this tree holds ``FOR UPDATE``.
         self.rows: set[tuple[str, "Key"]] = set()
 
@@ -65,7 +65,7 @@ class RowLocks(CommitParticipant):
                 slot.session = session
             return slot.session
 
-    def lock(self, info: "TableInfo", key: "Key") -> dict | None:
+    def lock(self, info: "TableInfo", key: "Key") -> dict[str, object] | None:
         """The committed image of row ``key``, locked ``FOR UPDATE`` until the tree ends (None: no row)."""
         row = (info.name, key)
         with self._mutex:
@@ -74,7 +74,8 @@ class RowLocks(CommitParticipant):
                 if self.connection is None:
                     self._open()
                     begin = IsolationLevel.READ_COMMITTED   # the BEGIN rides with the first row's SELECT
-                image = lock_row(self.connection, info, key, lock_timeout=LOCK_TIMEOUT, begin=begin)
+                image = lock_row(self.connection, info, key,  # type: ignore[arg-type]  # (opened just above)
+                                 lock_timeout=LOCK_TIMEOUT, begin=begin)
             except sa.exc.DBAPIError as error:
                 self._close()               # the transaction failed: its locks go with it
                 sqlstate = getattr(error.orig, "sqlstate", None)
@@ -127,7 +128,7 @@ class RowLocks(CommitParticipant):
         if connection is None:
             return
         with contextlib.suppress(Exception):
-            connection.connection.driver_connection.cancel()
+            connection.connection.driver_connection.cancel()  # type: ignore[union-attr]  # (None: suppressed)
         if not self._mutex.acquire(timeout=ABANDON_WAIT_SECONDS):
             return
         try:
