@@ -31,7 +31,7 @@ from activedb.ingest import Ingestion, LedgerId
 from activedb.rules import FiringOutcome
 
 if TYPE_CHECKING:  # pragma: no cover
-    from activedb._handle import DatabaseHandle as Database
+    from activedb.ingest import IngestDatabase as Database
 
 __all__ = ["CaptureConsumer", "CapturedChange", "ConsumerState", "ConsumerStatistics", "Position", "Step"]
 
@@ -125,7 +125,7 @@ class CaptureConsumer:
         #: start position always yields the same batch): the one batch protocol, ledger, dead letters and
         #: statistics of every connector (``ingestion.statistics()``, what metrics watch).
         self._handler = CaptureHandler(name, self._step)
-        self.ingestion = Ingestion(database, source=source_of(name), handler=self._handler)  # type: ignore[arg-type]
+        self.ingestion = Ingestion(database, source=source_of(name), handler=self._handler)
         self.ledger_id = str(LedgerId(source_of(name)))
         # The position as this consumer last committed it while leading (None: read it from PostgreSQL).
         self._known_position: Position | None = None

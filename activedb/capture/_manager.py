@@ -21,7 +21,7 @@ from activedb.capture.errors import CaptureError, CaptureNotInstalled
 from activedb.ingest import forget_run
 
 if TYPE_CHECKING:  # pragma: no cover
-    from activedb._handle import DatabaseHandle as Database
+    from activedb.ingest import IngestDatabase as Database
 
 
 class CaptureManager:

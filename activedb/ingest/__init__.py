@@ -6,7 +6,8 @@ Public names:
 
 * the interface — :class:`LedgerId`, :class:`Batch`, :class:`Source`, :class:`Phase`, ``Rows``;
 * :func:`feed` (the plain connector), :func:`drive` (any pull :class:`Source`), :func:`replay_dead_letters`;
-* :class:`Ingestion` (what a connector holds: ``process``, ``reject``, ``statistics``, …), :class:`BatchHandler` and
+* :class:`Ingestion` (what a connector holds: ``process``, ``reject``, ``statistics``, …) on an
+  :class:`IngestDatabase` (``activedb.Database`` is one), :class:`BatchHandler` and
   :class:`BatchInput` (where a batch goes), :class:`RulesHandler` (the rule path, every connector's default),
   :class:`BatchLowering`;
 * the ledger — :class:`IngestionLedger`, :func:`batch_committed`, :func:`ingestion_status`, :class:`QueryStatus`,
@@ -22,6 +23,7 @@ Importing this package imports nothing of Spark or pyarrow.
 """
 
 from activedb.ingest import errors
+from activedb.ingest._database import IngestDatabase
 from activedb.ingest._feed import RowBatches, drive, feed
 from activedb.ingest._ingestion import Ingestion
 from activedb.ingest._interface import Batch, LedgerId, Phase, Rows, Source
@@ -37,8 +39,8 @@ from activedb.ingest._rules import BatchLowering, RulesHandler
 from activedb.ingest._watch import BatchReport, Deadlines, batches_in_progress
 
 __all__ = ["END_OF_STREAM_BATCH", "Batch", "BatchHandler", "BatchInProgress", "BatchReport", "Deadlines", "FiringInProgress",
-           "batches_in_progress", "BatchInput", "BatchLowering", "BatchOutcome", "EventMapping", "IngestStatistics",
-           "Ingestion", "IngestionLedger", "LedgerId", "Phase", "PhaseTimings", "QueryStatus", "RawEvent", "Rejected",
+           "batches_in_progress", "BatchInput", "BatchLowering", "BatchOutcome", "EventMapping", "IngestDatabase",
+           "IngestStatistics", "Ingestion", "IngestionLedger", "LedgerId", "Phase", "PhaseTimings", "QueryStatus", "RawEvent", "Rejected",
            "Replayable", "ReplayOutcome", "ReplayResult", "RowBatches", "Rows", "RulesHandler", "Source", "as_mapping",
            "batch_committed", "drive", "errors", "feed", "forget_run", "ingestion_status", "ledger_query_id", "parse_ledger_query_id",
            "replay_dead_letters", "rows_to_events", "sources_of_run"]
