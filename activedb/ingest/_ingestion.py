@@ -14,7 +14,7 @@ import datetime as dt
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from activedb.ingest._interface import LedgerId, Phase
+from activedb.ingest._interface import LedgerId, Phase, Rows
 from activedb.ingest._ledger import END_OF_STREAM_BATCH, IngestionLedger, last_watermark
 from activedb.ingest._mapping import EventMapping, as_mapping
 from activedb.ingest._outcome import BatchBook, BatchOutcome, IngestStatistics, PhaseTimings
@@ -95,7 +95,7 @@ class Ingestion:
         """The source name (what ``ingest()`` calls the query's name)."""
         return self.source
 
-    def process(self, rows: Any, batch_id: int, *, query_id: str, watermark: dt.datetime | None = None,
+    def process(self, rows: Rows, batch_id: int, *, query_id: str, watermark: dt.datetime | None = None,
                 extra_timings: PhaseTimings | None = None, punctuate: bool = True,
                 participants: Collection[CommitParticipant] = (), events: Sequence[Any] | None = None,
                 fresh: bool = False) -> BatchOutcome:
@@ -129,7 +129,7 @@ class Ingestion:
                 punctuate=punctuate, participants=tuple(participants), events=events, fresh=fresh),
                 self.handler.event_in_progress)
 
-    def reject(self, rows: Any, batch_id: int, *, query_id: str, reason: str,
+    def reject(self, rows: Rows, batch_id: int, *, query_id: str, reason: str,
                participants: Collection[CommitParticipant] = ()) -> BatchOutcome:
         """Give up on batch ``batch_id`` of the run ``query_id``: every row a dead letter with ``reason`` (kept
         exactly as delivered), committed with the batch's ledger row — so the batch counts as done and a

@@ -15,6 +15,7 @@ from activedb.ingest._mapping import Rejected
 
 if TYPE_CHECKING:  # pragma: no cover
     from activedb._handle import DatabaseHandle
+    from activedb.ingest._interface import Rows
     from activedb.txn import Transaction
 
 __all__ = ["BatchLetters", "no_cyclic_gc"]
@@ -25,7 +26,7 @@ class BatchLetters:
     ``pyarrow.Table``/``RecordBatch`` or a list), each keeping its row exactly as the connector delivered it,
     inserted through :func:`activedb.deadletters.insert`.  Immutable after construction; safe to share."""
 
-    def __init__(self, db: DatabaseHandle, rows: Any, query_id: str, batch_id: int | None):
+    def __init__(self, db: DatabaseHandle, rows: Rows, query_id: str, batch_id: int | None):
         self._catalog = db.catalog
         self._rows = rows
         self.query_id = query_id

@@ -24,7 +24,7 @@ from activedb import lowlevel
 from activedb.deadletters import Letter
 from activedb.errors import BatchAlreadyCommitted, SerializationConflict
 from activedb.ingest._failures import find_culprits, is_poison_failure, refused_writes, trial
-from activedb.ingest._interface import Phase
+from activedb.ingest._interface import Phase, Rows
 from activedb.ingest._ledger import IngestionLedger, batch_committed, ingested_event_ids
 from activedb.ingest._letters import BatchLetters, no_cyclic_gc
 from activedb.ingest._mapping import EventMapping, RawEvent, rows_to_events
@@ -201,7 +201,7 @@ class BatchContext:
         for the rules the stream types they listen to; None: any)."""
         return self.known_types if self.known_types is not None else handler.accepted_types()
 
-    def validate(self, rows: Any, dead: BatchLetters, watermark: dt.datetime | None,
+    def validate(self, rows: Rows, dead: BatchLetters, watermark: dt.datetime | None,
                  accepted: frozenset[str] | None, late_rows_are_dead_letters: bool = True,
                  ) -> tuple[list[RawEvent], list[Letter]]:
         """The batch's valid events (sorted by application time) and the dead letters of the rest: rows
@@ -245,7 +245,7 @@ class BatchContext:
         return kept, duplicates
 
 
-def run_batch(context: BatchContext, handler: BatchHandler, rows: Any, batch_id: int, *, query_id: str,
+def run_batch(context: BatchContext, handler: BatchHandler, rows: Rows, batch_id: int, *, query_id: str,
               watermark: dt.datetime | None, timings: PhaseTimings, punctuate: bool = True,
               participants: tuple[CommitParticipant, ...] = (), events: Sequence[Any] | None = None,
               fresh: bool = False) -> BatchOutcome:
@@ -270,7 +270,7 @@ def run_batch(context: BatchContext, handler: BatchHandler, rows: Any, batch_id:
     return outcome
 
 
-def _run_batch(context: BatchContext, handler: BatchHandler, rows: Any, row_count: int, batch_id: int,
+def _run_batch(context: BatchContext, handler: BatchHandler, rows: Rows, row_count: int, batch_id: int,
                query_id: str, watermark: dt.datetime | None, timings: PhaseTimings, punctuate: bool,
                participants: tuple[CommitParticipant, ...], events: Sequence[Any] | None, fresh: bool,
                trace: BatchTrace | None) -> BatchOutcome:
