@@ -12,7 +12,7 @@ import json
 import logging
 import random
 import time
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING, AbstractSet, Iterable, Mapping, Sequence
 
 import sqlalchemy as sa
 
@@ -24,7 +24,15 @@ from activedb.txn._rowlocks import RowLocks
 from activedb.txn._view import scan_rows
 
 if TYPE_CHECKING:  # pragma: no cover
+    import datetime
+
+    from activedb.store import Catalog, Entry, Row
+    from activedb.txn._participants import CommitParticipant
     from activedb.txn._tree import Transaction
+
+    Writes = Mapping[Row, Entry]                       # the root's write set
+    Reads = Mapping[Row, "dict[str, object] | None"]   # images relied on (None: no row)
+    Scans = list[tuple[str, object, "dict[Key, dict[str, object]]"]]   # (table, where, rows seen)
 
 logger = logging.getLogger("activedb.transaction")
 
@@ -54,7 +62,7 @@ def flush(root: "Transaction") -> None:
         held.close()
         held = None
     if held is not None:
-        rowlocks.hand_over()
+        rowlocks.hand_over()  # type: ignore[union-attr]  # (held: taken from it)
         _flush_in_held(root, held, infos, writes, reads, scans, participants, locked)
     else:
         _flush_with_retries(root, isolation, infos, writes, reads, scans, participants, locked)
@@ -63,7 +71,9 @@ def flush(root: "Transaction") -> None:
         recorder.record_flush(root.id, writes)
 
 
-def _write_all(root, connection, infos, writes, reads, scans, participants, locked, *, held: bool) -> None:
+def _write_all(root: Transaction, connection: sa.Connection,
+               infos: Mapping[str, TableInfo], writes: Writes, reads: Reads, scans: Scans,
+               participants: list[CommitParticipant], locked: set[Row], *, held: bool) -> None:
     """Every step of the flush inside ``connection``'s open transaction (the module docstring's 2–5).  Unless a
     participant acts at ``about_to_commit`` (``acts_before_commit``), the write set's last statement carries the
     COMMIT (``apply_write_set(commit=True)``): the caller's own commit then finds nothing open.  The participants'
@@ -94,7 +104,9 @@ def _write_all(root, connection, infos, writes, reads, scans, participants, lock
         participant.about_to_commit(root, connection)
 
 
-def _flush_in_held(root, connection, infos, writes, reads, scans, participants, locked) -> None:
+def _flush_in_held(root: Transaction, connection: sa.Connection,
+                   infos: Mapping[str, TableInfo], writes: Writes, reads: Reads, scans: Scans,
+                   participants: list[CommitParticipant], locked: set[Row]) -> None:
     """The flush inside the transaction that holds the tree's rows read for update (``_rowlocks``): those rows
     are the current committed ones already (locked since they were read), the rest is validated as usual.
     A serialization failure cannot be retried on this transaction: the tree is re-run instead.
@@ -122,7 +134,9 @@ def _flush_in_held(root, connection, infos, writes, reads, scans, participants, 
         _raise_database_error(root, error)
 
 
-def _flush_with_retries(root, isolation, infos, writes, reads, scans, participants, locked) -> None:
+def _flush_with_retries(root: Transaction, isolation: IsolationLevel,
+                        infos: Mapping[str, TableInfo], writes: Writes, reads: Reads, scans: Scans,
+                        participants: list[CommitParticipant], locked: set[Row]) -> None:
     manager = root.manager
     attempt = 0
     while True:
@@ -150,8 +164,8 @@ def _flush_with_retries(root, isolation, infos, writes, reads, scans, participan
             return
 
 
-def _validate(root: "Transaction", connection: sa.Connection, infos: Mapping[str, TableInfo], reads, scans,
-              for_update: set = frozenset()) -> None:
+def _validate(root: "Transaction", connection: sa.Connection, infos: Mapping[str, TableInfo], reads: Reads,
+              scans: Scans, for_update: AbstractSet[Row] = frozenset()) -> None:
     """Re-read every relied-on image and compare; rows the tree read for update are locked ``FOR UPDATE``
     first, table by table in name order (so two flushes take them in the same order), the rest ``FOR SHARE``."""
     predicate_tables = sorted({scan[0] for scan in scans}
@@ -198,11 +212,11 @@ def _validate(root: "Transaction", connection: sa.Connection, infos: Mapping[str
             )
 
 
-def _check_generated_keys(catalog, connection: sa.Connection, infos: Mapping[str, TableInfo], writes,
-                          began_at) -> None:
+def _check_generated_keys(catalog: Catalog, connection: sa.Connection, infos: Mapping[str, TableInfo],
+                          writes: Writes, began_at: datetime.datetime | None) -> None:
     """Generated keys the tree inserts must not have been given away again by a reset sequence
     (:meth:`activedb.store.Catalog.check_generated_keys`; raises ``GeneratedKeysReset``, retryable)."""
-    by_table: dict[str, list] = {}
+    by_table: dict[str, list[object]] = {}
     for (table_name, key), entry in writes.items():
         if entry.kind is EntryKind.INSERT and len(key) == 1:
             by_table.setdefault(table_name, []).append(key[0])
@@ -218,8 +232,9 @@ def _check_generated_keys(catalog, connection: sa.Connection, infos: Mapping[str
         catalog.check_generated_keys(connection, used, began_at)
 
 
-def _apply(catalog, connection: sa.Connection, infos: Mapping[str, TableInfo], writes, log_row, *,
-           commit: bool = False, leading=()) -> None:
+def _apply(catalog: Catalog, connection: sa.Connection, infos: Mapping[str, TableInfo], writes: Writes,
+           log_row: tuple[str, tuple[object, ...]], *, commit: bool = False,
+           leading: Sequence[tuple[str, tuple[object, ...] | dict[str, object]]] = ()) -> None:
     try:
         apply_write_set(connection, infos, writes, along=log_row, commit=commit, leading=leading)
     except DuplicateKey as error:
@@ -242,12 +257,12 @@ _LOG_ROW = ("INSERT INTO activedb_transaction_log (transaction_id, began_at, sub
             "RETURNING set_config('activedb.capture_xact', 'activedb', true)")
 
 
-def _text_array(values) -> str:
+def _text_array(values: Iterable[str]) -> str:
     """``values`` (strings) as a PostgreSQL text[] literal: every element quoted, ``\\`` and ``"`` escaped."""
     return "{" + ",".join('"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"' for value in values) + "}"
 
 
-def _log_row(root: "Transaction", writes) -> tuple[str, tuple]:
+def _log_row(root: "Transaction", writes: Writes) -> tuple[str, tuple[object, ...]]:
     """The tree's transaction-log row (statement and parameters)."""
     return _LOG_ROW, (root.log_id, root.began_at, root.subtransactions_committed, len(writes),
                       _text_array(sorted({row[0] for row in writes})),
@@ -289,6 +304,7 @@ def _raise_unknown_outcome(root: "Transaction", error: BaseException) -> None:
     server_log = catalog.server_log()
     describe = catalog.describe() + (f"; the server's log is {server_log}" if server_log else "")
     panic = disk_full_panic(server_log)        # a full disk under the WAL: the server stopped, no SQLSTATE
+    kind: type[DatabaseUnavailable]
     if panic is not None:
         lost, kind = f"PostgreSQL stopped because its disk is full ({describe}: {panic})", ServerDiskFull
         advice = f" {DISK_FULL_ADVICE}"

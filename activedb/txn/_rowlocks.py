@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal, overload
 
 import sqlalchemy as sa
 
@@ -49,6 +49,13 @@ class RowLocks(CommitParticipant):
         self._transaction: sa.RootTransaction | None = None
         #: (table, key) of every row this tree holds ``FOR UPDATE``.
         self.rows: set[tuple[str, "Key"]] = set()
+
+    @overload
+    @classmethod
+    def of(cls, root: "Transaction", *, create: Literal[True] = True) -> "RowLocks": ...
+    @overload
+    @classmethod
+    def of(cls, root: "Transaction", *, create: bool) -> "RowLocks | None": ...
 
     @classmethod
     def of(cls, root: "Transaction", *, create: bool = True) -> "RowLocks | None":

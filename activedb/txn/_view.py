@@ -11,7 +11,7 @@ A row joins a ``TreeRows`` set before the entry or image that needs it is instal
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING, Any, Mapping, Protocol
+from typing import TYPE_CHECKING, Mapping, Protocol
 
 import sqlalchemy as sa
 
@@ -46,7 +46,7 @@ class ReadBase(Protocol):
     """Where a tree's reads go when no write entry of the node or its ancestors decides the row."""
 
     def read(self, node: "Transaction", info: TableInfo, key: Key, *, relied: bool, for_update: bool = False
-             ) -> dict | None:
+             ) -> dict[str, object] | None:
         """The image of ``key`` underneath ``node``'s write entries (None: no row).  ``relied=False``:
         the caller only checks existence and will not rely on the image for a decision the flush must
         validate (an insert's duplicate check).  ``for_update``: the caller will write the row — a base
@@ -56,7 +56,7 @@ class ReadBase(Protocol):
         """Load the images of ``keys`` in one go for later reads by ``node`` and its descendants;
         returns how many rows exist."""
 
-    def scan(self, node: "Transaction", info: TableInfo, where: Any) -> dict[Key, dict]:
+    def scan(self, node: "Transaction", info: TableInfo, where: object) -> dict[Key, dict[str, object]]:
         """Every row of the table matching ``where`` (a dict of equalities or None), by key."""
 
 
@@ -68,7 +68,7 @@ class CommittedRows:
         self.recorder = recorder
 
     def read(self, node: "Transaction", info: TableInfo, key: Key, *, relied: bool, for_update: bool = False
-             ) -> dict | None:
+             ) -> dict[str, object] | None:
         row = (info.name, key)
         if for_update:
             return self._read_for_update(node, info, key)
@@ -89,7 +89,8 @@ class CommittedRows:
             image = fetch_rows(connection, info, [key]).get(key)
         return self._rely(node, info, key, image) if relied else image
 
-    def _rely(self, node: "Transaction", info: TableInfo, key: Key, image: dict | None) -> dict | None:
+    def _rely(self, node: "Transaction", info: TableInfo, key: Key, image: dict[str, object] | None
+              ) -> dict[str, object] | None:
         """``node`` relies on ``image`` of the row from now on (the first image relied on stays: returned)."""
         row = (info.name, key)
         if node.parent is not None:
@@ -100,7 +101,7 @@ class CommittedRows:
             self.recorder.record_committed_read(node.id, node.root.id, info.name, key, image)
         return image
 
-    def _read_for_update(self, node: "Transaction", info: TableInfo, key: Key) -> dict | None:
+    def _read_for_update(self, node: "Transaction", info: TableInfo, key: Key) -> dict[str, object] | None:
         """The row locked ``FOR UPDATE`` in PostgreSQL for the rest of the tree (``_rowlocks``); it must agree
         with any image the tree relied on before (else another process changed it in between)."""
         row = (info.name, key)
@@ -138,7 +139,7 @@ class CommittedRows:
                 self.recorder.record_committed_read(node.id, node.root.id, info.name, key, found.get(key))
         return len(found)
 
-    def scan(self, node: "Transaction", info: TableInfo, where: Any) -> dict[Key, dict]:
+    def scan(self, node: "Transaction", info: TableInfo, where: object) -> dict[Key, dict[str, object]]:
         node.manager.pool.before_blocking()        # a round trip: queued tasks need not wait for it
         fetched = scan_rows(self.catalog, info, where)
         with node._mutex:
@@ -146,8 +147,8 @@ class CommittedRows:
         return fetched
 
 
-def scan_rows(catalog_or_connection: Any, info: TableInfo, where: Any, *, lock: str | None = None,
-              nowait: bool = False) -> dict[Key, dict]:
+def scan_rows(catalog_or_connection: "Catalog | sa.Connection", info: TableInfo, where: object, *,
+              lock: str | None = None, nowait: bool = False) -> dict[Key, dict[str, object]]:
     """Rows of ``info`` matching the equality dict ``where`` (anything else: all rows), by key;
     ``lock="share"`` (a connection only) locks them ``FOR SHARE`` (``nowait``: SQLSTATE 55P03 instead of
     waiting for a row another transaction has locked)."""
@@ -162,7 +163,7 @@ def scan_rows(catalog_or_connection: Any, info: TableInfo, where: Any, *, lock: 
 
 
 def read_row(node: "Transaction", info: TableInfo, key: Key, *, record: bool = True, relied: bool = True,
-             for_update: bool = False) -> dict | None:
+             for_update: bool = False) -> dict[str, object] | None:
     """The row as ``node`` sees it (module docstring).  Precondition: ``node`` holds a lock on the row."""
     row = (info.name, key)
     chain: list[Entry] = []
@@ -184,9 +185,10 @@ def read_row(node: "Transaction", info: TableInfo, key: Key, *, record: bool = T
     if not needs_base:
         base = None
     elif for_update:
-        base = node.root._read_base.read(node, info, key, relied=relied, for_update=True)
+        base = node.root._read_base.read(  # type: ignore[union-attr]  # (a root has its read base)
+            node, info, key, relied=relied, for_update=True)
     else:
-        base = node.root._read_base.read(node, info, key, relied=relied)
+        base = node.root._read_base.read(node, info, key, relied=relied)  # type: ignore[union-attr]  # (as above)
     if node._doomed is not None:
         # An ancestor aborted while this read ran: it is doomed before its writes are discarded, so a
         # chain read without them is never returned (a doomed node sees no state that never existed).
@@ -202,13 +204,15 @@ def read_row(node: "Transaction", info: TableInfo, key: Key, *, record: bool = T
     if recorder and record:
         if source is not node and not (node._undo and row in node._undo):
             # A frame's write lies in the write set below it: the nearest frame whose marks list the row wrote it.
-            frame = node.parent
+            # (``source`` is an ancestor of ``node``: the walk up meets it before the root's None parent.)
+            frame: Transaction = node.parent  # type: ignore[assignment]
             while frame is not source and frame._frame and not (frame._undo and row in frame._undo):
-                frame = frame.parent
+                frame = frame.parent  # type: ignore[assignment]
             if frame._frame:
                 source = frame
         recorder.record("read", node.id, root=node.root.id, table=info.name, key=key, value=image,
-                        source="own" if source is node or (node._undo and row in node._undo) else f"ancestor:{source.id}")
+                        source="own" if source is node or (node._undo and row in node._undo)
+                        else f"ancestor:{source.id}")  # type: ignore[union-attr]  # (a chain has its source)
     return image
 
 
