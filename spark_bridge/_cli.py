@@ -18,16 +18,14 @@ import functools
 import logging
 import os
 import re
-import signal
-import sys
-import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
 import click
 
+from activedb.cli.running import (StopRequest, describe_in_progress, exit_at_once, progress_line, restart,
+                                  restart_after_deadline)
 from activedb.metrics import metrics_port_option, start_metrics
 
 from spark_bridge._file_order import FileOrder, check_file_order
@@ -35,11 +33,7 @@ from spark_bridge._sources import SOURCE_FORMS, build_stream, is_missing_data_so
 from spark_bridge.errors import IngestError, SparkBridgeError, describe, first_line
 
 if TYPE_CHECKING:  # pragma: no cover
-    from rich.console import Console
-
     from activedb import Database
-    from activedb.ingest import BatchInProgress
-    from spark_bridge._sink import IngestSink
 
 __all__ = ["register_commands", "run_command"]
 
@@ -51,82 +45,10 @@ BATCH_DEADLINE_SECONDS = 900.0
 DETACHED_TIMEOUT_SECONDS = 60.0
 REFRESH_SECONDS = 0.5
 PLAIN_PROGRESS_SECONDS = 10.0  # progress line period when stdout is not a terminal
+STARTING = "Spark plans the query and reads the source"  # what the wait for the first micro-batch is
 
 
-def _rate(value: float | None) -> str:
-    return "-" if value is None else f"{value:,.0f}"
-
-
-def describe_in_progress(batch: BatchInProgress) -> str:
-    """A batch in progress in words: how long, and its oldest rule firing still running (``BatchInProgress``)."""
-    text = f"in progress for {batch.seconds:,.0f} s"
-    if batch.firing is not None:
-        text += f"; rule {batch.firing.rule} running for {batch.firing.seconds:,.0f} s on {batch.firing.event}"
-    if batch.deadline_in is not None:
-        text += f"; its deadline passes in {max(0.0, batch.deadline_in):,.0f} s"
-    return text
-
-
-#: From how long a batch has been in progress the progress line says so.
-SLOW_BATCH_SECONDS = 2.0
-
-
-def progress_line(statistics: Any, waiting_since: float | None = None, in_progress: BatchInProgress | None = None
-                  ) -> str:
-    """One line: batches, events/s, rule firings, dead letters, watermark lag.  Before the first batch
-    (``waiting_since``: when the query started) it says what is going on instead of showing zeros."""
-    if statistics.batches == 0 and statistics.batches_skipped == 0 and waiting_since is not None:
-        return (f"{statistics.query_name}: waiting for the first micro-batch "
-                f"({time.monotonic() - waiting_since:.0f} s; Spark plans the query and reads the source)")
-    firings = sum(statistics.rule_firings.values())
-    skipped = f" ({statistics.batches_skipped} skipped)" if statistics.batches_skipped else ""
-    lag = "-" if statistics.watermark_lag_seconds is None else f"{statistics.watermark_lag_seconds:,.1f} s"
-    last = f"{statistics.last_batch_id}" if statistics.last_batch_id is not None else "-"
-    line = (f"{statistics.query_name}: batches {statistics.batches}{skipped} (last {last}) | "
-            f"events {statistics.events:,} at {_rate(statistics.events_per_second)}/s "
-            f"(last batch {_rate(statistics.last_batch_events_per_second)}/s) | "
-            f"rule firings {firings:,} | dead letters {statistics.dead_letters:,} | watermark lag {lag}")
-    if in_progress is not None and in_progress.seconds >= SLOW_BATCH_SECONDS:
-        line += f" | batch {in_progress.batch_id} {describe_in_progress(in_progress)}"
-    return line
-
-
-class _StopRequest:
-    """SIGINT/SIGTERM handler state. ``_mutex`` protects ``_count``; ``event`` is set on the
-    first signal, which only records it (the main loop acts on it); the second calls ``at_once``, which ends
-    the process (:func:`_exit_at_once`)."""
-
-    def __init__(self) -> None:
-        self.event = threading.Event()
-        self.forced = threading.Event()
-        self._mutex = threading.Lock()
-        self._count = 0
-        self._previous: dict[int, Any] = {}
-        #: What the second signal calls, in the main thread: a function that ends the process (None: nothing).
-        self.at_once: Callable[[], None] | None = None
-
-    def install(self) -> None:
-        """Handle SIGINT/SIGTERM (again: pyspark's SparkContext installs its own SIGINT handler); ``restore``
-        brings back what was there before the first call."""
-        for number in (signal.SIGINT, signal.SIGTERM):
-            self._previous.setdefault(number, signal.signal(number, self._handle))
-
-    def restore(self) -> None:
-        for number, handler in self._previous.items():
-            signal.signal(number, handler)
-
-    def _handle(self, number: int, frame: Any) -> None:
-        with self._mutex:
-            self._count += 1
-            count = self._count
-        self.event.set()
-        if count > 1:
-            self.forced.set()
-            if self.at_once is not None:
-                self.at_once()
-
-
-def _watch(query: Any, sink: Any, console: Any, stop: _StopRequest) -> str:
+def _watch(query: Any, sink: Any, console: Any, stop: StopRequest) -> str:
     """Refresh the progress line until the query ends or a stop is requested.
 
     On a terminal the line is live and *transient*: it is erased when watching ends (Ctrl-C echoes
@@ -139,7 +61,7 @@ def _watch(query: Any, sink: Any, console: Any, stop: _StopRequest) -> str:
     def live_line() -> Text:
         # Three columns short of the width: the ``^C`` a terminal echoes must not wrap the line, or the
         # erase at the end would miss it.
-        line = progress_line(sink.statistics(), started, sink.batch_in_progress())
+        line = progress_line(sink.statistics(), started, sink.batch_in_progress(), starting=STARTING)
         room = max(20, console.width - 3)
         return Text(line if len(line) <= room else line[:room - 1] + "…", no_wrap=True)
 
@@ -152,68 +74,14 @@ def _watch(query: Any, sink: Any, console: Any, stop: _StopRequest) -> str:
             if not query.isActive:
                 return "ended"
             if live is None and time.monotonic() - last_print >= PLAIN_PROGRESS_SECONDS:
-                console.print(progress_line(sink.statistics(), started, sink.batch_in_progress()), highlight=False,
+                console.print(progress_line(sink.statistics(), started, sink.batch_in_progress(), starting=STARTING),
+                              highlight=False,
                               soft_wrap=True)
                 last_print = time.monotonic()
     return "stopped"
 
 
-def _exit_at_once(console: Console, sink: IngestSink | None = None) -> None:
-    """The second Ctrl-C: end the process now, whatever its threads are doing (a rule that never returns holds
-    the batch, and Spark's stop would wait for it).  Exactly once needs nothing more of this process: a batch
-    that has not committed is rolled back by PostgreSQL when the process's connections close (its row locks go
-    with them) and re-delivered from Spark's checkpoint; one whose commit reached PostgreSQL is in the ledger,
-    and its re-delivery is skipped.  The JVM ends when its pipe from this process closes."""
-    batch = None if sink is None else sink.batch_in_progress()
-    what = ("nothing was in progress" if batch is None else
-            f"batch {batch.batch_id} was in progress for {batch.seconds:,.0f} s and is not applied: PostgreSQL rolls "
-            f"it back as this process's connections close")
-    console.print(f"\nstopped at once: {what}; run the same command again to resume exactly once", highlight=False)
-    with contextlib.suppress(Exception):
-        sys.stdout.flush()
-        sys.stderr.flush()
-    os._exit(130)
-
-
-#: How many times in a row ``run`` restarts itself after a deadline without committing a batch in between.
-MAX_RESTARTS = 3
-_RESTARTS = "ACTIVEDB_RUN_RESTARTS"      # (the count, passed to the restarted process)
-
-
-def _restart_after_deadline(sink: IngestSink, console: Console, progressed: bool) -> dict[str, str] | None:
-    """If the query failed because a batch passed its deadline (``BatchDeadlineExceeded``): say so, and return
-    the environment to restart this command in — its rule's thread cannot be stopped, so the process is replaced
-    by a new one that resumes at the batch, exactly once (the event whose rule did not return is a dead letter by
-    then).  None for any other failure, or after :data:`MAX_RESTARTS` restarts in a row without a committed batch
-    (the caller then fails with the error)."""
-    from activedb.ingest.errors import BatchDeadlineExceeded
-
-    found = sink.last_failure()
-    if found is None or not isinstance(found[1], BatchDeadlineExceeded):
-        return None
-    error = found[1]
-    restarts = 1 if progressed else int(os.environ.get(_RESTARTS, "0") or 0) + 1
-    if restarts > MAX_RESTARTS:
-        console.print(f"[red]not restarting again[/red]: {MAX_RESTARTS} restarts after deadlines without a batch "
-                      f"committed in between", highlight=False)
-        return None
-    console.print(f"batch {error.batch_id} passed a deadline: {error}", highlight=False, soft_wrap=True)
-    console.print(f"restarting this command ({restarts} of at most {MAX_RESTARTS} restarts in a row without "
-                  f"progress): it resumes at batch {error.batch_id}, exactly once", highlight=False)
-    return {**os.environ, _RESTARTS: str(restarts)}
-
-
-def _restart(environment: dict[str, str]) -> None:
-    """Replace this process by the same command (its own interpreter and arguments) in ``environment``: the
-    abandoned thread goes with the old image; connections and the checkpoint's lock close with it, and the JVM
-    ends when its pipe from this process closes."""
-    with contextlib.suppress(Exception):
-        sys.stdout.flush()
-        sys.stderr.flush()
-    os.execve(sys.executable, sys.orig_argv, environment)
-
-
-def _stop_query(query: Any, sink: Any, stop: _StopRequest, console: Any) -> None:
+def _stop_query(query: Any, sink: Any, stop: StopRequest, console: Any) -> None:
     """Let the batch in progress finish (unless forced), then stop the query."""
     batch = sink.batch_in_progress()
     doing = ("no batch is in progress" if batch is None else
@@ -405,7 +273,6 @@ def _checkpoint_lock(checkpoint_dir: Path, name: str) -> Iterator[None]:
     however it ends) while ``run`` uses the checkpoint: two runs of one query on one checkpoint would both
     write Spark's logs there, and the later writer fails in the middle of a batch."""
     import fcntl
-    import os
 
     checkpoint_dir.mkdir(parents=True, exist_ok=True)
     path = checkpoint_dir / ".activedb-run.lock"
@@ -558,9 +425,9 @@ def run_command(ctx: click.Context, app: str, source_text: str, checkpoint: str 
     serve_on_signal(database, Path(home) / "explain" if home else None)
     spark = None
     metrics = None
-    restart: dict[str, str] | None = None      # the environment to restart this command in (a deadline passed)
-    stop = _StopRequest()
-    stop.at_once = functools.partial(_exit_at_once, console)
+    restart_environment: dict[str, str] | None = None   # to restart this command in (a deadline passed)
+    stop = StopRequest()
+    stop.at_once = functools.partial(exit_at_once, console)
     try:
         metrics = start_metrics(database, metrics_port)
         if metrics is not None:
@@ -607,7 +474,7 @@ def run_command(ctx: click.Context, app: str, source_text: str, checkpoint: str 
         except (SparkBridgeError, IngestError) as error:
             raise click.ClickException(str(error)) from None
         sink = spark_bridge.sink_of(query)
-        stop.at_once = functools.partial(_exit_at_once, console, sink)
+        stop.at_once = functools.partial(exit_at_once, console, sink)
         if metrics is not None:
             metrics.watch_ingestion(sink)
         stop.install()
@@ -630,8 +497,8 @@ def run_command(ctx: click.Context, app: str, source_text: str, checkpoint: str 
         if failure is not None and how != "stopped":
             if is_missing_data_source(failure) and source.kind == "kafka":
                 raise click.ClickException(f"the streaming query failed: {kafka_hint()}")
-            restart = _restart_after_deadline(sink, console, final.batches > 0)
-            if restart is None:
+            restart_environment = restart_after_deadline(sink, console, final.batches > 0)
+            if restart_environment is None:
                 raise click.ClickException(mask_secrets(failure_message(sink, failure, loaded.name)))
         else:
             console.print("stopped cleanly; restart with the same --checkpoint and --query-name to resume"
@@ -643,8 +510,8 @@ def run_command(ctx: click.Context, app: str, source_text: str, checkpoint: str 
         if metrics is not None:
             metrics.close()
         held.close()                     # the database, then the checkpoint's lock
-    if restart is not None:
-        _restart(restart)
+    if restart_environment is not None:
+        restart(restart_environment)
 
 
 def _load_app(app: str, verbose: bool) -> Any:

@@ -1,0 +1,157 @@
+"""What a long-running ingestion command shows and how it stops, whatever its connector (``activedb run``, Spark's,
+is the first user): the progress line, the batch in progress in words, the two-step Ctrl-C, and the restart after a
+deadline.  Only the ingestion core's public surface is used (:class:`activedb.ingest.Ingestion`), so a connector's
+command gets the same console by handing its ``Ingestion`` over.
+
+Exactly once needs nothing of these functions: they decide what is said and when the process ends; what a batch
+that has not committed becomes (rolled back by PostgreSQL, re-delivered by the source, skipped by the ledger if its
+commit landed) is the ingestion core's contract.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from types import FrameType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # pragma: no cover
+    from rich.console import Console
+
+    from activedb.ingest import BatchInProgress, Ingestion, IngestStatistics
+
+__all__ = ["MAX_RESTARTS", "SLOW_BATCH_SECONDS", "StopRequest", "describe_in_progress", "exit_at_once",
+           "progress_line", "restart", "restart_after_deadline"]
+
+#: From how long a batch has been in progress the progress line says so.
+SLOW_BATCH_SECONDS = 2.0
+#: How many times in a row a command restarts itself after a deadline without committing a batch in between.
+MAX_RESTARTS = 3
+_RESTARTS = "ACTIVEDB_RUN_RESTARTS"      # (the count, passed to the restarted process)
+
+
+def _rate(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.0f}"
+
+
+def describe_in_progress(batch: BatchInProgress) -> str:
+    """A batch in progress in words: how long, and its oldest rule firing still running (``BatchInProgress``)."""
+    text = f"in progress for {batch.seconds:,.0f} s"
+    if batch.firing is not None:
+        text += f"; rule {batch.firing.rule} running for {batch.firing.seconds:,.0f} s on {batch.firing.event}"
+    if batch.deadline_in is not None:
+        text += f"; its deadline passes in {max(0.0, batch.deadline_in):,.0f} s"
+    return text
+
+
+def progress_line(statistics: IngestStatistics, waiting_since: float | None = None,
+                  in_progress: BatchInProgress | None = None, *, starting: str = "the source starts") -> str:
+    """One line: batches, events/s, rule firings, dead letters, watermark lag.  Before the first batch
+    (``waiting_since``: when the command started) it says what is going on instead of showing zeros (``starting``:
+    what the connector does meanwhile)."""
+    if statistics.batches == 0 and statistics.batches_skipped == 0 and waiting_since is not None:
+        return (f"{statistics.query_name}: waiting for the first batch "
+                f"({time.monotonic() - waiting_since:.0f} s; {starting})")
+    firings = sum(statistics.rule_firings.values())
+    skipped = f" ({statistics.batches_skipped} skipped)" if statistics.batches_skipped else ""
+    lag = "-" if statistics.watermark_lag_seconds is None else f"{statistics.watermark_lag_seconds:,.1f} s"
+    last = f"{statistics.last_batch_id}" if statistics.last_batch_id is not None else "-"
+    line = (f"{statistics.query_name}: batches {statistics.batches}{skipped} (last {last}) | "
+            f"events {statistics.events:,} at {_rate(statistics.events_per_second)}/s "
+            f"(last batch {_rate(statistics.last_batch_events_per_second)}/s) | "
+            f"rule firings {firings:,} | dead letters {statistics.dead_letters:,} | watermark lag {lag}")
+    if in_progress is not None and in_progress.seconds >= SLOW_BATCH_SECONDS:
+        line += f" | batch {in_progress.batch_id} {describe_in_progress(in_progress)}"
+    return line
+
+
+class StopRequest:
+    """SIGINT/SIGTERM handler state. ``_mutex`` protects ``_count``; ``event`` is set on the first signal, which
+    only records it (the command's main loop acts on it); the second sets ``forced`` and calls ``at_once``, which
+    ends the process (:func:`exit_at_once`)."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.forced = threading.Event()
+        self._mutex = threading.Lock()
+        self._count = 0
+        self._previous: dict[int, Callable[[int, FrameType | None], object] | int | None] = {}
+        #: What the second signal calls, in the main thread: a function that ends the process (None: nothing).
+        self.at_once: Callable[[], None] | None = None
+
+    def install(self) -> None:
+        """Handle SIGINT/SIGTERM (again, where a library installed its own SIGINT handler since: pyspark's
+        SparkContext does); ``restore`` brings back what was there before the first call."""
+        for number in (signal.SIGINT, signal.SIGTERM):
+            self._previous.setdefault(number, signal.signal(number, self._handle))
+
+    def restore(self) -> None:
+        for number, handler in self._previous.items():
+            signal.signal(number, handler)
+
+    def _handle(self, number: int, frame: FrameType | None) -> None:
+        with self._mutex:
+            self._count += 1
+            count = self._count
+        self.event.set()
+        if count > 1:
+            self.forced.set()
+            if self.at_once is not None:
+                self.at_once()
+
+
+def _flush() -> None:
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+        sys.stderr.flush()
+
+
+def exit_at_once(console: Console, ingestion: Ingestion | None = None) -> None:
+    """The second Ctrl-C: end the process now, whatever its threads are doing (a rule that never returns holds
+    the batch, and the connector's orderly stop would wait for it).  Exactly once needs nothing more of this
+    process: a batch that has not committed is rolled back by PostgreSQL when the process's connections close (its
+    row locks go with them) and re-delivered by the source; one whose commit reached PostgreSQL is in the ledger,
+    and its re-delivery is skipped."""
+    batch = None if ingestion is None else ingestion.batch_in_progress()
+    what = ("nothing was in progress" if batch is None else
+            f"batch {batch.batch_id} was in progress for {batch.seconds:,.0f} s and is not applied: PostgreSQL rolls "
+            f"it back as this process's connections close")
+    console.print(f"\nstopped at once: {what}; run the same command again to resume exactly once", highlight=False)
+    _flush()
+    os._exit(130)
+
+
+def restart_after_deadline(ingestion: Ingestion, console: Console, progressed: bool) -> dict[str, str] | None:
+    """If the ingestion failed because a batch passed its deadline (``BatchDeadlineExceeded``): say so, and return
+    the environment to restart this command in — its rule's thread cannot be stopped, so the process is replaced
+    by a new one that resumes at the batch, exactly once (the event whose rule did not return is a dead letter by
+    then).  None for any other failure, or after :data:`MAX_RESTARTS` restarts in a row without a committed batch
+    (``progressed``: one committed since this process started; the caller then fails with the error)."""
+    from activedb.ingest.errors import BatchDeadlineExceeded
+
+    found = ingestion.last_failure()
+    if found is None or not isinstance(found[1], BatchDeadlineExceeded):
+        return None
+    error = found[1]
+    restarts = 1 if progressed else int(os.environ.get(_RESTARTS, "0") or 0) + 1
+    if restarts > MAX_RESTARTS:
+        console.print(f"[red]not restarting again[/red]: {MAX_RESTARTS} restarts after deadlines without a batch "
+                      f"committed in between", highlight=False)
+        return None
+    console.print(f"batch {error.batch_id} passed a deadline: {error}", highlight=False, soft_wrap=True)
+    console.print(f"restarting this command ({restarts} of at most {MAX_RESTARTS} restarts in a row without "
+                  f"progress): it resumes at batch {error.batch_id}, exactly once", highlight=False)
+    return {**os.environ, _RESTARTS: str(restarts)}
+
+
+def restart(environment: dict[str, str]) -> None:
+    """Replace this process by the same command (its own interpreter and arguments) in ``environment``: the
+    abandoned thread goes with the old image; its connections and file locks close with it (a JVM the process
+    started ends when its pipe from this process closes)."""
+    _flush()
+    os.execve(sys.executable, sys.orig_argv, environment)
