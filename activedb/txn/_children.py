@@ -9,7 +9,7 @@ import logging
 import threading
 import time
 import types
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping
 
 from lockmgr import TxnState
 
@@ -23,7 +23,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 logger = logging.getLogger("activedb.transaction")
 
-_EMPTY: Mapping = types.MappingProxyType({})   # a node's children or tasks until its first (read-only)
+_EMPTY: Mapping[Any, Any] = types.MappingProxyType({})   # a node's children or tasks until its first (read-only)
 # Enum members as module constants: a class attribute lookup of an Enum member costs several times a
 # global's, and the hot path of a firing tests states a dozen times.
 _ACTIVE, _COMMITTING, _COMMITTED, _ABORTED = (TxnState.ACTIVE, TxnState.COMMITTING, TxnState.COMMITTED,
@@ -75,10 +75,12 @@ class SubtransactionHandle:
         if not observers.on_wait_start and not observers.on_wait_end and task.claim_to_help():
             # Nobody has started it: this thread runs it, and the wait's edge is registered only if the
             # thread blocks meanwhile (README, "A helped child's wait edge, registered when needed").
-            with manager.waiting(child.parent, WaitKind.CHILDREN, child.id, helps=True, late=True):
+            # (A spawned child has its parent: ``child.parent`` is never None here and below.)
+            with manager.waiting(child.parent, WaitKind.CHILDREN, child.id,  # type: ignore[arg-type]
+                                 helps=True, late=True):
                 task.run_claimed()
             return True
-        with manager.waiting(child.parent, WaitKind.CHILDREN, child.id, helps=True):
+        with manager.waiting(child.parent, WaitKind.CHILDREN, child.id, helps=True):  # type: ignore[arg-type]
             return task.wait(timeout)
 
     @staticmethod
@@ -92,7 +94,7 @@ class SubtransactionHandle:
         if len(pending) == 1:
             pending[0].wait()
             return
-        parent = pending[0].transaction.parent
+        parent: Transaction = pending[0].transaction.parent  # type: ignore[assignment]  # (children: a parent)
         manager = parent.manager
         with manager.waiting(parent, WaitKind.CHILDREN, None, targets=[handle.transaction.id for handle in pending],
                              helps=True):
@@ -116,17 +118,19 @@ class SubtransactionHandle:
 class Children:
     """Creating, running and waiting for a node's children (see the module docstring)."""
 
+    # Its methods take ``self: Transaction``: the only class it is mixed into (mypy asks a self type to be a
+    # supertype of the class; each ``ignore[misc]`` below is that).
     __slots__ = ()
 
 
-    def _materialize(self) -> None:
+    def _materialize(self: Transaction) -> None:  # type: ignore[misc]
         """Give this lazy inline subtransaction its own lock-manager transaction now (it is about to
         create a child, wait, or wait for a lock); a no-op for any other node.  Called by the thread
         running it.  See README, "Lazy inline subtransactions"."""
         if self._lazy:
             self.manager.locking.materialize(self)
 
-    def _want_end_hooks(self) -> None:
+    def _want_end_hooks(self: Transaction) -> None:  # type: ignore[misc]
         """Make the extensions that skip frames (``TransactionExtension.frame_hooks = False``) hear this
         transaction's end — ``before_commit`` and ``after_end`` — even while it is a frame; a no-op for a node
         (they hear every node's).  Called by the thread running it, before its commit: an extension that
@@ -134,8 +138,8 @@ class Children:
         materializing the frame.  See README, "Frames"."""
         self._end_hooks = True
 
-    def spawn(self, function: Callable[..., Any], *args: Any, name: str | None = None, eager: bool = False,
-              **kwargs: Any) -> SubtransactionHandle:
+    def spawn(self: Transaction, function: Callable[..., Any], *args: Any,  # type: ignore[misc]
+              name: str | None = None, eager: bool = False, **kwargs: Any) -> SubtransactionHandle:
         """Run ``function(child, *args, **kwargs)`` as a subtransaction that may run concurrently with this
         one and its siblings, on a worker thread or on a thread that waits for it.
 
@@ -158,12 +162,12 @@ class Children:
             raise
         return SubtransactionHandle(child, task)
 
-    def subtransaction(self, name: str | None = None) -> "InlineSubtransaction":
+    def subtransaction(self: Transaction, name: str | None = None) -> "InlineSubtransaction":  # type: ignore[misc]
         """``with tx.subtransaction() as child:`` runs a subtransaction inline in this thread."""
         return InlineSubtransaction(self, name)
 
-    def _run_subtransaction(self, function: Callable[..., Any], *args: Any, name: str | None = None,
-                           **kwargs: Any) -> Any:
+    def _run_subtransaction(self: Transaction, function: Callable[..., Any], *args: Any,  # type: ignore[misc]
+                            name: str | None = None, **kwargs: Any) -> Any:
         """Run ``function(child, ...)`` as an inline subtransaction and return its result; the child
         commits when it returns and aborts (re-raising) when it raises — ``with tx.subtransaction()`` as
         one call, for code that needs the outcome without managing a context."""
@@ -171,7 +175,8 @@ class Children:
             return run_inline(self, function, args[0], name)
         return run_inline(self, lambda child, _: function(child, *args, **kwargs), None, name)
 
-    def retry(self, function: Callable[..., Any], *args: Any, attempts: int = 3, **kwargs: Any) -> Any:
+    def retry(self: Transaction, function: Callable[..., Any], *args: Any,  # type: ignore[misc]
+              attempts: int = 3, **kwargs: Any) -> Any:
         """Run ``function(child, ...)`` as an inline subtransaction, re-running it (in a fresh
         subtransaction) when it is chosen as a deadlock victim or its commit finds that another process
         changed a row it read, at most ``attempts`` times."""
@@ -186,7 +191,7 @@ class Children:
                 logger.info("subtransaction of %s failed (%s); retry %d of %d", self.id,
                             type(error).__name__, attempt, attempts)
 
-    def _wait_children(self, timeout: float | None = None) -> None:
+    def _wait_children(self: Transaction, timeout: float | None = None) -> None:  # type: ignore[misc]
         """Wait until every child has ended, running queued ones in this thread."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
@@ -219,7 +224,8 @@ def run_inline(parent: "Transaction", function: Callable[[Any, Any], Any], argum
         child = open_savepoint(parent, root, name, slots)
     else:
         if type(parent) is Savepoint:
-            parent._decode()  # (its object used inside its running child's block, or something now hears of frames)
+            # (Its object used inside its running child's block, or something now hears of frames.)
+            parent._decode()  # type: ignore[attr-defined]  # (a Savepoint)
         observers = manager.observers
         if (manager.subtransactions is not _FRAMES or (parent._lazy and (not parent._frame or parent._guarded))
                 or parent._lazy_child is not None or parent._children or manager.recorder
@@ -258,7 +264,7 @@ def run_inline(parent: "Transaction", function: Callable[[Any, Any], Any], argum
 
 
 def _begin_inline(parent: "Transaction", name: str | None, number: int | None = None,
-                  slots: dict | None = None, lean: bool = True) -> "Transaction":
+                  slots: dict[type, object] | None = None, lean: bool = True) -> "Transaction":
     """Create an inline child of ``parent`` and make it the transaction this thread runs; extensions and
     observers hear of its begin.  It is a *frame* (README, "Frames") when ``parent`` is not lazy and has no
     live child and no observer wants node events: a lazy child that is not registered among the children.
@@ -276,7 +282,7 @@ def _begin_inline(parent: "Transaction", name: str | None, number: int | None = 
             manager.push_running(child)
         return child
     if type(parent) is Savepoint:
-        parent._decode()
+        parent._decode()  # type: ignore[attr-defined]  # (a Savepoint)
     observers = manager.observers
     if (manager.subtransactions is _FRAMES and (not parent._lazy or parent._frame and not parent._guarded)
             and parent._lazy_child is None
@@ -306,7 +312,7 @@ def _begin_inline(parent: "Transaction", name: str | None, number: int | None = 
 
 
 def _open_frame(parent: "Transaction", manager: Any, name: str | None, number: int | None,
-                slots: dict | None) -> "Transaction":
+                slots: dict[type, object] | None) -> "Transaction":
     """A frame child of ``parent``, which may have one (README, "Frames"): ``parent`` checked active, its grants
     retained if it is a frame itself (a frame in a frame, README) or its holds released (``release_holds`` has
     nothing else to do: no lazy child, not lazy), the frame made and remembered as its lazy child."""
@@ -347,13 +353,15 @@ class InlineSubtransaction:
         child = self.transaction = _begin_inline(self._parent, self._name)
         return child
 
-    def __exit__(self, exc_type, exc, traceback) -> bool:
-        _end_inline(self.transaction, exc)
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 traceback: types.TracebackType | None) -> Literal[False]:
+        _end_inline(self.transaction, exc)  # type: ignore[arg-type]  # (set by __enter__)
         return False
 
 
 def _new_child(node: "Transaction", name: str | None = None, *, inline: bool = False,
-               body: tuple | None = None, number: int | None = None) -> "Transaction":
+               body: tuple[Callable[..., object], tuple[object, ...], dict[str, object]] | None = None,
+               number: int | None = None) -> "Transaction":
     """A child of ``node``, registered among its children (spawned, or inline and not a frame); ``body``:
     ``(function, args, kwargs)`` of a spawned child, whose task is registered with it (one mutex section)."""
     if node._doomed is not None or node._state is not TxnState.ACTIVE:
@@ -382,7 +390,8 @@ def _new_child(node: "Transaction", name: str | None = None, *, inline: bool = F
     return child
 
 
-def _run_body(node: "Transaction", function: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+def _run_body(node: "Transaction", function: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+              ) -> Any:
     """A spawned child's task on a worker: run ``function``, then commit (abort if it raised)."""
     node._thread = threading.get_ident()
     manager = node.manager

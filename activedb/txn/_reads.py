@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Hashable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Hashable, Iterable, Mapping
 
 from lockmgr import Mode
 
@@ -12,6 +12,9 @@ from activedb._closedset import ClosedSet
 from activedb.store import RowImage, TableRef, matches
 from activedb.txn import _view
 from activedb.txn._hotkeys import HotKeys
+
+if TYPE_CHECKING:  # pragma: no cover
+    from activedb.txn._tree import Transaction
 
 
 class BulkLock(ClosedSet):
@@ -29,9 +32,12 @@ _CHUNK = 10_000   # keys per query of read_many (PostgreSQL takes at most 65,535
 class Reads:
     """The read operations of a node (see the module docstring)."""
 
+    # Its methods take ``self: Transaction``: the only class it is mixed into (mypy asks a self type to be a
+    # supertype of the class; each ``ignore[misc]`` below is that).
     __slots__ = ()
 
-    def read(self, table: TableRef, key: Hashable, *, for_update: bool = False) -> RowImage | None:
+    def read(self: Transaction, table: TableRef, key: Hashable, *,  # type: ignore[misc]
+             for_update: bool = False) -> RowImage | None:
         """The row with primary key ``key`` as a dict, or None; takes a READ lock.  ``for_update=True``: read
         with intent to write it — an UPDATE lock (two read-modify-writes of the row queue here instead of
         deadlocking when both upgrade), and the row locked in PostgreSQL until the tree commits (see
@@ -48,14 +54,14 @@ class Reads:
         (hot or self.root._slot(HotKeys)).plain_reads.add((info.name, key))
         return _view.read_row(self, info, key)
 
-    def _read_then_written(self) -> frozenset[str]:
+    def _read_then_written(self: Transaction) -> frozenset[str]:  # type: ignore[misc]
         """The tables of which this tree read a row plainly (``tx.read`` without ``for_update``) and then
         wrote it: where two such trees convert their read locks to write locks and one must give way.
         ``Database.run`` learns them from an attempt that failed (see README, "Hot keys")."""
         hot = self.root._slot(HotKeys, create=False)
         return frozenset(hot.read_then_written) if hot is not None else frozenset()
 
-    def prefetch(self, table: TableRef, keys: Iterable[Hashable]) -> int:
+    def prefetch(self: Transaction, table: TableRef, keys: Iterable[Hashable]) -> int:  # type: ignore[misc]
         """Read-lock ``keys`` of ``table`` and load their committed images in one query, so that
         later reads in this tree (this node and its descendants) need no round trip.  Returns the
         number of rows found.  Useful before processing a batch of events on known keys."""
@@ -67,9 +73,11 @@ class Reads:
         locking = self.manager.locking
         for key in wanted:
             locking.acquire(self, info, key, Mode.READ)
-        return self.root._read_base.read_many(self, info, wanted) if wanted else 0
+        # (A root always has its read base: only a frame's is None.)
+        return self.root._read_base.read_many(self, info, wanted) if wanted else 0  # type: ignore[union-attr]
 
-    def read_many(self, table: TableRef, keys: Iterable[Hashable], *, lock: BulkLock = BulkLock.READ
+    def read_many(self: Transaction, table: TableRef, keys: Iterable[Hashable], *,  # type: ignore[misc]
+                  lock: BulkLock = BulkLock.READ
                   ) -> dict[Hashable, RowImage | None]:
         """The rows ``keys`` of ``table`` as this transaction sees them, ``{key: dict or None}``, with
         their committed images loaded in one query and relied on (validated at the flush) like ``read``'s.
@@ -95,10 +103,11 @@ class Reads:
                                     if not any((name, key) in member._db_reads for member in chain)))
         read_base = self.root._read_base
         for start in range(0, len(wanted), _CHUNK):
-            read_base.read_many(self, info, wanted[start:start + _CHUNK])
+            read_base.read_many(self, info, wanted[start:start + _CHUNK])  # type: ignore[union-attr]  # (as above)
         return {given: _view.read_row(self, info, key) for given, key in normalised.items()}
 
-    def scan(self, table: TableRef, where: Mapping[str, object] | Callable[[RowImage], bool] | None = None
+    def scan(self: Transaction, table: TableRef,  # type: ignore[misc]
+             where: Mapping[str, object] | Callable[[RowImage], bool] | None = None
              ) -> list[RowImage]:
         """All rows of ``table`` matching ``where`` (a dict of equalities or a predicate on the row
         dict), as this transaction sees them; takes a table-level READ lock."""
@@ -108,7 +117,7 @@ class Reads:
             for column, value in where.items():
                 info.check_value(column, value)
         self.manager.locking.acquire(self, info, None, Mode.READ)
-        rows = dict(self.root._read_base.scan(self, info, where))
+        rows = dict(self.root._read_base.scan(self, info, where))  # type: ignore[union-attr]  # (a root's)
         for key in _view.written_keys(self, info.name):
             rows[key] = _view.read_row(self, info, key, record=False)
         # An ancestor that aborted during the scan was doomed before its writes were discarded: a scan
