@@ -30,9 +30,11 @@ _ABORTED = TxnState.ABORTED
 class Writes:
     """The write operations and events of a node (see the module docstring)."""
 
+    # Its methods take ``self: Transaction``: the only class it is mixed into (mypy asks a self type to be a
+    # supertype of the class; each ``ignore[misc]`` below is that).
     __slots__ = ()
 
-    def write(self, table: TableRef, key: Hashable, **values: object) -> None:
+    def write(self: Transaction, table: TableRef, key: Hashable, **values: object) -> None:  # type: ignore[misc]
         """Upsert: update the given columns of row ``key``, or insert it."""
         self._check_active("write")
         info = self.manager.catalog.table_info(table)
@@ -40,7 +42,7 @@ class Writes:
         values = info.values_without_key(key, values)
         self._modify(info, key, Entry(_PATCH, values))
 
-    def insert(self, table: TableRef, **values: object) -> Hashable:
+    def insert(self: Transaction, table: TableRef, **values: object) -> Hashable:  # type: ignore[misc]
         """Insert a new row; returns its key.  A table whose key the database generates
         (identity/serial) may omit it: the next sequence value is taken."""
         self._check_active("insert")
@@ -54,15 +56,15 @@ class Writes:
         self._modify(info, key, Entry(_INSERT, values), must_not_exist=not generated)
         return key[0] if len(key) == 1 else key
 
-    def delete(self, table: TableRef, key: Hashable) -> None:
+    def delete(self: Transaction, table: TableRef, key: Hashable) -> None:  # type: ignore[misc]
         """Delete row ``key`` if it exists."""
         self._check_active("delete")
         info = self.manager.catalog.table_info(table)
         key = info.key(key)
         self._modify(info, key, Entry(_DELETE))
 
-    def _modify(self, info: TableInfo, key: Key, entry: Entry, *, must_not_exist: bool = False,
-                lock: bool = True) -> None:
+    def _modify(self: Transaction, info: TableInfo, key: Key, entry: Entry, *,  # type: ignore[misc]
+                must_not_exist: bool = False, lock: bool = True) -> None:
         slots = self.root._slots          # (``_slot(HotKeys, create=False)`` without its call: every write)
         hot = slots.get(HotKeys) if slots is not None else None
         if hot is not None and (info.name, key) in hot.plain_reads:
@@ -103,8 +105,8 @@ class Writes:
             data_event(self, info, key, entry, old, extensions)
 
 
-    def write_many(self, table: TableRef, rows: Mapping[Hashable, Mapping[str, object] | None], *,
-                   lock: BulkLock = BulkLock.WRITE) -> int:
+    def write_many(self: Transaction, table: TableRef,  # type: ignore[misc]
+                   rows: Mapping[Hashable, Mapping[str, object] | None], *, lock: BulkLock = BulkLock.WRITE) -> int:
         """``write(table, key, **values)`` for every ``key: values`` of ``rows`` (``None``: ``delete``),
         with the same data events; ``lock=BulkLock.TABLE``: one table WRITE lock instead of one per row
         (``BulkLock.WRITE``, the default).  Returns the number of rows."""
@@ -122,15 +124,15 @@ class Writes:
         return len(rows)
 
 
-    def signal(self, name: str, **payload: object) -> None:
+    def signal(self: Transaction, name: str, **payload: object) -> None:  # type: ignore[misc]
         """Raise an application event ``name`` with ``payload`` (rules on ``db.signalled(name)`` react)."""
         self._check_active("signal")
         event = new_event(EventKind.SIGNAL, name, None, None, None, dict(payload), None, self.id)
         for hook in self.manager.extensions.on_event:
             hook(self, event)
 
-    def emit(self, event_type: str, *, key: Hashable = None, ts: object = None, payload: Mapping[str, object] | None = None
-             ) -> None:
+    def emit(self: Transaction, event_type: str, *, key: Hashable = None, ts: object = None,  # type: ignore[misc]
+             payload: Mapping[str, object] | None = None) -> None:
         """Hand a stream event (``db.stream(event_type)``) to the rules, in this transaction."""
         self._check_active("emit")
         event = new_event(_STREAM, event_type, key, None, None, dict(payload or {}), ts, self.id)
@@ -149,7 +151,7 @@ def data_event(node: "Transaction", info: TableInfo, key: Key, entry: Entry, old
         if old is None:
             kind = EventKind.INSERTED
             # The stored row: every column (constant defaults for the ones not given) and the key.
-            new = {**info.blank_row, **new, **info.full_key_row(key)}
+            new = {**info.blank_row, **new, **info.full_key_row(key)}  # type: ignore[dict-item]  # (not a delete)
         else:
             kind = EventKind.UPDATED
     event = new_event(kind, info.name, key[0] if len(key) == 1 else key, old, new, None, None, node.id)
@@ -157,14 +159,14 @@ def data_event(node: "Transaction", info: TableInfo, key: Key, entry: Entry, old
         hook(node, event)
 
 
-def write_in_parent(node: "Transaction", row: tuple, entry: Entry, table: str) -> None:
+def write_in_parent(node: "Transaction", row: tuple[str, Key], entry: Entry, table: str) -> None:
     """The frame ``node`` writes ``entry`` into its parent's write set, composed with the parent's entry
     as its commit would compose it, and marks the row in ``node._undo``: (the parent's entry before the
     frame's first write of the row or None, the frame's own entry).  No mutex: the parent has no other
     child and its thread runs the frame (README, "Frames")."""
-    parent = node.parent
+    parent: Transaction = node.parent  # type: ignore[assignment]  # (a frame has its parent; so has a frame's)
     while parent._frame:                     # a frame in a frame: the write set below both (README, "Frames in frames")
-        parent = parent.parent
+        parent = parent.parent  # type: ignore[assignment]
     if parent.parent is not None:
         node._tree_rows.written.add(row)    # the entry is on a node below the root (``_view.TreeRows``)
     writes = parent._writes
@@ -192,9 +194,9 @@ def take_back_writes(node: "Transaction", *, keep: bool) -> None:
         node._writes = {row: own for row, (_, own) in undo.items()} if undo else {}
     if not undo:
         return
-    parent = node.parent
+    parent: Transaction = node.parent  # type: ignore[assignment]  # (as in ``write_in_parent``)
     while parent._frame:                     # the write set its writes are in (``write_in_parent``)
-        parent = parent.parent
+        parent = parent.parent  # type: ignore[assignment]
     with parent._mutex:
         if parent._state is _ABORTED:
             return                               # its write set is gone with it
@@ -206,7 +208,7 @@ def take_back_writes(node: "Transaction", *, keep: bool) -> None:
                 writes[row] = previous
 
 
-def _generated_key(node: "Transaction", info: TableInfo) -> dict:
+def _generated_key(node: "Transaction", info: TableInfo) -> dict[str, object]:
     """The key column of ``info`` with the next value of its sequence (for ``node``'s tree)."""
     if len(info.key_columns) != 1:
         raise InvalidKey(f"insert into {info.name!r} needs the key columns {', '.join(info.key_columns)}")
