@@ -37,6 +37,7 @@ from activedb.txn._writes import take_back_writes
 if TYPE_CHECKING:  # pragma: no cover
     from activedb.store import Key, TableInfo
     from activedb.txn._tree import Transaction
+    from lockmgr._table import Grant
 
 
 _INTENTION = {Mode.READ: Mode.IR, Mode.UPDATE: Mode.IW, Mode.WRITE: Mode.IW}
@@ -53,7 +54,7 @@ _JOIN = {first: {second: join(first, second) for second in Mode} for first in Mo
 # and "Requests answered from the records").
 
 
-def _note_held(node: "Transaction", subject: "str | tuple", mode: Mode) -> None:
+def _note_held(node: "Transaction", subject: "str | tuple[str, Key]", mode: Mode) -> None:
     """``node`` was granted ``mode`` on ``subject`` (a table's name or a row's ``(table, key)``), joined with
     what it held there."""
     held = node._modes_held
@@ -74,7 +75,7 @@ def _note_tuple(node: "Transaction", name: str, mode: Mode) -> None:
     _note_held(node, name, _INTENTION[mode])
 
 
-def _note_retained(node: "Transaction", held: dict) -> None:
+def _note_retained(node: "Transaction", held: "dict[str | tuple[str, Key], Mode]") -> None:
     """``node`` now retains ``held`` (per subject, joined with what it retained)."""
     retained = node._modes_retained
     if retained is None:
@@ -119,7 +120,7 @@ class Locking:
         except lockmgr.TransactionNotActive as error:
             # An ancestor's abort reached the lock manager between the parent's last check and this begin
             # (``doom`` comes first, so the parent is doomed): refuse the child with activedb's error.
-            _raise_aborted(parent, error)
+            _raise_aborted(parent, error)  # type: ignore[arg-type]  # (only a child is refused)
 
     def materialize(self, node: "Transaction") -> None:
         """Give the lazy ``node`` its own lock-manager transaction (an awaited child of its parent) and
@@ -130,9 +131,10 @@ class Locking:
         A running member of a group run as frames does it under its group's guard (README, "Groups on
         threads")."""
         if node._encoded:
-            node._decode()       # a savepoint of the lean run: its frame first (README, "The lean run")
+            # A savepoint of the lean run (an encoded node is a Savepoint): its frame first (README, "The lean run").
+            node._decode()  # type: ignore[attr-defined]
         if node._guarded:
-            node._materialize_guarded()
+            node._materialize_guarded()  # type: ignore[attr-defined]  # (a guarded node is a GuardedFrame)
             return
         self.materialize_now(node)
 
@@ -140,24 +142,25 @@ class Locking:
         """:meth:`materialize` itself, for a caller that made sure nobody else changes ``node`` meanwhile (its
         own thread, or a group's guard)."""
         top = node
-        while top.parent._lazy:
-            top = top.parent
+        # (A lazy node has a parent, and so has every lazy ancestor and every member of the chain.)
+        while top.parent._lazy:  # type: ignore[union-attr]
+            top = top.parent  # type: ignore[assignment]
         chain = [top]
         while chain[-1]._lazy_child is not None:
             chain.append(chain[-1]._lazy_child)
-        grantee = top.parent
+        grantee: Transaction = top.parent  # type: ignore[assignment]
         locks = self.lock_manager
         for member in reversed(chain):       # writes: the innermost first (they lie on top in the write set)
             if member._frame:
                 # A frame becomes an ordinary node: registered among its parent's children from now on.
-                parent = member.parent
+                parent: Transaction = member.parent  # type: ignore[assignment]
                 with parent._mutex:
                     parent._children = {**parent._children, member.id: member}
                 take_back_writes(member, keep=True)     # its writes become its own write set
                 member._frame = False
         try:
             for member in chain:
-                locks.begin(member.id, parent=member.parent.id, awaited=True)
+                locks.begin(member.id, parent=member.parent.id, awaited=True)  # type: ignore[union-attr]
             for member in reversed(chain):   # the newest grants first: each hand-down restores what was before
                 grants, kept = member._grants, member._grants_retained
                 if grants:
@@ -172,7 +175,7 @@ class Locking:
             # It holds what it was granted since it last opened a frame (its table-level grants are noted on
             # it already), and retains the rest.
             grants, kept = member._grants, member._grants_retained
-            member._holds = bool(grants) and kept < len(grants)
+            member._holds = bool(grants) and kept < len(grants)  # type: ignore[arg-type]  # (set just above)
             member._grants = None
             member._grants_retained = 0
             member._lazy = False
@@ -188,7 +191,7 @@ class Locking:
             # Its grants are its grantee's retains already (Rule 2 exactly); what it locked the parent now
             # retains (the records: "Requests answered from the records").  A frame's frame: its grants join
             # its parent's, as retained (README, "Frames in frames").
-            parent = node.parent
+            parent: Transaction = node.parent  # type: ignore[assignment]  # (a lazy node has a parent)
             parent._lazy_child = None
             grants, node._grants = node._grants, None
             if grants and parent._lazy:
@@ -214,7 +217,7 @@ class Locking:
         which is exactly what the parent holds)."""
         try:
             if node._lazy:
-                node.parent._lazy_child = None
+                node.parent._lazy_child = None  # type: ignore[union-attr]
                 grants, node._grants = node._grants, None
                 if grants:
                     grantee = _grantee(node)
@@ -266,7 +269,7 @@ class Locking:
             else:
                 locks.acquire_tuple(tid, ("table", name), key, mode, timeout, resource=("row", name, key))
                 _note_tuple(node, name, mode)
-                _note_held(node, (name, key), mode)
+                _note_held(node, (name, key), mode)  # type: ignore[arg-type]  # (row level: a key)
         except (DeadlockDetected, LockWaitTimeout) as error:
             node._doom(error)
             raise
@@ -300,7 +303,7 @@ class Locking:
             # (Its own row grants are in its grantee's record, below: a lazy node notes tables only.)
         else:
             table_mode = None
-        retained = parent._modes_retained
+        retained = parent._modes_retained  # type: ignore[union-attr]
         # (A frame's frame asks its grantee's record too: what the grantee retains covers it as well.)
         outer = grantee._modes_retained if grantee is not parent else None
         intention = _INTENTION[mode]
@@ -399,7 +402,8 @@ class Locking:
             template = transactions.get(grantee_id)
             if template is None:
                 continue                       # the grantee's abort reached the lock manager
-            transactions[node.id] = dataclasses.replace(template, tid=node.id, parent=node.parent.id)
+            transactions[node.id] = dataclasses.replace(
+                template, tid=node.id, parent=node.parent.id)  # type: ignore[union-attr]  # (lazy: a parent)
             grants, kept = list(node._grants or ()), node._grants_retained
             for part, as_retained in ((grants[kept:], False), (grants[:kept], True)):
                 wanted, before = lockmgr.fold_grants(part)
@@ -418,7 +422,7 @@ class Locking:
                         if before[resource] is None:
                             retained.pop(grantee_id, None)
                         else:
-                            retained[grantee_id] = before[resource]
+                            retained[grantee_id] = before[resource]  # type: ignore[assignment]  # (not None)
                     resources[resource] = dataclasses.replace(holders, held=types.MappingProxyType(held),
                                                               retained=types.MappingProxyType(retained))
                 if not as_retained:
@@ -437,26 +441,29 @@ class Locking:
         return self.lock_manager.holders(("table", table) if key is None else ("row", table, key))
 
 
-def _forget_grants(grantee: "Transaction", grants: list) -> None:
+def _forget_grants(grantee: "Transaction", grants: "list[Grant]") -> None:
     """``grantee``'s entries went back to what they were before ``grants`` (a lazy node's abort, or its
     materialization): so do the rows of its record that those grants recorded (``_grant_lazily``)."""
     record = grantee._modes_retained
     if record is None:
         return
+    # (A grant's resource is a ("table", name) or ("row", name, key) tuple; a previous mode not UNCHANGED
+    # is a Mode or None.)
     for resource, _, previous in reversed(grants):
-        if previous is lockmgr.UNCHANGED or resource[0] != "row":
+        if previous is lockmgr.UNCHANGED or resource[0] != "row":  # type: ignore[index]
             continue
         if previous is None:
-            record.pop(resource[1:], None)
+            record.pop(resource[1:], None)  # type: ignore[index]
         else:
-            record[resource[1:]] = previous
+            record[resource[1:]] = previous  # type: ignore[index, assignment]
 
 
 def _grantee(node: "Transaction") -> "Transaction":
     """The node in whose name the lazy ``node``'s locks are granted: its nearest ancestor that is not lazy."""
-    grantee = node.parent
+    # (A lazy node has a parent, and so has every lazy ancestor: the walk ends on a node.)
+    grantee: Transaction = node.parent  # type: ignore[assignment]
     while grantee._lazy:
-        grantee = grantee.parent
+        grantee = grantee.parent  # type: ignore[assignment]
     return grantee
 
 
@@ -465,7 +472,7 @@ def _raise_aborted(node: "Transaction", error: BaseException) -> None:
     the lock manager first), or the lock manager's own if ``node`` is not doomed (a bug: let it show)."""
     tid, doomed = node.id, None
     while node is not None and doomed is None:    # a node begun after the doom walk: its ancestor's
-        doomed, node = node._doomed, node.parent
+        doomed, node = node._doomed, node.parent  # type: ignore[assignment]  # (None ends the walk)
     if doomed is None:
         raise error
     raise TransactionAborted(f"transaction {tid} was aborted ({doomed}); start a new transaction") from error
