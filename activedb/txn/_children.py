@@ -23,7 +23,9 @@ if TYPE_CHECKING:  # pragma: no cover
 
 logger = logging.getLogger("activedb.transaction")
 
-_EMPTY: Mapping[Any, Any] = types.MappingProxyType({})   # a node's children or tasks until its first (read-only)
+# A node's children or tasks until its first: read-only, typed as the dict it stands for (copy on write: the
+# first use installs a dict of the node's own).
+_EMPTY: Any = types.MappingProxyType({})
 # Enum members as module constants: a class attribute lookup of an Enum member costs several times a
 # global's, and the hot path of a firing tests states a dozen times.
 _ACTIVE, _COMMITTING, _COMMITTED, _ABORTED = (TxnState.ACTIVE, TxnState.COMMITTING, TxnState.COMMITTED,

@@ -129,10 +129,10 @@ class Savepoint(Transaction):
 
     _encoded = True
     # What every frame has (``Transaction._new_frame``), as constants: read as a frame's, never written.  (The empty
-    # read-only mappings and tuples stand for a frame's empty dicts and lists: mypy sees other types.)
+    # read-only mappings and tuples stand for a frame's empty dicts and lists: typed as those.)
     began_at = None
-    _children = _tasks = _writes = _db_reads = _EMPTY        # type: ignore[assignment]
-    _scans = _participants = _NONE                           # type: ignore[assignment]
+    _children = _tasks = _writes = _db_reads = _EMPTY
+    _scans = _participants = _NONE
     _read_base = None
     _holds = False
     _lazy = _frame = True

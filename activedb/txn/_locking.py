@@ -256,7 +256,7 @@ class Locking:
             if current is not None and _COVERS[current][mode]:
                 return
             if not table_level:
-                current = held.get((name, key))
+                current = held.get((name, key))  # type: ignore[arg-type]  # (row level: a key)
                 if current is not None and _COVERS[current][mode]:
                     return
         timeout = self.lock_timeout

@@ -45,7 +45,9 @@ SlotType = TypeVar("SlotType")
 
 _new_mutex, _get_ident = threading.Lock, threading.get_ident     # (module constants: one lookup less per node)
 _new_node = object.__new__
-_NONE: tuple = ()   # a node's scans or participants until its first (its children and tasks: ``_EMPTY``)
+# A node's scans or participants until its first (its children and tasks: ``_EMPTY``): read-only, typed as
+# the list it stands for (copy on write: the first use installs a list of the node's own).
+_NONE: Any = ()
 
 
 #: The logs of a node that is not a root (``Transaction._lean_undo``, ``_lean_grants``): empty, never written.
@@ -86,8 +88,8 @@ class Transaction(Reads, Writes, Children):
         # log's began_at), only a top-level transaction needs it.
         if parent is not None:
             self.root: Transaction = parent.root
-            self.depth = parent.depth + 1
-            self.id = f"{parent.id}.{number}"    # _ids.child_id
+            self.depth: int = parent.depth + 1
+            self.id: str = f"{parent.id}.{number}"    # _ids.child_id
             self.began_at = None
             self._tree_rows: TreeRows = parent._tree_rows
             self._read_base = None
@@ -115,8 +117,8 @@ class Transaction(Reads, Writes, Children):
         self._tasks: dict[str, Task] = _EMPTY
         self._writes: dict[tuple[str, Key], Entry] = {}
         # Committed images this node relied on (None: no row), validated at the flush (see _view).
-        self._db_reads: dict[tuple[str, Key], dict | None] = {}
-        self._scans: list[tuple[str, Any, dict]] = _NONE
+        self._db_reads: dict[tuple[str, Key], dict[str, object] | None] = {}
+        self._scans: list[tuple[str, Any, dict[Key, dict[str, object]]]] = _NONE
         self._participants: list[CommitParticipant] = _NONE
         self._slots: dict[type, Any] | None = None
         self._doomed: BaseException | None = None
@@ -136,9 +138,9 @@ class Transaction(Reads, Writes, Children):
         # (``LockManager.try_retain``).  Written by the node's thread only.
         # Invariant: a lower bound — every mode in ``_modes_held`` is covered by what the node holds in the
         # lock manager, every mode in ``_modes_retained`` by what it retains there.
-        self._modes_held: dict[str | tuple, Mode] | None = None
-        self._modes_retained: dict[str | tuple, Mode] | None = None
-        self._grants: list | None = None
+        self._modes_held: dict[str | tuple[str, Key], Mode] | None = None
+        self._modes_retained: dict[str | tuple[str, Key], Mode] | None = None
+        self._grants: list[Grant] | None = None
         # How many of the first ``_grants`` this lazy node *retains* (the rest it holds): a frame's grants
         # become retained when it opens a frame of its own, as a node's holds do before it creates a child, and
         # a committed child frame's grants are appended as retained (README, "Frames in frames").
@@ -151,7 +153,7 @@ class Transaction(Reads, Writes, Children):
         # True once an extension that skips frames asked to hear this frame's end (``want_end_hooks``): its
         # ``before_commit`` and ``after_end`` are called for it as for a node (README, "Frames").
         self._end_hooks = False
-        self._undo: dict | None = None
+        self._undo: dict[tuple[str, Key], tuple[Entry | None, Entry]] | None = None
         # A root's lean run (README, "The lean run"; ``_lean.py``): its undo log ``(row, entry before, entry)``, its
         # grants log (``LockManager.try_retain``'s list), the thread that runs it (0: none yet).  A node below the
         # root has none: ``_NO_LOG``, never written (only a root's logs are).
@@ -166,7 +168,8 @@ class Transaction(Reads, Writes, Children):
         if recorder:
             recorder.record("begin", self.id, parent=parent.id if parent is not None else None, root=self.root.id)
 
-    def _new_frame(self, name: str | None, number: int | None = None, slots: dict | None = None) -> "Transaction":
+    def _new_frame(self, name: str | None, number: int | None = None, slots: dict[type, object] | None = None
+                   ) -> "Transaction":
         """A frame child of this node (README, "Frames"): a lazy inline child, each field as ``__init__`` would
         set it, made without the constructor's call and branches (every rule firing makes one); ``slots``: its
         typed slots from the start (``run_inline``'s ``kind``)."""
@@ -447,7 +450,7 @@ class Transaction(Reads, Writes, Children):
         and drops its undo marks (Rule 2); no ``forget``: it was never registered."""
         if self._state is not _ACTIVE:
             raise TransactionError(f"commit of {self.id}, which is {self._state.value}")
-        parent = self.parent
+        parent: Transaction = self.parent  # type: ignore[assignment]  # (a frame has its parent)
         undo = self._undo
         try:
             if self._doomed is not None:
@@ -480,7 +483,8 @@ class Transaction(Reads, Writes, Children):
         manager.locking.commit(self)
         self._state = _COMMITTED
         if manager.recorder:
-            manager.recorder.record("commit", self.id, parent=self.parent.id, root=self.root.id)
+            manager.recorder.record("commit", self.id, parent=self.parent.id,  # type: ignore[union-attr]
+                                    root=self.root.id)
         extensions = manager.extensions
         for hook in extensions.after_end if self._end_hooks else extensions.after_end_in_frames:
             hook(self, True)
@@ -494,7 +498,7 @@ class Transaction(Reads, Writes, Children):
 def _delegate_to_parent(node: Transaction) -> None:
     """Rule 2 for ``node``'s effects: its write set, relied-on images, scans and participants move to its
     parent (checked and composed first: a failure leaves the parent untouched)."""
-    parent = node.parent
+    parent: Transaction = node.parent  # type: ignore[assignment]  # (Rule 2: a child's parent)
     with node._mutex:
         writes, reads, scans = node._writes, node._db_reads, node._scans
         participants = node._participants
@@ -535,7 +539,7 @@ def _delegate_to_parent(node: Transaction) -> None:
                             if (previous := parent_writes.get(row)) is not None}
             else:
                 composed = {row: previous.then(entry, row[0]) for row, previous in parent_writes.items()
-                            if (entry := writes.get(row)) is not None}
+                            if (entry := writes.get(row)) is not None}  # type: ignore[assignment]  # (not None)
             # Same order as composing row by row: the parent's rows where they were, then the child's new ones.
             parent_writes.update(writes)
             if composed:
