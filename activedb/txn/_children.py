@@ -19,6 +19,7 @@ from activedb.txn._hooks import WaitKind
 from activedb.txn._pool import Task
 
 if TYPE_CHECKING:  # pragma: no cover
+    from activedb.txn._manager import TransactionManager
     from activedb.txn._tree import Transaction
 
 logger = logging.getLogger("activedb.transaction")
@@ -313,7 +314,7 @@ def _begin_inline(parent: "Transaction", name: str | None, number: int | None = 
     return child
 
 
-def _open_frame(parent: "Transaction", manager: Any, name: str | None, number: int | None,
+def _open_frame(parent: "Transaction", manager: "TransactionManager", name: str | None, number: int | None,
                 slots: dict[type, object] | None) -> "Transaction":
     """A frame child of ``parent``, which may have one (README, "Frames"): ``parent`` checked active, its grants
     retained if it is a frame itself (a frame in a frame, README) or its holds released (``release_holds`` has

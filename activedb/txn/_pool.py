@@ -112,7 +112,7 @@ class Task:
 
     __slots__ = ("_function", "_args", "_claimed", "_done", "_finished", "result", "error", "_pool", "__weakref__")
 
-    def __init__(self, function: Callable[..., Any], *args: Any):
+    def __init__(self, function: Callable[..., object], *args: object):
         self._function = function
         self._args = args
         # Acquired (never released) by the one thread that runs the task: QUEUED -> RUNNING is that acquire.
@@ -270,7 +270,7 @@ class WorkerPool:
             if self._waker_asleep and self._tick.locked():
                 self._tick.release()        # the waker asleep for the old interval ticks now (and sleeps anew)
 
-    def submit(self, function: Callable[..., Any], *args: Any) -> Task:
+    def submit(self, function: Callable[..., object], *args: object) -> Task:
         """Queue ``function(*args)`` and wake (or start) a worker for it."""
         return self.start(Task(function, *args), eager=True)
 
