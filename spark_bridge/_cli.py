@@ -440,9 +440,10 @@ def run_command(ctx: click.Context, app: str, source_text: str, checkpoint: str 
             loaded.reset(database)
             console.print(f"reset: {loaded.name}'s tables are empty", highlight=False)
         loaded.register(database)
-        # (Typed as the stream rules' event types: a stream spec without a source is not told apart here.)
-        event_types: list[str] = sorted(
-            {rule.on.source for rule in database.rules if rule.on.kind == "stream"})  # type: ignore[misc]
+        # The event types the stream rules name (a rule on every stream event, db.stream spec without a source,
+        # names none: the rate source's events are then of type 'rate').
+        event_types = sorted({rule.on.source for rule in database.rules
+                              if rule.on.kind == "stream" and rule.on.source is not None})
         console.print(f"[bold]activedb run[/bold] {loaded.name}: {len(database.rules.names())} rules, "
                       f"source {source.describe()}, query {name!r}, checkpoint {checkpoint_dir}", highlight=False)
         spark_log = _default_checkpoint(obj.get("home"), "-").parent.parent / "logs" / "spark.log"
