@@ -104,19 +104,21 @@ def plot_report(report: BenchReport, path: str | Path, *, dpi: int = 100) -> Pat
         bar_axes = parts[-1].subplots(len(bar_groups), 1, squeeze=False, height_ratios=bar_heights)
         for axes, (title, rows, values) in zip(bar_axes[:, 0], bar_groups):
             _bars(axes, rows, values, title, against_baselines=rows is ratio_rows, key=axes is bar_axes[0, 0])
+    title_width = max(40, int(width * TITLE_CHARACTERS_PER_INCH))   # the title wraps to the figure, never cut
     if report.quick:
-        figure.suptitle(f"{report.title} — QUICK RUN (--quick): smoke sizes, not the benchmark's figures",
-                        fontsize=12, x=0.01, ha="left", color="#b45309")
+        figure.suptitle(_wrapped(f"{report.title} — QUICK RUN (--quick): smoke sizes, not the benchmark's figures",
+                                 title_width), fontsize=12, x=0.01, ha="left", color="#b45309")
         figure.text(0.5, 0.5, "QUICK RUN", fontsize=64, color="#b45309", alpha=0.10, rotation=25,
                     ha="center", va="center", zorder=100)           # over the panels, faint
     else:
-        figure.suptitle(report.title, fontsize=12, x=0.01, ha="left")
+        figure.suptitle(_wrapped(report.title, title_width), fontsize=12, x=0.01, ha="left")
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, format=kind, facecolor="white")
     return path
 
 
 LABEL_WIDTH = 60       # characters of a bar's label per line: longer names wrap, never cut
+TITLE_CHARACTERS_PER_INCH = 9.5   # of the 12-point title (about 7.5 points a character), with a margin
 
 
 def _bars_height(rows: list) -> float:

@@ -3,6 +3,8 @@ dashed line without markers), its rows against their baselines as bars; an unkno
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from benchmarks.plot import PictureError, plot_report
@@ -71,3 +73,17 @@ def test_labels_wrap_a_one_size_sweep_says_so_and_a_quick_run_is_marked(tmp_path
     assert all(word in text for word in words), [word for word in words if word not in text]
     assert "one size measured (1k)" in text
     assert "QUICK RUN" in text
+
+
+def test_a_long_title_wraps_to_the_figure_instead_of_running_off_it(tmp_path):
+    """Issue 56: a quick run's title (the benchmark's title and the quick-run notice) ran off the picture's right
+    edge; it wraps to the figure's width, every word kept."""
+    report = BenchReport("stream transactions: SEI vs S2PL vs LWM (activedb bench streams)", quick=True)
+    report.add(Row(name="a row", value=2.0, unit="x/s", baseline_name="b", baseline=4.0, ratio=0.5))
+    text = _svg(report, tmp_path)
+    title = "stream transactions: SEI vs S2PL vs LWM (activedb bench streams) — QUICK RUN (--quick): smoke sizes, " \
+            "not the benchmark's figures"
+    lines = [line.replace("- -", "--") for line in re.findall(r"<!-- (.*?) -->", text)]   # each drawn line
+    drawn = [line for line in lines if line in title and len(line) > 20]      # (not the faint "QUICK RUN")
+    assert title not in drawn, "drawn as one line: wider than the picture"
+    assert " ".join(drawn).split() == title.split(), lines
