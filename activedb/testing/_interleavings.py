@@ -529,11 +529,16 @@ class _Run(Observer):
             else:
                 self.last_read.pop(thread, None)
                 what = f"{kind.value} {op.table}{_key(op.key)}" if kind is StepKind.WRITE else kind.value
-            tracked.thread = thread
-            pause = _Pause(f"{tracked.label}: {what}", op.transaction)
-            self.paused[thread] = pause
-            self.condition.notify_all()
+            pause = self._register_pause(thread, tracked, what, op.transaction)
         self._wait_for_turn(thread, pause)
+
+    def _register_pause(self, thread: int, tracked: _Tracked, what: str, transaction_id: str) -> _Pause:
+        """Register that ``thread`` pauses before ``what`` of ``tracked`` (the caller holds ``condition``)."""
+        tracked.thread = thread
+        pause = _Pause(f"{tracked.label}: {what}", transaction_id)
+        self.paused[thread] = pause
+        self.condition.notify_all()
+        return pause
 
     def _wait_for_turn(self, thread: int, pause: _Pause) -> None:
         """Block this thread at ``pause`` (registered in ``paused``) until the driver chooses it."""
@@ -550,10 +555,7 @@ class _Run(Observer):
             if not self.open or tracked is None:
                 return
             self.last_read.pop(thread, None)
-            tracked.thread = thread
-            pause = _Pause(f"{tracked.label}: commit", transaction.id)
-            self.paused[thread] = pause
-            self.condition.notify_all()
+            pause = self._register_pause(thread, tracked, "commit", transaction.id)
         self._wait_for_turn(thread, pause)
 
     def on_spawn(self, parent: Transaction, child: Transaction) -> None:
