@@ -29,11 +29,12 @@ L_combined at 2,000 events/s on the Fig. 11 mix with the point's keys, workers a
 from __future__ import annotations
 
 import random
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-import sqlalchemy as sa
+import psycopg
 
 from activedb import streams
 from benchmarks._streams_model import ModelTransaction, SleepCost, best_of, median_of, model_throughput
@@ -110,19 +111,37 @@ def mix_model(events: list[streams.StreamEvent], read_n: int, scheduler: str, wi
 
 
 class PostgresCost:
-    """A store operation that is a real round trip: ``SELECT pg_sleep(seconds)`` on a connection of a pool of its
-    own, as many as s-transactions in flight (the GIL is released while it waits)."""
+    """A store operation that is a real round trip: ``SELECT pg_sleep(seconds)`` (prepared) on a connection of the
+    calling thread, opened at its first operation (psycopg, autocommit).  Not through SQLAlchemy's pool: its
+    checkout, statement and result path costs several times the round trip's own client CPU, all of it under the
+    GIL, and would make this point CPU-bound for both schedulers like ``spin`` (benchmarks/RESULTS.md)."""
 
-    def __init__(self, database: Any, seconds: float, connections: int):
+    def __init__(self, database: Any, seconds: float):
         self.seconds = seconds
-        self._engine = sa.create_engine(database.engine.url, pool_size=connections, max_overflow=connections)
+        self._conninfo = database.engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+        self._local = threading.local()
+        self._connections: list[psycopg.Connection[Any]] = []
+        self._lock = threading.Lock()
 
     def __call__(self, kind: str) -> None:
-        with self._engine.connect() as connection:
-            connection.execute(sa.text("SELECT pg_sleep(:s)"), {"s": self.seconds})
+        connection = getattr(self._local, "connection", None)
+        if connection is None:
+            connection = self._local.connection = psycopg.connect(self._conninfo, autocommit=True)
+            with self._lock:
+                self._connections.append(connection)
+        connection.execute("SELECT pg_sleep(%s)", (self.seconds,), prepare=True)
+
+    @property
+    def connections(self) -> tuple[psycopg.Connection[Any], ...]:
+        """The threads' connections opened so far (one per thread that operated)."""
+        with self._lock:
+            return tuple(self._connections)
 
     def close(self) -> None:
-        self._engine.dispose()
+        with self._lock:
+            connections, self._connections = self._connections, []
+        for connection in connections:
+            connection.close()
 
 
 class SpinCost:
@@ -140,7 +159,7 @@ class SpinCost:
 def cost_of(database: Any, point: Point) -> Callable[[str], None]:
     seconds = point.cost_ms / 1000
     if point.cost == "postgres":
-        return PostgresCost(database, seconds, point.workers + 4)
+        return PostgresCost(database, seconds)
     if point.cost == "spin":
         return SpinCost(seconds)
     return SleepCost(seconds)

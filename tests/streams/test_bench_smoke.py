@@ -121,3 +121,30 @@ def test_streams_benchmark_quick(database_url, monkeypatch, tmp_path):
         "flatter, and L_combined <= S2PL at 2,000 events/s"]
     assert all(row.met in (True, False) for row in mix) and mix[0].extra["model_lwm_over_s2pl"][0] > 1
     assert experiments["independent_mix"]["points"][0]["lwm"][0]["early_releases"] > 0
+
+
+def test_the_postgres_cost_keeps_one_connection_per_calling_thread_and_closes_them(db):
+    """The sweep's ``postgres`` cost: each thread that operates opens one connection of its own and keeps it for
+    its next operations (``pg_sleep`` round trips); ``close`` closes them all."""
+    import threading
+
+    from benchmarks._streams_sweep import Point, cost_of
+
+    cost = cost_of(db, Point(4, 16, "postgres", 1.0))
+    barrier = threading.Barrier(2)
+
+    def operate() -> None:
+        barrier.wait(timeout=60)
+        for _ in range(3):
+            cost("r")
+
+    threads = [threading.Thread(target=operate) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not any(thread.is_alive() for thread in threads)
+    connections = cost.connections
+    assert len(connections) == 2 and all(not connection.closed for connection in connections)
+    cost.close()
+    assert all(connection.closed for connection in connections)
