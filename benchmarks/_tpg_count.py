@@ -55,7 +55,7 @@ def _main(workload: str, strategy: str, size: int, cost: float, partitions: int,
     with workloads.workload_transactions(workload, processes=processes) as transactions:
         options = {"split": "always"} if processes > 1 else {}
         if processes > 1:
-            batch._runtime.runtime_of(transactions).pool.warm_up()
+            transactions.start_workers()
         batch.run_in_memory(transactions, events[: max(64, size // 16)], state, strategy=strategy, **options)
         if phase == "run":
             batch.run_in_memory(transactions, events, state, strategy=strategy, **options)

@@ -173,7 +173,7 @@ def _end_to_end(report: BenchReport, database, name: str, cost: float, size: int
     workload = workloads.Workload(batch=size, cost_us=cost)
     events, state = workloads.workload_events(name, workload)
     count = len(events)
-    prefetch = batch._runtime.prepare(workloads.workload_transactions(name), events).states_by_table()
+    prefetch = workloads.workload_transactions(name).rows_touched(events)
     at_commit, through_tree = workloads.workload_transactions(name), workloads.workload_transactions(name)
     paths = {"nested": lambda: _nested_run(database, events, prefetch),
              "commit": lambda: _commit_run(database, events, at_commit),
@@ -400,7 +400,7 @@ def run(quick: bool = False, *, size: int | None = None, instructions: bool | No
     events, state = workloads.workload_events("sl", workload)
     one = workloads.ledger()
     with workloads.ledger(processes=2) as transactions:
-        batch._runtime.runtime_of(transactions).pool.warm_up()
+        transactions.start_workers()
         batch.run_in_memory(transactions, events[: max(64, len(events) // 16)], state, split="always")  # plans
         batch.run_in_memory(one, events[: max(64, len(events) // 16)], state)
         loads = [os.getloadavg()[0]]

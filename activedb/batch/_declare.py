@@ -537,6 +537,22 @@ class StateTransactions:
         return {"name": self.name, "processes": 1, "decision_rule": self.decision_rule,
                 "_declarations": self._declarations, "_runtime": None}
 
+    def start_workers(self) -> None:
+        """Start the worker processes now (``processes > 1``; else nothing) rather than in the first batch that
+        splits, so that a measurement or a latency-bound first batch does not pay their start-up."""
+        from activedb.batch._runtime import runtime_of
+
+        pool = runtime_of(self).pool
+        if pool is not None:
+            pool.warm_up()
+
+    def rows_touched(self, events: Iterable[object]) -> dict[str, list[Hashable]]:
+        """Table → the keys of every row the declared transactions of ``events`` name (own, parameter and
+        candidate rows): what ``apply_batch`` reads, locked, before it runs the batch."""
+        from activedb.batch._runtime import prepare
+
+        return prepare(self, events).states_by_table()
+
     def close(self) -> None:
         """Stop the worker processes, if any were started."""
         runtime, self._runtime = self._runtime, None
