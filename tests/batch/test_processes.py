@@ -63,6 +63,23 @@ def test_workload_split_over_two_processes_equals_one():
     assert split.dead_letters == reference.dead_letters
 
 
+def test_start_workers_and_rows_touched_are_public():
+    """What benchmarks need without reading a private name: the worker processes started ahead of the first
+    split batch, and the rows a batch's declared transactions name."""
+    with batch.StateTransactions("moves", processes=2) as transactions:
+        @transactions.on("move")
+        def move(event, ops):
+            ops.write("t", event.payload["from"], lambda own: own)
+            ops.write("u", event.payload["to"], lambda own: own)
+
+        transactions.start_workers()
+        assert batch._runtime.runtime_of(transactions).pool._executor is not None    # started, not on first use
+        touched = transactions.rows_touched([{"type": "move", "payload": {"from": 1, "to": 2}},
+                                             {"type": "move", "payload": {"from": 3, "to": 2}}])
+    assert {table: sorted(keys) for table, keys in touched.items()} == {"t": [1, 3], "u": [2]}
+    batch.StateTransactions("one process").start_workers()      # nothing to start
+
+
 # --- the split routed by learned plans ---------------------------------------------------------
 
 from tests.batch.test_differential import _batch, _summary  # noqa: E402
