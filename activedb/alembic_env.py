@@ -14,11 +14,23 @@ version table, a transaction per revision and Alembic's logging.
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any
 from logging.config import fileConfig
+from typing import TYPE_CHECKING, TypedDict, Unpack
 
 if TYPE_CHECKING:
     from sqlalchemy import MetaData
+    from sqlalchemy.engine import Connection
+
+
+class _Options(TypedDict, total=False):
+    """The keywords of ``alembic.context.configure`` an offline or an online run adds."""
+
+    url: str
+    literal_binds: bool
+    dialect_opts: dict[str, str]
+    transactional_ddl: bool
+    connection: Connection
+    transaction_per_migration: bool
 
 
 def run_env(version_table: str = "alembic_version", target_metadata: MetaData | None = None, *,
@@ -33,7 +45,7 @@ def run_env(version_table: str = "alembic_version", target_metadata: MetaData | 
     if configure_logging and config.config_file_name is not None and config.attributes.get("configure_logging", True):
         fileConfig(config.config_file_name, disable_existing_loggers=False)
 
-    def configure_and_run(**options: Any) -> None:
+    def configure_and_run(**options: Unpack[_Options]) -> None:
         context.configure(version_table=version_table, target_metadata=target_metadata, **options)
         with context.begin_transaction():
             context.run_migrations()

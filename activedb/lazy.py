@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import importlib
 import sys
-from typing import Any, Callable
+from typing import Callable
 
 
-def exports(package: str, modules: dict[str, list[str]]) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
+def exports(package: str, modules: dict[str, list[str]]) -> tuple[Callable[[str], object], Callable[[], list[str]]]:
     """``(__getattr__, __dir__)`` for ``package``: ``modules`` maps each module to the public names it defines."""
     names = {name: module for module, defined in modules.items() for name in defined}
 
-    def __getattr__(name: str) -> Any:
+    def __getattr__(name: str) -> object:
         module = names.get(name)
         if module is None:
             if name.startswith("__"):

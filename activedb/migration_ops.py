@@ -19,7 +19,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import datetime as dt
-from typing import Any
 
 import sqlalchemy as sa
 from alembic import op
@@ -33,8 +32,8 @@ def identity_key(name: str = "id") -> sa.Column[int]:
     return sa.Column(name, sa.BigInteger, sa.Identity(), primary_key=True)
 
 
-def assigned_key(name: str = "id", type_: type[sa.types.TypeEngine[Any]] = sa.Integer) -> sa.Column[Any]:
-    """A primary key the writer assigns (no sequence)."""
+def assigned_key(name: str = "id", type_: type[sa.types.TypeEngine[int]] = sa.Integer) -> sa.Column[int]:
+    """An integer primary key the writer assigns (no sequence)."""
     return sa.Column(name, type_, primary_key=True, autoincrement=False)
 
 
@@ -43,14 +42,14 @@ def texts(*names: str, nullable: bool = False, primary_key: bool = False) -> lis
     return [sa.Column(name, sa.Text, nullable=nullable, primary_key=primary_key) for name in names]
 
 
-def batch_key(*, nullable: bool = False, primary_key: bool = False) -> list[sa.Column[Any]]:
+def batch_key(*, nullable: bool = False, primary_key: bool = False) -> tuple[sa.Column[str], sa.Column[int]]:
     """``query_id text, batch_id bigint``: the micro-batch a row belongs to (the ingestion ledger's key)."""
-    return [sa.Column("query_id", sa.Text, nullable=nullable, primary_key=primary_key),
-            sa.Column("batch_id", sa.BigInteger, nullable=nullable, primary_key=primary_key)]
+    return (sa.Column("query_id", sa.Text, nullable=nullable, primary_key=primary_key),
+            sa.Column("batch_id", sa.BigInteger, nullable=nullable, primary_key=primary_key))
 
 
-def counter(name: str, type_: type[sa.types.TypeEngine[Any]] = sa.Integer) -> sa.Column[Any]:
-    """``NOT NULL DEFAULT 0``."""
+def counter(name: str, type_: type[sa.types.TypeEngine[int]] = sa.Integer) -> sa.Column[int]:
+    """An integer column ``NOT NULL DEFAULT 0``."""
     return sa.Column(name, type_, nullable=False, server_default="0")
 
 

@@ -16,8 +16,8 @@ calls.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from importlib import metadata
-from typing import Any, Callable
 
 from activedb.errors import ActivedbError
 
@@ -34,11 +34,12 @@ def entry_points(group: str) -> dict[str, metadata.EntryPoint]:
     return {entry.name: entry for entry in metadata.entry_points(group=group)}
 
 
-def load_feed(name: str) -> Callable[..., Any]:
-    """The event feed ``name`` (``feed(db, events, app, console)``), e.g. ``"spark"``."""
+def load_feed(name: str) -> Callable[..., dict[str, object]]:
+    """The event feed ``name`` (``feed(db, events, app, console, progress=..., engine=...)``, returning what the
+    demo reports on), e.g. ``"spark"``."""
     entry = entry_points(FEEDS).get(name)
     if entry is None:
         raise PluginMissing(f"no event feed named {name!r} is installed (entry point group {FEEDS!r}); it comes with "
                             f"the package that provides it (the activedb distribution's spark_bridge provides 'spark')")
-    feed: Callable[..., Any] = entry.load()
+    feed: Callable[..., dict[str, object]] = entry.load()
     return feed

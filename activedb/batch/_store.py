@@ -16,7 +16,7 @@ from activedb.batch._runtime import AUTO, execute_batch, no_cyclic_gc, prepare
 from activedb.batch._state import WriteCheck
 from activedb.batch._strategy import Split, Strategy
 from activedb.errors import InvalidKey, InvalidValue, SchemaError
-from activedb.store import Catalog, RowImage, TableInfo
+from activedb.store import Catalog, Json, RowImage, TableInfo
 from activedb.txn import BulkLock
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -158,7 +158,7 @@ def dead_letter(event: BatchEvent, reason: str) -> deadletters.Letter:
                                        "payload": event.payload})
 
 
-def dead_letter_row(event: BatchEvent) -> dict[str, object]:
+def dead_letter_row(event: BatchEvent) -> dict[str, Json]:
     """The readable ``raw`` JSON of a dead letter for ``event``."""
     return dead_letter(event, "").raw()
 

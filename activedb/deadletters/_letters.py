@@ -10,13 +10,13 @@ import base64
 import datetime as dt
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Unpack
 
 import sqlalchemy as sa
 
 from activedb.errors import BatchAlreadyCommitted
 from activedb.extras import Extra, needs
-from activedb.store import exact_json, from_exact_json, jsonable, storable_text
+from activedb.store import Json, exact_json, from_exact_json, jsonable, storable_text
 from activedb.txn import CommitParticipant
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -44,7 +44,7 @@ class Letter:
     row: Any = field(hash=False)
     shown: Mapping[str, Any] | None = field(default=None, hash=False)
 
-    def raw(self) -> dict[str, Any]:
+    def raw(self) -> dict[str, Json]:
         if self.shown is not None:
             return dict(self.shown)
         shown = jsonable(self.row)
@@ -94,7 +94,7 @@ class LetterFilter:
     reason: str | None = None
     replayed: bool | None = None
 
-    def statement(self, table: sa.Table) -> sa.Select[Any]:
+    def statement(self, table: sa.Table) -> sa.Select[Unpack[tuple[object, ...]]]:
         statement = sa.select(table)
         if self.ids:
             statement = statement.where(table.c.id.in_(list(self.ids)))

@@ -24,6 +24,7 @@ from activedb.errors import (Failure, GeneratedKeysReset, TransactionError, Unkn
 from activedb.store import _prepared as prepared
 from activedb.store._choices import IsolationLevel
 from activedb.store._schema import TableInfo
+from activedb.store._writeset import TableRef
 
 #: Generated keys are drawn from a sequence this many at a time at first (one round trip per block) ...
 KEY_BLOCK = 64
@@ -142,7 +143,7 @@ class Catalog:
                     table = self._tables.setdefault(name, table)
         return table
 
-    def table_info(self, table: Any) -> TableInfo:
+    def table_info(self, table: TableRef) -> TableInfo:
         """The :class:`TableInfo` of ``table`` (a name or a ``sqlalchemy.Table``)."""
         name = table if isinstance(table, str) else getattr(table, "name", None)
         if not isinstance(name, str):

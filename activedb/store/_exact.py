@@ -14,9 +14,12 @@ import decimal
 import math
 import pickle
 import uuid
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from activedb.store._schema import text_problem
+
+if TYPE_CHECKING:  # pragma: no cover
+    from activedb.store._sql import Json
 
 __all__ = ["exact_json", "from_exact_json"]
 
@@ -46,7 +49,7 @@ def exact_json(value: Any) -> Any:
     return _exact_json(value)
 
 
-def _exact_json(value: Any) -> Any:
+def _exact_json(value: object) -> Json:
     """:func:`exact_json` by the general rules (every type, its subclasses included)."""
     if value is None or isinstance(value, bool):
         return value
@@ -58,7 +61,7 @@ def _exact_json(value: Any) -> Any:
         return {"$float": repr(float(value))}
     if isinstance(value, str):
         if type(value) is not str:        # a str Enum (e.g. EventKind): its plain value
-            value = str.__str__(value) if not hasattr(value, "value") else value.value
+            value = str.__str__(value) if not hasattr(value, "value") else getattr(value, "value")
         if text_problem(value) is None:
             return value
         return {"$str": base64.b64encode(value.encode("utf-8", "surrogatepass")).decode("ascii")}
@@ -89,7 +92,7 @@ def _exact_json(value: Any) -> Any:
     return {"$pickle": _pickled(value)}
 
 
-def _pickled(value: Any) -> str:
+def _pickled(value: object) -> str:
     return base64.b64encode(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)).decode("ascii")
 
 

@@ -27,6 +27,7 @@ from typing import Any
 import sqlalchemy as sa
 import psycopg
 from psycopg import ClientCursor
+from psycopg.rows import TupleRow
 
 #: Statements kept prepared per connection; the oldest is deallocated when a new one would exceed it.
 KEPT = 64
@@ -66,7 +67,7 @@ def rolled_back(connection: sa.Connection) -> None:
         registry.suspect = True
 
 
-def _rolled_back_to_savepoint(connection: sa.Connection, name: str, context: Any) -> None:
+def _rolled_back_to_savepoint(connection: sa.Connection, name: str, context: object) -> None:
     rolled_back(connection)
 
 
@@ -86,13 +87,13 @@ def server_sql(statement: str) -> str:
 
 
 def execute(connection: sa.Connection, statement: str, parameters: tuple[object, ...], *,
-            before: tuple[str, ...] = (), after: tuple[str, ...] = ()) -> ClientCursor[tuple[Any, ...]]:
+            before: tuple[str, ...] = (), after: tuple[str, ...] = ()) -> ClientCursor[TupleRow]:
     """Send ``before``'s statements, ``statement`` (driver SQL, ``%s`` parameters) with ``parameters`` bound on the
     client, and ``after``'s, as one query string on ``connection``'s driver; ``statement`` runs prepared on the
     server (prepared now if it was not).  Returns the driver's cursor at ``statement``'s result.  Without the
     driver's own prepared statements (``prepare_threshold=None``, e.g. behind a pooler in transaction mode)
     nothing is prepared.  Raises the driver's errors."""
-    driver: psycopg.Connection[Any] = connection.connection.driver_connection  # type: ignore[assignment]
+    driver: psycopg.Connection[TupleRow] = connection.connection.driver_connection  # type: ignore[assignment]
     if driver.prepare_threshold is None:
         cursor = ClientCursor(driver)
         cursor.execute("; ".join((*before, statement, *after)), parameters)
@@ -136,7 +137,7 @@ def execute(connection: sa.Connection, statement: str, parameters: tuple[object,
     return cursor
 
 
-def _check(driver: Any, registry: _Registry) -> None:
+def _check(driver: psycopg.Connection[TupleRow], registry: _Registry) -> None:
     """Keep the names the server still has; deallocate with the next string those it has that are not kept."""
     kept = {row[0] for row in driver.execute(
         "SELECT name FROM pg_prepared_statements WHERE starts_with(name, 'activedb_')").fetchall()}

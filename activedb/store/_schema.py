@@ -12,7 +12,7 @@ import decimal
 import math
 import re
 import uuid
-from typing import Any, Callable, Hashable, Iterable, Mapping, TypeVar
+from typing import Any, Callable, Hashable, Iterable, Mapping, TypeVar, Unpack
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
@@ -165,7 +165,7 @@ class TableInfo:
             statement = self._statements[name] = build()
         return statement
 
-    def driver_processors(self, dialect: sa.Dialect) -> dict[str, Callable[[Any], object] | None]:
+    def driver_processors(self, dialect: sa.Dialect) -> dict[str, Callable[[object], object] | None]:
         """Per column, SQLAlchemy's bind processor of its type for ``dialect`` (e.g. JSON into the driver's
         JSON wrapper), or None: what a statement sent to the driver directly must apply to keep SQLAlchemy's
         adaptation."""
@@ -181,15 +181,15 @@ class TableInfo:
         found = tuple(types[name] for name in names)
         return None if None in found else found  # type: ignore[return-value]  # (no None in it then)
 
-    def select_by_keys(self) -> sa.Select[Any]:
+    def select_by_keys(self) -> sa.Select[Unpack[tuple[object, ...]]]:
         return self.cached("select_by_keys", lambda: sa.select(self.table).where(
             self._key_clause.in_(sa.bindparam("keys", expanding=True))))
 
-    def select_by_key_array(self, dialect: sa.Dialect) -> sa.Select[Any] | None:
+    def select_by_key_array(self, dialect: sa.Dialect) -> sa.Select[Unpack[tuple[object, ...]]] | None:
         """``select_by_keys`` for a one-column key as ``key = ANY(:keys)``, the keys in one array parameter
         (cast to the key's type without modifiers), or None if the key cannot travel in an array (or
         SQLAlchemy would adapt its values)."""
-        def build() -> sa.Select[Any] | None:
+        def build() -> sa.Select[Unpack[tuple[object, ...]]] | None:
             name = self.key_columns[0]
             column_type = self.columns[name].type
             element = _array_element_type(self.columns[name], dialect) if len(self.key_columns) == 1 else None
@@ -362,7 +362,7 @@ def _plain_texts(values: list[object]) -> bool:
     return joined.isascii() and "\x00" not in joined
 
 
-def _quick_column_check(column: sa.Column[Any]) -> Callable[[list[object]], bool] | None:
+def _quick_column_check(column: sa.Column[object]) -> Callable[[list[object]], bool] | None:
     """A test ``values -> bool`` of a whole column that is true only if ``_quick_check`` accepts every one of the
     values (float columns: exact ``float`` and ``int``; text columns: exact ``str``, ASCII, no NUL), with no Python
     call per value; or None (the other types: a test per value)."""
@@ -374,7 +374,7 @@ def _quick_column_check(column: sa.Column[Any]) -> Callable[[list[object]], bool
     return None
 
 
-def _array_element_type(column: sa.Column[Any], dialect: sa.Dialect) -> str | None:
+def _array_element_type(column: sa.Column[object], dialect: sa.Dialect) -> str | None:
     """``column``'s type as an array element cast, without modifiers (``VARCHAR(20)`` is ``VARCHAR``), or None."""
     if _python_type(column) is None or isinstance(column.type, (postgresql.ARRAY, sa.ARRAY)):
         return None
@@ -387,7 +387,7 @@ def _array_element_type(column: sa.Column[Any], dialect: sa.Dialect) -> str | No
     return re.sub(r"\(\s*\d+\s*(,\s*-?\d+\s*)?\)", "", compiled).replace("%", "%%")
 
 
-def _constant_default(column: sa.Column[Any]) -> object:
+def _constant_default(column: sa.Column[object]) -> object:
     """The value of a constant server default (``0``, ``'x'::text``, ``true``), else None."""
     text = getattr(getattr(column.server_default, "arg", None), "text", None)
     if text is None:
@@ -427,6 +427,6 @@ _PYTHON_TYPES = (
 )
 
 
-def _python_type(column: sa.Column[Any]) -> tuple[type, ...] | None:
+def _python_type(column: sa.Column[object]) -> tuple[type, ...] | None:
     """Python types accepted for a column, or None for "let PostgreSQL decide"."""
     return next((accepted for kinds, accepted in _PYTHON_TYPES if isinstance(column.type, kinds)), None)

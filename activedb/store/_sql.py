@@ -12,9 +12,10 @@ import datetime
 import decimal
 import math
 import operator
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence, TypeAlias, TypeVar, Unpack, overload
 
 import psycopg
+from psycopg.rows import TupleRow
 import sqlalchemy as sa
 
 from activedb.errors import DuplicateKey, Failure, InvalidValue, classify
@@ -43,7 +44,21 @@ def storable_text(value: str) -> str:
     return value
 
 
-def jsonable(value: Any) -> Any:
+#: A JSON value as ``json.dumps`` and PostgreSQL's ``jsonb`` take it (what :func:`jsonable` returns).
+Json: TypeAlias = "None | bool | int | float | str | list[Json] | dict[str, Json]"
+
+_Key = TypeVar("_Key")
+
+
+@overload
+def jsonable(value: Mapping[_Key, object]) -> dict[str, Json]: ...
+
+
+@overload
+def jsonable(value: object) -> Json: ...
+
+
+def jsonable(value: object) -> Json:
     """``value`` converted to something ``json.dumps`` **and PostgreSQL ``jsonb``** accept.
 
     datetimes, dates and times become ISO-8601 strings; ``Decimal`` and non-finite floats become
@@ -105,7 +120,7 @@ def fetch_rows(connection: sa.Connection, info: TableInfo, keys: Iterable[Key], 
     return found
 
 
-def rows_by_key(result: sa.CursorResult[Any], key_columns: list[str], found: dict[Key, dict[str, object]] | None = None
+def rows_by_key(result: sa.CursorResult[Unpack[tuple[object, ...]]], key_columns: list[str], found: dict[Key, dict[str, object]] | None = None
                 ) -> dict[Key, dict[str, object]]:
     """The rows of ``result`` as ``{key: {column: value}}`` (added to ``found`` if given, and returned): made
     from the plain rows with the column names taken once — a ``RowMapping`` per row and its ``dict()`` cost
@@ -145,7 +160,7 @@ def lock_row(connection: sa.Connection, info: TableInfo, key: Key, *, lock_timeo
     processors = info.driver_processors(dialect)
     parameters = tuple(value if processors.get(name) is None else processors[name](value)  # type: ignore[misc]
                        for name, value in zip(info.key_columns, key))
-    driver: psycopg.Connection[Any] = connection.connection.driver_connection  # type: ignore[assignment]
+    driver: psycopg.Connection[TupleRow] = connection.connection.driver_connection  # type: ignore[assignment]
     try:
         if begin is None:
             cursor = driver.execute(statement, parameters)
@@ -163,7 +178,8 @@ def lock_row(connection: sa.Connection, info: TableInfo, key: Key, *, lock_timeo
     return {name: value if reader is None else reader(value) for (name, reader), value in zip(readers, row)}
 
 
-def _begin_and_lock(connection: sa.Connection, driver: Any, statement: str, parameters: tuple[object, ...], begin: str) -> Any:
+def _begin_and_lock(connection: sa.Connection, driver: psycopg.Connection[TupleRow], statement: str,
+                    parameters: tuple[object, ...], begin: str) -> psycopg.ClientCursor[TupleRow]:
     """``BEGIN …; EXECUTE`` the prepared ``statement`` as one query (``_prepared.execute``); the cursor at the row.
     A prepared statement the server no longer has (deallocated behind the registry's back) or whose result
     type changed fails the string once: the transaction it opened is rolled back and the string sent again,
@@ -188,7 +204,8 @@ def _lock_row_statement(dialect: sa.Dialect, info: TableInfo, lock_timeout: str)
             f"AND set_config('lock_timeout', '{timeout}', true) IS NOT NULL FOR UPDATE")
 
 
-def _result_processors(dialect: sa.Dialect, info: TableInfo, description: Sequence[Any]) -> tuple[tuple[str, Any], ...]:
+def _result_processors(dialect: sa.Dialect, info: TableInfo, description: Sequence[psycopg.Column]
+                       ) -> tuple[tuple[str, Callable[[object], object] | None], ...]:
     """Per selected column (in ``info.columns`` order), its name and SQLAlchemy's result processor of its type
     for the driver's type code, or None."""
     return tuple((name, column.type.dialect_impl(dialect).result_processor(dialect, described.type_code))
@@ -349,7 +366,7 @@ def _execute_then_commit(connection: sa.Connection, statement: str, parameters: 
     call, where a pipeline of the two costs two cursors and SQLAlchemy's execution around the first.
     PostgreSQL runs nothing after a failing statement of the string, so an error commits nothing; it reaches
     the caller as SQLAlchemy's exception."""
-    driver: psycopg.Connection[Any] = connection.connection.driver_connection  # type: ignore[assignment]
+    driver: psycopg.Connection[TupleRow] = connection.connection.driver_connection  # type: ignore[assignment]
     try:
         prepared.execute(connection, statement, parameters, after=("COMMIT",))
     except driver.Error as error:
@@ -364,7 +381,7 @@ def _then_commit(connection: sa.Connection, commit: bool, *, pipeline: bool = Fa
     if not (commit or pipeline):
         yield
         return
-    driver: psycopg.Connection[Any] = connection.connection.driver_connection  # type: ignore[assignment]
+    driver: psycopg.Connection[TupleRow] = connection.connection.driver_connection  # type: ignore[assignment]
     try:
         with driver.pipeline():
             yield

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Callable, Hashable, Iterator, Mapping
-from typing import Any, Generic, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 from activedb.versions.errors import VersionInvariantBroken
 
@@ -17,16 +17,22 @@ _MISSING = object()
 _Value = TypeVar("_Value")
 
 
+class Times(Protocol):
+    """``times[stamp]``: the writer's time in seconds (a list, or a lookup computed on demand)."""
+
+    def __getitem__(self, stamp: int, /) -> float: ...
+
+
 class Versions(Generic[_Value]):
     """Base values (given, or loaded on first read through ``loader``; else ``default``) and
-    the versions of every state, stamps sorted; ``times[stamp]`` is the writer's time (seconds or a datetime,
-    ``window``'s ``size`` then seconds or a timedelta)."""
+    the versions of every state, stamps sorted; ``times[stamp]`` is the writer's time in seconds (``window``'s
+    ``size`` too)."""
 
-    def __init__(self, base: Mapping[Hashable, _Value | None] | None = None, *, times: list[Any] | None = None,
+    def __init__(self, base: Mapping[Hashable, _Value | None] | None = None, *, times: Times | None = None,
                  loader: Callable[[Hashable], _Value | None] | None = None, default: _Value | None = None) -> None:
         self._base: dict[Hashable, _Value | None] = dict(base or {})
         self._versions: dict[Hashable, tuple[list[int], list[_Value]]] = {}   # state -> (stamps, values)
-        self._times = times or []
+        self._times: Times = [] if times is None else times
         self._loader = loader
         self._default = default
 
@@ -102,7 +108,7 @@ class Versions(Generic[_Value]):
             del values[:dropped]
         return dropped
 
-    def window(self, state: Hashable, before: int, size: Any) -> list[_Value]:
+    def window(self, state: Hashable, before: int, size: float) -> list[_Value]:
         entry = self._versions.get(state)
         if entry is None:
             return []
