@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import datetime as dt
 import math
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from activedb.store import Json
 
 from activedb.ingest._mapping import (
     EPOCH, SURROGATE_ESCAPE, EventMapping, RawEvent, Rejected, by_ts, check_key, convert_column, corrupt_reason,
@@ -25,6 +27,9 @@ from activedb.ingest._mapping import (
 )
 from activedb.ingest.errors import MappingError
 from activedb.store import jsonable
+
+if TYPE_CHECKING:  # pragma: no cover
+    import pyarrow as pa
 
 __all__ = ["arrow_values", "jsonable_rows", "table_to_events"]
 
@@ -44,27 +49,31 @@ _EXACT_FLOAT_MICROS = 2**32 * 1_000_000
 _VECTOR_ROWS = 16_384
 
 
-def arrow_values(column: Any) -> list[Any]:
-    """``column.to_pylist()``, with timestamps as aware UTC datetimes built fast.
-
-    ``to_pylist`` on a zoned timestamp column builds a ``ZoneInfo`` datetime per value, the slow way; going
-    through int64 microseconds is cheaper, and ``fromtimestamp`` of the seconds as a float cheaper still where
-    that is exact (``_EXACT_FLOAT_MICROS``).
-    """
+def arrow_values(column: pa.Array | pa.ChunkedArray) -> Sequence[object]:
+    """``column.to_pylist()``, with timestamps as aware UTC datetimes built fast (:func:`_timestamps`)."""
     import pyarrow as pa
 
     if pa.types.is_timestamp(column.type):
-        micros = column.cast(pa.timestamp("us", tz=column.type.tz), safe=False).cast(pa.int64())
-        values = micros.to_pylist()
-        if values and not micros.null_count:
-            return _micros_to_datetimes(values)
-        epoch, delta = EPOCH, dt.timedelta
-        return [None if value is None else epoch + delta(microseconds=value) for value in values]
-    listed: list[Any] = column.to_pylist()
+        return _timestamps(column)
+    listed: list[object] = column.to_pylist()
     return listed
 
 
-def _micros_to_datetimes(micros: list[int]) -> list[dt.datetime]:
+def _timestamps(column: pa.Array | pa.ChunkedArray) -> list[dt.datetime | None]:
+    """A timestamp column as aware UTC datetimes.  ``to_pylist`` on a zoned timestamp column builds a ``ZoneInfo``
+    datetime per value, the slow way; going through int64 microseconds is cheaper, and ``fromtimestamp`` of the
+    seconds as a float cheaper still where that is exact (``_EXACT_FLOAT_MICROS``)."""
+    import pyarrow as pa
+
+    micros = column.cast(pa.timestamp("us", tz=column.type.tz), safe=False).cast(pa.int64())
+    values = micros.to_pylist()
+    if values and not micros.null_count:
+        return _micros_to_datetimes(values)
+    epoch, delta = EPOCH, dt.timedelta
+    return [None if value is None else epoch + delta(microseconds=value) for value in values]
+
+
+def _micros_to_datetimes(micros: list[int]) -> list[dt.datetime | None]:
     """Microseconds from EPOCH (ints, no None, within ``datetime``'s range) as aware UTC datetimes: by
     ``fromtimestamp`` of the seconds as a float where that is exact (``_EXACT_FLOAT_MICROS``), else by adding them
     to EPOCH."""
@@ -75,7 +84,7 @@ def _micros_to_datetimes(micros: list[int]) -> list[dt.datetime]:
     return [epoch + delta(microseconds=value) for value in micros]
 
 
-def _clean_text(column: Any, values: list[Any]) -> bool:
+def _clean_text(column: pa.Array | pa.ChunkedArray, values: list[object]) -> bool:
     """Every value of ``column`` (``values``: its ``to_pylist()``) is a non-null, non-empty string."""
     import pyarrow as pa
 
@@ -83,15 +92,15 @@ def _clean_text(column: Any, values: list[Any]) -> bool:
             and "" not in values)
 
 
-def _arrow_type_column(column: Any, mapping: EventMapping, known: frozenset[str] | None,
-                       label: str) -> tuple[list[Any], dict[int, str]]:
+def _arrow_type_column(column: pa.Array | pa.ChunkedArray, mapping: EventMapping, known: frozenset[str] | None,
+                       label: str) -> tuple[list[str | None], dict[int, str]]:
     values = column.to_pylist()
     if mapping.type_map is None and _clean_text(column, values) and (known is None or known.issuperset(values)):
         return values, {}
     return convert_column(values, type_converter(mapping, known), label)
 
 
-def _arrow_key_column(column: Any, label: str) -> tuple[list[Any], dict[int, str]]:
+def _arrow_key_column(column: pa.Array | pa.ChunkedArray, label: str) -> tuple[list[str | int | None], dict[int, str]]:
     import pyarrow as pa
 
     values = column.to_pylist()
@@ -100,7 +109,7 @@ def _arrow_key_column(column: Any, label: str) -> tuple[list[Any], dict[int, str
     return convert_column(values, check_key, label)
 
 
-def _vector_timestamps(column: Any, unit_divisor: int) -> Any:
+def _vector_timestamps(column: pa.Array | pa.ChunkedArray, unit_divisor: int) -> pa.Array | pa.ChunkedArray:
     """A float column of seconds (or ``unit_divisor``-ths), no nulls, as a UTC timestamp column by Arrow compute —
     to_utc's float operations and rounding —, or ``column`` itself if a value is not finite or out of
     ``datetime``'s range (those take the converter per value)."""
@@ -116,7 +125,7 @@ def _vector_timestamps(column: Any, unit_divisor: int) -> Any:
     return micros.cast(pa.int64()).cast(pa.timestamp("us", "UTC"))
 
 
-def _arrow_ts_column(column: Any, unit_divisor: int, label: str) -> tuple[list[Any], dict[int, str]]:
+def _arrow_ts_column(column: pa.Array | pa.ChunkedArray, unit_divisor: int, label: str) -> tuple[list[dt.datetime | None], dict[int, str]]:
     import pyarrow as pa
 
     if pa.types.is_floating(column.type) and len(column) and not column.null_count:
@@ -135,13 +144,13 @@ def _arrow_ts_column(column: Any, unit_divisor: int, label: str) -> tuple[list[A
                     return _micros_to_datetimes(micros), {}
             return convert_column(values, lambda value: to_utc(value, unit_divisor), label)
     if pa.types.is_timestamp(column.type):
-        values = arrow_values(column)
-        errors = {position: f"{label} is null" for position, value in enumerate(values) if value is None}
-        return values, errors
+        timestamps = _timestamps(column)
+        errors = {position: f"{label} is null" for position, value in enumerate(timestamps) if value is None}
+        return timestamps, errors
     return convert_column(arrow_values(column), lambda value: to_utc(value, unit_divisor), label)
 
 
-def table_to_events(table: Any, mapping: EventMapping, known: frozenset[str] | None, unit_divisor: int,
+def table_to_events(table: pa.Table | pa.RecordBatch, mapping: EventMapping, known: frozenset[str] | None, unit_divisor: int,
                     labels: tuple[str, str, str]) -> tuple[list[RawEvent], list[Rejected]]:
     names = list(table.schema.names)
     if len(set(names)) != len(names):
@@ -166,7 +175,7 @@ def table_to_events(table: Any, mapping: EventMapping, known: frozenset[str] | N
     errors = dict(corrupt)
     for position, reason in _arrow_lone_surrogate_rows(table, mapping).items():
         errors.setdefault(position, reason)
-    id_values: list[Any] = [None] * count
+    id_values: list[str | None] = [None] * count
     id_errors: dict[int, str] = {}
     if mapping.id_column is not None:
         if mapping.id_column not in names:
@@ -193,7 +202,7 @@ def table_to_events(table: Any, mapping: EventMapping, known: frozenset[str] | N
     return good, _arrow_rejections(table, errors)
 
 
-def _invalid_text_rows(table: Any, mapping: EventMapping) -> tuple[Any, dict[int, str]]:
+def _invalid_text_rows(table: pa.Table | pa.RecordBatch, mapping: EventMapping) -> tuple[pa.Table | pa.RecordBatch, dict[int, str]]:
     """``(table, {position: reason})`` for rows with a text value that is not UTF-8.
 
     Arrow does not check the bytes of a string column it is handed, and Spark hands over what it read: a line of
@@ -248,7 +257,7 @@ def _invalid_text_rows(table: Any, mapping: EventMapping) -> tuple[Any, dict[int
     return pa.Table.from_arrays(columns, schema=table.schema), reasons
 
 
-def _arrow_corrupt_rows(table: Any, mapping: EventMapping) -> dict[int, str]:
+def _arrow_corrupt_rows(table: pa.Table | pa.RecordBatch, mapping: EventMapping) -> dict[int, str]:
     """``{position: reason}`` for rows whose corrupt-record column holds text."""
     column_name = mapping.corrupt_column
     if column_name is None or column_name not in table.schema.names:
@@ -266,7 +275,7 @@ def _arrow_corrupt_rows(table: Any, mapping: EventMapping) -> dict[int, str]:
             for index, position in enumerate(positions)}
 
 
-def _arrow_lone_surrogate_rows(table: Any, mapping: EventMapping) -> dict[int, str]:
+def _arrow_lone_surrogate_rows(table: pa.Table | pa.RecordBatch, mapping: EventMapping) -> dict[int, str]:
     """``{position: reason}`` for rows whose original line (``line_column``) holds a lone surrogate; the
     lines without any surrogate escape are passed over without a Python loop."""
     import pyarrow as pa
@@ -290,7 +299,7 @@ def _arrow_lone_surrogate_rows(table: Any, mapping: EventMapping) -> dict[int, s
     return reasons
 
 
-def _arrow_rejections(table: Any, errors: Mapping[int, str]) -> list[Rejected]:
+def _arrow_rejections(table: pa.Table | pa.RecordBatch, errors: Mapping[int, str]) -> list[Rejected]:
     """Rejected entries, in input order, each with its raw row made JSON-serialisable."""
     if not errors:
         return []
@@ -299,7 +308,7 @@ def _arrow_rejections(table: Any, errors: Mapping[int, str]) -> list[Rejected]:
             for position, row in zip(positions, jsonable_rows(table.take(positions)))]
 
 
-def jsonable_rows(table: Any) -> list[dict[str, Any]]:
+def jsonable_rows(table: pa.Table | pa.RecordBatch) -> list[dict[str, Json]]:
     """The rows of ``table`` as dicts of storable JSON values."""
     names = table.schema.names
     columns = [arrow_values(table.column(index)) for index in range(table.num_columns)]

@@ -6,7 +6,7 @@ note: ``README.md`` in this package ("One batch", step 5)."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypeVar
 
 from activedb.errors import (
     CascadeLimitExceeded, DatabaseError, DuplicateKey, Failure, InvalidValue, RuleFailed, SerializationConflict, causes,
@@ -16,8 +16,13 @@ from activedb.ingest.errors import first_line
 from activedb.txn import CommitParticipant
 
 if TYPE_CHECKING:  # pragma: no cover
+    import sqlalchemy as sa
+
     from activedb.ingest._database import IngestDatabase
     from activedb.txn import Transaction
+
+#: An event of a batch, as its handler knows it (the search only passes them around).
+_Event = TypeVar("_Event")
 
 __all__ = ["conflict_in", "find_culprits", "is_infrastructure_failure", "is_poison_failure",
            "refused_writes", "rejection_reason", "trial"]
@@ -69,11 +74,11 @@ class _TrialPassed(Exception):
 class _TrialStop(CommitParticipant):
     """Turns a flush into a trial: everything is written, then the transaction is rolled back."""
 
-    def about_to_commit(self, transaction: Transaction, connection: Any) -> None:
+    def about_to_commit(self, transaction: Transaction, connection: sa.Connection) -> None:
         raise _TrialPassed()
 
 
-def trial(db: IngestDatabase, query_name: str, apply: Callable[[Any, list[Any]], None], events: list[Any],
+def trial(db: IngestDatabase, query_name: str, apply: Callable[[Transaction, list[_Event]], None], events: list[_Event],
           is_refusal: Callable[[BaseException], bool] | None = None) -> BaseException | None:
     """Run ``apply(tx, events)`` in a transaction that is flushed and then rolled back; the refusal (a poison
     failure, or what ``is_refusal`` accepts), or None if PostgreSQL took everything."""
@@ -90,9 +95,9 @@ def trial(db: IngestDatabase, query_name: str, apply: Callable[[Any, list[Any]],
     raise AssertionError("unreachable: a trial never commits")
 
 
-def find_culprits(try_events: Callable[[list[Any]], BaseException | None], events: list[Any],
-                  failure: BaseException, reason: Callable[[Any, BaseException], str] | None = None, *,
-                  blame_unreproduced: bool = True) -> list[tuple[Any, str]]:
+def find_culprits(try_events: Callable[[list[_Event]], BaseException | None], events: list[_Event],
+                  failure: BaseException, reason: Callable[[_Event, BaseException], str] | None = None, *,
+                  blame_unreproduced: bool = True) -> list[tuple[_Event, str]]:
     """The events whose writes make PostgreSQL refuse the batch, each with its dead-letter reason —
     ``reason(event, refusal)``, by default PostgreSQL's (:func:`refused_writes`); ``try_events(subset)`` is a
     :func:`trial` of ``subset``.
@@ -107,7 +112,7 @@ def find_culprits(try_events: Callable[[list[Any]], BaseException | None], event
         raise failure
     explain = reason or (lambda event, refusal: refused_writes(refusal))
 
-    def search(subset: list[Any], known: BaseException | None) -> list[tuple[Any, str]]:
+    def search(subset: list[_Event], known: BaseException | None) -> list[tuple[_Event, str]]:
         refusal = known if known is not None else try_events(subset)
         if refusal is None:
             return []

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Callable, Collection, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from activedb.ingest._interface import LedgerId, Phase, Rows
+from activedb.ingest._interface import LedgerId, Phase, RowEvent, Rows
 from activedb.ingest._ledger import END_OF_STREAM_BATCH, IngestionLedger, last_watermark
 from activedb.ingest._mapping import EventMapping, as_mapping
 from activedb.ingest._outcome import BatchBook, BatchOutcome, IngestStatistics, PhaseTimings
@@ -97,7 +97,7 @@ class Ingestion:
 
     def process(self, rows: Rows, batch_id: int, *, query_id: str, watermark: dt.datetime | None = None,
                 extra_timings: PhaseTimings | None = None, punctuate: bool = True,
-                participants: Collection[CommitParticipant] = (), events: Sequence[Any] | None = None,
+                participants: Collection[CommitParticipant] = (), events: Sequence[RowEvent] | None = None,
                 fresh: bool = False) -> BatchOutcome:
         """Apply batch ``batch_id`` of the run ``query_id`` (a :class:`LedgerId`'s text) — ``rows``, a sequence of
         mappings or a ``pyarrow.Table``/``RecordBatch`` — exactly once; returns its outcome.

@@ -12,17 +12,25 @@ import datetime as dt
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, TypeAlias, runtime_checkable
 
 from activedb._closedset import ClosedSet
 
 if TYPE_CHECKING:  # pragma: no cover
     import pyarrow
 
-__all__ = ["Batch", "LedgerId", "Phase", "Rows", "Source"]
+__all__ = ["Batch", "LedgerId", "Phase", "RowEvent", "Rows", "Source"]
 
 #: A batch's rows: mappings of column to value, or an Arrow table (``DataFrame.toArrow()``, Flight, Parquet).
-Rows: TypeAlias = "Sequence[Mapping[str, Any]] | pyarrow.Table | pyarrow.RecordBatch"
+Rows: TypeAlias = "Sequence[Mapping[str, object]] | pyarrow.Table | pyarrow.RecordBatch"
+
+
+class RowEvent(Protocol):
+    """An event of a batch as the core handles it: ``position`` is the index of its row in the batch (the row
+    its dead letter keeps).  ``RawEvent`` is one; so is an event a connector makes itself (change capture)."""
+
+    @property
+    def position(self) -> int: ...
 
 #: ``RUN[#pN]`` after the last ``@`` of a ledger id.
 _RUN = re.compile(r"^(?P<run>[^@#]+)(?:#p(?P<partition>\d+))?$")

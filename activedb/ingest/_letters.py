@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 import gc
 from collections.abc import Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from activedb import deadletters
 from activedb.deadletters import Letter
@@ -15,7 +15,8 @@ from activedb.ingest._mapping import Rejected
 
 if TYPE_CHECKING:  # pragma: no cover
     from activedb._handle import DatabaseHandle
-    from activedb.ingest._interface import Rows
+    from activedb.ingest._interface import RowEvent, Rows
+    from activedb.store import Json
     from activedb.txn import Transaction
 
 __all__ = ["BatchLetters", "no_cyclic_gc"]
@@ -41,7 +42,7 @@ class BatchLetters:
         # keeps what it describes.
         return [Letter(item.reason, originals.get(id(item), item.row), item.row) for item in bad]
 
-    def for_events(self, failed: Sequence[tuple[Any, str]]) -> list[Letter]:
+    def for_events(self, failed: Sequence[tuple[RowEvent, str]]) -> list[Letter]:
         """Letters for events of this batch, each ``(event, reason)``, with the row each came from (the event's
         ``position`` in the rows)."""
         originals = self._originals([event.position for event, _ in failed])
@@ -57,14 +58,14 @@ class BatchLetters:
         """Insert ``letters`` in ``tx`` (they commit with the batch)."""
         deadletters.insert(tx, self._catalog, self.query_id, self.batch_id, letters)
 
-    def _originals(self, positions: list[int]) -> list[Any]:
+    def _originals(self, positions: list[int]) -> list[object]:
         rows = self._rows
         if hasattr(rows, "take"):
             return [rows.take([position]) for position in positions]
         return [rows[position] for position in positions]
 
 
-def _shown(original: Any) -> dict[str, object] | None:
+def _shown(original: object) -> dict[str, Json] | None:
     """The readable form (``raw``) of a one-row Arrow table: its columns made storable JSON; None for any
     other row (``Letter.raw`` makes it)."""
     if hasattr(original, "to_pylist") and hasattr(original, "schema"):

@@ -20,12 +20,16 @@ import sys
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeGuard, TypeVar
 
 from activedb.errors import InvalidChoice
 from activedb.events import TimeUnit
+from activedb.ingest._interface import Rows
 from activedb.ingest.errors import MappingError
 from activedb.store import jsonable  # the one conversion into storable JSON (dead letters, logs)
+
+if TYPE_CHECKING:  # pragma: no cover
+    import pyarrow as pa
 
 __all__ = ["EventMapping", "RawEvent", "Rejected", "as_mapping", "jsonable", "rows_to_events"]
 
@@ -155,16 +159,16 @@ class RawEvent:
     event_id: str | None = None  # the id column's value as text (EventMapping.id_column), else None
 
 
-def _raw_event_maker() -> Callable[[str, Any, dt.datetime, Mapping[str, Any], int, str | None], RawEvent]:
-    """``RawEvent(...)`` for values already validated, at about half the cost: the frozen dataclass's
-    ``__init__`` sets each field through ``object.__setattr__``; this sets its slots directly (a batch makes one
-    per row)."""
+def _raw_event_maker() -> Callable[[object, object, object, Mapping[str, object], int, object], RawEvent]:
+    """``RawEvent(...)`` for values already validated (the converters' results at a position without an error:
+    nothing is checked here), at about half the cost: the frozen dataclass's ``__init__`` sets each field through
+    ``object.__setattr__``; this sets its slots directly (a batch makes one per row)."""
     new = object.__new__
     set_type, set_key, set_ts, set_payload, set_position, set_id = (
         getattr(RawEvent, name).__set__ for name in ("event_type", "key", "ts", "payload", "position", "event_id"))
 
-    def make(event_type: str, key: object, ts: dt.datetime, payload: Mapping[str, object], position: int,
-             event_id: str | None) -> RawEvent:
+    def make(event_type: object, key: object, ts: object, payload: Mapping[str, object], position: int,
+             event_id: object) -> RawEvent:
         event = new(RawEvent)
         set_type(event, event_type)
         set_key(event, key)
@@ -202,7 +206,7 @@ class InvalidField(Exception):
     """Internal: a field failed validation; the message is the rejection reason."""
 
 
-def to_utc(value: Any, unit_divisor: int) -> dt.datetime:
+def to_utc(value: object, unit_divisor: int) -> dt.datetime:
     """Convert one timestamp value to an aware UTC datetime or raise InvalidField."""
     if isinstance(value, dt.datetime):
         if value.tzinfo is None:
@@ -235,7 +239,7 @@ def to_utc(value: Any, unit_divisor: int) -> dt.datetime:
     raise InvalidField(f"is {_describe(value)}, not a timestamp")
 
 
-def corrupt_reason(line: Any, values: Mapping[str, Any], types: Mapping[str, str], mapping: "EventMapping") -> str:
+def corrupt_reason(line: object, values: Mapping[str, object], types: Mapping[str, str], mapping: "EventMapping") -> str:
     """Why Spark could not read ``line`` (the corrupt-record column's text) against the schema whose
     column types are ``types``; ``values`` is what Spark made of the row's other columns."""
     text = line if isinstance(line, str) else repr(line)
@@ -364,8 +368,13 @@ def check_key(value: object) -> str | int:
 # Arrow input takes the same converters column by column, in ``_arrow.py``.
 
 
-def convert_column(values: Sequence[Any], convert: Any, label: str) -> tuple[list[Any], dict[int, str]]:
-    converted: list[Any] = []
+_Converted = TypeVar("_Converted")
+
+
+def convert_column(values: Sequence[object], convert: Callable[[object], _Converted], label: str
+                   ) -> tuple[list[_Converted | None], dict[int, str]]:
+    """Each value through ``convert``: the converted values (None where a value failed) and ``{position: reason}``."""
+    converted: list[_Converted | None] = []
     errors: dict[int, str] = {}
     append = converted.append
     for position, value in enumerate(values):
@@ -381,10 +390,10 @@ def convert_column(values: Sequence[Any], convert: Any, label: str) -> tuple[lis
     return converted, errors
 
 
-def type_converter(mapping: EventMapping, known: frozenset[str] | None) -> Any:
+def type_converter(mapping: EventMapping, known: frozenset[str] | None) -> Callable[[object], str]:
     type_map = mapping.type_map
 
-    def convert(raw: Any) -> str:
+    def convert(raw: object) -> str:
         event_type = raw
         if type_map is not None:
             try:
@@ -402,7 +411,7 @@ def type_converter(mapping: EventMapping, known: frozenset[str] | None) -> Any:
     return convert
 
 
-def rows_to_events(rows: Any, mapping: EventMapping,
+def rows_to_events(rows: Rows, mapping: EventMapping,
                    known_types: Collection[str] | None = None) -> tuple[list[RawEvent], list[Rejected]]:
     """Validate ``rows`` against ``mapping``; return ``(good, bad)``.
 
@@ -423,7 +432,7 @@ def rows_to_events(rows: Any, mapping: EventMapping,
 
         return table_to_events(rows, mapping, known, unit_divisor, (type_label, key_label, ts_label))
 
-    rows = list(rows)
+    rows = list(rows)       # (a sequence of mappings, or anything a user passed: every item is checked)
     errors: dict[int, str] = {}
     for position, row in enumerate(rows):
         if not isinstance(row, Mapping):
@@ -467,8 +476,8 @@ def rows_to_events(rows: Any, mapping: EventMapping,
                 errors[position] = f"missing field {absent[0]!r}"
                 continue
             payload = {name: row[name] for name in mapping.payload_columns}
-        good.append(RawEvent(type_values[position], key_values[position], ts_values[position], payload, position,
-                             id_values[position]))
+        good.append(raw_event(type_values[position], key_values[position], ts_values[position], payload, position,
+                              id_values[position]))
 
     bad = [Rejected(position, errors[position], jsonable(rows[position]) if isinstance(rows[position], Mapping)
                     else {"value": jsonable(rows[position])}) for position in sorted(errors)]
@@ -476,7 +485,7 @@ def rows_to_events(rows: Any, mapping: EventMapping,
     return good, bad
 
 
-def is_arrow(rows: object) -> bool:
+def is_arrow(rows: object) -> TypeGuard[pa.Table | pa.RecordBatch]:
     """Whether ``rows`` is a ``pyarrow.Table`` or ``RecordBatch`` — asked without importing pyarrow: rows can be
     Arrow only if something imported it already (pyarrow is an extra, ``activedb[spark]``)."""
     pa = sys.modules.get("pyarrow")

@@ -16,15 +16,15 @@ import datetime as dt
 import functools
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
 from activedb import lowlevel
 from activedb.deadletters import Letter
 from activedb.errors import BatchAlreadyCommitted, SerializationConflict
 from activedb.ingest._failures import find_culprits, is_poison_failure, refused_writes, trial
-from activedb.ingest._interface import Phase, Rows
+from activedb.ingest._interface import Phase, RowEvent, Rows
 from activedb.ingest._ledger import IngestionLedger, batch_committed, ingested_event_ids
 from activedb.ingest._letters import BatchLetters, no_cyclic_gc
 from activedb.ingest._mapping import EventMapping, RawEvent, rows_to_events
@@ -34,14 +34,36 @@ from activedb.ingest._watch import Watch, letters_written_ahead
 from activedb.tracing import BatchTrace, BatchTracing
 
 if TYPE_CHECKING:  # pragma: no cover
+    import sqlalchemy as sa
+
     from activedb.ingest._database import IngestDatabase
     from activedb.txn import CommitParticipant, Transaction
 
-__all__ = ["BatchContext", "BatchHandler", "BatchInput", "run_batch"]
+__all__ = ["AppliedBatch", "AtCommit", "BatchContext", "BatchHandler", "BatchInput", "run_batch"]
 
 logger = logging.getLogger("activedb.ingest")
 
 _FLUSH, _COMMITTED = Phase.FLUSH, Phase.COMMITTED
+
+
+class AppliedBatch(Protocol):
+    """What :meth:`BatchInput.at_commit`'s callbacks read of a batch applied inside the commit
+    (``activedb.batch.BatchResult`` is one): how many of its events committed, and each aborted one with why."""
+
+    @property
+    def committed_count(self) -> int: ...
+
+    @property
+    def dead_letters(self) -> Sequence[tuple[RowEvent, str]]: ...
+
+
+class AtCommit(TypedDict):
+    """The keyword arguments :meth:`BatchInput.at_commit` gives ``activedb.batch.apply_at_commit``."""
+
+    query_id: str
+    batch_id: int
+    on_result: Callable[[AppliedBatch, sa.Connection], None]
+    letters: Callable[[AppliedBatch], list[Letter]]
 
 
 @dataclass(frozen=True)
@@ -57,7 +79,7 @@ class BatchInput:
     them in ``tx``.  ``query_id`` is the run's ledger id (a :class:`~activedb.ingest.LedgerId`'s text),
     ``query_name`` the source's name."""
 
-    rows: Any
+    rows: Rows
     events: tuple[Any, ...]
     letters: tuple[Letter, ...]
     query_id: str
@@ -66,7 +88,7 @@ class BatchInput:
     watermark: dt.datetime | None
     dead_letters: BatchLetters
 
-    def holds(self, event: Any) -> bool:
+    def holds(self, event: object) -> bool:
         """Whether ``event`` is one of this batch's ``events`` (the same object; an engine's event
         points back to it as its ``origin``)."""
         return id(event) in self._event_ids
@@ -75,7 +97,7 @@ class BatchInput:
     def _event_ids(self) -> frozenset[int]:
         return frozenset(map(id, self.events))
 
-    def at_commit(self, ledger: IngestionLedger, *, refused_may_come_again: bool = False) -> dict[str, Any]:
+    def at_commit(self, ledger: IngestionLedger, *, refused_may_come_again: bool = False) -> AtCommit:
         """The keyword arguments of ``activedb.batch.apply_at_commit`` (and ``apply_lowered``) for this batch's
         ``events``: labelled with its query and batch id; inside the commit, before the ledger's write, the
         ledger's counts (``on_result``) and the dead letters — the batch's own and one per aborted event,
@@ -85,14 +107,14 @@ class BatchInput:
         again)."""
         events, base = self.events, list(self.letters)
 
-        def counts(result: Any, connection: Any) -> None:
+        def counts(result: AppliedBatch, connection: sa.Connection) -> None:
             ledger.events = result.committed_count
             ledger.dead_letters = len(base) + len(result.dead_letters)
             if refused_may_come_again and result.dead_letters and ledger.query_name is not None:
                 refused = {event.position for event, _ in result.dead_letters}
                 ledger.event_ids = [event.event_id for position, event in enumerate(events) if position not in refused]
 
-        def letters(result: Any) -> list[Letter]:
+        def letters(result: AppliedBatch) -> list[Letter]:
             return base + self.dead_letters.for_events(
                 [(events[event.position], f"aborted: {reason}") for event, reason in result.dead_letters])
 
@@ -247,7 +269,7 @@ class BatchContext:
 
 def run_batch(context: BatchContext, handler: BatchHandler, rows: Rows, batch_id: int, *, query_id: str,
               watermark: dt.datetime | None, timings: PhaseTimings, punctuate: bool = True,
-              participants: tuple[CommitParticipant, ...] = (), events: Sequence[Any] | None = None,
+              participants: tuple[CommitParticipant, ...] = (), events: Sequence[RowEvent] | None = None,
               fresh: bool = False) -> BatchOutcome:
     """One batch through ``handler``, exactly once; returns its outcome.  ``participants``: more commit
     participants of the batch's transaction (lineage, a replay's mark, capture's position), enlisted before the
@@ -272,7 +294,7 @@ def run_batch(context: BatchContext, handler: BatchHandler, rows: Rows, batch_id
 
 def _run_batch(context: BatchContext, handler: BatchHandler, rows: Rows, row_count: int, batch_id: int,
                query_id: str, watermark: dt.datetime | None, timings: PhaseTimings, punctuate: bool,
-               participants: tuple[CommitParticipant, ...], events: Sequence[Any] | None, fresh: bool,
+               participants: tuple[CommitParticipant, ...], events: Sequence[RowEvent] | None, fresh: bool,
                trace: BatchTrace | None) -> BatchOutcome:
     """:func:`run_batch`'s work; ``trace``: the batch's spans (None: not traced)."""
     book = context.book
