@@ -15,7 +15,7 @@ from activedb.atomic import errors
 from activedb import lazy
 
 __all__ = ["Batches", "BatchRef", "BoundReached", "CompensationPlan", "CompensationReport", "IndependentScover",
-           "CompensationMode", "CompensationScope", "SplitBatchStatus", "SplitFailure", "SplitState",
+           "CompensationMode", "CompensationScope", "PartitionReport", "SplitBatchStatus", "SplitFailure", "SplitState",
            "TransactionLineage", "Unsafe", "after_replay", "as_policy", "compensate_split", "declare_policy", "errors",
            "settle", "settle_failed_partition", "split_status"]
 
@@ -25,7 +25,7 @@ __getattr__, __dir__ = lazy.exports(__name__, {
     "activedb.atomic._compensate": ["CompensationMode", "CompensationPlan", "CompensationReport", "CompensationScope", "Unsafe"],
     "activedb.atomic._graph": ["BoundReached", "IndependentScover", "TransactionLineage"],
     "activedb.atomic._lineage": ["BatchRef"],
-    "activedb.atomic._split": ["SplitBatchStatus", "SplitState", "after_replay", "as_policy", "compensate_split",
+    "activedb.atomic._split": ["PartitionReport", "SplitBatchStatus", "SplitState", "after_replay", "as_policy", "compensate_split",
                                "declare_policy", "settle", "settle_failed_partition", "split_status"],
 })
 
@@ -38,6 +38,6 @@ if TYPE_CHECKING:  # the names above, for type checkers (tests/test_typing.py ke
         BoundReached as BoundReached, IndependentScover as IndependentScover, TransactionLineage as TransactionLineage)
     from activedb.atomic._lineage import BatchRef as BatchRef
     from activedb.atomic._split import (
-        SplitBatchStatus as SplitBatchStatus, SplitState as SplitState, after_replay as after_replay,
+        PartitionReport as PartitionReport, SplitBatchStatus as SplitBatchStatus, SplitState as SplitState, after_replay as after_replay,
         as_policy as as_policy, compensate_split as compensate_split, declare_policy as declare_policy,
         settle as settle, settle_failed_partition as settle_failed_partition, split_status as split_status)

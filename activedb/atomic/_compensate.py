@@ -34,7 +34,7 @@ if TYPE_CHECKING:  # pragma: no cover
 logger = logging.getLogger("activedb.atomic")
 
 
-def _declared(function: Callable[..., Any] | None, missing: str) -> Callable[..., Any]:
+def _declared(function: Callable[..., object] | None, missing: str) -> Callable[..., object]:
     if function is None:
         raise LineageError(f"{missing}, then compensate again")
     return function
@@ -48,11 +48,11 @@ class Compensations:
     def __init__(self, db: "DatabaseHandle") -> None:
         self.db = db
         self._mutex = threading.Lock()
-        self._actions: dict[str, Callable[..., Any]] = {}              # name -> fn(tx, **args)
-        self._rule_actions: dict[str, Callable[..., Any]] = {}         # rule name -> fn(tx, event)
-        self._transaction_actions: dict[str, Callable[..., Any]] = {}  # transaction name -> fn(tx, lineage)
+        self._actions: dict[str, Callable[..., object]] = {}              # name -> fn(tx, **args)
+        self._rule_actions: dict[str, Callable[..., object]] = {}         # rule name -> fn(tx, event)
+        self._transaction_actions: dict[str, Callable[..., object]] = {}  # transaction name -> fn(tx, lineage)
 
-    def declare(self, name: str, function: Callable[..., Any], *, rule: bool = False,
+    def declare(self, name: str, function: Callable[..., object], *, rule: bool = False,
                 transaction: bool = False) -> None:
         """Declare ``function`` as the compensation ``name``, or of rule ``name``, or of transaction ``name``."""
         table = self._rule_actions if rule else self._transaction_actions if transaction else self._actions
@@ -67,15 +67,15 @@ class Compensations:
     def has_rule_compensation(self, rule_name: str) -> bool:
         return rule_name in self._rule_actions
 
-    def rule_compensation_of(self, rule_name: str) -> Callable[..., Any]:
+    def rule_compensation_of(self, rule_name: str) -> Callable[..., object]:
         return _declared(self._rule_actions.get(rule_name), f"a firing of rule {rule_name!r} was noted but no "
                          f"rule_compensation is declared for it in this process; declare it")
 
-    def compensation_of(self, name: str) -> Callable[..., Any]:
+    def compensation_of(self, name: str) -> Callable[..., object]:
         return _declared(self._actions.get(name), f"compensation {name!r} was noted but is not declared in this "
                          f"process; declare it with @db.batches.compensation({name!r})")
 
-    def transaction_compensation_of(self, name: str) -> Callable[..., Any] | None:
+    def transaction_compensation_of(self, name: str) -> Callable[..., object] | None:
         return self._transaction_actions.get(name)
 
     def has_compensation_for(self, node: TransactionLineage) -> bool:
@@ -315,8 +315,9 @@ def _apply(batches: Compensations, tx: Transaction, node: TransactionLineage, un
         else:
             function = batches.compensation_of(note["action"])
             function(tx, **note.get("args", {}))
-    if node.name is not None and batches.transaction_compensation_of(node.name) is not None:
-        batches.transaction_compensation_of(node.name)(tx, node)  # type: ignore[misc]  # (not None: above)
+    compensation = None if node.name is None else batches.transaction_compensation_of(node.name)
+    if compensation is not None:
+        compensation(tx, node)
     for row in reversed(undo):
         current = tx.read(row.table, row.key)
         if jsonable(current) != row.after and not allow_unsafe:
@@ -329,11 +330,11 @@ def _apply(batches: Compensations, tx: Transaction, node: TransactionLineage, un
             tx.write(row.table, row.key, **_typed(batches, row.table, row.before))
 
 
-def _typed(batches: Compensations, table_name: str, image: dict[str, Any]) -> dict[str, Any]:
+def _typed(batches: Compensations, table_name: str, image: Mapping[str, object]) -> dict[str, object]:
     """A JSON image back into the column types (datetimes were stored as ISO-8601 text)."""
     table = batches.db.table(table_name)
     keys = {column.name for column in table.primary_key.columns}
-    values = {}
+    values: dict[str, object] = {}
     for name, value in image.items():
         if name in keys or name not in table.c:
             continue

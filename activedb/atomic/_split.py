@@ -14,21 +14,21 @@ import enum
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NotRequired, Protocol, TypedDict
 
 import sqlalchemy as sa
 
 from activedb._handle import DatabaseHandle
 from activedb.atomic._batches import Batches, SplitFailure
 from activedb.atomic.errors import LineageError, PartitionFailed, UnknownBatch
-from activedb.ingest import BatchOutcome, LedgerId
+from activedb.ingest import BatchOutcome, Ingestion, LedgerId, Rows
 from activedb.ingest.errors import IngestError, describe
 from activedb.txn import CommitParticipant
 
 if TYPE_CHECKING:  # pragma: no cover
     from activedb.txn import Transaction
 
-__all__ = ["SplitBatchStatus", "SplitState", "as_policy", "split_status"]
+__all__ = ["PartitionReport", "SplitBatchStatus", "SplitState", "as_policy", "split_status"]
 
 logger = logging.getLogger("activedb.atomic")
 
@@ -49,13 +49,25 @@ class SplitState(enum.Enum):
     COMPENSATED = "compensated"
 
 
-def as_policy(value: Any) -> SplitFailure:
+class PartitionReport(TypedDict):
+    """What the task of one partition of a split batch reports to the driver: its outcome, and for a partition
+    whose batch transaction failed (``failed``) the error and whether PostgreSQL was unusable (``infrastructure``:
+    not the partition's fault)."""
+
+    partition: int
+    outcome: BatchOutcome
+    failed: NotRequired[bool]
+    error: NotRequired[str]
+    infrastructure: NotRequired[bool]
+
+
+def as_policy(value: object) -> SplitFailure:
     """``on_partition_failure`` as a :class:`activedb.atomic.SplitFailure`, or a clear error."""
-    try:
-        return SplitFailure(getattr(value, "value", value))
-    except ValueError:
-        raise IngestError(f"on_partition_failure must be 'forward' (re-run the failed partition after the fix) or "
-                          f"'compensate' (undo the committed partitions), got {value!r}") from None
+    raw = value.value if isinstance(value, enum.Enum) else value
+    if isinstance(raw, str) and raw in {member.value for member in SplitFailure}:
+        return SplitFailure(raw)
+    raise IngestError(f"on_partition_failure must be 'forward' (re-run the failed partition after the fix) or "
+                          f"'compensate' (undo the committed partitions), got {value!r}")
 
 
 # --- the policy a query declared -------------------------------------------------------------------------
@@ -92,7 +104,7 @@ class FailureRow(CommitParticipant):
             "settled_at = NULL, compensated = NULL"), dict(self.values))
 
 
-def settle_failed_partition(sink: Any, rows: Sequence[Mapping[str, Any]], query_id: str, batch_id: int,
+def settle_failed_partition(sink: Ingestion, rows: Rows, query_id: str, batch_id: int,
                             partition: int, partitions: int, error: BaseException) -> int:
     """Policy *compensate*, in the failed task: the partition's rows become dead letters, with its ledger row
     (0 events) and its failure row (*compensating*), in one transaction (``Ingestion.reject``, exactly once as
@@ -104,7 +116,7 @@ def settle_failed_partition(sink: Any, rows: Sequence[Mapping[str, Any]], query_
               f"was compensated (on_partition_failure='compensate') — replay these rows once the cause is fixed")
     failure = FailureRow(str(LedgerId.parse(query_id).whole()), batch_id, partition, partitions,
                          SplitFailure.COMPENSATE, SplitState.COMPENSATING, describe(error))
-    outcome: BatchOutcome = sink.reject(rows, batch_id, query_id=query_id, reason=reason, participants=(failure,))
+    outcome = sink.reject(rows, batch_id, query_id=query_id, reason=reason, participants=(failure,))
     return outcome.dead_letters
 
 
@@ -163,7 +175,7 @@ def after_replay(db: SplitDriverDatabase, source: str, batch_id: int) -> None:
 
 
 def settle(db: SplitDriverDatabase, source: str, batch_id: int, partitions: int, policy: SplitFailure,
-           failures: Sequence[Mapping[str, Any]]) -> None:
+           failures: Sequence[PartitionReport]) -> None:
     """The driver's decision for a batch some partitions of which failed (their task reports): raises
     :class:`PartitionFailed` when the query must stop (forward, or PostgreSQL unusable), else compensates."""
     which = ", ".join(f"partition {failure['partition']}: {failure['error']}" for failure in failures)

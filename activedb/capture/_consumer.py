@@ -18,7 +18,7 @@ import random
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, TypedDict
 
 from activedb.capture import _leader
 from activedb.capture._fetch import ChangeReader, Entry
@@ -33,7 +33,7 @@ from activedb.rules import FiringOutcome
 if TYPE_CHECKING:  # pragma: no cover
     from activedb.ingest import IngestDatabase as Database
 
-__all__ = ["CaptureConsumer", "CapturedChange", "ConsumerState", "ConsumerStatistics", "Position", "Step"]
+__all__ = ["CaptureConsumer", "CapturedChange", "ConsumerOptions", "ConsumerState", "ConsumerStatistics", "Position", "Step"]
 
 logger = logging.getLogger("activedb.capture")
 
@@ -67,6 +67,18 @@ class ConsumerStatistics:
     fetch_seconds: float          # reading changes and their typed rows
     rules_seconds: float          # running the rules (the batch's transaction body)
     commit_seconds: float         # the batch's flush: effects, position, COMMIT
+
+
+class ConsumerOptions(TypedDict, total=False):
+    """:class:`CaptureConsumer`'s keywords (``db.capture.consumer(name, **options)``); each is described there."""
+
+    batch_size: int
+    retention: float | dt.timedelta
+    prune_interval: float
+    idle_wait: float
+    behind_seconds: float
+    max_retries: int
+    on_step: Callable[[Step, int], None] | None
 
 
 class CaptureConsumer:

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import datetime as dt
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Unpack
 
 import sqlalchemy as sa
 
 from activedb.capture import _sql
-from activedb.capture._consumer import CaptureConsumer
+from activedb.capture._consumer import CaptureConsumer, ConsumerOptions
 from activedb.capture._firing import source_of
 from activedb.capture._position import prune
 from activedb.capture._status import (BEHIND_CHANGES, BEHIND_SECONDS, CapturedTable, CaptureStatus, capture_status,
@@ -73,7 +73,7 @@ class CaptureManager:
 
     # --- consumers ---------------------------------------------------------------------------------
 
-    def consumer(self, name: str = "default", **options: Any) -> CaptureConsumer:
+    def consumer(self, name: str = "default", **options: Unpack[ConsumerOptions]) -> CaptureConsumer:
         """A consumer of the captured changes (see :class:`CaptureConsumer` for ``options``); call its
         ``start()``, or ``run_once()``/``run_until_caught_up()`` from your own loop."""
         consumer = CaptureConsumer(self._database, name, **options)
@@ -81,7 +81,7 @@ class CaptureManager:
             self._consumers.append(consumer)
         return consumer
 
-    def start(self, name: str = "default", **options: Any) -> CaptureConsumer:
+    def start(self, name: str = "default", **options: Unpack[ConsumerOptions]) -> CaptureConsumer:
         """A consumer running on its own thread until ``db.close()`` (or its ``stop()``)."""
         return self.consumer(name, **options).start()
 

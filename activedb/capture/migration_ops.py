@@ -10,20 +10,28 @@ plain SQL, the table's name as a bound literal that PostgreSQL quotes where SQL 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Protocol
+
+import sqlalchemy as sa
 
 from activedb.capture._sql import install_statements, remove_statements
 
 __all__ = ["enable_capture", "disable_capture"]
 
 
-def enable_capture(op: Any, table: str) -> None:
+class Executes(Protocol):
+    """What the two functions use of Alembic's ``op`` (``alembic.op``, or an ``Operations``)."""
+
+    def execute(self, sqltext: sa.TextClause, /) -> object: ...
+
+
+def enable_capture(op: Executes, table: str) -> None:
     """Capture every committed insert, update and delete on ``table``, by any PostgreSQL client."""
     for statement in install_statements(table):
         op.execute(statement)
 
 
-def disable_capture(op: Any, table: str) -> None:
+def disable_capture(op: Executes, table: str) -> None:
     """Stop capturing ``table``: drop its trigger, its registry row and its captured changes."""
     for statement in remove_statements(table):
         op.execute(statement)

@@ -22,7 +22,7 @@ import inspect
 import sys
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, Unpack
+from typing import TYPE_CHECKING, Unpack
 
 import click
 
@@ -36,6 +36,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from activedb import Database
     from activedb._config import ConnectKeywords
+    from activedb.outbox import FailedFiring
 
 WIDE = 132            # columns of tables printed to a file or a pipe
 
@@ -344,7 +345,7 @@ def outbox(ctx: click.Context, retry: bool, ids: tuple[int, ...], app: str | Non
         out.print(failed_firings_table(failures))
 
 
-def _run_pending(database: Any, module: ModuleType) -> tuple[int, int]:
+def _run_pending(database: Database, module: ModuleType) -> tuple[int, int]:
     """Register ``module``'s rules on ``database`` and run the pending firings of them nobody alive runs
     (until none is left to claim); returns how many of those rules' firings ended done and failed meanwhile."""
     module.register(database)
@@ -365,7 +366,7 @@ def _run_pending(database: Any, module: ModuleType) -> tuple[int, int]:
     return after[0] - before[0], after[1] - before[1]
 
 
-def failed_firings_table(failures: list[Any]) -> Table:
+def failed_firings_table(failures: list[FailedFiring]) -> Table:
     """The detached firings that failed for good, as a table (``activedb outbox``, ``activedb status``)."""
     from rich.table import Table
 

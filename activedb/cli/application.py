@@ -11,12 +11,23 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from activedb.ingest import BatchHandler, EventMapping, RulesHandler, as_mapping
 from activedb.ingest.errors import AppLoadError, MappingError
 
-__all__ = ["LoadedApp", "app_handler", "app_name", "load_app", "portable_spec"]
+if TYPE_CHECKING:  # pragma: no cover
+    from pyspark.sql import DataFrame
+    from pyspark.sql.types import StructType
+
+    from activedb._database import Database
+
+__all__ = ["AppSpec", "LoadedApp", "Register", "app_handler", "app_name", "load_app", "portable_spec"]
+
+#: An application's ``register(db)``: declares its rules (and whatever else it needs) on ``db``.
+Register: TypeAlias = "Callable[[Database], object]"
+#: What names an application: a module name, a ``.py`` path, or its ``register(db)`` callable.
+AppSpec: TypeAlias = "str | Path | Register"
 
 
 @dataclass(frozen=True)
@@ -24,22 +35,22 @@ class LoadedApp:
     """What an application module provides. Immutable; safe to share between threads."""
 
     name: str
-    register: Callable[[Any], Any]
+    register: Register
     mapping: EventMapping | None
     migrations: Path | None
-    schema: Any
+    schema: str | StructType | None        # SCHEMA: a DDL string or a StructType
     known_types: frozenset[str] | None
     watermark_delay: str | None
     prefetch: Mapping[str, object] | None
-    from_rate: Callable[[Any], Any] | None
-    reset: Callable[[Any], Any] | None = None
+    from_rate: Callable[[DataFrame], DataFrame] | None
+    reset: Callable[[Database], object] | None = None
     queries: Any = None
     scheduler: Any = None
     executor: str | None = None
     transactions: Any = None
 
 
-def load_app(spec: str | Path | Callable[[Any], Any], *, require_mapping: bool = False) -> LoadedApp:
+def load_app(spec: AppSpec, *, require_mapping: bool = False) -> LoadedApp:
     """Load the application named by ``spec``: a module name, a ``.py`` path, or a
     ``register(db)`` callable (then only ``register`` is known).
 
@@ -77,7 +88,7 @@ def load_app(spec: str | Path | Callable[[Any], Any], *, require_mapping: bool =
         executor=getattr(module, "EXECUTOR", None), transactions=getattr(module, "TRANSACTIONS", None))
 
 
-def app_name(spec: str | Path | Callable[[Any], Any]) -> str:
+def app_name(spec: AppSpec) -> str:
     """The name of an application: its module name or path, or a ``register(db)`` callable's dotted name."""
     if isinstance(spec, (str, Path)):
         return str(spec)
@@ -104,7 +115,7 @@ def app_handler(loaded: LoadedApp) -> BatchHandler:
     return RulesHandler(loaded.prefetch)
 
 
-def portable_spec(spec: str | Path | Callable[[Any], Any]) -> str | Callable[[Any], Any]:
+def portable_spec(spec: AppSpec) -> str | Register:
     """``spec`` in a form a Spark task in another process can load: files become absolute
     paths; module names and callables are returned unchanged (a callable must be
     importable by reference in the workers)."""

@@ -18,6 +18,8 @@ from activedb.extras import Extra, needs
 if TYPE_CHECKING:  # pragma: no cover
     import networkx as nx
 
+    from activedb.atomic import BatchRef, TransactionLineage
+
 
 @click.group("batches")
 def batches_group() -> None:
@@ -119,7 +121,7 @@ def render_tree(graph: nx.DiGraph[str], title: str) -> str:
 QUERY_CHARACTERS = 18          # a batch's query id is cut to this many characters in a node's label
 
 
-def _short_batch(ref: Any) -> str:
+def _short_batch(ref: BatchRef) -> str:
     """``query/batch`` of a batch, the query cut in the middle (Spark query ids are long)."""
     query = ref.query_id
     if len(query) > QUERY_CHARACTERS:
@@ -127,7 +129,7 @@ def _short_batch(ref: Any) -> str:
     return f"{query}/{ref.batch_id}"
 
 
-def _node_label(node: str, lineage: Any) -> str:
+def _node_label(node: str, lineage: TransactionLineage) -> str:
     name = lineage.name or ("…" + node[-8:] if len(node) > 12 else node)
     consumed = [_short_batch(ref) for ref in lineage.consumed]
     lines = [name]

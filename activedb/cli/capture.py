@@ -9,7 +9,7 @@ import datetime as dt
 import json
 import signal
 import threading
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 import click
 
@@ -18,6 +18,7 @@ from activedb.metrics import metrics_port_option, start_metrics
 
 if TYPE_CHECKING:  # pragma: no cover
     from activedb import Database
+    from activedb.capture import CaptureManager
 
 
 def _when(at: dt.datetime | None) -> str:
@@ -87,7 +88,8 @@ def status_command(ctx: click.Context, as_json: bool, behind_changes: int, behin
         console.print(f"[yellow]warning:[/yellow] {line}", highlight=False)
 
 
-def _tables_command(name: str, help_text: str, change: Callable[[Any, str], None], done: str) -> click.Command:
+def _tables_command(name: str, help_text: str, change: Callable[[CaptureManager, str], object], done: str
+                   ) -> click.Command:
     """``activedb capture NAME TABLES...``: ``change(db.capture, table)`` for each table, saying ``done``."""
     @capture_group.command(name, help=help_text)
     @click.argument("tables", nargs=-1, required=True)

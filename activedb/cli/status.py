@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import click
 
 if TYPE_CHECKING:  # pragma: no cover
     from rich.console import Console
 
+    from activedb.atomic import SplitBatchStatus
+    from activedb.capture import CaptureStatus
     from activedb.ingest import BatchReport
+    from activedb.outbox import FailedFiring, OutboxStatistics
 
 __all__ = ["print_capture_backlog", "print_detached", "print_in_progress", "print_split_batches", "register_commands",
            "status_command"]
@@ -105,7 +108,7 @@ def print_in_progress(console: Console, reports: list[BatchReport]) -> None:
         console.print(line, highlight=False, soft_wrap=True)
 
 
-def print_capture_backlog(console: Any, capture: Any) -> None:
+def print_capture_backlog(console: Console, capture: CaptureStatus) -> None:
     """Change capture's backlog per consumer and table, and its warnings (``activedb status``; the whole
     picture is ``activedb capture status``)."""
     if not capture.installed or not (capture.tables or capture.retained_changes):
@@ -123,7 +126,7 @@ def print_capture_backlog(console: Any, capture: Any) -> None:
         console.print(f"[yellow]warning:[/yellow] {line}", highlight=False)
 
 
-def print_detached(console: Any, detached: Any, failures: list[Any]) -> None:
+def print_detached(console: Console, detached: OutboxStatistics, failures: list[FailedFiring]) -> None:
     """The outbox's counts and its failed firings (``activedb status``)."""
     from activedb.cli import failed_firings_table
 
@@ -133,7 +136,7 @@ def print_detached(console: Any, detached: Any, failures: list[Any]) -> None:
         console.print(failed_firings_table(failures))
 
 
-def print_split_batches(console: Any, statuses: list[Any]) -> None:
+def print_split_batches(console: Console, statuses: list[SplitBatchStatus]) -> None:
     """The scale-out policies and the split batches with a failed partition (``activedb status``)."""
     if not statuses:
         return
