@@ -5,7 +5,7 @@
   check yet are listed there ("not strict yet"): every entry names a module that exists, and the public
   packages' own modules are never in it.
 - Few signatures say ``Any``: a function whose annotations (parameters or return) mention ``Any`` anywhere
-  counts once; benchmarks, examples and migrations are not counted.  The ceiling only goes down, to the
+  (or a module-level alias defined as bare ``Any``) counts once; benchmarks, examples and migrations are not counted.  The ceiling only goes down, to the
   target of 5 % of all signatures.
 """
 
@@ -21,49 +21,143 @@ PUBLIC = ("activedb", "activedb.lowlevel", "activedb.ingest", "activedb.streams"
           "activedb.composite", "activedb.testing", "spark_bridge", "lockmgr", "coupling")
 
 # Signatures that mention Any, at most (lower it when you remove some; the target is TARGET_SHARE).
-ANY_CEILING = 229
+ANY_CEILING = 177
 TARGET_SHARE = 0.05
 
 
-def _mentions_any(annotation: ast.expr | None) -> bool:
+def _is_any(node: ast.expr | None) -> bool:
+    """``Any``, ``typing.Any`` or ``"Any"``: an alias defined as this adds nothing to ``Any``."""
+    return (isinstance(node, ast.Name) and node.id == "Any") or \
+        (isinstance(node, ast.Attribute) and node.attr == "Any") or \
+        (isinstance(node, ast.Constant) and node.value == "Any")
+
+
+def _module_statements(body: list[ast.stmt]):
+    """A module's top-level statements, including those under ``if``/``try`` (``if TYPE_CHECKING:``)."""
+    for statement in body:
+        yield statement
+        if isinstance(statement, ast.If):
+            yield from _module_statements(statement.body + statement.orelse)
+        elif isinstance(statement, ast.Try):
+            yield from _module_statements(statement.body + statement.orelse + statement.finalbody
+                                          + [line for handler in statement.handlers for line in handler.body])
+
+
+def _any_aliases(tree: ast.Module) -> set[str]:
+    """Names a module defines as bare ``Any`` (``X = Any``, ``X: TypeAlias = Any``, or an alias of such)."""
+    aliases: set[str] = set()
+    changed = True
+    while changed:
+        changed = False
+        for statement in _module_statements(tree.body):
+            if isinstance(statement, ast.Assign) and len(statement.targets) == 1:
+                target, value = statement.targets[0], statement.value
+            elif isinstance(statement, ast.AnnAssign) and statement.value is not None:
+                target, value = statement.target, statement.value
+            else:
+                continue
+            if isinstance(target, ast.Name) and target.id not in aliases and \
+                    (_is_any(value) or isinstance(value, ast.Name) and value.id in aliases):
+                aliases.add(target.id)
+                changed = True
+    return aliases
+
+
+def _module_name(relative: Path) -> str:
+    parts = relative.with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imported_any_aliases(tree: ast.Module, module: str, is_package: bool,
+                          aliases: dict[str, set[str]]) -> set[str]:
+    """The local names of ``from m import X [as Y]`` where ``X`` is a bare-``Any`` alias of module ``m``."""
+    names: set[str] = set()
+    for statement in _module_statements(tree.body):
+        if not isinstance(statement, ast.ImportFrom):
+            continue
+        source = statement.module or ""
+        if statement.level:
+            base = module.split(".")
+            base = base[:len(base) - statement.level + (1 if is_package else 0)]
+            source = ".".join(base + ([source] if source else []))
+        for alias in statement.names:
+            if alias.name in aliases.get(source, ()):
+                names.add(alias.asname or alias.name)
+    return names
+
+
+def _mentions_any(annotation: ast.expr | None, aliases: frozenset[str] = frozenset(),
+                  attributes: frozenset[str] = frozenset()) -> bool:
+    """True if ``annotation`` names ``Any``, one of ``aliases`` (names bound to bare ``Any`` in its module) or
+    ``module.X`` with ``X`` among ``attributes`` (the bare-``Any`` aliases of every module)."""
     if annotation is None:
         return False
     for node in ast.walk(annotation):
-        if isinstance(node, ast.Name) and node.id == "Any":
+        if isinstance(node, ast.Name) and (node.id == "Any" or node.id in aliases):
             return True
-        if isinstance(node, ast.Attribute) and node.attr == "Any":
+        if isinstance(node, ast.Attribute) and (node.attr == "Any" or node.attr in attributes):
             return True
         if isinstance(node, ast.Constant) and isinstance(node.value, str):      # a quoted annotation
             try:
-                if _mentions_any(ast.parse(node.value, mode="eval").body):
+                if _mentions_any(ast.parse(node.value, mode="eval").body, aliases, attributes):
                     return True
             except SyntaxError:
                 pass
     return False
 
 
-def count_any_signatures() -> tuple[int, int, dict[str, int]]:
-    """(signatures mentioning Any, all signatures, per file) over the four packages' sources."""
+def count_any_signatures(root: Path = ROOT, packages: tuple[str, ...] = PACKAGES) -> tuple[int, int, dict[str, int]]:
+    """(signatures mentioning Any, all signatures, per file) over the packages' sources.  An annotation that
+    names a module-level alias defined as bare ``Any`` (in its own module or imported from another) counts as
+    ``Any``: renaming ``Any`` does not type anything."""
+    trees: dict[Path, ast.Module] = {}
+    for package in packages:
+        for path in sorted((root / package).rglob("*.py")):
+            if "examples" not in path.relative_to(root).parts:
+                trees[path] = ast.parse(path.read_text(), str(path))
+    aliases = {_module_name(path.relative_to(root)): _any_aliases(tree) for path, tree in trees.items()}
+    everywhere = frozenset(name for names in aliases.values() for name in names)
     with_any = total = 0
     per_file: dict[str, int] = {}
-    for package in PACKAGES:
-        for path in sorted((ROOT / package).rglob("*.py")):
-            relative = path.relative_to(ROOT)
-            if "examples" in relative.parts:
+    for path, tree in trees.items():
+        relative = path.relative_to(root)
+        module = _module_name(relative)
+        named_any = frozenset(aliases[module] | _imported_any_aliases(tree, module, path.name == "__init__.py",
+                                                                      aliases))
+        for node in ast.walk(tree):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 continue
-            for node in ast.walk(ast.parse(path.read_text(), str(path))):
-                if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                    continue
-                arguments = node.args
-                annotations = [argument.annotation for argument in
-                               arguments.posonlyargs + arguments.args + arguments.kwonlyargs]
-                annotations += [arguments.vararg and arguments.vararg.annotation,
-                                arguments.kwarg and arguments.kwarg.annotation, node.returns]
-                total += 1
-                if any(_mentions_any(annotation) for annotation in annotations):
-                    with_any += 1
-                    per_file[str(relative)] = per_file.get(str(relative), 0) + 1
+            arguments = node.args
+            annotations = [argument.annotation for argument in
+                           arguments.posonlyargs + arguments.args + arguments.kwonlyargs]
+            annotations += [arguments.vararg and arguments.vararg.annotation,
+                            arguments.kwarg and arguments.kwarg.annotation, node.returns]
+            total += 1
+            if any(_mentions_any(annotation, named_any, everywhere) for annotation in annotations):
+                with_any += 1
+                per_file[str(relative)] = per_file.get(str(relative), 0) + 1
     return with_any, total, per_file
+
+
+def test_an_alias_of_any_counts_as_any(tmp_path):
+    """``Value = Any`` (or ``Value: TypeAlias = "Any"``, or imported from a sibling module) is ``Any`` under
+    another name: a signature naming it counts; an alias that adds structure does not."""
+    package = tmp_path / "planted"
+    (package / "sub").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "_types.py").write_text(
+        "from typing import Any, TypeAlias\nimport typing\nValue = Any\nRow: TypeAlias = 'Any'\n"
+        "Cell = typing.Any\nSame = Value\nStructured = dict[str, object]\n")
+    (package / "_use.py").write_text(
+        "from typing import Any\nfrom ._types import Value, Row as R, Structured\n"
+        "from planted._types import Cell\nfrom . import _types\n"
+        "def a(x: Value) -> None: ...\ndef b() -> 'list[R]': ...\ndef c(x: Cell) -> None: ...\n"
+        "def d(x: _types.Same) -> None: ...\ndef e(x: Structured) -> None: ...\ndef f(x: object) -> int: ...\n"
+        "def g(x: Any) -> None: ...\n")
+    (package / "sub" / "__init__.py").write_text("from .._types import Value\ndef h(x: Value) -> None: ...\n")
+    with_any, total, per_file = count_any_signatures(tmp_path, ("planted",))
+    assert (with_any, total) == (6, 8), per_file
+    assert per_file == {"planted/_use.py": 5, "planted/sub/__init__.py": 1}
 
 
 def test_few_signatures_say_any():

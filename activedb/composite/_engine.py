@@ -11,20 +11,22 @@ from __future__ import annotations
 import collections
 import dataclasses
 import threading
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, NoReturn, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Mapping, NoReturn, Sequence, TypedDict
 
 from activedb.clock import SYSTEM_CLOCK, Clock
 from activedb.composite._evaluation import Evaluation
 from activedb.composite._input import InputNode
 from activedb.composite._members import Members
-from activedb.composite._model import CompositeEvent, Heartbeat, Invalidation, Partition, Uncertainty, describe_event
+from activedb.composite._model import (Choice, CompositeEvent, Heartbeat, Invalidation, Partition, Uncertainty,
+                                       describe_event)
 from activedb.composite._polist import Membership
 from activedb.composite._records import CompositeStatistics, MembershipKind, ProducerInfo, TimeoutPolicy, Window
 from activedb.composite._rollback import Rollback
 from activedb.composite.errors import CompositeError, MembershipError, ProducerTimeout
-from activedb.events import EventSpec, EventKind, LocalClock
+from activedb.events import EventSpec, EventKind, Instant, LocalClock, TimeLike, earlier
 from activedb.streams import CompiledQuery, StreamEvent, StreamSchema, algebra as ast, compile_query, parse
-from activedb.streams import query_definition
+from activedb.streams import PatternLike, Returns, query_definition
+from activedb.streams.algebra import Position
 from activedb.streams.errors import DefinitionError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -32,6 +34,14 @@ if TYPE_CHECKING:  # pragma: no cover
     from activedb.txn import Transaction
 
 DEFAULT_TIMEOUT = 30.0
+
+
+class Waiting(TypedDict):
+    """One node's waiting state (``CompositionEngine.waiting()``): its lists, as events, and the producers
+    whose sync-points it waits for."""
+
+    lists: dict[str, list[StreamEvent]]
+    blocked_on: list[str]
 
 
 class CompositionEngine:
@@ -56,8 +66,8 @@ class CompositionEngine:
 
     def __init__(self, db: DatabaseHandle | None = None, *, name: str = "composite", clock: Clock | None = None,
                  timeout: float | None = DEFAULT_TIMEOUT, on_timeout: TimeoutPolicy | str = TimeoutPolicy.RAISE,
-                 on_uncertain: Callable[[Uncertainty], Any] | None = None, window: int = 2000,
-                 on_invalidation: Callable[[Invalidation], Any] | None = None):
+                 on_uncertain: Callable[[Uncertainty], Choice | StreamEvent | None] | None = None,
+                 window: int = 2000, on_invalidation: Callable[[Invalidation], object] | None = None):
         if not isinstance(name, str) or not name.strip():
             raise CompositeError("a CompositionEngine needs a non-empty name")
         if timeout is not None and not timeout > 0:
@@ -103,7 +113,8 @@ class CompositionEngine:
             compiled.append(self.create_query(definition))
         return compiled
 
-    def query(self, name: str, *, pattern: Any, returns: Any = (), where: Any = None, stream: str | None = None,
+    def query(self, name: str, *, pattern: PatternLike, returns: Returns = (), where: object = None,
+              stream: str | None = None,
               consumption: ast.Consumption = ast.Consumption.CHRONICLE) -> CompiledQuery:
         """Define a query in Python: ``pattern=streams.conj("A", "B")`` or ``streams.seq("A", "B")``."""
         return self.create_query(query_definition(name, pattern=pattern, returns=returns, where=where,
@@ -141,7 +152,7 @@ class CompositionEngine:
 
     # --- membership ---------------------------------------------------------------------------------
 
-    def join(self, producer: str, *, types: Iterable[str], since: Any = None,
+    def join(self, producer: str, *, types: Iterable[str], since: TimeLike | None = None,
              clock: LocalClock | None = None, membership: MembershipKind = MembershipKind.ATOMIC) -> None:
         """Register ``producer`` for ``types`` (the design note's "Membership: atomic and weak").
 
@@ -183,7 +194,7 @@ class CompositionEngine:
         ``attributes['producer']``) or a :class:`Heartbeat`; return the composite events it made possible."""
         return self.submit([event])
 
-    def heartbeat(self, producer: str, ts: Any) -> list[CompositeEvent]:
+    def heartbeat(self, producer: str, ts: TimeLike) -> list[CompositeEvent]:
         """``producer`` is alive and will send nothing with a lower bound below ``lower(ts)``."""
         return self.signal(Heartbeat(producer, ts))
 
@@ -231,7 +242,7 @@ class CompositionEngine:
 
     # --- the end of a call -------------------------------------------------------------------------------
 
-    def _finish(self, emit_into: Any = None) -> list[CompositeEvent]:
+    def _finish(self, emit_into: Transaction | None = None) -> list[CompositeEvent]:
         """End a call: hand the outputs to ``emit_into`` (a transaction: every composite event is emitted
         into it first), hand out the invalidation notices (outside ``_mutex``), raise the first
         uncertainty met (the others are in ``error.others``; the outputs made before stay for
@@ -303,7 +314,7 @@ class CompositionEngine:
             return CompositeStatistics(**{field.name: measured.get(field.name, self._counts[field.name])
                                           for field in dataclasses.fields(CompositeStatistics)})
 
-    def waiting(self) -> dict[tuple[str, Partition], dict[str, Any]]:
+    def waiting(self) -> dict[tuple[str, Partition], Waiting]:
         """Per node that holds events: its lists (as events) and the producers it waits for."""
         with self._guard:
             return {key: {"lists": {name: [item.event for item in items] for name, items in
@@ -311,7 +322,7 @@ class CompositionEngine:
                           "blocked_on": sorted(node.blocked_on)}
                     for key, node in self._evaluation.nodes.items() if node.size() or node.blocked_on}
 
-    def progress(self, query: str) -> Any:
+    def progress(self, query: str) -> Instant | None:
         """A lower bound of the lower bound of every composite event ``query`` may still produce (None:
         unknown): what a consumer of these composites uses as this query's sync-point
         (``other.heartbeat(query, engine.progress(query))``)."""
@@ -319,7 +330,7 @@ class CompositionEngine:
             compiled = self._queries.get(query)
             if compiled is None:
                 raise DefinitionError(f"no query {query!r} in engine {self.name}")
-            bounds: list[Any] = []
+            bounds: list[Instant] = []
             for key, node in self._evaluation.nodes.items():
                 if key[0] == query:
                     bounds.extend(item.ts.interval.lower for item in node.items())
@@ -335,7 +346,7 @@ class CompositionEngine:
             entries = tuple(self._input.entries)[-last:] if last else tuple(self._input.entries)
             start = min((entry.ts.interval.lower for entry in entries), default=None)
             composites = tuple(composite for composite in self._evaluation.composites
-                               if start is None or not composite.ts.interval.upper < start)
+                               if start is None or not earlier(composite.ts.interval.upper, start))
             producers = self._members.producers
             return Window(entries=entries, composites=composites,
                           sync_points={name: state.sync for name, state in producers.items()},
@@ -372,7 +383,7 @@ class _Holding:
 class _NoStore:
     """The store catalog of a composition engine: composite queries do not read the store."""
 
-    def table(self, name: str, position: Any = None) -> NoReturn:
+    def table(self, name: str, position: Position | None = None) -> NoReturn:
         raise DefinitionError(f"composition queries cannot read the store (table {name!r}): a composite event is "
                               f"decided from events alone; read the store in a rule on the composite event",
                               line=position.line if position else None, column=position.column if position else None)

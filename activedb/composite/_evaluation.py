@@ -6,7 +6,7 @@ thread-safe by itself: used under ``CompositionEngine._mutex``.
 from __future__ import annotations
 
 import collections
-from typing import Any, Callable, Iterable, Sequence, TypedDict
+from typing import Callable, Iterable, Sequence, TypedDict
 
 from activedb.clock import Clock
 from activedb.composite._members import Members
@@ -15,7 +15,7 @@ from activedb.composite._node import Node
 from activedb.composite._polist import Decision, Item, POList
 from activedb.composite.errors import CompositeError, UncertainOrder
 from activedb.events import hull
-from activedb.streams import Ctx, StreamEvent
+from activedb.streams import CompiledQuery, Ctx, StreamEvent
 
 
 class EvaluationSnapshot(TypedDict):
@@ -34,7 +34,7 @@ class Evaluation:
     uncertainties kept for the picture and weak membership's check."""
 
     def __init__(self, members: Members, clock: Clock, counts: collections.Counter[str],
-                 on_uncertain: Callable[[Uncertainty], Any] | None, window: int):
+                 on_uncertain: Callable[[Uncertainty], Choice | StreamEvent | None] | None, window: int):
         self.members = members
         self.clock = clock
         self.counts = counts
@@ -46,7 +46,7 @@ class Evaluation:
         self.composites: collections.deque[CompositeEvent] = collections.deque(maxlen=window)
         self.uncertainties: collections.deque[Uncertainty] = collections.deque(maxlen=window)
 
-    def node(self, query: Any, partition: Partition) -> Node:
+    def node(self, query: CompiledQuery, partition: Partition) -> Node:
         """The node of ``query`` for ``partition`` (made on first use)."""
         key = (query.name, partition)
         node = self.nodes.get(key)
@@ -120,7 +120,7 @@ class Evaluation:
 
     def compose(self, node: Node, chosen: list[Item]) -> None:
         query = node.query
-        events: list[Any] = [None] * len(query.types)
+        events: list[StreamEvent | None] = [None] * len(query.types)
         for rank, item in enumerate(chosen):
             events[query.positives[rank]] = item.event
         ctx = Ctx(events)

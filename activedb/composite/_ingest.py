@@ -13,13 +13,14 @@ import datetime as dt
 import heapq
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Mapping
 
 from activedb.composite._engine import CompositionEngine
 from activedb.composite._model import CompositeEvent, Heartbeat
-from activedb.events import Timestamp
+from activedb.events import Instant, Timestamp, elapsed
 from activedb.ingest._ledger import IngestionLedger
-from activedb.ingest._mapping import TS_UNITS, EventMapping, InvalidField, Rejected, is_arrow, jsonable, to_utc
+from activedb.ingest._mapping import EPOCH, TS_UNITS, EventMapping, InvalidField, Rejected, is_arrow, jsonable, to_utc
+from activedb.ingest._interface import Rows
 from activedb.ingest._protocol import BatchHandler, BatchInput
 from activedb.ingest.errors import IngestError, MappingError
 from activedb.streams import StreamEvent
@@ -35,19 +36,19 @@ __all__ = ["CompositeHandler", "FeedResult", "feed_batch", "rows_to_items"]
 class FeedResult:
     """What one batch did: the inputs taken, the composite events produced, the rows rejected."""
 
-    items: tuple[Any, ...]
+    items: tuple[StreamEvent | Heartbeat, ...]
     composites: tuple[CompositeEvent, ...]
     rejected: tuple[Rejected, ...]
 
 
-def _rows(rows: Any) -> list[dict[str, Any]]:
+def _rows(rows: Rows) -> list[Mapping[str, object]]:
     if is_arrow(rows):
-        table_rows: list[dict[str, Any]] = rows.to_pylist()
+        table_rows: list[Mapping[str, object]] = rows.to_pylist()
         return table_rows
     return [row if isinstance(row, dict) else {"value": row} for row in rows]
 
 
-def _seconds(value: Any, label: str) -> float:
+def _seconds(value: object, label: str) -> float:
     if isinstance(value, dt.timedelta):
         return value.total_seconds()
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
@@ -55,7 +56,7 @@ def _seconds(value: Any, label: str) -> float:
     return float(value)
 
 
-def _local(value: Any, label: str) -> Any:
+def _local(value: object, label: str) -> float:
     if isinstance(value, dt.datetime):
         return (value if value.tzinfo else value.replace(tzinfo=dt.timezone.utc)).timestamp()
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
@@ -63,14 +64,14 @@ def _local(value: Any, label: str) -> Any:
     return float(value)
 
 
-def rows_to_items(rows: Any, mapping: EventMapping) -> tuple[list[Any], list[Rejected]]:
+def rows_to_items(rows: Rows, mapping: EventMapping) -> tuple[list[StreamEvent | Heartbeat], list[Rejected]]:
     """Validate ``rows``; return the engine's inputs (per producer in detection order, producers merged by
     lower bound) and the rejected rows.  Never raises for bad data."""
     if mapping.producer_column is None:
         raise MappingError("rows_to_items needs EventMapping(producer_column=…) (and accuracy columns for "
                            "intervals): a composition engine keeps its progress per producer")
     divisor = TS_UNITS[mapping.ts_unit]
-    per_producer: dict[str, list[tuple[tuple[object, ...], Any]]] = {}
+    per_producer: dict[str, list[tuple[tuple[Instant, Instant, int], Timestamp, StreamEvent | Heartbeat]]] = {}
     rejected: list[Rejected] = []
     for position, row in enumerate(_rows(rows)):
         try:
@@ -98,7 +99,7 @@ def rows_to_items(rows: Any, mapping: EventMapping) -> tuple[list[Any], list[Rej
                 local = _local(row[mapping.local_ts_column], f"local timestamp ({mapping.local_ts_column!r})")
             stamp = Timestamp.at(reference, minus=minus, plus=plus, producer=producer, local=local)
             if mapping.heartbeat_type is not None and event_type == mapping.heartbeat_type:
-                item: Any = Heartbeat(producer, stamp)
+                item: StreamEvent | Heartbeat = Heartbeat(producer, stamp)
             else:
                 key = row.get(mapping.key_column)
                 payload_names = mapping.payload_columns_for(row.keys())
@@ -112,17 +113,17 @@ def rows_to_items(rows: Any, mapping: EventMapping) -> tuple[list[Any], list[Rej
             reason = str(error) if isinstance(error, InvalidField) else f"timestamp: {error}"
             rejected.append(Rejected(position, reason, jsonable(row)))
             continue
-        order = (stamp.local if stamp.local is not None else stamp.lower.timestamp(), stamp.lower, position)
-        per_producer.setdefault(producer, []).append((order, item))
+        order = (stamp.local if stamp.local is not None else elapsed(EPOCH, stamp.lower), stamp.lower, position)
+        per_producer.setdefault(producer, []).append((order, stamp, item))
     sequences = []
     for producer in sorted(per_producer):
         entries = sorted(per_producer[producer], key=lambda entry: entry[0])
-        sequences.append([((item.ts.lower, producer, index), item) for index, (_, item) in enumerate(entries)])
+        sequences.append([((stamp.lower, producer, index), item) for index, (_, stamp, item) in enumerate(entries)])
     items = [item for _, item in heapq.merge(*sequences, key=lambda entry: entry[0])]
     return items, rejected
 
 
-def feed_batch(engine: CompositionEngine, rows: Any, mapping: EventMapping, *, tx: Transaction | None = None
+def feed_batch(engine: CompositionEngine, rows: Rows, mapping: EventMapping, *, tx: Transaction | None = None
                ) -> FeedResult:
     """Feed one micro-batch: ``engine.process(tx, …)`` inside the batch's transaction (composites
     emitted, state restored if it aborts) or ``engine.submit(…)`` when ``tx`` is None."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from typing import Any, Mapping, TypedDict
+from typing import Mapping, TypedDict
 
 from activedb.clock import Clock
 from activedb.composite._evaluation import Evaluation
@@ -15,7 +15,7 @@ from activedb.composite._model import CompositeEvent, Heartbeat, Invalidation, P
 from activedb.composite._polist import Item, Producer
 from activedb.composite._records import WindowEntry
 from activedb.composite.errors import EventRejected, LateEvent
-from activedb.events import Timestamp, as_timestamp, precedes
+from activedb.events import Timestamp, as_timestamp, earlier, precedes
 from activedb.streams import CompiledQuery, Ctx, StreamEvent
 
 
@@ -51,14 +51,18 @@ class InputNode:
         for event_type, positions in ranks.items():
             self.by_type.setdefault(event_type, []).append((query, tuple(positions)))
 
-    def take(self, raw: Any) -> None:
+    def take(self, raw: StreamEvent | Heartbeat | Mapping[str, object]) -> None:
         """Precondition: the caller holds the engine's mutex."""
         if isinstance(raw, Heartbeat):
             self._heartbeat(raw)
             return
         if isinstance(raw, Mapping):
-            raw = StreamEvent(raw.get("type"), raw.get("ts"),  # type: ignore[arg-type]  # (StreamEvent checks it)
-                              dict(raw.get("attributes", {})), raw.get("stream"))
+            event_type, attributes, stream = raw.get("type"), raw.get("attributes", {}), raw.get("stream")
+            if not isinstance(event_type, str) or not isinstance(attributes, Mapping) or \
+                    not isinstance(stream, (str, type(None))):
+                raise EventRejected(f"engine {self.name}: an event given as a mapping has a text 'type', a mapping "
+                                    f"'attributes' and optionally a text 'stream', got {raw!r}")
+            raw = StreamEvent(event_type, raw.get("ts"), dict(attributes), stream)
         if not isinstance(raw, StreamEvent):
             raise EventRejected(f"engine {self.name} takes StreamEvent or Heartbeat objects, got {raw!r}")
         producer_name = raw.ts.producer if isinstance(raw.ts, Timestamp) else None
@@ -166,8 +170,9 @@ class InputNode:
         """Refuse a late input as the design note's "Late inputs" says.  Returns True for an *old* event of
         a weak member (it keeps its FIFO promise, but decisions relied on its absence)."""
         lower = ts.interval.lower
-        behind = producer.sync is not None and lower < producer.sync
-        local_behind = ts.local is not None and producer.latest_local is not None and ts.local < producer.latest_local
+        behind = producer.sync is not None and earlier(lower, producer.sync)
+        local_behind = ts.local is not None and producer.latest_local is not None and \
+            earlier(ts.local, producer.latest_local)
         if heartbeat:
             if producer.sync is None:
                 behind = False
@@ -175,9 +180,9 @@ class InputNode:
                 return False            # an old heartbeat says nothing new; sync-points never move back
         relied = self.members.relied.get(event_type)
         if producer.weak and not heartbeat and not (behind or local_behind):
-            return relied is not None and not relied < lower
+            return relied is not None and not earlier(relied, lower)
         if producer.sync is None and not heartbeat:
-            if relied is not None and not relied < lower:
+            if relied is not None and not earlier(relied, lower):
                 self.counts["late_refused"] += 1
                 raise LateEvent(f"{what} is the first of producer {producer.name}, which joined without since=, "
                                 f"but compositions of {event_type} already relied on no event before {relied!r} "
@@ -186,7 +191,7 @@ class InputNode:
             return False
         if not (behind or local_behind):
             return False
-        if local_behind or (relied is not None and not relied < lower):
+        if local_behind or (relied is not None and not earlier(relied, lower)):
             self.counts["late_refused"] += 1
             raise LateEvent(f"{what} arrived after its producer's sync-point {producer.sync!r} moved past it, and "
                             f"compositions of {event_type} already relied on no event before {relied!r} being in "

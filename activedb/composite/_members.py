@@ -5,21 +5,21 @@
 from __future__ import annotations
 
 import collections
-from typing import Any, Iterable, TypedDict
+from typing import Iterable, TypedDict
 
 from activedb.composite._polist import Membership, Producer
 from activedb.composite._records import MembershipKind, ProducerInfo
 from activedb.composite.errors import MembershipError
-from activedb.events import LocalClock, Timestamp, as_timestamp
+from activedb.events import Instant, LocalClock, TimeLike, Timestamp, as_timestamp, earlier
 
 
 class MembersSnapshot(TypedDict):
     """What :meth:`Members.snapshot` saves: per producer its record and the fields a batch changes (sync, latest
     local time, membership, events, heartbeats, last seen), the producers per type, and ``relied``."""
 
-    producers: dict[str, tuple[Producer, Any, Any, Membership, int, int, Any]]
+    producers: dict[str, tuple[Producer, Instant | None, Instant | None, Membership, int, int, float]]
     by_type: dict[str, list[Producer]]
-    relied: dict[str, Any]
+    relied: dict[str, Instant]
 
 
 class Members:
@@ -32,24 +32,24 @@ class Members:
         self.by_type: dict[str, list[Producer]] = {}
         # Invariant: every decision about type T relied on no event of T with lower bound <= relied[T] still
         # being in transit; an atomic member may therefore only join with ``since`` after it.
-        self.relied: dict[str, Any] = {}
+        self.relied: dict[str, Instant] = {}
 
-    def join(self, producer: str, types: frozenset[str], since: Any, clock: LocalClock | None, now: float,
+    def join(self, producer: str, types: frozenset[str], since: TimeLike | None, clock: LocalClock | None, now: float,
              weak: bool) -> None:
         """Register ``producer`` (see ``CompositionEngine.join``; its arguments are checked there)."""
         existing = self.producers.get(producer)
         if existing is not None and existing.state is Membership.JOINED:
             raise MembershipError(f"producer {producer} has already joined engine {self.name}")
-        if since is not None:
-            since = as_timestamp(since).interval.lower
+        start = None if since is None else as_timestamp(since).interval.lower
+        if start is not None:
             for event_type in () if weak else types:
                 relied = self.relied.get(event_type)
-                if relied is not None and not relied < since:
+                if relied is not None and not earlier(relied, start):
                     raise MembershipError(
                         f"producer {producer} joins too late: compositions of {event_type} already relied on no "
-                        f"event before {relied!r} being in transit, and it may send events from {since!r} on; join "
+                        f"event before {relied!r} being in transit, and it may send events from {start!r} on; join "
                         f"producers before they send (atomic membership), or give since= later than {relied!r}")
-        state = Producer(producer, types, since, clock, now, weak=weak)
+        state = Producer(producer, types, start, clock, now, weak=weak)
         self.producers[producer] = state
         for event_type in types:
             self.by_type.setdefault(event_type, []).append(state)
@@ -82,13 +82,13 @@ class Members:
         certainly precede (empty: the candidate set is stable)."""
         return frozenset(producer.name for producer in self.by_type.get(event_type, ()) if not producer.covers(stamps))
 
-    def rely(self, event_type: str, value: Any) -> None:
+    def rely(self, event_type: str, value: Instant) -> None:
         """A decision about ``event_type`` relied on no event before ``value`` being in transit."""
         current = self.relied.get(event_type)
-        if current is None or current < value:
+        if current is None or earlier(current, value):
             self.relied[event_type] = value
 
-    def syncs(self, types: Iterable[str]) -> list[Any] | None:
+    def syncs(self, types: Iterable[str]) -> list[Instant] | None:
         """The sync-points of the producers of ``types`` (None if one of them is unknown yet)."""
         syncs = []
         for event_type in set(types):

@@ -7,7 +7,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any, Hashable, Mapping, TypeAlias
 
-from activedb.events import Timestamp
+from activedb.events import Instant, TimeLike, Timestamp
 from activedb.streams import StreamEvent
 
 #: A partition of a query: the values of its partition attributes, in order (``()``: the query is not partitioned).
@@ -21,7 +21,7 @@ class Heartbeat:
     in a stream, or ``engine.heartbeat(producer, ts)`` for producers fed directly."""
 
     producer: str
-    ts: Any
+    ts: TimeLike
 
 
 class UncertaintyKind(enum.Enum):
@@ -124,10 +124,10 @@ class CompositeEvent:
     def __getitem__(self, attribute: str) -> Any:
         return self.attributes[attribute]
 
-    def payload(self) -> dict[str, Any]:
+    def payload(self) -> dict[str, object]:
         """What a rule on the composite event sees as ``event.payload``: the RETURN attributes, plus
         ``constituents`` (the events), ``components`` and ``resolutions``."""
-        payload = dict(self.attributes)
+        payload: dict[str, object] = dict(self.attributes)
         payload.setdefault("constituents", self.constituents)
         payload.setdefault("components", self.components)
         payload.setdefault("resolutions", self.resolutions)
@@ -156,7 +156,7 @@ class Invalidation:
     producer: str
     event: StreamEvent
     composites: tuple[CompositeEvent, ...]
-    relied: Any
+    relied: Instant | None
 
     def describe(self) -> str:
         shown = "; ".join(composite.describe() for composite in self.composites)

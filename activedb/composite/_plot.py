@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import datetime as dt
 from pathlib import Path
-from typing import Any
 
-from activedb.composite._model import describe_event
-from activedb.events import TimeUnit, seconds
+from activedb.composite._model import CompositeEvent, describe_event
+from activedb.composite._records import Window
+from activedb.events import Instant, TimeUnit, elapsed
 from activedb.extras import Extra, needs
 
 GAP_FACTOR = 4.0          # an empty stretch longer than this many typical interval widths is compressed to it
@@ -89,7 +89,7 @@ def _spread_labels(items: list[tuple[float, str]], room_per_character: float) ->
     return levels
 
 
-def plot(window: Any, path: str | Path, *, title: str | None = None, unit: TimeUnit = TimeUnit.MS) -> Path:
+def plot(window: Window, path: str | Path, *, title: str | None = None, unit: TimeUnit = TimeUnit.MS) -> Path:
     """Draw ``window`` (``CompositionEngine.window()``) to ``path`` (PNG); returns the path.
 
     Times are shown relative to the earliest lower bound in the window, in ``unit`` (an
@@ -106,11 +106,12 @@ def plot(window: Any, path: str | Path, *, title: str | None = None, unit: TimeU
     from matplotlib.patches import Patch
 
     scale = float(unit.per_second)
-    lowers = [item.ts.interval.lower for item in (*window.entries, *window.composites)]
+    lowers = [entry.ts.interval.lower for entry in window.entries] + \
+        [composite.ts.interval.lower for composite in window.composites]
     origin = min(lowers) if lowers else 0.0
 
-    def real(value: Any) -> float:
-        return seconds(value - origin) * scale
+    def real(value: Instant) -> float:
+        return elapsed(origin, value) * scale
 
     points, spans = [], []
     for entry in window.entries:
@@ -121,7 +122,7 @@ def plot(window: Any, path: str | Path, *, title: str | None = None, unit: TimeU
     points += [real(sync) for sync in window.sync_points.values() if sync is not None]
     axis = _TimeAxis(points, spans)
 
-    def x(value: Any) -> float:
+    def x(value: Instant) -> float:
         return axis(real(value))
 
     producers = sorted(set(window.producers) | {entry.producer for entry in window.entries})
@@ -131,7 +132,7 @@ def plot(window: Any, path: str | Path, *, title: str | None = None, unit: TimeU
     span = (max(drawn) - min(drawn)) or 1.0
     room_per_character = span / (0.72 * width) * LABEL_CHARACTER_INCHES
     # The composites' hulls, each with its label, packed into as few rows as keep them apart.
-    hulls: list[tuple[Any, float, float, str, int]] = []
+    hulls: list[tuple[CompositeEvent, float, float, str, int]] = []
     row_ends: list[float] = []
     for composite in window.composites:
         lower, upper = x(composite.ts.interval.lower), x(composite.ts.interval.upper)
@@ -158,7 +159,7 @@ def plot(window: Any, path: str | Path, *, title: str | None = None, unit: TimeU
             axes.plot([lower, upper], [lane, lane], color="grey", linewidth=1, alpha=0.6)
             axes.plot([lower], [lane], marker="|", color="grey", markersize=10)
             continue
-        axes.barh(lane, max(upper - lower, 1e-6), left=lower, height=0.35, color=type_colour[entry.type],
+        axes.barh(lane, max(upper - lower, 1e-6), left=lower, height=0.35, color=type_colour.get(entry.type or "", "grey"),
                   alpha=0.55, edgecolor="black", linewidth=0.5)
         labels_per_lane.setdefault(lane, []).append(((lower + upper) / 2, entry.label.split("[")[0]))
         positions[(entry.producer, entry.label)] = (lower, upper)

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Any, Iterable, Literal, Sequence, TypeAlias
+from typing import Iterable, Literal, Sequence, TypeAlias
 
-from activedb.events import LocalClock, Order, Timestamp, local_order
+from activedb.events import Instant, LocalClock, Order, Timestamp, earlier, local_order
 from activedb.streams import StreamEvent
 
 EXACT_CLOCK = LocalClock()
@@ -27,7 +27,7 @@ class Item:
     number: int
     processed: bool = False
 
-    def sort_key(self) -> tuple[Any, ...]:
+    def sort_key(self) -> tuple[Instant, Instant, str | None, Instant, str, str]:
         ts = self.ts
         return (ts.lower, ts.upper, ts.producer, ts.local if ts.local is not None else ts.lower,
                 self.event.type, repr(sorted(dict(self.event.attributes).items())))
@@ -38,9 +38,9 @@ class Item:
 
 def before(a: Timestamp, b: Timestamp) -> bool:
     """``a < b``: interval order, refined by the local order of one producer's events."""
-    if a.interval.upper < b.interval.lower:
+    if earlier(a.interval.upper, b.interval.lower):
         return True
-    if b.interval.upper < a.interval.lower:
+    if earlier(b.interval.upper, a.interval.lower):
         return False
     return local_order(a, b) is Order.BEFORE
 
@@ -52,7 +52,7 @@ def oldest(items: Sequence[Item]) -> list[Item]:
     # Anything whose lower bound is above the lowest upper bound is preceded by that item; nothing
     # precedes a candidate in interval order (it would end before lower(candidate) <= lowest_upper), so
     # only the local order of one producer can still rule a candidate out.
-    candidates = [item for item in items if item.ts.interval.lower <= lowest_upper]
+    candidates = [item for item in items if not earlier(lowest_upper, item.ts.interval.lower)]
     return [item for item in candidates if not _locally_preceded(item, items)]
 
 
@@ -60,7 +60,7 @@ def newest(items: Sequence[Item]) -> list[Item]:
     if not items:
         return []
     highest_lower = max(item.ts.interval.lower for item in items)
-    candidates = [item for item in items if item.ts.interval.upper >= highest_lower]
+    candidates = [item for item in items if not earlier(item.ts.interval.upper, highest_lower)]
     return [item for item in candidates if not _locally_preceded(item, items, followed=True)]
 
 
@@ -122,11 +122,11 @@ class Producer:
 
     name: str
     types: frozenset[str]
-    sync: Any
+    sync: Instant | None
     clock: LocalClock | None
     last_seen: float
     weak: bool = False        # weak membership: admitted late; its old events are checked against the past
-    latest_local: Any = None
+    latest_local: Instant | None = None
     state: Membership = Membership.JOINED
     events: int = 0
     heartbeats: int = 0
@@ -135,10 +135,10 @@ class Producer:
         """Move the sync-point to ``lower(ts)`` (and the latest local reading); True if it moved."""
         moved = False
         lower = ts.interval.lower
-        if self.sync is None or self.sync < lower:
+        if self.sync is None or earlier(self.sync, lower):
             self.sync = lower
             moved = True
-        if ts.local is not None and (self.latest_local is None or self.latest_local < ts.local):
+        if ts.local is not None and (self.latest_local is None or earlier(self.latest_local, ts.local)):
             self.latest_local = ts.local
             moved = True
         return moved
@@ -152,7 +152,7 @@ class Producer:
         if self.state is Membership.LEFT:
             return True
         lowest_upper = min(stamp.interval.upper for stamp in stamps)
-        if self.sync is not None and lowest_upper < self.sync:
+        if self.sync is not None and earlier(lowest_upper, self.sync):
             return True
         if self.latest_local is None:
             return False

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Mapping
 
 from activedb.composite._model import CompositeEvent, Uncertainty
 from activedb._closedset import ClosedSet
-from activedb.events import Timestamp
+from activedb.events import Instant, Timestamp
 
 
 class MembershipKind(ClosedSet):
@@ -36,8 +36,8 @@ class ProducerInfo:
 
     name: str
     types: tuple[str, ...]
-    sync: Any
-    latest_local: Any
+    sync: Instant | None
+    latest_local: Instant | None
     state: str
     events: int
     heartbeats: int
@@ -72,7 +72,7 @@ class WindowEntry:
     producer: str
     type: str | None
     ts: Timestamp
-    sync_after: Any                   # the producer's sync-point after it
+    sync_after: Instant | None         # the producer's sync-point after it
     arrival: float                    # system time
     label: str
 
@@ -84,6 +84,6 @@ class Window:
 
     entries: tuple[WindowEntry, ...]
     composites: tuple[CompositeEvent, ...]
-    sync_points: Mapping[str, Any]
+    sync_points: Mapping[str, Instant | None]
     producers: Mapping[str, tuple[str, ...]]
     uncertainties: tuple[Uncertainty, ...] = ()

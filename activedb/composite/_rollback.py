@@ -7,7 +7,7 @@ participant takes itself — it is called by the transaction, outside every engi
 from __future__ import annotations
 
 import collections
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, ContextManager, TypedDict
 
 from activedb import lowlevel
 from activedb.composite._evaluation import Evaluation, EvaluationSnapshot
@@ -44,7 +44,7 @@ class _Participant(CommitParticipant):
 class Rollback:
     """The snapshot of the state before the current top-level transaction's first batch."""
 
-    def __init__(self, guard: Any, members: Members, evaluation: Evaluation, inputs: InputNode,
+    def __init__(self, guard: ContextManager[None], members: Members, evaluation: Evaluation, inputs: InputNode,
                  counts: collections.Counter[str]):
         self.guard = guard                   # the engine's mutex, as a context manager
         self.members = members

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from activedb.errors import ActivedbError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from activedb.composite._model import Uncertainty
 
 
 class CompositeError(ActivedbError):
@@ -21,7 +24,7 @@ class UncertainOrder(CompositeError):
     are returned by ``engine.take_outputs()``): pass ``on_uncertain=`` to let the application choose, or drop
     events with ``engine.discard(event)``; the next call evaluates again."""
 
-    def __init__(self, uncertainty: Any):
+    def __init__(self, uncertainty: Uncertainty):
         self.uncertainty = uncertainty
         self.others: tuple["UncertainOrder", ...] = ()      # further uncertainties met in the same call
         super().__init__(f"{uncertainty.describe()}; the engine does not pick silently — give the CompositionEngine an "

@@ -2,8 +2,10 @@
 
 from activedb.events._model import Event, EventKind, EventSpec, Origin, new_event
 from activedb.events._progress import Punctuations, Watermark
-from activedb.events._time import (AccuracyInterval, LocalClock, Order, TimeUnit, Timestamp, as_timestamp, check_time,
-                                   hull, local_order, order, precedes, seconds, uncertain)
+from activedb.events._time import (AccuracyInterval, Duration, Instant, LocalClock, Order, TimeLike, TimeUnit, Timestamp,
+                                   as_timestamp, check_time, earlier, elapsed, hull, local_order, order, precedes,
+                                   seconds, uncertain)
 
-__all__ = ["AccuracyInterval", "Event", "EventKind", "EventSpec", "LocalClock", "Order", "Origin", "Punctuations", "Watermark",
-           "TimeUnit", "Timestamp", "as_timestamp", "check_time", "hull", "local_order", "new_event", "order", "precedes", "seconds", "uncertain"]
+__all__ = ["AccuracyInterval", "Duration", "Event", "EventKind", "EventSpec", "Instant", "LocalClock", "Order", "Origin",
+           "Punctuations", "TimeLike", "Watermark", "TimeUnit", "Timestamp", "as_timestamp", "check_time", "earlier",
+           "elapsed", "hull", "local_order", "new_event", "order", "precedes", "seconds", "uncertain"]

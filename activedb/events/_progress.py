@@ -5,12 +5,14 @@ held).
 
 from __future__ import annotations
 
-import datetime
 import threading
 from typing import TypeAlias
 
-#: An event time a punctuation names: Spark's watermarks are datetimes, the engines' own clocks numbers.
-Watermark: TypeAlias = "datetime.datetime | float"
+from activedb.events._time import Instant
+
+#: An event time a punctuation names (an :data:`~activedb.events.Instant`): Spark's watermarks are datetimes, the
+#: engines' own clocks numbers.
+Watermark: TypeAlias = Instant
 
 
 class Punctuations:

@@ -1,7 +1,7 @@
 """Time of events from many producers (Liebig, Cilia, Buchmann, *Event Composition in Time-dependent
 Distributed Systems*, §III.C–D; the design note ``README.md``, the formulas ``activedb/composite/README.md``).
-References are numbers of seconds or aware datetimes; α⁻/α⁺ are seconds or ``timedelta``.  Everything
-here is immutable and thread-safe.
+References are :data:`Instant`\\ s (numbers of seconds or aware datetimes); α⁻/α⁺ are :data:`Duration`\\ s
+(seconds or ``timedelta``).  Everything here is immutable and thread-safe.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import datetime as dt
 import enum
 import math
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Iterable, TypeAlias, Union
 
 from activedb._closedset import ClosedSet
 
@@ -33,6 +33,13 @@ class TimeUnit(ClosedSet):
 _PER_SECOND = {TimeUnit.S: 1, TimeUnit.MS: 1_000, TimeUnit.US: 1_000_000}
 
 
+#: A point in time: a number of seconds (of a clock the producers share, the Unix epoch's by default) or an aware
+#: datetime.  One interval, and any two times compared, hold one kind (a mix raises ``TypeError``).
+Instant: TypeAlias = Union[float, dt.datetime]
+#: A length of time: seconds or a ``timedelta`` (either goes with either kind of :data:`Instant`).
+Duration: TypeAlias = Union[float, dt.timedelta]
+
+
 class Order(enum.Enum):
     """How two timestamps are ordered: the first BEFORE the second, AFTER it, or UNCERTAIN (``⊥``)."""
 
@@ -41,20 +48,42 @@ class Order(enum.Enum):
     UNCERTAIN = "uncertain"
 
 
-def seconds(difference: Any) -> float:
+def seconds(difference: Duration) -> float:
     """A difference of two times (a number or a ``timedelta``) in seconds."""
     if isinstance(difference, dt.timedelta):
         return difference.total_seconds()
     return float(difference)
 
 
-def _offset(reference: Any, amount: Any) -> Any:
-    """``amount`` (seconds or timedelta) in the unit ``reference`` adds."""
-    if isinstance(reference, dt.datetime):
-        return amount if isinstance(amount, dt.timedelta) else dt.timedelta(seconds=float(amount))
-    if isinstance(amount, dt.timedelta):
-        return amount.total_seconds()
-    return amount
+def _mixed(a: Instant, b: Instant) -> TypeError:
+    return TypeError(f"{a!r} and {b!r} mix a datetime and a number of seconds; give every time of one kind")
+
+
+def earlier(a: Instant, b: Instant) -> bool:
+    """``a < b`` for two instants of one kind (``TypeError`` for a datetime against a number)."""
+    if isinstance(a, dt.datetime):
+        if isinstance(b, dt.datetime):
+            return a < b
+    elif not isinstance(b, dt.datetime):
+        return a < b
+    raise _mixed(a, b)
+
+
+def elapsed(start: Instant, end: Instant) -> float:
+    """Seconds from ``start`` to ``end`` (negative if ``end`` is earlier), two instants of one kind."""
+    if isinstance(end, dt.datetime):
+        if isinstance(start, dt.datetime):
+            return (end - start).total_seconds()
+    elif not isinstance(start, dt.datetime):
+        return float(end - start)
+    raise _mixed(start, end)
+
+
+def _shifted(instant: Instant, amount: Duration) -> Instant:
+    """``instant + amount`` (``amount``: seconds or timedelta, either kind of instant)."""
+    if isinstance(instant, dt.datetime):
+        return instant + (amount if isinstance(amount, dt.timedelta) else dt.timedelta(seconds=amount))
+    return instant + (amount.total_seconds() if isinstance(amount, dt.timedelta) else amount)
 
 
 def check_time(value: object, what: str) -> None:
@@ -85,28 +114,28 @@ class AccuracyInterval:
 
     Invariant: ``lower <= upper`` (checked); both of one kind (numbers or aware datetimes)."""
 
-    lower: Any
-    upper: Any
+    lower: Instant
+    upper: Instant
 
     def __post_init__(self) -> None:
         check_time(self.lower, "lower bound")
         check_time(self.upper, "upper bound")
         if isinstance(self.lower, dt.datetime) != isinstance(self.upper, dt.datetime):
             raise ValueError(f"interval [{self.lower!r}, {self.upper!r}] mixes datetimes and numbers")
-        if self.upper < self.lower:
+        if earlier(self.upper, self.lower):
             raise ValueError(f"interval [{self.lower!r}, {self.upper!r}] ends before it begins")
 
     @classmethod
-    def around(cls, reference: Any, minus: Any = 0.0, plus: Any = None) -> "AccuracyInterval":
+    def around(cls, reference: Instant, minus: Duration = 0.0, plus: Duration | None = None) -> "AccuracyInterval":
         """``[reference − minus, reference + plus]`` (``plus`` defaults to ``minus``: ``[ref ± α]``)."""
         check_time(reference, "reference time")
         plus = minus if plus is None else plus
         _check_accuracy(minus, "α⁻")
         _check_accuracy(plus, "α⁺")
-        return cls(reference - _offset(reference, minus), reference + _offset(reference, plus))
+        return cls(_shifted(reference, -minus), _shifted(reference, plus))
 
     @classmethod
-    def point(cls, instant: Any) -> "AccuracyInterval":
+    def point(cls, instant: Instant) -> "AccuracyInterval":
         return cls(instant, instant)
 
     @property
@@ -146,9 +175,9 @@ class LocalClock:
                     or value < 0:
                 raise ValueError(f"LocalClock.{name} must be a non-negative number, got {value!r}")
 
-    def orders(self, earlier: Any, later: Any) -> bool:
-        """``lts(earlier) < lts(later)`` in the local timestamp order (certainly occurred before)."""
-        distance = seconds(later - earlier)
+    def orders(self, first: Instant, second: Instant) -> bool:
+        """``lts(first) < lts(second)`` in the local timestamp order (certainly occurred before)."""
+        distance = elapsed(first, second)
         return self.detection_delay < (distance - self.granularity - self.rate_adjustment) / (1.0 + self.drift)
 
 
@@ -165,9 +194,11 @@ class Timestamp:
 
     interval: AccuracyInterval
     producer: str | None = None
-    local: Any = None
+    local: Instant | None = None
     clock: LocalClock | None = field(default=None, compare=False)
-    reference: Any = None
+    # None given (the default) is replaced by the interval's middle in __post_init__, so a Timestamp's reference
+    # is always an Instant; typed as what readers get.
+    reference: Instant = None  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
         if not isinstance(self.interval, AccuracyInterval):
@@ -177,31 +208,32 @@ class Timestamp:
         if self.local is not None:
             check_time(self.local, "local timestamp")
         if self.reference is None:                     # the middle of the interval
-            object.__setattr__(self, "reference", self.lower + (self.upper - self.lower) / 2)
+            object.__setattr__(self, "reference", _shifted(self.lower, elapsed(self.lower, self.upper) / 2))
 
     @classmethod
-    def at(cls, reference: Any, accuracy: Any = 0.0, *, minus: Any = None, plus: Any = None,
-           producer: str | None = None, local: Any = None, clock: LocalClock | None = None) -> "Timestamp":
+    def at(cls, reference: Instant, accuracy: Duration = 0.0, *, minus: Duration | None = None,
+           plus: Duration | None = None, producer: str | None = None, local: Instant | None = None,
+           clock: LocalClock | None = None) -> "Timestamp":
         """``[reference − α⁻, reference + α⁺]``; ``accuracy`` gives both unless ``minus``/``plus`` do."""
         minus = accuracy if minus is None else minus
         plus = accuracy if plus is None else plus
         return cls(AccuracyInterval.around(reference, minus, plus), producer, local, clock, reference)
 
     @classmethod
-    def between(cls, lower: Any, upper: Any, *, producer: str | None = None, local: Any = None,
+    def between(cls, lower: Instant, upper: Instant, *, producer: str | None = None, local: Instant | None = None,
                 clock: LocalClock | None = None) -> "Timestamp":
         return cls(AccuracyInterval(lower, upper), producer, local, clock)
 
     @classmethod
-    def point(cls, instant: Any, *, producer: str | None = None, local: Any = None) -> "Timestamp":
+    def point(cls, instant: Instant, *, producer: str | None = None, local: Instant | None = None) -> "Timestamp":
         return cls(AccuracyInterval.point(instant), producer, local, None, instant)
 
     @property
-    def lower(self) -> Any:
+    def lower(self) -> Instant:
         return self.interval.lower
 
     @property
-    def upper(self) -> Any:
+    def upper(self) -> Instant:
         return self.interval.upper
 
     @property
@@ -209,7 +241,7 @@ class Timestamp:
         return self.interval.is_point
 
     @property
-    def point_value(self) -> Any:
+    def point_value(self) -> Instant:
         """The single instant of a point timestamp; raises ``ValueError`` for a proper interval (a
         point-time consumer would have to guess inside it)."""
         if not self.interval.is_point:
@@ -223,7 +255,12 @@ class Timestamp:
         return f"{self.interval}{who}{local}"
 
 
-def as_timestamp(value: Any, producer: str | None = None) -> Timestamp:
+#: What :func:`as_timestamp` (and so :func:`order`, :func:`precedes`, :func:`hull`) takes: a timestamp, an
+#: interval, or an instant (a point).
+TimeLike: TypeAlias = Union[Timestamp, AccuracyInterval, Instant]
+
+
+def as_timestamp(value: TimeLike, producer: str | None = None) -> Timestamp:
     """``value`` as a :class:`Timestamp`: one already (its producer filled in if it has none), an
     :class:`AccuracyInterval`, or a number/datetime (a point)."""
     if isinstance(value, Timestamp):
@@ -249,35 +286,35 @@ def local_order(a: Timestamp, b: Timestamp) -> Order | None:
     return None
 
 
-def order(a: Any, b: Any) -> Order:
+def order(a: TimeLike, b: TimeLike) -> Order:
     """The order of two timestamps: accuracy-interval order, refined by the local timestamp order for
     events of one producer.  Numbers and datetimes are points."""
-    a, b = as_timestamp(a), as_timestamp(b)
-    if a.interval.upper < b.interval.lower:
+    first, second = as_timestamp(a), as_timestamp(b)
+    if earlier(first.interval.upper, second.interval.lower):
         return Order.BEFORE
-    if b.interval.upper < a.interval.lower:
+    if earlier(second.interval.upper, first.interval.lower):
         return Order.AFTER
-    local = local_order(a, b)
+    local = local_order(first, second)
     return local if local is not None else Order.UNCERTAIN
 
 
-def precedes(a: Any, b: Any) -> bool:
+def precedes(a: TimeLike, b: TimeLike) -> bool:
     """``a < b`` (certainly occurred before)."""
     return order(a, b) is Order.BEFORE
 
 
-def uncertain(a: Any, b: Any) -> bool:
+def uncertain(a: TimeLike, b: TimeLike) -> bool:
     """``a ⊥ b``."""
     return order(a, b) is Order.UNCERTAIN
 
 
-def hull(stamps: Iterable[Any], producer: str | None = None) -> Timestamp:
+def hull(stamps: Iterable[TimeLike], producer: str | None = None) -> Timestamp:
     """The smallest interval containing every given timestamp (a composite event's time: it began no
     earlier than the lowest bound and ended no later than the highest)."""
-    stamps = [as_timestamp(stamp) for stamp in stamps]
-    if not stamps:
+    given = [as_timestamp(stamp) for stamp in stamps]
+    if not given:
         raise ValueError("the hull of no timestamps is undefined")
-    lower = min(stamp.lower for stamp in stamps)
-    upper = max(stamp.upper for stamp in stamps)
-    reference = max(stamp.reference for stamp in stamps)
+    lower = min(stamp.lower for stamp in given)
+    upper = max(stamp.upper for stamp in given)
+    reference = max(stamp.reference for stamp in given)
     return Timestamp(AccuracyInterval(lower, upper), producer, None, None, reference)

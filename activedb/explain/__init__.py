@@ -32,7 +32,7 @@ import signal
 import threading
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Literal, Mapping, TypeAlias
+from typing import TYPE_CHECKING, Hashable, Iterable, Literal, Mapping, TypeAlias
 
 from activedb.errors import PictureError
 from activedb.explain._drawing import EDGE_KINDS, draw
@@ -42,7 +42,7 @@ if TYPE_CHECKING:  # pragma: no cover
     import networkx
     from types import FrameType
 
-    from lockmgr import Deadlock, LockTableSnapshot
+    from lockmgr import Deadlock, LockTableSnapshot, WaitEdge
 
     from activedb.txn import Transaction
 
@@ -203,7 +203,7 @@ class Explanation:
 
 # --- building an explanation -------------------------------------------------------------------------
 
-def describe_resource(resource: Any) -> str:
+def describe_resource(resource: object) -> str:
     """A lock resource in words: activedb's ``("row", table, key)`` as ``table[key]``, ``("table", t)`` as
     ``table t``; anything else as its ``repr``."""
     if isinstance(resource, tuple) and resource:
@@ -216,7 +216,7 @@ def describe_resource(resource: Any) -> str:
     return repr(resource)
 
 
-def _mode_name(mode: Any) -> str:
+def _mode_name(mode: object) -> str:
     return getattr(mode, "name", str(mode))
 
 
@@ -225,7 +225,7 @@ _Known: TypeAlias = "tuple[str | None, str] | tuple[str | None, str, str | None]
 
 
 def from_snapshot(snapshot: "LockTableSnapshot", known: Mapping[str, _Known] | None = None, *,
-                  cycle: Iterable[Any] = (), victim: Any = None, title: str = "activedb transactions",
+                  cycle: Iterable[WaitEdge] = (), victim: Hashable | None = None, title: str = "activedb transactions",
                   deadlock: str | None = None, states_from_snapshot: bool = False) -> Explanation:
     """An explanation from a lock-manager snapshot.  ``known`` maps the ids of activedb transactions to
     ``(name, state[, parent id])``; a lock-manager transaction that is not known but whose parent is, is that node's
@@ -236,7 +236,7 @@ def from_snapshot(snapshot: "LockTableSnapshot", known: Mapping[str, _Known] | N
     known = {tid: tuple(value) + (None,) * (3 - len(value)) for tid, value in (known or {}).items()}  # type: ignore[misc]
     infos = snapshot.transactions
 
-    def owner(tid: Any) -> str:
+    def owner(tid: Hashable) -> str:
         key = str(tid)
         if key in known or not known:
             return key
@@ -257,7 +257,7 @@ def from_snapshot(snapshot: "LockTableSnapshot", known: Mapping[str, _Known] | N
         for request in holders.waiting:
             waiting[owner(request.tid)] = HeldLock(text, _mode_name(request.mode))
 
-    node_ids: dict[str, Any] = {}
+    node_ids: dict[str, Hashable | None] = {}    # a node's lock-manager tid (None: gone from the lock table)
     segments: dict[str, list[str]] = {}
     for tid in infos:
         mine = owner(tid)
@@ -334,7 +334,7 @@ def _lock_key(lock: HeldLock) -> tuple[bool, str]:
     return (not lock.resource.startswith("table "), lock.resource)
 
 
-def _known_transactions(roots: Iterable[Any]) -> dict[str, tuple[str | None, str, str | None]]:
+def _known_transactions(roots: Iterable[Transaction]) -> dict[str, tuple[str | None, str, str | None]]:
     """``tid -> (name, state, parent id)`` of ``roots`` and all their descendants (public properties only)."""
     known: dict[str, tuple[str | None, str, str | None]] = {}
     pending = list(roots)
@@ -361,7 +361,7 @@ def find_deadlock(error: BaseException | None) -> Deadlock | None:
     return None
 
 
-def explain(db: "Database", *, deadlock: BaseException | None = None, also: Iterable[Any] = (),
+def explain(db: "Database", *, deadlock: BaseException | None = None, also: Iterable[Transaction] = (),
             title: str | None = None) -> Explanation:
     """The picture of ``db``'s process now (the design note says what is drawn).  ``deadlock``: a ``DeadlockDetected`` (or an
     error caused by one) whose cycle is marked, drawn from the snapshot it carries if any; ``also``: more

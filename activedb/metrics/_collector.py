@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from activedb._handle import DatabaseHandle
 from activedb.extras import Extra, needs
@@ -19,8 +19,8 @@ with needs(Extra.METRICS, "Prometheus metrics (activedb.metrics)"):
     from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:  # pragma: no cover
-    from activedb.ingest import BatchInProgress
-    from activedb.capture import CaptureManager
+    from activedb.ingest import BatchInProgress, BatchOutcome, IngestStatistics
+    from activedb.capture import CaptureManager, ConsumerStatistics
     from activedb.outbox import Outbox
 
 logger = logging.getLogger("activedb.metrics")
@@ -39,12 +39,11 @@ class ScrapedDatabase(DatabaseHandle, Protocol):
 class IngestionSource(Protocol):
     """What an ingestion offers to be watched (the Spark bridge's sink has both)."""
 
-    def statistics(self) -> Any:
-        """A frozen snapshot with ``query_name``, ``batches``, ``batches_skipped``, ``rows``, ``events``,
-        ``dead_letters``, ``rule_firings`` (rule -> count), ``watermark_lag_seconds`` (or None)."""
+    def statistics(self) -> IngestStatistics:
+        """A frozen snapshot of the ingestion's counters."""
 
-    def recent_outcomes(self) -> list[Any]:
-        """The last batches' outcomes, oldest first, each with ``seconds``."""
+    def recent_outcomes(self) -> list[BatchOutcome]:
+        """The last batches' outcomes, oldest first."""
 
     def batch_in_progress(self) -> BatchInProgress | None:
         """The batch running now (``seconds``, ``firing`` with ``rule`` and ``seconds``, or None), or None between
@@ -54,9 +53,8 @@ class IngestionSource(Protocol):
 class ConsumerSource(Protocol):
     """What a capture consumer offers to be watched (``db.capture.consumer(...)``)."""
 
-    def statistics(self) -> Any:
-        """A frozen snapshot with ``name``, ``batches``, ``changes``, ``firings``, ``failed``,
-        ``lag_seconds`` (or None)."""
+    def statistics(self) -> ConsumerStatistics:
+        """A frozen snapshot of the consumer's counters."""
 
 
 def reason_label(reason: str) -> str:

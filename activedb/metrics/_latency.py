@@ -8,7 +8,14 @@ import bisect
 import itertools
 import threading
 from collections.abc import Sequence
-from typing import Any
+from typing import Protocol
+
+class Timed(Protocol):
+    """A batch's outcome as the histogram reads it (``activedb.ingest.BatchOutcome`` is one)."""
+
+    @property
+    def seconds(self) -> float: ...
+
 
 #: Upper bounds (seconds) of the histogram's buckets; ``+Inf`` is implied.
 BUCKETS: tuple[float, ...] = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
@@ -23,9 +30,9 @@ class BatchLatency:
         self._counts = [0] * (len(self.buckets) + 1)    # per bucket, not cumulative; the last is +Inf
         self._sum = 0.0
         # Invariant: _last is the newest outcome counted (kept alive, so ``is`` never matches a newcomer).
-        self._last: Any = None
+        self._last: Timed | None = None
 
-    def absorb(self, outcomes: Sequence[Any]) -> int:
+    def absorb(self, outcomes: Sequence[Timed]) -> int:
         """Count the outcomes after the last one counted (``outcomes`` oldest first); returns how many."""
         with self._mutex:
             start = next((index + 1 for index in range(len(outcomes) - 1, -1, -1) if outcomes[index] is self._last), 0)

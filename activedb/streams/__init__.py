@@ -9,8 +9,8 @@ Public interface: :class:`StreamEngine` (``create_stream``, ``define`` or ``quer
 """
 
 from activedb.streams import algebra
-from activedb.streams._builders import (NEW, EventRef, Ref, component, conj, delete, event, exists, insert, lit, not_,
-                                        query_definition, same, seq, store, update)
+from activedb.streams._builders import (NEW, EventRef, PatternLike, Ref, Returns, RuleAction, component, conj, delete,
+                                        event, exists, insert, lit, not_, query_definition, same, seq, store, update)
 from activedb.streams._catalog import StreamSchema
 from activedb.streams._compile import CompiledQuery, CompiledRule, compile_query
 from activedb.streams._concurrent import (LockingScheduler, LWMScheduler, S2PLScheduler, SchedulerHooks,
@@ -32,7 +32,8 @@ from activedb.streams import errors
 
 __all__ = ["AccessPlan", "BatchResult", "BatchRun", "CompiledQuery", "CompiledRule", "Consumption", "Ctx", "DeadLetter",
            "END_OF_STREAM", "EventRef", "LWMLockTable", "LWMScheduler", "LockMode", "LockingScheduler", "NEW", "Output",
-           "PartitionState", "QueriesHandler", "QueryCounters", "ReadSpec", "Ref", "Resource", "S2PLLockTable",
+           "PartitionState", "PatternLike", "QueriesHandler", "QueryCounters", "ReadSpec", "Ref", "Resource", "Returns",
+           "RuleAction", "S2PLLockTable",
            "S2PLScheduler", "SEIScheduler", "STransaction", "Scheduler", "SchedulerKind", "SchedulerHooks",
            "SchedulerStatistics", "Selection",
            "StoreView", "StreamEngine", "StreamEvent", "StreamHistory", "StreamLockTable", "StreamOp", "StreamSchema",

@@ -7,10 +7,23 @@ TypeError).  Plain Python values are literals.
 
 from __future__ import annotations
 
-from typing import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Callable, Iterable, Mapping, Sequence, TypeAlias, Union
 
 from activedb.streams import algebra as ast
 from activedb.streams.errors import DefinitionError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from activedb.streams._events import Output
+    from activedb.streams._view import DeclaredView, StoreView
+
+#: A rule's action: ``update(…)``, ``insert(…)``, ``delete(…)``, or a callable ``(tx, new)`` — ``tx`` the
+#: s-transaction's view of the store (limited to the declared tables when ``reads``/``writes`` are given), ``new``
+#: the query's output.
+RuleAction: TypeAlias = Union[ast.Action, Callable[["StoreView | DeclaredView", "Output"], object]]
+#: A query's pattern: ``seq(…)``/``conj(…)``, one component, or one event type.
+PatternLike: TypeAlias = Union[ast.Pattern, str, ast.EventComponent]
+#: A query's RETURN: ``{name: expression}``, or expressions that are attributes (named after them).
+Returns: TypeAlias = Union[Mapping[Union[str, None], object], Iterable[object]]
 
 
 def _operator(node: type, operator: str, reflected: bool = False) -> Callable[["Ref", object], "Ref"]:
@@ -194,7 +207,7 @@ def _where(where: object) -> ast.Expr | None:
     return _node(where)
 
 
-def _returns(returns: Mapping[str | None, object] | Iterable[object]) -> tuple[ast.ReturnItem, ...]:
+def _returns(returns: Returns) -> tuple[ast.ReturnItem, ...]:
     items = []
     pairs = returns.items() if isinstance(returns, Mapping) else ((None, value) for value in returns)
     for name, value in pairs:
@@ -205,8 +218,7 @@ def _returns(returns: Mapping[str | None, object] | Iterable[object]) -> tuple[a
     return tuple(items)
 
 
-def query_definition(name: str, *, pattern: ast.Pattern | str | ast.EventComponent,
-                     returns: Mapping[str | None, object] | Iterable[object], where: object = None,
+def query_definition(name: str, *, pattern: PatternLike, returns: Returns, where: object = None,
                      within: float | None = None,
                      stream: str | None = None, selection: ast.Selection | str = ast.Selection.SKIP_TILL_ANY_MATCH,
                      priority: float | None = None, consumption: ast.Consumption | str | None = None
@@ -221,7 +233,7 @@ def query_definition(name: str, *, pattern: ast.Pattern | str | ast.EventCompone
                                consumption=ast.Consumption(consumption) if consumption is not None else None)
 
 
-def rule_definition(name: str, *, on_output: str, action: object, when: object = None, priority: float | None = None,
+def rule_definition(name: str, *, on_output: str, action: RuleAction | Sequence[RuleAction], when: object = None, priority: float | None = None,
                     new: str = "NEW", reads: Iterable[str] | None = None, writes: Iterable[str] | None = None,
                     replace: bool = False) -> ast.RuleDefinition:
     actions = list(action) if isinstance(action, (list, tuple)) else [action]
