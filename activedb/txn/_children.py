@@ -35,11 +35,11 @@ _ACTIVE, _COMMITTING, _COMMITTED, _ABORTED = (TxnState.ACTIVE, TxnState.COMMITTI
 
 class Subtransactions(ClosedSet):
     """How inline subtransactions are represented (``TransactionManager.subtransactions``; README, "Lazy
-    inline subtransactions" and "Frames"): each representation is equivalent to the next one down, which
-    the equivalence tests check.  ``TransactionManager(subtransactions=...)`` chooses it (default ``FRAMES``)."""
+    inline subtransactions", "Frames" and "The lean run"): ``FRAMES`` is equivalent to the reference
+    ``MATERIALIZED``, which the equivalence tests check.  ``TransactionManager(subtransactions=...)`` chooses it
+    (default ``FRAMES``)."""
 
-    FRAMES = "frames"              # a frame when it can be one, else lazy, else registered
-    LAZY = "lazy"                  # lazy when it can be, never a frame
+    FRAMES = "frames"              # a savepoint or a frame when it can be one, else lazy, else registered
     MATERIALIZED = "materialized"  # every node registered in the lock manager from its start (the reference)
 
 

@@ -55,7 +55,7 @@ class TransactionManager:
                                                                             lock_timeout=LockWaitTimeout))
         self.locking = Locking(self.locks, lock_timeout)
         #: How inline subtransactions are represented (see ``Subtransactions``; README, "Lazy inline
-        #: subtransactions" and "Frames"): ``FRAMES`` (the default), ``LAZY`` (no frames) or ``MATERIALIZED``
+        #: subtransactions" and "Frames"): ``FRAMES`` (the default) or ``MATERIALIZED``
         #: (every node registered from its start, the reference the equivalence tests compare with).  A
         #: constructor argument (the tests set the attribute between runs), never the environment.
         self.subtransactions = Subtransactions.parse(subtransactions, "TransactionManager(subtransactions=...)")

@@ -1,9 +1,10 @@
-"""Frames, lazy and materialized inline subtransactions are the same thing to a rule program.
+"""Savepoints, frames, lazy and materialized inline subtransactions are the same thing to a rule program.
 
 Random rule programs (immediate and deferred rules whose actions read, write, emit further events,
 fail, and open inline or spawned subtransactions whose failure they catch) run once with frames (the
-default), once with lazy inline subtransactions but no frames, and once with every node registered in
-the lock manager from its start; the final table, every value read (by which rule, in which order), the
+default: savepoints of the lean run wherever the tree is exclusive), once with frames while an observer hears
+of every node (so inline children are lazy nodes, neither savepoints nor frames), and once with every node
+registered in the lock manager from its start (the reference); the final table, every value read (by which rule, in which order), the
 firing counts and the outcome of the top-level transaction must be equal.  Spawning and a caught failure
 of a child exercise the mixed trees: a frame or lazy node that materializes (it spawns, or opens an inline
 child of its own) and one that aborts while it is a frame or lazy.
@@ -139,7 +140,22 @@ def use(db):
     db.transactions.subtransactions = Subtransactions.FRAMES
 
 
-def _run(db, program, representation: Subtransactions) -> tuple:
+class _NodeWatcher(activedb.Observer):
+    """Hears of every node's begin: with it registered an inline child is a lazy node, never a frame or a
+    savepoint (txn README, "Frames": a frame is made only when no observer listens to node events)."""
+
+    def on_begin(self, transaction) -> None:
+        pass
+
+
+def _run(db, program, representation: Subtransactions, *, watched: bool = False) -> tuple:
+    """Run ``program``; ``watched``: with a :class:`_NodeWatcher` registered meanwhile."""
+    if watched:
+        watcher = db.observe(_NodeWatcher())
+        try:
+            return _run(db, program, representation)
+        finally:
+            db.transactions.observers.remove(watcher)
     actions, body = program
     db.transactions.subtransactions = representation
     with db.engine.begin() as connection:
@@ -167,7 +183,7 @@ def _run(db, program, representation: Subtransactions) -> tuple:
 def test_rule_programs_behave_alike_with_frames_lazy_and_materialized_subtransactions(db, program):
     try:
         frames = _run(db, program, Subtransactions.FRAMES)
-        lazy = _run(db, program, Subtransactions.LAZY)
+        lazy = _run(db, program, Subtransactions.FRAMES, watched=True)
         materialized = _run(db, program, Subtransactions.MATERIALIZED)
     finally:
         db.transactions.subtransactions = Subtransactions.FRAMES
@@ -391,7 +407,6 @@ def test_frames_in_frames_leave_the_pictures_reads_and_table_of_registered_child
     the materialized tree."""
     results = {representation: _frames_in_frames(db, representation) for representation in Subtransactions}
     assert results[Subtransactions.FRAMES] == results[Subtransactions.MATERIALIZED]
-    assert results[Subtransactions.LAZY] == results[Subtransactions.MATERIALIZED]
     pictures, seen, table = results[Subtransactions.FRAMES]
     assert [row and row["value"] for row in seen] == [1, 2, None]      # the second child's writes undone
     assert table == {"a": 1, "b": 2, "c": 3, "e": 5, "f": 6, "g": 7}
@@ -481,7 +496,6 @@ def test_a_mixed_tree_of_frames_behaves_as_the_materialized_tree(db):
     the same lock pictures, reads and table as lazy and as registered nodes."""
     results = {representation: _mixed_tree(db, representation) for representation in Subtransactions}
     assert results[Subtransactions.FRAMES] == results[Subtransactions.MATERIALIZED]
-    assert results[Subtransactions.LAZY] == results[Subtransactions.MATERIALIZED]
     pictures, seen, table = results[Subtransactions.FRAMES]
     assert seen[0]["value"] == 1 and seen[1]["value"] == 99
     assert seen[2][0]["value"] == 1 and seen[2][1] is None          # the aborted frame left nothing behind
@@ -494,8 +508,8 @@ def test_a_mixed_tree_of_frames_behaves_as_the_materialized_tree(db):
 
 def test_an_inline_child_is_a_frame_until_it_needs_a_node(db, use):
     """With frames (the default) an inline child of a node without other children is a frame, not among
-    its parent's registered children, until it spawns; with ``lazy`` it never is one."""
-    for representation, expected in ((Subtransactions.FRAMES, True), (Subtransactions.LAZY, False)):
+    its parent's registered children, until it spawns; with ``materialized`` it never is one."""
+    for representation, expected in ((Subtransactions.FRAMES, True), (Subtransactions.MATERIALIZED, False)):
         use(representation)
         with db.transaction() as tx:
             with tx.subtransaction() as child:
@@ -560,7 +574,6 @@ def test_overwrites_of_an_ancestors_write_undo_and_fall_back_alike_in_every_repr
     kept through its fallback to a node, leaves the same reads and table in every representation."""
     results = {representation: _overwrites(db, representation) for representation in Subtransactions}
     assert results[Subtransactions.FRAMES] == results[Subtransactions.MATERIALIZED]
-    assert results[Subtransactions.LAZY] == results[Subtransactions.MATERIALIZED]
     seen, table = results[Subtransactions.FRAMES]
     values = [row["value"] if isinstance(row, dict) else tuple(item and item["value"] for item in row)
               for row in seen]
@@ -614,15 +627,14 @@ def test_a_frame_that_queues_a_deferred_firing_stays_a_frame_and_runs_it_at_its_
     assert (outcome, table) == ("committed", {"a": 6, "b": 12})
     assert reads == [("rule0", "b", 2), ("rule3", "a", 6), ("top", "b", 12)]
     assert fired == {"lazy_equivalence_0": 1, "lazy_equivalence_3": 1}
-    assert hooks[Subtransactions.LAZY][0] == hooks[Subtransactions.MATERIALIZED][0] == hooks[Subtransactions.FRAMES][0]
+    assert hooks[Subtransactions.MATERIALIZED][0] == hooks[Subtransactions.FRAMES][0]
     rule0, rule3 = "rule:lazy_equivalence_0", "rule:lazy_equivalence_3"
     # (The rule manager's before_commit, which runs rule 3, comes before this extension's: added first.)
     assert seen == [("begin", rule0), ("begin", rule3), ("before_commit", rule3, True), ("after_end", rule3, True),
                     ("before_commit", rule0, True), ("after_end", rule0, True)]
     assert [entry[:2] for entry in hooks[Subtransactions.MATERIALIZED][1]] == [entry[:2] for entry in seen]
-    # The top-level transaction only; registered nodes: it, rule 0 and rule 3 (lazy ones: it and rule 0, whose
-    # child rule 3 makes it a node).
-    assert (begun[Subtransactions.FRAMES], begun[Subtransactions.LAZY], begun[Subtransactions.MATERIALIZED]) == (1, 2, 3)
+    # The top-level transaction only; registered nodes: it, rule 0 and rule 3.
+    assert (begun[Subtransactions.FRAMES], begun[Subtransactions.MATERIALIZED]) == (1, 3)
     assert db.transactions.locks.statistics().transactions == 0
 
 
@@ -639,7 +651,6 @@ def test_a_frames_deferred_rule_that_fails_aborts_the_frame_alone_alike_in_every
     finally:
         db.transactions.subtransactions = Subtransactions.FRAMES
     assert results[Subtransactions.FRAMES] == results[Subtransactions.MATERIALIZED]
-    assert results[Subtransactions.LAZY] == results[Subtransactions.MATERIALIZED]
     outcome, table, reads, fired = results[Subtransactions.FRAMES]
     assert (outcome, table) == ("committed", {"a": 1, "b": 3})
     assert reads == [("top", "a", 1), ("top", "b", 3)]
@@ -695,7 +706,6 @@ def test_a_frames_deferred_group_on_threads_makes_it_a_node_alike_in_every_repre
             results[representation] = (_items(database), reads, sorted(seen))
             assert database.transactions.locks.statistics().transactions == 0
         assert results[Subtransactions.FRAMES] == results[Subtransactions.MATERIALIZED]
-        assert results[Subtransactions.LAZY] == results[Subtransactions.MATERIALIZED]
         assert results[Subtransactions.FRAMES] == ({"a": 6, "b": 12, "c": 20}, [6, 12, 20], [("b", 6), ("c", 6)])
     finally:
         database.close()
@@ -778,7 +788,7 @@ def test_run_subtransaction_takes_any_arguments_alike_in_every_representation(db
             seen = tx.read("items", "a")["value"]
         table = _items(db)
         outcomes[representation] = (returned, seen, table, tx.subtransactions_committed)
-    assert outcomes[Subtransactions.FRAMES] == outcomes[Subtransactions.LAZY] == outcomes[Subtransactions.MATERIALIZED]
+    assert outcomes[Subtransactions.FRAMES] == outcomes[Subtransactions.MATERIALIZED]
     assert outcomes[Subtransactions.FRAMES] == ([(1, "a", 1), (1, "b", 2), (1, "c", 3)], 1,
                                                 {"a": 1, "b": 2, "c": 3}, 3)
 
@@ -825,7 +835,7 @@ def test_a_frame_has_every_field_a_node_has(db, use):
                                         lowlevel.slot(child, object, create=False) is given, inner[0])
             run_inline(tx, look, argument, "look", object)
     assert seen[Subtransactions.FRAMES] == (True, True, [], True, (True, []))
-    assert seen[Subtransactions.LAZY] == seen[Subtransactions.MATERIALIZED] == (False, False, [], True, (False, []))
+    assert seen[Subtransactions.MATERIALIZED] == (False, False, [], True, (False, []))
 
 
 class _RefusesRuleCommits(activedb.TransactionExtension):

@@ -676,15 +676,26 @@ def _diff(what: str, actual: dict, expected: dict) -> str:
     return "\n".join(lines)
 
 
-@pytest.fixture(autouse=True, params=[representation.value for representation in Subtransactions])
+class _NodeWatcher(activedb.Observer):
+    """Hears of every node's begin: while it is registered no inline child is a savepoint or a frame, so
+    ``frames`` makes lazy nodes (no lock-manager transaction until one is needed)."""
+
+    def on_begin(self, transaction) -> None:
+        pass
+
+
+@pytest.fixture(autouse=True, params=[representation.value for representation in Subtransactions] + ["lazy"])
 def representation(request, db):
-    """Every representation of inline subtransactions (``frames``: a frame on its parent when it can be
-    one; ``lazy``: no lock-manager transaction until one is needed; ``materialized``: every node registered
-    from its start) must match the one model."""
+    """Every representation of inline subtransactions (``frames``: a savepoint or a frame on its parent when it
+    can be one; ``materialized``: every node registered from its start) must match the one model; and so must
+    the lazy nodes ``frames`` makes where a frame cannot be (``lazy``: ``frames`` with an observer of nodes)."""
     saved = db.transactions.subtransactions
-    db.transactions.subtransactions = Subtransactions(request.param)
+    watcher = db.observe(_NodeWatcher()) if request.param == "lazy" else None
+    db.transactions.subtransactions = Subtransactions.FRAMES if watcher else Subtransactions(request.param)
     yield request.param
     db.transactions.subtransactions = saved
+    if watcher is not None:
+        db.transactions.observers.remove(watcher)
 
 
 @pytest.mark.timeout(600)
