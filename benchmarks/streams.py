@@ -102,7 +102,6 @@ import sqlalchemy as sa
 
 from activedb import streams
 from activedb.examples.hand_hygiene.queries import Q1_R1
-from activedb.streams._versions import VersionStore
 from activedb.testing import check_stream_history
 from benchmarks._setup import connect
 from benchmarks._streams_model import (THREADS, CostedEngine, SleepCost, WriterChain, best_of, median_of,
@@ -466,7 +465,7 @@ def _sizes_in_memory() -> tuple[float, float]:
         events = pool_events(2000, 0.25, 1, rng)
         events = [dataclasses.replace(event, sts=1.0) for event in events]
         per_event = (tracemalloc.get_traced_memory()[0] - before) / len(events)
-        store = VersionStore()
+        store = streams.VersionStore()
         before = tracemalloc.get_traced_memory()[0]
         for index in range(2000):
             key = (f"w{index:04d}",)

@@ -18,7 +18,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, TypedDict
+from typing import TYPE_CHECKING, Any, Protocol, TypeGuard, TypedDict
 
 from activedb import lowlevel
 from activedb.deadletters import Letter
@@ -88,7 +88,7 @@ class BatchInput:
     watermark: dt.datetime | None
     dead_letters: BatchLetters
 
-    def holds(self, event: object) -> bool:
+    def holds(self, event: object) -> TypeGuard[RowEvent]:
         """Whether ``event`` is one of this batch's ``events`` (the same object; an engine's event
         points back to it as its ``origin``)."""
         return id(event) in self._event_ids

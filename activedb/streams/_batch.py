@@ -14,7 +14,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, TypeAlias
+from typing import TYPE_CHECKING, Any, Callable, Generic, TypeAlias, TypeVar
 
 import sqlalchemy as sa
 
@@ -23,7 +23,7 @@ from activedb.errors import (DatabaseUnavailable, DeadlockDetected, DuplicateKey
                              SerializationConflict, TransactionError)
 from activedb.streams._compile import CompiledRule
 from activedb.streams._expressions import Ctx
-from activedb.streams._events import DeadLetter, Output, StreamEvent
+from activedb.streams._events import DeadLetter, Output, Punctuation, StreamEvent
 from activedb.streams._matcher import Matcher, PartitionState
 from activedb.streams._overlay import Overlay
 from activedb.streams._state import Pending
@@ -31,6 +31,7 @@ from activedb.streams._view import Stamp, StoreView
 from activedb.streams.errors import ActionFailed, StreamError
 
 if TYPE_CHECKING:
+    from activedb.events import Instant
     from activedb.store import Key
     from activedb.txn import Transaction
     from activedb.streams._definitions import Definitions
@@ -61,7 +62,7 @@ class BatchResult:
     outputs: tuple[Output, ...]        # query outputs, in order (empty with keep_outputs=False)
     dead_letters: tuple[DeadLetter, ...]
     buffered: int                      # still waiting for a punctuation
-    punctuation: Any                   # the released bound after this call
+    punctuation: Punctuation | None    # the released bound after this call
 
 
 @dataclass(frozen=True)
@@ -82,13 +83,17 @@ class AccessPlan:
     opaque: bool = False
 
 
-class _once:
+_Owner = TypeVar("_Owner")
+_Computed = TypeVar("_Computed")
+
+
+class _once(Generic[_Owner, _Computed]):
     """``functools.cached_property`` without Python 3.11's lock per access (a race computes an equal value)."""
 
-    def __init__(self, function: Callable[[Any], Any]):
+    def __init__(self, function: Callable[[_Owner], _Computed]):
         self.function, self.name = function, function.__name__
 
-    def __get__(self, instance: Any, owner: type) -> Any:
+    def __get__(self, instance: _Owner, owner: type) -> _Computed:
         value = instance.__dict__[self.name] = self.function(instance)
         return value
 
@@ -105,8 +110,9 @@ class STransaction:
     plan: AccessPlan = field(repr=False)
 
     @property
-    def ts(self) -> Any:
-        return self.event.ts
+    def ts(self) -> Instant:
+        ts: Instant = self.event.ts            # (a released event's ts: admission checked it)
+        return ts
 
     @_once
     def described(self) -> str:
@@ -141,7 +147,7 @@ class BatchRun:
         self.dead_letters: list[DeadLetter] = []
         self.processed = self.failed = 0
         self.lowered = 0                      # s-transactions run on the overlay (execute_on; SEI's thread only)
-        self.view_factory: Callable[[Any, Stamp], Any] = (
+        self.view_factory: Callable[[Transaction, Stamp], StoreView] = (
             lambda tx, stamp: StoreView(tx, stamp, engine.history, engine._operation_hook))
         self.serial = serial                 # unique across the engine's batches (history unit ids)
         self.definitions = definitions        # the engine's queries and rules (rules_by_query)
@@ -201,7 +207,7 @@ class BatchRun:
 
     # --- the whole s-transaction (SEI and schedulers that lock ahead) ---------------------------
 
-    def execute(self, stransaction: STransaction, parent: Any = None) -> bool:
+    def execute(self, stransaction: STransaction, parent: Transaction | None = None) -> bool:
         """Run ``stransaction`` as one subtransaction of ``parent`` (default: the batch's
         transaction).  True if it committed; False if it aborted (its event is then a dead
         letter).  Raises only when the batch cannot go on."""
@@ -352,7 +358,7 @@ class BatchRun:
         return True
 
     def _body(self, tx: Transaction, stransaction: STransaction, unit: str, ranks: list[int] | None = None,
-              view: Any = None) -> tuple[_Touched, _Fired]:
+              view: StoreView | None = None) -> tuple[_Touched, _Fired]:
         """Match every consuming query (those of ``ranks``, default all), then run the rules on their outputs
         (through ``view``, default the scheduler's view of ``tx``).  Returns ``(touched, fired)``: the new state
         of each partition it matched, and ``(rank, query, outputs)`` for each query with outputs, in order."""
@@ -431,7 +437,7 @@ class BatchRun:
         figures.store_writes += view.writes
         return touched, fired
 
-    def _run_rules(self, fired: list[tuple[int, str, list[Output]]], view: Any, figures: "_Figures",
+    def _run_rules(self, fired: list[tuple[int, str, list[Output]]], view: StoreView, figures: "_Figures",
                    started: float) -> None:
         """Run the rules on ``fired``'s outputs, per query and output in order, per output by rule priority."""
         if not fired:
@@ -550,7 +556,7 @@ _COUNTERS = (("rule_instances", "instances"), ("rule_latency", "rule_latency"), 
              ("query_latency", "query_latency"))
 
 
-def _run_rule(rule: CompiledRule, output: Output, view: Any) -> None:
+def _run_rule(rule: CompiledRule, output: Output, view: StoreView) -> None:
     ctx = Ctx(output, view)
     try:
         if rule.when is not None and rule.when(ctx) is not True:

@@ -6,7 +6,7 @@ tables (:class:`StoreCatalog`, resolving names as SQL folds unquoted ones, or th
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Callable, Iterable, Mapping, TypeAlias, Union
 
 import sqlalchemy as sa
 
@@ -14,8 +14,14 @@ from activedb.errors import UnknownTable
 
 if TYPE_CHECKING:  # pragma: no cover
     from activedb._handle import DatabaseHandle
+    from activedb.streams._events import StreamEvent
 from activedb.streams.algebra import Position
 from activedb.streams.errors import DefinitionError, UnknownAttribute, UnknownName, UnknownQueryTable, at
+
+
+#: ``StreamEngine(aliases=…)``: a table name as definitions write it -> the real table, or ``(real table,
+#: {column as written: real column})``.
+TableAliases: TypeAlias = Mapping[str, Union[str, tuple[str, Mapping[str, str]]]]
 
 
 def fold(name: str, candidates: Iterable[str]) -> str | None:
@@ -44,7 +50,7 @@ class StreamSchema:
     attributes: tuple[str, ...]
     type_attributes: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     priorities: Mapping[str, float] = field(default_factory=dict)
-    tie_key: Callable[[Any], Any] | None = None
+    tie_key: Callable[[StreamEvent], object] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "types", tuple(self.types) if self.types is not None else None)
@@ -118,7 +124,7 @@ class TableSchema:
 class StoreCatalog:
     """Resolves table names of definitions against the database (see the module docstring)."""
 
-    def __init__(self, db: DatabaseHandle, aliases: Mapping[str, Any] | None = None):
+    def __init__(self, db: DatabaseHandle, aliases: TableAliases | None = None):
         self.db = db
         self._aliases: dict[str, tuple[str, dict[str, str]]] = {}
         for logical, target in (aliases or {}).items():

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from typing import Any, Callable, Hashable
+from typing import TYPE_CHECKING, Callable, Hashable, TypeVar
 
 from activedb.streams import algebra as ast
-from activedb.streams._catalog import StoreCatalog, StreamSchema, fold
+from activedb.streams._catalog import StoreCatalog, StreamSchema, TableSchema, fold
 from activedb.streams._expressions import Ctx, Fn, ReadSpec, Scope, WriteSpec, compile_expression
-from activedb.streams.errors import DefinitionError, UnknownName, UnknownQuery, at
+from activedb.streams.errors import DefinitionError, EvaluationError, UnknownName, UnknownQuery, at
+
+if TYPE_CHECKING:  # pragma: no cover
+    from activedb.streams._view import StoreView
 
 
 # --- queries ----------------------------------------------------------------------------------
@@ -180,12 +183,15 @@ def compile_query(definition: ast.QueryDefinition, streams: dict[str, StreamSche
         priority=definition.priority, reads=tuple(reads), fingerprint=fingerprint(definition))
 
 
-def fingerprint(definition: Any) -> str:
+def fingerprint(definition: ast.QueryDefinition | ast.RuleDefinition) -> str:
     """A stable digest of a definition's structure (positions ignored)."""
     return hashlib.sha256(repr(definition).encode()).hexdigest()[:16]
 
 
-def _find(mapping: dict[str, Any], name: str) -> Any:
+_Found = TypeVar("_Found")
+
+
+def _find(mapping: dict[str, _Found], name: str) -> _Found | None:
     key = fold(name, mapping)
     return None if key is None else mapping[key]
 
@@ -217,7 +223,7 @@ def compile_rule(definition: ast.RuleDefinition, queries: dict[str, CompiledQuer
     reads: list[ReadSpec] = []
     writes: list[WriteSpec] = []
 
-    def compiled(clause: str, expression: ast.Expr, row_table: Any = None) -> Fn:
+    def compiled(clause: str, expression: ast.Expr, row_table: TableSchema | None = None) -> Fn:
         """``expression`` of the rule's ``clause``, whose names are the triggering output's attributes
         (and ``row_table``'s columns); its store reads join the rule's."""
         scope = Scope(catalog, new_alias=definition.new_alias, query=query, row_table=row_table,
@@ -288,15 +294,22 @@ def compile_rule(definition: ast.RuleDefinition, queries: dict[str, CompiledQuer
                         writes=tuple(writes), opaque=opaque)
 
 
-def _source(expression: Any) -> Any:
+def _source(expression: ast.Expr | None) -> ast.AttributeRef | ast.Literal | None:
     return expression if isinstance(expression, (ast.AttributeRef, ast.Literal)) else None
+
+
+def _reader(ctx: Ctx) -> StoreView:
+    """The store view of a rule action's context (a rule's actions always run with one)."""
+    if ctx.reader is None:
+        raise EvaluationError("a rule action ran without a store view")
+    return ctx.reader
 
 
 def _insert(table: str, columns: list[str], functions: list[Fn]) -> Callable[[Ctx], None]:
     pairs = list(zip(columns, functions))
 
     def insert(ctx: Ctx) -> None:
-        ctx.reader.insert(table, **{column: function(ctx) for column, function in pairs})
+        _reader(ctx).insert(table, **{column: function(ctx) for column, function in pairs})
     return insert
 
 
@@ -310,14 +323,14 @@ def _delete(table: str, key_functions: list[Fn]) -> Callable[[Ctx], None]:
     def delete(ctx: Ctx) -> None:
         key = _key(ctx, key_functions)
         if key is not None:
-            ctx.reader.delete(table, key)
+            _reader(ctx).delete(table, key)
     return delete
 
 
 def _update(table: str, key_functions: list[Fn], assignments: list[tuple[str, Fn]]) -> Callable[[Ctx], None]:
     def update(ctx: Ctx) -> None:
         key = _key(ctx, key_functions)
-        row = ctx.reader.read(table, key) if key is not None else None
+        row = _reader(ctx).read(table, key) if key is not None else None
         if row is None:
             return                      # a NULL key or a missing row: the UPDATE changes nothing (SQL)
         ctx.row = row
@@ -325,7 +338,7 @@ def _update(table: str, key_functions: list[Fn], assignments: list[tuple[str, Fn
             values = {column: function(ctx) for column, function in assignments}
         finally:
             ctx.row = None
-        ctx.reader.write(table, key, **values)
+        _reader(ctx).write(table, key, **values)
     return update
 
 
@@ -337,6 +350,7 @@ def _call_action(action: ast.CallAction, catalog: StoreCatalog, what: str) -> Ca
     writes = None if action.writes is None else frozenset(catalog.table(name).name for name in action.writes)
 
     def call(ctx: Ctx) -> None:
-        view = ctx.reader.declared(reads, writes) if (reads is not None or writes is not None) else ctx.reader
+        reader = _reader(ctx)
+        view = reader.declared(reads, writes) if (reads is not None or writes is not None) else reader
         function(view, ctx.events)
     return call

@@ -35,7 +35,7 @@ from activedb.txn import Observer, WaitKind
 
 if TYPE_CHECKING:  # pragma: no cover
     from activedb.store import Key
-    from activedb.txn import Transaction
+    from activedb.txn import Transaction, TransactionManager
 
 GRANULARITIES = tuple(Granularity)
 
@@ -375,7 +375,7 @@ class LockingScheduler(Scheduler):
         if not work.done:
             self._ended(run, work, False)
 
-    def _work(self, node: Any, run: _Run, work: _Work) -> None:
+    def _work(self, node: Transaction, run: _Run, work: _Work) -> None:
         """The body of one s-transaction's subtransaction (on a worker thread)."""
         work.owner.node = node
         with run._mutex:
@@ -530,7 +530,7 @@ class LockingScheduler(Scheduler):
     def _discard(self, run: _Run, work: _Work) -> None:
         """An aborted s-transaction's effects outside activedb's tree (LWM: its versions)."""
 
-    def _waiting_context(self, manager: Any, table: StreamLockTable
+    def _waiting_context(self, manager: TransactionManager, table: StreamLockTable
                          ) -> Callable[[Owner, Owner, Request | None], ContextManager[object]]:
         """How a wait of the lock table becomes an edge of the one wait-for graph."""
         def waiting(owner: Owner, blocker: Owner, request: Request | None) -> ContextManager[object]:

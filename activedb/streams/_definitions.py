@@ -17,6 +17,7 @@ from activedb.streams._batch import AccessPlan, Resource
 from activedb.streams._catalog import StoreCatalog, StreamSchema
 from activedb.streams._compile import CompiledQuery, CompiledRule, compile_query, compile_rule
 from activedb.streams._events import StreamEvent
+from activedb.streams._expressions import KeySpec
 from activedb.streams._matcher import Matcher
 from activedb.streams._history import Key
 from activedb.streams.errors import DefinitionError, UnknownName, at
@@ -66,7 +67,7 @@ class Definitions:
                 raise
         return defined
 
-    def add(self, definition: Any) -> CompiledQuery | CompiledRule:
+    def add(self, definition: ast.QueryDefinition | ast.RuleDefinition) -> CompiledQuery | CompiledRule:
         with self._mutex:
             if isinstance(definition, ast.QueryDefinition):
                 if isinstance(definition.pattern, ast.Conj) or definition.consumption is not None:
@@ -217,7 +218,7 @@ def _keys_function(extracts: tuple[Extract | None, ...]) -> Callable[[Mapping[st
     return keys
 
 
-def _key_extractor(key_spec: Any, query: CompiledQuery, rule: CompiledRule | None) -> Extract | None:
+def _key_extractor(key_spec: KeySpec | None, query: CompiledQuery, rule: CompiledRule | None) -> Extract | None:
     """How to take a read/write spec's key from an accepting event of ``query``: per key
     column ``(True, constant)`` or ``(False, attribute)``; None if it cannot be (the table)."""
     if key_spec is None:

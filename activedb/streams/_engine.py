@@ -12,18 +12,18 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable, Hashable, Iterable, Mapping, Sequence, TypeVar, cast
+from typing import TYPE_CHECKING, Callable, Hashable, Iterable, Mapping, Sequence, TypeVar, cast
 
 from activedb import lowlevel
 from activedb import deadletters
 from activedb.streams import _persist
 from activedb.streams import algebra as ast
 from activedb.streams._batch import AccessPlan, BatchResult, BatchRun, STransaction, prefetch
-from activedb.streams._builders import query_definition, rule_definition
-from activedb.streams._catalog import StoreCatalog, StreamSchema
+from activedb.streams._builders import PatternLike, Returns, RuleAction, query_definition, rule_definition
+from activedb.streams._catalog import StoreCatalog, StreamSchema, TableAliases
 from activedb.streams._compile import CompiledQuery, CompiledRule
 from activedb.streams._definitions import Definitions
-from activedb.streams._events import DeadLetter, StreamEvent
+from activedb.streams._events import DeadLetter, Punctuation, StreamEvent
 from activedb.streams._history import StreamHistory
 from activedb.streams._matcher import PartitionState
 from activedb.streams._metrics import Metrics, StreamStatistics
@@ -69,7 +69,7 @@ class StreamEngine:
 
     def __init__(self, db: DatabaseHandle, *, name: str = "streams",
                  scheduler: SchedulerKind | Scheduler = SchedulerKind.SEI,
-                 aliases: Mapping[str, Any] | None = None, record_history: bool = False, durable: bool = True,
+                 aliases: TableAliases | None = None, record_history: bool = False, durable: bool = True,
                  record_dead_letters: bool = True, keep_outputs: bool = True, prefetch: bool = True,
                  lowered: bool = True):
         if not isinstance(name, str) or not name.strip():
@@ -101,8 +101,8 @@ class StreamEngine:
 
     def create_stream(self, name: str, *, types: Sequence[str] | None = None, attributes: Sequence[str] = (),
                       type_attributes: Mapping[str, Sequence[str]] | None = None,
-                      priorities: Mapping[str, float] | None = None, tie_key: Callable[[StreamEvent], Any] | None = None
-                      ) -> StreamSchema:
+                      priorities: Mapping[str, float] | None = None,
+                      tie_key: Callable[[StreamEvent], object] | None = None) -> StreamSchema:
         """Declare an input stream (see :class:`~activedb.streams._catalog.StreamSchema`)."""
         return self._definitions.add_stream(StreamSchema(name, types, attributes,  # type: ignore[arg-type]
                                                          type_attributes, priorities, tie_key))  # type: ignore[arg-type]
@@ -111,7 +111,8 @@ class StreamEngine:
         """Define every ``CREATE QUERY`` / ``CREATE RULE`` of ``text``, in order."""
         return self._definitions.define(text)
 
-    def query(self, name: str, *, pattern: Any, returns: Any, where: Any = None, within: float | None = None,
+    def query(self, name: str, *, pattern: PatternLike, returns: Returns, where: object = None,
+              within: float | None = None,
               stream: str | None = None, selection: ast.Selection | str = ast.Selection.SKIP_TILL_ANY_MATCH,
               priority: float | None = None) -> CompiledQuery:
         """Define a query in Python (see ``activedb.streams.seq``, ``event``, ``store``)."""
@@ -119,7 +120,8 @@ class StreamEngine:
             name, pattern=pattern, returns=returns, where=where, within=within, stream=stream, selection=selection,
             priority=priority)))
 
-    def rule(self, name: str, *, on_output: str, action: Any, when: Any = None, priority: float | None = None,
+    def rule(self, name: str, *, on_output: str, action: RuleAction | Sequence[RuleAction], when: object = None,
+             priority: float | None = None,
              new: str = "NEW", reads: Iterable[str] | None = None, writes: Iterable[str] | None = None,
              replace: bool = False) -> CompiledRule:
         """Define an ON OUTPUT rule in Python.  ``action``: an action built with
@@ -129,10 +131,14 @@ class StreamEngine:
             name, on_output=on_output, action=action, when=when, priority=priority, new=new, reads=reads,
             writes=writes, replace=replace)))
 
-    def on_output(self, query: str, *, name: str | None = None, **options: Any) -> Callable[[_Action], _Action]:
-        """Decorator: ``@engine.on_output("Q1", writes=["alerts"])`` over ``def f(tx, new)``."""
+    def on_output(self, query: str, *, name: str | None = None, when: object = None, priority: float | None = None,
+                  new: str = "NEW", reads: Iterable[str] | None = None, writes: Iterable[str] | None = None,
+                  replace: bool = False) -> Callable[[_Action], _Action]:
+        """Decorator: ``@engine.on_output("Q1", writes=["alerts"])`` over ``def f(tx, new)`` (the keywords: as
+        :meth:`rule`'s)."""
         def decorate(function: _Action) -> _Action:
-            self.rule(name or function.__name__, on_output=query, action=function, **options)
+            self.rule(name or function.__name__, on_output=query, action=function, when=when, priority=priority,
+                      new=new, reads=reads, writes=writes, replace=replace)
             return function
         return decorate
 
@@ -166,8 +172,9 @@ class StreamEngine:
 
     # --- processing ------------------------------------------------------------------------------
 
-    def process(self, tx: Transaction, events: Iterable[StreamEvent | Mapping[str, Any]], *, punctuation: Any = None,
-                punctuations: Mapping[str, Any] | None = None, batch_id: int | None = None) -> BatchResult:
+    def process(self, tx: Transaction, events: Iterable[StreamEvent | Mapping[str, object]], *,
+                punctuation: Punctuation | None = None, punctuations: Mapping[str, Punctuation] | None = None,
+                batch_id: int | None = None) -> BatchResult:
         """Admit ``events``, release what the punctuations allow, and run the released
         events' s-transactions inside ``tx`` (the steps: see the design note).
 
@@ -184,14 +191,15 @@ class StreamEngine:
         finally:
             self._processing.release()
 
-    def feed(self, events: Iterable[StreamEvent | Mapping[str, Any]], *, punctuation: Any = None,
-             punctuations: Mapping[str, Any] | None = None) -> BatchResult:
+    def feed(self, events: Iterable[StreamEvent | Mapping[str, object]], *, punctuation: Punctuation | None = None,
+             punctuations: Mapping[str, Punctuation] | None = None) -> BatchResult:
         """``process`` in a top-level transaction of its own (committed before returning)."""
         with self.db.transaction(name=f"streams:{self.name}") as tx:
             return self.process(tx, events, punctuation=punctuation, punctuations=punctuations)
 
-    def _process(self, tx: Transaction, events: Iterable[StreamEvent | Mapping[str, Any]], punctuation: Any,
-                 punctuations: Mapping[str, Any] | None, batch_id: int | None) -> BatchResult:
+    def _process(self, tx: Transaction, events: Iterable[StreamEvent | Mapping[str, object]],
+                 punctuation: Punctuation | None, punctuations: Mapping[str, Punctuation] | None,
+                 batch_id: int | None) -> BatchResult:
         began = time.perf_counter()
         root = tx.root
         with self._mutex:

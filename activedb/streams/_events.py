@@ -11,9 +11,9 @@ import datetime as dt
 import enum
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, TypeAlias, Union
 
-from activedb.events import check_time
+from activedb.events import Instant, check_time
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,13 +21,16 @@ class StreamEvent:
     """One input event.  Immutable; safe to share between threads.
 
     ``origin`` is the caller's own reference (e.g. the raw row it came from); the
-    engine hands it back in dead letters and never looks inside it."""
+    engine hands it back in dead letters and never looks inside it.  ``ts`` is an
+    :data:`~activedb.events.Instant` (the engine checks it on admission; a composition engine's
+    inputs carry an :class:`~activedb.events.Timestamp`); attribute values are the application's,
+    read as they were given (hence ``Any`` in the value position, as SQLAlchemy's row values)."""
 
     type: str
     ts: Any
     attributes: Mapping[str, Any] = field(default_factory=dict)
     stream: str | None = None
-    origin: Any = field(default=None, compare=False, repr=False)
+    origin: object = field(default=None, compare=False, repr=False)
     sts: float | None = field(default=None, compare=False, repr=False)
     position: int | None = field(default=None, compare=False)
 
@@ -46,7 +49,8 @@ def _slot_setters(cls: type) -> tuple[Callable[[object, object], None], ...]:
 _EVENT_SLOTS = _slot_setters(StreamEvent)
 
 
-def make_event(type: str, ts: Any, attributes: Mapping[str, Any], stream: str | None, origin: Any, sts: float | None,
+def make_event(type: str, ts: Instant, attributes: Mapping[str, object], stream: str | None, origin: object,
+               sts: float | None,
                position: int | None,
                _new: Callable[[type[StreamEvent]], StreamEvent] = object.__new__) -> StreamEvent:
     """``StreamEvent(type, ts, attributes, stream, origin, sts, position)`` for the engine's own copies of events
@@ -92,7 +96,7 @@ class Output:
 _OUTPUT_SLOTS = _slot_setters(Output)
 
 
-def make_output(query: str, ts: Any, attributes: Mapping[str, Any], constituents: tuple[StreamEvent, ...],
+def make_output(query: str, ts: Instant, attributes: Mapping[str, object], constituents: tuple[StreamEvent, ...],
                 sts: float, position: int, _new: Callable[[type[Output]], Output] = object.__new__) -> Output:
     """``Output(query, ts, attributes, constituents, sts, position)`` made by the matcher: the slots set
     directly, as :func:`make_event` does."""
@@ -109,7 +113,7 @@ class DeadLetter:
 
     event: StreamEvent
     reason: str
-    punctuation: Any = None
+    punctuation: Punctuation | None = None
 
 
 def format_ts(ts: object) -> str:
@@ -133,18 +137,21 @@ class _End(enum.Enum):
 
 
 END_OF_STREAM = _End.END_OF_STREAM
+#: A punctuation: no event with a lower ``ts`` will come; an instant, or :data:`END_OF_STREAM` (later than all).
+Punctuation: TypeAlias = Union[Instant, _End]
 
 
-def ts_less(a: Any, b: Any) -> bool:
+def ts_less(a: Punctuation, b: Punctuation) -> bool:
     """``a < b`` for timestamps and punctuations (END_OF_STREAM is the largest)."""
-    if b is END_OF_STREAM:
-        return a is not END_OF_STREAM
-    if a is END_OF_STREAM:
+    if isinstance(b, _End):
+        return not isinstance(a, _End)
+    if isinstance(a, _End):
         return False
-    return bool(a < b)
+    # Two instants of one kind (admission checks every ts and punctuation); a mix raises TypeError here.
+    return bool(a < b)  # type: ignore[operator]
 
 
-def ts_extreme(values: Iterable[Any], *, latest: bool) -> Any:
+def ts_extreme(values: Iterable[Punctuation], *, latest: bool) -> Punctuation | None:
     """The latest (or earliest) of ``values`` by :func:`ts_less`; the first one of equals (None: none)."""
     extreme = None
     for value in values:
@@ -175,7 +182,7 @@ class _Content:
 
     __slots__ = ("attributes", "_text")
 
-    def __init__(self, attributes: Any):
+    def __init__(self, attributes: Mapping[str, object]):
         self.attributes = attributes
         self._text: str | None = None
 

@@ -16,6 +16,8 @@ from activedb.streams.errors import DefinitionError, EvaluationError, UnknownAtt
 
 if TYPE_CHECKING:  # pragma: no cover
     from activedb.streams._compile import CompiledQuery
+    from activedb.streams._events import Output, StreamEvent
+    from activedb.streams._view import StoreView
 
 
 class Ctx:
@@ -24,14 +26,22 @@ class Ctx:
     (UPDATE … SET)."""
 
     __slots__ = ("events", "reader", "row")
+    # The component list (a query's: filled and emptied slot by slot) or the triggering Output (a rule's): the
+    # matcher and the generated code index it on the hot path, without narrowing the union first.
+    events: Any
+    reader: StoreView | None
 
-    def __init__(self, events: Any, reader: Any = None, row: dict[str, object] | None = None) -> None:
+    def __init__(self, events: list[StreamEvent | None] | Output, reader: StoreView | None = None,
+                 row: dict[str, object] | None = None) -> None:
         self.events = events
         self.reader = reader
         self.row = row
 
 
 Fn = Callable[[Ctx], Any]
+#: A one-row access's key: per key column, where its value comes from (an attribute, a literal, or None:
+#: computed otherwise).
+KeySpec = tuple[tuple[str, "ast.AttributeRef | ast.Literal | None"], ...]
 
 
 @dataclass(frozen=True)
@@ -44,7 +54,7 @@ class ReadSpec:
     table read (``scan``)."""
 
     table: str
-    key: tuple[tuple[str, Any], ...] | None
+    key: KeySpec | None
 
 
 @dataclass(frozen=True)
@@ -132,7 +142,7 @@ class _Generator:
         self.count += 1
         return f"v{self.count}"
 
-    def constant(self, value: Any) -> str:
+    def constant(self, value: object) -> str:
         self.count += 1
         name = f"k{self.count}"
         self.namespace[name] = value
@@ -189,8 +199,8 @@ class _Generator:
                                   f"top-level AND term of a query's WHERE", **at(node))
         raise DefinitionError(f"{scope.what}: unsupported expression {node!r}")
 
-    def binary(self, node: Any, scope: Scope, indent: int, operator_code: str, failures: str,
-               describe: Callable[[Any, Any, Exception], str]) -> str:
+    def binary(self, node: ast.Compare | ast.Arithmetic, scope: Scope, indent: int, operator_code: str, failures: str,
+               describe: Callable[[object, object, Exception], str]) -> str:
         """``left operator right``; NULL (None) if either is NULL (SQL); an ``EvaluationError`` saying
         ``describe(a, b, error)`` if the operator raises one of ``failures``."""
         left = self.value(node.left, scope, indent)

@@ -13,10 +13,15 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Any, Hashable
+from typing import TYPE_CHECKING, Any, Hashable, Literal, TypeAlias
+
+if TYPE_CHECKING:  # pragma: no cover
+    from activedb.events import Instant
 
 #: A row's key (its primary-key values).
 Key = tuple[Hashable, ...]
+#: What a Read saw: the sequence of the Write it read (None: the initial value), or per key for a table read.
+ReadFrom: TypeAlias = "int | dict[Key, int] | None"
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,17 +31,17 @@ class StreamOp:
     unit: str                      # the unit of execution (s-transaction or query evaluation)
     stransaction: str              # the s-transaction (one per input event)
     event: str                     # the event, as Active CEP writes it (exit^2)
-    ts: Any                        # the s-transaction's T.ts = e.ts (Def. 6 compares these)
+    ts: Instant | None             # the s-transaction's T.ts = e.ts (Def. 6 compares these); None: a batch's abort
     # (position, step): the place in the declared order (decides Def. 6 case 4); step = (phase, query rank, n),
     # phase 0 the queries' reads in query order, phase 1 the rules per output, per rule by priority.
     order: tuple[object, ...]
     origin: str | None = None      # the query or rule that performed it
     table: str | None = None
     key: Key | None = None       # None: a table read (scan)
-    value: Any = None              # read: the image(s) seen; write: the values written
+    value: object = None           # read: the image(s) seen; write: the values written
     # read: sequence of the write seen (None = initial); scan: {key: sequence}.  Derived by the
     # recorder on a single-version store (the last not-aborted Write); a multi-version store passes it.
-    read_from: Any = None
+    read_from: ReadFrom = None
     operation: str | None = None   # write: write | insert | delete; end: committed | aborted
 
     def describe(self) -> str:
@@ -66,13 +71,14 @@ class StreamHistory:
         self._last_write: dict[tuple[str, Key], int] = {}
         self._undo: dict[str, list[tuple[tuple[str, Key], int | None]]] = {}
 
-    def begin(self, unit: str, stransaction: str, event: str, ts: Any, order: tuple[object, ...]) -> None:
+    def begin(self, unit: str, stransaction: str, event: str, ts: Instant, order: tuple[object, ...]) -> None:
         with self._mutex:
             self._sequence += 1
             self.ops.append((self._sequence, "begin", unit, stransaction, event, ts, order))
             self._undo[unit] = []
 
-    def end(self, unit: str, stransaction: str, event: str, ts: Any, order: tuple[object, ...], committed: bool) -> None:
+    def end(self, unit: str, stransaction: str, event: str, ts: Instant, order: tuple[object, ...],
+            committed: bool) -> None:
         with self._mutex:
             self._sequence += 1
             self.ops.append((self._sequence, "end", unit, stransaction, event, ts, order, None, None, None, None,
@@ -85,8 +91,8 @@ class StreamHistory:
                     else:
                         self._last_write[row] = previous
 
-    def read(self, unit: str, stransaction: str, event: str, ts: Any, order: tuple[object, ...], origin: str, table: str,
-             key: Key | None, value: Any, read_from: Any = "derive") -> None:
+    def read(self, unit: str, stransaction: str, event: str, ts: Instant, order: tuple[object, ...], origin: str,
+             table: str, key: Key | None, value: object, read_from: ReadFrom | Literal["derive"] = "derive") -> None:
         """Record a Read of one row, or of the whole table (a scan: ``key`` None, ``value`` its rows)."""
         with self._mutex:
             if read_from == "derive":
@@ -95,8 +101,8 @@ class StreamHistory:
             self.ops.append((self._sequence, "read", unit, stransaction, event, ts, order, origin, table, key, value,
                              read_from))
 
-    def write(self, unit: str, stransaction: str, event: str, ts: Any, order: tuple[object, ...], origin: str, table: str,
-              key: Key, value: Any, operation: str) -> int:
+    def write(self, unit: str, stransaction: str, event: str, ts: Instant, order: tuple[object, ...], origin: str,
+              table: str, key: Key, value: object, operation: str) -> int:
         """Record a Write; returns its sequence (a multi-version store keeps it with the version)."""
         with self._mutex:
             self._sequence += 1

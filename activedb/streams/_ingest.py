@@ -7,15 +7,16 @@ Thread-safety: one batch at a time (``StreamEngine.process`` refuses a second co
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, TypeAlias, Union
 
 from activedb.deadletters import Letter
 from activedb.ingest._ledger import IngestionLedger
 from activedb.ingest._protocol import BatchHandler, BatchInput
 from activedb.ingest.errors import IngestError
 from activedb.streams._engine import StreamEngine
-from activedb.streams._events import END_OF_STREAM, StreamEvent
+from activedb.streams._events import END_OF_STREAM, DeadLetter, StreamEvent
+from activedb.streams._metrics import StreamStatistics
 from activedb.streams._scheduler import Scheduler, SchedulerKind
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -37,7 +38,14 @@ def _check_scheduler(scheduler: object) -> None:
                           f"(or a configured streams.S2PLScheduler/LWMScheduler)")
 
 
-def build_engines(db: DatabaseHandle, queries: Any, scheduler: SchedulerKind | Scheduler | str | None) -> list[Any]:
+#: What a :class:`QueriesHandler` runs: an engine, a list of them, or a factory ``factory(db, scheduler=…)`` (or
+#: ``factory(db)``) returning one or a list.
+Queries: TypeAlias = Union[StreamEngine, Sequence[StreamEngine],
+                           Callable[..., Union[StreamEngine, Sequence[StreamEngine]]]]
+
+
+def build_engines(db: DatabaseHandle, queries: Queries, scheduler: SchedulerKind | Scheduler | str | None
+                  ) -> list[StreamEngine]:
     """The engines behind ``QueriesHandler(queries, scheduler)`` on ``db``, checked.
 
     ``queries`` is a :class:`~activedb.StreamEngine`, a list of them, or a factory
@@ -45,11 +53,12 @@ def build_engines(db: DatabaseHandle, queries: Any, scheduler: SchedulerKind | S
     ``scheduler`` (``"sei"``, ``"s2pl"``, ``"lwm"`` or a ``Scheduler``) must be the one each
     engine was built with."""
     _check_scheduler(scheduler)
-    built = queries
+    built: object = queries
     if callable(queries) and not isinstance(queries, StreamEngine):
         built = queries(db) if scheduler is None else queries(db, scheduler=scheduler)
-    engines = list(built) if isinstance(built, (list, tuple)) else [built]
-    if not engines or not all(isinstance(engine, StreamEngine) for engine in engines):
+    given = list(built) if isinstance(built, (list, tuple)) else [built]
+    engines = [engine for engine in given if isinstance(engine, StreamEngine)]
+    if not engines or len(engines) != len(given):
         raise IngestError(
             "QueriesHandler takes a streams.StreamEngine, a list of them, or a factory(db, scheduler=…) returning "
             f"them; got {queries!r}")
@@ -93,7 +102,7 @@ class QueriesHandler(BatchHandler):
     name = "queries"
     late_rows_are_dead_letters = False      # the engine's reorder buffer decides lateness
 
-    def __init__(self, queries: Any, scheduler: SchedulerKind | Scheduler | str | None = None) -> None:
+    def __init__(self, queries: Queries, scheduler: SchedulerKind | Scheduler | str | None = None) -> None:
         _check_scheduler(scheduler)
         self.queries = queries
         self.scheduler = scheduler
@@ -131,7 +140,7 @@ class QueriesHandler(BatchHandler):
                 types.update(schema.types)
         return frozenset(types)
 
-    def _events_for(self, index: int, batch: BatchInput) -> list[Any]:
+    def _events_for(self, index: int, batch: BatchInput) -> list[StreamEvent]:
         routes = self._routes[index]
         events = []
         for raw in batch.events:
@@ -157,13 +166,14 @@ class QueriesHandler(BatchHandler):
         ledger.events = processed
         ledger.dead_letters = len(letters)
 
-    def _letters(self, engine: Any, batch: BatchInput, dead: Sequence[Any]) -> list[Letter]:
+    def _letters(self, engine: StreamEngine, batch: BatchInput, dead: Sequence[DeadLetter]) -> list[Letter]:
         letters = []
         for letter in dead:
             reason = (letter.reason if engine.name in letter.reason
                       else f"{letter.reason} (stream engine {engine.name!r})")
-            if batch.holds(letter.event.origin):
-                letters += batch.dead_letters.for_events([(letter.event.origin, reason)])
+            origin = letter.event.origin
+            if batch.holds(origin):
+                letters += batch.dead_letters.for_events([(origin, reason)])
             else:                  # buffered by an earlier batch (or loaded from the saved state)
                 letters.append(_event_letter(reason, letter.event))
         return letters
@@ -184,12 +194,12 @@ class QueriesHandler(BatchHandler):
         ledger.events = processed
         ledger.dead_letters = len(letters)
 
-    def statistics(self) -> dict[str, Any]:
+    def statistics(self) -> dict[str, StreamStatistics]:
         """``{engine name: StreamStatistics}`` (throughput, L_query, L_rule, …) of every engine."""
         return {engine.name: engine.statistics() for engine in self.engines}
 
 
-def _event_letter(reason: str, event: Any) -> Letter:
+def _event_letter(reason: str, event: StreamEvent) -> Letter:
     """A dead letter for an engine's event whose row is no longer at hand (held back by an earlier batch):
     the event itself, kept exactly."""
     return Letter(reason, {"type": event.type, "ts": event.ts, "stream": event.stream,

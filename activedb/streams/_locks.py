@@ -18,7 +18,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Callable, ContextManager, Iterable
 
-from activedb.streams._events import ts_less
+from activedb.streams._events import Punctuation, ts_less
 from activedb.streams._history import Key, show_key
 from activedb.txn import WaitKind
 from activedb.streams.errors import SchedulerError, UnplannedAccess
@@ -154,10 +154,10 @@ class Wait:
     blocker: str | None
 
 
-WaitingContext = Callable[[Owner, Owner, Request], ContextManager[Any]]
+WaitingContext = Callable[[Owner, Owner, Request], ContextManager[object]]
 
 
-def _no_registration(owner: Owner, blocker: Owner, request: Request) -> ContextManager[Any]:
+def _no_registration(owner: Owner, blocker: Owner, request: Request) -> ContextManager[object]:
     return contextlib.nullcontext()
 
 
@@ -410,9 +410,9 @@ class LWMLockTable(StreamLockTable):
         super().__init__(waiting)
         # The most recent punctuation the dispatcher published (None: none yet, which holds nothing
         # back: an engine whose input is ordered needs none).
-        self.mrp: Any = None
+        self.mrp: Punctuation | None = None
 
-    def publish(self, punctuation: Any) -> None:
+    def publish(self, punctuation: Punctuation) -> None:
         """The dispatcher inserted the locks of every event older than ``punctuation``."""
         with self._mutex:
             if self.mrp is None or ts_less(self.mrp, punctuation):

@@ -13,13 +13,16 @@ from __future__ import annotations
 
 import functools
 import time
-from typing import Any, Hashable, Iterable, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Any, Hashable, Iterable, NamedTuple, Sequence
 
 from activedb.events import seconds
 from activedb.streams import algebra as ast
 from activedb.streams._compile import CompiledQuery
 from activedb.streams._expressions import Ctx, Fn
 from activedb.streams._events import Output, StreamEvent, make_output
+
+if TYPE_CHECKING:  # pragma: no cover
+    from activedb.streams._view import StoreView
 
 
 class PartitionState(NamedTuple):
@@ -203,7 +206,7 @@ class Step:
 
     # --- phase 2 -------------------------------------------------------------------------
 
-    def complete(self, reader: Any) -> tuple[list[Output], PartitionState]:
+    def complete(self, reader: StoreView) -> tuple[list[Output], PartitionState]:
         """The outputs and the partition's new state; reads through ``reader``."""
         if self.matcher.any_match:
             if not self.accepting:
@@ -222,7 +225,7 @@ class Step:
         finally:
             ctx.events[query.accepting] = None
 
-    def _search(self, reader: Any) -> Output | None:
+    def _search(self, reader: StoreView) -> Output | None:
         matcher = self.matcher
         query = matcher.query
         ctx = Ctx([None] * matcher.width, reader)
@@ -259,7 +262,7 @@ class Step:
         events[component] = None
         return False
 
-    def _complete_runs(self, reader: Any) -> tuple[list[Output], PartitionState]:
+    def _complete_runs(self, reader: StoreView) -> tuple[list[Output], PartitionState]:
         matcher = self.matcher
         query = matcher.query
         outputs: list[Output] = []

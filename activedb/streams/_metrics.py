@@ -11,7 +11,10 @@ import collections
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Mapping
+
+if TYPE_CHECKING:  # pragma: no cover
+    from activedb.streams._events import Punctuation
 
 PHASES = ("buffer", "match", "reads", "rules", "commit", "state")
 
@@ -35,7 +38,7 @@ class StreamStatistics:
     dead_letters: int                  # late + rejected + failed
     late_events: int
     buffered: int                      # waiting in the reorder buffer for a punctuation
-    released_punctuation: Any          # every event older than this has been released
+    released_punctuation: Punctuation | None   # every event older than this has been released
     outputs: int
     rule_instances: int
     store_reads: int
@@ -73,11 +76,11 @@ class Metrics:
             if self.first_arrival is None and count:
                 self.first_arrival = now
 
-    def add(self, **amounts: Any) -> None:
+    def add(self, **amounts: float) -> None:
         with self._mutex:
             counts = self.counts
             for name, amount in amounts.items():     # Counter.update(), without its Mapping check per call
-                counts[name] += amount
+                counts[name] += amount  # type: ignore[assignment]  # (seconds are floats: a Counter adds them too)
 
     def phase(self, **seconds: float) -> None:
         """Add the seconds spent in each named phase (several at once: one lock)."""
@@ -93,7 +96,7 @@ class Metrics:
                 counters[0] += count
                 counters[1] += outputs
 
-    def snapshot(self, buffered: int, released: Any) -> StreamStatistics:
+    def snapshot(self, buffered: int, released: Punctuation | None) -> StreamStatistics:
         now = time.perf_counter()
         with self._mutex:
             counts = self.counts

@@ -2,12 +2,8 @@
 per event"): :class:`Overlay` keeps the rows a micro-batch's s-transactions read and write in Python, with an
 undo log per s-transaction, and writes the batch's net change into the batch's transaction once;
 :class:`OverlayView` is the s-transaction's store view over it.
-
-Invariant: every row the overlay holds is, before its entry, the image the batch's transaction showed when the
-overlay first read it, and nothing else has written that row in the tree since — the overlay is written back
-(and emptied) before anything else of the batch touches the tree (an s-transaction it cannot take, the dead
-letters, the saved state). So a read answered by the overlay is the read the s-transaction's own
-subtransaction would have made, and the tree ends with the same write set.
+The invariant that makes its reads the subtransaction's (nothing else writes an overlay row in the tree before
+the write-back): the design note's "Invariant" there.
 
 Thread-safety: none — SEI runs a batch in the caller's thread; an overlay belongs to that thread.
 """
@@ -23,7 +19,7 @@ from activedb.streams._view import Stamp, StoreView, _as_key
 if TYPE_CHECKING:  # pragma: no cover
     from activedb.store import Key, RowImage, TableInfo
     from activedb.txn import Transaction
-    from activedb.streams._batch import STransaction
+    from activedb.streams._batch import AccessPlan, STransaction
     from activedb.streams._history import StreamHistory
 
 _PATCH, _INSERT, _DELETE, _REPLACE = EntryKind.PATCH, EntryKind.INSERT, EntryKind.DELETE, EntryKind.REPLACE
@@ -92,7 +88,7 @@ class Overlay:
         self._taken[id(plan)] = (plan, taken)
         return taken
 
-    def _takes(self, plan: Any) -> bool:
+    def _takes(self, plan: AccessPlan) -> bool:
         if plan.opaque:
             return False
         for resources in (plan.reads, plan.writes):
@@ -247,7 +243,7 @@ class OverlayView(StoreView):
         image = self._image(table, key)
         return None if image is None else dict(image)
 
-    def read_value(self, table: str, key: Hashable, column: str) -> Any:
+    def read_value(self, table: str, key: Hashable, column: str) -> object:
         image = self._image(table, key)      # (only one value of it leaves: no copy)
         return None if image is None else image.get(column)
 
@@ -274,7 +270,7 @@ class OverlayView(StoreView):
         self._overlay.write(table, key, dict(values))
         self._written(table, key, values, "write")
 
-    def insert(self, table: str, **values: Any) -> Any:
+    def insert(self, table: str, **values: object) -> Hashable:
         self._before("write", table, None)
         key = self._overlay.insert(table, values)
         self._written(table, key, dict(values), "insert")

@@ -139,7 +139,7 @@ class PartitionRows:
         self.entries: dict[str, set[tuple[str, Key]]] = {}
         self.legacy: set[tuple[str, Key]] = set()
 
-    def add(self, item: str, partitions: Mapping[tuple[str, Key], Any]) -> set[str]:
+    def add(self, item: str, partitions: Mapping[tuple[str, Key], PartitionState | None]) -> set[str]:
         """Row ``item`` holds the latest entry of each of ``partitions`` (a state, or None: emptied).  Returns the
         older rows those partitions had entries in (the rows that may no longer be needed)."""
         older: set[str] = set()
@@ -228,7 +228,8 @@ def save(engine: StreamEngine, tx: Transaction, pending: Pending) -> None:
     """Write what ``pending`` changed into ``tx`` (see the module docstring)."""
     name = engine.name
     chunks, released = pending.chunks, pending.released
-    for item in [item for item, latest in chunks.items() if released is not None and ts_less(latest, released)]:
+    for item in [item for item, latest in chunks.items()
+                 if released is not None and latest is not None and ts_less(latest, released)]:
         tx.delete(TABLE, (name, "buffer", item))       # every event of the chunk was released
         del chunks[item]
     if pending.buffer_added:
@@ -288,15 +289,15 @@ def load(engine: StreamEngine) -> State:
                 _load_row(engine, state, kind, item, value, buffered)
     for item, value in sorted(batches, key=lambda batch: batch[0]):     # older rows first: the latest entry wins
         with _readable(engine, "partitions", item):
-            changed = {}
+            changed: dict[tuple[str, Key], PartitionState | None] = {}
             events = decode_events(value["events"]) if "events" in value else []
             for query, key, saved in value["entries"]:
                 partition = _decode_partition(query, key)
-                changed[partition] = _decode_entry(saved, events)
-                if saved is None:
+                decoded = changed[partition] = _decode_entry(saved, events)
+                if decoded is None:
                     state.partitions.pop(partition, None)
                 else:
-                    state.partitions[partition] = changed[partition]  # type: ignore[assignment]  # (saved)
+                    state.partitions[partition] = decoded
         state.partition_rows.add(item, changed)
     for arrival, event in buffered:
         if state.released is not None and ts_less(event.ts, state.released):

@@ -13,8 +13,8 @@ import bisect
 from typing import Any, Callable, Iterable, Mapping
 
 from activedb.streams._catalog import StreamSchema
-from activedb.streams._events import (END_OF_STREAM, DeadLetter, StreamEvent, check_ts, format_ts, make_event,
-                                      order_key, ts_extreme, ts_less)
+from activedb.streams._events import (END_OF_STREAM, DeadLetter, Punctuation, StreamEvent, check_ts, format_ts,
+                                      make_event, order_key, ts_extreme, ts_less)
 from activedb.streams._metrics import Metrics
 from activedb.streams._state import Pending
 
@@ -22,7 +22,7 @@ from activedb.streams._state import Pending
 class ReorderBuffer:
     """Admission, punctuation bounds and release for engine ``name``."""
 
-    def __init__(self, name: str, metrics: Metrics, watermark: Callable[[str], Any]):
+    def __init__(self, name: str, metrics: Metrics, watermark: Callable[[str], Punctuation | None]):
         self.name = name
         self.metrics = metrics
         self.watermark = watermark
@@ -110,29 +110,30 @@ class ReorderBuffer:
                     f"(types: {', '.join(stream.types or ())})")
         return stream, event_type, stream.priority(event_type)
 
-    def _reject(self, event: StreamEvent, reason: str, punctuation: Any = None) -> DeadLetter:
+    def _reject(self, event: StreamEvent, reason: str, punctuation: Punctuation | None = None) -> DeadLetter:
         self.metrics.add(dead_letters=1)
         return DeadLetter(event, reason, punctuation)
 
-    def bound(self, pending: Pending, streams: Mapping[str, StreamSchema], punctuation: Any,
-              punctuations: Mapping[str, Any] | None) -> Any:
-        given = dict(punctuations or {})
+    def bound(self, pending: Pending, streams: Mapping[str, StreamSchema], punctuation: Punctuation | None,
+              punctuations: Mapping[str, Punctuation] | None) -> Punctuation | None:
+        given: dict[str, Punctuation] = dict(punctuations or {})
         if punctuation is not None:
             for name in streams:
                 given.setdefault(name, punctuation)
         for name in streams:
             candidates = [value for value in (given.get(name), self.watermark(name),
                                               pending.punctuations.get(name)) if value is not None]
-            if candidates:
-                pending.punctuations[name] = ts_extreme(candidates, latest=True)
+            latest = ts_extreme(candidates, latest=True)
+            if latest is not None:
+                pending.punctuations[name] = latest
         if any(name not in pending.punctuations for name in streams):
             return pending.released
         bound = ts_extreme([pending.punctuations[name] for name in streams], latest=False)
-        if pending.released is not None and not ts_less(pending.released, bound):
+        if bound is None or pending.released is not None and not ts_less(pending.released, bound):
             return pending.released
         return bound
 
-    def release(self, pending: Pending, bound: Any, now: float) -> list[StreamEvent]:
+    def release(self, pending: Pending, bound: Punctuation | None, now: float) -> list[StreamEvent]:
         if bound is None or bound is pending.released and not pending.buffer:
             return []
         buffer = pending.buffer
@@ -141,7 +142,7 @@ class ReorderBuffer:
         if bound is END_OF_STREAM:
             cut = len(buffer)
         else:
-            cut = bisect.bisect_left(buffer, True, key=lambda entry: not ts_less(entry[0][0], bound))
+            cut = bisect.bisect_left(buffer, True, key=lambda entry: not ts_less(entry[2].ts, bound))
         pending.released = bound
         if not cut:
             return []
@@ -165,7 +166,7 @@ class ReorderBuffer:
         return released
 
 
-def _event_from_mapping(raw: Mapping[str, Any]) -> StreamEvent:
+def _event_from_mapping(raw: Mapping[str, object]) -> StreamEvent:
     attributes = raw.get("attributes")
     if attributes is None:
         attributes = {key: value for key, value in raw.items() if key not in ("type", "ts", "stream")}

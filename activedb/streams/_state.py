@@ -8,9 +8,9 @@ pending one, and ``BatchRun._mutex`` the overlay while a batch runs.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Hashable
+from typing import TYPE_CHECKING, Callable, Hashable
 
-from activedb.streams._events import StreamEvent
+from activedb.streams._events import Punctuation, StreamEvent
 from activedb.streams._matcher import PartitionState
 from activedb.streams._persist import PartitionRows
 from activedb.txn import CommitParticipant
@@ -26,13 +26,13 @@ class State:
     partitions: dict[tuple[str, tuple[Hashable, ...]], PartitionState] = field(default_factory=dict)
     # Invariant: sorted by (order key, arrival number); no entry is older than `released`.
     buffer: list[tuple[tuple[object, ...], int, StreamEvent]] = field(default_factory=list)
-    released: Any = None              # every event older than this was released (None: nothing yet)
-    punctuations: dict[str, Any] = field(default_factory=dict)
+    released: Punctuation | None = None   # every event older than this was released (None: nothing yet)
+    punctuations: dict[str, Punctuation] = field(default_factory=dict)
     position: int = 0                 # the next release position
     arrivals: int = 0                 # the next arrival number
     time_kind: str | None = None      # "number" or "datetime", fixed by the first event
     # The saved chunks of the buffer (durable engines): row item -> the latest ts of its events.
-    chunks: dict[str, Any] = field(default_factory=dict)
+    chunks: dict[str, Punctuation | None] = field(default_factory=dict)
     # Which saved rows hold the partitions' states (durable engines; ``_persist.PartitionRows``).
     partition_rows: PartitionRows = field(default_factory=PartitionRows)
 
@@ -40,7 +40,7 @@ class State:
 class Pending:
     """A batch's state on top of the committed one (partitions as an overlay)."""
 
-    def __init__(self, root: Any, base: State):
+    def __init__(self, root: Transaction, base: State):
         self.root = root
         self.base = base
         self.overlay: dict[tuple[str, tuple[Hashable, ...]], PartitionState | None] = {}

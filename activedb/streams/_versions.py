@@ -47,7 +47,8 @@ class VersionStatistics:
 
 
 class VersionStore:
-    """The versions of one batch."""
+    """The versions of one batch (public as ``activedb.streams.VersionStore``: LWM's scheduler makes one per batch;
+    an extension scheduler, or a measurement of what a version costs, may make its own).  Thread-safe."""
 
     def __init__(self) -> None:
         self._mutex = threading.Lock()
@@ -61,6 +62,7 @@ class VersionStore:
     # --- the dispatcher ---------------------------------------------------------------------
 
     def load_row(self, table: str, key: Key, image: RowImage | None, sequence: int | None) -> None:
+        """The row as the batch found it (``image`` None: absent; ``sequence``: the history's latest Write of it)."""
         with self._mutex:
             self._store.set_base((table, key), (image, sequence, None))
 

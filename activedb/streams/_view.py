@@ -7,7 +7,7 @@ methods.  Thread-safety: a view belongs to the thread running its unit of work.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Hashable, Mapping, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Callable, Hashable, Mapping, NamedTuple, TypeVar
 
 from activedb.errors import DuplicateKey
 from activedb.streams._locks import LockMode
@@ -17,10 +17,12 @@ from activedb.streams.errors import UndeclaredAccess
 _Value = TypeVar("_Value")
 
 if TYPE_CHECKING:  # pragma: no cover
+    from activedb.events import Instant
     from activedb.store import Key, RowImage, TableInfo
     from activedb.txn import Transaction
     from activedb.streams._locks import Owner, StreamLockTable
     from activedb.streams._versions import VersionStore
+    from activedb.streams._catalog import StoreCatalog
     from activedb.streams._history import StreamHistory
 
 
@@ -31,7 +33,7 @@ class Stamp(NamedTuple):
     unit: str
     stransaction: str
     event: str
-    ts: Any
+    ts: Instant
     position: int
 
 
@@ -53,7 +55,7 @@ class StoreView:
         self.reads = self.writes = 0
 
     @property
-    def ts(self) -> Any:
+    def ts(self) -> Instant:
         """The application time of the s-transaction (every operation's timestamp)."""
         return self.stamp.ts
 
@@ -70,7 +72,7 @@ class StoreView:
             self._phase, self._rank, self._counter = phase, rank, 0
         self.origin = origin
 
-    def _record(self, record: Callable[..., Any], *args: Any) -> Any:
+    def _record(self, record: Callable[..., int | None], *args: object) -> int | None:
         """``record`` (the history's ``read`` or ``write``) the operation, stamped, at the next step."""
         unit, stransaction, event, ts, position = self.stamp
         self._counter += 1
@@ -90,7 +92,7 @@ class StoreView:
         self._before("read", table, key)
         return self._read(table, key, self.tx.read(table, key))
 
-    def read_value(self, table: str, key: Hashable, column: str) -> Any:
+    def read_value(self, table: str, key: Hashable, column: str) -> object:
         """``column`` of the row ``key`` (None if there is no such row): a scalar subquery's read — one read,
         counted, recorded and locked as :meth:`read` is."""
         row = self.read(table, key)
@@ -105,7 +107,7 @@ class StoreView:
         self.tx.write(table, key, **values)
         self._written(table, _as_key(key), dict(values), "write")
 
-    def insert(self, table: str, **values: Any) -> Any:
+    def insert(self, table: str, **values: object) -> Hashable:
         self._before("write", table, self._key_of_values(table, values))
         key = self.tx.insert(table, **values)
         self._written(table, _as_key(key), dict(values), "insert")
@@ -136,23 +138,10 @@ class StoreView:
         return DeclaredView(self, reads or frozenset(), writes or frozenset())
 
 
-def _declared(method: str, kind: str) -> Callable[..., Any]:
-    """:class:`DeclaredView`'s ``method``: check that the table is among the declared ``kind``
-    (reads or writes), then the view's own."""
-
-    def checked(self: "DeclaredView", table: str, *args: Any, **values: Any) -> Any:
-        if table not in (self._writes if kind == "writes" else self._reads):
-            raise UndeclaredAccess(
-                f"rule {self._view.origin} {kind} table {table!r}, which it did not declare; add it to "
-                f"{kind}=[…] of the rule (schedulers lock ahead from them)")
-        return getattr(self._view, method)(table, *args, **values)
-
-    return checked
-
-
 class DeclaredView:
     """A view that lets a Python action touch only the tables it declared (``read``/``scan``:
-    those it reads or writes; ``write``/``insert``/``delete``: those it writes)."""
+    those it reads or writes; ``write``/``insert``/``delete``: those it writes), then does what the
+    view does."""
 
     def __init__(self, view: StoreView, reads: frozenset[str], writes: frozenset[str]):
         self._view = view
@@ -160,14 +149,34 @@ class DeclaredView:
         self._writes = writes
 
     @property
-    def ts(self) -> Any:
+    def ts(self) -> Instant:
         return self._view.ts
 
-    read = _declared("read", "reads")
-    scan = _declared("scan", "reads")
-    write = _declared("write", "writes")
-    insert = _declared("insert", "writes")
-    delete = _declared("delete", "writes")
+    def _check(self, table: str, kind: str) -> None:
+        if table not in (self._writes if kind == "writes" else self._reads):
+            raise UndeclaredAccess(
+                f"rule {self._view.origin} {kind} table {table!r}, which it did not declare; add it to "
+                f"{kind}=[…] of the rule (schedulers lock ahead from them)")
+
+    def read(self, table: str, key: Hashable) -> RowImage | None:
+        self._check(table, "reads")
+        return self._view.read(table, key)
+
+    def scan(self, table: str, where: Mapping[str, object] | None = None) -> list[RowImage]:
+        self._check(table, "reads")
+        return self._view.scan(table, where)
+
+    def write(self, table: str, key: Hashable, **values: object) -> None:
+        self._check(table, "writes")
+        self._view.write(table, key, **values)
+
+    def insert(self, table: str, **values: object) -> Hashable:
+        self._check(table, "writes")
+        return self._view.insert(table, **values)
+
+    def delete(self, table: str, key: Hashable) -> None:
+        self._check(table, "writes")
+        self._view.delete(table, key)
 
 
 # --- the concurrent schedulers' views -------------------------------------------------------------
@@ -178,7 +187,7 @@ class LockedView(StoreView):
 
     def __init__(self, tx: Transaction, stamp: Stamp, history: StreamHistory | None,
                  cost: Callable[[str], None] | None, *,
-                 table: "StreamLockTable", owner: "Owner", catalog: Any):
+                 table: "StreamLockTable", owner: "Owner", catalog: StoreCatalog):
         super().__init__(tx, stamp, history, cost)
         self._owner = owner
         self._table = table
@@ -204,7 +213,7 @@ class VersionedView(LockedView):
 
     def __init__(self, tx: Transaction, stamp: Stamp, history: StreamHistory | None,
                  cost: Callable[[str], None] | None, *,
-                 table: "StreamLockTable", owner: "Owner", catalog: Any, versions: "VersionStore",
+                 table: "StreamLockTable", owner: "Owner", catalog: StoreCatalog, versions: "VersionStore",
                  on_version: Callable[[int], None] | None = None,
                  validate: Callable[[str, str, Key | None], None] | None = None,
                  deferred: Callable[[str], bool] | None = None):
@@ -264,7 +273,7 @@ class VersionedView(LockedView):
                  else {**info.blank_row, **patch, **info.full_key_row(row_key)})      # (an upsert creates it)
         self._version(table, key, image, dict(values), "write")
 
-    def insert(self, table: str, **values: object) -> object:
+    def insert(self, table: str, **values: object) -> Hashable:
         key = self._key_of_values(table, values)
         if key is None or not self._defers(table, key):
             return super().insert(table, **values)

@@ -122,13 +122,15 @@ def check_stream_history(ops: Iterable[StreamOp]) -> StreamHistoryReport:
     for op in committed:
         if op.kind != "read":
             continue
+        read_from = op.read_from
         if op.key is not None:
-            check_read(op, (op.table, op.key), op.read_from)
+            check_read(op, (op.table, op.key), read_from if isinstance(read_from, int) else None)
         else:
-            seen_by_key = op.read_from or {}
+            seen_by_key = read_from if isinstance(read_from, dict) else {}
             for row in writes_by_row:
                 if row[0] == op.table:
-                    check_read(op, row, seen_by_key.get(row[1]))
+                    key = row[1]           # (a written row's key: a tuple)
+                    check_read(op, row, seen_by_key.get(key) if isinstance(key, tuple) else None)
     for row, writes in writes_by_row.items():
         latest: StreamOp | None = None
         for write in writes:
