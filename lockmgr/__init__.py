@@ -9,31 +9,11 @@ from lockmgr._graph import GraphNode, find_cycle
 from lockmgr._deadlock import VICTIM_POLICIES, VictimPolicy
 from lockmgr._manager import CommitEdges, ExternalWait, LockManager, VictimChooser
 from lockmgr._modes import Mode, conflicts, covers, join
-from lockmgr._records import (
-    DeadlockCycle,
-    Holders,
-    LockStatistics,
-    LockTableSnapshot,
-    TransactionInfo,
-    TxnState,
-    VictimCandidate,
-    WaitingRequest,
-)
-from lockmgr.errors import (
-    ActiveChildren,
-    Deadlock,
-    DuplicateTransaction,
-    ErrorClasses,
-    InvalidDowngrade,
-    LockError,
-    LockNotHeld,
-    LockTimeout,
-    RequestPending,
-    AbortedTransaction,
-    TransactionNotActive,
-    UnknownTransaction,
-    WaitEdge,
-)
+from lockmgr._records import (DeadlockCycle, Holders, LockStatistics, LockTableSnapshot, TransactionInfo, TxnState,
+                              VictimCandidate, WaitingRequest)
+from lockmgr.errors import (AbortedTransaction, ActiveChildren, Deadlock, DuplicateTransaction, ErrorClasses,
+                            InvalidDowngrade, LockError, LockNotHeld, LockTimeout, RequestPending, TransactionNotActive,
+                            UnknownTransaction, WaitEdge)
 
 __all__ = [
     "LockManager", "ExternalWait", "Mode", "Deadlock", "LockTimeout", "find_cycle", "GraphNode",

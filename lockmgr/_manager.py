@@ -12,62 +12,21 @@ import time
 from typing import TYPE_CHECKING, Callable, Hashable, Iterable
 
 from lockmgr._deadlock import Cycle, VictimNotifier, VictimPolicy, choose_victim, policy_name, queue_jumper
-from lockmgr._entries import (
-    _blockers,
-    _discard_if_empty,
-    _downgrade,
-    _fast_grant,
-    _hold,
-    _release_entries,
-    _resource_count,
-    _retain_entry,
-    _retain_if_compatible,
-    _undo_grant,
-    UNCHANGED,
-    fold_grants,
-)
+from lockmgr._entries import (UNCHANGED, _blockers, _discard_if_empty, _downgrade, _fast_grant, _hold, _release_entries,
+                              _resource_count, _retain_entry, _retain_if_compatible, _undo_grant, fold_grants)
 from lockmgr._export import add_wait_for_graph, holders_of, snapshot_of
 from lockmgr._graph import find_cycle
 from lockmgr._modes import COVERS, INTENTION_FOR, JOIN, Mode
 from lockmgr._queues import WaitQueues
 from lockmgr._records import DeadlockCycle, Holders, LockStatistics, LockTableSnapshot
-from lockmgr._table import (
-    ABORTED,
-    ACTIVE,
-    COMMITTED,
-    COMMITTING,
-    GRANTED,
-    TIMED_OUT,
-    VICTIM,
-    WAITING,
-    WITHDRAWN_BY_ABORT,
-    EdgeEvent,
-    EndedLog,
-    Grant,
-    _committed_members,
-    _covered,
-    _Lock,
-    _lock_entry,
-    _NO_CHILDREN,
-    _NO_HOLDS,
-    _Request,
-    _Stripe,
-    _Txn,
-)
+from lockmgr._table import (ABORTED, ACTIVE, COMMITTED, COMMITTING, GRANTED, TIMED_OUT, VICTIM, WAITING,
+                            WITHDRAWN_BY_ABORT, EdgeEvent, EndedLog, Grant, _committed_members, _covered, _Lock,
+                            _lock_entry, _NO_CHILDREN, _NO_HOLDS, _Request, _Stripe, _Txn)
+from lockmgr.errors import (AbortedTransaction, ActiveChildren, Deadlock, DuplicateTransaction, ErrorClasses, Lazy,
+                            LockNotHeld, LockTimeout, RequestPending)
+
 if TYPE_CHECKING:
     import networkx
-
-from lockmgr.errors import (
-    ActiveChildren,
-    Deadlock,
-    DuplicateTransaction,
-    LockNotHeld,
-    Lazy,
-    LockTimeout,
-    RequestPending,
-    AbortedTransaction,
-    ErrorClasses,
-)
 
 
 class CommitEdges(enum.StrEnum):
