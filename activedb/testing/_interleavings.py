@@ -1,42 +1,7 @@
 """Runs a rule set under many interleavings of its concurrent transactions and checks each outcome: the user's
-invariant over the database, the serializability of the recorded history, and what the actors raised.
-
-**The model.**  A run starts *actors* — functions ``actor(db)`` that run top-level transactions, each on a thread
-of its own — and everything they set off in this process: subtransactions, immediate and deferred rule firings
-(a priority group's firings are concurrent siblings), detached-family firings run by the outbox's group
-transactions.  A *step* is one operation of one of those transactions: a ``read`` (a row, or a scan), a
-``write`` (an insert, update, delete or upsert, its locks taken), a ``commit`` (a subtransaction's commit into its
-parent, a top-level commit after PostgreSQL committed) or an ``abort``; the ``begin`` of a transaction that runs
-beside others (a subtransaction, a group transaction of the outbox: none runs a line before the runner says);
-and the ``start`` of an actor.  After
-each step every thread of the run is *settled* — paused at its next step, blocked (a lock wait, a wait for its
-children, a coupling-mode dependency: the lock manager's wait-for graph), or done — and the runner picks the
-step that goes next.  So an interleaving is a sequence of steps, chosen one at a time; the choices of one run
-are its :class:`Schedule`.
-
-**How it pauses threads.**  The history recorder (``connect(record_history=True)``) tells every operation to a
-listener in the thread that did it (``HistoryRecorder.listen``); the runner's listener blocks that thread until
-the step is chosen — so a read, a write or an abort has happened (its locks taken or given up) when its step is
-offered, and choosing it lets the thread go on.  A commit is the other way round: a
-:class:`~activedb.lowlevel.TransactionExtension` pauses the transaction just before it commits (after its
-deferred rules), and choosing the step lets the commit happen — a top-level commit's effects, visible to every
-reader, and the locks it lets go come after its step.  An :class:`~activedb.lowlevel.Observer` tells which transactions begin, end, and wait (which
-also makes activedb run a priority group's firings as spawned children, the reference representation).  Before a
-thread pauses, the worker pool gives queued tasks workers (what activedb does before every blocking call), so a
-spawned child never waits for a paused parent to run it.  Nothing sleeps: waits are on events, and a thread's
-state is read from the wait-for graph.
-
-**Determinism.**  A step is named by its transaction's place, not its id: the actor (``A1``), the path of
-subtransactions by name (``A1/rule:bill``, the second sibling of one name ``…#2``), the outbox's group
-transactions in the order they begin (``outbox``, ``outbox#2``), and the operation (``read customers['ann']``).
-The steps offered at a point are sorted.  A seed fixes the choices, so a run replays exactly; the
-:class:`~activedb.testing._choices.ChoiceTree` checks it (:class:`NondeterministicRun` if the same prefix offered
-different steps on two runs) and never repeats an interleaving, so a small rule set is explored exhaustively.
-
-**What it cannot see.**  Work outside the transactions of the run: SQL sent straight to PostgreSQL (through
-``db.engine``), another process, a thread of the application's own that no actor waits for.  An actor that
-waits for something other than a transaction (``db.rules.wait_idle()``, a sleep) is seen as running until it
-returns.
+invariant over the database, the serializability of the recorded history, and what the actors raised.  The model
+(actors, steps, settled threads), how threads are paused, how steps are named so that a seed replays a run, and
+what a run cannot see: the design note ``activedb/testing/README.md``, "The interleaving runner".
 
 Thread-safety: a runner is driven by one thread (the test's); the listener and the observer run in the run's
 threads and meet the driver under ``_Run.condition`` (a leaf: nothing else is taken under it, and no thread waits
@@ -190,7 +155,7 @@ class Exploration:
 
 
 class Interleavings:
-    """Runs ``actors`` on ``db`` under interleavings of their transactions (see the module docstring).
+    """Runs ``actors`` on ``db`` under interleavings of their transactions (the design note says how).
 
     * ``db`` — connected with ``record_history=True`` (the pytest plugin: ``@pytest.mark.activedb(record_history=
       True)``), its rules registered;
@@ -601,14 +566,14 @@ class _Run(Observer):
     def on_abort(self, transaction: Transaction, reason: BaseException | None) -> None:
         self._ended(transaction, f"aborted ({type(reason).__name__})" if reason is not None else "aborted")
 
-    def on_wait_start(self, transaction: Transaction, kind: WaitKind, detail: Any) -> None:
+    def on_wait_start(self, transaction: Transaction, kind: WaitKind, detail: str | None) -> None:
         with self.condition:
             tracked = self.tracked.get(transaction.id)
             if tracked is not None:
                 tracked.waits.append((kind, detail if isinstance(detail, str) else None))
                 self.condition.notify_all()
 
-    def on_wait_end(self, transaction: Transaction, kind: WaitKind, detail: Any) -> None:
+    def on_wait_end(self, transaction: Transaction, kind: WaitKind, detail: str | None) -> None:
         with self.condition:
             tracked = self.tracked.get(transaction.id)
             wait = (kind, detail if isinstance(detail, str) else None)
@@ -691,7 +656,7 @@ class _Run(Observer):
         return "\n".join(lines)
 
 
-def _key(key: Any) -> str:
+def _key(key: object) -> str:
     if key is None:
         return ""
     parts = key if isinstance(key, tuple) else (key,)

@@ -33,7 +33,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Literal, NoReturn, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Literal, NoReturn, Sequence
 
 import pytest
 
@@ -45,6 +45,7 @@ from activedb.testing.errors import DatabaseFixtureError
 
 if TYPE_CHECKING:  # pragma: no cover
     from activedb._database import Database
+    from lockmgr.testing import Watchdog
 
 #: The environment variable that names the server to make test databases on (after the option and the setting).
 URL_VARIABLE = "ACTIVEDB_TEST_URL"
@@ -175,11 +176,11 @@ def activedb_settings(request: pytest.FixtureRequest) -> DatabaseSettings:
     return DatabaseSettings(migrations, clock, options)
 
 
-def _listed(value: Any) -> Sequence[Any]:
+def _listed(value: str | os.PathLike[str] | Iterable[str | os.PathLike[str]]) -> list[str | os.PathLike[str]]:
     return [value] if isinstance(value, (str, os.PathLike)) else list(value)
 
 
-def _path(root: Path, value: Any) -> Path:
+def _path(root: Path, value: str | os.PathLike[str]) -> Path:
     path = Path(value)
     return path if path.is_absolute() else root / path
 
@@ -250,7 +251,7 @@ def activedb_make_url(activedb_server: Server, activedb_templates: Templates,
 
 
 @pytest.fixture
-def activedb_watchdog(request: pytest.FixtureRequest) -> Iterator[Any]:
+def activedb_watchdog(request: pytest.FixtureRequest) -> Iterator[Watchdog]:
     """A :class:`~activedb.testing.Watchdog` around the test (see the module docstring)."""
     from activedb.testing import Watchdog
 
