@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import sys
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Iterable
+from typing import Callable, Iterable, TypeVar
 
 from activedb.batch._plan import Tpg, has_group_cycle
 from activedb.batch._strategy import AbortMode, DecisionRule, Exploration, Granularity, Strategy
@@ -28,7 +28,7 @@ MAX_BIN_SHARE = 0.75              # rule 4
 MIN_WORK_SECONDS_FOR_PROCESSES = 0.02   # rule 4: expected execution time of the batch
 SMOOTHING = 0.5                   # EWMA weight of the newest batch
 HIGH_COMPLEXITY_SECONDS = 40e-6   # MorphStream's runner: a UDF of >= 40,000 ns is "complexity high"
-RULES = tuple(rule.value for rule in DecisionRule)
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -99,7 +99,7 @@ def decision_tree(inputs: TreeInputs, cyclic: Callable[[], bool] | None = None) 
     return Strategy(exploration, granularity, abort), tuple(reasons)
 
 
-def _choose(reasons: list[str], condition: bool, chosen: tuple[Any, str], otherwise: tuple[Any, str]) -> Any:
+def _choose(reasons: list[str], condition: bool, chosen: tuple[_T, str], otherwise: tuple[_T, str]) -> _T:
     """One step of a decision: ``chosen``'s value if ``condition`` else ``otherwise``'s, its reason appended."""
     value, reason = chosen if condition else otherwise
     reasons.append(reason)
@@ -220,7 +220,7 @@ class DecisionModel:
     history: list[str] = field(default_factory=list)
     lean_seconds_per_op: float | None = None      # measured by batches run lean
     tpg_seconds_per_op: float | None = None       # measured by batches run on a TPG
-    rule: DecisionRule = DecisionRule.MORPHSTREAM   # the paper's three dimensions: see RULES
+    rule: DecisionRule = DecisionRule.MORPHSTREAM   # how strategy="tpg" picks (DecisionRule)
 
     def __post_init__(self) -> None:
         self.rule = DecisionRule.parse(self.rule, "DecisionModel(rule=...)")

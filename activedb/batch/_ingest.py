@@ -7,9 +7,9 @@ components of a batch in N processes; the ingestion's ``close()`` stops them.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from activedb.batch._commit import apply_at_commit
+from activedb.batch._commit import PendingBatch, apply_at_commit
 from activedb.batch._declare import StateTransactions
 from activedb.ingest._ledger import IngestionLedger
 from activedb.ingest._protocol import BatchHandler, BatchInput
@@ -31,13 +31,13 @@ class TpgHandler(BatchHandler):
     #: batch, each a batch of its own (``apply_events``), instead of failing the batch on every restart.
     searches_poison = True
 
-    def __init__(self, transactions: Any) -> None:
+    def __init__(self, transactions: StateTransactions) -> None:
         if not isinstance(transactions, StateTransactions):
             raise IngestError(
                 "TpgHandler needs transactions: a batch.StateTransactions() with a @transactions.on(type) "
                 f"declaration per event type; got {transactions!r}")
         self.transactions = transactions
-        self.last_pending: Any = None     # the last batch's PendingBatch (its mode, seconds, result)
+        self.last_pending: PendingBatch | None = None     # the last batch's PendingBatch (its mode, seconds, result)
 
     def accepted_types(self) -> frozenset[str] | None:
         return frozenset(self.transactions.event_types) or None
