@@ -33,7 +33,13 @@ from spark_bridge._sources import SOURCE_FORMS, build_stream, is_missing_data_so
 from spark_bridge.errors import IngestError, SparkBridgeError, describe, first_line
 
 if TYPE_CHECKING:  # pragma: no cover
+    from pyspark.sql import SparkSession
+    from pyspark.sql.streaming.query import StreamingQuery
+    from rich.console import Console
+
     from activedb import Database
+    from activedb.cli.application import LoadedApp
+    from activedb.ingest import Ingestion
 
 __all__ = ["register_commands", "run_command"]
 
@@ -48,7 +54,7 @@ PLAIN_PROGRESS_SECONDS = 10.0  # progress line period when stdout is not a termi
 STARTING = "Spark plans the query and reads the source"  # what the wait for the first micro-batch is
 
 
-def _watch(query: Any, sink: Any, console: Any, stop: StopRequest) -> str:
+def _watch(query: StreamingQuery, sink: Ingestion, console: Console, stop: StopRequest) -> str:
     """Refresh the progress line until the query ends or a stop is requested.
 
     On a terminal the line is live and *transient*: it is erased when watching ends (Ctrl-C echoes
@@ -81,7 +87,7 @@ def _watch(query: Any, sink: Any, console: Any, stop: StopRequest) -> str:
     return "stopped"
 
 
-def _stop_query(query: Any, sink: Any, stop: StopRequest, console: Any) -> None:
+def _stop_query(query: StreamingQuery, sink: Ingestion, stop: StopRequest, console: Console) -> None:
     """Let the batch in progress finish (unless forced), then stop the query."""
     batch = sink.batch_in_progress()
     doing = ("no batch is in progress" if batch is None else
@@ -134,7 +140,7 @@ def _started_spark() -> Any:
 
 
 @contextlib.contextmanager
-def _status(console: Any, text: str) -> Iterator[None]:
+def _status(console: Console, text: str) -> Iterator[None]:
     """A spinner with ``text`` on a terminal; one line otherwise."""
     if console.is_terminal:
         with console.status(text):
@@ -152,12 +158,14 @@ def _where(error: BaseException) -> str:
     return f" (at {Path(frames[-1].filename).name}:{frames[-1].lineno} in {frames[-1].name})" if frames else ""
 
 
-def _quiet_query_failures(spark: Any) -> None:
+def _quiet_query_failures(spark: SparkSession) -> None:
     """``run`` reports a failed query itself (the Python cause, what to do): keep Spark from logging the same
     failure as a Java stack trace ("Query ... terminated with error", logged at ERROR by the stream's
     execution class)."""
     try:
         jvm = spark.sparkContext._jvm
+        if jvm is None:
+            return
         level = jvm.org.apache.logging.log4j.Level.FATAL
         for logger_name in ("org.apache.spark.sql.execution.streaming.runtime.MicroBatchExecution",
                             "org.apache.spark.sql.execution.streaming.MicroBatchExecution"):
@@ -186,7 +194,7 @@ def what_to_do(error: BaseException, app: str) -> str:
     return f"fix the cause in the application {app} (--verbose logs more), {resume}"
 
 
-def failure_message(sink: Any, failure: BaseException, app: str) -> str:
+def failure_message(sink: Ingestion, failure: BaseException, app: str) -> str:
     """What ``run`` prints when the query failed: the Python cause and one line of what to do."""
     found = sink.last_failure()
     if found is not None:
@@ -391,6 +399,7 @@ def run_command(ctx: click.Context, app: str, source_text: str, checkpoint: str 
     obj = ctx.find_root().obj or {}
     console = make_console()
     loaded = _load_app(app, verbose)
+    assert loaded.mapping is not None, "loaded with require_mapping=True"
     name = query_name or _default_query_name(app)
     checkpoint_dir = Path(checkpoint) if checkpoint else _default_checkpoint(obj.get("home"), name)
 
@@ -398,8 +407,7 @@ def run_command(ctx: click.Context, app: str, source_text: str, checkpoint: str 
         raise click.ClickException(f"--reset: application {loaded.name} has no reset(db) function")
     if source.kind == "file" and max_files_per_trigger and file_format == "json":     # before anything is read
         try:
-            retimed = check_file_order(Path(source.path), loaded.mapping.ts_column,  # type: ignore[arg-type]
-                                       max_files_per_trigger,
+            retimed = check_file_order(Path(str(source.path)), loaded.mapping.ts_column, max_files_per_trigger,
                                        FileOrder(file_order))
         except SparkBridgeError as error:
             raise click.ClickException(str(error)) from None
@@ -435,7 +443,7 @@ def run_command(ctx: click.Context, app: str, source_text: str, checkpoint: str 
         if loaded.migrations is not None:
             database.upgrade_app(loaded.migrations)
         progress = _progress(database, name, checkpoint_dir)
-        if reset:
+        if reset and loaded.reset is not None:        # (--reset without reset(db) was refused above)
             _refuse_reset_with_progress(progress, name)
             loaded.reset(database)
             console.print(f"reset: {loaded.name}'s tables are empty", highlight=False)
@@ -515,7 +523,7 @@ def run_command(ctx: click.Context, app: str, source_text: str, checkpoint: str 
         restart(restart_environment)
 
 
-def _load_app(app: str, verbose: bool) -> Any:
+def _load_app(app: str, verbose: bool) -> LoadedApp:
     """``load_app(app, require_mapping=True)`` for a command (its error one line); without ``verbose`` the
     rules' rejections are not logged."""
     import spark_bridge

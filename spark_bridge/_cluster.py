@@ -25,13 +25,18 @@ import re
 import socket
 import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
 
 from activedb import mask_secrets
 
 from spark_bridge.errors import IngestError, describe
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pyspark.sql import SparkSession
+
+    from activedb.cli.application import AppSpec
 
 __all__ = ["check_database_for_executors", "connect_failed", "is_local_master", "ship_app", "shipped_app",
            "socket_only", "task_failure"]
@@ -136,12 +141,12 @@ def task_failure(error: BaseException) -> IngestError | None:
     return IngestError(f"a scale-out task failed on the executors (Spark gave up on it): {cause}")
 
 
-def ship_app(session: Any, app: Any) -> bool:
+def ship_app(session: SparkSession | None, app: AppSpec) -> bool:
     """On a cluster master, send an application given as a ``.py`` path to the executors
     (``SparkContext.addFile``); return whether it was sent (then the tasks load it with
     :func:`shipped_app`).  A module name or a callable is not sent: it must be importable on the executors
     (their Python environment; the README's "Running on a cluster")."""
-    if session is None or is_local_master(session.sparkContext.master):
+    if session is None or is_local_master(str(session.sparkContext.master)):
         return False
     if not isinstance(app, (str, Path)) or not str(app).endswith(".py") or not Path(app).is_file():
         return False

@@ -6,20 +6,25 @@ from __future__ import annotations
 import tempfile
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
 
 from spark_bridge._sources import write_event_files
 
 if TYPE_CHECKING:  # pragma: no cover
+    from rich.console import Console
+
     from activedb import Database
+    from activedb.progress import Progress
+    from activedb.streams import StreamEngine
 
 SPARK_FILES = 4                 # the stream is written as this many files (micro-batches)
 
 
-def feed(db: Database, events: list[dict[str, object]], app: Any, console: Any, progress: Any, engine: Any
-         ) -> dict[str, object]:
+def feed(db: Database, events: list[dict[str, object]], app: ModuleType, console: Console, progress: Progress,
+         engine: StreamEngine) -> dict[str, object]:
     """Feed ``events`` through Spark Structured Streaming into ``engine``'s pattern queries
     (``spark_bridge.ingest(…, handler=streams.QueriesHandler(engine))``; an ``activedb.streams.StreamEngine``
     built with ``record_dead_letters=False``).
@@ -56,7 +61,7 @@ def feed(db: Database, events: list[dict[str, object]], app: Any, console: Any, 
                                     watermark_delay="30 seconds")
         sink = spark_bridge.sink_of(query)
         progress.note("waiting for the first micro-batch ...")
-        while not query.awaitTermination(0.5):
+        while not query.awaitTermination(0.5):  # type: ignore[arg-type]  # (seconds: pyspark takes a float too)
             done = sink.statistics().batches
             if done:
                 progress.update(done, f"micro-batches committed ({sink.statistics().events} events)")

@@ -14,14 +14,19 @@ It uses PySpark internals (``DataStreamWriter._spark`` and ``._jwrite``, ``Pytho
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable
+
+if TYPE_CHECKING:  # pragma: no cover
+    from py4j.java_gateway import JavaObject
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.streaming.readwriter import DataStreamWriter
 
 __all__ = ["foreach_batch"]
 
 _FUNCTION_CLASS: list[type] = []        # the subclass, made on first use (importing this module imports no pyspark)
 
 
-def foreach_batch(writer: Any, func: Callable[[Any, int], None]) -> Any:
+def foreach_batch(writer: DataStreamWriter, func: Callable[[DataFrame, int], None]) -> DataStreamWriter:
     """``writer.foreachBatch(func)`` for the batches of one run: the batch DataFrames share one session wrapper."""
     try:
         from py4j.java_gateway import java_import
@@ -31,6 +36,8 @@ def foreach_batch(writer: Any, func: Callable[[Any, int], None]) -> Any:
         gateway = spark._sc._gateway
         function = _function_class()(spark, func)
     except (ImportError, AttributeError):
+        return writer.foreachBatch(func)
+    if gateway is None:                 # (no JVM gateway: not a classic session)
         return writer.foreachBatch(func)
     java_import(gateway.jvm, "org.apache.spark.sql.execution.streaming.sources.*")
     gateway.jvm.PythonForeachBatchHelper.callForeachBatch(jwrite, function)
@@ -46,9 +53,9 @@ def _function_class() -> type:
             """PySpark's ``ForeachBatchFunction`` with the batch session's Python wrapper made once (module
             docstring)."""
 
-            session_of_run: Any = None
+            session_of_run: SparkSession | None = None
 
-            def call(self, jdf: Any, batch_id: int) -> None:
+            def call(self, jdf: JavaObject, batch_id: int) -> None:
                 from pyspark.sql.dataframe import DataFrame
                 from pyspark.sql.session import SparkSession
 

@@ -12,18 +12,22 @@ import datetime as dt
 import difflib
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Literal, overload
 
 from activedb.atomic import SplitFailure, as_policy
-from activedb.cli.application import portable_spec
-from activedb.ingest import BatchHandler, Deadlines, EventMapping, Phase, RulesHandler, as_mapping
+from activedb.cli.application import Register, portable_spec
+from activedb.ingest import BatchHandler, Deadlines, EventMapping, Ingestion, Phase, RulesHandler, as_mapping
 
 from spark_bridge._foreach import foreach_batch
 from spark_bridge._scaleout import PartitionedIngestSink
-from spark_bridge._sink import IngestSink, QueryRun
+from spark_bridge._sink import IngestSink, QueryRun, SinkOptions
 from spark_bridge.errors import IngestError, MappingError
 
 if TYPE_CHECKING:  # pragma: no cover
+    from pyspark.sql import DataFrame
+    from pyspark.sql.streaming.query import StreamingQuery
+    from pyspark.sql.streaming.readwriter import DataStreamWriter
+
     from activedb import Database
 
 __all__ = ["IngestOptions", "end_of_stream", "ingest", "sink_of"]
@@ -32,7 +36,7 @@ __all__ = ["IngestOptions", "end_of_stream", "ingest", "sink_of"]
 SINK_ATTRIBUTE = "activedb_sink"
 
 
-def _check_columns(streaming_df: Any, mapping: EventMapping) -> None:
+def _check_columns(streaming_df: DataFrame, mapping: EventMapping) -> None:
     columns = list(streaming_df.columns)
     wanted = [mapping.type_column, mapping.key_column, mapping.ts_column, *(mapping.payload_columns or ())]
     missing = [column for column in wanted if column not in columns]
@@ -87,15 +91,15 @@ class IngestOptions:
     """
 
     handler: BatchHandler | None = None
-    trigger: Any = None
+    trigger: str | float | Mapping[str, object] | None = None
     known_types: Collection[str] | None = None
     watermark_delay: str | dt.timedelta | None = None
     start: bool = True
     on_phase: Callable[[Phase, int], None] | None = None
     lineage: bool = True
     partition_by_key: int | None = None
-    app: str | Callable[[Any], Any] | None = None
-    connect_options: Mapping[str, Any] | None = None
+    app: str | Register | None = None
+    connect_options: Mapping[str, object] | None = None
     on_partition_failure: SplitFailure | None = None
     deadlines: Deadlines | None = None
 
@@ -127,11 +131,29 @@ class IngestOptions:
                 f"DataStreamWriter.trigger such as {{'availableNow': True}}; got {self.trigger!r}")
 
 
-def ingest(db: Database, streaming_df: Any, *, mapping: EventMapping, query_name: str,
-           checkpoint_location: str | None = None, options: IngestOptions | None = None, **fields: Any) -> Any:
+@overload
+def ingest(db: Database, streaming_df: DataFrame, *, mapping: EventMapping, query_name: str,
+           checkpoint_location: str | None = None, options: None = None, start: Literal[True] = True,
+           **fields: object) -> StreamingQuery: ...
+
+
+@overload
+def ingest(db: Database, streaming_df: DataFrame, *, mapping: EventMapping, query_name: str,
+           checkpoint_location: str | None = None, options: None = None, start: Literal[False],
+           **fields: object) -> DataStreamWriter: ...
+
+
+@overload
+def ingest(db: Database, streaming_df: DataFrame, *, mapping: EventMapping, query_name: str,
+           checkpoint_location: str | None = None, options: IngestOptions) -> StreamingQuery | DataStreamWriter: ...
+
+
+def ingest(db: Database, streaming_df: DataFrame, *, mapping: EventMapping, query_name: str,
+           checkpoint_location: str | None = None, options: IngestOptions | None = None, **fields: object
+           ) -> StreamingQuery | DataStreamWriter:
     """Feed ``streaming_df`` into ``db``'s rules (or the handler ``options`` names), one micro-batch per
     top-level transaction, exactly once; return the started ``StreamingQuery`` (its sink is
-    ``query.activedb_sink``).
+    ``query.activedb_sink``), or with ``start=False`` the ``DataStreamWriter`` to start.
 
     * ``mapping`` — which columns give the event type, key, timestamp and payload;
     * ``query_name`` — the query's stable name: Spark's query name, the punctuation source,
@@ -164,7 +186,8 @@ def ingest(db: Database, streaming_df: Any, *, mapping: EventMapping, query_name
         hint = f" ({' '.join(hints)})" if hints else ""
         raise IngestError(f"ingest() has no option {unknown[0]!r}{hint}; the options are the fields of IngestOptions: "
                           f"{', '.join(field.name for field in dataclasses.fields(IngestOptions))}")
-    options = options or IngestOptions(**fields)
+    # (the names were checked above; IngestOptions checks the values)
+    options = options or IngestOptions(**fields)  # type: ignore[arg-type]
     try:
         mapping = as_mapping(mapping)
     except MappingError as error:
@@ -187,16 +210,18 @@ def ingest(db: Database, streaming_df: Any, *, mapping: EventMapping, query_name
         streaming_df = streaming_df.withWatermark(mapping.ts_column, delay)
 
     session = streaming_df.sparkSession
-    common = dict(query_name=query_name, known_types=options.known_types, spark_session=session,
-                  on_phase=options.on_phase, lineage=options.lineage)
+    common: SinkOptions = {"query_name": query_name, "known_types": options.known_types, "spark_session": session,
+                           "on_phase": options.on_phase}
     if options.partition_by_key is None:
-        sink: IngestSink = IngestSink(db, mapping, handler=options.handler, deadlines=options.deadlines, **common)
+        sink: IngestSink = IngestSink(db, mapping, handler=options.handler, deadlines=options.deadlines,
+                                      lineage=options.lineage, **common)
     else:
         sink = PartitionedIngestSink(db, mapping, partitions=options.partition_by_key,
                                      app=None if options.app is None else portable_spec(options.app),
                                      connect_options=options.connect_options,
                                      on_partition_failure=options.on_partition_failure or SplitFailure.FORWARD,
-                                     rules=options.handler, **common)  # type: ignore[arg-type]  # (checked: rules)
+                                     lineage=options.lineage, rules=options.handler,  # type: ignore[arg-type]  # (checked: rules)
+                                     **common)
     run = QueryRun(sink)      # told the query once start() returns: its batches need not ask Spark for it
     # One session wrapper per run (_foreach): only for the run started here — a writer handed back could be
     # started more than once, each start a run of its own with a session of its own.
@@ -209,7 +234,8 @@ def ingest(db: Database, streaming_df: Any, *, mapping: EventMapping, query_name
     if isinstance(trigger, str):
         writer = writer.trigger(processingTime=trigger)
     elif trigger is not None:
-        writer = writer.trigger(**trigger)         # a Mapping (IngestOptions checked it)
+        # (a Mapping of DataStreamWriter.trigger's keywords, as the user gave them: Spark checks their values)
+        writer = writer.trigger(**trigger)  # type: ignore[call-overload]
     setattr(writer, SINK_ATTRIBUTE, sink)
     if not options.start:
         return writer
@@ -219,7 +245,7 @@ def ingest(db: Database, streaming_df: Any, *, mapping: EventMapping, query_name
     return query
 
 
-def sink_of(query_or_writer: Any) -> IngestSink:
+def sink_of(query_or_writer: StreamingQuery | DataStreamWriter) -> IngestSink:
     """The :class:`IngestSink` behind a query (or writer) made by :func:`ingest`."""
     sink: IngestSink | None = getattr(query_or_writer, SINK_ATTRIBUTE, None)
     if sink is None:
@@ -227,12 +253,12 @@ def sink_of(query_or_writer: Any) -> IngestSink:
     return sink
 
 
-def end_of_stream(query_or_sink: Any) -> int:
+def end_of_stream(query_or_sink: StreamingQuery | Ingestion) -> int:
     """Tell the engine behind a query made by ``ingest(…, handler=streams.QueriesHandler(…))`` that its (bounded)
     source has ended: events its reorder buffer still holds are released (``punctuation=END_OF_STREAM``) and
     processed in the run's end-of-stream batch (``activedb.ingest.END_OF_STREAM_BATCH``, with its ledger row: the
     ledger then accounts for every row).  Call it after the query terminated (``availableNow``); afterwards every
     new event of the engine is late.  Returns how many events that processed (0 for the other handlers, and for a
     second call: the ledger has the release)."""
-    processed: int = getattr(query_or_sink, SINK_ATTRIBUTE, query_or_sink).end_of_stream()
-    return processed
+    sink = query_or_sink if isinstance(query_or_sink, Ingestion) else sink_of(query_or_sink)
+    return sink.end_of_stream()

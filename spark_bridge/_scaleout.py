@@ -14,21 +14,24 @@ import collections
 import datetime as dt
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Unpack
 
 from activedb import atomic
-from activedb.atomic import SplitFailure
-from activedb.cli.application import app_name, load_app
+from activedb.atomic import PartitionReport, SplitFailure
+from activedb.cli.application import Register, app_name, load_app
 from activedb.errors import classify
 from activedb.ingest import BatchOutcome, EventMapping, Ingestion, LedgerId, Phase, PhaseTimings, RulesHandler
 
 from spark_bridge import _cluster
-from spark_bridge._sink import IngestSink
+from spark_bridge._sink import IngestSink, SinkOptions
 from spark_bridge.errors import IngestError, describe
 
 if TYPE_CHECKING:  # pragma: no cover
+    from py4j.java_gateway import JavaObject
+    from pyspark.sql import DataFrame, Row
+
     from activedb import Database
 
 __all__ = ["PartitionedIngestSink"]
@@ -36,11 +39,11 @@ __all__ = ["PartitionedIngestSink"]
 
 # Per Python worker process (see the module docstring). _worker_mutex protects both dicts.
 _worker_mutex = threading.Lock()
-_worker_databases: dict[tuple[str, str], Any] = {}
+_worker_databases: dict[tuple[str, str], Database] = {}
 _worker_sinks: dict[tuple[object, ...], Ingestion] = {}
 
 
-def _worker_database(url: str, app: str | Callable[[Any], Any], connect_options: Mapping[str, Any]) -> Any:
+def _worker_database(url: str, app: str | Register, connect_options: Mapping[str, object]) -> Database:
     """The worker process's ``Database`` for (URL, app), connected and with the app's rules declared.
 
     The connection and the app's ``register`` run with no mutex held (they do SQL and run user code):
@@ -55,7 +58,8 @@ def _worker_database(url: str, app: str | Callable[[Any], Any], connect_options:
         return database
     register = load_app(app).register
     try:
-        database = activedb.connect(url, upgrade=False, **dict(connect_options))
+        # (connect checks the keywords: an unknown one is a TypeError naming Config's fields)
+        database = activedb.connect(url, upgrade=False, **dict(connect_options))  # type: ignore[arg-type]
     except Exception as error:
         raise _cluster.connect_failed(url, error) from error
     try:
@@ -76,15 +80,15 @@ class _PartitionTask:
     Picklable; runs in a Spark Python worker. Immutable."""
 
     url: str
-    app: Any  # module name, absolute .py path, or an importable register(db) callable
+    app: str | Register  # module name, absolute .py path, or an importable register(db) callable
     mapping: EventMapping
     query_name: str
     query_id: str  # the query's ledger id; the task appends #p<partition>
     batch_id: int
     watermark: dt.datetime | None
     known_types: frozenset[str] | None
-    prefetch: tuple[tuple[str, Any], ...]
-    connect_options: tuple[tuple[str, Any], ...]
+    prefetch: tuple[tuple[str, object], ...]
+    connect_options: tuple[tuple[str, object], ...]
     detached_timeout: float
     local_time_columns: tuple[str, ...]  # TIMESTAMP (not TIMESTAMP_NTZ) columns of the batch
     partitions: int = 1
@@ -93,14 +97,14 @@ class _PartitionTask:
     lower_declared: bool = True
     app_shipped: bool = False   # app is the driver's path of a file shipped to the executors (_cluster.ship_app)
 
-    def __call__(self, partition: int, rows: Iterator[Any]) -> Iterator[dict[str, Any]]:
+    def __call__(self, partition: int, rows: Iterable[Row]) -> Iterator[PartitionReport]:
         started = time.perf_counter()
         batch = [self._row_dict(row) for row in rows]
         fetched = time.perf_counter() - started
         sink = self._sink()
         query_id = str(LedgerId.parse(self.query_id).partitioned(partition))
         try:
-            report = {"partition": partition, "outcome": sink.process(
+            report: PartitionReport = {"partition": partition, "outcome": sink.process(
                 batch, self.batch_id, query_id=query_id, watermark=self.watermark, punctuate=False,
                 extra_timings=PhaseTimings(to_arrow=fetched))}
         except Exception as error:      # reported to the driver, which decides (README.md, "Atomic batches")
@@ -108,8 +112,8 @@ class _PartitionTask:
         sink.db.rules.wait_idle(self.detached_timeout)
         yield report
 
-    def _failure(self, sink: Ingestion, partition: int, query_id: str, batch: list[dict[str, Any]],
-                 error: BaseException) -> dict[str, Any]:
+    def _failure(self, sink: Ingestion, partition: int, query_id: str, batch: list[dict[str, object]],
+                 error: BaseException) -> PartitionReport:
         """The report of a partition whose batch transaction failed; with the policy ``compensate`` (and not
         an outage) its rows are dead letters first (``atomic.settle_failed_partition``).  A transient failure
         (``activedb.errors.classify``: PostgreSQL unusable, a conflict, a deadlock) is not the partition's fault:
@@ -124,10 +128,10 @@ class _PartitionTask:
         return {"partition": partition, "outcome": outcome, "failed": True, "error": describe(error),
                 "infrastructure": infrastructure}
 
-    def _row_dict(self, row: Any) -> dict[str, Any]:
+    def _row_dict(self, row: Row) -> dict[str, object]:
         """A Spark ``Row`` as a dict; ``TIMESTAMP`` values (naive, in the worker's local time
         zone, as pyspark hands them out) become aware UTC datetimes."""
-        values: dict[str, Any] = row.asDict(recursive=True)
+        values: dict[str, object] = row.asDict(recursive=True)
         for column in self.local_time_columns:
             value = values.get(column)
             if isinstance(value, dt.datetime) and value.tzinfo is None:
@@ -141,7 +145,7 @@ class _PartitionTask:
             sink = _worker_sinks.get(key)
         if sink is not None:
             return sink
-        app = _cluster.shipped_app(self.app) if self.app_shipped else self.app
+        app = _cluster.shipped_app(self.app) if self.app_shipped and isinstance(self.app, str) else self.app
         database = _worker_database(self.url, app, dict(self.connect_options))
         sink = Ingestion(database, self.mapping, source=self.query_name, known_types=self.known_types,
                          handler=RulesHandler(dict(self.prefetch), lower_declared=self.lower_declared),
@@ -160,10 +164,10 @@ class PartitionedIngestSink(IngestSink):
     :class:`IngestSink`.
     """
 
-    def __init__(self, db: Database, mapping: EventMapping, *, partitions: int, app: Any,
-                 connect_options: Mapping[str, Any] | None = None, detached_timeout: float = 300.0,
+    def __init__(self, db: Database, mapping: EventMapping, *, partitions: int, app: str | Register | None,
+                 connect_options: Mapping[str, object] | None = None, detached_timeout: float = 300.0,
                  on_partition_failure: SplitFailure | str = SplitFailure.FORWARD, lineage: bool = True,
-                 rules: RulesHandler | None = None, **sink_options: Any) -> None:
+                 rules: RulesHandler | None = None, **sink_options: Unpack[SinkOptions]) -> None:
         """``sink_options``: those of :class:`IngestSink` (``query_name``, ``known_types``, …)."""
         rules = RulesHandler() if rules is None else rules
         super().__init__(db, mapping, handler=rules, lineage=lineage, **sink_options)
@@ -176,7 +180,7 @@ class PartitionedIngestSink(IngestSink):
                 "register(db)), or an importable register(db) function")
         session = sink_options.get("spark_session")
         if session is not None:
-            _cluster.check_database_for_executors(db.url, session.sparkContext.master)
+            _cluster.check_database_for_executors(db.url, str(session.sparkContext.master))
         self.partitions = partitions
         self.app = app
         self._app_shipped = _cluster.ship_app(session, app)
@@ -189,8 +193,8 @@ class PartitionedIngestSink(IngestSink):
         self._detached_timeout = detached_timeout
         self._url = db.url.render_as_string(hide_password=False)
 
-    def _spark_batch(self, batch_df: Any, batch_id: int, spark_query_id: str, query_id: str, *,
-                     execution: Any = None) -> None:
+    def _spark_batch(self, batch_df: DataFrame, batch_id: int, spark_query_id: str, query_id: str, *,
+                     execution: JavaObject | None = None) -> None:
         from pyspark.sql import functions
 
         self._declare(query_id)
@@ -241,7 +245,8 @@ class PartitionedIngestSink(IngestSink):
             self._declared.add(query_id)
 
     @staticmethod
-    def _combine(query_id: str, batch_id: int, watermark: dt.datetime | None, results: list[Any]) -> BatchOutcome:
+    def _combine(query_id: str, batch_id: int, watermark: dt.datetime | None, results: list[PartitionReport]
+                 ) -> BatchOutcome:
         outcomes = [row["outcome"] for row in results]
         firings = sum((collections.Counter(outcome.rule_firings) for outcome in outcomes), collections.Counter())
         return BatchOutcome(

@@ -19,7 +19,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Collection
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Required, TypedDict
 
 from activedb.ingest import (BatchHandler, Deadlines, EventMapping, Ingestion, LedgerId, Phase, PhaseTimings,
                              sources_of_run)
@@ -27,9 +27,13 @@ from activedb.ingest import (BatchHandler, Deadlines, EventMapping, Ingestion, L
 from spark_bridge.errors import IngestError, QueryRenamedError
 
 if TYPE_CHECKING:  # pragma: no cover
+    from py4j.java_gateway import JavaObject
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.streaming.query import StreamingQuery
+
     from activedb import Database
 
-__all__ = ["IngestSink", "QueryRun", "streaming_query_id"]
+__all__ = ["IngestSink", "QueryRun", "SinkOptions", "streaming_query_id"]
 
 logger = logging.getLogger("spark_bridge.ingest")
 
@@ -38,6 +42,17 @@ _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
 #: checkpoint and therefore survives restarts (unlike runId).
 _QUERY_ID_PROPERTY = "sql.streaming.queryId"
 _EXECUTIONS_KEPT = 64        # (Spark query ids a long-lived sink has seen: one per run; the cache stays bounded)
+
+
+class SinkOptions(TypedDict, total=False):
+    """:class:`IngestSink`'s keywords that a sink built on it (the scale-out path's) passes through."""
+
+    query_name: Required[str]
+    known_types: Collection[str] | None
+    spark_session: SparkSession | None
+    on_phase: Callable[[Phase, int], None] | None
+    batch_attempts: int
+    event_ids_under: str | None
 
 
 class IngestSink(Ingestion):
@@ -58,7 +73,7 @@ class IngestSink(Ingestion):
     db: Database
 
     def __init__(self, db: Database, mapping: EventMapping, *, query_name: str, known_types: Collection[str] | None = None,
-                 spark_session: Any = None, on_phase: Callable[[Phase, int], None] | None = None,
+                 spark_session: SparkSession | None = None, on_phase: Callable[[Phase, int], None] | None = None,
                  batch_attempts: int = 3, handler: BatchHandler | None = None, event_ids_under: str | None = None,
                  lineage: bool = True, deadlines: Deadlines | None = None) -> None:
         if not isinstance(query_name, str) or not query_name.strip():
@@ -75,14 +90,14 @@ class IngestSink(Ingestion):
         #: once per run of the query (a restart from the checkpoint keeps the id, not the execution), so that a
         #: batch asks the JVM one question without a watermark and four with one, instead of six
         #: (``spark_watermark``).
-        self._executions: dict[str, tuple[Any, bool]] = {}
+        self._executions: dict[str, tuple[JavaObject, bool]] = {}
 
     # -- foreachBatch entry point -------------------------------------------------------------
 
-    def __call__(self, batch_df: Any, batch_id: int) -> None:
+    def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
         self.call_in_run(batch_df, batch_id, None)
 
-    def call_in_run(self, batch_df: Any, batch_id: int, run: "QueryRun | None") -> None:
+    def call_in_run(self, batch_df: DataFrame, batch_id: int, run: QueryRun | None) -> None:
         """``foreachBatch``'s call, by the :class:`QueryRun` of the query ``ingest()`` started (or None): a run
         that knows its query's id and execution spares the batch two questions to Spark."""
         with self._book.in_batch():
@@ -100,8 +115,8 @@ class IngestSink(Ingestion):
                 self._book.failed(batch_id, error)
                 raise
 
-    def _spark_batch(self, batch_df: Any, batch_id: int, spark_query_id: str, query_id: str, *,
-                     execution: Any = None) -> None:
+    def _spark_batch(self, batch_df: DataFrame, batch_id: int, spark_query_id: str, query_id: str, *,
+                     execution: JavaObject | None = None) -> None:
         """Batch ``batch_id`` of ``foreachBatch`` as ``(query_id, batch_id)`` (the scale-out sink overrides it);
         ``execution``: the query's running ``StreamExecution`` if the caller knows it (``spark_watermark``)."""
         started = time.perf_counter()
@@ -112,7 +127,7 @@ class IngestSink(Ingestion):
         self.process(table, batch_id, query_id=query_id, watermark=watermark,
                      extra_timings=PhaseTimings(to_arrow=to_arrow))
 
-    def spark_watermark(self, spark_query_id: str, *, current: Any = None) -> dt.datetime | None:
+    def spark_watermark(self, spark_query_id: str, *, current: JavaObject | None = None) -> dt.datetime | None:
         """Spark's event-time watermark of the batch now running in query ``spark_query_id`` (the package's
         ``README.md``, "The watermark"); ``None`` without one, without a ``spark_session``, or when this
         Spark version does not expose it (logged once).  ``current``: the query's ``StreamExecution`` when the
@@ -144,7 +159,7 @@ class IngestSink(Ingestion):
             return None
         return None if millis <= 0 else _EPOCH + dt.timedelta(milliseconds=millis)
 
-    def _remember_execution(self, spark_query_id: str, execution: Any) -> tuple[Any, bool]:
+    def _remember_execution(self, spark_query_id: str, execution: JavaObject) -> tuple[JavaObject, bool]:
         """``(execution, whether its plan declares a watermark)``, kept as the query's known run."""
         known = (execution, _declares_watermark(execution))
         with self._mutex:
@@ -169,7 +184,7 @@ class IngestSink(Ingestion):
         return query_id
 
 
-def streaming_query_id(batch_df: Any) -> str | None:
+def streaming_query_id(batch_df: DataFrame) -> str | None:
     """The id of the streaming query that produced ``batch_df`` (inside foreachBatch)."""
     value = batch_df.sparkSession.sparkContext.getLocalProperty(_QUERY_ID_PROPERTY)
     return None if value is None else str(value)
@@ -186,7 +201,7 @@ def check_not_renamed(db: Database, query_name: str, spark_query_id: str) -> Non
             f"{query_name!r} from a new checkpoint directory")
 
 
-def _declares_watermark(execution: Any) -> bool:
+def _declares_watermark(execution: JavaObject) -> bool:
     """Whether the plan of ``execution`` (a ``StreamExecution``, py4j) has a watermark node (EventTimeWatermark, from
     ``withWatermark`` or SQL's ``WATERMARK``): a plan without one never has a watermark.  A "watermark" in some name
     only costs ``spark_watermark`` its questions."""
@@ -207,15 +222,15 @@ class QueryRun:
 
     def __init__(self, sink: IngestSink) -> None:
         self.sink = sink
-        self._known: tuple[str | None, Any] = (None, None)
+        self._known: tuple[str | None, JavaObject | None] = (None, None)
 
-    def started(self, query: Any) -> None:
+    def started(self, query: StreamingQuery) -> None:
         """``query`` (the ``StreamingQuery`` ``start()`` returned) is this run's."""
         self._known = (str(query.id), query._jsq.streamingQuery())
 
-    def known(self) -> tuple[str | None, Any]:
+    def known(self) -> tuple[str | None, JavaObject | None]:
         """(the run's Spark query id, its ``StreamExecution``), or (None, None) before :meth:`started`."""
         return self._known
 
-    def __call__(self, batch_df: Any, batch_id: int) -> None:
+    def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
         self.sink.call_in_run(batch_df, batch_id, self)

@@ -13,9 +13,15 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import click
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.types import StructType
+
+    from activedb.cli.application import LoadedApp
 
 __all__ = ["CORRUPT_COLUMN", "LINE_COLUMN", "SourceSpec", "build_stream", "parse_source", "with_corrupt_column",
            "write_event_files"]
@@ -91,18 +97,19 @@ CORRUPT_COLUMN = "_corrupt_record"
 LINE_COLUMN = "_line"        # EventMapping.line_column's default
 
 
-def with_corrupt_column(schema: Any, name: str = CORRUPT_COLUMN) -> Any:
+def with_corrupt_column(schema: str | StructType, name: str = CORRUPT_COLUMN) -> StructType:
     """``schema`` (a DDL string or ``StructType``) plus Spark's corrupt-record column ``name`` (text): a line
     Spark cannot read against the schema keeps its original text there (``columnNameOfCorruptRecord``)."""
     from pyspark.sql import types
 
     struct = _struct_schema(schema)
+    assert struct is not None, "a schema is a DDL string or a StructType"
     if name in struct.fieldNames():
         return struct
     return types.StructType([*struct.fields, types.StructField(name, types.StringType(), True)])
 
 
-def _parsed_json(frame: Any, schema: Any, column: str = "value") -> Any:
+def _parsed_json(frame: DataFrame, schema: str | StructType, column: str = "value") -> DataFrame:
     """``frame``'s JSON text column parsed against ``schema``, keeping each row's line in ``_line`` (the
     mapping's ``line_column``: a lone surrogate, which Spark's conversion turns into ``?``, is found there)."""
     from pyspark.sql import functions
@@ -113,11 +120,12 @@ def _parsed_json(frame: Any, schema: Any, column: str = "value") -> Any:
     return frame.select(parsed.alias("event"), line.alias(LINE_COLUMN)).select("event.*", LINE_COLUMN)
 
 
-def _synthetic_rate_columns(frame: Any, loaded: Any, event_types: list[str]) -> Any:
+def _synthetic_rate_columns(frame: DataFrame, loaded: LoadedApp, event_types: list[str]) -> DataFrame:
     """The rate source's ``(timestamp, value)`` as the app's columns (no ``from_rate``)."""
     from pyspark.sql import functions, types
 
     mapping = loaded.mapping
+    assert mapping is not None, "run loads the app with require_mapping=True"
     value = functions.col("value")
     columns = {
         mapping.type_column: functions.lit(event_types[0] if event_types else "rate"),
@@ -143,18 +151,25 @@ def _synthetic_rate_columns(frame: Any, loaded: Any, event_types: list[str]) -> 
     return frame.select(*[expression.alias(name) for name, expression in columns.items()])
 
 
-def _struct_schema(schema: Any) -> Any:
-    if schema is None:
-        return None
+def _struct_schema(schema: str | StructType | None) -> StructType | None:
+    """``schema`` as a ``StructType`` (None: no schema, or not a DDL string or ``StructType``)."""
     from pyspark.sql import types
 
     if isinstance(schema, types.StructType):
         return schema
-    return types._parse_datatype_string(schema) if isinstance(schema, str) else None
+    if not isinstance(schema, str):
+        return None
+    parsed = types._parse_datatype_string(schema)
+    if not isinstance(parsed, types.StructType):
+        from spark_bridge.errors import SourceError
+
+        raise SourceError(f"SCHEMA {schema!r} is one type, not a row of named columns: write it as "
+                          f"'name TYPE, …' (e.g. 'type STRING, key STRING, ts TIMESTAMP')")
+    return parsed
 
 
-def build_stream(spark: Any, source: SourceSpec, loaded: Any, *, file_format: str, max_files_per_trigger: int | None,
-                 rows_per_second: int, event_types: list[str]) -> Any:
+def build_stream(spark: SparkSession, source: SourceSpec, loaded: LoadedApp, *, file_format: str,
+                 max_files_per_trigger: int | None, rows_per_second: int, event_types: list[str]) -> DataFrame:
     """The streaming DataFrame for ``source``, in the app's columns."""
     from pyspark.sql import functions
 
@@ -191,7 +206,7 @@ def build_stream(spark: Any, source: SourceSpec, loaded: Any, *, file_format: st
     return _parsed_json(kafka_records(spark, source), schema)
 
 
-def kafka_records(spark: Any, source: SourceSpec) -> Any:
+def kafka_records(spark: SparkSession, source: SourceSpec) -> DataFrame:
     """The Kafka topic of ``source`` as Spark's Kafka source delivers it: one row per record, its ``value``
     the record's bytes (``binary``), beside ``key``, ``topic``, ``partition``, ``offset`` and ``timestamp``."""
     from spark_bridge.errors import SourceError
