@@ -14,7 +14,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Generic, TypeAlias, TypeVar
+from typing import TYPE_CHECKING, Callable, Generic, TypeAlias, TypeVar
 
 import sqlalchemy as sa
 

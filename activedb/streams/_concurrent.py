@@ -1,11 +1,8 @@
 """The concurrent schedulers: Strict 2PL (Active CEP §5.2) and Low-Water-Mark (§5.3, App. E, F).
 
-Both run a batch the same way (:class:`LockingScheduler`: dispatch, run on worker threads,
-ends heard by an observer); they differ in their lock table (:mod:`activedb.streams._locks`)
-and in what a Read sees.  The steps, the partition order, the waits (edges of the one
-wait-for graph, none of which can close a cycle) and what a Read sees under each: the
-design note ``activedb/streams/README.md``, "S2PL and LWM: one dispatcher, worker threads,
-ends heard by an observer".
+Both run a batch as :class:`LockingScheduler` does; they differ in their lock table (:mod:`activedb.streams._locks`)
+and in what a Read sees (the design note ``activedb/streams/README.md``, "S2PL and LWM: one dispatcher, worker
+threads, ends heard by an observer").
 
 Thread-safety: a scheduler object serves one engine, one batch at a time (``run`` is not
 re-entrant); ``_mutex`` protects the counters and the run's progress (``_Run.done``);

@@ -1,10 +1,8 @@
 """Running one pattern query over one partition's events: :class:`Matcher` (per query),
 :class:`PartitionState` (an immutable value per partition, kept until the event's
-s-transaction and the batch commit) and :class:`Step`, one event's evaluation in two phases:
-:meth:`Matcher.prepare` — pure, no store access, in the declared order (window pruning,
-buffers, event-only filters, skip-till-next-match runs) — and :meth:`Step.complete` — inside
-the s-transaction: the store reads and the outputs.  The selection semantics are the design
-note's choice 1 (``activedb/streams/README.md``).
+s-transaction and the batch commit) and :class:`Step`, one event's evaluation in two phases: :meth:`Matcher.prepare`
+(pure, in the declared order) and :meth:`Step.complete` (inside the s-transaction: store reads, outputs).  The
+selection semantics: the design note's choice 1 (``activedb/streams/README.md``).
 
 Thread-safety: a ``Matcher`` is immutable; states are values.  Steps are used by one thread.
 """
@@ -13,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import time
-from typing import TYPE_CHECKING, Any, Hashable, Iterable, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Hashable, Iterable, NamedTuple, Sequence
 
 from activedb.events import seconds
 from activedb.streams import algebra as ast

@@ -1,9 +1,7 @@
 """SEI on the batch's overlay (the design note ``activedb/streams/README.md``, "SEI without a subtransaction
-per event"): :class:`Overlay` keeps the rows a micro-batch's s-transactions read and write in Python, with an
-undo log per s-transaction, and writes the batch's net change into the batch's transaction once;
-:class:`OverlayView` is the s-transaction's store view over it.
-The invariant that makes its reads the subtransaction's (nothing else writes an overlay row in the tree before
-the write-back): the design note's "Invariant" there.
+per event", with its invariant): :class:`Overlay` keeps the rows a micro-batch's s-transactions read and write
+in Python, with an undo log per s-transaction, and writes the batch's net change into the batch's transaction
+once; :class:`OverlayView` is the s-transaction's store view over it.
 
 Thread-safety: none — SEI runs a batch in the caller's thread; an overlay belongs to that thread.
 """

@@ -1,10 +1,7 @@
 """The reorder buffer and punctuations (:class:`ReorderBuffer`): admission, the bound (the minimum
 over the engine's streams of their latest punctuation) and release in the declared total order,
-strictly older than the bound — the design note ``activedb/streams/README.md``, choice 4.
-
-It keeps no state of its own: the buffer, punctuations, positions and arrival numbers live
-in the batch's :class:`~activedb.streams._state.Pending`, which only the thread running
-the batch touches.
+strictly older than the bound — the design note ``activedb/streams/README.md``, choice 4.  No state of its own:
+it works on the batch's :class:`~activedb.streams._state.Pending` (only the batch's thread touches it).
 """
 
 from __future__ import annotations

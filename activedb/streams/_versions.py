@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Mapping, NamedTuple, TypeAlias
+from typing import TYPE_CHECKING, Callable, Mapping, NamedTuple, TypeAlias
 
 from activedb.streams.errors import UnplannedAccess
 from activedb.store import matches
