@@ -1,18 +1,7 @@
 """The scale-out path on a cluster: what the driver checks and ships before a scale-out query's tasks run on
-executors that may live on other hosts (the package's ``README.md``, "Running on a cluster").
-
-* :func:`is_local_master` — whether a master URL keeps every task on this machine (``local``, ``local[N]``,
-  ``local[N,F]``, ``local[*]``);
-* :func:`check_database_for_executors` — refuses a database URL the executors cannot reach (a unix socket,
-  no host: activedb's embedded default database is one) and warns, once per URL, that a password in the URL
-  travels inside every task;
-* :func:`connect_failed` — the error of a task that could not connect, naming its host and, when the server
-  asked for a password it lacked, where executors get one;
-* :func:`task_failure` — on the driver, the error a failed scale-out job raises instead of Spark's: what the
-  task's Python raised on the executor, not a Java stack trace around its traceback;
-* :func:`ship_app` / :func:`shipped_app` — an application given as a ``.py`` file goes to the executors
-  through ``SparkContext.addFile`` and a task loads that copy, not whatever a file of the same path on its
-  host holds.
+executors that may live on other hosts — which masters are local, the refusal of a database URL the executors
+cannot reach, the warning for a password in the URL, a task's connection failure and a failed job's Python cause,
+an application file shipped to the executors (the package's ``README.md``, "Running on a cluster").
 
 Nothing here imports pyspark at import time; :func:`shipped_app` runs in a Spark task.  ``_warned_mutex``
 protects ``_warned`` (a leaf: nothing else is done while it is held).

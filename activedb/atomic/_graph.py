@@ -115,7 +115,7 @@ class LineageExplorer:
         self.load(result)
         return {tid for tid in result if tid in self.nodes and self.nodes[tid].compensates is None}
 
-    def _outbox_runs(self, ids: list[str], *, of: str) -> Sequence[sa.Row[Any]]:
+    def _outbox_runs(self, ids: list[str], *, of: str) -> Sequence[sa.Row[str, str]]:
         """Rows ``(trigger_log_id, transaction_id)`` of the detached firings that ran (status done) whose
         ``of`` column (``"trigger_log_id"``: firings these transactions triggered; ``"transaction_id"``: the
         firings these transactions ran) is one of ``ids``; none without an outbox table."""

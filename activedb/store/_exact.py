@@ -26,24 +26,23 @@ __all__ = ["exact_json", "from_exact_json"]
 _TAG = "$"
 
 
-def exact_json(value: Any) -> Any:
+def exact_json(value: object) -> Json:
     """``value`` as JSON ``jsonb`` accepts, decodable by :func:`from_exact_json` into an equal value."""
     # The exact built-in types an event carries (str, dict, int, bool, None, float) first, without the
     # ``isinstance`` cascade (every outbox record and dead letter encodes a whole event); anything else,
     # subclasses included, by the general rules below.
-    kind = type(value)
-    if kind is str:
+    if type(value) is str:
         if value.isascii() and "\x00" not in value:
             return value
-    elif kind is dict:
+    elif type(value) is dict:
         for key in value:
             if type(key) is not str or key.startswith(_TAG) or text_problem(key) is not None:
                 break
         else:
             return {key: exact_json(item) for key, item in value.items()}
-    elif value is None or kind is int or kind is bool:
+    elif value is None or type(value) is int or type(value) is bool:
         return value
-    elif kind is float:
+    elif type(value) is float:
         if math.isfinite(value) and math.copysign(1.0, value) > 0 and "e" not in repr(value):
             return value
     return _exact_json(value)

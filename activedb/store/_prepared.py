@@ -1,19 +1,8 @@
-"""Statements prepared on the server for query strings bound on the client (store README, "Prepared statements").
-
-A query string of several statements (``BEGIN …; SELECT …``, ``…; COMMIT``) cannot take server-side parameters,
-so the driver cannot prepare it and PostgreSQL parses and plans every statement in it each time.  SQL's own
-``PREPARE name AS …`` and ``EXECUTE name(…)`` can stand in such a string: :func:`execute` prepares a statement the
-first time a connection sends it (the ``PREPARE`` rides in the same string) and afterwards sends
-``EXECUTE name(literals)``, which the server parses in a few microseconds and runs on the plan it keeps.
-
-What the registry knows, and when it may be wrong: a connection's prepared names live in its DBAPI connection's
-``info`` (they last as long as its session).  The driver sends ``DEALLOCATE ALL`` when it rolls back a
-connection on which it prepared statements of its own, which takes ours too; so a rollback through the
-SQLAlchemy connection (:func:`watch` listens for it) and a connection new from the pool make the registry
-*suspect*, and the next :func:`execute` asks the server which names still exist (one round trip).  A statement
-deallocated behind its back otherwise (``DISCARD ALL``, ``DEALLOCATE`` sent on the connection) fails once with
-SQLSTATE 26000; a column whose type changed under a prepared ``SELECT`` fails once with 0A000 ("cached plan must
-not change result type"): either way the registry forgets the statement, and the caller may send it again.
+"""Statements prepared on the server for query strings bound on the client: :func:`execute` sends ``PREPARE name
+AS …`` in the string of a statement's first use on a connection and ``EXECUTE name(literals)`` afterwards; the
+registry of a connection's prepared names lives in its DBAPI connection's ``info``, is made suspect by a rollback
+(:func:`watch`) or a new connection and then checked against the server.  Why, and when the registry may be wrong
+(SQLSTATE 26000, 0A000): the store's ``README.md``, "Prepared statements".
 
 Thread-safety: none needed; a connection is used by one thread at a time, and so is its registry.
 """

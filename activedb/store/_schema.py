@@ -263,17 +263,17 @@ def _json_ok(value: Any) -> bool:  # (exact-type dispatch, which mypy does not n
     return False
 
 
-def _json_problem(value: Any, path: str) -> str | None:  # (likewise)
+def _json_problem(value: object, path: str) -> str | None:
     """``json_problem`` naming the path of every element it looks at (the slow walk)."""
-    kind = type(value)      # the exact built-in types first: an ABC check (``Mapping``) costs far more
-    if kind is dict:
+    # the exact built-in types first: an ABC check (``Mapping``) costs far more
+    if type(value) is dict:
         return _object_problem(value, path)
-    if kind is str:
+    if type(value) is str:
         problem = text_problem(value)
         return None if problem is None else f"{path}: {problem}"
-    if kind is int or kind is bool or value is None:
+    if value is None or type(value) is int or type(value) is bool:
         return None
-    if kind is list:
+    if type(value) is list:
         return _array_problem(value, path)
     if isinstance(value, (bool, int)):
         return None
