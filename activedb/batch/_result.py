@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from activedb.batch._declare import BatchEvent, State, inserted_parts
+from activedb.batch._execute import ExecutionStatistics
 from activedb.store import RowImage
 
 
@@ -63,8 +64,8 @@ class Part:
     before: dict[State, RowImage | None]
     strategy: str
     decision: tuple[str, ...]
-    execution: Any                      # the TPG executor's ExecutionStatistics, None without a TPG
-    plan: dict[str, Any]
+    execution: ExecutionStatistics | None     # None without a TPG
+    plan: dict[str, int]
     seconds: dict[str, float]
     executions: int = 0
     versions: bool = False

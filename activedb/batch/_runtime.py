@@ -484,8 +484,8 @@ def _assemble(batch: list[BatchEvent], parts: list[Part], mode: str | Strategy, 
                     execution[name] + value)
         else:
             execution["executions"] += part.executions
-        for name, value in part.seconds.items():
-            part_seconds[name] = max(part_seconds.get(name, 0.0), value) if len(parts) > 1 else value
+        for name, spent in part.seconds.items():
+            part_seconds[name] = max(part_seconds.get(name, 0.0), spent) if len(parts) > 1 else spent
         if part.versions:
             runtime.versions = True
     seconds.update(part_seconds)

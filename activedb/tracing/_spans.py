@@ -13,7 +13,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from activedb import lowlevel
 from activedb.txn import CommitParticipant, FiringOutcome, FiringView, Observer
