@@ -112,12 +112,9 @@ class Cycle:
         return True
 
 
-def choose_victim(
-    policy: "VictimPolicy | Callable[[DeadlockCycle], Hashable]",
-    cycle: Cycle,
-    graph_mutex: threading.Lock,
-    resource_count: Callable[[_Txn], int],
-) -> tuple[_Txn | None, "Lazy | str"]:
+def choose_victim(policy: "VictimPolicy | Callable[[DeadlockCycle], Hashable]", cycle: Cycle,
+                  graph_mutex: threading.Lock, resource_count: Callable[[_Txn], int]
+                  ) -> tuple[_Txn | None, "Lazy | str"]:
     """``(victim, note)`` for ``cycle`` (which has a requester): a volunteer first, then the policy.
     ``note`` explains an override.  Returns ``(None, "")`` if the cycle changed while a callable policy ran
     with ``graph_mutex`` released: the caller looks for a cycle again.  Caller holds ``graph_mutex``."""
@@ -131,14 +128,9 @@ def choose_victim(
         return max(candidates, key=lambda node: node.serial), ""
     if policy is VictimPolicy.SMALLEST_TREE:
         return min(candidates, key=lambda node: (subtree_size(node), resource_count(node), -node.serial)), ""
-    description = DeadlockCycle(
-        edges=cycle.wait_edges,
-        requester=requester.tid,
-        candidates=tuple(
-            VictimCandidate(node.tid, node.serial, node.depth, subtree_size(node), resource_count(node))
-            for node in candidates
-        ),
-    )
+    description = DeadlockCycle(edges=cycle.wait_edges, requester=requester.tid, candidates=tuple(
+        VictimCandidate(node.tid, node.serial, node.depth, subtree_size(node), resource_count(node))
+        for node in candidates))
     note: Lazy | str = ""
     graph_mutex.release()
     try:

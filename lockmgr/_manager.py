@@ -115,25 +115,18 @@ class LockManager:
     Thread-safety: all methods are thread-safe.  See lockmgr/README.md for the mutex order.
     """
 
-    def __init__(
-        self,
-        victim_policy: VictimPolicy | VictimChooser = VictimPolicy.REQUESTER,
-        *,
-        stripes: int = 256,
-        snapshot_on_deadlock: bool = False,
-        remember_ended: int = 4096,
-        commit_edges: CommitEdges = CommitEdges.STRUCTURAL,
-        before_wait: "Callable[[Hashable], None] | None" = None,
-        error_classes: ErrorClasses = ErrorClasses(),
-    ) -> None:
+    def __init__(self, victim_policy: VictimPolicy | VictimChooser = VictimPolicy.REQUESTER, *, stripes: int = 256,
+                 snapshot_on_deadlock: bool = False, remember_ended: int = 4096,
+                 commit_edges: CommitEdges = CommitEdges.STRUCTURAL,
+                 before_wait: "Callable[[Hashable], None] | None" = None,
+                 error_classes: ErrorClasses = ErrorClasses()) -> None:
         if not callable(victim_policy):
             try:
                 victim_policy = VictimPolicy(victim_policy)
             except ValueError:
-                raise ValueError(
-                    f"unknown victim_policy {victim_policy!r}: use one of {', '.join(VictimPolicy)} "
-                    f"(lockmgr.VictimPolicy) or a callable taking a DeadlockCycle and returning a tid"
-                ) from None
+                raise ValueError(f"unknown victim_policy {victim_policy!r}: use one of {', '.join(VictimPolicy)} "
+                                 f"(lockmgr.VictimPolicy) or a callable taking a DeadlockCycle and returning a tid"
+                                 ) from None
         if stripes < 1:
             raise ValueError("stripes must be at least 1")
         try:
@@ -169,8 +162,7 @@ class LockManager:
         self._ended = EndedLog(remember_ended)  # recent ends, for messages
         self._serial = 0
         self._counters = dict.fromkeys(
-            ("begun", "committed", "aborted", "waits", "deadlocks", "queue_jumps", "timeouts", "inherited"), 0
-        )
+            ("begun", "committed", "aborted", "waits", "deadlocks", "queue_jumps", "timeouts", "inherited"), 0)
         # Victims of cycles that are registered waits: (callback, error), run by the notifier thread so that
         # no callback runs with a mutex held.  The thread is started on the first add_wait with on_victim.
         self._notifier = VictimNotifier()
@@ -315,11 +307,9 @@ class LockManager:
                 detail = Lazy("it aborted") if member is txn else Lazy("its ancestor {!r} aborted", tid)
                 if member.request is not None:
                     request = member.request
-                    error = AbortedTransaction(
-                        member.tid,
-                        Lazy("acquire {} on {!r}", request.mode.name, request.lock.resource),
-                        Lazy("{} while it was waiting", detail),
-                    )
+                    error = AbortedTransaction(member.tid, Lazy("acquire {} on {!r}", request.mode.name,
+                                                                request.lock.resource),
+                                               Lazy("{} while it was waiting", detail))
                     events.extend(self._queues.withdraw(request, WITHDRAWN_BY_ABORT, error))
                 member.children.clear()
                 for wait in member.external:
@@ -379,10 +369,8 @@ class LockManager:
             self._resolve(events)
             return True
 
-    def acquire_tuple(
-        self, tid: Hashable, table: Hashable, key: Hashable, mode: Mode, timeout: float | None = None,
-        resource: Hashable | None = None,
-    ) -> None:
+    def acquire_tuple(self, tid: Hashable, table: Hashable, key: Hashable, mode: Mode, timeout: float | None = None,
+                      resource: Hashable | None = None) -> None:
         """Lock the tuple ``(table, key)`` in ``mode`` (READ, UPDATE or WRITE) after the matching intention lock
         (IR or IW) on ``table``.  Nothing is locked at tuple level if ``tid`` already holds ``table`` in a
         mode that covers ``mode`` (e.g. a table READ covers reading every tuple), and the intention lock is
@@ -599,14 +587,8 @@ class LockManager:
 
     # ------------------------------------------------------------------ registered waits
 
-    def add_wait(
-        self,
-        waiter: Hashable,
-        targets: "Iterable[Hashable]",
-        kind: str = "external",
-        on_victim: "Callable[[Deadlock], None] | None" = None,
-        preferred_victim: bool = False,
-    ) -> ExternalWait:
+    def add_wait(self, waiter: Hashable, targets: "Iterable[Hashable]", kind: str = "external",
+                 on_victim: "Callable[[Deadlock], None] | None" = None, preferred_victim: bool = False) -> ExternalWait:
         """Register that ``waiter`` waits for each of ``targets`` for a reason other than a lock (design
         note §8, "Registered waits"): the edges ``waiter -> target`` (of ``kind``) join the wait-for graph and
         are checked for a cycle now.  Chosen as the victim now: ``Deadlock`` is raised and nothing registered;

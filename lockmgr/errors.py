@@ -95,15 +95,8 @@ class Deadlock(LockError):
     manager was created with ``snapshot_on_deadlock=True``; else None).
     """
 
-    def __init__(
-        self,
-        victim: Hashable,
-        requester: Hashable,
-        cycle: tuple[WaitEdge, ...],
-        policy: str,
-        snapshot: "LockTableSnapshot | None" = None,
-        note: "str | Lazy" = "",
-    ) -> None:
+    def __init__(self, victim: Hashable, requester: Hashable, cycle: tuple[WaitEdge, ...], policy: str,
+                 snapshot: "LockTableSnapshot | None" = None, note: "str | Lazy" = "") -> None:
         super().__init__(victim, requester)
         self.victim = victim
         self.requester = requester
@@ -114,11 +107,9 @@ class Deadlock(LockError):
 
     def __str__(self) -> str:
         path = "; ".join(edge.describe() for edge in self.cycle)
-        return (
-            f"deadlock: transaction {self.victim!r} was chosen as the victim (policy {self.policy!r}) of the "
-            f"wait-for cycle [{path}]. Its wait was withdrawn; abort it with lm.abort({self.victim!r}) "
-            f"and retry its work in a new transaction.{f' {self.note}' if self.note else ''}"
-        )
+        return (f"deadlock: transaction {self.victim!r} was chosen as the victim (policy {self.policy!r}) of the "
+                f"wait-for cycle [{path}]. Its wait was withdrawn; abort it with lm.abort({self.victim!r}) "
+                f"and retry its work in a new transaction.{f' {self.note}' if self.note else ''}")
 
 
 class LockTimeout(_OnResource):
@@ -136,31 +127,25 @@ class LockTimeout(_OnResource):
 
     def __str__(self) -> str:
         blockers = ", ".join(sorted(repr(blocker) for blocker in self.blockers)) or "nobody any more"
-        return (
-            f"transaction {self.tid!r} waited {self.timeout:g} s for {getattr(self.mode, 'name', self.mode)} on "
-            f"{self.resource!r} (blocked by {blockers}); the request was withdrawn and {self.tid!r} keeps its "
-            f"other locks: retry later or abort it."
-        )
+        return (f"transaction {self.tid!r} waited {self.timeout:g} s for {getattr(self.mode, 'name', self.mode)} on "
+                f"{self.resource!r} (blocked by {blockers}); the request was withdrawn and {self.tid!r} keeps its "
+                f"other locks: retry later or abort it.")
 
 
 class UnknownTransaction(_OnTransaction):
     """The tid is not known: it was never begun (or it ended so long ago that it is forgotten)."""
 
     def __str__(self) -> str:
-        return (
-            f"transaction {self.tid!r} is unknown to this lock manager: call lm.begin({self.tid!r}) (or "
-            f"lm.begin({self.tid!r}, parent=...)) before using it"
-        )
+        return (f"transaction {self.tid!r} is unknown to this lock manager: call lm.begin({self.tid!r}) (or "
+                f"lm.begin({self.tid!r}, parent=...)) before using it")
 
 
 class DuplicateTransaction(_OnTransaction):
     """``begin`` with a tid that is still active."""
 
     def __str__(self) -> str:
-        return (
-            f"transaction {self.tid!r} is already active; transaction ids must be unique among active "
-            f"transactions: end it first or use another id"
-        )
+        return (f"transaction {self.tid!r} is already active; transaction ids must be unique among active "
+                f"transactions: end it first or use another id")
 
 
 class TransactionNotActive(LockError):
@@ -175,10 +160,8 @@ class TransactionNotActive(LockError):
 
     def __str__(self) -> str:
         detail = f" ({self.detail})" if self.detail else ""
-        return (
-            f"cannot {self.operation}: transaction {self.tid!r} is {self.state}{detail}; only an active "
-            f"transaction can do that: begin a new transaction"
-        )
+        return (f"cannot {self.operation}: transaction {self.tid!r} is {self.state}{detail}; only an active "
+                f"transaction can do that: begin a new transaction")
 
 
 class AbortedTransaction(TransactionNotActive):
@@ -201,22 +184,18 @@ class ActiveChildren(_OnTransaction):
 
     def __str__(self) -> str:
         children = ", ".join(sorted(repr(child) for child in self.children))
-        return (
-            f"cannot commit transaction {self.tid!r}: its children {children} are still active. A parent "
-            f"commits only after all its children have committed or aborted: finish them first (or abort "
-            f"{self.tid!r}, which aborts them too)"
-        )
+        return (f"cannot commit transaction {self.tid!r}: its children {children} are still active. A parent "
+                f"commits only after all its children have committed or aborted: finish them first (or abort "
+                f"{self.tid!r}, which aborts them too)")
 
 
 class RequestPending(_OnResource):
     """A transaction waits for one lock at a time; a second concurrent ``acquire`` is refused."""
 
     def __str__(self) -> str:
-        return (
-            f"transaction {self.tid!r} is waiting for a lock on {self.resource!r} in another thread; it can "
-            f"wait for one lock at a time and cannot commit meanwhile: run concurrent work in "
-            f"subtransactions (lm.begin(child, parent={self.tid!r}))"
-        )
+        return (f"transaction {self.tid!r} is waiting for a lock on {self.resource!r} in another thread; it can "
+                f"wait for one lock at a time and cannot commit meanwhile: run concurrent work in "
+                f"subtransactions (lm.begin(child, parent={self.tid!r}))")
 
 
 class InvalidDowngrade(_OnResource):
@@ -228,20 +207,16 @@ class InvalidDowngrade(_OnResource):
         self.requested = requested
 
     def __str__(self) -> str:
-        return (
-            f"transaction {self.tid!r} holds {self.resource!r} in {self.held.name}; {self.requested.name} is "
-            f"not a weaker mode (Rule 5 only weakens a lock). To get a stronger mode call acquire() instead"
-        )
+        return (f"transaction {self.tid!r} holds {self.resource!r} in {self.held.name}; {self.requested.name} is "
+                f"not a weaker mode (Rule 5 only weakens a lock). To get a stronger mode call acquire() instead")
 
 
 class LockNotHeld(_OnResource):
     """``downgrade`` of a lock that the transaction does not hold."""
 
     def __str__(self) -> str:
-        return (
-            f"transaction {self.tid!r} does not hold a lock on {self.resource!r} (a retained lock cannot be "
-            f"downgraded); acquire it first"
-        )
+        return (f"transaction {self.tid!r} does not hold a lock on {self.resource!r} (a retained lock cannot be "
+                f"downgraded); acquire it first")
 
 
 @dataclass(frozen=True)
