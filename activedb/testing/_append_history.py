@@ -63,7 +63,7 @@ class RecordedTransaction:
         object.__setattr__(self, "outcome", Outcome(self.outcome))
         object.__setattr__(self, "ops", tuple(_normalise_op(self.id, op) for op in self.ops))
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {"id": self.id, "parent": self.parent, "outcome": self.outcome.value,
                 "ops": [list(op[:2]) + ([list(op[2])] if op[0] == _READ else list(op[2:])) for op in self.ops]}
 
@@ -73,7 +73,7 @@ class RecordedTransaction:
                    ops=tuple(tuple(op) for op in data.get("ops", ())))
 
 
-def _normalise_op(transaction_id: str, op: Sequence[Any]) -> Op:
+def _normalise_op(transaction_id: str, op: Sequence[object]) -> Op:
     op = tuple(op)
     if len(op) == 3 and op[0] == _APPEND:
         return op
@@ -81,10 +81,9 @@ def _normalise_op(transaction_id: str, op: Sequence[Any]) -> Op:
         return (_READ, op[1], tuple(op[2]))
     if len(op) == 2 and op[0] in (_SPAWN, _JOIN):
         return op
-    raise ValueError(
-        f"transaction {transaction_id}: operation {op!r} is none of ('append', key, element), "
-        f"('read', key, list_seen), ('spawn', child_id), ('join', child_id); record it in one of these forms"
-    )
+    raise ValueError(f"transaction {transaction_id}: operation {op!r} is none of ('append', key, element), "
+                     f"('read', key, list_seen), ('spawn', child_id), ('join', child_id); record it in one of these "
+                     f"forms")
 
 
 @dataclass(frozen=True)

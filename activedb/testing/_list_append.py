@@ -15,7 +15,7 @@ from activedb.testing._append_history import (_APPEND, _JOIN, _READ, _SPAWN, _TO
 
 
 def check_list_append(history: Iterable[RecordedTransaction | Mapping[str, Any]],
-                      final: Mapping[Hashable, Sequence[Any]] | None = None, *,
+                      final: Mapping[Hashable, Sequence[object]] | None = None, *,
                       aborted_reads: bool = True) -> ListAppendReport:
     """Check a list-append history in the manner of Jepsen's Elle, for transaction trees.
 
@@ -37,7 +37,7 @@ def check_list_append(history: Iterable[RecordedTransaction | Mapping[str, Any]]
 
 # --- the list-append checker ------------------------------------------------------------------------------------
 
-def _show(values: Sequence[Any]) -> str:
+def _show(values: Sequence[object]) -> str:
     values = list(values)
     if len(values) <= 6:
         return repr(values)
@@ -56,7 +56,7 @@ class _Checker:
     """One run of the checker over one history.  Used by one thread."""
 
     def __init__(self, history: Iterable[RecordedTransaction | Mapping[str, Any]],
-                 final: Mapping[Hashable, Sequence[Any]] | None, aborted_reads: bool = True):
+                 final: Mapping[Hashable, Sequence[object]] | None, aborted_reads: bool = True):
         self.aborted_reads = aborted_reads
         self.nodes: dict[str, RecordedTransaction] = {}
         for item in history:
