@@ -15,12 +15,13 @@ import struct
 import time
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, TypeAlias, cast
+from typing import TYPE_CHECKING, TypeAlias, cast
 
 import psycopg
 import sqlalchemy as sa
 from psycopg.adapt import Dumper
 from psycopg.pq import Format
+from psycopg.rows import TupleRow
 from sqlalchemy.dialects import postgresql
 
 from activedb import lowlevel
@@ -205,7 +206,7 @@ def _select_for_update(connection: sa.Connection, info: TableInfo, keys: list[Ke
     names = info.key_columns
     if len(columns) == 1:
         column = columns[0]
-        def statement() -> sa.Select[Any]:
+        def statement() -> sa.Select[tuple[object, ...]]:
             return (sa.select(info.table)
                     .where(column == sa.any_(sa.bindparam("keys", type_=postgresql.ARRAY(column.type))))
                     .order_by(column).with_for_update())
@@ -232,7 +233,7 @@ _SQL_KEPT = 512
 
 def _run(connection: sa.Connection, statement: sa.ClauseElement | Callable[[], sa.ClauseElement],
          parameters: Mapping[str, object], *, fetch: bool = False, shape: tuple[Hashable, ...] | None = None
-         ) -> tuple[list[tuple[Any, ...]], list[str]] | None:
+         ) -> tuple[list[TupleRow], list[str]] | None:
     """Run ``statement`` on the connection's own driver cursor, its array parameters sent in binary
     (``%(name)b``); with ``fetch``, its rows as plain tuples and the column names: the batch reads
     tens of thousands of rows here, and a SQLAlchemy row object per row would cost more than
@@ -270,9 +271,9 @@ def _run(connection: sa.Connection, statement: sa.ClauseElement | Callable[[], s
 _Statement: TypeAlias = "tuple[Callable[..., None], TableInfo, list[str] | None, list[RowImage]]"
 
 
-def _driver(connection: sa.Connection) -> psycopg.Connection[Any]:
+def _driver(connection: sa.Connection) -> psycopg.Connection[TupleRow]:
     """The psycopg connection under ``connection`` (the store's driver)."""
-    return cast("psycopg.Connection[Any]", connection.connection.driver_connection)
+    return cast("psycopg.Connection[TupleRow]", connection.connection.driver_connection)
 
 
 def _planned_writes(catalog: Catalog, result: BatchResult, normalised: Mapping[str, Mapping[Hashable, Key]]
@@ -489,7 +490,7 @@ def _text_array(values: list[str]) -> str | list[str]:
     return '{"' + joined + '"}'
 
 
-def _array_type(column: sa.ColumnElement[Any]) -> type | None:
+def _array_type(column: sa.ColumnElement[object]) -> type | None:
     return next((kind for sql_type, kind in _ARRAY_TYPES if isinstance(column.type, sql_type)
                  and not isinstance(column.type, sa.Enum)), None)
 
