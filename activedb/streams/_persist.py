@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
 import sqlalchemy as sa
 
-from activedb.streams._events import END_OF_STREAM, StreamEvent, order_key, ts_extreme, ts_less
+from activedb.store import Json
+from activedb.streams._events import END_OF_STREAM, Punctuation, StreamEvent, _End, order_key, ts_extreme, ts_less
 from activedb.streams._matcher import PartitionState
 from activedb.streams.errors import StreamStateError
 
@@ -27,7 +28,7 @@ if TYPE_CHECKING:  # pragma: no cover
 TABLE = "activedb_stream_state"
 
 
-def encode_value(value: Any) -> Any:
+def encode_value(value: object) -> Json:
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     if value is END_OF_STREAM:
@@ -52,7 +53,7 @@ _DECODERS: dict[str, Callable[[Any], object]] = {"$dt": dt.datetime.fromisoforma
              "$map": lambda pairs: {key: decode_value(item) for key, item in pairs}}
 
 
-def decode_value(value: Any) -> Any:
+def decode_value(value: Json) -> object:
     if isinstance(value, list):
         return [decode_value(item) for item in value]
     if isinstance(value, dict):
@@ -62,23 +63,56 @@ def decode_value(value: Any) -> Any:
     return value
 
 
-def encode_event(event: StreamEvent) -> list[object]:
+# Reading a saved row: each part checked for the kind it must be (a TypeError, which ``_readable`` reports with the row).
+
+def _text(value: Json) -> str:
+    if isinstance(value, str):
+        return value
+    raise TypeError(f"{value!r} is not text")
+
+
+def _whole(value: Json) -> int:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    raise TypeError(f"{value!r} is not a whole number")
+
+
+def _items(value: Json) -> list[Json]:
+    if isinstance(value, list):
+        return value
+    raise TypeError(f"{value!r} is not a list")
+
+
+def _fields(value: Json) -> dict[str, Json]:
+    if isinstance(value, dict):
+        return value
+    raise TypeError(f"{value!r} is not an object")
+
+
+def _punctuation(value: object) -> Punctuation:
+    if isinstance(value, (int, float, dt.datetime, _End)) and not isinstance(value, bool):
+        return value
+    raise TypeError(f"{value!r} is not a punctuation")
+
+
+def encode_event(event: StreamEvent) -> list[Json]:
     return [event.type, encode_value(event.ts), event.stream, event.position,
             {key: encode_value(value) for key, value in dict(event.attributes).items()}]
 
 
-def decode_event(data: list[Any] | dict[str, Any]) -> StreamEvent:
+def decode_event(data: Json) -> StreamEvent:
     """An event saved by :func:`encode_event` (or as the earlier ``{"t", "ts", "s", "p", "a"}`` object)."""
     kind, ts, stream, position, attributes = (data["t"], data["ts"], data["s"], data["p"], data["a"]) \
-        if isinstance(data, dict) else data
-    return StreamEvent(type=kind, ts=decode_value(ts), stream=stream, position=position,
-                       attributes={key: decode_value(value) for key, value in attributes.items()})
+        if isinstance(data, dict) else _items(data)
+    return StreamEvent(type=_text(kind), ts=decode_value(ts), stream=None if stream is None else _text(stream),
+                       position=None if position is None else _whole(position),
+                       attributes={key: decode_value(value) for key, value in _fields(attributes).items()})
 
 
-ABSENT = {"$absent": True}        # an attribute the event lacks (encode_value never gives it)
+ABSENT: dict[str, Json] = {"$absent": True}        # an attribute the event lacks (encode_value never gives it)
 
 
-def encode_events(events: list[StreamEvent]) -> dict[str, object]:
+def encode_events(events: list[StreamEvent]) -> dict[str, Json]:
     """``events`` as columns, one list per field and per attribute: a batch's chunk of the buffer is
     then about two thirds of the JSON (and of the quotes the flush escapes) of one list per event.  A column
     whose values are all one value is that value once (``{"$all": value}``): the stream of a one-stream
@@ -96,7 +130,7 @@ def encode_events(events: list[StreamEvent]) -> dict[str, object]:
 _PLAIN = frozenset({str, int, float, bool, type(None)})
 
 
-def _column(values: list[Any]) -> Any:
+def _column(values: list[Json]) -> Json:
     """``values``, or ``{"$all": value}`` if they are all one text or all null (timestamps never are: a chunk's
     ``ts`` column is always the list whose length is the number of events)."""
     first = values[0] if values else None
@@ -105,14 +139,15 @@ def _column(values: list[Any]) -> Any:
     return values
 
 
-def _expand(column: Any, count: int) -> list[Any]:
-    return [column["$all"]] * count if isinstance(column, dict) else column
+def _expand(column: Json, count: int) -> list[Json]:
+    return [column["$all"]] * count if isinstance(column, dict) else _items(column)
 
 
-def decode_events(data: dict[str, Any]) -> list[StreamEvent]:
-    count = len(data["ts"])
-    columns = [(name, _expand(values, count)) for name, values in data["a"].items()]
-    return [StreamEvent(type=kind, ts=decode_value(ts), stream=stream, position=position,
+def decode_events(data: dict[str, Json]) -> list[StreamEvent]:
+    count = len(_items(data["ts"]))
+    columns = [(name, _expand(values, count)) for name, values in _fields(data["a"]).items()]
+    return [StreamEvent(type=_text(kind), ts=decode_value(ts), stream=None if stream is None else _text(stream),
+                        position=None if position is None else _whole(position),
                         attributes={name: decode_value(values[index]) for name, values in columns
                                     if values[index] != ABSENT})
             for index, (kind, ts, stream, position) in enumerate(zip(
@@ -208,20 +243,21 @@ def _encode_states(recorded: Mapping[tuple[str, Key], PartitionState | None]) ->
     return {"events": encode_events(events), "entries": entries}
 
 
-def _decode_entry(saved: dict[str, Any] | None, events: list[StreamEvent]) -> PartitionState | None:
+def _decode_entry(saved: Json, events: list[StreamEvent]) -> PartitionState | None:
     """One entry's state: by indices into the row's ``events``, or (rows saved before) with its events inline."""
     if saved is None:
         return None
-    if "b" in saved:
-        return PartitionState(tuple(tuple(events[index] for index in buffer) for buffer in saved["b"]),
-                              tuple(tuple(events[index] for index in run) for run in saved["r"]))
-    return _decode_state(saved)
+    entry = _fields(saved)
+    if "b" in entry:
+        return PartitionState(*(tuple(tuple(events[_whole(index)] for index in _items(part)) for part in _items(entry[name]))
+                                for name in ("b", "r")))
+    return _decode_state(entry)
 
 
-def _decode_state(value: dict[str, Any]) -> PartitionState:
+def _decode_state(value: dict[str, Json]) -> PartitionState:
     """A state with its events inline (rows of the layouts before shared events; ``decode_event``)."""
-    return PartitionState(tuple(tuple(decode_event(event) for event in buffer) for buffer in value["buffers"]),
-                          tuple(tuple(decode_event(event) for event in run) for run in value["runs"]))
+    return PartitionState(*(tuple(tuple(decode_event(event) for event in _items(part)) for part in _items(value[name]))
+                            for name in ("buffers", "runs")))
 
 
 def save(engine: StreamEngine, tx: Transaction, pending: Pending) -> None:
@@ -280,18 +316,19 @@ def load(engine: StreamEngine) -> State:
         return state
     streams = engine.streams
     buffered: list[tuple[int, StreamEvent]] = []
-    batches: list[tuple[str, dict[str, Any]]] = []   # (saved JSON)
+    batches: list[tuple[str, dict[str, Json]]] = []
     for kind, item, value in rows:
         with _readable(engine, kind, item):
             if kind == "partitions":
-                batches.append((item, value))
+                batches.append((item, _fields(value)))
             else:
                 _load_row(engine, state, kind, item, value, buffered)
     for item, value in sorted(batches, key=lambda batch: batch[0]):     # older rows first: the latest entry wins
         with _readable(engine, "partitions", item):
             changed: dict[tuple[str, Key], PartitionState | None] = {}
-            events = decode_events(value["events"]) if "events" in value else []
-            for query, key, saved in value["entries"]:
+            events = decode_events(_fields(value["events"])) if "events" in value else []
+            for entry in _items(value["entries"]):
+                query, key, saved = _items(entry)
                 partition = _decode_partition(query, key)
                 decoded = changed[partition] = _decode_entry(saved, events)
                 if decoded is None:
@@ -312,33 +349,37 @@ def load(engine: StreamEngine) -> State:
     return state
 
 
-def _load_row(engine: StreamEngine, state: State, kind: str, item: str, value: Any,
+def _load_row(engine: StreamEngine, state: State, kind: str, item: str, value: Json,
               buffered: list[tuple[int, StreamEvent]]) -> None:
     """Load one saved row other than a ``partitions`` row (those are applied oldest first, by ``load``)."""
     if kind == "meta":
         queries = engine.queries
-        for query, fingerprint in value.get("fingerprints", {}).items():
+        meta = _fields(value)
+        for query, fingerprint in _fields(meta.get("fingerprints", {})).items():
             current = queries.get(query)
             if current is not None and current.fingerprint != fingerprint:
                 raise StreamStateError(
                     f"engine {engine.name}: query {query} is not defined as it was when its state was saved "
                     f"(its partial matches may not fit); call engine.reset_state() to start it over, or "
                     f"restore the old definition")
-        state.released = decode_value(value["released"])
-        state.punctuations = {stream: decode_value(mark) for stream, mark in value["punctuations"].items()}
-        state.position = value["position"]
-        state.arrivals = value["arrivals"]
-        state.time_kind = value["time_kind"]
+        released = decode_value(meta["released"])
+        state.released = None if released is None else _punctuation(released)
+        state.punctuations = {stream: _punctuation(decode_value(mark))
+                              for stream, mark in _fields(meta["punctuations"]).items()}
+        state.position, state.arrivals = _whole(meta["position"]), _whole(meta["arrivals"])
+        time_kind = meta["time_kind"]
+        state.time_kind = None if time_kind is None else _text(time_kind)
     elif kind == "buffer":
         # One row per batch's chunk of buffered events; those older than the released
         # punctuation were released by a later batch (the buffer holds no older event).
-        events = list(zip(value["arrivals"], decode_events(value))) if "arrivals" in value \
+        events = list(zip(map(_whole, _items(value["arrivals"])), decode_events(value))) \
+            if isinstance(value, dict) and "arrivals" in value \
             else [(int(item), decode_event(value))]       # a row of one event (the earlier layout)
         state.chunks[item] = ts_extreme((event.ts for _, event in events), latest=True)
         buffered.extend(events)
     elif kind == "partition":             # the earlier layout: one row per partition
         partition = _decode_partition(*json.loads(item))
-        state.partitions[partition] = _decode_state(value)
+        state.partitions[partition] = _decode_state(_fields(value))
         state.partition_rows.legacy.add(partition)
 
 
@@ -355,8 +396,8 @@ def _readable(engine: StreamEngine, kind: str, item: str) -> Iterator[None]:
             f"engine.reset_state() to start the engine over") from error
 
 
-def _decode_partition(query: str, key: list[Any]) -> tuple[str, Key]:
-    return query, tuple(decode_value(value) for value in key)
+def _decode_partition(query: Json, key: Json) -> tuple[str, Key]:
+    return _text(query), tuple(decode_value(value) for value in _items(key))
 
 
 def _encode_key(key: Key) -> list[object]:

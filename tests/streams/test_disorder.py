@@ -567,3 +567,16 @@ def test_a_saved_row_that_cannot_be_read_is_named_and_left_as_it_was(db):
                            {"value": json.dumps(value), "item": item})
     after.feed([])
     assert (after.partitions("Q1"), after.partitions("Q2")) == expected
+
+
+def test_a_saved_meta_row_with_a_field_of_the_wrong_kind_is_named(db):
+    """A saved meta row whose position is text (not a whole number) stops the load with a StreamStateError naming
+    the row, instead of loading a text position that would fail at the next release."""
+    reset(db)
+    engine(db, name="wrong_kind", record_history=False).feed(random_stream(random.Random(SEED + 11), 20))
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("UPDATE activedb_stream_state SET value = CAST(json_build_object('position', 'x', "
+                                   "'arrivals', 0, 'released', NULL, 'punctuations', json_build_object(), 'time_kind', "
+                                   "NULL) AS json) WHERE engine = 'wrong_kind' AND kind = 'meta'"))
+    with pytest.raises(StreamStateError, match=r"row \(kind 'meta', item ''\).*not a whole number.*reset_state"):
+        engine(db, name="wrong_kind", record_history=False).feed([])
