@@ -20,7 +20,7 @@ import os
 import re
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import click
 
@@ -33,6 +33,7 @@ from spark_bridge._sources import SOURCE_FORMS, build_stream, is_missing_data_so
 from spark_bridge.errors import IngestError, SparkBridgeError, describe, first_line
 
 if TYPE_CHECKING:  # pragma: no cover
+    from pyspark import SparkContext
     from pyspark.sql import SparkSession
     from pyspark.sql.streaming.query import StreamingQuery
     from rich.console import Console
@@ -131,7 +132,7 @@ def _spark_conf(packages: str | None, entries: tuple[str, ...]) -> dict[str, str
     return conf
 
 
-def _started_spark() -> Any:
+def _started_spark() -> SparkSession | SparkContext | None:
     """What an interrupted start left running (a session, or a bare SparkContext), to be stopped; or None."""
     from pyspark import SparkContext
     from pyspark.sql import SparkSession
@@ -431,7 +432,7 @@ def run_command(ctx: click.Context, app: str, source_text: str, checkpoint: str 
     from activedb.explain import serve_on_signal
 
     serve_on_signal(database, Path(home) / "explain" if home else None)
-    spark = None
+    spark: SparkSession | SparkContext | None = None
     metrics = None
     restart_environment: dict[str, str] | None = None   # to restart this command in (a deadline passed)
     stop = StopRequest()
@@ -465,7 +466,9 @@ def run_command(ctx: click.Context, app: str, source_text: str, checkpoint: str 
                 stop.event.set()
                 spark = _started_spark()
             stop.install()
-            if stop.event.is_set():
+            from pyspark.sql import SparkSession
+
+            if stop.event.is_set() or not isinstance(spark, SparkSession):     # (get_spark returns a session)
                 console.print("stopped while Spark was starting: nothing was ingested, Spark is stopped",
                               highlight=False)
                 ctx.exit(130)

@@ -21,7 +21,7 @@ PUBLIC = ("activedb", "activedb.lowlevel", "activedb.ingest", "activedb.streams"
           "activedb.composite", "activedb.testing", "spark_bridge", "lockmgr", "coupling")
 
 # Signatures that mention Any, at most (lower it when you remove some; the target is TARGET_SHARE).
-ANY_CEILING = 43
+ANY_CEILING = 42
 TARGET_SHARE = 0.05
 
 
