@@ -162,7 +162,7 @@ class HookRegistry(Generic[_Member]):
         return iter(self._members)
 
     if TYPE_CHECKING:
-        present: bool              # (set by _publish: README, "The lean run")
+        hears_nodes: bool          # (set by _publish: README, "The lean run")
         hooked_in_frames: bool
 
         # ``registry.<hook>`` and ``registry.<hook>_in_frames``: the bound hooks, set by _publish.
@@ -170,9 +170,6 @@ class HookRegistry(Generic[_Member]):
 
     def _publish(self) -> None:
         """Caller holds ``_mutex`` (or is the constructor).  One tuple per hook, of overriding members."""
-        #: Whether any member is registered (the lean run opens savepoints only while no observer is: README, "The
-        #: lean run").
-        self.present = bool(self._members)
         for name in self._names:
             default = getattr(self._base, name)
             bound = tuple(getattr(member, name) for member in self._members
@@ -183,6 +180,9 @@ class HookRegistry(Generic[_Member]):
         #: Whether a member wants a frame's begin or end hooks (``frame_hooks``): the lean run opens no savepoint then.
         self.hooked_in_frames = any(getattr(self, f"{name}_in_frames", ()) for name in
                                     ("on_begin", "before_commit", "after_end"))
+        #: Whether a member hears of nodes — their begins, spawns, commits, aborts (observers) —: the lean run opens
+        #: savepoints only while none does; observers of firings and waits do not stop it (README, "The lean run").
+        self.hears_nodes = any(getattr(self, name, ()) for name in ("on_begin", "on_spawn", "on_commit", "on_abort"))
 
     def call(self, name: str, *args: object) -> None:
         """Call hook ``name`` on every member overriding it (passive: isolate failures)."""

@@ -415,7 +415,7 @@ def lean_parent(parent: Transaction) -> Transaction | None:
     """The root whose run ``parent`` may open a savepoint in, or None: ``parent`` is a running savepoint, or a root
     that is exclusive (no live child, run by this thread) and has nothing that hears of frames."""
     manager = parent.manager
-    if manager.subtransactions is not _children._FRAMES or manager.observers.present or \
+    if manager.subtransactions is not _children._FRAMES or manager.observers.hears_nodes or \
             manager.extensions.hooked_in_frames:
         return None
     if type(parent) is Savepoint:
@@ -467,7 +467,7 @@ def end(node: Savepoint) -> None:
     on (the root's own, once its parent is the root: the logs empty)."""
     manager = node.manager
     extensions = manager.extensions
-    if (node._doomed is not None or node._state is not _ACTIVE or manager.observers.present
+    if (node._doomed is not None or node._state is not _ACTIVE or manager.observers.hears_nodes
             or extensions.hooked_in_frames):      # (something that hears of frames was registered meanwhile)
         node._decode()
         node.commit()

@@ -99,9 +99,9 @@ def _wait_for_lock_wait(db, expected: int = 1) -> None:
 
 
 class _Quiet(activedb.Observer):
-    """An observer of firings (it makes every later inline child a frame or node, never a savepoint)."""
+    """An observer of nodes (it makes every later inline child a lazy node, never a savepoint or a frame)."""
 
-    def on_firing_start(self, transaction, firing) -> None:
+    def on_begin(self, transaction) -> None:
         pass
 
 
@@ -278,6 +278,42 @@ def test_an_outer_savepoint_aborting_after_its_inner_one_committed_undoes_both(d
     assert table == {"a": 1, "b": 2, "c": 30}
 
 
+class _FiringClock(activedb.Observer):
+    """An observer of firings, as a watched ingestion registers one (``activedb run``'s rule deadline): it keeps the
+    firings running and what it heard (each transaction by its depth and its order of appearance: ids differ from tree
+    to tree); at every third firing's start another thread looks at the running firings' transactions as the watch's
+    report does (id, root, state) and at their class (a look must decode nothing)."""
+
+    def __init__(self) -> None:
+        self.running: dict = {}
+        self.heard: list = []
+        self.looked: list = []
+        self.classes: set = set()
+        self._names: dict = {}
+
+    def _name(self, transaction) -> tuple:
+        return (transaction.id.count("."), self._names.setdefault(transaction.id, len(self._names)))
+
+    def on_firing_start(self, transaction, firing) -> None:
+        self.running[id(firing)] = transaction
+        self.heard.append(("start", firing.rule.name, self._name(transaction), transaction.name))
+        if len(self.heard) % 3 == 0:
+            seen: list = []
+
+            def report() -> None:
+                for tx in list(self.running.values()):
+                    seen.append((self._name(tx), tx.root.id == tx.id.split(".")[0], str(tx.state)))
+                    self.classes.add(type(tx).__name__)
+            thread = threading.Thread(target=report)
+            thread.start()
+            thread.join(WAIT)
+            self.looked.append(sorted(seen))
+
+    def on_firing_end(self, transaction, firing, outcome) -> None:
+        self.running.pop(id(firing), None)
+        self.heard.append(("end", firing.rule.name, self._name(transaction), str(outcome)))
+
+
 def _events(db, representation: Subtransactions) -> tuple:
     """The Spark sink's shape: each event in its own inline subtransaction of one top-level transaction, its rules
     inside it (an immediate rule that reads and writes, a deferred rule at that one's commit, a rule that fails)."""
@@ -318,6 +354,31 @@ def test_the_sinks_shape_runs_as_savepoints_and_leaves_the_materialized_result(d
     table, failed, committed, fired = frames
     assert failed == ["lean_fail", "lean_fail"]
     assert table == {"k0": 3, "k1": 3, "k2": 4, "later1": 1, "later7": 7, "later10": 10}
+
+
+def test_an_observer_of_firings_keeps_the_sinks_shape_on_savepoints(db):
+    """An observer of firings (a watched ingestion's: ``activedb run``'s rule deadline) does not stop the lean run:
+    with it registered the sink's shape still runs as savepoints only, the observer hears the same firings of the same
+    transactions (ids, names, outcomes) as in the materialized tree, another thread's look at the running firings'
+    transactions decodes nothing, and the table, failures, counts and firings are the materialized tree's."""
+    clocks = {}
+    results = {}
+    for representation in (Subtransactions.FRAMES, Subtransactions.MATERIALIZED):
+        clock = clocks[representation] = _FiringClock()
+        observer = db.observe(clock)
+        try:
+            results[representation] = _events(db, representation)
+        finally:
+            db.transactions.observers.remove(observer)
+    (frames, begun, seen), (materialized, _, _) = results[Subtransactions.FRAMES], results[Subtransactions.MATERIALIZED]
+    assert frames == materialized
+    assert begun == 1 and seen and set(seen) == {"Savepoint"}
+    lean, reference = clocks[Subtransactions.FRAMES], clocks[Subtransactions.MATERIALIZED]
+    assert lean.heard == reference.heard and lean.looked == reference.looked
+    outcomes = {(rule, outcome) for what, rule, _, outcome in lean.heard if what == "end"}
+    assert outcomes == {("lean_bump", "executed"), ("lean_later", "executed"), ("lean_fail", "failed")}
+    assert lean.looked and all(lean.looked)       # (a look at a firing's start sees at least that firing)
+    assert lean.classes == {"Savepoint"} and reference.classes == {"Transaction"}
 
 
 def test_a_savepoint_kept_after_it_ended_refuses_work_and_tells_its_outcome(db):
