@@ -35,6 +35,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 logger = logging.getLogger("activedb.outbox")
 
+_COMMITTED = EventKind.COMMITTED
+
 #: Records claimed per query of a recovery pass; a pass claims nothing while the backlog exceeds
 #: ``CLAIM_BACKLOG`` (it comes back on the next pass).
 CLAIM_LIMIT = 1000
@@ -170,9 +172,12 @@ class Outbox:
                 self.count_cancelled([Entry(firing, trigger)])
             return
         root = trigger.root
-        entry = Entry(firing, trigger, firing.event.kind is EventKind.COMMITTED and trigger is root)
+        entry = Entry(firing, trigger, firing.event.kind is _COMMITTED and trigger is root)
         state = lowlevel.slot(root, TreeState)
-        participant = self._participant(root, state)
+        # (Set once, under the state's mutex, and never unset: once set it is read without the mutex.)
+        participant = state.participant
+        if participant is None:
+            participant = self._participant(root, state)
         if participant is not None:
             participant.add(entry)
             return

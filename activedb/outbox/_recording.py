@@ -26,7 +26,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from activedb.txn import Transaction
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Entry:
     """A firing kept on its tree until the tree's outcome is known."""
 

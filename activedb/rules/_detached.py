@@ -82,7 +82,8 @@ class DetachedRunner:
 
     def start(self, trigger: "Transaction", firing: "Firing", *, ended: bool) -> None:
         """``firing`` (detached family) occurred in ``trigger``: hand it to the recorder."""
-        self._recorder().record(trigger, firing, ended=ended)
+        recorder = self.recorder
+        (recorder if recorder is not None else self._recorder()).record(trigger, firing, ended=ended)
 
     # --- hearing of ends (C-A coupling) ----------------------------------------------------------
 

@@ -49,6 +49,7 @@ class RuleManager(TransactionExtension):
         self.record = FiringRecord()
         self._numbers = itertools.count(1)
         self._plans: dict[tuple[Rule, ...], _Plan] = {}       # per matching rule set (``on_event``)
+        self._orders: dict[tuple[Rule, ...], _Order] = {}     # per rule set of a deferred cycle (``_run_groups``)
         self.detached = DetachedRunner(self, transactions)
         self.gate = self.detached.gate
         transactions.extensions.add(self)
@@ -59,7 +60,7 @@ class RuleManager(TransactionExtension):
         """Validate, register and persist ``rule``; returns it.  (Recorded firings of it that no living
         process runs — e.g. left by a process that died — are claimed and run soon after.)"""
         added = self.registry.add(rule, replace=replace, manager=self)
-        self._plans = {}        # (a rule added again may have another coupling or priority)
+        self._plans, self._orders = {}, {}      # (a rule added again may have another coupling or priority)
         self.detached.rules_changed()
         return added
 
@@ -67,7 +68,7 @@ class RuleManager(TransactionExtension):
         """Stop rule ``name`` firing here and mark it removed in ``activedb_rules`` (also a rule only
         persisted, declared by another process); a later declaration brings it back."""
         self.registry.remove(name)
-        self._plans = {}
+        self._plans, self._orders = {}, {}
         self.detached.rules_changed()
 
     def purge(self, names: Iterable[str]) -> int:
@@ -258,10 +259,23 @@ class RuleManager(TransactionExtension):
             for group in plan.groups:
                 self._run_group([firings[index] for index in group], transaction, "immediate")
         elif plan.order:
-            self._run_each(transaction, firings, plan.order, "immediate")
+            self._run_each(transaction, firings, plan.order, plan.names, "immediate")
 
     def _run_groups(self, transaction: Transaction, firings: list[Firing], what: str) -> None:
-        """Run firings as children of ``transaction``: priority groups in order, a group concurrently."""
+        """Run firings as children of ``transaction``: priority groups in order, a group concurrently.  (Several
+        firings whose priorities all differ — a deferred cycle's alert and audit rules — run one after the other,
+        in the order planned once for their rule set: ``_Order``.)"""
+        if len(firings) > 1:
+            rules = tuple([firing.rule for firing in firings])
+            order = self._orders.get(rules)
+            if order is None:
+                order = _Order(rules)
+                if len(self._orders) >= _PLANS:
+                    self._orders = {}
+                self._orders[rules] = order
+            if order.order:
+                self._run_each(transaction, firings, order.order, order.names, what)
+                return
         for group in (priority_groups(firings) if len(firings) > 1 else (firings,)):
             self._run_group(group, transaction, what)
 
@@ -292,15 +306,17 @@ class RuleManager(TransactionExtension):
         if failures:
             _raise_failure(*failures[0], what)
 
-    def _run_each(self, transaction: Transaction, firings: list[Firing], order: tuple[int, ...], what: str) -> None:
-        """``_run_groups`` for priority groups of one firing each, ``order`` their indices in ``firings``: one
-        after the other, each inline; the first failure stops the rest (as its group's failure does)."""
+    def _run_each(self, transaction: Transaction, firings: list[Firing], order: tuple[int, ...],
+                  names: tuple[str, ...], what: str) -> None:
+        """``_run_groups`` for priority groups of one firing each, ``order`` their indices in ``firings`` (``names``:
+        the names of their transactions, by the same indices): one after the other, each inline; the first failure
+        stops the rest (as its group's failure does)."""
         executed: list[str] = []
         try:
             for index in order:
                 firing = firings[index]
                 try:
-                    if run_inline(transaction, self._execute, firing, _transaction_name(firing.rule), Firing):
+                    if run_inline(transaction, self._execute, firing, names[index], Firing):
                         executed.append(firing.rule.name)
                 except DependencyAbort:
                     pass
@@ -410,9 +426,10 @@ class _Plan:
     ones' priority groups as index tuples (``groups``), or, when each group has one firing, ``order``, their indices
     in the order the groups run (``coupling.priority_groups``)."""
 
-    __slots__ = ("others", "groups", "order")
+    __slots__ = ("others", "groups", "order", "names")
 
     def __init__(self, rules: tuple[Rule, ...]):
+        self.names = tuple(_transaction_name(rule) for rule in rules)
         self.others = tuple(index for index, rule in enumerate(rules) if rule.coupling is not _IMMEDIATE)
         immediate = [index for index, rule in enumerate(rules) if rule.coupling is _IMMEDIATE]
         groups = priority_groups(immediate, key=lambda index: rules[index].priority)
@@ -420,6 +437,19 @@ class _Plan:
             self.groups, self.order = None, tuple(group[0] for group in groups)
         else:
             self.groups, self.order = tuple(tuple(group) for group in groups), ()
+
+
+class _Order:
+    """How ``_run_groups`` runs the firings of one rule set (a deferred cycle's), all as subtransactions: ``order``,
+    their indices in the order the priority groups run when each group has one firing (else ``()``: by groups),
+    and ``names``, the names of their transactions."""
+
+    __slots__ = ("order", "names")
+
+    def __init__(self, rules: tuple[Rule, ...]):
+        groups = priority_groups(range(len(rules)), key=lambda index: rules[index].priority)
+        self.order = tuple(group[0] for group in groups) if all(len(group) == 1 for group in groups) else ()
+        self.names = tuple(_transaction_name(rule) for rule in rules)
 
 
 def _transaction_name(rule: Rule) -> str:

@@ -35,8 +35,17 @@ class FiringRecord:
         mutex = self._mutex
         mutex.acquire()         # (not ``with``: half its cost)
         try:
-            for rule in rules:
-                self._tally(root, context, rule)
+            tally = context.firings
+            if tally is not None and context.couplings is not None:
+                for rule in rules:
+                    name = rule.name
+                    if name in tally:
+                        tally[name] += 1        # (what ``_tally`` does for a rule the live tree counted already)
+                    else:
+                        self._tally(root, context, rule)
+            else:
+                for rule in rules:
+                    self._tally(root, context, rule)
         finally:
             mutex.release()
 

@@ -35,11 +35,21 @@ def exact_json(value: object) -> Json:
         if value.isascii() and "\x00" not in value:
             return value
     elif type(value) is dict:
-        for key in value:
-            if type(key) is not str or key.startswith(_TAG) or text_problem(key) is not None:
+        # Its plain values (a str of ASCII without NUL, None, an int, a bool) as themselves, without a call each
+        # (an outbox record's event holds a row or a payload of them); the rest by this function.
+        encoded: dict[str, Json] = {}
+        for key, item in value.items():
+            if type(key) is not str or key.startswith(_TAG) or "\x00" in key or (
+                    not key.isascii() and text_problem(key) is not None):
                 break
+            if type(item) is str:
+                encoded[key] = item if item.isascii() and "\x00" not in item else exact_json(item)
+            elif item is None or type(item) is int or type(item) is bool:
+                encoded[key] = item
+            else:
+                encoded[key] = exact_json(item)
         else:
-            return {key: exact_json(item) for key, item in value.items()}
+            return encoded
     elif value is None or type(value) is int or type(value) is bool:
         return value
     elif type(value) is float:
