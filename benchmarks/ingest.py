@@ -101,7 +101,7 @@ import sqlalchemy as sa
 import activedb
 from activedb.progress import Progress
 from benchmarks.report import BenchReport, Row, Series
-from spark_bridge._sources import write_event_files
+from spark_bridge import write_event_files
 
 SCHEMA = "type STRING, worker STRING, ts DOUBLE, room STRING"
 WORKERS = 100
@@ -233,7 +233,7 @@ def _peer_run(spark, url: str, source: Path, checkpoint: Path, timeout: float) -
     """The PL/pgSQL peer: each batch's rows sorted by time and COPY'd into hh_badge_events (its trigger applies
     the rules), one transaction with its ledger row."""
     from benchmarks.plain_write import PlainWriteSink
-    from spark_bridge._sink import streaming_query_id
+    from spark_bridge import streaming_query_id
 
     sink = PlainWriteSink(url, "hh_badge_events", columns=("type", "worker", "ts", "room"),
                           ledger_values={"transaction_id": "bench-plpgsql-peer"}, ledger_count_column="events")

@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from spark_bridge._sink import streaming_query_id
+from spark_bridge import streaming_query_id
 from spark_bridge.errors import SparkBridgeError
 
 __all__ = ["PlainWriteSink", "PlainWriteStatistics", "psycopg_conninfo"]

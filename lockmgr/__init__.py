@@ -9,6 +9,7 @@ from lockmgr._graph import GraphNode, find_cycle
 from lockmgr._deadlock import VICTIM_POLICIES, VictimPolicy
 from lockmgr._manager import CommitEdges, ExternalWait, LockManager, VictimChooser
 from lockmgr._modes import Mode, conflicts, covers, join
+from lockmgr._table import Grant
 from lockmgr._records import (DeadlockCycle, Holders, LockStatistics, LockTableSnapshot, TransactionInfo, TxnState,
                               VictimCandidate, WaitingRequest)
 from lockmgr.errors import (AbortedTransaction, ActiveChildren, Deadlock, DuplicateTransaction, ErrorClasses,
@@ -17,7 +18,7 @@ from lockmgr.errors import (AbortedTransaction, ActiveChildren, Deadlock, Duplic
 
 __all__ = [
     "LockManager", "ExternalWait", "Mode", "Deadlock", "LockTimeout", "find_cycle", "GraphNode",
-    "VICTIM_POLICIES", "VictimPolicy", "VictimChooser", "CommitEdges", "ErrorClasses", "UNCHANGED", "fold_grants", "conflicts", "covers", "join",
+    "VICTIM_POLICIES", "VictimPolicy", "VictimChooser", "CommitEdges", "ErrorClasses", "UNCHANGED", "Grant", "fold_grants", "conflicts", "covers", "join",
     "DeadlockCycle", "Holders", "LockStatistics", "LockTableSnapshot", "TransactionInfo", "TxnState",
     "VictimCandidate", "WaitingRequest", "WaitEdge",
     "LockError", "ActiveChildren", "DuplicateTransaction", "InvalidDowngrade", "LockNotHeld",

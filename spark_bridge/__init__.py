@@ -10,6 +10,8 @@ Public interface:
 * :class:`EventMapping` (``activedb.ingest``'s, re-exported: a query's columns);
 * :func:`load_app`, :class:`LoadedApp` — an application module for ``activedb run``;
 * :func:`get_spark` — a local SparkSession set up for ingestion;
+* :func:`streaming_query_id` — inside ``foreachBatch``, the id of the query that produced the batch;
+  :func:`write_event_files` — events as JSON-lines files a file source reads one micro-batch each, in order;
 * :mod:`spark_bridge.errors` — every error this package raises.
 
 The ledger, validation, handlers, outcomes and replay are ``activedb.ingest``'s.  Importing this package never
@@ -28,7 +30,8 @@ _EXPORTS = {
     "activedb.cli.application": ["LoadedApp", "load_app"],
     "spark_bridge._ingest": ["IngestOptions", "end_of_stream", "ingest", "sink_of"],
     "spark_bridge._scaleout": ["PartitionedIngestSink"],
-    "spark_bridge._sink": ["IngestSink"],
+    "spark_bridge._sink": ["IngestSink", "streaming_query_id"],
+    "spark_bridge._sources": ["write_event_files"],
     "spark_bridge.session": ["get_spark"],
 }
 __all__ = ["errors", *sorted(name for names in _EXPORTS.values() for name in names)]
@@ -40,5 +43,6 @@ if TYPE_CHECKING:  # the names above, for type checkers (tests/test_typing.py ke
     from spark_bridge._ingest import (
         IngestOptions as IngestOptions, end_of_stream as end_of_stream, ingest as ingest, sink_of as sink_of)
     from spark_bridge._scaleout import PartitionedIngestSink as PartitionedIngestSink
-    from spark_bridge._sink import IngestSink as IngestSink
+    from spark_bridge._sink import IngestSink as IngestSink, streaming_query_id as streaming_query_id
+    from spark_bridge._sources import write_event_files as write_event_files
     from spark_bridge.session import get_spark as get_spark

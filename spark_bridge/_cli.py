@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Iterator
 
 import click
 
-from activedb.cli.running import (StopRequest, describe_in_progress, exit_at_once, progress_line, restart,
-                                  restart_after_deadline)
+from activedb.cli.running import (StopRequest, dead_letter_hint, describe_in_progress, exit_at_once, progress_line,
+                                  restart, restart_after_deadline, status, what_to_do, where_raised)
 from activedb.metrics import metrics_port_option, start_metrics
 
 from spark_bridge._file_order import FileOrder, check_file_order
@@ -104,9 +104,9 @@ def _stop_query(query: StreamingQuery, sink: Ingestion, stop: StopRequest, conso
 # --- commands ----------------------------------------------------------------------------------
 
 def _default_checkpoint(home: str | None, query_name: str) -> Path:
-    from activedb import _embedded
+    from activedb import default_home
 
-    base = Path(home).expanduser() if home else _embedded.default_home()
+    base = Path(home).expanduser() if home else default_home()
     return base / "checkpoints" / query_name
 
 
@@ -140,25 +140,6 @@ def _started_spark() -> SparkSession | SparkContext | None:
     return SparkSession.getActiveSession() or getattr(SparkContext, "_active_spark_context", None)
 
 
-@contextlib.contextmanager
-def _status(console: Console, text: str) -> Iterator[None]:
-    """A spinner with ``text`` on a terminal; one line otherwise."""
-    if console.is_terminal:
-        with console.status(text):
-            yield
-    else:
-        console.print(text, highlight=False)
-        yield
-
-
-def _where(error: BaseException) -> str:
-    """``file:line in function`` of the innermost frame of ``error``'s traceback ('' if none)."""
-    import traceback
-
-    frames = traceback.extract_tb(error.__traceback__)
-    return f" (at {Path(frames[-1].filename).name}:{frames[-1].lineno} in {frames[-1].name})" if frames else ""
-
-
 def _quiet_query_failures(spark: SparkSession) -> None:
     """``run`` reports a failed query itself (the Python cause, what to do): keep Spark from logging the same
     failure as a Java stack trace ("Query ... terminated with error", logged at ERROR by the stream's
@@ -175,32 +156,12 @@ def _quiet_query_failures(spark: SparkSession) -> None:
         pass
 
 
-def what_to_do(error: BaseException, app: str) -> str:
-    """One line: how to get a failed ``activedb run`` going again."""
-    from activedb.errors import ActivedbError, DatabaseError, Failure, causes, classify, sqlstate_of
-
-    resume = "then run the same command again: it resumes at the failed batch, exactly once"
-    kind = classify(error)
-    server = {Failure.CONNECTION_LOST: "make PostgreSQL reachable again (is the server up? is the URL right?)",
-              Failure.DISK_FULL: "free space on the database server's disk",
-              Failure.SERVER_BUSY: "wait until the database server can take work again (its log says why it could "
-                                   "not)"}
-    if kind in server:
-        return f"{server[kind]}, {resume}"
-    if kind is Failure.REFUSED or any(isinstance(cause, DatabaseError) or sqlstate_of(cause)
-                                      for cause in causes(error)):
-        return f"fix what PostgreSQL refused (the schema, the values), {resume}"
-    if isinstance(error, ActivedbError):
-        return f"fix the application {app} or the database as the message says, {resume}"
-    return f"fix the cause in the application {app} (--verbose logs more), {resume}"
-
-
 def failure_message(sink: Ingestion, failure: BaseException, app: str) -> str:
     """What ``run`` prints when the query failed: the Python cause and one line of what to do."""
     found = sink.last_failure()
     if found is not None:
         batch, error = found
-        cause = f"batch {batch} failed: {describe(error)}{_where(error)}"
+        cause = f"batch {batch} failed: {describe(error)}{where_raised(error)}"
         return f"{cause}\n  what to do: {what_to_do(error, app)}"
     text = first_line(failure)
     if "CONCURRENT_STREAM_LOG_UPDATE" in str(failure):
@@ -238,38 +199,6 @@ def _refuse_reset_with_progress(found: list[str], name: str) -> None:
             f"--reset refused: query {name!r} has progress ({'; '.join(found)}), and it would resume after it "
             f"while --reset empties the tables its batches wrote, losing their data. Run without --reset to "
             f"resume, or start over with a new --query-name (and --checkpoint) together with --reset.")
-
-
-#: Words of a dead letter's reason that say the event came too late: the stream's watermark (the sink's
-#: reason) or an application's own rule ("older than his last applied event").
-_LATE = re.compile(r"\blate\b|\bolder than\b", re.IGNORECASE)
-
-
-def dead_letter_hint(database: Database, app: str, name: str, *, started_over: bool, reset: bool, source: str) -> list[str]:
-    """What ``run`` says after a run that wrote dead letters: which of query ``name``'s are late — older than
-    the state the application's tables held, so a replay would reject them again — and, for a query that
-    started over on tables earlier runs filled (a new name without ``--reset``), that this is why."""
-    from activedb import deadletters
-    from activedb.ingest import ingestion_status
-
-    reasons = deadletters.count_by_reason(database, deadletters.LetterFilter(query=name, replayed=False))
-    late = sum(count for reason, count in reasons.items() if _LATE.search(reason))
-    others = sum(reasons.values()) - late
-    lines = []
-    if late:
-        lines.append(f"{late:,} of query {name}'s dead letters are late: older than what the application's tables "
-                     f"(or the stream's watermark) held when they came; `dead-letters replay` would reject them again")
-        if started_over and not reset:
-            earlier = [status.query_name for status in ingestion_status(database)
-                       if status.query_name != name]
-            by = f" (queries {', '.join(earlier)} wrote to them)" if earlier else ""
-            lines.append(f"query {name!r} is new and started over without --reset, on tables that earlier runs "
-                         f"left{by}: to apply every event from empty tables, run `activedb run {app} --source {source} "
-                         f"--query-name NEW --reset`")
-    if others:
-        lines.append(f"`activedb dead-letters replay {app} --query {name}` re-submits "
-                     f"{'the other ' if late else ''}{others:,} once their cause is fixed")
-    return lines
 
 
 class CheckpointInUse(click.ClickException):
@@ -459,7 +388,7 @@ def run_command(ctx: click.Context, app: str, source_text: str, checkpoint: str 
         stop.install()      # from here Ctrl-C is a request: Spark's start is not cut halfway (no orphaned JVM)
         try:
             try:
-                with _status(console, f"starting Spark (10-30 s; its warnings go to {spark_log}) ..."):
+                with status(console, f"starting Spark (10-30 s; its warnings go to {spark_log}) ..."):
                     spark = spark_bridge.get_spark(f"activedb-run-{name}", master=master, conf=conf,
                                                    warnings_to=spark_log, py_files=files)
             except KeyboardInterrupt:          # pyspark's own SIGINT handler, installed with its SparkContext

@@ -72,6 +72,37 @@ def import_graph() -> nx.DiGraph:
     return graph
 
 
+def package_of(module: str) -> str:
+    return module.split(".")[0]
+
+
+def test_no_package_imports_a_private_name_of_another():
+    """Packages meet at their public names: no import (type-checking ones included) from one of activedb,
+    spark_bridge, lockmgr, coupling and benchmarks reaches a module or name of another whose path has a part
+    starting with ``_`` (dunders aside)."""
+    known = modules()
+    private = []
+    for name, path in known.items():
+        is_package = path.name == "__init__.py"
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    here = name.split(".")[: len(name.split(".")) - node.level + is_package]
+                    base = ".".join(here + ([node.module] if node.module else []))
+                targets = [f"{base}.{alias.name}" for alias in node.names]
+            else:
+                continue
+            for target in targets:
+                if package_of(target) == package_of(name) or package_of(target) not in PACKAGES:
+                    continue
+                if any(piece.startswith("_") and not piece.startswith("__") for piece in target.split(".")):
+                    private.append(f"{name} -> {target}")
+    assert not private, "imports of another package's private names:\n" + "\n".join(sorted(private))
+
+
 def test_every_part_has_a_layer_in_the_readme():
     missing = {part(module) for module in modules()} - set(layers())
     assert not missing, f"parts missing from the README's layer drawing: {sorted(missing)}"

@@ -12,21 +12,24 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterator
 
 if TYPE_CHECKING:  # pragma: no cover
     from rich.console import Console
 
+    from activedb import Database
     from activedb.ingest import BatchInProgress, Ingestion, IngestStatistics
 
-__all__ = ["MAX_RESTARTS", "SLOW_BATCH_SECONDS", "StopRequest", "describe_in_progress", "exit_at_once",
-           "progress_line", "restart", "restart_after_deadline"]
+__all__ = ["MAX_RESTARTS", "SLOW_BATCH_SECONDS", "StopRequest", "dead_letter_hint", "describe_in_progress",
+           "exit_at_once", "progress_line", "restart", "restart_after_deadline", "status", "what_to_do", "where_raised"]
 
 #: From how long a batch has been in progress the progress line says so.
 SLOW_BATCH_SECONDS = 2.0
@@ -155,3 +158,75 @@ def restart(environment: dict[str, str]) -> None:
     started ends when its pipe from this process closes)."""
     _flush()
     os.execve(sys.executable, sys.orig_argv, environment)
+
+
+@contextlib.contextmanager
+def status(console: Console, text: str) -> Iterator[None]:
+    """A spinner with ``text`` on a terminal; one line otherwise."""
+    if console.is_terminal:
+        with console.status(text):
+            yield
+    else:
+        console.print(text, highlight=False)
+        yield
+
+
+def where_raised(error: BaseException) -> str:
+    """``file:line in function`` of the innermost frame of ``error``'s traceback ('' if none)."""
+    import traceback
+
+    frames = traceback.extract_tb(error.__traceback__)
+    return f" (at {Path(frames[-1].filename).name}:{frames[-1].lineno} in {frames[-1].name})" if frames else ""
+
+
+def what_to_do(error: BaseException, app: str) -> str:
+    """One line: how to get a failed run command (``activedb run`` and the like) going again."""
+    from activedb.errors import ActivedbError, DatabaseError, Failure, causes, classify, sqlstate_of
+
+    resume = "then run the same command again: it resumes at the failed batch, exactly once"
+    kind = classify(error)
+    server = {Failure.CONNECTION_LOST: "make PostgreSQL reachable again (is the server up? is the URL right?)",
+              Failure.DISK_FULL: "free space on the database server's disk",
+              Failure.SERVER_BUSY: "wait until the database server can take work again (its log says why it could "
+                                   "not)"}
+    if kind in server:
+        return f"{server[kind]}, {resume}"
+    if kind is Failure.REFUSED or any(isinstance(cause, DatabaseError) or sqlstate_of(cause)
+                                      for cause in causes(error)):
+        return f"fix what PostgreSQL refused (the schema, the values), {resume}"
+    if isinstance(error, ActivedbError):
+        return f"fix the application {app} or the database as the message says, {resume}"
+    return f"fix the cause in the application {app} (--verbose logs more), {resume}"
+
+
+#: Words of a dead letter's reason that say the event came too late: the stream's watermark (the sink's
+#: reason) or an application's own rule ("older than his last applied event").
+_LATE = re.compile(r"\blate\b|\bolder than\b", re.IGNORECASE)
+
+
+def dead_letter_hint(database: Database, app: str, name: str, *, started_over: bool, reset: bool,
+                     source: str) -> list[str]:
+    """What a run command says after a run that wrote dead letters: which of query ``name``'s are late — older than
+    the state the application's tables held, so a replay would reject them again — and, for a query that
+    started over on tables earlier runs filled (a new name without ``--reset``), that this is why."""
+    from activedb import deadletters
+    from activedb.ingest import ingestion_status
+
+    reasons = deadletters.count_by_reason(database, deadletters.LetterFilter(query=name, replayed=False))
+    late = sum(count for reason, count in reasons.items() if _LATE.search(reason))
+    others = sum(reasons.values()) - late
+    lines = []
+    if late:
+        lines.append(f"{late:,} of query {name}'s dead letters are late: older than what the application's tables "
+                     f"(or the stream's watermark) held when they came; `dead-letters replay` would reject them again")
+        if started_over and not reset:
+            earlier = [status.query_name for status in ingestion_status(database)
+                       if status.query_name != name]
+            by = f" (queries {', '.join(earlier)} wrote to them)" if earlier else ""
+            lines.append(f"query {name!r} is new and started over without --reset, on tables that earlier runs "
+                         f"left{by}: to apply every event from empty tables, run `activedb run {app} --source {source} "
+                         f"--query-name NEW --reset`")
+    if others:
+        lines.append(f"`activedb dead-letters replay {app} --query {name}` re-submits "
+                     f"{'the other ' if late else ''}{others:,} once their cause is fixed")
+    return lines

@@ -41,7 +41,7 @@ from activedb.txn._tree import _NO_LOG, _NONE, Transaction
 from activedb.txn._writes import data_event
 
 if TYPE_CHECKING:  # pragma: no cover
-    from lockmgr._table import Grant
+    from lockmgr import Grant
 
     from activedb.store import Key, TableInfo
 

@@ -37,7 +37,7 @@ from activedb.txn._writes import take_back_writes
 if TYPE_CHECKING:  # pragma: no cover
     from activedb.store import Key, TableInfo
     from activedb.txn._tree import Transaction
-    from lockmgr._table import Grant
+    from lockmgr import Grant
 
 
 _INTENTION = {Mode.READ: Mode.IR, Mode.UPDATE: Mode.IW, Mode.WRITE: Mode.IW}

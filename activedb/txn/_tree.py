@@ -31,7 +31,7 @@ from activedb.txn._view import TreeRows
 from activedb.txn._writes import Writes, take_back_writes
 
 if TYPE_CHECKING:  # pragma: no cover
-    from lockmgr._table import Grant
+    from lockmgr import Grant
 
     from activedb.store import Entry, Key
     from activedb.txn._manager import TransactionManager

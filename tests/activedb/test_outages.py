@@ -144,7 +144,7 @@ def test_a_bad_url_is_one_line_saying_what_to_fix_also_from_the_cli(url, expecte
 # --- refused, and what `activedb run` says ------------------------------------------------------------
 
 def test_activedb_run_says_to_make_the_database_reachable_for_an_outage_not_to_fix_the_application():
-    from spark_bridge._cli import what_to_do
+    from activedb.cli.running import what_to_do
 
     with pytest.raises(psycopg.OperationalError) as refused:
         psycopg.connect("host=127.0.0.1 port=1 dbname=x user=x connect_timeout=5")
