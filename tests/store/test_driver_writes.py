@@ -297,11 +297,11 @@ AWKWARD_LABELS = ['say "hi"', "back\\slash \\\" both", "{a,b}", " padded ", "NUL
 
 @pytest.mark.parametrize("held", [False, True], ids=["server-bound", "client-bound"])
 def test_integer_and_text_arrays_store_exactly_what_one_row_at_a_time_stores(samples, held):
-    """A group's integer and text columns travel as arrays in the driver's binary format when the statement is
-    bound on the server (no text array to escape, no per-element quoting test), as text arrays when it is
-    bound on the client: either way every value is stored as given — the integer types' limits, awkward
-    strings, SQL NULL.  (A value out of the column's range never reaches the array: the store refuses it at the
-    write, ``InvalidValue``.)"""
+    """A group's text columns travel as arrays in the driver's binary format when the statement is bound on the
+    server (no text array to escape, no per-element quoting test), as text arrays when it is bound on the client;
+    a column of exact integers as one array literal (``int_array``): either way every value is stored as given —
+    the integer types' limits, awkward strings, SQL NULL.  (A value out of the column's range never reaches the
+    array: the store refuses it at the write, ``InvalidValue``.)"""
     db = samples
     rows = {number: {"label": label, "small": (-32768, 32767, 0)[number % 3],
                      "big": (-9223372036854775808, 9223372036854775807, -1)[number % 3]}
@@ -313,7 +313,7 @@ def test_integer_and_text_arrays_store_exactly_what_one_row_at_a_time_stores(sam
     found = stored(db)
     assert {number: {name: found[number][name] for name in ("label", "small", "big")} for number in rows} == rows
     if not held:        # (a statement bound on the client goes to the driver's own cursor: not seen here)
-        assert any(all(cast in statement for cast in ("%b::SMALLINT[]", "%b::BIGINT[]", "%b::TEXT[]"))
+        assert any(all(cast in statement for cast in ("%s::SMALLINT[]", "%s::BIGINT[]", "%b::TEXT[]"))
                    for statement in statements.sent), statements.sent
     write_rows(db, held, ((number, {"label": None if values["label"] else "was empty or NULL",    # written again
                                     "small": -values["small"] - 1 if values["small"] < 0 else values["small"]})
@@ -322,3 +322,34 @@ def test_integer_and_text_arrays_store_exactly_what_one_row_at_a_time_stores(sam
     assert {number: (found[number]["label"], found[number]["small"]) for number in rows} == {
         number: (None if values["label"] else "was empty or NULL",
                  -values["small"] - 1 if values["small"] < 0 else values["small"]) for number, values in rows.items()}
+
+
+@pytest.mark.parametrize("held", [False, True], ids=["server-bound", "client-bound"])
+def test_integer_columns_travel_as_one_array_literal_and_store_exactly_what_the_driver_would(samples, held):
+    """A column of exact integers — the key included — goes as one array literal (``int_array``): the limits of
+    each integer type, negative numbers and zero are stored as given, and read back by key through the same
+    literal; a column that mixes integers and SQL NULL takes the driver's array (NULL stays NULL), and so does a
+    column of ``bool``."""
+    db = samples
+    limits = {-2147483648: (-32768, -9223372036854775808), -1: (-1, -1), 0: (0, 0), 7: (32767, 9223372036854775807),
+              2147483647: (12, -9223372036854775807)}
+    with db.transaction() as tx:
+        tx.insert("typed_samples", id=1, label="lock me")
+    with Statements(db) as statements:
+        write_rows(db, held, [(number, {"small": small, "big": big}) for number, (small, big) in limits.items()])
+        write_rows(db, held, [(number, {"small": small, "flag": number % 2 == 0})
+                              for number, small in ((10, None), (11, 5), (12, None), (13, -5))])
+    found = stored(db)
+    assert {number: (found[number]["small"], found[number]["big"]) for number in limits} == limits
+    assert {number: (found[number]["small"], found[number]["flag"]) for number in (10, 11, 12, 13)} == {
+        10: (None, True), 11: (5, False), 12: (None, True), 13: (-5, False)}
+    if not held:        # (a statement bound on the client goes to the driver's own cursor: not seen here)
+        assert any("%s::INTEGER[]" in statement and "%s::SMALLINT[]" in statement and "%s::BIGINT[]" in statement
+                   for statement in statements.sent), statements.sent
+        assert any("%b::SMALLINT[]" in statement and "%s::BOOLEAN[]" in statement and "%s::INTEGER[]" in statement
+                   for statement in statements.sent), statements.sent
+    info = db.catalog.table_info("typed_samples")
+    with db.engine.begin() as connection:
+        read = fetch_rows(connection, info, [(number,) for number in (*limits, 99, -99)], lock="update")
+    assert {key: (row["small"], row["big"]) for key, row in read.items()} == {(number,): pair
+                                                                             for number, pair in limits.items()}
