@@ -8,6 +8,7 @@ operations (:func:`model_operations`); how its runs are taken (:func:`quiet_heap
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import gc
 import heapq
 import threading
@@ -157,16 +158,36 @@ def _paths(chunk: list[tuple[bool, int]], threads: int) -> tuple[int, int]:
     return s2pl, lwm
 
 
+#: False inside :func:`smoke_run`: :func:`quiet_heap` leaves the heap alone.
+_SETTLE_HEAP: contextvars.ContextVar[bool] = contextvars.ContextVar("settle_heap", default=True)
+
+
 @contextlib.contextmanager
 def quiet_heap():
     """Collect the garbage of earlier runs, then freeze what is left for the measured run, so that
-    no full collection of the process's heap falls into one run and not another's."""
+    no full collection of the process's heap falls into one run and not another's (not in a
+    :func:`smoke_run`)."""
+    if not _SETTLE_HEAP.get():
+        yield
+        return
     gc.collect()
     gc.freeze()
     try:
         yield
     finally:
         gc.unfreeze()
+
+
+@contextlib.contextmanager
+def smoke_run():
+    """A ``--quick`` run: every path and row, figures not meant to be compared, so its runs are taken without
+    :func:`quiet_heap`'s full collection each — which walks the whole heap of the calling process (a test
+    session's holds millions of objects) and then costs more than the runs themselves."""
+    token = _SETTLE_HEAP.set(False)
+    try:
+        yield
+    finally:
+        _SETTLE_HEAP.reset(token)
 
 
 def best_of(runs: list[dict[str, Any]]) -> dict[str, Any]:

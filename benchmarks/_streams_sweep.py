@@ -28,6 +28,7 @@ L_combined at 2,000 events/s on the Fig. 11 mix with the point's keys, workers a
 
 from __future__ import annotations
 
+import contextlib
 import random
 import threading
 import time
@@ -37,7 +38,7 @@ from typing import Any, Callable
 import psycopg
 
 from activedb import streams
-from benchmarks._streams_model import ModelTransaction, SleepCost, best_of, median_of, model_throughput
+from benchmarks._streams_model import ModelTransaction, SleepCost, best_of, median_of, model_throughput, smoke_run
 from benchmarks.report import BenchReport, Row
 
 MIX_EVENTS = 600
@@ -173,8 +174,8 @@ def run_sweep(database: Any, quick: bool, rng: random.Random, *, throughput_once
     points = QUICK_POINTS if quick else POINTS
     read_ns = (1, 6) if quick else READ_N
     repeat = 1 if quick else REPEAT
-    count = 120 if quick else MIX_EVENTS
-    seconds = 0.5 if quick else LATENCY_SECONDS
+    count = 60 if quick else MIX_EVENTS
+    seconds = 0.25 if quick else LATENCY_SECONDS
     found: dict[str, Any] = {"readN": list(read_ns), "points": []}
     types = ["T1", "T2", "T3", "X"]
     for point in points:
@@ -278,9 +279,10 @@ def run_alone(quick: bool = False) -> BenchReport:
     database = bench.connect()
     try:
         load = round(os.getloadavg()[0], 2)
-        sweep = run_sweep(database, quick, random.Random(bench.SEED), throughput_once=bench.throughput_once,
-                          measure_realtime=bench.measure_realtime, pattern_definitions=bench.pattern_definitions,
-                          pattern_events=bench.pattern_events)
+        with smoke_run() if quick else contextlib.nullcontext():
+            sweep = run_sweep(database, quick, random.Random(bench.SEED), throughput_once=bench.throughput_once,
+                              measure_realtime=bench.measure_realtime, pattern_definitions=bench.pattern_definitions,
+                              pattern_events=bench.pattern_events)
     finally:
         database.close()
     sweep_rows(report, sweep)

@@ -90,6 +90,7 @@ temporary folder that the notes name, ``streams.json`` and ``streams.png`` with 
 from __future__ import annotations
 
 import bisect
+import contextlib
 import dataclasses
 import json
 import os
@@ -105,7 +106,7 @@ from activedb.examples.hand_hygiene.queries import Q1_R1
 from activedb.testing import check_stream_history
 from benchmarks._setup import connect
 from benchmarks._streams_model import (THREADS, CostedEngine, SleepCost, WriterChain, best_of, median_of,
-                                      model_operations, quiet_heap, slept)
+                                      model_operations, quiet_heap, slept, smoke_run)
 from benchmarks._streams_report import SCHEDULERS, definition_6_rows, headline, plot
 from benchmarks._streams_sweep import run_alone, run_sweep, sweep_rows
 from benchmarks.report import BenchReport, Row, output_folder
@@ -486,10 +487,10 @@ def run_experiments(database, quick: bool) -> dict[str, Any]:
     write_ns = (0.25, 1.0) if quick else WRITE_N
     seq_ls = (3,) if quick else SEQ_L
     rates = (200, 2000) if quick else RATES
-    count = 120 if quick else THROUGHPUT_EVENTS
+    count = 60 if quick else THROUGHPUT_EVENTS
     repeat = 1 if quick else REPEAT
     tuple_repeat = 1 if quick else TUPLE_REPEAT
-    seconds = 0.5 if quick else RATE_SECONDS
+    seconds = 0.25 if quick else RATE_SECONDS
     underloaded_seconds = 0.5 if quick else UNDERLOADED_SECONDS
     cost = SleepCost(COST)
     results: dict[str, Any] = {"parameters": {
@@ -585,8 +586,9 @@ def run(quick: bool = False) -> BenchReport:
     sizes = (1000,) if quick else (1000, 10_000, 100_000)
     database = connect()
     try:
-        part_1 = _hand_hygiene(report, database, sizes, 1 if quick else REPEAT)
-        results = run_experiments(database, quick)
+        with smoke_run() if quick else contextlib.nullcontext():
+            part_1 = _hand_hygiene(report, database, sizes, 1 if quick else REPEAT)
+            results = run_experiments(database, quick)
     finally:
         database.close()
     headline(report, results)
