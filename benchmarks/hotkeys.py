@@ -48,6 +48,10 @@ GOAL = 0.6              # update lock vs psycopg FOR UPDATE
 PLAIN_GOAL = 0.3        # plain read-then-write re-run by db.run vs psycopg FOR UPDATE, several processes
 MODES = ("psycopg", "update-lock", "plain-read")
 PHASE_COMMITS = 2000
+#: ``--quick`` (a smoke run: every mode, every row and the no-lost-update check, figures not meant to be read):
+#: seconds per run (a thread counts the commit it began before the end: every run commits) and commits profiled.
+QUICK_SECONDS = 0.5
+QUICK_PHASE_COMMITS = 100
 #: The phases of one update-lock commit: (phase, [(file suffix, function)] whose cumulative CPU it is, [phases
 #: whose time is inside those functions and is subtracted]); the rest (tree create and end, ``db.run``) is
 #: what is left of the total.
@@ -272,7 +276,7 @@ def _measure(mode: str, url: str, processes: int, seconds: float) -> dict[str, A
 def run(quick: bool = False) -> BenchReport:
     from benchmarks._setup import connect as bench_connect
 
-    seconds = 2.0 if quick else 8.0
+    seconds = QUICK_SECONDS if quick else 8.0
     report = BenchReport("Hot keys: read-modify-write (activedb bench hotkeys)")
     database = bench_connect()
     url = database.url.render_as_string(hide_password=False)
@@ -294,7 +298,7 @@ def run(quick: bool = False) -> BenchReport:
                 goal=GOAL if mode == "update-lock" else PLAIN_GOAL if processes > 1 else None,
                 extra={**{key: value for key, value in figures.items() if key != "rate"},
                        "baseline_p50_ms": baseline["p50_ms"], "baseline_p99_ms": baseline["p99_ms"]}))
-    phases = _phases(url, PHASE_COMMITS // 10 if quick else PHASE_COMMITS)
+    phases = _phases(url, QUICK_PHASE_COMMITS if quick else PHASE_COMMITS)
     report.rows[0].extra["phases_cpu_us_per_commit"] = phases
     report.notes.append("update-lock commit, one thread, CPU µs per commit by phase (profiled, scaled to the "
                         "unprofiled CPU): " + ", ".join(f"{phase} {value}" for phase, value in phases.items()))
