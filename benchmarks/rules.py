@@ -11,8 +11,9 @@ Python function called directly in one plain top-level transaction, same run.
    on another machine) — with ``cpu_ratio``, the peer's total over the path's: figures the machine's load does not
    change, beside the rates it does.
 
-Figures are medians of alternating runs, each after an untimed ``gc.collect()``.  Details: the bench
-design note.
+Figures are medians of alternating runs, each after an untimed ``gc.collect()`` (not in ``--quick``, a smoke run:
+a full collection walks the calling process's whole heap, a test session's millions of objects).  Details: the
+bench design note.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import gc
 import pstats
 import statistics
 import time
+from typing import Callable
 
 from activedb import Coupling, Event, batch
 from activedb.progress import Progress
@@ -34,6 +36,10 @@ IMMEDIATE_EVENT = "bench_rule_immediate"
 DEFERRED_EVENT = "bench_rule_deferred"
 COUNTER_EVENT = "bench_rule_counter"
 DECLARED_COUNTER_EVENT = "bench_rule_counter_declared"
+
+
+def _no_collection() -> None:
+    """What a ``--quick`` run does instead of ``gc.collect()`` before a timed run: nothing."""
 
 
 def bump(tx, event: Event) -> None:
@@ -83,14 +89,14 @@ def _direct(database, event_type: str, count: int) -> float:
 
 
 def _compare(database, report: BenchReport, label: str, event_type: str, count: int, repeat: int,
-             execution: str) -> None:
+             execution: str, settle: Callable[[], object] = gc.collect) -> None:
     _fire(database, event_type, max(1, count // 10))      # warm up: statements, threads, reflection
     _direct(database, event_type, max(1, count // 10))
     rule_times, direct_times = [], []
     for _ in range(repeat):
-        gc.collect()
+        settle()
         rule_times.append(_fire(database, event_type, count))
-        gc.collect()
+        settle()
         direct_times.append(_direct(database, event_type, count))
     # Each rule run and the direct run right after it, as a pair: their ratio shows the run's noise.
     pairs = [round(direct / rule, 3) for rule, direct in zip(rule_times, direct_times)]
@@ -225,7 +231,8 @@ def _counter_executemany(database, count: int, size: int) -> float:
     return _counter_peer(database, count, size, _executemany_upsert)
 
 
-def _compare_counters(database, report: BenchReport, count: int, size: int, repeat: int) -> None:
+def _compare_counters(database, report: BenchReport, count: int, size: int, repeat: int,
+                      settle: Callable[[], object] = gc.collect) -> None:
     timings: dict[str, list[float]] = {"rule": [], "declared": [], "trigger": [], "executemany": []}
     # CPU seconds of each run: this process (the client) and the PostgreSQL server's processes (None when the
     # server is not on this machine) — what each path costs whatever else the machine runs.
@@ -236,7 +243,7 @@ def _compare_counters(database, report: BenchReport, count: int, size: int, repe
         for name, run_once in (("rule", _counter_rule), ("declared", _counter_declared),
                                ("trigger", _counter_trigger), ("executemany", _counter_executemany)):
             _reset_counters(database)
-            gc.collect()
+            settle()
             server_before, client_before = server_cpu_seconds(database.engine), time.process_time()
             timings[name].append(run_once(database, count, size))
             client[name].append(time.process_time() - client_before)
@@ -279,13 +286,14 @@ def run(quick: bool = False, progress: Progress | None = None) -> BenchReport:
     report = BenchReport("rule firing (activedb bench rules)")
     count = 200 if quick else 2000
     repeat = 1 if quick else 15     # (a run is 2,000 firings, ≈ 50 ms: fifteen keep the medians above a busy machine's noise)
+    settle: Callable[[], object] = _no_collection if quick else gc.collect     # (the module docstring says why)
     progress.start("bench rules", total=6)
     for execution in ("inline", "threads"):
         with connect(rule_execution=execution) as database:
             _declare(database)
             with progress.step(f"immediate rules, {execution}"):
                 _compare(database, report, f"immediate rules, {execution}", IMMEDIATE_EVENT, count, repeat,
-                         execution)
+                         execution, settle)
             if execution == "inline":
                 with progress.step("phases of an inline immediate firing (cProfile)"):
                     per_event_us = 1e6 / report.rows[-1].value
@@ -299,10 +307,10 @@ def run(quick: bool = False, progress: Progress | None = None) -> BenchReport:
                 with progress.step("counter upsert rule (Python, declared) vs PL/pgSQL trigger and executemany"):
                     for size in (1_000, 10_000):
                         _compare_counters(database, report, 10_000 if quick else 20_000, size,
-                                          1 if quick else 3)
+                                          1 if quick else 3, settle)
             with progress.step(f"deferred rules, {execution}"):
                 _compare(database, report, f"deferred rules, {execution}", DEFERRED_EVENT, count, repeat,
-                         execution)
+                         execution, settle)
             fired = database.rules.statistics().per_rule
             executed = sum(counter.executed for counter in fired.values())
             if executed != sum(counter.fired for counter in fired.values()):
