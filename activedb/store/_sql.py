@@ -287,10 +287,10 @@ def apply_write_set(connection: sa.Connection, infos: Mapping[str, TableInfo],
                 f"insert into {table_name!r}: the row {next(iter(found))!r}, which this transaction inserted and "
                 f"deleted again, was inserted by another transaction since; nothing was written — re-run the "
                 f"transaction", table=table_name)
-    plan: list[tuple[TableInfo, str, tuple[str, ...], list[tuple[object, ...]]]] = []
+    plan: list[tuple[TableInfo, str, tuple[str, ...], list[list[object]]]] = []
     for table_name, keys in deletes.items():
         info = infos[table_name]
-        plan.append((info, "delete", tuple(info.key_columns), keys))
+        plan.append((info, "delete", tuple(info.key_columns), [list(values) for values in zip(*keys)]))
     if partial:     # the deletes go first (as ever), before the rows to update are locked
         _run(connection, plan, None)
         plan = []
@@ -310,12 +310,12 @@ def apply_write_set(connection: sa.Connection, infos: Mapping[str, TableInfo],
     for statement_kind, groups in (("update", updates), ("upsert", upserts), ("insert", inserts)):
         for (table_name, columns), pairs in groups.items():
             info = infos[table_name]
-            plan.append((info, statement_kind, *_as_tuples(info, columns, pairs)))
+            plan.append((info, statement_kind, *_as_columns(info, columns, pairs)))
     _run(connection, plan, along, commit=commit, leading=leading)
     return len(writes)
 
 
-def _run(connection: sa.Connection, plan: list[tuple[TableInfo, str, tuple[str, ...], list[tuple[object, ...]]]],
+def _run(connection: sa.Connection, plan: list[tuple[TableInfo, str, tuple[str, ...], list[list[object]]]],
          along: tuple[str, tuple[object, ...]] | None, *, commit: bool = False,
          leading: Sequence[tuple[str, tuple[object, ...] | dict[str, object]]] = ()) -> None:
     """Send the statements of ``plan`` in order, then ``along`` (folded into the last one if it can be);
@@ -332,12 +332,12 @@ def _run(connection: sa.Connection, plan: list[tuple[TableInfo, str, tuple[str, 
     # string bound on the client, so no binary parameters there.  Elsewhere (a transaction the driver opened) the
     # COMMIT rides in a pipeline with it (``_then_commit``): a pooled connection's registry would first be checked.
     in_string = commit and along is not None and connection.connection.driver_connection.autocommit  # type: ignore[union-attr]
-    for number, (info, kind, order, rows) in enumerate(plan, 1):
+    for number, (info, kind, order, columns) in enumerate(plan, 1):
         final = number == len(plan)
         last = along if final else None
         try:
             binary = not (in_string and final)
-            statement, parameters = _statement(connection, info, kind, order, rows, binary)
+            statement, parameters = _statement(connection, info, kind, order, columns, binary)
             folded = last is not None and isinstance(parameters, tuple)
             if folded:
                 statement, parameters = (f"WITH activedb_along AS ({last[0]}) {statement}",  # type: ignore[index]
@@ -418,46 +418,45 @@ def _raise_insert_error(table_name: str, error: sa.exc.IntegrityError) -> None:
 UNNEST_MIN = 2
 
 
-def _as_tuples(info: TableInfo, columns: frozenset[str], pairs: list[tuple[Key, Mapping[str, object]]]
-               ) -> tuple[tuple[str, ...], list[tuple[object, ...]]]:
+def _as_columns(info: TableInfo, columns: frozenset[str], pairs: list[tuple[Key, Mapping[str, object]]]
+                ) -> tuple[tuple[str, ...], list[list[object]]]:
     """The column order of ``pairs`` (key, values over ``columns``) — key columns first, then the other
-    columns in table order — and the rows as tuples in it (the key's values for the key columns)."""
+    columns in table order — and their values as one list per column in it (the key's values for the key
+    columns).  Lists per column, not a tuple per row: what the ``unnest`` statement sends, without a container
+    per row that outlives the flush's other allocations (each one more for the cyclic collector to visit)."""
     keys = info.key_columns
     rest = tuple(name for name in info.columns if name in columns and name not in keys)
     order = (*keys, *rest)
-    if not rest:
-        return order, [key for key, _ in pairs]
-    if len(rest) == 1:
-        name = rest[0]
-        return order, [(*key, values[name]) for key, values in pairs]
-    pick = operator.itemgetter(*rest)
-    return order, [key + pick(values) for key, values in pairs]
+    if len(keys) == 1:
+        values_of: list[list[object]] = [[key[0] for key, _ in pairs]]
+    else:
+        values_of = [list(values) for values in zip(*(key for key, _ in pairs))]
+    values_of.extend([values[name] for _, values in pairs] for name in rest)
+    return order, values_of
 
 
-def _statement(connection: sa.Connection, info: TableInfo, kind: str, order: tuple[str, ...], rows: list[tuple[object, ...]],
-               binary: bool = True) -> tuple[str, tuple[object, ...] | list[tuple[object, ...]]]:
-    """One ``kind`` statement (``insert``, ``upsert``, ``update``, ``delete``) of ``info``'s table for ``rows``
-    (tuples over the columns ``order``, the key columns first), as driver SQL and its parameters: a tuple when
-    it is sent once, a list of tuples for the driver's ``executemany``.  ``binary``: JSON arrays may travel in
-    the driver's binary format (:data:`BINARY_ARRAYS`)."""
+def _statement(connection: sa.Connection, info: TableInfo, kind: str, order: tuple[str, ...],
+               columns: list[list[object]], binary: bool = True
+               ) -> tuple[str, tuple[object, ...] | list[tuple[object, ...]]]:
+    """One ``kind`` statement (``insert``, ``upsert``, ``update``, ``delete``) of ``info``'s table for the rows whose
+    values ``columns`` lists (one list per column of ``order``, the key columns first), as driver SQL and its
+    parameters: a tuple when it is sent once, a list of tuples for the driver's ``executemany``.  ``binary``: JSON
+    arrays may travel in the driver's binary format (:data:`BINARY_ARRAYS`)."""
     processors = info.driver_processors(connection.dialect)
-    adapted = {index for index, name in enumerate(order) if processors.get(name) is not None}
-    if adapted:
-        rows = [tuple(processors[order[index]](value) if index in adapted else value  # type: ignore[misc]
-                      for index, value in enumerate(row)) for row in rows]
-    if len(rows) >= UNNEST_MIN:
+    columns = [values if (processor := processors.get(name)) is None else list(map(processor, values))
+               for name, values in zip(order, columns)]
+    if len(columns[0]) >= UNNEST_MIN:
         casts = info.array_types(connection.dialect, order)
-        if casts is not None:
-            columns = tuple(zip(*rows))
-            if all(_uniform(values) for values in columns):
-                # A column of exact integers travels as one array literal (``int_array``), the others as lists.
-                arrays = tuple(int_array(values) or list(values) for values in columns)
-                literal = tuple(array.__class__ is str for array in arrays)
-                statement = info.cached(("driver", kind, order, True, binary, literal), lambda: _driver_statement(
-                    connection.dialect, info, kind, order, casts, binary, literal))
-                return statement, arrays
+        if casts is not None and all(_uniform(values) for values in columns):
+            # A column of exact integers travels as one array literal (``int_array``), the others as lists.
+            arrays = tuple(int_array(values) or values for values in columns)
+            literal = tuple(array.__class__ is str for array in arrays)
+            statement = info.cached(("driver", kind, order, True, binary, literal), lambda: _driver_statement(
+                connection.dialect, info, kind, order, casts, binary, literal))
+            return statement, arrays
     statement = info.cached(("driver", kind, order, False),
                             lambda: _driver_statement(connection.dialect, info, kind, order, None))
+    rows = list(zip(*columns))
     if kind == "update":        # SET values first, then the key
         width = len(info.key_columns)
         rows = [row[width:] + row[:width] for row in rows]
@@ -480,7 +479,7 @@ def int_array(values: Sequence[object]) -> str | None:
 _INT_ONLY = {int}
 
 
-def _uniform(values: tuple[object, ...]) -> bool:
+def _uniform(values: Sequence[object]) -> bool:
     """True if the driver can send ``values`` as one array: one Python type (and, for datetimes and times,
     all naive or all aware — they are different PostgreSQL types); ``None`` goes with anything."""
     kinds = set(map(type, values))
