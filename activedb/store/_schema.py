@@ -201,6 +201,22 @@ class TableInfo:
                 sa.text(f"{table}.{column} = ANY(CAST(:keys AS {element.replace('%%', '%')}[]))"))
         return self.cached(("select_by_key_array", dialect.name), build)
 
+    def select_by_key_array_sql(self, dialect: sa.Dialect, lock: str | None = None, nowait: bool = False) -> str | None:
+        """``select_by_key_array`` as driver SQL (``%s``: the keys' array), every column in table order, locked
+        ``FOR SHARE`` (``lock="share"``) or ``FOR UPDATE`` (``"update"``), ``NOWAIT`` with ``nowait``; None where
+        ``select_by_key_array`` is None."""
+        def build() -> str | None:
+            if self.select_by_key_array(dialect) is None:
+                return None
+            preparer = dialect.identifier_preparer
+            table = preparer.format_table(self.table).replace("%", "%%")
+            columns = ", ".join(preparer.quote(name).replace("%", "%%") for name in self.columns)
+            key = preparer.quote(self.key_columns[0]).replace("%", "%%")
+            element = _array_element_type(self.columns[self.key_columns[0]], dialect)     # (escaped for ``%s``)
+            locking = {None: "", "share": " FOR SHARE", "update": " FOR UPDATE"}[lock] + (" NOWAIT" if lock and nowait else "")
+            return f"SELECT {columns} FROM {table} WHERE {table}.{key} = ANY(CAST(%s AS {element}[])){locking}"
+        return self.cached(("select_by_key_array_sql", dialect.name, lock, nowait), build)
+
     def delete(self) -> sa.Delete:
         return self.cached("delete", lambda: self.table.delete().where(
             sa.and_(*[self.table.c[name] == sa.bindparam(f"k_{name}") for name in self.key_columns])))

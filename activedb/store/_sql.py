@@ -98,27 +98,49 @@ def fetch_rows(connection: sa.Connection, info: TableInfo, keys: Iterable[Key], 
     if not keys:
         return {}
     names = info.key_columns
-    statement = info.select_by_key_array(connection.dialect) if len(names) == 1 else None
-    parameters = None
-    if statement is not None and _uniform(bound := tuple(key[0] for key in keys)):
-        # One array parameter: no limit on the number of keys (integers as one array literal: ``int_array``).
-        parameters = {"keys": int_array(bound) or list(bound)}
-    else:
-        statement = info.select_by_keys()
+    if len(names) == 1 and _uniform(bound := [key[0] for key in keys]):
+        sql = info.select_by_key_array_sql(connection.dialect, lock, nowait)
+        if sql is not None:
+            # One array parameter: no limit on the number of keys (integers as one array literal: ``int_array``).
+            return _fetch_by_array(connection, info, sql, int_array(bound) or bound)
+    statement = info.select_by_keys()
     if lock == "share":
         statement = statement.with_for_update(read=True, nowait=nowait)
     elif lock == "update":
         statement = statement.with_for_update(nowait=nowait)
     found: dict[Key, dict[str, object]] = {}
-    if parameters is not None:
-        rows_by_key(connection.execute(statement, parameters), names, found)
-        return found
     bound_keys = [key if len(names) > 1 else key[0] for key in keys]
     # One statement per FETCH_CHUNK keys: PostgreSQL takes at most 65,535 bind parameters per statement.
     step = FETCH_CHUNK // len(names)
     for start in range(0, len(bound_keys), step):
         rows_by_key(connection.execute(statement, {"keys": bound_keys[start:start + step]}), names, found)
     return found
+
+
+def _fetch_by_array(connection: sa.Connection, info: TableInfo, sql: str, keys: object) -> dict[Key, dict[str, object]]:
+    """``fetch_rows`` of a one-column key whose values travel in one array (``sql``: ``select_by_key_array_sql``):
+    sent as driver SQL (SQLAlchemy's execution, its events and its exceptions, no statement to compile), the rows
+    read from the driver's cursor, each column through its type's result processor (as ``lock_row``'s image, which
+    the flush compares with these) — SQLAlchemy's rows and their mappings cost more than the rest of the fetch."""
+    result = connection.exec_driver_sql(sql, (keys,))
+    try:
+        cursor: psycopg.Cursor[TupleRow] = result.cursor  # type: ignore[assignment]  # (the dialect's: psycopg's)
+        dialect = connection.dialect
+        readers = info.cached(("fetch_rows:readers", dialect.name),
+                              lambda: _result_processors(dialect, info, cursor.description))  # type: ignore[arg-type]  # (a SELECT)
+        position = tuple(info.columns).index(info.key_columns[0])
+        found: dict[Key, dict[str, object]] = {}
+        if all(reader is None for _, reader in readers):
+            columns = tuple(name for name, _ in readers)
+            for row in cursor:
+                found[(row[position],)] = dict(zip(columns, row))
+        else:
+            for row in cursor:
+                image = {name: value if reader is None else reader(value) for (name, reader), value in zip(readers, row)}
+                found[(image[info.key_columns[0]],)] = image
+        return found
+    finally:
+        result.close()
 
 
 def rows_by_key(result: sa.CursorResult[Unpack[tuple[object, ...]]], key_columns: list[str], found: dict[Key, dict[str, object]] | None = None

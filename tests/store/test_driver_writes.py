@@ -353,3 +353,49 @@ def test_integer_columns_travel_as_one_array_literal_and_store_exactly_what_the_
         read = fetch_rows(connection, info, [(number,) for number in (*limits, 99, -99)], lock="update")
     assert {key: (row["small"], row["big"]) for key, row in read.items()} == {(number,): pair
                                                                              for number, pair in limits.items()}
+
+
+@pytest.mark.parametrize("lock", [None, "share", "update"])
+def test_rows_read_by_key_from_the_driver_are_the_images_sqlalchemy_reads(samples, lock):
+    """``fetch_rows`` of a one-column key reads the driver's rows itself (each column through its type's result
+    processor): every common type's image is the one SQLAlchemy's own ``SELECT`` gives, NULLs included, whatever
+    the lock — prefetched images and the flush's re-read are compared with each other and with ``lock_row``'s."""
+    db = samples
+    with db.transaction() as tx:
+        for number in range(1, 6):
+            tx.insert("typed_samples", id=number, **sample(number))
+        tx.insert("typed_samples", id=6, label="the rest NULL")
+    info = db.catalog.table_info("typed_samples")
+    with db.engine.begin() as connection:
+        reference = {(row["id"],): dict(row) for row in connection.execute(sa.select(info.table)).mappings()}
+        found = fetch_rows(connection, info, [(number,) for number in range(0, 9)], lock=lock)
+    assert found == reference and len(found) == 6
+    assert {key: {name: type(value) for name, value in image.items()} for key, image in found.items()} == {
+        key: {name: type(value) for name, value in image.items()} for key, image in reference.items()}
+    # A table none of whose columns has a result processor (``typed_samples``' array column has one): the rows
+    # are made without a call per value.
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("TRUNCATE orders"))
+        connection.execute(sa.text("INSERT INTO orders (id, customer, amount) VALUES (-1, 'a', 1.50), (7, 'b', 0)"))
+    orders = db.catalog.table_info("orders")
+    with db.engine.begin() as connection:
+        reference = {(row["id"],): dict(row) for row in connection.execute(sa.select(orders.table)).mappings()}
+        found = fetch_rows(connection, orders, [(-1,), (7,), (8,)], lock=lock)
+        connection.execute(sa.text("TRUNCATE orders"))
+    assert found == reference and set(found) == {(-1,), (7,)}
+
+
+def test_a_row_locked_elsewhere_fails_a_nowait_read_by_key_with_sqlalchemys_error(samples):
+    """``fetch_rows(..., nowait=True)`` (the flush's re-read while it holds table locks) refuses a row another
+    transaction has locked with SQLSTATE 55P03, as SQLAlchemy's ``OperationalError`` — what the flush retries."""
+    db = samples
+    with db.transaction() as tx:
+        tx.insert("typed_samples", id=1, label="locked")
+    info = db.catalog.table_info("typed_samples")
+    with db.engine.connect() as holder, db.engine.connect() as reader:
+        holder.execute(sa.text("SELECT id FROM typed_samples WHERE id = 1 FOR UPDATE"))
+        with pytest.raises(sa.exc.OperationalError) as raised:
+            fetch_rows(reader, info, [(1,), (2,)], lock="share", nowait=True)
+        assert getattr(raised.value.orig, "sqlstate", None) == "55P03"
+        reader.rollback()
+        holder.rollback()
