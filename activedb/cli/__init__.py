@@ -417,13 +417,15 @@ def _bench_command(name: str, module_name: str) -> click.Command:
 
         if plot_path and Path(plot_path).suffix.lower() not in (".png", ".svg"):
             raise click.BadParameter("the plot is a .png or .svg file", param_hint="--plot")
+        import os
+
+        handed: dict[str, str | None] = {}      # what the run's environment had before (restored after it)
         if name != "locks":      # the others use the database: it must be at head (created if new)
             open_database(ctx, writes=True).close()
-            import os
-
             obj = _options(ctx)   # benchmarks connect with activedb.connect(): hand them --url / --home
             for variable, value in (("ACTIVEDB_DATABASE_URL", obj["url"]), ("ACTIVEDB_HOME", obj["home"])):
                 if value:
+                    handed[variable] = os.environ.get(variable)
                     os.environ[variable] = value
         progress = Progress.none() if json_only else Progress.for_stream(sys.stderr, label=f"bench {name}")
         try:
@@ -431,6 +433,11 @@ def _bench_command(name: str, module_name: str) -> click.Command:
             report = module.run(quick=quick, **({"progress": progress} if takes_progress else {}))
         finally:
             progress.close()
+            for variable, before in handed.items():     # a command run in-process leaves no setting behind
+                if before is None:
+                    os.environ.pop(variable, None)
+                else:
+                    os.environ[variable] = before
         if quick:
             report.quick = True
             report.notes.insert(0, "quick run (--quick): small sizes for a smoke test; its figures are not meant to "

@@ -24,9 +24,15 @@ def test_the_quick_cli_run_shows_progress_says_it_is_quick_and_writes_nothing_in
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("ACTIVEDB_BENCH_DIR", raising=False)
+    import os
+
+    before = {name: os.environ.get(name) for name in ("ACTIVEDB_DATABASE_URL", "ACTIVEDB_HOME")}
     result = CliRunner().invoke(main, ["--url", database_url, "bench", "composite", "--quick"],
                                 env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
+    # The command hands --url to the benchmark through the environment, for its run only: run in-process it
+    # leaves the environment as it found it (later tests in this process would connect to this database).
+    assert {name: os.environ.get(name) for name in before} == before
     assert "[bench composite] 6/6 latency to stability of SEQ" in result.output      # progress (stderr)
     assert "its figures are not meant to meet the targets" in " ".join(result.output.split())
     assert list(tmp_path.iterdir()) == [], "files go to a folder the notes name, not the current directory"
