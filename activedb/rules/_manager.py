@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from typing import TYPE_CHECKING, Any, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, TypeVar
 
 from coupling import Coupling, DeferredCycleLimitExceeded, Verdict, priority_groups
 
@@ -239,12 +239,7 @@ class RuleManager(TransactionExtension):
             else:
                 self.detached.start(transaction, firing, ended=ended)
             return
-        plan = self._plans.get(rules)
-        if plan is None:
-            plan = _Plan(rules)
-            if len(self._plans) >= _PLANS:
-                self._plans = {}
-            self._plans[rules] = plan
+        plan = self._plans.get(rules) or _remember(self._plans, rules, _Plan)
         self.record.dispatched(root, tree, rules)
         numbers = self._numbers
         firings = [Firing(rule, event, (*chain, rule.name), rule.coupling, next(numbers)) for rule in rules]
@@ -267,12 +262,7 @@ class RuleManager(TransactionExtension):
         in the order planned once for their rule set: ``_Order``.)"""
         if len(firings) > 1:
             rules = tuple([firing.rule for firing in firings])
-            order = self._orders.get(rules)
-            if order is None:
-                order = _Order(rules)
-                if len(self._orders) >= _PLANS:
-                    self._orders = {}
-                self._orders[rules] = order
+            order = self._orders.get(rules) or _remember(self._orders, rules, _Order)
             if order.order:
                 self._run_each(transaction, firings, order.order, order.names, what)
                 return
@@ -418,6 +408,17 @@ class RuleManager(TransactionExtension):
 
 _NAMES: dict[str, str] = {}     # rule name -> the name of its firings' transactions (``_transaction_name``)
 _PLANS = 1024                   # rule sets whose plans ``on_event`` keeps before it starts afresh
+
+_Planned = TypeVar("_Planned")
+
+
+def _remember(cache: dict[tuple[Rule, ...], _Planned], rules: tuple[Rule, ...],
+              make: Callable[[tuple[Rule, ...]], _Planned]) -> _Planned:
+    """``make(rules)``, kept in ``cache`` (emptied first once it holds ``_PLANS`` rule sets)."""
+    if len(cache) >= _PLANS:
+        cache.clear()
+    planned = cache[rules] = make(rules)
+    return planned
 
 
 class _Plan:
