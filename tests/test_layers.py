@@ -4,6 +4,7 @@ functions, or for type checking only) goes to the same layer or one below, and n
 
 import ast
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 import networkx as nx
@@ -44,22 +45,27 @@ def part(module: str) -> str:
     return ".".join(pieces[:2])
 
 
+def imports(name: str, path: Path) -> Iterator[tuple[list[str], str | None]]:
+    """Per import statement of module ``name`` (at ``path``): the dotted names it imports (``from a import b``:
+    ``a.b``), and for a ``from`` import its module ``a`` (None for a plain import); relative ones resolved."""
+    is_package = path.name == "__init__.py"
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            yield [alias.name for alias in node.names], None
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                here = name.split(".")[: len(name.split(".")) - node.level + is_package]
+                base = ".".join(here + ([node.module] if node.module else []))
+            yield [f"{base}.{alias.name}" for alias in node.names], base
+
+
 def import_graph() -> nx.DiGraph:
     known = modules()
     graph = nx.DiGraph()
     for name, path in known.items():
-        is_package = path.name == "__init__.py"
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Import):
-                targets = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    here = name.split(".")[: len(name.split(".")) - node.level + is_package]
-                    base = ".".join(here + ([node.module] if node.module else []))
-                targets = [f"{base}.{alias.name}" for alias in node.names] + [base]
-            else:
-                continue
+        for names, base in imports(name, path):
+            targets = names + ([base] if base is not None else [])
             for target in targets:       # the first that names a module: ``from a import b`` may import a.b
                 if target.startswith("activedb._migrations"):
                     break                    # the repository's migrations/ folder, installed under that name
@@ -80,21 +86,9 @@ def test_no_package_imports_a_private_name_of_another():
     """Packages meet at their public names: no import (type-checking ones included) from one of activedb,
     spark_bridge, lockmgr, coupling and benchmarks reaches a module or name of another whose path has a part
     starting with ``_`` (dunders aside)."""
-    known = modules()
     private = []
-    for name, path in known.items():
-        is_package = path.name == "__init__.py"
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Import):
-                targets = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    here = name.split(".")[: len(name.split(".")) - node.level + is_package]
-                    base = ".".join(here + ([node.module] if node.module else []))
-                targets = [f"{base}.{alias.name}" for alias in node.names]
-            else:
-                continue
+    for name, path in modules().items():
+        for targets, _ in imports(name, path):
             for target in targets:
                 if package_of(target) == package_of(name) or package_of(target) not in PACKAGES:
                     continue
