@@ -4,18 +4,19 @@ cluster", run in their order on one host, with one executor SIGKILLed while its 
 The section's ``bash`` block is read from the README and run line by line in a directory of its own (``.venv``
 there is this interpreter's environment), with one host's names in place of the README's (``db.example.com:5432``
 is the PostgreSQL server the tests use, ``master.example.com`` 127.0.0.1, the master's URL the one it printed) and
-``HOME``, ``DB_PASSWORD`` and ``ACTIVEDB_HOME`` set for it.  Stood in for: the ``venv-pack`` line (packing this
-environment takes minutes; the stand-in archive's ``bin/python`` records that it ran and starts this
-interpreter, which on one host is what an archive of this environment would run).  The master's and workers'
-lines run with Spark's variables for a cluster on one host (``_standalone.py``).  The events the demo line wrote
-reach ``events/`` one file per micro-batch, each after the previous batch's commit (Spark's commit log).
+``HOME``, ``DB_PASSWORD`` and ``ACTIVEDB_HOME`` set for it; the clone's files a wheel is built from are copied
+there for the line that installs ``.`` into the executors' environment (with the user's pip configuration and
+cache: ``XDG_CONFIG_HOME``, ``XDG_CACHE_HOME``), which the next line packs with venv-pack.  The master's and
+workers' lines run with Spark's variables for a cluster on one host (``_standalone.py``).  The events the demo line
+wrote reach ``events/`` one file per micro-batch, each after the previous batch's commit (Spark's commit log).
 
 Batch 1: the test holds ``LOCK TABLE worker_status IN SHARE MODE``, so the tasks' flushes wait on it with their
 transactions open; the executor whose Python worker holds one of them (found from the waiting backend's client
 port) is SIGKILLed; when it and that Python worker are gone, the lock is released, the master starts another
 executor and Spark retries the task.  After the last batch the run is stopped with SIGINT (Ctrl-C).  Then every
 application table, the dead letters, the ledger per batch and partition and the outbox equal a run of the same
-command on ``local[2]`` (``--available-now --max-files-per-trigger 1``, a database of its own).
+command on ``local[2]`` (``--available-now --max-files-per-trigger 1``, a database of its own), and the Python
+workers caught waiting ran from the unpacked archive (the shared libraries they mapped).
 
 Needs a PostgreSQL server reachable over TCP with password authentication: ``.ci/run``'s server part
 (``.ci/with-distribution-postgres``) has one; without ``ACTIVEDB_TEST_SERVER=1`` the test is skipped.
@@ -23,7 +24,6 @@ Needs a PostgreSQL server reachable over TCP with password authentication: ``.ci
 
 from __future__ import annotations
 
-import io
 import os
 import re
 import shlex
@@ -31,7 +31,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tarfile
 import time
 from pathlib import Path
 
@@ -53,6 +52,9 @@ README = ROOT / "spark_bridge" / "README.md"
 #: by minutes: JVMs start many times slower under load.  It fails with what it saw.
 WAIT_SECONDS = 600
 QUERY_NAME = "hygiene"                   # activedb run's default for hygiene.py
+#: What ``pip install .`` builds the wheel from: the clone's files the README's driver lines need.
+CLONE_FILES = ("pyproject.toml", "setup.py", "README.md", "activedb", "coupling", "lockmgr", "spark_bridge",
+               "migrations")
 
 
 #: The comments of the README's block that say where the lines after them run.
@@ -116,14 +118,11 @@ class Script:
         assert done.returncode == 0, activedb.mask_secrets(f"{line}\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}")
 
 
-def _stand_in_archive(path: Path, marker: Path) -> None:
-    """What ``venv-pack`` would make of this environment, as far as the executors use it on one host: an
-    archive whose ``bin/python`` runs this interpreter, recording the directory it ran in."""
-    script = f'#!/bin/sh\necho "$PWD" >> "{marker}"\nexec "{sys.executable}" "$@"\n'.encode()
-    with tarfile.open(path, "w:gz") as archive:
-        entry = tarfile.TarInfo("bin/python")
-        entry.size, entry.mode = len(script), 0o755
-        archive.addfile(entry, io.BytesIO(script))
+def _python_of(pid: int) -> tuple[str, list[str]]:
+    """Where a Python worker runs: its working directory and the files it mapped (its shared libraries, the
+    compiled modules it imported), from Linux ``/proc``."""
+    fields = (line.split(maxsplit=5) for line in Path(f"/proc/{pid}/maps").read_text().splitlines())
+    return os.readlink(f"/proc/{pid}/cwd"), sorted({found[5] for found in fields if len(found) == 6})
 
 
 def _local_command(run_line: str) -> list[str]:
@@ -206,13 +205,19 @@ def test_the_readme_cluster_commands_with_an_executor_killed_mid_batch_equal_a_l
         directory.mkdir()
         if directory is not home:
             (directory / ".venv").symlink_to(environment_root)
+    for name in CLONE_FILES:
+        if (ROOT / name).is_dir():
+            shutil.copytree(ROOT / name, driver / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy(ROOT / name, driver / name)
     environment = {key: value for key, value in os.environ.items()
                    if key not in ("ACTIVEDB_DATABASE_URL", "PGPASSWORD", "PGPASSFILE", "PYSPARK_PYTHON", "SPARK_HOME")}
+    environment.setdefault("XDG_CONFIG_HOME", str(Path.home() / ".config"))     # pip's, for the executors'
+    environment.setdefault("XDG_CACHE_HOME", str(Path.home() / ".cache"))       # environment
     environment.update(HOME=str(home), DB_PASSWORD=password, SPARK_LOCAL_IP="127.0.0.1",
                        SPARK_CONF_DIR=str(tmp_path / "spark-conf"))
     (tmp_path / "spark-conf").mkdir()
     _java.ensure_java(environment)
-    marker = tmp_path / "archive-python-ran-in"
     checkpoint = tmp_path / "activedb-home" / "checkpoints" / QUERY_NAME
     staging = tmp_path / "staging"
 
@@ -229,10 +234,7 @@ def test_the_readme_cluster_commands_with_an_executor_killed_mid_batch_equal_a_l
     hosts = Script(workers, dict(every.environment), names)
     for where, line in commands:
         if where == "driver" and line != run_line:
-            if "venv-pack" in line:
-                _stand_in_archive(driver / "activedb-env.tar.gz", marker)
-            else:
-                script.run(line)
+            script.run(line)
         elif where == "cluster" and line not in (master_line, worker_line):
             hosts.run(line)
     mark("the README's preparation lines ran")
@@ -296,6 +298,7 @@ def test_the_readme_cluster_commands_with_an_executor_killed_mid_batch_equal_a_l
                                          WAIT_SECONDS, f"a task of batch {batch} waiting on the lock on {table}", seen)
                     executor, python_worker = waiting[0]
                     assert _in_flight(checkpoint) == [batch]
+                    pythons.append(_python_of(python_worker))
                     held = watcher.execute("SELECT count(*) FROM activedb_ingestion_ledger WHERE batch_id = %s",
                                            (batch,)).fetchone()[0], pending_firings(watcher)
                     os.kill(executor, signal.SIGKILL)
@@ -305,6 +308,7 @@ def test_the_readme_cluster_commands_with_an_executor_killed_mid_batch_equal_a_l
                 mark(f"batch {batch}: killed executor {executor} waiting on {table}, lock released")
                 return held
 
+            pythons: list[tuple[str, list[str]]] = []      # the Python workers caught waiting
             feed(0)
             wait_until(lambda: committed(0), WAIT_SECONDS, "batch 0's commit", seen)
             mark("batch 0 committed")
@@ -329,8 +333,7 @@ def test_the_readme_cluster_commands_with_an_executor_killed_mid_batch_equal_a_l
             assert run.wait(timeout=WAIT_SECONDS) == 0, seen()
             assert "stopped cleanly" in tail(tmp_path / "run.out"), seen()
             mark("the run stopped (SIGINT)")
-            executors = [log.read_text(errors="replace") for log in cluster.executor_logs()]
-            work_dirs = [str(work_dir) for work_dir in cluster.work_dirs]
+            executors = {log.parent: log.read_text(errors="replace") for log in cluster.executor_logs()}
         assert reference.wait(timeout=WAIT_SECONDS) == 0, tail(tmp_path / "local.out")
         mark("the cluster stopped, the local run ended")
     finally:
@@ -341,9 +344,17 @@ def test_the_readme_cluster_commands_with_an_executor_killed_mid_batch_equal_a_l
 
     assert len(executors) >= 4, "the master started an executor in place of each killed one"
     # Every executor that ran a task fetched the application file the driver sent (and the tasks load that copy).
-    assert all(re.search(r"Fetching spark://\S+/files/hygiene\.py", log) for log in executors if "Running task" in log)
-    ran_in = marker.read_text().split()
-    assert ran_in and all(any(place.startswith(work_dir) for work_dir in work_dirs) for place in ran_in), ran_in
+    ran = [directory for directory, log in executors.items() if "Running task" in log]
+    assert all(re.search(r"Fetching spark://\S+/files/hygiene\.py", executors[directory]) for directory in ran)
+    # The Python workers caught ran from the archive Spark unpacked in their executor's directory: the compiled
+    # modules of activedb's dependencies they mapped are the archive's, none is the driver's environment's; and
+    # every executor that ran a task unpacked it.
+    driver_environment = os.path.realpath(sys.prefix) + os.sep
+    for cwd, mapped in pythons:
+        assert not [path for path in mapped if path.startswith(driver_environment)], mapped
+        assert [path for path in mapped if path.startswith(f"{cwd}/environment/lib/")], mapped
+        assert cwd in map(str, ran), (cwd, ran)
+    assert all((directory / "environment" / "bin" / "python").exists() for directory in ran), ran
     expected, actual = _state(local_url), _state(cluster_url)
     for table in expected:
         assert actual[table] == expected[table], (table, set(actual[table]) ^ set(expected[table]))
