@@ -46,6 +46,12 @@ from activedb.testing._databases import Server, ServerAtUrl, create_database, dr
 settings.register_profile("activedb-suite", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("activedb-suite")
 
+# The suite's Spark drivers (the session fixture, every `activedb run` and driver it starts) live for seconds to
+# minutes, where the JVM's optimizing compiler (C2) spends more CPU than its code saves: they compile with C1 only.
+# Spark's launcher adds SPARK_SUBMIT_OPTS to a driver's java command; what Spark computes is the same. A value of
+# your own (SPARK_SUBMIT_OPTS= for the JVM's default) wins.
+os.environ.setdefault("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1")
+
 APP_MIGRATIONS = Path(__file__).parent / "app_migrations"
 SERVER_VARIABLE = "ACTIVEDB_TEST_SERVER"
 
