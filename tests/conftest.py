@@ -33,6 +33,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+import psycopg
 import pytest
 import sqlalchemy as sa
 from hypothesis import HealthCheck, settings
@@ -109,6 +110,12 @@ def pg_server():
     os.environ.pop("ACTIVEDB_DATABASE_URL", None)
     home = Path(tempfile.mkdtemp(prefix="activedb-test-"))
     server = _embedded.start(home)
+    # A throw-away server need not survive a crash of the operating system, so it does not flush each commit to
+    # disk (PostgreSQL's "Non-Durable Settings"); a killed server still loses nothing, its WAL being in the
+    # system's cache. The servers tests start in homes of their own keep PostgreSQL's defaults.
+    with psycopg.connect(server.conninfo("postgres"), autocommit=True) as connection:
+        connection.execute("ALTER SYSTEM SET fsync = off")
+        connection.execute("SELECT pg_reload_conf()")
     yield server
     _embedded.stop(home)
     shutil.rmtree(home, ignore_errors=True)
