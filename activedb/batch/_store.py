@@ -174,7 +174,7 @@ def run_batch(db: DatabaseHandle, events: Iterable[object], transactions: StateT
         result = apply_batch(tx, events, transactions, strategy=strategy, processes=processes, split=split)
         letters = result.dead_letters
         if dead_letters:
-            deadletters.insert(tx, db.catalog, query_id, batch_id,
+            deadletters.insert(tx, query_id, batch_id,
                                [dead_letter(event, reason) for event, reason in letters])
         tx.info.update(events=len(result.committed), dead_letters=len(letters))
     return result

@@ -21,7 +21,6 @@ from activedb.txn import CommitParticipant
 
 if TYPE_CHECKING:  # pragma: no cover
     from activedb._handle import DatabaseHandle
-    from activedb.store import Catalog
     from activedb.txn import Transaction
 
 __all__ = ["TABLE", "Letter", "LetterFilter", "LetterRecord", "LetterReplayed", "count", "count_by_reason",
@@ -152,19 +151,11 @@ def table_rows(query_id: str | None, batch_id: int | None, letters: Iterable[Let
              "original": encode_original(letter.row)} for letter in letters]
 
 
-def insert(tx: Transaction, catalog: Catalog, query_id: str | None, batch_id: int | None,
-           letters: Sequence[Letter]) -> None:
-    """Insert ``letters`` in ``tx`` (an activedb transaction of the database whose catalog is ``catalog``):
-    ids drawn in one query and their absence loaded in one query (``prefetch``), so no round trip per
-    letter; they commit with ``tx``."""
-    if not letters:
-        return
-    rows = table_rows(query_id, batch_id, letters)
-    sequence = catalog.sequence_of(catalog.table_info(TABLE), "id")
-    ids = catalog.draw_keys(sequence, len(rows))  # type: ignore[arg-type]  # (its id has a sequence)
-    tx.prefetch(TABLE, ids)
-    for letter_id, row in zip(ids, rows):
-        tx.insert(TABLE, id=letter_id, **row)
+def insert(tx: Transaction, query_id: str | None, batch_id: int | None, letters: Sequence[Letter]) -> None:
+    """Insert ``letters`` in ``tx`` (an activedb transaction); they commit with it.  Their ids are generated keys
+    (``Transaction.insert``: drawn in blocks, checked at the flush), so no round trip per letter or per call."""
+    for row in table_rows(query_id, batch_id, letters):
+        tx.insert(TABLE, **row)
 
 
 def insert_ahead(database: DatabaseHandle, query_id: str, batch_id: int, position: int, letter: Letter) -> int:

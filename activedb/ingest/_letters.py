@@ -28,7 +28,6 @@ class BatchLetters:
     inserted through :func:`activedb.deadletters.insert`.  Immutable after construction; safe to share."""
 
     def __init__(self, db: DatabaseHandle, rows: Rows, query_id: str, batch_id: int | None):
-        self._catalog = db.catalog
         self._rows = rows
         self.query_id = query_id
         self.batch_id = batch_id
@@ -56,7 +55,7 @@ class BatchLetters:
 
     def insert(self, tx: Transaction, letters: Sequence[Letter]) -> None:
         """Insert ``letters`` in ``tx`` (they commit with the batch)."""
-        deadletters.insert(tx, self._catalog, self.query_id, self.batch_id, letters)
+        deadletters.insert(tx, self.query_id, self.batch_id, letters)
 
     def _originals(self, positions: list[int]) -> list[object]:
         rows = self._rows

@@ -244,7 +244,7 @@ class StreamEngine:
         letters.extend(run.dead_letters)
         started = time.perf_counter()
         if letters and self.record_dead_letters:
-            deadletters.insert(tx, self.db.catalog, f"streams:{self.name}", batch_id, [
+            deadletters.insert(tx, f"streams:{self.name}", batch_id, [
                 deadletters.Letter(letter.reason, _event_row(letter.event),
                                    _event_row(letter.event, _persist.encode_value)) for letter in letters])
         if self.durable:

@@ -49,7 +49,7 @@ def test_every_original_row_round_trips_through_postgresql(db):
                       "amount": pa.array([None], pa.int32()), "_corrupt_record": pa.array([None], pa.string())})
     letters = [Letter(f"poison {index}", row) for index, row in enumerate(ROWS)] + [Letter("arrow", arrow)]
     with db.transaction() as tx:
-        deadletters.insert(tx, db.catalog, "originals@q", 7, letters)
+        deadletters.insert(tx, "originals@q", 7, letters)
     stored = deadletters.select(db, LetterFilter(query="originals"))
     assert [letter.reason for letter in stored] == [letter.reason for letter in letters]
     for letter, record in zip(letters[:-1], stored):
@@ -66,7 +66,7 @@ def test_every_original_row_round_trips_through_postgresql(db):
 def test_a_reason_quoting_unstorable_text_is_stored_spelled_out(db):
     """A rule's message may quote the very value PostgreSQL refused; the letter must still be written."""
     with db.transaction() as tx:
-        deadletters.insert(tx, db.catalog, "quoting@q", 1, [Letter("key 'x\x00y' or 'k\ud800' refused", {"k": 1})])
+        deadletters.insert(tx, "quoting@q", 1, [Letter("key 'x\x00y' or 'k\ud800' refused", {"k": 1})])
     [letter] = deadletters.select(db, LetterFilter(query="quoting"))
     assert letter.reason == "key 'x\\u0000y' or 'k\\ud800' refused"
 
@@ -75,7 +75,7 @@ def test_filters_select_a_query_its_replays_and_nothing_alike(db):
     with db.transaction() as tx:
         for query_id in ("orders@00000000-0000-0000-0000-000000000001", "replay:orders", "orders_x@y",
                          "ordersX", "orders"):
-            deadletters.insert(tx, db.catalog, query_id, 1, [Letter(f"bad in {query_id}", {"q": query_id})])
+            deadletters.insert(tx, query_id, 1, [Letter(f"bad in {query_id}", {"q": query_id})])
     chosen = {letter.query_id for letter in deadletters.select(db, LetterFilter(query="orders"))}
     assert chosen == {"orders@00000000-0000-0000-0000-000000000001", "replay:orders", "orders"}
     assert {letter.query_id for letter in deadletters.select(db, LetterFilter(query="orders_"))} == set()
@@ -86,7 +86,7 @@ def test_filters_select_a_query_its_replays_and_nothing_alike(db):
 
 def test_list_cuts_long_rows_and_show_prints_them_whole(db, database_url):
     with db.transaction() as tx:
-        deadletters.insert(tx, db.catalog, "big@q", 1, [Letter("key too large " + "why " * 200, {"key": BIG})])
+        deadletters.insert(tx, "big@q", 1, [Letter("key too large " + "why " * 200, {"key": BIG})])
     [letter] = deadletters.select(db, LetterFilter(query="big"))
     runner = CliRunner()
     listed = runner.invoke(main, ["--url", database_url, "dead-letters", "list", "--query", "big"],

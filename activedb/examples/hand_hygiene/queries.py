@@ -274,7 +274,7 @@ def feed(db, engine: streams.StreamEngine, events: Iterable[dict], *, chunk_size
 def _process(tx, engine: streams.StreamEngine, chunk: list, punctuation: Any, batch_id: int) -> streams.BatchResult:
     result = engine.process(tx, chunk, punctuation=punctuation, batch_id=batch_id)
     if not engine.record_dead_letters:          # as the badge rows they were: replayable through the app
-        deadletters.insert(tx, engine.db.catalog, f"streams:{engine.name}", batch_id,
+        deadletters.insert(tx, f"streams:{engine.name}", batch_id,
                            [deadletters.Letter(letter.reason, badge_row(letter.event)) for letter in result.dead_letters])
     return result
 
