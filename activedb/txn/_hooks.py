@@ -180,9 +180,9 @@ class HookRegistry(Generic[_Member]):
         #: Whether a member wants a frame's begin or end hooks (``frame_hooks``): the lean run opens no savepoint then.
         self.hooked_in_frames = any(getattr(self, f"{name}_in_frames", ()) for name in
                                     ("on_begin", "before_commit", "after_end"))
-        #: Whether a member hears of nodes — their begins, spawns, commits, aborts (observers) —: the lean run opens
-        #: savepoints only while none does; observers of firings and waits do not stop it (README, "The lean run").
-        self.hears_nodes = any(getattr(self, name, ()) for name in ("on_begin", "on_spawn", "on_commit", "on_abort"))
+        #: Whether a member hears of nodes — their begins, spawns, commits (observers) —: the lean run opens savepoints
+        #: only while none does; observers of aborts, firings and waits do not stop it (README, "The lean run").
+        self.hears_nodes = any(getattr(self, name, ()) for name in ("on_begin", "on_spawn", "on_commit"))
 
     def call(self, name: str, *args: object) -> None:
         """Call hook ``name`` on every member overriding it (passive: isolate failures)."""

@@ -313,6 +313,9 @@ class _FiringClock(activedb.Observer):
         self.running.pop(id(firing), None)
         self.heard.append(("end", firing.rule.name, self._name(transaction), str(outcome)))
 
+    def on_abort(self, transaction, reason) -> None:      # (as ``connect(explain_deadlocks=True)``'s observer)
+        self.heard.append(("abort", self._name(transaction), transaction.name, type(reason).__name__))
+
 
 def _events(db, representation: Subtransactions) -> tuple:
     """The Spark sink's shape: each event in its own inline subtransaction of one top-level transaction, its rules
@@ -356,11 +359,12 @@ def test_the_sinks_shape_runs_as_savepoints_and_leaves_the_materialized_result(d
     assert table == {"k0": 3, "k1": 3, "k2": 4, "later1": 1, "later7": 7, "later10": 10}
 
 
-def test_an_observer_of_firings_keeps_the_sinks_shape_on_savepoints(db):
-    """An observer of firings (a watched ingestion's: ``activedb run``'s rule deadline) does not stop the lean run:
-    with it registered the sink's shape still runs as savepoints only, the observer hears the same firings of the same
-    transactions (ids, names, outcomes) as in the materialized tree, another thread's look at the running firings'
-    transactions decodes nothing, and the table, failures, counts and firings are the materialized tree's."""
+def test_an_observer_of_firings_and_aborts_keeps_the_sinks_shape_on_savepoints(db):
+    """An observer of firings (a watched ingestion's: ``activedb run``'s rule deadline) and of aborts
+    (``explain_deadlocks``'s) does not stop the lean run: with it registered the sink's shape still runs as savepoints
+    only, the observer hears the same firings and aborts of the same transactions (ids, names, outcomes, reasons) as in
+    the materialized tree, another thread's look at the running firings' transactions decodes nothing, and the table,
+    failures, counts and firings are the materialized tree's."""
     clocks = {}
     results = {}
     for representation in (Subtransactions.FRAMES, Subtransactions.MATERIALIZED):
@@ -377,6 +381,7 @@ def test_an_observer_of_firings_keeps_the_sinks_shape_on_savepoints(db):
     assert lean.heard == reference.heard and lean.looked == reference.looked
     outcomes = {(rule, outcome) for what, rule, _, outcome in lean.heard if what == "end"}
     assert outcomes == {("lean_bump", "executed"), ("lean_later", "executed"), ("lean_fail", "failed")}
+    assert [heard for heard in lean.heard if heard[0] == "abort"], "no abort heard"
     assert lean.looked and all(lean.looked)       # (a look at a firing's start sees at least that firing)
     assert lean.classes == {"Savepoint"} and reference.classes == {"Transaction"}
 
