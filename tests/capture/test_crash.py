@@ -97,16 +97,19 @@ def test_sigkill_of_the_consumer_at_random_points_leaves_the_state_of_an_uninter
         runs.append((kill, returncode, output.read_text().split()[-2:]))
         assert returncode == -signal.SIGKILL, (kill, output.read_text()[-2000:])
 
-    # One more, killed from outside at a seeded moment: once it has handled some changes.
+    # One more, killed from outside at a seeded moment: once it has handled some changes, while many are left
+    # (asserted: a consumer that had caught up would die having checked nothing).
     threshold = handled(crashed_url) + rng.randint(1, 2 * BATCH_SIZE)
     output = tmp_path / "outside.out"
     process = consumer_process(crashed_url, output)
     try:
         wait_until(lambda: handled(crashed_url) >= threshold or process.poll() is not None, TIMEOUT_SECONDS,
                    "the consumer handled some changes")
+        assert process.poll() is None, f"the consumer ended before the outside kill: {output.read_text()[-2000:]}"
     finally:
         process.kill()
         process.wait(TIMEOUT_SECONDS)
+    assert handled(crashed_url) < total, "the outside kill came after the consumer had handled every change"
 
     output = tmp_path / "final.out"
     final = consumer_process(crashed_url, output)
