@@ -361,3 +361,4 @@ def test_the_readme_cluster_commands_with_an_executor_killed_mid_batch_equal_a_l
     assert {batch for _, batch, *_ in actual["ledger"]} == set(range(len(events)))
     assert {status for _, status, _, _ in actual["outbox"]} == {"done"}
     assert actual["notifications"] and actual["badge_lights"] and actual["compensations"]
+    mark("the tables compared")
