@@ -11,7 +11,8 @@
 * ``make_database_url`` (module): ``make(suffix)`` -> the URL of another fresh database (tests that
   compare two runs).
 * ``spark`` (session): a ``local[2]`` SparkSession, UI off (see
-  ``tests/spark_bridge/conftest.py``).
+  ``tests/spark_bridge/conftest.py``).  A session that runs several Spark tests first builds its Spark drivers
+  a class-data archive (``tests/_spark_archive.py``; none if it cannot be built).
 
 **Another server.** With ``ACTIVEDB_TEST_SERVER=1`` the databases are created on the server of
 ``ACTIVEDB_DATABASE_URL`` instead (a user that may create databases, e.g.
@@ -41,6 +42,7 @@ from hypothesis import HealthCheck, settings
 import activedb
 from activedb import _embedded
 from activedb.testing._databases import Server, ServerAtUrl, create_database, drop_database
+from tests import _spark_archive
 
 # Property tests hold on a busy machine: hypothesis's wall-clock checks (a 200 ms deadline per example, "input
 # generation is slow") measure the load, not the property; a test's own @settings still override the rest.
@@ -50,8 +52,13 @@ settings.load_profile("activedb-suite")
 # The suite's Spark drivers (the session fixture, every `activedb run` and driver it starts) live for seconds to
 # minutes, where the JVM's optimizing compiler (C2) spends more CPU than its code saves: they compile with C1 only.
 # Spark's launcher adds SPARK_SUBMIT_OPTS to a driver's java command; what Spark computes is the same. A value of
-# your own (SPARK_SUBMIT_OPTS= for the JVM's default) wins.
+# your own (SPARK_SUBMIT_OPTS= for the JVM's default) wins, and then no class-data archive is added either.
+_OWN_SUBMIT_OPTS = "SPARK_SUBMIT_OPTS" in os.environ
 os.environ.setdefault("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1")
+#: The drivers' class-data archive (tests/_spark_archive.py): built when a session runs this many Spark tests (it
+#: costs about as much as a few driver starts save), within this many seconds (longer: no archive).
+ARCHIVE_MIN_SPARK_TESTS = 5
+ARCHIVE_BUILD_SECONDS = 120
 
 APP_MIGRATIONS = Path(__file__).parent / "app_migrations"
 SERVER_VARIABLE = "ACTIVEDB_TEST_SERVER"
@@ -145,14 +152,43 @@ def log_home(tmp_path_factory) -> Path:
     return home
 
 
+_ARCHIVE_TRIED = pytest.StashKey[bool]()
+
+
+def _spark_class_archive(session: pytest.Session) -> None:
+    """Once per session, before the first Spark test, if the session runs at least ``ARCHIVE_MIN_SPARK_TESTS`` of
+    them: add the class-data archive of ``tests/_spark_archive.py`` to ``SPARK_SUBMIT_OPTS`` (removed, and the
+    variable restored, at the session's end)."""
+    config = session.config
+    if _OWN_SUBMIT_OPTS or config.stash.get(_ARCHIVE_TRIED, False):
+        return
+    config.stash[_ARCHIVE_TRIED] = True
+    if sum(1 for item in session.items if item.get_closest_marker("spark")) < ARCHIVE_MIN_SPARK_TESTS:
+        return
+    directory = Path(tempfile.mkdtemp(prefix="activedb-test-jsa-"))
+    config.add_cleanup(lambda: shutil.rmtree(directory, ignore_errors=True))
+    options = _spark_archive.build(directory, ARCHIVE_BUILD_SECONDS)
+    if options:
+        before = os.environ["SPARK_SUBMIT_OPTS"]
+        os.environ["SPARK_SUBMIT_OPTS"] = f"{before} {options}"
+        config.add_cleanup(lambda: os.environ.update(SPARK_SUBMIT_OPTS=before))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    if item.get_closest_marker("spark"):
+        _spark_class_archive(item.session)
+
+
 @pytest.fixture(scope="session")
-def spark(tmp_path_factory, log_home):
+def spark(tmp_path_factory, log_home, request):
     """One local SparkSession for the whole test session, built by :func:`spark_bridge.get_spark`
     (``local[2]``, UI off, two shuffle partitions, fast checkpoint log) — the configuration users
     get.  Starting Spark takes about five seconds, so only tests that ask for it pay it; mark them
     ``@pytest.mark.spark``."""
     from spark_bridge.session import get_spark
 
+    _spark_class_archive(request.session)
     warehouse = tmp_path_factory.mktemp("spark-warehouse")
     session = get_spark("activedb-tests", conf={"spark.sql.warehouse.dir": str(warehouse)},
                         warnings_to=log_home / "logs" / "spark.log")
