@@ -12,7 +12,7 @@ import decimal
 import math
 import re
 import uuid
-from typing import Any, Callable, Hashable, Iterable, Mapping, TypeVar, Unpack
+from typing import Any, Callable, Hashable, Iterable, Literal, Mapping, TypeVar, Unpack
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
@@ -185,37 +185,25 @@ class TableInfo:
         return self.cached("select_by_keys", lambda: sa.select(self.table).where(
             self._key_clause.in_(sa.bindparam("keys", expanding=True))))
 
-    def select_by_key_array(self, dialect: sa.Dialect) -> sa.Select[Unpack[tuple[object, ...]]] | None:
-        """``select_by_keys`` for a one-column key as ``key = ANY(:keys)``, the keys in one array parameter
-        (cast to the key's type without modifiers), or None if the key cannot travel in an array (or
-        SQLAlchemy would adapt its values)."""
-        def build() -> sa.Select[Unpack[tuple[object, ...]]] | None:
-            name = self.key_columns[0]
-            column_type = self.columns[name].type
-            element = _array_element_type(self.columns[name], dialect) if len(self.key_columns) == 1 else None
-            if element is None or column_type.dialect_impl(dialect).bind_processor(dialect) is not None:
-                return None
-            column = dialect.identifier_preparer.quote(name)
-            table = dialect.identifier_preparer.format_table(self.table)
-            return sa.select(self.table).where(
-                sa.text(f"{table}.{column} = ANY(CAST(:keys AS {element.replace('%%', '%')}[]))"))
-        return self.cached(("select_by_key_array", dialect.name), build)
-
-    def select_by_key_array_sql(self, dialect: sa.Dialect, lock: str | None = None, nowait: bool = False) -> str | None:
-        """``select_by_key_array`` as driver SQL (``%s``: the keys' array), every column in table order, locked
-        ``FOR SHARE`` (``lock="share"``) or ``FOR UPDATE`` (``"update"``), ``NOWAIT`` with ``nowait``; None where
-        ``select_by_key_array`` is None."""
+    def select_by_key_array(self, dialect: sa.Dialect, lock: Literal["share", "update"] | None = None,
+                            nowait: bool = False) -> str | None:
+        """``select_by_keys`` for a one-column key as driver SQL, ``key = ANY(CAST(%s AS type[]))``: the keys in one
+        array parameter (cast to the key's type without modifiers), every column in table order, locked ``FOR
+        SHARE`` (``lock="share"``) or ``FOR UPDATE`` (``"update"``), ``NOWAIT`` with ``nowait``; None if the key
+        cannot travel in an array (or SQLAlchemy would adapt its values)."""
         def build() -> str | None:
-            if self.select_by_key_array(dialect) is None:
+            name = self.key_columns[0]
+            element = _array_element_type(self.columns[name], dialect) if len(self.key_columns) == 1 else None
+            if element is None or self.columns[name].type.dialect_impl(dialect).bind_processor(dialect) is not None:
                 return None
             preparer = dialect.identifier_preparer
             table = preparer.format_table(self.table).replace("%", "%%")
-            columns = ", ".join(preparer.quote(name).replace("%", "%%") for name in self.columns)
-            key = preparer.quote(self.key_columns[0]).replace("%", "%%")
-            element = _array_element_type(self.columns[self.key_columns[0]], dialect)     # (escaped for ``%s``)
+            columns = ", ".join(preparer.quote(column).replace("%", "%%") for column in self.columns)
+            key = preparer.quote(name).replace("%", "%%")
             locking = {None: "", "share": " FOR SHARE", "update": " FOR UPDATE"}[lock] + (" NOWAIT" if lock and nowait else "")
+            # (``element`` comes escaped for ``%s`` already)
             return f"SELECT {columns} FROM {table} WHERE {table}.{key} = ANY(CAST(%s AS {element}[])){locking}"
-        return self.cached(("select_by_key_array_sql", dialect.name, lock, nowait), build)
+        return self.cached(("select_by_key_array", dialect.name, lock, nowait), build)
 
     def delete(self) -> sa.Delete:
         return self.cached("delete", lambda: self.table.delete().where(

@@ -12,7 +12,7 @@ import datetime
 import decimal
 import math
 import operator
-from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence, TypeAlias, TypeVar, Unpack, overload
+from typing import Any, Callable, Iterable, Iterator, Literal, Mapping, Sequence, TypeAlias, TypeVar, Unpack, overload
 
 import psycopg
 from psycopg.rows import TupleRow
@@ -89,7 +89,8 @@ def jsonable(value: object) -> Json:
 FETCH_CHUNK = 20_000
 
 
-def fetch_rows(connection: sa.Connection, info: TableInfo, keys: Iterable[Key], *, lock: str | None = None,
+def fetch_rows(connection: sa.Connection, info: TableInfo, keys: Iterable[Key], *,
+               lock: Literal["share", "update"] | None = None,
                nowait: bool = False) -> dict[Key, dict[str, object]]:
     """Committed images of ``keys`` (missing keys absent from the result); ``lock`` ``"share"`` or
     ``"update"`` locks them (``nowait``: PostgreSQL refuses with SQLSTATE 55P03 instead of waiting for a row
@@ -99,7 +100,7 @@ def fetch_rows(connection: sa.Connection, info: TableInfo, keys: Iterable[Key], 
         return {}
     names = info.key_columns
     if len(names) == 1 and _uniform(bound := [key[0] for key in keys]):
-        sql = info.select_by_key_array_sql(connection.dialect, lock, nowait)
+        sql = info.select_by_key_array(connection.dialect, lock, nowait)
         if sql is not None:
             # One array parameter: no limit on the number of keys (integers as one array literal: ``int_array``).
             return _fetch_by_array(connection, info, sql, int_array(bound) or bound)
@@ -118,7 +119,7 @@ def fetch_rows(connection: sa.Connection, info: TableInfo, keys: Iterable[Key], 
 
 
 def _fetch_by_array(connection: sa.Connection, info: TableInfo, sql: str, keys: object) -> dict[Key, dict[str, object]]:
-    """``fetch_rows`` of a one-column key whose values travel in one array (``sql``: ``select_by_key_array_sql``):
+    """``fetch_rows`` of a one-column key whose values travel in one array (``sql``: ``select_by_key_array``):
     sent as driver SQL (SQLAlchemy's execution, its events and its exceptions, no statement to compile), the rows
     read from the driver's cursor, each column through its type's result processor (as ``lock_row``'s image, which
     the flush compares with these) — SQLAlchemy's rows and their mappings cost more than the rest of the fetch."""
