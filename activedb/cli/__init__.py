@@ -19,6 +19,7 @@ import hashlib
 import importlib
 import importlib.util
 import inspect
+import os
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -417,8 +418,6 @@ def _bench_command(name: str, module_name: str) -> click.Command:
 
         if plot_path and Path(plot_path).suffix.lower() not in (".png", ".svg"):
             raise click.BadParameter("the plot is a .png or .svg file", param_hint="--plot")
-        import os
-
         handed: dict[str, str | None] = {}      # what the run's environment had before (restored after it)
         if name != "locks":      # the others use the database: it must be at head (created if new)
             open_database(ctx, writes=True).close()

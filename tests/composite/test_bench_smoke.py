@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from benchmarks import composite as bench
 
 
@@ -24,8 +26,6 @@ def test_the_quick_cli_run_shows_progress_says_it_is_quick_and_writes_nothing_in
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("ACTIVEDB_BENCH_DIR", raising=False)
-    import os
-
     before = {name: os.environ.get(name) for name in ("ACTIVEDB_DATABASE_URL", "ACTIVEDB_HOME")}
     result = CliRunner().invoke(main, ["--url", database_url, "bench", "composite", "--quick"],
                                 env={"COLUMNS": "200"})
