@@ -9,6 +9,7 @@ the transaction manager or a rule.
 from __future__ import annotations
 
 import collections
+import functools
 import logging
 import secrets
 import threading
@@ -20,6 +21,7 @@ from lockmgr import TxnState
 
 from activedb import lowlevel
 from activedb.clock import SYSTEM_CLOCK, Clock
+from activedb.errors import GeneratedKeysReset
 from activedb.events import EventKind
 from activedb.outbox import _records
 from activedb.outbox._executor import GROUP_TRANSACTION, Executor, Work, describe_error
@@ -28,7 +30,10 @@ from activedb.rules import Firing
 from activedb.store import TableInfo
 
 if TYPE_CHECKING:  # pragma: no cover
-    from activedb.outbox._recording import Entry
+    import datetime
+
+    import sqlalchemy as sa
+
     from activedb.rules import RuleManager
     from activedb.store import Catalog
     from activedb.txn import Transaction, TransactionManager
@@ -120,7 +125,6 @@ class Outbox:
         self._liveness = _records.LivenessLock(catalog.engine, self.owner)
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
-        self._sequence: str | None = None
         rules.detached.attach(self)
 
     # --- life -------------------------------------------------------------------------------
@@ -227,24 +231,36 @@ class Outbox:
         if when is not None and self.rules.registry.by_kind.get(EventKind.ABORTED):
             self._participant(root, state)
 
-    def draw_ids(self, count: int) -> list[int]:
-        if count == 0:
-            return []
-        if self._sequence is None:
-            self._sequence = self.catalog.sequence_of(self.catalog.table_info(_records.TABLE), "id")
-        return self.catalog.draw_keys(self._sequence, count)  # type: ignore[arg-type]  # (set above)
+    @functools.cached_property
+    def _sequence(self) -> str:
+        sequence = self.catalog.sequence_of(self.info, "id")
+        assert sequence is not None       # (an identity column: revision 0005_outbox)
+        return sequence
 
-    def record_now(self, items: list[tuple["Firing", str, str | None, bool]]) -> None:
+    def draw_ids(self, count: int, since: "datetime.datetime | None" = None) -> tuple[list[int], int]:
+        """``count`` record ids from the catalog's cached blocks of the table's sequence, and the storage they
+        came with (for :meth:`insert`); ``since``: when the recording tree began (``Catalog.generated_keys``)."""
+        return self.catalog.generated_keys(self._sequence, count, since)
+
+    def insert(self, connection: "sa.Connection", records: list[_records.NewRecord], storage: int) -> None:
+        """Insert ``records`` (ids from :meth:`draw_ids` with ``storage``) in the caller's transaction; raises
+        ``GeneratedKeysReset`` (retryable, nothing inserted) if the sequence was reset since the ids were drawn."""
+        if not _records.insert(connection, records, self.owner, self._sequence, storage):
+            raise self.catalog.keys_reset(self._sequence, max(record.id for record in records))
+
+    def record_now(self, items: list[tuple["Firing", str, str | None, bool]], retries: int = 2) -> None:
         """Record ``(firing, trigger id, trigger log id, trigger committed)`` items in a transaction of their
-        own, then run them (their outcome is already decided: an ended or aborted trigger)."""
+        own, then run them (their outcome is already decided: an ended or aborted trigger).  A sequence reset
+        between the draw of their ids and the insert is retried with fresh ids (``retries`` times)."""
         if not items:
             return
         try:
-            ids = self.draw_ids(len(items))
-            records = [new_record(record_id, *item) for record_id, item in zip(ids, items)]
+            ids, storage = self.draw_ids(len(items))
             with self.catalog.engine.begin() as connection:
-                _records.insert(connection, records, self.owner)
+                self.insert(connection, [new_record(record_id, *item) for record_id, item in zip(ids, items)], storage)
         except Exception as error:
+            if isinstance(error, GeneratedKeysReset) and retries:
+                return self.record_now(items, retries - 1)
             with self._mutex:
                 self._lost += len(items)
             logger.error("outbox: could not record %d detached firing(s) of an ended transaction (%s); they are "

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Callable
 from coupling import may_run_after
 from lockmgr import TxnState
 
-from activedb.outbox._records import NewRecord, encode_event, insert
+from activedb.outbox._records import NewRecord, encode_event
 from activedb.txn import CommitParticipant
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -83,6 +83,7 @@ class TreeFirings(CommitParticipant):
         self._mutex = threading.Lock()        # protects _entries
         self._entries: list[Entry] = []
         self._records: list[NewRecord] = []
+        self._storage = 0                     # of the sequence that gave the records' ids
         self._recorded: list[Entry] = []      # the entries behind _records, same order
         self._cancelled: list[Entry] = []
 
@@ -100,7 +101,7 @@ class TreeFirings(CommitParticipant):
         for entry in entries:
             committed = entry.requires_commit or effectively_committed(entry.trigger, transaction)
             (recorded if may_run_after(entry.firing.coupling, committed) else cancelled).append((entry, committed))
-        ids = self._outbox.draw_ids(len(recorded))
+        ids, self._storage = self._outbox.draw_ids(len(recorded), transaction.began_at) if recorded else ([], 0)
         log_id = transaction.log_id
         self._records = [new_record(record_id, entry.firing, entry.trigger.id, log_id, committed)
                          for record_id, (entry, committed) in zip(ids, recorded)]
@@ -108,7 +109,7 @@ class TreeFirings(CommitParticipant):
         self._cancelled = [entry for entry, _ in cancelled]
 
     def write(self, transaction: "Transaction", connection: "sa.Connection") -> None:
-        insert(connection, self._records, self._outbox.owner)
+        self._outbox.insert(connection, self._records, self._storage)
 
     def committed(self, transaction: "Transaction") -> None:
         self._outbox.count_cancelled(self._cancelled)

@@ -21,7 +21,7 @@ import sqlalchemy as sa
 
 from activedb.errors import RecordsTakenOver
 from activedb.events import Event, EventKind
-from activedb.store import exact_json, from_exact_json
+from activedb.store import Catalog, exact_json, from_exact_json
 
 logger = logging.getLogger("activedb.outbox")
 
@@ -32,7 +32,7 @@ ERROR_LIMIT = 4000      # characters of an error kept in a failed record
 
 @dataclass(frozen=True)
 class NewRecord:
-    """A record to insert (its id drawn from the table's sequence beforehand)."""
+    """A record to insert (its id drawn from the table's sequence beforehand: ``Outbox.draw_ids``)."""
 
     id: int
     rule: str
@@ -70,17 +70,19 @@ _INSERT = (
     "SELECT v.id, v.rule, v.coupling, v.event, v.chain, v.trigger_id, v.trigger_log_id, v.trigger_outcome, %s "
     "FROM jsonb_to_recordset(%s::jsonb) "
     "AS v(id bigint, rule text, coupling text, event jsonb, chain text[], trigger_id text, trigger_log_id text, "
-    "trigger_outcome text)")
+    "trigger_outcome text) WHERE " + Catalog.STILL_DRAWN)
 
 
-def insert(connection: sa.Connection, records: Sequence[NewRecord], owner: int) -> None:
+def insert(connection: sa.Connection, records: Sequence[NewRecord], owner: int, sequence: str, storage: int) -> bool:
     """Insert ``records`` as pending, owned by ``owner``: one statement, one round trip, whatever their
-    number.  (Every value is plain JSON: the event went through ``exact_json``; a text PostgreSQL cannot
-    hold — a NUL, a lone surrogate — is refused by it as in any text column.)"""
+    number; False (nothing inserted) if ``sequence``, which gave their ids with ``storage``, was reset since
+    (``Catalog.STILL_DRAWN``).  (Every value is plain JSON: the event went through ``exact_json``; a text
+    PostgreSQL cannot hold — a NUL, a lone surrogate — is refused by it as in any text column.)"""
     if not records:
-        return
+        return True
     document = json.dumps([record.__dict__ for record in records], allow_nan=False)
-    connection.exec_driver_sql(_INSERT, (owner, document))
+    highest = max(record.id for record in records)
+    return connection.exec_driver_sql(_INSERT, (owner, document, storage, highest, sequence)).rowcount == len(records)
 
 
 _MARK_DONE = sa.text(

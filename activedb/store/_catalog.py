@@ -234,14 +234,34 @@ class Catalog:
             block = self._key_blocks.get(sequence)
             if block:
                 return block.pop()
-            size = self._next_block_size(sequence, since)
-        values, storage = self._draw(sequence, size)
-        values.sort(reverse=True)
-        with self._mutex:
-            self._remember_block(sequence, values, storage)
-            self._key_blocks.setdefault(sequence, []).extend(values)
-            self._check_not_reset_since(sequence, since)
-            return self._key_blocks[sequence].pop()
+        return self.generated_keys(sequence, 1, since)[0][0]
+
+    def generated_keys(self, sequence: str, count: int,
+                       since: datetime.datetime | None = None) -> tuple[list[int], int]:
+        """``count`` (at least one) values of ``sequence``, ascending, as :meth:`next_generated_key` hands them out,
+        and the storage of their blocks, which their one inserting statement checks (:attr:`STILL_DRAWN`).  A block
+        drawn for them holds eight such requests (at most :data:`KEY_BLOCK_MAX`): a caller taking many at a time
+        (the outbox at each flush) draws once every few requests."""
+        keys: list[int] = []
+        storage = 0
+        while True:
+            with self._mutex:
+                self._check_not_reset_since(sequence, since)
+                block = self._key_blocks.get(sequence)
+                if block:
+                    if storage != self._key_history[sequence][-1][2]:
+                        keys, storage = [], self._key_history[sequence][-1][2]    # a reset between: gaps
+                    cut = max(len(block) - count + len(keys), 0)
+                    keys += reversed(block[cut:])
+                    del block[cut:]
+                if len(keys) == count:
+                    return keys, storage
+                size = max(self._next_block_size(sequence, since), min(8 * count, KEY_BLOCK_MAX), count - len(keys))
+            values, drawn = self._draw(sequence, size)
+            values.sort(reverse=True)
+            with self._mutex:
+                self._remember_block(sequence, values, drawn)
+                self._key_blocks.setdefault(sequence, []).extend(values)
 
     def _next_block_size(self, sequence: str, since: datetime.datetime | None) -> int:
         """The size of the block to draw now for a tree that began at ``since``: doubled when the same tree
@@ -251,14 +271,6 @@ class Catalog:
             size = min(size * 2, KEY_BLOCK_MAX)
         self._key_sizes[sequence] = (size, since)
         return size
-
-    def draw_keys(self, sequence: str, count: int) -> list[int]:
-        """``count`` fresh values of ``sequence`` in one round trip (not cached; checked at the flush like
-        the cached ones)."""
-        values, storage = self._draw(sequence, count)
-        with self._mutex:
-            self._remember_block(sequence, values, storage)
-        return values
 
     def _draw(self, sequence: str, count: int) -> tuple[list[int], int]:
         """``count`` values of ``sequence`` and the sequence's storage (``pg_relation_filenode``), which
@@ -324,12 +336,22 @@ class Catalog:
                 if drawn_from is None:
                     continue
                 if drawn_from != storage or last_value is None or value > last_value:
-                    self.invalidate_key_blocks(sequence)
-                    raise GeneratedKeysReset(
-                        f"the sequence {sequence} was reset (e.g. TRUNCATE ... RESTART IDENTITY) after this "
-                        f"transaction took the generated key {value} from it: the key may be handed out again; "
-                        f"nothing was written — re-run the transaction (Database.run(fn) does; its next keys "
-                        f"come from the sequence as it is now)", sequence=sequence)
+                    raise self.keys_reset(sequence, value)
+
+    #: Holds iff keys handed out with a storage (the first placeholder), the highest of them the second, are still
+    #: unused by the sequence (the third): :meth:`check_generated_keys` as a condition of their inserting statement.
+    STILL_DRAWN = ("(SELECT pg_relation_filenode(q.s) = %s AND pg_sequence_last_value(q.s) >= %s "
+                   "FROM (VALUES (CAST(%s AS regclass))) AS q(s))")
+
+    def keys_reset(self, sequence: str, value: int) -> GeneratedKeysReset:
+        """The error for a generated ``value`` of ``sequence`` found given away again by a reset (the
+        sequence's cached blocks are dropped)."""
+        self.invalidate_key_blocks(sequence)
+        return GeneratedKeysReset(
+            f"the sequence {sequence} was reset (e.g. TRUNCATE ... RESTART IDENTITY) after this "
+            f"transaction took the generated key {value} from it: the key may be handed out again; "
+            f"nothing was written — re-run the transaction (Database.run(fn) does; its next keys "
+            f"come from the sequence as it is now)", sequence=sequence)
 
     def invalidate_key_blocks(self, sequence: str | None = None) -> None:
         """Forget cached generated keys (of ``sequence``, or of every sequence): the next insert draws fresh

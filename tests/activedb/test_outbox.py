@@ -311,6 +311,38 @@ def test_detached_inserts_survive_a_sequence_reset_between_their_trigger_and_the
     assert {status for _, status, _, _ in records(db)} == {"done"}
 
 
+def test_outbox_ids_cached_before_a_sequence_reset_are_never_written(db):
+    """Record ids come from the catalog's cached blocks; the one INSERT checks the sequence was not reset since
+    they were drawn and fails the flush with the retryable GeneratedKeysReset: the re-run records each firing
+    once, with ids the sequence gave after the reset."""
+    @db.rule(on=db.signalled("go"), coupling=Coupling.DETACHED, name="later")
+    def later(tx, event):
+        tx.insert("events_seen", rule="later", detail=str(event.payload["n"]))
+
+    with db.transaction() as tx:
+        tx.signal("go", n=0)                      # draws a block of record ids: the rest stays cached
+    with db.engine.begin() as connection:         # reset, and another writer takes 1..10
+        connection.execute(sa.text("DO $$ BEGIN EXECUTE format('ALTER SEQUENCE %s RESTART', "
+                                   "pg_get_serial_sequence('activedb_outbox', 'id')); END $$"))
+        connection.execute(sa.text("SELECT nextval(pg_get_serial_sequence('activedb_outbox', 'id')) "
+                                   "FROM generate_series(1, 10)"))
+
+    def fire(tx):
+        for number in (1, 2, 3):
+            tx.signal("go", n=number)
+
+    with pytest.raises(GeneratedKeysReset, match="was reset"):
+        with db.transaction() as tx:
+            db.outbox.mark_replayed(tx)           # as the sink does: the attempt it re-runs leaves nothing
+            fire(tx)
+    db.run(fire)
+    db.rules.wait_idle(TIMEOUT)
+    assert seen(db) == [("later", str(number)) for number in range(4)]
+    with db.engine.connect() as connection:
+        ids = connection.execute(sa.text("SELECT id FROM activedb_outbox WHERE status = 'done' ORDER BY id")).scalars()
+        assert list(ids)[1:] == [11, 12, 13]
+
+
 def test_events_come_back_from_a_record_exactly():
     event = Event(EventKind.UPDATED, "t", key=("a", 1), old={"n": decimal.Decimal("1.50"), "$x": 1},
                   new={"at": dt.datetime(2024, 5, 1, 12, tzinfo=dt.timezone.utc), "nul": "a\x00b",

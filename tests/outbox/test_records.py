@@ -20,14 +20,15 @@ CHAINS = [
 ]
 
 
-def new_records(outbox, count: int) -> list[_records.NewRecord]:
+def new_records(outbox, count: int) -> tuple[list[_records.NewRecord], int]:
+    ids, storage = outbox.draw_ids(count)
     now = dt.datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=dt.timezone.utc)
     events = [Event(EventKind.SIGNAL, "hand", key=(number, "w\x00x"), new={"n": number, "text": 'a"b\\c'},
                     payload={"at": now, "items": (1, 2.5, None)}, ts=now) for number in range(count)]
     return [_records.NewRecord(record_id, f"rule{number % 3}", "detached", _records.encode_event(event),
                                CHAINS[number % len(CHAINS)], f"t{number}", None if number % 2 else f"log{number}",
                                "aborted" if number % 5 == 0 else "committed")
-            for number, (record_id, event) in enumerate(zip(outbox.draw_ids(count), events))]
+            for number, (record_id, event) in enumerate(zip(ids, events))], storage
 
 
 def statements_during(engine: sa.Engine, action) -> list[str]:
@@ -47,11 +48,10 @@ def statements_during(engine: sa.Engine, action) -> list[str]:
 @pytest.mark.parametrize("count", [1, 2, 1500])
 def test_records_are_inserted_in_one_statement_and_read_back_exactly(db, count):
     outbox = db.outbox
-    records = new_records(outbox, count)
+    records, storage = new_records(outbox, count)
     with db.engine.connect() as connection:
         with connection.begin() as transaction:
-            statements = statements_during(db.engine, lambda: _records.insert(connection, records,
-                                                                               outbox.owner))
+            statements = statements_during(db.engine, lambda: outbox.insert(connection, records, storage))
             rows = connection.execute(sa.text(
                 "SELECT id, rule, coupling, event, chain, trigger_id, trigger_log_id, trigger_outcome, owner, "
                 "status, attempts FROM activedb_outbox WHERE id = ANY(:ids) ORDER BY id"),
@@ -71,11 +71,11 @@ def test_records_are_inserted_in_one_statement_and_read_back_exactly(db, count):
 
 def test_records_are_part_of_the_callers_transaction(db):
     outbox = db.outbox
-    records = new_records(outbox, 10)
+    records, storage = new_records(outbox, 10)
     ids = [record.id for record in records]
     with db.engine.connect() as connection:
         with connection.begin() as transaction:
-            _records.insert(connection, records, outbox.owner)
+            outbox.insert(connection, records, storage)
             transaction.rollback()
         assert connection.execute(sa.text("SELECT count(*) FROM activedb_outbox WHERE id = ANY(:ids)"),
                                   {"ids": ids}).scalar() == 0
@@ -83,5 +83,4 @@ def test_records_are_part_of_the_callers_transaction(db):
 
 def test_no_records_send_no_statement(db):
     with db.engine.connect() as connection:
-        assert statements_during(db.engine, lambda: _records.insert(connection, [],
-                                                                    db.outbox.owner)) == []
+        assert statements_during(db.engine, lambda: db.outbox.insert(connection, [], 0)) == []
