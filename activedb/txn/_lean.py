@@ -14,7 +14,7 @@ The hot operations (``read``, ``write``, ``insert``, ``delete``) run here when t
 lock a grant in the root's name that changes nothing or that ``try_retain`` makes at once, the row an entry of the
 root's write set or an image the root relied on; every other call, and those whenever they are not answered so,
 first :meth:`Savepoint._decode` the chain of savepoints into the frames it encodes and go on there.  So does reading
-a field the class does not have (``__getattr__``).
+a field of a frame the class neither keeps nor computes (a property each: ``_decoding``).
 
 Thread-safety: a live savepoint is used by the thread that runs its root's run (``Transaction._lean_thread``) and
 decoded only there; other threads read what the pictures need (``id``, ``state``, ``parent``, ``children``,
@@ -174,14 +174,6 @@ class Savepoint(Transaction):
         self._decode()
         return self
 
-    def __getattr__(self, name: str) -> object:
-        """A field of a frame the savepoint neither keeps nor computes (``_mutex``, ``_thread``, ``_tree_rows``, ...):
-        whoever reads one goes on with the frame it encodes."""
-        if name.startswith("__") or type(self) is not Savepoint:
-            raise AttributeError(name)
-        self._decode()
-        return getattr(self, name)
-
     # --- the operations it answers from the root's records -----------------------------------------
 
     def read(self, table: TableRef, key: Hashable, *, for_update: bool = False) -> RowImage | None:
@@ -322,6 +314,17 @@ class Savepoint(Transaction):
                                     detail=repr(reason) if reason is not None else None)
         manager.extensions.call("after_end", self, False)
         manager.observers.call("on_abort", self, error)
+
+
+def _decoding(name: str) -> property:
+    """A frame's field a savepoint neither keeps nor computes: reading it goes on with the frame it encodes.  (A property
+    per field, not ``__getattr__``: a class with one loses the interpreter's fast attribute loads on every field.)"""
+    field = Transaction.__dict__[name]
+    return property(lambda node: field.__get__(node._fallback(), Transaction), field.__set__)
+
+
+for _name in ("_mutex", "_thread", "_tree_rows", "_lean_undo", "_lean_grants", "_lean_thread"):
+    setattr(Savepoint, _name, _decoding(_name))
 
 
 def _write_out(node: Savepoint, undo: "_Marks | None", grants: "list[Grant] | None", thread: int,

@@ -167,6 +167,8 @@ def _leave(how: str, db, inner, names: dict, seen: list, pictures: list) -> None
             db.transactions.observers.remove(observer)
     elif how == "parent used":                           # its parent's object used inside its block
         inner.parent.write("items", "j", value=10)
+    elif how == "frame field":                           # a field only its frame keeps, read: the frame goes on
+        seen.append(inner._thread == threading.get_ident())
     else:
         raise AssertionError(how)
 
@@ -210,14 +212,14 @@ def _scenario(db, representation: Subtransactions, how: str) -> tuple:
     return (pictures, seen, _items(db), others), kinds
 
 
-LEAVING = ["spawn", "wait", "lock", "abort", "scan", "fresh read", "observer", "parent used"]
+LEAVING = ["spawn", "wait", "lock", "abort", "scan", "fresh read", "observer", "parent used", "frame field"]
 
 
 @pytest.mark.parametrize("how", LEAVING)
 def test_a_savepoint_that_leaves_the_lean_state_halfway_behaves_as_the_materialized_tree(db, how):
     """Savepoints that write, delete and read, then leave the lean state (they spawn, wait, meet a lock another
     tree holds, open a scan or a read PostgreSQL must answer, meet an observer registered meanwhile, have their
-    parent's object used) leave the pictures — also another thread's, with ``explain``'s transactions — reads and
+    parent's object used, have a field only a frame keeps read) leave the pictures — also another thread's, with ``explain``'s transactions — reads and
     table of the materialized tree; until then they are savepoints, which another thread's look does not decode."""
     frames, kinds = _scenario(db, Subtransactions.FRAMES, how)
     materialized, _ = _scenario(db, Subtransactions.MATERIALIZED, how)
