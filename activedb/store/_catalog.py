@@ -16,6 +16,7 @@ import os
 import threading
 from typing import Any, Callable, Iterator
 
+import psycopg
 import sqlalchemy as sa
 from psycopg.pq import TransactionStatus
 
@@ -36,11 +37,13 @@ KEY_HISTORY = 256
 #: How many autocommit connections ``Catalog.idle`` keeps checked out between two uses.
 IDLE_KEPT = 8
 _IDLE = TransactionStatus.IDLE
+_DRAW = ("SELECT ARRAY(SELECT nextval(CAST(%s AS regclass)) FROM generate_series(1, %s)), "
+         "pg_relation_filenode(CAST(%s AS regclass))")
 
 
 class IdleConnections:
     """Connections in autocommit at the driver, for a transaction their user opens in its first query
-    (``lock_row(begin=…)``), kept checked out between two uses: taking one from the pool, setting autocommit
+    (``lock_row(begin=…)``) or a one-statement read (``Catalog.autocommit_connection``), kept checked out between two uses: taking one from the pool, setting autocommit
     and resetting it on return cost more than the statement each use runs.  At most ``keep`` wait here;
     one given back inside a transaction, closed or invalidated is closed instead.  Thread-safe (``_mutex``,
     a leaf: no SQL under it)."""
@@ -188,8 +191,12 @@ class Catalog:
         :class:`DatabaseUnavailable` (the pool reconnects next time), another refusal
         :class:`DatabaseError` (:func:`activedb.errors.database_failure`)."""
         try:
-            with self.engine.connect().execution_options(isolation_level=IsolationLevel.AUTOCOMMIT) as connection:
+            connection = self.idle.take()     # kept in autocommit: no pool checkout nor isolation switch per read
+            try:
                 yield connection
+                connection.commit()           # (ends SQLAlchemy's own transaction; nothing is sent)
+            finally:
+                self.idle.give_back(connection)
         except sa.exc.OperationalError as error:
             if classify(error) in (Failure.SERIALIZATION_CONFLICT, Failure.DEADLOCK):
                 raise                       # retried by their callers
@@ -276,10 +283,13 @@ class Catalog:
         """``count`` values of ``sequence`` and the sequence's storage (``pg_relation_filenode``), which
         ``TRUNCATE ... RESTART IDENTITY`` and ``ALTER SEQUENCE ... RESTART`` change."""
         with self.autocommit_connection() as connection:
-            rows = connection.execute(
-                sa.text("SELECT nextval(:s), pg_relation_filenode(CAST(:s AS regclass)) "
-                        "FROM generate_series(1, :n)"), {"s": sequence, "n": count}).all()
-        return [row[0] for row in rows], rows[0][1]
+            driver = connection.connection.driver_connection      # (SQLAlchemy's execution and rows cost more)
+            assert driver is not None
+            try:
+                values, storage = driver.execute(_DRAW, (sequence, count, sequence)).fetchone()
+            except psycopg.Error as error:
+                raise sa.exc.DBAPIError.instance(_DRAW, (), error, psycopg.Error) from None
+        return values, storage
 
     def _remember_block(self, sequence: str, values: list[int], storage: int) -> None:
         """Record a drawn block.  A block whose storage differs from the last one's means the sequence was

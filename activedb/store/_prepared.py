@@ -50,7 +50,10 @@ def watch(connection: sa.Connection) -> None:
 
 
 def rolled_back(connection: sa.Connection) -> None:
-    """``connection`` was (or is about to be) rolled back: its registry is checked before its next use."""
+    """``connection`` was (or is about to be) rolled back: its registry is checked before its next use.  (An
+    invalidated one is discarded, its session and registry with it.)"""
+    if connection.invalidated:
+        return
     registry = connection.info.get(_INFO_KEY)
     if registry is not None:
         registry.suspect = True

@@ -8,6 +8,7 @@ The server-killed and disk-full cases use an embedded server under the test's ow
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import shutil
@@ -39,7 +40,8 @@ def _kill_server(database: activedb.Database) -> None:
     postmaster = psutil.Process(database.embedded.pid)
     processes = [postmaster, *postmaster.children(recursive=True)]
     for process in processes:
-        process.kill()
+        with contextlib.suppress(psutil.NoSuchProcess):       # (a backend may end on its own meanwhile)
+            process.kill()
     psutil.wait_procs(processes, timeout=120)
 
 
