@@ -43,10 +43,10 @@ _DRAW = ("SELECT ARRAY(SELECT nextval(CAST(%s AS regclass)) FROM generate_series
 
 class IdleConnections:
     """Connections in autocommit at the driver, for a transaction their user opens in its first query
-    (``lock_row(begin=…)``) or a one-statement read (``Catalog.autocommit_connection``), kept checked out between two uses: taking one from the pool, setting autocommit
-    and resetting it on return cost more than the statement each use runs.  At most ``keep`` wait here;
-    one given back inside a transaction, closed or invalidated is closed instead.  Thread-safe (``_mutex``,
-    a leaf: no SQL under it)."""
+    (``lock_row(begin=…)``) or a one-statement read (``Catalog.autocommit_connection``), kept checked out
+    between two uses: taking one from the pool, setting autocommit and resetting it on return cost more than
+    the statement each use runs.  At most ``keep`` wait here; one given back inside a transaction, closed or
+    invalidated is closed instead.  Thread-safe (``_mutex``, a leaf: no SQL under it)."""
 
     def __init__(self, engine: sa.Engine, keep: int = IDLE_KEPT):
         self._engine = engine
@@ -58,13 +58,12 @@ class IdleConnections:
         #: Connections kept by the parent of a forked process: never used, closed nor collected here (their
         #: sockets are the parent's; a close would end the parent's sessions).
         self._inherited: list[sa.Connection] = []
+        sa.event.listen(engine, "engine_disposed", lambda _: self.drop())
 
     def take(self) -> sa.Connection:
         """A connection in autocommit at the driver, no transaction open (give it back with ``give_back``)."""
         with self._mutex:
-            if self._pid != os.getpid():
-                self._inherited.extend(self._idle)
-                self._idle, self._pid = [], os.getpid()
+            self._adopt()
             if self._idle:
                 return self._idle.pop()
         connection = self._engine.connect().execution_options(isolation_level="AUTOCOMMIT")
@@ -72,21 +71,37 @@ class IdleConnections:
         return connection
 
     def give_back(self, connection: sa.Connection) -> None:
-        """Keep ``connection`` for the next ``take`` if it is usable and outside a transaction, else close it."""
-        if not (connection.closed or connection.invalidated or connection.in_transaction()
-                or connection.connection.driver_connection.pgconn.transaction_status != _IDLE):  # type: ignore[union-attr]
+        """Keep ``connection`` for the next ``take`` if it is usable and outside a transaction, else close it.  One
+        found lost drops the kept ones too (most likely lost with it; the pool drops its own so)."""
+        if connection.invalidated:
+            self.drop()
+        elif not (connection.closed or connection.in_transaction()
+                  or connection.connection.driver_connection.pgconn.transaction_status != _IDLE):  # type: ignore[union-attr]
             with self._mutex:
                 if not self._closed and len(self._idle) < self._keep:
                     self._idle.append(connection)
                     return
         connection.close()
 
+    def _adopt(self) -> None:
+        """Caller holds ``_mutex``.  In a forked process, set the parent's kept connections aside for good."""
+        if self._pid != os.getpid():
+            self._inherited.extend(self._idle)
+            self._idle, self._pid = [], os.getpid()
+
+    def drop(self) -> None:
+        """Close the kept connections (also when the engine is disposed: the pool's connections are new then)."""
+        with self._mutex:
+            self._adopt()
+            idle, self._idle = self._idle, []
+        for connection in idle:
+            connection.close()
+
     def close(self) -> None:
         """Close the kept connections (before the engine is disposed); later ones given back are closed."""
         with self._mutex:
-            idle, self._idle, self._closed = self._idle, [], True
-        for connection in idle:
-            connection.close()
+            self._closed = True
+        self.drop()
 
 
 class Catalog:
