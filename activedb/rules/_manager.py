@@ -225,7 +225,8 @@ class RuleManager(TransactionExtension):
                 # "The firing record").
                 executed = False
                 try:
-                    executed = run_inline(transaction, self._execute, firing, _transaction_name(rule), Firing)
+                    name = _NAMES.get(rule.name) or _transaction_name(rule)       # (its call only the first time)
+                    executed = run_inline(transaction, self._execute, firing, name, Firing)
                 except DependencyAbort:
                     pass
                 except BaseException as error:

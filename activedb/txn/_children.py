@@ -239,12 +239,12 @@ def run_inline(parent: "Transaction", function: Callable[[Any, Any], Any], argum
         else:
             # The frame's begin: what ``_begin_inline`` does for a frame when nothing hears of it.
             child = _open_frame(parent, manager, name, None, slots)
+    try:
+        running = manager._local.running
+    except AttributeError:      # (the thread's first)
+        running = manager._local.running = []
     if push:
-        try:
-            manager._local.running.append(child)        # (push_running, without its call)
-        except AttributeError:
-            manager.push_running(child)
-    running = manager._local.running
+        running.append(child)        # (push_running, without its call)
     try:
         try:
             result = function(child, argument)

@@ -24,7 +24,7 @@ if TYPE_CHECKING:  # pragma: no cover
 _PATCH, _INSERT, _DELETE = EntryKind.PATCH, EntryKind.INSERT, EntryKind.DELETE
 _WRITE, _STREAM = Mode.WRITE, EventKind.STREAM
 _WRITE_LOCKS = (BulkLock.WRITE, BulkLock.TABLE)       # what a write may take
-_ABORTED = TxnState.ABORTED
+_ABORTED, _ACTIVE = TxnState.ABORTED, TxnState.ACTIVE
 
 
 class Writes:
@@ -126,7 +126,8 @@ class Writes:
 
     def signal(self: Transaction, name: str, **payload: object) -> None:  # type: ignore[misc]
         """Raise an application event ``name`` with ``payload`` (rules on ``db.signalled(name)`` react)."""
-        self._check_active("signal")
+        if self._doomed is not None or self._state is not _ACTIVE:     # (``_check_active``'s call only to raise)
+            self._check_active("signal")
         event = new_event(EventKind.SIGNAL, name, None, None, None, dict(payload), None, self.id)
         for hook in self.manager.extensions.on_event:
             hook(self, event)
@@ -134,7 +135,8 @@ class Writes:
     def emit(self: Transaction, event_type: str, *, key: Hashable = None, ts: object = None,  # type: ignore[misc]
              payload: Mapping[str, object] | None = None) -> None:
         """Hand a stream event (``db.stream(event_type)``) to the rules, in this transaction."""
-        self._check_active("emit")
+        if self._doomed is not None or self._state is not _ACTIVE:     # (``_check_active``'s call only to raise)
+            self._check_active("emit")
         event = new_event(_STREAM, event_type, key, None, None, dict(payload or {}), ts, self.id)
         for hook in self.manager.extensions.on_event:
             hook(self, event)

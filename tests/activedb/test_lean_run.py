@@ -402,3 +402,28 @@ def test_a_savepoint_kept_after_it_ended_refuses_work_and_tells_its_outcome(db):
         assert type(kept[0]).__name__ == "Savepoint"
         assert kept[0]._tree_rows is tx._tree_rows and type(kept[0]).__name__ == "Transaction"
         assert kept[0].state is activedb.TxnState.COMMITTED and kept[0].parent is tx
+
+
+def test_events_raised_after_the_tree_was_aborted_halfway_are_refused(db):
+    """``emit`` and ``signal`` call ``_check_active`` only when their transaction is doomed or not active: a run of
+    events whose tree is aborted halfway (the root's object used inside a savepoint's block) refuses the savepoint's
+    next events as aborted and the root's as ended; nothing of the run reaches the table."""
+    _reset(db, {})
+    with pytest.raises(Planned, match="done"):
+        with db.transaction() as tx:
+            tx.prefetch("items", ["a", "b", "c", "d"])
+            tx.emit("lean_bump", key="a")
+            with pytest.raises(activedb.TransactionAborted, match="commit in transaction .*aborted"):
+                with tx.subtransaction() as savepoint:
+                    savepoint.emit("lean_bump", key="b")
+                    assert type(savepoint).__name__ == "Savepoint"
+                    savepoint.signal("lean_later", number=1)
+                    tx.abort(Planned("halfway"))
+                    for raise_event in (lambda: savepoint.emit("lean_bump", key="c"),
+                                        lambda: savepoint.signal("lean_later", number=2)):
+                        with pytest.raises(activedb.TransactionAborted, match="(emit|signal) in transaction .*aborted"):
+                            raise_event()
+            with pytest.raises(activedb.TransactionAborted, match="emit in transaction .*aborted"):
+                tx.emit("lean_bump", key="d")
+            raise Planned("done")
+    assert _items(db) == {}
