@@ -48,8 +48,7 @@ _FRAMES = Subtransactions.FRAMES
 # The lean run (``_lean.py``, README "The lean run"), installed by that module when it is imported (it subclasses the
 # transaction, which this module's mixin is part of).
 Savepoint: type = type(None)
-lean_parent: Callable[["Transaction"], "Transaction | None"]
-open_savepoint: Callable[..., "Transaction"]
+open_savepoint: Callable[..., "Transaction | None"]
 end_savepoint: Callable[["Transaction"], None]
 
 
@@ -221,11 +220,9 @@ def run_inline(parent: "Transaction", function: Callable[[Any, Any], Any], argum
     extensions = manager.extensions
     slots = {kind: argument} if kind is not None else None
     # A savepoint of the lean run when the tree is exclusive (README, "The lean run").
-    root = lean_parent(parent) if parent.parent is None or type(parent) is Savepoint else None
+    child = open_savepoint(parent, name, slots) if parent.parent is None or type(parent) is Savepoint else None
     push = True
-    if root is not None:
-        child = open_savepoint(parent, root, name, slots)
-    else:
+    if child is None:
         if type(parent) is Savepoint:
             # (Its object used inside its running child's block, or something now hears of frames.)
             parent._decode()  # type: ignore[attr-defined]  # (a Savepoint)
@@ -276,9 +273,8 @@ def _begin_inline(parent: "Transaction", name: str | None, number: int | None = 
     (``run_inline``'s ``kind``); ``lean``: it may be a savepoint of the lean run (README, "The lean run"; not a
     group's member)."""
     manager = parent.manager
-    root = lean_parent(parent) if lean and (parent.parent is None or type(parent) is Savepoint) else None
-    if root is not None:
-        child = open_savepoint(parent, root, name, slots)
+    child = open_savepoint(parent, name, slots) if lean and (parent.parent is None or type(parent) is Savepoint) else None
+    if child is not None:
         try:
             manager._local.running.append(child)        # (push_running, without its call)
         except AttributeError:

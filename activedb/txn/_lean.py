@@ -414,27 +414,24 @@ def _source(node: Savepoint, root: Transaction, row: "_Row") -> str:
 
 # --- opening and ending savepoints (``run_inline`` and ``_begin_inline`` call these) ----------------------------
 
-def lean_parent(parent: Transaction) -> Transaction | None:
-    """The root whose run ``parent`` may open a savepoint in, or None: ``parent`` is a running savepoint, or a root
-    that is exclusive (no live child, run by this thread) and has nothing that hears of frames."""
+def open_savepoint(parent: Transaction, name: str | None, slots: "dict[type, object] | None") -> Savepoint | None:
+    """A savepoint child of ``parent`` (``_children._open_frame`` for the lean run), or None: ``parent`` is neither a
+    running savepoint nor a root that is exclusive (no live child, run by this thread), or something hears of frames."""
     manager = parent.manager
     if manager.subtransactions is not _children._FRAMES or manager.observers.hears_nodes or \
             manager.extensions.hooked_in_frames:
         return None
     if type(parent) is Savepoint:
-        return parent.root if parent._lazy_child is None else None
-    if (parent.parent is not None or parent._lazy_child is not None or parent._children
+        if parent._lazy_child is not None:
+            return None
+        root = parent.root
+    elif (parent.parent is not None or parent._lazy_child is not None or parent._children
             or type(parent._read_base) is not _CommittedRows):
         return None
-    return parent
-
-
-def open_savepoint(parent: Transaction, root: Transaction, name: str | None, slots: "dict[type, object] | None"
-                   ) -> Savepoint:
-    """A savepoint child of ``parent`` in ``root``'s run (``_children._open_frame`` for the lean run)."""
+    else:
+        root = parent
     if parent._doomed is not None or parent._state is not _ACTIVE:
         parent._check_active("starting a subtransaction")
-    manager = root.manager
     if parent is root:
         if root._holds:
             manager.locking.release_holds(root)
@@ -512,7 +509,6 @@ def end(node: Savepoint) -> None:
 from activedb.txn._view import CommittedRows as _CommittedRows  # noqa: E402
 
 _children.Savepoint = Savepoint
-_children.lean_parent = lean_parent
 _children.open_savepoint = open_savepoint
 _children.end_savepoint = end      # type: ignore[assignment]  # (``run_inline`` calls it on a Savepoint only)
 __all__ = ["Savepoint", "run_inline"]

@@ -319,9 +319,10 @@ class _FiringClock(activedb.Observer):
         self.heard.append(("abort", self._name(transaction), transaction.name, type(reason).__name__))
 
 
-def _events(db, representation: Subtransactions) -> tuple:
+def _events(db, representation: Subtransactions, halfway=lambda: None) -> tuple:
     """The Spark sink's shape: each event in its own inline subtransaction of one top-level transaction, its rules
-    inside it (an immediate rule that reads and writes, a deferred rule at that one's commit, a rule that fails)."""
+    inside it (an immediate rule that reads and writes, a deferred rule at that one's commit, a rule that fails);
+    ``halfway`` is called before the seventh event."""
     db.transactions.subtransactions = representation
     _reset(db, {"k0": 0})
     SEEN.clear()
@@ -333,6 +334,8 @@ def _events(db, representation: Subtransactions) -> tuple:
             tx.prefetch("items", ["k0", "k1", "k2"])
             tx.write("items", "k0", value=0)        # (the root's own write lock on the table: each event's is retained)
             for number in range(12):
+                if number == 6:
+                    halfway()
                 kind = "lean_fail" if number % 5 == 4 else "lean_bump"
                 try:
                     lowlevel.run_subtransaction(
@@ -359,6 +362,35 @@ def test_the_sinks_shape_runs_as_savepoints_and_leaves_the_materialized_result(d
     table, failed, committed, fired = frames
     assert failed == ["lean_fail", "lean_fail"]
     assert table == {"k0": 3, "k1": 3, "k2": 4, "later1": 1, "later7": 7, "later10": 10}
+
+
+class _HearsFrames(lowlevel.TransactionExtension):
+    """An extension that hears of every begin, frames' too (``frame_hooks`` true)."""
+
+    def __init__(self) -> None:
+        self.begun: list = []
+
+    def on_begin(self, transaction) -> None:
+        self.begun.append((transaction.name, transaction.depth))
+
+
+def test_an_extension_hearing_frames_registered_halfway_ends_the_lean_run_from_there(db):
+    """Whether an inline child may be a savepoint is decided as it opens: once an extension that hears of frames is
+    registered halfway through the sink's shape, the later events and firings are frames it hears of as it hears of
+    the materialized tree's nodes, the earlier ones stayed savepoints, and the table, failures, counts and firings
+    are the materialized tree's."""
+    heard, results = {}, {}
+    for representation in (Subtransactions.FRAMES, Subtransactions.MATERIALIZED):
+        extension = heard[representation] = _HearsFrames()
+        try:
+            results[representation] = _events(db, representation, lambda: db.transactions.extensions.add(extension))
+        finally:
+            db.transactions.extensions.remove(extension)
+    (frames, _, seen), (materialized, _, _) = results[Subtransactions.FRAMES], results[Subtransactions.MATERIALIZED]
+    assert frames == materialized
+    assert heard[Subtransactions.FRAMES].begun == heard[Subtransactions.MATERIALIZED].begun
+    assert len(heard[Subtransactions.FRAMES].begun) >= 6
+    assert seen[0] == "Savepoint" and seen[-1] == "Transaction"
 
 
 def test_an_observer_of_firings_and_aborts_keeps_the_sinks_shape_on_savepoints(db):
