@@ -18,11 +18,9 @@ from activedb import lowlevel
 from activedb.errors import DuplicateKey, LockWaitTimeout, RecordsTakenOver, RuleFailed, causes, classify
 from activedb.outbox import _records
 from activedb.store import is_connection_failure, storable_text
-from activedb.txn import CommitParticipant
+from activedb.txn import Along, CommitParticipant
 
 if TYPE_CHECKING:  # pragma: no cover
-    import sqlalchemy as sa
-
     from activedb.outbox._outbox import Outbox
     from activedb.rules import Firing
     from activedb.txn import Transaction
@@ -68,15 +66,18 @@ class _Outcome:
 
 @dataclass(eq=False)
 class GroupMarks(CommitParticipant):
-    """Marks a group's records done or failed in the group root's flush (raises ``RecordsTakenOver``
-    there if one of them is no longer this process's)."""
+    """Marks a group's records done or failed in the group root's flush, in its last round trip (raises
+    ``RecordsTakenOver`` there if one of them is no longer this process's)."""
 
     owner: int
     done: list[int] = field(default_factory=list)
     failed: list[tuple[int, str]] = field(default_factory=list)
 
-    def write(self, transaction: "Transaction", connection: "sa.Connection") -> None:
-        _records.finish(connection, self.owner, done=self.done, failed=self.failed, log_id=transaction.log_id)
+    def statements_along(self, transaction: "Transaction") -> tuple[Along, ...]:
+        if not (self.done or self.failed):
+            return ()
+        sql, parameters = _records.finishing(self.owner, done=self.done, failed=self.failed, log_id=transaction.log_id)
+        return (Along(sql, parameters, _records.taken_over),)
 
 
 class Executor:

@@ -4,7 +4,7 @@ failed, reading them back (``pending`` → ``done``, or ``failed`` → ``pending
 
 Every function takes the connection it runs on and never commits: the callers decide which PostgreSQL
 transaction a statement belongs to.  Marking done or failed requires ``owner = me AND status =
-'pending'`` and checks the row count.  :class:`LivenessLock` holds the lock that keeps this process's
+'pending'`` of every record marked.  :class:`LivenessLock` holds the lock that keeps this process's
 records its own.
 """
 
@@ -19,7 +19,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import sqlalchemy as sa
 
-from activedb.errors import RecordsTakenOver
+from activedb.errors import RecordsTakenOver, sqlstate_of
 from activedb.events import Event, EventKind
 from activedb.store import Catalog, exact_json, from_exact_json
 
@@ -85,34 +85,41 @@ def insert(connection: sa.Connection, records: Sequence[NewRecord], owner: int, 
     return connection.exec_driver_sql(_INSERT, (owner, document, storage, highest, sequence)).rowcount == len(records)
 
 
-_MARK_DONE = sa.text(
-    "UPDATE activedb_outbox SET status = 'done', finished_at = now(), attempts = attempts + 1, "
-    "transaction_id = :log_id WHERE id = ANY(:ids) AND owner = :owner AND status = 'pending'")
-_MARK_FAILED = sa.text(
-    "UPDATE activedb_outbox AS o SET status = 'failed', finished_at = now(), attempts = o.attempts + 1, "
-    "error = f.error, transaction_id = :log_id "
-    "FROM unnest(CAST(:ids AS bigint[]), CAST(:errors AS text[])) AS f(id, error) "
-    "WHERE o.id = f.id AND o.owner = :owner AND o.status = 'pending'")
+# Fails with division by zero (22012: ``taken_over``) unless it marked every record: no row count to read, so it
+# can ride in another statement's round trip (``GroupMarks``).  The divisor depends on the rows: never folded.
+_FINISH = (
+    "WITH marked AS (UPDATE activedb_outbox AS o SET status = CASE WHEN f.error IS NULL THEN 'done' ELSE 'failed' "
+    "END, finished_at = now(), attempts = o.attempts + 1, error = f.error, transaction_id = %(log_id)s "
+    "FROM unnest(CAST(%(ids)s AS bigint[]), CAST(%(errors)s AS text[])) AS f(id, error) "
+    "WHERE o.id = f.id AND o.owner = %(owner)s AND o.status = 'pending' RETURNING 1) "
+    "SELECT 1 / (CASE WHEN count(*) = %(count)s THEN 1 ELSE 0 END) FROM marked")
 
 
-def finish(connection: sa.Connection, owner: int, *, done: Sequence[int] = (),
-           failed: Sequence[tuple[int, str]] = (), log_id: str | None = None) -> None:
-    """Mark ``done`` records done and ``failed`` ``(id, error)`` records failed, in the caller's transaction;
-    raises :class:`RecordsTakenOver` (the caller's transaction must then roll back) if any of them is no
-    longer a pending record of ``owner``."""
-    changed = 0
-    if done:
-        changed += connection.execute(_MARK_DONE, {"ids": list(done), "owner": owner, "log_id": log_id}).rowcount
-    if failed:
-        changed += connection.execute(_MARK_FAILED, {
-            "ids": [record_id for record_id, _ in failed],
-            "errors": [error[:ERROR_LIMIT] for _, error in failed],
-            "owner": owner, "log_id": log_id}).rowcount
-    if changed != len(done) + len(failed):
-        raise RecordsTakenOver(
-            f"{len(done) + len(failed) - changed} of {len(done) + len(failed)} outbox records this process ran "
-            f"were taken over by another process (or finished) meanwhile; nothing of this group was written — "
-            f"the other process runs them")
+def finishing(owner: int, *, done: Sequence[int] = (), failed: Sequence[tuple[int, str]] = (),
+              log_id: str | None = None) -> tuple[str, dict[str, object]]:
+    """The statement (driver SQL, parameters) that marks ``done`` records done and ``failed`` ``(id, error)``
+    records failed; it fails, and :func:`taken_over` names why, if any of them is no longer a pending record of
+    ``owner`` (the caller's transaction must then roll back)."""
+    ids = [*done, *(record_id for record_id, _ in failed)]
+    errors = [None] * len(done) + [error[:ERROR_LIMIT] for _, error in failed]
+    return _FINISH, {"ids": ids, "errors": errors, "owner": owner, "log_id": log_id, "count": len(ids)}
+
+
+def taken_over(error: BaseException) -> RecordsTakenOver | None:
+    """What a failure of :func:`finishing`'s statement means (None: something else)."""
+    if sqlstate_of(error) != "22012":
+        return None
+    return RecordsTakenOver("outbox records this process ran were taken over by another process (or finished) "
+                            "meanwhile; nothing of this group was written — the other process runs them")
+
+
+def finish(connection: sa.Connection, owner: int, *, failed: Sequence[tuple[int, str]]) -> None:
+    """Mark ``failed`` ``(id, error)`` records failed in the caller's transaction (:func:`finishing`); raises
+    :class:`RecordsTakenOver` if any of them is no longer a pending record of ``owner``."""
+    try:
+        connection.exec_driver_sql(*finishing(owner, failed=failed))
+    except sa.exc.DBAPIError as error:
+        raise taken_over(error) or error
 
 
 class LivenessLock:

@@ -354,7 +354,9 @@ class Catalog:
             sa.text("SELECT s, pg_relation_filenode(CAST(s AS regclass)), pg_sequence_last_value(CAST(s AS regclass)) "
                     "FROM unnest(CAST(:s AS text[])) AS s"), {"s": wanted}).all()
         for sequence, storage, last_value in rows:
-            history = histories[sequence]
+            history = histories[sequence]     # (one storage: _remember_block empties it when the storage changes)
+            if history[-1][2] == storage and last_value is not None and max(used[sequence], default=0) <= last_value:
+                continue                      # no value can fail: the search below is for naming the one that does
             for value in used[sequence]:
                 drawn_from = next((block_storage for low, high, block_storage in reversed(history)
                                    if low <= value <= high), None)

@@ -343,6 +343,29 @@ def test_outbox_ids_cached_before_a_sequence_reset_are_never_written(db):
         assert list(ids)[1:] == [11, 12, 13]
 
 
+def test_records_taken_over_while_their_group_ran_are_left_to_the_new_owner(db):
+    """The group's done marks ride in its flush's last round trip and fail it if a record is no longer ours
+    (RecordsTakenOver): nothing of the group is written, the other process runs them."""
+    taken = threading.Event()
+
+    @db.rule(on=db.signalled("go"), coupling=Coupling.DETACHED, name="taken")
+    def taken_rule(tx, event):
+        if not taken.is_set():
+            taken.set()
+            with db.engine.begin() as connection:         # another process claims the records meanwhile
+                connection.execute(sa.text("UPDATE activedb_outbox SET owner = 42 WHERE rule = 'taken'"))
+        tx.insert("events_seen", rule="taken", detail=str(event.payload["n"]))
+
+    with db.transaction() as tx:
+        for number in range(3):
+            tx.signal("go", n=number)
+    db.rules.wait_idle(TIMEOUT)
+    assert taken.is_set() and seen(db) == []
+    with db.engine.connect() as connection:
+        assert connection.execute(sa.text("SELECT owner, status, count(*) FROM activedb_outbox GROUP BY 1, 2")
+                                  ).all() == [(42, "pending", 3)]
+
+
 def test_events_come_back_from_a_record_exactly():
     event = Event(EventKind.UPDATED, "t", key=("a", 1), old={"n": decimal.Decimal("1.50"), "$x": 1},
                   new={"at": dt.datetime(2024, 5, 1, 12, tzinfo=dt.timezone.utc), "nul": "a\x00b",
