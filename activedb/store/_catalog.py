@@ -278,21 +278,17 @@ class Catalog:
                     del block[cut:]
                 if len(keys) == count:
                     return keys, storage
-                size = max(self._next_block_size(sequence, since), min(8 * count, KEY_BLOCK_MAX), count - len(keys))
+                # The block's size: doubled when the same tree drew the last one (it used it up), else kept.
+                size, drawn_by = self._key_sizes.get(sequence, (KEY_BLOCK, None))
+                if since is not None and since == drawn_by:
+                    size = min(size * 2, KEY_BLOCK_MAX)
+                self._key_sizes[sequence] = (size, since)
+                size = max(size, min(8 * count, KEY_BLOCK_MAX), count - len(keys))
             values, drawn = self._draw(sequence, size)
             values.sort(reverse=True)
             with self._mutex:
                 self._remember_block(sequence, values, drawn)
                 self._key_blocks.setdefault(sequence, []).extend(values)
-
-    def _next_block_size(self, sequence: str, since: datetime.datetime | None) -> int:
-        """The size of the block to draw now for a tree that began at ``since``: doubled when the same tree
-        drew the last block (it used it up), else kept.  Caller holds ``_mutex``."""
-        size, drawn_by = self._key_sizes.get(sequence, (KEY_BLOCK, None))
-        if since is not None and since == drawn_by:
-            size = min(size * 2, KEY_BLOCK_MAX)
-        self._key_sizes[sequence] = (size, since)
-        return size
 
     def _draw(self, sequence: str, count: int) -> tuple[list[int], int]:
         """``count`` values of ``sequence`` and the sequence's storage (``pg_relation_filenode``), which
@@ -355,14 +351,9 @@ class Catalog:
                     "FROM unnest(CAST(:s AS text[])) AS s"), {"s": wanted}).all()
         for sequence, storage, last_value in rows:
             history = histories[sequence]     # (one storage: _remember_block empties it when the storage changes)
-            if history[-1][2] == storage and last_value is not None and max(used[sequence], default=0) <= last_value:
-                continue                      # no value can fail: the search below is for naming the one that does
-            for value in used[sequence]:
-                drawn_from = next((block_storage for low, high, block_storage in reversed(history)
-                                   if low <= value <= high), None)
-                if drawn_from is None:
-                    continue
-                if drawn_from != storage or last_value is None or value > last_value:
+            stale = history[-1][2] != storage or last_value is None
+            for value in used[sequence]:      # (the block search last: it only tells a key drawn here from another)
+                if (stale or value > last_value) and any(low <= value <= high for low, high, _ in history):
                     raise self.keys_reset(sequence, value)
 
     #: Holds iff keys handed out with a storage (the first placeholder), the highest of them the second, are still
