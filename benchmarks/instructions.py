@@ -8,7 +8,9 @@ with ``--batches`` more batches (phase ``run``), both with ``PYTHONHASHSEED=0``;
 thread's instruction totals over the events of those batches is the sink's own work per event (validate, the
 engine, the flush's Python and driver calls; not the outbox's runner threads, not PostgreSQL).  WORKLOAD:
 ``eca`` (the hand-hygiene application, ``app.py``: every coupling mode), ``declared`` (its declared version,
-lowered), ``counter`` (the one-rule counter upsert as a plain ``@db.rule``).  The database is ``activedb.connect()``'s
+lowered), ``counter`` (the one-rule counter upsert as a plain ``@db.rule``); ``immediate`` and ``direct``: ``bench
+rules``' first row without the sink — a batch is one top-level transaction emitting ``--size`` events that each fire
+one immediate rule inline, or calling the rule's function directly as many times (their ratio is the row's).  The database is ``activedb.connect()``'s
 (embedded, or ``ACTIVEDB_DATABASE_URL``), held open by this process across both runs so that both find the server
 the same way; the application's tables are emptied first.  Run nothing else on the same database meanwhile.  Each run under valgrind takes
 a minute or more (a 1k batch is about 50 times slower there).
@@ -24,7 +26,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-WORKLOADS = ("eca", "declared", "counter")
+WORKLOADS = ("eca", "declared", "counter", "immediate", "direct")
 SEED = 11
 
 
@@ -66,6 +68,9 @@ def _total(path: Path) -> int:
 
 def _run(workload: str, size: int, batches: int, phase: str) -> None:
     """Set up ``workload``, run a warm-up batch and, in phase ``run``, ``batches`` more (the measured part)."""
+    if workload in ("immediate", "direct"):
+        _run_rules(workload, size, batches, phase)
+        return
     import logging
 
     import pyarrow as pa
@@ -118,6 +123,19 @@ def _run(workload: str, size: int, batches: int, phase: str) -> None:
             connection.exec_driver_sql("DELETE FROM activedb_ingestion_ledger WHERE query_id = %s", (query_id,))
         reset_tables(database)
         database.close()
+
+
+def _run_rules(workload: str, size: int, batches: int, phase: str) -> None:
+    """``_run`` for ``bench rules``' immediate inline firings (``immediate``) and their direct calls (``direct``)."""
+    from benchmarks._setup import connect
+    from benchmarks.rules import IMMEDIATE_EVENT, _declare, _direct, _fire
+
+    run = _fire if workload == "immediate" else _direct
+    with connect(rule_execution="inline") as database:
+        _declare(database)
+        run(database, IMMEDIATE_EVENT, size)                          # warm-up: statements, caches
+        for _ in range(batches if phase == "run" else 0):
+            run(database, IMMEDIATE_EVENT, size)
 
 
 def main(argv: list[str] | None = None) -> None:

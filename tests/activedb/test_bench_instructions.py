@@ -26,6 +26,25 @@ def test_the_measured_run_applies_its_batches_and_cleans_up(database_url, monkey
     assert batches >= 3                                 # the warm-up and the two measured batches committed
 
 
+def test_the_rules_workloads_run_their_batches(database_url, monkeypatch):
+    monkeypatch.setenv("ACTIVEDB_DATABASE_URL", database_url)
+    instructions._run("direct", 40, 2, "setup")           # (the database migrated: its log exists)
+    engine = sa.create_engine(database_url)
+    count = "SELECT count(*) FROM activedb_transaction_log WHERE info -> 'rule_firings' ->> 'bench_immediate' = '40'"
+    try:
+        with engine.connect() as connection:
+            before = connection.execute(sa.text(count)).scalar()
+        instructions._run("immediate", 40, 2, "run")
+        instructions._run("direct", 40, 2, "run")
+        with engine.connect() as connection:
+            fired = connection.execute(sa.text(count)).scalar() - before
+            rows = connection.execute(sa.text("SELECT count(*), min(b), max(b) FROM bench_rows")).one()
+    finally:
+        engine.dispose()
+    assert fired == 3                                     # the warm-up and two measured batches of 40 firings
+    assert tuple(rows) == (40, "rule", "rule")            # (``direct`` writes what the rule writes)
+
+
 def test_the_count_is_the_main_threads_total(tmp_path):
     output = tmp_path / "run.123-01"
     output.write_text("version: 1\ncreator: callgrind-3.19.0\nevents: Ir\nfn=(1) main\n16 5\ntotals: 123456\n")
