@@ -87,11 +87,13 @@ def insert(connection: sa.Connection, records: Sequence[NewRecord], owner: int, 
 
 # Fails with division by zero (22012: ``taken_over``) unless it marked every record: no row count to read, so it
 # can ride in another statement's round trip (``GroupMarks``).  The divisor depends on the rows: never folded.
+# The ids travel as one array literal and the errors as one JSON object by id (the driver's array dumper makes a
+# Python call per element).
 _FINISH = (
     "WITH marked AS (UPDATE activedb_outbox AS o SET status = CASE WHEN f.error IS NULL THEN 'done' ELSE 'failed' "
     "END, finished_at = now(), attempts = o.attempts + 1, error = f.error, transaction_id = %(log_id)s "
-    "FROM unnest(CAST(%(ids)s AS bigint[]), CAST(%(errors)s AS text[])) AS f(id, error) "
-    "WHERE o.id = f.id AND o.owner = %(owner)s AND o.status = 'pending' RETURNING 1) "
+    "FROM (SELECT id, CAST(%(errors)s AS jsonb) ->> CAST(id AS text) FROM unnest(CAST(%(ids)s AS bigint[])) AS id) "
+    "AS f(id, error) WHERE o.id = f.id AND o.owner = %(owner)s AND o.status = 'pending' RETURNING 1) "
     "SELECT 1 / (CASE WHEN count(*) = %(count)s THEN 1 ELSE 0 END) FROM marked")
 
 
@@ -100,9 +102,9 @@ def finishing(owner: int, *, done: Sequence[int] = (), failed: Sequence[tuple[in
     """The statement (driver SQL, parameters) that marks ``done`` records done and ``failed`` ``(id, error)``
     records failed; it fails, and :func:`taken_over` names why, if any of them is no longer a pending record of
     ``owner`` (the caller's transaction must then roll back)."""
-    ids = [*done, *(record_id for record_id, _ in failed)]
-    errors = [None] * len(done) + [error[:ERROR_LIMIT] for _, error in failed]
-    return _FINISH, {"ids": ids, "errors": errors, "owner": owner, "log_id": log_id, "count": len(ids)}
+    ids = "{" + ",".join(map(str, [*done, *(record_id for record_id, _ in failed)])) + "}"
+    errors = json.dumps({str(record_id): error[:ERROR_LIMIT] for record_id, error in failed})
+    return _FINISH, {"ids": ids, "errors": errors, "owner": owner, "log_id": log_id, "count": len(done) + len(failed)}
 
 
 def taken_over(error: BaseException) -> RecordsTakenOver | None:
