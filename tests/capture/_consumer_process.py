@@ -1,11 +1,13 @@
 """A consumer process for the crash test::
 
-    python -m tests.capture._consumer_process URL BATCH_SIZE [KILL_AT COUNT]
+    python -m tests.capture._consumer_process URL BATCH_SIZE [KILL_AT COUNT | hold COUNT]
 
 Declares ``_app``'s rules, consumes until caught up and prints ``caught up N``.  With ``KILL_AT`` (a
 consumer :class:`~activedb.capture.Step` value such as ``fired`` or ``written``, or ``rule`` — inside a
-rule's action) it SIGKILLs itself at the ``COUNT``-th occurrence.  Every step is printed, flushed, so the
-test can see where a run died.
+rule's action) it SIGKILLs itself at the ``COUNT``-th occurrence.  With ``hold COUNT`` it prints ``holding``
+at its ``COUNT``-th ``fetched`` step and stops there (a batch fetched, not handled) until it is killed from
+outside: the test's outside kill then lands while changes are left, however fast the consumer runs.  Every
+step is printed, flushed, so the test can see where a run died.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
 
 import activedb
 from tests.capture import _app
@@ -25,7 +28,12 @@ def main() -> None:
 
     def maybe_die(where: str) -> None:
         print(where, flush=True)
-        if where == kill_at:
+        if kill_at == "hold" and where == "fetched":
+            seen["n"] += 1
+            if seen["n"] == count:
+                print("holding", flush=True)
+                threading.Event().wait()      # until the test's SIGKILL
+        elif where == kill_at:
             seen["n"] += 1
             if seen["n"] == count:
                 print("killing", flush=True)

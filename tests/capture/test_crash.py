@@ -30,6 +30,7 @@ SEED = int(os.environ.get("ACTIVEDB_CAPTURE_TEST_SEED", "18"))
 BATCH_SIZE = 3
 TIMEOUT_SECONDS = 120
 KILL_POINTS = ("rule", "fetched", "fired", "writing", "written", "committed")
+OUTSIDE_HOLD_BATCH = 6     # the outside run stops at its 6th fetched batch: past the threshold (at most 2 batches)
 REPOSITORY = Path(__file__).resolve().parents[2]
 
 
@@ -98,13 +99,15 @@ def test_sigkill_of_the_consumer_at_random_points_leaves_the_state_of_an_uninter
         assert returncode == -signal.SIGKILL, (kill, output.read_text()[-2000:])
 
     # One more, killed from outside at a seeded moment: once it has handled some changes, while many are left
-    # (asserted: a consumer that had caught up would die having checked nothing).
-    threshold = handled(crashed_url) + rng.randint(1, 2 * BATCH_SIZE)
+    # (asserted: a consumer that had caught up would die having checked nothing).  The process stops at a later
+    # fetched batch (``hold``), so a kill that comes late still finds changes left, on a machine of any speed.
+    before = handled(crashed_url)
+    threshold = before + rng.randint(1, 2 * BATCH_SIZE)
     output = tmp_path / "outside.out"
-    process = consumer_process(crashed_url, output)
+    process = consumer_process(crashed_url, output, "hold", str(OUTSIDE_HOLD_BATCH))
     try:
-        wait_until(lambda: handled(crashed_url) >= threshold or process.poll() is not None, TIMEOUT_SECONDS,
-                   "the consumer handled some changes")
+        wait_until(lambda: handled(crashed_url) >= threshold or "holding" in output.read_text()
+                   or process.poll() is not None, TIMEOUT_SECONDS, "the consumer handled some changes")
         assert process.poll() is None, f"the consumer ended before the outside kill: {output.read_text()[-2000:]}"
     finally:
         process.kill()
