@@ -293,10 +293,11 @@ class Outbox:
             logger.error("outbox record %d cannot be run: %s", work.record_id, describe_error(error))
         try:
             with self.catalog.engine.begin() as connection:
-                _records.finish(connection, self.owner, failed=[(work.record_id, describe_error(error))])
+                connection.exec_driver_sql(*_records.finishing(self.owner, failed=[(work.record_id,
+                                                                                    describe_error(error))]))
         except Exception as failure:
             logger.error("outbox: could not mark record %d failed (%s); it stays pending", work.record_id,
-                         describe_error(failure))
+                         describe_error(_records.taken_over(failure) or failure))
 
     def wait_idle(self, timeout: float | None = 30.0) -> None:
         """Wait until every firing this process queued has been run (or parked: PostgreSQL unreachable)."""

@@ -115,15 +115,6 @@ def taken_over(error: BaseException) -> RecordsTakenOver | None:
                             "meanwhile; nothing of this group was written — the other process runs them")
 
 
-def finish(connection: sa.Connection, owner: int, *, failed: Sequence[tuple[int, str]]) -> None:
-    """Mark ``failed`` ``(id, error)`` records failed in the caller's transaction (:func:`finishing`); raises
-    :class:`RecordsTakenOver` if any of them is no longer a pending record of ``owner``."""
-    try:
-        connection.exec_driver_sql(*finishing(owner, failed=failed))
-    except sa.exc.DBAPIError as error:
-        raise taken_over(error) or error
-
-
 class LivenessLock:
     """This process's liveness lock: the session-level advisory lock on ``owner``, held on a connection of
     its own (detached from the pool, autocommit) for the life of the process.  Thread-safe: ``_mutex``
