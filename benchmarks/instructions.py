@@ -10,7 +10,10 @@ engine, the flush's Python and driver calls; not the outbox's runner threads, no
 ``eca`` (the hand-hygiene application, ``app.py``: every coupling mode), ``declared`` (its declared version,
 lowered), ``counter`` (the one-rule counter upsert as a plain ``@db.rule``); ``immediate`` and ``direct``: ``bench
 rules``' first row without the sink — a batch is one top-level transaction emitting ``--size`` events that each fire
-one immediate rule inline, or calling the rule's function directly as many times (their ratio is the row's).  The database is ``activedb.connect()``'s
+one immediate rule inline, or calling the rule's function directly as many times (their ratio is the row's).  After
+the warm-up both runs collect and freeze what the garbage collector tracks (``gc.freeze``): a full collection then
+walks only what the measured batches left, not the whole process's heap, whose walk — in one run and not the other —
+would shift the count by tens of thousands per event.  The database is ``activedb.connect()``'s
 (embedded, or ``ACTIVEDB_DATABASE_URL``), held open by this process across both runs so that both find the server
 the same way; the application's tables are emptied first.  Run nothing else on the same database meanwhile.  Each run under valgrind takes
 a minute or more (a 1k batch is about 50 times slower there).
@@ -19,6 +22,7 @@ a minute or more (a 1k batch is about 50 times slower there).
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import shutil
 import subprocess
@@ -113,6 +117,7 @@ def _run(workload: str, size: int, batches: int, phase: str) -> None:
     try:
         sink.process(tables[0], 0, query_id=query_id)                 # warm-up: statements, caches, threads
         database.rules.wait_idle(600)
+        _settle()
         if phase == "run":
             for number in range(1, 1 + batches):
                 sink.process(tables[number], number, query_id=query_id)
@@ -134,8 +139,15 @@ def _run_rules(workload: str, size: int, batches: int, phase: str) -> None:
     with connect(rule_execution="inline") as database:
         _declare(database)
         run(database, IMMEDIATE_EVENT, size)                          # warm-up: statements, caches
+        _settle()
         for _ in range(batches if phase == "run" else 0):
             run(database, IMMEDIATE_EVENT, size)
+
+
+def _settle() -> None:
+    """After the warm-up: the heap so far collected and frozen (the module docstring says why)."""
+    gc.collect()
+    gc.freeze()
 
 
 def main(argv: list[str] | None = None) -> None:
