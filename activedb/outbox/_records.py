@@ -85,16 +85,18 @@ def insert(connection: sa.Connection, records: Sequence[NewRecord], owner: int, 
     return connection.exec_driver_sql(_INSERT, (owner, document, storage, highest, sequence)).rowcount == len(records)
 
 
-# Fails with division by zero (22012: ``taken_over``) unless it marked every record: no row count to read, so it
-# can ride in another statement's round trip (``GroupMarks``).  The divisor depends on the rows: never folded.
-# The ids travel as one array literal and the errors as one JSON object by id (the driver's array dumper makes a
-# Python call per element).
+# Fails unless it marked every record: no row count to read, so it can ride in another statement's round trip
+# (``GroupMarks``).  It then casts ``_TAKEN_OVER`` to an integer, and the error (22P02, quoting that text) is told
+# by ``taken_over`` from any other statement's failure in the same round trip (a rule's write refused with an error
+# of its own must not pass for a take-over).  The CASE depends on the rows: never folded.  The ids travel as one
+# array literal and the errors as one JSON object by id (the driver's array dumper makes a Python call per element).
+_TAKEN_OVER = "activedb outbox: records taken over"
 _FINISH = (
     "WITH marked AS (UPDATE activedb_outbox AS o SET status = CASE WHEN f.error IS NULL THEN 'done' ELSE 'failed' "
     "END, finished_at = now(), attempts = o.attempts + 1, error = f.error, transaction_id = %(log_id)s "
     "FROM (SELECT id, CAST(%(errors)s AS jsonb) ->> CAST(id AS text) FROM unnest(CAST(%(ids)s AS bigint[])) AS id) "
     "AS f(id, error) WHERE o.id = f.id AND o.owner = %(owner)s AND o.status = 'pending' RETURNING 1) "
-    "SELECT 1 / (CASE WHEN count(*) = %(count)s THEN 1 ELSE 0 END) FROM marked")
+    "SELECT CAST(CASE WHEN count(*) = %(count)s THEN '1' ELSE '" + _TAKEN_OVER + "' END AS integer) FROM marked")
 
 
 def finishing(owner: int, *, done: Sequence[int] = (), failed: Sequence[tuple[int, str]] = (),
@@ -109,7 +111,7 @@ def finishing(owner: int, *, done: Sequence[int] = (), failed: Sequence[tuple[in
 
 def taken_over(error: BaseException) -> RecordsTakenOver | None:
     """What a failure of :func:`finishing`'s statement means (None: something else)."""
-    if sqlstate_of(error) != "22012":
+    if sqlstate_of(error) != "22P02" or _TAKEN_OVER not in str(error):
         return None
     return RecordsTakenOver("outbox records this process ran were taken over by another process (or finished) "
                             "meanwhile; nothing of this group was written — the other process runs them")

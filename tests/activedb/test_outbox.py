@@ -105,6 +105,12 @@ def test_a_member_whose_writes_postgresql_refuses_fails_alone_and_the_rest_commi
         key = "x" * 900_000 + uuid.uuid4().hex * 2000 if number == 7 else f"k{number}"   # too large to index
         tx.write("items", key, value=number)
 
+    assert_seven_fails_alone(db, "sometimes_huge", "54000")
+
+
+def assert_seven_fails_alone(db, rule: str, sqlstate: str) -> None:
+    """Twenty signals ``go`` (n = 0..19) in one transaction, whose detached firings run as one group: the member
+    for n = 7 fails alone with ``sqlstate``, the other 19 commit their ``items`` rows."""
     with db.transaction() as tx:
         for number in range(20):
             tx.signal("go", n=number)
@@ -116,7 +122,7 @@ def test_a_member_whose_writes_postgresql_refuses_fails_alone_and_the_rest_commi
     assert statuses.count("done") == 19 and statuses.count("failed") == 1
     assert db.outbox.statistics().splits >= 1
     [failure] = db.outbox.failures()
-    assert failure.rule == "sometimes_huge" and "54000" in failure.error
+    assert failure.rule == rule and sqlstate in failure.error
 
 
 def test_a_failing_rule_is_recorded_shown_and_retried(db, migrated):
@@ -364,6 +370,27 @@ def test_records_taken_over_while_their_group_ran_are_left_to_the_new_owner(db):
     with db.engine.connect() as connection:
         assert connection.execute(sa.text("SELECT owner, status, count(*) FROM activedb_outbox GROUP BY 1, 2")
                                   ).all() == [(42, "pending", 3)]
+
+
+def test_a_members_write_refused_with_an_error_of_its_own_is_a_failure_not_a_take_over(db):
+    """The group's marks ride in the round trip of its last writes; a write PostgreSQL refuses there (here a
+    trigger raising division_by_zero) fails that member alone, as any refused write does — it is not read as the
+    marks' "records taken over", which would leave every record of the group pending in this process."""
+    with db.engine.begin() as connection:
+        connection.execute(sa.text(
+            "CREATE FUNCTION refuse_seven() RETURNS trigger LANGUAGE plpgsql AS "
+            "$$ BEGIN IF NEW.value = 7 THEN RAISE division_by_zero; END IF; RETURN NEW; END $$"))
+        connection.execute(sa.text("CREATE TRIGGER refuse_seven BEFORE INSERT OR UPDATE ON items "
+                                   "FOR EACH ROW EXECUTE FUNCTION refuse_seven()"))
+    try:
+        @db.rule(on=db.signalled("go"), coupling=Coupling.DETACHED, name="refused_seven")
+        def refused_seven(tx, event):
+            tx.write("items", f"k{event.payload['n']}", value=event.payload["n"])
+
+        assert_seven_fails_alone(db, "refused_seven", "22012")
+    finally:
+        with db.engine.begin() as connection:
+            connection.execute(sa.text("DROP TRIGGER refuse_seven ON items; DROP FUNCTION refuse_seven()"))
 
 
 def test_events_come_back_from_a_record_exactly():
