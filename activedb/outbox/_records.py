@@ -111,7 +111,8 @@ def finishing(owner: int, *, done: Sequence[int] = (), failed: Sequence[tuple[in
 
 def taken_over(error: BaseException) -> RecordsTakenOver | None:
     """What a failure of :func:`finishing`'s statement means (None: something else)."""
-    if sqlstate_of(error) != "22P02" or _TAKEN_OVER not in str(error):
+    diag = getattr(getattr(error, "orig", error), "diag", None)     # (the server's message, not the statement's text)
+    if sqlstate_of(error) != "22P02" or _TAKEN_OVER not in str(getattr(diag, "message_primary", None)):
         return None
     return RecordsTakenOver("outbox records this process ran were taken over by another process (or finished) "
                             "meanwhile; nothing of this group was written — the other process runs them")

@@ -362,11 +362,13 @@ def test_records_taken_over_while_their_group_ran_are_left_to_the_new_owner(db):
                 connection.execute(sa.text("UPDATE activedb_outbox SET owner = 42 WHERE rule = 'taken'"))
         tx.insert("events_seen", rule="taken", detail=str(event.payload["n"]))
 
+    splits = db.outbox.statistics().splits
     with db.transaction() as tx:
         for number in range(3):
             tx.signal("go", n=number)
     db.rules.wait_idle(TIMEOUT)
     assert taken.is_set() and seen(db) == []
+    assert db.outbox.statistics().splits == splits     # recognised as a take-over, not split as a failed group
     with db.engine.connect() as connection:
         assert connection.execute(sa.text("SELECT owner, status, count(*) FROM activedb_outbox GROUP BY 1, 2")
                                   ).all() == [(42, "pending", 3)]
