@@ -25,7 +25,7 @@ from activedb.errors import GeneratedKeysReset
 from activedb.events import EventKind
 from activedb.outbox import _records
 from activedb.outbox._executor import GROUP_TRANSACTION, Executor, Work, describe_error
-from activedb.outbox._recording import Entry, TreeFirings, TreeState, always, new_record
+from activedb.outbox._recording import TreeFirings, TreeState, always, new_record, requires_commit
 from activedb.rules import Firing
 from activedb.store import TableInfo
 
@@ -39,8 +39,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from activedb.txn import Transaction, TransactionManager
 
 logger = logging.getLogger("activedb.outbox")
-
-_COMMITTED = EventKind.COMMITTED
 
 #: Records claimed per query of a recovery pass; a pass claims nothing while the backlog exceeds
 #: ``CLAIM_BACKLOG`` (it comes back on the next pass).
@@ -173,25 +171,25 @@ class Outbox:
             if not replayed and may_run_after(firing.coupling, committed):
                 self.record_now([(firing, trigger.id, trigger.log_id if committed else None, committed)])
             else:
-                self.count_cancelled([Entry(firing, trigger)])
+                self.count_cancelled([firing])
             return
         root = trigger.root
-        entry = Entry(firing, trigger, firing.event.kind is _COMMITTED and trigger is root)
         state = lowlevel.slot(root, TreeState)
         # (Set once, under the state's mutex, and never unset: once set it is read without the mutex.)
         participant = state.participant
         if participant is None:
             participant = self._participant(root, state)
         if participant is not None:
-            participant.add(entry)
+            with participant.mutex:
+                participant.entries.append((firing, trigger))
             return
         # The tree is aborting already (it could not take a participant): its abort decides now.
         with state.mutex:
             replay_policy = state.replay_when is not None
-        if not entry.requires_commit and not replay_policy and may_run_after(firing.coupling, False):
+        if not requires_commit(firing, trigger) and not replay_policy and may_run_after(firing.coupling, False):
             self.record_now([(firing, trigger.id, None, False)])
         else:
-            self.count_cancelled([entry])
+            self.count_cancelled([firing])
 
     def _participant(self, root: "Transaction", state: TreeState) -> TreeFirings | None:
         """The tree's recording participant, enlisted on its root the first time (None if the root can no
@@ -273,10 +271,9 @@ class Outbox:
         """Queue recorded firings ``(record id, firing, attempts)`` to run."""
         self._executor.submit([Work(record_id, firing, attempts) for record_id, firing, attempts in items])
 
-    def count_cancelled(self, entries: Iterable[Entry]) -> None:
-        rules_by_name = {entry.firing.rule.name: entry.firing.rule for entry in entries}
-        for name, count in collections.Counter(entry.firing.rule.name for entry in entries).items():
-            self.rules.count(rules_by_name[name], "cancelled", count)
+    def count_cancelled(self, firings: Iterable["Firing"]) -> None:
+        for rule, count in collections.Counter([firing.rule for firing in firings]).items():
+            self.rules.count(rule, "cancelled", count)
 
     # --- running ------------------------------------------------------------------------------
 

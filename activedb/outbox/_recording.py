@@ -12,9 +12,10 @@ import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
-from coupling import may_run_after
+from coupling import Coupling, may_run_after
 from lockmgr import TxnState
 
+from activedb.events import EventKind
 from activedb.outbox._records import NewRecord, encode_event
 from activedb.txn import CommitParticipant
 
@@ -25,14 +26,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from activedb.rules import Firing
     from activedb.txn import Transaction
 
-
-@dataclass(eq=False, slots=True)
-class Entry:
-    """A firing kept on its tree until the tree's outcome is known."""
-
-    firing: "Firing"
-    trigger: "Transaction"
-    requires_commit: bool = False     # a firing on the root's own ``committed`` event
+_COMMITTED = TxnState.COMMITTED
 
 
 @dataclass(eq=False)
@@ -68,66 +62,80 @@ def effectively_committed(trigger: "Transaction", root: "Transaction") -> bool:
     """At ``root``'s flush (every node ended): did ``trigger`` and each ancestor below the root commit?"""
     node = trigger
     while node is not root:
-        if node.state is not TxnState.COMMITTED:
+        if node.state is not _COMMITTED:
             return False
         node = node.parent  # type: ignore[assignment]  # (below root: a parent)
     return True
 
 
+# ``may_run_after``'s answers for the detached family by the trigger's outcome (``RUNS_IF[committed]``): a tuple's
+# ``in`` per firing at each flush, without a call (nor an enum's hash) each.
+RUNS_IF = tuple(tuple(mode for mode in Coupling if not mode.runs_as_subtransaction and may_run_after(mode, outcome))
+                for outcome in (False, True))
+
+
+def requires_commit(firing: "Firing", trigger: "Transaction") -> bool:
+    """A firing on a top-level transaction's own ``committed`` event: it exists only if that commit happens."""
+    return trigger.parent is None and firing.event.kind is EventKind.COMMITTED
+
+
 class TreeFirings(CommitParticipant):
-    """The detached-family firings of one tree, recorded in its flush (see the module docstring)."""
+    """The detached-family firings of one tree, recorded in its flush (see the module docstring).  ``entries``:
+    ``(firing, trigger)`` in the order they occurred, appended under ``mutex`` (``Outbox.record``)."""
 
     def __init__(self, outbox: "Outbox", state: TreeState):
         self._outbox = outbox
         self._state = state
-        self._mutex = threading.Lock()        # protects _entries
-        self._entries: list[Entry] = []
+        self.mutex = threading.Lock()         # protects entries
+        self.entries: list[tuple[Firing, Transaction]] = []
         self._records: list[NewRecord] = []
         self._storage = 0                     # of the sequence that gave the records' ids
-        self._recorded: list[Entry] = []      # the entries behind _records, same order
-        self._cancelled: list[Entry] = []
-
-    def add(self, entry: Entry) -> None:
-        with self._mutex:
-            self._entries.append(entry)
+        self._recorded: list[Firing] = []     # the firings behind _records, same order
+        self._cancelled: list[Firing] = []
 
     # --- the commit participant -----------------------------------------------------------------
 
     def before_flush(self, transaction: "Transaction") -> None:
-        with self._mutex:
-            entries = list(self._entries)
-        recorded: list[tuple[Entry, bool]] = []
-        cancelled: list[tuple[Entry, bool]] = []
-        for entry in entries:
-            committed = entry.requires_commit or effectively_committed(entry.trigger, transaction)
-            (recorded if may_run_after(entry.firing.coupling, committed) else cancelled).append((entry, committed))
+        with self.mutex:
+            entries = list(self.entries)
+        recorded: list[tuple[Firing, Transaction, bool]] = []
+        cancelled: list[Firing] = []
+        if_aborted, if_committed = RUNS_IF
+        for firing, trigger in entries:
+            if trigger.parent is transaction:    # (effectively_committed's common case, without its call)
+                committed = trigger.state is _COMMITTED
+            else:
+                committed = effectively_committed(trigger, transaction)
+            if firing.coupling in (if_committed if committed else if_aborted):
+                recorded.append((firing, trigger, committed))
+            else:
+                cancelled.append(firing)
         ids, self._storage = self._outbox.draw_ids(len(recorded), transaction.began_at) if recorded else ([], 0)
         log_id = transaction.log_id
-        self._records = [new_record(record_id, entry.firing, entry.trigger.id, log_id, committed)
-                         for record_id, (entry, committed) in zip(ids, recorded)]
-        self._recorded = [entry for entry, _ in recorded]
-        self._cancelled = [entry for entry, _ in cancelled]
+        self._records = [new_record(record_id, firing, trigger.id, log_id, committed)
+                         for record_id, (firing, trigger, committed) in zip(ids, recorded)]
+        self._recorded = [firing for firing, _, _ in recorded]
+        self._cancelled = cancelled
 
     def write(self, transaction: "Transaction", connection: "sa.Connection") -> None:
         self._outbox.insert(connection, self._records, self._storage)
 
     def committed(self, transaction: "Transaction") -> None:
         self._outbox.count_cancelled(self._cancelled)
-        self._outbox.run_recorded([(record.id, entry.firing, 0) for record, entry in zip(self._records,
-                                                                                           self._recorded)])
+        self._outbox.run_recorded([(record.id, firing, 0) for record, firing in zip(self._records, self._recorded)])
         self._forget()
 
     def _forget(self) -> None:
         """The tree's outcome is told: its entries go now.  (Each holds its trigger, a node of the tree;
         a root refers to itself, so what it keeps would wait for the cyclic collector — a batch of events
         keeps thousands of nodes.)"""
-        with self._mutex:
-            self._entries = []
+        with self.mutex:
+            self.entries = []
         self._records, self._recorded, self._cancelled = [], [], []
 
     def aborted(self, transaction: "Transaction", error: BaseException | None) -> None:
-        with self._mutex:
-            entries, self._entries = self._entries, []
+        with self.mutex:
+            entries, self.entries = self.entries, []
         state = self._state
         with state.mutex:
             state.aborted, state.abort_error = True, error
@@ -135,11 +143,15 @@ class TreeFirings(CommitParticipant):
         self._forget()
         if replayed:
             return        # the owner re-runs the same input: as after a crash, the attempt left nothing
-        keep = [entry for entry in entries
-                if not entry.requires_commit and may_run_after(entry.firing.coupling, False)]
-        kept = set(map(id, keep))
-        self._outbox.count_cancelled([entry for entry in entries if id(entry) not in kept])
-        self._outbox.record_now([(entry.firing, entry.trigger.id, None, False) for entry in keep])
+        keep: list[tuple[Firing, str, str | None, bool]] = []
+        cancelled: list[Firing] = []
+        for firing, trigger in entries:
+            if firing.coupling in RUNS_IF[False] and not requires_commit(firing, trigger):
+                keep.append((firing, trigger.id, None, False))
+            else:
+                cancelled.append(firing)
+        self._outbox.count_cancelled(cancelled)
+        self._outbox.record_now(keep)
 
 
 def new_record(record_id: int, firing: "Firing", trigger_id: str, log_id: str | None, committed: bool) -> NewRecord:
