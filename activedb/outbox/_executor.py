@@ -229,42 +229,37 @@ class Executor:
         outbox.fail_alone(work, error)
 
     def _attempt(self, group: list[Work]) -> list[str]:
-        """One group transaction; returns each member's outcome (raises if the group could not commit)."""
+        """One group transaction; returns each member's outcome (raises if the group could not commit).  A member
+        is ``rules.execute`` in a subtransaction of the group's root; one that raises was counted and logged by
+        the rule manager."""
         outbox = self._outbox
+        execute = outbox.rules.execute
         marks = GroupMarks(outbox.owner)
         outcomes: list[str] = []
         with outbox.transactions.transaction(name=GROUP_TRANSACTION, participants=[marks]) as root:
             for work in group:
-                outcome, error = self._member(root, work)
-                if outcome is _Outcome.RETRY and work.attempts + 1 >= self.max_attempts:
-                    outcome = _Outcome.FAILED
-                outcomes.append(outcome)
-                if outcome is _Outcome.DONE:
-                    marks.done.append(work.record_id)
-                elif outcome is _Outcome.FAILED:
-                    marks.failed.append((work.record_id, describe_error(error)))  # type: ignore[arg-type]  # (it raised)
+                firing = work.firing
+                try:
+                    work.executed = lowlevel.run_inline(root, execute, firing, f"rule:{firing.rule.name}")
+                except Exception as error:
+                    if is_retryable(error) and work.attempts + 1 < self.max_attempts:
+                        outcomes.append(_Outcome.RETRY)
+                    else:
+                        outcomes.append(_Outcome.FAILED)
+                        marks.failed.append((work.record_id, describe_error(error)))
+                    continue
+                outcomes.append(_Outcome.DONE)
+                marks.done.append(work.record_id)
         return outcomes
 
-    def _member(self, root: "Transaction", work: Work) -> tuple[str, BaseException | None]:
-        rules = self._outbox.rules
-        firing = work.firing
-        try:
-            executed = lowlevel.run_subtransaction(root, rules.execute, firing, name=f"rule:{firing.rule.name}")
-        except Exception as error:       # the rule manager has counted and logged it
-            return (_Outcome.RETRY if is_retryable(error) else _Outcome.FAILED), error
-        work.executed = executed
-        return _Outcome.DONE, None
-
     def _settle(self, group: list[Work], outcomes: list[str]) -> None:
-        """After the group committed: count, and queue the retryable members again."""
-        rules = self._outbox.rules
-        again = []
-        for work, outcome in zip(group, outcomes):
-            if outcome is _Outcome.DONE and work.executed:
-                rules.count(work.firing.rule, "executed")
-            elif outcome is _Outcome.RETRY:
-                work.attempts += 1
-                again.append(work)
+        """After the group committed: count (once per rule), and queue the retryable members again."""
+        outbox = self._outbox
+        outbox.count([work.firing for work, outcome in zip(group, outcomes)
+                      if outcome is _Outcome.DONE and work.executed], "executed")
+        again = [work for work, outcome in zip(group, outcomes) if outcome is _Outcome.RETRY]
+        for work in again:
+            work.attempts += 1
         with self._mutex:
             self.groups += 1
         if again:

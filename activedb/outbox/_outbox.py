@@ -171,7 +171,7 @@ class Outbox:
             if not replayed and may_run_after(firing.coupling, committed):
                 self.record_now([(firing, trigger.id, trigger.log_id if committed else None, committed)])
             else:
-                self.count_cancelled([firing])
+                self.count([firing], "cancelled")
             return
         root = trigger.root
         state = lowlevel.slot(root, TreeState)
@@ -189,7 +189,7 @@ class Outbox:
         if not requires_commit(firing, trigger) and not replay_policy and may_run_after(firing.coupling, False):
             self.record_now([(firing, trigger.id, None, False)])
         else:
-            self.count_cancelled([firing])
+            self.count([firing], "cancelled")
 
     def _participant(self, root: "Transaction", state: TreeState) -> TreeFirings | None:
         """The tree's recording participant, enlisted on its root the first time (None if the root can no
@@ -271,9 +271,11 @@ class Outbox:
         """Queue recorded firings ``(record id, firing, attempts)`` to run."""
         self._executor.submit([Work(record_id, firing, attempts) for record_id, firing, attempts in items])
 
-    def count_cancelled(self, firings: Iterable["Firing"]) -> None:
-        for rule, count in collections.Counter([firing.rule for firing in firings]).items():
-            self.rules.count(rule, "cancelled", count)
+    def count(self, firings: list["Firing"], what: str) -> None:
+        """Add each of ``firings`` to its rule's counter ``what``: one call of the rule manager per rule."""
+        rules = {firing.rule.name: firing.rule for firing in firings}
+        for name, count in collections.Counter([firing.rule.name for firing in firings]).items():
+            self.rules.count(rules[name], what, count)
 
     # --- running ------------------------------------------------------------------------------
 

@@ -121,7 +121,7 @@ class TreeFirings(CommitParticipant):
         self._outbox.insert(connection, self._records, self._storage)
 
     def committed(self, transaction: "Transaction") -> None:
-        self._outbox.count_cancelled(self._cancelled)
+        self._outbox.count(self._cancelled, "cancelled")
         self._outbox.run_recorded([(record.id, firing, 0) for record, firing in zip(self._records, self._recorded)])
         self._forget()
 
@@ -150,7 +150,7 @@ class TreeFirings(CommitParticipant):
                 keep.append((firing, trigger.id, None, False))
             else:
                 cancelled.append(firing)
-        self._outbox.count_cancelled(cancelled)
+        self._outbox.count(cancelled, "cancelled")
         self._outbox.record_now(keep)
 
 
