@@ -30,9 +30,10 @@ STATUSES = ("pending", "done", "failed")
 ERROR_LIMIT = 4000      # characters of an error kept in a failed record
 
 
-@dataclass(frozen=True)
+@dataclass
 class NewRecord:
-    """A record to insert (its id drawn from the table's sequence beforehand: ``Outbox.draw_ids``)."""
+    """A record to insert (its id drawn from the table's sequence beforehand: ``Outbox.draw_ids``).  Not frozen: one
+    is made per recorded firing in its trigger's flush, and a frozen one's fields cost a call each."""
 
     id: int
     rule: str

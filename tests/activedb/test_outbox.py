@@ -85,6 +85,23 @@ def test_a_record_carries_the_outcome_and_is_done_in_the_firings_own_flush(db):
             "ON l.transaction_id = o.transaction_id")).scalar() == 4
 
 
+def test_a_trigger_below_an_aborted_subtransaction_effectively_aborted(db):
+    for mode in (Coupling.DETACHED_CAUSALLY_DEPENDENT, Coupling.EXCLUSIVE_CAUSALLY_DEPENDENT):
+        db.rule(on=db.signalled("go"), coupling=mode, name=mode.value)(
+            lambda tx, event, name=mode.value: tx.insert("events_seen", rule=name, detail=event.payload["n"]))
+    with db.transaction() as tx:
+        with tx.subtransaction() as child:
+            with child.subtransaction() as grandchild:   # committed, under a parent that commits
+                grandchild.signal("go", n="1")
+        with pytest.raises(RuntimeError):
+            with tx.subtransaction() as child:
+                with child.subtransaction() as grandchild:   # committed, under a parent that aborts
+                    grandchild.signal("go", n="2")
+                raise RuntimeError("the parent fails")
+    db.rules.wait_idle(TIMEOUT)
+    assert seen(db) == [("detached_causally_dependent", "1"), ("exclusive_causally_dependent", "2")]
+
+
 def test_many_firings_share_few_group_commits(db):
     db.rule(on=db.signalled("go"), coupling=Coupling.DETACHED, name="many")(
         lambda tx, event: tx.insert("events_seen", rule="many", detail=str(event.payload["n"])))
