@@ -163,6 +163,10 @@ class Catalog:
 
     def table_info(self, table: TableRef) -> TableInfo:
         """The :class:`TableInfo` of ``table`` (a name or a ``sqlalchemy.Table``)."""
+        if table.__class__ is str:          # (a name known already: every read and write asks)
+            info = self._infos.get(table)
+            if info is not None:
+                return info
         name = table if isinstance(table, str) else getattr(table, "name", None)
         if not isinstance(name, str):
             raise TransactionError(f"a table is named by a string or a sqlalchemy Table, got {table!r}")

@@ -31,29 +31,36 @@ class TableInfo:
 
     def __init__(self, table: sa.Table):
         self.table = table
-        self.name = table.name
-        self.key_columns = [column.name for column in table.primary_key.columns]
+        # Names as plain ``str`` (SQLAlchemy's are a ``str`` subclass, ``quoted_name``): a dict with other keys
+        # than exact ``str`` loses the interpreter's fast lookup, and every row image, data event and write set
+        # is keyed by these names.
+        self.name = str(table.name)
+        self.key_columns = [str(column.name) for column in table.primary_key.columns]
         if not self.key_columns:
             raise InvalidKey(f"table {table.name!r} has no primary key; activedb needs one to address rows")
-        self.columns = {column.name: column for column in table.columns}
+        self.columns = {str(column.name): column for column in table.columns}
         # Columns an INSERT must name: NOT NULL, no default of any kind, not part of the key.
         self.required = frozenset(
-            column.name for column in table.columns
+            name for name, column in self.columns.items()
             if not column.nullable and column.server_default is None and column.identity is None
-            and column.default is None and column.name not in self.key_columns
+            and column.default is None and name not in self.key_columns
         )
         # What a new row shows for columns it was not given, before PostgreSQL fills them:
         # the default if it is a constant, else None.
-        self.blank_row = {column.name: _constant_default(column) for column in table.columns}
+        self.blank_row = {name: _constant_default(column) for name, column in self.columns.items()}
         self._python_types = {name: _python_type(column) for name, column in self.columns.items()}
         self._checks = {name: _extra_check(column) for name, column in self.columns.items()}
         # Per column, a test that accepts the common valid values at once (None: none): what
         # ``check_value`` would accept, for exact built-in types only; anything else takes the full check.
         self._quick = {name: _quick_check(column) for name, column in self.columns.items()}
+        # The columns whose test is ``_quick_text`` / ``_quick_number``: ``key`` and ``check_values`` run it inline.
+        self._text = frozenset(name for name, quick in self._quick.items() if quick is _quick_text)
+        self._numbers = frozenset(name for name, quick in self._quick.items() if quick is _quick_number)
         # Per column, a test of a whole column of values at once, or None: ``check_column``'s way without a Python
         # call per value.
         self._quick_columns = {name: _quick_column_check(column) for name, column in self.columns.items()}
         self._quick_key = self._quick[self.key_columns[0]] if len(self.key_columns) == 1 else None
+        self._key_columns_text = self._quick_key is _quick_text
         self._key_clause = (
             sa.tuple_(*[table.c[name] for name in self.key_columns])
             if len(self.key_columns) > 1 else table.c[self.key_columns[0]]
@@ -61,6 +68,8 @@ class TableInfo:
         self._statements: dict[Hashable, Any] = {}
 
     def key(self, key: object) -> Key:
+        if key.__class__ is str and self._key_columns_text and key.isascii() and "\x00" not in key:
+            return (key,)         # (``_quick_text`` inline)
         quick = self._quick_key
         if quick is not None and quick(key):
             return (key,)         # a one-column key whose value the full check would accept
@@ -88,8 +97,14 @@ class TableInfo:
     def check_values(self, values: Mapping[str, object], *, copy: bool = True) -> dict[str, object]:
         """``values`` checked (``check_value`` for each): a copy, or ``values`` itself with ``copy=False`` (a
         dict of the caller's own, such as a call's keyword arguments)."""
-        quick = self._quick
+        quick, text, numbers = self._quick, self._text, self._numbers
         for name, value in values.items():
+            kind = value.__class__          # (``_quick_text`` and ``_quick_number`` inline: no call per value)
+            if kind is str:
+                if name in text and value.isascii() and "\x00" not in value:  # type: ignore[attr-defined, operator]
+                    continue
+            elif kind is float and name in numbers:
+                continue
             accepts = quick.get(name)
             if accepts is None or not accepts(value):
                 self.check_value(name, value)
@@ -345,10 +360,18 @@ def _quick_check(column: sa.Column[Any]) -> Callable[[Any], bool] | None:
                 return lambda value: value.__class__ is int and low <= value < bound
         return None
     if isinstance(column_type, (sa.String, sa.Text, sa.Enum)):
-        return lambda value: value.__class__ is str and value.isascii() and "\x00" not in value
+        return _quick_text
     if isinstance(column_type, (sa.Float, sa.Numeric)):
-        return lambda value: value.__class__ is float or value.__class__ is int
+        return _quick_number
     return None
+
+
+def _quick_text(value: object) -> bool:
+    return value.__class__ is str and value.isascii() and "\x00" not in value
+
+
+def _quick_number(value: object) -> bool:
+    return value.__class__ is float or value.__class__ is int
 
 
 _FLOAT_KINDS = frozenset({float, int})
