@@ -27,6 +27,10 @@ class QueueState(enum.Enum):
     CLOSED = "closed"
 
 
+# (Module constants: CPython 3.11 looks an Enum class's attributes up on a slow path, ``EnumType.__getattr__``.)
+_COLLECTING, _DRAINING, _CLOSED = QueueState.COLLECTING, QueueState.DRAINING, QueueState.CLOSED
+
+
 @dataclass(frozen=True)
 class DeferredFiring(Generic[Firing]):
     """A firing as handed out by :meth:`DeferredQueue.drain`: the firing, its cycle, its position in it."""
@@ -79,7 +83,7 @@ class DeferredQueue(Generic[Firing]):
         self.max_cycles = max_cycles
         self.name = name
         self._mutex = threading.Lock()  # protects every field below
-        self._state = QueueState.COLLECTING
+        self._state = _COLLECTING
         # Invariant: _current_cycle is None iff no cycle has been handed out yet.
         self._current_cycle: int | None = None
         # Invariant: every pending firing runs in cycle (_current_cycle + 1), or 0 when it is None.
@@ -106,7 +110,7 @@ class DeferredQueue(Generic[Firing]):
         """Queue ``firing``; return the number of the cycle it will run in (0 before the cycles start, k+1
         while cycle k runs).  Raises :class:`~coupling.errors.DeferredQueueClosed` once the queue is CLOSED."""
         with self._mutex:
-            if self._state is QueueState.CLOSED:
+            if self._state is _CLOSED:
                 raise DeferredQueueClosed(f"cannot defer {firing!r}: {self!r} already ran its deferred cycles (or was "
                                           "discarded), so its transaction is committing or has ended. Fire the rule "
                                           "before the owner starts committing, or use another coupling mode.")
@@ -118,19 +122,19 @@ class DeferredQueue(Generic[Firing]):
         """Hand out the next cycle (-> DRAINING), or ``None`` and CLOSED when nothing is pending (CLOSED
         too when the cycle limit is exceeded).  Precondition: every firing of the previous cycle has finished."""
         with self._mutex:
-            if self._state is QueueState.CLOSED:
+            if self._state is _CLOSED:
                 raise DeferredQueueClosed(f"{self!r} is closed; it has no further cycles")
             if not self._pending:
-                self._state = QueueState.CLOSED
+                self._state = _CLOSED
                 return None
             number = 0 if self._current_cycle is None else self._current_cycle + 1
             if number >= self.max_cycles:
-                self._state = QueueState.CLOSED
+                self._state = _CLOSED
                 pending, self._pending = self._pending, []
                 raise DeferredCycleLimitExceeded(self.max_cycles, pending, self.name)
             cycle = DeferredCycle(number, tuple(self._pending))
             self._pending = []
-            self._state = QueueState.DRAINING
+            self._state = _DRAINING
             self._current_cycle = number
             self._cycles_run += 1
             return cycle
@@ -151,7 +155,7 @@ class DeferredQueue(Generic[Firing]):
         """Close the queue without running what is pending (the owner aborted); return the dropped firings."""
         with self._mutex:
             dropped, self._pending = tuple(self._pending), []
-            self._state = QueueState.CLOSED
+            self._state = _CLOSED
             return dropped
 
     def statistics(self) -> DeferredQueueStatistics:

@@ -54,6 +54,8 @@ class Coupling(enum.Enum):
         member._primitive = primitive
         return member
 
+    __hash__ = object.__hash__      # (as its equality, identity: Enum's hashes the name, a Python call per lookup)
+
     @property
     def primitive(self) -> str:
         """The ACTA spawn primitive of Concurrent Rule Execution §3.3.2 for this mode (``Spawn_Imm`` ...)."""

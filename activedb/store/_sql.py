@@ -278,17 +278,18 @@ def apply_write_set(connection: sa.Connection, infos: Mapping[str, TableInfo],
     # The group of each (table, kind, columns in the entry's order), found once per such shape: rows of one
     # shape are most of a write set, and the shape's tuple costs less than its column set per row.
     shapes: dict[tuple[str, bool, tuple[str, ...]], list[tuple[Key, Mapping[str, object]]]] = {}
+    ABSENT, DELETE, REPLACE, PATCH = EntryKind.ABSENT, EntryKind.DELETE, EntryKind.REPLACE, EntryKind.PATCH  # (once)
     for (table_name, key), entry in writes.items():
         kind = entry.kind
-        if kind is EntryKind.ABSENT:
+        if kind is ABSENT:
             absent.setdefault(table_name, []).append(key)
             continue
-        if kind is EntryKind.DELETE or kind is EntryKind.REPLACE:
+        if kind is DELETE or kind is REPLACE:
             deletes.setdefault(table_name, []).append(key)
-            if kind is EntryKind.DELETE:
+            if kind is DELETE:
                 continue
         values = entry.values
-        patch = kind is EntryKind.PATCH
+        patch = kind is PATCH
         shape = (table_name, patch, tuple(values))
         group = shapes.get(shape)
         if group is None:

@@ -32,6 +32,12 @@ class EntryKind(enum.Enum):
     ABSENT = "absent"      # the row must not exist; nothing is written (an INSERT, then a DELETE)
 
 
+# Its members as module constants: CPython 3.11 looks an Enum class's attributes up through ``EnumType.__getattr__``'s
+# slow path, and every write and read of a written row composes or applies entries.
+_PATCH, _INSERT, _DELETE_KIND, _REPLACE, _ABSENT_KIND = (EntryKind.PATCH, EntryKind.INSERT, EntryKind.DELETE,
+                                                         EntryKind.REPLACE, EntryKind.ABSENT)
+
+
 @dataclass(frozen=True, slots=True)
 class Entry:
     kind: EntryKind
@@ -40,30 +46,32 @@ class Entry:
 
     def then(self, later: "Entry", describe: str) -> "Entry":
         """This entry followed by ``later`` on the same row (see the module table)."""
-        must_not_exist = self.kind is EntryKind.INSERT or self.kind is EntryKind.ABSENT
-        if later.kind is EntryKind.DELETE or later.kind is EntryKind.ABSENT:
+        kind, later_kind = self.kind, later.kind
+        must_not_exist = kind is _INSERT or kind is _ABSENT_KIND
+        if later_kind is _DELETE_KIND or later_kind is _ABSENT_KIND:
             return _ABSENT if must_not_exist else _DELETE
-        if self.kind is EntryKind.ABSENT:
-            return Entry(EntryKind.INSERT, dict(later.values))
-        if self.kind is EntryKind.DELETE:
-            return Entry(EntryKind.REPLACE, dict(later.values))
-        if later.kind is EntryKind.INSERT:
+        if kind is _ABSENT_KIND:
+            return Entry(_INSERT, dict(later.values))
+        if kind is _DELETE_KIND:
+            return Entry(_REPLACE, dict(later.values))
+        if later_kind is _INSERT:
             raise DuplicateKey(f"insert into {describe}: the row already exists (written earlier in this transaction)")
-        if later.kind is EntryKind.REPLACE:
-            return Entry(EntryKind.INSERT, dict(later.values)) if must_not_exist else later
-        return Entry(self.kind, {**self.values, **later.values})
+        if later_kind is _REPLACE:
+            return Entry(_INSERT, dict(later.values)) if must_not_exist else later
+        return Entry(kind, {**self.values, **later.values})
 
     def apply(self, base: dict[str, object] | None) -> dict[str, object] | None:
         """The row image after this entry, given the image before it."""
-        if self.kind is EntryKind.DELETE or self.kind is EntryKind.ABSENT:
+        kind = self.kind
+        if kind is _DELETE_KIND or kind is _ABSENT_KIND:
             return None
-        if self.kind is EntryKind.PATCH and base is not None:
+        if kind is _PATCH and base is not None:
             return {**base, **self.values}
         return dict(self.values)
 
 
-_DELETE = Entry(EntryKind.DELETE)
-_ABSENT = Entry(EntryKind.ABSENT)
+_DELETE = Entry(_DELETE_KIND)
+_ABSENT = Entry(_ABSENT_KIND)
 
 
 def resolve(chain: list[Entry], base: dict[str, object] | None) -> dict[str, object] | None:

@@ -22,7 +22,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 # Enum members as module constants: cheaper than the class attribute lookup on the hot path.
 _PATCH, _INSERT, _DELETE = EntryKind.PATCH, EntryKind.INSERT, EntryKind.DELETE
-_WRITE, _STREAM = Mode.WRITE, EventKind.STREAM
+_WRITE, _STREAM, _SIGNAL = Mode.WRITE, EventKind.STREAM, EventKind.SIGNAL
+_INSERTED, _UPDATED, _DELETED = EventKind.INSERTED, EventKind.UPDATED, EventKind.DELETED
 _WRITE_LOCKS = (BulkLock.WRITE, BulkLock.TABLE)       # what a write may take
 _ABORTED, _ACTIVE = TxnState.ABORTED, TxnState.ACTIVE
 
@@ -128,7 +129,7 @@ class Writes:
         """Raise an application event ``name`` with ``payload`` (rules on ``db.signalled(name)`` react)."""
         if self._doomed is not None or self._state is not _ACTIVE:     # (``_check_active``'s call only to raise)
             self._check_active("signal")
-        event = new_event(EventKind.SIGNAL, name, None, None, None, dict(payload), None, self.id)
+        event = new_event(_SIGNAL, name, None, None, None, dict(payload), None, self.id)
         for hook in self.manager.extensions.on_event:
             hook(self, event)
 
@@ -147,15 +148,15 @@ def data_event(node: "Transaction", info: TableInfo, key: Key, entry: Entry, old
     """The data event of ``node``'s change ``entry`` of row ``key`` (whose image was ``old``), heard by the
     extensions (``_modify``, once the entry is written)."""
     if entry.kind is _DELETE:
-        kind, new = EventKind.DELETED, None
+        kind, new = _DELETED, None
     else:
         new = entry.apply(old)
         if old is None:
-            kind = EventKind.INSERTED
+            kind = _INSERTED
             # The stored row: every column (constant defaults for the ones not given) and the key.
             new = {**info.blank_row, **new, **info.full_key_row(key)}  # type: ignore[dict-item]  # (not a delete)
         else:
-            kind = EventKind.UPDATED
+            kind = _UPDATED
     event = new_event(kind, info.name, key[0] if len(key) == 1 else key, old, new, None, None, node.id)
     for hook in extensions.on_event:
         hook(node, event)
