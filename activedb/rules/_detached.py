@@ -11,7 +11,7 @@ the gate's (whose mutex is a leaf).
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Callable, Protocol
 
 from coupling import CouplingError, DependencyGate, Verdict
 
@@ -56,17 +56,19 @@ class DetachedRunner:
         self.transactions = transactions
         self.gate = DependencyGate()
         self.recorder: FiringRecorder | None = None
+        #: ``start(trigger, firing, *, ended=...)``: ``firing`` (detached family) occurred in ``trigger`` — the
+        #: attached recorder's ``record`` itself (no call of this runner's between the dispatch and the recorder).
+        self.start: Callable[..., None] = self._no_recorder
 
     def attach(self, recorder: FiringRecorder) -> None:
         """Send every detached-family firing to ``recorder`` from now on."""
         self.recorder = recorder
+        self.start = recorder.record
 
-    def _recorder(self) -> FiringRecorder:
-        recorder = self.recorder
-        if recorder is None:
-            raise RuleError("detached-family rules need a recorder (the Database attaches its outbox); this "
-                            "RuleManager has none — create it through activedb.connect()")
-        return recorder
+    @staticmethod
+    def _no_recorder(trigger: "Transaction", firing: "Firing", *, ended: bool) -> None:
+        raise RuleError("detached-family rules need a recorder (the Database attaches its outbox); this "
+                        "RuleManager has none — create it through activedb.connect()")
 
     @property
     def running(self) -> int:
@@ -79,11 +81,6 @@ class DetachedRunner:
     def rules_changed(self) -> None:
         if self.recorder is not None:
             self.recorder.rules_changed()
-
-    def start(self, trigger: "Transaction", firing: "Firing", *, ended: bool) -> None:
-        """``firing`` (detached family) occurred in ``trigger``: hand it to the recorder."""
-        recorder = self.recorder
-        (recorder if recorder is not None else self._recorder()).record(trigger, firing, ended=ended)
 
     # --- hearing of ends (C-A coupling) ----------------------------------------------------------
 
