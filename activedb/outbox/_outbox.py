@@ -91,7 +91,7 @@ class OutboxOptions:
       start a pass).
     """
 
-    group_size: int = 256
+    group_size: int = 1024
     max_groups: int = 2
     max_attempts: int = 5
     recovery_interval: float | None = 10.0
