@@ -2,7 +2,7 @@
 participant per tree).  Design note: the package's ``README.md`` ("The life of a firing", "Replayed
 attempts").
 
-Thread-safety: ``TreeFirings._mutex`` protects its entry list (firings occur on any thread of the tree);
+Thread-safety: ``TreeFirings.mutex`` protects its entry list (firings occur on any thread of the tree);
 the decision and the SQL run in the committing thread after every node of the tree ended.
 """
 
