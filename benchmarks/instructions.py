@@ -13,7 +13,10 @@ rules``' first row without the sink — a batch is one top-level transaction emi
 one immediate rule inline, or calling the rule's function directly as many times (their ratio is the row's).  After
 the warm-up both runs collect and freeze what the garbage collector tracks (``gc.freeze``): a full collection then
 walks only what the measured batches left, not the whole process's heap, whose walk — in one run and not the other —
-would shift the count by tens of thousands per event.  The database is ``activedb.connect()``'s
+would shift the count by tens of thousands per event.  Neither total counts libpq's connection set-up (a
+connection's authentication, ~50 million instructions: a run that opened one more than the other would differ by
+~25,000 per event of 2,000): the pool is filled before and after the warm-up, and what ``PQconnectPoll`` cost is
+subtracted.  The database is ``activedb.connect()``'s
 (embedded, or ``ACTIVEDB_DATABASE_URL``), held open by this process across both runs so that both find the server
 the same way; the application's tables are emptied first.  Run nothing else on the same database meanwhile.  Each run under valgrind takes
 a minute or more (a 1k batch is about 50 times slower there).
@@ -63,11 +66,19 @@ def instructions_per_event(workload: str, size: int = 1_000, batches: int = 2) -
 
 
 def _total(path: Path) -> int:
-    """The instruction total of a callgrind output file (its ``totals:`` or ``summary:`` line)."""
+    """The instruction total of a callgrind output file (its ``totals:`` or ``summary:`` line) less libpq's
+    connection set-up in it (``PQconnectPoll``, inclusive; the module docstring says why)."""
     for line in path.read_text().splitlines():
         if line.startswith(("totals:", "summary:")):
-            return int(line.split()[1])
-    raise RuntimeError(f"{path} has no totals line")
+            total = int(line.split()[1])
+            break
+    else:
+        raise RuntimeError(f"{path} has no totals line")
+    listing = subprocess.run(["callgrind_annotate", "--inclusive=yes", "--threshold=100", str(path)],
+                             capture_output=True, text=True, check=True).stdout
+    # Its lines: "count (share)  file:function [object]".
+    return total - sum(int(line.split()[0].replace(",", "")) for line in listing.splitlines()
+                       if ":PQconnectPoll [" in line or line.rstrip().endswith(":PQconnectPoll"))
 
 
 def _run(workload: str, size: int, batches: int, phase: str) -> None:

@@ -3,6 +3,9 @@ and the count is read from callgrind's output (no valgrind here: a run under it 
 
 from __future__ import annotations
 
+import shutil
+
+import pytest
 import sqlalchemy as sa
 
 from benchmarks import instructions
@@ -49,3 +52,16 @@ def test_the_count_is_the_main_threads_total(tmp_path):
     output = tmp_path / "run.123-01"
     output.write_text("version: 1\ncreator: callgrind-3.19.0\nevents: Ir\nfn=(1) main\n16 5\ntotals: 123456\n")
     assert instructions._total(output) == 123456
+
+
+@pytest.mark.skipif(shutil.which("callgrind_annotate") is None, reason="valgrind is not installed")
+def test_a_count_leaves_out_the_connections_set_up(tmp_path):
+    """What libpq's connection set-up cost (``PQconnectPoll``, inclusive: the authentication) is not counted."""
+    output = tmp_path / "callgrind.out"
+    output.write_text("version: 1\ncreator: test\ncmd: python\nevents: Ir\n"
+                      "ob=libpython.so\nfl=ceval.c\nfn=main\n1 100\n"
+                      "cob=libpq.so\ncfl=fe-connect.c\ncfn=PQconnectPoll\ncalls=1 0\n1 40\n"
+                      "ob=libpq.so\nfl=fe-connect.c\nfn=PQconnectPoll\n1 30\ncfn=scram\ncalls=1 0\n1 10\n"
+                      "fn=scram\n1 10\n"
+                      "summary: 140\ntotals: 140\n")
+    assert instructions._total(output) == 100
