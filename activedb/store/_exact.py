@@ -28,9 +28,9 @@ _TAG = "$"
 
 def exact_json(value: object) -> Json:
     """``value`` as JSON ``jsonb`` accepts, decodable by :func:`from_exact_json` into an equal value."""
-    # The exact built-in types an event carries (str, dict, int, bool, None, float) first, without the
-    # ``isinstance`` cascade (every outbox record and dead letter encodes a whole event); anything else,
-    # subclasses included, by the general rules below.
+    # The exact built-in types an event carries (str, dict, int, bool, None, float, datetime, list) first,
+    # without the ``isinstance`` cascade (every outbox record and dead letter encodes a whole event); anything
+    # else, subclasses included, by the general rules below.
     if type(value) is str:
         if value.isascii() and "\x00" not in value:
             return value
@@ -53,8 +53,14 @@ def exact_json(value: object) -> Json:
     elif value is None or type(value) is int or type(value) is bool:
         return value
     elif type(value) is float:
-        if math.isfinite(value) and math.copysign(1.0, value) > 0 and "e" not in repr(value):
+        # Plain iff its ``repr`` is positive decimal notation: ``repr`` writes an exponent exactly below 1e-4
+        # and from 1e16 on (NaN and infinities fail both comparisons).
+        if 1e-4 <= value < 1e16 or value == 0.0 and math.copysign(1.0, value) > 0:
             return value
+    elif type(value) is dt.datetime:
+        return {"$datetime": value.isoformat()}
+    elif type(value) is list:
+        return [exact_json(item) for item in value]
     return _exact_json(value)
 
 

@@ -1,7 +1,7 @@
-"""``exact_json``'s fast path for the exact built-in types (str, dict, int, bool, None) gives what the general
-rules give, and every value comes back equal through ``from_exact_json`` — NUL characters, lone surrogates,
-keys that look like tags, subclasses of the fast path's types.  The oracle is the general rules
-(``_exact_json``).  No database."""
+"""``exact_json``'s fast path for the exact built-in types (str, dict, int, bool, None, float, datetime, list)
+gives the general rules' text, and every value comes back equal through ``from_exact_json`` — NUL characters,
+lone surrogates, keys that look like tags, floats at the edges of decimal notation, subclasses of the fast
+path's types.  The oracle is the general rules (``_exact_json``).  No database."""
 
 from __future__ import annotations
 
@@ -11,11 +11,12 @@ import enum
 import json
 import math
 import uuid
+from unittest import mock
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from activedb.store import exact_json, from_exact_json
+from activedb.store import _exact, exact_json, from_exact_json
 from activedb.store._exact import _exact_json
 
 
@@ -49,14 +50,28 @@ VALUES = st.recursive(
     max_leaves=12)
 
 
+def general(value: object) -> object:
+    """``value`` by the general rules all the way down (its items too, not only at the top)."""
+    with mock.patch.object(_exact, "exact_json", _exact_json):
+        return _exact_json(value)
+
+
 @given(VALUES)
 def test_the_fast_path_agrees_with_the_general_rules_and_every_value_comes_back(value):
     encoded = exact_json(value)
-    assert encoded == _exact_json(value)
-    json.dumps(encoded, allow_nan=False)                   # plain JSON: no NaN, no infinity, no object
+    # plain JSON (no NaN, no infinity, no object), the same text as the general rules' (floats and ints alike)
+    assert json.dumps(encoded, allow_nan=False) == json.dumps(general(value))
     decoded = from_exact_json(encoded)
     assert decoded == value
     assert type(decoded) is (dict if type(value) is Tagged else type(value)) or isinstance(value, enum.Enum)
+
+
+def test_floats_at_the_edges_of_decimal_notation_are_plain_exactly_when_the_general_rules_say_so():
+    # ``repr`` writes an exponent below 1e-4 and from 1e16 on: each edge, its neighbours, both signs.
+    for edge in (0.0, 5e-324, 1e-4, 1e16, math.inf):
+        for value in (edge, math.nextafter(edge, 0.0), math.nextafter(edge, math.inf)):
+            for signed in (value, -value):
+                assert json.dumps(exact_json(signed)) == json.dumps(general(signed)), signed
 
 
 def test_text_postgresql_cannot_hold_and_floats_json_cannot_are_tagged():
