@@ -472,8 +472,9 @@ def _statement(connection: sa.Connection, info: TableInfo, kind: str, order: tup
     if len(columns[0]) >= UNNEST_MIN:
         casts = info.array_types(connection.dialect, order)
         if casts is not None and all(_uniform(values) for values in columns):
-            # A column of exact integers travels as one array literal (``int_array``), the others as lists.
-            arrays = tuple(int_array(values) or values for values in columns)
+            # A column of exact integers or floats (and, bound on the client, of strings) travels as one array
+            # literal (``int_array``, ``array_literal``), the others as lists.
+            arrays = tuple(int_array(values) or array_literal(values, binary) or values for values in columns)
             literal = tuple(array.__class__ is str for array in arrays)
             statement = info.cached(("driver", kind, order, True, binary, literal), lambda: _driver_statement(
                 connection.dialect, info, kind, order, casts, binary, literal))
@@ -501,6 +502,24 @@ def int_array(values: Sequence[object]) -> str | None:
 
 
 _INT_ONLY = {int}
+
+
+def array_literal(values: Sequence[object], binary: bool) -> str | None:
+    """``values`` as one array literal if all are exact ``float`` or None (each ``repr``: what the driver writes) or,
+    unless ``binary``, exact ``str`` without NUL (each quoted, ``\\`` and ``"`` escaped, over the joined column:
+    the driver tests each with a regular expression); else None."""
+    kinds = set(map(type, values))
+    if float in kinds and kinds <= _FLOAT_OR_NONE:     # (no float's repr holds "None")
+        return "{" + ",".join(map(repr, values)).replace("None", "NULL") + "}"
+    if binary or kinds != _STR_ONLY:
+        return None
+    joined = "\x00".join(values)    # type: ignore[arg-type]  # (exact str)
+    if joined.count("\x00") != len(values) - 1:
+        return None
+    return '{"' + joined.replace("\\", "\\\\").replace('"', '\\"').replace("\x00", '","') + '"}'
+
+
+_FLOAT_OR_NONE, _STR_ONLY = {float, type(None)}, {str}
 
 
 def _uniform(values: Sequence[object]) -> bool:

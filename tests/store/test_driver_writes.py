@@ -325,6 +325,31 @@ def test_integer_and_text_arrays_store_exactly_what_one_row_at_a_time_stores(sam
 
 
 @pytest.mark.parametrize("held", [False, True], ids=["server-bound", "client-bound"])
+def test_float_and_text_array_literals_store_exactly_what_the_driver_would(samples, held):
+    """A column of exact floats goes as one array literal (each ``repr``), and so, in a statement bound on the
+    client, does a column of strings (each quoted and escaped): the awkward strings, float extremes, negative
+    zero, the specials and SQL NULL among floats are stored as given; a string with NUL is refused as before."""
+    db = samples
+    labels = [label for label in AWKWARD_LABELS if label is not None]
+    reals = [0.1, -0.0, 1.7976931348623157e308, 5e-324, -1 / 3, 1e16, 123456789.125, float("inf"), float("-inf"),
+             float("nan")]
+    rows = {number: {"label": label, "real": real} for number, (label, real) in enumerate(zip(labels, reals), start=1)}
+    with db.transaction() as tx:
+        tx.insert("typed_samples", id=0, label="lock me")
+    write_rows(db, held, rows.items())
+    found = stored(db)
+    assert {number: (found[number]["label"], repr(found[number]["real"])) for number in rows} == {
+        number: (values["label"], repr(values["real"])) for number, values in rows.items()}
+    write_rows(db, held, ((number, {"real": None if number % 3 else -values["real"]}) for number, values in rows.items()))
+    found = stored(db)
+    assert {number: repr(found[number]["real"]) for number in rows} == {
+        number: repr(None if number % 3 else -values["real"]) for number, values in rows.items()}
+    with pytest.raises(Exception, match="NUL"):
+        write_rows(db, held, [(20, {"label": "a\x00b"}), (21, {"label": "c"})])
+    assert 20 not in stored(db)
+
+
+@pytest.mark.parametrize("held", [False, True], ids=["server-bound", "client-bound"])
 def test_integer_columns_travel_as_one_array_literal_and_store_exactly_what_the_driver_would(samples, held):
     """A column of exact integers — the key included — goes as one array literal (``int_array``): the limits of
     each integer type, negative numbers and zero are stored as given, and read back by key through the same
