@@ -74,6 +74,10 @@ _INSERT = (
     "trigger_outcome text) WHERE " + Catalog.STILL_DRAWN)
 
 
+# One encoder (not one a call), no cycle check (a dict insert and delete per container; ``exact_json``'s output has no cycle).
+_ENCODER = json.JSONEncoder(allow_nan=False, check_circular=False, separators=(",", ":"))
+
+
 def insert(connection: sa.Connection, records: Sequence[NewRecord], owner: int, sequence: str, storage: int) -> bool:
     """Insert ``records`` as pending, owned by ``owner``: one statement, one round trip, whatever their
     number; False (nothing inserted) if ``sequence``, which gave their ids with ``storage``, was reset since
@@ -81,7 +85,7 @@ def insert(connection: sa.Connection, records: Sequence[NewRecord], owner: int, 
     PostgreSQL cannot hold — a NUL, a lone surrogate — is refused by it as in any text column.)"""
     if not records:
         return True
-    document = json.dumps([record.__dict__ for record in records], allow_nan=False)
+    document = _ENCODER.encode([record.__dict__ for record in records])
     highest = max(record.id for record in records)
     return connection.exec_driver_sql(_INSERT, (owner, document, storage, highest, sequence)).rowcount == len(records)
 
