@@ -11,7 +11,7 @@ the gate's (whose mutex is a leaf).
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Callable, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from coupling import CouplingError, DependencyGate, Verdict
 
@@ -29,6 +29,12 @@ logger = logging.getLogger("activedb.rules")
 
 class DependencyAbort(Exception):
     """The dependency gate said ABORT/CANCEL: not a rule failure."""
+
+
+class RecordFiring(Protocol):
+    """``FiringRecorder.record``'s signature: what ``DetachedRunner.start`` is."""
+
+    def __call__(self, trigger: "Transaction", firing: "Firing", *, ended: bool) -> None: ...
 
 
 class FiringRecorder(Protocol):
@@ -58,7 +64,7 @@ class DetachedRunner:
         self.recorder: FiringRecorder | None = None
         #: ``start(trigger, firing, *, ended=...)``: ``firing`` (detached family) occurred in ``trigger`` — the
         #: attached recorder's ``record`` itself (no call of this runner's between the dispatch and the recorder).
-        self.start: Callable[..., None] = self._no_recorder
+        self.start: RecordFiring = self._no_recorder
 
     def attach(self, recorder: FiringRecorder) -> None:
         """Send every detached-family firing to ``recorder`` from now on."""
