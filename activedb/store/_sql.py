@@ -102,8 +102,9 @@ def fetch_rows(connection: sa.Connection, info: TableInfo, keys: Iterable[Key], 
     if len(names) == 1 and _uniform(bound := [key[0] for key in keys]):
         sql = info.select_by_key_array(connection.dialect, lock, nowait)
         if sql is not None:
-            # One array parameter: no limit on the number of keys (integers as one array literal: ``int_array``).
-            return _fetch_by_array(connection, info, sql, int_array(bound) or bound)
+            # One array parameter: no limit on the number of keys (integers and floats as one array literal:
+            # ``array_literal``).
+            return _fetch_by_array(connection, info, sql, array_literal(bound, True) or bound)
     statement = info.select_by_keys()
     if lock == "share":
         statement = statement.with_for_update(read=True, nowait=nowait)
@@ -473,8 +474,8 @@ def _statement(connection: sa.Connection, info: TableInfo, kind: str, order: tup
         casts = info.array_types(connection.dialect, order)
         if casts is not None and all(_uniform(values) for values in columns):
             # A column of exact integers or floats (and, bound on the client, of strings) travels as one array
-            # literal (``int_array``, ``array_literal``), the others as lists.
-            arrays = tuple(int_array(values) or array_literal(values, binary) or values for values in columns)
+            # literal (``array_literal``), the others as lists.
+            arrays = tuple(array_literal(values, binary) or values for values in columns)
             literal = tuple(array.__class__ is str for array in arrays)
             statement = info.cached(("driver", kind, order, True, binary, literal), lambda: _driver_statement(
                 connection.dialect, info, kind, order, casts, binary, literal))
@@ -488,27 +489,18 @@ def _statement(connection: sa.Connection, info: TableInfo, kind: str, order: tup
     return statement, rows if len(rows) > 1 else rows[0]
 
 
-def int_array(values: Sequence[object]) -> str | None:
-    """``values`` as one PostgreSQL array literal (``{1,-2,3}``, text) if every one is an exact ``int``, else None.
-    The driver's own array dumper costs a Python call and a test per element — more than the rest of a flushed
-    counter row —, where this is one ``join`` in C; PostgreSQL reads the literal through the parameter's cast
-    (``%s::bigint[]``, ``CAST(:keys AS integer[])``) and stores what the list would have stored: the decimal digits
-    of an ``int`` are exact, and the values have passed the column's range check (``TableInfo.check_value``), so
-    no element is refused that the list would have taken.  ``bool`` (a subclass) and ``None`` take the driver's
-    path."""
-    if not values or set(map(type, values)) != _INT_ONLY:
-        return None
-    return "{" + ",".join(map(str, values)) + "}"
-
-
-_INT_ONLY = {int}
-
-
 def array_literal(values: Sequence[object], binary: bool) -> str | None:
-    """``values`` as one array literal if all are exact ``float`` or None (each ``repr``: what the driver writes) or,
-    unless ``binary``, exact ``str`` without NUL (each quoted, ``\\`` and ``"`` escaped, over the joined column:
-    the driver tests each with a regular expression); else None."""
+    """``values`` as one PostgreSQL array literal (text, read through the parameter's cast: ``%s::bigint[]``,
+    ``CAST(:keys AS integer[])``) if all are exact ``int`` (``{1,-2,3}``), or exact ``float`` or None (each
+    ``repr``: what the driver writes), or, unless ``binary``, exact ``str`` without NUL (each quoted, ``\\`` and
+    ``"`` escaped, over the joined column); else None (the driver's path: ``bool``, a subclass of ``int``,
+    included).  The driver's own array dumper costs a Python call and a test per element (a regular expression per
+    text element), where this is one ``join`` in C; the literal stores what the list would have stored: decimal
+    digits and ``repr`` are exact, and the values have passed the column's checks (``TableInfo.check_value``), so
+    no element is refused that the list would have taken."""
     kinds = set(map(type, values))
+    if kinds == _INT_ONLY:
+        return "{" + ",".join(map(str, values)) + "}"
     if float in kinds and kinds <= _FLOAT_OR_NONE:     # (no float's repr holds "None")
         return "{" + ",".join(map(repr, values)).replace("None", "NULL") + "}"
     if binary or kinds != _STR_ONLY:
@@ -519,7 +511,7 @@ def array_literal(values: Sequence[object], binary: bool) -> str | None:
     return '{"' + joined.replace("\\", "\\\\").replace('"', '\\"').replace("\x00", '","') + '"}'
 
 
-_FLOAT_OR_NONE, _STR_ONLY = {float, type(None)}, {str}
+_INT_ONLY, _FLOAT_OR_NONE, _STR_ONLY = {int}, {float, type(None)}, {str}
 
 
 def _uniform(values: Sequence[object]) -> bool:
@@ -547,7 +539,7 @@ def _driver_statement(dialect: sa.Dialect, info: TableInfo, kind: str, order: tu
                       casts: tuple[str, ...] | None, binary: bool = False, literal: tuple[bool, ...] = ()) -> str:
     """The SQL text of one batched statement for psycopg (``%s`` parameters): over ``unnest`` of one array
     per column (``casts`` the arrays' types; ``binary``: those in :data:`BINARY_ARRAYS` as ``%b``, except the
-    columns ``literal`` marks, which come as one array literal in text: ``int_array``) or, if ``casts`` is None,
+    columns ``literal`` marks, which come as one array literal in text: ``array_literal``) or, if ``casts`` is None,
     one row's parameters."""
     quote = dialect.identifier_preparer.quote
     table = dialect.identifier_preparer.format_table(info.table).replace("%", "%%")
