@@ -273,10 +273,10 @@ class Locking:
         except (DeadlockDetected, LockWaitTimeout) as error:
             node._doom(error)
             raise
-        except lockmgr.LockError as error:
-            if node._doomed is not None:
-                _raise_aborted(node, error)
-            raise
+        except lockmgr.TransactionNotActive as error:
+            # An ancestor's abort reached the lock manager while this request waited, maybe before the doom walk
+            # reached this node (a child spawned meanwhile): activedb's error if the node or an ancestor is doomed.
+            _raise_aborted(node, error)
 
     def _grant_lazily(self, node: "Transaction", name: str, key: "Key | None", mode: Mode) -> bool:
         """Lazy ``node``'s request, granted now as its parent's retain (``LockManager.try_retain``, recorded
