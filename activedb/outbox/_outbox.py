@@ -34,7 +34,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
     import sqlalchemy as sa
 
-    from activedb.rules import RuleManager
+    from activedb.rules import RuleCounter, RuleManager
     from activedb.store import Catalog
     from activedb.txn import Transaction, TransactionManager
 
@@ -271,7 +271,7 @@ class Outbox:
         """Queue recorded firings ``(record id, firing, attempts)`` to run."""
         self._executor.submit([Work(record_id, firing, attempts) for record_id, firing, attempts in items])
 
-    def count(self, firings: list["Firing"], what: str) -> None:
+    def count(self, firings: list["Firing"], what: RuleCounter) -> None:
         """Add each of ``firings`` to its rule's counter ``what``: one call of the rule manager per rule."""
         rules = {firing.rule.name: firing.rule for firing in firings}
         for name, count in collections.Counter([firing.rule.name for firing in firings]).items():

@@ -17,7 +17,7 @@ from activedb.errors import CascadeLimitExceeded, RuleFailed, TransactionAborted
 from activedb.events import Event, EventKind
 from activedb.rules._context import RuleContext, chain_of, deferred_queue_for
 from activedb.rules._detached import DetachedRunner, DependencyAbort
-from activedb.rules._model import Fired, Firing, Rule, RuleExecution, RulesStatistics, always
+from activedb.rules._model import Fired, Firing, Rule, RuleCounter, RuleExecution, RulesStatistics, always
 from activedb.rules._parallel import condition_then_action
 from activedb.rules._record import FiringRecord
 from activedb.rules._registry import RuleRegistry
@@ -144,7 +144,7 @@ class RuleManager(TransactionExtension):
         """Wait until every detached-family firing recorded so far by this process has run."""
         self.detached.wait_idle(timeout)
 
-    def count(self, rule: Rule, what: str, amount: int = 1) -> None:
+    def count(self, rule: Rule, what: RuleCounter, amount: int = 1) -> None:
         self.record.count(rule.name, what, amount)
 
     # --- the extension hooks -------------------------------------------------------------------

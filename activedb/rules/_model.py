@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable, Literal, NamedTuple
 
 from coupling import Coupling
 
@@ -148,6 +148,10 @@ class RuleCounters:
     failed: int = 0            # condition or action raised
     cancelled: int = 0         # a dependency stopped it (trigger aborted/committed, condition false)
     rerun_after_wait: int = 0  # detached dependent re-run after it was the victim of a gate-vs-lock cycle
+
+
+#: The name of one of :class:`RuleCounters`' fields (what ``RuleManager.count`` adds to).
+RuleCounter = Literal["fired", "condition_false", "executed", "failed", "cancelled", "rerun_after_wait"]
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Iterable
 from coupling import Coupling
 
 from activedb.rules._context import RuleContext
-from activedb.rules._model import RuleCounters
+from activedb.rules._model import RuleCounter, RuleCounters
 from activedb.txn import slot
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -102,7 +102,7 @@ class FiringRecord:
                 self._counters[name].fired += count
                 self._per_mode[couplings[name]] += count
 
-    def count(self, name: str, what: str, amount: int = 1) -> None:
+    def count(self, name: str, what: RuleCounter, amount: int = 1) -> None:
         """Add ``amount`` to counter ``what`` (a ``RuleCounters`` field) of rule ``name``."""
         with self._mutex:
             counter = self._counters[name]
