@@ -14,6 +14,7 @@ import contextlib
 import datetime
 import os
 import threading
+import time
 from typing import Any, Callable, Iterator
 
 import psycopg
@@ -29,9 +30,12 @@ from activedb.store._writeset import TableRef
 
 #: Generated keys are drawn from a sequence this many at a time at first (one round trip per block) ...
 KEY_BLOCK = 64
-#: ... and twice as many each time a block runs out within the transaction tree that drew the last one,
-#: up to this many (a tree inserting thousands of rows takes a few round trips, not one per 64 keys).
+#: ... and twice as many each time a block runs out within the transaction tree that drew it, or within
+#: :data:`KEY_BLOCK_SECONDS` of its draw, up to this many (a tree inserting thousands of rows takes a few round
+#: trips, not one per 64 keys; a stream of small trees, one draw every few seconds, not one per tree).
 KEY_BLOCK_MAX = 4096
+#: A block used up this soon after its draw makes the next one twice as large, whichever tree used it.
+KEY_BLOCK_SECONDS = 1.0
 #: How many drawn blocks per sequence are remembered to check generated keys at the flush.
 KEY_HISTORY = 256
 #: How many autocommit connections ``Catalog.idle`` keeps checked out between two uses.
@@ -117,8 +121,10 @@ class Catalog:
         self._infos: dict[str, TableInfo] = {}
         self._sequences: dict[tuple[str, str], str | None] = {}
         self._key_blocks: dict[str, list[int]] = {}     # sequence -> drawn, unused values (largest first)
-        # sequence -> (size of its next block, when the tree that drew its last block began)
-        self._key_sizes: dict[str, tuple[int, datetime.datetime | None]] = {}
+        # sequence -> (size of its last block, when the tree that drew it began, when it was drawn: time.monotonic)
+        self._key_sizes: dict[str, tuple[int, datetime.datetime | None, float]] = {}
+        #: A block used up within this many seconds of its draw doubles the next one (:data:`KEY_BLOCK_SECONDS`).
+        self.key_block_seconds = KEY_BLOCK_SECONDS
         # sequence -> (lowest, highest value, sequence storage) of recently drawn blocks, oldest first
         self._key_history: dict[str, collections.deque[tuple[int, int, int]]] = {}
         # sequence -> when a draw found it reset (transactions that began before may hold stale keys)
@@ -248,8 +254,8 @@ class Catalog:
     def next_generated_key(self, sequence: str, since: datetime.datetime | None = None) -> int:
         """The next value of ``sequence``, drawn in blocks (one round trip per block; unused values of a
         block are gaps, as after any rollback in PostgreSQL).  A block is :data:`KEY_BLOCK` values, twice
-        the last one's when the last one was drawn by the same tree (same ``since``) and ran out in it, at
-        most :data:`KEY_BLOCK_MAX`.  Every value handed out is checked again at the flush of the
+        the last one's when the last one ran out in the tree that drew it (same ``since``) or within
+        :attr:`key_block_seconds` of its draw, at most :data:`KEY_BLOCK_MAX`.  Every value handed out is checked again at the flush of the
         transaction that used it (:meth:`check_generated_keys`).
 
         ``since``: when the transaction asking began.  If the sequence was found reset after that, the
@@ -282,11 +288,17 @@ class Catalog:
                     del block[cut:]
                 if len(keys) == count:
                     return keys, storage
-                # The block's size: doubled when the same tree drew the last one (it used it up), else kept.
-                size, drawn_by = self._key_sizes.get(sequence, (KEY_BLOCK, None))
-                if since is not None and since == drawn_by:
-                    size = min(size * 2, KEY_BLOCK_MAX)
-                self._key_sizes[sequence] = (size, since)
+                # The block's size: doubled when the last one was used up by the tree that drew it or soon after
+                # its draw, else kept.
+                now = time.monotonic()
+                last = self._key_sizes.get(sequence)
+                if last is None:
+                    size = KEY_BLOCK
+                else:
+                    size, drawn_by, drawn_at = last
+                    if (since is not None and since == drawn_by) or now - drawn_at < self.key_block_seconds:
+                        size = min(size * 2, KEY_BLOCK_MAX)
+                self._key_sizes[sequence] = (size, since, now)
                 size = max(size, min(8 * count, KEY_BLOCK_MAX), count - len(keys))
             values, drawn = self._draw(sequence, size)
             values.sort(reverse=True)

@@ -1,7 +1,9 @@
 """Generated keys come from blocks drawn from the sequence: 64 values at first, twice as many each time a
-block runs out within the tree that drew it, at most 4,096; a block drawn for another tree keeps the size,
-and a caller that names no tree never grows it.  What each draw took is read from the sequence itself
-(``pg_sequence_last_value``).  Real PostgreSQL; the tests' ``events_seen`` table (an identity key)."""
+block runs out within the tree that drew it or soon after its draw (``Catalog.key_block_seconds``), at most
+4,096; a block another tree, or a caller that names no tree, uses up later keeps the size.  What each draw took
+is read from the sequence itself (``pg_sequence_last_value``).  Real PostgreSQL; the tests' ``events_seen``
+table (an identity key).  The tests set ``key_block_seconds`` to 0 or to an hour: what counts as "soon" then
+does not depend on the machine's speed."""
 
 from __future__ import annotations
 
@@ -55,6 +57,7 @@ def test_blocks_double_while_one_tree_uses_them_up(catalog):
 
 
 def test_another_tree_keeps_the_size_and_a_caller_without_a_tree_never_grows_it(catalog):
+    catalog.key_block_seconds = 0.0                # no block counts as used up soon after its draw
     sequence = Sequence(catalog)
     sequence.take(64 + 1, tree(1))                 # a block of 64, used up: the next is 128
     assert sequence.drawn() == 64 + 128
@@ -67,3 +70,14 @@ def test_another_tree_keeps_the_size_and_a_caller_without_a_tree_never_grows_it(
     sequence.take(127 + 1, None)
     assert sequence.drawn() == 64 + 128 * 5
     assert len(set(sequence.keys)) == len(sequence.keys)
+
+
+def test_a_block_used_up_soon_after_its_draw_doubles_whichever_tree_used_it(catalog):
+    catalog.key_block_seconds = 3600.0             # every block counts as used up soon after its draw
+    sequence = Sequence(catalog)
+    sequence.take(64 + 1, tree(1))                 # a block of 64, used up: the next is 128
+    sequence.take(127 + 1, tree(2))                # tree 2 uses it up too: 256, as one tree would
+    assert sequence.drawn() == 64 + 128 + 256
+    sequence.take(255 + 1, None)                   # a caller without a tree as well: 512
+    assert sequence.drawn() == 64 + 128 + 256 + 512
+    assert sequence.keys == list(range(1, 64 + 128 + 256 + 2))
