@@ -132,12 +132,13 @@ def _fetch_by_array(connection: sa.Connection, info: TableInfo, sql: str, keys: 
                               lambda: _result_processors(dialect, info, cursor.description))  # type: ignore[arg-type]  # (a SELECT)
         position = tuple(info.columns).index(info.key_columns[0])
         found: dict[Key, dict[str, object]] = {}
+        rows = cursor.fetchall()      # (iterating the cursor checks its result once per row, in Python)
         if all(reader is None for _, reader in readers):
             columns = tuple(name for name, _ in readers)
-            for row in cursor:
+            for row in rows:
                 found[(row[position],)] = dict(zip(columns, row))
         else:
-            for row in cursor:
+            for row in rows:
                 image = {name: value if reader is None else reader(value) for (name, reader), value in zip(readers, row)}
                 found[(image[info.key_columns[0]],)] = image
         return found
