@@ -390,6 +390,28 @@ class LockManager:
         self.acquire(tid, table, intention, timeout)
         self.acquire(tid, resource, mode, timeout)
 
+    def acquire_tuples(self, tid: Hashable, table: Hashable, keys: "Iterable[Hashable]", mode: Mode,
+                       timeout: float | None = None, resources: "Iterable[Hashable] | None" = None) -> None:
+        """``acquire_tuple`` of each of ``keys`` in order (``resources``: their resources, in the same order), the
+        table's entry looked at once: after the first, each tuple granted at once costs one stripe-mutex section.
+        An error (a deadlock, a timeout) leaves the tuples before it locked, as a loop of ``acquire_tuple`` does."""
+        keys = list(keys)
+        named = [(table, key) for key in keys] if resources is None else list(resources)
+        if len(named) != len(keys):
+            raise ValueError(f"acquire_tuples: {len(keys)} keys but {len(named)} resources")
+        if not keys:
+            return
+        self.acquire_tuple(tid, table, keys[0], mode, timeout, named[0])     # (takes the intention lock)
+        _, _, txn, held = _tuple_request(self._active, tid, table, keys[0], mode, named[0], "acquire_tuples")
+        if held is _COVERED:
+            return
+        stripes, mask = self._stripes, self._stripe_mask
+        for index in range(1, len(keys)):
+            resource = named[index]
+            if held is not _INTENTION_HELD or not _fast_grant(stripes[hash(resource) & mask], txn,  # type: ignore[arg-type]
+                                                              resource, mode):
+                self.acquire_tuple(tid, table, keys[index], mode, timeout, resource)
+
     def try_acquire_tuple(self, tid: Hashable, table: Hashable, key: Hashable, mode: Mode,
                           resource: Hashable | None = None) -> bool:
         """``acquire_tuple`` that never blocks: True if the tuple (and its intention lock) is granted now,

@@ -278,6 +278,42 @@ class Locking:
             # reached this node (a child spawned meanwhile): activedb's error if the node or an ancestor is doomed.
             _raise_aborted(node, error)
 
+    def acquire_rows(self, node: "Transaction", info: "TableInfo", keys: "list[Key]", mode: Mode) -> None:
+        """``acquire`` of each of ``keys`` (rows of ``info``) in order, for ``node``'s own bulk read (``prefetch``,
+        ``read_many``): one call of the lock manager for the rows a node that is not lazy has not recorded yet
+        (``LockManager.acquire_tuples``).  A lazy node, a node with a lazy child and a table locked as a whole
+        take ``acquire``'s path once per row."""
+        name = info.name
+        if node._lazy_child is not None or node._lazy or self._granularity.get(name) is _TABLE:
+            for key in keys:
+                self.acquire(node, info, key, mode)
+            return
+        held = node._modes_held
+        if held is not None:
+            current = held.get(name)
+            if current is not None and _COVERS[current][mode]:
+                return
+            keys = [key for key in keys if (current := held.get((name, key))) is None
+                    or not _COVERS[current][mode]]
+        if not keys:
+            return
+        node._holds = True
+        try:
+            self.lock_manager.acquire_tuples(node.id, ("table", name), keys, mode, self.lock_timeout,
+                                             [("row", name, key) for key in keys])
+        except (DeadlockDetected, LockWaitTimeout) as error:
+            node._doom(error)
+            raise
+        except lockmgr.TransactionNotActive as error:
+            _raise_aborted(node, error)
+        _note_tuple(node, name, mode)
+        held = node._modes_held
+        assert held is not None       # (``_note_tuple`` noted the intention lock or found the table's mode)
+        for key in keys:
+            subject = (name, key)
+            previous = held.get(subject)
+            held[subject] = mode if previous is None else _JOIN[previous][mode]
+
     def _grant_lazily(self, node: "Transaction", name: str, key: "Key | None", mode: Mode) -> bool:
         """Lazy ``node``'s request, granted now as its parent's retain (``LockManager.try_retain``, recorded
         in ``node._grants``) exactly when ``node``'s own request would be granted at once (README, "Lazy

@@ -70,9 +70,7 @@ class Reads:
         chain, name = (self, *self.ancestors), info.name
         wanted = list(dict.fromkeys(key for key in map(info.key, keys) if not any(
             (name, key) in node._db_reads or (name, key) in node._writes for node in chain)))
-        locking = self.manager.locking
-        for key in wanted:
-            locking.acquire(self, info, key, Mode.READ)
+        self.manager.locking.acquire_rows(self, info, wanted, Mode.READ)
         # (A root always has its read base: only a frame's is None.)
         return self.root._read_base.read_many(self, info, wanted) if wanted else 0  # type: ignore[union-attr]
 
@@ -94,9 +92,7 @@ class Reads:
         if lock is BulkLock.TABLE:
             locking.acquire(self, info, None, Mode.WRITE)
         else:
-            mode = _READ_LOCKS[lock]
-            for key in normalised.values():
-                locking.acquire(self, info, key, mode)
+            locking.acquire_rows(self, info, list(normalised.values()), _READ_LOCKS[lock])
         chain = (self, *self.ancestors)
         name = info.name
         wanted = list(dict.fromkeys(key for key in normalised.values()

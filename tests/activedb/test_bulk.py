@@ -59,6 +59,17 @@ def test_read_many_locks_at_the_granularity_asked(db, accounts, lock, row_mode, 
         assert locks.holders(("table", "accounts")).held.get(tx.id) is table_mode
 
 
+def test_prefetch_read_locks_each_row_once_and_the_table_in_intention(db, accounts):
+    locks = db.transactions.locks
+    with db.transaction() as tx:
+        tx.write("accounts", 2, balance=222)                 # WRITE on row 2 already: prefetch keeps it
+        tx.prefetch("accounts", [1, 2, 3, 1])
+        assert {key: locks.holders(("row", "accounts", (key,))).held.get(tx.id) for key in (1, 2, 3)} == {
+            1: Mode.READ, 2: Mode.WRITE, 3: Mode.READ}
+        assert locks.holders(("table", "accounts")).held.get(tx.id) is Mode.IW     # (IW covers the IR asked)
+        assert tx.read("accounts", 3)["balance"] == 30
+
+
 def test_read_many_images_are_validated_at_the_flush(db, accounts, database_url):
     other = activedb.connect(database_url)
     try:

@@ -10,7 +10,7 @@ import itertools
 
 import pytest
 
-from lockmgr import Mode, conflicts, covers, join
+from lockmgr import LockTimeout, Mode, conflicts, covers, join
 from lockmgr.testing import Scenario
 from tests.lockmgr._trees import commits, held, manager, retained
 
@@ -256,6 +256,31 @@ def test_rule5_a_retainer_can_take_the_stronger_mode_back():
 
 
 # ---------------------------------------------------------------- tables and tuples
+
+
+def test_acquire_tuples_locks_each_key_as_acquire_tuple_does():
+    lm = manager("A", "B", "C")
+    lm.acquire_tuples("A", "accounts", [1, 2, 1], W)
+    assert held(lm, "accounts") == {"A": IW}
+    assert held(lm, ("accounts", 1)) == {"A": W} and held(lm, ("accounts", 2)) == {"A": W}
+    lm.acquire_tuples("B", "accounts", [3, 4], R, resources=[("row", 3), ("row", 4)])   # an embedder's naming
+    assert held(lm, ("row", 3)) == {"B": R} and held(lm, ("row", 4)) == {"B": R} and not lm.holders(("accounts", 3))
+    lm.acquire("C", "ledger", R)
+    lm.acquire_tuples("C", "ledger", [5, 6], R)
+    assert not lm.holders(("ledger", 5)) and not lm.holders(("ledger", 6)), "a table READ covers its tuples"
+    with pytest.raises(ValueError):
+        lm.acquire_tuples("C", "ledger", [7, 8], R, resources=[("ledger", 7)])
+    lm.acquire_tuples("C", "ledger", [], W)         # nothing asked: nothing taken
+    assert held(lm, "ledger") == {"C": R}
+
+
+def test_acquire_tuples_that_meets_a_conflict_leaves_the_keys_before_it_locked():
+    lm = manager("A", "B")
+    lm.acquire_tuple("B", "accounts", 2, W)
+    with pytest.raises(LockTimeout):            # (a wait that can only end by its timeout)
+        lm.acquire_tuples("A", "accounts", [1, 2, 3], R, timeout=0.05)
+    assert held(lm, ("accounts", 1)) == {"A": R}, "the key before the conflict stays locked"
+    assert held(lm, ("accounts", 2)) == {"B": W} and not lm.holders(("accounts", 3))
 
 
 def test_tuple_locks_take_the_matching_intention_lock_on_the_table():
