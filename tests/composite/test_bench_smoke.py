@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+from pathlib import Path
 
 from benchmarks import composite as bench
 
@@ -38,3 +40,4 @@ def test_the_quick_cli_run_shows_progress_says_it_is_quick_and_writes_nothing_in
     assert list(tmp_path.iterdir()) == [], "files go to a folder the notes name, not the current directory"
     plot = next(line for line in result.output.splitlines() if line.startswith("- plot: ")).split(": ", 1)[1]
     assert plot.endswith("activedb-bench-composite.png") and not plot.startswith(str(tmp_path))
+    shutil.rmtree(Path(plot).parent)       # the new temporary folder the notes name: the test's own, not left behind
