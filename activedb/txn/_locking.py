@@ -307,12 +307,8 @@ class Locking:
         except lockmgr.TransactionNotActive as error:
             _raise_aborted(node, error)
         _note_tuple(node, name, mode)
-        held = node._modes_held
-        assert held is not None       # (``_note_tuple`` noted the intention lock or found the table's mode)
         for key in keys:
-            subject = (name, key)
-            previous = held.get(subject)
-            held[subject] = mode if previous is None else _JOIN[previous][mode]
+            _note_held(node, (name, key), mode)
 
     def _grant_lazily(self, node: "Transaction", name: str, key: "Key | None", mode: Mode) -> bool:
         """Lazy ``node``'s request, granted now as its parent's retain (``LockManager.try_retain``, recorded
