@@ -408,8 +408,8 @@ class LockManager:
         stripes, mask = self._stripes, self._stripe_mask
         for index in range(1, len(keys)):
             resource = named[index]
-            if held is not _INTENTION_HELD or not _fast_grant(stripes[hash(resource) & mask], txn,  # type: ignore[arg-type]
-                                                              resource, mode):
+            stripe = stripes[hash(resource) & mask]
+            if held is not _INTENTION_HELD or not _fast_grant(stripe, txn, resource, mode):  # type: ignore[arg-type]
                 self.acquire_tuple(tid, table, keys[index], mode, timeout, resource)
 
     def try_acquire_tuple(self, tid: Hashable, table: Hashable, key: Hashable, mode: Mode,

@@ -74,7 +74,8 @@ _INSERT = (
     "trigger_outcome text) WHERE " + Catalog.STILL_DRAWN)
 
 
-# One encoder (not one a call), no cycle check (a dict insert and delete per container; ``exact_json``'s output has no cycle).
+# One encoder (not one a call), no cycle check (a dict insert and delete per container; ``exact_json``'s output
+# has no cycle).
 _ENCODER = json.JSONEncoder(allow_nan=False, check_circular=False, separators=(",", ":"))
 
 

@@ -2,7 +2,8 @@
 
 Public names: :class:`RuleManager` (``db.rules``), :class:`Rule`, :class:`FunctionRule`, :class:`Firing`,
 :class:`FiringOutcome` and :class:`Fired` (:meth:`RuleManager.fire`),
-:class:`RuleCounters` (and :data:`RuleCounter`, the name of one of its fields), :class:`RulesStatistics`, :class:`RuleContext` (the rules' per-transaction slot).
+:class:`RuleCounters` (and :data:`RuleCounter`, the name of one of its fields), :class:`RulesStatistics`,
+:class:`RuleContext` (the rules' per-transaction slot).
 """
 
 from activedb.rules._context import GateKey, GateRole, RuleContext

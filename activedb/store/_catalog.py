@@ -255,8 +255,8 @@ class Catalog:
         """The next value of ``sequence``, drawn in blocks (one round trip per block; unused values of a
         block are gaps, as after any rollback in PostgreSQL).  A block is :data:`KEY_BLOCK` values, twice
         the last one's when the last one ran out in the tree that drew it (same ``since``) or within
-        :attr:`key_block_seconds` of its draw, at most :data:`KEY_BLOCK_MAX`.  Every value handed out is checked again at the flush of the
-        transaction that used it (:meth:`check_generated_keys`).
+        :attr:`key_block_seconds` of its draw, at most :data:`KEY_BLOCK_MAX`.  Every value handed out is checked
+        again at the flush of the transaction that used it (:meth:`check_generated_keys`).
 
         ``since``: when the transaction asking began.  If the sequence was found reset after that, the
         transaction may hold keys from before the reset, which the sequence now hands out again — a fresh

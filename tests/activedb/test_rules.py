@@ -440,3 +440,14 @@ def test_firing_counts_reach_the_statistics_once_the_tree_ends_committed_or_abor
             raise RuntimeError("abort the tree")
     assert fired("counted") == 3
     assert fired("on_abort") == 1
+
+
+def test_rule_counter_names_exactly_the_fields_of_rule_counters():
+    """``RuleCounter`` (a ``Literal``, for the type checker) and ``RuleCounters`` (the dataclass) list one set of
+    counters twice: a field added to one must be added to the other."""
+    import dataclasses
+    import typing
+
+    from activedb.rules import RuleCounter, RuleCounters
+
+    assert typing.get_args(RuleCounter) == tuple(field.name for field in dataclasses.fields(RuleCounters))
