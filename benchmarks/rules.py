@@ -103,8 +103,8 @@ def _compare(database, report: BenchReport, label: str, event_type: str, count: 
     rule_rate = count / statistics.median(rule_times)
     direct_rate = count / statistics.median(direct_times)
     overhead_us = (1 / rule_rate - 1 / direct_rate) * 1e6
-    # The goals of cheap subtransactions: immediate inline 0.8 of calling the action, the others 0.6.
-    goal = 0.8 if label.startswith("immediate") and execution == "inline" else 0.6
+    # The goals: immediate inline 0.9 of calling the action (issue 54's), the others 0.6 (cheap subtransactions').
+    goal = 0.9 if label.startswith("immediate") and execution == "inline" else 0.6
     report.add(Row(
         name=label, value=rule_rate, unit="firings/s",
         baseline_name="direct calls, one plain transaction", baseline=direct_rate,
