@@ -63,6 +63,9 @@ class _HoldDetached(Observer):
 
 def main(url: str) -> None:
     import activedb
+    from tests._lines import dump_stacks_on_request
+
+    dump_stacks_on_request()       # a parent that waits in vain for our lines gets every thread's stack
 
     db = activedb.connect(url, outbox_options={"recovery_interval": None})
     register(db)
@@ -109,6 +112,10 @@ def main(url: str) -> None:
                     raise _TriggerAborts(name)
         except _TriggerAborts:
             pass
+        except BaseException as error:         # the parent waits for every scenario's line: tell it at once
+            with report_mutex:
+                print(f"failed {name}: {error!r}", flush=True)
+            raise
         armed.name = None
         report(name)                           # "after" (and "during" when there was nothing to record)
 

@@ -17,6 +17,7 @@ import sqlalchemy as sa
 import activedb
 from activedb import testing
 from lockmgr import Deadlock
+from tests._lines import Lines
 
 pytestmark = pytest.mark.db(record_history=True, max_workers=8)
 
@@ -162,8 +163,7 @@ def test_sigkill_during_commits_leaves_each_transaction_all_or_nothing(db, datab
     process = subprocess.Popen([sys.executable, "-c", KILLED_WRITER, database_url, str(start)],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     # Let it commit a varying number of transactions, then kill it while it is committing more.
-    for _ in range(5 + 7 * round_number):
-        assert process.stdout.readline(), process.stderr.read()
+    Lines(process).until(5 + 7 * round_number, "", 120)
     process.send_signal(signal.SIGKILL)
     process.wait(timeout=30)
     with db.engine.connect() as connection:

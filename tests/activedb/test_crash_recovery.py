@@ -17,7 +17,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
 import sqlalchemy as sa
@@ -25,6 +24,7 @@ import sqlalchemy as sa
 import activedb
 from activedb import testing
 from coupling import may_run_after
+from tests._lines import Lines
 from tests.activedb import crash_scenarios
 from tests.examples._story import table_state
 
@@ -37,22 +37,11 @@ def _start(arguments: list[str], env: dict | None = None) -> subprocess.Popen:
                             env={**os.environ, **(env or {})})
 
 
-def _read_until(process: subprocess.Popen, wanted: int, prefix: str) -> list[str]:
-    lines: list[str] = []
-    deadline = time.monotonic() + TIMEOUT
-    while len(lines) < wanted:
-        line = process.stdout.readline()
-        if not line:
-            raise AssertionError(f"the driver exited ({process.wait()}): {process.stderr.read()[-3000:]}")
-        if line.startswith(prefix):
-            lines.append(line.strip()[len(prefix):].strip())
-        if time.monotonic() > deadline:
-            raise AssertionError(f"only {len(lines)} of {wanted} '{prefix}' lines in {TIMEOUT} s")
-    return lines
-
-
 def _kill(process: subprocess.Popen) -> None:
-    os.killpg(process.pid, signal.SIGKILL)
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:         # (a hang was reported: Lines.stop killed it)
+        pass
     process.wait(timeout=60)
 
 
@@ -75,7 +64,7 @@ def test_every_mode_outcome_and_crash_point_keeps_its_dependency_after_recovery(
     setup.close()
     driver = _start(["-m", "tests.activedb.crash_scenarios", migrated])
     try:
-        reached = _read_until(driver, len(crash_scenarios.SCENARIOS), "reached")
+        reached = Lines(driver).until(len(crash_scenarios.SCENARIOS), "reached", TIMEOUT, failure="failed")
         assert sorted(reached) == sorted(crash_scenarios.name_of(*spec) for spec in crash_scenarios.SCENARIOS)
     finally:
         _kill(driver)
@@ -116,7 +105,7 @@ def test_every_mode_outcome_and_crash_point_keeps_its_dependency_after_recovery(
 
 WORKER = textwrap.dedent(
     """
-    import json, sys, threading
+    import faulthandler, json, signal, sys, threading
     import activedb
     from activedb import Observer
     from activedb.examples.hand_hygiene import MIGRATIONS
@@ -124,6 +113,7 @@ WORKER = textwrap.dedent(
     from activedb.examples.hand_hygiene.events import apply_directly
 
     url, role, events = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+    faulthandler.register(signal.SIGUSR1, all_threads=True)   # (tests/_lines.py: the stacks on a hang)
 
     class HoldDetached(Observer):            # the victim: its detached work is recorded, never run here
         def on_firing_start(self, transaction, firing):
@@ -162,7 +152,7 @@ def test_a_killed_process_leaves_its_detached_work_to_the_others_and_nothing_run
                  for role, share in zip(("victim", "survivor", "survivor"), shares)]
     try:
         for process in processes:
-            _read_until(process, 1, "applied")
+            Lines(process).until(1, "applied", TIMEOUT)
         database = activedb.connect(url, outbox_options={"recovery_interval": None})
         try:
             assert _pending(database) > 0                  # the victim's detached work, recorded, not run

@@ -24,6 +24,7 @@ import pytest
 import activedb
 from activedb import _embedded
 from activedb.testing import wait_until
+from tests._lines import Lines
 
 CLIENT = textwrap.dedent(
     """
@@ -51,10 +52,7 @@ def _start_client(home: Path, keep: bool = False) -> subprocess.Popen:
 
 
 def _ready(process: subprocess.Popen) -> dict:
-    line = process.stdout.readline()
-    if not line:
-        raise AssertionError(f"client failed: {process.stderr.read()}")
-    return json.loads(line)
+    return json.loads(Lines(process).until(1, "", 120)[0])
 
 
 def _finish(process: subprocess.Popen) -> None:
