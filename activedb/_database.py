@@ -35,6 +35,7 @@ from activedb.txn import CommitParticipant, Observer, ReadBase, Transaction, Tra
 
 if TYPE_CHECKING:
     from activedb.explain import Explanation
+    from activedb.ingest import BatchLowering
     from activedb.txn import HistoryRecorder
 
 _Result = TypeVar("_Result")
@@ -205,6 +206,15 @@ class Database:
         transactions named ``rule:<rule name>``."""
         return EventSpec(_kind(kind, (EventKind.BEGAN, EventKind.COMMITTED, EventKind.ABORTED),
                                f"db.transaction_event({kind!r})"), name)
+
+    @property
+    def rule_lowering(self) -> BatchLowering:
+        """How the ingestion core's rule path runs a micro-batch of stream events as one batch of state
+        transactions when that is the same as firing their rules one by one — declared rules, and plain rules
+        that only read and write their event's row (``activedb/batch/README.md``, "Plain rules lowered")."""
+        from activedb.batch import RULE_LOWERING
+
+        return RULE_LOWERING
 
     def observe(self, observer: _Observer) -> _Observer:
         """Add a passive :class:`~activedb.txn.Observer` of transaction and rule life cycles; returns it

@@ -12,18 +12,20 @@ from __future__ import annotations
 import functools
 from collections import Counter
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 import sqlalchemy as sa
 from coupling import Coupling
 
 from activedb.batch._commit import PendingBatch, apply_at_commit
+from activedb.batch._learn import LearnedDeclaration, learned_table
 from activedb.batch._declare import (
     Abort, BatchEvent, Declaring, Inserted, OpKind, Ops, OpSpec, State, StateTransactions, inserted, inserted_parts)
 from activedb.batch._result import BatchResult
 from activedb.batch._state import merge_image
-from activedb.batch.errors import DeclarationError
+from activedb.batch.errors import DeclarationError, LoweringRefused
+from activedb.errors import causes
 from activedb.events import Event, EventKind
 from activedb.store import RowImage
 
@@ -31,7 +33,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from activedb.rules import Rule, RuleManager
     from activedb.txn import Transaction
 
-__all__ = ["DeclaredAction", "Lowered", "apply_lowered", "declared", "lower"]
+__all__ = ["DeclaredAction", "Lowered", "RULE_LOWERING", "apply_lowered", "declared", "lower", "lowerable"]
 
 _READ, _WRITE, _CHECK = OpKind.READ, OpKind.WRITE, OpKind.CHECK
 _ND_READ, _ND_WRITE, _INSERT = OpKind.ND_READ, OpKind.ND_WRITE, OpKind.INSERT
@@ -146,12 +148,12 @@ def perform_in(tx: "Transaction", specs: list[OpSpec]) -> None:
 
 
 class _DeclaredRules:
-    """The batch form of declared rules (``activedb.ingest``'s ``BatchLowering``): :func:`lower` and
-    :func:`apply_lowered`.  Stateless."""
+    """The batch form of declared rules and of learned plain rules (``activedb.ingest``'s ``BatchLowering``):
+    :func:`lower`, :func:`apply_lowered`, and :meth:`refused`.  Stateless."""
 
     @staticmethod
     def lower(rules: "RuleManager", transaction: "Transaction", event_types: Iterable[str],
-              cache: dict[tuple[tuple[str, Rule], ...], Lowered] | None = None) -> "Lowered | None":
+              cache: dict[object, object] | None = None) -> "Lowered | None":
         return lower(rules, transaction, event_types, cache)
 
     @staticmethod
@@ -159,67 +161,98 @@ class _DeclaredRules:
               **options: Any) -> PendingBatch:
         return apply_lowered(rules, transaction, events, lowered, **options)
 
+    @staticmethod
+    def refused(failure: BaseException) -> bool:
+        """Whether ``failure`` (a failed commit) is a lowered attempt refused because a learned rule's action
+        did something its lowered form cannot do (:class:`~activedb.batch.errors.LoweringRefused`): the batch is
+        to run event by event."""
+        return any(isinstance(cause, LoweringRefused) for cause in causes(failure))
 
-DeclaredAction.batch_lowering = _DeclaredRules()
+
+#: The lowering of rules the ingestion core's rule path uses (``activedb.ingest.BatchLowering``): offered by a
+#: declared rule's action (``DeclaredAction.batch_lowering``) and by the database (``Database.rule_lowering``).
+RULE_LOWERING = _DeclaredRules()
+DeclaredAction.batch_lowering = RULE_LOWERING
 
 
 @dataclass(frozen=True)
 class Lowered:
     """Stream event types whose rules :func:`lower` lowered: ``transactions`` declares each type's state
-    transaction (its one declared rule's declaration), ``rules`` names that rule per type."""
+    transaction (its one rule's declaration: a declared rule's, or a learned plain rule's
+    :class:`LearnedDeclaration`), ``rules`` names that rule per type; ``learned`` the types whose rule is a
+    learned plain rule, ``deviated`` the caller's record of the learned rules whose lowered attempt was refused
+    (shared across batches through the cache; :func:`apply_lowered` adds to it)."""
 
     transactions: StateTransactions
     rules: dict[str, "Rule"]
+    learned: frozenset[str] = frozenset()
+    deviated: set["Rule"] = field(default_factory=set)
 
 
-def lowerable(rule: "Rule") -> DeclaredAction | None:
-    """``rule``'s declared action if firing it is the same as running that declaration as a state transaction
-    of the event: an immediate rule (event–condition and condition–action) without a condition."""
+def lowerable(rule: "Rule") -> DeclaredAction | Callable[..., object] | None:
+    """``rule``'s action if firing it is the same as running a declaration as a state transaction of the event:
+    an immediate rule (event–condition and condition–action) without a condition whose action is declared
+    (a :class:`DeclaredAction`) or a plain function that only reads and writes its event's row of one table
+    (``_learn.learned_table``: the package README, "Plain rules lowered")."""
+    if (rule.condition_function() is not None or Coupling.parse(rule.coupling) is not Coupling.IMMEDIATE
+            or Coupling.parse(rule.action_coupling) is not Coupling.IMMEDIATE):
+        return None
     action = rule.action_function()
-    if (isinstance(action, DeclaredAction) and rule.condition_function() is None
-            and Coupling.parse(rule.coupling) is Coupling.IMMEDIATE
-            and Coupling.parse(rule.action_coupling) is Coupling.IMMEDIATE):
+    if isinstance(action, DeclaredAction) or learned_table(action) is not None:
         return action
     return None
 
 
 def lower(rules: "RuleManager", transaction: "Transaction", event_types: Iterable[str],
-          cache: dict[tuple[tuple[str, Rule], ...], Lowered] | None = None) -> Lowered | None:
+          cache: dict[object, object] | None = None) -> Lowered | None:
     """The state transactions that fire the rules of ``event_types`` in ``transaction`` as one batch, or None
     when firing them event by event is not the same: every type must fire exactly one rule and that rule must
-    be :func:`lowerable`; nothing else may listen — no other extension hears emitted events, no observer hears
-    node or firing events, no history is recorded; and no rule reacts to data events: fired event by event
-    it hears each event's change of a row, while a batch (``apply_at_commit`` through the tree) changes each
-    row once.
+    be :func:`lowerable` (and, if it is a learned plain rule, not have been refused before: ``Lowered.deviated``);
+    nothing else may listen — no other extension hears emitted events, no observer hears node or firing events,
+    no history is recorded; and no rule reacts to data events: fired event by event it hears each event's
+    change of a row, while a batch (``apply_at_commit`` through the tree) changes each row once.
 
     ``cache``: a dict of the caller's that keeps one :class:`Lowered` per set of rules, so that its
-    ``StateTransactions`` learns across batches (its decision model and routes); a caller that runs batches
-    concurrently keeps one cache per thread, as a ``StateTransactions`` runs one batch at a time."""
+    ``StateTransactions`` learns across batches (its decision model and routes), and the learned rules whose
+    lowered attempt was refused; a caller that runs batches concurrently keeps one cache per thread, as a
+    ``StateTransactions`` runs one batch at a time."""
     manager = transaction.manager
     if manager.recorder is not None or any(True for _ in manager.observers) or rules.observed_tables():
         return None
     if any(getattr(hook, "__self__", None) is not rules for hook in manager.extensions.on_event):
         return None
+    deviated = cast("set[Rule]", cache.setdefault(_DEVIATED, set())) if cache is not None else set()
     chosen: dict[str, Rule] = {}
     for event_type in sorted(event_types):
         fired = rules.on_stream(event_type)
-        if len(fired) != 1 or lowerable(fired[0]) is None:
+        if len(fired) != 1 or fired[0] in deviated or lowerable(fired[0]) is None:
             return None
         chosen[event_type] = fired[0]
     key = tuple(chosen.items())
-    lowered = cache.get(key) if cache is not None else None
+    lowered = cast("Lowered | None", cache.get(key)) if cache is not None else None
     if lowered is None:
         transactions = StateTransactions("declared rules")
+        learned = set()
         for event_type, rule in chosen.items():
-            transactions.on(event_type)(rule.action_function().declaration)  # type: ignore[attr-defined]  # (lowerable)
-        lowered = Lowered(transactions, chosen)
+            action = rule.action_function()
+            if isinstance(action, DeclaredAction):
+                transactions.on(event_type)(action.declaration)
+            else:
+                table = learned_table(action)
+                assert table is not None      # (lowerable)
+                transactions.on(event_type)(LearnedDeclaration(action, table, manager.catalog.table_info(table)))
+                learned.add(event_type)
+        lowered = Lowered(transactions, chosen, frozenset(learned), deviated)
         if cache is not None:
             if len(cache) >= _MAX_CACHED:      # (rules redeclared again and again: keep it bounded)
                 cache.clear()
+                cache[_DEVIATED] = deviated
             cache[key] = lowered
     return lowered
 
 
+#: The key of ``lower``'s cache under which the learned rules refused before are kept.
+_DEVIATED = ("learned rules whose lowered attempt was refused",)
 _MAX_CACHED = 64
 
 
@@ -239,6 +272,15 @@ def apply_lowered(rules: "RuleManager", transaction: "Transaction", events: Iter
             "per event, each in tx.subtransaction() if one may fail alone")
     def counted(result: BatchResult, connection: sa.Connection) -> None:
         failed = Counter(event.event_type for event, _ in result.dead_letters)
+        refused = sorted(event_type for event_type in lowered.learned if failed[event_type])
+        if refused:
+            # A learned rule's action raised or did what its lowered form cannot (or the store refused an event
+            # of it): only firing event by event gives the true outcome and reason.  Nothing is written.
+            lowered.deviated.update(lowered.rules[event_type] for event_type in refused)
+            raise LoweringRefused(
+                f"the lowered batch of the plain rule(s) {', '.join(lowered.rules[t].name for t in refused)} met "
+                f"{sum(failed[t] for t in refused)} event(s) its lowered form cannot run as firing would; run the "
+                f"batch again event by event (the ingestion's rule path does so by itself)")
         for event_type, count in per_type.items():
             rule = lowered.rules[event_type]
             if count > failed[event_type]:

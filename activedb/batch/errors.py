@@ -34,3 +34,10 @@ class WorkerFailed(BatchError):
 class BatchNotCommitted(BatchError):
     """The result of a batch run at commit was read before its transaction committed (or after
     it aborted)."""
+
+
+class LoweringRefused(BatchError):
+    """A lowered batch met an event of a learned plain rule that its lowered form cannot run as firing the rule
+    would (the action raised, or did more than read and write its event's row): the attempt is refused inside
+    the commit, nothing of it is kept, and the batch is to run event by event (the ingestion's rule path does
+    that by itself)."""

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Protocol
 from activedb._handle import DatabaseHandle
 
 if TYPE_CHECKING:  # pragma: no cover
+    from activedb.ingest._rules import BatchLowering
     from activedb.txn import CommitParticipant, Transaction
 
 __all__ = ["IngestDatabase"]
@@ -29,11 +30,18 @@ class _ReplayMarker(Protocol):
 
 class IngestDatabase(DatabaseHandle, Protocol):
     """:class:`~activedb._handle.DatabaseHandle`, the lineage of batches (``db.batches``, asked only by an
-    ``Ingestion(lineage=True)``) and the outbox (``db.outbox``: a trial flush of the poison search marks its
-    transaction replayed, so its outbox records are not sent)."""
+    ``Ingestion(lineage=True)``), the outbox (``db.outbox``: a trial flush of the poison search marks its
+    transaction replayed, so its outbox records are not sent) and the lowering of plain rules
+    (``db.rule_lowering``, asked by the rule path)."""
 
     @property
     def batches(self) -> _Lineage: ...
 
     @property
     def outbox(self) -> _ReplayMarker: ...
+
+    @property
+    def rule_lowering(self) -> BatchLowering:
+        """How the rule path runs a batch of plain rules as one batch when that is the same as firing them
+        (``activedb.batch``, "Plain rules lowered")."""
+        ...

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 from activedb.errors import Failure, classify
-from activedb.ingest._failures import conflict_in, is_infrastructure_failure, rejection_reason
+from activedb.ingest._failures import conflict_in, is_infrastructure_failure, is_poison_failure, rejection_reason
 from activedb.ingest._ledger import IngestionLedger
 from activedb.ingest._mapping import RawEvent
 from activedb.ingest._protocol import BatchHandler, BatchInput
@@ -24,7 +24,7 @@ from activedb.ingest.errors import IngestError
 from activedb.txn import TxnState, run_inline
 
 if TYPE_CHECKING:  # pragma: no cover
-    from activedb._handle import DatabaseHandle
+    from activedb.ingest._database import IngestDatabase
     from activedb.rules import RuleManager
     from activedb.txn import Transaction
 
@@ -40,8 +40,9 @@ _MAX_NAMES = 1024
 class BatchLowering(Protocol):
     """How the rules fired by a batch's event types run as one batch of state transactions at commit, when
     that is the same as firing them one by one.  A rule's action offers one as its ``batch_lowering``
-    attribute (``activedb.batch.DeclaredAction`` does); the rule path asks the action of the first event
-    type's one rule.  Stateless; its ``cache`` is the caller's."""
+    attribute (``activedb.batch.DeclaredAction`` does), and the database as ``rule_lowering`` (for plain rules
+    whose lowering is learned: ``activedb.batch``, "Plain rules lowered"); the rule path asks the action of the
+    first event type's one rule, else the database.  Stateless; its ``cache`` is the caller's."""
 
     def lower(self, rules: Any, transaction: Transaction, event_types: Iterable[str], cache: dict[object, object]) -> Any | None:
         """What :meth:`apply` needs to run the events of ``event_types`` as one batch, or None when firing them
@@ -52,6 +53,11 @@ class BatchLowering(Protocol):
               **at_commit: Any) -> Any:
         """Run ``events`` as one batch at the commit of ``transaction``, the firing record kept; returns the
         pending batch (``activedb.batch.apply_lowered``; ``at_commit``: ``BatchInput.at_commit``'s)."""
+        ...
+
+    def refused(self, failure: BaseException) -> bool:
+        """Whether the failed commit ``failure`` is the lowering refusing its own attempt (a learned rule did what
+        its lowered form cannot): the batch is then run again event by event."""
         ...
 
 
@@ -76,7 +82,7 @@ class RulesHandler(BatchHandler):
             raise IngestError(f"lower_declared must be True or False, got {lower_declared!r}")
         if isinstance(event_attempts, bool) or not isinstance(event_attempts, int) or event_attempts < 1:
             raise IngestError(f"event_attempts must be at least 1, got {event_attempts!r}")
-        self.db: DatabaseHandle | None = None           # set once by bind()
+        self.db: IngestDatabase | None = None           # set once by bind()
         self.prefetch = dict(prefetch or {})
         self.event_attempts = event_attempts
         #: Run a batch whose rules are all declared rules as one batch of state transactions at commit
@@ -87,11 +93,12 @@ class RulesHandler(BatchHandler):
         # id) of a batch whose lowered attempt PostgreSQL refused for a value an event wrote: its further
         # attempts run event by event, where each such event is refused alone, with its reason.
         self._last_lowered: tuple[tuple[str, int], Any] | None = None
+        self._last_lowering: BatchLowering | None = None
         self._event_by_event: tuple[str, int] | None = None
         #: The event whose subtransaction runs now (read by another thread at a rule's deadline).
         self._running: RawEvent | None = None
 
-    def bind(self, db: DatabaseHandle, mapping: object) -> None:
+    def bind(self, db: IngestDatabase, mapping: object) -> None:
         """Fire the rules of ``db`` (a handler serves one database)."""
         if self.db is not None and self.db is not db:
             raise IngestError("this RulesHandler already feeds another database; give each ingestion its own")
@@ -113,9 +120,18 @@ class RulesHandler(BatchHandler):
         """The stream types the rules of ``db`` listen to now (None — anything — if none)."""
         return self._rules().stream_types() or None
 
+    def is_refusal(self, failure: BaseException) -> bool:
+        """A poison failure (``BatchHandler.is_refusal``), or the lowering refusing its own attempt of the last
+        batch (``BatchLowering.refused``: a learned plain rule's action did what its lowered form cannot)."""
+        if is_poison_failure(failure):
+            return True
+        lowering = self._last_lowering
+        return self._last_lowered is not None and lowering is not None and lowering.refused(failure)
+
     def retries_refused(self, batch: BatchInput, failure: BaseException) -> bool:
-        """A lowered attempt PostgreSQL refused (a value an event's declaration wrote): its trials would run event
-        by event, so the batch's next attempt does (``_event_by_event``), where each such event fails alone."""
+        """A lowered attempt PostgreSQL refused (a value an event's declaration wrote), or the lowering refused (a
+        learned rule's action did what its lowered form cannot): its trials would run event by event, so the
+        batch's next attempt does (``_event_by_event``), where each such event fails alone, with its reason."""
         this = (batch.query_id, batch.batch_id)
         if self._last_lowered is not None and self._last_lowered[0] == this:
             self._event_by_event = this
@@ -130,6 +146,7 @@ class RulesHandler(BatchHandler):
             lowered = None if lowering is None else lowering.lower(
                 self._rules(), tx, {event.event_type for event in batch.events}, self._lowered)
             if lowered is not None:
+                self._last_lowering = lowering
                 # One batch of state transactions at commit, the firing record kept (``batch.apply_lowered``).
                 self._last_lowered = (this, lowering.apply(  # type: ignore[union-attr]  # (it lowered)
                     self._rules(), tx, batch.events, lowered, **batch.at_commit(ledger, refused_may_come_again=True)))
@@ -152,10 +169,14 @@ class RulesHandler(BatchHandler):
         ledger.dead_letters = len(letters)
 
     def _lowering(self, event_type: str) -> BatchLowering | None:
-        """The :class:`BatchLowering` the action of the one rule ``event_type`` fires offers, if any (a batch is
-        lowered only when every type's rule is such a rule: ``lower`` checks the rest)."""
+        """The :class:`BatchLowering` the action of the one rule ``event_type`` fires offers, else the database's
+        (``rule_lowering``: plain rules), if any (a batch is lowered only when every type's rule can be: ``lower``
+        checks the rest)."""
         fired = self._rules().on_stream(event_type)
-        return getattr(fired[0].action_function(), "batch_lowering", None) if len(fired) == 1 else None
+        if len(fired) != 1:
+            return None
+        offered: BatchLowering | None = getattr(fired[0].action_function(), "batch_lowering", None)
+        return offered if offered is not None else self.db.rule_lowering  # type: ignore[union-attr]  # (bound)
 
     def apply_events(self, tx: Transaction, events: list[RawEvent]) -> None:
         self._prefetch_rows(tx, events)

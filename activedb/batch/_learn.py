@@ -1,0 +1,236 @@
+"""Plain rules lowered: a plain rule action ``action(tx, event)`` whose only use of its transaction is to read
+and write the row of its event's key in one table (:func:`learned_table`, a static check of its source) runs,
+in a lowered batch, as the state transaction ``ops.write(table, event.key, fn)`` (:class:`LearnedDeclaration`):
+``fn(own)`` calls the unchanged action with a :class:`_RowTransaction` standing in for ``tx``.  Anything the
+action does outside that shape at run time — an exception, a read after its write, a key column written —
+makes ``fn`` return :data:`FALL_BACK`, which aborts the event's state transaction; ``apply_lowered`` then
+refuses the whole lowered attempt (``LoweringRefused``) and the batch runs event by event.  Design note: the
+package README, "Plain rules lowered".
+
+Thread-safety: the verdict cache is guarded by the GIL (a dict; two threads may compute one verdict twice, with
+the same result); a :class:`LearnedDeclaration` is immutable and used by one batch at a time.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import inspect
+import textwrap
+import weakref
+from collections.abc import Callable, Hashable, Mapping
+from typing import NoReturn, cast
+
+from activedb.batch._declare import DELETE, BatchEvent, Ops, _Delete
+from activedb.events import EventKind, new_event
+from activedb.store import RowImage, TableInfo
+
+__all__ = ["FALL_BACK", "LearnedDeclaration", "learned_table"]
+
+#: The event attributes a learned action may read: those a stream event and a batch event both carry.
+_EVENT_ATTRIBUTES = frozenset({"key", "ts", "payload", "source"})
+#: Names through which a function can reach its own locals (and so its transaction) without naming them.
+_INTROSPECTION = frozenset({"locals", "vars", "eval", "exec", "globals", "compile", "__import__"})
+
+
+class _FallBack:
+    """The write function's answer when the action did something a state transaction of its row cannot
+    express, or raised: not a mapping, so the event's state transaction aborts (picklable: one per process,
+    compared by type)."""
+
+    def __reduce__(self) -> str:
+        return "FALL_BACK"
+
+    def __repr__(self) -> str:
+        return "<learned rule: fall back to firing event by event>"
+
+
+FALL_BACK = _FallBack()
+
+# function -> its table, or None (not lowerable); weak: a redefined function's verdict goes with it.
+_VERDICTS: "weakref.WeakKeyDictionary[Callable[..., object], str | None]" = weakref.WeakKeyDictionary()
+
+
+def learned_table(action: Callable[..., object]) -> str | None:
+    """The one table whose row of the event's key ``action(tx, event)`` reads and writes, if its source shows
+    that this is all it does with ``tx`` (else None).  Cached per function.
+
+    Qualifies: a plain Python function (not a lambda, not async, not a generator) with exactly the two
+    positional parameters ``(tx, event)``, in whose body ``tx`` appears only as ``tx.read(TABLE, event.key)``
+    and ``tx.write(TABLE, event.key, ...)`` (keyword values only; ``TABLE`` one and the same string constant,
+    at least one write), ``event`` only as ``event.key``, ``event.ts``, ``event.payload``, ``event.source``,
+    neither name rebound, shadowed or reachable through ``locals()``/``vars()``/``eval``/``exec``; a source that
+    cannot be read or parsed does not qualify."""
+    try:
+        return _VERDICTS[action]
+    except KeyError:
+        pass
+    except TypeError:            # (not weak-referenceable: no function)
+        return None
+    verdict = _verdict(action)
+    try:
+        _VERDICTS[action] = verdict
+    except TypeError:
+        pass
+    return verdict
+
+
+def _verdict(action: Callable[..., object]) -> str | None:
+    if not inspect.isfunction(action) or action.__name__ == "<lambda>":
+        return None
+    if inspect.iscoroutinefunction(action) or inspect.isgeneratorfunction(action):
+        return None
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(action)))
+    except (OSError, TypeError, SyntaxError, ValueError):
+        return None
+    if len(tree.body) != 1 or not isinstance(tree.body[0], ast.FunctionDef):
+        return None
+    function = tree.body[0]
+    if function.name != action.__code__.co_name:
+        return None
+    arguments = function.args
+    if (arguments.posonlyargs or arguments.vararg or arguments.kwonlyargs or arguments.kwarg
+            or arguments.defaults or len(arguments.args) != 2):
+        return None
+    tx_name, event_name = arguments.args[0].arg, arguments.args[1].arg
+    return _uses(function, tx_name, event_name)
+
+
+def _uses(function: ast.FunctionDef, tx_name: str, event_name: str) -> str | None:
+    """The table of ``function``'s body if it uses ``tx_name`` and ``event_name`` only as allowed (see
+    :func:`learned_table`), else None."""
+    allowed: set[int] = set()       # ids of the Name nodes of tx_name / event_name in allowed places
+    tables: set[str] = set()
+    writes = 0
+    body = [node for statement in function.body for node in ast.walk(statement)]
+
+    def is_event_key(node: ast.expr) -> bool:
+        return (isinstance(node, ast.Attribute) and node.attr == "key" and isinstance(node.value, ast.Name)
+                and node.value.id == event_name)
+
+    for node in body:
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and isinstance(
+                node.func.value, ast.Name) and node.func.value.id == tx_name:
+            method = node.func.attr
+            if method not in ("read", "write") or len(node.args) != 2:
+                return None
+            table, key = node.args
+            if not (isinstance(table, ast.Constant) and isinstance(table.value, str) and is_event_key(key)):
+                return None
+            if any(isinstance(argument, ast.Starred) for argument in node.args):
+                return None
+            if method == "read" and node.keywords:
+                return None
+            writes += method == "write"
+            tables.add(table.value)
+            allowed.add(id(node.func.value))
+        elif (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == event_name
+              and node.attr in _EVENT_ATTRIBUTES and isinstance(node.ctx, ast.Load)):
+            allowed.add(id(node.value))
+    for node in body:
+        if isinstance(node, ast.Name):
+            if node.id in (tx_name, event_name) and id(node) not in allowed:
+                return None
+            if node.id in _INTROSPECTION:
+                return None
+        elif isinstance(node, ast.arg) and node.arg in (tx_name, event_name):
+            return None                  # a nested function or lambda shadows them
+        elif isinstance(node, (ast.Global, ast.Nonlocal)) and {tx_name, event_name} & set(node.names):
+            return None
+        elif isinstance(node, (ast.Yield, ast.YieldFrom, ast.Await)):
+            return None
+    if writes == 0 or len(tables) != 1:
+        return None
+    return tables.pop()
+
+
+class _Deviation(Exception):
+    """The action used its stand-in transaction beyond reading and then writing its event's row."""
+
+
+class _RowTransaction:
+    """What a learned action gets as ``tx`` in a lowered batch: ``read(table, key)`` returns the row's image as
+    ``tx.read`` would (a copy), ``write(table, key, **values)`` collects the columns.  Any other use is a
+    deviation (``deviated``), whether or not the action catches the error raised for it."""
+
+    __slots__ = ("_table", "_key", "_image", "written", "deviated")
+
+    def __init__(self, table: str, key: Hashable, image: RowImage | None) -> None:
+        self._table = table
+        self._key = key
+        self._image = image
+        self.written: dict[str, object] | None = None
+        self.deviated = False
+
+    def _deviate(self, what: str) -> _Deviation:
+        self.deviated = True
+        return _Deviation(f"a learned rule's action {what}; the batch runs event by event")
+
+    def read(self, table: str, key: Hashable, **options: object) -> RowImage | None:
+        if options or table != self._table or key != self._key:
+            raise self._deviate(f"read {table!r} {key!r} {options or ''}")
+        if self.written is not None:
+            raise self._deviate("read its row after writing it")
+        image = self._image
+        return None if image is None else dict(image)
+
+    def write(self, table: str, key: Hashable, **values: object) -> None:
+        if table != self._table or key != self._key or not values:
+            raise self._deviate(f"wrote {table!r} {key!r} {sorted(values)}")
+        if self.written is None:
+            self.written = values
+        else:
+            self.written.update(values)
+
+    def __getattr__(self, name: str) -> NoReturn:
+        raise self._deviate(f"used tx.{name}")
+
+
+class LearnedDeclaration:
+    """The declaring function ``(event, ops)`` of a learned plain rule (module docstring): one WRITE of the
+    event's row in ``table`` whose function runs ``action``.  ``info`` is the table's (its blank row and key
+    columns: a row created earlier in the batch reads back, as through the tree, with every column, the ones
+    not written at their constant defaults)."""
+
+    def __init__(self, action: Callable[..., object], table: str, info: TableInfo) -> None:
+        self.action = action
+        self.table = table
+        self._blank = dict(info.blank_row)
+        self._columns = len(info.columns)
+        self._key_columns = frozenset(info.key_columns)
+        self._key = info.key
+        self._key_row = info.full_key_row
+        functools.update_wrapper(self, action)
+
+    def __call__(self, event: BatchEvent, ops: Ops) -> None:
+        # (``run`` may answer FALL_BACK, which is neither a mapping nor DELETE: its state transaction aborts.)
+        ops.write(self.table, event.key, cast("Callable[..., Mapping[str, object] | _Delete]",
+                                                functools.partial(self.run, event)))
+
+    def run(self, event: BatchEvent, own: RowImage | None) -> Mapping[str, object] | _Delete | _FallBack:
+        """The columns the action writes of ``own`` (the row as of before the event), :data:`DELETE` (on an
+        absent row: nothing) or ``{}`` (an existing row: unchanged) if it wrote none, :data:`FALL_BACK` if it
+        raised or deviated."""
+        key = event.key
+        if own is not None and len(own) != self._columns:
+            # Created earlier in this batch (the lean image holds the columns written): as the tree reads it.
+            own = {**self._blank, **own, **self._key_row(self._key(key))}
+        stand_in = _RowTransaction(self.table, key, own)
+        # The stream event tx.emit(type, key=, ts=, payload=) makes: the payload the event's own copy.
+        stream_event = new_event(EventKind.STREAM, event.event_type, key, None, None, dict(event.payload), event.ts)
+        try:
+            self.action(stand_in, stream_event)
+        except Exception:
+            return FALL_BACK
+        if stand_in.deviated:
+            return FALL_BACK
+        written = stand_in.written
+        if written is None:
+            return DELETE if own is None else {}
+        if not self._key_columns.isdisjoint(written):
+            return FALL_BACK
+        return written
+
+    def __repr__(self) -> str:
+        return f"<learned rule action {getattr(self.action, '__qualname__', self.action)} on {self.table}>"

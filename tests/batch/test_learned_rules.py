@@ -1,0 +1,191 @@
+"""Plain rules lowered (``activedb/batch/README.md``, "Plain rules lowered"): a plain ``@db.rule`` whose action only
+reads and writes its event's row of one table runs as one batch of state transactions at commit on the ingestion
+core's rule path, with the tables, dead letters and ledger counts of firing it event by event (the same batches fed
+with lowering off, ``RulesHandler(lower_declared=False)``); an action that raises makes the batch fall back to
+firing, and rules that do anything else are not lowered."""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+
+import pytest
+import sqlalchemy as sa
+
+import activedb
+from activedb import Coupling
+from activedb.batch._learn import learned_table
+from activedb.ingest import Batch, RulesHandler, feed
+from tests.spark_bridge import app_counters
+
+BASE = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
+
+
+# --- actions that qualify -----------------------------------------------------------------------------------
+
+def count_amount(tx, event):
+    row = tx.read("counters", event.key)
+    amount = event.payload["amount"]
+    if amount == 0:
+        return                                  # writes nothing: an absent row stays absent
+    if row is None:                             # a new row: the other columns at their defaults
+        tx.write("counters", event.key, events=1, trail=f"{event.source}:{event.payload['seq']}")
+    else:                                       # (a row made earlier in the batch reads back whole)
+        tx.write("counters", event.key, total=row["total"] + amount, events=row["events"] + 1,
+                 trail=f"{row['trail']},{event.payload['seq']}", last_ts=event.ts)
+
+
+def add_or_refuse(tx, event):
+    if event.payload["amount"] < 0:
+        raise ValueError(f"negative amount {event.payload['amount']} for {event.key}")
+    row = tx.read("counters", event.key) or {"total": 0, "events": 0}
+    tx.write("counters", event.key, total=row["total"] + event.payload["amount"], events=row["events"] + 1)
+
+
+# --- actions that do not -------------------------------------------------------------------------------------
+
+def reads_another_table(tx, event):
+    seen = tx.read("milestones", (event.key, 0))
+    tx.write("counters", event.key, events=1 if seen is None else 2)
+
+
+def reads_another_key(tx, event):
+    other = tx.read("counters", "shared")
+    tx.write("counters", event.key, total=0 if other is None else other["total"])
+
+
+def inserts(tx, event):
+    tx.write("counters", event.key, events=1)
+    tx.insert("milestones", key=event.key, threshold=event.payload["seq"], seq=event.payload["seq"])
+
+
+def emits(tx, event):
+    tx.write("counters", event.key, events=1)
+    tx.emit("unheard", key=event.key)
+
+
+def _bump(tx, key):
+    tx.write("counters", key, total=1)
+
+
+def passes_tx(tx, event):
+    tx.write("counters", event.key, events=1)
+    _bump(tx, event.key)
+
+
+def reads_the_event_otherwise(tx, event):
+    tx.write("counters", event.key, trail=event.describe())
+
+
+def test_the_static_check():
+    assert learned_table(count_amount) == "counters"
+    assert learned_table(add_or_refuse) == "counters"
+    for action in (reads_another_table, reads_another_key, inserts, emits, passes_tx, reads_the_event_otherwise,
+                   lambda tx, event: tx.write("counters", event.key, events=1), print):
+        assert learned_table(action) is None, action
+
+
+def rows(batch: int, specs: list[tuple[str, str, int]]) -> Batch:
+    """A numbered batch of events ``(type, key, amount)``, a second apart."""
+    return Batch(batch, [{"type": kind, "key": key, "ts": BASE + dt.timedelta(seconds=batch * 100 + second),
+                          "amount": amount, "seq": batch * 100 + second}
+                         for second, (kind, key, amount) in enumerate(specs)], None)
+
+
+@pytest.fixture(scope="module")
+def databases(make_database_url):
+    """Two databases with the test application's tables and no rules yet: lowering on, lowering off."""
+    made = []
+    try:
+        for suffix in ("learned_on", "learned_off"):
+            database = activedb.connect(make_database_url(suffix))
+            made.append(database)
+            database.upgrade_app(app_counters.MIGRATIONS)
+        yield made
+    finally:
+        for database in made:
+            database.close()
+
+
+def state(database, prefix: str) -> list[tuple]:
+    with database.engine.connect() as connection:
+        return [tuple(row) for row in connection.execute(sa.text(
+            "SELECT * FROM counters WHERE key LIKE :prefix ORDER BY key"), {"prefix": f"{prefix}%"})]
+
+
+def letters(database, source: str) -> list[tuple]:
+    """``(batch, reason, raw)`` of the source's dead letters (transaction ids, which differ, left out)."""
+    with database.engine.connect() as connection:
+        return [(batch, re.sub(r" in T[0-9.]+", "", reason), raw) for batch, reason, raw in connection.execute(
+            sa.text("SELECT batch_id, reason, raw FROM activedb_dead_letters WHERE query_id LIKE :source ORDER BY id"),
+            {"source": f"{source}%"})]
+
+
+def run_both(databases, source: str, batches: list[Batch], register) -> list[object | None]:
+    """Feed ``batches`` one by one into both databases (rules registered by ``register(db)``); per batch, the
+    lowering handler's ``last_lowered`` after it.  Asserts equal tables, dead letters and ledger counts."""
+    on, off = databases
+    register(on)
+    register(off)
+    lowering, firing = RulesHandler(), RulesHandler(lower_declared=False)
+    lowered, outcomes = [], []
+    for batch in batches:
+        [outcome] = feed(on, [batch], source=source, mapping=app_counters.MAPPING, handler=lowering)
+        [reference] = feed(off, [batch], source=source, mapping=app_counters.MAPPING, handler=firing)
+        lowered.append(lowering.last_lowered)
+        assert firing.last_lowered is None
+        assert (outcome.events, outcome.dead_letters, outcome.rule_firings) == (
+            reference.events, reference.dead_letters, reference.rule_firings)
+    assert state(on, source) == state(off, source)
+    assert letters(on, source) == letters(off, source)
+    return lowered
+
+
+def test_a_counter_rule_is_lowered_with_the_tables_of_firing_it(databases):
+    def register(database):
+        database.rule(on=database.stream("count"), name="count_amount")(count_amount)
+
+    source = "cnt"
+    batches = [rows(0, [("count", "cnt-a", 5), ("count", "cnt-b", 1), ("count", "cnt-a", 2), ("count", "cnt-a", 0)]),
+               rows(1, [("count", "cnt-b", 3), ("count", "cnt-c", 0), ("count", "cnt-d", 4), ("count", "cnt-d", 1),
+                        ("count", "cnt-a", 1)]),
+               rows(2, [("count", "cnt-c", 7), ("count", "cnt-c", 7), ("count", "cnt-e", 0), ("count", "cnt-b", 1)])]
+    lowered = run_both(databases, source, batches, register)
+    assert all(pending is not None for pending in lowered), lowered
+    assert [row[0] for row in state(databases[0], source)] == ["cnt-a", "cnt-b", "cnt-c", "cnt-d"]   # (e: none)
+
+
+def test_an_action_that_raises_makes_the_batch_fall_back_to_firing(databases):
+    def register(database):
+        database.rule(on=database.stream("addr"), name="add_or_refuse")(add_or_refuse)
+
+    source = "raise"
+    batches = [rows(0, [("addr", "raise-a", 1), ("addr", "raise-b", 2)]),
+               rows(1, [("addr", "raise-a", 3), ("addr", "raise-a", -1), ("addr", "raise-c", 4), ("addr", "raise-a", 5)]),
+               rows(2, [("addr", "raise-b", 1), ("addr", "raise-c", 1)])]
+    lowered = run_both(databases, source, batches, register)
+    # Lowered first; the batch with the raising event ran event by event, and the rule is not tried again.
+    assert lowered[0] is not None and lowered[1:] == [None, None]
+    [(batch, reason, _)] = letters(databases[0], source)
+    assert batch == 1 and "rejected by rule 'add_or_refuse'" in reason and "negative amount -1" in reason
+
+
+@pytest.mark.parametrize("variant", ["another table", "another key", "insert", "emit", "helper", "condition",
+                                     "deferred"])
+def test_rules_that_do_more_are_not_lowered(databases, variant):
+    kind = f"more-{variant.replace(' ', '-')}"
+
+    def register(database):
+        stream = database.stream(kind)
+        if variant == "condition":
+            database.rule(on=stream, when=lambda tx, event: event.payload["amount"] > 1, name=kind)(add_or_refuse)
+        elif variant == "deferred":
+            database.rule(on=stream, coupling=Coupling.DEFERRED, name=kind)(add_or_refuse)
+        else:
+            action = {"another table": reads_another_table, "another key": reads_another_key, "insert": inserts,
+                      "emit": emits, "helper": passes_tx}[variant]
+            database.rule(on=stream, name=kind)(action)
+
+    lowered = run_both(databases, kind, [rows(0, [(kind, f"{kind}-a", 1), (kind, f"{kind}-b", 2),
+                                                  (kind, f"{kind}-a", 3)])], register)
+    assert lowered == [None]
