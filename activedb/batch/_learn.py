@@ -19,13 +19,14 @@ import inspect
 import textwrap
 import weakref
 from collections.abc import Callable, Hashable, Mapping
-from typing import NoReturn, cast
+from types import CodeType
+from typing import NamedTuple, NoReturn, cast
 
 from activedb.batch._declare import DELETE, BatchEvent, Ops, _Delete
-from activedb.events import EventKind, new_event
+from activedb.events import Event, EventKind, new_event
 from activedb.store import RowImage, TableInfo
 
-__all__ = ["FALL_BACK", "LearnedDeclaration", "learned_table"]
+__all__ = ["FALL_BACK", "Learned", "LearnedDeclaration", "learned_table"]
 
 #: The event attributes a learned action may read: those a stream event and a batch event both carry.
 _EVENT_ATTRIBUTES = frozenset({"key", "ts", "payload", "source"})
@@ -47,20 +48,34 @@ class _FallBack:
 
 FALL_BACK = _FallBack()
 
-# function -> its table, or None (not lowerable); weak: a redefined function's verdict goes with it.
-_VERDICTS: "weakref.WeakKeyDictionary[Callable[..., object], str | None]" = weakref.WeakKeyDictionary()
+class Learned(NamedTuple):
+    """What the static check learned of an action: the ``table`` of the one row it reads and writes, and how
+    that row's key is made of the event — ``key`` None: ``event.key``; else the compiled expression of the one
+    assignment ``KEY = expression`` whose name the calls pass, evaluated with the event as ``event_name`` in the
+    action's globals."""
+
+    table: str
+    key: CodeType | None = None
+    event_name: str = "event"
 
 
-def learned_table(action: Callable[..., object]) -> str | None:
-    """The one table whose row of the event's key ``action(tx, event)`` reads and writes, if its source shows
-    that this is all it does with ``tx`` (else None).  Cached per function.
+# function -> what was learned, or None (not lowerable); weak: a redefined function's verdict goes with it.
+_VERDICTS: "weakref.WeakKeyDictionary[Callable[..., object], Learned | None]" = weakref.WeakKeyDictionary()
+
+
+def learned_table(action: Callable[..., object]) -> Learned | None:
+    """The one table whose row of the event's key ``action(tx, event)`` reads and writes, and how the key is
+    made, if its source shows that this is all it does with ``tx`` (else None).  Cached per function.
 
     Qualifies: a plain Python function (not a lambda, not async, not a generator) with exactly the two
-    positional parameters ``(tx, event)``, in whose body ``tx`` appears only as ``tx.read(TABLE, event.key)``
-    and ``tx.write(TABLE, event.key, ...)`` (keyword values only; ``TABLE`` one and the same string constant,
-    at least one write), ``event`` only as ``event.key``, ``event.ts``, ``event.payload``, ``event.source``,
-    neither name rebound, shadowed or reachable through ``locals()``/``vars()``/``eval``/``exec``; a source that
-    cannot be read or parsed does not qualify."""
+    positional parameters ``(tx, event)``, in whose body ``tx`` appears only as ``tx.read(TABLE, KEY)``
+    and ``tx.write(TABLE, KEY, ...)`` (keyword values only; ``TABLE`` one and the same string constant,
+    at least one write; ``KEY`` either ``event.key`` in every call, or in every call one name assigned once, at the
+    top of the body, ``name = expression``, the expression reading only ``event`` and global names),
+    ``event`` only as ``event.key``, ``event.ts``, ``event.payload``, ``event.source`` (or anyhow inside that
+    key expression), neither name rebound, shadowed or reachable through ``locals()``/``vars()``/``eval``/``exec``;
+    a source that cannot be read or parsed does not qualify.  Whatever the check lets through, the row the
+    action names at run time is compared with the declared one (a difference falls back)."""
     try:
         return _VERDICTS[action]
     except KeyError:
@@ -75,7 +90,7 @@ def learned_table(action: Callable[..., object]) -> str | None:
     return verdict
 
 
-def _verdict(action: Callable[..., object]) -> str | None:
+def _verdict(action: Callable[..., object]) -> Learned | None:
     if not inspect.isfunction(action) or action.__name__ == "<lambda>":
         return None
     if inspect.iscoroutinefunction(action) or inspect.isgeneratorfunction(action):
@@ -94,18 +109,34 @@ def _verdict(action: Callable[..., object]) -> str | None:
             or arguments.defaults or len(arguments.args) != 2):
         return None
     tx_name, event_name = arguments.args[0].arg, arguments.args[1].arg
-    return _uses(function, tx_name, event_name)
+    found = _uses(function, tx_name, event_name, action.__code__)
+    if found is None:
+        return None
+    table, expression = found
+    if expression is None:
+        return Learned(table, None, event_name)
+    try:
+        code = compile(ast.fix_missing_locations(ast.Expression(body=expression)), action.__code__.co_filename, "eval")
+    except (SyntaxError, ValueError, TypeError):
+        return None
+    return Learned(table, code, event_name)
 
 
-def _uses(function: ast.FunctionDef, tx_name: str, event_name: str) -> str | None:
-    """The table of ``function``'s body if it uses ``tx_name`` and ``event_name`` only as allowed (see
-    :func:`learned_table`), else None."""
+def _uses(function: ast.FunctionDef, tx_name: str, event_name: str, code: CodeType
+          ) -> tuple[str, ast.expr | None] | None:
+    """The table of ``function``'s body, and the key's expression if not ``event.key``, if it uses ``tx_name`` and
+    ``event_name`` only as allowed (see :func:`learned_table`), else None."""
     allowed: set[int] = set()       # ids of the Name nodes of tx_name / event_name in allowed places
     tables: set[str] = set()
+    keys: set[str] = set()          # "": event.key; else the name of the key variable
     writes = 0
     body = [node for statement in function.body for node in ast.walk(statement)]
 
     def is_event_key(node: ast.expr) -> bool:
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
+            keys.add(node.id)
+            return True
+        keys.add("")
         return (isinstance(node, ast.Attribute) and node.attr == "key" and isinstance(node.value, ast.Name)
                 and node.value.id == event_name)
 
@@ -128,6 +159,31 @@ def _uses(function: ast.FunctionDef, tx_name: str, event_name: str) -> str | Non
         elif (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == event_name
               and node.attr in _EVENT_ATTRIBUTES and isinstance(node.ctx, ast.Load)):
             allowed.add(id(node.value))
+    if len(keys) != 1:
+        return None
+    key_name = keys.pop()
+    expression: ast.expr | None = None
+    if key_name:
+        # One top-level ``key_name = expression``, no other binding of the name; the expression reads only the
+        # event and global names (not the action's other locals or closure), and never tx.
+        assignments = [statement for statement in function.body if isinstance(statement, ast.Assign)
+                       and len(statement.targets) == 1 and isinstance(statement.targets[0], ast.Name)
+                       and statement.targets[0].id == key_name]
+        bindings = [node for node in body if (isinstance(node, ast.Name) and node.id == key_name
+                                              and not isinstance(node.ctx, ast.Load))
+                    or (isinstance(node, ast.arg) and node.arg == key_name)]
+        if len(assignments) != 1 or len(bindings) != 1 or key_name in (tx_name, event_name):
+            return None
+        expression = assignments[0].value
+        local_names = (set(code.co_varnames) | set(code.co_freevars) | set(code.co_cellvars)) - {event_name}
+        for node in ast.walk(expression):
+            if isinstance(node, ast.Name):
+                if node.id in local_names:
+                    return None
+                if node.id == event_name:
+                    allowed.add(id(node))
+            elif isinstance(node, (ast.Lambda, ast.comprehension, ast.NamedExpr)):
+                return None
     for node in body:
         if isinstance(node, ast.Name):
             if node.id in (tx_name, event_name) and id(node) not in allowed:
@@ -142,7 +198,7 @@ def _uses(function: ast.FunctionDef, tx_name: str, event_name: str) -> str | Non
             return None
     if writes == 0 or len(tables) != 1:
         return None
-    return tables.pop()
+    return tables.pop(), expression
 
 
 class _Deviation(Exception):
@@ -187,15 +243,24 @@ class _RowTransaction:
         raise self._deviate(f"used tx.{name}")
 
 
+def _stream_event(event: BatchEvent) -> Event:
+    """The stream event ``tx.emit(type, key=, ts=, payload=)`` makes of ``event``: the payload the event's own
+    copy (its ``transaction`` None: a lowered event has no subtransaction)."""
+    return new_event(EventKind.STREAM, event.event_type, event.key, None, None, dict(event.payload), event.ts)
+
+
 class LearnedDeclaration:
     """The declaring function ``(event, ops)`` of a learned plain rule (module docstring): one WRITE of the
     event's row in ``table`` whose function runs ``action``.  ``info`` is the table's (its blank row and key
     columns: a row created earlier in the batch reads back, as through the tree, with every column, the ones
     not written at their constant defaults)."""
 
-    def __init__(self, action: Callable[..., object], table: str, info: TableInfo) -> None:
+    def __init__(self, action: Callable[..., object], learned: Learned, info: TableInfo) -> None:
         self.action = action
-        self.table = table
+        self.table = learned.table
+        self._key_code = learned.key
+        self._event_name = learned.event_name
+        self._globals = getattr(action, "__globals__", {})
         self._blank = dict(info.blank_row)
         self._columns = len(info.columns)
         self._key_columns = frozenset(info.key_columns)
@@ -204,21 +269,24 @@ class LearnedDeclaration:
         functools.update_wrapper(self, action)
 
     def __call__(self, event: BatchEvent, ops: Ops) -> None:
+        code = self._key_code
+        if code is None:
+            key = event.key
+        else:      # the action's own key expression, on the event it will get
+            key = eval(code, self._globals, {self._event_name: _stream_event(event)})  # noqa: S307  # (its own code)
         # (``run`` may answer FALL_BACK, which is neither a mapping nor DELETE: its state transaction aborts.)
-        ops.write(self.table, event.key, cast("Callable[..., Mapping[str, object] | _Delete]",
-                                                functools.partial(self.run, event)))
+        ops.write(self.table, key, cast("Callable[..., Mapping[str, object] | _Delete]",
+                                          functools.partial(self.run, event, key)))
 
-    def run(self, event: BatchEvent, own: RowImage | None) -> Mapping[str, object] | _Delete | _FallBack:
-        """The columns the action writes of ``own`` (the row as of before the event), :data:`DELETE` (on an
-        absent row: nothing) or ``{}`` (an existing row: unchanged) if it wrote none, :data:`FALL_BACK` if it
+    def run(self, event: BatchEvent, key: Hashable, own: RowImage | None) -> Mapping[str, object] | _Delete | _FallBack:
+        """The columns the action writes of ``own`` (the row ``key`` as of before the event), :data:`DELETE` (on
+        an absent row: nothing) or ``{}`` (an existing row: unchanged) if it wrote none, :data:`FALL_BACK` if it
         raised or deviated."""
-        key = event.key
         if own is not None and len(own) != self._columns:
             # Created earlier in this batch (the lean image holds the columns written): as the tree reads it.
             own = {**self._blank, **own, **self._key_row(self._key(key))}
         stand_in = _RowTransaction(self.table, key, own)
-        # The stream event tx.emit(type, key=, ts=, payload=) makes: the payload the event's own copy.
-        stream_event = new_event(EventKind.STREAM, event.event_type, key, None, None, dict(event.payload), event.ts)
+        stream_event = _stream_event(event)
         try:
             self.action(stand_in, stream_event)
         except Exception:

@@ -238,9 +238,10 @@ def lower(rules: "RuleManager", transaction: "Transaction", event_types: Iterabl
             if isinstance(action, DeclaredAction):
                 transactions.on(event_type)(action.declaration)
             else:
-                table = learned_table(action)
-                assert table is not None      # (lowerable)
-                transactions.on(event_type)(LearnedDeclaration(action, table, manager.catalog.table_info(table)))
+                learned_from = learned_table(action)
+                assert learned_from is not None      # (lowerable)
+                transactions.on(event_type)(LearnedDeclaration(
+                    action, learned_from, manager.catalog.table_info(learned_from.table)))
                 learned.add(event_type)
         lowered = Lowered(transactions, chosen, frozenset(learned), deviated)
         if cache is not None:

@@ -42,6 +42,16 @@ def add_or_refuse(tx, event):
     tx.write("counters", event.key, total=row["total"] + event.payload["amount"], events=row["events"] + 1)
 
 
+def _suffixed(event):
+    return f"{event.key}-x"
+
+
+def count_suffixed(tx, event):
+    key = _suffixed(event)                      # a key made of the event: declared by the same expression
+    row = tx.read("counters", key)
+    tx.write("counters", key, events=1 if row is None else row["events"] + 1)
+
+
 # --- actions that do not -------------------------------------------------------------------------------------
 
 def reads_another_table(tx, event):
@@ -77,11 +87,26 @@ def reads_the_event_otherwise(tx, event):
     tx.write("counters", event.key, trail=event.describe())
 
 
+def key_from_a_local(tx, event):
+    suffix = "-y"
+    key = event.key + suffix
+    tx.write("counters", key, events=1)
+
+
+def key_assigned_twice(tx, event):
+    key = event.key
+    if event.payload["amount"]:
+        key = "other"
+    tx.write("counters", key, events=1)
+
+
 def test_the_static_check():
-    assert learned_table(count_amount) == "counters"
-    assert learned_table(add_or_refuse) == "counters"
+    assert learned_table(count_amount).table == "counters" and learned_table(count_amount).key is None
+    assert learned_table(add_or_refuse).table == "counters"
+    assert learned_table(count_suffixed).table == "counters" and learned_table(count_suffixed).key is not None
     for action in (reads_another_table, reads_another_key, inserts, emits, passes_tx, reads_the_event_otherwise,
-                   lambda tx, event: tx.write("counters", event.key, events=1), print):
+                   lambda tx, event: tx.write("counters", event.key, events=1), print, key_from_a_local,
+                   key_assigned_twice):
         assert learned_table(action) is None, action
 
 
@@ -144,15 +169,18 @@ def run_both(databases, source: str, batches: list[Batch], register) -> list[obj
 def test_a_counter_rule_is_lowered_with_the_tables_of_firing_it(databases):
     def register(database):
         database.rule(on=database.stream("count"), name="count_amount")(count_amount)
+        database.rule(on=database.stream("suffixed"), name="count_suffixed")(count_suffixed)
 
     source = "cnt"
     batches = [rows(0, [("count", "cnt-a", 5), ("count", "cnt-b", 1), ("count", "cnt-a", 2), ("count", "cnt-a", 0)]),
                rows(1, [("count", "cnt-b", 3), ("count", "cnt-c", 0), ("count", "cnt-d", 4), ("count", "cnt-d", 1),
                         ("count", "cnt-a", 1)]),
-               rows(2, [("count", "cnt-c", 7), ("count", "cnt-c", 7), ("count", "cnt-e", 0), ("count", "cnt-b", 1)])]
+               rows(2, [("count", "cnt-c", 7), ("suffixed", "cnt-c", 7), ("count", "cnt-c", 7), ("count", "cnt-e", 0),
+                        ("suffixed", "cnt-c", 1), ("suffixed", "cnt-f", 1), ("count", "cnt-b", 1)])]
     lowered = run_both(databases, source, batches, register)
     assert all(pending is not None for pending in lowered), lowered
-    assert [row[0] for row in state(databases[0], source)] == ["cnt-a", "cnt-b", "cnt-c", "cnt-d"]   # (e: none)
+    assert [row[0] for row in state(databases[0], source)] == [
+        "cnt-a", "cnt-b", "cnt-c", "cnt-c-x", "cnt-d", "cnt-f-x"]   # (e: none)
 
 
 def test_an_action_that_raises_makes_the_batch_fall_back_to_firing(databases):
