@@ -52,7 +52,7 @@ class Learned(NamedTuple):
     """What the static check learned of an action: the ``table`` of the one row it reads and writes, and how
     that row's key is made of the event — ``key`` None: ``event.key``; else the compiled expression of the one
     assignment ``KEY = expression`` whose name the calls pass, evaluated with the event as ``event_name`` in the
-    action's globals."""
+    action's globals: ``key`` is the code of ``lambda EVENT: expression``."""
 
     table: str
     key: CodeType | None = None
@@ -116,7 +116,9 @@ def _verdict(action: Callable[..., object]) -> Learned | None:
     if expression is None:
         return Learned(table, None, event_name)
     try:
-        code = compile(ast.fix_missing_locations(ast.Expression(body=expression)), action.__code__.co_filename, "eval")
+        key_function = ast.Lambda(args=ast.arguments(posonlyargs=[], args=[ast.arg(arg=event_name)], kwonlyargs=[],
+                                                     kw_defaults=[], defaults=[]), body=expression)
+        code = compile(ast.fix_missing_locations(ast.Expression(body=key_function)), action.__code__.co_filename, "eval")
     except (SyntaxError, ValueError, TypeError):
         return None
     return Learned(table, code, event_name)
@@ -243,6 +245,12 @@ class _RowTransaction:
         raise self._deviate(f"used tx.{name}")
 
 
+def _function_of(code: CodeType, namespace: dict[str, object]) -> Callable[[Event], Hashable]:
+    """The compiled ``lambda EVENT: expression`` (``Learned.key``) as a function with ``namespace`` as its globals."""
+    made: Callable[[Event], Hashable] = eval(code, namespace)  # noqa: S307  # (the action's own expression)
+    return made
+
+
 def _stream_event(event: BatchEvent) -> Event:
     """The stream event ``tx.emit(type, key=, ts=, payload=)`` makes of ``event``: the payload the event's own
     copy (its ``transaction`` None: a lowered event has no subtransaction)."""
@@ -258,9 +266,9 @@ class LearnedDeclaration:
     def __init__(self, action: Callable[..., object], learned: Learned, info: TableInfo) -> None:
         self.action = action
         self.table = learned.table
-        self._key_code = learned.key
-        self._event_name = learned.event_name
-        self._globals = getattr(action, "__globals__", {})
+        # The key expression as a function of the event, in the action's globals (None: ``event.key``).
+        self._key_of: Callable[[Event], Hashable] | None = None if learned.key is None else _function_of(
+            learned.key, getattr(action, "__globals__", {}))
         self._blank = dict(info.blank_row)
         self._columns = len(info.columns)
         self._key_columns = frozenset(info.key_columns)
@@ -269,24 +277,25 @@ class LearnedDeclaration:
         functools.update_wrapper(self, action)
 
     def __call__(self, event: BatchEvent, ops: Ops) -> None:
-        code = self._key_code
-        if code is None:
-            key = event.key
-        else:      # the action's own key expression, on the event it will get
-            key = eval(code, self._globals, {self._event_name: _stream_event(event)})  # noqa: S307  # (its own code)
+        stream_event = _stream_event(event)
+        key_of = self._key_of
+        # The action's own key expression, on the event it will get (the same object, as in a firing).
+        key = event.key if key_of is None else key_of(stream_event)
         # (``run`` may answer FALL_BACK, which is neither a mapping nor DELETE: its state transaction aborts.)
         ops.write(self.table, key, cast("Callable[..., Mapping[str, object] | _Delete]",
-                                          functools.partial(self.run, event, key)))
+                                          functools.partial(self.run, event, key, [stream_event])))
 
-    def run(self, event: BatchEvent, key: Hashable, own: RowImage | None) -> Mapping[str, object] | _Delete | _FallBack:
+    def run(self, event: BatchEvent, key: Hashable, unused: list[Event], own: RowImage | None
+            ) -> Mapping[str, object] | _Delete | _FallBack:
         """The columns the action writes of ``own`` (the row ``key`` as of before the event), :data:`DELETE` (on
         an absent row: nothing) or ``{}`` (an existing row: unchanged) if it wrote none, :data:`FALL_BACK` if it
-        raised or deviated."""
+        raised or deviated.  ``unused``: the stream event the declaration made, for the first run (a run again —
+        the batch re-run checking values — gets a fresh one, as a re-fired event does)."""
+        stream_event = unused.pop() if unused else _stream_event(event)
         if own is not None and len(own) != self._columns:
             # Created earlier in this batch (the lean image holds the columns written): as the tree reads it.
             own = {**self._blank, **own, **self._key_row(self._key(key))}
         stand_in = _RowTransaction(self.table, key, own)
-        stream_event = _stream_event(event)
         try:
             self.action(stand_in, stream_event)
         except Exception:
