@@ -48,6 +48,7 @@ class _FallBack:
 
 FALL_BACK = _FallBack()
 
+
 class Learned(NamedTuple):
     """What the static check learned of an action: the ``table`` of the one row it reads and writes, and how
     that row's key is made of the event — ``key`` None: ``event.key``; else the compiled expression of the one
