@@ -25,7 +25,7 @@ from activedb.batch._declare import (
 from activedb.batch._result import BatchResult
 from activedb.batch._state import merge_image
 from activedb.batch.errors import DeclarationError, LoweringRefused
-from activedb.errors import causes
+from activedb.errors import SchemaError, causes
 from activedb.events import Event, EventKind
 from activedb.store import RowImage
 
@@ -240,8 +240,11 @@ def lower(rules: "RuleManager", transaction: "Transaction", event_types: Iterabl
             else:
                 learned_from = learned_table(action)
                 assert learned_from is not None      # (lowerable)
-                transactions.on(event_type)(LearnedDeclaration(
-                    action, learned_from, manager.catalog.table_info(learned_from.table)))
+                try:
+                    info = manager.catalog.table_info(learned_from.table)
+                except SchemaError:     # no such table: each firing fails with its own reason
+                    return None
+                transactions.on(event_type)(LearnedDeclaration(action, learned_from, info))
                 learned.add(event_type)
         lowered = Lowered(transactions, chosen, frozenset(learned), deviated)
         if cache is not None:
