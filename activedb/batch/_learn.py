@@ -75,7 +75,8 @@ def learned_table(action: Callable[..., object]) -> Learned | None:
     top of the body, ``name = expression``, the expression reading only ``event`` and global names),
     ``event`` only as ``event.key``, ``event.ts``, ``event.payload``, ``event.source`` (or anyhow inside that
     key expression), neither name rebound, shadowed or reachable through ``locals()``/``vars()``/``eval``/``exec``;
-    a source that cannot be read or parsed does not qualify.  Whatever the check lets through, the row the
+    a source that cannot be read or parsed, or whose compiled code differs from the function's (a file edited since
+    the import, a closure), does not qualify.  Whatever the check lets through, the row the
     action names at run time is compared with the declared one (a difference falls back)."""
     try:
         return _VERDICTS[action]
@@ -92,18 +93,26 @@ def learned_table(action: Callable[..., object]) -> Learned | None:
 
 
 def _verdict(action: Callable[..., object]) -> Learned | None:
-    if not inspect.isfunction(action) or action.__name__ == "<lambda>":
-        return None
+    if not inspect.isfunction(action) or action.__name__ == "<lambda>" or hasattr(action, "__wrapped__"):
+        return None          # (getsource would read what a wrapper wraps, not the wrapper)
     if inspect.iscoroutinefunction(action) or inspect.isgeneratorfunction(action):
         return None
     try:
-        tree = ast.parse(textwrap.dedent(inspect.getsource(action)))
+        source = textwrap.dedent(inspect.getsource(action))
+        tree = ast.parse(source)
+        module = compile(source, action.__code__.co_filename, "exec", dont_inherit=True)
     except (OSError, TypeError, SyntaxError, ValueError):
         return None
     if len(tree.body) != 1 or not isinstance(tree.body[0], ast.FunctionDef):
         return None
     function = tree.body[0]
     if function.name != action.__code__.co_name:
+        return None
+    # The source read is the code running (not a file edited since it was imported, not a closure's): the same
+    # instructions and names.
+    code = action.__code__
+    if not any(isinstance(constant, CodeType) and constant.co_name == code.co_name and _same_code(constant, code)
+               for constant in module.co_consts):
         return None
     arguments = function.args
     if (arguments.posonlyargs or arguments.vararg or arguments.kwonlyargs or arguments.kwarg
@@ -123,6 +132,21 @@ def _verdict(action: Callable[..., object]) -> Learned | None:
     except (SyntaxError, ValueError, TypeError):
         return None
     return Learned(table, code, event_name)
+
+
+def _same_code(one: CodeType, other: CodeType) -> bool:
+    """Whether two code objects run the same instructions on the same names and constants (nested code objects
+    alike; line numbers aside)."""
+    if (one.co_code != other.co_code or one.co_names != other.co_names or one.co_varnames != other.co_varnames
+            or one.co_freevars != other.co_freevars or len(one.co_consts) != len(other.co_consts)):
+        return False
+    for mine, theirs in zip(one.co_consts, other.co_consts):
+        if isinstance(mine, CodeType) and isinstance(theirs, CodeType):
+            if not _same_code(mine, theirs):
+                return False
+        elif type(mine) is not type(theirs) or mine != theirs:
+            return False
+    return True
 
 
 def _uses(function: ast.FunctionDef, tx_name: str, event_name: str, code: CodeType

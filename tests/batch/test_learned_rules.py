@@ -114,6 +114,26 @@ def test_the_static_check():
         assert learned_table(action) is None, action
 
 
+def test_a_source_edited_since_the_import_is_not_the_code_running(tmp_path, monkeypatch):
+    module = tmp_path / "edited_rules.py"
+    original = ("def bump(tx, event):\n"
+                "    row = tx.read('counters', event.key)\n"
+                "    tx.write('counters', event.key, events=1 if row is None else row['events'] + 1)\n")
+    module.write_text(original)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import edited_rules
+
+    assert learned_table(edited_rules.bump).table == "counters"
+    import importlib
+
+    edited = importlib.reload(edited_rules)          # a fresh function object: a fresh verdict
+    module.write_text(original.replace("events=1 if", "total=7, events=1 if"))
+    assert learned_table(edited.bump) is None        # the file says something else than the code running
+    import sys
+
+    sys.modules.pop("edited_rules", None)
+
+
 def rows(batch: int, specs: list[tuple[str, str, int]]) -> Batch:
     """A numbered batch of events ``(type, key, amount)``, a second apart."""
     return Batch(batch, [{"type": kind, "key": key, "ts": BASE + dt.timedelta(seconds=batch * 100 + second),
