@@ -85,8 +85,9 @@ class RulesHandler(BatchHandler):
         self.db: IngestDatabase | None = None           # set once by bind()
         self.prefetch = dict(prefetch or {})
         self.event_attempts = event_attempts
-        #: Run a batch whose rules are all declared rules as one batch of state transactions at commit
-        #: when that is the same as firing them (``activedb.batch.lower``); False: always event by event.
+        #: Run a batch whose rules are all declared rules, or plain rules that only read and write their event's
+        #: row, as one batch of state transactions at commit when that is the same as firing them
+        #: (``activedb.batch.lower``; the name predates the plain ones); False: always event by event.
         self.lower_declared = lower_declared
         self._lowered: dict[object, object] = {}      # the lowering's cache (one batch at a time)
         # ((query id, batch id), its PendingBatch) of the last batch that was lowered, and the (query id, batch
