@@ -15,7 +15,7 @@ import struct
 import time
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, TypeAlias, cast
+from typing import TYPE_CHECKING, Any, TypeAlias, cast
 
 import psycopg
 import sqlalchemy as sa
@@ -36,7 +36,7 @@ from activedb.batch._store import (DEAD_LETTER_TABLE, apply_batch, check_key_col
 from activedb.batch._strategy import Split, Strategy
 from activedb.batch.errors import BatchNotCommitted, DeclarationError
 from activedb.errors import InvalidKey, InvalidValue, SchemaError
-from activedb.store import Catalog, Key, RowImage, TableInfo, rows_by_key
+from activedb.store import Catalog, Key, RowImage, TableInfo, array_literal, rows_by_key
 from activedb.txn import CommitParticipant
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -211,7 +211,12 @@ def _select_for_update(connection: sa.Connection, info: TableInfo, keys: list[Ke
                     .where(column == sa.any_(sa.bindparam("keys", type_=postgresql.ARRAY(column.type))))
                     .order_by(column).with_for_update())
 
-        rows, fields = _run(connection, statement, {"keys": sorted(key[0] for key in keys)},  # type: ignore[misc,type-var]
+        ordered = sorted(key[0] for key in keys)  # type: ignore[type-var]  # (keys of one column: comparable)
+        python_type = _array_type(column)
+        kinds = set(map(type, ordered))
+        parameter = (_array_of(python_type, ordered) if python_type is not None and kinds == {python_type}
+                     else ordered)
+        rows, fields = _run(connection, statement, {"keys": parameter},  # type: ignore[misc]
                             fetch=True, shape=("select for update", info.table))  # (fetch: rows)
         return {(row[0],): dict(zip(fields, row)) for row in rows} if fields[0] == names[0] else {
             (image[names[0]],): image for image in (dict(zip(fields, row)) for row in rows)}
@@ -423,7 +428,7 @@ _NONE = type(None)
 def _arrays(info: TableInfo, names: list[str], rows: list[RowImage]) -> dict[str, object] | None:
     """The parameters ``a0, a1, …`` of ``unnest(:a0, :a1, …) AS v(names…)`` (:func:`_unnest`), or None if a
     column's values have no plain array form (then the caller executes the statement once per row).  A column of
-    strings without NULLs is one array literal (:func:`_text_array`)."""
+    strings or ints without NULLs is one array literal (:func:`_array_of`)."""
     parameters: dict[str, object] = {}
     for number, name in enumerate(names):
         python_type = _array_type(info.table.c[name])
@@ -436,15 +441,22 @@ def _arrays(info: TableInfo, names: list[str], rows: list[RowImage]) -> dict[str
             kinds = set(map(type, values))
         if not kinds <= {python_type, _NONE}:
             return None
-        if _NONE in kinds:
-            parameters[f"a{number}"] = values
-        elif python_type is str:
-            parameters[f"a{number}"] = _text_array(values)
-        elif python_type is float:
-            parameters[f"a{number}"] = _float8_array(values)
-        else:
-            parameters[f"a{number}"] = values
+        parameters[f"a{number}"] = values if _NONE in kinds else _array_of(python_type, values)
     return parameters
+
+
+def _array_of(python_type: type, values: list[Any]) -> object:
+    """``values`` (all of ``python_type``, no None) as the driver sends them fastest: floats in PostgreSQL's binary
+    array format (:func:`_float8_array`), ints and strings as one array literal (``activedb.store.array_literal``,
+    which the statement's cast reads), anything else — bools — as the list itself (the driver encodes it element by
+    element)."""
+    if python_type is float:
+        return _float8_array(values)
+    if python_type is int or python_type is str:
+        literal = array_literal(values, False)
+        if literal is not None:
+            return literal
+    return values
 
 
 _FLOAT8_OID, _FLOAT8_ARRAY_OID = 701, 1022
@@ -478,16 +490,6 @@ def _float8_array(values: list[float]) -> _Float8Array:
     for offset in range(8):                      # then its eight bytes
         body[4 + offset::12] = doubles[offset::8]
     return _Float8Array(struct.pack(">iiIii", 1, 0, _FLOAT8_OID, count, 1) + body)
-
-
-def _text_array(values: list[str]) -> str | list[str]:
-    """``values`` as one PostgreSQL array literal, ``{"a","b"}``, which the statement's cast (``::TEXT[]``) reads:
-    the driver sends one string where it would encode an array element by element; ``values`` themselves when one holds a ``"`` or a ``\\`` (the only characters a quoted element
-    escapes; the driver encodes those)."""
-    joined = '","'.join(values)
-    if "\\" in joined or joined.count('"') != 2 * (len(values) - 1):
-        return values
-    return '{"' + joined + '"}'
 
 
 def _array_type(column: sa.ColumnElement[object]) -> type | None:

@@ -9,10 +9,10 @@ from activedb.store._catalog import KEY_BLOCK, Catalog
 from activedb.store._choices import Granularity, IsolationLevel
 from activedb.store._exact import exact_json, from_exact_json
 from activedb.store._schema import TableInfo, json_problem, text_problem
-from activedb.store._sql import (Json, apply_write_set, fetch_rows, is_connection_failure, jsonable, lock_row,
-                                 rows_by_key, storable_text)
+from activedb.store._sql import (Json, apply_write_set, array_literal, fetch_rows, is_connection_failure, jsonable,
+                                 lock_row, rows_by_key, storable_text)
 from activedb.store._writeset import Entry, EntryKind, Key, Row, RowImage, TableRef, matches, resolve
 
 __all__ = ["KEY_BLOCK", "Catalog", "TableInfo", "Entry", "EntryKind", "Json", "Key", "Row", "RowImage", "TableRef", "resolve", "fetch_rows", "rows_by_key", "lock_row",
-           "apply_write_set", "is_connection_failure", "jsonable", "storable_text", "json_problem", "text_problem",
+           "apply_write_set", "array_literal", "is_connection_failure", "jsonable", "storable_text", "json_problem", "text_problem",
            "exact_json", "from_exact_json", "matches", "Granularity", "IsolationLevel"]
