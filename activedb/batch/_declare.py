@@ -147,12 +147,22 @@ def _bad_pair(pair: object, what: str) -> DeclarationError:
     return DeclarationError(f"the key {pair[1]!r} in {what} is not hashable; use a scalar or a tuple")
 
 
+def canonical_key(key: Hashable) -> Hashable:
+    """The key by which a batch's states name a row: a one-tuple names the row of its element, as the store reads
+    it (``TableInfo.key`` takes ``"k"`` and ``("k",)`` for one row), so that a batch never holds one row as two
+    states — each read as of before the batch, and the one written last would lose the other's changes."""
+    return key[0] if isinstance(key, tuple) and len(key) == 1 else key
+
+
 def _state(pair: object, what: str) -> State:
     if type(pair) is tuple and len(pair) == 2 and type(pair[0]) is str and pair[1] is not None:
         try:
             hash(pair[1])
         except TypeError:
             raise _bad_pair(pair, what) from None
+        key = pair[1]
+        if isinstance(key, tuple) and len(key) == 1:
+            return _state((pair[0], key[0]), what)
         return pair
     if isinstance(pair, tuple) and len(pair) == 2 and isinstance(pair[0], str) and pair[1] is not None:
         return _state((str(pair[0]), pair[1]), what)
@@ -176,7 +186,8 @@ class Ops:
     def _params(self, reads: Iterable[object], own: State | None, what: str) -> tuple[State, ...]:
         params: list[State] = []
         for pair in reads:
-            if type(pair) is tuple and len(pair) == 2 and type(pair[0]) is str and pair[1] is not None:
+            if (type(pair) is tuple and len(pair) == 2 and type(pair[0]) is str and pair[1] is not None
+                    and not isinstance(pair[1], tuple)):
                 try:
                     hash(pair[1])
                 except TypeError:
@@ -218,7 +229,7 @@ class Ops:
     def read(self, table: str, key: Hashable, *, name: str | None = None) -> None:
         """READ(table, key): the row as of before this transaction becomes output ``name``."""
         state = self._check_key(table, key)
-        self.specs.append(_new_spec(OpSpec, (_READ, state[0], key, (), None, None, None, None,
+        self.specs.append(_new_spec(OpSpec, (_READ, state[0], state[1], (), None, None, None, None,
                                              name or f"{table}[{key!r}]", None, state, None)))
 
     def write(self, table: str, key: Hashable, fn: Callable[..., Mapping[str, object] | _Delete], *, reads: Iterable[State] = (),
@@ -227,6 +238,8 @@ class Ops:
         ``reads`` (in order, own row excluded) and returns the columns to set (a mapping),
         :data:`DELETE`, or raises :class:`Abort`.  The written row is the output ``name`` if given."""
         # The hot path of declaring: the checks of _check_key and _claim, inlined.
+        if isinstance(key, tuple) and len(key) == 1:
+            key = key[0]                     # (``canonical_key``)
         state = (table, key) if type(table) is str and key is not None else self._check_key(table, key)
         written = self._written
         try:
@@ -260,7 +273,7 @@ class Ops:
         own = self._check_key(table, keys[0])
         params = self._params([(table, key) for key in keys[1:]], own, "keys")
         self.windowed = True
-        self.specs.append(OpSpec(OpKind.WINDOW_READ, own[0], keys[0], params, fn=aggregate, size=size,
+        self.specs.append(OpSpec(OpKind.WINDOW_READ, own[0], own[1], params, fn=aggregate, size=size,
                                  name=name or f"window:{table}", state=own))
 
     def window_write(self, table: str, key: Hashable, fn: Callable[..., Mapping[str, object] | _Delete], *,
@@ -274,7 +287,7 @@ class Ops:
         if not over:
             raise DeclarationError("window_write needs at least one (table, key) in over")
         self.windowed = True
-        self.specs.append(OpSpec(OpKind.WINDOW_WRITE, state[0], key, tuple(dict.fromkeys(over)), fn=fn, size=size,
+        self.specs.append(OpSpec(OpKind.WINDOW_WRITE, state[0], state[1], tuple(dict.fromkeys(over)), fn=fn, size=size,
                                  name=name, state=state))
 
     def read_any(self, table: str, key_fn: Callable[..., Hashable], *, reads: Iterable[State] = (),
@@ -448,10 +461,7 @@ def _inserted_into(tables: tuple[str, ...], result: object) -> InsertedInto:
 def _candidates(table: str, candidates: Iterable[Hashable] | None) -> tuple[Hashable, ...] | None:
     if candidates is None:
         return None
-    keys = tuple(candidates)
-    for key in keys:
-        _state((table, key), "candidates")
-    return keys
+    return tuple(_state((table, key), "candidates")[1] for key in candidates)
 
 
 def unknown_event_type(event_type: object) -> UnknownEventType:

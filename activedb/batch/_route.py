@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, TypeAlias
 
-from activedb.batch._declare import BatchEvent, OpSpec, State, specs_of
+from activedb.batch._declare import BatchEvent, OpSpec, State, canonical_key, specs_of
 from activedb.batch._parallel import find_root
 
 #: Where one table's rows are named in an event: ``(table, source, payload field name; None for the key)``.
@@ -85,15 +85,16 @@ class RoutePlan:
 def _compile(pairs: tuple[_Pair, ...]) -> Callable[[BatchEvent], list[State]]:
     """A function ``event -> [states]`` for ``pairs``, written out (one call and one list per
     event).  Tables and field names are passed as values, never as text."""
-    namespace: dict[str, Any] = {"_flat_keys": _flat_keys, "_no_key": _no_key}
+    namespace: dict[str, Any] = {"_flat_keys": _flat_keys, "_no_key": _no_key, "_canonical": canonical_key}
     items: list[str] = []
     for number, (table, source, name) in enumerate(pairs):
         namespace[f"table{number}"] = table
         namespace[f"name{number}"] = name
+        # (Keys as the declarations name them: ``canonical_key``.)
         if source is Source.FIELD:
-            items.append(f"(table{number}, payload[name{number}])")
+            items.append(f"(table{number}, _canonical(payload[name{number}]))")
         elif source is Source.KEY:
-            items.append(f"(table{number}, event[1] if event[1] is not None else _no_key())")
+            items.append(f"(table{number}, _canonical(event[1]) if event[1] is not None else _no_key())")
         else:
             items.append(f"*[(table{number}, key) for key in _flat_keys(payload[name{number}])]")
     code = "def states(event):\n    payload = event[3]\n    return [" + ", ".join(items) + "]\n"

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Mapping
 from typing import TypeAlias
 
-from activedb.batch._declare import DELETE, Abort, OpKind, OpSpec, State, inserted
+from activedb.batch._declare import DELETE, Abort, OpKind, OpSpec, State, canonical_key, inserted
 from activedb.batch.errors import DeclarationError
 from activedb.store import RowImage
 
@@ -63,7 +63,7 @@ def perform(spec: OpSpec, t: int, read: Read, window: Window) -> tuple[State | N
     params = [read(param, t) for param in spec.params]
     if kind is OpKind.INSERT:
         return None, None, inserted(spec, spec.fn(*params))
-    key = spec.key_fn(*params)
+    key = canonical_key(spec.key_fn(*params))
     if spec.candidates is not None and key not in spec.candidates:
         raise DeclarationError(f"the key function of a non-deterministic {kind.value} on {spec.table} returned "
                                f"{key!r}, which is not among its declared candidates")
