@@ -13,9 +13,9 @@ from __future__ import annotations
 import enum
 import struct
 import time
-from collections.abc import Callable, Hashable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, TypeAlias, cast
+from typing import TYPE_CHECKING, TypeAlias, cast
 
 import psycopg
 import sqlalchemy as sa
@@ -211,11 +211,10 @@ def _select_for_update(connection: sa.Connection, info: TableInfo, keys: list[Ke
                     .where(column == sa.any_(sa.bindparam("keys", type_=postgresql.ARRAY(column.type))))
                     .order_by(column).with_for_update())
 
-        ordered = sorted(key[0] for key in keys)  # type: ignore[type-var]  # (keys of one column: comparable)
+        bound = sorted(key[0] for key in keys)  # type: ignore[type-var]  # (keys of one column: comparable)
         python_type = _array_type(column)
-        kinds = set(map(type, ordered))
-        parameter = (_array_of(python_type, ordered) if python_type is not None and kinds == {python_type}
-                     else ordered)
+        parameter = (_array_of(python_type, bound) if python_type is not None and set(map(type, bound)) == {python_type}
+                     else bound)
         rows, fields = _run(connection, statement, {"keys": parameter},  # type: ignore[misc]
                             fetch=True, shape=("select for update", info.table))  # (fetch: rows)
         return {(row[0],): dict(zip(fields, row)) for row in rows} if fields[0] == names[0] else {
@@ -445,13 +444,13 @@ def _arrays(info: TableInfo, names: list[str], rows: list[RowImage]) -> dict[str
     return parameters
 
 
-def _array_of(python_type: type, values: list[Any]) -> object:
+def _array_of(python_type: type, values: Sequence[object]) -> object:
     """``values`` (all of ``python_type``, no None) as the driver sends them fastest: floats in PostgreSQL's binary
     array format (:func:`_float8_array`), ints and strings as one array literal (``activedb.store.array_literal``,
     which the statement's cast reads), anything else — bools — as the list itself (the driver encodes it element by
     element)."""
     if python_type is float:
-        return _float8_array(values)
+        return _float8_array(cast("list[float]", values))
     if python_type is int or python_type is str:
         literal = array_literal(values, False)
         if literal is not None:
