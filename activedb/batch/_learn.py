@@ -258,7 +258,7 @@ class _RowTransaction:
         image = self._image
         return None if image is None else dict(image)
 
-    def write(self, table: str, key: Hashable, **values: object) -> None:
+    def write(self, table: str, key: Hashable, /, **values: object) -> None:
         if table != self._table or key != self._key or not values:
             raise self._deviate(f"wrote {table!r} {key!r} {sorted(values)}")
         if self.written is None:

@@ -262,13 +262,13 @@ class OverlayView(StoreView):
         self._before("read", table, None)
         return self._read(table, None, self._overlay.scan(table, where))
 
-    def write(self, table: str, key: Hashable, **values: object) -> None:
+    def write(self, table: str, key: Hashable, /, **values: object) -> None:
         key = _as_key(key)
         self._before("write", table, key)
         self._overlay.write(table, key, dict(values))
         self._written(table, key, values, "write")
 
-    def insert(self, table: str, **values: object) -> Hashable:
+    def insert(self, table: str, /, **values: object) -> Hashable:
         self._before("write", table, None)
         key = self._overlay.insert(table, values)
         self._written(table, key, dict(values), "insert")

@@ -102,12 +102,12 @@ class StoreView:
         self._before("read", table, None)
         return self._read(table, None, self.tx.scan(table, where))
 
-    def write(self, table: str, key: Hashable, **values: object) -> None:
+    def write(self, table: str, key: Hashable, /, **values: object) -> None:
         self._before("write", table, _as_key(key))
         self.tx.write(table, key, **values)
         self._written(table, _as_key(key), dict(values), "write")
 
-    def insert(self, table: str, **values: object) -> Hashable:
+    def insert(self, table: str, /, **values: object) -> Hashable:
         self._before("write", table, self._key_of_values(table, values))
         key = self.tx.insert(table, **values)
         self._written(table, _as_key(key), dict(values), "insert")
@@ -166,11 +166,11 @@ class DeclaredView:
         self._check(table, "reads")
         return self._view.scan(table, where)
 
-    def write(self, table: str, key: Hashable, **values: object) -> None:
+    def write(self, table: str, key: Hashable, /, **values: object) -> None:
         self._check(table, "writes")
         self._view.write(table, key, **values)
 
-    def insert(self, table: str, **values: object) -> Hashable:
+    def insert(self, table: str, /, **values: object) -> Hashable:
         self._check(table, "writes")
         return self._view.insert(table, **values)
 
@@ -261,7 +261,7 @@ class VersionedView(LockedView):
 
     # --- Writes that stay in the versions (``deferred``) ------------------------------------------------
 
-    def write(self, table: str, key: object, **values: object) -> None:
+    def write(self, table: str, key: object, /, **values: object) -> None:
         key = _as_key(key)
         if not self._defers(table, key):
             return super().write(table, key, **values)
@@ -273,7 +273,7 @@ class VersionedView(LockedView):
                  else {**info.blank_row, **patch, **info.full_key_row(row_key)})      # (an upsert creates it)
         self._version(table, key, image, dict(values), "write")
 
-    def insert(self, table: str, **values: object) -> Hashable:
+    def insert(self, table: str, /, **values: object) -> Hashable:
         key = self._key_of_values(table, values)
         if key is None or not self._defers(table, key):
             return super().insert(table, **values)

@@ -35,17 +35,19 @@ class Writes:
     # supertype of the class; each ``ignore[misc]`` below is that).
     __slots__ = ()
 
-    def write(self: Transaction, table: TableRef, key: Hashable, **values: object) -> None:  # type: ignore[misc]
-        """Upsert: update the given columns of row ``key``, or insert it."""
+    def write(self: Transaction, table: TableRef, key: Hashable, /, **values: object) -> None:  # type: ignore[misc]
+        """Upsert: update the given columns of row ``key``, or insert it.  (``table`` and ``key`` are positional: a
+        column named ``key`` or ``table`` is a value like any other.)"""
         self._check_active("write")
         info = self.manager.catalog.table_info(table)
         key = info.key(key)
         values = info.values_without_key(key, values)
         self._modify(info, key, Entry(_PATCH, values))
 
-    def insert(self: Transaction, table: TableRef, **values: object) -> Hashable:  # type: ignore[misc]
+    def insert(self: Transaction, table: TableRef, /, **values: object) -> Hashable:  # type: ignore[misc]
         """Insert a new row; returns its key.  A table whose key the database generates
-        (identity/serial) may omit it: the next sequence value is taken."""
+        (identity/serial) may omit it: the next sequence value is taken.  (``table`` is positional: a column named
+        ``table`` is a value.)"""
         self._check_active("insert")
         info = self.manager.catalog.table_info(table)
         values = info.check_values(values, copy=False)     # (its keyword arguments: a dict of its own)
@@ -125,8 +127,9 @@ class Writes:
         return len(rows)
 
 
-    def signal(self: Transaction, name: str, **payload: object) -> None:  # type: ignore[misc]
-        """Raise an application event ``name`` with ``payload`` (rules on ``db.signalled(name)`` react)."""
+    def signal(self: Transaction, name: str, /, **payload: object) -> None:  # type: ignore[misc]
+        """Raise an application event ``name`` with ``payload`` (rules on ``db.signalled(name)`` react; ``name`` is
+        positional: a payload field named ``name`` is a value)."""
         if self._doomed is not None or self._state is not _ACTIVE:     # (``_check_active``'s call only to raise)
             self._check_active("signal")
         event = new_event(_SIGNAL, name, None, None, None, dict(payload), None, self.id)

@@ -500,3 +500,26 @@ def test_a_spawned_child_without_children_commits_its_holds_into_its_parents_ret
         task.run()
         assert task.state is _pool.TaskState.DONE and task.wait(0) and task.result == 7
     assert committed(db, "items")[("shared",)]["value"] == 2
+
+
+def test_columns_named_key_table_and_name_are_written_as_values(db):
+    """``tx.write(table, key, **values)``, ``tx.insert(table, **values)`` and ``tx.signal(name, **payload)`` take their
+    own leading parameters positionally only, so a column — or a payload field — named ``key``, ``table`` or
+    ``name`` is a value like any other (before, Python refused the call: "got multiple values for argument")."""
+    heard = []
+    db.rule(on=db.signalled("setting_changed"), name="hear_setting")(lambda tx, event: heard.append(event.payload))
+    try:
+        with db.engine.begin() as connection:
+            connection.execute(sa.text("DELETE FROM settings"))
+        with db.transaction() as tx:
+            tx.write("settings", 1, key="colour", table="themes", name="first")
+            tx.insert("settings", id=2, key="size", table="fonts", name="second")
+            tx.write("settings", 1, name="renamed")
+            assert tx.read("settings", 1) == {"id": 1, "key": "colour", "table": "themes", "name": "renamed"}
+            tx.signal("setting_changed", name="colour", key=1, table="settings")
+        assert committed(db, "settings") == {
+            (1,): {"id": 1, "key": "colour", "table": "themes", "name": "renamed"},
+            (2,): {"id": 2, "key": "size", "table": "fonts", "name": "second"}}
+        assert heard == [{"name": "colour", "key": 1, "table": "settings"}]
+    finally:
+        db.rules.remove("hear_setting")
