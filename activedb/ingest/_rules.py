@@ -114,7 +114,8 @@ class RulesHandler(BatchHandler):
 
     @property
     def last_lowered(self) -> Any:
-        """The last batch's ``PendingBatch`` if it was lowered, else None."""
+        """The ``PendingBatch`` of the last batch this handler ran if it was lowered, else None (a batch the ledger
+        skipped, already committed, is not run: this stays what it was)."""
         return None if self._last_lowered is None else self._last_lowered[1]
 
     def accepted_types(self) -> frozenset[str] | None:
