@@ -1,14 +1,15 @@
 """Plain rules lowered: a plain rule action ``action(tx, event)`` whose only use of its transaction is to read
-and write the row of its event's key in one table (:func:`learned_table`, a static check of its source) runs,
-in a lowered batch, as the state transaction ``ops.write(table, event.key, fn)`` (:class:`LearnedDeclaration`):
-``fn(own)`` calls the unchanged action with a :class:`_RowTransaction` standing in for ``tx``.  Anything the
-action does outside that shape at run time — an exception, a read after its write, a key column written —
+and write the row of its event's key in one table (:func:`learned_table`, a static check of its source; a condition
+the same with reads only, :func:`learned_condition`) runs, in a lowered batch, with the other rules of its event's
+chain, as the state transaction ``ops.write(table, event.key, fn)`` (:class:`LearnedDeclaration`): ``fn(own)`` calls
+the unchanged conditions and actions with a :class:`_RowTransaction` standing in for ``tx``.  Anything they do
+outside that shape at run time — an exception, another row, a key column written —
 makes ``fn`` return :data:`FALL_BACK`, which aborts the event's state transaction; ``apply_lowered`` then
 refuses the whole lowered attempt (``LoweringRefused``) and the batch runs event by event.  Design note: the
 package README, "Plain rules lowered".
 
 Thread-safety: the verdict cache is guarded by the GIL (a dict; two threads may compute one verdict twice, with
-the same result); a :class:`LearnedDeclaration` is immutable and used by one batch at a time.
+the same result); a :class:`LearnedDeclaration` is used by one batch at a time (its ``outcomes`` are that batch's).
 """
 
 from __future__ import annotations
@@ -18,15 +19,15 @@ import functools
 import inspect
 import textwrap
 import weakref
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from types import CodeType
-from typing import NamedTuple, NoReturn, cast
+from typing import NamedTuple, NoReturn, TypeAlias, cast
 
 from activedb.batch._declare import DELETE, BatchEvent, Ops, _Delete
 from activedb.events import Event, EventKind, new_event
 from activedb.store import RowImage, TableInfo
 
-__all__ = ["FALL_BACK", "Learned", "LearnedDeclaration", "learned_table"]
+__all__ = ["FALL_BACK", "Learned", "LearnedDeclaration", "Step", "learned_condition", "learned_table"]
 
 #: The event attributes a learned action may read: those a stream event and a batch event both carry.
 _EVENT_ATTRIBUTES = frozenset({"key", "ts", "payload", "source"})
@@ -58,10 +59,14 @@ class Learned(NamedTuple):
     table: str
     key: CodeType | None = None
     event_name: str = "event"
+    #: The key expression's form (``ast.dump``, ``""`` for ``event.key``): the rules of one chain name one row.
+    key_source: str = ""
 
 
-# function -> what was learned, or None (not lowerable); weak: a redefined function's verdict goes with it.
+# function -> what was learned, or None (not lowerable); weak: a redefined function's verdict goes with it.  One cache
+# for actions, one for conditions (a function may be checked as both).
 _VERDICTS: "weakref.WeakKeyDictionary[Callable[..., object], Learned | None]" = weakref.WeakKeyDictionary()
+_CONDITIONS: "weakref.WeakKeyDictionary[Callable[..., object], Learned | None]" = weakref.WeakKeyDictionary()
 
 
 def learned_table(action: Callable[..., object]) -> Learned | None:
@@ -78,21 +83,33 @@ def learned_table(action: Callable[..., object]) -> Learned | None:
     a source that cannot be read or parsed, or whose compiled code differs from the function's (a file edited since
     the import, a closure), does not qualify.  Whatever the check lets through, the row the
     action names at run time is compared with the declared one (a difference falls back)."""
+    return _cached(_VERDICTS, action, False)
+
+
+def learned_condition(condition: Callable[..., object]) -> Learned | None:
+    """What the static check of :func:`learned_table` learns of a rule's condition ``condition(tx, event)``: the same
+    shape with reads only — ``tx.read(TABLE, KEY)`` of one row, or none (``table`` then ``""``: a condition of the
+    event alone).  None if it does anything else with ``tx``.  Cached per function."""
+    return _cached(_CONDITIONS, condition, True)
+
+
+def _cached(cache: "weakref.WeakKeyDictionary[Callable[..., object], Learned | None]", function: Callable[..., object],
+            condition: bool) -> Learned | None:
     try:
-        return _VERDICTS[action]
+        return cache[function]
     except KeyError:
         pass
     except TypeError:            # (not weak-referenceable: no function)
         return None
-    verdict = _verdict(action)
+    verdict = _verdict(function, condition)
     try:
-        _VERDICTS[action] = verdict
+        cache[function] = verdict
     except TypeError:
         pass
     return verdict
 
 
-def _verdict(action: Callable[..., object]) -> Learned | None:
+def _verdict(action: Callable[..., object], condition: bool = False) -> Learned | None:
     if not inspect.isfunction(action) or action.__name__ == "<lambda>" or hasattr(action, "__wrapped__"):
         return None          # (getsource would read what a wrapper wraps, not the wrapper)
     if inspect.iscoroutinefunction(action) or inspect.isgeneratorfunction(action):
@@ -119,7 +136,7 @@ def _verdict(action: Callable[..., object]) -> Learned | None:
             or arguments.defaults or len(arguments.args) != 2):
         return None
     tx_name, event_name = arguments.args[0].arg, arguments.args[1].arg
-    found = _uses(function, tx_name, event_name, action.__code__)
+    found = _uses(function, tx_name, event_name, action.__code__, condition)
     if found is None:
         return None
     table, expression = found
@@ -131,7 +148,7 @@ def _verdict(action: Callable[..., object]) -> Learned | None:
         code = compile(ast.fix_missing_locations(ast.Expression(body=key_function)), action.__code__.co_filename, "eval")
     except (SyntaxError, ValueError, TypeError):
         return None
-    return Learned(table, code, event_name)
+    return Learned(table, code, event_name, ast.dump(expression))
 
 
 def _same_code(one: CodeType, other: CodeType) -> bool:
@@ -149,10 +166,10 @@ def _same_code(one: CodeType, other: CodeType) -> bool:
     return True
 
 
-def _uses(function: ast.FunctionDef, tx_name: str, event_name: str, code: CodeType
+def _uses(function: ast.FunctionDef, tx_name: str, event_name: str, code: CodeType, condition: bool = False
           ) -> tuple[str, ast.expr | None] | None:
     """The table of ``function``'s body, and the key's expression if not ``event.key``, if it uses ``tx_name`` and
-    ``event_name`` only as allowed (see :func:`learned_table`), else None."""
+    ``event_name`` only as allowed (see :func:`learned_table`; ``condition``: :func:`learned_condition`), else None."""
     allowed: set[int] = set()       # ids of the Name nodes of tx_name / event_name in allowed places
     tables: set[str] = set()
     keys: set[str] = set()          # "": event.key; else the name of the key variable
@@ -171,7 +188,7 @@ def _uses(function: ast.FunctionDef, tx_name: str, event_name: str, code: CodeTy
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and isinstance(
                 node.func.value, ast.Name) and node.func.value.id == tx_name:
             method = node.func.attr
-            if method not in ("read", "write") or len(node.args) != 2:
+            if method not in (("read",) if condition else ("read", "write")) or len(node.args) != 2:
                 return None
             table, key = node.args
             if not (isinstance(table, ast.Constant) and isinstance(table.value, str) and is_event_key(key)):
@@ -186,6 +203,8 @@ def _uses(function: ast.FunctionDef, tx_name: str, event_name: str, code: CodeTy
         elif (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == event_name
               and node.attr in _EVENT_ATTRIBUTES and isinstance(node.ctx, ast.Load)):
             allowed.add(id(node.value))
+    if condition and not keys and not tables:
+        keys.add("")                     # (a condition of the event alone: no row, no key)
     if len(keys) != 1:
         return None
     key_name = keys.pop()
@@ -223,26 +242,31 @@ def _uses(function: ast.FunctionDef, tx_name: str, event_name: str, code: CodeTy
             return None
         elif isinstance(node, (ast.Yield, ast.YieldFrom, ast.Await)):
             return None
+    if condition:
+        return (tables.pop() if tables else "", expression) if len(tables) <= 1 else None
     if writes == 0 or len(tables) != 1:
         return None
     return tables.pop(), expression
 
 
 class _Deviation(Exception):
-    """The action used its stand-in transaction beyond reading and then writing its event's row."""
+    """The action used its stand-in transaction beyond reading and writing its event's row."""
 
 
 class _RowTransaction:
-    """What a learned action gets as ``tx`` in a lowered batch: ``read(table, key)`` returns the row's image as
-    ``tx.read`` would (a copy), ``write(table, key, **values)`` collects the columns.  Any other use is a
-    deviation (``deviated``), whether or not the action catches the error raised for it."""
+    """What the rules of a learned chain get as ``tx`` in a lowered batch: ``read(table, key)`` returns the row's
+    image as ``tx.read`` would (a copy; after a write, the row as written so far: a row the chain creates has every
+    column, those not written at their constant defaults, and its key), ``write(table, key, **values)`` collects the
+    columns.  Any other use is a deviation (``deviated``), whether or not the rule catches the error raised for it."""
 
-    __slots__ = ("_table", "_key", "_image", "written", "deviated")
+    __slots__ = ("_table", "_key", "_image", "_created", "written", "deviated")
 
-    def __init__(self, table: str, key: Hashable, image: RowImage | None) -> None:
+    def __init__(self, table: str, key: Hashable, image: RowImage | None,
+                 created: Callable[[Hashable], RowImage]) -> None:
         self._table = table
         self._key = key
         self._image = image
+        self._created = created          # key -> the blank row with that key: a created row besides its writes
         self.written: dict[str, object] | None = None
         self.deviated = False
 
@@ -253,10 +277,10 @@ class _RowTransaction:
     def read(self, table: str, key: Hashable, **options: object) -> RowImage | None:
         if options or table != self._table or key != self._key:
             raise self._deviate(f"read {table!r} {key!r} {options or ''}")
-        if self.written is not None:
-            raise self._deviate("read its row after writing it")
-        image = self._image
-        return None if image is None else dict(image)
+        image, written = self._image, self.written
+        if written is None:
+            return None if image is None else dict(image)
+        return {**image, **written} if image is not None else {**self._created(self._key), **written}
 
     def write(self, table: str, key: Hashable, /, **values: object) -> None:
         if table != self._table or key != self._key or not values:
@@ -282,24 +306,33 @@ def _stream_event(event: BatchEvent) -> Event:
     return new_event(EventKind.STREAM, event.event_type, event.key, None, None, dict(event.payload), event.ts)
 
 
-class LearnedDeclaration:
-    """The declaring function ``(event, ops)`` of a learned plain rule (module docstring): one WRITE of the
-    event's row in ``table`` whose function runs ``action``.  ``info`` is the table's (its blank row and key
-    columns: a row created earlier in the batch reads back, as through the tree, with every column, the ones
-    not written at their constant defaults)."""
+#: One rule of a learned chain: its condition (None: none) and its action, each ``(tx, event)``.
+Step: TypeAlias = "tuple[Callable[..., object] | None, Callable[..., object]]"
 
-    def __init__(self, action: Callable[..., object], learned: Learned, info: TableInfo) -> None:
-        self.action = action
+
+class LearnedDeclaration:
+    """The declaring function ``(event, ops)`` of a learned chain of plain rules (module docstring): one WRITE of
+    the event's row in ``table`` whose function runs ``steps`` — each rule's condition, then, if it holds, its
+    action, in the order firing runs them — on one stand-in of the row.  ``info`` is the table's (its blank row and
+    key columns: a row created earlier in the batch reads back, as through the tree, with every column, the ones
+    not written at their constant defaults).  ``outcomes``: per event position, which steps' actions ran (their
+    condition held) in the last run of the event — what the rules' counters are told once the batch commits; the
+    caller empties it before a batch."""
+
+    def __init__(self, steps: Sequence[Step], learned: Learned, info: TableInfo) -> None:
+        self.steps = tuple(steps)
+        self.action = self.steps[0][1]
         self.table = learned.table
-        # The key expression as a function of the event, in the action's globals (None: ``event.key``).
+        # The key expression as a function of the event, in the first action's globals (None: ``event.key``).
         self._key_of: Callable[[Event], Hashable] | None = None if learned.key is None else _function_of(
-            learned.key, getattr(action, "__globals__", {}))
+            learned.key, getattr(self.action, "__globals__", {}))
         self._blank = dict(info.blank_row)
         self._columns = len(info.columns)
         self._key_columns = frozenset(info.key_columns)
         self._key = info.key
         self._key_row = info.full_key_row
-        functools.update_wrapper(self, action)
+        self.outcomes: dict[int, tuple[bool, ...]] = {}
+        functools.update_wrapper(self, self.action)
 
     def __call__(self, event: BatchEvent, ops: Ops) -> None:
         stream_event = _stream_event(event)
@@ -312,21 +345,28 @@ class LearnedDeclaration:
 
     def run(self, event: BatchEvent, key: Hashable, unused: list[Event], own: RowImage | None
             ) -> Mapping[str, object] | _Delete | _FallBack:
-        """The columns the action writes of ``own`` (the row ``key`` as of before the event), :data:`DELETE` (on
-        an absent row: nothing) or ``{}`` (an existing row: unchanged) if it wrote none, :data:`FALL_BACK` if it
-        raised or deviated.  ``unused``: the stream event the declaration made, for the first run (a run again —
-        the batch re-run checking values — gets a fresh one, as a re-fired event does)."""
+        """The columns the chain writes of ``own`` (the row ``key`` as of before the event), :data:`DELETE` (on an
+        absent row: nothing) or ``{}`` (an existing row: unchanged) if it wrote none, :data:`FALL_BACK` if a
+        condition or action raised or deviated.  ``unused``: the stream event the declaration made, for the first
+        run (a run again — the batch re-run checking values — gets a fresh one, as a re-fired event does)."""
         stream_event = unused.pop() if unused else _stream_event(event)
         if own is not None and len(own) != self._columns:
             # Created earlier in this batch (the lean image holds the columns written): as the tree reads it.
-            own = {**self._blank, **own, **self._key_row(self._key(key))}
-        stand_in = _RowTransaction(self.table, key, own)
+            own = {**self._created(key), **own}
+        stand_in = _RowTransaction(self.table, key, own, self._created)
+        ran: list[bool] = []
         try:
-            self.action(stand_in, stream_event)
+            for condition, action in self.steps:
+                if condition is not None and not condition(stand_in, stream_event):
+                    ran.append(False)
+                    continue
+                action(stand_in, stream_event)
+                ran.append(True)
         except Exception:
             return FALL_BACK
         if stand_in.deviated:
             return FALL_BACK
+        self.outcomes[event.position] = tuple(ran)
         written = stand_in.written
         if written is None:
             return DELETE if own is None else {}
@@ -334,5 +374,11 @@ class LearnedDeclaration:
             return FALL_BACK
         return written
 
+    def _created(self, key: Hashable) -> RowImage:
+        """The row ``key`` as the tree reads a row it creates, before its written columns: every column at its
+        constant default, and the key."""
+        return {**self._blank, **self._key_row(self._key(key))}
+
     def __repr__(self) -> str:
-        return f"<learned rule action {getattr(self.action, '__qualname__', self.action)} on {self.table}>"
+        names = ", ".join(getattr(action, "__qualname__", repr(action)) for _, action in self.steps)
+        return f"<learned rule action(s) {names} on {self.table}>"

@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 import sqlalchemy as sa
-from coupling import Coupling
+from coupling import Coupling, priority_groups
 
 from activedb.batch._commit import PendingBatch, apply_at_commit
-from activedb.batch._learn import LearnedDeclaration, learned_table
+from activedb.batch._learn import Learned, LearnedDeclaration, Step, learned_condition, learned_table
 from activedb.batch._declare import (
     Abort, BatchEvent, Declaring, Inserted, OpKind, Ops, OpSpec, State, StateTransactions, inserted, inserted_parts)
 from activedb.batch._result import BatchResult
@@ -178,14 +178,14 @@ DeclaredAction.batch_lowering = RULE_LOWERING
 @dataclass(frozen=True)
 class Lowered:
     """Stream event types whose rules :func:`lower` lowered: ``transactions`` declares each type's state
-    transaction (its one rule's declaration: a declared rule's, or a learned plain rule's
-    :class:`LearnedDeclaration`), ``rules`` names that rule per type; ``learned`` the types whose rule is a
-    learned plain rule, ``deviated`` the caller's record of the learned rules whose lowered attempt was refused
-    (shared across batches through the cache; :func:`apply_lowered` adds to it)."""
+    transaction (its one rule's declaration, a declared rule's, or the :class:`LearnedDeclaration` of its chain of
+    learned plain rules), ``rules`` names the rules each type fires, in the order firing runs them; ``learned`` maps
+    the types whose rules are learned to their declaration, ``deviated`` is the caller's record of the learned rules
+    whose lowered attempt was refused (shared across batches through the cache; :func:`apply_lowered` adds to it)."""
 
     transactions: StateTransactions
-    rules: dict[str, "Rule"]
-    learned: frozenset[str] = frozenset()
+    rules: dict[str, tuple["Rule", ...]]
+    learned: dict[str, LearnedDeclaration] = field(default_factory=dict)
     deviated: set["Rule"] = field(default_factory=set)
 
 
@@ -203,11 +203,43 @@ def lowerable(rule: "Rule") -> DeclaredAction | Callable[..., object] | None:
     return None
 
 
+def learned_chain(fired: tuple["Rule", ...]) -> tuple[tuple[Step, ...], Learned] | None:
+    """The steps of a :class:`LearnedDeclaration` that runs the rules a stream event fires (``fired``, in the order
+    the dispatch fires them), and what was learned of the row they name, if firing them is the same as running one
+    state transaction of the event's row (the package README, "Plain rules lowered"): every rule immediate (event–
+    condition and condition–action), its action a plain function that only reads and writes its event's row of one
+    table (``learned_table``) and its condition, if any, one that at most reads that row (``learned_condition``) —
+    one table and one key expression for all; and no two of one priority (such a group may run concurrently, in an
+    order no batch can know).  None otherwise."""
+    if any(Coupling.parse(rule.coupling) is not Coupling.IMMEDIATE
+           or Coupling.parse(rule.action_coupling) is not Coupling.IMMEDIATE for rule in fired):
+        return None
+    groups = priority_groups(fired, key=lambda rule: rule.priority)
+    if any(len(group) > 1 for group in groups):
+        return None
+    steps: list[Step] = []
+    chain: Learned | None = None
+    for rule in (rule for group in groups for rule in group):
+        action = rule.action_function()
+        learned = learned_table(action)
+        if learned is None or (chain is not None and (learned.table, learned.key_source)
+                               != (chain.table, chain.key_source)):
+            return None
+        chain = chain or learned
+        condition = rule.condition_function()
+        if condition is not None:
+            reads = learned_condition(condition)
+            if reads is None or (reads.table and (reads.table, reads.key_source) != (chain.table, chain.key_source)):
+                return None
+        steps.append((condition, action))
+    return (tuple(steps), chain) if chain is not None else None
+
+
 def lower(rules: "RuleManager", transaction: "Transaction", event_types: Iterable[str],
           cache: dict[object, object] | None = None) -> Lowered | None:
     """The state transactions that fire the rules of ``event_types`` in ``transaction`` as one batch, or None
-    when firing them event by event is not the same: every type must fire exactly one rule and that rule must
-    be :func:`lowerable` (and, if it is a learned plain rule, not have been refused before: ``Lowered.deviated``);
+    when firing them event by event is not the same: every type must fire one :func:`lowerable` declared rule, or
+    plain rules that form a :func:`learned_chain` (none refused before: ``Lowered.deviated``);
     nothing else may listen — no other extension hears emitted events, no observer hears node or firing events,
     no history is recorded; and no rule reacts to data events: fired event by event it hears each event's
     change of a row, while a batch (``apply_at_commit`` through the tree) changes each row once.
@@ -222,31 +254,35 @@ def lower(rules: "RuleManager", transaction: "Transaction", event_types: Iterabl
     if any(getattr(hook, "__self__", None) is not rules for hook in manager.extensions.on_event):
         return None
     deviated = cast("set[Rule]", cache.setdefault(_DEVIATED, set())) if cache is not None else set()
-    chosen: dict[str, Rule] = {}
+    chosen: dict[str, tuple[Rule, ...]] = {}
     for event_type in sorted(event_types):
         fired = rules.on_stream(event_type)
-        if len(fired) != 1 or fired[0] in deviated or lowerable(fired[0]) is None:
+        if not fired or not deviated.isdisjoint(fired):
             return None
-        chosen[event_type] = fired[0]
+        chosen[event_type] = fired
     key = tuple(chosen.items())
     lowered = cast("Lowered | None", cache.get(key)) if cache is not None else None
     if lowered is None:
         transactions = StateTransactions("declared rules")
-        learned = set()
-        for event_type, rule in chosen.items():
-            action = rule.action_function()
-            if isinstance(action, DeclaredAction):
-                transactions.on(event_type)(action.declaration)
-            else:
-                learned_from = learned_table(action)
-                assert learned_from is not None      # (lowerable)
-                try:
-                    info = manager.catalog.table_info(learned_from.table)
-                except SchemaError:     # no such table: each firing fails with its own reason
+        learned: dict[str, LearnedDeclaration] = {}
+        for event_type, fired in chosen.items():
+            action = fired[0].action_function()
+            if len(fired) == 1 and isinstance(action, DeclaredAction):
+                if lowerable(fired[0]) is None:
                     return None
-                transactions.on(event_type)(LearnedDeclaration(action, learned_from, info))
-                learned.add(event_type)
-        lowered = Lowered(transactions, chosen, frozenset(learned), deviated)
+                transactions.on(event_type)(action.declaration)
+                continue
+            found = learned_chain(fired)
+            if found is None:
+                return None
+            steps, learned_from = found
+            try:
+                info = manager.catalog.table_info(learned_from.table)
+            except SchemaError:     # no such table: each firing fails with its own reason
+                return None
+            declaration = learned[event_type] = LearnedDeclaration(steps, learned_from, info)
+            transactions.on(event_type)(declaration)
+        lowered = Lowered(transactions, chosen, learned, deviated)
         if cache is not None:
             if len(cache) >= _MAX_CACHED:      # (rules redeclared again and again: keep it bounded)
                 cache.clear()
@@ -280,22 +316,37 @@ def apply_lowered(rules: "RuleManager", transaction: "Transaction", events: Iter
         if refused:
             # A learned rule's action raised or did what its lowered form cannot (or the store refused an event
             # of it): only firing event by event gives the true outcome and reason.  Nothing is written.
-            lowered.deviated.update(lowered.rules[event_type] for event_type in refused)
+            chains = [rule for event_type in refused for rule in lowered.rules[event_type]]
+            lowered.deviated.update(chains)
             raise LoweringRefused(
-                f"the lowered batch of the plain rule(s) {', '.join(lowered.rules[t].name for t in refused)} met "
+                f"the lowered batch of the plain rule(s) {', '.join(rule.name for rule in chains)} met "
                 f"{sum(failed[t] for t in refused)} event(s) its lowered form cannot run as firing would; run the "
                 f"batch again event by event (the ingestion's rule path does so by itself)")
         for event_type, count in per_type.items():
-            rule = lowered.rules[event_type]
-            if count > failed[event_type]:
-                rules.count(rule, "executed", count - failed[event_type])
-            if failed[event_type]:
-                rules.count(rule, "failed", failed[event_type])
+            chain = lowered.rules[event_type]
+            declaration = lowered.learned.get(event_type)
+            if declaration is None:                 # a declared rule: its action ran for each event not refused
+                if count > failed[event_type]:
+                    rules.count(chain[0], "executed", count - failed[event_type])
+                if failed[event_type]:
+                    rules.count(chain[0], "failed", failed[event_type])
+                continue
+            # A learned chain (no event of it failed): each rule's action ran where its condition held.
+            ran = [declaration.outcomes[event.position] for event in pending.batch if event.event_type == event_type]
+            for index, rule in enumerate(chain):
+                executed = sum(1 for steps in ran if steps[index])
+                if executed:
+                    rules.count(rule, "executed", executed)
+                if executed < len(ran):
+                    rules.count(rule, "condition_false", len(ran) - executed)
         if on_result is not None:
             on_result(result, connection)
 
+    for declaration in lowered.learned.values():
+        declaration.outcomes.clear()
     pending = apply_at_commit(transaction, events, lowered.transactions, on_result=counted, **options)
     per_type = Counter(event.event_type for event in pending.batch)      # (the events as apply_at_commit read them)
     for event_type, count in per_type.items():
-        rules.fired_in_bulk(transaction, lowered.rules[event_type], count)
+        for rule in lowered.rules[event_type]:
+            rules.fired_in_bulk(transaction, rule, count)
     return pending

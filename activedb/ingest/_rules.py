@@ -172,12 +172,13 @@ class RulesHandler(BatchHandler):
 
     def _lowering(self, event_type: str) -> BatchLowering | None:
         """The :class:`BatchLowering` the action of the one rule ``event_type`` fires offers, else the database's
-        (``rule_lowering``: plain rules), if any (a batch is lowered only when every type's rule can be: ``lower``
-        checks the rest)."""
+        (``rule_lowering``: plain rules and chains of them), if it fires any (a batch is lowered only when every
+        type's rules can be: ``lower`` checks the rest)."""
         fired = self._rules().on_stream(event_type)
-        if len(fired) != 1:
+        if not fired:
             return None
-        offered: BatchLowering | None = getattr(fired[0].action_function(), "batch_lowering", None)
+        offered: BatchLowering | None = (getattr(fired[0].action_function(), "batch_lowering", None)
+                                         if len(fired) == 1 else None)
         return offered if offered is not None else self.db.rule_lowering  # type: ignore[union-attr]  # (bound)
 
     def apply_events(self, tx: Transaction, events: list[RawEvent]) -> None:

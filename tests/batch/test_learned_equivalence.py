@@ -1,7 +1,9 @@
 """Plain rules lowered equal firing them, proved on random programs (issue #54): random streams of events of three
-plain rules that the static check lowers (``activedb/batch/README.md``, "Plain rules lowered") — whose behaviour
-each event's payload picks: add, set, write nothing, create only if absent, clear a nullable column, raise (a user
-error), or deviate at run time in a way the static check cannot see — split into batches of random sizes and some
+plain rules that the static check lowers (``activedb/batch/README.md``, "Plain rules lowered") and of a chain of two
+on one type (priorities, the second with a condition reading the row the first wrote) — whose behaviour each event's
+payload picks: add, set, write nothing, create only if absent, clear a nullable column, read the row after writing
+it, raise (a user error), or deviate at run time in a way the static check cannot see — split into batches of random
+sizes and some
 of them delivered again, are fed through the rule path lowered (``RulesHandler()``) and event by event
 (``RulesHandler(lower_declared=False)``) into two databases.  Both leave the same tables, the same dead letters
 (event and reason), the same ledger counts and outcomes per delivery and the same rule counters; a re-delivered
@@ -32,7 +34,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import activedb
-from activedb.batch._learn import learned_table
+from activedb.batch._learn import learned_condition, learned_table
 from activedb.ingest import Batch, EventMapping, RulesHandler, feed, ingestion_status
 from tests.spark_bridge import app_counters
 
@@ -73,12 +75,12 @@ def tally(tx, event):
     if op == "late_raise":         # written, then refused: firing undoes the write with the event's subtransaction
         tx.write("counters", event.key, total=base["total"] + amount)
         raise Refusal(f"tally refuses {event.key} after writing it (seq {event.payload['seq']})")
-    if op == "reread":             # a read after the write: the tree answers it, the stand-in deviates
+    if op == "reread":             # a read after the write: the row as written so far, as the tree answers it
         tx.write("counters", event.key, events=base["events"] + 1)
         again = tx.read("counters", event.key)
         tx.write("counters", event.key, total=again["events"] * 10)
         return
-    if op == "reread_caught":      # the same, the stand-in's error caught: still a deviation
+    if op == "reread_caught":      # the same, inside a try (nothing to catch)
         tx.write("counters", event.key, events=base["events"] + 1)
         try:
             again = tx.read("counters", event.key)
@@ -189,23 +191,60 @@ def tupled(tx, event):
              trail=f"{'-' if row is None else row['trail']}/{event.payload['seq']}")
 
 
+# --- a chain: two rules on one event type, the second with a condition, on the same row ---------------------------
+
+def chain_first(tx, event):
+    """Priority 2: count the event on the ``counters`` row of its key (``tally``'s rows: the two types meet); the ops
+    that make a lowered attempt fall back do so here, whatever the condition of the second rule says."""
+    op = event.payload["op"]
+    row = tx.read("counters", event.key)
+    if op == "raise":
+        raise Refusal(f"chain_first refuses {event.key} (seq {event.payload['seq']})")
+    if op == "rekey":
+        tx.write("counters", event.key, key=event.key, events=1)
+        return
+    if op == "bare":
+        tx.write("counters", event.key)
+        return
+    tx.write("counters", event.key, events=(0 if row is None else row["events"]) + 1)
+    if op == "late_raise":
+        raise Refusal(f"chain_first refuses {event.key} after writing it (seq {event.payload['seq']})")
+
+
+def even_count(tx, event):
+    """Priority 1's condition: the row as the first rule left it holds an even count (read after its write)."""
+    row = tx.read("counters", event.key)
+    return row is not None and row["events"] % 2 == 0
+
+
+def chain_second(tx, event):
+    """Priority 1, when ``even_count``: add the amount to the row's total, and the event to its trail."""
+    row = tx.read("counters", event.key)
+    tx.write("counters", event.key, total=row["total"] + event.payload["amount"],
+             trail=f"{row['trail'] or ''}+{event.payload['seq']}")
+
+
 RULES = {"tally": tally, "stock": stock, "suffixed": suffixed}
+#: The rules each event type fires, by name (a plain rule's type is its name).
+RULES_OF = {**{kind: (kind,) for kind in RULES}, "chain": ("chain_first", "chain_second")}
 #: Ops whose event the lowered form cannot run as firing does: the lowered attempt is refused.
-FALLS_BACK = frozenset({"raise", "late_raise", "reread", "reread_caught", "rekey", "bare"})
-FINE = ("add", "set", "noop", "create", "clear")
+FALLS_BACK = frozenset({"raise", "late_raise", "rekey", "bare"})
+FINE = ("add", "set", "noop", "create", "clear", "reread", "reread_caught")
 
 
 def test_the_rules_pass_the_static_check():
     assert learned_table(tally).table == "counters" and learned_table(tally).key is None
     assert learned_table(stock).table == "items"
+    assert learned_table(chain_first).table == learned_table(chain_second).table == "counters"
+    assert learned_condition(even_count).table == "counters"
     assert learned_table(suffixed).table == "counters" and learned_table(suffixed).key is not None
     assert learned_table(tupled).table == "counters" and learned_table(tupled).key is not None
 
 
 # --- the stream: events of few keys and several types, in batches, some delivered again --------------------------
 
-TYPES = tuple(RULES)
-KEYS = {"tally": ("a", "b", "c", "a-x"), "stock": ("a", "b", "c"), "suffixed": ("a", "b", "c")}
+TYPES = tuple(RULES_OF)
+KEYS = {"tally": ("a", "b", "c", "a-x"), "stock": ("a", "b", "c"), "suffixed": ("a", "b", "c"), "chain": ("a", "b")}
 
 
 @st.composite
@@ -242,7 +281,7 @@ def as_batch(number: int, events: list[tuple]) -> Batch:
 
 @pytest.fixture(scope="module")
 def databases(make_database_url):
-    """Two databases with the test application's tables and the three rules: lowering on, lowering off."""
+    """Two databases with the test application's tables and the rules: lowering on, lowering off."""
     made = []
     try:
         for suffix in ("equiv_on", "equiv_off"):
@@ -251,6 +290,8 @@ def databases(make_database_url):
             database.upgrade_app(app_counters.MIGRATIONS)
             for kind, action in {**RULES, "tupled": tupled}.items():
                 database.rule(on=database.stream(kind), name=kind)(action)
+            database.rule(on=database.stream("chain"), name="chain_first", priority=2)(chain_first)
+            database.rule(on=database.stream("chain"), name="chain_second", priority=1, when=even_count)(chain_second)
         yield made
     finally:
         for database in made:
@@ -271,9 +312,10 @@ def letters(database, source: str) -> list[tuple]:
                                            "WHERE query_id = :source ORDER BY id"), {"source": source})]
 
 
-def counters(database) -> dict[str, tuple[int, int, int]]:
-    return {name: (counts.fired, counts.executed, counts.failed)
-            for name, counts in database.rules.statistics().per_rule.items() if name in RULES}
+def counters(database) -> dict[str, tuple[int, int, int, int]]:
+    names = {name for names in RULES_OF.values() for name in names}
+    return {name: (counts.fired, counts.executed, counts.failed, counts.condition_false)
+            for name, counts in database.rules.statistics().per_rule.items() if name in names}
 
 
 def reset(database) -> None:
@@ -283,7 +325,7 @@ def reset(database) -> None:
 
 def moved(now: dict, then: dict) -> dict[str, tuple[int, ...]]:
     """The rule counters that moved from ``then`` to ``now``, by how much."""
-    deltas = {name: tuple(a - b for a, b in zip(counts, then.get(name, (0, 0, 0)))) for name, counts in now.items()}
+    deltas = {name: tuple(a - b for a, b in zip(counts, then.get(name, (0, 0, 0, 0)))) for name, counts in now.items()}
     return {name: delta for name, delta in deltas.items() if any(delta)}
 
 
@@ -337,7 +379,7 @@ def test_random_plain_rules_lowered_leave_what_firing_them_leaves(databases, str
             hypothesis.event("a batch fired: a rule of it refused before")
         elif deviating:                # lowered, refused at commit (left halfway), fired
             assert lowering.last_lowered is None, index
-            wasted = {kind: (count, 0, 0) for kind, count in kinds.items()}
+            wasted = {name: (count, 0, 0, 0) for kind, count in kinds.items() for name in RULES_OF[kind]}
             refused |= deviating
             hypothesis.event("a batch left halfway: lowered, refused, fired")
         else:                          # lowered

@@ -52,6 +52,33 @@ def count_suffixed(tx, event):
     tx.write("counters", key, events=1 if row is None else row["events"] + 1)
 
 
+def over_five(tx, event):
+    """A condition that reads the event's row (after ``count_amount`` wrote it, in a chain)."""
+    row = tx.read("counters", event.key)
+    return row is not None and row["total"] > 5
+
+
+def mark_big(tx, event):
+    row = tx.read("counters", event.key)
+    tx.write("counters", event.key, trail=f"{row['trail']}!", last_ts=event.ts)
+
+
+def payload_says_so(tx, event):
+    """A condition of the event alone (it reads no row)."""
+    return event.payload["amount"] % 2 == 1
+
+
+def stamp(tx, event):
+    """Sets only ``last_ts`` to the event's time (as ``count_amount`` does where it sets it): beside it in one priority
+    group, either order leaves one row."""
+    tx.write("counters", event.key, last_ts=event.ts)
+
+
+def writes_in_a_condition(tx, event):
+    tx.write("counters", event.key, events=0)
+    return True
+
+
 # --- actions that do not -------------------------------------------------------------------------------------
 
 def reads_another_table(tx, event):
@@ -85,6 +112,11 @@ def passes_tx(tx, event):
 
 def writes_an_unknown_table(tx, event):
     tx.write("no_such_table", event.key, events=1)
+
+
+def count_suffixed_milestone(tx, event):
+    row = tx.read("milestones", (event.key, 0))
+    tx.write("milestones", (event.key, 0), seq=1 if row is None else row["seq"] + 1)
 
 
 def reads_the_event_otherwise(tx, event):
@@ -221,6 +253,62 @@ def test_an_action_that_raises_makes_the_batch_fall_back_to_firing(databases):
     assert lowered[0] is not None and lowered[1:] == [None, None]
     [(batch, reason, _)] = letters(databases[0], source)
     assert batch == 1 and "rejected by rule 'add_or_refuse'" in reason and "negative amount -1" in reason
+
+
+def test_a_chain_of_rules_with_conditions_is_lowered_with_the_tables_and_counters_of_firing_it(databases):
+    """Three rules on one type and one row, in priority order: the counter, then a mark where the row the counter
+    just wrote is over five (a condition reading the row after the write), then, where the amount is odd (a condition
+    of the event alone), the counter again.  Lowered, each batch leaves what firing leaves, and each rule's counters
+    (fired, executed, condition false) move as firing moves them."""
+    names = ("chain_count", "chain_mark", "chain_again")
+
+    def register(database):
+        stream = database.stream("chain")
+        database.rule(on=stream, name="chain_count", priority=3)(count_amount)
+        database.rule(on=stream, name="chain_mark", priority=2, when=over_five)(mark_big)
+        database.rule(on=stream, name="chain_again", priority=1, when=payload_says_so)(count_amount)
+
+    def counts(database):
+        per_rule = database.rules.statistics().per_rule
+        return {name: (per_rule[name].fired, per_rule[name].executed, per_rule[name].condition_false)
+                for name in names if name in per_rule}
+
+    source = "chain"
+    before = [counts(database) for database in databases]
+    batches = [rows(0, [("chain", "chain-a", 3), ("chain", "chain-b", 2), ("chain", "chain-a", 4)]),
+               rows(1, [("chain", "chain-a", 0), ("chain", "chain-c", 7), ("chain", "chain-b", 5),
+                        ("chain", "chain-c", 1)])]
+    lowered = run_both(databases, source, batches, register)
+    assert all(pending is not None for pending in lowered), lowered
+    after = [counts(database) for database in databases]
+    moved = [{name: tuple(a - b for a, b in zip(now[name], then.get(name, (0, 0, 0)))) for name in now}
+             for now, then in zip(after, before)]
+    assert moved[0] == moved[1]
+    assert moved[0]["chain_count"] == (7, 7, 0) and moved[0]["chain_mark"][0] == 7
+    assert 0 < moved[0]["chain_mark"][1] < 7 and 0 < moved[0]["chain_again"][1] < 7
+
+
+@pytest.mark.parametrize("variant", ["same priority", "two tables", "condition writes", "compensation"])
+def test_chains_that_firing_could_run_otherwise_are_not_lowered(databases, variant):
+    """Not lowered: two rules of one priority (they may run concurrently), rules on different tables, a condition that
+    writes, an exclusive causally dependent rule beside the chain (it runs when the event aborts)."""
+    kind = f"chain-{variant.replace(' ', '-')}"
+
+    def register(database):
+        stream = database.stream(kind)
+        database.rule(on=stream, name=f"{kind}-1", priority=2)(count_amount)
+        if variant == "same priority":
+            database.rule(on=stream, name=f"{kind}-2", priority=2)(stamp)
+        elif variant == "two tables":
+            database.rule(on=stream, name=f"{kind}-2", priority=1)(count_suffixed_milestone)
+        elif variant == "condition writes":
+            database.rule(on=stream, name=f"{kind}-2", priority=1, when=writes_in_a_condition)(mark_big)
+        else:
+            database.rule(on=stream, name=f"{kind}-2", coupling=Coupling.EXCLUSIVE_CAUSALLY_DEPENDENT)(mark_big)
+
+    lowered = run_both(databases, kind, [rows(0, [(kind, f"{kind}-a", 7), (kind, f"{kind}-b", 2),
+                                                  (kind, f"{kind}-a", 3)])], register)
+    assert lowered == [None]
 
 
 @pytest.mark.parametrize("variant", ["another table", "another key", "insert", "emit", "helper", "condition",
