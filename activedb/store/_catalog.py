@@ -244,7 +244,9 @@ class Catalog:
         sequences = self._sequences
         if key not in sequences:
             with self.autocommit_connection() as connection:
-                name = connection.execute(sa.text("SELECT pg_get_serial_sequence(:t, :c)"),
+                # The table is read as an identifier (folded to lower case unless quoted: quote_ident), the column
+                # literally.
+                name = connection.execute(sa.text("SELECT pg_get_serial_sequence(quote_ident(:t), :c)"),
                                           {"t": info.name, "c": column}).scalar()
             with self._mutex:
                 self._sequences[key] = name

@@ -523,3 +523,25 @@ def test_columns_named_key_table_and_name_are_written_as_values(db):
         assert heard == [{"name": "colour", "key": 1, "table": "settings"}]
     finally:
         db.rules.remove("hear_setting")
+
+
+# --- awkward tables (tests/app_migrations/versions/t0006_awkward_tables.py): what a new user's schema may have ---
+
+
+def _empty(db, *tables):
+    with db.engine.begin() as connection:
+        for table in tables:
+            connection.execute(sa.text(f'DELETE FROM "{table}"'))
+
+
+def test_a_mixed_case_table_generates_its_key(db):
+    """A table named in mixed case (quoted in SQL) with an identity key: ``insert`` without the key draws it from
+    the table's sequence (before, PostgreSQL was asked for the sequence of the unquoted name, ``tallies``, and a
+    SQLAlchemy ``ProgrammingError`` — no ``ActivedbError`` — reached the caller)."""
+    _empty(db, "Tallies")
+    with db.transaction() as tx:
+        first = tx.insert("Tallies", Label="one")
+        second = tx.insert("Tallies", Label="two")
+        assert tx.read("Tallies", second) == {"Id": second, "Label": "two"}
+    assert isinstance(first, int) and second > first
+    assert [row["Label"] for row in committed(db, '"Tallies"').values()] == ["one", "two"]
