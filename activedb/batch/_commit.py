@@ -195,7 +195,8 @@ def _on_demand(catalog: Catalog, connection: sa.Connection) -> Loader:
 def _lock_table(catalog: Catalog, connection: sa.Connection, table: str) -> None:
     name = catalog.table_info(table).table
     preparer = connection.dialect.identifier_preparer
-    connection.execute(sa.text(f"LOCK TABLE {preparer.format_table(name)} IN SHARE ROW EXCLUSIVE MODE"))
+    # (Driver SQL: the preparer doubles a name's ``%`` for the driver already, which ``sa.text`` would double again.)
+    connection.exec_driver_sql(f"LOCK TABLE {preparer.format_table(name)} IN SHARE ROW EXCLUSIVE MODE")
 
 
 def _select_for_update(connection: sa.Connection, info: TableInfo, keys: list[Key]) -> dict[Key, RowImage]:

@@ -212,9 +212,10 @@ class TableInfo:
             if element is None or self.columns[name].type.dialect_impl(dialect).bind_processor(dialect) is not None:
                 return None
             preparer = dialect.identifier_preparer
-            table = preparer.format_table(self.table).replace("%", "%%")
-            columns = ", ".join(preparer.quote(column).replace("%", "%%") for column in self.columns)
-            key = preparer.quote(name).replace("%", "%%")
+            # (identifiers come with ``%`` doubled by the preparer already: the dialect's paramstyle is ``pyformat``)
+            table = preparer.format_table(self.table)
+            columns = ", ".join(preparer.quote(column) for column in self.columns)
+            key = preparer.quote(name)
             locking = {None: "", "share": " FOR SHARE", "update": " FOR UPDATE"}[lock] + (" NOWAIT" if lock and nowait else "")
             # (``element`` comes escaped for ``%s`` already)
             return f"SELECT {columns} FROM {table} WHERE {table}.{key} = ANY(CAST(%s AS {element}[])){locking}"

@@ -222,9 +222,10 @@ def _begin_and_lock(connection: sa.Connection, driver: psycopg.Connection[TupleR
 
 def _lock_row_statement(dialect: sa.Dialect, info: TableInfo, lock_timeout: str) -> str:
     preparer = dialect.identifier_preparer
-    table = preparer.format_table(info.table).replace("%", "%%")
-    columns = ", ".join(preparer.quote(name).replace("%", "%%") for name in info.columns)
-    match = " AND ".join(f"{preparer.quote(name).replace('%', '%%')} = %s" for name in info.key_columns)
+    # (The preparer's identifiers come with ``%`` doubled already: the dialect's paramstyle is ``pyformat``.)
+    table = preparer.format_table(info.table)
+    columns = ", ".join(preparer.quote(name) for name in info.columns)
+    match = " AND ".join(f"{preparer.quote(name)} = %s" for name in info.key_columns)
     timeout = lock_timeout.replace("'", "''").replace("%", "%%")
     return (f"SELECT {columns} FROM {table} WHERE {match} "
             f"AND set_config('lock_timeout', '{timeout}', true) IS NOT NULL FOR UPDATE")
@@ -543,8 +544,9 @@ def _driver_statement(dialect: sa.Dialect, info: TableInfo, kind: str, order: tu
     columns ``literal`` marks, which come as one array literal in text: ``array_literal``) or, if ``casts`` is None,
     one row's parameters."""
     quote = dialect.identifier_preparer.quote
-    table = dialect.identifier_preparer.format_table(info.table).replace("%", "%%")
-    names = [quote(name).replace("%", "%%") for name in order]
+    # (The preparer's identifiers come with ``%`` doubled already: the dialect's paramstyle is ``pyformat``.)
+    table = dialect.identifier_preparer.format_table(info.table)
+    names = [quote(name) for name in order]
     width = len(info.key_columns)
     keys, values = names[:width], names[width:]
     if casts is not None:

@@ -177,9 +177,10 @@ def _validate(root: "Transaction", connection: sa.Connection, infos: Mapping[str
         # are committing finish first (and are seen by the checks below), the next ones wait for COMMIT.
         # SHARE ROW EXCLUSIVE conflicts with itself, so two such flushes of one table cannot both lock it
         # and then deadlock on their writes.
+        # (Driver SQL: the preparer doubles a name's ``%`` for the driver already, which ``sa.text`` would double again.)
         preparer = connection.dialect.identifier_preparer
-        connection.execute(sa.text(f"LOCK TABLE {', '.join(preparer.quote(name) for name in predicate_tables)} "
-                                   f"IN SHARE ROW EXCLUSIVE MODE"))
+        connection.exec_driver_sql(f"LOCK TABLE {', '.join(preparer.quote(name) for name in predicate_tables)} "
+                                   f"IN SHARE ROW EXCLUSIVE MODE")
     # Holding those table locks, this flush must not wait for a row: a writer holding that row (its own
     # flush, between its row locks and its first write of one of these tables) waits for the table lock, and
     # PostgreSQL would break the cycle only after its deadlock_timeout (a second).  So its row locks do not

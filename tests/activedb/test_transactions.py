@@ -545,3 +545,24 @@ def test_a_mixed_case_table_generates_its_key(db):
         assert tx.read("Tallies", second) == {"Id": second, "Label": "two"}
     assert isinstance(first, int) and second > first
     assert [row["Label"] for row in committed(db, '"Tallies"').values()] == ["one", "two"]
+
+
+def test_percent_signs_in_table_and_column_names_are_sent_once(db):
+    """``%`` in a table's or a column's name: the driver SQL activedb builds names them as PostgreSQL has them
+    (before, each was doubled twice — by SQLAlchemy's quoting for the ``%s`` parameter style, and again by hand —
+    and every read and write of the table failed: 'column "50%%% off" does not exist')."""
+    _empty(db, "rate%")
+    with db.transaction() as tx:
+        tx.write("rate%", 1, **{"50% off": 10})
+        tx.write_many("rate%", {2: {"50% off": 20}, 3: {"50% off": 30}, 4: {"50% off": 40}})  # one unnest statement
+    with db.transaction() as tx:
+        tx.write("rate%", 1, note="first")                    # an UPDATE of some columns
+        tx.delete("rate%", 4)
+        assert tx.read("rate%", 2, for_update=True) == {"id": 2, "50% off": 20, "note": None}
+        assert tx.read("rate%", 9) is None                    # absence: the table is locked at the flush
+        assert [row["id"] for row in tx.scan("rate%", {"50% off": 30})] == [3]
+        assert tx.read_many("rate%", [1, 3]) == {1: {"id": 1, "50% off": 10, "note": "first"},
+                                                   3: {"id": 3, "50% off": 30, "note": None}}
+    assert committed(db, '"rate%"') == {(1,): {"id": 1, "50% off": 10, "note": "first"},
+                                         (2,): {"id": 2, "50% off": 20, "note": None},
+                                         (3,): {"id": 3, "50% off": 30, "note": None}}
