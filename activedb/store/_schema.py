@@ -59,6 +59,13 @@ class TableInfo:
         # Per column, a test of a whole column of values at once, or None: ``check_column``'s way without a Python
         # call per value.
         self._quick_columns = {name: _quick_column_check(column) for name, column in self.columns.items()}
+        # Per column, the conversion of an accepted value into the one PostgreSQL gives back, where the two can
+        # differ in Python (a uuid given as text): a key must equal the key of the row read back, or a read misses
+        # the row and two entries of one write set name it.
+        self._converters = {name: converter for name, column in self.columns.items()
+                            if (converter := _converter(column)) is not None}
+        self._key_converters = (tuple(self._converters.get(name) for name in self.key_columns)
+                                if any(name in self._converters for name in self.key_columns) else None)
         self._quick_key = self._quick[self.key_columns[0]] if len(self.key_columns) == 1 else None
         self._key_columns_text = self._quick_key is _quick_text
         self._key_clause = (
@@ -84,7 +91,16 @@ class TableInfo:
             if value is None:
                 raise InvalidKey(f"primary key column {self.name}.{name} cannot be None")
             self.check_value(name, value)
+        converters = self._key_converters
+        if converters is not None:
+            key = tuple(value if convert is None else convert(value) for convert, value in zip(converters, key))
         return key
+
+    def normalised(self, name: str, value: object) -> object:
+        """``value`` of column ``name`` (checked already) as PostgreSQL gives it back where Python would tell the two
+        apart (a uuid given as text): what a scan's equalities compare with the rows it reads."""
+        convert = self._converters.get(name)
+        return value if convert is None or value is None else convert(value)
 
     def key_from_values(self, values: Mapping[str, object]) -> Key:
         missing = [name for name in self.key_columns if values.get(name) is None]
@@ -343,6 +359,30 @@ def _extra_check(column: sa.Column[Any]) -> Callable[[Any], str | None] | None:
                 return out_of_range
     if isinstance(column_type, (sa.JSON, postgresql.JSONB)):
         return json_problem
+    if isinstance(column_type, sa.Uuid):
+        return _uuid_problem
+    return None
+
+
+def _uuid_problem(value: object) -> str | None:
+    """Why PostgreSQL cannot read ``value`` (a ``UUID`` or its text) as a uuid, or None."""
+    if isinstance(value, str):
+        try:
+            uuid.UUID(value)
+        except ValueError:
+            return f"{value!r} is not a UUID"
+    return None
+
+
+def _converter(column: sa.Column[Any]) -> Callable[[Any], object] | None:
+    """For a column whose values PostgreSQL gives back as another Python value than some it accepts: the
+    conversion into the one it gives back (``TableInfo.key``, ``TableInfo.normalised``), or None.  A uuid column
+    reads as ``uuid.UUID`` (``as_uuid``, SQLAlchemy's default) or as its canonical text; either is accepted."""
+    column_type = column.type
+    if isinstance(column_type, sa.Uuid):
+        if column_type.as_uuid:
+            return lambda value: value if isinstance(value, uuid.UUID) else uuid.UUID(value)
+        return lambda value: str(value if isinstance(value, uuid.UUID) else uuid.UUID(value))
     return None
 
 

@@ -112,6 +112,8 @@ class Reads:
         if isinstance(where, Mapping):
             for column, value in where.items():
                 info.check_value(column, value)
+            # (as the rows read back hold them: the rows PostgreSQL matches are compared again in Python, ``matches``)
+            where = {column: info.normalised(column, value) for column, value in where.items()}
         self.manager.locking.acquire(self, info, None, Mode.READ)
         rows = dict(self.root._read_base.scan(self, info, where))  # type: ignore[union-attr]  # (a root's)
         for key in _view.written_keys(self, info.name):

@@ -566,3 +566,30 @@ def test_percent_signs_in_table_and_column_names_are_sent_once(db):
     assert committed(db, '"rate%"') == {(1,): {"id": 1, "50% off": 10, "note": "first"},
                                          (2,): {"id": 2, "50% off": 20, "note": None},
                                          (3,): {"id": 3, "50% off": 30, "note": None}}
+
+
+def test_a_uuid_given_as_text_names_the_same_row_as_the_uuid(db):
+    """A uuid column takes a ``uuid.UUID`` or its text (as SQLAlchemy and psycopg do), and PostgreSQL gives back a
+    ``UUID``: a key given as text is the same row as the ``UUID`` — read back, read after a write in the same
+    transaction, written once — and a scan's equality on text finds the rows.  Before, ``read(table, text)`` of an
+    existing row returned None, a write by text was not seen by a read by ``UUID``, and text that is no uuid
+    failed only at the commit."""
+    import uuid
+
+    _empty(db, "tokens")
+    token, owner = uuid.uuid4(), uuid.uuid4()
+    with db.transaction() as tx:
+        tx.write("tokens", token, owner=owner, uses=1)
+    with db.transaction() as tx:
+        assert tx.read("tokens", str(token)) == {"id": token, "owner": owner, "uses": 1}
+        tx.write("tokens", str(token), uses=2)
+        assert tx.read("tokens", token)["uses"] == 2
+        tx.write("tokens", token, uses=3)                     # the same row's entry: one upsert at the commit
+        assert [row["id"] for row in tx.scan("tokens", {"owner": str(owner)})] == [token]
+        assert tx.insert("tokens", id=str(uuid.UUID(int=1)), uses=0) == uuid.UUID(int=1)
+    assert committed(db, "tokens")[(token,)] == {"id": token, "owner": owner, "uses": 3}
+    with db.transaction() as tx:
+        with pytest.raises(activedb.InvalidValue, match="'nope' is not a UUID"):
+            tx.write("tokens", "nope", uses=1)
+        with pytest.raises(activedb.InvalidValue, match="is not a UUID"):
+            tx.write("tokens", token, owner="also-not-one")
