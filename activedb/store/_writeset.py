@@ -5,6 +5,7 @@ image.  Pure code (no SQL, no threads).
 
 from __future__ import annotations
 
+import decimal
 import enum
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Hashable, Mapping, TypeAlias
@@ -80,6 +81,24 @@ def resolve(chain: list[Entry], base: dict[str, object] | None) -> dict[str, obj
     for entry in chain:
         image = entry.apply(image)
     return image
+
+
+def same_image(one: object, other: object) -> bool:
+    """Whether two images read of a row (or two values in them, or two scans' rows by key) hold the same data:
+    ``==``, except that a NaN (``float``, ``Decimal``) is the same as a NaN, as PostgreSQL has it (``'NaN' = 'NaN'``
+    is true there) — else a row holding one would look changed to every check of a transaction that read it.
+    The plain ``==`` decides whenever it finds them equal (the common case costs nothing more)."""
+    if one == other:
+        return True
+    if type(one) is dict and type(other) is dict:
+        return one.keys() == other.keys() and all(same_image(value, other[name]) for name, value in one.items())
+    if isinstance(one, (list, tuple)) and type(one) is type(other):
+        return len(one) == len(other) and all(map(same_image, one, other))
+    return _is_nan(one) and _is_nan(other)
+
+
+def _is_nan(value: object) -> bool:
+    return (isinstance(value, float) and value != value) or (isinstance(value, decimal.Decimal) and value.is_nan())
 
 
 def matches(image: dict[str, object], where: Mapping[str, object] | Callable[[dict[str, object]], bool] | None) -> bool:

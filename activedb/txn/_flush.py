@@ -19,7 +19,7 @@ import sqlalchemy as sa
 from activedb.errors import (DISK_FULL_ADVICE, DatabaseError, DatabaseUnavailable, DiskFull, DuplicateKey, Failure,
                              SerializationConflict, ServerDiskFull, classify, disk_full_panic, sqlstate_of)
 from activedb.store import (EntryKind, IsolationLevel, Key, TableInfo, apply_write_set, fetch_rows,
-                            is_connection_failure, jsonable)
+                            is_connection_failure, jsonable, same_image)
 from activedb.txn._rowlocks import RowLocks
 from activedb.txn._view import scan_rows
 
@@ -194,7 +194,7 @@ def _validate(root: "Transaction", connection: sa.Connection, infos: Mapping[str
         current = fetch_rows(connection, infos[table_name], keys, lock="share" if shared else "update",
                              nowait=nowait)
         for key in keys:
-            if current.get(key) != reads[(table_name, key)]:
+            if not same_image(current.get(key), reads[(table_name, key)]):
                 raise SerializationConflict(
                     f"commit of {root.id}: row {key!r} of {table_name!r} was changed by another process "
                     f"after this transaction read it; nothing was written — re-run the transaction "
@@ -206,7 +206,7 @@ def _validate(root: "Transaction", connection: sa.Connection, infos: Mapping[str
         # (PostgreSQL detects serialization anomalies only among SERIALIZABLE transactions): without the
         # row locks the two could each miss the other's write (write skew; found by the list-append
         # history test across two processes).
-        if scan_rows(connection, infos[table_name], where, lock="share", nowait=nowait) != fetched:
+        if not same_image(scan_rows(connection, infos[table_name], where, lock="share", nowait=nowait), fetched):
             raise SerializationConflict(
                 f"commit of {root.id}: rows of {table_name!r} it scanned were changed by another process; "
                 f"nothing was written — re-run the transaction"

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 from lockmgr import Mode, TxnState
 
 from activedb.errors import SerializationConflict, TransactionAborted, TransactionError
+from activedb.store import same_image
 from activedb.txn import _flush, _ids
 from activedb.txn._children import _ABORTED, _ACTIVE, _COMMITTED, _COMMITTING, _EMPTY, Children, forget
 from activedb.txn._participants import CommitParticipant
@@ -515,7 +516,7 @@ def _delegate_to_parent(node: Transaction) -> None:
             smaller, larger = (reads, parent_reads) if len(reads) <= len(parent_reads) else (parent_reads, reads)
             for row, image in smaller.items():
                 relied = larger.get(row, image)
-                if relied != image:
+                if relied is not image and not same_image(relied, image):
                     # Another process committed between two reads of the tree: the parent (or a
                     # sibling that committed into it) relied on one image, this child on another.
                     # Keeping both is not serializable; the child's commit fails and its work is

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Mapping, Protocol
 import sqlalchemy as sa
 
 from activedb.errors import SerializationConflict
-from activedb.store import Entry, EntryKind, Key, TableInfo, fetch_rows, resolve, rows_by_key
+from activedb.store import Entry, EntryKind, Key, TableInfo, fetch_rows, resolve, rows_by_key, same_image
 from activedb.txn._rowlocks import RowLocks
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -117,7 +117,7 @@ class CommittedRows:
         ancestor = node
         while ancestor is not None:
             reads = ancestor._db_reads
-            if row in reads and reads[row] != image:
+            if row in reads and not same_image(reads[row], image):
                 raise SerializationConflict(
                     f"row {key!r} of {info.name!r} changed in PostgreSQL between an earlier read of this transaction "
                     f"and its read for update (another process committed in between); nothing was written — "

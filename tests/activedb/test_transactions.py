@@ -593,3 +593,31 @@ def test_a_uuid_given_as_text_names_the_same_row_as_the_uuid(db):
             tx.write("tokens", "nope", uses=1)
         with pytest.raises(activedb.InvalidValue, match="is not a UUID"):
             tx.write("tokens", token, owner="also-not-one")
+
+
+def test_a_row_holding_nan_can_be_read_by_a_transaction_that_commits(db):
+    """``NaN`` in a ``double precision`` or ``numeric`` column is a value like any other: a transaction that reads
+    the row (plainly, for update, by a scan, in a subtransaction and its parent) commits.  Before, the commit's
+    check of what it read compared the images with ``==``, NaN never equals NaN, and every such transaction failed
+    with ``SerializationConflict`` — ``Database.run`` retried it to no end."""
+    import decimal
+    import math
+
+    _empty(db, "measures")
+    with db.transaction() as tx:
+        tx.write("measures", 1, reading=float("nan"), exact=decimal.Decimal("NaN"))
+        tx.write("measures", 2, reading=1.5, exact=decimal.Decimal("2"))
+
+    def read_it(tx):
+        row = tx.read("measures", 1)
+        with tx.subtransaction() as child:
+            assert child.read("measures", 1)["exact"].is_nan()
+        assert len(tx.scan("measures")) == 2
+        return row
+
+    row = db.run(read_it, retries=0)
+    assert math.isnan(row["reading"]) and row["exact"].is_nan()
+    with db.transaction() as tx:
+        assert math.isnan(tx.read("measures", 1, for_update=True)["reading"])
+        tx.write("measures", 2, reading=2.5)
+    assert committed(db, "measures")[(2,)]["reading"] == 2.5
