@@ -179,6 +179,15 @@ class TableInfo:
             if problem is not None:
                 raise InvalidValue(f"column {self.name}.{name} ({column.type}): {problem}; nothing was written")
 
+    def equals(self, name: str, value: object) -> sa.ColumnElement[bool]:
+        """The SQL condition "column ``name`` equals ``value``" (a scan's equality): a ``json`` column, which has no
+        equality operator in PostgreSQL, is compared as ``jsonb`` — equal as Python's ``==`` finds the values read
+        back (key order and spacing aside)."""
+        column = self.table.c[name]
+        if isinstance(column.type, sa.JSON) and not isinstance(column.type, postgresql.JSONB):
+            return sa.cast(column, postgresql.JSONB) == value
+        return column == value
+
     def full_key_row(self, key: Key) -> dict[str, object]:
         return dict(zip(self.key_columns, key))
 

@@ -154,7 +154,7 @@ def scan_rows(catalog_or_connection: "Catalog | sa.Connection", info: TableInfo,
     waiting for a row another transaction has locked)."""
     statement = sa.select(info.table)
     if isinstance(where, Mapping):
-        statement = statement.where(*[info.table.c[column] == value for column, value in where.items()])
+        statement = statement.where(*[info.equals(column, value) for column, value in where.items()])
     if lock == "share":
         statement = statement.with_for_update(read=True, nowait=nowait)
     with (contextlib.nullcontext(catalog_or_connection) if isinstance(catalog_or_connection, sa.Connection)

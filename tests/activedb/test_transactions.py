@@ -621,3 +621,15 @@ def test_a_row_holding_nan_can_be_read_by_a_transaction_that_commits(db):
         assert math.isnan(tx.read("measures", 1, for_update=True)["reading"])
         tx.write("measures", 2, reading=2.5)
     assert committed(db, "measures")[(2,)]["reading"] == 2.5
+
+
+def test_a_scan_equality_on_a_json_column_compares_as_jsonb(db):
+    """``json`` (SQLAlchemy's ``sa.JSON`` on PostgreSQL) has no ``=`` in PostgreSQL: a scan's equality on such a
+    column compares the values as ``jsonb`` (equal as the dicts read back are).  Before, the scan raised
+    SQLAlchemy's ``ProgrammingError`` ('operator does not exist: json = json'), not an ``ActivedbError``."""
+    _empty(db, "documents")
+    with db.transaction() as tx:
+        tx.write("documents", 1, body={"kind": "memo", "tags": ["a", "é"]})
+        tx.write("documents", 2, body={"kind": "note"})
+    with db.transaction() as tx:
+        assert [row["id"] for row in tx.scan("documents", {"body": {"tags": ["a", "é"], "kind": "memo"}})] == [1]
