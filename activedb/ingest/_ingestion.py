@@ -110,6 +110,11 @@ class Ingestion:
         commits with the ledger row), so the ledger is not asked first (a duplicate is refused at the commit).
         Raises only when the batch could not be committed (PostgreSQL unusable, conflicts beyond
         ``batch_attempts``, a refused commit the handler cannot search); the batch may then be re-run."""
+        if isinstance(rows, (Mapping, str, bytes)):
+            # (One row where a batch of rows belongs: its field names would be taken for rows, each rejected.)
+            raise IngestError(f"batch {batch_id} of {query_id} is one {type(rows).__name__}, not a batch of rows: a batch "
+                              f"is a sequence of rows (mappings) or an Arrow table — feed(db, [[row, ...], ...]); a "
+                              f"batch of one row is [row]; nothing was applied")
         with self._book.in_batch():
             if self.lineage:
                 participants = (*participants, self.db.batches.consuming(

@@ -29,7 +29,7 @@ from activedb.ingest._ledger import IngestionLedger, batch_committed, ingested_e
 from activedb.ingest._letters import BatchLetters, no_cyclic_gc
 from activedb.ingest._mapping import EventMapping, RawEvent, rows_to_events
 from activedb.ingest._outcome import BatchBook, BatchOutcome, PhaseTimings
-from activedb.ingest.errors import first_line
+from activedb.ingest.errors import IngestError, first_line
 from activedb.ingest._watch import Watch, letters_written_ahead
 from activedb.tracing import BatchTrace, BatchTracing
 
@@ -231,7 +231,8 @@ class BatchContext:
         ``watermark`` (if ``late_rows_are_dead_letters``) and duplicate ids."""
         mapping = self.mapping
         if mapping is None:
-            raise ValueError("a batch validated against no mapping: give the Ingestion its EventMapping")
+            raise IngestError("a batch of rows is validated against an EventMapping, and this ingestion has none: give "
+                              "it one (feed(db, batches, mapping=...), Ingestion(db, mapping, ...))")
         good, bad = rows_to_events(rows, mapping, accepted)
         letters = dead.rejected(bad)
         if watermark is not None and late_rows_are_dead_letters:

@@ -18,6 +18,7 @@ from activedb.clock import ManualClock
 from activedb.errors import InvalidChoice
 from activedb.ingest import (Batch, Ingestion, LedgerId, Phase, RowBatches, RulesHandler, drive, feed,
                              ingestion_status)
+from activedb.ingest.errors import IngestError
 from tests.ingest.feed_driver import RUN, SOURCE, workload_batches
 from tests.spark_bridge import app_counters
 from tests.spark_bridge._streams import BASE_TIME, app_database, app_state, dead_letters
@@ -157,4 +158,23 @@ def test_on_phase_hears_phase_members_and_a_connectors_phase_is_parsed(database_
         assert len(heard) == 5
     finally:
         ingestion.close()
+        database.close()
+
+
+def test_a_batch_that_is_one_row_or_a_feed_without_a_mapping_is_refused_saying_what_to_give(database_url):
+    """Two slips of a first ``feed``: one row where a batch of rows belongs (``feed(db, [row])``), and no ``mapping=``
+    for the rules.  Each is an ``IngestError`` (an ``ActivedbError``) that says what to give, before anything is
+    applied.  Before, the first was a ``KeyError: 0`` from the dead letters of the row's field names, each taken for
+    a row; the second a ``ValueError``."""
+    database = app_database(database_url)
+    try:
+        before = app_state(database)
+        row = {"type": "add", "key": "k", "ts": BASE_TIME, "amount": 1, "seq": 0}
+        with pytest.raises(IngestError, match=r"batch 0 of one-row is one dict, not a batch of rows.*\[row\]"):
+            feed(database, [row], source="one-row", mapping=app_counters.MAPPING)
+        with pytest.raises(IngestError, match=r"has none: give it one \(feed\(db, batches, mapping=\.\.\.\)"):
+            feed(database, [[row]], source="no-mapping")
+        assert ingestion_status(database, "one-row") == [] and ingestion_status(database, "no-mapping") == []
+        assert app_state(database) == before
+    finally:
         database.close()
