@@ -383,16 +383,23 @@ def _uuid_problem(value: object) -> str | None:
     return None
 
 
-def _converter(column: sa.Column[Any]) -> Callable[[Any], object] | None:
+def _converter(column: sa.Column[object]) -> Callable[[object], object] | None:
     """For a column whose values PostgreSQL gives back as another Python value than some it accepts: the
     conversion into the one it gives back (``TableInfo.key``, ``TableInfo.normalised``), or None.  A uuid column
     reads as ``uuid.UUID`` (``as_uuid``, SQLAlchemy's default) or as its canonical text; either is accepted."""
     column_type = column.type
     if isinstance(column_type, sa.Uuid):
-        if column_type.as_uuid:
-            return lambda value: value if isinstance(value, uuid.UUID) else uuid.UUID(value)
-        return lambda value: str(value if isinstance(value, uuid.UUID) else uuid.UUID(value))
+        return _as_uuid if column_type.as_uuid else _as_uuid_text
     return None
+
+
+def _as_uuid(value: object) -> uuid.UUID:
+    """A checked uuid value (``_uuid_problem``: a ``UUID`` or its text) as a ``UUID``."""
+    return value if isinstance(value, uuid.UUID) else uuid.UUID(str(value))
+
+
+def _as_uuid_text(value: object) -> str:
+    return str(_as_uuid(value))
 
 
 def _quick_check(column: sa.Column[Any]) -> Callable[[Any], bool] | None:
