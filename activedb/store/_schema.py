@@ -94,7 +94,28 @@ class TableInfo:
         converters = self._key_converters
         if converters is not None:
             key = tuple(value if convert is None else convert(value) for convert, value in zip(converters, key))
+        for name, value in zip(self.key_columns, key):
+            if value.__class__ is datetime.datetime:
+                self._check_key_datetime(name, value)
         return key
+
+    def _check_key_datetime(self, name: str, value: datetime.datetime) -> None:
+        """Refuse a datetime key PostgreSQL would give back as another Python value: a naive one of a
+        ``timestamptz`` column comes back aware (read in the session's time zone), an aware one of a ``timestamp``
+        column comes back naive — either way a read by the key given would not find its row."""
+        column_type = self.columns[name].type
+        if not isinstance(column_type, sa.DateTime):
+            return
+        aware = value.tzinfo is not None and value.tzinfo.utcoffset(value) is not None
+        if column_type.timezone and not aware:
+            raise InvalidKey(f"key column {self.name}.{name} is timestamp with time zone and the key {value!r} is a "
+                             f"naive datetime, which PostgreSQL would read in the session's time zone and give back "
+                             f"aware (a read by this key would not find its row): give an aware datetime, e.g. "
+                             f"value.replace(tzinfo=datetime.timezone.utc)")
+        if not column_type.timezone and aware:
+            raise InvalidKey(f"key column {self.name}.{name} is timestamp without time zone and the key {value!r} is "
+                             f"an aware datetime, which PostgreSQL would give back naive (a read by this key would not "
+                             f"find its row): give a naive datetime")
 
     def normalised(self, name: str, value: object) -> object:
         """``value`` of column ``name`` (checked already) as PostgreSQL gives it back where Python would tell the two
