@@ -140,7 +140,7 @@ class Database:
 
     def rule(self, *, on: EventSpec, when: Callable[[Transaction, Event], bool] | None = None,
              coupling: Coupling = Coupling.IMMEDIATE, action_coupling: Coupling = Coupling.IMMEDIATE,
-             priority: float | None = None, name: str | None = None, enabled: bool = True
+             priority: float | None = None, name: str | None = None, enabled: bool = True, replace: bool = False
              ) -> Callable[[Callable[[Transaction, Event], object] | type[Rule]], Rule]:
         """Decorator declaring an ECA rule on this database::
 
@@ -150,18 +150,19 @@ class Database:
 
         Decorating a ``Rule`` subclass registers an instance of it.  Returns the Rule.  ``coupling`` and
         ``action_coupling`` are :class:`~activedb.Coupling` members (their values' strings, ``"deferred"``, are
-        accepted too).
+        accepted too).  A second rule of one name is refused unless ``replace=True`` (it then takes the first one's
+        place, as ``db.rules.add(rule, replace=True)`` does: a module or notebook cell run again).
         """
         def decorate(target: Callable[[Transaction, Event], object] | type[Rule]) -> Rule:
             if isinstance(target, type) and issubclass(target, Rule):
                 instance = target()
                 instance.name = name or instance.name or target.__name__
-                return self.rules.add(instance)
+                return self.rules.add(instance, replace=replace)
             if not callable(target):
                 raise RuleError(f"@db.rule decorates a function (tx, event) or a Rule subclass, got {target!r}")
             return self.rules.add(FunctionRule(target, on=on, when=when, coupling=coupling,
                                                action_coupling=action_coupling, priority=priority,
-                                               enabled=enabled, name=name))
+                                               enabled=enabled, name=name), replace=replace)
         return decorate
 
     def inserted(self, table: str) -> EventSpec:
