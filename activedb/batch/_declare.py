@@ -238,7 +238,8 @@ class Ops:
         ``reads`` (in order, own row excluded) and returns the columns to set (a mapping),
         :data:`DELETE`, or raises :class:`Abort`.  The written row is the output ``name`` if given."""
         # The hot path of declaring: the checks of _check_key and _claim, inlined.
-        if isinstance(key, tuple) and len(key) == 1:
+        kind = key.__class__
+        if kind is not str and kind is not int and isinstance(key, tuple) and len(key) == 1:
             key = key[0]                     # (``canonical_key``)
         state = (table, key) if type(table) is str and key is not None else self._check_key(table, key)
         written = self._written

@@ -316,8 +316,8 @@ class LearnedDeclaration:
     action, in the order firing runs them — on one stand-in of the row.  ``info`` is the table's (its blank row and
     key columns: a row created earlier in the batch reads back, as through the tree, with every column, the ones
     not written at their constant defaults).  ``outcomes``: per event position, which steps' actions ran (their
-    condition held) in the last run of the event — what the rules' counters are told once the batch commits; the
-    caller empties it before a batch."""
+    condition held) in the last run of the event, where a rule has a condition (``conditional``) — what the rules'
+    counters are told once the batch commits; the caller empties it before a batch."""
 
     def __init__(self, steps: Sequence[Step], learned: Learned, info: TableInfo) -> None:
         self.steps = tuple(steps)
@@ -332,6 +332,9 @@ class LearnedDeclaration:
         self._key = info.key
         self._key_row = info.full_key_row
         self.outcomes: dict[int, tuple[bool, ...]] = {}
+        #: Whether a rule of the chain has a condition (else every action ran for each event that committed, and
+        #: ``outcomes`` stays empty: the common one-rule case pays nothing for it).
+        self.conditional = any(condition is not None for condition, _ in self.steps)
         functools.update_wrapper(self, self.action)
 
     def __call__(self, event: BatchEvent, ops: Ops) -> None:
@@ -354,19 +357,23 @@ class LearnedDeclaration:
             # Created earlier in this batch (the lean image holds the columns written): as the tree reads it.
             own = {**self._created(key), **own}
         stand_in = _RowTransaction(self.table, key, own, self._created)
-        ran: list[bool] = []
         try:
-            for condition, action in self.steps:
-                if condition is not None and not condition(stand_in, stream_event):
-                    ran.append(False)
-                    continue
-                action(stand_in, stream_event)
-                ran.append(True)
+            if not self.conditional:
+                for _, action in self.steps:
+                    action(stand_in, stream_event)
+            else:
+                ran: list[bool] = []
+                for condition, action in self.steps:
+                    if condition is not None and not condition(stand_in, stream_event):
+                        ran.append(False)
+                        continue
+                    action(stand_in, stream_event)
+                    ran.append(True)
+                self.outcomes[event.position] = tuple(ran)
         except Exception:
             return FALL_BACK
         if stand_in.deviated:
             return FALL_BACK
-        self.outcomes[event.position] = tuple(ran)
         written = stand_in.written
         if written is None:
             return DELETE if own is None else {}

@@ -90,11 +90,14 @@ def _compile(pairs: tuple[_Pair, ...]) -> Callable[[BatchEvent], list[State]]:
     for number, (table, source, name) in enumerate(pairs):
         namespace[f"table{number}"] = table
         namespace[f"name{number}"] = name
-        # (Keys as the declarations name them: ``canonical_key``.)
+        # (Keys as the declarations name them: ``canonical_key``, called only for a tuple; a tuple subclass's state
+        # predicted otherwise is only read on demand, ``_lean``'s ``miss``.)
         if source is Source.FIELD:
-            items.append(f"(table{number}, _canonical(payload[name{number}]))")
+            items.append(f"(table{number}, _canonical(key) if (key := payload[name{number}]).__class__ is tuple "
+                         f"else key)")
         elif source is Source.KEY:
-            items.append(f"(table{number}, _canonical(event[1]) if event[1] is not None else _no_key())")
+            items.append(f"(table{number}, _canonical(key) if (key := event[1]).__class__ is tuple "
+                         f"else key if key is not None else _no_key())")
         else:
             items.append(f"*[(table{number}, key) for key in _flat_keys(payload[name{number}])]")
     code = "def states(event):\n    payload = event[3]\n    return [" + ", ".join(items) + "]\n"

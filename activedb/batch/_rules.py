@@ -325,11 +325,13 @@ def apply_lowered(rules: "RuleManager", transaction: "Transaction", events: Iter
         for event_type, count in per_type.items():
             chain = lowered.rules[event_type]
             declaration = lowered.learned.get(event_type)
-            if declaration is None:                 # a declared rule: its action ran for each event not refused
-                if count > failed[event_type]:
-                    rules.count(chain[0], "executed", count - failed[event_type])
-                if failed[event_type]:
-                    rules.count(chain[0], "failed", failed[event_type])
+            if declaration is None or not declaration.conditional:
+                # A declared rule, or a chain without conditions: each action ran for each event not refused.
+                for rule in chain:
+                    if count > failed[event_type]:
+                        rules.count(rule, "executed", count - failed[event_type])
+                    if failed[event_type]:
+                        rules.count(rule, "failed", failed[event_type])
                 continue
             # A learned chain (no event of it failed): each rule's action ran where its condition held.
             ran = [declaration.outcomes[event.position] for event in pending.batch if event.event_type == event_type]
