@@ -50,6 +50,9 @@ class RuleManager(TransactionExtension):
         self._numbers = itertools.count(1)
         self._plans: dict[tuple[Rule, ...], _Plan] = {}       # per matching rule set (``on_event``)
         self._orders: dict[tuple[Rule, ...], _Order] = {}     # per rule set of a deferred cycle (``_run_groups``)
+        # ``_execute`` bound once: what ``run_inline`` calls per firing (loading ``self._execute`` makes a new bound
+        # method object each time).
+        self._run_firing = self._execute
         self.detached = DetachedRunner(self, transactions)
         self.gate = self.detached.gate
         transactions.extensions.add(self)
@@ -212,21 +215,21 @@ class RuleManager(TransactionExtension):
         root = transaction.root
         tree = slot(root, RuleContext)       # the tree's firing record
         chain = chain_of(transaction)
-        if len(chain) + 1 > self.max_cascade_depth:
+        if len(chain) >= self.max_cascade_depth:
             names = " -> ".join((*chain, "|".join(rule.name for rule in rules)))
             raise CascadeLimitExceeded(
                 f"rule cascade deeper than {self.max_cascade_depth} in transaction {transaction.id}: {names}; "
                 f"break the cycle or raise max_cascade_depth", [*chain, *(rule.name for rule in rules)])
         if len(rules) == 1:                 # the common case, without the comprehension's call and lists
             rule = rules[0]
-            firing = Firing(rule, event, (*chain, rule.name), rule.coupling, next(self._numbers))
+            firing = Firing(rule, event, chain + (rule.name,), rule.coupling, next(self._numbers))
             if firing.coupling is _IMMEDIATE:
                 # One group of one firing, without _run_groups' loops, counted once it has ended (README,
                 # "The firing record").
                 executed = False
                 try:
                     name = _NAMES.get(rule.name) or _transaction_name(rule)       # (its call only the first time)
-                    executed = run_inline(transaction, self._execute, firing, name, Firing)
+                    executed = run_inline(transaction, self._run_firing, firing, name, Firing)
                 except DependencyAbort:
                     pass
                 except BaseException as error:
@@ -243,7 +246,7 @@ class RuleManager(TransactionExtension):
         plan = self._plans.get(rules) or _remember(self._plans, rules, _Plan)
         self.record.dispatched(root, tree, rules)
         numbers = self._numbers
-        firings = [Firing(rule, event, (*chain, rule.name), rule.coupling, next(numbers)) for rule in rules]
+        firings = [Firing(rule, event, chain + (rule.name,), rule.coupling, next(numbers)) for rule in rules]
         if plan.others:
             for index in plan.others:
                 firing = firings[index]
@@ -278,7 +281,7 @@ class RuleManager(TransactionExtension):
             executed = []
             for firing in group:
                 try:
-                    if run_inline(transaction, self._execute, firing, _transaction_name(firing.rule), Firing):
+                    if run_inline(transaction, self._run_firing, firing, _transaction_name(firing.rule), Firing):
                         executed.append(firing)
                 except DependencyAbort:
                     pass
@@ -307,7 +310,7 @@ class RuleManager(TransactionExtension):
             for index in order:
                 firing = firings[index]
                 try:
-                    if run_inline(transaction, self._execute, firing, names[index], Firing):
+                    if run_inline(transaction, self._run_firing, firing, names[index], Firing):
                         executed.append(firing.rule.name)
                 except DependencyAbort:
                     pass
@@ -329,7 +332,7 @@ class RuleManager(TransactionExtension):
         root = transaction.root
         self.record.dispatched(root, slot(root, RuleContext), rules)
         chain = chain_of(transaction)
-        firings = [Firing(rule, event, (*chain, rule.name), rule.coupling, next(self._numbers)) for rule in rules]
+        firings = [Firing(rule, event, chain + (rule.name,), rule.coupling, next(self._numbers)) for rule in rules]
         if len(firings) == 1:
             return firings
         return [firing for group in priority_groups(firings) for firing in group]
@@ -345,7 +348,7 @@ class RuleManager(TransactionExtension):
                 executed = self.execute(transaction, firing)
             else:
                 try:
-                    executed = run_inline(transaction, self._execute, firing, _transaction_name(firing.rule), Firing)
+                    executed = run_inline(transaction, self._run_firing, firing, _transaction_name(firing.rule), Firing)
                 except RuleFailed as error:
                     fired.append(Fired(FiringOutcome.FAILED, error.__cause__ or error))
                     continue
