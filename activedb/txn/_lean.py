@@ -502,8 +502,9 @@ def end(node: Savepoint) -> None:
     node._state = _COMMITTED
     if manager.recorder:
         manager.recorder.record("commit", node.id, parent=parent.id, root=root.id)
-    for hook in extensions.after_end if node._end_hooks else extensions.after_end_in_frames:
-        hook(node, True)
+    if node._end_hooks:      # (without them no extension hears its end: none hooks frames, as checked above)
+        for hook in extensions.after_end:
+            hook(node, True)
 
 
 from activedb.txn._view import CommittedRows as _CommittedRows  # noqa: E402
