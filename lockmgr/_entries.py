@@ -7,8 +7,8 @@ from __future__ import annotations
 from typing import Hashable, Iterable
 
 from lockmgr._modes import CONFLICTS, COVERS, JOIN, Mode
-from lockmgr._table import (ACTIVE, _NO_HOLDS, Grant, _committed_members, _Lock, _owner_of, _Request,
-                            _Stripe, _Txn)
+from lockmgr._table import (ACTIVE, _NO_HOLDS, Grant, _committed_members, _Lock, _new_lock_entry, _owner_of,
+                            _Request, _Stripe, _Txn)
 from lockmgr.errors import InvalidDowngrade, LockNotHeld
 
 _FREE_LOCKS_PER_STRIPE = 16
@@ -163,14 +163,7 @@ def _retain_if_compatible(stripe: "_Stripe", txn: _Txn, resource: Hashable, mode
             try:
                 if txn.state is not ACTIVE:
                     return False
-                # A new entry, as ``_fast_grant`` makes one (``_lock_entry`` would look the resource up again).
-                free = stripe.free
-                if free:
-                    lock = free.pop()
-                    lock.resource = resource
-                else:
-                    lock = _Lock(resource, stripe)
-                stripe.locks[resource] = lock
+                lock = _new_lock_entry(stripe, resource)     # (found missing above: no second lookup)
                 lock.retained = {txn: mode}
                 txn.locks[resource] = lock
             finally:

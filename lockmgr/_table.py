@@ -189,10 +189,15 @@ def _lock_entry(stripe: _Stripe, resource: Hashable) -> _Lock:
     """The entry of ``resource`` in ``stripe``; if it has none, an empty one (reused if possible), inserted.
     Caller holds ``stripe.mutex``."""
     lock = stripe.locks.get(resource)
-    if lock is None:
-        lock = stripe.free.pop() if stripe.free else _Lock(resource, stripe)
-        lock.resource = resource
-        stripe.locks[resource] = lock
+    return lock if lock is not None else _new_lock_entry(stripe, resource)
+
+
+def _new_lock_entry(stripe: _Stripe, resource: Hashable) -> _Lock:
+    """An empty entry of ``resource`` (reused from ``stripe.free`` if possible), inserted; for a caller that found
+    none.  Caller holds ``stripe.mutex``."""
+    lock = stripe.free.pop() if stripe.free else _Lock(resource, stripe)
+    lock.resource = resource
+    stripe.locks[resource] = lock
     return lock
 
 
