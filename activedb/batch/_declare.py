@@ -160,10 +160,12 @@ def _state(pair: object, what: str) -> State:
             hash(pair[1])
         except TypeError:
             raise _bad_pair(pair, what) from None
-        key = pair[1]
-        if isinstance(key, tuple) and len(key) == 1:
-            return _state((pair[0], key[0]), what)
-        return pair
+        key = canonical_key(pair[1])        # (hashable: the tuple's hash covered its element)
+        if key is pair[1]:
+            return pair
+        if key is None:
+            raise _bad_pair((pair[0], None), what)
+        return (pair[0], key)
     if isinstance(pair, tuple) and len(pair) == 2 and isinstance(pair[0], str) and pair[1] is not None:
         return _state((str(pair[0]), pair[1]), what)
     raise _bad_pair(pair, what)
