@@ -4,8 +4,10 @@ Python function called directly in one plain top-level transaction, same run.
 1. Immediate rules executed inline.  2. Immediate rules on threads.  3. Deferred rules (both executions).
 4. Where the time of an inline immediate firing goes, by phase (one more run under ``cProfile``).
 5. A per-key counter upsert per event vs a PL/pgSQL row trigger fed by ``COPY`` and vs ``executemany`` — as a
-   Python rule fired per event, and as a declared rule whose batch of events is lowered to one batch of state
-   transactions at commit (``batch.lower`` + ``batch.apply_at_commit``: what the Spark sink runs); goal >= 1.0 of
+   Python rule fired per event (``tx.emit``); as the same plain rule given its events a batch at a time, the batch
+   lowered to one batch of state transactions at commit (``batch.lower`` + ``batch.apply_lowered``: what the
+   ingestion core's rule path runs, learned from the rule's source); and as a declared rule lowered the same way
+   (``@batch.declared``); goal >= 1.0 of
    each peer at 1,000 and 10,000 events per batch.  Each path's CPU per event is in the rows' extra — this
    process's and the PostgreSQL server's processes' (``benchmarks._profile.server_cpu_seconds``; None for a server
    on another machine) — with ``cpu_ratio``, the peer's total over the path's: figures the machine's load does not
@@ -178,22 +180,31 @@ def _counter_rule(database, count: int, size: int) -> float:
     return time.perf_counter() - start
 
 
-def _counter_declared(database, count: int, size: int) -> float:
-    """The same events for the declared rule, each batch lowered as the Spark sink lowers it (``batch.lower``:
-    the one declared rule of the type, nothing else listening) and run at commit (``batch.apply_lowered``: the
-    firing record kept)."""
+def _counter_lowered(database, count: int, size: int, event_type: str = DECLARED_COUNTER_EVENT) -> float:
+    """The same events for the rule of ``event_type`` (the declared rule; or the plain rule, ``COUNTER_EVENT``,
+    lowered as learned), each batch lowered as the Spark sink lowers it (``batch.lower``: the one rule of the
+    type, nothing else listening) and run at commit (``batch.apply_lowered``: the firing record kept)."""
     keys = max(1, count // 10)
     lowered_cache: dict = {}
     start = time.perf_counter()
     for first in range(0, count, size):
-        events = [{"type": DECLARED_COUNTER_EVENT, "key": number % keys, "ts": float(number)}
+        events = [{"type": event_type, "key": number % keys, "ts": float(number)}
                   for number in range(first, min(count, first + size))]
-        with database.transaction(name="bench:counter-declared") as tx:
-            lowered = batch.lower(database.rules, tx, {DECLARED_COUNTER_EVENT}, lowered_cache)
+        with database.transaction(name="bench:counter-lowered") as tx:
+            lowered = batch.lower(database.rules, tx, {event_type}, lowered_cache)
             if lowered is None:
-                raise RuntimeError("the declared counter rule could not be lowered (an observer or another rule?)")
+                raise RuntimeError(f"the counter rule of {event_type} could not be lowered (an observer or another "
+                                   "rule?)")
             batch.apply_lowered(database.rules, tx, events, lowered, dead_letters=None)
     return time.perf_counter() - start
+
+
+def _counter_declared(database, count: int, size: int) -> float:
+    return _counter_lowered(database, count, size, DECLARED_COUNTER_EVENT)
+
+
+def _counter_rule_lowered(database, count: int, size: int) -> float:
+    return _counter_lowered(database, count, size, COUNTER_EVENT)
 
 
 def _counter_peer(database, count: int, size: int, apply_batch) -> float:
@@ -233,14 +244,16 @@ def _counter_executemany(database, count: int, size: int) -> float:
 
 def _compare_counters(database, report: BenchReport, count: int, size: int, repeat: int,
                       settle: Callable[[], object] = gc.collect) -> None:
-    timings: dict[str, list[float]] = {"rule": [], "declared": [], "trigger": [], "executemany": []}
+    timings: dict[str, list[float]] = {"rule": [], "lowered": [], "declared": [], "trigger": [],
+                                       "executemany": []}
     # CPU seconds of each run: this process (the client) and the PostgreSQL server's processes (None when the
     # server is not on this machine) — what each path costs whatever else the machine runs.
     client: dict[str, list[float]] = {name: [] for name in timings}
     server: dict[str, list[float | None]] = {name: [] for name in timings}
     results = {}
     for _ in range(repeat):
-        for name, run_once in (("rule", _counter_rule), ("declared", _counter_declared),
+        for name, run_once in (("rule", _counter_rule), ("lowered", _counter_rule_lowered),
+                               ("declared", _counter_declared),
                                ("trigger", _counter_trigger), ("executemany", _counter_executemany)):
             _reset_counters(database)
             settle()
@@ -251,11 +264,12 @@ def _compare_counters(database, report: BenchReport, count: int, size: int, repe
             server[name].append(None if server_before is None or server_after is None
                                 else server_after - server_before)
             results[name] = _counters(database)
-    if not results["rule"] == results["declared"] == results["trigger"] == results["executemany"]:
-        report.notes.append(f"counter rule, {size}/batch: the four paths left different counters — a bug")
+    if not results["rule"] == results["lowered"] == results["declared"] == results["trigger"] == results["executemany"]:
+        report.notes.append(f"counter rule, {size}/batch: the five paths left different counters — a bug")
     rates = {name: count / statistics.median(values) for name, values in timings.items()}
     cpu = {name: _cpu_per_event(client[name], server[name], count) for name in timings}
     for path, label_of_path in (("rule", "counter upsert rule, inline"),
+                                ("lowered", "counter upsert rule, its batch lowered"),
                                 ("declared", "counter upsert as a declared rule, lowered")):
         for peer, label in (("trigger", "PL/pgSQL row trigger fed by COPY"),
                             ("executemany", "psycopg executemany ... ON CONFLICT")):
