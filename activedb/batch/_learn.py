@@ -75,7 +75,8 @@ def learned_table(action: Callable[..., object]) -> Learned | None:
 
     Qualifies: a plain Python function (not a lambda, not async, not a generator) with exactly the two
     positional parameters ``(tx, event)``, in whose body ``tx`` appears only as ``tx.read(TABLE, KEY)``
-    and ``tx.write(TABLE, KEY, ...)`` (keyword values only; ``TABLE`` one and the same string constant,
+    and ``tx.write(TABLE, KEY, ...)`` (keyword values only; ``TABLE`` one and the same table, named by a string
+    constant or by a global name bound to a string — a module's constant —,
     at least one write; ``KEY`` either ``event.key`` in every call, or in every call one name assigned once, at the
     top of the body, ``name = expression``, the expression reading only ``event`` and global names),
     ``event`` only as ``event.key``, ``event.ts``, ``event.payload``, ``event.source`` (or anyhow inside that
@@ -136,7 +137,7 @@ def _verdict(action: Callable[..., object], condition: bool = False) -> Learned 
             or arguments.defaults or len(arguments.args) != 2):
         return None
     tx_name, event_name = arguments.args[0].arg, arguments.args[1].arg
-    found = _uses(function, tx_name, event_name, action.__code__, condition)
+    found = _uses(function, tx_name, event_name, action.__code__, condition, action.__globals__)
     if found is None:
         return None
     table, expression = found
@@ -166,15 +167,28 @@ def _same_code(one: CodeType, other: CodeType) -> bool:
     return True
 
 
-def _uses(function: ast.FunctionDef, tx_name: str, event_name: str, code: CodeType, condition: bool = False
-          ) -> tuple[str, ast.expr | None] | None:
+def _uses(function: ast.FunctionDef, tx_name: str, event_name: str, code: CodeType, condition: bool = False,
+          namespace: Mapping[str, object] | None = None) -> tuple[str, ast.expr | None] | None:
     """The table of ``function``'s body, and the key's expression if not ``event.key``, if it uses ``tx_name`` and
-    ``event_name`` only as allowed (see :func:`learned_table`; ``condition``: :func:`learned_condition`), else None."""
+    ``event_name`` only as allowed (see :func:`learned_table`; ``condition``: :func:`learned_condition`), else None.
+    ``namespace``: the function's globals, where a table named by a global name is looked up."""
     allowed: set[int] = set()       # ids of the Name nodes of tx_name / event_name in allowed places
     tables: set[str] = set()
     keys: set[str] = set()          # "": event.key; else the name of the key variable
     writes = 0
     body = [node for statement in function.body for node in ast.walk(statement)]
+    local_names = set(code.co_varnames) | set(code.co_freevars) | set(code.co_cellvars)
+
+    def table_of(node: ast.expr) -> str | None:
+        """The table ``node`` names: a string constant, or a global name bound to a string (a module's constant:
+        its value now; the stand-in compares the table each call names at run time, so a name rebound since
+        falls back)."""
+        if isinstance(node, ast.Constant):
+            return node.value if isinstance(node.value, str) else None
+        if (isinstance(node, ast.Name) and node.id not in local_names and namespace is not None
+                and type(value := namespace.get(node.id)) is str):
+            return value
+        return None
 
     def is_event_key(node: ast.expr) -> bool:
         if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
@@ -190,15 +204,16 @@ def _uses(function: ast.FunctionDef, tx_name: str, event_name: str, code: CodeTy
             method = node.func.attr
             if method not in (("read",) if condition else ("read", "write")) or len(node.args) != 2:
                 return None
-            table, key = node.args
-            if not (isinstance(table, ast.Constant) and isinstance(table.value, str) and is_event_key(key)):
+            table_node, key = node.args
+            table = table_of(table_node)
+            if table is None or not is_event_key(key):
                 return None
             if any(isinstance(argument, ast.Starred) for argument in node.args):
                 return None
             if method == "read" and node.keywords:
                 return None
             writes += method == "write"
-            tables.add(table.value)
+            tables.add(table)
             allowed.add(id(node.func.value))
         elif (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == event_name
               and node.attr in _EVENT_ATTRIBUTES and isinstance(node.ctx, ast.Load)):
@@ -221,10 +236,9 @@ def _uses(function: ast.FunctionDef, tx_name: str, event_name: str, code: CodeTy
         if len(assignments) != 1 or len(bindings) != 1 or key_name in (tx_name, event_name):
             return None
         expression = assignments[0].value
-        local_names = (set(code.co_varnames) | set(code.co_freevars) | set(code.co_cellvars)) - {event_name}
         for node in ast.walk(expression):
             if isinstance(node, ast.Name):
-                if node.id in local_names:
+                if node.id in local_names and node.id != event_name:
                     return None
                 if node.id == event_name:
                     allowed.add(id(node))

@@ -52,6 +52,24 @@ def count_suffixed(tx, event):
     tx.write("counters", key, events=1 if row is None else row["events"] + 1)
 
 
+COUNTERS = "counters"       # a module's constant naming the table
+NOT_A_TABLE = 7
+
+
+def count_by_constant(tx, event):
+    row = tx.read(COUNTERS, event.key)
+    tx.write(COUNTERS, event.key, events=1 if row is None else row["events"] + 1, total=event.payload["amount"])
+
+
+def table_not_a_string(tx, event):
+    tx.write(NOT_A_TABLE, event.key, events=1)
+
+
+def table_from_a_local(tx, event):
+    table = "counters"
+    tx.write(table, event.key, events=1)
+
+
 def over_five(tx, event):
     """A condition that reads the event's row (after ``count_amount`` wrote it, in a chain)."""
     row = tx.read("counters", event.key)
@@ -140,9 +158,10 @@ def test_the_static_check():
     assert learned_table(count_amount).table == "counters" and learned_table(count_amount).key is None
     assert learned_table(add_or_refuse).table == "counters"
     assert learned_table(count_suffixed).table == "counters" and learned_table(count_suffixed).key is not None
+    assert learned_table(count_by_constant).table == "counters"     # a global name bound to a string
     for action in (reads_another_table, reads_another_key, inserts, emits, passes_tx, reads_the_event_otherwise,
                    lambda tx, event: tx.write("counters", event.key, events=1), print, key_from_a_local,
-                   key_assigned_twice):
+                   key_assigned_twice, table_not_a_string, table_from_a_local):
         assert learned_table(action) is None, action
 
 
@@ -238,6 +257,24 @@ def test_a_counter_rule_is_lowered_with_the_tables_of_firing_it(databases):
     assert all(pending is not None for pending in lowered), lowered
     assert [row[0] for row in state(databases[0], source)] == [
         "cnt-a", "cnt-b", "cnt-c", "cnt-c-x", "cnt-d", "cnt-f-x"]   # (e: none)
+
+
+def test_a_table_named_by_a_module_constant_is_lowered_and_a_rebound_constant_falls_back(databases, monkeypatch):
+    def register(database):
+        database.rule(on=database.stream("const"), name="count_by_constant")(count_by_constant)
+
+    source = "const"
+    lowered = run_both(databases, source, [rows(0, [("const", "const-a", 1), ("const", "const-b", 2),
+                                                    ("const", "const-a", 3)])], register)
+    assert lowered[0] is not None
+    assert [row[0] for row in state(databases[0], source)] == ["const-a", "const-b"]
+    # Rebound since the verdict: the action names another table than the one learned; the stand-in sees it, the
+    # batch fires event by event, and each event fails as firing it fails.
+    monkeypatch.setitem(count_by_constant.__globals__, "COUNTERS", "no_such_table")
+    lowered = run_both(databases, source, [rows(1, [("const", "const-a", 1), ("const", "const-c", 1)])],
+                       lambda database: None)
+    assert lowered == [None]
+    assert [batch for batch, _, _ in letters(databases[0], source)] == [1, 1]
 
 
 def test_an_action_that_raises_makes_the_batch_fall_back_to_firing(databases):
