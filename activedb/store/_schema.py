@@ -119,7 +119,8 @@ class TableInfo:
 
     def normalised(self, name: str, value: object) -> object:
         """``value`` of column ``name`` (checked already) as PostgreSQL gives it back where Python would tell the two
-        apart (a uuid given as text): what a scan's equalities compare with the rows it reads."""
+        apart (a uuid given as text, a datetime of a date column: ``_converter``): what a scan's equalities compare
+        with the rows it reads."""
         convert = self._converters.get(name)
         return value if convert is None or value is None else convert(value)
 
@@ -391,6 +392,23 @@ def _extra_check(column: sa.Column[Any]) -> Callable[[Any], str | None] | None:
         return json_problem
     if isinstance(column_type, sa.Uuid):
         return _uuid_problem
+    if isinstance(column_type, sa.Date):
+        return _date_problem
+    return None
+
+
+def _date_problem(value: object) -> str | None:
+    """Why a ``date`` column cannot take ``value`` (a ``date``, or a ``datetime`` of a day's midnight) as given, or
+    None.  PostgreSQL would take the date of any datetime, silently dropping its time of day, and of an aware one
+    the date in the session's time zone: a value that is not a day as written is refused."""
+    if not isinstance(value, datetime.datetime):
+        return None
+    if value.utcoffset() is not None:
+        return (f"{value!r} is an aware datetime, whose date PostgreSQL would take in the session's time zone: pass "
+                f"a date (value.date() for the day as written)")
+    if value.time() != datetime.time():
+        return (f"{value!r} has a time of day, which a date cannot hold (PostgreSQL would drop it): pass a date "
+                f"(value.date() if the day alone is meant)")
     return None
 
 
@@ -407,11 +425,20 @@ def _uuid_problem(value: object) -> str | None:
 def _converter(column: sa.Column[object]) -> Callable[[object], object] | None:
     """For a column whose values PostgreSQL gives back as another Python value than some it accepts: the
     conversion into the one it gives back (``TableInfo.key``, ``TableInfo.normalised``), or None.  A uuid column
-    reads as ``uuid.UUID`` (``as_uuid``, SQLAlchemy's default) or as its canonical text; either is accepted."""
+    reads as ``uuid.UUID`` (``as_uuid``, SQLAlchemy's default) or as its canonical text; either is accepted.  A
+    ``date`` column reads as ``date``, which never equals a ``datetime``: a midnight one (the only one
+    ``_date_problem`` lets through) is taken as its date."""
     column_type = column.type
     if isinstance(column_type, sa.Uuid):
         return _as_uuid if column_type.as_uuid else _as_uuid_text
+    if isinstance(column_type, sa.Date):
+        return _as_date
     return None
+
+
+def _as_date(value: object) -> object:
+    """A checked value of a date column (``_date_problem``) as PostgreSQL gives it back: a ``date``."""
+    return value.date() if isinstance(value, datetime.datetime) else value
 
 
 def _as_uuid(value: object) -> uuid.UUID:

@@ -653,3 +653,35 @@ def test_a_naive_datetime_key_of_a_timestamptz_column_is_refused_saying_to_give_
         tx.write("stamps", aware, count=1)
     with db.transaction() as tx:
         assert tx.read("stamps", aware)["count"] == 1
+
+
+# --- keys given as another Python value than PostgreSQL gives back, a schema (t0007_keys_by_value.py) ---
+
+
+def test_a_date_column_refuses_a_datetime_with_a_time_of_day(db):
+    """A ``date`` column holds a day: a ``datetime`` with a time of day (or an aware one, whose date PostgreSQL
+    would take in the session's time zone) is refused at the write, naming the column and what to pass, and a
+    naive midnight one is its date — as a key too, so a read by it finds the row.  Before, ``datetime(2026, 1, 1,
+    13, 45)`` was stored as 2026-01-01 without a word (the time lost), and a read by the datetime key of the row it
+    had written returned None."""
+    import datetime as dt
+
+    _empty(db, "days")
+    with pytest.raises(activedb.InvalidValue, match=r"days\.due \(DATE\).* has a time of day.*value\.date\(\)"):
+        with db.transaction() as tx:
+            tx.write("days", dt.date(2026, 1, 1), due=dt.datetime(2026, 1, 1, 13, 45))
+    with pytest.raises(activedb.InvalidValue, match=r"days\.day \(DATE\).* has a time of day"):
+        with db.transaction() as tx:
+            tx.write("days", dt.datetime(2026, 1, 1, 13, 45), count=1)
+    with pytest.raises(activedb.InvalidValue, match="aware datetime.*pass a date"):
+        with db.transaction() as tx:
+            tx.write("days", dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc), count=1)
+    assert committed(db, "days") == {}
+    with db.transaction() as tx:
+        tx.write("days", dt.datetime(2026, 1, 2), due=dt.datetime(2026, 1, 9), count=1)
+        tx.write("days", dt.date(2026, 1, 2), count=2)          # the same row
+    with db.transaction() as tx:
+        assert tx.read("days", dt.datetime(2026, 1, 2)) == {"day": dt.date(2026, 1, 2), "due": dt.date(2026, 1, 9),
+                                                            "count": 2}
+        assert [row["day"] for row in tx.scan("days", {"due": dt.datetime(2026, 1, 9)})] == [dt.date(2026, 1, 2)]
+    assert list(committed(db, "days")) == [(dt.date(2026, 1, 2),)]
