@@ -66,7 +66,9 @@ class TableInfo:
                             if (converter := _converter(column)) is not None}
         self._key_converters = (tuple(self._converters.get(name) for name in self.key_columns)
                                 if any(name in self._converters for name in self.key_columns) else None)
-        self._quick_key = self._quick[self.key_columns[0]] if len(self.key_columns) == 1 else None
+        # (not for a key column with a converter: a value its quick test accepts may still need converting)
+        self._quick_key = (self._quick[self.key_columns[0]]
+                           if len(self.key_columns) == 1 and self._key_converters is None else None)
         self._key_columns_text = self._quick_key is _quick_text
         self._key_clause = (
             sa.tuple_(*[table.c[name] for name in self.key_columns])
@@ -119,8 +121,8 @@ class TableInfo:
 
     def normalised(self, name: str, value: object) -> object:
         """``value`` of column ``name`` (checked already) as PostgreSQL gives it back where Python would tell the two
-        apart (a uuid given as text, a datetime of a date column: ``_converter``): what a scan's equalities compare
-        with the rows it reads."""
+        apart (a uuid given as text, a float of a numeric column, a datetime of a date column: ``_converter``): what
+        a scan's equalities compare with the rows it reads."""
         convert = self._converters.get(name)
         return value if convert is None or value is None else convert(value)
 
@@ -426,14 +428,25 @@ def _converter(column: sa.Column[object]) -> Callable[[object], object] | None:
     """For a column whose values PostgreSQL gives back as another Python value than some it accepts: the
     conversion into the one it gives back (``TableInfo.key``, ``TableInfo.normalised``), or None.  A uuid column
     reads as ``uuid.UUID`` (``as_uuid``, SQLAlchemy's default) or as its canonical text; either is accepted.  A
-    ``date`` column reads as ``date``, which never equals a ``datetime``: a midnight one (the only one
-    ``_date_problem`` lets through) is taken as its date."""
+    ``numeric`` column reads as ``Decimal``, which equals an ``int`` of the same number but not every ``float``
+    (``Decimal('0.1') != 0.1``): a float is taken as the decimal it prints as (``_as_decimal``).  A ``date`` column
+    reads as ``date``, which never equals a ``datetime``: a midnight one (the only one ``_date_problem`` lets
+    through) is taken as its date."""
     column_type = column.type
     if isinstance(column_type, sa.Uuid):
         return _as_uuid if column_type.as_uuid else _as_uuid_text
+    if isinstance(column_type, sa.Numeric) and not isinstance(column_type, sa.Float) and column_type.asdecimal:
+        return _as_decimal
     if isinstance(column_type, sa.Date):
         return _as_date
     return None
+
+
+def _as_decimal(value: object) -> object:
+    """A checked value of a numeric column as PostgreSQL gives it back: a ``float`` as the shortest decimal that
+    reads back as that float (its ``repr``: ``0.1``, not the binary fraction ``0.1000000000000000055…``), the
+    number a user typed; an ``int`` or a ``Decimal`` as it is."""
+    return decimal.Decimal(float.__repr__(value)) if isinstance(value, float) else value
 
 
 def _as_date(value: object) -> object:

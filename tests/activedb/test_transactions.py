@@ -685,3 +685,30 @@ def test_a_date_column_refuses_a_datetime_with_a_time_of_day(db):
                                                             "count": 2}
         assert [row["day"] for row in tx.scan("days", {"due": dt.datetime(2026, 1, 9)})] == [dt.date(2026, 1, 2)]
     assert list(committed(db, "days")) == [(dt.date(2026, 1, 2),)]
+
+
+def test_a_float_key_of_a_numeric_column_names_the_row_of_its_decimal(db):
+    """A ``numeric`` column gives back ``Decimal``s, which equal an ``int`` of the same number but not every float
+    (``Decimal('0.1') != 0.1``): a float key is taken as the decimal it prints as, so ``int``, ``float`` and
+    ``Decimal`` keys that denote one number name one row — read back, read after a write, written once — and so
+    does a scan's equality.  Before, ``tx.read(table, 0.1)`` of the row written as ``Decimal('0.1')`` returned None
+    (``1.5`` happened to work: a binary fraction equals its decimal)."""
+    from decimal import Decimal
+
+    _empty(db, "prices")
+    with db.transaction() as tx:
+        tx.write("prices", Decimal("0.1"), label="tenth")
+        tx.write("prices", 2, label="two")
+    with db.transaction() as tx:
+        assert tx.read("prices", 0.1) == {"amount": Decimal("0.1"), "label": "tenth"}
+        assert tx.read("prices", 2.0)["label"] == tx.read("prices", Decimal("2.00"))["label"] == "two"
+        tx.write("prices", 0.1, label="a tenth")
+        assert tx.read("prices", Decimal("0.1"))["label"] == "a tenth"
+        tx.write("prices", 0.1 + 0.2, label="not quite")      # 0.30000000000000004, not 0.3
+        assert tx.read("prices", Decimal("0.30000000000000004"))["label"] == "not quite"
+        assert tx.read("prices", 0.3) is None
+        assert [row["label"] for row in tx.scan("prices", {"amount": 0.1})] == ["a tenth"]
+    assert committed(db, "prices") == {(Decimal("0.1"),): {"amount": Decimal("0.1"), "label": "a tenth"},
+                                       (Decimal("0.30000000000000004"),): {"amount": Decimal("0.30000000000000004"),
+                                                                           "label": "not quite"},
+                                       (Decimal("2"),): {"amount": Decimal("2"), "label": "two"}}

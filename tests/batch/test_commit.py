@@ -112,6 +112,37 @@ def test_an_event_naming_a_row_the_store_cannot_name_is_a_dead_letter_alone(db):
     assert len(_letters(db, "refused-keys")) == 3
 
 
+def test_a_key_given_as_another_value_than_its_row_holds_names_that_row(db):
+    """A batch's state transactions name rows as ``tx.read``/``tx.write`` do: a float key of a ``numeric`` column is
+    the row of its decimal, a naive midnight datetime key of a ``date`` column the row of its date (each updated, not
+    taken for a new row), and a datetime with a time of day, which a date cannot hold, is a dead letter saying so.
+    Before, each of the first two rows was found missing by its other value and inserted, and PostgreSQL refused
+    the whole batch's commit (duplicate key: ``DatabaseError``)."""
+    import datetime as dt
+    from decimal import Decimal
+
+    transactions = batch.StateTransactions()
+
+    @transactions.on("label")
+    def label(event, ops):
+        ops.write(event.payload["table"], event.key, lambda own: {event.payload["column"]: event.payload["value"]})
+
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("DELETE FROM prices; DELETE FROM days"))
+        connection.execute(sa.text("INSERT INTO prices VALUES (0.1, 'tenth'); INSERT INTO days VALUES ('2026-01-02')"))
+    events = [{"type": "label", "key": key, "ts": float(ts), "payload": {"table": table, "column": column, "value": value}}
+              for ts, (table, key, column, value) in enumerate([
+                  ("prices", 0.1, "label", "a tenth"), ("days", dt.datetime(2026, 1, 2), "count", 1),
+                  ("days", dt.datetime(2026, 1, 3, 13, 45), "count", 2)])]
+    with db.transaction(name="keys-by-value") as tx:
+        pending = batch.apply_at_commit(tx, events, transactions, query_id="keys-by-value", batch_id=1)
+    reasons = {event.position: reason for event, reason in pending.result.dead_letters}
+    assert list(reasons) == [2] and "has a time of day" in reasons[2]
+    with db.engine.connect() as connection:
+        assert connection.execute(sa.text("SELECT amount, label FROM prices")).all() == [(Decimal("0.1"), "a tenth")]
+        assert connection.execute(sa.text("SELECT day, count FROM days")).all() == [(dt.date(2026, 1, 2), 1)]
+
+
 def test_new_rows_are_created_and_concurrent_inserts_of_them_are_ordered(db):
     _reset(db, {})
     events = workloads.generate_toll(workloads.Workload(batch=120, keys=12, abort_ratio=0.2, cost_us=0, seed=9))
