@@ -83,11 +83,14 @@ class TableInfo:
         if quick is not None and quick(key):
             return (key,)         # a one-column key whose value the full check would accept
         if not isinstance(key, tuple):
-            key = (key,)
+            # A list names the row of a key of several columns as the tuple of its values: no single column's
+            # value could stand for such a key.  A one-column key keeps it as the value (an array or JSON key).
+            key = tuple(key) if isinstance(key, list) and len(self.key_columns) > 1 else (key,)
         if len(key) != len(self.key_columns):
+            columns = ", ".join(self.key_columns)
             raise InvalidKey(
-                f"table {self.name!r} has primary key ({', '.join(self.key_columns)}); "
-                f"got {len(key)} value(s): {key!r}"
+                f"table {self.name!r} has primary key ({columns}); got {len(key)} value(s): {key!r}"
+                + (f" — pass the key as a tuple ({columns})" if len(self.key_columns) > 1 else "")
             )
         for name, value in zip(self.key_columns, key):
             if value is None:

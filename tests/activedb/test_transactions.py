@@ -712,3 +712,20 @@ def test_a_float_key_of_a_numeric_column_names_the_row_of_its_decimal(db):
                                        (Decimal("0.30000000000000004"),): {"amount": Decimal("0.30000000000000004"),
                                                                            "label": "not quite"},
                                        (Decimal("2"),): {"amount": Decimal("2"), "label": "two"}}
+
+
+def test_a_key_of_several_columns_given_as_a_list_names_the_row_of_the_tuple(db):
+    """A key of several columns may be given as a list of its values, as a tuple: no one column's value could stand
+    for such a key, so the list is not ambiguous (a one-column key keeps a list as its value, which only an array or
+    JSON column takes).  A key of the wrong length says to pass a tuple.  Before, ``[1, 2]`` was refused with
+    "has primary key (a, b); got 1 value(s): ([1, 2],)"."""
+    with db.transaction() as tx:
+        tx.write("pairs", [1, 2], value="listed")
+        assert tx.read("pairs", (1, 2)) == {"a": 1, "b": 2, "value": "listed"}
+        tx.write("pairs", (1, 2), value="tupled")
+        assert tx.read("pairs", [1, 2])["value"] == "tupled"
+        with pytest.raises(activedb.InvalidKey, match=r"got 1 value\(s\): \(1,\) — pass the key as a tuple \(a, b\)"):
+            tx.read("pairs", 1)
+        with pytest.raises(activedb.InvalidValue, match=r"accounts\.id is INTEGER; got \[1\] \(list\)"):
+            tx.read("accounts", [1])
+    assert committed(db, "pairs") == {(1,): {"a": 1, "b": 2, "value": "tupled"}}
