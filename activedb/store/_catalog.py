@@ -157,6 +157,8 @@ class Catalog:
             except sa.exc.OperationalError as error:
                 raise self.database_failure(error, f"reading the columns of {name!r}") from error
             except sa.exc.NoSuchTableError:
+                if "." in name:
+                    raise self._schema_qualified(*name.rsplit(".", 1)) from None
                 raise UnknownTable(
                     f"no table {name!r} in {self._describe()}; tables are created by Alembic migrations "
                     f"(db.upgrade_app('path/to/migrations') runs your own; `activedb app upgrade PATH` from "
@@ -167,8 +169,22 @@ class Catalog:
                     table = self._tables.setdefault(name, table)
         return table
 
+    def _schema_qualified(self, schema: str, name: str) -> UnknownTable:
+        """The error for a table named with its schema, ``schema.name``, which the store does not take: a table is
+        named by its name alone everywhere (write sets, rules, the transaction log), as the connection's
+        ``search_path`` finds it."""
+        default = self.engine.dialect.default_schema_name or "public"
+        advice = (f"name it {name!r}" if schema == default else
+                  f"name it {name!r} and put its schema on the search path after the default one, e.g. "
+                  f"?options=-csearch_path%3D{default},{schema} in the URL given to activedb.connect (or ALTER ROLE "
+                  f"... SET search_path)")
+        return UnknownTable(f"no table {schema}.{name} in {self._describe()}: activedb names a table without its "
+                            f"schema, as the connection's search_path finds it (schema-qualified names are not "
+                            f"supported) — {advice}")
+
     def table_info(self, table: TableRef) -> TableInfo:
-        """The :class:`TableInfo` of ``table`` (a name or a ``sqlalchemy.Table``)."""
+        """The :class:`TableInfo` of ``table`` (a name or a ``sqlalchemy.Table``, not of another schema than the
+        default one: :meth:`_schema_qualified`)."""
         if table.__class__ is str:          # (a name known already: every read and write asks)
             info = self._infos.get(table)
             if info is not None:
@@ -176,6 +192,9 @@ class Catalog:
         name = table if isinstance(table, str) else getattr(table, "name", None)
         if not isinstance(name, str):
             raise TransactionError(f"a table is named by a string or a sqlalchemy Table, got {table!r}")
+        schema = getattr(table, "schema", None)
+        if schema is not None and schema != self.engine.dialect.default_schema_name:
+            raise self._schema_qualified(schema, name)      # (its name alone may be another table)
         info = self._infos.get(name)
         if info is None:
             info = TableInfo(self.table(name))

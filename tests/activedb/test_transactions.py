@@ -729,3 +729,28 @@ def test_a_key_of_several_columns_given_as_a_list_names_the_row_of_the_tuple(db)
         with pytest.raises(activedb.InvalidValue, match=r"accounts\.id is INTEGER; got \[1\] \(list\)"):
             tx.read("accounts", [1])
     assert committed(db, "pairs") == {(1,): {"a": 1, "b": 2, "value": "tupled"}}
+
+
+def test_a_schema_qualified_table_is_refused_saying_to_put_its_schema_on_the_search_path(db, migrated):
+    """A table is named without its schema, as the connection's search path finds it: ``schema.table`` (or a
+    ``sqlalchemy.Table`` of another schema) is an ``UnknownTable`` saying so and what to do, and with the schema on
+    the search path the table is read and written by its name.  Before, the error said there was no such table and
+    to create it by a migration; a ``Table`` of another schema was taken for the default schema's table of its
+    name."""
+    with db.transaction() as tx:
+        with pytest.raises(activedb.UnknownTable, match=r"no table elsewhere\.things .*schema-qualified names are "
+                                                        r"not supported.* name it 'things' and put its schema on the "
+                                                        r"search path .*search_path%3Dpublic,elsewhere"):
+            tx.read("elsewhere.things", 1)
+        with pytest.raises(activedb.UnknownTable, match="schema-qualified names are not supported"):
+            tx.write(sa.Table("accounts", sa.MetaData(), schema="elsewhere"), 1, balance=1)
+        with pytest.raises(activedb.UnknownTable, match=r"no table public\.accounts .* — name it 'accounts'$"):
+            tx.read("public.accounts", 1)
+        assert tx.read(sa.Table("accounts", sa.MetaData(), schema="public"), 1) is None
+    url = sa.make_url(migrated).update_query_dict({"options": "-csearch_path=public,elsewhere"})
+    with activedb.connect(url.render_as_string(hide_password=False)) as other:
+        with other.transaction() as tx:
+            tx.write("things", 1, note="found")
+        with other.transaction() as tx:
+            assert tx.read("things", 1) == {"id": 1, "note": "found"}
+    assert committed(db, "elsewhere.things") == {(1,): {"id": 1, "note": "found"}}
