@@ -368,8 +368,12 @@ def test_outbox_ids_cached_before_a_sequence_reset_are_never_written(db):
 
 def test_records_taken_over_while_their_group_ran_are_left_to_the_new_owner(db):
     """The group's done marks ride in its flush's last round trip and fail it if a record is no longer ours
-    (RecordsTakenOver): nothing of the group is written, the other process runs them."""
+    (RecordsTakenOver): nothing of the group is written, the other process runs them.  The other process is
+    alive (it holds its liveness lock): a recovery pass of ours — the rule's registration wakes one, which may
+    land anywhere — must not claim them back, neither while the group runs nor after (a dead owner 42 let it,
+    and the test failed under load when the pass came after the take-over)."""
     taken = threading.Event()
+    claimed = []
 
     @db.rule(on=db.signalled("go"), coupling=Coupling.DETACHED, name="taken")
     def taken_rule(tx, event):
@@ -377,18 +381,26 @@ def test_records_taken_over_while_their_group_ran_are_left_to_the_new_owner(db):
             taken.set()
             with db.engine.begin() as connection:         # another process claims the records meanwhile
                 connection.execute(sa.text("UPDATE activedb_outbox SET owner = 42 WHERE rule = 'taken'"))
+            claimed.append(db.outbox.recover())            # a recovery pass of ours while the group runs
         tx.insert("events_seen", rule="taken", detail=str(event.payload["n"]))
 
     splits = db.outbox.statistics().splits
-    with db.transaction() as tx:
-        for number in range(3):
-            tx.signal("go", n=number)
-    db.rules.wait_idle(TIMEOUT)
-    assert taken.is_set() and seen(db) == []
-    assert db.outbox.statistics().splits == splits     # recognised as a take-over, not split as a failed group
-    with db.engine.connect() as connection:
-        assert connection.execute(sa.text("SELECT owner, status, count(*) FROM activedb_outbox GROUP BY 1, 2")
-                                  ).all() == [(42, "pending", 3)]
+    other_process = _records.LivenessLock(db.engine, 42)
+    other_process.take()
+    try:
+        with db.transaction() as tx:
+            for number in range(3):
+                tx.signal("go", n=number)
+        db.rules.wait_idle(TIMEOUT)
+        claimed.append(db.outbox.recover())                # and one after it
+        db.rules.wait_idle(TIMEOUT)
+        assert taken.is_set() and claimed == [0, 0] and seen(db) == []
+        assert db.outbox.statistics().splits == splits     # recognised as a take-over, not split as a failed group
+        with db.engine.connect() as connection:
+            assert connection.execute(sa.text("SELECT owner, status, count(*) FROM activedb_outbox GROUP BY 1, 2")
+                                      ).all() == [(42, "pending", 3)]
+    finally:
+        other_process.release()
 
 
 def test_a_members_write_refused_with_an_error_of_its_own_is_a_failure_not_a_take_over(db):
