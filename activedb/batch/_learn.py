@@ -21,7 +21,7 @@ import textwrap
 import weakref
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from types import CodeType
-from typing import NamedTuple, NoReturn, TypeAlias, cast
+from typing import NamedTuple, NoReturn, TypeAlias
 
 from activedb.batch._declare import DELETE, BatchEvent, Ops, _Delete
 from activedb.events import Event, EventKind, new_event
@@ -350,6 +350,9 @@ class LearnedDeclaration:
         #: ``outcomes`` stays empty: the common one-rule case pays nothing for it).
         self.conditional = any(condition is not None for condition, _ in self.steps)
         functools.update_wrapper(self, self.action)
+        # One stand-in, made ready for each event (``run``): the static check lets no rule keep it or pass it on.
+        self._stand_in = _RowTransaction(self.table, None, None, self._created)
+        self._run = self.run
 
     def __call__(self, event: BatchEvent, ops: Ops) -> None:
         stream_event = _stream_event(event)
@@ -357,8 +360,7 @@ class LearnedDeclaration:
         # The action's own key expression, on the event it will get (the same object, as in a firing).
         key = event.key if key_of is None else key_of(stream_event)
         # (``run`` may answer FALL_BACK, which is neither a mapping nor DELETE: its state transaction aborts.)
-        ops.write(self.table, key, cast("Callable[..., Mapping[str, object] | _Delete]",
-                                          functools.partial(self.run, event, key, [stream_event])))
+        ops.write(self.table, key, functools.partial(self._run, event, key, [stream_event]))  # type: ignore[arg-type]
 
     def run(self, event: BatchEvent, key: Hashable, unused: list[Event], own: RowImage | None
             ) -> Mapping[str, object] | _Delete | _FallBack:
@@ -370,7 +372,8 @@ class LearnedDeclaration:
         if own is not None and len(own) != self._columns:
             # Created earlier in this batch (the lean image holds the columns written): as the tree reads it.
             own = {**self._created(key), **own}
-        stand_in = _RowTransaction(self.table, key, own, self._created)
+        stand_in = self._stand_in
+        stand_in._key, stand_in._image, stand_in.written, stand_in.deviated = key, own, None, False
         try:
             if not self.conditional:
                 for _, action in self.steps:
