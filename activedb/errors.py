@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import enum
-from typing import TYPE_CHECKING, Iterable, Iterator
+from typing import TYPE_CHECKING, Iterable, Iterator, Protocol
 
 if TYPE_CHECKING:  # pragma: no cover
     import lockmgr
@@ -413,6 +413,12 @@ class CascadeLimitExceeded(TransactionError):
         self.chain = chain
 
 
+class _Described(Protocol):
+    """An event as a failure names it (``activedb.Event.describe``)."""
+
+    def describe(self) -> str: ...
+
+
 class RuleFailed(TransactionError):
     """A rule's condition or action raised; the original error is ``__cause__``."""
 
@@ -420,6 +426,12 @@ class RuleFailed(TransactionError):
         super().__init__(message)
         self.rule = rule
         self.event = event
+
+    @classmethod
+    def raised(cls, rule: str, event: _Described, error: BaseException) -> "RuleFailed":
+        """The failure of rule ``rule`` whose condition or action raised ``error`` on ``event`` (an
+        ``activedb.Event``: its ``describe()`` names it); the caller raises it ``from error``."""
+        return cls(f"rule {rule!r} failed on {event.describe()}: {error!r}", rule, event)
 
 
 # --- the outbox of detached rule firings -----------------------------------------------

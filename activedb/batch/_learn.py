@@ -17,17 +17,23 @@ from __future__ import annotations
 import ast
 import functools
 import inspect
+import logging
 import textwrap
 import weakref
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from types import CodeType
 from typing import NamedTuple, NoReturn, TypeAlias
 
-from activedb.batch._declare import DELETE, BatchEvent, Ops, _Delete
+from activedb.batch._declare import DELETE, Abort, BatchEvent, Ops, _Delete
+from activedb.deadletters import FinalReason
+from activedb.errors import ActivedbError, Failure, RuleFailed, classify
 from activedb.events import Event, EventKind, new_event
 from activedb.store import RowImage, TableInfo
 
-__all__ = ["FALL_BACK", "Learned", "LearnedDeclaration", "Step", "learned_condition", "learned_table"]
+__all__ = ["FALL_BACK", "Learned", "LearnedDeclaration", "Rejection", "Step", "learned_condition", "learned_table"]
+
+#: The logger firing logs a rule's failure to (``activedb.rules``): a lowered batch logs it the same way.
+_RULES_LOGGER = logging.getLogger("activedb.rules")
 
 #: The event attributes a learned action may read: those a stream event and a batch event both carry.
 _EVENT_ATTRIBUTES = frozenset({"key", "ts", "payload", "source"})
@@ -314,10 +320,16 @@ def _function_of(code: CodeType, namespace: dict[str, object]) -> Callable[[Even
     return made
 
 
-def _stream_event(event: BatchEvent) -> Event:
+def _stream_event(event: BatchEvent, transaction: str | None) -> Event:
     """The stream event ``tx.emit(type, key=, ts=, payload=)`` makes of ``event``: the payload the event's own
-    copy (its ``transaction`` None: a lowered event has no subtransaction)."""
-    return new_event(EventKind.STREAM, event.event_type, event.key, None, None, dict(event.payload), event.ts)
+    copy; its ``transaction`` the batch's (``transaction``: a lowered event has no subtransaction of its own)."""
+    return new_event(EventKind.STREAM, event.event_type, event.key, None, None, dict(event.payload), event.ts,
+                     transaction)
+
+
+#: How the caller names the dead letter of an event whose rule raised (``activedb.ingest``'s rule path: its
+#: ``rejection_reason``): given the ``RuleFailed`` firing would raise, the reason.
+Rejection: TypeAlias = "Callable[[RuleFailed], str]"
 
 
 #: One rule of a learned chain: its condition (None: none) and its action, each ``(tx, event)``.
@@ -331,10 +343,14 @@ class LearnedDeclaration:
     key columns: a row created earlier in the batch reads back, as through the tree, with every column, the ones
     not written at their constant defaults).  ``outcomes``: per event position, which steps' actions ran (their
     condition held) in the last run of the event, where a rule has a condition (``conditional``) — what the rules'
-    counters are told once the batch commits; the caller empties it before a batch."""
+    counters are told once the batch commits.  ``rejected``: per event position, the index of the rule that raised
+    (its event a dead letter named by ``rejection``, as firing names it).  :meth:`prepare` readies both for a
+    batch."""
 
-    def __init__(self, steps: Sequence[Step], learned: Learned, info: TableInfo) -> None:
+    def __init__(self, steps: Sequence[Step], learned: Learned, info: TableInfo, names: Sequence[str] = ()) -> None:
         self.steps = tuple(steps)
+        #: The rules' names, by step (a rule that raised is named in its event's dead letter).
+        self.names = tuple(names)
         self.action = self.steps[0][1]
         self.table = learned.table
         # The key expression as a function of the event, in the first action's globals (None: ``event.key``).
@@ -346,6 +362,9 @@ class LearnedDeclaration:
         self._key = info.key
         self._key_row = info.full_key_row
         self.outcomes: dict[int, tuple[bool, ...]] = {}
+        self.rejected: dict[int, int] = {}
+        self._rejection: Rejection | None = None
+        self._transaction: str | None = None
         #: Whether a rule of the chain has a condition (else every action ran for each event that committed, and
         #: ``outcomes`` stays empty: the common one-rule case pays nothing for it).
         self.conditional = any(condition is not None for condition, _ in self.steps)
@@ -354,8 +373,16 @@ class LearnedDeclaration:
         self._stand_in = _RowTransaction(self.table, None, None, self._created)
         self._run = self.run
 
+    def prepare(self, transaction: str, rejection: Rejection | None) -> None:
+        """Ready for a batch of top-level transaction ``transaction``: ``outcomes`` and ``rejected`` emptied; a rule
+        that raises an error of its own rejects its event with the reason ``rejection`` names (None: the event
+        deviates instead, and the caller's lowered attempt is refused)."""
+        self.outcomes.clear()
+        self.rejected.clear()
+        self._transaction, self._rejection = transaction, rejection if self.names else None
+
     def __call__(self, event: BatchEvent, ops: Ops) -> None:
-        stream_event = _stream_event(event)
+        stream_event = _stream_event(event, self._transaction)
         key_of = self._key_of
         # The action's own key expression, on the event it will get (the same object, as in a firing).
         key = event.key if key_of is None else key_of(stream_event)
@@ -366,29 +393,36 @@ class LearnedDeclaration:
             ) -> Mapping[str, object] | _Delete | _FallBack:
         """The columns the chain writes of ``own`` (the row ``key`` as of before the event), :data:`DELETE` (on an
         absent row: nothing) or ``{}`` (an existing row: unchanged) if it wrote none, :data:`FALL_BACK` if a
-        condition or action raised or deviated.  ``unused``: the stream event the declaration made, for the first
+        condition or action deviated; raises :class:`Abort` with the event's reason if a rule raised an error of its
+        own (:meth:`_raised`).  ``unused``: the stream event the declaration made, for the first
         run (a run again — the batch re-run checking values — gets a fresh one, as a re-fired event does)."""
-        stream_event = unused.pop() if unused else _stream_event(event)
+        stream_event = unused.pop() if unused else _stream_event(event, self._transaction)
         if own is not None and len(own) != self._columns:
             # Created earlier in this batch (the lean image holds the columns written): as the tree reads it.
             own = {**self._created(key), **own}
         stand_in = self._stand_in
         stand_in._key, stand_in._image, stand_in.written, stand_in.deviated = key, own, None, False
+        step = 0
+        ran: list[bool] | None = None
         try:
             if not self.conditional:
                 for _, action in self.steps:
                     action(stand_in, stream_event)
+                    step += 1
             else:
-                ran: list[bool] = []
+                ran = []
                 for condition, action in self.steps:
                     if condition is not None and not condition(stand_in, stream_event):
                         ran.append(False)
-                        continue
-                    action(stand_in, stream_event)
-                    ran.append(True)
+                    else:
+                        action(stand_in, stream_event)
+                        ran.append(True)
+                    step += 1
                 self.outcomes[event.position] = tuple(ran)
-        except Exception:
-            return FALL_BACK
+        except Exception as error:
+            return self._raised(event.position, stream_event, stand_in, error, step, ran)
+        if self.rejected:
+            self.rejected.pop(event.position, None)     # (a run again that did not raise)
         if stand_in.deviated:
             return FALL_BACK
         written = stand_in.written
@@ -397,6 +431,25 @@ class LearnedDeclaration:
         if not self._key_columns.isdisjoint(written):
             return FALL_BACK
         return written
+
+    def _raised(self, position: int, event: Event, stand_in: _RowTransaction, error: Exception, step: int,
+                ran: list[bool] | None) -> _FallBack:
+        """Rule ``step``'s condition or action raised ``error`` on the event at ``position``: if firing would reject
+        the event for it — an error of the rule's own (``classify``: a bug, not the database's, not one of
+        activedb's), the stand-in not deviated — log it and count it as firing does and raise :class:`Abort` with
+        the event's dead-letter reason, else :data:`FALL_BACK`."""
+        rejection = self._rejection
+        if (rejection is None or stand_in.deviated or isinstance(error, ActivedbError)
+                or classify(error) is not Failure.BUG):
+            return FALL_BACK
+        name = self.names[step]
+        _RULES_LOGGER.error("rule %r failed on %s: %r", name, event.describe(), error)
+        self.rejected[position] = step
+        if ran is not None:
+            self.outcomes[position] = tuple(ran)
+        failure = RuleFailed.raised(name, event, error)
+        failure.__cause__ = error
+        raise Abort(FinalReason(rejection(failure))) from error
 
     def _created(self, key: Hashable) -> RowImage:
         """The row ``key`` as the tree reads a row it creates, before its written columns: every column at its

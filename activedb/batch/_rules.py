@@ -19,7 +19,7 @@ import sqlalchemy as sa
 from coupling import Coupling, priority_groups
 
 from activedb.batch._commit import PendingBatch, apply_at_commit
-from activedb.batch._learn import Learned, LearnedDeclaration, Step, learned_condition, learned_table
+from activedb.batch._learn import Learned, LearnedDeclaration, Rejection, Step, learned_condition, learned_table
 from activedb.batch._declare import (
     Abort, BatchEvent, Declaring, Inserted, OpKind, Ops, OpSpec, State, StateTransactions, inserted, inserted_parts)
 from activedb.batch._result import BatchResult
@@ -208,7 +208,8 @@ def learned_chain(fired: tuple["Rule", ...]) -> tuple[tuple[Step, ...], Learned]
     the dispatch fires them), and what was learned of the row they name, if firing them is the same as running one
     state transaction of the event's row (the package README, "Plain rules lowered"): every rule immediate (event–
     condition and condition–action), its action a plain function that only reads and writes its event's row of one
-    table (``learned_table``) and its condition, if any, one that at most reads that row (``learned_condition``) —
+    table (``learned_table``) or at most reads it (``learned_condition``: a check that raises to reject its event),
+    one action at least writing, and its condition, if any, one that at most reads that row (``learned_condition``) —
     one table and one key expression for all; and no two of one priority (such a group may run concurrently, in an
     order no batch can know).  None otherwise."""
     if any(Coupling.parse(rule.coupling) is not Coupling.IMMEDIATE
@@ -218,21 +219,28 @@ def learned_chain(fired: tuple["Rule", ...]) -> tuple[tuple[Step, ...], Learned]
     if any(len(group) > 1 for group in groups):
         return None
     steps: list[Step] = []
-    chain: Learned | None = None
+    chain: Learned | None = None    # the first action's that writes the row
+    named: list[Learned] = []       # what each condition and action names (a table "": no row)
     for rule in (rule for group in groups for rule in group):
         action = rule.action_function()
-        learned = learned_table(action)
-        if learned is None or (chain is not None and (learned.table, learned.key_source)
-                               != (chain.table, chain.key_source)):
+        # An action that writes the row, or one that at most reads it (a check that raises to reject its event).
+        writes = learned_table(action)
+        learned = writes or learned_condition(action)
+        if learned is None:
             return None
-        chain = chain or learned
+        chain = chain or writes
+        named.append(learned)
         condition = rule.condition_function()
         if condition is not None:
             reads = learned_condition(condition)
-            if reads is None or (reads.table and (reads.table, reads.key_source) != (chain.table, chain.key_source)):
+            if reads is None:
                 return None
+            named.append(reads)
         steps.append((condition, action))
-    return (tuple(steps), chain) if chain is not None else None
+    if chain is None or any(learned.table and (learned.table, learned.key_source) != (chain.table, chain.key_source)
+                            for learned in named):
+        return None
+    return tuple(steps), chain
 
 
 def lower(rules: "RuleManager", transaction: "Transaction", event_types: Iterable[str],
@@ -280,7 +288,8 @@ def lower(rules: "RuleManager", transaction: "Transaction", event_types: Iterabl
                 info = manager.catalog.table_info(learned_from.table)
             except SchemaError:     # no such table: each firing fails with its own reason
                 return None
-            declaration = learned[event_type] = LearnedDeclaration(steps, learned_from, info)
+            declaration = learned[event_type] = LearnedDeclaration(steps, learned_from, info,
+                                                                   [rule.name for rule in fired])
             transactions.on(event_type)(declaration)
         lowered = Lowered(transactions, chosen, learned, deviated)
         if cache is not None:
@@ -291,19 +300,51 @@ def lower(rules: "RuleManager", transaction: "Transaction", event_types: Iterabl
     return lowered
 
 
+def _count_chain(rules: "RuleManager", chain: tuple["Rule", ...], declaration: LearnedDeclaration,
+                 positions: list[int]) -> None:
+    """Tell ``rules`` what the learned ``chain`` did for the events at ``positions`` of a batch that committed, as
+    firing counts it: per event, each rule ``executed`` (or ``condition_false``) up to the rule that raised, if one
+    did (``failed``); the rules after it did not run."""
+    executed, condition_false, failed = [0] * len(chain), [0] * len(chain), [0] * len(chain)
+    outcomes, rejected = declaration.outcomes, declaration.rejected
+    everything = (True,) * len(chain)
+    for position in positions:
+        raised = rejected.get(position)
+        ran = outcomes.get(position, everything) if declaration.conditional else everything
+        for index in range(len(chain) if raised is None else raised):
+            if ran[index]:
+                executed[index] += 1
+            else:
+                condition_false[index] += 1
+        if raised is not None:
+            failed[raised] += 1
+    for index, rule in enumerate(chain):
+        if executed[index]:
+            rules.count(rule, "executed", executed[index])
+        if condition_false[index]:
+            rules.count(rule, "condition_false", condition_false[index])
+        if failed[index]:
+            rules.count(rule, "failed", failed[index])
+
+
 #: The key of ``lower``'s cache under which the learned rules refused before are kept.
 _DEVIATED = ("learned rules whose lowered attempt was refused",)
 _MAX_CACHED = 64
 
 
 def apply_lowered(rules: "RuleManager", transaction: "Transaction", events: Iterable[object], lowered: Lowered, *,
-                  on_result: Callable[[BatchResult, sa.Connection], None] | None = None, **options: Any) -> PendingBatch:
+                  on_result: Callable[[BatchResult, sa.Connection], None] | None = None,
+                  rejection: Rejection | None = None, **options: Any) -> PendingBatch:
     """Run ``events`` — their types lowered by :func:`lower` — as one batch at the commit of ``transaction``
     (:func:`~activedb.batch.apply_at_commit` with ``options``) and keep the rules' firing record as firing them
     would: each event's firing recorded as dispatched at once (``rules.fired_in_bulk``: the tree's
     ``rule_firings``), ``executed`` and ``failed`` counted inside the commit, before ``on_result(result,
     connection)``.  Raises what ``apply_at_commit`` raises, with nothing recorded; ``lowered`` None (what
-    :func:`lower` returns when the events cannot be lowered) is refused with what to do instead."""
+    :func:`lower` returns when the events cannot be lowered) is refused with what to do instead.
+    ``rejection(failure)``: the dead-letter reason of an event whose learned plain rule raised an error of its own,
+    given the ``RuleFailed`` firing would raise (the ingestion core's rule path passes its own): the event is then a
+    dead letter of the lowered batch, as firing makes it one; None: such an event makes the lowered attempt
+    refused (``LoweringRefused``), the batch to run event by event."""
     if lowered is None:
         raise DeclarationError(
             "apply_lowered(..., lowered=None): lower() found these events' rules cannot run as one batch (a type "
@@ -312,7 +353,9 @@ def apply_lowered(rules: "RuleManager", transaction: "Transaction", events: Iter
             "per event, each in tx.subtransaction() if one may fail alone")
     def counted(result: BatchResult, connection: sa.Connection) -> None:
         failed = Counter(event.event_type for event, _ in result.dead_letters)
-        refused = sorted(event_type for event_type in lowered.learned if failed[event_type])
+        learned = lowered.learned
+        refused = sorted({event.event_type for event, _ in result.dead_letters if event.event_type in learned
+                          and event.position not in learned[event.event_type].rejected})
         if refused:
             # A learned rule's action raised or did what its lowered form cannot (or the store refused an event
             # of it): only firing event by event gives the true outcome and reason.  Nothing is written.
@@ -325,6 +368,10 @@ def apply_lowered(rules: "RuleManager", transaction: "Transaction", events: Iter
         for event_type, count in per_type.items():
             chain = lowered.rules[event_type]
             declaration = lowered.learned.get(event_type)
+            if declaration is not None and declaration.rejected:
+                _count_chain(rules, chain, declaration, [event.position for event in pending.batch
+                                                         if event.event_type == event_type])
+                continue
             if declaration is None or not declaration.conditional:
                 # A declared rule, or a chain without conditions: each action ran for each event not refused.
                 for rule in chain:
@@ -333,19 +380,15 @@ def apply_lowered(rules: "RuleManager", transaction: "Transaction", events: Iter
                     if failed[event_type]:
                         rules.count(rule, "failed", failed[event_type])
                 continue
-            # A learned chain (no event of it failed): each rule's action ran where its condition held.
-            ran = [declaration.outcomes[event.position] for event in pending.batch if event.event_type == event_type]
-            for index, rule in enumerate(chain):
-                executed = sum(1 for steps in ran if steps[index])
-                if executed:
-                    rules.count(rule, "executed", executed)
-                if executed < len(ran):
-                    rules.count(rule, "condition_false", len(ran) - executed)
+            # A learned chain: each rule's action ran where its condition held, up to a rule that raised, if one did
+            # (its event a dead letter: that rule failed, the rules after it did not run).
+            _count_chain(rules, chain, declaration, [event.position for event in pending.batch
+                                                     if event.event_type == event_type])
         if on_result is not None:
             on_result(result, connection)
 
     for declaration in lowered.learned.values():
-        declaration.outcomes.clear()
+        declaration.prepare(transaction.id, rejection)
     pending = apply_at_commit(transaction, events, lowered.transactions, on_result=counted, **options)
     per_type = Counter(event.event_type for event in pending.batch)      # (the events as apply_at_commit read them)
     for event_type, count in per_type.items():

@@ -77,5 +77,6 @@ def perform(spec: OpSpec, t: int, read: Read, window: Window) -> tuple[State | N
 
 def failure_reason(spec: OpSpec, error: BaseException) -> str:
     if isinstance(error, Abort):
-        return str(error) or "aborted"
+        reason = error.args[0] if len(error.args) == 1 else None
+        return reason if isinstance(reason, str) and reason else str(error) or "aborted"   # (a FinalReason kept)
     return f"{spec.kind.value} on {spec.table} raised {type(error).__name__}: {error}"

@@ -23,12 +23,20 @@ if TYPE_CHECKING:  # pragma: no cover
     from activedb._handle import DatabaseHandle
     from activedb.txn import Transaction
 
-__all__ = ["TABLE", "Letter", "LetterFilter", "LetterRecord", "LetterReplayed", "count", "count_by_reason",
+__all__ = ["TABLE", "FinalReason", "Letter", "LetterFilter", "LetterRecord", "LetterReplayed", "count", "count_by_reason",
            "decode_original", "encode_original", "insert", "insert_ahead", "purge", "select", "table_rows",
            "written_ahead"]
 
 TABLE = "activedb_dead_letters"
 _ARROW_TAG = "$arrow"
+
+
+class FinalReason(str):
+    """A dead letter's reason in full, as the path that would otherwise have run the event names it (a plain rule
+    that raised in a lowered batch: as firing it names it); a batch's writer adds nothing to it (the ingestion
+    core's lowered batches prefix their other reasons with ``aborted:``)."""
+
+    __slots__ = ()
 
 
 @dataclass(frozen=True)

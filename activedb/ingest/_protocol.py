@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeGuard, TypedDict
 
 from activedb import lowlevel
-from activedb.deadletters import Letter
+from activedb.deadletters import FinalReason, Letter
 from activedb.errors import BatchAlreadyCommitted, SerializationConflict
 from activedb.ingest._failures import find_culprits, is_poison_failure, refused_writes, trial
 from activedb.ingest._interface import Phase, RowEvent, Rows
@@ -101,7 +101,7 @@ class BatchInput:
         """The keyword arguments of ``activedb.batch.apply_at_commit`` (and ``apply_lowered``) for this batch's
         ``events``: labelled with its query and batch id; inside the commit, before the ledger's write, the
         ledger's counts (``on_result``) and the dead letters — the batch's own and one per aborted event,
-        ``aborted: <reason>``, keeping the row as delivered (``letters``; ``event.position`` of a result is
+        ``aborted: <reason>`` (a ``FinalReason`` as it is), keeping the row as delivered (``letters``; ``event.position`` of a result is
         the index in ``events``, whose own ``.position`` is its row).  ``refused_may_come_again``: the
         ledger records the ids of the applied events only (as the rule path does: a refused one may come
         again)."""
@@ -116,7 +116,8 @@ class BatchInput:
 
         def letters(result: AppliedBatch) -> list[Letter]:
             return base + self.dead_letters.for_events(
-                [(events[event.position], f"aborted: {reason}") for event, reason in result.dead_letters])
+                [(events[event.position], reason if isinstance(reason, FinalReason) else f"aborted: {reason}")
+                 for event, reason in result.dead_letters])
 
         return {"query_id": self.query_id, "batch_id": self.batch_id, "on_result": counts, "letters": letters}
 

@@ -12,10 +12,10 @@ one after the other in the calling thread.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
-from activedb.errors import Failure, classify
+from activedb.errors import Failure, RuleFailed, classify
 from activedb.ingest._failures import conflict_in, is_infrastructure_failure, is_poison_failure, rejection_reason
 from activedb.ingest._ledger import IngestionLedger
 from activedb.ingest._mapping import RawEvent
@@ -49,10 +49,12 @@ class BatchLowering(Protocol):
         one by one would differ (``activedb.batch.lower``)."""
         ...
 
-    def apply(self, rules: Any, transaction: Transaction, events: Iterable[RawEvent], lowered: Any,
-              **at_commit: Any) -> Any:
+    def apply(self, rules: Any, transaction: Transaction, events: Iterable[RawEvent], lowered: Any, *,
+              rejection: Callable[[RuleFailed], str] | None = None, **at_commit: Any) -> Any:
         """Run ``events`` as one batch at the commit of ``transaction``, the firing record kept; returns the
-        pending batch (``activedb.batch.apply_lowered``; ``at_commit``: ``BatchInput.at_commit``'s)."""
+        pending batch (``activedb.batch.apply_lowered``; ``at_commit``: ``BatchInput.at_commit``'s).
+        ``rejection(failure)``: the dead-letter reason of an event whose rule raised (the rule path's own, so that a
+        lowered batch names it as firing does)."""
         ...
 
     def refused(self, failure: BaseException) -> bool:
@@ -151,7 +153,8 @@ class RulesHandler(BatchHandler):
                 self._last_lowering = lowering
                 # One batch of state transactions at commit, the firing record kept (``batch.apply_lowered``).
                 self._last_lowered = (this, lowering.apply(  # type: ignore[union-attr]  # (it lowered)
-                    self._rules(), tx, batch.events, lowered, **batch.at_commit(ledger, refused_may_come_again=True)))
+                    self._rules(), tx, batch.events, lowered, rejection=rejection_reason,
+                    **batch.at_commit(ledger, refused_may_come_again=True)))
                 return
         self._prefetch_rows(tx, batch.events)
         applied = 0

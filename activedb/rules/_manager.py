@@ -394,8 +394,7 @@ class RuleManager(TransactionExtension):
         except Exception as error:
             self.count(rule, "failed")
             logger.error("rule %r failed on %s: %r", rule.name, event.describe(), error)
-            raise RuleFailed(f"rule {rule.name!r} failed on {event.describe()}: {error!r}", rule.name,
-                             event) from error
+            raise RuleFailed.raised(rule.name, event, error) from error
         finally:
             if observers.on_firing_end:
                 observers.call("on_firing_end", transaction, firing, outcome)
