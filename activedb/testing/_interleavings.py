@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Callable, Hashable, Mapping, Sequence
 from lockmgr.testing import Watchdog
 
 from activedb._closedset import ClosedSet
+from activedb.errors import causes
 from activedb.outbox import GROUP_TRANSACTION
 from activedb.testing._choices import ChoiceTree, Chooser
 from activedb.testing._history import HistoryReport, check_history
@@ -165,8 +166,8 @@ class Interleavings:
     * ``invariant(db)`` — checked after each run; raises ``AssertionError`` or returns False when broken;
     * ``serializable`` — also check the recorded history (:func:`~activedb.testing.check_history`: conflict
       serializability of the committed top-level transactions and the axioms of nested transactions);
-    * ``expected_errors`` — what an actor may raise without failing the run (say ``DeadlockDetected`` for an actor
-      that does not retry);
+    * ``expected_errors`` — what an actor may raise, or what may have caused what it raised, without failing the
+      run (say ``DeadlockDetected`` for an actor that does not retry: a rule's reaches it as ``RuleFailed``);
     * ``step_timeout`` — seconds a step may take to pause again or block before the run fails as a hang.
     """
 
@@ -249,7 +250,8 @@ class Interleavings:
             except AssertionError as error:      # its first line: the message (pytest adds its explanation below)
                 problem = str(error).strip().splitlines()[0] if str(error).strip() else "AssertionError"
         checked = check_history(history.snapshot()) if self.serializable else None
-        errors = {name: error for name, error in run.errors.items() if not isinstance(error, self.expected_errors)}
+        errors = {name: error for name, error in run.errors.items()      # (a rule's deadlock: RuleFailed from it)
+                  if not any(isinstance(cause, self.expected_errors) for cause in causes(error))}
         verdict = (Verdict.ACTOR_FAILED if errors else Verdict.INVARIANT_BROKEN if problem is not None
                    else Verdict.NOT_SERIALIZABLE if checked is not None and not checked.ok else Verdict.PASSED)
         return RunReport(Schedule(tuple(run.choices), tuple(run.chosen)), verdict, tuple(run.trace), errors, problem,

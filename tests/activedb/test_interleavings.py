@@ -12,7 +12,7 @@ import pytest
 import sqlalchemy as sa
 
 import activedb
-from activedb import Coupling, Database, DeadlockDetected, Event, Transaction
+from activedb import Coupling, Database, DeadlockDetected, Event, RuleFailed, Transaction
 from activedb.testing import Interleavings, InterleavingHang, NondeterministicRun, Verdict
 from tests.conftest import APP_MIGRATIONS
 
@@ -95,6 +95,23 @@ def test_a_deadlock_victim_fails_its_actor_unless_expected_and_a_retry_makes_it_
                 continue
 
     Interleavings(fresh, [retried, retried], setup=one_account, invariant=both_counted).explore(8, seed=1).assert_ok()
+
+
+def test_an_expected_error_is_accepted_as_the_cause_of_a_rule_s_failure(fresh):
+    """Two sibling firings that each read and then write one row deadlock at the upgrade; the actor that set them off
+    raises ``RuleFailed`` with the ``DeadlockDetected`` as its cause, which ``expected_errors=(DeadlockDetected,)``
+    (as the how-to writes it) accepts."""
+    for name in ("first_count", "second_count"):
+        fresh.rule(on=fresh.inserted("items"), name=name)(lambda tx, event: read_then_write(tx))
+
+    plain = Interleavings(fresh, [insert_item("a")], setup=one_account).explore(20, seed=1)
+    failure = plain.failure
+    assert failure is not None and failure.verdict is Verdict.ACTOR_FAILED, plain.describe()
+    (error,) = failure.errors.values()
+    assert isinstance(error, RuleFailed) and isinstance(error.__cause__, DeadlockDetected), repr(error)
+    expected = Interleavings(fresh, [insert_item("a")], setup=one_account,
+                             expected_errors=(DeadlockDetected,)).replay(failure.schedule)
+    assert expected.ok, expected.describe()
 
 
 def test_a_run_that_depends_on_what_the_runner_does_not_control_is_reported(fresh):
