@@ -25,8 +25,8 @@ from activedb.atomic import Batches
 from activedb.capture import CaptureManager
 from activedb.capture.errors import CaptureNotEnabledWarning
 from activedb.clock import SYSTEM_CLOCK, Clock
-from activedb.errors import (BadDatabaseURL, DeadlockDetected, RuleError, SerializationConflict, TransactionError,
-                             database_failure)
+from activedb.errors import (BadDatabaseURL, DeadlockDetected, RuleError, RuleFailed, SerializationConflict,
+                             TransactionError, causes, database_failure)
 from activedb.events import Event, EventKind, EventSpec, Origin, Punctuations, Watermark
 from activedb.outbox import Outbox
 from activedb.rules import FunctionRule, Rule, RuleManager
@@ -241,7 +241,8 @@ class Database:
     def run(self, function: Callable[..., _Result], *args: object, retries: int = 3,  # type: ignore[return]
             backoff: float = 0.002, **kwargs: object) -> _Result:
         """Run ``function(tx, *args, **kwargs)`` in a top-level transaction, re-running it (at most
-        ``retries`` more times) on a serialization conflict or a deadlock, after a jittered exponential
+        ``retries`` more times) on a serialization conflict or a deadlock (also one of the rule firings it set off,
+        which reaches it as ``RuleFailed``), after a jittered exponential
         back-off starting at ``backoff`` seconds (so that the transactions that collided do not collide
         again in lock step).  An attempt that is re-run is not an outcome for the rules: the detached and
         exclusive causally dependent firings of an aborted attempt are dropped (the attempt that commits
@@ -264,7 +265,10 @@ class Database:
                         # An attempt this loop re-runs leaves nothing behind, detached firings included.
                         self.outbox.mark_replayed(transaction, when=_retried)
                     return function(transaction, *args, **kwargs)
-            except (SerializationConflict, DeadlockDetected):
+            except (SerializationConflict, DeadlockDetected, RuleFailed) as error:
+                # A rule firing's conflict or deadlock reaches here as RuleFailed (its cause): the transaction's own.
+                if not any(isinstance(cause, (SerializationConflict, DeadlockDetected)) for cause in causes(error)):
+                    raise
                 if attempted is not None and not lowlevel.read_then_written(attempted) <= learned:
                     learned = learned | lowlevel.read_then_written(attempted)
                     if len(self._update_intent) >= 4096:     # bounded: functions made on the fly

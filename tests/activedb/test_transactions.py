@@ -224,6 +224,36 @@ def test_retry_helper_reruns_a_deadlock_victim(db):
     assert {key: row["value"] for (key,), row in committed(db, "items").items()} == {"x": 1, "y": 2}
 
 
+def test_run_reruns_a_transaction_whose_rule_firings_deadlock(db):
+    """A deadlock among the rule firings a transaction set off reaches ``db.run`` as ``RuleFailed`` (its cause the
+    ``DeadlockDetected``); it is the transaction's deadlock all the same, and ``db.run`` runs the transaction again."""
+    db.run(lambda tx: tx.insert("accounts", id=1, balance=0))
+    both_read = threading.Barrier(2, timeout=10)
+    attempts = []
+
+    def add_one(tx, event):                 # two siblings: each reads, then writes the row the other read
+        account = tx.read("accounts", 1)
+        if len(attempts) == 1:
+            both_read.wait()                # the first attempt: both hold the read lock, so the upgrades deadlock
+        tx.write("accounts", 1, balance=account["balance"] + 1)
+
+    for name in ("first_add", "second_add"):
+        db.rule(on=db.inserted("items"), name=name)(add_one)
+
+    def insert_item(tx):
+        attempts.append(tx.id)
+        tx.insert("items", key="a", value=1)
+
+    try:
+        with testing.Watchdog(30, db.transactions.locks):
+            db.run(insert_item, retries=3)
+    finally:
+        for name in ("first_add", "second_add"):          # (the module's tests share the database)
+            db.rules.remove(name)
+    assert len(attempts) == 2
+    assert committed(db, "accounts")[(1,)]["balance"] == 2
+
+
 # --- bad input ------------------------------------------------------------------------------
 
 def test_unknown_table(db):
