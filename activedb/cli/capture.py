@@ -88,24 +88,35 @@ def status_command(ctx: click.Context, as_json: bool, behind_changes: int, behin
         console.print(f"[yellow]warning:[/yellow] {line}", highlight=False)
 
 
-def _tables_command(name: str, help_text: str, change: Callable[[CaptureManager, str], object], done: str
-                   ) -> click.Command:
-    """``activedb capture NAME TABLES...``: ``change(db.capture, table)`` for each table, saying ``done``."""
+def _tables_command(name: str, help_text: str, check: Callable[[Database, str], object],
+                    change: Callable[[CaptureManager, str], object], done: str) -> click.Command:
+    """``activedb capture NAME TABLES...``: ``check(db, table)`` for every table, then (none refused)
+    ``change(db.capture, table)`` for each, saying ``done``: a refused name changes nothing."""
     @capture_group.command(name, help=help_text)
     @click.argument("tables", nargs=-1, required=True)
     @click.pass_context
     def command(ctx: click.Context, tables: tuple[str, ...]) -> None:
         with _connect(ctx) as database:
             for table in tables:
+                check(database, table)
+            for table in tables:
                 change(database.capture, table)
                 click.echo(f"{done} {table}")
     return command
 
 
+def _captured(database: Database, table: str) -> None:
+    names = [captured.name for captured in database.capture.tables()]
+    if table not in names:
+        raise click.ClickException(f"{table!r} is not captured (captured: {', '.join(names) or 'none'}); nothing "
+                                   f"was changed")
+
+
 enable_command = _tables_command("enable", "Capture TABLES (better: enable_capture(op, table) in the application's "
-                                 "migration).", lambda capture, table: capture(table), "capturing")
+                                 "migration).", lambda database, table: database.table(table),
+                                 lambda capture, table: capture(table), "capturing")
 disable_command = _tables_command("disable", "Stop capturing TABLES (their changes not yet consumed are dropped).",
-                                  lambda capture, table: capture.remove(table), "no longer capturing")
+                                  _captured, lambda capture, table: capture.remove(table), "no longer capturing")
 
 
 @capture_group.command("consume")

@@ -59,3 +59,28 @@ def test_capture_commands_show_the_backlog_and_consume_it(database_url):
 def test_consume_names_a_missing_application_clearly(database_url):
     result = CliRunner().invoke(main, ["--url", database_url, "capture", "consume", "no_such_app_module"])
     assert result.exit_code == 1 and "no module named 'no_such_app_module'" in result.output
+
+
+def test_enable_and_disable_check_every_table_before_changing_any(database_url):
+    """A name that is not a table (enable) or not a captured table (disable) is an error that changes nothing —
+    not the tables named before it, and not a "no longer capturing" of a typo."""
+    database = activedb.connect(database_url)
+    database.upgrade_app(MIGRATIONS, "c0001")        # tables, not yet captured
+    runner = CliRunner()
+
+    def cli(*args: str):
+        return runner.invoke(main, ["--url", database_url, "capture", *args])
+
+    try:
+        result = cli("enable", "orders", "no_such_table")
+        assert result.exit_code == 1 and "no table 'no_such_table'" in result.output, result.output
+        assert not database.capture.is_captured("orders")
+        assert cli("enable", "orders").exit_code == 0
+        result = cli("disable", "oders")
+        assert result.exit_code == 1 and "'oders' is not captured (captured: orders)" in result.output, result.output
+        result = cli("disable", "orders", "typed_samples")
+        assert result.exit_code == 1 and "'typed_samples' is not captured" in result.output, result.output
+        assert database.capture.is_captured("orders")
+    finally:
+        database.capture.remove("orders")
+        database.close()
