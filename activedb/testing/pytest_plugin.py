@@ -233,14 +233,15 @@ def activedb_db(activedb_url: str, activedb_clock: Clock, activedb_settings: Dat
 
 
 @pytest.fixture
-def activedb_make_url(activedb_server: Server, activedb_templates: Templates,
-                      activedb_settings: DatabaseSettings) -> Iterator[Callable[..., str]]:
-    """``make(migrations=None)`` — the URL of another fresh database (the test's migrations unless given), dropped
-    at the end of the test."""
+def activedb_make_url(activedb_server: Server, activedb_templates: Templates, activedb_settings: DatabaseSettings,
+                      pytestconfig: pytest.Config) -> Iterator[Callable[..., str]]:
+    """``make(migrations=None)`` — the URL of another fresh database (the test's migrations unless given; relative
+    paths are from the root directory, as the mark's), dropped at the end of the test."""
     made: list[str] = []
 
     def make(migrations: Sequence[str | os.PathLike[str]] | None = None) -> str:
-        chosen = activedb_settings.migrations if migrations is None else tuple(Path(path) for path in migrations)
+        chosen = (activedb_settings.migrations if migrations is None
+                  else tuple(_path(pytestconfig.rootpath, path) for path in migrations))
         name, url = activedb_templates.database(chosen)
         made.append(name)
         return url

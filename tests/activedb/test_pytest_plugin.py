@@ -133,6 +133,33 @@ def test_a_users_project_runs_on_a_server_given_by_url_with_a_database_per_modul
     assert databases(activedb_server) == before                          # test databases and templates dropped
 
 
+MAKE_URL = '''
+import pytest
+
+import activedb
+
+
+@pytest.mark.activedb(migrations=["migrations"])
+def test_the_mark_and_make_url_read_a_relative_directory_alike(activedb_url, activedb_make_url):
+    for url in (activedb_url, activedb_make_url(["migrations"])):
+        database = activedb.connect(url)
+        try:
+            database.table("orders")
+        finally:
+            database.close()
+'''
+
+
+def test_make_url_reads_relative_migrations_from_the_root_directory_as_the_mark_does(project, activedb_server,
+                                                                                       monkeypatch):
+    project.makepyfile(test_make_url=MAKE_URL)
+    (project.path / "elsewhere").mkdir()
+    monkeypatch.chdir(project.path / "elsewhere")              # pytest started from another directory
+    result = project.runpytest_subprocess("-p", "no:cacheprovider", f"--activedb-url={activedb_server.url('postgres')}",
+                                          str(project.path / "test_make_url.py"))
+    result.assert_outcomes(passed=1)
+
+
 def databases(server) -> set[str]:
     with psycopg.connect(server.conninfo("postgres"), autocommit=True) as connection:
         return {name for (name,) in connection.execute(
