@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Callable
 
 import click
 
-from activedb.cli import _options, load_app
+from activedb.cli import load_app, open_database
 from activedb.metrics import metrics_port_option, start_metrics
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -23,14 +23,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
 def _when(at: dt.datetime | None) -> str:
     return at.isoformat(timespec="seconds") if at is not None else "-"
-
-
-def _connect(ctx: click.Context) -> Database:
-    """``activedb.connect`` for ``--url``/``--home`` (capture needs its tables: connecting upgrades them)."""
-    import activedb
-
-    options = _options(ctx)
-    return activedb.connect(options["url"], home=options["home"])
 
 
 @click.group("capture")
@@ -47,7 +39,7 @@ def capture_group() -> None:
 def status_command(ctx: click.Context, as_json: bool, behind_changes: int, behind_seconds: float) -> None:
     """Captured tables and the backlog per consumer and table; says which consumer is far behind (exit
     code 0 either way)."""
-    with _connect(ctx) as database:
+    with open_database(ctx, writes=False) as database:
         status = database.capture.status(behind_changes=behind_changes, behind_seconds=behind_seconds)
     if as_json:
         document = dataclasses.asdict(status)
@@ -96,7 +88,7 @@ def _tables_command(name: str, help_text: str, check: Callable[[Database, str], 
     @click.argument("tables", nargs=-1, required=True)
     @click.pass_context
     def command(ctx: click.Context, tables: tuple[str, ...]) -> None:
-        with _connect(ctx) as database:
+        with open_database(ctx, writes=True) as database:
             for table in tables:
                 check(database, table)
             for table in tables:
@@ -138,7 +130,7 @@ def consume_command(ctx: click.Context, app: str, name: str, batch_size: int, re
     in progress finishes or is rolled back: exactly once either way), or with --until-caught-up until
     nothing is pending."""
     module = load_app(app, click.ClickException)
-    database = _connect(ctx)
+    database = open_database(ctx, writes=True)
     metrics = None
     try:
         metrics = start_metrics(database, metrics_port)

@@ -84,3 +84,13 @@ def test_enable_and_disable_check_every_table_before_changing_any(database_url):
     finally:
         database.capture.remove("orders")
         database.close()
+
+
+def test_capture_commands_follow_the_schema_rule_and_never_upgrade_activedbs_tables(make_database_url):
+    """Only `activedb db upgrade` changes activedb's own schema (`activedb --help`): `capture status` on a database
+    without activedb's tables says so and creates none."""
+    url = make_database_url("no_schema")
+    result = CliRunner().invoke(main, ["--url", url, "capture", "status"])
+    assert result.exit_code == 1 and "has no activedb tables yet" in result.output, result.output
+    with psycopg.connect(libpq(url)) as connection:
+        assert connection.execute("SELECT count(*) FROM pg_tables WHERE schemaname = 'public'").fetchone() == (0,)
