@@ -11,13 +11,16 @@ Thread-safety: :class:`Templates` is used by one thread (pytest's); ``_mutex`` p
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
 import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Protocol
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Protocol
+
+from activedb.testing.errors import DatabaseFixtureError
 
 if TYPE_CHECKING:  # pragma: no cover
     import psycopg
@@ -64,10 +67,26 @@ class ServerAtUrl:
         return make_conninfo(**{key: value for key, value in parts.items() if value is not None})
 
 
-def _admin(server: Server) -> "psycopg.Connection[tuple[object, ...]]":
+@contextlib.contextmanager
+def _admin(server: Server, doing: str) -> Iterator["psycopg.Connection[tuple[object, ...]]"]:
+    """An autocommit connection to the server's ``postgres`` database, to ``doing`` there; a failure is a one-line
+    :class:`DatabaseFixtureError` naming the server (password masked) and where it was given."""
     import psycopg
+    import sqlalchemy as sa
 
-    return psycopg.connect(server.conninfo("postgres"), autocommit=True)
+    from activedb._url import describe_url
+
+    what = "connect to"
+    try:
+        with psycopg.connect(server.conninfo("postgres"), autocommit=True) as admin:
+            what = doing
+            yield admin
+    except psycopg.Error as error:
+        said = str(error).strip().splitlines()
+        raise DatabaseFixtureError(
+            f"cannot {what} the test server {describe_url(sa.make_url(server.url('postgres')))}: "
+            f"{said[0] if said else type(error).__name__}; the server is the one of --activedb-url, the activedb_url "
+            f"setting or ACTIVEDB_TEST_URL (a user that may create databases), else the embedded one") from None
 
 
 def _quoted(name: str) -> str:
@@ -76,14 +95,14 @@ def _quoted(name: str) -> str:
 
 def drop_database(server: Server, name: str) -> None:
     """Drop ``name`` if it exists, ending the sessions still connected to it."""
-    with _admin(server) as admin:
+    with _admin(server, f"drop database {name!r} on") as admin:
         admin.execute(f"DROP DATABASE IF EXISTS {_quoted(name)} WITH (FORCE)")
 
 
 def create_database(server: Server, name: str, template: str | None = None) -> str:
     """A fresh database ``name`` (dropped first if it exists), empty or a copy of ``template``; returns its URL."""
     drop_database(server, name)
-    with _admin(server) as admin:
+    with _admin(server, f"create database {name!r} on") as admin:
         copy = f" TEMPLATE {_quoted(template)}" if template else ""
         admin.execute(f"CREATE DATABASE {_quoted(name)}{copy}")
     return server.url(name)

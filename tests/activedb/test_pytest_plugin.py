@@ -183,6 +183,17 @@ def test_without_the_embedded_extra_and_without_a_url_it_says_what_to_install_or
     assert report.count("needs pgserver") == 1 and "Traceback" not in output and "During handling" not in output
 
 
+def test_a_server_that_cannot_be_reached_is_one_line_naming_it_and_where_it_was_given(project):
+    project.makepyfile(test_project=PROJECT)
+    result = project.runpytest_subprocess("-p", "no:cacheprovider", "-k", "fresh_database",
+                                          "--activedb-url=postgresql://tester:secret@127.0.0.1:1/postgres")
+    result.assert_outcomes(errors=1)
+    output = result.stdout.str()
+    line = next((line for line in output.splitlines() if line.startswith("DatabaseFixtureError: ")), output)
+    assert "cannot connect to the test server host 127.0.0.1:1, database 'postgres'" in line, line
+    assert "--activedb-url" in line and "secret" not in output and "Traceback" not in output, output
+
+
 def test_a_scope_that_is_not_one_says_which_are(project):
     project.makepyfile(test_project=PROJECT)
     result = project.runpytest_subprocess("-p", "no:cacheprovider", "-o", "activedb_database_scope=session")
