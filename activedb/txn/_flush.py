@@ -84,8 +84,16 @@ def _write_all(root: Transaction, connection: sa.Connection,
     # flushes of such a row queue there (the second sees the first's commit and fails its check at once)
     # instead of both taking FOR SHARE and deadlocking when both UPDATE it (PostgreSQL's detector only
     # breaks that after deadlock_timeout).
-    _validate(root, connection, infos, {row: image for row, image in reads.items() if not (held and row in locked)},
-              scans, locked | (reads.keys() & writes.keys()))
+    validated = {row: image for row, image in reads.items() if not (held and row in locked)}
+    owners = root.manager.row_lock_owners
+    # A row another tree of this process holds locked in PostgreSQL: that tree may wait in the lock manager for this
+    # one, so the wait for its row is said to the lock manager first (``RowLockOwners``).
+    waiting = owners.wait_for_holders(root, validated.keys(), {scan[0] for scan in scans}) if owners else None
+    try:
+        _validate(root, connection, infos, validated, scans, locked | (reads.keys() & writes.keys()))
+    finally:
+        if waiting is not None:
+            waiting.release()
     _check_generated_keys(catalog, connection, infos, writes, root.began_at)
     for participant in participants:
         participant.write(root, connection)

@@ -63,6 +63,7 @@ class WaitKind(enum.StrEnum):
     STREAM_S2PL = "stream-s2pl"    # ... in S2PL's stream lock table
     STREAM_LWM = "stream-lwm"      # ... in LWM's stream lock table
     STREAM_ORDER = "stream-order"  # an s-transaction waits for an earlier one's pattern state
+    ROW_LOCK = "row-lock"          # a flush waits in PostgreSQL for a row another tree locked for update
 
 
 class FiringOutcome(enum.StrEnum):

@@ -4,21 +4,25 @@ update (hot keys)" (the UPDATE mode, the bounded lock wait, the trees that flush
 
 Thread-safety: ``_mutex`` protects the connection and ``rows``; it is a leaf held while a statement runs on
 the connection (a connection runs one statement at a time), never while taking any other mutex.
+:class:`RowLockOwners`' ``_mutex`` is a leaf too.
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
-from typing import TYPE_CHECKING, Literal, overload
+from typing import TYPE_CHECKING, AbstractSet, Collection, Iterable, Literal, overload
 
 import sqlalchemy as sa
 
 from activedb.errors import Failure, SerializationConflict, classify
 from activedb.store import IsolationLevel, lock_row
+from activedb.txn._hooks import WaitKind
 from activedb.txn._participants import CommitParticipant
 
 if TYPE_CHECKING:  # pragma: no cover
+    import lockmgr
+
     from activedb.store import Key, TableInfo
     from activedb.txn._tree import Transaction
 
@@ -29,6 +33,58 @@ LOCK_TIMEOUT = "10s"
 ABANDON_WAIT_SECONDS = 5.0
 
 
+
+
+class RowLockOwners:
+    """Which trees of this process hold which rows locked ``FOR UPDATE`` in PostgreSQL (their :class:`RowLocks`),
+    so that a flush about to lock rows ``FOR SHARE`` (or ``FOR UPDATE``) says to the lock manager that it waits for
+    those trees (:meth:`wait_for_holders`).  Without it a cycle through both lock systems waits forever: tree B
+    holds an UPDATE lock (which admits readers) and the row in PostgreSQL, and waits in the lock manager to write it
+    for tree A, which read the row; A's flush waits in PostgreSQL for B's row lock — each detector sees one edge.
+    With it the lock manager sees both and makes one of them the deadlock's victim.  One per transaction manager;
+    thread-safe."""
+
+    def __init__(self) -> None:
+        self._mutex = threading.Lock()
+        self._owners: dict[tuple[str, "Key"], set[str]] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self._owners)          # (read without the mutex: a flush's quick test, the common case empty)
+
+    def add(self, row: tuple[str, "Key"], root: str) -> None:
+        with self._mutex:
+            self._owners.setdefault(row, set()).add(root)
+
+    def discard(self, rows: Iterable[tuple[str, "Key"]], root: str) -> None:
+        with self._mutex:
+            for row in rows:
+                owners = self._owners.get(row)
+                if owners is not None:
+                    owners.discard(root)
+                    if not owners:
+                        del self._owners[row]
+
+    def holders(self, rows: AbstractSet[tuple[str, "Key"]], tables: Collection[str], root: str) -> list[str]:
+        """The trees other than ``root`` holding one of ``rows``, or any row of ``tables`` (a scan's), locked."""
+        with self._mutex:
+            if tables or len(self._owners) < len(rows):      # (walk the smaller side)
+                found = {owner for row, owners in self._owners.items() if row in rows or row[0] in tables
+                         for owner in owners}
+            else:
+                found = {owner for row in rows for owner in self._owners.get(row, ())}
+        found.discard(root)
+        return sorted(found)
+
+    def wait_for_holders(self, root: "Transaction", rows: AbstractSet[tuple[str, "Key"]],
+                         tables: Collection[str]) -> "lockmgr.ExternalWait | None":
+        """Register that ``root``'s flush waits for the trees holding ``rows`` (or rows of ``tables``) locked in
+        PostgreSQL, before it locks them (``WaitKind.ROW_LOCK``; the caller releases the wait once its statements
+        ran); None when no other tree holds any.  Raises ``DeadlockDetected`` if that closes a cycle and ``root``
+        is its victim; a cycle closed later makes the other tree the victim (its abort lets the rows go)."""
+        targets = self.holders(rows, tables, root.id)
+        if not targets:
+            return None
+        return root.manager.locks.add_wait(root.id, targets, kind=WaitKind.ROW_LOCK)
 
 
 class _Slot:
@@ -92,7 +148,9 @@ class RowLocks(CommitParticipant):
                         f"nothing was written — re-run the transaction (Database.run(fn) does)") from None
                 raise self._root.manager.catalog.database_failure(
                     error, f"locking row {key!r} of {info.name!r}") from error
-            self.rows.add(row)
+            if row not in self.rows:
+                self.rows.add(row)
+                self._root.manager.row_lock_owners.add(row, self._root.id)
         return image
 
     def _open(self) -> None:
@@ -121,9 +179,11 @@ class RowLocks(CommitParticipant):
         self._root.manager.locking.stop_retaining(self._root, rows)
 
     def release(self) -> None:
-        """Roll back (the locks go) and close."""
+        """Roll back (the locks go) and close; the tree holds no row any more."""
         with self._mutex:
             self._close()
+            rows = list(self.rows)
+        self._root.manager.row_lock_owners.discard(rows, self._root.id)
 
     def abandon(self) -> None:
         """From another thread, for a tree whose thread may never return (``abandon``): end the PostgreSQL

@@ -392,3 +392,78 @@ def test_an_abandoned_tree_releases_its_row_locks_now_and_never_commits(db):
     thread.join(TIMEOUT)
     assert isinstance(outcome["end"], activedb.TransactionAborted) and outcome["end"].__cause__ is reason
     assert balances(db)[1] == 0
+
+
+def test_a_flush_that_would_wait_in_postgresql_for_a_tree_waiting_for_it_in_the_lock_manager_is_a_deadlock(db):
+    """A cycle through both lock systems: tree A read row 1 plainly (a READ lock), tree B read it for update (an
+    UPDATE lock, which admits A's read, and the row locked FOR UPDATE in PostgreSQL) and writes it, so B waits in
+    the lock manager for A; A's commit validates its read with FOR SHARE, which would wait in PostgreSQL for B.  The
+    flush tells the lock manager that it waits for B (a registered wait), the lock manager sees the cycle, and one
+    of them is the deadlock's victim — before, both waited forever: neither detector saw both edges."""
+    outcome: dict[str, str] = {}
+    a_read = threading.Event()
+
+    def tree_b():
+        try:
+            with db.transaction() as tx:
+                row = tx.read("accounts", 1, for_update=True)
+                tx.write("accounts", 1, balance=row["balance"] + 1)
+            outcome["B"] = "committed"
+        except activedb.DeadlockDetected:
+            outcome["B"] = "deadlock"
+
+    with testing.Watchdog(60, db.transactions.locks):
+        b = threading.Thread(target=tree_b)
+        try:
+            with db.transaction() as tx:
+                tx.read("accounts", 1)
+                b.start()
+                testing.wait_until(lambda: db.transactions.locks.statistics().waiting == 1, TIMEOUT,
+                                   "B waiting in the lock manager for A's read lock")
+            outcome["A"] = "committed"
+        except activedb.DeadlockDetected:
+            outcome["A"] = "deadlock"
+        b.join(TIMEOUT)
+        assert not b.is_alive()
+    assert sorted(outcome.values()) == ["committed", "deadlock"], outcome
+    assert balances(db)[1] == (1 if outcome["B"] == "committed" else 0)
+
+
+def test_a_tree_closing_that_cycle_after_the_flush_waits_in_postgresql_is_the_victim(db):
+    """The same cycle closed the other way round: A's flush already waits in PostgreSQL for B's row (its wait
+    registered) when B writes the row and waits for A in the lock manager: B is the victim (a flush blocked in
+    PostgreSQL cannot be one), its abort lets the row go, and A commits."""
+    outcome: dict[str, str] = {}
+    b_read, b_write = threading.Event(), threading.Event()
+
+    def tree_a():
+        with db.transaction() as tx:
+            tx.read("accounts", 1)
+            a_read.set()
+            assert b_read.wait(TIMEOUT)
+        outcome["A"] = "committed"
+
+    def tree_b():
+        try:
+            with db.transaction() as tx:
+                row = tx.read("accounts", 1, for_update=True)
+                b_read.set()
+                assert b_write.wait(TIMEOUT)
+                tx.write("accounts", 1, balance=row["balance"] + 1)
+            outcome["B"] = "committed"
+        except activedb.DeadlockDetected:
+            outcome["B"] = "deadlock"
+
+    a_read = threading.Event()
+    with testing.Watchdog(60, db.transactions.locks):
+        a, b = threading.Thread(target=tree_a), threading.Thread(target=tree_b)
+        a.start()
+        assert a_read.wait(TIMEOUT)
+        b.start()
+        testing.wait_until(lambda: db.transactions.locks.statistics().registered_waits == 1, TIMEOUT,
+                           "A's flush waiting for B's row (its registered wait)")
+        b_write.set()
+        a.join(TIMEOUT), b.join(TIMEOUT)
+        assert not a.is_alive() and not b.is_alive()
+    assert outcome == {"A": "committed", "B": "deadlock"}
+    assert balances(db)[1] == 0
