@@ -34,7 +34,11 @@ class Lazy:
 
 class LockError(Exception):
     """Base class of every lock-manager error; its message is built in ``__str__`` from the attributes each
-    class stores (lazily, for the reason :class:`Lazy` gives)."""
+    class stores (lazily, for the reason :class:`Lazy` gives), and its ``repr`` shows that message (an error
+    quoted by its ``repr`` — a rule's failure — reads as its message, not as the transaction ids it stores)."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({str(self)!r})"
 
 
 class _OnTransaction(LockError):

@@ -45,6 +45,7 @@ def test_two_transactions_waiting_for_each_other_is_a_deadlock_and_only_the_vict
         assert error.victim == "B" and error.requester == "B" and error.policy == "requester"
         assert kinds(error) == {("B", "A", "held"), ("A", "B", "held")}
         assert "lm.abort('B')" in str(error)
+        assert repr(error) == f"Deadlock({str(error)!r})"     # (quoted by repr, a rule's failure, it reads as itself)
         scenario.still_blocked(a_waits)
         assert lm.statistics().waiting == 1 and lm.statistics().deadlocks == 1
         scenario.run("b", "B aborts", lambda: lm.abort("B"))
