@@ -448,8 +448,11 @@ def _converter(column: sa.Column[object]) -> Callable[[object], object] | None:
 def _as_decimal(value: object) -> object:
     """A checked value of a numeric column as PostgreSQL gives it back: a ``float`` as the shortest decimal that
     reads back as that float (its ``repr``: ``0.1``, not the binary fraction ``0.1000000000000000055…``), the
-    number a user typed; an ``int`` or a ``Decimal`` as it is."""
-    return decimal.Decimal(float.__repr__(value)) if isinstance(value, float) else value
+    number a user typed; an ``int`` as its ``Decimal`` (equal already, but a batch sends its keys as one array, which
+    the driver cannot make of ints and decimals mixed); a ``Decimal`` as it is."""
+    if isinstance(value, float):
+        return decimal.Decimal(float.__repr__(value))
+    return decimal.Decimal(value) if isinstance(value, int) else value
 
 
 def _as_date(value: object) -> object:
