@@ -32,7 +32,7 @@ from activedb.batch._route import RoutePlan, touched_states, written_tables
 from activedb.batch._runtime import AUTO, execute_batch, no_cyclic_gc, normalise_events, runtime_of
 from activedb.batch._state import Loader
 from activedb.batch._store import (DEAD_LETTER_TABLE, apply_batch, check_key_columns, check_required,
-                                   dead_letter, store_check)
+                                   dead_letter, name_rows_once, named_once, row_aliases, store_check)
 from activedb.batch._strategy import Split, Strategy
 from activedb.batch.errors import BatchNotCommitted, DeclarationError
 from activedb.errors import InvalidKey, InvalidValue, SchemaError
@@ -101,7 +101,7 @@ class PendingBatch(CommitParticipant):
             started = time.perf_counter()
             base = self._lock_and_read(catalog, connection)
             seconds["lock_and_read"] = time.perf_counter() - started
-            loader = _on_demand(catalog, connection)
+            loader = _on_demand(catalog, connection, self._keys)
             result = execute_batch(self.transactions, self.batch, base, loader=loader, declared=self._declared,
                                    strategy=options.strategy, processes=options.processes, split=options.split)
             if result.statistics is not None:
@@ -172,11 +172,13 @@ class PendingBatch(CommitParticipant):
         return base
 
 
-def _on_demand(catalog: Catalog, connection: sa.Connection) -> Loader:
+def _on_demand(catalog: Catalog, connection: sa.Connection, keys: Mapping[str, Mapping[Hashable, Key]]) -> Loader:
     """The loader of rows no declaration named (ND operations without candidates, a route plan that
     missed): lock their table against writers (``SHARE ROW EXCLUSIVE``: an absent row stays absent),
-    then read the row ``FOR UPDATE``."""
+    then read the row ``FOR UPDATE``.  ``keys``: the batch's declared rows (table → {key: normalised key}), a row
+    the batch names by another key already being refused (``named_once``)."""
     locked: set[str] = set()
+    check = named_once(keys)
 
     def load(table: str, key: Hashable) -> RowImage | None:
         info = catalog.table_info(table)
@@ -184,6 +186,8 @@ def _on_demand(catalog: Catalog, connection: sa.Connection) -> Loader:
             normalised = info.key(key)
         except (InvalidKey, InvalidValue) as error:   # a computed key that cannot name a row: the op fails
             raise DeclarationError(f"the row {key!r} of {table!r} cannot exist: {error}") from None
+        if info.converts_keys:
+            check(table, key, normalised)
         if table not in locked:
             _lock_table(catalog, connection, table)
             locked.add(table)
@@ -634,6 +638,10 @@ def apply_at_commit(tx: Transaction, events: Iterable[object], transactions: Sta
                 catalog.table_info(table)
         except SchemaError:
             normalised = _refuse_unstorable(catalog, batch, plans, declared, states, written)
+        aliases = row_aliases(catalog, normalised)
+        if aliases:
+            name_rows_once(declare, batch, declared, normalised, aliases)
+            options = replace(options, split=Split.NEVER)     # (a worker would declare its events again)
         pending = PendingBatch(transactions, batch, declared, normalised, unbounded, options)
         pending.seconds["apply"] = time.perf_counter() - tx_started
     lowlevel.enlist(tx, pending)

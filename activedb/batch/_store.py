@@ -7,16 +7,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Mapping
+from functools import partial
 from typing import TYPE_CHECKING, Hashable
 
 from activedb import deadletters
-from activedb.batch._declare import BatchEvent, State, StateTransactions, inserted_parts
+from activedb.batch._declare import BatchEvent, OpSpec, State, StateTransactions, canonical_key, inserted_parts, specs_of
 from activedb.batch._result import BatchResult
 from activedb.batch._runtime import AUTO, execute_batch, no_cyclic_gc, prepare
 from activedb.batch._state import WriteCheck
 from activedb.batch._strategy import Split, Strategy
+from activedb.batch.errors import DeclarationError
 from activedb.errors import InvalidKey, InvalidValue, SchemaError
-from activedb.store import Catalog, Json, RowImage, TableInfo
+from activedb.store import Catalog, Json, Key, RowImage, TableInfo
 from activedb.txn import BulkLock
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -39,21 +41,38 @@ def apply_batch(tx: Transaction, events: Iterable[object], transactions: StateTr
     lock = BulkLock.parse(lock, "apply_batch(lock=...)", allowed=(BulkLock.WRITE, BulkLock.TABLE))
     prepared = prepare(transactions, events)
     started = time.perf_counter()
+    catalog = tx.manager.catalog
+    declared, states = prepared.declared(), prepared.states_by_table()
+    # (The rows of tables whose key is converted, by their normalised keys: the others cannot be named two ways.)
+    normalised = {table: {key: catalog.table_info(table).key(key) for key in keys} for table, keys in states.items()
+                  if catalog.table_info(table).converts_keys}
+    aliases = row_aliases(catalog, normalised)
+    if aliases:
+        name_rows_once(transactions.declare, prepared.batch, declared, normalised, aliases)
+        states.update((table, list(keys)) for table, keys in normalised.items())
+        split = Split.NEVER          # (a worker would declare its events again)
+    check = named_once(normalised)
+
+    def load(table: str, key: Hashable) -> RowImage | None:
+        info = catalog.table_info(table)
+        if info.converts_keys:
+            check(table, key, info.key(key))
+        return tx.read(table, key)
+
     base: dict[State, RowImage | None] = {}
-    for table, keys in prepared.states_by_table().items():
+    for table, keys in states.items():
         for key, image in tx.read_many(table, keys, lock=lock).items():
             base[(table, key)] = image
     prefetch_seconds = time.perf_counter() - started
-    result = execute_batch(transactions, prepared.batch, base, loader=tx.read, declared=prepared.declared(),
+    result = execute_batch(transactions, prepared.batch, base, loader=load, declared=declared,
                            strategy=strategy, processes=processes, split=split, declare_seconds=prepared.seconds)
     started = time.perf_counter()
     by_table = _changes(result, base)
-    catalog = tx.manager.catalog
     refused = _unstorable(catalog, by_table, result)
     if refused is not None:
         # A transaction wrote a value the store cannot hold: run the batch again checking each transaction's
         # values as it ends, so that exactly those transactions abort (as at commit, ``_commit.py``).
-        result = execute_batch(transactions, prepared.batch, base, loader=tx.read, declared=prepared.declared(),
+        result = execute_batch(transactions, prepared.batch, base, loader=load, declared=declared,
                                strategy="lean", split=Split.NEVER, check=store_check(catalog))
         result.notes.append(f"ran again checking each transaction's values: {refused}")
         by_table = _changes(result, base)
@@ -67,6 +86,91 @@ def apply_batch(tx: Transaction, events: Iterable[object], transactions: StateTr
         result.statistics.seconds.update(prefetch=prefetch_seconds, write=time.perf_counter() - started)
     result.notes.append(f"{written} rows written")
     return result
+
+
+def row_aliases(catalog: Catalog, normalised: Mapping[str, Mapping[Hashable, Key]]) -> dict[State, State]:
+    """``{state: the state naming its row by its key as PostgreSQL gives it back}`` for the states of a batch that
+    name one row by keys that differ in Python (``0.1`` and ``Decimal('0.1')`` of a numeric key, a uuid's text and
+    its ``UUID``: ``TableInfo.key`` makes them one key), or ``{}``.  Only a table whose key is converted can have
+    them (``TableInfo.converts_keys``): the other tables cost one test each."""
+    aliases: dict[State, State] = {}
+    for table, keys in normalised.items():
+        if len(keys) < 2 or not catalog.table_info(table).converts_keys:
+            continue
+        by_key: dict[Key, list[Hashable]] = {}
+        for given, key in keys.items():
+            by_key.setdefault(key, []).append(given)
+        aliases.update(((table, given), (table, canonical_key(key)))
+                       for key, named in by_key.items() if len(named) > 1 for given in named)
+    return aliases
+
+
+def name_rows_once(declare: Callable[[BatchEvent], list[OpSpec]], batch: list[BatchEvent],
+                   declared: dict[int, list[OpSpec] | str], normalised: dict[str, dict[Hashable, Key]],
+                   aliases: Mapping[State, State]) -> None:
+    """Name each row the batch names two ways (``aliases``) by one state: every event declared (an event routed by
+    a plan is declared here, not by the executor), its operations' states, keys, reads and candidates renamed, and
+    so ``normalised`` (table → {key: normalised key}) — else each state would read the row as of before the batch,
+    and the one written last would lose the others' changes.  A transaction that so writes one row twice is
+    refused, as ``Ops`` refuses a row written twice."""
+    for t, event in enumerate(batch):
+        specs = specs_of(declare, event, declared.get(t))
+        if isinstance(specs, str):
+            declared[t] = specs
+            continue
+        renamed = [_renamed(spec, aliases) for spec in specs]
+        written = [spec.state for spec in renamed if spec.state is not None and spec.kind.writes]
+        if len(set(written)) < len(written):
+            twice = next(state for state in written if written.count(state) > 1)
+            declared[t] = (f"DeclarationError: event {event.event_type!r} at position {event.position} writes "
+                           f"{twice!r} twice, by two values of its key; a state transaction writes a row at most once")
+            continue
+        declared[t] = renamed
+    for table in {table for table, _ in aliases}:
+        normalised[table] = {aliases.get((table, given), (table, given))[1]: key
+                             for given, key in normalised[table].items()}
+
+
+def named_once(normalised: Mapping[str, Mapping[Hashable, Key]]) -> Callable[[str, Hashable, Key], None]:
+    """``check(table, key, normalised key)`` for a row a batch loads on demand (a non-deterministic operation's
+    computed key, a route plan that missed) of a table whose key is converted (``TableInfo.converts_keys``): raises
+    :class:`DeclarationError` (the operation fails) if the batch names that row by another key already
+    (``normalised``: its declared rows; or an earlier load) — a second state would lose one's changes."""
+    names: dict[str, dict[Key, Hashable]] = {}      # table -> {normalised key: the key the batch names it by}
+
+    def check(table: str, key: Hashable, normalised_key: Key) -> None:
+        named = names.get(table)
+        if named is None:
+            named = names[table] = {value: given for given, value in normalised.get(table, {}).items()}
+        other = named.setdefault(normalised_key, key)
+        if other != key:
+            raise DeclarationError(f"the row {key!r} of {table!r} is the row this batch names {other!r}: name a row "
+                                   f"by one value of its key (as PostgreSQL gives it back: "
+                                   f"{canonical_key(normalised_key)!r})")
+
+    return check
+
+
+def _renamed(spec: OpSpec, aliases: Mapping[State, State]) -> OpSpec:
+    """``spec`` naming its rows by ``aliases`` (:func:`name_rows_once`); a non-deterministic operation's computed
+    key too (``_aliased_key``)."""
+    table, state = spec.table, spec.state
+    if state is not None:
+        state = aliases.get(state, state)
+    candidates = spec.candidates
+    if candidates is not None:
+        candidates = tuple(dict.fromkeys(aliases.get((table, key), (table, key))[1] for key in candidates))
+    key_fn = spec.key_fn
+    if key_fn is not None:
+        key_fn = partial(_aliased_key, aliases, table, key_fn)
+    return spec._replace(key=spec.key if state is None else state[1], state=state, candidates=candidates,
+                         key_fn=key_fn, params=tuple(aliases.get(param, param) for param in spec.params))
+
+
+def _aliased_key(aliases: Mapping[State, State], table: str, key_fn: Callable[..., Hashable],
+                 *images: RowImage | None) -> Hashable:
+    key = canonical_key(key_fn(*images))
+    return aliases.get((table, key), (table, key))[1]
 
 
 def _changes(result: BatchResult, base: Mapping[State, RowImage | None]) -> dict[str, dict[Hashable, RowImage | None]]:

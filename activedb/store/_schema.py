@@ -66,6 +66,8 @@ class TableInfo:
                             if (converter := _converter(column)) is not None}
         self._key_converters = (tuple(self._converters.get(name) for name in self.key_columns)
                                 if any(name in self._converters for name in self.key_columns) else None)
+        # Whether ``key`` converts a key column's value: only then can two keys that differ in Python name one row.
+        self.converts_keys = self._key_converters is not None
         # (not for a key column with a converter: a value its quick test accepts may still need converting)
         self._quick_key = (self._quick[self.key_columns[0]]
                            if len(self.key_columns) == 1 and self._key_converters is None else None)

@@ -145,6 +145,94 @@ def test_a_key_given_as_another_value_than_its_row_holds_names_that_row(db):
         assert connection.execute(sa.text("SELECT day, count FROM days")).all() == [(dt.date(2026, 1, 2), 1)]
 
 
+@pytest.mark.parametrize("tree", [False, True], ids=["at commit", "through the tree"])
+@pytest.mark.parametrize("exists", [True, False], ids=["existing rows", "new rows"])
+def test_one_row_named_by_two_values_of_its_key_is_one_row_of_the_batch(db, exists, tree):
+    """Events naming one row by two Python values its key column takes for one row (``TableInfo.key``): a float and
+    the decimal it prints as in a ``numeric`` key, a uuid's text (either case) and the ``UUID``.  Each event sees what
+    the one before it wrote, as fired one by one, at commit and through the tree (``apply_batch``).  Before, each
+    value was a state of its own, each read the row as of before the batch, and the one written last lost the others'
+    updates (or PostgreSQL refused two inserts)."""
+    import uuid
+    from decimal import Decimal
+
+    token = uuid.UUID("6f1c3d2a-9b8e-4c7d-a5f4-3e2d1c0b9a87")
+    transactions = batch.StateTransactions()
+
+    @transactions.on("price")
+    def price(event, ops):
+        ops.write("prices", event.key,
+                  lambda own: {"label": f"{'' if own is None else own['label']}/{event.payload['seq']}"})
+
+    @transactions.on("token")
+    def use(event, ops):
+        ops.write("tokens", event.key, lambda own: {"uses": (0 if own is None else own["uses"]) + 1})
+
+    @transactions.on("copy")                # reads the row by a third value, writes another row
+    def copy(event, ops):
+        ops.write("prices", 2, lambda own, source: {"label": source["label"]}, reads=[("prices", event.key)])
+
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("DELETE FROM prices; DELETE FROM tokens"))
+        if exists:
+            connection.execute(sa.text("INSERT INTO prices VALUES (0.1, '')"))
+            connection.execute(sa.text("INSERT INTO tokens VALUES (:id, NULL, 0)"), {"id": token})
+    events = [{"type": kind, "key": key, "ts": float(seq), "payload": {"seq": seq}} for seq, (kind, key) in enumerate([
+        ("price", 0.1), ("token", str(token)), ("price", Decimal("0.1")), ("token", token), ("price", 0.1),
+        ("token", str(token).upper()), ("copy", Decimal("0.10"))])]
+    with db.transaction(name="aliases") as tx:
+        result = (batch.apply_batch(tx, events, transactions) if tree else
+                  batch.apply_at_commit(tx, events, transactions, query_id="aliases", batch_id=1))
+    assert (result if tree else result.result).dead_letters == []
+    with db.engine.connect() as connection:
+        assert connection.execute(sa.text("SELECT amount, label FROM prices ORDER BY amount")).all() == [
+            (Decimal("0.1"), "/0/2/4"), (Decimal("2"), "/0/2/4")]
+        assert connection.execute(sa.text("SELECT id, uses FROM tokens")).all() == [(token, 3)]
+
+
+@pytest.mark.parametrize("tree", [False, True], ids=["at commit", "through the tree"])
+@pytest.mark.parametrize("candidates", [None, [0.1]], ids=["any row", "candidates"])
+def test_a_computed_key_names_the_row_the_batch_names_by_another_value(db, candidates, tree):
+    """A non-deterministic write whose key function returns ``0.1``: where the batch names that row as ``0.1`` and as
+    ``Decimal('0.1')`` (candidates name rows too), its computed key is that one row; where the batch names it only as
+    ``Decimal('0.1')``, the operation fails saying by which key the batch names the row (a dead letter), rather than
+    read it as of before the batch and lose the other's update."""
+    from decimal import Decimal
+
+    transactions = batch.StateTransactions()
+
+    def append(event):
+        return lambda own: {"label": f"{'' if own is None else own['label']}/{event.payload['seq']}"}
+
+    @transactions.on("price")
+    def price(event, ops):
+        ops.write("prices", event.key, append(event))
+
+    @transactions.on("computed")
+    def computed(event, ops):
+        ops.write_any("prices", lambda: 0.1, append(event), candidates=candidates)
+
+    def run(keys):
+        with db.engine.begin() as connection:
+            connection.execute(sa.text("DELETE FROM prices"))
+        events = [{"type": "price" if key is not None else "computed", "key": key, "ts": float(seq),
+                   "payload": {"seq": seq}} for seq, key in enumerate(keys)]
+        with db.transaction(name="computed-aliases") as tx:
+            result = (batch.apply_batch(tx, events, transactions) if tree else
+                      batch.apply_at_commit(tx, events, transactions, query_id="computed-aliases", batch_id=1))
+        with db.engine.connect() as connection:
+            return ({event.position: reason for event, reason in (result if tree else result.result).dead_letters},
+                    connection.execute(sa.text("SELECT amount, label FROM prices")).all())
+
+    assert run([0.1, Decimal("0.1"), None, 0.1]) == ({}, [(Decimal("0.1"), "/0/1/2/3")])
+    letters, rows = run([Decimal("0.1"), None, Decimal("0.1")])
+    if candidates is not None:
+        assert (letters, rows) == ({}, [(Decimal("0.1"), "/0/1/2")])
+    else:
+        assert rows == [(Decimal("0.1"), "/0/2")] and list(letters) == [1]
+        assert "is the row this batch names Decimal('0.1')" in letters[1]
+
+
 def test_new_rows_are_created_and_concurrent_inserts_of_them_are_ordered(db):
     _reset(db, {})
     events = workloads.generate_toll(workloads.Workload(batch=120, keys=12, abort_ratio=0.2, cost_us=0, seed=9))

@@ -97,6 +97,23 @@ def writes_in_a_condition(tx, event):
     return True
 
 
+def _price(event):
+    return float(event.key)
+
+
+def relabel_price(tx, event):
+    """A row of ``alias_prices`` (a ``numeric`` key) named by a float made of the event's key."""
+    key = _price(event)
+    row = tx.read("alias_prices", key)
+    tx.write("alias_prices", key, label=f"{'' if row is None else row['label']}/{event.payload['seq']}")
+
+
+def use_token(tx, event):
+    """A row of ``alias_tokens`` (a ``uuid`` key) named by the event's key: a uuid's text, in either case."""
+    row = tx.read("alias_tokens", event.key)
+    tx.write("alias_tokens", event.key, uses=(0 if row is None else row["uses"]) + 1)
+
+
 # --- actions that do not -------------------------------------------------------------------------------------
 
 def reads_another_table(tx, event):
@@ -436,3 +453,58 @@ def test_rules_that_do_more_are_not_lowered(databases, variant):
     lowered = run_both(databases, kind, [rows(0, [(kind, f"{kind}-a", 1), (kind, f"{kind}-b", 2),
                                                   (kind, f"{kind}-a", 3)])], register)
     assert lowered == [None]
+
+
+@pytest.mark.parametrize("exists", [True, False], ids=["existing rows", "new rows"])
+def test_a_row_named_by_two_values_of_its_key_is_one_row_lowered(databases, exists):
+    """One batch naming a row of a ``numeric`` key as ``0.1`` (a plain rule) and as ``Decimal('0.1')`` (a declared
+    rule), and a row of a ``uuid`` key as its text in either case (a plain rule) and as its ``UUID`` (a declared rule)
+    leaves what firing it event by event leaves: the store takes each for one row (``TableInfo.key``), and so does
+    the lowered batch.  Before, each value was a state of its own: each read the row as of before the batch, and the
+    one written last lost the others' updates (or PostgreSQL refused two inserts of one new row)."""
+    import uuid
+    from decimal import Decimal
+
+    from activedb import batch
+
+    @batch.declared
+    def relabel_decimal(event, ops):
+        ops.write("alias_prices", Decimal(event.key),
+                  lambda own: {"label": f"{'' if own is None else own['label']}/{event.payload['seq']}"})
+
+    @batch.declared
+    def use_uuid(event, ops):
+        ops.write("alias_tokens", uuid.UUID(event.key), lambda own: {"uses": (0 if own is None else own["uses"]) + 10})
+
+    token = "6f1c3d2a-9b8e-4c7d-a5f4-3e2d1c0b9a87"
+    kinds = {"alias-price": relabel_price, "alias-token": use_token, "alias-decimal": relabel_decimal,
+             "alias-uuid": use_uuid}
+    for database in databases:
+        with database.engine.begin() as connection:
+            connection.execute(sa.text("CREATE TABLE IF NOT EXISTS alias_prices (amount numeric PRIMARY KEY, label text);"
+                                       "CREATE TABLE IF NOT EXISTS alias_tokens (id uuid PRIMARY KEY, uses integer)"))
+            connection.execute(sa.text("TRUNCATE alias_prices, alias_tokens"))
+    source = f"alias-{'existing' if exists else 'new'}"
+    first = [("alias-price", "0.1"), ("alias-token", token)] if exists else None
+    batch_of_aliases = [("alias-price", "0.1"), ("alias-token", token), ("alias-decimal", "0.1"), ("alias-uuid", token),
+                        ("alias-token", token.upper()), ("alias-price", "0.1"), ("alias-token", token)]
+    batches = [Batch(number, [{"type": kind, "key": key, "ts": BASE + dt.timedelta(seconds=number * 100 + seq),
+                               "amount": 0, "seq": seq} for seq, (kind, key) in enumerate(events)], None)
+               for number, events in enumerate([events for events in (first, batch_of_aliases) if events])]
+    try:
+        lowered = run_both(databases, source, batches,
+                           lambda database: [database.rule(on=database.stream(kind), name=kind)(action)
+                                             for kind, action in kinds.items()])
+        assert all(pending is not None for pending in lowered), lowered
+        contents = []
+        for database in databases:
+            with database.engine.connect() as connection:
+                contents.append((connection.execute(sa.text("SELECT * FROM alias_prices")).all(),
+                                 connection.execute(sa.text("SELECT * FROM alias_tokens")).all()))
+        assert contents[0] == contents[1] == ([(Decimal("0.1"), "/0/0/2/5" if exists else "/0/2/5")],
+                                              [(uuid.UUID(token), 14 if exists else 13)])
+        assert letters(databases[0], source) == []
+    finally:
+        for database in databases:
+            for kind in kinds:
+                database.rules.remove(kind)
