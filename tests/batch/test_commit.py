@@ -156,6 +156,8 @@ def test_one_row_named_by_two_values_of_its_key_is_one_row_of_the_batch(db, exis
     import uuid
     from decimal import Decimal
 
+    from activedb.batch import _runtime as batch_runtime
+
     token = uuid.UUID("6f1c3d2a-9b8e-4c7d-a5f4-3e2d1c0b9a87")
     transactions = batch.StateTransactions()
 
@@ -172,14 +174,21 @@ def test_one_row_named_by_two_values_of_its_key_is_one_row_of_the_batch(db, exis
     def copy(event, ops):
         ops.write("prices", 2, lambda own, source: {"label": source["label"]}, reads=[("prices", event.key)])
 
+    def as_events(pairs):
+        return [{"type": kind, "key": key, "ts": float(seq), "payload": {"seq": seq}} for seq, (kind, key) in enumerate(pairs)]
+
+    if not tree:        # at commit, the batch's events are routed by plans learnt from these (not declared at once)
+        with db.transaction(name="aliases-learning") as tx:
+            batch.apply_at_commit(tx, as_events([("price", 10 + number) for number in range(8)] +
+                                                [("token", uuid.uuid4()) for _ in range(8)]), transactions)
+        assert {"price", "token"} <= batch_runtime.runtime_of(transactions).router.plans.keys()
     with db.engine.begin() as connection:
         connection.execute(sa.text("DELETE FROM prices; DELETE FROM tokens"))
         if exists:
             connection.execute(sa.text("INSERT INTO prices VALUES (0.1, '')"))
             connection.execute(sa.text("INSERT INTO tokens VALUES (:id, NULL, 0)"), {"id": token})
-    events = [{"type": kind, "key": key, "ts": float(seq), "payload": {"seq": seq}} for seq, (kind, key) in enumerate([
-        ("price", 0.1), ("token", str(token)), ("price", Decimal("0.1")), ("token", token), ("price", 0.1),
-        ("token", str(token).upper()), ("copy", Decimal("0.10"))])]
+    events = as_events([("price", 0.1), ("token", str(token)), ("price", Decimal("0.1")), ("token", token),
+                        ("price", 0.1), ("token", str(token).upper()), ("copy", Decimal("0.10"))])
     with db.transaction(name="aliases") as tx:
         result = (batch.apply_batch(tx, events, transactions) if tree else
                   batch.apply_at_commit(tx, events, transactions, query_id="aliases", batch_id=1))
