@@ -178,7 +178,7 @@ def _on_demand(catalog: Catalog, connection: sa.Connection, keys: Mapping[str, M
     then read the row ``FOR UPDATE``.  ``keys``: the batch's declared rows (table → {key: normalised key}), a row
     the batch names by another key already being refused (``named_once``)."""
     locked: set[str] = set()
-    check = named_once(keys)
+    check = named_once(catalog, keys)
 
     def load(table: str, key: Hashable) -> RowImage | None:
         info = catalog.table_info(table)

@@ -11,7 +11,8 @@ from functools import partial
 from typing import TYPE_CHECKING, Hashable
 
 from activedb import deadletters
-from activedb.batch._declare import BatchEvent, OpSpec, State, StateTransactions, canonical_key, inserted_parts, specs_of
+from activedb.batch._declare import (BatchEvent, OpSpec, State, StateTransactions, canonical_key, inserted_parts,
+                                     specs_of)
 from activedb.batch._result import BatchResult
 from activedb.batch._runtime import AUTO, execute_batch, no_cyclic_gc, prepare
 from activedb.batch._state import WriteCheck
@@ -51,7 +52,7 @@ def apply_batch(tx: Transaction, events: Iterable[object], transactions: StateTr
         name_rows_once(transactions.declare, prepared.batch, declared, normalised, aliases)
         states.update((table, list(keys)) for table, keys in normalised.items())
         split = Split.NEVER          # (a worker would declare its events again)
-    check = named_once(normalised)
+    check = named_once(catalog, normalised)
 
     def load(table: str, key: Hashable) -> RowImage | None:
         info = catalog.table_info(table)
@@ -131,18 +132,19 @@ def name_rows_once(declare: Callable[[BatchEvent], list[OpSpec]], batch: list[Ba
                              for given, key in normalised[table].items()}
 
 
-def named_once(normalised: Mapping[str, Mapping[Hashable, Key]]) -> Callable[[str, Hashable, Key], None]:
+def named_once(catalog: Catalog, normalised: Mapping[str, Mapping[Hashable, Key]]
+               ) -> Callable[[str, Hashable, Key], None]:
     """``check(table, key, normalised key)`` for a row a batch loads on demand (a non-deterministic operation's
     computed key, a route plan that missed) of a table whose key is converted (``TableInfo.converts_keys``): raises
     :class:`DeclarationError` (the operation fails) if the batch names that row by another key already
-    (``normalised``: its declared rows; or an earlier load) — a second state would lose one's changes."""
-    names: dict[str, dict[Key, Hashable]] = {}      # table -> {normalised key: the key the batch names it by}
+    (``normalised``: its declared rows, table → {key: normalised key}; or an earlier load) — a second state would
+    lose one's changes.  It keeps its own index of those tables' rows only, not ``normalised``: a batch's keys are
+    dropped once it ran (``PendingBatch._release``), for the collector's sake, whoever keeps its loader."""
+    names = {table: {value: given for given, value in keys.items()}      # table -> {normalised key: its name}
+             for table, keys in normalised.items() if catalog.table_info(table).converts_keys}
 
     def check(table: str, key: Hashable, normalised_key: Key) -> None:
-        named = names.get(table)
-        if named is None:
-            named = names[table] = {value: given for given, value in normalised.get(table, {}).items()}
-        other = named.setdefault(normalised_key, key)
+        other = names.setdefault(table, {}).setdefault(normalised_key, key)
         if other != key:
             raise DeclarationError(f"the row {key!r} of {table!r} is the row this batch names {other!r}: name a row "
                                    f"by one value of its key (as PostgreSQL gives it back: "
