@@ -32,8 +32,9 @@ def capture_group() -> None:
 
 @capture_group.command("status")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
-@click.option("--behind-changes", default=10_000, show_default=True, help="A consumer with more pending is behind.")
-@click.option("--behind-seconds", default=60.0, show_default=True,
+@click.option("--behind-changes", default=10_000, show_default=True, type=click.IntRange(min=0),
+              help="A consumer with more pending is behind.")
+@click.option("--behind-seconds", default=60.0, show_default=True, type=click.FloatRange(min=0),
               help="A consumer whose oldest pending change is older is behind.")
 @click.pass_context
 def status_command(ctx: click.Context, as_json: bool, behind_changes: int, behind_seconds: float) -> None:

@@ -258,7 +258,16 @@ def activedb_watchdog(request: pytest.FixtureRequest) -> Iterator[Watchdog]:
 
     marker = request.node.get_closest_marker("activedb_watchdog")
     timeout = marker.kwargs.get("timeout", marker.args[0] if marker.args else None) if marker is not None else None
-    seconds = float(timeout if timeout is not None else request.config.getini("activedb_watchdog_timeout"))
+    given = timeout if timeout is not None else request.config.getini("activedb_watchdog_timeout")
+    try:
+        seconds = float(given)
+    except (TypeError, ValueError):
+        seconds = -1.0
+    if not seconds > 0:       # (also NaN)
+        where = ("@pytest.mark.activedb_watchdog(timeout=...)" if timeout is not None
+                 else "the activedb_watchdog_timeout setting")
+        pytest.fail(f"{where} is {given!r}: give the seconds before the watchdog fails the test, a number above 0 "
+                    f"(e.g. 60)", pytrace=False)
     locks = None
     if "activedb_db" in request.fixturenames:
         locks = request.getfixturevalue("activedb_db").transactions.locks

@@ -199,3 +199,18 @@ def test_a_scope_that_is_not_one_says_which_are(project):
     result = project.runpytest_subprocess("-p", "no:cacheprovider", "-o", "activedb_database_scope=session")
     assert result.ret != 0
     result.stderr.fnmatch_lines(["*activedb_database_scope*session*function*module*"])
+
+
+def test_a_watchdog_mark_with_a_timeout_that_is_no_number_says_so_in_one_line(project):
+    project.makepyfile(test_soon="""
+import pytest
+
+@pytest.mark.activedb_watchdog(timeout="soon")
+def test_soon():
+    pass
+""")
+    result = project.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*@pytest.mark.activedb_watchdog(timeout=...) is 'soon': give the seconds before the "
+                                 "watchdog fails the test, a number above 0 (e.g. 60)*"])
+    assert "Traceback" not in result.stdout.str()

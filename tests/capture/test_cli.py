@@ -94,3 +94,8 @@ def test_capture_commands_follow_the_schema_rule_and_never_upgrade_activedbs_tab
     assert result.exit_code == 1 and "has no activedb tables yet" in result.output, result.output
     with psycopg.connect(libpq(url)) as connection:
         assert connection.execute("SELECT count(*) FROM pg_tables WHERE schemaname = 'public'").fetchone() == (0,)
+
+
+def test_a_negative_threshold_of_capture_status_is_a_usage_error(database_url):
+    result = CliRunner().invoke(main, ["--url", database_url, "capture", "status", "--behind-changes", "-1"])
+    assert result.exit_code == 2 and "-1 is not in the range x>=0" in result.output, result.output
