@@ -12,7 +12,9 @@ setting: ``function``, the default, or ``module``):
   the database runs on ``activedb_clock``; closed and dropped at the end;
 * ``activedb_url`` — the URL of that database, for code that connects on its own;
 * ``activedb_clock`` — the test database's clock: a :class:`~activedb.clock.ManualClock` (time moves only when the
-  test advances it) unless the marker gives another (``clock=SystemClock()``);
+  test advances it) unless the marker gives another (``clock=SystemClock()``) or a factory of clocks (``clock=
+  ManualClock``, ``clock=lambda: ManualClock(100.0)``: one made for each database — a clock itself given in a
+  module's ``pytestmark`` is the same object in each of its tests, time one test advanced advanced in the next);
 * ``activedb_make_url`` — ``make(migrations=None)``: the URL of another fresh database (dropped at the end of the
   test);
 * ``activedb_watchdog`` — a :class:`~activedb.testing.Watchdog` around the test: if it still runs after
@@ -33,7 +35,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Literal, NoReturn, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Literal, NoReturn, Sequence, TypeGuard, cast
 
 import pytest
 
@@ -66,7 +68,7 @@ class DatabaseSettings:
     and the other keyword arguments of ``activedb.connect``."""
 
     migrations: tuple[Path, ...] = ()
-    clock: Clock | None = None
+    clock: "Clock | Callable[[], Clock] | None" = None
     connect: dict[str, Any] = field(default_factory=dict)
 
 
@@ -171,9 +173,15 @@ def activedb_settings(request: pytest.FixtureRequest) -> DatabaseSettings:
             raise pytest.UsageError(f"activedb migrations {directory} is not an Alembic directory (no env.py there); "
                                     f"make one with: activedb app init {directory}")
     clock = options.pop("clock", None)
-    if clock is not None and not isinstance(clock, Clock):
-        raise pytest.UsageError(f"@pytest.mark.activedb(clock=...) takes an activedb.clock.Clock, not {clock!r}")
+    if clock is not None and not _a_clock(clock) and not callable(clock):
+        raise pytest.UsageError(f"@pytest.mark.activedb(clock=...) takes an activedb.clock.Clock or a function making "
+                                f"one (ManualClock), not {clock!r}")
     return DatabaseSettings(migrations, clock, options)
+
+
+def _a_clock(value: object) -> TypeGuard[Clock]:
+    """Whether ``value`` is a clock (not a class of clocks, which has the methods too: a factory)."""
+    return isinstance(value, Clock) and not isinstance(value, type)
 
 
 def _listed(value: str | os.PathLike[str] | Iterable[str | os.PathLike[str]]) -> list[str | os.PathLike[str]]:
@@ -187,8 +195,17 @@ def _path(root: Path, value: str | os.PathLike[str]) -> Path:
 
 @pytest.fixture(scope=_scope)
 def activedb_clock(activedb_settings: DatabaseSettings) -> Clock:
-    """The test database's clock: a ``ManualClock`` unless the mark gives another."""
-    return activedb_settings.clock if activedb_settings.clock is not None else ManualClock()
+    """The test database's clock: a ``ManualClock`` unless the mark gives another, or a factory of them (called
+    here, once per database)."""
+    chosen = activedb_settings.clock
+    if chosen is None:
+        return ManualClock()
+    if _a_clock(chosen):
+        return chosen
+    made = cast("Callable[[], Clock]", chosen)()     # (a factory: checked callable when the mark was read)
+    if not _a_clock(made):
+        raise pytest.UsageError(f"@pytest.mark.activedb(clock={chosen!r}) made {made!r}, not an activedb.clock.Clock")
+    return made
 
 
 @pytest.fixture(scope=_scope)

@@ -214,3 +214,25 @@ def test_soon():
     result.stdout.fnmatch_lines(["*@pytest.mark.activedb_watchdog(timeout=...) is 'soon': give the seconds before the "
                                  "watchdog fails the test, a number above 0 (e.g. 60)*"])
     assert "Traceback" not in result.stdout.str()
+
+
+def test_a_clock_factory_in_a_modules_mark_gives_each_test_a_clock_of_its_own(project):
+    """A clock in a module's ``pytestmark`` is one object in all its tests; a factory (the class itself, or a
+    function) makes one per database."""
+    project.makepyfile(test_clocks="""
+import pytest
+from activedb.clock import ManualClock
+
+pytestmark = pytest.mark.activedb(clock=lambda: ManualClock(100.0))
+
+@pytest.mark.parametrize("run", [1, 2])
+def test_starts_at_100(activedb_db, activedb_clock, run):
+    assert isinstance(activedb_clock, ManualClock) and activedb_clock.now() == 100.0
+    activedb_clock.advance(5)
+
+@pytest.mark.activedb(clock=ManualClock)
+def test_the_class_is_a_factory(activedb_clock):
+    assert isinstance(activedb_clock, ManualClock) and activedb_clock.now() == 0.0
+""")
+    result = project.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=3)
