@@ -28,7 +28,7 @@ from activedb.testing._choices import ChoiceTree, Chooser
 from activedb.testing._history import HistoryReport, check_history
 from activedb.testing.errors import (InterleavingError, InterleavingFailed, InterleavingHang, InvalidSchedule,
                                      NondeterministicRun)
-from activedb.lowlevel import HistoryOp, Observer, TransactionExtension, WaitKind
+from activedb.lowlevel import HistoryOp, Observer, TransactionExtension, WaitKind, abandon
 from activedb import Transaction, TxnState
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -617,7 +617,9 @@ class _Run(Observer):
 
     def _tear_down(self) -> str:
         """Release every pause for good, abort what is still active, wait for the actors.  Returns what is still
-        stuck ("" if nothing)."""
+        stuck ("" if nothing).  An abort waits for the tree's children: one still running after ``step_timeout``
+        (a rule blocked on something outside the run) is abandoned instead (``lowlevel.abandon``: doomed, its
+        PostgreSQL transaction ended), so that the run ends and says so."""
         with self.condition:
             self.open = False
             pauses = list(self.paused.values())
@@ -626,13 +628,27 @@ class _Run(Observer):
         for pause in pauses:
             pause.go.set()
         for root in roots:
-            if root.state in _ACTIVE:
-                with contextlib.suppress(Exception):
-                    root.abort("aborted by the interleaving runner's clean-up")
+            if root.state in _ACTIVE and not self._abort_within(root, self.runner.step_timeout):
+                abandon(root, InterleavingHang(f"{root.id} abandoned by the interleaving runner's clean-up: its abort "
+                                               f"still waited for its children after {self.runner.step_timeout} s"))
         with self.condition:
             self.condition.wait_for(lambda: not self.alive, self.runner.step_timeout)
             stuck = sorted(self.alive)
         return f"actors still running after the clean-up: {stuck}" if stuck else ""
+
+    @staticmethod
+    def _abort_within(root: Transaction, seconds: float) -> bool:
+        """Abort ``root`` (on a thread of its own: an abort waits for the tree's children); whether it ended within
+        ``seconds``."""
+        ended = threading.Event()
+
+        def abort() -> None:
+            with contextlib.suppress(Exception):
+                root.abort("aborted by the interleaving runner's clean-up")
+            ended.set()
+
+        threading.Thread(target=abort, name=f"abort {root.id}", daemon=True).start()
+        return ended.wait(seconds)
 
     def _hang(self, reason: str) -> InterleavingHang:
         graph = self.db.transactions.locks.wait_for_graph()

@@ -145,3 +145,27 @@ def test_a_thread_that_neither_pauses_nor_blocks_is_a_hang_with_what_each_transa
     message = str(hang.value)
     assert "W neither paused at a step nor blocked within 2.0 s" in message
     assert "steps:\n  W start\n  W: write items['x']" in message and "wait-for graph:" in message
+
+
+def test_a_rule_blocked_outside_the_run_is_a_hang_although_its_tree_cannot_be_aborted(fresh):
+    """The clean-up's abort of a tree waits for its children; a rule firing blocked on something outside the run
+    never ends, so the tree is abandoned after ``step_timeout`` and the run reports the hang (it waited for ever)."""
+    released = threading.Event()
+
+    def blocks(tx: Transaction, event: Event) -> None:
+        released.wait()                                 # never set until the run has ended
+
+    for name in ("blocks_one", "blocks_two"):       # (one priority: a group of children, run on threads)
+        fresh.rule(on=fresh.stream("stuck"), coupling=Coupling.IMMEDIATE, name=name)(blocks)
+
+    def emits(db: Database) -> None:
+        with db.transaction() as tx:
+            tx.emit("stuck", key=1)
+
+    try:
+        with pytest.raises(InterleavingHang) as hang:
+            Interleavings(fresh, {"E": emits}, setup=one_account, step_timeout=2.0).replay("")
+    finally:
+        released.set()
+    message = str(hang.value)
+    assert "neither paused at a step nor blocked within 2.0 s" in message, message
