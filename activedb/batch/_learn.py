@@ -84,7 +84,8 @@ def learned_table(action: Callable[..., object]) -> Learned | None:
     and ``tx.write(TABLE, KEY, ...)`` (keyword values only; ``TABLE`` one and the same table, named by a string
     constant or by a global name bound to a string — a module's constant —,
     at least one write; ``KEY`` either ``event.key`` in every call, or in every call one name assigned once, at the
-    top of the body, ``name = expression``, the expression reading only ``event`` and global names),
+    top of the body, ``name = expression`` (or ``a, name = x, expression``), the expression reading only ``event``
+    and global names; ``event.key`` itself names the row as ``event.key`` does),
     ``event`` only as ``event.key``, ``event.ts``, ``event.payload``, ``event.source`` (or anyhow inside that
     key expression), neither name rebound, shadowed or reachable through ``locals()``/``vars()``/``eval``/``exec``;
     a source that cannot be read or parsed, or whose compiled code differs from the function's (a file edited since
@@ -231,17 +232,16 @@ def _uses(function: ast.FunctionDef, tx_name: str, event_name: str, code: CodeTy
     key_name = keys.pop()
     expression: ast.expr | None = None
     if key_name:
-        # One top-level ``key_name = expression``, no other binding of the name; the expression reads only the
-        # event and global names (not the action's other locals or closure), and never tx.
-        assignments = [statement for statement in function.body if isinstance(statement, ast.Assign)
-                       and len(statement.targets) == 1 and isinstance(statement.targets[0], ast.Name)
-                       and statement.targets[0].id == key_name]
+        # One top-level ``key_name = expression`` (or ``…, key_name, … = …, expression, …``), no other binding of
+        # the name; the expression reads only the event and global names (not the action's other locals or
+        # closure), and never tx.
+        assignments = [value for statement in function.body if (value := _assigned(statement, key_name)) is not None]
         bindings = [node for node in body if (isinstance(node, ast.Name) and node.id == key_name
                                               and not isinstance(node.ctx, ast.Load))
                     or (isinstance(node, ast.arg) and node.arg == key_name)]
         if len(assignments) != 1 or len(bindings) != 1 or key_name in (tx_name, event_name):
             return None
-        expression = assignments[0].value
+        expression = assignments[0]
         for node in ast.walk(expression):
             if isinstance(node, ast.Name):
                 if node.id in local_names and node.id != event_name:
@@ -250,6 +250,9 @@ def _uses(function: ast.FunctionDef, tx_name: str, event_name: str, code: CodeTy
                     allowed.add(id(node))
             elif isinstance(node, (ast.Lambda, ast.comprehension, ast.NamedExpr)):
                 return None
+        if (isinstance(expression, ast.Attribute) and expression.attr == "key" and isinstance(expression.value, ast.Name)
+                and expression.value.id == event_name):
+            expression = None            # ``worker = event.key``: the event's key itself, as ``event.key`` names it
     for node in body:
         if isinstance(node, ast.Name):
             if node.id in (tx_name, event_name) and id(node) not in allowed:
@@ -267,6 +270,21 @@ def _uses(function: ast.FunctionDef, tx_name: str, event_name: str, code: CodeTy
     if writes == 0 or len(tables) != 1:
         return None
     return tables.pop(), expression
+
+
+def _assigned(statement: ast.stmt, name: str) -> ast.expr | None:
+    """The expression ``statement`` assigns to ``name``: of ``name = expression``, or its part of ``a, name = x,
+    expression`` (a tuple of names from a tuple of as many expressions); else None."""
+    if not isinstance(statement, ast.Assign) or len(statement.targets) != 1:
+        return None
+    target, value = statement.targets[0], statement.value
+    if isinstance(target, ast.Name):
+        return value if target.id == name else None
+    if (isinstance(target, ast.Tuple) and isinstance(value, ast.Tuple) and len(target.elts) == len(value.elts)
+            and not any(isinstance(part, ast.Starred) for part in (*target.elts, *value.elts))):
+        return next((part for element, part in zip(target.elts, value.elts)
+                     if isinstance(element, ast.Name) and element.id == name), None)
+    return None
 
 
 class _Deviation(Exception):

@@ -61,6 +61,24 @@ def count_by_constant(tx, event):
     tx.write(COUNTERS, event.key, events=1 if row is None else row["events"] + 1, total=event.payload["amount"])
 
 
+def count_by_tuple(tx, event):
+    """The key from a tuple assignment, as people unpack an event (``worker, room = event.key, …``)."""
+    who, amount = event.key, event.payload["amount"]
+    row = tx.read(COUNTERS, who)
+    tx.write(COUNTERS, who, events=1 if row is None else row["events"] + 1, total=amount)
+
+
+def suffixed_by_tuple(tx, event):
+    seq, key = event.payload["seq"], _suffixed(event)
+    tx.write("counters", key, events=seq)
+
+
+def key_from_an_unpacked_value(tx, event):
+    pair = (event.key, 1)
+    who, _ = pair
+    tx.write("counters", who, events=1)
+
+
 def table_not_a_string(tx, event):
     tx.write(NOT_A_TABLE, event.key, events=1)
 
@@ -176,9 +194,11 @@ def test_the_static_check():
     assert learned_table(add_or_refuse).table == "counters"
     assert learned_table(count_suffixed).table == "counters" and learned_table(count_suffixed).key is not None
     assert learned_table(count_by_constant).table == "counters"     # a global name bound to a string
+    assert learned_table(count_by_tuple).table == "counters" and learned_table(count_by_tuple).key is None
+    assert learned_table(suffixed_by_tuple).key_source == learned_table(count_suffixed).key_source != ""
     for action in (reads_another_table, reads_another_key, inserts, emits, passes_tx, reads_the_event_otherwise,
                    lambda tx, event: tx.write("counters", event.key, events=1), print, key_from_a_local,
-                   key_assigned_twice, table_not_a_string, table_from_a_local):
+                   key_assigned_twice, table_not_a_string, table_from_a_local, key_from_an_unpacked_value):
         assert learned_table(action) is None, action
 
 
@@ -299,6 +319,20 @@ def counts(database, names) -> dict[str, tuple[int, int, int, int]]:
     per_rule = database.rules.statistics().per_rule
     return {name: (per_rule[name].fired, per_rule[name].executed, per_rule[name].failed, per_rule[name].condition_false)
             for name in names if name in per_rule}
+
+
+def test_a_key_unpacked_from_a_tuple_assignment_is_lowered_in_a_chain_with_event_key(databases):
+    """``who, amount = event.key, …`` names the event's row as ``event.key`` does: with a condition reading the row by
+    ``event.key`` the two rules are one chain, lowered with firing's tables."""
+    def register(database):
+        stream = database.stream("tuple")
+        database.rule(on=stream, name="count_by_tuple", priority=2)(count_by_tuple)
+        database.rule(on=stream, name="tuple_mark", priority=1, when=over_five)(mark_big)
+
+    source = "tuple"
+    lowered = run_both(databases, source, [rows(0, [("tuple", "tuple-a", 3), ("tuple", "tuple-a", 7),
+                                                    ("tuple", "tuple-b", 9)])], register)
+    assert lowered[0] is not None
 
 
 def test_an_action_that_raises_rejects_its_event_in_the_lowered_batch_as_firing_does(databases):
