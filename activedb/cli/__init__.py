@@ -21,6 +21,8 @@ import importlib.util
 import inspect
 import os
 import sys
+import sysconfig
+import traceback
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Unpack
@@ -190,7 +192,7 @@ def load_app(spec: str, error: type[Exception]) -> ModuleType:
             if isinstance(failure, ModuleNotFoundError) and failure.name and spec.startswith(failure.name):
                 raise error(f"no module named {spec!r}: give an importable module (package.module) or a path to a "
                             f".py file") from None
-            raise error(f"importing {spec!r} failed: {failure!r}") from failure
+            raise error(f"importing {spec!r} failed{_where(failure)}: {failure!r}") from failure
     if not callable(getattr(module, "register", None)):
         raise error(f"application {spec!r} has no register(db) function declaring its rules")
     return module
@@ -211,8 +213,19 @@ def _module_from_file(path: Path, error: type[Exception]) -> ModuleType:
         spec.loader.exec_module(module)
     except Exception as failure:
         sys.modules.pop(module_name, None)
-        raise error(f"importing {path} failed: {failure!r}") from failure
+        raise error(f"importing {path} failed{_where(failure)}: {failure!r}") from failure
     return module
+
+
+def _where(failure: BaseException) -> str:
+    """`` at FILE:LINE`` of the user's line that raised ``failure`` while a module was imported — the innermost frame
+    outside Python's own library (a syntax error: its own place) — for a one-line error that still points at it."""
+    if isinstance(failure, SyntaxError) and failure.filename:
+        return f" at {failure.filename}:{failure.lineno}"
+    library = sysconfig.get_paths()["stdlib"]
+    frames = [frame for frame in traceback.extract_tb(failure.__traceback__)
+              if not frame.filename.startswith(("<", library))]
+    return f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
 
 
 def _confirm(question: str, yes: bool) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import click
 import pytest
 import sqlalchemy as sa
 from click.testing import CliRunner
@@ -237,3 +238,18 @@ def test_each_benchmark_has_its_own_help():
     assert "Deadlock check per new wait edge" in locks and "--plot" in locks
     assert "firings per second" in " ".join(rules.split())
     assert locks != rules
+
+
+def test_an_application_that_raises_at_import_is_one_line_naming_the_file_and_line(tmp_path):
+    from activedb.cli import load_app
+
+    broken = tmp_path / "broken_app.py"
+    broken.write_text("import os\n\nSETTING = os.environ['NO_SUCH_SETTING_HERE']\n\ndef register(db):\n    pass\n")
+    with pytest.raises(click.ClickException) as raised:
+        load_app(str(broken), click.ClickException)
+    assert raised.value.message == (f"importing {broken} failed at {broken}:3: KeyError('NO_SUCH_SETTING_HERE')")
+    typo = tmp_path / "typo_app.py"
+    typo.write_text("def register(db):\n    pass\n\nif True\n    pass\n")
+    with pytest.raises(click.ClickException) as raised:
+        load_app(str(typo), click.ClickException)
+    assert f"importing {typo} failed at {typo}:4: SyntaxError(" in raised.value.message
