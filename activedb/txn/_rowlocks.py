@@ -148,9 +148,10 @@ class RowLocks(CommitParticipant):
                         f"nothing was written — re-run the transaction (Database.run(fn) does)") from None
                 raise self._root.manager.catalog.database_failure(
                     error, f"locking row {key!r} of {info.name!r}") from error
-            if row not in self.rows:
-                self.rows.add(row)
-                self._root.manager.row_lock_owners.add(row, self._root.id)
+            new = row not in self.rows
+            self.rows.add(row)
+        if new:         # (after ``_mutex``, a leaf: the owners' mutex is another leaf)
+            self._root.manager.row_lock_owners.add(row, self._root.id)
         return image
 
     def _open(self) -> None:
@@ -203,8 +204,10 @@ class RowLocks(CommitParticipant):
             if connection is not None:
                 with contextlib.suppress(Exception):
                     connection.invalidate()     # closes the driver's connection: the server rolls back
+            rows = list(self.rows)
         finally:
             self._mutex.release()
+        self._root.manager.row_lock_owners.discard(rows, self._root.id)    # (its rows are PostgreSQL's again)
 
     def _close(self) -> None:
         """Caller holds ``_mutex``."""
