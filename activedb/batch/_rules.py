@@ -368,12 +368,9 @@ def apply_lowered(rules: "RuleManager", transaction: "Transaction", events: Iter
         for event_type, count in per_type.items():
             chain = lowered.rules[event_type]
             declaration = lowered.learned.get(event_type)
-            if declaration is not None and declaration.rejected:
-                _count_chain(rules, chain, declaration, [event.position for event in pending.batch
-                                                         if event.event_type == event_type])
-                continue
-            if declaration is None or not declaration.conditional:
-                # A declared rule, or a chain without conditions: each action ran for each event not refused.
+            if declaration is None or not (declaration.conditional or declaration.rejected):
+                # A declared rule, or a chain without conditions none of whose rules raised: each action ran for
+                # each event not refused.
                 for rule in chain:
                     if count > failed[event_type]:
                         rules.count(rule, "executed", count - failed[event_type])

@@ -45,8 +45,9 @@ def apply_batch(tx: Transaction, events: Iterable[object], transactions: StateTr
     catalog = tx.manager.catalog
     declared, states = prepared.declared(), prepared.states_by_table()
     # (The rows of tables whose key is converted, by their normalised keys: the others cannot be named two ways.)
-    normalised = {table: {key: catalog.table_info(table).key(key) for key in keys} for table, keys in states.items()
-                  if catalog.table_info(table).converts_keys}
+    infos = {table: catalog.table_info(table) for table in states}
+    normalised = {table: {key: infos[table].key(key) for key in keys} for table, keys in states.items()
+                  if infos[table].converts_keys}
     aliases = row_aliases(catalog, normalised)
     if aliases:
         name_rows_once(transactions.declare, prepared.batch, declared, normalised, aliases)
