@@ -335,6 +335,12 @@ def test_a_key_unpacked_from_a_tuple_assignment_is_lowered_in_a_chain_with_event
     assert lowered[0] is not None
 
 
+def moved_by(then: dict[str, tuple[int, ...]], now: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
+    """Each rule's counters in ``now`` less those in ``then`` (a rule not in ``then``: from zero)."""
+    return {name: tuple(a - b for a, b in zip(counters, then.get(name, (0,) * len(counters))))
+            for name, counters in now.items()}
+
+
 def test_an_action_that_raises_rejects_its_event_in_the_lowered_batch_as_firing_does(databases):
     def register(database):
         database.rule(on=database.stream("addr"), name="add_or_refuse")(add_or_refuse)
@@ -391,8 +397,7 @@ def test_a_rule_raising_inside_a_chain_rejects_its_event_and_the_counters_move_a
     lowered = run_both(databases, source, batches, register)
     assert all(pending is not None for pending in lowered), lowered
     after = [counts(database, names) for database in databases]
-    moved = [{name: tuple(a - b for a, b in zip(now[name], then.get(name, (0, 0, 0, 0)))) for name in now}
-             for now, then in zip(after, before)]
+    moved = [moved_by(then, now) for now, then in zip(after, before)]
     assert moved[0] == moved[1]
     assert moved[0]["rchain_refuse"][2] > 0 and len(letters(databases[0], source)) == moved[0]["rchain_refuse"][2]
 
@@ -438,8 +443,7 @@ def test_a_chain_of_rules_with_conditions_is_lowered_with_the_tables_and_counter
     lowered = run_both(databases, source, batches, register)
     assert all(pending is not None for pending in lowered), lowered
     after = [counts(database) for database in databases]
-    moved = [{name: tuple(a - b for a, b in zip(now[name], then.get(name, (0, 0, 0)))) for name in now}
-             for now, then in zip(after, before)]
+    moved = [moved_by(then, now) for now, then in zip(after, before)]
     assert moved[0] == moved[1]
     assert moved[0]["chain_count"] == (7, 7, 0) and moved[0]["chain_mark"][0] == 7
     assert 0 < moved[0]["chain_mark"][1] < 7 and 0 < moved[0]["chain_again"][1] < 7
