@@ -30,7 +30,8 @@ from activedb.errors import ActivedbError, Failure, RuleFailed, classify
 from activedb.events import Event, EventKind, new_event
 from activedb.store import RowImage, TableInfo
 
-__all__ = ["FALL_BACK", "Learned", "LearnedDeclaration", "Rejection", "Step", "learned_condition", "learned_table"]
+__all__ = ["FALL_BACK", "Learned", "LearnedDeclaration", "NotLearned", "Rejection", "Step", "learned_condition",
+           "learned_table", "why_not_learned"]
 
 #: The logger firing logs a rule's failure to (``activedb.rules``): a lowered batch logs it the same way.
 _RULES_LOGGER = logging.getLogger("activedb.rules")
@@ -69,10 +70,16 @@ class Learned(NamedTuple):
     key_source: str = ""
 
 
-# function -> what was learned, or None (not lowerable); weak: a redefined function's verdict goes with it.  One cache
-# for actions, one for conditions (a function may be checked as both).
-_VERDICTS: "weakref.WeakKeyDictionary[Callable[..., object], Learned | None]" = weakref.WeakKeyDictionary()
-_CONDITIONS: "weakref.WeakKeyDictionary[Callable[..., object], Learned | None]" = weakref.WeakKeyDictionary()
+class NotLearned(str):
+    """Why the static check refused a function: a sentence naming the first thing in its source that a state
+    transaction of the event's row cannot express, with ``file:line`` where one line is to blame."""
+
+
+# function -> what was learned, or why not; weak: a redefined function's verdict goes with it.  One cache for
+# actions, one for conditions (a function may be checked as both).
+_Verdict: TypeAlias = "Learned | NotLearned"
+_VERDICTS: "weakref.WeakKeyDictionary[Callable[..., object], _Verdict]" = weakref.WeakKeyDictionary()
+_CONDITIONS: "weakref.WeakKeyDictionary[Callable[..., object], _Verdict]" = weakref.WeakKeyDictionary()
 
 
 def learned_table(action: Callable[..., object]) -> Learned | None:
@@ -90,25 +97,35 @@ def learned_table(action: Callable[..., object]) -> Learned | None:
     key expression), neither name rebound, shadowed or reachable through ``locals()``/``vars()``/``eval``/``exec``;
     a source that cannot be read or parsed, or whose compiled code differs from the function's (a file edited since
     the import, a closure), does not qualify.  Whatever the check lets through, the row the
-    action names at run time is compared with the declared one (a difference falls back)."""
-    return _cached(_VERDICTS, action, False)
+    action names at run time is compared with the declared one (a difference falls back).  Why a function does not
+    qualify: :func:`why_not_learned`."""
+    verdict = _cached(_VERDICTS, action, False)
+    return verdict if type(verdict) is Learned else None
 
 
 def learned_condition(condition: Callable[..., object]) -> Learned | None:
     """What the static check of :func:`learned_table` learns of a rule's condition ``condition(tx, event)``: the same
     shape with reads only — ``tx.read(TABLE, KEY)`` of one row, or none (``table`` then ``""``: a condition of the
     event alone).  None if it does anything else with ``tx``.  Cached per function."""
-    return _cached(_CONDITIONS, condition, True)
+    verdict = _cached(_CONDITIONS, condition, True)
+    return verdict if type(verdict) is Learned else None
 
 
-def _cached(cache: "weakref.WeakKeyDictionary[Callable[..., object], Learned | None]", function: Callable[..., object],
-            condition: bool) -> Learned | None:
+def why_not_learned(function: Callable[..., object], condition: bool = False) -> NotLearned | None:
+    """Why :func:`learned_table` (``condition``: :func:`learned_condition`) refuses ``function``, or None if it
+    qualifies."""
+    verdict = _cached(_CONDITIONS if condition else _VERDICTS, function, condition)
+    return verdict if isinstance(verdict, NotLearned) else None
+
+
+def _cached(cache: "weakref.WeakKeyDictionary[Callable[..., object], _Verdict]", function: Callable[..., object],
+            condition: bool) -> _Verdict:
     try:
         return cache[function]
     except KeyError:
         pass
     except TypeError:            # (not weak-referenceable: no function)
-        return None
+        return NotLearned(f"{function!r} is not a plain Python function")
     verdict = _verdict(function, condition)
     try:
         cache[function] = verdict
@@ -117,46 +134,54 @@ def _cached(cache: "weakref.WeakKeyDictionary[Callable[..., object], Learned | N
     return verdict
 
 
-def _verdict(action: Callable[..., object], condition: bool = False) -> Learned | None:
-    if not inspect.isfunction(action) or action.__name__ == "<lambda>" or hasattr(action, "__wrapped__"):
-        return None          # (getsource would read what a wrapper wraps, not the wrapper)
+def _verdict(action: Callable[..., object], condition: bool = False) -> _Verdict:
+    if not inspect.isfunction(action):
+        return NotLearned(f"{action!r} is not a plain Python function")
+    if action.__name__ == "<lambda>":
+        return NotLearned("it is a lambda: its source is not one statement of its own")
+    if hasattr(action, "__wrapped__"):      # (getsource would read what a wrapper wraps, not the wrapper)
+        return NotLearned("it wraps another function (__wrapped__): its source is not the code that runs")
     if inspect.iscoroutinefunction(action) or inspect.isgeneratorfunction(action):
-        return None
+        return NotLearned("it is async or a generator")
+    code = action.__code__
     try:
         source = textwrap.dedent(inspect.getsource(action))
         tree = ast.parse(source)
-        module = compile(source, action.__code__.co_filename, "exec", dont_inherit=True)
-    except (OSError, TypeError, SyntaxError, ValueError):
-        return None
-    if len(tree.body) != 1 or not isinstance(tree.body[0], ast.FunctionDef):
-        return None
-    function = tree.body[0]
-    if function.name != action.__code__.co_name:
-        return None
+        module = compile(source, code.co_filename, "exec", dont_inherit=True)
+    except (OSError, TypeError, SyntaxError, ValueError) as error:
+        return NotLearned(f"its source cannot be read ({error.__class__.__name__}: made at run time?)")
     # The source read is the code running (not a file edited since it was imported, not a closure's): the same
     # instructions and names.
-    code = action.__code__
-    if not any(isinstance(constant, CodeType) and constant.co_name == code.co_name and _same_code(constant, code)
-               for constant in module.co_consts):
-        return None
+    if (len(tree.body) != 1 or not isinstance(tree.body[0], ast.FunctionDef) or tree.body[0].name != code.co_name
+            or not any(isinstance(constant, CodeType) and constant.co_name == code.co_name
+                       and _same_code(constant, code) for constant in module.co_consts)):
+        return NotLearned(f"its source in {code.co_filename} is not the code running (edited since it was "
+                          f"imported, or a closure)")
+    function = tree.body[0]
     arguments = function.args
     if (arguments.posonlyargs or arguments.vararg or arguments.kwonlyargs or arguments.kwarg
             or arguments.defaults or len(arguments.args) != 2):
-        return None
+        return NotLearned(f"it takes other parameters than (tx, event) ({_where(code, function)})")
     tx_name, event_name = arguments.args[0].arg, arguments.args[1].arg
-    found = _uses(function, tx_name, event_name, action.__code__, condition, action.__globals__)
-    if found is None:
-        return None
+    found = _uses(function, tx_name, event_name, code, condition, action.__globals__)
+    if isinstance(found, NotLearned):
+        return found
     table, expression = found
     if expression is None:
         return Learned(table, None, event_name)
     try:
         key_function = ast.Lambda(args=ast.arguments(posonlyargs=[], args=[ast.arg(arg=event_name)], kwonlyargs=[],
                                                      kw_defaults=[], defaults=[]), body=expression)
-        code = compile(ast.fix_missing_locations(ast.Expression(body=key_function)), action.__code__.co_filename, "eval")
+        compiled = compile(ast.fix_missing_locations(ast.Expression(body=key_function)), code.co_filename, "eval")
     except (SyntaxError, ValueError, TypeError):
-        return None
-    return Learned(table, code, event_name, ast.dump(expression))
+        return NotLearned(f"its key expression does not compile alone ({_where(code, expression)})")
+    return Learned(table, compiled, event_name, ast.dump(expression))
+
+
+def _where(code: CodeType, node: ast.AST) -> str:
+    """``file:line`` of ``node`` of the source of ``code`` (its first line is the function's, decorators included,
+    as ``inspect.getsource`` reads it)."""
+    return f"{code.co_filename}:{code.co_firstlineno + getattr(node, 'lineno', 1) - 1}"
 
 
 def _same_code(one: CodeType, other: CodeType) -> bool:
@@ -175,16 +200,32 @@ def _same_code(one: CodeType, other: CodeType) -> bool:
 
 
 def _uses(function: ast.FunctionDef, tx_name: str, event_name: str, code: CodeType, condition: bool = False,
-          namespace: Mapping[str, object] | None = None) -> tuple[str, ast.expr | None] | None:
+          namespace: Mapping[str, object] | None = None) -> tuple[str, ast.expr | None] | NotLearned:
     """The table of ``function``'s body, and the key's expression if not ``event.key``, if it uses ``tx_name`` and
-    ``event_name`` only as allowed (see :func:`learned_table`; ``condition``: :func:`learned_condition`), else None.
-    ``namespace``: the function's globals, where a table named by a global name is looked up."""
+    ``event_name`` only as allowed (see :func:`learned_table`; ``condition``: :func:`learned_condition`), else why
+    not.  ``namespace``: the function's globals, where a table named by a global name is looked up."""
     allowed: set[int] = set()       # ids of the Name nodes of tx_name / event_name in allowed places
     tables: set[str] = set()
     keys: set[str] = set()          # "": event.key; else the name of the key variable
     writes = 0
     body = [node for statement in function.body for node in ast.walk(statement)]
     local_names = set(code.co_varnames) | set(code.co_freevars) | set(code.co_cellvars)
+    callee: dict[int, str] = {}      # id of a call's argument -> the function called with it (to name it)
+
+    def refuse(what: str, node: ast.AST) -> NotLearned:
+        return NotLearned(f"it {what} ({_where(code, node)})")
+
+    def misuse(*names: str) -> NotLearned | None:
+        """The refusal of the first use of one of ``names`` (tx, event) in no allowed place, if any."""
+        for node in body:
+            if isinstance(node, ast.Name) and node.id in names and id(node) not in allowed:
+                if id(node) in callee:
+                    return refuse(f"passes {node.id} to {callee[id(node)]}()", node)
+                if node.id == event_name:
+                    return refuse(f"uses {event_name} other than as {event_name}.key, .ts, .payload or .source", node)
+                return refuse(f"uses {tx_name} other than as {tx_name}.read(TABLE, KEY) and "
+                              f"{tx_name}.write(TABLE, KEY, ...)", node)
+        return None
 
     def table_of(node: ast.expr) -> str | None:
         """The table ``node`` names: a string constant, or a global name bound to a string (a module's constant:
@@ -209,26 +250,33 @@ def _uses(function: ast.FunctionDef, tx_name: str, event_name: str, code: CodeTy
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and isinstance(
                 node.func.value, ast.Name) and node.func.value.id == tx_name:
             method = node.func.attr
-            if method not in (("read",) if condition else ("read", "write")) or len(node.args) != 2:
-                return None
+            if method not in (("read",) if condition else ("read", "write")):
+                return refuse(f"calls {tx_name}.{method}" + (" (a condition only reads)" if condition else ""), node)
+            if len(node.args) != 2 or any(isinstance(argument, ast.Starred) for argument in node.args):
+                return refuse(f"calls {tx_name}.{method} with other arguments than (table, key)", node)
             table_node, key = node.args
             table = table_of(table_node)
-            if table is None or not is_event_key(key):
-                return None
-            if any(isinstance(argument, ast.Starred) for argument in node.args):
-                return None
+            if table is None:
+                return refuse("names a table by an expression (not a string, nor a module's string constant)", node)
+            if not is_event_key(key):
+                return refuse(f"names a row by an expression: use {event_name}.key, or a name assigned once at the "
+                              f"top of the body", node)
             if method == "read" and node.keywords:
-                return None
+                return refuse(f"reads with options ({tx_name}.read(..., {node.keywords[0].arg}=...))", node)
             writes += method == "write"
             tables.add(table)
             allowed.add(id(node.func.value))
         elif (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == event_name
               and node.attr in _EVENT_ATTRIBUTES and isinstance(node.ctx, ast.Load)):
             allowed.add(id(node.value))
+        elif isinstance(node, ast.Call):
+            for argument in (*node.args, *(keyword.value for keyword in node.keywords)):
+                callee[id(argument)] = ast.unparse(node.func)
     if condition and not keys and not tables:
         keys.add("")                     # (a condition of the event alone: no row, no key)
     if len(keys) != 1:
-        return None
+        return misuse(tx_name) or refuse("names rows by more than one key" if keys else "never reads or writes a row",
+                                         function)
     key_name = keys.pop()
     expression: ast.expr | None = None
     if key_name:
@@ -240,35 +288,41 @@ def _uses(function: ast.FunctionDef, tx_name: str, event_name: str, code: CodeTy
                                               and not isinstance(node.ctx, ast.Load))
                     or (isinstance(node, ast.arg) and node.arg == key_name)]
         if len(assignments) != 1 or len(bindings) != 1 or key_name in (tx_name, event_name):
-            return None
+            return refuse(f"names its row by {key_name!r}, which is not assigned exactly once at the top of the "
+                          f"body", function)
         expression = assignments[0]
         for node in ast.walk(expression):
             if isinstance(node, ast.Name):
                 if node.id in local_names and node.id != event_name:
-                    return None
+                    return refuse(f"computes its key from the local name {node.id!r} (only the event and global "
+                                  f"names may be used)", node)
                 if node.id == event_name:
                     allowed.add(id(node))
             elif isinstance(node, (ast.Lambda, ast.comprehension, ast.NamedExpr)):
-                return None
+                return refuse("computes its key with a lambda, a comprehension or :=", node)
         if (isinstance(expression, ast.Attribute) and expression.attr == "key" and isinstance(expression.value, ast.Name)
                 and expression.value.id == event_name):
             expression = None            # ``worker = event.key``: the event's key itself, as ``event.key`` names it
+    found = misuse(tx_name, event_name)
+    if found is not None:
+        return found
     for node in body:
         if isinstance(node, ast.Name):
-            if node.id in (tx_name, event_name) and id(node) not in allowed:
-                return None
             if node.id in _INTROSPECTION:
-                return None
+                return refuse(f"calls {node.id}()", node)
         elif isinstance(node, ast.arg) and node.arg in (tx_name, event_name):
-            return None                  # a nested function or lambda shadows them
+            return refuse(f"has a nested function or lambda whose parameter {node.arg!r} shadows its own", node)
         elif isinstance(node, (ast.Global, ast.Nonlocal)) and {tx_name, event_name} & set(node.names):
-            return None
+            return refuse(f"declares {tx_name} or {event_name} global or nonlocal", node)
         elif isinstance(node, (ast.Yield, ast.YieldFrom, ast.Await)):
-            return None
+            return refuse("yields or awaits", node)
+    if len(tables) > 1:
+        return refuse(f"{'reads' if condition else 'reads or writes'} more than one table ({', '.join(sorted(tables))})",
+                      function)
     if condition:
-        return (tables.pop() if tables else "", expression) if len(tables) <= 1 else None
-    if writes == 0 or len(tables) != 1:
-        return None
+        return tables.pop() if tables else "", expression
+    if writes == 0:
+        return refuse(f"never writes its row ({tx_name}.write)", function)
     return tables.pop(), expression
 
 

@@ -19,7 +19,8 @@ import sqlalchemy as sa
 from coupling import Coupling, priority_groups
 
 from activedb.batch._commit import PendingBatch, apply_at_commit
-from activedb.batch._learn import Learned, LearnedDeclaration, Rejection, Step, learned_condition, learned_table
+from activedb.batch._learn import (
+    Learned, LearnedDeclaration, NotLearned, Rejection, Step, learned_condition, learned_table, why_not_learned)
 from activedb.batch._declare import (
     Abort, BatchEvent, Declaring, Inserted, OpKind, Ops, OpSpec, State, StateTransactions, inserted, inserted_parts)
 from activedb.batch._result import BatchResult
@@ -30,10 +31,12 @@ from activedb.events import Event, EventKind
 from activedb.store import RowImage
 
 if TYPE_CHECKING:  # pragma: no cover
+    from activedb._handle import DatabaseHandle
     from activedb.rules import Rule, RuleManager
-    from activedb.txn import Transaction
+    from activedb.txn import Transaction, TransactionManager
 
-__all__ = ["DeclaredAction", "Lowered", "RULE_LOWERING", "apply_lowered", "declared", "lower", "lowerable"]
+__all__ = ["DeclaredAction", "Lowered", "RULE_LOWERING", "apply_lowered", "declared", "lower", "lowerable",
+           "why_not_lowered"]
 
 _READ, _WRITE, _CHECK = OpKind.READ, OpKind.WRITE, OpKind.CHECK
 _ND_READ, _ND_WRITE, _INSERT = OpKind.ND_READ, OpKind.ND_WRITE, OpKind.INSERT
@@ -203,7 +206,7 @@ def lowerable(rule: "Rule") -> DeclaredAction | Callable[..., object] | None:
     return None
 
 
-def learned_chain(fired: tuple["Rule", ...]) -> tuple[tuple[Step, ...], Learned] | None:
+def learned_chain(fired: tuple["Rule", ...]) -> tuple[tuple[Step, ...], Learned] | NotLearned:
     """The steps of a :class:`LearnedDeclaration` that runs the rules a stream event fires (``fired``, in the order
     the dispatch fires them), and what was learned of the row they name, if firing them is the same as running one
     state transaction of the event's row (the package README, "Plain rules lowered"): every rule immediate (event–
@@ -211,36 +214,94 @@ def learned_chain(fired: tuple["Rule", ...]) -> tuple[tuple[Step, ...], Learned]
     table (``learned_table``) or at most reads it (``learned_condition``: a check that raises to reject its event),
     one action at least writing, and its condition, if any, one that at most reads that row (``learned_condition``) —
     one table and one key expression for all; and no two of one priority (such a group may run concurrently, in an
-    order no batch can know).  None otherwise."""
-    if any(Coupling.parse(rule.coupling) is not Coupling.IMMEDIATE
-           or Coupling.parse(rule.action_coupling) is not Coupling.IMMEDIATE for rule in fired):
-        return None
+    order no batch can know).  Otherwise why not, naming the rule."""
+    for rule in fired:
+        coupling, action_coupling = Coupling.parse(rule.coupling), Coupling.parse(rule.action_coupling)
+        if coupling is not Coupling.IMMEDIATE or action_coupling is not Coupling.IMMEDIATE:
+            mode = coupling if coupling is not Coupling.IMMEDIATE else action_coupling
+            return NotLearned(f"rule {rule.name!r} is {mode.value.replace('_', ' ')}: only immediate rules run in a "
+                              f"batch")
     groups = priority_groups(fired, key=lambda rule: rule.priority)
-    if any(len(group) > 1 for group in groups):
-        return None
+    for group in groups:
+        if len(group) > 1:
+            return NotLearned(f"rules {', '.join(repr(rule.name) for rule in group)} share priority "
+                              f"{group[0].priority}: they may run concurrently, in an order a batch cannot know")
     steps: list[Step] = []
     chain: Learned | None = None    # the first action's that writes the row
-    named: list[Learned] = []       # what each condition and action names (a table "": no row)
+    named: list[tuple[str, Learned]] = []     # what each condition and action names (a table "": no row)
     for rule in (rule for group in groups for rule in group):
         action = rule.action_function()
         # An action that writes the row, or one that at most reads it (a check that raises to reject its event).
         writes = learned_table(action)
         learned = writes or learned_condition(action)
         if learned is None:
-            return None
+            return NotLearned(f"the action of rule {rule.name!r}: {why_not_learned(action)}")
         chain = chain or writes
-        named.append(learned)
+        named.append((rule.name, learned))
         condition = rule.condition_function()
         if condition is not None:
             reads = learned_condition(condition)
             if reads is None:
-                return None
-            named.append(reads)
+                return NotLearned(f"the condition of rule {rule.name!r}: {why_not_learned(condition, True)}")
+            named.append((rule.name, reads))
         steps.append((condition, action))
-    if chain is None or any(learned.table and (learned.table, learned.key_source) != (chain.table, chain.key_source)
-                            for learned in named):
-        return None
+    if chain is None:
+        return NotLearned("no rule's action writes the event's row")
+    for name, learned in named:
+        if learned.table and (learned.table, learned.key_source) != (chain.table, chain.key_source):
+            return NotLearned(f"rule {name!r} names another row than the chain's first writer ({learned.table!r} "
+                              f"by {'event.key' if not learned.key_source else 'another key expression'}, not "
+                              f"{chain.table!r}): all rules of a type must name one row")
     return tuple(steps), chain
+
+
+def _process_refusal(rules: "RuleManager", manager: "TransactionManager") -> str | None:
+    """Why no batch of this process lowers (something hears what firing does event by event), or None."""
+    if manager.recorder is not None:
+        return "the history recorder records every firing (record_history)"
+    if any(True for _ in manager.observers):
+        return "an observer hears every transaction and firing (db.observe, explain_deadlocks)"
+    observed = rules.observed_tables()
+    if observed:
+        return (f"rules react to data events of {', '.join(sorted(map(str, observed)))}: fired event by event they "
+                f"hear each change of a row, a batch changes each row once")
+    if any(getattr(hook, "__self__", None) is not rules for hook in manager.extensions.on_event):
+        return "another extension hears emitted events (pattern queries, composite events, capture)"
+    return None
+
+
+def _type_refusal(manager: "TransactionManager", fired: tuple["Rule", ...]
+                  ) -> Declaring | NotLearned:
+    """How a type's ``fired`` rules run as one state transaction per event (a declared rule's declaration, or the
+    :class:`LearnedDeclaration` of a chain), or why not."""
+    if not fired:
+        return NotLearned("no rule fires on it")
+    action = fired[0].action_function()
+    if len(fired) == 1 and isinstance(action, DeclaredAction):
+        if lowerable(fired[0]) is None:
+            return NotLearned(f"the declared rule {fired[0].name!r} has a condition or is not immediate")
+        return action.declaration
+    found = learned_chain(fired)
+    if isinstance(found, NotLearned):
+        return found
+    steps, learned_from = found
+    try:
+        info = manager.catalog.table_info(learned_from.table)
+    except SchemaError as error:     # no such table: each firing fails with its own reason
+        return NotLearned(str(error))
+    return LearnedDeclaration(steps, learned_from, info, [rule.name for rule in fired])
+
+
+def why_not_lowered(db: "DatabaseHandle", event_type: str) -> str | None:
+    """Why the ingestion core's rule path fires a batch of ``event_type``'s events on ``db`` event by event instead
+    of lowering it to one batch of state transactions (:func:`lower`), or None if it lowers them — as the rules and
+    this process stand now (a learned rule whose lowered attempt a handler saw refused is not known here).  The
+    reason names the rule and, where one line of its source is to blame, ``file:line``.  From a shell: ``activedb
+    rules lowering APP``.  Both the process's reason and the type's own are given where both hold."""
+    verdict = _type_refusal(db.transactions, db.rules.on_stream(event_type))
+    reasons = [reason for reason in (_process_refusal(db.rules, db.transactions), verdict)
+               if isinstance(reason, str)]
+    return "; and ".join(reasons) or None
 
 
 def lower(rules: "RuleManager", transaction: "Transaction", event_types: Iterable[str],
@@ -250,16 +311,15 @@ def lower(rules: "RuleManager", transaction: "Transaction", event_types: Iterabl
     plain rules that form a :func:`learned_chain` (none refused before: ``Lowered.deviated``);
     nothing else may listen — no other extension hears emitted events, no observer hears node or firing events,
     no history is recorded; and no rule reacts to data events: fired event by event it hears each event's
-    change of a row, while a batch (``apply_at_commit`` through the tree) changes each row once.
+    change of a row, while a batch (``apply_at_commit`` through the tree) changes each row once.  Why a type is not
+    lowered: :func:`why_not_lowered`.
 
     ``cache``: a dict of the caller's that keeps one :class:`Lowered` per set of rules, so that its
     ``StateTransactions`` learns across batches (its decision model and routes), and the learned rules whose
     lowered attempt was refused; a caller that runs batches concurrently keeps one cache per thread, as a
     ``StateTransactions`` runs one batch at a time."""
     manager = transaction.manager
-    if manager.recorder is not None or any(True for _ in manager.observers) or rules.observed_tables():
-        return None
-    if any(getattr(hook, "__self__", None) is not rules for hook in manager.extensions.on_event):
+    if _process_refusal(rules, manager) is not None:
         return None
     deviated = cast("set[Rule]", cache.setdefault(_DEVIATED, set())) if cache is not None else set()
     chosen: dict[str, tuple[Rule, ...]] = {}
@@ -274,22 +334,11 @@ def lower(rules: "RuleManager", transaction: "Transaction", event_types: Iterabl
         transactions = StateTransactions("declared rules")
         learned: dict[str, LearnedDeclaration] = {}
         for event_type, fired in chosen.items():
-            action = fired[0].action_function()
-            if len(fired) == 1 and isinstance(action, DeclaredAction):
-                if lowerable(fired[0]) is None:
-                    return None
-                transactions.on(event_type)(action.declaration)
-                continue
-            found = learned_chain(fired)
-            if found is None:
+            declaration = _type_refusal(manager, fired)
+            if isinstance(declaration, NotLearned):
                 return None
-            steps, learned_from = found
-            try:
-                info = manager.catalog.table_info(learned_from.table)
-            except SchemaError:     # no such table: each firing fails with its own reason
-                return None
-            declaration = learned[event_type] = LearnedDeclaration(steps, learned_from, info,
-                                                                   [rule.name for rule in fired])
+            if isinstance(declaration, LearnedDeclaration):
+                learned[event_type] = declaration
             transactions.on(event_type)(declaration)
         lowered = Lowered(transactions, chosen, learned, deviated)
         if cache is not None:

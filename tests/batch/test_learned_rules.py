@@ -14,7 +14,8 @@ import sqlalchemy as sa
 
 import activedb
 from activedb import Coupling
-from activedb.batch._learn import learned_table
+from activedb import batch
+from activedb.batch._learn import learned_table, why_not_learned
 from activedb.ingest import Batch, RulesHandler, feed
 from tests.spark_bridge import app_counters
 
@@ -202,6 +203,33 @@ def test_the_static_check():
         assert learned_table(action) is None, action
 
 
+@pytest.mark.parametrize(("action", "why"), [
+    (reads_another_table, "it names a row by an expression: use event.key"),
+    (reads_another_key, "it names a row by an expression"),
+    (inserts, "it calls tx.insert"),
+    (emits, "it calls tx.emit"),
+    (passes_tx, "it passes tx to _bump()"),
+    (reads_the_event_otherwise, "it uses event other than as event.key"),
+    (key_from_a_local, "it computes its key from the local name 'suffix'"),
+    (key_assigned_twice, "it names its row by 'key', which is not assigned exactly once"),
+    (key_from_an_unpacked_value, "it names its row by 'who', which is not assigned exactly once"),
+    (table_not_a_string, "it names a table by an expression"),
+    (table_from_a_local, "it names a table by an expression"),
+    (lambda tx, event: tx.write("counters", event.key, events=1), "it is a lambda"),
+    (print, "is not a plain Python function"),
+])
+def test_the_static_check_says_why_it_refuses_with_the_line_to_blame(action, why):
+    reason = why_not_learned(action)
+    assert reason is not None and why in reason, reason
+    assert why_not_learned(count_amount) is None and why_not_learned(over_five, condition=True) is None
+    assert why_not_learned(writes_in_a_condition, condition=True).startswith("it calls tx.write (a condition only reads)")
+    if action is passes_tx:                     # the line of the call that passes tx on
+        import inspect
+
+        first = inspect.getsourcelines(passes_tx)[1]
+        assert reason.endswith(f"({__file__}:{first + 2})"), reason
+
+
 def test_a_source_edited_since_the_import_is_not_the_code_running(tmp_path, monkeypatch):
     module = tmp_path / "edited_rules.py"
     original = ("def bump(tx, event):\n"
@@ -292,6 +320,8 @@ def test_a_counter_rule_is_lowered_with_the_tables_of_firing_it(databases):
                         ("suffixed", "cnt-c", 1), ("suffixed", "cnt-f", 1), ("count", "cnt-b", 1)])]
     lowered = run_both(databases, source, batches, register)
     assert all(pending is not None for pending in lowered), lowered
+    assert batch.why_not_lowered(databases[0], "count") is None
+    assert batch.why_not_lowered(databases[0], "no-rule-here") == "no rule fires on it"
     assert [row[0] for row in state(databases[0], source)] == [
         "cnt-a", "cnt-b", "cnt-c", "cnt-c-x", "cnt-d", "cnt-f-x"]   # (e: none)
 
@@ -470,6 +500,11 @@ def test_chains_that_firing_could_run_otherwise_are_not_lowered(databases, varia
     lowered = run_both(databases, kind, [rows(0, [(kind, f"{kind}-a", 7), (kind, f"{kind}-b", 2),
                                                   (kind, f"{kind}-a", 3)])], register)
     assert lowered == [None]
+    why = {"same priority": f"rules '{kind}-1', '{kind}-2' share priority 2: they may run concurrently",
+           "two tables": f"the action of rule '{kind}-2': it names a row by an expression",
+           "condition writes": f"the condition of rule '{kind}-2': it calls tx.write (a condition only reads)",
+           "compensation": f"rule '{kind}-2' is exclusive causally dependent: only immediate rules"}[variant]
+    assert why in (batch.why_not_lowered(databases[0], kind) or ""), batch.why_not_lowered(databases[0], kind)
 
 
 @pytest.mark.parametrize("variant", ["another table", "another key", "insert", "emit", "helper", "condition",
@@ -491,6 +526,12 @@ def test_rules_that_do_more_are_not_lowered(databases, variant):
     lowered = run_both(databases, kind, [rows(0, [(kind, f"{kind}-a", 1), (kind, f"{kind}-b", 2),
                                                   (kind, f"{kind}-a", 3)])], register)
     assert lowered == [None]
+    why = {"another table": f"the action of rule '{kind}': it names a row by an expression",
+           "another key": "by an expression", "insert": f"the action of rule '{kind}': it calls tx.insert (",
+           "emit": "it calls tx.emit", "helper": "it passes tx to _bump()",
+           "condition": f"the condition of rule '{kind}': it is a lambda", "deferred": "is deferred: only immediate rules run in a batch",
+           "unknown table": "no table 'no_such_table'"}[variant]
+    assert why in (batch.why_not_lowered(databases[0], kind) or ""), batch.why_not_lowered(databases[0], kind)
 
 
 @pytest.mark.parametrize("exists", [True, False], ids=["existing rows", "new rows"])
