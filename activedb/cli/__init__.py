@@ -4,6 +4,7 @@
     activedb db upgrade [REV] | downgrade REV | current         activedb's own schema (Alembic)
     activedb app init|upgrade|downgrade|current PATH            an application's own Alembic directory
     activedb rules list|show|enable|disable|remove              the persisted rule registry
+    activedb rules lowering APP                                 which event types run a batch at a time, why not
     activedb dead-letters list|show|purge (|replay)             rows ingestion could not apply
     activedb explain [FILE.json | --pid PID] -o OUT.png         a picture of transactions and their waits
     activedb bench NAME [--quick] [--plot OUT.png]              benchmarks (NAME --help says what each measures)

@@ -1,4 +1,5 @@
-"""``activedb rules list / show / enable / disable / remove``: the persisted rule registry."""
+"""``activedb rules list / show / enable / disable / remove``: the persisted rule registry; ``activedb rules lowering
+APP``: which of an application's event types the ingestion runs a batch at a time, and why not the others."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import TYPE_CHECKING, TypedDict
 
 import click
 
-from activedb.cli import _Group, _confirm, console, open_database
+from activedb.cli import _Group, _confirm, console, load_app, open_database
 
 if TYPE_CHECKING:  # pragma: no cover
     from activedb import Database
@@ -134,6 +135,39 @@ def rules_show(ctx: click.Context, name: str) -> None:
     out.print("  definition:", highlight=False)
     for key, setting in sorted(row["definition"].items()):
         out.print(f"    {key}: {setting}", highlight=False)
+
+
+@rules.command("lowering")
+@click.argument("app")
+@click.option("--json", "as_json", is_flag=True, help="Print {event type: reason or null} as JSON.")
+@click.pass_context
+def rules_lowering(ctx: click.Context, app: str, as_json: bool) -> None:
+    """Which stream event types of APP's rules a micro-batch runs as one batch of state transactions (lowered:
+    the fast path of `activedb run` and every ingestion connector), and for the others the first reason they fire
+    event by event, with the rule and `file:line` to blame (`activedb.batch.why_not_lowered`).
+
+    APP is a module or .py file with register(db), as `activedb run` takes; its rules are declared on the database
+    as `activedb run` declares them.  This process's reasons only: one that observes or records history says so
+    when it runs."""
+    from activedb.batch import why_not_lowered
+
+    module = load_app(app, click.ClickException)
+    with open_database(ctx, writes=True) as database:
+        module.register(database)
+        verdicts = {event_type: why_not_lowered(database, event_type)
+                    for event_type in sorted(database.rules.stream_types())}
+    if as_json:
+        click.echo(json.dumps(verdicts, indent=2))
+        return
+    if not verdicts:
+        click.echo(f"{app} declares no rule on a stream event type: nothing to lower")
+        return
+    from rich.table import Table
+
+    table = Table("event type", "batch", "why not lowered", title=f"lowering of {app}'s rules")
+    for event_type, reason in verdicts.items():
+        table.add_row(event_type, "[green]lowered[/]" if reason is None else "[yellow]event by event[/]", reason or "")
+    console().print(table)
 
 
 def _toggle_command(verb: str) -> click.Command:

@@ -253,3 +253,25 @@ def test_an_application_that_raises_at_import_is_one_line_naming_the_file_and_li
     with pytest.raises(click.ClickException) as raised:
         load_app(str(typo), click.ClickException)
     assert f"importing {typo} failed at {typo}:4: SyntaxError(" in raised.value.message
+
+
+def test_rules_lowering_says_which_types_run_a_batch_at_a_time_and_why_not_the_others(make_database_url):
+    """``activedb rules lowering APP``: the declared hand-hygiene application lowers every badge type; ``app.py``'s
+    rules fire event by event, and the command says why, naming the rule."""
+    from activedb.examples.hand_hygiene import MIGRATIONS
+
+    url = make_database_url("lowering")
+    with activedb.connect(url) as database:
+        database.upgrade_app(MIGRATIONS)
+    declared = invoke(url, "rules", "lowering", "activedb.examples.hand_hygiene.declared", "--json")
+    assert declared.exit_code == 0, declared.output
+    assert json.loads(declared.output) == {"enter": None, "exit": None, "mask": None, "sanitize": None}
+    eca = json.loads(invoke(url, "rules", "lowering", "activedb.examples.hand_hygiene.app", "--json").output)
+    assert sorted(eca) == ["enter", "exit", "mask", "sanitize"]
+    assert "rule 'compensate_enter' is exclusive causally dependent: only immediate rules run" in eca["enter"]
+    assert "rules react to data events of alerts" in eca["exit"]
+    table = CliRunner().invoke(main, ["--url", url, "rules", "lowering", "activedb.examples.hand_hygiene.app"],
+                               env={"COLUMNS": "200"}).output
+    assert "event by event" in table and "compensate_mask" in table, table
+    missing = invoke(url, "rules", "lowering", "no_such_app_module")
+    assert missing.exit_code == 1 and "no module named 'no_such_app_module'" in missing.output
