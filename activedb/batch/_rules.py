@@ -190,6 +190,9 @@ class Lowered:
     rules: dict[str, tuple["Rule", ...]]
     learned: dict[str, LearnedDeclaration] = field(default_factory=dict)
     deviated: set["Rule"] = field(default_factory=set)
+    #: The tables the batch writes (None: not known before it runs — a declared rule may write any): a batch is not
+    #: lowered while a rule reacts to data events of one of them.
+    writes: frozenset[str] | None = None
 
 
 def lowerable(rule: "Rule") -> DeclaredAction | Callable[..., object] | None:
@@ -261,10 +264,6 @@ def _process_refusal(rules: "RuleManager", manager: "TransactionManager") -> str
         return "the history recorder records every firing (record_history)"
     if any(True for _ in manager.observers):
         return "an observer hears every transaction and firing (db.observe, explain_deadlocks)"
-    observed = rules.observed_tables()
-    if observed:
-        return (f"rules react to data events of {', '.join(sorted(map(str, observed)))}: fired event by event they "
-                f"hear each change of a row, a batch changes each row once")
     if any(getattr(hook, "__self__", None) is not rules for hook in manager.extensions.on_event):
         return "another extension hears emitted events (pattern queries, composite events, capture)"
     return None
@@ -273,7 +272,7 @@ def _process_refusal(rules: "RuleManager", manager: "TransactionManager") -> str
 def _type_refusal(manager: "TransactionManager", fired: tuple["Rule", ...]
                   ) -> Declaring | NotLearned:
     """How a type's ``fired`` rules run as one state transaction per event (a declared rule's declaration, or the
-    :class:`LearnedDeclaration` of a chain), or why not."""
+    :class:`LearnedDeclaration` of a chain), or why not (the tables rules observe aside: :func:`_observed_refusal`)."""
     if not fired:
         return NotLearned("no rule fires on it")
     action = fired[0].action_function()
@@ -292,6 +291,24 @@ def _type_refusal(manager: "TransactionManager", fired: tuple["Rule", ...]
     return LearnedDeclaration(steps, learned_from, info, [rule.name for rule in fired])
 
 
+def _observed_refusal(writes: frozenset[str] | None, observed: frozenset[str]) -> str | None:
+    """Why rules on data events keep a batch writing ``writes`` (None: any table, a declared rule's) from being
+    lowered, or None: fired event by event they hear each event's change of a row, while a batch at commit changes
+    each row once, outside the tree."""
+    touched = observed if writes is None else writes & observed
+    if not touched:
+        return None
+    return (f"rules react to data events of {', '.join(sorted(touched))}, which "
+            f"{'a declared rule may write' if writes is None else 'these rules write'}: fired event by event they hear "
+            f"each change of a row, a batch at commit changes each row once")
+
+
+def _writes(declaration: Declaring) -> frozenset[str] | None:
+    """The tables a lowered type's declaration writes: a learned chain's one table, or None (a declared rule's:
+    known only when it runs)."""
+    return frozenset((declaration.table,)) if isinstance(declaration, LearnedDeclaration) else None
+
+
 def why_not_lowered(db: "DatabaseHandle", event_type: str) -> str | None:
     """Why the ingestion core's rule path fires a batch of ``event_type``'s events on ``db`` event by event instead
     of lowering it to one batch of state transactions (:func:`lower`), or None if it lowers them — as the rules and
@@ -299,7 +316,9 @@ def why_not_lowered(db: "DatabaseHandle", event_type: str) -> str | None:
     reason names the rule and, where one line of its source is to blame, ``file:line``.  From a shell: ``activedb
     rules lowering APP``.  Both the process's reason and the type's own are given where both hold."""
     verdict = _type_refusal(db.transactions, db.rules.on_stream(event_type))
-    reasons = [reason for reason in (_process_refusal(db.rules, db.transactions), verdict)
+    observed = None if isinstance(verdict, NotLearned) else _observed_refusal(_writes(verdict),
+                                                                             db.rules.observed_tables())
+    reasons = [reason for reason in (_process_refusal(db.rules, db.transactions), verdict, observed)
                if isinstance(reason, str)]
     return "; and ".join(reasons) or None
 
@@ -310,8 +329,9 @@ def lower(rules: "RuleManager", transaction: "Transaction", event_types: Iterabl
     when firing them event by event is not the same: every type must fire one :func:`lowerable` declared rule, or
     plain rules that form a :func:`learned_chain` (none refused before: ``Lowered.deviated``);
     nothing else may listen — no other extension hears emitted events, no observer hears node or firing events,
-    no history is recorded; and no rule reacts to data events: fired event by event it hears each event's
-    change of a row, while a batch (``apply_at_commit`` through the tree) changes each row once.  Why a type is not
+    no history is recorded; and no rule reacts to data events of a table the batch writes (a learned chain's one
+    table; any table, for a declared rule): fired event by event it hears each event's change of a row, while a
+    batch (``apply_at_commit``, outside the tree) changes each row once.  Why a type is not
     lowered: :func:`why_not_lowered`.
 
     ``cache``: a dict of the caller's that keeps one :class:`Lowered` per set of rules, so that its
@@ -340,12 +360,19 @@ def lower(rules: "RuleManager", transaction: "Transaction", event_types: Iterabl
             if isinstance(declaration, LearnedDeclaration):
                 learned[event_type] = declaration
             transactions.on(event_type)(declaration)
-        lowered = Lowered(transactions, chosen, learned, deviated)
+        writes: frozenset[str] | None = frozenset()
+        for declaration in transactions.declarations.values():
+            tables = _writes(declaration)
+            writes = None if tables is None or writes is None else writes | tables
+        lowered = Lowered(transactions, chosen, learned, deviated, writes)
         if cache is not None:
             if len(cache) >= _MAX_CACHED:      # (rules redeclared again and again: keep it bounded)
                 cache.clear()
                 cache[_DEVIATED] = deviated
             cache[key] = lowered
+    observed = rules.observed_tables()
+    if observed and _observed_refusal(lowered.writes, observed) is not None:
+        return None
     return lowered
 
 

@@ -269,7 +269,7 @@ def test_rules_lowering_says_which_types_run_a_batch_at_a_time_and_why_not_the_o
     eca = json.loads(invoke(url, "rules", "lowering", "activedb.examples.hand_hygiene.app", "--json").output)
     assert sorted(eca) == ["enter", "exit", "mask", "sanitize"]
     assert "rule 'compensate_enter' is exclusive causally dependent: only immediate rules run" in eca["enter"]
-    assert "rules react to data events of alerts" in eca["exit"]
+    assert "rule 'compensate_exit' is exclusive causally dependent" in eca["exit"]
     table = CliRunner().invoke(main, ["--url", url, "rules", "lowering", "activedb.examples.hand_hygiene.app"],
                                env={"COLUMNS": "200"}).output
     assert "event by event" in table and "compensate_mask" in table, table

@@ -587,3 +587,37 @@ def test_a_row_named_by_two_values_of_its_key_is_one_row_lowered(databases, exis
         for database in databases:
             for kind in kinds:
                 database.rules.remove(kind)
+
+
+def _nothing(tx, event):
+    """A rule on data events that does nothing: it only has to be there."""
+
+
+def test_a_rule_on_data_events_keeps_on_the_rule_path_only_the_batches_that_write_its_table(databases):
+    """A rule on data events of another table leaves a learned counter lowered, with the tables of firing it; one on
+    data events of the counter's own table puts its batches back on the rule path (fired event by event, it hears
+    each event's change), and ``why_not_lowered`` says so."""
+    kind = "observed"
+    added = [f"{kind}-milestones", f"{kind}-counters"]
+
+    def register(database):
+        database.rule(on=database.stream(kind), name=kind)(count_amount)
+        database.rule(on=database.inserted("milestones"), name=added[0])(_nothing)
+
+    try:
+        lowered = run_both(databases, kind, [rows(0, [(kind, f"{kind}-a", 1), (kind, f"{kind}-b", 2),
+                                                      (kind, f"{kind}-a", 3)])], register)
+        assert all(pending is not None for pending in lowered), lowered
+        assert batch.why_not_lowered(databases[0], kind) is None
+        for database in databases:
+            database.rule(on=database.updated("counters"), name=added[1])(_nothing)
+        lowered = run_both(databases, kind, [rows(1, [(kind, f"{kind}-a", 4), (kind, f"{kind}-c", 5)])],
+                           lambda database: None)
+        assert lowered == [None]
+        assert "rules react to data events of counters, which these rules write" in (
+            batch.why_not_lowered(databases[0], kind) or "")
+    finally:
+        for database in databases:
+            for name in added:
+                if name in database.rules.names():
+                    database.rules.remove(name)
