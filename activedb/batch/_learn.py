@@ -1,6 +1,7 @@
 """Plain rules lowered: a plain rule action ``action(tx, event)`` whose only use of its transaction is to read
-and write the row of its event's key in one table (:func:`learned_table`, a static check of its source; a condition
-the same with reads only, :func:`learned_condition`) runs, in a lowered batch, with the other rules of its event's
+and write the row of its event's key in one table, itself or through module functions it passes ``tx`` to
+(:func:`learned_table`, a static check of its source; a condition the same with reads only, :func:`learned_condition`;
+why a function does not qualify: :func:`why_not_learned`) runs, in a lowered batch, with the other rules of its event's
 chain, as the state transaction ``ops.write(table, event.key, fn)`` (:class:`LearnedDeclaration`): ``fn(own)`` calls
 the unchanged conditions and actions with a :class:`_RowTransaction` standing in for ``tx``.  Anything they do
 outside that shape at run time — an exception, another row, a key column written —
@@ -88,7 +89,8 @@ def learned_table(action: Callable[..., object]) -> Learned | None:
 
     Qualifies: a plain Python function (not a lambda, not async, not a generator) with exactly the two
     positional parameters ``(tx, event)``, in whose body ``tx`` appears only as ``tx.read(TABLE, KEY)``
-    and ``tx.write(TABLE, KEY, ...)`` (keyword values only; ``TABLE`` one and the same table, named by a string
+    and ``tx.write(TABLE, KEY, ...)``, or passed by position to a module function whose body the same check reads
+    (:func:`_helper`: a row it names is ``event.key`` of the event passed) (keyword values only; ``TABLE`` one and the same table, named by a string
     constant or by a global name bound to a string — a module's constant —,
     at least one write; ``KEY`` either ``event.key`` in every call, or in every call one name assigned once, at the
     top of the body, ``name = expression`` (or ``a, name = x, expression``), the expression reading only ``event``
@@ -126,7 +128,8 @@ def _cached(cache: "weakref.WeakKeyDictionary[Callable[..., object], _Verdict]",
         pass
     except TypeError:            # (not weak-referenceable: no function)
         return NotLearned(f"{function!r} is not a plain Python function")
-    verdict = _verdict(function, condition)
+    checked = _verdict(function, condition)
+    verdict = checked if not isinstance(checked, _Shape) else NotLearned("(a helper's shape)")   # (roles None: none)
     try:
         cache[function] = verdict
     except TypeError:
@@ -134,7 +137,11 @@ def _cached(cache: "weakref.WeakKeyDictionary[Callable[..., object], _Verdict]",
     return verdict
 
 
-def _verdict(action: Callable[..., object], condition: bool = False) -> _Verdict:
+def _verdict(action: Callable[..., object], condition: bool = False, roles: tuple[int, int | None] | None = None,
+             depth: int = 0) -> _Verdict | _Shape:
+    """The check of ``action`` (``roles`` None: a rule's action or condition ``(tx, event)``; else a helper it calls,
+    with the positions of its ``tx`` and event parameters — the event's None if not passed — called ``depth``
+    calls deep: its :class:`_Shape`)."""
     if not inspect.isfunction(action):
         return NotLearned(f"{action!r} is not a plain Python function")
     if action.__name__ == "<lambda>":
@@ -159,14 +166,21 @@ def _verdict(action: Callable[..., object], condition: bool = False) -> _Verdict
                           f"imported, or a closure)")
     function = tree.body[0]
     arguments = function.args
-    if (arguments.posonlyargs or arguments.vararg or arguments.kwonlyargs or arguments.kwarg
-            or arguments.defaults or len(arguments.args) != 2):
-        return NotLearned(f"it takes other parameters than (tx, event) ({_where(code, function)})")
-    tx_name, event_name = arguments.args[0].arg, arguments.args[1].arg
-    found = _uses(function, tx_name, event_name, code, condition, action.__globals__)
-    if isinstance(found, NotLearned):
+    if roles is None:
+        if (arguments.posonlyargs or arguments.vararg or arguments.kwonlyargs or arguments.kwarg
+                or arguments.defaults or len(arguments.args) != 2):
+            return NotLearned(f"it takes other parameters than (tx, event) ({_where(code, function)})")
+        tx_name, event_name = arguments.args[0].arg, arguments.args[1].arg
+    else:
+        tx_at, event_at = roles
+        if (arguments.posonlyargs or arguments.vararg or arguments.kwarg or len(arguments.args) <= max(tx_at, event_at or 0)):
+            return NotLearned(f"it takes its arguments otherwise than by position ({_where(code, function)})")
+        tx_name = arguments.args[tx_at].arg
+        event_name = arguments.args[event_at].arg if event_at is not None else "\0"     # (no such name)
+    found = _uses(function, tx_name, event_name, code, condition, action.__globals__, roles is not None, depth)
+    if isinstance(found, NotLearned) or roles is not None:
         return found
-    table, expression = found
+    table, expression, _ = found
     if expression is None:
         return Learned(table, None, event_name)
     try:
@@ -199,15 +213,49 @@ def _same_code(one: CodeType, other: CodeType) -> bool:
     return True
 
 
+class _Shape(NamedTuple):
+    """What the check found a function's body does with its transaction: the ``table`` of the one row it reads or
+    writes ("" none), the key's ``expression`` (None: ``event.key``), whether it ``writes``."""
+
+    table: str
+    expression: ast.expr | None
+    writes: bool
+
+
+#: How many helper calls deep the check follows ``tx`` (a helper passing it to a helper passing it on ...).
+_HELPER_DEPTH = 3
+# (helper function, tx position, event position, condition) -> its shape or why not.
+_HELPERS: "weakref.WeakKeyDictionary[Callable[..., object], dict[tuple[int, int | None, bool], _Shape | NotLearned]]" = (
+    weakref.WeakKeyDictionary())
+
+
+def _helper(function: object, tx_at: int, event_at: int | None, condition: bool, depth: int) -> _Shape | NotLearned:
+    """The shape of a module function a checked body calls with its ``tx`` (and event) at those positions: the same
+    check, its own parameter names standing for them; a row it names must be ``event.key`` of the event passed."""
+    if not inspect.isfunction(function):
+        return NotLearned("it is not a plain Python function")
+    if depth >= _HELPER_DEPTH:
+        return NotLearned(f"it passes tx on more than {_HELPER_DEPTH} calls deep")
+    known = _HELPERS.setdefault(function, {})
+    roles = (tx_at, event_at, condition)
+    if roles not in known:
+        verdict = _verdict(function, condition, (tx_at, event_at), depth + 1)
+        known[roles] = verdict if isinstance(verdict, (_Shape, NotLearned)) else NotLearned("(a rule, not a helper)")
+    return known[roles]
+
+
 def _uses(function: ast.FunctionDef, tx_name: str, event_name: str, code: CodeType, condition: bool = False,
-          namespace: Mapping[str, object] | None = None) -> tuple[str, ast.expr | None] | NotLearned:
-    """The table of ``function``'s body, and the key's expression if not ``event.key``, if it uses ``tx_name`` and
-    ``event_name`` only as allowed (see :func:`learned_table`; ``condition``: :func:`learned_condition`), else why
-    not.  ``namespace``: the function's globals, where a table named by a global name is looked up."""
+          namespace: Mapping[str, object] | None = None, helper: bool = False, depth: int = 0) -> _Shape | NotLearned:
+    """What ``function``'s body does with its transaction, if it uses ``tx_name`` and ``event_name`` only as allowed
+    (see :func:`learned_table`; ``condition``: :func:`learned_condition`), else why not.  ``namespace``: the
+    function's globals, where a table named by a global name and a helper the body passes ``tx`` to are looked up;
+    ``helper``: the body is such a helper's (it may name no row and write nothing; a row it names is ``event.key``).
+    A call ``helper(tx, event, ...)`` of a module function, ``tx`` and the event passed by position, counts as the
+    helper's body (:func:`_helper`)."""
     allowed: set[int] = set()       # ids of the Name nodes of tx_name / event_name in allowed places
     tables: set[str] = set()
     keys: set[str] = set()          # "": event.key; else the name of the key variable
-    writes = 0
+    writes = False
     body = [node for statement in function.body for node in ast.walk(statement)]
     local_names = set(code.co_varnames) | set(code.co_freevars) | set(code.co_cellvars)
     callee: dict[int, str] = {}      # id of a call's argument -> the function called with it (to name it)
@@ -263,17 +311,43 @@ def _uses(function: ast.FunctionDef, tx_name: str, event_name: str, code: CodeTy
                               f"top of the body", node)
             if method == "read" and node.keywords:
                 return refuse(f"reads with options ({tx_name}.read(..., {node.keywords[0].arg}=...))", node)
-            writes += method == "write"
+            writes = writes or method == "write"
             tables.add(table)
             allowed.add(id(node.func.value))
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id not in local_names
+              and any(isinstance(argument, ast.Name) and argument.id == tx_name for argument in node.args)):
+            name = node.func.id
+            where = f"it passes {tx_name} to {name}() ({_where(code, node)}), where "
+            positions = {role: [at for at, argument in enumerate(node.args)
+                                if isinstance(argument, ast.Name) and argument.id == role] for role in (tx_name, event_name)}
+            if (len(positions[tx_name]) != 1 or len(positions[event_name]) > 1
+                    or any(isinstance(argument, ast.Starred) for argument in node.args)):
+                return NotLearned(where + "the call passes it more than once, or *args")
+            shape = _helper((namespace or {}).get(name), positions[tx_name][0],
+                            positions[event_name][0] if positions[event_name] else None, condition, depth)
+            if isinstance(shape, NotLearned):
+                return NotLearned(where + shape)
+            if shape.table:
+                tables.add(shape.table)
+                keys.add("")
+            writes = writes or shape.writes
+            allowed.update(id(argument) for argument in node.args
+                           if isinstance(argument, ast.Name) and argument.id in (tx_name, event_name))
+            for keyword in node.keywords:
+                callee[id(keyword.value)] = name
         elif (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == event_name
               and node.attr in _EVENT_ATTRIBUTES and isinstance(node.ctx, ast.Load)):
             allowed.add(id(node.value))
         elif isinstance(node, ast.Call):
             for argument in (*node.args, *(keyword.value for keyword in node.keywords)):
                 callee[id(argument)] = ast.unparse(node.func)
-    if condition and not keys and not tables:
-        keys.add("")                     # (a condition of the event alone: no row, no key)
+    if (condition or helper) and not keys and not tables:
+        keys.add("")                     # (a condition of the event alone, a helper naming no row: no key)
+    if helper and keys != {""}:
+        return misuse(tx_name) or refuse(
+            "names a row without being passed the event (a helper names the row by event.key of the event passed)"
+            if event_name == "\0" else f"names its row otherwise than by {event_name}.key of the event passed",
+            function)
     if len(keys) != 1:
         return misuse(tx_name) or refuse("names rows by more than one key" if keys else "never reads or writes a row",
                                          function)
@@ -319,11 +393,9 @@ def _uses(function: ast.FunctionDef, tx_name: str, event_name: str, code: CodeTy
     if len(tables) > 1:
         return refuse(f"{'reads' if condition else 'reads or writes'} more than one table ({', '.join(sorted(tables))})",
                       function)
-    if condition:
-        return tables.pop() if tables else "", expression
-    if writes == 0:
+    if not (condition or helper or writes):
         return refuse(f"never writes its row ({tx_name}.write)", function)
-    return tables.pop(), expression
+    return _Shape(tables.pop() if tables else "", expression, writes)
 
 
 def _assigned(statement: ast.stmt, name: str) -> ast.expr | None:

@@ -69,9 +69,8 @@ def tally(tx, event):
         tx.write("counters", event.key, last_ts=None)
         return
     base = row if row is not None else {"total": 0, "events": 0, "trail": "-"}
-    if op == "add":
-        tx.write("counters", event.key, total=base["total"] + amount, events=base["events"] + 1)
-        tx.write("counters", event.key, trail=f"{base['trail']},{event.payload['seq']}", last_ts=event.ts)
+    if op == "add":                # through a helper given tx and the event (the check follows it)
+        _add(tx, event, base, amount)
         return
     if op == "late_raise":         # written, then refused: firing undoes the write with the event's subtransaction
         tx.write("counters", event.key, total=base["total"] + amount)
@@ -96,6 +95,16 @@ def tally(tx, event):
         tx.write("counters", event.key)
         return
     raise AssertionError(f"unknown op {op!r}")
+
+
+def _add(tx, event, base, amount):
+    tx.write("counters", event.key, total=base["total"] + amount, events=base["events"] + 1)
+    _stamp(event, tx, base)
+
+
+def _stamp(event, tx, base):
+    """A helper of a helper, its parameters in another order."""
+    tx.write("counters", event.key, trail=f"{base['trail']},{event.payload['seq']}", last_ts=event.ts)
 
 
 def stock(tx, event):

@@ -190,6 +190,49 @@ def key_assigned_twice(tx, event):
     tx.write("counters", key, events=1)
 
 
+def _count_into(tx, event, amount):
+    row = tx.read(COUNTERS, event.key)
+    tx.write(COUNTERS, event.key, events=1 if row is None else row["events"] + 1,
+             total=amount + (0 if row is None else row["total"]))
+
+
+def count_through_a_helper(tx, event):
+    """The counter, its read and write in a helper given ``tx`` and the event."""
+    if event.payload["amount"] < 0:
+        raise ValueError(f"negative amount {event.payload['amount']} for {event.key}")
+    _count_into(tx, event, event.payload["amount"])
+
+
+def _big(tx, event):
+    row = tx.read(COUNTERS, event.key)
+    return row is not None and row["total"] > 5
+
+
+def over_five_through_a_helper(tx, event):
+    return _big(tx, event)
+
+
+def _bump_other(tx, event):
+    tx.write(COUNTERS, "other", events=1)
+
+
+def helper_names_another_row(tx, event):
+    tx.write(COUNTERS, event.key, events=1)
+    _bump_other(tx, event)
+
+
+def helper_keeps_tx(tx, event):
+    tx.write(COUNTERS, event.key, events=1)
+    _keep(tx, event)
+
+
+KEPT = []
+
+
+def _keep(tx, event):
+    KEPT.append(tx)
+
+
 def test_the_static_check():
     assert learned_table(count_amount).table == "counters" and learned_table(count_amount).key is None
     assert learned_table(add_or_refuse).table == "counters"
@@ -216,6 +259,10 @@ def test_the_static_check():
     (table_not_a_string, "it names a table by an expression"),
     (table_from_a_local, "it names a table by an expression"),
     (lambda tx, event: tx.write("counters", event.key, events=1), "it is a lambda"),
+    (helper_names_another_row, "it passes tx to _bump_other() ("),
+    (helper_names_another_row, "where it names a row by an expression"),
+    (helper_keeps_tx, "it passes tx to _keep() ("),
+    (helper_keeps_tx, "where it passes tx to KEPT.append()"),
     (print, "is not a plain Python function"),
 ])
 def test_the_static_check_says_why_it_refuses_with_the_line_to_blame(action, why):
@@ -227,7 +274,7 @@ def test_the_static_check_says_why_it_refuses_with_the_line_to_blame(action, why
         import inspect
 
         first = inspect.getsourcelines(passes_tx)[1]
-        assert reason.endswith(f"({__file__}:{first + 2})"), reason
+        assert f"({__file__}:{first + 2}), where it names a row without being passed the event" in reason, reason
 
 
 def test_a_source_edited_since_the_import_is_not_the_code_running(tmp_path, monkeypatch):
@@ -445,6 +492,26 @@ def test_a_rule_raising_an_error_of_activedb_makes_the_batch_fall_back_to_firing
     assert lowered[0] is not None and lowered[1:] == [None, None]
     [(batch, reason, _)] = letters(databases[0], source)
     assert batch == 1 and "rejected by rule 'add_or_refuse_hard'" in reason
+
+
+def test_rules_whose_action_and_condition_pass_tx_to_helpers_are_lowered_with_the_tables_of_firing_them(databases):
+    """The check follows ``tx`` and the event into module functions (``helper(tx, event, ...)``): a chain whose action
+    and condition read and write through helpers is lowered, a raise before the helper rejects its event, and the
+    tables, dead letters and counters are firing's."""
+    kind = "helper"
+
+    def register(database):
+        stream = database.stream(kind)
+        database.rule(on=stream, name=f"{kind}-count", priority=2)(count_through_a_helper)
+        database.rule(on=stream, name=f"{kind}-mark", priority=1, when=over_five_through_a_helper)(mark_big)
+
+    batches = [rows(0, [(kind, f"{kind}-a", 3), (kind, f"{kind}-b", 2), (kind, f"{kind}-a", 4)]),
+               rows(1, [(kind, f"{kind}-a", -1), (kind, f"{kind}-c", 7), (kind, f"{kind}-b", 5)])]
+    assert learned_table(count_through_a_helper).table == "counters"
+    lowered = run_both(databases, kind, batches, register)
+    assert all(pending is not None for pending in lowered), lowered
+    assert batch.why_not_lowered(databases[0], kind) is None
+    assert len(letters(databases[0], kind)) == 1
 
 
 def test_a_chain_of_rules_with_conditions_is_lowered_with_the_tables_and_counters_of_firing_it(databases):
