@@ -69,6 +69,8 @@ class Learned(NamedTuple):
     event_name: str = "event"
     #: The key expression's form (``ast.dump``, ``""`` for ``event.key``): the rules of one chain name one row.
     key_source: str = ""
+    #: The tables it inserts new rows into (``tx.insert(TABLE, **columns)``, the key left to the table's sequence).
+    inserts: frozenset[str] = frozenset()
 
 
 class NotLearned(str):
@@ -92,7 +94,7 @@ def learned_table(action: Callable[..., object]) -> Learned | None:
     and ``tx.write(TABLE, KEY, ...)``, or passed by position to a module function whose body the same check reads
     (:func:`_helper`: a row it names is ``event.key`` of the event passed) (keyword values only; ``TABLE`` one and the same table, named by a string
     constant or by a global name bound to a string — a module's constant —,
-    at least one write; ``KEY`` either ``event.key`` in every call, or in every call one name assigned once, at the
+    at least one write or insert (``tx.insert(TABLE2, column=...)``, its value unused: the key is the table's sequence's); ``KEY`` either ``event.key`` in every call, or in every call one name assigned once, at the
     top of the body, ``name = expression`` (or ``a, name = x, expression``), the expression reading only ``event``
     and global names; ``event.key`` itself names the row as ``event.key`` does),
     ``event`` only as ``event.key``, ``event.ts``, ``event.payload``, ``event.source`` (or anyhow inside that
@@ -180,16 +182,16 @@ def _verdict(action: Callable[..., object], condition: bool = False, roles: tupl
     found = _uses(function, tx_name, event_name, code, condition, action.__globals__, roles is not None, depth)
     if isinstance(found, NotLearned) or roles is not None:
         return found
-    table, expression, _ = found
+    table, expression, _, inserts = found
     if expression is None:
-        return Learned(table, None, event_name)
+        return Learned(table, None, event_name, "", inserts)
     try:
         key_function = ast.Lambda(args=ast.arguments(posonlyargs=[], args=[ast.arg(arg=event_name)], kwonlyargs=[],
                                                      kw_defaults=[], defaults=[]), body=expression)
         compiled = compile(ast.fix_missing_locations(ast.Expression(body=key_function)), code.co_filename, "eval")
     except (SyntaxError, ValueError, TypeError):
         return NotLearned(f"its key expression does not compile alone ({_where(code, expression)})")
-    return Learned(table, compiled, event_name, ast.dump(expression))
+    return Learned(table, compiled, event_name, ast.dump(expression), inserts)
 
 
 def _where(code: CodeType, node: ast.AST) -> str:
@@ -215,11 +217,13 @@ def _same_code(one: CodeType, other: CodeType) -> bool:
 
 class _Shape(NamedTuple):
     """What the check found a function's body does with its transaction: the ``table`` of the one row it reads or
-    writes ("" none), the key's ``expression`` (None: ``event.key``), whether it ``writes``."""
+    writes ("" none), the key's ``expression`` (None: ``event.key``), whether it ``writes``, the tables it
+    ``inserts`` into."""
 
     table: str
     expression: ast.expr | None
     writes: bool
+    inserts: frozenset[str] = frozenset()
 
 
 #: How many helper calls deep the check follows ``tx`` (a helper passing it to a helper passing it on ...).
@@ -256,7 +260,10 @@ def _uses(function: ast.FunctionDef, tx_name: str, event_name: str, code: CodeTy
     tables: set[str] = set()
     keys: set[str] = set()          # "": event.key; else the name of the key variable
     writes = False
+    inserts: set[str] = set()
     body = [node for statement in function.body for node in ast.walk(statement)]
+    # Calls whose value is thrown away (a statement of their own): an insert's key is not known in a lowered batch.
+    unused = {id(node.value) for node in body if isinstance(node, ast.Expr)}
     local_names = set(code.co_varnames) | set(code.co_freevars) | set(code.co_cellvars)
     callee: dict[int, str] = {}      # id of a call's argument -> the function called with it (to name it)
 
@@ -298,6 +305,16 @@ def _uses(function: ast.FunctionDef, tx_name: str, event_name: str, code: CodeTy
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and isinstance(
                 node.func.value, ast.Name) and node.func.value.id == tx_name:
             method = node.func.attr
+            if method == "insert" and not condition:
+                table = table_of(node.args[0]) if len(node.args) == 1 else None
+                if table is None:
+                    return refuse(f"calls {tx_name}.insert with other than a table (a string or a module's constant) "
+                                  f"and the columns by keyword", node)
+                if id(node) not in unused:
+                    return refuse(f"uses the key {tx_name}.insert returns", node)
+                inserts.add(table)
+                allowed.add(id(node.func.value))
+                continue
             if method not in (("read",) if condition else ("read", "write")):
                 return refuse(f"calls {tx_name}.{method}" + (" (a condition only reads)" if condition else ""), node)
             if len(node.args) != 2 or any(isinstance(argument, ast.Starred) for argument in node.args):
@@ -331,6 +348,7 @@ def _uses(function: ast.FunctionDef, tx_name: str, event_name: str, code: CodeTy
                 tables.add(shape.table)
                 keys.add("")
             writes = writes or shape.writes
+            inserts.update(shape.inserts)
             allowed.update(id(argument) for argument in node.args
                            if isinstance(argument, ast.Name) and argument.id in (tx_name, event_name))
             for keyword in node.keywords:
@@ -341,8 +359,8 @@ def _uses(function: ast.FunctionDef, tx_name: str, event_name: str, code: CodeTy
         elif isinstance(node, ast.Call):
             for argument in (*node.args, *(keyword.value for keyword in node.keywords)):
                 callee[id(argument)] = ast.unparse(node.func)
-    if (condition or helper) and not keys and not tables:
-        keys.add("")                     # (a condition of the event alone, a helper naming no row: no key)
+    if (condition or helper or inserts) and not keys and not tables:
+        keys.add("")       # (a condition of the event alone, a helper naming no row, an action inserting: no key)
     if helper and keys != {""}:
         return misuse(tx_name) or refuse(
             "names a row without being passed the event (a helper names the row by event.key of the event passed)"
@@ -393,9 +411,9 @@ def _uses(function: ast.FunctionDef, tx_name: str, event_name: str, code: CodeTy
     if len(tables) > 1:
         return refuse(f"{'reads' if condition else 'reads or writes'} more than one table ({', '.join(sorted(tables))})",
                       function)
-    if not (condition or helper or writes):
-        return refuse(f"never writes its row ({tx_name}.write)", function)
-    return _Shape(tables.pop() if tables else "", expression, writes)
+    if not (condition or helper or writes or inserts):
+        return refuse(f"neither writes its row ({tx_name}.write) nor inserts one ({tx_name}.insert)", function)
+    return _Shape(tables.pop() if tables else "", expression, writes, frozenset(inserts))
 
 
 def _assigned(statement: ast.stmt, name: str) -> ast.expr | None:
@@ -423,16 +441,19 @@ class _RowTransaction:
     column, those not written at their constant defaults, and its key), ``write(table, key, **values)`` collects the
     columns.  Any other use is a deviation (``deviated``), whether or not the rule catches the error raised for it."""
 
-    __slots__ = ("_table", "_key", "_image", "_created", "written", "deviated")
+    __slots__ = ("_table", "_key", "_image", "_created", "written", "deviated", "_inserts", "inserted")
 
     def __init__(self, table: str, key: Hashable, image: RowImage | None,
-                 created: Callable[[Hashable], RowImage]) -> None:
+                 created: Callable[[Hashable], RowImage], inserts: Mapping[str, TableInfo] | None = None) -> None:
         self._table = table
         self._key = key
         self._image = image
         self._created = created          # key -> the blank row with that key: a created row besides its writes
         self.written: dict[str, object] | None = None
         self.deviated = False
+        self._inserts = inserts or {}    # the tables the chain may insert into (each key a sequence's)
+        #: The rows inserted so far, per table (None: none).
+        self.inserted: dict[str, list[dict[str, object]]] | None = None
 
     def _deviate(self, what: str) -> _Deviation:
         self.deviated = True
@@ -453,6 +474,18 @@ class _RowTransaction:
             self.written = values
         else:
             self.written.update(values)
+
+    def insert(self, table: str, /, **values: object) -> None:
+        """A new row of ``table`` (its key left to the table's sequence), checked as ``tx.insert`` checks it."""
+        info = self._inserts.get(table)
+        if info is None or any(values.get(column) is not None for column in info.key_columns):
+            raise self._deviate(f"inserted into {table!r} {sorted(values)}")
+        values = info.check_values(values, copy=False)
+        inserted = self.inserted
+        if inserted is None:
+            self.inserted = {table: [values]}
+        else:
+            inserted.setdefault(table, []).append(values)
 
     def __getattr__(self, name: str) -> NoReturn:
         raise self._deviate(f"used tx.{name}")
@@ -491,7 +524,8 @@ class LearnedDeclaration:
     (its event a dead letter named by ``rejection``, as firing names it).  :meth:`prepare` readies both for a
     batch."""
 
-    def __init__(self, steps: Sequence[Step], learned: Learned, info: TableInfo, names: Sequence[str] = ()) -> None:
+    def __init__(self, steps: Sequence[Step], learned: Learned, info: TableInfo, names: Sequence[str] = (),
+                 inserts: Mapping[str, TableInfo] | None = None) -> None:
         self.steps = tuple(steps)
         #: The rules' names, by step (a rule that raised is named in its event's dead letter).
         self.names = tuple(names)
@@ -514,7 +548,13 @@ class LearnedDeclaration:
         self.conditional = any(condition is not None for condition, _ in self.steps)
         functools.update_wrapper(self, self.action)
         # One stand-in, made ready for each event (``run``): the static check lets no rule keep it or pass it on.
-        self._stand_in = _RowTransaction(self.table, None, None, self._created)
+        self._stand_in = _RowTransaction(self.table, None, None, self._created, inserts)
+        #: The tables the chain inserts into (``tx.insert``): one more operation per event, fed by the chain's run.
+        self.inserts = tuple(sorted(inserts or ()))
+        # Per event position, the row image its chain last ran on (``own``, by identity) and the rows it inserted:
+        # the insert operation reads the row as of before the event, as the write does, and takes the rows of
+        # that run (running it, if the write's function has not yet).
+        self._inserted: dict[int, tuple[RowImage | None, dict[str, list[dict[str, object]]] | None]] = {}
         self._run = self.run
 
     def prepare(self, transaction: str, rejection: Rejection | None) -> None:
@@ -523,6 +563,7 @@ class LearnedDeclaration:
         deviates instead, and the caller's lowered attempt is refused)."""
         self.outcomes.clear()
         self.rejected.clear()
+        self._inserted.clear()
         self._transaction, self._rejection = transaction, rejection if self.names else None
 
     def __call__(self, event: BatchEvent, ops: Ops) -> None:
@@ -532,6 +573,16 @@ class LearnedDeclaration:
         key = event.key if key_of is None else key_of(stream_event)
         # (``run`` may answer FALL_BACK, which is neither a mapping nor DELETE: its state transaction aborts.)
         ops.write(self.table, key, functools.partial(self._run, event, key, [stream_event]))  # type: ignore[arg-type]
+        if self.inserts:
+            ops.insert_into(self.inserts, functools.partial(self._rows, event, key), reads=[(self.table, key)])
+
+    def _rows(self, event: BatchEvent, key: Hashable, own: RowImage | None) -> Mapping[str, object] | None:
+        """The rows the chain inserts for ``event`` run on ``own`` (the row as of before the event)."""
+        ran = self._inserted.get(event.position)
+        if ran is None or ran[0] is not own:
+            self.run(event, key, [], own)      # (its answer is the write's, which the executor asks for itself)
+            ran = self._inserted.get(event.position)
+        return ran[1] if ran is not None else None
 
     def run(self, event: BatchEvent, key: Hashable, unused: list[Event], own: RowImage | None
             ) -> Mapping[str, object] | _Delete | _FallBack:
@@ -541,11 +592,13 @@ class LearnedDeclaration:
         own (:meth:`_raised`).  ``unused``: the stream event the declaration made, for the first
         run (a run again — the batch re-run checking values — gets a fresh one, as a re-fired event does)."""
         stream_event = unused.pop() if unused else _stream_event(event, self._transaction)
+        before = own
         if own is not None and len(own) != self._columns:
             # Created earlier in this batch (the lean image holds the columns written): as the tree reads it.
             own = {**self._created(key), **own}
         stand_in = self._stand_in
         stand_in._key, stand_in._image, stand_in.written, stand_in.deviated = key, own, None, False
+        stand_in.inserted = None
         step = 0
         ran: list[bool] | None = None
         try:
@@ -569,6 +622,8 @@ class LearnedDeclaration:
             self.rejected.pop(event.position, None)     # (a run again that did not raise)
         if stand_in.deviated:
             return FALL_BACK
+        if self.inserts:
+            self._inserted[event.position] = (before, stand_in.inserted)
         written = stand_in.written
         if written is None:
             return DELETE if own is None else {}

@@ -28,7 +28,7 @@ from activedb.batch._state import merge_image
 from activedb.batch.errors import DeclarationError, LoweringRefused
 from activedb.errors import SchemaError, causes
 from activedb.events import Event, EventKind
-from activedb.store import RowImage
+from activedb.store import RowImage, TableInfo
 
 if TYPE_CHECKING:  # pragma: no cover
     from activedb._handle import DatabaseHandle
@@ -230,17 +230,18 @@ def learned_chain(fired: tuple["Rule", ...]) -> tuple[tuple[Step, ...], Learned]
             return NotLearned(f"rules {', '.join(repr(rule.name) for rule in group)} share priority "
                               f"{group[0].priority}: they may run concurrently, in an order a batch cannot know")
     steps: list[Step] = []
-    chain: Learned | None = None    # the first action's that writes the row
+    chain: Learned | None = None    # the first function's that names the row
     named: list[tuple[str, Learned]] = []     # what each condition and action names (a table "": no row)
+    inserts: frozenset[str] = frozenset()
     for rule in (rule for group in groups for rule in group):
         action = rule.action_function()
-        # An action that writes the row, or one that at most reads it (a check that raises to reject its event).
-        writes = learned_table(action)
-        learned = writes or learned_condition(action)
+        # An action that writes the row or inserts, or one that at most reads it (a check that raises to reject its
+        # event).
+        learned = learned_table(action) or learned_condition(action)
         if learned is None:
             return NotLearned(f"the action of rule {rule.name!r}: {why_not_learned(action)}")
-        chain = chain or writes
         named.append((rule.name, learned))
+        inserts |= learned.inserts
         condition = rule.condition_function()
         if condition is not None:
             reads = learned_condition(condition)
@@ -248,13 +249,18 @@ def learned_chain(fired: tuple["Rule", ...]) -> tuple[tuple[Step, ...], Learned]
                 return NotLearned(f"the condition of rule {rule.name!r}: {why_not_learned(condition, True)}")
             named.append((rule.name, reads))
         steps.append((condition, action))
+    for name, learned in named:
+        chain = chain or (learned if learned.table else None)
     if chain is None:
-        return NotLearned("no rule's action writes the event's row")
+        return NotLearned("no rule reads or writes the event's row")
+    if not any(learned_table(action) is not None for _, action in steps):
+        return NotLearned("no rule's action writes the event's row or inserts one")
     for name, learned in named:
         if learned.table and (learned.table, learned.key_source) != (chain.table, chain.key_source):
-            return NotLearned(f"rule {name!r} names another row than the chain's first writer ({learned.table!r} "
+            return NotLearned(f"rule {name!r} names another row than the chain's first ({learned.table!r} "
                               f"by {'event.key' if not learned.key_source else 'another key expression'}, not "
                               f"{chain.table!r}): all rules of a type must name one row")
+    chain = chain._replace(inserts=inserts)
     return tuple(steps), chain
 
 
@@ -284,11 +290,21 @@ def _type_refusal(manager: "TransactionManager", fired: tuple["Rule", ...]
     if isinstance(found, NotLearned):
         return found
     steps, learned_from = found
+    catalog = manager.catalog
+    inserts: dict[str, TableInfo] = {}
     try:
-        info = manager.catalog.table_info(learned_from.table)
+        info = catalog.table_info(learned_from.table)
+        for table in learned_from.inserts:
+            inserts[table] = inserted = catalog.table_info(table)
+            if table == learned_from.table or len(inserted.key_columns) != 1 or catalog.sequence_of(
+                    inserted, inserted.key_columns[0]) is None:
+                return NotLearned(f"a rule inserts into {table!r}, " + (
+                    "the table of the row its rules name" if table == learned_from.table
+                    else "whose key is not one column with a sequence (identity, serial)") +
+                    ": a batch knows an inserted row's key only at commit")
     except SchemaError as error:     # no such table: each firing fails with its own reason
         return NotLearned(str(error))
-    return LearnedDeclaration(steps, learned_from, info, [rule.name for rule in fired])
+    return LearnedDeclaration(steps, learned_from, info, [rule.name for rule in fired], inserts)
 
 
 def _observed_refusal(writes: frozenset[str] | None, observed: frozenset[str]) -> str | None:
@@ -306,7 +322,9 @@ def _observed_refusal(writes: frozenset[str] | None, observed: frozenset[str]) -
 def _writes(declaration: Declaring) -> frozenset[str] | None:
     """The tables a lowered type's declaration writes: a learned chain's one table, or None (a declared rule's:
     known only when it runs)."""
-    return frozenset((declaration.table,)) if isinstance(declaration, LearnedDeclaration) else None
+    if isinstance(declaration, LearnedDeclaration):
+        return frozenset((declaration.table, *declaration.inserts))
+    return None
 
 
 def why_not_lowered(db: "DatabaseHandle", event_type: str) -> str | None:
@@ -364,6 +382,11 @@ def lower(rules: "RuleManager", transaction: "Transaction", event_types: Iterabl
         for declaration in transactions.declarations.values():
             tables = _writes(declaration)
             writes = None if tables is None or writes is None else writes | tables
+        # A row one type inserts is no state of the batch (its key is drawn at commit): no other type may name rows
+        # of that table (as firing, it would see the row).
+        inserted = frozenset(table for declaration in learned.values() for table in declaration.inserts)
+        if inserted and (writes is None or any(declaration.table in inserted for declaration in learned.values())):
+            return None
         lowered = Lowered(transactions, chosen, learned, deviated, writes)
         if cache is not None:
             if len(cache) >= _MAX_CACHED:      # (rules redeclared again and again: keep it bounded)

@@ -233,6 +233,28 @@ def _keep(tx, event):
     KEPT.append(tx)
 
 
+def _note(tx, detail):
+    tx.insert("events_seen", rule="count_and_note", detail=detail)
+
+
+def count_and_note(tx, event):
+    """The counter, and a row of ``events_seen`` per event through a helper (its key the table's identity); a negative
+    amount rejected after both; an amount of 99 names the new row's key, which a batch cannot (it falls back)."""
+    row = tx.read(COUNTERS, event.key)
+    tx.write(COUNTERS, event.key, events=1 if row is None else row["events"] + 1)
+    _note(tx, f"{event.key}:{event.payload['seq']}:{0 if row is None else row['events']}")
+    if event.payload["amount"] == 99:
+        tx.insert("events_seen", id=10_000 + event.payload["seq"], rule="count_and_note", detail=f"{event.key}:fixed")
+    if event.payload["amount"] < 0:
+        raise ValueError(f"negative amount {event.payload['amount']} for {event.key}")
+
+
+def uses_an_inserted_key(tx, event):
+    tx.write(COUNTERS, event.key, events=1)
+    made = tx.insert("events_seen", rule="x")
+    tx.write(COUNTERS, event.key, trail=str(made))
+
+
 def test_the_static_check():
     assert learned_table(count_amount).table == "counters" and learned_table(count_amount).key is None
     assert learned_table(add_or_refuse).table == "counters"
@@ -240,7 +262,8 @@ def test_the_static_check():
     assert learned_table(count_by_constant).table == "counters"     # a global name bound to a string
     assert learned_table(count_by_tuple).table == "counters" and learned_table(count_by_tuple).key is None
     assert learned_table(suffixed_by_tuple).key_source == learned_table(count_suffixed).key_source != ""
-    for action in (reads_another_table, reads_another_key, inserts, emits, passes_tx, reads_the_event_otherwise,
+    assert learned_table(inserts).inserts == {"milestones"} and learned_table(count_and_note).inserts == {"events_seen"}
+    for action in (reads_another_table, reads_another_key, uses_an_inserted_key, emits, passes_tx, reads_the_event_otherwise,
                    lambda tx, event: tx.write("counters", event.key, events=1), print, key_from_a_local,
                    key_assigned_twice, table_not_a_string, table_from_a_local, key_from_an_unpacked_value):
         assert learned_table(action) is None, action
@@ -249,7 +272,7 @@ def test_the_static_check():
 @pytest.mark.parametrize(("action", "why"), [
     (reads_another_table, "it names a row by an expression: use event.key"),
     (reads_another_key, "it names a row by an expression"),
-    (inserts, "it calls tx.insert"),
+    (uses_an_inserted_key, "it uses the key tx.insert returns"),
     (emits, "it calls tx.emit"),
     (passes_tx, "it passes tx to _bump()"),
     (reads_the_event_otherwise, "it uses event other than as event.key"),
@@ -514,6 +537,33 @@ def test_rules_whose_action_and_condition_pass_tx_to_helpers_are_lowered_with_th
     assert len(letters(databases[0], kind)) == 1
 
 
+def notes(database, prefix: str) -> list[tuple]:
+    with database.engine.connect() as connection:
+        return [tuple(row) for row in connection.execute(sa.text(
+            "SELECT rule, detail FROM events_seen WHERE detail LIKE :prefix ORDER BY id"), {"prefix": f"{prefix}%"})]
+
+
+def test_a_rule_that_inserts_rows_is_lowered_with_the_rows_of_firing_it(databases):
+    """``tx.insert`` into a table whose key is its sequence's (here through a helper): the lowered batch inserts the
+    rows firing inserts, in the same order, none of a rejected event; a batch where an action names the new row's key
+    falls back to firing."""
+    kind = "note"
+
+    def register(database):
+        database.rule(on=database.stream(kind), name=kind)(count_and_note)
+
+    batches = [rows(0, [(kind, f"{kind}-a", 3), (kind, f"{kind}-b", 2), (kind, f"{kind}-a", -1), (kind, f"{kind}-a", 4)]),
+               rows(1, [(kind, f"{kind}-c", 7), (kind, f"{kind}-b", 5)]),
+               rows(2, [(kind, f"{kind}-c", 1), (kind, f"{kind}-d", 99)])]
+    lowered = run_both(databases, kind, batches, register)
+    assert [pending is not None for pending in lowered] == [True, True, False], lowered
+    assert batch.why_not_lowered(databases[0], kind) is None
+    made = notes(databases[0], kind)
+    assert made == notes(databases[1], kind) and len(made) == 8, made
+    assert [detail for _, detail in made][:3] == ["note-a:0:0", "note-b:1:0", "note-a:3:1"]
+    assert len(letters(databases[0], kind)) == 1
+
+
 def test_a_chain_of_rules_with_conditions_is_lowered_with_the_tables_and_counters_of_firing_it(databases):
     """Three rules on one type and one row, in priority order: the counter, then a mark where the row the counter
     just wrote is over five (a condition reading the row after the write), then, where the amount is odd (a condition
@@ -594,7 +644,7 @@ def test_rules_that_do_more_are_not_lowered(databases, variant):
                                                   (kind, f"{kind}-a", 3)])], register)
     assert lowered == [None]
     why = {"another table": f"the action of rule '{kind}': it names a row by an expression",
-           "another key": "by an expression", "insert": f"the action of rule '{kind}': it calls tx.insert (",
+           "another key": "by an expression", "insert": "a rule inserts into 'milestones', whose key is not one column with a sequence",
            "emit": "it calls tx.emit", "helper": "it passes tx to _bump()",
            "condition": f"the condition of rule '{kind}': it is a lambda", "deferred": "is deferred: only immediate rules run in a batch",
            "unknown table": "no table 'no_such_table'"}[variant]
