@@ -12,6 +12,7 @@ import decimal
 import math
 import re
 import uuid
+from functools import partial
 from typing import Any, Callable, Hashable, Iterable, Literal, Mapping, TypeVar, Unpack
 
 import sqlalchemy as sa
@@ -161,7 +162,7 @@ class TableInfo:
         values = self.check_values(values, copy=False)
         for name, key_value in zip(self.key_columns, key):
             if name in values:
-                if values.pop(name) != key_value:
+                if self.normalised(name, values.pop(name)) != key_value:      # (a float, an unrounded decimal)
                     raise InvalidKey(f"{self.name}.{name} is part of the key {key!r}; it cannot be changed by write()")
         return values
 
@@ -441,20 +442,30 @@ def _converter(column: sa.Column[object]) -> Callable[[object], object] | None:
     if isinstance(column_type, sa.Uuid):
         return _as_uuid if column_type.as_uuid else _as_uuid_text
     if isinstance(column_type, sa.Numeric) and not isinstance(column_type, sa.Float) and column_type.asdecimal:
-        return _as_decimal
+        scale = column_type.scale
+        return _as_decimal if scale is None else partial(_as_decimal, places=decimal.Decimal(1).scaleb(-scale))
     if isinstance(column_type, sa.Date):
         return _as_date
     return None
 
 
-def _as_decimal(value: object) -> object:
+def _as_decimal(value: object, places: decimal.Decimal | None = None) -> object:
     """A checked value of a numeric column as PostgreSQL gives it back: a ``float`` as the shortest decimal that
     reads back as that float (its ``repr``: ``0.1``, not the binary fraction ``0.1000000000000000055…``), the
     number a user typed; an ``int`` as its ``Decimal`` (equal already, but a batch sends its keys as one array, which
-    the driver cannot make of ints and decimals mixed); a ``Decimal`` as it is."""
+    the driver cannot make of ints and decimals mixed); a ``Decimal`` as it is.  Of a column with a scale
+    (``numeric(10, 2)``: ``places`` is ``Decimal('0.01')``), rounded to it as PostgreSQL rounds what it stores, half
+    away from zero (``1.005`` is ``Decimal('1.01')``): else the key given and the row's key read back differ, and two
+    keys that round to one row would be two rows of a write set."""
     if isinstance(value, float):
-        return decimal.Decimal(float.__repr__(value))
-    return decimal.Decimal(value) if isinstance(value, int) else value
+        value = decimal.Decimal(float.__repr__(value))
+    elif isinstance(value, int):
+        return decimal.Decimal(value)
+    if places is None or not isinstance(value, decimal.Decimal) or not value.is_finite() or (
+            value.as_tuple().exponent >= places.as_tuple().exponent):  # type: ignore[operator]  # (finite: an int)
+        return value
+    # (enough digits for the result, which has at most one more than the value: quantize refuses to round beyond them)
+    return value.quantize(places, decimal.ROUND_HALF_UP, decimal.Context(prec=len(value.as_tuple().digits) + 1))
 
 
 def _as_date(value: object) -> object:

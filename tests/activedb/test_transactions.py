@@ -744,6 +744,31 @@ def test_a_float_key_of_a_numeric_column_names_the_row_of_its_decimal(db):
                                        (Decimal("2"),): {"amount": Decimal("2"), "label": "two"}}
 
 
+def test_a_key_with_more_places_than_its_numeric_scale_names_the_row_it_rounds_to(db):
+    """PostgreSQL rounds a value of a ``numeric(10, 2)`` column to two places, half away from zero: a key given with
+    more (``Decimal('1.005')``, the float ``1.005``) names the row of the rounded key — a read, a write, a delete, a
+    read of several keys and the row's lock take it so, and a write that names the key column too keeps it.  Before,
+    the write set kept ``1.005`` and ``1.01`` as two rows (the commit failed: "ON CONFLICT DO UPDATE command cannot
+    affect row a second time") and a read of ``1.01`` after a write of ``1.005`` found nothing."""
+    from decimal import Decimal
+
+    _empty(db, "cents")
+    with db.transaction() as tx:
+        tx.write("cents", Decimal("1.005"), label="a")
+        assert tx.read("cents", Decimal("1.01")) == {"amount": Decimal("1.01"), "label": "a"}
+        tx.write("cents", 1.009, amount=1.009, label="b")              # the same row
+        tx.write("cents", Decimal("-2.345"), label="gone")
+        tx.delete("cents", Decimal("-2.35"))
+        assert tx.read_many("cents", [1.005, Decimal("-2.345")]) == {1.005: {"amount": Decimal("1.01"), "label": "b"},
+                                                                     Decimal("-2.345"): None}
+    assert committed(db, "cents") == {(Decimal("1.01"),): {"amount": Decimal("1.01"), "label": "b"}}
+    with db.transaction() as tx:
+        assert tx.read("cents", 1.0051, for_update=True)["label"] == "b"
+        tx.write("cents", Decimal("1.01"), label="c")
+        assert [row["label"] for row in tx.scan("cents", {"amount": Decimal("1.005")})] == ["c"]
+    assert committed(db, "cents") == {(Decimal("1.01"),): {"amount": Decimal("1.01"), "label": "c"}}
+
+
 def test_a_key_of_several_columns_given_as_a_list_names_the_row_of_the_tuple(db):
     """A key of several columns may be given as a list of its values, as a tuple: no one column's value could stand
     for such a key, so the list is not ambiguous (a one-column key keeps a list as its value, which only an array or
