@@ -32,7 +32,7 @@ from activedb.batch._route import RoutePlan, touched_states, written_tables
 from activedb.batch._runtime import AUTO, execute_batch, no_cyclic_gc, normalise_events, runtime_of
 from activedb.batch._state import Loader
 from activedb.batch._store import (DEAD_LETTER_TABLE, apply_batch, check_key_columns, check_required,
-                                   dead_letter, name_rows_once, named_once, row_aliases, store_check)
+                                   dead_letter, name_rows_once, named_once, store_check)
 from activedb.batch._strategy import Split, Strategy
 from activedb.batch.errors import BatchNotCommitted, DeclarationError
 from activedb.errors import InvalidKey, InvalidValue, SchemaError
@@ -638,9 +638,7 @@ def apply_at_commit(tx: Transaction, events: Iterable[object], transactions: Sta
                 catalog.table_info(table)
         except SchemaError:
             normalised = _refuse_unstorable(catalog, batch, plans, declared, states, written)
-        aliases = row_aliases(catalog, normalised)
-        if aliases:
-            name_rows_once(declare, batch, declared, normalised, aliases)
+        if name_rows_once(catalog, declare, batch, declared, normalised, unbounded):
             options = replace(options, split=Split.NEVER)     # (a worker would declare its events again)
         pending = PendingBatch(transactions, batch, declared, normalised, unbounded, options)
         pending.seconds["apply"] = time.perf_counter() - tx_started

@@ -14,6 +14,7 @@ from activedb import deadletters
 from activedb.batch._declare import (BatchEvent, OpSpec, State, StateTransactions, canonical_key, inserted_parts,
                                      specs_of)
 from activedb.batch._result import BatchResult
+from activedb.batch._route import touched_states
 from activedb.batch._runtime import AUTO, execute_batch, no_cyclic_gc, prepare
 from activedb.batch._state import WriteCheck
 from activedb.batch._strategy import Split, Strategy
@@ -48,9 +49,8 @@ def apply_batch(tx: Transaction, events: Iterable[object], transactions: StateTr
     infos = {table: catalog.table_info(table) for table in states}
     normalised = {table: {key: infos[table].key(key) for key in keys} for table, keys in states.items()
                   if infos[table].converts_keys}
-    aliases = row_aliases(catalog, normalised)
-    if aliases:
-        name_rows_once(transactions.declare, prepared.batch, declared, normalised, aliases)
+    computed = {table for specs in prepared.specs for table in touched_states(specs)[1]}
+    if name_rows_once(catalog, transactions.declare, prepared.batch, declared, normalised, computed):
         states.update((table, list(keys)) for table, keys in normalised.items())
         split = Split.NEVER          # (a worker would declare its events again)
     check = named_once(catalog, normalised)
@@ -107,20 +107,30 @@ def row_aliases(catalog: Catalog, normalised: Mapping[str, Mapping[Hashable, Key
     return aliases
 
 
-def name_rows_once(declare: Callable[[BatchEvent], list[OpSpec]], batch: list[BatchEvent],
+def name_rows_once(catalog: Catalog, declare: Callable[[BatchEvent], list[OpSpec]], batch: list[BatchEvent],
                    declared: dict[int, list[OpSpec] | str], normalised: dict[str, dict[Hashable, Key]],
-                   aliases: Mapping[State, State]) -> None:
-    """Name each row the batch names two ways (``aliases``) by one state: every event declared (an event routed by
-    a plan is declared here, not by the executor), its operations' states, keys, reads and candidates renamed, and
-    so ``normalised`` (table → {key: normalised key}) — else each state would read the row as of before the batch,
-    and the one written last would lose the others' changes.  A transaction that so writes one row twice is
-    refused, as ``Ops`` refuses a row written twice."""
+                   computed: Iterable[str]) -> bool:
+    """Name each row the batch names two ways by one state, if there can be such rows: rows of ``normalised``
+    (table → {key: normalised key}) named by keys that differ in Python (``row_aliases``), or a key computed at run
+    time (a non-deterministic operation's) of a table of ``computed`` whose key is converted.  Then every event is
+    declared (an event routed by a plan is declared here, not by the executor), its operations' states, keys, reads
+    and candidates renamed, its computed keys renamed as they are computed (``_named_key``), and so ``normalised``
+    — else each state would read the row as of before the batch, and the one written last would lose the others'
+    changes.  A transaction that so writes one row twice is refused, as ``Ops`` refuses a row written twice.
+    Returns whether it renamed (the batch must then run unsplit: a worker would declare its events again)."""
+    aliases = row_aliases(catalog, normalised)
+    computed = {table for table in computed if _converts_keys(catalog, table)}
+    if not aliases and not computed:
+        return False
+    names = {table: (catalog.table_info(table), {key: aliases.get((table, given), (table, given))[1]
+                                                 for given, key in normalised.get(table, {}).items()})
+             for table in {*computed, *(table for table in normalised if _converts_keys(catalog, table))}}
     for t, event in enumerate(batch):
         specs = specs_of(declare, event, declared.get(t))
         if isinstance(specs, str):
             declared[t] = specs
             continue
-        renamed = [_renamed(spec, aliases) for spec in specs]
+        renamed = [_renamed(spec, aliases, names) for spec in specs]
         written = [spec.state for spec in renamed if spec.state is not None and spec.kind.writes]
         if len(set(written)) < len(written):
             twice = next(state for state in written if written.count(state) > 1)
@@ -131,6 +141,14 @@ def name_rows_once(declare: Callable[[BatchEvent], list[OpSpec]], batch: list[Ba
     for table in {table for table, _ in aliases}:
         normalised[table] = {aliases.get((table, given), (table, given))[1]: key
                              for given, key in normalised[table].items()}
+    return True
+
+
+def _converts_keys(catalog: Catalog, table: str) -> bool:
+    try:
+        return catalog.table_info(table).converts_keys
+    except SchemaError:         # (no such table: its operations fail where they name a row)
+        return False
 
 
 def named_once(catalog: Catalog, normalised: Mapping[str, Mapping[Hashable, Key]]
@@ -154,9 +172,10 @@ def named_once(catalog: Catalog, normalised: Mapping[str, Mapping[Hashable, Key]
     return check
 
 
-def _renamed(spec: OpSpec, aliases: Mapping[State, State]) -> OpSpec:
+def _renamed(spec: OpSpec, aliases: Mapping[State, State], names: Mapping[str, tuple[TableInfo, dict[Key, Hashable]]]
+             ) -> OpSpec:
     """``spec`` naming its rows by ``aliases`` (:func:`name_rows_once`); a non-deterministic operation's computed
-    key too (``_aliased_key``)."""
+    key by ``names`` (``_named_key``)."""
     table, state = spec.table, spec.state
     if state is not None:
         state = aliases.get(state, state)
@@ -164,16 +183,22 @@ def _renamed(spec: OpSpec, aliases: Mapping[State, State]) -> OpSpec:
     if candidates is not None:
         candidates = tuple(dict.fromkeys(aliases.get((table, key), (table, key))[1] for key in candidates))
     key_fn = spec.key_fn
-    if key_fn is not None:
-        key_fn = partial(_aliased_key, aliases, table, key_fn)
+    if key_fn is not None and table in names:
+        key_fn = partial(_named_key, *names[table], key_fn)
     return spec._replace(key=spec.key if state is None else state[1], state=state, candidates=candidates,
                          key_fn=key_fn, params=tuple(aliases.get(param, param) for param in spec.params))
 
 
-def _aliased_key(aliases: Mapping[State, State], table: str, key_fn: Callable[..., Hashable],
-                 *images: RowImage | None) -> Hashable:
+def _named_key(info: TableInfo, names: dict[Key, Hashable], key_fn: Callable[..., Hashable],
+               *images: RowImage | None) -> Hashable:
+    """The key ``key_fn(*images)`` computes, as the batch names its row (``names``: normalised key → that name, a
+    row first named so being named by this key from then on); a key that cannot name a row of ``info``'s table as it
+    is (the loader says why)."""
     key = canonical_key(key_fn(*images))
-    return aliases.get((table, key), (table, key))[1]
+    try:
+        return names.setdefault(info.key(key), key)
+    except SchemaError:
+        return key
 
 
 def _changes(result: BatchResult, base: Mapping[State, RowImage | None]) -> dict[str, dict[Hashable, RowImage | None]]:

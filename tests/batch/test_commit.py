@@ -202,10 +202,10 @@ def test_one_row_named_by_two_values_of_its_key_is_one_row_of_the_batch(db, exis
 @pytest.mark.parametrize("tree", [False, True], ids=["at commit", "through the tree"])
 @pytest.mark.parametrize("candidates", [None, [0.1]], ids=["any row", "candidates"])
 def test_a_computed_key_names_the_row_the_batch_names_by_another_value(db, candidates, tree):
-    """A non-deterministic write whose key function returns ``0.1``: where the batch names that row as ``0.1`` and as
-    ``Decimal('0.1')`` (candidates name rows too), its computed key is that one row; where the batch names it only as
-    ``Decimal('0.1')``, the operation fails saying by which key the batch names the row (a dead letter), rather than
-    read it as of before the batch and lose the other's update."""
+    """A non-deterministic write whose key function returns ``0.1`` names the row the batch names as
+    ``Decimal('0.1')`` (candidates name rows too), whether or not the batch names it as ``0.1`` too; and two computed
+    keys of one row no declaration names are one row.  Before, where the batch named the row only as
+    ``Decimal('0.1')``, the operation failed (a dead letter: "is the row this batch names Decimal('0.1')")."""
     from decimal import Decimal
 
     transactions = batch.StateTransactions()
@@ -219,13 +219,15 @@ def test_a_computed_key_names_the_row_the_batch_names_by_another_value(db, candi
 
     @transactions.on("computed")
     def computed(event, ops):
-        ops.write_any("prices", lambda: 0.1, append(event), candidates=candidates)
+        key = event.payload.get("computed", 0.1)
+        ops.write_any("prices", lambda: key, append(event), candidates=candidates and [key])
 
-    def run(keys):
+    def run(keys, computed=None):
         with db.engine.begin() as connection:
             connection.execute(sa.text("DELETE FROM prices"))
         events = [{"type": "price" if key is not None else "computed", "key": key, "ts": float(seq),
-                   "payload": {"seq": seq}} for seq, key in enumerate(keys)]
+                   "payload": {"seq": seq, **({} if computed is None else {"computed": computed[seq]})}}
+                  for seq, key in enumerate(keys)]
         with db.transaction(name="computed-aliases") as tx:
             result = (batch.apply_batch(tx, events, transactions) if tree else
                       batch.apply_at_commit(tx, events, transactions, query_id="computed-aliases", batch_id=1))
@@ -234,12 +236,41 @@ def test_a_computed_key_names_the_row_the_batch_names_by_another_value(db, candi
                     connection.execute(sa.text("SELECT amount, label FROM prices")).all())
 
     assert run([0.1, Decimal("0.1"), None, 0.1]) == ({}, [(Decimal("0.1"), "/0/1/2/3")])
-    letters, rows = run([Decimal("0.1"), None, Decimal("0.1")])
-    if candidates is not None:
-        assert (letters, rows) == ({}, [(Decimal("0.1"), "/0/1/2")])
-    else:
-        assert rows == [(Decimal("0.1"), "/0/2")] and list(letters) == [1]
-        assert "is the row this batch names Decimal('0.1')" in letters[1]
+    assert run([Decimal("0.1"), None, Decimal("0.1")]) == ({}, [(Decimal("0.1"), "/0/1/2")])
+    assert run([None, None], computed=[0.2, Decimal("0.2")]) == ({}, [(Decimal("0.2"), "/0/1")])
+
+
+@pytest.mark.parametrize("tree", [False, True], ids=["at commit", "through the tree"])
+def test_keys_that_round_to_one_value_of_a_scaled_numeric_key_are_one_row(db, tree):
+    """A ``numeric(10, 2)`` key given with more places (``Decimal('1.005')``, the float ``1.009``, computed by a
+    non-deterministic write as ``1.0051``) names the row of the key PostgreSQL rounds it to, ``1.01``: the batch
+    holds it as one state.  Before, the batch's states ``1.005`` and ``1.01`` were two rows of one statement (the
+    commit failed: "ON CONFLICT DO UPDATE command cannot affect row a second time")."""
+    from decimal import Decimal
+
+    transactions = batch.StateTransactions()
+
+    def append(event):
+        return lambda own: {"label": f"{'' if own is None else own['label']}/{event.payload['seq']}"}
+
+    @transactions.on("cent")
+    def cent(event, ops):
+        ops.write("cents", event.key, append(event))
+
+    @transactions.on("computed")
+    def computed(event, ops):
+        ops.write_any("cents", lambda: 1.0051, append(event))
+
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("DELETE FROM cents"))
+    events = [{"type": "cent" if key is not None else "computed", "key": key, "ts": float(seq), "payload": {"seq": seq}}
+              for seq, key in enumerate([Decimal("1.005"), Decimal("1.01"), None, 1.009])]
+    with db.transaction(name="scaled-keys") as tx:
+        result = (batch.apply_batch(tx, events, transactions) if tree else
+                  batch.apply_at_commit(tx, events, transactions, query_id="scaled-keys", batch_id=1))
+    assert (result if tree else result.result).dead_letters == []
+    with db.engine.connect() as connection:
+        assert connection.execute(sa.text("SELECT amount, label FROM cents")).all() == [(Decimal("1.01"), "/0/1/2/3")]
 
 
 def test_new_rows_are_created_and_concurrent_inserts_of_them_are_ordered(db):
