@@ -86,9 +86,7 @@ class TableInfo:
         if quick is not None and quick(key):
             return (key,)         # a one-column key whose value the full check would accept
         if not isinstance(key, tuple):
-            # A list names the row of a key of several columns as the tuple of its values: no single column's
-            # value could stand for such a key.  A one-column key keeps it as the value (an array or JSON key).
-            key = tuple(key) if isinstance(key, list) and len(self.key_columns) > 1 else (key,)
+            key = named if isinstance(named := self.named(key), tuple) else (key,)
         if len(key) != len(self.key_columns):
             columns = ", ".join(self.key_columns)
             raise InvalidKey(
@@ -106,6 +104,13 @@ class TableInfo:
             if value.__class__ is datetime.datetime:
                 self._check_key_datetime(name, value)
         return key
+
+    def named(self, key: object) -> object:
+        """``key`` as given, but a list as the tuple of its values where the key has several columns: no single
+        column's value could stand for such a key (a one-column key keeps a list as its value, an array or JSON
+        key).  What every entry point that takes a key applies first (``key`` itself; a mapping by the keys given,
+        as ``tx.read_many`` returns, or a lock or version keyed by them, as the stream views take)."""
+        return tuple(key) if isinstance(key, list) and len(self.key_columns) > 1 else key
 
     def _check_key_datetime(self, name: str, value: datetime.datetime) -> None:
         """Refuse a datetime key PostgreSQL would give back as another Python value: a naive one of a

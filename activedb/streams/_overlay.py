@@ -249,7 +249,7 @@ class OverlayView(StoreView):
         """A Read's steps (StoreView's, inline: the one operation of most s-transactions) with the overlay's own
         image of the row — the caller copies what it hands out."""
         if key.__class__ is not tuple:
-            key = (key,)
+            key = _as_key(self.tx, table, key)
         if self._cost is not None:
             self._cost("read")
         image = self._overlay.image(table, key)
@@ -263,7 +263,7 @@ class OverlayView(StoreView):
         return self._read(table, None, self._overlay.scan(table, where))
 
     def write(self, table: str, key: Hashable, /, **values: object) -> None:
-        key = _as_key(key)
+        key = _as_key(self.tx, table, key)
         self._before("write", table, key)
         self._overlay.write(table, key, dict(values))
         self._written(table, key, values, "write")
@@ -275,7 +275,7 @@ class OverlayView(StoreView):
         return key[0] if len(key) == 1 else key
 
     def delete(self, table: str, key: Hashable) -> None:
-        key = _as_key(key)
+        key = _as_key(self.tx, table, key)
         self._before("write", table, key)
         self._overlay.delete(table, key)
         self._written(table, key, None, "delete")

@@ -37,7 +37,10 @@ class Stamp(NamedTuple):
     position: int
 
 
-def _as_key(key: object) -> Key:
+def _as_key(tx: Transaction, table: str, key: object) -> Key:
+    """``key`` as a tuple: a list of a key of several columns as the tuple of its values (``TableInfo.named``)."""
+    if key.__class__ is list:
+        key = tx.manager.catalog.table_info(table).named(key)
     return key if isinstance(key, tuple) else (key,)
 
 
@@ -88,7 +91,7 @@ class StoreView:
     # --- the store API --------------------------------------------------------------------------
 
     def read(self, table: str, key: Hashable) -> RowImage | None:
-        key = _as_key(key)
+        key = _as_key(self.tx, table, key)
         self._before("read", table, key)
         return self._read(table, key, self.tx.read(table, key))
 
@@ -103,20 +106,22 @@ class StoreView:
         return self._read(table, None, self.tx.scan(table, where))
 
     def write(self, table: str, key: Hashable, /, **values: object) -> None:
-        self._before("write", table, _as_key(key))
+        row = _as_key(self.tx, table, key)
+        self._before("write", table, row)
         self.tx.write(table, key, **values)
-        self._written(table, _as_key(key), dict(values), "write")
+        self._written(table, row, dict(values), "write")
 
     def insert(self, table: str, /, **values: object) -> Hashable:
         self._before("write", table, self._key_of_values(table, values))
         key = self.tx.insert(table, **values)
-        self._written(table, _as_key(key), dict(values), "insert")
+        self._written(table, _as_key(self.tx, table, key), dict(values), "insert")
         return key
 
     def delete(self, table: str, key: Hashable) -> None:
-        self._before("write", table, _as_key(key))
+        row = _as_key(self.tx, table, key)
+        self._before("write", table, row)
         self.tx.delete(table, key)
-        self._written(table, _as_key(key), None, "delete")
+        self._written(table, row, None, "delete")
 
     def _read(self, table: str, key: Key | None, value: _Value, read_from: object = "derive") -> _Value:
         """Count and record a Read that has happened (``key`` None: a scan); returns ``value``."""
@@ -229,7 +234,7 @@ class VersionedView(LockedView):
         self._validate = validate
 
     def read(self, table: str, key: Hashable) -> RowImage | None:
-        key = _as_key(key)
+        key = _as_key(self.tx, table, key)
         if not self._versions.tracks(table, key):
             # No plan of the batch reads the row: the tree shows it as this Read must see it
             # (the design note's "What a Read sees").
@@ -262,7 +267,7 @@ class VersionedView(LockedView):
     # --- Writes that stay in the versions (``deferred``) ------------------------------------------------
 
     def write(self, table: str, key: object, /, **values: object) -> None:
-        key = _as_key(key)
+        key = _as_key(self.tx, table, key)
         if not self._defers(table, key):
             return super().write(table, key, **values)
         self._before("write", table, key)
@@ -289,7 +294,7 @@ class VersionedView(LockedView):
         return row_key[0] if len(row_key) == 1 else row_key
 
     def delete(self, table: str, key: object) -> None:
-        key = _as_key(key)
+        key = _as_key(self.tx, table, key)
         if not self._defers(table, key):
             return super().delete(table, key)
         self._before("write", table, key)

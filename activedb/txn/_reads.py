@@ -86,6 +86,8 @@ class Reads:
         info = self.manager.catalog.table_info(table)
         normalised: dict[Any, Any] = {}
         for given in keys:
+            if isinstance(given, list):     # (a key of several columns as a list: by its tuple, ``TableInfo.named``)
+                given = info.named(given)
             if given not in normalised:
                 normalised[given] = info.key(given)
         locking = self.manager.locking

@@ -772,13 +772,16 @@ def test_a_key_with_more_places_than_its_numeric_scale_names_the_row_it_rounds_t
 def test_a_key_of_several_columns_given_as_a_list_names_the_row_of_the_tuple(db):
     """A key of several columns may be given as a list of its values, as a tuple: no one column's value could stand
     for such a key, so the list is not ambiguous (a one-column key keeps a list as its value, which only an array or
-    JSON column takes).  A key of the wrong length says to pass a tuple.  Before, ``[1, 2]`` was refused with
+    JSON column takes), in a read of several keys too.  A key of the wrong length says to pass a tuple.  Before, ``[1, 2]`` was refused with
     "has primary key (a, b); got 1 value(s): ([1, 2],)"."""
     with db.transaction() as tx:
         tx.write("pairs", [1, 2], value="listed")
         assert tx.read("pairs", (1, 2)) == {"a": 1, "b": 2, "value": "listed"}
         tx.write("pairs", (1, 2), value="tupled")
         assert tx.read("pairs", [1, 2])["value"] == "tupled"
+        # several keys: the result names a listed key by its tuple (before: TypeError, unhashable type: 'list')
+        assert tx.read_many("pairs", [[1, 2], (1, 3), [1, 3]], lock="write") == {(1, 2): tx.read("pairs", (1, 2)),
+                                                                                 (1, 3): None}
         with pytest.raises(activedb.InvalidKey, match=r"got 1 value\(s\): \(1,\) — pass the key as a tuple \(a, b\)"):
             tx.read("pairs", 1)
         with pytest.raises(activedb.InvalidValue, match=r"accounts\.id is INTEGER; got \[1\] \(list\)"):

@@ -239,3 +239,27 @@ def test_a_failed_s_transaction_leaves_no_trace_in_the_matcher(db, name):
     with db.engine.connect() as connection:
         assert connection.execute(sa.text("SELECT value FROM stream_cells WHERE cell = 3")).scalar() == 1
     check_stream_history(engine.history.snapshot()).assert_ok()
+
+
+@pytest.mark.parametrize("name", ["sei", "s2pl", "lwm"])
+def test_a_rule_names_a_row_of_a_key_of_several_columns_by_a_list(db, name):
+    """A Python action may name a row of a key of several columns by a list of its values, as ``tx.read`` and
+    ``tx.write`` take it, under every scheduler (its lock, its version and the stream history name the row by the
+    tuple).  Before, ``[1, 2]`` failed the s-transaction with ``TypeError: unhashable type: 'list'``."""
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("DELETE FROM pairs"))
+    engine = streams.StreamEngine(db, name=f"listed-{name}", scheduler=name, record_history=True, durable=False)
+    engine.create_stream("s", types=TYPES, attributes=("k", "x"))
+    engine.define("CREATE QUERY P PATTERN SEQ(A) RETURN A.x AS x")
+
+    def count(tx, new):
+        row = tx.read("pairs", [new["x"], 2])
+        tx.write("pairs", [new["x"], 2], value=f"{'' if row is None else row['value']}/{new['x']}")
+    engine.rule("Count", on_output="P", action=count, reads=["pairs"], writes=["pairs"])
+    events = [streams.StreamEvent("A", ts, {"k": 1, "x": x}) for ts, x in ((1, 1), (2, 1), (3, 3))]
+    with Watchdog(TIMEOUT, db.transactions.locks):
+        result = engine.feed(events, punctuation=streams.END_OF_STREAM)
+    assert result.dead_letters == ()
+    with db.engine.connect() as connection:
+        assert connection.execute(sa.text("SELECT a, b, value FROM pairs ORDER BY a")).all() == [
+            (1, 2, "/1/1"), (3, 2, "/3")]
