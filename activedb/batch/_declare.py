@@ -144,23 +144,28 @@ def _bad_pair(pair: object, what: str) -> DeclarationError:
                                 f"write reads=[('accounts', 7)] for the row 7 of table accounts")
     if pair[1] is None:
         return DeclarationError(f"a key in {what} is None; name the row by a scalar or a tuple")
-    return DeclarationError(f"the key {pair[1]!r} in {what} is not hashable; use a scalar or a tuple")
+    return DeclarationError(f"the key {pair[1]!r} in {what} is not hashable; use a scalar or a tuple (or a list of "
+                            f"a key's several values)")
 
 
 def canonical_key(key: Hashable) -> Hashable:
     """The key by which a batch's states name a row: a one-tuple names the row of its element, as the store reads
     it (``TableInfo.key`` takes ``"k"`` and ``("k",)`` for one row), so that a batch never holds one row as two
-    states — each read as of before the batch, and the one written last would lose the other's changes."""
-    return key[0] if isinstance(key, tuple) and len(key) == 1 else key
+    states — each read as of before the batch, and the one written last would lose the other's changes.  A list of
+    several values names the row of their tuple, as the store reads it (``TableInfo.named``: a key of several
+    columns; a list of one value stays a list, which no state can be)."""
+    if isinstance(key, tuple):
+        return key[0] if len(key) == 1 else key
+    return tuple(key) if isinstance(key, list) and len(key) > 1 else key
 
 
 def _state(pair: object, what: str) -> State:
     if type(pair) is tuple and len(pair) == 2 and type(pair[0]) is str and pair[1] is not None:
+        key = canonical_key(pair[1])
         try:
-            hash(pair[1])
+            hash(key)
         except TypeError:
             raise _bad_pair(pair, what) from None
-        key = canonical_key(pair[1])        # (hashable: the tuple's hash covered its element)
         if key is pair[1]:
             return pair
         if key is None:
@@ -189,7 +194,7 @@ class Ops:
         params: list[State] = []
         for pair in reads:
             if (type(pair) is tuple and len(pair) == 2 and type(pair[0]) is str and pair[1] is not None
-                    and not isinstance(pair[1], tuple)):
+                    and not isinstance(pair[1], (tuple, list))):
                 try:
                     hash(pair[1])
                 except TypeError:
@@ -241,8 +246,8 @@ class Ops:
         :data:`DELETE`, or raises :class:`Abort`.  The written row is the output ``name`` if given."""
         # The hot path of declaring: the checks of _check_key and _claim, inlined.
         kind = key.__class__
-        if kind is not str and kind is not int and isinstance(key, tuple) and len(key) == 1:
-            key = key[0]                     # (``canonical_key``)
+        if kind is not str and kind is not int and (isinstance(key, list) or isinstance(key, tuple) and len(key) == 1):
+            key = canonical_key(key)
         state = (table, key) if type(table) is str and key is not None else self._check_key(table, key)
         written = self._written
         try:

@@ -273,6 +273,37 @@ def test_keys_that_round_to_one_value_of_a_scaled_numeric_key_are_one_row(db, tr
         assert connection.execute(sa.text("SELECT amount, label FROM cents")).all() == [(Decimal("1.01"), "/0/1/2/3")]
 
 
+@pytest.mark.parametrize("tree", [False, True], ids=["at commit", "through the tree"])
+def test_a_key_of_several_columns_given_as_a_list_names_the_row_of_its_tuple(db, tree):
+    """A list of several values names the row of their tuple, as ``tx.read`` takes it: an event's key that came as a
+    JSON array, a row of ``reads``, a computed key — one state with the tuple's.  Before, each was refused as "not
+    hashable; use a scalar or a tuple" (a dead letter)."""
+    transactions = batch.StateTransactions()
+
+    def append(event):
+        return lambda own, *_: {"value": f"{'' if own is None else own['value']}/{event.payload['seq']}"}
+
+    @transactions.on("pair")
+    def pair(event, ops):
+        ops.write("pairs", event.key, append(event), reads=[("pairs", [1, 3])])
+
+    @transactions.on("computed")
+    def computed(event, ops):
+        ops.write_any("pairs", lambda: [1, 2], append(event))
+
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("DELETE FROM pairs"))
+    events = [{"type": "pair" if key is not None else "computed", "key": key, "ts": float(seq), "payload": {"seq": seq}}
+              for seq, key in enumerate([[1, 2], (1, 2), None, [1, 3]])]
+    with db.transaction(name="listed-keys") as tx:
+        result = (batch.apply_batch(tx, events, transactions) if tree else
+                  batch.apply_at_commit(tx, events, transactions, query_id="listed-keys", batch_id=1))
+    assert (result if tree else result.result).dead_letters == []
+    with db.engine.connect() as connection:
+        assert connection.execute(sa.text("SELECT a, b, value FROM pairs ORDER BY b")).all() == [(1, 2, "/0/1/2"),
+                                                                                                 (1, 3, "/3")]
+
+
 def test_new_rows_are_created_and_concurrent_inserts_of_them_are_ordered(db):
     _reset(db, {})
     events = workloads.generate_toll(workloads.Workload(batch=120, keys=12, abort_ratio=0.2, cost_us=0, seed=9))
