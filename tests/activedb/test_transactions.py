@@ -772,8 +772,8 @@ def test_a_key_with_more_places_than_its_numeric_scale_names_the_row_it_rounds_t
 def test_a_key_of_several_columns_given_as_a_list_names_the_row_of_the_tuple(db):
     """A key of several columns may be given as a list of its values, as a tuple: no one column's value could stand
     for such a key, so the list is not ambiguous (a one-column key keeps a list as its value, which only an array or
-    JSON column takes), in a read of several keys too.  A key of the wrong length says to pass a tuple.  Before, ``[1, 2]`` was refused with
-    "has primary key (a, b); got 1 value(s): ([1, 2],)"."""
+    JSON column takes), in a read of several keys too.  A key of the wrong length says to pass a tuple.  Before,
+    ``[1, 2]`` was refused with "has primary key (a, b); got 1 value(s): ([1, 2],)"."""
     with db.transaction() as tx:
         tx.write("pairs", [1, 2], value="listed")
         assert tx.read("pairs", (1, 2)) == {"a": 1, "b": 2, "value": "listed"}
