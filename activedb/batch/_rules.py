@@ -20,7 +20,8 @@ from coupling import Coupling, priority_groups
 
 from activedb.batch._commit import PendingBatch, apply_at_commit
 from activedb.batch._learn import (
-    Learned, LearnedDeclaration, NotLearned, Rejection, Step, learned_condition, learned_table, why_not_learned)
+    Learned, LearnedDeclaration, NotLearned, Rejection, Step, _stream_event, learned_condition, learned_table,
+    why_not_learned)
 from activedb.batch._declare import (
     Abort, BatchEvent, Declaring, Inserted, OpKind, Ops, OpSpec, State, StateTransactions, inserted, inserted_parts)
 from activedb.batch._result import BatchResult
@@ -32,7 +33,7 @@ from activedb.store import RowImage, TableInfo
 
 if TYPE_CHECKING:  # pragma: no cover
     from activedb._handle import DatabaseHandle
-    from activedb.rules import Rule, RuleManager
+    from activedb.rules import DecidedFirings, Rule, RuleManager
     from activedb.txn import Transaction, TransactionManager
 
 __all__ = ["DeclaredAction", "Lowered", "RULE_LOWERING", "apply_lowered", "declared", "lower", "lowerable",
@@ -193,6 +194,8 @@ class Lowered:
     #: The tables the batch writes (None: not known before it runs — a declared rule may write any): a batch is not
     #: lowered while a rule reacts to data events of one of them.
     writes: frozenset[str] | None = None
+    #: Per type, its detached-family rules (recorded with each event's outcome: :func:`apply_lowered`).
+    detached: dict[str, tuple["Rule", ...]] = field(default_factory=dict)
 
 
 def lowerable(rule: "Rule") -> DeclaredAction | Callable[..., object] | None:
@@ -217,13 +220,12 @@ def learned_chain(fired: tuple["Rule", ...]) -> tuple[tuple[Step, ...], Learned]
     table (``learned_table``) or at most reads it (``learned_condition``: a check that raises to reject its event),
     one action at least writing, and its condition, if any, one that at most reads that row (``learned_condition``) —
     one table and one key expression for all; and no two of one priority (such a group may run concurrently, in an
-    order no batch can know).  Otherwise why not, naming the rule."""
-    for rule in fired:
-        coupling, action_coupling = Coupling.parse(rule.coupling), Coupling.parse(rule.action_coupling)
-        if coupling is not Coupling.IMMEDIATE or action_coupling is not Coupling.IMMEDIATE:
-            mode = coupling if coupling is not Coupling.IMMEDIATE else action_coupling
-            return NotLearned(f"rule {rule.name!r} is {mode.value.replace('_', ' ')}: only immediate rules run in a "
-                              f"batch")
+    order no batch can know).  Rules of the detached family beside them (:func:`detached_rules`) are no steps: they
+    are recorded with each event's outcome.  Otherwise why not, naming the rule."""
+    immediate = _split(fired)
+    if isinstance(immediate, NotLearned):
+        return immediate
+    fired = immediate[0]
     groups = priority_groups(fired, key=lambda rule: rule.priority)
     for group in groups:
         if len(group) > 1:
@@ -264,6 +266,30 @@ def learned_chain(fired: tuple["Rule", ...]) -> tuple[tuple[Step, ...], Learned]
     return tuple(steps), chain
 
 
+def _split(fired: tuple["Rule", ...]) -> tuple[tuple["Rule", ...], tuple["Rule", ...]] | NotLearned:
+    """``fired`` as the immediate rules a batch runs in each event's state transaction and the detached-family rules
+    it records with each event's outcome (their condition–action coupling immediate: no gate to wait in), or why
+    not (a deferred rule, a C-A coupling of another mode)."""
+    immediate: list[Rule] = []
+    detached: list[Rule] = []
+    for rule in fired:
+        coupling, action_coupling = Coupling.parse(rule.coupling), Coupling.parse(rule.action_coupling)
+        if action_coupling is not Coupling.IMMEDIATE or (coupling.runs_as_subtransaction
+                                                          and coupling is not Coupling.IMMEDIATE):
+            mode = coupling if action_coupling is Coupling.IMMEDIATE else action_coupling
+            return NotLearned(f"rule {rule.name!r} is {mode.value.replace('_', ' ')}" + (
+                " (condition-action)" if mode is action_coupling and mode is not coupling else "") +
+                ": a batch runs immediate rules and records the detached family's")
+        (immediate if coupling.runs_as_subtransaction else detached).append(rule)
+    return tuple(immediate), tuple(detached)
+
+
+def detached_rules(fired: tuple["Rule", ...]) -> tuple["Rule", ...]:
+    """The detached-family rules among ``fired`` (a batch records them with each event's outcome)."""
+    split = _split(fired)
+    return () if isinstance(split, NotLearned) else split[1]
+
+
 def _process_refusal(rules: "RuleManager", manager: "TransactionManager") -> str | None:
     """Why no batch of this process lowers (something hears what firing does event by event), or None."""
     if manager.recorder is not None:
@@ -281,10 +307,16 @@ def _type_refusal(manager: "TransactionManager", fired: tuple["Rule", ...]
     :class:`LearnedDeclaration` of a chain), or why not (the tables rules observe aside: :func:`_observed_refusal`)."""
     if not fired:
         return NotLearned("no rule fires on it")
-    action = fired[0].action_function()
-    if len(fired) == 1 and isinstance(action, DeclaredAction):
-        if lowerable(fired[0]) is None:
-            return NotLearned(f"the declared rule {fired[0].name!r} has a condition or is not immediate")
+    split = _split(fired)
+    if isinstance(split, NotLearned):
+        return split
+    immediate = split[0]
+    if not immediate:
+        return NotLearned("no immediate rule fires on it: nothing to run in a batch")
+    action = immediate[0].action_function()
+    if len(immediate) == 1 and isinstance(action, DeclaredAction):
+        if lowerable(immediate[0]) is None:
+            return NotLearned(f"the declared rule {immediate[0].name!r} has a condition or is not immediate")
         return action.declaration
     found = learned_chain(fired)
     if isinstance(found, NotLearned):
@@ -387,7 +419,9 @@ def lower(rules: "RuleManager", transaction: "Transaction", event_types: Iterabl
         inserted = frozenset(table for declaration in learned.values() for table in declaration.inserts)
         if inserted and (writes is None or any(declaration.table in inserted for declaration in learned.values())):
             return None
-        lowered = Lowered(transactions, chosen, learned, deviated, writes)
+        detached = {event_type: found for event_type, fired in chosen.items() if (found := detached_rules(fired))}
+        lowered = Lowered(transactions, {event_type: tuple(rule for rule in fired if rule not in detached.get(event_type, ()))
+                                         for event_type, fired in chosen.items()}, learned, deviated, writes, detached)
         if cache is not None:
             if len(cache) >= _MAX_CACHED:      # (rules redeclared again and again: keep it bounded)
                 cache.clear()
@@ -480,14 +514,34 @@ def apply_lowered(rules: "RuleManager", transaction: "Transaction", events: Iter
             # (its event a dead letter: that rule failed, the rules after it did not run).
             _count_chain(rules, chain, declaration, [event.position for event in pending.batch
                                                      if event.event_type == event_type])
+        if decided is not None:
+            _record_detached(rules, decided, transaction, pending.batch, lowered.detached,
+                             {event.position for event, _ in result.dead_letters})
         if on_result is not None:
             on_result(result, connection)
 
     for declaration in lowered.learned.values():
         declaration.prepare(transaction.id, rejection)
     pending = apply_at_commit(transaction, events, lowered.transactions, on_result=counted, **options)
+    # Enlisted after the batch, whose write decides each event's outcome: the detached family's firings are
+    # recorded in the same commit, each with its event's outcome (a rejected event's subtransaction aborted).
+    decided = rules.detached.decided(transaction.root) if lowered.detached else None
     per_type = Counter(event.event_type for event in pending.batch)      # (the events as apply_at_commit read them)
     for event_type, count in per_type.items():
-        for rule in lowered.rules[event_type]:
+        for rule in (*lowered.rules[event_type], *lowered.detached.get(event_type, ())):
             rules.fired_in_bulk(transaction, rule, count)
     return pending
+
+
+def _record_detached(rules: "RuleManager", decided: "DecidedFirings", transaction: "Transaction",
+                     batch: Iterable[BatchEvent], detached: dict[str, tuple["Rule", ...]],
+                     rejected: set[int]) -> None:
+    """Hand each event's detached-family firings to ``decided``, its outcome committed unless it is ``rejected``
+    (by position): what the outbox records in the tree's flush for an event emitted in a subtransaction of its own,
+    which the batch does not have (the firing's trigger is the batch's transaction)."""
+    for event in batch:
+        found = detached.get(event.event_type)
+        if found:
+            stream_event = _stream_event(event, transaction.id)
+            for rule in found:
+                decided.add_decided(rules.firing(rule, stream_event), transaction.id, event.position not in rejected)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, NamedTuple
 
 from coupling import Coupling, may_run_after
 from lockmgr import TxnState
@@ -74,9 +74,17 @@ RUNS_IF = tuple(tuple(mode for mode in Coupling if not mode.runs_as_subtransacti
                 for outcome in (False, True))
 
 
-def requires_commit(firing: "Firing", trigger: "Transaction") -> bool:
+def requires_commit(firing: "Firing", trigger: "Transaction | Decided") -> bool:
     """A firing on a top-level transaction's own ``committed`` event: it exists only if that commit happens."""
-    return trigger.parent is None and firing.event.kind is EventKind.COMMITTED
+    return not isinstance(trigger, Decided) and trigger.parent is None and firing.event.kind is EventKind.COMMITTED
+
+
+class Decided(NamedTuple):
+    """The trigger of a firing whose outcome was decided before the firing was recorded: an event of a batch run at
+    commit, which has no transaction of its own (``id``: the batch's), ``committed`` unless the batch rejected it."""
+
+    id: str
+    committed: bool
 
 
 class TreeFirings(CommitParticipant):
@@ -87,7 +95,8 @@ class TreeFirings(CommitParticipant):
         self._outbox = outbox
         self._state = state
         self.mutex = threading.Lock()         # protects entries
-        self.entries: list[tuple[Firing, Transaction]] = []
+        self.entries: list[tuple[Firing, Transaction | Decided]] = []
+        self._seen = 0                        # entries decided in before_flush; later ones (Decided) in write
         self._records: list[NewRecord] = []
         self._storage = 0                     # of the sequence that gave the records' ids
         self._recorded: list[Firing] = []     # the firings behind _records, same order
@@ -95,14 +104,29 @@ class TreeFirings(CommitParticipant):
 
     # --- the commit participant -----------------------------------------------------------------
 
+    def add_decided(self, firing: "Firing", trigger_id: str, committed: bool) -> None:
+        """A firing whose trigger's outcome is already decided (``Decided``), added before this participant's
+        ``write`` (by a participant enlisted before it, in its own ``write``): decided and recorded there."""
+        with self.mutex:
+            self.entries.append((firing, Decided(trigger_id, committed)))
+
     def before_flush(self, transaction: "Transaction") -> None:
         with self.mutex:
             entries = list(self.entries)
-        recorded: list[tuple[Firing, Transaction, bool]] = []
+        self._seen = len(entries)
+        self._records, self._storage, self._recorded, self._cancelled = self._decide(transaction, entries)
+
+    def _decide(self, transaction: "Transaction", entries: list[tuple["Firing", "Transaction | Decided"]]
+                ) -> tuple[list[NewRecord], int, list["Firing"], list["Firing"]]:
+        """The records of ``entries`` the modes allow on their triggers' effective outcomes (their ids drawn), the
+        storage of those ids, the firings recorded, and those cancelled."""
+        recorded: list[tuple[Firing, Transaction | Decided, bool]] = []
         cancelled: list[Firing] = []
         if_aborted, if_committed = RUNS_IF
         for firing, trigger in entries:
-            if trigger.parent is transaction:    # (effectively_committed's common case, without its call)
+            if isinstance(trigger, Decided):
+                committed = trigger.committed
+            elif trigger.parent is transaction:    # (effectively_committed's common case, without its call)
                 committed = trigger.state is _COMMITTED
             else:
                 committed = effectively_committed(trigger, transaction)
@@ -110,15 +134,21 @@ class TreeFirings(CommitParticipant):
                 recorded.append((firing, trigger, committed))
             else:
                 cancelled.append(firing)
-        ids, self._storage = self._outbox.draw_ids(len(recorded), transaction.began_at) if recorded else ([], 0)
+        ids, storage = self._outbox.draw_ids(len(recorded), transaction.began_at) if recorded else ([], 0)
         log_id = transaction.log_id
-        self._records = [new_record(record_id, firing, trigger.id, log_id, committed)
-                         for record_id, (firing, trigger, committed) in zip(ids, recorded)]
-        self._recorded = [firing for firing, _, _ in recorded]
-        self._cancelled = cancelled
+        return ([new_record(record_id, firing, trigger.id, log_id, committed)
+                 for record_id, (firing, trigger, committed) in zip(ids, recorded)], storage,
+                [firing for firing, _, _ in recorded], cancelled)
 
     def write(self, transaction: "Transaction", connection: "sa.Connection") -> None:
         self._outbox.insert(connection, self._records, self._storage)
+        with self.mutex:
+            late = self.entries[self._seen:]
+        if late:        # (decided firings a batch added in its write, before this one)
+            records, storage, recorded, cancelled = self._decide(transaction, late)
+            self._outbox.insert(connection, records, storage)
+            self._records, self._recorded = self._records + records, self._recorded + recorded
+            self._cancelled = self._cancelled + cancelled
 
     def committed(self, transaction: "Transaction") -> None:
         self._outbox.count(self._cancelled, "cancelled")

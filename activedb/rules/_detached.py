@@ -53,6 +53,18 @@ class FiringRecorder(Protocol):
     def running(self) -> int:
         """Firings handed over and not yet run."""
 
+    def decided(self, root: "Transaction") -> "DecidedFirings":
+        """Where firings whose triggers' outcomes are already decided go (a batch run at commit), enlisted on
+        ``root``'s commit now: after the participants enlisted before, whose ``write`` may add to it."""
+
+
+class DecidedFirings(Protocol):
+    """What ``FiringRecorder.decided`` returns."""
+
+    def add_decided(self, firing: "Firing", trigger_id: str, committed: bool) -> None:
+        """``firing`` occurred on an event whose transaction ``trigger_id`` committed (or not): recorded if its
+        mode allows that outcome, in the commit of the root it was made for."""
+
 
 class DetachedRunner:
     """Hands detached-family firings to the attached recorder; runs the C-A gate waits.  Thread-safe."""
@@ -79,6 +91,13 @@ class DetachedRunner:
     @property
     def running(self) -> int:
         return self.recorder.running if self.recorder is not None else 0
+
+    def decided(self, root: "Transaction") -> DecidedFirings:
+        """The attached recorder's ``decided(root)`` (``FiringRecorder.decided``)."""
+        if self.recorder is None:
+            self._no_recorder(root, None, ended=False)  # type: ignore[arg-type]  # (raises)
+        assert self.recorder is not None
+        return self.recorder.decided(root)
 
     def wait_idle(self, timeout: float | None = 30.0) -> None:
         if self.recorder is not None:

@@ -206,6 +206,12 @@ class RuleManager(TransactionExtension):
 
     # --- dispatch ----------------------------------------------------------------------------
 
+    def firing(self, rule: Rule, event: Event) -> Firing:
+        """A firing of ``rule`` on ``event`` as the dispatch makes it for an event emitted at the top of a tree
+        (numbered by this manager; not recorded): for a batch that dispatches its events' detached-family rules
+        without a transaction per event (``activedb.batch.apply_lowered``)."""
+        return Firing(rule, event, (rule.name,), rule.coupling, next(self._numbers))
+
     def on_event(self, transaction: Transaction, event: Event, *, ended: bool = False) -> None:
         """Dispatch: fire the rules matching ``event``, which occurred in ``transaction`` (``ended``: an
         event of a transaction that has ended, its ``aborted``)."""

@@ -267,11 +267,11 @@ def test_rules_lowering_says_which_types_run_a_batch_at_a_time_and_why_not_the_o
     assert declared.exit_code == 0, declared.output
     assert json.loads(declared.output) == {"enter": None, "exit": None, "mask": None, "sanitize": None}
     eca = json.loads(invoke(url, "rules", "lowering", "activedb.examples.hand_hygiene.app", "--json").output)
-    assert sorted(eca) == ["enter", "exit", "mask", "sanitize"]
-    assert "rule 'compensate_enter' is exclusive causally dependent: only immediate rules run" in eca["enter"]
-    assert "rule 'compensate_exit' is exclusive causally dependent" in eca["exit"]
+    assert sorted(eca) == ["enter", "exit", "mask", "sanitize"] and eca["mask"] is None
+    assert "the action of rule 'warn_unsanitized_entry': it passes tx to change_status() (" in eca["enter"]
+    assert "where it calls tx.signal (" in eca["exit"]
     table = CliRunner().invoke(main, ["--url", url, "rules", "lowering", "activedb.examples.hand_hygiene.app"],
                                env={"COLUMNS": "200"}).output
-    assert "event by event" in table and "compensate_mask" in table, table
+    assert "event by event" in table and "lowered" in table and "clear_on_sanitize" in table, table
     missing = invoke(url, "rules", "lowering", "no_such_app_module")
     assert missing.exit_code == 1 and "no module named 'no_such_app_module'" in missing.output

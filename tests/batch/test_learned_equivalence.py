@@ -35,6 +35,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import activedb
+from activedb import Coupling
 from activedb.batch._learn import learned_condition, learned_table
 from activedb.ingest import Batch, EventMapping, RulesHandler, feed, ingestion_status
 from tests.spark_bridge import app_counters
@@ -234,9 +235,23 @@ def chain_second(tx, event):
              trail=f"{row['trail'] or ''}+{event.payload['seq']}")
 
 
+def stock_undo(tx, event):
+    """Exclusive causally dependent on ``stock``'s events: runs, in a transaction of its own, for each rejected one."""
+    tx.insert("events_seen", rule="stock_undo", detail=f"{event.key}:{event.payload['seq']}")
+
+
+def tally_done(tx, event):
+    """Detached causally dependent on ``tally``'s events: runs, in a transaction of its own, for each applied one."""
+    tx.insert("events_seen", rule="tally_done", detail=f"{event.key}:{event.payload['seq']}")
+
+
 RULES = {"tally": tally, "stock": stock, "suffixed": suffixed}
+#: The detached-family rules beside them: recorded by a lowered batch with each event's outcome.
+DETACHED = {"stock": (stock_undo, Coupling.EXCLUSIVE_CAUSALLY_DEPENDENT),
+            "tally": (tally_done, Coupling.DETACHED_CAUSALLY_DEPENDENT)}
 #: The rules each event type fires, by name (a plain rule's type is its name).
-RULES_OF = {**{kind: (kind,) for kind in RULES}, "chain": ("chain_first", "chain_second")}
+RULES_OF = {**{kind: (kind,) + tuple(DETACHED[kind][0].__name__ for _ in [0] if kind in DETACHED) for kind in RULES},
+            "chain": ("chain_first", "chain_second")}
 #: Ops whose event the lowered form cannot run as firing does: the lowered attempt is refused.  (A rule that raises
 #: an error of its own — ``raise``, ``late_raise`` — rejects its event in the lowered batch, as firing does.)
 FALLS_BACK = frozenset({"rekey", "bare"})
@@ -303,6 +318,8 @@ def databases(make_database_url):
             database.upgrade_app(app_counters.MIGRATIONS)
             for kind, action in {**RULES, "tupled": tupled}.items():
                 database.rule(on=database.stream(kind), name=kind)(action)
+            for kind, (action, coupling) in DETACHED.items():
+                database.rule(on=database.stream(kind), name=action.__name__, coupling=coupling)(action)
             database.rule(on=database.stream("chain"), name="chain_first", priority=2)(chain_first)
             database.rule(on=database.stream("chain"), name="chain_second", priority=1, when=even_count)(chain_second)
         yield made
@@ -312,9 +329,13 @@ def databases(make_database_url):
 
 
 def tables(database) -> dict[str, list[tuple]]:
+    """The rules' tables, and what the detached rules inserted once every recorded firing ran."""
+    database.rules.wait_idle(120)
     with database.engine.connect() as connection:
-        return {table: [tuple(row) for row in connection.execute(sa.text(f"SELECT * FROM {table} ORDER BY key"))]
-                for table in ("counters", "items")}
+        return {**{table: [tuple(row) for row in connection.execute(sa.text(f"SELECT * FROM {table} ORDER BY key"))]
+                   for table in ("counters", "items")},
+                "events_seen": sorted(tuple(row) for row in connection.execute(sa.text(
+                    "SELECT rule, detail FROM events_seen")))}
 
 
 def letters(database, source: str) -> list[tuple]:
@@ -328,6 +349,7 @@ def letters(database, source: str) -> list[tuple]:
 
 
 def counters(database) -> dict[str, tuple[int, int, int, int]]:
+    database.rules.wait_idle(120)           # (the detached rules' executed counts move when they have run)
     names = {name for names in RULES_OF.values() for name in names}
     return {name: (counts.fired, counts.executed, counts.failed, counts.condition_false)
             for name, counts in database.rules.statistics().per_rule.items() if name in names}
@@ -335,7 +357,7 @@ def counters(database) -> dict[str, tuple[int, int, int, int]]:
 
 def reset(database) -> None:
     with database.engine.begin() as connection:
-        connection.execute(sa.text("TRUNCATE counters, items"))
+        connection.execute(sa.text("TRUNCATE counters, items, events_seen"))
 
 
 def moved(now: dict, then: dict) -> dict[str, tuple[int, ...]]:
@@ -410,6 +432,9 @@ def test_random_plain_rules_lowered_leave_what_firing_them_leaves(databases, str
     assert (status.batches, status.dead_letters) == (len(batches), dead_letters)
     if dead_letters:
         hypothesis.event("an example with dead letters")
+    ran = {rule for rule, _ in tables(on)["events_seen"]}
+    for rule in sorted(ran):
+        hypothesis.event(f"{rule} ran")
 
 
 # --- a difference found: one row named by two forms of its key ---------------------------------------------------
