@@ -17,7 +17,7 @@ import logging
 import threading
 from pathlib import Path
 
-__all__ = ["LOG_NAME", "HomeLogHandler", "route_to_home_log"]
+__all__ = ["LOG_NAME", "HomeLogHandler", "home_log", "route_to_home_log"]
 
 LOG_NAME = "activedb.log"
 #: The loggers routed besides the pool's: activedb's own and psycopg's ("error ignored terminating
@@ -63,3 +63,9 @@ def route_to_home_log(home: Path, *extra_loggers: str) -> Path:
             if _handler not in logger.handlers:
                 logger.addHandler(_handler)
         return Path(_handler.baseFilename)
+
+
+def home_log() -> Path | None:
+    """The file :func:`route_to_home_log` routes to (None before its first call)."""
+    with _mutex:
+        return None if _handler is None else Path(_handler.baseFilename)

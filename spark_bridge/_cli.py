@@ -315,7 +315,7 @@ def run_command(ctx: click.Context, app: str, source_text: str, checkpoint: str 
     """
     import spark_bridge
     from activedb import mask_secrets
-    from activedb.cli import console as make_console, open_database
+    from activedb.cli import console as make_console, open_database, register_app
     from activedb.ingest import Deadlines
     from activedb.cli.application import app_handler
     from spark_bridge._cluster import check_database_for_executors
@@ -377,7 +377,7 @@ def run_command(ctx: click.Context, app: str, source_text: str, checkpoint: str 
             _refuse_reset_with_progress(progress, name)
             loaded.reset(database)
             console.print(f"reset: {loaded.name}'s tables are empty", highlight=False)
-        loaded.register(database)
+        register_app(loaded.register, database, loaded.name)
         # The event types the stream rules name (a rule on every stream event, db.stream spec without a source,
         # names none: the rate source's events are then of type 'rate').
         event_types = sorted({rule.on.source for rule in database.rules

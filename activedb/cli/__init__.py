@@ -20,6 +20,7 @@ import hashlib
 import importlib
 import importlib.util
 import inspect
+import logging
 import os
 import sys
 import sysconfig
@@ -35,6 +36,8 @@ from activedb.errors import ActivedbError, SchemaNotAtHead
 from activedb.extras import Extra, MissingExtra, extra_of, require
 
 if TYPE_CHECKING:  # pragma: no cover
+    from collections.abc import Callable
+
     from rich.console import Console
     from rich.table import Table
 
@@ -218,15 +221,32 @@ def _module_from_file(path: Path, error: type[Exception]) -> ModuleType:
     return module
 
 
+def register_app(register: Callable[[Database], object], database: Database, name: str) -> None:
+    """Call application ``name``'s ``register(db)`` for a command: a failure is one line naming the application's
+    line that raised and the error (``click.ClickException``); its traceback goes to activedb's log file."""
+    try:
+        register(database)
+    except Exception as failure:
+        from activedb._logfile import home_log
+
+        logging.getLogger("activedb.cli").error("%s: register(db) failed", name, exc_info=failure)
+        message = str(failure) if isinstance(failure, ActivedbError) else repr(failure)
+        raise click.ClickException(f"{name}: register(db) failed{_where(failure)}: {message} (the traceback is in "
+                                   f"{home_log()})") from failure
+
+
 def _where(failure: BaseException) -> str:
-    """`` at FILE:LINE`` of the user's line that raised ``failure`` while a module was imported — the innermost frame
-    outside Python's own library (a syntax error: its own place) — for a one-line error that still points at it."""
+    """`` at FILE:LINE`` of the user's line that raised ``failure`` — the innermost frame outside Python's library,
+    the installed packages and activedb's own, else outside Python's library (a syntax error: its own place) — for
+    a one-line error that still points at it."""
     if isinstance(failure, SyntaxError) and failure.filename:
         return f" at {failure.filename}:{failure.lineno}"
-    library = sysconfig.get_paths()["stdlib"]
+    paths = sysconfig.get_paths()
+    ours = tuple(str(Path(__file__).parents[2] / name) + os.sep for name in ("activedb", "lockmgr", "coupling"))
     frames = [frame for frame in traceback.extract_tb(failure.__traceback__)
-              if not frame.filename.startswith(("<", library))]
-    return f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
+              if not frame.filename.startswith(("<", paths["stdlib"]))]
+    users = [frame for frame in frames if not frame.filename.startswith((paths["purelib"], paths["platlib"], *ours))]
+    return next((f" at {frame.filename}:{frame.lineno}" for frame in (users or frames)[-1:]), "")
 
 
 def _confirm(question: str, yes: bool) -> None:
@@ -343,8 +363,8 @@ def outbox(ctx: click.Context, retry: bool, ids: tuple[int, ...], app: str | Non
                 click.echo("they run in a process that registers their rules: a running one picks them up within "
                            "seconds, another when it starts (`activedb run APP`, or your program); `activedb outbox "
                            "--app APP` runs them here now", err=as_json)
-        if module is not None:
-            done, failed = _run_pending(database, module)
+        if module is not None and app is not None:
+            done, failed = _run_pending(database, module, app)
             click.echo(f"ran the pending firings of {app}'s rules: {done} done, {failed} failed"
                        + (" (below)" if failed and not as_json else ""), err=as_json)
         statistics = database.outbox.statistics()
@@ -365,10 +385,10 @@ def outbox(ctx: click.Context, retry: bool, ids: tuple[int, ...], app: str | Non
         out.print(failed_firings_table(failures))
 
 
-def _run_pending(database: Database, module: ModuleType) -> tuple[int, int]:
-    """Register ``module``'s rules on ``database`` and run the pending firings of them nobody alive runs
-    (until none is left to claim); returns how many of those rules' firings ended done and failed meanwhile."""
-    module.register(database)
+def _run_pending(database: Database, module: ModuleType, name: str) -> tuple[int, int]:
+    """Register ``module``'s (application ``name``'s) rules on ``database`` and run the pending firings of them nobody
+    alive runs (until none is left to claim); returns how many of those rules' firings ended done and failed meanwhile."""
+    register_app(module.register, database, name)
     names = set(database.rules.names())
 
     def counts() -> tuple[int, int]:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from activedb.atomic import CompensationMode, CompensationScope
-from activedb.cli import load_app, open_database
+from activedb.cli import load_app, open_database, register_app
 from activedb.extras import Extra, needs
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -220,7 +220,7 @@ def compensate(ctx: click.Context, query: str, batch: str, mode: str, scope: str
     """Compensate source batch (QUERY, BATCH) — or, with --dry-run, say what that would do."""
     with open_database(ctx, writes=not dry_run) as db:
         if app:
-            load_app(app, click.ClickException).register(db)
+            register_app(load_app(app, click.ClickException).register, db, app)
         with _spark_form_hint(query):
             report = db.batches.compensate((query, batch), mode=CompensationMode.parse(mode, "--mode"),
                                            scope=CompensationScope.parse(scope, "--scope"), dry_run=dry_run,

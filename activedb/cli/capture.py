@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Callable
 
 import click
 
-from activedb.cli import load_app, open_database
+from activedb.cli import load_app, open_database, register_app
 from activedb.metrics import metrics_port_option, start_metrics
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -140,7 +140,7 @@ def consume_command(ctx: click.Context, app: str, name: str, batch_size: int, re
         migrations = getattr(module, "MIGRATIONS", None)
         if migrations:
             database.upgrade_app(migrations)
-        module.register(database)
+        register_app(module.register, database, app)
         consumer = database.capture.consumer(name, batch_size=batch_size, retention=retention)
         if metrics is not None:
             metrics.watch_consumer(consumer)

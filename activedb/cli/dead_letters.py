@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from activedb.cli import _Group, _confirm, console, open_database
+from activedb.cli import _Group, _confirm, console, open_database, register_app
 
 if TYPE_CHECKING:  # pragma: no cover
     from activedb.deadletters import LetterFilter
@@ -180,7 +180,7 @@ def replay_command(ctx: click.Context, app: str, ids: tuple[int, ...], query: st
             return
         if loaded.migrations is not None:
             database.upgrade_app(loaded.migrations)
-        loaded.register(database)
+        register_app(loaded.register, database, loaded.name)
         outcomes = replay_dead_letters(database, loaded, letters)
     finally:
         database.close()

@@ -275,3 +275,16 @@ def test_rules_lowering_says_which_types_run_a_batch_at_a_time_and_why_not_the_o
     assert "event by event" in table and "lowered" in table and "clear_on_sanitize" in table, table
     missing = invoke(url, "rules", "lowering", "no_such_app_module")
     assert missing.exit_code == 1 and "no module named 'no_such_app_module'" in missing.output
+
+
+def test_an_application_whose_register_raises_is_one_line_naming_its_line(db, database_url, tmp_path):
+    """``activedb outbox --app`` (as ``run``, ``capture consume``, ``dead-letters replay``): the error and the
+    application's line that raised, not the traceback — that goes to activedb's log file."""
+    app = tmp_path / "unknown_table_app.py"
+    app.write_text("def register(db):\n    @db.rule(on=db.inserted('no_such_table_here'))\n"
+                   "    def react(tx, event):\n        pass\n")
+    result = CliRunner().invoke(main, ["--url", database_url, "outbox", "--app", str(app)])
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit), repr(result.exception)
+    (line,) = result.output.splitlines()
+    assert line.startswith(f"activedb: error: {app}: register(db) failed at {app}:2: no table 'no_such_table_here'")
+    assert line.endswith("activedb.log)"), line
