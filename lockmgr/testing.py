@@ -60,14 +60,16 @@ def _graph_text(lock_manager: LockManager) -> str:
 
 class Watchdog:
     """Fails a hung concurrency test: after ``timeout`` s it prints the wait-for graph of ``lock_manager``
-    (if given), what ``describe()`` returns, and every thread's stack to stderr, and sets ``fired``;
-    leaving the ``with`` block then raises ``AssertionError`` (the test fails instead of hanging CI)."""
+    (if given), what ``describe()`` returns, and every thread's stack to stderr, sets ``fired`` and calls
+    ``on_fire()`` (which may interrupt the hung thread), again every ``timeout`` s until the block is left; leaving the ``with`` block then raises ``AssertionError``
+    (the test fails instead of hanging CI)."""
 
     def __init__(self, timeout: float, lock_manager: LockManager | None = None,
-                 describe: Callable[[], str] | None = None) -> None:
+                 describe: Callable[[], str] | None = None, on_fire: Callable[[], object] | None = None) -> None:
         self.timeout = timeout
         self.lock_manager = lock_manager
         self.describe = describe
+        self.on_fire = on_fire
         self.fired = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="watchdog", daemon=True)
@@ -83,6 +85,10 @@ class Watchdog:
             lines.append(str(self.describe()))
         print("\n".join(lines), file=sys.stderr, flush=True)
         faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+        while self.on_fire is not None:
+            self.on_fire()
+            if self._stop.wait(self.timeout):   # (else blocked again, where the last call reached)
+                return
 
     def __enter__(self) -> "Watchdog":
         self._thread.start()

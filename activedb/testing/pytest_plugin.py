@@ -33,6 +33,8 @@ counts (``pytestmark = pytest.mark.activedb(...)``).
 from __future__ import annotations
 
 import os
+import signal
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Literal, NoReturn, Sequence, TypeGuard, cast
@@ -288,8 +290,27 @@ def activedb_watchdog(request: pytest.FixtureRequest) -> Iterator[Watchdog]:
     locks = None
     if "activedb_db" in request.fixturenames:
         locks = request.getfixturevalue("activedb_db").transactions.locks
-    with Watchdog(seconds, locks) as watchdog:
-        yield watchdog
+    # A test blocked for good never leaves the ``with``: once the watchdog has printed, SIGALRM makes the test's
+    # (main) thread fail where it waits, and the report shows what was printed (its captured stderr).
+    interrupt = threading.current_thread() is threading.main_thread() and hasattr(signal, "pthread_kill")
+
+    def fail(signum: int, frame: object) -> NoReturn:
+        interrupted.set()
+        pytest.fail(f"activedb_watchdog: the test still ran after {seconds:g} s (the wait-for graph and every "
+                    f"thread's stack: its captured stderr)", pytrace=False)
+
+    interrupted, main = threading.Event(), threading.get_ident()
+    previous = signal.signal(signal.SIGALRM, fail) if interrupt else None
+    try:
+        with Watchdog(seconds, locks, on_fire=(lambda: signal.pthread_kill(main, signal.SIGALRM)) if interrupt
+                      else None) as watchdog:
+            yield watchdog
+    except AssertionError:
+        if not interrupted.is_set():     # (else the test has failed already, saying so)
+            raise
+    finally:
+        if interrupt:
+            signal.signal(signal.SIGALRM, previous)
 
 
 @pytest.fixture(autouse=True)
