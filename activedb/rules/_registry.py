@@ -10,13 +10,14 @@ under it and published whole (readers use it without the mutex).  No SQL runs un
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import logging
 import sys
 import threading
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
@@ -106,8 +107,10 @@ class RuleRegistry:
             if when is not None and not callable(when):
                 raise RuleError(f"rule {name!r}: when= must be callable (tx, event) -> bool, got {when!r}")
         for part in ("condition", "action"):
-            if not callable(getattr(rule, part, None)):
+            function = getattr(rule, part, None)
+            if not callable(function):
                 raise RuleError(f"rule {name!r}: {part} must be callable")
+            _check_called_with_tx_and_event(name, part, function)
         spec = rule.on
         if spec.is_data:
             try:
@@ -351,3 +354,18 @@ def _declared_by(name: str) -> str:
     if file and Path(file).stem not in (name.rpartition(".")[2], "__init__"):
         return Path(file).name                         # imported from a file under a name of its own
     return name
+
+
+def _check_called_with_tx_and_event(name: str, part: str, function: Callable[..., object]) -> None:
+    """Refuse, at declaration, a condition or an action that cannot be called as ``function(tx, event)`` (a ``when=lambda
+    event: ...``): it would fail each firing instead."""
+    try:
+        signature = inspect.signature(function)
+    except (TypeError, ValueError):          # (no signature to check: a builtin)
+        return
+    try:
+        signature.bind(None, None)
+    except TypeError as error:
+        what = "when=" if part == "condition" else "the action"
+        raise RuleError(f"rule {name!r}: {what} is called with (tx, event), but "
+                        f"{getattr(function, '__name__', function)}{signature} cannot be: {error}") from None

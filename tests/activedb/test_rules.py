@@ -319,6 +319,11 @@ def test_bad_rule_definitions_are_rejected_at_declaration(db):
         db.rule(on=db.transaction_event("committed"), coupling="immediate")(lambda tx, event: None)
     with pytest.raises(RuleError, match="one of began, committed, aborted"):
         db.transaction_event("inserted")
+    with pytest.raises(RuleError, match=r"'one_argument': when= is called with \(tx, event\), but <lambda>\(event\)"):
+        db.rule(on=db.updated("accounts"), when=lambda event: True, name="one_argument")(lambda tx, event: None)
+    with pytest.raises(RuleError, match=r"the action is called with \(tx, event\), but .*<lambda>\(tx, event, extra\)"):
+        db.rule(on=db.updated("accounts"))(lambda tx, event, extra: None)
+    db.rule(on=db.updated("accounts"), when=lambda *given: True, name="any_arguments")(lambda tx, event, extra=0: None)
     db.rule(on=db.updated("accounts"), name="twice")(lambda tx, event: None)
     with pytest.raises(RuleError, match="already declared.*replace=True"):
         db.rule(on=db.updated("accounts"), name="twice")(lambda tx, event: None)
