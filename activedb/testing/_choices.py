@@ -67,7 +67,7 @@ class ChoiceTree:
             elif node.choices != offered:
                 raise NondeterministicRun(
                     f"after {' ; '.join(name for name, _ in path[1:]) or '(start)'} the runner offered "
-                    f"{list(offered)}, an earlier run {list(node.choices)}")
+                    f"{list(offered)}, an earlier run {list(node.choices)}{NondeterministicRun.WHAT_TO_DO}")
             name: str | None
             if remaining is not None:
                 name = remaining.pop(0) if remaining else None

@@ -227,7 +227,8 @@ class Interleavings:
             if names:
                 expected = names.pop(0)
                 if chosen != expected:
-                    raise NondeterministicRun(f"the schedule chose {expected!r} here, the run offers {available}")
+                    raise NondeterministicRun(f"the schedule chose {expected!r} here, the run offers {available}"
+                                              f"{NondeterministicRun.WHAT_TO_DO}")
             return chosen
         return self._run(choose)
 

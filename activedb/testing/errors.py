@@ -29,6 +29,11 @@ class NondeterministicRun(InterleavingError, AssertionError):
     """The same prefix of steps offered different next steps on two runs: the run depends on something the runner
     does not control (time, a thread outside the run, randomness)."""
 
+    #: How the messages end.
+    WHAT_TO_DO = (": a run must depend only on its steps — let setup restore what a run leaves (rows, and the sequences "
+                  "of generated keys: TRUNCATE … RESTART IDENTITY), and keep clocks, randomness and other threads out of "
+                  "the actors")
+
 
 class InvalidSchedule(InterleavingError, ValueError):
     """A schedule to replay names a step that the run does not offer at that point (or cannot be parsed)."""

@@ -129,6 +129,21 @@ def test_a_run_that_depends_on_what_the_runner_does_not_control_is_reported(fres
         interleavings.replay(first.schedule)
 
 
+def test_a_generated_key_setup_does_not_restart_is_reported_saying_what_to_restore(fresh):
+    def seen(db: Database) -> None:
+        with db.transaction() as tx:
+            tx.insert("events_seen", rule="actor")          # an identity key: 1 on the first run, 2 on the next
+
+    def no_rows(db: Database) -> None:
+        with db.engine.begin() as connection:
+            connection.execute(sa.text("DELETE FROM events_seen"))     # (not RESTART IDENTITY)
+
+    interleavings = Interleavings(fresh, [seen], setup=no_rows)
+    first = interleavings.replay("")
+    with pytest.raises(NondeterministicRun, match=r"RESTART IDENTITY"):
+        interleavings.replay(first.schedule)
+
+
 def test_a_thread_that_neither_pauses_nor_blocks_is_a_hang_with_what_each_transaction_did(fresh):
     released = threading.Event()
 
