@@ -162,7 +162,8 @@ class Interleavings:
       True)``), its rules registered;
     * ``actors`` — ``{name: actor}`` or a sequence (named ``A1``, ``A2``, …); each ``actor(db)`` runs top-level
       transactions (``with db.transaction()``, ``db.run``);
-    * ``setup(db)`` — puts the database in the state every run starts from (runs before each run, unobserved);
+    * ``setup(db)`` — puts the database in the state every run starts from (runs before each run, unobserved;
+      generated keys are drawn afresh after it: a setup that restarts the sequences makes a run's keys its own);
     * ``invariant(db)`` — checked after each run; raises ``AssertionError`` or returns False when broken;
     * ``serializable`` — also check the recorded history (:func:`~activedb.testing.check_history`: conflict
       serializability of the committed top-level transactions and the axioms of nested transactions);
@@ -238,6 +239,7 @@ class Interleavings:
         if self.setup is not None:
             self.setup(db)
         db.rules.wait_idle()         # what the setup fired, before the run's history starts
+        db.catalog.invalidate_key_blocks()     # generated keys come from the sequences as setup left them
         history = db.history
         assert history is not None
         history.clear()
