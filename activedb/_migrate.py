@@ -88,6 +88,20 @@ def head(script_location: Path | None = None) -> str:
     return script.get_current_head()  # type: ignore[return-value]  # (one head: activedb's chain is linear)
 
 
+def check_revision(revision: str, script_location: Path | None = None) -> None:
+    """Raise :class:`MigrationError` naming the revisions there are if ``revision`` is none of ``script_location``'s
+    (activedb's own by default); a relative one (``-1``, ``head-1``, ``+2``) is left to Alembic."""
+    if revision in ("head", "heads", "base") or "-" in revision or "+" in revision or ":" in revision:
+        return
+    script = ScriptDirectory.from_config(_config(script_location or migrations.SCRIPT_LOCATION))
+    try:
+        script.get_revisions(revision)
+    except Exception as error:        # (alembic's CommandError: unknown, or a prefix of several)
+        names = [script.revision for script in script.walk_revisions()][::-1]
+        raise MigrationError(f"{error}: give one of base, {', '.join(names)} (head), or a relative one "
+                             f"(-1)") from None
+
+
 def app_location(script_location: str | Path) -> Path:
     """``script_location`` checked to be an Alembic directory (``env.py`` and ``versions/``)."""
     location = Path(script_location)
@@ -123,6 +137,7 @@ class Schema:
         self._locking.set_granularity(table, granularity)
 
     def _run(self, action: str, revision: str, location: Path) -> None:
+        check_revision(revision, location)
         with _failing_as(f"{action} to {revision!r}"), self.engine.begin() as connection:
             # Held until this transaction ends (Alembic runs inside it: the connection is passed).
             connection.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK})

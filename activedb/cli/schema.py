@@ -55,6 +55,7 @@ def _migrate_command(ctx: click.Context, action: str, revision: str, sql: bool, 
     with open_database(ctx, writes=True, check_schema=False) as database:
         before = database.schema.current_revision()
         if action == "downgrade":
+            _migrate.check_revision(revision)
             if before is None:
                 click.echo(f"already at base: no activedb tables to drop ({database.describe()})")
                 return
@@ -130,8 +131,11 @@ def app_upgrade(ctx: click.Context, path: str, revision: str) -> None:
 @click.pass_context
 def app_downgrade(ctx: click.Context, path: str, revision: str, yes: bool) -> None:
     """Downgrade the application's tables in PATH to REVISION ('base' drops them all). Asks first."""
+    from activedb._migrate import app_location, check_revision
+
     with open_database(ctx, writes=True, check_schema=False) as database:
         heads, _ = database.schema.app_revision(path)
+        check_revision(revision, app_location(path))
         if not heads:
             click.echo(f"{path}: already at base — {database.describe()}")
             return

@@ -174,6 +174,14 @@ def test_app_init_upgrade_current_downgrade(db, database_url, tmp_path):
         assert not sa.inspect(connection).has_table("myapp_items")
     missing = invoke(database_url, "app", "upgrade", str(tmp_path / "nowhere"))
     assert missing.exit_code == 1 and "activedb app init" in missing.output
+    # A revision that is none: said with the ones there are, before a downgrade asks to drop anything.
+    unknown = invoke(database_url, "app", "upgrade", str(path), "myapp_0002")
+    assert unknown.exit_code == 1 and "give one of base, myapp_0001 (head)" in unknown.output, unknown.output
+    unknown = invoke(database_url, "app", "downgrade", str(path), "nothing")
+    assert unknown.exit_code == 1 and "pass --yes" not in unknown.output and "myapp_0001 (head)" in unknown.output
+    unknown = invoke(database_url, "db", "downgrade", "0001_initial_typo")
+    assert unknown.exit_code == 1 and "pass --yes" not in unknown.output, unknown.output
+    assert "give one of base, 0001_initial, 0002_stream_state" in unknown.output, unknown.output
 
 
 @pytest.fixture
