@@ -199,7 +199,9 @@ class RuleRegistry:
                 version=version, enabled=rule.enabled, removed_at=None, updated_at=sa.func.now(), **values))
             rule.version = version
         changed = [key for key in definition if row.definition.get(key) != definition[key]]
-        message = (f"rule {rule.name!r} was redefined (changed: {', '.join(changed)}); "
+        elsewhere = (f" by {values['module']}, but {row.module} declared it (rule names are one namespace per "
+                     f"database: rename one of them to keep both)" if row.module not in (None, values["module"]) else "")
+        message = (f"rule {rule.name!r} was redefined{elsewhere} (changed: {', '.join(changed)}); "
                    f"its persisted definition moves from version {row.version} to {version}")
         logger.warning(message)
         warnings.warn(message, RuleDefinitionChangedWarning, stacklevel=5)

@@ -302,6 +302,20 @@ def test_registry_persists_across_connect(migrated, db):
         second_db.close()
 
 
+def test_a_rule_redefined_by_another_module_says_whose_name_it_took(migrated, db):
+    db.rule(on=db.updated("accounts"), name="common_name")(lambda tx, event: None)
+    other: dict[str, object] = {"__name__": "billing.rules"}
+    exec("def common_name(tx, event):\n    tx.write('items', 'billing', value=1)\n", other)
+    second_db = activedb.connect(migrated)
+    try:
+        with pytest.warns(activedb.RuleDefinitionChangedWarning,
+                          match=r"'common_name' was redefined by billing.rules, but tests.activedb.test_rules declared "
+                                r"it \(rule names are one namespace per database: rename one of them"):
+            second_db.rule(on=second_db.updated("accounts"))(other["common_name"])
+    finally:
+        second_db.close()
+
+
 def test_bad_rule_definitions_are_rejected_at_declaration(db):
     with pytest.raises(UnknownTable, match="no table 'nope'"):
         db.rule(on=db.updated("nope"))(lambda tx, event: None)
