@@ -181,8 +181,8 @@ def open_database(ctx: click.Context, *, writes: bool, check_schema: bool = True
 
 
 def load_app(spec: str, error: type[Exception]) -> ModuleType:
-    """The application module named by ``spec`` (a module name, or a ``.py`` file whose sibling modules
-    import as for ``python app.py``), which must provide ``register(db)``; raises ``error`` saying what is
+    """The application module named by ``spec`` (a module name, found in the current directory too as ``python -m``
+    finds it, or a ``.py`` file whose sibling modules import as for ``python app.py``), which must provide ``register(db)``; raises ``error`` saying what is
     wrong.  A file is imported once per process (under a name made from its path)."""
     path = Path(spec)
     if spec.endswith(".py") or path.is_file():
@@ -190,6 +190,10 @@ def load_app(spec: str, error: type[Exception]) -> ModuleType:
             raise error(f"no such application file: {spec} (give a .py file or an importable module name)")
         module = _module_from_file(path.resolve(), error)
     else:
+        here = os.getcwd()       # the current directory's modules, as `python -m` finds them (activedb run bank.rules)
+        top = spec.partition(".")[0]
+        if top.isidentifier() and here not in sys.path and "" not in sys.path and importlib.util.find_spec(top) is None:
+            sys.path.append(here)
         try:
             module = importlib.import_module(spec)
         except Exception as failure:

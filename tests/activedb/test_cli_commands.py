@@ -5,6 +5,7 @@ help, and ``activedb --help``."""
 from __future__ import annotations
 
 import json
+import sys
 
 import click
 import pytest
@@ -296,3 +297,22 @@ def test_an_application_whose_register_raises_is_one_line_naming_its_line(db, da
     (line,) = result.output.splitlines()
     assert line.startswith(f"activedb: error: {app}: register(db) failed at {app}:2: no table 'no_such_table_here'")
     assert line.endswith("activedb.log)"), line
+
+
+def test_an_application_module_in_the_current_directory_is_found_as_python_m_finds_it(tmp_path, monkeypatch):
+    """The tutorial's `activedb run bank.rules`, from the directory holding bank/: the command's own sys.path
+    (its script's directory) does not have the current directory."""
+    from activedb.cli import load_app
+
+    (tmp_path / "cwd_only_bank").mkdir()
+    (tmp_path / "cwd_only_bank" / "__init__.py").write_text("")
+    (tmp_path / "cwd_only_bank" / "rules.py").write_text("def register(db):\n    pass\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("sys.path", [entry for entry in sys.path if entry not in ("", str(tmp_path))])
+    monkeypatch.delitem(sys.modules, "cwd_only_bank", raising=False)
+    monkeypatch.delitem(sys.modules, "cwd_only_bank.rules", raising=False)
+    try:
+        assert callable(load_app("cwd_only_bank.rules", click.ClickException).register)
+    finally:
+        sys.modules.pop("cwd_only_bank", None)
+        sys.modules.pop("cwd_only_bank.rules", None)
