@@ -200,8 +200,9 @@ def what_to_do(error: BaseException, app: str) -> str:
 
 
 #: Words of a dead letter's reason that say the event came too late: the stream's watermark (the sink's
-#: reason) or an application's own rule ("older than his last applied event").
-_LATE = re.compile(r"\blate\b|\bolder than\b", re.IGNORECASE)
+#: reason, "late: …") or an application's own rule ("older than his last applied event") — not "late" anywhere:
+#: a rule's message or a row's value ("ValueError('late fee')") says nothing of when the event came.
+_LATE = re.compile(r"^late:|\bolder than\b", re.IGNORECASE)
 
 
 def dead_letter_hint(database: Database, app: str, name: str, *, started_over: bool, reset: bool,

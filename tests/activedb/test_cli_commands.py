@@ -316,3 +316,18 @@ def test_an_application_module_in_the_current_directory_is_found_as_python_m_fin
     finally:
         sys.modules.pop("cwd_only_bank", None)
         sys.modules.pop("cwd_only_bank.rules", None)
+
+
+def test_the_dead_letter_hint_counts_as_late_what_came_late_not_a_reason_that_says_late(db):
+    from activedb.cli.running import dead_letter_hint
+
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("DELETE FROM activedb_dead_letters"))
+        for reason in ("late: ts 1970-01-01T00:00:01+00:00 is older than the watermark",
+                       "rejected by rule 'track': LateBadge('exit of w1 at t=3 is older than his last applied event')",
+                       "rejected by rule 'fees': ValueError('late fee unpaid')", "field 'ts' is 'late' (str)"):
+            connection.execute(sa.text(
+                "INSERT INTO activedb_dead_letters (query_id, batch_id, reason, raw) VALUES "
+                "('fees@00000000-0000-0000-0000-000000000003', 0, :reason, CAST('{}' AS jsonb))"), {"reason": reason})
+    lines = dead_letter_hint(db, "app.py", "fees", started_over=False, reset=False, source="file:in/")
+    assert lines[0].startswith("2 of query fees's dead letters are late") and "the other 2 once" in lines[1], lines
