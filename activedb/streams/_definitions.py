@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable, Mapping, TypeAlias
 
+from activedb.errors import SchemaError
 from activedb.streams import _language
 from activedb.streams import algebra as ast
 from activedb.streams._batch import AccessPlan, Resource
@@ -151,11 +152,23 @@ class Definitions:
             keys = keys_of(event.attributes)
             plan = plans.get((name, event_type, keys))    # immutable: events with the same keys share it
             if plan is None:
+                tables = [table for table, _ in (*reads, *writes)]
+                resources = list(map(Resource, tables, map(self._row_key, tables, keys)))
                 plan = plans[(name, event_type, keys)] = AccessPlan(
-                    frozenset(map(Resource, [table for table, _ in reads], keys[:len(reads)])),
-                    frozenset(map(Resource, [table for table, _ in writes], keys[len(reads):])), opaque)
+                    frozenset(resources[:len(reads)]), frozenset(resources[len(reads):]), opaque)
             found.append(plan)
         return found
+
+    def _row_key(self, table: str, key: Key | None) -> Key | None:
+        """A plan's key of ``table`` as the store names its row (``TableInfo.key``, as the views name an operation's:
+        ``_view._as_key``), so that events naming one row by two values lock and version one row; a key the table
+        refuses stays as given (the operation on it fails, saying why)."""
+        if key is None:
+            return None
+        try:
+            return self.catalog.db.catalog.table_info(table).key(key)
+        except SchemaError:
+            return key
 
     def _plan_template(self, stream: str, event_type: str) -> _PlanTemplate:
         """Per (stream, type): the tables and how each key is taken from the event (cached

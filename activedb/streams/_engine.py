@@ -158,7 +158,8 @@ class StreamEngine:
         """The store resources ``event``'s s-transaction may read and write (Active CEP
         Algorithm 1, narrowed to what this engine can do: queries read the store only at
         their accepting events, rules fire only there).  A key comes from the event when
-        the definitions derive it from the event's attributes; otherwise the table."""
+        the definitions derive it from the event's attributes, as the store names the row
+        (``TableInfo.key``); otherwise the table."""
         return self._definitions.access_plan(event)
 
     # --- extension hook ---------------------------------------------------------------------------

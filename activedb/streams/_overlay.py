@@ -255,7 +255,8 @@ class OverlayView(StoreView):
         image = self._overlay.image(table, key)
         self.reads += 1
         if self._history is not None:
-            self._record(self._history.read, table, key, None if image is None else dict(image), "derive")
+            self._record(self._history.read, table, _as_key(self.tx, table, key),
+                         None if image is None else dict(image), "derive")
         return image
 
     def scan(self, table: str, where: Mapping[str, object] | None = None) -> list[RowImage]:

@@ -38,10 +38,11 @@ class Stamp(NamedTuple):
 
 
 def _as_key(tx: Transaction, table: str, key: object) -> Key:
-    """``key`` as a tuple: a list of a key of several columns as the tuple of its values (``TableInfo.named``)."""
-    if key.__class__ is list:
-        key = tx.manager.catalog.table_info(table).named(key)
-    return key if isinstance(key, tuple) else (key,)
+    """``key`` as the store names its row (``TableInfo.key``: ``0.1`` of a numeric key is ``Decimal('0.1')``, a uuid's
+    text its ``UUID``, a list of a key of several columns the tuple of its values): what an operation locks, versions
+    and records, so that two values of one row are one row, as in a plan (``Definitions.access_plans``).  A key the
+    table refuses raises the tree's error."""
+    return tx.manager.catalog.table_info(table).key(key)
 
 
 class StoreView:
@@ -206,7 +207,7 @@ class LockedView(StoreView):
     def _key_of_values(self, table: str, values: Mapping[str, object]) -> Key | None:
         columns = self._catalog.table(table).key_columns
         if all(values.get(column) is not None for column in columns):
-            return tuple(values[column] for column in columns)
+            return _as_key(self.tx, table, tuple(values[column] for column in columns))
         return None
 
 
