@@ -204,14 +204,21 @@ def test_one_row_named_by_two_values_of_its_key_is_one_row_of_the_batch(db, exis
 def test_a_computed_key_names_the_row_the_batch_names_by_another_value(db, candidates, tree):
     """A non-deterministic write whose key function returns ``0.1`` names the row the batch names as
     ``Decimal('0.1')`` (candidates name rows too), whether or not the batch names it as ``0.1`` too; and two computed
-    keys of one row no declaration names are one row.  Before, where the batch named the row only as
-    ``Decimal('0.1')``, the operation failed (a dead letter: "is the row this batch names Decimal('0.1')")."""
+    keys of one row no declaration names are one row.  So does a uuid's text computed where the batch names the
+    ``UUID`` (or its text in the other case).  Before, where the batch named the row only as ``Decimal('0.1')``, the
+    operation failed (a dead letter: "is the row this batch names Decimal('0.1')")."""
+    import uuid
     from decimal import Decimal
 
     transactions = batch.StateTransactions()
+    # table: the columns read back, the types of its events (by key, computed)
+    tables = {"prices": ("amount, label", "price", "computed"), "tokens": ("id, uses", "token", "computed token")}
 
     def append(event):
         return lambda own: {"label": f"{'' if own is None else own['label']}/{event.payload['seq']}"}
+
+    def use(own):
+        return {"uses": (0 if own is None else own["uses"]) + 1}
 
     @transactions.on("price")
     def price(event, ops):
@@ -222,10 +229,20 @@ def test_a_computed_key_names_the_row_the_batch_names_by_another_value(db, candi
         key = event.payload.get("computed", 0.1)
         ops.write_any("prices", lambda: key, append(event), candidates=candidates and [key])
 
-    def run(keys, computed=None):
+    @transactions.on("token")
+    def use_token(event, ops):
+        ops.write("tokens", event.key, use)
+
+    @transactions.on("computed token")
+    def computed_token(event, ops):
+        key = event.payload["computed"]
+        ops.write_any("tokens", lambda: key, use, candidates=candidates and [key])
+
+    def run(keys, computed=None, table="prices"):
+        columns, by_key, by_function = tables[table]
         with db.engine.begin() as connection:
-            connection.execute(sa.text("DELETE FROM prices"))
-        events = [{"type": "price" if key is not None else "computed", "key": key, "ts": float(seq),
+            connection.execute(sa.text(f"DELETE FROM {table}"))
+        events = [{"type": by_key if key is not None else by_function, "key": key, "ts": float(seq),
                    "payload": {"seq": seq, **({} if computed is None else {"computed": computed[seq]})}}
                   for seq, key in enumerate(keys)]
         with db.transaction(name="computed-aliases") as tx:
@@ -233,11 +250,15 @@ def test_a_computed_key_names_the_row_the_batch_names_by_another_value(db, candi
                       batch.apply_at_commit(tx, events, transactions, query_id="computed-aliases", batch_id=1))
         with db.engine.connect() as connection:
             return ({event.position: reason for event, reason in (result if tree else result.result).dead_letters},
-                    connection.execute(sa.text("SELECT amount, label FROM prices")).all())
+                    connection.execute(sa.text(f"SELECT {columns} FROM {table}")).all())
 
     assert run([0.1, Decimal("0.1"), None, 0.1]) == ({}, [(Decimal("0.1"), "/0/1/2/3")])
     assert run([Decimal("0.1"), None, Decimal("0.1")]) == ({}, [(Decimal("0.1"), "/0/1/2")])
     assert run([None, None], computed=[0.2, Decimal("0.2")]) == ({}, [(Decimal("0.2"), "/0/1")])
+    token = uuid.UUID("6f1c3d2a-9b8e-4c7d-a5f4-3e2d1c0b9a87")
+    assert run([token, None, str(token).upper()], computed=[None, str(token), None], table="tokens") == (
+        {}, [(token, 3)])
+    assert run([None, None], computed=[str(token), token], table="tokens") == ({}, [(token, 2)])
 
 
 @pytest.mark.parametrize("tree", [False, True], ids=["at commit", "through the tree"])
