@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, TypedDict
 
 import click
 
-from activedb.cli import _Group, _confirm, console, load_app, open_database
+from activedb.cli import _Group, _confirm, console, load_app, open_database, register_app
 
 if TYPE_CHECKING:  # pragma: no cover
     from activedb import Database
@@ -153,7 +153,7 @@ def rules_lowering(ctx: click.Context, app: str, as_json: bool) -> None:
 
     module = load_app(app, click.ClickException)
     with open_database(ctx, writes=True) as database:
-        module.register(database)
+        register_app(module.register, database, app)
         verdicts = {event_type: why_not_lowered(database, event_type)
                     for event_type in sorted(database.rules.stream_types())}
     if as_json:
