@@ -19,6 +19,7 @@ import ast
 import functools
 import inspect
 import logging
+import os
 import textwrap
 import weakref
 from collections.abc import Callable, Hashable, Mapping, Sequence
@@ -196,8 +197,11 @@ def _verdict(action: Callable[..., object], condition: bool = False, roles: tupl
 
 def _where(code: CodeType, node: ast.AST) -> str:
     """``file:line`` of ``node`` of the source of ``code`` (its first line is the function's, decorators included,
-    as ``inspect.getsource`` reads it)."""
-    return f"{code.co_filename}:{code.co_firstlineno + getattr(node, 'lineno', 1) - 1}"
+    as ``inspect.getsource`` reads it); a file under the current directory relative to it, as a user's editor and
+    traceback-reading tools take it."""
+    path = code.co_filename
+    here = os.getcwd() + os.sep
+    return f"{path[len(here):] if path.startswith(here) else path}:{code.co_firstlineno + getattr(node, 'lineno', 1) - 1}"
 
 
 def _same_code(one: CodeType, other: CodeType) -> bool:

@@ -7,6 +7,7 @@ firing, and rules that do anything else are not lowered."""
 from __future__ import annotations
 
 import datetime as dt
+import os
 import re
 
 import pytest
@@ -297,7 +298,8 @@ def test_the_static_check_says_why_it_refuses_with_the_line_to_blame(action, why
         import inspect
 
         first = inspect.getsourcelines(passes_tx)[1]
-        assert f"({__file__}:{first + 2}), where it names a row without being passed the event" in reason, reason
+        here = os.path.relpath(__file__) if __file__.startswith(os.getcwd() + os.sep) else __file__
+        assert f"({here}:{first + 2}), where it names a row without being passed the event" in reason, reason
 
 
 def test_a_source_edited_since_the_import_is_not_the_code_running(tmp_path, monkeypatch):
