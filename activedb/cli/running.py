@@ -223,7 +223,8 @@ def dead_letter_hint(database: Database, app: str, name: str, *, started_over: b
         if started_over and not reset:
             earlier = [status.query_name for status in ingestion_status(database)
                        if status.query_name != name]
-            by = f" (queries {', '.join(earlier)} wrote to them)" if earlier else ""
+            named = ", ".join(earlier[:3]) + (f" and {len(earlier) - 3} more" if len(earlier) > 3 else "")
+            by = f" (queries {named} wrote to them)" if earlier else ""
             lines.append(f"query {name!r} is new and started over without --reset, on tables that earlier runs "
                          f"left{by}: to apply every event from empty tables, run `activedb run {app} --source {source} "
                          f"--query-name NEW --reset`")

@@ -141,7 +141,12 @@ class Writes:
         """Hand a stream event (``db.stream(event_type)``) to the rules, in this transaction."""
         if self._doomed is not None or self._state is not _ACTIVE:     # (``_check_active``'s call only to raise)
             self._check_active("emit")
-        event = new_event(_STREAM, event_type, key, None, None, dict(payload or {}), ts, self.id)
+        try:
+            values = dict(payload or {})
+        except (TypeError, ValueError):
+            raise TypeError(f"tx.emit({event_type!r}, payload=...) takes a mapping of the event's values, got "
+                            f"{payload!r} ({type(payload).__name__}); write payload={{'field': value}}") from None
+        event = new_event(_STREAM, event_type, key, None, None, values, ts, self.id)
         for hook in self.manager.extensions.on_event:
             hook(self, event)
 

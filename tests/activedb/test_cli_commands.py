@@ -331,3 +331,18 @@ def test_the_dead_letter_hint_counts_as_late_what_came_late_not_a_reason_that_sa
                 "('fees@00000000-0000-0000-0000-000000000003', 0, :reason, CAST('{}' AS jsonb))"), {"reason": reason})
     lines = dead_letter_hint(db, "app.py", "fees", started_over=False, reset=False, source="file:in/")
     assert lines[0].startswith("2 of query fees's dead letters are late") and "the other 2 once" in lines[1], lines
+
+
+def test_the_dead_letter_hint_names_three_earlier_queries_and_counts_the_rest(db):
+    from activedb.cli.running import dead_letter_hint
+    from activedb.ingest import EventMapping, feed
+
+    for number in range(5):                     # five earlier runs that wrote to the tables
+        feed(db, [[]], source=f"earlier{number}", mapping=EventMapping("type", "key", "ts"))
+    with db.engine.begin() as connection:       # a late letter of the new query
+        connection.execute(sa.text(
+            "INSERT INTO activedb_dead_letters (query_id, batch_id, reason, raw) VALUES "
+            "('again@00000000-0000-0000-0000-000000000004', 0, 'late: older than the watermark', CAST('{}' AS jsonb))"))
+    lines = dead_letter_hint(db, "app.py", "again", started_over=True, reset=False, source="file:in/")
+    [said] = [line for line in lines if "started over without --reset" in line]
+    assert "(queries earlier0, earlier1, earlier2 and " in said and " more wrote to them)" in said, said

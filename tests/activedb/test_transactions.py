@@ -812,3 +812,11 @@ def test_a_schema_qualified_table_is_refused_saying_to_put_its_schema_on_the_sea
         with other.transaction() as tx:
             assert tx.read("things", 1) == {"id": 1, "note": "found"}
     assert committed(db, "elsewhere.things") == {(1,): {"id": 1, "note": "found"}}
+
+
+def test_emit_with_a_payload_that_is_no_mapping_says_what_it_takes(db):
+    with db.transaction() as tx:
+        with pytest.raises(TypeError, match=r"tx.emit\('ping', payload=...\) takes a mapping of the event's values, "
+                                            r"got 'ann' \(str\); write payload=\{'field': value\}"):
+            tx.emit("ping", key=1, payload="ann")
+        tx.emit("ping", key=1, payload={"name": "ann"})      # (the transaction goes on)
