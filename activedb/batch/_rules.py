@@ -212,7 +212,7 @@ def lowerable(rule: "Rule") -> DeclaredAction | Callable[..., object] | None:
     return None
 
 
-def learned_chain(fired: tuple["Rule", ...]) -> tuple[tuple[Step, ...], Learned] | NotLearned:
+def learned_chain(fired: tuple["Rule", ...]) -> tuple[tuple[Step, ...], Learned, tuple["Rule", ...]] | NotLearned:
     """The steps of a :class:`LearnedDeclaration` that runs the rules a stream event fires (``fired``, in the order
     the dispatch fires them), and what was learned of the row they name, if firing them is the same as running one
     state transaction of the event's row (the package README, "Plain rules lowered"): every rule immediate (event–
@@ -221,7 +221,8 @@ def learned_chain(fired: tuple["Rule", ...]) -> tuple[tuple[Step, ...], Learned]
     one action at least writing, and its condition, if any, one that at most reads that row (``learned_condition``) —
     one table and one key expression for all; and no two of one priority (such a group may run concurrently, in an
     order no batch can know).  Rules of the detached family beside them (:func:`detached_rules`) are no steps: they
-    are recorded with each event's outcome.  Otherwise why not, naming the rule."""
+    are recorded with each event's outcome.  Also the rules of the steps, in their order.  Otherwise why not, naming
+    the rule."""
     immediate = _split(fired)
     if isinstance(immediate, NotLearned):
         return immediate
@@ -263,7 +264,7 @@ def learned_chain(fired: tuple["Rule", ...]) -> tuple[tuple[Step, ...], Learned]
                               f"by {'event.key' if not learned.key_source else 'another key expression'}, not "
                               f"{chain.table!r}): all rules of a type must name one row")
     chain = chain._replace(inserts=inserts)
-    return tuple(steps), chain
+    return tuple(steps), chain, tuple(rule for group in groups for rule in group)
 
 
 def _split(fired: tuple["Rule", ...]) -> tuple[tuple["Rule", ...], tuple["Rule", ...]] | NotLearned:
@@ -321,7 +322,7 @@ def _type_refusal(manager: "TransactionManager", fired: tuple["Rule", ...]
     found = learned_chain(fired)
     if isinstance(found, NotLearned):
         return found
-    steps, learned_from = found
+    steps, learned_from, ordered = found
     catalog = manager.catalog
     inserts: dict[str, TableInfo] = {}
     try:
@@ -336,7 +337,7 @@ def _type_refusal(manager: "TransactionManager", fired: tuple["Rule", ...]
                     ": a batch knows an inserted row's key only at commit")
     except SchemaError as error:     # no such table: each firing fails with its own reason
         return NotLearned(str(error))
-    return LearnedDeclaration(steps, learned_from, info, [rule.name for rule in fired], inserts)
+    return LearnedDeclaration(steps, learned_from, info, [rule.name for rule in ordered], inserts)
 
 
 def _observed_refusal(writes: frozenset[str] | None, observed: frozenset[str]) -> str | None:

@@ -763,11 +763,11 @@ def test_the_detached_family_beside_lowered_rules_runs_with_each_events_outcome_
     kind = "fam"
     names = [kind, f"{kind}-compensate", f"{kind}-notify", f"{kind}-confirm"]
 
-    def register(database):
+    def register(database):      # (the detached family declared first: the dead letters still name the right rule)
         stream = database.stream(kind)
-        database.rule(on=stream, name=kind)(add_or_refuse)
         database.rule(on=stream, name=names[1], coupling=Coupling.EXCLUSIVE_CAUSALLY_DEPENDENT)(_compensate)
         database.rule(on=stream, name=names[2], coupling=Coupling.DETACHED)(_notify)
+        database.rule(on=stream, name=kind)(add_or_refuse)
         database.rule(on=stream, name=names[3], coupling=Coupling.DETACHED_CAUSALLY_DEPENDENT)(_confirm)
 
     def seen(database):
