@@ -200,7 +200,10 @@ def _where(code: CodeType, node: ast.AST) -> str:
     as ``inspect.getsource`` reads it); a file under the current directory relative to it, as a user's editor and
     traceback-reading tools take it."""
     path = code.co_filename
-    here = os.getcwd() + os.sep
+    try:
+        here = os.getcwd() + os.sep
+    except OSError:              # (the current directory was removed)
+        here = "\0"
     return f"{path[len(here):] if path.startswith(here) else path}:{code.co_firstlineno + getattr(node, 'lineno', 1) - 1}"
 
 
