@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, cast
 import sqlalchemy as sa
 from coupling import Coupling, priority_groups
 
+from activedb import lowlevel
 from activedb.batch._commit import PendingBatch, apply_at_commit
 from activedb.batch._learn import (
     Learned, LearnedDeclaration, NotLearned, Rejection, Step, _stream_event, learned_condition, learned_table,
@@ -30,10 +31,11 @@ from activedb.batch.errors import DeclarationError, LoweringRefused
 from activedb.errors import SchemaError, causes
 from activedb.events import Event, EventKind
 from activedb.store import RowImage, TableInfo
+from activedb.txn import CommitParticipant
 
 if TYPE_CHECKING:  # pragma: no cover
     from activedb._handle import DatabaseHandle
-    from activedb.rules import DecidedFirings, Rule, RuleManager
+    from activedb.rules import Firing, Rule, RuleCounter, RuleManager
     from activedb.txn import Transaction, TransactionManager
 
 __all__ = ["DeclaredAction", "Lowered", "RULE_LOWERING", "apply_lowered", "declared", "lower", "lowerable",
@@ -434,11 +436,11 @@ def lower(rules: "RuleManager", transaction: "Transaction", event_types: Iterabl
     return lowered
 
 
-def _count_chain(rules: "RuleManager", chain: tuple["Rule", ...], declaration: LearnedDeclaration,
+def _count_chain(tally: "_Tally", chain: tuple["Rule", ...], declaration: LearnedDeclaration,
                  positions: list[int]) -> None:
-    """Tell ``rules`` what the learned ``chain`` did for the events at ``positions`` of a batch that committed, as
-    firing counts it: per event, each rule ``executed`` (or ``condition_false``) up to the rule that raised, if one
-    did (``failed``); the rules after it did not run."""
+    """Add to ``tally`` what the learned ``chain`` did for the events at ``positions`` of a batch, as firing counts it:
+    per event, each rule ``executed`` (or ``condition_false``) up to the rule that raised, if one did (``failed``); the
+    rules after it did not run."""
     executed, condition_false, failed = [0] * len(chain), [0] * len(chain), [0] * len(chain)
     outcomes, rejected = declaration.outcomes, declaration.rejected
     everything = (True,) * len(chain)
@@ -453,12 +455,34 @@ def _count_chain(rules: "RuleManager", chain: tuple["Rule", ...], declaration: L
         if raised is not None:
             failed[raised] += 1
     for index, rule in enumerate(chain):
-        if executed[index]:
-            rules.count(rule, "executed", executed[index])
-        if condition_false[index]:
-            rules.count(rule, "condition_false", condition_false[index])
-        if failed[index]:
-            rules.count(rule, "failed", failed[index])
+        tally.add(rule, "executed", executed[index])
+        tally.add(rule, "condition_false", condition_false[index])
+        tally.add(rule, "failed", failed[index])
+
+
+class _Tally(CommitParticipant):
+    """The rules' counters a lowered batch moves, told to ``rules`` once its transaction committed (enlisted after the
+    batch): a flush retried after a conflict runs the batch's ``write`` again, which starts the tally afresh
+    (``reset``), so only the attempt that committed counts."""
+
+    def __init__(self, rules: "RuleManager") -> None:
+        self._rules = rules
+        self._counts: list[tuple[Rule, RuleCounter, int]] = []
+
+    def reset(self) -> None:
+        self._counts = []
+
+    def add(self, rule: "Rule", what: "RuleCounter", amount: int) -> None:
+        if amount:
+            self._counts.append((rule, what, amount))
+
+    def write(self, transaction: "Transaction", connection: sa.Connection) -> None:
+        pass
+
+    def committed(self, transaction: "Transaction") -> None:
+        counts, self._counts = self._counts, []
+        for rule, what, amount in counts:
+            self._rules.count(rule, what, amount)
 
 
 #: The key of ``lower``'s cache under which the learned rules refused before are kept.
@@ -472,8 +496,9 @@ def apply_lowered(rules: "RuleManager", transaction: "Transaction", events: Iter
     """Run ``events`` — their types lowered by :func:`lower` — as one batch at the commit of ``transaction``
     (:func:`~activedb.batch.apply_at_commit` with ``options``) and keep the rules' firing record as firing them
     would: each event's firing recorded as dispatched at once (``rules.fired_in_bulk``: the tree's
-    ``rule_firings``), ``executed`` and ``failed`` counted inside the commit, before ``on_result(result,
-    connection)``.  Raises what ``apply_at_commit`` raises, with nothing recorded; ``lowered`` None (what
+    ``rule_firings``), ``executed`` and ``failed`` counted once it committed (the attempt that committed: a flush tried
+    again writes the batch again), the detached family's firings recorded in the commit; ``on_result(result,
+    connection)`` inside the commit.  Raises what ``apply_at_commit`` raises, with nothing recorded; ``lowered`` None (what
     :func:`lower` returns when the events cannot be lowered) is refused with what to do instead.
     ``rejection(failure)``: the dead-letter reason of an event whose learned plain rule raised an error of its own,
     given the ``RuleFailed`` firing would raise (the ingestion core's rule path passes its own): the event is then a
@@ -486,6 +511,7 @@ def apply_lowered(rules: "RuleManager", transaction: "Transaction", events: Iter
             "or an observer or the history recorder listens); fire them one by one instead: tx.emit(type, ...) "
             "per event, each in tx.subtransaction() if one may fail alone")
     def counted(result: BatchResult, connection: sa.Connection) -> None:
+        tally.reset()          # (a retried flush writes the batch again: its counts and firings replace these)
         failed = Counter(event.event_type for event, _ in result.dead_letters)
         learned = lowered.learned
         refused = sorted({event.event_type for event, _ in result.dead_letters if event.event_type in learned
@@ -506,18 +532,16 @@ def apply_lowered(rules: "RuleManager", transaction: "Transaction", events: Iter
                 # A declared rule, or a chain without conditions none of whose rules raised: each action ran for
                 # each event not refused.
                 for rule in chain:
-                    if count > failed[event_type]:
-                        rules.count(rule, "executed", count - failed[event_type])
-                    if failed[event_type]:
-                        rules.count(rule, "failed", failed[event_type])
+                    tally.add(rule, "executed", count - failed[event_type])
+                    tally.add(rule, "failed", failed[event_type])
                 continue
             # A learned chain: each rule's action ran where its condition held, up to a rule that raised, if one did
             # (its event a dead letter: that rule failed, the rules after it did not run).
-            _count_chain(rules, chain, declaration, [event.position for event in pending.batch
+            _count_chain(tally, chain, declaration, [event.position for event in pending.batch
                                                      if event.event_type == event_type])
         if decided is not None:
-            _record_detached(rules, decided, transaction, pending.batch, lowered.detached,
-                             {event.position for event, _ in result.dead_letters})
+            decided.set_decided(_detached_firings(rules, transaction, pending.batch, lowered.detached,
+                                                  {event.position for event, _ in result.dead_letters}))
         if on_result is not None:
             on_result(result, connection)
 
@@ -525,8 +549,11 @@ def apply_lowered(rules: "RuleManager", transaction: "Transaction", events: Iter
         declaration.prepare(transaction.id, rejection)
     pending = apply_at_commit(transaction, events, lowered.transactions, on_result=counted, **options)
     # Enlisted after the batch, whose write decides each event's outcome: the detached family's firings are
-    # recorded in the same commit, each with its event's outcome (a rejected event's subtransaction aborted).
+    # recorded in the same commit, each with its event's outcome (a rejected event's subtransaction aborted); the
+    # counters are told once it committed.
     decided = rules.detached.decided(transaction.root) if lowered.detached else None
+    tally = _Tally(rules)
+    lowlevel.enlist(transaction, tally)
     per_type = Counter(event.event_type for event in pending.batch)      # (the events as apply_at_commit read them)
     for event_type, count in per_type.items():
         for rule in (*lowered.rules[event_type], *lowered.detached.get(event_type, ())):
@@ -534,15 +561,16 @@ def apply_lowered(rules: "RuleManager", transaction: "Transaction", events: Iter
     return pending
 
 
-def _record_detached(rules: "RuleManager", decided: "DecidedFirings", transaction: "Transaction",
-                     batch: Iterable[BatchEvent], detached: dict[str, tuple["Rule", ...]],
-                     rejected: set[int]) -> None:
-    """Hand each event's detached-family firings to ``decided``, its outcome committed unless it is ``rejected``
-    (by position): what the outbox records in the tree's flush for an event emitted in a subtransaction of its own,
-    which the batch does not have (the firing's trigger is the batch's transaction)."""
+def _detached_firings(rules: "RuleManager", transaction: "Transaction", batch: Iterable[BatchEvent],
+                      detached: dict[str, tuple["Rule", ...]], rejected: set[int]) -> list[tuple["Firing", str, bool]]:
+    """Each event's detached-family firings, its outcome committed unless it is ``rejected`` (by position): what the
+    outbox records in the tree's flush for an event emitted in a subtransaction of its own, which the batch does not
+    have (the firing's trigger is the batch's transaction)."""
+    firings: list[tuple[Firing, str, bool]] = []
     for event in batch:
         found = detached.get(event.event_type)
         if found:
             stream_event = _stream_event(event, transaction.id)
-            for rule in found:
-                decided.add_decided(rules.firing(rule, stream_event), transaction.id, event.position not in rejected)
+            firings.extend((rules.firing(rule, stream_event), transaction.id, event.position not in rejected)
+                           for rule in found)
+    return firings

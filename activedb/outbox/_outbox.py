@@ -194,7 +194,7 @@ class Outbox:
     def decided(self, root: "Transaction") -> TreeFirings:
         """A recorder of firings whose triggers' outcomes are decided before they are recorded — the events of a
         batch run at commit (``activedb.batch.apply_lowered``), each committed unless the batch rejected it:
-        ``add_decided(firing, trigger id, committed)`` during the flush's write, by a participant enlisted on
+        ``set_decided([(firing, trigger id, committed), ...])`` during the flush's write, by a participant enlisted on
         ``root`` before this call (its write runs first); they are decided, recorded and run as the tree's own
         firings are (the same modes' rules, the same abort and replay handling).  Enlisted on ``root`` now."""
         if not self._started:

@@ -97,6 +97,7 @@ class TreeFirings(CommitParticipant):
         self.mutex = threading.Lock()         # protects entries
         self.entries: list[tuple[Firing, Transaction | Decided]] = []
         self._seen = 0                        # entries decided in before_flush; later ones (Decided) in write
+        self._early: tuple[list[NewRecord], int, list[Firing], list[Firing]] = ([], 0, [], [])
         self._records: list[NewRecord] = []
         self._storage = 0                     # of the sequence that gave the records' ids
         self._recorded: list[Firing] = []     # the firings behind _records, same order
@@ -104,17 +105,21 @@ class TreeFirings(CommitParticipant):
 
     # --- the commit participant -----------------------------------------------------------------
 
-    def add_decided(self, firing: "Firing", trigger_id: str, committed: bool) -> None:
-        """A firing whose trigger's outcome is already decided (``Decided``), added before this participant's
-        ``write`` (by a participant enlisted before it, in its own ``write``): decided and recorded there."""
+    def set_decided(self, items: list[tuple["Firing", str, bool]]) -> None:
+        """Firings whose triggers' outcomes are already decided, ``(firing, trigger id, committed)``, given before
+        this participant's ``write`` (by a participant enlisted before it, in its own ``write``): decided and recorded
+        there.  They replace those given before: a flush retried after a conflict writes again, each attempt
+        giving its own."""
         with self.mutex:
-            self.entries.append((firing, Decided(trigger_id, committed)))
+            del self.entries[self._seen:]
+            self.entries.extend((firing, Decided(trigger_id, committed)) for firing, trigger_id, committed in items)
 
     def before_flush(self, transaction: "Transaction") -> None:
         with self.mutex:
             entries = list(self.entries)
         self._seen = len(entries)
-        self._records, self._storage, self._recorded, self._cancelled = self._decide(transaction, entries)
+        self._early = self._decide(transaction, entries)
+        self._records, self._storage, self._recorded, self._cancelled = self._early
 
     def _decide(self, transaction: "Transaction", entries: list[tuple["Firing", "Transaction | Decided"]]
                 ) -> tuple[list[NewRecord], int, list["Firing"], list["Firing"]]:
@@ -141,14 +146,15 @@ class TreeFirings(CommitParticipant):
                 [firing for firing, _, _ in recorded], cancelled)
 
     def write(self, transaction: "Transaction", connection: "sa.Connection") -> None:
-        self._outbox.insert(connection, self._records, self._storage)
+        records, storage, recorded, cancelled = self._early
+        self._outbox.insert(connection, records, storage)
         with self.mutex:
             late = self.entries[self._seen:]
-        if late:        # (decided firings a batch added in its write, before this one)
-            records, storage, recorded, cancelled = self._decide(transaction, late)
-            self._outbox.insert(connection, records, storage)
-            self._records, self._recorded = self._records + records, self._recorded + recorded
-            self._cancelled = self._cancelled + cancelled
+        if late:        # (decided firings a batch gave in its write, before this one: ``set_decided``)
+            more, more_storage, more_recorded, more_cancelled = self._decide(transaction, late)
+            self._outbox.insert(connection, more, more_storage)
+            records, recorded, cancelled = records + more, recorded + more_recorded, cancelled + more_cancelled
+        self._records, self._recorded, self._cancelled = records, recorded, cancelled
 
     def committed(self, transaction: "Transaction") -> None:
         self._outbox.count(self._cancelled, "cancelled")

@@ -61,9 +61,10 @@ class FiringRecorder(Protocol):
 class DecidedFirings(Protocol):
     """What ``FiringRecorder.decided`` returns."""
 
-    def add_decided(self, firing: "Firing", trigger_id: str, committed: bool) -> None:
-        """``firing`` occurred on an event whose transaction ``trigger_id`` committed (or not): recorded if its
-        mode allows that outcome, in the commit of the root it was made for."""
+    def set_decided(self, items: list[tuple["Firing", str, bool]]) -> None:
+        """``(firing, trigger id, committed)``: each firing occurred on an event whose transaction committed (or not),
+        recorded if its mode allows that outcome, in the commit of the root it was made for; they replace those set
+        before (a retried flush sets its own)."""
 
 
 class DetachedRunner:

@@ -794,3 +794,52 @@ def test_the_detached_family_beside_lowered_rules_runs_with_each_events_outcome_
     moved = [counters(database) for database in databases]
     assert moved[0] == moved[1], moved
     assert moved[0][names[1]] == (5, 2, 0, 3) and moved[0][names[3]] == (5, 3, 0, 2)
+
+
+class _ConflictOnce(activedb.lowlevel.CommitParticipant):
+    """Fails the first flush it takes part in after every participant wrote — as a serialization failure PostgreSQL
+    reports at the commit — so that the flush is tried again (or the batch re-run)."""
+
+    def __init__(self, attempts: list[int]) -> None:
+        self.attempts = attempts
+
+    def write(self, transaction, connection) -> None:
+        pass
+
+    def about_to_commit(self, transaction, connection) -> None:
+        self.attempts.append(1)
+        if len(self.attempts) == 1:
+            connection.exec_driver_sql(
+                "DO $$ BEGIN RAISE EXCEPTION 'conflict for the test' USING ERRCODE = 'serialization_failure'; END $$")
+
+
+def test_a_lowered_batch_whose_commit_is_tried_again_counts_and_records_its_firings_once(databases):
+    """A lowered batch whose flush fails after the batch wrote (a serialization failure at the commit) writes again:
+    the rule counters and the detached family's firings are those of the attempt that committed, not of both."""
+    database = databases[0]
+    kind = "again"
+    names = [kind, f"{kind}-notify"]
+    database.rule(on=database.stream(kind), name=kind)(add_or_refuse)
+    database.rule(on=database.stream(kind), name=names[1], coupling=Coupling.DETACHED)(_notify)
+
+    def counters():
+        per_rule = database.rules.statistics().per_rule
+        return {name: (per_rule[name].fired, per_rule[name].executed, per_rule[name].failed)
+                for name in names if name in per_rule}
+
+    before = counters()
+    attempts: list[int] = []
+    handler = RulesHandler()
+    [outcome] = feed(database, [rows(0, [(kind, f"{kind}-a", 3), (kind, f"{kind}-b", -2), (kind, f"{kind}-a", 4)])],
+                     source=kind, mapping=app_counters.MAPPING, handler=handler,
+                     participants=lambda batch: [_ConflictOnce(attempts)])
+    assert len(attempts) == 2 and handler.last_lowered is not None, attempts
+    assert (outcome.committed, outcome.events, outcome.dead_letters) == (True, 2, 1)
+    database.rules.wait_idle(120)
+    moved = moved_by(before, counters())
+    assert moved[kind][1:] == (2, 1) and moved[names[1]][1:] == (3, 0), moved
+    with database.engine.connect() as connection:
+        notices = connection.execute(sa.text(
+            "SELECT detail FROM events_seen WHERE rule = 'notify' AND detail LIKE :prefix"), {"prefix": f"{kind}-%"}).all()
+    assert len(notices) == 3, notices
+    assert len(state(database, kind)) == 1         # (a; b was refused)
