@@ -124,8 +124,8 @@ class PendingBatch(CommitParticipant):
         letters = options.letters(result) if options.letters is not None else [
             dead_letter(event, reason) for event, reason in result.dead_letters]
         if options.dead_letters is not None and letters:
-            connection.execute(catalog.table(options.dead_letters).insert(),
-                               deadletters.table_rows(options.query_id, options.batch_id, letters))
+            deadletters.insert_in_flush(transaction, connection, options.query_id, options.batch_id, letters,
+                                        table=options.dead_letters)
         seconds["dead_letters"] = time.perf_counter() - started
         transaction.info["batch"] = {"events": result.committed_count, "dead_letters": len(letters),
                                      "rows_written": self.rows_written, "mode": self.mode}

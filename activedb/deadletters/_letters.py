@@ -1,6 +1,6 @@
 """The dead-letter table ``activedb_dead_letters``: its record type, what goes into it, its SQL and the mark
-of a replayed letter — the only place that writes or reads it (every writer goes through :func:`insert` or
-:func:`table_rows`).
+of a replayed letter — the only place that writes or reads it (every writer goes through :func:`insert`,
+:func:`insert_in_flush` or :func:`insert_ahead`).
 Design note: the package's ``README.md``.
 """
 
@@ -21,10 +21,11 @@ from activedb.txn import CommitParticipant
 
 if TYPE_CHECKING:  # pragma: no cover
     from activedb._handle import DatabaseHandle
+    from activedb.store import Catalog
     from activedb.txn import Transaction
 
 __all__ = ["TABLE", "FinalReason", "Letter", "LetterFilter", "LetterRecord", "LetterReplayed", "count", "count_by_reason",
-           "decode_original", "encode_original", "insert", "insert_ahead", "purge", "select", "table_rows",
+           "decode_original", "encode_original", "insert", "insert_ahead", "insert_in_flush", "purge", "select",
            "written_ahead"]
 
 TABLE = "activedb_dead_letters"
@@ -151,19 +152,40 @@ def decode_original(stored: object) -> object:
 
 # --- writing -------------------------------------------------------------------------------------------
 
-def table_rows(query_id: str | None, batch_id: int | None, letters: Iterable[Letter]) -> list[dict[str, object]]:
-    """The rows of ``activedb_dead_letters`` for ``letters`` (for a commit participant that inserts them
-    on its own connection: ``connection.execute(table.insert(), table_rows(...))``).  A reason that quotes
-    text PostgreSQL cannot store (a NUL character, a lone surrogate) has it spelled out."""
+def _rows(query_id: str | None, batch_id: int | None, letters: Iterable[Letter]) -> list[dict[str, object]]:
+    """The rows of ``activedb_dead_letters`` for ``letters``, ids left out.  A reason that quotes text PostgreSQL
+    cannot store (a NUL character, a lone surrogate) has it spelled out."""
     return [{"query_id": query_id, "batch_id": batch_id, "reason": storable_text(letter.reason), "raw": letter.raw(),
              "original": encode_original(letter.row)} for letter in letters]
+
+
+def _ids(catalog: Catalog, table: str, connection: sa.Connection, count: int, since: dt.datetime | None) -> list[int]:
+    """``count`` ids for letters about to be inserted on ``connection``, ascending: from the catalog's blocks of the
+    table's sequence, where :meth:`Transaction.insert <activedb.txn.Transaction.insert>` takes them (the id order:
+    ``README.md``), checked against a reset of the sequence as the flush checks those."""
+    sequence = catalog.sequence_of(catalog.table_info(table), "id")
+    assert sequence is not None, table        # (an identity column: the migrations')
+    ids, _ = catalog.generated_keys(sequence, count, since)
+    catalog.check_generated_keys(connection, {sequence: ids}, since)
+    return ids
 
 
 def insert(tx: Transaction, query_id: str | None, batch_id: int | None, letters: Sequence[Letter]) -> None:
     """Insert ``letters`` in ``tx`` (an activedb transaction); they commit with it.  Their ids are generated keys
     (``Transaction.insert``: drawn in blocks, checked at the flush), so no round trip per letter or per call."""
-    for row in table_rows(query_id, batch_id, letters):
+    for row in _rows(query_id, batch_id, letters):
         tx.insert(TABLE, **row)
+
+
+def insert_in_flush(transaction: Transaction, connection: sa.Connection, query_id: str | None, batch_id: int | None,
+                    letters: Sequence[Letter], *, table: str = TABLE) -> None:
+    """Insert ``letters`` on ``connection`` inside the flush of ``transaction`` (for a commit participant writing
+    in its own flush: they commit with it), into ``table``; their ids come from where :func:`insert`'s come from."""
+    if letters:
+        catalog = transaction.manager.catalog
+        ids = _ids(catalog, table, connection, len(letters), transaction.root.began_at)
+        connection.execute(catalog.table(table).insert(),
+                           [{"id": letter_id, **row} for letter_id, row in zip(ids, _rows(query_id, batch_id, letters))])
 
 
 def insert_ahead(database: DatabaseHandle, query_id: str, batch_id: int, position: int, letter: Letter) -> int:
@@ -172,10 +194,11 @@ def insert_ahead(database: DatabaseHandle, query_id: str, batch_id: int, positio
     batch's own transaction cannot commit any more).  A re-run of the batch leaves the row out
     (:func:`written_ahead`).  Returns the letter's id."""
     table = database.table(TABLE)
-    [row] = table_rows(query_id, batch_id, [letter])
+    [row] = _rows(query_id, batch_id, [letter])
     with database.engine.begin() as connection:
-        return int(connection.execute(table.insert().values(**row, position=position).returning(table.c.id))
-                   .scalar_one())
+        [letter_id] = _ids(database.catalog, TABLE, connection, 1, None)
+        connection.execute(table.insert().values(**row, id=letter_id, position=position))
+    return letter_id
 
 
 def written_ahead(connection: sa.Connection, table: sa.Table, query_id: str, batch_id: int) -> dict[int, int]:

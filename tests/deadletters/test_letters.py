@@ -14,6 +14,8 @@ from click.testing import CliRunner
 from activedb import deadletters
 from activedb.cli import main
 from activedb.deadletters import Letter, LetterFilter
+from activedb.ingest import Batch, RulesHandler, feed
+from tests.spark_bridge import app_counters
 
 BIG = "k" * 1_000_000
 UTC = dt.timezone.utc
@@ -69,6 +71,30 @@ def test_a_reason_quoting_unstorable_text_is_stored_spelled_out(db):
         deadletters.insert(tx, "quoting@q", 1, [Letter("key 'x\x00y' or 'k\ud800' refused", {"k": 1})])
     [letter] = deadletters.select(db, LetterFilter(query="quoting"))
     assert letter.reason == "key 'x\\u0000y' or 'k\\ud800' refused"
+
+
+def refuse_negative(tx, event):
+    if event.payload["amount"] < 0:
+        raise ValueError(f"negative amount {event.payload['amount']}")
+    row = tx.read("counters", event.key) or {"total": 0, "events": 0}
+    tx.write("counters", event.key, total=row["total"] + event.payload["amount"], events=row["events"] + 1)
+
+
+def test_letter_ids_follow_batch_order_across_lowered_and_fired_batches(db):
+    """A stream whose batches are lowered (a learned plain rule; its rejections are letters of the lowered batch)
+    and fired event by event in turn: the letters' ids increase in (batch, position in batch) order."""
+    db.rule(on=db.stream("refusing"), name="refuse_negative")(refuse_negative)
+    lowering, firing = RulesHandler(), RulesHandler(lower_declared=False)
+    start = dt.datetime(2026, 1, 1, tzinfo=UTC)
+    for number in range(6):
+        handler = firing if number % 3 == 1 else lowering
+        rows = [{"type": "refusing", "key": f"order-{seq % 3}", "ts": start + dt.timedelta(seconds=number * 10 + seq),
+                 "amount": -1 if seq % 2 else 1, "seq": number * 10 + seq} for seq in range(5)]
+        [outcome] = feed(db, [Batch(number, rows)], source="ordered", mapping=app_counters.MAPPING, handler=handler)
+        assert (outcome.committed, outcome.dead_letters) == (True, 2)
+        assert (handler.last_lowered is not None) == (handler is lowering), number
+    stored = [(letter.batch_id, letter.row()["seq"]) for letter in deadletters.select(db, LetterFilter(query="ordered"))]
+    assert stored == sorted(stored) and len(stored) == 12, stored
 
 
 def test_filters_select_a_query_its_replays_and_nothing_alike(db):
