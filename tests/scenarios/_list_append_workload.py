@@ -6,8 +6,10 @@ keys its tree favors (so that siblings meet on the same lists more often than wh
 
 * **read** a list (``tx.read``), or all of them at once (``tx.scan``);
 * **append** a unique element: read the list, write it back one element longer — either after a
-  ``tx.read`` of that key or after a ``tx.scan`` of the table (then the tree holds a write of the row
-  without any row read of it, and a descendant's reads must compose that write over a committed
+  ``tx.read`` of that key (with ``for_update``, a share of them a read for update: the row locked in
+  PostgreSQL until the tree ends, where a plain reader's flush meets it — the lock manager's and PostgreSQL's
+  waits in one cycle, ``RowLockOwners``) or after a ``tx.scan`` of the table (then the tree holds a write of
+  the row without any row read of it, and a descendant's reads must compose that write over a committed
   image they fetch themselves);
 * create a child: **spawned** on a worker thread (``tx.spawn``, joined later with
   ``handle.result(timeout)`` — or never, then the parent's commit waits for it) or **inline**
@@ -32,9 +34,10 @@ threads (and the other process).
 
 As a second process (``PYTHONPATH`` = the repository root)::
 
-    python -m tests.scenarios._list_append_workload URL PROCESS SEED THREADS TRANSACTIONS OUTPUT REPRESENTATION
+    python -m tests.scenarios._list_append_workload URL PROCESS SEED THREADS TRANSACTIONS OUTPUT REPRESENTATION FOR_UPDATE
 
-connects, picks REPRESENTATION (a ``Subtransactions`` value) for inline subtransactions, prints ``ready`` and
+connects, picks REPRESENTATION (a ``Subtransactions`` value) for inline subtransactions and FOR_UPDATE (the
+workload's ``for_update``), prints ``ready`` and
 it, waits for a line on stdin, runs the same workers and writes
 ``{"history": [...], "unended": [...], "errors": [...], "outcomes": {...}}`` as JSON to OUTPUT.
 """
@@ -143,8 +146,11 @@ class Recorder:
         """Count an outcome; an expected error that breaks the locking discipline is unexpected."""
         if error is not None and breaks_hold_retain(error):
             self.unexpected(what, error)
+        through_row_lock = isinstance(error, activedb.DeadlockDetected) and any(
+            edge.kind == "row-lock" for edge in error.cycle)
         with self._mutex:
             self.outcomes[what] += 1
+            self.outcomes["deadlocks through a row lock"] += through_row_lock
 
     def unexpected(self, where: str, error: BaseException) -> None:
         """An error that is not an expected outcome: the test fails with its traceback."""
@@ -169,19 +175,22 @@ class Recorder:
 
 
 class Workload:
-    """One process's workers.  Thread-safe: each worker thread uses its own trees and random streams."""
+    """One process's workers.  Thread-safe: each worker thread uses its own trees and random streams.
+    ``for_update``: the share of the appends after a row read whose read is for update (0: none, and the scripts
+    draw what they drew before the option existed)."""
 
-    def __init__(self, db: activedb.Database, process: str, seed: int | str):
+    def __init__(self, db: activedb.Database, process: str, seed: int | str, for_update: float = 0.0):
         self.db = db
         self.process = process
         self.seed = seed
+        self.for_update = for_update
         self.recorder = Recorder()
 
     # --- micro-operations ---------------------------------------------------------------------
 
     @staticmethod
-    def read(tx: activedb.Transaction, record: NodeRecord, key: str) -> list:
-        row = tx.read(TABLE, key)
+    def read(tx: activedb.Transaction, record: NodeRecord, key: str, for_update: bool = False) -> list:
+        row = tx.read(TABLE, key, for_update=for_update)
         seen = list(row["value"]) if row is not None else []
         record.ops.append(("read", key, seen))
         return seen
@@ -220,7 +229,10 @@ class Workload:
             if roll < 0.22:
                 self.read(tx, record, key)
             elif roll < 0.50:
-                self.write_appended(tx, record, key, self.read(tx, record, key))
+                update = bool(self.for_update) and rng.random() < self.for_update
+                if update:
+                    self.recorder.count("read for update")
+                self.write_appended(tx, record, key, self.read(tx, record, key, update))
             elif roll < 0.55:
                 self.scan(tx, record)
             elif roll < 0.61:
@@ -349,13 +361,13 @@ def final_lists(db: activedb.Database) -> dict[str, list]:
 
 
 def main(argv: list[str]) -> int:
-    url, process, seed, threads, transactions, output, representation = argv
+    url, process, seed, threads, transactions, output, representation, for_update = argv
     db = activedb.connect(url)
     db.transactions.subtransactions = Subtransactions(representation)
     print(f"ready {db.transactions.subtransactions.value}", flush=True)
     sys.stdin.readline()
     try:
-        recorder = Workload(db, process, seed).run(int(threads), int(transactions), WATCHDOG_TIMEOUT)
+        recorder = Workload(db, process, seed, float(for_update)).run(int(threads), int(transactions), WATCHDOG_TIMEOUT)
     except AssertionError as error:
         print(error, file=sys.stderr, flush=True)
         os._exit(2)     # worker threads are stuck: do not wait for them

@@ -12,6 +12,13 @@ every parent together with the parent's own operations (its docstring is the des
   of different processes are isolated only by the validation at the top-level flush, so
   ``SerializationConflict`` is a common (expected) outcome there.
 
+``ACTIVEDB_LIST_APPEND_FOR_UPDATE`` (default 0) is the share of the appends after a row read whose read is for
+update in the runs under the default representation of inline subtransactions (frames): rows held in PostgreSQL,
+the waits of both lock systems in one graph (``RowLockOwners``); the reference one (materialized) keeps the scripts
+as they were.  It is 0 by default because with it the run hangs today.  One cause: a flush's validation waits in
+PostgreSQL for a tree whose row lock ``RowLockOwners`` did not list yet when the flush looked, while that tree
+waits in the lock manager for the flush's tree; it is not the only one.
+
 Seed: ``ACTIVEDB_TEST_SEED`` (default 9) fixes what every tree tries to do; the interleavings are
 the threads'.  Size: ``ACTIVEDB_LIST_APPEND_TRANSACTIONS`` top-level transactions per worker thread
 (default 400 in one process, 350 per process in two; e.g. 1000 for a long run).
@@ -52,6 +59,8 @@ from tests.scenarios._list_append_workload import WATCHDOG_TIMEOUT, Recorder, Wo
 
 SEED = os.environ.get("ACTIVEDB_TEST_SEED", "9")
 THREADS = 4
+# representation -> the workload's for_update (else 0)
+FOR_UPDATE = {Subtransactions.FRAMES.value: float(os.environ.get("ACTIVEDB_LIST_APPEND_FOR_UPDATE", "0"))}
 
 
 def transactions(default: int) -> int:
@@ -113,9 +122,9 @@ def assert_exercised(report: testing.ListAppendReport, outcomes: dict, top_level
     assert any("child aborted" in outcome for outcome in outcomes), outcomes
 
 
-def test_one_process(db, tmp_path):
+def test_one_process(db, tmp_path, representation):
     count = transactions(400)
-    recorder = Workload(db, "p0", SEED).run(THREADS, count, WATCHDOG_TIMEOUT)
+    recorder = Workload(db, "p0", SEED, FOR_UPDATE.get(representation, 0.0)).run(THREADS, count, WATCHDOG_TIMEOUT)
     history, unended = recorder.history()
     report = verify(db, tmp_path, history, errors=recorder.errors, unended=unended, outcomes=recorder.outcomes)
     assert_exercised(report, recorder.outcomes, THREADS * count)
@@ -129,14 +138,15 @@ def test_two_processes(db, database_url, tmp_path, representation):
     with open(errors, "w") as stderr:
         process = subprocess.Popen(
             [sys.executable, "-m", "tests.scenarios._list_append_workload", database_url, "p1", SEED,
-             str(THREADS), str(count), str(output), representation],
+             str(THREADS), str(count), str(output), representation, str(FOR_UPDATE.get(representation, 0.0))],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, text=True, cwd=REPOSITORY,
             env=environment)
         try:
             assert process.stdout.readline().strip() == f"ready {representation}", errors.read_text()
             process.stdin.write("go\n")      # both processes start their workers now
             process.stdin.flush()
-            recorder: Recorder = Workload(db, "p0", SEED).run(THREADS, count, WATCHDOG_TIMEOUT)
+            recorder: Recorder = Workload(db, "p0", SEED, FOR_UPDATE.get(representation, 0.0)).run(
+                THREADS, count, WATCHDOG_TIMEOUT)
             process.communicate(timeout=WATCHDOG_TIMEOUT + 30)
             assert process.returncode == 0, f"the second process failed:\n{errors.read_text()}"
         finally:
