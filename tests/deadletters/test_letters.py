@@ -73,17 +73,10 @@ def test_a_reason_quoting_unstorable_text_is_stored_spelled_out(db):
     assert letter.reason == "key 'x\\u0000y' or 'k\\ud800' refused"
 
 
-def refuse_negative(tx, event):
-    if event.payload["amount"] < 0:
-        raise ValueError(f"negative amount {event.payload['amount']}")
-    row = tx.read("counters", event.key) or {"total": 0, "events": 0}
-    tx.write("counters", event.key, total=row["total"] + event.payload["amount"], events=row["events"] + 1)
-
-
 def test_letter_ids_follow_batch_order_across_lowered_and_fired_batches(db):
     """A stream whose batches are lowered (a learned plain rule; its rejections are letters of the lowered batch)
     and fired event by event in turn: the letters' ids increase in (batch, position in batch) order."""
-    db.rule(on=db.stream("refusing"), name="refuse_negative")(refuse_negative)
+    db.rule(on=db.stream("refusing"), name="refuse_negative")(app_counters.apply_add)      # (refuses a negative amount)
     lowering, firing = RulesHandler(), RulesHandler(lower_declared=False)
     start = dt.datetime(2026, 1, 1, tzinfo=UTC)
     for number in range(6):
