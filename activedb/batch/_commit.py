@@ -13,7 +13,7 @@ from __future__ import annotations
 import enum
 import struct
 import time
-from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, TypeAlias, cast
 
@@ -116,6 +116,8 @@ class PendingBatch(CommitParticipant):
                                        strategy="lean", split=Split.NEVER, check=store_check(catalog))
                 result.notes.append(f"ran again checking each transaction's values: {type(error).__name__}: {error}")
                 statements = _planned_writes(catalog, result, self._keys)
+            if options.before_write is not None:
+                options.before_write(connection)
             self.rows_written = _send(connection, statements)
             seconds["write"] = time.perf_counter() - started
         started = time.perf_counter()
@@ -150,7 +152,7 @@ class PendingBatch(CommitParticipant):
         less to scan."""
         self._declared = {}
         self._keys = {}
-        self._options = replace(self._options, letters=None, on_result=None)
+        self._options = replace(self._options, letters=None, on_result=None, before_write=None)
 
     def _lock_and_read(self, catalog: Catalog, connection: sa.Connection) -> dict[State, RowImage | None]:
         """Lock every declared row ``FOR UPDATE`` (tables in name order, keys in key order) and
@@ -564,6 +566,7 @@ class _Options:
     batch_id: int | None
     letters: Callable[[BatchResult], list[deadletters.Letter]] | None
     on_result: Callable[[BatchResult, sa.Connection], None] | None
+    before_write: Callable[[sa.Connection], None] | None = None
 
 
 @no_cyclic_gc()
@@ -572,14 +575,19 @@ def apply_at_commit(tx: Transaction, events: Iterable[object], transactions: Sta
                     dead_letters: str | None = DEAD_LETTER_TABLE, query_id: str | None = None,
                     batch_id: int | None = None,
                     letters: Callable[[BatchResult], list[deadletters.Letter]] | None = None,
-                    on_result: Callable[[BatchResult, sa.Connection], None] | None = None) -> PendingBatch:
+                    on_result: Callable[[BatchResult, sa.Connection], None] | None = None,
+                    before_write: Callable[[sa.Connection], None] | None = None,
+                    heard: Collection[str] = ()) -> PendingBatch:
     """Enlist ``events`` as a batch that runs inside the commit of ``tx`` (the package README) and
     return its :class:`PendingBatch`.  ``dead_letters``: the table its dead letters go to (None:
     none are stored), labelled ``query_id``/``batch_id``; ``letters(result)`` → ``[Letter]``
     (``activedb.deadletters``) replaces the default ones (``dead_letter``); ``on_result(result, connection)`` is
-    called inside the commit before the dead letters are inserted."""
+    called inside the commit before the dead letters are inserted; ``before_write(connection)`` once the batch ran,
+    before its rows are written (a check that raises writes nothing: the generated keys a batch drew).  A table rules
+    observe makes the batch run through the transaction tree, whose writes they hear, unless it is one of ``heard``:
+    tables the batch only inserts into whose new rows' data events the caller records itself (``apply_lowered``)."""
     tx_started = time.perf_counter()
-    options = _Options(strategy, processes, split, dead_letters, query_id, batch_id, letters, on_result)
+    options = _Options(strategy, processes, split, dead_letters, query_id, batch_id, letters, on_result, before_write)
     events = list(events)
     batch = normalise_events(events)
     runtime = runtime_of(transactions)
@@ -624,7 +632,7 @@ def apply_at_commit(tx: Transaction, events: Iterable[object], transactions: Sta
         for table, key in touched:
             states.setdefault(table, {})[key] = None
     extensions = tx.manager.extensions
-    observed = sorted(table for table in written if extensions.any("wants_old_images", table))
+    observed = sorted(table for table in written if table not in heard and extensions.any("wants_old_images", table))
     if observed:
         result = apply_batch(tx, events, transactions, strategy=options.strategy, processes=options.processes,
                              split=options.split)

@@ -72,6 +72,8 @@ class Learned(NamedTuple):
     key_source: str = ""
     #: The tables it inserts new rows into (``tx.insert(TABLE, **columns)``, the key left to the table's sequence).
     inserts: frozenset[str] = frozenset()
+    #: The names it signals (``tx.signal(NAME, **payload)``): the rules on them run with the chain (``Signalled``).
+    signals: frozenset[str] = frozenset()
 
 
 class NotLearned(str):
@@ -79,14 +81,14 @@ class NotLearned(str):
     transaction of the event's row cannot express, with ``file:line`` where one line is to blame."""
 
 
-# function -> what was learned, or why not; weak: a redefined function's verdict goes with it.  One cache for
-# actions, one for conditions (a function may be checked as both).
+# function -> what was learned, or why not; weak: a redefined function's verdict goes with it.  One cache per way
+# of checking (condition or action; on a signal or not): a function may be checked several ways.
 _Verdict: TypeAlias = "Learned | NotLearned"
-_VERDICTS: "weakref.WeakKeyDictionary[Callable[..., object], _Verdict]" = weakref.WeakKeyDictionary()
-_CONDITIONS: "weakref.WeakKeyDictionary[Callable[..., object], _Verdict]" = weakref.WeakKeyDictionary()
+_VERDICTS: "dict[tuple[bool, bool], weakref.WeakKeyDictionary[Callable[..., object], _Verdict]]" = {
+    (condition, on_signal): weakref.WeakKeyDictionary() for condition in (False, True) for on_signal in (False, True)}
 
 
-def learned_table(action: Callable[..., object]) -> Learned | None:
+def learned_table(action: Callable[..., object], on_signal: bool = False) -> Learned | None:
     """The one table whose row of the event's key ``action(tx, event)`` reads and writes, and how the key is
     made, if its source shows that this is all it does with ``tx`` (else None).  Cached per function.
 
@@ -102,36 +104,41 @@ def learned_table(action: Callable[..., object]) -> Learned | None:
     key expression), neither name rebound, shadowed or reachable through ``locals()``/``vars()``/``eval``/``exec``;
     a source that cannot be read or parsed, or whose compiled code differs from the function's (a file edited since
     the import, a closure), does not qualify.  Whatever the check lets through, the row the
-    action names at run time is compared with the declared one (a difference falls back).  Why a function does not
-    qualify: :func:`why_not_learned`."""
-    verdict = _cached(_VERDICTS, action, False)
+    action names at run time is compared with the declared one (a difference falls back).  An action may also signal,
+    ``tx.signal(NAME, **payload)`` (``NAME`` as ``TABLE``): ``signals``.
+
+    ``on_signal``: ``action`` is a rule's on a signal (run with the chain that signals, :class:`Signalled`): its row
+    may be named by any expression of its event (``event.payload["worker"]``) — the stand-in compares it with the
+    chain's row at run time — and ``event`` is the signal.  Why a function does not qualify: :func:`why_not_learned`."""
+    verdict = _cached(action, False, on_signal)
     return verdict if type(verdict) is Learned else None
 
 
-def learned_condition(condition: Callable[..., object]) -> Learned | None:
+def learned_condition(condition: Callable[..., object], on_signal: bool = False) -> Learned | None:
     """What the static check of :func:`learned_table` learns of a rule's condition ``condition(tx, event)``: the same
     shape with reads only — ``tx.read(TABLE, KEY)`` of one row, or none (``table`` then ``""``: a condition of the
     event alone).  None if it does anything else with ``tx``.  Cached per function."""
-    verdict = _cached(_CONDITIONS, condition, True)
+    verdict = _cached(condition, True, on_signal)
     return verdict if type(verdict) is Learned else None
 
 
-def why_not_learned(function: Callable[..., object], condition: bool = False) -> NotLearned | None:
+def why_not_learned(function: Callable[..., object], condition: bool = False, on_signal: bool = False
+                    ) -> NotLearned | None:
     """Why :func:`learned_table` (``condition``: :func:`learned_condition`) refuses ``function``, or None if it
     qualifies."""
-    verdict = _cached(_CONDITIONS if condition else _VERDICTS, function, condition)
+    verdict = _cached(function, condition, on_signal)
     return verdict if isinstance(verdict, NotLearned) else None
 
 
-def _cached(cache: "weakref.WeakKeyDictionary[Callable[..., object], _Verdict]", function: Callable[..., object],
-            condition: bool) -> _Verdict:
+def _cached(function: Callable[..., object], condition: bool, on_signal: bool) -> _Verdict:
+    cache = _VERDICTS[condition, on_signal]
     try:
         return cache[function]
     except KeyError:
         pass
     except TypeError:            # (not weak-referenceable: no function)
         return NotLearned(f"{function!r} is not a plain Python function")
-    checked = _verdict(function, condition)
+    checked = _verdict(function, condition, on_signal=on_signal)
     verdict = checked if not isinstance(checked, _Shape) else NotLearned("(a helper's shape)")   # (roles None: none)
     try:
         cache[function] = verdict
@@ -141,10 +148,10 @@ def _cached(cache: "weakref.WeakKeyDictionary[Callable[..., object], _Verdict]",
 
 
 def _verdict(action: Callable[..., object], condition: bool = False, roles: tuple[int, int | None] | None = None,
-             depth: int = 0) -> _Verdict | _Shape:
+             depth: int = 0, on_signal: bool = False) -> _Verdict | _Shape:
     """The check of ``action`` (``roles`` None: a rule's action or condition ``(tx, event)``; else a helper it calls,
     with the positions of its ``tx`` and event parameters — the event's None if not passed — called ``depth``
-    calls deep: its :class:`_Shape`)."""
+    calls deep: its :class:`_Shape`; ``on_signal``: see :func:`learned_table`)."""
     if not inspect.isfunction(action):
         return NotLearned(f"{action!r} is not a plain Python function")
     if action.__name__ == "<lambda>":
@@ -180,19 +187,20 @@ def _verdict(action: Callable[..., object], condition: bool = False, roles: tupl
             return NotLearned(f"it takes its arguments otherwise than by position ({_where(code, function)})")
         tx_name = arguments.args[tx_at].arg
         event_name = arguments.args[event_at].arg if event_at is not None else "\0"     # (no such name)
-    found = _uses(function, tx_name, event_name, code, condition, action.__globals__, roles is not None, depth)
+    found = _uses(function, tx_name, event_name, code, condition, action.__globals__, roles is not None, depth,
+                  on_signal)
     if isinstance(found, NotLearned) or roles is not None:
         return found
-    table, expression, _, inserts = found
+    table, expression, _, inserts, signals = found
     if expression is None:
-        return Learned(table, None, event_name, "", inserts)
+        return Learned(table, None, event_name, "", inserts, signals)
     try:
         key_function = ast.Lambda(args=ast.arguments(posonlyargs=[], args=[ast.arg(arg=event_name)], kwonlyargs=[],
                                                      kw_defaults=[], defaults=[]), body=expression)
         compiled = compile(ast.fix_missing_locations(ast.Expression(body=key_function)), code.co_filename, "eval")
     except (SyntaxError, ValueError, TypeError):
         return NotLearned(f"its key expression does not compile alone ({_where(code, expression)})")
-    return Learned(table, compiled, event_name, ast.dump(expression), inserts)
+    return Learned(table, compiled, event_name, ast.dump(expression), inserts, signals)
 
 
 def _where(code: CodeType, node: ast.AST) -> str:
@@ -225,22 +233,24 @@ def _same_code(one: CodeType, other: CodeType) -> bool:
 class _Shape(NamedTuple):
     """What the check found a function's body does with its transaction: the ``table`` of the one row it reads or
     writes ("" none), the key's ``expression`` (None: ``event.key``), whether it ``writes``, the tables it
-    ``inserts`` into."""
+    ``inserts`` into, the names it ``signals``."""
 
     table: str
     expression: ast.expr | None
     writes: bool
     inserts: frozenset[str] = frozenset()
+    signals: frozenset[str] = frozenset()
 
 
 #: How many helper calls deep the check follows ``tx`` (a helper passing it to a helper passing it on ...).
 _HELPER_DEPTH = 3
-# (helper function, tx position, event position, condition) -> its shape or why not.
-_HELPERS: "weakref.WeakKeyDictionary[Callable[..., object], dict[tuple[int, int | None, bool], _Shape | NotLearned]]" = (
+# (helper function, tx position, event position, condition, on a signal) -> its shape or why not.
+_HELPERS: "weakref.WeakKeyDictionary[Callable[..., object], dict[tuple[int, int | None, bool, bool], _Shape | NotLearned]]" = (
     weakref.WeakKeyDictionary())
 
 
-def _helper(function: object, tx_at: int, event_at: int | None, condition: bool, depth: int) -> _Shape | NotLearned:
+def _helper(function: object, tx_at: int, event_at: int | None, condition: bool, depth: int, on_signal: bool = False
+            ) -> _Shape | NotLearned:
     """The shape of a module function a checked body calls with its ``tx`` (and event) at those positions: the same
     check, its own parameter names standing for them; a row it names must be ``event.key`` of the event passed."""
     if not inspect.isfunction(function):
@@ -248,15 +258,16 @@ def _helper(function: object, tx_at: int, event_at: int | None, condition: bool,
     if depth >= _HELPER_DEPTH:
         return NotLearned(f"it passes tx on more than {_HELPER_DEPTH} calls deep")
     known = _HELPERS.setdefault(function, {})
-    roles = (tx_at, event_at, condition)
+    roles = (tx_at, event_at, condition, on_signal)
     if roles not in known:
-        verdict = _verdict(function, condition, (tx_at, event_at), depth + 1)
+        verdict = _verdict(function, condition, (tx_at, event_at), depth + 1, on_signal)
         known[roles] = verdict if isinstance(verdict, (_Shape, NotLearned)) else NotLearned("(a rule, not a helper)")
     return known[roles]
 
 
 def _uses(function: ast.FunctionDef, tx_name: str, event_name: str, code: CodeType, condition: bool = False,
-          namespace: Mapping[str, object] | None = None, helper: bool = False, depth: int = 0) -> _Shape | NotLearned:
+          namespace: Mapping[str, object] | None = None, helper: bool = False, depth: int = 0, on_signal: bool = False
+          ) -> _Shape | NotLearned:
     """What ``function``'s body does with its transaction, if it uses ``tx_name`` and ``event_name`` only as allowed
     (see :func:`learned_table`; ``condition``: :func:`learned_condition`), else why not.  ``namespace``: the
     function's globals, where a table named by a global name and a helper the body passes ``tx`` to are looked up;
@@ -268,6 +279,7 @@ def _uses(function: ast.FunctionDef, tx_name: str, event_name: str, code: CodeTy
     keys: set[str] = set()          # "": event.key; else the name of the key variable
     writes = False
     inserts: set[str] = set()
+    signals: set[str] = set()
     body = [node for statement in function.body for node in ast.walk(statement)]
     # Calls whose value is thrown away (a statement of their own): an insert's key is not known in a lowered batch.
     unused = {id(node.value) for node in body if isinstance(node, ast.Expr)}
@@ -301,6 +313,9 @@ def _uses(function: ast.FunctionDef, tx_name: str, event_name: str, code: CodeTy
         return None
 
     def is_event_key(node: ast.expr) -> bool:
+        if on_signal:        # (any expression of the event: the stand-in compares the row at run time)
+            keys.add("")
+            return True
         if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
             keys.add(node.id)
             return True
@@ -320,6 +335,14 @@ def _uses(function: ast.FunctionDef, tx_name: str, event_name: str, code: CodeTy
                 if id(node) not in unused:
                     return refuse(f"uses the key {tx_name}.insert returns", node)
                 inserts.add(table)
+                allowed.add(id(node.func.value))
+                continue
+            if method == "signal" and not condition:
+                name = table_of(node.args[0]) if len(node.args) == 1 else None
+                if name is None:
+                    return refuse(f"calls {tx_name}.signal with other than a name (a string or a module's constant) "
+                                  f"and the payload by keyword", node)
+                signals.add(name)
                 allowed.add(id(node.func.value))
                 continue
             if method not in (("read",) if condition else ("read", "write")):
@@ -348,7 +371,7 @@ def _uses(function: ast.FunctionDef, tx_name: str, event_name: str, code: CodeTy
                     or any(isinstance(argument, ast.Starred) for argument in node.args)):
                 return NotLearned(where + "the call passes it more than once, or *args")
             shape = _helper((namespace or {}).get(name), positions[tx_name][0],
-                            positions[event_name][0] if positions[event_name] else None, condition, depth)
+                            positions[event_name][0] if positions[event_name] else None, condition, depth, on_signal)
             if isinstance(shape, NotLearned):
                 return NotLearned(where + shape)
             if shape.table:
@@ -356,6 +379,7 @@ def _uses(function: ast.FunctionDef, tx_name: str, event_name: str, code: CodeTy
                 keys.add("")
             writes = writes or shape.writes
             inserts.update(shape.inserts)
+            signals.update(shape.signals)
             allowed.update(id(argument) for argument in node.args
                            if isinstance(argument, ast.Name) and argument.id in (tx_name, event_name))
             for keyword in node.keywords:
@@ -366,7 +390,7 @@ def _uses(function: ast.FunctionDef, tx_name: str, event_name: str, code: CodeTy
         elif isinstance(node, ast.Call):
             for argument in (*node.args, *(keyword.value for keyword in node.keywords)):
                 callee[id(argument)] = ast.unparse(node.func)
-    if (condition or helper or inserts) and not keys and not tables:
+    if (condition or helper or inserts or signals) and not keys and not tables:
         keys.add("")       # (a condition of the event alone, a helper naming no row, an action inserting: no key)
     if helper and keys != {""}:
         return misuse(tx_name) or refuse(
@@ -418,9 +442,9 @@ def _uses(function: ast.FunctionDef, tx_name: str, event_name: str, code: CodeTy
     if len(tables) > 1:
         return refuse(f"{'reads' if condition else 'reads or writes'} more than one table ({', '.join(sorted(tables))})",
                       function)
-    if not (condition or helper or writes or inserts):
+    if not (condition or helper or writes or inserts or signals):
         return refuse(f"neither writes its row ({tx_name}.write) nor inserts one ({tx_name}.insert)", function)
-    return _Shape(tables.pop() if tables else "", expression, writes, frozenset(inserts))
+    return _Shape(tables.pop() if tables else "", expression, writes, frozenset(inserts), frozenset(signals))
 
 
 def _assigned(statement: ast.stmt, name: str) -> ast.expr | None:
@@ -446,12 +470,16 @@ class _RowTransaction:
     """What the rules of a learned chain get as ``tx`` in a lowered batch: ``read(table, key)`` returns the row's
     image as ``tx.read`` would (a copy; after a write, the row as written so far: a row the chain creates has every
     column, those not written at their constant defaults, and its key), ``write(table, key, **values)`` collects the
-    columns.  Any other use is a deviation (``deviated``), whether or not the rule catches the error raised for it."""
+    columns, ``insert(table, **values)`` the new rows (a table in ``keyed`` with its key drawn at once, as ``tx.insert``
+    draws it), ``signal(name, **payload)`` the signals (the events ``tx.signal`` makes, in ``transaction``).  Any other
+    use is a deviation (``deviated``), whether or not the rule catches the error raised for it."""
 
-    __slots__ = ("_table", "_key", "_image", "_created", "written", "deviated", "_inserts", "inserted")
+    __slots__ = ("_table", "_key", "_image", "_created", "written", "deviated", "_inserts", "inserted", "_keyed",
+                 "_signals", "signals", "transaction", "deferring")
 
     def __init__(self, table: str, key: Hashable, image: RowImage | None,
-                 created: Callable[[Hashable], RowImage], inserts: Mapping[str, TableInfo] | None = None) -> None:
+                 created: Callable[[Hashable], RowImage], inserts: Mapping[str, TableInfo] | None = None,
+                 keyed: Mapping[str, Callable[[], int]] | None = None, signals: frozenset[str] = frozenset()) -> None:
         self._table = table
         self._key = key
         self._image = image
@@ -461,6 +489,13 @@ class _RowTransaction:
         self._inserts = inserts or {}    # the tables the chain may insert into (each key a sequence's)
         #: The rows inserted so far, per table (None: none).
         self.inserted: dict[str, list[dict[str, object]]] | None = None
+        self._keyed = keyed or {}        # table -> draws its next generated key (rules hear its rows' data events)
+        self._signals = signals          # the names the chain may signal
+        #: The signals raised so far (None: none), each the event ``tx.signal`` makes.
+        self.signals: list[Event] | None = None
+        self.transaction: str | None = None
+        #: Whether deferred rules are running (they signal nothing: a signal of theirs deviates).
+        self.deferring = False
 
     def _deviate(self, what: str) -> _Deviation:
         self.deviated = True
@@ -488,11 +523,25 @@ class _RowTransaction:
         if info is None or any(values.get(column) is not None for column in info.key_columns):
             raise self._deviate(f"inserted into {table!r} {sorted(values)}")
         values = info.check_values(values, copy=False)
+        draw = self._keyed.get(table)
+        if draw is not None:
+            values[info.key_columns[0]] = draw()
         inserted = self.inserted
         if inserted is None:
             self.inserted = {table: [values]}
         else:
             inserted.setdefault(table, []).append(values)
+
+    def signal(self, name: str, /, **payload: object) -> None:
+        """The signal ``name`` with ``payload``, as ``tx.signal`` makes it; its deferred rules run once the rule that
+        signals returns (``LearnedDeclaration.run``)."""
+        if name not in self._signals or self.deferring:
+            raise self._deviate(f"signalled {name!r}")
+        event = new_event(EventKind.SIGNAL, name, None, None, None, dict(payload), None, self.transaction)
+        if self.signals is None:
+            self.signals = [event]
+        else:
+            self.signals.append(event)
 
     def __getattr__(self, name: str) -> NoReturn:
         raise self._deviate(f"used tx.{name}")
@@ -532,7 +581,8 @@ class LearnedDeclaration:
     batch."""
 
     def __init__(self, steps: Sequence[Step], learned: Learned, info: TableInfo, names: Sequence[str] = (),
-                 inserts: Mapping[str, TableInfo] | None = None) -> None:
+                 inserts: Mapping[str, TableInfo] | None = None, signalled: Mapping[str, Sequence[Step]] | None = None,
+                 keyed: Mapping[str, str] | None = None, next_key: Callable[..., int] | None = None) -> None:
         self.steps = tuple(steps)
         #: The rules' names, by step (a rule that raised is named in its event's dead letter).
         self.names = tuple(names)
@@ -554,8 +604,29 @@ class LearnedDeclaration:
         #: ``outcomes`` stays empty: the common one-rule case pays nothing for it).
         self.conditional = any(condition is not None for condition, _ in self.steps)
         functools.update_wrapper(self, self.action)
+        #: Per name the chain signals, the steps of its deferred rules, in the order its deferred queue runs them:
+        #: run at the end of the signalling rule's transaction, on the row as written so far.
+        self.signalled = {name: tuple(deferred) for name, deferred in (signalled or {}).items()}
+        #: Per event position, the signals its chain raised in its last run, and per signal whose deferred rules
+        #: ran, which of their actions ran (their condition held): what the rules' counters and the detached
+        #: family's records are told.
+        self.signals: dict[int, list[Event]] = {}
+        self.deferred: dict[int, list[tuple[Event, tuple[bool, ...]]]] = {}
+        #: Per position of an event a rule rejected, the rows its rules inserted into ``keyed`` tables before (firing
+        #: dispatched their data events before the event's subtransaction aborted).
+        self.rejected_rows: dict[int, dict[str, list[dict[str, object]]]] = {}
+        # A table whose data events rules hear gets its key drawn as each row is inserted (``keyed``: table ->
+        # its key's sequence; ``next_key``: ``Catalog.next_generated_key``), as ``tx.insert`` draws it; the keys
+        # drawn for a batch, per sequence (``drawn``), are checked at its commit as a flush checks a tree's.
+        self._next_key = next_key
+        self._since: object = None
+        self.drawn: dict[str, list[int]] = {}
+        self.keyed = dict(keyed or {})
         # One stand-in, made ready for each event (``run``): the static check lets no rule keep it or pass it on.
-        self._stand_in = _RowTransaction(self.table, None, None, self._created, inserts)
+        self._stand_in = _RowTransaction(
+            self.table, None, None, self._created, inserts,
+            {table: functools.partial(self._draw, sequence) for table, sequence in self.keyed.items()},
+            frozenset(self.signalled))
         #: The tables the chain inserts into (``tx.insert``): one more operation per event, fed by the chain's run.
         self.inserts = tuple(sorted(inserts or ()))
         # Per event position, the row image its chain last ran on (``own``, by identity) and the rows it inserted:
@@ -564,14 +635,28 @@ class LearnedDeclaration:
         self._inserted: dict[int, tuple[RowImage | None, dict[str, list[dict[str, object]]] | None]] = {}
         self._run = self.run
 
-    def prepare(self, transaction: str, rejection: Rejection | None) -> None:
-        """Ready for a batch of top-level transaction ``transaction``: ``outcomes`` and ``rejected`` emptied; a rule
-        that raises an error of its own rejects its event with the reason ``rejection`` names (None: the event
-        deviates instead, and the caller's lowered attempt is refused)."""
+    def prepare(self, transaction: str, rejection: Rejection | None, since: object = None) -> None:
+        """Ready for a batch of top-level transaction ``transaction`` (which began at ``since``: the keys it draws
+        are checked against a reset of their sequence since): ``outcomes``, ``rejected``, ``signals``, ``deferred``
+        and ``drawn`` emptied; a rule that raises an error of its own rejects its event with the reason ``rejection``
+        names (None: the event deviates instead, and the caller's lowered attempt is refused)."""
         self.outcomes.clear()
         self.rejected.clear()
         self._inserted.clear()
+        self.signals.clear()
+        self.deferred.clear()
+        self.rejected_rows.clear()
+        self.drawn = {}
+        self._since = since
         self._transaction, self._rejection = transaction, rejection if self.names else None
+        self._stand_in.transaction = transaction
+
+    def _draw(self, sequence: str) -> int:
+        """The next generated key of ``sequence`` for a row a rule inserts, kept in ``drawn``."""
+        assert self._next_key is not None        # (``keyed`` tables come with it)
+        key = self._next_key(sequence, self._since)
+        self.drawn.setdefault(sequence, []).append(key)
+        return key
 
     def __call__(self, event: BatchEvent, ops: Ops) -> None:
         stream_event = _stream_event(event, self._transaction)
@@ -605,13 +690,17 @@ class LearnedDeclaration:
             own = {**self._created(key), **own}
         stand_in = self._stand_in
         stand_in._key, stand_in._image, stand_in.written, stand_in.deviated = key, own, None, False
-        stand_in.inserted = None
+        stand_in.inserted = stand_in.signals = None
         step = 0
         ran: list[bool] | None = None
+        signalling = bool(self.signalled)
+        deferred: list[tuple[Event, tuple[bool, ...]]] = []
         try:
             if not self.conditional:
                 for _, action in self.steps:
                     action(stand_in, stream_event)
+                    if signalling and stand_in.signals is not None and len(stand_in.signals) > len(deferred):
+                        self._defer(stand_in, deferred)
                     step += 1
             else:
                 ran = []
@@ -621,12 +710,21 @@ class LearnedDeclaration:
                     else:
                         action(stand_in, stream_event)
                         ran.append(True)
+                        if signalling and stand_in.signals is not None and len(stand_in.signals) > len(deferred):
+                            self._defer(stand_in, deferred)
                     step += 1
                 self.outcomes[event.position] = tuple(ran)
         except Exception as error:
+            if signalling:
+                self._signalled(event.position, stand_in, deferred)
+            if self.keyed and stand_in.inserted:
+                self.rejected_rows[event.position] = stand_in.inserted
             return self._raised(event.position, stream_event, stand_in, error, step, ran)
         if self.rejected:
             self.rejected.pop(event.position, None)     # (a run again that did not raise)
+            self.rejected_rows.pop(event.position, None)
+        if signalling:
+            self._signalled(event.position, stand_in, deferred)
         if stand_in.deviated:
             return FALL_BACK
         if self.inserts:
@@ -637,6 +735,43 @@ class LearnedDeclaration:
         if not self._key_columns.isdisjoint(written):
             return FALL_BACK
         return written
+
+    def _defer(self, stand_in: _RowTransaction, deferred: list[tuple[Event, tuple[bool, ...]]]) -> None:
+        """The rule that just ran signalled: run the deferred rules of its signal, as its transaction's deferred queue
+        runs them before it commits — each condition, then the action where it holds, on the row as written so far —
+        and add the signal with which actions ran to ``deferred``.  A rule that signalled twice (its queue would hold
+        both signals' rules, in an order a batch cannot know), or a deferred rule that raises (firing would fail the
+        signalling rule with it), deviates."""
+        signals = stand_in.signals
+        assert signals is not None
+        if len(signals) - len(deferred) > 1:
+            raise stand_in._deviate("signalled more than once")
+        signal = signals[len(deferred)]
+        ran: list[bool] = []
+        stand_in.deferring = True
+        try:
+            for condition, action in self.signalled[signal.source]:  # type: ignore[index]  # (a name the chain signals)
+                if condition is not None and not condition(stand_in, signal):
+                    ran.append(False)
+                else:
+                    action(stand_in, signal)
+                    ran.append(True)
+        except Exception:
+            stand_in.deviated = True
+            raise
+        finally:
+            stand_in.deferring = False
+        deferred.append((signal, tuple(ran)))
+
+    def _signalled(self, position: int, stand_in: _RowTransaction,
+                   deferred: list[tuple[Event, tuple[bool, ...]]]) -> None:
+        """Keep what the run of the event at ``position`` signalled (``signals``, ``deferred``)."""
+        if stand_in.signals:
+            self.signals[position] = stand_in.signals
+            self.deferred[position] = deferred
+        elif position in self.signals:     # (a run again that signalled nothing)
+            del self.signals[position]
+            self.deferred.pop(position, None)
 
     def _raised(self, position: int, event: Event, stand_in: _RowTransaction, error: Exception, step: int,
                 ran: list[bool] | None) -> _FallBack:

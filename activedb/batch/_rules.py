@@ -13,7 +13,7 @@ import functools
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, cast
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, TypeAlias, cast
 
 import sqlalchemy as sa
 from coupling import Coupling, priority_groups
@@ -29,7 +29,7 @@ from activedb.batch._result import BatchResult
 from activedb.batch._state import merge_image
 from activedb.batch.errors import DeclarationError, LoweringRefused
 from activedb.errors import SchemaError, causes
-from activedb.events import Event, EventKind
+from activedb.events import Event, EventKind, new_event
 from activedb.store import RowImage, TableInfo
 from activedb.txn import CommitParticipant
 
@@ -198,6 +198,8 @@ class Lowered:
     writes: frozenset[str] | None = None
     #: Per type, its detached-family rules (recorded with each event's outcome: :func:`apply_lowered`).
     detached: dict[str, tuple["Rule", ...]] = field(default_factory=dict)
+    #: What the learned chains' signals and inserted rows fire beside them (:class:`Reactions`, merged over the types).
+    reactions: "Reactions | None" = None
 
 
 def lowerable(rule: "Rule") -> DeclaredAction | Callable[..., object] | None:
@@ -212,6 +214,33 @@ def lowerable(rule: "Rule") -> DeclaredAction | Callable[..., object] | None:
     if isinstance(action, DeclaredAction) or learned_table(action) is not None:
         return action
     return None
+
+
+#: The rules an event of a kind and source fires (``RuleManager.fired_by``).
+FiredBy: TypeAlias = "Callable[[EventKind, str], tuple[Rule, ...]]"
+
+
+class Reactions(NamedTuple):
+    """What a learned chain's signals and inserted rows fire beside its steps: per signalled name, its ``deferred``
+    rules (run with the chain, in the order their queue runs them) and ``steps`` (theirs, for the declaration); per
+    ``(EventKind.SIGNAL, name)`` and ``(EventKind.INSERTED, table)``, the ``detached``-family rules a batch records
+    with the outcome; ``keyed``, the tables whose inserted rows rules hear, with their key's sequence (each row's key
+    drawn as it is inserted); ``depends``, every ``(kind, source)`` looked up with the rules found (a batch lowered
+    with these reactions is the same as firing only while they are)."""
+
+    deferred: dict[str, tuple["Rule", ...]]
+    steps: dict[str, tuple[Step, ...]]
+    detached: dict[tuple[EventKind, str], tuple["Rule", ...]]
+    keyed: dict[str, str]
+    depends: dict[tuple[EventKind, str], tuple["Rule", ...]]
+
+    def merged(self, other: "Reactions") -> "Reactions":
+        return Reactions({**self.deferred, **other.deferred}, {**self.steps, **other.steps},
+                         {**self.detached, **other.detached}, {**self.keyed, **other.keyed},
+                         {**self.depends, **other.depends})
+
+
+_NO_REACTIONS = Reactions({}, {}, {}, {}, {})
 
 
 def learned_chain(fired: tuple["Rule", ...]) -> tuple[tuple[Step, ...], Learned, tuple["Rule", ...]] | NotLearned:
@@ -238,6 +267,7 @@ def learned_chain(fired: tuple["Rule", ...]) -> tuple[tuple[Step, ...], Learned,
     chain: Learned | None = None    # the first function's that names the row
     named: list[tuple[str, Learned]] = []     # what each condition and action names (a table "": no row)
     inserts: frozenset[str] = frozenset()
+    signals: frozenset[str] = frozenset()
     for rule in (rule for group in groups for rule in group):
         action = rule.action_function()
         # An action that writes the row or inserts, or one that at most reads it (a check that raises to reject its
@@ -247,6 +277,7 @@ def learned_chain(fired: tuple["Rule", ...]) -> tuple[tuple[Step, ...], Learned,
             return NotLearned(f"the action of rule {rule.name!r}: {why_not_learned(action)}")
         named.append((rule.name, learned))
         inserts |= learned.inserts
+        signals |= learned.signals
         condition = rule.condition_function()
         if condition is not None:
             reads = learned_condition(condition)
@@ -265,24 +296,90 @@ def learned_chain(fired: tuple["Rule", ...]) -> tuple[tuple[Step, ...], Learned,
             return NotLearned(f"rule {name!r} names another row than the chain's first ({learned.table!r} "
                               f"by {'event.key' if not learned.key_source else 'another key expression'}, not "
                               f"{chain.table!r}): all rules of a type must name one row")
-    chain = chain._replace(inserts=inserts)
+    chain = chain._replace(inserts=inserts, signals=signals)
     return tuple(steps), chain, tuple(rule for group in groups for rule in group)
 
 
-def _split(fired: tuple["Rule", ...]) -> tuple[tuple["Rule", ...], tuple["Rule", ...]] | NotLearned:
-    """``fired`` as the immediate rules a batch runs in each event's state transaction and the detached-family rules
-    it records with each event's outcome (their condition–action coupling immediate: no gate to wait in), or why
-    not (a deferred rule, a C-A coupling of another mode)."""
+def _reactions(chain: Learned, fired_by: FiredBy) -> tuple[Reactions, frozenset[str]] | NotLearned:
+    """What ``chain``'s signals and inserted rows fire, if a batch can run and record it as firing does, and every table
+    the chain and those rules insert into; otherwise why not (naming the rule).  On a signal: deferred rules (event–
+    condition deferred, condition–action immediate) of distinct priorities, each condition and action passing the
+    static check on a signal (``on_signal``: it reads or writes at most the chain's row, by any expression of the
+    signal, checked at run time) and signalling nothing; and rules of the detached family.  On the rows inserted into
+    a table: rules of the detached family only (their keys are drawn as the rows are inserted: ``keyed``, its
+    sequences filled in by the caller)."""
+    if not chain.signals and not chain.inserts:
+        return _NO_REACTIONS, frozenset()
+    deferred: dict[str, tuple[Rule, ...]] = {}
+    steps: dict[str, tuple[Step, ...]] = {}
+    detached: dict[tuple[EventKind, str], tuple[Rule, ...]] = {}
+    depends: dict[tuple[EventKind, str], tuple[Rule, ...]] = {}
+    inserts = set(chain.inserts)
+    for name in sorted(chain.signals):
+        found = depends[EventKind.SIGNAL, name] = fired_by(EventKind.SIGNAL, name)
+        split = _split(found, Coupling.DEFERRED)
+        if isinstance(split, NotLearned):
+            return NotLearned(f"{split} (on the signal {name!r})")
+        groups = priority_groups(split[0], key=lambda rule: rule.priority)
+        for group in groups:
+            if len(group) > 1:
+                return NotLearned(f"rules {', '.join(repr(rule.name) for rule in group)}, deferred on the signal "
+                                  f"{name!r}, share priority {group[0].priority}: they may run concurrently, in an "
+                                  f"order a batch cannot know")
+        ordered = tuple(rule for group in groups for rule in group)
+        found_steps: list[Step] = []
+        for rule in ordered:
+            action, condition = rule.action_function(), rule.condition_function()
+            learned = learned_table(action, on_signal=True) or learned_condition(action, on_signal=True)
+            if learned is None:
+                return NotLearned(f"the action of rule {rule.name!r} (on the signal {name!r}): "
+                                  f"{why_not_learned(action, on_signal=True)}")
+            reads = learned_condition(condition, on_signal=True) if condition is not None else None
+            if condition is not None and reads is None:
+                return NotLearned(f"the condition of rule {rule.name!r} (on the signal {name!r}): "
+                                  f"{why_not_learned(condition, True, on_signal=True)}")
+            if learned.signals:
+                return NotLearned(f"rule {rule.name!r}, deferred on the signal {name!r}, signals "
+                                  f"{', '.join(sorted(learned.signals))} in turn")
+            for what in (learned, reads):
+                if what is not None and what.table and what.table != chain.table:
+                    return NotLearned(f"rule {rule.name!r} on the signal {name!r} names a row of {what.table!r}, not "
+                                      f"of {chain.table!r}: all rules of a type must name one row")
+            inserts |= learned.inserts
+            found_steps.append((condition, action))
+        deferred[name], steps[name] = ordered, tuple(found_steps)
+        if split[1]:
+            detached[EventKind.SIGNAL, name] = split[1]
+    keyed: dict[str, str] = {}
+    for table in sorted(inserts):
+        found = depends[EventKind.INSERTED, table] = fired_by(EventKind.INSERTED, table)
+        if not found:
+            continue
+        split = _split(found)
+        if isinstance(split, NotLearned) or split[0]:
+            why = split if isinstance(split, NotLearned) else f"rule {split[0][0].name!r} is immediate"
+            return NotLearned(f"{why} (on rows inserted into {table!r}): a batch records only the detached family's "
+                              f"firings on the rows its rules insert")
+        detached[EventKind.INSERTED, table] = split[1]
+        keyed[table] = ""
+    return Reactions(deferred, steps, detached, keyed, depends), frozenset(inserts)
+
+
+def _split(fired: tuple["Rule", ...], runs: Coupling = Coupling.IMMEDIATE
+           ) -> tuple[tuple["Rule", ...], tuple["Rule", ...]] | NotLearned:
+    """``fired`` as the rules a batch runs in each event's state transaction — those of coupling ``runs``: immediate
+    on a stream event, deferred on a chain's signal — and the detached-family rules it records with each event's
+    outcome (their condition–action coupling immediate: no gate to wait in), or why not (another coupling that runs
+    as a subtransaction, a C-A coupling of another mode)."""
     immediate: list[Rule] = []
     detached: list[Rule] = []
     for rule in fired:
         coupling, action_coupling = Coupling.parse(rule.coupling), Coupling.parse(rule.action_coupling)
-        if action_coupling is not Coupling.IMMEDIATE or (coupling.runs_as_subtransaction
-                                                          and coupling is not Coupling.IMMEDIATE):
+        if action_coupling is not Coupling.IMMEDIATE or (coupling.runs_as_subtransaction and coupling is not runs):
             mode = coupling if action_coupling is Coupling.IMMEDIATE else action_coupling
             return NotLearned(f"rule {rule.name!r} is {mode.value.replace('_', ' ')}" + (
                 " (condition-action)" if mode is action_coupling and mode is not coupling else "") +
-                ": a batch runs immediate rules and records the detached family's")
+                f": a batch runs {runs.value} rules and records the detached family's")
         (immediate if coupling.runs_as_subtransaction else detached).append(rule)
     return tuple(immediate), tuple(detached)
 
@@ -304,10 +401,12 @@ def _process_refusal(rules: "RuleManager", manager: "TransactionManager") -> str
     return None
 
 
-def _type_refusal(manager: "TransactionManager", fired: tuple["Rule", ...]
-                  ) -> Declaring | NotLearned:
+def _type_refusal(manager: "TransactionManager", fired: tuple["Rule", ...], fired_by: FiredBy
+                  ) -> tuple[Declaring, Reactions] | NotLearned:
     """How a type's ``fired`` rules run as one state transaction per event (a declared rule's declaration, or the
-    :class:`LearnedDeclaration` of a chain), or why not (the tables rules observe aside: :func:`_observed_refusal`)."""
+    :class:`LearnedDeclaration` of a chain) with what its signals and inserted rows fire (:func:`_reactions`;
+    ``fired_by``: the rules of a kind and source), or why not (the tables rules observe aside:
+    :func:`_observed_refusal`)."""
     if not fired:
         return NotLearned("no rule fires on it")
     split = _split(fired)
@@ -320,26 +419,33 @@ def _type_refusal(manager: "TransactionManager", fired: tuple["Rule", ...]
     if len(immediate) == 1 and isinstance(action, DeclaredAction):
         if lowerable(immediate[0]) is None:
             return NotLearned(f"the declared rule {immediate[0].name!r} has a condition or is not immediate")
-        return action.declaration
+        return action.declaration, _NO_REACTIONS
     found = learned_chain(fired)
     if isinstance(found, NotLearned):
         return found
     steps, learned_from, ordered = found
+    reacting = _reactions(learned_from, fired_by)
+    if isinstance(reacting, NotLearned):
+        return reacting
+    reactions, every_insert = reacting
     catalog = manager.catalog
     inserts: dict[str, TableInfo] = {}
     try:
         info = catalog.table_info(learned_from.table)
-        for table in learned_from.inserts:
+        for table in every_insert:
             inserts[table] = inserted = catalog.table_info(table)
-            if table == learned_from.table or len(inserted.key_columns) != 1 or catalog.sequence_of(
-                    inserted, inserted.key_columns[0]) is None:
+            sequence = None if len(inserted.key_columns) != 1 else catalog.sequence_of(inserted, inserted.key_columns[0])
+            if table == learned_from.table or sequence is None:
                 return NotLearned(f"a rule inserts into {table!r}, " + (
                     "the table of the row its rules name" if table == learned_from.table
                     else "whose key is not one column with a sequence (identity, serial)") +
                     ": a batch knows an inserted row's key only at commit")
+            if table in reactions.keyed:
+                reactions.keyed[table] = sequence
     except SchemaError as error:     # no such table: each firing fails with its own reason
         return NotLearned(str(error))
-    return LearnedDeclaration(steps, learned_from, info, [rule.name for rule in ordered], inserts)
+    return LearnedDeclaration(steps, learned_from, info, [rule.name for rule in ordered], inserts, reactions.steps,
+                              reactions.keyed, catalog.next_generated_key), reactions
 
 
 def _observed_refusal(writes: frozenset[str] | None, observed: frozenset[str]) -> str | None:
@@ -355,10 +461,11 @@ def _observed_refusal(writes: frozenset[str] | None, observed: frozenset[str]) -
 
 
 def _writes(declaration: Declaring) -> frozenset[str] | None:
-    """The tables a lowered type's declaration writes: a learned chain's one table, or None (a declared rule's:
-    known only when it runs)."""
+    """The tables whose rows a lowered type's declaration changes: a learned chain's one table, or None (a declared
+    rule's: known only when it runs).  (The rows a chain inserts fire only the rules on inserted rows, which
+    :func:`_reactions` checked.)"""
     if isinstance(declaration, LearnedDeclaration):
-        return frozenset((declaration.table, *declaration.inserts))
+        return frozenset((declaration.table,))
     return None
 
 
@@ -368,8 +475,8 @@ def why_not_lowered(db: "DatabaseHandle", event_type: str) -> str | None:
     this process stand now (a learned rule whose lowered attempt a handler saw refused is not known here).  The
     reason names the rule and, where one line of its source is to blame, ``file:line``.  From a shell: ``activedb
     rules lowering APP``.  Both the process's reason and the type's own are given where both hold."""
-    verdict = _type_refusal(db.transactions, db.rules.on_stream(event_type))
-    observed = None if isinstance(verdict, NotLearned) else _observed_refusal(_writes(verdict),
+    verdict = _type_refusal(db.transactions, db.rules.on_stream(event_type), db.rules.fired_by)
+    observed = None if isinstance(verdict, NotLearned) else _observed_refusal(_writes(verdict[0]),
                                                                              db.rules.observed_tables())
     reasons = [reason for reason in (_process_refusal(db.rules, db.transactions), verdict, observed)
                if isinstance(reason, str)]
@@ -403,13 +510,19 @@ def lower(rules: "RuleManager", transaction: "Transaction", event_types: Iterabl
         chosen[event_type] = fired
     key = tuple(chosen.items())
     lowered = cast("Lowered | None", cache.get(key)) if cache is not None else None
+    if lowered is not None and lowered.reactions is not None and any(
+            rules.fired_by(kind, source) != found for (kind, source), found in lowered.reactions.depends.items()):
+        lowered = None         # (a rule on a signal or on inserted rows was declared, dropped or disabled since)
     if lowered is None:
         transactions = StateTransactions("declared rules")
         learned: dict[str, LearnedDeclaration] = {}
+        reactions = _NO_REACTIONS
         for event_type, fired in chosen.items():
-            declaration = _type_refusal(manager, fired)
-            if isinstance(declaration, NotLearned):
+            verdict = _type_refusal(manager, fired, rules.fired_by)
+            if isinstance(verdict, NotLearned):
                 return None
+            declaration, reacting = verdict
+            reactions = reactions.merged(reacting)
             if isinstance(declaration, LearnedDeclaration):
                 learned[event_type] = declaration
             transactions.on(event_type)(declaration)
@@ -424,7 +537,8 @@ def lower(rules: "RuleManager", transaction: "Transaction", event_types: Iterabl
             return None
         detached = {event_type: found for event_type, fired in chosen.items() if (found := detached_rules(fired))}
         lowered = Lowered(transactions, {event_type: tuple(rule for rule in fired if rule not in detached.get(event_type, ()))
-                                         for event_type, fired in chosen.items()}, learned, deviated, writes, detached)
+                                         for event_type, fired in chosen.items()}, learned, deviated, writes, detached,
+                          reactions if reactions.depends else None)
         if cache is not None:
             if len(cache) >= _MAX_CACHED:      # (rules redeclared again and again: keep it bounded)
                 cache.clear()
@@ -468,9 +582,19 @@ class _Tally(CommitParticipant):
     def __init__(self, rules: "RuleManager") -> None:
         self._rules = rules
         self._counts: list[tuple[Rule, RuleCounter, int]] = []
+        self._fired: dict[Rule, int] = {}
 
     def reset(self) -> None:
         self._counts = []
+
+    def fired(self, transaction: "Transaction", rule: "Rule", total: int) -> None:
+        """``rule`` fired ``total`` times in this attempt (on what the batch's rules did: signals, inserted rows),
+        recorded in the tree's firing record now (its log row is written after the participants' writes): an
+        attempt again records the difference with the last one's."""
+        delta = total - self._fired.get(rule, 0)
+        if delta:
+            self._rules.fired_in_bulk(transaction, rule, delta)
+            self._fired[rule] = total
 
     def add(self, rule: "Rule", what: "RuleCounter", amount: int) -> None:
         if amount:
@@ -539,19 +663,38 @@ def apply_lowered(rules: "RuleManager", transaction: "Transaction", events: Iter
             # (its event a dead letter: that rule failed, the rules after it did not run).
             _count_chain(tally, chain, declaration, [event.position for event in pending.batch
                                                      if event.event_type == event_type])
+        inserted = result.inserted() if reactions is not None and reactions.keyed else {}
+        if reactions is not None:
+            _count_reactions(tally, transaction, lowered, reactions, inserted)
         if decided is not None:
-            decided.set_decided(_detached_firings(rules, transaction, pending.batch, lowered.detached,
-                                                  {event.position for event, _ in result.dead_letters}))
+            decided.set_decided(_detached_firings(rules, transaction, pending.batch, lowered,
+                                                  {event.position for event, _ in result.dead_letters}, inserted))
         if on_result is not None:
             on_result(result, connection)
 
+    reactions = lowered.reactions
+    since = transaction.root.began_at
     for declaration in lowered.learned.values():
-        declaration.prepare(transaction.id, rejection)
+        declaration.prepare(transaction.id, rejection, since)
+    catalog = transaction.manager.catalog
+
+    def check_keys(connection: sa.Connection) -> None:
+        """The keys the rules' inserted rows drew are still the sequences' (as a flush checks a tree's)."""
+        drawn: dict[str, list[int]] = {}
+        for declaration in lowered.learned.values():
+            for sequence, keys in declaration.drawn.items():
+                drawn.setdefault(sequence, []).extend(keys)
+        if drawn:
+            catalog.check_generated_keys(connection, drawn, since)
+
+    if reactions is not None and reactions.keyed:
+        options["before_write"], options["heard"] = check_keys, frozenset(reactions.keyed)
     pending = apply_at_commit(transaction, events, lowered.transactions, on_result=counted, **options)
     # Enlisted after the batch, whose write decides each event's outcome: the detached family's firings are
     # recorded in the same commit, each with its event's outcome (a rejected event's subtransaction aborted); the
     # counters are told once it committed.
-    decided = rules.detached.decided(transaction.root) if lowered.detached else None
+    decided = (rules.detached.decided(transaction.root)
+               if lowered.detached or (reactions is not None and reactions.detached) else None)
     tally = _Tally(rules)
     lowlevel.enlist(transaction, tally)
     per_type = Counter(event.event_type for event in pending.batch)      # (the events as apply_at_commit read them)
@@ -561,16 +704,86 @@ def apply_lowered(rules: "RuleManager", transaction: "Transaction", events: Iter
     return pending
 
 
+def _count_reactions(tally: _Tally, transaction: "Transaction", lowered: Lowered, reactions: Reactions,
+                     inserted: dict[str, list[RowImage]]) -> None:
+    """Add to ``tally`` what the rules on the chains' signals and inserted rows did in this attempt, as firing counts
+    it: each fired once per signal or per row inserted (a rejected event's too: firing dispatched them before the
+    event's subtransaction aborted), a deferred rule ``executed`` or ``condition_false`` per signal whose deferred
+    queue ran."""
+    fired: Counter[Rule] = Counter()
+    executed: Counter[Rule] = Counter()
+    condition_false: Counter[Rule] = Counter()
+    signal = EventKind.SIGNAL
+    for declaration in lowered.learned.values():
+        for signals in declaration.signals.values():
+            for event in signals:
+                for rule in (*reactions.deferred.get(event.source, ()),  # type: ignore[arg-type]  # (a signal's name)
+                             *reactions.detached.get((signal, event.source), ())):  # type: ignore[arg-type]
+                    fired[rule] += 1
+        for runs in declaration.deferred.values():
+            for event, ran in runs:
+                for rule, did in zip(reactions.deferred[event.source], ran):  # type: ignore[index]
+                    (executed if did else condition_false)[rule] += 1
+        for rows in declaration.rejected_rows.values():
+            for table, found in rows.items():
+                for rule in reactions.detached.get((EventKind.INSERTED, table), ()):
+                    fired[rule] += len(found)
+    for table in reactions.keyed:
+        for rule in reactions.detached.get((EventKind.INSERTED, table), ()):
+            fired[rule] += len(inserted.get(table, ()))
+    for rules in reactions.depends.values():
+        for rule in rules:
+            tally.fired(transaction, rule, fired[rule])
+    for rule, count in executed.items():
+        tally.add(rule, "executed", count)
+    for rule, count in condition_false.items():
+        tally.add(rule, "condition_false", count)
+
+
 def _detached_firings(rules: "RuleManager", transaction: "Transaction", batch: Iterable[BatchEvent],
-                      detached: dict[str, tuple["Rule", ...]], rejected: set[int]) -> list[tuple["Firing", str, bool]]:
-    """Each event's detached-family firings, its outcome committed unless it is ``rejected`` (by position): what the
-    outbox records in the tree's flush for an event emitted in a subtransaction of its own, which the batch does not
-    have (the firing's trigger is the batch's transaction)."""
+                      lowered: Lowered, rejected: set[int], inserted: dict[str, list[RowImage]]
+                      ) -> list[tuple["Firing", str, bool]]:
+    """Each event's detached-family firings — on the event itself, on the signals its chain raised — its outcome
+    committed unless it is ``rejected`` (by position), then those on the rows the batch inserted (committed; a
+    rejected event's, aborted): what the outbox records in the tree's flush for events of subtransactions of their
+    own, which the batch does not have (each firing's trigger is the batch's transaction)."""
     firings: list[tuple[Firing, str, bool]] = []
+    detached, reactions, tid = lowered.detached, lowered.reactions, transaction.id
     for event in batch:
         found = detached.get(event.event_type)
+        committed = event.position not in rejected
         if found:
-            stream_event = _stream_event(event, transaction.id)
-            firings.extend((rules.firing(rule, stream_event), transaction.id, event.position not in rejected)
-                           for rule in found)
+            stream_event = _stream_event(event, tid)
+            firings.extend((rules.firing(rule, stream_event), tid, committed) for rule in found)
+        if reactions is not None:
+            declaration = lowered.learned.get(event.event_type)
+            signals = declaration.signals.get(event.position) if declaration is not None else None
+            if signals:
+                for signal in signals:
+                    firings.extend((rules.firing(rule, signal), tid, committed)
+                                   for rule in reactions.detached.get((EventKind.SIGNAL, signal.source), ()))  # type: ignore[arg-type]
+            rows = declaration.rejected_rows.get(event.position) if declaration is not None else None
+            if rows:
+                firings.extend(_on_rows(rules, transaction, reactions, rows, False))
+    if reactions is not None and inserted:
+        firings.extend(_on_rows(rules, transaction, reactions, inserted, True))
+    return firings
+
+
+def _on_rows(rules: "RuleManager", transaction: "Transaction", reactions: Reactions,
+             rows: dict[str, list[RowImage]], committed: bool) -> list[tuple["Firing", str, bool]]:
+    """The detached-family firings on ``rows`` inserted into ``keyed`` tables (each row its key drawn), each on the
+    data event ``tx.insert`` raises: the stored row — every column, those not given at their constant defaults."""
+    firings: list[tuple[Firing, str, bool]] = []
+    catalog = transaction.manager.catalog
+    for table in sorted(reactions.keyed):
+        found, inserted = reactions.detached.get((EventKind.INSERTED, table)), rows.get(table)
+        if not found or not inserted:
+            continue
+        info = catalog.table_info(table)
+        column, blank = info.key_columns[0], info.blank_row
+        for row in inserted:
+            event = new_event(EventKind.INSERTED, table, row[column], None, {**blank, **row}, None, None,
+                              transaction.id)
+            firings.extend((rules.firing(rule, event), transaction.id, committed) for rule in found)
     return firings

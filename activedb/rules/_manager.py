@@ -124,12 +124,18 @@ class RuleManager(TransactionExtension):
         order the dispatch fires them."""
         return self.registry.matching(Event(EventKind.STREAM, event_type))
 
+    def fired_by(self, kind: EventKind, source: str) -> tuple[Rule, ...]:
+        """The enabled rules an event of ``kind`` from ``source`` fires (a signal's name, a table's data event), in
+        the order the dispatch fires them."""
+        return self.registry.matching(Event(kind, source))
+
     def fired_in_bulk(self, transaction: Transaction, rule: Rule, count: int) -> None:
         """Record ``count`` firings of ``rule`` dispatched in ``transaction``'s tree that its caller runs
         in a lowered form instead of one subtransaction each (``activedb.batch``, "Declared rules"): they
         count as fired in the tree's firing record (its transaction-log row) as dispatched ones do.  The
-        caller adds ``executed`` and ``failed`` (:meth:`count`) once it knows them."""
-        if count > 0:
+        caller adds ``executed`` and ``failed`` (:meth:`count`) once it knows them.  A negative ``count`` takes back
+        firings recorded so (a flush tried again records its own attempt's)."""
+        if count:
             root = transaction.root
             self.record.dispatched_many(root, slot(root, RuleContext), rule, count)
 

@@ -85,6 +85,10 @@ class FiringRecord:
         count = tally.get(name)
         tally[name] = firings if count is None else count + firings
         couplings = context.couplings
+        if not tally[name] and couplings is not None:     # (firings taken back: ``dispatched_many``)
+            del tally[name]
+            couplings.pop(name, None)
+            return
         if couplings is None:         # the tree has ended and was folded: count at once
             self._counters[name].fired += firings
             self._per_mode[rule.coupling] += firings

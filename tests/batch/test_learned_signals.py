@@ -1,0 +1,152 @@
+"""Plain rules that signal, lowered (``activedb/batch/README.md``, "Signals, deferred rules and inserted rows"): the
+hand-hygiene application as users write it (``app.py``: immediate rules that signal, deferred rules on the signal that
+insert alerts, detached-family rules on the signal and on the inserted alerts) runs a micro-batch as one batch of state
+transactions, with the tables — generated ids and the texts naming them included —, ledger counts, rule counters and
+detached outcomes of firing it event by event; what a batch cannot run as firing would falls back or is not lowered."""
+
+from __future__ import annotations
+
+import pytest
+import sqlalchemy as sa
+
+import activedb
+from activedb import Coupling, batch
+from activedb.examples.hand_hygiene import MIGRATIONS, app
+from activedb.examples.hand_hygiene.events import generate
+from activedb.ingest import RulesHandler, feed
+
+WAIT = 120
+MAPPING = app.MAPPING
+WORKERS, STATUS_CHANGED, SAFE = app.WORKERS, app.STATUS_CHANGED, app.SAFE    # (a rule names them as globals)
+TABLES = {table: f"SELECT * FROM {table} ORDER BY 1" for table in app.APP_TABLES}
+
+
+@pytest.fixture(scope="module")
+def databases(make_database_url):
+    """Two databases with the application's tables and rules: lowering on, lowering off."""
+    made = []
+    try:
+        for suffix in ("signals_on", "signals_off"):
+            database = activedb.connect(make_database_url(suffix))
+            made.append(database)
+            database.upgrade_app(MIGRATIONS)
+            app.register(database)
+        yield made
+    finally:
+        for database in made:
+            database.close()
+
+
+def tables(database) -> dict[str, list[tuple]]:
+    with database.engine.connect() as connection:
+        return {table: [tuple(row) for row in connection.execute(sa.text(query))] for table, query in TABLES.items()}
+
+
+def counters(database) -> dict[str, tuple[int, ...]]:
+    per_rule = database.rules.statistics().per_rule
+    return {name: (c.fired, c.executed, c.failed, c.condition_false, c.cancelled) for name, c in per_rule.items()}
+
+
+def run_both(databases, batches, source: str) -> list[bool]:
+    """Feed ``batches`` into both databases (lowering on, off) from empty tables; per batch whether it was lowered.
+    Asserts equal ledger outcomes per batch, then equal tables and rule counters once the detached family ran."""
+    on, off = databases
+    for database in databases:
+        app.reset_tables(database)
+    lowering, firing = RulesHandler(app.PREFETCH), RulesHandler(app.PREFETCH, lower_declared=False)
+    lowered = []
+    for number, rows in enumerate(batches):
+        [outcome] = feed(on, [rows], source=source, mapping=MAPPING, handler=lowering, run="r")
+        [reference] = feed(off, [rows], source=source, mapping=MAPPING, handler=firing, run="r")
+        lowered.append(lowering.last_lowered is not None)
+        assert (outcome.events, outcome.dead_letters, outcome.rule_firings) == (
+            reference.events, reference.dead_letters, reference.rule_firings), number
+    for database in databases:
+        database.rules.wait_idle(WAIT)
+    assert tables(on) == tables(off)
+    assert counters(on) == counters(off)
+    return lowered
+
+
+def test_the_hand_hygiene_rules_lower_with_the_tables_counters_and_detached_outcomes_of_firing(databases):
+    events = generate(10, 600, 7)
+    batches = [events[start:start + 200] for start in range(0, len(events), 200)]
+    assert run_both(databases, batches, "hh") == [True, True, True]
+    found = tables(databases[0])
+    assert found["alerts"] and found["badge_lights"] and found["compensations"] and found["status_changes"]
+    channels = {row[-1] for row in found["notifications"]}
+    assert channels == {"badge", "infection_control"}, channels        # both rules on the inserted alerts ran
+    for event_type in app.BADGE_EVENTS:
+        assert batch.why_not_lowered(databases[0], event_type) is None
+
+
+# --- what falls back, and what is not lowered ---------------------------------------------------------------
+
+def signal_twice(tx, event):
+    row = tx.read(WORKERS, event.key)
+    tx.write(WORKERS, event.key, changes=(row or {"changes": 0})["changes"] + 1, status=SAFE)
+    tx.signal(STATUS_CHANGED, worker=event.key, old=SAFE, new=SAFE, ts=1.0, event=event.source)
+    if event.payload.get("room") == "twice":
+        tx.signal(STATUS_CHANGED, worker=event.key, old=SAFE, new=SAFE, ts=2.0, event=event.source)
+
+
+def test_a_rule_signalling_twice_falls_back_to_firing(make_database_url):
+    database = activedb.connect(make_database_url("signal_twice"))
+    try:
+        database.upgrade_app(MIGRATIONS)
+        app.declare_status_rules(database, app.declarer(database, {}))
+        database.rule(on=database.stream("ping"), name="signal_twice")(signal_twice)
+        assert batch.why_not_lowered(database, "ping") is None
+        handler = RulesHandler()
+        rows = [{"type": "ping", "worker": "w1", "ts": 1.0, "room": "once"}]
+        feed(database, [rows], source="twice", mapping=MAPPING, handler=handler)
+        assert handler.last_lowered is not None
+        rows = [{"type": "ping", "worker": "w2", "ts": 3.0, "room": "once"},
+                {"type": "ping", "worker": "w3", "ts": 4.0, "room": "twice"}]
+        [outcome] = feed(database, [rows], source="twice", mapping=MAPPING, handler=handler, run="2")
+        assert handler.last_lowered is None and outcome.events == 2 and outcome.dead_letters == 0
+        database.rules.wait_idle(WAIT)
+        with database.engine.connect() as connection:
+            audited = connection.execute(sa.text("SELECT worker, at FROM status_changes ORDER BY id")).all()
+        assert audited == [("w1", 1.0), ("w2", 1.0), ("w3", 1.0), ("w3", 2.0)]
+    finally:
+        database.close()
+
+
+def mark(tx, event):
+    tx.write(WORKERS, event.key, status=SAFE, changes=0)
+    tx.signal("marked", worker=event.key)
+
+
+def refuse_mark(tx, event):
+    raise ValueError(f"no mark for {event.payload['worker']}")
+
+
+def audit_mark(tx, event):
+    tx.insert("status_changes", worker=event.payload["worker"], old_status="-", new_status="-", event="mark", at=0.0)
+
+
+def test_rules_on_a_signal_a_batch_cannot_run_keep_the_type_on_the_rule_path(make_database_url):
+    database = activedb.connect(make_database_url("signal_refusals"))
+    try:
+        database.upgrade_app(MIGRATIONS)
+        database.rule(on=database.stream("mark"), name="mark")(mark)
+        assert batch.why_not_lowered(database, "mark") is None        # a signal no rule hears
+        database.rule(on=database.signalled("marked"), name="audit_now")(audit_mark)
+        assert "rule 'audit_now' is immediate" in batch.why_not_lowered(database, "mark")
+        database.rules.disable("audit_now")
+        database.rule(on=database.signalled("marked"), coupling=Coupling.DEFERRED, name="audit_a")(audit_mark)
+        assert batch.why_not_lowered(database, "mark") is None
+        database.rule(on=database.signalled("marked"), coupling=Coupling.DEFERRED, name="audit_b")(audit_mark)
+        assert "share priority" in batch.why_not_lowered(database, "mark")
+        database.rules.disable("audit_a")
+        # A deferred rule that raises: firing fails the signalling rule with it; the lowered attempt falls back and
+        # each event fails as firing fails it.
+        database.rule(on=database.signalled("marked"), coupling=Coupling.DEFERRED, priority=5,
+                      name="refuse_mark")(refuse_mark)
+        handler = RulesHandler()
+        rows = [{"type": "mark", "worker": "w1", "ts": 1.0, "room": None}]
+        [outcome] = feed(database, [rows], source="refused", mapping=MAPPING, handler=handler)
+        assert handler.last_lowered is None and outcome.dead_letters == 1
+    finally:
+        database.close()
