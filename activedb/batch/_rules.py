@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, TypeAlias, cast
 
 import sqlalchemy as sa
-from coupling import Coupling, priority_groups
+from coupling import Coupling, may_run_after, priority_groups
 
 from activedb import lowlevel
 from activedb.batch._commit import PendingBatch, apply_at_commit
@@ -668,7 +668,7 @@ def apply_lowered(rules: "RuleManager", transaction: "Transaction", events: Iter
             _count_reactions(tally, transaction, lowered, reactions, inserted)
         if decided is not None:
             decided.set_decided(_detached_firings(rules, transaction, pending.batch, lowered,
-                                                  {event.position for event, _ in result.dead_letters}, inserted))
+                                                  {event.position for event, _ in result.dead_letters}, inserted, tally))
         if on_result is not None:
             on_result(result, connection)
 
@@ -741,20 +741,31 @@ def _count_reactions(tally: _Tally, transaction: "Transaction", lowered: Lowered
 
 
 def _detached_firings(rules: "RuleManager", transaction: "Transaction", batch: Iterable[BatchEvent],
-                      lowered: Lowered, rejected: set[int], inserted: dict[str, list[RowImage]]
+                      lowered: Lowered, rejected: set[int], inserted: dict[str, list[RowImage]], tally: _Tally
                       ) -> list[tuple["Firing", str, bool]]:
     """Each event's detached-family firings — on the event itself, on the signals its chain raised — its outcome
     committed unless it is ``rejected`` (by position), then those on the rows the batch inserted (committed; a
     rejected event's, aborted): what the outbox records in the tree's flush for events of subtransactions of their
-    own, which the batch does not have (each firing's trigger is the batch's transaction)."""
+    own, which the batch does not have (each firing's trigger is the batch's transaction).  A rule on the event
+    itself whose mode does not run after its event's outcome (an exclusive causally dependent rule on an event that
+    committed) is counted ``cancelled`` in ``tally`` at once, as the outbox would count it, without a firing."""
     firings: list[tuple[Firing, str, bool]] = []
     detached, reactions, tid = lowered.detached, lowered.reactions, transaction.id
+    # Per type and outcome, the rules that run after it, and those cancelled (with how many events).
+    running: dict[tuple[str, bool], tuple[Rule, ...]] = {}
+    cancelled: Counter[tuple[str, bool]] = Counter()
+    for event_type, found in detached.items():
+        for committed in (False, True):
+            running[event_type, committed] = tuple(rule for rule in found if may_run_after(rule.coupling, committed))
     for event in batch:
-        found = detached.get(event.event_type)
         committed = event.position not in rejected
-        if found:
-            stream_event = _stream_event(event, tid)
-            firings.extend((rules.firing(rule, stream_event), tid, committed) for rule in found)
+        found = running.get((event.event_type, committed))
+        if found is not None:
+            if len(found) != len(detached[event.event_type]):
+                cancelled[event.event_type, committed] += 1
+            if found:
+                stream_event = _stream_event(event, tid)
+                firings.extend((rules.firing(rule, stream_event), tid, committed) for rule in found)
         if reactions is not None:
             declaration = lowered.learned.get(event.event_type)
             signals = declaration.signals.get(event.position) if declaration is not None else None
@@ -767,6 +778,10 @@ def _detached_firings(rules: "RuleManager", transaction: "Transaction", batch: I
                 firings.extend(_on_rows(rules, transaction, reactions, rows, False))
     if reactions is not None and inserted:
         firings.extend(_on_rows(rules, transaction, reactions, inserted, True))
+    for (event_type, committed), count in cancelled.items():
+        for rule in detached[event_type]:
+            if rule not in running[event_type, committed]:
+                tally.add(rule, "cancelled", count)
     return firings
 
 
