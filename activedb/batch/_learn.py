@@ -28,7 +28,7 @@ from typing import NamedTuple, NoReturn, TypeAlias
 
 from activedb.batch._declare import DELETE, Abort, BatchEvent, Ops, _Delete
 from activedb.deadletters import FinalReason
-from activedb.errors import ActivedbError, Failure, RuleFailed, classify
+from activedb.errors import ActivedbError, Failure, GeneratedKeysReset, RuleFailed, classify
 from activedb.events import Event, EventKind, new_event
 from activedb.store import RowImage, TableInfo
 
@@ -621,6 +621,9 @@ class LearnedDeclaration:
         self._next_key = next_key
         self._since: object = None
         self.drawn: dict[str, list[int]] = {}
+        #: A sequence found reset while the batch drew keys: what its commit raises before writing (a conflict the
+        #: caller re-runs), not a failure of the rule that inserted.
+        self.reset: GeneratedKeysReset | None = None
         self.keyed = dict(keyed or {})
         # One stand-in, made ready for each event (``run``): the static check lets no rule keep it or pass it on.
         self._stand_in = _RowTransaction(
@@ -647,6 +650,7 @@ class LearnedDeclaration:
         self.deferred.clear()
         self.rejected_rows.clear()
         self.drawn = {}
+        self.reset = None
         self._since = since
         self._transaction, self._rejection = transaction, rejection if self.names else None
         self._stand_in.transaction = transaction
@@ -654,7 +658,11 @@ class LearnedDeclaration:
     def _draw(self, sequence: str) -> int:
         """The next generated key of ``sequence`` for a row a rule inserts, kept in ``drawn``."""
         assert self._next_key is not None        # (``keyed`` tables come with it)
-        key = self._next_key(sequence, self._since)
+        try:
+            key = self._next_key(sequence, self._since)
+        except GeneratedKeysReset as error:
+            self.reset = error
+            return 0                             # (never written: the commit raises ``reset`` first)
         self.drawn.setdefault(sequence, []).append(key)
         return key
 

@@ -682,6 +682,8 @@ def apply_lowered(rules: "RuleManager", transaction: "Transaction", events: Iter
         """The keys the rules' inserted rows drew are still the sequences' (as a flush checks a tree's)."""
         drawn: dict[str, list[int]] = {}
         for declaration in lowered.learned.values():
+            if declaration.reset is not None:
+                raise declaration.reset
             for sequence, keys in declaration.drawn.items():
                 drawn.setdefault(sequence, []).extend(keys)
         if drawn:

@@ -1,6 +1,8 @@
 """Plain rules lowered equal firing them, proved on random programs (issue #54): random streams of events of three
 plain rules that the static check lowers (``activedb/batch/README.md``, "Plain rules lowered") and of a chain of two
-on one type (priorities, the second with a condition reading the row the first wrote) — whose behaviour each event's
+on one type (priorities, the second with a condition reading the row the first wrote) and of a rule that signals —
+deferred rules on the signal (one with a condition, both reading the row by the signal's payload; one inserts rows),
+a detached causally dependent rule on the signal and a detached rule on the inserted rows — whose behaviour each event's
 payload picks: add, set, write nothing, create only if absent, clear a nullable column, read the row after writing
 it, raise (a user error), or deviate at run time in a way the static check cannot see — split into batches of random
 sizes and some
@@ -245,16 +247,76 @@ def tally_done(tx, event):
     tx.insert("events_seen", rule="tally_done", detail=f"{event.key}:{event.payload['seq']}")
 
 
+# --- a rule that signals: deferred rules on the signal, the detached family on it and on the rows they insert -------
+
+def signaller(tx, event):
+    """Count the event on the ``counters`` row of its key (``tally``'s rows) and signal ``counted`` — but not for op
+    ``noop``; ``late_raise`` raises after signalling (firing aborts the rule's transaction before its deferred queue
+    runs); ``bare`` signals twice (a batch cannot know the order of the two signals' deferred rules: falls back)."""
+    op = event.payload["op"]
+    row = tx.read("counters", event.key)
+    if op == "raise":
+        raise Refusal(f"signaller refuses {event.key} (seq {event.payload['seq']})")
+    if op == "rekey":
+        tx.write("counters", event.key, key=event.key, events=1)
+        return
+    events = (0 if row is None else row["events"]) + 1
+    tx.write("counters", event.key, events=events)
+    if op == "noop":
+        return
+    tx.signal("counted", key=event.key, events=events, seq=event.payload["seq"], op=op)
+    if op == "bare":
+        tx.signal("counted", key=event.key, events=events, seq=-event.payload["seq"], op=op)
+    if op == "late_raise":
+        raise Refusal(f"signaller refuses {event.key} after signalling (seq {event.payload['seq']})")
+
+
+def odd_count(tx, event):
+    """The deferred audit's condition: the counted row, read by the signal's payload, holds an odd count."""
+    row = tx.read("counters", event.payload["key"])
+    return row is not None and row["events"] % 2 == 1
+
+
+def audit_counted(tx, event):
+    """Deferred, priority 2, when ``odd_count``: an audit row (its data event heard by ``noted``)."""
+    tx.insert("events_seen", rule="audit_counted", detail=f"sig:{event.payload['key']}:{event.payload['seq']}")
+
+
+def total_counted(tx, event):
+    """Deferred, priority 1: add the signalled count to the row's total — the row as the signalling rule and the
+    audit left it; op ``clear`` raises (firing fails the signalling rule with it: the batch falls back)."""
+    payload = event.payload
+    row = tx.read("counters", payload["key"])
+    if payload["op"] == "clear":
+        raise Refusal(f"total_counted refuses {payload['key']} (seq {payload['seq']})")
+    tx.write("counters", payload["key"], total=row["total"] + payload["events"])
+
+
+def light_counted(tx, event):
+    """Detached causally dependent on the signal: runs, in a transaction of its own, if the signalling rule's
+    transaction committed."""
+    tx.insert("milestones", key=f"light:{event.payload['key']}:{event.payload['seq']}", threshold=0, seq=0)
+
+
+def noted(tx, event):
+    """Detached, on every row inserted into ``events_seen`` (the audit's, and the detached rules' above)."""
+    tx.insert("milestones", key=f"noted:{event.new['rule']}:{event.new['detail']}", threshold=0, seq=0)
+
+
 RULES = {"tally": tally, "stock": stock, "suffixed": suffixed}
 #: The detached-family rules beside them: recorded by a lowered batch with each event's outcome.
 DETACHED = {"stock": (stock_undo, Coupling.EXCLUSIVE_CAUSALLY_DEPENDENT),
             "tally": (tally_done, Coupling.DETACHED_CAUSALLY_DEPENDENT)}
 #: The rules each event type fires, by name (a plain rule's type is its name).
 RULES_OF = {**{kind: (kind,) + tuple(DETACHED[kind][0].__name__ for _ in [0] if kind in DETACHED) for kind in RULES},
-            "chain": ("chain_first", "chain_second")}
+            "chain": ("chain_first", "chain_second"), "signal": ("signaller",)}
+#: The rules on the signal and on inserted rows (they fire only when what they react to happens).
+REACTING = ("audit_counted", "total_counted", "light_counted", "noted")
 #: Ops whose event the lowered form cannot run as firing does: the lowered attempt is refused.  (A rule that raises
 #: an error of its own — ``raise``, ``late_raise`` — rejects its event in the lowered batch, as firing does.)
 FALLS_BACK = frozenset({"rekey", "bare"})
+#: Per type, where it differs: the signalling rule's ``clear`` makes a deferred rule raise, which falls back too.
+FALLS_BACK_OF = {"signal": FALLS_BACK | {"clear"}}
 FINE = ("add", "set", "noop", "create", "clear", "reread", "reread_caught")
 #: Ops that make the event a dead letter, lowered or fired: its rule raises an error of its own.
 RAISES = ("raise", "late_raise")
@@ -267,12 +329,16 @@ def test_the_rules_pass_the_static_check():
     assert learned_condition(even_count).table == "counters"
     assert learned_table(suffixed).table == "counters" and learned_table(suffixed).key is not None
     assert learned_table(tupled).table == "counters" and learned_table(tupled).key is not None
+    assert learned_table(signaller).signals == {"counted"}
+    assert learned_table(audit_counted, on_signal=True).inserts == {"events_seen"}
+    assert learned_table(total_counted, on_signal=True).table == learned_condition(odd_count, on_signal=True).table
 
 
 # --- the stream: events of few keys and several types, in batches, some delivered again --------------------------
 
 TYPES = tuple(RULES_OF)
-KEYS = {"tally": ("a", "b", "c", "a-x"), "stock": ("a", "b", "c"), "suffixed": ("a", "b", "c"), "chain": ("a", "b")}
+KEYS = {"tally": ("a", "b", "c", "a-x"), "stock": ("a", "b", "c"), "suffixed": ("a", "b", "c"), "chain": ("a", "b"),
+        "signal": ("a", "b")}
 
 
 @st.composite
@@ -322,6 +388,14 @@ def databases(make_database_url):
                 database.rule(on=database.stream(kind), name=action.__name__, coupling=coupling)(action)
             database.rule(on=database.stream("chain"), name="chain_first", priority=2)(chain_first)
             database.rule(on=database.stream("chain"), name="chain_second", priority=1, when=even_count)(chain_second)
+            database.rule(on=database.stream("signal"), name="signaller")(signaller)
+            counted = database.signalled("counted")
+            database.rule(on=counted, name="audit_counted", coupling=Coupling.DEFERRED, priority=2,
+                          when=odd_count)(audit_counted)
+            database.rule(on=counted, name="total_counted", coupling=Coupling.DEFERRED, priority=1)(total_counted)
+            database.rule(on=counted, name="light_counted",
+                          coupling=Coupling.DETACHED_CAUSALLY_DEPENDENT)(light_counted)
+            database.rule(on=database.inserted("events_seen"), name="noted", coupling=Coupling.DETACHED)(noted)
         yield made
     finally:
         for database in made:
@@ -335,7 +409,9 @@ def tables(database) -> dict[str, list[tuple]]:
         return {**{table: [tuple(row) for row in connection.execute(sa.text(f"SELECT * FROM {table} ORDER BY key"))]
                    for table in ("counters", "items")},
                 "events_seen": sorted(tuple(row) for row in connection.execute(sa.text(
-                    "SELECT rule, detail FROM events_seen")))}
+                    "SELECT rule, detail FROM events_seen"))),
+                "milestones": sorted(tuple(row) for row in connection.execute(sa.text(
+                    "SELECT key FROM milestones")))}
 
 
 def letters(database, source: str) -> list[tuple]:
@@ -350,14 +426,14 @@ def letters(database, source: str) -> list[tuple]:
 
 def counters(database) -> dict[str, tuple[int, int, int, int]]:
     database.rules.wait_idle(120)           # (the detached rules' executed counts move when they have run)
-    names = {name for names in RULES_OF.values() for name in names}
+    names = {name for names in RULES_OF.values() for name in names} | set(REACTING)
     return {name: (counts.fired, counts.executed, counts.failed, counts.condition_false)
             for name, counts in database.rules.statistics().per_rule.items() if name in names}
 
 
 def reset(database) -> None:
     with database.engine.begin() as connection:
-        connection.execute(sa.text("TRUNCATE counters, items, events_seen"))
+        connection.execute(sa.text("TRUNCATE counters, items, events_seen, milestones"))
 
 
 def moved(now: dict, then: dict) -> dict[str, tuple[int, ...]]:
@@ -408,7 +484,7 @@ def test_random_plain_rules_lowered_leave_what_firing_them_leaves(databases, str
             hypothesis.event("a batch delivered again")
             continue
         kinds = collections.Counter(kind for kind, *_ in batches[index])
-        deviating = {kind for kind, _, op, *_ in batches[index] if op in FALLS_BACK}
+        deviating = {kind for kind, _, op, *_ in batches[index] if op in FALLS_BACK_OF.get(kind, FALLS_BACK)}
         # The lowered attempt a refusal aborts counts its firings as an aborted tree's (fired, not executed).
         wasted: dict[str, tuple[int, int, int]] = {}
         if kinds.keys() & refused:     # a rule refused before: fired at once, no attempt lost
@@ -491,6 +567,8 @@ def test_declared_rules_naming_a_row_by_its_key_and_by_a_one_tuple_update_one_ro
     try:
         for database in databases:
             reset(database)
+            # (a declared rule may write any table: a rule on data events of one keeps it from being lowered)
+            database.rules.disable("noted")
             for kind, action in names.items():
                 database.rule(on=database.stream(kind), name=kind)(action)
         lowering, firing = RulesHandler(), RulesHandler(lower_declared=False)
@@ -503,5 +581,6 @@ def test_declared_rules_naming_a_row_by_its_key_and_by_a_one_tuple_update_one_ro
         assert tables(on) == tables(off)
     finally:
         for database in databases:
+            database.rules.enable("noted")
             for kind in names:
                 database.rules.remove(kind)
