@@ -150,3 +150,26 @@ def test_rules_on_a_signal_a_batch_cannot_run_keep_the_type_on_the_rule_path(mak
         assert handler.last_lowered is None and outcome.dead_letters == 1
     finally:
         database.close()
+
+
+def test_after_the_tables_are_reset_a_lowered_batch_draws_its_keys_afresh(databases):
+    """``reset_tables`` (TRUNCATE … RESTART IDENTITY) between two batches: the second batch's first attempt draws
+    alert ids from blocks the reset gave away again; its commit finds that before writing (a conflict, re-run) — the
+    batch stays lowered and its alerts are numbered from 1, as a fresh database numbers them."""
+    database = databases[0]
+    events = generate(10, 800, 5)
+    handler = RulesHandler(app.PREFETCH)
+    app.reset_tables(database)
+    feed(database, [events[:400]], source="reset-a", mapping=MAPPING, handler=handler)
+    database.rules.wait_idle(WAIT)
+    assert handler.last_lowered is not None
+    app.reset_tables(database)
+    [outcome] = feed(database, [events[400:]], source="reset-b", mapping=MAPPING, handler=handler)
+    database.rules.wait_idle(WAIT)
+    assert handler.last_lowered is not None and outcome.committed
+    with database.engine.connect() as connection:
+        ids = connection.execute(sa.text("SELECT id FROM alerts ORDER BY id")).scalars().all()
+        reports = connection.execute(sa.text(
+            "SELECT message FROM notifications WHERE channel = 'infection_control'")).scalars().all()
+    assert ids == list(range(1, len(ids) + 1)) and ids, ids
+    assert sorted(int(report.rsplit("(alert ", 1)[1].rstrip(")")) for report in reports) == ids
