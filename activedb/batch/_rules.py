@@ -761,13 +761,13 @@ def _detached_firings(rules: "RuleManager", transaction: "Transaction", batch: I
             running[event_type, committed] = tuple(rule for rule in found if may_run_after(rule.coupling, committed))
     for event in batch:
         committed = event.position not in rejected
-        found = running.get((event.event_type, committed))
-        if found is not None:
-            if len(found) != len(detached[event.event_type]):
+        runs = running.get((event.event_type, committed))
+        if runs is not None:
+            if len(runs) != len(detached[event.event_type]):
                 cancelled[event.event_type, committed] += 1
-            if found:
+            if runs:
                 stream_event = _stream_event(event, tid)
-                firings.extend((rules.firing(rule, stream_event), tid, committed) for rule in found)
+                firings.extend((rules.firing(rule, stream_event), tid, committed) for rule in runs)
         if reactions is not None:
             declaration = lowered.learned.get(event.event_type)
             signals = declaration.signals.get(event.position) if declaration is not None else None
