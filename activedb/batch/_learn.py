@@ -26,7 +26,7 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from types import CodeType
 from typing import NamedTuple, NoReturn, TypeAlias
 
-from activedb.batch._declare import DELETE, Abort, BatchEvent, Ops, _Delete
+from activedb.batch._declare import DELETE, Abort, BatchEvent, OpKind, Ops, OpSpec, _Delete, _insert_name, _new_spec
 from activedb.deadletters import FinalReason
 from activedb.errors import ActivedbError, Failure, GeneratedKeysReset, RuleFailed, classify
 from activedb.events import Event, EventKind, new_event
@@ -630,8 +630,10 @@ class LearnedDeclaration:
             self.table, None, None, self._created, inserts,
             {table: functools.partial(self._draw, sequence) for table, sequence in self.keyed.items()},
             frozenset(self.signalled))
-        #: The tables the chain inserts into (``tx.insert``): one more operation per event, fed by the chain's run.
+        #: The tables the chain inserts into (``tx.insert``): one more operation per event, fed by the chain's run
+        #: (declared as ``ops.insert_into`` declares it, after the write: its name is the second operation's).
         self.inserts = tuple(sorted(inserts or ()))
+        self._insert_name = _insert_name(self.inserts, 1) if self.inserts else ""
         # Per event position, the row image its chain last ran on (``own``, by identity) and the rows it inserted:
         # the insert operation reads the row as of before the event, as the write does, and takes the rows of
         # that run (running it, if the write's function has not yet).
@@ -672,9 +674,25 @@ class LearnedDeclaration:
         # The action's own key expression, on the event it will get (the same object, as in a firing).
         key = event.key if key_of is None else key_of(stream_event)
         # (``run`` may answer FALL_BACK, which is neither a mapping nor DELETE: its state transaction aborts.)
-        ops.write(self.table, key, functools.partial(self._run, event, key, [stream_event]))  # type: ignore[arg-type]
+        write = functools.partial(self._run, event, key, [stream_event])
+        specs = ops.specs
+        kind = key.__class__
+        if (kind is str or kind is int) and not specs:
+            # ``ops.write(table, key, write)`` of a fresh recorder, without its checks: a plain key names the row as
+            # it is (the table was checked when the chain was learned).
+            state = (self.table, key)
+            specs.append(_new_spec(OpSpec, (OpKind.WRITE, self.table, key, (), write, None, None, None, None, None,
+                                            state, None)))
+        else:
+            ops.write(self.table, key, write)  # type: ignore[arg-type]
+            state = specs[-1].state
         if self.inserts:
-            ops.insert_into(self.inserts, functools.partial(self._rows, event, key), reads=[(self.table, key)])
+            # ``ops.insert_into(self.inserts, rows, reads=[the row])`` without its checks (the tables were checked
+            # when the chain was learned).
+            tables = self.inserts
+            specs.append(_new_spec(OpSpec, (OpKind.INSERT, tables[0], None, (state,),
+                                            functools.partial(self._rows, event, key), None, None, None,
+                                            self._insert_name, (), None, tables)))
 
     def _rows(self, event: BatchEvent, key: Hashable, own: RowImage | None) -> Mapping[str, object] | None:
         """The rows the chain inserts for ``event`` run on ``own`` (the row as of before the event)."""
@@ -731,7 +749,7 @@ class LearnedDeclaration:
         if self.rejected:
             self.rejected.pop(event.position, None)     # (a run again that did not raise)
             self.rejected_rows.pop(event.position, None)
-        if signalling:
+        if signalling and (deferred or event.position in self.signals):
             self._signalled(event.position, stand_in, deferred)
         if stand_in.deviated:
             return FALL_BACK

@@ -753,37 +753,44 @@ def _detached_firings(rules: "RuleManager", transaction: "Transaction", batch: I
     committed) is counted ``cancelled`` in ``tally`` at once, as the outbox would count it, without a firing."""
     firings: list[tuple[Firing, str, bool]] = []
     detached, reactions, tid = lowered.detached, lowered.reactions, transaction.id
-    # Per type and outcome, the rules that run after it, and those cancelled (with how many events).
+    events = batch if isinstance(batch, list) else list(batch)
+    # Per type and outcome, the rules that run after it; the others are cancelled (counted per event).
     running: dict[tuple[str, bool], tuple[Rule, ...]] = {}
-    cancelled: Counter[tuple[str, bool]] = Counter()
     for event_type, found in detached.items():
         for committed in (False, True):
             running[event_type, committed] = tuple(rule for rule in found if may_run_after(rule.coupling, committed))
-    for event in batch:
+    # The events that need a look: a rejected one, one of a type with rules that run after a commit, one whose
+    # chain signalled or that inserted rows before it was rejected (in the batch's order: the dispatch's).
+    wanted = set(rejected)
+    wanted.update(event.position for event in events if running.get((event.event_type, True)))
+    for declaration in lowered.learned.values():
+        wanted.update(declaration.signals)
+        wanted.update(declaration.rejected_rows)
+    for event in (events[position] for position in sorted(wanted)) if len(wanted) < len(events) else events:
         committed = event.position not in rejected
         runs = running.get((event.event_type, committed))
-        if runs is not None:
-            if len(runs) != len(detached[event.event_type]):
-                cancelled[event.event_type, committed] += 1
-            if runs:
-                stream_event = _stream_event(event, tid)
-                firings.extend((rules.firing(rule, stream_event), tid, committed) for rule in runs)
-        if reactions is not None:
-            declaration = lowered.learned.get(event.event_type)
-            signals = declaration.signals.get(event.position) if declaration is not None else None
+        if runs:
+            stream_event = _stream_event(event, tid)
+            firings.extend((rules.firing(rule, stream_event), tid, committed) for rule in runs)
+        chain = lowered.learned.get(event.event_type) if reactions is not None else None
+        if reactions is not None and chain is not None:
+            signals = chain.signals.get(event.position)
             if signals:
                 for signal in signals:
                     firings.extend((rules.firing(rule, signal), tid, committed)
                                    for rule in reactions.detached.get((EventKind.SIGNAL, signal.source), ()))  # type: ignore[arg-type]
-            rows = declaration.rejected_rows.get(event.position) if declaration is not None else None
+            rows = chain.rejected_rows.get(event.position)
             if rows:
                 firings.extend(_on_rows(rules, transaction, reactions, rows, False))
-    if reactions is not None and inserted:
-        firings.extend(_on_rows(rules, transaction, reactions, inserted, True))
-    for (event_type, committed), count in cancelled.items():
+    # Cancelled: per type, its events of each outcome times the rules that do not run after it.
+    outcomes = Counter((event.event_type, event.position not in rejected) for event in events
+                       if event.event_type in detached)
+    for (event_type, committed), count in outcomes.items():
         for rule in detached[event_type]:
             if rule not in running[event_type, committed]:
                 tally.add(rule, "cancelled", count)
+    if reactions is not None and inserted:
+        firings.extend(_on_rows(rules, transaction, reactions, inserted, True))
     return firings
 
 

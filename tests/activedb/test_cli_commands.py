@@ -264,24 +264,29 @@ def test_an_application_that_raises_at_import_is_one_line_naming_the_file_and_li
     assert f"importing {typo} failed at {typo}:4: SyntaxError(" in raised.value.message
 
 
-def test_rules_lowering_says_which_types_run_a_batch_at_a_time_and_why_not_the_others(make_database_url):
-    """``activedb rules lowering APP``: the declared hand-hygiene application lowers every badge type; ``app.py``'s
-    rules fire event by event, and the command says why, naming the rule."""
+def test_rules_lowering_says_which_types_run_a_batch_at_a_time_and_why_not_the_others(make_database_url, tmp_path):
+    """``activedb rules lowering APP``: the hand-hygiene application lowers every badge type, declared and as ECA rules
+    (``app.py``); an application adding a rule that emits on exits has that type fired event by event, and the
+    command says why, naming the rule and its line."""
     from activedb.examples.hand_hygiene import MIGRATIONS
 
     url = make_database_url("lowering")
     with activedb.connect(url) as database:
         database.upgrade_app(MIGRATIONS)
-    declared = invoke(url, "rules", "lowering", "activedb.examples.hand_hygiene.declared", "--json")
-    assert declared.exit_code == 0, declared.output
-    assert json.loads(declared.output) == {"enter": None, "exit": None, "mask": None, "sanitize": None}
-    eca = json.loads(invoke(url, "rules", "lowering", "activedb.examples.hand_hygiene.app", "--json").output)
-    assert sorted(eca) == ["enter", "exit", "mask", "sanitize"] and eca["mask"] is None
-    assert "the action of rule 'warn_unsanitized_entry': it passes tx to change_status() (" in eca["enter"]
-    assert "where it calls tx.signal (" in eca["exit"]
-    table = CliRunner().invoke(main, ["--url", url, "rules", "lowering", "activedb.examples.hand_hygiene.app"],
-                               env={"COLUMNS": "200"}).output
-    assert "event by event" in table and "lowered" in table and "clear_on_sanitize" in table, table
+    for module in ("activedb.examples.hand_hygiene.declared", "activedb.examples.hand_hygiene.app"):
+        lowered = invoke(url, "rules", "lowering", module, "--json")
+        assert lowered.exit_code == 0, lowered.output
+        assert json.loads(lowered.output) == {"enter": None, "exit": None, "mask": None, "sanitize": None}, module
+    app = tmp_path / "announcing_app.py"
+    app.write_text("from activedb.examples.hand_hygiene import app as hand_hygiene\n\n\n"
+                   "def register(db):\n    rules = hand_hygiene.register(db)\n\n"
+                   "    @db.rule(on=db.stream('exit'), name='announce_exit', priority=1)\n"
+                   "    def announce(tx, event):\n        tx.emit('left', key=event.key)\n\n    return rules\n")
+    eca = json.loads(invoke(url, "rules", "lowering", str(app), "--json").output)
+    assert sorted(eca) == ["enter", "exit", "mask", "sanitize"] and eca["enter"] is None and eca["mask"] is None
+    assert eca["exit"] == f"the action of rule 'announce_exit': it calls tx.emit ({app}:9)", eca["exit"]
+    table = CliRunner().invoke(main, ["--url", url, "rules", "lowering", str(app)], env={"COLUMNS": "250"}).output
+    assert "event by event" in table and "lowered" in table and "announce_exit" in table, table
     missing = invoke(url, "rules", "lowering", "no_such_app_module")
     assert missing.exit_code == 1 and "no module named 'no_such_app_module'" in missing.output
 
