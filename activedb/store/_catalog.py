@@ -41,6 +41,10 @@ KEY_HISTORY = 256
 #: How many autocommit connections ``Catalog.idle`` keeps checked out between two uses.
 IDLE_KEPT = 8
 _IDLE = TransactionStatus.IDLE
+#: Per sequence named in the array, its storage and last value (``check_generated_keys``; driver SQL: every flush that
+#: inserts generated keys runs it, where building a SQLAlchemy text clause each time costs more than its round trip).
+_STILL_DRAWN_ALL = ("SELECT s, pg_relation_filenode(CAST(s AS regclass)), pg_sequence_last_value(CAST(s AS regclass)) "
+                    "FROM unnest(CAST(%s AS text[])) AS s")
 _DRAW = ("SELECT ARRAY(SELECT nextval(CAST(%s AS regclass)) FROM generate_series(1, %s)), "
          "pg_relation_filenode(CAST(%s AS regclass))")
 
@@ -383,9 +387,7 @@ class Catalog:
         wanted = [sequence for sequence, history in histories.items() if history]
         if not wanted:
             return
-        rows = connection.execute(
-            sa.text("SELECT s, pg_relation_filenode(CAST(s AS regclass)), pg_sequence_last_value(CAST(s AS regclass)) "
-                    "FROM unnest(CAST(:s AS text[])) AS s"), {"s": wanted}).all()
+        rows = connection.exec_driver_sql(_STILL_DRAWN_ALL, (wanted,)).all()
         for sequence, storage, last_value in rows:
             history = histories[sequence]     # (one storage: _remember_block empties it when the storage changes)
             stale = history[-1][2] != storage or last_value is None
