@@ -146,10 +146,6 @@ _LEDGER_ROW = (f"INSERT INTO {LEDGER_TABLE} (query_id, batch_id, transaction_id,
 #: The same row written in ``write``, where the event ids are recorded after it: refused (no row returned) when the
 #: batch is there already — the ids' own check would otherwise take the duplicate batch for a conflict.
 _LEDGER_ROW_IF_NEW = f"{_LEDGER_ROW} ON CONFLICT DO NOTHING RETURNING batch_id"
-#: The rule firings of a row ``write`` wrote, as they stand once every participant wrote (a batch run at commit
-#: records the firings of what its rules did then: ``activedb.batch.apply_lowered``).
-_LEDGER_FIRINGS = (f"UPDATE {LEDGER_TABLE} SET rule_firings = CAST(%s AS jsonb) WHERE query_id = %s "
-                   f"AND batch_id = %s")
 _UNIQUE_VIOLATION = "23505"
 
 
@@ -192,17 +188,13 @@ class IngestionLedger(CommitParticipant):
 
     def statements_along(self, transaction: Transaction) -> tuple[Along, ...]:
         """The ledger row (unless ``write`` wrote it, before the event ids), with the flush's last round trip; a
-        duplicate is ``BatchAlreadyCommitted``.  Its rule firings are those of the tree once every participant wrote
-        (a row ``write`` wrote is brought up to them)."""
-        written = self.rule_firings
-        self.rule_firings = self.db.rules.firings_in(transaction)
-        if not self.event_ids:
-            return (Along(_LEDGER_ROW, self._row(transaction), self._refused),)
-        if self.rule_firings == written:
-            return ()
-        return (Along(_LEDGER_FIRINGS, (json.dumps(self.rule_firings), self.query_id, self.batch_id)),)
+        duplicate is ``BatchAlreadyCommitted``."""
+        return () if self.event_ids else (Along(_LEDGER_ROW, self._row(transaction), self._refused),)
 
     def _row(self, transaction: Transaction) -> tuple[object, ...]:
+        # The rule firings as they stand now, every other participant having written (the ledger is enlisted last):
+        # a batch run at commit records the firings of what its rules did then (``activedb.batch.apply_lowered``).
+        self.rule_firings = self.db.rules.firings_in(transaction)
         return (self.query_id, self.batch_id, transaction.log_id, self.events, self.dead_letters, self.watermark,
                 json.dumps(self.rule_firings))
 
