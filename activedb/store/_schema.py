@@ -261,11 +261,12 @@ class TableInfo:
             self._key_clause.in_(sa.bindparam("keys", expanding=True))))
 
     def select_by_key_array(self, dialect: sa.Dialect, lock: Literal["share", "update"] | None = None,
-                            nowait: bool = False) -> str | None:
+                            nowait: bool = False, lock_timeout: str | None = None) -> str | None:
         """``select_by_keys`` for a one-column key as driver SQL, ``key = ANY(CAST(%s AS type[]))``: the keys in one
         array parameter (cast to the key's type without modifiers), every column in table order, locked ``FOR
-        SHARE`` (``lock="share"``) or ``FOR UPDATE`` (``"update"``), ``NOWAIT`` with ``nowait``; None if the key
-        cannot travel in an array (or SQLAlchemy would adapt its values)."""
+        SHARE`` (``lock="share"``) or ``FOR UPDATE`` (``"update"``), ``NOWAIT`` with ``nowait``, the wait bounded
+        for the rest of the transaction by ``lock_timeout`` (as ``lock_row``); None if the key cannot travel in an
+        array (or SQLAlchemy would adapt its values)."""
         def build() -> str | None:
             name = self.key_columns[0]
             element = _array_element_type(self.columns[name], dialect) if len(self.key_columns) == 1 else None
@@ -277,9 +278,11 @@ class TableInfo:
             columns = ", ".join(preparer.quote(column) for column in self.columns)
             key = preparer.quote(name)
             locking = {None: "", "share": " FOR SHARE", "update": " FOR UPDATE"}[lock] + (" NOWAIT" if lock and nowait else "")
+            timeout = (lock_timeout or "").replace("'", "''").replace("%", "%%")
+            bound = f" AND set_config('lock_timeout', '{timeout}', true) IS NOT NULL" if lock_timeout else ""
             # (``element`` comes escaped for ``%s`` already)
-            return f"SELECT {columns} FROM {table} WHERE {table}.{key} = ANY(CAST(%s AS {element}[])){locking}"
-        return self.cached(("select_by_key_array", dialect.name, lock, nowait), build)
+            return f"SELECT {columns} FROM {table} WHERE {table}.{key} = ANY(CAST(%s AS {element}[])){bound}{locking}"
+        return self.cached(("select_by_key_array", dialect.name, lock, nowait, lock_timeout), build)
 
     def delete(self) -> sa.Delete:
         return self.cached("delete", lambda: self.table.delete().where(

@@ -91,21 +91,24 @@ FETCH_CHUNK = 20_000
 
 def fetch_rows(connection: sa.Connection, info: TableInfo, keys: Iterable[Key], *,
                lock: Literal["share", "update"] | None = None,
-               nowait: bool = False) -> dict[Key, dict[str, object]]:
+               nowait: bool = False, lock_timeout: str | None = None) -> dict[Key, dict[str, object]]:
     """Committed images of ``keys`` (missing keys absent from the result); ``lock`` ``"share"`` or
     ``"update"`` locks them (``nowait``: PostgreSQL refuses with SQLSTATE 55P03 instead of waiting for a row
-    another transaction has locked)."""
+    another transaction has locked; ``lock_timeout``: after waiting that long, as ``lock_row``, and so does every
+    later lock wait of the transaction)."""
     keys = list(keys)
     if not keys:
         return {}
     names = info.key_columns
     if len(names) == 1 and _uniform(bound := [key[0] for key in keys]):
-        sql = info.select_by_key_array(connection.dialect, lock, nowait)
+        sql = info.select_by_key_array(connection.dialect, lock, nowait, lock_timeout)
         if sql is not None:
             # One array parameter: no limit on the number of keys (integers and floats as one array literal:
             # ``array_literal``).
             return _fetch_by_array(connection, info, sql, array_literal(bound, True) or bound)
     statement = info.select_by_keys()
+    if lock_timeout is not None:
+        statement = statement.where(sa.func.set_config("lock_timeout", lock_timeout, True).is_not(None))
     if lock == "share":
         statement = statement.with_for_update(read=True, nowait=nowait)
     elif lock == "update":

@@ -20,7 +20,7 @@ from activedb.errors import (DISK_FULL_ADVICE, DatabaseError, DatabaseUnavailabl
                              SerializationConflict, ServerDiskFull, classify, disk_full_panic, sqlstate_of)
 from activedb.store import (EntryKind, IsolationLevel, Key, TableInfo, apply_write_set, fetch_rows,
                             is_connection_failure, jsonable, same_image)
-from activedb.txn._rowlocks import RowLocks
+from activedb.txn._rowlocks import LOCK_TIMEOUT, RowLocks
 from activedb.txn._view import scan_rows
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -33,6 +33,7 @@ if TYPE_CHECKING:  # pragma: no cover
     Writes = Mapping[Row, Entry]                       # the root's write set
     Reads = Mapping[Row, "dict[str, object] | None"]   # images relied on (None: no row)
     Scans = list[tuple[str, object, "dict[Key, dict[str, object]]"]]   # (table, where, rows seen)
+    Locked = Mapping[Row, "dict[str, object] | None"]   # rows read for update -> image when locked
 
 logger = logging.getLogger("activedb.transaction")
 
@@ -54,7 +55,7 @@ def flush(root: "Transaction") -> None:
     needs_predicates = bool(scans) or any(image is None for image in reads.values())
     isolation = IsolationLevel.SERIALIZABLE if needs_predicates else IsolationLevel.READ_COMMITTED
     rowlocks = RowLocks.of(root, create=False)
-    locked = set(rowlocks.rows) if rowlocks is not None else set()
+    locked = dict(rowlocks.rows) if rowlocks is not None else {}
     held = rowlocks.take_connection() if rowlocks is not None else None
     if held is not None and needs_predicates:
         # SERIALIZABLE cannot start inside the held transaction: let its locks go, lock again below.
@@ -73,7 +74,7 @@ def flush(root: "Transaction") -> None:
 
 def _write_all(root: Transaction, connection: sa.Connection,
                infos: Mapping[str, TableInfo], writes: Writes, reads: Reads, scans: Scans,
-               participants: list[CommitParticipant], locked: set[Row], *, held: bool) -> None:
+               participants: list[CommitParticipant], locked: Locked, *, held: bool) -> None:
     """Every step of the flush inside ``connection``'s open transaction (the module docstring's 2–5).  Unless a
     participant acts at ``about_to_commit`` (``acts_before_commit``), the write set's last statement carries the
     COMMIT (``apply_write_set(commit=True)``): the caller's own commit then finds nothing open.  The participants'
@@ -85,12 +86,19 @@ def _write_all(root: Transaction, connection: sa.Connection,
     # instead of both taking FOR SHARE and deadlocking when both UPDATE it (PostgreSQL's detector only
     # breaks that after deadlock_timeout).
     validated = {row: image for row, image in reads.items() if not (held and row in locked)}
+    for row in reads.keys() - validated.keys():
+        # Held since it was locked, so current; but a node may have relied on an earlier committed image (a plain
+        # read while another tree's flush held the row, README "Reads for update"), which is compared here.
+        if not same_image(reads[row], locked[row]):
+            raise SerializationConflict(
+                f"commit of {root.id}: row {row[1]!r} of {row[0]!r} was changed by another transaction after this "
+                f"transaction read it; nothing was written — re-run the transaction (Database.run(fn, retries=N) does)")
     owners = root.manager.row_lock_owners
     # A row another tree of this process holds locked in PostgreSQL: that tree may wait in the lock manager for this
     # one, so the wait for its row is said to the lock manager first (``RowLockOwners``).
     waiting = owners.wait_for_holders(root, validated.keys(), {scan[0] for scan in scans}) if owners else None
     try:
-        _validate(root, connection, infos, validated, scans, locked | (reads.keys() & writes.keys()))
+        _validate(root, connection, infos, validated, scans, locked.keys() | (reads.keys() & writes.keys()))
     finally:
         if waiting is not None:
             waiting.release()
@@ -114,7 +122,7 @@ def _write_all(root: Transaction, connection: sa.Connection,
 
 def _flush_in_held(root: Transaction, connection: sa.Connection,
                    infos: Mapping[str, TableInfo], writes: Writes, reads: Reads, scans: Scans,
-                   participants: list[CommitParticipant], locked: set[Row]) -> None:
+                   participants: list[CommitParticipant], locked: Locked) -> None:
     """The flush inside the transaction that holds the tree's rows read for update (``_rowlocks``): those rows
     are the current committed ones already (locked since they were read), the rest is validated as usual.
     A serialization failure cannot be retried on this transaction: the tree is re-run instead.
@@ -144,7 +152,7 @@ def _flush_in_held(root: Transaction, connection: sa.Connection,
 
 def _flush_with_retries(root: Transaction, isolation: IsolationLevel,
                         infos: Mapping[str, TableInfo], writes: Writes, reads: Reads, scans: Scans,
-                        participants: list[CommitParticipant], locked: set[Row]) -> None:
+                        participants: list[CommitParticipant], locked: Locked) -> None:
     manager = root.manager
     attempt = 0
     while True:
@@ -155,12 +163,15 @@ def _flush_with_retries(root: Transaction, isolation: IsolationLevel,
                     _write_all(root, connection, infos, writes, reads, scans, participants, locked, held=False)
             return
         except sa.exc.OperationalError as error:
-            retried = classify(error) in _RETRIED or (isolation is IsolationLevel.SERIALIZABLE and sqlstate_of(error) == "55P03")
+            # 55P03: a row locked elsewhere — NOWAIT at SERIALIZABLE (retried), else the validation's lock_timeout
+            # (not retried: the holder may be a tree of this process waiting for this one, README "Reads for update").
+            timed_out = sqlstate_of(error) == "55P03"
+            retried = classify(error) in _RETRIED or (timed_out and isolation is IsolationLevel.SERIALIZABLE)
             if retried and attempt < manager.flush_retries:
                 # Jittered back-off between retries of the flush (not used to order threads).
                 time.sleep(random.uniform(0.5, 1.5) * min(0.2, 0.002 * 2 ** attempt))
                 continue
-            if retried:
+            if retried or timed_out:
                 raise SerializationConflict(
                     f"commit of {root.id} failed {attempt} times on concurrent updates by another process; "
                     f"nothing was written — re-run the transaction (Database.run(fn, retries=N) does)"
@@ -200,7 +211,7 @@ def _validate(root: "Transaction", connection: sa.Connection, infos: Mapping[str
         by_table.setdefault((0 if (table_name, key) in for_update else 1, table_name), []).append(key)
     for (shared, table_name), keys in sorted(by_table.items()):
         current = fetch_rows(connection, infos[table_name], keys, lock="share" if shared else "update",
-                             nowait=nowait)
+                             nowait=nowait, lock_timeout=None if nowait else LOCK_TIMEOUT)
         for key in keys:
             if not same_image(current.get(key), reads[(table_name, key)]):
                 raise SerializationConflict(

@@ -15,14 +15,15 @@ from typing import TYPE_CHECKING, AbstractSet, Collection, Iterable, Literal, ov
 
 import sqlalchemy as sa
 
+import lockmgr
+
 from activedb.errors import Failure, SerializationConflict, classify
 from activedb.store import IsolationLevel, lock_row
+from activedb.txn import _help_edges
 from activedb.txn._hooks import WaitKind
 from activedb.txn._participants import CommitParticipant
 
 if TYPE_CHECKING:  # pragma: no cover
-    import lockmgr
-
     from activedb.store import Key, TableInfo
     from activedb.txn._tree import Transaction
 
@@ -51,9 +52,13 @@ class RowLockOwners:
     def __bool__(self) -> bool:
         return bool(self._owners)          # (read without the mutex: a flush's quick test, the common case empty)
 
-    def add(self, row: tuple[str, "Key"], root: str) -> None:
+    def claim(self, row: tuple[str, "Key"], root: str) -> list[str]:
+        """List ``root`` as holding ``row`` — before its ``SELECT … FOR UPDATE`` is sent, so that a flush looking
+        meanwhile sees it — and return the other trees listed for the row (the ones it may wait for)."""
         with self._mutex:
-            self._owners.setdefault(row, set()).add(root)
+            owners = self._owners.setdefault(row, set())
+            owners.add(root)
+            return sorted(owners - {root})
 
     def discard(self, rows: Iterable[tuple[str, "Key"]], root: str) -> None:
         with self._mutex:
@@ -81,10 +86,25 @@ class RowLockOwners:
         PostgreSQL, before it locks them (``WaitKind.ROW_LOCK``; the caller releases the wait once its statements
         ran); None when no other tree holds any.  Raises ``DeadlockDetected`` if that closes a cycle and ``root``
         is its victim; a cycle closed later makes the other tree the victim (its abort lets the rows go)."""
-        targets = self.holders(rows, tables, root.id)
-        if not targets:
-            return None
-        return root.manager.locks.add_wait(root.id, targets, kind=WaitKind.ROW_LOCK)
+        return row_lock_wait(root, self.holders(rows, tables, root.id))
+
+
+def row_lock_wait(node: "Transaction", targets: list[str]) -> "lockmgr.ExternalWait | None":
+    """Register that ``node`` waits in PostgreSQL for the trees ``targets`` (``WaitKind.ROW_LOCK``; None: no target),
+    as the lock manager's transaction that is blocked: ``node`` itself, or for a lazy node the ancestor its locks are
+    granted to.  Its holds stay holds: the wait is inside one of its operations, which its descendants must not
+    interleave with (unlike ``TransactionManager.waiting``).  Raises ``DeadlockDetected`` if the wait closes a cycle
+    and ``node`` is its victim."""
+    if not targets:
+        return None
+    _help_edges.flush()         # (edges of children this thread helps: before its own)
+    waiter = node
+    while waiter._lazy:
+        waiter = waiter.parent  # type: ignore[assignment]  # (a lazy node has a parent)
+    try:
+        return node.manager.locks.add_wait(waiter.id, targets, kind=WaitKind.ROW_LOCK)
+    except lockmgr.TransactionNotActive:
+        return None             # (an ancestor's abort reached the lock manager first: it learns of it after the wait)
 
 
 class _Slot:
@@ -103,8 +123,9 @@ class RowLocks(CommitParticipant):
         self._mutex = threading.Lock()          # protects connection, _transaction, rows
         self.connection: sa.Connection | None = None
         self._transaction: sa.RootTransaction | None = None
-        #: (table, key) of every row this tree holds ``FOR UPDATE``.
-        self.rows: set[tuple[str, "Key"]] = set()
+        #: (table, key) of every row this tree holds ``FOR UPDATE`` -> its committed image when it was locked (which
+        #: it still is: the flush compares the images the tree relied on with these).
+        self.rows: dict[tuple[str, "Key"], dict[str, object] | None] = {}
 
     @overload
     @classmethod
@@ -128,31 +149,45 @@ class RowLocks(CommitParticipant):
                 slot.session = session
             return slot.session
 
-    def lock(self, info: "TableInfo", key: "Key") -> dict[str, object] | None:
-        """The committed image of row ``key``, locked ``FOR UPDATE`` until the tree ends (None: no row)."""
+    def lock(self, node: "Transaction", info: "TableInfo", key: "Key") -> dict[str, object] | None:
+        """The committed image of row ``key``, locked ``FOR UPDATE`` until the tree ends (None: no row), for
+        ``node``'s read.  The tree is listed as the row's holder first (``RowLockOwners.claim``); if other trees of
+        the process are listed, ``node``'s wait for them in PostgreSQL is registered while the statement runs
+        (:func:`row_lock_wait`), so a cycle through the lock manager is found when it forms (``DeadlockDetected``
+        here, or for another tree's request).  If the statement fails, the transaction and every row lock of the tree
+        go: the tree holds no row any more (its flush validates them as rows read plainly)."""
         row = (info.name, key)
-        with self._mutex:
-            try:
-                begin = None
-                if self.connection is None:
-                    self._open()
-                    begin = IsolationLevel.READ_COMMITTED   # the BEGIN rides with the first row's SELECT
-                image = lock_row(self.connection, info, key,  # type: ignore[arg-type]  # (opened just above)
-                                 lock_timeout=LOCK_TIMEOUT, begin=begin)
-            except sa.exc.DBAPIError as error:
-                self._close()               # the transaction failed: its locks go with it
-                sqlstate = getattr(error.orig, "sqlstate", None)
-                if sqlstate == "55P03" or classify(error) in (Failure.SERIALIZATION_CONFLICT, Failure.DEADLOCK):
-                    raise SerializationConflict(
-                        f"row {key!r} of {info.name!r} stayed locked by another process (SQLSTATE {sqlstate}); "
-                        f"nothing was written — re-run the transaction (Database.run(fn) does)") from None
-                raise self._root.manager.catalog.database_failure(
-                    error, f"locking row {key!r} of {info.name!r}") from error
-            new = row not in self.rows
-            self.rows.add(row)
-        if new:         # (after ``_mutex``, a leaf: the owners' mutex is another leaf)
-            self._root.manager.row_lock_owners.add(row, self._root.id)
-        return image
+        owners = self._root.manager.row_lock_owners
+        unlisted: set[tuple[str, "Key"]] = set() if row in self.rows else {row}   # (unlisted again if this fails)
+        waiting = None
+        try:
+            waiting = row_lock_wait(node, owners.claim(row, self._root.id))
+            with self._mutex:
+                try:
+                    begin = None
+                    if self.connection is None:
+                        self._open()
+                        begin = IsolationLevel.READ_COMMITTED   # the BEGIN rides with the first row's SELECT
+                    image = lock_row(self.connection, info, key,  # type: ignore[arg-type]  # (opened just above)
+                                     lock_timeout=LOCK_TIMEOUT, begin=begin)
+                except sa.exc.DBAPIError as error:
+                    self._close()               # the transaction failed: its locks go with it
+                    unlisted, self.rows = unlisted | self.rows.keys(), {}
+                    sqlstate = getattr(error.orig, "sqlstate", None)
+                    if sqlstate == "55P03" or classify(error) in (Failure.SERIALIZATION_CONFLICT, Failure.DEADLOCK):
+                        raise SerializationConflict(
+                            f"row {key!r} of {info.name!r} stayed locked by another transaction (SQLSTATE {sqlstate}); "
+                            f"nothing was written — re-run the transaction (Database.run(fn) does)") from None
+                    raise self._root.manager.catalog.database_failure(
+                        error, f"locking row {key!r} of {info.name!r}") from error
+                self.rows[row] = image
+                unlisted = set()
+            return image
+        finally:
+            if waiting is not None:
+                waiting.release()
+            if unlisted:        # (after ``_mutex``, a leaf: the owners' mutex is another leaf)
+                owners.discard(unlisted, self._root.id)
 
     def _open(self) -> None:
         """Caller holds ``_mutex``.  The connection is in autocommit at the driver (``Catalog.idle``), so that

@@ -113,7 +113,7 @@ class CommittedRows:
                     return ancestor._db_reads[row]
                 ancestor = ancestor.parent
         node.manager.pool.before_blocking()        # a round trip (maybe a row lock's wait)
-        image = session.lock(info, key)
+        image = session.lock(node, info, key)
         ancestor = node
         while ancestor is not None:
             reads = ancestor._db_reads
