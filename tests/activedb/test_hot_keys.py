@@ -467,3 +467,52 @@ def test_a_tree_closing_that_cycle_after_the_flush_waits_in_postgresql_is_the_vi
         assert not a.is_alive() and not b.is_alive()
     assert outcome == {"A": "committed", "B": "deadlock"}
     assert balances(db)[1] == 0
+
+
+class _ChildGivesUp(Exception):
+    """Raised by a child whose script aborts it."""
+
+
+def test_a_childs_wait_in_postgresql_for_another_tree_is_the_childs_edge_of_the_wait_for_graph(db):
+    """Tree A keeps row 1 locked in PostgreSQL after the child that read it for update aborted (the child's UPDATE
+    lock went with it, the tree's row lock stays until the tree ends).  Tree B's child reads row 2 plainly and row 1
+    for update: it waits in PostgreSQL for A, and that wait is an edge of the wait-for graph from the child, the
+    node that waits (not from its root).  A then writes row 2 and would wait in the lock manager for B's child: the
+    cycle is found at once and A is the victim, its abort lets row 1 go, and B commits.  Without the child's edge
+    neither detector saw both waits (B's child gave up after the read's lock timeout)."""
+    locks, outcome = db.transactions.locks, {}
+
+    def row_lock_edges():
+        return [(source, target) for source, target, kind in locks.wait_for_graph().edges(data="kind")
+                if kind == "row-lock"]
+
+    def child_of_b(child):
+        child.read("accounts", 2)
+        row = child.read("accounts", 1, for_update=True)
+        child.write("accounts", 1, balance=row["balance"] + 1)
+
+    def tree_b():
+        with db.transaction() as tx:
+            tx.spawn(child_of_b).result(TIMEOUT)
+        outcome["B"] = "committed"
+
+    with testing.Watchdog(60, locks):
+        b = threading.Thread(target=tree_b)
+        try:
+            with db.transaction() as tx:
+                with pytest.raises(_ChildGivesUp):
+                    with tx.subtransaction() as child:
+                        child.read("accounts", 1, for_update=True)
+                        raise _ChildGivesUp
+                b.start()
+                testing.wait_until(row_lock_edges, TIMEOUT, "B's child waiting in PostgreSQL for A's row (its edge)")
+                [(waiter, holder)] = row_lock_edges()
+                tx.write("accounts", 2, balance=5)
+            outcome["A"] = "committed"
+        except activedb.DeadlockDetected:
+            outcome["A"] = "deadlock"
+        b.join(TIMEOUT)
+        assert not b.is_alive()
+    assert holder == tx.id and "." in waiter, (waiter, holder)     # B's child waits for tree A
+    assert outcome == {"A": "deadlock", "B": "committed"}
+    assert balances(db) == {1: 1, 2: 0}
