@@ -93,15 +93,7 @@ def _write_all(root: Transaction, connection: sa.Connection,
             raise SerializationConflict(
                 f"commit of {root.id}: row {row[1]!r} of {row[0]!r} was changed by another transaction after this "
                 f"transaction read it; nothing was written — re-run the transaction (Database.run(fn, retries=N) does)")
-    owners = root.manager.row_lock_owners
-    # A row another tree of this process holds locked in PostgreSQL: that tree may wait in the lock manager for this
-    # one, so the wait for its row is said to the lock manager first (``RowLockOwners``).
-    waiting = owners.wait_for_holders(root, validated.keys(), {scan[0] for scan in scans}) if owners else None
-    try:
-        _validate(root, connection, infos, validated, scans, locked.keys() | (reads.keys() & writes.keys()))
-    finally:
-        if waiting is not None:
-            waiting.release()
+    _validate(root, connection, infos, validated, scans, locked.keys() | (reads.keys() & writes.keys()))
     _check_generated_keys(catalog, connection, infos, writes, root.began_at)
     for participant in participants:
         participant.write(root, connection)
@@ -206,12 +198,16 @@ def _validate(root: "Transaction", connection: sa.Connection, infos: Mapping[str
     # wait (NOWAIT): a row locked by another transaction fails the attempt with SQLSTATE 55P03, and the flush is
     # tried again (``_flush_with_retries``) after the other has committed — as a wait would have, without the cycle.
     nowait = bool(predicate_tables)
+    owners = root.manager.row_lock_owners
     by_table: dict[tuple[int, str], list[Key]] = {}
     for (table_name, key) in reads:
         by_table.setdefault((0 if (table_name, key) in for_update else 1, table_name), []).append(key)
     for (shared, table_name), keys in sorted(by_table.items()):
-        current = fetch_rows(connection, infos[table_name], keys, lock="share" if shared else "update",
-                             nowait=nowait, lock_timeout=None if nowait else LOCK_TIMEOUT)
+        # A row another tree of this process holds locked in PostgreSQL: that tree may wait in the lock manager for
+        # this one, so the wait is said to the lock manager (``RowLockOwners.validating``), statement by statement.
+        with owners.validating(root, {(table_name, key) for key in keys}, ()):
+            current = fetch_rows(connection, infos[table_name], keys, lock="share" if shared else "update",
+                                 nowait=nowait, lock_timeout=None if nowait else LOCK_TIMEOUT)
         for key in keys:
             if not same_image(current.get(key), reads[(table_name, key)]):
                 raise SerializationConflict(
@@ -225,7 +221,9 @@ def _validate(root: "Transaction", connection: sa.Connection, infos: Mapping[str
         # (PostgreSQL detects serialization anomalies only among SERIALIZABLE transactions): without the
         # row locks the two could each miss the other's write (write skew; found by the list-append
         # history test across two processes).
-        if not same_image(scan_rows(connection, infos[table_name], where, lock="share", nowait=nowait), fetched):
+        with owners.validating(root, set(), (table_name,)):
+            rows = scan_rows(connection, infos[table_name], where, lock="share", nowait=nowait)
+        if not same_image(rows, fetched):
             raise SerializationConflict(
                 f"commit of {root.id}: rows of {table_name!r} it scanned were changed by another process; "
                 f"nothing was written — re-run the transaction"

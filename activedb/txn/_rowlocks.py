@@ -1,6 +1,7 @@
 """Rows read for update (``tx.read(table, key, for_update=True)``), locked ``FOR UPDATE`` in PostgreSQL on a
 connection the tree keeps until its flush, which runs in that same transaction: ``README.md``, "Reads for
-update (hot keys)" (the UPDATE mode, the bounded lock wait, the trees that flush at SERIALIZABLE).
+update (hot keys)" (the UPDATE mode, the bounded lock wait, the trees that flush at SERIALIZABLE) and "A PostgreSQL
+row wait is an edge of the wait-for graph" (``RowLockOwners``, :func:`row_lock_wait`).
 
 Thread-safety: ``_mutex`` protects the connection and ``rows``; it is a leaf held while a statement runs on
 the connection (a connection runs one statement at a time), never while taking any other mutex.
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import TYPE_CHECKING, AbstractSet, Collection, Iterable, Literal, overload
+from typing import TYPE_CHECKING, AbstractSet, Collection, Iterable, Iterator, Literal, overload
 
 import sqlalchemy as sa
 
@@ -37,28 +38,30 @@ ABANDON_WAIT_SECONDS = 5.0
 
 
 class RowLockOwners:
-    """Which trees of this process hold which rows locked ``FOR UPDATE`` in PostgreSQL (their :class:`RowLocks`),
-    so that a flush about to lock rows ``FOR SHARE`` (or ``FOR UPDATE``) says to the lock manager that it waits for
-    those trees (:meth:`wait_for_holders`).  Without it a cycle through both lock systems waits forever: tree B
-    holds an UPDATE lock (which admits readers) and the row in PostgreSQL, and waits in the lock manager to write it
-    for tree A, which read the row; A's flush waits in PostgreSQL for B's row lock — each detector sees one edge.
-    With it the lock manager sees both and makes one of them the deadlock's victim.  One per transaction manager;
-    thread-safe."""
+    """Which trees of this process hold (or are about to lock) which rows ``FOR UPDATE`` in PostgreSQL (their
+    :class:`RowLocks`), so that a read for update (:meth:`claim`) or a flush about to lock rows ``FOR SHARE`` (or ``FOR
+    UPDATE``, :meth:`validating`) says to the lock manager that it waits for those trees.  Without it a cycle
+    through both lock systems is seen by neither detector: tree B holds an UPDATE lock (which admits readers) and the
+    row in PostgreSQL, and waits in the lock manager to write it for tree A, which read the row; A's flush waits in
+    PostgreSQL for B's row lock — each detector sees one edge.  With it the lock manager sees both and makes one of
+    them the deadlock's victim.  One per transaction manager; thread-safe."""
 
     def __init__(self) -> None:
         self._mutex = threading.Lock()
         self._owners: dict[tuple[str, "Key"], set[str]] = {}
+        #: The rows flushes' validating statements are locking -> those flushes' roots, and per such flush the waits
+        #: trees that claimed one of its rows meanwhile registered for it (:meth:`validating`).
+        self._validating: dict[tuple[str, "Key"], set[str]] = {}
+        self._for_validators: dict[str, list["lockmgr.ExternalWait"]] = {}
 
-    def __bool__(self) -> bool:
-        return bool(self._owners)          # (read without the mutex: a flush's quick test, the common case empty)
-
-    def claim(self, row: tuple[str, "Key"], root: str) -> list[str]:
+    def claim(self, row: tuple[str, "Key"], root: str) -> tuple[list[str], list[str]]:
         """List ``root`` as holding ``row`` — before its ``SELECT … FOR UPDATE`` is sent, so that a flush looking
-        meanwhile sees it — and return the other trees listed for the row (the ones it may wait for)."""
+        meanwhile sees it — and return the other trees listed for the row (the ones it may wait for) and the
+        flushes locking it now (which may wait for it: :meth:`wait_for_claimant`)."""
         with self._mutex:
             owners = self._owners.setdefault(row, set())
             owners.add(root)
-            return sorted(owners - {root})
+            return sorted(owners - {root}), sorted(self._validating.get(row, set()) - {root})
 
     def discard(self, rows: Iterable[tuple[str, "Key"]], root: str) -> None:
         with self._mutex:
@@ -69,24 +72,55 @@ class RowLockOwners:
                     if not owners:
                         del self._owners[row]
 
-    def holders(self, rows: AbstractSet[tuple[str, "Key"]], tables: Collection[str], root: str) -> list[str]:
-        """The trees other than ``root`` holding one of ``rows``, or any row of ``tables`` (a scan's), locked."""
+    @contextlib.contextmanager
+    def validating(self, root: "Transaction", rows: AbstractSet[tuple[str, "Key"]], tables: Collection[str]
+                   ) -> Iterator[None]:
+        """While ``root``'s flush runs a statement locking ``rows`` (or rows of ``tables``): its wait for the trees
+        holding them is registered (:func:`row_lock_wait`; ``DeadlockDetected`` if that closes a cycle), and a tree
+        that claims one of ``rows`` meanwhile registers the flush's wait for it too, since its lock may come first
+        (:meth:`wait_for_claimant`).  The flush lists its rows and looks the holders up in one step under the mutex,
+        as a claim lists and looks: of a claim and a flush on one row, the later sees the earlier."""
         with self._mutex:
             if tables or len(self._owners) < len(rows):      # (walk the smaller side)
                 found = {owner for row, owners in self._owners.items() if row in rows or row[0] in tables
                          for owner in owners}
             else:
                 found = {owner for row in rows for owner in self._owners.get(row, ())}
-        found.discard(root)
-        return sorted(found)
+            for row in rows:
+                self._validating.setdefault(row, set()).add(root.id)
+            self._for_validators[root.id] = []
+        waiting = None
+        try:
+            waiting = row_lock_wait(root, sorted(found - {root.id}))
+            yield
+        finally:
+            if waiting is not None:
+                waiting.release()
+            with self._mutex:
+                for row in rows:
+                    validators = self._validating[row]
+                    validators.discard(root.id)
+                    if not validators:
+                        del self._validating[row]
+                registered = self._for_validators.pop(root.id)
+            for wait in registered:
+                wait.release()
 
-    def wait_for_holders(self, root: "Transaction", rows: AbstractSet[tuple[str, "Key"]],
-                         tables: Collection[str]) -> "lockmgr.ExternalWait | None":
-        """Register that ``root``'s flush waits for the trees holding ``rows`` (or rows of ``tables``) locked in
-        PostgreSQL, before it locks them (``WaitKind.ROW_LOCK``; the caller releases the wait once its statements
-        ran); None when no other tree holds any.  Raises ``DeadlockDetected`` if that closes a cycle and ``root``
-        is its victim; a cycle closed later makes the other tree the victim (its abort lets the rows go)."""
-        return row_lock_wait(root, self.holders(rows, tables, root.id))
+    def wait_for_claimant(self, validator: str, root: "Transaction") -> None:
+        """The flush of ``validator`` is locking a row ``root``'s tree has just claimed: register the flush's wait for
+        the tree (released with the flush's own, :meth:`validating`).  Raises ``DeadlockDetected`` if that closes a
+        cycle and the flush is the victim: the claim gives up instead (the flush cannot be told, and without the
+        claimant's row lock it does not wait for the tree)."""
+        try:
+            wait = root.manager.locks.add_wait(validator, [root.id], kind=WaitKind.ROW_LOCK)
+        except lockmgr.TransactionNotActive:
+            return              # (the flush's tree ended meanwhile)
+        with self._mutex:
+            registered = self._for_validators.get(validator)
+            if registered is not None:
+                registered.append(wait)
+                return
+        wait.release()          # (its statement ended meanwhile)
 
 
 def row_lock_wait(node: "Transaction", targets: list[str]) -> "lockmgr.ExternalWait | None":
@@ -161,7 +195,10 @@ class RowLocks(CommitParticipant):
         unlisted: set[tuple[str, "Key"]] = set() if row in self.rows else {row}   # (unlisted again if this fails)
         waiting = None
         try:
-            waiting = row_lock_wait(node, owners.claim(row, self._root.id))
+            holders, validators = owners.claim(row, self._root.id)
+            for validator in validators:
+                owners.wait_for_claimant(validator, self._root)
+            waiting = row_lock_wait(node, holders)
             with self._mutex:
                 try:
                     begin = None
