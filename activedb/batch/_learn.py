@@ -3,11 +3,12 @@ and write the row of its event's key in one table, itself or through module func
 (:func:`learned_table`, a static check of its source; a condition the same with reads only, :func:`learned_condition`;
 why a function does not qualify: :func:`why_not_learned`) runs, in a lowered batch, with the other rules of its event's
 chain, as the state transaction ``ops.write(table, event.key, fn)`` (:class:`LearnedDeclaration`): ``fn(own)`` calls
-the unchanged conditions and actions with a :class:`_RowTransaction` standing in for ``tx``.  Anything they do
-outside that shape at run time — an exception, another row, a key column written —
+the unchanged conditions and actions with a :class:`_RowTransaction` standing in for ``tx``, and the deferred rules of
+what they signal where firing runs them (``LearnedDeclaration._defer``).  Anything they do outside that shape at run
+time — an exception, another row, a key column written —
 makes ``fn`` return :data:`FALL_BACK`, which aborts the event's state transaction; ``apply_lowered`` then
 refuses the whole lowered attempt (``LoweringRefused``) and the batch runs event by event.  Design note: the
-package README, "Plain rules lowered".
+package README, "Plain rules lowered" and "Signals, deferred rules and inserted rows".
 
 Thread-safety: the verdict cache is guarded by the GIL (a dict; two threads may compute one verdict twice, with
 the same result); a :class:`LearnedDeclaration` is used by one batch at a time (its ``outcomes`` are that batch's).
@@ -72,7 +73,7 @@ class Learned(NamedTuple):
     key_source: str = ""
     #: The tables it inserts new rows into (``tx.insert(TABLE, **columns)``, the key left to the table's sequence).
     inserts: frozenset[str] = frozenset()
-    #: The names it signals (``tx.signal(NAME, **payload)``): the rules on them run with the chain (``Signalled``).
+    #: The names it signals (``tx.signal(NAME, **payload)``): the rules on them run with the chain (``_rules.Reactions``).
     signals: frozenset[str] = frozenset()
 
 
@@ -107,7 +108,7 @@ def learned_table(action: Callable[..., object], on_signal: bool = False) -> Lea
     action names at run time is compared with the declared one (a difference falls back).  An action may also signal,
     ``tx.signal(NAME, **payload)`` (``NAME`` as ``TABLE``): ``signals``.
 
-    ``on_signal``: ``action`` is a rule's on a signal (run with the chain that signals, :class:`Signalled`): its row
+    ``on_signal``: ``action`` is a rule's on a signal (run with the chain that signals: ``_rules.Reactions``): its row
     may be named by any expression of its event (``event.payload["worker"]``) — the stand-in compares it with the
     chain's row at run time — and ``event`` is the signal.  Why a function does not qualify: :func:`why_not_learned`."""
     verdict = _cached(action, False, on_signal)
