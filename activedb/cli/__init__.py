@@ -8,7 +8,7 @@
     activedb dead-letters list|show|purge (|replay)             rows ingestion could not apply
     activedb explain [FILE.json | --pid PID] -o OUT.png         a picture of transactions and their waits
     activedb bench NAME [--quick] [--plot OUT.png]              benchmarks (NAME --help says what each measures)
-    activedb outbox [--retry [ID ...]] [--json]                 detached rule firings: pending, done, failed
+    activedb outbox [--retry [ID ...]] [--prune-done S]         detached rule firings: pending, done, failed
 
 (``run`` comes with spark_bridge, through an entry point; ``status`` too, from ``activedb.cli.status``.)
 The schema rule (:func:`open_database`) and the modules: the design note, ``README.md``.
@@ -345,21 +345,30 @@ def demo(ctx: click.Context, events: int, workers: int, seed: int, spark: bool, 
               help="Register APP's rules (a module or .py file with register(db), as `activedb run` takes) and run "
                    "here the pending firings of them that no live process runs (retried ones included), then show "
                    "the outcome.")
+@click.option("--prune-done", "prune_done", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
+              help="Delete the records of firings done more than SECONDS ago (the table keeps one per firing until "
+                   "then; compensating a batch follows its firings through them: prune only what you will never "
+                   "compensate).")
 @click.option("--limit", default=50, show_default=True, help="Failed firings shown.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
 @click.pass_context
-def outbox(ctx: click.Context, retry: bool, ids: tuple[int, ...], app: str | None, limit: int, as_json: bool) -> None:
+def outbox(ctx: click.Context, retry: bool, ids: tuple[int, ...], app: str | None, prune_done: float | None, limit: int,
+           as_json: bool) -> None:
     """Detached rule firings (activedb_outbox): counts per rule and the failed ones, with rule, trigger,
     event and error.  --retry makes failed firings pending again: a firing runs only in a process that has
     registered its rule (a running one picks it up within seconds, or the next one at its start); --app APP
-    registers APP's rules here and runs them now."""
+    registers APP's rules here and runs them now; --prune-done SECONDS deletes the records of firings done
+    longer ago."""
     import dataclasses
     import json
 
     if ids and not retry:
         raise click.UsageError("IDs are the failed firings to --retry")
     module = load_app(app, click.ClickException) if app is not None else None
-    with open_database(ctx, writes=retry or module is not None) as database:
+    with open_database(ctx, writes=retry or module is not None or prune_done is not None) as database:
+        if prune_done is not None:
+            click.echo(f"deleted {database.outbox.prune(older_than=prune_done):,} record(s) of firings done more than "
+                       f"{prune_done:g} s ago", err=as_json)
         if retry:
             count = database.outbox.retry_failed(ids or None)
             click.echo(f"{count} failed firing(s) are pending again", err=as_json)

@@ -9,6 +9,7 @@ the transaction manager or a rule.
 from __future__ import annotations
 
 import collections
+import datetime
 import functools
 import logging
 import secrets
@@ -30,8 +31,6 @@ from activedb.rules import Firing
 from activedb.store import TableInfo
 
 if TYPE_CHECKING:  # pragma: no cover
-    import datetime
-
     import sqlalchemy as sa
 
     from activedb.rules import RuleCounter, RuleManager
@@ -405,6 +404,18 @@ class Outbox:
             result.append(FailedFiring(row.id, row.rule, row.coupling, event, trigger, row.trigger_outcome,
                                        row.attempts, row.error or "", row.finished_at))
         return result
+
+    def prune(self, *, older_than: datetime.timedelta | float) -> int:
+        """Delete the records of firings that ran (``done``) more than ``older_than`` ago (a timedelta or seconds);
+        returns how many.  A done record is never run again — exactly-once rests on the ingestion ledger and on
+        pending records — so the table need not keep it; but compensating a batch (``db.batches``) follows the
+        detached firings it triggered through these records: prune only what you will never compensate, as
+        ``db.batches.prune`` says of lineage.  Failed and pending records are kept."""
+        seconds = older_than.total_seconds() if isinstance(older_than, datetime.timedelta) else float(older_than)
+        if not seconds >= 0:
+            raise ValueError(f"outbox.prune(older_than=...) takes a non-negative age, got {older_than!r}")
+        with self.catalog.engine.begin() as connection:
+            return _records.prune_done(connection, seconds)
 
     def retry_failed(self, ids: Iterable[int] | None = None) -> int:
         """Make failed records pending again (``ids``, or all of them) and run a recovery pass; returns how

@@ -226,6 +226,13 @@ def failed(connection: sa.Connection, limit: int) -> list[Any]:
         {"limit": limit}).all())
 
 
+def prune_done(connection: sa.Connection, seconds: float) -> int:
+    """Delete the done records finished more than ``seconds`` ago; returns how many."""
+    return connection.exec_driver_sql(
+        "DELETE FROM activedb_outbox WHERE status = 'done' AND finished_at < now() - make_interval(secs => %s)",
+        (seconds,)).rowcount
+
+
 def retry(connection: sa.Connection, ids: Sequence[int] | None) -> int:
     """Failed records (``ids``, or all) become pending and unowned; returns how many."""
     where = "status = 'failed'" + ("" if ids is None else " AND id = ANY(:ids)")

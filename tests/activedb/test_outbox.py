@@ -207,6 +207,33 @@ def test_outbox_retry_with_app_runs_the_retried_firings_in_the_command(db, migra
     assert db.outbox.failures() == []
 
 
+def test_done_records_older_than_an_age_are_pruned_and_the_rest_kept(db, migrated):
+    """``db.outbox.prune(older_than=)`` and ``activedb outbox --prune-done SECONDS``: the records of firings done
+    longer ago go; newer done ones, failed and pending ones stay (a failed one is still shown and retried)."""
+    @db.rule(on=db.signalled("tick"), coupling=Coupling.DETACHED, name="tick_seen")
+    def tick_seen(tx, event):
+        if event.payload["n"] < 0:
+            raise ValueError("a negative tick")
+        tx.insert("events_seen", rule="tick_seen", detail=str(event.payload["n"]))
+
+    for n in (1, 2, 3, -1):
+        with db.transaction() as tx:
+            tx.signal("tick", n=n)
+    db.rules.wait_idle(TIMEOUT)
+    with db.engine.begin() as connection:      # the first two ran an hour ago
+        connection.execute(sa.text("UPDATE activedb_outbox SET finished_at = finished_at - interval '1 hour' "
+                                   "WHERE event -> 'payload' ->> 'n' IN ('1', '2')"))
+    assert db.outbox.prune(older_than=dt.timedelta(minutes=30)) == 2
+    assert [(rule, status) for rule, status, _, _ in records(db)] == [("tick_seen", "done"), ("tick_seen", "failed")]
+    result = CliRunner().invoke(main, ["--url", migrated, "outbox", "--prune-done", "0", "--json"])
+    assert result.exit_code == 0, result.output
+    assert "deleted 1 record(s) of firings done more than 0 s ago" in result.output
+    assert [status for _, status, _, _ in records(db)] == ["failed"] and len(db.outbox.failures()) == 1
+    assert seen(db) == [("tick_seen", "1"), ("tick_seen", "2"), ("tick_seen", "3")]       # (their effects stay)
+    with pytest.raises(ValueError, match="non-negative age"):
+        db.outbox.prune(older_than=-1)
+
+
 def test_an_attempt_database_run_retries_leaves_no_detached_firing(db):
     db.rule(on=db.signalled("go"), coupling=Coupling.DETACHED, name="once")(
         lambda tx, event: tx.insert("events_seen", rule="once", detail=str(event.payload["attempt"])))
