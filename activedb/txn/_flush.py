@@ -155,15 +155,15 @@ def _flush_with_retries(root: Transaction, isolation: IsolationLevel,
                     _write_all(root, connection, infos, writes, reads, scans, participants, locked, held=False)
             return
         except sa.exc.OperationalError as error:
-            # 55P03: a row locked elsewhere — NOWAIT at SERIALIZABLE (retried), else the validation's lock_timeout
-            # (not retried: the holder may be a tree of this process waiting for this one, README "Reads for update").
-            timed_out = sqlstate_of(error) == "55P03"
-            retried = classify(error) in _RETRIED or (timed_out and isolation is IsolationLevel.SERIALIZABLE)
+            # 55P03 at SERIALIZABLE: a row locked elsewhere, NOWAIT (retried).  (The validation's own lock timeout
+            # is a SerializationConflict raised by ``_validate``; any other is the database's: a DatabaseError.)
+            retried = classify(error) in _RETRIED or (sqlstate_of(error) == "55P03"
+                                                      and isolation is IsolationLevel.SERIALIZABLE)
             if retried and attempt < manager.flush_retries:
                 # Jittered back-off between retries of the flush (not used to order threads).
                 time.sleep(random.uniform(0.5, 1.5) * min(0.2, 0.002 * 2 ** attempt))
                 continue
-            if retried or timed_out:
+            if retried:
                 raise SerializationConflict(
                     f"commit of {root.id} failed {attempt} times on concurrent updates by another process; "
                     f"nothing was written — re-run the transaction (Database.run(fn, retries=N) does)"
@@ -206,8 +206,18 @@ def _validate(root: "Transaction", connection: sa.Connection, infos: Mapping[str
         # A row another tree of this process holds locked in PostgreSQL: that tree may wait in the lock manager for
         # this one, so the wait is said to the lock manager (``RowLockOwners.validating``), statement by statement.
         with owners.validating(root, {(table_name, key) for key in keys}, ()):
-            current = fetch_rows(connection, infos[table_name], keys, lock="share" if shared else "update",
-                                 nowait=nowait, lock_timeout=None if nowait else LOCK_TIMEOUT)
+            try:
+                current = fetch_rows(connection, infos[table_name], keys, lock="share" if shared else "update",
+                                     nowait=nowait, lock_timeout=None if nowait else LOCK_TIMEOUT)
+            except sa.exc.OperationalError as error:
+                if nowait or sqlstate_of(error) != "55P03":
+                    raise
+                # Its own bound: the holder may be a tree of this process waiting for this one (README "Reads for
+                # update"), so the tree is re-run rather than the flush retried.
+                raise SerializationConflict(
+                    f"commit of {root.id}: a row of {table_name!r} it read stayed locked by another transaction for "
+                    f"longer than {LOCK_TIMEOUT}; nothing was written — re-run the transaction (Database.run(fn, "
+                    f"retries=N) does)") from error
         for key in keys:
             if not same_image(current.get(key), reads[(table_name, key)]):
                 raise SerializationConflict(
