@@ -165,7 +165,11 @@ def _verdict(action: Callable[..., object], condition: bool = False, roles: tupl
     try:
         source = textwrap.dedent(inspect.getsource(action))
         tree = ast.parse(source)
-        module = compile(source, code.co_filename, "exec", dont_inherit=True)
+        # Compiled alone, after the imports of the module's names it uses: CPython compiles ``name.method()`` on a
+        # name the module binds by an import otherwise than on any other name (no LOAD_METHOD).
+        imported = _imported_names(inspect.getmodule(action)) & set(_names(code))
+        module = compile("".join(f"import {name}\n" for name in sorted(imported)) + source, code.co_filename, "exec",
+                         dont_inherit=True)
     except (OSError, TypeError, SyntaxError, ValueError) as error:
         return NotLearned(f"its source cannot be read ({error.__class__.__name__}: made at run time?)")
     # The source read is the code running (not a file edited since it was imported, not a closure's): the same
@@ -202,6 +206,46 @@ def _verdict(action: Callable[..., object], condition: bool = False, roles: tupl
     except (SyntaxError, ValueError, TypeError):
         return NotLearned(f"its key expression does not compile alone ({_where(code, expression)})")
     return Learned(table, compiled, event_name, ast.dump(expression), inserts, signals)
+
+
+def _names(code: CodeType) -> set[str]:
+    """The names ``code`` and the code nested in it use (``co_names``)."""
+    found = set(code.co_names)
+    for constant in code.co_consts:
+        if isinstance(constant, CodeType):
+            found |= _names(constant)
+    return found
+
+
+@functools.lru_cache(maxsize=256)
+def _module_imports(path: str, size: int, mtime: float) -> frozenset[str]:
+    """The names the module in ``path`` binds by an import at its top level (not in a function or class)."""
+    try:
+        with open(path, encoding="utf-8") as file:
+            tree = ast.parse(file.read())
+    except (OSError, SyntaxError, ValueError, UnicodeDecodeError):
+        return frozenset()
+    names: set[str] = set()
+    pending: list[ast.AST] = list(tree.body)
+    while pending:
+        node = pending.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            continue
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((alias.asname or alias.name).split(".")[0] for alias in node.names)
+        pending.extend(ast.iter_child_nodes(node))
+    return frozenset(names)
+
+
+def _imported_names(module: object) -> frozenset[str]:
+    path = getattr(module, "__file__", None)
+    if not isinstance(path, str) or not path.endswith(".py"):
+        return frozenset()
+    try:
+        status = os.stat(path)
+    except OSError:
+        return frozenset()
+    return _module_imports(path, status.st_size, status.st_mtime)
 
 
 def _where(code: CodeType, node: ast.AST) -> str:
