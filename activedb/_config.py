@@ -134,7 +134,7 @@ class ConnectKeywords(TypedDict, total=False):
     clock: Clock | None
     outbox: OutboxOptions
     engine: EngineOptions
-    outbox_options: Mapping[str, float | None]
+    outbox_options: Mapping[str, float | bool | None]
     pool_size: int
     max_overflow: int
     pool_use_lifo: bool

@@ -284,6 +284,9 @@ def _checkpoint_lock(checkpoint_dir: Path, name: str) -> Iterator[None]:
               metavar="SECONDS",
               help="A micro-batch that has not committed after this long is rolled back and re-run by a restart of "
                    "this command (0: no limit); raise it for very large batches.")
+@click.option("--record-detached", is_flag=True,
+              help="Record every detached-family rule firing in the outbox, to run in a transaction of its own; by "
+                   "default a batch runs those whose action only inserts rows in its own commit, with no record.")
 @metrics_port_option
 @click.pass_context
 def run_command(ctx: click.Context, app: str, source_text: str, checkpoint: str | None, query_name: str | None,
@@ -291,7 +294,8 @@ def run_command(ctx: click.Context, app: str, source_text: str, checkpoint: str 
                 trigger: str | None, available_now: bool, watermark_delay: str | None, partitions: int | None,
                 packages: str | None, spark_conf_entries: tuple[str, ...], verbose: bool,
                 on_partition_failure: str | None = None, metrics_port: str | None = None, master: str = "local[2]",
-                py_files: tuple[str, ...] = (), rule_deadline: float = 0.0, batch_deadline: float = 0.0) -> None:
+                py_files: tuple[str, ...] = (), rule_deadline: float = 0.0, batch_deadline: float = 0.0,
+                record_detached: bool = False) -> None:
     """Ingest a stream into APP's rules until stopped (Ctrl-C stops cleanly).
 
     \b
@@ -346,7 +350,7 @@ def run_command(ctx: click.Context, app: str, source_text: str, checkpoint: str 
     held = contextlib.ExitStack()        # the checkpoint's lock, until the end of the run
     held.enter_context(_checkpoint_lock(checkpoint_dir, name))
     try:
-        database = open_database(ctx, writes=True)
+        database = open_database(ctx, writes=True, outbox_options={"inserts_in_commit": not record_detached})
     except BaseException:
         held.close()
         raise

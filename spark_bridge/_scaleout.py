@@ -188,7 +188,7 @@ class PartitionedIngestSink(IngestSink):
         self._declared: set[str] = set()   # ledger query ids whose policy was recorded; under self._mutex
         self._prefetch_items = tuple(sorted(rules.prefetch.items()))
         self.lower_declared = rules.lower_declared
-        options = {"rule_execution": db.rules.execution, **(connect_options or {})}
+        options = {"rule_execution": db.rules.execution, "outbox": db.outbox.options, **(connect_options or {})}
         self._connect_options = tuple(sorted(options.items()))
         self._detached_timeout = detached_timeout
         self._url = db.url.render_as_string(hide_password=False)

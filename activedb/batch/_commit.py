@@ -410,6 +410,13 @@ def _new_rows(catalog: Catalog, inserted: Mapping[str, list[RowImage]]) -> list[
     return statements
 
 
+def insert_rows(connection: sa.Connection, catalog: Catalog, inserted: Mapping[str, list[RowImage]]) -> int:
+    """Insert ``inserted`` (table -> new rows, in one pipeline, set-at-a-time as the batch's own new rows); the number
+    of rows.  Raises ``SchemaError`` for a row the table cannot hold (before anything is sent), the driver's error as
+    SQLAlchemy's."""
+    return _send(connection, _new_rows(catalog, inserted))
+
+
 def _check_columns(info: TableInfo, names: list[str], rows: list[RowImage]) -> None:
     """``info.check_value`` for every value written (an unknown column, a wrong type, an integer
     out of range fail here, naming the column, as a write through the tree would), checking a

@@ -41,6 +41,8 @@ _RULES_LOGGER = logging.getLogger("activedb.rules")
 
 #: The event attributes a learned action may read: those a stream event and a batch event both carry.
 _EVENT_ATTRIBUTES = frozenset({"key", "ts", "payload", "source"})
+#: Those a rule on a signal or a data event may read besides (it is given the event itself, an ``Event``).
+_EVENT_ATTRIBUTES_ON_SIGNAL = _EVENT_ATTRIBUTES | {"old", "new"}
 #: Names through which a function can reach its own locals (and so its transaction) without naming them.
 _INTROSPECTION = frozenset({"locals", "vars", "eval", "exec", "globals", "compile", "__import__"})
 
@@ -110,7 +112,8 @@ def learned_table(action: Callable[..., object], on_signal: bool = False) -> Lea
 
     ``on_signal``: ``action`` is a rule's on a signal (run with the chain that signals: ``_rules.Reactions``): its row
     may be named by any expression of its event (``event.payload["worker"]``) — the stand-in compares it with the
-    chain's row at run time — and ``event`` is the signal.  Why a function does not qualify: :func:`why_not_learned`."""
+    chain's row at run time — and ``event`` is the signal (an ``Event``: ``event.new`` and ``event.old`` may be read
+    too; so may a detached-family rule's data event, ``_aftermath.runs_in_commit``).  Why a function does not qualify: :func:`why_not_learned`."""
     verdict = _cached(action, False, on_signal)
     return verdict if type(verdict) is Learned else None
 
@@ -430,7 +433,8 @@ def _uses(function: ast.FunctionDef, tx_name: str, event_name: str, code: CodeTy
             for keyword in node.keywords:
                 callee[id(keyword.value)] = name
         elif (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == event_name
-              and node.attr in _EVENT_ATTRIBUTES and isinstance(node.ctx, ast.Load)):
+              and node.attr in (_EVENT_ATTRIBUTES_ON_SIGNAL if on_signal else _EVENT_ATTRIBUTES)
+              and isinstance(node.ctx, ast.Load)):
             allowed.add(id(node.value))
         elif isinstance(node, ast.Call):
             for argument in (*node.args, *(keyword.value for keyword in node.keywords)):

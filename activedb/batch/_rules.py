@@ -19,6 +19,7 @@ import sqlalchemy as sa
 from coupling import Coupling, may_run_after, priority_groups
 
 from activedb import lowlevel
+from activedb.batch._aftermath import run_in_commit
 from activedb.batch._commit import PendingBatch, apply_at_commit
 from activedb.batch._learn import (
     Learned, LearnedDeclaration, NotLearned, Rejection, Step, _stream_event, learned_condition, learned_table,
@@ -667,8 +668,14 @@ def apply_lowered(rules: "RuleManager", transaction: "Transaction", events: Iter
         if reactions is not None:
             _count_reactions(tally, transaction, lowered, reactions, inserted)
         if decided is not None:
-            decided.set_decided(_detached_firings(rules, transaction, pending.batch, lowered,
-                                                  {event.position for event, _ in result.dead_letters}, inserted, tally))
+            firings = _detached_firings(rules, transaction, pending.batch, lowered,
+                                        {event.position for event, _ in result.dead_letters}, inserted, tally)
+            if in_commit:
+                # Those that only insert run here, in this commit; the others are recorded for the outbox's runners.
+                firings, ran = run_in_commit(rules, transaction, connection, firings)
+                for rule, count in ran.items():
+                    tally.add(rule, "executed", count)
+            decided.set_decided(firings)
         if on_result is not None:
             on_result(result, connection)
 
@@ -697,6 +704,7 @@ def apply_lowered(rules: "RuleManager", transaction: "Transaction", events: Iter
     # counters are told once it committed.
     decided = (rules.detached.decided(transaction.root)
                if lowered.detached or (reactions is not None and reactions.detached) else None)
+    in_commit = decided is not None and rules.detached.inserts_in_commit
     tally = _Tally(rules)
     lowlevel.enlist(transaction, tally)
     per_type = Counter(event.event_type for event in pending.batch)      # (the events as apply_at_commit read them)

@@ -88,12 +88,16 @@ class OutboxOptions:
       pass also runs at once when a rule is registered, and on :meth:`Outbox.recover`.  ``None``: only then.  The
       interval is measured on the outbox's ``clock`` (the database's: a test with a ``ManualClock`` moves it to
       start a pass).
+    * ``inserts_in_commit`` — a batch run at commit (a lowered micro-batch) runs the detached-family firings whose
+      actions only insert rows in its own commit, with no record (``activedb/batch/README.md``, "Detached firings
+      that only insert"); False: every firing is recorded here and run by a group transaction of its own.
     """
 
     group_size: int = 1024
     max_groups: int = 2
     max_attempts: int = 5
     recovery_interval: float | None = 10.0
+    inserts_in_commit: bool = True
 
 
 class Outbox:
@@ -125,6 +129,10 @@ class Outbox:
         rules.detached.attach(self)
 
     # --- life -------------------------------------------------------------------------------
+
+    @property
+    def inserts_in_commit(self) -> bool:
+        return self.options.inserts_in_commit
 
     @property
     def info(self) -> TableInfo:

@@ -57,6 +57,11 @@ class FiringRecorder(Protocol):
         """Where firings whose triggers' outcomes are already decided go (a batch run at commit), enlisted on
         ``root``'s commit now: after the participants enlisted before, whose ``write`` may add to it."""
 
+    @property
+    def inserts_in_commit(self) -> bool:
+        """Whether a batch run at commit may run, in its own commit, the firings whose actions only insert rows
+        (``activedb.batch``: "Detached firings that only insert") instead of handing them to :meth:`decided`."""
+
 
 class DecidedFirings(Protocol):
     """What ``FiringRecorder.decided`` returns."""
@@ -99,6 +104,11 @@ class DetachedRunner:
             self._no_recorder(root, None, ended=False)  # type: ignore[arg-type]  # (raises)
         assert self.recorder is not None
         return self.recorder.decided(root)
+
+    @property
+    def inserts_in_commit(self) -> bool:
+        """The attached recorder's ``inserts_in_commit`` (False without one)."""
+        return self.recorder is not None and self.recorder.inserts_in_commit
 
     def wait_idle(self, timeout: float | None = 30.0) -> None:
         if self.recorder is not None:

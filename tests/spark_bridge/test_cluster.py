@@ -224,6 +224,10 @@ def test_the_readme_cluster_commands_with_an_executor_killed_mid_batch_equal_a_l
     # One host plays all: every host's lines first, then the driver's preparation; the cluster's hosts get
     # what every host's lines exported, not the driver's.
     [run_line] = [line for where, line in commands if where == "driver" and " run " in line]
+    # Every detached firing recorded in the outbox (the README's line plus --record-detached): the application's
+    # detached rules only insert, which a batch would otherwise run in its own commit; batch 2 below is a kill after
+    # a task's commit while its recorded firings wait.
+    recording = run_line + " --record-detached"
     [master_line] = [line for where, line in commands if where == "cluster" and ".master.Master" in line]
     [worker_line] = [line for where, line in commands if where == "cluster" and ".worker.Worker" in line]
     assert commands[-1] == ("driver", run_line)
@@ -253,7 +257,7 @@ def test_the_readme_cluster_commands_with_an_executor_killed_mid_batch_equal_a_l
                          "ACTIVEDB_DATABASE_URL": exported.set(database=sa.make_url(local_url).database)
                          .render_as_string(hide_password=False)}
     with open(tmp_path / "local.out", "wb") as output:
-        reference = subprocess.Popen(_local_command(script.line(run_line)), cwd=local, env=local_environment,
+        reference = subprocess.Popen(_local_command(script.line(recording)), cwd=local, env=local_environment,
                                      stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
     run = None
     try:
@@ -261,7 +265,7 @@ def test_the_readme_cluster_commands_with_an_executor_killed_mid_batch_equal_a_l
                                 lambda url: hosts.line(worker_line).replace("spark://master.example.com:7077", url),
                                 cwd=workers, environment=hosts.environment) as cluster:
             mark("the master and the workers run")
-            line = script.line(run_line).replace("spark://master.example.com:7077", cluster.master_url)
+            line = script.line(recording).replace("spark://master.example.com:7077", cluster.master_url)
             with open(tmp_path / "run.out", "wb") as output:
                 run = subprocess.Popen(["bash", "-c", line], cwd=driver, env=script.environment, stdout=output,
                                        stderr=subprocess.STDOUT, start_new_session=True)

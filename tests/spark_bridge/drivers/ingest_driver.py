@@ -6,7 +6,7 @@ Like :mod:`tests.spark_bridge.drivers.crash_driver` (whose parent-side helpers �
 :func:`~tests.spark_bridge.drivers.crash_driver.read_log` — work on this driver's log too),
 but the sink is the rule layer: ``python -m tests.spark_bridge.drivers.ingest_driver
 --app APP --url URL --source DIR --checkpoint DIR --query-name NAME --log FILE
-[--hold PHASE:BATCH] [--schema DDL]``.
+[--hold PHASE:BATCH] [--schema DDL] [--record-detached]``.
 
 It connects to ``URL``, upgrades the app's ``MIGRATIONS``, registers its rules and runs
 a JSON-lines file stream (one file per micro-batch, ``availableNow``) through ``ingest`` — on the
@@ -23,6 +23,9 @@ The ``on_phase`` seam writes ``fetched <id>``, ``flush <id>``, ``committed <id>`
 * ``detached`` — from batch ``BATCH``'s flush on, every detached-family rule firing is held before it
   runs (their records are pending in the outbox): a crash between a batch's commit and its detached
   rules.  ``holding detached <id>`` is written once the batch committed.
+
+``--record-detached``: every detached-family firing is recorded in the outbox and run by a group transaction of its
+own (``OutboxOptions(inserts_in_commit=False)``), also those a lowered batch would run in its own commit.
 """
 
 from __future__ import annotations
@@ -53,6 +56,8 @@ def _driver(argv: Sequence[str]) -> int:
     parser.add_argument("--log", required=True, type=Path)
     parser.add_argument("--hold", default=None, help="PHASE:BATCH, PHASE one of " + ", ".join(HOLD_PHASES))
     parser.add_argument("--schema", default=None, help="Spark DDL of the rows (default: the app's SCHEMA)")
+    parser.add_argument("--record-detached", action="store_true",
+                        help="record every detached-family firing in the outbox (none run in a batch's commit)")
     options = parser.parse_args(argv)
 
     log, hold_phase, hold_batch = start_log(parser, options, HOLD_PHASES)
@@ -61,7 +66,7 @@ def _driver(argv: Sequence[str]) -> int:
     import spark_bridge
 
     loaded = spark_bridge.load_app(options.app, require_mapping=True)
-    database = activedb.connect(options.url)
+    database = activedb.connect(options.url, outbox_options={"inserts_in_commit": not options.record_detached})
     if loaded.migrations is not None:
         database.upgrade_app(loaded.migrations)
     loaded.register(database)
@@ -115,12 +120,13 @@ def start_ingest_driver(
     log: Path,
     hold: str | None = None,
     output: Path | None = None,
+    record_detached: bool = False,
 ) -> subprocess.Popen:
     """Start the driver in its own process group (``crash_driver.kill_driver`` gets the JVM too)."""
     command = [
         sys.executable, "-m", "tests.spark_bridge.drivers.ingest_driver", "--app", app, "--url", url,
         "--source", os.fspath(source), "--checkpoint", os.fspath(checkpoint), "--query-name", query_name,
-        "--log", os.fspath(log),
+        "--log", os.fspath(log), *(["--record-detached"] if record_detached else []),
     ]
     return spawn_driver(command, hold, output)
 

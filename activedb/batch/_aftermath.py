@@ -1,0 +1,261 @@
+"""Detached-family firings a lowered batch runs in its own commit: those whose action only inserts new rows and
+computes nothing but values (:func:`runs_in_commit`), instead of an outbox record each and a group transaction later.
+Design note and equivalence argument: the package README, "Detached firings that only insert".
+
+Thread-safety: the verdict caches are guarded by the GIL (two threads may compute one verdict twice, with the same
+result); :func:`run_in_commit` runs in the flush of one transaction, on its thread.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import inspect
+import textwrap
+import weakref
+from collections import Counter
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, NoReturn
+
+import sqlalchemy as sa
+
+from activedb.batch._commit import insert_rows
+from activedb.batch._learn import NotLearned, learned_table, why_not_learned
+from coupling import Coupling
+from activedb.errors import GeneratedKeysReset, SchemaError
+from activedb.events import EventKind
+from activedb.store import Catalog, TableInfo
+
+if TYPE_CHECKING:  # pragma: no cover
+    from activedb.rules import Firing, Rule, RuleManager
+    from activedb.txn import Transaction
+
+__all__ = ["run_in_commit", "runs_in_commit"]
+
+#: Built-in functions that only compute a value from their arguments: what an action run in its trigger's commit may
+#: call besides its ``tx.insert``, methods of the values it computes, exception classes and module functions that
+#: pass the same check.
+_COMPUTING = frozenset({
+    "abs", "all", "any", "bool", "chr", "dict", "divmod", "enumerate", "filter", "float", "format", "frozenset", "hash",
+    "int", "isinstance", "issubclass", "len", "list", "map", "max", "min", "ord", "pow", "range", "repr", "reversed",
+    "round", "set", "sorted", "str", "sum", "tuple", "zip"})
+#: How many module functions deep the check follows calls.
+_DEPTH = 4
+
+_PURE: "weakref.WeakKeyDictionary[Callable[..., object], str | None]" = weakref.WeakKeyDictionary()
+
+
+def runs_in_commit(rule: "Rule") -> frozenset[str] | NotLearned:
+    """The tables ``rule``'s firings insert into, if a lowered batch may run them in its own commit, or why not: a
+    rule of the detached family (its condition–action coupling immediate) without a condition whose action, as the
+    static check of a rule on a signal reads it (``learned_table``, ``on_signal``: its event any event, ``event.new``
+    and ``event.old`` included), does nothing with ``tx`` but ``tx.insert(TABLE, **columns)`` — no row read or
+    written, no signal — and computes nothing but values (:func:`_computes_only`): so that no one can tell running it
+    there from running it as the first transaction after its trigger's, and running it again from running it once."""
+    coupling = Coupling.parse(rule.coupling)
+    if coupling.runs_as_subtransaction or Coupling.parse(rule.action_coupling) is not Coupling.IMMEDIATE:
+        return NotLearned(f"rule {rule.name!r} is not of the detached family with an immediate action")
+    if rule.condition_function() is not None:
+        return NotLearned(f"rule {rule.name!r} has a condition")
+    action = rule.action_function()
+    learned = learned_table(action, on_signal=True)
+    if learned is None:
+        return NotLearned(f"the action of rule {rule.name!r}: {why_not_learned(action, on_signal=True)}")
+    if learned.table or learned.signals or not learned.inserts:
+        return NotLearned(f"the action of rule {rule.name!r} " + (
+            "reads or writes a row" if learned.table else "signals" if learned.signals else "inserts nothing"))
+    why = _computes_only(action, 0)
+    if why is not None:
+        return NotLearned(f"the action of rule {rule.name!r}: {why}")
+    return learned.inserts
+
+
+def _computes_only(function: object, depth: int) -> str | None:
+    """Why ``function``'s body may do more than compute values (and insert through its ``tx``), or None: every call
+    in it is ``tx``'s, a method of a value the body holds (not of a module: ``requests.post``), a :data:`_COMPUTING`
+    built-in, an exception class, or a module function whose body passes this check in turn; it assigns no global,
+    attribute or item of a name it did not bind, and imports nothing."""
+    if not inspect.isfunction(function):
+        return f"{function!r} is not a plain Python function"
+    try:
+        return _PURE[function]
+    except KeyError:
+        pass
+    try:
+        source = textwrap.dedent(inspect.getsource(function))
+        tree = ast.parse(source)
+    except (OSError, TypeError, SyntaxError, ValueError) as error:
+        return f"the source of {function.__name__}() cannot be read ({error.__class__.__name__})"
+    namespace = function.__globals__
+    code = function.__code__
+    local_names = set(code.co_varnames) | set(code.co_cellvars) | set(code.co_freevars)
+    parameters = set(code.co_varnames[:code.co_argcount + code.co_kwonlyargcount])
+    why: str | None = None
+    for node in ast.walk(tree.body[0]) if tree.body else ():
+        where = f"{code.co_filename}:{code.co_firstlineno + getattr(node, 'lineno', 1) - 1}"
+        if isinstance(node, (ast.Global, ast.Nonlocal, ast.Import, ast.ImportFrom, ast.Await, ast.Yield,
+                             ast.YieldFrom)):
+            why = f"{function.__name__}() has {type(node).__name__.lower()} ({where})"
+        elif isinstance(node, (ast.Attribute, ast.Subscript)) and isinstance(node.ctx, (ast.Store, ast.Del)):
+            root = _root(node)
+            if root is None or root not in local_names or root in parameters:
+                why = f"{function.__name__}() assigns into a value it did not make ({where})"
+        elif isinstance(node, ast.Call):
+            why = _call_refusal(node.func, namespace, local_names, depth)
+            if why is not None:
+                why = f"{function.__name__}() calls {ast.unparse(node.func)}: {why} ({where})"
+        if why is not None:
+            break
+    if depth == 0:      # (deeper, a verdict may be a depth limit's)
+        try:
+            _PURE[function] = why
+        except TypeError:
+            pass
+    return why
+
+
+def _root(node: ast.expr) -> str | None:
+    """The name an attribute or subscript chain starts from (None: an expression)."""
+    while isinstance(node, (ast.Attribute, ast.Subscript, ast.Call)):
+        node = node.func if isinstance(node, ast.Call) else node.value
+    return node.id if isinstance(node, ast.Name) else None
+
+
+def _call_refusal(func: ast.expr, namespace: Mapping[str, object], local_names: set[str], depth: int) -> str | None:
+    if isinstance(func, ast.Attribute):
+        root = _root(func)
+        if root is not None and root not in local_names:
+            target = namespace.get(root, getattr(builtins, root, None))
+            if not isinstance(target, (str, int, float, tuple, frozenset)):      # (a module, a global object)
+                return "a function of a module or a global object"
+        return None          # (a method of a value the body holds: str.format, dict.get, datetime.replace)
+    if not isinstance(func, ast.Name):
+        return "a computed callable"
+    name = func.id
+    if name in local_names:
+        return "a callable held in a local name"
+    if name not in namespace:
+        built_in = getattr(builtins, name, None)
+        if name in _COMPUTING or (inspect.isclass(built_in) and issubclass(built_in, BaseException)):
+            return None
+        return "a built-in that may do more than compute"
+    target = namespace[name]
+    if inspect.isclass(target) and issubclass(target, BaseException):
+        return None
+    if inspect.isfunction(target):
+        if depth + 1 >= _DEPTH:
+            return f"calls more than {_DEPTH} functions deep"
+        return _computes_only(target, depth + 1)
+    return "not a module function, an exception class or a computing built-in"
+
+
+class _Deviation(Exception):
+    """The action did more with its stand-in transaction than insert a row whose key the table draws."""
+
+
+class _Inserts:
+    """What an action run in its trigger's commit gets as ``tx``: ``insert(table, **values)`` keeps the row (checked as
+    ``tx.insert`` checks it; its key left to the table's sequence); anything else raises :class:`_Deviation`."""
+
+    __slots__ = ("_tables", "rows")
+
+    def __init__(self, tables: Mapping[str, TableInfo]) -> None:
+        self._tables = tables
+        self.rows: list[tuple[str, dict[str, object]]] = []
+
+    def insert(self, table: str, /, **values: object) -> None:
+        info = self._tables.get(table)
+        if info is None or any(values.get(column) is not None for column in info.key_columns):
+            raise _Deviation(f"inserted into {table!r} {sorted(values)}")
+        self.rows.append((table, info.check_values(values, copy=False)))
+
+    def __getattr__(self, name: str) -> NoReturn:
+        raise _Deviation(f"used tx.{name}")
+
+
+def _targets(rules: "RuleManager", catalog: Catalog, rule: "Rule",
+             cache: dict["Rule", "dict[str, tuple[TableInfo, str]] | None"]) -> "dict[str, tuple[TableInfo, str]] | None":
+    """The tables ``rule``'s firings insert into, with their key's sequence, if they may run in the commit now: the
+    rule passes :func:`runs_in_commit`, each table's key is one column with a sequence, and no rule hears the rows
+    inserted into it (no data event to raise) and none observes it."""
+    if rule in cache:
+        return cache[rule]
+    found: dict[str, tuple[TableInfo, str]] | None = None
+    tables = runs_in_commit(rule)
+    if not isinstance(tables, NotLearned):
+        observed = rules.observed_tables()
+        found = {}
+        try:
+            for table in tables:
+                info = catalog.table_info(table)
+                sequence = catalog.sequence_of(info, info.key_columns[0]) if len(info.key_columns) == 1 else None
+                if sequence is None or table in observed or rules.fired_by(EventKind.INSERTED, table):
+                    found = None
+                    break
+                found[table] = (info, sequence)
+        except SchemaError:
+            found = None
+    cache[rule] = found
+    return found
+
+
+def run_in_commit(rules: "RuleManager", transaction: "Transaction", connection: sa.Connection,
+                  items: list[tuple["Firing", str, bool]]) -> tuple[list[tuple["Firing", str, bool]], Counter["Rule"]]:
+    """Run the firings among ``items`` (``(firing, trigger id, committed)``, each allowed to run after its trigger's
+    outcome) whose rules :func:`runs_in_commit` here, in ``transaction``'s flush: each action with :class:`_Inserts`
+    for ``tx``, the rows' keys drawn per table in the firings' order (as the outbox's runner would draw them), the rows
+    inserted set-at-a-time under a savepoint.  Returns the items left to the outbox — a firing whose action raised or
+    deviated, or all of them if the savepoint's statements failed — and how many firings of each rule ran.  Raises
+    ``GeneratedKeysReset`` if a key drawn was given away again (the flush is a conflict, re-run)."""
+    catalog = transaction.manager.catalog
+    cache: dict[Rule, dict[str, tuple[TableInfo, str]] | None] = {}
+    tables: dict[str, tuple[TableInfo, str]] = {}
+    left: list[tuple[Firing, str, bool]] = []
+    ran: list[tuple[Firing, str, bool]] = []
+    rows: dict[str, list[dict[str, object]]] = {}
+    for item in items:
+        firing = item[0]
+        targets = _targets(rules, catalog, firing.rule, cache)
+        if targets is None:
+            left.append(item)
+            continue
+        tables.update(targets)
+        stand_in = _Inserts({table: info for table, (info, _) in targets.items()})
+        try:
+            firing.rule.action_function()(stand_in, firing.event)
+        except Exception:           # (raised or deviated: the outbox runs it, and fails it with its own error)
+            left.append(item)
+            continue
+        ran.append(item)
+        for table, values in stand_in.rows:
+            rows.setdefault(table, []).append(values)
+    if not ran:
+        return left, Counter()
+    # Every key of these rows is drawn here, at once: none was drawn earlier in the transaction, so a reset of a
+    # sequence found now concerns none of them (no ``since``); the keys are still checked against the database.
+    for attempt in range(len(rows) + 1):
+        drawn: dict[str, list[int]] = {}
+        for table, found in rows.items():
+            info, sequence = tables[table]
+            keys, _ = catalog.generated_keys(sequence, len(found))
+            drawn[sequence] = keys
+            column = info.key_columns[0]
+            for values, key in zip(found, keys):
+                values[column] = key
+        try:
+            catalog.check_generated_keys(connection, drawn)
+            break
+        except GeneratedKeysReset:
+            # A sequence reset since its cached block was drawn (the check dropped the block): nothing written yet,
+            # so draw again (the keys drawn are gaps); one sequence found a check, at most every one of them.
+            if attempt == len(rows):
+                raise
+    try:
+        with connection.begin_nested():
+            insert_rows(connection, catalog, rows)
+    except (sa.exc.DBAPIError, SchemaError):
+        # A row the database refused (a constraint): these firings run as the outbox runs them, each in its own
+        # transaction, and the one that fails is marked failed with the database's reason.
+        return items, Counter()
+    return left, Counter(item[0].rule for item in ran)
+

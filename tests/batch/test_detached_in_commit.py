@@ -1,0 +1,157 @@
+"""Detached-family firings a lowered batch runs in its own commit (``activedb/batch/README.md``, "Detached firings that
+only insert"): which rules qualify and why not; the tables and counters those firings leave equal what recording
+them leaves (``OutboxOptions(inserts_in_commit=False)``), with no outbox record; a firing whose action raises, and
+every one of them when the database refuses a row, go through the outbox instead, the batch committing."""
+
+from __future__ import annotations
+
+import time
+from time import perf_counter
+
+import pytest
+import sqlalchemy as sa
+
+import activedb
+from activedb import Coupling
+from activedb.batch._aftermath import runs_in_commit
+from activedb.batch._learn import NotLearned
+from activedb.examples.hand_hygiene import MIGRATIONS, app
+from activedb.ingest import RulesHandler, feed
+
+WAIT = 120
+MAPPING = app.MAPPING
+WORKERS, SAFE = app.WORKERS, app.SAFE        # (a rule names them as globals)
+
+
+def touch(tx, event):
+    tx.write(WORKERS, event.key, status=SAFE, changes=0)
+
+
+def note(tx, event):
+    tx.insert("notifications", worker=event.key, channel="badge", at=0.0, message=f"seen in {event.payload['room']}")
+
+
+def note_unless_bad(tx, event):
+    if event.payload["room"] == "bad":
+        raise ValueError(f"no note for {event.key}")
+    tx.insert("compensations", worker=event.key, event=event.source, at=0.0, reason="noted")
+
+
+def chatty(tx, event):
+    print("sending", event.key)
+    tx.insert("notifications", worker=event.key, channel="badge", at=0.0, message="chatty")
+
+
+def clocked(tx, event):
+    tx.insert("notifications", worker=event.key, channel="clock", at=time.time(), message="now")
+
+
+def timed(tx, event):
+    tx.insert("notifications", worker=event.key, channel="clock", at=perf_counter(), message="now")
+
+
+def reads(tx, event):
+    row = tx.read(WORKERS, event.key)
+    tx.insert("notifications", worker=event.key, channel="badge", at=0.0, message=str(row))
+
+
+def declare(database, *more):
+    database.upgrade_app(MIGRATIONS)
+    database.rule(on=database.stream("ping"), name="touch")(touch)
+    database.rule(on=database.stream("ping"), coupling=Coupling.DETACHED_CAUSALLY_DEPENDENT, name="note")(note)
+    database.rule(on=database.stream("ping"), coupling=Coupling.DETACHED, name="note_unless_bad")(note_unless_bad)
+    for rule, coupling in more:
+        database.rule(on=database.stream("ping"), coupling=coupling, name=rule.__name__)(rule)
+
+
+def rows(*rooms: str, first: int = 0) -> list[dict]:
+    return [{"type": "ping", "worker": f"w{first + number}", "ts": float(first + number), "room": room}
+            for number, room in enumerate(rooms)]
+
+
+def state(database) -> dict[str, object]:
+    with database.engine.connect() as connection:
+        tables = {table: [tuple(row) for row in connection.execute(sa.text(f"SELECT * FROM {table} ORDER BY 1"))]
+                  for table in ("worker_status", "notifications", "compensations")}
+        outbox = connection.execute(sa.text(
+            "SELECT rule, status, coalesce(error, '') FROM activedb_outbox ORDER BY id")).all()
+    per_rule = database.rules.statistics().per_rule
+    counters = {name: (c.fired, c.executed, c.failed, c.cancelled) for name, c in per_rule.items()}
+    return {"tables": tables, "outbox": [tuple(row) for row in outbox], "counters": counters}
+
+
+def test_which_detached_rules_run_in_their_batchs_commit_and_why_not(make_database_url):
+    database = activedb.connect(make_database_url("in_commit_verdicts"))
+    try:
+        declare(database, (chatty, Coupling.DETACHED), (clocked, Coupling.DETACHED), (timed, Coupling.DETACHED),
+                (reads, Coupling.DETACHED))
+        database.rule(on=database.stream("ping"), coupling=Coupling.DETACHED, when=lambda tx, event: True,
+                      name="conditional")(note)
+        verdicts = {rule.name: runs_in_commit(rule) for rule in database.rules.on_stream("ping")}
+        assert verdicts["note"] == frozenset({"notifications"})
+        assert verdicts["note_unless_bad"] == frozenset({"compensations"})
+        assert isinstance(verdicts["touch"], NotLearned) and "detached family" in verdicts["touch"]
+        assert "chatty() calls print" in verdicts["chatty"]
+        assert "clocked() calls time.time: a function of a module" in verdicts["clocked"]
+        assert "timed() calls perf_counter: not a module function" in verdicts["timed"]
+        assert "reads or writes a row" in verdicts["reads"]
+        assert "has a condition" in verdicts["conditional"]
+        # (the application's detached family qualifies: it inserts rows computed from its events)
+        app.register(database)
+        for name in ("notify_badge", "badge_light", "report_incident", "compensate_enter"):
+            assert not isinstance(runs_in_commit(database.rules.get(name)), NotLearned), name
+    finally:
+        database.close()
+
+
+@pytest.fixture
+def pair(make_database_url):
+    """Two databases with the rules above: firings run in the commit (the default), and every firing recorded."""
+    made = [activedb.connect(make_database_url("in_commit_on")),
+            activedb.connect(make_database_url("in_commit_off"), outbox_options={"inserts_in_commit": False})]
+    try:
+        for database in made:
+            declare(database)
+        yield made
+    finally:
+        for database in made:
+            database.close()
+
+
+def test_firings_that_only_insert_leave_in_the_commit_what_recorded_firings_leave(pair):
+    in_commit, recorded = pair
+    batches = [rows("r1", "r2", "bad", "r3"), rows("r4", "bad", first=10)]
+    for database in pair:
+        handler = RulesHandler()
+        for number, found in enumerate(batches):
+            [outcome] = feed(database, [found], source="pings", mapping=MAPPING, handler=handler, run=str(number))
+            assert handler.last_lowered is not None and outcome.committed and outcome.dead_letters == 0
+        database.rules.wait_idle(WAIT)
+    here, there = state(in_commit), state(recorded)
+    assert here["tables"] == there["tables"] and here["counters"] == there["counters"]
+    assert len(here["tables"]["notifications"]) == 6 and len(here["tables"]["compensations"]) == 4
+    assert here["counters"]["note"] == (6, 6, 0, 0) and here["counters"]["note_unless_bad"] == (6, 4, 2, 0)
+    # Only the firings whose action raised were recorded here; recorded, every one is.
+    assert [(rule, status) for rule, status, _ in here["outbox"]] == [("note_unless_bad", "failed")] * 2
+    assert all("no note for" in error for _, _, error in here["outbox"])
+    assert sorted(status for _, status, _ in there["outbox"]) == ["done"] * 10 + ["failed"] * 2
+
+
+def test_a_row_the_database_refuses_sends_those_firings_to_the_outbox_and_the_batch_commits(pair):
+    in_commit, _ = pair
+    with in_commit.engine.begin() as connection:
+        connection.execute(sa.text("CREATE UNIQUE INDEX notifications_once ON notifications (message)"))
+    handler = RulesHandler()
+    [outcome] = feed(in_commit, [rows("r1", "r1", "r2")], source="twice", mapping=MAPPING, handler=handler)
+    in_commit.rules.wait_idle(WAIT)
+    assert handler.last_lowered is not None and outcome.committed and outcome.events == 3
+    found = state(in_commit)
+    assert len(found["tables"]["worker_status"]) == 3 and len(found["tables"]["compensations"]) == 3
+    with in_commit.engine.connect() as connection:
+        messages = connection.execute(sa.text("SELECT message FROM notifications ORDER BY message")).scalars().all()
+    assert messages == ["seen in r1", "seen in r2"]
+    statuses = sorted((rule, status) for rule, status, _ in found["outbox"])
+    assert statuses == [("note", "done"), ("note", "done"), ("note", "failed"),
+                        ("note_unless_bad", "done"), ("note_unless_bad", "done"), ("note_unless_bad", "done")]
+    [error] = [error for rule, status, error in found["outbox"] if status == "failed"]
+    assert "Key (message)=(seen in r1) already exists" in error, error
