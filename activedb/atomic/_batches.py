@@ -18,6 +18,9 @@ from activedb.atomic._graph import IndependentScover, LineageExplorer, Transacti
 from activedb.atomic._lineage import BatchRef, ConsumedBatches, RuleNotes, UndoKeys, add_note, record_of
 from activedb.atomic.errors import LineageError, UnknownBatch
 
+#: The name of the transaction a detached rule's firing runs in, before the rule's name.
+_RULE_TRANSACTION = "rule:"
+
 if TYPE_CHECKING:  # pragma: no cover
     import networkx as nx
 
@@ -113,6 +116,9 @@ class Batches:
     def _declaring(self, name: str, **kind: bool) -> Callable[[_Function], _Function]:
         def register(function: _Function) -> _Function:
             self._compensations.declare(name, function, **kind)
+            if kind.get("transaction") and name.startswith(_RULE_TRANSACTION):
+                # Its firings must run in that transaction: none in a lowered batch's commit.
+                self.db.rules.detached.keep_recorded(name[len(_RULE_TRANSACTION):])
             return function
         return register
 

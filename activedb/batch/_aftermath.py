@@ -173,23 +173,26 @@ class _Inserts:
         raise _Deviation(f"used tx.{name}")
 
 
-def _targets(rules: "RuleManager", catalog: Catalog, rule: "Rule",
+def _targets(rules: "RuleManager", transaction: "Transaction", rule: "Rule",
              cache: dict["Rule", "dict[str, tuple[TableInfo, str]] | None"]) -> "dict[str, tuple[TableInfo, str]] | None":
     """The tables ``rule``'s firings insert into, with their key's sequence, if they may run in the commit now: the
-    rule passes :func:`runs_in_commit`, each table's key is one column with a sequence, and no rule hears the rows
-    inserted into it (no data event to raise) and none observes it."""
+    rule passes :func:`runs_in_commit` and its firings are not kept recorded (``kept_recorded``: a compensation
+    names its transaction), each table's key is one column with a sequence, no rule hears the rows inserted into it
+    (no data event to raise) and none observes it, and no extension wants its old images (before-image undo)."""
     if rule in cache:
         return cache[rule]
     found: dict[str, tuple[TableInfo, str]] | None = None
-    tables = runs_in_commit(rule)
-    if not isinstance(tables, NotLearned):
+    tables = runs_in_commit(rule) if rule.name not in rules.detached.kept_recorded else None
+    if tables is not None and not isinstance(tables, NotLearned):
+        catalog, extensions = transaction.manager.catalog, transaction.manager.extensions
         observed = rules.observed_tables()
         found = {}
         try:
             for table in tables:
                 info = catalog.table_info(table)
                 sequence = catalog.sequence_of(info, info.key_columns[0]) if len(info.key_columns) == 1 else None
-                if sequence is None or table in observed or rules.fired_by(EventKind.INSERTED, table):
+                if (sequence is None or table in observed or rules.fired_by(EventKind.INSERTED, table)
+                        or any(wants(table) for wants in extensions.wants_old_images)):
                     found = None
                     break
                 found[table] = (info, sequence)
@@ -215,7 +218,7 @@ def run_in_commit(rules: "RuleManager", transaction: "Transaction", connection: 
     rows: dict[str, list[dict[str, object]]] = {}
     for item in items:
         firing = item[0]
-        targets = _targets(rules, catalog, firing.rule, cache)
+        targets = _targets(rules, transaction, firing.rule, cache)
         if targets is None:
             left.append(item)
             continue

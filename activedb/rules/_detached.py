@@ -11,6 +11,7 @@ the gate's (whose mutex is a leaf).
 from __future__ import annotations
 
 import logging
+import threading
 from typing import TYPE_CHECKING, Protocol
 
 from coupling import CouplingError, DependencyGate, Verdict
@@ -80,6 +81,8 @@ class DetachedRunner:
         self.transactions = transactions
         self.gate = DependencyGate()
         self.recorder: FiringRecorder | None = None
+        self._kept_recorded: frozenset[str] = frozenset()
+        self._kept_mutex = threading.Lock()      # (a leaf)
         #: ``start(trigger, firing, *, ended=...)``: ``firing`` (detached family) occurred in ``trigger`` — the
         #: attached recorder's ``record`` itself (no call of this runner's between the dispatch and the recorder).
         self.start: RecordFiring = self._no_recorder
@@ -109,6 +112,18 @@ class DetachedRunner:
     def inserts_in_commit(self) -> bool:
         """The attached recorder's ``inserts_in_commit`` (False without one)."""
         return self.recorder is not None and self.recorder.inserts_in_commit
+
+    @property
+    def kept_recorded(self) -> frozenset[str]:
+        """The rules whose firings are recorded and run in transactions of their own even where a lowered batch would
+        run them in its commit (:meth:`keep_recorded`)."""
+        return self._kept_recorded
+
+    def keep_recorded(self, rule: str) -> None:
+        """Record every firing of rule ``rule`` and run it in a transaction of its own (``rule:<name>``), also where a
+        lowered batch would run it in its commit: something names that transaction (a compensation of it)."""
+        with self._kept_mutex:      # (a new frozenset each time: readers need no lock)
+            self._kept_recorded = self._kept_recorded | {rule}
 
     def wait_idle(self, timeout: float | None = 30.0) -> None:
         if self.recorder is not None:

@@ -155,3 +155,22 @@ def test_a_row_the_database_refuses_sends_those_firings_to_the_outbox_and_the_ba
                         ("note_unless_bad", "done"), ("note_unless_bad", "done"), ("note_unless_bad", "done")]
     [error] = [error for rule, status, error in found["outbox"] if status == "failed"]
     assert "Key (message)=(seen in r1) already exists" in error, error
+
+
+def test_firings_whose_transaction_is_compensated_or_whose_table_keeps_before_images_stay_recorded(pair):
+    """A compensation declared for a detached rule's transaction (``rule:<name>``) needs that transaction, and
+    before-image undo of a table needs the images of every transaction writing it: those firings are recorded and
+    run in transactions of their own; the others still run in the batch's commit."""
+    in_commit, _ = pair
+    in_commit.batches.transaction_compensation("rule:note")(lambda tx, lineage: None)
+    handler = RulesHandler()
+    [outcome] = feed(in_commit, [rows("r1", "r2")], source="kept", mapping=MAPPING, handler=handler)
+    in_commit.rules.wait_idle(WAIT)
+    assert handler.last_lowered is not None and outcome.committed
+    assert [(rule, status) for rule, status, _ in state(in_commit)["outbox"]] == [("note", "done")] * 2
+    in_commit.batches.undo_by_before_image("compensations")
+    [outcome] = feed(in_commit, [rows("r3", first=5)], source="kept", mapping=MAPPING, handler=handler, run="2")
+    in_commit.rules.wait_idle(WAIT)
+    found = state(in_commit)
+    assert sorted({rule for rule, _, _ in found["outbox"]}) == ["note", "note_unless_bad"]
+    assert len(found["tables"]["notifications"]) == 3 and len(found["tables"]["compensations"]) == 3
