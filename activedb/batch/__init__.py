@@ -11,7 +11,8 @@ a declared state transaction), ``lower(db.rules, tx, event_types)`` and ``apply_
 lowered)`` (a micro-batch of its events as one batch, the firing record kept: the ingestion core's rule path
 reaches them through ``DeclaredAction.batch_lowering``, and ``Database.rule_lowering`` — ``RULE_LOWERING`` — for plain
 rules whose action only reads and writes its event's row: "Plain rules lowered"; ``why_not_lowered(db, type)``
-says why a type's batches are fired event by event instead); :class:`TpgHandler` (batches of any ingestion connector
+says why a type's batches are fired event by event instead; ``why_not_in_commit(db, rule)`` why a detached rule's
+firings are recorded rather than run in such a batch's commit); :class:`TpgHandler` (batches of any ingestion connector
 as batches of state transactions: ``handler=TpgHandler(transactions)``).
 
 Strategies: ``"auto"`` (the decision model: the lean serial executor in one process, components
@@ -29,6 +30,7 @@ from activedb.batch._runtime import decide, normalise_events, run_in_memory
 from activedb.batch._store import apply_batch, dead_letter_row, run_batch
 from activedb.batch._commit import PendingBatch, PendingState, apply_at_commit
 from activedb.batch._ingest import TpgHandler
+from activedb.batch._aftermath import why_not_in_commit
 from activedb.batch._rules import (RULE_LOWERING, DeclaredAction, Lowered, apply_lowered, declared, lower,
                                   why_not_lowered)
 from activedb.batch._strategy import (AbortMode, DecisionRule, Exploration, Granularity, Split, Strategy, all_strategies,
@@ -39,7 +41,7 @@ from activedb.batch import errors
 __all__ = ["RULE_LOWERING", "Abort", "AbortMode", "DecisionRule", "Split", "all_strategies", "apply_at_commit", "apply_batch", "apply_lowered", "BatchEvent",
            "BatchResult", "BatchStatistics", "dead_letter_row", "decide", "Decision", "DecisionModel", "declared",
            "DeclaredAction", "morphstream_name",
-           "DELETE", "EdgeKind", "lower", "Lowered", "why_not_lowered",
+           "DELETE", "EdgeKind", "lower", "Lowered", "why_not_in_commit", "why_not_lowered",
            "errors", "Exploration", "Granularity", "Inserted", "InsertedInto", "normalise_events", "OpKind", "Ops",
            "OpState",
            "parse_strategy", "PendingBatch", "PendingState", "render_tpg", "run_batch", "run_in_memory",

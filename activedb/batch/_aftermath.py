@@ -27,10 +27,11 @@ from activedb.events import EventKind
 from activedb.store import Catalog, TableInfo
 
 if TYPE_CHECKING:  # pragma: no cover
+    from activedb._handle import DatabaseHandle
     from activedb.rules import Firing, Rule, RuleManager
-    from activedb.txn import Transaction
+    from activedb.txn import Transaction, TransactionManager
 
-__all__ = ["run_in_commit", "runs_in_commit"]
+__all__ = ["run_in_commit", "runs_in_commit", "why_not_in_commit"]
 
 #: Built-in functions that only compute a value from their arguments: what an action run in its trigger's commit may
 #: call besides its ``tx.insert``, methods of the values it computes, exception classes and module functions that
@@ -91,7 +92,8 @@ def _computes_only(function: object, depth: int) -> str | None:
     local_names = set(code.co_varnames) | set(code.co_cellvars) | set(code.co_freevars)
     parameters = set(code.co_varnames[:code.co_argcount + code.co_kwonlyargcount])
     why: str | None = None
-    for node in ast.walk(tree.body[0]) if tree.body else ():
+    body = tree.body[0].body if tree.body and isinstance(tree.body[0], (ast.FunctionDef, ast.AsyncFunctionDef)) else []
+    for node in (node for statement in body for node in ast.walk(statement)):      # (not its decorators)
         where = f"{code.co_filename}:{code.co_firstlineno + getattr(node, 'lineno', 1) - 1}"
         if isinstance(node, (ast.Global, ast.Nonlocal, ast.Import, ast.ImportFrom, ast.Await, ast.Yield,
                              ast.YieldFrom)):
@@ -173,33 +175,61 @@ class _Inserts:
         raise _Deviation(f"used tx.{name}")
 
 
-def _targets(rules: "RuleManager", transaction: "Transaction", rule: "Rule",
+def _targets(rules: "RuleManager", manager: "TransactionManager", rule: "Rule",
              cache: dict["Rule", "dict[str, tuple[TableInfo, str]] | None"]) -> "dict[str, tuple[TableInfo, str]] | None":
-    """The tables ``rule``'s firings insert into, with their key's sequence, if they may run in the commit now: the
-    rule passes :func:`runs_in_commit` and its firings are not kept recorded (``kept_recorded``: a compensation
-    names its transaction), each table's key is one column with a sequence, no rule hears the rows inserted into it
-    (no data event to raise) and none observes it, and no extension wants its old images (before-image undo)."""
-    if rule in cache:
-        return cache[rule]
-    found: dict[str, tuple[TableInfo, str]] | None = None
-    tables = runs_in_commit(rule) if rule.name not in rules.detached.kept_recorded else None
-    if tables is not None and not isinstance(tables, NotLearned):
-        catalog, extensions = transaction.manager.catalog, transaction.manager.extensions
-        observed = rules.observed_tables()
-        found = {}
+    """The tables ``rule``'s firings insert into, with their key's sequence, if they may run in the commit now
+    (:func:`_checked`), cached in ``cache``."""
+    if rule not in cache:
+        found = _checked(rules, manager, rule)
+        cache[rule] = found if isinstance(found, dict) else None
+    return cache[rule]
+
+
+def _checked(rules: "RuleManager", manager: "TransactionManager", rule: "Rule"
+             ) -> "dict[str, tuple[TableInfo, str]] | str":
+    """The tables ``rule``'s firings insert into, with their key's sequence, if a lowered batch may run them in its
+    commit now, else why not: the rule passes :func:`runs_in_commit` and its firings are not kept recorded
+    (``kept_recorded``: a compensation names its transaction), each table's key is one column with a sequence, no rule
+    hears the rows inserted into it (no data event to raise) and none observes it, and no extension wants its old
+    images (before-image undo)."""
+    if not _enabled(rules):
+        return "every detached firing is recorded (OutboxOptions(inserts_in_commit=False))"
+    if rule.name in rules.detached.kept_recorded:
+        return f"a compensation names the transaction of rule {rule.name!r} (rule:{rule.name})"
+    tables = runs_in_commit(rule)
+    if isinstance(tables, NotLearned):
+        return str(tables)
+    catalog, extensions = manager.catalog, manager.extensions
+    observed = rules.observed_tables()
+    found: dict[str, tuple[TableInfo, str]] = {}
+    for table in sorted(tables):
         try:
-            for table in tables:
-                info = catalog.table_info(table)
-                sequence = catalog.sequence_of(info, info.key_columns[0]) if len(info.key_columns) == 1 else None
-                if (sequence is None or table in observed or rules.fired_by(EventKind.INSERTED, table)
-                        or any(wants(table) for wants in extensions.wants_old_images)):
-                    found = None
-                    break
-                found[table] = (info, sequence)
-        except SchemaError:
-            found = None
-    cache[rule] = found
+            info = catalog.table_info(table)
+        except SchemaError as error:
+            return str(error)
+        sequence = catalog.sequence_of(info, info.key_columns[0]) if len(info.key_columns) == 1 else None
+        if sequence is None:
+            return f"the key of {table!r} is not one column with a sequence (identity, serial)"
+        if table in observed or rules.fired_by(EventKind.INSERTED, table):
+            return f"a rule hears or observes the rows inserted into {table!r}"
+        if any(wants(table) for wants in extensions.wants_old_images):
+            return f"an extension keeps the old images of {table!r} (before-image undo)"
+        found[table] = (info, sequence)
     return found
+
+
+def _enabled(rules: "RuleManager") -> bool:
+    """Whether the database runs detached firings that only insert in a lowered batch's commit at all."""
+    return rules.detached.inserts_in_commit
+
+
+def why_not_in_commit(db: "DatabaseHandle", rule_name: str) -> str | None:
+    """None if a lowered micro-batch runs the firings of rule ``rule_name`` (of the detached family) in its own
+    commit, with no outbox record (the package README, "Detached firings that only insert"); else why they are
+    recorded and run in transactions of their own, naming the rule and, where one line is to blame, its
+    ``file:line``."""
+    found = _checked(db.rules, db.transactions, db.rules.get(rule_name))
+    return found if isinstance(found, str) else None
 
 
 def run_in_commit(rules: "RuleManager", transaction: "Transaction", connection: sa.Connection,
@@ -218,7 +248,7 @@ def run_in_commit(rules: "RuleManager", transaction: "Transaction", connection: 
     rows: dict[str, list[dict[str, object]]] = {}
     for item in items:
         firing = item[0]
-        targets = _targets(rules, transaction, firing.rule, cache)
+        targets = _targets(rules, transaction.manager, firing.rule, cache)
         if targets is None:
             left.append(item)
             continue

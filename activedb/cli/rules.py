@@ -144,18 +144,23 @@ def rules_show(ctx: click.Context, name: str) -> None:
 def rules_lowering(ctx: click.Context, app: str, as_json: bool) -> None:
     """Which stream event types of APP's rules a micro-batch runs as one batch of state transactions (lowered:
     the fast path of `activedb run` and every ingestion connector), and for the others the first reason they fire
-    event by event, with the rule and `file:line` to blame (`activedb.batch.why_not_lowered`).
+    event by event, with the rule and `file:line` to blame (`activedb.batch.why_not_lowered`); and whether such a batch
+    runs each detached-family rule's firings in its own commit or records them in the outbox, and why
+    (`activedb.batch.why_not_in_commit`; not in --json).
 
     APP is a module or .py file with register(db), as `activedb run` takes; its rules are declared on the database
     as `activedb run` declares them.  This process's reasons only: one that observes or records history says so
     when it runs."""
-    from activedb.batch import why_not_lowered
+    from activedb import Coupling
+    from activedb.batch import why_not_in_commit, why_not_lowered
 
     module = load_app(app, click.ClickException)
     with open_database(ctx, writes=True) as database:
         register_app(module.register, database, app)
         verdicts = {event_type: why_not_lowered(database, event_type)
                     for event_type in sorted(database.rules.stream_types())}
+        detached = {rule.name: why_not_in_commit(database, rule.name) for rule in sorted(database.rules,
+                    key=lambda rule: rule.name) if not Coupling.parse(rule.coupling).runs_as_subtransaction}
     if as_json:
         click.echo(json.dumps(verdicts, indent=2))
         return
@@ -168,6 +173,13 @@ def rules_lowering(ctx: click.Context, app: str, as_json: bool) -> None:
     for event_type, reason in verdicts.items():
         table.add_row(event_type, "[green]lowered[/]" if reason is None else "[yellow]event by event[/]", reason or "")
     console().print(table)
+    if detached:
+        firings = Table("detached-family rule", "its firings in a lowered batch", "why recorded",
+                        title="detached firings: in the batch's commit, or recorded in the outbox")
+        for name, reason in detached.items():
+            firings.add_row(name, "[green]in the batch's commit[/]" if reason is None else "[yellow]recorded[/]",
+                            reason or "")
+        console().print(firings)
 
 
 def _toggle_command(verb: str) -> click.Command:

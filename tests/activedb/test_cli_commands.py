@@ -5,6 +5,7 @@ help, and ``activedb --help``."""
 from __future__ import annotations
 
 import json
+import re
 import sys
 
 import click
@@ -281,12 +282,19 @@ def test_rules_lowering_says_which_types_run_a_batch_at_a_time_and_why_not_the_o
     app.write_text("from activedb.examples.hand_hygiene import app as hand_hygiene\n\n\n"
                    "def register(db):\n    rules = hand_hygiene.register(db)\n\n"
                    "    @db.rule(on=db.stream('exit'), name='announce_exit', priority=1)\n"
-                   "    def announce(tx, event):\n        tx.emit('left', key=event.key)\n\n    return rules\n")
+                   "    def announce(tx, event):\n        tx.emit('left', key=event.key)\n\n"
+                   "    @db.rule(on=db.stream('exit'), coupling='detached', name='shout')\n"
+                   "    def shout(tx, event):\n        print('left', event.key)\n"
+                   "        tx.insert('notifications', worker=event.key, channel='x', at=0.0, message='m')\n\n"
+                   "    return rules\n")
     eca = json.loads(invoke(url, "rules", "lowering", str(app), "--json").output)
     assert sorted(eca) == ["enter", "exit", "mask", "sanitize"] and eca["enter"] is None and eca["mask"] is None
     assert eca["exit"] == f"the action of rule 'announce_exit': it calls tx.emit ({app}:9)", eca["exit"]
     table = CliRunner().invoke(main, ["--url", url, "rules", "lowering", str(app)], env={"COLUMNS": "250"}).output
     assert "event by event" in table and "lowered" in table and "announce_exit" in table, table
+    # The detached family: the application's rules run in a lowered batch's commit; one that prints is recorded.
+    assert re.search(r"notify_badge +│ in the batch's commit", table), table
+    assert re.search(r"shout +│ recorded +│ the action of rule 'shout': shout\(\) calls print", table), table
     missing = invoke(url, "rules", "lowering", "no_such_app_module")
     assert missing.exit_code == 1 and "no module named 'no_such_app_module'" in missing.output
 

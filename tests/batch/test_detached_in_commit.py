@@ -13,6 +13,7 @@ import sqlalchemy as sa
 
 import activedb
 from activedb import Coupling
+from activedb.batch import why_not_in_commit
 from activedb.batch._aftermath import runs_in_commit
 from activedb.batch._learn import NotLearned
 from activedb.examples.hand_hygiene import MIGRATIONS, app
@@ -96,6 +97,8 @@ def test_which_detached_rules_run_in_their_batchs_commit_and_why_not(make_databa
         assert "timed() calls perf_counter: not a module function" in verdicts["timed"]
         assert "reads or writes a row" in verdicts["reads"]
         assert "has a condition" in verdicts["conditional"]
+        assert why_not_in_commit(database, "note") is None
+        assert "chatty() calls print" in why_not_in_commit(database, "chatty")
         # (the application's detached family qualifies: it inserts rows computed from its events)
         app.register(database)
         for name in ("notify_badge", "badge_light", "report_incident", "compensate_enter"):
@@ -163,12 +166,16 @@ def test_firings_whose_transaction_is_compensated_or_whose_table_keeps_before_im
     run in transactions of their own; the others still run in the batch's commit."""
     in_commit, _ = pair
     in_commit.batches.transaction_compensation("rule:note")(lambda tx, lineage: None)
+    assert "a compensation names the transaction of rule 'note'" in why_not_in_commit(in_commit, "note")
+    assert why_not_in_commit(in_commit, "note_unless_bad") is None
+    assert "inserts_in_commit=False" in why_not_in_commit(pair[1], "note_unless_bad")
     handler = RulesHandler()
     [outcome] = feed(in_commit, [rows("r1", "r2")], source="kept", mapping=MAPPING, handler=handler)
     in_commit.rules.wait_idle(WAIT)
     assert handler.last_lowered is not None and outcome.committed
     assert [(rule, status) for rule, status, _ in state(in_commit)["outbox"]] == [("note", "done")] * 2
     in_commit.batches.undo_by_before_image("compensations")
+    assert "old images of 'compensations'" in why_not_in_commit(in_commit, "note_unless_bad")
     [outcome] = feed(in_commit, [rows("r3", first=5)], source="kept", mapping=MAPPING, handler=handler, run="2")
     in_commit.rules.wait_idle(WAIT)
     found = state(in_commit)
