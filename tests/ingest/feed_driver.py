@@ -4,7 +4,10 @@ batch's phase to ``--log``, and with ``--hold PHASE:BATCH`` waits at that phase 
 SIGKILLed (``flush``: everything written, PostgreSQL's COMMIT next; ``committed``: committed, ``feed`` not yet
 returned).
 
-    python -m tests.ingest.feed_driver --url URL --log LOG [--hold flush:2]
+    python -m tests.ingest.feed_driver --url URL --log LOG [--hold flush:2] [--workload hygiene]
+
+``--workload hygiene`` feeds the hand-hygiene application (``app.py``, every coupling mode: its batches lowered, its
+detached firings run in their batch's commit) instead: :func:`hygiene_batches`, source ``badges``.
 """
 
 from __future__ import annotations
@@ -20,6 +23,26 @@ from tests.spark_bridge._streams import app_database, counter_workload
 from tests.spark_bridge.drivers.crash_driver import start_log
 
 SOURCE, RUN = "counters", "r1"
+HYGIENE_SOURCE = "badges"
+
+
+def hygiene_batches(seed: int, files: int) -> list[list[dict]]:
+    """The hand-hygiene badge events every run of a test feeds: 100 per batch, ten workers."""
+    from activedb.examples.hand_hygiene.events import generate
+
+    events = generate(10, 100 * files, seed)
+    return [events[start:start + 100] for start in range(0, len(events), 100)]
+
+
+def hygiene_database(url: str):
+    """A database with the hand-hygiene application's tables (its migrations) and rules."""
+    import activedb
+    from activedb.examples.hand_hygiene import MIGRATIONS, app
+
+    database = activedb.connect(url)
+    database.upgrade_app(MIGRATIONS)
+    app.register(database)
+    return database
 
 
 def workload_batches(seed: int, files: int) -> list[list[dict]]:
@@ -34,9 +57,9 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("--hold")
     parser.add_argument("--seed", type=int, default=5)
     parser.add_argument("--files", type=int, default=6)
+    parser.add_argument("--workload", choices=["counters", "hygiene"], default="counters")
     options = parser.parse_args(argv)
     log, hold_phase, hold_batch = start_log(parser, options, [phase.value for phase in Phase])
-    database = app_database(options.url)
 
     def on_phase(phase: str, batch: int) -> None:
         log.write(f"{phase} {batch}")
@@ -44,8 +67,17 @@ def main(argv: Sequence[str]) -> int:
             log.write(f"holding {phase} {batch}")
             threading.Event().wait()          # until SIGKILL
 
-    outcomes = feed(database, workload_batches(options.seed, options.files), source=SOURCE, run=RUN,
-                    mapping=app_counters.MAPPING, on_phase=on_phase)
+    if options.workload == "hygiene":
+        from activedb.examples.hand_hygiene import app
+        from activedb.ingest import RulesHandler
+
+        database = hygiene_database(options.url)
+        outcomes = feed(database, hygiene_batches(options.seed, options.files), source=HYGIENE_SOURCE, run=RUN,
+                        mapping=app.MAPPING, handler=RulesHandler(app.PREFETCH), on_phase=on_phase)
+    else:
+        database = app_database(options.url)
+        outcomes = feed(database, workload_batches(options.seed, options.files), source=SOURCE, run=RUN,
+                        mapping=app_counters.MAPPING, on_phase=on_phase)
     database.rules.wait_idle(60)
     database.close()
     log.write("finished " + " ".join(f"{outcome.batch_id}:{int(outcome.committed)}" for outcome in outcomes))
