@@ -21,7 +21,7 @@ import sqlalchemy as sa
 
 from activedb.batch._commit import insert_rows
 from activedb.batch._learn import NotLearned, learned_table, why_not_learned
-from coupling import Coupling
+from coupling import Coupling, may_run_after
 from activedb.errors import GeneratedKeysReset, SchemaError
 from activedb.events import EventKind
 from activedb.store import Catalog, TableInfo
@@ -234,12 +234,13 @@ def why_not_in_commit(db: "DatabaseHandle", rule_name: str) -> str | None:
 
 def run_in_commit(rules: "RuleManager", transaction: "Transaction", connection: sa.Connection,
                   items: list[tuple["Firing", str, bool]]) -> tuple[list[tuple["Firing", str, bool]], Counter["Rule"]]:
-    """Run the firings among ``items`` (``(firing, trigger id, committed)``, each allowed to run after its trigger's
-    outcome) whose rules :func:`runs_in_commit` here, in ``transaction``'s flush: each action with :class:`_Inserts`
-    for ``tx``, the rows' keys drawn per table in the firings' order (as the outbox's runner would draw them), the rows
-    inserted set-at-a-time under a savepoint.  Returns the items left to the outbox — a firing whose action raised or
-    deviated, or all of them if the savepoint's statements failed — and how many firings of each rule ran.  Raises
-    ``GeneratedKeysReset`` if a key drawn was given away again (the flush is a conflict, re-run)."""
+    """Run the firings among ``items`` (``(firing, trigger id, committed)``) whose modes allow them to run after
+    their triggers' outcomes and whose rules :func:`runs_in_commit` here, in ``transaction``'s flush: each action with
+    :class:`_Inserts` for ``tx``, the rows' keys drawn per table in the firings' order (as the outbox's runner would
+    draw them), the rows inserted set-at-a-time under a savepoint.  Returns the items left to the recorder — a firing
+    its mode does not run (the recorder cancels it), one whose action raised or deviated, or all of them if the
+    savepoint's statements failed — and how many firings of each rule ran.  Raises ``GeneratedKeysReset`` if a key
+    drawn was given away again (the flush is a conflict, re-run)."""
     catalog = transaction.manager.catalog
     cache: dict[Rule, dict[str, tuple[TableInfo, str]] | None] = {}
     tables: dict[str, tuple[TableInfo, str]] = {}
@@ -248,6 +249,11 @@ def run_in_commit(rules: "RuleManager", transaction: "Transaction", connection: 
     rows: dict[str, list[dict[str, object]]] = {}
     for item in items:
         firing = item[0]
+        # (A firing whose mode does not run after its trigger's outcome — a causally dependent one on a signal of a
+        # rejected event — goes to the recorder, which cancels it and counts it so.)
+        if not may_run_after(firing.rule.coupling, item[2]):
+            left.append(item)
+            continue
         targets = _targets(rules, transaction.manager, firing.rule, cache)
         if targets is None:
             left.append(item)

@@ -245,3 +245,43 @@ def test_a_process_killed_in_the_flush_or_after_the_commit_leaves_each_in_commit
         assert hygiene_state(database) == expected
     finally:
         database.close()
+
+
+def signal_then_refuse(tx, event):
+    tx.write(WORKERS, event.key, status=SAFE, changes=0)
+    tx.signal("ponged", worker=event.key)
+    if event.payload["room"] == "bad":
+        raise ValueError(f"refused after signalling: {event.key}")
+
+
+def light(tx, event):
+    tx.insert("badge_lights", worker=event.payload["worker"], color="green", status=SAFE, at=0.0)
+
+
+def undo(tx, event):
+    tx.insert("compensations", worker=event.payload["worker"], event="pong", at=0.0, reason="undone")
+
+
+def test_a_firing_its_mode_does_not_run_after_the_outcome_is_cancelled_not_run_in_the_commit(pair):
+    """A rule signals, then raises (its event is a dead letter): the detached causally dependent rule on the signal
+    must not run, and the exclusive causally dependent one runs only for that event — also when they only insert;
+    as recorded, counted cancelled otherwise (regression: the batch's commit ran them whatever the outcome)."""
+    for database in pair:
+        database.rule(on=database.stream("pong"), name="signal_then_refuse")(signal_then_refuse)
+        database.rule(on=database.signalled("ponged"), coupling=Coupling.DETACHED_CAUSALLY_DEPENDENT,
+                      name="light")(light)
+        database.rule(on=database.signalled("ponged"), coupling=Coupling.EXCLUSIVE_CAUSALLY_DEPENDENT,
+                      name="undo")(undo)
+        handler = RulesHandler()
+        found = [{**row, "type": "pong"} for row in rows("r1", "bad", "r2")]
+        [outcome] = feed(database, [found], source="pongs", mapping=MAPPING, handler=handler)
+        database.rules.wait_idle(WAIT)
+        assert handler.last_lowered is not None and outcome.events == 2 and outcome.dead_letters == 1
+    here, there = (state(database) for database in pair)
+    assert here["tables"] == there["tables"] and here["counters"] == there["counters"]
+    with pair[0].engine.connect() as connection:
+        lights = connection.execute(sa.text("SELECT worker FROM badge_lights ORDER BY worker")).scalars().all()
+        undone = connection.execute(sa.text("SELECT worker FROM compensations WHERE event = 'pong'")).scalars().all()
+    assert lights == ["w0", "w2"] and undone == ["w1"]
+    assert here["counters"]["light"] == (3, 2, 0, 1) and here["counters"]["undo"] == (3, 1, 0, 2)
+    assert here["outbox"] == []

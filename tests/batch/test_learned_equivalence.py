@@ -2,7 +2,8 @@
 plain rules that the static check lowers (``activedb/batch/README.md``, "Plain rules lowered") and of a chain of two
 on one type (priorities, the second with a condition reading the row the first wrote) and of a rule that signals —
 deferred rules on the signal (one with a condition, both reading the row by the signal's payload; one inserts rows),
-a detached causally dependent rule on the signal and a detached rule on the inserted rows — whose behaviour each event's
+two detached causally dependent rules on the signal — one recorded, one that only inserts and so runs in the lowered
+batch's commit — and a detached rule on the inserted rows — whose behaviour each event's
 payload picks: add, set, write nothing, create only if absent, clear a nullable column, read the row after writing
 it, raise (a user error), or deviate at run time in a way the static check cannot see — split into batches of random
 sizes and some
@@ -298,6 +299,13 @@ def light_counted(tx, event):
     tx.insert("milestones", key=f"light:{event.payload['key']}:{event.payload['seq']}", threshold=0, seq=0)
 
 
+def light_logged(tx, event):
+    """Detached causally dependent on the signal, inserting only a row computed from the signal into a table nobody
+    hears: a lowered batch runs it in its own commit (``activedb/batch/_aftermath.py``), firing records it."""
+    payload = event.payload
+    tx.insert("stream_alerts", worker=str(payload["key"]), location=f"seq:{payload['seq']}", at=float(payload["events"]))
+
+
 def noted(tx, event):
     """Detached, on every row inserted into ``events_seen`` (the audit's, and the detached rules' above)."""
     tx.insert("milestones", key=f"noted:{event.new['rule']}:{event.new['detail']}", threshold=0, seq=0)
@@ -311,7 +319,7 @@ DETACHED = {"stock": (stock_undo, Coupling.EXCLUSIVE_CAUSALLY_DEPENDENT),
 RULES_OF = {**{kind: (kind,) + tuple(DETACHED[kind][0].__name__ for _ in [0] if kind in DETACHED) for kind in RULES},
             "chain": ("chain_first", "chain_second"), "signal": ("signaller",)}
 #: The rules on the signal and on inserted rows (they fire only when what they react to happens).
-REACTING = ("audit_counted", "total_counted", "light_counted", "noted")
+REACTING = ("audit_counted", "total_counted", "light_counted", "light_logged", "noted")
 #: Ops whose event the lowered form cannot run as firing does: the lowered attempt is refused.  (A rule that raises
 #: an error of its own — ``raise``, ``late_raise`` — rejects its event in the lowered batch, as firing does.)
 FALLS_BACK = frozenset({"rekey", "bare"})
@@ -395,6 +403,7 @@ def databases(make_database_url):
             database.rule(on=counted, name="total_counted", coupling=Coupling.DEFERRED, priority=1)(total_counted)
             database.rule(on=counted, name="light_counted",
                           coupling=Coupling.DETACHED_CAUSALLY_DEPENDENT)(light_counted)
+            database.rule(on=counted, name="light_logged", coupling=Coupling.DETACHED_CAUSALLY_DEPENDENT)(light_logged)
             database.rule(on=database.inserted("events_seen"), name="noted", coupling=Coupling.DETACHED)(noted)
         yield made
     finally:
@@ -411,7 +420,9 @@ def tables(database) -> dict[str, list[tuple]]:
                 "events_seen": sorted(tuple(row) for row in connection.execute(sa.text(
                     "SELECT rule, detail FROM events_seen"))),
                 "milestones": sorted(tuple(row) for row in connection.execute(sa.text(
-                    "SELECT key FROM milestones")))}
+                    "SELECT key FROM milestones"))),
+                "stream_alerts": sorted(tuple(row) for row in connection.execute(sa.text(
+                    "SELECT worker, location, at FROM stream_alerts")))}
 
 
 def letters(database, source: str) -> list[tuple]:
@@ -433,7 +444,7 @@ def counters(database) -> dict[str, tuple[int, int, int, int]]:
 
 def reset(database) -> None:
     with database.engine.begin() as connection:
-        connection.execute(sa.text("TRUNCATE counters, items, events_seen, milestones"))
+        connection.execute(sa.text("TRUNCATE counters, items, events_seen, milestones, stream_alerts"))
 
 
 def moved(now: dict, then: dict) -> dict[str, tuple[int, ...]]:
