@@ -13,7 +13,6 @@ import builtins
 import inspect
 import textwrap
 import weakref
-from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, NoReturn
 
@@ -233,18 +232,17 @@ def why_not_in_commit(db: "DatabaseHandle", rule_name: str) -> str | None:
 
 
 def run_in_commit(rules: "RuleManager", transaction: "Transaction", connection: sa.Connection,
-                  items: list[tuple["Firing", str, bool]]) -> tuple[list[tuple["Firing", str, bool]], Counter["Rule"]]:
+                  items: list[tuple["Firing", str, bool]]) -> list[tuple["Firing", str, bool]]:
     """Run the firings among ``items`` (``(firing, trigger id, committed)``) whose modes allow them to run after
     their triggers' outcomes and whose rules :func:`runs_in_commit` here, in ``transaction``'s flush: each action with
     :class:`_Inserts` for ``tx``, the rows' keys drawn per table in the firings' order (as the outbox's runner would
-    draw them), the rows inserted set-at-a-time under a savepoint.  Returns the items left to the recorder — a firing
-    its mode does not run (the recorder cancels it), one whose action raised or deviated, or all of them if the
-    savepoint's statements failed — and how many firings of each rule ran.  Raises ``GeneratedKeysReset`` if a key
-    drawn was given away again (the flush is a conflict, re-run)."""
+    draw them), the rows inserted set-at-a-time under a savepoint.  Returns the items it ran (none if the savepoint's
+    statements failed); the others are left to the recorder — a firing its mode does not run (the recorder cancels
+    it), one whose action raised or deviated.  Raises ``GeneratedKeysReset`` if a key drawn was given away again (the
+    flush is a conflict, re-run)."""
     catalog = transaction.manager.catalog
     cache: dict[Rule, dict[str, tuple[TableInfo, str]] | None] = {}
     tables: dict[str, tuple[TableInfo, str]] = {}
-    left: list[tuple[Firing, str, bool]] = []
     ran: list[tuple[Firing, str, bool]] = []
     rows: dict[str, list[dict[str, object]]] = {}
     for item in items:
@@ -252,24 +250,21 @@ def run_in_commit(rules: "RuleManager", transaction: "Transaction", connection: 
         # (A firing whose mode does not run after its trigger's outcome — a causally dependent one on a signal of a
         # rejected event — goes to the recorder, which cancels it and counts it so.)
         if not may_run_after(firing.rule.coupling, item[2]):
-            left.append(item)
             continue
         targets = _targets(rules, transaction.manager, firing.rule, cache)
         if targets is None:
-            left.append(item)
             continue
         tables.update(targets)
         stand_in = _Inserts({table: info for table, (info, _) in targets.items()})
         try:
             firing.rule.action_function()(stand_in, firing.event)
         except Exception:           # (raised or deviated: the outbox runs it, and fails it with its own error)
-            left.append(item)
             continue
         ran.append(item)
         for table, values in stand_in.rows:
             rows.setdefault(table, []).append(values)
     if not ran:
-        return left, Counter()
+        return []
     # Every key of these rows is drawn here, at once: none was drawn earlier in the transaction, so a reset of a
     # sequence found now concerns none of them (no ``since``); the keys are still checked against the database.
     for attempt in range(len(rows) + 1):
@@ -295,6 +290,6 @@ def run_in_commit(rules: "RuleManager", transaction: "Transaction", connection: 
     except (sa.exc.DBAPIError, SchemaError):
         # A row the database refused (a constraint): these firings run as the outbox runs them, each in its own
         # transaction, and the one that fails is marked failed with the database's reason.
-        return items, Counter()
-    return left, Counter(item[0].rule for item in ran)
+        return []
+    return ran
 

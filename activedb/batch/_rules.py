@@ -670,12 +670,12 @@ def apply_lowered(rules: "RuleManager", transaction: "Transaction", events: Iter
         if decided is not None:
             firings = _detached_firings(rules, transaction, pending.batch, lowered,
                                         {event.position for event, _ in result.dead_letters}, inserted, tally)
-            if in_commit:
-                # Those that only insert run here, in this commit; the others are recorded for the outbox's runners.
-                firings, ran = run_in_commit(rules, transaction, connection, firings)
-                for rule, count in ran.items():
-                    tally.add(rule, "executed", count)
-            decided.set_decided(firings)
+            # Those that only insert run here, in this commit; the others are recorded for the outbox's runners (and
+            # those too if the commit fails after all: the recorder handles them as a tree's firings on the abort).
+            ran = run_in_commit(rules, transaction, connection, firings) if in_commit else []
+            for rule, count in Counter(firing.rule for firing, _, _ in ran).items():
+                tally.add(rule, "executed", count)
+            decided.set_decided(firings, ran)
         if on_result is not None:
             on_result(result, connection)
 

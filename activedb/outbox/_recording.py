@@ -9,6 +9,7 @@ the decision and the SQL run in the committing thread after every node of the tr
 from __future__ import annotations
 
 import threading
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, NamedTuple
 
@@ -102,17 +103,22 @@ class TreeFirings(CommitParticipant):
         self._storage = 0                     # of the sequence that gave the records' ids
         self._recorded: list[Firing] = []     # the firings behind _records, same order
         self._cancelled: list[Firing] = []
+        self._ran: set[int] = set()           # ids of the decided firings the batch ran in its commit (``set_decided``)
 
     # --- the commit participant -----------------------------------------------------------------
 
-    def set_decided(self, items: list[tuple["Firing", str, bool]]) -> None:
+    def set_decided(self, items: list[tuple["Firing", str, bool]],
+                    ran: Collection[tuple["Firing", str, bool]] = ()) -> None:
         """Firings whose triggers' outcomes are already decided, ``(firing, trigger id, committed)``, given before
         this participant's ``write`` (by a participant enlisted before it, in its own ``write``): decided and recorded
         there.  They replace those given before: a flush retried after a conflict writes again, each attempt
-        giving its own."""
+        giving its own.  ``ran``: those the caller ran in the commit itself (a lowered batch: "Detached firings that
+        only insert") — not recorded in ``write``, but handled as the others if the root aborts (their rows went
+        with it)."""
         with self.mutex:
             del self.entries[self._seen:]
             self.entries.extend((firing, Decided(trigger_id, committed)) for firing, trigger_id, committed in items)
+            self._ran = {id(firing) for firing, _, _ in ran}
 
     def before_flush(self, transaction: "Transaction") -> None:
         with self.mutex:
@@ -150,6 +156,8 @@ class TreeFirings(CommitParticipant):
         self._outbox.insert(connection, records, storage)
         with self.mutex:
             late = self.entries[self._seen:]
+            if self._ran:
+                late = [entry for entry in late if id(entry[0]) not in self._ran]
         if late:        # (decided firings a batch gave in its write, before this one: ``set_decided``)
             more, more_storage, more_recorded, more_cancelled = self._decide(transaction, late)
             self._outbox.insert(connection, more, more_storage)

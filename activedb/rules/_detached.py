@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Collection
 from typing import TYPE_CHECKING, Protocol
 
 from coupling import CouplingError, DependencyGate, Verdict
@@ -67,10 +68,12 @@ class FiringRecorder(Protocol):
 class DecidedFirings(Protocol):
     """What ``FiringRecorder.decided`` returns."""
 
-    def set_decided(self, items: list[tuple["Firing", str, bool]]) -> None:
+    def set_decided(self, items: list[tuple["Firing", str, bool]],
+                    ran: Collection[tuple["Firing", str, bool]] = ()) -> None:
         """``(firing, trigger id, committed)``: each firing occurred on an event whose transaction committed (or not),
         recorded if its mode allows that outcome, in the commit of the root it was made for; they replace those set
-        before (a retried flush sets its own)."""
+        before (a retried flush sets its own).  ``ran``: those of ``items`` the caller ran in that commit itself —
+        not recorded if the root commits, handled as the others if it aborts."""
 
 
 class DetachedRunner:

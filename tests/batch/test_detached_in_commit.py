@@ -12,7 +12,8 @@ import pytest
 import sqlalchemy as sa
 
 import activedb
-from activedb import Coupling
+from activedb import Coupling, batch, lowlevel
+from activedb.txn import CommitParticipant
 from activedb.batch import why_not_in_commit
 from activedb.batch._aftermath import runs_in_commit
 from activedb.batch._learn import NotLearned
@@ -285,3 +286,38 @@ def test_a_firing_its_mode_does_not_run_after_the_outcome_is_cancelled_not_run_i
     assert lights == ["w0", "w2"] and undone == ["w1"]
     assert here["counters"]["light"] == (3, 2, 0, 1) and here["counters"]["undo"] == (3, 1, 0, 2)
     assert here["outbox"] == []
+
+
+class RefuseAtCommit(CommitParticipant):
+    """Enlisted after the batch: its ``write``, after the batch's, fails the commit."""
+
+    def about_to_commit(self, transaction, connection) -> None:
+        raise RuntimeError("refused at the commit")
+
+
+def test_a_commit_that_fails_after_the_batch_ran_its_firings_records_those_the_abort_runs(pair):
+    """A batch lowered in an application's own transaction (no re-run: its abort is an outcome), whose commit fails
+    after the batch ran its detached firings in it: their rows go with the transaction, and the recorder handles
+    them as any firing of an aborted root — the detached rule's are recorded and run, the causally dependent rule's
+    cancelled — as they would have been had they been recorded."""
+    in_commit, recorded = pair
+    events = [{"type": "ping", "key": f"w{number}", "ts": float(number), "payload": {"room": room}}
+              for number, room in enumerate(("r1", "bad", "r2"))]
+    for database in pair:
+        with pytest.raises(RuntimeError, match="refused at the commit"):
+            with database.transaction(name="own") as tx:
+                lowered = batch.lower(database.rules, tx, {"ping"})
+                assert lowered is not None
+                batch.apply_lowered(database.rules, tx, events, lowered)
+                lowlevel.enlist(tx, RefuseAtCommit())
+        database.rules.wait_idle(WAIT)
+    here, there = state(in_commit), state(recorded)
+    assert (here["outbox"], here["counters"]) == (there["outbox"], there["counters"])
+    # (the keys the batch drew for the rows it ran went with the transaction: gaps)
+    assert {table: [row[1:] for row in rows] for table, rows in here["tables"].items()} == {
+        table: [row[1:] for row in rows] for table, rows in there["tables"].items()}
+    assert here["tables"]["worker_status"] == [] and here["tables"]["notifications"] == []
+    assert len(here["tables"]["compensations"]) == 2           # note_unless_bad: detached, run whatever the outcome
+    assert here["counters"]["note"] == (3, 0, 0, 3)            # note: causally dependent, cancelled
+    assert sorted((rule, status) for rule, status, _ in here["outbox"]) == [
+        ("note_unless_bad", "done"), ("note_unless_bad", "done"), ("note_unless_bad", "failed")]
