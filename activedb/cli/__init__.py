@@ -394,6 +394,8 @@ def outbox(ctx: click.Context, retry: bool, ids: tuple[int, ...], app: str | Non
     for rule, counts in sorted(statistics.per_rule.items()):
         table.add_row(rule, *(f"{counts.get(status, 0):,}" for status in ("pending", "done", "failed")))
     out.print(table)
+    out.print("(firings a lowered micro-batch ran in its own commit — detached rules that only insert rows — leave no "
+              "record here; `activedb rules list` counts every firing)", style="dim", highlight=False)
     if failures:
         out.print(failed_firings_table(failures))
 
