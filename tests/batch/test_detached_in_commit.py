@@ -204,12 +204,7 @@ def test_a_process_killed_in_the_flush_or_after_the_commit_leaves_each_in_commit
     their batch's commit: run 1 is SIGKILLed inside batch 2's flush (its rows and the firings' rows written, not
     committed), run 2 after batch 4's commit, run 3 feeds the same batches to the end — every table, the ledger and
     the (empty) outbox equal an uninterrupted run's."""
-    import sys
-
-    from activedb.ingest import RulesHandler
-    from tests.ingest.feed_driver import HYGIENE_SOURCE, RUN, hygiene_batches, hygiene_database
-    from tests.spark_bridge._waits import drivers, finish_driver, wait_for_driver_line
-    from tests.spark_bridge.drivers.crash_driver import kill_driver, read_log, spawn_driver
+    from tests.ingest.feed_driver import HYGIENE_SOURCE, RUN, hygiene_batches, hygiene_database, killed_and_fed_again
 
     seed, files = 11, 6
     reference = hygiene_database(make_database_url("hygiene_uninterrupted"))
@@ -225,22 +220,7 @@ def test_a_process_killed_in_the_flush_or_after_the_commit_leaves_each_in_commit
     assert expected["outbox"] == [] and expected["badge_lights"] and expected["compensations"], expected
     url = make_database_url("hygiene_killed")
     hygiene_database(url).close()
-    logs = [tmp_path / f"run{number}.log" for number in (1, 2, 3)]
-    outputs = [tmp_path / f"run{number}.out" for number in (1, 2, 3)]
-    command = [sys.executable, "-m", "tests.ingest.feed_driver", "--url", url, "--workload", "hygiene", "--seed",
-               str(seed), "--files", str(files)]
-    with drivers() as processes:
-        for log, output, hold in zip(logs[:2], outputs[:2], ("flush:2", "committed:4")):
-            processes.append(spawn_driver([*command, "--log", str(log)], hold, output))
-            wait_for_driver_line(log, lambda words: words[:1] == ["holding"], process=processes[-1], output=output,
-                                 what=f"the 'holding {hold}' line")
-            kill_driver(processes[-1])
-        processes.append(spawn_driver([*command, "--log", str(logs[2])], None, outputs[2]))
-        finish_driver(logs[2], processes[-1], output=outputs[2], what="run 3's 'finished' line")
-    phases = [[" ".join(words) for _, words in read_log(log) if words[0] in ("committed", "skipped")] for log in logs]
-    assert phases[0] == ["committed 0", "committed 1"]                       # batch 2 died in its flush
-    assert phases[1] == ["skipped 0", "skipped 1", "committed 2", "committed 3", "committed 4"]
-    assert phases[2] == [*(f"skipped {batch}" for batch in range(5)), "committed 5"]
+    killed_and_fed_again(url, tmp_path, "--workload", "hygiene", "--seed", str(seed), "--files", str(files))
     database = activedb.connect(url)
     try:
         assert hygiene_state(database) == expected

@@ -16,6 +16,7 @@ import argparse
 import sys
 import threading
 from collections.abc import Sequence
+from pathlib import Path
 
 from activedb.ingest import Phase, feed
 from tests.spark_bridge import app_counters
@@ -48,6 +49,30 @@ def hygiene_database(url: str):
 def workload_batches(seed: int, files: int) -> list[list[dict]]:
     """The batches every run of the test feeds (the same each time: the plain connector's contract)."""
     return counter_workload(files, 40, seed=seed).batches
+
+
+def killed_and_fed_again(url: str, directory: Path, *options: str) -> None:
+    """Run the driver (``options``: its own) three times on ``url``: SIGKILLed inside batch 2's flush, then after batch
+    4's commit, then to the end; asserts what each run's log says it committed and skipped (the ledger skipping what
+    committed).  Logs and outputs go to ``directory``."""
+    from tests.spark_bridge._waits import drivers, finish_driver, wait_for_driver_line
+    from tests.spark_bridge.drivers.crash_driver import kill_driver, read_log, spawn_driver
+
+    logs = [directory / f"run{number}.log" for number in (1, 2, 3)]
+    outputs = [directory / f"run{number}.out" for number in (1, 2, 3)]
+    command = [sys.executable, "-m", "tests.ingest.feed_driver", "--url", url, *options]
+    with drivers() as processes:
+        for log, output, hold in zip(logs[:2], outputs[:2], ("flush:2", "committed:4")):
+            processes.append(spawn_driver([*command, "--log", str(log)], hold, output))
+            wait_for_driver_line(log, lambda words: words[:1] == ["holding"], process=processes[-1], output=output,
+                                 what=f"the 'holding {hold}' line")
+            kill_driver(processes[-1])
+        processes.append(spawn_driver([*command, "--log", str(logs[2])], None, outputs[2]))
+        finish_driver(logs[2], processes[-1], output=outputs[2], what="run 3's 'finished' line")
+    phases = [[" ".join(words) for _, words in read_log(log) if words[0] in ("committed", "skipped")] for log in logs]
+    assert phases[0] == ["committed 0", "committed 1"]                       # batch 2 died in its flush
+    assert phases[1] == ["skipped 0", "skipped 1", "committed 2", "committed 3", "committed 4"]
+    assert phases[2] == [*(f"skipped {batch}" for batch in range(5)), "committed 5"]
 
 
 def main(argv: Sequence[str]) -> int:

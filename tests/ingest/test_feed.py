@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-import sys
 
 import pyarrow as pa
 import pytest
@@ -19,11 +18,9 @@ from activedb.errors import InvalidChoice
 from activedb.ingest import (Batch, Ingestion, LedgerId, Phase, RowBatches, RulesHandler, drive, feed,
                              ingestion_status)
 from activedb.ingest.errors import IngestError
-from tests.ingest.feed_driver import RUN, SOURCE, workload_batches
+from tests.ingest.feed_driver import RUN, SOURCE, killed_and_fed_again, workload_batches
 from tests.spark_bridge import app_counters
 from tests.spark_bridge._streams import BASE_TIME, app_database, app_state, dead_letters
-from tests.spark_bridge._waits import drivers, finish_driver, wait_for_driver_line
-from tests.spark_bridge.drivers.crash_driver import kill_driver, read_log, spawn_driver
 
 SEED, FILES = 5, 6
 
@@ -95,22 +92,7 @@ def test_a_process_killed_between_flush_and_return_leaves_nothing_twice(make_dat
     state, ledger, dead = reference
     url = make_database_url("killed")
     app_database(url).close()
-    logs = [tmp_path / f"run{number}.log" for number in (1, 2, 3)]
-    outputs = [tmp_path / f"run{number}.out" for number in (1, 2, 3)]
-    command = [sys.executable, "-m", "tests.ingest.feed_driver", "--url", url, "--seed", str(SEED),
-               "--files", str(FILES)]
-    with drivers() as processes:
-        for log, output, hold in zip(logs[:2], outputs[:2], ("flush:2", "committed:4")):
-            processes.append(spawn_driver([*command, "--log", str(log)], hold, output))
-            wait_for_driver_line(log, lambda words: words[:1] == ["holding"], process=processes[-1], output=output,
-                                 what=f"the 'holding {hold}' line")
-            kill_driver(processes[-1])
-        processes.append(spawn_driver([*command, "--log", str(logs[2])], None, outputs[2]))
-        finish_driver(logs[2], processes[-1], output=outputs[2], what="run 3's 'finished' line")
-    phases = [[" ".join(words) for _, words in read_log(log) if words[0] in ("committed", "skipped")] for log in logs]
-    assert phases[0] == ["committed 0", "committed 1"]                       # batch 2 died in its flush
-    assert phases[1] == ["skipped 0", "skipped 1", "committed 2", "committed 3", "committed 4"]
-    assert phases[2] == [*(f"skipped {batch}" for batch in range(5)), "committed 5"]
+    killed_and_fed_again(url, tmp_path, "--seed", str(SEED), "--files", str(FILES))
     database = app_database(url)
     try:
         assert (app_state(database), ledger_rows(database), letters(database)) == (state, ledger, dead)
