@@ -17,13 +17,13 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, NoReturn
 
 import sqlalchemy as sa
+from coupling import Coupling, may_run_after
 
 from activedb.batch._commit import insert_rows
 from activedb.batch._learn import NotLearned, learned_table, why_not_learned
-from coupling import Coupling, may_run_after
 from activedb.errors import GeneratedKeysReset, SchemaError
 from activedb.events import EventKind
-from activedb.store import Catalog, TableInfo
+from activedb.store import TableInfo
 
 if TYPE_CHECKING:  # pragma: no cover
     from activedb._handle import DatabaseHandle
