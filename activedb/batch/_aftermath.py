@@ -13,17 +13,17 @@ import builtins
 import inspect
 import textwrap
 import weakref
-from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, NoReturn
+from collections.abc import Callable, Hashable, Mapping
+from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
 from coupling import Coupling, may_run_after
 
 from activedb.batch._commit import insert_rows
-from activedb.batch._learn import NotLearned, learned_table, why_not_learned
+from activedb.batch._learn import NotLearned, _RowTransaction, learned_table, why_not_learned
 from activedb.errors import GeneratedKeysReset, SchemaError
 from activedb.events import EventKind
-from activedb.store import TableInfo
+from activedb.store import RowImage, TableInfo
 
 if TYPE_CHECKING:  # pragma: no cover
     from activedb._handle import DatabaseHandle
@@ -150,28 +150,9 @@ def _call_refusal(func: ast.expr, namespace: Mapping[str, object], local_names: 
     return "not a module function, an exception class or a computing built-in"
 
 
-class _Deviation(Exception):
-    """The action did more with its stand-in transaction than insert a row whose key the table draws."""
-
-
-class _Inserts:
-    """What an action run in its trigger's commit gets as ``tx``: ``insert(table, **values)`` keeps the row (checked as
-    ``tx.insert`` checks it; its key left to the table's sequence); anything else raises :class:`_Deviation`."""
-
-    __slots__ = ("_tables", "rows")
-
-    def __init__(self, tables: Mapping[str, TableInfo]) -> None:
-        self._tables = tables
-        self.rows: list[tuple[str, dict[str, object]]] = []
-
-    def insert(self, table: str, /, **values: object) -> None:
-        info = self._tables.get(table)
-        if info is None or any(values.get(column) is not None for column in info.key_columns):
-            raise _Deviation(f"inserted into {table!r} {sorted(values)}")
-        self.rows.append((table, info.check_values(values, copy=False)))
-
-    def __getattr__(self, name: str) -> NoReturn:
-        raise _Deviation(f"used tx.{name}")
+def _no_row(key: Hashable) -> RowImage:
+    """(The stand-in's blank row: never asked for — it has no row to read.)"""
+    raise AssertionError("a stand-in without a row of its own was asked for one")
 
 
 def _targets(rules: "RuleManager", manager: "TransactionManager", rule: "Rule",
@@ -191,7 +172,7 @@ def _checked(rules: "RuleManager", manager: "TransactionManager", rule: "Rule"
     (``kept_recorded``: a compensation names its transaction), each table's key is one column with a sequence, no rule
     hears the rows inserted into it (no data event to raise) and none observes it, and no extension wants its old
     images (before-image undo)."""
-    if not _enabled(rules):
+    if not rules.detached.inserts_in_commit:
         return "every detached firing is recorded (OutboxOptions(inserts_in_commit=False))"
     if rule.name in rules.detached.kept_recorded:
         return f"a compensation names the transaction of rule {rule.name!r} (rule:{rule.name})"
@@ -217,11 +198,6 @@ def _checked(rules: "RuleManager", manager: "TransactionManager", rule: "Rule"
     return found
 
 
-def _enabled(rules: "RuleManager") -> bool:
-    """Whether the database runs detached firings that only insert in a lowered batch's commit at all."""
-    return rules.detached.inserts_in_commit
-
-
 def why_not_in_commit(db: "DatabaseHandle", rule_name: str) -> str | None:
     """None if a lowered micro-batch runs the firings of rule ``rule_name`` (of the detached family) in its own
     commit, with no outbox record (the package README, "Detached firings that only insert"); else why they are
@@ -235,7 +211,8 @@ def run_in_commit(rules: "RuleManager", transaction: "Transaction", connection: 
                   items: list[tuple["Firing", str, bool]]) -> list[tuple["Firing", str, bool]]:
     """Run the firings among ``items`` (``(firing, trigger id, committed)``) whose modes allow them to run after
     their triggers' outcomes and whose rules :func:`runs_in_commit` here, in ``transaction``'s flush: each action with
-    :class:`_Inserts` for ``tx``, the rows' keys drawn per table in the firings' order (as the outbox's runner would
+    a learned chain's stand-in for ``tx`` with no row of its own (``_RowTransaction``: it keeps the rows ``tx.insert``
+    would insert, checked as it checks them, and refuses anything else), the rows' keys drawn per table in the firings' order (as the outbox's runner would
     draw them), the rows inserted set-at-a-time under a savepoint.  Returns the items it ran (none if the savepoint's
     statements failed); the others are left to the recorder — a firing its mode does not run (the recorder cancels
     it), one whose action raised or deviated.  Raises ``GeneratedKeysReset`` if a key drawn was given away again (the
@@ -255,14 +232,14 @@ def run_in_commit(rules: "RuleManager", transaction: "Transaction", connection: 
         if targets is None:
             continue
         tables.update(targets)
-        stand_in = _Inserts({table: info for table, (info, _) in targets.items()})
+        stand_in = _RowTransaction("", None, None, _no_row, {table: info for table, (info, _) in targets.items()})
         try:
             firing.rule.action_function()(stand_in, firing.event)
         except Exception:           # (raised or deviated: the outbox runs it, and fails it with its own error)
             continue
         ran.append(item)
-        for table, values in stand_in.rows:
-            rows.setdefault(table, []).append(values)
+        for table, inserted in (stand_in.inserted or {}).items():
+            rows.setdefault(table, []).extend(inserted)
     if not ran:
         return []
     # Every key of these rows is drawn here, at once: none was drawn earlier in the transaction, so a reset of a
