@@ -283,7 +283,7 @@ def test_rules_lowering_says_which_types_run_a_batch_at_a_time_and_why_not_the_o
                    "def register(db):\n    rules = hand_hygiene.register(db)\n\n"
                    "    @db.rule(on=db.stream('exit'), name='announce_exit', priority=1)\n"
                    "    def announce(tx, event):\n        tx.emit('left', key=event.key)\n\n"
-                   "    @db.rule(on=db.stream('exit'), coupling='detached', name='shout')\n"
+                   "    @db.rule(on=db.stream('exit'), coupling=hand_hygiene.Coupling.DETACHED, name='shout')\n"
                    "    def shout(tx, event):\n        print('left', event.key)\n"
                    "        tx.insert('notifications', worker=event.key, channel='x', at=0.0, message='m')\n\n"
                    "    return rules\n")
