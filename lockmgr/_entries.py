@@ -152,7 +152,7 @@ def fold_grants(grants: Iterable[Grant]) -> tuple[dict[Hashable, Mode], dict[Has
 def _retain_if_compatible(stripe: "_Stripe", txn: _Txn, resource: Hashable, mode: Mode, grants: list[Grant]) -> bool:
     """``LockManager.try_retain``'s grant: ``mode`` on ``resource`` retained by ``txn`` at once if nobody waits
     for it and Rule 1 admits it, recorded in ``grants``.  False: refused (or ``txn`` is not active).  Takes
-    ``stripe.mutex`` (with ``acquire``/``release``: half the cost of ``with``, on every lock a savepoint takes)."""
+    ``stripe.mutex`` (with ``acquire``/``release``, cheaper than ``with``, on every lock a savepoint takes)."""
     mutex = stripe.mutex
     mutex.acquire()
     try:

@@ -61,7 +61,7 @@ def find_cycle(source: Node, targets: Iterable[Node], structural: bool = True) -
     while stack:
         node = pop()
         # Three copies of one visit step, on purpose: a shared successor iterator (generator or chain)
-        # makes this check 1.2-1.4x slower per wait edge (`activedb bench locks`, deadlock check).
+        # makes this check slower per wait edge (`activedb bench locks`, its deadlock check, shows it).
         for following in node.waits:
             if following is source:
                 return _path(predecessor, node, source)

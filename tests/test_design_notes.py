@@ -7,8 +7,10 @@ before, or a timing said to be measured. Code blocks are not read (an example ma
 """
 from __future__ import annotations
 
+import io
 import re
 import subprocess
+import tokenize
 from pathlib import Path
 
 import pytest
@@ -68,3 +70,46 @@ def test_the_check_finds_a_dated_measurement_and_passes_a_contract():
                 "```python\nclock = datetime(2026, 11, 22)  # 2026-11-22 in an example\n```\n"
                 "* **Measured figures** — benchmarks/RESULTS.md, each with its date, machine and command.\n")
     assert log_lines(contract) == []
+
+
+#: What a measured cost looks like in a docstring or a comment: a time in microseconds, or a cost compared as a
+#: fraction or a multiple ("half the cost", "3× faster", "40 % cheaper").  A bound or a setting in ms or s is a
+#: contract and passes.
+MEASURED_IN_CODE = re.compile(r"\d ?µs\b|\bhalf the (?:cost|time)\b|\btwice as (?:fast|slow|cheap)\b"
+                              r"|\d ?(?:×|x|%|times) (?:faster|slower|cheaper|dearer|the cost)\b", re.IGNORECASE)
+PACKAGES = ("activedb", "spark_bridge", "lockmgr", "coupling")
+
+
+def prose_of(source: str) -> list[tuple[int, str]]:
+    """``(line number, text)`` of every comment and docstring (a string that stands alone as a statement) of
+    ``source``."""
+    found: list[tuple[int, str]] = []
+    tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
+    statement_start = True
+    for token in tokens:
+        if token.type == tokenize.COMMENT:
+            found.append((token.start[0], token.string))
+        elif token.type == tokenize.STRING and statement_start:
+            found.extend((token.start[0] + offset, line) for offset, line in enumerate(token.string.splitlines()))
+        if token.type in (tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT):
+            statement_start = True
+        elif token.type not in (tokenize.NL, tokenize.COMMENT):
+            statement_start = False
+    return found
+
+
+def test_no_docstring_or_comment_of_the_packages_quotes_a_measured_cost():
+    listed = subprocess.run(["git", "ls-files", *(f"{package}/*.py" for package in PACKAGES)], cwd=ROOT,
+                            capture_output=True, text=True, check=True).stdout.split()
+    found = [f"  {path}:{number}: {text.strip()[:140]}"
+             for path in listed if "/examples/" not in path and (ROOT / path).exists()
+             for number, text in prose_of((ROOT / path).read_text()) if MEASURED_IN_CODE.search(text)]
+    assert not found, ("a docstring or comment quotes a measured cost; say the reason in words and put the figure, "
+                       "with its date, machine and command, in benchmarks/RESULTS.md:\n" + "\n".join(found))
+
+
+def test_the_code_check_finds_a_measured_cost_in_a_docstring_and_passes_a_bound():
+    measured = 'def f():\n    """Sets the slots directly, at half the cost."""\n    x = 1  # about 0.5 µs\n'
+    assert [number for number, text in prose_of(measured) if MEASURED_IN_CODE.search(text)] == [2, 3]
+    bound = 'def f():\n    """Waits at most 1 ms, then looks again."""\n    x = "half the cost"  # a value\n'
+    assert [number for number, text in prose_of(bound) if MEASURED_IN_CODE.search(text)] == []

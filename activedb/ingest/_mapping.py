@@ -161,7 +161,7 @@ class RawEvent:
 
 def _raw_event_maker() -> Callable[[object, object, object, Mapping[str, object], int, object], RawEvent]:
     """``RawEvent(...)`` for values already validated (the converters' results at a position without an error:
-    nothing is checked here), at about half the cost: the frozen dataclass's ``__init__`` sets each field through
+    nothing is checked here), more cheaply: the frozen dataclass's ``__init__`` sets each field through
     ``object.__setattr__``; this sets its slots directly (a batch makes one per row)."""
     new = object.__new__
     set_type, set_key, set_ts, set_payload, set_position, set_id = (

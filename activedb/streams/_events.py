@@ -55,7 +55,7 @@ def make_event(type: str, ts: Instant, attributes: Mapping[str, object], stream:
                _new: Callable[[type[StreamEvent]], StreamEvent] = object.__new__) -> StreamEvent:
     """``StreamEvent(type, ts, attributes, stream, origin, sts, position)`` for the engine's own copies of events
     it has checked (admission, release): the slots set directly, without the frozen class's ``__setattr__``
-    checks per field (half the cost, for every event twice)."""
+    checks per field (this runs twice for every event)."""
     event = _new(StreamEvent)
     set_type, set_ts, set_attributes, set_stream, set_origin, set_sts, set_position = _EVENT_SLOTS
     set_type(event, type)

@@ -240,8 +240,8 @@ class WorkerPool:
         self._hand_off_after = hand_off_after
         self._queue: deque[Task] = deque()
         # The idle workers, each parked on its own lock (acquired); waking one is taking it out of the list
-        # and releasing its lock — no condition variable (``Condition.notify`` and ``wait`` are Python code,
-        # several microseconds per spawned child).  Invariant: a worker is in the list only while parked
+        # and releasing its lock — no condition variable (``Condition.notify`` and ``wait`` are Python code, paid
+        # for every spawned child).  Invariant: a worker is in the list only while parked
         # (or about to be), and a task given a worker finds either a sleeper or a new thread.
         self._sleepers: list[threading.Lock] = []
         self._threads: list[threading.Thread] = []
