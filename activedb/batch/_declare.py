@@ -60,14 +60,15 @@ class OpKind(enum.Enum):
 
     @property
     def writes(self) -> bool:
-        return self in _WRITING
+        return self in WRITING_KINDS
 
     @property
     def windowed(self) -> bool:
         return self in (OpKind.WINDOW_READ, OpKind.WINDOW_WRITE)
 
 
-_WRITING = frozenset({OpKind.WRITE, OpKind.WINDOW_WRITE, OpKind.ND_WRITE, OpKind.INSERT})
+#: The kinds of operation that write (``OpKind.writes``).
+WRITING_KINDS = frozenset({OpKind.WRITE, OpKind.WINDOW_WRITE, OpKind.ND_WRITE, OpKind.INSERT})
 
 
 class Inserted(NamedTuple):

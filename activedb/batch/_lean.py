@@ -136,6 +136,15 @@ def _run(declarations: Mapping[str, Declaring], items: list[tuple[int, BatchEven
             first -= 1
         return [image for _, image in versions_of[first:]]
 
+    if not versions and declared is not None:
+        # An event declared already with a window operation: keep versions from the start (one pass here, not a
+        # check per event in the loop; an event declared in the loop checks its own).
+        for t, _ in items:
+            specs = declared.get(t)
+            if specs is not None and specs.__class__ is not str:
+                for spec in specs:
+                    if spec[0] in _WINDOWED:
+                        raise _NeedVersions()
     for t, event in items:
         # --- declare ------------------------------------------------------------------------
         specs = declared.get(t) if declared is not None else None
@@ -159,8 +168,6 @@ def _run(declarations: Mapping[str, Declaring], items: list[tuple[int, BatchEven
         elif isinstance(specs, str):
             rejected.append((t, specs))
             continue
-        elif not versions and any(spec[0] in _WINDOWED for spec in specs):
-            raise _NeedVersions()
         operations += len(specs)
         # --- execute: every operation reads the state as of before this transaction ----------
         writes: list[tuple[State, RowImage | None]] | None = None

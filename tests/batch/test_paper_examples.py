@@ -8,8 +8,9 @@ import pytest
 
 from activedb import batch
 from activedb.batch._execute import TpgExecutor
+from activedb.batch._lean import run_lean
 from activedb.batch._plan import EdgeKind, OpState, build_tpg
-from activedb.batch._runtime import prepare
+from activedb.batch._runtime import normalise_events, prepare
 from activedb.versions import Versions
 
 STRATEGIES = ["serial", "auto", "lean", "tpg"] + [strategy.name for strategy in batch.all_strategies()]
@@ -231,3 +232,19 @@ def test_window_write(strategy):
     assert result.final[("w", "sum")] == {"v": 9, "n": 3}
     assert result.transactions[5].outputs["seen"] == [2, 3, 4]
     assert [outcome.committed for outcome in result.transactions] == [True, True, True, False, True, True, True]
+
+
+def test_a_window_operation_declared_before_the_lean_run_makes_it_keep_versions_from_the_start():
+    """A batch run at commit is declared before it runs (``apply_at_commit``'s pass), and the lean run gets those
+    operations: one with a window makes it keep row versions from its start (else the window would read none)."""
+    transactions = window_transactions()
+    events = normalise_events([{"type": "tick", "ts": 1.0, "payload": {"v": 1}},
+                               {"type": "tick", "ts": 2.0, "payload": {"v": 2}},
+                               {"type": "tick", "ts": 3.0, "payload": {"v": 3}},
+                               {"type": "summarise", "ts": 4.0, "payload": {"size": 2.5}}])
+    items = list(enumerate(events))
+    declared = {t: transactions.declare(event) for t, event in items}
+    part = run_lean(transactions.declarations, items, {}, declared=declared)
+    assert part.versions
+    assert part.final[("w", "sum")] == {"v": 5, "n": 2}
+    assert part.outputs[3]["seen"] == [2, 3]
