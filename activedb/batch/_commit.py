@@ -26,9 +26,9 @@ from sqlalchemy.dialects import postgresql
 
 from activedb import lowlevel
 from activedb import deadletters
-from activedb.batch._declare import WRITING_KINDS, BatchEvent, OpSpec, State, StateTransactions
+from activedb.batch._declare import BatchEvent, OpSpec, State, StateTransactions
 from activedb.batch._result import BatchResult
-from activedb.batch._route import RoutePlan, touched_states, written_tables
+from activedb.batch._route import RoutePlan, add_touched, touched_states, written_tables
 from activedb.batch._runtime import AUTO, execute_batch, no_cyclic_gc, normalise_events, runtime_of
 from activedb.batch._state import Loader
 from activedb.batch._store import (DEAD_LETTER_TABLE, apply_batch, check_key_columns, check_required,
@@ -633,23 +633,7 @@ def apply_at_commit(tx: Transaction, events: Iterable[object], transactions: Sta
         declared[t] = specs
         if event[0] not in plans and event[0] not in router.unroutable:
             router.learn(event, specs)
-        # ``touched_states`` and ``written_tables`` of ``specs``, added in place (this runs per declared event).
-        for spec in specs:
-            table, state = spec[1], spec[10]
-            if state is not None:
-                keys = states.get(state[0])
-                if keys is None:
-                    states[state[0]] = {state[1]: None}
-                else:
-                    keys[state[1]] = None
-            elif spec[9] is not None:
-                states.setdefault(table, {}).update(dict.fromkeys(spec[9]))
-            else:
-                unbounded.add(table)
-            for param_table, key in spec[3]:
-                states.setdefault(param_table, {})[key] = None
-            if spec[0] in WRITING_KINDS:
-                written.update(spec[11] or (table,))
+        add_touched(specs, states, unbounded, written)
     extensions = tx.manager.extensions
     observed = sorted(table for table in written if table not in heard and extensions.any("wants_old_images", table))
     if observed:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, TypeAlias
 
-from activedb.batch._declare import BatchEvent, OpSpec, State, canonical_key, specs_of
+from activedb.batch._declare import WRITING_KINDS, BatchEvent, OpSpec, State, canonical_key, specs_of
 from activedb.batch._parallel import find_root
 
 #: Where one table's rows are named in an event: ``(table, source, payload field name; None for the key)``.
@@ -50,7 +50,30 @@ def touched_states(specs: list[OpSpec]) -> tuple[list[State], list[str]]:
 
 def written_tables(specs: list[OpSpec]) -> frozenset[str]:
     """The tables a declared transaction writes."""
-    return frozenset(table for spec in specs if spec.kind.writes for table in (spec.tables or (spec.table,)))
+    return frozenset(table for spec in specs if spec.kind in WRITING_KINDS for table in (spec.tables or (spec.table,)))
+
+
+def add_touched(specs: list[OpSpec], states: dict[str, dict[Hashable, None]], unbounded: set[str],
+                written: set[str]) -> None:
+    """:func:`touched_states` and :func:`written_tables` of ``specs`` added in place — ``states`` table → keys (in
+    the order named), ``unbounded`` and ``written`` — without the lists and the set they build: a batch run at commit
+    does this for each event it declares before it runs."""
+    for spec in specs:
+        table, state = spec[1], spec[10]
+        if state is not None:
+            keys = states.get(state[0])
+            if keys is None:
+                states[state[0]] = {state[1]: None}
+            else:
+                keys[state[1]] = None
+        elif spec[9] is not None:
+            states.setdefault(table, {}).update(dict.fromkeys(spec[9]))
+        else:
+            unbounded.add(table)
+        for param_table, key in spec[3]:
+            states.setdefault(param_table, {})[key] = None
+        if spec[0] in WRITING_KINDS:
+            written.update(spec[11] or (table,))
 
 
 class RoutePlan:
