@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
+import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Unpack
@@ -16,12 +17,11 @@ import sqlalchemy as sa
 
 from activedb.errors import BatchAlreadyCommitted
 from activedb.extras import Extra, needs
-from activedb.store import Json, exact_json, from_exact_json, jsonable, storable_text
+from activedb.store import Catalog, Json, exact_json, from_exact_json, jsonable, storable_text
 from activedb.txn import CommitParticipant
 
 if TYPE_CHECKING:  # pragma: no cover
     from activedb._handle import DatabaseHandle
-    from activedb.store import Catalog
     from activedb.txn import Transaction
 
 __all__ = ["TABLE", "FinalReason", "Letter", "LetterFilter", "LetterRecord", "LetterReplayed", "count", "count_by_reason",
@@ -181,11 +181,29 @@ def insert_in_flush(transaction: Transaction, connection: sa.Connection, query_i
                     letters: Sequence[Letter], *, table: str = TABLE) -> None:
     """Insert ``letters`` on ``connection`` inside the flush of ``transaction`` (for a commit participant writing
     in its own flush: they commit with it), into ``table``; their ids come from where :func:`insert`'s come from."""
-    if letters:
-        catalog = transaction.manager.catalog
-        ids = _ids(catalog, table, connection, len(letters), transaction.root.began_at)
-        connection.execute(catalog.table(table).insert(),
-                           [{"id": letter_id, **row} for letter_id, row in zip(ids, _rows(query_id, batch_id, letters))])
+    if not letters:
+        return
+    catalog = transaction.manager.catalog
+    info = catalog.table_info(table)
+    sequence = catalog.sequence_of(info, "id")
+    assert sequence is not None, table        # (an identity column: the migrations')
+    ids, storage = catalog.generated_keys(sequence, len(letters), transaction.root.began_at)
+    document = _ENCODER.encode([{"id": letter_id, "reason": storable_text(letter.reason), "raw": letter.raw(),
+                                 "original": encode_original(letter.row)} for letter_id, letter in zip(ids, letters)])
+    name = connection.dialect.identifier_preparer.format_table(info.table)
+    inserted = connection.exec_driver_sql(_INSERT.format(table=name),
+                                          (query_id, batch_id, document, storage, ids[-1], sequence)).rowcount
+    if inserted != len(letters):
+        raise catalog.keys_reset(sequence, ids[-1])
+
+
+# One statement for a batch's letters, however many: a JSON array of them, one object a letter (one call of the C
+# encoder), whose ids are checked by the statement itself against a reset of their sequence since they were drawn
+# (``Catalog.STILL_DRAWN``: nothing is inserted then).  Driver SQL (``%%`` in the table's name is doubled already).
+_INSERT = ("INSERT INTO {table} (id, query_id, batch_id, reason, raw, original) "
+           "SELECT v.id, %s, %s, v.reason, v.raw, v.original FROM jsonb_to_recordset(%s::jsonb) "
+           "AS v(id bigint, reason text, raw jsonb, original jsonb) WHERE " + Catalog.STILL_DRAWN)
+_ENCODER = json.JSONEncoder(allow_nan=False, check_circular=False, separators=(",", ":"))
 
 
 def insert_ahead(database: DatabaseHandle, query_id: str, batch_id: int, position: int, letter: Letter) -> int:

@@ -9,12 +9,15 @@ import json
 import math
 
 import pyarrow as pa
+import pytest
 from click.testing import CliRunner
 
-from activedb import deadletters
+from activedb import deadletters, lowlevel
 from activedb.cli import main
 from activedb.deadletters import Letter, LetterFilter
+from activedb.errors import GeneratedKeysReset
 from activedb.ingest import Batch, RulesHandler, feed
+from activedb.txn import CommitParticipant
 from tests.spark_bridge import app_counters
 
 BIG = "k" * 1_000_000
@@ -63,6 +66,69 @@ def test_every_original_row_round_trips_through_postgresql(db):
     assert stored[3].raw["key"] == BIG
     assert stored[6].raw == {"value": "not a mapping at all"}
     assert {record.batch_id for record in stored} == {7}
+
+
+class _LettersInFlush(CommitParticipant):
+    """Writes letters in the flush of the transaction it is enlisted in, as a batch run at commit writes its own
+    (``deadletters.insert_in_flush``); ``before`` runs first, on the flush's connection."""
+
+    def __init__(self, query_id, letters, before=None):
+        self.query_id, self.letters, self.before = query_id, letters, before
+
+    def write(self, transaction, connection):
+        if self.before is not None:
+            self.before(connection)
+        deadletters.insert_in_flush(transaction, connection, self.query_id, 7, self.letters)
+
+
+def test_letters_written_in_a_flush_are_stored_as_those_inserted_in_the_tree(db):
+    """The flush's one statement for a batch's letters stores every row exactly as ``deadletters.insert`` (the
+    tree's inserts) does: the readable form, the original, the reason spelled out, the ids in order."""
+    arrow = pa.table({"type": ["add"], "key": ["x1\x00evil"]})
+    letters = [Letter(f"poison {index} \x00", row) for index, row in enumerate(ROWS)] + [Letter("arrow", arrow)]
+    with db.transaction() as tx:
+        deadletters.insert(tx, "tree@q", 7, letters)
+    with db.transaction() as tx:
+        lowlevel.enlist(tx, _LettersInFlush("flush@q", letters))
+    tree = deadletters.select(db, LetterFilter(query="tree"))
+    flush = deadletters.select(db, LetterFilter(query="flush"))
+    assert len(flush) == len(letters)
+    assert [record.id for record in flush] == sorted(record.id for record in flush)
+    for left, right in zip(tree, flush):
+        assert (left.reason, left.raw, left.batch_id, left.position) == (right.reason, right.raw, right.batch_id,
+                                                                         right.position)
+    for letter, record in zip(letters[:-1], flush):
+        assert _nan_equal(record.row(), letter.row), record.reason
+    assert flush[-1].row().to_pylist() == arrow.to_pylist()
+
+
+def test_letters_whose_ids_a_reset_sequence_gives_out_again_are_not_written(db):
+    """The sequence of the letters' ids is set back below them between their draw and their statement (``setval``
+    takes no lock on the table): the statement inserts nothing and the flush fails with ``GeneratedKeysReset``, which
+    ``Database.run``'s retry gets past with ids drawn again: every letter stored once, each id one the sequence
+    has handed out since."""
+    sequence = "pg_get_serial_sequence('activedb_dead_letters', 'id')"
+    resets = []
+
+    def reset_once(connection):
+        if not resets:
+            resets.append(connection.exec_driver_sql(
+                f"SELECT setval({sequence}, (SELECT coalesce(max(id), 0) + 1 FROM activedb_dead_letters))").scalar())
+
+    with db.transaction() as tx:
+        lowlevel.enlist(tx, _LettersInFlush("warm@q", [Letter("warm", {"k": 0})]))    # (a block of ids cached)
+    attempts = []
+
+    def write_letters(tx):
+        attempts.append(tx)
+        lowlevel.enlist(tx, _LettersInFlush("reset@q", [Letter("one", {"k": 1}), Letter("two", {"k": 2})],
+                                            reset_once))
+
+    db.run(write_letters)
+    assert len(attempts) == 2
+    stored = deadletters.select(db, LetterFilter(query="reset"))
+    assert [letter.reason for letter in stored] == ["one", "two"]
+    assert resets and min(letter.id for letter in stored) > resets[0], (resets, [letter.id for letter in stored])
 
 
 def test_a_reason_quoting_unstorable_text_is_stored_spelled_out(db):
