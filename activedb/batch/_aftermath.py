@@ -21,7 +21,7 @@ from coupling import Coupling, may_run_after
 
 from activedb.batch._commit import insert_rows
 from activedb.batch._learn import NotLearned, _RowTransaction, learned_table, why_not_learned
-from activedb.errors import GeneratedKeysReset, SchemaError
+from activedb.errors import SchemaError
 from activedb.events import EventKind
 from activedb.store import RowImage, TableInfo
 
@@ -213,10 +213,10 @@ def run_in_commit(rules: "RuleManager", transaction: "Transaction", connection: 
     their triggers' outcomes and whose rules :func:`runs_in_commit` here, in ``transaction``'s flush: each action with
     a learned chain's stand-in for ``tx`` with no row of its own (``_RowTransaction``: it keeps the rows ``tx.insert``
     would insert, checked as it checks them, and refuses anything else), the rows' keys drawn per table in the firings' order (as the outbox's runner would
-    draw them), the rows inserted set-at-a-time under a savepoint.  Returns the items it ran (none if the savepoint's
-    statements failed); the others are left to the recorder — a firing its mode does not run (the recorder cancels
-    it), one whose action raised or deviated.  Raises ``GeneratedKeysReset`` if a key drawn was given away again (the
-    flush is a conflict, re-run)."""
+    draw them), the rows inserted set-at-a-time under a savepoint, with the keys' check, in one round trip.  Returns the items it
+    ran (none if the savepoint's statements failed); the others are left to the recorder — a firing its mode does not
+    run (the recorder cancels it), one whose action raised or deviated.  Raises ``GeneratedKeysReset`` if a key drawn
+    was given away again (the flush is a conflict, re-run)."""
     catalog = transaction.manager.catalog
     cache: dict[Rule, dict[str, tuple[TableInfo, str]] | None] = {}
     tables: dict[str, tuple[TableInfo, str]] = {}
@@ -240,30 +240,21 @@ def run_in_commit(rules: "RuleManager", transaction: "Transaction", connection: 
         ran.append(item)
         for table, inserted in (stand_in.inserted or {}).items():
             rows.setdefault(table, []).extend(inserted)
-    if not ran:
-        return []
+    if not rows:
+        return ran
     # Every key of these rows is drawn here, at once: none was drawn earlier in the transaction, so a reset of a
-    # sequence found now concerns none of them (no ``since``); the keys are still checked against the database.
-    for attempt in range(len(rows) + 1):
-        drawn: dict[str, list[int]] = {}
-        for table, found in rows.items():
-            info, sequence = tables[table]
-            keys, _ = catalog.generated_keys(sequence, len(found))
-            drawn[sequence] = keys
-            column = info.key_columns[0]
-            for values, key in zip(found, keys):
-                values[column] = key
-        try:
-            catalog.check_generated_keys(connection, drawn)
-            break
-        except GeneratedKeysReset:
-            # A sequence reset since its cached block was drawn (the check dropped the block): nothing written yet,
-            # so draw again (the keys drawn are gaps); one sequence found a check, at most every one of them.
-            if attempt == len(rows):
-                raise
+    # sequence found now concerns none of them (no ``since``).  Their check goes with the rows, judged once they
+    # were sent: a key given out again fails the commit (a conflict: the batch is re-run with keys drawn again).
+    drawn: dict[str, list[int]] = {}
+    for table, found in rows.items():
+        info, sequence = tables[table]
+        keys, _ = catalog.generated_keys(sequence, len(found))
+        drawn[sequence] = keys
+        column = info.key_columns[0]
+        for values, key in zip(found, keys):
+            values[column] = key
     try:
-        with connection.begin_nested():
-            insert_rows(connection, catalog, rows)
+        insert_rows(connection, catalog, rows, catalog.generated_keys_check(drawn), savepoint="activedb_in_commit")
     except (sa.exc.DBAPIError, SchemaError):
         # A row the database refused (a constraint): these firings run as the outbox runs them, each in its own
         # transaction, and the one that fails is marked failed with the database's reason.

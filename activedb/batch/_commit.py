@@ -36,7 +36,7 @@ from activedb.batch._store import (DEAD_LETTER_TABLE, apply_batch, check_key_col
 from activedb.batch._strategy import Split, Strategy
 from activedb.batch.errors import BatchNotCommitted, DeclarationError
 from activedb.errors import InvalidKey, InvalidValue, SchemaError
-from activedb.store import Catalog, Key, RowImage, TableInfo, array_literal, rows_by_key
+from activedb.store import Catalog, Key, KeysCheck, RowImage, TableInfo, array_literal, rows_by_key
 from activedb.txn import CommitParticipant
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -116,9 +116,8 @@ class PendingBatch(CommitParticipant):
                                        strategy="lean", split=Split.NEVER, check=store_check(catalog))
                 result.notes.append(f"ran again checking each transaction's values: {type(error).__name__}: {error}")
                 statements = _planned_writes(catalog, result, self._keys)
-            if options.before_write is not None:
-                options.before_write(connection)
-            self.rows_written = _send(connection, statements)
+            check = options.keys_check() if options.keys_check is not None else None
+            self.rows_written = _send(connection, statements, check)
             seconds["write"] = time.perf_counter() - started
         started = time.perf_counter()
         if options.on_result is not None:
@@ -152,7 +151,7 @@ class PendingBatch(CommitParticipant):
         less to scan."""
         self._declared = {}
         self._keys = {}
-        self._options = replace(self._options, letters=None, on_result=None, before_write=None)
+        self._options = replace(self._options, letters=None, on_result=None, keys_check=None)
 
     def _lock_and_read(self, catalog: Catalog, connection: sa.Connection) -> dict[State, RowImage | None]:
         """Lock every declared row ``FOR UPDATE`` (tables in name order, keys in key order) and
@@ -294,20 +293,35 @@ def _planned_writes(catalog: Catalog, result: BatchResult, normalised: Mapping[s
     return _final_rows(catalog, result, normalised) + _new_rows(catalog, result.inserted())
 
 
-def _send(connection: sa.Connection, statements: list[_Statement]) -> int:
+def _send(connection: sa.Connection, statements: list[_Statement], check: KeysCheck | None = None, *,
+          savepoint: str | None = None) -> int:
     """Send ``statements`` (:func:`_planned_writes`) in one pipeline of the driver: PostgreSQL runs each one while
-    the next one's arrays are made here (they need no result); the number of rows they write.  The driver's errors,
-    raised when the pipeline syncs, become SQLAlchemy's, as when a statement runs on its own."""
+    the next one's arrays are made here (they need no result); the number of rows they write.  ``check``: the
+    generated keys' check, sent first and judged once the pipeline synced (it raises ``GeneratedKeysReset``: the
+    caller must not commit).  ``savepoint``: the statements run under that savepoint, set and released in the same
+    pipeline; after a failure the transaction is rolled back to it.  The driver's errors, raised when the pipeline
+    syncs, become SQLAlchemy's, as when a statement runs on its own."""
     driver = _driver(connection)
+    checking = None
     try:
         with driver.pipeline():
+            if savepoint is not None:
+                driver.execute(f"SAVEPOINT {savepoint}")
+            if check is not None:
+                checking = driver.execute(check.sql, check.parameters)
             for function, info, names, rows in statements:
                 if names is None:
                     function(connection, info, rows)
                 else:
                     function(connection, info, names, rows)
+            if savepoint is not None:
+                driver.execute(f"RELEASE SAVEPOINT {savepoint}")
     except driver.Error as error:
+        if savepoint is not None:
+            driver.execute(f"ROLLBACK TO SAVEPOINT {savepoint}")
         raise sa.exc.DBAPIError.instance("the batch's writes (one pipeline)", None, error, driver.Error) from None
+    if check is not None and checking is not None:
+        check.judge(checking.fetchall())
     return sum(len(rows) for _, _, _, rows in statements)
 
 
@@ -410,11 +424,12 @@ def _new_rows(catalog: Catalog, inserted: Mapping[str, list[RowImage]]) -> list[
     return statements
 
 
-def insert_rows(connection: sa.Connection, catalog: Catalog, inserted: Mapping[str, list[RowImage]]) -> int:
+def insert_rows(connection: sa.Connection, catalog: Catalog, inserted: Mapping[str, list[RowImage]],
+                check: KeysCheck | None = None, *, savepoint: str | None = None) -> int:
     """Insert ``inserted`` (table -> new rows, in one pipeline, set-at-a-time as the batch's own new rows); the number
     of rows.  Raises ``SchemaError`` for a row the table cannot hold (before anything is sent), the driver's error as
-    SQLAlchemy's."""
-    return _send(connection, _new_rows(catalog, inserted))
+    SQLAlchemy's.  ``check`` and ``savepoint``: as :func:`_send` takes them."""
+    return _send(connection, _new_rows(catalog, inserted), check, savepoint=savepoint)
 
 
 def _check_columns(info: TableInfo, names: list[str], rows: list[RowImage]) -> None:
@@ -573,7 +588,7 @@ class _Options:
     batch_id: int | None
     letters: Callable[[BatchResult], list[deadletters.Letter]] | None
     on_result: Callable[[BatchResult, sa.Connection], None] | None
-    before_write: Callable[[sa.Connection], None] | None = None
+    keys_check: Callable[[], KeysCheck | None] | None = None
 
 
 @no_cyclic_gc()
@@ -583,18 +598,19 @@ def apply_at_commit(tx: Transaction, events: Iterable[object], transactions: Sta
                     batch_id: int | None = None,
                     letters: Callable[[BatchResult], list[deadletters.Letter]] | None = None,
                     on_result: Callable[[BatchResult, sa.Connection], None] | None = None,
-                    before_write: Callable[[sa.Connection], None] | None = None,
+                    keys_check: Callable[[], KeysCheck | None] | None = None,
                     heard: Collection[str] = ()) -> PendingBatch:
     """Enlist ``events`` as a batch that runs inside the commit of ``tx`` (the package README) and
     return its :class:`PendingBatch`.  ``dead_letters``: the table its dead letters go to (None:
     none are stored), labelled ``query_id``/``batch_id``; ``letters(result)`` → ``[Letter]``
     (``activedb.deadletters``) replaces the default ones (``dead_letter``); ``on_result(result, connection)`` is
-    called inside the commit before the dead letters are inserted; ``before_write(connection)`` once the batch ran,
-    before its rows are written (a check that raises writes nothing: the generated keys a batch drew).  A table rules
+    called inside the commit before the dead letters are inserted; ``keys_check()`` once the batch ran: the check of
+    the generated keys it drew (``Catalog.generated_keys_check``; raises for a reset found already), sent with its
+    writes and judged before anything else is written (a key given out again fails the commit: a conflict).  A table rules
     observe makes the batch run through the transaction tree, whose writes they hear, unless it is one of ``heard``:
     tables the batch only inserts into whose new rows' data events the caller records itself (``apply_lowered``)."""
     tx_started = time.perf_counter()
-    options = _Options(strategy, processes, split, dead_letters, query_id, batch_id, letters, on_result, before_write)
+    options = _Options(strategy, processes, split, dead_letters, query_id, batch_id, letters, on_result, keys_check)
     events = list(events)
     batch = normalise_events(events)
     runtime = runtime_of(transactions)

@@ -31,7 +31,7 @@ from activedb.batch._state import merge_image
 from activedb.batch.errors import DeclarationError, LoweringRefused
 from activedb.errors import SchemaError, causes
 from activedb.events import Event, EventKind, new_event
-from activedb.store import RowImage, TableInfo
+from activedb.store import KeysCheck, RowImage, TableInfo
 from activedb.txn import CommitParticipant
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -685,19 +685,19 @@ def apply_lowered(rules: "RuleManager", transaction: "Transaction", events: Iter
         declaration.prepare(transaction.id, rejection, since)
     catalog = transaction.manager.catalog
 
-    def check_keys(connection: sa.Connection) -> None:
-        """The keys the rules' inserted rows drew are still the sequences' (as a flush checks a tree's)."""
+    def keys_check() -> KeysCheck | None:
+        """The check that the keys the rules' inserted rows drew are still the sequences' (as a flush checks a
+        tree's)."""
         drawn: dict[str, list[int]] = {}
         for declaration in lowered.learned.values():
             if declaration.reset is not None:
                 raise declaration.reset
             for sequence, keys in declaration.drawn.items():
                 drawn.setdefault(sequence, []).extend(keys)
-        if drawn:
-            catalog.check_generated_keys(connection, drawn, since)
+        return catalog.generated_keys_check(drawn, since) if drawn else None
 
     if reactions is not None and reactions.keyed:
-        options["before_write"], options["heard"] = check_keys, frozenset(reactions.keyed)
+        options["keys_check"], options["heard"] = keys_check, frozenset(reactions.keyed)
     pending = apply_at_commit(transaction, events, lowered.transactions, on_result=counted, **options)
     # Enlisted after the batch, whose write decides each event's outcome: the detached family's firings are
     # recorded in the same commit, each with its event's outcome (a rejected event's subtransaction aborted); the

@@ -1,11 +1,11 @@
 """The shared store: schema checks, private write sets and their SQL.  Design note: ``README.md``.
 
-Public names: :class:`Catalog`, :class:`TableInfo`, :class:`Entry`, :class:`EntryKind`, :func:`resolve`,
+Public names: :class:`Catalog` (and :class:`KeysCheck`, its check of generated keys as a statement), :class:`TableInfo`, :class:`Entry`, :class:`EntryKind`, :func:`resolve`,
 :func:`fetch_rows`, :func:`rows_by_key`, :func:`lock_row`, :func:`apply_write_set`, :func:`jsonable`, :func:`storable_text`, :func:`exact_json`,
 :func:`from_exact_json`, :func:`matches`, :func:`same_image`; ``Json`` (a JSON value); the closed sets :class:`Granularity`, :class:`IsolationLevel`.
 """
 
-from activedb.store._catalog import KEY_BLOCK, Catalog
+from activedb.store._catalog import KEY_BLOCK, Catalog, KeysCheck
 from activedb.store._choices import Granularity, IsolationLevel
 from activedb.store._exact import exact_json, from_exact_json
 from activedb.store._schema import TableInfo, json_problem, text_problem
@@ -13,6 +13,6 @@ from activedb.store._sql import (Json, apply_write_set, array_literal, fetch_row
                                  lock_row, rows_by_key, storable_text)
 from activedb.store._writeset import Entry, EntryKind, Key, Row, RowImage, TableRef, matches, resolve, same_image
 
-__all__ = ["KEY_BLOCK", "Catalog", "TableInfo", "Entry", "EntryKind", "Json", "Key", "Row", "RowImage", "TableRef", "resolve", "fetch_rows", "rows_by_key", "lock_row",
+__all__ = ["KEY_BLOCK", "Catalog", "KeysCheck", "TableInfo", "Entry", "EntryKind", "Json", "Key", "Row", "RowImage", "TableRef", "resolve", "fetch_rows", "rows_by_key", "lock_row",
            "apply_write_set", "array_literal", "is_connection_failure", "jsonable", "storable_text", "json_problem", "text_problem",
            "exact_json", "from_exact_json", "matches", "same_image", "Granularity", "IsolationLevel"]

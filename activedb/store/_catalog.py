@@ -15,6 +15,8 @@ import datetime
 import os
 import threading
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 import psycopg
@@ -47,6 +49,17 @@ _STILL_DRAWN_ALL = ("SELECT s, pg_relation_filenode(CAST(s AS regclass)), pg_seq
                     "FROM unnest(CAST(%s AS text[])) AS s")
 _DRAW = ("SELECT ARRAY(SELECT nextval(CAST(%s AS regclass)) FROM generate_series(1, %s)), "
          "pg_relation_filenode(CAST(%s AS regclass))")
+
+
+@dataclass(frozen=True)
+class KeysCheck:
+    """Whether generated keys are still the sequences' (:meth:`Catalog.generated_keys_check`): ``sql`` (driver SQL)
+    with ``parameters`` to send, then ``judge(rows)`` with its rows, which raises ``GeneratedKeysReset`` for a key
+    given out again.  Immutable."""
+
+    sql: str
+    parameters: tuple[object, ...]
+    judge: Callable[[Sequence[Sequence[Any]]], None]
 
 
 class IdleConnections:
@@ -378,22 +391,44 @@ class Catalog:
         transaction is about to insert) was drawn from a sequence that has since been reset: its storage
         changed (``TRUNCATE ... RESTART IDENTITY``, ``ALTER SEQUENCE ... RESTART``) or its last value is
         now below the value (``setval``) — the sequence would hand the value out again.  The cached blocks
-        of such a sequence are dropped.  One query for all sequences; values this catalog did not draw
-        (explicit keys) are not judged here (an insert that collides still fails with ``DuplicateKey``)."""
+        of such a sequence are dropped.  One query for all sequences (:meth:`generated_keys_check`); values this
+        catalog did not draw (explicit keys) are not judged here (an insert that collides still fails with
+        ``DuplicateKey``)."""
+        check = self.generated_keys_check(used, since)
+        if check is not None:
+            check.judge(connection.exec_driver_sql(check.sql, check.parameters).all())
+
+    def generated_keys_check(self, used: dict[str, list[int]], since: datetime.datetime | None = None
+                             ) -> KeysCheck | None:
+        """:meth:`check_generated_keys` as a query to send with other statements (in a driver pipeline: no round
+        trip of its own) and the judgement of its rows; None if there is nothing to ask.  A reset found already
+        (since ``since``) raises at once.  The caller must not commit before ``judge`` returned."""
         with self._mutex:
             for sequence in used:
                 self._check_not_reset_since(sequence, since)
-            histories = {sequence: list(self._key_history.get(sequence, ())) for sequence in used}
-        wanted = [sequence for sequence, history in histories.items() if history]
-        if not wanted:
-            return
-        rows = connection.exec_driver_sql(_STILL_DRAWN_ALL, (wanted,)).all()
-        for sequence, storage, last_value in rows:
-            history = histories[sequence]     # (one storage: _remember_block empties it when the storage changes)
-            stale = history[-1][2] != storage or last_value is None
-            for value in used[sequence]:      # (the block search last: it only tells a key drawn here from another)
-                if (stale or value > last_value) and any(low <= value <= high for low, high, _ in history):
-                    raise self.keys_reset(sequence, value)
+            if not any(self._key_history.get(sequence) for sequence in used):
+                return None
+            # Every sequence with cached blocks is asked about, not only those used: a reset found drops the cached
+            # blocks of each sequence it reset (a TRUNCATE … RESTART IDENTITY of several tables), so that the re-run
+            # draws every one afresh, rather than one more re-run per sequence.
+            histories = {sequence: list(history) for sequence, history in self._key_history.items() if history}
+
+        def judge(rows: Sequence[Sequence[Any]]) -> None:
+            found: GeneratedKeysReset | None = None
+            for sequence, storage, last_value in rows:
+                history = histories[sequence]     # (one storage: _remember_block empties it when the storage changes)
+                stale = history[-1][2] != storage or last_value is None
+                for value in used.get(sequence, ()):   # (the block search last: it tells a key drawn here from another)
+                    if (stale or value > last_value) and any(low <= value <= high for low, high, _ in history):
+                        found = found or self.keys_reset(sequence, value)
+                        break
+                else:
+                    if sequence not in used and (stale or last_value < history[-1][1]):
+                        self.invalidate_key_blocks(sequence)       # (set back below its last block: a reset)
+            if found is not None:
+                raise found
+
+        return KeysCheck(_STILL_DRAWN_ALL, (list(histories),), judge)
 
     #: Holds iff keys handed out with a storage (the first placeholder), the highest of them the second, are still
     #: unused by the sequence (the third): :meth:`check_generated_keys` as a condition of their inserting statement.

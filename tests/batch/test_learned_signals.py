@@ -154,7 +154,7 @@ def test_rules_on_a_signal_a_batch_cannot_run_keep_the_type_on_the_rule_path(mak
 
 def test_after_the_tables_are_reset_a_lowered_batch_draws_its_keys_afresh(databases):
     """``reset_tables`` (TRUNCATE … RESTART IDENTITY) between two batches: the second batch's first attempt draws
-    alert ids from blocks the reset gave away again; its commit finds that before writing (a conflict, re-run) — the
+    alert ids from blocks the reset gave away again; its commit finds that before it commits (a conflict, re-run) — the
     batch stays lowered and its alerts are numbered from 1, as a fresh database numbers them."""
     database = databases[0]
     events = generate(10, 800, 5)
