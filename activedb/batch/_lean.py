@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from activedb.batch._declare import (BatchEvent, Declaring, OpKind, Ops, OpSpec, State, inserted, no_operation,
                                      unknown_event_type)
+from activedb.batch._learn import LearnedDeclaration
 from activedb.batch._result import Part
 from activedb.batch._state import Loader, WriteCheck, failure_reason, merge_image, perform
 from activedb.batch.errors import DeclarationError, ExecutionInvariantBroken
@@ -145,93 +146,134 @@ def _run(declarations: Mapping[str, Declaring], items: list[tuple[int, BatchEven
                 for spec in specs:
                     if spec[0] in _WINDOWED:
                         raise _NeedVersions()
+    # The chains of plain rules lowered as learned: run here as their declaration would have them run (a write of the
+    # event's row whose function runs the chain, then the insert of the rows it inserted), without declaring them.
+    learned = {kind: function for kind, function in declarations.items() if type(function) is LearnedDeclaration}
+    writes: list[tuple[State, RowImage | None]] | None
+    outputs: dict[str, object] | None
+    reason: str | None
+    output: Any
     for t, event in items:
         # --- declare ------------------------------------------------------------------------
         specs = declared.get(t) if declared is not None else None
-        if specs is None:
-            function = declarations_get(event.event_type)
-            if function is None:
-                rejected.append((t, f"UnknownEventType: {unknown_event_type(event.event_type)}"))
-                continue
-            ops = Ops(event)
+        chain = learned.get(event.event_type) if specs is None and learned else None
+        if chain is not None:
             try:
-                function(event, ops)
+                key, stream_event = chain.key_and_event(event)
             except Exception as error:
                 rejected.append((t, f"{type(error).__name__}: {error}"))
                 continue
-            specs = ops.specs
-            if not specs:
-                rejected.append((t, f"DeclarationError: {no_operation(event.event_type)}"))
-                continue
-            if ops.windowed and not versions:
-                raise _NeedVersions()
-        elif isinstance(specs, str):
-            rejected.append((t, specs))
-            continue
-        operations += len(specs)
-        # --- execute: every operation reads the state as of before this transaction ----------
-        writes: list[tuple[State, RowImage | None]] | None = None
-        outputs: dict[str, object] | None = None
-        reason = None
-        output: Any
-        several = False
-        for spec in specs:
+            plain = key.__class__
+            if not (plain is str or plain is int):
+                chain = None          # (a key that is not plain: declared, with the declaration's checks)
+        if chain is not None:
+            # --- a learned chain: its write, then its insert (``LearnedDeclaration.__call__``'s two operations) ----
+            insert_spec = chain.insert_spec
+            operations += 1 if insert_spec is None else 2
             executions += 1
-            kind = spec[0]
+            writes = outputs = reason = None
+            several = False
+            state = (chain.table, key)
             try:
-                if kind is _WRITE:
-                    state = spec[10]
-                    own = get(state, _MISSING)
-                    if own is _MISSING:
-                        own = miss(state, t)
-                    params = spec[3]
-                    if params:
-                        result = spec[4](own, *images(params, t))
-                    else:
-                        result = spec[4](own)
-                    if type(result) is dict:
-                        output = {**own, **result} if own is not None else dict(result)
-                    else:
-                        output = merge_image(own, result, spec)
-                    if writes is None:
-                        writes = [(state, output)]
-                    else:
-                        writes.append((state, output))
-                elif kind is _READ:
-                    state = spec[10]
-                    output = get(state, _MISSING)
-                    if output is _MISSING:
-                        output = miss(state, t)
-                elif kind is _INSERT:
-                    params = spec[3]
-                    if not params:
-                        output = inserted(spec, spec[4]())
-                    elif len(params) == 1:          # (the common case: the rows of one read, as for a write)
-                        state = params[0]
-                        image = get(state, _MISSING)
-                        if image is _MISSING:
-                            image = miss(state, t)
-                        output = inserted(spec, spec[4](image))
-                    else:
-                        output = inserted(spec, spec[4](*images(params, t)))
+                own = get(state, _MISSING)
+                if own is _MISSING:
+                    own = miss(state, t)
+                result = chain.run(event, key, [stream_event], own)
+                if type(result) is dict:
+                    output = {**own, **result} if own is not None else dict(result)
                 else:
-                    written_state, image, output = perform(spec, t, read, window)
-                    if written_state is not None:
-                        if kind is _ND_WRITE:
-                            several = True
-                        if writes is None:
-                            writes = [(written_state, image)]
-                        else:
-                            writes.append((written_state, image))
+                    output = merge_image(own, result, chain.write_spec)
+                writes = [(state, output)]
             except Exception as error:
-                reason = failure_reason(spec, error)
-                break
-            name = spec[8]
-            if name is not None:
-                if outputs is None:
-                    outputs = {name: output}
-                else:
-                    outputs[name] = output
+                reason = failure_reason(chain.write_spec, error)
+            if reason is None and insert_spec is not None:
+                executions += 1
+                try:
+                    outputs = {chain.insert_name: inserted(insert_spec, chain.inserted_by(event.position))}
+                except Exception as error:
+                    reason = failure_reason(insert_spec, error)
+        else:
+            if specs is None:
+                function = declarations_get(event.event_type)
+                if function is None:
+                    rejected.append((t, f"UnknownEventType: {unknown_event_type(event.event_type)}"))
+                    continue
+                ops = Ops(event)
+                try:
+                    function(event, ops)
+                except Exception as error:
+                    rejected.append((t, f"{type(error).__name__}: {error}"))
+                    continue
+                specs = ops.specs
+                if not specs:
+                    rejected.append((t, f"DeclarationError: {no_operation(event.event_type)}"))
+                    continue
+                if ops.windowed and not versions:
+                    raise _NeedVersions()
+            elif isinstance(specs, str):
+                rejected.append((t, specs))
+                continue
+            operations += len(specs)
+            # --- execute: every operation reads the state as of before this transaction ----------
+            writes = outputs = reason = None
+            several = False
+            for spec in specs:
+                executions += 1
+                kind = spec[0]
+                try:
+                    if kind is _WRITE:
+                        state = spec[10]
+                        own = get(state, _MISSING)
+                        if own is _MISSING:
+                            own = miss(state, t)
+                        params = spec[3]
+                        if params:
+                            result = spec[4](own, *images(params, t))
+                        else:
+                            result = spec[4](own)
+                        if type(result) is dict:
+                            output = {**own, **result} if own is not None else dict(result)
+                        else:
+                            output = merge_image(own, result, spec)
+                        if writes is None:
+                            writes = [(state, output)]
+                        else:
+                            writes.append((state, output))
+                    elif kind is _READ:
+                        state = spec[10]
+                        output = get(state, _MISSING)
+                        if output is _MISSING:
+                            output = miss(state, t)
+                    elif kind is _INSERT:
+                        params = spec[3]
+                        if not params:
+                            output = inserted(spec, spec[4]())
+                        elif len(params) == 1:          # (the common case: the rows of one read, as for a write)
+                            state = params[0]
+                            image = get(state, _MISSING)
+                            if image is _MISSING:
+                                image = miss(state, t)
+                            output = inserted(spec, spec[4](image))
+                        else:
+                            output = inserted(spec, spec[4](*images(params, t)))
+                    else:
+                        written_state, image, output = perform(spec, t, read, window)
+                        if written_state is not None:
+                            if kind is _ND_WRITE:
+                                several = True
+                            if writes is None:
+                                writes = [(written_state, image)]
+                            else:
+                                writes.append((written_state, image))
+                except Exception as error:
+                    reason = failure_reason(spec, error)
+                    break
+                name = spec[8]
+                if name is not None:
+                    if outputs is None:
+                        outputs = {name: output}
+                    else:
+                        outputs[name] = output
         result_ts.append(t)
         if reason is None and check is not None:
             reason = check(writes or [], outputs)

@@ -682,7 +682,14 @@ class LearnedDeclaration:
         #: The tables the chain inserts into (``tx.insert``): one more operation per event, fed by the chain's run
         #: (declared as ``ops.insert_into`` declares it, after the write: its name is the second operation's).
         self.inserts = tuple(sorted(inserts or ()))
-        self._insert_name = _insert_name(self.inserts, 1) if self.inserts else ""
+        #: The output name of that insert operation (``insert:TABLE#1``).
+        self.insert_name = _insert_name(self.inserts, 1) if self.inserts else ""
+        #: The operations ``__call__`` declares for an event with a plain key, without their functions: what the lean
+        #: executor names in a failure's reason and reads an insert's rows by when it runs the chain itself
+        #: (``run_lean``'s learned path).
+        self.write_spec = OpSpec(OpKind.WRITE, self.table, None)
+        self.insert_spec = (OpSpec(OpKind.INSERT, self.inserts[0], None, name=self.insert_name, tables=self.inserts)
+                            if self.inserts else None)
         # Per event position, the row image its chain last ran on (``own``, by identity) and the rows it inserted:
         # the insert operation reads the row as of before the event, as the write does, and takes the rows of
         # that run (running it, if the write's function has not yet).
@@ -717,11 +724,20 @@ class LearnedDeclaration:
         self.drawn.setdefault(sequence, []).append(key)
         return key
 
-    def __call__(self, event: BatchEvent, ops: Ops) -> None:
+    def key_and_event(self, event: BatchEvent) -> tuple[Hashable, Event]:
+        """The key of the row ``event``'s chain writes and the stream event its rules get: the action's own key
+        expression, on the event it will get (the same object, as in a firing)."""
         stream_event = _stream_event(event, self._transaction)
         key_of = self._key_of
-        # The action's own key expression, on the event it will get (the same object, as in a firing).
-        key = event.key if key_of is None else key_of(stream_event)
+        return event.key if key_of is None else key_of(stream_event), stream_event
+
+    def inserted_by(self, position: int) -> dict[str, list[dict[str, object]]] | None:
+        """The rows the chain inserted in its last run of the event at ``position`` (None: none)."""
+        ran = self._inserted.get(position)
+        return ran[1] if ran is not None else None
+
+    def __call__(self, event: BatchEvent, ops: Ops) -> None:
+        key, stream_event = self.key_and_event(event)
         # (``run`` may answer FALL_BACK, which is neither a mapping nor DELETE: its state transaction aborts.)
         write = functools.partial(self._run, event, key, [stream_event])
         specs = ops.specs
@@ -741,7 +757,7 @@ class LearnedDeclaration:
             tables = self.inserts
             specs.append(_new_spec(OpSpec, (OpKind.INSERT, tables[0], None, (state,),
                                             functools.partial(self._rows, event, key), None, None, None,
-                                            self._insert_name, (), None, tables)))
+                                            self.insert_name, (), None, tables)))
 
     def _rows(self, event: BatchEvent, key: Hashable, own: RowImage | None) -> Mapping[str, object] | None:
         """The rows the chain inserts for ``event`` run on ``own`` (the row as of before the event)."""
