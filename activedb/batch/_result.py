@@ -89,6 +89,7 @@ class BatchResult:
         self._aborted = aborted        # t -> reason
         self._outputs = outputs        # t -> outputs (committed transactions with outputs)
         self._transactions: list[TransactionResult] | None = None
+        self._inserted: dict[str, list[RowImage]] | None = None
         self.rejected = rejected
         self.final = final
         self.before = before
@@ -131,7 +132,10 @@ class BatchResult:
         return sorted(letters, key=lambda letter: letter[0].position)
 
     def inserted(self) -> dict[str, list[RowImage]]:
-        """Table → the rows the committed transactions' INSERT operations add, in timestamp order."""
+        """Table → the rows the committed transactions' INSERT operations add, in timestamp order (made once: the
+        caller must not change it)."""
+        if self._inserted is not None:
+            return self._inserted
         rows: dict[str, list[RowImage]] = {}
         outputs = self._outputs
         for t in sorted(outputs):
@@ -142,6 +146,7 @@ class BatchResult:
                         rows[part.table] = list(part.rows)
                     else:
                         found.extend(part.rows)
+        self._inserted = rows
         return rows
 
     def changes(self) -> dict[State, RowImage | None]:
