@@ -737,7 +737,10 @@ class LearnedDeclaration:
         return ran[1] if ran is not None else None
 
     def __call__(self, event: BatchEvent, ops: Ops) -> None:
-        key, stream_event = self.key_and_event(event)
+        # (``key_and_event``, inlined: a batch declared before it runs calls this once per event.)
+        stream_event = _stream_event(event, self._transaction)
+        key_of = self._key_of
+        key = event.key if key_of is None else key_of(stream_event)
         # (``run`` may answer FALL_BACK, which is neither a mapping nor DELETE: its state transaction aborts.)
         write = functools.partial(self._run, event, key, [stream_event])
         specs = ops.specs
