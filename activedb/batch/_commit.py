@@ -358,7 +358,7 @@ def _final_rows(catalog: Catalog, result: BatchResult, normalised: Mapping[str, 
                 inserts.setdefault(frozenset(row), []).append(row)
                 continue
             old_get = old.get
-            changed = tuple(name for name, value in image.items() if old_get(name, _MISSING) != value)
+            changed = tuple([name for name, value in image.items() if old_get(name, _MISSING) != value])
             if not changed:
                 continue
             if not key_set.isdisjoint(changed):
@@ -366,7 +366,8 @@ def _final_rows(catalog: Catalog, result: BatchResult, normalised: Mapping[str, 
             pairs = updates.get(changed)
             if pairs is None:
                 updates[changed] = pairs = []
-            key_row.update((name, image[name]) for name in changed)
+            for name in changed:
+                key_row[name] = image[name]
             pairs.append((key_row, image))
         if deletes:
             statements.append((_delete, info, None, deletes))

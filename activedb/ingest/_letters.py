@@ -44,34 +44,38 @@ class BatchLetters:
     def for_events(self, failed: Sequence[tuple[RowEvent, str]]) -> list[Letter]:
         """Letters for events of this batch, each ``(event, reason)``, with the row each came from (the event's
         ``position`` in the rows)."""
-        originals = self._originals([event.position for event, _ in failed])
-        return [Letter(reason, original, _shown(original)) for (_, reason), original in zip(failed, originals)]
+        originals, shown = self._originals_shown([event.position for event, _ in failed])
+        return [Letter(reason, original, readable)
+                for (_, reason), original, readable in zip(failed, originals, shown)]
 
     def all_rows(self, reason: str) -> list[Letter]:
         """A letter with ``reason`` for every row of the batch, each keeping its row as delivered."""
         rows = self._rows
         count = rows.num_rows if hasattr(rows, "num_rows") else len(rows)
-        return [Letter(reason, original, _shown(original)) for original in self._originals(list(range(count)))]
+        originals, shown = self._originals_shown(list(range(count)))
+        return [Letter(reason, original, readable) for original, readable in zip(originals, shown)]
 
     def insert(self, tx: Transaction, letters: Sequence[Letter]) -> None:
         """Insert ``letters`` in ``tx`` (they commit with the batch)."""
         deadletters.insert(tx, self.query_id, self.batch_id, letters)
 
     def _originals(self, positions: list[int]) -> list[object]:
+        return self._originals_shown(positions)[0]
+
+    def _originals_shown(self, positions: list[int]) -> tuple[list[object], list[dict[str, Json] | None]]:
+        """The rows at ``positions`` as delivered (of an Arrow table: one-row tables) and their readable forms
+        (``raw``; of an Arrow table: its columns made storable JSON; None for any other row: ``Letter.raw`` makes
+        it).  The Arrow rows are taken at once and sliced (one ``take`` and one conversion for every letter of the
+        batch, not one each)."""
         rows = self._rows
-        if hasattr(rows, "take"):
-            return [rows.take([position]) for position in positions]
-        return [rows[position] for position in positions]
-
-
-def _shown(original: object) -> dict[str, Json] | None:
-    """The readable form (``raw``) of a one-row Arrow table: its columns made storable JSON; None for any
-    other row (``Letter.raw`` makes it)."""
-    if hasattr(original, "to_pylist") and hasattr(original, "schema"):
+        if not (hasattr(rows, "take") and hasattr(rows, "schema")):
+            return [rows[position] for position in positions], [None] * len(positions)
+        if not positions:
+            return [], []
         from activedb.ingest._arrow import jsonable_rows
 
-        return jsonable_rows(original)[0]
-    return None
+        taken = rows.take(positions)
+        return [taken.slice(index, 1) for index in range(len(positions))], list(jsonable_rows(taken))
 
 
 @contextlib.contextmanager
