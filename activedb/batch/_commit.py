@@ -97,6 +97,12 @@ class PendingBatch(CommitParticipant):
         seconds: dict[str, float] = {}
         if self._ready is not None:
             result = self._ready
+            started = time.perf_counter()
+            letters = self._letters(result)
+            if options.dead_letters is not None and letters:
+                deadletters.insert_in_flush(transaction, connection, options.query_id, options.batch_id, letters,
+                                            table=options.dead_letters)
+            seconds["dead_letters"] = time.perf_counter() - started
         else:
             started = time.perf_counter()
             base = self._lock_and_read(catalog, connection)
@@ -117,21 +123,34 @@ class PendingBatch(CommitParticipant):
                 result.notes.append(f"ran again checking each transaction's values: {type(error).__name__}: {error}")
                 statements = _planned_writes(catalog, result, self._keys)
             check = options.keys_check() if options.keys_check is not None else None
-            self.rows_written = _send(connection, statements, check)
-            seconds["write"] = time.perf_counter() - started
-        started = time.perf_counter()
+            made: list[list[deadletters.Letter]] = []
+
+            def letters_insert() -> deadletters.LettersInsert | None:
+                """The dead letters, made and encoded while PostgreSQL runs the rows' statements, and their statement
+                for the same round trip."""
+                began = time.perf_counter()
+                letters = self._letters(result)
+                made.append(letters)
+                statement = None if options.dead_letters is None or not letters else deadletters.insert_statement(
+                    transaction, connection.dialect, options.query_id, options.batch_id, letters,
+                    table=options.dead_letters)
+                seconds["dead_letters"] = time.perf_counter() - began
+                return statement
+
+            self.rows_written = _send(connection, statements, check, then=letters_insert)
+            letters = made[0]
+            seconds["write"] = time.perf_counter() - started - seconds["dead_letters"]
         if options.on_result is not None:
             options.on_result(result, connection)
-        letters = options.letters(result) if options.letters is not None else [
-            dead_letter(event, reason) for event, reason in result.dead_letters]
-        if options.dead_letters is not None and letters:
-            deadletters.insert_in_flush(transaction, connection, options.query_id, options.batch_id, letters,
-                                        table=options.dead_letters)
-        seconds["dead_letters"] = time.perf_counter() - started
         transaction.info["batch"] = {"events": result.committed_count, "dead_letters": len(letters),
                                      "rows_written": self.rows_written, "mode": self.mode}
         self._result = result
         self.seconds = {"apply": self.seconds.get("apply", 0.0), **seconds}
+
+    def _letters(self, result: BatchResult) -> list[deadletters.Letter]:
+        options = self._options
+        return options.letters(result) if options.letters is not None else [
+            dead_letter(event, reason) for event, reason in result.dead_letters]
 
     def committed(self, transaction: Transaction) -> None:
         self.state = PendingState.COMMITTED
@@ -294,15 +313,17 @@ def _planned_writes(catalog: Catalog, result: BatchResult, normalised: Mapping[s
 
 
 def _send(connection: sa.Connection, statements: list[_Statement], check: KeysCheck | None = None, *,
-          savepoint: str | None = None) -> int:
+          savepoint: str | None = None, then: Callable[[], deadletters.LettersInsert | None] | None = None) -> int:
     """Send ``statements`` (:func:`_planned_writes`) in one pipeline of the driver: PostgreSQL runs each one while
     the next one's arrays are made here (they need no result); the number of rows they write.  ``check``: the
     generated keys' check, sent first and judged once the pipeline synced (it raises ``GeneratedKeysReset``: the
     caller must not commit).  ``savepoint``: the statements run under that savepoint, set and released in the same
-    pipeline; after a failure the transaction is rolled back to it.  The driver's errors, raised when the pipeline
-    syncs, become SQLAlchemy's, as when a statement runs on its own."""
+    pipeline; after a failure the transaction is rolled back to it.  ``then()``: called once the statements are
+    sent (PostgreSQL runs them meanwhile), a last statement for the same round trip — the batch's dead letters —
+    whose row count is checked once the pipeline synced.  The driver's errors, raised when the pipeline syncs,
+    become SQLAlchemy's, as when a statement runs on its own."""
     driver = _driver(connection)
-    checking = None
+    checking = inserting = letters = None
     try:
         with driver.pipeline():
             if savepoint is not None:
@@ -316,12 +337,17 @@ def _send(connection: sa.Connection, statements: list[_Statement], check: KeysCh
                     function(connection, info, names, rows)
             if savepoint is not None:
                 driver.execute(f"RELEASE SAVEPOINT {savepoint}")
+            letters = then() if then is not None else None
+            if letters is not None:
+                inserting = driver.execute(letters.sql, letters.parameters)
     except driver.Error as error:
         if savepoint is not None:
             driver.execute(f"ROLLBACK TO SAVEPOINT {savepoint}")
         raise sa.exc.DBAPIError.instance("the batch's writes (one pipeline)", None, error, driver.Error) from None
     if check is not None and checking is not None:
         check.judge(checking.fetchall())
+    if letters is not None and inserting is not None:
+        letters.done(inserting.rowcount)
     return sum(len(rows) for _, _, _, rows in statements)
 
 
@@ -605,7 +631,7 @@ def apply_at_commit(tx: Transaction, events: Iterable[object], transactions: Sta
     return its :class:`PendingBatch`.  ``dead_letters``: the table its dead letters go to (None:
     none are stored), labelled ``query_id``/``batch_id``; ``letters(result)`` → ``[Letter]``
     (``activedb.deadletters``) replaces the default ones (``dead_letter``); ``on_result(result, connection)`` is
-    called inside the commit before the dead letters are inserted; ``keys_check()`` once the batch ran: the check of
+    called inside the commit once the batch's rows and its dead letters were written; ``keys_check()`` once the batch ran: the check of
     the generated keys it drew (``Catalog.generated_keys_check``; raises for a reset found already), sent with its
     writes and judged before anything else is written (a key given out again fails the commit: a conflict).  A table rules
     observe makes the batch run through the transaction tree, whose writes they hear, unless it is one of ``heard``:

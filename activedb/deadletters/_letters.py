@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
+import functools
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Unpack
 
 import sqlalchemy as sa
 
-from activedb.errors import BatchAlreadyCommitted
+from activedb.errors import BatchAlreadyCommitted, GeneratedKeysReset
 from activedb.extras import Extra, needs
 from activedb.store import Catalog, Json, exact_json, from_exact_json, jsonable, storable_text
 from activedb.txn import CommitParticipant
@@ -25,8 +26,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from activedb.txn import Transaction
 
 __all__ = ["TABLE", "FinalReason", "Letter", "LetterFilter", "LetterRecord", "LetterReplayed", "count", "count_by_reason",
-           "decode_original", "encode_original", "insert", "insert_ahead", "insert_in_flush", "purge", "select",
-           "written_ahead"]
+           "decode_original", "encode_original", "insert", "insert_ahead", "insert_in_flush", "insert_statement",
+           "LettersInsert", "purge", "select", "written_ahead"]
 
 TABLE = "activedb_dead_letters"
 _ARROW_TAG = "$arrow"
@@ -181,8 +182,34 @@ def insert_in_flush(transaction: Transaction, connection: sa.Connection, query_i
                     letters: Sequence[Letter], *, table: str = TABLE) -> None:
     """Insert ``letters`` on ``connection`` inside the flush of ``transaction`` (for a commit participant writing
     in its own flush: they commit with it), into ``table``; their ids come from where :func:`insert`'s come from."""
-    if not letters:
-        return
+    if letters:
+        statement = insert_statement(transaction, connection.dialect, query_id, batch_id, letters, table=table)
+        statement.done(connection.exec_driver_sql(statement.sql, statement.parameters).rowcount)
+
+
+@dataclass(frozen=True)
+class LettersInsert:
+    """The one statement that inserts a batch's letters (:func:`insert_statement`): driver SQL and its parameters, to
+    send on the flush's connection (alone, or in a driver pipeline with other statements); then :meth:`done` with the
+    row count it reports.  Immutable."""
+
+    sql: str
+    parameters: tuple[object, ...]
+    count: int
+    reset: Callable[[], GeneratedKeysReset]
+
+    def done(self, rowcount: int) -> None:
+        """Raise ``GeneratedKeysReset`` (nothing was inserted: the letters' ids were given out again by a reset of
+        their sequence since they were drawn; a conflict, the transaction must not commit) unless every letter was
+        inserted."""
+        if rowcount != self.count:
+            raise self.reset()
+
+
+def insert_statement(transaction: Transaction, dialect: sa.Dialect, query_id: str | None, batch_id: int | None,
+                     letters: Sequence[Letter], *, table: str = TABLE) -> LettersInsert:
+    """The statement that inserts ``letters`` (at least one) in the flush of ``transaction``, into ``table``: their
+    ids drawn where :func:`insert`'s come from, every row encoded (the work of writing them but the round trip)."""
     catalog = transaction.manager.catalog
     info = catalog.table_info(table)
     sequence = catalog.sequence_of(info, "id")
@@ -190,11 +217,9 @@ def insert_in_flush(transaction: Transaction, connection: sa.Connection, query_i
     ids, storage = catalog.generated_keys(sequence, len(letters), transaction.root.began_at)
     document = _ENCODER.encode([{"id": letter_id, "reason": storable_text(letter.reason), "raw": letter.raw(),
                                  "original": encode_original(letter.row)} for letter_id, letter in zip(ids, letters)])
-    name = connection.dialect.identifier_preparer.format_table(info.table)
-    inserted = connection.exec_driver_sql(_INSERT.format(table=name),
-                                          (query_id, batch_id, document, storage, ids[-1], sequence)).rowcount
-    if inserted != len(letters):
-        raise catalog.keys_reset(sequence, ids[-1])
+    name = dialect.identifier_preparer.format_table(info.table)
+    return LettersInsert(_INSERT.format(table=name), (query_id, batch_id, document, storage, ids[-1], sequence),
+                         len(letters), functools.partial(catalog.keys_reset, sequence, ids[-1]))
 
 
 # One statement for a batch's letters, however many: a JSON array of them, one object a letter (one call of the C

@@ -131,6 +131,29 @@ def test_letters_whose_ids_a_reset_sequence_gives_out_again_are_not_written(db):
     assert resets and min(letter.id for letter in stored) > resets[0], (resets, [letter.id for letter in stored])
 
 
+def test_letters_sent_in_the_round_trip_of_a_batchs_rows_are_checked_as_well(db):
+    """A batch run at commit sends its letters' statement in the pipeline of its rows (``_send(then=)``): a reset of
+    their ids' sequence between their draw and that statement inserts nothing and fails the commit there too."""
+    from activedb.batch._commit import _send
+
+    sequence = "pg_get_serial_sequence('activedb_dead_letters', 'id')"
+
+    class PipedLetters(CommitParticipant):
+        def write(self, transaction, connection):
+            statement = deadletters.insert_statement(transaction, connection.dialect, "piped@q", 3,
+                                                     [Letter("one", {"k": 1}), Letter("two", {"k": 2})])
+            connection.exec_driver_sql(
+                f"SELECT setval({sequence}, (SELECT coalesce(max(id), 0) + 1 FROM activedb_dead_letters))")
+            _send(connection, [], then=lambda: statement)
+
+    with db.transaction() as tx:
+        lowlevel.enlist(tx, _LettersInFlush("warm@q", [Letter("warm", {"k": 0})]))    # (a block of ids cached)
+    with pytest.raises(GeneratedKeysReset):
+        with db.transaction() as tx:
+            lowlevel.enlist(tx, PipedLetters())
+    assert deadletters.select(db, LetterFilter(query="piped")) == []
+
+
 def test_a_reason_quoting_unstorable_text_is_stored_spelled_out(db):
     """A rule's message may quote the very value PostgreSQL refused; the letter must still be written."""
     with db.transaction() as tx:
