@@ -59,7 +59,7 @@ class KeysCheck:
 
     sql: str
     parameters: tuple[object, ...]
-    judge: Callable[[Sequence[Sequence[Any]]], None]
+    judge: Callable[[Sequence[tuple[str, int, int | None]]], None]
 
 
 class IdleConnections:
@@ -413,11 +413,14 @@ class Catalog:
             # draws every one afresh, rather than one more re-run per sequence.
             histories = {sequence: list(history) for sequence, history in self._key_history.items() if history}
 
-        def judge(rows: Sequence[Sequence[Any]]) -> None:
+        def judge(rows: Sequence[tuple[str, int, int | None]]) -> None:
             found: GeneratedKeysReset | None = None
             for sequence, storage, last_value in rows:
                 history = histories[sequence]     # (one storage: _remember_block empties it when the storage changes)
-                stale = history[-1][2] != storage or last_value is None
+                if last_value is None:            # (never drawn since a reset: none of the blocks is the sequence's)
+                    stale, last_value = True, 0
+                else:
+                    stale = history[-1][2] != storage
                 for value in used.get(sequence, ()):   # (the block search last: it tells a key drawn here from another)
                     if (stale or value > last_value) and any(low <= value <= high for low, high, _ in history):
                         found = found or self.keys_reset(sequence, value)
