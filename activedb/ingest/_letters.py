@@ -14,6 +14,8 @@ from activedb.deadletters import Letter
 from activedb.ingest._mapping import Rejected
 
 if TYPE_CHECKING:  # pragma: no cover
+    import pyarrow as pa
+
     from activedb._handle import DatabaseHandle
     from activedb.ingest._interface import RowEvent, Rows
     from activedb.store import Json
@@ -60,22 +62,31 @@ class BatchLetters:
         deadletters.insert(tx, self.query_id, self.batch_id, letters)
 
     def _originals(self, positions: list[int]) -> list[object]:
-        return self._originals_shown(positions)[0]
+        """The rows at ``positions`` as delivered (of an Arrow table: one-row tables, taken at once and sliced — one
+        ``take`` for every letter of the batch, not one each)."""
+        return self._taken(positions)[1]
 
     def _originals_shown(self, positions: list[int]) -> tuple[list[object], list[dict[str, Json] | None]]:
-        """The rows at ``positions`` as delivered (of an Arrow table: one-row tables) and their readable forms
-        (``raw``; of an Arrow table: its columns made storable JSON; None for any other row: ``Letter.raw`` makes
-        it).  The Arrow rows are taken at once and sliced (one ``take`` and one conversion for every letter of the
-        batch, not one each)."""
-        rows = self._rows
-        if not (hasattr(rows, "take") and hasattr(rows, "schema")):
-            return [rows[position] for position in positions], [None] * len(positions)
-        if not positions:
-            return [], []
+        """:meth:`_originals` and their readable forms (``raw``; of an Arrow table: its columns made storable JSON,
+        in one conversion; None for any other row: ``Letter.raw`` makes it).  Only for rows validation accepted: a
+        rejected row may hold bytes that are no text (``rejected`` keeps the form validation made)."""
+        taken, originals = self._taken(positions)
+        if taken is None:
+            return originals, [None] * len(originals)
         from activedb.ingest._arrow import jsonable_rows
 
+        return originals, list(jsonable_rows(taken))
+
+    def _taken(self, positions: list[int]) -> tuple[pa.Table | pa.RecordBatch | None, list[object]]:
+        """The Arrow rows at ``positions`` as one table (None for rows of any other kind) and as one-row slices of it,
+        or the rows themselves."""
+        rows = self._rows
+        if not (hasattr(rows, "take") and hasattr(rows, "schema")):
+            return None, [rows[position] for position in positions]
+        if not positions:
+            return None, []
         taken = rows.take(positions)
-        return [taken.slice(index, 1) for index in range(len(positions))], list(jsonable_rows(taken))
+        return taken, [taken.slice(index, 1) for index in range(len(positions))]
 
 
 @contextlib.contextmanager

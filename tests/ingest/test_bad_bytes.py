@@ -11,6 +11,7 @@ import json
 import pyarrow as pa
 
 from activedb.deadletters import decode_original, encode_original
+from activedb.ingest._letters import BatchLetters
 from activedb.ingest._mapping import EventMapping, rows_to_events  # (public in activedb.ingest soon)
 
 MAPPING = EventMapping("type", "key", "ts", payload_columns=("seq",))
@@ -51,3 +52,20 @@ def test_any_text_column_and_text_inside_a_struct_is_checked():
             "one sent"),
         (2, "column 'key' is not valid UTF-8")]
     assert "the bytes C3 at byte 1" in bad[1].reason
+
+
+def test_the_letters_of_a_batch_keep_the_bytes_of_its_rejected_rows_beside_its_failed_events():
+    """A batch's letters (``BatchLetters``) take their rows from the batch as delivered: a rejected row keeps its bytes
+    that are no text and its readable form from validation, and an event's letter (a rule rejected it) gets its
+    readable form from its own row, converted with the others of the batch but never with a rejected row's bytes."""
+    table = pa.table({"type": ["add"] * 3, "key": ["y6\ufffd\ufffd\ufffd", "good", "also"], "ts": [1.0, 2.0, 3.0],
+                      "seq": [1, 2, 3], "_line": _text([BAD_LINE, b'{"key": "good"}', b'{"key": "also"}'])})
+    good, bad = rows_to_events(table, MAPPING)
+    letters = BatchLetters(None, table, "q", 1)
+    [rejected] = letters.rejected(bad)
+    assert rejected.row.column("_line").cast(pa.binary()).to_pylist() == [BAD_LINE]
+    assert rejected.raw() == bad[0].row
+    failed = letters.for_events([(event, "rule raised") for event in reversed(good)])
+    assert [letter.raw()["key"] for letter in failed] == ["also", "good"]
+    assert [letter.row.to_pylist()[0]["key"] for letter in failed] == ["also", "good"]
+    assert decode_original(encode_original(failed[0].row)).to_pylist() == table.take([2]).to_pylist()
