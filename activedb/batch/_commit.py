@@ -123,14 +123,14 @@ class PendingBatch(CommitParticipant):
                 result.notes.append(f"ran again checking each transaction's values: {type(error).__name__}: {error}")
                 statements = _planned_writes(catalog, result, self._keys)
             check = options.keys_check() if options.keys_check is not None else None
-            made: list[list[deadletters.Letter]] = []
+            letters = []
 
             def letters_insert() -> deadletters.LettersInsert | None:
                 """The dead letters, made and encoded while PostgreSQL runs the rows' statements, and their statement
                 for the same round trip."""
+                nonlocal letters
                 began = time.perf_counter()
                 letters = self._letters(result)
-                made.append(letters)
                 statement = None if options.dead_letters is None or not letters else deadletters.insert_statement(
                     transaction, connection.dialect, options.query_id, options.batch_id, letters,
                     table=options.dead_letters)
@@ -138,7 +138,6 @@ class PendingBatch(CommitParticipant):
                 return statement
 
             self.rows_written = _send(connection, statements, check, then=letters_insert)
-            letters = made[0]
             seconds["write"] = time.perf_counter() - started - seconds["dead_letters"]
         if options.on_result is not None:
             options.on_result(result, connection)

@@ -154,10 +154,14 @@ def decode_original(stored: object) -> object:
 # --- writing -------------------------------------------------------------------------------------------
 
 def _rows(query_id: str | None, batch_id: int | None, letters: Iterable[Letter]) -> list[dict[str, object]]:
-    """The rows of ``activedb_dead_letters`` for ``letters``, ids left out.  A reason that quotes text PostgreSQL
-    cannot store (a NUL character, a lone surrogate) has it spelled out."""
-    return [{"query_id": query_id, "batch_id": batch_id, "reason": storable_text(letter.reason), "raw": letter.raw(),
-             "original": encode_original(letter.row)} for letter in letters]
+    """The rows of ``activedb_dead_letters`` for ``letters``, ids left out (:func:`_columns`)."""
+    return [{"query_id": query_id, "batch_id": batch_id, **_columns(letter)} for letter in letters]
+
+
+def _columns(letter: Letter) -> dict[str, object]:
+    """A letter's own columns: its reason (text PostgreSQL cannot store, such as a NUL character or a lone surrogate,
+    spelled out), its readable form and its original."""
+    return {"reason": storable_text(letter.reason), "raw": letter.raw(), "original": encode_original(letter.row)}
 
 
 def _ids(catalog: Catalog, table: str, connection: sa.Connection, count: int, since: dt.datetime | None) -> list[int]:
@@ -215,8 +219,7 @@ def insert_statement(transaction: Transaction, dialect: sa.Dialect, query_id: st
     sequence = catalog.sequence_of(info, "id")
     assert sequence is not None, table        # (an identity column: the migrations')
     ids, storage = catalog.generated_keys(sequence, len(letters), transaction.root.began_at)
-    document = _ENCODER.encode([{"id": letter_id, "reason": storable_text(letter.reason), "raw": letter.raw(),
-                                 "original": encode_original(letter.row)} for letter_id, letter in zip(ids, letters)])
+    document = _ENCODER.encode([{"id": letter_id, **_columns(letter)} for letter_id, letter in zip(ids, letters)])
     name = dialect.identifier_preparer.format_table(info.table)
     return LettersInsert(_INSERT.format(table=name), (query_id, batch_id, document, storage, ids[-1], sequence),
                          len(letters), functools.partial(catalog.keys_reset, sequence, ids[-1]))
