@@ -21,8 +21,8 @@
 
 **The test kit's plugin** (``activedb.testing.pytest_plugin``, what an application's tests use: ``activedb_db``,
 ``activedb_url``, ``activedb_clock``, ``activedb_make_url``, ``activedb_watchdog``) makes its databases on
-``pg_server`` here (``activedb_server`` below), so the suite starts one server; its databases live per module
-(``activedb_database_scope`` in ``pyproject.toml``).
+``pg_server`` here (``activedb_server`` below), so each of the suite's processes (pytest-xdist, ``addopts`` in ``pyproject.toml``) starts
+one server; its databases live per module (``activedb_database_scope`` there).
 """
 
 from __future__ import annotations
