@@ -2,7 +2,10 @@
 run), notes, and optional series (the points of a sweep, for ``activedb bench NAME --plot``).
 
 ``BenchReport.print_table()`` prints a table that fits the console (stdout); ``to_json()`` is the full
-document (``--json-only`` prints it, ``--json FILE`` writes it)."""
+document (``--json-only`` prints it, ``--json FILE`` writes it).  Both say what the machine did meanwhile
+(:func:`machine_during`): the load average, and how the CPUs' time since the report was made was shared — busy,
+idle, waiting for I/O, and *stolen* by the hypervisor of a virtual machine (time the benchmark's processes were
+ready to run and did not: on a shared host it moves figures by more than the changes they measure)."""
 
 from __future__ import annotations
 
@@ -56,6 +59,36 @@ class Series:
     reference: bool = False
 
 
+def cpu_times() -> tuple[int, ...] | None:
+    """The machine's CPU time counters (``/proc/stat``'s ``cpu`` line: user, nice, system, idle, iowait, irq,
+    softirq, steal), None where there is no ``/proc/stat``."""
+    try:
+        with open("/proc/stat", encoding="ascii") as stat:
+            fields = stat.readline().split()
+    except OSError:
+        return None
+    if not fields or fields[0] != "cpu" or len(fields) < 9:
+        return None
+    return tuple(int(value) for value in fields[1:9])
+
+
+def machine_during(since: tuple[int, ...] | None) -> dict[str, Any]:
+    """What the machine did from the counters ``since`` (:func:`cpu_times`) until now: the shares of the CPUs' time
+    busy, idle, waiting for I/O and stolen by the hypervisor, and the load average now (1, 5, 15 minutes)."""
+    found: dict[str, Any] = {"load_average": [round(load, 2) for load in os.getloadavg()], "cpus": os.cpu_count()}
+    now = cpu_times()
+    if since is None or now is None:
+        return found
+    user, nice, system, idle, iowait, irq, softirq, steal = (after - before for after, before in zip(now, since))
+    total = user + nice + system + idle + iowait + irq + softirq + steal
+    if total <= 0:
+        return found
+    found["cpu_share"] = {"busy": round((user + nice + system + irq + softirq) / total, 3),
+                          "idle": round(idle / total, 3), "iowait": round(iowait / total, 3),
+                          "steal": round(steal / total, 3)}
+    return found
+
+
 @dataclass
 class BenchReport:
     title: str
@@ -64,6 +97,8 @@ class BenchReport:
     series: list[Series] = field(default_factory=list)
     #: A quick run (``--quick``): smoke sizes, figures not meant to meet the targets; the plot says so.
     quick: bool = False
+    #: The machine's CPU counters when the report was made (the start of the run): :func:`machine_during`.
+    started_cpu: tuple[int, ...] | None = field(default_factory=cpu_times, repr=False)
 
     def add(self, row: Row) -> Row:
         self.rows.append(row)
@@ -75,7 +110,7 @@ class BenchReport:
 
     def to_json(self) -> dict[str, Any]:
         return {"benchmark": self.title, "quick": self.quick, "python": sys.version.split()[0],
-                "machine": platform.machine(),
+                "machine": platform.machine(), "machine_during_run": machine_during(self.started_cpu),
                 "rows": [asdict(row) for row in self.rows], "notes": self.notes,
                 "series": [asdict(series) for series in self.series]}
 
@@ -119,6 +154,18 @@ class BenchReport:
         console.print(table)
         for note in self.notes:
             console.print(f"- {note}", highlight=False)
+        console.print(f"- {_machine_note(machine_during(self.started_cpu))}", highlight=False)
+
+
+def _machine_note(during: dict[str, Any]) -> str:
+    """:func:`machine_during` in words."""
+    load = ", ".join(f"{value:.1f}" for value in during["load_average"])
+    text = f"the machine: {during['cpus']} CPUs, load average {load} (1, 5, 15 min) at the end"
+    share = during.get("cpu_share")
+    if share is not None:
+        text += (f"; of the CPUs' time since the start {share['busy']:.0%} busy, {share['idle']:.0%} idle, "
+                 f"{share['iowait']:.0%} waiting for I/O, {share['steal']:.0%} stolen by the hypervisor")
+    return text
 
 
 def _fmt(number: float) -> str:

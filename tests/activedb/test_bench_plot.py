@@ -4,6 +4,7 @@ dashed line without markers), its rows against their baselines as bars; an unkno
 from __future__ import annotations
 
 import re
+import time
 
 import pytest
 
@@ -87,3 +88,25 @@ def test_a_long_title_wraps_to_the_figure_instead_of_running_off_it(tmp_path):
     drawn = [line for line in lines if line in title and len(line) > 20]      # (not the faint "QUICK RUN")
     assert title not in drawn, "drawn as one line: wider than the picture"
     assert " ".join(drawn).split() == title.split(), lines
+
+
+def test_a_report_says_how_the_machine_shared_its_cpus_during_the_run(capsys):
+    """The JSON and the table say what the machine did from the report's start: the load average, and the shares of
+    the CPUs' time busy, idle, waiting for I/O and stolen by a hypervisor, which sum to one."""
+    from benchmarks.report import cpu_times
+
+    report = _report()
+    if report.started_cpu is None:
+        pytest.skip("no /proc/stat on this system")
+    deadline = time.monotonic() + 30
+    while sum(cpu_times() or ()) - sum(report.started_cpu) < 10 and time.monotonic() < deadline:
+        sum(number * number for number in range(100_000))       # CPU time between the two readings
+    during = report.to_json()["machine_during_run"]
+    assert len(during["load_average"]) == 3
+    share = during["cpu_share"]
+    assert set(share) == {"busy", "idle", "iowait", "steal"}
+    assert abs(sum(share.values()) - 1.0) < 0.01 and share["busy"] > 0
+    assert cpu_times() is not None
+    report.print_table()
+    printed = capsys.readouterr().out
+    assert "load average" in printed and "stolen by the hypervisor" in printed
