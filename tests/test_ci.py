@@ -19,7 +19,7 @@ def test_ci_runs_the_readme_test_command_then_the_server_part_the_docs_and_the_t
     commands = [line for line in (ROOT / ".ci" / "run").read_text().splitlines()
                 if line.strip() and not line.startswith("#") and not line.startswith(("set ", "cd "))]
     assert commands[0] == test_command
-    assert commands[1] == ".ci/with-distribution-postgres .venv/bin/python -m pytest -m server"
+    assert commands[1] == ".ci/with-distribution-postgres .venv/bin/python -m pytest -m server -n 0"
     assert commands[1] in " ".join(readme.split())
     assert commands[2] == ".venv/bin/pip install -q -e '.[docs]' && NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict"
     assert "strict: true" in (ROOT / "mkdocs.yml").read_text()
