@@ -90,11 +90,6 @@ def pytest_collection_modifyitems(config, items):
         relative = item.path.relative_to(root).as_posix() if item.path.is_relative_to(root) else ""
         if any(relative == entry or (entry.endswith("/") and relative.startswith(entry)) for entry in SERVER_SUITE):
             item.add_marker(pytest.mark.server)
-    # The files with Spark tests first, each file's tests in their order: they are the suite's longest, and with a
-    # process per core (``addopts``: pytest-xdist hands out whole files in this order) a long file drawn last keeps
-    # one process busy after the others have finished.
-    spark_files = {item.path for item in items if item.get_closest_marker("spark")}
-    items.sort(key=lambda item: item.path not in spark_files)
 
 
 def _plugin_comes_by_entry_point() -> bool:
