@@ -72,6 +72,9 @@ spread 0.95–1.13 where the paired median spread 1.00–1.08 (as ``bench ingest
 round's own ratio spreads by about ±5 % (Spark's part of both runs, 80–90 µs per event, varies that much from run
 to run), against a difference of the two paths' own work of 3–5 %: seven rounds (five before) narrow the median's
 spread by about a sixth (√(5/7)), for about half a minute more.  The per-event split is the median run's.
+The ECA row also gives, per round, the share of the CPUs' time the hypervisor of a virtual machine took during
+each of the two runs (``steal_per_round``, from ``/proc/stat``): a round whose runs lost different shares is
+not a fair pair.
 The time per event is split into Spark's own part (``triggerExecution`` minus the sink) and the
 sink's phases (``PhaseTimings``, from ``IngestSink.recent_outcomes()``). Detached rule transactions
 run on the engine's worker threads concurrently with later batches and are waited for between runs
@@ -103,7 +106,7 @@ import sqlalchemy as sa
 import activedb
 from activedb import Coupling
 from activedb.progress import Progress
-from benchmarks.report import BenchReport, Row, Series
+from benchmarks.report import BenchReport, Row, Series, cpu_times, machine_during
 from spark_bridge import write_event_files
 
 SCHEMA = "type STRING, worker STRING, ts DOUBLE, room STRING"
@@ -659,6 +662,8 @@ def run(quick: bool = False, progress: Progress | None = None) -> BenchReport:
                                                    **_microseconds(plain["per_phase"], plain["rows"])}))
             rounds = 1 if quick else ROUNDS.get(size, 1)
             peer_runs, rule_runs, declared_runs, same, same_declared = [], [], [], True, True
+            # Per path, the share of the CPUs' time the hypervisor took during each round's run (None: unknown).
+            stolen: dict[str, list[float | None]] = {}
             for round_ in range(rounds):
                 # Interleaved: the rules first (their detached transactions and dead rows weigh on whatever runs
                 # next), then the peer and the declared rules in alternating order, so that neither of the two
@@ -668,6 +673,7 @@ def run(quick: bool = False, progress: Progress | None = None) -> BenchReport:
                 states = {}
                 for path in ("rules", "peer", "declared") if round_ % 2 == 0 else ("rules", "declared", "peer"):
                     reset_tables(database)
+                    counters = cpu_times()
                     if path == "peer":
                         with progress.step(f"{size:,} events/batch: PL/pgSQL peer{suffix}"):
                             peer_runs.append(_peer_run(spark, url, source, folder / f"peer-{tag}", timeout))
@@ -682,6 +688,7 @@ def run(quick: bool = False, progress: Progress | None = None) -> BenchReport:
                             declared_runs.append(_rule_run(spark, hh_declared, source, folder / f"declared-{tag}",
                                                            f"{QUERY_PREFIX}-declared-{tag}", mapping, None, timeout))
                     states[path] = _app_state(database)
+                    stolen.setdefault(path, []).append(machine_during(counters).get("cpu_share", {}).get("steal"))
                 same = same and states["rules"] == states["peer"]
                 same_declared = same_declared and states["declared"] == states["peer"]
             peer_rates = [run["rows"] / run["seconds"] for run in peer_runs]
@@ -702,6 +709,7 @@ def run(quick: bool = False, progress: Progress | None = None) -> BenchReport:
                            ratio=rule_ratio, target=f">= {PEER_GOAL} of the peer", met=rule_ratio >= PEER_GOAL, goal=PEER_GOAL,
                            extra={"same_result_as_activedb": same, "rounds": rounds,
                                   "ratio_per_round": round_ratios,
+                                  "steal_per_round": {"rules": stolen.get("rules"), "peer": stolen.get("peer")},
                                   "ratio_of_medians": round(rule_rate / peer_rate, 3),
                                   "end_to_end_ratio": round(end_to_end / peer_rate, 3)}))
             declared_rates = [run["rows"] / run["seconds"] for run in declared_runs]
