@@ -5,7 +5,7 @@ run), notes, and optional series (the points of a sweep, for ``activedb bench NA
 document (``--json-only`` prints it, ``--json FILE`` writes it).  Both say what the machine did meanwhile
 (:func:`machine_during`): the load average, and how the CPUs' time since the report was made was shared — busy,
 idle, waiting for I/O, and *stolen* by the hypervisor of a virtual machine (time the benchmark's processes were
-ready to run and did not: on a shared host it moves figures by more than the changes they measure)."""
+ready to run and did not)."""
 
 from __future__ import annotations
 
