@@ -3,7 +3,7 @@ computes nothing but values (:func:`runs_in_commit`), instead of an outbox recor
 Design note and equivalence argument: the package README, "Detached firings that only insert".
 
 Thread-safety: the verdict caches are guarded by the GIL (two threads may compute one verdict twice, with the same
-result); :func:`run_in_commit` runs in the flush of one transaction, on its thread.
+result); :func:`plan_in_commit` and :meth:`InCommit.insert` run in the flush of one transaction, on its thread.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import inspect
 import textwrap
 import weakref
 from collections.abc import Callable, Hashable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
@@ -23,14 +24,14 @@ from activedb.batch._commit import insert_rows
 from activedb.batch._learn import NotLearned, _RowTransaction, learned_table, why_not_learned
 from activedb.errors import SchemaError
 from activedb.events import EventKind
-from activedb.store import RowImage, TableInfo
+from activedb.store import Catalog, RowImage, TableInfo
 
 if TYPE_CHECKING:  # pragma: no cover
     from activedb._handle import DatabaseHandle
     from activedb.rules import Firing, Rule, RuleManager
     from activedb.txn import Transaction, TransactionManager
 
-__all__ = ["run_in_commit", "runs_in_commit", "why_not_in_commit"]
+__all__ = ["InCommit", "plan_in_commit", "runs_in_commit", "why_not_in_commit"]
 
 #: Built-in functions that only compute a value from their arguments: what an action run in its trigger's commit may
 #: call besides its ``tx.insert``, methods of the values it computes, exception classes and module functions that
@@ -207,16 +208,40 @@ def why_not_in_commit(db: "DatabaseHandle", rule_name: str) -> str | None:
     return found if isinstance(found, str) else None
 
 
-def run_in_commit(rules: "RuleManager", transaction: "Transaction", connection: sa.Connection,
-                  items: list[tuple["Firing", str, bool]]) -> list[tuple["Firing", str, bool]]:
+@dataclass
+class InCommit:
+    """The firings :func:`plan_in_commit` ran on stand-ins and the rows they insert, their keys drawn; written by
+    :meth:`insert`."""
+
+    ran: list[tuple["Firing", str, bool]]
+    rows: dict[str, list[dict[str, object]]]
+    drawn: dict[str, list[int]]
+
+    def insert(self, connection: sa.Connection, catalog: Catalog) -> list[tuple["Firing", str, bool]]:
+        """Insert the rows set-at-a-time under a savepoint, with their keys' check, in one round trip; the firings
+        that ran (none if the savepoint's statements failed: those run as the outbox runs them, each in its own
+        transaction, and the one that fails is marked failed with the database's reason).  Raises
+        ``GeneratedKeysReset`` if a key drawn was given away again (the flush is a conflict, re-run)."""
+        if not self.rows:
+            return self.ran
+        try:
+            insert_rows(connection, catalog, self.rows, catalog.generated_keys_check(self.drawn),
+                        savepoint="activedb_in_commit")
+        except (sa.exc.DBAPIError, SchemaError):
+            return []
+        return self.ran
+
+
+def plan_in_commit(rules: "RuleManager", transaction: "Transaction",
+                   items: list[tuple["Firing", str, bool]]) -> InCommit:
     """Run the firings among ``items`` (``(firing, trigger id, committed)``) whose modes allow them to run after
-    their triggers' outcomes and whose rules :func:`runs_in_commit` here, in ``transaction``'s flush: each action with
+    their triggers' outcomes and whose rules :func:`runs_in_commit` here, for ``transaction``'s flush: each action with
     a learned chain's stand-in for ``tx`` with no row of its own (``_RowTransaction``: it keeps the rows ``tx.insert``
-    would insert, checked as it checks them, and refuses anything else), the rows' keys drawn per table in the firings' order (as the outbox's runner would
-    draw them), the rows inserted set-at-a-time under a savepoint, with the keys' check, in one round trip.  Returns the items it
-    ran (none if the savepoint's statements failed); the others are left to the recorder — a firing its mode does not
-    run (the recorder cancels it), one whose action raised or deviated.  Raises ``GeneratedKeysReset`` if a key drawn
-    was given away again (the flush is a conflict, re-run)."""
+    would insert, checked as it checks them, and refuses anything else), the rows' keys drawn per table in the
+    firings' order (as the outbox's runner would draw them).  It runs no statement on the flush's connection (the
+    batch's own statements may be running there meanwhile); :meth:`InCommit.insert` writes the rows.  The firings it
+    leaves out are left to the recorder — a firing its mode does not run (the recorder cancels it), one whose action
+    raised or deviated."""
     catalog = transaction.manager.catalog
     cache: dict[Rule, dict[str, tuple[TableInfo, str]] | None] = {}
     tables: dict[str, tuple[TableInfo, str]] = {}
@@ -240,8 +265,6 @@ def run_in_commit(rules: "RuleManager", transaction: "Transaction", connection: 
         ran.append(item)
         for table, inserted in (stand_in.inserted or {}).items():
             rows.setdefault(table, []).extend(inserted)
-    if not rows:
-        return ran
     # Every key of these rows is drawn here, at once: none was drawn earlier in the transaction, so a reset of a
     # sequence found now concerns none of them (no ``since``).  Their check goes with the rows, judged once they
     # were sent: a key given out again fails the commit (a conflict: the batch is re-run with keys drawn again).
@@ -253,11 +276,4 @@ def run_in_commit(rules: "RuleManager", transaction: "Transaction", connection: 
         column = info.key_columns[0]
         for values, key in zip(found, keys):
             values[column] = key
-    try:
-        insert_rows(connection, catalog, rows, catalog.generated_keys_check(drawn), savepoint="activedb_in_commit")
-    except (sa.exc.DBAPIError, SchemaError):
-        # A row the database refused (a constraint): these firings run as the outbox runs them, each in its own
-        # transaction, and the one that fails is marked failed with the database's reason.
-        return []
-    return ran
-
+    return InCommit(ran, rows, drawn)

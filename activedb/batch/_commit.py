@@ -103,6 +103,8 @@ class PendingBatch(CommitParticipant):
                 deadletters.insert_in_flush(transaction, connection, options.query_id, options.batch_id, letters,
                                             table=options.dead_letters)
             seconds["dead_letters"] = time.perf_counter() - started
+            if options.on_sent is not None:
+                options.on_sent(result)
         else:
             started = time.perf_counter()
             base = self._lock_and_read(catalog, connection)
@@ -137,8 +139,20 @@ class PendingBatch(CommitParticipant):
                 seconds["dead_letters"] = time.perf_counter() - began
                 return statement
 
-            self.rows_written = _send(connection, statements, check, then=letters_insert)
+            raised: list[Exception] = []
+
+            def meanwhile() -> None:
+                """``on_sent(result)`` while PostgreSQL runs the statements; its error is raised after they synced."""
+                try:
+                    options.on_sent(result)  # type: ignore[misc]  # (passed only when set)
+                except Exception as error:
+                    raised.append(error)
+
+            self.rows_written = _send(connection, statements, check, then=letters_insert,
+                                      meanwhile=meanwhile if options.on_sent is not None else None)
             seconds["write"] = time.perf_counter() - started - seconds["dead_letters"]
+            if raised:
+                raise raised[0]
         if options.on_result is not None:
             options.on_result(result, connection)
         transaction.info["batch"] = {"events": result.committed_count, "dead_letters": len(letters),
@@ -312,14 +326,16 @@ def _planned_writes(catalog: Catalog, result: BatchResult, normalised: Mapping[s
 
 
 def _send(connection: sa.Connection, statements: list[_Statement], check: KeysCheck | None = None, *,
-          savepoint: str | None = None, then: Callable[[], deadletters.LettersInsert | None] | None = None) -> int:
+          savepoint: str | None = None, then: Callable[[], deadletters.LettersInsert | None] | None = None,
+          meanwhile: Callable[[], None] | None = None) -> int:
     """Send ``statements`` (:func:`_planned_writes`) in one pipeline of the driver: PostgreSQL runs each one while
     the next one's arrays are made here (they need no result); the number of rows they write.  ``check``: the
     generated keys' check, sent first and judged once the pipeline synced (it raises ``GeneratedKeysReset``: the
     caller must not commit).  ``savepoint``: the statements run under that savepoint, set and released in the same
     pipeline; after a failure the transaction is rolled back to it.  ``then()``: called once the statements are
     sent (PostgreSQL runs them meanwhile), a last statement for the same round trip — the batch's dead letters —
-    whose row count is checked once the pipeline synced.  The driver's errors, raised when the pipeline syncs,
+    whose row count is checked once the pipeline synced.  ``meanwhile()``: called last, before the pipeline syncs — Python
+    work that overlaps PostgreSQL's (it must run no statement on the connection).  The driver's errors, raised when the pipeline syncs,
     become SQLAlchemy's, as when a statement runs on its own."""
     driver = _driver(connection)
     checking = inserting = letters = None
@@ -339,6 +355,8 @@ def _send(connection: sa.Connection, statements: list[_Statement], check: KeysCh
             letters = then() if then is not None else None
             if letters is not None:
                 inserting = driver.execute(letters.sql, letters.parameters)
+            if meanwhile is not None:
+                meanwhile()
     except driver.Error as error:
         if savepoint is not None:
             driver.execute(f"ROLLBACK TO SAVEPOINT {savepoint}")
@@ -615,6 +633,7 @@ class _Options:
     letters: Callable[[BatchResult], list[deadletters.Letter]] | None
     on_result: Callable[[BatchResult, sa.Connection], None] | None
     keys_check: Callable[[], KeysCheck | None] | None = None
+    on_sent: Callable[[BatchResult], None] | None = None
 
 
 @no_cyclic_gc()
@@ -625,18 +644,23 @@ def apply_at_commit(tx: Transaction, events: Iterable[object], transactions: Sta
                     letters: Callable[[BatchResult], list[deadletters.Letter]] | None = None,
                     on_result: Callable[[BatchResult, sa.Connection], None] | None = None,
                     keys_check: Callable[[], KeysCheck | None] | None = None,
+                    on_sent: Callable[[BatchResult], None] | None = None,
                     heard: Collection[str] = ()) -> PendingBatch:
     """Enlist ``events`` as a batch that runs inside the commit of ``tx`` (the package README) and
     return its :class:`PendingBatch`.  ``dead_letters``: the table its dead letters go to (None:
     none are stored), labelled ``query_id``/``batch_id``; ``letters(result)`` → ``[Letter]``
     (``activedb.deadletters``) replaces the default ones (``dead_letter``); ``on_result(result, connection)`` is
-    called inside the commit once the batch's rows and its dead letters were written; ``keys_check()`` once the batch ran: the check of
+    called inside the commit once the batch's rows and its dead letters were written; ``on_sent(result)`` before it, while
+    PostgreSQL runs those statements (Python work that overlaps the server's: it must run no statement on the commit's
+    connection, and an error it raises is raised once the statements were written, as ``on_result``'s would be);
+    ``keys_check()`` once the batch ran: the check of
     the generated keys it drew (``Catalog.generated_keys_check``; raises for a reset found already), sent with its
     writes and judged before anything else is written (a key given out again fails the commit: a conflict).  A table rules
     observe makes the batch run through the transaction tree, whose writes they hear, unless it is one of ``heard``:
     tables the batch only inserts into whose new rows' data events the caller records itself (``apply_lowered``)."""
     tx_started = time.perf_counter()
-    options = _Options(strategy, processes, split, dead_letters, query_id, batch_id, letters, on_result, keys_check)
+    options = _Options(strategy, processes, split, dead_letters, query_id, batch_id, letters, on_result, keys_check,
+                       on_sent)
     events = list(events)
     batch = normalise_events(events)
     runtime = runtime_of(transactions)

@@ -19,7 +19,7 @@ import sqlalchemy as sa
 from coupling import Coupling, may_run_after, priority_groups
 
 from activedb import lowlevel
-from activedb.batch._aftermath import run_in_commit
+from activedb.batch._aftermath import InCommit, plan_in_commit
 from activedb.batch._commit import PendingBatch, apply_at_commit
 from activedb.batch._learn import (
     Learned, LearnedDeclaration, NotLearned, Rejection, Step, _stream_event, learned_condition, learned_table,
@@ -635,7 +635,12 @@ def apply_lowered(rules: "RuleManager", transaction: "Transaction", events: Iter
             "fires another rule too, or a rule with a condition or another coupling, a rule reacts to data events, "
             "or an observer or the history recorder listens); fire them one by one instead: tx.emit(type, ...) "
             "per event, each in tx.subtransaction() if one may fail alone")
-    def counted(result: BatchResult, connection: sa.Connection) -> None:
+    # The detached family's firings and the rows of those that run in the commit are made while PostgreSQL runs the
+    # batch's statements (``sent``), then written and counted once those are (``counted``).
+    planned: list[tuple[list[tuple[Firing, str, bool]], InCommit | None]] = []
+
+    def sent(result: BatchResult) -> None:
+        planned.clear()
         tally.reset()          # (a retried flush writes the batch again: its counts and firings replace these)
         failed = Counter(event.event_type for event, _ in result.dead_letters)
         learned = lowered.learned
@@ -670,12 +675,16 @@ def apply_lowered(rules: "RuleManager", transaction: "Transaction", events: Iter
         if decided is not None:
             firings = _detached_firings(rules, transaction, pending.batch, lowered,
                                         {event.position for event, _ in result.dead_letters}, inserted, tally)
+            planned.append((firings, plan_in_commit(rules, transaction, firings) if in_commit else None))
+
+    def counted(result: BatchResult, connection: sa.Connection) -> None:
+        for firings, plan in planned:
             # Those that only insert run here, in this commit; the others are recorded for the outbox's runners (and
             # those too if the commit fails after all: the recorder handles them as a tree's firings on the abort).
-            ran = run_in_commit(rules, transaction, connection, firings) if in_commit else []
+            ran = plan.insert(connection, catalog) if plan is not None else []
             for rule, count in Counter(firing.rule for firing, _, _ in ran).items():
                 tally.add(rule, "executed", count)
-            decided.set_decided(firings, ran)
+            decided.set_decided(firings, ran)  # type: ignore[union-attr]  # (planned only when decided)
         if on_result is not None:
             on_result(result, connection)
 
@@ -698,7 +707,7 @@ def apply_lowered(rules: "RuleManager", transaction: "Transaction", events: Iter
 
     if reactions is not None and reactions.keyed:
         options["keys_check"], options["heard"] = keys_check, frozenset(reactions.keyed)
-    pending = apply_at_commit(transaction, events, lowered.transactions, on_result=counted, **options)
+    pending = apply_at_commit(transaction, events, lowered.transactions, on_sent=sent, on_result=counted, **options)
     # Enlisted after the batch, whose write decides each event's outcome: the detached family's firings are
     # recorded in the same commit, each with its event's outcome (a rejected event's subtransaction aborted); the
     # counters are told once it committed.

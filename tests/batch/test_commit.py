@@ -86,6 +86,37 @@ def test_at_commit_writes_state_dead_letters_and_ledger_together_and_a_replay_is
     assert _letters(db, "at-commit") == [reason for _, reason in reference.dead_letters]
 
 
+def test_on_sent_sees_the_result_before_on_result_and_its_error_fails_the_commit_with_nothing_written(db):
+    transactions = workloads.ledger()
+    events, state, reference = _ledger_reference(db, transactions, seed=22)
+    calls = []
+
+    def sent(result):       # while PostgreSQL runs the batch's statements
+        calls.append(("sent", result.committed_count))
+
+    def counts(result, connection):
+        calls.append(("result", result.committed_count))
+
+    with db.transaction(name="on-sent") as tx:
+        batch.apply_at_commit(tx, events, transactions, query_id="on-sent", batch_id=1, on_sent=sent,
+                              on_result=counts)
+    assert calls == [("sent", len(reference.committed)), ("result", len(reference.committed))]
+    _stored(db, state, reference)
+
+    class Refused(Exception):
+        pass
+
+    def refuse(result):
+        raise Refused("decided while the statements ran")
+
+    before = _rows(db, workloads.ACCOUNTS)
+    with pytest.raises(Refused, match="decided while"):
+        with db.transaction(name="on-sent-refused") as tx:
+            batch.apply_at_commit(tx, events, transactions, query_id="on-sent", batch_id=2, on_sent=refuse)
+    assert _rows(db, workloads.ACCOUNTS) == before
+    assert _letters(db, "on-sent") == [reason for _, reason in reference.dead_letters]     # the first batch's only
+
+
 def test_an_event_naming_a_row_the_store_cannot_name_is_a_dead_letter_alone(db):
     """A key of the wrong type for its column, a key PostgreSQL cannot hold (a NUL character) and a table
     that does not exist are refused before the commit: each event that names such a row is a dead letter with
