@@ -245,26 +245,46 @@ def plan_in_commit(rules: "RuleManager", transaction: "Transaction",
     catalog = transaction.manager.catalog
     cache: dict[Rule, dict[str, tuple[TableInfo, str]] | None] = {}
     tables: dict[str, tuple[TableInfo, str]] = {}
+    # Per rule and its trigger's outcome: its action and one stand-in for all its firings (None: the recorder's);
+    # a stand-in keeps nothing of a firing but the rows it inserted, which are taken before the next one runs.
+    runners: dict[tuple[Rule, bool], tuple[Callable[..., object], _RowTransaction] | None] = {}
     ran: list[tuple[Firing, str, bool]] = []
     rows: dict[str, list[dict[str, object]]] = {}
     for item in items:
-        firing = item[0]
-        # (A firing whose mode does not run after its trigger's outcome — a causally dependent one on a signal of a
-        # rejected event — goes to the recorder, which cancels it and counts it so.)
-        if not may_run_after(firing.rule.coupling, item[2]):
+        firing, committed = item[0], item[2]
+        rule = firing.rule
+        if (rule, committed) in runners:
+            runner = runners[rule, committed]
+        else:
+            # (A firing whose mode does not run after its trigger's outcome — a causally dependent one on a signal of
+            # a rejected event — goes to the recorder, which cancels it and counts it so.)
+            targets = _targets(rules, transaction.manager, rule, cache) if may_run_after(rule.coupling, committed) \
+                else None
+            runner = None
+            if targets is not None:
+                tables.update(targets)
+                inserts = {table: info for table, (info, _) in targets.items()}
+                runner = (rule.action_function(), _RowTransaction("", None, None, _no_row, inserts))
+            runners[rule, committed] = runner
+        if runner is None:
             continue
-        targets = _targets(rules, transaction.manager, firing.rule, cache)
-        if targets is None:
-            continue
-        tables.update(targets)
-        stand_in = _RowTransaction("", None, None, _no_row, {table: info for table, (info, _) in targets.items()})
+        action, stand_in = runner
+        stand_in.inserted, stand_in.deviated = None, False
         try:
-            firing.rule.action_function()(stand_in, firing.event)
+            action(stand_in, firing.event)
         except Exception:           # (raised or deviated: the outbox runs it, and fails it with its own error)
             continue
+        if stand_in.deviated:       # (it caught the error of its deviation: the outbox runs it as written)
+            continue
         ran.append(item)
-        for table, inserted in (stand_in.inserted or {}).items():
-            rows.setdefault(table, []).extend(inserted)
+        inserted = stand_in.inserted
+        if inserted is not None:
+            for table, found in inserted.items():
+                kept = rows.get(table)
+                if kept is None:
+                    rows[table] = found
+                else:
+                    kept.extend(found)
     # Every key of these rows is drawn here, at once: none was drawn earlier in the transaction, so a reset of a
     # sequence found now concerns none of them (no ``since``).  Their check goes with the rows, judged once they
     # were sent: a key given out again fails the commit (a conflict: the batch is re-run with keys drawn again).

@@ -569,8 +569,11 @@ class _RowTransaction:
     def insert(self, table: str, /, **values: object) -> None:
         """A new row of ``table`` (its key left to the table's sequence), checked as ``tx.insert`` checks it."""
         info = self._inserts.get(table)
-        if info is None or any(values.get(column) is not None for column in info.key_columns):
+        if info is None:
             raise self._deviate(f"inserted into {table!r} {sorted(values)}")
+        for column in info.key_columns:      # (a loop, not ``any``: no generator per row)
+            if values.get(column) is not None:
+                raise self._deviate(f"inserted into {table!r} {sorted(values)}")
         values = info.check_values(values, copy=False)
         draw = self._keyed.get(table)
         if draw is not None:

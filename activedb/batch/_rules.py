@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, TypeAlias, cast
 
@@ -673,7 +673,7 @@ def apply_lowered(rules: "RuleManager", transaction: "Transaction", events: Iter
         if reactions is not None:
             _count_reactions(tally, transaction, lowered, reactions, inserted)
         if decided is not None:
-            firings = _detached_firings(rules, transaction, pending.batch, lowered,
+            firings = _detached_firings(rules, transaction, pending.batch, per_type, lowered,
                                         {event.position for event, _ in result.dead_letters}, inserted, tally)
             planned.append((firings, plan_in_commit(rules, transaction, firings) if in_commit else None))
 
@@ -733,20 +733,25 @@ def _count_reactions(tally: _Tally, transaction: "Transaction", lowered: Lowered
     executed: Counter[Rule] = Counter()
     condition_false: Counter[Rule] = Counter()
     signal = EventKind.SIGNAL
+    # The signals per name, and the deferred runs per name and which of its rules ran, counted first: the rules' counts
+    # are theirs times each rule.
+    signalled: Counter[str] = Counter()
+    deferred_runs: Counter[tuple[str, tuple[bool, ...]]] = Counter()
     for declaration in lowered.learned.values():
-        for signals in declaration.signals.values():
-            for event in signals:
-                for rule in (*reactions.deferred.get(event.source, ()),  # type: ignore[arg-type]  # (a signal's name)
-                             *reactions.detached.get((signal, event.source), ())):  # type: ignore[arg-type]
-                    fired[rule] += 1
-        for runs in declaration.deferred.values():
-            for event, ran in runs:
-                for rule, did in zip(reactions.deferred[event.source], ran):  # type: ignore[index]
-                    (executed if did else condition_false)[rule] += 1
+        signalled.update(event.source  # type: ignore[misc]  # (a signal's name)
+                         for signals in declaration.signals.values() for event in signals)
+        deferred_runs.update((event.source, ran)  # type: ignore[misc]
+                             for runs in declaration.deferred.values() for event, ran in runs)
         for rows in declaration.rejected_rows.values():
             for table, found in rows.items():
                 for rule in reactions.detached.get((EventKind.INSERTED, table), ()):
                     fired[rule] += len(found)
+    for name, count in signalled.items():
+        for rule in (*reactions.deferred.get(name, ()), *reactions.detached.get((signal, name), ())):
+            fired[rule] += count
+    for (name, ran), count in deferred_runs.items():
+        for rule, did in zip(reactions.deferred[name], ran):
+            (executed if did else condition_false)[rule] += count
     for table in reactions.keyed:
         for rule in reactions.detached.get((EventKind.INSERTED, table), ()):
             fired[rule] += len(inserted.get(table, ()))
@@ -760,14 +765,15 @@ def _count_reactions(tally: _Tally, transaction: "Transaction", lowered: Lowered
 
 
 def _detached_firings(rules: "RuleManager", transaction: "Transaction", batch: Iterable[BatchEvent],
-                      lowered: Lowered, rejected: set[int], inserted: dict[str, list[RowImage]], tally: _Tally
-                      ) -> list[tuple["Firing", str, bool]]:
+                      per_type: Mapping[str, int], lowered: Lowered, rejected: set[int],
+                      inserted: dict[str, list[RowImage]], tally: _Tally) -> list[tuple["Firing", str, bool]]:
     """Each event's detached-family firings — on the event itself, on the signals its chain raised — its outcome
     committed unless it is ``rejected`` (by position), then those on the rows the batch inserted (committed; a
     rejected event's, aborted): what the outbox records in the tree's flush for events of subtransactions of their
     own, which the batch does not have (each firing's trigger is the batch's transaction).  A rule on the event
     itself whose mode does not run after its event's outcome (an exclusive causally dependent rule on an event that
-    committed) is counted ``cancelled`` in ``tally`` at once, as the outbox would count it, without a firing."""
+    committed) is counted ``cancelled`` in ``tally`` at once, as the outbox would count it, without a firing.
+    ``per_type``: the batch's events per type."""
     firings: list[tuple[Firing, str, bool]] = []
     detached, reactions, tid = lowered.detached, lowered.reactions, transaction.id
     events = batch if isinstance(batch, list) else list(batch)
@@ -783,29 +789,35 @@ def _detached_firings(rules: "RuleManager", transaction: "Transaction", batch: I
     for declaration in lowered.learned.values():
         wanted.update(declaration.signals)
         wanted.update(declaration.rejected_rows)
+    firing, learned, append = rules.firing, lowered.learned if reactions is not None else {}, firings.append
+    on_signal = reactions.detached if reactions is not None else {}
+    signal_kind = EventKind.SIGNAL
     for event in (events[position] for position in sorted(wanted)) if len(wanted) < len(events) else events:
         committed = event.position not in rejected
         runs = running.get((event.event_type, committed))
         if runs:
             stream_event = _stream_event(event, tid)
-            firings.extend((rules.firing(rule, stream_event), tid, committed) for rule in runs)
-        chain = lowered.learned.get(event.event_type) if reactions is not None else None
-        if reactions is not None and chain is not None:
+            for rule in runs:
+                append((firing(rule, stream_event), tid, committed))
+        chain = learned.get(event.event_type)
+        if chain is not None:
             signals = chain.signals.get(event.position)
             if signals:
                 for signal in signals:
-                    firings.extend((rules.firing(rule, signal), tid, committed)
-                                   for rule in reactions.detached.get((EventKind.SIGNAL, signal.source), ()))  # type: ignore[arg-type]
+                    for rule in on_signal.get((signal_kind, signal.source), ()):  # type: ignore[arg-type]
+                        append((firing(rule, signal), tid, committed))
             rows = chain.rejected_rows.get(event.position)
             if rows:
-                firings.extend(_on_rows(rules, transaction, reactions, rows, False))
+                firings.extend(_on_rows(rules, transaction, reactions, rows, False))  # type: ignore[arg-type]
     # Cancelled: per type, its events of each outcome times the rules that do not run after it.
-    outcomes = Counter((event.event_type, event.position not in rejected) for event in events
-                       if event.event_type in detached)
-    for (event_type, committed), count in outcomes.items():
-        for rule in detached[event_type]:
-            if rule not in running[event_type, committed]:
-                tally.add(rule, "cancelled", count)
+    refused = Counter(events[position].event_type for position in rejected)
+    for event_type, rules_of_type in detached.items():
+        accepted = per_type.get(event_type, 0) - refused[event_type]
+        for committed, count in ((False, refused[event_type]), (True, accepted)):
+            if count:
+                for rule in rules_of_type:
+                    if rule not in running[event_type, committed]:
+                        tally.add(rule, "cancelled", count)
     if reactions is not None and inserted:
         firings.extend(_on_rows(rules, transaction, reactions, inserted, True))
     return firings
