@@ -183,7 +183,7 @@ class PendingBatch(CommitParticipant):
         less to scan."""
         self._declared = {}
         self._keys = {}
-        self._options = replace(self._options, letters=None, on_result=None, keys_check=None)
+        self._options = replace(self._options, letters=None, on_result=None, keys_check=None, on_sent=None)
 
     def _lock_and_read(self, catalog: Catalog, connection: sa.Connection) -> dict[State, RowImage | None]:
         """Lock every declared row ``FOR UPDATE`` (tables in name order, keys in key order) and
