@@ -559,16 +559,17 @@ def _count_chain(tally: "_Tally", chain: tuple["Rule", ...], declaration: Learne
     executed, condition_false, failed = [0] * len(chain), [0] * len(chain), [0] * len(chain)
     outcomes, rejected = declaration.outcomes, declaration.rejected
     everything = (True,) * len(chain)
-    for position in positions:
-        raised = rejected.get(position)
-        ran = outcomes.get(position, everything) if declaration.conditional else everything
+    # The events counted per (the rule that raised, which conditions held): a few kinds, each counted once.
+    kinds = Counter((rejected.get(position), outcomes.get(position, everything)) for position in positions) \
+        if declaration.conditional else Counter((rejected.get(position), everything) for position in positions)
+    for (raised, ran), count in kinds.items():
         for index in range(len(chain) if raised is None else raised):
             if ran[index]:
-                executed[index] += 1
+                executed[index] += count
             else:
-                condition_false[index] += 1
+                condition_false[index] += count
         if raised is not None:
-            failed[raised] += 1
+            failed[raised] += count
     for index, rule in enumerate(chain):
         tally.add(rule, "executed", executed[index])
         tally.add(rule, "condition_false", condition_false[index])
@@ -655,6 +656,7 @@ def apply_lowered(rules: "RuleManager", transaction: "Transaction", events: Iter
                 f"the lowered batch of the plain rule(s) {', '.join(rule.name for rule in chains)} met "
                 f"{sum(failed[t] for t in refused)} event(s) its lowered form cannot run as firing would; run the "
                 f"batch again event by event (the ingestion's rule path does so by itself)")
+        positions: dict[str, list[int]] | None = None       # (per type, made when a learned chain needs them)
         for event_type, count in per_type.items():
             chain = lowered.rules[event_type]
             declaration = lowered.learned.get(event_type)
@@ -667,8 +669,15 @@ def apply_lowered(rules: "RuleManager", transaction: "Transaction", events: Iter
                 continue
             # A learned chain: each rule's action ran where its condition held, up to a rule that raised, if one did
             # (its event a dead letter: that rule failed, the rules after it did not run).
-            _count_chain(tally, chain, declaration, [event.position for event in pending.batch
-                                                     if event.event_type == event_type])
+            if positions is None:
+                positions = {}
+                for event in pending.batch:
+                    found = positions.get(event.event_type)
+                    if found is None:
+                        positions[event.event_type] = [event.position]
+                    else:
+                        found.append(event.position)
+            _count_chain(tally, chain, declaration, positions.get(event_type, []))
         inserted = result.inserted() if reactions is not None and reactions.keyed else {}
         if reactions is not None:
             _count_reactions(tally, transaction, lowered, reactions, inserted)
@@ -785,7 +794,9 @@ def _detached_firings(rules: "RuleManager", transaction: "Transaction", batch: I
     # The events that need a look: a rejected one, one of a type with rules that run after a commit, one whose
     # chain signalled or that inserted rows before it was rejected (in the batch's order: the dispatch's).
     wanted = set(rejected)
-    wanted.update(event.position for event in events if running.get((event.event_type, True)))
+    after_commit = {event_type for (event_type, committed), runs in running.items() if committed and runs}
+    if after_commit:
+        wanted.update(event.position for event in events if event.event_type in after_commit)
     for declaration in lowered.learned.values():
         wanted.update(declaration.signals)
         wanted.update(declaration.rejected_rows)

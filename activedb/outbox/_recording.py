@@ -117,7 +117,12 @@ class TreeFirings(CommitParticipant):
         with it)."""
         with self.mutex:
             del self.entries[self._seen:]
-            self.entries.extend((firing, Decided(trigger_id, committed)) for firing, trigger_id, committed in items)
+            triggers: dict[tuple[str, bool], Decided] = {}      # (one per trigger and outcome: a batch has two)
+            for firing, trigger_id, committed in items:
+                trigger = triggers.get((trigger_id, committed))
+                if trigger is None:
+                    trigger = triggers[trigger_id, committed] = Decided(trigger_id, committed)
+                self.entries.append((firing, trigger))
             self._ran = {id(firing) for firing, _, _ in ran}
 
     def before_flush(self, transaction: "Transaction") -> None:
