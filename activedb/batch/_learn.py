@@ -704,17 +704,23 @@ class LearnedDeclaration:
         are checked against a reset of their sequence since): ``outcomes``, ``rejected``, ``signals``, ``deferred``
         and ``drawn`` emptied; a rule that raises an error of its own rejects its event with the reason ``rejection``
         names (None: the event deviates instead, and the caller's lowered attempt is refused)."""
+        self.release()
+        self.drawn = {}
+        self.reset = None
+        self._since = since
+        self._transaction, self._rejection = transaction, rejection if self.names else None
+        self._stand_in.transaction = transaction
+
+    def release(self) -> None:
+        """Forget the last batch's events: ``outcomes``, ``rejected``, ``signals``, ``deferred``, the rows inserted
+        and rejected (the batch's transaction ended: what they hold goes by reference counting now, not at the next
+        batch, which would leave it to the young collection after this one to walk)."""
         self.outcomes.clear()
         self.rejected.clear()
         self._inserted.clear()
         self.signals.clear()
         self.deferred.clear()
         self.rejected_rows.clear()
-        self.drawn = {}
-        self.reset = None
-        self._since = since
-        self._transaction, self._rejection = transaction, rejection if self.names else None
-        self._stand_in.transaction = transaction
 
     def _draw(self, sequence: str) -> int:
         """The next generated key of ``sequence`` for a row a rule inserts, kept in ``drawn``."""

@@ -579,10 +579,12 @@ def _count_chain(tally: "_Tally", chain: tuple["Rule", ...], declaration: Learne
 class _Tally(CommitParticipant):
     """The rules' counters a lowered batch moves, told to ``rules`` once its transaction committed (enlisted after the
     batch): a flush retried after a conflict runs the batch's ``write`` again, which starts the tally afresh
-    (``reset``), so only the attempt that committed counts."""
+    (``reset``), so only the attempt that committed counts.  Once the transaction ended, the learned chains forget
+    the batch (``LearnedDeclaration.release``)."""
 
-    def __init__(self, rules: "RuleManager") -> None:
+    def __init__(self, rules: "RuleManager", learned: Iterable[LearnedDeclaration] = ()) -> None:
         self._rules = rules
+        self._learned = tuple(learned)
         self._counts: list[tuple[Rule, RuleCounter, int]] = []
         self._fired: dict[Rule, int] = {}
 
@@ -609,6 +611,12 @@ class _Tally(CommitParticipant):
         counts, self._counts = self._counts, []
         for rule, what, amount in counts:
             self._rules.count(rule, what, amount)
+        for declaration in self._learned:
+            declaration.release()
+
+    def aborted(self, transaction: "Transaction", error: BaseException | None) -> None:
+        for declaration in self._learned:
+            declaration.release()
 
 
 #: The key of ``lower``'s cache under which the learned rules refused before are kept.
@@ -723,7 +731,7 @@ def apply_lowered(rules: "RuleManager", transaction: "Transaction", events: Iter
     decided = (rules.detached.decided(transaction.root)
                if lowered.detached or (reactions is not None and reactions.detached) else None)
     in_commit = decided is not None and rules.detached.inserts_in_commit
-    tally = _Tally(rules)
+    tally = _Tally(rules, lowered.learned.values())
     lowlevel.enlist(transaction, tally)
     per_type = Counter(event.event_type for event in pending.batch)      # (the events as apply_at_commit read them)
     for event_type, count in per_type.items():

@@ -92,10 +92,11 @@ class RulesHandler(BatchHandler):
         #: (``activedb.batch.lower``; the name predates the plain ones); False: always event by event.
         self.lower_declared = lower_declared
         self._lowered: dict[object, object] = {}      # the lowering's cache (one batch at a time)
-        # ((query id, batch id), its PendingBatch) of the last batch that was lowered, and the (query id, batch
-        # id) of a batch whose lowered attempt PostgreSQL refused for a value an event wrote: its further
-        # attempts run event by event, where each such event is refused alone, with its reason.
-        self._last_lowered: tuple[tuple[str, int], Any] | None = None
+        # The (query id, batch id) of the last batch that was lowered (not its pending batch: what that holds goes
+        # when its transaction ends), and that of a batch whose lowered attempt PostgreSQL refused for a value an
+        # event wrote: its further attempts run event by event, where each such event is refused alone, with its
+        # reason.
+        self._last_lowered: tuple[str, int] | None = None
         self._last_lowering: BatchLowering | None = None
         self._event_by_event: tuple[str, int] | None = None
         #: The event whose subtransaction runs now (read by another thread at a rule's deadline).
@@ -115,10 +116,10 @@ class RulesHandler(BatchHandler):
         return self.db.rules
 
     @property
-    def last_lowered(self) -> Any:
-        """The ``PendingBatch`` of the last batch this handler ran if it was lowered, else None (a batch the ledger
-        skipped, already committed, is not run: this stays what it was)."""
-        return None if self._last_lowered is None else self._last_lowered[1]
+    def last_lowered(self) -> tuple[str, int] | None:
+        """The ``(query id, batch id)`` of the last batch this handler ran if it was lowered, else None (a batch the
+        ledger skipped, already committed, is not run: this stays what it was)."""
+        return self._last_lowered
 
     def accepted_types(self) -> frozenset[str] | None:
         """The stream types the rules of ``db`` listen to now (None — anything — if none)."""
@@ -137,7 +138,7 @@ class RulesHandler(BatchHandler):
         learned rule's action did what its lowered form cannot): its trials would run event by event, so the
         batch's next attempt does (``_event_by_event``), where each such event fails alone, with its reason."""
         this = (batch.query_id, batch.batch_id)
-        if self._last_lowered is not None and self._last_lowered[0] == this:
+        if self._last_lowered == this:
             self._event_by_event = this
             return True
         return False
@@ -152,9 +153,9 @@ class RulesHandler(BatchHandler):
             if lowered is not None:
                 self._last_lowering = lowering
                 # One batch of state transactions at commit, the firing record kept (``batch.apply_lowered``).
-                self._last_lowered = (this, lowering.apply(  # type: ignore[union-attr]  # (it lowered)
-                    self._rules(), tx, batch.events, lowered, rejection=rejection_reason,
-                    **batch.at_commit(ledger, refused_may_come_again=True)))
+                lowering.apply(self._rules(), tx, batch.events, lowered,  # type: ignore[union-attr]  # (it lowered)
+                               rejection=rejection_reason, **batch.at_commit(ledger, refused_may_come_again=True))
+                self._last_lowered = this
                 return
         self._prefetch_rows(tx, batch.events)
         applied = 0

@@ -409,6 +409,7 @@ class Transaction(Reads, Writes, Children):
             self._writes = {}
             self._db_reads = {}
             self._scans = _NONE
+            self._participants = _NONE
             self._tree_rows = TreeRows()
 
     def abort(self, reason: BaseException | str | None = None) -> None:
