@@ -334,9 +334,9 @@ def _send(connection: sa.Connection, statements: list[_Statement], check: KeysCh
     caller must not commit).  ``savepoint``: the statements run under that savepoint, set and released in the same
     pipeline; after a failure the transaction is rolled back to it.  ``then()``: called once the statements are
     sent (PostgreSQL runs them meanwhile), a last statement for the same round trip — the batch's dead letters —
-    whose row count is checked once the pipeline synced.  ``meanwhile()``: called last, before the pipeline syncs — Python
-    work that overlaps PostgreSQL's (it must run no statement on the connection).  The driver's errors, raised when the pipeline syncs,
-    become SQLAlchemy's, as when a statement runs on its own."""
+    whose row count is checked once the pipeline synced.  ``meanwhile()``: called last, before the pipeline syncs —
+    Python work that overlaps PostgreSQL's (it must run no statement on the connection).  The driver's errors,
+    raised when the pipeline syncs, become SQLAlchemy's, as when a statement runs on its own."""
     driver = _driver(connection)
     checking = inserting = letters = None
     try:
@@ -650,11 +650,10 @@ def apply_at_commit(tx: Transaction, events: Iterable[object], transactions: Sta
     return its :class:`PendingBatch`.  ``dead_letters``: the table its dead letters go to (None:
     none are stored), labelled ``query_id``/``batch_id``; ``letters(result)`` → ``[Letter]``
     (``activedb.deadletters``) replaces the default ones (``dead_letter``); ``on_result(result, connection)`` is
-    called inside the commit once the batch's rows and its dead letters were written; ``on_sent(result)`` before it, while
-    PostgreSQL runs those statements (Python work that overlaps the server's: it must run no statement on the commit's
-    connection, and an error it raises is raised once the statements were written, as ``on_result``'s would be);
-    ``keys_check()`` once the batch ran: the check of
-    the generated keys it drew (``Catalog.generated_keys_check``; raises for a reset found already), sent with its
+    called inside the commit once the batch's rows and its dead letters were written; ``on_sent(result)`` before it,
+    while PostgreSQL runs those statements (Python work that overlaps the server's: it must run no statement on the
+    commit's connection, and an error it raises is raised once the statements were written, as ``on_result``'s
+    would be); ``keys_check()`` once the batch ran: the check of the generated keys it drew (``Catalog.generated_keys_check``; raises for a reset found already), sent with its
     writes and judged before anything else is written (a key given out again fails the commit: a conflict).  A table rules
     observe makes the batch run through the transaction tree, whose writes they hear, unless it is one of ``heard``:
     tables the batch only inserts into whose new rows' data events the caller records itself (``apply_lowered``)."""

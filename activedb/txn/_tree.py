@@ -404,8 +404,8 @@ class Transaction(Reads, Writes, Children):
         else:
             # The tree has ended.  A root refers to itself (``root``), so what it still refers to would
             # wait for the cyclic collector: its write set and images (a row each) go now, by reference
-            # counting, and so do the tree's ``TreeRows``; nothing reads them after the end (an abort drops the
-            # write set too).
+            # counting, and so do its participants (a batch run at commit and what it holds) and the tree's
+            # ``TreeRows``; nothing reads them after the end (an abort drops the write set and participants too).
             self._writes = {}
             self._db_reads = {}
             self._scans = _NONE
