@@ -653,10 +653,11 @@ def apply_at_commit(tx: Transaction, events: Iterable[object], transactions: Sta
     called inside the commit once the batch's rows and its dead letters were written; ``on_sent(result)`` before it,
     while PostgreSQL runs those statements (Python work that overlaps the server's: it must run no statement on the
     commit's connection, and an error it raises is raised once the statements were written, as ``on_result``'s
-    would be); ``keys_check()`` once the batch ran: the check of the generated keys it drew (``Catalog.generated_keys_check``; raises for a reset found already), sent with its
-    writes and judged before anything else is written (a key given out again fails the commit: a conflict).  A table rules
-    observe makes the batch run through the transaction tree, whose writes they hear, unless it is one of ``heard``:
-    tables the batch only inserts into whose new rows' data events the caller records itself (``apply_lowered``)."""
+    would be); ``keys_check()`` once the batch ran: the check of the generated keys it drew
+    (``Catalog.generated_keys_check``; raises for a reset found already), sent with its writes and judged before
+    anything else is written (a key given out again fails the commit: a conflict).  A table rules observe makes the
+    batch run through the transaction tree, whose writes they hear, unless it is one of ``heard``: tables the batch
+    only inserts into whose new rows' data events the caller records itself (``apply_lowered``)."""
     tx_started = time.perf_counter()
     options = _Options(strategy, processes, split, dead_letters, query_id, batch_id, letters, on_result, keys_check,
                        on_sent)
