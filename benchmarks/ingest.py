@@ -432,7 +432,7 @@ def _arrow_batches(events: list[dict], size: int) -> list[Any]:
 def _timed_and_profiled(database, sink: Any, batches: list[Any], query: str) -> tuple[float, Any, Any, Any]:
     """``batches`` of one size through ``sink`` (``IngestSink.process``, no Spark): a warm-up, the timed batches, a
     profiled batch (the last); returns µs per event of the median timed batch, its outcome, the handler's
-    ``last_lowered`` after it, and the profile.  Closes the sink and deletes the ledger rows."""
+    ``last_lowered`` after it (the batch's id if it was lowered), and the profile.  Closes the sink and deletes the ledger rows."""
     import cProfile
 
     query_id = f"{query}@{time.time_ns()}"
@@ -460,16 +460,17 @@ def _timed_and_profiled(database, sink: Any, batches: list[Any], query: str) -> 
 def _declared_phases(database, size: int) -> dict[str, Any]:
     """Where an event's time goes on the declared hand-hygiene application's lowered path, without Spark:
     ``IngestSink.process`` of ``pyarrow`` tables of ``size`` hand-hygiene rows (a warm-up, five timed batches, then
-    one under cProfile, for the share spent waiting for PostgreSQL), µs per event by phase of the median timed
-    batch — validate (``rows_to_events``), lower (``batch.lower`` and enlisting the batch), and inside the commit
-    lock and read (``FOR UPDATE``), declare and execute (the state transactions, in Python), write (the
-    statements), and the rest of the flush (ledger, lineage, COMMIT)."""
+    one under cProfile), µs per event by phase of the median timed batch — validate (``rows_to_events``), lower
+    (``batch.lower`` and enlisting the batch), and inside the commit lock and read (``FOR UPDATE``), declare and
+    execute (the state transactions, in Python), write (the statements) — those three from the profiled batch,
+    scaled to the median timed one —, and the rest of the flush (ledger, lineage, COMMIT); and the share spent
+    waiting for PostgreSQL."""
     import pstats
 
     from activedb.examples.hand_hygiene.app import reset_tables
     from activedb.examples.hand_hygiene.events import generate
     from activedb.ingest import EventMapping
-    from benchmarks import database_wait, phase_seconds
+    from benchmarks import cumulative, database_wait, phase_seconds
     from spark_bridge import IngestSink
 
     batches = _arrow_batches(generate(WORKERS, size * TIMED_BATCHES, SEED + 2), size)
@@ -477,22 +478,23 @@ def _declared_phases(database, size: int) -> dict[str, Any]:
     sink = IngestSink(database, EventMapping("type", "worker", "ts", payload_columns=("room",)),
                       query_name=f"{QUERY_PREFIX}-declared-phases")
     try:
-        per_event_us, outcome, pending, profile = _timed_and_profiled(database, sink, batches,
+        per_event_us, outcome, lowered, profile = _timed_and_profiled(database, sink, batches,
                                                                       f"{QUERY_PREFIX}-declared-phases")
     finally:
         reset_tables(database)
-    if pending is None:
+    if lowered is None:
         raise RuntimeError("the declared hand-hygiene batch was not lowered (an observer or another rule?)")
-    inside = pending.seconds
+    stats = pstats.Stats(profile)
+    total = phase_seconds(stats, ())[1] or 1.0                                   # all the profiled time
+    scale = per_event_us * size / 1e6 / total            # the profiled batch's seconds as the median timed batch's
+    commit_parts = {"lock and read (FOR UPDATE)": cumulative(stats, ("activedb/batch/_commit.py", "_lock_and_read")),
+                    "declare and execute (Python)": cumulative(stats, ("activedb/batch/_runtime.py", "execute_batch")),
+                    "write (UPDATE, INSERTs)": cumulative(stats, ("activedb/batch/_commit.py", "_send"))}
+    commit_parts = {phase: seconds * scale for phase, seconds in commit_parts.items()}
     timings = outcome.timings
-    commit_parts = {"lock and read (FOR UPDATE)": inside.get("lock_and_read", 0.0),
-                    "declare and execute (Python)": inside.get("execute", 0.0),
-                    "write (UPDATE, INSERTs)": inside.get("write", 0.0) + inside.get("dead_letters", 0.0)}
     phases = {"validate": timings.validate, "lower and enlist": timings.engine, **commit_parts,
               "rest of the flush (ledger, lineage, COMMIT)": max(0.0, timings.flush + timings.commit
                                                                  - sum(commit_parts.values()))}
-    stats = pstats.Stats(profile)
-    total = phase_seconds(stats, ())[1] or 1.0                                   # all the profiled time
     waiting = database_wait(stats)
     return {"us_per_event": round(per_event_us, 1),
             "phases_us_per_event": {phase: round(seconds / size * 1e6, 2) for phase, seconds in phases.items()},
