@@ -68,6 +68,34 @@ def run_both(databases, batches, source: str) -> list[bool]:
     return lowered
 
 
+def test_a_lowered_batch_leaves_nothing_of_itself_once_its_transaction_ended(databases):
+    """With the cyclic collector off, nothing of a lowered batch outlives its transaction: no reference cycle and no
+    reference from the handler, the tree or the learned chains keeps its pending batch or its events.  (The rules'
+    log is off meanwhile: the test's log capture keeps each record, whose rejected rule's error holds its frames.)"""
+    import gc
+    import logging
+
+    database = databases[0]
+    app.reset_tables(database)
+    handler = RulesHandler(app.PREFETCH)
+    events = generate(10, 400, 7)
+    enabled = gc.isenabled()
+    logging.disable(logging.ERROR)
+    try:
+        feed(database, [events[:200]], source="hh-garbage", mapping=MAPPING, handler=handler, run="warm")
+        gc.collect()
+        gc.disable()
+        [outcome] = feed(database, [events[200:]], source="hh-garbage", mapping=MAPPING, handler=handler, run="r")
+        left = [type(found).__name__ for found in gc.get_objects() if isinstance(found, (batch.PendingBatch,
+                                                                                          batch.BatchEvent))]
+    finally:
+        logging.disable(logging.NOTSET)
+        if enabled:
+            gc.enable()
+    assert handler.last_lowered == ("hh-garbage@r", 0) and outcome.committed, (handler.last_lowered, outcome)
+    assert left == [], f"{len(left)} objects of the batch left: {sorted(set(left))}"
+
+
 def test_the_hand_hygiene_rules_lower_with_the_tables_counters_and_detached_outcomes_of_firing(databases):
     events = generate(10, 600, 7)
     batches = [events[start:start + 200] for start in range(0, len(events), 200)]
