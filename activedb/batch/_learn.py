@@ -887,7 +887,7 @@ class LearnedDeclaration:
                 or classify(error) is not Failure.BUG):
             return FALL_BACK
         name = self.names[step]
-        _RULES_LOGGER.error("rule %r failed on %s: %r", name, event.describe(), error)
+        _RULES_LOGGER.error("rule %r failed on %s: %s", name, event.describe(), repr(error))   # (as firing logs it)
         self.rejected[position] = step
         if ran is not None:
             self.outcomes[position] = tuple(ran)

@@ -207,7 +207,7 @@ class RuleManager(TransactionExtension):
             try:
                 self.on_event(transaction, event, ended=True)
             except Exception as error:   # the transaction has ended: report, never undo its outcome
-                logger.error("rules on %s could not be fired: %r", event.describe(), error)
+                logger.error("rules on %s could not be fired: %s", event.describe(), repr(error))
         self.record.fold(transaction)
 
     # --- dispatch ----------------------------------------------------------------------------
@@ -405,7 +405,9 @@ class RuleManager(TransactionExtension):
             raise
         except Exception as error:
             self.count(rule, "failed")
-            logger.error("rule %r failed on %s: %r", rule.name, event.describe(), error)
+            # (The error as text: a handler that keeps records — a test's log capture, a buffer — would otherwise keep
+            # its traceback's frames and all they hold, a micro-batch included.)
+            logger.error("rule %r failed on %s: %s", rule.name, event.describe(), repr(error))
             raise RuleFailed.raised(rule.name, event, error) from error
         finally:
             if observers.on_firing_end:
