@@ -357,9 +357,13 @@ def _send(connection: sa.Connection, statements: list[_Statement], check: KeysCh
                 inserting = driver.execute(letters.sql, letters.parameters)
             if meanwhile is not None:
                 meanwhile()
-    except driver.Error as error:
+    except (driver.Error, sa.exc.DBAPIError) as error:
+        # (A statement's error arrives at the pipeline's sync, or — when PostgreSQL answered already — at a later
+        # statement's send, as SQLAlchemy's (``_run``): either way the savepoint is rolled back to.)
         if savepoint is not None:
             driver.execute(f"ROLLBACK TO SAVEPOINT {savepoint}")
+        if isinstance(error, sa.exc.DBAPIError):
+            raise
         raise sa.exc.DBAPIError.instance("the batch's writes (one pipeline)", None, error, driver.Error) from None
     if check is not None and checking is not None:
         check.judge(checking.fetchall())

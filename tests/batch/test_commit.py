@@ -117,6 +117,30 @@ def test_on_sent_sees_the_result_before_on_result_and_its_error_fails_the_commit
     assert _letters(db, "on-sent") == [reason for _, reason in reference.dead_letters]     # the first batch's only
 
 
+def test_a_statement_refused_while_the_pipeline_is_open_rolls_back_to_the_savepoint(db):
+    """The statements under a savepoint (the detached firings run in the commit): a refusal raised as SQLAlchemy's
+    while the pipeline is still open — PostgreSQL answered before the next statement was sent — rolls the transaction
+    back to the savepoint, as a refusal at the sync does: the transaction goes on with what it wrote before."""
+    from activedb.batch._commit import _send
+
+    with db.engine.connect() as connection:
+        driver = connection.connection.driver_connection
+        connection.exec_driver_sql("CREATE TEMP TABLE pipeline_probe (x int NOT NULL)")
+        connection.exec_driver_sql("INSERT INTO pipeline_probe VALUES (1)")
+
+        def refused(connection, info, names, rows):
+            try:
+                with driver.pipeline():          # (nested: its end syncs, so the refusal arrives inside the outer one)
+                    driver.execute("INSERT INTO pipeline_probe VALUES (NULL)")
+            except driver.Error as error:
+                raise sa.exc.DBAPIError.instance("INSERT", None, error, driver.Error) from None
+
+        with pytest.raises(sa.exc.DBAPIError, match="null value"):
+            _send(connection, [(refused, None, [], [])], savepoint="probe_savepoint")
+        assert connection.exec_driver_sql("SELECT x FROM pipeline_probe").scalars().all() == [1]
+        connection.rollback()
+
+
 def test_an_event_naming_a_row_the_store_cannot_name_is_a_dead_letter_alone(db):
     """A key of the wrong type for its column, a key PostgreSQL cannot hold (a NUL character) and a table
     that does not exist are refused before the commit: each event that names such a row is a dead letter with
