@@ -432,7 +432,8 @@ def _arrow_batches(events: list[dict], size: int) -> list[Any]:
 def _timed_and_profiled(database, sink: Any, batches: list[Any], query: str) -> tuple[float, Any, Any, Any]:
     """``batches`` of one size through ``sink`` (``IngestSink.process``, no Spark): a warm-up, the timed batches, a
     profiled batch (the last); returns µs per event of the median timed batch, its outcome, the handler's
-    ``last_lowered`` after it (the batch's id if it was lowered), and the profile.  Closes the sink and deletes the ledger rows."""
+    ``last_lowered`` after it (the batch's id if it was lowered), and the profile.  Closes the sink and deletes the
+    ledger rows."""
     import cProfile
 
     query_id = f"{query}@{time.time_ns()}"
@@ -487,10 +488,10 @@ def _declared_phases(database, size: int) -> dict[str, Any]:
     stats = pstats.Stats(profile)
     total = phase_seconds(stats, ())[1] or 1.0                                   # all the profiled time
     scale = per_event_us * size / 1e6 / total            # the profiled batch's seconds as the median timed batch's
-    commit_parts = {"lock and read (FOR UPDATE)": cumulative(stats, ("activedb/batch/_commit.py", "_lock_and_read")),
-                    "declare and execute (Python)": cumulative(stats, ("activedb/batch/_runtime.py", "execute_batch")),
-                    "write (UPDATE, INSERTs)": cumulative(stats, ("activedb/batch/_commit.py", "_send"))}
-    commit_parts = {phase: seconds * scale for phase, seconds in commit_parts.items()}
+    commit_parts = {phase: cumulative(stats, function) * scale for phase, function in (
+        ("lock and read (FOR UPDATE)", ("activedb/batch/_commit.py", "_lock_and_read")),
+        ("declare and execute (Python)", ("activedb/batch/_runtime.py", "execute_batch")),
+        ("write (UPDATE, INSERTs)", ("activedb/batch/_commit.py", "_send")))}
     timings = outcome.timings
     phases = {"validate": timings.validate, "lower and enlist": timings.engine, **commit_parts,
               "rest of the flush (ledger, lineage, COMMIT)": max(0.0, timings.flush + timings.commit
