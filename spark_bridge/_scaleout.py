@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import collections
 import datetime as dt
+import importlib
+import pickle
 import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping
@@ -22,6 +24,7 @@ from activedb import atomic
 from activedb.atomic import PartitionReport, SplitFailure
 from activedb.cli.application import Register, app_name, load_app
 from activedb.errors import classify
+from activedb.extras import Extra, needs
 from activedb.ingest import BatchOutcome, EventMapping, Ingestion, LedgerId, Phase, PhaseTimings, RulesHandler
 
 from spark_bridge import _cluster
@@ -29,12 +32,16 @@ from spark_bridge._sink import IngestSink, SinkOptions
 from spark_bridge.errors import IngestError, describe
 
 if TYPE_CHECKING:  # pragma: no cover
+    import pyarrow as pa
     from py4j.java_gateway import JavaObject
-    from pyspark.sql import DataFrame, Row
+    from pyspark.sql import DataFrame
 
     from activedb import Database
 
 __all__ = ["PartitionedIngestSink"]
+
+#: The one column of what a task answers: its report, pickled (``_PartitionTask``).
+REPORT_COLUMN = "report"
 
 
 # Per Python worker process (see the module docstring). _worker_mutex protects both dicts.
@@ -76,8 +83,9 @@ def _worker_database(url: str, app: str | Register, connect_options: Mapping[str
 
 @dataclass(frozen=True)
 class _PartitionTask:
-    """The function ``mapPartitionsWithIndex`` runs on each partition of one batch.
-    Picklable; runs in a Spark Python worker. Immutable."""
+    """The function ``mapInArrow`` runs on each partition of one batch: it applies the partition's rows (Arrow record
+    batches) and answers one row, its :class:`~activedb.atomic.PartitionReport` pickled.  Picklable; runs in a
+    Spark Python worker. Immutable."""
 
     url: str
     app: str | Register  # module name, absolute .py path, or an importable register(db) callable
@@ -90,29 +98,37 @@ class _PartitionTask:
     prefetch: tuple[tuple[str, object], ...]
     connect_options: tuple[tuple[str, object], ...]
     detached_timeout: float
-    local_time_columns: tuple[str, ...]  # TIMESTAMP (not TIMESTAMP_NTZ) columns of the batch
     partitions: int = 1
     on_partition_failure: SplitFailure = SplitFailure.FORWARD
     lineage: bool = True
     lower_declared: bool = True
     app_shipped: bool = False   # app is the driver's path of a file shipped to the executors (_cluster.ship_app)
 
-    def __call__(self, partition: int, rows: Iterable[Row]) -> Iterator[PartitionReport]:
+    def __call__(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        import pyarrow as pa
+        from pyspark import TaskContext
+
         started = time.perf_counter()
-        batch = [self._row_dict(row) for row in rows]
+        received = list(batches)
+        # The partition's rows as Spark hands them to the task (Arrow, as ``toArrow`` hands a batch to the one-task
+        # path: the same validation and dead letters); an empty partition as no rows (it is skipped by itself).
+        rows: pa.Table | list[dict[str, object]] = pa.Table.from_batches(received) if received else []
         fetched = time.perf_counter() - started
+        context = TaskContext.get()
+        assert context is not None          # (a task's Python worker always has one)
+        partition = context.partitionId()   # (the repartition's: 0 … partitions - 1)
         sink = self._sink()
         query_id = str(LedgerId.parse(self.query_id).partitioned(partition))
         try:
             report: PartitionReport = {"partition": partition, "outcome": sink.process(
-                batch, self.batch_id, query_id=query_id, watermark=self.watermark, punctuate=False,
+                rows, self.batch_id, query_id=query_id, watermark=self.watermark, punctuate=False,
                 extra_timings=PhaseTimings(to_arrow=fetched))}
         except Exception as error:      # reported to the driver, which decides (README.md, "Atomic batches")
-            report = self._failure(sink, partition, query_id, batch, error)
+            report = self._failure(sink, partition, query_id, rows, error)
         sink.db.rules.wait_idle(self.detached_timeout)
-        yield report
+        yield pa.RecordBatch.from_pydict({REPORT_COLUMN: [pickle.dumps(report)]})
 
-    def _failure(self, sink: Ingestion, partition: int, query_id: str, batch: list[dict[str, object]],
+    def _failure(self, sink: Ingestion, partition: int, query_id: str, batch: pa.Table | list[dict[str, object]],
                  error: BaseException) -> PartitionReport:
         """The report of a partition whose batch transaction failed; with the policy ``compensate`` (and not
         an outage) its rows are dead letters first (``atomic.settle_failed_partition``).  A transient failure
@@ -124,19 +140,10 @@ class _PartitionTask:
             letters = atomic.settle_failed_partition(sink, batch, query_id, self.batch_id, partition,
                                                       self.partitions, error)
             settled = True
-        outcome = BatchOutcome(query_id, self.batch_id, settled, len(batch), 0, letters, {}, None, PhaseTimings())
+        rows = batch.num_rows if not isinstance(batch, list) else len(batch)
+        outcome = BatchOutcome(query_id, self.batch_id, settled, rows, 0, letters, {}, None, PhaseTimings())
         return {"partition": partition, "outcome": outcome, "failed": True, "error": describe(error),
                 "infrastructure": infrastructure}
-
-    def _row_dict(self, row: Row) -> dict[str, object]:
-        """A Spark ``Row`` as a dict; ``TIMESTAMP`` values (naive, in the worker's local time
-        zone, as pyspark hands them out) become aware UTC datetimes."""
-        values: dict[str, object] = row.asDict(recursive=True)
-        for column in self.local_time_columns:
-            value = values.get(column)
-            if isinstance(value, dt.datetime) and value.tzinfo is None:
-                values[column] = value.astimezone(dt.timezone.utc)
-        return values
 
     def _sink(self) -> Ingestion:
         key = (self.url, app_name(self.app), self.query_name, self.mapping, self.known_types, self.prefetch,
@@ -169,6 +176,9 @@ class PartitionedIngestSink(IngestSink):
                  on_partition_failure: SplitFailure | str = SplitFailure.FORWARD, lineage: bool = True,
                  rules: RulesHandler | None = None, **sink_options: Unpack[SinkOptions]) -> None:
         """``sink_options``: those of :class:`IngestSink` (``query_name``, ``known_types``, …)."""
+        with needs(Extra.SPARK, "the scale-out path (partition_by_key=N: its tasks take their rows through "
+                                "pyspark's mapInArrow)"):
+            importlib.import_module("pandas")     # (pyspark refuses mapInArrow without it)
         rules = RulesHandler() if rules is None else rules
         super().__init__(db, mapping, handler=rules, lineage=lineage, **sink_options)
         if isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1:
@@ -206,21 +216,21 @@ class PartitionedIngestSink(IngestSink):
             batch_id=batch_id, watermark=watermark, known_types=self.context.known_types,
             prefetch=self._prefetch_items, connect_options=self._connect_options,
             detached_timeout=self._detached_timeout,
-            local_time_columns=tuple(field.name for field in batch_df.schema.fields
-                                     if field.dataType.typeName() == "timestamp"),
             partitions=self.partitions, on_partition_failure=self.on_partition_failure,
             lineage=self.lineage, lower_declared=self.lower_declared, app_shipped=self._app_shipped)
         self.phase(Phase.FETCHED, batch_id)
         # Always run the job, also for a batch whose partitions all committed: running it
         # feeds Spark's event-time statistics (see _sink.py), and each task skips by itself.
         try:
-            results = (batch_df.repartition(self.partitions, functions.col(self.mapping.key_column))  # type: ignore[union-attr]
-                       .rdd.mapPartitionsWithIndex(task).collect())
+            reports = (batch_df.repartition(self.partitions, functions.col(self.mapping.key_column))  # type: ignore[union-attr]
+                       .mapInArrow(task, f"{REPORT_COLUMN} binary").collect())
         except Exception as error:
             failure = _cluster.task_failure(error)      # what the task's Python raised, not Spark's Java trace
             if failure is None:
                 raise
             raise failure from error
+        # (unpickled: the tasks' own reports, from the Python workers of this job)
+        results: list[PartitionReport] = [pickle.loads(row[0]) for row in reports]  # noqa: S301
         failures = [row for row in results if row.get("failed")]
         if failures:
             atomic.settle(self.db, query_id, batch_id, self.partitions, self.on_partition_failure, failures)

