@@ -131,14 +131,45 @@ def encode_original(row: object) -> object:
     """``row`` as the ``original`` column's JSON: a one-row ``pyarrow.Table``/``RecordBatch`` as an Arrow
     IPC stream (schema included, so the row replays through the same conversion Spark's rows take),
     anything else through :func:`activedb.store.exact_json`."""
-    if type(row).__module__.startswith("pyarrow") and hasattr(row, "schema") and hasattr(row, "num_rows"):
+    [encoded] = encode_originals([row])
+    return encoded
+
+
+def _is_arrow(row: object) -> bool:
+    return type(row).__module__.startswith("pyarrow") and hasattr(row, "schema") and hasattr(row, "num_rows")
+
+
+# The end of an Arrow IPC stream (a continuation marker and a zero length): what the stream writer closes with.
+_EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"
+
+
+def encode_originals(rows: Sequence[object]) -> list[object]:
+    """:func:`encode_original` of each of ``rows``, the same bytes: of Arrow rows sharing a schema without
+    dictionaries (a batch's letters), the schema's message made once and each row's record batch message after it,
+    as the stream writer writes them."""
+    encoded: list[object] = []
+    schema: Any = None
+    head: bytes | None = None
+    for row in rows:
+        if not _is_arrow(row):
+            encoded.append(exact_json(row))
+            continue
         import pyarrow as pa
 
-        sink = pa.BufferOutputStream()
-        with pa.ipc.new_stream(sink, row.schema) as writer:
-            writer.write(row)
-        return {_ARROW_TAG: base64.b64encode(sink.getvalue().to_pybytes()).decode("ascii")}
-    return exact_json(row)
+        arrow: Any = row
+        batches = arrow.to_batches() if isinstance(arrow, pa.Table) else [arrow]
+        if schema is None or not arrow.schema.equals(schema):
+            schema = arrow.schema
+            head = None if "dictionary<" in str(schema) else schema.serialize().to_pybytes()
+        if head is None or len(batches) != 1:      # (dictionaries go before a batch: the writer knows how)
+            sink = pa.BufferOutputStream()
+            with pa.ipc.new_stream(sink, schema) as writer:
+                writer.write(arrow)
+            stream = sink.getvalue().to_pybytes()
+        else:
+            stream = head + batches[0].serialize().to_pybytes() + _EOS
+        encoded.append({_ARROW_TAG: base64.b64encode(stream).decode("ascii")})
+    return encoded
 
 
 def decode_original(stored: object) -> object:
@@ -155,13 +186,14 @@ def decode_original(stored: object) -> object:
 
 def _rows(query_id: str | None, batch_id: int | None, letters: Iterable[Letter]) -> list[dict[str, object]]:
     """The rows of ``activedb_dead_letters`` for ``letters``, ids left out (:func:`_columns`)."""
-    return [{"query_id": query_id, "batch_id": batch_id, **_columns(letter)} for letter in letters]
+    return [{"query_id": query_id, "batch_id": batch_id, **columns} for columns in _columns(list(letters))]
 
 
-def _columns(letter: Letter) -> dict[str, object]:
-    """A letter's own columns: its reason (text PostgreSQL cannot store, such as a NUL character or a lone surrogate,
-    spelled out), its readable form and its original."""
-    return {"reason": storable_text(letter.reason), "raw": letter.raw(), "original": encode_original(letter.row)}
+def _columns(letters: Sequence[Letter]) -> list[dict[str, object]]:
+    """Each letter's own columns: its reason (text PostgreSQL cannot store, such as a NUL character or a lone
+    surrogate, spelled out), its readable form and its original."""
+    return [{"reason": storable_text(letter.reason), "raw": letter.raw(), "original": original}
+            for letter, original in zip(letters, encode_originals([letter.row for letter in letters]))]
 
 
 def _ids(catalog: Catalog, table: str, connection: sa.Connection, count: int, since: dt.datetime | None) -> list[int]:
@@ -219,7 +251,7 @@ def insert_statement(transaction: Transaction, dialect: sa.Dialect, query_id: st
     sequence = catalog.sequence_of(info, "id")
     assert sequence is not None, table        # (an identity column: the migrations')
     ids, storage = catalog.generated_keys(sequence, len(letters), transaction.root.began_at)
-    document = _ENCODER.encode([{"id": letter_id, **_columns(letter)} for letter_id, letter in zip(ids, letters)])
+    document = _ENCODER.encode([{"id": letter_id, **columns} for letter_id, columns in zip(ids, _columns(letters))])
     name = dialect.identifier_preparer.format_table(info.table)
     return LettersInsert(_INSERT.format(table=name), (query_id, batch_id, document, storage, ids[-1], sequence),
                          len(letters), functools.partial(catalog.keys_reset, sequence, ids[-1]))

@@ -6,6 +6,7 @@ replay of that original is rejected again for the same reason."""
 
 from __future__ import annotations
 
+import base64
 import json
 
 import pyarrow as pa
@@ -69,3 +70,26 @@ def test_the_letters_of_a_batch_keep_the_bytes_of_its_rejected_rows_beside_its_f
     assert [letter.raw()["key"] for letter in failed] == ["also", "good"]
     assert [letter.row.to_pylist()[0]["key"] for letter in failed] == ["also", "good"]
     assert decode_original(encode_original(failed[0].row)).to_pylist() == table.take([2]).to_pylist()
+
+
+def test_a_batch_of_originals_is_encoded_as_the_stream_writer_writes_each():
+    """``encode_originals`` makes each schema's message once: every original has the bytes of its own IPC stream, a
+    dictionary column's (whose dictionary goes before the row) and rows of another kind included."""
+    from activedb.deadletters._letters import _ARROW_TAG, encode_originals
+
+    def streamed(row: pa.Table) -> bytes:
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, row.schema) as writer:
+            writer.write(row)
+        return sink.getvalue().to_pybytes()
+
+    table = pa.table({"key": ["a", "b", None], "ts": [1.0, 2.5, None], "_line": _text([BAD_LINE, b"x", None])})
+    other = pa.table({"key": pa.array(["c", "c"]).dictionary_encode(), "n": [1, 2]})
+    rows = [table.slice(0, 1), table.take([2]), other.slice(1, 1), {"key": "d"}, table.take([1]).to_batches()[0]]
+    encoded = encode_originals(rows)
+    assert encoded[3] == {"key": "d"} and encoded[3] == encode_original(rows[3])
+    for row, original in zip(rows[:3] + rows[4:], encoded[:3] + encoded[4:]):
+        as_table = row if isinstance(row, pa.Table) else pa.Table.from_batches([row])
+        assert set(original) == {_ARROW_TAG}
+        assert base64.b64decode(original[_ARROW_TAG]) == streamed(as_table)
+        assert decode_original(original).equals(as_table)
