@@ -127,6 +127,9 @@ def task_failure(error: BaseException) -> IngestError | None:
     if raised is None:
         return None
     cause = mask_secrets("\n".join(lines[raised:]).strip())
+    if "No module named 'pyarrow'" in cause:
+        cause += ("; the executors' Python environment needs pyarrow: the tasks take their rows as Arrow batches "
+                  "(spark_bridge's README.md, \"Running on a cluster\")")
     return IngestError(f"a scale-out task failed on the executors (Spark gave up on it): {cause}")
 
 

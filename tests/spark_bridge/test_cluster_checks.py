@@ -102,3 +102,17 @@ def test_a_failed_scale_out_task_fails_the_batch_with_its_python_exception(spark
         assert "Traceback" not in message and "at org.apache" not in message, message
     finally:
         database.close()
+
+
+def test_executors_without_pyarrow_are_told_what_their_environment_needs():
+    from spark_bridge._cluster import task_failure
+
+    trace = ("org.apache.spark.SparkException: Job aborted due to stage failure: ... "
+             "org.apache.spark.api.python.PythonException: Traceback (most recent call last):\n"
+             "  File \"/work/environment/lib/python3.11/site-packages/pyspark/worker.py\", line 1, in main\n"
+             "    import pyarrow as pa\n"
+             "ModuleNotFoundError: No module named 'pyarrow'\n")
+    message = str(task_failure(Exception(trace)))
+    assert message.startswith("a scale-out task failed on the executors (Spark gave up on it): ModuleNotFoundError: "
+                              "No module named 'pyarrow'"), message
+    assert "the executors' Python environment needs pyarrow" in message and "Running on a cluster" in message
