@@ -127,9 +127,12 @@ def task_failure(error: BaseException) -> IngestError | None:
     if raised is None:
         return None
     cause = mask_secrets("\n".join(lines[raised:]).strip())
-    if "No module named 'pyarrow'" in cause:
-        cause += ("; the executors' Python environment needs pyarrow: the tasks take their rows as Arrow batches "
-                  "(spark_bridge's README.md, \"Running on a cluster\")")
+    missing = re.search(r"No module named '([^'.]+)", cause)
+    if missing is not None:     # (their environment lacks a package: the driver's has it, or the task would not run)
+        module = missing.group(1)
+        why = ": the tasks take their rows as Arrow batches" if module == "pyarrow" else ""
+        cause += (f"; the executors' Python environment needs {module}{why} (spark_bridge's README.md, \"Running on a "
+                  f"cluster\")")
     return IngestError(f"a scale-out task failed on the executors (Spark gave up on it): {cause}")
 
 
