@@ -45,8 +45,9 @@ class StandaloneCluster:
         """Every executor's ``stderr`` (``WORK_DIR/APP_ID/EXECUTOR_ID/stderr``), in start order per worker."""
         return sorted(path for work_dir in self.work_dirs for path in work_dir.glob("*/*/stderr"))
 
-    def live_executors(self) -> list[int]:
-        """The pids of the executor JVMs running in the workers' directories."""
+    def live_executors(self, registered: bool = False) -> list[int]:
+        """The pids of the executor JVMs running in the workers' directories; with ``registered``, only those that
+        registered with the driver (their log says so: they take tasks without a JVM to start)."""
         found = []
         for entry in Path("/proc").iterdir():
             if entry.name.isdigit() and EXECUTOR_CLASS in command_line(int(entry.name)):
@@ -54,13 +55,26 @@ class StandaloneCluster:
                     where = os.readlink(entry / "cwd")
                 except OSError:
                     continue
-                if any(where.startswith(f"{work_dir}{os.sep}") for work_dir in self.work_dirs):
+                if any(where.startswith(f"{work_dir}{os.sep}") for work_dir in self.work_dirs) and (
+                        not registered or _says(Path(where) / "stderr", "Successfully registered with driver")):
                     found.append(int(entry.name))
         return found
+
+    def registered(self) -> None:
+        """Wait until every worker registered with the master (fails when one exits first, with the logs)."""
+        for number in range(len(self.work_dirs)):
+            _logged(self, number + 1, r"Successfully registered with master", f"worker {number}")
 
     def describe(self) -> str:
         """The end of every daemon's and executor's log, for a failure's message."""
         return "\n".join(f"--- {log}:\n{tail(log)}" for log in [*self.logs, *self.executor_logs()])
+
+
+def _says(log: Path, text: str) -> bool:
+    try:
+        return text in log.read_text(errors="replace")
+    except OSError:
+        return False
 
 
 def tail(path: Path, characters: int = 2000) -> str:
@@ -95,7 +109,9 @@ def standalone_cluster(directory: Path, master: str, worker: Callable[[str], str
                        memory: str = "1g") -> Iterator[StandaloneCluster]:
     """The master (shell line ``master``) and ``workers`` workers (``worker(master_url)``), ``cores`` and
     ``memory`` each, on 127.0.0.1, running in ``cwd`` with ``environment`` (which must name Java 17/21:
-    ``JAVA_HOME``) for the block."""
+    ``JAVA_HOME``) for the block.  The block begins once the master runs and the workers' lines were started, so
+    that a driver can start its JVM while theirs start (a Spark application waits for executors as workers
+    register); :meth:`StandaloneCluster.registered` waits for the workers."""
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "conf").mkdir(exist_ok=True)
     common = {**environment, "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_CONF_DIR": str(directory / "conf")}
@@ -112,8 +128,6 @@ def standalone_cluster(directory: Path, master: str, worker: Callable[[str], str
             _start(worker(cluster.master_url), directory / f"worker{number}.log", {
                 **common, "SPARK_WORKER_WEBUI_PORT": "0", "SPARK_WORKER_CORES": str(cores),
                 "SPARK_WORKER_MEMORY": memory, "SPARK_WORKER_DIR": str(work_dir)}, cwd, cluster)
-        for number in range(workers):
-            _logged(cluster, number + 1, r"Successfully registered with master", f"worker {number}")
         yield cluster
     finally:
         stop(cluster)

@@ -236,39 +236,51 @@ def test_the_readme_cluster_commands_with_an_executor_killed_mid_batch_equal_a_l
         every.run(line)
     script = Script(driver, {**every.environment, "ACTIVEDB_HOME": str(tmp_path / "activedb-home")}, names)
     hosts = Script(workers, dict(every.environment), names)
-    for where, line in commands:
-        if where == "driver" and line != run_line:
-            script.run(line)
-        elif where == "cluster" and line not in (master_line, worker_line):
-            hosts.run(line)
-    mark("the README's preparation lines ran")
-    events = sorted((driver / "events").iterdir())
-    assert len(events) >= 4, events
-    shutil.copytree(driver / "events", local / "events")
-    shutil.copy(driver / "hygiene.py", local / "hygiene.py")
-    staging.mkdir()
-    for path in events:
-        path.rename(staging / path.name)
 
-    # The reference, on local[2], meanwhile (its own database and home; the password from the same file).
-    exported = sa.make_url(script.environment["ACTIVEDB_DATABASE_URL"])
-    assert exported.password is None and exported.database == sa.make_url(cluster_url).database
-    local_environment = {**script.environment, "ACTIVEDB_HOME": str(tmp_path / "local-home"),
-                         "ACTIVEDB_DATABASE_URL": exported.set(database=sa.make_url(local_url).database)
-                         .render_as_string(hide_password=False)}
-    with open(tmp_path / "local.out", "wb") as output:
-        reference = subprocess.Popen(_local_command(script.line(recording)), cwd=local, env=local_environment,
-                                     stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
-    run = None
+    def start_the_reference() -> subprocess.Popen:
+        """The reference, on local[2], as soon as the events and the application file are there: it needs neither
+        the executors' archive nor the cluster, so its JVM runs while pip installs and packs the executors'
+        environment, not while the master, the workers and the driver start theirs (its own database and home;
+        the password from the same file)."""
+        shutil.copytree(driver / "events", local / "events")
+        shutil.copy(driver / "hygiene.py", local / "hygiene.py")
+        exported = sa.make_url(script.environment["ACTIVEDB_DATABASE_URL"])
+        assert exported.password is None and exported.database == sa.make_url(cluster_url).database
+        local_environment = {**script.environment, "ACTIVEDB_HOME": str(tmp_path / "local-home"),
+                             "ACTIVEDB_DATABASE_URL": exported.set(database=sa.make_url(local_url).database)
+                             .render_as_string(hide_password=False)}
+        with open(tmp_path / "local.out", "wb") as output:
+            return subprocess.Popen(_local_command(script.line(recording)), cwd=local, env=local_environment,
+                                    stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
+
+    reference = run = None
     try:
+        for where, line in commands:
+            if where == "driver" and line != run_line:
+                script.run(line)
+                if reference is None and (driver / "hygiene.py").exists():
+                    reference = start_the_reference()
+                    mark("the reference run on local[2] started")
+            elif where == "cluster" and line not in (master_line, worker_line):
+                hosts.run(line)
+        assert reference is not None, "the README's driver lines no longer write hygiene.py: update the test"
+        mark("the README's preparation lines ran")
+        events = sorted((driver / "events").iterdir())
+        assert len(events) >= 4, events
+        staging.mkdir()
+        for path in events:
+            path.rename(staging / path.name)
+
         with standalone_cluster(tmp_path / "cluster", hosts.line(master_line),
                                 lambda url: hosts.line(worker_line).replace("spark://master.example.com:7077", url),
                                 cwd=workers, environment=hosts.environment) as cluster:
-            mark("the master and the workers run")
+            # The driver starts as soon as the master runs, while the workers start (as on hosts of their own).
             line = script.line(recording).replace("spark://master.example.com:7077", cluster.master_url)
             with open(tmp_path / "run.out", "wb") as output:
                 run = subprocess.Popen(["bash", "-c", line], cwd=driver, env=script.environment, stdout=output,
                                        stderr=subprocess.STDOUT, start_new_session=True)
+            cluster.registered()
+            mark("the master and the workers run, the driver started")
 
             def seen() -> str:
                 return activedb.mask_secrets(
@@ -291,7 +303,8 @@ def test_the_readme_cluster_commands_with_an_executor_killed_mid_batch_equal_a_l
                 Python worker's session waits on it; release the lock once both are gone.  Returns what the
                 database held at the kill: the batch's ledger rows, and pending outbox records."""
                 # Another executor runs the task again at once: none waits for a JVM to start.
-                wait_until(lambda: len(cluster.live_executors()) >= 2, WAIT_SECONDS, "two live executors", seen)
+                wait_until(lambda: len(cluster.live_executors(registered=True)) >= 2, WAIT_SECONDS,
+                           "two executors registered with the driver", seen)
                 with psycopg.connect(**conninfo, autocommit=True) as watcher, psycopg.connect(**conninfo) as holder:
                     wait_until(lambda: pending_firings(watcher) == 0, WAIT_SECONDS,
                                "earlier batches' detached firings", seen)
