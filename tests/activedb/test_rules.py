@@ -342,7 +342,8 @@ def test_bad_rule_definitions_are_rejected_at_declaration(db):
     with pytest.raises(RuleError, match="already declared.*replace=True"):
         db.rule(on=db.updated("accounts"), name="twice")(lambda tx, event: None)
     # What the error says works (a module or notebook cell run again): the second takes the first's place.
-    second = db.rule(on=db.updated("accounts"), name="twice", priority=3, replace=True)(lambda tx, event: None)
+    with pytest.warns(activedb.RuleDefinitionChangedWarning, match="'twice' was redefined.*priority"):
+        second = db.rule(on=db.updated("accounts"), name="twice", priority=3, replace=True)(lambda tx, event: None)
     assert db.rules.get("twice") is second and second.priority == 3
 
 
