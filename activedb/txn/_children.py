@@ -67,7 +67,9 @@ class SubtransactionHandle:
         return self._task.done()
 
     def wait(self, timeout: float | None = None) -> bool:
-        """Wait until the subtransaction ended (runs it here if no worker started it)."""
+        """Wait until the subtransaction ended (runs it here if no worker started it).  The wait is an edge of the
+        wait-for graph: if it closes a cycle and is the victim, ``DeadlockDetected`` is raised and the
+        subtransaction goes on (``state`` says so) — wait again later, or let the parent's commit wait for it."""
         task = self._task
         if task.done():
             return True
@@ -106,7 +108,9 @@ class SubtransactionHandle:
                 task.wait(None)
 
     def result(self, timeout: float | None = None) -> Any:
-        """The function's return value once the subtransaction committed; re-raises its error."""
+        """The function's return value once the subtransaction committed; re-raises its error.  A
+        ``DeadlockDetected`` is the subtransaction's own only if it ended ABORTED (``state``); otherwise this wait
+        was the victim and it goes on (:meth:`wait`)."""
         if not self.wait(timeout):
             raise TimeoutError(f"subtransaction {self.transaction.id} did not end within {timeout} s")
         if self._task.error is not None:
