@@ -13,7 +13,7 @@ from activedb.errors import DeadlockDetected
 from activedb.rules._context import GateKey, GateRole, RuleContext
 from activedb.rules._detached import DependencyAbort
 from activedb.rules._model import Firing
-from activedb.txn import run_subtransaction, set_slot, slot
+from activedb.txn import TxnState, run_subtransaction, set_slot, slot
 
 if TYPE_CHECKING:  # pragma: no cover
     from activedb.rules._manager import RuleManager
@@ -52,6 +52,11 @@ def condition_then_action(manager: "RuleManager", transaction: "Transaction", fi
     try:
         action_handle.result()
     except DeadlockDetected:
+        if action_handle.state is not TxnState.ABORTED:
+            # This firing's own wait for the action was the victim, and the action goes on, waiting in the cycle
+            # (``SubtransactionHandle.result``): the firing gives way, the action with it — never a second run of
+            # the action beside a live first one.
+            raise
         if condition_value:      # the action gave way to its condition: run it again, now after it
             run_subtransaction(transaction, _run_action_again, firing, name=f"action:{rule.name}")
     except DependencyAbort:

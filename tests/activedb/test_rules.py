@@ -22,6 +22,7 @@ from activedb import Coupling, testing
 from activedb.errors import CascadeLimitExceeded, RuleError, RuleFailed, UnknownTable
 from activedb.rules import Firing, FiringOutcome, RuleContext
 from coupling import HistoryEvent, check_dependencies, dependencies_for
+from lockmgr.testing import Watchdog, wait_until
 
 WAIT = 20
 
@@ -163,6 +164,64 @@ def test_action_sequential_causally_dependent_runs_in_parallel_and_needs_true(db
     assert keys == {"act50"}
     counters = db.rules.statistics().per_rule["act"]
     assert counters.fired == 2 and counters.condition_false == 1
+
+
+def test_a_firing_whose_wait_for_its_parallel_action_is_the_victim_fails_without_running_the_action_again(db):
+    """C-A sequential causally dependent coupling, a real cycle through the firing's own wait: tree B holds y and waits
+    for x, which the condition wrote (retained by the firing once the condition committed); the action waits for y.
+    The firing's wait for the action closes the cycle and is its victim, the action still waiting: the firing fails
+    with the deadlock and the action ran once — never again beside its live first run (as when the action itself
+    gave way, aborted).  Events and lock-manager state waits, under a watchdog."""
+    locks = db.transactions.locks
+    action_started, x_written, b_holds_y, b_done = (threading.Event() for _ in range(4))
+    runs, outcome = [], {}
+
+    def condition(tx, event):
+        assert action_started.wait(WAIT)
+        tx.write("items", "x", value=1)
+        x_written.set()
+        wait_until(lambda: locks.statistics().waiting == 2, WAIT, "B waiting for x and the action for y")
+        return True
+
+    @db.rule(on=db.signalled("go"), when=condition, action_coupling=Coupling.SEQUENTIAL_CAUSALLY_DEPENDENT)
+    def act(tx, event):
+        runs.append(tx.id)
+        action_started.set()
+        if len(runs) == 1:           # (a second run, as the code before the fix made, goes straight to y)
+            wait_until(lambda: locks.statistics().waiting == 1, WAIT, "B waiting for x")
+        tx.write("items", "y", value=1)
+
+    def tree_b():
+        try:
+            with db.transaction(name="B") as tx:
+                tx.write("items", "y", value=2)
+                b_holds_y.set()
+                assert x_written.wait(WAIT)
+                tx.write("items", "x", value=2)               # waits for the condition's x
+            outcome["B"] = "committed"
+        except BaseException as error:                         # reported below
+            outcome["B"] = error
+        finally:
+            b_done.set()
+
+    thread = threading.Thread(target=tree_b)
+    thread.start()
+    assert b_holds_y.wait(WAIT)
+    with Watchdog(WAIT * 3, locks):
+        with pytest.raises(RuleFailed) as raised:
+            with db.transaction(name="T") as tx:
+                tx.signal("go")
+        assert b_done.wait(WAIT)
+        thread.join(WAIT)
+    deadlock = raised.value.__cause__
+    assert isinstance(deadlock, activedb.DeadlockDetected), raised.value
+    [firing] = {edge.waiter for edge in deadlock.cycle if edge.kind == "commit"}
+    assert deadlock.victim == firing, deadlock           # the firing's wait, not the action's request
+    assert len(runs) == 1, runs
+    assert outcome["B"] == "committed"
+    with db.engine.connect() as connection:
+        assert dict(connection.execute(sa.text("SELECT key, value FROM items WHERE key IN ('x', 'y')")).all()) == \
+            {"x": 2, "y": 2}
 
 
 def test_deferred_cycles_run_in_order(db):
