@@ -45,9 +45,9 @@ class StandaloneCluster:
         """Every executor's ``stderr`` (``WORK_DIR/APP_ID/EXECUTOR_ID/stderr``), in start order per worker."""
         return sorted(path for work_dir in self.work_dirs for path in work_dir.glob("*/*/stderr"))
 
-    def live_executors(self, registered: bool = False) -> list[int]:
-        """The pids of the executor JVMs running in the workers' directories; with ``registered``, only those that
-        registered with the driver (their log says so: they take tasks without a JVM to start)."""
+    def registered_executors(self) -> list[int]:
+        """The pids of the executor JVMs running in the workers' directories that registered with the driver (their
+        log says so): they take a task without a JVM to start."""
         found = []
         for entry in Path("/proc").iterdir():
             if entry.name.isdigit() and EXECUTOR_CLASS in command_line(int(entry.name)):
@@ -55,8 +55,8 @@ class StandaloneCluster:
                     where = os.readlink(entry / "cwd")
                 except OSError:
                     continue
-                if any(where.startswith(f"{work_dir}{os.sep}") for work_dir in self.work_dirs) and (
-                        not registered or _says(Path(where) / "stderr", "Successfully registered with driver")):
+                if any(where.startswith(f"{work_dir}{os.sep}") for work_dir in self.work_dirs) and _says(
+                        Path(where) / "stderr", "Successfully registered with driver"):
                     found.append(int(entry.name))
         return found
 

@@ -303,7 +303,7 @@ def test_the_readme_cluster_commands_with_an_executor_killed_mid_batch_equal_a_l
                 Python worker's session waits on it; release the lock once both are gone.  Returns what the
                 database held at the kill: the batch's ledger rows, and pending outbox records."""
                 # Another executor runs the task again at once: none waits for a JVM to start.
-                wait_until(lambda: len(cluster.live_executors(registered=True)) >= 2, WAIT_SECONDS,
+                wait_until(lambda: len(cluster.registered_executors()) >= 2, WAIT_SECONDS,
                            "two executors registered with the driver", seen)
                 with psycopg.connect(**conninfo, autocommit=True) as watcher, psycopg.connect(**conninfo) as holder:
                     wait_until(lambda: pending_firings(watcher) == 0, WAIT_SECONDS,
