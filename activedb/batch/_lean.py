@@ -149,6 +149,8 @@ def _run(declarations: Mapping[str, Declaring], items: list[tuple[int, BatchEven
     # The chains of plain rules lowered as learned: run here as their declaration would have them run (a write of the
     # event's row whose function runs the chain, then the insert of the rows it inserted), without declaring them.
     learned = {kind: function for kind, function in declarations.items() if type(function) is LearnedDeclaration}
+    # Per chain, the one stream event its rules get, given each event's values in turn (``key_and_event(into=)``).
+    scratch = {chain: chain.scratch_event() for chain in learned.values()}
     writes: list[tuple[State, RowImage | None]] | None
     outputs: dict[str, object] | None
     reason: str | None
@@ -159,7 +161,7 @@ def _run(declarations: Mapping[str, Declaring], items: list[tuple[int, BatchEven
         chain = learned.get(event.event_type) if specs is None and learned else None
         if chain is not None:
             try:
-                key, stream_event = chain.key_and_event(event)
+                key, stream_event = chain.key_and_event(event, scratch[chain])
             except Exception as error:
                 rejected.append((t, f"{type(error).__name__}: {error}"))
                 continue
@@ -178,7 +180,7 @@ def _run(declarations: Mapping[str, Declaring], items: list[tuple[int, BatchEven
                 own = get(state, _MISSING)
                 if own is _MISSING:
                     own = miss(state, t)
-                result = chain.run(event, key, [stream_event], own)
+                result = chain.run_on(event, key, stream_event, own)
                 if type(result) is dict:
                     output = {**own, **result} if own is not None else dict(result)
                 else:

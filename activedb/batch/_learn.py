@@ -589,7 +589,7 @@ class _RowTransaction:
         signals returns (``LearnedDeclaration.run``)."""
         if name not in self._signals or self.deferring:
             raise self._deviate(f"signalled {name!r}")
-        event = new_event(EventKind.SIGNAL, name, None, None, None, dict(payload), None, self.transaction)
+        event = new_event(_SIGNAL, name, None, None, None, dict(payload), None, self.transaction)
         if self.signals is None:
             self.signals = [event]
         else:
@@ -605,11 +605,22 @@ def _function_of(code: CodeType, namespace: dict[str, object]) -> Callable[[Even
     return made
 
 
+# Enum members as module constants: on Python 3.11 a class attribute lookup of a member costs a call (an
+# ``EnumType`` descriptor), and these are looked up per event.
+_STREAM, _SIGNAL = EventKind.STREAM, EventKind.SIGNAL
+
+
 def _stream_event(event: BatchEvent, transaction: str | None) -> Event:
     """The stream event ``tx.emit(type, key=, ts=, payload=)`` makes of ``event``: the payload the event's own
     copy; its ``transaction`` the batch's (``transaction``: a lowered event has no subtransaction of its own)."""
-    return new_event(EventKind.STREAM, event.event_type, event.key, None, None, dict(event.payload), event.ts,
-                     transaction)
+    return new_event(_STREAM, event.event_type, event.key, None, None, dict(event.payload), event.ts, transaction)
+
+
+def _as_made(event: Event) -> Event:
+    """A stream event of its own with ``event``'s values (the scratch event of ``key_and_event(into=...)`` is given
+    its next event's values after the run: what outlives the run — a rule's failure — gets its own)."""
+    return new_event(event.kind, event.source, event.key, event.old, event.new, event.payload, event.ts,
+                     event.transaction, event.origin)
 
 
 #: How the caller names the dead letter of an event whose rule raised (``activedb.ingest``'s rule path: its
@@ -733,10 +744,25 @@ class LearnedDeclaration:
         self.drawn.setdefault(sequence, []).append(key)
         return key
 
-    def key_and_event(self, event: BatchEvent) -> tuple[Hashable, Event]:
+    def scratch_event(self) -> Event:
+        """A stream event of this batch's transaction for ``key_and_event(into=...)`` to give each event's values in
+        turn (its caller's: one run of the batch on one thread)."""
+        return new_event(_STREAM, None, None, None, None, None, None, self._transaction)
+
+    def key_and_event(self, event: BatchEvent, into: Event | None = None) -> tuple[Hashable, Event]:
         """The key of the row ``event``'s chain writes and the stream event its rules get: the action's own key
-        expression, on the event it will get (the same object, as in a firing)."""
-        stream_event = _stream_event(event, self._transaction)
+        expression, on the event it will get (the same object, as in a firing).  ``into``: a
+        :meth:`scratch_event` given ``event``'s values and returned instead of a new event — the caller runs the
+        chain on it (:meth:`run_on`) before the next event.  That is the same to the rules: the static check lets
+        a condition or an action use its event only as ``event.key``, ``.ts``, ``.payload`` and ``.source`` (it
+        cannot keep the object, pass it on or compare it), and the payload is still a copy of the event's own."""
+        if into is None:
+            stream_event = _stream_event(event, self._transaction)
+        else:
+            stream_event = into
+            values = into.__dict__           # (a frozen dataclass's fields: set in place, as ``new_event`` sets them)
+            values["source"], values["key"], values["payload"], values["ts"] = (
+                event.event_type, event.key, dict(event.payload), event.ts)
         key_of = self._key_of
         return event.key if key_of is None else key_of(stream_event), stream_event
 
@@ -786,7 +812,11 @@ class LearnedDeclaration:
         condition or action deviated; raises :class:`Abort` with the event's reason if a rule raised an error of its
         own (:meth:`_raised`).  ``unused``: the stream event the declaration made, for the first
         run (a run again — the batch re-run checking values — gets a fresh one, as a re-fired event does)."""
-        stream_event = unused.pop() if unused else _stream_event(event, self._transaction)
+        return self.run_on(event, key, unused.pop() if unused else _stream_event(event, self._transaction), own)
+
+    def run_on(self, event: BatchEvent, key: Hashable, stream_event: Event, own: RowImage | None
+               ) -> Mapping[str, object] | _Delete | _FallBack:
+        """:meth:`run` with the stream event its rules get (``key_and_event``'s)."""
         before = own
         if own is not None and len(own) != self._columns:
             # Created earlier in this batch (the lean image holds the columns written): as the tree reads it.
@@ -887,6 +917,7 @@ class LearnedDeclaration:
                 or classify(error) is not Failure.BUG):
             return FALL_BACK
         name = self.names[step]
+        event = _as_made(event)          # (the failure keeps it: not a scratch event, whose values change)
         _RULES_LOGGER.error("rule %r failed on %s: %s", name, event.describe(), repr(error))   # (as firing logs it)
         self.rejected[position] = step
         if ran is not None:

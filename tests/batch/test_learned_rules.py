@@ -399,6 +399,37 @@ def test_a_counter_rule_is_lowered_with_the_tables_of_firing_it(databases):
         "cnt-a", "cnt-b", "cnt-c", "cnt-c-x", "cnt-d", "cnt-f-x"]   # (e: none)
 
 
+PAYLOADS: list[dict] = []
+
+
+def keep_payload(tx, event):
+    """Keeps each event's payload and marks it (both allowed: the payload is the event's own copy)."""
+    PAYLOADS.append(event.payload)
+    event.payload["kept_as"] = f"{event.source}:{event.key}:{event.payload['seq']}"
+    row = tx.read("counters", event.key)
+    tx.write("counters", event.key, events=1 if row is None else row["events"] + 1, trail=event.payload["kept_as"])
+
+
+def test_each_event_of_a_lowered_batch_gives_its_rules_its_own_values_and_payload(databases):
+    """The lean run gives a chain's rules one stream event per run, each event's values in turn
+    (``key_and_event(into=...)``): a rule that keeps the payload it was given, and writes into it, finds each
+    event's own — as firing gives it — and the tables are firing's."""
+    def register(database):
+        database.rule(on=database.stream("keep"), name="keep_payload")(keep_payload)
+
+    source = "keep"
+    batches = [rows(0, [("keep", "keep-a", 1), ("keep", "keep-b", 2), ("keep", "keep-a", 3)]),
+               rows(1, [("keep", "keep-c", 4), ("keep", "keep-a", 5)])]
+    PAYLOADS.clear()
+    lowered = run_both(databases, source, batches, register)
+    assert all(pending is not None for pending in lowered), lowered
+    marks = [payload["kept_as"] for payload in PAYLOADS]
+    # Each run's payloads: the lowered database's batch, then firing's, per batch (``run_both`` feeds them in turn).
+    assert marks == ["keep:keep-a:0", "keep:keep-b:1", "keep:keep-a:2"] * 2 + ["keep:keep-c:100", "keep:keep-a:101"] * 2
+    assert len({id(payload) for payload in PAYLOADS}) == len(PAYLOADS)
+    assert [row[:1] + row[2:3] for row in state(databases[0], source)] == [("keep-a", 3), ("keep-b", 1), ("keep-c", 1)]
+
+
 def test_a_table_named_by_a_module_constant_is_lowered_and_a_rebound_constant_falls_back(databases, monkeypatch):
     def register(database):
         database.rule(on=database.stream("const"), name="count_by_constant")(count_by_constant)
