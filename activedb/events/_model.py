@@ -75,20 +75,29 @@ class Event:
         return f"{self.kind}{where}{key} in {self.transaction}"
 
 
-_new_object, _set_attribute = object.__new__, object.__setattr__
+_new_object = object.__new__
 _ACTIVEDB_ORIGIN = Origin.ACTIVEDB
 
 
 def new_event(kind: EventKind, source: str | None, key: Hashable = None, old: Mapping[str, object] | None = None,
               new: Mapping[str, object] | None = None, payload: Mapping[str, object] | None = None, ts: object = None, transaction: str | None = None,
               origin: Origin = _ACTIVEDB_ORIGIN) -> Event:
-    """``Event(kind, source, ...)`` — equal to it, as frozen — built with its fields in one dictionary: the
-    dataclass's ``__init__`` sets each of the nine through ``object.__setattr__``, a call per field, and every event a transaction raises (``emit``, ``signal``, each data event) is made here.  The
-    arguments are not checked (no ``__post_init__`` exists to run); ``payload`` None is an empty dict."""
+    """``Event(kind, source, ...)`` — equal to it, as frozen — its fields stored in the instance's dictionary: the
+    dataclass's ``__init__`` sets each of the nine through ``object.__setattr__``, a call per field, and every event
+    a transaction raises (``emit``, ``signal``, each data event) is made here.  (Item by item into the dictionary the
+    new instance has, not a new dictionary given to ``__dict__``, whose replacement costs more than the nine stores.)
+    The arguments are not checked (no ``__post_init__`` exists to run); ``payload`` None is an empty dict."""
     event = _new_object(Event)
-    _set_attribute(event, "__dict__", {"kind": kind, "source": source, "key": key, "old": old, "new": new,
-                                       "payload": {} if payload is None else payload, "ts": ts,
-                                       "transaction": transaction, "origin": origin})
+    fields = event.__dict__
+    fields["kind"] = kind
+    fields["source"] = source
+    fields["key"] = key
+    fields["old"] = old
+    fields["new"] = new
+    fields["payload"] = {} if payload is None else payload
+    fields["ts"] = ts
+    fields["transaction"] = transaction
+    fields["origin"] = origin
     return event
 
 
