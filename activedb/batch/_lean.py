@@ -150,7 +150,7 @@ def _run(declarations: Mapping[str, Declaring], items: list[tuple[int, BatchEven
     # event's row whose function runs the chain, then the insert of the rows it inserted), without declaring them.
     learned = {kind: function for kind, function in declarations.items() if type(function) is LearnedDeclaration}
     # Per chain, the one stream event its rules get, given each event's values in turn (``key_and_event(into=)``).
-    scratch = {chain: chain.scratch_event() for chain in learned.values()}
+    scratch = {chain: chain.scratch_event() for chain in learned.values() if chain.reuses_event}
     writes: list[tuple[State, RowImage | None]] | None
     outputs: dict[str, object] | None
     reason: str | None
@@ -161,7 +161,7 @@ def _run(declarations: Mapping[str, Declaring], items: list[tuple[int, BatchEven
         chain = learned.get(event.event_type) if specs is None and learned else None
         if chain is not None:
             try:
-                key, stream_event = chain.key_and_event(event, scratch[chain])
+                key, stream_event = chain.key_and_event(event, scratch.get(chain))
             except Exception as error:
                 rejected.append((t, f"{type(error).__name__}: {error}"))
                 continue

@@ -77,6 +77,9 @@ class Learned(NamedTuple):
     inserts: frozenset[str] = frozenset()
     #: The names it signals (``tx.signal(NAME, **payload)``): the rules on them run with the chain (``_rules.Reactions``).
     signals: frozenset[str] = frozenset()
+    #: Whether the key expression uses the event itself, not only its ``.key``, ``.ts``, ``.payload`` or ``.source``
+    #: (``KEY = key_of(event)``): the function it passes the event to may keep it.
+    passes_event: bool = False
 
 
 class NotLearned(str):
@@ -208,7 +211,11 @@ def _verdict(action: Callable[..., object], condition: bool = False, roles: tupl
         compiled = compile(ast.fix_missing_locations(ast.Expression(body=key_function)), code.co_filename, "eval")
     except (SyntaxError, ValueError, TypeError):
         return NotLearned(f"its key expression does not compile alone ({_where(code, expression)})")
-    return Learned(table, compiled, event_name, ast.dump(expression), inserts, signals)
+    read = {id(node.value) for node in ast.walk(expression) if isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name) and node.value.id == event_name and node.attr in _EVENT_ATTRIBUTES}
+    passes = any(isinstance(node, ast.Name) and node.id == event_name and id(node) not in read
+                 for node in ast.walk(expression))
+    return Learned(table, compiled, event_name, ast.dump(expression), inserts, signals, passes)
 
 
 def _names(code: CodeType) -> set[str]:
@@ -654,6 +661,9 @@ class LearnedDeclaration:
         # The key expression as a function of the event, in the first action's globals (None: ``event.key``).
         self._key_of: Callable[[Event], Hashable] | None = None if learned.key is None else _function_of(
             learned.key, getattr(self.action, "__globals__", {}))
+        #: Whether the lean run may give the rules one stream event per run (``scratch_event``): not when the key
+        #: expression passes the event itself on (every rule of the chain names the row by that one expression).
+        self.reuses_event = not learned.passes_event
         self._blank = dict(info.blank_row)
         self._columns = len(info.columns)
         self._key_columns = frozenset(info.key_columns)
@@ -755,7 +765,8 @@ class LearnedDeclaration:
         :meth:`scratch_event` given ``event``'s values and returned instead of a new event — the caller runs the
         chain on it (:meth:`run_on`) before the next event.  That is the same to the rules: the static check lets
         a condition or an action use its event only as ``event.key``, ``.ts``, ``.payload`` and ``.source`` (it
-        cannot keep the object, pass it on or compare it), and the payload is still a copy of the event's own."""
+        cannot keep the object, pass it on or compare it — only a key expression can, and a chain whose key expression
+        does is given no scratch event: ``reuses_event``), and the payload is still a copy of the event's own."""
         if into is None:
             stream_event = _stream_event(event, self._transaction)
         else:
