@@ -7,7 +7,7 @@ import sqlalchemy as sa
 
 from benchmarks import BenchReport
 from benchmarks._profile import server_cpu_seconds
-from benchmarks.ingest import _paired_ratio, run
+from benchmarks.ingest import SPLIT_BATCHES, _paired_ratio, run
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -49,7 +49,7 @@ def test_ingest_benchmark_quick(spark, database_url, monkeypatch):
     # the rules' and the peer's on the same events (the same tables), the Python against the server's.
     eca = report.rows[-1]
     assert eca.unit == "µs/event" and eca.value == eca.extra["python_cpu_us"] > 0
-    assert eca.extra["same_result_as_the_peer"] is True and eca.extra["measured_events"] == 6_000
+    assert eca.extra["same_result_as_the_peer"] is True and eca.extra["measured_events"] == (SPLIT_BATCHES - 1) * 1_000
     engine = sa.create_engine(database_url)
     try:
         local_server = server_cpu_seconds(engine) is not None
