@@ -78,6 +78,18 @@ _ATTRIBUTE_EVENT_TYPES: dict[type, bool] = {}
 _ATTRIBUTE_EVENT_TOKEN = [abc.get_cache_token()]
 
 
+def _carries_attributes(event: object) -> bool:
+    """Whether ``event``'s type carries an event as attributes (neither a BatchEvent nor a mapping), asked of the
+    abstract ``Mapping`` once per type and remembered in ``_ATTRIBUTE_EVENT_TYPES``."""
+    kind_of = type(event)
+    attributes = _ATTRIBUTE_EVENT_TYPES.get(kind_of)
+    if attributes is None:
+        attributes = not isinstance(event, (BatchEvent, Mapping))
+        if len(_ATTRIBUTE_EVENT_TYPES) < 256:
+            _ATTRIBUTE_EVENT_TYPES[kind_of] = attributes
+    return attributes
+
+
 def _as_batch_event(event: Any, position: int) -> BatchEvent:
     """``event`` as a :class:`BatchEvent` at ``position``.  Precondition: ``_ATTRIBUTE_EVENT_TYPES`` is current
     (``normalise_events`` checks the ABC cache token once per batch)."""
@@ -89,12 +101,7 @@ def _as_batch_event(event: Any, position: int) -> BatchEvent:
         payload = event.get("payload")
         return _new_event(BatchEvent, (kind, event.get("key"), event.get("ts"), dict(payload) if payload else {},
                                        position))
-    attributes = _ATTRIBUTE_EVENT_TYPES.get(kind_of)
-    if attributes is None:
-        attributes = not isinstance(event, (BatchEvent, Mapping))
-        if len(_ATTRIBUTE_EVENT_TYPES) < 256:
-            _ATTRIBUTE_EVENT_TYPES[kind_of] = attributes
-    if attributes:
+    if _carries_attributes(event):
         kind = getattr(event, "event_type", None)
         if kind is None and getattr(event, "kind", None) == "stream":   # activedb.Event of a stream
             kind = event.source
@@ -118,11 +125,7 @@ def _of_one_attribute_type(events: Iterable[object]) -> list[BatchEvent] | None:
     if not isinstance(events, list) or not events:
         return None
     kind_of = type(events[0])
-    attributes = _ATTRIBUTE_EVENT_TYPES.get(kind_of)
-    if attributes is None:
-        _as_batch_event(events[0], 0)          # (decides, and remembers, whether the type carries them)
-        attributes = _ATTRIBUTE_EVENT_TYPES.get(kind_of)
-    if not attributes:
+    if kind_of is dict or not _carries_attributes(events[0]):
         return None
     for event in events:
         if type(event) is not kind_of:
