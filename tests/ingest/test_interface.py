@@ -1,11 +1,12 @@
 """The ingestion interface's value types: the ledger id's grammar (old ids keep their meaning) and a batch's
 contract checks; a handler not bound to a database says so."""
 
+import dataclasses
 import datetime as dt
 
 import pytest
 
-from activedb.ingest import Batch, LedgerId, Phase, RulesHandler
+from activedb.ingest import Batch, LedgerId, Phase, PhaseTimings, RulesHandler
 from activedb.ingest.errors import IngestError
 
 SPARK_ID = "4c1f2a3b-0d9e-4f5a-8b7c-6d5e4f3a2b1c"
@@ -55,3 +56,12 @@ def test_a_rules_handler_no_ingestion_bound_says_so():
     """A ``RulesHandler`` asked before an ingestion bound it to a database says how it gets one."""
     with pytest.raises(IngestError, match=r"not bound to a database: an Ingestion binds it"):
         RulesHandler().accepted_types()
+
+
+def test_phase_timings_add_up_field_by_field():
+    names = [field.name for field in dataclasses.fields(PhaseTimings)]
+    first = PhaseTimings(*(float(number) for number in range(1, len(names) + 1)))
+    second = PhaseTimings(*(10.0 * number for number in range(1, len(names) + 1)))
+    total = first + second
+    assert {name: getattr(total, name) for name in names} == {
+        name: getattr(first, name) + getattr(second, name) for name in names}
