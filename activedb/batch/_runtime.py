@@ -125,7 +125,7 @@ def _of_one_attribute_type(events: Iterable[object]) -> list[BatchEvent] | None:
     if not isinstance(events, list) or not events:
         return None
     kind_of = type(events[0])
-    if kind_of is dict or not _carries_attributes(events[0]):
+    if not _carries_attributes(events[0]):
         return None
     for event in events:
         if type(event) is not kind_of:
