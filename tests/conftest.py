@@ -71,6 +71,7 @@ SERVER_SUITE = (
     "activedb/test_rules.py",
     "activedb/test_outbox.py",
     "activedb/test_connect.py",
+    "activedb/test_test_databases.py",
     "capture/test_capture.py",
     "capture/test_cli.py",
     "capture/test_crash.py",

@@ -4,7 +4,7 @@
 A test database is a copy of a *template* — a database migrated once per session and set of migrations
 (activedb's own revisions, then the application's Alembic directories in order) — made with ``CREATE DATABASE …
 TEMPLATE``, which copies files instead of running the migrations again; it is dropped with ``DROP DATABASE … WITH
-(FORCE)`` (PostgreSQL 13 or later).  Names carry the process id, so concurrent test sessions never meet.
+(FORCE)`` (PostgreSQL 13 or later; see :func:`drop_database` for autovacuum).  Names carry the process id, so concurrent test sessions never meet.
 
 Thread-safety: :class:`Templates` is used by one thread (pytest's); ``_mutex`` protects its counters anyway.
 """
@@ -16,6 +16,7 @@ import hashlib
 import itertools
 import os
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, Protocol
@@ -93,10 +94,44 @@ def _quoted(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-def drop_database(server: Server, name: str) -> None:
-    """Drop ``name`` if it exists, ending the sessions still connected to it."""
+#: How long :func:`drop_database` keeps trying while processes it may not end are in the database.
+DROP_PATIENCE_SECONDS = 60.0
+
+
+def drop_database(server: Server, name: str, *, patience: float = DROP_PATIENCE_SECONDS) -> None:
+    """Drop ``name`` if it exists, ending the sessions still connected to it.
+
+    ``WITH (FORCE)`` ends the sessions, but only those the user may signal: a user who is not a superuser may not
+    end an autovacuum worker, and autovacuum may visit any database at any moment; PostgreSQL then refuses the
+    whole drop ("must be a member of the role whose process is being terminated").  A plain ``DROP DATABASE`` asks
+    autovacuum workers to leave and waits up to 5 s for them (and for nothing else), so on that refusal the drop is
+    tried plainly, then forced again, for ``patience`` seconds; after that a :class:`DatabaseFixtureError` names the
+    processes still there.
+    """
+    import psycopg.errors
+
+    deadline = time.monotonic() + patience
     with _admin(server, f"drop database {name!r} on") as admin:
-        admin.execute(f"DROP DATABASE IF EXISTS {_quoted(name)} WITH (FORCE)")
+        while True:
+            try:
+                admin.execute(f"DROP DATABASE IF EXISTS {_quoted(name)} WITH (FORCE)")
+                return
+            except psycopg.errors.InsufficientPrivilege:
+                pass
+            try:
+                admin.execute(f"DROP DATABASE IF EXISTS {_quoted(name)}")
+                return
+            except psycopg.errors.ObjectInUse:
+                pass
+            if time.monotonic() >= deadline:
+                staying = admin.execute(
+                    "SELECT pid, coalesce(backend_type, 'type hidden') || coalesce(', role ' || usename, '') "
+                    "FROM pg_stat_activity WHERE datname = %s ORDER BY pid", (name,)).fetchall()
+                listed = ", ".join(f"pid {pid} ({what})" for pid, what in staying) or "none now"
+                raise DatabaseFixtureError(
+                    f"cannot drop database {name!r} on the test server: after {patience:g} s processes this user "
+                    f"may not end are still connected to it ({listed}); end them (pg_terminate_backend as a "
+                    f"superuser) or grant the test user pg_signal_backend, then drop it")
 
 
 def create_database(server: Server, name: str, template: str | None = None) -> str:

@@ -1,0 +1,164 @@
+"""The test kit's throw-away databases are dropped by a user who is not a superuser, whoever else is in them.
+
+``DROP DATABASE … WITH (FORCE)`` refuses the whole drop when a process the user may not signal is connected, and an
+autovacuum worker is one such process for every user but a superuser; it came in the middle of the suite's own
+teardown once (``.ci/run``'s server part). These tests put such processes in a database on purpose: an autovacuum
+worker held there by a table whose vacuum is made to crawl, and a session of another role.
+
+On the embedded server its superuser makes the dropping role (``CREATEDB``, nothing more) and turns autovacuum's nap
+down to a second for the test; against another server (``.ci/run``'s server part) the test user is already no
+superuser, ``.ci/with-distribution-postgres`` starts the server with a one-second nap, and ``ACTIVEDB_TEST_OTHER_URL``
+names the other role.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import time
+from typing import Iterator
+
+import psycopg
+import pytest
+import sqlalchemy as sa
+from psycopg import sql
+
+from activedb import _embedded
+from activedb.testing._databases import Server, ServerAtUrl, create_database, drop_database
+from activedb.testing.errors import DatabaseFixtureError
+
+DROPPER_ROLE = "activedb_test_dropper"
+OTHER_ROLE = "activedb_test_other"
+OTHER_URL = "ACTIVEDB_TEST_OTHER_URL"
+#: Bounded waits: for autovacuum to send a worker, for the dropped database to be gone.
+WAIT_SECONDS = 120.0
+
+
+def _superuser(server: Server) -> psycopg.Connection:
+    assert isinstance(server, _embedded.EmbeddedServer)
+    return psycopg.connect(server.conninfo("postgres"), autocommit=True)
+
+
+def _role(server: Server, role: str, attributes: str) -> str:
+    """Make (or reset) ``role`` with ``attributes`` on the embedded server; its password."""
+    password = secrets.token_hex(16)
+    with _superuser(server) as admin:
+        exists = admin.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,)).fetchone()
+        admin.execute(sql.SQL("{} ROLE {} LOGIN NOSUPERUSER {} PASSWORD {}").format(
+            sql.SQL("ALTER" if exists else "CREATE"), sql.Identifier(role), sql.SQL(attributes),
+            sql.Literal(password)))
+    return password
+
+
+@pytest.fixture(scope="module")
+def dropper(pg_server) -> Server:
+    """The server as seen by a user who may create databases and is not a superuser."""
+    if not isinstance(pg_server, _embedded.EmbeddedServer):
+        with psycopg.connect(pg_server.conninfo("postgres")) as connection:
+            superuser = connection.execute("SELECT rolsuper FROM pg_roles WHERE rolname = current_user").fetchone()
+        if superuser and superuser[0]:
+            pytest.skip("the test server's user is a superuser, who may end any process")
+        return pg_server
+    password = _role(pg_server, DROPPER_ROLE, "CREATEDB")
+    return ServerAtUrl(sa.make_url(pg_server.url("postgres")).set(username=DROPPER_ROLE, password=password))
+
+
+@contextlib.contextmanager
+def _nap_of_one_second(pg_server) -> Iterator[None]:
+    """Autovacuum looks at each database every second while inside (the embedded server; another server must have
+    been started so, else the test is skipped)."""
+    if not isinstance(pg_server, _embedded.EmbeddedServer):
+        with psycopg.connect(pg_server.conninfo("postgres")) as connection:
+            nap = connection.execute(
+                "SELECT setting::int FROM pg_settings WHERE name = 'autovacuum_naptime'").fetchone()
+        if nap is None or nap[0] > 5:
+            pytest.skip(f"autovacuum_naptime is {nap and nap[0]} s on the test server: the test waits for an "
+                        f"autovacuum worker, so start the server with -c autovacuum_naptime=1 "
+                        f"(.ci/with-distribution-postgres does)")
+        yield
+        return
+    with _superuser(pg_server) as admin:
+        admin.execute("ALTER SYSTEM SET autovacuum_naptime = '1s'")
+        admin.execute("SELECT pg_reload_conf()")
+    try:
+        yield
+    finally:
+        with _superuser(pg_server) as admin:
+            admin.execute("ALTER SYSTEM RESET autovacuum_naptime")
+            admin.execute("SELECT pg_reload_conf()")
+
+
+def _others_in(server: Server, name: str) -> list[tuple[int, str]]:
+    """The processes connected to database ``name`` but this one: (pid, backend type or '?' if hidden)."""
+    with psycopg.connect(server.conninfo("postgres"), autocommit=True) as connection:
+        rows = connection.execute(
+            "SELECT pid, coalesce(backend_type, '?') FROM pg_stat_activity "
+            "WHERE datname = %s AND pid <> pg_backend_pid()", (name,)).fetchall()
+    return [(pid, kind) for pid, kind in rows]
+
+
+def _exists(server: Server, name: str) -> bool:
+    with psycopg.connect(server.conninfo("postgres"), autocommit=True) as connection:
+        return connection.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone() is not None
+
+
+def test_a_database_an_autovacuum_worker_is_in_is_dropped_by_a_user_who_may_not_end_it(pg_server, dropper):
+    name = f"t_dropped_under_autovacuum_{os.getpid()}"
+    with _nap_of_one_second(pg_server):
+        url = create_database(dropper, name)
+        with psycopg.connect(dropper.conninfo(name), autocommit=True) as owner:
+            # Every dead row calls for a vacuum, and the vacuum sleeps 100 ms for each page it reads: the worker
+            # stays for seconds, long enough to be found there and dropped over.
+            owner.execute("CREATE TABLE crawl (n int) WITH (autovacuum_vacuum_threshold = 0, "
+                          "autovacuum_vacuum_scale_factor = 0, autovacuum_analyze_threshold = 0, "
+                          "autovacuum_analyze_scale_factor = 0, autovacuum_vacuum_cost_delay = 100, "
+                          "autovacuum_vacuum_cost_limit = 1)")
+            owner.execute("INSERT INTO crawl SELECT generate_series(1, 50000)")
+            owner.execute("DELETE FROM crawl")
+        seen: list[tuple[int, str]] = []
+        deadline = time.monotonic() + WAIT_SECONDS
+        while not seen and time.monotonic() < deadline:
+            seen = _others_in(dropper, name)
+            if not seen:
+                time.sleep(0.2)
+        assert seen, f"no autovacuum worker came to {name} within {WAIT_SECONDS:g} s (nap of one second)"
+        assert sa.make_url(url).database == name
+        drop_database(dropper, name)
+    assert not _exists(dropper, name), f"{name} is still there after drop_database; in it: {_others_in(dropper, name)}"
+
+
+@pytest.fixture
+def other_session(pg_server, dropper) -> Iterator[tuple[str, psycopg.Connection]]:
+    """A database the dropper made and a session of another role (no superuser, not the dropper's) inside it."""
+    name = f"t_dropped_under_another_role_{os.getpid()}"
+    create_database(dropper, name)
+    if isinstance(pg_server, _embedded.EmbeddedServer):
+        password = _role(pg_server, OTHER_ROLE, "NOCREATEDB NOCREATEROLE")
+        conninfo = psycopg.conninfo.make_conninfo(pg_server.conninfo(name), user=OTHER_ROLE, password=password)
+        role = OTHER_ROLE
+    else:
+        configured = os.environ.get(OTHER_URL)
+        if not configured:
+            pytest.fail(f"this test needs a second role on the server under test: set {OTHER_URL} to the URL of a "
+                        f"role that is not a superuser (.ci/with-distribution-postgres does)")
+        other_url = sa.make_url(configured).set(drivername="postgresql", database=name)
+        conninfo = other_url.render_as_string(hide_password=False)
+        role = other_url.username or "?"
+    with psycopg.connect(conninfo, autocommit=True) as session:
+        yield role, session
+    drop_database(dropper, name)
+
+
+def test_a_session_the_user_may_not_end_fails_the_drop_with_who_is_there_and_what_to_do(dropper, other_session):
+    role, session = other_session
+    name = session.info.dbname
+    pid = session.info.backend_pid
+    with pytest.raises(DatabaseFixtureError) as raised:
+        drop_database(dropper, name, patience=1.0)
+    said = str(raised.value)
+    assert f"cannot drop database {name!r}" in said
+    assert f"pid {pid} (" in said and f"role {role})" in said
+    assert "pg_terminate_backend as a superuser" in said and "pg_signal_backend" in said
+    assert session.execute("SELECT 1").fetchone() == (1,), "the other role's session was ended"
+    assert _exists(dropper, name)
