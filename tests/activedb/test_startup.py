@@ -15,11 +15,11 @@ import stat
 import traceback
 from pathlib import Path
 
-import psycopg
 import pytest
 
 import activedb
 from activedb import _embedded
+from activedb.testing._databases import create_database, drop_database
 from tests.conftest import APP_MIGRATIONS
 
 PROCESSES = 4
@@ -254,15 +254,12 @@ def test_processes_starting_a_stopped_server_together_all_succeed(tmp_path, pg_s
 
 def test_processes_upgrading_an_empty_database_together_all_succeed(pg_server):
     names = [f"t_startup_race_{repetition}" for repetition in range(REPETITIONS)]
-    with psycopg.connect(pg_server.conninfo("postgres"), autocommit=True) as admin:
-        for name in names:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-            admin.execute(f'CREATE DATABASE "{name}"')
+    for name in names:
+        create_database(pg_server, name)
     try:
         outcomes = _run_together(_upgrade_empty_databases, [pg_server.url(name) for name in names])
         assert len(outcomes) == PROCESSES * REPETITIONS
         assert not _failures(outcomes), "\n".join(_failures(outcomes))
     finally:
-        with psycopg.connect(pg_server.conninfo("postgres"), autocommit=True) as admin:
-            for name in names:
-                admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        for name in names:
+            drop_database(pg_server, name)

@@ -395,15 +395,17 @@ def test_concurrent_inserts_of_generated_keys_do_not_conflict(db):
 
 
 def _terminate_backends(database):
-    """Kill every server process of this database (from a connection outside its pool): every
-    pooled connection dies."""
+    """Kill every session of this database's user (from a connection outside its pool): every pooled connection
+    dies.  Only the user's own: on a server where it is no superuser it may not end an autovacuum worker that
+    happens to be in the database."""
     import psycopg
 
     url = database.engine.url
     # the embedded server's socket directory (a query parameter), or another server's host and port
     with psycopg.connect(host=url.host or url.query["host"], port=url.port, user=url.username, password=url.password,
                          dbname="postgres", autocommit=True) as admin:
-        admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (url.database,))
+        admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s "
+                      "AND usename = current_user AND pid <> pg_backend_pid()", (url.database,))
 
 
 def test_lost_connection_is_a_clear_error_and_loses_nothing(db):
