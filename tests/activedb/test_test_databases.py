@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
-import time
 from typing import Iterator
 
 import psycopg
@@ -25,13 +24,14 @@ import sqlalchemy as sa
 from psycopg import sql
 
 from activedb import _embedded
+from activedb.testing import wait_until
 from activedb.testing._databases import Server, ServerAtUrl, create_database, drop_database
 from activedb.testing.errors import DatabaseFixtureError
 
 DROPPER_ROLE = "activedb_test_dropper"
 OTHER_ROLE = "activedb_test_other"
 OTHER_URL = "ACTIVEDB_TEST_OTHER_URL"
-#: Bounded waits: for autovacuum to send a worker, for the dropped database to be gone.
+#: The bounded wait for autovacuum to send a worker into the test's database.
 WAIT_SECONDS = 120.0
 
 
@@ -116,13 +116,7 @@ def test_a_database_an_autovacuum_worker_is_in_is_dropped_by_a_user_who_may_not_
                           "autovacuum_vacuum_cost_limit = 1)")
             owner.execute("INSERT INTO crawl SELECT generate_series(1, 50000)")
             owner.execute("DELETE FROM crawl")
-        seen: list[tuple[int, str]] = []
-        deadline = time.monotonic() + WAIT_SECONDS
-        while not seen and time.monotonic() < deadline:
-            seen = _others_in(dropper, name)
-            if not seen:
-                time.sleep(0.2)
-        assert seen, f"no autovacuum worker came to {name} within {WAIT_SECONDS:g} s (nap of one second)"
+        wait_until(lambda: _others_in(dropper, name), WAIT_SECONDS, f"an autovacuum worker in {name}")
         assert sa.make_url(url).database == name
         drop_database(dropper, name)
     assert not _exists(dropper, name), f"{name} is still there after drop_database; in it: {_others_in(dropper, name)}"
