@@ -4,7 +4,8 @@
 A test database is a copy of a *template* — a database migrated once per session and set of migrations
 (activedb's own revisions, then the application's Alembic directories in order) — made with ``CREATE DATABASE …
 TEMPLATE``, which copies files instead of running the migrations again; it is dropped with ``DROP DATABASE … WITH
-(FORCE)`` (PostgreSQL 13 or later; see :func:`drop_database` for autovacuum).  Names carry the process id, so concurrent test sessions never meet.
+(FORCE)`` (PostgreSQL 13 or later; :func:`drop_database` says what it does about autovacuum).  Names carry the process
+id, so concurrent test sessions never meet.
 
 Thread-safety: :class:`Templates` is used by one thread (pytest's); ``_mutex`` protects its counters anyway.
 """
