@@ -15,22 +15,19 @@ from __future__ import annotations
 
 import contextlib
 import os
-import secrets
 from typing import Iterator
 
 import psycopg
 import pytest
 import sqlalchemy as sa
-from psycopg import sql
 
 from activedb import _embedded
 from activedb.testing import wait_until
 from activedb.testing._databases import Server, ServerAtUrl, create_database, drop_database
 from activedb.testing.errors import DatabaseFixtureError
+from tests._roles import make_role, other_role
 
 DROPPER_ROLE = "activedb_test_dropper"
-OTHER_ROLE = "activedb_test_other"
-OTHER_URL = "ACTIVEDB_TEST_OTHER_URL"
 #: The bounded wait for autovacuum to send a worker into the test's database.
 WAIT_SECONDS = 120.0
 
@@ -38,17 +35,6 @@ WAIT_SECONDS = 120.0
 def _superuser(server: Server) -> psycopg.Connection:
     assert isinstance(server, _embedded.EmbeddedServer)
     return psycopg.connect(server.conninfo("postgres"), autocommit=True)
-
-
-def _role(server: Server, role: str, attributes: str) -> str:
-    """Make (or reset) ``role`` with ``attributes`` on the embedded server; its password."""
-    password = secrets.token_hex(16)
-    with _superuser(server) as admin:
-        exists = admin.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,)).fetchone()
-        admin.execute(sql.SQL("{} ROLE {} LOGIN NOSUPERUSER {} PASSWORD {}").format(
-            sql.SQL("ALTER" if exists else "CREATE"), sql.Identifier(role), sql.SQL(attributes),
-            sql.Literal(password)))
-    return password
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +46,7 @@ def dropper(pg_server) -> Server:
         if superuser and superuser[0]:
             pytest.skip("the test server's user is a superuser, who may end any process")
         return pg_server
-    password = _role(pg_server, DROPPER_ROLE, "CREATEDB")
+    password = make_role(pg_server, DROPPER_ROLE, "CREATEDB")
     return ServerAtUrl(sa.make_url(pg_server.url("postgres")).set(username=DROPPER_ROLE, password=password))
 
 
@@ -127,18 +113,7 @@ def other_session(pg_server, dropper) -> Iterator[tuple[str, psycopg.Connection]
     """A database the dropper made and a session of another role (no superuser, not the dropper's) inside it."""
     name = f"t_dropped_under_another_role_{os.getpid()}"
     create_database(dropper, name)
-    if isinstance(pg_server, _embedded.EmbeddedServer):
-        password = _role(pg_server, OTHER_ROLE, "NOCREATEDB NOCREATEROLE")
-        conninfo = psycopg.conninfo.make_conninfo(pg_server.conninfo(name), user=OTHER_ROLE, password=password)
-        role = OTHER_ROLE
-    else:
-        configured = os.environ.get(OTHER_URL)
-        if not configured:
-            pytest.fail(f"this test needs a second role on the server under test: set {OTHER_URL} to the URL of a "
-                        f"role that is not a superuser (.ci/with-distribution-postgres does)")
-        other_url = sa.make_url(configured).set(drivername="postgresql", database=name)
-        conninfo = other_url.render_as_string(hide_password=False)
-        role = other_url.username or "?"
+    role, conninfo = other_role(pg_server, name, "this test needs")
     with psycopg.connect(conninfo, autocommit=True) as session:
         yield role, session
     drop_database(dropper, name)

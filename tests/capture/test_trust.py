@@ -9,38 +9,20 @@ part) ``ACTIVEDB_TEST_OTHER_URL`` names one (``.ci/with-distribution-postgres`` 
 from __future__ import annotations
 
 import io
-import os
-import secrets
 
 import psycopg
 import pytest
 import sqlalchemy as sa
 from psycopg import sql
-from psycopg.conninfo import make_conninfo
 
-from activedb import UnknownTable, _embedded
-from tests.capture.conftest import libpq
-
-OTHER_ROLE = "activedb_test_other"
-OTHER_URL = "ACTIVEDB_TEST_OTHER_URL"
+from activedb import UnknownTable
+from tests._roles import other_role
 
 
 @pytest.fixture(scope="module")
 def other(pg_server, database_url) -> str:
     """A libpq connection string of a second role, without any privilege of its own, on this module's database."""
-    database = sa.make_url(database_url).database
-    if not isinstance(pg_server, _embedded.EmbeddedServer):
-        configured = os.environ.get(OTHER_URL)
-        if not configured:
-            pytest.fail(f"the trust tests need a second role on the server under test: set {OTHER_URL} to the URL of "
-                        f"a role that is not a superuser and owns nothing (.ci/with-distribution-postgres does)")
-        return libpq(sa.make_url(configured).set(database=database).render_as_string(hide_password=False))
-    password = secrets.token_hex(16)
-    with psycopg.connect(pg_server.conninfo("postgres"), autocommit=True) as admin:
-        exists = admin.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (OTHER_ROLE,)).fetchone()
-        admin.execute(sql.SQL("{} ROLE {} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE PASSWORD {}").format(
-            sql.SQL("ALTER" if exists else "CREATE"), sql.Identifier(OTHER_ROLE), sql.Literal(password)))
-    return make_conninfo(pg_server.conninfo(database), user=OTHER_ROLE, password=password)
+    return other_role(pg_server, sa.make_url(database_url).database, "the trust tests need")[1]
 
 
 def collect_inserted(db, table: str = "orders") -> list:
