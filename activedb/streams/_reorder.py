@@ -163,9 +163,15 @@ class ReorderBuffer:
         return released
 
 
-def _event_from_mapping(raw: Mapping[str, object]) -> StreamEvent:
+def _event_from_mapping(raw: Mapping[str, object]) -> StreamEvent | Mapping[str, object]:
+    """The event a mapping describes (``type``, ``ts``, ``attributes`` — or, without that key, its other keys —
+    and ``stream``); the mapping itself, which the caller refuses, when its attributes are not a mapping or its
+    stream is not a name."""
     attributes = raw.get("attributes")
     if attributes is None:
         attributes = {key: value for key, value in raw.items() if key not in ("type", "ts", "stream")}
-    return StreamEvent(type=raw.get("type"), ts=raw.get("ts"),  # type: ignore[arg-type]  # (StreamEvent checks) attributes=dict(attributes), stream=raw.get("stream"),
-                       origin=raw)
+    stream = raw.get("stream")
+    if not isinstance(attributes, Mapping) or not (stream is None or isinstance(stream, str)):
+        return raw
+    return StreamEvent(type=raw.get("type"), ts=raw.get("ts"),  # type: ignore[arg-type]  # (resolving checks)
+                       attributes=dict(attributes), stream=stream, origin=raw)

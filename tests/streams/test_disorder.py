@@ -580,3 +580,37 @@ def test_a_saved_meta_row_with_a_field_of_the_wrong_kind_is_named(db):
                                    "NULL) AS json) WHERE engine = 'wrong_kind' AND kind = 'meta'"))
     with pytest.raises(StreamStateError, match=r"row \(kind 'meta', item ''\).*not a whole number.*reset_state"):
         engine(db, name="wrong_kind", record_history=False).feed([])
+
+
+def test_events_given_as_mappings_equal_the_same_stream_events(db):
+    """``process``/``feed`` take an event as a mapping (type, ts, attributes, stream) too: the same outputs and
+    store effects as the StreamEvent objects, attributes and stream kept."""
+    events = random_stream(random.Random(SEED + 1), 120)
+    expected, _ = run_sorted(db, events, name="as-objects")
+    assert expected[2], "the random stream should make Q1 match at least once"
+    reset(db)
+    made = engine(db, name="as-mappings")
+    mappings = [{"type": event.type, "ts": event.ts, "attributes": dict(event.attributes), "stream": "estream"}
+                for event in sorted(events, key=lambda event: event.ts)]
+    result = made.feed(mappings, punctuation=streams.END_OF_STREAM)
+    assert result.dead_letters == ()
+    assert observe(db, result.outputs) == expected
+
+
+@pytest.mark.parametrize("malformed", [
+    {"type": "ENTER", "ts": 1, "attributes": 5, "stream": "estream"},
+    {"type": "ENTER", "ts": 1, "attributes": {"HCW-ID": "w0", "location": "r0"}, "stream": 7},
+    {"type": 5, "ts": 1, "attributes": {"HCW-ID": "w0", "location": "r0"}, "stream": "estream"},
+    {"type": "NO_SUCH_TYPE", "ts": 1, "attributes": {"HCW-ID": "w0", "location": "r0"}, "stream": "estream"},
+], ids=["attributes-not-a-mapping", "stream-not-a-name", "type-not-a-name", "unknown-type"])
+def test_a_malformed_mapping_is_a_dead_letter_and_the_stream_goes_on(db, malformed):
+    """A mapping that does not describe an event becomes a dead letter keeping the mapping as given; the events
+    around it are processed as if it had not been there."""
+    events = random_stream(random.Random(SEED + 2), 60)
+    expected, _ = run_sorted(db, events, name="without-malformed")
+    reset(db)
+    made = engine(db, name="with-malformed")
+    ordered = sorted(events, key=lambda event: event.ts)
+    result = made.feed([*ordered[:30], malformed, *ordered[30:]], punctuation=streams.END_OF_STREAM)
+    assert [letter.event.origin for letter in result.dead_letters] == [malformed]
+    assert observe(db, result.outputs) == expected
