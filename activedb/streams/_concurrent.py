@@ -34,8 +34,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from activedb.store import Key
     from activedb.txn import Transaction, TransactionManager
 
-GRANULARITIES = tuple(Granularity)
-
 logger = logging.getLogger("activedb.streams")
 
 
@@ -153,12 +151,13 @@ class _Run(Observer):
             self.broken = self.broken or error
 
 
-def _overlap(writes: list[tuple[str, Key | None]], touched: list[tuple[str, Key | None]]) -> bool:
-    """Whether a resource of ``writes`` overlaps one of ``touched`` (a table overlaps its rows)."""
-    for table, key in writes:
-        for other_table, other_key in touched:
-            if table == other_table and (key is None or other_key is None or key == other_key):
-                return True
+def _overlap(writer: _Work, work: _Work) -> bool:
+    """Whether a write lock of ``writer`` overlaps a lock of ``work`` (a table overlaps its rows)."""
+    for table, key, mode in writer.resources:
+        if mode is LockMode.WRITE:
+            for other_table, other_key, _ in work.resources:
+                if table == other_table and (key is None or other_key is None or key == other_key):
+                    return True
     return False
 
 
@@ -589,12 +588,8 @@ class LWMScheduler(LockingScheduler):
         batch = run.batch
         stransaction = work.stransaction
         work.writes_first = bool(stransaction.plan.writes) and batch.split_by_rules(stransaction.matchers) is not None
-        touched = [(table, key) for table, key, _ in work.resources]
-        for earlier in run.works[run.floor_index:]:
-            if earlier.writes_first and not earlier.done and _overlap(
-                    [(table, key) for table, key, mode in earlier.resources if mode is LockMode.WRITE], touched):
-                work.may_read_early = True
-                return
+        work.may_read_early = any(earlier.writes_first and not earlier.done and _overlap(earlier, work)
+                                  for earlier in run.works[run.floor_index:])
 
     def _written(self, run: _Run, stransaction: STransaction) -> None:
         """``BatchRun.on_written``: it will write nothing more.  Release its write locks now — the lwm moves
@@ -607,11 +602,9 @@ class LWMScheduler(LockingScheduler):
         if not work.in_attempt:
             if not self._sources_final(work):
                 return
-            touched = [(table, key) for table, key, _ in work.resources]
-            for earlier in run.works[run.floor_index:work.index]:
-                if not (earlier.final or earlier.done) and _overlap(
-                        [(table, key) for table, key, mode in earlier.resources if mode is LockMode.WRITE], touched):
-                    return
+            if any(not (earlier.final or earlier.done) and _overlap(earlier, work)
+                   for earlier in run.works[run.floor_index:work.index]):
+                return
         work.released_early = True
         run.table.release(work.owner)
 
