@@ -203,17 +203,14 @@ class StreamLockTable:
             for (table, key), mode in merged.items():
                 request = Request(owner, table, key, mode)
                 owner.requests[(table, key)] = request
-                self._enqueue(self._tables.setdefault(table, _Table()), request)
+                entry = self._tables.setdefault(table, _Table())
+                entry.requests.append(request)
+                self._enqueue(entry, request)
                 self._counts["requests"] += 1
                 if mode is LockMode.WRITE:
                     self._counts["write_requests"] += 1
 
     def _enqueue(self, table: _Table, request: Request) -> None:
-        """Put ``request`` into ``table``'s queues.  Caller holds ``_mutex``."""
-        table.requests.append(request)
-        self._enqueue_queues(table, request)
-
-    def _enqueue_queues(self, table: _Table, request: Request) -> None:
         """Push ``request`` onto the heaps of ``table`` it belongs to.  Caller holds ``_mutex``."""
         self._serial += 1
         serial, owner, key = self._serial, request.owner, request.key
@@ -319,7 +316,7 @@ class StreamLockTable:
                 return
             owner.released = False
             for request in owner.requests.values():
-                self._enqueue_queues(self._tables[request.table], request)
+                self._enqueue(self._tables[request.table], request)
 
     def granted(self, owner: Owner, table: str, key: Key | None, mode: LockMode) -> bool:
         """Whether an operation of ``owner`` on ``(table, key)`` in ``mode`` may run right now (its request is
