@@ -195,15 +195,23 @@ class BatchRun:
         with self._mutex:
             return self.pending.partition((query, key))
 
-    def _install(self, touched: dict[tuple[str, Key], PartitionState], position: int | None) -> None:
-        """Precondition: the caller holds ``_mutex``."""
+    def _install(self, result: tuple[_Touched, _Fired], position: int | None) -> None:
+        """A committed s-transaction's partition states and outputs become the batch's (``position`` None: every
+        state is newer than the one it replaces).  Precondition: the caller holds ``_mutex``, or the batch runs in
+        one thread (``one_thread``)."""
+        touched, fired = result
         installed_at = self._installed_at
+        overlay = self.pending.overlay
         for key, state in touched.items():
             if position is not None:
                 if installed_at.get(key, -1) > position:
                     continue
                 installed_at[key] = position
-            self.pending.overlay[key] = state if any(state.buffers) or any(state.runs) else None
+            overlay[key] = state if any(state.buffers) or any(state.runs) else None
+        self.processed += 1
+        if fired and self.engine.keep_outputs:
+            for _, _, outputs in fired:
+                self.outputs.extend(outputs)
 
     # --- the whole s-transaction (SEI and schedulers that lock ahead) ---------------------------
 
@@ -474,13 +482,8 @@ class BatchRun:
             all_figures, self._figures = self._figures, []
             self._local = threading.local()
         metrics = self.engine.metrics
-        evaluations: dict[str, list[int]] = {}
         for figures in all_figures:
-            for name, (count, outputs) in figures.evaluations.items():
-                counters = evaluations.setdefault(name, [0, 0])
-                counters[0] += count
-                counters[1] += outputs
-        metrics.queries(evaluations)
+            metrics.queries(figures.evaluations)
         metrics.phase(**{phase: sum(getattr(figures, phase) for figures in all_figures)
                          for phase in ("match", "reads", "rules", "commit")})
         metrics.add(lowered=self.lowered, **{counter: sum(getattr(figures, field) for figures in all_figures)
@@ -489,7 +492,7 @@ class BatchRun:
     def _succeeded(self, result: tuple[_Touched, _Fired], position: int | None, commit: float | None = None) -> None:
         """The s-transaction that ``_body`` returned ``result`` for committed: its partitions' states and outputs
         become the batch's."""
-        touched, fired = result
+        fired = result[1]
         alone = self._alone
         figures = alone or self._mine()
         figures.processed += 1
@@ -505,20 +508,10 @@ class BatchRun:
                         latency += output.sts - max(arrivals)
             figures.query_latency += latency
         if alone is not None:         # (one thread, in order: no mutex, and every state is newer than the last)
-            overlay = self.pending.overlay
-            for key, state in touched.items():
-                overlay[key] = state if any(state.buffers) or any(state.runs) else None
-            self.processed += 1
-            if fired and self.engine.keep_outputs:
-                for _, _, outputs in fired:
-                    self.outputs.extend(outputs)
+            self._install(result, None)
             return
         with self._mutex:
-            self._install(touched, position)
-            self.processed += 1
-            if fired and self.engine.keep_outputs:
-                for _, _, outputs in fired:
-                    self.outputs.extend(outputs)
+            self._install(result, position)
 
     def _failed(self, stransaction: STransaction, error: BaseException) -> None:
         cause = error if isinstance(error, ActionFailed) else f"{type(error).__name__}: {error}"
