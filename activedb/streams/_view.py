@@ -51,12 +51,9 @@ class StoreView:
     def __init__(self, tx: Transaction, stamp: Stamp, history: StreamHistory | None = None,
                  cost: Callable[[str], None] | None = None):
         self.tx = tx
-        self.stamp = stamp
         self._history = history
         self._cost = cost
-        self._phase = self._rank = self._counter = 0      # the step of the next operation (see at())
-        self.origin: str | None = None
-        self.reads = self.writes = 0
+        self.restamp(stamp)
 
     @property
     def ts(self) -> Instant:
@@ -66,8 +63,8 @@ class StoreView:
     def restamp(self, stamp: Stamp) -> None:
         """Serve the unit of work ``stamp`` names from its first step, counted from zero (a view used again)."""
         self.stamp = stamp
-        self._phase = self._rank = self._counter = 0
-        self.origin = None
+        self._phase = self._rank = self._counter = 0      # the step of the next operation (see at())
+        self.origin: str | None = None
         self.reads = self.writes = 0
 
     def at(self, phase: int, rank: int, origin: str) -> None:
@@ -201,8 +198,7 @@ class LockedView(StoreView):
 
     def _before(self, kind: str, table: str, key: Key | None) -> None:
         self._table.acquire(self._owner, table, key, LockMode.READ if kind == "read" else LockMode.WRITE)
-        if self._cost is not None:
-            self._cost(kind)
+        super()._before(kind, table, key)
 
     def _key_of_values(self, table: str, values: Mapping[str, object]) -> Key | None:
         columns = self._catalog.table(table).key_columns
