@@ -23,7 +23,7 @@ from activedb.streams._builders import PatternLike, Returns, RuleAction, query_d
 from activedb.streams._catalog import StoreCatalog, StreamSchema, TableAliases
 from activedb.streams._compile import CompiledQuery, CompiledRule
 from activedb.streams._definitions import Definitions
-from activedb.streams._events import DeadLetter, Punctuation, StreamEvent
+from activedb.streams._events import DeadLetter, Punctuation, StreamEvent, event_row
 from activedb.streams._history import StreamHistory
 from activedb.streams._matcher import PartitionState
 from activedb.streams._metrics import Metrics, StreamStatistics
@@ -246,8 +246,8 @@ class StreamEngine:
         started = time.perf_counter()
         if letters and self.record_dead_letters:
             deadletters.insert(tx, f"streams:{self.name}", batch_id, [
-                deadletters.Letter(letter.reason, _event_row(letter.event),
-                                   _event_row(letter.event, _persist.encode_value)) for letter in letters])
+                deadletters.Letter(letter.reason, event_row(letter.event),
+                                   event_row(letter.event, _persist.encode_value)) for letter in letters])
         if self.durable:
             _persist.save(self, tx, pending)
         self.metrics.phase(state=time.perf_counter() - started)
@@ -302,10 +302,3 @@ class StreamEngine:
 
     def __repr__(self) -> str:
         return f"<StreamEngine {self.name} {self.scheduler.name}: {len(self.queries)} queries, {len(self.rules)} rules>"
-
-
-def _event_row(event: StreamEvent, encode: Callable[[object], object] = lambda value: value) -> dict[str, object]:
-    """A dead letter's row for ``event``: its fields, kept exactly (or each value ``encode``d: JSON-safe)."""
-    return {"type": event.type, "ts": encode(event.ts), "stream": event.stream,
-            "attributes": {key: encode(value) for key, value in dict(event.attributes).items()}}
-

@@ -116,6 +116,12 @@ class DeadLetter:
     punctuation: Punctuation | None = None
 
 
+def event_row(event: StreamEvent, encode: Callable[[object], object] = lambda value: value) -> dict[str, object]:
+    """A dead letter's row for ``event``: its fields, kept exactly (or each value ``encode``d: JSON-safe)."""
+    return {"type": event.type, "ts": encode(event.ts), "stream": event.stream,
+            "attributes": {key: encode(value) for key, value in dict(event.attributes).items()}}
+
+
 def format_ts(ts: object) -> str:
     if isinstance(ts, dt.datetime):
         return ts.isoformat()

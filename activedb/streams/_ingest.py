@@ -15,7 +15,7 @@ from activedb.ingest._ledger import IngestionLedger
 from activedb.ingest._protocol import BatchHandler, BatchInput
 from activedb.ingest.errors import IngestError
 from activedb.streams._engine import StreamEngine
-from activedb.streams._events import END_OF_STREAM, DeadLetter, StreamEvent
+from activedb.streams._events import END_OF_STREAM, DeadLetter, StreamEvent, event_row
 from activedb.streams._metrics import StreamStatistics
 from activedb.streams._scheduler import Scheduler, SchedulerKind
 
@@ -174,8 +174,8 @@ class QueriesHandler(BatchHandler):
             origin = letter.event.origin
             if batch.holds(origin):
                 letters += batch.dead_letters.for_events([(origin, reason)])
-            else:                  # buffered by an earlier batch (or loaded from the saved state)
-                letters.append(_event_letter(reason, letter.event))
+            else:                  # buffered by an earlier batch (or loaded from the saved state): the event itself
+                letters.append(Letter(reason, event_row(letter.event)))
         return letters
 
     holds_back = True        # the engines' reorder buffers
@@ -189,7 +189,7 @@ class QueriesHandler(BatchHandler):
         for engine in self.engines:
             result = engine.process(tx, [], punctuation=END_OF_STREAM)
             processed += result.processed
-            letters += [_event_letter(letter.reason, letter.event) for letter in result.dead_letters]
+            letters += [Letter(letter.reason, event_row(letter.event)) for letter in result.dead_letters]
         batch.dead_letters.insert(tx, letters)
         ledger.events = processed
         ledger.dead_letters = len(letters)
@@ -197,10 +197,3 @@ class QueriesHandler(BatchHandler):
     def statistics(self) -> dict[str, StreamStatistics]:
         """``{engine name: StreamStatistics}`` (throughput, L_query, L_rule, …) of every engine."""
         return {engine.name: engine.statistics() for engine in self.engines}
-
-
-def _event_letter(reason: str, event: StreamEvent) -> Letter:
-    """A dead letter for an engine's event whose row is no longer at hand (held back by an earlier batch):
-    the event itself, kept exactly."""
-    return Letter(reason, {"type": event.type, "ts": event.ts, "stream": event.stream,
-                           "attributes": dict(event.attributes)})
