@@ -239,27 +239,28 @@ class VersionedView(LockedView):
         self._before("read", table, key)
         # A query's Read (phase 0) sees the row as it was before its own s-transaction's Writes, which may
         # already have run (writes first); a rule's sees them.
-        position = self.stamp.position
-        image, sequence, writer = self._versions.read(position, table, key, own=self._phase != 0)
-        if writer is not None and writer != position and self._on_version is not None:
-            self._on_version(writer)
-        if self._validate is not None:
-            self._validate("read", table, key)
+        image, sequence, writer = self._versions.read(self.stamp.position, table, key, own=self._phase != 0)
+        self._saw("read", table, key, writer)
         return self._read(table, key, image, sequence)
 
     def scan(self, table: str, where: Mapping[str, object] | None = None) -> list[RowImage]:
         if not self._versions.tracks_table(table):
             return super().scan(table, where)          # as for read: covered by its own write lock only
         self._before("read", table, None)
-        position = self.stamp.position
-        rows, seen, writers = self._versions.scan(position, table, where, own=self._phase != 0)
+        rows, seen, writers = self._versions.scan(self.stamp.position, table, where, own=self._phase != 0)
+        self._saw("read", table, None, *writers)
+        return self._read(table, None, rows, seen)
+
+    def _saw(self, kind: str, table: str, key: Key | None, *writers: int | None) -> None:
+        """An operation of ``kind`` saw the versions written at ``writers`` (None: the base image): each other
+        s-transaction's is a dependency (``on_version``), and the operation's lock must still be granted
+        (``validate``)."""
         if self._on_version is not None:
             for writer in writers:
-                if writer != position:
+                if writer is not None and writer != self.stamp.position:
                     self._on_version(writer)
         if self._validate is not None:
-            self._validate("read", table, None)
-        return self._read(table, None, rows, seen)
+            self._validate(kind, table, key)
 
     # --- Writes that stay in the versions (``deferred``) ------------------------------------------------
 
@@ -310,12 +311,8 @@ class VersionedView(LockedView):
     def _previous(self, table: str, key: Key) -> RowImage | None:
         """The row as this s-transaction's Write finds it (its own earlier Writes included); the version it
         came from is a dependency, and the Write's lock must still be granted."""
-        position = self.stamp.position
-        previous, _, writer = self._versions.read(position, table, key)
-        if writer is not None and writer != position and self._on_version is not None:
-            self._on_version(writer)          # the new image is built on that version
-        if self._validate is not None:
-            self._validate("write", table, key)
+        previous, _, writer = self._versions.read(self.stamp.position, table, key)
+        self._saw("write", table, key, writer)          # the new image is built on that version
         return previous
 
     def _version(self, table: str, key: Key, image: RowImage | None, values: RowImage | None, operation: str) -> None:
