@@ -51,8 +51,7 @@ def build_engines(db: DatabaseHandle, queries: Queries, scheduler: SchedulerKind
     ``queries`` is a :class:`~activedb.StreamEngine`, a list of them, or a factory
     ``factory(db, scheduler=…)`` (``factory(db)`` without ``scheduler=``) returning one or a list.
     ``scheduler`` (``"sei"``, ``"s2pl"``, ``"lwm"`` or a ``Scheduler``) must be the one each
-    engine was built with."""
-    _check_scheduler(scheduler)
+    engine was built with (``QueriesHandler`` checked its kind)."""
     built: object = queries
     if callable(queries) and not isinstance(queries, StreamEngine):
         built = queries(db) if scheduler is None else queries(db, scheduler=scheduler)
