@@ -11,6 +11,7 @@ operation and its record.
 
 from __future__ import annotations
 
+import itertools
 import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Hashable, Literal, TypeAlias
@@ -66,23 +67,21 @@ class StreamHistory:
     def __init__(self) -> None:
         self.ops: list[tuple[Any, ...]] = []  # StreamOp's fields, made into StreamOps when read
         self._mutex = threading.Lock()
-        self._sequence = 0
+        self._sequence = itertools.count(1)
         # Invariant: _last_write[row] is the sequence of the latest write of a unit that has not aborted.
         self._last_write: dict[tuple[str, Key], int] = {}
         self._undo: dict[str, list[tuple[tuple[str, Key], int | None]]] = {}
 
     def begin(self, unit: str, stransaction: str, event: str, ts: Instant, order: tuple[object, ...]) -> None:
         with self._mutex:
-            self._sequence += 1
-            self.ops.append((self._sequence, "begin", unit, stransaction, event, ts, order))
+            self.ops.append((next(self._sequence), "begin", unit, stransaction, event, ts, order))
             self._undo[unit] = []
 
     def end(self, unit: str, stransaction: str, event: str, ts: Instant, order: tuple[object, ...],
             committed: bool) -> None:
         with self._mutex:
-            self._sequence += 1
-            self.ops.append((self._sequence, "end", unit, stransaction, event, ts, order, None, None, None, None,
-                             None, "committed" if committed else "aborted"))
+            self.ops.append((next(self._sequence), "end", unit, stransaction, event, ts, order, None, None, None,
+                             None, None, "committed" if committed else "aborted"))
             undo = self._undo.pop(unit, None)
             if not committed and undo:
                 for row, previous in reversed(undo):
@@ -97,16 +96,14 @@ class StreamHistory:
         with self._mutex:
             if read_from == "derive":
                 read_from = self._last_write.get((table, key)) if key is not None else self._last_writes(table)
-            self._sequence += 1
-            self.ops.append((self._sequence, "read", unit, stransaction, event, ts, order, origin, table, key, value,
-                             read_from))
+            self.ops.append((next(self._sequence), "read", unit, stransaction, event, ts, order, origin, table, key,
+                             value, read_from))
 
     def write(self, unit: str, stransaction: str, event: str, ts: Instant, order: tuple[object, ...], origin: str,
               table: str, key: Key, value: object, operation: str) -> int:
         """Record a Write; returns its sequence (a multi-version store keeps it with the version)."""
         with self._mutex:
-            self._sequence += 1
-            sequence = self._sequence
+            sequence = next(self._sequence)
             self.ops.append((sequence, "write", unit, stransaction, event, ts, order, origin, table, key, value, None,
                              operation))
             row = (table, key)
@@ -130,8 +127,7 @@ class StreamHistory:
         with self._mutex:
             gone = set(units)
             for unit in units:
-                self._sequence += 1
-                self.ops.append((self._sequence, "end", unit, "", "", None, (), None, None, None, None, None,
+                self.ops.append((next(self._sequence), "end", unit, "", "", None, (), None, None, None, None, None,
                                  "aborted"))
             ended = {op[2]: op[12] for op in self.ops if op[1] == "end"}
             self._last_write = {}
