@@ -258,18 +258,14 @@ def learned_chain(fired: tuple["Rule", ...]) -> tuple[tuple[Step, ...], Learned,
     immediate = _split(fired)
     if isinstance(immediate, NotLearned):
         return immediate
-    fired = immediate[0]
-    groups = priority_groups(fired, key=lambda rule: rule.priority)
-    for group in groups:
-        if len(group) > 1:
-            return NotLearned(f"rules {', '.join(repr(rule.name) for rule in group)} share priority "
-                              f"{group[0].priority}: they may run concurrently, in an order a batch cannot know")
+    ordered = _in_priority_order(immediate[0])
+    if isinstance(ordered, NotLearned):
+        return ordered
     steps: list[Step] = []
-    chain: Learned | None = None    # the first function's that names the row
     named: list[tuple[str, Learned]] = []     # what each condition and action names (a table "": no row)
     inserts: frozenset[str] = frozenset()
     signals: frozenset[str] = frozenset()
-    for rule in (rule for group in groups for rule in group):
+    for rule in ordered:
         action = rule.action_function()
         # An action that writes the row or inserts, or one that at most reads it (a check that raises to reject its
         # event).
@@ -286,8 +282,7 @@ def learned_chain(fired: tuple["Rule", ...]) -> tuple[tuple[Step, ...], Learned,
                 return NotLearned(f"the condition of rule {rule.name!r}: {why_not_learned(condition, True)}")
             named.append((rule.name, reads))
         steps.append((condition, action))
-    for name, learned in named:
-        chain = chain or (learned if learned.table else None)
+    chain = next((learned for _, learned in named if learned.table), None)     # the first function's that names the row
     if chain is None:
         return NotLearned("no rule reads or writes the event's row")
     if not any(learned_table(action) is not None for _, action in steps):
@@ -298,7 +293,18 @@ def learned_chain(fired: tuple["Rule", ...]) -> tuple[tuple[Step, ...], Learned,
                               f"by {'event.key' if not learned.key_source else 'another key expression'}, not "
                               f"{chain.table!r}): all rules of a type must name one row")
     chain = chain._replace(inserts=inserts, signals=signals)
-    return tuple(steps), chain, tuple(rule for group in groups for rule in group)
+    return tuple(steps), chain, ordered
+
+
+def _in_priority_order(fired: tuple["Rule", ...], where: str = "") -> tuple["Rule", ...] | NotLearned:
+    """``fired`` in the order firing runs them, by priority, or why not: two rules of one priority (``where``: what
+    the message says of them besides) may run concurrently, in an order no batch can know."""
+    groups = priority_groups(fired, key=lambda rule: rule.priority)
+    for group in groups:
+        if len(group) > 1:
+            return NotLearned(f"rules {', '.join(repr(rule.name) for rule in group)}{where} share priority "
+                              f"{group[0].priority}: they may run concurrently, in an order a batch cannot know")
+    return tuple(rule for group in groups for rule in group)
 
 
 def _reactions(chain: Learned, fired_by: FiredBy) -> tuple[Reactions, frozenset[str]] | NotLearned:
@@ -321,13 +327,9 @@ def _reactions(chain: Learned, fired_by: FiredBy) -> tuple[Reactions, frozenset[
         split = _split(found, Coupling.DEFERRED)
         if isinstance(split, NotLearned):
             return NotLearned(f"{split} (on the signal {name!r})")
-        groups = priority_groups(split[0], key=lambda rule: rule.priority)
-        for group in groups:
-            if len(group) > 1:
-                return NotLearned(f"rules {', '.join(repr(rule.name) for rule in group)}, deferred on the signal "
-                                  f"{name!r}, share priority {group[0].priority}: they may run concurrently, in an "
-                                  f"order a batch cannot know")
-        ordered = tuple(rule for group in groups for rule in group)
+        ordered = _in_priority_order(split[0], f", deferred on the signal {name!r},")
+        if isinstance(ordered, NotLearned):
+            return ordered
         found_steps: list[Step] = []
         for rule in ordered:
             action, condition = rule.action_function(), rule.condition_function()
