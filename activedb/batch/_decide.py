@@ -36,7 +36,6 @@ class BottomLines:
     """MorphStream's thresholds ("bottom lines") for its decision tree."""
 
     td: float
-    ld: float
     pd: float
     total: float          # TD + LD + PD above this: "many dependencies"
     vdd: float
@@ -45,7 +44,7 @@ class BottomLines:
     @classmethod
     def for_batch(cls, c: int) -> "BottomLines":
         """Streaming Ledger's lines, relative to a batch of ``c`` transactions."""
-        return cls(td=0.2 * c, ld=2.0 * c, pd=0.3 * c, total=0.8 * c, vdd=0.3, abort_ratio=0.7)
+        return cls(td=0.2 * c, pd=0.3 * c, total=0.8 * c, vdd=0.3, abort_ratio=0.7)
 
 
 @dataclass(frozen=True)
