@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import functools
 import inspect
 import textwrap
 import weakref
@@ -156,16 +157,6 @@ def _no_row(key: Hashable) -> RowImage:
     raise AssertionError("a stand-in without a row of its own was asked for one")
 
 
-def _targets(rules: "RuleManager", manager: "TransactionManager", rule: "Rule",
-             cache: dict["Rule", "dict[str, tuple[TableInfo, str]] | None"]) -> "dict[str, tuple[TableInfo, str]] | None":
-    """The tables ``rule``'s firings insert into, with their key's sequence, if they may run in the commit now
-    (:func:`_checked`), cached in ``cache``."""
-    if rule not in cache:
-        found = _checked(rules, manager, rule)
-        cache[rule] = found if isinstance(found, dict) else None
-    return cache[rule]
-
-
 def _checked(rules: "RuleManager", manager: "TransactionManager", rule: "Rule"
              ) -> "dict[str, tuple[TableInfo, str]] | str":
     """The tables ``rule``'s firings insert into, with their key's sequence, if a lowered batch may run them in its
@@ -243,7 +234,7 @@ def plan_in_commit(rules: "RuleManager", transaction: "Transaction",
     leaves out are left to the recorder — a firing its mode does not run (the recorder cancels it), one whose action
     raised or deviated."""
     catalog = transaction.manager.catalog
-    cache: dict[Rule, dict[str, tuple[TableInfo, str]] | None] = {}
+    checked = functools.cache(functools.partial(_checked, rules, transaction.manager))     # rule -> _checked(rule)
     tables: dict[str, tuple[TableInfo, str]] = {}
     # Per rule and its trigger's outcome: its action and one stand-in for all its firings (None: the recorder's);
     # a stand-in keeps nothing of a firing but the rows it inserted, which are taken before the next one runs.
@@ -258,10 +249,9 @@ def plan_in_commit(rules: "RuleManager", transaction: "Transaction",
         else:
             # (A firing whose mode does not run after its trigger's outcome — a causally dependent one on a signal of
             # a rejected event — goes to the recorder, which cancels it and counts it so.)
-            targets = _targets(rules, transaction.manager, rule, cache) if may_run_after(rule.coupling, committed) \
-                else None
+            targets = checked(rule) if may_run_after(rule.coupling, committed) else None
             runner = None
-            if targets is not None:
+            if isinstance(targets, dict):
                 tables.update(targets)
                 inserts = {table: info for table, (info, _) in targets.items()}
                 runner = (rule.action_function(), _RowTransaction("", None, None, _no_row, inserts))
