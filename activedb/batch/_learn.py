@@ -297,6 +297,10 @@ class _Shape(NamedTuple):
     signals: frozenset[str] = frozenset()
 
 
+#: The calls of ``tx`` an action may make besides reading and writing its row, each given one name (a table, a signal's
+#: name) and the rest by keyword: what that rest is.
+_NAMED_CALLS = {"insert": "a table (a string or a module's constant) and the columns",
+                "signal": "a name (a string or a module's constant) and the payload"}
 #: How many helper calls deep the check follows ``tx`` (a helper passing it to a helper passing it on ...).
 _HELPER_DEPTH = 3
 # (helper function, tx position, event position, condition, on a signal) -> its shape or why not.
@@ -382,22 +386,13 @@ def _uses(function: ast.FunctionDef, tx_name: str, event_name: str, code: CodeTy
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and isinstance(
                 node.func.value, ast.Name) and node.func.value.id == tx_name:
             method = node.func.attr
-            if method == "insert" and not condition:
-                table = table_of(node.args[0]) if len(node.args) == 1 else None
-                if table is None:
-                    return refuse(f"calls {tx_name}.insert with other than a table (a string or a module's constant) "
-                                  f"and the columns by keyword", node)
-                if id(node) not in unused:
-                    return refuse(f"uses the key {tx_name}.insert returns", node)
-                inserts.add(table)
-                allowed.add(id(node.func.value))
-                continue
-            if method == "signal" and not condition:
+            if method in _NAMED_CALLS and not condition:
                 name = table_of(node.args[0]) if len(node.args) == 1 else None
                 if name is None:
-                    return refuse(f"calls {tx_name}.signal with other than a name (a string or a module's constant) "
-                                  f"and the payload by keyword", node)
-                signals.add(name)
+                    return refuse(f"calls {tx_name}.{method} with other than {_NAMED_CALLS[method]} by keyword", node)
+                if method == "insert" and id(node) not in unused:
+                    return refuse(f"uses the key {tx_name}.insert returns", node)
+                (inserts if method == "insert" else signals).add(name)
                 allowed.add(id(node.func.value))
                 continue
             if method not in (("read",) if condition else ("read", "write")):
