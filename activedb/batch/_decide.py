@@ -278,13 +278,11 @@ class DecisionModel:
         cyclic = None
         if values.td_per_op >= MIN_TD_PER_OP and values.pd_per_op <= MAX_PD_PER_OP:
             cyclic = has_group_cycle(tpg)
-            if cyclic:
-                granularity = Granularity.OPERATION
-                reasons.append("f-schedule: the key groups form a cycle")
-            else:
-                granularity = Granularity.KEY_GROUP
-                reasons.append(f"c-schedule: acyclic, TD/op {values.td_per_op:.2f} >= {MIN_TD_PER_OP}, "
-                               f"PD/op {values.pd_per_op:.2f} <= {MAX_PD_PER_OP}")
+            granularity = _choose(
+                reasons, not cyclic,
+                (Granularity.KEY_GROUP, f"c-schedule: acyclic, TD/op {values.td_per_op:.2f} >= {MIN_TD_PER_OP}, "
+                                        f"PD/op {values.pd_per_op:.2f} <= {MAX_PD_PER_OP}"),
+                (Granularity.OPERATION, "f-schedule: the key groups form a cycle"))
         else:
             granularity = Granularity.OPERATION
             reasons.append(f"f-schedule: TD/op {values.td_per_op:.2f}, PD/op {values.pd_per_op:.2f}")
