@@ -5,6 +5,7 @@ matplotlib are for pictures and reports only, never the executor's hot path.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -72,11 +73,10 @@ def render_tpg(transactions: StateTransactions, events: Iterable[object], path: 
     lanes = graph.graph["lanes"]
     positions = {node: (data["t"] * 2.2, -data["lane"]) for node, data in graph.nodes(data=True)}
     # Spread operations of one transaction on one lane (they cannot share a state, but be safe).
-    seen: dict[tuple[float, float], int] = {}
+    seen: Counter[tuple[float, float]] = Counter()
     for node, (x, y) in list(positions.items()):
-        count = seen.get((x, y), 0)
-        seen[(x, y)] = count + 1
-        positions[node] = (x + 0.5 * count, y)
+        positions[node] = (x + 0.5 * seen[x, y], y)
+        seen[x, y] += 1
     width = max(6.0, 1.9 * (1 + max((data["t"] for _, data in graph.nodes(data=True)), default=0)))
     height = max(3.0, 1.2 * (len(lanes) + 1))
     figure, axes = plt.subplots(figsize=(width, height))
@@ -103,7 +103,7 @@ def render_tpg(transactions: StateTransactions, events: Iterable[object], path: 
                if state in (OpState.EXE, OpState.ABT)]
     axes.legend(handles=legend, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
     aborted = graph.graph["aborted"]
-    caption = title or f"TPG of {len({d['t'] for _, d in graph.nodes(data=True)})} transactions ({strategy})"
+    caption = title or f"TPG of {len(times)} transactions ({strategy})"
     if aborted:
         caption += "\naborted: " + "; ".join(f"t={t}: {reason}" for t, reason in sorted(aborted.items()))
     axes.set_title(caption, fontsize=9)

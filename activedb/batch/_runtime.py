@@ -26,7 +26,7 @@ from activedb.batch._parallel import WorkerPool
 from activedb.batch._plan import Txn, build_tpg
 from activedb.batch._result import BatchResult, BatchStatistics, Part
 from activedb.batch._route import Allowed, Router, Routing, route, touched_states
-from activedb.batch._state import Loader, Read, WriteCheck
+from activedb.batch._state import Loader, WriteCheck
 from activedb.batch._strategy import DecisionRule, Split, Strategy, parse_strategy
 from activedb.batch.errors import WorkerFailed
 from activedb.store import RowImage

@@ -61,10 +61,8 @@ def apply_batch(tx: Transaction, events: Iterable[object], transactions: StateTr
             check(table, key, info.key(key))
         return tx.read(table, key)
 
-    base: dict[State, RowImage | None] = {}
-    for table, keys in states.items():
-        for key, image in tx.read_many(table, keys, lock=lock).items():
-            base[(table, key)] = image
+    base: dict[State, RowImage | None] = {(table, key): image for table, keys in states.items()
+                                           for key, image in tx.read_many(table, keys, lock=lock).items()}
     prefetch_seconds = time.perf_counter() - started
     result = execute_batch(transactions, prepared.batch, base, loader=load, declared=declared,
                            strategy=strategy, processes=processes, split=split, declare_seconds=prepared.seconds)
