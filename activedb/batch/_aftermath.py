@@ -110,10 +110,7 @@ def _computes_only(function: object, depth: int) -> str | None:
         if why is not None:
             break
     if depth == 0:      # (deeper, a verdict may be a depth limit's)
-        try:
-            _PURE[function] = why
-        except TypeError:
-            pass
+        _PURE[function] = why
     return why
 
 

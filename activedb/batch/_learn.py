@@ -147,10 +147,7 @@ def _cached(function: Callable[..., object], condition: bool, on_signal: bool) -
         return NotLearned(f"{function!r} is not a plain Python function")
     checked = _verdict(function, condition, on_signal=on_signal)
     verdict = checked if not isinstance(checked, _Shape) else NotLearned("(a helper's shape)")   # (roles None: none)
-    try:
-        cache[function] = verdict
-    except TypeError:
-        pass
+    cache[function] = verdict       # (weak-referenceable and hashable: the lookup above raised KeyError)
     return verdict
 
 
