@@ -154,34 +154,6 @@ def perform_in(tx: "Transaction", specs: list[OpSpec]) -> None:
             tx.insert(table, **row)
 
 
-class _DeclaredRules:
-    """The batch form of declared rules and of learned plain rules (``activedb.ingest``'s ``BatchLowering``):
-    :func:`lower`, :func:`apply_lowered`, and :meth:`refused`.  Stateless."""
-
-    @staticmethod
-    def lower(rules: "RuleManager", transaction: "Transaction", event_types: Iterable[str],
-              cache: dict[object, object] | None = None) -> "Lowered | None":
-        return lower(rules, transaction, event_types, cache)
-
-    @staticmethod
-    def apply(rules: "RuleManager", transaction: "Transaction", events: Iterable[object], lowered: "Lowered",
-              **options: Any) -> PendingBatch:
-        return apply_lowered(rules, transaction, events, lowered, **options)
-
-    @staticmethod
-    def refused(failure: BaseException) -> bool:
-        """Whether ``failure`` (a failed commit) is a lowered attempt refused because a learned rule's action
-        did something its lowered form cannot do (:class:`~activedb.batch.errors.LoweringRefused`): the batch is
-        to run event by event."""
-        return any(isinstance(cause, LoweringRefused) for cause in causes(failure))
-
-
-#: The lowering of rules the ingestion core's rule path uses (``activedb.ingest.BatchLowering``): offered by a
-#: declared rule's action (``DeclaredAction.batch_lowering``) and by the database (``Database.rule_lowering``).
-RULE_LOWERING = _DeclaredRules()
-DeclaredAction.batch_lowering = RULE_LOWERING
-
-
 @dataclass(frozen=True)
 class Lowered:
     """Stream event types whose rules :func:`lower` lowered: ``transactions`` declares each type's state
@@ -861,3 +833,24 @@ def _on_rows(rules: "RuleManager", transaction: "Transaction", reactions: Reacti
                               transaction.id)
             firings.extend((rules.firing(rule, event), transaction.id, committed) for rule in found)
     return firings
+
+
+class _DeclaredRules:
+    """The batch form of declared rules and of learned plain rules (``activedb.ingest``'s ``BatchLowering``):
+    :func:`lower`, :func:`apply_lowered`, and :meth:`refused`.  Stateless."""
+
+    lower = staticmethod(lower)
+    apply = staticmethod(apply_lowered)
+
+    @staticmethod
+    def refused(failure: BaseException) -> bool:
+        """Whether ``failure`` (a failed commit) is a lowered attempt refused because a learned rule's action
+        did something its lowered form cannot do (:class:`~activedb.batch.errors.LoweringRefused`): the batch is
+        to run event by event."""
+        return any(isinstance(cause, LoweringRefused) for cause in causes(failure))
+
+
+#: The lowering of rules the ingestion core's rule path uses (``activedb.ingest.BatchLowering``): offered by a
+#: declared rule's action (``DeclaredAction.batch_lowering``) and by the database (``Database.rule_lowering``).
+RULE_LOWERING = _DeclaredRules()
+DeclaredAction.batch_lowering = RULE_LOWERING
