@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable, Hashable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 from typing import Any, TypeAlias
 
@@ -288,15 +288,15 @@ class Routing:
     ``declared`` = index → specs of the events declared here (no plan), ``predicted`` = how
     many events were routed by a plan."""
 
-    bins: list[list[int]] = field(default_factory=list)
-    states: list[set[State]] = field(default_factory=list)
-    unbounded: list[set[str]] = field(default_factory=list)
-    components: int = 0
-    largest_share: float = 1.0
-    bin_share: float = 1.0
-    declared: dict[int, list[OpSpec] | str] = field(default_factory=dict)
-    predicted: int = 0
-    weights: list[int] = field(default_factory=list)
+    bins: list[list[int]]
+    states: list[set[State]]
+    unbounded: list[set[str]]
+    components: int
+    largest_share: float
+    bin_share: float
+    declared: dict[int, list[OpSpec] | str]
+    predicted: int
+    weights: list[int]
 
 
 def route(router: Router, declare: Callable[[BatchEvent], list[OpSpec]], batch: list[BatchEvent], count: int,
@@ -304,7 +304,6 @@ def route(router: Router, declare: Callable[[BatchEvent], list[OpSpec]], batch: 
     """Predict (or declare) the states of every event of ``batch``, find the components, pack
     them into ``count`` bins.  ``declare(event) -> specs`` raises for events that cannot be
     declared (they are rejected; they touch nothing).  ``declared``: specs already known."""
-    routing = Routing()
     ids_of: dict[str, dict[Hashable, int]] = {}          # table (or "#table" for markers) -> key -> number
     parents: list[int] = []               # union-find over the numbers
     states_of_number: list[State] = []           # number -> its state
@@ -312,7 +311,7 @@ def route(router: Router, declare: Callable[[BatchEvent], list[OpSpec]], batch: 
     weights = [1] * len(batch)
     plans = router.plans
     unroutable = router.unroutable
-    known = routing.declared
+    known: dict[int, list[OpSpec] | str] = {}
     predicted = 0
     unbounded_of: dict[int, tuple[str, ...]] = {}
     plan_ids: dict[str, tuple[dict[Hashable, int], ...]] = {}       # event type -> the key dicts of its plan's tables
@@ -349,7 +348,6 @@ def route(router: Router, declare: Callable[[BatchEvent], list[OpSpec]], batch: 
             first = _union_all(states, ids_of, parents, states_of_number)
             weights[index] = len(states) or 1
         firsts[index] = first
-    routing.predicted = predicted
     # Every state of an unbounded table joins the table's marker: any row of it may be written.
     if unbounded_of:
         markers = ids_of["#table"]
@@ -371,9 +369,7 @@ def route(router: Router, declare: Callable[[BatchEvent], list[OpSpec]], batch: 
             members[root] = [index]
         else:
             group.append(index)
-    routing.components = len(members)
     total = max(1, sum(weights))
-    routing.weights = weights
     loads = [0] * count
     bins: list[list[int]] = [[] for _ in range(count)]
     bin_of_root: dict[int, int] = {}
@@ -390,18 +386,15 @@ def route(router: Router, declare: Callable[[BatchEvent], list[OpSpec]], batch: 
         loads[target] += weight
         bins[target].extend(group)
         bin_of_root[root] = target
-    routing.largest_share = largest / total
-    routing.bin_share = max(loads) / total
-    routing.bins = [sorted(group) for group in bins]
     states_of: list[set[State]] = [set() for _ in range(count)]
     for number, state in enumerate(states_of_number):
         if state[0] != "#table":
             states_of[bin_of_root[find(number)]].add(state)
-    routing.states = states_of
-    routing.unbounded = [set() for _ in range(count)]
+    unbounded_of_bin: list[set[str]] = [set() for _ in range(count)]
     for index, tables in unbounded_of.items():
-        routing.unbounded[bin_of_root[find(firsts[index])]].update(tables)
-    return routing
+        unbounded_of_bin[bin_of_root[find(firsts[index])]].update(tables)
+    return Routing([sorted(group) for group in bins], states_of, unbounded_of_bin, len(members), largest / total,
+                   max(loads) / total, known, predicted, weights)
 
 
 def _union_all(states: list[State], ids_of: dict[str, dict[Hashable, int]], parents: list[int],
