@@ -69,11 +69,9 @@ def all_strategies() -> list[Strategy]:
 def parse_strategy(text: str | Strategy) -> Strategy:
     if isinstance(text, Strategy):
         return text
-    parts = str(text).lower().split("/")
     try:
-        if len(parts) != 3:
-            raise ValueError
-        return Strategy(Exploration(parts[0]), Granularity(parts[1]), AbortMode(parts[2]))
+        exploration, granularity, abort = str(text).lower().split("/")     # (not three parts: a ValueError too)
+        return Strategy(Exploration(exploration), Granularity(granularity), AbortMode(abort))
     except ValueError:
         raise StrategyError(f"unknown strategy {text!r}: write exploration/granularity/abort, e.g. 'ns/f/e' or "
                             f"'bfs/c/l' (exploration bfs|dfs|ns, granularity f|c, abort e|l), or 'auto' or "
