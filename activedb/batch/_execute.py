@@ -282,7 +282,6 @@ class TpgExecutor:
             self.units, self._cyclic = key_groups(self.tpg)
             for unit in self.units:
                 unit.pending = sum(1 for op in unit.ops for parent in op.parents if parent.unit is not unit)
-                unit.remaining = len(unit.ops)
             runnable: list[Any] = [unit for unit in self.units if unit.pending == 0]    # (units, or operations)
         else:
             runnable = [op for op in ops if op.pending == 0]

@@ -94,8 +94,7 @@ class RoutePlan:
         """The predicted states of ``event``; None if its fields do not fit the plan.  (A key
         that is not hashable fails where the caller looks the state up.)"""
         try:
-            states: list[State] = self._states(event)
-            return states
+            return self._states(event)
         except (KeyError, TypeError, IndexError):
             return None
 
