@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Callable, TypeAlias, TypeVar
 import sqlalchemy as sa
 
 from activedb._closedset import ClosedSet
+from activedb.events import seconds
 from activedb.store import jsonable
 
 from activedb.atomic import _compensate, _graph
@@ -235,8 +236,7 @@ class Batches:
         """Delete lineage recorded more than ``older_than`` ago (a timedelta or seconds), with its batches
         and undo images; returns how many transactions were forgotten.  Compensation of a batch needs its
         lineage: prune only what you will never compensate."""
-        seconds = older_than.total_seconds() if isinstance(older_than, datetime.timedelta) else float(older_than)
         with self.db.engine.begin() as connection:
             return connection.execute(sa.text(
                 "DELETE FROM activedb_lineage WHERE recorded_at < now() - make_interval(secs => :s)"),
-                {"s": seconds}).rowcount
+                {"s": seconds(older_than)}).rowcount

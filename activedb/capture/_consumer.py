@@ -27,6 +27,7 @@ from activedb.capture._position import (KINDS, CapturedChange, Position, Positio
                                         register)
 from activedb.capture.errors import CaptureConflict, CaptureError, CaptureNotInstalled, ConsumerStopped
 from activedb.errors import DatabaseUnavailable, TransactionAborted
+from activedb.events import seconds
 from activedb.ingest import Ingestion, LedgerId
 from activedb.rules import FiringOutcome
 
@@ -111,7 +112,7 @@ class CaptureConsumer:
         self._database = database
         self.name = name
         self.batch_size = batch_size
-        self.retention_seconds = retention.total_seconds() if isinstance(retention, dt.timedelta) else float(retention)
+        self.retention_seconds = seconds(retention)
         if self.retention_seconds < 0:
             raise CaptureError(f"retention must not be negative, got {retention!r}")
         self.prune_interval = prune_interval

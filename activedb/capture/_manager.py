@@ -18,6 +18,7 @@ from activedb.capture._position import prune
 from activedb.capture._status import (BEHIND_CHANGES, BEHIND_SECONDS, CapturedTable, CaptureStatus, capture_status,
                                       captured_tables)
 from activedb.capture.errors import CaptureError, CaptureNotInstalled
+from activedb.events import seconds
 from activedb.ingest import forget_run
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -95,9 +96,9 @@ class CaptureManager:
     def prune(self, retention: float | dt.timedelta = 0.0) -> int:
         """Remove changes every consumer has handled and older than ``retention``; returns the commits
         removed (consumers prune by themselves every ``prune_interval``)."""
-        seconds = retention.total_seconds() if isinstance(retention, dt.timedelta) else float(retention)
+        age = seconds(retention)
         total = 0
-        while removed := prune(self._database.engine, seconds):
+        while removed := prune(self._database.engine, age):
             total += removed
         return total
 

@@ -23,7 +23,7 @@ from lockmgr import TxnState
 from activedb import lowlevel
 from activedb.clock import SYSTEM_CLOCK, Clock
 from activedb.errors import GeneratedKeysReset
-from activedb.events import EventKind
+from activedb.events import EventKind, seconds
 from activedb.outbox import _records
 from activedb.outbox._executor import GROUP_TRANSACTION, Executor, Work, describe_error
 from activedb.outbox._recording import TreeFirings, TreeState, always, new_record, requires_commit
@@ -419,11 +419,11 @@ class Outbox:
         pending records — so the table need not keep it; but compensating a batch (``db.batches``) follows the
         detached firings it triggered through these records: prune only what you will never compensate, as
         ``db.batches.prune`` says of lineage.  Failed and pending records are kept."""
-        seconds = older_than.total_seconds() if isinstance(older_than, datetime.timedelta) else float(older_than)
-        if not seconds >= 0:
+        age = seconds(older_than)
+        if not age >= 0:
             raise ValueError(f"outbox.prune(older_than=...) takes a non-negative age, got {older_than!r}")
         with self.catalog.engine.begin() as connection:
-            return _records.prune_done(connection, seconds)
+            return _records.prune_done(connection, age)
 
     def retry_failed(self, ids: Iterable[int] | None = None) -> int:
         """Make failed records pending again (``ids``, or all of them) and run a recovery pass; returns how
