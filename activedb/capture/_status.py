@@ -97,21 +97,20 @@ def capture_status(engine: sa.Engine, *, behind_changes: int = BEHIND_CHANGES,
                    behind_seconds: float = BEHIND_SECONDS) -> CaptureStatus:
     """Read the capture backlog (several queries; counts scan the backlog)."""
     with engine.connect() as connection:
-        installed = connection.execute(sa.text("SELECT to_regclass(:name) IS NOT NULL"),
-                                       {"name": _sql.CHANGES}).scalar()
-        if not installed:
+        if not _exists(connection, _sql.CHANGES):
             return CaptureStatus(installed=False)
         tables = captured_tables(connection)
         now: dt.datetime = connection.execute(sa.text("SELECT now()")).scalar_one()
         consumers = []
         for row in connection.execute(sa.text(_sql.CONSUMER_ROWS)).all():
-            backlog = _backlog(connection, Position(row.position, row.change_id))
+            position = Position(row.position, row.change_id)
+            backlog = _backlog(connection, position)
             oldest = min((table.oldest_committed_at for table in backlog if table.oldest_committed_at is not None),
                          default=None)
             lag = (now - oldest).total_seconds() if oldest is not None else None
             pending = sum(table.changes for table in backlog)
             consumers.append(ConsumerBacklog(
-                name=row.name, position=Position(row.position, row.change_id), handled=row.handled,
+                name=row.name, position=position, handled=row.handled,
                 failed=row.failed, updated_at=row.updated_at, tables=backlog, lag_seconds=lag,
                 behind=pending > behind_changes or (lag is not None and lag > behind_seconds)))
         unconsumed = () if consumers else _backlog(connection, Position())
@@ -123,10 +122,14 @@ def capture_status(engine: sa.Engine, *, behind_changes: int = BEHIND_CHANGES,
 
 def captured_tables(connection: sa.Connection) -> tuple[CapturedTable, ...]:
     """The captured tables (empty if activedb's capture tables are not installed)."""
-    if not connection.execute(sa.text("SELECT to_regclass(:name) IS NOT NULL"), {"name": _sql.TABLES}).scalar():
+    if not _exists(connection, _sql.TABLES):
         return ()
     return tuple(CapturedTable(row.table_name, row.enabled_at, row.trigger_installed)
                  for row in connection.execute(sa.text(_sql.CAPTURED_TABLES)))
+
+
+def _exists(connection: sa.Connection, table: str) -> bool:
+    return bool(connection.execute(sa.text("SELECT to_regclass(:name) IS NOT NULL"), {"name": table}).scalar())
 
 
 def _backlog(connection: sa.Connection, position: Position) -> tuple[TableBacklog, ...]:
