@@ -37,7 +37,8 @@ import signal
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Literal, NoReturn, Sequence, TypeGuard, cast
+from typing import (TYPE_CHECKING, Any, Callable, Iterable, Iterator, Literal, NoReturn, ParamSpec, Sequence, TypeGuard,
+                    TypeVar, cast)
 
 import pytest
 
@@ -55,6 +56,9 @@ if TYPE_CHECKING:  # pragma: no cover
 URL_VARIABLE = "ACTIVEDB_TEST_URL"
 #: Seconds a detached rule firing still running at the end of a test may take before the database is dropped.
 CLOSE_TIMEOUT = 30.0
+
+_Arguments = ParamSpec("_Arguments")
+_Made = TypeVar("_Made")
 
 
 class DatabaseScope(ClosedSet):
@@ -124,29 +128,33 @@ def _fail(error: BaseException) -> NoReturn:
     pytest.fail(f"{type(error).__name__}: {error}", pytrace=False)
 
 
+def _made(make: Callable[_Arguments, _Made], *args: _Arguments.args, **kwargs: _Arguments.kwargs) -> _Made:
+    """``make(*args, **kwargs)``, or an ``ActivedbError`` it raises fails the test (:func:`_fail`)."""
+    try:
+        return make(*args, **kwargs)
+    except ActivedbError as error:
+        problem = error
+    _fail(problem)                          # (outside the except: one line, not a chain of two)
+
+
 # --- fixtures ------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="session")
 def activedb_server(pytestconfig: pytest.Config) -> Server:
     """The PostgreSQL server test databases are made on (see the module docstring)."""
     url = _server_url(pytestconfig)
-    problem: BaseException
     if url:
         try:
             return ServerAtUrl.parse(url)
         except ActivedbError as error:
             problem = DatabaseFixtureError(f"the test server's URL cannot be used: {error}")
-    else:
-        from activedb import _embedded
-        from activedb.extras import Extra, require
+        _fail(problem)                      # (outside the except: one line, not a chain of two)
+    from activedb import _embedded
+    from activedb.extras import Extra, require
 
-        try:
-            require(Extra.EMBEDDED, "activedb's test databases without a server URL (the embedded server)",
-                    otherwise=f"or give a server: --activedb-url URL, the activedb_url setting or {URL_VARIABLE}")
-            return _embedded.start()
-        except ActivedbError as error:      # MissingExtra, EmbeddedServerError
-            problem = error
-    _fail(problem)                          # (outside the except: one line, not a chain of two)
+    _made(require, Extra.EMBEDDED, "activedb's test databases without a server URL (the embedded server)",
+          otherwise=f"or give a server: --activedb-url URL, the activedb_url setting or {URL_VARIABLE}")
+    return _made(_embedded.start)           # (EmbeddedServerError)
 
 
 @pytest.fixture(scope="session")
@@ -214,14 +222,7 @@ def activedb_clock(activedb_settings: DatabaseSettings) -> Clock:
 def activedb_url(activedb_server: Server, activedb_templates: Templates,
                  activedb_settings: DatabaseSettings) -> Iterator[str]:
     """The URL of a fresh database with activedb's schema and the application's migrations; dropped at the end."""
-    made: tuple[str, str] | ActivedbError
-    try:
-        made = activedb_templates.database(activedb_settings.migrations)
-    except ActivedbError as error:
-        made = error
-    if isinstance(made, ActivedbError):
-        _fail(made)
-    name, url = made
+    name, url = _made(activedb_templates.database, activedb_settings.migrations)
     yield url
     drop_database(activedb_server, name)
 
@@ -232,14 +233,7 @@ def activedb_db(activedb_url: str, activedb_clock: Clock, activedb_settings: Dat
     firings still running, for at most ``CLOSE_TIMEOUT`` seconds)."""
     import activedb
 
-    connected: Database | ActivedbError
-    try:
-        connected = activedb.connect(activedb_url, clock=activedb_clock, **activedb_settings.connect)
-    except ActivedbError as error:
-        connected = error
-    if isinstance(connected, ActivedbError):
-        _fail(connected)
-    database = connected
+    database = _made(activedb.connect, activedb_url, clock=activedb_clock, **activedb_settings.connect)
     try:
         yield database
     finally:
