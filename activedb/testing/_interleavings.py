@@ -600,21 +600,14 @@ class _Run(Observer):
         """Caller holds ``condition``."""
         actor: str | None = getattr(self.local, "actor", None)
         if actor is not None:
-            self.actor_roots[actor] += 1
-            count = self.actor_roots[actor]
-            return actor if count == 1 else f"{actor}#{count}"
+            return _numbered(self.actor_roots, actor)
         if transaction.name == GROUP_TRANSACTION:
-            self.other_roots[GROUP_TRANSACTION] += 1
-            count = self.other_roots[GROUP_TRANSACTION]
-            return GROUP_TRANSACTION if count == 1 else f"{GROUP_TRANSACTION}#{count}"
+            return _numbered(self.other_roots, GROUP_TRANSACTION)
         return None                             # not the run's (the application's own threads, recovery)
 
     @staticmethod
     def _child_label(parent: _Tracked, child: Transaction) -> str:
-        name = child.name or "sub"
-        parent.children[name] += 1
-        count = parent.children[name]
-        return f"{parent.label}/{name}" + ("" if count == 1 else f"#{count}")
+        return f"{parent.label}/{_numbered(parent.children, child.name or 'sub')}"
 
     # --- the end ------------------------------------------------------------------------------------
 
@@ -675,6 +668,12 @@ class _Run(Observer):
                 lines.append(f"  {tracked.label} ({tid}, {tracked.tx.state.value}): {state}")
             lines.append(f"actors running: {sorted(self.alive)}; outbox runners: {self.db.outbox.runners}")
         return "\n".join(lines)
+
+
+def _numbered(counter: collections.Counter[str], name: str) -> str:
+    """``name`` counted once more in ``counter``: ``name`` the first time, then ``name#2``, ``name#3``, …"""
+    counter[name] += 1
+    return name if counter[name] == 1 else f"{name}#{counter[name]}"
 
 
 def _key(key: object) -> str:
