@@ -196,17 +196,6 @@ def _columns(letters: Sequence[Letter]) -> list[dict[str, object]]:
             for letter, original in zip(letters, encode_originals([letter.row for letter in letters]))]
 
 
-def _ids(catalog: Catalog, table: str, connection: sa.Connection, count: int, since: dt.datetime | None) -> list[int]:
-    """``count`` ids for letters about to be inserted on ``connection``, ascending: from the catalog's blocks of the
-    table's sequence, where :meth:`Transaction.insert <activedb.txn.Transaction.insert>` takes them (the id order:
-    ``README.md``), checked against a reset of the sequence as the flush checks those."""
-    sequence = catalog.sequence_of(catalog.table_info(table), "id")
-    assert sequence is not None, table        # (an identity column: the migrations')
-    ids, _ = catalog.generated_keys(sequence, count, since)
-    catalog.check_generated_keys(connection, {sequence: ids}, since)
-    return ids
-
-
 def insert(tx: Transaction, query_id: str | None, batch_id: int | None, letters: Sequence[Letter]) -> None:
     """Insert ``letters`` in ``tx`` (an activedb transaction); they commit with it.  Their ids are generated keys
     (``Transaction.insert``: drawn in blocks, checked at the flush), so no round trip per letter or per call."""
@@ -272,11 +261,18 @@ def insert_ahead(database: DatabaseHandle, query_id: str, batch_id: int, positio
     batch's own transaction cannot commit any more).  A re-run of the batch leaves the row out
     (:func:`written_ahead`).  Returns the letter's id."""
     table = database.table(TABLE)
+    catalog = database.catalog
     [row] = _rows(query_id, batch_id, [letter])
     with database.engine.begin() as connection:
-        [letter_id] = _ids(database.catalog, TABLE, connection, 1, None)
-        connection.execute(table.insert().values(**row, id=letter_id, position=position))
-    return letter_id
+        # Its id comes from the catalog's blocks of the table's sequence, where :meth:`Transaction.insert
+        # <activedb.txn.Transaction.insert>` takes them (the id order: ``README.md``), checked against a reset of
+        # the sequence as the flush checks those.
+        sequence = catalog.sequence_of(catalog.table_info(TABLE), "id")
+        assert sequence is not None, TABLE        # (an identity column: the migrations')
+        ids, _ = catalog.generated_keys(sequence, 1, None)
+        catalog.check_generated_keys(connection, {sequence: ids}, None)
+        connection.execute(table.insert().values(**row, id=ids[0], position=position))
+    return ids[0]
 
 
 def written_ahead(connection: sa.Connection, table: sa.Table, query_id: str, batch_id: int) -> dict[int, int]:
