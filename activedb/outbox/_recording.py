@@ -100,7 +100,6 @@ class TreeFirings(CommitParticipant):
         self._seen = 0                        # entries decided in before_flush; later ones (Decided) in write
         self._early: tuple[list[NewRecord], int, list[Firing], list[Firing]] = ([], 0, [], [])
         self._records: list[NewRecord] = []
-        self._storage = 0                     # of the sequence that gave the records' ids
         self._recorded: list[Firing] = []     # the firings behind _records, same order
         self._cancelled: list[Firing] = []
         self._ran: set[int] = set()           # ids of the decided firings the batch ran in its commit (``set_decided``)
@@ -130,7 +129,7 @@ class TreeFirings(CommitParticipant):
             entries = list(self.entries)
         self._seen = len(entries)
         self._early = self._decide(transaction, entries)
-        self._records, self._storage, self._recorded, self._cancelled = self._early
+        self._records, _, self._recorded, self._cancelled = self._early
 
     def _decide(self, transaction: "Transaction", entries: list[tuple["Firing", "Transaction | Decided"]]
                 ) -> tuple[list[NewRecord], int, list["Firing"], list["Firing"]]:
