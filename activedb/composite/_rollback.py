@@ -7,6 +7,7 @@ participant takes itself — it is called by the transaction, outside every engi
 from __future__ import annotations
 
 import collections
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, ContextManager, TypedDict
 
 from activedb import lowlevel
@@ -41,17 +42,16 @@ class _Participant(CommitParticipant):
         self.rollback.restore(self)
 
 
+@dataclass(eq=False)
 class Rollback:
     """The snapshot of the state before the current top-level transaction's first batch."""
 
-    def __init__(self, guard: ContextManager[None], members: Members, evaluation: Evaluation, inputs: InputNode,
-                 counts: collections.Counter[str]):
-        self.guard = guard                   # the engine's mutex, as a context manager
-        self.members = members
-        self.evaluation = evaluation
-        self.inputs = inputs
-        self.counts = counts
-        self.current: _Participant | None = None
+    guard: ContextManager[None]              # the engine's mutex, as a context manager
+    members: Members
+    evaluation: Evaluation
+    inputs: InputNode
+    counts: collections.Counter[str]
+    current: _Participant | None = None
 
     def enlist(self, root: Transaction) -> None:
         """Precondition: the caller holds the engine's mutex.  Snapshot the state and enlist in ``root``

@@ -12,6 +12,7 @@ Thread-safety: a tree is used by one thread (the runner's).
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass, field
 from typing import Protocol, Sequence
 
 from activedb.testing.errors import NondeterministicRun
@@ -27,16 +28,14 @@ class Finish(Protocol):
     def __call__(self, *, abandoned: bool = False) -> None: ...
 
 
+@dataclass(eq=False, slots=True)
 class _Node:
     """A prefix: the steps offered next (None until a run got here) and the explored continuations.  Exhausted
     once every offered step leads to an exhausted node (a leaf offers none)."""
 
-    __slots__ = ("choices", "children", "exhausted")
-
-    def __init__(self) -> None:
-        self.choices: tuple[str, ...] | None = None
-        self.children: dict[str, _Node] = {}
-        self.exhausted = False
+    choices: tuple[str, ...] | None = None
+    children: dict[str, "_Node"] = field(default_factory=dict)
+    exhausted: bool = False
 
 
 class ChoiceTree:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import dataclasses
 import random
 import threading
 import time
@@ -282,9 +281,9 @@ class _Tracked:
     thread: int | None = None    # the thread its body runs in (None: spawned, not started yet)
     ended: bool = False
     # The waits the observer heard begin and not end: (kind, the transaction waited for; None: all children).
-    waits: list[tuple[WaitKind, str | None]] = dataclasses.field(default_factory=list)
-    children: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)   # per name
-    kids: list[str] = dataclasses.field(default_factory=list)       # its children's ids
+    waits: list[tuple[WaitKind, str | None]] = field(default_factory=list)
+    children: collections.Counter[str] = field(default_factory=collections.Counter)   # per name
+    kids: list[str] = field(default_factory=list)       # its children's ids
 
 
 class _BeforeCommit(TransactionExtension):
