@@ -191,7 +191,7 @@ def plan(batches: Compensations, explorer: LineageExplorer, batch: BatchRef, *, 
     already = {tid for tid in chosen if nodes[tid].compensated_by is not None}
     graph = explorer.graph(chosen)
     order = [tid for tid in reversed(list(nx.topological_sort(graph))) if tid not in already]
-    losing = set().union(*(others[tid] for tid in chosen)) if chosen else set()
+    losing = set().union(*(others[tid] for tid in chosen))
     partially = _partially_dropped(explorer, chosen, targets)
     kept = everything - chosen
     undo = _undo_rows(explorer.connection, order)
