@@ -330,15 +330,12 @@ class CompositionEngine:
             compiled = self._queries.get(query)
             if compiled is None:
                 raise DefinitionError(f"no query {query!r} in engine {self.name}")
-            bounds: list[Instant] = []
-            for key, node in self._evaluation.nodes.items():
-                if key[0] == query:
-                    bounds.extend(item.ts.interval.lower for item in node.items())
             syncs = self._members.syncs(compiled.types)
             if syncs is None:
                 return None
-            bounds.extend(syncs)
-            return min(bounds) if bounds else None
+            lowers = [item.ts.interval.lower for (name, _), node in self._evaluation.nodes.items() if name == query
+                      for item in node.items()]
+            return min(lowers + syncs, default=None)
 
     def window(self, last: int | None = None) -> Window:
         """The latest arrivals and composites (at most ``last`` arrivals), for ``activedb.composite.plot``."""
