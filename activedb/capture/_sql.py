@@ -181,10 +181,9 @@ def changes_of(relation: str | None, columns: list[str] | None) -> str:
         quoted = [sql.Identifier(name).as_string() for name in columns]
         rows = ", " + ", ".join([f"o.{name} AS o_{index}" for index, name in enumerate(quoted)]
                                 + [f"n.{name} AS n_{index}" for index, name in enumerate(quoted)])
-        qualified = relation
         joins = f"""
-LEFT JOIN LATERAL jsonb_populate_record(NULL::{qualified}, ch.old_row) o ON ch.old_row IS NOT NULL
-LEFT JOIN LATERAL jsonb_populate_record(NULL::{qualified}, ch.new_row) n ON ch.new_row IS NOT NULL"""
+LEFT JOIN LATERAL jsonb_populate_record(NULL::{relation}, ch.old_row) o ON ch.old_row IS NOT NULL
+LEFT JOIN LATERAL jsonb_populate_record(NULL::{relation}, ch.new_row) n ON ch.new_row IS NOT NULL"""
     return f"""
 SELECT c.position, ch.id, ch.xid::text AS xid, ch.operation, c.committed_at{rows}
 FROM {COMMITS} c
