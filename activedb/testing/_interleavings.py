@@ -560,8 +560,7 @@ class _Run(Observer):
             # actor's thread, which runs alone until it pauses.)
             if not self.open or getattr(self.local, "actor", None) is not None and tracked.parent is None:
                 return
-            pause = _Pause(f"{tracked.label}: begin", transaction.id)
-            self.paused[thread] = pause
+            pause = self._register_pause(thread, tracked, "begin", transaction.id)
         self._wait_for_turn(thread, pause)
 
     def on_commit(self, transaction: Transaction) -> None:
