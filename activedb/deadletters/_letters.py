@@ -25,10 +25,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from activedb._handle import DatabaseHandle
     from activedb.txn import Transaction
 
-__all__ = ["TABLE", "FinalReason", "Letter", "LetterFilter", "LetterRecord", "LetterReplayed", "count", "count_by_reason",
-           "decode_original", "encode_original", "insert", "insert_ahead", "insert_in_flush", "insert_statement",
-           "LettersInsert", "purge", "select", "written_ahead"]
-
 TABLE = "activedb_dead_letters"
 _ARROW_TAG = "$arrow"
 
