@@ -7,13 +7,12 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import json
-import signal
-import threading
 from typing import TYPE_CHECKING, Callable
 
 import click
 
 from activedb.cli import load_app, open_database, register_app
+from activedb.cli.running import StopRequest
 from activedb.metrics import metrics_port_option, start_metrics
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -131,42 +130,39 @@ def consume_command(ctx: click.Context, app: str, name: str, batch_size: int, re
     in progress finishes or is rolled back: exactly once either way), or with --until-caught-up until
     nothing is pending."""
     module = load_app(app, click.ClickException)
-    database = open_database(ctx, writes=True)
-    metrics = None
-    try:
+    with open_database(ctx, writes=True) as database:
         metrics = start_metrics(database, metrics_port)
-        if metrics is not None:
-            click.echo(f"metrics: {metrics.url}")
-        migrations = getattr(module, "MIGRATIONS", None)
-        if migrations:
-            database.upgrade_app(migrations)
-        register_app(module.register, database, app)
-        consumer = database.capture.consumer(name, batch_size=batch_size, retention=retention)
-        if metrics is not None:
-            metrics.watch_consumer(consumer)
-            metrics.watch_ingestion(consumer.ingestion)     # its batches, as any ingestion's
-        if until_caught_up:
-            handled = consumer.run_until_caught_up(lead_timeout=lead_timeout)
-            click.echo(f"capture consumer {name!r}: handled {handled:,} changes, caught up at {consumer.position}")
-            return
-        stop = threading.Event()
-        previous = {number: signal.signal(number, lambda *_: stop.set()) for number in (signal.SIGINT, signal.SIGTERM)}
         try:
-            consumer.start()
-            click.echo(f"capture consumer {name!r} running (Ctrl-C stops)")
-            while not stop.wait(1.0):     # woken by the signal handler (the timeout only re-checks)
-                pass
+            if metrics is not None:
+                click.echo(f"metrics: {metrics.url}")
+            migrations = getattr(module, "MIGRATIONS", None)
+            if migrations:
+                database.upgrade_app(migrations)
+            register_app(module.register, database, app)
+            consumer = database.capture.consumer(name, batch_size=batch_size, retention=retention)
+            if metrics is not None:
+                metrics.watch_consumer(consumer)
+                metrics.watch_ingestion(consumer.ingestion)     # its batches, as any ingestion's
+            if until_caught_up:
+                handled = consumer.run_until_caught_up(lead_timeout=lead_timeout)
+                click.echo(f"capture consumer {name!r}: handled {handled:,} changes, caught up at {consumer.position}")
+                return
+            stop = StopRequest()
+            stop.install()
+            try:
+                consumer.start()
+                click.echo(f"capture consumer {name!r} running (Ctrl-C stops)")
+                while not stop.event.wait(1.0):     # woken by the signal handler (the timeout only re-checks)
+                    pass
+            finally:
+                stop.restore()
+                consumer.close()
+            statistics = consumer.statistics()
+            click.echo(f"capture consumer {name!r}: {statistics.changes:,} changes in {statistics.batches:,} batches, "
+                       f"{statistics.firings:,} firings, {statistics.failed:,} failed; at {statistics.position}")
         finally:
-            for number, handler in previous.items():
-                signal.signal(number, handler)
-            consumer.close()
-        statistics = consumer.statistics()
-        click.echo(f"capture consumer {name!r}: {statistics.changes:,} changes in {statistics.batches:,} batches, "
-                   f"{statistics.firings:,} firings, {statistics.failed:,} failed; at {statistics.position}")
-    finally:
-        if metrics is not None:
-            metrics.close()
-        database.close()
+            if metrics is not None:
+                metrics.close()
 
 
 def register_commands(main_group: click.Group) -> None:

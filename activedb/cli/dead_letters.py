@@ -171,8 +171,7 @@ def replay_command(ctx: click.Context, app: str, ids: tuple[int, ...], query: st
         loaded = load_app(app, require_mapping=True)
     except IngestError as error:
         raise click.ClickException(str(error)) from None
-    database = open_database(ctx, writes=True)
-    try:
+    with open_database(ctx, writes=True) as database:
         letters = deadletters.select(database, letter_filter(ids, query, batch, reason, replayed=False),
                                      limit=limit or None)
         if not letters:
@@ -182,8 +181,6 @@ def replay_command(ctx: click.Context, app: str, ids: tuple[int, ...], query: st
             database.upgrade_app(loaded.migrations)
         register_app(loaded.register, database, loaded.name)
         outcomes = replay_dead_letters(database, loaded, letters)
-    finally:
-        database.close()
     counts = collections.Counter(outcome.outcome for outcome in outcomes)
     queries = sorted({outcome.query_id for outcome in outcomes})
     click.echo(f"replayed {len(outcomes)} dead letter(s) as {', '.join(queries)}: "

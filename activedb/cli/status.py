@@ -38,16 +38,13 @@ def status_command(ctx: click.Context, query_name: str | None, as_json: bool) ->
     from activedb.cli import open_database
     from activedb.ingest import batches_in_progress, ingestion_status
 
-    database = open_database(ctx, writes=False)
-    try:
+    with open_database(ctx, writes=False) as database:
         statuses = ingestion_status(database, query_name)
         in_progress = batches_in_progress(database, query_name)
         splits = split_status(database, query_name)
         detached = database.outbox.statistics()
         failures = database.outbox.failures(limit=20)
         capture = database.capture.status()
-    finally:
-        database.close()
     if as_json:
         document = {
             "ingestion": [dataclasses.asdict(status) for status in statuses],
