@@ -7,15 +7,12 @@ import collections
 import dataclasses
 import json
 import logging
-from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import click
 
 from activedb.cli import _Group, _confirm, console, open_database, register_app
-
-if TYPE_CHECKING:  # pragma: no cover
-    from activedb.deadletters import LetterFilter
 
 _Command = TypeVar("_Command", bound=Callable[..., Any])
 
@@ -30,13 +27,6 @@ def _shortened(text: str, limit: int | None, letter_id: int) -> tuple[str, bool]
     if limit is None or len(text) <= limit:
         return text, False
     return f"{text[:limit]}… ({len(text):,} characters; `activedb dead-letters show {letter_id}` shows all)", True
-
-
-def letter_filter(ids: Iterable[int] = (), query: str | None = None, batch: int | None = None,
-                  reason: str | None = None, replayed: bool | None = None) -> LetterFilter:
-    from activedb.deadletters import LetterFilter
-
-    return LetterFilter(ids=tuple(ids), query=query, batch=batch, reason=reason, replayed=replayed)
 
 
 def letter_filters(function: _Command) -> _Command:
@@ -70,7 +60,7 @@ def letters_list(ctx: click.Context, ids: tuple[int, ...], query: str | None, ba
     """Dead letters, oldest first (not yet replayed unless --all); long reasons and rows are cut."""
     from activedb import deadletters
 
-    selected = letter_filter(ids, query, batch, reason, None if include_replayed else False)
+    selected = deadletters.LetterFilter(ids, query, batch, reason, None if include_replayed else False)
     with open_database(ctx, writes=False) as database:
         letters = deadletters.select(database, selected, limit=limit or None)
         total = deadletters.count(database, selected)
@@ -114,7 +104,7 @@ def letters_show(ctx: click.Context, letter_id: int) -> None:
     from activedb import deadletters
 
     with open_database(ctx, writes=False) as database:
-        letters = deadletters.select(database, letter_filter(ids=[letter_id]))
+        letters = deadletters.select(database, deadletters.LetterFilter(ids=(letter_id,)))
     if not letters:
         raise click.ClickException(f"no dead letter with id {letter_id}")
     letter = dataclasses.asdict(letters[0])
@@ -136,7 +126,7 @@ def letters_purge(ctx: click.Context, ids: tuple[int, ...], query: str | None, b
     """Delete the dead letters that match the filters (all of them without filters). Asks first."""
     from activedb import deadletters
 
-    selected = letter_filter(ids, query, batch, reason, True if only_replayed else None)
+    selected = deadletters.LetterFilter(ids, query, batch, reason, True if only_replayed else None)
     with open_database(ctx, writes=True) as database:
         count = deadletters.count(database, selected)
         if count == 0:
@@ -172,7 +162,7 @@ def replay_command(ctx: click.Context, app: str, ids: tuple[int, ...], query: st
     except IngestError as error:
         raise click.ClickException(str(error)) from None
     with open_database(ctx, writes=True) as database:
-        letters = deadletters.select(database, letter_filter(ids, query, batch, reason, replayed=False),
+        letters = deadletters.select(database, deadletters.LetterFilter(ids, query, batch, reason, replayed=False),
                                      limit=limit or None)
         if not letters:
             click.echo("no dead letters to replay match (`activedb dead-letters list --all` shows replayed ones)")
