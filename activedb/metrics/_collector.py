@@ -5,6 +5,7 @@ design note, ``README.md``.
 
 from __future__ import annotations
 
+import collections
 import logging
 import threading
 from collections.abc import Iterator
@@ -114,16 +115,18 @@ class ActivedbCollector(Collector):
             for outcome in RULE_OUTCOMES:
                 firings.add_metric([rule, outcome], getattr(counters, outcome))
         yield firings
-        yield _gauge("activedb_rules", "Rules declared on this database object", statistics.rules)
-        yield _gauge("activedb_rules_enabled", "Rules enabled", statistics.enabled)
+        yield GaugeMetricFamily("activedb_rules", "Rules declared on this database object", value=statistics.rules)
+        yield GaugeMetricFamily("activedb_rules_enabled", "Rules enabled", value=statistics.enabled)
 
     def _locks(self) -> Iterator[Metric]:
         statistics = self.database.transactions.locks.statistics()
-        yield _counter("activedb_lock_waits", "Lock requests that had to wait", statistics.waits)
-        yield _counter("activedb_deadlocks", "Deadlock cycles resolved by choosing a victim", statistics.deadlocks)
-        yield _counter("activedb_lock_timeouts", "Lock requests that timed out", statistics.timeouts)
-        yield _gauge("activedb_lock_waiting", "Lock requests waiting now", statistics.waiting)
-        yield _gauge("activedb_locks", "Resources with a holder, retainer or waiter now", statistics.locks)
+        yield CounterMetricFamily("activedb_lock_waits", "Lock requests that had to wait", value=statistics.waits)
+        yield CounterMetricFamily("activedb_deadlocks", "Deadlock cycles resolved by choosing a victim",
+                                  value=statistics.deadlocks)
+        yield CounterMetricFamily("activedb_lock_timeouts", "Lock requests that timed out", value=statistics.timeouts)
+        yield GaugeMetricFamily("activedb_lock_waiting", "Lock requests waiting now", value=statistics.waiting)
+        yield GaugeMetricFamily("activedb_locks", "Resources with a holder, retainer or waiter now",
+                                value=statistics.locks)
         transactions = CounterMetricFamily("activedb_transactions", "Transactions (top-level and nested), "
                                            "per event: begun, committed, aborted", labels=["event"])
         for event in ("begun", "committed", "aborted"):
@@ -160,11 +163,10 @@ class ActivedbCollector(Collector):
 
         letters = GaugeMetricFamily("activedb_dead_letters", "Dead letters not yet replayed, per reason (the "
                                     "reason's text before its first colon)", labels=["reason"])
-        per_label: dict[str, int] = {}
+        per_label: collections.Counter[str] = collections.Counter()
         for reason, count in deadletters.count_by_reason(self.database,
                                                          deadletters.LetterFilter(replayed=False)).items():
-            label = reason_label(reason)
-            per_label[label] = per_label.get(label, 0) + count
+            per_label[reason_label(reason)] += count
         for label, count in sorted(per_label.items()):
             letters.add_metric([label], count)
         yield letters
@@ -226,11 +228,3 @@ class ActivedbCollector(Collector):
                 lag.add_metric([statistics.name], statistics.lag_seconds)
         yield from families.values()
         yield lag
-
-
-def _counter(name: str, documentation: str, value: float) -> CounterMetricFamily:
-    return CounterMetricFamily(name, documentation, value=value)
-
-
-def _gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:
-    return GaugeMetricFamily(name, documentation, value=value)
