@@ -163,10 +163,7 @@ class Explanation:
     def save(self, path: str | Path) -> Path:
         """Write the explanation as JSON (atomically: a reader never sees half a file)."""
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        temporary.write_text(json.dumps(asdict(self), indent=1, default=str))
-        os.replace(temporary, path)
+        _write_atomically(path, json.dumps(asdict(self), indent=1, default=str))
         return path
 
     @classmethod
@@ -463,14 +460,20 @@ def process_start_time(pid: int) -> int | None:
 
 def _register(folder: Path) -> None:
     registration = folder / f"{os.getpid()}{REGISTRATION_SUFFIX}"
-    folder.mkdir(parents=True, exist_ok=True)
-    temporary = registration.with_name(f".{registration.name}.tmp")
-    temporary.write_text(json.dumps({"pid": os.getpid(), "start_time": process_start_time(os.getpid())}))
-    os.replace(temporary, registration)
+    _write_atomically(registration, json.dumps({"pid": os.getpid(), "start_time": process_start_time(os.getpid())}))
     with _registered_mutex:
         if not _registered:
             atexit.register(_unregister_all)
         _registered.add(registration)
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` (its directory made if missing) through a temporary file renamed over it: a
+    reader never sees half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    temporary.write_text(text)
+    os.replace(temporary, path)
 
 
 def _unregister_all() -> None:
