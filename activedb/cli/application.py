@@ -36,13 +36,13 @@ class LoadedApp:
 
     name: str
     register: Register
-    mapping: EventMapping | None
-    migrations: Path | None
-    schema: str | StructType | None        # SCHEMA: a DDL string or a StructType
-    known_types: frozenset[str] | None
-    watermark_delay: str | None
-    prefetch: Mapping[str, object] | None
-    from_rate: Callable[[DataFrame], DataFrame] | None
+    mapping: EventMapping | None = None
+    migrations: Path | None = None
+    schema: str | StructType | None = None        # SCHEMA: a DDL string or a StructType
+    known_types: frozenset[str] | None = None
+    watermark_delay: str | None = None
+    prefetch: Mapping[str, object] | None = None
+    from_rate: Callable[[DataFrame], DataFrame] | None = None
     reset: Callable[[Database], object] | None = None
     queries: Any = None
     scheduler: Any = None
@@ -57,7 +57,7 @@ def load_app(spec: AppSpec, *, require_mapping: bool = False) -> LoadedApp:
     Raises :class:`~activedb.ingest.errors.AppLoadError` with what is missing.
     """
     if callable(spec) and not isinstance(spec, (str, Path)):
-        return LoadedApp(app_name(spec), spec, None, None, None, None, None, None, None)
+        return LoadedApp(app_name(spec), spec)
     from activedb.cli import load_app as load_module
 
     text = str(spec)

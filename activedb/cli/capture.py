@@ -42,9 +42,7 @@ def status_command(ctx: click.Context, as_json: bool, behind_changes: int, behin
     with open_database(ctx, writes=False) as database:
         status = database.capture.status(behind_changes=behind_changes, behind_seconds=behind_seconds)
     if as_json:
-        document = dataclasses.asdict(status)
-        document["warnings"] = status.warnings()
-        click.echo(json.dumps(document, indent=2, default=str))
+        click.echo(json.dumps({**dataclasses.asdict(status), "warnings": status.warnings()}, indent=2, default=str))
         return
     from rich.table import Table
 
