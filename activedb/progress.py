@@ -64,24 +64,23 @@ class LineProgress(Progress):
     def start(self, title: str, total: int) -> None:
         self._title, self._total, self._done = title, total, 0
 
-    def _prefix(self) -> str:
-        return f"[{self._label or self._title}] "
+    def _say(self, text: str) -> None:
+        print(f"[{self._label or self._title}] {text}", file=self._stream, flush=True)
 
     @contextlib.contextmanager
     def step(self, description: str) -> Iterator[None]:
         started = time.perf_counter()
         yield
         self._done += 1
-        print(f"{self._prefix()}{self._done}/{self._total} {description}: done in "
-              f"{time.perf_counter() - started:.1f} s", file=self._stream, flush=True)
+        self._say(f"{self._done}/{self._total} {description}: done in {time.perf_counter() - started:.1f} s")
 
     def note(self, text: str) -> None:
-        print(f"{self._prefix()}{text}", file=self._stream, flush=True)
+        self._say(text)
 
     def update(self, done: int, description: str) -> None:
         if done > self._done:
             self._done = done
-            print(f"{self._prefix()}{done}/{self._total} {description}", file=self._stream, flush=True)
+            self._say(f"{done}/{self._total} {description}")
 
 
 class RichProgress(Progress):
