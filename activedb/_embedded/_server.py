@@ -67,11 +67,10 @@ class Runner:
 
     def run(self, argv: list[str], *, input: str | None = None, timeout: float = START_TIMEOUT_SECONDS
             ) -> subprocess.CompletedProcess[str]:
-        if self.how == "service":
-            return subprocess.run(self.command(argv), input=input, capture_output=True, text=True, timeout=timeout,
-                                  check=True, user=self.owner, group=self.group, extra_groups=[])
+        service = self.how == "service"       # (then as the service user, with none of root's groups)
         return subprocess.run(self.command(argv), input=input, capture_output=True, text=True, timeout=timeout,
-                              check=True)
+                              check=True, user=self.owner if service else None, group=self.group if service else None,
+                              extra_groups=[] if service else None)
 
     def own(self, path: Path) -> None:
         """Give a directory activedb just created to the server's owner."""
