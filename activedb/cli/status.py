@@ -135,10 +135,6 @@ def print_detached(console: Console, detached: OutboxStatistics, failures: list[
 
 def print_split_batches(console: Console, statuses: list[SplitBatchStatus]) -> None:
     """The scale-out policies and the split batches with a failed partition (``activedb status``)."""
-    if not statuses:
-        return
-    from rich.table import Table
-
     for status in statuses:
         if status.batch_id is None:
             console.print(f"scale-out query {status.query_name} ({status.partitions} partitions): "
@@ -146,6 +142,8 @@ def print_split_batches(console: Console, statuses: list[SplitBatchStatus]) -> N
     failed = [status for status in statuses if status.batch_id is not None]
     if not failed:
         return
+    from rich.table import Table
+
     table = Table("query", "batch", "policy", "state", "failed partitions", "compensated", "error",
                   title="split batches with a partition that failed for good (activedb_split_failures)")
     for status in failed:
