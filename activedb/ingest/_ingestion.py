@@ -11,6 +11,7 @@ handler (Spark's ``foreachBatch`` does).  No mutex is held while calling the han
 from __future__ import annotations
 
 import datetime as dt
+import functools
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING
 
@@ -119,20 +120,14 @@ class Ingestion:
             if self.lineage:
                 participants = (*participants, self.db.batches.consuming(
                     str(LedgerId.parse(query_id).whole()), batch_id))
-            timings = extra_timings or PhaseTimings()
+            run = functools.partial(run_batch, self.context, self.handler, rows, batch_id, query_id=query_id,
+                                    watermark=watermark, timings=extra_timings or PhaseTimings(), punctuate=punctuate,
+                                    participants=tuple(participants), events=events, fresh=fresh)
             watch = self.context.watch
-            if watch is None:
-                self._book.batch_began(query_id, batch_id, rows)
-                try:
-                    return run_batch(self.context, self.handler, rows, batch_id, query_id=query_id,
-                                     watermark=watermark, timings=timings, punctuate=punctuate,
-                                     participants=tuple(participants), events=events, fresh=fresh)
-                finally:
-                    self._book.batch_ended()
-            return watch.run(query_id, batch_id, rows, lambda: run_batch(
-                self.context, self.handler, rows, batch_id, query_id=query_id, watermark=watermark, timings=timings,
-                punctuate=punctuate, participants=tuple(participants), events=events, fresh=fresh),
-                self.handler.event_in_progress)
+            if watch is not None:
+                return watch.run(query_id, batch_id, rows, run, self.handler.event_in_progress)
+            with self._book.running(query_id, batch_id, rows):
+                return run()
 
     def reject(self, rows: Rows, batch_id: int, *, query_id: str, reason: str,
                participants: Collection[CommitParticipant] = ()) -> BatchOutcome:

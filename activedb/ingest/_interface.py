@@ -19,10 +19,15 @@ from activedb._closedset import ClosedSet
 if TYPE_CHECKING:  # pragma: no cover
     import pyarrow
 
-__all__ = ["Batch", "LedgerId", "Phase", "RowEvent", "Rows", "Source"]
+__all__ = ["Batch", "LedgerId", "Phase", "RowEvent", "Rows", "Source", "row_count"]
 
 #: A batch's rows: mappings of column to value, or an Arrow table (``DataFrame.toArrow()``, Flight, Parquet).
 Rows: TypeAlias = "Sequence[Mapping[str, object]] | pyarrow.Table | pyarrow.RecordBatch"
+
+
+def row_count(rows: Rows) -> int:
+    """How many rows ``rows`` holds (an Arrow table's ``num_rows``, else its length)."""
+    return rows.num_rows if hasattr(rows, "num_rows") else len(rows)
 
 
 class RowEvent(Protocol):
@@ -122,8 +127,7 @@ class Batch:
 
     @property
     def row_count(self) -> int:
-        rows = self.rows
-        return rows.num_rows if hasattr(rows, "num_rows") else len(rows)
+        return row_count(self.rows)
 
 
 @runtime_checkable

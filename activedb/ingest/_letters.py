@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from activedb import deadletters
 from activedb.deadletters import Letter
+from activedb.ingest._interface import row_count
 from activedb.ingest._mapping import Rejected
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -52,9 +53,7 @@ class BatchLetters:
 
     def all_rows(self, reason: str) -> list[Letter]:
         """A letter with ``reason`` for every row of the batch, each keeping its row as delivered."""
-        rows = self._rows
-        count = rows.num_rows if hasattr(rows, "num_rows") else len(rows)
-        originals, shown = self._originals_shown(list(range(count)))
+        originals, shown = self._originals_shown(list(range(row_count(self._rows))))
         return [Letter(reason, original, readable) for original, readable in zip(originals, shown)]
 
     def insert(self, tx: Transaction, letters: Sequence[Letter]) -> None:

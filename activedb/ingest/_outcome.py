@@ -11,10 +11,10 @@ import dataclasses
 import datetime as dt
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sized
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
-from activedb.ingest._interface import Phase
+from activedb.ingest._interface import Phase, Rows, row_count
 
 __all__ = ["RECENT_OUTCOMES", "BatchBook", "BatchInProgress", "BatchOutcome", "FiringInProgress",
            "IngestStatistics", "PhaseTimings"]
@@ -193,15 +193,15 @@ class BatchBook:
 
     # -- batches in progress, failures ------------------------------------------------------------
 
-    def batch_began(self, query_id: str, batch_id: int, rows: Sized) -> None:
-        """Batch ``batch_id`` of ``query_id`` (``rows``) begins on the caller's thread (an ingestion without
-        deadlines: its :class:`~activedb.ingest._watch.Watch` knows its own)."""
-        count = getattr(rows, "num_rows", None)
-        count = len(rows) if count is None else int(count)
-        self._current = (query_id, batch_id, count, time.monotonic(), dt.datetime.now(_UTC))  # (one store)
-
-    def batch_ended(self) -> None:
-        self._current = None
+    @contextlib.contextmanager
+    def running(self, query_id: str, batch_id: int, rows: Rows) -> Iterator[None]:
+        """Batch ``batch_id`` of ``query_id`` (``rows``) runs on the caller's thread while the block runs (an
+        ingestion without deadlines: its :class:`~activedb.ingest._watch.Watch` knows its own)."""
+        self._current = (query_id, batch_id, row_count(rows), time.monotonic(), dt.datetime.now(_UTC))  # (one store)
+        try:
+            yield
+        finally:
+            self._current = None
 
     def in_progress(self) -> BatchInProgress | None:
         """The batch running now, or None (its firings are not known here: a watched ingestion's are)."""

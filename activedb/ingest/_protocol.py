@@ -24,7 +24,7 @@ from activedb import lowlevel
 from activedb.deadletters import FinalReason, Letter
 from activedb.errors import BatchAlreadyCommitted, SerializationConflict
 from activedb.ingest._failures import find_culprits, is_poison_failure, refused_writes, trial
-from activedb.ingest._interface import Phase, RowEvent, Rows
+from activedb.ingest._interface import Phase, RowEvent, Rows, row_count
 from activedb.ingest._ledger import IngestionLedger, batch_committed, ingested_event_ids
 from activedb.ingest._letters import BatchLetters, no_cyclic_gc
 from activedb.ingest._mapping import EventMapping, RawEvent, rows_to_events
@@ -279,18 +279,17 @@ def run_batch(context: BatchContext, handler: BatchHandler, rows: Rows, batch_id
     connector vouches the ledger cannot have the batch but through a duplicate run (``Ingestion.process``).
     Raises only when the batch could not be committed (PostgreSQL unusable, conflicts beyond
     ``batch_attempts``, a refused commit the handler cannot search)."""
-    row_count = rows.num_rows if hasattr(rows, "num_rows") else len(rows)
-    trace = None if context.tracing is None else context.tracing.start(query_id, batch_id, row_count, timings.to_arrow)
-    if trace is None:       # no SDK configured: no span
-        return _run_batch(context, handler, rows, row_count, batch_id, query_id, watermark, timings, punctuate,
-                          participants, events, fresh, None)
+    count = row_count(rows)
+    trace = None if context.tracing is None else context.tracing.start(query_id, batch_id, count, timings.to_arrow)
     try:
-        outcome = _run_batch(context, handler, rows, row_count, batch_id, query_id, watermark, timings, punctuate,
+        outcome = _run_batch(context, handler, rows, count, batch_id, query_id, watermark, timings, punctuate,
                              participants, events, fresh, trace)
     except BaseException as error:
-        trace.end(None, error)
+        if trace is not None:
+            trace.end(None, error)
         raise
-    trace.end(outcome)
+    if trace is not None:       # (None: no SDK configured, no span)
+        trace.end(outcome)
     return outcome
 
 

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, TypeVar, cast
 import sqlalchemy as sa
 
 from activedb import deadletters, lowlevel
+from activedb.ingest._interface import row_count
 from activedb.ingest._letters import BatchLetters
 from activedb.ingest._outcome import BatchInProgress, FiringInProgress
 from activedb.ingest.errors import BatchDeadlineExceeded, IngestError
@@ -271,9 +272,8 @@ class Watch:
             raise IngestError(f"this ingestion abandoned a batch whose rule never returned ({self.abandoned}); it "
                               f"takes no more batches: end this process and start it again (activedb run restarts "
                               f"itself)")
-        row_count = rows.num_rows if hasattr(rows, "num_rows") else len(rows)
         with self._mutex:
-            self._current = _Current(query_id, batch_id, row_count, time.monotonic(), dt.datetime.now(_UTC))
+            self._current = _Current(query_id, batch_id, row_count(rows), time.monotonic(), dt.datetime.now(_UTC))
         reported = False
         try:
             handle = self._runner.submit(call)
