@@ -241,19 +241,16 @@ def _invalid_text_rows(table: pa.Table | pa.RecordBatch, mapping: EventMapping) 
                     repaired.append(data.decode("utf-8", "backslashreplace"))
             columns[index] = pa.array(repaired, type=column.type)
             continue
-        bad = []                                            # a struct or list with text inside: row by row
+        bad = [False] * len(column)                         # a struct or list with text inside: row by row
         for position in range(len(column)):
             try:
                 column.take([position]).validate(full=True)
             except pa.ArrowInvalid:
-                bad.append(position)
+                bad[position] = True
                 reasons.setdefault(position, f"column {name!a} holds text that is not valid UTF-8; read as text it "
                                              f"would become U+FFFD, a value no one sent: the row is not applied, "
                                              f"its dead letter keeps the bytes")
-        flags = [False] * len(column)
-        for position in bad:
-            flags[position] = True
-        columns[index] = pc.if_else(pa.array(flags), pa.scalar(None, column.type), column)
+        columns[index] = pc.if_else(pa.array(bad), pa.scalar(None, column.type), column)
     return pa.Table.from_arrays(columns, schema=table.schema), reasons
 
 

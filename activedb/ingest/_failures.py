@@ -79,9 +79,9 @@ class _TrialStop(CommitParticipant):
 
 
 def trial(db: IngestDatabase, query_name: str, apply: Callable[[Transaction, list[_Event]], None], events: list[_Event],
-          is_refusal: Callable[[BaseException], bool] | None = None) -> BaseException | None:
-    """Run ``apply(tx, events)`` in a transaction that is flushed and then rolled back; the refusal (a poison
-    failure, or what ``is_refusal`` accepts), or None if PostgreSQL took everything."""
+          is_refusal: Callable[[BaseException], bool]) -> BaseException | None:
+    """Run ``apply(tx, events)`` in a transaction that is flushed and then rolled back; the refusal (what
+    ``is_refusal`` accepts: the handler's ``BatchHandler.is_refusal``), or None if PostgreSQL took everything."""
     try:
         with db.transaction(name=f"trial:{query_name}", participants=[_TrialStop()]) as tx:
             db.outbox.mark_replayed(tx)
@@ -89,7 +89,7 @@ def trial(db: IngestDatabase, query_name: str, apply: Callable[[Transaction, lis
     except _TrialPassed:
         return None
     except Exception as failure:
-        if (is_refusal or is_poison_failure)(failure):
+        if is_refusal(failure):
             return failure
         raise
     raise AssertionError("unreachable: a trial never commits")

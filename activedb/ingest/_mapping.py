@@ -280,7 +280,7 @@ def lone_surrogate_reason(line: object, fields: Collection[str]) -> str | None:
     if not isinstance(parsed, dict):
         return None                     # not an object: the corrupt-record column says why
     field = next((name for name, value in parsed.items()
-                  if name in fields and _has_lone_surrogate(value)), None)
+                  if name in fields and _holds_char_in(value, *_SURROGATES)), None)
     if field is None:
         return None
     return (f"field {field!a} holds a lone surrogate (a \\ud800-\\udfff escape without its pair), which Spark's string "
@@ -327,27 +327,26 @@ def _field_holding_escapes(text: str) -> str | None:
         return None
     if not isinstance(parsed, dict):
         return None
-    return next((name for name, value in parsed.items() if _has_escaped_byte(name) or _has_escaped_byte(value)),
-                None)
+    return next((name for name, value in parsed.items()
+                 if _holds_char_in(name, *_ESCAPED_BYTES) or _holds_char_in(value, *_ESCAPED_BYTES)), None)
 
 
-def _has_escaped_byte(value: object) -> bool:
+#: The characters ``surrogateescape`` decodes an invalid byte into (U+DC80 + byte), as (first, last).
+_ESCAPED_BYTES = ("\udc80", "\udcff")
+#: The surrogates, as (first, last): one left in decoded JSON is lone (a pair was decoded into one character).
+_SURROGATES = ("\ud800", "\udfff")
+
+
+def _holds_char_in(value: object, first: str, last: str) -> bool:
+    """Whether a string of the JSON value ``value`` (a field name, a text, nested in objects and arrays) holds a
+    character from ``first`` to ``last``."""
     if isinstance(value, str):
-        return any("\udc80" <= char <= "\udcff" for char in value)
+        return any(first <= char <= last for char in value)
     if isinstance(value, dict):
-        return any(_has_escaped_byte(name) or _has_escaped_byte(item) for name, item in value.items())
+        return any(_holds_char_in(name, first, last) or _holds_char_in(item, first, last)
+                   for name, item in value.items())
     if isinstance(value, list):
-        return any(_has_escaped_byte(item) for item in value)
-    return False
-
-
-def _has_lone_surrogate(value: object) -> bool:
-    if isinstance(value, str):
-        return any("\ud800" <= char <= "\udfff" for char in value)   # a pair was decoded into one character
-    if isinstance(value, dict):
-        return any(_has_lone_surrogate(name) or _has_lone_surrogate(item) for name, item in value.items())
-    if isinstance(value, list):
-        return any(_has_lone_surrogate(item) for item in value)
+        return any(_holds_char_in(item, first, last) for item in value)
     return False
 
 

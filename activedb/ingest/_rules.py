@@ -150,28 +150,25 @@ class RulesHandler(BatchHandler):
             lowering = self._lowering(batch.events[0].event_type)
             lowered = None if lowering is None else lowering.lower(
                 self._rules(), tx, {event.event_type for event in batch.events}, self._lowered)
-            if lowered is not None:
+            if lowering is not None and lowered is not None:
                 self._last_lowering = lowering
                 # One batch of state transactions at commit, the firing record kept (``batch.apply_lowered``).
-                lowering.apply(self._rules(), tx, batch.events, lowered,  # type: ignore[union-attr]  # (it lowered)
+                lowering.apply(self._rules(), tx, batch.events, lowered,
                                rejection=rejection_reason, **batch.at_commit(ledger, refused_may_come_again=True))
                 self._last_lowered = this
                 return
         self._prefetch_rows(tx, batch.events)
-        applied = 0
         failed: list[tuple[RawEvent, str]] = []
         for event in batch.events:     # run_batch has paused the cyclic collector (_batch.no_cyclic_gc)
             reason = self._apply_event(tx, event)
-            if reason is None:
-                applied += 1
-            else:
+            if reason is not None:
                 failed.append((event, reason))
         letters = list(batch.letters) + batch.dead_letters.for_events(failed)
         if failed and ledger.query_name is not None:   # the ids of the events applied: a rejected one may come again
             refused = {id(event) for event, _ in failed}
             ledger.event_ids = [event.event_id for event in batch.events if id(event) not in refused]
         batch.dead_letters.insert(tx, letters)
-        ledger.events = applied
+        ledger.events = len(batch.events) - len(failed)
         ledger.dead_letters = len(letters)
 
     def _lowering(self, event_type: str) -> BatchLowering | None:
