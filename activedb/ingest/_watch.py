@@ -12,6 +12,7 @@ report is written by the thread that waits for the batch, never by the batch's o
 
 from __future__ import annotations
 
+import concurrent.futures
 import datetime as dt
 import logging
 import math
@@ -21,7 +22,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeVar, cast
+from typing import TYPE_CHECKING, TypeVar
 
 import sqlalchemy as sa
 
@@ -144,25 +145,6 @@ class FiringClock(Observer):
         return min(running, key=lambda entry: entry[2], default=None)
 
 
-class _Call:
-    """One call handed to the runner's thread: its outcome once ``done`` is set."""
-
-    def __init__(self, function: Callable[[], object] | None) -> None:
-        self.function = function
-        self.done = threading.Event()
-        self.result: object = None
-        self.error: BaseException | None = None
-
-    def run(self) -> None:
-        try:
-            assert self.function is not None
-            self.result = self.function()
-        except BaseException as error:     # handed to the waiting thread, which raises it
-            self.error = error
-        finally:
-            self.done.set()
-
-
 class _Runner:
     """A daemon thread running one call at a time: the batches of a watched ingestion run here, so that the
     connector's thread can wait with a deadline (a thread that never returns is abandoned with it: a daemon
@@ -171,19 +153,28 @@ class _Runner:
     def __init__(self, name: str) -> None:
         self._name = name
         self._mutex = threading.Lock()     # protects _calls and _thread
-        self._calls: list[_Call] = []
+        self._calls: list[Callable[[], None] | None] = []      # None: close()
         self._wake = threading.Condition(self._mutex)
         self._thread: threading.Thread | None = None
 
-    def submit(self, function: Callable[[], object]) -> _Call:
-        call = _Call(function)
+    def submit(self, function: Callable[[], _T]) -> concurrent.futures.Future[_T]:
+        """Run ``function()`` on the runner's thread; the future of its outcome."""
+        future: concurrent.futures.Future[_T] = concurrent.futures.Future()
+
+        def call() -> None:
+            future.set_running_or_notify_cancel()
+            try:
+                future.set_result(function())
+            except BaseException as error:     # handed to the waiting thread, which raises it
+                future.set_exception(error)
+
         with self._mutex:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
                 self._thread.start()
             self._calls.append(call)
             self._wake.notify()
-        return call
+        return future
 
     def _loop(self) -> None:
         while True:
@@ -191,15 +182,15 @@ class _Runner:
                 while not self._calls:
                     self._wake.wait()
                 call = self._calls.pop(0)
-            if call.function is None:       # close()
+            if call is None:       # close()
                 return
-            call.run()
+            call()
 
     def close(self) -> None:
         with self._mutex:
             if self._thread is None:
                 return
-            self._calls.append(_Call(None))
+            self._calls.append(None)
             self._wake.notify()
 
 
@@ -278,7 +269,7 @@ class Watch:
         try:
             handle = self._runner.submit(call)
             next_report = REPORT_AFTER_SECONDS
-            while not handle.done.wait(self._wait(next_report)):
+            while not concurrent.futures.wait([handle], self._wait(next_report)).done:
                 batch = self.in_progress()
                 if batch is None:       # (not while this thread runs it)
                     continue
@@ -292,9 +283,7 @@ class Watch:
                 self._current = None
             if reported:
                 self._unreport(query_id)
-        if handle.error is not None:
-            raise handle.error
-        return cast(_T, handle.result)
+        return handle.result()
 
     def _wait(self, next_report: float) -> float:
         """How long to wait before looking again: until the next report or the first deadline, at most a second."""
