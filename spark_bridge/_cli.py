@@ -65,10 +65,13 @@ def _watch(query: StreamingQuery, sink: Ingestion, console: Console, stop: StopR
 
     started = time.monotonic()
 
+    def progress() -> str:
+        return progress_line(sink.statistics(), started, sink.batch_in_progress(), starting=STARTING)
+
     def live_line() -> Text:
         # Three columns short of the width: the ``^C`` a terminal echoes must not wrap the line, or the
         # erase at the end would miss it.
-        line = progress_line(sink.statistics(), started, sink.batch_in_progress(), starting=STARTING)
+        line = progress()
         room = max(20, console.width - 3)
         return Text(line if len(line) <= room else line[:room - 1] + "…", no_wrap=True)
 
@@ -81,9 +84,7 @@ def _watch(query: StreamingQuery, sink: Ingestion, console: Console, stop: StopR
             if not query.isActive:
                 return "ended"
             if live is None and time.monotonic() - last_print >= PLAIN_PROGRESS_SECONDS:
-                console.print(progress_line(sink.statistics(), started, sink.batch_in_progress(), starting=STARTING),
-                              highlight=False,
-                              soft_wrap=True)
+                console.print(progress(), highlight=False, soft_wrap=True)
                 last_print = time.monotonic()
     return "stopped"
 

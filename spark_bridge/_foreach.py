@@ -14,6 +14,7 @@ It uses PySpark internals (``DataStreamWriter._spark`` and ``._jwrite``, ``Pytho
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Callable
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -22,8 +23,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql.streaming.readwriter import DataStreamWriter
 
 __all__ = ["foreach_batch"]
-
-_FUNCTION_CLASS: list[type] = []        # the subclass, made on first use (importing this module imports no pyspark)
 
 
 def foreach_batch(writer: DataStreamWriter, func: Callable[[DataFrame, int], None]) -> DataStreamWriter:
@@ -45,28 +44,28 @@ def foreach_batch(writer: DataStreamWriter, func: Callable[[DataFrame, int], Non
     return writer
 
 
+@functools.cache
 def _function_class() -> type:
-    if not _FUNCTION_CLASS:
-        from pyspark.sql.utils import ForeachBatchFunction
+    """The subclass, made on first use (importing this module imports no pyspark)."""
+    from pyspark.sql.utils import ForeachBatchFunction
 
-        class RunBatchFunction(ForeachBatchFunction):
-            """PySpark's ``ForeachBatchFunction`` with the batch session's Python wrapper made once (module
-            docstring)."""
+    class RunBatchFunction(ForeachBatchFunction):
+        """PySpark's ``ForeachBatchFunction`` with the batch session's Python wrapper made once (module
+        docstring)."""
 
-            session_of_run: SparkSession | None = None
+        session_of_run: SparkSession | None = None
 
-            def call(self, jdf: JavaObject, batch_id: int) -> None:
-                from pyspark.sql.dataframe import DataFrame
-                from pyspark.sql.session import SparkSession
+        def call(self, jdf: JavaObject, batch_id: int) -> None:
+            from pyspark.sql.dataframe import DataFrame
+            from pyspark.sql.session import SparkSession
 
-                try:
-                    session = self.session_of_run
-                    if session is None:
-                        session = self.session_of_run = SparkSession(self.session.sparkContext, jdf.sparkSession())
-                    self.func(DataFrame(jdf, session), batch_id)
-                except Exception as error:
-                    self.error = error
-                    raise error
+            try:
+                session = self.session_of_run
+                if session is None:
+                    session = self.session_of_run = SparkSession(self.session.sparkContext, jdf.sparkSession())
+                self.func(DataFrame(jdf, session), batch_id)
+            except Exception as error:
+                self.error = error
+                raise error
 
-        _FUNCTION_CLASS.append(RunBatchFunction)
-    return _FUNCTION_CLASS[0]
+    return RunBatchFunction

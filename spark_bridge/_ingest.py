@@ -176,16 +176,16 @@ def ingest(db: Database, streaming_df: DataFrame, *, mapping: EventMapping, quer
     if options is not None and fields:
         raise IngestError(f"pass options=IngestOptions(…) or its fields as keywords, not both (got options= and "
                           f"{', '.join(sorted(fields))}=)")
-    unknown = sorted(set(fields) - {field.name for field in dataclasses.fields(IngestOptions)})
+    names = [field.name for field in dataclasses.fields(IngestOptions)]
+    unknown = sorted(set(fields) - set(names))
     if unknown:
-        names = [field.name for field in dataclasses.fields(IngestOptions)]
         hints = []
         for name in difflib.get_close_matches(unknown[0], [*names, *_MOVED], n=1, cutoff=0.75):
             hints += [] if name == unknown[0] else [f"did you mean {name}=?"]
             hints += [f"{name}= is the handler's now: {_MOVED[name]}"] if name in _MOVED else []
         hint = f" ({' '.join(hints)})" if hints else ""
         raise IngestError(f"ingest() has no option {unknown[0]!r}{hint}; the options are the fields of IngestOptions: "
-                          f"{', '.join(field.name for field in dataclasses.fields(IngestOptions))}")
+                          f"{', '.join(names)}")
     # (the names were checked above; IngestOptions checks the values)
     options = options or IngestOptions(**fields)  # type: ignore[arg-type]
     try:
