@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import datetime as dt
+import functools
 import importlib
 import pickle
 import threading
@@ -25,7 +26,8 @@ from activedb.atomic import PartitionReport, SplitFailure
 from activedb.cli.application import Register, app_name, load_app
 from activedb.errors import classify
 from activedb.extras import Extra, needs
-from activedb.ingest import BatchOutcome, EventMapping, Ingestion, LedgerId, Phase, PhaseTimings, RulesHandler
+from activedb.ingest import (BatchOutcome, EventMapping, Ingestion, LedgerId, Phase, PhaseTimings, RulesHandler,
+                             as_mapping)
 
 from spark_bridge import _cluster
 from spark_bridge._sink import IngestSink, SinkOptions
@@ -193,15 +195,17 @@ class PartitionedIngestSink(IngestSink):
             _cluster.check_database_for_executors(db.url, str(session.sparkContext.master))
         self.partitions = partitions
         self.app = app
-        self._app_shipped = _cluster.ship_app(session, app)
         self.on_partition_failure = atomic.as_policy(on_partition_failure)
         self._declared: set[str] = set()   # ledger query ids whose policy was recorded; under self._mutex
-        self._prefetch_items = tuple(sorted(rules.prefetch.items()))
         self.lower_declared = rules.lower_declared
         options = {"rule_execution": db.rules.execution, "outbox": db.outbox.options, **(connect_options or {})}
-        self._connect_options = tuple(sorted(options.items()))
-        self._detached_timeout = detached_timeout
-        self._url = db.url.render_as_string(hide_password=False)
+        #: A batch's task, given its ``query_id``, ``batch_id`` and ``watermark``: the rest is the run's.
+        self._task = functools.partial(
+            _PartitionTask, url=db.url.render_as_string(hide_password=False), app=app,
+            mapping=as_mapping(mapping), query_name=self.query_name, known_types=self.context.known_types,
+            prefetch=tuple(sorted(rules.prefetch.items())), connect_options=tuple(sorted(options.items())),
+            detached_timeout=detached_timeout, partitions=partitions, on_partition_failure=self.on_partition_failure,
+            lineage=lineage, lower_declared=rules.lower_declared, app_shipped=_cluster.ship_app(session, app))
 
     def _spark_batch(self, batch_df: DataFrame, batch_id: int, spark_query_id: str, query_id: str, *,
                      execution: JavaObject | None = None) -> None:
@@ -210,14 +214,7 @@ class PartitionedIngestSink(IngestSink):
         self._declare(query_id)
         began = time.perf_counter()
         watermark = self.spark_watermark(spark_query_id, current=execution)
-        task = _PartitionTask(
-            url=self._url, app=self.app, mapping=self.mapping,  # type: ignore[arg-type]  # (bound)
-            query_name=self.query_name, query_id=query_id,
-            batch_id=batch_id, watermark=watermark, known_types=self.context.known_types,
-            prefetch=self._prefetch_items, connect_options=self._connect_options,
-            detached_timeout=self._detached_timeout,
-            partitions=self.partitions, on_partition_failure=self.on_partition_failure,
-            lineage=self.lineage, lower_declared=self.lower_declared, app_shipped=self._app_shipped)
+        task = self._task(query_id=query_id, batch_id=batch_id, watermark=watermark)
         self.phase(Phase.FETCHED, batch_id)
         # Always run the job, also for a batch whose partitions all committed: running it
         # feeds Spark's event-time statistics (see _sink.py), and each task skips by itself.
