@@ -205,9 +205,8 @@ class IngestionLedger(CommitParticipant):
     def _refused(self, error: BaseException) -> BaseException | None:
         """``BatchAlreadyCommitted`` if ``error`` is a unique violation of the ledger (this batch's row exists)."""
         orig = getattr(error, "orig", None)
-        if getattr(orig, "sqlstate", None) != _UNIQUE_VIOLATION:
-            return None
-        if getattr(getattr(orig, "diag", None), "table_name", None) != LEDGER_TABLE:
+        if (getattr(orig, "sqlstate", None) != _UNIQUE_VIOLATION
+                or getattr(getattr(orig, "diag", None), "table_name", None) != LEDGER_TABLE):
             return None
         return self._duplicate()
 
