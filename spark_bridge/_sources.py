@@ -97,16 +97,16 @@ CORRUPT_COLUMN = "_corrupt_record"
 LINE_COLUMN = "_line"        # EventMapping.line_column's default
 
 
-def with_corrupt_column(schema: str | StructType, name: str = CORRUPT_COLUMN) -> StructType:
-    """``schema`` (a DDL string or ``StructType``) plus Spark's corrupt-record column ``name`` (text): a line
+def with_corrupt_column(schema: str | StructType) -> StructType:
+    """``schema`` (a DDL string or ``StructType``) plus Spark's corrupt-record column (text): a line
     Spark cannot read against the schema keeps its original text there (``columnNameOfCorruptRecord``)."""
     from pyspark.sql import types
 
     struct = _struct_schema(schema)
     assert struct is not None, "a schema is a DDL string or a StructType"
-    if name in struct.fieldNames():
+    if CORRUPT_COLUMN in struct.fieldNames():
         return struct
-    return types.StructType([*struct.fields, types.StructField(name, types.StringType(), True)])
+    return types.StructType([*struct.fields, types.StructField(CORRUPT_COLUMN, types.StringType(), True)])
 
 
 def _parsed_json(frame: DataFrame, schema: str | StructType, column: str = "value") -> DataFrame:
@@ -189,10 +189,10 @@ def build_stream(spark: SparkSession, source: SourceSpec, loaded: LoadedApp, *, 
             reader = spark.readStream.format(file_format).schema(schema)
         if max_files_per_trigger:
             reader = reader.option("maxFilesPerTrigger", max_files_per_trigger)
+        frame = reader.load(source.path)
         if file_format != "json":
-            return reader.load(source.path)
-        lines = reader.load(source.path)
-        return _parsed_json(lines.where(functions.length(functions.trim(lines.value)) > 0), schema)
+            return frame
+        return _parsed_json(frame.where(functions.length(functions.trim(frame.value)) > 0), schema)
     if source.kind == "rate":
         frame = spark.readStream.format("rate").option("rowsPerSecond", rows_per_second).load()
         if loaded.from_rate is not None:
