@@ -198,8 +198,7 @@ class Ingestion:
         """Release the handler's resources (the TPG path's worker processes), the tracing's observer and the
         deadlines' thread."""
         self.handler.close()
-        if self.context.tracing is not None:
-            self.context.tracing.close()
+        self.context.tracing.close()
         if self.context.watch is not None:
             self.context.watch.close()
 

@@ -132,11 +132,11 @@ class BatchBook:
     """
 
     def __init__(self, query_name: str, on_phase: Callable[[Phase, int], None] | None = None, *,
-                 wall: Callable[[], dt.datetime] | None = None):
+                 wall: Callable[[], dt.datetime]):
         self.query_name = query_name
         self._on_phase = on_phase
         #: The time of day the watermark's lag is measured against (the database's clock: ``db.clock.wall``).
-        self._wall = wall or (lambda: dt.datetime.now(_UTC))
+        self._wall = wall
         self._mutex = threading.Lock()
         self._query_id: str | None = None
         self._counters = dict(batches=0, batches_skipped=0, rows=0, events=0, dead_letters=0, seconds_in_sink=0.0)

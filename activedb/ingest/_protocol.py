@@ -215,7 +215,7 @@ class BatchContext:
     batch_attempts: int
     book: BatchBook
     #: The spans of the batches (``activedb.tracing``; they are made only when an OpenTelemetry SDK is configured).
-    tracing: BatchTracing | None = None
+    tracing: BatchTracing
     #: What watches the batches (``Deadlines``): each attempt's top-level transaction is told to it.
     watch: Watch | None = None
 
@@ -280,7 +280,7 @@ def run_batch(context: BatchContext, handler: BatchHandler, rows: Rows, batch_id
     Raises only when the batch could not be committed (PostgreSQL unusable, conflicts beyond
     ``batch_attempts``, a refused commit the handler cannot search)."""
     count = row_count(rows)
-    trace = None if context.tracing is None else context.tracing.start(query_id, batch_id, count, timings.to_arrow)
+    trace = context.tracing.start(query_id, batch_id, count, timings.to_arrow)
     try:
         outcome = _run_batch(context, handler, rows, count, batch_id, query_id, watermark, timings, punctuate,
                              participants, events, fresh, trace)
