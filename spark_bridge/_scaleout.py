@@ -138,7 +138,7 @@ class _PartitionTask:
         replay completes the batch."""
         infrastructure = classify(error).transient
         letters, settled = 0, False
-        if not infrastructure and atomic.as_policy(self.on_partition_failure) is atomic.SplitFailure.COMPENSATE:
+        if not infrastructure and self.on_partition_failure is SplitFailure.COMPENSATE:
             letters = atomic.settle_failed_partition(sink, batch, query_id, self.batch_id, partition,
                                                       self.partitions, error)
             settled = True

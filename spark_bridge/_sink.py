@@ -102,7 +102,7 @@ class IngestSink(Ingestion):
         that knows its query's id and execution spares the batch two questions to Spark."""
         with self._book.in_batch():
             try:
-                spark_query_id, execution = run.known() if run is not None else (None, None)
+                spark_query_id, execution = run.known if run is not None else (None, None)
                 if spark_query_id is None:
                     spark_query_id = streaming_query_id(batch_df)
                 if not spark_query_id:
@@ -222,15 +222,12 @@ class QueryRun:
 
     def __init__(self, sink: IngestSink) -> None:
         self.sink = sink
-        self._known: tuple[str | None, JavaObject | None] = (None, None)
+        #: (the run's Spark query id, its ``StreamExecution``), or (None, None) before :meth:`started`.
+        self.known: tuple[str | None, JavaObject | None] = (None, None)
 
     def started(self, query: StreamingQuery) -> None:
         """``query`` (the ``StreamingQuery`` ``start()`` returned) is this run's."""
-        self._known = (str(query.id), query._jsq.streamingQuery())
-
-    def known(self) -> tuple[str | None, JavaObject | None]:
-        """(the run's Spark query id, its ``StreamExecution``), or (None, None) before :meth:`started`."""
-        return self._known
+        self.known = (str(query.id), query._jsq.streamingQuery())
 
     def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
         self.sink.call_in_run(batch_df, batch_id, self)
