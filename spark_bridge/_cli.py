@@ -104,11 +104,11 @@ def _stop_query(query: StreamingQuery, sink: Ingestion, stop: StopRequest, conso
 
 # --- commands ----------------------------------------------------------------------------------
 
-def _default_checkpoint(home: str | None, query_name: str) -> Path:
+def _home(home: str | None) -> Path:
+    """activedb's home: ``--home``, else ``ACTIVEDB_HOME`` or its default (where checkpoints and logs go)."""
     from activedb import default_home
 
-    base = Path(home).expanduser() if home else default_home()
-    return base / "checkpoints" / query_name
+    return Path(home).expanduser() if home else default_home()
 
 
 def _default_query_name(app: str) -> str:
@@ -336,7 +336,8 @@ def run_command(ctx: click.Context, app: str, source_text: str, checkpoint: str 
     loaded = _load_app(app, verbose)
     assert loaded.mapping is not None, "loaded with require_mapping=True"
     name = query_name or _default_query_name(app)
-    checkpoint_dir = Path(checkpoint) if checkpoint else _default_checkpoint(obj.get("home"), name)
+    home = obj.get("home")
+    checkpoint_dir = Path(checkpoint) if checkpoint else _home(home) / "checkpoints" / name
 
     if reset and loaded.reset is None:
         raise click.ClickException(f"--reset: application {loaded.name} has no reset(db) function")
@@ -362,10 +363,9 @@ def run_command(ctx: click.Context, app: str, source_text: str, checkpoint: str 
         except SparkBridgeError as error:
             held.close()
             raise click.ClickException(str(error)) from None
-    home = obj.get("home")                # `activedb explain --pid PID` draws this process
     from activedb.explain import serve_on_signal
 
-    serve_on_signal(database, Path(home) / "explain" if home else None)
+    serve_on_signal(database, Path(home) / "explain" if home else None)   # `activedb explain --pid PID` draws it
     spark: SparkSession | SparkContext | None = None
     metrics = None
     restart_environment: dict[str, str] | None = None   # to restart this command in (a deadline passed)
@@ -389,7 +389,7 @@ def run_command(ctx: click.Context, app: str, source_text: str, checkpoint: str 
                               if rule.on.kind == "stream" and rule.on.source is not None})
         console.print(f"[bold]activedb run[/bold] {loaded.name}: {len(database.rules.names())} rules, "
                       f"source {source.describe()}, query {name!r}, checkpoint {checkpoint_dir}", highlight=False)
-        spark_log = _default_checkpoint(obj.get("home"), "-").parent.parent / "logs" / "spark.log"
+        spark_log = _home(home) / "logs" / "spark.log"
         stop.install()      # from here Ctrl-C is a request: Spark's start is not cut halfway (no orphaned JVM)
         try:
             try:
