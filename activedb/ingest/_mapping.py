@@ -492,12 +492,8 @@ def is_arrow(rows: object) -> TypeGuard[pa.Table | pa.RecordBatch]:
 
 
 def event_id(value: object) -> str:
-    if isinstance(value, bool) or not isinstance(value, (str, int)):
-        raise InvalidField(f"is {_describe(value)}, need a string or an integer")
-    text = str(value)
-    if not text:
-        raise InvalidField("is an empty string")
-    return text
+    """An event id is what a key may be (a non-empty string, or an integer), as text."""
+    return str(check_key(value))
 
 
 def by_ts(event: RawEvent) -> dt.datetime:
