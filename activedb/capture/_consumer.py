@@ -113,7 +113,7 @@ class CaptureConsumer:
         self.name = name
         self.batch_size = batch_size
         self.retention_seconds = seconds(retention)
-        if self.retention_seconds < 0:
+        if not self.retention_seconds >= 0:      # (NaN too)
             raise CaptureError(f"retention must not be negative, got {retention!r}")
         self.prune_interval = prune_interval
         self.idle_wait = idle_wait

@@ -196,11 +196,12 @@ ORDER BY c.position, ch.id"""
 
 
 # Commits every consumer has handled completely (below the smallest position) and older than the
-# retention: their changes and commit rows go.
+# retention: their changes and commit rows go.  Their age is compared in seconds, never ``now()`` minus the
+# retention: a retention of "for ever" (``timedelta.max``, infinity) is no timestamp PostgreSQL can compute.
 PRUNABLE = f"""
 SELECT c.position, c.xid::text AS xid FROM {COMMITS} c
 WHERE c.position < (SELECT min(position) FROM {CONSUMERS})
-  AND c.committed_at < now() - make_interval(secs => :retention_seconds)
+  AND extract(epoch FROM now() - c.committed_at) > CAST(:retention_seconds AS double precision)
 ORDER BY c.position
 LIMIT :limit"""
 

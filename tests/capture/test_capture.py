@@ -16,7 +16,7 @@ import pytest
 import sqlalchemy as sa
 
 import activedb
-from activedb.capture import CaptureNotEnabledWarning, ConsumerState, Step
+from activedb.capture import CaptureError, CaptureNotEnabledWarning, ConsumerState, Step
 from activedb.events import EventKind, Origin
 from activedb.ingest import ingestion_status
 from activedb.testing import Watchdog, wait_until
@@ -447,6 +447,25 @@ def test_backlog_is_visible_a_consumer_far_behind_says_so_and_consumed_changes_a
     assert db.capture.status().retained_changes == 1
     db.capture.drop_consumer("keeper")
     assert db.capture.status().consumers == ()
+
+
+def test_a_retention_longer_than_postgresql_can_subtract_keeps_changes_and_the_consumer_running(clean, conninfo):
+    """A retention of "for ever" (``timedelta.max``, infinity, or anything past the year 1 before now) keeps the
+    consumed changes: the pruning round that compared commit times with ``now() - retention`` made PostgreSQL
+    compute a timestamp out of its range, and its error stopped the consumer for good.  A retention that is
+    not a number is refused where it is given, as a negative one is."""
+    db = clean
+    with pytest.raises(CaptureError, match="retention must not be negative, got nan"):
+        db.capture.consumer("keeper", retention=float("nan"))
+    with psycopg.connect(conninfo, autocommit=True) as psql:
+        psql.execute("INSERT INTO orders (id, customer, amount) VALUES (1, 'ann', 1)")
+        psql.execute("INSERT INTO orders (id, customer, amount) VALUES (2, 'bob', 2)")
+    keeper = db.capture.consumer("keeper", batch_size=1, retention=dt.timedelta.max, prune_interval=0)
+    assert keeper.run_until_caught_up() == 2
+    assert keeper.statistics().pruned_commits == 0 and db.capture.status().retained_changes == 2
+    assert db.capture.prune(retention=float("inf")) == 0 and db.capture.prune(retention=1e13) == 0
+    assert db.capture.prune() == 1                            # everything below the consumer's position
+    keeper.close()
 
 
 def test_capture_can_be_turned_on_and_off_at_run_time(clean, conninfo):
