@@ -159,6 +159,8 @@ class Catalog:
         """The reflected ``Table`` called ``name``; raises :class:`UnknownTable` if it does not exist."""
         if isinstance(name, sa.Table):
             name = name.name
+        elif not isinstance(name, str):
+            raise UnknownTable(f"a table is named by a string or a sqlalchemy Table, got {name!r}")
         table = self._tables.get(name)
         if table is not None:
             return table
