@@ -8,6 +8,7 @@ The paper's words mapped to these: the package README, "Compensation".
 from __future__ import annotations
 
 import datetime
+import decimal
 import json
 import logging
 import threading
@@ -331,7 +332,8 @@ def _apply(batches: Compensations, tx: Transaction, node: TransactionLineage, un
 
 
 def _typed(batches: Compensations, table_name: str, image: Mapping[str, object]) -> dict[str, object]:
-    """A JSON image back into the column types (datetimes were stored as ISO-8601 text)."""
+    """A JSON image back into the column types (``jsonable`` stored datetimes as ISO-8601 text, and a decimal or
+    a non-finite float as its text)."""
     table = batches.db.table(table_name)
     keys = {column.name for column in table.primary_key.columns}
     values: dict[str, object] = {}
@@ -344,6 +346,8 @@ def _typed(batches: Compensations, table_name: str, image: Mapping[str, object])
             python_type = None
         if isinstance(value, str) and python_type in (datetime.datetime, datetime.date, datetime.time):
             value = python_type.fromisoformat(value)
+        elif isinstance(value, str) and python_type in (decimal.Decimal, float):
+            value = python_type(value)
         values[name] = value
     return values
 

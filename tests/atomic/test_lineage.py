@@ -5,6 +5,7 @@ before-image undo, and the undo's unsafe cases detected and refused."""
 from __future__ import annotations
 
 import datetime
+import decimal
 import uuid
 
 import pytest
@@ -126,6 +127,26 @@ def test_before_image_undo_and_its_unsafe_cases(db):
     assert len(report.compensated) == 1
     assert scalar(db, "SELECT balance FROM accounts WHERE id = :i", i=account) == 10
     assert scalar(db, "SELECT count(*) FROM accounts WHERE id = :i", i=account + 1) == 0
+
+
+def test_before_image_undo_restores_decimal_and_non_finite_float_columns(db):
+    """A before-image keeps a ``numeric`` value and a float's infinity or NaN as text (``jsonable``); undoing
+    it writes them back as the column's Python type — before, the compensation failed with ``InvalidValue``
+    ("column measures.exact is NUMERIC; got '10.25' (str)") although its plan said nothing was unsafe."""
+    query = prefix()
+    db.batches.undo_by_before_image("measures")
+    measure = 900_000 + int(uuid.uuid4().int % 90_000)
+    with db.transaction() as tx:
+        tx.insert("measures", id=measure, reading=float("inf"), exact=decimal.Decimal("10.25"))
+    with db.transaction() as tx:
+        db.batches.consumed(tx, query, 1)
+        tx.write("measures", measure, reading=2.5, exact=decimal.Decimal("11.75"))
+    assert db.batches.plan((query, 1)).unsafe == []
+    report = db.batches.compensate((query, 1))
+    assert len(report.compensated) == 1
+    with db.engine.connect() as connection:
+        row = connection.execute(sa.text("SELECT reading, exact FROM measures WHERE id = :i"), {"i": measure}).one()
+    assert tuple(row) == (float("inf"), decimal.Decimal("10.25"))
 
 
 def test_undo_is_unsafe_when_a_kept_transaction_read_its_output(db):
