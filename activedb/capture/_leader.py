@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
@@ -89,7 +90,8 @@ class Listener:
             if wait <= 0:
                 row = connection.execute("SELECT pg_try_advisory_lock(%s, %s)", self.lock).fetchone()
                 return bool(row is not None and row[0])
-            connection.execute(f"SET lock_timeout = {int(wait * 1000)}")
+            # Whole milliseconds, at least one: 0 is "no timeout" to PostgreSQL.
+            connection.execute(f"SET lock_timeout = {math.ceil(wait * 1000)}")
             try:
                 connection.execute("SELECT pg_advisory_lock(%s, %s)", self.lock)
                 return True

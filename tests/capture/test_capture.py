@@ -521,3 +521,28 @@ def test_run_until_caught_up_waits_for_the_lead_in_postgresql(clean, conninfo):
         psql.execute("INSERT INTO orders (id, customer, amount) VALUES (70, 'x', 1)")
     leader.close()
     assert other.run_until_caught_up(lead_timeout=30) == 1 and other.state is ConsumerState.LEADING
+
+
+def test_a_lead_timeout_below_a_millisecond_still_bounds_the_wait_for_the_lead(clean):
+    """``lead_timeout`` becomes PostgreSQL's ``lock_timeout`` in whole milliseconds; below one it was 0, which
+    PostgreSQL reads as "no timeout": the call waited for the leader for ever instead of raising."""
+    db = clean
+    leader = db.capture.consumer()
+    assert leader.run_until_caught_up() == 0 and leader.state is ConsumerState.LEADING
+    other = db.capture.consumer()
+    failures: list[BaseException] = []
+
+    def lead() -> None:
+        try:
+            other.run_until_caught_up(lead_timeout=0.0004)
+        except CaptureError as error:
+            failures.append(error)
+
+    waiting = threading.Thread(target=lead)
+    waiting.start()
+    waiting.join(10)
+    stuck = waiting.is_alive()
+    leader.close()                       # (ends a wait that had no bound)
+    waiting.join(WATCHDOG_SECONDS)
+    assert not stuck, "run_until_caught_up(lead_timeout=0.0004) still waited for the lead after 10 s"
+    assert len(failures) == 1 and "on standby" in str(failures[0])
