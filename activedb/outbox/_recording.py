@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Callable, NamedTuple
 from coupling import Coupling, may_run_after
 from lockmgr import TxnState
 
+from activedb.errors import OutboxError
 from activedb.events import EventKind
 from activedb.outbox._records import NewRecord, encode_event
 from activedb.txn import CommitParticipant
@@ -204,6 +205,14 @@ class TreeFirings(CommitParticipant):
 
 def new_record(record_id: int, firing: "Firing", trigger_id: str, log_id: str | None, committed: bool) -> NewRecord:
     """The outbox record of ``firing``, whose trigger ``trigger_id`` (of the tree logged as ``log_id``)
-    committed or not."""
-    return NewRecord(record_id, firing.rule.name, firing.coupling.value, encode_event(firing.event),
+    committed or not; :class:`OutboxError` if its event holds a value the record cannot keep."""
+    try:
+        event = encode_event(firing.event)
+    except Exception as error:     # (exact_json pickles what JSON cannot hold: pickle's TypeError, PicklingError, …)
+        raise OutboxError(
+            f"detached rule {firing.rule.name!r} fired on {firing.event.describe()}, whose values the outbox cannot "
+            f"keep ({type(error).__name__}: {error}): the event of a detached-family firing is recorded exactly in "
+            f"PostgreSQL — give it JSON values, datetimes, decimals, bytes, tuples, sets, UUIDs or other picklable "
+            f"values (an id rather than a lock, a connection or a function)") from error
+    return NewRecord(record_id, firing.rule.name, firing.coupling.value, event,
                      list(firing.chain), trigger_id, log_id, "committed" if committed else "aborted")

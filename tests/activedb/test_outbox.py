@@ -30,7 +30,7 @@ from activedb import lowlevel
 import activedb
 from activedb import Coupling, Event, EventKind
 from activedb.cli import main
-from activedb.errors import GeneratedKeysReset, RuleDefinitionChangedWarning, SerializationConflict
+from activedb.errors import GeneratedKeysReset, OutboxError, RuleDefinitionChangedWarning, SerializationConflict
 from activedb.outbox import _records
 from activedb.outbox._recording import TreeState
 
@@ -449,6 +449,25 @@ def test_a_members_write_refused_with_an_error_of_its_own_is_a_failure_not_a_tak
     finally:
         with db.engine.begin() as connection:
             connection.execute(sa.text("DROP TRIGGER refuse_seven ON items; DROP FUNCTION refuse_seven()"))
+
+
+def test_an_event_the_outbox_cannot_keep_is_refused_with_an_outbox_error_naming_the_rule(db):
+    """A detached firing's event is recorded exactly (pickled where JSON cannot hold a value); a value nothing can
+    keep (a lock) refuses the trigger's commit with an ``OutboxError`` naming the rule and what to pass instead —
+    before, pickle's bare ``TypeError: cannot pickle '_thread.lock' object`` came out of the commit."""
+    @db.rule(on=db.signalled("go"), coupling=Coupling.DETACHED, name="holds_a_lock")
+    def holds_a_lock(tx, event):
+        tx.insert("events_seen", rule="holds_a_lock", detail="ran")
+
+    with pytest.raises(OutboxError, match=r"detached rule 'holds_a_lock' fired on signal go .*cannot keep .*"
+                                          r"cannot pickle '_thread.lock' object.*picklable"):
+        with db.transaction() as tx:
+            tx.insert("items", key="held", value=1)
+            tx.signal("go", lock=threading.Lock())
+    db.rules.wait_idle(TIMEOUT)
+    with db.engine.connect() as connection:
+        assert connection.execute(sa.text("SELECT count(*) FROM items WHERE key = 'held'")).scalar() == 0
+    assert seen(db) == []
 
 
 def test_events_come_back_from_a_record_exactly():
