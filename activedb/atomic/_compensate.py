@@ -12,6 +12,7 @@ import decimal
 import json
 import logging
 import threading
+import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
@@ -195,7 +196,7 @@ def plan(batches: Compensations, explorer: LineageExplorer, batch: BatchRef, *, 
     losing = set().union(*(others[tid] for tid in chosen))
     partially = _partially_dropped(explorer, chosen, targets)
     kept = everything - chosen
-    undo = _undo_rows(explorer.connection, order)
+    undo = _undo_rows(batches, explorer.connection, order)
     unsafe = _unsafe(batches, explorer, chosen, undo)
     missing = _missing(batches, explorer.connection, nodes, order, undo)
     return CompensationPlan(batch, mode, scope, targets, order, already, losing, partially, kept, unsafe,
@@ -213,12 +214,12 @@ def _partially_dropped(explorer: LineageExplorer, chosen: set[str], targets: set
     return result
 
 
-def _undo_rows(connection: sa.Connection, ids: list[str]) -> dict[str, list[UndoRow]]:
+def _undo_rows(batches: Compensations, connection: sa.Connection, ids: list[str]) -> dict[str, list[UndoRow]]:
     rows: dict[str, list[UndoRow]] = {}
     for row in connection.execute(sa.text(
             "SELECT transaction_id, table_name, row_key, before_image, after_image FROM activedb_lineage_undo "
             " WHERE transaction_id = ANY(:ids) ORDER BY transaction_id, seq"), {"ids": list(ids)}):
-        key = tuple(row.row_key) if isinstance(row.row_key, list) else row.row_key
+        key = _typed_key(batches, row.table_name, row.row_key)
         rows.setdefault(row.transaction_id, []).append(
             UndoRow(row.transaction_id, row.table_name, key, row.before_image, row.after_image))
     return rows
@@ -332,24 +333,38 @@ def _apply(batches: Compensations, tx: Transaction, node: TransactionLineage, un
 
 
 def _typed(batches: Compensations, table_name: str, image: Mapping[str, object]) -> dict[str, object]:
-    """A JSON image back into the column types (``jsonable`` stored datetimes as ISO-8601 text, and a decimal or
-    a non-finite float as its text)."""
+    """A JSON image back into the column types (:func:`_decoded`)."""
     table = batches.db.table(table_name)
     keys = {column.name for column in table.primary_key.columns}
-    values: dict[str, object] = {}
-    for name, value in image.items():
-        if name in keys or name not in table.c:
-            continue
-        try:
-            python_type = table.c[name].type.python_type
-        except NotImplementedError:
-            python_type = None
-        if isinstance(value, str) and python_type in (datetime.datetime, datetime.date, datetime.time):
-            value = python_type.fromisoformat(value)
-        elif isinstance(value, str) and python_type in (decimal.Decimal, float):
-            value = python_type(value)
-        values[name] = value
-    return values
+    return {name: _decoded(table.c[name], value) for name, value in image.items()
+            if name not in keys and name in table.c}
+
+
+def _typed_key(batches: Compensations, table_name: str, key: object) -> object:
+    """A JSON key back as the row's key (:func:`_decoded`): a tuple for a key of several columns."""
+    columns = list(batches.db.table(table_name).primary_key.columns)
+    if len(columns) == 1:
+        return _decoded(columns[0], key)
+    values = key if isinstance(key, list) else [key]
+    return tuple(_decoded(column, value) for column, value in zip(columns, values))
+
+
+def _decoded(column: sa.Column[Any], value: object) -> object:
+    """A value of ``column`` as ``jsonable`` stored it, back as the column's Python type: datetimes, dates and times
+    from ISO-8601 text, a decimal or a non-finite float from its text, a ``UUID`` from its ``repr``."""
+    if not isinstance(value, str):
+        return value
+    try:
+        python_type = column.type.python_type
+    except NotImplementedError:
+        return value
+    if python_type in (datetime.datetime, datetime.date, datetime.time):
+        return python_type.fromisoformat(value)
+    if python_type in (decimal.Decimal, float):
+        return python_type(value)
+    if python_type is uuid.UUID:
+        return uuid.UUID(value.removeprefix("UUID('").removesuffix("')"))
+    return value
 
 
 def decode_event(data: Mapping[str, Any]) -> Event:

@@ -149,6 +149,31 @@ def test_before_image_undo_restores_decimal_and_non_finite_float_columns(db):
     assert tuple(row) == (float("inf"), decimal.Decimal("10.25"))
 
 
+def test_before_image_undo_of_rows_keyed_by_a_uuid_or_a_timestamp(db):
+    """A before-image keeps a key and a value as ``jsonable`` writes them (a ``UUID`` as its repr, a datetime as
+    ISO-8601 text); the plan and the undo take them back as the column's type — before, planning either row failed
+    with SQLAlchemy's errors: ``"UUID('…')"`` sent as a uuid (DataError), the timestamp's text compared with a
+    ``timestamptz`` (ProgrammingError: operator does not exist)."""
+    query = prefix()
+    db.batches.undo_by_before_image("tokens", "stamps")
+    token, owner = uuid.uuid4(), uuid.uuid4()
+    stamp = datetime.datetime(2026, 1, 1, tzinfo=datetime.timezone.utc) + datetime.timedelta(
+        seconds=int(uuid.uuid4().int % 10**8))
+    with db.transaction() as tx:
+        tx.insert("tokens", id=token, owner=owner, uses=1)
+        tx.insert("stamps", at=stamp, count=1)
+    with db.transaction() as tx:
+        db.batches.consumed(tx, query, 1)
+        tx.write("tokens", token, owner=uuid.uuid4(), uses=2)
+        tx.write("stamps", stamp, count=2)
+    plan = db.batches.plan((query, 1))
+    assert plan.unsafe == [] and plan.missing == []
+    assert len(db.batches.compensate((query, 1)).compensated) == 1
+    with db.transaction() as tx:
+        assert tx.read("tokens", token) == {"id": token, "owner": owner, "uses": 1}
+        assert tx.read("stamps", stamp) == {"at": stamp, "count": 1}
+
+
 def test_undo_is_unsafe_when_a_kept_transaction_read_its_output(db):
     query = prefix()
     db.batches.undo_by_before_image("items")
