@@ -110,7 +110,9 @@ class RuleRegistry:
             function = getattr(rule, part, None)
             if not callable(function):
                 raise RuleError(f"rule {name!r}: {part} must be callable")
-            _check_called_with_tx_and_event(name, part, function)
+            # (A decorated function's condition is its when=; a Rule subclass has a condition method.)
+            what = "when=" if part == "condition" and isinstance(rule, FunctionRule) else f"the {part}"
+            _check_called_with_tx_and_event(name, what, function)
         spec = rule.on
         if spec.is_data:
             try:
@@ -358,9 +360,9 @@ def _declared_by(name: str) -> str:
     return name
 
 
-def _check_called_with_tx_and_event(name: str, part: str, function: Callable[..., object]) -> None:
+def _check_called_with_tx_and_event(name: str, what: str, function: Callable[..., object]) -> None:
     """Refuse, at declaration, a condition or an action that cannot be called as ``function(tx, event)`` (a ``when=lambda
-    event: ...``): it would fail each firing instead."""
+    event: ...``): it would fail each firing instead.  ``what`` names it in the error (``when=``, ``the action``)."""
     try:
         signature = inspect.signature(function)
     except (TypeError, ValueError):          # (no signature to check: a builtin)
@@ -368,6 +370,5 @@ def _check_called_with_tx_and_event(name: str, part: str, function: Callable[...
     try:
         signature.bind(None, None)
     except TypeError as error:
-        what = "when=" if part == "condition" else "the action"
         raise RuleError(f"rule {name!r}: {what} is called with (tx, event), but "
                         f"{getattr(function, '__name__', function)}{signature} cannot be: {error}") from None

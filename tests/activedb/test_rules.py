@@ -406,6 +406,23 @@ def test_bad_rule_definitions_are_rejected_at_declaration(db):
     assert db.rules.get("twice") is second and second.priority == 3
 
 
+def test_a_class_form_rule_whose_condition_cannot_take_tx_and_event_is_told_of_its_condition(db):
+    """A ``Rule`` subclass has no ``when=``: a condition method of the wrong signature is named as what it is."""
+    class OneArgument(activedb.Rule):
+        on = db.updated("accounts")
+
+        def condition(self, event):
+            return True
+
+        def action(self, tx, event):
+            pass
+
+    with pytest.raises(RuleError) as refused:
+        db.rules.add(OneArgument())
+    assert "'OneArgument': the condition is called with (tx, event), but condition(event)" in str(refused.value)
+    assert "when=" not in str(refused.value)
+
+
 def test_failing_rule_is_logged_with_name_and_event(db, caplog):
     @db.rule(on=db.signalled("bad"), coupling="detached")
     def broken(tx, event):
