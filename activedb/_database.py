@@ -254,6 +254,9 @@ class Database:
         instead of colliding when both convert their read locks to write locks."""
         if self._closed:
             raise TransactionError(_CLOSED)
+        if retries < 0:      # (the loop below would run no attempt and return None)
+            raise ValueError(f"db.run(retries={retries!r}): retries is how many times to run the function again "
+                             f"after the first attempt, at least 0")
         site = getattr(function, "__code__", function)
         learned = self._update_intent.get(site, frozenset())
         for attempt in range(retries + 1):

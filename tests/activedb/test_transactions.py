@@ -306,6 +306,16 @@ def test_spawning_from_a_finished_transaction(db):
         tx.spawn(lambda child: None)
 
 
+def test_run_with_negative_retries_is_refused_instead_of_running_nothing(db):
+    """``retries`` counts the runs after the first: a negative number is refused, never a call that silently runs
+    nothing and returns None."""
+    ran = []
+    with pytest.raises(ValueError, match=r"retries=-1.*at least 0"):
+        db.run(lambda tx: ran.append(tx.id) or "done", retries=-1)
+    assert ran == []
+    assert db.run(lambda tx: ran.append(tx.id) or "done", retries=0) == "done" and len(ran) == 1
+
+
 def test_bad_input_leaves_committed_data_alone(db):
     db.run(lambda tx: tx.write("accounts", 1, balance=100))
     with pytest.raises(activedb.InvalidValue):
