@@ -234,6 +234,8 @@ class RuleRegistry:
         """Delete the rows of ``names`` from ``activedb_rules`` (their versions and flags are forgotten; a
         later declaration starts again at version 1).  Rules declared in this process stop firing too.
         Returns the number of rows deleted."""
+        if isinstance(names, str):      # (a string is an iterable of names too: its letters)
+            raise RuleError(f"db.rules.purge() takes a list of rule names, not one name: purge([{names!r}])")
         names = list(names)
         with self._mutex:
             for name in names:

@@ -423,6 +423,17 @@ def test_a_class_form_rule_whose_condition_cannot_take_tx_and_event_is_told_of_i
     assert "when=" not in str(refused.value)
 
 
+def test_purge_given_one_name_as_a_string_is_refused_instead_of_purging_its_letters(db):
+    """``db.rules.purge(names)`` takes names: a string is not read as its characters, each a rule name."""
+    db.rule(on=db.signalled("p"), name="x")(lambda tx, event: None)
+    db.rule(on=db.signalled("p"), name="xy")(lambda tx, event: None)
+    with pytest.raises(RuleError, match=r"purge\(\['xy'\]\)"):
+        db.rules.purge("xy")
+    assert {"x", "xy"} <= set(db.rules.names())
+    assert {"x", "xy"} <= {row["name"] for row in db.rules.persisted()}
+    assert db.rules.purge(["xy"]) == 1 and "xy" not in db.rules.names() and "x" in db.rules.names()
+
+
 def test_failing_rule_is_logged_with_name_and_event(db, caplog):
     @db.rule(on=db.signalled("bad"), coupling="detached")
     def broken(tx, event):
