@@ -116,10 +116,16 @@ class Writes:
         self._check_active("write_many")
         lock = BulkLock.parse(lock, "write_many(lock=...)", allowed=_WRITE_LOCKS)
         info = self.manager.catalog.table_info(table)
+        try:
+            items = rows.items()
+        except AttributeError:
+            raise TypeError(f"write_many({info.name!r}, rows) takes a mapping {{key: values or None}} (None deletes the "
+                            f"row), got a {type(rows).__name__}; write {{key: {{'column': value}}}}, e.g. "
+                            f"dict(pairs) for a list of (key, values) pairs") from None
         by_table = lock is BulkLock.TABLE
         if by_table:
             self.manager.locking.acquire(self, info, None, _WRITE)
-        for given, values in rows.items():
+        for given, values in items:
             key = info.key(given)
             entry = (Entry(_DELETE) if values is None
                      else Entry(_PATCH, info.values_without_key(key, dict(values))))

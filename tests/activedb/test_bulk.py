@@ -110,3 +110,13 @@ def test_bulk_operations_check_what_they_are_given(db, accounts):
             tx.write_many("accounts", {1: {"id": 2, "balance": 1}})
         with pytest.raises(activedb.InvalidValue):
             tx.write_many("accounts", {1: {"balance": "ten"}})
+
+
+def test_write_many_given_pairs_instead_of_a_mapping_says_what_it_takes(db, accounts):
+    """``write_many`` takes ``{key: values or None}``: a list of ``(key, values)`` pairs is an error that shows the
+    mapping to pass, not Python's ``'list' object has no attribute 'items'``; nothing is written."""
+    with pytest.raises(TypeError, match=r"write_many\('accounts', rows\) takes a mapping \{key: values or None\}.*"
+                                        r"list"):
+        with db.transaction() as tx:
+            tx.write_many("accounts", [(1, {"balance": 11})])
+    assert committed(db, "accounts")[1] == 10
