@@ -119,8 +119,8 @@ class Writes:
         try:
             items = rows.items()
         except AttributeError:
-            raise TypeError(f"write_many({info.name!r}, rows) takes a mapping {{key: values or None}} (None deletes the "
-                            f"row), got a {type(rows).__name__}; write {{key: {{'column': value}}}}, e.g. "
+            raise TypeError(f"write_many({info.name!r}, rows) takes a mapping {{key: values or None}} (None deletes "
+                            f"the row), got a {type(rows).__name__}; write {{key: {{'column': value}}}}, e.g. "
                             f"dict(pairs) for a list of (key, values) pairs") from None
         by_table = lock is BulkLock.TABLE
         if by_table:
