@@ -41,6 +41,9 @@ class RuleManager(TransactionExtension):
     def __init__(self, catalog: "Catalog", transactions: "TransactionManager", *, max_cascade_depth: int = 16,
                  max_deferred_cycles: int = 100, execution: RuleExecution = RuleExecution.THREADS):
         execution = RuleExecution.parse(execution, "RuleManager(execution=...)")
+        if max_deferred_cycles < 1:     # (else each deferred firing fails on its queue's bound: coupling's max_cycles)
+            raise ValueError(f"max_deferred_cycles must be at least 1 (the deferred cycles a commit may run), "
+                             f"got {max_deferred_cycles!r}")
         self.transactions = transactions
         self.registry = RuleRegistry(catalog)
         self.max_cascade_depth = max_cascade_depth

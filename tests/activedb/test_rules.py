@@ -322,6 +322,14 @@ def test_cascade_limit_names_the_chain(migrated):
         database.close()
 
 
+def test_a_deferred_cycle_bound_below_one_is_refused_at_connect(migrated):
+    """``connect(max_deferred_cycles=0)`` could never run a deferred firing: refused when connecting, by its name —
+    not accepted, to fail each transaction that fires a deferred rule with coupling's ``max_cycles`` error."""
+    for bound in (0, -1):
+        with pytest.raises(ValueError, match=rf"max_deferred_cycles must be at least 1.*got {bound}"):
+            activedb.connect(migrated, max_deferred_cycles=bound).close()
+
+
 def test_enable_disable(db):
     seen = []
     rule = db.rule(on=db.signalled("e"))(lambda tx, event: seen.append(1))
