@@ -159,7 +159,7 @@ def _flush_with_retries(root: Transaction, isolation: IsolationLevel,
             # is a SerializationConflict raised by ``_validate``; any other is the database's: a DatabaseError.)
             retried = classify(error) in _RETRIED or (sqlstate_of(error) == "55P03"
                                                       and isolation is IsolationLevel.SERIALIZABLE)
-            if retried and attempt < manager.flush_retries:
+            if retried and attempt <= manager.flush_retries:      # (flush_retries re-runs: that many more attempts)
                 # Jittered back-off between retries of the flush (not used to order threads).
                 time.sleep(random.uniform(0.5, 1.5) * min(0.2, 0.002 * 2 ** attempt))
                 continue

@@ -472,6 +472,28 @@ def test_a_commit_postgresql_refuses_says_what_happened_not_lost_connection(db):
     assert committed(db, "items") == {}
 
 
+@pytest.mark.parametrize("flush_retries", [0, 1, 3])
+def test_flush_retries_is_how_often_a_failed_flush_is_run_again(db, migrated, flush_retries):
+    """``connect(flush_retries=N)``: a flush that fails on a serialization failure is re-run N times (N + 1 attempts,
+    as ``db.run(fn, retries=N)`` runs ``fn``) before ``SerializationConflict``; nothing is written."""
+    class Conflicts(activedb.CommitParticipant):
+        attempts = 0
+
+        def write(self, transaction, connection):
+            Conflicts.attempts += 1
+            connection.exec_driver_sql("DO $$ BEGIN RAISE EXCEPTION 'made up' USING ERRCODE = '40001'; END $$")
+
+    database = activedb.connect(migrated, flush_retries=flush_retries)
+    try:
+        with pytest.raises(activedb.SerializationConflict, match=rf"failed {flush_retries + 1} times"):
+            with database.transaction(participants=[Conflicts()]) as tx:
+                tx.write("items", "flushed", value=1)
+    finally:
+        database.close()
+    assert Conflicts.attempts == flush_retries + 1
+    assert committed(db, "items") == {}
+
+
 def test_a_tree_that_read_more_rows_than_one_statement_can_bind_commits(db):
     """PostgreSQL binds at most 65,535 parameters per statement: reads by key (prefetch, validation at the
     flush) are split into several statements."""
