@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Literal, NamedTuple
 
@@ -164,7 +165,9 @@ class RulesStatistics:
 
 
 def fingerprint(function: Any) -> str:
-    """A digest of a function's source (or code), to notice a redefinition across runs."""
+    """A digest of a function's source (or code), to notice a redefinition across runs.  What stands in for the source
+    of a part that has none of its own — the repr of a callable object or a ``functools.partial``, the code of a
+    function without its file — is taken without memory addresses (``at 0x…``), which differ from run to run."""
     if function is None:
         return "none"
     target = getattr(function, "__func__", function)
@@ -172,5 +175,8 @@ def fingerprint(function: Any) -> str:
         source = inspect.getsource(target)
     except (OSError, TypeError):
         code = getattr(target, "__code__", None)
-        source = repr(code.co_code) + repr(code.co_consts) if code else repr(target)
+        source = _ADDRESS.sub("", repr(code.co_code) + repr(code.co_consts) if code else repr(target))
     return hashlib.sha256(source.encode()).hexdigest()[:16]
+
+
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")     # (in a repr: ``<function f at 0x7f…>``, ``<X object at 0x…>``)

@@ -10,8 +10,10 @@ durable.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
+import warnings
 
 import pytest
 import sqlalchemy as sa
@@ -366,6 +368,32 @@ def test_registry_persists_across_connect(migrated, db):
             assert {row["name"]: row for row in third_db.rules.persisted()}["persisted"]["version"] == 2
         finally:
             third_db.close()
+    finally:
+        second_db.close()
+
+
+def test_a_rule_of_callable_objects_declared_again_by_the_next_process_keeps_its_version(migrated, db):
+    """A condition or an action without source of its own — a ``functools.partial``, a callable object — is
+    fingerprinted without where it lives in memory: the next process declaring the same rule (new objects, the same
+    code) finds its persisted definition unchanged, with no redefinition warning and no new version."""
+    def declare(database):
+        def above(limit, tx, event):
+            return event.payload["value"] > limit
+
+        class Notify:
+            def __call__(self, tx, event):
+                tx.write("items", "notified", value=1)
+
+        return database.rule(on=database.signalled("again"), when=functools.partial(above, 10),
+                             name="callable_parts")(Notify())
+
+    assert declare(db).version == 1
+    second_db = activedb.connect(migrated)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", activedb.RuleDefinitionChangedWarning)
+            assert declare(second_db).version == 1
+        assert {row["name"]: row for row in second_db.rules.persisted()}["callable_parts"]["version"] == 1
     finally:
         second_db.close()
 
