@@ -11,14 +11,14 @@ from ._history import HistoryEvent, HistoryEventKind, DependencyHistory, check_d
 from ._modes import ACTION_COUPLINGS, Coupling, has_own_deferred_queue
 from ._priority import priority_groups
 from .errors import (CouplingError, DeferredCycleLimitExceeded, DeferredQueueClosed, DependencyTimeout, GateError,
-                     GateProtocolError, InvalidActionCoupling, InvalidPriority, MalformedHistory, UnknownCoupling,
-                     UnsupportedByGate)
+                     GateProtocolError, InvalidActionCoupling, InvalidArgument, InvalidPriority, MalformedHistory,
+                     UnknownCoupling, UnsupportedByGate)
 
 __all__ = [
     "ACTION_COUPLINGS", "Coupling", "CouplingError", "DeferredCycle", "DeferredCycleLimitExceeded", "DeferredFiring",
     "DeferredQueue", "DeferredQueueClosed", "Dependency", "DependencyGate", "DependencyKind", "DependencyTimeout",
     "DependentState", "GateError", "GateProtocolError", "HistoryEvent", "HistoryEventKind", "DependencyHistory",
-    "InvalidActionCoupling", "InvalidPriority", "MalformedHistory", "Phase", "QueueState", "UnknownCoupling",
-    "UnsupportedByGate", "Verdict", "action_dependencies_for", "check_dependencies", "dependencies_for",
-    "has_own_deferred_queue", "may_run_after", "priority_groups",
+    "InvalidActionCoupling", "InvalidArgument", "InvalidPriority", "MalformedHistory", "Phase", "QueueState",
+    "UnknownCoupling", "UnsupportedByGate", "Verdict", "action_dependencies_for", "check_dependencies",
+    "dependencies_for", "has_own_deferred_queue", "may_run_after", "priority_groups",
 ]

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from ._priority import priority_groups
-from .errors import DeferredCycleLimitExceeded, DeferredQueueClosed
+from .errors import DeferredCycleLimitExceeded, DeferredQueueClosed, InvalidArgument
 
 Firing = TypeVar("Firing")
 
@@ -79,7 +79,7 @@ class DeferredQueue(Generic[Firing]):
 
     def __init__(self, *, max_cycles: int = DEFAULT_MAX_CYCLES, name: str | None = None) -> None:
         if isinstance(max_cycles, bool) or not isinstance(max_cycles, int) or max_cycles < 1:
-            raise ValueError(f"max_cycles must be an int >= 1, not {max_cycles!r}")
+            raise InvalidArgument(f"max_cycles must be an int >= 1, not {max_cycles!r}")
         self.max_cycles = max_cycles
         self.name = name
         self._mutex = threading.Lock()  # protects every field below

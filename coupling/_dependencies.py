@@ -9,7 +9,7 @@ from collections.abc import Hashable
 from dataclasses import dataclass
 
 from ._modes import Coupling
-from .errors import UnsupportedByGate
+from .errors import InvalidArgument, UnsupportedByGate
 
 
 class DependencyKind(enum.Enum):
@@ -64,10 +64,11 @@ class Dependency:
             try:
                 object.__setattr__(self, "kind", DependencyKind[str(self.kind).upper()])
             except KeyError:
-                raise ValueError(f"unknown dependency kind {self.kind!r}; use one of: "
-                                 f"{', '.join(DependencyKind.__members__)}") from None
+                raise InvalidArgument(f"unknown dependency kind {self.kind!r}; use one of: "
+                                      f"{', '.join(DependencyKind.__members__)}") from None
         if self.dependent == self.trigger:
-            raise ValueError(f"a transaction cannot depend on itself: {self.dependent!r} {self.kind} {self.trigger!r}")
+            raise InvalidArgument(f"a transaction cannot depend on itself: {self.dependent!r} {self.kind} "
+                                  f"{self.trigger!r}")
 
     def __str__(self) -> str:
         return f"{self.dependent} {self.kind} {self.trigger}"

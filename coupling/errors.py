@@ -35,6 +35,11 @@ class InvalidActionCoupling(CouplingError, ValueError):
                          "action)")
 
 
+class InvalidArgument(CouplingError, ValueError):
+    """A value the package cannot take: an unknown dependency kind, a transaction depending on itself, a deferred
+    queue's cycle bound below 1."""
+
+
 class InvalidPriority(CouplingError, ValueError):
     """A rule priority that is neither a real number nor ``None``."""
 

@@ -30,6 +30,18 @@ DETACHED_FAMILY = [
 ]
 
 
+def test_every_refusal_of_bad_input_is_a_coupling_error():
+    """``coupling.errors``' promise: every error the package raises on purpose is a ``CouplingError`` (a
+    ``ValueError`` too, for bad input), so ``except CouplingError`` also catches a bad dependency or cycle bound."""
+    refusals = {"an unknown dependency kind": lambda: Dependency("XD", "j", "i"),
+                "a transaction depending on itself": lambda: Dependency(CD, "t", "t"),
+                "a cycle bound below 1": lambda: coupling.DeferredQueue(max_cycles=0)}
+    for what, make in refusals.items():
+        with pytest.raises(CouplingError) as refused:
+            make()
+        assert isinstance(refused.value, ValueError), what
+
+
 def test_the_contract_names_are_exported():
     for name in (
         "Coupling DependencyKind Dependency dependencies_for ACTION_COUPLINGS DependencyGate Verdict "
