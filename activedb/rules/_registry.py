@@ -106,6 +106,9 @@ class RuleRegistry:
             when = rule.condition_function()
             if when is not None and not callable(when):
                 raise RuleError(f"rule {name!r}: when= must be callable (tx, event) -> bool, got {when!r}")
+        if getattr(getattr(rule, "action", None), "__func__", None) is Rule.action:   # (the base's: it only raises)
+            raise RuleError(f"rule {name!r}: {type(rule).__name__} has no action; define "
+                            f"def action(self, tx, event) on it: what the rule does when it fires")
         for part in ("condition", "action"):
             function = getattr(rule, part, None)
             if not callable(function):

@@ -460,6 +460,20 @@ def test_a_class_form_rule_whose_condition_cannot_take_tx_and_event_is_told_of_i
     assert "when=" not in str(refused.value)
 
 
+def test_a_class_form_rule_without_an_action_is_refused_at_declaration(db):
+    """A ``Rule`` subclass that defines no ``action`` (forgotten, or misspelt) could only fail each firing with the
+    base class's ``NotImplementedError``: it is refused when it is declared, naming what to define."""
+    class Misspelt(activedb.Rule):
+        on = db.signalled("unacted")
+
+        def actoin(self, tx, event):
+            pass
+
+    with pytest.raises(RuleError, match=r"rule 'Misspelt': .*no action.*def action\(self, tx, event\)"):
+        db.rules.add(Misspelt())
+    assert "Misspelt" not in db.rules.names()
+
+
 def test_purge_given_one_name_as_a_string_is_refused_instead_of_purging_its_letters(db):
     """``db.rules.purge(names)`` takes names: a string is not read as its characters, each a rule name."""
     db.rule(on=db.signalled("p"), name="x")(lambda tx, event: None)
