@@ -297,7 +297,9 @@ class RuleRegistry:
         if not include_removed:
             query = query.where(table.c.removed_at.is_(None))
         if module:
-            query = query.where(sa.or_(table.c.module == module, table.c.module.like(f"{module}.%")))
+            # (autoescape: a module name's ``_`` and ``%`` are its own characters, not LIKE's wildcards)
+            query = query.where(sa.or_(table.c.module == module,
+                                       table.c.module.startswith(f"{module}.", autoescape=True)))
         with self.catalog.engine.connect() as connection:
             return [dict(row._mapping) for row in connection.execute(query)]
 

@@ -398,6 +398,17 @@ def test_a_rule_of_callable_objects_declared_again_by_the_next_process_keeps_its
         second_db.close()
 
 
+def test_persisted_rules_of_a_module_are_its_own_and_its_submodules_not_a_lookalikes(db):
+    """``persisted(module=...)`` (``activedb rules list/remove --module``) keeps the module and the modules under it;
+    ``_`` and ``%`` in a module's name are its characters, not wildcards: ``shop_v2`` is not ``shop.v2``."""
+    for module in ("shop_v2", "shop_v2.rules", "shop.v2.rules"):
+        namespace: dict[str, object] = {"__name__": module}
+        exec("def action(tx, event):\n    pass\n", namespace)
+        db.rule(on=db.signalled("modules"), name=f"of {module}")(namespace["action"])
+    assert [row["name"] for row in db.rules.persisted(module="shop_v2")] == ["of shop_v2", "of shop_v2.rules"]
+    assert [row["name"] for row in db.rules.persisted(module="shop.v2")] == ["of shop.v2.rules"]
+
+
 def test_a_rule_redefined_by_another_module_says_whose_name_it_took(migrated, db):
     db.rule(on=db.updated("accounts"), name="common_name")(lambda tx, event: None)
     other: dict[str, object] = {"__name__": "billing.rules"}
