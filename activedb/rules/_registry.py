@@ -13,6 +13,7 @@ import hashlib
 import inspect
 import json
 import logging
+import math
 import sys
 import threading
 import warnings
@@ -98,8 +99,10 @@ class RuleRegistry:
                 f"got {rule.action_coupling.value}"
             )
         if rule.priority is not None and (isinstance(rule.priority, bool)
-                                          or not isinstance(rule.priority, (int, float))):
-            raise RuleError(f"rule {name!r}: priority must be a number (higher runs first) or None")
+                                          or not isinstance(rule.priority, (int, float))
+                                          or not math.isfinite(rule.priority)):    # (NaN orders nothing; no JSON)
+            raise RuleError(f"rule {name!r}: priority must be a finite number (higher runs first) or None, "
+                            f"got {rule.priority!r}")
         if isinstance(rule, FunctionRule):
             if not callable(rule.action_function()):
                 raise RuleError(f"rule {name!r}: the action must be callable, got {rule.action_function()!r}")

@@ -471,6 +471,16 @@ def test_a_class_form_rule_whose_condition_cannot_take_tx_and_event_is_told_of_i
     assert "when=" not in str(refused.value)
 
 
+@pytest.mark.parametrize("priority", [float("nan"), float("inf"), float("-inf")])
+def test_a_priority_that_is_no_finite_number_is_refused_as_a_rule_error(db, priority):
+    """NaN (not a priority: no order) and the infinities (no JSON for the persisted definition) are refused at
+    declaration with a RuleError saying what a priority is — not PostgreSQL's DataError from the registry's insert."""
+    with pytest.raises(RuleError, match=r"'unordered': priority must be a finite number"):
+        db.rule(on=db.signalled("unordered"), priority=priority, name="unordered")(lambda tx, event: None)
+    assert "unordered" not in db.rules.names()
+    assert "unordered" not in {row["name"] for row in db.rules.persisted()}
+
+
 def test_a_class_form_rule_without_an_action_is_refused_at_declaration(db):
     """A ``Rule`` subclass that defines no ``action`` (forgotten, or misspelt) could only fail each firing with the
     base class's ``NotImplementedError``: it is refused when it is declared, naming what to define."""
