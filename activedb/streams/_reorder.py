@@ -45,6 +45,10 @@ class ReorderBuffer:
                                               f"rejected: not an event ({type(event).__name__}); give StreamEvent "
                                               f"objects or dicts with type, ts and attributes"))
                     continue
+            malformed = _malformed(event)
+            if malformed is not None:
+                letters.append(DeadLetter(StreamEvent("?", None, {}, origin=event), malformed))
+                continue
             kind_of = (event.stream, event.type) if isinstance(event.type, str) else None
             resolved = types.get(kind_of) if kind_of is not None else None
             if resolved is None:
@@ -161,6 +165,19 @@ class ReorderBuffer:
         del buffer[:cut]
         self.metrics.add(released=len(released), reorder_delay=delay, ties_by_content=ties)
         return released
+
+
+def _malformed(event: StreamEvent) -> str | None:
+    """Why ``event`` (a StreamEvent built by the caller) cannot be put in order — its attributes are not a mapping
+    or its stream is not a name — or None."""
+    attributes, stream = event.attributes, event.stream
+    if attributes.__class__ is not dict and not isinstance(attributes, Mapping):
+        return (f"rejected: the attributes of {event.type!r} at {event.ts!r} are a {type(attributes).__name__}, "
+                f"not a mapping; give them as a dict of attribute names to values")
+    if stream is not None and not isinstance(stream, str):
+        return (f"rejected: the stream of {event.type!r} at {event.ts!r} is a {type(stream).__name__}, not a "
+                f"name; give the name of a declared stream (or None)")
+    return None
 
 
 def _event_from_mapping(raw: Mapping[str, object]) -> StreamEvent | Mapping[str, object]:

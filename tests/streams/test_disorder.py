@@ -614,3 +614,25 @@ def test_a_malformed_mapping_is_a_dead_letter_and_the_stream_goes_on(db, malform
     result = made.feed([*ordered[:30], malformed, *ordered[30:]], punctuation=streams.END_OF_STREAM)
     assert [letter.event.origin for letter in result.dead_letters] == [malformed]
     assert observe(db, result.outputs) == expected
+
+
+@pytest.mark.parametrize("malformed", [
+    streams.StreamEvent("ENTER", 1, None, stream="estream"),                                 # type: ignore[arg-type]
+    streams.StreamEvent("ENTER", 1, [("HCW-ID", "w0")], stream="estream"),                   # type: ignore[arg-type]
+    streams.StreamEvent("ENTER", 1, {"HCW-ID": "w0", "location": "r0"}, stream=["estream"]),  # type: ignore[arg-type]
+], ids=["attributes-none", "attributes-a-list", "stream-a-list"])
+def test_a_malformed_stream_event_is_a_dead_letter_and_the_stream_goes_on(db, malformed):
+    """A StreamEvent built with attributes that are not a mapping, or a stream that is not a name, is refused as
+    a mapping describing it is: one dead letter keeping the event as given, recorded with the batch, and the events
+    around it processed as if it had not been there."""
+    events = random_stream(random.Random(SEED + 2), 60)
+    expected, _ = run_sorted(db, events, name="without-malformed")
+    reset(db)
+    made = engine(db, name="with-malformed")
+    ordered = sorted(events, key=lambda event: event.ts)
+    result = made.feed([*ordered[:30], malformed, *ordered[30:]], punctuation=streams.END_OF_STREAM)
+    assert [letter.event.origin for letter in result.dead_letters] == [malformed]
+    assert "rejected" in result.dead_letters[0].reason
+    assert observe(db, result.outputs) == expected
+    with db.engine.connect() as connection:
+        assert connection.execute(sa.text("SELECT count(*) FROM activedb_dead_letters")).scalar() == 1
