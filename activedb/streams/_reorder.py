@@ -41,13 +41,13 @@ class ReorderBuffer:
                 if not isinstance(event, StreamEvent) and isinstance(event, Mapping):
                     event = _event_from_mapping(event)
                 if not isinstance(event, StreamEvent):
-                    letters.append(DeadLetter(StreamEvent("?", None, {}, origin=event),
-                                              f"rejected: not an event ({type(event).__name__}); give StreamEvent "
-                                              f"objects or dicts with type, ts and attributes"))
+                    letters.append(self._reject(StreamEvent("?", None, {}, origin=event),
+                                                f"rejected: not an event ({type(event).__name__}); give "
+                                                f"StreamEvent objects or dicts with type, ts and attributes"))
                     continue
             malformed = _malformed(event)
             if malformed is not None:
-                letters.append(DeadLetter(StreamEvent("?", None, {}, origin=event), malformed))
+                letters.append(self._reject(StreamEvent("?", None, {}, origin=event), malformed))
                 continue
             kind_of = (event.stream, event.type) if isinstance(event.type, str) else None
             resolved = types.get(kind_of) if kind_of is not None else None

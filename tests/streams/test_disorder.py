@@ -636,3 +636,23 @@ def test_a_malformed_stream_event_is_a_dead_letter_and_the_stream_goes_on(db, ma
     assert observe(db, result.outputs) == expected
     with db.engine.connect() as connection:
         assert connection.execute(sa.text("SELECT count(*) FROM activedb_dead_letters")).scalar() == 1
+
+
+def test_statistics_count_every_dead_letter_of_a_batch(db):
+    """``statistics().dead_letters`` is late + rejected + failed: an input that is not an event, a malformed
+    mapping or StreamEvent, an unknown type and a late event are each one, as many as the batches' letters."""
+    reset(db)
+    made = engine(db, name="counted")
+    first = made.feed([badge("EXIT", 10)], punctuation=20)
+    second = made.feed([
+        "EXIT",                                                                  # not an event
+        {"type": "ENTER", "ts": 21, "attributes": 5, "stream": "estream"},      # attributes not a mapping
+        streams.StreamEvent("ENTER", 21, None),                                  # type: ignore[arg-type]
+        badge("NO_SUCH_TYPE", 21),                                               # unknown type
+        badge("ENTER", 5),                                                       # late
+        badge("ENTER", 22),
+    ], punctuation=streams.END_OF_STREAM)
+    assert len(first.dead_letters) == 0 and len(second.dead_letters) == 5
+    statistics = made.statistics()
+    assert statistics.late_events == 1
+    assert statistics.dead_letters == 5
