@@ -7,13 +7,16 @@ it works on the batch's :class:`~activedb.streams._state.Pending` (only the batc
 from __future__ import annotations
 
 import bisect
+import datetime as dt
 from typing import Any, Callable, Iterable, Mapping
 
+from activedb.events import check_time
 from activedb.streams._catalog import StreamSchema
 from activedb.streams._events import (END_OF_STREAM, DeadLetter, Punctuation, StreamEvent, check_ts, format_ts,
                                       make_event, order_key, ts_extreme, ts_less)
 from activedb.streams._metrics import Metrics
 from activedb.streams._state import Pending
+from activedb.streams.errors import StreamError
 
 
 class ReorderBuffer:
@@ -122,8 +125,11 @@ class ReorderBuffer:
             for name in streams:
                 given.setdefault(name, punctuation)
         for name in streams:
-            candidates = [value for value in (given.get(name), self.watermark(name),
-                                              pending.punctuations.get(name)) if value is not None]
+            candidates = [self._checked(pending, value, where) for value, where in (
+                (given.get(name), f"for stream {name}"), (self.watermark(name), f"db.watermark({name!r}) of stream "
+                                                                                 f"{name}")) if value is not None]
+            if name in pending.punctuations:
+                candidates.append(pending.punctuations[name])
             latest = ts_extreme(candidates, latest=True)
             if latest is not None:
                 pending.punctuations[name] = latest
@@ -133,6 +139,27 @@ class ReorderBuffer:
         if bound is None or pending.released is not None and not ts_less(pending.released, bound):
             return pending.released
         return bound
+
+    def _checked(self, pending: Pending, punctuation: Punctuation, where: str) -> Punctuation:
+        """``punctuation`` if it is END_OF_STREAM or a time of the engine's kind (it sets the kind when no event
+        has yet); raises StreamError otherwise — it could not be compared with the events' timestamps."""
+        if punctuation is END_OF_STREAM:
+            return punctuation
+        try:
+            check_time(punctuation, "punctuation")
+        except ValueError as error:
+            problem = str(error)
+        else:
+            kind = "datetime" if isinstance(punctuation, dt.datetime) else "number"
+            if pending.time_kind is None:
+                pending.time_kind = kind
+                return punctuation
+            if kind == pending.time_kind:
+                return punctuation
+            problem = (f"punctuation {punctuation!r} is a {kind}, but engine {self.name}'s events carry "
+                       f"{pending.time_kind}s")
+        raise StreamError(f"{problem} ({where}); give a finite number of seconds or an aware datetime, of the kind "
+                          f"of the events' timestamps, or END_OF_STREAM (a db.watermark comes from db.punctuate)")
 
     def release(self, pending: Pending, bound: Punctuation | None, now: float) -> list[StreamEvent]:
         if bound is None or bound is pending.released and not pending.buffer:

@@ -8,6 +8,7 @@ environment variable ``ACTIVEDB_STREAMS_SEED``.
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import os
 import random
 
@@ -15,7 +16,7 @@ import pytest
 import sqlalchemy as sa
 
 from activedb import streams
-from activedb.streams.errors import StreamStateError
+from activedb.streams.errors import StreamError, StreamStateError
 from activedb.testing import check_stream_history
 from tests.streams.conftest import BADGE_TYPES, Q1_R1, Q2, badge, feed_in_batches, set_status, statuses
 
@@ -656,3 +657,32 @@ def test_statistics_count_every_dead_letter_of_a_batch(db):
     statistics = made.statistics()
     assert statistics.late_events == 1
     assert statistics.dead_letters == 5
+
+
+@pytest.mark.parametrize("durable", [True, False], ids=["durable", "in-memory"])
+@pytest.mark.parametrize("bad", [float("nan"), "10", dt.datetime(2026, 1, 1),
+                                 dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)],
+                         ids=["nan", "a-string", "naive-datetime", "a-datetime-for-number-timestamps"])
+def test_a_punctuation_that_is_not_a_time_of_the_engine_s_kind_is_refused_and_the_stream_goes_on(db, bad, durable):
+    """A punctuation (``punctuation=``, ``punctuations=`` or ``db.watermark``) is a finite number of seconds or an
+    aware datetime of the kind of the engine's timestamps, or END_OF_STREAM: anything else fails the batch with a
+    StreamError naming it — not a TypeError from a comparison, an error about JSON, or (not saved) a NaN released
+    bound that no later punctuation passes — and the engine goes on as before it."""
+    reset(db)
+    made = engine(db, name="punctuated", durable=durable, record_history=False)
+    made.feed([badge("EXIT", 1, "w0", "a")], punctuation=0)
+    with pytest.raises(StreamError, match=r"punctuation .*estream.*END_OF_STREAM"):
+        made.feed([badge("ENTER", 3, "w0", "b")], punctuation=bad)
+    with pytest.raises(StreamError, match=r"punctuation .*estream.*END_OF_STREAM"):
+        made.feed([], punctuations={"estream": bad})
+    result = made.feed([badge("ENTER", 3, "w0", "b")], punctuation=5)
+    assert (result.released, result.dead_letters, result.punctuation) == (2, (), 5)
+    assert [output.query for output in result.outputs] == ["Q1"]
+
+    stream = f"watermarked_{durable}_{len(str(bad))}"
+    watermarked = streams.StreamEngine(db, name=stream, durable=durable)
+    watermarked.create_stream(stream, types=BADGE_TYPES, attributes=("HCW-ID", "location"))
+    watermarked.feed([badge("EXIT", 1, "w0")])
+    db.punctuate(stream, bad)
+    with pytest.raises(StreamError, match=rf"punctuation .*db.watermark\('{stream}'\).*END_OF_STREAM"):
+        watermarked.feed([])
