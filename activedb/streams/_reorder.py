@@ -121,6 +121,10 @@ class ReorderBuffer:
     def bound(self, pending: Pending, streams: Mapping[str, StreamSchema], punctuation: Punctuation | None,
               punctuations: Mapping[str, Punctuation] | None) -> Punctuation | None:
         given: dict[str, Punctuation] = dict(punctuations or {})
+        for name in given:
+            if name not in streams:
+                raise StreamError(f"punctuations= names no stream {name!r} in engine {self.name} (streams: "
+                                  f"{', '.join(streams)}); give one punctuation per stream of the engine")
         if punctuation is not None:
             for name in streams:
                 given.setdefault(name, punctuation)

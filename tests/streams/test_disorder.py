@@ -686,3 +686,15 @@ def test_a_punctuation_that_is_not_a_time_of_the_engine_s_kind_is_refused_and_th
     db.punctuate(stream, bad)
     with pytest.raises(StreamError, match=rf"punctuation .*db.watermark\('{stream}'\).*END_OF_STREAM"):
         watermarked.feed([])
+
+
+def test_a_punctuation_for_a_stream_the_engine_does_not_have_is_refused(db):
+    """``punctuations=`` names the engine's streams: a name it does not have (a typo) fails the batch with a
+    StreamError listing them, instead of being dropped while the events wait for a punctuation that never
+    comes; the engine goes on as before the batch."""
+    reset(db)
+    made = engine(db, name="misnamed", record_history=False)
+    with pytest.raises(StreamError, match=r"no stream 'e_stream' in engine misnamed \(streams: estream\)"):
+        made.feed([badge("EXIT", 1, "w0", "a"), badge("ENTER", 3, "w0", "b")], punctuations={"e_stream": 5})
+    result = made.feed([badge("EXIT", 1, "w0", "a"), badge("ENTER", 3, "w0", "b")], punctuations={"estream": 5})
+    assert (result.released, [output.query for output in result.outputs]) == (2, ["Q1"])
