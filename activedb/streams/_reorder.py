@@ -84,7 +84,16 @@ class ReorderBuffer:
                            f"{format_ts(released)} already released by engine {self.name}; every event before it "
                            f"has been processed, so this one can no longer be put in order", punctuation=released))
                 continue
-            tie = stream.tie_key(event) if stream.tie_key is not None else None
+            if stream.tie_key is None:
+                tie = None
+            else:
+                try:
+                    tie = stream.tie_key(event)
+                except Exception as error:          # the application's code, as a rule's action: its event fails
+                    letters.append(self._reject(event, f"rejected: the tie_key of stream {stream.name} raised "
+                                                       f"{type(error).__name__}: {error} on {event.describe()}; "
+                                                       f"fix the tie_key or the event"))
+                    continue
             arrival = pending.arrivals
             pending.arrivals += 1
             added.append((order_key(event, priority, tie), arrival, event))

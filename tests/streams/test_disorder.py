@@ -698,3 +698,25 @@ def test_a_punctuation_for_a_stream_the_engine_does_not_have_is_refused(db):
         made.feed([badge("EXIT", 1, "w0", "a"), badge("ENTER", 3, "w0", "b")], punctuations={"e_stream": 5})
     result = made.feed([badge("EXIT", 1, "w0", "a"), badge("ENTER", 3, "w0", "b")], punctuations={"estream": 5})
     assert (result.released, [output.query for output in result.outputs]) == (2, ["Q1"])
+
+
+def test_an_event_the_tie_key_raises_on_is_a_dead_letter_and_the_stream_goes_on(db):
+    """A stream's ``tie_key`` is the application's code, as a rule's action is: when it raises on an event, that
+    event is a dead letter naming the stream and the error, and the others are ordered and processed as without
+    it (before, the error failed the batch, and every retry of the batch)."""
+    reset(db)
+    made = streams.StreamEngine(db, name="tied", durable=False)
+    made.create_stream("estream", types=BADGE_TYPES, attributes=("HCW-ID", "location"),
+                       tie_key=lambda event: event["location"].upper())
+    made.define(Q1_R1)
+    broken = badge("SANITIZE", 2, "w0", None)
+    result = made.feed([badge("EXIT", 1, "w0", "a"), broken, badge("ENTER", 3, "w0", "b")],
+                       punctuation=streams.END_OF_STREAM)
+    assert [(letter.event.describe(), letter.event.attributes) for letter in result.dead_letters] == [
+        ("SANITIZE^2", broken.attributes)]
+    (letter,) = result.dead_letters
+    assert "tie_key of stream estream raised AttributeError" in letter.reason
+    assert (result.released, [output.query for output in result.outputs]) == (2, ["Q1"])
+    assert made.statistics().dead_letters == 1
+    with db.engine.connect() as connection:
+        assert connection.execute(sa.text("SELECT count(*) FROM activedb_dead_letters")).scalar() == 1
