@@ -80,6 +80,20 @@ class InputNode:
             raise EventRejected(f"producer {producer.name} joined for {', '.join(sorted(producer.types))}, not "
                                 f"{raw.type}; join it with every type it produces")
         event = raw if raw.ts is ts else dataclasses.replace(raw, ts=ts)
+        # Which nodes it enters, found before anything changes: a filter that raises refuses the event whole.
+        routes: list[tuple[CompiledQuery, Partition, list[int]]] = []
+        for query, ranks in self.by_type.get(event.type, ()):
+            ctx = Ctx([None] * len(query.types))
+            accepted = []
+            for rank in ranks:
+                index = query.positives[rank]
+                ctx.events[index] = event
+                if all(check(ctx) is True for check in query.local.get(index, ())):
+                    accepted.append(rank)
+                ctx.events[index] = None
+            if accepted:
+                routes.append((query, tuple(dict(event.attributes).get(attribute) for attribute in query.partition),
+                               accepted))
         now = self.clock.now()
         old = self._check_late(producer, ts, event.type, f"event {describe_event(event)}")
         producer.last_seen = now
@@ -92,18 +106,7 @@ class InputNode:
                                          describe_event(event)))
         touched = []
         entered: dict[tuple[str, Partition], list[int]] = {}
-        for query, ranks in self.by_type.get(event.type, ()):
-            ctx = Ctx([None] * len(query.types))
-            accepted = []
-            for rank in ranks:
-                index = query.positives[rank]
-                ctx.events[index] = event
-                if all(check(ctx) is True for check in query.local.get(index, ())):
-                    accepted.append(rank)
-                ctx.events[index] = None
-            if not accepted:
-                continue
-            partition = tuple(dict(event.attributes).get(attribute) for attribute in query.partition)
+        for query, partition, accepted in routes:
             key = (query.name, partition)
             node = self.evaluation.node(query, partition)
             for rank in accepted:

@@ -6,6 +6,7 @@ import pytest
 
 from activedb.composite import EventRejected, LateEvent, MembershipError, ProducerTimeout, TimeoutPolicy
 from activedb.events import Timestamp
+from activedb.streams.errors import EvaluationError
 
 from tests.composite.conftest import FIG2, ev, make_engine, names
 
@@ -170,3 +171,19 @@ def test_membership_must_be_atomic_or_weak():
     engine = make_engine(AND_CHRONICLE, FIG2)
     with pytest.raises(MembershipError, match="'atomic'"):
         engine.join("P9", types=["B"], membership="eventual")
+
+
+def test_an_event_a_query_cannot_evaluate_is_refused_whole():
+    """An event whose query filter raises (``A.x > 5`` on a text) is refused before it changes anything: its
+    producer's sync-point, the counts and the picture stay as they were, so the corrected event is taken as
+    if the first had never come."""
+    engine = make_engine("CREATE QUERY AthenB PATTERN SEQ(A, B) WHERE A.x > 5 RETURN A.id AS a, B.id AS b",
+                         {"PA": ["A"], "PB": ["B"]}, attributes=("id", "x"))
+    with pytest.raises(EvaluationError, match="cannot compare"):
+        engine.signal(ev("A", 1.0, "PA", "a_bad", x="abc"))
+    assert (engine.statistics().events, engine.producers()["PA"].sync, engine.producers()["PA"].events) == (0, None, 0)
+    assert engine.window().entries == ()
+    engine.signal(ev("A", 1.0, "PA", "a0", x=7))
+    engine.signal(ev("B", 2.0, "PB", "b0"))
+    engine.heartbeat("PA", Timestamp.at(3.0, 0.005))
+    assert names(engine.heartbeat("PB", Timestamp.at(3.0, 0.005))) == [("a0", "b0")]
