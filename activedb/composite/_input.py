@@ -65,6 +65,9 @@ class InputNode:
             raw = StreamEvent(event_type, raw.get("ts"), dict(attributes), stream)
         if not isinstance(raw, StreamEvent):
             raise EventRejected(f"engine {self.name} takes StreamEvent or Heartbeat objects, got {raw!r}")
+        if not isinstance(raw.attributes, Mapping):
+            raise EventRejected(f"engine {self.name}: the attributes of event {raw.type} are a "
+                                f"{type(raw.attributes).__name__}, not a mapping; give them as a dict")
         producer_name = raw.ts.producer if isinstance(raw.ts, Timestamp) else None
         if producer_name is None:
             producer_name = dict(raw.attributes).get("producer")
@@ -92,8 +95,15 @@ class InputNode:
                     accepted.append(rank)
                 ctx.events[index] = None
             if accepted:
-                routes.append((query, tuple(dict(event.attributes).get(attribute) for attribute in query.partition),
-                               accepted))
+                partition = tuple(dict(event.attributes).get(attribute) for attribute in query.partition)
+                try:
+                    hash(partition)
+                except TypeError:
+                    raise EventRejected(f"event {describe_event(event)}: query {query.name} is partitioned by "
+                                        f"[{', '.join(query.partition)}], and {partition!r} cannot key a partition "
+                                        f"(a list or a dict); give such attributes as texts, numbers or tuples"
+                                        ) from None
+                routes.append((query, partition, accepted))
         now = self.clock.now()
         old = self._check_late(producer, ts, event.type, f"event {describe_event(event)}")
         producer.last_seen = now

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from activedb import streams
 from activedb.composite import EventRejected, LateEvent, MembershipError, ProducerTimeout, TimeoutPolicy
 from activedb.events import Timestamp
 from activedb.streams.errors import EvaluationError
@@ -187,3 +188,18 @@ def test_an_event_a_query_cannot_evaluate_is_refused_whole():
     engine.signal(ev("B", 2.0, "PB", "b0"))
     engine.heartbeat("PA", Timestamp.at(3.0, 0.005))
     assert names(engine.heartbeat("PB", Timestamp.at(3.0, 0.005))) == [("a0", "b0")]
+
+
+@pytest.mark.parametrize("malformed", [
+    streams.StreamEvent("A", Timestamp.at(1.0, 0.005, producer="PA"), None),                    # type: ignore[arg-type]
+    streams.StreamEvent("A", Timestamp.at(1.0, 0.005, producer="PA"), [("id", "a0")]),          # type: ignore[arg-type]
+    streams.StreamEvent("A", Timestamp.at(1.0, 0.005, producer="PA"), {"id": ["a", "list"]}),
+], ids=["attributes-none", "attributes-a-list", "partition-value-unhashable"])
+def test_a_malformed_event_is_rejected_with_event_rejected_and_changes_nothing(malformed):
+    """An event whose attributes are not a mapping, or whose partition attribute cannot key a node (a list),
+    raises EventRejected saying so — not a TypeError from inside the engine — and is not taken."""
+    engine = make_engine("CREATE QUERY AthenB PATTERN SEQ(A, B) WHERE [id] RETURN A.id AS a, B.id AS b",
+                         {"PA": ["A"], "PB": ["B"]})
+    with pytest.raises(EventRejected, match="A"):
+        engine.signal(malformed)
+    assert (engine.statistics().events, engine.producers()["PA"].sync) == (0, None)
