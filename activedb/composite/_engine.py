@@ -166,6 +166,9 @@ class CompositionEngine:
                                   f"MembershipKind.WEAK ('weak': admitted late, invalidated compositions reported), "
                                   f"got {membership!r}")
         membership = MembershipKind(membership)
+        if isinstance(types, str):
+            raise MembershipError(f"types is a collection of event type names, got the text {types!r}: write "
+                                  f"types=[{types!r}]")
         types = frozenset(types)
         if not producer or not isinstance(producer, str):
             raise MembershipError(f"a producer is a non-empty string, got {producer!r}")

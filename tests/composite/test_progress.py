@@ -203,3 +203,13 @@ def test_a_malformed_event_is_rejected_with_event_rejected_and_changes_nothing(m
     with pytest.raises(EventRejected, match="A"):
         engine.signal(malformed)
     assert (engine.statistics().events, engine.producers()["PA"].sync) == (0, None)
+
+
+def test_join_with_types_given_as_one_text_is_refused():
+    """``types=`` is a collection of type names: a text given there (``types="AB"``) is refused with what to
+    write, instead of being read letter by letter — which joined the producer for ``A`` and ``B`` silently, so
+    that compositions of both waited for a producer that would never send them."""
+    engine = make_engine(AND_CHRONICLE, FIG2)
+    with pytest.raises(MembershipError, match=r"types=\['AB'\]"):
+        engine.join("PQ", types="AB")
+    assert "PQ" not in engine.producers()
