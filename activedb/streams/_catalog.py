@@ -53,6 +53,10 @@ class StreamSchema:
     tie_key: Callable[[StreamEvent], object] | None = None
 
     def __post_init__(self) -> None:
+        for parameter, names in (("types", self.types), ("attributes", self.attributes)):
+            if isinstance(names, str):       # (tuple() would read it letter by letter)
+                raise DefinitionError(f"stream {self.name}: {parameter} is a collection of names, got the text "
+                                      f"{names!r}: write {parameter}=[{names!r}]")
         object.__setattr__(self, "types", tuple(self.types) if self.types is not None else None)
         object.__setattr__(self, "attributes", tuple(self.attributes))
         object.__setattr__(self, "type_attributes", {key: tuple(value) for key, value in

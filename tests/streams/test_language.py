@@ -142,3 +142,17 @@ def test_hygiene_engine_accepts_q2(db):
     assert set(engine.queries) == {"Q1", "Q2"}
     assert engine.queries["Q2"].accepting_type == "EXIT"
     assert Q2.startswith("CREATE QUERY Q2")
+
+
+@pytest.mark.parametrize("options", [{"types": "ENTER", "attributes": ("HCW-ID",)},
+                                     {"types": BADGE_TYPES, "attributes": "location"}],
+                         ids=["types", "attributes"])
+def test_a_stream_s_types_or_attributes_given_as_one_text_are_refused(db, options):
+    """``create_stream(types=…, attributes=…)`` take collections of names: one text there is refused saying what to
+    write, instead of being read letter by letter (types="ENTER" failed with "event type 'E' is declared twice",
+    attributes="location" declared the attributes l, o, c, a, t, i, o, n)."""
+    engine = streams.StreamEngine(db, name="one_text", durable=False)
+    (name, text), = [(key, value) for key, value in options.items() if isinstance(value, str)]
+    with pytest.raises(DefinitionError, match=rf"{name}=\['{text}'\]"):
+        engine.create_stream("estream", **options)
+    assert engine.streams == {}
