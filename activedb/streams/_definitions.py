@@ -159,6 +159,27 @@ class Definitions:
             found.append(plan)
         return found
 
+    def unkeyable(self, event: StreamEvent) -> str | None:
+        """Why ``event`` (its stream and type resolved) cannot be run — a value that keys one of its partitions or
+        a row of its access plan cannot key anything (a list, a dict) — or None."""
+        name, event_type = event.stream or "", event.type          # (admission resolved its stream)
+        template = self._plans.get((name, event_type)) or self._plan_template(name, event_type)
+        partitions = [matcher.partition_key(event) for _, matcher in self._by_type.get((name, event_type), ())]
+        try:
+            hash((template[3](event.attributes), *partitions))
+        except TypeError:
+            pass
+        else:
+            return None
+        named = []
+        for attribute, value in event.attributes.items():
+            try:
+                hash(value)
+            except TypeError:
+                named.append(f"{attribute} (a {type(value).__name__})")
+        return (f"rejected: {event.describe()} keys a partition or a store row by {', '.join(named) or 'a value'}, "
+                f"which cannot key one; give such attributes as texts, numbers or tuples")
+
     def _row_key(self, table: str, key: Key | None) -> Key | None:
         """A plan's key of ``table`` as the store names its row (``TableInfo.key``, as the views name an operation's:
         ``_view._as_key``), so that events naming one row by two values lock and version one row; a key the table

@@ -90,7 +90,8 @@ class StreamEngine:
         self.metrics = Metrics(self.scheduler.name)
         self._mutex = threading.RLock()
         self._definitions = Definitions(self.catalog, self._mutex)
-        self._reorder = ReorderBuffer(name, self.metrics, lambda stream: self.db.watermark(stream))
+        self._reorder = ReorderBuffer(name, self.metrics, lambda stream: self.db.watermark(stream),
+                                      self._definitions.unkeyable)
         self._state = State()
         self._pending: Pending | None = None
         self._loaded = not durable

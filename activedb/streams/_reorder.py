@@ -22,10 +22,12 @@ from activedb.streams.errors import StreamError
 class ReorderBuffer:
     """Admission, punctuation bounds and release for engine ``name``."""
 
-    def __init__(self, name: str, metrics: Metrics, watermark: Callable[[str], Punctuation | None]):
+    def __init__(self, name: str, metrics: Metrics, watermark: Callable[[str], Punctuation | None],
+                 unkeyable: Callable[[StreamEvent], str | None] = lambda event: None):
         self.name = name
         self.metrics = metrics
         self.watermark = watermark
+        self.unkeyable = unkeyable          # why an event cannot key its partitions and rows (None: it can)
 
     def admit_all(self, events: Iterable[object], now: float, pending: Pending,
                   streams: dict[str, StreamSchema]) -> list[DeadLetter]:
@@ -83,6 +85,10 @@ class ReorderBuffer:
                     event, f"late: {event.describe()} (ts {format_ts(event.ts)}) is older than the punctuation "
                            f"{format_ts(released)} already released by engine {self.name}; every event before it "
                            f"has been processed, so this one can no longer be put in order", punctuation=released))
+                continue
+            unkeyable = self.unkeyable(event)
+            if unkeyable is not None:
+                letters.append(self._reject(event, unkeyable))
                 continue
             if stream.tie_key is None:
                 tie = None

@@ -720,3 +720,25 @@ def test_an_event_the_tie_key_raises_on_is_a_dead_letter_and_the_stream_goes_on(
     assert made.statistics().dead_letters == 1
     with db.engine.connect() as connection:
         assert connection.execute(sa.text("SELECT count(*) FROM activedb_dead_letters")).scalar() == 1
+
+
+@pytest.mark.parametrize("scheduler", ["sei", "s2pl", "lwm"])
+@pytest.mark.parametrize("malformed", [
+    streams.StreamEvent("ENTER", 40, {"HCW-ID": ["w0"], "location": "r0"}, stream="estream"),
+    streams.StreamEvent("EXIT", 40, {"HCW-ID": {"id": "w0"}, "location": "r0"}, stream="estream"),
+], ids=["row-key-a-list", "partition-a-dict"])
+def test_an_event_whose_key_attribute_cannot_key_is_a_dead_letter_and_the_stream_goes_on(db, malformed, scheduler):
+    """An event whose value of an attribute that keys a partition ([HCW-ID]) or a store row (workerID =
+    ENTER.HCW-ID) is a list or a dict cannot be matched or locked: it is a dead letter naming the attribute, and
+    the events around it are processed as if it had not been there — under every scheduler (before, the batch
+    failed with TypeError: unhashable type, and so did every retry of it)."""
+    events = random_stream(random.Random(SEED + 2), 60)
+    expected, _ = run_sorted(db, events, name="without-unkeyable")
+    reset(db)
+    made = engine(db, name="with-unkeyable", scheduler=scheduler)
+    ordered = sorted(events, key=lambda event: event.ts)
+    result = made.feed([*ordered[:30], malformed, *ordered[30:]], punctuation=streams.END_OF_STREAM)
+    assert [(letter.event.describe(), letter.event.attributes) for letter in result.dead_letters] == [
+        (malformed.describe(), malformed.attributes)]
+    assert "HCW-ID" in result.dead_letters[0].reason
+    assert observe(db, result.outputs) == expected
