@@ -218,6 +218,14 @@ def _returns(returns: Returns) -> tuple[ast.ReturnItem, ...]:
     return tuple(items)
 
 
+def _priority(what: str, priority: float | None) -> float | None:
+    """``priority`` if it is None or a number; a DefinitionError otherwise (definitions are ordered by it)."""
+    if priority is not None and (isinstance(priority, bool) or not isinstance(priority, (int, float))
+                                 or priority != priority):
+        raise DefinitionError(f"{what}: priority is a number (higher first) or None, got {priority!r}")
+    return priority
+
+
 def query_definition(name: str, *, pattern: PatternLike, returns: Returns, where: object = None,
                      within: float | None = None,
                      stream: str | None = None, selection: ast.Selection | str = ast.Selection.SKIP_TILL_ANY_MATCH,
@@ -229,7 +237,7 @@ def query_definition(name: str, *, pattern: PatternLike, returns: Returns, where
         raise DefinitionError(f"query {name}: pattern must be seq(…) or an event type, got {pattern!r}")
     return ast.QueryDefinition(name=name, pattern=pattern, returns=_returns(returns), where=_where(where),
                                within=float(within) if within is not None else None, stream=stream,
-                               selection=ast.Selection(selection), priority=priority,
+                               selection=ast.Selection(selection), priority=_priority(f"query {name}", priority),
                                consumption=ast.Consumption(consumption) if consumption is not None else None)
 
 
@@ -248,6 +256,6 @@ def rule_definition(name: str, *, on_output: str, action: RuleAction | Sequence[
             raise DefinitionError(f"rule {name}: an action is update(…), insert(…), delete(…) or a callable "
                                   f"(tx, new), got {item!r}")
     return ast.RuleDefinition(name=name, query=on_output, actions=tuple(built), new_alias=new,
-                              when=_where(when), priority=priority, replace=replace)
+                              when=_where(when), priority=_priority(f"rule {name}", priority), replace=replace)
 
 

@@ -156,3 +156,22 @@ def test_a_stream_s_types_or_attributes_given_as_one_text_are_refused(db, option
     with pytest.raises(DefinitionError, match=rf"{name}=\['{text}'\]"):
         engine.create_stream("estream", **options)
     assert engine.streams == {}
+
+
+def test_a_priority_that_is_not_a_number_is_refused_and_leaves_the_definitions_as_they_were(db):
+    """``priority=`` is a number (higher first).  Given as a text, the query or rule was registered and only then
+    failed to sort (TypeError: bad operand type for unary -), so it stayed defined and every later definition of
+    the engine failed the same way; a replacing rule had already removed the one it replaced.  It is refused
+    with a DefinitionError before anything changes."""
+    engine = engine_for(db)
+    engine.define(Q1_R1)
+    original = engine.rules["R1"]
+    with pytest.raises(DefinitionError, match="query P: priority is a number.*'high'"):
+        engine.query("P", pattern=streams.seq("EXIT", "ENTER"), returns=[streams.event("ENTER")["HCW-ID"]],
+                     priority="high")  # type: ignore[arg-type]
+    with pytest.raises(DefinitionError, match="rule R1: priority is a number.*'1'"):
+        engine.rule("R1", on_output="Q1", action=lambda tx, new: None, priority="1",  # type: ignore[arg-type]
+                    replace=True)
+    assert set(engine.queries) == {"Q1"} and engine.rules == {"R1": original}
+    engine.define(Q2)                 # the engine still takes definitions
+    assert set(engine.queries) == {"Q1", "Q2"}
