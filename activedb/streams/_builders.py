@@ -235,9 +235,20 @@ def query_definition(name: str, *, pattern: PatternLike, returns: Returns, where
         pattern = seq(pattern)
     if not isinstance(pattern, ast.Pattern):
         raise DefinitionError(f"query {name}: pattern must be seq(…) or an event type, got {pattern!r}")
+    try:
+        selection = ast.Selection(selection)
+    except ValueError:
+        raise DefinitionError(f"query {name}: selection is an activedb.streams.Selection or one of "
+                              f"{', '.join(repr(member.value) for member in ast.Selection)}, got {selection!r}"
+                              ) from None
+    try:
+        window = float(within) if within is not None else None
+    except (TypeError, ValueError):
+        raise DefinitionError(f"query {name}: within is the window in seconds (a number) or None, got {within!r}"
+                              ) from None
     return ast.QueryDefinition(name=name, pattern=pattern, returns=_returns(returns), where=_where(where),
-                               within=float(within) if within is not None else None, stream=stream,
-                               selection=ast.Selection(selection), priority=_priority(f"query {name}", priority),
+                               within=window, stream=stream,
+                               selection=selection, priority=_priority(f"query {name}", priority),
                                consumption=ast.Consumption(consumption) if consumption is not None else None)
 
 

@@ -175,3 +175,17 @@ def test_a_priority_that_is_not_a_number_is_refused_and_leaves_the_definitions_a
     assert set(engine.queries) == {"Q1"} and engine.rules == {"R1": original}
     engine.define(Q2)                 # the engine still takes definitions
     assert set(engine.queries) == {"Q1", "Q2"}
+
+
+@pytest.mark.parametrize("option, match", [
+    ({"selection": "skip_till_some_match"}, r"selection .*'skip_till_any_match'.*got 'skip_till_some_match'"),
+    ({"within": "ten seconds"}, r"within .*'ten seconds'"),
+], ids=["selection", "within"])
+def test_a_query_s_selection_or_window_of_the_wrong_kind_is_a_definition_error(db, option, match):
+    """``engine.query(selection=…, within=…)``: a text that is no Selection, or a window that is no number, is a
+    DefinitionError saying what to give (was a bare ValueError from the enum or float())."""
+    engine = engine_for(db)
+    with pytest.raises(DefinitionError, match=f"query P: {match}"):
+        engine.query("P", pattern=streams.seq("EXIT", "ENTER"), returns=[streams.event("ENTER")["HCW-ID"]],
+                     **option)
+    assert engine.queries == {}
