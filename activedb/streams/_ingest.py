@@ -107,8 +107,10 @@ class QueriesHandler(BatchHandler):
         self.scheduler = scheduler
         self.engines: tuple[StreamEngine, ...] = ()      # set once by bind()
         self.key_attribute: str | None = None
-        # Per engine: event type -> the stream to name (None: the engine's only stream).
+        # Per engine: event type -> the stream to name (None: the engine's only stream), and the stream of any
+        # type that takes every other type (None: such a row is not this engine's).
         self._routes: list[dict[str, str | None] | None] = []
+        self._any_type: list[str | None] = []
 
     def bind(self, db: DatabaseHandle, mapping: EventMapping | None) -> None:
         """Build (or check) the engines on ``db``; an event's key becomes ``mapping.key_column``."""
@@ -117,18 +119,27 @@ class QueriesHandler(BatchHandler):
         if mapping is None:
             raise IngestError("the queries path needs a mapping: its key column names the attribute an event's key "
                               "becomes")
-        self.engines = tuple(build_engines(db, self.queries, self.scheduler))
-        self.key_attribute = mapping.key_column
-        for engine in self.engines:
+        engines = tuple(build_engines(db, self.queries, self.scheduler))
+        all_routes: list[dict[str, str | None] | None] = []
+        any_types: list[str | None] = []
+        for engine in engines:
             schemas = engine.streams
-            if any(schema.types is None for schema in schemas.values()):
-                self._routes.append(None if len(schemas) == 1 else {})
+            any_type = [name for name, schema in schemas.items() if schema.types is None]
+            if len(any_type) > 1:
+                raise IngestError(f"engine {engine.name!r} has several streams that take any event type "
+                                  f"({', '.join(any_type)}): which one a row belongs to is ambiguous; declare their "
+                                  f"types with engine.create_stream(…, types=[…]) (one stream may take the rest)")
+            any_types.append(any_type[0] if any_type and len(schemas) > 1 else None)
+            if any_type and len(schemas) == 1:
+                all_routes.append(None)
                 continue
             routes: dict[str, str | None] = {}
             for name, schema in schemas.items():
                 for event_type in schema.types or ():
                     routes.setdefault(event_type, None if len(schemas) == 1 else name)
-            self._routes.append(routes)
+            all_routes.append(routes)
+        self.engines, self.key_attribute = engines, mapping.key_column
+        self._routes, self._any_type = all_routes, any_types
 
     def accepted_types(self) -> frozenset[str] | None:
         types: set[str] = set()
@@ -140,13 +151,15 @@ class QueriesHandler(BatchHandler):
         return frozenset(types)
 
     def _events_for(self, index: int, batch: BatchInput) -> list[StreamEvent]:
-        routes = self._routes[index]
+        routes, any_type = self._routes[index], self._any_type[index]
         events = []
         for raw in batch.events:
             if routes is None:
                 stream = None
             elif raw.event_type in routes:
                 stream = routes[raw.event_type]
+            elif any_type is not None:
+                stream = any_type
             else:
                 continue
             attributes = {**raw.payload, self.key_attribute: raw.key}
