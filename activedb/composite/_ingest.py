@@ -79,7 +79,10 @@ def rows_to_items(rows: Rows, mapping: EventMapping) -> tuple[list[StreamEvent |
             if not isinstance(producer, str) or not producer:
                 raise InvalidField(f"producer ({mapping.producer_column!r}) is {producer!r}, need a non-empty string")
             raw_type = row.get(mapping.type_column)
-            event_type = mapping.type_map.get(raw_type, raw_type) if mapping.type_map else raw_type
+            try:
+                event_type = mapping.type_map.get(raw_type, raw_type) if mapping.type_map else raw_type
+            except TypeError:             # an unhashable value (a list, a dict): refused below
+                event_type = raw_type
             if not isinstance(event_type, str) or not event_type:
                 raise InvalidField(f"event type ({mapping.type_column!r}) is {raw_type!r}, need a non-empty string")
             raw_ts = row.get(mapping.ts_column)
