@@ -232,7 +232,7 @@ class CompositionEngine:
         """Remove ``event`` from every list (e.g. after ``UncertainOrder``, as the application decides)."""
         with self._guard:
             found = False
-            for node in self._evaluation.nodes.values():
+            for node in list(self._evaluation.nodes.values()):      # (evaluating drops a node it empties)
                 doomed = [item for item in node.items() if item.event == event]
                 if doomed:
                     found = True

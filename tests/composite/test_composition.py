@@ -215,3 +215,13 @@ def test_composites_feed_a_further_composition_as_a_producer():
     assert [(item["a"], item["c"]) for item in forwarded] == [("a0", "c0")]
     (result,) = forwarded
     assert result.constituents[0].ts.producer == "AB" and result.ts.lower == pytest.approx(0.995)
+
+
+def test_discarding_the_last_event_of_a_node_removes_it():
+    """``discard`` of a node's only event: the node, now empty, goes (before: RuntimeError: dictionary changed
+    size during iteration, the event already removed but the call failed)."""
+    engine = make_engine(SEQ_CHRONICLE, {"PA": ["A"], "PB": ["B"]})
+    event = ev("A", 1.0, "PA", "a0")
+    engine.signal(event)
+    assert engine.discard(event) == []
+    assert engine.statistics().dropped == 1 and engine.waiting() == {}
