@@ -23,7 +23,7 @@ from activedb.composite._polist import Membership
 from activedb.composite._records import CompositeStatistics, MembershipKind, ProducerInfo, TimeoutPolicy, Window
 from activedb.composite._rollback import Rollback
 from activedb.composite.errors import CompositeError, MembershipError, ProducerTimeout
-from activedb.events import EventSpec, EventKind, Instant, LocalClock, TimeLike, earlier
+from activedb.events import EventSpec, EventKind, Instant, LocalClock, TimeLike, Timestamp, as_timestamp, earlier
 from activedb.streams import CompiledQuery, StreamEvent, StreamSchema, algebra as ast, compile_query, parse
 from activedb.streams import PatternLike, Returns, query_definition
 from activedb.streams.algebra import Position
@@ -230,6 +230,11 @@ class CompositionEngine:
 
     def discard(self, event: StreamEvent) -> list[CompositeEvent]:
         """Remove ``event`` from every list (e.g. after ``UncertainOrder``, as the application decides)."""
+        if not isinstance(event.ts, Timestamp):      # signalled with a point ts: the lists hold it as take() made it
+            try:
+                event = dataclasses.replace(event, ts=as_timestamp(event.ts, dict(event.attributes).get("producer")))
+            except (TypeError, ValueError):
+                pass                                 # not a time: in no list (said below)
         with self._guard:
             found = False
             for node in list(self._evaluation.nodes.values()):      # (evaluating drops a node it empties)

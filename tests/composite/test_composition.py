@@ -225,3 +225,14 @@ def test_discarding_the_last_event_of_a_node_removes_it():
     engine.signal(event)
     assert engine.discard(event) == []
     assert engine.statistics().dropped == 1 and engine.waiting() == {}
+
+
+def test_discard_finds_an_event_signalled_with_a_point_timestamp_and_its_producer_attribute():
+    """``signal`` takes an event whose ts is a number with ``attributes['producer']``; ``discard`` of that same
+    event removes it (before: "is in no list", the list holding it with its ts made a Timestamp)."""
+    engine = make_engine(SEQ_CHRONICLE, {"PA": ["A"], "PB": ["B"]}, attributes=("id", "producer"))
+    event = streams.StreamEvent("A", 1.0, {"id": "a0", "producer": "PA"})
+    engine.signal(event)
+    assert [waiting["lists"]["A"] for waiting in engine.waiting().values()] != [[]]
+    assert engine.discard(event) == []
+    assert engine.statistics().dropped == 1 and engine.waiting() == {}
