@@ -40,7 +40,11 @@ class Members:
         existing = self.producers.get(producer)
         if existing is not None and existing.state is Membership.JOINED:
             raise MembershipError(f"producer {producer} has already joined engine {self.name}")
-        start = None if since is None else as_timestamp(since).interval.lower
+        try:
+            start = None if since is None else as_timestamp(since).interval.lower
+        except (TypeError, ValueError) as error:
+            raise MembershipError(f"producer {producer}: since={since!r} is not a time ({error}); give a number of "
+                                  f"seconds, an aware datetime or a Timestamp") from None
         if start is not None:
             for event_type in () if weak else types:
                 relied = self.relied.get(event_type)

@@ -213,3 +213,13 @@ def test_join_with_types_given_as_one_text_is_refused():
     with pytest.raises(MembershipError, match=r"types=\['AB'\]"):
         engine.join("PQ", types="AB")
     assert "PQ" not in engine.producers()
+
+
+@pytest.mark.parametrize("since", ["soon", float("nan")], ids=["a-text", "nan"])
+def test_join_with_a_since_that_is_not_a_time_is_a_membership_error(since):
+    """``join(…, since=…)`` that is not a time is refused with MembershipError naming the producer (was a bare
+    ValueError from the time model), and the producer is not joined."""
+    engine = make_engine(AND_CHRONICLE, FIG2)
+    with pytest.raises(MembershipError, match="producer PQ: since="):
+        engine.join("PQ", types=["A"], since=since)
+    assert "PQ" not in engine.producers()
