@@ -76,7 +76,11 @@ class CompositionEngine:
         self.name = name
         self.clock: Clock = clock if clock is not None else db.clock if db is not None else SYSTEM_CLOCK
         self.timeout = timeout
-        self.on_timeout = TimeoutPolicy(on_timeout)
+        try:
+            self.on_timeout = TimeoutPolicy(on_timeout)
+        except ValueError:
+            raise CompositeError(f"on_timeout={on_timeout!r} is not a TimeoutPolicy: use one of "
+                                 f"{', '.join(repr(policy.value) for policy in TimeoutPolicy)}") from None
         self.on_uncertain = on_uncertain
         self.on_invalidation = on_invalidation
         self._mutex = threading.Lock()

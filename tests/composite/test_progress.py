@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from activedb import streams
-from activedb.composite import EventRejected, LateEvent, MembershipError, ProducerTimeout, TimeoutPolicy
+from activedb import composite, streams
+from activedb.composite import (CompositeError, EventRejected, LateEvent, MembershipError, ProducerTimeout,
+                                TimeoutPolicy)
 from activedb.events import Timestamp
 from activedb.streams.errors import EvaluationError
 
@@ -223,3 +224,11 @@ def test_join_with_a_since_that_is_not_a_time_is_a_membership_error(since):
     with pytest.raises(MembershipError, match="producer PQ: since="):
         engine.join("PQ", types=["A"], since=since)
     assert "PQ" not in engine.producers()
+
+
+def test_an_unknown_on_timeout_is_a_composite_error_naming_the_policies():
+    """``CompositionEngine(on_timeout=…)`` takes a TimeoutPolicy or its value; anything else is refused with a
+    CompositeError listing them (was a bare ValueError: 'x' is not a valid TimeoutPolicy)."""
+    with pytest.raises(CompositeError, match=r"on_timeout='exclued'.*'raise'.*'exclude'"):
+        composite.CompositionEngine(on_timeout="exclued")
+    assert composite.CompositionEngine(on_timeout="exclude").on_timeout is TimeoutPolicy.EXCLUDE
