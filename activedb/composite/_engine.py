@@ -22,7 +22,7 @@ from activedb.composite._model import (Choice, CompositeEvent, Heartbeat, Invali
 from activedb.composite._polist import Membership
 from activedb.composite._records import CompositeStatistics, MembershipKind, ProducerInfo, TimeoutPolicy, Window
 from activedb.composite._rollback import Rollback
-from activedb.composite.errors import CompositeError, MembershipError, ProducerTimeout
+from activedb.composite.errors import CompositeError, EventRejected, LateEvent, MembershipError, ProducerTimeout
 from activedb.events import EventSpec, EventKind, Instant, LocalClock, TimeLike, Timestamp, as_timestamp, earlier
 from activedb.streams import CompiledQuery, StreamEvent, StreamSchema, algebra as ast, compile_query, parse
 from activedb.streams import PatternLike, Returns, query_definition
@@ -221,6 +221,23 @@ class CompositionEngine:
             for item in items:
                 self._input.take(item)
         return self._finish(emit_into=tx)
+
+    def _process_refusing(self, tx: Transaction | None, items: Iterable[StreamEvent | Heartbeat]
+                          ) -> tuple[list[CompositeEvent], list[tuple[StreamEvent | Heartbeat, CompositeError]]]:
+        """``process`` (``submit`` when ``tx`` is None) for an ingestion's batch: an input the engine refuses
+        before it changes anything — ``LateEvent``, ``EventRejected``, ``MembershipError`` — is handed back with
+        its error (to become a dead letter) instead of failing the whole batch, which a connector would deliver
+        again, to be refused again, for ever.  The result is the one the batch without those inputs gives."""
+        refused: list[tuple[StreamEvent | Heartbeat, CompositeError]] = []
+        with self._guard:
+            if tx is not None:
+                self._rollback.enlist(tx.root)
+            for item in items:
+                try:
+                    self._input.take(item)
+                except (LateEvent, EventRejected, MembershipError) as error:
+                    refused.append((item, error))
+        return self._finish(emit_into=tx), refused
 
     def poll(self) -> list[CompositeEvent]:
         """Check the input nodes' timeouts (raises :class:`ProducerTimeout`, or excludes silent producers

@@ -146,8 +146,13 @@ def feed_batch(engine: CompositionEngine, rows: Rows, mapping: EventMapping, *, 
             accepted.append(item)
         else:
             rejected.append(Rejected(-1, problem, jsonable({"producer": producer, "ts": str(item.ts)})))
-    composites = engine.process(tx, accepted) if tx is not None else engine.submit(accepted)
-    return FeedResult(tuple(accepted), tuple(composites), tuple(rejected))
+    composites, refused = engine._process_refusing(tx, accepted)
+    for item, error in refused:
+        producer = item.producer if isinstance(item, Heartbeat) else item.ts.producer
+        rejected.append(Rejected(-1, f"{type(error).__name__}: {error}",
+                                 jsonable({"producer": producer, "ts": str(item.ts)})))
+    taken = [item for item in accepted if not any(item is other for other, _ in refused)]
+    return FeedResult(tuple(taken), tuple(composites), tuple(rejected))
 
 
 class CompositeHandler(BatchHandler):
