@@ -53,7 +53,13 @@ class ChangeReader:
                         raise UnknownTable(f"table {name!r} no longer exists")
                     result.extend(self._changes_of(connection, oid, name, relation, start, end))
                 except sa.exc.ProgrammingError as error:   # its type changed after capture
-                    if getattr(error.orig, "sqlstate", None) not in ("42P01", "42704"):
+                    state = getattr(error.orig, "sqlstate", None)
+                    if state == "42703":        # a column this process read is gone (dropped or renamed since)
+                        connection.rollback()
+                        self.database.catalog.refresh()
+                        result.extend(self._changes_of(connection, oid, name, relation, start, end))
+                        continue
+                    if state not in ("42P01", "42704"):
                         raise
                     connection.rollback()
                     result.extend(self._undeliverable(connection, oid, name, start, end,

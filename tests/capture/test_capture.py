@@ -546,3 +546,39 @@ def test_a_lead_timeout_below_a_millisecond_still_bounds_the_wait_for_the_lead(c
     waiting.join(WATCHDOG_SECONDS)
     assert not stuck, "run_until_caught_up(lead_timeout=0.0004) still waited for the lead after 10 s"
     assert len(failures) == 1 and "on standby" in str(failures[0])
+
+
+def test_a_column_dropped_by_another_process_does_not_stop_the_consumer(clean, conninfo):
+    """Another process drops a column of a captured table after this one read the table's layout: the changes
+    made before and after are delivered (the dropped column no longer in the rows), not a ProgrammingError
+    (undefined column) that stopped the consumer for good until the process read the schema again."""
+    db = clean
+    seen = []
+    with psycopg.connect(conninfo, autocommit=True) as psql:
+        psql.execute("DROP TABLE IF EXISTS shrinking")
+        psql.execute("CREATE TABLE shrinking (id integer PRIMARY KEY, kept text, dropped text)")
+    try:
+        db.schema.refresh()
+        db.capture("shrinking")
+
+        @db.rule(on=db.captured("shrinking", "inserted"), coupling="detached")
+        def remember(tx, event):
+            seen.append(event.new)
+
+        consumer = db.capture.consumer()
+        with psycopg.connect(conninfo, autocommit=True) as psql:
+            psql.execute("INSERT INTO shrinking VALUES (1, 'a', 'b')")
+            consumer.run_until_caught_up()
+            db.rules.wait_idle(WATCHDOG_SECONDS)
+            assert seen == [{"id": 1, "kept": "a", "dropped": "b"}]
+            psql.execute("INSERT INTO shrinking VALUES (2, 'c', 'd')")
+            psql.execute("ALTER TABLE shrinking DROP COLUMN dropped")
+            psql.execute("INSERT INTO shrinking VALUES (3, 'e')")
+        consumer.run_until_caught_up()
+        db.rules.wait_idle(WATCHDOG_SECONDS)
+        assert seen[1:] == [{"id": 2, "kept": "c"}, {"id": 3, "kept": "e"}]
+    finally:
+        db.capture.remove("shrinking")
+        with psycopg.connect(conninfo, autocommit=True) as psql:
+            psql.execute("DROP TABLE shrinking")
+        db.schema.refresh()
