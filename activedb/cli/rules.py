@@ -52,6 +52,11 @@ def _words(value: str) -> str:
     return value.replace("_", " ")
 
 
+def _priority(stored: float | None) -> float | None:
+    """A priority as the rule gave it: the column holds a float, and a whole one is shown as an integer."""
+    return int(stored) if stored is not None and stored.is_integer() else stored
+
+
 def _rule_rows(database: Database, *, include_removed: bool, module: str | None) -> list[_RuleRow]:
     counts = database.rules.firing_counts()
     result: list[_RuleRow] = []
@@ -59,7 +64,7 @@ def _rule_rows(database: Database, *, include_removed: bool, module: str | None)
         fired = counts.get(row["name"], {})
         result.append({
             "name": row["name"], "event": row["event"], "coupling": row["coupling"],
-            "action_coupling": row["action_coupling"], "priority": row["priority"], "version": row["version"],
+            "action_coupling": row["action_coupling"], "priority": _priority(row["priority"]), "version": row["version"],
             "state": _rule_state(row), "fired": fired.get("fired", 0), "last_fired": fired.get("last"),
             "module": row.get("module"), "updated_at": row["updated_at"], "created_at": row["created_at"],
             "definition": row["definition"],

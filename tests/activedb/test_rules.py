@@ -633,3 +633,15 @@ def test_rule_counter_names_exactly_the_fields_of_rule_counters():
     from activedb.rules import RuleCounter, RuleCounters
 
     assert typing.get_args(RuleCounter) == tuple(field.name for field in dataclasses.fields(RuleCounters))
+
+
+@pytest.mark.parametrize("priority", [2.5, 1e12, -3])
+def test_a_rule_s_priority_is_stored_as_the_number_it_is(db, priority):
+    """The registry keeps a priority as given (revision 0016): 2.5 was stored and listed as 2, and a priority
+    beyond a 32-bit integer failed the declaration with PostgreSQL's 'integer out of range'."""
+    name = f"prioritised_{str(priority).replace('.', '_').replace('+', '').replace('-', 'minus_')}"
+    db.rule(on=db.signalled("prioritised"), priority=priority, name=name)(lambda tx, event: None)
+    try:
+        assert {row["name"]: row["priority"] for row in db.rules.persisted()}[name] == priority
+    finally:
+        db.rules.remove(name)
