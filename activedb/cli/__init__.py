@@ -349,7 +349,7 @@ def demo(ctx: click.Context, events: int, workers: int, seed: int, spark: bool, 
               help="Delete the records of firings done more than SECONDS ago (the table keeps one per firing until "
                    "then; compensating a batch follows its firings through them: prune only what you will never "
                    "compensate).")
-@click.option("--limit", default=50, show_default=True, help="Failed firings shown.")
+@click.option("--limit", type=click.IntRange(min=0), default=50, show_default=True, help="Failed firings shown.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
 @click.pass_context
 def outbox(ctx: click.Context, retry: bool, ids: tuple[int, ...], app: str | None, prune_done: float | None, limit: int,

@@ -50,7 +50,7 @@ def dead_letters() -> None:
 @dead_letters.command("list")
 @letter_filters
 @click.option("--all", "include_replayed", is_flag=True, help="Include dead letters already replayed.")
-@click.option("--limit", type=int, default=50, show_default=True, help="At most this many (0: all).")
+@click.option("--limit", type=click.IntRange(min=0), default=50, show_default=True, help="At most this many (0: all).")
 @click.option("--full", is_flag=True, help=f"Print reasons and rows whole (else cut at {LIST_REASON_CHARS}/"
                                            f"{LIST_ROW_CHARS} characters; `show ID` prints one whole).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
@@ -140,7 +140,7 @@ def letters_purge(ctx: click.Context, ids: tuple[int, ...], query: str | None, b
 @dead_letters.command("replay")
 @click.argument("app")
 @letter_filters
-@click.option("--limit", type=int, default=0, help="At most this many (default: all that match).")
+@click.option("--limit", type=click.IntRange(min=0), default=0, help="At most this many (default: all that match).")
 @click.option("--verbose", is_flag=True, help="Also log each event the rules reject again.")
 @click.pass_context
 def replay_command(ctx: click.Context, app: str, ids: tuple[int, ...], query: str | None, batch: int | None,

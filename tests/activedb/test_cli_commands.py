@@ -48,6 +48,16 @@ def test_demo_refuses_a_count_it_cannot_run_as_a_usage_error(arguments, what):
     assert result.exit_code == 2 and f"Invalid value for '{what}'" in result.output, result.output
 
 
+@pytest.mark.parametrize("arguments", [["dead-letters", "list", "--limit", "-1"],
+                                       ["dead-letters", "replay", "app", "--limit", "-1"],
+                                       ["outbox", "--retry", "--limit", "-1"]])
+def test_a_negative_limit_is_a_usage_error(arguments):
+    """Checked before anything is opened (none is given): it reached PostgreSQL, which refused the LIMIT with "fix
+    the data" — after ``outbox --retry`` had already made the failed firings pending again."""
+    result = CliRunner().invoke(main, ["--url", "postgresql://nobody@/nowhere", *arguments])
+    assert result.exit_code == 2 and "Invalid value for '--limit'" in result.output, result.output
+
+
 def test_demo_write_events_names_a_directory_it_cannot_make_in_one_line(tmp_path):
     (tmp_path / "file").write_text("")
     result = CliRunner().invoke(main, ["demo", "--write-events", str(tmp_path / "file" / "events")])
