@@ -64,6 +64,15 @@ def console(stderr: bool = False) -> Console:
     return made
 
 
+def _invoked(ctx: click.Context) -> str:
+    """The command a group's ``ctx`` runs, as typed: ``activedb dead-letters list`` (the groups' names down to it)."""
+    words = [ctx.invoked_subcommand or ""]
+    while ctx.parent is not None:       # (the root's own name is how it was started: `activedb`, `python -m …`)
+        words.insert(0, ctx.info_name or "")
+        ctx = ctx.parent
+    return " ".join(["activedb", *filter(None, words)])
+
+
 class _Group(click.Group):
     """Turns activedb's own errors, a command's refusals (``click.ClickException``) and a missing extra's
     module into one clear line, ``activedb: error: …``, and exit code 1."""
@@ -85,7 +94,7 @@ class _Group(click.Group):
             elif (extra := extra_of(error)) is not None:    # an extra's module that a code path imported bare
                 module = getattr(error, "name", None) or ""
                 message, code = str(MissingExtra(extra, module.partition(".")[0],
-                                                 f"`activedb {ctx.invoked_subcommand}`")), 1
+                                                 f"`{_invoked(ctx)}`")), 1
             elif isinstance(error, click.ClickException):     # a command's own refusal: the same one-line form
                 message, code = error.format_message(), error.exit_code
             else:
@@ -97,7 +106,7 @@ class _Group(click.Group):
 
                 if not isinstance(error, (sa.exc.DBAPIError, psycopg.Error)):
                     raise
-                message, code = str(database_failure(error, f"running `activedb {ctx.invoked_subcommand}`",
+                message, code = str(database_failure(error, f"running `{_invoked(ctx)}`",
                                                      "the database")), 1
             click.echo(f"activedb: error: {mask_secrets(message)}", err=True)
             ctx.exit(code)

@@ -236,6 +236,14 @@ def test_dead_letters_list_show_and_purge_with_filters(database_url, letters):
     assert [letter["id"] for letter in remaining] == letters[:2]
 
 
+def test_a_database_failure_of_a_subcommand_names_the_whole_command(database_url, letters):
+    """A refusal no layer below turned into an activedb error is one line naming the command that ran — the
+    group's too: it said ``activedb show``, a command there is not."""
+    result = invoke(database_url, "dead-letters", "show", str(2**70))       # (beyond PostgreSQL's bigint)
+    assert result.exit_code == 1, result.output
+    assert "PostgreSQL refused running `activedb dead-letters show`" in result.output, result.output
+
+
 def test_bench_prints_a_table_progress_lines_and_writes_json_and_a_plot(tmp_path):
     result = CliRunner().invoke(main, ["bench", "locks", "--quick", "--json", str(tmp_path / "locks.json"),
                                        "--plot", str(tmp_path / "locks.png")], catch_exceptions=False)
