@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from activedb.ingest._interface import LedgerId, Phase, RowEvent, Rows
 from activedb.ingest._ledger import END_OF_STREAM_BATCH, IngestionLedger, last_watermark
-from activedb.ingest._mapping import EventMapping, as_mapping
+from activedb.ingest._mapping import EventMapping, as_mapping, is_arrow
 from activedb.ingest._outcome import BatchBook, BatchOutcome, IngestStatistics, PhaseTimings
 from activedb.ingest._protocol import BatchContext, BatchHandler, BatchInput, run_batch
 from activedb.ingest._rules import RulesHandler
@@ -116,6 +116,12 @@ class Ingestion:
             raise IngestError(f"batch {batch_id} of {query_id} is one {type(rows).__name__}, not a batch of rows: a batch "
                               f"is a sequence of rows (mappings) or an Arrow table — feed(db, [[row, ...], ...]); a "
                               f"batch of one row is [row]; nothing was applied")
+        if not (isinstance(rows, Sequence) or is_arrow(rows)):
+            # (Its rows are counted, read by position and kept in their letters: a list, not an iterator.)
+            name = type(rows).__name__
+            what = "None" if rows is None else f"{'an' if name[0] in 'aeiou' else 'a'} {name}"
+            raise IngestError(f"batch {batch_id} of {query_id} is {what}, not a batch of rows: a batch is a sequence of "
+                              f"rows (mappings) or an Arrow table — list(...) an iterator's rows; nothing was applied")
         with self._book.in_batch():
             if self.lineage:
                 participants = (*participants, self.db.batches.consuming(

@@ -160,3 +160,17 @@ def test_a_batch_that_is_one_row_or_a_feed_without_a_mapping_is_refused_saying_w
         assert app_state(database) == before
     finally:
         database.close()
+
+
+@pytest.mark.parametrize("batch, what", [(None, "None"), (iter([]), "a list_iterator"), (5, "an int")])
+def test_a_batch_that_is_no_sequence_of_rows_is_refused_saying_what_to_give(database_url, batch, what):
+    """A batch that is None, an iterator or a number (its rows are read by position, counted and letters kept of
+    them) is an ``IngestError`` naming what it is and what to give, before anything is applied — it was a
+    ``TypeError`` (``object of type 'NoneType' has no len()``) from counting its rows."""
+    database = app_database(database_url)
+    try:
+        with pytest.raises(IngestError, match=rf"batch 0 of no-rows is {what}, not a batch of rows.*sequence of rows"):
+            feed(database, [batch], source="no-rows", mapping=app_counters.MAPPING)
+        assert ingestion_status(database, "no-rows") == []
+    finally:
+        database.close()
