@@ -45,8 +45,9 @@ _INTERVAL_FIELDS = ("producer_column", "accuracy_column", "accuracy_minus_column
 class EventMapping:
     """Which columns of a batch make an event. Immutable; safe to share between threads.
 
-    ``payload_columns=None`` means every column except the type, key and timestamp
-    columns (and the corrupt-record column); a list names exactly the payload columns (each
+    ``payload_columns=None`` means every column except those that make the event — type, key,
+    timestamp and the accuracy-interval columns below — and the corrupt-record and line columns
+    (:meth:`payload_columns_for`, for rows and Arrow alike); a list names exactly the payload columns (each
     must be present in a row, null values are allowed). ``type_map`` renames raw type values
     (for example numeric codes to names). ``ts_unit`` is the unit of numeric timestamps since the
     Unix epoch: an ``activedb.events.TimeUnit`` (``S``, ``MS``, ``US``; or its value, ``"ms"``). ``id_column`` names a column that
@@ -462,7 +463,8 @@ def rows_to_events(rows: Rows, mapping: EventMapping,
     *id_columns, type_values, key_values, ts_values = converted
     id_values = id_columns[0] if id_columns else [None] * len(rows)
 
-    reserved = (mapping.type_column, mapping.key_column, mapping.ts_column, mapping.corrupt_column, mapping.line_column)
+    # (payload_columns_for's: the columns that make the event, as the Arrow path leaves them out)
+    reserved = {*mapping._event_columns(), mapping.corrupt_column, mapping.line_column}
     good: list[RawEvent] = []
     for position, row in enumerate(mappings):
         if position in errors:

@@ -135,6 +135,20 @@ def test_payload_columns_default_explicit_and_missing():
     assert good == [] and bad[0].reason == "missing field 'floor'"
 
 
+def test_the_default_payload_leaves_out_every_column_that_makes_the_event_for_dicts_as_for_arrow():
+    """``payload_columns=None``: the payload is every column but those of the event itself — the producer, accuracy
+    and local-timestamp columns too (``EventMapping.payload_columns_for``) — whether the rows are dicts or an Arrow
+    table.  Dicts kept those columns in the payload, so the same row gave a rule another payload through feed
+    than through Spark."""
+    mapping = EventMapping("type", "key", "ts", producer_column="producer", accuracy_minus_column="minus",
+                           accuracy_plus_column="plus", local_ts_column="local", id_column="id")
+    rows = [{"type": "enter", "key": "a", "ts": 1.0, "producer": "p1", "minus": 0.1, "plus": 0.2, "local": 1.5,
+             "id": "e1", "room": 3}]
+    for batch in (rows, pa.Table.from_pylist(rows)):
+        good, bad = rows_to_events(batch, mapping)
+        assert bad == [] and good[0].payload == {"id": "e1", "room": 3}, type(batch)
+
+
 def test_arrow_batch_without_a_mapped_column_rejects_every_row():
     table = pa.table({"type": ["enter", "leave"], "key": ["a", "b"]})
     good, bad = rows_to_events(table, MAPPING)
