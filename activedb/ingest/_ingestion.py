@@ -123,17 +123,22 @@ class Ingestion:
             raise IngestError(f"batch {batch_id} of {query_id} is {what}, not a batch of rows: a batch is a sequence of "
                               f"rows (mappings) or an Arrow table — list(...) an iterator's rows; nothing was applied")
         with self._book.in_batch():
-            if self.lineage:
-                participants = (*participants, self.db.batches.consuming(
-                    str(LedgerId.parse(query_id).whole()), batch_id))
-            run = functools.partial(run_batch, self.context, self.handler, rows, batch_id, query_id=query_id,
-                                    watermark=watermark, timings=extra_timings or PhaseTimings(), punctuate=punctuate,
-                                    participants=tuple(participants), events=events, fresh=fresh)
-            watch = self.context.watch
-            if watch is not None:
-                return watch.run(query_id, batch_id, rows, run, self.handler.event_in_progress)
-            with self._book.running(query_id, batch_id, rows):
-                return run()
+            try:
+                if self.lineage:
+                    participants = (*participants, self.db.batches.consuming(
+                        str(LedgerId.parse(query_id).whole()), batch_id))
+                run = functools.partial(run_batch, self.context, self.handler, rows, batch_id, query_id=query_id,
+                                        watermark=watermark, timings=extra_timings or PhaseTimings(),
+                                        punctuate=punctuate, participants=tuple(participants), events=events,
+                                        fresh=fresh)
+                watch = self.context.watch
+                if watch is not None:
+                    return watch.run(query_id, batch_id, rows, run, self.handler.event_in_progress)
+                with self._book.running(query_id, batch_id, rows):
+                    return run()
+            except BaseException as error:      # last_failure() (activedb run's restart after a deadline reads it)
+                self._book.failed(batch_id, error)
+                raise
 
     def reject(self, rows: Rows, batch_id: int, *, query_id: str, reason: str,
                participants: Collection[CommitParticipant] = ()) -> BatchOutcome:

@@ -15,7 +15,7 @@ import sqlalchemy as sa
 import activedb
 from activedb.clock import ManualClock
 from activedb.errors import InvalidChoice
-from activedb.ingest import (Batch, Ingestion, LedgerId, Phase, RowBatches, RulesHandler, drive, feed,
+from activedb.ingest import (Batch, BatchHandler, Ingestion, LedgerId, Phase, RowBatches, RulesHandler, drive, feed,
                              ingestion_status)
 from activedb.ingest.errors import IngestError
 from tests.ingest.feed_driver import RUN, SOURCE, killed_and_fed_again, workload_batches
@@ -159,6 +159,31 @@ def test_a_batch_that_is_one_row_or_a_feed_without_a_mapping_is_refused_saying_w
         assert ingestion_status(database, "one-row") == [] and ingestion_status(database, "no-mapping") == []
         assert app_state(database) == before
     finally:
+        database.close()
+
+
+class _Broken(BatchHandler):
+    """A handler whose batches fail (a bug of its own)."""
+
+    validates_rows = False
+
+    def handle(self, tx, batch, ledger):
+        raise RuntimeError(f"broken on batch {batch.batch_id}")
+
+
+def test_last_failure_is_the_batch_that_raised_out_of_the_ingestion(database_url):
+    """``Ingestion.last_failure()``: ``(batch id, the exception)`` of the last batch that raised — for any connector,
+    not only Spark's sink (it stayed None for a feed, a capture consumer or an ``Ingestion`` used directly)."""
+    database = app_database(database_url)
+    ingestion = Ingestion(database, source="broken", handler=_Broken())
+    try:
+        assert ingestion.last_failure() is None
+        with pytest.raises(RuntimeError, match="broken on batch 4") as raised:
+            ingestion.process([{"any": 1}], 4, query_id="broken")
+        assert ingestion.last_failure() == (4, raised.value)
+        assert ingestion_status(database, "broken") == []
+    finally:
+        ingestion.close()
         database.close()
 
 
