@@ -247,18 +247,20 @@ def _checkpoint_lock(checkpoint_dir: Path, name: str) -> Iterator[None]:
                                             "new --query-name to start over.")
 @click.option("--format", "file_format", type=click.Choice(["json", "csv", "parquet"]), default="json",
               show_default=True, help="File format of a file source.")
-@click.option("--max-files-per-trigger", type=int, default=None, help="File source: files per micro-batch.")
+@click.option("--max-files-per-trigger", type=click.IntRange(min=1), default=None,
+              help="File source: files per micro-batch.")
 @click.option("--file-order", type=click.Choice([order.value for order in FileOrder]), default=FileOrder.CHECK.value,
               show_default=True,
               help="File source with --max-files-per-trigger (JSON lines): Spark reads files oldest-modified first, "
                    "so files whose modification times contradict their events (a copy that did not keep them) "
                    "would make events late. check: refuse to start, saying which; events: set the times in the "
                    "order of the events first; as-is: read them as they are.")
-@click.option("--rows-per-second", type=int, default=100, show_default=True, help="Rate source: rows per second.")
+@click.option("--rows-per-second", type=click.IntRange(min=1), default=100, show_default=True,
+              help="Rate source: rows per second.")
 @click.option("--trigger", default=None, help="Processing-time trigger, e.g. '5 seconds' (default: back to back).")
 @click.option("--available-now", is_flag=True, help="Process what is available now, then stop.")
 @click.option("--watermark-delay", default=None, help="Event-time watermark delay, e.g. '30 seconds'.")
-@click.option("--partitions", type=int, default=None,
+@click.option("--partitions", type=click.IntRange(min=1), default=None,
               help="Scale-out path: repartition each batch by key over N Spark tasks, each with its own engine.")
 @click.option("--on-partition-failure", type=click.Choice(["forward", "compensate"]), default=None,
               help="Scale-out path: when a partition fails for good, stop and complete the batch after the fix "

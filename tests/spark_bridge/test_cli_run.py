@@ -129,6 +129,17 @@ def test_run_rejects_a_malformed_source_and_an_app_without_mapping(tmp_path, dat
     assert "Traceback" not in result.output
 
 
+@pytest.mark.parametrize("option", ["--partitions", "--max-files-per-trigger", "--rows-per-second"])
+@pytest.mark.parametrize("value", ["0", "-2"])
+def test_run_refuses_a_count_below_one_as_a_usage_error(tmp_path, option, value):
+    """Checked before anything is opened or started (no database is given): ``--max-files-per-trigger 0`` was
+    silently ignored, and the other values were refused only once Spark had started (after ``--reset`` had emptied
+    the tables), by the scale-out sink or by Spark itself."""
+    result = CliRunner().invoke(main, ["--url", "postgresql://nobody@/nowhere", "run", APP_FILE, "--source", "rate",
+                                       "--checkpoint", str(tmp_path / "checkpoint"), option, value])
+    assert result.exit_code == 2 and f"Invalid value for '{option}'" in result.output, result.output
+
+
 def _processes_with(marker: str) -> list[str]:
     """Command lines of the running processes that contain ``marker`` (zombies have none)."""
     found = []
