@@ -54,10 +54,10 @@ def parse_ledger_query_id(query_id: str) -> tuple[str, str | None, int | None]:
 class QueryStatus:
     """What one source (an ingestion query) has committed, from the ledger. Immutable.
 
-    ``runs`` are the runs seen (for a Spark query its query ids, one per checkpoint); ``batches`` counts distinct
-    batch ids (a scale-out batch has one ledger row per partition), an end-of-stream release not among them, nor
-    in ``last_batch_id``; ``events``, ``dead_letters`` and ``rule_firings`` are summed over every ledger row of the
-    source, the releases' included: with them, ``events + dead_letters`` accounts for every row delivered.
+    ``runs`` are the runs seen (for a Spark query its query ids, one per checkpoint); ``batches`` counts each run's
+    distinct batch ids (a scale-out batch has one ledger row per partition), an end-of-stream release not among
+    them, nor in ``last_batch_id``; ``events``, ``dead_letters`` and ``rule_firings`` are summed over every ledger
+    row of the source, the releases' included: with them, ``events + dead_letters`` accounts for every row delivered.
     """
 
     query_name: str
@@ -98,7 +98,8 @@ def ingestion_status(db: DatabaseHandle, query_name: str | None = None) -> list[
             firings.update({rule: int(count) for rule, count in (row.rule_firings or {}).items()})
         result.append(QueryStatus(
             query_name=name, runs=tuple(sorted({run for _, run, _ in entries if run is not None})),
-            batches=len({row.batch_id for row in rows if row.batch_id != END_OF_STREAM_BATCH}), ledger_rows=len(rows),
+            batches=len({(run, row.batch_id) for row, run, _ in entries if row.batch_id != END_OF_STREAM_BATCH}),
+            ledger_rows=len(rows),
             partitions=len({partition for _, _, partition in entries if partition is not None}) or None,
             last_batch_id=max(row.batch_id for row in rows), events=sum(row.events for row in rows),
             dead_letters=sum(row.dead_letters for row in rows),

@@ -85,6 +85,21 @@ def test_a_feed_takes_arrow_tables_and_numbered_batches_with_their_watermark(mak
         database.close()
 
 
+def test_the_status_of_a_source_counts_the_batches_of_every_run(database_url):
+    """``QueryStatus.batches``: every batch the source committed — two runs (a Spark query restarted from a new
+    checkpoint, a feed's ``run=``) number their batches from 0 each, and counting distinct batch numbers alone gave
+    three where six had committed."""
+    database = app_database(database_url)
+    try:
+        rows = [[{"type": "add", "key": "k", "ts": BASE_TIME, "amount": 1, "seq": number}] for number in range(3)]
+        for run in ("first", "second"):
+            feed(database, rows, source="two-runs", run=run, mapping=app_counters.MAPPING)
+        [status] = ingestion_status(database, "two-runs")
+        assert (status.runs, status.ledger_rows, status.batches, status.events) == (("first", "second"), 6, 6, 6)
+    finally:
+        database.close()
+
+
 def test_a_process_killed_between_flush_and_return_leaves_nothing_twice(make_database_url, reference, tmp_path):
     """Run 1 is SIGKILLed inside batch 2's flush (everything written, not committed), run 2 after batch 4's
     commit (before ``feed`` returned), run 3 feeds the same batches to the end: the ledger skips what
