@@ -122,6 +122,9 @@ class Ingestion:
             what = "None" if rows is None else f"{'an' if name[0] in 'aeiou' else 'a'} {name}"
             raise IngestError(f"batch {batch_id} of {query_id} is {what}, not a batch of rows: a batch is a sequence of "
                               f"rows (mappings) or an Arrow table — list(...) an iterator's rows; nothing was applied")
+        if watermark is not None and not (isinstance(watermark, dt.datetime) and watermark.tzinfo is not None):
+            raise IngestError(f"batch {batch_id} of {query_id}: a watermark is an aware datetime (UTC), as Batch "
+                              f"takes it, got {watermark!r}; nothing was applied")
         with self._book.in_batch():
             try:
                 if self.lineage:

@@ -177,6 +177,23 @@ def test_a_batch_that_is_one_row_or_a_feed_without_a_mapping_is_refused_saying_w
         database.close()
 
 
+@pytest.mark.parametrize("watermark", [dt.datetime(2026, 1, 1), "2026-01-01T00:00:00Z", 1_700_000_000])
+def test_a_watermark_that_is_no_aware_datetime_is_refused_saying_what_to_give(database_url, watermark):
+    """``Ingestion.process(watermark=...)`` takes an aware datetime (UTC), as ``Batch`` does: a naive one, a string or
+    a number is an ``IngestError`` before anything is applied — it was a ``TypeError`` from comparing it with the
+    events' times (``can't compare offset-naive and offset-aware datetimes``)."""
+    database = app_database(database_url)
+    ingestion = Ingestion(database, app_counters.MAPPING, source="naive")
+    try:
+        rows = [{"type": "add", "key": "k", "ts": BASE_TIME, "amount": 1, "seq": 0}]
+        with pytest.raises(IngestError, match=r"watermark .*aware datetime"):
+            ingestion.process(rows, 0, query_id="naive", watermark=watermark)
+        assert ingestion_status(database, "naive") == []
+    finally:
+        ingestion.close()
+        database.close()
+
+
 class _Broken(BatchHandler):
     """A handler whose batches fail (a bug of its own)."""
 
