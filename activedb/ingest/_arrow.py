@@ -183,7 +183,7 @@ def table_to_events(table: pa.Table | pa.RecordBatch, mapping: EventMapping, kno
         else:
             id_values, id_errors = convert_column(arrow_values(table.column(mapping.id_column)), event_id,
                                                    f"event id ({mapping.id_column!r})")
-    for column_errors in (type_errors, key_errors, ts_errors, id_errors):
+    for column_errors in (id_errors, type_errors, key_errors, ts_errors):       # (the row path's order: the id first)
         for position, reason in column_errors.items():
             errors.setdefault(position, reason)
 

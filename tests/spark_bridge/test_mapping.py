@@ -149,6 +149,18 @@ def test_the_default_payload_leaves_out_every_column_that_makes_the_event_for_di
         assert bad == [] and good[0].payload == {"id": "e1", "room": 3}, type(batch)
 
 
+def test_a_row_with_a_bad_event_id_and_another_bad_field_is_rejected_for_its_id_for_dicts_as_for_arrow():
+    """The first reason of a row is its id's, then its type's, key's and timestamp's — the dict path's order; the
+    Arrow path named the type, key or timestamp before a bad id, so one row got two different dead-letter reasons."""
+    mapping = EventMapping("type", "key", "ts", id_column="id")
+    rows = [{"type": None, "key": "a", "ts": 1.0, "id": None}, {"type": "enter", "key": None, "ts": None, "id": ""},
+            {"type": "enter", "key": "a", "ts": 1e20, "id": None}]
+    expected = ["event id ('id') is null", "event id ('id') is an empty string", "event id ('id') is null"]
+    for batch in (rows, pa.Table.from_pylist(rows)):
+        good, bad = rows_to_events(batch, mapping)
+        assert good == [] and [rejected.reason for rejected in bad] == expected, type(batch)
+
+
 def test_arrow_batch_without_a_mapped_column_rejects_every_row():
     table = pa.table({"type": ["enter", "leave"], "key": ["a", "b"]})
     good, bad = rows_to_events(table, MAPPING)
