@@ -253,7 +253,7 @@ def compensate(ctx: click.Context, query: str, batch: str, mode: str, scope: str
 
 
 @batches_group.command("prune")
-@click.option("--older-than", type=float, required=True, help="Seconds.")
+@click.option("--older-than", type=click.FloatRange(min=0), required=True, help="Seconds.")
 @click.pass_context
 def prune(ctx: click.Context, older_than: float) -> None:
     """Forget lineage recorded more than --older-than seconds ago."""

@@ -41,3 +41,11 @@ def test_show_and_compensate_figure2(db, database_url, tmp_path):
     assert unknown.exit_code == 1
     assert "a batch Spark ingestion consumed is named NAME@SPARK_QUERY_ID, e.g. `activedb batches show " \
            "badges@<id> BATCH`" in unknown.output
+
+
+def test_prune_refuses_a_negative_age_as_a_usage_error():
+    """Checked before anything is opened (no database is given): ``--older-than -5`` reached PostgreSQL as "recorded
+    before five seconds from now" and forgot every transaction's lineage — the compensation of any batch needs it."""
+    result = CliRunner().invoke(main, ["--url", "postgresql://nobody@/nowhere", "batches", "prune", "--older-than",
+                                       "-5"])
+    assert result.exit_code == 2 and "Invalid value for '--older-than'" in result.output, result.output
