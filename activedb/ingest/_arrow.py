@@ -202,8 +202,10 @@ def table_to_events(table: pa.Table | pa.RecordBatch, mapping: EventMapping, kno
     return good, _arrow_rejections(table, errors)
 
 
-def _invalid_text_rows(table: pa.Table | pa.RecordBatch, mapping: EventMapping) -> tuple[pa.Table | pa.RecordBatch, dict[int, str]]:
-    """``(table, {position: reason})`` for rows with a text value that is not UTF-8.
+def _invalid_text_rows(table: pa.Table | pa.RecordBatch, mapping: EventMapping | None
+                       ) -> tuple[pa.Table | pa.RecordBatch, dict[int, str]]:
+    """``(table, {position: reason})`` for rows with a text value that is not UTF-8 (``mapping``: the batch's, whose
+    line and corrupt-record columns a reason names the field of; None: rows that are not validated).
 
     Arrow does not check the bytes of a string column it is handed, and Spark hands over what it read: a line of
     a file source or a Kafka record's value keeps its bytes (``_line``, a corrupt record) while the values parsed

@@ -52,8 +52,15 @@ class BatchLetters:
                 for (_, reason), original, readable in zip(failed, originals, shown)]
 
     def all_rows(self, reason: str) -> list[Letter]:
-        """A letter with ``reason`` for every row of the batch, each keeping its row as delivered."""
-        originals, shown = self._originals_shown(list(range(row_count(self._rows))))
+        """A letter with ``reason`` for every row of the batch, each keeping its row as delivered — rows validation
+        would reject included: of an Arrow table, text that is not UTF-8 is shown as validation shows it (each bad
+        byte as ``\\xNN``; null in a nested column), its original keeps the bytes."""
+        taken, originals = self._taken(list(range(row_count(self._rows))))
+        if taken is None:
+            return [Letter(reason, original) for original in originals]
+        from activedb.ingest._arrow import _invalid_text_rows, jsonable_rows
+
+        shown = jsonable_rows(_invalid_text_rows(taken, None)[0])
         return [Letter(reason, original, readable) for original, readable in zip(originals, shown)]
 
     def insert(self, tx: Transaction, letters: Sequence[Letter]) -> None:

@@ -288,7 +288,7 @@ def lone_surrogate_reason(line: object, fields: Collection[str]) -> str | None:
             f"conversion turns into '?': the row is not applied, its line is kept")
 
 
-def invalid_utf8_reason(data: bytes, column: str, mapping: "EventMapping") -> str:
+def invalid_utf8_reason(data: bytes, column: str, mapping: "EventMapping | None") -> str:
     """Why the value ``data`` of the text column ``column`` cannot be trusted: its bytes are not UTF-8.  A source
     that reads them as text (Spark's JSON parser, a Java string) replaces each such sequence by U+FFFD, a value
     no one sent; the row is a dead letter whose original keeps the bytes.  For the row's line (the mapping's
@@ -308,7 +308,7 @@ def invalid_utf8_reason(data: bytes, column: str, mapping: "EventMapping") -> st
         what += " (a UTF-16 surrogate encoded as if it were a character: CESU-8 or WTF-8, not UTF-8)"
     if len(starts) > 1:
         what += f", and {len(starts) - 1} more sequence(s) that are not UTF-8"
-    if column in (mapping.line_column, mapping.corrupt_column):
+    if mapping is not None and column in (mapping.line_column, mapping.corrupt_column):
         subject = "the line is not valid UTF-8"
         field = _field_holding_escapes(text)
         if field is not None:

@@ -72,6 +72,24 @@ def test_the_letters_of_a_batch_keep_the_bytes_of_its_rejected_rows_beside_its_f
     assert decode_original(encode_original(failed[0].row)).to_pylist() == table.take([2]).to_pylist()
 
 
+def test_every_row_of_a_batch_given_up_is_a_letter_its_bytes_that_are_no_text_kept():
+    """``BatchLetters.all_rows`` (``Ingestion.reject``: a scale-out partition compensated for good) makes a letter of
+    every row as delivered, one with bytes that are not UTF-8 too: its original keeps them and its readable form
+    spells them out, as validation's does.  It raised ``UnicodeDecodeError`` converting that row to JSON, so the
+    batch could not be given up at all."""
+    struct = pa.StructArray.from_arrays([_text([b"ok", b"\xff"])], names=["note"])
+    table = pa.table({"type": ["add"] * 2, "key": ["y6\ufffd\ufffd\ufffd", "good"], "ts": [1.0, 2.0], "seq": [1, 2],
+                      "_line": _text([BAD_LINE, b'{"key": "good"}']), "extra": struct})
+    letters = BatchLetters(None, table, "q", 1).all_rows("partition 0 failed for good")
+    assert [letter.reason for letter in letters] == ["partition 0 failed for good"] * 2
+    assert [letter.row.column("_line").cast(pa.binary()).to_pylist() for letter in letters] == [
+        [BAD_LINE], [b'{"key": "good"}']]
+    assert letters[0].raw()["_line"] == BAD_LINE.decode("utf-8", "backslashreplace")
+    assert [letter.raw()["extra"] for letter in letters] == [{"note": "ok"}, None]
+    assert letters[1].raw() == {"type": "add", "key": "good", "ts": 2.0, "seq": 2, "_line": '{"key": "good"}',
+                                "extra": None}
+
+
 def test_a_batch_of_originals_is_encoded_as_the_stream_writer_writes_each():
     """``encode_originals`` makes each schema's message once: every original has the bytes of its own IPC stream, a
     dictionary column's (whose dictionary goes before the row) and rows of another kind included."""
