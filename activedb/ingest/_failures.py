@@ -117,6 +117,8 @@ def find_culprits(try_events: Callable[[list[_Event]], BaseException | None], ev
         if refusal is None:
             return []
         if len(subset) == 1:
+            if known is not None and not blame_unreproduced and try_events(subset) is None:
+                return []                    # (a batch of one event: its refusal did not come again either)
             return [(subset[0], explain(subset[0], refusal))]
         middle = len(subset) // 2
         found = search(subset[:middle], None) + search(subset[middle:], None)

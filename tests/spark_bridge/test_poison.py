@@ -138,6 +138,18 @@ def test_a_refusal_no_trial_reproduces_reruns_the_batch_and_blames_nobody(databa
     assert dead_letters(ingested) == []
 
 
+def test_a_one_event_batch_whose_refusal_no_trial_reproduces_is_rerun_and_its_event_applied(databases):
+    """As with more events: the batch of one event is re-run as it was and its event applied.  Its event was made
+    a dead letter at once, without a trial — a refusal that was not the event's cost the stream a good event."""
+    ingested, _ = databases
+    sink = IngestSink(ingested, app_counters.MAPPING, query_name="once")
+    refuses = _RefusesOnce()
+    outcome = sink.process(_parsed([_row(1, "a")]), 0, query_id="once@direct", participants=[refuses])
+    assert refuses.refused == 1
+    assert (outcome.committed, outcome.events, outcome.dead_letters) == (True, 1, 0)
+    assert dead_letters(ingested) == []
+
+
 def test_a_refusal_no_trial_reproduces_twice_names_the_last_event():
     """Met a second time for the same batch, such a refusal names the last event (the stream goes on);
     ``find_culprits`` alone: the first time nobody."""
@@ -149,6 +161,9 @@ def test_a_refusal_no_trial_reproduces_twice_names_the_last_event():
     assert event == "e3" and "together with an earlier event" in reason
     poison = lambda subset: failure if "e2" in subset else None       # noqa: E731
     assert [event for event, _ in find_culprits(poison, events, failure, blame_unreproduced=False)] == ["e2"]
+    assert find_culprits(never, ["e1"], failure, blame_unreproduced=False) == []      # one event: the same
+    assert [event for event, _ in find_culprits(never, ["e1"], failure, blame_unreproduced=True)] == ["e1"]
+    assert [event for event, _ in find_culprits(poison, ["e2"], failure, blame_unreproduced=False)] == ["e2"]
 
 
 def test_values_a_tpg_batch_cannot_store_are_dead_letters_and_the_stream_goes_on(databases):
