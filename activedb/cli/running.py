@@ -81,7 +81,7 @@ class StopRequest:
     def __init__(self) -> None:
         self.event = threading.Event()
         self.forced = threading.Event()
-        self._mutex = threading.Lock()
+        self._mutex = threading.RLock()     # (re-entrant: a signal's handler may run inside the previous one's)
         self._count = 0
         self._previous: dict[int, Callable[[int, FrameType | None], object] | int | None] = {}
         #: What the second signal calls, in the main thread: a function that ends the process (None: nothing).
