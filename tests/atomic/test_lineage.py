@@ -229,3 +229,21 @@ def test_the_lineage_revision_round_trips(database_url):
         assert scalar(database, "SELECT to_regclass('activedb_lineage_undo') IS NOT NULL")
     finally:
         database.close()
+
+
+@pytest.mark.parametrize("age", [-5, float("nan"), datetime.timedelta(seconds=-1)])
+def test_prune_refuses_an_age_below_zero_instead_of_forgetting_every_batch(db, age):
+    """A negative age meant 'recorded before a moment in the future': every batch's lineage went, which
+    compensating it needs (the CLI refuses it as a usage error; the Python call now too)."""
+    with db.transaction() as tx:
+        db.batches.consumed(tx, prefix(), 1)
+    with pytest.raises(LineageError, match="non-negative age"):
+        db.batches.prune(older_than=age)
+    assert db.batches.transaction(tx.log_id) is not None
+
+
+@pytest.mark.parametrize("age", [float("inf"), datetime.timedelta.max, 1e15])
+def test_prune_with_an_age_beyond_the_calendar_forgets_nothing(db, age):
+    """An age PostgreSQL cannot subtract from now() (infinity, timedelta.max) forgets nothing, instead of
+    failing with its DataError."""
+    assert db.batches.prune(older_than=age) == 0
