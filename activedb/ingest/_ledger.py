@@ -115,7 +115,7 @@ def sources_of_run(db: DatabaseHandle, run: str) -> set[str]:
     ledger = db.table(LEDGER_TABLE)
     with db.engine.connect() as connection:
         texts = connection.execute(sa.select(ledger.c.query_id).where(
-            ledger.c.query_id.like(f"%@{run}%")).distinct().limit(5)).scalars().all()
+            ledger.c.query_id.contains(f"@{run}", autoescape=True)).distinct().limit(5)).scalars().all()
     return {parsed.source for parsed in map(LedgerId.parse, texts) if parsed.run == run}
 
 
@@ -124,8 +124,8 @@ def forget_run(connection: sa.Connection, query_id: str) -> int:
     transaction): its batches count as never applied, for a source that starts its numbering over under the
     same id (a capture consumer dropped and registered again).  Returns the rows deleted."""
     result = connection.execute(sa.text(
-        f"DELETE FROM {LEDGER_TABLE} WHERE query_id = :q OR query_id LIKE :partitions"),
-        {"q": query_id, "partitions": f"{query_id}#p%"})
+        f"DELETE FROM {LEDGER_TABLE} WHERE query_id = :q OR query_id LIKE :partitions ESCAPE '/'"),
+        {"q": query_id, "partitions": _literally(query_id) + "#p%"})
     return result.rowcount
 
 
@@ -134,7 +134,14 @@ def last_watermark(db: DatabaseHandle, query_id: str) -> dt.datetime | None:
     ledger = db.table(LEDGER_TABLE)
     with db.engine.connect() as connection:
         return connection.execute(sa.select(sa.func.max(ledger.c.watermark)).where(
-            sa.or_(ledger.c.query_id == query_id, ledger.c.query_id.like(f"{query_id}#p%")))).scalar()
+            sa.or_(ledger.c.query_id == query_id, ledger.c.query_id.startswith(f"{query_id}#p", autoescape=True)))
+        ).scalar()
+
+
+def _literally(text: str) -> str:
+    """``text`` as a ``LIKE … ESCAPE '/'`` pattern that matches only itself: a source or run name's ``_`` and ``%``
+    are its own characters, not wildcards (``sqlalchemy``'s ``autoescape`` does the same)."""
+    return text.replace("/", "//").replace("%", "/%").replace("_", "/_")
 
 
 #: The ledger row of a batch.  A batch there already makes it a unique violation of the ledger's primary key:

@@ -65,3 +65,36 @@ def test_phase_timings_add_up_field_by_field():
     total = first + second
     assert {name: getattr(total, name) for name in names} == {
         name: getattr(first, name) + getattr(second, name) for name in names}
+
+
+def test_a_run_s_ledger_rows_are_its_own_not_those_of_a_name_alike_but_for_wildcards(db):
+    """``_`` and ``%`` in a source or run name are its own characters: forgetting the run ``src@a_b`` (its
+    partitions too) leaves the partitions of ``src@aXb`` alone, and the latest watermark of a run is read from
+    that run's rows only.  Before, the names went into LIKE patterns as they were: forget_run deleted a
+    look-alike run's partition rows (its batches would have been applied again), and last_watermark took a
+    look-alike's later watermark."""
+    import datetime as dt
+
+    import sqlalchemy as sa
+
+    from activedb.ingest import forget_run
+    from activedb.ingest._ledger import last_watermark
+
+    early, late = (dt.datetime(2026, 1, day, tzinfo=dt.timezone.utc) for day in (1, 2))
+    rows = [("src@a_b#p0", early), ("src@aXb#p0", late), ("other@a%b", late)]
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("DELETE FROM activedb_ingestion_ledger"))
+        for query_id, watermark in rows:
+            connection.execute(sa.text(
+                "INSERT INTO activedb_ingestion_ledger (query_id, batch_id, transaction_id, watermark) "
+                "VALUES (:q, 0, 'tx', :w)"), {"q": query_id, "w": watermark})
+    try:
+        assert last_watermark(db, "src@a_b") == early
+        with db.engine.begin() as connection:
+            assert forget_run(connection, "src@a_b") == 1
+        with db.engine.connect() as connection:
+            left = set(connection.execute(sa.text("SELECT query_id FROM activedb_ingestion_ledger")).scalars())
+        assert left == {"src@aXb#p0", "other@a%b"}
+    finally:
+        with db.engine.begin() as connection:
+            connection.execute(sa.text("DELETE FROM activedb_ingestion_ledger"))
