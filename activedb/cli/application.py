@@ -8,7 +8,7 @@ is the handler of an application's batches.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
@@ -78,6 +78,9 @@ def load_app(spec: AppSpec, *, require_mapping: bool = False) -> LoadedApp:
         if not migrations.is_absolute() and source:
             migrations = Path(source).parent / migrations
     known = getattr(module, "KNOWN_TYPES", None)
+    if isinstance(known, str) or not (known is None or isinstance(known, Iterable)):
+        raise AppLoadError(f"{text}: KNOWN_TYPES is {known!r}; give the event types as a list or a set of names, "
+                           f"e.g. KNOWN_TYPES = {{{known!r}}}")
     from_rate, reset = (getattr(module, name, None) for name in ("from_rate", "reset"))
     return LoadedApp(
         name=text, register=module.register, mapping=mapping, migrations=migrations,

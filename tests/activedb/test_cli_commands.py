@@ -377,3 +377,17 @@ def test_the_dead_letter_hint_names_three_earlier_queries_and_counts_the_rest(db
     lines = dead_letter_hint(db, "app.py", "again", started_over=True, reset=False, source="file:in/")
     [said] = [line for line in lines if "started over without --reset" in line]
     assert "(queries earlier0, earlier1, earlier2 and " in said and " more wrote to them)" in said, said
+
+
+@pytest.mark.parametrize("known", ["'add'", "5"])
+def test_an_application_whose_known_types_are_not_a_collection_of_names_is_refused(tmp_path, monkeypatch, known):
+    """``KNOWN_TYPES = 'add'`` was read letter by letter (the types 'a' and 'd'), and every 'add' row was then
+    a dead letter for an unknown type; ``5`` failed with a TypeError.  Loading the application says what to give."""
+    from activedb.cli.application import load_app
+    from activedb.ingest.errors import AppLoadError
+
+    module = f"typed_app_{len(known)}"          # (one module name per case: imports are cached)
+    (tmp_path / f"{module}.py").write_text(f"KNOWN_TYPES = {known}\n\ndef register(db):\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(AppLoadError, match=f"KNOWN_TYPES is {known}; give the event types as a list or a set"):
+        load_app(module)
