@@ -694,8 +694,8 @@ class LockManager:
 
     def _acquire_slow(self, tid: Hashable, resource: Hashable, mode: Mode, timeout: float | None) -> None:
         _check_mode(mode)
-        if timeout is not None and timeout < 0:
-            raise ValueError("timeout must be None or >= 0")
+        if timeout is not None and not timeout >= 0:     # (also NaN)
+            raise ValueError(f"timeout must be None or a number >= 0, not {timeout!r}")
         if self._before_wait is not None:
             self._before_wait(tid)
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -729,7 +729,7 @@ class LockManager:
                     self._resolve(self._queues.withdraw(request, TIMED_OUT, None))
                     # deadline is set: timeout is a number
                     raise self._timeout_error(tid, resource, mode, timeout, blockers)  # type: ignore[arg-type]
-                request.condition.wait(remaining)
+                request.condition.wait(min(remaining, threading.TIMEOUT_MAX))   # (an infinite timeout too)
             if request.status is GRANTED:
                 return
             assert request.error is not None

@@ -299,3 +299,20 @@ def test_tuple_locks_take_the_matching_intention_lock_on_the_table():
     assert held(lm, "ledger") == {"C": RIW} and held(lm, ("ledger", 5)) == {"C": W}
     with pytest.raises(ValueError):
         lm.acquire_tuple("C", "ledger", 6, IW)
+
+
+def test_a_timeout_of_infinity_waits_without_limit_and_nan_is_refused():
+    # A timeout the clock cannot add (infinity, 1e300) made the wait raise OverflowError with the request left in
+    # the queue: the transaction was then stuck with a request pending; NaN waited for ever where it is no number.
+    lm = manager("A", "B")
+    lm.acquire("A", "x", W)
+    with Scenario(lm) as scenario:
+        reader = scenario.run("B", "read x, no limit", lambda: lm.acquire("B", "x", R, timeout=float("inf")),
+                              blocks=True)
+        scenario.run("A", "commit", lambda: lm.commit("A"))
+        scenario.finish(reader)
+    assert held(lm, "x") == {"B": R}
+    lm.begin("C")
+    with pytest.raises(ValueError, match="timeout"):
+        lm.acquire("C", "x", W, timeout=float("nan"))
+    assert lm.statistics().waiting == 0 and lm.try_acquire("C", "y", R), "nothing is left queued for C"
