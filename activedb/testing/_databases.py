@@ -168,12 +168,16 @@ class Templates:
         digest = hashlib.sha1("\n".join(map(str, key)).encode()).hexdigest()[:8]
         name = f"{self.prefix}_template_{digest}"
         url = create_database(self.server, name)
-        database = activedb.connect(url)
         try:
-            for directory in key:
-                database.upgrade_app(directory)
-        finally:
-            database.close()
+            database = activedb.connect(url)
+            try:
+                for directory in key:
+                    database.upgrade_app(directory)
+            finally:
+                database.close()
+        except BaseException:
+            drop_database(self.server, name)      # (not recorded yet: close() would never drop it)
+            raise
         with self._mutex:
             self._templates[key] = name
         return name

@@ -131,3 +131,23 @@ def test_a_session_the_user_may_not_end_fails_the_drop_with_who_is_there_and_wha
     assert "pg_terminate_backend as a superuser" in said and "pg_signal_backend" in said
     assert session.execute("SELECT 1").fetchone() == (1,), "the other role's session was ended"
     assert _exists(dropper, name)
+
+
+def test_a_template_whose_migrations_fail_is_not_left_on_the_server(pg_server, tmp_path):
+    # The template database was made before its migrations ran and recorded only after they succeeded: a failing
+    # migration left it on the test server for good (close() drops only the recorded templates).
+    from activedb.testing._databases import Templates
+
+    broken = tmp_path / "migrations"
+    broken.mkdir()
+    (broken / "env.py").write_text("raise RuntimeError('a broken migration')\n")
+    templates = Templates(pg_server, prefix="activedb_broken")
+    try:
+        with pytest.raises(Exception):
+            templates.database([broken])
+    finally:
+        templates.close()
+    with psycopg.connect(pg_server.conninfo("postgres"), autocommit=True) as connection:
+        left = connection.execute("SELECT datname FROM pg_database WHERE datname LIKE %s",
+                                  (f"{templates.prefix}%",)).fetchall()
+    assert left == []
