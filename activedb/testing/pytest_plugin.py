@@ -37,7 +37,7 @@ import signal
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import (TYPE_CHECKING, Any, Callable, Iterable, Iterator, Literal, NoReturn, ParamSpec, Sequence, TypeGuard,
+from typing import (TYPE_CHECKING, Any, Callable, Iterable, Iterator, Literal, NoReturn, ParamSpec, TypeGuard,
                     TypeVar, cast)
 
 import pytest
@@ -252,9 +252,9 @@ def activedb_make_url(activedb_server: Server, activedb_templates: Templates, ac
     paths are from the root directory, as the mark's), dropped at the end of the test."""
     made: list[str] = []
 
-    def make(migrations: Sequence[str | os.PathLike[str]] | None = None) -> str:
+    def make(migrations: str | os.PathLike[str] | Iterable[str | os.PathLike[str]] | None = None) -> str:
         chosen = (activedb_settings.migrations if migrations is None
-                  else tuple(_path(pytestconfig.rootpath, path) for path in migrations))
+                  else tuple(_path(pytestconfig.rootpath, path) for path in _listed(migrations)))
         name, url = activedb_templates.database(chosen)
         made.append(name)
         return url

@@ -161,6 +161,15 @@ def test_make_url_reads_relative_migrations_from_the_root_directory_as_the_mark_
     result.assert_outcomes(passed=1)
 
 
+def test_make_url_takes_one_directory_as_the_mark_does(project, activedb_server):
+    # make("migrations") read the text letter by letter: "no Alembic environment at …/m", a directory nobody gave.
+    project.makepyfile(test_make_url=MAKE_URL.replace('activedb_make_url(["migrations"])',
+                                                      'activedb_make_url("migrations")'))
+    result = project.runpytest_subprocess("-p", "no:cacheprovider", f"--activedb-url={activedb_server.url('postgres')}",
+                                          str(project.path / "test_make_url.py"))
+    result.assert_outcomes(passed=1)
+
+
 def databases(server) -> set[str]:
     with psycopg.connect(server.conninfo("postgres"), autocommit=True) as connection:
         return {name for (name,) in connection.execute(
