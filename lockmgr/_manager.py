@@ -790,7 +790,7 @@ class LockManager:
 
 def _check_mode(mode: object) -> None:
     if mode.__class__ is not Mode:
-        raise TypeError(f"mode must be a lockmgr.Mode (IR, IW, READ, RIW or WRITE), not {mode!r}")
+        raise TypeError(f"mode must be a lockmgr.Mode (IR, IW, READ, UPDATE, RIW or WRITE), not {mode!r}")
 
 
 def _tuple_request(active: dict[Hashable, _Txn], tid: Hashable, table: Hashable, key: Hashable, mode: Mode,

@@ -316,3 +316,10 @@ def test_a_timeout_of_infinity_waits_without_limit_and_nan_is_refused():
     with pytest.raises(ValueError, match="timeout"):
         lm.acquire("C", "x", W, timeout=float("nan"))
     assert lm.statistics().waiting == 0 and lm.try_acquire("C", "y", R), "nothing is left queued for C"
+
+
+def test_a_mode_that_is_no_mode_is_refused_naming_every_mode():
+    lm = manager("A")
+    with pytest.raises(TypeError) as refused:
+        lm.acquire("A", "x", 2)                # type: ignore[arg-type]  # (what the test gives)
+    assert all(mode.name in str(refused.value) for mode in Mode), "UPDATE was missing from the modes it named"
