@@ -140,9 +140,10 @@ def replay(ops: Iterable[HistoryOp], initial: dict[_Row, RowImage],
     """Apply the committed flushes in commit order to ``initial`` ({(table, key): row}).
 
     ``key_columns`` ({table: [column, ...]}) adds the key columns to rows created by the replay."""
+    ops = sorted(ops, key=lambda op: op.sequence)     # (read twice: an iterator would be used up by the first)
     ended = {op.transaction: op.kind for op in ops if op.kind in ("commit", "abort")}
     state = {row: dict(image) for row, image in initial.items()}
-    for op in sorted(ops, key=lambda op: op.sequence):
+    for op in ops:
         if op.kind != "flush" or ended.get(op.transaction) != "commit":
             continue
         for row, entry in op.value.items():

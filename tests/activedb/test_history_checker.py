@@ -3,7 +3,8 @@ of parallel nested transactions it checks each catch what breaks them."""
 
 from __future__ import annotations
 
-from activedb.testing import check_history
+from activedb.store import Entry, EntryKind
+from activedb.testing import check_history, replay
 from activedb.txn import HistoryOp
 
 
@@ -30,3 +31,13 @@ def test_a_child_outliving_its_aborted_parent_breaks_axiom_4():
                                  ("abort", "T", None), ("commit", "T.1", "T")))
     assert sorted(report.violations) == ["T.1 committed after its parent T aborted",
                                          "T.2 never ended although its parent T aborted"]
+
+
+def test_replay_applies_a_history_given_as_an_iterator():
+    # replay read the ops twice (the commits, then the flushes): an iterator was used up by the first pass and
+    # the state came back as the initial one, as if nothing had committed.
+    history = _tree(("begin", "T", None), ("commit", "T", None))
+    history.append(HistoryOp(len(history), "flush", "T", root="T",
+                             value={("items", (1,)): Entry(EntryKind.PATCH, {"stock": 4})}))
+    initial = {("items", (1,)): {"id": 1, "stock": 5}}
+    assert replay(iter(history), initial) == replay(history, initial) == {("items", (1,)): {"id": 1, "stock": 4}}
