@@ -75,7 +75,7 @@ class Watchdog:
         self._thread = threading.Thread(target=self._watch, name="watchdog", daemon=True)
 
     def _watch(self) -> None:
-        if self._stop.wait(self.timeout):
+        if self._stop.wait(min(self.timeout, threading.TIMEOUT_MAX)):     # (inf: never; no wait is longer)
             return
         self.fired.set()
         lines = [f"WATCHDOG: test still running after {self.timeout} s"]

@@ -226,6 +226,22 @@ def test_soon():
     assert "Traceback" not in result.stdout.str()
 
 
+def test_a_watchdog_timeout_of_infinity_never_fires(project):
+    # The setting took inf as a number above 0, and the watchdog's thread then died of an OverflowError (no wait
+    # is that long): a warning at every test, an error where warnings are errors, and no watchdog.
+    project.makepyfile(test_never="""
+import pytest
+
+@pytest.mark.activedb_watchdog
+def test_never():
+    pass
+""")
+    result = project.runpytest_subprocess("-p", "no:cacheprovider", "-o", "activedb_watchdog_timeout=inf",
+                                          "-W", "error::pytest.PytestUnhandledThreadExceptionWarning")
+    result.assert_outcomes(passed=1)
+    assert "OverflowError" not in result.stdout.str()
+
+
 def test_a_clock_factory_in_a_modules_mark_gives_each_test_a_clock_of_its_own(project):
     """A clock in a module's ``pytestmark`` is one object in all its tests; a factory (the class itself, or a
     function) makes one per database."""
