@@ -28,7 +28,7 @@ from activedb.batch._result import BatchResult, BatchStatistics, Part
 from activedb.batch._route import Allowed, Router, Routing, route, touched_states
 from activedb.batch._state import Loader, WriteCheck
 from activedb.batch._strategy import DecisionRule, Split, Strategy, parse_strategy
-from activedb.batch.errors import WorkerFailed
+from activedb.batch.errors import DeclarationError, WorkerFailed
 from activedb.store import RowImage
 from activedb.versions import Versions
 
@@ -99,19 +99,36 @@ def _as_batch_event(event: Any, position: int) -> BatchEvent:
         if kind is None:
             kind = event.get("type")
         payload = event.get("payload")
-        return _new_event(BatchEvent, (kind, event.get("key"), event.get("ts"), dict(payload) if payload else {},
-                                       position))
+        try:
+            payload = dict(payload) if payload else {}
+        except (TypeError, ValueError):
+            raise _no_mapping(payload, position) from None
+        return _new_event(BatchEvent, (kind, event.get("key"), event.get("ts"), payload, position))
     if _carries_attributes(event):
         kind = getattr(event, "event_type", None)
         if kind is None and getattr(event, "kind", None) == "stream":   # activedb.Event of a stream
             kind = event.source
         payload = getattr(event, "payload", None)
-        return _new_event(BatchEvent, (kind, getattr(event, "key", None), getattr(event, "ts", None),
-                                       dict(payload) if payload else {}, position))
+        try:
+            payload = dict(payload) if payload else {}
+        except (TypeError, ValueError):
+            raise _no_mapping(payload, position) from None
+        return _new_event(BatchEvent, (kind, getattr(event, "key", None), getattr(event, "ts", None), payload,
+                                       position))
     if isinstance(event, BatchEvent):
         return event if event.position == position else event._replace(position=position)
     kind = event.get("event_type", event.get("type"))
-    return BatchEvent(kind, event.get("key"), event.get("ts"), dict(event.get("payload") or {}), position)
+    payload = event.get("payload")
+    try:
+        payload = dict(payload or {})
+    except (TypeError, ValueError):
+        raise _no_mapping(payload, position) from None
+    return BatchEvent(kind, event.get("key"), event.get("ts"), payload, position)
+
+
+def _no_mapping(payload: object, position: int) -> DeclarationError:
+    return DeclarationError(f"the event at position {position} of the batch has the payload {payload!r}, which is no "
+                            f"mapping; give an event's payload as a mapping of its fields (a dict), or None for none")
 
 
 _by_ts = operator.itemgetter(2)
@@ -137,15 +154,19 @@ def _of_one_attribute_type(events: Iterable[object]) -> list[BatchEvent] | None:
     for kind, _, _, _ in fields:
         if kind is None:
             return None
-    return [_new_event(BatchEvent, (kind, key, ts, dict(payload) if payload else {}, position))
-            for position, (kind, key, ts, payload) in enumerate(fields)]
+    try:
+        return [_new_event(BatchEvent, (kind, key, ts, dict(payload) if payload else {}, position))
+                for position, (kind, key, ts, payload) in enumerate(fields)]
+    except (TypeError, ValueError):      # a payload that is no mapping: the caller's pass names its event
+        return None
 
 
 def normalise_events(events: Iterable[object]) -> list[BatchEvent]:
     """Events as :class:`BatchEvent` in timestamp order: stably sorted by ``ts`` when every
     event has one (out-of-order arrival, C1 of the paper), else in the order given.
     Accepts BatchEvents, ``spark_bridge`` RawEvents (``event_type, key, ts, payload``),
-    stream ``activedb.Event``s, and mappings with those keys."""
+    stream ``activedb.Event``s, and mappings with those keys; a payload that is no mapping is a DeclarationError
+    naming its event's position, before anything runs."""
     token = abc.get_cache_token()
     if _ATTRIBUTE_EVENT_TOKEN[0] != token:
         _ATTRIBUTE_EVENT_TYPES.clear()

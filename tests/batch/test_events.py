@@ -9,6 +9,8 @@ import collections.abc
 import dataclasses
 import types
 
+import pytest
+
 from activedb import batch
 from activedb.batch import BatchEvent
 
@@ -61,3 +63,17 @@ def test_a_class_registered_as_a_mapping_later_is_read_as_a_mapping_from_then_on
     collections.abc.Mapping.register(_Lookup)
     after = batch.normalise_events([_Lookup(event_type="as-mapping", key="k", ts=1)])
     assert (after[0].event_type, after[0].key, after[0].ts) == ("as-mapping", "k", 1)
+
+
+def test_an_event_whose_payload_is_no_mapping_is_a_declaration_error_naming_it():
+    # A payload given as text or a list of values was handed to dict(): the whole batch failed with a bare
+    # ValueError or TypeError ("dictionary update sequence element #0 ...") that named neither the event nor what to
+    # give, from run_in_memory, run_batch and apply_at_commit alike.
+    for bad in ("abc", [1, 2], 7):
+        for event in ({"type": "enter", "key": "w1", "ts": 1, "payload": bad},
+                      types.MappingProxyType({"event_type": "enter", "key": "w1", "ts": 1, "payload": bad}),
+                      _Row("enter", "w1", 1, bad)):
+            with pytest.raises(batch.errors.DeclarationError, match=r"position 1.*payload.*mapping"):
+                batch.normalise_events([{"type": "enter", "key": "w0", "ts": 0, "payload": {}}, event])
+            with pytest.raises(batch.errors.DeclarationError, match=r"position 0.*payload.*mapping"):
+                batch.normalise_events([event, event])
