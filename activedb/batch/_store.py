@@ -57,9 +57,12 @@ def apply_batch(tx: Transaction, events: Iterable[object], transactions: StateTr
 
     def load(table: str, key: Hashable) -> RowImage | None:
         info = catalog.table_info(table)
-        if info.converts_keys:
-            check(table, key, info.key(key))
-        return tx.read(table, key)
+        try:
+            if info.converts_keys:
+                check(table, key, info.key(key))
+            return tx.read(table, key)
+        except (InvalidKey, InvalidValue) as error:   # a computed key that cannot name a row: the op fails
+            raise DeclarationError(f"the row {key!r} of {table!r} cannot exist: {error}") from None
 
     base: dict[State, RowImage | None] = {(table, key): image for table, keys in states.items()
                                            for key, image in tx.read_many(table, keys, lock=lock).items()}
