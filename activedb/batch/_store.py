@@ -40,11 +40,21 @@ def apply_batch(tx: Transaction, events: Iterable[object], transactions: StateTr
     letters: ``result.dead_letters`` lists ``(event, reason)`` for the caller to store.
     ``lock``: ``BulkLock.WRITE`` (WRITE row locks on every declared row, taken when they are read) or
     ``BulkLock.TABLE`` (one WRITE lock per table the batch touches)."""
+    from activedb.batch._commit import _normalised_keys, _refuse_unstorable      # (_commit imports this module)
+
     lock = BulkLock.parse(lock, "apply_batch(lock=...)", allowed=(BulkLock.WRITE, BulkLock.TABLE))
     prepared = prepare(transactions, events)
     started = time.perf_counter()
     catalog = tx.manager.catalog
     declared, states = prepared.declared(), prepared.states_by_table()
+    try:
+        for table, keys in states.items():
+            _normalised_keys(catalog.table_info(table), keys)
+    except SchemaError:
+        # An event names a row the store cannot name: it is a dead letter alone, as at commit (``_commit.py``).
+        kept = _refuse_unstorable(catalog, prepared.batch, {}, declared,
+                                  {table: dict.fromkeys(keys) for table, keys in states.items()})
+        states = {table: list(keys) for table, keys in kept.items()}
     # (The rows of tables whose key is converted, by their normalised keys: the others cannot be named two ways.)
     infos = {table: catalog.table_info(table) for table in states}
     normalised = {table: {key: infos[table].key(key) for key in keys} for table, keys in states.items()

@@ -148,3 +148,45 @@ def test_a_computed_key_that_cannot_name_a_row_is_its_event_s_dead_letter_alone(
     assert [(event.position, "cannot exist" in reason) for event, reason in letters] == [(0, True)]
     with db.engine.connect() as connection:
         assert connection.execute(sa.text(f"SELECT {column} FROM {table}")).scalars().all() == ["plain"]
+
+
+@pytest.mark.parametrize("bad_key", ["x", 2 ** 40, "table", "insert"],
+                         ids=["text for integer", "integer out of range", "no such table", "insert into no table"])
+@pytest.mark.parametrize("path", ["apply_batch", "apply_at_commit, a rule observing the table"])
+def test_an_event_naming_a_row_the_store_cannot_name_is_a_dead_letter_alone_through_the_tree(db, path, bad_key):
+    """The design note's promise for ``apply_at_commit`` ("an event that names a row the store cannot name … is
+    refused with that reason, a dead letter alone, … and the rest of the batch goes on") holds through the tree too:
+    ``apply_batch``, and ``apply_at_commit`` when a rule observes a written table (it then runs ``apply_batch``).
+    Before, the catalog's SchemaError (InvalidValue, UnknownTable) failed the whole batch there, the good event's
+    write lost with it — while the same batch at commit made one dead letter."""
+    transactions = batch.StateTransactions()
+
+    @transactions.on("plain")
+    def plain(event, ops):
+        if event.key == "insert":
+            ops.write("accounts", 8, lambda own: {"owner": "p"})
+            ops.insert("no_such_table", {"owner": "p"})
+        else:
+            ops.write("no_such_table" if event.key == "table" else "accounts", event.key, lambda own: {"owner": "p"})
+
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("DELETE FROM accounts"))
+    events = [{"type": "plain", "key": bad_key, "ts": 0.0, "payload": {}},
+              {"type": "plain", "key": 7, "ts": 1.0, "payload": {}}]
+    if path != "apply_batch":
+        db.rule(on=db.updated("accounts"), name="unnameable_watch")(lambda tx, event: None)
+    try:
+        with db.transaction(name="unnameable-row") as tx:
+            if path == "apply_batch":
+                result = batch.apply_batch(tx, events, transactions)
+            else:
+                pending = batch.apply_at_commit(tx, events, transactions, dead_letters=None)
+        if path != "apply_batch":
+            assert pending.mode == "through the tree"
+            result = pending.result
+    finally:
+        if path != "apply_batch":
+            db.rules.remove("unnameable_watch")
+    assert [event.position for event, _ in result.dead_letters] == [0]
+    with db.engine.connect() as connection:
+        assert connection.execute(sa.text("SELECT id, owner FROM accounts")).all() == [(7, "p")]
