@@ -25,7 +25,8 @@ from activedb.batch._learn import (
     Learned, LearnedDeclaration, NotLearned, Rejection, Step, _stream_event, learned_condition, learned_table,
     why_not_learned)
 from activedb.batch._declare import (
-    Abort, BatchEvent, Declaring, Inserted, OpKind, Ops, OpSpec, State, StateTransactions, inserted, inserted_parts)
+    Abort, BatchEvent, Declaring, Inserted, OpKind, Ops, OpSpec, State, StateTransactions, canonical_key, inserted,
+    inserted_parts)
 from activedb.batch._result import BatchResult
 from activedb.batch._state import merge_image
 from activedb.batch.errors import DeclarationError, LoweringRefused
@@ -125,7 +126,7 @@ def perform_in(tx: "Transaction", specs: list[OpSpec]) -> None:
             inserts.extend(inserted_parts(inserted(spec, spec.fn(*[image(param) for param in spec.params]))))
         elif kind is _ND_READ or kind is _ND_WRITE:
             params = [image(param) for param in spec.params]
-            key = spec.key_fn(*params)
+            key = canonical_key(spec.key_fn(*params))
             if spec.candidates is not None and key not in spec.candidates:
                 raise DeclarationError(f"the key function of a non-deterministic {kind.value} on {spec.table} "
                                        f"returned {key!r}, which is not among its declared candidates")

@@ -200,3 +200,26 @@ def test_apply_lowered_without_a_lowering_says_what_to_do(db):
     with db.transaction() as tx:
         with pytest.raises(batch.errors.DeclarationError, match="fire them one by one instead"):
             batch.apply_lowered(db.rules, tx, [{"type": "decl0", "key": 1, "ts": 0.0}], None)
+
+
+def test_fired_in_a_transaction_a_computed_key_names_its_row_as_in_a_batch(db):
+    """A non-deterministic operation's computed key names a row as every declared key does (``canonical_key``): a
+    one-tuple its element, a list of several values their tuple — fired event by event as in a batch.  Before, the
+    rule fired in a transaction compared the key as computed with its candidates: ``("k",)`` with the candidate
+    ``"k"`` failed the rule ("not among its declared candidates") where the same batch wrote the row."""
+    transactions = batch.StateTransactions()
+
+    @transactions.on("computed_one_tuple")
+    def computed(event, ops):
+        ops.write_any("items", lambda: (event.key,), lambda own: {"note": "computed"}, candidates=[event.key])
+
+    if "computed_one_tuple" not in db.rules.names():
+        db.rule(on=db.stream("computed_one_tuple"), name="computed_one_tuple")(batch.declared(computed))
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("DELETE FROM items"))
+    reference = batch.run_in_memory(transactions, [{"type": "computed_one_tuple", "key": "k", "ts": 0.0}], {})
+    assert reference.dead_letters == [] and reference.final == {("items", "k"): {"note": "computed"}}
+    with db.transaction() as tx:
+        tx.emit("computed_one_tuple", key="k", ts=0.0, payload={})
+    with db.engine.connect() as connection:
+        assert connection.execute(sa.text("SELECT key, note FROM items")).all() == [("k", "computed")]
