@@ -16,7 +16,7 @@ from typing import Any
 
 from activedb.batch._declare import OpSpec, State
 from activedb.batch._plan import Operation, OpState, Tpg, Txn, Unit, key_groups
-from activedb.batch._state import failure_reason, perform
+from activedb.batch._state import WRITTEN_TWICE, failure_reason, perform
 from activedb.batch._strategy import AbortMode, Exploration, Granularity, Strategy
 from activedb.batch.errors import ExecutionInvariantBroken
 from activedb.store import RowImage
@@ -64,6 +64,8 @@ def run_serial(txns: list[Txn], specs: list[list[OpSpec]], table: Versions[RowIm
                 writes.append((state, image))
             if spec.name is not None:
                 outputs[spec.name] = output
+        if reason is None and len({state for state, _ in writes}) != len(writes):
+            reason = WRITTEN_TWICE
         if reason is not None:
             aborted[t] = reason
             continue

@@ -17,8 +17,8 @@ from activedb.batch._declare import (BatchEvent, Declaring, OpKind, Ops, OpSpec,
                                      unknown_event_type)
 from activedb.batch._learn import LearnedDeclaration
 from activedb.batch._result import Part
-from activedb.batch._state import Loader, WriteCheck, failure_reason, merge_image, perform
-from activedb.batch.errors import DeclarationError, ExecutionInvariantBroken
+from activedb.batch._state import WRITTEN_TWICE, Loader, WriteCheck, failure_reason, merge_image, perform
+from activedb.batch.errors import DeclarationError
 from activedb.store import RowImage
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -277,6 +277,8 @@ def _run(declarations: Mapping[str, Declaring], items: list[tuple[int, BatchEven
                     else:
                         outputs[name] = output
         result_ts.append(t)
+        if several and reason is None and writes is not None and len({state for state, _ in writes}) != len(writes):
+            reason = WRITTEN_TWICE
         if reason is None and check is not None:
             reason = check(writes or [], outputs)
         if reason is not None:
@@ -285,9 +287,6 @@ def _run(declarations: Mapping[str, Declaring], items: list[tuple[int, BatchEven
         if outputs is not None:
             outputs_at[t] = outputs
         if writes is not None:
-            if several and len({state for state, _ in writes}) != len(writes):
-                raise ExecutionInvariantBroken(f"transaction t={t} writes a row twice (a non-deterministic write "
-                                               f"resolved to a row it also writes); write each row once")
             for state, image in writes:
                 current[state] = image
                 written[state] = None

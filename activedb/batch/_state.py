@@ -22,6 +22,12 @@ Loader: TypeAlias = "Callable[[str, Hashable], RowImage | None]"
 WriteCheck: TypeAlias = "Callable[[list[tuple[State, RowImage | None]], dict[str, object] | None], str | None]"
 
 
+#: Why a transaction aborts whose non-deterministic write resolved to a row it also writes (the declaration could
+#: not see it: ``Ops`` refuses a row declared twice).
+WRITTEN_TWICE = ("DeclarationError: a non-deterministic write resolved to a row its transaction also writes; a state "
+                 "transaction writes a row at most once: compute both changes in one write function")
+
+
 def merge_image(own: RowImage | None, result: object, spec: OpSpec) -> RowImage | None:
     """The image a write function's ``result`` makes of ``own`` (the columns merged; DELETE: None)."""
     if result is DELETE:

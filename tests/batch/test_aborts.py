@@ -108,3 +108,25 @@ def test_abort_that_read_an_aborted_version_is_withdrawn(strategy):
     assert [(outcome.committed, outcome.reason) for outcome in result.transactions] == [
         (outcome.committed, outcome.reason) for outcome in reference.transactions]
     assert result.final[("t", "X")] == {"v": 5}
+
+
+@pytest.mark.parametrize("strategy", ["auto", "lean", "serial"])
+def test_a_non_deterministic_write_that_resolves_to_a_row_its_transaction_writes_aborts_that_transaction(strategy):
+    """A transaction writes a row at most once; a non-deterministic write whose key resolves at run time to a row the
+    transaction also writes breaks that rule where the declaration could not see it: that transaction aborts with
+    the reason (a dead letter), the rest of the batch goes on.  Before, the whole batch raised — the lean run an
+    ExecutionInvariantBroken ("a bug: please report it"), the serial reference a VersionInvariantBroken."""
+    transactions = batch.StateTransactions()
+
+    @transactions.on("e")
+    def both(event, ops):
+        ops.write("t", event.key, lambda own: {"v": 1})
+        ops.write_any("t", lambda: event.payload["to"], lambda own: {"w": 2})
+
+    events = [{"type": "e", "key": "a", "ts": 0, "payload": {"to": "a"}},
+              {"type": "e", "key": "b", "ts": 1, "payload": {"to": "c"}}]
+    result = batch.run_in_memory(transactions, events, {}, strategy=strategy)
+    assert [(event.key, "resolved to a row its transaction also writes" in reason)
+            for event, reason in result.dead_letters] == [
+        ("a", True)]
+    assert result.final == {("t", "b"): {"v": 1}, ("t", "c"): {"w": 2}}
