@@ -67,13 +67,20 @@ def _from_conninfo(conninfo: str) -> URL:
             f"postgresql://user:password@host:port/database or host=... dbname=... user=...") from None
     host = parts.pop("host", None)
     port = parts.pop("port", None)
+    if port and not all(part.isdigit() for part in port.split(",")):
+        raise BadDatabaseURL(
+            f"the connection string's port {port!r} is no number: give port=5432 (or one port per host, "
+            f"host=h1,h2 port=5432,5433)")
     query = {}
-    if host and host.startswith("/"):
-        query["host"] = host
+    if host and (host.startswith("/") or (port and "," in port)):
+        query["host"] = host            # a socket directory, or libpq's list of hosts with their list of ports
         host = None
+    if port and "," in port:
+        query["port"] = port
+        port = None
     query.update(parts)
     return URL.create("postgresql+psycopg", username=query.pop("user", None), password=query.pop("password", None),
-                      host=host, port=int(port) if port and port.isdigit() else None,
+                      host=host, port=int(port) if port else None,
                       database=query.pop("dbname", None), query=query)
 
 

@@ -181,3 +181,25 @@ def test_processes_starting_on_a_new_database_at_once_all_get_its_schema(make_da
         assert _migrate.current(engine) == _migrate.head()
     finally:
         engine.dispose()
+
+
+@pytest.mark.parametrize("conninfo, host, port", [
+    ("host=db1,db2 port=6001,6002 dbname=payroll", "db1,db2", "6001,6002"),    # libpq's multi-host form
+    ("host=/run/pg port=6001 dbname=payroll", "/run/pg", 6001),
+    ("host=db1 port=6001 dbname=payroll", "db1", 6001),
+])
+def test_a_connection_strings_port_reaches_the_driver(conninfo, host, port):
+    """libpq's ``key=value`` form keeps its port: a list of ports (one per host) was dropped, and the driver then
+    connected to every host on the default port 5432."""
+    from activedb._url import normalise_url
+    from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
+
+    _, arguments = PGDialect_psycopg().create_connect_args(normalise_url(conninfo))
+    assert (arguments["host"], arguments["port"], arguments["dbname"]) == (host, port, "payroll")
+
+
+def test_a_connection_strings_port_that_is_no_number_is_refused():
+    from activedb._url import normalise_url
+
+    with pytest.raises(activedb.BadDatabaseURL, match="port 'notaport'"):
+        normalise_url("host=db1 port=notaport dbname=payroll")
