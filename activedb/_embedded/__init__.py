@@ -124,7 +124,8 @@ def _prune_dead_users(pgdata: Path, *, registered: bool) -> None:
 def start(home: Path | None = None, *, keep_running: bool | None = None) -> EmbeddedServer:
     """Start, or reuse, the embedded server under ``home``; create the database."""
     if keep_running is None:
-        keep_running = os.environ.get("ACTIVEDB_KEEP_SERVER", "") not in ("", "0", "false", "no")
+        keep_running = os.environ.get("ACTIVEDB_KEEP_SERVER", "").strip().lower() not in ("", "0", "false", "no",
+                                                                                            "off")
     bin_directory()         # the embedded extra missing: its one line, before anything is created
     home = (home or default_home()).expanduser()
     check_path(home if home.is_absolute() else Path.cwd() / home, "ACTIVEDB_HOME")

@@ -106,6 +106,24 @@ def test_connect_close_twice_in_one_process_still_stops_the_server_at_exit(tmp_p
     wait_until(lambda: not psutil.pid_exists(postmaster), 30, "server stop after the last user exited")
 
 
+def test_keep_server_spelled_false_in_the_environment_stops_the_server_at_exit(tmp_path):
+    """ACTIVEDB_KEEP_SERVER=False (as Python or a settings file spells it) is false, as 'false' is: the server stops
+    when its last user exits (it was left running: only '', '0', 'false' and 'no' were read as false)."""
+    home = tmp_path / "home"
+    script = "import activedb, sys; db = activedb.connect(home=sys.argv[1]); print(db.embedded.pid, flush=True)"
+    env = dict(os.environ, ACTIVEDB_KEEP_SERVER="False")
+    env.pop("ACTIVEDB_DATABASE_URL", None)
+    done = subprocess.run([sys.executable, "-c", script, str(home)], capture_output=True, text=True, env=env,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    postmaster = int(done.stdout.strip().splitlines()[-1])
+    try:
+        wait_until(lambda: not psutil.pid_exists(postmaster), 30, "server stop after the last user exited")
+    finally:
+        for process in _postmasters(home.resolve() / "pgdata"):        # (left running: stop it)
+            process.send_signal(signal.SIGINT)
+
+
 def test_killed_user_is_pruned_and_server_still_stops(tmp_path):
     home = tmp_path / "home"
     victim = _start_client(home)
