@@ -93,13 +93,16 @@ def check_revision(revision: str, script_location: Path | None = None) -> None:
     (activedb's own by default); a relative one (``-1``, ``head-1``, ``+2``) is left to Alembic."""
     if revision in ("head", "heads", "base") or "-" in revision or "+" in revision or ":" in revision:
         return
-    script = ScriptDirectory.from_config(_config(script_location or migrations.SCRIPT_LOCATION))
-    try:
-        script.get_revisions(revision)
-    except Exception as error:        # (alembic's CommandError: unknown, or a prefix of several)
-        names = [script.revision for script in script.walk_revisions()][::-1]
-        raise MigrationError(f"{error}: give one of base, {', '.join(names)} (head), or a relative one "
-                             f"(-1)") from None
+    location = script_location or migrations.SCRIPT_LOCATION
+    # (a revision file that does not load fails the walk below too: a MigrationError naming the file)
+    with _failing_as(f"reading the revisions in {location}"):
+        script = ScriptDirectory.from_config(_config(location))
+        try:
+            script.get_revisions(revision)
+        except Exception as error:        # (alembic's CommandError: unknown, or a prefix of several)
+            names = [script.revision for script in script.walk_revisions()][::-1]
+            raise MigrationError(f"{error}: give one of base, {', '.join(names)} (head), or a relative one "
+                                 f"(-1)") from None
 
 
 def app_location(script_location: str | Path) -> Path:

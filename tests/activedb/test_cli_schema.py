@@ -77,3 +77,23 @@ def make_fresh_url(pg_server):
 
     yield create_database(pg_server, "t_cli_schema_fresh")
     drop_database(pg_server, "t_cli_schema_fresh")
+
+
+def test_a_revision_file_that_does_not_load_is_a_migration_error_for_a_named_revision(url, tmp_path):
+    """A revision file with a syntax error is a MigrationError naming it, for a named revision as for head (a named
+    one let the SyntaxError out: the check that names the revisions there are read them again)."""
+    import activedb
+
+    path = tmp_path / "shop" / "migrations"
+    _migrate.init_app(path, "shop")
+    (path / "versions" / "0002_broken.py").write_text(
+        'revision = "shop_0002"\ndown_revision = "shop_0001"\ndef upgrade(:\n')
+    database = activedb.connect(url)
+    try:
+        for revision in ("head", "shop_0001"):
+            with pytest.raises(activedb.MigrationError, match=r"0002_broken\.py"):
+                database.schema.upgrade_app(path, revision)
+    finally:
+        database.close()
+    refused = invoke(url, "app", "downgrade", str(path), "shop_0001", "--yes")
+    assert refused.exit_code == 1 and "0002_broken.py" in refused.output, refused.output
