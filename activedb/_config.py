@@ -99,6 +99,9 @@ class Config:
         object.__setattr__(self, "rule_execution", RuleExecution.parse(self.rule_execution, "rule_execution"))
         if not callable(self.victim_policy):
             object.__setattr__(self, "victim_policy", _victim_policy(self.victim_policy))
+        if self.clock is not None and (isinstance(self.clock, type) or not isinstance(self.clock, Clock)):
+            raise TypeError(f"Config(clock=...) takes an activedb.clock.Clock (an instance: ManualClock(), "
+                            f"SystemClock()) or None for the system's, got {self.clock!r}")
         for name, kind in (("outbox", OutboxOptions), ("engine", EngineOptions)):
             if not isinstance(getattr(self, name), kind):
                 raise TypeError(f"Config({name}=...) takes an activedb.{kind.__name__}, got {getattr(self, name)!r}")

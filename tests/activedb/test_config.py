@@ -72,3 +72,16 @@ def test_a_pool_that_echoes_still_logs_to_the_home_log(migrated):
         database.close()
     with pytest.raises(TypeError, match=r"unknown keyword\(s\) echo_pool: .*EngineOptions\(create_engine="):
         activedb.connect(migrated, echo_pool=True)           # not a shorthand: named where it goes
+
+
+def test_a_clock_that_is_no_clock_is_refused_before_anything_is_opened(migrated):
+    """A clock is an instance of activedb.clock.Clock: the class ManualClock (not ManualClock()) or a number was
+    accepted, and the outbox's recovery thread then died on its first wait (AttributeError), for good."""
+    from activedb.clock import ManualClock, SystemClock
+
+    for wrong in (ManualClock, 3, "system"):
+        with pytest.raises(TypeError, match=r"Config\(clock=...\) takes an activedb.clock.Clock"):
+            Config(clock=wrong)
+        with pytest.raises(TypeError, match=r"ManualClock\(\)"):
+            activedb.connect(migrated, clock=wrong)
+    assert isinstance(Config(clock=ManualClock()).clock, ManualClock) and Config(clock=SystemClock()).clock
