@@ -95,7 +95,8 @@ class Config:
 
     def __post_init__(self) -> None:
         if self.home is not None and not isinstance(self.home, Path):
-            object.__setattr__(self, "home", Path(self.home))
+            # (an empty text is no home: the default, as an empty ACTIVEDB_HOME is — Path('') is the current directory)
+            object.__setattr__(self, "home", Path(self.home) if self.home != "" else None)
         object.__setattr__(self, "rule_execution", RuleExecution.parse(self.rule_execution, "rule_execution"))
         if not callable(self.victim_policy):
             object.__setattr__(self, "victim_policy", _victim_policy(self.victim_policy))

@@ -85,3 +85,10 @@ def test_a_clock_that_is_no_clock_is_refused_before_anything_is_opened(migrated)
         with pytest.raises(TypeError, match=r"ManualClock\(\)"):
             activedb.connect(migrated, clock=wrong)
     assert isinstance(Config(clock=ManualClock()).clock, ManualClock) and Config(clock=SystemClock()).clock
+
+
+def test_an_empty_home_is_the_default_home_not_the_current_directory():
+    """home='' (an unset setting passed on) is ACTIVEDB_HOME's default, as ACTIVEDB_HOME='' is and as connect(home='')
+    was before Config: it became Path('.'), and the embedded server made its data directory in the current one."""
+    assert Config(home="").home is None and Config(home=None).home is None
+    assert str(Config(home="/tmp/somewhere").home) == "/tmp/somewhere"
