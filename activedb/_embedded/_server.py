@@ -188,8 +188,10 @@ def postmaster(pgdata: Path) -> _Postmaster | None:
     pid = int(lines[0])
     try:
         process = psutil.Process(pid)
-        alive = process.status() != psutil.STATUS_ZOMBIE and process.name().startswith("postgres")
-    except psutil.Error:
+        # (a postgres process works in its data directory: one of another's, which got the stale pid, is not ours)
+        alive = (process.status() != psutil.STATUS_ZOMBIE and process.name().startswith("postgres")
+                 and os.path.samefile(process.cwd(), pgdata))
+    except (psutil.Error, OSError):
         alive = False
     return _Postmaster(pid, lines[4].strip(), lines[7].strip() if len(lines) > 7 else "") if alive else None
 

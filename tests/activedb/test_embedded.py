@@ -156,6 +156,22 @@ def test_stale_postmaster_pid_after_crash_is_recovered(tmp_path):
     _finish(restarted)
 
 
+def test_a_stale_postmaster_pid_whose_pid_is_now_another_servers_postgres_is_stale(pg_server, tmp_path):
+    """A crashed server's postmaster.pid whose pid the system gave to a postgres process of another data directory
+    (another home's server, a system PostgreSQL) is stale: that server was taken for this one, so connect() never
+    started it and failed to connect to the dead socket, until the user removed the file by hand."""
+    from activedb._embedded._server import postmaster
+
+    if not isinstance(pg_server, _embedded.EmbeddedServer):
+        pytest.skip("needs the embedded test server (a postgres process of another data directory)")
+    pgdata = tmp_path / "pgdata"
+    pgdata.mkdir()
+    (pgdata / "postmaster.pid").write_text(
+        "\n".join([str(pg_server.pid), str(pgdata), "0", "5432", str(pgdata), "", "0 0", "ready"]) + "\n")
+    assert postmaster(pgdata) is None
+    assert postmaster(pg_server.data_directory).pid == pg_server.pid      # a running one is still recognised
+
+
 def test_data_directory_of_another_version_is_refused_and_kept(tmp_path):
     pgdata = tmp_path / "home" / "pgdata"
     pgdata.mkdir(parents=True)
