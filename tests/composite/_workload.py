@@ -178,3 +178,26 @@ def _recent(lists, operator):
         pair = (chosen["id"], event["id"]) if own == 1 else (event["id"], chosen["id"])
         results.append((pair, decided))
     return results
+
+
+def pair_rows() -> list[dict]:
+    """Rows of a composition of pairs (the ingestion tests'): A from P0 and B from P1, 2 s apart, a heartbeat of its
+    producer after each."""
+    rows = []
+    for step in range(12):
+        producer, event_type = ("P0", "A") if step % 2 == 0 else ("P1", "B")
+        rows.append({"type": event_type, "k": "x", "ts": 100.0 + 2 * step, "producer": producer, "accuracy": 0.01,
+                     "id": f"{event_type}{step}"})
+        rows.append({"type": "heartbeat", "k": None, "ts": 101.0 + 2 * step, "producer": producer,
+                     "accuracy": 0.01, "id": None})
+    return rows
+
+
+def pairs_engine(db) -> composite.CompositionEngine:
+    """The engine :func:`pair_rows` feed (``db`` None: without a database): ``SEQ(A, B)`` per ``k``, chronicle."""
+    engine = composite.CompositionEngine(db, name="pairs", clock=composite.ManualClock(), timeout=None)
+    engine.create_stream("s", types=["A", "B"], attributes=["id", "k"])
+    engine.define("CREATE QUERY Q PATTERN SEQ(A, B) WHERE [k] CONSUMING CHRONICLE RETURN A.id AS a, B.id AS b")
+    engine.join("P0", types=["A"])
+    engine.join("P1", types=["B"])
+    return engine

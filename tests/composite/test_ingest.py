@@ -1,11 +1,16 @@
-"""Rows to a composition engine's inputs (``activedb.composite.rows_to_items``): bad rows are rejected, never raised."""
+"""Rows to a composition engine's inputs (``activedb.composite.rows_to_items``) and through ``CompositeHandler``: bad
+rows, and rows the engine refuses, are rejected (dead letters), never raised."""
 
 from __future__ import annotations
 
 import sqlalchemy as sa
 
+import activedb
+from activedb import composite
 from activedb.composite import Heartbeat, rows_to_items
-from activedb.ingest import EventMapping
+from activedb.composite._ingest import feed_batch
+from activedb.ingest import EventMapping, feed
+from tests.composite._workload import pair_rows, pairs_engine
 
 MAPPING = EventMapping("kind", "id", "ts", payload_columns=[], producer_column="producer", accuracy_column="accuracy",
                        type_map={"a": "A", 2: "B"}, heartbeat_type="beat")
@@ -30,38 +35,19 @@ def test_a_row_the_engine_refuses_as_late_is_a_dead_letter_and_the_batch_commits
     refused by the engine with ``LateEvent``.  Through ``CompositeHandler`` it is a dead letter with that
     refusal, and the rest of its batch is applied: the composites are those of the batches without it.  Before,
     the refusal failed the whole batch, and a connector delivering the batch again met it again, for ever."""
-    import activedb
-    from activedb import composite
-    from activedb.composite._ingest import feed_batch
-    from activedb.ingest import feed
-
     mapping = EventMapping("type", "k", "ts", producer_column="producer", accuracy_column="accuracy",
                            heartbeat_type="heartbeat", payload_columns=["id"])
-    rows = []
-    for step in range(12):                     # A from P0, B from P1, 2 s apart; heartbeats after each
-        producer, event_type = ("P0", "A") if step % 2 == 0 else ("P1", "B")
-        rows.append({"type": event_type, "k": "x", "ts": 100.0 + 2 * step, "producer": producer, "accuracy": 0.01,
-                     "id": f"{event_type}{step}"})
-        rows.append({"type": "heartbeat", "k": None, "ts": 101.0 + 2 * step, "producer": producer,
-                     "accuracy": 0.01, "id": None})
+    rows = pair_rows()
     late = {"type": "B", "k": "x", "ts": 100.5, "producer": "P1", "accuracy": 0.01, "id": "late"}
     batches = [rows[:12], [*rows[12:18], late, *rows[18:]]]
 
-    def engine_for(db):
-        engine = composite.CompositionEngine(db, name="pairs", clock=composite.ManualClock(), timeout=None)
-        engine.create_stream("s", types=["A", "B"], attributes=["id", "k"])
-        engine.define("CREATE QUERY Q PATTERN SEQ(A, B) WHERE [k] CONSUMING CHRONICLE RETURN A.id AS a, B.id AS b")
-        engine.join("P0", types=["A"])
-        engine.join("P1", types=["B"])
-        return engine
-
-    direct = engine_for(None)
+    direct = pairs_engine(None)
     expected = [dict(item.payload()) for batch in (batches[0], [row for row in batches[1] if row is not late])
                 for item in feed_batch(direct, batch, mapping).composites]
     assert expected, "the rows must compose"
     database = activedb.connect(make_database_url("late"))
     try:
-        engine = engine_for(database)
+        engine = pairs_engine(database)
         outcomes = feed(database, batches, source="pairs", mapping=mapping,
                         handler=composite.CompositeHandler(engine))
         assert [outcome.committed for outcome in outcomes] == [True, True]

@@ -28,6 +28,7 @@ import spark_bridge
 from activedb import batch, composite, streams
 from benchmarks import MIGRATIONS as BENCH_MIGRATIONS
 from spark_bridge.errors import IngestError
+from tests.composite._workload import pair_rows, pairs_engine
 from tests.conftest import APP_MIGRATIONS
 from tests.spark_bridge import app_ledger
 from tests.spark_bridge._streams import run_to_end, write_files
@@ -208,32 +209,18 @@ def test_composition_through_spark_equals_the_engine_fed_directly(spark, tmp_pat
     mapping = spark_bridge.EventMapping("type", "k", "ts", producer_column="producer", accuracy_column="accuracy",
                                         heartbeat_type="heartbeat", payload_columns=["id"])
     schema = "type STRING, k STRING, ts DOUBLE, producer STRING, accuracy DOUBLE, id STRING"
-    rows = []
-    for step in range(12):                     # A from P0, B from P1, 2 s apart; heartbeats after each
-        producer, event_type = ("P0", "A") if step % 2 == 0 else ("P1", "B")
-        rows.append({"type": event_type, "k": "x", "ts": 100.0 + 2 * step, "producer": producer, "accuracy": 0.01,
-                     "id": f"{event_type}{step}"})
-        rows.append({"type": "heartbeat", "k": None, "ts": 101.0 + 2 * step, "producer": producer, "accuracy": 0.01,
-                     "id": None})
+    rows = pair_rows()
     rows.append({"type": "A", "k": "x", "ts": 130.0, "producer": "P7", "accuracy": 0.01, "id": "stranger"})
     batches = [rows[0:9], rows[9:18], rows[18:]]
     write_files(tmp_path / "in", batches)
 
-    def engine_for(db):
-        engine = composite.CompositionEngine(db, name="pairs", clock=composite.ManualClock(), timeout=None)
-        engine.create_stream("s", types=["A", "B"], attributes=["id", "k"])
-        engine.define("CREATE QUERY Q PATTERN SEQ(A, B) WHERE [k] CONSUMING CHRONICLE RETURN A.id AS a, B.id AS b")
-        engine.join("P0", types=["A"])
-        engine.join("P1", types=["B"])
-        return engine
-
     from activedb.composite._ingest import feed_batch
 
-    direct = engine_for(None)
+    direct = pairs_engine(None)
     expected = [dict(item.payload()) for batch in batches for item in feed_batch(direct, batch, mapping).composites]
     database = _database(make_database_url("composite"))
     try:
-        engine = engine_for(database)
+        engine = pairs_engine(database)
         frame = spark.readStream.schema(schema).option("maxFilesPerTrigger", 1).json(str(tmp_path / "in"))
         query = spark_bridge.ingest(database, frame, mapping=mapping, query_name="pairs",
                                     checkpoint_location=str(tmp_path / "checkpoint"), trigger={"availableNow": True},

@@ -598,6 +598,19 @@ def test_events_given_as_mappings_equal_the_same_stream_events(db):
     assert observe(db, result.outputs) == expected
 
 
+def _fed_with(db, malformed) -> tuple:
+    """A random stream fed with ``malformed`` in its middle, and what the stream gives without it: the result
+    (its one dead letter keeps ``malformed``) and the expected observation."""
+    events = random_stream(random.Random(SEED + 2), 60)
+    expected, _ = run_sorted(db, events, name="without-malformed")
+    reset(db)
+    made = engine(db, name="with-malformed")
+    ordered = sorted(events, key=lambda event: event.ts)
+    result = made.feed([*ordered[:30], malformed, *ordered[30:]], punctuation=streams.END_OF_STREAM)
+    assert [letter.event.origin for letter in result.dead_letters] == [malformed]
+    return result, expected
+
+
 @pytest.mark.parametrize("malformed", [
     {"type": "ENTER", "ts": 1, "attributes": 5, "stream": "estream"},
     {"type": "ENTER", "ts": 1, "attributes": {"HCW-ID": "w0", "location": "r0"}, "stream": 7},
@@ -607,13 +620,7 @@ def test_events_given_as_mappings_equal_the_same_stream_events(db):
 def test_a_malformed_mapping_is_a_dead_letter_and_the_stream_goes_on(db, malformed):
     """A mapping that does not describe an event becomes a dead letter keeping the mapping as given; the events
     around it are processed as if it had not been there."""
-    events = random_stream(random.Random(SEED + 2), 60)
-    expected, _ = run_sorted(db, events, name="without-malformed")
-    reset(db)
-    made = engine(db, name="with-malformed")
-    ordered = sorted(events, key=lambda event: event.ts)
-    result = made.feed([*ordered[:30], malformed, *ordered[30:]], punctuation=streams.END_OF_STREAM)
-    assert [letter.event.origin for letter in result.dead_letters] == [malformed]
+    result, expected = _fed_with(db, malformed)
     assert observe(db, result.outputs) == expected
 
 
@@ -626,13 +633,7 @@ def test_a_malformed_stream_event_is_a_dead_letter_and_the_stream_goes_on(db, ma
     """A StreamEvent built with attributes that are not a mapping, or a stream that is not a name, is refused as
     a mapping describing it is: one dead letter keeping the event as given, recorded with the batch, and the events
     around it processed as if it had not been there."""
-    events = random_stream(random.Random(SEED + 2), 60)
-    expected, _ = run_sorted(db, events, name="without-malformed")
-    reset(db)
-    made = engine(db, name="with-malformed")
-    ordered = sorted(events, key=lambda event: event.ts)
-    result = made.feed([*ordered[:30], malformed, *ordered[30:]], punctuation=streams.END_OF_STREAM)
-    assert [letter.event.origin for letter in result.dead_letters] == [malformed]
+    result, expected = _fed_with(db, malformed)
     assert "rejected" in result.dead_letters[0].reason
     assert observe(db, result.outputs) == expected
     with db.engine.connect() as connection:
