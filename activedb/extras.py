@@ -10,6 +10,7 @@ extra           brings                                      needed by
 ``embedded``    pgserver (PostgreSQL binaries), psutil      ``activedb.connect()`` without a URL
 ``plot``        matplotlib                                  pictures: ``render()``, ``--png``, ``--plot``, ``-o``
 ``metrics``     prometheus_client                           ``activedb.metrics``, ``--metrics-port``
+``tracing``     opentelemetry-api                           OpenTelemetry spans of batches, firings and commits
 ``all``         all of the above
 ==============  ==========================================  ===================================================
 
