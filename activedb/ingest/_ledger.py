@@ -123,10 +123,9 @@ def forget_run(connection: sa.Connection, query_id: str) -> int:
     """Delete the ledger rows of the run ``query_id`` (its partitions' too) on ``connection`` (in the caller's
     transaction): its batches count as never applied, for a source that starts its numbering over under the
     same id (a capture consumer dropped and registered again).  Returns the rows deleted."""
-    result = connection.execute(sa.text(
-        f"DELETE FROM {LEDGER_TABLE} WHERE query_id = :q OR query_id LIKE :partitions ESCAPE '/'"),
-        {"q": query_id, "partitions": _literally(query_id) + "#p%"})
-    return result.rowcount
+    ledger = sa.table(LEDGER_TABLE, sa.column("query_id"))
+    return connection.execute(sa.delete(ledger).where(sa.or_(
+        ledger.c.query_id == query_id, ledger.c.query_id.startswith(f"{query_id}#p", autoescape=True)))).rowcount
 
 
 def last_watermark(db: DatabaseHandle, query_id: str) -> dt.datetime | None:
@@ -136,12 +135,6 @@ def last_watermark(db: DatabaseHandle, query_id: str) -> dt.datetime | None:
         return connection.execute(sa.select(sa.func.max(ledger.c.watermark)).where(
             sa.or_(ledger.c.query_id == query_id, ledger.c.query_id.startswith(f"{query_id}#p", autoescape=True)))
         ).scalar()
-
-
-def _literally(text: str) -> str:
-    """``text`` as a ``LIKE … ESCAPE '/'`` pattern that matches only itself: a source or run name's ``_`` and ``%``
-    are its own characters, not wildcards (``sqlalchemy``'s ``autoescape`` does the same)."""
-    return text.replace("/", "//").replace("%", "/%").replace("_", "/_")
 
 
 #: The ledger row of a batch.  A batch there already makes it a unique violation of the ledger's primary key:
