@@ -151,7 +151,8 @@ def feed_batch(engine: CompositionEngine, rows: Rows, mapping: EventMapping, *, 
         producer = item.producer if isinstance(item, Heartbeat) else item.ts.producer
         rejected.append(Rejected(-1, f"{type(error).__name__}: {error}",
                                  jsonable({"producer": producer, "ts": str(item.ts)})))
-    taken = [item for item in accepted if not any(item is other for other, _ in refused)]
+    refused_ids = {id(item) for item, _ in refused}
+    taken = [item for item in accepted if id(item) not in refused_ids]
     return FeedResult(tuple(taken), tuple(composites), tuple(rejected))
 
 
