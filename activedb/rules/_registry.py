@@ -203,6 +203,8 @@ class RuleRegistry:
                             module=values["module"]))
                 return
             version = row.version + 1
+            if row.removed_at is None:
+                rule.enabled = row.enabled           # the persisted flag wins for a new version too
             connection.execute(table.update().where(table.c.name == rule.name).values(
                 version=version, enabled=rule.enabled, removed_at=None, updated_at=sa.func.now(), **values))
             rule.version = version

@@ -372,6 +372,37 @@ def test_registry_persists_across_connect(migrated, db):
         second_db.close()
 
 
+def test_a_disabled_rule_redefined_by_the_next_process_stays_disabled(migrated, db):
+    """The persisted ``enabled`` flag wins at declaration for a new version too (a rule an operator disabled stays
+    disabled across a redeploy that changed it); a removed rule declared again is back, as declared."""
+    seen = []
+
+    def action(tx, event):
+        seen.append(event.source)
+
+    db.rule(on=db.signalled("redeployed"), name="redeployed")(action)
+    db.rules.disable("redeployed")
+    db.rule(on=db.signalled("came_back"), name="came_back")(action)
+    db.rules.disable("came_back")
+    db.rules.remove("came_back")
+    second_db = activedb.connect(migrated)
+    try:
+        with pytest.warns(activedb.RuleDefinitionChangedWarning, match="priority"):
+            changed = second_db.rule(on=second_db.signalled("redeployed"), name="redeployed", priority=5)(action)
+        with pytest.warns(activedb.RuleDefinitionChangedWarning, match="priority"):
+            back = second_db.rule(on=second_db.signalled("came_back"), name="came_back", priority=5)(action)
+        assert changed.version == 2 and changed.enabled is False
+        assert back.version == 2 and back.enabled is True
+        stored = {row["name"]: row for row in second_db.rules.persisted()}
+        assert stored["redeployed"]["enabled"] is False and stored["came_back"]["enabled"] is True
+        with second_db.transaction() as tx:
+            tx.signal("redeployed")
+            tx.signal("came_back")
+        assert seen == ["came_back"]
+    finally:
+        second_db.close()
+
+
 def test_a_rule_of_callable_objects_declared_again_by_the_next_process_keeps_its_version(migrated, db):
     """A condition or an action without source of its own — a ``functools.partial``, a callable object — is
     fingerprinted without where it lives in memory: the next process declaring the same rule (new objects, the same
