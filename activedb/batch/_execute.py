@@ -20,9 +20,14 @@ from activedb.batch._state import WRITTEN_TWICE, failure_reason, perform
 from activedb.batch._strategy import AbortMode, Exploration, Granularity, Strategy
 from activedb.batch.errors import ExecutionInvariantBroken
 from activedb.store import RowImage
-from activedb.versions import Versions
+from activedb.versions import VersionInvariantBroken, Versions
 
 BLK, RDY, EXE, ABT = OpState.BLK, OpState.RDY, OpState.EXE, OpState.ABT
+
+
+class _WrittenTwice(Exception):
+    """An operation's write found a version of its row at its own timestamp: another operation of its transaction
+    wrote the row (a non-deterministic write resolved to it).  The transaction aborts with ``WRITTEN_TWICE``."""
 
 
 @dataclass(frozen=True)
@@ -150,15 +155,18 @@ class TpgExecutor:
         else:
             try:
                 state, image, output = perform(op.spec, op.t, self._read, self._window)
+                if state is not None:
+                    try:
+                        self.table.write(state, op.t, image)
+                    except VersionInvariantBroken:   # a peer wrote it: a non-deterministic write resolved to its row
+                        raise _WrittenTwice from None
+                    op.wrote = state
             except Exception as error:
-                op.failure = failure_reason(op.spec, error)
+                op.failure = WRITTEN_TWICE if isinstance(error, _WrittenTwice) else failure_reason(op.spec, error)
                 op.state = ABT                                 # T4 (own failure)
                 txn.failed.append(op)
                 failed = True
             else:
-                if state is not None:
-                    self.table.write(state, op.t, image)
-                    op.wrote = state
                 op.output = output
                 op.state = EXE                                 # T2
         op.done = True
@@ -366,13 +374,19 @@ class TpgExecutor:
         for txn, declared in zip(self.tpg.txns, specs):
             ts.append(txn.t)
             if txn.failed:
+                written: list[State] = []
                 for spec in declared:
                     try:
-                        perform(spec, txn.t, read, window)
+                        state = perform(spec, txn.t, read, window)[0]
                     except Exception as error:
                         aborted[txn.t] = failure_reason(spec, error)
                         break
+                    if state is not None:
+                        written.append(state)
                 else:
+                    if len(set(written)) != len(written):    # as run_serial: no operation failed, a row written twice
+                        aborted[txn.t] = WRITTEN_TWICE
+                        continue
                     raise ExecutionInvariantBroken(f"transaction t={txn.t} aborted ({txn.reason}) but none of its "
                                                    f"operations fails against the final versions")
             else:

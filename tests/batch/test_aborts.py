@@ -130,3 +130,28 @@ def test_a_non_deterministic_write_that_resolves_to_a_row_its_transaction_writes
             for event, reason in result.dead_letters] == [
         ("a", True)]
     assert result.final == {("t", "b"): {"v": 1}, ("t", "c"): {"w": 2}}
+
+
+@pytest.mark.parametrize("strategy", ["tpg"] + [strategy.name for strategy in batch.all_strategies()])
+def test_under_every_tpg_strategy_a_write_resolved_to_a_row_its_transaction_writes_aborts_that_transaction(strategy):
+    """The same under the TPG strategies, as the serial reference has it: that transaction alone aborts with the
+    reason, its other write is rolled back (a later transaction reads the row as of before it) and the rest of the
+    batch goes on.  Before, the whole batch raised ``VersionInvariantBroken`` ('already has a version at stamp …')."""
+    transactions = batch.StateTransactions()
+
+    @transactions.on("e")
+    def both(event, ops):
+        ops.write("t", event.key, lambda own: {"v": (own["v"] if own else 0) + 1})
+        ops.write_any("t", lambda: event.payload["to"], lambda own: {"w": 2})
+
+    events = [{"type": "e", "key": "a", "ts": 0, "payload": {"to": "a"}},
+              {"type": "e", "key": "b", "ts": 1, "payload": {"to": "c"}},
+              {"type": "e", "key": "a", "ts": 2, "payload": {"to": "d"}}]
+    reference = batch.run_in_memory(transactions, events, {}, strategy="serial")
+    result = batch.run_in_memory(transactions, events, {}, strategy=strategy)
+    assert [(event.key, "resolved to a row its transaction also writes" in reason)
+            for event, reason in result.dead_letters] == [("a", True)]
+    assert [(outcome.committed, outcome.reason) for outcome in result.transactions] == [
+        (outcome.committed, outcome.reason) for outcome in reference.transactions]
+    assert result.final == reference.final == {("t", "a"): {"v": 1}, ("t", "b"): {"v": 1}, ("t", "c"): {"w": 2},
+                                               ("t", "d"): {"w": 2}}
