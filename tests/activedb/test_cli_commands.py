@@ -391,3 +391,19 @@ def test_an_application_whose_known_types_are_not_a_collection_of_names_is_refus
     monkeypatch.syspath_prepend(str(tmp_path))
     with pytest.raises(AppLoadError, match=f"KNOWN_TYPES is {known}; give the event types as a list or a set"):
         load_app(module)
+
+
+@pytest.mark.parametrize("known", ["['add', 5]", "b'add'", "[['add', 'remove']]"])
+def test_an_application_whose_known_types_are_not_all_names_is_refused(tmp_path, monkeypatch, known):
+    """An event type is a non-empty string (the type column's value): ``KNOWN_TYPES = ['add', 5]`` was accepted and
+    the first row of another type failed its whole batch with a TypeError (the unknown-type message sorts the known
+    types), every run again; ``b'add'`` was read as the types 97 and 100; a list of lists failed with 'unhashable
+    type'.  Loading the application names the value that is no event type and says what to give."""
+    from activedb.cli.application import load_app
+    from activedb.ingest.errors import AppLoadError
+
+    module = f"typed_names_app_{len(known)}"     # (one module name per case: imports are cached)
+    (tmp_path / f"{module}.py").write_text(f"KNOWN_TYPES = {known}\n\ndef register(db):\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(AppLoadError, match=r"KNOWN_TYPES is .* is no event type; event types are non-empty strings"):
+        load_app(module)
