@@ -83,6 +83,9 @@ class RuleRegistry:
 
     def validate(self, rule: Rule) -> None:
         name = rule.name
+        if not isinstance(name, str):      # (the persisted row's key; error messages list the names as text)
+            raise RuleError(f"a rule's name= must be a non-empty text (what `activedb rules enable NAME` takes), "
+                            f"got {name!r}")
         if not isinstance(rule.on, EventSpec):
             raise RuleError(
                 f"rule {name!r}: on= must be an event such as db.updated('table') or db.signalled('name'), "

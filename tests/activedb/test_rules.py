@@ -485,6 +485,28 @@ def test_bad_rule_definitions_are_rejected_at_declaration(db):
     assert db.rules.get("twice") is second and second.priority == 3
 
 
+def test_a_rule_name_that_is_no_text_is_refused_at_declaration(db):
+    """A rule's name is text (the persisted row's key, what ``activedb rules enable NAME`` takes): ``name=5`` was
+    declared, and from then on every "no rule named ..." error of ``db.rules`` — enable, disable, remove of a
+    misspelt name — failed with a TypeError of its own ('sequence item 0: expected str instance, int found'), the
+    names listed in it being joined as text."""
+    with pytest.raises(RuleError, match=r"name= must be a non-empty text .*, got 5"):
+        db.rule(on=db.signalled("named"), name=5)(lambda tx, event: None)
+
+    class Numbered(activedb.Rule):
+        name = ("a", "tuple")
+        on = db.signalled("named")
+
+        def action(self, tx, event):
+            pass
+
+    with pytest.raises(RuleError, match=r"name= must be a non-empty text .*, got \('a', 'tuple'\)"):
+        db.rules.add(Numbered())
+    assert 5 not in db.rules.names()
+    with pytest.raises(RuleError, match="no rule named 'misspelt'"):
+        db.rules.enable("misspelt")
+
+
 def test_a_class_form_rule_whose_condition_cannot_take_tx_and_event_is_told_of_its_condition(db):
     """A ``Rule`` subclass has no ``when=``: a condition method of the wrong signature is named as what it is."""
     class OneArgument(activedb.Rule):
