@@ -106,6 +106,8 @@ class RuleRegistry:
                                           or not math.isfinite(rule.priority)):    # (NaN orders nothing; no JSON)
             raise RuleError(f"rule {name!r}: priority must be a finite number (higher runs first) or None, "
                             f"got {rule.priority!r}")
+        if rule.enabled not in (True, False):       # (else the registry's insert fails: no boolean, or NULL)
+            raise RuleError(f"rule {name!r}: enabled= must be True or False, got {rule.enabled!r}")
         if isinstance(rule, FunctionRule):
             if not callable(rule.action_function()):
                 raise RuleError(f"rule {name!r}: the action must be callable, got {rule.action_function()!r}")

@@ -507,6 +507,15 @@ def test_a_rule_name_that_is_no_text_is_refused_at_declaration(db):
         db.rules.enable("misspelt")
 
 
+def test_an_enabled_flag_that_is_no_boolean_is_refused_at_declaration(db):
+    """``enabled=`` is True or False: ``enabled="no"`` failed the declaration with SQLAlchemy's StatementError ('Not a
+    boolean value') and ``enabled=None`` with PostgreSQL's NotNullViolation, neither saying what to give."""
+    for given in ("no", None):
+        with pytest.raises(RuleError, match=rf"rule 'flagged': enabled= must be True or False, got {given!r}"):
+            db.rule(on=db.signalled("flagged"), name="flagged", enabled=given)(lambda tx, event: None)
+    assert "flagged" not in db.rules.names()
+
+
 def test_a_class_form_rule_whose_condition_cannot_take_tx_and_event_is_told_of_its_condition(db):
     """A ``Rule`` subclass has no ``when=``: a condition method of the wrong signature is named as what it is."""
     class OneArgument(activedb.Rule):
