@@ -103,7 +103,7 @@ class RuleRegistry:
             )
         if rule.priority is not None and (isinstance(rule.priority, bool)
                                           or not isinstance(rule.priority, (int, float))
-                                          or not math.isfinite(rule.priority)):    # (NaN orders nothing; no JSON)
+                                          or not _finite(rule.priority)):    # (NaN orders nothing; no JSON)
             raise RuleError(f"rule {name!r}: priority must be a finite number (higher runs first) or None, "
                             f"got {rule.priority!r}")
         if rule.enabled not in (True, False):       # (else the registry's insert fails: no boolean, or NULL)
@@ -360,6 +360,14 @@ class RuleRegistry:
         self._matching = {}
         self.observed_tables = frozenset(rule.on.source for rule in self._rules.values()  # type: ignore[misc]
                                          if rule.enabled and rule.on.is_data and rule.on.origin is Origin.ACTIVEDB)
+
+
+def _finite(number: float) -> bool:
+    """Whether ``number`` is finite as a float: an int beyond a float's range is not (``math.isfinite`` raises)."""
+    try:
+        return math.isfinite(number)
+    except OverflowError:
+        return False
 
 
 def _declared_by(name: str) -> str:

@@ -533,10 +533,12 @@ def test_a_class_form_rule_whose_condition_cannot_take_tx_and_event_is_told_of_i
     assert "when=" not in str(refused.value)
 
 
-@pytest.mark.parametrize("priority", [float("nan"), float("inf"), float("-inf")])
+@pytest.mark.parametrize("priority", [float("nan"), float("inf"), float("-inf"), 10 ** 400])
 def test_a_priority_that_is_no_finite_number_is_refused_as_a_rule_error(db, priority):
     """NaN (not a priority: no order) and the infinities (no JSON for the persisted definition) are refused at
-    declaration with a RuleError saying what a priority is — not PostgreSQL's DataError from the registry's insert."""
+    declaration with a RuleError saying what a priority is — not PostgreSQL's DataError from the registry's insert.
+    So is an integer beyond a float's range (no double precision column holds it), which the check itself let out
+    as an OverflowError ('int too large to convert to float')."""
     with pytest.raises(RuleError, match=r"'unordered': priority must be a finite number"):
         db.rule(on=db.signalled("unordered"), priority=priority, name="unordered")(lambda tx, event: None)
     assert "unordered" not in db.rules.names()
