@@ -67,6 +67,8 @@ class Reads:
         number of rows found.  Useful before processing a batch of events on known keys."""
         self._check_active("prefetch")
         info = self.manager.catalog.table_info(table)
+        if isinstance(keys, str):       # (an iterable of its letters)
+            raise TypeError(_one_text("prefetch", info.name, keys))
         chain, name = (self, *self.ancestors), info.name
         wanted = list(dict.fromkeys(key for key in map(info.key, keys) if not any(
             (name, key) in node._db_reads or (name, key) in node._writes for node in chain)))
@@ -84,6 +86,8 @@ class Reads:
         self._check_active("read_many")
         lock = BulkLock.parse(lock, "read_many(lock=...)")
         info = self.manager.catalog.table_info(table)
+        if isinstance(keys, str):       # (an iterable of its letters)
+            raise TypeError(_one_text("read_many", info.name, keys))
         normalised: dict[Any, Any] = {}
         for given in keys:
             if isinstance(given, list):     # (a key of several columns as a list: by its tuple, ``TableInfo.named``)
@@ -130,3 +134,9 @@ class Reads:
                 recorder.record("read", self.id, root=self.root.id, table=info.name, key=key, value=image,
                                 source="scan")
         return result
+
+
+def _one_text(method: str, table: str, text: str) -> str:
+    """What ``method(table, keys)`` given one text instead of a collection of keys says."""
+    return (f"{method}({table!r}, keys) takes a collection of keys, got the text {text!r}; for that one row: "
+            f"{method}({table!r}, [{text!r}])")

@@ -120,3 +120,22 @@ def test_write_many_given_pairs_instead_of_a_mapping_says_what_it_takes(db, acco
         with db.transaction() as tx:
             tx.write_many("accounts", [(1, {"balance": 11})])
     assert committed(db, "accounts")[1] == 10
+
+
+def test_read_many_and_prefetch_given_one_text_key_say_they_take_a_collection_of_keys(db):
+    """A text is an iterable of its letters: ``read_many('items', 'abc')`` read and READ-locked the rows 'a', 'b' and
+    'c' and returned ``{'a': None, 'b': None, 'c': None}`` — not the row 'abc', which exists — and ``prefetch`` loaded
+    those letters' rows.  Both now say they take a collection of keys and show the call for one row; nothing is
+    locked."""
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("DELETE FROM items WHERE key IN ('abc', 'a', 'b', 'c')"))
+        connection.execute(sa.text("INSERT INTO items (key, value) VALUES ('abc', 1)"))
+    with db.transaction() as tx:
+        with pytest.raises(TypeError, match=r"read_many\('items', keys\) takes a collection of keys, got the text "
+                                            r"'abc'.*read_many\('items', \['abc'\]\)"):
+            tx.read_many("items", "abc")
+        with pytest.raises(TypeError, match=r"prefetch\('items', keys\) takes a collection of keys, got the text "
+                                            r"'abc'.*prefetch\('items', \['abc'\]\)"):
+            tx.prefetch("items", "abc")
+        assert not any(db.transactions.locks.holders(("row", "items", (letter,))) for letter in "abc")
+        assert tx.read_many("items", ["abc"]) == {"abc": {"key": "abc", "value": 1, "note": None}}
