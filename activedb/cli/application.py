@@ -73,7 +73,11 @@ def load_app(spec: AppSpec, *, require_mapping: bool = False) -> LoadedApp:
                            f"MAPPING = spark_bridge.EventMapping(type_column='type', key_column='key', ts_column='ts')")
     migrations = getattr(module, "MIGRATIONS", None)
     if migrations is not None:
-        migrations = Path(migrations)
+        try:
+            migrations = Path(migrations)
+        except TypeError:
+            raise AppLoadError(f"{text}: MIGRATIONS is {migrations!r}; give the application's Alembic directory as a "
+                               f"path, e.g. MIGRATIONS = 'migrations' (relative to the module's file)") from None
         source = getattr(module, "__file__", None)
         if not migrations.is_absolute() and source:
             migrations = Path(source).parent / migrations

@@ -407,3 +407,17 @@ def test_an_application_whose_known_types_are_not_all_names_is_refused(tmp_path,
     monkeypatch.syspath_prepend(str(tmp_path))
     with pytest.raises(AppLoadError, match=r"KNOWN_TYPES is .* is no event type; event types are non-empty strings"):
         load_app(module)
+
+
+def test_an_application_whose_migrations_are_no_path_is_refused_saying_what_to_give(tmp_path, monkeypatch):
+    """``MIGRATIONS = 5`` (or any value that is no path) failed the load with Python's TypeError ('expected str,
+    bytes or os.PathLike object, not int') — a traceback from ``activedb run`` — instead of the AppLoadError that
+    names the setting and what to give."""
+    from activedb.cli.application import load_app
+    from activedb.ingest.errors import AppLoadError
+
+    (tmp_path / "numbered_migrations_app.py").write_text("MIGRATIONS = 5\n\ndef register(db):\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(AppLoadError, match=r"numbered_migrations_app: MIGRATIONS is 5; give the application's "
+                                           r"Alembic directory as a path"):
+        load_app("numbered_migrations_app")
