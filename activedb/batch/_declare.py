@@ -276,6 +276,9 @@ class Ops:
                     name: str | None = None) -> None:
         """READ(win_f(keys, size)): ``aggregate(windows)`` over, per key, the list of row versions
         written in this batch by transactions with time in ``[t - size, t)``."""
+        if isinstance(keys, str):       # (an iterable of its letters: their rows, not its own)
+            raise DeclarationError(f"window_read({table!r}, keys) takes a collection of keys, got the text {keys!r}; "
+                                   f"for that one row: window_read({table!r}, [{keys!r}], ...)")
         keys = list(dict.fromkeys(keys))
         if not keys:
             raise DeclarationError("window_read needs at least one key")

@@ -234,6 +234,26 @@ def test_window_write(strategy):
     assert [outcome.committed for outcome in result.transactions] == [True, True, True, False, True, True, True]
 
 
+@pytest.mark.parametrize("strategy", ["lean", "serial", "ns/f/e"])
+def test_a_window_read_given_one_text_as_its_keys_rejects_its_event_saying_what_to_give(strategy):
+    """A text is an iterable of its letters: ``ops.window_read('w', 'src', ...)`` aggregated the windows of the rows
+    's', 'r' and 'c' — silently, the row 'src' it named never read.  The event is rejected with a DeclarationError
+    showing the list to give; the rest of the batch goes on."""
+    transactions = window_transactions()
+
+    @transactions.on("text_keys")
+    def text_keys(event, ops):
+        ops.window_read("w", "src", size=3.0, name="seen", aggregate=lambda *windows: [len(rows) for rows in windows])
+
+    events = [{"type": "tick", "ts": 1.0, "payload": {"v": 1}}, {"type": "text_keys", "ts": 2.0},
+              {"type": "tick", "ts": 3.0, "payload": {"v": 3}}]
+    result = batch.run_in_memory(transactions, events, {}, strategy=strategy)
+    assert [reason for _, reason in result.dead_letters] == [
+        "DeclarationError: window_read('w', keys) takes a collection of keys, got the text 'src'; for that one row: "
+        "window_read('w', ['src'], ...)"]
+    assert result.final[("w", "src")] == {"v": 3}
+
+
 def test_a_window_operation_declared_before_the_lean_run_makes_it_keep_versions_from_the_start():
     """A batch run at commit is declared before it runs (``apply_at_commit``'s pass), and the lean run gets those
     operations: one with a window makes it keep row versions from its start (else the window would read none)."""
