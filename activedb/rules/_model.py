@@ -148,7 +148,7 @@ class RuleCounters:
     executed: int = 0          # condition true, action ran and its transaction committed
     failed: int = 0            # condition or action raised
     cancelled: int = 0         # a dependency stopped it (trigger aborted/committed, condition false)
-    rerun_after_wait: int = 0  # detached dependent re-run after it was the victim of a gate-vs-lock cycle
+    rerun_after_wait: int = 0  # C-A parallel action run again after it gave way in a gate-vs-lock cycle
 
 
 #: The name of one of :class:`RuleCounters`' fields (what ``RuleManager.count`` adds to).

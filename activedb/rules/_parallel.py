@@ -58,6 +58,7 @@ def condition_then_action(manager: "RuleManager", transaction: "Transaction", fi
             # the action beside a live first one.
             raise
         if condition_value:      # the action gave way to its condition: run it again, now after it
+            manager.count(rule, "rerun_after_wait")
             run_subtransaction(transaction, _run_action_again, firing, name=f"action:{rule.name}")
     except DependencyAbort:
         pass

@@ -285,6 +285,7 @@ def test_an_action_waiting_for_its_condition_gives_way_when_the_condition_needs_
         db.transactions.observers.remove(aborts)
     assert aborts.reasons == ["DeadlockDetected"]  # the first run of the action, and nothing else
     assert rows(db, "accounts") == [(9, None, 100)]
+    assert db.rules.statistics().per_rule["compensate"].rerun_after_wait == 1   # the second run, counted
 
 
 def test_a_rule_opening_its_own_top_level_on_its_triggers_row_is_a_deadlock_not_a_hang(db):
