@@ -245,7 +245,8 @@ class Transaction(Reads, Writes, Children):
     def _check_active(self, operation: str) -> None:
         if self._doomed is not None:
             raise TransactionAborted(
-                f"{operation} in transaction {self.id}: it was aborted ({self._doomed}); "
+                f"{operation} in transaction {self.id}: it was aborted "
+                f"({str(self._doomed) or type(self._doomed).__name__}); "
                 f"start a new transaction"
             ) from self._doomed
         state = self._state

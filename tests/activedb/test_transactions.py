@@ -51,6 +51,15 @@ def test_exception_aborts_and_writes_nothing(db):
     assert committed(db, "accounts") == {}
 
 
+def test_an_aborted_transaction_names_a_reason_without_a_message_by_its_type(db):
+    """A reason with no message of its own (``assert``'s, a bare ``raise KeyError``) is named by its class in the
+    error of the next operation, not shown as empty parentheses."""
+    with pytest.raises(activedb.TransactionAborted, match=r"it was aborted \(AssertionError\)"):
+        with db.transaction() as tx:
+            tx.abort(AssertionError())
+            tx.read("items", "x")
+
+
 def test_reads_see_own_then_ancestor_then_committed(db):
     db.run(lambda tx: tx.write("items", "x", value=1, note="committed"))
     with db.transaction() as tx:
