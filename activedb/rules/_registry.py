@@ -66,6 +66,9 @@ class RuleRegistry:
         if not isinstance(rule, Rule):
             raise RuleError(f"db.rules.add() takes a Rule (or Rule subclass), got {rule!r}")
         if not rule.name:
+            if isinstance(rule, FunctionRule):      # (a partial, a callable object: no name to take)
+                raise RuleError(f"{rule.action_function()!r} has no __name__ to name its rule by; give the rule a "
+                                f"name: db.rule(..., name='...')")
             rule.name = type(rule).__name__
         self.validate(rule)
         with self._mutex:

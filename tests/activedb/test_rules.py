@@ -507,6 +507,19 @@ def test_a_rule_name_that_is_no_text_is_refused_at_declaration(db):
         db.rules.enable("misspelt")
 
 
+def test_a_decorated_callable_without_a_name_must_be_given_one(db):
+    """A ``functools.partial`` or a callable object has no ``__name__``: its rule was named ``FunctionRule``, and the
+    second such rule was refused as "already declared" under a name its author never gave."""
+    def act(tx, event, value):
+        pass
+
+    with pytest.raises(RuleError, match=r"has no __name__.*name='"):
+        db.rule(on=db.signalled("unnamed"))(functools.partial(act, value=1))
+    assert "FunctionRule" not in db.rules.names()
+    assert db.rule(on=db.signalled("unnamed"), name="named_partial")(functools.partial(act, value=2)).name == \
+        "named_partial"
+
+
 def test_an_enabled_flag_that_is_no_boolean_is_refused_at_declaration(db):
     """``enabled=`` is True or False: ``enabled="no"`` failed the declaration with SQLAlchemy's StatementError ('Not a
     boolean value') and ``enabled=None`` with PostgreSQL's NotNullViolation, neither saying what to give."""
