@@ -18,6 +18,7 @@ from typing import Any, Mapping, TypedDict
 from lockmgr import VictimChooser, VictimPolicy
 
 from activedb.clock import Clock
+from activedb.errors import check_seconds, check_whole_number
 from activedb.outbox import OutboxOptions
 from activedb.rules import RuleExecution
 
@@ -39,6 +40,9 @@ class EngineOptions:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "create_engine", dict(self.create_engine))     # (a copy: the caller's may change)
+        # (SQLAlchemy's pool: pool_size 0 is no limit, max_overflow -1 no limit; libpq's connect_timeout 0 waits)
+        for name, least in (("pool_size", 0), ("max_overflow", -1), ("connect_timeout", 0)):
+            check_whole_number("EngineOptions", name, getattr(self, name), least)
 
     def keywords(self) -> dict[str, object]:
         """The keyword arguments of ``sqlalchemy.create_engine`` these options make."""
@@ -75,6 +79,10 @@ class Config:
       ``Config`` holding a manual clock refers to that one clock; it is not copied.)
     * ``outbox``: how recorded detached firings run (``OutboxOptions``); ``engine``: the connection pool
       (``EngineOptions``).
+
+    A number a field cannot take (``max_workers=0``, ``lock_timeout=-1``, a text) is an
+    :class:`~activedb.errors.BadArgument` naming the field and what it takes, raised here, before anything is
+    opened (``EngineOptions`` and ``OutboxOptions`` check theirs the same way).
     """
 
     home: Path | None = None
@@ -106,6 +114,12 @@ class Config:
         for name, kind in (("outbox", OutboxOptions), ("engine", EngineOptions)):
             if not isinstance(getattr(self, name), kind):
                 raise TypeError(f"Config({name}=...) takes an activedb.{kind.__name__}, got {getattr(self, name)!r}")
+        for name, least, meaning in (("max_workers", 1, " (the threads running subtransactions)"),
+                                     ("flush_retries", 0, " (re-runs of a commit after a serialization failure)"),
+                                     ("max_cascade_depth", 1, " (rules fired by rules)"),
+                                     ("max_deferred_cycles", 1, " (the deferred cycles a commit may run)")):
+            check_whole_number("Config", name, getattr(self, name), least, meaning)
+        check_seconds("Config", "lock_timeout", self.lock_timeout, none="wait without limit")
 
 
 def _victim_policy(value: object) -> VictimPolicy:

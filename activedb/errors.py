@@ -23,7 +23,7 @@ if TYPE_CHECKING:  # pragma: no cover
 # are public too, but defined on first use (they import lockmgr): ``activedb`` lists them itself.
 __all__ = ["ActivedbError", "BadDatabaseURL", "BatchAlreadyCommitted", "CascadeLimitExceeded",
            "DatabaseError", "DatabaseUnavailable", "DiskFull", "DuplicateKey", "EmbeddedServerError", "Failure",
-           "GeneratedKeysReset", "InvalidChoice", "InvalidKey", "InvalidValue", "MigrationError", "OutboxError",
+           "GeneratedKeysReset", "BadArgument", "InvalidChoice", "InvalidKey", "InvalidValue", "MigrationError", "OutboxError",
            "PictureError", "RecordsTakenOver", "RuleDefinitionChangedWarning", "RuleError",
            "RuleFailed", "SchemaError", "SchemaNotAtHead", "SerializationConflict", "ServerDiskFull",
            "TransactionAborted", "TransactionError", "UnknownColumn", "UnknownTable"]
@@ -52,6 +52,32 @@ class InvalidChoice(ActivedbError, ValueError):
             known = False
         what = "taken here" if allowed is not None and known else f"a {choices.__name__}"
         super().__init__(f"{where} is not {what}: use one of {members}")
+
+
+class BadArgument(ActivedbError, ValueError):
+    """A public call (or a ``Config`` field, a ``connect()`` keyword) was given a value it cannot take: a number out
+    of its range, a value of the wrong type, an empty name.  The message names the argument and what to give.
+    Also a ``ValueError``, as such errors were before they were activedb's."""
+
+
+def check_whole_number(owner: str, name: str, value: object, least: int, meaning: str = "") -> None:
+    """Raise :class:`BadArgument` unless ``value`` (given as ``owner(name=value)``) is an ``int`` (not a bool) of at
+    least ``least``; ``meaning`` says what the number is, in the message."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise BadArgument(f"{owner}({name}={value!r}) takes a whole number of at least {least}{meaning}")
+
+
+def check_seconds(owner: str, name: str, value: object, *, none: str, zero: bool = True, infinite: bool = True
+                  ) -> None:
+    """Raise :class:`BadArgument` unless ``value`` (given as ``owner(name=value)``) is None (meaning ``none``) or a
+    number of seconds (not a bool, not NaN) of at least 0 (``zero=False``: above 0; ``infinite=False``: finite)."""
+    if value is None:
+        return
+    number = value if isinstance(value, (int, float)) and not isinstance(value, bool) else float("nan")
+    if not (number >= 0 if zero else number > 0) or (not infinite and number == float("inf")):
+        bound = "of at least 0" if zero else "above 0"
+        finite = "" if infinite else ", finite"
+        raise BadArgument(f"{owner}({name}={value!r}) takes None ({none}) or a number of seconds {bound}{finite}")
 
 
 # --- database and server -------------------------------------------------------------

@@ -22,7 +22,7 @@ from lockmgr import TxnState
 
 from activedb import lowlevel
 from activedb.clock import SYSTEM_CLOCK, Clock
-from activedb.errors import GeneratedKeysReset
+from activedb.errors import GeneratedKeysReset, check_seconds, check_whole_number
 from activedb.events import EventKind, seconds
 from activedb.outbox import _records
 from activedb.outbox._executor import GROUP_TRANSACTION, Executor, Work, describe_error
@@ -98,6 +98,13 @@ class OutboxOptions:
     max_attempts: int = 5
     recovery_interval: float | None = 10.0
     inserts_in_commit: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("group_size", "max_groups", "max_attempts"):
+            check_whole_number("OutboxOptions", name, getattr(self, name), 1)
+        # (0 would make the recovery thread run passes without pause; no thread may wait for ever)
+        check_seconds("OutboxOptions", "recovery_interval", self.recovery_interval, zero=False, infinite=False,
+                      none="passes only when a rule is registered and on recover()")
 
 
 class Outbox:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import pickle
+import re
 
 import pytest
 from sqlalchemy.log import InstanceLogger
@@ -92,3 +93,44 @@ def test_an_empty_home_is_the_default_home_not_the_current_directory():
     was before Config: it became Path('.'), and the embedded server made its data directory in the current one."""
     assert Config(home="").home is None and Config(home=None).home is None
     assert str(Config(home="/tmp/somewhere").home) == "/tmp/somewhere"
+
+
+@pytest.mark.parametrize("owner, keywords, allowed", [
+    (Config, {"max_workers": 0}, "a whole number of at least 1"),
+    (Config, {"max_workers": "3"}, "a whole number of at least 1"),
+    (Config, {"max_workers": True}, "a whole number of at least 1"),
+    (Config, {"lock_timeout": -1}, "None .* or a number of seconds of at least 0"),
+    (Config, {"lock_timeout": "x"}, "None .* or a number of seconds of at least 0"),
+    (Config, {"lock_timeout": float("nan")}, "None .* or a number of seconds of at least 0"),
+    (Config, {"flush_retries": -1}, "a whole number of at least 0"),
+    (Config, {"max_cascade_depth": 0}, "a whole number of at least 1"),
+    (Config, {"max_deferred_cycles": 2.5}, "a whole number of at least 1"),
+    (EngineOptions, {"pool_size": "x"}, "a whole number of at least 0"),
+    (EngineOptions, {"max_overflow": -2}, "a whole number of at least -1"),
+    (EngineOptions, {"connect_timeout": 1.5}, "a whole number of at least 0"),
+    (OutboxOptions, {"group_size": 0}, "a whole number of at least 1"),
+    (OutboxOptions, {"max_groups": None}, "a whole number of at least 1"),
+    (OutboxOptions, {"max_attempts": -3}, "a whole number of at least 1"),
+    (OutboxOptions, {"recovery_interval": 0}, "None .* or a number of seconds above 0"),
+    (OutboxOptions, {"recovery_interval": float("inf")}, "None .* or a number of seconds above 0"),
+])
+def test_a_number_a_field_cannot_take_is_refused_naming_the_field_and_what_it_takes(owner, keywords, allowed):
+    """max_workers=0, pool_size='x', lock_timeout=-1 (and their siblings) were accepted by Config and failed later,
+    obscurely: a ValueError or TypeError from deep inside connect(), or none at all until the first lock wait, rule
+    cascade or outbox pass (recovery_interval=0 made the recovery thread spin, inf killed it)."""
+    (name, value), = keywords.items()
+    with pytest.raises(activedb.BadArgument, match=rf"{owner.__name__}\({name}={re.escape(repr(value))}\) "
+                                                        rf"takes {allowed}") as raised:
+        owner(**keywords)
+    assert isinstance(raised.value, ValueError)
+    assert Config(max_workers=1, lock_timeout=0, flush_retries=0, max_cascade_depth=1).lock_timeout == 0
+    assert Config(lock_timeout=float("inf")).lock_timeout == float("inf")          # (wait without limit)
+    assert EngineOptions(pool_size=0, max_overflow=-1, connect_timeout=0).max_overflow == -1    # (SQLAlchemy's, libpq's)
+    assert OutboxOptions(recovery_interval=None).recovery_interval is None
+
+
+def test_connect_refuses_a_number_a_field_cannot_take_before_anything_is_opened(migrated):
+    for keywords in ({"max_workers": 0}, {"pool_size": "x"}, {"lock_timeout": -1},
+                     {"outbox_options": {"recovery_interval": -1}}):
+        with pytest.raises(activedb.BadArgument, match=r"\((max_workers|pool_size|lock_timeout|recovery_interval)="):
+            activedb.connect(migrated, **keywords)
