@@ -234,6 +234,14 @@ def test_done_records_older_than_an_age_are_pruned_and_the_rest_kept(db, migrate
         db.outbox.prune(older_than=-1)
 
 
+@pytest.mark.parametrize("age", [-1, dt.timedelta(seconds=-1), float("nan"), "1h", None])
+def test_prune_refuses_an_age_that_is_no_age_with_an_activedb_error(db, age):
+    """A negative age (or NaN, or no number) was a bare ValueError — or for a text or None a TypeError from float() —,
+    no ActivedbError; it is a BadArgument (still a ValueError) saying what to give."""
+    with pytest.raises(activedb.BadArgument, match=r"outbox.prune\(older_than=...\) takes a non-negative age"):
+        db.outbox.prune(older_than=age)
+
+
 def test_an_attempt_database_run_retries_leaves_no_detached_firing(db):
     db.rule(on=db.signalled("go"), coupling=Coupling.DETACHED, name="once")(
         lambda tx, event: tx.insert("events_seen", rule="once", detail=str(event.payload["attempt"])))
