@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import datetime
+import math
 import threading
 from typing import TYPE_CHECKING, Any, Callable, TypeAlias, TypeVar
 
 import sqlalchemy as sa
 
 from activedb._closedset import ClosedSet
-from activedb.events import seconds
+from activedb.events import age_seconds
 from activedb.store import jsonable
 
 from activedb.atomic import _compensate, _graph
@@ -236,16 +237,10 @@ class Batches:
         """Delete lineage recorded more than ``older_than`` ago (a timedelta or seconds), with its batches
         and undo images; returns how many transactions were forgotten.  Compensation of a batch needs its
         lineage: prune only what you will never compensate."""
-        age = seconds(older_than)
-        if not age >= 0:
-            raise LineageError(f"db.batches.prune(older_than=...) takes a non-negative age (a timedelta or seconds), "
-                               f"got {older_than!r}: a negative one would forget the lineage of every batch")
-        try:
-            with self.db.engine.begin() as connection:
-                return connection.execute(sa.text(
-                    "DELETE FROM activedb_lineage WHERE recorded_at < now() - make_interval(secs => :s)"),
-                    {"s": age}).rowcount
-        except sa.exc.DataError as error:
-            if getattr(error.orig, "sqlstate", None) != "22008":
-                raise
-            return 0        # (an age beyond PostgreSQL's calendar, infinity too: nothing was recorded before it)
+        age = age_seconds(older_than, "db.batches.prune(older_than=...)", LineageError)
+        if age == math.inf:
+            return 0            # (nothing was recorded that long ago)
+        with self.db.engine.begin() as connection:
+            return connection.execute(sa.text(
+                "DELETE FROM activedb_lineage WHERE recorded_at < now() - make_interval(secs => :s)"),
+                {"s": age}).rowcount

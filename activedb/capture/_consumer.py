@@ -27,7 +27,7 @@ from activedb.capture._position import (KINDS, CapturedChange, Position, Positio
                                         register)
 from activedb.capture.errors import CaptureConflict, CaptureError, CaptureNotInstalled, ConsumerStopped
 from activedb.errors import DatabaseUnavailable, TransactionAborted
-from activedb.events import seconds
+from activedb.events import age_seconds
 from activedb.ingest import Ingestion, LedgerId
 from activedb.rules import FiringOutcome
 
@@ -112,9 +112,7 @@ class CaptureConsumer:
         self._database = database
         self.name = name
         self.batch_size = batch_size
-        self.retention_seconds = seconds(retention)
-        if not self.retention_seconds >= 0:      # (NaN too)
-            raise CaptureError(f"retention must not be negative, got {retention!r}")
+        self.retention_seconds = age_seconds(retention, "a consumer's retention", CaptureError)
         self.prune_interval = prune_interval
         self.idle_wait = idle_wait
         self.behind_seconds = behind_seconds

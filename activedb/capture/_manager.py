@@ -18,7 +18,7 @@ from activedb.capture._position import prune
 from activedb.capture._status import (BEHIND_CHANGES, BEHIND_SECONDS, CapturedTable, CaptureStatus, capture_status,
                                       captured_tables)
 from activedb.capture.errors import CaptureError, CaptureNotInstalled
-from activedb.events import seconds
+from activedb.events import age_seconds
 from activedb.ingest import forget_run
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -96,7 +96,7 @@ class CaptureManager:
     def prune(self, retention: float | dt.timedelta = 0.0) -> int:
         """Remove changes every consumer has handled and older than ``retention``; returns the commits
         removed (consumers prune by themselves every ``prune_interval``)."""
-        age = seconds(retention)
+        age = age_seconds(retention, "db.capture.prune(retention=...)", CaptureError)
         total = 0
         while removed := prune(self._database.engine, age):
             total += removed

@@ -55,6 +55,24 @@ def seconds(difference: Duration) -> float:
     return float(difference)
 
 
+#: An age beyond this many seconds (4,000 years) reaches back before anything a database recorded, and beyond what
+#: PostgreSQL can subtract from ``now()`` (its calendar starts in 4713 BC): nothing is that old.
+FOREVER_SECONDS = 4000 * 365.25 * 86400
+
+
+def age_seconds(age: object, parameter: str, error: type[Exception]) -> float:
+    """``age`` — how old something must be to be forgotten (a pruning call's ``older_than``, a retention), a
+    ``timedelta`` or seconds — in seconds, or ``math.inf`` for "for ever": infinity, or any age beyond
+    :data:`FOREVER_SECONDS` (``timedelta.max``), which no row is; a caller forgets nothing then, without asking
+    PostgreSQL (which cannot compute ``now()`` minus such an age).  A negative age, NaN or no number raises ``error``
+    naming ``parameter``."""
+    number = seconds(age) if isinstance(age, (int, float, dt.timedelta)) and not isinstance(age, bool) else math.nan
+    if not number >= 0:
+        raise error(f"{parameter} takes a non-negative age (a timedelta or seconds; inf: forget nothing), "
+                    f"got {age!r}")
+    return number if number <= FOREVER_SECONDS else math.inf
+
+
 def _mixed(a: Instant, b: Instant) -> TypeError:
     return TypeError(f"{a!r} and {b!r} mix a datetime and a number of seconds; give every time of one kind")
 

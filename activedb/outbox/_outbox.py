@@ -24,7 +24,7 @@ from lockmgr import TxnState
 from activedb import lowlevel
 from activedb.clock import SYSTEM_CLOCK, Clock
 from activedb.errors import BadArgument, GeneratedKeysReset, check_seconds, check_whole_number
-from activedb.events import EventKind, seconds
+from activedb.events import EventKind, age_seconds
 from activedb.outbox import _records
 from activedb.outbox._executor import GROUP_TRANSACTION, Executor, Work, describe_error
 from activedb.outbox._recording import TreeFirings, TreeState, always, new_record, requires_commit
@@ -427,11 +427,9 @@ class Outbox:
         pending records — so the table need not keep it; but compensating a batch (``db.batches``) follows the
         detached firings it triggered through these records: prune only what you will never compensate, as
         ``db.batches.prune`` says of lineage.  Failed and pending records are kept."""
-        is_age = isinstance(older_than, (int, float, datetime.timedelta)) and not isinstance(older_than, bool)
-        age = seconds(older_than) if is_age else math.nan
-        if not age >= 0:
-            raise BadArgument(f"outbox.prune(older_than=...) takes a non-negative age (a timedelta or seconds), "
-                              f"got {older_than!r}")
+        age = age_seconds(older_than, "outbox.prune(older_than=...)", BadArgument)
+        if age == math.inf:
+            return 0            # (nothing was done that long ago)
         with self.catalog.engine.begin() as connection:
             return _records.prune_done(connection, age)
 

@@ -511,3 +511,12 @@ def test_a_transaction_spanning_a_reset_sequence_never_collides_with_its_own_key
     assert len(attempts) == 2 and len(set(keys)) == 100
     with db.engine.connect() as connection:
         assert connection.execute(sa.text("SELECT count(*) FROM events_seen")).scalar() == 100
+
+
+@pytest.mark.parametrize("age", [float("inf"), dt.timedelta.max, 1e15])
+def test_prune_with_an_age_beyond_the_calendar_forgets_nothing(db, age):
+    """An age PostgreSQL cannot subtract from now() (infinity: "for ever", timedelta.max) forgets nothing, as
+    db.batches.prune's does — it failed with PostgreSQL's DataError (interval out of range), also from
+    `activedb outbox --prune-done inf`."""
+    assert db.outbox.prune(older_than=age) == 0
+

@@ -449,13 +449,23 @@ def test_backlog_is_visible_a_consumer_far_behind_says_so_and_consumed_changes_a
     assert db.capture.status().consumers == ()
 
 
+@pytest.mark.parametrize("retention", [-1, dt.timedelta(seconds=-1), float("nan"), "1h"])
+def test_a_retention_that_is_no_age_is_refused_by_prune_as_by_a_consumer(clean, retention):
+    """db.capture.prune(retention=-1) pruned as 0 does (a consumer refuses it), and a text escaped from float() as a
+    bare ValueError, from both."""
+    with pytest.raises(CaptureError, match=r"retention.* takes a non-negative age"):
+        clean.capture.prune(retention=retention)
+    with pytest.raises(CaptureError, match=r"retention.* takes a non-negative age"):
+        clean.capture.consumer("keeper", retention=retention)
+
+
 def test_a_retention_longer_than_postgresql_can_subtract_keeps_changes_and_the_consumer_running(clean, conninfo):
     """A retention of "for ever" (``timedelta.max``, infinity, or anything past the year 1 before now) keeps the
     consumed changes: the pruning round that compared commit times with ``now() - retention`` made PostgreSQL
     compute a timestamp out of its range, and its error stopped the consumer for good.  A retention that is
     not a number is refused where it is given, as a negative one is."""
     db = clean
-    with pytest.raises(CaptureError, match="retention must not be negative, got nan"):
+    with pytest.raises(CaptureError, match="retention.* takes a non-negative age .*, got nan"):
         db.capture.consumer("keeper", retention=float("nan"))
     with psycopg.connect(conninfo, autocommit=True) as psql:
         psql.execute("INSERT INTO orders (id, customer, amount) VALUES (1, 'ann', 1)")
