@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, TypeAlias, runtime_checkable
 
 from activedb._closedset import ClosedSet
+from activedb.errors import BadArgument
 
 if TYPE_CHECKING:  # pragma: no cover
     import pyarrow
@@ -62,18 +63,18 @@ class LedgerId:
 
     def __post_init__(self) -> None:
         if not isinstance(self.source, str) or not self.source:
-            raise ValueError(f"a ledger id's source is a non-empty string, got {self.source!r}")
+            raise BadArgument(f"a ledger id's source is a non-empty string, got {self.source!r}")
         if self.run is None and _split(self.source) is not None:
-            raise ValueError(f"{self.source!r} reads as SOURCE@RUN: pass LedgerId.parse({self.source!r}), or "
-                             f"a source without '@'")
+            raise BadArgument(f"{self.source!r} reads as SOURCE@RUN: pass LedgerId.parse({self.source!r}), or "
+                              f"a source without '@'")
         if self.run is not None and (not isinstance(self.run, str) or _RUN.match(self.run) is None
                                      or "#" in self.run):
-            raise ValueError(f"a ledger id's run is a non-empty string without '@' or '#', got {self.run!r}")
+            raise BadArgument(f"a ledger id's run is a non-empty string without '@' or '#', got {self.run!r}")
         if self.partition is not None and (isinstance(self.partition, bool) or not isinstance(self.partition, int)
                                            or self.partition < 0):
-            raise ValueError(f"a ledger id's partition is a number from 0, got {self.partition!r}")
+            raise BadArgument(f"a ledger id's partition is a number from 0, got {self.partition!r}")
         if self.partition is not None and self.run is None:
-            raise ValueError("a partition belongs to a run: LedgerId(source, run, partition)")
+            raise BadArgument("a partition belongs to a run: LedgerId(source, run, partition)")
 
     def __str__(self) -> str:
         text = self.source if self.run is None else f"{self.source}@{self.run}"
@@ -121,9 +122,10 @@ class Batch:
 
     def __post_init__(self) -> None:
         if isinstance(self.number, bool) or not isinstance(self.number, int) or self.number < 0:
-            raise ValueError(f"a batch number is an integer from 0, got {self.number!r}")
-        if self.watermark is not None and self.watermark.tzinfo is None:
-            raise ValueError(f"a batch's watermark is an aware datetime (UTC), got {self.watermark!r}")
+            raise BadArgument(f"a batch number is an integer from 0, got {self.number!r}")
+        watermark = self.watermark
+        if watermark is not None and (not isinstance(watermark, dt.datetime) or watermark.tzinfo is None):
+            raise BadArgument(f"a batch's watermark is an aware datetime (UTC), got {self.watermark!r}")
 
     @property
     def row_count(self) -> int:

@@ -7,6 +7,7 @@ import datetime as dt
 import pytest
 
 from activedb.ingest import Batch, LedgerId, Phase, PhaseTimings, RulesHandler
+from activedb.errors import BadArgument
 from activedb.ingest.errors import IngestError
 
 SPARK_ID = "4c1f2a3b-0d9e-4f5a-8b7c-6d5e4f3a2b1c"
@@ -39,16 +40,19 @@ def test_a_partition_belongs_to_its_source_batch():
     (("a", "r", -1), "from 0"), (("a", None, 1), "belongs to a run"), (("a@b",), "reads as SOURCE@RUN"),
 ])
 def test_a_ledger_id_that_would_not_read_back_is_refused(arguments, message):
-    with pytest.raises(ValueError, match=message):
+    """An activedb.BadArgument, still a ValueError (it was a bare ValueError, no ActivedbError)."""
+    with pytest.raises(BadArgument, match=message):
         LedgerId(*arguments)
 
 
 def test_a_batch_checks_its_number_and_watermark():
     assert Batch(0, [{"a": 1}]).row_count == 1
-    with pytest.raises(ValueError, match="from 0"):
+    with pytest.raises(BadArgument, match="from 0"):
         Batch(-1, [])
-    with pytest.raises(ValueError, match="aware"):
+    with pytest.raises(BadArgument, match="aware"):
         Batch(1, [], dt.datetime(2024, 1, 1))
+    with pytest.raises(BadArgument, match="aware datetime"):        # (was an AttributeError: no tzinfo)
+        Batch(1, [], "2024-01-01T00:00:00Z")
     assert Phase.FLUSH == "flush" and Phase("skipped") is Phase.SKIPPED
 
 
