@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import math
 import random
 import threading
 import time
@@ -21,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Callable, Hashable, Mapping, Sequence
 from lockmgr.testing import Watchdog
 
 from activedb._closedset import ClosedSet
-from activedb.errors import causes
+from activedb.errors import BadArgument, causes
 from activedb.outbox import GROUP_TRANSACTION
 from activedb.testing._choices import ChoiceTree, Chooser
 from activedb.testing._history import HistoryReport, check_history
@@ -181,10 +182,14 @@ class Interleavings:
                 "@pytest.mark.activedb(record_history=True)); its history recorder is how the runner pauses steps")
         named = dict(actors) if isinstance(actors, Mapping) else {f"A{n}": actor for n, actor in enumerate(actors, 1)}
         if not named:
-            raise ValueError("Interleavings needs at least one actor")
+            raise BadArgument("Interleavings needs at least one actor")
         for name in named:
             if not name or "/" in name or " " in name:
-                raise ValueError(f"an actor's name is one word without '/': {name!r}")
+                raise BadArgument(f"an actor's name is one word without '/': {name!r}")
+        # (0 or less fails every run as a hang; no thread may wait for ever)
+        number = isinstance(step_timeout, (int, float)) and not isinstance(step_timeout, bool)
+        if not number or not 0 < step_timeout < math.inf:
+            raise BadArgument(f"Interleavings(step_timeout={step_timeout!r}) takes a finite number of seconds above 0")
         self.db = db
         self.actors: dict[str, Actor] = named
         self.setup = setup
