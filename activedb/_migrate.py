@@ -105,6 +105,25 @@ def check_revision(revision: str, script_location: Path | None = None) -> None:
                                  f"(-1)") from None
 
 
+def passed(revision: str, current: str | None, script_location: Path | None = None) -> str | None:
+    """``revision``'s full id (``base`` for base) if a database at ``current`` is already past it — a revision below
+    ``current`` in ``script_location``'s chain (activedb's own by default), where an upgrade to it changes nothing (an
+    Alembic no-op); else None, also for head, a relative revision and one Alembic does not know (left to it)."""
+    if current is None or revision in ("head", "heads") or "-" in revision or "+" in revision or ":" in revision:
+        return None
+    if revision == "base":
+        return "base"
+    try:
+        script = ScriptDirectory.from_config(_config(script_location or migrations.SCRIPT_LOCATION))
+        target = script.get_revision(revision)
+        below = {step.revision for step in script.iterate_revisions(current, "base")}
+    except Exception:       # (alembic's errors: unknown, ambiguous; the caller's upgrade reports them)
+        return None
+    if target is None or target.revision == current or target.revision not in below:
+        return None
+    return target.revision
+
+
 def app_location(script_location: str | Path) -> Path:
     """``script_location`` checked to be an Alembic directory (``env.py`` and ``versions/``)."""
     location = Path(script_location)

@@ -54,6 +54,11 @@ def _migrate_command(ctx: click.Context, action: str, revision: str, sql: bool, 
         return
     with open_database(ctx, writes=True, check_schema=False) as database:
         before = database.schema.current_revision()
+        past = _migrate.passed(revision, before) if action == "upgrade" else None
+        if past is not None:        # (Alembic's no-op; as `db downgrade` at base, said and not an error)
+            click.echo(f"already past {past}: at {before}; nothing changed ({database.describe()}) — "
+                       f"`activedb db downgrade {revision}` goes back to it")
+            return
         if action == "downgrade":
             _migrate.check_revision(revision)
             if before is None:

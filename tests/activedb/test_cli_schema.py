@@ -97,3 +97,17 @@ def test_a_revision_file_that_does_not_load_is_a_migration_error_for_a_named_rev
         database.close()
     refused = invoke(url, "app", "downgrade", str(path), "shop_0001", "--yes")
     assert refused.exit_code == 1 and "0002_broken.py" in refused.output, refused.output
+
+
+@pytest.mark.parametrize("older", ["0003", "0003_removed_rules_and_replays", "base"])
+def test_upgrade_to_a_revision_the_database_is_past_says_nothing_changed_and_to_downgrade(url, older):
+    """`db upgrade OLDER` at head is Alembic's no-op: it said 'upgrade to 0003: now at <head>', as if it had
+    upgraded, and never that `db downgrade` goes back; like `db downgrade` at base it now says so (exit 0)."""
+    assert invoke(url, "db", "upgrade").exit_code == 0
+    result = invoke(url, "db", "upgrade", older)
+    assert result.exit_code == 0, result.output
+    target = "base" if older == "base" else "0003_removed_rules_and_replays"
+    assert f"already past {target}: at {_migrate.head()}; nothing changed" in result.output
+    assert f"`activedb db downgrade {older}` goes back to it" in result.output
+    assert invoke(url, "db", "current").output.startswith(f"{_migrate.head()} (at head)")
+    assert f"upgrade to {_migrate.head()}: now at" in invoke(url, "db", "upgrade", _migrate.head()).output
