@@ -13,7 +13,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from activedb.metrics._exporter import MetricsExporter
 
 HELP = ("Serve Prometheus metrics on http://127.0.0.1:PORT/metrics (ADDRESS:PORT to choose the interface, "
-        "e.g. 0.0.0.0:9464; 0: any free port). Off by default.")
+        "e.g. 0.0.0.0:9464, or [::1]:9464 for IPv6; 0: any free port). Off by default.")
 
 
 def metrics_port_option(function: _Command) -> _Command:

@@ -15,15 +15,30 @@ def parse_listen(text: str | int) -> tuple[str, int]:
     """``"9464"`` -> ``("127.0.0.1", 9464)``; ``"0.0.0.0:9464"`` -> all interfaces.  Port 0: any free port."""
     value = str(text).strip()
     address, _, port = value.rpartition(":")
-    address = address.strip("[]") or DEFAULT_ADDRESS
+    if address.startswith("[") or address.endswith("]"):
+        address = address[1:-1] if address.startswith("[") and address.endswith("]") else "["     # ("[": no address)
     try:
         number = int(port)
     except ValueError:
         number = -1
-    if not 0 <= number <= 65535:
+    if not 0 <= number <= 65535 or not _an_address(address):
         raise MetricsError(f"--metrics-port {value!r}: give a port (e.g. 9464) or ADDRESS:PORT "
-                           f"(e.g. 0.0.0.0:9464 to be scraped from other hosts)")
-    return address, number
+                           f"(e.g. 0.0.0.0:9464 to be scraped from other hosts; an IPv6 address in brackets, "
+                           f"[::1]:9464)")
+    return address or DEFAULT_ADDRESS, number
+
+
+def _an_address(address: str) -> bool:
+    """Whether ``address`` (what came before the port) can be one: empty (the default), a host name or IPv4
+    address (no ':' or brackets), or an IPv6 address."""
+    import ipaddress
+
+    if ":" not in address:
+        return not any(mark in address for mark in "[]")
+    try:
+        return isinstance(ipaddress.ip_address(address), ipaddress.IPv6Address)
+    except ValueError:
+        return False
 
 
 class MetricsExporter:
