@@ -26,7 +26,7 @@ from activedb.capture import CaptureManager
 from activedb.capture.errors import CaptureNotEnabledWarning
 from activedb.clock import SYSTEM_CLOCK, Clock
 from activedb.errors import (BadDatabaseURL, DeadlockDetected, RuleError, RuleFailed, SerializationConflict,
-                             TransactionError, causes, database_failure)
+                             TransactionError, causes, check_seconds, check_whole_number, database_failure)
 from activedb.events import Event, EventKind, EventSpec, Origin, Punctuations, Watermark
 from activedb.outbox import Outbox
 from activedb.rules import FunctionRule, Rule, RuleManager
@@ -254,9 +254,10 @@ class Database:
         instead of colliding when both convert their read locks to write locks."""
         if self._closed:
             raise TransactionError(_CLOSED)
-        if retries < 0:      # (the loop below would run no attempt and return None)
-            raise ValueError(f"db.run(retries={retries!r}): retries is how many times to run the function again "
-                             f"after the first attempt, at least 0")
+        # (retries below 0 would run no attempt and return None; a negative backoff fails time.sleep at a retry)
+        check_whole_number("db.run", "retries", retries, 0,
+                           " (how many times to run the function again after the first attempt)")
+        check_seconds("db.run", "backoff", backoff, none=None)
         site = getattr(function, "__code__", function)
         learned = self._update_intent.get(site, frozenset())
         for attempt in range(retries + 1):

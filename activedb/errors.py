@@ -67,17 +67,19 @@ def check_whole_number(owner: str, name: str, value: object, least: int, meaning
         raise BadArgument(f"{owner}({name}={value!r}) takes a whole number of at least {least}{meaning}")
 
 
-def check_seconds(owner: str, name: str, value: object, *, none: str, zero: bool = True, infinite: bool = True
-                  ) -> None:
-    """Raise :class:`BadArgument` unless ``value`` (given as ``owner(name=value)``) is None (meaning ``none``) or a
-    number of seconds (not a bool, not NaN) of at least 0 (``zero=False``: above 0; ``infinite=False``: finite)."""
-    if value is None:
+def check_seconds(owner: str, name: str, value: object, *, none: str | None, zero: bool = True,
+                  infinite: bool = True) -> None:
+    """Raise :class:`BadArgument` unless ``value`` (given as ``owner(name=value)``) is a number of seconds (not a
+    bool, not NaN) of at least 0 (``zero=False``: above 0; ``infinite=False``: finite), or None if ``none`` says what
+    None means."""
+    if value is None and none is not None:
         return
     number = value if isinstance(value, (int, float)) and not isinstance(value, bool) else float("nan")
     if not (number >= 0 if zero else number > 0) or (not infinite and number == float("inf")):
         bound = "of at least 0" if zero else "above 0"
         finite = "" if infinite else ", finite"
-        raise BadArgument(f"{owner}({name}={value!r}) takes None ({none}) or a number of seconds {bound}{finite}")
+        alternative = "" if none is None else f"None ({none}) or "
+        raise BadArgument(f"{owner}({name}={value!r}) takes {alternative}a number of seconds {bound}{finite}")
 
 
 # --- database and server -------------------------------------------------------------

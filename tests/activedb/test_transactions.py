@@ -325,6 +325,27 @@ def test_run_with_negative_retries_is_refused_instead_of_running_nothing(db):
     assert db.run(lambda tx: ran.append(tx.id) or "done", retries=0) == "done" and len(ran) == 1
 
 
+@pytest.mark.parametrize("keywords, message", [
+    ({"retries": -1}, r"retries=-1.*at least 0"), ({"retries": "3"}, r"retries='3'.*at least 0"),
+    ({"backoff": -0.5}, r"backoff=-0.5.*at least 0"), ({"backoff": "fast"}, r"backoff='fast'.*at least 0"),
+])
+def test_run_refuses_retries_and_backoff_it_cannot_take_before_the_first_attempt(db, keywords, message):
+    """retries=-1 was a bare ValueError (no ActivedbError), retries='3' a TypeError from a comparison; a negative
+    backoff was taken, and the first conflict then ended in time.sleep's ValueError instead of the retry."""
+    ran = []
+
+    def conflicting_once(tx):
+        ran.append(tx.id)
+        if len(ran) == 1:
+            raise activedb.SerializationConflict("another writer won")
+        return "done"
+
+    with pytest.raises(activedb.BadArgument, match=message):
+        db.run(conflicting_once, **keywords)
+    assert ran == []
+    assert db.run(conflicting_once, backoff=0) == "done" and len(ran) == 2
+
+
 def test_bad_input_leaves_committed_data_alone(db):
     db.run(lambda tx: tx.write("accounts", 1, balance=100))
     with pytest.raises(activedb.InvalidValue):
