@@ -408,6 +408,7 @@ class Outbox:
 
     def failures(self, limit: int = 100) -> list[FailedFiring]:
         """The most recent firings that failed for good, newest first."""
+        check_whole_number("outbox.failures", "limit", limit, 0)
         with self.catalog.engine.connect() as connection:
             rows = _records.failed(connection, limit)
         result = []
@@ -436,8 +437,14 @@ class Outbox:
     def retry_failed(self, ids: Iterable[int] | None = None) -> int:
         """Make failed records pending again (``ids``, or all of them) and run a recovery pass; returns how
         many were reset."""
+        listed = None if ids is None or isinstance(ids, (str, bytes)) or not isinstance(ids, Iterable) else list(ids)
+        whole = listed is not None and all(isinstance(record, int) and not isinstance(record, bool) for record in listed)
+        if ids is not None and not whole:
+            raise BadArgument(f"outbox.retry_failed(ids={ids!r}) takes record ids (whole numbers, as "
+                              f"db.outbox.failures() and `activedb outbox` show them; one id as [id]), or None for "
+                              f"every failed record")
         with self.catalog.engine.begin() as connection:
-            count = _records.retry(connection, None if ids is None else list(ids))
+            count = _records.retry(connection, listed)
         if count:
             self._wake.set()
         return count

@@ -520,3 +520,19 @@ def test_prune_with_an_age_beyond_the_calendar_forgets_nothing(db, age):
     `activedb outbox --prune-done inf`."""
     assert db.outbox.prune(older_than=age) == 0
 
+
+@pytest.mark.parametrize("ids", [5, "12", ["x"], [None], [1.5], [True]])
+def test_retry_failed_refuses_ids_that_are_no_record_ids(db, ids):
+    """An id alone (5) was a TypeError ('int' object is not iterable), a text or ['x'] SQLAlchemy's DataError (no
+    ActivedbError), [None] or [1.5] matched nothing (or another record) and said 'reset 0': each is a BadArgument."""
+    with pytest.raises(activedb.BadArgument, match=r"retry_failed\(ids=.*\) takes record ids"):
+        db.outbox.retry_failed(ids)
+    assert db.outbox.retry_failed([]) == 0
+
+
+@pytest.mark.parametrize("limit", [-1, "x", None])
+def test_failures_refuses_a_limit_that_is_no_count(db, limit):
+    """failures(limit=-1) or 'x' was SQLAlchemy's DataError from the LIMIT clause (no ActivedbError)."""
+    with pytest.raises(activedb.BadArgument, match=r"failures\(limit=.*\) takes a whole number of at least 0"):
+        db.outbox.failures(limit)
+
