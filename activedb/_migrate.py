@@ -20,7 +20,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from activedb import _migrations as migrations
-from activedb.errors import MigrationError
+from activedb.errors import MigrationError, SchemaNotAtHead
 
 if TYPE_CHECKING:
     from alembic.runtime.migration import RevisionStep
@@ -167,8 +167,20 @@ class Schema:
         self.refresh()
 
     def upgrade(self, revision: str = "head") -> None:
-        """Bring activedb's own schema to ``revision``."""
-        self._run("upgrade", revision, migrations.SCRIPT_LOCATION)
+        """Bring activedb's own schema to ``revision``; :class:`SchemaNotAtHead` if it is at a revision this
+        installation does not know."""
+        try:
+            self._run("upgrade", revision, migrations.SCRIPT_LOCATION)
+        except MigrationError as error:
+            try:        # (only on failure: nothing asked on the way to success)
+                state, current_revision = self.state()
+            except Exception:
+                raise error
+            if state is SchemaState.UNKNOWN:
+                raise SchemaNotAtHead(
+                    f"activedb's tables are at revision {current_revision}, which this installation does not know "
+                    f"(a newer activedb wrote it); upgrade activedb (its head is {head()})") from error
+            raise
 
     def downgrade(self, revision: str) -> None:
         self._run("downgrade", revision, migrations.SCRIPT_LOCATION)

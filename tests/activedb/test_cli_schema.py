@@ -111,3 +111,24 @@ def test_upgrade_to_a_revision_the_database_is_past_says_nothing_changed_and_to_
     assert f"`activedb db downgrade {older}` goes back to it" in result.output
     assert invoke(url, "db", "current").output.startswith(f"{_migrate.head()} (at head)")
     assert f"upgrade to {_migrate.head()}: now at" in invoke(url, "db", "upgrade", _migrate.head()).output
+
+
+def test_a_schema_a_newer_activedb_wrote_is_refused_by_connect_and_db_upgrade_saying_to_upgrade_activedb(
+        make_fresh_url):
+    """At a revision this activedb does not know, connect() and `db upgrade` said only "upgrade to 'head' failed:
+    Can't locate revision identified by '…'" — nothing of why or what to do, where the other commands say a newer
+    activedb wrote it; both now say so (SchemaNotAtHead, a MigrationError)."""
+    import activedb
+
+    assert invoke(make_fresh_url, "db", "upgrade").exit_code == 0
+    engine = sa.create_engine(make_fresh_url.replace("postgresql://", "postgresql+psycopg://"))
+    try:
+        with engine.begin() as connection:
+            connection.exec_driver_sql("UPDATE activedb_alembic_version SET version_num = '9999_from_the_future'")
+    finally:
+        engine.dispose()
+    with pytest.raises(activedb.SchemaNotAtHead, match=r"at revision 9999_from_the_future, which this installation "
+                                                       r"does not know \(a newer activedb wrote it\); upgrade activedb"):
+        activedb.connect(make_fresh_url)
+    refused = invoke(make_fresh_url, "db", "upgrade")
+    assert refused.exit_code == 1 and "a newer activedb wrote it" in refused.output, refused.output
