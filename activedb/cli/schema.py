@@ -23,16 +23,27 @@ def db() -> None:
     """
 
 
-@db.command()
+# A relative revision below (``-1``, as the revision errors suggest) is a revision, not an unknown option.
+_REVISION_SETTINGS = {"ignore_unknown_options": True}
+
+
+def _revision(revision: str) -> str:
+    """``revision``, unless it is an option nobody defined (``--sqll``): click's usage error, as without the setting."""
+    if revision.startswith("-") and not revision[1:].isdigit():
+        raise click.NoSuchOption(revision)
+    return revision
+
+
+@db.command(context_settings=_REVISION_SETTINGS)
 @click.argument("revision", default="head")
 @click.option("--sql", is_flag=True, help="Offline mode: print the SQL instead of running it.")
 @click.pass_context
 def upgrade(ctx: click.Context, revision: str, sql: bool) -> None:
     """Upgrade the schema to REVISION (default: head)."""
-    _migrate_command(ctx, "upgrade", revision, sql, yes=True)
+    _migrate_command(ctx, "upgrade", _revision(revision), sql, yes=True)
 
 
-@db.command()
+@db.command(context_settings=_REVISION_SETTINGS)
 @click.argument("revision")
 @click.option("--sql", is_flag=True, help="Offline mode: print the SQL instead of running it.")
 @click.option("--yes", is_flag=True, help="Do not ask before dropping tables or columns.")
@@ -40,7 +51,7 @@ def upgrade(ctx: click.Context, revision: str, sql: bool) -> None:
 def downgrade(ctx: click.Context, revision: str, sql: bool, yes: bool) -> None:
     """Downgrade the schema to REVISION ('base' removes every activedb table: rules, transaction log,
     ingestion ledger, dead letters). Asks first (--yes to skip)."""
-    _migrate_command(ctx, "downgrade", revision, sql, yes=yes)
+    _migrate_command(ctx, "downgrade", _revision(revision), sql, yes=yes)
 
 
 def _migrate_command(ctx: click.Context, action: str, revision: str, sql: bool, *, yes: bool) -> None:
@@ -118,18 +129,19 @@ def _say_app_revision(database: Database, path: str) -> None:
     click.echo(f"{path}: now at {', '.join(heads) or 'base'} (head {head}) — {database.describe()}")
 
 
-@app.command("upgrade")
+@app.command("upgrade", context_settings=_REVISION_SETTINGS)
 @click.argument("path", type=click.Path())
 @click.argument("revision", default="head")
 @click.pass_context
 def app_upgrade(ctx: click.Context, path: str, revision: str) -> None:
     """Upgrade the application's tables in PATH to REVISION (default: head)."""
+    revision = _revision(revision)
     with open_database(ctx, writes=True, check_schema=False) as database:
         database.schema.upgrade_app(path, revision)
         _say_app_revision(database, path)
 
 
-@app.command("downgrade")
+@app.command("downgrade", context_settings=_REVISION_SETTINGS)
 @click.argument("path", type=click.Path())
 @click.argument("revision")
 @click.option("--yes", is_flag=True, help="Do not ask before dropping tables.")
@@ -137,6 +149,8 @@ def app_upgrade(ctx: click.Context, path: str, revision: str) -> None:
 def app_downgrade(ctx: click.Context, path: str, revision: str, yes: bool) -> None:
     """Downgrade the application's tables in PATH to REVISION ('base' drops them all). Asks first."""
     from activedb._migrate import app_location, check_revision
+
+    revision = _revision(revision)
 
     with open_database(ctx, writes=True, check_schema=False) as database:
         heads, _ = database.schema.app_revision(path)

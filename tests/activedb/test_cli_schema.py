@@ -132,3 +132,15 @@ def test_a_schema_a_newer_activedb_wrote_is_refused_by_connect_and_db_upgrade_sa
         activedb.connect(make_fresh_url)
     refused = invoke(make_fresh_url, "db", "upgrade")
     assert refused.exit_code == 1 and "a newer activedb wrote it" in refused.output, refused.output
+
+
+def test_a_relative_revision_below_is_taken_as_the_revision_not_as_an_option(url):
+    """The revision errors say "or a relative one (-1)", but `db downgrade -1` was click's usage error "No such
+    option '-1'" (only `db downgrade -- -1` worked); a misspelt option is still one."""
+    assert invoke(url, "db", "upgrade").exit_code == 0
+    below = invoke(url, "db", "downgrade", "-1", "--yes")
+    assert below.exit_code == 0 and "downgrade to -1: now at" in below.output, below.output
+    assert _migrate.head() not in below.output
+    assert f"now at {_migrate.head()}" in invoke(url, "db", "upgrade", "+1").output
+    misspelt = invoke(url, "db", "upgrade", "--sqll")
+    assert misspelt.exit_code == 2 and "No such option '--sqll'" in misspelt.output, misspelt.output
