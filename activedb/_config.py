@@ -11,6 +11,7 @@ copy.  Only this module knows the keywords' names: ``connect`` and ``Database`` 
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, TypedDict
@@ -18,7 +19,7 @@ from typing import Any, Mapping, TypedDict
 from lockmgr import VictimChooser, VictimPolicy
 
 from activedb.clock import Clock
-from activedb.errors import check_seconds, check_whole_number
+from activedb.errors import BadArgument, check_seconds, check_switch, check_whole_number
 from activedb.outbox import OutboxOptions
 from activedb.rules import RuleExecution
 
@@ -43,6 +44,7 @@ class EngineOptions:
         # (SQLAlchemy's pool: pool_size 0 is no limit, max_overflow -1 no limit; libpq's connect_timeout 0 waits)
         for name, least in (("pool_size", 0), ("max_overflow", -1), ("connect_timeout", 0)):
             check_whole_number("EngineOptions", name, getattr(self, name), least)
+        check_switch("EngineOptions", "pool_use_lifo", self.pool_use_lifo)
 
     def keywords(self) -> dict[str, object]:
         """The keyword arguments of ``sqlalchemy.create_engine`` these options make."""
@@ -102,6 +104,9 @@ class Config:
     engine: EngineOptions = field(default_factory=EngineOptions)
 
     def __post_init__(self) -> None:
+        if self.home is not None and not isinstance(self.home, (str, os.PathLike)):
+            raise BadArgument(f"Config(home={self.home!r}) takes a directory (a str or a Path), or None for "
+                              f"ACTIVEDB_HOME's")
         if self.home is not None and not isinstance(self.home, Path):
             # (an empty text is no home: the default, as an empty ACTIVEDB_HOME is — Path('') is the current directory)
             object.__setattr__(self, "home", Path(self.home) if self.home != "" else None)
@@ -120,6 +125,9 @@ class Config:
                                      ("max_deferred_cycles", 1, " (the deferred cycles a commit may run)")):
             check_whole_number("Config", name, getattr(self, name), least, meaning)
         check_seconds("Config", "lock_timeout", self.lock_timeout, none="wait without limit")
+        for name in ("upgrade", "record_history", "explain_deadlocks"):
+            check_switch("Config", name, getattr(self, name))
+        check_switch("Config", "keep_server", self.keep_server, none="ACTIVEDB_KEEP_SERVER decides")
 
 
 def _victim_policy(value: object) -> VictimPolicy:

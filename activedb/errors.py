@@ -67,6 +67,14 @@ def check_whole_number(owner: str, name: str, value: object, least: int, meaning
         raise BadArgument(f"{owner}({name}={value!r}) takes a whole number of at least {least}{meaning}")
 
 
+def check_switch(owner: str, name: str, value: object, none: str | None = None) -> None:
+    """Raise :class:`BadArgument` unless ``value`` (given as ``owner(name=value)``) is True or False, or None if
+    ``none`` says what None means (a text such as 'false' is true to Python: never taken for a switch)."""
+    if not isinstance(value, bool) and (value is not None or none is None):
+        alternative = "" if none is None else f" (None: {none})"
+        raise BadArgument(f"{owner}({name}={value!r}) takes True or False{alternative}")
+
+
 def check_seconds(owner: str, name: str, value: object, *, none: str | None, zero: bool = True,
                   infinite: bool = True) -> None:
     """Raise :class:`BadArgument` unless ``value`` (given as ``owner(name=value)``) is a number of seconds (not a

@@ -23,7 +23,7 @@ from lockmgr import TxnState
 
 from activedb import lowlevel
 from activedb.clock import SYSTEM_CLOCK, Clock
-from activedb.errors import BadArgument, GeneratedKeysReset, check_seconds, check_whole_number
+from activedb.errors import BadArgument, GeneratedKeysReset, check_seconds, check_switch, check_whole_number
 from activedb.events import EventKind, age_seconds
 from activedb.outbox import _records
 from activedb.outbox._executor import GROUP_TRANSACTION, Executor, Work, describe_error
@@ -106,6 +106,7 @@ class OutboxOptions:
         # (0 would make the recovery thread run passes without pause; no thread may wait for ever)
         check_seconds("OutboxOptions", "recovery_interval", self.recovery_interval, zero=False, infinite=False,
                       none="passes only when a rule is registered and on recover()")
+        check_switch("OutboxOptions", "inserts_in_commit", self.inserts_in_commit)
 
 
 class Outbox:
@@ -438,7 +439,7 @@ class Outbox:
         """Make failed records pending again (``ids``, or all of them) and run a recovery pass; returns how
         many were reset."""
         listed = None if ids is None or isinstance(ids, (str, bytes)) or not isinstance(ids, Iterable) else list(ids)
-        whole = listed is not None and all(isinstance(record, int) and not isinstance(record, bool) for record in listed)
+        whole = listed is not None and all(isinstance(one, int) and not isinstance(one, bool) for one in listed)
         if ids is not None and not whole:
             raise BadArgument(f"outbox.retry_failed(ids={ids!r}) takes record ids (whole numbers, as "
                               f"db.outbox.failures() and `activedb outbox` show them; one id as [id]), or None for "

@@ -134,3 +134,23 @@ def test_connect_refuses_a_number_a_field_cannot_take_before_anything_is_opened(
                      {"outbox_options": {"recovery_interval": -1}}):
         with pytest.raises(activedb.BadArgument, match=r"\((max_workers|pool_size|lock_timeout|recovery_interval)="):
             activedb.connect(migrated, **keywords)
+
+
+@pytest.mark.parametrize("owner, name, value", [
+    (Config, "keep_server", "false"), (Config, "upgrade", "no"), (Config, "record_history", 1),
+    (Config, "explain_deadlocks", "off"), (EngineOptions, "pool_use_lifo", "False"),
+    (OutboxOptions, "inserts_in_commit", None),
+])
+def test_a_switch_given_as_anything_but_true_or_false_is_refused(owner, name, value):
+    """A switch was taken as Python's truth of whatever came: keep_server='false' (read from a settings file or the
+    environment) left the embedded server running, upgrade='no' upgraded; each is now refused naming the field."""
+    with pytest.raises(activedb.BadArgument, match=rf"{owner.__name__}\({name}={re.escape(repr(value))}\) takes True "
+                                                   rf"or False"):
+        owner(**{name: value})
+    assert Config(keep_server=None).keep_server is None and Config(keep_server=True).keep_server is True
+
+
+def test_a_home_that_is_no_path_is_refused_naming_the_field():
+    """home=123 was a TypeError from pathlib ('expected str, bytes or os.PathLike object, not int')."""
+    with pytest.raises(activedb.BadArgument, match=r"Config\(home=123\) takes a directory \(a str or a Path\)"):
+        Config(home=123)
