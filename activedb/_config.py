@@ -187,10 +187,18 @@ def configured(config: Config | None, keywords: Mapping[str, object]) -> Config:
             f"({', '.join(sorted(_CONFIG_FIELDS))}), the pool's {', '.join(sorted(_ENGINE_FIELDS))}, and "
             f"outbox_options; give other SQLAlchemy create_engine keywords as "
             f"engine=activedb.EngineOptions(create_engine={{...}})")
+    for name, kind in (("outbox", OutboxOptions), ("engine", EngineOptions)):     # (what the changes below replace)
+        if name in changes and not isinstance(changes[name], kind):
+            raise TypeError(f"Config({name}=...) takes an activedb.{kind.__name__}, got {changes[name]!r}")
     if "outbox_options" in keywords:
         given = keywords["outbox_options"]
         if not isinstance(given, Mapping):
             raise TypeError(f"connect(outbox_options=...) takes a dict of OutboxOptions fields, got {given!r}")
+        fields = sorted(field.name for field in dataclasses.fields(OutboxOptions))
+        unknown = sorted(set(given) - set(fields), key=str)
+        if unknown:
+            raise TypeError(f"connect(outbox_options=...) got unknown field(s) {', '.join(map(str, unknown))}: "
+                            f"OutboxOptions has {', '.join(fields)}")
         changes["outbox"] = dataclasses.replace(changes.get("outbox", config.outbox), **dict(given))
     if engine:
         changes["engine"] = dataclasses.replace(changes.get("engine", config.engine), **engine)

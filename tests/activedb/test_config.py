@@ -154,3 +154,18 @@ def test_a_home_that_is_no_path_is_refused_naming_the_field():
     """home=123 was a TypeError from pathlib ('expected str, bytes or os.PathLike object, not int')."""
     with pytest.raises(activedb.BadArgument, match=r"Config\(home=123\) takes a directory \(a str or a Path\)"):
         Config(home=123)
+
+
+def test_outbox_options_and_pool_keywords_say_what_they_take_before_anything_is_opened():
+    """connect(outbox_options={'group_sizes': 5}) named only the wrong key (OutboxOptions.__init__'s TypeError), and
+    connect(outbox=3, outbox_options=...) or connect(engine=3, pool_size=2) said 'replace() should be called on dataclass
+    instances'; like an unknown keyword they name what there is."""
+    from activedb._config import configured
+
+    with pytest.raises(TypeError, match=r"outbox_options=...\) got unknown field\(s\) group_sizes: OutboxOptions has "
+                                        r"group_size, inserts_in_commit, max_attempts, max_groups, recovery_interval"):
+        configured(None, {"outbox_options": {"group_sizes": 5}})
+    with pytest.raises(TypeError, match=r"Config\(outbox=...\) takes an activedb.OutboxOptions, got 3"):
+        configured(None, {"outbox": 3, "outbox_options": {"group_size": 5}})
+    with pytest.raises(TypeError, match=r"Config\(engine=...\) takes an activedb.EngineOptions, got 3"):
+        configured(None, {"engine": 3, "pool_size": 2})
