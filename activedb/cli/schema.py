@@ -59,6 +59,7 @@ def _migrate_command(ctx: click.Context, action: str, revision: str, sql: bool, 
 
     obj = _options(ctx)
     if sql:
+        _migrate.check_revision(revision)       # (as below: a revision there is not names the ones there are)
         url = obj["url"] or "postgresql+psycopg://"
         click.echo(_migrate.offline_sql(url, action, revision if action == "upgrade" or ":" in revision
                                         else f"{_migrate.head()}:{revision}"))

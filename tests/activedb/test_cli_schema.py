@@ -144,3 +144,12 @@ def test_a_relative_revision_below_is_taken_as_the_revision_not_as_an_option(url
     assert f"now at {_migrate.head()}" in invoke(url, "db", "upgrade", "+1").output
     misspelt = invoke(url, "db", "upgrade", "--sqll")
     assert misspelt.exit_code == 2 and "No such option '--sqll'" in misspelt.output, misspelt.output
+
+
+@pytest.mark.parametrize("action", ["upgrade", "downgrade"])
+def test_sql_for_a_revision_there_is_not_is_a_one_line_error_naming_the_revisions(url, action):
+    """`db upgrade nosuch --sql` let Alembic's CommandError out as a traceback; without --sql it was already the one-line
+    MigrationError naming the revisions there are."""
+    result = invoke(url, "db", action, "nosuch", "--sql")
+    assert result.exit_code == 1, result.output
+    assert "Can't locate revision identified by 'nosuch': give one of base, 0001_initial" in result.output
