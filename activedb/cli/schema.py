@@ -56,11 +56,13 @@ def downgrade(ctx: click.Context, revision: str, sql: bool, yes: bool) -> None:
 
 def _migrate_command(ctx: click.Context, action: str, revision: str, sql: bool, *, yes: bool) -> None:
     from activedb import _migrate
+    from activedb._url import normalise_url
 
     obj = _options(ctx)
     if sql:
         _migrate.check_revision(revision)       # (as below: a revision there is not names the ones there are)
-        url = obj["url"] or "postgresql+psycopg://"
+        # (read as connect() reads it: a libpq connection string too, and a URL that is none is a BadDatabaseURL)
+        url = normalise_url(obj["url"]).render_as_string(hide_password=False) if obj["url"] else "postgresql+psycopg://"
         click.echo(_migrate.offline_sql(url, action, revision if action == "upgrade" or ":" in revision
                                         else f"{_migrate.head()}:{revision}"))
         return

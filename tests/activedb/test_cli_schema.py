@@ -153,3 +153,17 @@ def test_sql_for_a_revision_there_is_not_is_a_one_line_error_naming_the_revision
     result = invoke(url, "db", action, "nosuch", "--sql")
     assert result.exit_code == 1, result.output
     assert "Can't locate revision identified by 'nosuch': give one of base, 0001_initial" in result.output
+
+
+@pytest.mark.parametrize("given, ok", [("host=/tmp dbname=shop user=me", True), ("garbage", False),
+                                       ("mysql://me@somewhere/shop", False)])
+def test_sql_takes_the_urls_other_commands_take(given, ok):
+    """--sql handed --url to Alembic as it was: a libpq connection string (which --url takes everywhere else) or a
+    URL that is none was SQLAlchemy's ArgumentError as a traceback, a MySQL URL a CompileError; the URL is now read
+    as connect() reads it."""
+    result = CliRunner().invoke(main, ["--url", given, "db", "upgrade", "--sql"])
+    if ok:
+        assert result.exit_code == 0 and "CREATE TABLE activedb_rules" in result.output, result.output
+    else:
+        assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.output
+        assert "activedb: error:" in result.output and "Traceback" not in result.output, result.output
