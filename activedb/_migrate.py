@@ -284,10 +284,14 @@ def init_app(script_location: str | Path, name: str | None = None) -> list[Path]
         parts = [part for part in location.resolve().parts if part not in ("migrations", "alembic")]
         name = parts[-1] if parts else "app"
     name = re.sub(r"[^a-z0-9_]", "_", name.lower()).strip("_") or "app"
-    (location / "versions").mkdir(parents=True, exist_ok=True)
     written = [location / "env.py", location / "script.py.mako", location / "versions" / "0001_first_tables.py"]
-    written[0].write_text(APP_ENV.format(name=name, version_table=f"{name}_alembic_version"))
-    written[1].write_text((migrations.SCRIPT_LOCATION / "script.py.mako").read_text())
-    written[2].write_text(APP_REVISION.format(name=name, revision=f"{name}_0001",
-                                              date=datetime.date.today().isoformat()))
+    try:
+        (location / "versions").mkdir(parents=True, exist_ok=True)
+        written[0].write_text(APP_ENV.format(name=name, version_table=f"{name}_alembic_version"))
+        written[1].write_text((migrations.SCRIPT_LOCATION / "script.py.mako").read_text())
+        written[2].write_text(APP_REVISION.format(name=name, revision=f"{name}_0001",
+                                                  date=datetime.date.today().isoformat()))
+    except OSError as error:
+        raise MigrationError(f"cannot create the Alembic directory {script_location} ({error.strerror or error}: "
+                             f"{error.filename}); choose another directory") from None
     return written

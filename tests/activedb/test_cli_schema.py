@@ -167,3 +167,17 @@ def test_sql_takes_the_urls_other_commands_take(given, ok):
     else:
         assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.output
         assert "activedb: error:" in result.output and "Traceback" not in result.output, result.output
+
+
+def test_app_init_where_no_directory_can_be_made_is_a_one_line_error(tmp_path):
+    """`activedb app init PATH` below a file (or where the user may not write) let the OSError out as a traceback
+    (NotADirectoryError: …/versions); it is a MigrationError naming the path, and nothing is left half-written."""
+    import activedb
+
+    a_file = tmp_path / "a_file"
+    a_file.write_text("")
+    result = CliRunner().invoke(main, ["app", "init", str(a_file / "migrations")])
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.output
+    assert f"cannot create the Alembic directory {a_file / 'migrations'}" in result.output, result.output
+    with pytest.raises(activedb.MigrationError, match="choose another directory"):
+        _migrate.init_app(a_file / "migrations")
