@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import io
+import os
 from contextlib import redirect_stdout
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator, Protocol, Sequence
@@ -91,13 +92,16 @@ def head(script_location: Path | None = None) -> str:
 def check_revision(revision: str, script_location: Path | None = None) -> None:
     """Raise :class:`MigrationError` naming the revisions there are if ``revision`` is none of ``script_location``'s
     (activedb's own by default); a relative one (``-1``, ``head-1``, ``+2``) is left to Alembic."""
-    if revision in ("head", "heads", "base") or "-" in revision or "+" in revision or ":" in revision:
+    named = isinstance(revision, str) and revision.strip() != ""
+    if named and (revision in ("head", "heads", "base") or "-" in revision or "+" in revision or ":" in revision):
         return
     location = script_location or migrations.SCRIPT_LOCATION
     # (a revision file that does not load fails the walk below too: a MigrationError naming the file)
     with _failing_as(f"reading the revisions in {location}"):
         script = ScriptDirectory.from_config(_config(location))
         try:
+            if not named:           # (None, a number: no text to look up; '': Alembic's error says nothing)
+                raise ValueError(f"{revision!r} is no revision")
             script.get_revisions(revision)
         except Exception as error:        # (alembic's CommandError: unknown, or a prefix of several)
             names = [script.revision for script in script.walk_revisions()][::-1]
@@ -126,6 +130,9 @@ def passed(revision: str, current: str | None, script_location: Path | None = No
 
 def app_location(script_location: str | Path) -> Path:
     """``script_location`` checked to be an Alembic directory (``env.py`` and ``versions/``)."""
+    if not isinstance(script_location, (str, os.PathLike)):
+        raise MigrationError(f"an application's Alembic directory is a path (a str or a Path), got "
+                             f"{script_location!r}")
     location = Path(script_location)
     if not (location / "env.py").is_file():
         where = location.resolve()

@@ -181,3 +181,21 @@ def test_app_init_where_no_directory_can_be_made_is_a_one_line_error(tmp_path):
     assert f"cannot create the Alembic directory {a_file / 'migrations'}" in result.output, result.output
     with pytest.raises(activedb.MigrationError, match="choose another directory"):
         _migrate.init_app(a_file / "migrations")
+
+
+@pytest.mark.parametrize("call", [
+    lambda schema: schema.upgrade(None), lambda schema: schema.upgrade(5), lambda schema: schema.downgrade(""),
+    lambda schema: schema.upgrade_app(None), lambda schema: schema.downgrade_app(123, "base"),
+])
+def test_a_revision_or_directory_of_the_wrong_kind_is_a_migration_error_saying_what_to_give(url, call):
+    """db.schema.upgrade(None) or (5) was a TypeError ('argument of type 'NoneType' is not iterable'), downgrade('')
+    said ': give one of …' (Alembic's message for it is empty), upgrade_app(None) pathlib's TypeError."""
+    import activedb
+
+    database = activedb.connect(url, upgrade=False)
+    try:
+        with pytest.raises(activedb.MigrationError, match=r"^(\S.* is no revision: give one of base, |an application's "
+                                                          r"Alembic directory is a path)"):
+            call(database.schema)
+    finally:
+        database.close()
