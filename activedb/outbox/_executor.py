@@ -150,9 +150,10 @@ class Executor:
                     "groups": self.groups, "splits": self.splits}
 
     def wait_idle(self, timeout: float | None) -> bool:
+        bounded = None if timeout is None else min(timeout, threading.TIMEOUT_MAX)  # (inf: no thread waits so long)
         with self._idle:
             return self._idle.wait_for(lambda: not self._ready and self._running == 0 and self._runners == 0,
-                                       timeout)
+                                       bounded)
 
     def close(self) -> None:
         with self._mutex:

@@ -32,6 +32,7 @@ from activedb import Coupling, Event, EventKind
 from activedb.cli import main
 from activedb.errors import GeneratedKeysReset, OutboxError, RuleDefinitionChangedWarning, SerializationConflict
 from activedb.outbox import _records
+from activedb.testing import wait_until
 from activedb.outbox._recording import TreeState
 
 TIMEOUT = 60
@@ -536,3 +537,35 @@ def test_failures_refuses_a_limit_that_is_no_count(db, limit):
     with pytest.raises(activedb.BadArgument, match=r"failures\(limit=.*\) takes a whole number of at least 0"):
         db.outbox.failures(limit)
 
+
+
+def test_wait_idle_for_ever_waits_until_the_firings_ran(db):
+    """wait_idle(float('inf')) — "no limit", as None is — failed with OverflowError at once while a firing ran (no
+    thread wait may be that long), where it should wait for it."""
+    started, release = threading.Event(), threading.Event()
+
+    @db.rule(on=db.signalled("slow_tick"), coupling=Coupling.DETACHED, name="slow_tick_seen")
+    def slow_tick_seen(tx, event):
+        started.set()
+        release.wait(TIMEOUT)
+
+    with db.transaction() as tx:
+        tx.signal("slow_tick")
+    assert started.wait(TIMEOUT)
+    outcome = []
+
+    def wait_for_ever():
+        try:
+            db.outbox.wait_idle(float("inf"))
+            outcome.append("idle")
+        except BaseException as error:
+            outcome.append(error)
+
+    waiter = threading.Thread(target=wait_for_ever)
+    waiter.start()
+    try:        # (the waiter in the executor's idle condition, or failed: the firing still runs either way)
+        wait_until(lambda: outcome or db.outbox._executor._idle._waiters, TIMEOUT, "the waiter waits")
+    finally:
+        release.set()
+        waiter.join(TIMEOUT)
+    assert outcome == ["idle"]
