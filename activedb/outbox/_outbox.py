@@ -354,6 +354,7 @@ class Outbox:
         """Claim pending records nobody alive runs (their process died, or they were retried) whose rules are
         registered here, and run them; also retry the firings parked while PostgreSQL was unreachable.
         Returns how many records were claimed."""
+        check_whole_number("outbox.recover", "limit", limit, 0)
         if not self._started:
             self.start()
         with self._claim_mutex:       # one pass at a time: a caller waits for a pass in flight to submit

@@ -569,3 +569,13 @@ def test_wait_idle_for_ever_waits_until_the_firings_ran(db):
         release.set()
         waiter.join(TIMEOUT)
     assert outcome == ["idle"]
+
+
+@pytest.mark.parametrize("limit", [-1, "x", None])
+def test_recover_refuses_a_limit_that_is_no_count(db, limit):
+    """recover(limit=-1) or 'x' reached the claim's LIMIT clause and came back as SQLAlchemy's DataError (no
+    ActivedbError) once any rule was registered."""
+    db.rule(on=db.signalled("never_sent"), coupling=Coupling.DETACHED, name="never_run")(lambda tx, event: None)
+    with pytest.raises(activedb.BadArgument, match=r"outbox.recover\(limit=.*\) takes a whole number of at least 0"):
+        db.outbox.recover(limit)
+    assert db.outbox.recover(0) == 0
