@@ -58,7 +58,12 @@ def run_env(version_table: str = "alembic_version", target_metadata: MetaData | 
     if connection is not None:
         configure_and_run(connection=connection, transaction_per_migration=transaction_per_migration)
         return
-    url = config.get_main_option("sqlalchemy.url") or os.environ.get("ACTIVEDB_DATABASE_URL")
+    url = config.get_main_option("sqlalchemy.url")
+    if not url and os.environ.get("ACTIVEDB_DATABASE_URL"):
+        from activedb._url import normalise_url
+
+        # (read as connect() reads it: a libpq connection string too, postgresql:// for psycopg)
+        url = normalise_url(os.environ["ACTIVEDB_DATABASE_URL"]).render_as_string(hide_password=False)
     if not url:
         from activedb import _embedded
 

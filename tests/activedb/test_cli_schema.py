@@ -199,3 +199,25 @@ def test_a_revision_or_directory_of_the_wrong_kind_is_a_migration_error_saying_w
             call(database.schema)
     finally:
         database.close()
+
+
+def test_the_alembic_tool_reads_activedb_database_url_as_connect_does(make_fresh_url, pg_server, tmp_path,
+                                                                      monkeypatch):
+    """An application's env.py (run_env) run by the `alembic` tool took ACTIVEDB_DATABASE_URL as it was: a libpq
+    connection string (host=… dbname=…, which connect() and the CLI take from it) was SQLAlchemy's ArgumentError
+    ('Could not parse SQLAlchemy URL')."""
+    from alembic import command
+    from alembic.config import Config as AlembicConfig
+
+    path = tmp_path / "shop" / "migrations"
+    _migrate.init_app(path, "shop")
+    config = AlembicConfig()
+    config.set_main_option("script_location", str(path))
+    monkeypatch.setenv("ACTIVEDB_DATABASE_URL", pg_server.conninfo("t_cli_schema_fresh"))
+    command.upgrade(config, "head")
+    engine = sa.create_engine(make_fresh_url.replace("postgresql://", "postgresql+psycopg://"))
+    try:
+        with engine.connect() as connection:
+            assert sa.inspect(connection).has_table("shop_items")
+    finally:
+        engine.dispose()
