@@ -215,6 +215,8 @@ class CaptureConsumer:
         if self._thread is not None:
             raise CaptureError(f"capture consumer {self.name!r} is already running")
         self._stopping.clear()
+        with self._mutex:
+            self._loop_error = None             # (a thread of an earlier start's: this run has not failed)
         self._thread = threading.Thread(target=self._loop, name=f"activedb-capture-{self.name}", daemon=True)
         self._thread.start()
         return self

@@ -592,3 +592,31 @@ def test_a_column_dropped_by_another_process_does_not_stop_the_consumer(clean, c
         with psycopg.connect(conninfo, autocommit=True) as psql:
             psql.execute("DROP TABLE shrinking")
         db.schema.refresh()
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")   # (the first thread's end)
+def test_a_consumer_started_again_after_its_thread_failed_does_not_report_the_old_failure(clean, conninfo):
+    """A consumer whose thread died (here its ``on_step`` hook raised) and that the user stops and starts again
+    runs: ``wait_caught_up`` waits for the new thread's batches.  The old thread's error was kept for good, so every
+    ``wait_caught_up`` of the new run raised it at once, although the new thread consumed the changes."""
+    db = clean
+    _app.register(db)
+    failures = ["once"]
+
+    def fail_once(step: Step, detail: int) -> None:
+        if step is Step.FETCHED and failures:
+            raise RuntimeError(f"the monitoring hook failed {failures.pop()}")
+
+    with psycopg.connect(conninfo, autocommit=True) as psql:
+        psql.execute("INSERT INTO orders (id, customer, amount) VALUES (90, 'x', 1)")
+    with Watchdog(WATCHDOG_SECONDS, db.transactions.locks):
+        consumer = db.capture.start(idle_wait=0.1, on_step=fail_once)
+        with pytest.raises(CaptureError, match="the monitoring hook failed once"):
+            consumer.wait_caught_up(WATCHDOG_SECONDS)
+        consumer.stop()
+        consumer.start()
+        try:
+            consumer.wait_caught_up(WATCHDOG_SECONDS)
+        finally:
+            consumer.close()
+    assert logged(db) == [("inserted", 90)]
