@@ -21,6 +21,7 @@ from __future__ import annotations
 import datetime as dt
 import enum
 import json
+import math
 import os
 import time
 from dataclasses import dataclass
@@ -116,12 +117,16 @@ def contradictions(files: list[SourceFile], per_batch: int) -> list[tuple[Source
     """Pairs ``(late, earlier)``: ``late`` is read in a later micro-batch than ``earlier`` (Spark's order:
     modification time; between equal times any order may happen, so the one that contradicts is assumed)
     while all of ``late``'s events precede all of ``earlier``'s.  Empty: the times do not contradict."""
-    timed = [file for file in files if file.first is not None]     # (and so ``last``: a file with events)
-    spark_order = sorted(timed, key=lambda file: (file.modified_ms, -file.first))  # type: ignore[operator]
+    # Every file takes its place in a batch, also one without event times (its lines are dead letters); among equal
+    # times such a file comes first (it pushes the others towards later batches).
+    spark_order = sorted(files, key=lambda file: (file.modified_ms, -math.inf if file.first is None else -file.first))
     found = []
     latest: SourceFile | None = None          # of the files earlier batches read, the one whose first event is latest
     for start in range(0, len(spark_order), per_batch):
-        batch = spark_order[start:start + per_batch]
+        # (a timed file has its first and so its last time: a file with events)
+        batch = [file for file in spark_order[start:start + per_batch] if file.first is not None]
+        if not batch:
+            continue
         if latest is not None:
             found += [(file, latest) for file in batch if file.last < latest.first]  # type: ignore[operator]
         candidate = max(batch, key=lambda file: file.first)  # type: ignore[arg-type,return-value]

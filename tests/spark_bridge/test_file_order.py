@@ -51,6 +51,34 @@ def test_the_check_finds_files_whose_times_contradict_their_events(tmp_path):
     assert contradictions(scan_files(tmp_path / "copy", "ts"), 1) == []
 
 
+
+def test_a_file_without_event_times_takes_its_place_in_sparks_batches(tmp_path):
+    """Spark's file source reads every file (not hidden) in its turn, ``maxFilesPerTrigger`` a micro-batch, also one
+    none of whose lines has a readable event time (they become dead letters).  The check walked only the files with
+    times, so such a file moved every later one a place forward in its eyes: a file Spark reads a batch after one
+    whose events are all later passed (its events then ended as late dead letters), and files Spark reads in one
+    batch were refused as out of order."""
+    def directory(name: str, lines: list[str]) -> list:
+        folder = tmp_path / name
+        folder.mkdir()
+        for rank, line in enumerate(lines):          # (the n-th file modified n seconds after the first)
+            path = folder / f"part-{rank}.json"
+            path.write_text(line + "\n")
+            os.utime(path, (1_800_000_000 + rank, 1_800_000_000 + rank))
+        return scan_files(folder, "ts")
+
+    def late(files: list, per_batch: int) -> list[tuple[str, str]]:
+        return [(file.path.name, earlier.path.name) for file, earlier in contradictions(files, per_batch)]
+
+    # Spark reads {part-0, part-1}, then {part-2}: part-2's events precede part-0's.
+    missed = directory("missed", ['{"ts": 10}', "not json", '{"ts": 5}'])
+    assert missed[1].first is None
+    assert late(missed, 2) == [("part-2.json", "part-0.json")]
+    # Spark reads {part-0, part-1}, then {part-2, part-3}: one batch, which the sink orders by time.
+    refused = directory("refused", ['{"ts": 1}', "not json", '{"ts": 10}', '{"ts": 5}'])
+    assert late(refused, 2) == []
+
+
 @pytest.mark.spark
 @pytest.mark.slow
 def test_run_refuses_a_shuffled_copy_then_reads_it_in_the_events_order(tmp_path, make_database_url):
