@@ -197,6 +197,9 @@ class PartitionedIngestSink(IngestSink):
         self.app = app
         self.on_partition_failure = atomic.as_policy(on_partition_failure)
         self._declared: set[str] = set()   # ledger query ids whose policy was recorded; under self._mutex
+        #: (ledger query id, batch id) of the batches with a failed partition not settled yet (pending completion,
+        #: compensating): read once per run (``_declare``), kept up to date here; under self._mutex.
+        self._unsettled: set[tuple[str, int]] = set()
         self.lower_declared = rules.lower_declared
         options = {"rule_execution": db.rules.execution, "outbox": db.outbox.options, **(connect_options or {})}
         #: A batch's task, given its ``query_id``, ``batch_id`` and ``watermark``: the rest is the run's.
@@ -229,10 +232,17 @@ class PartitionedIngestSink(IngestSink):
         # (unpickled: the tasks' own reports, from the Python workers of this job)
         results: list[PartitionReport] = [pickle.loads(row[0]) for row in reports]  # noqa: S301
         failures = [row for row in results if row.get("failed")]
+        with self._mutex:
+            unsettled = (query_id, batch_id) in self._unsettled
+            self._unsettled.add((query_id, batch_id))       # (until settled below: settle raises to stop the query)
         if failures:
             atomic.settle(self.db, query_id, batch_id, self.partitions, self.on_partition_failure, failures)
-        elif any(not row["outcome"].committed for row in results):
+        elif unsettled or any(not row["outcome"].committed for row in results):
+            # A replay: partitions the ledger skipped, or a failed batch applied again whole (all its partitions
+            # had failed).
             atomic.after_replay(self.db, query_id, batch_id)
+        with self._mutex:
+            self._unsettled.discard((query_id, batch_id))
         outcome = self._combine(query_id, batch_id, watermark, results)
         if outcome.committed:
             self.phase(Phase.COMMITTED, batch_id)
@@ -243,13 +253,18 @@ class PartitionedIngestSink(IngestSink):
         self.context.book.record(outcome, began)
 
     def _declare(self, query_id: str) -> None:
-        """Record the query's partition count and policy once per run (``activedb status`` shows them)."""
+        """Record the query's partition count and policy once per run (``activedb status`` shows them), and read
+        which of its batches have a failure to settle when they come again."""
         with self._mutex:
             if query_id in self._declared:
                 return
         atomic.declare_policy(self.db, query_id, self.query_name, self.partitions, self.on_partition_failure)
+        settled = {atomic.SplitState.COMPLETED.value, atomic.SplitState.COMPENSATED.value}
+        unsettled = {(query_id, row.batch_id) for row in atomic.split_status(self.db, self.query_name)
+                     if row.query_id == query_id and row.batch_id is not None and row.state not in settled}
         with self._mutex:
             self._declared.add(query_id)
+            self._unsettled |= unsettled
 
     @staticmethod
     def _combine(query_id: str, batch_id: int, watermark: dt.datetime | None, results: list[PartitionReport]

@@ -153,11 +153,11 @@ def _poisoned(directory, make_database_url, name: str):
         direct.close()
 
 
-def _ingest(spark, database, directory, checkpoint, policy):
+def _ingest(spark, database, directory, checkpoint, policy, partitions=2):
     frame = spark.readStream.schema(app_split.SCHEMA).option("maxFilesPerTrigger", 1).json(str(directory))
     return spark_bridge.ingest(database, frame, mapping=app_split.MAPPING, query_name="split",
                                checkpoint_location=str(checkpoint), trigger={"availableNow": True},
-                               partition_by_key=2, app=APP_FILE, on_partition_failure=policy)
+                               partition_by_key=partitions, app=APP_FILE, on_partition_failure=policy)
 
 
 def _good(workload, files) -> list[dict]:
@@ -242,3 +242,25 @@ def test_forward_completes_the_batch_after_the_fix(spark, tmp_path, make_databas
         assert sum(events for events, _ in _ledger(streamed, 0).values()) + sum(
             events for batch in (1, 2) for events, _ in _ledger(streamed, batch).values()) == reference.applied
         assert len(streamed.batches.composite((f"split@{query.id}", 1))) == 2
+
+
+@pytest.mark.spark
+def test_forward_completes_a_batch_every_partition_of_which_had_failed(spark, tmp_path, make_database_url):
+    """A batch none of whose partitions committed (here its one partition: ``partition_by_key=1``; a fault in
+    every partition does the same) and that the restart after the fix applies whole: its failure turns
+    *completed*.  The driver looked for a failure to complete only when the ledger skipped a partition of the
+    batch, so such a batch stayed *pending completion* in ``activedb status`` for good."""
+    with _poisoned(tmp_path / "in", make_database_url, "fwd_all") as (workload, poison, streamed, direct):
+        query = _ingest(spark, streamed, tmp_path / "in", tmp_path / "checkpoint", "forward", partitions=1)
+        with pytest.raises(Exception):
+            query.awaitTermination(STREAM_TIMEOUT_SECONDS)
+        assert _failures(streamed) == [(1, 0, "forward", "pending completion")]
+        assert _ledger(streamed, 1) == {}                        # nothing of batch 1 committed
+
+        with streamed.transaction() as tx:                       # the fix
+            tx.insert("items", key=app_split.FIX_KEY, value=1)
+        run_to_end(_ingest(spark, streamed, tmp_path / "in", tmp_path / "checkpoint", "forward", partitions=1))
+        assert set(_ledger(streamed, 1)) == {"p0"}
+        assert _failures(streamed) == [(1, 0, "forward", "completed")]
+        assert [(row.batch_id, row.state) for row in activedb.atomic.split_status(streamed) if row.batch_id is not None
+                ] == [(1, "completed")]
