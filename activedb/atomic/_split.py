@@ -20,7 +20,7 @@ import sqlalchemy as sa
 
 from activedb._handle import DatabaseHandle
 from activedb.atomic._batches import Batches, SplitFailure
-from activedb.atomic.errors import LineageError, PartitionFailed, UnknownBatch
+from activedb.atomic.errors import AtomicBatchError, PartitionFailed, UnknownBatch
 from activedb.ingest import BatchOutcome, Ingestion, LedgerId, Rows
 from activedb.ingest.errors import IngestError, describe
 from activedb.txn import CommitParticipant
@@ -140,7 +140,7 @@ def compensate_split(db: SplitDriverDatabase, source: str, batch_id: int) -> int
         compensated = len(report.compensated) + len(report.plan.already)
     except UnknownBatch:
         compensated = 0          # no partition committed (or lineage is off): nothing to undo
-    except LineageError as error:
+    except AtomicBatchError as error:     # (NoCompensation, UnsafeUndo, CompensationFailed, LineageError)
         raise PartitionFailed(
             f"batch {batch_id} of {source}: a partition failed for good and compensating the committed ones "
             f"failed: {error}. The failed partition's rows are dead letters; fix the cause (declare the "

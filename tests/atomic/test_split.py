@@ -65,3 +65,36 @@ def test_complete_a_split_batch_forward_after_the_fix(undo_items):
         for number in range(3):
             tx.insert("items", key=f"{query}-1-{number}", value=number)
     assert rows(db, query) == 9 and len(db.batches.composite((query, 8))) == 3
+
+
+def test_a_split_batch_that_cannot_be_compensated_stops_with_partition_failed_and_resumes(db):
+    """Compensating the committed partitions of a split batch fails when nothing undoes what they wrote: the
+    driver stops with ``PartitionFailed`` (what the scale-out path's caller catches: declare the compensation,
+    restart, the compensation resumes).  It let ``NoCompensation`` out instead — ``compensate_split`` caught
+    ``LineageError``, which no compensation failure is."""
+    from activedb import atomic
+    from activedb.atomic.errors import NoCompensation, PartitionFailed
+
+    query = f"split{uuid.uuid4().hex[:8]}"
+    name, batch = f"partition-{query}", uuid.uuid4().int % 1_000_000      # (pairs: no undo images)
+
+    def pairs() -> int:
+        with db.engine.connect() as connection:
+            return connection.execute(sa.text("SELECT count(*) FROM pairs WHERE b = :b"), {"b": batch}).scalar()
+
+    for partition in range(2):
+        with db.transaction(name=name) as tx:
+            db.batches.consumed(tx, query, 3)
+            tx.insert("pairs", a=partition, b=batch, value=query)
+    with pytest.raises(PartitionFailed, match=r"compensating the committed ones failed: .*nothing undoes them.*"
+                                              r"restart the query from its checkpoint") as failed:
+        atomic.compensate_split(db, query, 3)
+    assert isinstance(failed.value.__cause__, NoCompensation) and pairs() == 2
+
+    @db.batches.transaction_compensation(name)
+    def undo(tx, lineage):
+        for partition in range(2):
+            if tx.read("pairs", (partition, batch)) is not None:
+                tx.delete("pairs", (partition, batch))
+
+    assert atomic.compensate_split(db, query, 3) == 2 and pairs() == 0
