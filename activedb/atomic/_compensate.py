@@ -7,10 +7,12 @@ The paper's words mapped to these: the package README, "Compensation".
 
 from __future__ import annotations
 
+import base64
 import datetime
 import decimal
 import json
 import logging
+import re
 import threading
 import uuid
 from dataclasses import dataclass, field
@@ -351,7 +353,8 @@ def _typed_key(batches: Compensations, table_name: str, key: object) -> object:
 
 def _decoded(column: sa.Column[Any], value: object) -> object:
     """A value of ``column`` as ``jsonable`` stored it, back as the column's Python type: datetimes, dates and times
-    from ISO-8601 text, a decimal or a non-finite float from its text, a ``UUID`` from its ``repr``."""
+    from ISO-8601 text, a decimal or a non-finite float from its text, a ``UUID`` from its ``repr``, bytes from
+    base64, a ``timedelta`` (an interval) from its ``repr``."""
     if not isinstance(value, str):
         return value
     try:
@@ -364,7 +367,14 @@ def _decoded(column: sa.Column[Any], value: object) -> object:
         return python_type(value)
     if python_type is uuid.UUID:
         return uuid.UUID(value.removeprefix("UUID('").removesuffix("')"))
+    if python_type is bytes:
+        return base64.b64decode(value)
+    if python_type is datetime.timedelta:          # (its repr: "datetime.timedelta(days=1, seconds=5)")
+        return datetime.timedelta(**{unit: int(amount) for unit, amount in _TIMEDELTA_FIELD.findall(value)})
     return value
+
+
+_TIMEDELTA_FIELD = re.compile(r"(days|seconds|microseconds)=(-?\d+)")
 
 
 def decode_event(data: Mapping[str, Any]) -> Event:

@@ -247,3 +247,26 @@ def test_prune_with_an_age_beyond_the_calendar_forgets_nothing(db, age):
     """An age PostgreSQL cannot subtract from now() (infinity, timedelta.max) forgets nothing, instead of
     failing with its DataError."""
     assert db.batches.prune(older_than=age) == 0
+
+
+def test_before_image_undo_restores_binary_and_interval_columns(db):
+    """A before-image keeps ``bytea`` as base64 text and an interval as its ``repr`` (``jsonable``); undoing it
+    writes them back as the column's Python type (bytes, a timedelta)."""
+    query = prefix()
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("CREATE TABLE IF NOT EXISTS blobs (id integer PRIMARY KEY, data bytea, "
+                                   "span interval)"))
+    db.schema.refresh()
+    db.batches.undo_by_before_image("blobs")
+    blob = 900_000 + int(uuid.uuid4().int % 90_000)
+    with db.transaction() as tx:
+        tx.insert("blobs", id=blob, data=b"\x00\xffbefore", span=datetime.timedelta(days=1, seconds=5))
+    with db.transaction() as tx:
+        db.batches.consumed(tx, query, 1)
+        tx.write("blobs", blob, data=b"after", span=datetime.timedelta(hours=2))
+    assert db.batches.plan((query, 1)).unsafe == []
+    report = db.batches.compensate((query, 1))
+    assert len(report.compensated) == 1
+    with db.engine.connect() as connection:
+        row = connection.execute(sa.text("SELECT data, span FROM blobs WHERE id = :i"), {"i": blob}).one()
+    assert tuple(row) == (b"\x00\xffbefore", datetime.timedelta(days=1, seconds=5))
