@@ -75,19 +75,17 @@ def check_switch(owner: str, name: str, value: object, none: str | None = None) 
         raise BadArgument(f"{owner}({name}={value!r}) takes True or False{alternative}")
 
 
-def check_seconds(owner: str, name: str, value: object, *, none: str | None, zero: bool = True,
-                  infinite: bool = True) -> None:
+def check_seconds(owner: str, name: str, value: object, *, none: str | None, zero: bool = True) -> None:
     """Raise :class:`BadArgument` unless ``value`` (given as ``owner(name=value)``) is a number of seconds (not a
-    bool, not NaN) of at least 0 (``zero=False``: above 0; ``infinite=False``: finite), or None if ``none`` says what
+    bool, not NaN; infinity is one) of at least 0 (``zero=False``: above 0), or None if ``none`` says what
     None means."""
     if value is None and none is not None:
         return
     number = value if isinstance(value, (int, float)) and not isinstance(value, bool) else float("nan")
-    if not (number >= 0 if zero else number > 0) or (not infinite and number == float("inf")):
+    if not (number >= 0 if zero else number > 0):
         bound = "of at least 0" if zero else "above 0"
-        finite = "" if infinite else ", finite"
         alternative = "" if none is None else f"None ({none}) or "
-        raise BadArgument(f"{owner}({name}={value!r}) takes {alternative}a number of seconds {bound}{finite}")
+        raise BadArgument(f"{owner}({name}={value!r}) takes {alternative}a number of seconds {bound}")
 
 
 # --- database and server -------------------------------------------------------------

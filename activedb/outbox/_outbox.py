@@ -86,7 +86,8 @@ class OutboxOptions:
     * ``max_attempts`` — runs of a firing that fails retryably (deadlock, serialization conflict, reset
       sequence) before it is recorded as failed;
     * ``recovery_interval`` — seconds between recovery passes (claiming records of dead processes); a
-      pass also runs at once when a rule is registered, and on :meth:`Outbox.recover`.  ``None``: only then.  The
+      pass also runs at once when a rule is registered, and on :meth:`Outbox.recover`.  ``None`` (or infinity): only
+      then; zero or below is refused (``BadArgument``).  The
       interval is measured on the outbox's ``clock`` (the database's: a test with a ``ManualClock`` moves it to
       start a pass).
     * ``inserts_in_commit`` — a batch run at commit (a lowered micro-batch) runs the detached-family firings whose
@@ -103,8 +104,8 @@ class OutboxOptions:
     def __post_init__(self) -> None:
         for name in ("group_size", "max_groups", "max_attempts"):
             check_whole_number("OutboxOptions", name, getattr(self, name), 1)
-        # (0 would make the recovery thread run passes without pause; no thread may wait for ever)
-        check_seconds("OutboxOptions", "recovery_interval", self.recovery_interval, zero=False, infinite=False,
+        # (0 would make the recovery thread run passes without pause; infinity is None: no pass by the clock)
+        check_seconds("OutboxOptions", "recovery_interval", self.recovery_interval, zero=False,
                       none="passes only when a rule is registered and on recover()")
         check_switch("OutboxOptions", "inserts_in_commit", self.inserts_in_commit)
 
@@ -380,7 +381,9 @@ class Outbox:
 
     def _recovery_loop(self) -> None:
         while True:
-            self.clock.wait(self._wake, self.recovery_interval)
+            interval = self.recovery_interval
+            # (for ever: no pass by the clock, as None — no thread wait may be that long)
+            self.clock.wait(self._wake, None if interval is not None and math.isinf(interval) else interval)
             self._wake.clear()
             with self._mutex:
                 if self._closed:

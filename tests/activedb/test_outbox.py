@@ -579,3 +579,34 @@ def test_recover_refuses_a_limit_that_is_no_count(db, limit):
     with pytest.raises(activedb.BadArgument, match=r"outbox.recover\(limit=.*\) takes a whole number of at least 0"):
         db.outbox.recover(limit)
     assert db.outbox.recover(0) == 0
+
+
+def test_a_recovery_interval_of_for_ever_keeps_the_recovery_thread_and_a_bad_one_is_refused(migrated):
+    """``recovery_interval=float("inf")`` (no pass by the clock, as None) keeps the recovery thread: it died of
+    OverflowError at its first wait (no thread wait may be that long), so retried firings were never run in that
+    process.  An interval of zero or below (a pass after another without a pause, PostgreSQL queried without end)
+    or not a number is refused where it is given."""
+    for bad in (0, -1.0, float("nan"), "10"):
+        with pytest.raises(activedb.BadArgument,
+                           match=r"recovery_interval=.*\) takes None .* or a number of seconds above 0"):
+            activedb.OutboxOptions(recovery_interval=bad)
+    database = activedb.connect(migrated, outbox_options={"recovery_interval": float("inf")})
+    try:
+        broken = threading.Event()
+        broken.set()
+
+        @database.rule(on=database.signalled("pay"), coupling=Coupling.DETACHED, name="for_ever_entry")
+        def entry(tx, event):
+            if broken.is_set():
+                raise ZeroDivisionError("the exchange rate is zero")
+            tx.insert("events_seen", rule="for_ever_entry", detail=str(event.payload["amount"]))
+
+        with database.transaction() as tx:
+            tx.signal("pay", amount=7)
+        database.rules.wait_idle(TIMEOUT)
+        assert [failure.rule for failure in database.outbox.failures()] == ["for_ever_entry"]
+        broken.clear()
+        assert database.outbox.retry_failed() == 1          # pending again; the recovery thread runs it
+        wait_until(lambda: ("for_ever_entry", "7") in seen(database), 30, "the retried firing ran")
+    finally:
+        database.close()
