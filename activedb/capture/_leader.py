@@ -21,6 +21,9 @@ if TYPE_CHECKING:  # pragma: no cover
 
 logger = logging.getLogger("activedb.capture")
 
+#: The longest ``lock_timeout`` PostgreSQL takes, in milliseconds (an integer setting: about 24.8 days).
+_LOCK_TIMEOUT_LIMIT = 2**31 - 1
+
 
 class Listener:
     """The leadership of consumer ``name`` and its notifications.  Not thread-safe: the consumer calls
@@ -81,7 +84,8 @@ class Listener:
 
     def take(self, wait: float = 0.0) -> bool:
         """Take the name's lock if it is free (or once it is, within ``wait`` seconds: a lock wait in
-        PostgreSQL bounded by ``lock_timeout``).  Precondition: :attr:`connected`."""
+        PostgreSQL bounded by ``lock_timeout``; beyond its limit, or infinite, without a bound).  Precondition:
+        :attr:`connected`."""
         import psycopg
 
         connection = self._connection
@@ -90,8 +94,10 @@ class Listener:
             if wait <= 0:
                 row = connection.execute("SELECT pg_try_advisory_lock(%s, %s)", self.lock).fetchone()
                 return bool(row is not None and row[0])
-            # Whole milliseconds, at least one: 0 is "no timeout" to PostgreSQL.
-            connection.execute(f"SET lock_timeout = {math.ceil(wait * 1000)}")
+            # Whole milliseconds, at least one: 0 is "no timeout" to PostgreSQL — what a wait beyond its limit (or
+            # for ever) becomes.
+            milliseconds = math.ceil(wait * 1000) if wait * 1000 <= _LOCK_TIMEOUT_LIMIT else 0
+            connection.execute(f"SET lock_timeout = {milliseconds}")
             try:
                 connection.execute("SELECT pg_advisory_lock(%s, %s)", self.lock)
                 return True

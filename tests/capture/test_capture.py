@@ -620,3 +620,40 @@ def test_a_consumer_started_again_after_its_thread_failed_does_not_report_the_ol
         finally:
             consumer.close()
     assert logged(db) == [("inserted", 90)]
+
+
+@pytest.mark.parametrize("lead_timeout", [float("inf"), 30 * 24 * 3600.0])
+def test_a_lead_timeout_of_for_ever_or_beyond_postgresqls_limit_waits_for_the_lead(clean, conninfo, lead_timeout):
+    """``lead_timeout`` becomes PostgreSQL's ``lock_timeout`` in milliseconds, which stops at 2^31 - 1 (about 24.8
+    days): infinity failed with OverflowError before anything was asked, a month with PostgreSQL's 'value out of
+    range for lock_timeout' — neither a CaptureError, and no wait.  Both wait for the lead as long as it takes."""
+    db = clean
+    _app.register(db)
+    leader = db.capture.consumer()
+    assert leader.run_until_caught_up() == 0 and leader.state is ConsumerState.LEADING
+    other = db.capture.consumer()
+    outcome: list[object] = []
+
+    def lead() -> None:
+        try:
+            outcome.append(other.run_until_caught_up(lead_timeout=lead_timeout))
+        except Exception as error:
+            outcome.append(error)
+
+    waiting = threading.Thread(target=lead)
+    with Watchdog(WATCHDOG_SECONDS, db.transactions.locks):
+        waiting.start()
+        wait_until(lambda: outcome or _waits_for_an_advisory_lock(conninfo), WATCHDOG_SECONDS,
+                   "the second consumer waits for the lead")
+        with psycopg.connect(conninfo, autocommit=True) as psql:
+            psql.execute("INSERT INTO orders (id, customer, amount) VALUES (71, 'x', 1)")
+        leader.close()
+        waiting.join(WATCHDOG_SECONDS)
+    other.close()
+    assert outcome == [1] and logged(db) == [("inserted", 71)]
+
+
+def _waits_for_an_advisory_lock(conninfo: str) -> bool:
+    with psycopg.connect(conninfo, autocommit=True) as psql:
+        return psql.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+                            ).fetchone()[0] > 0
