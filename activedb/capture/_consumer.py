@@ -228,7 +228,7 @@ class CaptureConsumer:
             return
         self._stopping.set()
         _leader.wake(self._database, self.name, "stop")
-        thread.join(timeout)
+        thread.join(None if timeout is not None and timeout >= threading.TIMEOUT_MAX else timeout)   # (inf: None)
         if thread.is_alive():
             raise CaptureError(f"capture consumer {self.name!r} did not stop within {timeout} s "
                                f"(a rule of the batch in progress may be blocked)")
@@ -261,7 +261,7 @@ class CaptureConsumer:
                 if remaining <= 0:
                     raise TimeoutError(f"capture consumer {self.name!r} not caught up within {timeout} s "
                                        f"(state {self._state.value}, position {self._position})")
-                self._progress.wait(remaining)
+                self._progress.wait(min(remaining, threading.TIMEOUT_MAX))     # (no thread wait may be longer)
             return self._position
 
     def _loop(self) -> None:

@@ -657,3 +657,21 @@ def _waits_for_an_advisory_lock(conninfo: str) -> bool:
     with psycopg.connect(conninfo, autocommit=True) as psql:
         return psql.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
                             ).fetchone()[0] > 0
+
+
+def test_a_running_consumer_takes_a_timeout_of_for_ever(clean, conninfo):
+    """``wait_caught_up(float("inf"))`` (no limit: the parameter takes no None) waits until caught up, and
+    ``stop(timeout=float("inf"))`` until the thread ended: both failed with OverflowError (no thread wait may be that
+    long) at once."""
+    db = clean
+    _app.register(db)
+    with Watchdog(WATCHDOG_SECONDS, db.transactions.locks):
+        consumer = db.capture.start(idle_wait=0.1)
+        try:
+            with psycopg.connect(conninfo, autocommit=True) as psql:
+                psql.execute("INSERT INTO orders (id, customer, amount) VALUES (72, 'x', 1)")
+            consumer.wait_caught_up(float("inf"))
+            assert logged(db) == [("inserted", 72)]
+            consumer.stop(timeout=float("inf"))
+        finally:
+            consumer.close()
