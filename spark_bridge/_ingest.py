@@ -21,7 +21,7 @@ from activedb.ingest import BatchHandler, Deadlines, EventMapping, Ingestion, Ph
 from spark_bridge._foreach import foreach_batch
 from spark_bridge._scaleout import PartitionedIngestSink
 from spark_bridge._sink import IngestSink, QueryRun, SinkOptions
-from spark_bridge.errors import IngestError, MappingError
+from spark_bridge.errors import IngestError, MappingError, first_line
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame
@@ -231,11 +231,17 @@ def ingest(db: Database, streaming_df: DataFrame, *, mapping: EventMapping, quer
     trigger = options.trigger
     if isinstance(trigger, (int, float)):
         trigger = f"{trigger} seconds"
-    if isinstance(trigger, str):
-        writer = writer.trigger(processingTime=trigger)
-    elif trigger is not None:
-        # (a Mapping of DataStreamWriter.trigger's keywords, as the user gave them: Spark checks their values)
-        writer = writer.trigger(**trigger)  # type: ignore[call-overload]
+    try:
+        if isinstance(trigger, str):
+            writer = writer.trigger(processingTime=trigger)
+        elif trigger is not None:
+            # (a Mapping of DataStreamWriter.trigger's keywords, as the user gave them: Spark checks their values)
+            writer = writer.trigger(**trigger)  # type: ignore[call-overload]
+    except Exception as error:      # (Spark's IllegalArgumentException, pyspark's own: an interval or a keyword)
+        raise IngestError(
+            f"trigger={options.trigger!r} is not one Spark takes ({first_line(error)}); give a processing-time "
+            f"interval such as '5 seconds' or '1 minute', a number of seconds (5), or keyword arguments of "
+            f"DataStreamWriter.trigger such as {{'availableNow': True}}") from None
     setattr(writer, SINK_ATTRIBUTE, sink)
     if not options.start:
         return writer

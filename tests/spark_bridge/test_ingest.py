@@ -375,6 +375,22 @@ def test_the_scale_out_path_needs_the_app_and_app_needs_the_scale_out_path(spark
 
 
 @pytest.mark.spark
+def test_a_trigger_spark_cannot_read_is_an_ingest_error_saying_what_to_give(spark, tmp_path, make_database_url):
+    """A processing-time interval Spark does not read (a typo, a negative or not-a-number of seconds) or a keyword
+    ``DataStreamWriter.trigger`` does not take was Spark's own error (an ``IllegalArgumentException`` from the JVM,
+    or pyspark's), not an ``IngestError``: ``activedb run --trigger 5s`` ended in a traceback."""
+    database = app_database(make_database_url("trigger"))
+    try:
+        for trigger in ("5s", -5, float("nan"), {"every": 5}):
+            with pytest.raises(IngestError, match=r"trigger=.* is not one Spark takes .*'5 seconds'"):
+                spark_bridge.ingest(database, _stream(spark, tmp_path), mapping=app_counters.MAPPING, query_name="x",
+                                    checkpoint_location=str(tmp_path / "c"), trigger=trigger)
+        assert spark.streams.active == []
+    finally:
+        database.close()
+
+
+@pytest.mark.spark
 def test_a_checkpoint_resumed_under_another_query_name_is_refused(spark, tmp_path, make_database_url):
     write_files(tmp_path / "in", [[{"type": "add", "key": "r", "ts": iso(BASE_TIME), "amount": 1, "seq": 1}]])
     database = app_database(make_database_url("renamed"))
