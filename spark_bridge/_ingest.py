@@ -207,7 +207,12 @@ def ingest(db: Database, streaming_df: DataFrame, *, mapping: EventMapping, quer
                 f"watermark_delay needs {mapping.ts_column!r} to be a Spark timestamp, but it is {column_type}; "
                 f"convert it first, e.g. df.withColumn({mapping.ts_column!r}, "
                 f"F.timestamp_seconds({mapping.ts_column!r}))")
-        streaming_df = streaming_df.withWatermark(mapping.ts_column, delay)
+        try:
+            streaming_df = streaming_df.withWatermark(mapping.ts_column, delay)
+        except Exception as error:      # (Spark's AnalysisException: an interval it cannot read, a negative one)
+            raise IngestError(
+                f"watermark_delay={options.watermark_delay!r} is not a delay Spark takes ({first_line(error)}); give "
+                f"an interval such as '30 seconds' or '5 minutes', or a datetime.timedelta, not negative") from None
 
     session = streaming_df.sparkSession
     common: SinkOptions = {"query_name": query_name, "known_types": options.known_types, "spark_session": session,

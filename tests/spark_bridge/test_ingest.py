@@ -391,6 +391,21 @@ def test_a_trigger_spark_cannot_read_is_an_ingest_error_saying_what_to_give(spar
 
 
 @pytest.mark.spark
+def test_a_watermark_delay_spark_cannot_read_is_an_ingest_error_saying_what_to_give(spark, tmp_path,
+                                                                                   make_database_url):
+    """A watermark delay Spark does not read (a typo, a negative delay) was Spark's own error from ``withWatermark``,
+    not an ``IngestError``: ``activedb run --watermark-delay 30s`` ended in a traceback."""
+    database = app_database(make_database_url("delay"))
+    try:
+        for delay in ("30s", "-5 seconds", dt.timedelta(seconds=-5)):
+            with pytest.raises(IngestError, match=r"watermark_delay=.* is not a delay Spark takes .*'30 seconds'"):
+                spark_bridge.ingest(database, _stream(spark, tmp_path), mapping=app_counters.MAPPING, query_name="x",
+                                    checkpoint_location=str(tmp_path / "c"), watermark_delay=delay)
+    finally:
+        database.close()
+
+
+@pytest.mark.spark
 def test_a_checkpoint_resumed_under_another_query_name_is_refused(spark, tmp_path, make_database_url):
     write_files(tmp_path / "in", [[{"type": "add", "key": "r", "ts": iso(BASE_TIME), "amount": 1, "seq": 1}]])
     database = app_database(make_database_url("renamed"))
