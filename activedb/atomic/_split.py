@@ -189,9 +189,11 @@ def settle(db: SplitDriverDatabase, source: str, batch_id: int, partitions: int,
             for failure in failures:
                 FailureRow(source, batch_id, failure["partition"], partitions, SplitFailure.FORWARD,
                            SplitState.PENDING_COMPLETION, failure["error"]).upsert(connection)
+        others = ("the other partitions committed" if len({failure["partition"] for failure in failures}) < partitions
+                  else "no partition committed")
         raise PartitionFailed(
-            f"batch {batch_id} of {source} is split and {which} failed for good; the other partitions "
-            f"committed (on_partition_failure='forward'). Fix the cause and restart the query from its "
+            f"batch {batch_id} of {source} is split and {which} failed for good; {others} "
+            f"(on_partition_failure='forward'). Fix the cause and restart the query from its "
             f"checkpoint: Spark re-runs the batch, the committed partitions are skipped and the failed one is "
             f"applied. To undo the committed partitions instead, restart with on_partition_failure='compensate'")
     compensate_split(db, source, batch_id)

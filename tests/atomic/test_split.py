@@ -98,3 +98,23 @@ def test_a_split_batch_that_cannot_be_compensated_stops_with_partition_failed_an
                 tx.delete("pairs", (partition, batch))
 
     assert atomic.compensate_split(db, query, 3) == 2 and pairs() == 0
+
+
+def test_a_forward_failure_of_every_partition_does_not_say_the_others_committed(db):
+    """The driver's PartitionFailed for a forward failure said "the other partitions committed" also when none did
+    (every partition failed, or the batch had one): a user then looked for committed rows that are not there."""
+    from activedb import atomic
+    from activedb.atomic.errors import PartitionFailed
+
+    source = f"split{uuid.uuid4().hex[:8]}@run"
+
+    def failed(partition: int) -> dict:
+        return {"partition": partition, "outcome": None, "failed": True, "error": "PoisonedBatch: refused",
+                "infrastructure": False}
+
+    with pytest.raises(PartitionFailed) as every:
+        atomic.settle(db, source, 5, 2, atomic.SplitFailure.FORWARD, [failed(0), failed(1)])
+    assert "other partitions committed" not in str(every.value) and "no partition committed" in str(every.value)
+    with pytest.raises(PartitionFailed) as one:
+        atomic.settle(db, source, 6, 2, atomic.SplitFailure.FORWARD, [failed(1)])
+    assert "the other partitions committed" in str(one.value)
