@@ -118,6 +118,10 @@ class IngestOptions:
             raise IngestError(f"partition_by_key= (the scale-out path) runs the rules in each Spark task; it does not "
                               f"combine with the {self.handler.name} handler: "
                               f"{instead.get(self.handler.name, 'run it without partition_by_key')}")
+        if self.known_types is not None and (isinstance(self.known_types, (str, bytes))
+                                             or not isinstance(self.known_types, Collection)):
+            raise IngestError(f"known_types must be a collection of event types (a list or a set of names), got "
+                              f"{self.known_types!r}; e.g. known_types={{{self.known_types!r}}}")
         if self.on_partition_failure is not None:
             object.__setattr__(self, "on_partition_failure", as_policy(self.on_partition_failure))
         if self.partition_by_key is None and (self.app is not None or self.on_partition_failure is not None):

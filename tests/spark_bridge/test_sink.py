@@ -342,6 +342,17 @@ def test_ingest_options_are_checked_in_one_place_before_spark_is_touched():
         ingest(object(), object(), options=IngestOptions(handler=RulesHandler({"counters": None})), **common)
 
 
+def test_known_types_given_as_one_name_are_refused_with_what_to_give():
+    """``ingest(…, known_types="add")`` — one name, not a collection of them — was read as the set of its letters, so
+    every event of type ``add`` became a dead letter as an unknown type; it is refused, as an application's
+    ``KNOWN_TYPES = "add"`` is."""
+    with pytest.raises(IngestError, match=r"known_types must be a collection of event types .*\{'add'\}"):
+        IngestOptions(known_types="add")
+    with pytest.raises(IngestError, match="known_types must be a collection of event types"):
+        IngestOptions(known_types=3)
+    assert IngestOptions(known_types=["add", "sub"]).known_types == ["add", "sub"]
+
+
 @pytest.mark.parametrize("first_commits", [True, False], ids=["first commits", "first aborts"])
 def test_two_flushes_of_one_batch_at_once_commit_it_once(database, first_commits):
     """Two transactions write the ledger row of the same batch at once: the second's row (sent along its flush's last
