@@ -127,15 +127,17 @@ def taken_over(error: BaseException) -> RecordsTakenOver | None:
 class LivenessLock:
     """This process's liveness lock: the session-level advisory lock on ``owner``, held on a connection of
     its own (detached from the pool, autocommit) for the life of the process.  Thread-safe: ``_mutex``
-    protects the connection (SQL under it; a leaf)."""
+    protects the connection and ``_wanted`` (SQL under it; a leaf)."""
 
     def __init__(self, engine: sa.Engine, owner: int):
         self._engine, self._owner = engine, owner
         self._mutex = threading.Lock()
         self._connection: Any = None
+        self._wanted = False        # taken and not released since: the lock is to be held (also while it is not)
 
     def take(self) -> None:
         with self._mutex:
+            self._wanted = True
             if self._connection is not None:
                 return
             raw = self._engine.raw_connection()
@@ -147,21 +149,24 @@ class LivenessLock:
             self._connection = driver
 
     def check(self) -> None:
-        """Re-take the lock if its connection broke (records may have been taken over meanwhile; finishing
-        them then fails with ``RecordsTakenOver`` and the other process runs them)."""
+        """Re-take the lock if its connection broke, or if an attempt to take it again failed (records may have
+        been taken over meanwhile; finishing them then fails with ``RecordsTakenOver`` and the other process runs
+        them).  Nothing to do once released."""
         with self._mutex:
-            if self._connection is None:
+            if not self._wanted:
                 return
-            try:
-                self._connection.execute("SELECT 1")
-                return
-            except Exception:
-                logger.warning("outbox: the liveness connection broke; taking the lock again")
+            if self._connection is not None:
+                try:
+                    self._connection.execute("SELECT 1")
+                    return
+                except Exception:
+                    logger.warning("outbox: the liveness connection broke; taking the lock again")
         self.release()
         self.take()
 
     def release(self) -> None:
         with self._mutex:
+            self._wanted = False
             connection, self._connection = self._connection, None
         if connection is not None:
             with contextlib.suppress(Exception):

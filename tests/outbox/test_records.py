@@ -84,3 +84,41 @@ def test_records_are_part_of_the_callers_transaction(db):
 def test_no_records_send_no_statement(db):
     with db.engine.connect() as connection:
         assert statements_during(db.engine, lambda: db.outbox.insert(connection, [], 0)) == []
+
+
+def test_the_liveness_lock_is_taken_again_after_an_attempt_that_failed(db, monkeypatch):
+    """The liveness connection broke (a server restart, a terminated backend) and PostgreSQL refused the first
+    attempt to take the lock again (still down): the next check takes it.  Every later check returned at once —
+    no connection, so nothing to check — and the process ran on without its lock, its pending records claimable
+    by any other process as a dead one's."""
+    owner = 4_242_424_242
+
+    def holders() -> int:
+        with db.engine.connect() as connection:
+            return connection.execute(sa.text(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 1 "
+                "AND classid::bigint = :high AND objid::bigint = :low"),
+                {"high": owner >> 32, "low": owner & 0xFFFFFFFF}).scalar()
+
+    lock = _records.LivenessLock(db.engine, owner)
+    lock.take()
+    try:
+        assert holders() == 1
+        with db.engine.begin() as connection:          # its backend ends
+            connection.execute(sa.text("SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' "
+                                       "AND classid::bigint = :high AND objid::bigint = :low"),
+                               {"high": owner >> 32, "low": owner & 0xFFFFFFFF})
+        with monkeypatch.context() as down:            # PostgreSQL still down at the first attempt
+            def refused():
+                raise sa.exc.OperationalError("connect", {}, ConnectionRefusedError("the server is down"))
+
+            down.setattr(db.engine, "raw_connection", refused)
+            with pytest.raises(sa.exc.OperationalError):
+                lock.check()
+        lock.check()
+        assert holders() == 1
+    finally:
+        lock.release()
+    assert holders() == 0
+    lock.check()                                       # released: nothing to hold, nothing taken
+    assert holders() == 0
