@@ -107,8 +107,15 @@ class CaptureConsumer:
                  on_step: Callable[[Step, int], None] | None = None):
         if not isinstance(name, str) or not name:
             raise CaptureError(f"a consumer name is a non-empty string, got {name!r}")
-        if batch_size < 1:
-            raise CaptureError(f"batch_size must be at least 1, got {batch_size}")
+        for option, value, least in (("batch_size", batch_size, 1), ("max_retries", max_retries, 0)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise CaptureError(f"{option} must be a whole number, at least {least}, got {value!r}")
+        for option, duration, above_zero in (("prune_interval", prune_interval, False), ("idle_wait", idle_wait, True),
+                                                ("behind_seconds", behind_seconds, False)):
+            if (isinstance(duration, bool) or not isinstance(duration, (int, float))
+                    or not (duration > 0 if above_zero else duration >= 0)):
+                bound = "above 0" if above_zero else "0 or more"
+                raise CaptureError(f"{option} must be a number of seconds, {bound}, got {duration!r}")
         self._database = database
         self.name = name
         self.batch_size = batch_size
