@@ -381,11 +381,19 @@ def connect(url: str | URL | None = None, config: Config | None = None,
     route_to_home_log(server.data_directory.parent if server is not None else
                       home.expanduser() if home else _embedded.default_home(),
                       _logger_name(engine.pool))
-    check_reachable(engine)
-    database = Database(engine, config, embedded=server)
-    if config.upgrade:
-        database.schema.upgrade("head")
-        database.outbox.start()
+    try:
+        check_reachable(engine)
+        database = Database(engine, config, embedded=server)
+    except BaseException:
+        engine.dispose()
+        raise
+    try:
+        if config.upgrade:
+            database.schema.upgrade("head")
+            database.outbox.start()
+    except BaseException:
+        database.close()            # (its pooled connections and threads: a caller retrying would pile them up)
+        raise
     return database
 
 

@@ -134,6 +134,28 @@ def test_a_schema_a_newer_activedb_wrote_is_refused_by_connect_and_db_upgrade_sa
     assert refused.exit_code == 1 and "a newer activedb wrote it" in refused.output, refused.output
 
 
+def test_a_connect_that_fails_at_the_schema_leaves_no_connection_open(make_fresh_url):
+    """connect() whose schema step fails (here: a revision a newer activedb wrote) closes what it opened: the
+    half-made Database kept its pooled connection and its threads, so a program retrying connect() until an upgrade
+    is deployed piled up connections until the server refused more."""
+    import activedb
+
+    assert invoke(make_fresh_url, "db", "upgrade").exit_code == 0
+    engine = sa.create_engine(make_fresh_url.replace("postgresql://", "postgresql+psycopg://"))
+    others = sa.text("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                     "AND pid <> pg_backend_pid()")
+    try:
+        with engine.begin() as connection:
+            connection.exec_driver_sql("UPDATE activedb_alembic_version SET version_num = '9999_from_the_future'")
+        for _ in range(3):
+            with pytest.raises(activedb.SchemaNotAtHead):
+                activedb.connect(make_fresh_url)
+        with engine.connect() as connection:
+            assert connection.execute(others).scalar() == 0
+    finally:
+        engine.dispose()
+
+
 def test_a_relative_revision_below_is_taken_as_the_revision_not_as_an_option(url):
     """The revision errors say "or a relative one (-1)", but `db downgrade -1` was click's usage error "No such
     option '-1'" (only `db downgrade -- -1` worked); a misspelt option is still one."""
