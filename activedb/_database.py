@@ -81,6 +81,13 @@ def _kind(kind: EventKind, allowed: tuple[EventKind, ...], call: str) -> EventKi
     return parsed
 
 
+def _event_name(name: str | None, call: str) -> str | None:
+    """``name`` if it is None (any) or a non-empty text; else a RuleError (a spec no event would ever match)."""
+    if name is not None and (not isinstance(name, str) or not name):
+        raise RuleError(f"{call} takes a name (a non-empty text, or None for any): no event is named by {name!r}")
+    return name
+
+
 def _data_spec(catalog: Catalog, kind: EventKind, table: str) -> EventSpec:
     if not isinstance(table, str):
         raise RuleError(f"db.{kind.value}() takes a table name, got {table!r}")
@@ -195,18 +202,19 @@ class Database:
 
     def signalled(self, name: str) -> EventSpec:
         """Application events raised with ``tx.signal(name, **payload)``."""
-        return EventSpec(EventKind.SIGNAL, name)
+        return EventSpec(EventKind.SIGNAL, _event_name(name, f"db.signalled({name!r})"))
 
     def stream(self, event_type: str) -> EventSpec:
         """Stream events of ``event_type`` (``tx.emit``; the Spark bridge)."""
-        return EventSpec(EventKind.STREAM, event_type)
+        return EventSpec(EventKind.STREAM, _event_name(event_type, f"db.stream({event_type!r})"))
 
     def transaction_event(self, kind: EventKind, name: str | None = None) -> EventSpec:
         """Top-level transactions that ``kind`` (``"began"``, ``"committed"`` or ``"aborted"``): only those
         started with ``db.transaction(name=name)`` when ``name`` is given; detached rules run in
         transactions named ``rule:<rule name>``."""
         return EventSpec(_kind(kind, (EventKind.BEGAN, EventKind.COMMITTED, EventKind.ABORTED),
-                               f"db.transaction_event({kind!r})"), name)
+                               f"db.transaction_event({kind!r})"),
+                         _event_name(name, f"db.transaction_event({kind!r}, {name!r})"))
 
     @property
     def rule_lowering(self) -> BatchLowering:

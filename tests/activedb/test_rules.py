@@ -520,6 +520,18 @@ def test_a_decorated_callable_without_a_name_must_be_given_one(db):
         "named_partial"
 
 
+@pytest.mark.parametrize("make", [lambda db: db.signalled(5), lambda db: db.signalled(""),
+                                  lambda db: db.stream(("badge", "exit")), lambda db: db.stream(""),
+                                  lambda db: db.transaction_event("committed", 3)])
+def test_an_event_name_that_is_no_name_is_refused_where_it_is_given(db, make):
+    """A signal's, stream's or transaction's name is a non-empty text (None: any): db.signalled(5) or
+    db.stream(('badge', 'exit')) made a spec no event ever matches, so the rule declared on it never fired and
+    nothing said why; db.signalled('') the same (tx.signal names are texts), as db.inserted(5) is refused."""
+    with pytest.raises(RuleError, match=r"takes a name \(a non-empty text, or None for any\)"):
+        make(db)
+    assert db.signalled(None).source is None and db.stream("badge").source == "badge"
+
+
 def test_an_enabled_flag_that_is_no_boolean_is_refused_at_declaration(db):
     """``enabled=`` is True or False: ``enabled="no"`` failed the declaration with SQLAlchemy's StatementError ('Not a
     boolean value') and ``enabled=None`` with PostgreSQL's NotNullViolation, neither saying what to give."""
