@@ -41,10 +41,6 @@ class RuleManager(TransactionExtension):
     def __init__(self, catalog: "Catalog", transactions: "TransactionManager", *, max_cascade_depth: int = 16,
                  max_deferred_cycles: int = 100, execution: RuleExecution = RuleExecution.THREADS):
         execution = RuleExecution.parse(execution, "RuleManager(execution=...)")
-        # (Else each deferred firing fails on its queue's bound: coupling's max_cycles.)
-        if isinstance(max_deferred_cycles, bool) or not isinstance(max_deferred_cycles, int) or max_deferred_cycles < 1:
-            raise ValueError(f"max_deferred_cycles must be a whole number of at least 1 (the deferred cycles a commit "
-                             f"may run), got {max_deferred_cycles!r}")
         self.transactions = transactions
         self.registry = RuleRegistry(catalog)
         self.max_cascade_depth = max_cascade_depth
