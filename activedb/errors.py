@@ -23,7 +23,8 @@ if TYPE_CHECKING:  # pragma: no cover
 # are public too, but defined on first use (they import lockmgr): ``activedb`` lists them itself.
 __all__ = ["ActivedbError", "BadDatabaseURL", "BatchAlreadyCommitted", "CascadeLimitExceeded",
            "DatabaseError", "DatabaseUnavailable", "DiskFull", "DuplicateKey", "EmbeddedServerError", "Failure",
-           "GeneratedKeysReset", "BadArgument", "InvalidChoice", "InvalidKey", "InvalidValue", "MigrationError", "OutboxError",
+           "GeneratedKeysReset", "BadArgument", "InvalidChoice", "InvalidKey", "InvalidTime", "InvalidValue",
+           "MigrationError", "OutboxError",
            "PictureError", "RecordsTakenOver", "RuleDefinitionChangedWarning", "RuleError",
            "RuleFailed", "SchemaError", "SchemaNotAtHead", "SerializationConflict", "ServerDiskFull",
            "TransactionAborted", "TransactionError", "UnknownColumn", "UnknownTable"]
@@ -86,6 +87,11 @@ def check_seconds(owner: str, name: str, value: object, *, none: str | None, zer
         bound = "of at least 0" if zero else "above 0"
         alternative = "" if none is None else f"None ({none}) or "
         raise BadArgument(f"{owner}({name}={value!r}) takes {alternative}a number of seconds {bound}")
+
+
+class InvalidTime(ActivedbError, ValueError):
+    """A value given as a time (an event's timestamp, a punctuation's watermark) that is neither a finite number of
+    seconds nor an aware datetime, or not of the kind of the times it is compared with; the message names it."""
 
 
 # --- database and server -------------------------------------------------------------

@@ -5,10 +5,12 @@ held).
 
 from __future__ import annotations
 
+import datetime as dt
 import threading
 from typing import TypeAlias
 
-from activedb.events._time import Instant
+from activedb.errors import InvalidTime
+from activedb.events._time import Instant, check_time
 
 #: An event time a punctuation names (an :data:`~activedb.events.Instant`): Spark's watermarks are datetimes, the
 #: engines' own clocks numbers.
@@ -23,9 +25,18 @@ class Punctuations:
         self._marks: dict[str, Watermark] = {}
 
     def punctuate(self, source: str, watermark: Watermark) -> bool:
-        """Record that no event of ``source`` older than ``watermark`` will come; True if it advanced."""
+        """Record that no event of ``source`` older than ``watermark`` will come; True if it advanced.
+
+        Raises :class:`~activedb.errors.InvalidTime` unless ``watermark`` is a finite number of seconds or an aware
+        datetime, of the kind of the source's earlier punctuations (a NaN would never be passed)."""
+        what = f"the watermark of source {source!r}"
+        check_time(watermark, what)
         with self._mutex:
             current = self._marks.get(source)
+            if current is not None and isinstance(current, dt.datetime) != isinstance(watermark, dt.datetime):
+                kind = "aware datetimes" if isinstance(current, dt.datetime) else "numbers of seconds"
+                raise InvalidTime(f"{what} {watermark!r} is not of the kind of its earlier punctuations "
+                                  f"({current!r}); give {kind}, as before")
             if current is None or watermark > current:     # type: ignore[operator]  # one kind per source
                 self._marks[source] = watermark
                 return True

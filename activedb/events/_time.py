@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, TypeAlias, Union
 
 from activedb._closedset import ClosedSet
+from activedb.errors import InvalidTime
 
 
 class TimeUnit(ClosedSet):
@@ -105,18 +106,19 @@ def _shifted(instant: Instant, amount: Duration) -> Instant:
 
 
 def check_time(value: object, what: str) -> None:
-    """Raise ``ValueError`` unless ``value`` is a finite number of seconds or an aware datetime."""
+    """Raise :class:`~activedb.errors.InvalidTime` (a ``ValueError``) unless ``value`` is a finite number of seconds
+    or an aware datetime."""
     if isinstance(value, bool):
-        raise ValueError(f"{what} {value!r} is a boolean, not a time")
+        raise InvalidTime(f"{what} {value!r} is a boolean, not a time")
     if isinstance(value, (int, float)):
         if not math.isfinite(value):
-            raise ValueError(f"{what} {value!r} is not finite")
+            raise InvalidTime(f"{what} {value!r} is not finite")
         return
     if isinstance(value, dt.datetime):
         if value.tzinfo is None:
-            raise ValueError(f"{what} {value.isoformat()} has no time zone; give aware datetimes (UTC)")
+            raise InvalidTime(f"{what} {value.isoformat()} has no time zone; give aware datetimes (UTC)")
         return
-    raise ValueError(f"{what} {value!r} is neither a number of seconds nor an aware datetime")
+    raise InvalidTime(f"{what} {value!r} is neither a number of seconds nor an aware datetime")
 
 
 def _check_accuracy(value: object, what: str) -> None:

@@ -1,5 +1,6 @@
 """Nested transactions over the shared store: visibility, delegation, aborts, bad input."""
 
+import datetime
 import threading
 
 import pytest
@@ -382,6 +383,27 @@ def test_punctuation_never_moves_backwards(db):
     db.punctuate("s", 10.0)
     db.punctuate("s", 5.0)
     assert db.watermark("s") == 10.0
+
+
+@pytest.mark.parametrize("watermark", [float("nan"), float("inf"), "10", None, True,
+                                       datetime.datetime(2026, 1, 1)])
+def test_a_punctuation_that_is_no_time_is_refused(db, request, watermark):
+    # NaN compared with anything is False: a NaN watermark never advanced and streams reported it on every batch.
+    source = f"bad-{request.node.callspec.id}"
+    with pytest.raises(activedb.InvalidTime, match=f"watermark of source '{source}'"):
+        db.punctuate(source, watermark)
+    assert db.watermark(source) is None
+    db.punctuate(source, 3.0)
+    with pytest.raises(activedb.InvalidTime, match=f"watermark of source '{source}'"):
+        db.punctuate(source, float("nan"))
+    assert db.watermark(source) == 3.0
+
+
+def test_a_punctuation_of_the_other_kind_of_time_is_refused(db):
+    db.punctuate("kinds", 10.0)
+    with pytest.raises(activedb.InvalidTime, match="numbers of seconds"):
+        db.punctuate("kinds", datetime.datetime(2026, 1, 1, tzinfo=datetime.timezone.utc))
+    assert db.watermark("kinds") == 10.0
 
 
 def test_partial_write_of_existing_row_keeps_not_null_columns(db):
