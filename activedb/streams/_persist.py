@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
 import sqlalchemy as sa
 
-from activedb.store import Json
+from activedb.store import Json, jsonable
 from activedb.streams._events import END_OF_STREAM, Punctuation, StreamEvent, _End, order_key, ts_extreme, ts_less
 from activedb.streams._matcher import PartitionState
 from activedb.streams.errors import StreamStateError
@@ -46,6 +46,18 @@ def encode_value(value: object) -> Json:
     raise StreamStateError(f"cannot save {value!r} ({type(value).__name__}) in the engine's state; event "
                            f"attributes must be numbers, text, booleans, dates or datetimes — or use "
                            f"StreamEngine(durable=False)")
+
+
+def shown_value(value: object) -> Json:
+    """``value`` as a dead letter's ``raw`` shows it: as the engine's state saves it, or — a value the state cannot
+    save or JSON cannot hold (a set, an object, a NaN) — as :func:`~activedb.store.jsonable` shows it (a dead
+    letter must be recorded whatever its event carries)."""
+    try:
+        encoded = encode_value(value)
+        json.dumps(encoded, allow_nan=False)
+    except (StreamStateError, ValueError):
+        return jsonable(value)
+    return encoded
 
 
 _DECODERS: dict[str, Callable[[Any], object]] = {"$dt": dt.datetime.fromisoformat, "$d": dt.date.fromisoformat, "$dec": decimal.Decimal,

@@ -641,6 +641,25 @@ def test_a_malformed_stream_event_is_a_dead_letter_and_the_stream_goes_on(db, ma
         assert connection.execute(sa.text("SELECT count(*) FROM activedb_dead_letters")).scalar() == 1
 
 
+@pytest.mark.parametrize("durable", [True, False], ids=["durable", "in-memory"])
+def test_a_dead_letter_whose_attributes_json_cannot_hold_is_recorded_and_the_stream_goes_on(db, durable):
+    """A dead letter's ``raw`` shows an attribute the engine's state could not save (a set, an object, a NaN) as
+    ``jsonable`` does, instead of failing the batch — every retry alike — with "cannot save ... in the engine's
+    state" (said also to an engine that is not durable)."""
+    reset(db)
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("DELETE FROM activedb_dead_letters"))
+    made = engine(db, name=f"unshowable_{durable}", durable=durable, record_history=False)
+    made.feed([badge("EXIT", 10, "w0")], punctuation=10)
+    result = made.feed([streams.StreamEvent("NO_SUCH_TYPE", 11, {"HCW-ID": "w0", "location": {"r1"}}),
+                        streams.StreamEvent("ENTER", 2, {"HCW-ID": "w0", "location": float("nan")})])
+    assert [letter.reason.split(":")[0] for letter in result.dead_letters] == ["rejected", "late"]
+    with db.engine.connect() as connection:
+        raws = connection.execute(sa.text("SELECT raw FROM activedb_dead_letters ORDER BY id")).scalars().all()
+    assert [raw["attributes"] for raw in raws] == [{"HCW-ID": "w0", "location": ["r1"]},
+                                                   {"HCW-ID": "w0", "location": "nan"}]
+
+
 def test_statistics_count_every_dead_letter_of_a_batch(db):
     """``statistics().dead_letters`` is late + rejected + failed: an input that is not an event, a malformed
     mapping or StreamEvent, an unknown type and a late event are each one, as many as the batches' letters."""
