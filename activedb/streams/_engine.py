@@ -91,7 +91,8 @@ class StreamEngine:
         self._mutex = threading.RLock()
         self._definitions = Definitions(self.catalog, self._mutex)
         self._reorder = ReorderBuffer(name, self.metrics, lambda stream: self.db.watermark(stream),
-                                      self._definitions.unkeyable)
+                                      self._definitions.unkeyable,
+                                      (lambda event: _persist.unsaveable(event, name)) if durable else None)
         self._state = State()
         self._pending: Pending | None = None
         self._loaded = not durable

@@ -48,6 +48,24 @@ def encode_value(value: object) -> Json:
                            f"StreamEngine(durable=False)")
 
 
+def unsaveable(event: StreamEvent, engine: str) -> str | None:
+    """Why durable engine ``engine``'s state could not save ``event`` (an attribute :func:`encode_value` refuses or
+    JSON cannot hold), or None — asked when the event is admitted, so that it is a dead letter rather than a
+    batch that fails when its state is saved, every retry alike."""
+    for name, value in event.attributes.items():
+        kind = value.__class__
+        if kind is str or kind is int or kind is bool or value is None or kind is dt.datetime or (
+                kind is float and value - value == 0.0):          # (the plain values first; NaN and inf fail)
+            continue
+        try:
+            json.dumps(encode_value(value), allow_nan=False)
+        except (StreamStateError, ValueError):
+            return (f"rejected: attribute {name!r} of {event.describe()} is {value!r} ({kind.__name__}), which "
+                    f"cannot be saved in durable engine {engine}'s state; give numbers, text, booleans, dates or "
+                    f"datetimes (lists and dicts of them), or use StreamEngine(durable=False)")
+    return None
+
+
 def shown_value(value: object) -> Json:
     """``value`` as a dead letter's ``raw`` shows it: as the engine's state saves it, or — a value the state cannot
     save or JSON cannot hold (a set, an object, a NaN) — as :func:`~activedb.store.jsonable` shows it (a dead

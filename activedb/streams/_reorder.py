@@ -23,11 +23,13 @@ class ReorderBuffer:
     """Admission, punctuation bounds and release for engine ``name``."""
 
     def __init__(self, name: str, metrics: Metrics, watermark: Callable[[str], Punctuation | None],
-                 unkeyable: Callable[[StreamEvent], str | None] = lambda event: None):
+                 unkeyable: Callable[[StreamEvent], str | None] = lambda event: None,
+                 unsaveable: Callable[[StreamEvent], str | None] | None = None):
         self.name = name
         self.metrics = metrics
         self.watermark = watermark
         self.unkeyable = unkeyable          # why an event cannot key its partitions and rows (None: it can)
+        self.unsaveable = unsaveable        # why a durable engine's state cannot save an event (None: not asked)
 
     def admit_all(self, events: Iterable[object], now: float, pending: Pending,
                   streams: dict[str, StreamSchema]) -> list[DeadLetter]:
@@ -90,6 +92,11 @@ class ReorderBuffer:
             if unkeyable is not None:
                 letters.append(self._reject(event, unkeyable))
                 continue
+            if self.unsaveable is not None:
+                unsaveable = self.unsaveable(event)
+                if unsaveable is not None:
+                    letters.append(self._reject(event, unsaveable))
+                    continue
             if stream.tie_key is None:
                 tie = None
             else:

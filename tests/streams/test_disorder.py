@@ -11,6 +11,7 @@ import contextlib
 import datetime as dt
 import os
 import random
+import re
 
 import pytest
 import sqlalchemy as sa
@@ -658,6 +659,24 @@ def test_a_dead_letter_whose_attributes_json_cannot_hold_is_recorded_and_the_str
         raws = connection.execute(sa.text("SELECT raw FROM activedb_dead_letters ORDER BY id")).scalars().all()
     assert [raw["attributes"] for raw in raws] == [{"HCW-ID": "w0", "location": ["r1"]},
                                                    {"HCW-ID": "w0", "location": "nan"}]
+
+
+@pytest.mark.parametrize("value", [{"r1"}, object(), float("nan")], ids=["a-set", "an-object", "nan"])
+def test_a_durable_engine_refuses_an_attribute_its_state_cannot_save_and_the_stream_goes_on(db, value):
+    """A durable engine's state holds the events it buffers: an event with an attribute the state cannot save is
+    a dead letter saying so when it is admitted — before, the batch failed when the state was saved, every retry
+    of it alike (the stream stopped for good)."""
+    reset(db)
+    made = engine(db, name="unsaveable", durable=True, record_history=False)
+    bad = streams.StreamEvent("EXIT", 5, {"HCW-ID": "w0", "location": value})
+    result = made.feed([bad, badge("ENTER", 6, "w0")], punctuation=0)
+    (letter,) = result.dead_letters
+    assert letter.event.attributes["location"] is value
+    assert re.search(r"rejected: attribute 'location' of EXIT\^5 .* cannot be saved in durable engine unsaveable's "
+                     r"state; give .* or use StreamEngine\(durable=False\)", letter.reason), letter.reason
+    assert made.feed([], punctuation=streams.END_OF_STREAM).released == 1
+    in_memory = engine(db, name="unsaved", durable=False, record_history=False)
+    assert in_memory.feed([bad], punctuation=0).dead_letters == ()
 
 
 def test_statistics_count_every_dead_letter_of_a_batch(db):
