@@ -207,12 +207,16 @@ def _fail(span: Span, error: BaseException | None) -> None:
 
 class _FiringSpans(Observer):
     """A span per rule firing in the tree of a traced batch (``activedb.rule <name>``); firings of other
-    transactions are passed over.  Thread-safety: ``_mutex`` protects ``_batches`` and each batch's ``firings``
-    (a firing starts and ends on its own thread, beside others of the same tree)."""
+    transactions are passed over.  Thread-safety: ``_mutex`` protects ``_batches``, ``_running`` and each batch's
+    ``firings`` (a firing starts and ends on its own thread, beside others of the same tree)."""
 
     def __init__(self) -> None:
         self._mutex = threading.Lock()
         self._batches: dict[Transaction, BatchTrace] = {}
+        #: The batch of each firing whose span is open, by its transaction: a firing ends its span even when it
+        #: ends after its batch's trace (a spawned child an aborting tree doomed without waiting for it) or after
+        #: the batch's next attempt began.
+        self._running: dict[Transaction, BatchTrace] = {}
 
     def follow(self, root: Transaction, batch: BatchTrace) -> None:
         with self._mutex:
@@ -236,10 +240,11 @@ class _FiringSpans(Observer):
             "activedb.event.key": str(event.key), "activedb.transaction.id": transaction.id})
         with self._mutex:
             batch.firings[transaction] = span
+            self._running[transaction] = batch
 
     def on_firing_end(self, transaction: Transaction, firing: FiringView, outcome: FiringOutcome) -> None:
         with self._mutex:
-            batch = self._batches.get(transaction.root)
+            batch = self._running.pop(transaction, None)
             span = None if batch is None else batch.firings.pop(transaction, None)
         if span is None:
             return

@@ -56,3 +56,42 @@ def test_without_an_sdk_nothing_is_made_and_no_observer_is_added(make_database_u
         assert "opentelemetry.sdk.trace" not in sys.modules
     finally:
         database.close()
+
+
+# A firing of a spawned child can end after its batch: a batch whose body failed aborts its tree, which dooms the
+# running child without waiting for it (activedb/txn/README.md). Fake transactions: the observer's bookkeeping only.
+_LATE_FIRING = """
+import json
+from types import SimpleNamespace
+
+
+class Node:                 # (a transaction as the observer reads it; hashable by identity)
+    def __init__(self, id, parent):
+        self.id, self.parent, self.root = id, parent, self if parent is None else parent.root
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from activedb.tracing._spans import BatchTrace, _FiringSpans
+from activedb.txn import FiringOutcome
+
+exporter = InMemorySpanExporter()
+provider = TracerProvider()
+provider.add_span_processor(SimpleSpanProcessor(exporter))
+observer = _FiringSpans()
+trace = BatchTrace(provider.get_tracer("test"), observer, "late", "late@run-1", 3, 1, 0)
+root = Node("T1", None)
+child = Node("T1.1", root)
+firing = SimpleNamespace(rule=SimpleNamespace(name="slow"), event=SimpleNamespace(kind="inserted", source="t", key=1),
+                         coupling="immediate")
+trace.transaction(root)
+observer.on_firing_start(child, firing)
+trace.end(None, RuntimeError("the batch's body failed"))
+observer.on_firing_end(child, firing, FiringOutcome.CANCELLED)
+print(json.dumps({span.name: span.attributes.get("activedb.rule.outcome") for span in exporter.get_finished_spans()}))
+"""
+
+
+def test_a_firing_that_ends_after_its_batch_is_exported():
+    result = subprocess.run([sys.executable, "-c", _LATE_FIRING], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads(result.stdout) == {"activedb.ingest.batch": None, "activedb.rule slow": "cancelled"}
