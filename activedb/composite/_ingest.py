@@ -18,11 +18,9 @@ from typing import TYPE_CHECKING, Mapping
 from activedb.composite._engine import CompositionEngine
 from activedb.composite._model import CompositeEvent, Heartbeat
 from activedb.events import Instant, Timestamp, elapsed
-from activedb.ingest._ledger import IngestionLedger
-from activedb.ingest._mapping import EPOCH, TS_UNITS, EventMapping, InvalidField, Rejected, is_arrow, jsonable, to_utc
-from activedb.ingest._interface import Rows
-from activedb.ingest._protocol import BatchHandler, BatchInput
-from activedb.ingest.errors import IngestError, MappingError
+from activedb.ingest import BatchHandler, BatchInput, EventMapping, IngestionLedger, Rejected, Rows, is_arrow, to_utc
+from activedb.ingest.errors import IngestError, InvalidField, MappingError
+from activedb.store import jsonable
 from activedb.streams import StreamEvent
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -30,6 +28,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from activedb.txn import Transaction
 
 __all__ = ["CompositeHandler", "FeedResult", "feed_batch", "rows_to_items"]
+
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)   # (the order of rows with no local clock reading)
 
 
 @dataclass(frozen=True)
@@ -70,7 +70,7 @@ def rows_to_items(rows: Rows, mapping: EventMapping) -> tuple[list[StreamEvent |
     if mapping.producer_column is None:
         raise MappingError("rows_to_items needs EventMapping(producer_column=…) (and accuracy columns for "
                            "intervals): a composition engine keeps its progress per producer")
-    divisor = TS_UNITS[mapping.ts_unit]
+    divisor = mapping.ts_unit.per_second
     per_producer: dict[str, list[tuple[tuple[Instant, Instant, int], Timestamp, StreamEvent | Heartbeat]]] = {}
     rejected: list[Rejected] = []
     for position, row in enumerate(_rows(rows)):
@@ -116,7 +116,7 @@ def rows_to_items(rows: Rows, mapping: EventMapping) -> tuple[list[StreamEvent |
             reason = str(error) if isinstance(error, InvalidField) else f"timestamp: {error}"
             rejected.append(Rejected(position, reason, jsonable(row)))
             continue
-        order = (stamp.local if stamp.local is not None else elapsed(EPOCH, stamp.lower), stamp.lower, position)
+        order = (stamp.local if stamp.local is not None else elapsed(_EPOCH, stamp.lower), stamp.lower, position)
         per_producer.setdefault(producer, []).append((order, stamp, item))
     sequences = []
     for producer in sorted(per_producer):

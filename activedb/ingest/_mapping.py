@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, TypeGuard, TypeVar
 from activedb.errors import InvalidChoice
 from activedb.events import TimeUnit
 from activedb.ingest._interface import Rows
-from activedb.ingest.errors import MappingError
+from activedb.ingest.errors import InvalidField, MappingError
 from activedb.store import jsonable  # the one conversion into storable JSON (dead letters, logs)
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -201,10 +201,6 @@ class Rejected:
 def _describe(value: object) -> str:
     text = repr(value)
     return f"{text if len(text) <= 60 else text[:57] + '...'} ({type(value).__name__})"
-
-
-class InvalidField(Exception):
-    """Internal: a field failed validation; the message is the rejection reason."""
 
 
 def to_utc(value: object, unit_divisor: int) -> dt.datetime:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from activedb.errors import ActivedbError
 
-__all__ = ["AppLoadError", "BatchDeadlineExceeded", "IngestError", "MappingError", "describe", "first_line"]
+__all__ = ["AppLoadError", "BatchDeadlineExceeded", "IngestError", "InvalidField", "MappingError", "describe", "first_line"]
 
 
 def first_line(error: BaseException) -> str:
@@ -27,6 +27,12 @@ class IngestError(ActivedbError):
 class AppLoadError(IngestError):
     """An application module or file (``activedb run``, ``activedb dead-letters replay``, the scale-out tasks)
     could not be loaded, or lacks ``register(db)`` / ``MAPPING``."""
+
+
+class InvalidField(ActivedbError):
+    """A field of a row failed validation; the message is the rejection reason.  Never raised to a caller: the
+    validation that raises it (``activedb.ingest.to_utc``, an engine's handler converting rows) catches it and
+    makes the row a rejection (a dead letter)."""
 
 
 class MappingError(IngestError, ValueError):

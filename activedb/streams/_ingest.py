@@ -11,8 +11,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, TypeAlias, Union
 
 from activedb.deadletters import Letter
-from activedb.ingest._ledger import IngestionLedger
-from activedb.ingest._protocol import BatchHandler, BatchInput
+from activedb.ingest import BatchHandler, BatchInput, IngestionLedger
 from activedb.ingest.errors import IngestError
 from activedb.streams._engine import StreamEngine
 from activedb.streams._events import END_OF_STREAM, DeadLetter, StreamEvent, event_row
@@ -21,7 +20,7 @@ from activedb.streams._scheduler import Scheduler, SchedulerKind
 
 if TYPE_CHECKING:  # pragma: no cover
     from activedb._handle import DatabaseHandle
-    from activedb.ingest._mapping import EventMapping
+    from activedb.ingest import EventMapping
     from activedb.txn import Transaction
 
 __all__ = ["QueriesHandler", "build_engines"]
