@@ -114,8 +114,10 @@ def sources_of_run(db: DatabaseHandle, run: str) -> set[str]:
     another source would have its re-delivered batch applied again under the new name)."""
     ledger = db.table(LEDGER_TABLE)
     with db.engine.connect() as connection:
-        texts = connection.execute(sa.select(ledger.c.query_id).where(
-            ledger.c.query_id.contains(f"@{run}", autoescape=True)).distinct().limit(5)).scalars().all()
+        # Every distinct id of the run (a few: one per source and partition); a limit here could leave a source out.
+        texts = connection.execute(sa.select(ledger.c.query_id).where(sa.or_(
+            ledger.c.query_id.endswith(f"@{run}", autoescape=True),
+            ledger.c.query_id.contains(f"@{run}#p", autoescape=True))).distinct()).scalars().all()
     return {parsed.source for parsed in map(LedgerId.parse, texts) if parsed.run == run}
 
 

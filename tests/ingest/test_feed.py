@@ -16,7 +16,7 @@ import activedb
 from activedb.clock import ManualClock
 from activedb.errors import InvalidChoice
 from activedb.ingest import (Batch, BatchHandler, Ingestion, LedgerId, Phase, RowBatches, RulesHandler, drive, feed,
-                             ingestion_status)
+                             ingestion_status, sources_of_run)
 from activedb.ingest.errors import IngestError
 from tests.ingest.feed_driver import RUN, SOURCE, killed_and_fed_again, workload_batches
 from tests.spark_bridge import app_counters
@@ -96,6 +96,24 @@ def test_the_status_of_a_source_counts_the_batches_of_every_run(database_url):
             feed(database, rows, source="two-runs", run=run, mapping=app_counters.MAPPING)
         [status] = ingestion_status(database, "two-runs")
         assert (status.runs, status.ledger_rows, status.batches, status.events) == (("first", "second"), 6, 6, 6)
+    finally:
+        database.close()
+
+
+def test_the_sources_of_a_run_are_all_found_among_its_partitions_and_runs_named_alike(database_url):
+    """``sources_of_run`` (the Spark sink's check that a checkpoint is not resumed under another name) finds every
+    source of the run: it took the first five ledger ids containing ``@RUN`` and kept those of the run, so a run
+    written in ten partitions under one source hid the other source, and so did runs whose names begin with it."""
+    database = app_database(database_url)
+    try:
+        ids = ([f"a@run-1#p{partition}" for partition in range(10)] + [f"b@run-1{suffix}" for suffix in range(10)]
+               + ["z@run-1", "z@run-1#p0"])
+        with database.engine.begin() as connection:
+            connection.execute(sa.text("INSERT INTO activedb_ingestion_ledger (query_id, batch_id, transaction_id) "
+                                       "VALUES (:query_id, 0, 'T')"), [{"query_id": text} for text in ids])
+        assert sources_of_run(database, "run-1") == {"a", "z"}
+        assert sources_of_run(database, "run-12") == {"b"}
+        assert sources_of_run(database, "run-") == set()
     finally:
         database.close()
 
