@@ -69,7 +69,8 @@ def status_command(ctx: click.Context, query_name: str | None, as_json: bool) ->
                       title="ingestion (activedb_ingestion_ledger)")
         for status in statuses:
             batches = f"{status.batches}" + (f" x {status.partitions} partitions" if status.partitions else "")
-            table.add_row(status.query_name, batches, str(status.last_batch_id), f"{status.events:,}",
+            last = "-" if status.last_batch_id is None else str(status.last_batch_id)     # (only a release: none)
+            table.add_row(status.query_name, batches, last, f"{status.events:,}",
                           f"{status.dead_letters:,}",
                           "-" if status.watermark is None else status.watermark.isoformat(),
                           status.last_committed_at.isoformat(timespec="seconds"))

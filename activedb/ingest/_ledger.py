@@ -56,8 +56,9 @@ class QueryStatus:
 
     ``runs`` are the runs seen (for a Spark query its query ids, one per checkpoint); ``batches`` counts each run's
     distinct batch ids (a scale-out batch has one ledger row per partition), an end-of-stream release not among
-    them, nor in ``last_batch_id``; ``events``, ``dead_letters`` and ``rule_firings`` are summed over every ledger
-    row of the source, the releases' included: with them, ``events + dead_letters`` accounts for every row delivered.
+    them, nor in ``last_batch_id`` (None when the source has no batch but a release); ``events``, ``dead_letters``
+    and ``rule_firings`` are summed over every ledger row of the source, the releases' included: with them,
+    ``events + dead_letters`` accounts for every row delivered.
     """
 
     query_name: str
@@ -65,7 +66,7 @@ class QueryStatus:
     batches: int
     ledger_rows: int
     partitions: int | None
-    last_batch_id: int
+    last_batch_id: int | None
     events: int
     dead_letters: int
     watermark: dt.datetime | None
@@ -101,7 +102,8 @@ def ingestion_status(db: DatabaseHandle, query_name: str | None = None) -> list[
             batches=len({(run, row.batch_id) for row, run, _ in entries if row.batch_id != END_OF_STREAM_BATCH}),
             ledger_rows=len(rows),
             partitions=len({partition for _, _, partition in entries if partition is not None}) or None,
-            last_batch_id=max(row.batch_id for row in rows), events=sum(row.events for row in rows),
+            last_batch_id=max((row.batch_id for row in rows if row.batch_id != END_OF_STREAM_BATCH), default=None),
+            events=sum(row.events for row in rows),
             dead_letters=sum(row.dead_letters for row in rows),
             watermark=max((row.watermark for row in rows if row.watermark is not None), default=None),
             first_committed_at=min(row.committed_at for row in rows),

@@ -109,3 +109,20 @@ def test_the_demo_without_spark_prints_what_its_ledger_holds(make_database_url, 
         assert int(fed.group(1)) == int(letters.group(1)) == sum(status.dead_letters for status in statuses)
     finally:
         database.close()
+
+
+def test_a_source_whose_run_ended_before_any_batch_has_no_last_batch(database):
+    """``QueryStatus.last_batch_id`` leaves the end-of-stream release out, as its docstring says: a run whose source
+    ended before any batch (its release, batch -1, the ledger's only row) has none — it said -1."""
+    ingestion = Ingestion(database, BADGE_MAPPING, source="quiet", handler=QueriesHandler(_hygiene(database)))
+    try:
+        assert ingestion.end_of_stream(str(LedgerId("quiet", "run-1"))) == 0
+    finally:
+        ingestion.close()
+    [status] = ingestion_status(database, "quiet")
+    assert (status.batches, status.ledger_rows, status.last_batch_id) == (0, 1, None)
+    batches, _ = _batches()
+    feed(database, batches[:2], source="quiet", run="run-2", mapping=BADGE_MAPPING,
+         handler=QueriesHandler(_hygiene(database)), end_of_stream=True)
+    [status] = ingestion_status(database, "quiet")
+    assert (status.batches, status.last_batch_id) == (2, 1)
