@@ -90,17 +90,23 @@ def rows_to_items(rows: Rows, mapping: EventMapping) -> tuple[list[StreamEvent |
                 raise InvalidField(f"timestamp ({mapping.ts_column!r}) is null")
             reference = to_utc(raw_ts, divisor)
             if mapping.accuracy_column is not None:
-                minus = plus = _seconds(row.get(mapping.accuracy_column), f"accuracy ({mapping.accuracy_column!r})")
+                accuracy = f"accuracy ({mapping.accuracy_column!r})"
+                minus = plus = _seconds(row.get(mapping.accuracy_column), accuracy)
             elif mapping.accuracy_minus_column is not None:
+                accuracy = f"α⁻ ({mapping.accuracy_minus_column!r}), α⁺ ({mapping.accuracy_plus_column!r})"
                 minus = _seconds(row.get(mapping.accuracy_minus_column), f"α⁻ ({mapping.accuracy_minus_column!r})")
                 plus = _seconds(row.get(mapping.accuracy_plus_column),  # type: ignore[arg-type]  # (both or neither)
                                 f"α⁺ ({mapping.accuracy_plus_column!r})")
             else:
-                minus = plus = 0.0
+                accuracy, minus, plus = f"timestamp ({mapping.ts_column!r})", 0.0, 0.0
             local = None
             if mapping.local_ts_column is not None and row.get(mapping.local_ts_column) is not None:
                 local = _local(row[mapping.local_ts_column], f"local timestamp ({mapping.local_ts_column!r})")
-            stamp = Timestamp.at(reference, minus=minus, plus=plus, producer=producer, local=local)
+            try:
+                stamp = Timestamp.at(reference, minus=minus, plus=plus, producer=producer, local=local)
+            except OverflowError:       # (only an accuracy can take the interval beyond datetime's years 1 to 9999)
+                raise InvalidField(f"{accuracy} is {minus!r} s before, {plus!r} s after {reference.isoformat()}: out "
+                                   f"of the representable range (years 1 to 9999)") from None
             if mapping.heartbeat_type is not None and event_type == mapping.heartbeat_type:
                 item: StreamEvent | Heartbeat = Heartbeat(producer, stamp)
             else:

@@ -30,6 +30,20 @@ def test_a_row_whose_type_cannot_be_looked_up_in_the_type_map_is_rejected_and_th
                                                                     "non-empty string")]
 
 
+def test_a_row_whose_accuracy_puts_its_interval_out_of_range_is_rejected_and_the_others_are_taken():
+    """An accuracy so large that ``[ts − α, ts + α]`` leaves the datetimes' range (years 1 to 9999) is a rejected
+    row naming the field — rows_to_items raised OverflowError, which failed the whole batch, every retry alike."""
+    rows = [{"producer": "P", "kind": "a", "ts": 1.0, "id": "x", "accuracy": 1e300},
+            {"producer": "P", "kind": "a", "ts": 2.0, "id": "y", "accuracy": 1e11},
+            {"producer": "P", "kind": "a", "ts": 3.0, "id": "z", "accuracy": 0.001}]
+    items, rejected = rows_to_items(rows, MAPPING)
+    assert [item.attributes["id"] for item in items] == ["z"]
+    assert [row.position for row in rejected] == [0, 1]
+    for row in rejected:
+        assert row.reason.startswith("accuracy ('accuracy') is "), row.reason
+        assert "out of the representable range" in row.reason, row.reason
+
+
 def test_a_row_the_engine_refuses_as_late_is_a_dead_letter_and_the_batch_commits(make_database_url):
     """A producer's row that comes a batch after rows it detected later (decisions relied on its absence) is
     refused by the engine with ``LateEvent``.  Through ``CompositeHandler`` it is a dead letter with that
