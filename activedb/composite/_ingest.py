@@ -88,7 +88,10 @@ def rows_to_items(rows: Rows, mapping: EventMapping) -> tuple[list[StreamEvent |
             raw_ts = row.get(mapping.ts_column)
             if raw_ts is None:
                 raise InvalidField(f"timestamp ({mapping.ts_column!r}) is null")
-            reference = to_utc(raw_ts, divisor)
+            try:
+                reference = to_utc(raw_ts, divisor)
+            except InvalidField as error:       # (its reason begins with "is …": the field's name goes first)
+                raise InvalidField(f"timestamp ({mapping.ts_column!r}) {error}") from None
             if mapping.accuracy_column is not None:
                 accuracy = f"accuracy ({mapping.accuracy_column!r})"
                 minus = plus = _seconds(row.get(mapping.accuracy_column), accuracy)

@@ -44,6 +44,17 @@ def test_a_row_whose_accuracy_puts_its_interval_out_of_range_is_rejected_and_the
         assert "out of the representable range" in row.reason, row.reason
 
 
+def test_a_rejected_timestamp_names_its_field():
+    """A timestamp that is no time is rejected with a reason naming the field, as the ingestion core words it
+    (``timestamp ('ts') is 'yesterday' (str), not an ISO-8601 timestamp``) — it said only ``is 'yesterday' (str),
+    not an ISO-8601 timestamp``, naming nothing."""
+    rows = [{"producer": "P", "kind": "a", "ts": "yesterday", "id": "x", "accuracy": 0.001},
+            {"producer": "P", "kind": "a", "ts": float("nan"), "id": "y", "accuracy": 0.001}]
+    _, rejected = rows_to_items(rows, MAPPING)
+    assert [row.reason for row in rejected] == ["timestamp ('ts') is 'yesterday' (str), not an ISO-8601 timestamp",
+                                                "timestamp ('ts') is nan (float), not a finite number"]
+
+
 def test_a_row_the_engine_refuses_as_late_is_a_dead_letter_and_the_batch_commits(make_database_url):
     """A producer's row that comes a batch after rows it detected later (decisions relied on its absence) is
     refused by the engine with ``LateEvent``.  Through ``CompositeHandler`` it is a dead letter with that
