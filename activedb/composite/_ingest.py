@@ -41,11 +41,11 @@ class FeedResult:
     rejected: tuple[Rejected, ...]
 
 
-def _rows(rows: Rows) -> list[Mapping[str, object]]:
+def _rows(rows: Rows) -> list[object]:
     if is_arrow(rows):
-        table_rows: list[Mapping[str, object]] = rows.to_pylist()
+        table_rows: list[object] = rows.to_pylist()
         return table_rows
-    return [row if isinstance(row, dict) else {"value": row} for row in rows]
+    return list(rows)       # (mappings of column to value, or anything a user passed: every item is checked)
 
 
 def _seconds(value: object, label: str) -> float:
@@ -74,6 +74,10 @@ def rows_to_items(rows: Rows, mapping: EventMapping) -> tuple[list[StreamEvent |
     per_producer: dict[str, list[tuple[tuple[Instant, Instant, int], Timestamp, StreamEvent | Heartbeat]]] = {}
     rejected: list[Rejected] = []
     for position, row in enumerate(_rows(rows)):
+        if not isinstance(row, Mapping):
+            rejected.append(Rejected(position, f"row is {row!r} ({type(row).__name__}), not a mapping of column to "
+                                               f"value", {"value": jsonable(row)}))
+            continue
         try:
             producer = row.get(mapping.producer_column)
             if not isinstance(producer, str) or not producer:
@@ -98,7 +102,7 @@ def rows_to_items(rows: Rows, mapping: EventMapping) -> tuple[list[StreamEvent |
             elif mapping.accuracy_minus_column is not None:
                 accuracy = f"α⁻ ({mapping.accuracy_minus_column!r}), α⁺ ({mapping.accuracy_plus_column!r})"
                 minus = _seconds(row.get(mapping.accuracy_minus_column), f"α⁻ ({mapping.accuracy_minus_column!r})")
-                plus = _seconds(row.get(mapping.accuracy_plus_column),  # type: ignore[arg-type]  # (both or neither)
+                plus = _seconds(row.get(mapping.accuracy_plus_column),  # (both or neither)
                                 f"α⁺ ({mapping.accuracy_plus_column!r})")
             else:
                 accuracy, minus, plus = f"timestamp ({mapping.ts_column!r})", 0.0, 0.0

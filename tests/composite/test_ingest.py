@@ -3,6 +3,8 @@ rows, and rows the engine refuses, are rejected (dead letters), never raised."""
 
 from __future__ import annotations
 
+import types
+
 import sqlalchemy as sa
 
 import activedb
@@ -53,6 +55,17 @@ def test_a_rejected_timestamp_names_its_field():
     _, rejected = rows_to_items(rows, MAPPING)
     assert [row.reason for row in rejected] == ["timestamp ('ts') is 'yesterday' (str), not an ISO-8601 timestamp",
                                                 "timestamp ('ts') is nan (float), not a finite number"]
+
+
+def test_a_row_is_any_mapping_and_what_is_no_mapping_is_rejected_as_such():
+    """Rows are mappings of column to value, as the ingestion core takes them: one that is no ``dict`` (a
+    ``MappingProxyType``) is taken — it was rejected as having no producer —, and what is no mapping at all is
+    rejected saying so, not ``producer ('producer') is None``."""
+    good = {"producer": "P", "kind": "a", "ts": 1.0, "id": "x", "accuracy": 0.001}
+    items, rejected = rows_to_items([types.MappingProxyType(good), 5], MAPPING)
+    assert [item.attributes["id"] for item in items] == ["x"]
+    assert [(row.position, row.reason, row.row) for row in rejected] == [
+        (1, "row is 5 (int), not a mapping of column to value", {"value": 5})]
 
 
 def test_a_row_the_engine_refuses_as_late_is_a_dead_letter_and_the_batch_commits(make_database_url):
