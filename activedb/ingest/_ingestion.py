@@ -111,6 +111,7 @@ class Ingestion:
         commits with the ledger row), so the ledger is not asked first (a duplicate is refused at the commit).
         Raises only when the batch could not be committed (PostgreSQL unusable, conflicts beyond
         ``batch_attempts``, a refused commit the handler cannot search); the batch may then be re-run."""
+        _check_batch_id(batch_id, query_id)
         if isinstance(rows, (Mapping, str, bytes)):
             # (One row where a batch of rows belongs: its field names would be taken for rows, each rejected.)
             raise IngestError(f"batch {batch_id} of {query_id} is one {type(rows).__name__}, not a batch of rows: a batch "
@@ -149,6 +150,7 @@ class Ingestion:
         exactly as delivered), committed with the batch's ledger row — so the batch counts as done and a
         re-delivery is skipped — in one transaction with ``participants`` (a connector's record of why: the Spark
         scale-out path's failed partition).  Exactly once, as :meth:`process`."""
+        _check_batch_id(batch_id, query_id)
         with self._book.in_batch():
             return run_batch(self.context, _Rejected(reason), rows, batch_id, query_id=query_id, watermark=None,
                              timings=PhaseTimings(), punctuate=False, participants=tuple(participants))
@@ -243,3 +245,11 @@ class _Rejected(BatchHandler):
         letters = batch.dead_letters.all_rows(self.reason)
         batch.dead_letters.insert(tx, letters)
         ledger.dead_letters = len(letters)
+
+
+def _check_batch_id(batch_id: object, query_id: str) -> None:
+    """Raise IngestError unless ``batch_id`` is a batch number a connector may give: an integer from 0 that the
+    ledger's bigint holds (negative numbers are the ledger's own: ``END_OF_STREAM_BATCH``)."""
+    if isinstance(batch_id, bool) or not isinstance(batch_id, int) or not 0 <= batch_id < 2**63:
+        raise IngestError(f"batch {batch_id!r} of {query_id}: a batch number is an integer from 0 (below 2**63), as "
+                          f"Batch takes it — number a source's batches 0, 1, 2, …; nothing was applied")

@@ -237,6 +237,25 @@ def test_last_failure_is_the_batch_that_raised_out_of_the_ingestion(database_url
         database.close()
 
 
+@pytest.mark.parametrize("batch_id", [-1, -5, "3", None, True, 3.0, 2**63])
+def test_a_batch_number_that_is_no_integer_from_0_is_refused_saying_what_to_give(database_url, batch_id):
+    """``Ingestion.process`` takes a batch number as ``Batch`` does, an integer from 0 (one the ledger's bigint holds):
+    -1 was applied as the run's end-of-stream release (which then found itself committed and released nothing), any
+    negative number was applied, and a text, None or a boolean failed with a TypeError or the driver's error."""
+    database = app_database(database_url)
+    ingestion = Ingestion(database, app_counters.MAPPING, source="numbered")
+    try:
+        with pytest.raises(IngestError, match=r"a batch number is an integer from 0.*nothing was applied"):
+            ingestion.process([{"type": "add", "key": "k", "ts": BASE_TIME, "amount": 1, "seq": 1}], batch_id,
+                              query_id=str(LedgerId("numbered", "run-1")))
+        with pytest.raises(IngestError, match=r"a batch number is an integer from 0.*nothing was applied"):
+            ingestion.reject([{"type": "add"}], batch_id, query_id=str(LedgerId("numbered", "run-1")), reason="no")
+        assert ingestion_status(database, "numbered") == []
+    finally:
+        ingestion.close()
+        database.close()
+
+
 @pytest.mark.parametrize("batch, what", [(None, "None"), (iter([]), "a list_iterator"), (5, "an int")])
 def test_a_batch_that_is_no_sequence_of_rows_is_refused_saying_what_to_give(database_url, batch, what):
     """A batch that is None, an iterator or a number (its rows are read by position, counted and letters kept of
