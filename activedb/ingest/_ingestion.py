@@ -111,6 +111,7 @@ class Ingestion:
         commits with the ledger row), so the ledger is not asked first (a duplicate is refused at the commit).
         Raises only when the batch could not be committed (PostgreSQL unusable, conflicts beyond
         ``batch_attempts``, a refused commit the handler cannot search); the batch may then be re-run."""
+        _check_query_id(query_id)
         _check_batch_id(batch_id, query_id)
         if isinstance(rows, (Mapping, str, bytes)):
             # (One row where a batch of rows belongs: its field names would be taken for rows, each rejected.)
@@ -150,6 +151,7 @@ class Ingestion:
         exactly as delivered), committed with the batch's ledger row — so the batch counts as done and a
         re-delivery is skipped — in one transaction with ``participants`` (a connector's record of why: the Spark
         scale-out path's failed partition).  Exactly once, as :meth:`process`."""
+        _check_query_id(query_id)
         _check_batch_id(batch_id, query_id)
         with self._book.in_batch():
             return run_batch(self.context, _Rejected(reason), rows, batch_id, query_id=query_id, watermark=None,
@@ -245,6 +247,18 @@ class _Rejected(BatchHandler):
         letters = batch.dead_letters.all_rows(self.reason)
         batch.dead_letters.insert(tx, letters)
         ledger.dead_letters = len(letters)
+
+
+def _check_query_id(query_id: object) -> None:
+    """Raise IngestError unless ``query_id`` is a ledger id's text (what ``ingestion_status`` reads back)."""
+    try:
+        if isinstance(query_id, str):
+            LedgerId.parse(query_id)
+            return
+    except ValueError:
+        pass
+    raise IngestError(f"query_id {query_id!r} is no ledger id: give str(LedgerId(source, run)) — "
+                      f"'SOURCE@RUN', or a source's name alone; nothing was applied")
 
 
 def _check_batch_id(batch_id: object, query_id: str) -> None:

@@ -256,6 +256,25 @@ def test_a_batch_number_that_is_no_integer_from_0_is_refused_saying_what_to_give
         database.close()
 
 
+@pytest.mark.parametrize("query_id", ["", None, 5])
+def test_a_query_id_that_is_no_ledger_id_is_refused_and_the_status_still_reads(database_url, query_id):
+    """``Ingestion.process``'s ``query_id`` is a ledger id's text (``str(LedgerId(source, run))``): an empty one was
+    committed as a ledger row that made ``ingestion_status`` (``activedb status``) fail for every source with a
+    ValueError from then on; None failed at the commit on the ledger's NOT NULL, a number with the driver's error."""
+    database = app_database(database_url)
+    ingestion = Ingestion(database, app_counters.MAPPING, source="misnamed")
+    try:
+        with pytest.raises(IngestError, match=r"query_id .* is no ledger id.*LedgerId\(source, run\).*nothing was"):
+            ingestion.process([{"type": "add", "key": "k", "ts": BASE_TIME, "amount": 1, "seq": 1}], 0,
+                              query_id=query_id)
+        with pytest.raises(IngestError, match=r"query_id .* is no ledger id"):
+            ingestion.reject([{"type": "add"}], 0, query_id=query_id, reason="no")
+        assert ingestion_status(database, "misnamed") == []
+    finally:
+        ingestion.close()
+        database.close()
+
+
 @pytest.mark.parametrize("batch, what", [(None, "None"), (iter([]), "a list_iterator"), (5, "an int")])
 def test_a_batch_that_is_no_sequence_of_rows_is_refused_saying_what_to_give(database_url, batch, what):
     """A batch that is None, an iterator or a number (its rows are read by position, counted and letters kept of
