@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import datetime as dt
 from typing import Mapping, TypedDict
 
 from activedb.clock import Clock
@@ -24,6 +25,7 @@ class InputSnapshot(TypedDict):
 
     numbers: int
     invalidations: list[Invalidation]
+    datetimes: bool | None
 
 
 class InputNode:
@@ -42,6 +44,9 @@ class InputNode:
         self.entries: collections.deque[WindowEntry] = collections.deque(maxlen=window)
         self.invalidations: list[Invalidation] = []          # the record (weak membership)
         self.notices: list[Invalidation] = []                # not yet handed to on_invalidation
+        # Invariant: every input taken has times of one kind — datetimes (True) or numbers of seconds (False); None
+        # before the first.  An input of the other kind is refused before it changes anything.
+        self.datetimes: bool | None = None
 
     def route(self, query: CompiledQuery) -> None:
         """Events of ``query``'s positive components' types go to its nodes from now on."""
@@ -78,6 +83,7 @@ class InputNode:
         if ts.producer is None:
             raise EventRejected(f"event {raw.type}{ts} names no producer; give it Timestamp(…, producer=…) "
                                 f"(the engine orders and waits per producer)")
+        self._check_kind(ts, f"event {raw.type}{ts}")
         producer = self.members.member(ts.producer)
         if raw.type not in producer.types:
             raise EventRejected(f"producer {producer.name} joined for {', '.join(sorted(producer.types))}, not "
@@ -106,6 +112,7 @@ class InputNode:
                 routes.append((query, partition, accepted))
         now = self.clock.now()
         old = self._check_late(producer, ts, event.type, f"event {describe_event(event)}")
+        self.datetimes = isinstance(ts.lower, dt.datetime)
         producer.last_seen = now
         producer.events += 1
         self.counts["events"] += 1
@@ -166,17 +173,27 @@ class InputNode:
             ts = as_timestamp(heartbeat.ts, producer.name)
         except (TypeError, ValueError) as error:
             raise EventRejected(f"heartbeat of {producer.name}: bad timestamp: {error}") from None
+        self._check_kind(ts, f"heartbeat of {producer.name}: {ts}")
         now = self.clock.now()
         producer.last_seen = now
         producer.heartbeats += 1
         self.counts["heartbeats"] += 1
         for event_type in producer.types:
             self._check_late(producer, ts, event_type, f"heartbeat {ts} of {producer.name}", heartbeat=True)
+        self.datetimes = isinstance(ts.lower, dt.datetime)
         moved = producer.advance(ts)
         self.entries.append(WindowEntry("heartbeat", producer.name, None, ts, producer.sync, now,
                                          f"heartbeat {producer.name}"))
         if moved:
             self.evaluation.wake(producer.types)
+
+    def _check_kind(self, ts: Timestamp, what: str) -> None:
+        """Refuse an input whose time is not of the kind of the inputs taken before (it could not be compared)."""
+        datetimes = isinstance(ts.lower, dt.datetime)
+        if self.datetimes is not None and datetimes != self.datetimes:
+            kinds = ("a datetime", "numbers of seconds") if datetimes else ("a number of seconds", "aware datetimes")
+            raise EventRejected(f"{what} is {kinds[0]}, but the times of engine {self.name} are {kinds[1]}; give "
+                                f"every time of one kind")
 
     def _check_late(self, producer: Producer, ts: Timestamp, event_type: str, what: str,
                     heartbeat: bool = False) -> bool:
@@ -214,9 +231,10 @@ class InputNode:
         return False
 
     def snapshot(self) -> InputSnapshot:
-        return {"numbers": self.numbers, "invalidations": list(self.invalidations)}
+        return {"numbers": self.numbers, "invalidations": list(self.invalidations), "datetimes": self.datetimes}
 
     def restore(self, snapshot: InputSnapshot) -> None:
         self.numbers = snapshot["numbers"]
         self.invalidations = snapshot["invalidations"]
+        self.datetimes = snapshot["datetimes"]
         self.notices = []

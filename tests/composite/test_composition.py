@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from activedb import streams
+from activedb import composite, streams
 from activedb.composite import Choice, UncertainOrder, UncertaintyKind
 from activedb.events import Timestamp
 from activedb.streams.errors import DefinitionError
@@ -236,3 +236,26 @@ def test_discard_finds_an_event_signalled_with_a_point_timestamp_and_its_produce
     assert [waiting["lists"]["A"] for waiting in engine.waiting().values()] != [[]]
     assert engine.discard(event) == []
     assert engine.statistics().dropped == 1 and engine.waiting() == {}
+
+
+def test_an_input_whose_time_is_not_of_the_engines_kind_is_refused_and_the_engine_goes_on():
+    """Times are numbers or aware datetimes, one kind per engine: an input of the other kind is an
+    ``EventRejected`` that changes nothing — a heartbeat given a datetime in a numeric engine was taken, and
+    every later input of its producer failed with a bare ``TypeError`` (mixed times), for good."""
+    import datetime as dt
+
+    from tests.composite._workload import pairs_engine
+
+    engine = pairs_engine(None)
+    engine.signal(streams.StreamEvent("A", Timestamp.point(5.0, producer="P0"), {"k": "x", "id": "a"}))
+    before = engine.statistics()
+    with pytest.raises(composite.EventRejected, match=r"heartbeat of P1: .* is a datetime, but the times of engine "
+                                                      r"pairs are numbers of seconds; give every time of one kind"):
+        engine.heartbeat("P1", dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc))
+    with pytest.raises(composite.EventRejected, match=r"event B.* is a datetime, but the times of engine pairs"):
+        engine.signal(streams.StreamEvent("B", Timestamp.point(dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc),
+                                                       producer="P1"), {"k": "x", "id": "b"}))
+    assert engine.statistics() == before
+    composites = engine.signal(streams.StreamEvent("B", Timestamp.point(6.0, producer="P1"), {"k": "x", "id": "b"}))
+    composites += engine.heartbeat("P0", 20.0) + engine.heartbeat("P1", 20.0)
+    assert [(item.payload()["a"], item.payload()["b"]) for item in composites] == [("a", "b")]
