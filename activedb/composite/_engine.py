@@ -70,8 +70,12 @@ class CompositionEngine:
                  window: int = 2000, on_invalidation: Callable[[Invalidation], object] | None = None):
         if not isinstance(name, str) or not name.strip():
             raise CompositeError("a CompositionEngine needs a non-empty name")
-        if timeout is not None and not timeout > 0:
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+                                    or not timeout > 0):
             raise CompositeError(f"timeout must be a positive number of seconds or None, got {timeout!r}")
+        if isinstance(window, bool) or not isinstance(window, int) or window < 0:
+            raise CompositeError(f"window must be a number of entries from 0 (how many arrivals and composites "
+                                 f"window() keeps), got {window!r}")
         self.db = db
         self.name = name
         self.clock: Clock = clock if clock is not None else db.clock if db is not None else SYSTEM_CLOCK
@@ -173,7 +177,11 @@ class CompositionEngine:
         if isinstance(types, str):
             raise MembershipError(f"types is a collection of event type names, got the text {types!r}: write "
                                   f"types=[{types!r}]")
-        types = frozenset(types)
+        try:
+            types = frozenset(types)
+        except TypeError:
+            raise MembershipError(f"types is a collection of event type names, got {types!r}: write "
+                                  f"types=['A', …]") from None
         if not producer or not isinstance(producer, str):
             raise MembershipError(f"a producer is a non-empty string, got {producer!r}")
         if not types:

@@ -259,3 +259,18 @@ def test_an_input_whose_time_is_not_of_the_engines_kind_is_refused_and_the_engin
     composites = engine.signal(streams.StreamEvent("B", Timestamp.point(6.0, producer="P1"), {"k": "x", "id": "b"}))
     composites += engine.heartbeat("P0", 20.0) + engine.heartbeat("P1", 20.0)
     assert [(item.payload()["a"], item.payload()["b"]) for item in composites] == [("a", "b")]
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: composite.CompositionEngine(None, timeout="5"), r"timeout must be a positive number of seconds or None"),
+    (lambda: composite.CompositionEngine(None, window="5"), r"window must be a number of entries from 0"),
+    (lambda: composite.CompositionEngine(None, window=-1), r"window must be a number of entries from 0"),
+    (lambda: composite.CompositionEngine(None).join("P", types=None), r"types is a collection of event type names"),
+    (lambda: composite.CompositionEngine(None).join("P", types=5), r"types is a collection of event type names"),
+], ids=["timeout-text", "window-text", "window-negative", "types-none", "types-number"])
+def test_an_argument_of_the_wrong_type_is_a_composite_error_saying_what_to_give(call, message):
+    """A timeout or window that is no number, or join(types=…) given no collection, is a CompositeError saying what
+    to give — they were TypeErrors ('>' not supported between 'str' and 'int', 'an integer is required', 'NoneType'
+    object is not iterable) or deque's ValueError."""
+    with pytest.raises(composite.CompositeError, match=message):
+        call()
