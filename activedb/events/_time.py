@@ -111,7 +111,11 @@ def check_time(value: object, what: str) -> None:
     if isinstance(value, bool):
         raise InvalidTime(f"{what} {value!r} is a boolean, not a time")
     if isinstance(value, (int, float)):
-        if not math.isfinite(value):
+        try:
+            finite = math.isfinite(value)
+        except OverflowError:           # an int no float can hold: as far from any time as an infinity
+            finite = False
+        if not finite:
             raise InvalidTime(f"{what} {value!r} is not finite")
         return
     if isinstance(value, dt.datetime):

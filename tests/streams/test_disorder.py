@@ -679,6 +679,17 @@ def test_a_durable_engine_refuses_an_attribute_its_state_cannot_save_and_the_str
     assert in_memory.feed([bad], punctuation=0).dead_letters == ()
 
 
+def test_an_event_whose_integer_timestamp_no_float_can_hold_is_a_dead_letter_and_the_stream_goes_on(db):
+    """A timestamp of 10**400 (an int beyond any float) is rejected as not finite, as an infinity is — check_time
+    let math.isfinite's OverflowError out, and the whole batch failed, every retry alike."""
+    reset(db)
+    made = engine(db, name="huge_ts", record_history=False)
+    result = made.feed([badge("EXIT", 10**400, "w0"), badge("ENTER", 3, "w0")], punctuation=streams.END_OF_STREAM)
+    assert [letter.reason for letter in result.dead_letters] == [
+        "rejected: timestamp " + repr(10**400) + " is not finite"]
+    assert result.released == 1
+
+
 def test_statistics_count_every_dead_letter_of_a_batch(db):
     """``statistics().dead_letters`` is late + rejected + failed: an input that is not an event, a malformed
     mapping or StreamEvent, an unknown type and a late event are each one, as many as the batches' letters."""
