@@ -186,6 +186,11 @@ class StreamEngine:
         taken as well.  ``END_OF_STREAM`` releases everything.  ``batch_id`` is written
         with the dead letters.  Raises only when the batch cannot go on (then ``tx``
         should be aborted; the engine's state stays as before the batch)."""
+        if isinstance(events, (StreamEvent, Mapping, str, bytes)) or not isinstance(events, Iterable):
+            # (One event where a batch belongs would be taken apart: a mapping's keys each a dead letter.)
+            raise StreamError(f"events is {type(events).__name__} {events!r:.80}, not a collection of events: give a "
+                              f"list of StreamEvent objects or mappings — a batch of one event is [event]; nothing "
+                              f"was processed")
         if not self._processing.acquire(blocking=False):
             raise StreamStateError(f"engine {self.name} is already processing a batch in another thread; batches "
                                    f"of one engine run one at a time")

@@ -690,6 +690,21 @@ def test_an_event_whose_integer_timestamp_no_float_can_hold_is_a_dead_letter_and
     assert result.released == 1
 
 
+@pytest.mark.parametrize("events", [badge("EXIT", 1, "w0"), {"type": "EXIT", "ts": 1, "HCW-ID": "w0"}, "EXIT", None,
+                                    5], ids=["one-event", "one-mapping", "a-text", "none", "a-number"])
+def test_events_that_are_no_collection_of_events_are_refused_saying_what_to_give(db, events):
+    """``feed``/``process`` take a collection of events: one event, or one mapping, where the batch belongs was
+    taken apart — a mapping's keys (a text's letters) each became a dead letter 'not an event' and the event itself
+    was lost —, and None or a number failed with a TypeError; now a StreamError says what to give, and nothing
+    changes."""
+    reset(db)
+    made = engine(db, name="one_event", record_history=False)
+    with pytest.raises(StreamError, match=r"events is .*, not a collection of events: .*\[event\]"):
+        made.feed(events, punctuation=streams.END_OF_STREAM)
+    assert made.statistics().dead_letters == 0
+    assert made.feed([badge("EXIT", 1, "w0")], punctuation=streams.END_OF_STREAM).released == 1
+
+
 def test_statistics_count_every_dead_letter_of_a_batch(db):
     """``statistics().dead_letters`` is late + rejected + failed: an input that is not an event, a malformed
     mapping or StreamEvent, an unknown type and a late event are each one, as many as the batches' letters."""
