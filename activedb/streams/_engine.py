@@ -191,6 +191,9 @@ class StreamEngine:
             raise StreamError(f"events is {type(events).__name__} {events!r:.80}, not a collection of events: give a "
                               f"list of StreamEvent objects or mappings — a batch of one event is [event]; nothing "
                               f"was processed")
+        if punctuations is not None and not isinstance(punctuations, Mapping):
+            raise StreamError(f"punctuations= maps each stream's name to its punctuation ({{'stream': 5}}), got "
+                              f"{punctuations!r:.80}; for every stream at once give punctuation=; nothing was processed")
         if not self._processing.acquire(blocking=False):
             raise StreamStateError(f"engine {self.name} is already processing a batch in another thread; batches "
                                    f"of one engine run one at a time")

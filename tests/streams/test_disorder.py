@@ -705,6 +705,18 @@ def test_events_that_are_no_collection_of_events_are_refused_saying_what_to_give
     assert made.feed([badge("EXIT", 1, "w0")], punctuation=streams.END_OF_STREAM).released == 1
 
 
+@pytest.mark.parametrize("punctuations", [["estream"], [("estream", 5)], 5], ids=["names", "pairs", "a-number"])
+def test_punctuations_that_are_no_mapping_are_refused_saying_what_to_give(db, punctuations):
+    """``punctuations=`` maps each stream to its punctuation: a list of names failed with dict()'s ValueError
+    ('dictionary update sequence element #0 has length 7'), a number with a TypeError; a list of pairs was taken as
+    the mapping it is not documented to be."""
+    reset(db)
+    made = engine(db, name="punctuations_list", record_history=False)
+    with pytest.raises(StreamError, match=r"punctuations= maps each stream's name to its punctuation"):
+        made.feed([badge("EXIT", 1, "w0")], punctuations=punctuations)
+    assert made.feed([badge("EXIT", 1, "w0")], punctuations={"estream": 5}).released == 1
+
+
 def test_statistics_count_every_dead_letter_of_a_batch(db):
     """``statistics().dead_letters`` is late + rejected + failed: an input that is not an event, a malformed
     mapping or StreamEvent, an unknown type and a late event are each one, as many as the batches' letters."""
