@@ -91,7 +91,8 @@ def check_seconds(owner: str, name: str, value: object, *, none: str | None, zer
 
 class InvalidTime(ActivedbError, ValueError):
     """A value given as a time (an event's timestamp, a punctuation's watermark) that is neither a finite number of
-    seconds nor an aware datetime, or not of the kind of the times it is compared with; the message names it."""
+    seconds nor an aware datetime, or not of the kind of the times it is compared with; an accuracy, interval or
+    local clock that ``activedb.events`` cannot take.  The message names it."""
 
 
 # --- database and server -------------------------------------------------------------

@@ -105,17 +105,21 @@ def _shifted(instant: Instant, amount: Duration) -> Instant:
     return instant + (amount.total_seconds() if isinstance(amount, dt.timedelta) else amount)
 
 
+def _finite(number: float) -> bool:
+    """``math.isfinite``, False for an int no float can hold (as far from any time as an infinity)."""
+    try:
+        return math.isfinite(number)
+    except OverflowError:
+        return False
+
+
 def check_time(value: object, what: str) -> None:
     """Raise :class:`~activedb.errors.InvalidTime` (a ``ValueError``) unless ``value`` is a finite number of seconds
     or an aware datetime."""
     if isinstance(value, bool):
         raise InvalidTime(f"{what} {value!r} is a boolean, not a time")
     if isinstance(value, (int, float)):
-        try:
-            finite = math.isfinite(value)
-        except OverflowError:           # an int no float can hold: as far from any time as an infinity
-            finite = False
-        if not finite:
+        if not _finite(value):
             raise InvalidTime(f"{what} {value!r} is not finite")
         return
     if isinstance(value, dt.datetime):
@@ -126,10 +130,13 @@ def check_time(value: object, what: str) -> None:
 
 
 def _check_accuracy(value: object, what: str) -> None:
-    amount = seconds(value) if isinstance(value, (int, float, dt.timedelta)) and not isinstance(value, bool) \
-        else None
+    try:
+        amount = seconds(value) if isinstance(value, (int, float, dt.timedelta)) and not isinstance(value, bool) \
+            else None
+    except OverflowError:               # an int no float can hold
+        amount = None
     if amount is None or not math.isfinite(amount) or amount < 0:
-        raise ValueError(f"{what} must be a non-negative number of seconds (or timedelta), got {value!r}")
+        raise InvalidTime(f"{what} must be a non-negative number of seconds (or timedelta), got {value!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,9 +152,9 @@ class AccuracyInterval:
         check_time(self.lower, "lower bound")
         check_time(self.upper, "upper bound")
         if isinstance(self.lower, dt.datetime) != isinstance(self.upper, dt.datetime):
-            raise ValueError(f"interval [{self.lower!r}, {self.upper!r}] mixes datetimes and numbers")
+            raise InvalidTime(f"interval [{self.lower!r}, {self.upper!r}] mixes datetimes and numbers")
         if earlier(self.upper, self.lower):
-            raise ValueError(f"interval [{self.lower!r}, {self.upper!r}] ends before it begins")
+            raise InvalidTime(f"interval [{self.lower!r}, {self.upper!r}] ends before it begins")
 
     @classmethod
     def around(cls, reference: Instant, minus: Duration = 0.0, plus: Duration | None = None) -> "AccuracyInterval":
@@ -195,9 +202,8 @@ class LocalClock:
     def __post_init__(self) -> None:
         for name in ("detection_delay", "granularity", "rate_adjustment", "drift"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-                    or value < 0:
-                raise ValueError(f"LocalClock.{name} must be a non-negative number, got {value!r}")
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not _finite(value) or value < 0:
+                raise InvalidTime(f"LocalClock.{name} must be a non-negative number, got {value!r}")
 
     def orders(self, first: Instant, second: Instant) -> bool:
         """``lts(first) < lts(second)`` in the local timestamp order (certainly occurred before)."""

@@ -10,6 +10,8 @@ import datetime as dt
 
 import pytest
 
+import activedb
+
 from activedb.events import AccuracyInterval, Event, EventKind, LocalClock, Order, Timestamp, as_timestamp, hull, order
 
 
@@ -105,3 +107,17 @@ def test_polist_oldest_and_oldest_following_on_hand_built_events():
     early, late = item(4, 1.0, 2.0, "P", local=10.0), item(5, 1.0, 2.0, "P", local=10.5)
     assert [x.number for x in POList([late, early]).oldest()] == [4]
     assert [x.number for x in POList([late, early]).newest_before(item(6, 5.0, 6.0, "Q"))] == [5]
+
+
+@pytest.mark.parametrize("make", [
+    lambda: Timestamp.at(1.0, accuracy=-1), lambda: Timestamp.at(1.0, accuracy="1"),
+    lambda: Timestamp.at(1.0, accuracy=10**400), lambda: AccuracyInterval(2.0, 1.0),
+    lambda: AccuracyInterval(1.0, dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)),
+    lambda: LocalClock(drift=-1), lambda: LocalClock(granularity=10**400),
+], ids=["negative-accuracy", "text-accuracy", "huge-accuracy", "reversed", "mixed", "negative-drift", "huge-granularity"])
+def test_a_time_refused_is_an_invalid_time(make):
+    """Every time, duration or clock parameter activedb.events refuses is an ``InvalidTime`` (an ActivedbError and
+    a ValueError, as ``check_time`` raises): an accuracy, an interval or a LocalClock field was a bare ValueError, and
+    an integer no float holds an OverflowError."""
+    with pytest.raises(activedb.InvalidTime):
+        make()
