@@ -20,7 +20,7 @@ from activedb.composite._model import CompositeEvent, Heartbeat
 from activedb.events import Instant, Timestamp, elapsed
 from activedb.ingest import BatchHandler, BatchInput, EventMapping, IngestionLedger, Rejected, Rows, is_arrow, to_utc
 from activedb.ingest.errors import IngestError, InvalidField, MappingError
-from activedb.store import jsonable
+from activedb.store import Json, jsonable
 from activedb.streams import StreamEvent
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -67,12 +67,20 @@ def _local(value: object, label: str) -> float:
 def rows_to_items(rows: Rows, mapping: EventMapping) -> tuple[list[StreamEvent | Heartbeat], list[Rejected]]:
     """Validate ``rows``; return the engine's inputs (per producer in detection order, producers merged by
     lower bound) and the rejected rows.  Never raises for bad data."""
+    items, rejected, _ = _rows_to_items(rows, mapping)
+    return items, rejected
+
+
+def _rows_to_items(rows: Rows, mapping: EventMapping) -> tuple[
+        list[StreamEvent | Heartbeat], list[Rejected], dict[int, tuple[int, Mapping[str, object]]]]:
+    """:func:`rows_to_items`, and the position in ``rows`` and the row of each input (by the input's ``id``)."""
     if mapping.producer_column is None:
         raise MappingError("rows_to_items needs EventMapping(producer_column=…) (and accuracy columns for "
                            "intervals): a composition engine keeps its progress per producer")
     divisor = mapping.ts_unit.per_second
     per_producer: dict[str, list[tuple[tuple[Instant, Instant, int], Timestamp, StreamEvent | Heartbeat]]] = {}
     rejected: list[Rejected] = []
+    rows_of: dict[int, tuple[int, Mapping[str, object]]] = {}
     for position, row in enumerate(_rows(rows)):
         if not isinstance(row, Mapping):
             rejected.append(Rejected(position, f"row is {row!r} ({type(row).__name__}), not a mapping of column to "
@@ -131,19 +139,21 @@ def rows_to_items(rows: Rows, mapping: EventMapping) -> tuple[list[StreamEvent |
             continue
         order = (stamp.local if stamp.local is not None else elapsed(_EPOCH, stamp.lower), stamp.lower, position)
         per_producer.setdefault(producer, []).append((order, stamp, item))
+        rows_of[id(item)] = (position, row)
     sequences = []
     for producer in sorted(per_producer):
         entries = sorted(per_producer[producer], key=lambda entry: entry[0])
         sequences.append([((stamp.lower, producer, index), item) for index, (_, stamp, item) in enumerate(entries)])
     items = [item for _, item in heapq.merge(*sequences, key=lambda entry: entry[0])]
-    return items, rejected
+    return items, rejected, rows_of
 
 
 def feed_batch(engine: CompositionEngine, rows: Rows, mapping: EventMapping, *, tx: Transaction | None = None
                ) -> FeedResult:
     """Feed one micro-batch: ``engine.process(tx, …)`` inside the batch's transaction (composites
     emitted, state restored if it aborts) or ``engine.submit(…)`` when ``tx`` is None."""
-    items, rejected = rows_to_items(rows, mapping)
+    items, rejected, rows_of = _rows_to_items(rows, mapping)
+    # A refused input is rejected at its row's position: its dead letter keeps the row as delivered.
     members = engine.producers()
     accepted = []
     for item in items:
@@ -158,15 +168,20 @@ def feed_batch(engine: CompositionEngine, rows: Rows, mapping: EventMapping, *, 
         if problem is None:
             accepted.append(item)
         else:
-            rejected.append(Rejected(-1, problem, jsonable({"producer": producer, "ts": str(item.ts)})))
+            rejected.append(Rejected(*_at(rows_of, item, problem)))
     composites, refused = engine._process_refusing(tx, accepted)
     for item, error in refused:
-        producer = item.producer if isinstance(item, Heartbeat) else item.ts.producer
-        rejected.append(Rejected(-1, f"{type(error).__name__}: {error}",
-                                 jsonable({"producer": producer, "ts": str(item.ts)})))
+        rejected.append(Rejected(*_at(rows_of, item, f"{type(error).__name__}: {error}")))
     refused_ids = {id(item) for item, _ in refused}
     taken = [item for item in accepted if id(item) not in refused_ids]
     return FeedResult(tuple(taken), tuple(composites), tuple(rejected))
+
+
+def _at(rows_of: dict[int, tuple[int, Mapping[str, object]]], item: StreamEvent | Heartbeat, reason: str
+        ) -> tuple[int, str, dict[str, Json]]:
+    """A rejection of ``item`` at its row's position, showing its row."""
+    position, row = rows_of[id(item)]
+    return position, reason, jsonable(row)
 
 
 class CompositeHandler(BatchHandler):

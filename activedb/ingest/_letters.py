@@ -40,8 +40,7 @@ class BatchLetters:
         bad = list(bad)
         from_rows = [item for item in bad if item.position >= 0]
         originals = dict(zip(map(id, from_rows), self._originals([item.position for item in from_rows])))
-        # A rejection that is no row of the batch (position -1: e.g. a composition heartbeat out of order)
-        # keeps what it describes.
+        # A rejection that is no row of the batch (position -1) keeps what it describes.
         return [Letter(item.reason, originals.get(id(item), item.row), item.row) for item in bad]
 
     def for_events(self, failed: Sequence[tuple[RowEvent, str]]) -> list[Letter]:

@@ -68,6 +68,23 @@ def test_a_row_is_any_mapping_and_what_is_no_mapping_is_rejected_as_such():
         (1, "row is 5 (int), not a mapping of column to value", {"value": 5})]
 
 
+def test_a_row_the_engine_refuses_is_rejected_at_its_position_so_that_its_dead_letter_keeps_the_row():
+    """A row the engine refuses (late, or of a producer that has not joined) is rejected with its position in the
+    batch, as a row validation rejects: its dead letter then keeps the row as delivered (what a replay applies) —
+    it was position -1, whose letter kept only the producer and the time (the row's other fields were lost)."""
+    mapping = EventMapping("type", "k", "ts", producer_column="producer", accuracy_column="accuracy",
+                           heartbeat_type="heartbeat", payload_columns=["id"])
+    rows = pair_rows()
+    late = {"type": "B", "k": "x", "ts": 100.5, "producer": "P1", "accuracy": 0.01, "id": "late"}
+    stranger = {"type": "A", "k": "y", "ts": 130.0, "producer": "P9", "accuracy": 0.01, "id": "stranger"}
+    engine = pairs_engine(None)
+    feed_batch(engine, rows[:12], mapping)
+    batch = [*rows[12:18], late, stranger, *rows[18:]]
+    result = feed_batch(engine, batch, mapping)
+    assert sorted((row.position, row.reason.split(":")[0]) for row in result.rejected) == [
+        (6, "LateEvent"), (7, "producer 'P9' has not joined the composition engine (atomic membership")]
+
+
 def test_a_row_the_engine_refuses_as_late_is_a_dead_letter_and_the_batch_commits(make_database_url):
     """A producer's row that comes a batch after rows it detected later (decisions relied on its absence) is
     refused by the engine with ``LateEvent``.  Through ``CompositeHandler`` it is a dead letter with that
@@ -94,6 +111,6 @@ def test_a_row_the_engine_refuses_as_late_is_a_dead_letter_and_the_batch_commits
         with database.engine.connect() as connection:
             [(reason, raw)] = connection.execute(sa.text("SELECT reason, raw FROM activedb_dead_letters")).all()
         assert reason.startswith("LateEvent: ") and "P1" in reason, reason
-        assert raw["producer"] == "P1"
+        assert raw == late
     finally:
         database.close()
