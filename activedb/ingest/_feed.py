@@ -67,9 +67,10 @@ def feed(db: IngestDatabase, batches: Iterable[Rows | Batch], *, source: str, ru
     ingestion = Ingestion(db, mapping, source=source, handler=handler, known_types=known_types, on_phase=on_phase,
                           lineage=lineage, event_ids_under=event_ids_under)
     try:
-        outcomes = drive(ingestion, RowBatches(LedgerId(source, run), batches), participants=participants)
-        if end_of_stream:
-            ingestion.end_of_stream()
+        ledger_id = LedgerId(source, run)
+        outcomes = drive(ingestion, RowBatches(ledger_id, batches), participants=participants)
+        if end_of_stream:       # (the run named: without a batch in this call the ingestion saw none)
+            ingestion.end_of_stream(str(ledger_id))
         return outcomes
     finally:
         ingestion.close()

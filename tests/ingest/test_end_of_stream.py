@@ -126,3 +126,21 @@ def test_a_source_whose_run_ended_before_any_batch_has_no_last_batch(database):
          handler=QueriesHandler(_hygiene(database)), end_of_stream=True)
     [status] = ingestion_status(database, "quiet")
     assert (status.batches, status.last_batch_id) == (2, 1)
+
+
+def test_the_end_of_a_stream_fed_again_with_no_batches_releases_what_the_saved_engine_holds(database):
+    """``feed(…, end_of_stream=True)`` releases under the run it names: a process that fed the batches and stopped
+    before the end, then a new one that feeds no batch (the source had nothing more) with ``end_of_stream=True``,
+    releases what the engine's saved state holds — the release asked for the run of the last batch this process
+    saw, and with none it released nothing, leaving those events in no ledger row."""
+    batches, rows = _batches()
+    first = _hygiene(database)
+    feed(database, batches, source="badges", run="run-3", mapping=BADGE_MAPPING, handler=QueriesHandler(first))
+    held = len(first.buffered())
+    assert held > 0, "the last watermark must leave events in the saved reorder buffer"
+    restarted = _hygiene(database)          # (a new process: the engine loads its saved state)
+    feed(database, [], source="badges", run="run-3", mapping=BADGE_MAPPING, handler=QueriesHandler(restarted),
+         end_of_stream=True)
+    ledger = _ledger(database)
+    assert [row[0] for row in ledger] == [-1, 0, 1, 2] and ledger[0][1] == held
+    assert sum(events + letters for _, events, letters in ledger) == rows
