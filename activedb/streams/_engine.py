@@ -214,8 +214,7 @@ class StreamEngine:
         began = time.perf_counter()
         root = tx.root
         with self._mutex:
-            if not self._loaded:
-                self._state, self._loaded = _persist.load(self), True
+            self._load()
             pending = self._pending
             if pending is not None and pending.root is not root:
                 raise StreamStateError(
@@ -283,6 +282,12 @@ class StreamEngine:
             if pending.saved_rows:
                 self._loaded = False        # its save changed which rows hold the partitions: load them again
 
+    def _load(self) -> None:
+        """Read the saved state unless it was read (a durable engine's first use, or after an aborted batch's save).
+        Precondition: the caller holds ``_mutex``."""
+        if not self._loaded:
+            self._state, self._loaded = _persist.load(self), True
+
     def reset_state(self) -> None:
         """Forget the buffer, partial matches and punctuations, in memory and (if durable)
         in the database.  Precondition: no batch is in progress."""
@@ -295,14 +300,18 @@ class StreamEngine:
             self._loaded = True
 
     def buffered(self) -> list[StreamEvent]:
-        """The events waiting in the reorder buffer, in their release order."""
+        """The events waiting in the reorder buffer, in their release order (a durable engine's saved ones too,
+        before its first batch)."""
         with self._mutex:
+            self._load()
             source = self._pending.buffer if self._pending is not None else self._state.buffer
             return [event for _, _, event in source]
 
     def partitions(self, query: str) -> dict[tuple[Hashable, ...], PartitionState]:
-        """The committed matcher states of ``query`` by partition key (for inspection)."""
+        """The committed matcher states of ``query`` by partition key (for inspection; a durable engine's saved
+        ones too, before its first batch)."""
         with self._mutex:
+            self._load()
             return {key: state for (name, key), state in self._state.partitions.items() if name == query}
 
     def statistics(self) -> StreamStatistics:

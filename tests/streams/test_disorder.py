@@ -222,6 +222,21 @@ def test_a_new_engine_object_resumes_from_the_saved_state(db):
     assert changed.feed([]).buffered == 0
 
 
+def test_a_new_engine_object_shows_the_saved_buffer_and_partial_matches_before_its_first_batch(db):
+    """``buffered()`` and ``partitions(query)`` of a durable engine show its saved state also before the new
+    object's first batch (a restarted process inspecting what waits) — they showed an empty buffer and no partial
+    match until a batch had loaded the state."""
+    rng = random.Random(SEED + 2)
+    events = random_stream(rng, 80)
+    reset(db)
+    before = engine(db, name="inspected")
+    before.feed(events[:60], punctuation=events[50].ts)
+    assert before.buffered() and before.partitions("Q1")
+    after = engine(db, name="inspected")                  # e.g. the driver restarted
+    assert after.buffered() == before.buffered()
+    assert after.partitions("Q1") == before.partitions("Q1")
+
+
 def test_a_restart_between_batches_that_release_part_of_a_saved_chunk(db):
     """Each batch saves its still-buffered events as one chunk; a later batch releases part of
     a chunk: a new engine object must resume exactly the unreleased ones, the partial matches
