@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
 import sqlalchemy as sa
 
-from activedb.store import Json, jsonable
+from activedb.store import Json, json_problem, jsonable
 from activedb.streams._events import END_OF_STREAM, Punctuation, StreamEvent, _End, order_key, ts_extreme, ts_less
 from activedb.streams._matcher import PartitionState
 from activedb.streams.errors import StreamStateError
@@ -54,15 +54,18 @@ def unsaveable(event: StreamEvent, engine: str) -> str | None:
     batch that fails when its state is saved, every retry alike."""
     for name, value in event.attributes.items():
         kind = value.__class__
-        if kind is str or kind is int or kind is bool or value is None or kind is dt.datetime or (
-                kind is float and value - value == 0.0):          # (the plain values first; NaN and inf fail)
+        if kind is int or kind is bool or value is None or kind is dt.datetime or (
+                kind is float and value - value == 0.0) or (   # (the plain values first; NaN and inf fail)
+                kind is str and value.isascii() and "\x00" not in value):
             continue
         try:
-            json.dumps(encode_value(value), allow_nan=False)
-        except (StreamStateError, ValueError):
+            problem = json_problem(encode_value(value))
+        except StreamStateError:
+            problem = "not a value the state saves"
+        if problem is not None:
             return (f"rejected: attribute {name!r} of {event.describe()} is {value!r} ({kind.__name__}), which "
-                    f"cannot be saved in durable engine {engine}'s state; give numbers, text, booleans, dates or "
-                    f"datetimes (lists and dicts of them), or use StreamEngine(durable=False)")
+                    f"cannot be saved in durable engine {engine}'s state ({problem}); give numbers, text, "
+                    f"booleans, dates or datetimes (lists and dicts of them), or use StreamEngine(durable=False)")
     return None
 
 
@@ -72,10 +75,9 @@ def shown_value(value: object) -> Json:
     letter must be recorded whatever its event carries)."""
     try:
         encoded = encode_value(value)
-        json.dumps(encoded, allow_nan=False)
-    except (StreamStateError, ValueError):
+    except StreamStateError:
         return jsonable(value)
-    return encoded
+    return encoded if json_problem(encoded) is None else jsonable(value)
 
 
 _DECODERS: dict[str, Callable[[Any], object]] = {"$dt": dt.datetime.fromisoformat, "$d": dt.date.fromisoformat, "$dec": decimal.Decimal,
