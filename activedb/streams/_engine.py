@@ -256,7 +256,7 @@ class StreamEngine:
         if letters and self.record_dead_letters:
             deadletters.insert(tx, f"streams:{self.name}", batch_id, [
                 deadletters.Letter(letter.reason, event_row(letter.event),
-                                   event_row(letter.event, _persist.shown_value)) for letter in letters])
+                                   _persist.shown_row(letter.event)) for letter in letters])
         if self.durable:
             _persist.save(self, tx, pending)
         self.metrics.phase(state=time.perf_counter() - started)

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 import sqlalchemy as sa
 
 from activedb.store import Json, json_problem, jsonable
-from activedb.streams._events import END_OF_STREAM, Punctuation, StreamEvent, _End, order_key, ts_extreme, ts_less
+from activedb.streams._events import (END_OF_STREAM, Punctuation, StreamEvent, _End, event_row, order_key, ts_extreme,
+                                      ts_less)
 from activedb.streams._matcher import PartitionState
 from activedb.streams.errors import StreamStateError
 
@@ -67,6 +68,14 @@ def unsaveable(event: StreamEvent, engine: str) -> str | None:
                     f"cannot be saved in durable engine {engine}'s state ({problem}); give numbers, text, "
                     f"booleans, dates or datetimes (lists and dicts of them), or use StreamEngine(durable=False)")
     return None
+
+
+def shown_row(event: StreamEvent) -> dict[str, Json]:
+    """A dead letter's ``raw`` for ``event``: its row with each value as :func:`shown_value` shows it, and the whole
+    as :func:`~activedb.store.jsonable` shows it if PostgreSQL still cannot store it (a type, a stream or an
+    attribute's name with a NUL or a lone surrogate)."""
+    row = event_row(event, shown_value)
+    return row if json_problem(row) is None else jsonable(row)  # type: ignore[return-value]  # (event_row's values)
 
 
 def shown_value(value: object) -> Json:

@@ -678,6 +678,23 @@ def test_a_dead_letter_whose_attributes_json_cannot_hold_is_recorded_and_the_str
                                                    {"HCW-ID": "w0", "location": "r\\u00001"}]
 
 
+@pytest.mark.parametrize("durable", [True, False], ids=["durable", "in-memory"])
+def test_a_dead_letter_whose_type_or_stream_postgresql_cannot_hold_is_recorded_and_the_stream_goes_on(db, durable):
+    """An event refused for its type or stream, whose type or stream name holds text PostgreSQL cannot store (a NUL,
+    a lone surrogate), is a dead letter whose raw shows it storably — its insert failed the whole batch
+    (InvalidValue), every retry alike."""
+    reset(db)
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("DELETE FROM activedb_dead_letters"))
+    made = engine(db, name=f"unshowable_names_{durable}", durable=durable, record_history=False)
+    result = made.feed([streams.StreamEvent("E\x00X", 1, {"HCW-ID": "w0"}),
+                        streams.StreamEvent("EXIT", 1, {"HCW-ID": "w0"}, stream="es\ud800")])
+    assert [letter.reason.split(":")[0] for letter in result.dead_letters] == ["rejected", "rejected"]
+    with db.engine.connect() as connection:
+        raws = connection.execute(sa.text("SELECT raw FROM activedb_dead_letters ORDER BY id")).scalars().all()
+    assert [(raw["type"], raw["stream"]) for raw in raws] == [("E\\u0000X", None), ("EXIT", "es\\ud800")]
+
+
 @pytest.mark.parametrize("value", [{"r1"}, object(), float("nan"), "r\x001", "\ud800"],
                          ids=["a-set", "an-object", "nan", "text-with-nul", "lone-surrogate"])
 def test_a_durable_engine_refuses_an_attribute_its_state_cannot_save_and_the_stream_goes_on(db, value):
