@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
 import sqlalchemy as sa
 
-from activedb.store import Json, json_problem, jsonable
+from activedb.store import Json, json_problem, jsonable, text_problem
 from activedb.streams._events import (END_OF_STREAM, Punctuation, StreamEvent, _End, event_row, order_key, ts_extreme,
                                       ts_less)
 from activedb.streams._matcher import PartitionState
@@ -54,6 +54,11 @@ def unsaveable(event: StreamEvent, engine: str) -> str | None:
     JSON cannot hold), or None — asked when the event is admitted, so that it is a dead letter rather than a
     batch that fails when its state is saved, every retry alike."""
     for name, value in event.attributes.items():
+        if name.__class__ is not str or not name.isascii() or "\x00" in name:
+            problem = f"{type(name).__name__}, no text" if not isinstance(name, str) else text_problem(name)
+            if problem is not None:
+                return (f"rejected: attribute name {name!r} of {event.describe()} cannot be saved in durable engine "
+                        f"{engine}'s state ({problem}); give attributes text names, or use StreamEngine(durable=False)")
         kind = value.__class__
         if kind is int or kind is bool or value is None or kind is dt.datetime or (
                 kind is float and value - value == 0.0) or (   # (the plain values first; NaN and inf fail)

@@ -678,6 +678,20 @@ def test_a_dead_letter_whose_attributes_json_cannot_hold_is_recorded_and_the_str
                                                    {"HCW-ID": "w0", "location": "r\\u00001"}]
 
 
+@pytest.mark.parametrize("name", ["x\x00", 5, "\ud800"], ids=["text-with-nul", "a-number", "lone-surrogate"])
+def test_a_durable_engine_refuses_an_attribute_name_its_state_cannot_save_and_the_stream_goes_on(db, name):
+    """An attribute's name is saved with its value: a name that is no text, or text PostgreSQL cannot hold, makes
+    the event a dead letter when a durable engine admits it — the batch failed when the state was saved."""
+    reset(db)
+    made = engine(db, name="unsaveable_names", durable=True, record_history=False)
+    result = made.feed([streams.StreamEvent("EXIT", 5, {"HCW-ID": "w0", name: 1}), badge("ENTER", 6, "w0")],
+                       punctuation=0)
+    (letter,) = result.dead_letters
+    assert re.search(r"rejected: attribute name .* of EXIT\^5 cannot be saved in durable engine unsaveable_names's "
+                     r"state .*; give attributes text names", letter.reason), letter.reason
+    assert made.feed([], punctuation=streams.END_OF_STREAM).released == 1
+
+
 @pytest.mark.parametrize("durable", [True, False], ids=["durable", "in-memory"])
 def test_a_dead_letter_whose_type_or_stream_postgresql_cannot_hold_is_recorded_and_the_stream_goes_on(db, durable):
     """An event refused for its type or stream, whose type or stream name holds text PostgreSQL cannot store (a NUL,
