@@ -75,9 +75,17 @@ class Deadlines:
         for name in ("batch", "rule"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                      or not math.isfinite(value) or value <= 0):
+                                      or not _finite(value) or value <= 0):
                 raise IngestError(f"Deadlines({name}=…) takes a number of seconds > 0, or None for no limit; "
                                   f"got {value!r}")
+
+
+def _finite(number: float) -> bool:
+    """``math.isfinite``, False for an int no float can hold (its arithmetic with the clock's floats overflows)."""
+    try:
+        return math.isfinite(number)
+    except OverflowError:
+        return False
 
 
 @dataclass(frozen=True)

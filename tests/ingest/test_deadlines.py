@@ -132,3 +132,12 @@ def test_a_batch_past_its_own_deadline_blames_no_event(make_database_url, releas
     finally:
         ingestion.close()
         database.close()
+
+
+@pytest.mark.parametrize("seconds", [10**400, float("nan"), 0, -1, "60", True])
+def test_a_deadline_that_is_no_number_of_seconds_above_0_is_refused_saying_what_to_give(seconds):
+    """``Deadlines(batch=…, rule=…)`` takes seconds > 0 or None: an int no float holds (10**400) let math.isfinite's
+    OverflowError out instead of the IngestError the other values get."""
+    for name in ("batch", "rule"):
+        with pytest.raises(IngestError, match=rf"Deadlines\({name}=…\) takes a number of seconds > 0"):
+            Deadlines(**{name: seconds})
