@@ -187,7 +187,8 @@ class CompositionEngine:
         if not types:
             raise MembershipError(f"producer {producer} must name the event types it produces")
         with self._guard:
-            self._members.join(producer, types, since, clock, self.clock.now(), membership is MembershipKind.WEAK)
+            self._members.join(producer, types, since, clock, self.clock.now(), membership is MembershipKind.WEAK,
+                               self._input.join_since)
 
     def leave(self, producer: str) -> list[CompositeEvent]:
         """``producer`` has sent everything (its channel is FIFO, so everything it sent has arrived): it

@@ -15,7 +15,7 @@ from activedb.composite._members import Members
 from activedb.composite._model import CompositeEvent, Heartbeat, Invalidation, Partition, describe_event
 from activedb.composite._polist import Item, Producer
 from activedb.composite._records import WindowEntry
-from activedb.composite.errors import EventRejected, LateEvent
+from activedb.composite.errors import EventRejected, LateEvent, MembershipError
 from activedb.events import Timestamp, as_timestamp, earlier, precedes
 from activedb.streams import CompiledQuery, Ctx, StreamEvent
 
@@ -186,6 +186,16 @@ class InputNode:
                                          f"heartbeat {producer.name}"))
         if moved:
             self.evaluation.wake(producer.types)
+
+    def join_since(self, producer: str, since: Timestamp) -> None:
+        """Refuse (``MembershipError``) a producer's ``since`` not of the kind of the engine's times; before any
+        input, the first ``since`` sets the kind."""
+        try:
+            self._check_kind(since, f"producer {producer}: since={since}")
+        except EventRejected as error:
+            raise MembershipError(str(error)) from None
+        if self.datetimes is None:
+            self.datetimes = isinstance(since.lower, dt.datetime)
 
     def _check_kind(self, ts: Timestamp, what: str) -> None:
         """Refuse an input whose time is not of the kind of the inputs taken before (it could not be compared)."""

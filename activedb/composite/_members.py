@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 import collections
-from typing import Iterable, TypedDict
+from typing import Callable, Iterable, TypedDict
 
 from activedb.composite._polist import Membership, Producer
 from activedb.composite._records import MembershipKind, ProducerInfo
@@ -35,16 +35,20 @@ class Members:
         self.relied: dict[str, Instant] = {}
 
     def join(self, producer: str, types: frozenset[str], since: TimeLike | None, clock: LocalClock | None, now: float,
-             weak: bool) -> None:
-        """Register ``producer`` (see ``CompositionEngine.join``; its arguments are checked there)."""
+             weak: bool, check_since: Callable[[str, Timestamp], None] = lambda producer, since: None) -> None:
+        """Register ``producer`` (see ``CompositionEngine.join``; its arguments are checked there);
+        ``check_since(producer, since)`` refuses a ``since`` the engine cannot take (before anything changes)."""
         existing = self.producers.get(producer)
         if existing is not None and existing.state is Membership.JOINED:
             raise MembershipError(f"producer {producer} has already joined engine {self.name}")
         try:
-            start = None if since is None else as_timestamp(since).interval.lower
+            stamp = None if since is None else as_timestamp(since)
         except (TypeError, ValueError) as error:
             raise MembershipError(f"producer {producer}: since={since!r} is not a time ({error}); give a number of "
                                   f"seconds, an aware datetime or a Timestamp") from None
+        if stamp is not None:
+            check_since(producer, stamp)
+        start = None if stamp is None else stamp.interval.lower
         if start is not None:
             for event_type in () if weak else types:
                 relied = self.relied.get(event_type)

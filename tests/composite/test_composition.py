@@ -274,3 +274,25 @@ def test_an_argument_of_the_wrong_type_is_a_composite_error_saying_what_to_give(
     object is not iterable) or deque's ValueError."""
     with pytest.raises(composite.CompositeError, match=message):
         call()
+
+
+def test_a_join_since_a_time_of_the_other_kind_is_refused():
+    """``join(since=…)`` gives the producer's first sync-point: a time not of the kind of the engine's times is a
+    MembershipError — it was taken, and every later input of that producer failed with a bare TypeError (mixed
+    times), a heartbeat after being counted.  Before any input, the first since= sets the kind."""
+    import datetime as dt
+
+    from tests.composite._workload import pairs_engine
+
+    moment = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
+    engine = pairs_engine(None)
+    engine.signal(streams.StreamEvent("A", Timestamp.point(5.0, producer="P0"), {"k": "x", "id": "a"}))
+    with pytest.raises(composite.MembershipError, match=r"producer P2: since=.* is a datetime, but the times of "
+                                                         r"engine pairs are numbers of seconds"):
+        engine.join("P2", types=["B"], since=moment)
+    assert "P2" not in engine.producers()
+    fresh = pairs_engine(None)
+    fresh.join("P2", types=["B"], since=moment)
+    with pytest.raises(composite.EventRejected, match=r"is a number of seconds, but the times of engine pairs are "
+                                                      r"aware datetimes"):
+        fresh.signal(streams.StreamEvent("A", Timestamp.point(5.0, producer="P0"), {"k": "x", "id": "a"}))
