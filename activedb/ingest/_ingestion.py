@@ -75,6 +75,15 @@ class Ingestion:
             raise IngestError(f"handler must be an activedb.ingest.BatchHandler (RulesHandler, "
                               f"streams.QueriesHandler, batch.TpgHandler, composite.CompositeHandler, …), got "
                               f"{handler!r}")
+        if known_types is not None:
+            if isinstance(known_types, (str, bytes)):
+                raise IngestError(f"known_types is a collection of event type names, got the text {known_types!r}: "
+                                  f"write known_types=[{known_types!r}]")
+            try:
+                known_types = frozenset(known_types)
+            except TypeError:
+                raise IngestError(f"known_types is a collection of event type names, got {known_types!r}: write "
+                                  f"known_types=['type', …]") from None
         if deadlines is not None and not isinstance(deadlines, Deadlines):
             raise IngestError(f"deadlines must be an activedb.ingest.Deadlines (or None), got {deadlines!r}")
         handler.bind(db, mapping)
@@ -86,7 +95,7 @@ class Ingestion:
         self.lineage = lineage
         #: What the batch protocol needs of this ingestion (``run_batch`` gets it, not the ingestion).
         self.context = BatchContext(db, mapping, source, event_ids_under or source,
-                                   None if known_types is None else frozenset(known_types), batch_attempts,
+                                   known_types, batch_attempts,
                                    BatchBook(source, on_phase, wall=db.clock.wall), BatchTracing(db, source),
                                    None if deadlines is None else Watch(db, source, deadlines))
         self._book = self.context.book
