@@ -111,6 +111,9 @@ class EventMapping:
                 raise MappingError(f"payload_columns has duplicates: {list(columns)}")
             object.__setattr__(self, "payload_columns", columns)
         if self.type_map is not None:
+            if not isinstance(self.type_map, Mapping):
+                raise MappingError(f"EventMapping.type_map maps raw type values to event types "
+                                   f"({{1: 'enter', 2: 'leave'}}), got {self.type_map!r}")
             object.__setattr__(self, "type_map", MappingProxyType(dict(self.type_map)))
         try:
             object.__setattr__(self, "ts_unit", TimeUnit.parse(self.ts_unit, "EventMapping(ts_unit=...)"))

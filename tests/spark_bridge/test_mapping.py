@@ -368,3 +368,12 @@ def test_arrow_timestamps_outside_the_float_range_or_with_nulls_are_exact_too():
         epoch + dt.timedelta(microseconds=value) for value in far]
     with_null = pa.array([1_700_000_000_000_001, None], pa.int64()).cast(pa.timestamp("us", tz="UTC"))
     assert arrow_values(with_null) == [epoch + dt.timedelta(microseconds=1_700_000_000_000_001), None]
+
+
+@pytest.mark.parametrize("type_map", [["a"], [("a", "A")], "ab"], ids=["a-list", "pairs", "a-text"])
+def test_a_type_map_that_is_no_mapping_is_a_mapping_error(type_map):
+    """``type_map`` maps raw type values to event types: a list failed with dict()'s ValueError ('dictionary update
+    sequence element #0 has length 1'), and a list of pairs or a two-letter text were taken as the mapping they
+    are not."""
+    with pytest.raises(MappingError, match=r"EventMapping.type_map maps raw type values to event types"):
+        EventMapping("type", "key", "ts", type_map=type_map)
