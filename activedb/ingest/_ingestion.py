@@ -183,6 +183,8 @@ class Ingestion:
         end-of-stream batch — number ``END_OF_STREAM_BATCH``, exactly once, with its ledger row, so that the ledger
         accounts for every row delivered —; returns how many events that applied (0 for a handler that holds
         nothing back, or a second call).  ``query_id``: the run (default: the last one this ingestion saw)."""
+        if query_id is not None:
+            _check_query_id(query_id)
         query_id = query_id or self._book.statistics().query_id
         if not self.handler.holds_back or query_id is None:
             return 0

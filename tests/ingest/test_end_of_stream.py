@@ -20,6 +20,7 @@ import sqlalchemy as sa
 import activedb
 from activedb import deadletters
 from activedb.ingest import Batch, Ingestion, LedgerId, feed, ingestion_status
+from activedb.ingest.errors import IngestError
 from activedb.streams import QueriesHandler
 from tests.conftest import APP_MIGRATIONS
 from tests.spark_bridge.test_ingest_paths import BADGE_MAPPING, _badge_batches, _hygiene, _reset_hygiene
@@ -144,3 +145,17 @@ def test_the_end_of_a_stream_fed_again_with_no_batches_releases_what_the_saved_e
     ledger = _ledger(database)
     assert [row[0] for row in ledger] == [-1, 0, 1, 2] and ledger[0][1] == held
     assert sum(events + letters for _, events, letters in ledger) == rows
+
+
+@pytest.mark.parametrize("query_id", ["", 5])
+def test_an_end_of_stream_under_a_query_id_that_is_no_ledger_id_is_refused(database, query_id):
+    """``Ingestion.end_of_stream(query_id)`` takes a ledger id's text, as ``process`` does: an empty one was taken
+    for "the last run this ingestion saw" (here none: nothing released, silently), a number failed with the
+    driver's error (operator does not exist: text = integer)."""
+    ingestion = Ingestion(database, BADGE_MAPPING, source="badges", handler=QueriesHandler(_hygiene(database)))
+    try:
+        with pytest.raises(IngestError, match=r"query_id .* is no ledger id"):
+            ingestion.end_of_stream(query_id)
+    finally:
+        ingestion.close()
+    assert ingestion_status(database) == []
