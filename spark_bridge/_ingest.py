@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Literal, overload
 
 from activedb.atomic import SplitFailure, as_policy
 from activedb.cli.application import Register, portable_spec
-from activedb.ingest import BatchHandler, Deadlines, EventMapping, Ingestion, Phase, RulesHandler, as_mapping
+from activedb.ingest import (BatchHandler, Deadlines, EventMapping, Ingestion, Phase, RulesHandler, as_mapping,
+                             known_type_names)
 
 from spark_bridge._foreach import foreach_batch
 from spark_bridge._scaleout import PartitionedIngestSink
@@ -118,10 +119,7 @@ class IngestOptions:
             raise IngestError(f"partition_by_key= (the scale-out path) runs the rules in each Spark task; it does not "
                               f"combine with the {self.handler.name} handler: "
                               f"{instead.get(self.handler.name, 'run it without partition_by_key')}")
-        if self.known_types is not None and (isinstance(self.known_types, (str, bytes))
-                                             or not isinstance(self.known_types, Collection)):
-            raise IngestError(f"known_types must be a collection of event types (a list or a set of names), got "
-                              f"{self.known_types!r}; e.g. known_types={{{self.known_types!r}}}")
+        known_type_names(self.known_types, "known_types", IngestError)
         if self.on_partition_failure is not None:
             object.__setattr__(self, "on_partition_failure", as_policy(self.on_partition_failure))
         if self.partition_by_key is None and (self.app is not None or self.on_partition_failure is not None):

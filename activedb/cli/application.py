@@ -8,12 +8,12 @@ is the handler of an application's batches.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
 
-from activedb.ingest import BatchHandler, EventMapping, RulesHandler, as_mapping
+from activedb.ingest import BatchHandler, EventMapping, RulesHandler, as_mapping, known_type_names
 from activedb.ingest.errors import AppLoadError, MappingError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -81,20 +81,11 @@ def load_app(spec: AppSpec, *, require_mapping: bool = False) -> LoadedApp:
         source = getattr(module, "__file__", None)
         if not migrations.is_absolute() and source:
             migrations = Path(source).parent / migrations
-    known = getattr(module, "KNOWN_TYPES", None)
-    if isinstance(known, str) or not (known is None or isinstance(known, Iterable)):
-        raise AppLoadError(f"{text}: KNOWN_TYPES is {known!r}; give the event types as a list or a set of names, "
-                           f"e.g. KNOWN_TYPES = {{{known!r}}}")
-    known_types = None if known is None else list(known)
-    wrong = [name for name in known_types or () if not isinstance(name, str) or not name]
-    if wrong:
-        raise AppLoadError(f"{text}: KNOWN_TYPES is {known!r}: {wrong[0]!r} in it is no event type; event types are "
-                           f"non-empty strings (the values of the mapping's type column): give them as a list or a "
-                           f"set of strings, e.g. KNOWN_TYPES = {{'add', 'remove'}}")
+    known_types = known_type_names(getattr(module, "KNOWN_TYPES", None), "KNOWN_TYPES", AppLoadError, f"{text}: ")
     from_rate, reset = (getattr(module, name, None) for name in ("from_rate", "reset"))
     return LoadedApp(
         name=text, register=module.register, mapping=mapping, migrations=migrations,
-        schema=getattr(module, "SCHEMA", None), known_types=None if known_types is None else frozenset(known_types),
+        schema=getattr(module, "SCHEMA", None), known_types=known_types,
         watermark_delay=getattr(module, "WATERMARK_DELAY", None), prefetch=getattr(module, "PREFETCH", None),
         from_rate=from_rate if callable(from_rate) else None, reset=reset if callable(reset) else None,
         queries=getattr(module, "QUERIES", None), scheduler=getattr(module, "SCHEDULER", None),

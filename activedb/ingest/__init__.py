@@ -33,7 +33,8 @@ from activedb.ingest._ledger import (
     END_OF_STREAM_BATCH, IngestionLedger, QueryStatus, batch_committed, forget_run, ingestion_status, ledger_query_id,
     parse_ledger_query_id, sources_of_run,
 )
-from activedb.ingest._mapping import EventMapping, RawEvent, Rejected, as_mapping, is_arrow, rows_to_events, to_utc
+from activedb.ingest._mapping import (EventMapping, RawEvent, Rejected, as_mapping, is_arrow, known_type_names,
+                                      rows_to_events, to_utc)
 from activedb.ingest._outcome import BatchInProgress, BatchOutcome, FiringInProgress, IngestStatistics, PhaseTimings
 from activedb.ingest._protocol import BatchHandler, BatchInput
 from activedb.ingest._replay import ReplayOutcome, ReplayResult, Replayable, replay_dead_letters
@@ -44,5 +45,5 @@ __all__ = ["END_OF_STREAM_BATCH", "Batch", "BatchHandler", "BatchInProgress", "B
            "batches_in_progress", "BatchInput", "BatchLowering", "BatchOutcome", "EventMapping", "IngestDatabase",
            "IngestStatistics", "Ingestion", "IngestionLedger", "LedgerId", "Phase", "PhaseTimings", "QueryStatus", "RawEvent", "Rejected",
            "Replayable", "ReplayOutcome", "ReplayResult", "RowBatches", "Rows", "RulesHandler", "Source", "as_mapping",
-           "batch_committed", "drive", "errors", "feed", "forget_run", "ingestion_status", "is_arrow", "ledger_query_id",
+           "batch_committed", "drive", "errors", "feed", "forget_run", "ingestion_status", "is_arrow", "known_type_names", "ledger_query_id",
            "parse_ledger_query_id", "replay_dead_letters", "rows_to_events", "sources_of_run", "to_utc"]

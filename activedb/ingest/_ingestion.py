@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from activedb.ingest._interface import LedgerId, Phase, RowEvent, Rows
 from activedb.ingest._ledger import END_OF_STREAM_BATCH, IngestionLedger, last_watermark
-from activedb.ingest._mapping import EventMapping, as_mapping, is_arrow
+from activedb.ingest._mapping import EventMapping, as_mapping, is_arrow, known_type_names
 from activedb.ingest._outcome import BatchBook, BatchOutcome, IngestStatistics, PhaseTimings
 from activedb.ingest._protocol import BatchContext, BatchHandler, BatchInput, run_batch
 from activedb.ingest._rules import RulesHandler
@@ -75,15 +75,7 @@ class Ingestion:
             raise IngestError(f"handler must be an activedb.ingest.BatchHandler (RulesHandler, "
                               f"streams.QueriesHandler, batch.TpgHandler, composite.CompositeHandler, …), got "
                               f"{handler!r}")
-        if known_types is not None:
-            if isinstance(known_types, (str, bytes)):
-                raise IngestError(f"known_types is a collection of event type names, got the text {known_types!r}: "
-                                  f"write known_types=[{known_types!r}]")
-            try:
-                known_types = frozenset(known_types)
-            except TypeError:
-                raise IngestError(f"known_types is a collection of event type names, got {known_types!r}: write "
-                                  f"known_types=['type', …]") from None
+        known_types = known_type_names(known_types, "known_types", IngestError)
         if deadlines is not None and not isinstance(deadlines, Deadlines):
             raise IngestError(f"deadlines must be an activedb.ingest.Deadlines (or None), got {deadlines!r}")
         handler.bind(db, mapping)

@@ -389,6 +389,29 @@ def convert_column(values: Sequence[object], convert: Callable[[object], _Conver
     return converted, errors
 
 
+def known_type_names(value: object, name: str, error: type[Exception] = MappingError, where: str = ""
+                     ) -> frozenset[str] | None:
+    """``value`` — given as ``name`` (``known_types=``, an application's ``KNOWN_TYPES``; ``where`` goes before it in
+    a message) — as the event type names it holds; None for None (every type the handler takes).  Raises ``error``
+    saying what to give for one text (a name, not a collection of them: it would be read letter by letter), what is
+    no collection, a member that is no non-empty text (a type column's values are texts), and an empty collection
+    (every row would be a dead letter)."""
+    if value is None:
+        return None
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        raise error(f"{where}{name} is {value!r}; give the event types as a list or a set of names, e.g. "
+                    f"{name} = {{{value!r}}}")
+    names = list(value)
+    wrong = [member for member in names if not isinstance(member, str) or not member]
+    if wrong:
+        raise error(f"{where}{name} is {value!r}: {wrong[0]!r} in it is no event type; event types are non-empty "
+                    f"strings (the values of the mapping's type column), e.g. {name} = {{'add', 'remove'}}")
+    if not names:
+        raise error(f"{where}{name} is empty: every row would be a dead letter (an unknown type); leave it out to "
+                    f"take the types the handler takes")
+    return frozenset(names)
+
+
 def type_converter(mapping: EventMapping, known: frozenset[str] | None) -> Callable[[object], str]:
     type_map = mapping.type_map
 

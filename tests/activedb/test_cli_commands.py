@@ -379,21 +379,24 @@ def test_the_dead_letter_hint_names_three_earlier_queries_and_counts_the_rest(db
     assert "(queries earlier0, earlier1, earlier2 and " in said and " more wrote to them)" in said, said
 
 
-@pytest.mark.parametrize("known", ["'add'", "5"])
+@pytest.mark.parametrize("known", ["'add'", "5", "b'add'", "set()"])
 def test_an_application_whose_known_types_are_not_a_collection_of_names_is_refused(tmp_path, monkeypatch, known):
     """``KNOWN_TYPES = 'add'`` was read letter by letter (the types 'a' and 'd'), and every 'add' row was then
-    a dead letter for an unknown type; ``5`` failed with a TypeError.  Loading the application says what to give."""
+    a dead letter for an unknown type, ``b'add'`` as the types 97 and 100; ``5`` failed with a TypeError; an empty
+    set made every row a dead letter.  Loading the application says what to give."""
     from activedb.cli.application import load_app
     from activedb.ingest.errors import AppLoadError
 
-    module = f"typed_app_{len(known)}"          # (one module name per case: imports are cached)
+    module = "typed_app_" + "".join(c if c.isalnum() else "_" for c in known)   # (one per case: imports are cached)
     (tmp_path / f"{module}.py").write_text(f"KNOWN_TYPES = {known}\n\ndef register(db):\n    pass\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    with pytest.raises(AppLoadError, match=f"KNOWN_TYPES is {known}; give the event types as a list or a set"):
+    expected = "KNOWN_TYPES is empty: every row would be a dead letter" if known == "set()" else \
+        f"KNOWN_TYPES is {known}; give the event types as a list or a set"
+    with pytest.raises(AppLoadError, match=re.escape(expected)):
         load_app(module)
 
 
-@pytest.mark.parametrize("known", ["['add', 5]", "b'add'", "[['add', 'remove']]"])
+@pytest.mark.parametrize("known", ["['add', 5]", "[['add', 'remove']]"])
 def test_an_application_whose_known_types_are_not_all_names_is_refused(tmp_path, monkeypatch, known):
     """An event type is a non-empty string (the type column's value): ``KNOWN_TYPES = ['add', 5]`` was accepted and
     the first row of another type failed its whole batch with a TypeError (the unknown-type message sorts the known
