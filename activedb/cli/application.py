@@ -104,6 +104,9 @@ def app_handler(loaded: LoadedApp) -> BatchHandler:
     ``batch.TpgHandler(TRANSACTIONS)`` with ``EXECUTOR = "tpg"`` (``TRANSACTIONS`` may be a factory), else the rule
     path with the application's ``PREFETCH``."""
     if loaded.queries is not None:
+        if loaded.executor is not None:
+            raise AppLoadError(f"{loaded.name}: QUERIES and EXECUTOR = {loaded.executor!r} name two ways to run its "
+                               f"batches (the pattern queries, or rules / the TPG executor); keep one of them")
         from activedb.streams import QueriesHandler
 
         return QueriesHandler(loaded.queries, loaded.scheduler)

@@ -412,6 +412,20 @@ def test_an_application_whose_known_types_are_not_all_names_is_refused(tmp_path,
         load_app(module)
 
 
+@pytest.mark.parametrize("executor", ["'tpg'", "'rules'"])
+def test_an_application_with_queries_and_an_executor_is_refused_saying_to_choose(tmp_path, monkeypatch, executor):
+    """QUERIES (the pattern-query path) and EXECUTOR (the rules or the TPG executor) name two different ways to run
+    the application's batches: with both, the queries ran and the executor was silently ignored."""
+    from activedb.cli.application import app_handler, load_app
+    from activedb.ingest.errors import AppLoadError
+
+    module = f"queries_and_{executor.strip(chr(39))}_app"
+    (tmp_path / f"{module}.py").write_text(f"QUERIES = []\nEXECUTOR = {executor}\n\ndef register(db):\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(AppLoadError, match=rf"{module}: QUERIES and EXECUTOR = {executor} name two ways"):
+        app_handler(load_app(module))
+
+
 def test_an_application_whose_migrations_are_no_path_is_refused_saying_what_to_give(tmp_path, monkeypatch):
     """``MIGRATIONS = 5`` (or any value that is no path) failed the load with Python's TypeError ('expected str,
     bytes or os.PathLike object, not int') — a traceback from ``activedb run`` — instead of the AppLoadError that
