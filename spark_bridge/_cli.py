@@ -17,15 +17,15 @@ import contextlib
 import functools
 import logging
 import os
-import re
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
 
 import click
 
-from activedb.cli.running import (StopRequest, dead_letter_hint, describe_in_progress, exit_at_once, progress_line,
-                                  restart, restart_after_deadline, status, what_to_do, where_raised)
+from activedb.cli.running import (StopRequest, command_home, dead_letter_hint, default_source_name, describe_in_progress,
+                                  exit_at_once, ledger_progress, progress_line, refuse_reset_with_progress, restart,
+                                  restart_after_deadline, status, what_to_do, where_raised)
 from activedb.metrics import metrics_port_option, start_metrics
 
 from spark_bridge._file_order import FileOrder, check_file_order
@@ -104,22 +104,6 @@ def _stop_query(query: StreamingQuery, sink: Ingestion, stop: StopRequest, conso
 
 # --- commands ----------------------------------------------------------------------------------
 
-def _home(home: str | None) -> Path:
-    """activedb's home: ``--home``, else ``ACTIVEDB_HOME`` or its default (where checkpoints and logs go)."""
-    from activedb import default_home
-
-    return Path(home).expanduser() if home else default_home()
-
-
-def _default_query_name(app: str) -> str:
-    """The app's module or file name; for a generic one (``app``, ``main``) its package's."""
-    parts = list(Path(app).with_suffix("").parts) if app.endswith(".py") else app.split(".")
-    parts = [part for part in parts if part not in ("", ".", "..", "/")]
-    while len(parts) > 1 and parts[-1] in ("app", "main", "__init__"):
-        parts.pop()
-    return re.sub(r"[^A-Za-z0-9_.-]", "_", parts[-1] if parts else "") or "activedb"
-
-
 def _spark_conf(packages: str | None, entries: tuple[str, ...]) -> dict[str, str]:
     conf: dict[str, str] = {}
     for entry in entries:
@@ -180,26 +164,12 @@ def failure_message(sink: Ingestion, failure: BaseException, app: str) -> str:
 def _progress(database: Database, name: str, checkpoint_dir: Path) -> list[str]:
     """What query ``name`` has done so far, in words (empty: it starts over): its ledger rows, its checkpoint's
     committed micro-batches."""
-    from activedb.ingest import ingestion_status
-
-    found = []
-    statuses = ingestion_status(database, name)
-    if statuses:
-        found.append(f"the ledger holds {statuses[0].batches:,} batches ({statuses[0].events:,} events)")
+    found = ledger_progress(database, name)
     commits = checkpoint_dir / "commits"         # Spark's log of the micro-batches it committed
     committed = sum(1 for path in commits.iterdir() if path.name.isdigit()) if commits.is_dir() else 0
     if committed:
         found.append(f"the checkpoint {checkpoint_dir} has {committed:,} committed batches")
     return found
-
-
-def _refuse_reset_with_progress(found: list[str], name: str) -> None:
-    """Refuse ``--reset`` when query ``name`` has progress (``found``, from :func:`_progress`; the error says why)."""
-    if found:
-        raise click.ClickException(
-            f"--reset refused: query {name!r} has progress ({'; '.join(found)}), and it would resume after it "
-            f"while --reset empties the tables its batches wrote, losing their data. Run without --reset to "
-            f"resume, or start over with a new --query-name (and --checkpoint) together with --reset.")
 
 
 class CheckpointInUse(click.ClickException):
@@ -337,9 +307,9 @@ def run_command(ctx: click.Context, app: str, source_text: str, checkpoint: str 
     console = make_console()
     loaded = _load_app(app, verbose)
     assert loaded.mapping is not None, "loaded with require_mapping=True"
-    name = query_name or _default_query_name(app)
-    home = obj.get("home")
-    checkpoint_dir = Path(checkpoint) if checkpoint else _home(home) / "checkpoints" / name
+    name = query_name or default_source_name(app)
+    home = command_home(obj.get("home"))
+    checkpoint_dir = Path(checkpoint) if checkpoint else home / "checkpoints" / name
 
     if reset and loaded.reset is None:
         raise click.ClickException(f"--reset: application {loaded.name} has no reset(db) function")
@@ -367,7 +337,7 @@ def run_command(ctx: click.Context, app: str, source_text: str, checkpoint: str 
             raise click.ClickException(str(error)) from None
     from activedb.explain import serve_on_signal
 
-    serve_on_signal(database, Path(home) / "explain" if home else None)   # `activedb explain --pid PID` draws it
+    serve_on_signal(database, home / "explain")   # `activedb explain --pid PID` draws it
     spark: SparkSession | SparkContext | None = None
     metrics = None
     restart_environment: dict[str, str] | None = None   # to restart this command in (a deadline passed)
@@ -381,7 +351,7 @@ def run_command(ctx: click.Context, app: str, source_text: str, checkpoint: str 
             database.upgrade_app(loaded.migrations)
         progress = _progress(database, name, checkpoint_dir)
         if reset and loaded.reset is not None:        # (--reset without reset(db) was refused above)
-            _refuse_reset_with_progress(progress, name)
+            refuse_reset_with_progress(progress, name)
             loaded.reset(database)
             console.print(f"reset: {loaded.name}'s tables are empty", highlight=False)
         register_app(loaded.register, database, loaded.name)
@@ -391,7 +361,7 @@ def run_command(ctx: click.Context, app: str, source_text: str, checkpoint: str 
                               if rule.on.kind == "stream" and rule.on.source is not None})
         console.print(f"[bold]activedb run[/bold] {loaded.name}: {len(database.rules.names())} rules, "
                       f"source {source.describe()}, query {name!r}, checkpoint {checkpoint_dir}", highlight=False)
-        spark_log = _home(home) / "logs" / "spark.log"
+        spark_log = home / "logs" / "spark.log"
         stop.install()      # from here Ctrl-C is a request: Spark's start is not cut halfway (no orphaned JVM)
         try:
             try:

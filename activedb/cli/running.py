@@ -28,14 +28,52 @@ if TYPE_CHECKING:  # pragma: no cover
     from activedb import Database
     from activedb.ingest import BatchInProgress, Ingestion, IngestStatistics
 
-__all__ = ["MAX_RESTARTS", "SLOW_BATCH_SECONDS", "StopRequest", "dead_letter_hint", "describe_in_progress",
-           "exit_at_once", "progress_line", "restart", "restart_after_deadline", "status", "what_to_do", "where_raised"]
+__all__ = ["MAX_RESTARTS", "SLOW_BATCH_SECONDS", "StopRequest", "command_home", "dead_letter_hint", "default_source_name",
+           "describe_in_progress", "exit_at_once", "ledger_progress", "progress_line", "refuse_reset_with_progress",
+           "restart", "restart_after_deadline", "status", "what_to_do", "where_raised"]
 
 #: From how long a batch has been in progress the progress line says so.
 SLOW_BATCH_SECONDS = 2.0
 #: How many times in a row a command restarts itself after a deadline without committing a batch in between.
 MAX_RESTARTS = 3
 _RESTARTS = "ACTIVEDB_RUN_RESTARTS"      # (the count, passed to the restarted process)
+
+
+def command_home(home: str | None) -> Path:
+    """activedb's home for a command: ``--home``, else ``ACTIVEDB_HOME`` or its default (checkpoints, logs)."""
+    from activedb import default_home
+
+    return Path(home).expanduser() if home else default_home()
+
+
+def default_source_name(app: str) -> str:
+    """A command's default source (query) name for application ``app``: its module or file name; for a generic one
+    (``app``, ``main``) its package's."""
+    parts = list(Path(app).with_suffix("").parts) if app.endswith(".py") else app.split(".")
+    parts = [part for part in parts if part not in ("", ".", "..", "/")]
+    while len(parts) > 1 and parts[-1] in ("app", "main", "__init__"):
+        parts.pop()
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", parts[-1] if parts else "") or "activedb"
+
+
+def ledger_progress(database: Database, name: str) -> list[str]:
+    """What source ``name`` has done so far by the ledger, in words (empty: nothing)."""
+    from activedb.ingest import ingestion_status
+
+    statuses = ingestion_status(database, name)
+    return [f"the ledger holds {statuses[0].batches:,} batches ({statuses[0].events:,} events)"] if statuses else []
+
+
+def refuse_reset_with_progress(found: list[str], name: str) -> None:
+    """Refuse ``--reset`` when source ``name`` has progress (``found``: what it has done, in words; the error says
+    why)."""
+    import click
+
+    if found:
+        raise click.ClickException(
+            f"--reset refused: query {name!r} has progress ({'; '.join(found)}), and it would resume after it "
+            f"while --reset empties the tables its batches wrote, losing their data. Run without --reset to "
+            f"resume, or start over with a new --query-name (and --checkpoint) together with --reset.")
 
 
 def _rate(value: float | None) -> str:
