@@ -358,7 +358,8 @@ def demo(ctx: click.Context, events: int, workers: int, seed: int, spark: bool, 
               help="Delete the records of firings done more than SECONDS ago (the table keeps one per firing until "
                    "then; compensating a batch follows its firings through them: prune only what you will never "
                    "compensate).")
-@click.option("--limit", type=click.IntRange(min=0), default=50, show_default=True, help="Failed firings shown.")
+@click.option("--limit", type=click.IntRange(min=0), default=50, show_default=True,
+              help="At most this many failed firings shown (0: all).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
 @click.pass_context
 def outbox(ctx: click.Context, retry: bool, ids: tuple[int, ...], app: str | None, prune_done: float | None, limit: int,
@@ -390,7 +391,7 @@ def outbox(ctx: click.Context, retry: bool, ids: tuple[int, ...], app: str | Non
             click.echo(f"ran the pending firings of {app}'s rules: {done} done, {failed} failed"
                        + (" (below)" if failed and not as_json else ""), err=as_json)
         statistics = database.outbox.statistics()
-        failures = database.outbox.failures(limit=limit)
+        failures = database.outbox.failures(limit=limit or statistics.failed)     # (0: all, as dead-letters')
     if as_json:
         click.echo(json.dumps({"statistics": dataclasses.asdict(statistics),
                                "failed": [dataclasses.asdict(failure) for failure in failures]},

@@ -183,6 +183,26 @@ def test_a_failing_rule_is_recorded_shown_and_retried(db, migrated):
     assert db.outbox.failures() == []
 
 
+def test_outbox_limit_zero_shows_every_failed_firing_as_dead_letters_limit_zero_does(db, migrated):
+    """``activedb outbox --limit 0`` means all, as ``dead-letters list --limit 0`` does: it showed no failed firing
+    at all (the statistics still counted them), so an operator asking for all of them saw none."""
+    @db.rule(on=db.signalled("pay"), coupling=Coupling.DETACHED, name="always_fails")
+    def always_fails(tx, event):
+        raise ZeroDivisionError("the exchange rate is zero")
+
+    for amount in (1, 2, 3):
+        with db.transaction() as tx:
+            tx.signal("pay", amount=amount)
+    db.rules.wait_idle(TIMEOUT)
+    runner = CliRunner()
+    for limit, shown in (("0", 3), ("2", 2)):
+        result = runner.invoke(main, ["--url", migrated, "outbox", "--limit", limit, "--json"])
+        assert result.exit_code == 0, result.output
+        as_json = json.loads(result.output)
+        assert as_json["statistics"]["failed"] == 3 and len(as_json["failed"]) == shown, (limit, as_json)
+    assert "(0: all)" in runner.invoke(main, ["outbox", "--help"]).output
+
+
 def test_outbox_retry_with_app_runs_the_retried_firings_in_the_command(db, migrated, tmp_path):
     """``activedb outbox --retry --app APP`` registers APP's rules and runs the retried firings before it returns."""
     @db.rule(on=db.signalled("pay"), coupling=Coupling.DETACHED, name="ledger_entry")
