@@ -24,10 +24,13 @@ Thread-safety: every clock may be used from any thread.  ``ManualClock._mutex`` 
 from __future__ import annotations
 
 import datetime as dt
+import math
 import threading
 import time
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
+
+from activedb.errors import BadArgument
 
 __all__ = ["Clock", "ManualClock", "SystemClock", "SYSTEM_CLOCK"]
 
@@ -93,11 +96,13 @@ class ManualClock:
     """
 
     def __init__(self, start: float = 0.0, *, wall: dt.datetime = DEFAULT_WALL) -> None:
-        if wall.tzinfo is None:
-            raise ValueError(f"ManualClock(wall=...) needs an aware datetime (UTC), got {wall.isoformat()}")
+        if not isinstance(wall, dt.datetime) or wall.tzinfo is None:
+            shown = wall.isoformat() if isinstance(wall, dt.datetime) else repr(wall)
+            raise BadArgument(f"ManualClock(wall=...) needs an aware datetime (UTC), got {shown}")
+        start = _finite_seconds(start, "ManualClock(start=...)", "a finite number of seconds")
         self._mutex = threading.Lock()
-        self._start = float(start)
-        self._now = float(start)
+        self._start = start
+        self._now = start
         self._wall = wall.astimezone(_UTC)
         self._sleepers: list[_Sleeper] = []
 
@@ -112,9 +117,11 @@ class ManualClock:
     def advance(self, seconds: float | dt.timedelta) -> float:
         """Move the clock forward by ``seconds`` (a number or a ``timedelta``), wake the waiters whose time
         has come, and return the new :meth:`now`."""
-        amount = seconds.total_seconds() if isinstance(seconds, dt.timedelta) else float(seconds)
+        amount = _finite_seconds(seconds.total_seconds() if isinstance(seconds, dt.timedelta) else seconds,
+                                 "ManualClock.advance(...)", "a finite number of seconds or a timedelta")
         if not amount >= 0:
-            raise ValueError(f"a clock does not move backwards; advance by a non-negative amount, not {seconds!r}")
+            raise BadArgument(f"ManualClock.advance: a clock does not move backwards; advance by a non-negative amount, "
+                              f"not {seconds!r}")
         with self._mutex:
             self._now += amount
             now = self._now
@@ -152,3 +159,16 @@ class ManualClock:
 
     def __repr__(self) -> str:
         return f"ManualClock(now={self.now()!r}, wall={self.wall().isoformat()})"
+
+
+def _finite_seconds(value: object, given: str, what: str) -> float:
+    """``value`` as a float of seconds; :class:`BadArgument` (saying ``given`` takes ``what``) unless it is a number
+    (not a bool) that a float holds finitely — a NaN or an infinity would stop the clock's arithmetic for good."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        try:
+            number = float(value)
+        except OverflowError:        # (an int no float holds)
+            number = math.inf
+        if math.isfinite(number):
+            return number
+    raise BadArgument(f"{given} takes {what}, not {value!r}")

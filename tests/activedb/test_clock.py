@@ -44,6 +44,21 @@ def test_a_manual_clock_moves_only_when_told_and_wakes_its_waiters_then():
         ManualClock(wall=dt.datetime(2024, 5, 1))
 
 
+@pytest.mark.parametrize("make", [
+    lambda: ManualClock(wall=dt.datetime(2024, 5, 1)), lambda: ManualClock(wall="2024-05-01"),
+    lambda: ManualClock("abc"), lambda: ManualClock(None), lambda: ManualClock(float("nan")),
+    lambda: ManualClock(float("inf")), lambda: ManualClock(True),
+    lambda: ManualClock().advance(-1), lambda: ManualClock().advance("5"), lambda: ManualClock().advance(None),
+    lambda: ManualClock().advance(float("nan")), lambda: ManualClock().advance(float("inf")),
+    lambda: ManualClock().advance(10**400), lambda: ManualClock().advance(dt.timedelta(seconds=-1))])
+def test_a_manual_clock_refuses_what_is_no_time_with_a_bad_argument(make):
+    """ManualClock(wall=naive) and advance(-1) were bare ValueErrors (no ActivedbError); a text wall an
+    AttributeError, start='abc' or advance('5') float()'s ValueError or TypeError, advance(10**400) an OverflowError;
+    start=NaN or advance(inf) were taken, after which wall() failed (OverflowError) or now() was NaN for good."""
+    with pytest.raises(activedb.BadArgument, match=r"ManualClock"):
+        make()
+
+
 def test_a_databases_clock_is_its_composite_engines_and_its_outboxs(migrated):
     clock = ManualClock()
     database = activedb.connect(migrated, clock=clock, outbox_options={"recovery_interval": 30.0})
