@@ -7,6 +7,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any, Hashable, Mapping, TypeAlias
 
+from activedb.errors import BadArgument
 from activedb.events import Instant, TimeLike, Timestamp
 from activedb.streams import StreamEvent
 
@@ -75,7 +76,8 @@ class Choice:
     @classmethod
     def drop(cls, *events: StreamEvent) -> "Choice":
         if not events:
-            raise ValueError("Choice.drop needs at least one candidate to drop")
+            raise BadArgument("Choice.drop needs at least one candidate to drop; to decline, return None (the engine "
+                              "then raises UncertainOrder)")
         return cls(dropped=tuple(events))
 
     def __repr__(self) -> str:

@@ -296,3 +296,12 @@ def test_a_join_since_a_time_of_the_other_kind_is_refused():
     with pytest.raises(composite.EventRejected, match=r"is a number of seconds, but the times of engine pairs are "
                                                       r"aware datetimes"):
         fresh.signal(streams.StreamEvent("A", Timestamp.point(5.0, producer="P0"), {"k": "x", "id": "a"}))
+
+
+def test_choice_drop_of_no_candidate_is_a_bad_argument_saying_what_to_give():
+    """``Choice.drop()`` (an on_uncertain callback unpacking an empty selection) was a bare ValueError, no
+    ActivedbError."""
+    import activedb
+
+    with pytest.raises(activedb.BadArgument, match=r"Choice\.drop needs at least one candidate"):
+        Choice.drop()
