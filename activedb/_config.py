@@ -62,7 +62,10 @@ class Config:
     """How ``activedb.connect()`` sets up a :class:`~activedb.Database` (every field has a default).
 
     * ``home``: the embedded server's directory when no URL is given (default ``ACTIVEDB_HOME``);
-      ``keep_server=True`` leaves that server running after the last user exits.
+      ``keep_server=True`` leaves that server running after the last user exits (None: ``ACTIVEDB_KEEP_SERVER``
+      decides).  A process that connects to it more than once keeps it only if every one of its ``connect()``
+      calls asked to keep it: one that did not (``keep_server=False``, or None without the variable) has the
+      server stopped when the process exits as its last user.
     * ``upgrade=False`` skips ``alembic upgrade head`` of activedb's own schema (and starting the outbox): only
       ``connect`` (with the default) and ``activedb db upgrade`` ever upgrade it.
     * ``record_history=True`` records every transaction operation (``db.history``) for
