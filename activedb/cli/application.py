@@ -8,6 +8,8 @@ is the handler of an application's batches.
 
 from __future__ import annotations
 
+import datetime as dt
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,7 +42,7 @@ class LoadedApp:
     migrations: Path | None = None
     schema: str | StructType | None = None        # SCHEMA: a DDL string or a StructType
     known_types: frozenset[str] | None = None
-    watermark_delay: str | None = None
+    watermark_delay: str | dt.timedelta | None = None
     prefetch: Mapping[str, object] | None = None
     from_rate: Callable[[DataFrame], DataFrame] | None = None
     reset: Callable[[Database], object] | None = None
@@ -82,14 +84,32 @@ def load_app(spec: AppSpec, *, require_mapping: bool = False) -> LoadedApp:
         if not migrations.is_absolute() and source:
             migrations = Path(source).parent / migrations
     known_types = known_type_names(getattr(module, "KNOWN_TYPES", None), "KNOWN_TYPES", AppLoadError, f"{text}: ")
+    watermark_delay = getattr(module, "WATERMARK_DELAY", None)
+    if watermark_delay is not None and not (isinstance(watermark_delay, str) and watermark_delay.strip()
+                                            or isinstance(watermark_delay, dt.timedelta)
+                                            and watermark_delay >= dt.timedelta(0)):
+        raise AppLoadError(f"{text}: WATERMARK_DELAY is {watermark_delay!r}; give the delay Spark's watermark takes: an "
+                           f"interval as text, e.g. WATERMARK_DELAY = '30 seconds', or a datetime.timedelta, not "
+                           f"negative")
+    schema = getattr(module, "SCHEMA", None)
+    if schema is not None and not (isinstance(schema, str) and schema.strip() or _is_struct_type(schema)):
+        raise AppLoadError(f"{text}: SCHEMA is {schema!r}; give the rows' Spark schema: a DDL text, e.g. "
+                           f"SCHEMA = 'type STRING, key STRING, ts TIMESTAMP', or a pyspark StructType")
     from_rate, reset = (getattr(module, name, None) for name in ("from_rate", "reset"))
     return LoadedApp(
         name=text, register=module.register, mapping=mapping, migrations=migrations,
-        schema=getattr(module, "SCHEMA", None), known_types=known_types,
-        watermark_delay=getattr(module, "WATERMARK_DELAY", None), prefetch=getattr(module, "PREFETCH", None),
+        schema=schema, known_types=known_types,
+        watermark_delay=watermark_delay, prefetch=getattr(module, "PREFETCH", None),
         from_rate=from_rate if callable(from_rate) else None, reset=reset if callable(reset) else None,
         queries=getattr(module, "QUERIES", None), scheduler=getattr(module, "SCHEDULER", None),
         executor=getattr(module, "EXECUTOR", None), transactions=getattr(module, "TRANSACTIONS", None))
+
+
+def _is_struct_type(value: object) -> bool:
+    """Whether ``value`` is a pyspark ``StructType`` — without importing pyspark: an instance exists only once the
+    application imported its module."""
+    types = sys.modules.get("pyspark.sql.types")
+    return types is not None and isinstance(value, types.StructType)
 
 
 def app_name(spec: AppSpec) -> str:

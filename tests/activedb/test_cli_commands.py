@@ -438,3 +438,43 @@ def test_an_application_whose_migrations_are_no_path_is_refused_saying_what_to_g
     with pytest.raises(AppLoadError, match=r"numbered_migrations_app: MIGRATIONS is 5; give the application's "
                                            r"Alembic directory as a path"):
         load_app("numbered_migrations_app")
+
+
+@pytest.mark.parametrize("setting, value", [
+    ("WATERMARK_DELAY", "10"), ("WATERMARK_DELAY", "''"), ("WATERMARK_DELAY", "['30 seconds']"),
+    ("WATERMARK_DELAY", "True"), ("WATERMARK_DELAY", "__import__('datetime').timedelta(seconds=-1)"),
+    ("SCHEMA", "5"), ("SCHEMA", "['type STRING']"), ("SCHEMA", "'  '"), ("SCHEMA", "{'type': 'STRING'}")])
+def test_an_application_whose_watermark_delay_or_schema_is_of_no_kind_spark_takes_is_refused_at_load(
+        tmp_path, monkeypatch, setting, value):
+    """``WATERMARK_DELAY = 10`` loaded, and ``activedb run`` failed only once Spark had started, saying
+    ``watermark_delay=10`` (or, for a numeric ts column, that the column is no timestamp) without naming the
+    setting; ``SCHEMA = 5`` loaded too, and a file source then stopped with a bare AssertionError's traceback
+    while the rate source ignored it. Both are refused when the application loads, naming the setting."""
+    from activedb.cli.application import load_app
+    from activedb.ingest.errors import AppLoadError
+
+    module = f"wrong_{setting.lower()}_{abs(hash(value))}_app"
+    (tmp_path / f"{module}.py").write_text(f"{setting} = {value}\n\ndef register(db):\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(AppLoadError, match=rf"{module}: {setting} is .*; give "):
+        load_app(module)
+
+
+def test_an_applications_watermark_delay_and_schema_of_the_kinds_spark_takes_load(tmp_path, monkeypatch):
+    """A text or a timedelta delay, a DDL text or a pyspark StructType schema (recognised without activedb
+    importing pyspark: the application did)."""
+    import datetime as dt
+
+    from activedb.cli.application import load_app
+
+    (tmp_path / "delay_text_app.py").write_text("WATERMARK_DELAY = '30 seconds'\nSCHEMA = 'type STRING, ts DOUBLE'\n\n"
+                                                "def register(db):\n    pass\n")
+    (tmp_path / "delay_timedelta_app.py").write_text(
+        "import datetime\nfrom pyspark.sql import types\n\nWATERMARK_DELAY = datetime.timedelta(seconds=30)\n"
+        "SCHEMA = types.StructType([types.StructField('type', types.StringType())])\n\n"
+        "def register(db):\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    text = load_app("delay_text_app")
+    assert text.watermark_delay == "30 seconds" and text.schema == "type STRING, ts DOUBLE"
+    struct = load_app("delay_timedelta_app")
+    assert struct.watermark_delay == dt.timedelta(seconds=30) and struct.schema.fieldNames() == ["type"]
