@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Hashable, Iterable, Literal, Mapping, TypeAlias
 
-from activedb.errors import PictureError
+from activedb.errors import PictureError, check_seconds
 from activedb.explain._drawing import EDGE_KINDS, draw
 from activedb.txn import Observer
 
@@ -503,6 +503,7 @@ def request(pid: int, directory: str | Path | None = None, *, timeout: float = 1
     where Linux has one, so a pid reused in between is never signalled."""
     import time
 
+    check_seconds("request", "timeout", timeout, none=None, zero=False)    # (before anything is sent)
     folder = explain_directory(directory)
     registration_path = folder / f"{pid}{REGISTRATION_SUFFIX}"
     path = folder / f"{pid}.json"

@@ -320,3 +320,17 @@ def test_a_box_shows_a_transactions_whole_name():
     assert f"{deep}  rule:alert_violation" in texts[1].splitlines()
     assert " ".join(texts[2].split()).startswith(f"T73353.2 {long_name}"), texts[2]
     assert not any("…" in text for text in texts), texts
+
+
+@pytest.mark.parametrize("timeout", [float("nan"), -1, 0, "10", None])
+def test_request_refuses_a_timeout_that_is_no_time_before_anything_is_sent(tmp_path, timeout):
+    """``request(pid, timeout=nan)`` (``activedb explain --pid P --timeout nan``) signalled the process and then never
+    gave up (no time is past a NaN deadline): a process that did not answer hung the command for good; a negative
+    or zero timeout signalled it and gave up at once; a text failed with a TypeError after the signal. Each is a
+    BadArgument now, before the process is even looked at."""
+    import os
+
+    from activedb.explain import request
+
+    with pytest.raises(activedb.BadArgument, match=r"request\(timeout=.*\) takes a number of seconds above 0"):
+        request(os.getpid(), tmp_path, timeout=timeout)
