@@ -182,6 +182,8 @@ class Explanation:
                        deadlock=data.get("deadlock"), victim=data.get("victim"))
         except FileNotFoundError:
             raise PictureError(f"no explanation at {path}") from None
+        except OSError as error:        # (a directory, a file this user may not read)
+            raise PictureError(f"cannot read the explanation at {path}: {error.strerror or error}") from None
         except (KeyError, TypeError, ValueError) as error:
             raise PictureError(f"{path} is not an explanation written by activedb ({error!r})") from None
 
@@ -193,8 +195,12 @@ class Explanation:
         if kind not in ("png", "svg"):
             raise PictureError(f"cannot draw {path}: pictures are .png or .svg, not {kind!r}")
         figure = draw(self, dpi)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        figure.savefig(path, format=kind, dpi=dpi, bbox_inches="tight", facecolor="white")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            figure.savefig(path, format=kind, dpi=dpi, bbox_inches="tight", facecolor="white")
+        except OSError as error:
+            raise PictureError(f"cannot draw {path}: {error.strerror or error} (choose a file in a folder you may "
+                               f"write)") from None
         return path
 
 

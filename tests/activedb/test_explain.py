@@ -334,3 +334,23 @@ def test_request_refuses_a_timeout_that_is_no_time_before_anything_is_sent(tmp_p
 
     with pytest.raises(activedb.BadArgument, match=r"request\(timeout=.*\) takes a number of seconds above 0"):
         request(os.getpid(), tmp_path, timeout=timeout)
+
+
+def test_a_picture_or_snapshot_that_cannot_be_written_or_read_is_a_picture_error_and_one_line(tmp_path):
+    """``render`` into a folder that cannot be made (a file is in the way) let the OSError out — ``activedb explain
+    SNAPSHOT -o PATH`` printed its traceback —, and ``Explanation.load`` of a directory let IsADirectoryError out:
+    neither an ActivedbError."""
+    from click.testing import CliRunner
+
+    from activedb.cli import main
+    from activedb.errors import PictureError
+
+    snapshot = Explanation(nodes=(), edges=()).save(tmp_path / "empty.json")
+    blocked = tmp_path / "empty.json" / "picture.png"
+    with pytest.raises(PictureError, match=r"cannot draw .*picture\.png: "):
+        Explanation.load(snapshot).render(blocked)
+    with pytest.raises(PictureError, match=r"cannot read the explanation at "):
+        Explanation.load(tmp_path)
+    result = CliRunner().invoke(main, ["explain", str(snapshot), "-o", str(blocked)])
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit), repr(result.exception)
+    assert result.output.startswith("activedb: error: cannot draw "), result.output
