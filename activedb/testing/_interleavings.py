@@ -168,7 +168,8 @@ class Interleavings:
     * ``serializable`` — also check the recorded history (:func:`~activedb.testing.check_history`: conflict
       serializability of the committed top-level transactions and the axioms of nested transactions);
     * ``expected_errors`` — what an actor may raise, or what may have caused what it raised, without failing the
-      run (say ``DeadlockDetected`` for an actor that does not retry: a rule's reaches it as ``RuleFailed``);
+      run (say ``DeadlockDetected`` for an actor that does not retry: a rule's reaches it as ``RuleFailed``): one
+      exception class or a tuple (or list) of them;
     * ``step_timeout`` — seconds a step may take to pause again or block before the run fails as a hang.
     """
 
@@ -195,7 +196,7 @@ class Interleavings:
         self.setup = setup
         self.invariant = invariant
         self.serializable = serializable
-        self.expected_errors = expected_errors
+        self.expected_errors = _exception_classes(expected_errors)
         self.step_timeout = step_timeout
 
     def explore(self, runs: int = 30, *, seed: int = 0, stop_at_failure: bool = True) -> Exploration:
@@ -263,6 +264,17 @@ class Interleavings:
                    else Verdict.NOT_SERIALIZABLE if checked is not None and not checked.ok else Verdict.PASSED)
         return RunReport(Schedule(tuple(run.choices), tuple(run.chosen)), verdict, tuple(run.trace), errors, problem,
                          checked)
+
+
+def _exception_classes(given: object) -> tuple[type[BaseException], ...]:
+    """``expected_errors`` as the tuple ``isinstance`` takes: one exception class or a collection of them (a list
+    too); :class:`BadArgument` for anything else — found only when an actor raised, it failed the exploration."""
+    listed = (given,) if isinstance(given, type) else tuple(given) if isinstance(given, (tuple, list, set,
+                                                                                        frozenset)) else None
+    if listed is None or not all(isinstance(kind, type) and issubclass(kind, BaseException) for kind in listed):
+        raise BadArgument(f"Interleavings(expected_errors={given!r}) takes exception classes: one, or a tuple of them "
+                          f"(e.g. (DeadlockDetected,))")
+    return listed
 
 
 # --- one run -------------------------------------------------------------------------------------

@@ -39,6 +39,27 @@ def test_arguments_the_runner_cannot_take_are_an_activedb_error(fresh, actors, k
         Interleavings(fresh, actors, **keywords)
 
 
+@pytest.mark.parametrize("expected", [[ValueError], ValueError, (ValueError,), {ValueError}])
+def test_expected_errors_given_as_a_list_or_one_class_are_expected(fresh, expected):
+    """``expected_errors=[ValueError]`` (a list, not the tuple the signature says) was taken, and the first run in
+    which an actor raised failed the whole exploration with isinstance()'s TypeError ('arg 2 must be a type, a
+    tuple of types, or a union') instead of a report."""
+    def raises(db: Database) -> None:
+        raise ValueError("expected here")
+
+    exploration = Interleavings(fresh, [raises], expected_errors=expected).explore(2)
+    assert exploration.ok, exploration.describe()
+
+
+@pytest.mark.parametrize("keywords, message", [
+    ({"expected_errors": ["ValueError"]}, r"expected_errors=\['ValueError'\]\) takes exception classes"),
+    ({"expected_errors": 5}, r"expected_errors=5\) takes exception classes"),
+])
+def test_expected_errors_that_are_no_exception_classes_are_refused(fresh, keywords, message):
+    with pytest.raises(activedb.BadArgument, match=message):
+        Interleavings(fresh, [print], **keywords)
+
+
 def one_account(db: Database) -> None:
     with db.engine.begin() as connection:
         connection.execute(sa.text("DELETE FROM items; DELETE FROM accounts; "
