@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Callable, Hashable, Mapping, Sequence
 from lockmgr.testing import Watchdog
 
 from activedb._closedset import ClosedSet
-from activedb.errors import BadArgument, causes
+from activedb.errors import BadArgument, causes, check_whole_number
 from activedb.outbox import GROUP_TRANSACTION
 from activedb.testing._choices import ChoiceTree, Chooser
 from activedb.testing._history import HistoryReport, check_history
@@ -201,7 +201,8 @@ class Interleavings:
 
     def explore(self, runs: int = 30, *, seed: int = 0, stop_at_failure: bool = True) -> Exploration:
         """Run up to ``runs`` interleavings chosen at random (``seed``), none twice, fewer if every interleaving
-        has been run; stop at the first failing one unless ``stop_at_failure=False``."""
+        has been run (``runs`` is at least 1); stop at the first failing one unless ``stop_at_failure=False``."""
+        check_whole_number("Interleavings.explore", "runs", runs, 1, " (the interleavings to run: 0 checks nothing)")
         tree = ChoiceTree(random.Random(seed))
         reports: list[RunReport] = []
         while len(reports) < runs and not tree.exhausted:

@@ -60,6 +60,14 @@ def test_expected_errors_that_are_no_exception_classes_are_refused(fresh, keywor
         Interleavings(fresh, [print], **keywords)
 
 
+@pytest.mark.parametrize("runs", [0, -1, "3", True, None])
+def test_explore_refuses_a_number_of_runs_that_runs_nothing(fresh, runs):
+    """``explore(0)`` (or -1) ran no interleaving and reported "0 interleavings passed": assert_ok() passed a test
+    that had checked nothing; '3' failed with a TypeError ('<' between int and str)."""
+    with pytest.raises(activedb.BadArgument, match=r"explore\(runs=.*\) takes a whole number of at least 1"):
+        Interleavings(fresh, [print]).explore(runs)
+
+
 def one_account(db: Database) -> None:
     with db.engine.begin() as connection:
         connection.execute(sa.text("DELETE FROM items; DELETE FROM accounts; "
