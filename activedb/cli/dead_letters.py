@@ -29,13 +29,21 @@ def _shortened(text: str, limit: int | None, letter_id: int) -> tuple[str, bool]
     return f"{text[:limit]}… ({len(text):,} characters; `activedb dead-letters show {letter_id}` shows all)", True
 
 
+def _some_text(ctx: click.Context, parameter: click.Parameter, value: str | None) -> str | None:
+    """A text filter that filters: an empty one (an unset shell variable) would select every dead letter."""
+    if value == "":
+        raise click.BadParameter("an empty text selects every dead letter: give the text, or leave the option out")
+    return value
+
+
 def letter_filters(function: _Command) -> _Command:
     """The filters every ``dead-letters`` command takes."""
     for decorator in reversed((
         click.option("--id", "ids", type=int, multiple=True, help="Only these dead letters (repeatable)."),
-        click.option("--query", default=None, help="Only those of this query name (as given to `activedb run`)."),
+        click.option("--query", default=None, callback=_some_text,
+                     help="Only those of this query name (as given to `activedb run`)."),
         click.option("--batch", type=int, default=None, help="Only those of this batch id."),
-        click.option("--reason", default=None, help="Only those whose reason contains this text."),
+        click.option("--reason", default=None, callback=_some_text, help="Only those whose reason contains this text."),
     )):
         function = decorator(function)
     return function

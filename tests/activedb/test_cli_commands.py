@@ -236,6 +236,17 @@ def test_dead_letters_list_show_and_purge_with_filters(database_url, letters):
     assert [letter["id"] for letter in remaining] == letters[:2]
 
 
+@pytest.mark.parametrize("option", ["--query", "--reason"])
+def test_an_empty_dead_letter_filter_is_refused_not_read_as_no_filter(database_url, letters, option):
+    """``dead-letters purge --query '' --yes`` (an unset shell variable, ``--query "$QUERY"``) deleted every dead
+    letter: an empty --query or --reason was read as no filter at all. Refused, before anything is opened."""
+    for command in (["purge", "--yes"], ["list", "--json"], ["replay", "some_app"]):
+        refused = invoke(database_url, "dead-letters", *command, option, "")
+        assert refused.exit_code == 2 and f"Invalid value for '{option}'" in refused.output, refused.output
+    remaining = json.loads(invoke(database_url, "dead-letters", "list", "--json").output)
+    assert [letter["id"] for letter in remaining] == letters
+
+
 def test_a_database_failure_of_a_subcommand_names_the_whole_command(database_url, letters):
     """A refusal no layer below turned into an activedb error is one line naming the command that ran — the
     group's too: it said ``activedb show``, a command there is not."""
