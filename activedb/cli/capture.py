@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Callable
 
 import click
 
-from activedb.cli import load_app, open_database, register_app
+from activedb.cli import open_database, register_app
 from activedb.cli.running import StopRequest
 from activedb.metrics import metrics_port_option, start_metrics
 
@@ -127,16 +127,17 @@ def consume_command(ctx: click.Context, app: str, name: str, batch_size: int, re
     optionally MIGRATIONS, its Alembic directory, upgraded first). Runs until Ctrl-C / SIGTERM (the batch
     in progress finishes or is rolled back: exactly once either way), or with --until-caught-up until
     nothing is pending."""
-    module = load_app(app, click.ClickException)
+    from activedb.cli.application import load_app as load_application
+
+    loaded = load_application(app)        # (MIGRATIONS relative to the application's file, as `activedb run` reads it)
     with open_database(ctx, writes=True) as database:
         metrics = start_metrics(database, metrics_port)
         try:
             if metrics is not None:
                 click.echo(f"metrics: {metrics.url}")
-            migrations = getattr(module, "MIGRATIONS", None)
-            if migrations:
-                database.upgrade_app(migrations)
-            register_app(module.register, database, app)
+            if loaded.migrations is not None:
+                database.upgrade_app(loaded.migrations)
+            register_app(loaded.register, database, app)
             consumer = database.capture.consumer(name, batch_size=batch_size, retention=retention)
             if metrics is not None:
                 metrics.watch_consumer(consumer)

@@ -99,3 +99,27 @@ def test_capture_commands_follow_the_schema_rule_and_never_upgrade_activedbs_tab
 def test_a_negative_threshold_of_capture_status_is_a_usage_error(database_url):
     result = CliRunner().invoke(main, ["--url", database_url, "capture", "status", "--behind-changes", "-1"])
     assert result.exit_code == 2 and "-1 is not in the range x>=0" in result.output, result.output
+
+
+def test_consume_finds_an_applications_relative_migrations_next_to_its_file(database_url, tmp_path, monkeypatch):
+    """``MIGRATIONS = 'migrations'`` is relative to the application's file, as ``activedb run`` and ``dead-letters
+    replay`` read it: ``capture consume`` looked for it in the current directory, so run from anywhere else it failed
+    ('no Alembic environment at migrations') — or upgraded another application's directory of that name there."""
+    from activedb import _migrate
+
+    home = tmp_path / "shop"
+    home.mkdir()
+    _migrate.init_app(home / "migrations", "shop")
+    (home / "shop_consumer.py").write_text("MIGRATIONS = 'migrations'\n\n\ndef register(db):\n    pass\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    result = CliRunner().invoke(main, ["--url", database_url, "capture", "consume", str(home / "shop_consumer.py"),
+                                       "--name", "shop", "--until-caught-up"])
+    assert result.exit_code == 0, result.output
+    database = activedb.connect(database_url)
+    try:
+        heads, head = database.schema.app_revision(home / "migrations")
+    finally:
+        database.close()
+    assert heads == [head], (heads, head)
