@@ -177,7 +177,11 @@ def activedb_settings(request: pytest.FixtureRequest) -> DatabaseSettings:
     if chosen is None:
         migrations = tuple(Path(path) for path in config.getini("activedb_migrations"))
     else:
-        migrations = tuple(_path(config.rootpath, path) for path in _listed(chosen))
+        try:
+            migrations = tuple(_path(config.rootpath, path) for path in _listed(chosen))
+        except TypeError:       # (no iterable, or a member Path() cannot take)
+            raise pytest.UsageError(f"@pytest.mark.activedb(migrations=...) takes an Alembic directory or a list of "
+                                    f"them (str or Path), not {chosen!r}") from None
     for directory in migrations:
         if not (directory / "env.py").is_file():
             raise pytest.UsageError(f"activedb migrations {directory} is not an Alembic directory (no env.py there); "

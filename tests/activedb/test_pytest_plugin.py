@@ -226,6 +226,24 @@ def test_soon():
     assert "Traceback" not in result.stdout.str()
 
 
+@pytest.mark.parametrize("given", ["5", "[None]"])
+def test_a_mark_whose_migrations_are_no_directories_says_what_to_give(project, given):
+    """``@pytest.mark.activedb(migrations=5)`` (or ``[None]``) failed the fixture with Python's TypeError ('int'
+    object is not iterable, or from Path()) instead of the plugin's error naming the mark and what it takes."""
+    project.makepyfile(test_numbered=f"""
+import pytest
+
+@pytest.mark.activedb(migrations={given})
+def test_numbered(activedb_db):
+    pass
+""")
+    result = project.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*@pytest.mark.activedb(migrations=...) takes an Alembic directory or a list of "
+                                 "them*"])
+    assert "is not iterable" not in result.stdout.str() and "expected str, bytes" not in result.stdout.str()
+
+
 def test_a_watchdog_timeout_of_infinity_never_fires(project):
     # The setting took inf as a number above 0, and the watchdog's thread then died of an OverflowError (no wait
     # is that long): a warning at every test, an error where warnings are errors, and no watchdog.
