@@ -113,8 +113,9 @@ class CaptureConsumer:
         for option, duration, above_zero in (("prune_interval", prune_interval, False), ("idle_wait", idle_wait, True),
                                                 ("behind_seconds", behind_seconds, False)):
             if (isinstance(duration, bool) or not isinstance(duration, (int, float))
-                    or not (duration > 0 if above_zero else duration >= 0)):
-                bound = "above 0" if above_zero else "0 or more"
+                    or not (duration > 0 if above_zero else duration >= 0)
+                    or option == "idle_wait" and duration > threading.TIMEOUT_MAX):   # (it is a thread's pause)
+                bound = "above 0 and finite (a consumer looks again after it)" if above_zero else "0 or more"
                 raise CaptureError(f"{option} must be a number of seconds, {bound}, got {duration!r}")
         self._database = database
         self.name = name

@@ -680,12 +680,15 @@ def test_a_running_consumer_takes_a_timeout_of_for_ever(clean, conninfo):
 @pytest.mark.parametrize("options", [
     {"batch_size": 2.5}, {"batch_size": "500"}, {"batch_size": True}, {"prune_interval": "5"},
     {"prune_interval": -1}, {"idle_wait": -1}, {"idle_wait": 0}, {"idle_wait": float("nan")},
+    {"idle_wait": float("inf")}, {"idle_wait": 1e300},
     {"behind_seconds": None}, {"max_retries": None}, {"max_retries": -1}])
 def test_consumer_options_of_the_wrong_kind_are_refused_where_they_are_given(clean, options):
     """A consumer's numbers are checked when it is made: before, some were accepted and broke it later — a
     ``prune_interval`` given as text raised TypeError on the consumer's thread after its first batch committed
     (stopping it for good), ``max_retries=None`` at the first retried batch, a negative or zero ``idle_wait`` made a
     caught-up consumer query PostgreSQL without a pause, ``batch_size=2.5`` reached SQL's LIMIT — and a text
-    ``batch_size`` was a bare TypeError."""
+    ``batch_size`` was a bare TypeError.  An ``idle_wait`` of for ever (or beyond ``threading.TIMEOUT_MAX``) passed,
+    and the consumer's first pause after an unreachable server or a lost listener raised OverflowError, ending its
+    thread; a consumer must look again after a pause, so it is refused."""
     with pytest.raises(CaptureError, match=f"{next(iter(options))} must be"):
         clean.capture.consumer("checked", **options)
