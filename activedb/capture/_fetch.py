@@ -48,24 +48,27 @@ class ChangeReader:
                         f"enable_capture(op, table) installs its trigger; drop any other trigger calling "
                         f"activedb_capture_row())"))
                     continue
-                try:
-                    if relation is None:
-                        raise UnknownTable(f"table {name!r} no longer exists")
-                    result.extend(self._changes_of(connection, oid, name, relation, start, end))
-                except sa.exc.ProgrammingError as error:   # its type changed after capture
-                    state = getattr(error.orig, "sqlstate", None)
-                    if state == "42703":        # a column this process read is gone (dropped or renamed since)
-                        connection.rollback()
-                        self.database.catalog.refresh()
+                # Read again, under the same handlers, after a column this process read is gone (dropped or
+                # renamed since): the table may change again meanwhile (a race with another process).
+                for read_again in (False, True):
+                    try:
+                        if relation is None:
+                            raise UnknownTable(f"table {name!r} no longer exists")
                         result.extend(self._changes_of(connection, oid, name, relation, start, end))
-                        continue
-                    if state not in ("42P01", "42704"):
-                        raise
-                    connection.rollback()
-                    result.extend(self._undeliverable(connection, oid, name, start, end,
-                                                      f"table {name!r} no longer exists"))
-                except UnknownTable as error:      # dropped, or not known to activedb's catalog by that name
-                    result.extend(self._undeliverable(connection, oid, name, start, end, str(error)))
+                    except sa.exc.ProgrammingError as error:   # its type changed after capture
+                        state = getattr(error.orig, "sqlstate", None)
+                        if state == "42703" and not read_again:
+                            connection.rollback()
+                            self.database.catalog.refresh()
+                            continue
+                        if state not in ("42P01", "42704"):
+                            raise
+                        connection.rollback()
+                        result.extend(self._undeliverable(connection, oid, name, start, end,
+                                                          f"table {name!r} no longer exists"))
+                    except UnknownTable as error:      # dropped, or not known to activedb's catalog by that name
+                        result.extend(self._undeliverable(connection, oid, name, start, end, str(error)))
+                    break
         if len(bounds.tables) > 1:
             result.sort(key=lambda entry: (entry[0].position, entry[0].change_id))
         return result

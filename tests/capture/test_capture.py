@@ -594,6 +594,47 @@ def test_a_column_dropped_by_another_process_does_not_stop_the_consumer(clean, c
         db.schema.refresh()
 
 
+def test_a_table_dropped_while_the_consumer_reads_it_again_after_a_dropped_column_does_not_stop_it(
+        clean, conninfo, monkeypatch):
+    """A column of a captured table is dropped, and the table itself while the consumer reads its layout again (a
+    race with another process): its changes become dead letters saying there is no such table, and the consumer
+    goes on.  The second reading ran inside the handler of the first one's error, so its error (the table is
+    unknown) escaped the handlers of the same statement and stopped the consumer."""
+    db = clean
+    with psycopg.connect(conninfo, autocommit=True) as psql:
+        psql.execute("DROP TABLE IF EXISTS vanishing")
+        psql.execute("CREATE TABLE vanishing (id integer PRIMARY KEY, kept text, dropped text)")
+    try:
+        db.schema.refresh()
+        db.capture("vanishing")
+        consumer = db.capture.consumer()
+        assert consumer.run_until_caught_up() == 0                 # (the consumer has read the table's layout)
+        db.table("vanishing")
+        refresh = db.catalog.refresh
+
+        def refresh_while_the_table_is_dropped() -> None:
+            with psycopg.connect(conninfo, autocommit=True) as psql:
+                psql.execute("DROP TABLE IF EXISTS vanishing")
+            refresh()
+
+        with psycopg.connect(conninfo, autocommit=True) as psql:
+            psql.execute("INSERT INTO vanishing VALUES (1, 'a', 'b')")
+            psql.execute("ALTER TABLE vanishing DROP COLUMN dropped")
+        monkeypatch.setattr(db.catalog, "refresh", refresh_while_the_table_is_dropped)
+        assert consumer.run_until_caught_up() == 1
+        monkeypatch.undo()
+        with db.engine.connect() as connection:
+            reasons = connection.execute(sa.text("SELECT reason FROM activedb_dead_letters")).scalars().all()
+        assert len(reasons) == 1 and "cannot be delivered: no table 'vanishing'" in reasons[0], reasons
+        consumer.close()
+    finally:
+        monkeypatch.undo()
+        db.capture.remove("vanishing")
+        with psycopg.connect(conninfo, autocommit=True) as psql:
+            psql.execute("DROP TABLE IF EXISTS vanishing")
+        db.schema.refresh()
+
+
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")   # (the first thread's end)
 def test_a_consumer_started_again_after_its_thread_failed_does_not_report_the_old_failure(clean, conninfo):
     """A consumer whose thread died (here its ``on_step`` hook raised) and that the user stops and starts again
