@@ -8,6 +8,7 @@ Thread-safety: an explorer belongs to one caller (one connection); the functions
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
@@ -215,14 +216,18 @@ def fill_gaps(explorer: LineageExplorer, refs: set[BatchRef]) -> set[BatchRef]:
     result = set(refs)
     by_query: dict[str, list[int]] = {}
     for ref in refs:
-        if ref.batch_id.lstrip("-").isdigit():
+        if _INTEGER.fullmatch(ref.batch_id):
             by_query.setdefault(ref.query_id, []).append(int(ref.batch_id))
     for query_id, numbers in by_query.items():
         low, high = min(numbers), max(numbers)
         for batch_id in explorer.known_batches(query_id):
-            if batch_id.lstrip("-").isdigit() and low <= int(batch_id) <= high:
+            if _INTEGER.fullmatch(batch_id) and low <= int(batch_id) <= high:
                 result.add(BatchRef(query_id, batch_id))
     return result
+
+
+#: An integer batch id (ASCII digits only: ``str.isdigit`` also takes ``²``, which ``int()`` refuses).
+_INTEGER = re.compile(r"-?[0-9]+")
 
 
 class BoundReached(enum.Enum):

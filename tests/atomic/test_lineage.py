@@ -270,3 +270,16 @@ def test_before_image_undo_restores_binary_and_interval_columns(db):
     with db.engine.connect() as connection:
         row = connection.execute(sa.text("SELECT data, span FROM blobs WHERE id = :i"), {"i": blob}).one()
     assert tuple(row) == (b"\x00\xffbefore", datetime.timedelta(days=1, seconds=5))
+
+
+def test_consecutive_scover_leaves_batch_ids_that_are_no_integer_alone(db):
+    """``consecutive=True`` fills the gaps between a query's integer batch ids; an id that only looks like one
+    (``--5``, a superscript ``²``) is left alone, as any other text id.  Both passed the check for a number and then
+    failed ``int()`` with a bare ValueError, so no scover or plan of such a query could be computed."""
+    query = prefix()
+    for batch_id in ("1", "2", "3", "--5", "²"):
+        with db.transaction(name="ingest") as tx:
+            db.batches.consumed(tx, query, batch_id)
+            tx.insert("items", key=f"{query}-{batch_id}", value=1)
+    cover = db.batches.scover((query, "1"), (query, "3"), (query, "--5"), (query, "²"), consecutive=True)
+    assert sorted(ref.batch_id for ref in cover) == sorted(["1", "2", "3", "--5", "²"])
