@@ -354,11 +354,20 @@ def _typed_key(batches: Compensations, table_name: str, key: object) -> object:
 def _decoded(column: sa.Column[Any], value: object) -> object:
     """A value of ``column`` as ``jsonable`` stored it, back as the column's Python type: datetimes, dates and times
     from ISO-8601 text, a decimal or a non-finite float from its text, a ``UUID`` from its ``repr``, bytes from
-    base64, a ``timedelta`` (an interval) from its ``repr``."""
+    base64, a ``timedelta`` (an interval) from its ``repr``; an array's elements (a list, nested for more dimensions)
+    each as its element type."""
+    return _decoded_as(column.type, value)
+
+
+def _decoded_as(column_type: sa.types.TypeEngine[Any], value: object) -> object:
+    """:func:`_decoded` for a column of type ``column_type``."""
+    if isinstance(value, list) and isinstance(column_type, sa.ARRAY):
+        return [_decoded_as(column_type.item_type, item) if not isinstance(item, list)
+                else _decoded_as(column_type, item) for item in value]
     if not isinstance(value, str):
         return value
     try:
-        python_type = column.type.python_type
+        python_type = column_type.python_type
     except NotImplementedError:
         return value
     if python_type in (datetime.datetime, datetime.date, datetime.time):

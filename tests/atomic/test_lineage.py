@@ -283,3 +283,30 @@ def test_consecutive_scover_leaves_batch_ids_that_are_no_integer_alone(db):
             tx.insert("items", key=f"{query}-{batch_id}", value=1)
     cover = db.batches.scover((query, "1"), (query, "3"), (query, "--5"), (query, "²"), consecutive=True)
     assert sorted(ref.batch_id for ref in cover) == sorted(["1", "2", "3", "--5", "²"])
+
+
+def test_before_image_undo_restores_array_columns(db):
+    """A before-image keeps an array's elements as ``jsonable`` does each value (dates as ISO text, decimals as
+    text, bytes as base64); undoing it writes them back as the array's element type.  The elements were written
+    back as the texts, which PostgreSQL refused for a ``date[]`` (and would have stored as the base64 text's bytes
+    for a ``bytea[]``), so no compensation of such a row could run."""
+    query = prefix()
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("CREATE TABLE IF NOT EXISTS arrays (id integer PRIMARY KEY, days date[], "
+                                   "amounts numeric[], blobs bytea[])"))
+    db.schema.refresh()
+    db.batches.undo_by_before_image("arrays")
+    row_id = 900_000 + int(uuid.uuid4().int % 90_000)
+    before = ([datetime.date(2026, 1, 2), None], [decimal.Decimal("1.10"), decimal.Decimal("NaN")], [b"\x00\xff"])
+    with db.transaction() as tx:
+        tx.insert("arrays", id=row_id, days=before[0], amounts=before[1], blobs=before[2])
+    with db.transaction() as tx:
+        db.batches.consumed(tx, query, 1)
+        tx.write("arrays", row_id, days=[datetime.date(2027, 3, 4)], amounts=[decimal.Decimal(2)], blobs=[b"after"])
+    assert db.batches.plan((query, 1)).unsafe == []
+    report = db.batches.compensate((query, 1))
+    assert len(report.compensated) == 1
+    with db.engine.connect() as connection:
+        row = connection.execute(sa.text("SELECT days, amounts, blobs FROM arrays WHERE id = :i"), {"i": row_id}).one()
+    assert row.days == before[0] and row.amounts[0] == before[1][0] and row.amounts[1].is_nan()
+    assert row.blobs == before[2]
