@@ -155,7 +155,12 @@ class Outbox:
             if self._started or self._closed:
                 return
             self._started = True
-        self._liveness.take()
+        try:
+            self._liveness.take()
+        except BaseException:
+            with self._mutex:           # (not started: the next start, or the next firing's, tries again)
+                self._started = False
+            raise
         thread = threading.Thread(target=self._recovery_loop, name="activedb-outbox-recovery", daemon=True)
         with self._mutex:
             self._thread = thread

@@ -630,3 +630,24 @@ def test_a_recovery_interval_of_for_ever_keeps_the_recovery_thread_and_a_bad_one
         wait_until(lambda: ("for_ever_entry", "7") in seen(database), 30, "the retried firing ran")
     finally:
         database.close()
+
+
+def test_an_outbox_whose_liveness_lock_could_not_be_taken_starts_at_the_next_attempt(migrated, monkeypatch):
+    """The outbox starts on the first detached firing (here ``upgrade=False``: connect did not start it); when
+    PostgreSQL refused its liveness lock then, the next start takes the lock and starts the recovery thread.  The
+    outbox counted itself started before taking the lock, so every later start returned at once: the process ran
+    on without its recovery thread (retried and parked firings never ran) and without its lock."""
+    database = activedb.connect(migrated, upgrade=False, outbox_options={"recovery_interval": None})
+    try:
+        with monkeypatch.context() as down:
+            def refused(self):
+                raise sa.exc.OperationalError("connect", {}, ConnectionRefusedError("the server is down"))
+
+            down.setattr(_records.LivenessLock, "take", refused)
+            with pytest.raises(sa.exc.OperationalError):
+                database.outbox.start()
+        database.outbox.start()
+        thread = database.outbox._thread
+        assert thread is not None and thread.is_alive()
+    finally:
+        database.close()
