@@ -106,6 +106,8 @@ class Executor:
         if not works:
             return
         with self._mutex:
+            if self._closed:            # (their records stay pending in PostgreSQL for the next process)
+                return
             self._ready.extend(works)
             start = self._start_runners()
         for _ in range(start):

@@ -651,3 +651,20 @@ def test_an_outbox_whose_liveness_lock_could_not_be_taken_starts_at_the_next_att
         assert thread is not None and thread.is_alive()
     finally:
         database.close()
+
+
+def test_firings_handed_to_a_closed_outbox_are_left_pending_and_wait_idle_returns(migrated):
+    """Work handed to the outbox's runners after ``close()`` (a group's retried members, a firing recorded as the
+    process shuts down) stays pending in PostgreSQL for the next process, as ``close()`` says of queued work; it was
+    queued where no runner would ever take it, and ``wait_idle`` then waited out its whole timeout and raised
+    TimeoutError."""
+    from activedb.outbox._executor import Work
+
+    database = activedb.connect(migrated, outbox_options={"recovery_interval": None})
+    try:
+        database.outbox.close()
+        database.outbox._executor.submit([Work(record_id=1, firing=None)])   # type: ignore[arg-type]
+        assert database.outbox.running == 0
+        database.outbox.wait_idle(TIMEOUT)
+    finally:
+        database.close()
