@@ -227,7 +227,8 @@ def counts(connection: sa.Connection) -> dict[str, dict[str, int]]:
 def failed(connection: sa.Connection, limit: int) -> list[Any]:
     return list(connection.execute(sa.text(
         "SELECT id, rule, coupling, event, trigger_id, trigger_log_id, trigger_outcome, attempts, error, "
-        "created_at, finished_at FROM activedb_outbox WHERE status = 'failed' ORDER BY id DESC LIMIT :limit"),
+        "created_at, finished_at FROM activedb_outbox WHERE status = 'failed' ORDER BY finished_at DESC, id DESC "
+        "LIMIT :limit"),
         {"limit": limit}).all())
 
 

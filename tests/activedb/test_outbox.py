@@ -668,3 +668,23 @@ def test_firings_handed_to_a_closed_outbox_are_left_pending_and_wait_idle_return
         database.outbox.wait_idle(TIMEOUT)
     finally:
         database.close()
+
+
+def test_failures_lists_the_most_recent_failure_first(db):
+    """``failures()`` promises the most recent failures, newest first: a record retried (``retry_failed``) that
+    failed again is the newest failure, though recorded before the others.  They were ordered by record id, so it
+    was listed last (and left out by a ``limit`` when many firings had failed since it was recorded)."""
+    @db.rule(on=db.signalled("pay"), coupling=Coupling.DETACHED, name="always_failing")
+    def always_failing(tx, event):
+        raise ZeroDivisionError(f"the exchange rate is zero for {event.payload['amount']}")
+
+    for amount in (1, 2):
+        with db.transaction() as tx:
+            tx.signal("pay", amount=amount)
+        db.rules.wait_idle(TIMEOUT)
+    first, second = sorted(failure.id for failure in db.outbox.failures())
+    assert db.outbox.retry_failed([first]) == 1
+    db.rules.wait_idle(TIMEOUT)
+    wait_until(lambda: len(db.outbox.failures()) == 2, TIMEOUT, "the retried firing failed again")
+    assert [failure.id for failure in db.outbox.failures()] == [first, second]
+    assert [failure.id for failure in db.outbox.failures(limit=1)] == [first]
