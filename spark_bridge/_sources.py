@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING
 
 import click
 
+from activedb.errors import check_whole_number
+
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import StructType
@@ -70,6 +72,7 @@ def write_event_files(directory: Path, events: list[dict[str, object]], per_file
     """``events`` as JSON-lines files of ``per_file`` events in the new ``directory``, the n-th modified at
     ``first_mtime + n``: a file source reads them one micro-batch each (``maxFilesPerTrigger=1``) in that
     order (it takes files in modification-time order)."""
+    check_whole_number("write_event_files", "per_file", per_file, 1)
     directory.mkdir(parents=True)
     for number, start in enumerate(range(0, len(events), per_file)):
         path = directory / f"part-{number:04d}.json"

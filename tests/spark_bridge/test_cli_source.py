@@ -24,3 +24,15 @@ def test_bad_sources_name_the_valid_forms(text):
 def test_missing_directory_is_rejected_before_spark_starts(tmp_path):
     with pytest.raises(click.BadParameter, match="no such directory"):
         parse_source(f"file:{tmp_path / 'missing'}")
+
+
+@pytest.mark.parametrize("per_file", [0, -1, 2.5, None])
+def test_write_event_files_refuses_a_count_per_file_that_is_no_count(tmp_path, per_file):
+    """``write_event_files(per_file=0)`` failed with ``range()``'s bare ValueError after making the directory, and a
+    negative count wrote no file at all, silently: every event was lost."""
+    from activedb.errors import BadArgument
+    from spark_bridge import write_event_files
+
+    with pytest.raises(BadArgument, match=r"write_event_files\(per_file=.*\) takes a whole number of at least 1"):
+        write_event_files(tmp_path / "events", [{"kind": "a"}], per_file, 0.0)
+    assert not (tmp_path / "events").exists()
