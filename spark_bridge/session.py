@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, TypeVar
 
+from activedb.errors import BadArgument
 from activedb.extras import Extra, require
 from spark_bridge import _cluster, _java
 
@@ -95,7 +96,7 @@ def get_spark(app_name: str = "activedb", *, master: str = "local[2]", fast_chec
     require(Extra.SPARK, "Spark (spark_bridge.get_spark)")
     missing = [os.fspath(path) for path in py_files if not Path(path).is_file()]
     if missing:
-        raise FileNotFoundError(f"py_files: no such file: {', '.join(missing)}")
+        raise BadArgument(f"get_spark(py_files=...): no such file: {', '.join(missing)}; give existing files")
     _java.ensure_java()
     settings = spark_conf(app_name, master=master, fast_checkpoints=fast_checkpoints, conf=conf)
     if _cluster.is_local_master(settings["spark.master"]):
