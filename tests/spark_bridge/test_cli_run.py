@@ -140,6 +140,18 @@ def test_run_refuses_a_count_below_one_as_a_usage_error(tmp_path, option, value)
     assert result.exit_code == 2 and f"Invalid value for '{option}'" in result.output, result.output
 
 
+def test_run_refuses_on_partition_failure_without_partitions_as_a_usage_error(tmp_path):
+    """``--on-partition-failure`` is for the scale-out path (``--partitions N``): without it the run was refused only
+    once Spark had started (after ``--reset`` had emptied the tables), with a message naming the Python keyword
+    ``on_partition_failure=`` and ``partition_by_key=N`` instead of the command's options.  It is a usage error now,
+    before anything is opened (no database is given)."""
+    result = CliRunner().invoke(main, ["--url", "postgresql://nobody@/nowhere", "run", APP_FILE, "--source", "rate",
+                                       "--checkpoint", str(tmp_path / "checkpoint"), "--on-partition-failure",
+                                       "compensate"])
+    assert result.exit_code == 2 and "Invalid value for --on-partition-failure" in result.output, result.output
+    assert "--partitions N" in result.output and "on_partition_failure=" not in result.output, result.output
+
+
 def _processes_with(marker: str) -> list[str]:
     """Command lines of the running processes that contain ``marker`` (zombies have none)."""
     found = []
