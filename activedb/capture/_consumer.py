@@ -201,6 +201,12 @@ class CaptureConsumer:
         if self._thread is not None:
             raise CaptureError(f"capture consumer {self.name!r} runs on its own thread (start()); "
                                f"use wait_caught_up() instead")
+        if max_batches is not None and (isinstance(max_batches, bool) or not isinstance(max_batches, int)
+                                        or max_batches < 0):
+            raise CaptureError(f"max_batches must be a whole number, 0 or more (None: until caught up), "
+                               f"got {max_batches!r}")
+        if isinstance(lead_timeout, bool) or not isinstance(lead_timeout, (int, float)):
+            raise CaptureError(f"lead_timeout must be a number of seconds (inf: for ever), got {lead_timeout!r}")
         total = batches = 0
         if lead_timeout > 0:
             with self._run_mutex:
@@ -254,6 +260,8 @@ class CaptureConsumer:
     def wait_caught_up(self, timeout: float = 30.0) -> Position:
         """Wait until a fetch that began after this call found nothing pending (every change committed
         before the call is handled); returns the position.  For a consumer running on its thread."""
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout != timeout:
+            raise CaptureError(f"timeout must be a number of seconds (inf: for ever), got {timeout!r}")
         deadline = time.monotonic() + timeout
         with self._mutex:
             begun = self._fetches_begun

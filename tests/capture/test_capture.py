@@ -733,3 +733,23 @@ def test_consumer_options_of_the_wrong_kind_are_refused_where_they_are_given(cle
     thread; a consumer must look again after a pause, so it is refused."""
     with pytest.raises(CaptureError, match=f"{next(iter(options))} must be"):
         clean.capture.consumer("checked", **options)
+
+
+@pytest.mark.parametrize("call", [
+    {"lead_timeout": None}, {"lead_timeout": "5"}, {"max_batches": "2"}, {"max_batches": -1}, {"max_batches": 1.5},
+    {"timeout": None}, {"timeout": "30"}, {"timeout": float("nan")}])
+def test_a_consumers_waits_refuse_arguments_of_the_wrong_kind(clean, call):
+    """``run_until_caught_up(lead_timeout=None)`` (or a text) and ``max_batches="2"`` failed with a bare TypeError
+    from a comparison, a negative ``max_batches`` ran nothing and said so by returning 0; ``wait_caught_up(None)``
+    failed with a bare TypeError and ``wait_caught_up(nan)`` never timed out, spinning on its condition.  Each is a
+    CaptureError naming the argument."""
+    consumer = clean.capture.consumer("checked")
+    try:
+        name = next(iter(call))
+        with pytest.raises(CaptureError, match=f"{name} must be"):
+            if name == "timeout":
+                consumer.wait_caught_up(**call)
+            else:
+                consumer.run_until_caught_up(**call)
+    finally:
+        consumer.close()
