@@ -688,3 +688,12 @@ def test_failures_lists_the_most_recent_failure_first(db):
     wait_until(lambda: len(db.outbox.failures()) == 2, TIMEOUT, "the retried firing failed again")
     assert [failure.id for failure in db.outbox.failures()] == [first, second]
     assert [failure.id for failure in db.outbox.failures(limit=1)] == [first]
+
+
+@pytest.mark.parametrize("timeout", ["30", float("nan"), True])
+def test_wait_idle_refuses_a_timeout_that_is_no_number_of_seconds(db, timeout):
+    """``db.rules.wait_idle("30")`` failed with a bare TypeError from a comparison inside the wait, and ``nan`` was
+    taken: with firings queued it spun on its condition (``Condition.wait(nan)`` returns at once) until they ran,
+    never timing out.  Both are ``BadArgument`` naming the timeout."""
+    with pytest.raises(activedb.BadArgument, match=r"wait_idle\(timeout=.*\) takes None"):
+        db.rules.wait_idle(timeout)
