@@ -16,6 +16,7 @@ import networkx as nx
 import sqlalchemy as sa
 
 from activedb.atomic._lineage import BatchRef
+from activedb.atomic.errors import LineageError
 
 
 @dataclass
@@ -261,6 +262,9 @@ def independent_scover(explorer: LineageExplorer, batch: BatchRef, *, max_rounds
     """The independent scover of ``batch`` (§3), iterated as the package README's "The independent-scover
     iteration" writes it; ``consecutive``: each ``U_i``'s source batches made consecutive (§4b).  Never
     loops forever: past ``max_rounds`` rounds or ``max_transactions`` transactions it returns with ``cut``."""
+    for name, bound in (("max_rounds", max_rounds), ("max_transactions", max_transactions)):
+        if isinstance(bound, bool) or not isinstance(bound, int) or bound < 1:
+            raise LineageError(f"{name} must be a whole number, at least 1 (a closure has a first round), got {bound!r}")
     seeds = explorer.consumers([batch])
     upper: set[str] = set()
     rounds = 0

@@ -310,3 +310,20 @@ def test_before_image_undo_restores_array_columns(db):
         row = connection.execute(sa.text("SELECT days, amounts, blobs FROM arrays WHERE id = :i"), {"i": row_id}).one()
     assert row.days == before[0] and row.amounts[0] == before[1][0] and row.amounts[1].is_nan()
     assert row.blobs == before[2]
+
+
+@pytest.mark.parametrize("bounds", [{"max_rounds": "2"}, {"max_rounds": None}, {"max_rounds": 0},
+                                    {"max_transactions": 2.5}, {"max_transactions": -1}, {"max_rounds": True}])
+def test_the_closures_bounds_are_refused_unless_whole_numbers_of_at_least_one(db, bounds):
+    """``independent_scover``, ``graph``, ``plan`` and ``compensate`` bound the §3 closure by ``max_rounds`` and
+    ``max_transactions``: a text or None failed with a bare TypeError from a comparison once the closure ran, and a
+    bound below one (no round can be cut before the first) returned a closure cut at a bound nobody could meet."""
+    query = prefix()
+    with db.transaction(name="ingest") as tx:
+        db.batches.consumed(tx, query, 1)
+        tx.insert("items", key=f"{query}-bounds", value=1)
+    name = next(iter(bounds))
+    with pytest.raises(LineageError, match=f"{name} must be a whole number, at least 1"):
+        db.batches.independent_scover((query, 1), **bounds)
+    with pytest.raises(LineageError, match=f"{name} must be a whole number, at least 1"):
+        db.batches.plan((query, 1), scope="independent", **bounds)
