@@ -59,7 +59,7 @@ def parse_source(text: str) -> SourceSpec:
         return SourceSpec("file", path=rest)
     if kind == "socket":
         host, _, port = rest.rpartition(":")
-        if host and port.isdigit():
+        if host and port.isascii() and port.isdigit() and 0 < int(port) < 65536:
             return SourceSpec("socket", host=host, port=int(port))
     if kind == "kafka":
         brokers, _, topic = rest.rpartition("/")

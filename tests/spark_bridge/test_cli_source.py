@@ -36,3 +36,12 @@ def test_write_event_files_refuses_a_count_per_file_that_is_no_count(tmp_path, p
     with pytest.raises(BadArgument, match=r"write_event_files\(per_file=.*\) takes a whole number of at least 1"):
         write_event_files(tmp_path / "events", [{"kind": "a"}], per_file, 0.0)
     assert not (tmp_path / "events").exists()
+
+
+@pytest.mark.parametrize("text", ["socket:localhost:²", "socket:localhost:٣٣", "socket:localhost:0",
+                                  "socket:localhost:70000"])
+def test_a_socket_source_whose_port_is_no_port_names_the_valid_forms(text):
+    """A port of Unicode digits passed ``str.isdigit`` and then failed ``int()`` with a bare ValueError (or became
+    another number), and a port outside 1..65535 was taken, failing only once Spark had started."""
+    with pytest.raises(click.BadParameter, match="file:DIR"):
+        parse_source(text)
