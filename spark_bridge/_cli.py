@@ -303,6 +303,9 @@ def run_command(ctx: click.Context, app: str, source_text: str, checkpoint: str 
     for path in files:
         if not Path(path).is_file():
             raise click.BadParameter(f"no such file: {path}", param_hint="--py-files")
+    for option, seconds in (("--rule-deadline", rule_deadline), ("--batch-deadline", batch_deadline)):
+        if not seconds < float("inf"):      # (NaN too: the option's range lets both through)
+            raise click.BadParameter(f"{seconds} is no number of seconds (0: no limit)", param_hint=option)
     if on_partition_failure is not None and not partitions:
         raise click.BadParameter("is for the scale-out path only (with --partitions N); without it a batch is one "
                                  "transaction, atomic by itself", param_hint="--on-partition-failure")

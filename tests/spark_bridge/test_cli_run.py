@@ -152,6 +152,16 @@ def test_run_refuses_on_partition_failure_without_partitions_as_a_usage_error(tm
     assert "--partitions N" in result.output and "on_partition_failure=" not in result.output, result.output
 
 
+@pytest.mark.parametrize("option", ["--rule-deadline", "--batch-deadline"])
+@pytest.mark.parametrize("value", ["inf", "nan"])
+def test_run_refuses_a_deadline_that_is_no_number_of_seconds_as_a_usage_error(tmp_path, option, value):
+    """A deadline of ``inf`` or ``nan`` passed the option's range (0 or more) and was refused by ``Deadlines`` only once
+    the database was opened and Spark had started, naming ``Deadlines(batch=…)`` rather than the option."""
+    result = CliRunner().invoke(main, ["--url", "postgresql://nobody@/nowhere", "run", APP_FILE, "--source", "rate",
+                                       "--checkpoint", str(tmp_path / "checkpoint"), option, value])
+    assert result.exit_code == 2 and f"Invalid value for {option}" in result.output, result.output
+
+
 def _processes_with(marker: str) -> list[str]:
     """Command lines of the running processes that contain ``marker`` (zombies have none)."""
     found = []
