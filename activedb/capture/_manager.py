@@ -104,6 +104,10 @@ class CaptureManager:
 
     def status(self, *, behind_changes: int = BEHIND_CHANGES, behind_seconds: float = BEHIND_SECONDS) -> CaptureStatus:
         """The backlog per consumer and table (see :class:`CaptureStatus`)."""
+        if isinstance(behind_changes, bool) or not isinstance(behind_changes, int) or behind_changes < 0:
+            raise CaptureError(f"behind_changes must be a whole number, 0 or more, got {behind_changes!r}")
+        if isinstance(behind_seconds, bool) or not isinstance(behind_seconds, (int, float)) or not behind_seconds >= 0:
+            raise CaptureError(f"behind_seconds must be a number of seconds, 0 or more, got {behind_seconds!r}")
         return capture_status(self._database.engine, behind_changes=behind_changes, behind_seconds=behind_seconds)
 
     def close(self) -> None:

@@ -753,3 +753,16 @@ def test_a_consumers_waits_refuse_arguments_of_the_wrong_kind(clean, call):
                 consumer.run_until_caught_up(**call)
     finally:
         consumer.close()
+
+
+@pytest.mark.parametrize("bounds", [{"behind_changes": "100"}, {"behind_changes": None}, {"behind_changes": 1.5},
+                                    {"behind_seconds": "60"}, {"behind_seconds": float("nan")}])
+def test_status_refuses_behind_bounds_of_the_wrong_kind(clean, bounds):
+    """``db.capture.status(behind_changes="100")`` failed with a bare TypeError from a comparison once a consumer
+    existed (and passed without one), and a NaN ``behind_seconds`` made no consumer behind.  Each is a CaptureError
+    naming the bound."""
+    consumer = clean.capture.consumer("watched")
+    consumer.run_until_caught_up()
+    consumer.close()
+    with pytest.raises(CaptureError, match=f"{next(iter(bounds))} must be"):
+        clean.capture.status(**bounds)
