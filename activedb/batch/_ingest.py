@@ -11,8 +11,7 @@ from typing import TYPE_CHECKING
 
 from activedb.batch._commit import PendingBatch, apply_at_commit
 from activedb.batch._declare import StateTransactions
-from activedb.ingest._ledger import IngestionLedger
-from activedb.ingest._protocol import BatchHandler, BatchInput
+from activedb.ingest import BatchHandler, BatchInput, IngestionLedger
 from activedb.ingest.errors import IngestError
 
 if TYPE_CHECKING:  # pragma: no cover
