@@ -74,6 +74,11 @@ class StreamEngine:
                  lowered: bool = True):
         if not isinstance(name, str) or not name.strip():
             raise StreamError("a StreamEngine needs a non-empty name (it keys the engine's saved state)")
+        switches = {"record_history": record_history, "durable": durable, "record_dead_letters": record_dead_letters,
+                    "keep_outputs": keep_outputs, "prefetch": prefetch, "lowered": lowered}
+        for switch, value in switches.items():
+            if not isinstance(value, bool):       # (a text such as "no" is true to Python)
+                raise StreamError(f"StreamEngine({switch}={value!r}) takes True or False")
         self.db = db
         self.name = name
         self.scheduler = make_scheduler(scheduler)

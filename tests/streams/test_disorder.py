@@ -766,6 +766,16 @@ def test_punctuations_that_are_no_mapping_are_refused_saying_what_to_give(db, pu
     assert made.feed([badge("EXIT", 1, "w0")], punctuations={"estream": 5}).released == 1
 
 
+@pytest.mark.parametrize("switch", ["durable", "record_history", "record_dead_letters", "keep_outputs", "prefetch",
+                                    "lowered"])
+@pytest.mark.parametrize("value", ["no", 0, None], ids=["a-text", "a-number", "none"])
+def test_a_switch_of_the_engine_that_is_no_bool_is_refused_saying_what_to_give(db, switch, value):
+    """``StreamEngine``'s switches take True or False: ``durable="no"`` is true to Python, so the engine was
+    durable (its state saved in every batch's transaction) while its caller had asked for the opposite."""
+    with pytest.raises(StreamError, match=rf"StreamEngine\({switch}=.*\) takes True or False"):
+        streams.StreamEngine(db, name="switched", **{switch: value})
+
+
 def test_statistics_count_every_dead_letter_of_a_batch(db):
     """``statistics().dead_letters`` is late + rejected + failed: an input that is not an event, a malformed
     mapping or StreamEvent, an unknown type and a late event are each one, as many as the batches' letters."""
