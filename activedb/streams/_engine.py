@@ -293,6 +293,12 @@ class StreamEngine:
         if not self._loaded:
             self._state, self._loaded = _persist.load(self), True
 
+    def _committed(self) -> State:
+        """The committed state, for inspection: the in-memory one, or (not yet loaded) the saved one, read but not
+        kept — the batch that loads it checks the queries defined by then, which an inspection before ``define``
+        would skip.  Precondition: the caller holds ``_mutex``."""
+        return self._state if self._loaded else _persist.load(self)
+
     def reset_state(self) -> None:
         """Forget the buffer, partial matches and punctuations, in memory and (if durable)
         in the database.  Precondition: no batch is in progress."""
@@ -308,16 +314,14 @@ class StreamEngine:
         """The events waiting in the reorder buffer, in their release order (a durable engine's saved ones too,
         before its first batch)."""
         with self._mutex:
-            self._load()
-            source = self._pending.buffer if self._pending is not None else self._state.buffer
+            source = self._pending.buffer if self._pending is not None else self._committed().buffer
             return [event for _, _, event in source]
 
     def partitions(self, query: str) -> dict[tuple[Hashable, ...], PartitionState]:
         """The committed matcher states of ``query`` by partition key (for inspection; a durable engine's saved
         ones too, before its first batch)."""
         with self._mutex:
-            self._load()
-            return {key: state for (name, key), state in self._state.partitions.items() if name == query}
+            return {key: state for (name, key), state in self._committed().partitions.items() if name == query}
 
     def statistics(self) -> StreamStatistics:
         with self._mutex:

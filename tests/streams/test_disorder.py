@@ -237,6 +237,25 @@ def test_a_new_engine_object_shows_the_saved_buffer_and_partial_matches_before_i
     assert after.partitions("Q1") == before.partitions("Q1")
 
 
+def test_inspecting_a_new_engine_object_before_its_queries_are_defined_still_refuses_a_changed_query(db):
+    """A new engine object checks, when it loads the saved state, that each query is defined as it was; a
+    ``buffered()`` or ``partitions()`` before ``define`` loaded the state with no query to check and kept it, so a
+    changed query then ran on the partial matches of the old one (no ``StreamStateError``)."""
+    rng = random.Random(SEED + 2)
+    events = random_stream(rng, 80)
+    reset(db)
+    before = engine(db, name="inspected_early")
+    before.feed(events[:60], punctuation=events[50].ts)
+    assert before.partitions("Q1")
+    changed = streams.StreamEngine(db, name="inspected_early")
+    changed.create_stream("estream", types=BADGE_TYPES, attributes=("HCW-ID", "location"),
+                          priorities={"SANITIZE": 3, "EXIT": 2, "ENTER": 1})
+    assert changed.buffered() == before.buffered() and changed.partitions("Q1") == before.partitions("Q1")
+    changed.define(Q1_R1.replace("WITHIN 45 sec", "WITHIN 50 sec"))
+    with pytest.raises(StreamStateError, match="reset_state"):
+        changed.feed([])
+
+
 def test_a_restart_between_batches_that_release_part_of_a_saved_chunk(db):
     """Each batch saves its still-buffered events as one chunk; a later batch releases part of
     a chunk: a new engine object must resume exactly the unreleased ones, the partial matches
