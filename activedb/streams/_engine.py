@@ -9,6 +9,7 @@ before ``BatchRun._mutex`` and never held while running user code, the store or 
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import threading
 import time
@@ -324,8 +325,16 @@ class StreamEngine:
             return {key: state for (name, key), state in self._committed().partitions.items() if name == query}
 
     def statistics(self) -> StreamStatistics:
+        """The engine's figures; ``buffered`` and ``released_punctuation`` are those ``buffered()`` shows (a durable
+        engine's saved state before its first batch).  A saved state that cannot be read leaves them the in-memory
+        ones: statistics are polled, and the batch raises that error saying what to do."""
         with self._mutex:
-            current = self._pending if self._pending is not None else self._state
+            current: Pending | State = self._state
+            if self._pending is not None:
+                current = self._pending
+            elif not self._loaded:
+                with contextlib.suppress(StreamStateError):     # (the next batch, or buffered(), raises it)
+                    current = self._committed()
             return self.metrics.snapshot(len(current.buffer), current.released)
 
     def __repr__(self) -> str:

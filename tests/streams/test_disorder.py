@@ -237,6 +237,27 @@ def test_a_new_engine_object_shows_the_saved_buffer_and_partial_matches_before_i
     assert after.partitions("Q1") == before.partitions("Q1")
 
 
+def test_statistics_of_a_new_engine_object_count_the_saved_buffer_and_never_raise_for_an_unreadable_state(db):
+    """``statistics()`` agrees with ``buffered()`` before a new object's first batch: its ``buffered`` and
+    ``released_punctuation`` are the saved state's (they were 0 and None while events waited).  A saved state that
+    cannot be read leaves them the in-memory figures — statistics are polled; the batch raises, saying what to do."""
+    rng = random.Random(SEED + 2)
+    events = random_stream(rng, 80)
+    reset(db)
+    before = engine(db, name="counted_saved")
+    before.feed(events[:60], punctuation=events[50].ts)
+    after = engine(db, name="counted_saved")
+    assert after.statistics().buffered == len(before.buffered()) > 0
+    assert after.statistics().released_punctuation == before.statistics().released_punctuation is not None
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("UPDATE activedb_stream_state SET value = CAST(json_build_object('position', 'x') "
+                                   "AS json) WHERE engine = 'counted_saved' AND kind = 'meta'"))
+    unreadable = engine(db, name="counted_saved")
+    assert unreadable.statistics().buffered == 0
+    with pytest.raises(StreamStateError, match="reset_state"):
+        unreadable.feed([])
+
+
 def test_inspecting_a_new_engine_object_before_its_queries_are_defined_still_refuses_a_changed_query(db):
     """A new engine object checks, when it loads the saved state, that each query is defined as it was; a
     ``buffered()`` or ``partitions()`` before ``define`` loaded the state with no query to check and kept it, so a
