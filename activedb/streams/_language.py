@@ -11,6 +11,7 @@ from typing import Any
 
 from activedb.streams import algebra as ast
 from activedb.streams._lexer import DURATION_UNITS, RESERVED, Token, TokenCursor
+from activedb.streams.errors import DefinitionError
 
 class Parser(TokenCursor):
     """Parses one text; :meth:`script` returns the definitions in order (one method per
@@ -350,7 +351,9 @@ def _unqualify(condition: ast.Expr, table: str) -> ast.Expr:
 def parse(text: str) -> list[ast.QueryDefinition | ast.RuleDefinition]:
     """Parse a script of ``CREATE QUERY`` / ``CREATE RULE`` definitions."""
     if not isinstance(text, str):
-        raise TypeError(f"parse() takes the definition's text, got {type(text).__name__}")
+        raise DefinitionError(f"define() and parse() take the definitions' text (CREATE QUERY … / CREATE RULE …), got "
+                              f"{type(text).__name__} {text!r:.60}; a definition built in Python goes to "
+                              f"engine.query() or engine.rule()")
     return Parser(text).script()
 
 

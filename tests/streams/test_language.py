@@ -144,6 +144,19 @@ def test_hygiene_engine_accepts_q2(db):
     assert Q2.startswith("CREATE QUERY Q2")
 
 
+@pytest.mark.parametrize("text", [None, 5, Q2.encode()], ids=["none", "a-number", "bytes"])
+def test_a_definition_that_is_no_text_is_a_definition_error(db, text):
+    """``engine.define(…)`` and ``streams.parse(…)`` take the definitions' text: anything else is a DefinitionError
+    (an ActivedbError) saying what to give — it was a bare TypeError."""
+    engine = streams.StreamEngine(db, name="no_text", durable=False)
+    engine.create_stream("estream", types=BADGE_TYPES, attributes=("HCW-ID", "location"))
+    with pytest.raises(DefinitionError, match=r"take the definitions' text \(CREATE QUERY"):
+        engine.define(text)
+    with pytest.raises(DefinitionError, match=r"take the definitions' text"):
+        streams.parse(text)
+    assert engine.queries == {}
+
+
 @pytest.mark.parametrize("options", [{"types": "ENTER", "attributes": ("HCW-ID",)},
                                      {"types": BADGE_TYPES, "attributes": "location"}],
                          ids=["types", "attributes"])
