@@ -260,6 +260,9 @@ class CompositionEngine:
 
     def discard(self, event: StreamEvent) -> list[CompositeEvent]:
         """Remove ``event`` from every list (e.g. after ``UncertainOrder``, as the application decides)."""
+        if not isinstance(event, StreamEvent):
+            raise CompositeError(f"discard() takes the StreamEvent as it was signalled (or the one an "
+                                 f"UncertainOrder names), got {type(event).__name__} {event!r:.80}")
         if not isinstance(event.ts, Timestamp):      # signalled with a point ts: the lists hold it as take() made it
             try:
                 event = dataclasses.replace(event, ts=as_timestamp(event.ts, dict(event.attributes).get("producer")))

@@ -238,6 +238,17 @@ def test_discard_finds_an_event_signalled_with_a_point_timestamp_and_its_produce
     assert engine.statistics().dropped == 1 and engine.waiting() == {}
 
 
+@pytest.mark.parametrize("given", [None, "a0", {"type": "A", "ts": 1.0}], ids=["none", "a-text", "a-mapping"])
+def test_discard_of_what_is_no_event_is_a_composite_error_and_changes_nothing(given):
+    """``discard`` takes the StreamEvent as it was signalled: None, a text or a mapping failed with a bare
+    AttributeError ('has no attribute ts'), no ActivedbError."""
+    engine = make_engine(SEQ_CHRONICLE, {"PA": ["A"], "PB": ["B"]})
+    engine.signal(ev("A", 1.0, "PA", "a0"))
+    with pytest.raises(composite.CompositeError, match=r"discard\(\) takes the StreamEvent"):
+        engine.discard(given)
+    assert engine.statistics().dropped == 0 and engine.waiting() != {}
+
+
 def test_an_input_whose_time_is_not_of_the_engines_kind_is_refused_and_the_engine_goes_on():
     """Times are numbers or aware datetimes, one kind per engine: an input of the other kind is an
     ``EventRejected`` that changes nothing — a heartbeat given a datetime in a numeric engine was taken, and
