@@ -17,6 +17,7 @@ from activedb.ingest._interface import Batch, LedgerId
 from activedb.ingest._mapping import EventMapping
 from activedb.ingest._protocol import BatchHandler
 from activedb.ingest._rules import RulesHandler
+from activedb.ingest.errors import IngestError
 
 if TYPE_CHECKING:  # pragma: no cover
     from activedb.ingest._ingestion import IngestDatabase
@@ -74,10 +75,14 @@ def replay_dead_letters(db: IngestDatabase, app: Replayable, letters: Iterable[L
     dicts) into ``db``, whose rules ``app`` declared already, each through :func:`feed` with the original row
     (the rule path with ``app.prefetch``, or ``handler()``); event ids are checked under the original source.
     Waits for the detached rules."""
+    records = [letter if isinstance(letter, LetterRecord) else LetterRecord.from_mapping(letter) for letter in letters]
+    for letter in records:      # (each is replayed as the batch its id numbers: refuse before replaying any)
+        if isinstance(letter.id, bool) or not isinstance(letter.id, int) or letter.id < 0:
+            raise IngestError(f"dead letter {letter.reason!r:.60} of {letter.query_id!r} has no id (id={letter.id!r}): "
+                              f"replay letters as read from activedb_dead_letters, each with its id; no letter was "
+                              f"replayed")
     outcomes = []
-    for letter in letters:
-        if not isinstance(letter, LetterRecord):
-            letter = LetterRecord.from_mapping(letter)
+    for letter in records:
         original = original_query_name(letter.query_id)
         source = f"{REPLAY_PREFIX}{original}"
         row = letter.row()

@@ -1,0 +1,39 @@
+"""Replaying dead letters (``activedb.ingest.replay_dead_letters``) below the command: what it refuses."""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+
+import pytest
+
+from activedb import deadletters
+from activedb.ingest import replay_dead_letters
+from activedb.ingest.errors import IngestError
+from tests.spark_bridge import app_counters
+from tests.spark_bridge._streams import BASE_TIME, app_database, app_state
+
+APP = types.SimpleNamespace(mapping=app_counters.MAPPING, known_types=None, prefetch=None)
+
+
+@pytest.mark.parametrize("letter_id", [None, "7", -1], ids=["none", "a-text", "negative"])
+def test_a_letter_without_an_id_is_refused_before_any_letter_is_replayed(make_database_url, letter_id):
+    """A letter is replayed as the batch numbered by its id: one without a whole-number id (a dict that lost its
+    ``id``) failed with Batch's "a batch number is an integer from 0", which names no letter, after the letters
+    before it had been replayed — their outcomes lost with the error.  Now an IngestError names the letter and what
+    to give, and no letter is replayed."""
+    database = app_database(make_database_url("replay_no_id"))
+    try:
+        row = {"type": "add", "key": "k", "ts": BASE_TIME.isoformat(), "amount": 1, "seq": 1}
+        with database.transaction() as tx:
+            deadletters.insert(tx, "badges@00000000-0000-0000-0000-00000000000a", 0, [deadletters.Letter("why", row)])
+        [stored] = deadletters.select(database)
+        before = app_state(database)
+        lost = dataclasses.asdict(stored) | {"id": letter_id}
+        with pytest.raises(IngestError, match=r"dead letter 'why' of .* has no id .* as read from activedb_dead_letters"):
+            replay_dead_letters(database, APP, [stored, lost])
+        assert app_state(database) == before
+        [outcome] = replay_dead_letters(database, APP, [stored])
+        assert outcome.outcome == "applied" and app_state(database) != before
+    finally:
+        database.close()
