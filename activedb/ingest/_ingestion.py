@@ -68,8 +68,9 @@ class Ingestion:
                 raise IngestError(f"mapping: {error}") from None
         if not isinstance(source, str) or not source.strip():
             raise IngestError("the source name must be a non-empty string (it names the source in the ledger)")
-        if batch_attempts < 1:
-            raise IngestError("batch_attempts must be at least 1")
+        if isinstance(batch_attempts, bool) or not isinstance(batch_attempts, int) or batch_attempts < 1:
+            raise IngestError(f"batch_attempts must be a whole number of at least 1 (top-level attempts of a batch), "
+                              f"got {batch_attempts!r}")
         handler = RulesHandler() if handler is None else handler
         if not isinstance(handler, BatchHandler):
             raise IngestError(f"handler must be an activedb.ingest.BatchHandler (RulesHandler, "

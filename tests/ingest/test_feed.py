@@ -249,6 +249,19 @@ def test_known_types_that_are_no_collection_of_names_are_refused_saying_what_to_
         database.close()
 
 
+@pytest.mark.parametrize("batch_attempts", ["3", 2.5, True, None, 0])
+def test_batch_attempts_that_is_no_whole_number_from_1_is_refused_saying_what_to_give(database_url, batch_attempts):
+    """``Ingestion(batch_attempts=…)`` is a whole number of at least 1: a text or None failed with a bare TypeError
+    ('<' not supported), 2.5 was taken (three attempts) and True as one."""
+    database = app_database(database_url)
+    try:
+        with pytest.raises(IngestError, match=rf"batch_attempts must be a whole number of at least 1.*got "
+                                              rf"{re.escape(repr(batch_attempts))}"):
+            Ingestion(database, app_counters.MAPPING, source="attempted", batch_attempts=batch_attempts)
+    finally:
+        database.close()
+
+
 @pytest.mark.parametrize("batch_id", [-1, -5, "3", None, True, 3.0, 2**63])
 def test_a_batch_number_that_is_no_integer_from_0_is_refused_saying_what_to_give(database_url, batch_id):
     """``Ingestion.process`` takes a batch number as ``Batch`` does, an integer from 0 (one the ledger's bigint holds):
