@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from activedb.ingest import BatchHandler, EventMapping, RulesHandler, as_mapping, known_type_names
-from activedb.ingest.errors import AppLoadError, MappingError
+from activedb.ingest.errors import AppLoadError, IngestError, MappingError
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame
@@ -139,7 +139,10 @@ def app_handler(loaded: LoadedApp) -> BatchHandler:
         if callable(transactions) and not hasattr(transactions, "declare"):
             transactions = transactions()
         return TpgHandler(transactions)
-    return RulesHandler(loaded.prefetch)
+    try:
+        return RulesHandler(loaded.prefetch)
+    except IngestError as error:
+        raise AppLoadError(f"{loaded.name}: PREFETCH: {error}") from None
 
 
 def portable_spec(spec: AppSpec) -> str | Register:

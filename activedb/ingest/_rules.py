@@ -84,6 +84,12 @@ class RulesHandler(BatchHandler):
             raise IngestError(f"lower_declared must be True or False, got {lower_declared!r}")
         if isinstance(event_attempts, bool) or not isinstance(event_attempts, int) or event_attempts < 1:
             raise IngestError(f"event_attempts must be at least 1, got {event_attempts!r}")
+        if (prefetch is not None and not isinstance(prefetch, Mapping)) or any(
+                not isinstance(table, str) or not (how is None or isinstance(how, str) or callable(how))
+                for table, how in (prefetch or {}).items()):
+            raise IngestError(f"prefetch maps each table's name to how an event names its row — None (the event's "
+                              f"key), a payload field's name or a callable RawEvent -> key: {{'counters': None}}; got "
+                              f"{prefetch!r:.80}")
         self.db: IngestDatabase | None = None           # set once by bind()
         self.prefetch = dict(prefetch or {})
         self.event_attempts = event_attempts

@@ -437,6 +437,20 @@ def test_an_application_with_queries_and_an_executor_is_refused_saying_to_choose
         app_handler(load_app(module))
 
 
+@pytest.mark.parametrize("prefetch", ["5", "['items']"], ids=["a-number", "a-list"])
+def test_an_application_whose_prefetch_is_no_mapping_is_refused_saying_what_to_give(tmp_path, monkeypatch, prefetch):
+    """``PREFETCH = 5`` or ``['items']`` reached RulesHandler's dict() and failed with a bare TypeError or ValueError
+    (a traceback from ``activedb run``) instead of the AppLoadError that names the setting and what to give."""
+    from activedb.cli.application import app_handler, load_app
+    from activedb.ingest.errors import AppLoadError
+
+    module = f"prefetch_app_{len(prefetch)}"     # (one module name per case: imports are cached)
+    (tmp_path / f"{module}.py").write_text(f"PREFETCH = {prefetch}\n\ndef register(db):\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(AppLoadError, match=rf"{module}: PREFETCH: prefetch maps each table's name to how"):
+        app_handler(load_app(module))
+
+
 def test_an_application_whose_migrations_are_no_path_is_refused_saying_what_to_give(tmp_path, monkeypatch):
     """``MIGRATIONS = 5`` (or any value that is no path) failed the load with Python's TypeError ('expected str,
     bytes or os.PathLike object, not int') — a traceback from ``activedb run`` — instead of the AppLoadError that
