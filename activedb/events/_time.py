@@ -101,7 +101,11 @@ def elapsed(start: Instant, end: Instant) -> float:
 def _shifted(instant: Instant, amount: Duration) -> Instant:
     """``instant + amount`` (``amount``: seconds or timedelta, either kind of instant)."""
     if isinstance(instant, dt.datetime):
-        return instant + (amount if isinstance(amount, dt.timedelta) else dt.timedelta(seconds=amount))
+        try:
+            return instant + (amount if isinstance(amount, dt.timedelta) else dt.timedelta(seconds=amount))
+        except OverflowError:
+            raise InvalidTime(f"the accuracy {amount!r} takes {instant.isoformat()} beyond the datetimes Python holds "
+                              f"(years 1 to 9999); give a smaller accuracy") from None
     return instant + (amount.total_seconds() if isinstance(amount, dt.timedelta) else amount)
 
 

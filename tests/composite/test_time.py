@@ -121,3 +121,16 @@ def test_a_time_refused_is_an_invalid_time(make):
     an integer no float holds an OverflowError."""
     with pytest.raises(activedb.InvalidTime):
         make()
+
+
+@pytest.mark.parametrize("make", [
+    lambda: Timestamp.at(dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc), accuracy=1e12),
+    lambda: Timestamp.at(dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc), minus=0, plus=dt.timedelta(days=4e6)),
+    lambda: AccuracyInterval.around(dt.datetime(2, 1, 1, tzinfo=dt.timezone.utc), 1e8),
+    lambda: AccuracyInterval.around(dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc), 1e15),
+], ids=["past-year-9999", "timedelta-past-year-9999", "before-year-1", "no-timedelta-holds"])
+def test_an_accuracy_that_takes_a_datetime_out_of_range_is_an_invalid_time(make):
+    """``[reference ± α]`` of a datetime beyond the datetimes Python holds (year 1 to 9999) is an ``InvalidTime`` naming
+    the reference and the accuracy — it was an OverflowError ('date value out of range'), no ActivedbError."""
+    with pytest.raises(activedb.InvalidTime, match=r"accuracy .* takes .* beyond the datetimes"):
+        make()
