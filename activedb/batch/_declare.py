@@ -473,6 +473,9 @@ def _inserted_into(tables: tuple[str, ...], result: object) -> InsertedInto:
 def _candidates(table: str, candidates: Iterable[Hashable] | None) -> tuple[Hashable, ...] | None:
     if candidates is None:
         return None
+    if isinstance(candidates, (str, bytes)):        # (read letter by letter, no key would be among them)
+        raise DeclarationError(f"candidates of {table} is one text, {candidates!r}; give the keys as a collection: "
+                               f"candidates=[{candidates!r}]")
     return tuple(_state((table, key), "candidates")[1] for key in candidates)
 
 

@@ -223,3 +223,16 @@ def test_fired_in_a_transaction_a_computed_key_names_its_row_as_in_a_batch(db):
         tx.emit("computed_one_tuple", key="k", ts=0.0, payload={})
     with db.engine.connect() as connection:
         assert connection.execute(sa.text("SELECT key, note FROM items")).all() == [("k", "computed")]
+
+
+@pytest.mark.parametrize("candidates", ["xy", b"xy"], ids=["a-text", "bytes"])
+def test_candidates_given_as_one_text_are_refused_where_they_are_declared(candidates):
+    """``candidates`` is a collection of keys: one text was read letter by letter (``"xy"`` as the keys 'x' and
+    'y'), so a key function returning ``"xy"`` made every event a dead letter "not among its declared candidates".
+    The declaration is refused, saying to write a list."""
+    ops = batch.Ops(batch.BatchEvent("computed", "xy"))
+    with pytest.raises(batch.errors.DeclarationError, match=r"candidates of items is one text, .*candidates=\["):
+        ops.write_any("items", lambda: "xy", lambda own: {"note": "computed"}, candidates=candidates)
+    with pytest.raises(batch.errors.DeclarationError, match=r"candidates of items is one text, .*candidates=\["):
+        ops.read_any("items", lambda: "xy", candidates=candidates)
+    ops.read_any("items", lambda: "xy", candidates=["xy"])
