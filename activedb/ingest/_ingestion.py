@@ -71,6 +71,8 @@ class Ingestion:
         if isinstance(batch_attempts, bool) or not isinstance(batch_attempts, int) or batch_attempts < 1:
             raise IngestError(f"batch_attempts must be a whole number of at least 1 (top-level attempts of a batch), "
                               f"got {batch_attempts!r}")
+        if not isinstance(lineage, bool):           # (a text such as "no" is true to Python)
+            raise IngestError(f"lineage must be True or False, got {lineage!r}")
         handler = RulesHandler() if handler is None else handler
         if not isinstance(handler, BatchHandler):
             raise IngestError(f"handler must be an activedb.ingest.BatchHandler (RulesHandler, "

@@ -262,6 +262,18 @@ def test_batch_attempts_that_is_no_whole_number_from_1_is_refused_saying_what_to
         database.close()
 
 
+@pytest.mark.parametrize("lineage", ["no", 0, None], ids=["a-text", "a-number", "none"])
+def test_lineage_that_is_no_bool_is_refused_saying_what_to_give(database_url, lineage):
+    """``Ingestion(lineage=…)`` is a switch: ``"no"`` is true to Python, so every batch transaction recorded the
+    source batch it consumed while its caller had asked for the opposite."""
+    database = app_database(database_url)
+    try:
+        with pytest.raises(IngestError, match=rf"lineage must be True or False, got {re.escape(repr(lineage))}"):
+            Ingestion(database, app_counters.MAPPING, source="lineaged", lineage=lineage)
+    finally:
+        database.close()
+
+
 @pytest.mark.parametrize("batch_id", [-1, -5, "3", None, True, 3.0, 2**63])
 def test_a_batch_number_that_is_no_integer_from_0_is_refused_saying_what_to_give(database_url, batch_id):
     """``Ingestion.process`` takes a batch number as ``Batch`` does, an integer from 0 (one the ledger's bigint holds):
