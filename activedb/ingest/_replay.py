@@ -75,6 +75,10 @@ def replay_dead_letters(db: IngestDatabase, app: Replayable, letters: Iterable[L
     dicts) into ``db``, whose rules ``app`` declared already, each through :func:`feed` with the original row
     (the rule path with ``app.prefetch``, or ``handler()``); event ids are checked under the original source.
     Waits for the detached rules."""
+    if isinstance(letters, (LetterRecord, Mapping, str, bytes)) or not isinstance(letters, Iterable):
+        raise IngestError(f"letters is one {type(letters).__name__}, not a collection of letters: give a list of "
+                          f"LetterRecords or rows of activedb_dead_letters — one letter is [letter]; no letter was "
+                          f"replayed")
     records = [letter if isinstance(letter, LetterRecord) else LetterRecord.from_mapping(letter) for letter in letters]
     for letter in records:      # (each is replayed as the batch its id numbers: refuse before replaying any)
         if isinstance(letter.id, bool) or not isinstance(letter.id, int) or letter.id < 0:

@@ -37,3 +37,20 @@ def test_a_letter_without_an_id_is_refused_before_any_letter_is_replayed(make_da
         assert outcome.outcome == "applied" and app_state(database) != before
     finally:
         database.close()
+
+
+def test_one_letter_where_the_letters_belong_is_refused_saying_what_to_give(make_database_url):
+    """``replay_dead_letters`` takes a collection of letters: one letter's row (a dict) was iterated, each of its
+    column names failing LetterRecord with a bare AttributeError ('str' object has no attribute 'get'), and one
+    LetterRecord failed with a TypeError (not iterable)."""
+    database = app_database(make_database_url("replay_one"))
+    try:
+        row = {"type": "add", "key": "k", "ts": BASE_TIME.isoformat(), "amount": 1, "seq": 1}
+        with database.transaction() as tx:
+            deadletters.insert(tx, "badges@00000000-0000-0000-0000-00000000000a", 0, [deadletters.Letter("why", row)])
+        [stored] = deadletters.select(database)
+        for one in (stored, dataclasses.asdict(stored)):
+            with pytest.raises(IngestError, match=r"letters is one .*, not a collection of letters: .*\[letter\]"):
+                replay_dead_letters(database, APP, one)
+    finally:
+        database.close()
