@@ -216,6 +216,7 @@ class CompositionEngine:
 
     def submit(self, items: Iterable[StreamEvent | Heartbeat]) -> list[CompositeEvent]:
         """Signal every item in the order given (each producer's items in its order)."""
+        _check_items(items)
         with self._guard:
             for item in items:
                 self._input.take(item)
@@ -225,6 +226,7 @@ class CompositionEngine:
         """``submit`` within transaction ``tx``: every composite event is emitted into ``tx`` (rules on
         ``engine.spec(query)`` fire), and if ``tx``'s top-level transaction aborts, the engine's state
         returns to what it was before the first batch of that transaction."""
+        _check_items(items)
         with self._guard:
             self._rollback.enlist(tx.root)
             for item in items:
@@ -444,3 +446,11 @@ def _check_composable(query: CompiledQuery) -> None:
     if query.selection is not ast.Selection.SKIP_TILL_ANY_MATCH:
         raise DefinitionError(f"{what}: MATCHING is the point-time matcher's selection; composition uses "
                               f"CONSUMING CHRONICLE|RECENT")
+
+
+def _check_items(items: object) -> None:
+    """Refuse what is no collection of inputs (one input where they belong would be taken apart) before anything
+    changes."""
+    if isinstance(items, (StreamEvent, Heartbeat, Mapping, str, bytes)) or not isinstance(items, Iterable):
+        raise CompositeError(f"items is {type(items).__name__} {items!r:.80}, not a collection of inputs: give a list "
+                             f"of StreamEvent and Heartbeat objects — one input is [item], or signal(item)")

@@ -249,6 +249,17 @@ def test_discard_of_what_is_no_event_is_a_composite_error_and_changes_nothing(gi
     assert engine.statistics().dropped == 0 and engine.waiting() != {}
 
 
+@pytest.mark.parametrize("given", [ev("A", 1.0, "PA", "a0"), None, 5, "a0", {"type": "A", "ts": 1.0}],
+                         ids=["one-event", "none", "a-number", "a-text", "a-mapping"])
+def test_submit_of_what_is_no_collection_of_inputs_is_a_composite_error_and_changes_nothing(given):
+    """``submit(items)`` takes a collection of inputs: one StreamEvent failed with a bare KeyError (0), None or a number
+    with a TypeError ('object is not iterable'), none an ActivedbError; one input is ``signal(item)`` or ``[item]``."""
+    engine = make_engine(SEQ_CHRONICLE, {"PA": ["A"], "PB": ["B"]})
+    with pytest.raises(composite.CompositeError, match=r"items is .*, not a collection of inputs: .*\[item\]"):
+        engine.submit(given)
+    assert engine.statistics().events == 0 and engine.waiting() == {}
+
+
 def test_an_input_whose_time_is_not_of_the_engines_kind_is_refused_and_the_engine_goes_on():
     """Times are numbers or aware datetimes, one kind per engine: an input of the other kind is an
     ``EventRejected`` that changes nothing — a heartbeat given a datetime in a numeric engine was taken, and
