@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Mapping
 
 from activedb.composite._engine import CompositionEngine
 from activedb.composite._model import CompositeEvent, Heartbeat
+from activedb.errors import InvalidTime
 from activedb.events import Instant, Timestamp, elapsed
 from activedb.ingest import BatchHandler, BatchInput, EventMapping, IngestionLedger, Rejected, Rows, is_arrow, to_utc
 from activedb.ingest.errors import IngestError, InvalidField, MappingError
@@ -119,7 +120,7 @@ def _rows_to_items(rows: Rows, mapping: EventMapping) -> tuple[
                 local = _local(row[mapping.local_ts_column], f"local timestamp ({mapping.local_ts_column!r})")
             try:
                 stamp = Timestamp.at(reference, minus=minus, plus=plus, producer=producer, local=local)
-            except OverflowError:       # (only an accuracy can take the interval beyond datetime's years 1 to 9999)
+            except InvalidTime:         # (only an accuracy can take the interval beyond datetime's years 1 to 9999)
                 raise InvalidField(f"{accuracy} is {minus!r} s before, {plus!r} s after {reference.isoformat()}: out "
                                    f"of the representable range (years 1 to 9999)") from None
             if mapping.heartbeat_type is not None and event_type == mapping.heartbeat_type:
