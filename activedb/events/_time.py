@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, TypeAlias, Union
 
 from activedb._closedset import ClosedSet
-from activedb.errors import InvalidTime
+from activedb.errors import BadArgument, InvalidTime
 
 
 class TimeUnit(ClosedSet):
@@ -238,7 +238,9 @@ class Timestamp:
         if not isinstance(self.interval, AccuracyInterval):
             raise TypeError(f"Timestamp.interval must be an AccuracyInterval, got {self.interval!r}")
         if self.producer is not None and (not isinstance(self.producer, str) or not self.producer):
-            raise ValueError(f"a producer is a non-empty string, got {self.producer!r}")
+            raise BadArgument(f"Timestamp(producer={self.producer!r}): a producer is a non-empty string")
+        if self.clock is not None and not isinstance(self.clock, LocalClock):
+            raise BadArgument(f"Timestamp(clock={self.clock!r}): a clock is an activedb.events.LocalClock (or None)")
         if self.local is not None:
             check_time(self.local, "local timestamp")
         if self.reference is None:                     # the middle of the interval

@@ -134,3 +134,16 @@ def test_an_accuracy_that_takes_a_datetime_out_of_range_is_an_invalid_time(make)
     the reference and the accuracy — it was an OverflowError ('date value out of range'), no ActivedbError."""
     with pytest.raises(activedb.InvalidTime, match=r"accuracy .* takes .* beyond the datetimes"):
         make()
+
+
+@pytest.mark.parametrize("make", [
+    lambda: Timestamp.at(1.0, producer=5), lambda: Timestamp.at(1.0, producer=""),
+    lambda: Timestamp.point(1.0, producer=["P"]), lambda: Timestamp.at(1.0, clock=5),
+    lambda: Timestamp.between(1.0, 2.0, clock="exact"),
+], ids=["number-producer", "empty-producer", "list-producer", "number-clock", "text-clock"])
+def test_a_timestamp_s_producer_or_clock_of_the_wrong_kind_is_a_bad_argument(make):
+    """A Timestamp's producer is a non-empty text and its clock a LocalClock: a producer of another kind was a bare
+    ValueError (no ActivedbError), and a clock of another kind was taken, failing later where the producer's local
+    order is asked (``'int' object has no attribute 'orders'``)."""
+    with pytest.raises(activedb.BadArgument, match=r"Timestamp\(producer=|Timestamp\(clock="):
+        make()
