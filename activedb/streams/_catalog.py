@@ -53,6 +53,11 @@ class StreamSchema:
     tie_key: Callable[[StreamEvent], object] | None = None
 
     def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise DefinitionError(f"a stream's name is a non-empty text, got {self.name!r}")
+        if self.tie_key is not None and not callable(self.tie_key):
+            raise DefinitionError(f"stream {self.name}: tie_key is a function event -> sortable (or None), got "
+                                  f"{self.tie_key!r}")
         for parameter, names in (("types", self.types), ("attributes", self.attributes)):
             if isinstance(names, str):       # (tuple() would read it letter by letter)
                 raise DefinitionError(f"stream {self.name}: {parameter} is a collection of names, got the text "

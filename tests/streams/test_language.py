@@ -157,6 +157,20 @@ def test_a_definition_that_is_no_text_is_a_definition_error(db, text):
     assert engine.queries == {}
 
 
+@pytest.mark.parametrize("name, options, match", [
+    (None, {}, r"a stream's name is a non-empty text, got None"), ("", {}, r"a stream's name is a non-empty text"),
+    ("estream", {"tie_key": 5}, r"stream estream: tie_key is a function event -> sortable \(or None\), got 5"),
+], ids=["none-name", "empty-name", "number-tie-key"])
+def test_a_stream_s_name_or_tie_key_of_the_wrong_kind_is_refused(db, name, options, match):
+    """``create_stream`` refuses a name that is no non-empty text and a tie_key that is no function: both were taken —
+    a stream named None, and a tie_key of 5 called on every event with equal timestamps, each then a dead letter
+    ('int' object is not callable)."""
+    engine = streams.StreamEngine(db, name="bad_stream", durable=False)
+    with pytest.raises(DefinitionError, match=match):
+        engine.create_stream(name, types=BADGE_TYPES, **options)
+    assert engine.streams == {}
+
+
 @pytest.mark.parametrize("options", [{"types": "ENTER", "attributes": ("HCW-ID",)},
                                      {"types": BADGE_TYPES, "attributes": "location"}],
                          ids=["types", "attributes"])
