@@ -246,6 +246,9 @@ def query_definition(name: str, *, pattern: PatternLike, returns: Returns, where
     except (TypeError, ValueError):
         raise DefinitionError(f"query {name}: within is the window in seconds (a number) or None, got {within!r}"
                               ) from None
+    if isinstance(returns, (str, bytes)) or not isinstance(returns, Iterable):     # (a text: read letter by letter)
+        raise DefinitionError(f"query {name}: returns is a mapping {{'name': expression}} or a list of attribute "
+                              f"references (streams.event('A')['attribute']), got {returns!r}")
     return ast.QueryDefinition(name=name, pattern=pattern, returns=_returns(returns), where=_where(where),
                                within=window, stream=stream,
                                selection=selection, priority=_priority(f"query {name}", priority),

@@ -171,6 +171,18 @@ def test_a_stream_s_name_or_tie_key_of_the_wrong_kind_is_refused(db, name, optio
     assert engine.streams == {}
 
 
+@pytest.mark.parametrize("returns", [None, 5, "EXIT.HCW-ID"], ids=["none", "a-number", "a-text"])
+def test_returns_that_is_no_collection_of_expressions_is_a_definition_error(db, returns):
+    """``query(returns=…)`` is a mapping name -> expression or a list of attribute references: None or a number failed
+    with a bare TypeError ('object is not iterable'), and a text was read letter by letter ("name the returned
+    expression Literal(value='E')")."""
+    engine = streams.StreamEngine(db, name="returns", durable=False)
+    engine.create_stream("estream", types=BADGE_TYPES, attributes=("HCW-ID", "location"))
+    with pytest.raises(DefinitionError, match=r"query Q: returns is a mapping \{'name': expression\} or a list"):
+        engine.query("Q", pattern=streams.seq("EXIT"), returns=returns)
+    assert engine.queries == {}
+
+
 @pytest.mark.parametrize("options", [{"types": "ENTER", "attributes": ("HCW-ID",)},
                                      {"types": BADGE_TYPES, "attributes": "location"}],
                          ids=["types", "attributes"])
