@@ -85,6 +85,9 @@ class LedgerId:
         """The id written as ``text``.  Text without ``@`` (``capture:orders``, ``replay:badges``, the plain-write
         baseline's bare Spark ids) is a source without a run; so is text whose part after the last ``@`` is no
         run (it then belongs to the source's name)."""
+        if not isinstance(text, str):
+            raise BadArgument(f"a ledger id is the text SOURCE@RUN[#pN] (or a source's name without a run), got "
+                              f"{text!r}")
         parts = _split(text)
         return cls(text) if parts is None else cls(*parts)
 

@@ -45,6 +45,18 @@ def test_a_ledger_id_that_would_not_read_back_is_refused(arguments, message):
         LedgerId(*arguments)
 
 
+@pytest.mark.parametrize("text", [None, 5, b"badges@run"], ids=["none", "a-number", "bytes"])
+def test_a_ledger_id_to_parse_that_is_no_text_is_refused(text):
+    """``LedgerId.parse`` (and ``parse_ledger_query_id``) read a text: anything else was a bare AttributeError
+    ('NoneType' object has no attribute 'rpartition'), no ActivedbError."""
+    from activedb.ingest import parse_ledger_query_id
+
+    with pytest.raises(BadArgument, match=r"a ledger id is the text SOURCE@RUN"):
+        LedgerId.parse(text)
+    with pytest.raises(BadArgument, match=r"a ledger id is the text SOURCE@RUN"):
+        parse_ledger_query_id(text)
+
+
 def test_a_batch_checks_its_number_and_watermark():
     assert Batch(0, [{"a": 1}]).row_count == 1
     with pytest.raises(BadArgument, match="from 0"):
