@@ -497,9 +497,14 @@ def _declared_phases(database, size: int) -> dict[str, Any]:
         ("declare and execute (Python)", ("activedb/batch/_runtime.py", "execute_batch")),
         ("write (UPDATE, INSERTs)", ("activedb/batch/_commit.py", "_send")))}
     timings = outcome.timings
+    # The three parts are the profiled batch's, scaled; they are shares of the median batch's commit, never more (a
+    # busy machine can stall the profiled batch's statements more than the median one's: its parts would then add
+    # up to more than the median batch's whole commit).
+    commit = timings.flush + timings.commit
+    if sum(commit_parts.values()) > commit:
+        commit_parts = {phase: seconds * commit / sum(commit_parts.values()) for phase, seconds in commit_parts.items()}
     phases = {"validate": timings.validate, "lower and enlist": timings.engine, **commit_parts,
-              "rest of the flush (ledger, lineage, COMMIT)": max(0.0, timings.flush + timings.commit
-                                                                 - sum(commit_parts.values()))}
+              "rest of the flush (ledger, lineage, COMMIT)": max(0.0, commit - sum(commit_parts.values()))}
     waiting = database_wait(stats)
     return {"us_per_event": round(per_event_us, 1),
             "phases_us_per_event": {phase: round(seconds / size * 1e6, 2) for phase, seconds in phases.items()},
