@@ -25,7 +25,7 @@ from activedb.atomic.errors import LineageError
 if TYPE_CHECKING:  # pragma: no cover
     from activedb.events import Event
     from activedb.store import Catalog
-    from activedb.store._writeset import Key
+    from activedb.store import Key
     from activedb.txn import Transaction
 
 #: A row: its table and its key.

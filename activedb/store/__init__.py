@@ -2,7 +2,8 @@
 
 Public names: :class:`Catalog` (and :class:`KeysCheck`, its check of generated keys as a statement), :class:`TableInfo`, :class:`Entry`, :class:`EntryKind`, :func:`resolve`,
 :func:`fetch_rows`, :func:`rows_by_key`, :func:`lock_row`, :func:`apply_write_set`, :func:`jsonable`, :func:`storable_text`, :func:`exact_json`,
-:func:`from_exact_json`, :func:`matches`, :func:`same_image`; ``Json`` (a JSON value); the closed sets :class:`Granularity`, :class:`IsolationLevel`.
+:func:`from_exact_json`, :func:`matches`, :func:`same_image`; ``Json`` (a JSON value), ``Key`` (a row's primary-key
+values, in key-column order); the closed sets :class:`Granularity`, :class:`IsolationLevel`.
 """
 
 from activedb.store._catalog import KEY_BLOCK, Catalog, KeysCheck

@@ -4,7 +4,8 @@ correctness (Wang, Rundensteiner, Ellison, *Active Complex Event Processing over
 Public interface: :class:`StreamEngine` (``create_stream``, ``define`` or ``query``/``rule``,
 ``process(tx, events, punctuation=…)`` per micro-batch, ``feed``, ``statistics``), :class:`QueriesHandler`
 (batches of any ingestion connector into engines: ``handler=QueriesHandler(engine)``), the Python builders
-(``seq``, ``event``, ``store``, …), the schedulers and the algebra.  The design note is
+(``seq``, ``event``, ``store``, …), the schedulers and the algebra, and the stream history (:class:`StreamHistory`,
+:class:`StreamOp`: what ``activedb.testing.check_stream_history`` checks).  The design note is
 ``activedb/streams/README.md``.
 """
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Hashable, Iterable, Mapping, TypeAlias
 
 if TYPE_CHECKING:  # pragma: no cover
-    from activedb.streams._history import StreamOp
+    from activedb.streams import StreamOp
 
 #: A row as the history names it: ``(table, key)``.
 _Row: TypeAlias = "tuple[str | None, Hashable]"
