@@ -97,6 +97,39 @@ def test_no_package_imports_a_private_name_of_another():
     assert not private, "imports of another package's private names:\n" + "\n".join(sorted(private))
 
 
+# Imports of a subpackage's private module or name that another part of activedb may still make, each with its
+# reason ("importer -> target").  Empty: every subpackage offers what the others use among its public names.
+SUBPACKAGE_PRIVATE_ALLOWED: frozenset[str] = frozenset()
+
+
+def is_private(piece: str) -> bool:
+    return piece.startswith("_") and not piece.startswith("__")
+
+
+def test_no_subpackage_imports_a_private_name_of_another():
+    """Subpackages of activedb meet at their public names too: no import (type-checking ones included) from a
+    module of activedb reaches, in a subpackage other than its own part (``activedb.store`` for
+    ``activedb.atomic._lineage``), a module or name below it whose path has a part starting with ``_``
+    (``activedb.store._writeset.Key``; ``activedb.store.Key`` is the public one).  The top-level modules of
+    activedb (``activedb._handle``, ``activedb._closedset``) are the package's own and stay out of it."""
+    known = modules()
+    subpackages = {part(name) for name, path in known.items()
+                   if name.startswith("activedb.") and path.name == "__init__.py" and name.count(".") == 1}
+    private = []
+    for name, path in known.items():
+        if package_of(name) != "activedb":
+            continue
+        for targets, _ in imports(name, path):
+            for target in targets:
+                owner = part(target)
+                if package_of(target) != "activedb" or owner == part(name) or owner not in subpackages:
+                    continue
+                below = target.split(".")[2:]
+                if any(is_private(piece) for piece in below) and f"{name} -> {target}" not in SUBPACKAGE_PRIVATE_ALLOWED:
+                    private.append(f"{name} -> {target}")
+    assert not private, "imports of another subpackage's private names:\n" + "\n".join(sorted(private))
+
+
 def test_every_part_has_a_layer_in_the_readme():
     missing = {part(module) for module in modules()} - set(layers())
     assert not missing, f"parts missing from the README's layer drawing: {sorted(missing)}"
