@@ -96,6 +96,7 @@ class Executor:
         self._parked: list[Work] = []            # waiting for PostgreSQL to come back
         self._runners = 0                        # Invariant: 0 <= _runners <= max_groups
         self._running = 0                        # works taken by runners and not yet settled
+        self._idle_waiters = 0                   # threads in wait_idle
         self._closed = False
         self.groups = 0                          # group transactions committed
         self.splits = 0                          # groups split to isolate a failure
@@ -146,6 +147,12 @@ class Executor:
         with self._mutex:
             return len(self._ready) + self._running + len(self._parked)
 
+    @property
+    def idle_waiters(self) -> int:
+        """Threads in :meth:`wait_idle` now."""
+        with self._mutex:
+            return self._idle_waiters
+
     def statistics(self) -> dict[str, int]:
         with self._mutex:
             return {"ready": len(self._ready), "running": self._running, "parked": len(self._parked),
@@ -154,8 +161,12 @@ class Executor:
     def wait_idle(self, timeout: float | None) -> bool:
         bounded = None if timeout is None else min(timeout, threading.TIMEOUT_MAX)  # (inf: no thread waits so long)
         with self._idle:
-            return self._idle.wait_for(lambda: not self._ready and self._running == 0 and self._runners == 0,
-                                       bounded)
+            self._idle_waiters += 1
+            try:
+                return self._idle.wait_for(lambda: not self._ready and self._running == 0 and self._runners == 0,
+                                           bounded)
+            finally:
+                self._idle_waiters -= 1
 
     def close(self) -> None:
         with self._mutex:

@@ -353,6 +353,29 @@ class Outbox:
         ``activedb.testing`` waits for the group transactions they are about to begin)."""
         return self._executor.runners
 
+    @property
+    def idle_waiters(self) -> int:
+        """Threads in :meth:`wait_idle` now (waiting, or about to, for this process's firings to be run)."""
+        return self._executor.idle_waiters
+
+    @property
+    def recovery_running(self) -> bool:
+        """Whether this process's recovery thread runs: started by :meth:`start` (its liveness lock taken), until
+        :meth:`close`."""
+        with self._mutex:
+            thread = self._thread
+        return thread is not None and thread.is_alive()
+
+    def recording(self, transaction: "Transaction") -> bool:
+        """Whether the outbox records firings of ``transaction``'s tree at its commit: its recording participant is
+        enlisted in the tree's root from the tree's first detached-family firing on (a tree that fires none costs
+        its commit nothing here).  Changes nothing."""
+        state = lowlevel.slot(transaction.root, TreeState, create=False)
+        if state is None:
+            return False
+        with state.mutex:
+            return state.participant is not None
+
     # --- recovery -----------------------------------------------------------------------------
 
     def rules_changed(self) -> None:

@@ -26,14 +26,12 @@ import pytest
 import sqlalchemy as sa
 from click.testing import CliRunner
 
-from activedb import lowlevel
 import activedb
 from activedb import Coupling, Event, EventKind
 from activedb.cli import main
 from activedb.errors import GeneratedKeysReset, OutboxError, RuleDefinitionChangedWarning, SerializationConflict
 from activedb.outbox import _records
 from activedb.testing import wait_until
-from activedb.outbox._recording import TreeState
 
 TIMEOUT = 60
 
@@ -279,10 +277,6 @@ def test_an_attempt_database_run_retries_leaves_no_detached_firing(db):
     assert len(attempts) == 2 and seen(db) == [("once", "2")]
 
 
-def outbox_participant(tx):
-    """The outbox's recording participant of ``tx``'s tree (None: none enlisted)."""
-    state = lowlevel.slot(tx.root, TreeState, create=False)
-    return state.participant if state is not None else None
 
 
 def test_a_tree_that_fires_nothing_enlists_no_outbox_participant(db):
@@ -291,15 +285,15 @@ def test_a_tree_that_fires_nothing_enlists_no_outbox_participant(db):
 
     def body(tx):
         tx.write("accounts", 1, owner="ann", balance=10)
-        seen_participants.append(outbox_participant(tx))
+        seen_participants.append(db.outbox.recording(tx))
 
     for _ in range(3):
         db.run(body)
     with db.transaction() as tx:
         db.outbox.mark_replayed(tx)            # the Spark sink's policy: any abort is re-run
         tx.write("accounts", 2, owner="bob", balance=5)
-        seen_participants.append(outbox_participant(tx))
-    assert seen_participants == [None] * 4
+        seen_participants.append(db.outbox.recording(tx))
+    assert seen_participants == [False] * 4
     assert records(db) == []
 
 
@@ -314,15 +308,15 @@ def test_a_tree_that_fires_later_still_runs_its_firing_exactly_once(db):
         attempts.append(1)
         row = tx.read("accounts", 1, for_update=True)      # enlists the row-lock participant first
         tx.write("accounts", 1, balance=row["balance"] + 1)
-        before.append(outbox_participant(tx))
+        before.append(db.outbox.recording(tx))
         tx.signal("late", attempt=len(attempts))
-        after.append(outbox_participant(tx))
+        after.append(db.outbox.recording(tx))
         if len(attempts) == 1:
             raise SerializationConflict("as if another process had changed a row this attempt read")
 
     db.run(body)
     db.rules.wait_idle(TIMEOUT)
-    assert before == [None, None] and all(participant is not None for participant in after)
+    assert before == [False, False] and all(after)
     assert seen(db) == [("late", "2")]
     assert records(db) == [("late", "done", "committed", False)]
 
@@ -584,7 +578,7 @@ def test_wait_idle_for_ever_waits_until_the_firings_ran(db):
     waiter = threading.Thread(target=wait_for_ever)
     waiter.start()
     try:        # (the waiter in the executor's idle condition, or failed: the firing still runs either way)
-        wait_until(lambda: outcome or db.outbox._executor._idle._waiters, TIMEOUT, "the waiter waits")
+        wait_until(lambda: outcome or db.outbox.idle_waiters, TIMEOUT, "the waiter waits")
     finally:
         release.set()
         waiter.join(TIMEOUT)
@@ -647,8 +641,7 @@ def test_an_outbox_whose_liveness_lock_could_not_be_taken_starts_at_the_next_att
             with pytest.raises(sa.exc.OperationalError):
                 database.outbox.start()
         database.outbox.start()
-        thread = database.outbox._thread
-        assert thread is not None and thread.is_alive()
+        assert database.outbox.recovery_running
     finally:
         database.close()
 
@@ -658,12 +651,10 @@ def test_firings_handed_to_a_closed_outbox_are_left_pending_and_wait_idle_return
     process shuts down) stays pending in PostgreSQL for the next process, as ``close()`` says of queued work; it was
     queued where no runner would ever take it, and ``wait_idle`` then waited out its whole timeout and raised
     TimeoutError."""
-    from activedb.outbox._executor import Work
-
     database = activedb.connect(migrated, outbox_options={"recovery_interval": None})
     try:
         database.outbox.close()
-        database.outbox._executor.submit([Work(record_id=1, firing=None)])   # type: ignore[arg-type]
+        database.outbox.run_recorded([(1, None, 0)])   # type: ignore[list-item]
         assert database.outbox.running == 0
         database.outbox.wait_idle(TIMEOUT)
     finally:
