@@ -422,7 +422,8 @@ def test_an_observer_of_firings_and_aborts_keeps_the_sinks_shape_on_savepoints(d
 
 def test_a_savepoint_kept_after_it_ended_refuses_work_and_tells_its_outcome(db):
     """A savepoint user code keeps after its end answers ``state``, ``parent`` and ``id`` as its frame would, and
-    refuses work as a committed frame does; a field only a frame keeps, read from it, decodes it alone."""
+    refuses work as a committed frame does; a call that needs a frame (a read: a savepoint answers one from its
+    root's records only while it runs) decodes it alone, into a frame of the same tree."""
     kept = []
     with db.transaction() as tx:
         run_inline(tx, lambda child, _: kept.append(child), None, "kept")
@@ -432,7 +433,9 @@ def test_a_savepoint_kept_after_it_ended_refuses_work_and_tells_its_outcome(db):
         with pytest.raises(activedb.TransactionError, match="committed"):
             kept[0].write("items", "a", value=1)
         assert type(kept[0]).__name__ == "Savepoint"
-        assert kept[0]._tree_rows is tx._tree_rows and type(kept[0]).__name__ == "Transaction"
+        with pytest.raises(activedb.TransactionError, match="committed"):
+            kept[0].read("items", "a")
+        assert type(kept[0]).__name__ == "Transaction" and kept[0].root is tx
         assert kept[0].state is activedb.TxnState.COMMITTED and kept[0].parent is tx
 
 
