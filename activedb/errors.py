@@ -61,32 +61,39 @@ class BadArgument(ActivedbError, ValueError):
     Also a ``ValueError``, as such errors were before they were activedb's."""
 
 
-def check_whole_number(owner: str, name: str, value: object, least: int, meaning: str = "") -> None:
-    """Raise :class:`BadArgument` unless ``value`` (given as ``owner(name=value)``) is an ``int`` (not a bool) of at
-    least ``least``; ``meaning`` says what the number is, in the message."""
+# The argument checks every package uses (one owner; extenders find them in ``activedb.lowlevel``).  Each raises
+# ``error`` — BadArgument unless the caller's package has its own class (``CaptureError``) — with the message
+# ``owner(name=value) takes …``: the argument, and what to give.
+
+def check_whole_number(owner: str, name: str, value: object, least: int, meaning: str = "", *,
+                       error: type[ActivedbError] = BadArgument) -> None:
+    """Raise ``error`` (:class:`BadArgument`) unless ``value`` (given as ``owner(name=value)``) is an ``int`` (not a
+    bool) of at least ``least``; ``meaning`` says what the number is, in the message."""
     if isinstance(value, bool) or not isinstance(value, int) or value < least:
-        raise BadArgument(f"{owner}({name}={value!r}) takes a whole number of at least {least}{meaning}")
+        raise error(f"{owner}({name}={value!r}) takes a whole number of at least {least}{meaning}")
 
 
-def check_switch(owner: str, name: str, value: object, none: str | None = None) -> None:
-    """Raise :class:`BadArgument` unless ``value`` (given as ``owner(name=value)``) is True or False, or None if
-    ``none`` says what None means (a text such as 'false' is true to Python: never taken for a switch)."""
+def check_switch(owner: str, name: str, value: object, none: str | None = None, *,
+                 error: type[ActivedbError] = BadArgument) -> None:
+    """Raise ``error`` (:class:`BadArgument`) unless ``value`` (given as ``owner(name=value)``) is True or False, or
+    None if ``none`` says what None means (a text such as 'false' is true to Python: never taken for a switch)."""
     if not isinstance(value, bool) and (value is not None or none is None):
         alternative = "" if none is None else f" (None: {none})"
-        raise BadArgument(f"{owner}({name}={value!r}) takes True or False{alternative}")
+        raise error(f"{owner}({name}={value!r}) takes True or False{alternative}")
 
 
-def check_seconds(owner: str, name: str, value: object, *, none: str | None, zero: bool = True) -> None:
-    """Raise :class:`BadArgument` unless ``value`` (given as ``owner(name=value)``) is a number of seconds (not a
-    bool, not NaN; infinity is one) of at least 0 (``zero=False``: above 0), or None if ``none`` says what
-    None means."""
+def check_seconds(owner: str, name: str, value: object, *, none: str | None, zero: bool = True,
+                  error: type[ActivedbError] = BadArgument) -> None:
+    """Raise ``error`` (:class:`BadArgument`) unless ``value`` (given as ``owner(name=value)``) is a number of
+    seconds (not a bool, not NaN; infinity is one) of at least 0 (``zero=False``: above 0), or None if ``none``
+    says what None means."""
     if value is None and none is not None:
         return
     number = value if isinstance(value, (int, float)) and not isinstance(value, bool) else float("nan")
     if not (number >= 0 if zero else number > 0):
         bound = "of at least 0" if zero else "above 0"
         alternative = "" if none is None else f"None ({none}) or "
-        raise BadArgument(f"{owner}({name}={value!r}) takes {alternative}a number of seconds {bound}")
+        raise error(f"{owner}({name}={value!r}) takes {alternative}a number of seconds {bound}")
 
 
 class InvalidTime(ActivedbError, ValueError):

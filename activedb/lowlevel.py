@@ -20,13 +20,17 @@ draws transactions — needs more, and finds it here, in one place and documente
   ``activedb.testing`` pauses threads there);
 * the machinery: :class:`TransactionManager` (``db.transactions``), :class:`Subtransactions` (how inline
   subtransactions are represented), :class:`InlineSubtransaction`, and :class:`DatabaseHandle`, the protocol
-  a parameter that takes the database is typed with.
+  a parameter that takes the database is typed with;
+* the argument checks: :func:`check_whole_number`, :func:`check_switch` and :func:`check_seconds` (defined in
+  ``activedb.errors``) raise :class:`~activedb.errors.BadArgument`, or the ``error=`` class a package raises for its
+  own arguments (``CaptureError``), saying ``owner(name=value) takes …``: what to give.
 
 These are stable in what their docstrings promise, but closer to the implementation than the application tier:
 read the design note of ``activedb/txn`` (``README.md``, "Seams") before using them.
 """
 
 from activedb._handle import DatabaseHandle
+from activedb.errors import check_seconds, check_switch, check_whole_number
 from activedb.txn import (Along, CommitParticipant, CommittedRows, HistoryOp, HistoryRecorder, HookRegistry,
                           InlineSubtransaction, Observer, ReadBase, Subtransactions, TransactionExtension,
                           TransactionManager, WaitKind, abandon, doom, enlist, materialize, read_then_written,
@@ -41,4 +45,6 @@ __all__ = [
     "WaitKind", "HistoryRecorder", "HistoryOp",
     # machinery
     "TransactionManager", "Subtransactions", "InlineSubtransaction", "DatabaseHandle",
+    # argument checks
+    "check_whole_number", "check_switch", "check_seconds",
 ]

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from activedb.errors import check_whole_number
+from activedb.lowlevel import check_whole_number
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame, SparkSession

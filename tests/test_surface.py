@@ -202,3 +202,27 @@ def _all_modules(package: str) -> list[str]:
     return [info.name for info in pkgutil.walk_packages(root.__path__, f"{package}.")
             if not info.name.startswith(NOT_SURFACE) and "migrations" not in info.name
             and not info.name.endswith("__main__")]
+
+
+def test_the_argument_checks_are_extender_tier_and_raise_the_error_class_given():
+    """``check_whole_number``, ``check_switch`` and ``check_seconds`` live in ``activedb.errors`` and are offered in
+    ``activedb.lowlevel``; each raises ``BadArgument`` unless ``error=`` names a package's own class."""
+    from activedb.errors import BadArgument, check_seconds, check_switch, check_whole_number
+
+    assert (lowlevel.check_whole_number, lowlevel.check_switch, lowlevel.check_seconds) == (
+        check_whole_number, check_switch, check_seconds)
+
+    class OwnError(ActivedbError):
+        pass
+
+    for error in (BadArgument, OwnError):
+        keywords = {} if error is BadArgument else {"error": error}
+        with pytest.raises(error, match=r"^own\(size=True\) takes a whole number of at least 1 \(rows\)$"):
+            check_whole_number("own", "size", True, 1, " (rows)", **keywords)
+        with pytest.raises(error, match=r"^own\(flag='no'\) takes True or False$"):
+            check_switch("own", "flag", "no", **keywords)
+        with pytest.raises(error, match=r"^own\(wait=nan\) takes None \(no limit\) or a number of seconds above 0$"):
+            check_seconds("own", "wait", float("nan"), none="no limit", zero=False, **keywords)
+    check_whole_number("own", "size", 1, 1, error=OwnError)
+    check_switch("own", "flag", None, "as before", error=OwnError)
+    check_seconds("own", "wait", float("inf"), none=None, error=OwnError)
