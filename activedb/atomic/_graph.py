@@ -17,6 +17,7 @@ import sqlalchemy as sa
 
 from activedb.atomic._lineage import BatchRef
 from activedb.atomic.errors import LineageError
+from activedb.errors import check_whole_number
 
 
 @dataclass
@@ -263,8 +264,7 @@ def independent_scover(explorer: LineageExplorer, batch: BatchRef, *, max_rounds
     iteration" writes it; ``consecutive``: each ``U_i``'s source batches made consecutive (§4b).  Never
     loops forever: past ``max_rounds`` rounds or ``max_transactions`` transactions it returns with ``cut``."""
     for name, bound in (("max_rounds", max_rounds), ("max_transactions", max_transactions)):
-        if isinstance(bound, bool) or not isinstance(bound, int) or bound < 1:
-            raise LineageError(f"{name} must be a whole number, at least 1 (a closure has a first round), got {bound!r}")
+        check_whole_number("independent_scover", name, bound, 1, " (a closure has a first round)", error=LineageError)
     seeds = explorer.consumers([batch])
     upper: set[str] = set()
     rounds = 0
