@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Callable, Hashable, Iterable, Mapping, Sequenc
 
 from activedb import lowlevel
 from activedb import deadletters
+from activedb.errors import check_switch
 from activedb.streams import _persist
 from activedb.streams import algebra as ast
 from activedb.streams._batch import AccessPlan, BatchResult, BatchRun, STransaction, prefetch
@@ -78,8 +79,7 @@ class StreamEngine:
         switches = {"record_history": record_history, "durable": durable, "record_dead_letters": record_dead_letters,
                     "keep_outputs": keep_outputs, "prefetch": prefetch, "lowered": lowered}
         for switch, value in switches.items():
-            if not isinstance(value, bool):       # (a text such as "no" is true to Python)
-                raise StreamError(f"StreamEngine({switch}={value!r}) takes True or False")
+            check_switch("StreamEngine", switch, value, error=StreamError)
         self.db = db
         self.name = name
         self.scheduler = make_scheduler(scheduler)
