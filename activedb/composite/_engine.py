@@ -23,6 +23,7 @@ from activedb.composite._polist import Membership
 from activedb.composite._records import CompositeStatistics, MembershipKind, ProducerInfo, TimeoutPolicy, Window
 from activedb.composite._rollback import Rollback
 from activedb.composite.errors import CompositeError, EventRejected, LateEvent, MembershipError, ProducerTimeout
+from activedb.errors import check_seconds, check_whole_number
 from activedb.events import EventSpec, EventKind, Instant, LocalClock, TimeLike, Timestamp, as_timestamp, earlier
 from activedb.streams import CompiledQuery, StreamEvent, StreamSchema, algebra as ast, compile_query, parse
 from activedb.streams import PatternLike, Returns, query_definition
@@ -70,12 +71,9 @@ class CompositionEngine:
                  window: int = 2000, on_invalidation: Callable[[Invalidation], object] | None = None):
         if not isinstance(name, str) or not name.strip():
             raise CompositeError("a CompositionEngine needs a non-empty name")
-        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
-                                    or not timeout > 0):
-            raise CompositeError(f"timeout must be a positive number of seconds or None, got {timeout!r}")
-        if isinstance(window, bool) or not isinstance(window, int) or window < 0:
-            raise CompositeError(f"window must be a number of entries from 0 (how many arrivals and composites "
-                                 f"window() keeps), got {window!r}")
+        check_seconds("CompositionEngine", "timeout", timeout, none="wait forever", zero=False, error=CompositeError)
+        check_whole_number("CompositionEngine", "window", window, 0,
+                           " (how many arrivals and composites window() keeps)", error=CompositeError)
         self.db = db
         self.name = name
         self.clock: Clock = clock if clock is not None else db.clock if db is not None else SYSTEM_CLOCK

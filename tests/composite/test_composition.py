@@ -284,9 +284,10 @@ def test_an_input_whose_time_is_not_of_the_engines_kind_is_refused_and_the_engin
 
 
 @pytest.mark.parametrize("call, message", [
-    (lambda: composite.CompositionEngine(None, timeout="5"), r"timeout must be a positive number of seconds or None"),
-    (lambda: composite.CompositionEngine(None, window="5"), r"window must be a number of entries from 0"),
-    (lambda: composite.CompositionEngine(None, window=-1), r"window must be a number of entries from 0"),
+    (lambda: composite.CompositionEngine(None, timeout="5"),
+     r"CompositionEngine\(timeout='5'\) takes None \(wait forever\) or a number of seconds above 0"),
+    (lambda: composite.CompositionEngine(None, window="5"), r"CompositionEngine\(window='5'\) takes a whole number of at least 0"),
+    (lambda: composite.CompositionEngine(None, window=-1), r"CompositionEngine\(window=-1\) takes a whole number of at least 0"),
     (lambda: composite.CompositionEngine(None).join("P", types=None), r"types is a collection of event type names"),
     (lambda: composite.CompositionEngine(None).join("P", types=5), r"types is a collection of event type names"),
 ], ids=["timeout-text", "window-text", "window-negative", "types-none", "types-number"])
