@@ -26,7 +26,7 @@ from activedb.capture._firing import TRANSIENT, CaptureHandler, CapturedEvent, R
 from activedb.capture._position import (KINDS, CapturedChange, Position, PositionWriter, Step, prune, read_position,
                                         register)
 from activedb.capture.errors import CaptureConflict, CaptureError, CaptureNotInstalled, ConsumerStopped
-from activedb.errors import DatabaseUnavailable, TransactionAborted
+from activedb.errors import DatabaseUnavailable, TransactionAborted, check_seconds, check_whole_number
 from activedb.events import age_seconds
 from activedb.ingest import Ingestion, LedgerId
 from activedb.rules import FiringOutcome
@@ -108,15 +108,13 @@ class CaptureConsumer:
         if not isinstance(name, str) or not name:
             raise CaptureError(f"a consumer name is a non-empty string, got {name!r}")
         for option, value, least in (("batch_size", batch_size, 1), ("max_retries", max_retries, 0)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < least:
-                raise CaptureError(f"{option} must be a whole number, at least {least}, got {value!r}")
-        for option, duration, above_zero in (("prune_interval", prune_interval, False), ("idle_wait", idle_wait, True),
-                                                ("behind_seconds", behind_seconds, False)):
-            if (isinstance(duration, bool) or not isinstance(duration, (int, float))
-                    or not (duration > 0 if above_zero else duration >= 0)
-                    or option == "idle_wait" and duration > threading.TIMEOUT_MAX):   # (it is a thread's pause)
-                bound = "above 0 and finite (a consumer looks again after it)" if above_zero else "0 or more"
-                raise CaptureError(f"{option} must be a number of seconds, {bound}, got {duration!r}")
+            check_whole_number("db.capture.consumer", option, value, least, error=CaptureError)
+        for option, duration in (("prune_interval", prune_interval), ("behind_seconds", behind_seconds)):
+            check_seconds("db.capture.consumer", option, duration, none=None, error=CaptureError)
+        if (isinstance(idle_wait, bool) or not isinstance(idle_wait, (int, float))
+                or not 0 < idle_wait <= threading.TIMEOUT_MAX):   # (it is a thread's pause)
+            raise CaptureError(f"db.capture.consumer(idle_wait={idle_wait!r}) takes a number of seconds above 0 and "
+                               f"finite (a consumer looks again after it)")
         self._database = database
         self.name = name
         self.batch_size = batch_size

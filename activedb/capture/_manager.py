@@ -18,6 +18,7 @@ from activedb.capture._position import prune
 from activedb.capture._status import (BEHIND_CHANGES, BEHIND_SECONDS, CapturedTable, CaptureStatus, capture_status,
                                       captured_tables)
 from activedb.capture.errors import CaptureError, CaptureNotInstalled
+from activedb.errors import check_seconds, check_whole_number
 from activedb.events import age_seconds
 from activedb.ingest import forget_run
 
@@ -104,10 +105,8 @@ class CaptureManager:
 
     def status(self, *, behind_changes: int = BEHIND_CHANGES, behind_seconds: float = BEHIND_SECONDS) -> CaptureStatus:
         """The backlog per consumer and table (see :class:`CaptureStatus`)."""
-        if isinstance(behind_changes, bool) or not isinstance(behind_changes, int) or behind_changes < 0:
-            raise CaptureError(f"behind_changes must be a whole number, 0 or more, got {behind_changes!r}")
-        if isinstance(behind_seconds, bool) or not isinstance(behind_seconds, (int, float)) or not behind_seconds >= 0:
-            raise CaptureError(f"behind_seconds must be a number of seconds, 0 or more, got {behind_seconds!r}")
+        check_whole_number("db.capture.status", "behind_changes", behind_changes, 0, error=CaptureError)
+        check_seconds("db.capture.status", "behind_seconds", behind_seconds, none=None, error=CaptureError)
         return capture_status(self._database.engine, behind_changes=behind_changes, behind_seconds=behind_seconds)
 
     def close(self) -> None:
