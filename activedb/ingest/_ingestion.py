@@ -15,6 +15,7 @@ import functools
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING
 
+from activedb.errors import check_switch, check_whole_number
 from activedb.ingest._interface import LedgerId, Phase, RowEvent, Rows
 from activedb.ingest._ledger import END_OF_STREAM_BATCH, IngestionLedger, last_watermark
 from activedb.ingest._mapping import EventMapping, as_mapping, is_arrow, known_type_names
@@ -68,11 +69,9 @@ class Ingestion:
                 raise IngestError(f"mapping: {error}") from None
         if not isinstance(source, str) or not source.strip():
             raise IngestError("the source name must be a non-empty string (it names the source in the ledger)")
-        if isinstance(batch_attempts, bool) or not isinstance(batch_attempts, int) or batch_attempts < 1:
-            raise IngestError(f"batch_attempts must be a whole number of at least 1 (top-level attempts of a batch), "
-                              f"got {batch_attempts!r}")
-        if not isinstance(lineage, bool):           # (a text such as "no" is true to Python)
-            raise IngestError(f"lineage must be True or False, got {lineage!r}")
+        check_whole_number("Ingestion", "batch_attempts", batch_attempts, 1, " (top-level attempts of a batch)",
+                           error=IngestError)
+        check_switch("Ingestion", "lineage", lineage, error=IngestError)
         handler = RulesHandler() if handler is None else handler
         if not isinstance(handler, BatchHandler):
             raise IngestError(f"handler must be an activedb.ingest.BatchHandler (RulesHandler, "

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, TypeAlias, runtime_checkable
 
 from activedb._closedset import ClosedSet
-from activedb.errors import BadArgument
+from activedb.errors import BadArgument, check_whole_number
 
 if TYPE_CHECKING:  # pragma: no cover
     import pyarrow
@@ -124,8 +124,7 @@ class Batch:
     watermark: dt.datetime | None = None
 
     def __post_init__(self) -> None:
-        if isinstance(self.number, bool) or not isinstance(self.number, int) or self.number < 0:
-            raise BadArgument(f"a batch number is an integer from 0, got {self.number!r}")
+        check_whole_number("Batch", "number", self.number, 0)
         watermark = self.watermark
         if watermark is not None and (not isinstance(watermark, dt.datetime) or watermark.tzinfo is None):
             raise BadArgument(f"a batch's watermark is an aware datetime (UTC), got {self.watermark!r}")

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
-from activedb.errors import Failure, RuleFailed, classify
+from activedb.errors import Failure, RuleFailed, check_switch, check_whole_number, classify
 from activedb.ingest._failures import conflict_in, is_infrastructure_failure, is_poison_failure, rejection_reason
 from activedb.ingest._ledger import IngestionLedger
 from activedb.ingest._mapping import RawEvent
@@ -80,10 +80,8 @@ class RulesHandler(BatchHandler):
 
     def __init__(self, prefetch: Mapping[str, Any] | None = None, event_attempts: int = 3, *,
                  lower_declared: bool = True) -> None:
-        if not isinstance(lower_declared, bool):
-            raise IngestError(f"lower_declared must be True or False, got {lower_declared!r}")
-        if isinstance(event_attempts, bool) or not isinstance(event_attempts, int) or event_attempts < 1:
-            raise IngestError(f"event_attempts must be at least 1, got {event_attempts!r}")
+        check_switch("RulesHandler", "lower_declared", lower_declared, error=IngestError)
+        check_whole_number("RulesHandler", "event_attempts", event_attempts, 1, error=IngestError)
         if (prefetch is not None and not isinstance(prefetch, Mapping)) or any(
                 not isinstance(table, str) or not (how is None or isinstance(how, str) or callable(how))
                 for table, how in (prefetch or {}).items()):

@@ -331,7 +331,7 @@ def test_ingest_options_are_checked_in_one_place_before_spark_is_touched():
     assert IngestOptions(**scale_out, on_partition_failure="compensate").on_partition_failure is SplitFailure.COMPENSATE
     with pytest.raises(IngestError, match="'forward'.*'compensate'.*got 'undo'"):
         IngestOptions(**scale_out, on_partition_failure="undo")
-    with pytest.raises(IngestError, match="lower_declared must be True or False"):
+    with pytest.raises(IngestError, match=r"RulesHandler\(lower_declared='no'\) takes True or False"):
         IngestOptions(handler=RulesHandler(lower_declared="no"))
     common = dict(mapping=app_counters.MAPPING, query_name="q", checkpoint_location="ck")
     with pytest.raises(IngestError, match="no option 'prefech'.*prefetch"):
