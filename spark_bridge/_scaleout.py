@@ -28,6 +28,7 @@ from activedb.errors import classify
 from activedb.extras import Extra, needs
 from activedb.ingest import (BatchOutcome, EventMapping, Ingestion, LedgerId, Phase, PhaseTimings, RulesHandler,
                              as_mapping)
+from activedb.lowlevel import check_whole_number
 
 from spark_bridge import _cluster
 from spark_bridge._sink import IngestSink, SinkOptions
@@ -183,8 +184,8 @@ class PartitionedIngestSink(IngestSink):
             importlib.import_module("pandas")     # (pyspark refuses mapInArrow without it)
         rules = RulesHandler() if rules is None else rules
         super().__init__(db, mapping, handler=rules, lineage=lineage, **sink_options)
-        if isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1:
-            raise IngestError(f"partition_by_key must be a positive number of partitions, got {partitions!r}")
+        check_whole_number("ingest", "partition_by_key", partitions, 1, " (partitions of the scale-out path)",
+                           error=IngestError)
         if app is None:
             raise IngestError(
                 "the scale-out path (partition_by_key=N) needs app=: each Spark task starts its own engine and "
