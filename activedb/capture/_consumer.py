@@ -260,6 +260,9 @@ class CaptureConsumer:
         before the call is handled); returns the position.  For a consumer running on its thread."""
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout != timeout:
             raise CaptureError(f"timeout must be a number of seconds (inf: for ever), got {timeout!r}")
+        if self._thread is None and self._state is not ConsumerState.STOPPED:
+            raise CaptureError(f"capture consumer {self.name!r} is not running on its thread, so nothing will catch "
+                               f"up: start() it first, or call run_until_caught_up() from your own loop")
         deadline = time.monotonic() + timeout
         with self._mutex:
             begun = self._fetches_begun

@@ -766,3 +766,21 @@ def test_status_refuses_behind_bounds_of_the_wrong_kind(clean, bounds):
     consumer.close()
     with pytest.raises(CaptureError, match=rf"db\.capture\.status\({next(iter(bounds))}=.*\) takes"):
         clean.capture.status(**bounds)
+
+
+def test_waiting_for_a_consumer_that_does_not_run_says_so_at_once(clean):
+    """``wait_caught_up`` is for a consumer running on its thread: on one never started (or stopped), nothing will
+    ever catch up, so it says so at once (start it first).  It waited out its whole timeout and raised a
+    TimeoutError that said nothing of the consumer not running."""
+    consumer = clean.capture.consumer("idle")
+    try:
+        with pytest.raises(CaptureError, match=r"not running.*start\(\)"):
+            consumer.wait_caught_up(5)
+        consumer.start()
+        consumer.wait_caught_up(WATCHDOG_SECONDS)
+        consumer.stop()
+        with pytest.raises(CaptureError, match=r"not running.*start\(\)"):
+            consumer.wait_caught_up(5)
+    finally:
+        consumer.close()
+
