@@ -190,12 +190,15 @@ class CaptureConsumer:
         if self._thread is not None:
             raise CaptureError(f"capture consumer {self.name!r} runs on its own thread (start()); "
                                f"use wait_caught_up() instead of run_once()")
-        return self._run_once()
+        return self._run_once()[0]
 
     def run_until_caught_up(self, max_batches: int | None = None, *, lead_timeout: float = 0.0) -> int:
         """Run batches until one finds nothing pending (or ``max_batches`` ran); returns the changes
         handled.  Waits up to ``lead_timeout`` seconds for another consumer of this name to let go of the
-        lead (in PostgreSQL: a lock wait), then raises :class:`CaptureError` if it still leads."""
+        lead (in PostgreSQL: a lock wait), then raises :class:`CaptureError` if it still leads.  A batch another
+        process committed meanwhile is followed from the position read again (a second in a row raises its
+        :class:`CaptureConflict`); a batch that failed more than ``max_retries`` times raises :class:`CaptureError`
+        (its changes remain pending; the batches before it are committed)."""
         if self._thread is not None:
             raise CaptureError(f"capture consumer {self.name!r} runs on its own thread (start()); "
                                f"use wait_caught_up() instead")
@@ -210,9 +213,16 @@ class CaptureConsumer:
             with self._run_mutex:
                 self._check_open()
                 self._lead(wait=lead_timeout)
+        conflicted = False
         while max_batches is None or batches < max_batches:
-            handled = self.run_once()
+            handled, unfinished = self._run_once()
             batches += 1
+            if isinstance(unfinished, CaptureConflict) and not conflicted:
+                conflicted = True               # the position was read again: go on from there
+                continue
+            if unfinished is not None:
+                raise unfinished
+            conflicted = False
             if handled == 0:
                 if self._state is not ConsumerState.LEADING:
                     raise CaptureError(f"capture consumer {self.name!r} is on standby: another process consumes "
@@ -285,7 +295,7 @@ class CaptureConsumer:
         try:
             while not self._stopping.is_set():
                 try:
-                    handled = self._run_once()
+                    handled, _ = self._run_once()
                 except (DatabaseUnavailable, CaptureNotInstalled) as error:
                     logger.error("capture consumer %r: %s", self.name, error)
                     self._stopping.wait(self.idle_wait)      # the server or the schema is not there yet
@@ -298,14 +308,15 @@ class CaptureConsumer:
                 self._progress.notify_all()
             raise
 
-    def _run_once(self) -> int:
+    def _run_once(self) -> tuple[int, CaptureError | None]:
+        """``(changes handled, why changes may remain although none were handled)``: see :meth:`_run_batch`."""
         with self._run_mutex:
             self._check_open()
             if not self._lead():
-                return 0
-            handled = self._run_batch(self.batch_size)
+                return 0, None
+            handled, unfinished = self._run_batch(self.batch_size)
             self._maybe_prune()
-            return handled
+            return handled, unfinished
 
     def _check_open(self) -> None:
         if self._state is ConsumerState.STOPPED:
@@ -349,8 +360,10 @@ class CaptureConsumer:
 
     # --- one batch -----------------------------------------------------------------------------
 
-    def _run_batch(self, limit: int) -> int:
-        """Caller holds ``_run_mutex``."""
+    def _run_batch(self, limit: int) -> tuple[int, CaptureError | None]:
+        """``(changes handled, None)``; or ``(0, why)`` when changes remain although none were handled: the
+        :class:`CaptureConflict` of a batch another process committed, or a :class:`CaptureError` saying the
+        batch failed more than ``max_retries`` times.  Caller holds ``_run_mutex``."""
         attempt = 0
         while True:
             attempt += 1
@@ -368,7 +381,7 @@ class CaptureConsumer:
                     self._position = start
                     self._last_empty_fetch = fetch
                     self._progress.notify_all()
-                return 0
+                return 0, None
             self._note_lag(changes[0][0])
             self._step(Step.FETCHED, len(changes))
             try:
@@ -378,17 +391,21 @@ class CaptureConsumer:
                     self._known_position = None   # read it again: whatever happened, PostgreSQL knows
                     raise
                 self._known_position = changes[-1][0].at
-                return handled
+                return handled, None
             except CaptureConflict as error:
                 logger.warning("%s", error)
                 self._count(conflicts=1)
-                return 0
+                return 0, error
             except (RetryBatch, TransactionAborted, *TRANSIENT) as error:
                 self._count(retried_batches=1)
                 if attempt > self.max_retries:
                     logger.warning("capture consumer %r: batch at %s failed %d times (%r); trying again later",
                                    self.name, start, attempt, error)
-                    return 0
+                    unfinished = CaptureError(
+                        f"capture consumer {self.name!r}: the batch at {start} failed {attempt} times ({error!r}, "
+                        f"max_retries={self.max_retries}); its changes remain pending — run the consumer again later")
+                    unfinished.__cause__ = error
+                    return 0, unfinished
                 # Jittered back-off between retries of the batch (not used to order threads).
                 time.sleep(random.uniform(0.5, 1.5) * min(0.5, 0.002 * 2 ** attempt))
 

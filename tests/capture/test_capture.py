@@ -784,3 +784,37 @@ def test_waiting_for_a_consumer_that_does_not_run_says_so_at_once(clean):
     finally:
         consumer.close()
 
+
+def test_run_until_caught_up_goes_on_after_a_conflict_and_says_when_it_gives_up(clean, conninfo, monkeypatch):
+    """A batch another process committed meanwhile (CaptureConflict) is not the end: the consumer reads its
+    position again and goes on.  A batch that keeps failing transiently beyond ``max_retries`` leaves changes
+    pending, which ``run_until_caught_up`` says (a CaptureError) instead of returning as if caught up.  Both made
+    it return 0 at once, changes still pending."""
+    from activedb.capture._firing import RetryBatch
+    from activedb.capture.errors import CaptureConflict
+
+    db = clean
+    _app.register(db)
+    with psycopg.connect(conninfo, autocommit=True) as psql:
+        for order in (81, 82, 83):
+            psql.execute(f"INSERT INTO orders (id, customer, amount) VALUES ({order}, 'x', 1)")
+    consumer = db.capture.consumer(batch_size=1, max_retries=0)
+    apply = consumer._apply
+    failures = [CaptureConflict("another process committed the batch")]
+
+    def failing_once(start, changes):
+        if failures:
+            raise failures.pop()
+        return apply(start, changes)
+
+    try:
+        monkeypatch.setattr(consumer, "_apply", failing_once)
+        assert consumer.run_until_caught_up(max_batches=2) == 1      # the conflict, then one batch
+        failures.append(RetryBatch("a firing kept failing transiently"))
+        with pytest.raises(CaptureError, match=r"failed 1 times.*remain pending"):
+            consumer.run_until_caught_up()
+        assert logged(db) == [("inserted", 81)]
+        assert consumer.run_until_caught_up() == 2
+        assert logged(db) == [("inserted", 81), ("inserted", 82), ("inserted", 83)]
+    finally:
+        consumer.close()
