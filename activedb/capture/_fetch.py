@@ -66,8 +66,12 @@ class ChangeReader:
                         connection.rollback()
                         result.extend(self._undeliverable(connection, oid, name, start, end,
                                                           f"table {name!r} no longer exists"))
-                    except UnknownTable as error:      # dropped, or not known to activedb's catalog by that name
-                        result.extend(self._undeliverable(connection, oid, name, start, end, str(error)))
+                    except UnknownTable:      # dropped, or not known to activedb's catalog by that name (renamed)
+                        # (Not the catalog's message: its advice is for a table never created.)
+                        result.extend(self._undeliverable(
+                            connection, oid, name, start, end,
+                            f"table {name!r} no longer exists under that name (dropped, or renamed: capture it again "
+                            f"under its new name)"))
                     break
         if len(bounds.tables) > 1:
             result.sort(key=lambda entry: (entry[0].position, entry[0].change_id))

@@ -625,7 +625,8 @@ def test_a_table_dropped_while_the_consumer_reads_it_again_after_a_dropped_colum
         monkeypatch.undo()
         with db.engine.connect() as connection:
             reasons = connection.execute(sa.text("SELECT reason FROM activedb_dead_letters")).scalars().all()
-        assert len(reasons) == 1 and "cannot be delivered: no table 'vanishing'" in reasons[0], reasons
+        assert len(reasons) == 1 and "cannot be delivered: table 'vanishing' no longer exists" in reasons[0], reasons
+        assert "migrations" not in reasons[0], reasons         # (the advice for a table never created)
         consumer.close()
     finally:
         monkeypatch.undo()
@@ -818,3 +819,34 @@ def test_run_until_caught_up_goes_on_after_a_conflict_and_says_when_it_gives_up(
         assert logged(db) == [("inserted", 81), ("inserted", 82), ("inserted", 83)]
     finally:
         consumer.close()
+
+
+def test_the_dead_letter_of_a_change_to_a_table_gone_by_its_name_says_what_happened(clean, conninfo):
+    """A captured table renamed (or dropped while the consumer read it again) by another process: its pending
+    changes become dead letters saying the table no longer exists under that name.  Their reason repeated the
+    catalog's advice for a table that was never created — 'tables are created by Alembic migrations
+    (db.upgrade_app…)' — which does not apply to a table that existed and was captured."""
+    db = clean
+    with psycopg.connect(conninfo, autocommit=True) as psql:
+        psql.execute("DROP TABLE IF EXISTS moving, moved")
+        psql.execute("CREATE TABLE moving (id integer PRIMARY KEY, note text)")
+    try:
+        db.schema.refresh()
+        db.capture("moving")
+        consumer = db.capture.consumer()
+        with psycopg.connect(conninfo, autocommit=True) as psql:
+            psql.execute("INSERT INTO moving VALUES (1, 'a')")
+            psql.execute("ALTER TABLE moving RENAME TO moved")
+        db.schema.refresh()
+        assert consumer.run_until_caught_up() == 1
+        with db.engine.connect() as connection:
+            reasons = connection.execute(sa.text("SELECT reason FROM activedb_dead_letters")).scalars().all()
+        assert len(reasons) == 1 and "cannot be delivered: table 'moving' no longer exists" in reasons[0], reasons
+        assert "migrations" not in reasons[0] and "upgrade_app" not in reasons[0], reasons
+        assert "capture it again" in reasons[0], reasons
+        consumer.close()
+    finally:
+        db.capture.remove("moving")
+        with psycopg.connect(conninfo, autocommit=True) as psql:
+            psql.execute("DROP TABLE IF EXISTS moving, moved")
+        db.schema.refresh()
