@@ -51,6 +51,14 @@ def _ref(batch: BatchLike | str, batch_id: object = None) -> BatchRef:
     raise LineageError(f"a batch is (query_id, batch_id), got {batch!r}")
 
 
+def _known(explorer: LineageExplorer, ref: BatchRef) -> BatchRef:
+    """``ref``, if a recorded transaction consumed or produced it; else :class:`UnknownBatch`."""
+    if not explorer.consumers([ref]) and not explorer.producers([ref]):
+        raise UnknownBatch(f"no recorded transaction consumed or produced batch {ref}: check its query id and batch "
+                           f"id (lineage older than the retention may have been pruned, db.batches.prune)")
+    return ref
+
+
 class Batches:
     """Atomic batches of one database (``db.batches``).  Thread-safe: ``_mutex`` protects the hook
     registration, the compensations' registry (:class:`Compensations`) has its own mutex; recording goes to
@@ -166,19 +174,23 @@ class Batches:
         return self._explore(lambda explorer: explorer.load([lineage_id]).get(lineage_id))
 
     def composite(self, batch: BatchLike) -> set[str]:
-        """``𝒯(b)``: the lineage ids of the transactions whose input is ``batch`` and of all they trigger."""
-        return self._explore(lambda explorer: _graph.composite(explorer, _ref(batch))[0])
+        """``𝒯(b)``: the lineage ids of the transactions whose input is ``batch`` and of all they trigger.  Raises
+        :class:`UnknownBatch` if no recorded transaction consumed or produced ``batch``."""
+        return self._explore(lambda explorer: _graph.composite(explorer, _known(explorer, _ref(batch)))[0])
 
     def scover(self, *batches: BatchLike, consecutive: bool = False) -> set[BatchRef]:
-        """The source covering batch set of ``batches`` (by derivation)."""
-        return self._explore(lambda explorer: _graph.scover(explorer, [_ref(batch) for batch in batches],
-                                                            consecutive=consecutive))
+        """The source covering batch set of ``batches`` (by derivation).  Raises :class:`UnknownBatch` if no
+        recorded transaction consumed or produced one of them."""
+        return self._explore(lambda explorer: _graph.scover(
+            explorer, [_known(explorer, _ref(batch)) for batch in batches], consecutive=consecutive))
 
     def independent_scover(self, batch: BatchLike, *, max_rounds: int = 64, max_transactions: int = 100_000,
                            consecutive: bool = False) -> IndependentScover:
-        """The §3 closure from ``batch``, cut (and reported as cut) at the bounds given."""
+        """The §3 closure from ``batch``, cut (and reported as cut) at the bounds given.  Raises
+        :class:`UnknownBatch` if no recorded transaction consumed or produced ``batch``."""
         return self._explore(lambda explorer: _graph.independent_scover(
-            explorer, _ref(batch), max_rounds=max_rounds, max_transactions=max_transactions, consecutive=consecutive))
+            explorer, _known(explorer, _ref(batch)), max_rounds=max_rounds, max_transactions=max_transactions,
+            consecutive=consecutive))
 
     def graph(self, batch: BatchLike, *, max_rounds: int = 64, max_transactions: int = 100_000
               ) -> tuple[nx.DiGraph[str], IndependentScover]:

@@ -327,3 +327,27 @@ def test_the_closures_bounds_are_refused_unless_whole_numbers_of_at_least_one(db
         db.batches.independent_scover((query, 1), **bounds)
     with pytest.raises(LineageError, match=rf"independent_scover\({name}=.*\) takes a whole number of at least 1"):
         db.batches.plan((query, 1), scope="independent", **bounds)
+
+
+def test_the_sets_of_a_batch_no_transaction_recorded_raise_unknown_batch(db):
+    """``composite``, ``scover`` and ``independent_scover`` of a batch no recorded transaction consumed or produced
+    (a mistyped query or batch id, or lineage pruned) raise UnknownBatch, as ``plan``, ``compensate`` and ``graph``
+    do.  They answered as if the batch existed: an empty composite and independent scover, and a scover of the
+    batch itself (as if it were a source batch), so a typo looked like a batch that triggered nothing."""
+    from activedb.atomic.errors import UnknownBatch
+
+    query = prefix()
+    with db.transaction(name="ingest") as tx:
+        db.batches.consumed(tx, query, 1)
+        db.batches.produced(tx, f"{query}-out", 1)
+        tx.insert("items", key=f"{query}-known", value=1)
+    for unknown in ((query, 2), (f"{query}-typo", 1)):
+        with pytest.raises(UnknownBatch, match="no recorded transaction consumed or produced batch"):
+            db.batches.composite(unknown)
+        with pytest.raises(UnknownBatch, match="no recorded transaction consumed or produced batch"):
+            db.batches.independent_scover(unknown)
+        with pytest.raises(UnknownBatch, match="no recorded transaction consumed or produced batch"):
+            db.batches.scover((query, 1), unknown)
+    assert db.batches.composite((f"{query}-out", 1)) == set()          # produced, consumed by none: known
+    assert {str(ref) for ref in db.batches.scover((f"{query}-out", 1))} == {f"{query}/1"}
+    assert len(db.batches.composite((query, 1))) == 1
