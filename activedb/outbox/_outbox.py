@@ -471,8 +471,8 @@ class Outbox:
             return _records.prune_done(connection, age)
 
     def retry_failed(self, ids: Iterable[int] | None = None) -> int:
-        """Make failed records pending again (``ids``, or all of them) and run a recovery pass; returns how
-        many were reset."""
+        """Make failed records pending again (``ids``, or all of them) and run a recovery pass (on the recovery
+        thread, the outbox started first if it was not); returns how many were reset."""
         listed = None if ids is None or isinstance(ids, (str, bytes)) or not isinstance(ids, Iterable) else list(ids)
         whole = listed is not None and all(isinstance(one, int) and not isinstance(one, bool) for one in listed)
         if ids is not None and not whole:
@@ -482,5 +482,7 @@ class Outbox:
         with self.catalog.engine.begin() as connection:
             count = _records.retry(connection, listed)
         if count:
+            if not self._started:
+                self.start()        # (its recovery thread runs the pass: there is none to wake before start)
             self._wake.set()
         return count

@@ -688,3 +688,33 @@ def test_wait_idle_refuses_a_timeout_that_is_no_number_of_seconds(db, timeout):
     never timing out.  Both are ``BadArgument`` naming the timeout."""
     with pytest.raises(activedb.BadArgument, match=r"wait_idle\(timeout=.*\) takes None"):
         db.rules.wait_idle(timeout)
+
+
+def test_retry_failed_runs_the_records_also_in_a_process_whose_outbox_had_not_started(db, migrated):
+    """``retry_failed`` promises a recovery pass.  It only woke the recovery thread, so in a process whose outbox had
+    not started yet (``connect(upgrade=False)``, as the command line connects: no firing, no ``recover()`` so far)
+    there was no thread to wake: the records became pending and stayed so, with no word said, although this
+    process registered their rule.  It now starts the outbox (as a firing or ``recover()`` does) and its pass runs
+    them."""
+    broken = threading.Event()
+    broken.set()
+
+    def pay(tx, event):
+        if broken.is_set():
+            raise ZeroDivisionError("the exchange rate is zero")
+        tx.insert("events_seen", rule="retried_later", detail=str(event.payload["amount"]))
+
+    db.rule(on=db.signalled("pay"), coupling=Coupling.DETACHED, name="retried_later")(pay)
+    with db.transaction() as tx:
+        tx.signal("pay", amount=8)
+    db.rules.wait_idle(TIMEOUT)
+    [failure] = db.outbox.failures()
+    db.rules.remove("retried_later")
+    broken.clear()
+    other = activedb.connect(migrated, upgrade=False, outbox_options={"recovery_interval": None})
+    try:
+        other.rule(on=other.signalled("pay"), coupling=Coupling.DETACHED, name="retried_later")(pay)
+        assert other.outbox.retry_failed([failure.id]) == 1
+        wait_until(lambda: ("retried_later", "8") in seen(other), 20, "the retried firing ran")
+    finally:
+        other.close()
