@@ -132,6 +132,9 @@ def print_detached(console: Console, detached: OutboxStatistics, failures: list[
                   f"{detached.failed:,} failed", highlight=False)
     if failures:
         console.print(failed_firings_table(failures))
+    if len(failures) < detached.failed:
+        console.print(f"(the {len(failures):,} most recent of {detached.failed:,} failed firings; `activedb outbox "
+                      f"--limit 0` lists them all)", highlight=False, soft_wrap=True)
 
 
 def print_split_batches(console: Console, statuses: list[SplitBatchStatus]) -> None:

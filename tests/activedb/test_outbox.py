@@ -718,3 +718,22 @@ def test_retry_failed_runs_the_records_also_in_a_process_whose_outbox_had_not_st
         wait_until(lambda: ("retried_later", "8") in seen(other), 20, "the retried firing ran")
     finally:
         other.close()
+
+
+def test_status_says_how_many_failed_firings_it_lists_of_how_many(db, migrated):
+    """``activedb status`` lists the 20 most recent failed firings; with more than that failed, it said nothing of
+    the rest (a table of 20 under a count of 21 read as if the count were wrong, and nothing said how to see the
+    others).  It now says which of how many it lists, and which command lists them all."""
+    @db.rule(on=db.signalled("pay"), coupling=Coupling.DETACHED, name="fails_many")
+    def fails_many(tx, event):
+        raise ZeroDivisionError("the exchange rate is zero")
+
+    with db.transaction() as tx:
+        for amount in range(21):
+            tx.signal("pay", amount=amount)
+    db.rules.wait_idle(TIMEOUT)
+    wait_until(lambda: db.outbox.statistics().failed == 21, TIMEOUT, "every firing failed")
+    result = CliRunner().invoke(main, ["--url", migrated, "status"])
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    assert "the 20 most recent of 21 failed firings" in text and "activedb outbox --limit 0" in text, text
