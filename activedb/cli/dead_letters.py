@@ -135,7 +135,9 @@ def letters_purge(ctx: click.Context, ids: tuple[int, ...], query: str | None, b
     from activedb import deadletters
 
     selected = deadletters.LetterFilter(ids, query, batch, reason, True if only_replayed else None)
-    with open_database(ctx, writes=True) as database:
+    # (It only deletes: a database without activedb's tables has nothing to purge, and is refused as by the reading
+    # commands, not given every table.)
+    with open_database(ctx, writes=False) as database:
         count = deadletters.count(database, selected)
         if count == 0:
             click.echo("no dead letters match; nothing deleted")

@@ -243,3 +243,13 @@ def test_the_alembic_tool_reads_activedb_database_url_as_connect_does(make_fresh
             assert sa.inspect(connection).has_table("shop_items")
     finally:
         engine.dispose()
+
+
+def test_purging_dead_letters_of_a_new_database_creates_nothing(make_fresh_url):
+    """``activedb dead-letters purge`` only deletes: on a database that never had activedb's tables there is nothing
+    to purge, and it says so (the database is not set up) as the reading commands do.  It created every activedb
+    table as a side effect of a purge, then said no dead letters matched."""
+    result = invoke(make_fresh_url, "dead-letters", "purge", "--yes")
+    assert result.exit_code == 1 and "no activedb tables yet" in result.output, result.output
+    assert "created activedb's tables" not in result.output
+    assert activedb_tables(make_fresh_url) == set()
