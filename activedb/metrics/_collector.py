@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Protocol
 from activedb._handle import DatabaseHandle
 from activedb.extras import Extra, needs
 from activedb.metrics._latency import BatchLatency
+from activedb.metrics.errors import MetricsError
 
 with needs(Extra.METRICS, "Prometheus metrics (activedb.metrics)"):
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
@@ -67,17 +68,25 @@ def reason_label(reason: str) -> str:
 class ActivedbCollector(Collector):
     """The metric families of one :class:`~activedb.Database` and the sources watched on it.
 
-    Thread-safe: ``_mutex`` protects ``_ingestions`` and ``_consumers`` (the lists, not the sources,
+    Thread-safe: ``_mutex`` protects ``_ingestions``, ``_ingestion_names`` and ``_consumers`` (the lists, not the sources,
     which are thread-safe themselves); scrapes may run concurrently with ``watch_*``."""
 
     def __init__(self, database: ScrapedDatabase) -> None:
         self.database = database
         self._mutex = threading.Lock()
         self._ingestions: list[tuple[IngestionSource, BatchLatency]] = []
+        self._ingestion_names: set[str] = set()      # the query names of _ingestions (each exported once)
         self._consumers: list[ConsumerSource] = []
 
     def watch_ingestion(self, source: IngestionSource) -> None:
+        """Export ``source``'s numbers, labelled with its query name; a second source of a name already watched is
+        refused (:class:`MetricsError`): two samples with one label set are an invalid exposition."""
+        name = source.statistics().query_name
         with self._mutex:
+            if name in self._ingestion_names:
+                raise MetricsError(f"an ingestion of query {name!r} is watched already: a second would export the same "
+                                   f"labels, which Prometheus refuses; give each ingestion its own source name")
+            self._ingestion_names.add(name)
             self._ingestions.append((source, BatchLatency()))
 
     def watch_consumer(self, consumer: ConsumerSource) -> None:

@@ -60,7 +60,8 @@ class MetricsExporter:
         self.port: int | None = None
 
     def watch_ingestion(self, source: IngestionSource) -> None:
-        """Export an ingestion's counters and batch latency (the Spark bridge passes its sink)."""
+        """Export an ingestion's counters and batch latency (the Spark bridge passes its sink); a second one of a
+        query name already watched is refused with :class:`MetricsError`."""
         self.collector.watch_ingestion(source)
 
     def watch_consumer(self, consumer: ConsumerSource) -> None:

@@ -178,3 +178,28 @@ def test_a_port_in_use_says_what_to_do(database):
         first.start("127.0.0.1:0")
         with pytest.raises(MetricsError, match="choose another --metrics-port"):
             MetricsExporter(database).start(f"127.0.0.1:{first.port}")
+
+
+def test_a_second_ingestion_of_one_query_name_is_refused(database):
+    """Two watched ingestions of one query name exported two samples with one label set in each ``activedb_ingest_*``
+    family and ``activedb_batch_seconds`` — duplicate samples, which the exposition format forbids (Prometheus keeps
+    one of them, whichever, and rejects the rest), so neither ingestion's numbers could be read.  The second is refused where it is watched (a MetricsError saying to give each its own source name); another
+    name is taken."""
+    from activedb.ingest import Ingestion
+
+    exporter = MetricsExporter(database)
+    first, twin, other = (Ingestion(database, source=name) for name in ("orders", "orders", "refunds"))
+    try:
+        exporter.watch_ingestion(first)
+        with pytest.raises(MetricsError, match=r"query 'orders' is watched already.*its own source name"):
+            exporter.watch_ingestion(twin)
+        with pytest.raises(MetricsError, match=r"query 'orders' is watched already"):
+            exporter.watch_ingestion(first)
+        exporter.watch_ingestion(other)
+        values = samples(exporter.scrape())
+        assert {labels for name, labels in values if name == "activedb_ingest_batches_total"} == {
+            (("query", "orders"),), (("query", "refunds"),)}
+        assert sum(name == "activedb_batch_seconds_count" for name, _ in values) == 2
+    finally:
+        for ingestion in (first, twin, other):
+            ingestion.close()
