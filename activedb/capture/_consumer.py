@@ -20,6 +20,8 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, TypedDict
 
+import sqlalchemy as sa
+
 from activedb.capture import _leader
 from activedb.capture._fetch import ChangeReader, Entry
 from activedb.capture._firing import TRANSIENT, CaptureHandler, CapturedEvent, RetryBatch, source_of
@@ -30,6 +32,7 @@ from activedb.errors import DatabaseUnavailable, TransactionAborted, check_secon
 from activedb.events import age_seconds
 from activedb.ingest import Ingestion, LedgerId
 from activedb.rules import FiringOutcome
+from activedb.store import is_connection_failure
 
 if TYPE_CHECKING:  # pragma: no cover
     from activedb.ingest import IngestDatabase as Database
@@ -299,6 +302,14 @@ class CaptureConsumer:
                 except (DatabaseUnavailable, CaptureNotInstalled) as error:
                     logger.error("capture consumer %r: %s", self.name, error)
                     self._stopping.wait(self.idle_wait)      # the server or the schema is not there yet
+                    continue
+                except sa.exc.DBAPIError as error:
+                    if not is_connection_failure(error):
+                        raise
+                    # A pooled connection PostgreSQL ended (a restart, pg_terminate_backend): the pool drops it.
+                    logger.error("capture consumer %r lost its connection to PostgreSQL (%s); trying again",
+                                 self.name, str(error.orig or error).strip())
+                    self._stopping.wait(self.idle_wait)
                     continue
                 if handled == 0 and not self._stopping.is_set():
                     self._wait_for_changes()

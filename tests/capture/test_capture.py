@@ -850,3 +850,31 @@ def test_the_dead_letter_of_a_change_to_a_table_gone_by_its_name_says_what_happe
         with psycopg.connect(conninfo, autocommit=True) as psql:
             psql.execute("DROP TABLE IF EXISTS moving, moved")
         db.schema.refresh()
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")   # (the thread's end, before)
+def test_a_running_consumer_goes_on_after_its_pooled_connections_were_lost(clean, conninfo):
+    """PostgreSQL ended the sessions of the database's pooled connections (a server restart, a failover, an
+    administrator's pg_terminate_backend) while the consumer waited for changes: its next batch meets the lost
+    connection, and the consumer waits ``idle_wait`` and goes on, as it does when the server cannot be reached.  The
+    lost connection came out of the fetch as SQLAlchemy's OperationalError, which ended the consumer's thread for
+    good: nothing more was consumed until the process was restarted."""
+    db = clean
+    _app.register(db)
+    with Watchdog(WATCHDOG_SECONDS, db.transactions.locks):
+        consumer = db.capture.start(idle_wait=0.1)
+        try:
+            consumer.wait_caught_up(WATCHDOG_SECONDS)
+            with psycopg.connect(conninfo, autocommit=True) as admin:
+                # Every session of the database but this one and those holding advisory locks (the consumer's
+                # listener, the outbox's liveness lock): the pool's connections.
+                ended = admin.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND pid <> pg_backend_pid() AND pid NOT IN (SELECT pid FROM pg_locks WHERE locktype = "
+                    "'advisory' AND granted)").fetchall()
+                assert ended and all(done for (done,) in ended)
+                admin.execute("INSERT INTO orders (id, customer, amount) VALUES (73, 'x', 1)")
+            consumer.wait_caught_up(WATCHDOG_SECONDS)
+        finally:
+            consumer.close()
+    assert logged(db) == [("inserted", 73)]
