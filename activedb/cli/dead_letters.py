@@ -171,7 +171,9 @@ def replay_command(ctx: click.Context, app: str, ids: tuple[int, ...], query: st
         loaded = load_app(app, require_mapping=True)
     except IngestError as error:
         raise click.ClickException(str(error)) from None
-    with open_database(ctx, writes=True) as database:
+    # (A database without activedb's tables has no dead letter to replay: refused as by the reading commands, not
+    # given every table.)
+    with open_database(ctx, writes=False) as database:
         letters = deadletters.select(database, deadletters.LetterFilter(ids, query, batch, reason, replayed=False),
                                      limit=limit or None)
         if not letters:

@@ -253,3 +253,12 @@ def test_purging_dead_letters_of_a_new_database_creates_nothing(make_fresh_url):
     assert result.exit_code == 1 and "no activedb tables yet" in result.output, result.output
     assert "created activedb's tables" not in result.output
     assert activedb_tables(make_fresh_url) == set()
+
+
+def test_replaying_dead_letters_of_a_new_database_creates_nothing(make_fresh_url):
+    """``activedb dead-letters replay APP`` on a database that never had activedb's tables: there is no dead letter
+    to replay, and it says the database has none of activedb's tables (as ``purge`` and the reading commands do).  It
+    created every activedb table first, then said no dead letters matched."""
+    result = invoke(make_fresh_url, "dead-letters", "replay", "activedb.examples.hand_hygiene.app")
+    assert result.exit_code == 1 and "no activedb tables yet" in result.output, result.output
+    assert activedb_tables(make_fresh_url) == set()
