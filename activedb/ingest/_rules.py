@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
-from activedb.errors import Failure, RuleFailed, check_switch, check_whole_number, classify
+from activedb.errors import Failure, InvalidKey, InvalidValue, RuleFailed, check_switch, check_whole_number, classify
 from activedb.ingest._failures import conflict_in, is_infrastructure_failure, is_poison_failure, rejection_reason
 from activedb.ingest._ledger import IngestionLedger
 from activedb.ingest._mapping import RawEvent
@@ -26,6 +26,7 @@ from activedb.txn import TxnState, run_inline
 if TYPE_CHECKING:  # pragma: no cover
     from activedb.ingest._database import IngestDatabase
     from activedb.rules import RuleManager
+    from activedb.store import TableInfo
     from activedb.txn import Transaction
 
 __all__ = ["BatchLowering", "RulesHandler"]
@@ -224,13 +225,49 @@ class RulesHandler(BatchHandler):
         return self._running
 
     def _prefetch_rows(self, tx: Transaction, events: tuple[RawEvent, ...] | list[RawEvent]) -> None:
+        """Load the rows ``prefetch`` names.  It only saves round trips: an event for which no row can be named —
+        ``how`` raises, or gives what is no key of the table — is left out, and its rule meets the problem itself
+        (its event a dead letter at worst); one event's data never fails the batch."""
         for table, how in self.prefetch.items():
             if how is None:
                 keys: list[Any] = [event.key for event in events]
             elif callable(how):
-                keys = [how(event) for event in events]
+                keys = []
+                for event in events:
+                    try:
+                        keys.append(how(event))
+                    except Exception:       # (e.g. a payload field this event lacks)
+                        continue
             else:
                 keys = [event.payload.get(how) for event in events]
-            keys = [key for key in dict.fromkeys(keys) if key is not None]
-            if keys:
+            try:
+                unique = dict.fromkeys(keys)
+            except TypeError:               # (a value that cannot be a key: a list)
+                unique = dict.fromkeys(key for key in keys if _hashable(key))
+            keys = [key for key in unique if key is not None]
+            if not keys:
+                continue
+            try:
                 tx.prefetch(table, keys)
+            except (InvalidKey, InvalidValue):     # (checked before anything is locked or read)
+                info = tx.manager.catalog.table_info(table)
+                keys = [key for key in keys if _key_of(info, key)]
+                if keys:
+                    tx.prefetch(table, keys)
+
+
+def _hashable(value: object) -> bool:
+    try:
+        hash(value)
+    except TypeError:
+        return False
+    return True
+
+
+def _key_of(info: TableInfo, key: object) -> bool:
+    """Whether ``key`` is a key of the table ``info`` describes."""
+    try:
+        info.key(key)
+    except (InvalidKey, InvalidValue):
+        return False
+    return True

@@ -27,3 +27,37 @@ def test_a_prefetch_of_tables_to_keys_fields_and_callables_is_taken():
     handler = RulesHandler({"counters": None, "items": "item", "others": key})
     assert handler.prefetch == {"counters": None, "items": "item", "others": key}
     assert RulesHandler(None).prefetch == {} and RulesHandler({}).prefetch == {}
+
+
+def test_a_prefetch_key_an_event_cannot_give_never_fails_its_batch(db):
+    """``prefetch`` only saves round trips: an event for which it cannot name a row — its callable raises (a payload
+    field the event lacks), the field holds a list, or a value the table's key cannot be — is left out of the
+    prefetch, and the event runs as any other (its rule reads its row itself, or rejects the event).  Each failed
+    the whole batch with a bare KeyError, TypeError or InvalidKey, and so did every re-delivery of it: one event's
+    data stopped the stream for good.  (Event by event: a lowered batch prefetches nothing.)"""
+    import datetime as dt
+
+    import sqlalchemy as sa
+
+    from activedb import Coupling
+    from activedb.ingest import EventMapping, feed
+
+    def price(tx, event):
+        tx.write("items", event.key, value=event.payload["value"])
+
+    db.rule(on=db.stream("price"), coupling=Coupling.IMMEDIATE, name="price_item")(price)
+    try:
+        ts = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
+        rows = [{"type": "price", "key": "pa", "ts": ts, "item": "pa", "account": 1, "value": 1},
+                {"type": "price", "key": "pb", "ts": ts, "value": 2},                              # no item, no account
+                {"type": "price", "key": "pc", "ts": ts, "item": ["pc"], "account": "x", "value": 3}]
+        mapping = EventMapping("type", "key", "ts")
+        for number, prefetch in enumerate(({"items": lambda event: event.payload["item"]}, {"items": "item"},
+                                           {"accounts": "account"})):
+            [outcome] = feed(db, [rows], source=f"prefetched{number}", mapping=mapping, handler=RulesHandler(prefetch, lower_declared=False))
+            assert outcome.committed and (outcome.events, outcome.dead_letters) == (3, 0), (prefetch, outcome)
+        with db.engine.connect() as connection:
+            assert connection.execute(sa.text("SELECT key, value FROM items WHERE key IN ('pa', 'pb', 'pc') "
+                                              "ORDER BY key")).all() == [("pa", 1), ("pb", 2), ("pc", 3)]
+    finally:
+        db.rules.remove("price_item")
