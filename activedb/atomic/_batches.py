@@ -171,6 +171,9 @@ class Batches:
             return function(LineageExplorer(connection))
 
     def transaction(self, lineage_id: str) -> TransactionLineage | None:
+        """The recorded lineage of the transaction whose log id is ``lineage_id`` (None if it recorded none)."""
+        if not isinstance(lineage_id, str) or not lineage_id:
+            raise LineageError(f"a lineage id is a transaction-log id (text, tx.log_id), got {lineage_id!r}")
         return self._explore(lambda explorer: explorer.load([lineage_id]).get(lineage_id))
 
     def composite(self, batch: BatchLike) -> set[str]:

@@ -351,3 +351,12 @@ def test_the_sets_of_a_batch_no_transaction_recorded_raise_unknown_batch(db):
     assert db.batches.composite((f"{query}-out", 1)) == set()          # produced, consumed by none: known
     assert {str(ref) for ref in db.batches.scover((f"{query}-out", 1))} == {f"{query}/1"}
     assert len(db.batches.composite((query, 1))) == 1
+
+
+@pytest.mark.parametrize("lineage_id", [5, None, b"T1", ""])
+def test_the_lineage_of_what_is_no_lineage_id_is_refused_saying_what_one_is(db, lineage_id):
+    """``db.batches.transaction(id)`` takes a transaction-log id, as ``triggered_by`` does: a number reached
+    PostgreSQL, which refused it with a bare ProgrammingError ('operator does not exist: text = smallint'), and
+    None or an empty text answered None, as for a transaction that recorded no lineage."""
+    with pytest.raises(LineageError, match="a lineage id is a transaction-log id"):
+        db.batches.transaction(lineage_id)
