@@ -878,3 +878,13 @@ def test_a_running_consumer_goes_on_after_its_pooled_connections_were_lost(clean
         finally:
             consumer.close()
     assert logged(db) == [("inserted", 73)]
+
+
+@pytest.mark.parametrize("name", ["a@b", "orders@eu#p2"])
+def test_a_consumer_name_with_an_at_sign_is_refused_as_a_consumer_name(clean, name):
+    """A consumer's batches are filed in the ingestion ledger as ``capture:<name>``, a source without a run, which
+    cannot hold '@'.  Such a name was refused by LedgerId with a BadArgument about ledger ids that told the user to
+    'pass LedgerId.parse(...)' — nothing a consumer's caller passes; it is a CaptureError naming the consumer's name and
+    what it may hold."""
+    with pytest.raises(CaptureError, match=rf"a consumer name is a non-empty string without '@'.*got {name!r}"):
+        clean.capture.consumer(name)
