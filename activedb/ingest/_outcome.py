@@ -74,6 +74,7 @@ class BatchOutcome:
 class IngestStatistics:
     """A snapshot of an ingestion's progress, for the CLI's progress line. Immutable.
 
+    ``query_id`` is the ledger id of the last run the ingestion saw (None before any).
     ``events_per_second`` is over the wall time from the first batch's start to the last
     batch's end (so it does not decay while the stream is idle);
     ``last_batch_events_per_second`` over the last committed batch's time in the sink.
@@ -255,7 +256,7 @@ class BatchBook:
         with self._mutex:
             counters = self._counters
             self._last_batch_ended = ended
-            self._query_id = self._query_id or outcome.query_id
+            self._query_id = outcome.query_id       # the last run seen (Ingestion.end_of_stream's default)
             if not release:
                 self._last_batch_id = outcome.batch_id
             counters["rows"] += outcome.rows

@@ -159,3 +159,36 @@ def test_an_end_of_stream_under_a_query_id_that_is_no_ledger_id_is_refused(datab
     finally:
         ingestion.close()
     assert ingestion_status(database) == []
+
+
+def test_an_end_of_stream_without_a_query_id_releases_under_the_last_run_the_ingestion_saw(database):
+    """``end_of_stream()`` releases under "the last run this ingestion saw", as it says: an ingestion that fed one
+    run and then another released the first run's end-of-stream batch — which the ledger already had, so nothing of
+    the second run was released, silently (the statistics kept the first run's ledger id for good)."""
+    from activedb.ingest import BatchHandler
+
+    class Holding(BatchHandler):
+        holds_back = True
+        validates_rows = False
+
+        def __init__(self) -> None:
+            self.released: list[str] = []
+
+        def handle(self, tx, batch, ledger):
+            ledger.events = 0
+
+        def release(self, tx, batch, ledger):
+            self.released.append(batch.query_id)
+            ledger.events = 1
+
+    handler = Holding()
+    ingestion = Ingestion(database, source="holding", handler=handler)
+    first, second = str(LedgerId("holding", "run-1")), str(LedgerId("holding", "run-2"))
+    try:
+        ingestion.process([{"n": 1}], 0, query_id=first)
+        assert ingestion.end_of_stream() == 1 and handler.released == [first]
+        ingestion.process([{"n": 2}], 0, query_id=second)
+        assert ingestion.statistics().query_id == second
+        assert ingestion.end_of_stream() == 1 and handler.released == [first, second]
+    finally:
+        ingestion.close()
