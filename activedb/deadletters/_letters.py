@@ -10,13 +10,13 @@ import base64
 import datetime as dt
 import functools
 import json
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Unpack
 
 import sqlalchemy as sa
 
-from activedb.errors import BatchAlreadyCommitted, GeneratedKeysReset
+from activedb.errors import BadArgument, BatchAlreadyCommitted, GeneratedKeysReset, check_switch, check_whole_number
 from activedb.extras import Extra, needs
 from activedb.store import Catalog, Json, exact_json, from_exact_json, jsonable, storable_text
 from activedb.txn import CommitParticipant
@@ -98,6 +98,19 @@ class LetterFilter:
     batch: int | None = None
     reason: str | None = None
     replayed: bool | None = None
+
+    def __post_init__(self) -> None:
+        ids = self.ids
+        if isinstance(ids, (str, bytes)) or not isinstance(ids, Collection) or not all(
+                isinstance(one, int) and not isinstance(one, bool) for one in ids):
+            raise BadArgument(f"LetterFilter(ids={ids!r}) takes dead letter ids (whole numbers; one id as (id,))")
+        for name in ("query", "reason"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, str):
+                raise BadArgument(f"LetterFilter({name}={value!r}) takes a text (None: any)")
+        if self.batch is not None and (isinstance(self.batch, bool) or not isinstance(self.batch, int)):
+            raise BadArgument(f"LetterFilter(batch={self.batch!r}) takes a batch number (None: any)")
+        check_switch("LetterFilter", "replayed", self.replayed, none="either")
 
     def statement(self, table: sa.Table) -> sa.Select[Unpack[tuple[object, ...]]]:
         statement = sa.select(table)
@@ -283,6 +296,8 @@ def written_ahead(connection: sa.Connection, table: sa.Table, query_id: str, bat
 
 def select(database: DatabaseHandle, letters: LetterFilter = LetterFilter(), *, limit: int | None = None) -> list[LetterRecord]:
     """The dead letters ``letters`` selects, oldest first (at most ``limit``)."""
+    if limit is not None:
+        check_whole_number("deadletters.select", "limit", limit, 0, " (None: all)")
     table = database.table(TABLE)
     statement = letters.statement(table)
     if limit is not None:

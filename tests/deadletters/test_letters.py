@@ -213,3 +213,22 @@ def test_list_cuts_long_rows_and_show_prints_them_whole(db, database_url):
     shown = runner.invoke(main, ["--url", database_url, "dead-letters", "show", str(letter.id)],
                           catch_exceptions=False)
     assert shown.exit_code == 0 and BIG in shown.output
+
+
+@pytest.mark.parametrize("call", [
+    lambda db: deadletters.select(db, limit=-1), lambda db: deadletters.select(db, limit="10"),
+    lambda db: deadletters.select(db, LetterFilter(ids=5)), lambda db: deadletters.count(db, LetterFilter(ids=("7",))),
+    lambda db: deadletters.select(db, LetterFilter(query=5)), lambda db: deadletters.count(db, LetterFilter(reason=5)),
+    lambda db: deadletters.purge(db, LetterFilter(batch="3")), lambda db: deadletters.purge(db, LetterFilter(replayed="no")),
+], ids=["negative-limit", "text-limit", "one-id", "text-id", "number-query", "number-reason", "text-batch",
+        "text-replayed"])
+def test_reading_or_purging_with_a_filter_they_cannot_take_is_refused_saying_what_to_give(db, call):
+    """``select``, ``count`` and ``purge`` take a ``LetterFilter`` of ids, a query name, a batch number, a reason text
+    and a replayed switch, and ``select`` a limit from 0: a negative limit reached PostgreSQL (a bare DataError), one
+    id given alone a TypeError ('int' object is not iterable), a number as the query or reason an AttributeError, a
+    text batch number PostgreSQL's error — and replayed='no', true to Python, selected the replayed letters (purge
+    deleted them).  Each is a BadArgument (an ActivedbError) naming the value; nothing is read or deleted."""
+    import activedb
+
+    with pytest.raises(activedb.BadArgument):
+        call(db)
