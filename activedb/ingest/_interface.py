@@ -124,7 +124,9 @@ class Batch:
     watermark: dt.datetime | None = None
 
     def __post_init__(self) -> None:
-        check_whole_number("Batch", "number", self.number, 0)
+        if isinstance(self.number, bool) or not isinstance(self.number, int) or not 0 <= self.number < 2**63:
+            raise BadArgument(f"a batch number is an integer from 0 (below 2**63: the ledger's bigint holds it), "
+                              f"got {self.number!r}")
         watermark = self.watermark
         if watermark is not None and (not isinstance(watermark, dt.datetime) or watermark.tzinfo is None):
             raise BadArgument(f"a batch's watermark is an aware datetime (UTC), got {self.watermark!r}")

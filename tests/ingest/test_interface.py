@@ -114,3 +114,13 @@ def test_a_run_s_ledger_rows_are_its_own_not_those_of_a_name_alike_but_for_wildc
     finally:
         with db.engine.begin() as connection:
             connection.execute(sa.text("DELETE FROM activedb_ingestion_ledger"))
+
+
+@pytest.mark.parametrize("number", [2**63, 10**30])
+def test_a_batch_number_the_ledger_cannot_hold_is_refused_where_the_batch_is_made(number):
+    """A batch number is one the ledger's bigint holds, as ``Ingestion.process`` says ('below 2**63, as Batch takes
+    it'): ``Batch`` took a larger one, and a source yielding it failed later, inside ``drive`` or ``feed``, after the
+    batches before it were applied."""
+    with pytest.raises(BadArgument, match=r"a batch number is an integer from 0 \(below 2\*\*63"):
+        Batch(number, [])
+    assert Batch(2**63 - 1, []).number == 2**63 - 1
