@@ -38,8 +38,9 @@ class RowEvent(Protocol):
     @property
     def position(self) -> int: ...
 
-#: ``RUN[#pN]`` after the last ``@`` of a ledger id.
-_RUN = re.compile(r"^(?P<run>[^@#]+)(?:#p(?P<partition>\d+))?$")
+#: ``RUN[#pN]`` after the last ``@`` of a ledger id: the whole rest (``\Z``; ``$`` also matches before a final line
+#: break), N in the digits ``str`` prints (0-9).
+_RUN = re.compile(r"^(?P<run>[^@#]+)(?:#p(?P<partition>[0-9]+))?\Z")
 
 
 @dataclass(frozen=True)

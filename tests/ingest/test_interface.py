@@ -124,3 +124,12 @@ def test_a_batch_number_the_ledger_cannot_hold_is_refused_where_the_batch_is_mad
     with pytest.raises(BadArgument, match=r"a batch number is an integer from 0 \(below 2\*\*63"):
         Batch(number, [])
     assert Batch(2**63 - 1, []).number == 2**63 - 1
+
+
+@pytest.mark.parametrize("text", ["badges@run#p1\n", "badges@run#p\u0663", "badges@run\n#p2"])
+def test_a_ledger_id_text_reads_as_the_id_it_prints_back_as(text):
+    """The ledger keeps ``query_id`` as given and ``activedb status`` groups its rows by what the text parses to:
+    a partition number followed by a line break, or written in other digits than 0-9 ('٣'), parsed as partition 1 or
+    3 of the run — an id that prints as another text (``badges@run#p1``), so the status counted the row under a
+    partition whose ledger rows (found by their text) it is not among."""
+    assert str(LedgerId.parse(text)) == text
