@@ -79,14 +79,15 @@ def status_command(ctx: click.Context, as_json: bool, behind_changes: int, behin
 
 
 def _tables_command(name: str, help_text: str, check: Callable[[Database, str], object],
-                    change: Callable[[CaptureManager, str], object], done: str) -> click.Command:
+                    change: Callable[[CaptureManager, str], object], done: str, *, writes: bool) -> click.Command:
     """``activedb capture NAME TABLES...``: ``check(db, table)`` for every table, then (none refused)
-    ``change(db.capture, table)`` for each, saying ``done``: a refused name changes nothing."""
+    ``change(db.capture, table)`` for each, saying ``done``: a refused name changes nothing.  ``writes``: a database
+    without activedb's tables gets them (``open_database``); else it is refused."""
     @capture_group.command(name, help=help_text)
     @click.argument("tables", nargs=-1, required=True)
     @click.pass_context
     def command(ctx: click.Context, tables: tuple[str, ...]) -> None:
-        with open_database(ctx, writes=True) as database:
+        with open_database(ctx, writes=writes) as database:
             for table in tables:
                 check(database, table)
             for table in tables:
@@ -104,9 +105,11 @@ def _captured(database: Database, table: str) -> None:
 
 enable_command = _tables_command("enable", "Capture TABLES (better: enable_capture(op, table) in the application's "
                                  "migration).", lambda database, table: database.table(table),
-                                 lambda capture, table: capture(table), "capturing")
+                                 lambda capture, table: capture(table), "capturing", writes=True)
+# (disable only removes: a database without activedb's tables has no capture to remove, and is refused)
 disable_command = _tables_command("disable", "Stop capturing TABLES (their changes not yet consumed are dropped).",
-                                  _captured, lambda capture, table: capture.remove(table), "no longer capturing")
+                                  _captured, lambda capture, table: capture.remove(table), "no longer capturing",
+                                  writes=False)
 
 
 @capture_group.command("consume")

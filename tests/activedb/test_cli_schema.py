@@ -262,3 +262,12 @@ def test_replaying_dead_letters_of_a_new_database_creates_nothing(make_fresh_url
     result = invoke(make_fresh_url, "dead-letters", "replay", "activedb.examples.hand_hygiene.app")
     assert result.exit_code == 1 and "no activedb tables yet" in result.output, result.output
     assert activedb_tables(make_fresh_url) == set()
+
+
+def test_disabling_capture_in_a_new_database_creates_nothing(make_fresh_url):
+    """``activedb capture disable TABLE`` only removes: on a database that never had activedb's tables nothing is
+    captured, and it says the database has none of activedb's tables (as the reading commands do).  It created every
+    activedb table first, then said the table was not captured."""
+    result = invoke(make_fresh_url, "capture", "disable", "orders")
+    assert result.exit_code == 1 and "no activedb tables yet" in result.output, result.output
+    assert activedb_tables(make_fresh_url) == set()
