@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, TypeAlias, runtime_checkable
 
 from activedb._closedset import ClosedSet
-from activedb.errors import BadArgument, check_whole_number
+from activedb.errors import BadArgument
 
 if TYPE_CHECKING:  # pragma: no cover
     import pyarrow
