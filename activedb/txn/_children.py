@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping
 from lockmgr import TxnState
 
 from activedb._closedset import ClosedSet
-from activedb.errors import DeadlockDetected, SerializationConflict
+from activedb.errors import DeadlockDetected, RuleFailed, SerializationConflict, causes
 from activedb.txn._hooks import WaitKind
 from activedb.txn._pool import Task
 
@@ -185,13 +185,16 @@ class Children:
               attempts: int = 3, **kwargs: Any) -> Any:
         """Run ``function(child, ...)`` as an inline subtransaction, re-running it (in a fresh
         subtransaction) when it is chosen as a deadlock victim or its commit finds that another process
-        changed a row it read, at most ``attempts`` times."""
+        changed a row it read, at most ``attempts`` times — also when that is one of the rule firings it set off,
+        which reaches it as ``RuleFailed`` (its cause), as ``Database.run`` does."""
         if attempts < 1:
             raise ValueError("attempts must be at least 1")
         for attempt in range(1, attempts + 1):
             try:
                 return self._run_subtransaction(function, *args, **kwargs)
-            except (DeadlockDetected, SerializationConflict) as error:
+            except (DeadlockDetected, SerializationConflict, RuleFailed) as error:
+                if not any(isinstance(cause, (DeadlockDetected, SerializationConflict)) for cause in causes(error)):
+                    raise
                 if attempt == attempts:
                     raise
                 logger.info("subtransaction of %s failed (%s); retry %d of %d", self.id,

@@ -264,6 +264,65 @@ def test_run_reruns_a_transaction_whose_rule_firings_deadlock(db):
     assert committed(db, "accounts")[(1,)]["balance"] == 2
 
 
+def test_retry_reruns_a_subtransaction_whose_rule_firings_deadlock(db):
+    """A deadlock among the rule firings a retried subtransaction set off reaches ``tx.retry`` as ``RuleFailed`` (its
+    cause the ``DeadlockDetected``, whose message says tx.retry re-runs a subtransaction); ``tx.retry`` runs the
+    subtransaction again, as ``db.run`` does a transaction — it let the RuleFailed through on the first attempt."""
+    db.run(lambda tx: tx.insert("accounts", id=1, balance=0))
+    both_read = threading.Barrier(2, timeout=10)
+    attempts = []
+
+    def add_one(tx, event):                 # two siblings: each reads, then writes the row the other read
+        if len(attempts) == 1:
+            account = tx.read("accounts", 1)
+            both_read.wait()                # the first attempt: both hold the read lock, so the upgrades deadlock
+        else:                               # a re-run: the siblings queue at the read
+            account = tx.read("accounts", 1, for_update=True)
+        tx.write("accounts", 1, balance=account["balance"] + 1)
+
+    for name in ("first_add", "second_add"):
+        db.rule(on=db.inserted("items"), name=name)(add_one)
+
+    def insert_item(child):
+        attempts.append(child.id)
+        child.insert("items", key="a", value=1)
+
+    try:
+        with testing.Watchdog(30, db.transactions.locks):
+            with db.transaction() as tx:
+                tx.retry(insert_item, attempts=3)
+    finally:
+        for name in ("first_add", "second_add"):          # (the module's tests share the database)
+            db.rules.remove(name)
+    assert len(attempts) == 2
+    assert committed(db, "accounts")[(1,)]["balance"] == 2
+    assert set(committed(db, "items")) == {("a",)}
+
+
+def test_retry_lets_a_rule_failure_of_another_cause_through_at_once(db):
+    """Only a deadlock or a serialization conflict is re-run: a rule that raised for another reason fails the
+    first attempt."""
+    attempts = []
+
+    def refuse(tx, event):
+        raise LookupError("no such item")
+
+    db.rule(on=db.inserted("items"), name="refuse")(refuse)
+
+    def insert_item(child):
+        attempts.append(child.id)
+        child.insert("items", key="b", value=1)
+
+    try:
+        with pytest.raises(activedb.RuleFailed, match="no such item"):
+            with db.transaction() as tx:
+                tx.retry(insert_item, attempts=3)
+    finally:
+        db.rules.remove("refuse")
+    assert len(attempts) == 1
+    assert committed(db, "items") == {}
+
+
 # --- bad input ------------------------------------------------------------------------------
 
 def test_unknown_table(db):
