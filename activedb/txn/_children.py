@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping
 from lockmgr import TxnState
 
 from activedb._closedset import ClosedSet
-from activedb.errors import DeadlockDetected, RuleFailed, SerializationConflict, causes
+from activedb.errors import DeadlockDetected, RuleFailed, SerializationConflict, causes, check_whole_number
 from activedb.txn._hooks import WaitKind
 from activedb.txn._pool import Task
 
@@ -187,8 +187,7 @@ class Children:
         subtransaction) when it is chosen as a deadlock victim or its commit finds that another process
         changed a row it read, at most ``attempts`` times — also when that is one of the rule firings it set off,
         which reaches it as ``RuleFailed`` (its cause), as ``Database.run`` does."""
-        if attempts < 1:
-            raise ValueError("attempts must be at least 1")
+        check_whole_number("tx.retry", "attempts", attempts, 1, " (how many times to run the function at most)")
         for attempt in range(1, attempts + 1):
             try:
                 return self._run_subtransaction(function, *args, **kwargs)

@@ -406,6 +406,18 @@ def test_run_refuses_retries_and_backoff_it_cannot_take_before_the_first_attempt
     assert db.run(conflicting_once, backoff=0) == "done" and len(ran) == 2
 
 
+@pytest.mark.parametrize("attempts", [0, -1, "3", 2.5, True, None])
+def test_retry_refuses_attempts_that_are_no_whole_number_of_at_least_one(db, attempts):
+    """attempts=0 was a bare ValueError (no ActivedbError), '3' and None a TypeError from a comparison, 2.5 range()'s
+    TypeError, and True was taken as one attempt; each is a BadArgument naming it, and nothing runs."""
+    ran = []
+    with db.transaction() as tx:
+        with pytest.raises(activedb.BadArgument, match=rf"tx.retry\(attempts={attempts!r}\).*at least 1"):
+            tx.retry(lambda child: ran.append(child.id), attempts=attempts)
+        assert tx.retry(lambda child: ran.append(child.id) or "done", attempts=1) == "done"
+    assert len(ran) == 1
+
+
 def test_bad_input_leaves_committed_data_alone(db):
     db.run(lambda tx: tx.write("accounts", 1, balance=100))
     with pytest.raises(activedb.InvalidValue):
