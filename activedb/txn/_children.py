@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping
 from lockmgr import TxnState
 
 from activedb._closedset import ClosedSet
-from activedb.errors import DeadlockDetected, RuleFailed, SerializationConflict, causes, check_whole_number
+from activedb.errors import (DeadlockDetected, RuleFailed, SerializationConflict, causes, check_seconds,
+                             check_whole_number)
 from activedb.txn._hooks import WaitKind
 from activedb.txn._pool import Task
 
@@ -52,6 +53,14 @@ open_savepoint: Callable[..., "Transaction | None"]
 end_savepoint: Callable[["Transaction"], None]
 
 
+def _wait_seconds(owner: str, timeout: float | None) -> float | None:
+    """``timeout`` given to ``owner(timeout=...)`` as a thread's wait takes it: None (no limit) for None and for what no
+    wait can be bounded by (infinity); anything but a number of at least 0 is a :class:`BadArgument` (a lock's
+    ``acquire`` would read -1 as "for ever", NaN and other negative numbers as a bare ValueError)."""
+    check_seconds(owner, "timeout", timeout, none="wait without limit")
+    return None if timeout is None or timeout >= threading.TIMEOUT_MAX else timeout
+
+
 class SubtransactionHandle:
     """The handle ``spawn`` returns: ``result(timeout)``, ``wait(timeout)``, ``done()``, ``state``."""
 
@@ -69,7 +78,12 @@ class SubtransactionHandle:
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until the subtransaction ended (runs it here if no worker started it).  The wait is an edge of the
         wait-for graph: if it closes a cycle and is the victim, ``DeadlockDetected`` is raised and the
-        subtransaction goes on (``state`` says so) — wait again later, or let the parent's commit wait for it."""
+        subtransaction goes on (``state`` says so) — wait again later, or let the parent's commit wait for it.
+        ``timeout``: seconds (infinity, like None, waits without limit)."""
+        return self._wait(_wait_seconds("handle.wait", timeout))
+
+    def _wait(self, timeout: float | None) -> bool:
+        """``wait`` of a checked timeout (``_wait_seconds``)."""
         task = self._task
         if task.done():
             return True
@@ -111,7 +125,7 @@ class SubtransactionHandle:
         """The function's return value once the subtransaction committed; re-raises its error.  A
         ``DeadlockDetected`` is the subtransaction's own only if it ended ABORTED (``state``); otherwise this wait
         was the victim and it goes on (:meth:`wait`)."""
-        if not self.wait(timeout):
+        if not self._wait(_wait_seconds("handle.result", timeout)):
             raise TimeoutError(f"subtransaction {self.transaction.id} did not end within {timeout} s")
         if self._task.error is not None:
             raise self._task.error

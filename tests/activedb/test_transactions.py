@@ -418,6 +418,36 @@ def test_retry_refuses_attempts_that_are_no_whole_number_of_at_least_one(db, att
     assert len(ran) == 1
 
 
+@pytest.mark.parametrize("call", ["result", "wait"])
+def test_a_spawned_childs_handle_waits_without_limit_for_an_infinite_timeout_and_refuses_no_number(db, call):
+    """handle.result/wait(timeout=inf) raised OverflowError ('timestamp out of range for platform time_t') while the
+    child ran; -1 waited for ever (a lock's acquire reads it so), -2 and NaN raised a bare ValueError and a text a
+    TypeError.  An infinite timeout now waits without limit and the others are a BadArgument naming the timeout,
+    the child left running."""
+    locks = db.transactions.locks
+    started, gate = threading.Event(), threading.Event()
+
+    def child(tx):
+        started.set()                       # a worker runs it: the parent's wait below blocks
+        assert gate.wait(10)
+        # The parent's wait for this child is an edge of the wait-for graph before its thread blocks.
+        testing.wait_until(lambda: locks.statistics().registered_waits == 1, 10, "the parent to wait for the child")
+        return "done"
+
+    with testing.Watchdog(30, locks):
+        with db.transaction() as tx:
+            handle = tx.spawn(child, eager=True)
+            assert started.wait(10)
+            for timeout in (-1, -2, float("nan"), "5"):
+                with pytest.raises(activedb.BadArgument, match=rf"handle.{call}\(timeout={timeout!r}\)"):
+                    getattr(handle, call)(timeout=timeout)
+            assert handle.state is TxnState.ACTIVE and not handle.done()
+            gate.set()
+            assert getattr(handle, call)(timeout=float("inf")) in ("done", True)
+            assert handle.result(timeout=1e300) == "done"
+    assert handle.state is TxnState.COMMITTED
+
+
 def test_bad_input_leaves_committed_data_alone(db):
     db.run(lambda tx: tx.write("accounts", 1, balance=100))
     with pytest.raises(activedb.InvalidValue):
