@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from ._decisions import Decision, Phase, decide
 from ._dependencies import Dependency, DependencyKind, action_dependencies_for, dependencies_for
 from ._modes import Coupling
-from .errors import DependencyTimeout, GateProtocolError, UnsupportedByGate
+from .errors import DependencyTimeout, GateProtocolError, InvalidArgument, UnsupportedByGate
 
 
 class Verdict(enum.Enum):
@@ -95,7 +95,7 @@ class DependencyGate:
     """Enforces CD, AD, ED, SQD and CRD between concurrently running transactions (design note, "The gate").
 
     Thread-safe; its mutex is a leaf.  Do not call a blocking ``wait_*`` while holding a mutex a trigger
-    needs to end.  A timeout (seconds; ``None`` waits for ever) is not a verdict: the gate is unchanged.
+    needs to end.  A timeout (seconds; ``None`` or infinity waits for ever) is not a verdict: the gate is unchanged.
     """
 
     def __init__(self) -> None:
@@ -285,7 +285,8 @@ class DependencyGate:
                     self._timeouts += 1
                     # remaining is a number: timeout is one
                     raise DependencyTimeout(record.tid, pending, phase, timeout)  # type: ignore[arg-type]
-                record.condition.wait(remaining)
+                # (an infinite timeout too: no thread's wait is longer than TIMEOUT_MAX)
+                record.condition.wait(None if remaining is None else min(remaining, threading.TIMEOUT_MAX))
                 decision, pending = self._decide(record, phase)
             return decision
         finally:
@@ -307,6 +308,9 @@ class DependencyGate:
         """The one body of ``wait_may_begin`` and ``wait_may_commit``: check the protocol, wait, hand out
         the verdict and move the record to its next state."""
         go, stop, granted = _PHASES[phase]
+        if timeout is not None and not (isinstance(timeout, (int, float)) and timeout == timeout):    # (also NaN)
+            raise InvalidArgument(f"wait_may_{phase}({dependent!r}, timeout={timeout!r}): give the timeout as a number "
+                                  "of seconds, or None to wait without limit")
         with self._mutex:
             record = self._dependents.get(dependent)
             if record is None:

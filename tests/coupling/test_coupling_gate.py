@@ -23,6 +23,7 @@ from coupling import (
     DependentState,
     GateProtocolError,
     DependencyHistory,
+    InvalidArgument,
     UnsupportedByGate,
     Verdict,
     check_dependencies,
@@ -324,6 +325,36 @@ def test_timeout_raises_and_leaves_the_gate_unchanged():
     assert gate.statistics().waiting_to_commit == 0 and gate.waiting_edges() == frozenset()
     gate.trigger_ended("T", committed=True)
     assert gate.wait_may_commit("D", timeout=0) is COMMIT
+
+
+@pytest.mark.parametrize("timeout", [float("inf"), 1e300])
+def test_a_timeout_of_infinity_waits_without_limit(threads, wait_until, timeout):
+    """A timeout the clock cannot add (infinity, 1e300) made the wait raise OverflowError ('timestamp out of range
+    for platform time_t'): it waits without limit, as timeout=None does."""
+    gate = DependencyGate()
+    gate.register("D", "T", Coupling.DETACHED_CAUSALLY_DEPENDENT)
+    assert gate.wait_may_begin("D", timeout=0) is BEGIN
+    threads.start("D", gate.wait_may_commit, "D", timeout)
+    threads.describe = gate.statistics
+    wait_until(lambda: gate.statistics().waiting_to_commit == 1, gate.statistics)
+    gate.trigger_ended("T", committed=True)
+    threads.join("D")
+    assert threads.results["D"] is COMMIT
+
+
+@pytest.mark.parametrize("timeout", [float("nan"), "5"])
+def test_a_timeout_that_is_no_number_is_refused_and_leaves_the_gate_unchanged(timeout):
+    """timeout=NaN never ran out and never blocked: the wait asked the condition for a NaN wait, which returns at
+    once, so the thread spun for ever on the gate's mutex; a text failed with a bare TypeError."""
+    gate = DependencyGate()
+    gate.register("D", "T", Coupling.DETACHED_CAUSALLY_DEPENDENT)
+    for wait in (gate.wait_may_begin, gate.wait_may_commit):
+        with pytest.raises(InvalidArgument, match="timeout"):
+            wait("D", timeout=timeout)
+    statistics = gate.statistics()
+    assert gate.state_of("D") is DependentState.REGISTERED and statistics.waiting_to_commit == 0
+    assert statistics.begun == statistics.committed == statistics.timeouts == 0
+    assert gate.wait_may_begin("D", timeout=0) is BEGIN
 
 
 def test_a_dependent_that_ends_while_waiting_wakes_up_aborted(threads, wait_until):
