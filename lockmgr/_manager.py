@@ -618,6 +618,9 @@ class LockManager:
         later).  ``preferred_victim=True`` volunteers whatever the policy.  Targets that are not active add no
         edge; ``waiter`` must be active or committing.  Returns the handle; ``release()`` it when the wait ends.
         """
+        if isinstance(targets, (str, bytes)):       # (a text would be read as its letters: tids that may be active)
+            raise TypeError(f"add_wait({waiter!r}, {targets!r}): targets is a collection of transaction ids; one "
+                            f"target is written [{targets!r}]")
         with self._graph_mutex:
             txn = self._active.get(waiter)
             if txn is None:     # raises: waiter is not active

@@ -68,6 +68,21 @@ def test_released_waits_leave_no_edge_and_ended_targets_add_none():
     assert lm.add_wait("A", ["B"]).targets == {}     # B ended: nothing to wait for
 
 
+@pytest.mark.parametrize("targets", ["T.1", b"T.1"])
+def test_one_target_given_as_a_text_is_refused_not_read_letter_by_letter(targets):
+    """add_wait("B", "T.1") iterated the text: it registered B -> T (the letter 'T' is an active transaction), an
+    edge to T.1's parent instead of T.1, and none at all for a tid none of whose letters is one — a cycle through
+    the wait then went unseen.  It is a TypeError saying to write [tid], and nothing is registered."""
+    lm = manager("T", "B")
+    lm.begin("T.1", parent="T")
+    with pytest.raises(TypeError, match=r"targets.*\[" + repr(targets).replace(".", r"\.") + r"\]"):
+        lm.add_wait("B", targets, kind="dependency")
+    assert lm.statistics().registered_waits == 0
+    assert not lm.wait_for_graph().has_edge("B", "T")
+    with lm.add_wait("B", ["T.1"], kind="dependency"):
+        assert lm.wait_for_graph().has_edge("B", "T.1") and lm.statistics().registered_waits == 1
+
+
 def test_a_waiter_that_cannot_be_told_is_never_chosen():
     lm = manager("A", "B")
     lm.acquire("B", "x", Mode.WRITE)
