@@ -395,6 +395,9 @@ class LockManager:
         """``acquire_tuple`` of each of ``keys`` in order (``resources``: their resources, in the same order), the
         table's entry looked at once: after the first, each tuple granted at once costs one stripe-mutex section.
         An error (a deadlock, a timeout) leaves the tuples before it locked, as a loop of ``acquire_tuple`` does."""
+        if isinstance(keys, (str, bytes)):      # (a text would be read as its letters: each a tuple's key)
+            raise TypeError(f"acquire_tuples({tid!r}, {table!r}, {keys!r}): keys is a collection of keys; one key "
+                            f"is written [{keys!r}]")
         keys = list(keys)
         named = [(table, key) for key in keys] if resources is None else list(resources)
         if len(named) != len(keys):

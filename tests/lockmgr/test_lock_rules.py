@@ -274,6 +274,18 @@ def test_acquire_tuples_locks_each_key_as_acquire_tuple_does():
     assert held(lm, "ledger") == {"C": R}
 
 
+@pytest.mark.parametrize("keys", ["ab", b"ab"])
+def test_acquire_tuples_refuses_one_key_given_as_a_text_before_locking_anything(keys):
+    """acquire_tuples('A', 'accounts', 'ab', W) iterated the text: it WRITE-locked the tuples 'a' and 'b' (for bytes
+    the numbers 97 and 98), not the row 'ab'.  It is a TypeError saying to write [key], and nothing is locked."""
+    lm = manager("A")
+    with pytest.raises(TypeError, match=r"keys.*\[" + repr(keys) + r"\]"):
+        lm.acquire_tuples("A", "accounts", keys, W)
+    assert lm.statistics().locks == 0
+    lm.acquire_tuples("A", "accounts", [keys], W)
+    assert held(lm, ("accounts", keys)) == {"A": W} and lm.statistics().locks == 2
+
+
 def test_acquire_tuples_that_meets_a_conflict_leaves_the_keys_before_it_locked():
     lm = manager("A", "B")
     lm.acquire_tuple("B", "accounts", 2, W)
