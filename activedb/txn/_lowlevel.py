@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from activedb.txn._children import _wait_seconds
 from activedb.txn._tree import Transaction
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -48,8 +49,9 @@ def want_end_hooks(transaction: Transaction) -> None:
 
 
 def wait_children(transaction: Transaction, timeout: float | None = None) -> None:
-    """Wait until every child of ``transaction`` has ended, running queued ones in this thread."""
-    transaction._wait_children(timeout)
+    """Wait until every child of ``transaction`` has ended, running queued ones in this thread; ``timeout``: seconds
+    (None or infinity: without limit), then ``TimeoutError``."""
+    transaction._wait_children(_wait_seconds("lowlevel.wait_children", timeout))
 
 
 def abandon(transaction: Transaction, reason: BaseException) -> None:

@@ -234,6 +234,32 @@ def test_observers_hear_life_cycles_and_a_raising_observer_is_removed(db, caplog
         db.transactions.observers.remove(listens)
 
 
+def test_wait_children_waits_without_limit_for_an_infinite_timeout_and_refuses_no_number(db):
+    """lowlevel.wait_children(tx, timeout=inf) raised OverflowError while a child ran, NaN ran out at once (a
+    TimeoutError 'did not end within nan s'), -1 as well; inf now waits without limit and the others are a
+    BadArgument naming the timeout, the child left running."""
+    locks = db.transactions.locks
+    started, gate = threading.Event(), threading.Event()
+
+    def child(tx):
+        started.set()                       # a worker runs it: the wait below blocks
+        assert gate.wait(TIMEOUT)
+        # The parent's wait for its children is an edge of the wait-for graph before its thread blocks.
+        testing.wait_until(lambda: locks.statistics().registered_waits == 1, TIMEOUT, "the parent to wait")
+
+    with testing.Watchdog(30, locks):
+        with db.transaction() as tx:
+            handle = tx.spawn(child, eager=True)
+            assert started.wait(TIMEOUT)
+            for timeout in (float("nan"), -1, "5"):
+                with pytest.raises(activedb.BadArgument, match=rf"wait_children\(timeout={timeout!r}\)"):
+                    lowlevel.wait_children(tx, timeout=timeout)
+            assert handle.state is activedb.TxnState.ACTIVE
+            gate.set()
+            lowlevel.wait_children(tx, timeout=float("inf"))
+            assert handle.state is activedb.TxnState.COMMITTED
+
+
 def test_the_typed_slot_is_one_object_per_type_and_transaction(db):
     class Mine:
         def __init__(self):
