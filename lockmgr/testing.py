@@ -26,6 +26,11 @@ _T = TypeVar("_T")
 _POLL = 0.001  # seconds between looks at observable state while waiting for a step
 
 
+def _bounded(timeout: float) -> float:
+    """``timeout`` as a thread's wait takes it: an infinite one (no limit) is the longest wait there is."""
+    return min(timeout, threading.TIMEOUT_MAX)
+
+
 class ScenarioError(AssertionError):
     """A step did not behave as the scenario declared (or the scenario hung)."""
 
@@ -119,7 +124,8 @@ class Sequencer:
             if position in self._claimed:
                 raise ScenarioError(f"sequence point {position} used twice")
             self._claimed.add(position)
-            if not self._condition.wait_for(lambda: self._broken or self._done >= position - 1, self.timeout):
+            if not self._condition.wait_for(lambda: self._broken or self._done >= position - 1,
+                                            _bounded(self.timeout)):
                 self._broken = f"sequence point {position} waited {self.timeout} s for point {position - 1}"
                 self._condition.notify_all()
             if self._broken:
@@ -202,7 +208,7 @@ class Scenario:
         for session in self.sessions.values():
             session.work.put(None)
         for session in self.sessions.values():
-            session.thread.join(self.timeout)
+            session.thread.join(_bounded(self.timeout))
         if pending and error is None:
             raise ScenarioError(f"steps still pending at the end of the scenario: {pending}\n{graph_dump}")
 
@@ -230,7 +236,7 @@ class Scenario:
 
     def finish(self, step: Step, *, raises: type[BaseException] | tuple[type[BaseException], ...] | None = None) -> Step:
         """Wait for a step that blocked earlier to complete (some later step must have let it through)."""
-        if not step.done.wait(self.timeout):
+        if not step.done.wait(_bounded(self.timeout)):
             raise ScenarioError(f"blocked step {step!r} did not finish within {self.timeout} s\n"
                                 f"{_graph_text(self.lm)}")
         return self._check(step, raises)

@@ -93,3 +93,41 @@ def test_the_sequencer_orders_blocks_and_a_broken_sequence_fails():
     with pytest.raises(ScenarioError, match="used twice"):
         with broken(2):
             pass
+
+
+def test_the_test_kits_waits_take_an_infinite_timeout_as_no_limit():
+    """Sequencer(timeout=inf) and Scenario(lm, timeout=inf) raised OverflowError ('timestamp out of range for
+    platform time_t') wherever they had to wait — a block waiting for the one before it, a blocked step's finish,
+    the sessions' end — as the Watchdog did before ce54bec; they wait without limit."""
+    import threading
+
+    from lockmgr import LockManager, Mode
+    from lockmgr.testing import Scenario, Sequencer, wait_until
+
+    sequencer, order, errors = Sequencer(timeout=float("inf")), [], []
+
+    def second():
+        try:
+            with sequencer(1):
+                order.append(1)
+        except BaseException as error:          # reported below
+            errors.append(error)
+
+    thread = threading.Thread(target=second)
+    thread.start()
+    # (The condition's waiters are what tells that the block waits for block 0.)
+    wait_until(lambda: errors or sequencer._condition._waiters, 5, "block 1 to wait for block 0")
+    with sequencer(0):
+        order.append(0)
+    thread.join(5)
+    assert errors == [] and order == [0, 1]
+
+    lm = LockManager()
+    for tid in ("A", "B"):
+        lm.begin(tid)
+    lm.acquire("A", "x", Mode.WRITE)
+    with Scenario(lm, timeout=float("inf")) as scenario:
+        reader = scenario.run("B", "read x", lambda: lm.acquire("B", "x", Mode.READ), blocks=True)
+        scenario.run("A", "commit", lambda: lm.commit("A"))
+        scenario.finish(reader)
+    assert lm.holders("x").held == {"B": Mode.READ}
