@@ -88,7 +88,7 @@ class Coupling(enum.Enum):
         try:
             # one argument: EnumMeta.__call__ looks the value up (it does not call __new__)
             return cls(name.strip().lower().replace("-", "_").replace(" ", "_"))  # type: ignore[call-arg]
-        except (AttributeError, ValueError):          # not a string, or not a mode's name
+        except (AttributeError, TypeError, ValueError):   # not a string (bytes: a TypeError), or not a mode's name
             raise UnknownCoupling(name, [member.value for member in cls]) from None
 
     @classmethod

@@ -82,8 +82,10 @@ def test_parse_is_case_insensitive(text, mode):
     assert Coupling.parse(text) is mode
 
 
-@pytest.mark.parametrize("bad", ["defered", "", "causal", 3, None])
+@pytest.mark.parametrize("bad", ["defered", "", "causal", 3, None, b"deferred", bytearray(b"detached")])
 def test_parse_rejects_unknown_names_listing_the_valid_ones(bad):
+    # (A name as bytes has strip() and lower() but no replace() taking texts: it was a bare TypeError, 'a bytes-like
+    # object is required, not 'str'', where every other name that is no mode is an UnknownCoupling.)
     with pytest.raises(UnknownCoupling) as caught:
         Coupling.parse(bad)
     assert isinstance(caught.value, CouplingError) and isinstance(caught.value, ValueError)
