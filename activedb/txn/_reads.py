@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Callable, Hashable, Iterable, Mapping
 from lockmgr import Mode
 
 from activedb._closedset import ClosedSet
+from activedb.errors import BadArgument
 from activedb.store import RowImage, TableRef, matches
 from activedb.txn import _view
 from activedb.txn._hotkeys import HotKeys
@@ -120,6 +121,10 @@ class Reads:
                 info.check_value(column, value)
             # (as the rows read back hold them: the rows PostgreSQL matches are compared again in Python, ``matches``)
             where = {column: info.normalised(column, value) for column, value in where.items()}
+        elif where is not None and not callable(where):
+            raise BadArgument(f"tx.scan({info.name!r}, where={where!r}) takes a mapping of column to value (the rows "
+                              f"equal in each), a predicate on the row dict, or None (every row); got a "
+                              f"{type(where).__name__}, e.g. where={{'column': value}}")
         self.manager.locking.acquire(self, info, None, Mode.READ)
         rows = dict(self.root._read_base.scan(self, info, where))  # type: ignore[union-attr]  # (a root's)
         for key in _view.written_keys(self, info.name):

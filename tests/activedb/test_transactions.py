@@ -448,6 +448,19 @@ def test_a_spawned_childs_handle_waits_without_limit_for_an_infinite_timeout_and
     assert handle.state is TxnState.COMMITTED
 
 
+@pytest.mark.parametrize("where", ["balance = 1", [("balance", 1)], 5])
+def test_scan_refuses_a_where_that_is_no_mapping_nor_predicate_before_locking_the_table(db, where):
+    """A where given as SQL text, a list of pairs or a number failed with a bare AttributeError ('str' object has no
+    attribute 'items'), no ActivedbError, after the table's READ lock was taken; it is a BadArgument saying what a
+    where is, and nothing is locked."""
+    db.run(lambda tx: tx.write("accounts", 1, balance=1))
+    with db.transaction() as tx:
+        with pytest.raises(activedb.BadArgument, match=r"tx.scan\('accounts', where=.*mapping of column.*predicate"):
+            tx.scan("accounts", where)
+        assert not db.transactions.locks.holders(("table", "accounts")), "the failed scan locked the table"
+        assert [row["id"] for row in tx.scan("accounts", {"balance": 1})] == [1]
+
+
 def test_bad_input_leaves_committed_data_alone(db):
     db.run(lambda tx: tx.write("accounts", 1, balance=100))
     with pytest.raises(activedb.InvalidValue):
