@@ -68,7 +68,7 @@ class Reads:
         number of rows found.  Useful before processing a batch of events on known keys."""
         self._check_active("prefetch")
         info = self.manager.catalog.table_info(table)
-        if isinstance(keys, str):       # (an iterable of its letters)
+        if isinstance(keys, (str, bytes)):      # (an iterable of its letters, or of its numbers)
             raise TypeError(_one_text("prefetch", info.name, keys))
         chain, name = (self, *self.ancestors), info.name
         wanted = list(dict.fromkeys(key for key in map(info.key, keys) if not any(
@@ -87,7 +87,7 @@ class Reads:
         self._check_active("read_many")
         lock = BulkLock.parse(lock, "read_many(lock=...)")
         info = self.manager.catalog.table_info(table)
-        if isinstance(keys, str):       # (an iterable of its letters)
+        if isinstance(keys, (str, bytes)):      # (an iterable of its letters, or of its numbers)
             raise TypeError(_one_text("read_many", info.name, keys))
         normalised: dict[Any, Any] = {}
         for given in keys:
@@ -141,7 +141,7 @@ class Reads:
         return result
 
 
-def _one_text(method: str, table: str, text: str) -> str:
+def _one_text(method: str, table: str, text: str | bytes) -> str:
     """What ``method(table, keys)`` given one text instead of a collection of keys says."""
     return (f"{method}({table!r}, keys) takes a collection of keys, got the text {text!r}; for that one row: "
             f"{method}({table!r}, [{text!r}])")

@@ -139,3 +139,18 @@ def test_read_many_and_prefetch_given_one_text_key_say_they_take_a_collection_of
             tx.prefetch("items", "abc")
         assert not any(db.transactions.locks.holders(("row", "items", (letter,))) for letter in "abc")
         assert tx.read_many("items", ["abc"]) == {"abc": {"key": "abc", "value": 1, "note": None}}
+
+
+def test_read_many_and_prefetch_given_one_bytes_key_say_they_take_a_collection_of_keys(db):
+    """Bytes are an iterable of their numbers: ``read_many('accounts', b'ab')`` READ-locked and returned the rows 97
+    and 98 of an integer-keyed table — rows the caller never named — and ``prefetch`` loaded them; both refuse it as
+    they refuse one text (1d7d9c9), nothing locked."""
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("DELETE FROM accounts WHERE id IN (97, 98)"))
+        connection.execute(sa.text("INSERT INTO accounts (id, balance) VALUES (97, 1), (98, 2)"))
+    with db.transaction() as tx:
+        for method in ("read_many", "prefetch"):
+            with pytest.raises(TypeError, match=rf"{method}\('accounts', keys\) takes a collection of keys.*"
+                                                rf"{method}\('accounts', \[b'ab'\]\)"):
+                getattr(tx, method)("accounts", b"ab")
+        assert not any(db.transactions.locks.holders(("row", "accounts", (number,))) for number in (97, 98))
