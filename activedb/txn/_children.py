@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping
 from lockmgr import TxnState
 
 from activedb._closedset import ClosedSet
-from activedb.errors import (DeadlockDetected, RuleFailed, SerializationConflict, causes, check_seconds,
-                             check_whole_number)
+from activedb.errors import (BadArgument, DeadlockDetected, RuleFailed, SerializationConflict, causes,
+                             check_seconds, check_whole_number)
 from activedb.txn._hooks import WaitKind
 from activedb.txn._pool import Task
 
@@ -173,6 +173,9 @@ class Children:
         spawner that goes on to wait by other means (a condition its children signal).  See txn README,
         "Spawned children: a thread only when something blocks".
         """
+        if not callable(function):      # (else queued, and failing only where it runs: an abort nobody may ask about)
+            raise BadArgument(f"tx.spawn({function!r}) takes the function to run as the child, function(child, "
+                              f"*args, **kwargs); got a {type(function).__name__}")
         child = _new_child(self, name, body=(function, args, kwargs))
         task = self._tasks[child.id]    # registered with the child, before any worker can end it
         try:

@@ -461,6 +461,19 @@ def test_scan_refuses_a_where_that_is_no_mapping_nor_predicate_before_locking_th
         assert [row["id"] for row in tx.scan("accounts", {"balance": 1})] == [1]
 
 
+@pytest.mark.parametrize("function", [5, None, "child_body"])
+def test_spawn_refuses_what_is_not_callable_before_making_a_child(db, function):
+    """tx.spawn(5) was taken: the child was queued, failed when it ran ('int' object is not callable) and aborted
+    alone, so a transaction whose caller never asked for the result committed without the child's work and without
+    a word.  It is a BadArgument naming the value, and no child is made."""
+    with db.transaction() as tx:
+        with pytest.raises(activedb.BadArgument, match=rf"tx.spawn\({function!r}\).*function"):
+            tx.spawn(function)
+        assert tx.children == []
+        tx.write("items", "s", value=1)
+    assert tx.state is TxnState.COMMITTED and committed(db, "items")[("s",)]["value"] == 1
+
+
 def test_bad_input_leaves_committed_data_alone(db):
     db.run(lambda tx: tx.write("accounts", 1, balance=100))
     with pytest.raises(activedb.InvalidValue):
