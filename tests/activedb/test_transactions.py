@@ -280,7 +280,7 @@ def test_retry_reruns_a_subtransaction_whose_rule_firings_deadlock(db):
             account = tx.read("accounts", 1, for_update=True)
         tx.write("accounts", 1, balance=account["balance"] + 1)
 
-    for name in ("first_add", "second_add"):
+    for name in ("first_add_in_retry", "second_add_in_retry"):
         db.rule(on=db.inserted("items"), name=name)(add_one)
 
     def insert_item(child):
@@ -292,7 +292,7 @@ def test_retry_reruns_a_subtransaction_whose_rule_firings_deadlock(db):
             with db.transaction() as tx:
                 tx.retry(insert_item, attempts=3)
     finally:
-        for name in ("first_add", "second_add"):          # (the module's tests share the database)
+        for name in ("first_add_in_retry", "second_add_in_retry"):          # (the module's tests share the database)
             db.rules.remove(name)
     assert len(attempts) == 2
     assert committed(db, "accounts")[(1,)]["balance"] == 2
