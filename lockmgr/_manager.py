@@ -137,6 +137,8 @@ class LockManager:
                              "while it says so, add_wait(parent, children, kind='commit'))") from None
         if not isinstance(error_classes, ErrorClasses):
             raise TypeError(f"error_classes must be a lockmgr.ErrorClasses, not {error_classes!r}")
+        if before_wait is not None and not callable(before_wait):
+            raise TypeError(f"before_wait must be None or a callable before_wait(tid), not {before_wait!r}")
         # Immutable.  True: every parent -> active child is an edge of the wait-for graph.  False: only the
         # waits for children that the embedder registers (it retains before it waits; see the README).
         self._structural = commit_edges is CommitEdges.STRUCTURAL

@@ -175,3 +175,12 @@ def test_before_wait_is_called_on_the_requesting_thread_before_a_request_that_ma
         lm.acquire("A", "x", Mode.WRITE)
     assert called == [("A", threading.get_ident())]
     assert raised.value.victim == "A" and {edge.kind for edge in raised.value.cycle} == {"held", "commit"}
+
+
+@pytest.mark.parametrize("before_wait", [5, "register"])
+def test_a_before_wait_that_is_not_callable_is_refused_when_the_manager_is_made(before_wait):
+    """LockManager(before_wait=5) was taken, and every lock request the uncontended path could not grant then failed
+    with "'int' object is not callable" — an error far from its cause, at the first contention; it is a TypeError
+    naming the argument at once."""
+    with pytest.raises(TypeError, match=r"before_wait.*callable"):
+        LockManager(before_wait=before_wait)
