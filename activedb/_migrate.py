@@ -160,10 +160,11 @@ class Schema:
         """Forget reflected tables (after running migrations in the same process some other way)."""
         self.catalog.refresh()
 
-    def set_granularity(self, table: str, granularity: Granularity) -> None:
-        """Lock ``table`` per row (``Granularity.TUPLE``, the default) or as a whole (``Granularity.TABLE``)."""
-        self.catalog.table(table)   # validates the name
-        self._locking.set_granularity(table, granularity)
+    def set_granularity(self, table: str | sa.Table, granularity: Granularity) -> None:
+        """Lock ``table`` (a name or a sqlalchemy ``Table``) per row (``Granularity.TUPLE``, the default) or as a whole
+        (``Granularity.TABLE``)."""
+        name = self.catalog.table(table).name   # validates the name; a Table by its name, as every lookup is
+        self._locking.set_granularity(name, granularity)
 
     def _run(self, action: str, revision: str, location: Path) -> None:
         check_revision(revision, location)

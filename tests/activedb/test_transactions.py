@@ -10,6 +10,7 @@ import activedb
 from activedb import testing
 from activedb import TxnState
 from activedb.txn import _pool
+from activedb.store import Granularity
 from lockmgr import Deadlock, Mode
 
 pytestmark = pytest.mark.db(record_history=True)
@@ -194,6 +195,22 @@ def test_table_granularity(db):
         assert committed(db, "pairs")
     finally:
         db.schema.set_granularity("pairs", "tuple")
+
+
+def test_table_granularity_set_by_the_sqlalchemy_table_locks_the_table(db):
+    """set_granularity takes a table as every call does, by name or as a sqlalchemy Table: given the Table, it was
+    taken (the name checked) and kept under the Table object, which no lookup by name ever finds — the rows were
+    still locked one by one, without a word."""
+    table = db.schema.catalog.table("items")
+    db.schema.set_granularity(table, Granularity.TABLE)
+    try:
+        with db.transaction() as tx:
+            tx.write("items", "g", value=1)
+            assert db.transactions.locks.holders(("table", "items")).held == {tx.id: Mode.WRITE}
+            assert not db.transactions.locks.holders(("row", "items", ("g",)))
+    finally:
+        db.schema.set_granularity("items", Granularity.TUPLE)
+    assert committed(db, "items")[("g",)]["value"] == 1
 
 
 def test_identity_key_is_generated_on_insert(db):
