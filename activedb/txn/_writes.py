@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Hashable, Mapping
 
 from lockmgr import Mode, TxnState
 
-from activedb.errors import DuplicateKey, InvalidKey
+from activedb.errors import BadArgument, DuplicateKey, InvalidKey
 from activedb.events import EventKind, new_event
 from activedb.store import Entry, EntryKind, Key, RowImage, TableInfo, TableRef
 from activedb.txn import _view
@@ -138,6 +138,9 @@ class Writes:
         positional: a payload field named ``name`` is a value)."""
         if self._doomed is not None or self._state is not _ACTIVE:     # (``_check_active``'s call only to raise)
             self._check_active("signal")
+        if not isinstance(name, str) or not name:      # (db.signalled refuses it: no rule could name the event)
+            raise BadArgument(f"tx.signal({name!r}) takes the event's name, a non-empty text, as in "
+                              f"db.signalled(name); e.g. tx.signal('status_changed', worker=...)")
         event = new_event(_SIGNAL, name, None, None, None, dict(payload), None, self.id)
         for hook in self.manager.extensions.on_event:
             hook(self, event)

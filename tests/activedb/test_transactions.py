@@ -1050,3 +1050,21 @@ def test_emit_with_a_payload_that_is_no_mapping_says_what_it_takes(db):
                                             r"got 'ann' \(str\); write payload=\{'field': value\}"):
             tx.emit("ping", key=1, payload="ann")
         tx.emit("ping", key=1, payload={"name": "ann"})      # (the transaction goes on)
+
+
+@pytest.mark.parametrize("name", [None, 5, ""])
+def test_signal_refuses_a_name_no_rule_can_name(db, name):
+    """tx.signal(None), tx.signal(5) and tx.signal('') were raised as events although db.signalled refuses each of
+    those names ('no event is named by …'): no rule on a name could hear them, and the rules on every signal
+    (db.signalled(None)) fired on an event without a name.  Each is a BadArgument saying to name the event, and
+    nothing fires."""
+    heard = []
+    db.rule(on=db.signalled(None), name="any_signal")(lambda tx, event: heard.append(event.source))
+    try:
+        with db.transaction() as tx:
+            with pytest.raises(activedb.BadArgument, match=rf"tx.signal\({name!r}\).*non-empty text"):
+                tx.signal(name, field=1)
+            tx.signal("ping", field=1)                          # (the transaction goes on)
+    finally:
+        db.rules.remove("any_signal")
+    assert heard == ["ping"]
