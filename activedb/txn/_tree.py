@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 
 from lockmgr import Mode, TxnState
 
-from activedb.errors import SerializationConflict, TransactionAborted, TransactionError
+from activedb.errors import BadArgument, SerializationConflict, TransactionAborted, TransactionError
 from activedb.store import same_image
 from activedb.txn import _flush, _ids
 from activedb.txn._children import _ABORTED, _ACTIVE, _COMMITTED, _COMMITTING, _EMPTY, Children, forget
@@ -258,6 +258,9 @@ class Transaction(Reads, Writes, Children):
 
     def _doom(self, reason: BaseException) -> None:
         """Mark this node and its active descendants for abort (they raise at their next operation)."""
+        if not isinstance(reason, BaseException):   # (their raise … from reason would fail with Python's TypeError)
+            raise BadArgument(f"doom(tx, reason={reason!r}) takes the exception the tree's operations raise from, "
+                              f"e.g. TimeoutError('deadline passed')")
         pending = [self]
         while pending:
             node = pending.pop()

@@ -351,3 +351,18 @@ def test_an_insert_event_carries_the_stored_row(db):
     with db.transaction() as tx:
         key = tx.insert("events_seen", rule="r")
     assert seen == [(key, {"id": key, "rule": "r", "detail": None})]
+
+
+@pytest.mark.parametrize("doom", [lowlevel.doom, lowlevel.abandon])
+def test_doom_and_abandon_refuse_a_reason_that_is_no_exception_before_dooming(db, doom):
+    """lowlevel.doom(tx, 'deadline passed') was taken: the tree's next operation then failed with Python's TypeError
+    ('exception causes must derive from BaseException') raised from activedb's own raise … from reason, instead of
+    the abort it stood for.  A reason that is no exception is a BadArgument naming it; the tree is not doomed."""
+    with pytest.raises(activedb.TransactionAborted, match="deadline passed"):     # (its commit, once doomed)
+        with db.transaction() as tx:
+            with pytest.raises(activedb.BadArgument, match=r"reason.*'deadline passed'.*exception"):
+                doom(tx, "deadline passed")
+            tx.write("items", "d", value=1)                 # (not doomed: it goes on)
+            doom(tx, TimeoutError("deadline passed"))
+            with pytest.raises(activedb.TransactionAborted, match="deadline passed"):
+                tx.write("items", "e", value=1)
