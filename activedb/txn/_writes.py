@@ -150,6 +150,9 @@ class Writes:
         """Hand a stream event (``db.stream(event_type)``) to the rules, in this transaction."""
         if self._doomed is not None or self._state is not _ACTIVE:     # (``_check_active``'s call only to raise)
             self._check_active("emit")
+        if not isinstance(event_type, str) or not event_type:  # (db.stream refuses it: no rule could name the event)
+            raise BadArgument(f"tx.emit({event_type!r}) takes the event's type, a non-empty text, as in "
+                              f"db.stream(event_type); e.g. tx.emit('reading', key=..., payload={{...}})")
         try:
             values = dict(payload or {})
         except (TypeError, ValueError):

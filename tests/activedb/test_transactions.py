@@ -1068,3 +1068,20 @@ def test_signal_refuses_a_name_no_rule_can_name(db, name):
     finally:
         db.rules.remove("any_signal")
     assert heard == ["ping"]
+
+
+@pytest.mark.parametrize("event_type", [None, 5, ""])
+def test_emit_refuses_an_event_type_no_rule_can_name(db, event_type):
+    """tx.emit(None), tx.emit(5) and tx.emit('') were handed to the rules although db.stream refuses each of those
+    types, as the ingestion's mapping does: no rule on a type could hear them, while the rules on every stream event
+    (db.stream(None)) fired on an event without a type.  Each is a BadArgument saying to name the type."""
+    heard = []
+    db.rule(on=db.stream(None), name="any_stream_event")(lambda tx, event: heard.append(event.source))
+    try:
+        with db.transaction() as tx:
+            with pytest.raises(activedb.BadArgument, match=rf"tx.emit\({event_type!r}\).*non-empty text"):
+                tx.emit(event_type, key=1)
+            tx.emit("ping", key=1)                              # (the transaction goes on)
+    finally:
+        db.rules.remove("any_stream_event")
+    assert heard == ["ping"]
