@@ -123,6 +123,13 @@ class ManualClock:
             raise BadArgument(f"ManualClock.advance: a clock does not move backwards; advance by a non-negative amount, "
                               f"not {seconds!r}")
         with self._mutex:
+            try:        # (wall() must stay a datetime: refused before anything changes)
+                self._wall + dt.timedelta(seconds=self._now + amount - self._start)
+            except OverflowError:
+                wall = self._wall + dt.timedelta(seconds=self._now - self._start)
+                left = (dt.datetime.max.replace(tzinfo=_UTC) - wall).total_seconds()
+                raise BadArgument(f"ManualClock.advance: advancing by {seconds!r} takes wall() past the end of the "
+                                  f"calendar (year 9999); advance by at most {left!r} seconds") from None
             self._now += amount
             now = self._now
             due = [sleeper for sleeper in self._sleepers if sleeper.deadline <= now]

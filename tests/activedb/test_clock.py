@@ -50,13 +50,25 @@ def test_a_manual_clock_moves_only_when_told_and_wakes_its_waiters_then():
     lambda: ManualClock(float("inf")), lambda: ManualClock(True),
     lambda: ManualClock().advance(-1), lambda: ManualClock().advance("5"), lambda: ManualClock().advance(None),
     lambda: ManualClock().advance(float("nan")), lambda: ManualClock().advance(float("inf")),
-    lambda: ManualClock().advance(10**400), lambda: ManualClock().advance(dt.timedelta(seconds=-1))])
+    lambda: ManualClock().advance(10**400), lambda: ManualClock().advance(dt.timedelta(seconds=-1)),
+    lambda: ManualClock().advance(1e12), lambda: ManualClock().advance(1e300)])
 def test_a_manual_clock_refuses_what_is_no_time_with_a_bad_argument(make):
     """ManualClock(wall=naive) and advance(-1) were bare ValueErrors (no ActivedbError); a text wall an
     AttributeError, start='abc' or advance('5') float()'s ValueError or TypeError, advance(10**400) an OverflowError;
     start=NaN or advance(inf) were taken, after which wall() failed (OverflowError) or now() was NaN for good."""
     with pytest.raises(activedb.BadArgument, match=r"ManualClock"):
         make()
+
+
+def test_an_advance_past_the_calendars_end_is_refused_and_the_clock_stays_usable():
+    """advance(1e12) took the clock past datetime's year 9999: the advance was taken, and from then on wall() and
+    repr() failed with a bare OverflowError ('date value out of range') for good.  Now the advance is refused,
+    saying how far the calendar reaches, and the clock is as it was."""
+    clock = ManualClock(5.0, wall=dt.datetime(9999, 12, 31, 23, 59, tzinfo=dt.timezone.utc))
+    with pytest.raises(activedb.BadArgument, match=r"ManualClock.advance.*year 9999.*advance by at most"):
+        clock.advance(120)
+    assert clock.now() == 5.0 and clock.wall() == dt.datetime(9999, 12, 31, 23, 59, tzinfo=dt.timezone.utc)
+    assert clock.advance(59) == 64.0 and clock.wall().second == 59 and "9999-12-31" in repr(clock)
 
 
 def test_a_databases_clock_is_its_composite_engines_and_its_outboxs(migrated):
