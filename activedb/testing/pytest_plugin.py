@@ -277,7 +277,7 @@ def activedb_watchdog(request: pytest.FixtureRequest) -> Iterator[Watchdog]:
     timeout = marker.kwargs.get("timeout", marker.args[0] if marker.args else None) if marker is not None else None
     given = timeout if timeout is not None else request.config.getini("activedb_watchdog_timeout")
     try:
-        seconds = float(given)
+        seconds = -1.0 if isinstance(given, bool) else float(given)     # (float(True) is 1.0: no number of seconds)
     except (TypeError, ValueError):
         seconds = -1.0
     if not seconds > 0:       # (also NaN)

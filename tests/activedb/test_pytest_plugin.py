@@ -226,6 +226,22 @@ def test_soon():
     assert "Traceback" not in result.stdout.str()
 
 
+def test_a_watchdog_mark_with_a_timeout_of_true_is_refused_not_taken_as_one_second(project):
+    """``timeout=True`` is no number of seconds, but float(True) is 1.0: the watchdog fired after one second and
+    failed a test that had asked for a watchdog with the default timeout or meant to switch it on."""
+    project.makepyfile(test_true="""
+import pytest
+
+@pytest.mark.activedb_watchdog(timeout=True)
+def test_true():
+    pass
+""")
+    result = project.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*@pytest.mark.activedb_watchdog(timeout=...) is True: give the seconds before the "
+                                 "watchdog fails the test, a number above 0 (e.g. 60)*"])
+
+
 @pytest.mark.parametrize("given", ["5", "[None]"])
 def test_a_mark_whose_migrations_are_no_directories_says_what_to_give(project, given):
     """``@pytest.mark.activedb(migrations=5)`` (or ``[None]``) failed the fixture with Python's TypeError ('int'
