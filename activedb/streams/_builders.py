@@ -157,17 +157,26 @@ def exists(table: str, where: Mapping[str, object] | None = None, **equalities: 
     return Ref(ast.Exists(ast.Select(table, None, _conditions(where, equalities))))
 
 
+def _event_type(value: object) -> str:
+    """``value`` if it can name an event type (a text); a DefinitionError otherwise, when the pattern is built."""
+    if not isinstance(value, str):
+        raise DefinitionError(f"an event component is the name of an event type (a text) or streams.component(…) / "
+                              f"streams.not_(…), got {value!r}")
+    return value
+
+
 def component(event_type: str, alias: str | None = None) -> ast.EventComponent:
-    return ast.EventComponent(event_type, alias)
+    return ast.EventComponent(_event_type(event_type), alias)
 
 
 def not_(event_type: str, alias: str | None = None) -> ast.EventComponent:
     """``!event_type``: a negative component of ``seq``."""
-    return ast.EventComponent(event_type, alias, negated=True)
+    return ast.EventComponent(_event_type(event_type), alias, negated=True)
 
 
 def _components(items: tuple[str | ast.EventComponent, ...]) -> tuple[ast.EventComponent, ...]:
-    return tuple(item if isinstance(item, ast.EventComponent) else ast.EventComponent(item) for item in items)
+    return tuple(item if isinstance(item, ast.EventComponent) else ast.EventComponent(_event_type(item))
+                 for item in items)
 
 
 def seq(*components: str | ast.EventComponent) -> ast.Seq:

@@ -171,6 +171,17 @@ def test_a_stream_s_name_or_tie_key_of_the_wrong_kind_is_refused(db, name, optio
     assert engine.streams == {}
 
 
+@pytest.mark.parametrize("build", [lambda: streams.seq(None), lambda: streams.seq("EXIT", 5),
+                                   lambda: streams.conj(["EXIT", "ENTER"]), lambda: streams.component(None),
+                                   lambda: streams.not_(5)],
+                         ids=["seq-none", "seq-a-number", "conj-a-list", "component-none", "not-a-number"])
+def test_a_pattern_component_that_is_no_event_type_is_refused_when_built(build):
+    """``seq(None)`` (a number, a list; ``component(None)``, ``not_(5)``) was taken, and defining the query failed
+    later with a bare AttributeError ("'NoneType' object has no attribute 'casefold'"), no ActivedbError."""
+    with pytest.raises(DefinitionError, match=r"an event component is the name of an event type \(a text\)"):
+        build()
+
+
 @pytest.mark.parametrize("returns", [None, 5, "EXIT.HCW-ID"], ids=["none", "a-number", "a-text"])
 def test_returns_that_is_no_collection_of_expressions_is_a_definition_error(db, returns):
     """``query(returns=…)`` is a mapping name -> expression or a list of attribute references: None or a number failed
