@@ -74,6 +74,12 @@ class CompositionEngine:
         check_seconds("CompositionEngine", "timeout", timeout, none="wait forever", zero=False, error=CompositeError)
         check_whole_number("CompositionEngine", "window", window, 0,
                            " (how many arrivals and composites window() keeps)", error=CompositeError)
+        if clock is not None and (not isinstance(clock, Clock) or isinstance(clock, type)):
+            raise CompositeError(f"clock is an activedb.clock.Clock (ManualClock() in tests) or None (the database's, "
+                                 f"else the system's), got {clock!r}")
+        for callback, what in ((on_uncertain, "on_uncertain"), (on_invalidation, "on_invalidation")):
+            if callback is not None and not callable(callback):
+                raise CompositeError(f"{what} is a function of one argument (or None), got {callback!r}")
         self.db = db
         self.name = name
         self.clock: Clock = clock if clock is not None else db.clock if db is not None else SYSTEM_CLOCK

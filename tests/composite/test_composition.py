@@ -283,6 +283,18 @@ def test_an_input_whose_time_is_not_of_the_engines_kind_is_refused_and_the_engin
     assert [(item.payload()["a"], item.payload()["b"]) for item in composites] == [("a", "b")]
 
 
+@pytest.mark.parametrize("options, message", [
+    ({"clock": 5}, r"clock is an activedb\.clock\.Clock"), ({"clock": composite.ManualClock}, r"clock is an activedb"),
+    ({"on_uncertain": 5}, r"on_uncertain is a function"), ({"on_invalidation": "log"}, r"on_invalidation is a function"),
+], ids=["clock-number", "clock-class", "on-uncertain-number", "on-invalidation-text"])
+def test_an_engine_s_clock_or_callback_of_the_wrong_kind_is_refused_when_made(options, message):
+    """CompositionEngine(clock=5) was taken and failed at the first join with a bare AttributeError ('int' object has
+    no attribute 'now'); on_uncertain=5 (on_invalidation='log') at the first uncertainty (invalidation), mid-call,
+    with a TypeError ('int' object is not callable) — no ActivedbError, and nothing naming the argument."""
+    with pytest.raises(composite.CompositeError, match=message):
+        composite.CompositionEngine(None, **options)
+
+
 @pytest.mark.parametrize("call, message", [
     (lambda: composite.CompositionEngine(None, timeout="5"),
      r"CompositionEngine\(timeout='5'\) takes None \(wait forever\) or a number of seconds above 0"),
