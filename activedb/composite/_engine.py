@@ -190,6 +190,9 @@ class CompositionEngine:
             raise MembershipError(f"a producer is a non-empty string, got {producer!r}")
         if not types:
             raise MembershipError(f"producer {producer} must name the event types it produces")
+        if clock is not None and not isinstance(clock, LocalClock):
+            raise MembershipError(f"producer {producer}: clock is an activedb.events.LocalClock (how its local readings "
+                                  f"order its own events) or None, got {clock!r}")
         with self._guard:
             self._members.join(producer, types, since, clock, self.clock.now(), membership is MembershipKind.WEAK,
                                self._input.join_since)

@@ -8,7 +8,7 @@ import pytest
 
 from activedb import composite, streams
 from activedb.composite import Choice, UncertainOrder, UncertaintyKind
-from activedb.events import Timestamp
+from activedb.events import LocalClock, Timestamp
 from activedb.streams.errors import DefinitionError
 
 from tests.composite.conftest import FIG2, ev, make_engine, names
@@ -293,6 +293,21 @@ def test_an_engine_s_clock_or_callback_of_the_wrong_kind_is_refused_when_made(op
     with a TypeError ('int' object is not callable) — no ActivedbError, and nothing naming the argument."""
     with pytest.raises(composite.CompositeError, match=message):
         composite.CompositionEngine(None, **options)
+
+
+def test_a_producer_s_local_clock_of_the_wrong_kind_is_refused_when_it_joins():
+    """join(…, clock=5) was taken, and the producer's first two events with local readings failed with a bare
+    AttributeError ('int' object has no attribute 'orders') after both were counted and put into the lists."""
+    engine = composite.CompositionEngine(None, timeout=None)
+    engine.create_stream("s", types=["A", "B"])
+    engine.query("AB", pattern=streams.seq("A", "B"))
+    with pytest.raises(composite.MembershipError, match=r"producer P: clock is an activedb\.events\.LocalClock"):
+        engine.join("P", types=["A", "B"], clock=5)
+    assert engine.producers() == {}
+    engine.join("P", types=["A", "B"], clock=LocalClock())
+    events = [streams.StreamEvent("A", Timestamp.at(1.0, 0.5, producer="P", local=1.0), {}),
+              streams.StreamEvent("B", Timestamp.at(1.2, 0.5, producer="P", local=1.2), {})]
+    assert engine.submit(events) == [] and engine.statistics().waiting == 2
 
 
 @pytest.mark.parametrize("call, message", [
