@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator, TypeAlias
+from typing import Iterable, Iterator, Mapping, TypeAlias
 
 import networkx as nx
 
+from activedb.errors import BadArgument
 from activedb.store import Entry, RowImage
 from activedb.txn import HistoryOp
 
@@ -37,6 +38,9 @@ def check_history(ops: Iterable[HistoryOp]) -> HistoryReport:
     delegated to its parent — the write set a top-level transaction flushed is exactly the composition, in
     order, of the writes of its transactions whose every ancestor committed; (3) an aborted transaction's
     operations are all undone (none reaches a flush); (4) the abort of a parent aborts its active children."""
+    if isinstance(ops, (str, bytes, Mapping)) or not isinstance(ops, Iterable):
+        raise BadArgument(f"check_history takes the recorded operations: db.history.snapshot() of a database "
+                          f"connected with record_history=True, got {type(ops).__name__} {ops!r:.80}")
     ops = sorted(ops, key=lambda op: op.sequence)
     report = HistoryReport()
     parent_of: dict[str, str | None] = {}

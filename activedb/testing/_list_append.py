@@ -9,6 +9,7 @@ from typing import Any, Hashable, Iterable, Mapping, Sequence
 
 import networkx as nx
 
+from activedb.errors import BadArgument
 from activedb.testing._append_history import (_APPEND, _JOIN, _READ, _SPAWN, _TOP_LEVEL, Anomaly, AnomalyKind,
                                               Dependency, DependencyKind, ListAppendReport, ListAppendStatistics,
                                               Outcome, RecordedTransaction)
@@ -27,7 +28,8 @@ def check_list_append(history: Iterable[RecordedTransaction | Mapping[str, Any]]
     flush): a tree that will fail its validation may meanwhile have seen two committed versions.
 
     Raises ``ValueError`` for a malformed history (duplicate ids, unknown parents, an element
-    appended twice, a child without its parent's ``spawn``).  Keeps no state between calls.
+    appended twice, a child without its parent's ``spawn``; what is no list of nodes: a
+    :class:`~activedb.errors.BadArgument`, also a ``ValueError``).  Keeps no state between calls.
 
     What it infers and reports (workload, history, outcomes, scopes, anomalies): the design note,
     ``README.md``, "check_list_append".
@@ -59,7 +61,13 @@ class _Checker:
                  final: Mapping[Hashable, Sequence[object]] | None, aborted_reads: bool = True):
         self.aborted_reads = aborted_reads
         self.nodes: dict[str, RecordedTransaction] = {}
+        if isinstance(history, (str, bytes, Mapping)) or not isinstance(history, Iterable):
+            raise BadArgument(f"check_list_append takes the recorded nodes, a list of RecordedTransaction (or of their "
+                              f"JSON form), got {type(history).__name__} {history!r:.80}")
         for item in history:
+            if not isinstance(item, (RecordedTransaction, Mapping)):
+                raise BadArgument(f"check_list_append takes the recorded nodes, a list of RecordedTransaction (or of "
+                                  f"their JSON form), got {type(item).__name__} {item!r:.80} among them")
             node = item if isinstance(item, RecordedTransaction) else RecordedTransaction.from_json(item)
             if node.id in self.nodes:
                 raise ValueError(f"transaction id {node.id!r} is recorded twice; ids must be unique in a history")

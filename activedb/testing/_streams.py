@@ -8,6 +8,8 @@ import enum
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Hashable, Iterable, Mapping, TypeAlias
 
+from activedb.errors import BadArgument
+
 if TYPE_CHECKING:  # pragma: no cover
     from activedb.streams import StreamOp
 
@@ -72,6 +74,9 @@ class StreamHistoryReport:
 def check_stream_history(ops: Iterable[StreamOp]) -> StreamHistoryReport:
     """Check Active CEP Definition 6 on a recorded stream history, by timestamps (only operations of
     committed units count; what is checked: the design note, ``README.md``, "check_stream_history")."""
+    if isinstance(ops, (str, bytes, Mapping)) or not isinstance(ops, Iterable):
+        raise BadArgument(f"check_stream_history takes the recorded operations: engine.history.snapshot() of a "
+                          f"StreamEngine(record_history=True), got {type(ops).__name__} {ops!r:.80}")
     ops = sorted(ops, key=lambda op: op.sequence)
     ended = {op.unit: op.operation for op in ops if op.kind == "end"}
     committed = [op for op in ops if op.kind in ("read", "write") and ended.get(op.unit) == "committed"]

@@ -3,9 +3,13 @@ of parallel nested transactions it checks each catch what breaks them."""
 
 from __future__ import annotations
 
+import pytest
+
+import activedb
 from activedb.store import Entry, EntryKind
-from activedb.testing import check_history, replay
-from activedb.txn import HistoryOp
+from activedb.streams import StreamHistory
+from activedb.testing import check_history, check_stream_history, replay
+from activedb.txn import HistoryOp, HistoryRecorder
 
 
 def _tree(*ops: tuple) -> list[HistoryOp]:
@@ -41,3 +45,20 @@ def test_replay_applies_a_history_given_as_an_iterator():
                              value={("items", (1,)): Entry(EntryKind.PATCH, {"stock": 4})}))
     initial = {("items", (1,)): {"id": 1, "stock": 5}}
     assert replay(iter(history), initial) == replay(history, initial) == {("items", (1,)): {"id": 1, "stock": 4}}
+
+
+@pytest.mark.parametrize("given", [None, 5, "begin", HistoryRecorder()], ids=["none", "a-number", "a-text", "the-recorder"])
+def test_check_history_of_what_is_no_list_of_operations_says_what_to_give(given):
+    """``check_history(None)`` (a number, the recorder itself: ``check_history(db.history)``) failed with a bare
+    TypeError ('object is not iterable'); a text was read letter by letter (AttributeError: no 'sequence')."""
+    with pytest.raises(activedb.BadArgument, match=r"check_history takes the recorded operations: "
+                                                   r"db\.history\.snapshot\(\)"):
+        check_history(given)
+
+
+@pytest.mark.parametrize("given", [None, 5, "read", StreamHistory()], ids=["none", "a-number", "a-text", "the-history"])
+def test_check_stream_history_of_what_is_no_list_of_operations_says_what_to_give(given):
+    """As check_history: ``check_stream_history(engine.history)`` or None failed with a bare TypeError."""
+    with pytest.raises(activedb.BadArgument, match=r"check_stream_history takes the recorded operations: "
+                                                   r"engine\.history\.snapshot\(\)"):
+        check_stream_history(given)

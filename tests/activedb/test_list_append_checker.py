@@ -10,6 +10,7 @@ import json
 
 import pytest
 
+import activedb
 from activedb.testing import AnomalyKind, DependencyKind, Outcome, RecordedTransaction, check_list_append
 
 COMMITTED, ABORTED = Outcome.COMMITTED, Outcome.ABORTED
@@ -228,6 +229,14 @@ def test_aborted_children_are_not_units():
 ])
 def test_malformed_histories_are_refused(history, message):
     with pytest.raises(ValueError, match=message):
+        check_list_append(history, {})
+
+
+@pytest.mark.parametrize("history", [None, 5, "T", [None]], ids=["none", "a-number", "a-text", "a-none-node"])
+def test_a_history_that_is_no_list_of_recorded_transactions_is_refused_saying_what_to_give(history):
+    """The docstring promises a ValueError for a malformed history: None or a number failed with a bare TypeError
+    ('object is not iterable'), a text or a None node with one from indexing ('string indices must be integers')."""
+    with pytest.raises(activedb.BadArgument, match=r"check_list_append takes .*RecordedTransaction"):
         check_list_append(history, {})
 
 
