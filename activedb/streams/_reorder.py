@@ -46,7 +46,7 @@ class ReorderBuffer:
             event = raw
             if event.__class__ is not StreamEvent:
                 if not isinstance(event, StreamEvent) and isinstance(event, Mapping):
-                    event = _event_from_mapping(event)
+                    event = _event_from_mapping(event)     # (checked below, as a StreamEvent given is)
                 if not isinstance(event, StreamEvent):
                     letters.append(self._reject(StreamEvent("?", None, {}, origin=event),
                                                 f"rejected: not an event ({type(event).__name__}); give "
@@ -54,7 +54,7 @@ class ReorderBuffer:
                     continue
             malformed = _malformed(event)
             if malformed is not None:
-                letters.append(self._reject(StreamEvent("?", None, {}, origin=event), malformed))
+                letters.append(self._reject(StreamEvent("?", None, {}, origin=raw), malformed))
                 continue
             kind_of = (event.stream, event.type) if isinstance(event.type, str) else None
             resolved = types.get(kind_of) if kind_of is not None else None
@@ -233,15 +233,15 @@ def _malformed(event: StreamEvent) -> str | None:
     return None
 
 
-def _event_from_mapping(raw: Mapping[str, object]) -> StreamEvent | Mapping[str, object]:
+def _event_from_mapping(raw: Mapping[str, object]) -> StreamEvent:
     """The event a mapping describes (``type``, ``ts``, ``attributes`` — or, without that key, its other keys —
-    and ``stream``); the mapping itself, which the caller refuses, when its attributes are not a mapping or its
-    stream is not a name."""
-    attributes = raw.get("attributes")
-    if attributes is None:
+    and ``stream``), its fields as given: :func:`_malformed` and admission check them as they check a StreamEvent's
+    (one check, one reason, whichever way the event came)."""
+    if "attributes" in raw:
+        attributes = raw["attributes"]
+        if isinstance(attributes, Mapping):
+            attributes = dict(attributes)
+    else:
         attributes = {key: value for key, value in raw.items() if key not in ("type", "ts", "stream")}
-    stream = raw.get("stream")
-    if not isinstance(attributes, Mapping) or not (stream is None or isinstance(stream, str)):
-        return raw
-    return StreamEvent(type=raw.get("type"), ts=raw.get("ts"),  # type: ignore[arg-type]  # (resolving checks)
-                       attributes=dict(attributes), stream=stream, origin=raw)
+    return StreamEvent(type=raw.get("type"), ts=raw.get("ts"),  # type: ignore[arg-type]  # (admission checks)
+                       attributes=attributes, stream=raw.get("stream"), origin=raw)  # type: ignore[arg-type]

@@ -673,12 +673,19 @@ def _fed_with(db, malformed) -> tuple:
     {"type": "ENTER", "ts": 1, "attributes": {"HCW-ID": "w0", "location": "r0"}, "stream": 7},
     {"type": 5, "ts": 1, "attributes": {"HCW-ID": "w0", "location": "r0"}, "stream": "estream"},
     {"type": "NO_SUCH_TYPE", "ts": 1, "attributes": {"HCW-ID": "w0", "location": "r0"}, "stream": "estream"},
-], ids=["attributes-not-a-mapping", "stream-not-a-name", "type-not-a-name", "unknown-type"])
+    {"type": "ENTER", "ts": 1, "attributes": None, "stream": "estream"},
+], ids=["attributes-not-a-mapping", "stream-not-a-name", "type-not-a-name", "unknown-type", "attributes-none"])
 def test_a_malformed_mapping_is_a_dead_letter_and_the_stream_goes_on(db, malformed):
     """A mapping that does not describe an event becomes a dead letter keeping the mapping as given; the events
-    around it are processed as if it had not been there."""
+    around it are processed as if it had not been there.  Its reason is the one the same StreamEvent gets: a mapping
+    whose attributes were None was taken with one attribute, 'attributes' (None), where StreamEvent(…, None) is
+    refused, and attributes or a stream of the wrong kind were refused as "not an event (dict)", although the
+    mapping had its type, ts and attributes."""
     result, expected = _fed_with(db, malformed)
     assert observe(db, result.outputs) == expected
+    if not isinstance(malformed["attributes"], dict) or not isinstance(malformed["stream"], str):
+        assert re.match(r"rejected: the (attributes|stream) of 'ENTER' at 1 (are|is) a (int|NoneType), not a",
+                        result.dead_letters[0].reason), result.dead_letters[0].reason
 
 
 @pytest.mark.parametrize("malformed", [
