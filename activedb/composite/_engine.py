@@ -243,7 +243,8 @@ class CompositionEngine:
     def _process_refusing(self, tx: Transaction | None, items: Iterable[StreamEvent | Heartbeat]
                           ) -> tuple[list[CompositeEvent], list[tuple[StreamEvent | Heartbeat, CompositeError]]]:
         """``process`` (``submit`` when ``tx`` is None) for an ingestion's batch: an input the engine refuses
-        before it changes anything — ``LateEvent``, ``EventRejected``, ``MembershipError`` — is handed back with
+        before it changes anything — ``LateEvent``, ``EventRejected`` (also for an event a query's condition cannot be
+        evaluated on), ``MembershipError`` — is handed back with
         its error (to become a dead letter) instead of failing the whole batch, which a connector would deliver
         again, to be refused again, for ever.  The result is the one the batch without those inputs gives."""
         refused: list[tuple[StreamEvent | Heartbeat, CompositeError]] = []
@@ -252,7 +253,7 @@ class CompositionEngine:
                 self._rollback.enlist(tx.root)
             for item in items:
                 try:
-                    self._input.take(item)
+                    self._input.take(item, refuse_unevaluable=True)
                 except (LateEvent, EventRejected, MembershipError) as error:
                     refused.append((item, error))
         return self._finish(emit_into=tx), refused

@@ -18,6 +18,7 @@ from activedb.composite._records import WindowEntry
 from activedb.composite.errors import EventRejected, LateEvent, MembershipError
 from activedb.events import Timestamp, as_timestamp, earlier, precedes
 from activedb.streams import CompiledQuery, Ctx, StreamEvent
+from activedb.streams.errors import EvaluationError
 
 
 class InputSnapshot(TypedDict):
@@ -56,8 +57,10 @@ class InputNode:
         for event_type, positions in ranks.items():
             self.by_type.setdefault(event_type, []).append((query, tuple(positions)))
 
-    def take(self, raw: StreamEvent | Heartbeat | Mapping[str, object]) -> None:
-        """Precondition: the caller holds the engine's mutex."""
+    def take(self, raw: StreamEvent | Heartbeat | Mapping[str, object], *, refuse_unevaluable: bool = False) -> None:
+        """Precondition: the caller holds the engine's mutex.  ``refuse_unevaluable``: an event a query's condition
+        cannot be evaluated on is an ``EventRejected`` (a refusal: an ingestion's dead letter), not the
+        ``EvaluationError`` itself; either way it changes nothing."""
         if isinstance(raw, Heartbeat):
             self._heartbeat(raw)
             return
@@ -97,7 +100,15 @@ class InputNode:
             for rank in ranks:
                 index = query.positives[rank]
                 ctx.events[index] = event
-                if all(check(ctx) is True for check in query.local.get(index, ())):
+                try:
+                    passed = all(check(ctx) is True for check in query.local.get(index, ()))
+                except EvaluationError as error:
+                    if not refuse_unevaluable:
+                        raise
+                    raise EventRejected(f"event {describe_event(event)}: the condition of query {query.name} cannot "
+                                        f"be evaluated on it ({error}); it changed nothing — correct the event, or "
+                                        f"the query's condition") from None
+                if passed:
                     accepted.append(rank)
                 ctx.events[index] = None
             if accepted:

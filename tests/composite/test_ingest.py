@@ -85,6 +85,30 @@ def test_a_row_the_engine_refuses_is_rejected_at_its_position_so_that_its_dead_l
         (6, "LateEvent"), (7, "producer 'P9' has not joined the composition engine (atomic membership")]
 
 
+def test_a_row_a_query_s_condition_cannot_be_evaluated_on_is_rejected_and_the_others_are_taken():
+    """A row whose event a query's event-only condition cannot be evaluated on (``A.x > 5`` on a text) is refused
+    by the engine before it changes anything — a refusal, as a late row is, so it is rejected at its position and
+    the rest of the batch is taken.  Before, its EvaluationError failed the whole batch, and a connector delivering
+    the batch again met it again, for ever: the stream stopped for good."""
+    mapping = EventMapping("type", "k", "ts", producer_column="producer", accuracy_column="accuracy",
+                           heartbeat_type="heartbeat", payload_columns=["id", "x"])
+    engine = composite.CompositionEngine(None, name="filtered", clock=composite.ManualClock(), timeout=None)
+    engine.create_stream("s", types=["A", "B"], attributes=["id", "k", "x"])
+    engine.define("CREATE QUERY Q PATTERN SEQ(A, B) WHERE A.x > 5 RETURN A.id AS a, B.id AS b")
+    engine.join("P0", types=["A"])
+    engine.join("P1", types=["B"])
+    rows = [{"type": "A", "k": "x", "ts": 100.0, "producer": "P0", "accuracy": 0.01, "id": "a0", "x": 7},
+            {"type": "A", "k": "x", "ts": 101.0, "producer": "P0", "accuracy": 0.01, "id": "bad", "x": "abc"},
+            {"type": "B", "k": "x", "ts": 102.0, "producer": "P1", "accuracy": 0.01, "id": "b0", "x": None},
+            {"type": "heartbeat", "k": None, "ts": 110.0, "producer": "P0", "accuracy": 0.01, "id": None, "x": None},
+            {"type": "heartbeat", "k": None, "ts": 110.0, "producer": "P1", "accuracy": 0.01, "id": None, "x": None}]
+    result = feed_batch(engine, rows, mapping)
+    assert [(row.position, row.reason.split(":")[0]) for row in result.rejected] == [(1, "EventRejected")]
+    assert "cannot compare" in result.rejected[0].reason and result.rejected[0].row["id"] == "bad"
+    assert [(item.payload()["a"], item.payload()["b"]) for item in result.composites] == [("a0", "b0")]
+    assert engine.statistics().events == 2
+
+
 def test_a_row_the_engine_refuses_as_late_is_a_dead_letter_and_the_batch_commits(make_database_url):
     """A producer's row that comes a batch after rows it detected later (decisions relied on its absence) is
     refused by the engine with ``LateEvent``.  Through ``CompositeHandler`` it is a dead letter with that
