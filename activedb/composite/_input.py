@@ -88,6 +88,7 @@ class InputNode:
                                 f"(the engine orders and waits per producer)")
         self._check_kind(ts, f"event {raw.type}{ts}")
         producer = self.members.member(ts.producer)
+        self._check_local_kind(producer, ts, f"event {raw.type}{ts}")
         if raw.type not in producer.types:
             raise EventRejected(f"producer {producer.name} joined for {', '.join(sorted(producer.types))}, not "
                                 f"{raw.type}; join it with every type it produces")
@@ -185,6 +186,7 @@ class InputNode:
         except (TypeError, ValueError) as error:
             raise EventRejected(f"heartbeat of {producer.name}: bad timestamp: {error}") from None
         self._check_kind(ts, f"heartbeat of {producer.name}: {ts}")
+        self._check_local_kind(producer, ts, f"heartbeat of {producer.name}: {ts}")
         now = self.clock.now()
         producer.last_seen = now
         producer.heartbeats += 1
@@ -215,6 +217,16 @@ class InputNode:
             kinds = ("a datetime", "numbers of seconds") if datetimes else ("a number of seconds", "aware datetimes")
             raise EventRejected(f"{what} is {kinds[0]}, but the times of engine {self.name} are {kinds[1]}; give "
                                 f"every time of one kind")
+
+    @staticmethod
+    def _check_local_kind(producer: Producer, ts: Timestamp, what: str) -> None:
+        """Refuse an input whose local clock reading is not of the kind of its producer's latest one (they are
+        compared)."""
+        latest = producer.latest_local
+        if ts.local is not None and latest is not None and \
+                isinstance(ts.local, dt.datetime) != isinstance(latest, dt.datetime):
+            raise EventRejected(f"{what}: its local reading {ts.local!r} is not of the kind of producer "
+                                f"{producer.name}'s earlier ones ({latest!r}); give its local readings of one kind")
 
     def _check_late(self, producer: Producer, ts: Timestamp, event_type: str, what: str,
                     heartbeat: bool = False) -> bool:

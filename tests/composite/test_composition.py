@@ -260,6 +260,26 @@ def test_submit_of_what_is_no_collection_of_inputs_is_a_composite_error_and_chan
     assert engine.statistics().events == 0 and engine.waiting() == {}
 
 
+def test_an_input_whose_local_reading_is_not_of_its_producers_kind_is_refused_and_the_engine_goes_on():
+    """A producer's local clock readings are numbers or aware datetimes, one kind: an event or heartbeat whose reading
+    is of the other kind is an ``EventRejected`` that changes nothing — it failed with a bare ``TypeError`` (mixed
+    times) comparing it with the producer's latest reading, a heartbeat after it was counted and its producer's
+    silence reset."""
+    import datetime as dt
+
+    engine = make_engine(SEQ_CHRONICLE, {"PA": ["A"], "PB": ["B"]})
+    engine.signal(streams.StreamEvent("A", Timestamp.at(1.0, 0.1, producer="PA", local=1.0), {"id": "a0"}))
+    before = engine.statistics()
+    moment = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
+    with pytest.raises(composite.EventRejected, match=r"local reading .* producer PA's .*; give its local readings"):
+        engine.signal(streams.StreamEvent("A", Timestamp.at(2.0, 0.1, producer="PA", local=moment), {"id": "a1"}))
+    with pytest.raises(composite.EventRejected, match=r"local reading .* producer PA's .*; give its local readings"):
+        engine.heartbeat("PA", Timestamp.at(3.0, 0.1, local=moment))
+    assert engine.statistics() == before and engine.producers()["PA"].latest_local == 1.0
+    engine.heartbeat("PA", Timestamp.at(3.0, 0.1, local=3.0))
+    assert engine.statistics().heartbeats == 1
+
+
 def test_an_input_whose_time_is_not_of_the_engines_kind_is_refused_and_the_engine_goes_on():
     """Times are numbers or aware datetimes, one kind per engine: an input of the other kind is an
     ``EventRejected`` that changes nothing — a heartbeat given a datetime in a numeric engine was taken, and
