@@ -67,6 +67,11 @@ class StreamSchema:
         object.__setattr__(self, "type_attributes", {key: tuple(value) for key, value in
                                                      (self.type_attributes or {}).items()})
         object.__setattr__(self, "priorities", dict(self.priorities or {}))
+        for event_type, priority in self.priorities.items():     # (admission negates it: -priority)
+            if priority is not None and (isinstance(priority, bool) or not isinstance(priority, (int, float))
+                                         or priority != priority):
+                raise DefinitionError(f"stream {self.name}: the priority of {event_type!r} is a number (higher first) "
+                                      f"or None (unlisted: last), got {priority!r}")
         folded: dict[str, str] = {}
         for event_type in self.types or ():
             if event_type.casefold() in folded:

@@ -182,6 +182,18 @@ def test_a_pattern_component_that_is_no_event_type_is_refused_when_built(build):
         build()
 
 
+@pytest.mark.parametrize("priority", ["high", float("nan"), [1], True], ids=["a-text", "nan", "a-list", "a-bool"])
+def test_a_stream_s_priority_that_is_no_number_is_refused_when_the_stream_is_declared(db, priority):
+    """``create_stream(priorities={"EXIT": "high"})`` was taken, and every later batch holding an EXIT failed at
+    admission with a bare TypeError ('bad operand type for unary -'), every retry alike: the stream stopped for good.
+    A NaN was taken too, and put equal-timestamp events in an order that depended on their arrival."""
+    engine = streams.StreamEngine(db, name="prioritised", durable=False)
+    with pytest.raises(DefinitionError, match=r"stream estream: the priority of 'EXIT' is a number \(higher first\)"):
+        engine.create_stream("estream", types=BADGE_TYPES, attributes=("HCW-ID", "location"),
+                             priorities={"EXIT": priority, "ENTER": 1})
+    assert engine.streams == {}
+
+
 @pytest.mark.parametrize("returns", [None, 5, "EXIT.HCW-ID"], ids=["none", "a-number", "a-text"])
 def test_returns_that_is_no_collection_of_expressions_is_a_definition_error(db, returns):
     """``query(returns=…)`` is a mapping name -> expression or a list of attribute references: None or a number failed
