@@ -62,10 +62,19 @@ class StreamSchema:
             if isinstance(names, str):       # (tuple() would read it letter by letter)
                 raise DefinitionError(f"stream {self.name}: {parameter} is a collection of names, got the text "
                                       f"{names!r}: write {parameter}=[{names!r}]")
-        object.__setattr__(self, "types", tuple(self.types) if self.types is not None else None)
-        object.__setattr__(self, "attributes", tuple(self.attributes))
+            if names is None and parameter == "types":
+                continue                     # (any type)
+            listed = tuple(names) if isinstance(names, Iterable) else None
+            if listed is None or not all(isinstance(name, str) for name in listed):
+                raise DefinitionError(f"stream {self.name}: {parameter} is a collection of names (texts), got "
+                                      f"{names!r}")
+            object.__setattr__(self, parameter, listed)
         object.__setattr__(self, "type_attributes", {key: tuple(value) for key, value in
                                                      (self.type_attributes or {}).items()})
+        if self.priorities is not None and (not isinstance(self.priorities, Mapping)
+                                            or not all(isinstance(name, str) for name in self.priorities)):
+            raise DefinitionError(f"stream {self.name}: priorities maps event type names (texts) to numbers, got "
+                                  f"{self.priorities!r}")
         object.__setattr__(self, "priorities", dict(self.priorities or {}))
         for event_type, priority in self.priorities.items():     # (admission negates it: -priority)
             if priority is not None and (isinstance(priority, bool) or not isinstance(priority, (int, float))

@@ -182,6 +182,25 @@ def test_a_pattern_component_that_is_no_event_type_is_refused_when_built(build):
         build()
 
 
+@pytest.mark.parametrize("options, match", [
+    ({"types": [None]}, r"types is a collection of names \(texts\)"), ({"types": 5}, r"types is a collection of names"),
+    ({"attributes": ["HCW-ID", 5]}, r"attributes is a collection of names"),
+    ({"attributes": None}, r"attributes is a collection of names"),
+    ({"priorities": {5: 1}}, r"priorities maps event type names \(texts\) to numbers"),
+    ({"priorities": ["EXIT"]}, r"priorities maps event type names"),
+], ids=["types-none", "types-number", "attribute-number", "attributes-none", "priority-key-number", "priorities-list"])
+def test_a_stream_s_names_of_the_wrong_kind_are_refused_saying_what_to_give(db, options, match):
+    """``create_stream`` takes texts for its types, attributes and priorities' keys: types=[None] or priorities={5: 1}
+    failed with a bare AttributeError ('has no attribute casefold'), types=5 or attributes=None with a TypeError ('not
+    iterable'), priorities=['EXIT'] with dict()'s ValueError, and attributes=['HCW-ID', 5] was taken, every query
+    naming an attribute of the stream then failing with an AttributeError — none an ActivedbError."""
+    engine = streams.StreamEngine(db, name="names", durable=False)
+    arguments = {"types": BADGE_TYPES, "attributes": ("HCW-ID", "location"), **options}
+    with pytest.raises(DefinitionError, match=rf"stream estream: {match}"):
+        engine.create_stream("estream", **arguments)
+    assert engine.streams == {}
+
+
 @pytest.mark.parametrize("priority", ["high", float("nan"), [1], True], ids=["a-text", "nan", "a-list", "a-bool"])
 def test_a_stream_s_priority_that_is_no_number_is_refused_when_the_stream_is_declared(db, priority):
     """``create_stream(priorities={"EXIT": "high"})`` was taken, and every later batch holding an EXIT failed at
