@@ -69,8 +69,21 @@ class StreamSchema:
                 raise DefinitionError(f"stream {self.name}: {parameter} is a collection of names (texts), got "
                                       f"{names!r}")
             object.__setattr__(self, parameter, listed)
-        object.__setattr__(self, "type_attributes", {key: tuple(value) for key, value in
-                                                     (self.type_attributes or {}).items()})
+        per_type = self.type_attributes or {}
+        declared: dict[str, tuple[str, ...]] = {}
+        valid = isinstance(per_type, Mapping)
+        for event_type, names in per_type.items() if valid else ():
+            named = tuple(names) if isinstance(names, Iterable) and not isinstance(names, str) else None
+            if not isinstance(event_type, str) or named is None or not all(isinstance(name, str) for name in named):
+                valid = False
+                break
+            declared[event_type] = named
+        if not valid:
+            shown = {key: ([value] if isinstance(value, str) else value) for key, value in per_type.items()} \
+                if isinstance(per_type, Mapping) else per_type
+            raise DefinitionError(f"stream {self.name}: type_attributes maps event type names (texts) to collections "
+                                  f"of attribute names (texts), got {per_type!r}; e.g. type_attributes={shown!r}")
+        object.__setattr__(self, "type_attributes", declared)
         if self.priorities is not None and (not isinstance(self.priorities, Mapping)
                                             or not all(isinstance(name, str) for name in self.priorities)):
             raise DefinitionError(f"stream {self.name}: priorities maps event type names (texts) to numbers, got "

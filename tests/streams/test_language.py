@@ -239,6 +239,21 @@ def test_a_stream_s_types_or_attributes_given_as_one_text_are_refused(db, option
     assert engine.streams == {}
 
 
+@pytest.mark.parametrize("type_attributes, match", [
+    ({"EXIT": "room"}, r"type_attributes=\{'EXIT': \['room'\]\}"), ({"EXIT": [5]}, r"type_attributes maps"),
+    ({5: ["room"]}, r"type_attributes maps"), (["EXIT"], r"type_attributes maps"),
+], ids=["one-text", "a-number", "a-number-type", "a-list"])
+def test_a_stream_s_type_attributes_of_the_wrong_kind_are_refused(db, type_attributes, match):
+    """``create_stream(type_attributes={"EXIT": "room"})`` declared EXIT's attributes r, o, o, m — read letter by
+    letter, as types='ENTER' was before 87b97e9; an attribute or type named by a number was taken (a query naming
+    an attribute of that type then failed with a bare AttributeError, or the attributes were never EXIT's), and a
+    list failed with an AttributeError ('list' object has no attribute 'items')."""
+    engine = streams.StreamEngine(db, name="type_attributes", durable=False)
+    with pytest.raises(DefinitionError, match=rf"stream estream: .*{match}"):
+        engine.create_stream("estream", types=BADGE_TYPES, attributes=("HCW-ID",), type_attributes=type_attributes)
+    assert engine.streams == {}
+
+
 def test_a_priority_that_is_not_a_number_is_refused_and_leaves_the_definitions_as_they_were(db):
     """``priority=`` is a number (higher first).  Given as a text, the query or rule was registered and only then
     failed to sort (TypeError: bad operand type for unary -), so it stayed defined and every later definition of
