@@ -235,11 +235,18 @@ def _priority(what: str, priority: float | None) -> float | None:
     return priority
 
 
+def _check_name(what: str, name: object) -> None:
+    """A DefinitionError unless ``name`` (of a query or rule) is a non-empty text: definitions are compared by it."""
+    if not isinstance(name, str) or not name:
+        raise DefinitionError(f"a {what}'s name is a non-empty text, got {name!r}")
+
+
 def query_definition(name: str, *, pattern: PatternLike, returns: Returns, where: object = None,
                      within: float | None = None,
                      stream: str | None = None, selection: ast.Selection | str = ast.Selection.SKIP_TILL_ANY_MATCH,
                      priority: float | None = None, consumption: ast.Consumption | str | None = None
                      ) -> ast.QueryDefinition:
+    _check_name("query", name)
     if isinstance(pattern, (str, ast.EventComponent)):
         pattern = seq(pattern)
     if not isinstance(pattern, ast.Pattern):
@@ -267,6 +274,7 @@ def query_definition(name: str, *, pattern: PatternLike, returns: Returns, where
 def rule_definition(name: str, *, on_output: str, action: RuleAction | Sequence[RuleAction], when: object = None, priority: float | None = None,
                     new: str = "NEW", reads: Iterable[str] | None = None, writes: Iterable[str] | None = None,
                     replace: bool = False) -> ast.RuleDefinition:
+    _check_name("rule", name)
     actions = list(action) if isinstance(action, (list, tuple)) else [action]
     built: list[ast.Action] = []
     for item in actions:

@@ -213,6 +213,21 @@ def test_a_stream_s_priority_that_is_no_number_is_refused_when_the_stream_is_dec
     assert engine.streams == {}
 
 
+@pytest.mark.parametrize("name", [None, "", 5], ids=["none", "empty", "a-number"])
+def test_a_query_or_rule_name_that_is_no_text_is_refused_and_later_definitions_work(db, name):
+    """``engine.query(None, …)`` (``rule(None, …)``) was defined, and every later definition of the engine then
+    failed with a bare AttributeError ("'NoneType' object has no attribute 'casefold'") comparing names: the engine
+    took no query or rule more until the process restarted.  An empty name was taken too (outputs of query '')."""
+    engine = engine_for(db)
+    with pytest.raises(DefinitionError, match=r"a query's name is a non-empty text"):
+        engine.query(name, pattern=streams.seq("EXIT", "ENTER"), returns=[streams.event("ENTER")["HCW-ID"]])
+    engine.define("CREATE QUERY QX ON estream PATTERN SEQ(EXIT, ENTER) WHERE [HCW-ID] RETURN ENTER.HCW-ID")
+    with pytest.raises(DefinitionError, match=r"a rule's name is a non-empty text"):
+        engine.rule(name, on_output="QX", action=lambda tx, new: None)
+    engine.rule("R", on_output="QX", action=lambda tx, new: None)
+    assert list(engine.queries) == ["QX"] and list(engine.rules) == ["R"]
+
+
 @pytest.mark.parametrize("returns", [None, 5, "EXIT.HCW-ID"], ids=["none", "a-number", "a-text"])
 def test_returns_that_is_no_collection_of_expressions_is_a_definition_error(db, returns):
     """``query(returns=…)`` is a mapping name -> expression or a list of attribute references: None or a number failed
