@@ -258,6 +258,8 @@ def query_definition(name: str, *, pattern: PatternLike, returns: Returns, where
                               f"{', '.join(repr(member.value) for member in ast.Selection)}, got {selection!r}"
                               ) from None
     try:
+        if isinstance(within, bool):            # (float(True) is 1.0: no window)
+            raise TypeError(within)
         window = float(within) if within is not None else None
     except (TypeError, ValueError):
         raise DefinitionError(f"query {name}: within is the window in seconds (a number) or None, got {within!r}"
