@@ -235,6 +235,21 @@ def _priority(what: str, priority: float | None) -> float | None:
     return priority
 
 
+def _tables(rule: str, parameter: str, tables: object) -> frozenset[str] | None:
+    """A rule's declared ``reads``/``writes`` as a set of table names (None: not declared); a DefinitionError for
+    what is no collection of names (one text would be read letter by letter)."""
+    if tables is None:
+        return None
+    if isinstance(tables, str):
+        raise DefinitionError(f"rule {rule}: {parameter} is a collection of table names, got the text {tables!r}: "
+                              f"write {parameter}=[{tables!r}]")
+    named = frozenset(tables) if isinstance(tables, Iterable) else None
+    if named is None or not all(isinstance(table, str) for table in named):
+        raise DefinitionError(f"rule {rule}: {parameter} is a collection of table names (texts) or None, got "
+                              f"{tables!r}")
+    return named
+
+
 def _check_name(what: str, name: object) -> None:
     """A DefinitionError unless ``name`` (of a query or rule) is a non-empty text: definitions are compared by it."""
     if not isinstance(name, str) or not name:
@@ -278,13 +293,13 @@ def rule_definition(name: str, *, on_output: str, action: RuleAction | Sequence[
                     replace: bool = False) -> ast.RuleDefinition:
     _check_name("rule", name)
     actions = list(action) if isinstance(action, (list, tuple)) else [action]
+    declared_reads, declared_writes = _tables(name, "reads", reads), _tables(name, "writes", writes)
     built: list[ast.Action] = []
     for item in actions:
         if isinstance(item, ast.Action):
             built.append(item)
         elif callable(item):
-            built.append(ast.CallAction(item, frozenset(reads) if reads is not None else None,
-                                        frozenset(writes) if writes is not None else None))
+            built.append(ast.CallAction(item, declared_reads, declared_writes))
         else:
             raise DefinitionError(f"rule {name}: an action is update(…), insert(…), delete(…) or a callable "
                                   f"(tx, new), got {item!r}")

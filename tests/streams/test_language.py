@@ -228,6 +228,21 @@ def test_a_query_or_rule_name_that_is_no_text_is_refused_and_later_definitions_w
     assert list(engine.queries) == ["QX"] and list(engine.rules) == ["R"]
 
 
+@pytest.mark.parametrize("declared, match", [
+    ({"reads": "workerStatus"}, r"reads=\['workerStatus'\]"), ({"writes": "workerStatus"}, r"writes=\['workerStatus'\]"),
+    ({"writes": 5}, r"writes is a collection of table names"), ({"reads": [None]}, r"reads is a collection of table names"),
+], ids=["reads-a-text", "writes-a-text", "writes-a-number", "reads-none-in-a-list"])
+def test_a_rule_s_declared_tables_of_the_wrong_kind_are_refused_saying_what_to_write(db, declared, match):
+    """``engine.rule(…, reads="workerStatus")`` read the text letter by letter and was refused as "no table 'o' in
+    the store" (one of its letters), naming a table nobody wrote; writes=5 failed with a bare TypeError ('int'
+    object is not iterable), reads=[None] with an AttributeError."""
+    engine = engine_for(db)
+    engine.define("CREATE QUERY QX ON estream PATTERN SEQ(EXIT, ENTER) WHERE [HCW-ID] RETURN ENTER.HCW-ID")
+    with pytest.raises(DefinitionError, match=rf"rule R: .*{match}"):
+        engine.rule("R", on_output="QX", action=lambda tx, new: None, **declared)
+    assert engine.rules == {}
+
+
 @pytest.mark.parametrize("returns", [None, 5, "EXIT.HCW-ID"], ids=["none", "a-number", "a-text"])
 def test_returns_that_is_no_collection_of_expressions_is_a_definition_error(db, returns):
     """``query(returns=…)`` is a mapping name -> expression or a list of attribute references: None or a number failed
