@@ -279,6 +279,8 @@ def query_definition(name: str, *, pattern: PatternLike, returns: Returns, where
     except (TypeError, ValueError):
         raise DefinitionError(f"query {name}: within is the window in seconds (a number) or None, got {within!r}"
                               ) from None
+    if stream is not None and not isinstance(stream, str):
+        raise DefinitionError(f"query {name}: stream is the name of a declared stream (or None), got {stream!r}")
     if isinstance(returns, (str, bytes)) or not isinstance(returns, Iterable):     # (a text: read letter by letter)
         raise DefinitionError(f"query {name}: returns is a mapping {{'name': expression}} or a list of attribute "
                               f"references (streams.event('A')['attribute']), got {returns!r}")

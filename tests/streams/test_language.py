@@ -307,11 +307,13 @@ def test_a_priority_that_is_not_a_number_is_refused_and_leaves_the_definitions_a
     ({"selection": "skip_till_some_match"}, r"selection .*'skip_till_any_match'.*got 'skip_till_some_match'"),
     ({"within": "ten seconds"}, r"within .*'ten seconds'"),
     ({"within": True}, r"within .*got True"),
-], ids=["selection", "within", "within-a-bool"])
+    ({"stream": 5}, r"stream is the name of a declared stream \(or None\), got 5"),
+    ({"stream": ["estream"]}, r"stream is the name of a declared stream"),
+], ids=["selection", "within", "within-a-bool", "stream-a-number", "stream-a-list"])
 def test_a_query_s_selection_or_window_of_the_wrong_kind_is_a_definition_error(db, option, match):
     """``engine.query(selection=…, within=…)``: a text that is no Selection, or a window that is no number, is a
     DefinitionError saying what to give (was a bare ValueError from the enum or float()); within=True was taken as
-    a window of one second (float(True) is 1.0)."""
+    a window of one second (float(True) is 1.0); stream=5 failed with a bare AttributeError (no 'casefold')."""
     engine = engine_for(db)
     with pytest.raises(DefinitionError, match=f"query P: {match}"):
         engine.query("P", pattern=streams.seq("EXIT", "ENTER"), returns=[streams.event("ENTER")["HCW-ID"]],
