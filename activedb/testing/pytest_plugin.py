@@ -44,7 +44,7 @@ import pytest
 
 from activedb._closedset import ClosedSet
 from activedb.clock import Clock, ManualClock
-from activedb.errors import ActivedbError
+from activedb.errors import ActivedbError, BadArgument
 from activedb.testing._databases import Server, ServerAtUrl, Templates, drop_database
 from activedb.testing.errors import DatabaseFixtureError
 
@@ -257,8 +257,12 @@ def activedb_make_url(activedb_server: Server, activedb_templates: Templates, ac
     made: list[str] = []
 
     def make(migrations: str | os.PathLike[str] | Iterable[str | os.PathLike[str]] | None = None) -> str:
-        chosen = (activedb_settings.migrations if migrations is None
-                  else tuple(_path(pytestconfig.rootpath, path) for path in _listed(migrations)))
+        try:
+            chosen = (activedb_settings.migrations if migrations is None
+                      else tuple(_path(pytestconfig.rootpath, path) for path in _listed(migrations)))
+        except TypeError:       # (no iterable, or a member Path() cannot take: as the mark's)
+            raise BadArgument(f"activedb_make_url(migrations={migrations!r}) takes an Alembic directory or a list of "
+                              f"them (str or Path), or None (the test's)") from None
         name, url = activedb_templates.database(chosen)
         made.append(name)
         return url

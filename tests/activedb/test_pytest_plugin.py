@@ -170,6 +170,26 @@ def test_make_url_takes_one_directory_as_the_mark_does(project, activedb_server)
     result.assert_outcomes(passed=1)
 
 
+def test_make_url_given_no_directory_says_what_it_takes_as_the_mark_does(project, activedb_server):
+    # make(5) or make([None]) failed with Python's TypeError ('int' object is not iterable, or from Path()), where
+    # the mark given the same says what it takes (3215607): the two read one argument, only one was fixed.
+    project.makepyfile(test_make_url=r"""
+import pytest
+
+import activedb
+
+
+@pytest.mark.parametrize("given", [5, [None]])
+def test_no_directory(activedb_make_url, given):
+    with pytest.raises(activedb.BadArgument, match=r"activedb_make_url\(migrations=.*\) takes an Alembic directory "
+                                                   r"or a list of them"):
+        activedb_make_url(given)
+""")
+    result = project.runpytest_subprocess("-p", "no:cacheprovider", f"--activedb-url={activedb_server.url('postgres')}",
+                                          str(project.path / "test_make_url.py"))
+    result.assert_outcomes(passed=2)
+
+
 def databases(server) -> set[str]:
     with psycopg.connect(server.conninfo("postgres"), autocommit=True) as connection:
         return {name for (name,) in connection.execute(
