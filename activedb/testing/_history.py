@@ -38,9 +38,7 @@ def check_history(ops: Iterable[HistoryOp]) -> HistoryReport:
     delegated to its parent — the write set a top-level transaction flushed is exactly the composition, in
     order, of the writes of its transactions whose every ancestor committed; (3) an aborted transaction's
     operations are all undone (none reaches a flush); (4) the abort of a parent aborts its active children."""
-    if isinstance(ops, (str, bytes, Mapping)) or not isinstance(ops, Iterable):
-        raise BadArgument(f"check_history takes the recorded operations: db.history.snapshot() of a database "
-                          f"connected with record_history=True, got {type(ops).__name__} {ops!r:.80}")
+    _check_operations("check_history", ops)
     ops = sorted(ops, key=lambda op: op.sequence)
     report = HistoryReport()
     parent_of: dict[str, str | None] = {}
@@ -144,6 +142,7 @@ def replay(ops: Iterable[HistoryOp], initial: dict[_Row, RowImage],
     """Apply the committed flushes in commit order to ``initial`` ({(table, key): row}).
 
     ``key_columns`` ({table: [column, ...]}) adds the key columns to rows created by the replay."""
+    _check_operations("replay", ops)
     ops = sorted(ops, key=lambda op: op.sequence)     # (read twice: an iterator would be used up by the first)
     ended = {op.transaction: op.kind for op in ops if op.kind in ("commit", "abort")}
     state = {row: dict(image) for row, image in initial.items()}
@@ -158,3 +157,10 @@ def replay(ops: Iterable[HistoryOp], initial: dict[_Row, RowImage],
                 columns = (key_columns or {}).get(row[0], [])
                 state[row] = {**dict(zip(columns, row[1])), **image}
     return state
+
+
+def _check_operations(function: str, ops: object) -> None:
+    """Refuse (BadArgument, saying what to give) what is no collection of recorded operations."""
+    if isinstance(ops, (str, bytes, Mapping)) or not isinstance(ops, Iterable):
+        raise BadArgument(f"{function} takes the recorded operations: db.history.snapshot() of a database "
+                          f"connected with record_history=True, got {type(ops).__name__} {ops!r:.80}")

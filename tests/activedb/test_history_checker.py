@@ -62,3 +62,11 @@ def test_check_stream_history_of_what_is_no_list_of_operations_says_what_to_give
     with pytest.raises(activedb.BadArgument, match=r"check_stream_history takes the recorded operations: "
                                                    r"engine\.history\.snapshot\(\)"):
         check_stream_history(given)
+
+
+@pytest.mark.parametrize("given", [None, 5, HistoryRecorder()], ids=["none", "a-number", "the-recorder"])
+def test_replay_of_what_is_no_list_of_operations_says_what_to_give(given):
+    """As check_history, which is given the same operations: ``replay(db.history, initial)`` or None failed with a
+    bare TypeError ('object is not iterable')."""
+    with pytest.raises(activedb.BadArgument, match=r"replay takes the recorded operations: db\.history\.snapshot\(\)"):
+        replay(given, {})
