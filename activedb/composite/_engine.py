@@ -172,7 +172,9 @@ class CompositionEngine:
         will have a lower bound below it and must be after every instant compositions already relied on
         (without it, compositions of its types wait for its first event or heartbeat).
         ``MembershipKind.WEAK``: admitted at once; compositions its old events would have changed are
-        reported (:class:`~activedb.composite.Invalidation` to ``on_invalidation``, ``invalidations()``)."""
+        reported (:class:`~activedb.composite.Invalidation` to ``on_invalidation``, ``invalidations()``).
+        ``clock``: the producer's :class:`~activedb.events.LocalClock`, how its local readings order its own events
+        (and decide their stability) — for the timestamps that carry none."""
         if membership not in set(MembershipKind):
             raise MembershipError(f"membership is MembershipKind.ATOMIC ('atomic': join before sending) or "
                                   f"MembershipKind.WEAK ('weak': admitted late, invalidated compositions reported), "

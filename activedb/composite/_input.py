@@ -92,6 +92,9 @@ class InputNode:
         if raw.type not in producer.types:
             raise EventRejected(f"producer {producer.name} joined for {', '.join(sorted(producer.types))}, not "
                                 f"{raw.type}; join it with every type it produces")
+        if ts.clock is None and producer.clock is not None:
+            # (the local clock the producer joined with orders its events, as it decides their stability)
+            ts = dataclasses.replace(ts, clock=producer.clock)
         event = raw if raw.ts is ts else dataclasses.replace(raw, ts=ts)
         # Which nodes it enters, found before anything changes: a filter that raises refuses the event whole.
         routes: list[tuple[CompiledQuery, Partition, list[int]]] = []

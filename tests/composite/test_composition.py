@@ -315,6 +315,23 @@ def test_an_engine_s_clock_or_callback_of_the_wrong_kind_is_refused_when_made(op
         composite.CompositionEngine(None, **options)
 
 
+def test_the_local_clock_a_producer_joined_with_orders_its_events_as_one_its_timestamps_carry():
+    """join(…, clock=LocalClock(detection_delay=1.0)) says the producer's local readings order its events only when
+    more than a second apart.  Stability used that clock, but the order of the candidates used an exact one, so two
+    overlapping events 0.2 s apart locally were composed as certainly ordered — the engine picked silently where the
+    same clock given with each timestamp raises UncertainOrder."""
+    engine = composite.CompositionEngine(None, timeout=None)
+    engine.create_stream("s", types=["A", "B"], attributes=["id"])
+    engine.define("CREATE QUERY AB PATTERN SEQ(A, B) RETURN A.id AS a, B.id AS b")
+    engine.join("P", types=["A", "B"], clock=LocalClock(detection_delay=1.0))
+    engine.submit([streams.StreamEvent("A", Timestamp.at(1.0, 0.5, producer="P", local=1.0), {"id": "a"}),
+                   streams.StreamEvent("B", Timestamp.at(1.2, 0.5, producer="P", local=1.2), {"id": "b"})])
+    with pytest.raises(UncertainOrder) as raised:
+        engine.heartbeat("P", Timestamp.at(10.0, 0.5, local=10.0))
+    assert raised.value.uncertainty.kind is UncertaintyKind.UNORDERED
+    assert engine.take_outputs() == []
+
+
 def test_a_producer_s_local_clock_of_the_wrong_kind_is_refused_when_it_joins():
     """join(…, clock=5) was taken, and the producer's first two events with local readings failed with a bare
     AttributeError ('int' object has no attribute 'orders') after both were counted and put into the lists."""
