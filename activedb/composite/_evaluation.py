@@ -20,12 +20,15 @@ from activedb.streams import CompiledQuery, Ctx, StreamEvent
 
 class EvaluationSnapshot(TypedDict):
     """What :meth:`Evaluation.snapshot` saves: per node the node and its lists, decisions, blocking types and
-    pending resolutions; each item's ``processed`` flag by number; the blocked nodes."""
+    pending resolutions; each item's ``processed`` flag by number; the blocked nodes; the window's composites and
+    uncertainties."""
 
     nodes: dict[tuple[str, Partition], tuple[Node, list[POList], dict[tuple[object, ...], Decision], frozenset[str],
                                              list[Resolution]]]
     processed: dict[int, bool]
     blocked: set[tuple[str, Partition]]
+    composites: list[CompositeEvent]
+    uncertainties: list[Uncertainty]
 
 
 class Evaluation:
@@ -154,7 +157,8 @@ class Evaluation:
         nodes = {key: (node, [POList(items) for items in node.lists], dict(node.decisions), node.blocked_on,
                        list(node.pending_resolutions)) for key, node in self.nodes.items()}
         processed = {item.number: item.processed for node in self.nodes.values() for item in node.items()}
-        return {"nodes": nodes, "processed": processed, "blocked": set(self.blocked)}
+        return {"nodes": nodes, "processed": processed, "blocked": set(self.blocked),
+                "composites": list(self.composites), "uncertainties": list(self.uncertainties)}
 
     def restore(self, snapshot: EvaluationSnapshot) -> None:
         self.nodes = {}
@@ -169,3 +173,7 @@ class Evaluation:
                 items_by_number[number].processed = processed
         self.blocked = snapshot["blocked"]
         self.outbox = []
+        self.composites.clear()
+        self.composites.extend(snapshot["composites"])
+        self.uncertainties.clear()
+        self.uncertainties.extend(snapshot["uncertainties"])

@@ -27,6 +27,7 @@ class InputSnapshot(TypedDict):
     numbers: int
     invalidations: list[Invalidation]
     datetimes: bool | None
+    entries: list[WindowEntry]
 
 
 class InputNode:
@@ -267,10 +268,13 @@ class InputNode:
         return False
 
     def snapshot(self) -> InputSnapshot:
-        return {"numbers": self.numbers, "invalidations": list(self.invalidations), "datetimes": self.datetimes}
+        return {"numbers": self.numbers, "invalidations": list(self.invalidations), "datetimes": self.datetimes,
+                "entries": list(self.entries)}
 
     def restore(self, snapshot: InputSnapshot) -> None:
         self.numbers = snapshot["numbers"]
         self.invalidations = snapshot["invalidations"]
         self.datetimes = snapshot["datetimes"]
+        self.entries.clear()
+        self.entries.extend(snapshot["entries"])
         self.notices = []

@@ -59,3 +59,22 @@ def test_an_aborted_batch_leaves_the_engine_as_before(db):
     assert engine.producers()["P2B"].sync is None
     with db.transaction() as tx:                              # the re-run composes the same pair again
         assert names(engine.process(tx, BATCH_2)) == [("a0", "b0")]
+
+
+def test_an_aborted_batch_leaves_no_composite_or_arrival_in_the_engines_window(db):
+    """The window (``engine.window()``: the picture, and the composites weak membership checks a late event against)
+    kept the arrivals and composites of a batch whose transaction aborted: the picture showed a composite no rule
+    ever saw, twice once the batch ran again, and a weak member's old event could be reported as invalidating it."""
+    engine = make_engine("CREATE QUERY AB PATTERN AND(A, B) RETURN A.id AS a, B.id AS b", FIG2, db=db)
+    with db.transaction() as tx:
+        engine.process(tx, BATCH_1)
+    before = engine.window()
+    with pytest.raises(RuntimeError):
+        with db.transaction() as tx:
+            assert names(engine.process(tx, BATCH_2)) == [("a0", "b0")]
+            raise RuntimeError("the batch fails after composing")
+    assert engine.window() == before
+    with db.transaction() as tx:
+        engine.process(tx, BATCH_2)
+    assert [composite.describe() for composite in engine.window().composites] == [
+        "AB(A#a0[0.995, 1.005]@PA & B#b0[1.095, 1.105]@P1B) [0.995, 1.105]"]
