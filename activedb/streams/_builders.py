@@ -279,6 +279,12 @@ def query_definition(name: str, *, pattern: PatternLike, returns: Returns, where
     except (TypeError, ValueError):
         raise DefinitionError(f"query {name}: within is the window in seconds (a number) or None, got {within!r}"
                               ) from None
+    try:
+        consumed = ast.Consumption(consumption) if consumption is not None else None
+    except ValueError:
+        raise DefinitionError(f"query {name}: consumption is an activedb.streams.Consumption or one of "
+                              f"{', '.join(repr(member.value) for member in ast.Consumption)}, got {consumption!r}"
+                              ) from None
     if stream is not None and not isinstance(stream, str):
         raise DefinitionError(f"query {name}: stream is the name of a declared stream (or None), got {stream!r}")
     if isinstance(returns, (str, bytes)) or not isinstance(returns, Iterable):     # (a text: read letter by letter)
@@ -287,7 +293,7 @@ def query_definition(name: str, *, pattern: PatternLike, returns: Returns, where
     return ast.QueryDefinition(name=name, pattern=pattern, returns=_returns(returns), where=_where(where),
                                within=window, stream=stream,
                                selection=selection, priority=_priority(f"query {name}", priority),
-                               consumption=ast.Consumption(consumption) if consumption is not None else None)
+                               consumption=consumed)
 
 
 def rule_definition(name: str, *, on_output: str, action: RuleAction | Sequence[RuleAction], when: object = None, priority: float | None = None,

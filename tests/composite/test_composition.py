@@ -347,6 +347,19 @@ def test_a_producer_s_local_clock_of_the_wrong_kind_is_refused_when_it_joins():
     assert engine.submit(events) == [] and engine.statistics().waiting == 2
 
 
+@pytest.mark.parametrize("consumption", ["latest", 5, "RECENT"], ids=["unknown", "a-number", "upper-case"])
+def test_a_query_s_consumption_that_is_none_of_the_consumptions_is_a_definition_error(consumption):
+    """``engine.query(…, consumption="latest")`` failed with the enum's bare ValueError ("'latest' is not a valid
+    Consumption"), no ActivedbError and no list of what it takes — where selection=… given the same way is a
+    DefinitionError listing the selections (9a0c8b8): both are read by query_definition, one was fixed."""
+    engine = composite.CompositionEngine(None)
+    engine.create_stream("s", types=["A", "B"], attributes=["id"])
+    with pytest.raises(DefinitionError, match=r"query AB: consumption is an activedb\.streams\.Consumption or one of "
+                                              r"'chronicle', 'recent'"):
+        engine.query("AB", pattern=streams.conj("A", "B"), returns=[streams.event("A")["id"]], consumption=consumption)
+    assert engine.queries == {}
+
+
 @pytest.mark.parametrize("call, message", [
     (lambda: composite.CompositionEngine(None, timeout="5"),
      r"CompositionEngine\(timeout='5'\) takes None \(wait forever\) or a number of seconds above 0"),
