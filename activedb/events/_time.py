@@ -67,7 +67,11 @@ def age_seconds(age: object, parameter: str, error: type[Exception]) -> float:
     :data:`FOREVER_SECONDS` (``timedelta.max``), which no row is; a caller forgets nothing then, without asking
     PostgreSQL (which cannot compute ``now()`` minus such an age).  A negative age, NaN or no number raises ``error``
     naming ``parameter``."""
-    number = seconds(age) if isinstance(age, (int, float, dt.timedelta)) and not isinstance(age, bool) else math.nan
+    try:
+        number = seconds(age) if isinstance(age, (int, float, dt.timedelta)) and not isinstance(age, bool) \
+            else math.nan
+    except OverflowError:               # an int no float holds: as far as an infinity, of its sign
+        number = math.inf if age > 0 else -math.inf  # type: ignore[operator]  # (an int)
     if not number >= 0:
         raise error(f"{parameter} takes a non-negative age (a timedelta or seconds; inf: forget nothing), "
                     f"got {age!r}")

@@ -147,3 +147,18 @@ def test_a_timestamp_s_producer_or_clock_of_the_wrong_kind_is_a_bad_argument(mak
     order is asked (``'int' object has no attribute 'orders'``)."""
     with pytest.raises(activedb.BadArgument, match=r"Timestamp\(producer=|Timestamp\(clock="):
         make()
+
+
+@pytest.mark.parametrize("age, expected", [(10**400, float("inf")), (-10**400, None), (10**20, float("inf"))],
+                         ids=["beyond-any-float", "negative-beyond-any-float", "beyond-forever"])
+def test_an_age_given_as_an_int_no_float_holds_is_read_as_any_other(age, expected):
+    """age_seconds (db.outbox.prune's, db.batches.prune's, capture's retention) let float()'s OverflowError out for
+    10**400 — an age beyond FOREVER_SECONDS is 'for ever' (inf), a negative one the caller's error — as check_time
+    reads such an int as not finite (b2decec)."""
+    from activedb.events import age_seconds
+
+    if expected is None:
+        with pytest.raises(activedb.BadArgument, match=r"older_than takes a non-negative age"):
+            age_seconds(age, "older_than", activedb.BadArgument)
+    else:
+        assert age_seconds(age, "older_than", activedb.BadArgument) == expected
