@@ -185,7 +185,7 @@ class Interleavings:
         if not named:
             raise BadArgument("Interleavings needs at least one actor")
         for name in named:
-            if not name or "/" in name or " " in name:
+            if not isinstance(name, str) or not name or "/" in name or " " in name:
                 raise BadArgument(f"an actor's name is one word without '/': {name!r}")
         # (0 or less fails every run as a hang; no thread may wait for ever)
         number = isinstance(step_timeout, (int, float)) and not isinstance(step_timeout, bool)

@@ -29,12 +29,14 @@ def fresh(activedb_make_url):
 
 @pytest.mark.parametrize("actors, keywords, message", [
     ({}, {}, "at least one actor"), ({"a/b": print}, {}, "one word without '/'"),
+    ({5: print}, {}, "one word without '/'"), ({None: print}, {}, "one word without '/'"),
     ([print], {"step_timeout": 0}, r"step_timeout=0\) takes a finite number of seconds above 0"),
     ([print], {"step_timeout": float("inf")}, r"step_timeout=inf\) takes a finite number of seconds above 0"),
 ])
 def test_arguments_the_runner_cannot_take_are_an_activedb_error(fresh, actors, keywords, message):
-    """No actor or an actor's name with '/' was a bare ValueError (no ActivedbError); a step_timeout of 0 or
-    below failed every run as a hang, and inf ended the run's thread with OverflowError from its wait."""
+    """No actor or an actor's name with '/' was a bare ValueError (no ActivedbError), an actor named by a number a
+    bare TypeError ("argument of type 'int' is not iterable"); a step_timeout of 0 or below failed every run as a
+    hang, and inf ended the run's thread with OverflowError from its wait."""
     with pytest.raises(activedb.BadArgument, match=message):
         Interleavings(fresh, actors, **keywords)
 
