@@ -220,6 +220,9 @@ class Interleavings:
         one after the other, in the order of their names, each with its immediate and deferred firings."""
         if isinstance(schedule, str):
             schedule = Schedule.parse(schedule)
+        if not isinstance(schedule, Schedule):
+            raise InvalidSchedule(f"replay takes a Schedule or its text ('0.2.1.0'; '' runs the actors one after the "
+                                  f"other), got {schedule!r}")
         choices = list(schedule.choices)
         names = list(schedule.steps)
 

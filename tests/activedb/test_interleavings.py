@@ -13,7 +13,7 @@ import sqlalchemy as sa
 
 import activedb
 from activedb import Coupling, Database, DeadlockDetected, Event, RuleFailed, Transaction
-from activedb.testing import Interleavings, InterleavingHang, NondeterministicRun, Verdict
+from activedb.testing import Interleavings, InterleavingHang, InvalidSchedule, NondeterministicRun, Verdict
 from tests.conftest import APP_MIGRATIONS
 
 pytestmark = pytest.mark.activedb(migrations=[APP_MIGRATIONS])
@@ -155,6 +155,17 @@ def test_an_expected_error_is_accepted_as_the_cause_of_a_rule_s_failure(fresh):
     expected = Interleavings(fresh, [insert_item("a")], setup=one_account,
                              expected_errors=(DeadlockDetected,)).replay(failure.schedule)
     assert expected.ok, expected.describe()
+
+
+@pytest.mark.parametrize("schedule", [None, 5, ["0", "1"]], ids=["none", "a-number", "a-list"])
+def test_replay_of_what_is_no_schedule_is_an_invalid_schedule_and_runs_nothing(fresh, schedule):
+    """``replay(None)`` (a number, a list of choices) failed with a bare AttributeError ('NoneType' object has no
+    attribute 'choices'), no ActivedbError; replay takes a Schedule or its text, as an InvalidSchedule says."""
+    ran = []
+    interleavings = Interleavings(fresh, [lambda db: ran.append(1)])
+    with pytest.raises(InvalidSchedule, match=r"replay takes a Schedule or its text \('0\.2\.1\.0'; .*got "):
+        interleavings.replay(schedule)
+    assert ran == []
 
 
 def test_a_run_that_depends_on_what_the_runner_does_not_control_is_reported(fresh):
