@@ -9,6 +9,8 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any, Hashable, Mapping
 
+from activedb.errors import InvalidChoice
+
 
 class EventKind(enum.StrEnum):
     """What happened.  ``MODIFIED`` appears only in specs (any data event on a table)."""
@@ -111,8 +113,11 @@ class EventSpec:
     origin: Origin = Origin.ACTIVEDB
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "kind", EventKind(self.kind))
-        object.__setattr__(self, "origin", Origin(self.origin))
+        for name, choices in (("kind", EventKind), ("origin", Origin)):
+            try:
+                object.__setattr__(self, name, choices(getattr(self, name)))
+            except ValueError:
+                raise InvalidChoice(choices, getattr(self, name), f"EventSpec({name}=...)") from None
         if self.origin is Origin.EXTERNAL and self.kind not in DATA_SPEC_KINDS:
             raise ValueError(f"only data events (inserted, updated, deleted, modified) come from external "
                              f"writers, not {self.kind}")

@@ -56,3 +56,15 @@ def test_the_schema_and_the_connection_take_their_enums(db, database_url):
         assert inline.rules.execution is RuleExecution.INLINE
     finally:
         inline.close()
+
+
+@pytest.mark.parametrize("arguments, message", [
+    ({"kind": "insert"}, r"EventSpec\(kind=\.\.\.\)='insert' is not a EventKind: use one of EventKind.INSERTED"),
+    ({"kind": "signal", "origin": "outside"},
+     r"EventSpec\(origin=\.\.\.\)='outside' is not a Origin: use one of Origin.ACTIVEDB \('activedb'\)"),
+], ids=["kind", "origin"])
+def test_an_event_spec_s_kind_or_origin_that_is_none_is_an_invalid_choice(arguments, message):
+    """``EventSpec("insert")`` (a rule's ``on=``) raised the enum's bare ValueError ("'insert' is not a valid
+    EventKind"), no ActivedbError and no list of the kinds."""
+    with pytest.raises(InvalidChoice, match=message):
+        activedb.EventSpec(**arguments)
