@@ -59,9 +59,9 @@ MAX_NESTED_TASKS = 256
 #: chunk of the interpreter's frame stack (``_in_fresh_chunk``).  CPython keeps frames in chunks of 16 KiB
 #: and frees a chunk as soon as a call returns below it, so a loop whose calls cross a chunk's edge maps and
 #: unmaps memory on every call (page faults included): in a chain of nested tasks, about one level in
-#: sixteen sat at an edge and ran its operations three to seven times slower (txn README, "Spawned
-#: children: a thread only when something blocks").  A fresh chunk is paid once per this many levels,
-#: where an edge would be paid on every call; a tree of depth below it never pays it.
+#: sixteen sat at an edge and ran its operations several times slower (txn README, "Spawned children: a
+#: thread only when something blocks"; figures: benchmarks/RESULTS.md).  A fresh chunk is paid once per this
+#: many levels, where an edge would be paid on every call; a tree of depth below it never pays it.
 FRESH_STACK_EVERY = 8
 
 #: Seconds a thread that left a task to a worker (its stack deep) waits for one to claim it before it runs
