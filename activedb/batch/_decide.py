@@ -17,7 +17,7 @@ from typing import Callable, Iterable, TypeVar
 from activedb.batch._plan import Tpg, has_group_cycle
 from activedb.batch._strategy import AbortMode, DecisionRule, Exploration, Granularity, Strategy
 
-# Thresholds (see the README's "Decision model" section for the measurements behind them).
+# Thresholds (see the package README's "The TPG decision model"; the measurements behind them: benchmarks/RESULTS.md).
 MIN_DEPENDENCIES_PER_OP = 0.8     # rule 1: (TD + PD + LD) / operations
 MAX_SKEW_FOR_STRUCTURED = 8.0     # rule 1: busiest state / mean per state
 MIN_TD_PER_OP = 0.5               # rule 2

@@ -1,6 +1,6 @@
-"""A busy moment of a process, held still so that ``db.explain()`` can draw it: the picture in the README
-(``docs/explain.png``) and a test of the picture use it; which transactions wait for what: this package's
-``README.md``.
+"""A busy moment of a process, held still so that ``db.explain()`` can draw it: the picture of the how-to
+docs/howto/explain.md (``docs/explain.png``) and a test of the picture use it; which transactions wait for
+what: this package's ``README.md``.
 
 :func:`hold` sets the moment up and returns a handle whose ``release()`` lets everything finish.  Run
 ``python -m activedb.examples.busy_moment OUT.png`` to draw it (on ``ACTIVEDB_DATABASE_URL`` or the

@@ -1,5 +1,5 @@
 """``orders``, captured (every committed change of any client reaches rules on ``db.captured("orders", …)``),
-and ``order_log``, which the README's rule writes.
+and ``order_log``, which the rule of the change-capture how-to (docs/howto/change-capture.md) writes.
 """
 import sqlalchemy as sa
 from alembic import op
