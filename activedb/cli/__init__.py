@@ -10,7 +10,8 @@
     activedb bench NAME [--quick] [--plot OUT.png]              benchmarks (NAME --help says what each measures)
     activedb outbox [--retry [ID ...]] [--prune-done S]         detached rule firings: pending, done, failed
 
-(``run`` comes with spark_bridge, through an entry point; ``status`` too, from ``activedb.cli.status``.)
+(``run`` comes with spark_bridge, through an entry point; ``status``, ``capture``, ``composite`` and ``batches``
+too, from ``activedb.cli.status``, ``.capture``, ``.composite`` and ``.batches``.)
 The schema rule (:func:`open_database`) and the modules: the design note, ``README.md``.
 """
 
