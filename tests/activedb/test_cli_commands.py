@@ -503,3 +503,13 @@ def test_an_applications_watermark_delay_and_schema_of_the_kinds_spark_takes_loa
     assert text.watermark_delay == "30 seconds" and text.schema == "type STRING, ts DOUBLE"
     struct = load_app("delay_timedelta_app")
     assert struct.watermark_delay == dt.timedelta(seconds=30) and struct.schema.fieldNames() == ["type"]
+
+
+@pytest.mark.parametrize("module", ["activedb", "activedb.cli"])
+def test_python_dash_m_runs_the_command(module):
+    """``python -m activedb`` is the ``activedb`` command, as ``python -m pip`` or ``python -m pytest`` are theirs —
+    what a user types when the script's directory is not on PATH."""
+    import subprocess
+    done = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "dead-letters" in done.stdout and "Usage:" in done.stdout
