@@ -10,9 +10,14 @@ thread's instruction totals over the events of those batches is the sink's own w
 engine, the flush's Python and driver calls; not the outbox's runner threads, not PostgreSQL).  WORKLOAD:
 ``eca`` (the hand-hygiene application, ``app.py``: every coupling mode), ``declared`` (its declared version,
 lowered), ``counter`` (the one-rule counter upsert as a plain ``@db.rule``); ``immediate`` and ``direct``: ``bench
-rules``' first row without the sink — a batch is one top-level transaction emitting ``--size`` events that each fire
-one immediate rule inline, or calling the rule's function directly as many times (their ratio is the row's).  After
-the warm-up both runs collect and freeze what the garbage collector tracks (``gc.freeze``): a full collection then
+rules``' first row without the sink — a batch is one top-level transaction emitting ``--size`` events that each fire one
+immediate rule inline, or calling the rule's function directly as many times (their ratio is the row's).
+``lowered`` and ``executemany``: ``bench rules``' counter row without the sink — a batch is the plain counter rule's
+``--size`` events lowered and applied at the commit of one top-level transaction (the batch of
+``_counter_rule_lowered``), or its peer's ``executemany`` upsert and commit; each event of a batch has a key of its own
+among ``2 × --size`` keys, as in that row at 1,000 per batch (20,000 events, 2,000 keys), and two warm-up batches insert
+every key's row, so that the measured batches update them.  After the warm-up both runs collect and freeze what the
+garbage collector tracks (``gc.freeze``): a full collection then
 walks only what the measured batches left, not the whole process's heap, whose walk — in one run and not the other —
 would shift the count by tens of thousands per event.  Neither total counts libpq's connection set-up (a
 connection's authentication, ~50 million instructions: a run that opened one more than the other would differ by
@@ -34,7 +39,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-WORKLOADS = ("eca", "declared", "counter", "immediate", "direct")
+WORKLOADS = ("eca", "declared", "counter", "immediate", "direct", "lowered", "executemany")
 SEED = 11
 
 
@@ -89,7 +94,7 @@ def _total(path: Path) -> int:
 
 def _run(workload: str, size: int, batches: int, phase: str) -> None:
     """Set up ``workload``, run a warm-up batch and, in phase ``run``, ``batches`` more (the measured part)."""
-    if workload in ("immediate", "direct"):
+    if workload in ("immediate", "direct", "lowered", "executemany"):
         _run_rules(workload, size, batches, phase)
         return
     import logging
@@ -150,8 +155,12 @@ def _run(workload: str, size: int, batches: int, phase: str) -> None:
 
 
 def _run_rules(workload: str, size: int, batches: int, phase: str) -> None:
-    """``_run`` for ``bench rules``' immediate inline firings (``immediate``) and their direct calls (``direct``)."""
+    """``_run`` for ``bench rules``' immediate inline firings (``immediate``) and their direct calls (``direct``), and
+    its counter's lowered batches (``lowered``) and their ``executemany`` peer (``executemany``)."""
     from benchmarks._setup import connect
+    if workload in ("lowered", "executemany"):
+        _run_counter(workload, size, batches, phase)
+        return
     from benchmarks.rules import IMMEDIATE_EVENT, _declare, _direct, _fire
 
     run = _fire if workload == "immediate" else _direct
@@ -161,6 +170,36 @@ def _run_rules(workload: str, size: int, batches: int, phase: str) -> None:
         _settle()
         for _ in range(batches if phase == "run" else 0):
             run(database, IMMEDIATE_EVENT, size)
+
+
+def _run_counter(workload: str, size: int, batches: int, phase: str) -> None:
+    """``_run_rules`` for ``lowered`` and ``executemany`` (the module docstring)."""
+    from benchmarks._setup import connect
+    from benchmarks.rules import COUNTER_EVENT, _declare, _executemany_upsert, _lowered_batch
+
+    keys = 2 * size
+    with connect(rule_execution="inline") as database:
+        _declare(database)
+        raw = database.engine.raw_connection()
+        try:
+            lowered_cache: dict = {}
+
+            def one(number: int) -> None:
+                numbers = range(number * size, (number + 1) * size)
+                if workload == "lowered":
+                    _lowered_batch(database, COUNTER_EVENT, numbers, keys, lowered_cache)
+                    return
+                with raw.driver_connection.cursor() as cursor:
+                    _executemany_upsert(cursor, [number % keys for number in numbers])
+                raw.driver_connection.commit()
+
+            one(0)                                                      # warm-up: every key's row, statements
+            one(1)
+            _settle()
+            for number in range(2, 2 + (batches if phase == "run" else 0)):
+                one(number)
+        finally:
+            raw.close()
 
 
 def _fill_pool(engine) -> None:

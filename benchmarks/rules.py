@@ -188,15 +188,20 @@ def _counter_lowered(database, count: int, size: int, event_type: str = DECLARED
     lowered_cache: dict = {}
     start = time.perf_counter()
     for first in range(0, count, size):
-        events = [{"type": event_type, "key": number % keys, "ts": float(number)}
-                  for number in range(first, min(count, first + size))]
-        with database.transaction(name="bench:counter-lowered") as tx:
-            lowered = batch.lower(database.rules, tx, {event_type}, lowered_cache)
-            if lowered is None:
-                raise RuntimeError(f"the counter rule of {event_type} could not be lowered (an observer or another "
-                                   "rule?)")
-            batch.apply_lowered(database.rules, tx, events, lowered, dead_letters=None)
+        _lowered_batch(database, event_type, range(first, min(count, first + size)), keys, lowered_cache)
     return time.perf_counter() - start
+
+
+def _lowered_batch(database, event_type: str, numbers: range, keys: int, lowered_cache: dict) -> None:
+    """One batch of ``_counter_lowered``: the events ``numbers`` (key: the number modulo ``keys``) in one top-level
+    transaction, lowered and applied at its commit."""
+    events = [{"type": event_type, "key": number % keys, "ts": float(number)} for number in numbers]
+    with database.transaction(name="bench:counter-lowered") as tx:
+        lowered = batch.lower(database.rules, tx, {event_type}, lowered_cache)
+        if lowered is None:
+            raise RuntimeError(f"the counter rule of {event_type} could not be lowered (an observer or another "
+                               "rule?)")
+        batch.apply_lowered(database.rules, tx, events, lowered, dead_letters=None)
 
 
 def _counter_declared(database, count: int, size: int) -> float:

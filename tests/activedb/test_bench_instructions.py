@@ -48,6 +48,22 @@ def test_the_rules_workloads_run_their_batches(database_url, monkeypatch):
     assert tuple(rows) == (40, "rule", "rule")            # (``direct`` writes what the rule writes)
 
 
+def test_the_counter_workloads_leave_the_same_counters(database_url, monkeypatch):
+    """``lowered`` and ``executemany``: two warm-up batches and two measured ones, each event of a batch a key of its
+    own among twice the batch's size — every counter counted twice, by either path."""
+    monkeypatch.setenv("ACTIVEDB_DATABASE_URL", database_url)
+    engine = sa.create_engine(database_url)
+    counters = {}
+    try:
+        for workload in ("lowered", "executemany"):
+            instructions._run(workload, 40, 2, "run")
+            with engine.connect() as connection:
+                counters[workload] = dict(connection.execute(sa.text("SELECT key, n FROM bench_counters")).all())
+    finally:
+        engine.dispose()
+    assert counters["lowered"] == counters["executemany"] == {key: 2 for key in range(80)}
+
+
 def test_the_count_is_the_main_threads_total(tmp_path):
     output = tmp_path / "run.123-01"
     output.write_text("version: 1\ncreator: callgrind-3.19.0\nevents: Ir\nfn=(1) main\n16 5\ntotals: 123456\n")
