@@ -11,6 +11,7 @@ transaction's thread (and by whoever reads ``result`` after the commit).
 from __future__ import annotations
 
 import enum
+import operator
 import struct
 import time
 from collections.abc import Callable, Collection, Hashable, Iterable, Mapping, Sequence
@@ -377,9 +378,19 @@ def _final_rows(catalog: Catalog, result: BatchResult, normalised: Mapping[str, 
     """The batch's final rows, one statement per table and kind (the package README, "Running a
     batch in the store"); ``normalised[table][key]``: the key tuples checked when the batch was applied."""
     statements: list[_Statement] = []
-    by_table: dict[str, list[tuple[Hashable, RowImage | None, RowImage | None]]] = {}
-    for (table, key), image in result.final.items():
-        by_table.setdefault(table, []).append((key, image, result.before.get((table, key))))
+    final = result.final
+    before_get = result.before.get
+    # The states of each table, in the order of ``final``: its items as they are when every state is of one table (a
+    # stream's usual batch), without a step per state here.
+    tables = set(map(_TABLE_OF, final))
+    by_table: Mapping[str, Iterable[tuple[State, RowImage | None]]]
+    if len(tables) == 1:
+        by_table = {table: final.items() for table in tables}
+    else:
+        grouped: dict[str, list[tuple[State, RowImage | None]]] = {table: [] for table in tables}
+        for item in final.items():
+            grouped[item[0][0]].append(item)
+        by_table = grouped
     for table in sorted(by_table):
         info = catalog.table_info(table)
         known = normalised.get(table, {})
@@ -389,7 +400,9 @@ def _final_rows(catalog: Catalog, result: BatchResult, normalised: Mapping[str, 
         deletes: list[RowImage] = []
         updates: dict[tuple[str, ...], list[tuple[RowImage, RowImage]]] = {}   # changed columns -> (key columns + those, image)
         inserts: dict[frozenset[str], list[RowImage]] = {}
-        for given, image, old in by_table[table]:
+        for state, image in by_table[table]:
+            given = state[1]
+            old = before_get(state)
             key = known.get(given)
             if key is None:
                 key = info.key(given)
@@ -427,6 +440,9 @@ def _final_rows(catalog: Catalog, result: BatchResult, normalised: Mapping[str, 
             _check_columns(info, [name for name in names if name not in key_set], rows)
             statements.append((_insert, info, names, rows))
     return statements
+
+
+_TABLE_OF = operator.itemgetter(0)      # a state's table
 
 
 def _one_update(info: TableInfo, updates: Mapping[tuple[str, ...], list[tuple[RowImage, RowImage]]]
