@@ -11,6 +11,7 @@ transaction's thread (and by whoever reads ``result`` after the commit).
 from __future__ import annotations
 
 import enum
+import itertools
 import operator
 import struct
 import time
@@ -200,9 +201,8 @@ class PendingBatch(CommitParticipant):
             if len(found) < len(keys) and table not in self._unbounded:
                 _lock_table(catalog, connection, table)
                 found.update(_select_for_update(connection, info, [key for key in keys.values() if key not in found]))
-            get = found.get
-            for given, key in keys.items():
-                base[(table, given)] = get(key)
+            # (Each declared key's image, None if absent: ``base[(table, given)] = found.get(key)``, in C.)
+            base.update(zip(zip(itertools.repeat(table), keys), map(found.get, keys.values())))
         return base
 
 
@@ -250,14 +250,16 @@ def _select_for_update(connection: sa.Connection, info: TableInfo, keys: list[Ke
                     .where(column == sa.any_(sa.bindparam("keys", type_=postgresql.ARRAY(column.type))))
                     .order_by(column).with_for_update())
 
-        bound = sorted(key[0] for key in keys)  # type: ignore[type-var]  # (keys of one column: comparable)
+        bound = sorted(map(_FIRST, keys))     # (first values, of one column: comparable)
         python_type = _array_type(column)
         parameter = (_array_of(python_type, bound) if python_type is not None and set(map(type, bound)) == {python_type}
                      else bound)
         rows, fields = _run(connection, statement, {"keys": parameter},  # type: ignore[misc]
                             fetch=True, shape=("select for update", info.table))  # (fetch: rows)
-        return {(row[0],): dict(zip(fields, row)) for row in rows} if fields[0] == names[0] else {
-            (image[names[0]],): image for image in (dict(zip(fields, row)) for row in rows)}
+        if fields[0] == names[0]:
+            # ``{(row[0],): dict(zip(fields, row)) for row in rows}``, in C (a batch reads a row per event).
+            return dict(zip(zip(map(_FIRST, rows)), map(dict, map(zip, itertools.repeat(fields), rows))))
+        return {(image[names[0]],): image for image in (dict(zip(fields, row)) for row in rows)}
     found: dict[Key, RowImage] = {}
     ordered = sorted(keys)
     select = info.select_by_keys().order_by(*columns).with_for_update()
@@ -382,7 +384,7 @@ def _final_rows(catalog: Catalog, result: BatchResult, normalised: Mapping[str, 
     before_get = result.before.get
     # The states of each table, in the order of ``final``: its items as they are when every state is of one table (a
     # stream's usual batch), without a step per state here.
-    tables = set(map(_TABLE_OF, final))
+    tables = set(map(_FIRST, final))
     by_table: Mapping[str, Iterable[tuple[State, RowImage | None]]]
     if len(tables) == 1:
         by_table = {table: final.items() for table in tables}
@@ -442,7 +444,8 @@ def _final_rows(catalog: Catalog, result: BatchResult, normalised: Mapping[str, 
     return statements
 
 
-_TABLE_OF = operator.itemgetter(0)      # a state's table
+_FIRST = operator.itemgetter(0)         # a state's table, a key tuple's first value, a pair's first
+_INT = {int}                            # ``set(map(type, values)) == _INT``: every value an exact int (in C)
 
 
 def _one_update(info: TableInfo, updates: Mapping[tuple[str, ...], list[tuple[RowImage, RowImage]]]
@@ -456,7 +459,7 @@ def _one_update(info: TableInfo, updates: Mapping[tuple[str, ...], list[tuple[Ro
     union = frozenset(name for changed in updates for name in changed)
     columns = info.table.c
     if len(updates) <= 1 or any(name not in columns or _array_type(columns[name]) is None for name in union):
-        return {frozenset(changed): [row for row, _ in rows] for changed, rows in updates.items()}
+        return {frozenset(changed): list(map(_FIRST, rows)) for changed, rows in updates.items()}
     merged: dict[frozenset[str], list[RowImage]] = {}
     one: list[RowImage] = []
     for changed, rows in updates.items():
@@ -501,10 +504,9 @@ def _check_columns(info: TableInfo, names: list[str], rows: list[RowImage]) -> N
     out of range fail here, naming the column, as a write through the tree would), checking a
     column of plain ints by its extremes."""
     for name in names:
-        values = [row[name] for row in rows]
+        values = list(map(operator.itemgetter(name), rows))
         column = info.columns.get(name)
-        if column is not None and isinstance(column.type, sa.Integer) and values and all(
-                type(value) is int for value in values):
+        if column is not None and isinstance(column.type, sa.Integer) and values and set(map(type, values)) == _INT:
             info.check_value(name, min(values))
             info.check_value(name, max(values))
             continue
@@ -526,7 +528,7 @@ def _arrays(info: TableInfo, names: list[str], rows: list[RowImage]) -> dict[str
         python_type = _array_type(info.table.c[name])
         if python_type is None:
             return None
-        values = [row[name] for row in rows]
+        values = list(map(operator.itemgetter(name), rows))
         kinds = set(map(type, values))
         if python_type is float and int in kinds:
             values = [float(value) if type(value) is int else value for value in values]
@@ -790,8 +792,8 @@ def _normalised_keys(info: TableInfo, given_keys: Iterable[Hashable]) -> dict[Ha
     """``{key as declared: key tuple}``, checked as ``info.key`` checks (a column of plain ints by
     its extremes)."""
     given = list(given_keys)
-    if len(info.key_columns) == 1 and given and all(type(key) is int for key in given):
+    if len(info.key_columns) == 1 and given and set(map(type, given)) == _INT:
         info.key(min(given))  # type: ignore[type-var]  # (ints)
         info.key(max(given))  # type: ignore[type-var]
-        return {key: (key,) for key in given}
+        return dict(zip(given, zip(given)))        # ({key: (key,) for key in given}, in C)
     return {key: info.key(key) for key in given}

@@ -296,9 +296,13 @@ def _run(declarations: Mapping[str, Declaring], items: list[tuple[int, BatchEven
                         history[state] = [(t, image)]
                     else:
                         entry.append((t, image))
-    base_get = base.get
-    before = {state: (loaded[state] if state in loaded else base_get(state)) for state in written}
-    return Part(result_ts, aborted_at, outputs_at, rejected, {state: current[state] for state in written}, before,
+    # (``{state: loaded[state] if state in loaded else base.get(state) for state in written}`` and ``{state:
+    # current[state] for state in written}``, in C: a batch writes a state per event or so.)
+    before = dict(zip(written, map(base.get, written)))
+    for state in loaded.keys() & before.keys():
+        before[state] = loaded[state]
+    final = dict(zip(written, map(current.__getitem__, written)))
+    return Part(result_ts, aborted_at, outputs_at, rejected, final, before,
                 "lean", (), None, {"operations": operations, "states": len(written)},
                 {"execute": time.perf_counter() - started}, executions, versions)
 

@@ -10,6 +10,7 @@ immutable after :func:`lower` made it, its ``transactions`` one batch at a time 
 from __future__ import annotations
 
 import functools
+import operator
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -46,6 +47,7 @@ __all__ = ["DeclaredAction", "Lowered", "RULE_LOWERING", "apply_lowered", "decla
 _READ, _WRITE, _CHECK = OpKind.READ, OpKind.WRITE, OpKind.CHECK
 _ND_READ, _ND_WRITE, _INSERT = OpKind.ND_READ, OpKind.ND_WRITE, OpKind.INSERT
 _MISSING = object()
+_EVENT_TYPE = operator.attrgetter("event_type")     # a batch event's type
 
 
 class DeclaredAction:
@@ -708,7 +710,7 @@ def apply_lowered(rules: "RuleManager", transaction: "Transaction", events: Iter
     in_commit = decided is not None and rules.detached.inserts_in_commit
     tally = _Tally(rules, lowered.learned.values())
     lowlevel.enlist(transaction, tally)
-    per_type = Counter(event.event_type for event in pending.batch)      # (the events as apply_at_commit read them)
+    per_type = Counter(map(_EVENT_TYPE, pending.batch))      # (the events as apply_at_commit read them)
     for event_type, count in per_type.items():
         for rule in (*lowered.rules[event_type], *lowered.detached.get(event_type, ())):
             rules.fired_in_bulk(transaction, rule, count)

@@ -11,6 +11,7 @@ import abc
 import contextlib
 import dataclasses
 import gc
+import itertools
 import operator
 import time
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
@@ -173,8 +174,8 @@ def normalise_events(events: Iterable[object]) -> list[BatchEvent]:
         _ATTRIBUTE_EVENT_TOKEN[0] = token
     batch = _of_one_attribute_type(events)
     if batch is None:
-        batch = [_as_batch_event(event, position) for position, event in enumerate(events)]
-    if batch and all(event[2] is not None for event in batch):
+        batch = list(map(_as_batch_event, events, itertools.count()))     # (each event at its position)
+    if batch and all(map(operator.is_not, map(_by_ts, batch), itertools.repeat(None))):     # (every ts given; in C)
         try:
             batch.sort(key=_by_ts)
         except TypeError:
