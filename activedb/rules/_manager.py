@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, TypeVar
 from coupling import Coupling, DeferredCycleLimitExceeded, Verdict, priority_groups
 
 from activedb.errors import CascadeLimitExceeded, RuleFailed, TransactionAborted
-from activedb.events import Event, EventKind
+from activedb.events import Event, EventKind, Origin
 from activedb.rules._context import RuleContext, chain_of, deferred_queue_for
 from activedb.rules._detached import DetachedRunner, DependencyAbort
 from activedb.rules._model import Fired, Firing, Rule, RuleCounter, RuleExecution, RulesStatistics, always
@@ -33,6 +33,7 @@ logger = logging.getLogger("activedb.rules")
 _EXECUTED, _CONDITION_FALSE, _FAILED, _CANCELLED = (FiringOutcome.EXECUTED, FiringOutcome.CONDITION_FALSE,
                                                    FiringOutcome.FAILED, FiringOutcome.CANCELLED)
 _IMMEDIATE, _DEFERRED = Coupling.IMMEDIATE, Coupling.DEFERRED
+_ACTIVEDB = Origin.ACTIVEDB
 
 
 class RuleManager(TransactionExtension):
@@ -221,12 +222,24 @@ class RuleManager(TransactionExtension):
     def on_event(self, transaction: Transaction, event: Event, *, ended: bool = False) -> None:
         """Dispatch: fire the rules matching ``event``, which occurred in ``transaction`` (``ended``: an
         event of a transaction that has ended, its ``aborted``)."""
-        rules = self.registry.matching(event)
+        registry = self.registry
+        # (``registry.matching``'s remembered answer, without its call; it answers what it has not remembered.)
+        rules = registry._matching.get((event.kind, event.source)) if event.origin is _ACTIVEDB else None
+        if rules is None:
+            rules = registry.matching(event)
         if not rules:
             return
         root = transaction.root
         tree = slot(root, RuleContext)       # the tree's firing record
-        chain = chain_of(transaction)
+        # (``chain_of(transaction)``, without its call.)
+        node: Transaction | None = transaction
+        chain: tuple[str, ...] = ()
+        while node is not None:
+            nearest = slot(node, Firing, create=False)
+            if nearest is not None:
+                chain = nearest.chain
+                break
+            node = node.parent
         if len(chain) >= self.max_cascade_depth:
             names = " -> ".join((*chain, "|".join(rule.name for rule in rules)))
             raise CascadeLimitExceeded(
