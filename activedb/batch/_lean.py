@@ -137,6 +137,8 @@ def _run(declarations: Mapping[str, Declaring], items: list[tuple[int, BatchEven
             first -= 1
         return [image for _, image in versions_of[first:]]
 
+    if not declared:
+        declared = None         # (none declared before the run: nothing to look up per event)
     if not versions and declared is not None:
         # An event declared already with a window operation: keep versions from the start (one pass here, not a
         # check per event in the loop; an event declared in the loop checks its own).
