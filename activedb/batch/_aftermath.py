@@ -22,7 +22,7 @@ import sqlalchemy as sa
 from coupling import Coupling, may_run_after
 
 from activedb.batch._commit import insert_rows
-from activedb.batch._learn import NotLearned, _RowTransaction, learned_table, why_not_learned
+from activedb.batch._learn import NotLearned, _RowTransaction, _StandIn, learned_table, why_not_learned
 from activedb.errors import SchemaError
 from activedb.events import EventKind
 from activedb.store import Catalog, RowImage, TableInfo
@@ -235,7 +235,7 @@ def plan_in_commit(rules: "RuleManager", transaction: "Transaction",
     tables: dict[str, tuple[TableInfo, str]] = {}
     # Per rule and its trigger's outcome: its action and one stand-in for all its firings (None: the recorder's);
     # a stand-in keeps nothing of a firing but the rows it inserted, which are taken before the next one runs.
-    runners: dict[tuple[Rule, bool], tuple[Callable[..., object], _RowTransaction] | None] = {}
+    runners: dict[tuple[Rule, bool], tuple[Callable[..., object], _RowTransaction, _StandIn] | None] = {}
     ran: list[tuple[Firing, str, bool]] = []
     rows: dict[str, list[dict[str, object]]] = {}
     for item in items:
@@ -251,14 +251,15 @@ def plan_in_commit(rules: "RuleManager", transaction: "Transaction",
             if isinstance(targets, dict):
                 tables.update(targets)
                 inserts = {table: info for table, (info, _) in targets.items()}
-                runner = (rule.action_function(), _RowTransaction("", None, None, _no_row, inserts))
+                row = _RowTransaction("", None, None, _no_row, inserts)
+                runner = (rule.action_function(), row, _StandIn(row))
             runners[rule, committed] = runner
         if runner is None:
             continue
-        action, stand_in = runner
+        action, stand_in, tx = runner
         stand_in.inserted, stand_in.deviated = None, False
         try:
-            action(stand_in, firing.event)
+            action(tx, firing.event)
         except Exception:           # (raised or deviated: the outbox runs it, and fails it with its own error)
             continue
         if stand_in.deviated:       # (it caught the error of its deviation: the outbox runs it as written)

@@ -3,9 +3,9 @@ and write the row of its event's key in one table, itself or through module func
 (:func:`learned_table`, a static check of its source; a condition the same with reads only, :func:`learned_condition`;
 why a function does not qualify: :func:`why_not_learned`) runs, in a lowered batch, with the other rules of its event's
 chain, as the state transaction ``ops.write(table, event.key, fn)`` (:class:`LearnedDeclaration`): ``fn(own)`` calls
-the unchanged conditions and actions with a :class:`_RowTransaction` standing in for ``tx``, and the deferred rules of
-what they signal where firing runs them (``LearnedDeclaration._defer``).  Anything they do outside that shape at run
-time — an exception, another row, a key column written —
+the unchanged conditions and actions with a :class:`_StandIn` (over a :class:`_RowTransaction`) standing in for
+``tx``, and the deferred rules of what they signal where firing runs them (``LearnedDeclaration._defer``).  Anything
+they do outside that shape at run time — an exception, another row, a key column written —
 makes ``fn`` return :data:`FALL_BACK`, which aborts the event's state transaction; ``apply_lowered`` then
 refuses the whole lowered attempt (``LoweringRefused``) and the batch runs event by event.  Design note: the
 package README, "Plain rules lowered" and "Signals, deferred rules and inserted rows".
@@ -515,12 +515,13 @@ class _Deviation(Exception):
 
 
 class _RowTransaction:
-    """What the rules of a learned chain get as ``tx`` in a lowered batch: ``read(table, key)`` returns the row's
-    image as ``tx.read`` would (a copy; after a write, the row as written so far: a row the chain creates has every
-    column, those not written at their constant defaults, and its key), ``write(table, key, **values)`` collects the
-    columns, ``insert(table, **values)`` the new rows (a table in ``keyed`` with its key drawn at once, as ``tx.insert``
-    draws it), ``signal(name, **payload)`` the signals (the events ``tx.signal`` makes, in ``transaction``).  Any other
-    use is a deviation (``deviated``), whether or not the rule catches the error raised for it."""
+    """What the rules of a learned chain get as ``tx`` in a lowered batch (through a :class:`_StandIn`): ``read(table,
+    key)`` returns the row's image as ``tx.read`` would (a copy; after a write, the row as written so far: a row the
+    chain creates has every column, those not written at their constant defaults, and its key), ``write(table, key,
+    **values)`` collects the columns, ``insert(table, **values)`` the new rows (a table in ``keyed`` with its key drawn
+    at once, as ``tx.insert`` draws it), ``signal(name, **payload)`` the signals (the events ``tx.signal`` makes, in
+    ``transaction``).  Any other use is a deviation (``deviated``), whether or not the rule catches the error raised for
+    it."""
 
     __slots__ = ("_table", "_key", "_image", "_created", "written", "deviated", "_inserts", "inserted", "_keyed",
                  "_signals", "signals", "transaction", "deferring")
@@ -594,8 +595,22 @@ class _RowTransaction:
         else:
             self.signals.append(event)
 
+
+
+class _StandIn:
+    """``tx`` as a learned chain's rules get it: the ``read``, ``write``, ``insert`` and ``signal`` of a
+    :class:`_RowTransaction`, any other attribute a deviation.  (The row's state stays on the ``_RowTransaction``, a
+    class without ``__getattr__``: a class with one loses the interpreter's fast attribute loads on every field, and
+    the engine reads and writes those fields per event.)"""
+
+    __slots__ = ("read", "write", "insert", "signal", "_row")
+
+    def __init__(self, row: _RowTransaction) -> None:
+        self.read, self.write, self.insert, self.signal = row.read, row.write, row.insert, row.signal
+        self._row = row
+
     def __getattr__(self, name: str) -> NoReturn:
-        raise self._deviate(f"used tx.{name}")
+        raise self._row._deviate(f"used tx.{name}")
 
 
 def _function_of(code: CodeType, namespace: dict[str, object]) -> Callable[[Event], Hashable]:
@@ -695,6 +710,7 @@ class LearnedDeclaration:
             self.table, None, None, self._created, inserts,
             {table: functools.partial(self._draw, sequence) for table, sequence in self.keyed.items()},
             frozenset(self.signalled))
+        self._tx = _StandIn(self._stand_in)      # (what the rules get)
         #: The tables the chain inserts into (``tx.insert``): one more operation per event, fed by the chain's run
         #: (declared as ``ops.insert_into`` declares it, after the write: its name is the second operation's).
         self.inserts = tuple(sorted(inserts or ()))
@@ -824,7 +840,7 @@ class LearnedDeclaration:
         if own is not None and len(own) != self._columns:
             # Created earlier in this batch (the lean image holds the columns written): as the tree reads it.
             own = {**self._created(key), **own}
-        stand_in = self._stand_in
+        stand_in, tx = self._stand_in, self._tx
         stand_in._key, stand_in._image, stand_in.written, stand_in.deviated = key, own, None, False
         stand_in.inserted = stand_in.signals = None
         step = 0
@@ -834,17 +850,17 @@ class LearnedDeclaration:
         try:
             if not self.conditional:
                 for _, action in self.steps:
-                    action(stand_in, stream_event)
+                    action(tx, stream_event)
                     if signalling and stand_in.signals is not None and len(stand_in.signals) > len(deferred):
                         self._defer(stand_in, deferred)
                     step += 1
             else:
                 ran = []
                 for condition, action in self.steps:
-                    if condition is not None and not condition(stand_in, stream_event):
+                    if condition is not None and not condition(tx, stream_event):
                         ran.append(False)
                     else:
-                        action(stand_in, stream_event)
+                        action(tx, stream_event)
                         ran.append(True)
                         if signalling and stand_in.signals is not None and len(stand_in.signals) > len(deferred):
                             self._defer(stand_in, deferred)
@@ -887,10 +903,10 @@ class LearnedDeclaration:
         stand_in.deferring = True
         try:
             for condition, action in self.signalled[signal.source]:  # type: ignore[index]  # (a name the chain signals)
-                if condition is not None and not condition(stand_in, signal):
+                if condition is not None and not condition(self._tx, signal):
                     ran.append(False)
                 else:
-                    action(stand_in, signal)
+                    action(self._tx, signal)
                     ran.append(True)
         except Exception:
             stand_in.deviated = True
