@@ -186,7 +186,9 @@ class Children:
         return SubtransactionHandle(child, task)
 
     def subtransaction(self: Transaction, name: str | None = None) -> "InlineSubtransaction":  # type: ignore[misc]
-        """``with tx.subtransaction() as child:`` runs a subtransaction inline in this thread."""
+        """``with tx.subtransaction() as child:`` runs a subtransaction inline in this thread: it commits at the
+        block's end, aborts (re-raising) when the block raises, and ``child.abort()`` inside the block undoes it
+        alone — the parent goes on."""
         return InlineSubtransaction(self, name)
 
     def _run_subtransaction(self: Transaction, function: Callable[..., Any], *args: Any,  # type: ignore[misc]
@@ -349,10 +351,13 @@ def _open_frame(parent: "Transaction", manager: "TransactionManager", name: str 
 
 
 def _end_inline(child: "Transaction", error: BaseException | None) -> None:
-    """End the inline ``child``: commit it, or abort it because its block raised ``error``."""
+    """End the inline ``child``: commit it, or abort it because its block raised ``error``; a child its block ended
+    itself (``child.abort()``, ``child.commit()``) is left as it is."""
     try:
         if error is not None:
             child.abort(error)
+        elif child._state is _ABORTED or child._state is _COMMITTED:
+            pass
         elif type(child) is Savepoint:
             end_savepoint(child)
         else:
@@ -362,7 +367,8 @@ def _end_inline(child: "Transaction", error: BaseException | None) -> None:
 
 
 class InlineSubtransaction:
-    """``with tx.subtransaction() as child:``: commit on normal exit, abort (re-raising) on an exception."""
+    """``with tx.subtransaction() as child:``: commit on normal exit, abort (re-raising) on an exception; a child
+    ended inside the block (``child.abort()``: undone alone, the parent goes on) is not ended again."""
 
     __slots__ = ("_parent", "_name", "transaction")
 

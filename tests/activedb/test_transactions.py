@@ -62,6 +62,23 @@ def test_an_aborted_transaction_names_a_reason_without_a_message_by_its_type(db)
             tx.read("items", "x")
 
 
+def test_a_child_ended_inside_its_block_is_not_ended_again_at_the_exit(db):
+    """``with tx.subtransaction() as child: child.abort()`` undoes the child alone and the parent goes on, as an
+    exception in the block would (and as ``with db.transaction() as tx: tx.abort()`` leaves the caller alone); a
+    ``child.commit()`` inside the block is its commit, not one more at the exit.  Before, the exit committed the
+    aborted child again, whose TransactionAborted aborted the whole top-level transaction."""
+    with db.transaction() as tx:
+        tx.write("items", "keep", value=1)
+        with tx.subtransaction() as child:
+            child.write("items", "drop", value=2)
+            child.abort()
+        with tx.subtransaction() as child:
+            child.write("items", "also", value=3)
+            child.commit()
+        assert tx.read("items", "drop") is None and tx.read("items", "also")["value"] == 3
+    assert set(committed(db, "items")) == {("keep",), ("also",)}
+
+
 def test_reads_see_own_then_ancestor_then_committed(db):
     db.run(lambda tx: tx.write("items", "x", value=1, note="committed"))
     with db.transaction() as tx:
