@@ -50,7 +50,8 @@ def describe_error(error: BaseException) -> str:
 
 @dataclass(eq=False)
 class Work:
-    """A recorded firing ready to run (``attempts``: how often it failed retryably so far)."""
+    """A recorded firing ready to run (``attempts``: how often it failed retryably so far in this process's run of
+    it — not the record's stored ``attempts``, which counts its finishes)."""
 
     record_id: int
     firing: "Firing"

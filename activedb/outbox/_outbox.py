@@ -56,7 +56,7 @@ class FailedFiring:
     event: str                  # the event, described
     trigger: str                # the trigger's transaction id (and its tree's log id, if it committed)
     trigger_outcome: str
-    attempts: int
+    attempts: int               # how often it ended failed (once, and once more for each retry that failed)
     error: str
     failed_at: Any
 
@@ -404,7 +404,7 @@ class Outbox:
                 except Exception as error:     # e.g. an event this version cannot decode: failed, for a person
                     self.fail_alone(Work(row.id, None, row.attempts), error)  # type: ignore[arg-type]  # (none made)
                     continue
-                works.append(Work(row.id, firing, row.attempts))
+                works.append(Work(row.id, firing))    # (its retries start anew: row.attempts counts finishes)
             self._executor.submit(works)
         if works:
             logger.info("outbox: claimed %d pending detached firing(s)", len(works))

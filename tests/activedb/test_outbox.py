@@ -737,3 +737,36 @@ def test_status_says_how_many_failed_firings_it_lists_of_how_many(db, migrated):
     assert result.exit_code == 0, result.output
     text = " ".join(result.output.split())
     assert "the 20 most recent of 21 failed firings" in text and "activedb outbox --limit 0" in text, text
+
+
+def test_a_retried_failed_record_gets_its_retries_of_a_conflict_as_a_new_one(migrated):
+    """A failed record made pending again (``retry_failed``) runs up to ``max_attempts`` times when it fails
+    retryably, as a new firing does: the stored ``attempts`` counts the record's finishes (each failure for good
+    adds one), the runners' count is its retryable failures in this run. The runners started their count at the
+    stored one, so every failure for good so far took one run from the retried record's budget (here, with
+    ``max_attempts=2``, a serialization conflict failed it for good at once)."""
+    database = activedb.connect(migrated, outbox_options={"max_attempts": 2, "recovery_interval": None})
+    try:
+        runs = []
+
+        @database.rule(on=database.signalled("pay"), coupling=Coupling.DETACHED, name="retried_budget")
+        def pay(tx, event):
+            runs.append(1)
+            if len(runs) == 1:
+                raise ZeroDivisionError("the exchange rate is zero")            # for good: failed
+            if len(runs) == 2:
+                raise SerializationConflict("as if another process had changed a row this attempt read")
+            tx.insert("events_seen", rule="retried_budget", detail=str(event.payload["amount"]))
+
+        with database.transaction() as tx:
+            tx.signal("pay", amount=9)
+        database.rules.wait_idle(TIMEOUT)
+        mine = lambda: [failure for failure in database.outbox.failures() if failure.rule == "retried_budget"]
+        [failure] = mine()
+        assert failure.attempts == 1
+        assert database.outbox.retry_failed([failure.id]) == 1
+        wait_until(lambda: ("retried_budget", "9") in seen(database) or mine(), 30, "the retried firing ran or failed")
+        assert mine() == [] and ("retried_budget", "9") in seen(database)
+        assert len(runs) == 3
+    finally:
+        database.close()
