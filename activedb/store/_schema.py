@@ -46,6 +46,12 @@ class TableInfo:
             if not column.nullable and column.server_default is None and column.identity is None
             and column.default is None and name not in self.key_columns
         )
+        # The key columns ``GENERATED ALWAYS AS IDENTITY``: PostgreSQL refuses a value the application gives them
+        # (SQLSTATE 428C9), so a new row takes the key activedb draws from the identity's own sequence
+        # (``tx.insert`` without it), inserted ``OVERRIDING SYSTEM VALUE``; a key given for a new row is refused.
+        self.always_generated = frozenset(
+            name for name in self.key_columns
+            if (identity := self.columns[name].identity) is not None and identity.always)
         # What a new row shows for columns it was not given, before PostgreSQL fills them:
         # the default if it is a constant, else None.
         self.blank_row = {name: _constant_default(column) for name, column in self.columns.items()}

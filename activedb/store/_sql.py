@@ -18,7 +18,7 @@ import psycopg
 from psycopg.rows import TupleRow
 import sqlalchemy as sa
 
-from activedb.errors import DuplicateKey, Failure, InvalidValue, classify
+from activedb.errors import DuplicateKey, Failure, InvalidKey, InvalidValue, classify
 from activedb.store import _prepared as prepared
 from activedb.store._choices import IsolationLevel
 from activedb.store._schema import TableInfo
@@ -302,7 +302,7 @@ def apply_write_set(connection: sa.Connection, infos: Mapping[str, TableInfo],
             if not patch:
                 group = inserts.setdefault((table_name, frozenset(values)), [])
             # The required columns are never key columns: the key is always there.
-            elif infos[table_name].required <= values.keys():
+            elif infos[table_name].required <= values.keys() and not infos[table_name].always_generated:
                 group = upserts.setdefault((table_name, frozenset(values)), [])
             else:
                 group = partial.setdefault(table_name, [])
@@ -331,6 +331,13 @@ def apply_write_set(connection: sa.Connection, infos: Mapping[str, TableInfo],
         for key, values in items:
             if key in existing:
                 updates.setdefault((table_name, frozenset(values)), []).append((key, values))
+            elif info.always_generated:
+                raise InvalidKey(
+                    f"write to {table_name!r} creates the new row {key!r}, but {table_name}."
+                    f"{', '.join(sorted(info.always_generated))} is GENERATED ALWAYS AS IDENTITY: PostgreSQL takes no "
+                    f"key the application gives; insert the row with insert() without the key, which draws it "
+                    f"(nothing was written)"
+                )
             else:
                 missing = sorted(info.required - values.keys())
                 raise InvalidValue(
@@ -552,6 +559,9 @@ def _driver_statement(dialect: sa.Dialect, info: TableInfo, kind: str, order: tu
     names = [quote(name) for name in order]
     width = len(info.key_columns)
     keys, values = names[:width], names[width:]
+    # A key GENERATED ALWAYS AS IDENTITY: the keys inserted are the identity's own values, drawn from its sequence
+    # (``TableInfo.always_generated``); a write never upserts such a table (``apply_write_set``).
+    overriding = " OVERRIDING SYSTEM VALUE" if info.always_generated else ""
     if casts is not None:
         aliases = [f"c{index}" for index in range(len(order))]
         literal = literal or (False,) * len(casts)
@@ -564,14 +574,14 @@ def _driver_statement(dialect: sa.Dialect, info: TableInfo, kind: str, order: tu
         if kind == "update":
             assignments = ", ".join(f"{name} = v.{alias}" for name, alias in zip(values, aliases[width:]))
             return f"UPDATE {table} SET {assignments} FROM {source} WHERE {match}"
-        head = f"INSERT INTO {table} ({', '.join(names)}) SELECT * FROM {source}"
+        head = f"INSERT INTO {table} ({', '.join(names)}){overriding} SELECT * FROM {source}"
     else:
         match = " AND ".join(f"{key} = %s" for key in keys)
         if kind == "delete":
             return f"DELETE FROM {table} WHERE {match}"
         if kind == "update":
             return f"UPDATE {table} SET {', '.join(f'{name} = %s' for name in values)} WHERE {match}"
-        head = f"INSERT INTO {table} ({', '.join(names)}) VALUES ({', '.join(['%s'] * len(names))})"
+        head = f"INSERT INTO {table} ({', '.join(names)}){overriding} VALUES ({', '.join(['%s'] * len(names))})"
     if kind == "insert":
         return head
     if values:

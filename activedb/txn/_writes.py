@@ -46,11 +46,14 @@ class Writes:
 
     def insert(self: Transaction, table: TableRef, /, **values: object) -> Hashable:  # type: ignore[misc]
         """Insert a new row; returns its key.  A table whose key the database generates
-        (identity/serial) may omit it: the next sequence value is taken.  (``table`` is positional: a column named
-        ``table`` is a value.)"""
+        (identity/serial) may omit it: the next sequence value is taken.  A key ``GENERATED ALWAYS AS IDENTITY``
+        must be omitted (PostgreSQL takes no key the application gives such a column: ``InvalidKey``).
+        (``table`` is positional: a column named ``table`` is a value.)"""
         self._check_active("insert")
         info = self.manager.catalog.table_info(table)
         values = info.check_values(values, copy=False)     # (its keyword arguments: a dict of its own)
+        if info.always_generated:
+            _refuse_always_generated(info, values)
         generated = any(values.get(name) is None for name in info.key_columns)
         if generated:
             values = {**values, **_generated_key(self, info)}
@@ -244,3 +247,15 @@ def _generated_key(node: "Transaction", info: TableInfo) -> dict[str, object]:
             f"(it has no identity or serial default)"
         )
     return {column: catalog.next_generated_key(sequence, node.root.began_at)}
+
+
+def _refuse_always_generated(info: TableInfo, values: Mapping[str, object]) -> None:
+    """Refuse a value given for a key column ``GENERATED ALWAYS AS IDENTITY`` of a new row (PostgreSQL would refuse
+    it at the commit, SQLSTATE 428C9)."""
+    for name in info.always_generated:
+        if values.get(name) is not None:
+            raise InvalidKey(
+                f"insert into {info.name!r}: {info.name}.{name} is GENERATED ALWAYS AS IDENTITY, and PostgreSQL takes "
+                f"no value the application gives it (got {values[name]!r}); omit {name!r}: insert() draws the key "
+                f"from the identity and returns it"
+            )

@@ -824,6 +824,35 @@ def test_a_mixed_case_table_generates_its_key(db):
     assert [row["Label"] for row in committed(db, '"Tallies"').values()] == ["one", "two"]
 
 
+def test_a_key_generated_always_is_drawn_by_insert_and_refused_when_given(db):
+    """A key ``GENERATED ALWAYS AS IDENTITY`` (``tickets``): ``insert`` without the key draws it from the identity's
+    sequence and PostgreSQL takes it (the statement says ``OVERRIDING SYSTEM VALUE``: the value is the identity's
+    own); a key the application gives is refused at the call with ``InvalidKey`` saying to omit it, and a ``write``
+    that would create a row by a key of its own is refused with nothing written, while one of an existing row
+    updates it.  Before, every insert failed at the commit with a bare ``DatabaseError`` (SQLSTATE 428C9, "cannot
+    insert a non-DEFAULT value into column"), naming no table of activedb's and saying nothing to do."""
+    _empty(db, "tickets")
+    with db.transaction() as tx:
+        first = tx.insert("tickets", title="one")
+        second = tx.insert("tickets", title="two", note="b")
+        assert tx.read("tickets", second) == {"id": second, "title": "two", "note": "b"}
+    assert isinstance(first, int) and second > first
+    assert committed(db, "tickets") == {(first,): {"id": first, "title": "one", "note": None},
+                                        (second,): {"id": second, "title": "two", "note": "b"}}
+    with db.transaction() as tx:
+        with pytest.raises(activedb.InvalidKey, match=r"tickets\.id is GENERATED ALWAYS AS IDENTITY.*omit"):
+            tx.insert("tickets", id=second + 100, title="mine")
+        tx.write("tickets", first, title="uno", note="a")        # every NOT NULL column: no upsert of the key
+        tx.write("tickets", second, note="bb")
+    assert committed(db, "tickets") == {(first,): {"id": first, "title": "uno", "note": "a"},
+                                        (second,): {"id": second, "title": "two", "note": "bb"}}
+    with pytest.raises(activedb.InvalidKey, match=r"tickets\.id is GENERATED ALWAYS AS IDENTITY.*insert"):
+        with db.transaction() as tx:
+            tx.write("tickets", first, note="kept?")
+            tx.write("tickets", second + 100, title="mine")
+    assert committed(db, "tickets")[(first,)]["note"] == "a", "nothing of the refused commit was written"
+
+
 def test_percent_signs_in_table_and_column_names_are_sent_once(db):
     """``%`` in a table's or a column's name: the driver SQL activedb builds names them as PostgreSQL has them
     (before, each was doubled twice — by SQLAlchemy's quoting for the ``%s`` parameter style, and again by hand —
