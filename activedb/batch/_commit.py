@@ -25,6 +25,8 @@ from psycopg.adapt import Dumper
 from psycopg.pq import Format
 from psycopg.rows import TupleRow
 from sqlalchemy.dialects import postgresql
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.compiler import SQLCompiler
 
 from activedb import lowlevel
 from activedb import deadletters
@@ -474,9 +476,10 @@ def _one_update(info: TableInfo, updates: Mapping[tuple[str, ...], list[tuple[Ro
     return merged
 
 
-def _new_rows(catalog: Catalog, inserted: Mapping[str, list[RowImage]]) -> list[_Statement]:
+def _new_rows(catalog: Catalog, inserted: Mapping[str, list[RowImage]], drawn: bool = False) -> list[_Statement]:
     """The new rows of the batch's INSERT operations, one statement per table and set of columns (columns left
-    out take their defaults: a generated key is drawn by PostgreSQL)."""
+    out take their defaults: a generated key is drawn by PostgreSQL).  ``drawn``: every key given was drawn from its
+    table's sequence (:func:`_insert_drawn`)."""
     statements: list[_Statement] = []
     for table in sorted(inserted):
         info = catalog.table_info(table)
@@ -487,16 +490,17 @@ def _new_rows(catalog: Catalog, inserted: Mapping[str, list[RowImage]]) -> list[
             names = sorted(columns)
             check_required(info, columns, f"a row inserted into {table!r}")
             _check_columns(info, names, rows)
-            statements.append((_insert, info, names, rows))
+            statements.append((_insert_drawn if drawn else _insert, info, names, rows))
     return statements
 
 
 def insert_rows(connection: sa.Connection, catalog: Catalog, inserted: Mapping[str, list[RowImage]],
                 check: KeysCheck | None = None, *, savepoint: str | None = None) -> int:
     """Insert ``inserted`` (table -> new rows, in one pipeline, set-at-a-time as the batch's own new rows); the number
-    of rows.  Raises ``SchemaError`` for a row the table cannot hold (before anything is sent), the driver's error as
-    SQLAlchemy's.  ``check`` and ``savepoint``: as :func:`_send` takes them."""
-    return _send(connection, _new_rows(catalog, inserted), check, savepoint=savepoint)
+    of rows; their keys, where given, drawn from the tables' sequences as ``tx.insert`` draws them.  Raises
+    ``SchemaError`` for a row the table cannot hold (before anything is sent), the driver's error as SQLAlchemy's.
+    ``check`` and ``savepoint``: as :func:`_send` takes them."""
+    return _send(connection, _new_rows(catalog, inserted, drawn=True), check, savepoint=savepoint)
 
 
 def _check_columns(info: TableInfo, names: list[str], rows: list[RowImage]) -> None:
@@ -628,16 +632,41 @@ def _update(connection: sa.Connection, info: TableInfo, columns: list[str], rows
         _run(connection, statement, parameters, shape=("update", info.table, tuple(names)))
 
 
-def _insert(connection: sa.Connection, info: TableInfo, columns: list[str], rows: list[RowImage]) -> None:
+def _insert(connection: sa.Connection, info: TableInfo, columns: list[str], rows: list[RowImage], *,
+            overriding: bool = False) -> None:
     parameters = _arrays(info, columns, rows)
+    insert = _InsertOverriding if overriding else sa.Insert
     if parameters is None:
-        connection.execute(info.table.insert(), rows)
+        connection.execute(insert(info.table), rows)
     else:
         def statement() -> sa.Insert:
             derived = _unnest(info, columns)
-            return sa.insert(info.table).from_select(columns, sa.select(*[derived.c[name] for name in columns]))
+            return insert(info.table).from_select(columns, sa.select(*[derived.c[name] for name in columns]))
 
-        _run(connection, statement, parameters, shape=("insert", info.table, tuple(columns)))
+        _run(connection, statement, parameters, shape=("insert", info.table, tuple(columns), overriding))
+
+
+class _InsertOverriding(sa.Insert):
+    """An INSERT that says ``OVERRIDING SYSTEM VALUE`` after its column list (SQLAlchemy has no option for it)."""
+
+    inherit_cache = True
+
+
+@compiles(_InsertOverriding)
+def _compile_overriding(element: _InsertOverriding, compiler: SQLCompiler, **kw: object) -> str:
+    sql: str = compiler.visit_insert(element, **kw)  # type: ignore[no-untyped-call]  # (SQLAlchemy's, untyped)
+    for after in (") SELECT ", ") VALUES ("):
+        head, found, rest = sql.partition(after)
+        if found:
+            return f"{head}) OVERRIDING SYSTEM VALUE {after[2:]}{rest}"
+    raise AssertionError(f"an INSERT without SELECT or VALUES: {sql}")
+
+
+def _insert_drawn(connection: sa.Connection, info: TableInfo, columns: list[str], rows: list[RowImage]) -> None:
+    """``_insert`` of rows whose keys, where given, were drawn from the table's sequence (``tx.insert``'s way:
+    :func:`insert_rows`): a key ``GENERATED ALWAYS AS IDENTITY`` among them is the identity's own value,
+    inserted ``OVERRIDING SYSTEM VALUE`` (PostgreSQL refuses it otherwise, SQLSTATE 428C9)."""
+    _insert(connection, info, columns, rows, overriding=not info.always_generated.isdisjoint(columns))
 
 
 # --- applying ------------------------------------------------------------------------------

@@ -184,6 +184,35 @@ def test_firings_whose_transaction_is_compensated_or_whose_table_keeps_before_im
     assert len(found["tables"]["notifications"]) == 3 and len(found["tables"]["compensations"]) == 3
 
 
+def ticket(tx, event):
+    tx.insert("tickets", title=f"seen {event.key} in {event.payload['room']}")
+
+
+def test_firings_inserting_into_a_table_whose_key_is_generated_always_run_in_the_commit(make_database_url):
+    """A detached firing run in its batch's commit inserts its rows with the keys drawn for them from the table's
+    sequence: into a table whose key is ``GENERATED ALWAYS AS IDENTITY`` (``tickets``, tests/app_migrations t0009) the
+    statement says ``OVERRIDING SYSTEM VALUE``, the keys being the identity's own.  Before, PostgreSQL refused every
+    such statement (SQLSTATE 428C9) and every firing on such a table went through the outbox, each in a transaction
+    of its own, batch after batch."""
+    from tests.conftest import APP_MIGRATIONS
+
+    database = activedb.connect(make_database_url("in_commit_always"))
+    try:
+        declare(database, (ticket, Coupling.DETACHED))
+        database.upgrade_app(APP_MIGRATIONS)
+        assert why_not_in_commit(database, "ticket") is None
+        handler = RulesHandler()
+        [outcome] = feed(database, [rows("r1", "r2", "r3")], source="tickets", mapping=MAPPING, handler=handler)
+        database.rules.wait_idle(WAIT)
+        assert handler.last_lowered is not None and outcome.committed
+        with database.engine.connect() as connection:
+            titles = connection.execute(sa.text("SELECT title FROM tickets ORDER BY id")).scalars().all()
+        assert titles == ["seen w0 in r1", "seen w1 in r2", "seen w2 in r3"]
+        assert [rule for rule, _, _ in state(database)["outbox"] if rule == "ticket"] == [], "run in the commit"
+    finally:
+        database.close()
+
+
 def hygiene_state(database) -> dict[str, list[str]]:
     """Every application table's rows without their generated ids (a killed process's key blocks are gaps), the
     incident reports' alert ids left out for the same reason; and the outbox's records."""
