@@ -201,8 +201,11 @@ class TableInfo:
                 f"table {self.name!r} has no column {name!r}; its columns are {', '.join(self.columns)}"
             )
         if value is None:
-            if not column.nullable and column.server_default is None:
-                raise InvalidValue(f"column {self.name}.{name} is NOT NULL; got None")
+            # None is SQL NULL, never the default: PostgreSQL refuses it for a NOT NULL column with a default too.
+            # (A key column with a default — serial — may be None in ``tx.insert``: the key is then drawn.)
+            if not column.nullable and (column.server_default is None or name not in self.key_columns):
+                raise InvalidValue(f"column {self.name}.{name} is NOT NULL; got None" + (
+                    "; omit the column to take its default" if column.server_default is not None else ""))
             return
         expected = self._python_types[name]
         if expected is None:

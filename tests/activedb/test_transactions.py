@@ -380,6 +380,24 @@ def test_wrong_type(db):
             tx.write("accounts", 1, balance=True)
 
 
+def test_none_for_a_not_null_column_with_a_default_is_refused_at_the_write(db):
+    """``None`` is SQL NULL, never "the default": PostgreSQL refuses it for a NOT NULL column whether or not the column
+    has a default (``accounts.balance``: NOT NULL DEFAULT 0), so the write refuses it with ``InvalidValue`` naming the
+    column and saying to omit it for the default.  Before, the check let ``None`` through for a column with a server
+    default and the commit failed (SQLSTATE 23502, a ``DatabaseError``), the transaction's other work lost with it."""
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("DELETE FROM accounts"))
+    db.run(lambda tx: tx.write("accounts", 1, balance=5))
+    with db.transaction() as tx:
+        with pytest.raises(activedb.InvalidValue, match=r"accounts\.balance is NOT NULL; got None.*omit"):
+            tx.write("accounts", 1, balance=None)
+        with pytest.raises(activedb.InvalidValue, match=r"accounts\.balance is NOT NULL; got None"):
+            tx.write("accounts", 2, balance=None)
+        tx.write("accounts", 2, owner="ann")                   # omitted: the default
+    assert committed(db, "accounts") == {(1,): {"id": 1, "owner": None, "balance": 5},
+                                         (2,): {"id": 2, "owner": "ann", "balance": 0}}
+
+
 def test_wrong_key_arity(db):
     with db.transaction() as tx:
         with pytest.raises(activedb.InvalidKey, match=r"primary key \(a, b\)"):
