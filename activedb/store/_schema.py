@@ -59,13 +59,21 @@ class TableInfo:
         self._checks = {name: _extra_check(column) for name, column in self.columns.items()}
         # Per column, a test that accepts the common valid values at once (None: none): what
         # ``check_value`` would accept, for exact built-in types only; anything else takes the full check.
-        self._quick = {name: _quick_check(column) for name, column in self.columns.items()}
+        # Columns PostgreSQL fills itself and takes no value for (SQLSTATE 428C9): stored generated columns and, but for
+        # a key's (``always_generated``), identities GENERATED ALWAYS.  No quick test: ``check_value`` refuses them.
+        self._computed = frozenset(
+            name for name, column in self.columns.items()
+            if column.computed is not None or (column.identity is not None and column.identity.always
+                                               and name not in self.key_columns))
+        self._quick = {name: None if name in self._computed else _quick_check(column)
+                       for name, column in self.columns.items()}
         # The columns whose test is ``_quick_text`` / ``_quick_number``: ``key`` and ``check_values`` run it inline.
         self._text = frozenset(name for name, quick in self._quick.items() if quick is _quick_text)
         self._numbers = frozenset(name for name, quick in self._quick.items() if quick is _quick_number)
         # Per column, a test of a whole column of values at once, or None: ``check_column``'s way without a Python
         # call per value.
-        self._quick_columns = {name: _quick_column_check(column) for name, column in self.columns.items()}
+        self._quick_columns = {name: None if name in self._computed else _quick_column_check(column)
+                               for name, column in self.columns.items()}
         # Per column, the conversion of an accepted value into the one PostgreSQL gives back, where the two can
         # differ in Python (a uuid given as text): a key must equal the key of the row read back, or a read misses
         # the row and two entries of one write set name it.
@@ -200,6 +208,9 @@ class TableInfo:
             raise UnknownColumn(
                 f"table {self.name!r} has no column {name!r}; its columns are {', '.join(self.columns)}"
             )
+        if name in self._computed:
+            raise InvalidValue(f"column {self.name}.{name} is a generated column, which PostgreSQL computes and "
+                               f"takes no value for; omit it (got {value!r})")
         if value is None:
             # None is SQL NULL, never the default: PostgreSQL refuses it for a NOT NULL column with a default too.
             # (A key column with a default — serial — may be None in ``tx.insert``: the key is then drawn.)

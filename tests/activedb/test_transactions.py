@@ -871,6 +871,29 @@ def test_a_key_generated_always_is_drawn_by_insert_and_refused_when_given(db):
     assert committed(db, "tickets")[(first,)]["note"] == "a", "nothing of the refused commit was written"
 
 
+def test_a_generated_column_is_refused_at_the_write_and_computed_by_postgresql(db):
+    """A stored generated column (``line_items.total``, ``GENERATED ALWAYS AS (quantity * price) STORED``) takes no
+    value: ``write`` and ``insert`` naming it raise ``InvalidValue`` at the call, saying PostgreSQL computes it and to
+    omit it; written without it, the row holds what PostgreSQL computed.  Before, the write was accepted and the commit
+    failed with a bare ``DatabaseError`` (SQLSTATE 428C9), the transaction's other work lost with it."""
+    import decimal
+
+    _empty(db, "line_items")
+    with db.transaction() as tx:
+        with pytest.raises(activedb.InvalidValue, match=r"line_items\.total is a generated column.*omit"):
+            tx.write("line_items", 1, quantity=2, price=decimal.Decimal("3.50"), total=decimal.Decimal("7.00"))
+        with pytest.raises(activedb.InvalidValue, match=r"line_items\.total is a generated column.*omit"):
+            tx.insert("line_items", id=2, quantity=1, price=1.5, total=1.5)
+        tx.write("line_items", 1, quantity=2, price=decimal.Decimal("3.50"))
+    assert committed(db, "line_items") == {(1,): {"id": 1, "quantity": 2, "price": decimal.Decimal("3.50"),
+                                                  "total": decimal.Decimal("7.00")}}
+    with db.transaction() as tx:
+        with pytest.raises(activedb.InvalidValue, match=r"line_items\.total is a generated column"):
+            tx.write("line_items", 1, total=decimal.Decimal("1.00"))
+        tx.write("line_items", 1, quantity=3)
+    assert committed(db, "line_items")[(1,)]["total"] == decimal.Decimal("10.50")
+
+
 def test_percent_signs_in_table_and_column_names_are_sent_once(db):
     """``%`` in a table's or a column's name: the driver SQL activedb builds names them as PostgreSQL has them
     (before, each was doubled twice — by SQLAlchemy's quoting for the ``%s`` parameter style, and again by hand —
