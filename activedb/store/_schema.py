@@ -414,6 +414,8 @@ def _extra_check(column: sa.Column[Any]) -> Callable[[Any], str | None] | None:
     """A check beyond the Python type for values of ``column``: returns a function
     ``value -> problem or None``, or None when the type check is enough."""
     column_type = column.type
+    if isinstance(column_type, sa.Enum) and column_type.enums:
+        return partial(_enum_problem, tuple(column_type.enums))
     if isinstance(column_type, (sa.String, sa.Text, sa.Enum)):
         return text_problem
     if isinstance(column_type, sa.Integer):
@@ -431,6 +433,12 @@ def _extra_check(column: sa.Column[Any]) -> Callable[[Any], str | None] | None:
     if isinstance(column_type, sa.Date):
         return _date_problem
     return None
+
+
+def _enum_problem(labels: tuple[str, ...], value: object) -> str | None:
+    """Why an enum of ``labels`` cannot take ``value`` (a ``str``), or None: PostgreSQL takes its labels only, as
+    written."""
+    return None if value in labels else f"{value!r} is not one of its labels ({', '.join(labels)})"
 
 
 def _date_problem(value: object) -> str | None:
@@ -524,6 +532,9 @@ def _quick_check(column: sa.Column[Any]) -> Callable[[Any], bool] | None:
                 low = -bound
                 return lambda value: value.__class__ is int and low <= value < bound
         return None
+    if isinstance(column_type, sa.Enum) and column_type.enums:
+        labels = frozenset(column_type.enums)
+        return lambda value: value.__class__ is str and value in labels
     if isinstance(column_type, (sa.String, sa.Text, sa.Enum)):
         return _quick_text
     if isinstance(column_type, (sa.Float, sa.Numeric)):
@@ -559,6 +570,8 @@ def _quick_column_check(column: sa.Column[object]) -> Callable[[list[object]], b
     values (float columns: exact ``float`` and ``int``; text columns: exact ``str``, ASCII, no NUL), with no Python
     call per value; or None (the other types: a test per value)."""
     column_type = column.type
+    if isinstance(column_type, sa.Enum) and column_type.enums:
+        return None             # (a test per value: ``_quick_check``'s of the labels)
     if isinstance(column_type, (sa.String, sa.Text, sa.Enum)):
         return _plain_texts
     if isinstance(column_type, (sa.Float, sa.Numeric)):

@@ -894,6 +894,21 @@ def test_a_generated_column_is_refused_at_the_write_and_computed_by_postgresql(d
     assert committed(db, "line_items")[(1,)]["total"] == decimal.Decimal("10.50")
 
 
+def test_a_value_an_enum_does_not_list_is_refused_at_the_write(db):
+    """An enum column (``moods.mood``: 'happy', 'sad') takes its labels only: another text is refused at the write with
+    ``InvalidValue`` naming the labels, one row or many.  Before, it was taken for any text and the commit failed
+    with a ``DatabaseError`` (SQLSTATE 22P02), the transaction's other work lost with it."""
+    _empty(db, "moods")
+    with db.transaction() as tx:
+        with pytest.raises(activedb.InvalidValue, match=r"moods\.mood.*'angry'.*happy, sad"):
+            tx.write("moods", 1, mood="angry")
+        with pytest.raises(activedb.InvalidValue, match=r"moods\.mood.*'Happy'.*happy, sad"):
+            tx.write_many("moods", {2: {"mood": "sad"}, 3: {"mood": "Happy"}})
+        tx.write("moods", 1, mood="happy")
+        tx.write("moods", 2, mood=None)
+    assert committed(db, "moods") == {(1,): {"id": 1, "mood": "happy"}, (2,): {"id": 2, "mood": None}}
+
+
 def test_percent_signs_in_table_and_column_names_are_sent_once(db):
     """``%`` in a table's or a column's name: the driver SQL activedb builds names them as PostgreSQL has them
     (before, each was doubled twice — by SQLAlchemy's quoting for the ``%s`` parameter style, and again by hand —
