@@ -476,10 +476,10 @@ def _one_update(info: TableInfo, updates: Mapping[tuple[str, ...], list[tuple[Ro
     return merged
 
 
-def _new_rows(catalog: Catalog, inserted: Mapping[str, list[RowImage]], drawn: bool = False) -> list[_Statement]:
+def _new_rows(catalog: Catalog, inserted: Mapping[str, list[RowImage]]) -> list[_Statement]:
     """The new rows of the batch's INSERT operations, one statement per table and set of columns (columns left
-    out take their defaults: a generated key is drawn by PostgreSQL).  ``drawn``: every key given was drawn from its
-    table's sequence (:func:`_insert_drawn`)."""
+    out take their defaults: a generated key is drawn by PostgreSQL; a key given was drawn from the table's sequence,
+    a keyed table's: :func:`_insert_drawn`)."""
     statements: list[_Statement] = []
     for table in sorted(inserted):
         info = catalog.table_info(table)
@@ -490,7 +490,7 @@ def _new_rows(catalog: Catalog, inserted: Mapping[str, list[RowImage]], drawn: b
             names = sorted(columns)
             check_required(info, columns, f"a row inserted into {table!r}")
             _check_columns(info, names, rows)
-            statements.append((_insert_drawn if drawn else _insert, info, names, rows))
+            statements.append((_insert_drawn, info, names, rows))
     return statements
 
 
@@ -500,7 +500,7 @@ def insert_rows(connection: sa.Connection, catalog: Catalog, inserted: Mapping[s
     of rows; their keys, where given, drawn from the tables' sequences as ``tx.insert`` draws them.  Raises
     ``SchemaError`` for a row the table cannot hold (before anything is sent), the driver's error as SQLAlchemy's.
     ``check`` and ``savepoint``: as :func:`_send` takes them."""
-    return _send(connection, _new_rows(catalog, inserted, drawn=True), check, savepoint=savepoint)
+    return _send(connection, _new_rows(catalog, inserted), check, savepoint=savepoint)
 
 
 def _check_columns(info: TableInfo, names: list[str], rows: list[RowImage]) -> None:
@@ -664,7 +664,7 @@ def _compile_overriding(element: _InsertOverriding, compiler: SQLCompiler, **kw:
 
 def _insert_drawn(connection: sa.Connection, info: TableInfo, columns: list[str], rows: list[RowImage]) -> None:
     """``_insert`` of rows whose keys, where given, were drawn from the table's sequence (``tx.insert``'s way:
-    :func:`insert_rows`): a key ``GENERATED ALWAYS AS IDENTITY`` among them is the identity's own value,
+    :func:`_new_rows`): a key ``GENERATED ALWAYS AS IDENTITY`` among them is the identity's own value,
     inserted ``OVERRIDING SYSTEM VALUE`` (PostgreSQL refuses it otherwise, SQLSTATE 428C9)."""
     _insert(connection, info, columns, rows, overriding=not info.always_generated.isdisjoint(columns))
 

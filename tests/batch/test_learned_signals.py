@@ -203,3 +203,40 @@ def test_after_the_tables_are_reset_a_lowered_batch_draws_its_keys_afresh(databa
             "SELECT message FROM notifications WHERE channel = 'infection_control'")).scalars().all()
     assert ids == list(range(1, len(ids) + 1)) and ids, ids
     assert sorted(int(report.rsplit("(alert ", 1)[1].rstrip(")")) for report in reports) == ids
+
+
+def touch_and_ticket(tx, event):
+    tx.write(WORKERS, event.key, status=SAFE, changes=0)
+    tx.insert("tickets", title=f"seen {event.key}")
+
+
+def heard_ticket(tx, event):
+    tx.insert("notifications", worker=event.new["title"], channel="badge", at=0.0, message=f"ticket {event.new['id']}")
+
+
+def test_a_lowered_batch_inserts_rows_with_drawn_keys_into_a_table_whose_key_is_generated_always(make_database_url):
+    """A rule inserting into a table whose key is ``GENERATED ALWAYS AS IDENTITY`` (``tickets``, tests/app_migrations
+    t0009), whose inserted rows a detached rule hears: the lowered batch draws each row's key from the identity's
+    sequence (the table is keyed) and inserts it ``OVERRIDING SYSTEM VALUE``.  Before, PostgreSQL refused the batch's
+    statement (SQLSTATE 428C9) and ``feed`` raised ``DatabaseError`` for every such batch: the stream stopped."""
+    from tests.conftest import APP_MIGRATIONS
+
+    database = activedb.connect(make_database_url("keyed_always"))
+    try:
+        database.upgrade_app(MIGRATIONS)
+        database.upgrade_app(APP_MIGRATIONS)
+        database.rule(on=database.stream("ping"), name="touch_and_ticket")(touch_and_ticket)
+        database.rule(on=database.inserted("tickets"), coupling=Coupling.DETACHED, name="heard_ticket")(heard_ticket)
+        assert batch.why_not_lowered(database, "ping") is None
+        handler = RulesHandler()
+        rows = [{"type": "ping", "worker": f"w{number}", "ts": float(number), "room": "r"} for number in range(3)]
+        [outcome] = feed(database, [rows], source="tickets", mapping=MAPPING, handler=handler)
+        assert handler.last_lowered is not None and outcome.committed and outcome.events == 3
+        database.rules.wait_idle(WAIT)
+        with database.engine.connect() as connection:
+            tickets = connection.execute(sa.text("SELECT id, title FROM tickets ORDER BY id")).all()
+            heard = connection.execute(sa.text("SELECT worker, message FROM notifications ORDER BY 1")).all()
+        assert [title for _, title in tickets] == ["seen w0", "seen w1", "seen w2"]
+        assert heard == [(title, f"ticket {key}") for key, title in tickets]
+    finally:
+        database.close()
