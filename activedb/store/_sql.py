@@ -442,7 +442,10 @@ def _raise_insert_error(table_name: str, error: sa.exc.IntegrityError) -> None:
     if getattr(error.orig, "sqlstate", None) == "23505":
         raise DuplicateKey(
             f"insert into {table_name!r}: a row with the same primary key exists in the database "
-            f"({str(error.orig).splitlines()[-1].strip()}); use write() to upsert", table=table_name
+            f"({str(error.orig).splitlines()[-1].strip()}); use write() to upsert a row whose key you give — a key "
+            f"insert() drew from the table's sequence means the sequence is behind the table's keys (rows inserted "
+            f"with keys of their own): set it past them, e.g. SELECT setval(pg_get_serial_sequence('<table>', "
+            f"'<key column>'), max(<key column>)) FROM <table>", table=table_name
         ) from None
     if getattr(error.orig, "sqlstate", None) == "23502":
         raise InvalidValue(

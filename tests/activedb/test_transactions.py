@@ -909,6 +909,28 @@ def test_a_value_an_enum_does_not_list_is_refused_at_the_write(db):
     assert committed(db, "moods") == {(1,): {"id": 1, "mood": "happy"}, (2,): {"id": 2, "mood": None}}
 
 
+def test_a_generated_key_taken_already_says_to_set_the_sequence_past_the_tables_keys(db):
+    """Rows inserted with keys of their own (here by SQL) past the table's sequence: ``insert`` without the key draws
+    a key a row has already, and the commit's ``DuplicateKey`` says the sequence is behind the table's keys and how to
+    set it past them — the next insert, once it is, draws a free key.  Before, the message said only "use write() to
+    upsert", which a caller who gave no key cannot do."""
+    _empty(db, "Tallies")
+    with db.transaction() as tx:
+        first = tx.insert("Tallies", Label="one")
+    with db.engine.begin() as connection:
+        connection.execute(sa.text('INSERT INTO "Tallies" ("Id", "Label") SELECT g, \'loaded\' '
+                                   'FROM generate_series(CAST(:low AS bigint), CAST(:high AS bigint)) AS g'),
+                           {"low": first + 1, "high": first + 5000})
+    with pytest.raises(activedb.DuplicateKey, match=r"behind the table's keys.*setval"):
+        with db.transaction() as tx:
+            tx.insert("Tallies", Label="two")
+    with db.engine.begin() as connection:
+        connection.execute(sa.text('SELECT setval(pg_get_serial_sequence(\'"Tallies"\', \'Id\'), max("Id")) '
+                                   'FROM "Tallies"'))
+    with db.transaction() as tx:
+        assert tx.insert("Tallies", Label="two") > first + 5000
+
+
 def test_percent_signs_in_table_and_column_names_are_sent_once(db):
     """``%`` in a table's or a column's name: the driver SQL activedb builds names them as PostgreSQL has them
     (before, each was doubled twice — by SQLAlchemy's quoting for the ``%s`` parameter style, and again by hand —
