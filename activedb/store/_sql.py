@@ -330,7 +330,8 @@ def apply_write_set(connection: sa.Connection, infos: Mapping[str, TableInfo],
         existing = fetch_rows(connection, info, [key for key, _ in items], lock="update")
         for key, values in items:
             if key in existing:
-                updates.setdefault((table_name, frozenset(values)), []).append((key, values))
+                if values:      # (a write of no columns to an existing row changes nothing)
+                    updates.setdefault((table_name, frozenset(values)), []).append((key, values))
             elif info.always_generated:
                 raise InvalidKey(
                     f"write to {table_name!r} creates the new row {key!r}, but {table_name}."

@@ -952,6 +952,26 @@ def test_percent_signs_in_table_and_column_names_are_sent_once(db):
                                          (3,): {"id": 3, "50% off": 30, "note": None}}
 
 
+def test_a_write_of_no_columns_to_an_existing_row_changes_nothing(db):
+    """``write(table, key)`` with no values upserts nothing into an existing row, also where the table has NOT NULL
+    columns without a default (``rate%``: ``50% off``) or a key generated always (``tickets``), whose writes are
+    updates of the rows found; a new row still needs its NOT NULL columns.  Before, the update of no columns was sent
+    as ``UPDATE … SET WHERE …`` and the commit failed with a ``DatabaseError`` (SQLSTATE 42601, a syntax error)."""
+    _empty(db, "rate%", "tickets")
+    with db.transaction() as tx:
+        tx.write("rate%", 1, **{"50% off": 10})
+        ticket = tx.insert("tickets", title="one")
+    with db.transaction() as tx:
+        tx.write("rate%", 1)
+        tx.write_many("rate%", {1: {}})
+        tx.write("tickets", ticket)
+    assert committed(db, '"rate%"') == {(1,): {"id": 1, "50% off": 10, "note": None}}
+    assert committed(db, "tickets") == {(ticket,): {"id": ticket, "title": "one", "note": None}}
+    with pytest.raises(activedb.InvalidValue, match="without the NOT NULL column"):
+        with db.transaction() as tx:
+            tx.write("rate%", 2)
+
+
 def test_a_uuid_given_as_text_names_the_same_row_as_the_uuid(db):
     """A uuid column takes a ``uuid.UUID`` or its text (as SQLAlchemy and psycopg do), and PostgreSQL gives back a
     ``UUID``: a key given as text is the same row as the ``UUID`` — read back, read after a write in the same
