@@ -131,6 +131,9 @@ def may_run_after(coupling: Coupling | str, trigger_committed: bool) -> bool:
         answer = None
     if answer is not None:
         return answer
+    if not isinstance(trigger_committed, bool):
+        raise InvalidArgument(f"trigger_committed must be True or False (the trigger's outcome), not "
+                              f"{trigger_committed!r}")
     return _may_run_after(Coupling.parse(coupling), trigger_committed)
 
 

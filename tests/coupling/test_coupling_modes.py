@@ -175,3 +175,12 @@ def test_may_run_after_answers_from_its_table_what_the_dependencies_say(mode, co
 def test_may_run_after_refuses_what_is_no_mode_as_before(bad):
     with pytest.raises(UnknownCoupling):
         may_run_after(bad, True)
+
+
+@pytest.mark.parametrize("outcome", ["no", None, "False"])
+@pytest.mark.parametrize("mode", DETACHED_FAMILY)
+def test_may_run_after_refuses_an_outcome_that_is_no_bool(mode, outcome):
+    """``trigger_committed`` is a bool: a string such as ``"no"`` was read by its truth value and returned
+    as the answer itself (``"no"``, truthy), so a dependent whose trigger aborted looked allowed to run."""
+    with pytest.raises(coupling.errors.InvalidArgument, match="trigger_committed"):
+        may_run_after(mode, outcome)
