@@ -103,7 +103,11 @@ class ManualClock:
         self._mutex = threading.Lock()
         self._start = start
         self._now = start
-        self._wall = wall.astimezone(_UTC)
+        try:
+            self._wall = wall.astimezone(_UTC)
+        except OverflowError:
+            raise BadArgument(f"ManualClock(wall={wall.isoformat()}) is past the end of the calendar (year 9999) in "
+                              "UTC; give an earlier wall") from None
         self._sleepers: list[_Sleeper] = []
 
     def now(self) -> float:

@@ -110,3 +110,11 @@ def seen(database: activedb.Database) -> list[tuple]:
     with database.engine.connect() as connection:
         return sorted(tuple(row) for row in connection.execute(
             sa.text("SELECT rule, detail FROM events_seen WHERE rule = 'clock_ledger'")))
+
+
+def test_a_wall_whose_utc_reading_is_past_the_calendars_end_is_a_bad_argument():
+    """ManualClock(wall=9999-12-31 23:00 at UTC-5) is 10000-01-01 04:00 UTC: ``astimezone`` failed with a bare
+    OverflowError ('date value out of range'), no ActivedbError saying what to give."""
+    wall = dt.datetime(9999, 12, 31, 23, tzinfo=dt.timezone(dt.timedelta(hours=-5)))
+    with pytest.raises(activedb.BadArgument, match=r"ManualClock\(wall=.*UTC"):
+        ManualClock(wall=wall)
