@@ -240,7 +240,8 @@ class Timestamp:
 
     def __post_init__(self) -> None:
         if not isinstance(self.interval, AccuracyInterval):
-            raise TypeError(f"Timestamp.interval must be an AccuracyInterval, got {self.interval!r}")
+            raise InvalidTime(f"Timestamp.interval must be an AccuracyInterval, got {self.interval!r}; build one "
+                              "with Timestamp.at, Timestamp.between or Timestamp.point")
         if self.producer is not None and (not isinstance(self.producer, str) or not self.producer):
             raise BadArgument(f"Timestamp(producer={self.producer!r}): a producer is a non-empty string")
         if self.clock is not None and not isinstance(self.clock, LocalClock):
@@ -353,7 +354,7 @@ def hull(stamps: Iterable[TimeLike], producer: str | None = None) -> Timestamp:
     earlier than the lowest bound and ended no later than the highest)."""
     given = [as_timestamp(stamp) for stamp in stamps]
     if not given:
-        raise ValueError("the hull of no timestamps is undefined")
+        raise BadArgument("the hull of no timestamps is undefined: give hull() at least one timestamp")
     lower = min(stamp.lower for stamp in given)
     upper = max(stamp.upper for stamp in given)
     reference = max(stamp.reference for stamp in given)

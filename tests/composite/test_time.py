@@ -162,3 +162,12 @@ def test_an_age_given_as_an_int_no_float_holds_is_read_as_any_other(age, expecte
             age_seconds(age, "older_than", activedb.BadArgument)
     else:
         assert age_seconds(age, "older_than", activedb.BadArgument) == expected
+
+
+def test_a_timestamp_of_no_interval_and_the_hull_of_nothing_are_activedb_errors():
+    """``Timestamp(interval=None)`` was a bare TypeError and ``hull([])`` a bare ValueError (no ActivedbError)."""
+    with pytest.raises(activedb.errors.InvalidTime, match=r"Timestamp.interval.*AccuracyInterval"):
+        Timestamp(None)  # type: ignore[arg-type]
+    with pytest.raises(activedb.BadArgument, match="hull.*at least one"):
+        hull([])
+
