@@ -9,7 +9,7 @@ import datetime as dt
 import threading
 from typing import TypeAlias
 
-from activedb.errors import InvalidTime
+from activedb.errors import BadArgument, InvalidTime
 from activedb.events._time import Instant, check_time
 
 #: An event time a punctuation names (an :data:`~activedb.events.Instant`): Spark's watermarks are datetimes, the
@@ -29,6 +29,8 @@ class Punctuations:
 
         Raises :class:`~activedb.errors.InvalidTime` unless ``watermark`` is a finite number of seconds or an aware
         datetime, of the kind of the source's earlier punctuations (a NaN would never be passed)."""
+        if not isinstance(source, str) or not source:
+            raise BadArgument(f"punctuate(source={source!r}): a source is the non-empty name of a stream or query")
         what = f"the watermark of source {source!r}"
         check_time(watermark, what)
         with self._mutex:

@@ -171,3 +171,13 @@ def test_a_timestamp_of_no_interval_and_the_hull_of_nothing_are_activedb_errors(
     with pytest.raises(activedb.BadArgument, match="hull.*at least one"):
         hull([])
 
+
+@pytest.mark.parametrize("source", [None, 5, "", ["a"]], ids=["none", "number", "empty", "list"])
+def test_a_punctuation_of_a_source_that_is_no_name_is_a_bad_argument(source):
+    """``Punctuations.punctuate`` (``db.punctuate``) took any source: None or 5 was recorded under a key no stream's
+    name ever matches (the punctuation lost without a word), a list failed with a bare TypeError."""
+    from activedb.events import Punctuations
+    punctuations = Punctuations()
+    with pytest.raises(activedb.BadArgument, match="source"):
+        punctuations.punctuate(source, 1.0)
+    assert punctuations.watermark("a") is None
