@@ -22,7 +22,7 @@ from activedb.streams import _persist
 from activedb.streams import algebra as ast
 from activedb.streams._batch import AccessPlan, BatchResult, BatchRun, STransaction, prefetch
 from activedb.streams._builders import PatternLike, Returns, RuleAction, query_definition, rule_definition
-from activedb.streams._catalog import StoreCatalog, StreamSchema, TableAliases
+from activedb.streams._catalog import StoreCatalog, StreamSchema, TableAliases, fold
 from activedb.streams._compile import CompiledQuery, CompiledRule
 from activedb.streams._definitions import Definitions
 from activedb.streams._events import DeadLetter, Punctuation, StreamEvent, event_row
@@ -32,7 +32,7 @@ from activedb.streams._metrics import Metrics, StreamStatistics
 from activedb.streams._reorder import ReorderBuffer
 from activedb.streams._scheduler import Scheduler, SchedulerKind, make_scheduler
 from activedb.streams._state import BatchOutcome, Pending, State
-from activedb.streams.errors import StreamError, StreamStateError
+from activedb.streams.errors import StreamError, StreamStateError, UnknownQuery
 
 if TYPE_CHECKING:  # pragma: no cover
     from activedb._handle import DatabaseHandle
@@ -320,9 +320,15 @@ class StreamEngine:
 
     def partitions(self, query: str) -> dict[tuple[Hashable, ...], PartitionState]:
         """The committed matcher states of ``query`` by partition key (for inspection; a durable engine's saved
-        ones too, before its first batch)."""
+        ones too, before its first batch).  ``query`` is found as definitions find it (ignoring case); one neither
+        defined nor in the saved state raises :class:`~activedb.streams.errors.UnknownQuery`."""
         with self._mutex:
-            return {key: state for (name, key), state in self._committed().partitions.items() if name == query}
+            partitions = self._committed().partitions
+            found = fold(query, self.queries) or fold(query, {name for name, _ in partitions})
+            if found is None:
+                raise UnknownQuery(f"engine {self.name}: partitions({query!r}) — no such query (defined: "
+                                   f"{', '.join(self.queries) or 'none'})")
+            return {key: state for (name, key), state in partitions.items() if name == found}
 
     def statistics(self) -> StreamStatistics:
         """The engine's figures; ``buffered`` and ``released_punctuation`` are those ``buffered()`` shows (a durable

@@ -932,3 +932,18 @@ def test_an_event_whose_key_attribute_cannot_key_is_a_dead_letter_and_the_stream
         (malformed.describe(), malformed.attributes)]
     assert "HCW-ID" in result.dead_letters[0].reason
     assert observe(db, result.outputs) == expected
+
+
+def test_partitions_finds_a_query_in_any_case_and_refuses_an_unknown_one(db):
+    """Definitions compare query names ignoring case, but ``partitions("q1")`` compared them exactly and gave ``{}``
+    for the defined Q1 — as it did for a query that does not exist at all, where the engine's other calls refuse
+    an unknown query."""
+    rng = random.Random(SEED + 5)
+    events = random_stream(rng, 80)
+    reset(db)
+    made = engine(db, name="partitions_case")
+    made.feed(events[:60], punctuation=events[50].ts)
+    assert made.partitions("Q1")
+    assert made.partitions("q1") == made.partitions("Q1")
+    with pytest.raises(streams.errors.UnknownQuery, match="Q9.*Q1"):
+        made.partitions("Q9")
