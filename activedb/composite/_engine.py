@@ -392,11 +392,16 @@ class CompositionEngine:
 
     def window(self, last: int | None = None) -> Window:
         """The latest arrivals and composites (at most ``last`` arrivals), for ``activedb.composite.plot``."""
+        if last is not None:
+            check_whole_number("CompositionEngine.window", "last", last, 0, " (how many arrivals to show; None: all)",
+                               error=CompositeError)
         with self._guard:
             entries = tuple(self._input.entries)[-last:] if last else tuple(self._input.entries)
+            if last == 0:
+                entries = ()
             start = min((entry.ts.interval.lower for entry in entries), default=None)
             composites = tuple(composite for composite in self._evaluation.composites
-                               if start is None or not earlier(composite.ts.interval.upper, start))
+                               if last != 0 and (start is None or not earlier(composite.ts.interval.upper, start)))
             producers = self._members.producers
             return Window(entries=entries, composites=composites,
                           sync_points={name: state.sync for name, state in producers.items()},

@@ -232,3 +232,16 @@ def test_an_unknown_on_timeout_is_a_composite_error_naming_the_policies():
     with pytest.raises(CompositeError, match=r"on_timeout='exclued'.*'raise'.*'exclude'"):
         composite.CompositionEngine(on_timeout="exclued")
     assert composite.CompositionEngine(on_timeout="exclude").on_timeout is TimeoutPolicy.EXCLUDE
+
+
+def test_window_last_keeps_at_most_that_many_arrivals_and_refuses_a_negative_count():
+    """``window(last=0)`` returned every arrival (0 read as "not given"), and ``window(last=-1)`` silently dropped
+    the oldest one instead of refusing a count that means nothing."""
+    engine = make_engine(AND_CHRONICLE, FIG2)
+    for number in range(3):
+        engine.signal(ev("A", 1.0 + number, "PA", f"a{number}"))
+    assert len(engine.window().entries) == 3 and len(engine.window(last=2).entries) == 2
+    assert engine.window(last=0).entries == ()
+    for bad in (-1, 1.5, "2", True):
+        with pytest.raises(CompositeError, match="window.*last"):
+            engine.window(last=bad)
