@@ -1229,3 +1229,17 @@ def test_emit_refuses_an_event_type_no_rule_can_name(db, event_type):
     finally:
         db.rules.remove("any_stream_event")
     assert heard == ["ping"]
+
+
+def test_wait_all_refuses_handles_of_different_parents(db):
+    """``SubtransactionHandle.wait_all`` waits as the first handle's parent for all: handles of two parents
+    registered a wait of that parent on the other's child — an edge that does not exist, so the deadlock detector
+    judged a false wait-for graph.  Now it refuses, saying to wait for each parent's children apart."""
+    with db.transaction() as tx:
+        outer = tx.spawn(lambda child: None)
+        with tx.subtransaction() as inner:
+            handles = [outer, inner.spawn(lambda child: None)]
+            with pytest.raises(activedb.BadArgument, match="wait_all.*parent"):
+                activedb.SubtransactionHandle.wait_all(handles)
+            handles[1].wait()
+        outer.wait()
