@@ -15,7 +15,7 @@ from lockmgr import TxnState
 
 from activedb._closedset import ClosedSet
 from activedb.errors import (BadArgument, DeadlockDetected, RuleFailed, SerializationConflict, causes,
-                             check_seconds, check_whole_number)
+                             check_seconds, check_switch, check_whole_number)
 from activedb.txn._hooks import WaitKind
 from activedb.txn._pool import Task
 
@@ -181,6 +181,7 @@ class Children:
         if not callable(function):      # (else queued, and failing only where it runs: an abort nobody may ask about)
             raise BadArgument(f"tx.spawn({function!r}) takes the function to run as the child, function(child, "
                               f"*args, **kwargs); got a {type(function).__name__}")
+        check_switch("tx.spawn", "eager", eager)
         child = _new_child(self, name, body=(function, args, kwargs))
         task = self._tasks[child.id]    # registered with the child, before any worker can end it
         try:

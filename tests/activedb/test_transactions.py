@@ -1243,3 +1243,11 @@ def test_wait_all_refuses_handles_of_different_parents(db):
                 activedb.SubtransactionHandle.wait_all(handles)
             handles[1].wait()
         outer.wait()
+
+
+@pytest.mark.parametrize("eager", ["no", 1, None], ids=["text", "number", "none"])
+def test_spawn_eager_that_is_no_switch_is_a_bad_argument(db, eager):
+    """``tx.spawn(f, eager="no")`` was read as true (a worker woken at once), as any non-empty text is to Python."""
+    with db.transaction() as tx:
+        with pytest.raises(activedb.BadArgument, match=r"tx.spawn\(eager="):
+            tx.spawn(lambda child: None, eager=eager)
