@@ -25,8 +25,9 @@ from activedb.atomic import Batches
 from activedb.capture import CaptureManager
 from activedb.capture.errors import CaptureNotEnabledWarning
 from activedb.clock import SYSTEM_CLOCK, Clock
-from activedb.errors import (BadDatabaseURL, DeadlockDetected, RuleError, RuleFailed, SerializationConflict,
-                             TransactionError, causes, check_seconds, check_whole_number, database_failure)
+from activedb.errors import (BadArgument, BadDatabaseURL, DeadlockDetected, RuleError, RuleFailed,
+                             SerializationConflict, TransactionError, causes, check_seconds, check_whole_number,
+                             database_failure)
 from activedb.events import Event, EventKind, EventSpec, Origin, Punctuations, Watermark
 from activedb.outbox import Outbox
 from activedb.rules import FunctionRule, Rule, RuleManager
@@ -244,6 +245,9 @@ class Database:
         """
         if self._closed:
             raise TransactionError(_CLOSED)
+        if name is not None and not isinstance(name, str):
+            raise BadArgument(f"db.transaction(name={name!r}) takes a text (or None for no name), got a "
+                              f"{type(name).__name__}")
         return self.transactions.transaction(name=name, participants=participants, read_base=read_base)
 
     def run(self, function: Callable[..., _Result], *args: object, retries: int = 3,  # type: ignore[return]

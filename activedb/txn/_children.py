@@ -181,6 +181,7 @@ class Children:
         if not callable(function):      # (else queued, and failing only where it runs: an abort nobody may ask about)
             raise BadArgument(f"tx.spawn({function!r}) takes the function to run as the child, function(child, "
                               f"*args, **kwargs); got a {type(function).__name__}")
+        _check_name("tx.spawn", name)
         check_switch("tx.spawn", "eager", eager)
         child = _new_child(self, name, body=(function, args, kwargs))
         task = self._tasks[child.id]    # registered with the child, before any worker can end it
@@ -195,6 +196,7 @@ class Children:
         """``with tx.subtransaction() as child:`` runs a subtransaction inline in this thread: it commits at the
         block's end, aborts (re-raising) when the block raises, and ``child.abort()`` inside the block undoes it
         alone — the parent goes on."""
+        _check_name("tx.subtransaction", name)
         return InlineSubtransaction(self, name)
 
     def _run_subtransaction(self: Transaction, function: Callable[..., Any], *args: Any,  # type: ignore[misc]
@@ -391,6 +393,13 @@ class InlineSubtransaction:
                  traceback: types.TracebackType | None) -> Literal[False]:
         _end_inline(self.transaction, exc)  # type: ignore[arg-type]  # (set by __enter__)
         return False
+
+
+def _check_name(call: str, name: object) -> None:
+    """Raise :class:`BadArgument` unless ``name`` (given as ``call(name=name)``) is None or a text: a transaction's
+    name is what ``db.transaction_event(kind, name)`` matches and histories show."""
+    if name is not None and not isinstance(name, str):
+        raise BadArgument(f"{call}(name={name!r}) takes a text (or None for no name), got a {type(name).__name__}")
 
 
 def _new_child(node: "Transaction", name: str | None = None, *, inline: bool = False,

@@ -1251,3 +1251,18 @@ def test_spawn_eager_that_is_no_switch_is_a_bad_argument(db, eager):
     with db.transaction() as tx:
         with pytest.raises(activedb.BadArgument, match=r"tx.spawn\(eager="):
             tx.spawn(lambda child: None, eager=eager)
+
+
+@pytest.mark.parametrize("name", [5, b"tx", ["t"]], ids=["number", "bytes", "list"])
+def test_a_transaction_or_subtransaction_name_that_is_no_text_is_a_bad_argument(db, name):
+    """``db.transaction(name=5)``, ``tx.subtransaction(name=5)`` and ``tx.spawn(f, name=5)`` were taken: a name no
+    ``db.transaction_event(kind, name)`` can match (it takes texts only), shown as a number in histories."""
+    with pytest.raises(activedb.BadArgument, match=r"db.transaction\(name="):
+        with db.transaction(name=name):
+            pass
+    with db.transaction() as tx:
+        with pytest.raises(activedb.BadArgument, match=r"tx.subtransaction\(name="):
+            with tx.subtransaction(name=name):
+                pass
+        with pytest.raises(activedb.BadArgument, match=r"tx.spawn\(name="):
+            tx.spawn(lambda child: None, name=name)
