@@ -165,8 +165,8 @@ class Node:
             if dropped is not None:
                 return dropped
             chosen.append(pick)  # type: ignore[arg-type]  # (chosen when nothing was dropped)
+        context.compose(self, chosen)        # first: a RETURN that raises leaves the pair in the lists
         self.remove(chosen)
-        context.compose(self, chosen)
         return Step.COMPOSED
 
     # recent: derived (see the README) ----------------------------------------------------------------
@@ -187,10 +187,10 @@ class Node:
                     complete = False
                     break
                 chosen.insert(0, pick)
-            self.lists[last] = POList(item for item in self.lists[last] if item is not terminator)
             if complete:
-                context.compose(self, chosen)
-            else:
+                context.compose(self, chosen)    # first: a RETURN that raises leaves the terminator in its list
+            self.lists[last] = POList(item for item in self.lists[last] if item is not terminator)
+            if not complete:
                 context.unmatched(self, terminator)
             return Step.COMPOSED
         return Step.BLOCKED if self.blocked_on else Step.IDLE

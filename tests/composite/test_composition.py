@@ -405,3 +405,28 @@ def test_choice_drop_of_no_candidate_is_a_bad_argument_saying_what_to_give():
 
     with pytest.raises(activedb.BadArgument, match=r"Choice\.drop needs at least one candidate"):
         Choice.drop()
+
+
+@pytest.mark.parametrize("query", [
+    "CREATE QUERY AB PATTERN AND(A, B) CONSUMING CHRONICLE RETURN A.id AS a, A.x / B.y AS r",
+    "CREATE QUERY AthenB PATTERN SEQ(A, B) CONSUMING RECENT RETURN A.id AS a, A.x / B.y AS r",
+], ids=["chronicle", "recent-seq"])
+def test_a_return_that_raises_leaves_the_pair_in_the_lists(query):
+    """The chosen pair left the lists before RETURN was computed, so a RETURN that raises (``A.x / B.y`` with y = 0)
+    lost both events outside any transaction: the error was raised once, and the next call saw empty lists.  Now
+    the pair stays, and each evaluation raises the same error until the application discards an event."""
+    engine = make_engine(query, FIG2, attributes=("id", "x", "y"))
+    a0, b0 = ev("A", 1.0, "PA", "a0", x=1, y=1), ev("B", 1.1, "P1B", "b0", x=1, y=0)
+    raised = 0
+    for step in (lambda: engine.signal(a0), lambda: engine.signal(b0), lambda: engine.heartbeat("PA", 1.5),
+                 lambda: engine.heartbeat("P1B", 1.5), lambda: engine.heartbeat("P2B", 1.5)):
+        try:
+            step()
+        except streams.errors.EvaluationError as error:      # where the pair is decided (SEQ: sooner than AND)
+            assert "1 / 0" in str(error)
+            raised += 1
+    assert raised >= 1 and engine.statistics().waiting == 2
+    with pytest.raises(streams.errors.EvaluationError, match="1 / 0"):
+        engine.heartbeat("P2B", 1.6)
+    engine.discard(b0)
+    assert engine.heartbeat("P2B", 1.7) == [] and engine.statistics().waiting == 1
