@@ -25,11 +25,11 @@ from activedb.streams._builders import PatternLike, Returns, RuleAction, query_d
 from activedb.streams._catalog import StoreCatalog, StreamSchema, TableAliases, fold
 from activedb.streams._compile import CompiledQuery, CompiledRule
 from activedb.streams._definitions import Definitions
-from activedb.streams._events import DeadLetter, Punctuation, StreamEvent, event_row
+from activedb.streams._events import DeadLetter, Punctuation, StreamEvent
 from activedb.streams._history import StreamHistory
 from activedb.streams._matcher import PartitionState
 from activedb.streams._metrics import Metrics, StreamStatistics
-from activedb.streams._reorder import ReorderBuffer
+from activedb.streams._reorder import ReorderBuffer, letter_rows
 from activedb.streams._scheduler import Scheduler, SchedulerKind, make_scheduler
 from activedb.streams._state import BatchOutcome, Pending, State
 from activedb.streams.errors import StreamError, StreamStateError, UnknownQuery
@@ -261,8 +261,7 @@ class StreamEngine:
         started = time.perf_counter()
         if letters and self.record_dead_letters:
             deadletters.insert(tx, f"streams:{self.name}", batch_id, [
-                deadletters.Letter(letter.reason, event_row(letter.event),
-                                   _persist.shown_row(letter.event)) for letter in letters])
+                deadletters.Letter(letter.reason, *letter_rows(letter.event)) for letter in letters])
         if self.durable:
             _persist.save(self, tx, pending)
         self.metrics.phase(state=time.perf_counter() - started)

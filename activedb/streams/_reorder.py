@@ -11,9 +11,11 @@ import datetime as dt
 from typing import Any, Callable, Iterable, Mapping
 
 from activedb.events import check_time
+from activedb.store import Json
+from activedb.streams import _persist
 from activedb.streams._catalog import StreamSchema
-from activedb.streams._events import (END_OF_STREAM, DeadLetter, Punctuation, StreamEvent, check_ts, format_ts,
-                                      make_event, order_key, ts_extreme, ts_less)
+from activedb.streams._events import (END_OF_STREAM, DeadLetter, Punctuation, StreamEvent, check_ts, event_row,
+                                      format_ts, make_event, order_key, ts_extreme, ts_less)
 from activedb.streams._metrics import Metrics
 from activedb.streams._state import Pending
 from activedb.streams.errors import StreamError
@@ -48,13 +50,13 @@ class ReorderBuffer:
                 if not isinstance(event, StreamEvent) and isinstance(event, Mapping):
                     event = _event_from_mapping(event)     # (checked below, as a StreamEvent given is)
                 if not isinstance(event, StreamEvent):
-                    letters.append(self._reject(StreamEvent("?", None, {}, origin=event),
+                    letters.append(self._reject(Unreadable("?", None, {}, origin=event),
                                                 f"rejected: not an event ({type(event).__name__}); give "
                                                 f"StreamEvent objects or dicts with type, ts and attributes"))
                     continue
             malformed = _malformed(event)
             if malformed is not None:
-                letters.append(self._reject(StreamEvent("?", None, {}, origin=raw), malformed))
+                letters.append(self._reject(Unreadable("?", None, {}, origin=raw), malformed))
                 continue
             kind_of = (event.stream, event.type) if isinstance(event.type, str) else None
             resolved = types.get(kind_of) if kind_of is not None else None
@@ -218,6 +220,29 @@ class ReorderBuffer:
         del buffer[:cut]
         self.metrics.add(released=len(released), reorder_delay=delay, ties_by_content=ties)
         return released
+
+
+class Unreadable(StreamEvent):
+    """The event of a dead letter for an input that is no well-formed event (no mapping of attributes, a stream
+    that is no name, not an event at all): type "?", no time, no attributes; ``origin`` is what arrived, and the
+    stored letter keeps that (:func:`letter_rows`)."""
+
+    __slots__ = ()
+
+
+def letter_rows(event: StreamEvent) -> tuple[object, dict[str, Json] | None]:
+    """A dead letter's ``(row, shown)`` for ``event`` (:class:`activedb.deadletters.Letter`): the event's row, or
+    for an :class:`Unreadable` what arrived — a mapping as given, a StreamEvent's fields as given, else the value —
+    shown as ``jsonable`` shows it."""
+    if not isinstance(event, Unreadable):
+        return event_row(event), _persist.shown_row(event)
+    arrived = event.origin
+    if isinstance(arrived, StreamEvent):
+        return ({"type": arrived.type, "ts": arrived.ts, "attributes": arrived.attributes, "stream": arrived.stream},
+                None)
+    if isinstance(arrived, Mapping):
+        return dict(arrived), None
+    return arrived, None
 
 
 def _malformed(event: StreamEvent) -> str | None:

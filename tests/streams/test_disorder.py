@@ -947,3 +947,27 @@ def test_partitions_finds_a_query_in_any_case_and_refuses_an_unknown_one(db):
     assert made.partitions("q1") == made.partitions("Q1")
     with pytest.raises(streams.errors.UnknownQuery, match="Q9.*Q1"):
         made.partitions("Q9")
+
+
+@pytest.mark.parametrize("malformed, kept", [
+    ({"type": "ENTER", "ts": 1, "attributes": 5, "stream": "estream"},
+     {"type": "ENTER", "ts": 1, "attributes": 5, "stream": "estream"}),
+    (streams.StreamEvent("ENTER", 1, [("HCW-ID", "w0")], stream="estream"),             # type: ignore[arg-type]
+     {"type": "ENTER", "ts": 1, "attributes": [("HCW-ID", "w0")], "stream": "estream"}),
+    (("ENTER", 1), ("ENTER", 1)),
+], ids=["mapping", "stream-event", "no-event"])
+def test_the_stored_dead_letter_of_a_malformed_event_keeps_what_arrived(db, malformed, kept):
+    """The stored letter (``activedb dead-letters list``; its ``original`` is what a replay sends again) of an input
+    that is no well-formed event recorded type "?", no ts and no attributes: only the in-memory letter's origin kept
+    the input, so once the process ended nobody could see what had arrived, let alone mend and replay it.  The
+    design note of dead letters: "a letter keeps its row exactly"."""
+    from activedb import deadletters
+    reset(db)
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("DELETE FROM activedb_dead_letters"))
+    made = engine(db, name="kept_malformed", record_history=False)
+    result = made.feed([malformed, badge("EXIT", 10, "w0")], punctuation=10)
+    assert [letter.event.origin for letter in result.dead_letters] == [malformed]
+    [letter] = deadletters.select(db, deadletters.LetterFilter(query="streams:kept_malformed"))
+    assert letter.row() == kept and "rejected" in letter.reason
+    assert letter.raw != {"type": "?", "ts": None, "stream": None, "attributes": {}}
