@@ -9,8 +9,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
 
 from activedb.errors import (
-    CascadeLimitExceeded, DatabaseError, DuplicateKey, Failure, InvalidValue, RuleFailed, SerializationConflict, causes,
-    classify,
+    CascadeLimitExceeded, DatabaseError, DuplicateKey, Failure, InvalidKey, InvalidValue, RuleFailed, SerializationConflict,
+    causes, classify,
 )
 from activedb.ingest.errors import first_line
 from activedb.txn import CommitParticipant
@@ -45,9 +45,9 @@ def conflict_in(error: BaseException) -> BaseException | None:
 
 def is_poison_failure(error: BaseException) -> bool:
     """PostgreSQL refused the commit because of the values written (``classify`` says ``BAD_VALUE``: SQLSTATE
-    classes 22, 23, 54, or the engine's own DuplicateKey/InvalidValue at the flush) — something an event
-    caused, as opposed to the server (disk full, connection) or a conflict."""
-    if isinstance(error, (DuplicateKey, InvalidValue)):
+    classes 22, 23, 54, or the engine's own DuplicateKey/InvalidValue/InvalidKey at the flush) — something an
+    event caused, as opposed to the server (disk full, connection) or a conflict."""
+    if isinstance(error, (DuplicateKey, InvalidValue, InvalidKey)):
         return not is_infrastructure_failure(error)
     return isinstance(error, DatabaseError) and classify(error) is Failure.BAD_VALUE
 

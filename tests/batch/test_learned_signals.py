@@ -240,3 +240,33 @@ def test_a_lowered_batch_inserts_rows_with_drawn_keys_into_a_table_whose_key_is_
         assert heard == [(title, f"ticket {key}") for key, title in tickets]
     finally:
         database.close()
+
+
+def ticket_by_number(tx, event):
+    tx.write("tickets", int(event.key[1:]) + 100, title=f"seen {event.key}")
+
+
+def test_a_rule_writing_a_new_row_under_its_own_key_into_a_generated_always_table_makes_dead_letters(
+        make_database_url):
+    """A rule that writes a *new* row of a table whose key is ``GENERATED ALWAYS AS IDENTITY`` under a key of its own
+    (``tickets``): PostgreSQL takes no such key, and the flush refuses the write with InvalidKey (insert without the
+    key).  The ingestion core did not count InvalidKey among the refusals an event causes, so ``feed`` raised it for
+    the batch on every delivery: the stream stopped for good.  Now the events become dead letters with that reason
+    and the stream goes on."""
+    from tests.conftest import APP_MIGRATIONS
+
+    database = activedb.connect(make_database_url("keyed_always_own"))
+    try:
+        database.upgrade_app(MIGRATIONS)
+        database.upgrade_app(APP_MIGRATIONS)
+        database.rule(on=database.stream("ping"), name="ticket_by_number")(ticket_by_number)
+        rows = [{"type": "ping", "worker": f"w{number}", "ts": float(number), "room": "r"} for number in range(3)]
+        [outcome] = feed(database, [rows], source="tickets_own", mapping=MAPPING, handler=RulesHandler())
+        assert outcome.committed and outcome.dead_letters == 3 and outcome.events == 0
+        with database.engine.connect() as connection:
+            assert connection.execute(sa.text("SELECT count(*) FROM tickets")).scalar() == 0
+            reasons = connection.execute(sa.text(
+                "SELECT reason FROM activedb_dead_letters WHERE query_id LIKE 'tickets_own%'")).scalars().all()
+        assert len(reasons) == 3 and all("GENERATED ALWAYS" in reason for reason in reasons), reasons
+    finally:
+        database.close()
