@@ -16,6 +16,7 @@ from activedb.ingest._interface import Batch, LedgerId, Phase, Rows, Source
 from activedb.ingest._mapping import EventMapping
 from activedb.ingest._outcome import BatchOutcome
 from activedb.ingest._protocol import BatchHandler
+from activedb.ingest.errors import IngestError
 
 if TYPE_CHECKING:  # pragma: no cover
     from activedb.ingest._ingestion import IngestDatabase
@@ -64,6 +65,9 @@ def feed(db: IngestDatabase, batches: Iterable[Rows | Batch], *, source: str, ru
     ``participants(batch)`` adds commit participants to a batch's transaction; ``end_of_stream``: the batches are
     the whole source — after the last, the handler releases what its engine holds back
     (``Ingestion.end_of_stream``).  Returns the outcomes, in order."""
+    if not isinstance(batches, Iterable):
+        raise IngestError(f"batches {batches!r} is not a collection of batches: give feed(db, [[row, ...], ...]) — each "
+                          f"batch a sequence of rows (mappings), an Arrow table or a Batch; nothing was applied")
     ingestion = Ingestion(db, mapping, source=source, handler=handler, known_types=known_types, on_phase=on_phase,
                           lineage=lineage, event_ids_under=event_ids_under)
     try:

@@ -116,17 +116,7 @@ class Ingestion:
         ``batch_attempts``, a refused commit the handler cannot search); the batch may then be re-run."""
         _check_query_id(query_id)
         _check_batch_id(batch_id, query_id)
-        if isinstance(rows, (Mapping, str, bytes)):
-            # (One row where a batch of rows belongs: its field names would be taken for rows, each rejected.)
-            raise IngestError(f"batch {batch_id} of {query_id} is one {type(rows).__name__}, not a batch of rows: a batch "
-                              f"is a sequence of rows (mappings) or an Arrow table — feed(db, [[row, ...], ...]); a "
-                              f"batch of one row is [row]; nothing was applied")
-        if not (isinstance(rows, Sequence) or is_arrow(rows)):
-            # (Its rows are counted, read by position and kept in their letters: a list, not an iterator.)
-            name = type(rows).__name__
-            what = "None" if rows is None else f"{'an' if name[0] in 'aeiou' else 'a'} {name}"
-            raise IngestError(f"batch {batch_id} of {query_id} is {what}, not a batch of rows: a batch is a sequence of "
-                              f"rows (mappings) or an Arrow table — list(...) an iterator's rows; nothing was applied")
+        _check_rows(rows, batch_id, query_id)
         if watermark is not None and not (isinstance(watermark, dt.datetime) and watermark.tzinfo is not None):
             raise IngestError(f"batch {batch_id} of {query_id}: a watermark is an aware datetime (UTC), as Batch "
                               f"takes it, got {watermark!r}; nothing was applied")
@@ -156,6 +146,10 @@ class Ingestion:
         scale-out path's failed partition).  Exactly once, as :meth:`process`."""
         _check_query_id(query_id)
         _check_batch_id(batch_id, query_id)
+        _check_rows(rows, batch_id, query_id)
+        if not isinstance(reason, str):
+            raise IngestError(f"Ingestion.reject(reason={reason!r}) takes a text: the dead letters' reason, one sentence "
+                              f"saying why the batch was given up; nothing was applied")
         with self._book.in_batch():
             return run_batch(self.context, _Rejected(reason), rows, batch_id, query_id=query_id, watermark=None,
                              timings=PhaseTimings(), punctuate=False, participants=tuple(participants))
@@ -264,6 +258,21 @@ def _check_query_id(query_id: object) -> None:
         pass
     raise IngestError(f"query_id {query_id!r} is no ledger id: give str(LedgerId(source, run)) — "
                       f"'SOURCE@RUN', or a source's name alone; nothing was applied")
+
+
+def _check_rows(rows: object, batch_id: int, query_id: str) -> None:
+    """Raise IngestError unless ``rows`` is a batch of rows: a sequence of rows (mappings) or an Arrow table."""
+    if isinstance(rows, (Mapping, str, bytes)):
+        # (One row where a batch of rows belongs: its field names would be taken for rows, each rejected.)
+        raise IngestError(f"batch {batch_id} of {query_id} is one {type(rows).__name__}, not a batch of rows: a batch "
+                          f"is a sequence of rows (mappings) or an Arrow table — feed(db, [[row, ...], ...]); a "
+                          f"batch of one row is [row]; nothing was applied")
+    if not (isinstance(rows, Sequence) or is_arrow(rows)):
+        # (Its rows are counted, read by position and kept in their letters: a list, not an iterator.)
+        name = type(rows).__name__
+        what = "None" if rows is None else f"{'an' if name[0] in 'aeiou' else 'a'} {name}"
+        raise IngestError(f"batch {batch_id} of {query_id} is {what}, not a batch of rows: a batch is a sequence of "
+                          f"rows (mappings) or an Arrow table — list(...) an iterator's rows; nothing was applied")
 
 
 def _check_batch_id(batch_id: object, query_id: str) -> None:

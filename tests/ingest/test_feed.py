@@ -324,3 +324,47 @@ def test_a_batch_that_is_no_sequence_of_rows_is_refused_saying_what_to_give(data
         assert ingestion_status(database, "no-rows") == []
     finally:
         database.close()
+
+
+@pytest.mark.parametrize("rows, what", [({"type": "add"}, "one dict"), (None, "None")])
+def test_reject_of_rows_that_are_no_batch_is_refused_saying_what_to_give(database_url, rows, what):
+    """``Ingestion.reject`` takes a batch as ``process`` does: one row (a mapping) or None where the rows belong is an
+    ``IngestError`` saying what a batch is, before anything is written — it was a bare KeyError (the mapping read
+    by position) or TypeError (``len(None)``)."""
+    database = app_database(database_url)
+    ingestion = Ingestion(database, app_counters.MAPPING, source="rejecting")
+    try:
+        with pytest.raises(IngestError, match=rf"batch 0 of rejecting@r is {what}.*not a batch of rows"):
+            ingestion.reject(rows, 0, query_id="rejecting@r", reason="given up")
+        assert ingestion_status(database, "rejecting") == []
+    finally:
+        ingestion.close()
+        database.close()
+
+
+@pytest.mark.parametrize("reason", [None, 5, b"given up"])
+def test_reject_with_a_reason_that_is_no_text_is_refused_saying_what_to_give(database_url, reason):
+    """``Ingestion.reject(reason=…)`` is the letters' reason, a text: anything else is an ``IngestError`` naming it,
+    before anything is written — it was a bare TypeError from writing the letters."""
+    database = app_database(database_url)
+    ingestion = Ingestion(database, app_counters.MAPPING, source="rejecting")
+    try:
+        with pytest.raises(IngestError, match=r"reason=.* takes a text"):
+            ingestion.reject([{"type": "add"}], 0, query_id="rejecting@r", reason=reason)
+        assert ingestion_status(database, "rejecting") == []
+    finally:
+        ingestion.close()
+        database.close()
+
+
+@pytest.mark.parametrize("batches", [None, 5])
+def test_feed_of_what_is_no_collection_of_batches_is_refused_saying_what_to_give(database_url, batches):
+    """``feed(db, batches)`` of None or a number is an ``IngestError`` saying what to give — it was a bare TypeError
+    (``'NoneType' object is not iterable``)."""
+    database = app_database(database_url)
+    try:
+        with pytest.raises(IngestError, match=r"batches .* not a collection of batches.*feed\(db, \[\[row"):
+            feed(database, batches, source="no-batches", mapping=app_counters.MAPPING)
+        assert ingestion_status(database, "no-batches") == []
+    finally:
+        database.close()
