@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 
-from activedb.errors import BatchAlreadyCommitted, SerializationConflict
+from activedb.errors import BadArgument, BatchAlreadyCommitted, SerializationConflict
 from activedb.ingest._interface import LedgerId
 from activedb.txn import Along, CommitParticipant
 
@@ -114,6 +114,9 @@ def ingestion_status(db: DatabaseHandle, query_name: str | None = None) -> list[
 def sources_of_run(db: DatabaseHandle, run: str) -> set[str]:
     """The sources under which the ledger holds batches of the run ``run`` (normally one: a run renamed to
     another source would have its re-delivered batch applied again under the new name)."""
+    if not isinstance(run, str) or not run or "@" in run or "#" in run:
+        raise BadArgument(f"sources_of_run(run={run!r}) takes a run: a LedgerId's run, a non-empty string without '@' "
+                          f"or '#' (a Spark query id, a feed's run=)")
     ledger = db.table(LEDGER_TABLE)
     with db.engine.connect() as connection:
         # Every distinct id of the run (a few: one per source and partition); a limit here could leave a source out.
@@ -248,6 +251,9 @@ def ingested_event_ids(db: DatabaseHandle, query_name: str, event_ids: list[str]
 
 def batch_committed(db: DatabaseHandle, query_id: str, batch_id: int) -> bool:
     """True if ``(query_id, batch_id)`` is in the ingestion ledger of ``db`` (its effects are committed)."""
+    LedgerId.parse(query_id)        # (BadArgument for what is no ledger id's text)
+    if isinstance(batch_id, bool) or not isinstance(batch_id, int):
+        raise BadArgument(f"batch_committed(batch_id={batch_id!r}) takes a batch number, an integer (a Batch's number)")
     ledger = db.table(LEDGER_TABLE)
     with db.engine.connect() as connection:
         return connection.execute(sa.select(ledger.c.batch_id).where(

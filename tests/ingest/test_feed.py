@@ -14,9 +14,9 @@ import sqlalchemy as sa
 
 import activedb
 from activedb.clock import ManualClock
-from activedb.errors import InvalidChoice
+from activedb.errors import BadArgument, InvalidChoice
 from activedb.ingest import (Batch, BatchHandler, Ingestion, LedgerId, Phase, RowBatches, RulesHandler, drive, feed,
-                             ingestion_status, sources_of_run)
+                             batch_committed, ingestion_status, sources_of_run)
 from activedb.ingest.errors import IngestError
 from tests.ingest.feed_driver import RUN, SOURCE, killed_and_fed_again, workload_batches
 from tests.spark_bridge import app_counters
@@ -366,5 +366,29 @@ def test_feed_of_what_is_no_collection_of_batches_is_refused_saying_what_to_give
         with pytest.raises(IngestError, match=r"batches .* not a collection of batches.*feed\(db, \[\[row"):
             feed(database, batches, source="no-batches", mapping=app_counters.MAPPING)
         assert ingestion_status(database, "no-batches") == []
+    finally:
+        database.close()
+
+
+@pytest.mark.parametrize("run", [None, "", 5, "a@b"])
+def test_sources_of_a_run_that_is_no_run_id_is_refused_saying_what_to_give(database_url, run):
+    """``sources_of_run(db, run)`` of what is no run (None, empty, a number, text with '@') is a ``BadArgument``
+    saying what a run is — it answered an empty set (a run never seen), as if the check had passed."""
+    database = app_database(database_url)
+    try:
+        with pytest.raises(BadArgument, match=r"sources_of_run\(run=.*\) takes a run"):
+            sources_of_run(database, run)
+    finally:
+        database.close()
+
+
+@pytest.mark.parametrize("query_id, batch_id", [(None, 0), ("", 0), (5, 0), ("q@r", None), ("q@r", "0")])
+def test_batch_committed_of_what_is_no_ledger_id_or_batch_number_is_refused(database_url, query_id, batch_id):
+    """``batch_committed(db, query_id, batch_id)`` of what is no ledger id or batch number is a ``BadArgument``
+    saying what to give — None answered False (no batch), as if it had been asked."""
+    database = app_database(database_url)
+    try:
+        with pytest.raises(BadArgument, match=r"ledger id|batch_committed\(batch_id="):
+            batch_committed(database, query_id, batch_id)
     finally:
         database.close()
