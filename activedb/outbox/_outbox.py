@@ -253,6 +253,9 @@ class Outbox:
         firings of the aborted attempt are dropped, as a crash would have dropped them, instead of recorded —
         the attempt that commits fires its own.  Costs a slot and no participant for a tree that fires no
         detached-family rule (README, "Replayed attempts")."""
+        if when is not None and not callable(when):
+            raise BadArgument(f"Outbox.mark_replayed(when={when!r}) takes a function of the abort's reason (the "
+                              f"exception, or None) that says whether the owner re-runs the attempt, or None (any abort)")
         root = transaction.root
         state = lowlevel.slot(root, TreeState)
         with state.mutex:

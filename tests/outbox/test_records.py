@@ -122,3 +122,16 @@ def test_the_liveness_lock_is_taken_again_after_an_attempt_that_failed(db, monke
     assert holders() == 0
     lock.check()                                       # released: nothing to hold, nothing taken
     assert holders() == 0
+
+
+@pytest.mark.parametrize("when", [5, "conflicts", True])
+def test_mark_replayed_with_a_when_that_is_no_function_is_refused_saying_what_to_give(db, when):
+    """``Outbox.mark_replayed(tx, when=…)`` takes a function of the abort's reason: anything else is a ``BadArgument``
+    at the call, the transaction untouched — it was kept, and the tree's abort then called it (``'int' object is not
+    callable`` raised inside the abort of a tree that fired a detached rule)."""
+    from activedb.errors import BadArgument
+
+    with db.transaction() as tx:
+        with pytest.raises(BadArgument, match=r"mark_replayed\(when=.*\) takes a function"):
+            db.outbox.mark_replayed(tx, when=when)
+        assert not db.outbox.recording(tx)
