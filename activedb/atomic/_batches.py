@@ -43,6 +43,13 @@ _Function = TypeVar("_Function", bound=Callable[..., object])
 _Result = TypeVar("_Result")
 
 
+def _check_name(decorator: str, name: object) -> None:
+    """Raise LineageError unless ``name`` (given as ``@db.batches.decorator(name)``) is a non-empty text."""
+    if not isinstance(name, str) or not name:
+        raise LineageError(f"{decorator}({name!r}) takes a name, a non-empty text: write "
+                           f"@db.batches.{decorator}(\"NAME\") above the function")
+
+
 def _ref(batch: BatchLike | str, batch_id: object = None) -> BatchRef:
     if batch_id is not None or isinstance(batch, BatchRef):
         return BatchRef.of(batch, batch_id)
@@ -121,6 +128,7 @@ class Batches:
     def compensation(self, name: str) -> Callable[[_Function], _Function]:
         """Decorator: ``@db.batches.compensation("refund") def refund(tx, **args)`` — a named compensation
         that transactions note with ``db.batches.note(tx, "refund", ...)``."""
+        _check_name("compensation", name)
         return self._declaring(name)
 
     def _declaring(self, name: str, **kind: bool) -> Callable[[_Function], _Function]:
@@ -135,6 +143,8 @@ class Batches:
     def rule_compensation(self, rule_name: str) -> Callable[[_Function], _Function]:
         """Decorator: ``fn(tx, event)`` undoes one executed firing of rule ``rule_name`` (``event`` is the
         firing's event as recorded, JSON values)."""
+        _check_name("rule_compensation", rule_name)
+
         def register(function: _Function) -> _Function:
             with self._mutex:
                 self._compensations.declare(rule_name, function, rule=True)
@@ -147,6 +157,7 @@ class Batches:
         """Decorator: ``fn(tx, lineage)`` undoes a recorded top-level transaction named ``name``
         (``db.transaction(name=...)``; detached rules run in ``rule:<rule name>``); ``lineage`` is its
         :class:`TransactionLineage` (batches, parents, notes)."""
+        _check_name("transaction_compensation", name)
         return self._declaring(name, transaction=True)
 
     def undo_by_before_image(self, *tables: str) -> None:

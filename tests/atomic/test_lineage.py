@@ -360,3 +360,21 @@ def test_the_lineage_of_what_is_no_lineage_id_is_refused_saying_what_one_is(db, 
     None or an empty text answered None, as for a transaction that recorded no lineage."""
     with pytest.raises(LineageError, match="a lineage id is a transaction-log id"):
         db.batches.transaction(lineage_id)
+
+
+@pytest.mark.parametrize("declare", ["compensation", "rule_compensation", "transaction_compensation"])
+@pytest.mark.parametrize("name", [5, None, ""])
+def test_a_compensation_whose_name_is_no_text_is_refused_saying_what_to_give(db, declare, name):
+    """``@db.batches.compensation(NAME)`` (and ``rule_compensation``, ``transaction_compensation``) names it with a
+    non-empty text, what notes and lineage name: a number was declared under it, and a function — the decorator
+    written without its name, ``@db.batches.compensation`` — too, the function replaced by the inner decorator."""
+    with pytest.raises(LineageError, match=rf"{declare}\(.*\) takes a name"):
+        getattr(db.batches, declare)(name)
+
+
+def test_a_compensation_decorator_written_without_its_name_is_refused(db):
+    """``@db.batches.compensation`` without ``("NAME")``: the function is no name — refused saying how to write it."""
+    with pytest.raises(LineageError, match=r"compensation\(<function .*\) takes a name.*@db.batches.compensation"):
+        @db.batches.compensation
+        def refund(tx, **args):
+            pass
