@@ -335,12 +335,15 @@ def purge(database: DatabaseHandle, letters: LetterFilter) -> int:
 class LetterReplayed(CommitParticipant):
     """Marks dead letter ``letter_id`` replayed (``replayed_at``, ``replay_query_id``) in the flush of the
     transaction that replays it, so the replay's effects and the mark commit together or not at all; a
-    letter already marked raises ``BatchAlreadyCommitted`` there (the replay is skipped, nothing applied)."""
+    letter already marked raises ``BatchAlreadyCommitted`` there (the replay is skipped, nothing applied); so does a
+    letter that is not in the table (purged, or no letter's id), and ``missing`` is then True."""
 
     def __init__(self, database: DatabaseHandle, letter_id: int, replay_query_id: str):
         self._table = database.table(TABLE)
         self.letter_id = letter_id
         self.replay_query_id = replay_query_id
+        #: The last flush found no letter ``letter_id`` in the table (it skipped the replay: nothing to mark).
+        self.missing = False
 
     def write(self, transaction: Transaction, connection: sa.Connection) -> None:
         table = self._table
@@ -348,4 +351,8 @@ class LetterReplayed(CommitParticipant):
             table.update().where(table.c.id == self.letter_id, table.c.replayed_at.is_(None))
             .values(replayed_at=sa.func.now(), replay_query_id=self.replay_query_id).returning(table.c.id)).first()
         if marked is None:
+            self.missing = connection.execute(sa.select(table.c.id).where(table.c.id == self.letter_id)).first() is None
+            if self.missing:
+                raise BatchAlreadyCommitted(f"dead letter {self.letter_id} is not in {TABLE} (purged, or no letter's "
+                                            f"id); nothing was replayed")
             raise BatchAlreadyCommitted(f"dead letter {self.letter_id} was replayed already; it is not applied twice")

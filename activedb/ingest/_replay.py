@@ -48,6 +48,7 @@ class ReplayResult(enum.StrEnum):
     APPLIED = "applied"
     REJECTED_AGAIN = "rejected again"
     ALREADY_REPLAYED = "already replayed"
+    NOT_FOUND = "not found"         # no such letter in the table (purged since it was read, or no letter's id)
 
 
 @dataclass(frozen=True)
@@ -91,11 +92,13 @@ def replay_dead_letters(db: IngestDatabase, app: Replayable, letters: Iterable[L
         source = f"{REPLAY_PREFIX}{original}"
         row = letter.row()
         rows = row if hasattr(row, "num_rows") else [row]
+        mark = LetterReplayed(db, letter.id, source)
         [outcome] = feed(db, [Batch(letter.id, rows)], source=source, mapping=app.mapping,
                          handler=handler() if handler is not None else RulesHandler(app.prefetch),
                          known_types=app.known_types, event_ids_under=original,
-                         participants=lambda batch: [LetterReplayed(db, batch.number, source)])
-        result = (ReplayResult.ALREADY_REPLAYED if not outcome.committed
+                         participants=lambda batch: [mark])
+        result = (ReplayResult.NOT_FOUND if not outcome.committed and mark.missing
+                  else ReplayResult.ALREADY_REPLAYED if not outcome.committed
                   else ReplayResult.APPLIED if outcome.events else ReplayResult.REJECTED_AGAIN)
         outcomes.append(ReplayOutcome(letter.id, source, result))
     db.rules.wait_idle(120)

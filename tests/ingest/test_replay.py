@@ -54,3 +54,25 @@ def test_one_letter_where_the_letters_belong_is_refused_saying_what_to_give(make
                 replay_dead_letters(database, APP, one)
     finally:
         database.close()
+
+
+def test_a_letter_that_no_longer_exists_is_reported_not_found_and_nothing_is_applied(make_database_url):
+    """Replaying a letter that is not in the table (purged since it was read, or a mistyped id) applies nothing, as
+    before, but says so: its outcome is ``not found`` — it was ``already replayed``, which sent the user looking for a
+    replay that never happened.  The letters after it are still replayed."""
+    database = app_database(make_database_url("replay_missing"))
+    try:
+        row = {"type": "add", "key": "k", "ts": BASE_TIME.isoformat(), "amount": 1, "seq": 1}
+        with database.transaction() as tx:
+            deadletters.insert(tx, "badges@00000000-0000-0000-0000-00000000000a", 0,
+                               [deadletters.Letter("why", row), deadletters.Letter("why", row | {"seq": 2})])
+        purged, kept = deadletters.select(database)
+        assert deadletters.purge(database, deadletters.LetterFilter(ids=(purged.id,))) == 1
+        mistyped = dataclasses.replace(kept, id=kept.id + 1000)
+        before = app_state(database)
+        outcomes = replay_dead_letters(database, APP, [purged, mistyped, kept])
+        assert [outcome.outcome for outcome in outcomes] == ["not found", "not found", "applied"]
+        assert [outcome.outcome for outcome in replay_dead_letters(database, APP, [kept])] == ["already replayed"]
+        assert app_state(database) != before
+    finally:
+        database.close()
