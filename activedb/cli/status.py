@@ -43,7 +43,7 @@ def status_command(ctx: click.Context, query_name: str | None, as_json: bool) ->
         in_progress = batches_in_progress(database, query_name)
         splits = split_status(database, query_name)
         detached = database.outbox.statistics()
-        failures = database.outbox.failures(limit=20)
+        failures = database.outbox.failures(limit=detached.failed if as_json else 20)   # (the JSON: all of it)
         capture = database.capture.status()
     if as_json:
         document = {

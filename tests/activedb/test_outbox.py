@@ -770,3 +770,27 @@ def test_a_retried_failed_record_gets_its_retries_of_a_conflict_as_a_new_one(mig
         assert len(runs) == 3
     finally:
         database.close()
+
+
+def _failed_firings(db, count: int) -> None:
+    """``count`` detached firings of rule ``fails_many`` that failed for good."""
+    @db.rule(on=db.signalled("pay"), coupling=Coupling.DETACHED, name="fails_many")
+    def fails_many(tx, event):
+        raise ZeroDivisionError("the exchange rate is zero")
+
+    with db.transaction() as tx:
+        for amount in range(count):
+            tx.signal("pay", amount=amount)
+    db.rules.wait_idle(TIMEOUT)
+    wait_until(lambda: db.outbox.statistics().failed == count, TIMEOUT, "every firing failed")
+
+
+def test_status_json_lists_every_failed_firing(db, migrated):
+    """``activedb status --json`` is "all of it as one object" (docs/cli.md): its ``detached_failures`` held only the
+    20 most recent of 21 failed firings (the table's cut), with nothing in the JSON saying so."""
+    _failed_firings(db, 21)
+    result = CliRunner().invoke(main, ["--url", migrated, "status", "--json"])
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.output)
+    assert document["detached"]["failed"] == 21 and len(document["detached_failures"]) == 21
+
