@@ -409,6 +409,9 @@ def outbox(ctx: click.Context, retry: bool, ids: tuple[int, ...], app: str | Non
               "record here; `activedb rules list` counts every firing)", style="dim", highlight=False)
     if failures:
         out.print(failed_firings_table(failures))
+    if len(failures) < statistics.failed:
+        out.print(f"(the {len(failures):,} most recent of {statistics.failed:,} failed firings; `activedb outbox "
+                  f"--limit 0` lists them all)", highlight=False, soft_wrap=True)
 
 
 def _run_pending(database: Database, module: ModuleType, name: str) -> tuple[int, int]:

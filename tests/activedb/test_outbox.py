@@ -794,3 +794,14 @@ def test_status_json_lists_every_failed_firing(db, migrated):
     document = json.loads(result.output)
     assert document["detached"]["failed"] == 21 and len(document["detached_failures"]) == 21
 
+
+def test_outbox_says_how_many_failed_firings_it_lists_of_how_many(db, migrated):
+    """``activedb outbox`` lists at most ``--limit`` (50) failed firings: with more failed it said nothing of the rest.
+    It now says which of how many it lists, and how to list them all, as ``activedb status`` does."""
+    _failed_firings(db, 51)
+    result = CliRunner().invoke(main, ["--url", migrated, "outbox"])
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    assert "the 50 most recent of 51 failed firings" in text and "activedb outbox --limit 0" in text, text
+    everything = " ".join(CliRunner().invoke(main, ["--url", migrated, "outbox", "--limit", "0"]).output.split())
+    assert "most recent of" not in everything
