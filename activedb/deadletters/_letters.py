@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
+import enum
 import functools
 import json
+import re
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Unpack
@@ -35,6 +37,44 @@ class FinalReason(str):
     core's lowered batches prefix their other reasons with ``aborted:``)."""
 
     __slots__ = ()
+
+
+class ReasonKind(enum.Enum):
+    """The kind of a dead letter's reason, a closed set (the reason itself is free text, naming values, rules, change
+    and transaction ids): what ``activedb_dead_letters{reason=…}`` is labelled by.  :meth:`of` reads it from the
+    reason's text as its writers make it; a reason of no known form is ``OTHER``."""
+
+    INVALID_ROW = "invalid row"            # the row could not be made an event (a field, malformed JSON, undeliverable)
+    LATE = "late"                          # older than the watermark
+    DUPLICATE = "duplicate"                # an event id ingested already
+    REJECTED = "rejected by rule"          # a rule rejected the event (RuleFailed)
+    RULE_FAILED = "rule failed"            # a rule (or the processing of the event) raised
+    DEADLINE = "deadline"                  # a rule or the batch ran past its deadline
+    REFUSED = "refused by PostgreSQL"      # PostgreSQL refused the event's writes at the commit
+    OTHER = "other"
+
+    @classmethod
+    def of(cls, reason: str) -> ReasonKind:
+        """The kind of ``reason`` (a lowered batch's ``aborted:`` prefix is looked through)."""
+        text = reason[len(_ABORTED):] if reason.startswith(_ABORTED) else reason
+        return next((kind for kind, pattern in _REASON_FORMS if pattern.search(text)), cls.OTHER)
+
+
+_ABORTED = "aborted: "
+# The reasons' forms, in the order they are tried (where each is made: activedb.ingest's _mapping, _protocol, _failures
+# and _watch, activedb.capture's _fetch and _firing, activedb.streams).
+_REASON_FORMS = [(kind, re.compile(pattern)) for kind, pattern in (
+    (ReasonKind.LATE, r"^late:"),
+    (ReasonKind.DUPLICATE, r"^duplicate:"),
+    (ReasonKind.REJECTED, r"^rejected by rule "),
+    (ReasonKind.DEADLINE, r" within its deadline of "),
+    (ReasonKind.REFUSED, r"^PostgreSQL refused |^the reactions to .* cannot be committed: "),
+    (ReasonKind.RULE_FAILED, r"^event processing failed: |^rule cascade limit: |^rule '.*' failed on "
+                             r"|^s-transaction of .* aborted: "),
+    (ReasonKind.INVALID_ROW, r"^[a-z][a-z ]* \('[^']*'\) |^malformed JSON|^the line is a JSON |^Spark could not read "
+                             r"|^row is .*, not a mapping |^field .* holds |^column .* is not valid UTF-8"
+                             r"| cannot be delivered: "),
+)]
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
 logger = logging.getLogger("activedb.metrics")
 
-REASON_LENGTH = 80          # a reason label is the reason's text before its first colon, cut to this length
 RULE_OUTCOMES = ("fired", "condition_false", "executed", "failed", "cancelled", "rerun_after_wait")
 
 
@@ -60,9 +59,10 @@ class ConsumerSource(Protocol):
 
 
 def reason_label(reason: str) -> str:
-    """A dead letter's reason as a label of bounded variety: its text before the first colon."""
-    head = reason.split(":", 1)[0].strip() or "unknown"
-    return head[:REASON_LENGTH]
+    """A dead letter's reason as a label of bounded variety: its kind (``activedb.deadletters.ReasonKind``)."""
+    from activedb.deadletters import ReasonKind
+
+    return ReasonKind.of(reason).value
 
 
 class ActivedbCollector(Collector):
@@ -170,8 +170,8 @@ class ActivedbCollector(Collector):
     def _dead_letters(self) -> Iterator[Metric]:
         from activedb import deadletters
 
-        letters = GaugeMetricFamily("activedb_dead_letters", "Dead letters not yet replayed, per reason (the "
-                                    "reason's text before its first colon)", labels=["reason"])
+        letters = GaugeMetricFamily("activedb_dead_letters", "Dead letters not yet replayed, per kind of reason "
+                                    "(activedb.deadletters.ReasonKind)", labels=["reason"])
         per_label: collections.Counter[str] = collections.Counter()
         for reason, count in deadletters.count_by_reason(self.database,
                                                          deadletters.LetterFilter(replayed=False)).items():

@@ -232,3 +232,27 @@ def test_reading_or_purging_with_a_filter_they_cannot_take_is_refused_saying_wha
 
     with pytest.raises(activedb.BadArgument):
         call(db)
+
+
+@pytest.mark.parametrize("reason, kind", [
+    ("timestamp ('ts') is 'x' (str), need a datetime", "invalid row"),
+    ("event type ('type') is 'zap', not a known event type (known: add)", "invalid row"),
+    ("malformed JSON: Expecting value at line 1 in '{'", "invalid row"),
+    ("column 'value' is not valid UTF-8: the bytes FF at byte 0; read as text …", "invalid row"),
+    ("captured insert on 'orders' (change 4 of transaction 9, commit position 3) cannot be delivered: gone",
+     "invalid row"),
+    ("late: ts 2024-05-01 is older than the watermark", "late"),
+    ("duplicate: event id 'e1' was already ingested in batch 0 of q@r", "duplicate"),
+    ("rejected by rule 'positive': negative", "rejected by rule"),
+    ("aborted: rejected by rule 'positive': negative", "rejected by rule"),
+    ("event processing failed: ZeroDivisionError: division by zero", "rule failed"),
+    ("rule 'audit' failed on captured insert on 'orders' (change 4 of transaction 9, commit position 3): E()",
+     "rule failed"),
+    ("rule 'slow' did not return within its deadline of 3 s on this event", "deadline"),
+    ("PostgreSQL refused this event's writes at the commit: value too long", "refused by PostgreSQL"),
+    ("the reactions to captured insert on 'orders' (change 4 …) cannot be committed: value too long",
+     "refused by PostgreSQL"),
+    ("", "other"), ("why not", "other")])
+def test_a_reasons_kind_is_read_from_its_text(reason, kind):
+    """``ReasonKind.of``: the closed set of kinds the metrics label dead letters by, read from the reasons' forms."""
+    assert deadletters.ReasonKind.of(reason).value == kind
