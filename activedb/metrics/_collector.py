@@ -68,7 +68,7 @@ def reason_label(reason: str) -> str:
 class ActivedbCollector(Collector):
     """The metric families of one :class:`~activedb.Database` and the sources watched on it.
 
-    Thread-safe: ``_mutex`` protects ``_ingestions``, ``_ingestion_names`` and ``_consumers`` (the lists, not the sources,
+    Thread-safe: ``_mutex`` protects ``_ingestions``, ``_ingestion_names``, ``_consumers`` and ``_consumer_names`` (the lists, not the sources,
     which are thread-safe themselves); scrapes may run concurrently with ``watch_*``."""
 
     def __init__(self, database: ScrapedDatabase) -> None:
@@ -77,6 +77,7 @@ class ActivedbCollector(Collector):
         self._ingestions: list[tuple[IngestionSource, BatchLatency]] = []
         self._ingestion_names: set[str] = set()      # the query names of _ingestions (each exported once)
         self._consumers: list[ConsumerSource] = []
+        self._consumer_names: set[str] = set()       # the names of _consumers that answered when watched
 
     def watch_ingestion(self, source: IngestionSource) -> None:
         """Export ``source``'s numbers, labelled with its query name; a second source of a name already watched is
@@ -90,7 +91,19 @@ class ActivedbCollector(Collector):
             self._ingestions.append((source, BatchLatency()))
 
     def watch_consumer(self, consumer: ConsumerSource) -> None:
+        """Export ``consumer``'s numbers, labelled with its name; a second consumer of a name already watched is
+        refused (:class:`MetricsError`).  One whose statistics cannot be read now is watched still (a scrape reports
+        it down while it fails, and leaves it out if its name was exported already)."""
+        try:
+            name: str | None = consumer.statistics().name
+        except Exception:
+            name = None
         with self._mutex:
+            if name is not None and name in self._consumer_names:
+                raise MetricsError(f"capture consumer {name!r} is watched already: a second would export the same "
+                                   f"labels, which Prometheus refuses; watch each consumer once")
+            if name is not None:
+                self._consumer_names.add(name)
             self._consumers.append(consumer)
 
     def describe(self) -> list[Metric]:
@@ -229,8 +242,13 @@ class ActivedbCollector(Collector):
         }
         lag = GaugeMetricFamily("activedb_capture_consumer_lag_seconds", "Age of the oldest change of the "
                                 "consumer's last batch when it was read", labels=["consumer"])
+        exported: set[str] = set()
         for consumer in consumers:
             statistics = consumer.statistics()
+            if statistics.name in exported:     # (a consumer that could not say its name when watched)
+                logger.warning("metrics: two watched capture consumers are named %r; exporting the first", statistics.name)
+                continue
+            exported.add(statistics.name)
             for field, family in families.items():
                 family.add_metric([statistics.name], getattr(statistics, field))
             if statistics.lag_seconds is not None:

@@ -65,7 +65,8 @@ class MetricsExporter:
         self.collector.watch_ingestion(source)
 
     def watch_consumer(self, consumer: ConsumerSource) -> None:
-        """Export a capture consumer's counters."""
+        """Export a capture consumer's counters; a second one of a name already watched is refused with
+        :class:`MetricsError`."""
         self.collector.watch_consumer(consumer)
 
     def start(self, listen: str | int) -> str:

@@ -5,6 +5,7 @@ numbers, read at scrape time from the public statistics; a failing source is rep
 from __future__ import annotations
 
 import threading
+import types
 import urllib.request
 
 import pytest
@@ -224,3 +225,35 @@ def test_dead_letters_are_labelled_by_the_kind_of_their_reason(database):
     letters = {dict(labels)["reason"]: value for (name, labels), value in values.items() if name == "activedb_dead_letters"}
     assert letters == {"invalid row": 3, "rule failed": 3, "refused by PostgreSQL": 1, "late": 1,
                        "rejected by rule": 2, "other": 1}
+
+
+class _Consumer:
+    """A watched capture consumer (``ConsumerSource``) named ``name``; its statistics fail while ``failing``."""
+
+    def __init__(self, name: str, changes: int, failing: bool = False):
+        self.name, self.changes, self.failing = name, changes, failing
+
+    def statistics(self):
+        if self.failing:
+            raise RuntimeError("the source is gone")
+        return types.SimpleNamespace(name=self.name, batches=1, changes=self.changes, firings=0, failed=0,
+                                     lag_seconds=0.5)
+
+
+def test_a_second_capture_consumer_of_one_name_is_refused_and_never_exported_twice(database):
+    """Two watched capture consumers of one name exported two samples with one label set in every
+    ``activedb_capture_consumer_*`` family — duplicate samples, an invalid exposition.  A second consumer of a name
+    already watched is refused where it is watched (a MetricsError); one whose statistics could not be read then (it
+    is watched still, and reported down while it fails) is left out of a scrape that exported its name already."""
+    exporter = MetricsExporter(database)
+    exporter.watch_consumer(_Consumer("orders", 3))
+    with pytest.raises(MetricsError, match=r"capture consumer 'orders' is watched already"):
+        exporter.watch_consumer(_Consumer("orders", 5))
+    late = _Consumer("orders", 7, failing=True)
+    exporter.watch_consumer(late)                     # cannot say its name now: taken
+    exporter.watch_consumer(_Consumer("refunds", 2))
+    late.failing = False
+    text = exporter.scrape()
+    changes = [line for line in text.splitlines() if line.startswith("activedb_capture_consumer_changes_total{")]
+    assert sorted(changes) == ['activedb_capture_consumer_changes_total{consumer="orders"} 3.0',
+                               'activedb_capture_consumer_changes_total{consumer="refunds"} 2.0']
