@@ -26,6 +26,10 @@ if TYPE_CHECKING:  # pragma: no cover
     from activedb.ingest import IngestDatabase as Database
 
 
+#: How long ``drop_consumer`` waits for the leader's lock (milliseconds) before it says the consumer runs.
+_DROP_LOCK_WAIT_MS = 2000
+
+
 class CaptureManager:
     """Change capture of one database: ``db.capture`` (an example: the package's ``README.md``).
     Thread-safe.  Capture is better installed by the application's own Alembic revision
@@ -89,8 +93,22 @@ class CaptureManager:
 
     def drop_consumer(self, name: str) -> None:
         """Forget consumer ``name``'s position and its batches in the ingestion ledger (it no longer holds back
-        pruning; if it runs again, it starts from the oldest retained change, as new)."""
+        pruning; if it runs again, it starts from the oldest retained change, as new).  A consumer of the name that
+        runs — it leads the name, in this process or another — is not dropped: :class:`CaptureError`, stop it first
+        (its ``close()``, or end its process); its next batch would otherwise fire again on the changes it handled."""
         with self._database.engine.begin() as connection:
+            # The leader's lock, for the drop's transaction: none can lead meanwhile (one that leads after it starts
+            # anew).  Waited for a little: the session of a consumer just closed ends a moment after its close().
+            connection.execute(sa.text(f"SET LOCAL lock_timeout = {_DROP_LOCK_WAIT_MS}"))
+            try:
+                connection.execute(sa.text("SELECT pg_advisory_xact_lock(:class, :key)"),
+                                   {"class": _sql.CONSUMER_LOCK_CLASS, "key": _sql.consumer_lock_key(name)})
+            except sa.exc.OperationalError as error:
+                if getattr(error.orig, "sqlstate", None) != "55P03":        # (lock_not_available)
+                    raise
+                raise CaptureError(f"capture consumer {name!r} is running (it leads its name in a PostgreSQL session): "
+                                   f"stop it first — its close(), or end its process — then drop it; nothing was "
+                                   f"dropped") from None
             connection.execute(sa.text(f"DELETE FROM {_sql.CONSUMERS} WHERE name = :name"), {"name": name})
             forget_run(connection, source_of(name))
 

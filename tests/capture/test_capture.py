@@ -445,6 +445,7 @@ def test_backlog_is_visible_a_consumer_far_behind_says_so_and_consumed_changes_a
         psql.execute("INSERT INTO orders (id, customer, amount) VALUES (120, 'b', 1)")
     pruning.run_until_caught_up()
     assert db.capture.status().retained_changes == 1
+    pruning.close()                                           # a consumer that leads is not dropped
     db.capture.drop_consumer("keeper")
     assert db.capture.status().consumers == ()
 
@@ -888,3 +889,27 @@ def test_a_consumer_name_with_an_at_sign_is_refused_as_a_consumer_name(clean, na
     what it may hold."""
     with pytest.raises(CaptureError, match=rf"a consumer name is a non-empty string without '@'.*got {name!r}"):
         clean.capture.consumer(name)
+
+
+def test_dropping_a_consumer_that_runs_is_refused_and_the_consumer_goes_on_exactly_once(clean, conninfo):
+    """``db.capture.drop_consumer(name)`` forgets the position and the ledger run of a consumer that no longer runs
+    (design note: a name that no longer runs holds pruning back until dropped).  Of a consumer that runs — it leads
+    its name, here or in another process — it forgot them under it: its next batch found no position, started again
+    from the oldest retained change and fired the rules again on changes they had handled.  It is now refused (a
+    CaptureError saying to stop the consumer first), nothing dropped; once the consumer is closed, it is dropped."""
+    db = clean
+    _app.register(db)
+    consumer = db.capture.consumer("dropped", retention=3600)      # its handled changes stay retained
+    with psycopg.connect(conninfo, autocommit=True) as psql:
+        psql.execute("INSERT INTO orders (id, customer, amount) VALUES (130, 'a', 1)")
+    consumer.run_until_caught_up()
+    assert logged(db) == [("inserted", 130)]
+    with pytest.raises(CaptureError, match=r"consumer 'dropped' is running.*stop it first"):
+        db.capture.drop_consumer("dropped")
+    with psycopg.connect(conninfo, autocommit=True) as psql:
+        psql.execute("INSERT INTO orders (id, customer, amount) VALUES (131, 'a', 1)")
+    consumer.run_until_caught_up()
+    assert logged(db) == [("inserted", 130), ("inserted", 131)]     # 130 not fired again
+    consumer.close()
+    db.capture.drop_consumer("dropped")
+    assert db.capture.status().consumers == ()
