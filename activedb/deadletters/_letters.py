@@ -334,8 +334,16 @@ def written_ahead(connection: sa.Connection, table: sa.Table, query_id: str, bat
 
 # --- reading -------------------------------------------------------------------------------------------
 
+def _check_filter(call: str, letters: object) -> None:
+    """Raise BadArgument unless ``letters`` (given to ``deadletters.call``) is a :class:`LetterFilter`."""
+    if not isinstance(letters, LetterFilter):
+        raise BadArgument(f"deadletters.{call}(letters={letters!r}) takes a LetterFilter — LetterFilter(query=..., "
+                          f"reason=..., ...); LetterFilter() selects every letter")
+
+
 def select(database: DatabaseHandle, letters: LetterFilter = LetterFilter(), *, limit: int | None = None) -> list[LetterRecord]:
     """The dead letters ``letters`` selects, oldest first (at most ``limit``)."""
+    _check_filter("select", letters)
     if limit is not None:
         check_whole_number("deadletters.select", "limit", limit, 0, " (None: all)")
     table = database.table(TABLE)
@@ -347,6 +355,7 @@ def select(database: DatabaseHandle, letters: LetterFilter = LetterFilter(), *, 
 
 
 def count(database: DatabaseHandle, letters: LetterFilter = LetterFilter()) -> int:
+    _check_filter("count", letters)
     table = database.table(TABLE)
     with database.engine.connect() as connection:
         return connection.execute(sa.select(sa.func.count()).select_from(
@@ -355,6 +364,7 @@ def count(database: DatabaseHandle, letters: LetterFilter = LetterFilter()) -> i
 
 def count_by_reason(database: DatabaseHandle, letters: LetterFilter = LetterFilter()) -> dict[str, int]:
     """How many of the dead letters ``letters`` selects there are per reason, ``{reason: count}``."""
+    _check_filter("count_by_reason", letters)
     table = database.table(TABLE)
     selected = letters.statement(table).order_by(None).subquery()
     statement = sa.select(selected.c.reason, sa.func.count()).group_by(selected.c.reason)
@@ -364,6 +374,7 @@ def count_by_reason(database: DatabaseHandle, letters: LetterFilter = LetterFilt
 
 def purge(database: DatabaseHandle, letters: LetterFilter) -> int:
     """Delete the dead letters ``letters`` selects; how many were deleted."""
+    _check_filter("purge", letters)
     table = database.table(TABLE)
     selected = letters.statement(table).with_only_columns(table.c.id).order_by(None)
     with database.engine.begin() as connection:

@@ -256,3 +256,15 @@ def test_reading_or_purging_with_a_filter_they_cannot_take_is_refused_saying_wha
 def test_a_reasons_kind_is_read_from_its_text(reason, kind):
     """``ReasonKind.of``: the closed set of kinds the metrics label dead letters by, read from the reasons' forms."""
     assert deadletters.ReasonKind.of(reason).value == kind
+
+
+@pytest.mark.parametrize("call", ["select", "count", "count_by_reason", "purge"])
+@pytest.mark.parametrize("letters", [None, {"query": "q"}, "q"])
+def test_a_filter_that_is_no_letter_filter_is_refused_saying_what_to_give(db, call, letters):
+    """``select``, ``count``, ``count_by_reason`` and ``purge`` take a ``LetterFilter``: None (as if it meant every
+    letter), a dict of its fields or a query name failed with a bare AttributeError (``'NoneType' object has no
+    attribute 'statement'``); now a BadArgument says what to give, and nothing is read or deleted."""
+    from activedb.errors import BadArgument
+
+    with pytest.raises(BadArgument, match=rf"deadletters.{call}\(letters=.*\) takes a LetterFilter"):
+        getattr(deadletters, call)(db, letters)
