@@ -42,6 +42,14 @@ __all__ = ["CaptureConsumer", "CapturedChange", "ConsumerOptions", "ConsumerStat
 logger = logging.getLogger("activedb.capture")
 
 
+def check_consumer_name(name: object) -> None:
+    """Raise CaptureError unless ``name`` can name a consumer: a non-empty string without '@'."""
+    if not isinstance(name, str) or not name or "@" in name:
+        # ('@' would make the ledger's capture:<name> read as SOURCE@RUN: activedb.ingest.LedgerId)
+        raise CaptureError(f"a consumer name is a non-empty string without '@' (its batches are filed in the "
+                           f"ingestion ledger as capture:<name>), got {name!r}")
+
+
 class ConsumerState(enum.Enum):
     """``NEW`` → (``STANDBY`` ⇄ ``LEADING``) → ``STOPPED``.  ``STANDBY``: another consumer of the same
     name leads (or the listener connection is down); ``LEADING``: this one holds the name's lock."""
@@ -108,10 +116,7 @@ class CaptureConsumer:
                  retention: float | dt.timedelta = 0.0, prune_interval: float = 5.0, idle_wait: float = 5.0,
                  behind_seconds: float = 60.0, max_retries: int = 5,
                  on_step: Callable[[Step, int], None] | None = None):
-        if not isinstance(name, str) or not name or "@" in name:
-            # ('@' would make the ledger's capture:<name> read as SOURCE@RUN: activedb.ingest.LedgerId)
-            raise CaptureError(f"a consumer name is a non-empty string without '@' (its batches are filed in the "
-                               f"ingestion ledger as capture:<name>), got {name!r}")
+        check_consumer_name(name)
         for option, value, least in (("batch_size", batch_size, 1), ("max_retries", max_retries, 0)):
             check_whole_number("db.capture.consumer", option, value, least, error=CaptureError)
         for option, duration in (("prune_interval", prune_interval), ("behind_seconds", behind_seconds)):

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Unpack
 import sqlalchemy as sa
 
 from activedb.capture import _sql
-from activedb.capture._consumer import CaptureConsumer, ConsumerOptions
+from activedb.capture._consumer import CaptureConsumer, ConsumerOptions, check_consumer_name
 from activedb.capture._firing import source_of
 from activedb.capture._position import prune
 from activedb.capture._status import (BEHIND_CHANGES, BEHIND_SECONDS, CapturedTable, CaptureStatus, capture_status,
@@ -96,6 +96,7 @@ class CaptureManager:
         pruning; if it runs again, it starts from the oldest retained change, as new).  A consumer of the name that
         runs — it leads the name, in this process or another — is not dropped: :class:`CaptureError`, stop it first
         (its ``close()``, or end its process); its next batch would otherwise fire again on the changes it handled."""
+        check_consumer_name(name)
         with self._database.engine.begin() as connection:
             # The leader's lock, for the drop's transaction: none can lead meanwhile (one that leads after it starts
             # anew).  Waited for a little: the session of a consumer just closed ends a moment after its close().

@@ -913,3 +913,12 @@ def test_dropping_a_consumer_that_runs_is_refused_and_the_consumer_goes_on_exact
     consumer.close()
     db.capture.drop_consumer("dropped")
     assert db.capture.status().consumers == ()
+
+
+@pytest.mark.parametrize("name", [None, 5, "", "a@b"])
+def test_dropping_what_is_no_consumer_name_is_refused_saying_what_one_is(clean, name):
+    """``db.capture.drop_consumer(name)`` of what is no consumer name failed with a bare AttributeError from hashing it
+    for the leader's lock (None, a number) or dropped nothing silently (empty, '@'); now a CaptureError says what a
+    consumer name is, as ``db.capture.consumer(name)`` does."""
+    with pytest.raises(CaptureError, match=r"a consumer name is a non-empty string without '@'"):
+        clean.capture.drop_consumer(name)
