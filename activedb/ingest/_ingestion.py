@@ -157,6 +157,7 @@ class Ingestion:
     def resume(self, query_id: str) -> None:
         """A run resumes (a restarted process): punctuate again the last watermark the ledger recorded for it
         (punctuations live in memory; every batch's ledger row keeps its watermark)."""
+        _check_query_id(query_id)
         resumed = last_watermark(self.db, query_id)
         if resumed is not None:
             self.db.punctuate(self.source, resumed.astimezone(_UTC))

@@ -392,3 +392,19 @@ def test_batch_committed_of_what_is_no_ledger_id_or_batch_number_is_refused(data
             batch_committed(database, query_id, batch_id)
     finally:
         database.close()
+
+
+@pytest.mark.parametrize("query_id", [None, "", 5])
+def test_resume_of_what_is_no_ledger_id_is_refused_saying_what_to_give(database_url, query_id):
+    """``Ingestion.resume(query_id)`` takes a ledger id's text, as ``process`` does: None answered no watermark and
+    made the ingestion run as None (its statistics' query id), a number failed with PostgreSQL's 'operator does not
+    exist'; now an IngestError says what a query id is."""
+    database = app_database(database_url)
+    ingestion = Ingestion(database, app_counters.MAPPING, source="resumed")
+    try:
+        with pytest.raises(IngestError, match=r"query_id .* is no ledger id"):
+            ingestion.resume(query_id)
+        assert ingestion.statistics().query_id is None
+    finally:
+        ingestion.close()
+        database.close()
