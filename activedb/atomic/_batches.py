@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Callable, TypeAlias, TypeVar
 import sqlalchemy as sa
 
 from activedb._closedset import ClosedSet
+from activedb.errors import check_switch
 from activedb.events import age_seconds
 from activedb.store import jsonable
 
@@ -241,6 +242,8 @@ class Batches:
         Runs in reverse topological order, one recorded top-level transaction per compensated one; a
         second call resumes what a crash interrupted (each is compensated at most once).  ``dry_run``:
         the report of what would be undone, nothing changed."""
+        for switch, value in (("dry_run", dry_run), ("allow_unsafe", allow_unsafe), ("consecutive", consecutive)):
+            check_switch("compensate", switch, value, error=LineageError)
         compensation = self.plan(source_batch, mode=mode, scope=scope, max_rounds=max_rounds,
                                  max_transactions=max_transactions, consecutive=consecutive)
         if dry_run:

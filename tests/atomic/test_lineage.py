@@ -378,3 +378,18 @@ def test_a_compensation_decorator_written_without_its_name_is_refused(db):
         @db.batches.compensation
         def refund(tx, **args):
             pass
+
+
+@pytest.mark.parametrize("switch", ["allow_unsafe", "dry_run", "consecutive"])
+@pytest.mark.parametrize("value", ["no", "false", 0.0, None])
+def test_compensate_refuses_a_switch_that_is_no_bool_before_anything_is_undone(db, switch, value):
+    """``db.batches.compensate(batch, allow_unsafe=…, dry_run=…, consecutive=…)`` take True or False: a text such as
+    'no' or 'false' is true to Python, so allow_unsafe='no' compensated transactions the plan calls unsafe and
+    dry_run='false' changed nothing while the caller meant it to; now a LineageError names the switch."""
+    query = prefix()
+    with db.transaction(name="ingest") as tx:
+        db.batches.consumed(tx, query, 1)
+        tx.insert("items", key=f"{query}-x", value=1)
+    with pytest.raises(LineageError, match=rf"compensate\({switch}=.*\) takes True or False"):
+        db.batches.compensate((query, 1), **{switch: value})
+    assert scalar(db, "SELECT count(*) FROM items WHERE key = :k", k=f"{query}-x") == 1
