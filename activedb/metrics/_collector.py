@@ -65,6 +65,12 @@ def reason_label(reason: str) -> str:
     return ReasonKind.of(reason).value
 
 
+def _check_source(call: str, source: object, methods: tuple[str, ...], what: str) -> None:
+    """Raise MetricsError unless ``source`` (given to ``call``) has the methods a scrape reads."""
+    if not all(callable(getattr(source, method, None)) for method in methods):
+        raise MetricsError(f"{call}({source!r}) takes {what}: an object with {', '.join(f'{m}()' for m in methods)}")
+
+
 class ActivedbCollector(Collector):
     """The metric families of one :class:`~activedb.Database` and the sources watched on it.
 
@@ -82,6 +88,8 @@ class ActivedbCollector(Collector):
     def watch_ingestion(self, source: IngestionSource) -> None:
         """Export ``source``'s numbers, labelled with its query name; a second source of a name already watched is
         refused (:class:`MetricsError`): two samples with one label set are an invalid exposition."""
+        _check_source("watch_ingestion", source, ("statistics", "recent_outcomes", "batch_in_progress"),
+                      "an ingestion (activedb.ingest.Ingestion, the Spark bridge's sink)")
         name = source.statistics().query_name
         with self._mutex:
             if name in self._ingestion_names:
@@ -94,6 +102,7 @@ class ActivedbCollector(Collector):
         """Export ``consumer``'s numbers, labelled with its name; a second consumer of a name already watched is
         refused (:class:`MetricsError`).  One whose statistics cannot be read now is watched still (a scrape reports
         it down while it fails, and leaves it out if its name was exported already)."""
+        _check_source("watch_consumer", consumer, ("statistics",), "a capture consumer (db.capture.consumer(name))")
         try:
             name: str | None = consumer.statistics().name
         except Exception:

@@ -257,3 +257,16 @@ def test_a_second_capture_consumer_of_one_name_is_refused_and_never_exported_twi
     changes = [line for line in text.splitlines() if line.startswith("activedb_capture_consumer_changes_total{")]
     assert sorted(changes) == ['activedb_capture_consumer_changes_total{consumer="orders"} 3.0',
                                'activedb_capture_consumer_changes_total{consumer="refunds"} 2.0']
+
+
+@pytest.mark.parametrize("watch", ["watch_ingestion", "watch_consumer"])
+@pytest.mark.parametrize("source", [None, "orders", 5])
+def test_watching_what_is_no_source_is_refused_saying_what_to_give(database, watch, source):
+    """``watch_ingestion(None)`` failed with a bare AttributeError, and ``watch_consumer(None)`` (or a consumer's name)
+    was taken: every scrape then reported the capture consumers down, for good.  Each is now a MetricsError saying what
+    to watch."""
+    exporter = MetricsExporter(database)
+    with pytest.raises(MetricsError, match=rf"{watch}\(.*\) takes"):
+        getattr(exporter, watch)(source)
+    values = samples(exporter.scrape())
+    assert values[("activedb_metrics_source_up", (("source", "capture_consumers"),))] == 1
