@@ -158,9 +158,19 @@ class CompositionEngine:
         Composite events reach rules as stream events (``tx.emit``) whose ``ts`` is the composite's
         interval :class:`~activedb.events.Timestamp` and whose payload is ``CompositeEvent.payload()``."""
         with self._guard:
-            if query not in self._queries:
-                raise DefinitionError(f"no query {query!r} in engine {self.name}")
-        return EventSpec(EventKind.STREAM, query)
+            compiled = self._query(query)
+        return EventSpec(EventKind.STREAM, compiled.name)
+
+    def _query(self, query: str) -> CompiledQuery:
+        """``query`` as definitions find it (ignoring case).  Caller holds ``_mutex``."""
+        compiled = self._queries.get(query)
+        if compiled is None:
+            folded = [found for name, found in self._queries.items() if name.casefold() == str(query).casefold()]
+            if len(folded) != 1:
+                raise DefinitionError(f"no query {query!r} in engine {self.name} (defined: "
+                                      f"{', '.join(self._queries) or 'none'})")
+            compiled = folded[0]
+        return compiled
 
     # --- membership ---------------------------------------------------------------------------------
 
@@ -380,13 +390,11 @@ class CompositionEngine:
         unknown): what a consumer of these composites uses as this query's sync-point
         (``other.heartbeat(query, engine.progress(query))``)."""
         with self._guard:
-            compiled = self._queries.get(query)
-            if compiled is None:
-                raise DefinitionError(f"no query {query!r} in engine {self.name}")
+            compiled = self._query(query)
             syncs = self._members.syncs(compiled.types)
             if syncs is None:
                 return None
-            lowers = [item.ts.interval.lower for (name, _), node in self._evaluation.nodes.items() if name == query
+            lowers = [item.ts.interval.lower for (name, _), node in self._evaluation.nodes.items() if name == compiled.name
                       for item in node.items()]
             return min(lowers + syncs, default=None)
 

@@ -245,3 +245,13 @@ def test_window_last_keeps_at_most_that_many_arrivals_and_refuses_a_negative_cou
     for bad in (-1, 1.5, "2", True):
         with pytest.raises(CompositeError, match="window.*last"):
             engine.window(last=bad)
+
+
+def test_spec_and_progress_find_a_query_ignoring_case_as_definitions_do():
+    engine = make_engine(AND_CHRONICLE, FIG2)
+    engine.signal(ev("A", 1.0, "PA", "a0"))
+    engine.signal(ev("B", 1.1, "P1B", "b0"))
+    assert engine.spec("ab") == engine.spec("AB")          # the spec rules match: the name composites carry
+    assert engine.progress("ab") == engine.progress("AB")
+    with pytest.raises(Exception, match="already defined"):
+        engine.define("CREATE QUERY ab PATTERN AND(A, B) RETURN A.id AS a")
