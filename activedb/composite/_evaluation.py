@@ -122,6 +122,10 @@ class Evaluation:
         return ("drop", dropped)
 
     def compose(self, node: Node, chosen: list[Item]) -> None:
+        self.emit(node, self.build(node, chosen, tuple(node.pending_resolutions)))
+
+    def build(self, node: Node, chosen: list[Item], resolutions: tuple[Resolution, ...]) -> CompositeEvent:
+        """The composite event of ``chosen``, changing nothing (its RETURN may raise)."""
         query = node.query
         events: list[StreamEvent | None] = [None] * len(query.types)
         for rank, item in enumerate(chosen):
@@ -131,9 +135,13 @@ class Evaluation:
         composite = CompositeEvent(
             query=query.name, ts=hull([item.ts for item in chosen], producer=query.name), attributes=attributes,
             constituents=tuple(item.event for item in chosen), components=node.names, partition=node.partition,
-            resolutions=tuple(node.pending_resolutions),
+            resolutions=resolutions,
             consumption=query.definition.consumption.value,  # type: ignore[union-attr]  # (create_query set it)
             operator="AND" if node.conjunction else "SEQ", sts=self.clock.now())
+        return composite
+
+    def emit(self, node: Node, composite: CompositeEvent) -> None:
+        """``composite`` (made by :meth:`build`) is produced."""
         node.pending_resolutions.clear()
         node.decisions.clear()
         self.counts["composites"] += 1

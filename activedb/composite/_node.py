@@ -245,11 +245,14 @@ class Node:
                     chosen[rank] = pick
                 if complete:
                     compositions.append([item for item in chosen if item is not None])
-            # Decided without raising: only now does the event count as processed (an uncertainty raised
-            # above leaves it unprocessed, to be decided again).
+            # Every RETURN computed first (one that raises, like an uncertainty raised above, leaves the event
+            # unprocessed, to be decided again, and nothing emitted); only now does the event count as processed.
+            resolutions = tuple(self.pending_resolutions)
+            composites = [context.build(self, composition, resolutions if index == 0 else ())
+                          for index, composition in enumerate(compositions)]
             event.processed = True
-            for composition in compositions:
-                context.compose(self, composition)
+            for composite in composites:
+                context.emit(self, composite)
             if not compositions:
                 context.unmatched(self, event)
             return Step.COMPOSED

@@ -410,11 +410,13 @@ def test_choice_drop_of_no_candidate_is_a_bad_argument_saying_what_to_give():
 @pytest.mark.parametrize("query", [
     "CREATE QUERY AB PATTERN AND(A, B) CONSUMING CHRONICLE RETURN A.id AS a, A.x / B.y AS r",
     "CREATE QUERY AthenB PATTERN SEQ(A, B) CONSUMING RECENT RETURN A.id AS a, A.x / B.y AS r",
-], ids=["chronicle", "recent-seq"])
+    "CREATE QUERY AB PATTERN AND(A, B) CONSUMING RECENT RETURN A.id AS a, A.x / B.y AS r",
+], ids=["chronicle", "recent-seq", "recent-and"])
 def test_a_return_that_raises_leaves_the_pair_in_the_lists(query):
     """The chosen pair left the lists before RETURN was computed, so a RETURN that raises (``A.x / B.y`` with y = 0)
     lost both events outside any transaction: the error was raised once, and the next call saw empty lists.  Now
-    the pair stays, and each evaluation raises the same error until the application discards an event."""
+    the pair stays, and each evaluation raises the same error until the application discards an event.  Recent AND
+    marked the event processed before computing RETURN, so there too the error was raised once and the pair lost."""
     engine = make_engine(query, FIG2, attributes=("id", "x", "y"))
     a0, b0 = ev("A", 1.0, "PA", "a0", x=1, y=1), ev("B", 1.1, "P1B", "b0", x=1, y=0)
     raised = 0
