@@ -258,16 +258,26 @@ class CompositionEngine:
         before it changes anything — ``LateEvent``, ``EventRejected`` (also for an event a query's condition cannot be
         evaluated on), ``MembershipError`` — is handed back with
         its error (to become a dead letter) instead of failing the whole batch, which a connector would deliver
-        again, to be refused again, for ever.  The result is the one the batch without those inputs gives."""
+        again, to be refused again, for ever.  The result is the one the batch without those inputs gives.  An event
+        that completes a composition whose RETURN raises is handed back too (``Evaluation.refuse``: it leaves that
+        query's lists, the composition's other events stay), though it may have come in an earlier batch."""
         refused: list[tuple[StreamEvent | Heartbeat, CompositeError]] = []
         with self._guard:
             if tx is not None:
                 self._rollback.enlist(tx.root)
-            for item in items:
-                try:
-                    self._input.take(item, refuse_unevaluable=True)
-                except (LateEvent, EventRejected, MembershipError) as error:
-                    refused.append((item, error))
+            evaluation = self._evaluation
+            evaluation.refusing = True
+            try:
+                for item in items:
+                    try:
+                        self._input.take(item, refuse_unevaluable=True)
+                    except (LateEvent, EventRejected, MembershipError) as error:
+                        refused.append((item, error))
+                    refused.extend(evaluation.refused)
+                    evaluation.refused = []
+            finally:
+                evaluation.refusing = False
+                evaluation.refused = []
         return self._finish(emit_into=tx), refused
 
     def poll(self) -> list[CompositeEvent]:

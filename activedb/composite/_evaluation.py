@@ -13,9 +13,10 @@ from activedb.composite._members import Members
 from activedb.composite._model import Choice, CompositeEvent, Partition, Resolution, Uncertainty, describe_event
 from activedb.composite._node import Node
 from activedb.composite._polist import Decision, Item, POList
-from activedb.composite.errors import CompositeError, UncertainOrder
+from activedb.composite.errors import CompositeError, EventRejected, UncertainOrder
 from activedb.events import hull
 from activedb.streams import CompiledQuery, Ctx, StreamEvent
+from activedb.streams.errors import EvaluationError
 
 
 class EvaluationSnapshot(TypedDict):
@@ -48,6 +49,10 @@ class Evaluation:
         self.raised: list[UncertainOrder] = []              # uncertainties met during the current call
         self.composites: collections.deque[CompositeEvent] = collections.deque(maxlen=window)
         self.uncertainties: collections.deque[Uncertainty] = collections.deque(maxlen=window)
+        # An ingestion's batch (``CompositionEngine._process_refusing``): a RETURN that raises refuses the event
+        # that completed the composition (``refuse``) instead of raising.
+        self.refusing = False
+        self.refused: list[tuple[StreamEvent, EventRejected]] = []     # (while refusing) for the dead letters
 
     def node(self, query: CompiledQuery, partition: Partition) -> Node:
         """The node of ``query`` for ``partition`` (made on first use)."""
@@ -121,8 +126,34 @@ class Evaluation:
             dropped.extend(matches)
         return ("drop", dropped)
 
-    def compose(self, node: Node, chosen: list[Item]) -> None:
-        self.emit(node, self.build(node, chosen, tuple(node.pending_resolutions)))
+    def compose(self, node: Node, chosen: list[Item]) -> bool:
+        """Produce the composite event of ``chosen``: True; False if its RETURN raised and the event that
+        completed it was refused (``refuse``: the node's lists changed, ``chosen`` is not used up)."""
+        try:
+            composite = self.build(node, chosen, tuple(node.pending_resolutions))
+        except EvaluationError as error:
+            self.refuse(node, chosen, error)
+            return False
+        self.emit(node, composite)
+        return True
+
+    def refuse(self, node: Node, chosen: list[Item], error: EvaluationError) -> None:
+        """The RETURN of ``node``'s query raised ``error`` on ``chosen``: raise it, unless ``refusing`` (an
+        ingestion's batch, which a raise would fail on every delivery); then the constituent that arrived last
+        (the one that completed the composition) leaves this node's lists and is handed back as refused (a
+        dead letter), and the others stay for later compositions."""
+        if not self.refusing:
+            raise error
+        terminator = max(chosen, key=lambda item: item.number)
+        node.remove([terminator])
+        node.decisions.clear()
+        node.pending_resolutions.clear()
+        self.counts["dropped"] += 1
+        self.refused.append((terminator.event, EventRejected(
+            f"event {describe_event(terminator.event)} completed a composition of query {node.query.name} "
+            f"({', '.join(describe_event(item.event) for item in chosen)}) whose RETURN cannot be computed "
+            f"({error}); it left that query's lists (its other events stay) — correct the event and replay it, "
+            f"or correct the query's RETURN")))
 
     def build(self, node: Node, chosen: list[Item], resolutions: tuple[Resolution, ...]) -> CompositeEvent:
         """The composite event of ``chosen``, changing nothing (its RETURN may raise)."""

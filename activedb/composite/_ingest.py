@@ -13,7 +13,7 @@ import datetime as dt
 import heapq
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 from activedb.composite._engine import CompositionEngine
 from activedb.composite._model import CompositeEvent, Heartbeat
@@ -172,17 +172,40 @@ def feed_batch(engine: CompositionEngine, rows: Rows, mapping: EventMapping, *, 
             rejected.append(Rejected(*_at(rows_of, item, problem)))
     composites, refused = engine._process_refusing(tx, accepted)
     for item, error in refused:
-        rejected.append(Rejected(*_at(rows_of, item, f"{type(error).__name__}: {error}")))
+        rejected.append(Rejected(*_at(rows_of, item, f"{type(error).__name__}: {error}", items, mapping)))
     refused_ids = {id(item) for item, _ in refused}
     taken = [item for item in accepted if id(item) not in refused_ids]
     return FeedResult(tuple(taken), tuple(composites), tuple(rejected))
 
 
-def _at(rows_of: dict[int, tuple[int, Mapping[str, object]]], item: StreamEvent | Heartbeat, reason: str
+def _at(rows_of: dict[int, tuple[int, Mapping[str, object]]], item: StreamEvent | Heartbeat, reason: str,
+        items: Sequence[StreamEvent | Heartbeat] = (), mapping: EventMapping | None = None
         ) -> tuple[int, str, dict[str, Json]]:
-    """A rejection of ``item`` at its row's position, showing its row."""
-    position, row = rows_of[id(item)]
-    return position, reason, jsonable(row)
+    """A rejection of ``item`` at its row's position, showing its row.  An event the engine hands back as it
+    holds it (a RETURN refused it: ``CompositionEngine._process_refusing``) is found among ``items`` by its
+    content; one of an earlier batch is no row of this one (position -1) and shows its type, producer,
+    time and attributes."""
+    found = rows_of.get(id(item))
+    if found is None and isinstance(item, StreamEvent):
+        found = next((rows_of[id(candidate)] for candidate in items if isinstance(candidate, StreamEvent)
+                      and _same(candidate, item)), None)
+        if found is None:
+            assert mapping is not None
+            row: dict[str, object] = dict(item.attributes)
+            row[mapping.type_column] = item.type
+            row[mapping.ts_column] = str(item.ts)
+            if mapping.producer_column is not None:
+                row[mapping.producer_column] = item.ts.producer
+            return -1, reason, jsonable(row)
+    assert found is not None
+    position, original = found
+    return position, reason, jsonable(original)
+
+
+def _same(one: StreamEvent, other: StreamEvent) -> bool:
+    """The same event, whatever clock the engine gave its timestamp."""
+    return (one.type == other.type and dict(one.attributes) == dict(other.attributes)
+            and (one.ts.lower, one.ts.upper, one.ts.producer) == (other.ts.lower, other.ts.upper, other.ts.producer))
 
 
 class CompositeHandler(BatchHandler):

@@ -8,10 +8,11 @@ from __future__ import annotations
 import enum
 from typing import TYPE_CHECKING, Callable, Iterable
 
-from activedb.composite._model import Partition, Resolution, Uncertainty, UncertaintyKind
+from activedb.composite._model import CompositeEvent, Partition, Resolution, Uncertainty, UncertaintyKind
 from activedb.composite._polist import Decision, POList, Item, before, newest_before, oldest, oldest_following
 from activedb.streams import CompiledQuery
 from activedb.streams import algebra as ast
+from activedb.streams.errors import EvaluationError
 
 if TYPE_CHECKING:  # pragma: no cover
     from activedb.composite._evaluation import Evaluation
@@ -165,8 +166,8 @@ class Node:
             if dropped is not None:
                 return dropped
             chosen.append(pick)  # type: ignore[arg-type]  # (chosen when nothing was dropped)
-        context.compose(self, chosen)        # first: a RETURN that raises leaves the pair in the lists
-        self.remove(chosen)
+        if context.compose(self, chosen):    # first: a RETURN that raises leaves the pair in the lists
+            self.remove(chosen)
         return Step.COMPOSED
 
     # recent: derived (see the README) ----------------------------------------------------------------
@@ -187,8 +188,8 @@ class Node:
                     complete = False
                     break
                 chosen.insert(0, pick)
-            if complete:
-                context.compose(self, chosen)    # first: a RETURN that raises leaves the terminator in its list
+            if complete and not context.compose(self, chosen):     # first: a RETURN that raises leaves the
+                return Step.COMPOSED             # terminator in its list; refused, one constituent left the lists
             self.lists[last] = POList(item for item in self.lists[last] if item is not terminator)
             if not complete:
                 context.unmatched(self, terminator)
@@ -248,8 +249,13 @@ class Node:
             # Every RETURN computed first (one that raises, like an uncertainty raised above, leaves the event
             # unprocessed, to be decided again, and nothing emitted); only now does the event count as processed.
             resolutions = tuple(self.pending_resolutions)
-            composites = [context.build(self, composition, resolutions if index == 0 else ())
-                          for index, composition in enumerate(compositions)]
+            composites: list[CompositeEvent] = []
+            for composition in compositions:
+                try:
+                    composites.append(context.build(self, composition, () if composites else resolutions))
+                except EvaluationError as error:
+                    context.refuse(self, composition, error)     # raises, or one constituent left the lists
+                    return Step.COMPOSED
             event.processed = True
             for composite in composites:
                 context.emit(self, composite)

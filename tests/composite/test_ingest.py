@@ -138,3 +138,74 @@ def test_a_row_the_engine_refuses_as_late_is_a_dead_letter_and_the_batch_commits
         assert raw == late
     finally:
         database.close()
+
+
+def test_an_event_completing_a_composition_whose_return_raises_is_a_dead_letter_and_the_stream_goes_on():
+    """A composition whose RETURN raises (``A.x / B.y`` with y = 0) failed the whole batch, on every delivery: the
+    stream stopped for good.  Now the event that completed the composition (the constituent that arrived last) is
+    rejected with the query and the error — at its row, or, come in an earlier batch and completed by a
+    heartbeat, as no row of the batch (position -1) showing the event — and the other constituents stay."""
+    mapping = EventMapping("type", "k", "ts", producer_column="producer", accuracy_column="accuracy",
+                           heartbeat_type="heartbeat", payload_columns=["id", "x", "y"])
+
+    def row(kind, ts, producer, ident=None, x=None, y=None):
+        return {"type": kind, "k": "x" if ident else None, "ts": ts, "producer": producer, "accuracy": 0.01,
+                "id": ident, "x": x, "y": y}
+
+    def beats(ts):
+        return [row("heartbeat", ts, "P0"), row("heartbeat", ts, "P1")]
+
+    engine = composite.CompositionEngine(None, name="ratio", clock=composite.ManualClock(), timeout=None)
+    engine.create_stream("s", types=["A", "B"], attributes=["id", "k", "x", "y"])
+    engine.define("CREATE QUERY Q PATTERN SEQ(A, B) RETURN A.id AS a, B.id AS b, A.x / B.y AS r")
+    engine.join("P0", types=["A"])
+    engine.join("P1", types=["B"])
+    first = feed_batch(engine, [row("A", 100.0, "P0", "a0", x=1), row("B", 101.0, "P1", "b0", y=0), *beats(110.0)],
+                       mapping)
+    assert [(rejected.position, rejected.row["id"]) for rejected in first.rejected] == [(1, "b0")]
+    reason = first.rejected[0].reason
+    assert reason.startswith("EventRejected: ") and "query Q" in reason and "1 / 0" in reason, reason
+    assert first.composites == ()
+    second = feed_batch(engine, [row("B", 111.0, "P1", "b1", y=2), *beats(120.0)], mapping)
+    assert (second.rejected, [(item["a"], item["b"], item["r"]) for item in second.composites]) == \
+        ((), [("a0", "b1", 0.5)])                         # a0 stayed in its list
+    # Completed by the heartbeats of a later batch: the event is no row of it.
+    assert feed_batch(engine, [row("A", 121.0, "P0", "a1", x=3), row("B", 122.0, "P1", "b2", y=0)],
+                      mapping).rejected == ()
+    third = feed_batch(engine, beats(130.0), mapping)
+    assert [(rejected.position, rejected.row["id"], rejected.row["type"]) for rejected in third.rejected] == \
+        [(-1, "b2", "B")]
+    assert third.composites == () and engine.statistics().waiting == 1          # a1 waits for a B
+
+
+def test_a_batch_with_a_composition_whose_return_raises_commits_with_a_dead_letter(make_database_url):
+    """Through ``CompositeHandler`` (``feed``): the batch with a composition whose RETURN raises commits, the event
+    that completed it is a dead letter naming the query, and the next batch composes with the events that stayed."""
+    mapping = EventMapping("type", "k", "ts", producer_column="producer", accuracy_column="accuracy",
+                           heartbeat_type="heartbeat", payload_columns=["id", "x", "y"])
+
+    def row(kind, ts, producer, ident=None, x=None, y=None):
+        return {"type": kind, "k": "x" if ident else None, "ts": ts, "producer": producer, "accuracy": 0.01,
+                "id": ident, "x": x, "y": y}
+
+    beats = [row("heartbeat", 110.0, "P0"), row("heartbeat", 110.0, "P1")]
+    later = [row("heartbeat", 120.0, "P0"), row("heartbeat", 120.0, "P1")]
+    bad = row("B", 101.0, "P1", "b0", y=0)
+    database = activedb.connect(make_database_url("ratio"))
+    try:
+        engine = composite.CompositionEngine(database, name="ratio", clock=composite.ManualClock(), timeout=None)
+        engine.create_stream("s", types=["A", "B"], attributes=["id", "k", "x", "y"])
+        engine.define("CREATE QUERY Q PATTERN SEQ(A, B) RETURN A.id AS a, B.id AS b, A.x / B.y AS r")
+        engine.join("P0", types=["A"])
+        engine.join("P1", types=["B"])
+        outcomes = feed(database, [[row("A", 100.0, "P0", "a0", x=1), bad, *beats],
+                                   [row("B", 111.0, "P1", "b1", y=2), *later]],
+                        source="ratio", mapping=mapping, handler=composite.CompositeHandler(engine))
+        assert [(outcome.committed, outcome.events, outcome.dead_letters) for outcome in outcomes] == \
+            [(True, 0, 1), (True, 1, 0)]
+        with database.engine.connect() as connection:
+            [(reason, raw)] = connection.execute(sa.text("SELECT reason, raw FROM activedb_dead_letters")).all()
+        assert reason.startswith("EventRejected: ") and "query Q" in reason and "1 / 0" in reason, reason
+        assert raw == bad
+    finally:
+        database.close()
