@@ -323,7 +323,8 @@ class StreamEngine:
         defined nor in the saved state raises :class:`~activedb.streams.errors.UnknownQuery`."""
         with self._mutex:
             partitions = self._committed().partitions
-            found = fold(query, self.queries) or fold(query, {name for name, _ in partitions})
+            found = None if not isinstance(query, str) else (
+                fold(query, self.queries) or fold(query, {name for name, _ in partitions}))
             if found is None:
                 raise UnknownQuery(f"engine {self.name}: partitions({query!r}) — no such query (defined: "
                                    f"{', '.join(self.queries) or 'none'})")

@@ -947,6 +947,9 @@ def test_partitions_finds_a_query_in_any_case_and_refuses_an_unknown_one(db):
     assert made.partitions("q1") == made.partitions("Q1")
     with pytest.raises(streams.errors.UnknownQuery, match="Q9.*Q1"):
         made.partitions("Q9")
+    for wrong in (None, 1):          # (folding its case raised AttributeError: no ActivedbError)
+        with pytest.raises(streams.errors.UnknownQuery, match="no such query.*Q1"):
+            made.partitions(wrong)
 
 
 @pytest.mark.parametrize("malformed, kept", [
