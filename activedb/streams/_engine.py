@@ -197,6 +197,10 @@ class StreamEngine:
             raise StreamError(f"events is {type(events).__name__} {events!r:.80}, not a collection of events: give a "
                               f"list of StreamEvent objects or mappings — a batch of one event is [event]; nothing "
                               f"was processed")
+        if batch_id is not None and (isinstance(batch_id, bool) or not isinstance(batch_id, int)
+                                     or not -2 ** 63 <= batch_id < 2 ** 63):
+            raise StreamError(f"process(batch_id={batch_id!r:.80}) takes a whole number (written with the batch's dead "
+                              f"letters, a 64-bit integer) or None; nothing was processed")
         if punctuations is not None and not isinstance(punctuations, Mapping):
             raise StreamError(f"punctuations= maps each stream's name to its punctuation ({{'stream': 5}}), got "
                               f"{punctuations!r:.80}; for every stream at once give punctuation=; nothing was processed")

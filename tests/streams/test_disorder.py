@@ -813,6 +813,22 @@ def test_punctuations_that_are_no_mapping_are_refused_saying_what_to_give(db, pu
     assert made.feed([badge("EXIT", 1, "w0")], punctuations={"estream": 5}).released == 1
 
 
+@pytest.mark.parametrize("batch_id", ["x", 1.5, True, 2 ** 63], ids=["a-text", "a-fraction", "a-bool", "too-large"])
+def test_a_batch_id_that_is_no_whole_number_is_refused_before_the_batch_runs(db, batch_id):
+    """``batch_id`` is written with the batch's dead letters (a BIGINT column): one that is no whole number was taken
+    until a batch had a dead letter, and that batch then failed after it had run, with an error naming the column
+    ``activedb_dead_letters.batch_id``, not the argument."""
+    reset(db)
+    made = engine(db, name="batch_ids", record_history=False)
+    with db.transaction() as tx:
+        with pytest.raises(StreamError, match=r"process\(batch_id=.*\) takes a whole number"):
+            made.process(tx, [badge("EXIT", 1, "w0"), {"type": "EXIT"}], batch_id=batch_id)
+    with db.transaction() as tx:
+        result = made.process(tx, [badge("EXIT", 1, "w0"), {"type": "EXIT"}], punctuation=streams.END_OF_STREAM,
+                              batch_id=7)
+    assert (result.released, len(result.dead_letters)) == (1, 1)
+
+
 @pytest.mark.parametrize("switch", ["durable", "record_history", "record_dead_letters", "keep_outputs", "prefetch",
                                     "lowered"])
 @pytest.mark.parametrize("value", ["no", 0, None], ids=["a-text", "a-number", "none"])
