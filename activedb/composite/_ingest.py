@@ -13,7 +13,7 @@ import datetime as dt
 import heapq
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Mapping, Sequence
+from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
 
 from activedb.composite._engine import CompositionEngine
 from activedb.composite._model import CompositeEvent, Heartbeat
@@ -75,6 +75,14 @@ def rows_to_items(rows: Rows, mapping: EventMapping) -> tuple[list[StreamEvent |
 def _rows_to_items(rows: Rows, mapping: EventMapping) -> tuple[
         list[StreamEvent | Heartbeat], list[Rejected], dict[int, tuple[int, Mapping[str, object]]]]:
     """:func:`rows_to_items`, and the position in ``rows`` and the row of each input (by the input's ``id``)."""
+    if not isinstance(mapping, EventMapping):
+        raise MappingError(f"rows_to_items and feed_batch take an activedb.ingest.EventMapping, got {mapping!r:.80}: "
+                           f"EventMapping(…, producer_column='producer', accuracy_column='accuracy')")
+    if isinstance(rows, (Mapping, str, bytes)) or not (is_arrow(rows) or isinstance(rows, Iterable)):
+        # (One row where a batch of rows belongs: its field names would be taken for rows, each rejected.)
+        raise IngestError(f"rows is {type(rows).__name__} {rows!r:.80}, not a batch of rows: give a list of rows "
+                          f"(mappings of column to value) or an Arrow table — a batch of one row is [row]; nothing "
+                          f"was taken")
     if mapping.producer_column is None:
         raise MappingError("rows_to_items needs EventMapping(producer_column=…) (and accuracy columns for "
                            "intervals): a composition engine keeps its progress per producer")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import types
 
+import pytest
 import sqlalchemy as sa
 
 import activedb
@@ -209,3 +210,18 @@ def test_a_batch_with_a_composition_whose_return_raises_commits_with_a_dead_lett
         assert raw == bad
     finally:
         database.close()
+
+
+def test_rows_that_are_no_batch_and_a_mapping_that_is_none_are_refused_saying_what_to_give():
+    """One row where a batch belongs was taken apart — each of its column names a rejected "row" — and None (or
+    ``mapping=None``) failed with a TypeError (AttributeError), no ActivedbError saying what to give."""
+    engine = pairs_engine(None)
+    row = {"kind": "a", "id": "a0", "ts": 100.0, "producer": "P0", "accuracy": 0.01}
+    for rows in (row, None, "rows", 5):
+        with pytest.raises(activedb.ingest.errors.IngestError, match=r"not a batch of rows: .*\[row\]"):
+            feed_batch(engine, rows, MAPPING)
+        with pytest.raises(activedb.ingest.errors.IngestError, match=r"not a batch of rows"):
+            rows_to_items(rows, MAPPING)
+    with pytest.raises(activedb.ingest.errors.MappingError, match=r"take an activedb.ingest.EventMapping"):
+        feed_batch(engine, [row], None)
+    assert engine.statistics().events == 0
