@@ -242,6 +242,15 @@ def _generated_key(node: "Transaction", info: TableInfo) -> dict[str, object]:
     catalog = node.manager.catalog
     sequence = catalog.sequence_of(info, column)
     if sequence is None:
+        default = getattr(getattr(info.columns[column].server_default, "arg", None), "text", None)
+        if default is not None:
+            # A default that is no sequence (``gen_random_uuid()``) is computed at the INSERT, but the key is needed
+            # before it is sent (the row's lock, the write set).
+            raise InvalidKey(
+                f"insert into {info.name!r} needs a value for the key column {column!r}: its default ({default}) is "
+                f"no identity or serial sequence, which activedb cannot draw before the row is sent; give the key "
+                f"(e.g. {column}=uuid.uuid4() for a uuid)"
+            )
         raise InvalidKey(
             f"insert into {info.name!r} needs a value for the key column {column!r} "
             f"(it has no identity or serial default)"

@@ -1266,3 +1266,19 @@ def test_a_transaction_or_subtransaction_name_that_is_no_text_is_a_bad_argument(
                 pass
         with pytest.raises(activedb.BadArgument, match=r"tx.spawn\(name="):
             tx.spawn(lambda child: None, name=name)
+
+
+def test_insert_without_a_key_whose_default_is_no_sequence_says_to_give_the_key(db):
+    """A uuid key with a default that is no sequence (``gen_random_uuid()``): ``insert`` without the key cannot
+    draw it (the key is needed before the row is sent), so ``InvalidKey`` says to give the key — before, it said
+    the column "has no identity or serial default", which is wrong for a column that has a default."""
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("CREATE TABLE badges (id uuid PRIMARY KEY DEFAULT gen_random_uuid(), label text)"))
+    try:
+        with pytest.raises(activedb.InvalidKey, match=r"badges.*gen_random_uuid\(\).*give the key") as raised:
+            with db.transaction() as tx:
+                tx.insert("badges", label="one")
+        assert "no identity or serial default" not in str(raised.value)
+    finally:
+        with db.engine.begin() as connection:
+            connection.execute(sa.text("DROP TABLE badges"))
