@@ -35,8 +35,8 @@ from activedb.batch._result import BatchResult
 from activedb.batch._route import RoutePlan, add_touched, touched_states, written_tables
 from activedb.batch._runtime import AUTO, execute_batch, no_cyclic_gc, normalise_events, runtime_of
 from activedb.batch._state import Loader
-from activedb.batch._store import (DEAD_LETTER_TABLE, apply_batch, check_key_columns, check_required,
-                                   dead_letter, name_rows_once, named_once, store_check)
+from activedb.batch._store import (DEAD_LETTER_TABLE, apply_batch, check_key_columns, check_not_always_generated,
+                                   check_required, dead_letter, name_rows_once, named_once, store_check)
 from activedb.batch._strategy import Split, Strategy
 from activedb.batch.errors import BatchNotCommitted, DeclarationError
 from activedb.errors import InvalidKey, InvalidValue, SchemaError
@@ -125,7 +125,7 @@ class PendingBatch(CommitParticipant):
                 # A transaction wrote a value the store cannot hold: run the batch again checking each transaction's
                 # values as it ends, so that exactly those transactions abort (each a dead letter with the reason).
                 result = execute_batch(self.transactions, self.batch, base, loader=loader, declared=self._declared,
-                                       strategy="lean", split=Split.NEVER, check=store_check(catalog))
+                                       strategy="lean", split=Split.NEVER, check=store_check(catalog, result.before))
                 result.notes.append(f"ran again checking each transaction's values: {type(error).__name__}: {error}")
                 statements = _planned_writes(catalog, result, self._keys)
             check = options.keys_check() if options.keys_check is not None else None
@@ -416,6 +416,7 @@ def _final_rows(catalog: Catalog, result: BatchResult, normalised: Mapping[str, 
                     deletes.append(key_row)
                 continue
             if old is None:
+                check_not_always_generated(info, given)
                 check_key_columns(info, given, image, key_row)
                 check_required(info, image, f"the new row {given!r}")
                 row = {**image, **key_row}

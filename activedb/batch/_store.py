@@ -274,14 +274,30 @@ def check_key_columns(info: TableInfo, given: Hashable, values: Mapping[str, obj
                              f"{values[name]!r}; the key of a row cannot change — write another row instead")
 
 
-def store_check(catalog: Catalog) -> WriteCheck:
+def check_not_always_generated(info: TableInfo, given: Hashable) -> None:
+    """A new row ``given`` of a state of ``info``'s table, named by its key: refused when the key is ``GENERATED
+    ALWAYS AS IDENTITY`` (PostgreSQL takes no key the application gives, SQLSTATE 428C9), as the flush refuses it."""
+    if info.always_generated:
+        raise InvalidKey(
+            f"write to {info.name!r} creates the new row {given!r}, but {info.name}."
+            f"{', '.join(sorted(info.always_generated))} is GENERATED ALWAYS AS IDENTITY: PostgreSQL takes no "
+            f"key the application gives; insert the row with insert() without the key, which draws it "
+            f"(nothing was written)"
+        )
+
+
+def store_check(catalog: Catalog, before: Mapping[State, RowImage | None] | None = None) -> WriteCheck:
     """``check(writes, outputs)`` for ``execute_batch``: why one transaction's written images and new rows
-    cannot be stored (the reason of the ``SchemaError`` a write of them would raise), or None."""
+    cannot be stored (the reason of the ``SchemaError`` a write of them would raise), or None.  ``before``: the
+    rows' images before the batch (a state absent or None: a new row), when the batch's writes are stored as they
+    are (at commit) — a new row of a table whose key is GENERATED ALWAYS is refused."""
     def check(writes: list[tuple[State, RowImage | None]], outputs: dict[str, object] | None) -> str | None:
         try:
             for (table, key), image in writes:
                 if image is not None:
                     info = catalog.table_info(table)
+                    if before is not None and before.get((table, key)) is None:
+                        check_not_always_generated(info, key)
                     check_required(info, image.keys(), f"the row {key!r} of {table!r}")
                     info.check_values(image, copy=False)
                     check_key_columns(info, key, image, info.full_key_row(info.key(key)))

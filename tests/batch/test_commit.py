@@ -663,3 +663,27 @@ def test_rows_changing_different_columns_each_end_as_their_image(db):
     with db.engine.connect() as connection:
         assert sorted(tuple(row) for row in connection.execute(sa.text("SELECT key, value, note FROM items"))) == [
             ("a", 10, "x"), ("b", 2, "y!"), ("c", 3, "None!"), ("d", 40, "w!")]
+
+
+def test_a_new_row_of_a_table_whose_key_is_generated_always_is_a_dead_letter_alone(db):
+    """A batch's write creating a row of ``tickets`` (key ``GENERATED ALWAYS AS IDENTITY``) under a key of its own is
+    refused before the commit, as the flush refuses it (InvalidKey: insert without the key): that event is a dead
+    letter, an update of an existing row commits.  Before, the row was inserted under the key and PostgreSQL refused
+    the whole batch's commit (SQLSTATE 428C9)."""
+    transactions = batch.StateTransactions()
+
+    @transactions.on("title")
+    def title(event, ops):
+        ops.write("tickets", event.key, lambda own: {"title": event.payload["title"]})
+
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("DELETE FROM tickets"))
+        existing = connection.execute(sa.text("INSERT INTO tickets (title) VALUES ('old') RETURNING id")).scalar()
+    events = [{"type": "title", "key": key, "ts": float(ts), "payload": {"title": f"t{ts}"}}
+              for ts, key in enumerate([existing, existing + 100])]
+    with db.transaction(name="always-keys") as tx:
+        pending = batch.apply_at_commit(tx, events, transactions, query_id="always-keys", batch_id=1)
+    reasons = {event.position: reason for event, reason in pending.result.dead_letters}
+    assert list(reasons) == [1] and "InvalidKey" in reasons[1] and "GENERATED ALWAYS" in reasons[1], reasons
+    with db.engine.connect() as connection:
+        assert connection.execute(sa.text("SELECT id, title FROM tickets")).all() == [(existing, "t0")]

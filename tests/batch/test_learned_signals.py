@@ -270,3 +270,38 @@ def test_a_rule_writing_a_new_row_under_its_own_key_into_a_generated_always_tabl
         assert len(reasons) == 3 and all("GENERATED ALWAYS" in reason for reason in reasons), reasons
     finally:
         database.close()
+
+
+def ticket_by_key(tx, event):
+    tx.write("tickets", event.key, title="seen")
+
+
+def test_a_lowered_rule_writing_a_new_row_under_the_event_key_into_a_generated_always_table_makes_dead_letters(
+        make_database_url):
+    """The lowered twin of the test above: a rule (lowered: its key is ``event.key``) writing a *new* row of
+    ``tickets`` (key ``GENERATED ALWAYS AS IDENTITY``) under the event's key.  The lowered commit inserted the row under
+    that key and PostgreSQL refused the batch (SQLSTATE 428C9): ``feed`` raised DatabaseError on every delivery.  Now the
+    lowered commit refuses it as the flush does (InvalidKey, before anything is sent): the lowering hands the batch to
+    the rule path, whose flush makes those events dead letters; the existing row is updated."""
+    from tests.conftest import APP_MIGRATIONS
+
+    database = activedb.connect(make_database_url("keyed_always_lowered"))
+    try:
+        database.upgrade_app(MIGRATIONS)
+        database.upgrade_app(APP_MIGRATIONS)
+        with database.transaction() as tx:
+            existing = tx.insert("tickets", title="old")
+        database.rule(on=database.stream("ping"), name="ticket_by_key")(ticket_by_key)
+        assert batch.why_not_lowered(database, "ping") is None
+        handler = RulesHandler()
+        rows = [{"type": "ping", "worker": key, "ts": float(number), "room": "r"}
+                for number, key in enumerate([existing + 100, existing, existing + 101])]
+        [outcome] = feed(database, [rows], source="tickets_lowered", mapping=MAPPING, handler=handler)
+        assert outcome.committed and outcome.dead_letters == 2 and outcome.events == 1
+        with database.engine.connect() as connection:
+            assert connection.execute(sa.text("SELECT id, title FROM tickets")).all() == [(existing, "seen")]
+            reasons = connection.execute(sa.text(
+                "SELECT reason FROM activedb_dead_letters WHERE query_id LIKE 'tickets_lowered%'")).scalars().all()
+        assert len(reasons) == 2 and all("GENERATED ALWAYS" in reason for reason in reasons), reasons
+    finally:
+        database.close()
