@@ -35,8 +35,9 @@ from activedb.batch._result import BatchResult
 from activedb.batch._route import RoutePlan, add_touched, touched_states, written_tables
 from activedb.batch._runtime import AUTO, execute_batch, no_cyclic_gc, normalise_events, runtime_of
 from activedb.batch._state import Loader
-from activedb.batch._store import (DEAD_LETTER_TABLE, apply_batch, check_key_columns, check_not_always_generated,
-                                   check_required, dead_letter, name_rows_once, named_once, store_check)
+from activedb.batch._store import (DEAD_LETTER_TABLE, apply_batch, check_key_columns, check_no_given_key,
+                                   check_not_always_generated, check_required, dead_letter, name_rows_once, named_once,
+                                   store_check)
 from activedb.batch._strategy import Split, Strategy
 from activedb.batch.errors import BatchNotCommitted, DeclarationError
 from activedb.errors import InvalidKey, InvalidValue, SchemaError
@@ -120,14 +121,15 @@ class PendingBatch(CommitParticipant):
                 seconds.update(result.statistics.seconds)
             started = time.perf_counter()
             try:
-                statements = _planned_writes(catalog, result, self._keys)
+                statements = _planned_writes(catalog, result, self._keys, options.drawn)
             except SchemaError as error:
                 # A transaction wrote a value the store cannot hold: run the batch again checking each transaction's
                 # values as it ends, so that exactly those transactions abort (each a dead letter with the reason).
                 result = execute_batch(self.transactions, self.batch, base, loader=loader, declared=self._declared,
-                                       strategy="lean", split=Split.NEVER, check=store_check(catalog, result.before))
+                                       strategy="lean", split=Split.NEVER,
+                                       check=store_check(catalog, result.before, options.drawn))
                 result.notes.append(f"ran again checking each transaction's values: {type(error).__name__}: {error}")
-                statements = _planned_writes(catalog, result, self._keys)
+                statements = _planned_writes(catalog, result, self._keys, options.drawn)
             check = options.keys_check() if options.keys_check is not None else None
             letters = []
 
@@ -323,11 +325,12 @@ def _driver(connection: sa.Connection) -> psycopg.Connection[TupleRow]:
     return cast("psycopg.Connection[TupleRow]", connection.connection.driver_connection)
 
 
-def _planned_writes(catalog: Catalog, result: BatchResult, normalised: Mapping[str, Mapping[Hashable, Key]]
-                    ) -> list[_Statement]:
+def _planned_writes(catalog: Catalog, result: BatchResult, normalised: Mapping[str, Mapping[Hashable, Key]],
+                    drawn: Collection[str]) -> list[_Statement]:
     """The statements that write the batch's final rows and its new rows, every value checked first (a
-    value the store cannot hold raises a ``SchemaError`` before anything is sent)."""
-    return _final_rows(catalog, result, normalised) + _new_rows(catalog, result.inserted())
+    value the store cannot hold raises a ``SchemaError`` before anything is sent); ``drawn``: the tables whose new
+    rows' keys the batch drew (:func:`_new_rows`)."""
+    return _final_rows(catalog, result, normalised) + _new_rows(catalog, result.inserted(), drawn)
 
 
 def _send(connection: sa.Connection, statements: list[_Statement], check: KeysCheck | None = None, *,
@@ -477,15 +480,21 @@ def _one_update(info: TableInfo, updates: Mapping[tuple[str, ...], list[tuple[Ro
     return merged
 
 
-def _new_rows(catalog: Catalog, inserted: Mapping[str, list[RowImage]]) -> list[_Statement]:
+def _new_rows(catalog: Catalog, inserted: Mapping[str, list[RowImage]], drawn: Collection[str] | None = None
+              ) -> list[_Statement]:
     """The new rows of the batch's INSERT operations, one statement per table and set of columns (columns left
     out take their defaults: a generated key is drawn by PostgreSQL; a key given was drawn from the table's sequence,
-    a keyed table's: :func:`_insert_drawn`)."""
+    a keyed table's: :func:`_insert_drawn`).  ``drawn``: the tables whose rows' keys were drawn so (None: every
+    table's); a key ``GENERATED ALWAYS`` given for a row of another table is the application's, refused
+    (``InvalidKey``: an INSERT leaves keys to the store)."""
     statements: list[_Statement] = []
     for table in sorted(inserted):
         info = catalog.table_info(table)
+        given = bool(info.always_generated) and drawn is not None and table not in drawn
         by_columns: dict[frozenset[str], list[RowImage]] = {}
         for row in inserted[table]:
+            if given:
+                check_no_given_key(info, row, f"a row inserted into {table!r}")
             by_columns.setdefault(frozenset(row), []).append(row)
         for columns, rows in by_columns.items():
             names = sorted(columns)
@@ -686,6 +695,7 @@ class _Options:
     on_result: Callable[[BatchResult, sa.Connection], None] | None
     keys_check: Callable[[], KeysCheck | None] | None = None
     on_sent: Callable[[BatchResult], None] | None = None
+    drawn: Collection[str] = ()      # the tables whose new rows' keys the caller drew (``heard``: ``apply_lowered``'s)
 
 
 @no_cyclic_gc()
@@ -712,7 +722,7 @@ def apply_at_commit(tx: Transaction, events: Iterable[object], transactions: Sta
     only inserts into whose new rows' data events the caller records itself (``apply_lowered``)."""
     tx_started = time.perf_counter()
     options = _Options(strategy, processes, split, dead_letters, query_id, batch_id, letters, on_result, keys_check,
-                       on_sent)
+                       on_sent, frozenset(heard))
     events = list(events)
     batch = normalise_events(events)
     runtime = runtime_of(transactions)

@@ -6,7 +6,7 @@ store", says what they do and compares them with :func:`apply_at_commit`.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from functools import partial
 from typing import TYPE_CHECKING, Hashable
 
@@ -286,11 +286,25 @@ def check_not_always_generated(info: TableInfo, given: Hashable) -> None:
         )
 
 
-def store_check(catalog: Catalog, before: Mapping[State, RowImage | None] | None = None) -> WriteCheck:
+def check_no_given_key(info: TableInfo, row: Mapping[str, object], what: str) -> None:
+    """A row an INSERT operation returned (``what``) gives no key ``GENERATED ALWAYS AS IDENTITY``: an INSERT leaves
+    keys to the store (the package README), as ``tx.insert`` refuses such a key."""
+    for name in info.always_generated:
+        if row.get(name) is not None:
+            raise InvalidKey(
+                f"{what}: {info.name}.{name} is GENERATED ALWAYS AS IDENTITY, and PostgreSQL takes no value the "
+                f"application gives it (got {row[name]!r}); leave {name!r} out of the INSERT operation's rows: the "
+                f"store draws the key"
+            )
+
+
+def store_check(catalog: Catalog, before: Mapping[State, RowImage | None] | None = None,
+                drawn: Collection[str] | None = None) -> WriteCheck:
     """``check(writes, outputs)`` for ``execute_batch``: why one transaction's written images and new rows
     cannot be stored (the reason of the ``SchemaError`` a write of them would raise), or None.  ``before``: the
     rows' images before the batch (a state absent or None: a new row), when the batch's writes are stored as they
-    are (at commit) — a new row of a table whose key is GENERATED ALWAYS is refused."""
+    are (at commit) — a new row of a table whose key is GENERATED ALWAYS is refused; ``drawn``: then too, the tables
+    whose inserted rows' keys the batch drew (any other key GENERATED ALWAYS an INSERT gives is refused)."""
     def check(writes: list[tuple[State, RowImage | None]], outputs: dict[str, object] | None) -> str | None:
         try:
             for (table, key), image in writes:
@@ -304,6 +318,10 @@ def store_check(catalog: Catalog, before: Mapping[State, RowImage | None] | None
             for output in (outputs or {}).values():
                 for part in inserted_parts(output):
                     _check_inserted(catalog, part.table, part.rows)
+                    if drawn is not None and part.table not in drawn:
+                        info = catalog.table_info(part.table)
+                        for row in part.rows:
+                            check_no_given_key(info, row, f"a row inserted into {part.table!r}")
         except SchemaError as error:
             return f"{type(error).__name__}: {error}"
         return None

@@ -687,3 +687,26 @@ def test_a_new_row_of_a_table_whose_key_is_generated_always_is_a_dead_letter_alo
     assert list(reasons) == [1] and "InvalidKey" in reasons[1] and "GENERATED ALWAYS" in reasons[1], reasons
     with db.engine.connect() as connection:
         assert connection.execute(sa.text("SELECT id, title FROM tickets")).all() == [(existing, "t0")]
+
+
+def test_an_insert_operation_giving_a_key_generated_always_is_a_dead_letter_alone(db):
+    """A declared INSERT operation leaves keys to the store (``activedb/batch/README.md``): one returning a key for
+    ``tickets.id`` (``GENERATED ALWAYS AS IDENTITY``) is refused as ``tx.insert`` refuses it (InvalidKey: omit the
+    key) — its event is a dead letter, a row without the key gets the identity's.  Before, the row was inserted
+    ``OVERRIDING SYSTEM VALUE`` under the key given, which the identity later hands out again."""
+    transactions = batch.StateTransactions()
+
+    @transactions.on("open")
+    def open_ticket(event, ops):
+        ops.insert("tickets", {"title": event.payload["title"], **event.payload.get("row", {})})
+
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("DELETE FROM tickets"))
+    events = [{"type": "open", "key": ts, "ts": float(ts), "payload": payload} for ts, payload in enumerate(
+        [{"title": "drawn"}, {"title": "given", "row": {"id": 1_000_000}}])]
+    with db.transaction(name="given-keys") as tx:
+        pending = batch.apply_at_commit(tx, events, transactions, query_id="given-keys", batch_id=1)
+    reasons = {event.position: reason for event, reason in pending.result.dead_letters}
+    assert list(reasons) == [1] and "InvalidKey" in reasons[1] and "GENERATED ALWAYS" in reasons[1], reasons
+    with db.engine.connect() as connection:
+        assert [title for _, title in connection.execute(sa.text("SELECT id, title FROM tickets")).all()] == ["drawn"]
