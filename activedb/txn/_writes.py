@@ -130,8 +130,16 @@ class Writes:
             self.manager.locking.acquire(self, info, None, _WRITE)
         for given, values in items:
             key = info.key(given)
-            entry = (Entry(_DELETE) if values is None
-                     else Entry(_PATCH, info.values_without_key(key, dict(values))))
+            if values is None:
+                entry = Entry(_DELETE)
+            else:
+                try:
+                    columns = dict(values)
+                except (TypeError, ValueError):
+                    raise TypeError(f"write_many({info.name!r}, rows): the values of row {given!r} are {values!r} "
+                                    f"({type(values).__name__}), not a mapping of columns (or None, which deletes the "
+                                    f"row); write {{key: {{'column': value}}}}") from None
+                entry = Entry(_PATCH, info.values_without_key(key, columns))
             self._modify(info, key, entry, lock=not by_table)
         return len(rows)
 

@@ -122,6 +122,18 @@ def test_write_many_given_pairs_instead_of_a_mapping_says_what_it_takes(db, acco
     assert committed(db, "accounts")[1] == 10
 
 
+def test_write_many_given_a_row_that_is_no_mapping_says_what_it_takes(db, accounts):
+    """A row's values must be a mapping of columns (or None, a delete): ``{1: 11}`` is an error naming the row and
+    showing what to write, not Python's ``'int' object is not iterable`` (nor, for a text, ``dictionary update
+    sequence element #0 ...``); nothing is written."""
+    for values in (11, "eleven"):
+        with pytest.raises(TypeError, match=r"write_many\('accounts', rows\): the values of row 1 .* mapping of "
+                                            r"columns.*\{'column': value\}"):
+            with db.transaction() as tx:
+                tx.write_many("accounts", {1: values})
+    assert committed(db, "accounts")[1] == 10
+
+
 def test_read_many_and_prefetch_given_one_text_key_say_they_take_a_collection_of_keys(db):
     """A text is an iterable of its letters: ``read_many('items', 'abc')`` read and READ-locked the rows 'a', 'b' and
     'c' and returned ``{'a': None, 'b': None, 'c': None}`` — not the row 'abc', which exists — and ``prefetch`` loaded
