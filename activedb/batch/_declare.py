@@ -480,6 +480,9 @@ def _candidates(table: str, candidates: Iterable[Hashable] | None) -> tuple[Hash
 
 
 def unknown_event_type(event_type: object) -> UnknownEventType:
+    if not isinstance(event_type, str) or not event_type:     # (``on`` takes no such type: say what to give instead)
+        return UnknownEventType(f"the event has no type (event type {event_type!r}); give each event a type, a "
+                                f"non-empty text that a state transaction is declared for ('type' of a dict)")
     return UnknownEventType(f"no state transaction is declared for event type {event_type!r}; "
                             f"declare one with @transactions.on({event_type!r})")
 

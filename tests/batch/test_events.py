@@ -13,6 +13,7 @@ import pytest
 
 from activedb import batch
 from activedb.batch import BatchEvent
+from activedb.batch.errors import UnknownEventType
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,3 +78,21 @@ def test_an_event_whose_payload_is_no_mapping_is_a_declaration_error_naming_it()
                 batch.normalise_events([{"type": "enter", "key": "w0", "ts": 0, "payload": {}}, event])
             with pytest.raises(batch.errors.DeclarationError, match=r"position 0.*payload.*mapping"):
                 batch.normalise_events([event, event])
+
+
+@pytest.mark.parametrize("event_type", [None, "", 5])
+def test_an_event_without_a_type_is_refused_saying_to_give_one(event_type):
+    """An event with no type (``None`` given as an event, a dict without ``"type"``) or a type that is no non-empty
+    text is refused (a dead letter in a batch) with advice that can be followed: give the event a type — before, the
+    reason said to declare ``@transactions.on(None)``, which ``on`` itself refuses."""
+    transactions = batch.StateTransactions()
+
+    @transactions.on("count")
+    def count(event, ops):
+        ops.write("counters", event.key, lambda own: {"n": 1})
+
+    with pytest.raises(UnknownEventType, match=r"no type.*give each event a type") as raised:
+        transactions.declare(BatchEvent(event_type, 1))
+    assert "transactions.on(" not in str(raised.value)
+    with pytest.raises(UnknownEventType, match=r"@transactions.on\('nope'\)"):
+        transactions.declare(BatchEvent("nope", 1))
