@@ -79,6 +79,9 @@ def ingestion_status(db: DatabaseHandle, query_name: str | None = None) -> list[
     """Per source, what the ledger of ``db`` (an ``activedb.Database``) holds, sorted by name; only
     ``query_name`` when given.  Reads PostgreSQL only; works while an ingestion is running (committed batches
     only) and after it stopped."""
+    if query_name is not None and (not isinstance(query_name, str) or not query_name):
+        raise BadArgument(f"ingestion_status(query_name={query_name!r}) takes a source's name (a LedgerId's source: "
+                          f"'badges', 'capture:orders'), or None for every source")
     ledger = db.table(LEDGER_TABLE)
     with db.engine.connect() as connection:
         ledger_rows = connection.execute(sa.select(
@@ -130,6 +133,9 @@ def forget_run(connection: sa.Connection, query_id: str) -> int:
     """Delete the ledger rows of the run ``query_id`` (its partitions' too) on ``connection`` (in the caller's
     transaction): its batches count as never applied, for a source that starts its numbering over under the
     same id (a capture consumer dropped and registered again).  Returns the rows deleted."""
+    if not isinstance(query_id, str) or not query_id:
+        raise BadArgument(f"forget_run(query_id={query_id!r}) takes a ledger id: str(LedgerId(source, run)), a "
+                          f"non-empty string; nothing was deleted")
     ledger = sa.table(LEDGER_TABLE, sa.column("query_id"))
     return connection.execute(sa.delete(ledger).where(sa.or_(
         ledger.c.query_id == query_id, ledger.c.query_id.startswith(f"{query_id}#p", autoescape=True)))).rowcount

@@ -408,3 +408,35 @@ def test_resume_of_what_is_no_ledger_id_is_refused_saying_what_to_give(database_
     finally:
         ingestion.close()
         database.close()
+
+
+@pytest.mark.parametrize("query_name", [5, b"badges", ""])
+def test_the_status_of_what_is_no_source_name_is_refused_saying_what_to_give(database_url, query_name):
+    """``ingestion_status(db, query_name)`` of what is no source name (a number, bytes, empty text) is a
+    ``BadArgument`` saying what to give — it answered ``[]``, as if the source had committed nothing."""
+    database = app_database(database_url)
+    try:
+        with pytest.raises(BadArgument, match=r"ingestion_status\(query_name=.*\) takes a source's name"):
+            ingestion_status(database, query_name)
+    finally:
+        database.close()
+
+
+@pytest.mark.parametrize("query_id", [None, "", 5])
+def test_forget_run_of_what_is_no_ledger_id_is_refused_and_deletes_nothing(database_url, query_id):
+    """``forget_run(connection, query_id)`` of what is no ledger id is a ``BadArgument`` and deletes nothing: it
+    ran the DELETE with whatever it was given (None matched no row by luck, a number failed in PostgreSQL)."""
+    from activedb.ingest import forget_run
+
+    database = app_database(database_url)
+    try:
+        feed(database, [[{"type": "add", "key": "k", "ts": BASE_TIME, "amount": 1, "seq": 1}]], source="kept",
+             mapping=app_counters.MAPPING)
+        with database.engine.begin() as connection:
+            with pytest.raises(BadArgument, match=r"forget_run\(query_id=.*\) takes a ledger id"):
+                forget_run(connection, query_id)
+        [status] = ingestion_status(database, "kept")
+        assert status.ledger_rows == 1
+    finally:
+        database.close()
+
