@@ -38,8 +38,19 @@ class RowBatches:
     rows: Iterable[Rows | Batch]
 
     def batches(self) -> Iterator[Batch]:
-        for number, batch in enumerate(self.rows):
-            yield batch if isinstance(batch, Batch) else Batch(number, batch)
+        """The batches in order; a batch number given twice (numbers within a run are distinct) raises
+        IngestError when the second is reached — the ledger would take it for the first, already committed,
+        and skip its rows."""
+        positions: dict[int, int] = {}      # batch number -> its position in ``rows``
+        for position, batch in enumerate(self.rows):
+            batch = batch if isinstance(batch, Batch) else Batch(position, batch)
+            first = positions.setdefault(batch.number, position)
+            if first != position:
+                raise IngestError(f"batch number {batch.number} of {self.ledger_id} is given twice, at positions "
+                                  f"{first} and {position}: numbers within a run are distinct (rows are numbered "
+                                  f"by their position, a Batch by its own number) — renumber the batches; the "
+                                  f"batches before position {position} were applied")
+            yield batch
 
 
 def drive(ingestion: Ingestion, source: Source, *, participants: Participants | None = None) -> list[BatchOutcome]:

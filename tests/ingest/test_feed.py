@@ -440,3 +440,16 @@ def test_forget_run_of_what_is_no_ledger_id_is_refused_and_deletes_nothing(datab
     finally:
         database.close()
 
+
+def test_a_feed_whose_batch_number_repeats_is_refused_naming_both_positions(database_url):
+    """Numbers within a run are distinct (design note, ``Batch``): rows numbered by their position and a
+    ``Batch`` with the same number in one ``feed`` made the second batch 'already committed' — skipped, its rows
+    never applied and nothing said.  Now the repeat is an IngestError naming both positions."""
+    database = app_database(database_url)
+    try:
+        rows = [[{"type": "add", "key": "dup", "ts": BASE_TIME, "amount": amount, "seq": amount}] for amount in (1, 2)]
+        with pytest.raises(IngestError, match=r"batch number 0 .* positions 0 and 1"):
+            feed(database, [rows[0], Batch(0, rows[1])], source="repeated", mapping=app_counters.MAPPING)
+    finally:
+        database.close()
+
