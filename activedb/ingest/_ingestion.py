@@ -115,6 +115,11 @@ class Ingestion:
         Raises only when the batch could not be committed (PostgreSQL unusable, conflicts beyond
         ``batch_attempts``, a refused commit the handler cannot search); the batch may then be re-run."""
         _check_query_id(query_id)
+        source = LedgerId.parse(query_id).source
+        if source != self.source:
+            raise IngestError(f"query_id {query_id!r} is a run of source {source!r}, not of this ingestion's source "
+                              f"{self.source!r}: give str(LedgerId({self.source!r}, run)), or an Ingestion of "
+                              f"source {source!r}; nothing was applied")
         _check_batch_id(batch_id, query_id)
         _check_rows(rows, batch_id, query_id)
         if watermark is not None and not (isinstance(watermark, dt.datetime) and watermark.tzinfo is not None):
@@ -145,6 +150,11 @@ class Ingestion:
         re-delivery is skipped — in one transaction with ``participants`` (a connector's record of why: the Spark
         scale-out path's failed partition).  Exactly once, as :meth:`process`."""
         _check_query_id(query_id)
+        source = LedgerId.parse(query_id).source
+        if source != self.source:
+            raise IngestError(f"query_id {query_id!r} is a run of source {source!r}, not of this ingestion's source "
+                              f"{self.source!r}: give str(LedgerId({self.source!r}, run)), or an Ingestion of "
+                              f"source {source!r}; nothing was applied")
         _check_batch_id(batch_id, query_id)
         _check_rows(rows, batch_id, query_id)
         if not isinstance(reason, str):

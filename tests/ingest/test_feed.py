@@ -453,3 +453,19 @@ def test_a_feed_whose_batch_number_repeats_is_refused_naming_both_positions(data
     finally:
         database.close()
 
+
+def test_a_batch_filed_under_another_source_than_the_ingestion_s_is_refused(database_url):
+    """``Ingestion(source=…)`` is the ledger ids' first part (its docstring): ``process`` with the query id of
+    another source filed the batch under that source — its ledger rows, status and exactly-once check another
+    source's.  Now an IngestError names both and nothing is applied."""
+    database = app_database(database_url)
+    ingestion = Ingestion(database, app_counters.MAPPING, source="mine")
+    try:
+        with pytest.raises(IngestError, match=r"'other@run' is a run of source 'other', not of this ingestion's "
+                                              r"source 'mine'"):
+            ingestion.process([{"type": "add", "key": "k", "ts": BASE_TIME, "amount": 1, "seq": 1}], 0,
+                              query_id="other@run")
+        assert ingestion_status(database, "other") == []
+    finally:
+        ingestion.close()
+        database.close()
