@@ -337,9 +337,7 @@ class Outbox:
 
     def wait_idle(self, timeout: float | None = 30.0) -> None:
         """Wait until every firing this process queued has been run (or parked: PostgreSQL unreachable)."""
-        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
-                                    or math.isnan(timeout)):
-            raise BadArgument(f"wait_idle(timeout={timeout!r}) takes None (no limit) or a number of seconds")
+        check_seconds("wait_idle", "timeout", timeout, none="no limit")
         if not self._executor.wait_idle(timeout):
             raise TimeoutError(f"{self._executor.backlog} detached rule firing(s) still queued or running after "
                                f"{timeout} s")

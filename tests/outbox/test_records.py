@@ -135,3 +135,13 @@ def test_mark_replayed_with_a_when_that_is_no_function_is_refused_saying_what_to
         with pytest.raises(BadArgument, match=r"mark_replayed\(when=.*\) takes a function"):
             db.outbox.mark_replayed(tx, when=when)
         assert not db.outbox.recording(tx)
+
+
+@pytest.mark.parametrize("timeout", [-1, -0.5, float("-inf")])
+def test_wait_idle_with_a_negative_timeout_is_refused_saying_what_to_give(db, timeout):
+    """``Outbox.wait_idle(timeout)`` takes None or a number of seconds from 0: a negative one was taken — with
+    nothing queued it returned as if it had waited, with a firing queued it raised TimeoutError 'after -1 s'."""
+    from activedb.errors import BadArgument
+
+    with pytest.raises(BadArgument, match=r"wait_idle\(timeout=.*\) takes None .* a number of seconds of at least 0"):
+        db.outbox.wait_idle(timeout)
