@@ -71,6 +71,15 @@ def _check_source(call: str, source: object, methods: tuple[str, ...], what: str
         raise MetricsError(f"{call}({source!r}) takes {what}: an object with {', '.join(f'{m}()' for m in methods)}")
 
 
+class _PartlyRead(Exception):
+    """Some parts of a source (watched consumers) could not be read: the source is reported down, and
+    ``families`` — what the other parts gave — are exported still."""
+
+    def __init__(self, families: list[Metric]) -> None:
+        super().__init__("some parts of the source could not be read")
+        self.families = families
+
+
 class ActivedbCollector(Collector):
     """The metric families of one :class:`~activedb.Database` and the sources watched on it.
 
@@ -127,6 +136,10 @@ class ActivedbCollector(Collector):
                            ("ingestion", self._ingestion), ("capture_consumers", self._capture_consumers)):
             try:
                 families = list(read())
+            except _PartlyRead as partial:      # some of the source's parts failed: the others' samples still go out
+                up.add_metric([name], 0)
+                yield from partial.families
+                continue
             except Exception as error:          # a scrape must not fail because one source did
                 logger.warning("metrics: could not read %s: %s", name, error)
                 up.add_metric([name], 0)
@@ -252,8 +265,14 @@ class ActivedbCollector(Collector):
         lag = GaugeMetricFamily("activedb_capture_consumer_lag_seconds", "Age of the oldest change of the "
                                 "consumer's last batch when it was read", labels=["consumer"])
         exported: set[str] = set()
+        failed = 0
         for consumer in consumers:
-            statistics = consumer.statistics()
+            try:
+                statistics = consumer.statistics()
+            except Exception as error:          # one consumer down must not hide the others' samples
+                logger.warning("metrics: could not read capture consumer %r: %s", consumer, error)
+                failed += 1
+                continue
             if statistics.name in exported:     # (a consumer that could not say its name when watched)
                 logger.warning("metrics: two watched capture consumers are named %r; exporting the first", statistics.name)
                 continue
@@ -262,5 +281,7 @@ class ActivedbCollector(Collector):
                 family.add_metric([statistics.name], getattr(statistics, field))
             if statistics.lag_seconds is not None:
                 lag.add_metric([statistics.name], statistics.lag_seconds)
+        if failed:
+            raise _PartlyRead([*families.values(), lag])
         yield from families.values()
         yield lag

@@ -270,3 +270,18 @@ def test_watching_what_is_no_source_is_refused_saying_what_to_give(database, wat
         getattr(exporter, watch)(source)
     values = samples(exporter.scrape())
     assert values[("activedb_metrics_source_up", (("source", "capture_consumers"),))] == 1
+
+
+def test_one_capture_consumer_that_fails_hides_not_the_others(database):
+    """A scrape reads every watched consumer: one whose ``statistics()`` raised took the samples of all the others
+    out of that scrape with it (they formed one source), so one broken consumer blinded the monitoring of every
+    consumer.  Now the failing one is left out and reported down; the others are exported."""
+    exporter = MetricsExporter(database)
+    exporter.watch_consumer(_Consumer("orders", 3))
+    exporter.watch_consumer(_Consumer("broken", 1, failing=True))
+    exporter.watch_consumer(_Consumer("refunds", 2))
+    text = exporter.scrape()
+    changes = [line for line in text.splitlines() if line.startswith("activedb_capture_consumer_changes_total{")]
+    assert sorted(changes) == ['activedb_capture_consumer_changes_total{consumer="orders"} 3.0',
+                               'activedb_capture_consumer_changes_total{consumer="refunds"} 2.0']
+    assert samples(text)[("activedb_metrics_source_up", (("source", "capture_consumers"),))] == 0
