@@ -118,7 +118,7 @@ def read_position(database: "Database", name: str) -> Position:
     """Consumer ``name``'s committed position (registering it again if its row was dropped meanwhile)."""
     with database.engine.connect() as connection:
         row = connection.execute(sa.text(_sql.READ_POSITION), {"name": name}).first()
-    if row is None:    # removed by db.capture.drop_consumer while running: start again
+    if row is None:    # dropped (db.capture.drop_consumer) while this consumer did not lead: a new one, from (0, 0)
         register(database, name)
         return Position()
     return Position(row.position, row.change_id)
