@@ -15,7 +15,7 @@ import functools
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from activedb.errors import check_switch, check_whole_number
+from activedb.errors import check_seconds, check_switch, check_whole_number
 from activedb.ingest._interface import LedgerId, Phase, RowEvent, Rows
 from activedb.ingest._ledger import END_OF_STREAM_BATCH, IngestionLedger, last_watermark
 from activedb.ingest._mapping import EventMapping, as_mapping, is_arrow, known_type_names
@@ -202,6 +202,7 @@ class Ingestion:
 
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Wait until no batch is being processed; False if ``timeout`` passed first."""
+        check_seconds("wait_idle", "timeout", timeout, none="no limit", error=IngestError)
         return self._book.wait_idle(timeout)
 
     def last_failure(self) -> tuple[int, BaseException] | None:

@@ -469,3 +469,19 @@ def test_a_batch_filed_under_another_source_than_the_ingestion_s_is_refused(data
     finally:
         ingestion.close()
         database.close()
+
+
+@pytest.mark.parametrize("timeout", ["5", -1, float("nan"), True])
+def test_wait_idle_with_a_timeout_that_is_no_number_of_seconds_is_refused(database_url, timeout):
+    """``Ingestion.wait_idle(timeout)`` takes None or a number of seconds from 0: anything else was taken — idle, it
+    answered True as if it had waited; with a batch running, '5' failed inside threading with a TypeError and -1 or
+    NaN answered False at once, as if the time had passed."""
+    database = app_database(database_url)
+    ingestion = Ingestion(database, app_counters.MAPPING, source="waited")
+    try:
+        with pytest.raises(IngestError, match=r"wait_idle\(timeout=.*\) takes None .* a number of seconds"):
+            ingestion.wait_idle(timeout)
+        assert ingestion.wait_idle(0) and ingestion.wait_idle(None)
+    finally:
+        ingestion.close()
+        database.close()
