@@ -72,6 +72,9 @@ class Ingestion:
         check_whole_number("Ingestion", "batch_attempts", batch_attempts, 1, " (top-level attempts of a batch)",
                            error=IngestError)
         check_switch("Ingestion", "lineage", lineage, error=IngestError)
+        if on_phase is not None and not callable(on_phase):
+            raise IngestError(f"Ingestion(on_phase={on_phase!r}) takes a function of (phase, batch_id), called with "
+                              f"every phase of every batch, or None")
         handler = RulesHandler() if handler is None else handler
         if not isinstance(handler, BatchHandler):
             raise IngestError(f"handler must be an activedb.ingest.BatchHandler (RulesHandler, "

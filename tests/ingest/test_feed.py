@@ -485,3 +485,18 @@ def test_wait_idle_with_a_timeout_that_is_no_number_of_seconds_is_refused(databa
     finally:
         ingestion.close()
         database.close()
+
+
+def test_an_on_phase_that_is_no_function_is_refused_where_the_ingestion_is_made(database_url):
+    """``Ingestion(on_phase=…)`` (and ``feed``'s) is called with every phase of every batch: what is no function was
+    taken, and the first batch failed in its first phase with a bare TypeError ('int' object is not callable)."""
+    database = app_database(database_url)
+    try:
+        with pytest.raises(IngestError, match=r"on_phase=5\) takes a function of \(phase, batch_id\)"):
+            Ingestion(database, app_counters.MAPPING, source="phased", on_phase=5)
+        with pytest.raises(IngestError, match=r"on_phase=5\) takes a function of \(phase, batch_id\)"):
+            feed(database, [[{"type": "add", "key": "k", "ts": BASE_TIME, "amount": 1, "seq": 1}]], source="phased",
+                 mapping=app_counters.MAPPING, on_phase=5)
+        assert ingestion_status(database, "phased") == []
+    finally:
+        database.close()
