@@ -79,6 +79,9 @@ def feed(db: IngestDatabase, batches: Iterable[Rows | Batch], *, source: str, ru
     if not isinstance(batches, Iterable):
         raise IngestError(f"batches {batches!r} is not a collection of batches: give feed(db, [[row, ...], ...]) — each "
                           f"batch a sequence of rows (mappings), an Arrow table or a Batch; nothing was applied")
+    if participants is not None and not callable(participants):
+        raise IngestError(f"feed(participants={participants!r}) takes a function of the batch that returns its commit "
+                          f"participants (participants=lambda batch: [...]), or None; nothing was applied")
     ingestion = Ingestion(db, mapping, source=source, handler=handler, known_types=known_types, on_phase=on_phase,
                           lineage=lineage, event_ids_under=event_ids_under)
     try:

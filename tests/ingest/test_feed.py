@@ -500,3 +500,17 @@ def test_an_on_phase_that_is_no_function_is_refused_where_the_ingestion_is_made(
         assert ingestion_status(database, "phased") == []
     finally:
         database.close()
+
+
+@pytest.mark.parametrize("participants", [5, ["a participant"]])
+def test_feed_participants_that_are_no_function_are_refused_saying_what_to_give(database_url, participants):
+    """``feed(participants=…)`` is a function of the batch giving its commit participants: a list of them (or
+    anything else) failed at the first batch with a bare TypeError ('list' object is not callable)."""
+    database = app_database(database_url)
+    try:
+        with pytest.raises(IngestError, match=r"feed\(participants=.*\) takes a function of the batch"):
+            feed(database, [[{"type": "add", "key": "k", "ts": BASE_TIME, "amount": 1, "seq": 1}]], source="joined",
+                 mapping=app_counters.MAPPING, participants=participants)
+        assert ingestion_status(database, "joined") == []
+    finally:
+        database.close()
