@@ -465,6 +465,8 @@ def test_a_batch_filed_under_another_source_than_the_ingestion_s_is_refused(data
                                               r"source 'mine'"):
             ingestion.process([{"type": "add", "key": "k", "ts": BASE_TIME, "amount": 1, "seq": 1}], 0,
                               query_id="other@run")
+        with pytest.raises(IngestError, match=r"'other@run' is a run of source 'other', not of this ingestion's "):
+            ingestion.reject([{"type": "add"}], 0, query_id="other@run", reason="given up")
         assert ingestion_status(database, "other") == []
     finally:
         ingestion.close()
