@@ -176,9 +176,10 @@ def test_ingest_status_groups_ledger_rows_by_query_name(database):
     spark_id = "0b7ee7b6-2a1e-4bb1-8a6e-0b39c3c8d001"
     for batch in range(3):
         sink.process([_event(batch + 1, amount=60)], batch, query_id=activedb.ingest.ledger_query_id("alpha", spark_id))
+    beta_sink = IngestSink(database, app_counters.MAPPING, query_name="beta")     # (a sink files under its own name)
     for partition in range(2):
-        sink.process([_event(10 + partition, key=f"p{partition}")], 0,
-                     query_id=activedb.ingest.ledger_query_id("beta", spark_id.replace("d001", "d002"), partition))
+        beta_sink.process([_event(10 + partition, key=f"p{partition}")], 0,
+                          query_id=activedb.ingest.ledger_query_id("beta", spark_id.replace("d001", "d002"), partition))
     alpha, beta = activedb.ingest.ingestion_status(database)
     assert (alpha.query_name, alpha.batches, alpha.last_batch_id, alpha.events, alpha.partitions) == (
         "alpha", 3, 2, 3, None)
