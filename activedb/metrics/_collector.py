@@ -72,7 +72,7 @@ def _check_source(call: str, source: object, methods: tuple[str, ...], what: str
 
 
 class _PartlyRead(Exception):
-    """Some parts of a source (watched consumers) could not be read: the source is reported down, and
+    """Some parts of a source (watched ingestions or consumers) could not be read: the source is reported down, and
     ``families`` — what the other parts gave — are exported still."""
 
     def __init__(self, families: list[Metric]) -> None:
@@ -233,14 +233,21 @@ class ActivedbCollector(Collector):
                                     "run (absent between batches)", labels=["query"])
         oldest = GaugeMetricFamily("activedb_ingest_oldest_firing_seconds", "How long the oldest rule firing still "
                                    "running in the batch in progress has run", labels=["query", "rule"])
+        failed = 0
         for source, histogram in ingestions:
-            statistics = source.statistics()
-            batch = source.batch_in_progress()
+            try:
+                statistics = source.statistics()
+                batch = source.batch_in_progress()
+                outcomes = source.recent_outcomes()
+            except Exception as error:          # one ingestion down must not hide the others' samples
+                logger.warning("metrics: could not read ingestion %r: %s", source, error)
+                failed += 1
+                continue
             if batch is not None:
                 running.add_metric([statistics.query_name], batch.seconds)
                 if batch.firing is not None:
                     oldest.add_metric([statistics.query_name, batch.firing.rule], batch.firing.seconds)
-            histogram.absorb(source.recent_outcomes())
+            histogram.absorb(outcomes)
             query = statistics.query_name
             for field, family in families.items():
                 family.add_metric([query], getattr(statistics, field))
@@ -250,6 +257,8 @@ class ActivedbCollector(Collector):
                 lag.add_metric([query], statistics.watermark_lag_seconds)
             buckets, total = histogram.snapshot()
             latency.add_metric([query], buckets, total)
+        if failed:
+            raise _PartlyRead([*families.values(), firings, lag, latency, running, oldest])
         yield from families.values()
         yield from (firings, lag, latency, running, oldest)
 

@@ -285,3 +285,27 @@ def test_one_capture_consumer_that_fails_hides_not_the_others(database):
     assert sorted(changes) == ['activedb_capture_consumer_changes_total{consumer="orders"} 3.0',
                                'activedb_capture_consumer_changes_total{consumer="refunds"} 2.0']
     assert samples(text)[("activedb_metrics_source_up", (("source", "capture_consumers"),))] == 0
+
+
+def test_one_watched_ingestion_that_fails_hides_not_the_others(database):
+    """As with capture consumers: the watched ingestions were read as one source, so one whose ``statistics()``
+    raised took every other ingestion's samples out of the scrape.  Now it is left out, reported down; the others
+    are exported."""
+    from activedb.ingest import Ingestion
+
+    def gone():
+        raise RuntimeError("the source is gone")
+
+    exporter = MetricsExporter(database)
+    working, broken = (Ingestion(database, source=name) for name in ("orders", "broken"))
+    try:
+        exporter.watch_ingestion(working)
+        exporter.watch_ingestion(broken)
+        broken.statistics = gone
+        values = samples(exporter.scrape())
+        assert {labels for name, labels in values if name == "activedb_ingest_batches_total"} == {
+            (("query", "orders"),)}
+        assert values[("activedb_metrics_source_up", (("source", "ingestion"),))] == 0
+    finally:
+        for ingestion in (working, broken):
+            ingestion.close()
