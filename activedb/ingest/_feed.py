@@ -11,6 +11,7 @@ from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, S
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from activedb.errors import check_switch
 from activedb.ingest._ingestion import Ingestion
 from activedb.ingest._interface import Batch, LedgerId, Phase, Rows, Source
 from activedb.ingest._mapping import EventMapping
@@ -79,6 +80,7 @@ def feed(db: IngestDatabase, batches: Iterable[Rows | Batch], *, source: str, ru
     if not isinstance(batches, Iterable):
         raise IngestError(f"batches {batches!r} is not a collection of batches: give feed(db, [[row, ...], ...]) — each "
                           f"batch a sequence of rows (mappings), an Arrow table or a Batch; nothing was applied")
+    check_switch("feed", "end_of_stream", end_of_stream, error=IngestError)
     if participants is not None and not callable(participants):
         raise IngestError(f"feed(participants={participants!r}) takes a function of the batch that returns its commit "
                           f"participants (participants=lambda batch: [...]), or None; nothing was applied")

@@ -516,3 +516,17 @@ def test_feed_participants_that_are_no_function_are_refused_saying_what_to_give(
         assert ingestion_status(database, "joined") == []
     finally:
         database.close()
+
+
+@pytest.mark.parametrize("end_of_stream", ["false", 0, None])
+def test_feed_end_of_stream_that_is_no_switch_is_refused_before_anything_is_applied(database_url, end_of_stream):
+    """``feed(end_of_stream=…)`` takes True or False: 'false' (true to Python) was taken as True — the handler
+    released what its engine held back as if the source had ended — and 0 or None as False."""
+    database = app_database(database_url)
+    try:
+        with pytest.raises(IngestError, match=r"feed\(end_of_stream=.*\) takes True or False"):
+            feed(database, [[{"type": "add", "key": "k", "ts": BASE_TIME, "amount": 1, "seq": 1}]], source="ended",
+                 mapping=app_counters.MAPPING, end_of_stream=end_of_stream)
+        assert ingestion_status(database, "ended") == []
+    finally:
+        database.close()
