@@ -72,6 +72,9 @@ class Ingestion:
         check_whole_number("Ingestion", "batch_attempts", batch_attempts, 1, " (top-level attempts of a batch)",
                            error=IngestError)
         check_switch("Ingestion", "lineage", lineage, error=IngestError)
+        if event_ids_under is not None and not isinstance(event_ids_under, str):
+            raise IngestError(f"Ingestion(event_ids_under={event_ids_under!r}) takes a source's name (the source "
+                              f"whose ingested event ids count for duplicates), or None for this ingestion's source")
         if on_phase is not None and not callable(on_phase):
             raise IngestError(f"Ingestion(on_phase={on_phase!r}) takes a function of (phase, batch_id), called with "
                               f"every phase of every batch, or None")

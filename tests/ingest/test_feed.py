@@ -530,3 +530,15 @@ def test_feed_end_of_stream_that_is_no_switch_is_refused_before_anything_is_appl
         assert ingestion_status(database, "ended") == []
     finally:
         database.close()
+
+
+@pytest.mark.parametrize("event_ids_under", [5, b"badges"])
+def test_event_ids_under_that_is_no_source_name_is_refused_where_the_ingestion_is_made(database_url, event_ids_under):
+    """``Ingestion(event_ids_under=…)`` names the source whose ingested event ids count for duplicates: a number or
+    bytes was taken as that name, and recorded ids under it."""
+    database = app_database(database_url)
+    try:
+        with pytest.raises(IngestError, match=r"Ingestion\(event_ids_under=.*\) takes a source's name"):
+            Ingestion(database, app_counters.MAPPING, source="ids", event_ids_under=event_ids_under)
+    finally:
+        database.close()
