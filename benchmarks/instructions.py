@@ -135,7 +135,7 @@ def _run(workload: str, size: int, batches: int, phase: str) -> None:
               for start in range(0, len(events), size)]
     sink = IngestSink(database, EventMapping("type", "worker", "ts", payload_columns=("room",)),
                       query_name="bench-instructions", handler=RulesHandler(prefetch))
-    query_id = f"bench-instructions-{workload}-{os.getpid()}"
+    query_id = f"bench-instructions@{workload}-{os.getpid()}"      # (a run of the sink's source)
     try:
         _fill_pool(database.engine)
         sink.process(tables[0], 0, query_id=query_id)                 # warm-up: statements, caches, threads
