@@ -35,9 +35,8 @@ from activedb.batch._result import BatchResult
 from activedb.batch._route import RoutePlan, add_touched, touched_states, written_tables
 from activedb.batch._runtime import AUTO, execute_batch, no_cyclic_gc, normalise_events, runtime_of
 from activedb.batch._state import Loader
-from activedb.batch._store import (DEAD_LETTER_TABLE, apply_batch, check_key_columns, check_no_given_key,
-                                   check_not_always_generated, check_required, dead_letter, name_rows_once, named_once,
-                                   store_check)
+from activedb.batch._store import (DEAD_LETTER_TABLE, NO_GIVEN_KEY, apply_batch, check_key_columns, check_required,
+                                   dead_letter, name_rows_once, named_once, store_check)
 from activedb.batch._strategy import Split, Strategy
 from activedb.batch.errors import BatchNotCommitted, DeclarationError
 from activedb.errors import InvalidKey, InvalidValue, SchemaError
@@ -419,7 +418,7 @@ def _final_rows(catalog: Catalog, result: BatchResult, normalised: Mapping[str, 
                     deletes.append(key_row)
                 continue
             if old is None:
-                check_not_always_generated(info, given)
+                info.refuse_new_row_by_key(given)
                 check_key_columns(info, given, image, key_row)
                 check_required(info, image, f"the new row {given!r}")
                 row = {**image, **key_row}
@@ -494,7 +493,7 @@ def _new_rows(catalog: Catalog, inserted: Mapping[str, list[RowImage]], drawn: C
         by_columns: dict[frozenset[str], list[RowImage]] = {}
         for row in inserted[table]:
             if given:
-                check_no_given_key(info, row, f"a row inserted into {table!r}")
+                info.refuse_given_identity(row, f"a row inserted into {table!r}", NO_GIVEN_KEY)
             by_columns.setdefault(frozenset(row), []).append(row)
         for columns, rows in by_columns.items():
             names = sorted(columns)

@@ -265,6 +265,11 @@ def check_required(info: TableInfo, columns: Iterable[str], what: str) -> None:
                            f"{info.name!r}; give them (nothing was written)")
 
 
+#: What a row an INSERT operation returned with a key ``GENERATED ALWAYS AS IDENTITY`` is told to do
+#: (``TableInfo.refuse_given_identity``): an INSERT leaves keys to the store (the package README).
+NO_GIVEN_KEY = "leave {name} out of the INSERT operation's rows: the store draws the key"
+
+
 def check_key_columns(info: TableInfo, given: Hashable, values: Mapping[str, object], key_row: Mapping[str, object]
                       ) -> None:
     """A written image must keep its row's key columns (``key_row``)."""
@@ -273,29 +278,6 @@ def check_key_columns(info: TableInfo, given: Hashable, values: Mapping[str, obj
             raise InvalidKey(f"a write function of the batch changed {info.name}.{name} of row {given!r} to "
                              f"{values[name]!r}; the key of a row cannot change — write another row instead")
 
-
-def check_not_always_generated(info: TableInfo, given: Hashable) -> None:
-    """A new row ``given`` of a state of ``info``'s table, named by its key: refused when the key is ``GENERATED
-    ALWAYS AS IDENTITY`` (PostgreSQL takes no key the application gives, SQLSTATE 428C9), as the flush refuses it."""
-    if info.always_generated:
-        raise InvalidKey(
-            f"write to {info.name!r} creates the new row {given!r}, but {info.name}."
-            f"{', '.join(sorted(info.always_generated))} is GENERATED ALWAYS AS IDENTITY: PostgreSQL takes no "
-            f"key the application gives; insert the row with insert() without the key, which draws it "
-            f"(nothing was written)"
-        )
-
-
-def check_no_given_key(info: TableInfo, row: Mapping[str, object], what: str) -> None:
-    """A row an INSERT operation returned (``what``) gives no key ``GENERATED ALWAYS AS IDENTITY``: an INSERT leaves
-    keys to the store (the package README), as ``tx.insert`` refuses such a key."""
-    for name in info.always_generated:
-        if row.get(name) is not None:
-            raise InvalidKey(
-                f"{what}: {info.name}.{name} is GENERATED ALWAYS AS IDENTITY, and PostgreSQL takes no value the "
-                f"application gives it (got {row[name]!r}); leave {name!r} out of the INSERT operation's rows: the "
-                f"store draws the key"
-            )
 
 
 def store_check(catalog: Catalog, before: Mapping[State, RowImage | None] | None = None,
@@ -311,7 +293,7 @@ def store_check(catalog: Catalog, before: Mapping[State, RowImage | None] | None
                 if image is not None:
                     info = catalog.table_info(table)
                     if before is not None and before.get((table, key)) is None:
-                        check_not_always_generated(info, key)
+                        info.refuse_new_row_by_key(key)
                     check_required(info, image.keys(), f"the row {key!r} of {table!r}")
                     info.check_values(image, copy=False)
                     check_key_columns(info, key, image, info.full_key_row(info.key(key)))
@@ -321,7 +303,7 @@ def store_check(catalog: Catalog, before: Mapping[State, RowImage | None] | None
                     if drawn is not None and part.table not in drawn:
                         info = catalog.table_info(part.table)
                         for row in part.rows:
-                            check_no_given_key(info, row, f"a row inserted into {part.table!r}")
+                            info.refuse_given_identity(row, f"a row inserted into {part.table!r}", NO_GIVEN_KEY)
         except SchemaError as error:
             return f"{type(error).__name__}: {error}"
         return None

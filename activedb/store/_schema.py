@@ -243,6 +243,29 @@ class TableInfo:
             return sa.cast(column, postgresql.JSONB) == value
         return column == value
 
+    def refuse_new_row_by_key(self, given: object) -> None:
+        """Raise :class:`InvalidKey` if a write would create the row ``given`` of this table, named by a key its
+        application chose, while the key is ``GENERATED ALWAYS AS IDENTITY`` (PostgreSQL takes no such key,
+        SQLSTATE 428C9): the flush's check and the lowered batch's, one message."""
+        if self.always_generated:
+            raise InvalidKey(
+                f"write to {self.name!r} creates the new row {given!r}, but {self.name}."
+                f"{', '.join(sorted(self.always_generated))} is GENERATED ALWAYS AS IDENTITY: PostgreSQL takes no "
+                f"key the application gives; insert the row with insert() without the key, which draws it "
+                f"(nothing was written)"
+            )
+
+    def refuse_given_identity(self, values: Mapping[str, object], what: str, advice: str) -> None:
+        """Raise :class:`InvalidKey` if the new row ``values`` (``what``: where it comes from) gives a value for a key
+        column ``GENERATED ALWAYS AS IDENTITY``; ``advice`` (with ``{name}``, the column's quoted name) says what to
+        do instead."""
+        for name in self.always_generated:
+            if values.get(name) is not None:
+                raise InvalidKey(
+                    f"{what}: {self.name}.{name} is GENERATED ALWAYS AS IDENTITY, and PostgreSQL takes no value the "
+                    f"application gives it (got {values[name]!r}); {advice.format(name=repr(name))}"
+                )
+
     def full_key_row(self, key: Key) -> dict[str, object]:
         return dict(zip(self.key_columns, key))
 

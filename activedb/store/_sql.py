@@ -333,12 +333,7 @@ def apply_write_set(connection: sa.Connection, infos: Mapping[str, TableInfo],
                 if values:      # (a write of no columns to an existing row changes nothing)
                     updates.setdefault((table_name, frozenset(values)), []).append((key, values))
             elif info.always_generated:
-                raise InvalidKey(
-                    f"write to {table_name!r} creates the new row {key!r}, but {table_name}."
-                    f"{', '.join(sorted(info.always_generated))} is GENERATED ALWAYS AS IDENTITY: PostgreSQL takes no "
-                    f"key the application gives; insert the row with insert() without the key, which draws it "
-                    f"(nothing was written)"
-                )
+                info.refuse_new_row_by_key(key)
             else:
                 missing = sorted(info.required - values.keys())
                 raise InvalidValue(

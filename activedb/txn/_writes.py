@@ -53,7 +53,8 @@ class Writes:
         info = self.manager.catalog.table_info(table)
         values = info.check_values(values, copy=False)     # (its keyword arguments: a dict of its own)
         if info.always_generated:
-            _refuse_always_generated(info, values)
+            info.refuse_given_identity(values, f"insert into {info.name!r}", "omit {name}: insert() draws the key "
+                                                                              "from the identity and returns it")
         generated = any(values.get(name) is None for name in info.key_columns)
         if generated:
             values = {**values, **_generated_key(self, info)}
@@ -264,15 +265,3 @@ def _generated_key(node: "Transaction", info: TableInfo) -> dict[str, object]:
             f"(it has no identity or serial default)"
         )
     return {column: catalog.next_generated_key(sequence, node.root.began_at)}
-
-
-def _refuse_always_generated(info: TableInfo, values: Mapping[str, object]) -> None:
-    """Refuse a value given for a key column ``GENERATED ALWAYS AS IDENTITY`` of a new row (PostgreSQL would refuse
-    it at the commit, SQLSTATE 428C9)."""
-    for name in info.always_generated:
-        if values.get(name) is not None:
-            raise InvalidKey(
-                f"insert into {info.name!r}: {info.name}.{name} is GENERATED ALWAYS AS IDENTITY, and PostgreSQL takes "
-                f"no value the application gives it (got {values[name]!r}); omit {name!r}: insert() draws the key "
-                f"from the identity and returns it"
-            )
