@@ -63,7 +63,9 @@ class Listener:
         """End the session: the leadership lock is released."""
         connection, self._connection = self._connection, None
         if connection is not None:
-            with contextlib.suppress(Exception):      # already broken
+            with contextlib.suppress(Exception):      # already broken: the server ends the session, and the lock
+                connection.execute("SELECT pg_advisory_unlock_all()")   # released now, not when the server sees it go
+            with contextlib.suppress(Exception):
                 connection.close()
 
     def still_held(self) -> bool:

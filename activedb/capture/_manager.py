@@ -99,7 +99,8 @@ class CaptureManager:
         check_consumer_name(name)
         with self._database.engine.begin() as connection:
             # The leader's lock, for the drop's transaction: none can lead meanwhile (one that leads after it starts
-            # anew).  Waited for a little: the session of a consumer just closed ends a moment after its close().
+            # anew).  Waited for a little: a consumer's close() releases it at once, but a consumer whose process
+            # died holds it until the server notices its session is gone.
             connection.execute(sa.text(f"SET LOCAL lock_timeout = {_DROP_LOCK_WAIT_MS}"))
             try:
                 connection.execute(sa.text("SELECT pg_advisory_xact_lock(:class, :key)"),
