@@ -22,7 +22,8 @@ from activedb.composite._model import (Choice, CompositeEvent, Heartbeat, Invali
 from activedb.composite._polist import Membership
 from activedb.composite._records import CompositeStatistics, MembershipKind, ProducerInfo, TimeoutPolicy, Window
 from activedb.composite._rollback import Rollback
-from activedb.composite.errors import CompositeError, EventRejected, LateEvent, MembershipError, ProducerTimeout
+from activedb.composite.errors import (CompositeError, EventRejected, LateEvent, MembershipError, ProducerTimeout,
+                                      UncertainOrder)
 from activedb.errors import check_seconds, check_whole_number
 from activedb.events import EventSpec, EventKind, Instant, LocalClock, TimeLike, Timestamp, as_timestamp, earlier
 from activedb.streams import CompiledQuery, StreamEvent, StreamSchema, algebra as ast, compile_query, parse
@@ -260,7 +261,10 @@ class CompositionEngine:
         its error (to become a dead letter) instead of failing the whole batch, which a connector would deliver
         again, to be refused again, for ever.  The result is the one the batch without those inputs gives.  An event
         that completes a composition whose RETURN raises is handed back too (``Evaluation.refuse``: it leaves that
-        query's lists, the composition's other events stay), though it may have come in an earlier batch."""
+        query's lists, the composition's other events stay), though it may have come in an earlier batch.  So are
+        the candidates of an uncertain order no ``on_uncertain`` callback decides (``Evaluation.resolve``): raised,
+        the uncertainty failed the batch, whose abort restored the engine to meet it again on every delivery; refused,
+        they leave every list (as ``discard`` does), so that replaying their letters feeds them once more."""
         refused: list[tuple[StreamEvent | Heartbeat, CompositeError]] = []
         with self._guard:
             if tx is not None:
@@ -273,12 +277,31 @@ class CompositionEngine:
                         self._input.take(item, refuse_unevaluable=True)
                     except (LateEvent, EventRejected, MembershipError) as error:
                         refused.append((item, error))
-                    refused.extend(evaluation.refused)
-                    evaluation.refused = []
+                    self._discard_refused(refused)
             finally:
                 evaluation.refusing = False
                 evaluation.refused = []
+                evaluation.discarding = []
         return self._finish(emit_into=tx), refused
+
+    def _discard_refused(self, refused: list[tuple[StreamEvent | Heartbeat, CompositeError]]) -> None:
+        """Move the evaluation's refusals into ``refused`` (an event once), and take the refused candidates of
+        uncertain orders out of every list, evaluating the nodes that held them (which may refuse more).  Caller
+        holds ``_mutex``."""
+        evaluation = self._evaluation
+        while evaluation.refused or evaluation.discarding:
+            for event, error in evaluation.refused:
+                if not isinstance(error, UncertainOrder) or not any(
+                        isinstance(earlier, UncertainOrder) and other == event for other, earlier in refused):
+                    refused.append((event, error))
+            evaluation.refused = []
+            doomed_events, evaluation.discarding = evaluation.discarding, []
+            for node in list(evaluation.nodes.values()):        # (evaluating drops a node it empties)
+                doomed = [entry for entry in node.items() if entry.event in doomed_events]
+                if doomed:
+                    node.remove(doomed)
+                    self._counts["dropped"] += len(doomed)
+                    evaluation.evaluate(node)
 
     def poll(self) -> list[CompositeEvent]:
         """Check the input nodes' timeouts (raises :class:`ProducerTimeout`, or excludes silent producers

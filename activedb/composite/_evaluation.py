@@ -50,9 +50,11 @@ class Evaluation:
         self.composites: collections.deque[CompositeEvent] = collections.deque(maxlen=window)
         self.uncertainties: collections.deque[Uncertainty] = collections.deque(maxlen=window)
         # An ingestion's batch (``CompositionEngine._process_refusing``): a RETURN that raises refuses the event
-        # that completed the composition (``refuse``) instead of raising.
+        # that completed the composition (``refuse``), and an uncertainty no callback decides refuses its
+        # candidates (``resolve``), instead of raising.
         self.refusing = False
-        self.refused: list[tuple[StreamEvent, EventRejected]] = []     # (while refusing) for the dead letters
+        self.refused: list[tuple[StreamEvent, EventRejected | UncertainOrder]] = []  # (while refusing) dead letters
+        self.discarding: list[StreamEvent] = []   # (while refusing) refused candidates still to leave every list
 
     def node(self, query: CompiledQuery, partition: Partition) -> Node:
         """The node of ``query`` for ``partition`` (made on first use)."""
@@ -100,10 +102,19 @@ class Evaluation:
 
     # --- what a node calls while it evaluates ----------------------------------------------------------
 
-    def resolve(self, uncertainty: Uncertainty, candidates: list[Item]) -> Decision:
+    def resolve(self, uncertainty: Uncertainty, candidates: list[Item]) -> Decision | None:
+        """The application's decision on ``uncertainty``; raises UncertainOrder if it gives none — but while
+        ``refusing`` (an ingestion's batch, which a raise would fail on every delivery, the engine returning to
+        the same state each time) the candidates are refused instead: handed back for the dead letters, to
+        leave every list (``discarding``), and None is returned (the node drops them without a decision)."""
         self.counts["uncertainties"] += 1
         self.uncertainties.append(uncertainty)
         answer = None if self.on_uncertain is None else self.on_uncertain(uncertainty)
+        if answer is None and self.refusing:
+            for item in candidates:
+                self.refused.append((item.event, UncertainOrder(uncertainty, refused=True)))
+                self.discarding.append(item.event)
+            return None
         if answer is None:
             raise UncertainOrder(uncertainty)
         if isinstance(answer, StreamEvent):

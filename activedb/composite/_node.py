@@ -102,7 +102,8 @@ class Node:
     def _decide(self, context: "Evaluation", rank: int, kind: UncertaintyKind, candidates: list[Item],
                 chosen: list[Item], anchor: Item | None) -> Decision:
         """Resolve an uncertainty: ("use", item) or ("drop", items).  Raises UncertainOrder if the
-        application gives no choice.  A decision is asked once per distinct situation."""
+        application gives no choice (in an ingestion's batch: drops the candidates, refused, recording no
+        decision).  A decision is asked once per distinct situation."""
         candidates = sorted(candidates, key=Item.sort_key)
         key = (rank, kind, tuple(item.number for item in candidates), anchor.number if anchor else None,
                tuple(item.number for item in chosen))
@@ -113,6 +114,8 @@ class Node:
                                   tuple(item.event for item in candidates), tuple(item.event for item in chosen),
                                   anchor.event if anchor is not None else None)
         decision = context.resolve(uncertainty, candidates)
+        if decision is None:    # refused in an ingestion's batch: the candidates leave, no decision to record
+            return ("drop", candidates)
         self.decisions[key] = decision
         if decision[0] == "drop":
             self.pending_resolutions.append(Resolution(uncertainty, None, tuple(item.event for item in decision[1])))

@@ -24,9 +24,16 @@ class UncertainOrder(CompositeError):
     are returned by ``engine.take_outputs()``): pass ``on_uncertain=`` to let the application choose, or drop
     events with ``engine.discard(event)``; the next call evaluates again."""
 
-    def __init__(self, uncertainty: Uncertainty):
+    def __init__(self, uncertainty: Uncertainty, *, refused: bool = False):
         self.uncertainty = uncertainty
         self.others: tuple["UncertainOrder", ...] = ()      # further uncertainties met in the same call
+        if refused:     # (an ingestion's batch: the candidates left the engine's lists as dead letters)
+            super().__init__(f"{uncertainty.describe()}; the engine does not pick silently, and without an on_uncertain "
+                             f"callback an ingestion cannot wait for the application's decision (every delivery of the "
+                             f"batch would meet it again), so the candidates left the engine's lists as dead letters — "
+                             f"give the CompositionEngine an on_uncertain callback that chooses, then replay them "
+                             f"(activedb dead-letters replay) into an engine that has not composed past them")
+            return
         super().__init__(f"{uncertainty.describe()}; the engine does not pick silently — give the CompositionEngine an "
                          f"on_uncertain callback that chooses (the choice is recorded with the composite event), or "
                          f"drop candidates with engine.discard(event)")

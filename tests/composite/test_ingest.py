@@ -225,3 +225,59 @@ def test_rows_that_are_no_batch_and_a_mapping_that_is_none_are_refused_saying_wh
     with pytest.raises(activedb.ingest.errors.MappingError, match=r"take an activedb.ingest.EventMapping"):
         feed_batch(engine, [row], None)
     assert engine.statistics().events == 0
+
+
+def test_an_uncertain_order_without_on_uncertain_is_a_dead_letter_and_the_stream_goes_on(make_database_url):
+    """Without ``on_uncertain`` the engine raises ``UncertainOrder`` and keeps raising until the application
+    decides: inside an ingestion batch that failed the batch, its transaction's abort returned the engine to its
+    snapshot, and every delivery of the batch raised again — the stream stopped for good.  Now the uncertain
+    candidate is a dead letter whose reason names the uncertainty and says what to do (give ``on_uncertain``, then
+    replay), it leaves the engine's lists, the rest of the batch and the later batches go on, and a replay feeds it
+    again."""
+    mapping = EventMapping("type", "k", "ts", producer_column="producer", accuracy_column="accuracy",
+                           heartbeat_type="heartbeat", payload_columns=["id"])
+
+    def row(kind, ts, producer, ident=None, accuracy=0.01):
+        return {"type": kind, "k": "x" if ident else None, "ts": ts, "producer": producer, "accuracy": accuracy,
+                "id": ident}
+
+    def beats(ts):
+        return [row("heartbeat", ts, "P0"), row("heartbeat", ts, "P1")]
+
+    def make(database, on_uncertain=None):
+        engine = composite.CompositionEngine(database, name="pairs", clock=composite.ManualClock(), timeout=None,
+                                             on_uncertain=on_uncertain)
+        engine.create_stream("s", types=["A", "B"], attributes=["id", "k"])
+        engine.define("CREATE QUERY Q PATTERN SEQ(A, B) RETURN A.id AS a, B.id AS b")
+        engine.join("P0", types=["A"])
+        engine.join("P1", types=["B"])
+        return engine
+
+    uncertain = row("B", 100.2, "P1", "b0", accuracy=0.5)            # its order against a0 is uncertain
+    batches = [[row("A", 100.0, "P0", "a0", accuracy=0.5), uncertain, *beats(110.0)],
+               [row("A", 111.0, "P0", "a1"), row("B", 112.0, "P1", "b1"), *beats(120.0)]]
+    database = activedb.connect(make_database_url("uncertain"))
+    try:
+        engine = make(database)
+        outcomes = feed(database, batches, source="pairs", mapping=mapping,
+                        handler=composite.CompositeHandler(engine))
+        assert [(outcome.committed, outcome.events, outcome.dead_letters) for outcome in outcomes] == \
+            [(True, 0, 1), (True, 1, 0)]
+        assert [(item.payload()["a"], item.payload()["b"]) for item in engine.window().composites] == [("a0", "b1")]
+        assert [event["id"] for lists in engine.waiting().values() for events in lists["lists"].values()
+                for event in events] == ["a1"]
+        with database.engine.connect() as connection:
+            [letter] = connection.execute(sa.text("SELECT * FROM activedb_dead_letters")).mappings().all()
+        assert letter["reason"].startswith("UncertainOrder: query Q: "), letter["reason"]
+        assert "on_uncertain" in letter["reason"] and "replay" in letter["reason"], letter["reason"]
+        assert letter["raw"] == uncertain
+        # Once the application decides, replaying the letter feeds the event again.
+        decided = make(database, on_uncertain=lambda uncertainty: uncertainty.candidates[0])
+        app = types.SimpleNamespace(mapping=mapping, known_types=None, prefetch=None)
+        [replayed] = activedb.ingest.replay_dead_letters(database, app, [dict(letter)],
+                                                          handler=lambda: composite.CompositeHandler(decided))
+        assert replayed.query_id == "replay:pairs"
+        assert [event["id"] for lists in decided.waiting().values() for events in lists["lists"].values()
+                for event in events] == ["b0"]
+    finally:
+        database.close()
