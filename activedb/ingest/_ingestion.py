@@ -174,6 +174,7 @@ class Ingestion:
         """A run resumes (a restarted process): punctuate again the last watermark the ledger recorded for it
         (punctuations live in memory; every batch's ledger row keeps its watermark)."""
         _check_query_id(query_id)
+        _check_source(query_id, self.source)
         resumed = last_watermark(self.db, query_id)
         if resumed is not None:
             self.db.punctuate(self.source, resumed.astimezone(_UTC))
@@ -190,6 +191,7 @@ class Ingestion:
         nothing back, or a second call).  ``query_id``: the run (default: the last one this ingestion saw)."""
         if query_id is not None:
             _check_query_id(query_id)
+            _check_source(query_id, self.source)
         query_id = query_id or self._book.statistics().query_id
         if not self.handler.holds_back or query_id is None:
             return 0
@@ -276,6 +278,16 @@ def _check_query_id(query_id: object) -> None:
         pass
     raise IngestError(f"query_id {query_id!r} is no ledger id: give str(LedgerId(source, run)) — "
                       f"'SOURCE@RUN', or a source's name alone; nothing was applied")
+
+
+def _check_source(query_id: str, source: str) -> None:
+    """Raise IngestError unless ``query_id`` (a ledger id's text) is a run of ``source``, the ingestion's: a run of
+    another source would be resumed, or released, under the wrong name."""
+    own = LedgerId.parse(query_id).source
+    if own != source:
+        raise IngestError(f"query_id {query_id!r} is a run of source {own!r}, not of this ingestion's source "
+                          f"{source!r}: give str(LedgerId({source!r}, run)), or an Ingestion of source {own!r}; "
+                          f"nothing was applied")
 
 
 def _check_rows(rows: object, batch_id: int, query_id: str) -> None:

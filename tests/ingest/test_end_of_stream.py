@@ -192,3 +192,24 @@ def test_an_end_of_stream_without_a_query_id_releases_under_the_last_run_the_ing
         assert ingestion.end_of_stream() == 1 and handler.released == [first, second]
     finally:
         ingestion.close()
+
+
+def test_the_end_of_a_run_of_another_source_than_the_ingestion_s_is_refused(database):
+    """``end_of_stream(query_id)`` of another source's run filed the release (batch -1) under that source — its
+    ledger row, status and exactly-once check another source's, as ``process`` did before a6c6f55.  Now an
+    IngestError names both sources and nothing is released."""
+    batches, _ = _batches()
+    engine = _hygiene(database)
+    ingestion = Ingestion(database, BADGE_MAPPING, source="badges", handler=QueriesHandler(engine))
+    try:
+        for batch in batches:
+            ingestion.process(batch.rows, batch.number, query_id="badges@run-1", watermark=batch.watermark)
+        held = len(engine.buffered())
+        assert held > 0
+        with pytest.raises(IngestError, match=r"'other@run-1' is a run of source 'other', not of this ingestion's "
+                                              r"source 'badges'"):
+            ingestion.end_of_stream("other@run-1")
+        assert len(engine.buffered()) == held
+        assert ingestion_status(database, "other") == []
+    finally:
+        ingestion.close()

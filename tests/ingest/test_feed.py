@@ -542,3 +542,24 @@ def test_event_ids_under_that_is_no_source_name_is_refused_where_the_ingestion_i
             Ingestion(database, app_counters.MAPPING, source="ids", event_ids_under=event_ids_under)
     finally:
         database.close()
+
+
+def test_resuming_a_run_of_another_source_than_the_ingestion_s_is_refused(database_url):
+    """``resume(query_id)`` of another source's run punctuated that run's last watermark under this ingestion's
+    source (and took the run for its own), as ``process`` filed such a batch under the other source before
+    a6c6f55.  Now an IngestError names both sources and nothing is punctuated."""
+    database = app_database(database_url)
+    other = Ingestion(database, app_counters.MAPPING, source="other")
+    ingestion = Ingestion(database, app_counters.MAPPING, source="mine")
+    try:
+        other.process([{"type": "add", "key": "k", "ts": BASE_TIME, "amount": 1, "seq": 1}], 0,
+                      query_id="other@run", watermark=BASE_TIME)
+        with pytest.raises(IngestError, match=r"'other@run' is a run of source 'other', not of this ingestion's "
+                                              r"source 'mine'"):
+            ingestion.resume("other@run")
+        assert database.watermark("mine") is None
+        assert ingestion.statistics().query_id is None
+    finally:
+        other.close()
+        ingestion.close()
+        database.close()
