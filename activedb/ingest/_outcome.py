@@ -227,9 +227,11 @@ class BatchBook:
                 self._idle.notify_all()
 
     def wait_idle(self, timeout: float | None = None) -> bool:
-        """Wait until no batch is being processed; False if ``timeout`` passed first."""
+        """Wait until no batch is being processed; False if ``timeout`` passed first (None or infinity: no limit)."""
+        # (threading waits at most TIMEOUT_MAX, some 292 years, and raises OverflowError beyond: that is no limit)
+        unbounded = timeout is None or timeout >= threading.TIMEOUT_MAX
         with self._idle:
-            return self._idle.wait_for(lambda: self._in_batch == 0, timeout)
+            return self._idle.wait_for(lambda: self._in_batch == 0, None if unbounded else timeout)
 
     def failed(self, batch_id: int, error: BaseException) -> None:
         with self._mutex:

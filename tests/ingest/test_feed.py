@@ -6,7 +6,9 @@ and reasons as an uninterrupted run."""
 from __future__ import annotations
 
 import datetime as dt
+import math
 import re
+import threading
 
 import pyarrow as pa
 import pytest
@@ -18,6 +20,7 @@ from activedb.errors import BadArgument, InvalidChoice
 from activedb.ingest import (Batch, BatchHandler, Ingestion, LedgerId, Phase, RowBatches, RulesHandler, drive, feed,
                              batch_committed, ingestion_status, sources_of_run)
 from activedb.ingest.errors import IngestError
+from lockmgr.testing import wait_until
 from tests.ingest.feed_driver import RUN, SOURCE, killed_and_fed_again, workload_batches
 from tests.spark_bridge import app_counters
 from tests.spark_bridge._streams import BASE_TIME, app_database, app_state, dead_letters
@@ -561,5 +564,59 @@ def test_resuming_a_run_of_another_source_than_the_ingestion_s_is_refused(databa
         assert ingestion.statistics().query_id is None
     finally:
         other.close()
+        ingestion.close()
+        database.close()
+
+
+class _Held(BatchHandler):
+    """A batch that runs until the test lets it end (``release``); ``entered`` once it runs."""
+
+    name = "held"
+    validates_rows = False
+
+    def __init__(self) -> None:
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def handle(self, tx, batch, ledger) -> None:
+        self.entered.set()
+        assert self.release.wait(60), "the test never let the batch end"
+
+
+@pytest.mark.parametrize("timeout", [math.inf, 1e300])
+def test_wait_idle_without_a_limit_given_as_infinity_waits_for_the_batch_in_progress(database_url, timeout):
+    """``Ingestion.wait_idle(math.inf)`` is accepted (infinity is a number of seconds: no limit, as None) but, with a
+    batch running, failed at once with OverflowError from ``threading.Condition.wait`` instead of waiting for the
+    batch to end (so did any timeout beyond ``threading.TIMEOUT_MAX``).  Now it waits, and answers True when the
+    batch has ended."""
+    database = app_database(database_url)
+    handler = _Held()
+    source = f"held-{timeout:g}"          # (one database for the module: a run of its own each)
+    ingestion = Ingestion(database, None, source=source, handler=handler)
+    outcomes: dict[str, object] = {}
+
+    def run(name, call):
+        try:
+            outcomes[name] = call()
+        except BaseException as error:      # (reported by the test, on its own thread)
+            outcomes[name] = error
+
+    batch = threading.Thread(target=run, args=("batch", lambda: ingestion.process([{"x": 1}], 0, query_id=source)))
+    waiter = threading.Thread(target=run, args=("wait", lambda: ingestion.wait_idle(timeout)))
+    try:
+        batch.start()
+        assert handler.entered.wait(60)
+        waiter.start()
+        # The waiter waits on the book's condition (or has already failed).
+        wait_until(lambda: "wait" in outcomes or ingestion._book._idle._waiters, 60, "wait_idle to wait",
+                   lambda: outcomes)
+        handler.release.set()
+        batch.join(60)
+        waiter.join(60)
+        assert not batch.is_alive() and not waiter.is_alive()
+        assert outcomes["wait"] is True, outcomes
+        assert outcomes["batch"].committed, outcomes
+    finally:
+        handler.release.set()
         ingestion.close()
         database.close()
