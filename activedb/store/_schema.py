@@ -115,7 +115,7 @@ class TableInfo:
         if converters is not None:
             key = tuple(value if convert is None else convert(value) for convert, value in zip(converters, key))
         for name, value in zip(self.key_columns, key):
-            if value.__class__ is datetime.datetime:
+            if isinstance(value, datetime.datetime):    # (subclasses too: a pandas Timestamp is one)
                 self._check_key_datetime(name, value)
         return key
 

@@ -1059,6 +1059,29 @@ def test_a_naive_datetime_key_of_a_timestamptz_column_is_refused_saying_to_give_
         assert tx.read("stamps", aware)["count"] == 1
 
 
+def test_a_naive_key_of_a_datetime_subclass_is_refused_as_a_naive_datetime_is(db):
+    """The naive-or-aware check of a datetime key looked at ``datetime`` itself only: a naive key of a subclass (a
+    pandas ``Timestamp``, an application's own) of a ``timestamptz`` column was written, and a read by the same key
+    found no row.  Now it is refused as a naive ``datetime`` is, and nothing is written."""
+    import datetime as dt
+
+    class Stamp(dt.datetime):
+        pass
+
+    _empty(db, "stamps")
+    pandas = pytest.importorskip("pandas")
+    for naive in (Stamp(2024, 1, 1, 12), pandas.Timestamp(2024, 1, 1, 12)):
+        with pytest.raises(activedb.InvalidKey, match="give an aware datetime"):
+            with db.transaction() as tx:
+                tx.write("stamps", naive, count=1)
+    assert committed(db, "stamps") == {}
+    aware = Stamp(2024, 1, 1, 12, tzinfo=dt.timezone.utc)
+    with db.transaction() as tx:
+        tx.write("stamps", aware, count=1)
+    with db.transaction() as tx:
+        assert tx.read("stamps", aware)["count"] == 1
+
+
 # --- keys given as another Python value than PostgreSQL gives back, a schema (t0007_keys_by_value.py) ---
 
 
