@@ -207,6 +207,15 @@ class CompositionEngine:
             raise MembershipError(f"producer {producer}: clock is an activedb.events.LocalClock (how its local readings "
                                   f"order its own events) or None, got {clock!r}")
         with self._guard:
+            # (An undeclared type is in no query: its events would be taken, counted, and composed never.)
+            if all(schema.types is not None for schema in self._streams.values()):
+                declared = {name for schema in self._streams.values() for name in schema.types or ()}
+                unknown = sorted(types - declared)
+                if unknown:
+                    raise MembershipError(
+                        f"producer {producer} joins for {', '.join(unknown)}, which no stream of engine {self.name} "
+                        f"declares (declared: {', '.join(sorted(declared)) or 'none'}): correct the type's name, or "
+                        f"declare it first with engine.create_stream(name, types=[…])")
             self._members.join(producer, types, since, clock, self.clock.now(), membership is MembershipKind.WEAK,
                                self._input.join_since)
 

@@ -216,6 +216,24 @@ def test_join_with_types_given_as_one_text_is_refused():
     assert "PQ" not in engine.producers()
 
 
+def test_join_for_a_type_no_stream_declares_is_refused():
+    """A producer joined for a type no stream of the engine declares (``types=['Q']``, a typo of ``B``) was taken,
+    and so were its events of that type: counted as taken, in no query's list (no query can name an undeclared
+    type), never a refusal — through an ingestion, rows accounted for as applied that nothing used.  The design
+    note: events of unknown types are refused.  Now the join says which types are declared and changes nothing."""
+    engine = make_engine(AND_CHRONICLE, FIG2)
+    with pytest.raises(MembershipError, match=r"producer PQ joins for Q, which no stream of engine composite "
+                                              r"declares \(declared: A, B\)"):
+        engine.join("PQ", types=["B", "Q"])
+    with pytest.raises(MembershipError, match=r"no stream of engine composite declares"):
+        engine.join("PQ", types=["Q"], membership="weak")
+    assert "PQ" not in engine.producers()
+    engine.join("PQ", types=["B"])
+    open_stream = make_engine(AND_CHRONICLE, FIG2)         # (a stream of any type: types=None)
+    open_stream.create_stream("any", types=None, attributes=("id",))
+    open_stream.join("PQ", types=["Q"])
+
+
 @pytest.mark.parametrize("since", ["soon", float("nan")], ids=["a-text", "nan"])
 def test_join_with_a_since_that_is_not_a_time_is_a_membership_error(since):
     """``join(…, since=…)`` that is not a time is refused with MembershipError naming the producer (was a bare
