@@ -163,7 +163,11 @@ class Explanation:
     def save(self, path: str | Path) -> Path:
         """Write the explanation as JSON (atomically: a reader never sees half a file)."""
         path = Path(path)
-        _write_atomically(path, json.dumps(asdict(self), indent=1, default=str))
+        try:
+            _write_atomically(path, json.dumps(asdict(self), indent=1, default=str))
+        except OSError as error:
+            raise PictureError(f"cannot save the explanation to {path}: {error.strerror or error} (choose a file in a "
+                               f"folder you may write)") from None
         return path
 
     @classmethod
@@ -478,8 +482,12 @@ def _write_atomically(path: Path, text: str) -> None:
     reader never sees half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    temporary.write_text(text)
-    os.replace(temporary, path)
+    try:
+        temporary.write_text(text)
+        os.replace(temporary, path)
+    except OSError:
+        temporary.unlink(missing_ok=True)      # (a path that is a folder: the rename fails after the write)
+        raise
 
 
 def _unregister_all() -> None:

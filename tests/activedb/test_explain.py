@@ -354,3 +354,18 @@ def test_a_picture_or_snapshot_that_cannot_be_written_or_read_is_a_picture_error
     result = CliRunner().invoke(main, ["explain", str(snapshot), "-o", str(blocked)])
     assert result.exit_code == 1 and isinstance(result.exception, SystemExit), repr(result.exception)
     assert result.output.startswith("activedb: error: cannot draw "), result.output
+
+
+def test_an_explanation_that_cannot_be_saved_is_a_picture_error_and_leaves_no_temporary_file(tmp_path):
+    """``Explanation.save`` into a folder that cannot be made (a file is in the way) let the OSError out, and onto a
+    path that is a folder left its temporary file beside it: neither an ActivedbError, and a hidden file left behind."""
+    from activedb.errors import PictureError
+
+    explanation = Explanation(nodes=(), edges=())
+    blocked = explanation.save(tmp_path / "empty.json") / "again.json"
+    with pytest.raises(PictureError, match=r"cannot save the explanation to .*again\.json: "):
+        explanation.save(blocked)
+    (tmp_path / "folder").mkdir()
+    with pytest.raises(PictureError, match=r"cannot save the explanation to .*folder: "):
+        explanation.save(tmp_path / "folder")
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["empty.json", "folder"]
