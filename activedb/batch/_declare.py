@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import enum
 import functools
+import math
+import numbers
 from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Hashable, NamedTuple, TypeAlias, TypeVar
@@ -284,6 +286,7 @@ class Ops:
             raise DeclarationError("window_read needs at least one key")
         own = self._check_key(table, keys[0])
         params = self._params([(table, key) for key in keys[1:]], own, "keys")
+        _check_size(size, f"window_read({table!r}, keys, ...)")
         self.windowed = True
         self.specs.append(OpSpec(OpKind.WINDOW_READ, own[0], own[1], params, fn=aggregate, size=size,
                                  name=name or f"window:{table}", state=own))
@@ -298,6 +301,7 @@ class Ops:
         over = [_state(pair, "over") for pair in over]
         if not over:
             raise DeclarationError("window_write needs at least one (table, key) in over")
+        _check_size(size, f"window_write({table!r}, {key!r}, ...)")
         self.windowed = True
         self.specs.append(OpSpec(OpKind.WINDOW_WRITE, state[0], state[1], tuple(dict.fromkeys(over)), fn=fn, size=size,
                                  name=name, state=state))
@@ -468,6 +472,14 @@ def _inserted_into(tables: tuple[str, ...], result: object) -> InsertedInto:
             if part.rows:
                 parts.append(part)
     return _new_inserted(InsertedInto, (tuple(parts),)) if parts else _NOTHING_INTO
+
+
+def _check_size(size: object, what: str) -> None:
+    """Refuse a window ``size`` that is no number of at least 0: it is subtracted from the event's time (a text or None
+    failed the run with a TypeError; NaN or a negative size made every window empty)."""
+    if isinstance(size, bool) or not isinstance(size, numbers.Real) or math.isnan(size) or size < 0:
+        raise DeclarationError(f"{what} takes size= a number of at least 0 in the unit of the events' ts (seconds for "
+                               f"datetimes; the window is [t - size, t)), got {size!r}")
 
 
 def _candidates(table: str, candidates: Iterable[Hashable] | None) -> tuple[Hashable, ...] | None:

@@ -254,6 +254,24 @@ def test_a_window_read_given_one_text_as_its_keys_rejects_its_event_saying_what_
     assert result.final[("w", "src")] == {"v": 3}
 
 
+@pytest.mark.parametrize("strategy", ["lean", "serial", "tpg", "ns/f/e"])
+def test_a_window_size_that_is_no_number_of_seconds_rejects_its_event_saying_what_to_give(strategy):
+    """A window's ``size`` is subtracted from the event's time: a text or None failed each event whose window had
+    versions with a TypeError naming neither the size nor what to give, and NaN or a negative size made every window
+    empty, silently.  Each is refused where it is declared; the rest of the batch goes on."""
+    transactions = window_transactions()
+    events = [{"type": "tick", "ts": 1.0, "payload": {"v": 1}}, {"type": "tick", "ts": 2.0, "payload": {"v": 2}}]
+    sizes = ["3", None, float("nan"), -1.0, True]
+    events += [{"type": "summarise", "ts": 3.0 + index, "payload": {"size": size}} for index, size in enumerate(sizes)]
+    events.append({"type": "summarise", "ts": 9.0, "payload": {"size": 10}})
+    result = batch.run_in_memory(transactions, events, {}, strategy=strategy)
+    assert [reason for _, reason in result.dead_letters] == [
+        f"DeclarationError: window_write('w', 'sum', ...) takes size= a number of at least 0 in the unit of the events' "
+        f"ts (seconds for datetimes; the window is [t - size, t)), got {size!r}" for size in sizes]
+    assert result.final[("w", "sum")] == {"v": 3, "n": 2}
+    assert result.transactions[-1].outputs["seen"] == [1, 2]
+
+
 def test_a_window_operation_declared_before_the_lean_run_makes_it_keep_versions_from_the_start():
     """A batch run at commit is declared before it runs (``apply_at_commit``'s pass), and the lean run gets those
     operations: one with a window makes it keep row versions from its start (else the window would read none)."""
