@@ -29,7 +29,7 @@ from activedb.batch._declare import (
     Abort, BatchEvent, Declaring, Inserted, OpKind, Ops, OpSpec, State, StateTransactions, canonical_key, inserted,
     inserted_parts)
 from activedb.batch._result import BatchResult
-from activedb.batch._state import merge_image
+from activedb.batch._state import WRITTEN_TWICE, merge_image
 from activedb.batch.errors import DeclarationError, LoweringRefused
 from activedb.errors import SchemaError, causes
 from activedb.events import Event, EventKind, new_event
@@ -134,6 +134,9 @@ def perform_in(tx: "Transaction", specs: list[OpSpec]) -> None:
                                        f"returned {key!r}, which is not among its declared candidates")
             state = (spec.table, key)
             if kind is _ND_WRITE:
+                if state in written:        # (as in a batch: ``WRITTEN_TWICE`` aborts the event's transaction)
+                    raise DeclarationError(WRITTEN_TWICE.removeprefix("DeclarationError: "))
+                written.add(state)
                 own = image(state, True)
                 writes.append((state, own, merge_image(own, spec.fn(own, *params), spec)))
             else:

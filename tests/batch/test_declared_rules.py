@@ -236,3 +236,30 @@ def test_candidates_given_as_one_text_are_refused_where_they_are_declared(candid
     with pytest.raises(batch.errors.DeclarationError, match=r"candidates of items is one text, .*candidates=\["):
         ops.read_any("items", lambda: "xy", candidates=candidates)
     ops.read_any("items", lambda: "xy", candidates=["xy"])
+
+
+def test_fired_in_a_transaction_a_computed_key_resolving_to_a_row_written_already_fails_as_in_a_batch(db):
+    """A non-deterministic write whose key resolves to a row its transaction also writes aborts that transaction in a
+    batch (``WRITTEN_TWICE``: the declaration could not see it).  Fired in a transaction the declared rule wrote the row
+    twice instead, the second write's columns over the first's, and committed: an event a batch makes a dead letter
+    changed the table when the same events were fired one by one."""
+    from activedb.batch._state import WRITTEN_TWICE
+
+    transactions = batch.StateTransactions()
+
+    @transactions.on("computed_twice")
+    def computed_twice(event, ops):
+        ops.write("items", event.key, lambda own: {"note": "declared"})
+        ops.write_any("items", lambda: event.key, lambda own: {"note": "computed"})
+
+    if "computed_twice" not in db.rules.names():
+        db.rule(on=db.stream("computed_twice"), name="computed_twice")(batch.declared(computed_twice))
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("DELETE FROM items"))
+    reference = batch.run_in_memory(transactions, [{"type": "computed_twice", "key": "k", "ts": 0.0}], {})
+    assert [reason for _, reason in reference.dead_letters] == [WRITTEN_TWICE]
+    with db.transaction() as tx:
+        with pytest.raises(RuleFailed, match="a non-deterministic write resolved to a row its transaction also writes"):
+            tx.emit("computed_twice", key="k", ts=0.0, payload={})
+    with db.engine.connect() as connection:
+        assert connection.execute(sa.text("SELECT key, note FROM items")).all() == []
