@@ -183,15 +183,29 @@ class Ops:
     """The recorder a declaring function fills; one per event.  Not thread-safe (one event).
 
     ``windowed`` is set when the event declared a window operation (the lean executor then
-    keeps the versions windows read)."""
+    keeps the versions windows read); ``named_insert`` when it gave an INSERT a name (the declaring paths then call
+    :meth:`refuse_names_shared_with_inserts`)."""
 
-    __slots__ = ("event", "specs", "_written", "windowed")
+    __slots__ = ("event", "specs", "_written", "windowed", "named_insert")
 
     def __init__(self, event: BatchEvent) -> None:
         self.event = event
         self.specs: list[OpSpec] = []
         self._written: set[State] | None = None
         self.windowed = False
+        self.named_insert = False
+
+    def refuse_names_shared_with_inserts(self) -> None:
+        """Raise :class:`DeclarationError` if an INSERT shares its name with another operation of the transaction:
+        outputs are kept by name, and an INSERT's rows are its output (``BatchResult.inserted``, what a commit
+        inserts), so one of the two would be lost."""
+        names = [spec.name for spec in self.specs]
+        for spec in self.specs:
+            if spec.kind is OpKind.INSERT and spec.name is not None and names.count(spec.name) > 1:
+                raise DeclarationError(
+                    f"event {self.event.event_type!r} at position {self.event.position} names two of its operations "
+                    f"{spec.name!r}, one of them an insert: outputs are kept by name, so one would be lost; give each "
+                    f"operation its own name=")
 
     def _params(self, reads: Iterable[object], own: State | None, what: str) -> tuple[State, ...]:
         params: list[State] = []
@@ -344,6 +358,8 @@ class Ops:
         params = self._insert_params(reads) if reads else ()
         if name is None:
             name = _INSERT_NAMES.get((table, len(specs))) or _insert_name(table, len(specs))
+        else:
+            self.named_insert = True
         specs.append(_new_spec(OpSpec, (_INSERT, table, None, params, fn, None, None, None, name, (), None, None)))
 
     def insert_into(self, tables: Iterable[str], rows: Callable[..., object], *, reads: Iterable[State] = (),
@@ -365,6 +381,8 @@ class Ops:
         specs = self.specs
         if name is None:
             name = _INSERT_NAMES.get((names, len(specs))) or _insert_name(names, len(specs))
+        else:
+            self.named_insert = True
         specs.append(_new_spec(OpSpec, (_INSERT, names[0], None, params, rows, None, None, None, name, (), None,
                                         names)))
 
@@ -566,6 +584,8 @@ class StateTransactions:
         function(event, ops)
         if not ops.specs:
             raise no_operation(event.event_type)
+        if ops.named_insert:
+            ops.refuse_names_shared_with_inserts()
         return ops.specs
 
     @property

@@ -205,6 +205,8 @@ def _run(declarations: Mapping[str, Declaring], items: list[tuple[int, BatchEven
                 ops = Ops(event)
                 try:
                     function(event, ops)
+                    if ops.named_insert:
+                        ops.refuse_names_shared_with_inserts()
                 except Exception as error:
                     rejected.append((t, f"{type(error).__name__}: {error}"))
                     continue

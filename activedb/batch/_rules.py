@@ -78,6 +78,8 @@ class DeclaredAction:
         batch_event = BatchEvent(event.source, event.key, event.ts, event.payload, 0)  # type: ignore[arg-type]
         ops = Ops(batch_event)
         self.declaration(batch_event, ops)
+        if ops.named_insert:        # (as a batch refuses it: its event a dead letter)
+            ops.refuse_names_shared_with_inserts()
         if not ops.specs:
             raise DeclarationError(f"the declared rule {self.declaration.__name__!r} declared no operation for "
                                    f"{event.describe()}; declare at least one (ops.read, ops.write, …)")

@@ -459,6 +459,44 @@ def test_an_insert_into_declares_its_tables_and_a_function():
     assert ops.specs[-1].tables == ("events_seen", "stream_alerts") and ops.specs[-1].name == "both"
 
 
+
+@pytest.mark.parametrize("strategy", ["lean", "serial", "tpg", "ns/f/e"])
+def test_an_insert_named_as_another_operation_of_its_transaction_rejects_its_event_instead_of_losing_rows(strategy):
+    """Outputs are kept by name, and an INSERT's rows are its output (``result.inserted()``, what the commit inserts):
+    an insert given the name of another operation of its transaction — another insert, a read — lost its rows, or the
+    other's output, silently.  The event is a dead letter saying to give each its own name; the rest goes on."""
+    transactions = StateTransactions("named inserts")
+
+    @transactions.on("twice")
+    def twice(event, ops):
+        ops.insert("events_seen", {"rule": "first"}, name="audit")
+        ops.insert("events_seen", {"rule": "second"}, name="audit")
+
+    @transactions.on("insert_then_read")
+    def insert_then_read(event, ops):
+        ops.insert("events_seen", {"rule": "inserted"}, name="seen")
+        ops.read("items", "a", name="seen")
+
+    @transactions.on("read_then_insert_into")
+    def read_then_insert_into(event, ops):
+        ops.read("items", "a", name="seen")
+        ops.insert_into(("events_seen",), lambda: {"events_seen": {"rule": "into"}}, name="seen")
+
+    @transactions.on("named_once")
+    def named_once(event, ops):
+        ops.insert("events_seen", {"rule": "once"}, name="audit")
+        ops.read("items", "a", name="item")
+
+    types = ["twice", "insert_then_read", "read_then_insert_into", "named_once"]
+    result = batch.run_in_memory(transactions, [BatchEvent(kind, "k", 0, {}, position)
+                                                for position, kind in enumerate(types)], {}, strategy=strategy)
+    assert [reason for _, reason in result.dead_letters] == [
+        f"DeclarationError: event {kind!r} at position {position} names two of its operations {name!r}, one of them "
+        f"an insert: outputs are kept by name, so one would be lost; give each operation its own name="
+        for position, (kind, name) in enumerate([("twice", "audit"), ("insert_then_read", "seen"),
+                                                 ("read_then_insert_into", "seen")])]
+    assert result.inserted() == {"events_seen": [{"rule": "once"}]}
+
 #: Strings an array literal must carry exactly (a separator, braces, spaces, the empty string, the word NULL, letters
 #: beyond ASCII, control characters) and the two a quoted element escapes (``"`` and ``\\``).
 SAYINGS = ["a,b", "{x}", " spaced ", "", "NULL", "é☃ and 𝄞", "tab\tand\nnewline", 'a "quote"', "back\\slash", '\\"']
