@@ -15,6 +15,7 @@ from activedb.batch._execute import TpgExecutor
 from activedb.batch._plan import EdgeKind, OpState, build_tpg
 from activedb.batch._runtime import prepare
 from activedb.batch._strategy import Strategy, parse_strategy
+from activedb.errors import PictureError
 from activedb.extras import Extra, needs
 from activedb.store import RowImage
 from activedb.versions import Versions
@@ -110,6 +111,11 @@ def render_tpg(transactions: StateTransactions, events: Iterable[object], path: 
     axes.spines[["top", "right"]].set_visible(False)
     figure.tight_layout()
     path = Path(path)
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+    try:
+        figure.savefig(path, dpi=110)
+    except OSError as error:
+        raise PictureError(f"cannot draw {path}: {error.strerror or error} (choose a file in a folder you may "
+                           f"write)") from None
+    finally:
+        plt.close(figure)
     return path

@@ -27,3 +27,19 @@ def test_an_insert_into_several_tables_is_labelled_with_every_table():
     graph = batch.tpg_graph(INTO, _into_events()[:2], {})
     labels = [graph.nodes[node]["label"] for node in sorted(graph.nodes)]
     assert labels[1] == "O2\ninsert\nevents_seen,stream_alerts[?]" and labels[0] == "O1\nwrite\nitems['a']"
+
+
+def test_a_picture_that_cannot_be_written_is_a_picture_error_and_leaves_no_figure_open(tmp_path):
+    """``render_tpg`` into a folder that cannot be made or written (a file in the way) let matplotlib's OSError out, no
+    ActivedbError, and left its figure open in pyplot (each failed call one more figure kept, with all it drew)."""
+    import matplotlib.pyplot as plt
+    import pytest
+
+    from activedb.errors import PictureError
+
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    open_before = plt.get_fignums()
+    with pytest.raises(PictureError, match=r"cannot draw .*fig1\.png: .*choose a file in a folder you may write"):
+        batch.render_tpg(fig1_transactions(), fig1_events(v2=50), blocked / "fig1.png", FIG1_STATE)
+    assert plt.get_fignums() == open_before
