@@ -117,7 +117,7 @@ class Database:
         #: How this database was set up (``activedb.Config``, frozen; ``connect()``'s keywords are in it).
         self.config = config
         #: The clock of system time (``activedb.clock``): what rules read as "now", composite engines' timeouts,
-        #: the outbox's recovery passes.  ``ManualClock`` in tests.
+        #: the outbox's recovery passes, an ingestion's deadlines.  ``ManualClock`` in tests.
         self.clock: Clock = config.clock if config.clock is not None else SYSTEM_CLOCK
         self.embedded = embedded
         self._closed = False

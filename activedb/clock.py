@@ -7,7 +7,8 @@ activedb keeps two kinds of time apart and never mixes them:
   values the application gives; no clock of the process is ever read for them (a test controls them by the
   events and punctuations it feeds, e.g. from a :class:`ManualClock`'s :meth:`~ManualClock.now`).
 * **system time** — what the process measures: a composite engine's producer timeouts and a composite's
-  ``sts`` (``activedb.composite``), the outbox's recovery passes, and whatever an application's rules read as
+  ``sts`` (``activedb.composite``), the outbox's recovery passes, an ingestion's deadlines (how long a watched
+  batch and its firings have run, ``activedb.ingest.Deadlines``), and whatever an application's rules read as
   "now" (``db.clock.now()``, ``db.clock.wall()``).  These read a :class:`Clock`: the :class:`SystemClock` by
   default, a :class:`ManualClock` in tests (``activedb.connect(clock=ManualClock())``; the pytest plugin's
   ``activedb_clock``), which moves only when told — Drools' pseudo-clock, for activedb.

@@ -5,6 +5,11 @@ firings, the report of a long batch to the database, the deadlines) and :func:`b
 as ``activedb status`` reads them).  Design note: the package's ``README.md``, "Deadlines and the batch in
 progress".
 
+Durations — how long a batch and its firings have run, hence the deadlines and when a batch is reported — are
+read from the database's clock (``db.clock``, ``activedb.clock``): a test with a ``ManualClock`` passes a deadline
+by advancing it, whatever the machine's load.  The times of day written to the report stay the system's calendar
+(``activedb status`` compares them with the server's ``now()``).
+
 Thread-safety: a :class:`Watch` runs one batch at a time (its ingestion's); ``Watch._mutex`` protects the batch
 in progress (a leaf: no SQL or user code under it); :class:`FiringClock` needs none.  The
 report is written by the thread that waits for the batch, never by the batch's own.
@@ -19,7 +24,6 @@ import math
 import os
 import socket
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
@@ -35,6 +39,7 @@ from activedb.txn import FiringOutcome, FiringView, Observer
 
 if TYPE_CHECKING:  # pragma: no cover
     from activedb._handle import DatabaseHandle
+    from activedb.clock import Clock
     from activedb.ingest._interface import Rows
     from activedb.ingest._mapping import RawEvent
     from activedb.txn import Transaction
@@ -58,9 +63,10 @@ STALE_AFTER_SECONDS = 3 * REPORT_EVERY_SECONDS
 
 @dataclass(frozen=True)
 class Deadlines:
-    """How long a batch may run and how long a rule firing in it may run, in seconds (None: no limit); given to
-    an ingestion (``Ingestion(deadlines=…)``, ``spark_bridge.ingest(deadlines=…)``), they also make its batch in
-    progress visible (``activedb status``, the metrics).  ``Deadlines()`` watches without a limit.  Immutable.
+    """How long a batch may run and how long a rule firing in it may run, in seconds of the database's clock
+    (``db.clock``; None: no limit); given to an ingestion (``Ingestion(deadlines=…)``,
+    ``spark_bridge.ingest(deadlines=…)``), they also make its batch in progress visible (``activedb status``, the
+    metrics).  ``Deadlines()`` watches without a limit.  Immutable.
 
     What a deadline does (the design note says why): the batch's transaction is doomed and its PostgreSQL
     transaction ended at once (row locks released); for a rule, the event it was running on becomes a dead letter
@@ -134,15 +140,16 @@ def letters_written_ahead(db: DatabaseHandle, query_id: str, batch_id: int) -> d
 
 
 class FiringClock(Observer):
-    """The rule firings running now and since when (an :class:`~activedb.txn.Observer`; a database without a
-    watched ingestion does not call its hooks).  Thread-safety: ``_running`` is changed and copied by single dict
-    operations, each atomic under CPython's GIL — no mutex on a firing's path (two hooks per firing)."""
+    """The rule firings running now and since when, on ``clock`` (an :class:`~activedb.txn.Observer`; a database
+    without a watched ingestion does not call its hooks).  Thread-safety: ``_running`` is changed and copied by
+    single dict operations, each atomic under CPython's GIL — no mutex on a firing's path (two hooks per firing)."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Clock) -> None:
+        self._clock = clock
         self._running: dict[int, tuple[Transaction, FiringView, float]] = {}   # id(firing) -> its transaction, it, since
 
     def on_firing_start(self, transaction: Transaction, firing: FiringView) -> None:
-        self._running[id(firing)] = (transaction, firing, time.monotonic())
+        self._running[id(firing)] = (transaction, firing, self._clock.now())
 
     def on_firing_end(self, transaction: Transaction, firing: FiringView, outcome: FiringOutcome) -> None:
         self._running.pop(id(firing), None)
@@ -209,7 +216,7 @@ class _Current:
     query_id: str
     batch_id: int
     rows: int
-    started: float                  # time.monotonic()
+    started: float                  # the watch's clock.now()
     started_at: dt.datetime
     root: Transaction | None = None
 
@@ -223,7 +230,9 @@ class Watch:
         self.db = db
         self.source = source
         self.deadlines = deadlines
-        self.clock = FiringClock()
+        #: Where durations are read (the module docstring): the database's clock.
+        self._time = db.clock
+        self.clock = FiringClock(db.clock)
         db.observe(self.clock)
         self._runner = _Runner(f"activedb-ingest:{source}")
         self._mutex = threading.Lock()      # protects _current and abandoned
@@ -246,7 +255,7 @@ class Watch:
             current = self._current
         if current is None:
             return None
-        now = time.monotonic()
+        now = self._time.now()
         seconds = now - current.started
         firing = None
         remaining = [] if self.deadlines.batch is None else [self.deadlines.batch - seconds]
@@ -272,20 +281,25 @@ class Watch:
                               f"takes no more batches: end this process and start it again (activedb run restarts "
                               f"itself)")
         with self._mutex:
-            self._current = _Current(query_id, batch_id, row_count(rows), time.monotonic(), dt.datetime.now(_UTC))
+            self._current = _Current(query_id, batch_id, row_count(rows), self._time.now(), dt.datetime.now(_UTC))
         reported = False
         try:
             handle = self._runner.submit(call)
+            ended = threading.Event()       # set when the batch ends; a manual clock sets it when advanced
+            handle.add_done_callback(lambda _: ended.set())
             next_report = REPORT_AFTER_SECONDS
-            while not concurrent.futures.wait([handle], self._wait(next_report)).done:
+            while True:
+                ended.clear()               # (before looking: an end after the look sets it again)
+                if handle.done():
+                    break
                 batch = self.in_progress()
-                if batch is None:       # (not while this thread runs it)
-                    continue
-                if batch.deadline_in is not None and batch.deadline_in <= 0:
-                    self._abandon(batch, rows, event_in_progress)      # raises
-                if batch.seconds >= next_report:
-                    reported = self._report(batch) or reported
-                    next_report = batch.seconds + REPORT_EVERY_SECONDS
+                if batch is not None:       # (always: None is between batches)
+                    if batch.deadline_in is not None and batch.deadline_in <= 0:
+                        self._abandon(batch, rows, event_in_progress)      # raises
+                    if batch.seconds >= next_report:
+                        reported = self._report(batch) or reported
+                        next_report = batch.seconds + REPORT_EVERY_SECONDS
+                self._time.wait(ended, self._wait(next_report))
         finally:
             with self._mutex:
                 self._current = None
@@ -294,7 +308,8 @@ class Watch:
         return handle.result()
 
     def _wait(self, next_report: float) -> float:
-        """How long to wait before looking again: until the next report or the first deadline, at most a second."""
+        """How long to wait before looking again: until the next report or the first deadline, at most a second (of
+        the watch's clock)."""
         batch = self.in_progress()
         if batch is None:
             return 0.05

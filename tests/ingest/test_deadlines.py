@@ -2,7 +2,10 @@
 (the batch in progress, its oldest firing), its batch is given up at the rule's deadline — rolled back, its row lock
 released at once, the event a dead letter written ahead of the batch — and a new process (a new connection, as
 ``activedb run`` restarts itself) applies the batch without that event, exactly once; the ledger accounts for every
-row.  A batch's own deadline blames no event."""
+row.  A batch's own deadline blames no event.
+
+Deadlines are read from the database's clock: the test that looks at the stuck batch before its deadline drives a
+``ManualClock``, so a busy machine that stalls the test's thread cannot let the deadline pass under it."""
 
 from __future__ import annotations
 
@@ -14,7 +17,9 @@ import sqlalchemy as sa
 
 import activedb
 from activedb import Coupling, deadletters, testing
+from activedb.clock import ManualClock
 from activedb.ingest import Deadlines, Ingestion, batches_in_progress
+from activedb.ingest._watch import REPORT_AFTER_SECONDS
 from activedb.ingest.errors import BatchDeadlineExceeded, IngestError
 from tests.spark_bridge import app_counters
 from tests.spark_bridge._streams import BASE_TIME, app_database, app_state, apply_directly, counter_locked, iso
@@ -35,10 +40,12 @@ def released():
     event.set()
 
 
-def _stuck_database(url: str, released: threading.Event, started: threading.Event):
+def _stuck_database(url: str, released: threading.Event, started: threading.Event, clock: ManualClock | None = None):
     """The counters application whose ``apply_add`` reads its row for update and waits for ``released`` on the
-    event of :data:`STUCK_SEQ` (a rule that does not return, as far as any deadline of a test goes)."""
-    database = activedb.connect(url)
+    event of :data:`STUCK_SEQ` (a rule that does not return, as far as any deadline of a test goes); on ``clock``
+    (None: the system's), whose one sleeper is then the watch's thread (no outbox recovery pass waits on it)."""
+    database = (activedb.connect(url) if clock is None
+                else activedb.connect(url, clock=clock, outbox_options={"recovery_interval": None}))
     database.upgrade_app(app_counters.MIGRATIONS)
 
     def apply_add_or_hang(tx, event) -> None:
@@ -60,8 +67,15 @@ def test_a_rule_past_its_deadline_is_a_dead_letter_and_a_new_process_applies_the
     first = [_row(1, "k1", 30), _row(2, "k2")]
     second = [_row(3, "k1"), _row(STUCK_SEQ, "k1"), _row(4, "k2")]
     started = threading.Event()
-    database = _stuck_database(url, released, started)
+    clock = ManualClock()
+    database = _stuck_database(url, released, started, clock)
     ingestion = Ingestion(database, app_counters.MAPPING, source="stuck", deadlines=Deadlines(rule=3))
+
+    def advance(seconds: float) -> None:
+        """Advance the clock once the watch's thread waits on it (it then looks at the batch at the new time)."""
+        testing.wait_until(lambda: clock.sleepers == 1 or failures, TIMEOUT, "the watch to wait on the clock",
+                           lambda: (clock, failures))
+        clock.advance(seconds)
     try:
         ingestion.process(first, 0, query_id="stuck@run")
         failures = []
@@ -79,10 +93,17 @@ def test_a_rule_past_its_deadline_is_a_dead_letter_and_a_new_process_applies_the
                            TIMEOUT, "the firing to be seen")
         seen = ingestion.batch_in_progress()
         assert (seen.batch_id, seen.rows, seen.firing.rule) == (1, 3, "apply_add") and "k1" in seen.firing.event
-        assert 0 < seen.deadline_in <= 3
+        assert seen.deadline_in == 3                # (the clock has not moved since the firing started)
         assert counter_locked(database.engine, "k1")
-        testing.wait_until(lambda: batches_in_progress(database, "stuck"), TIMEOUT, "the report in the database")
+        advance(REPORT_AFTER_SECONDS)               # the batch has run long enough to be reported; 1 s to its deadline
+        [report] = testing.wait_until(lambda: batches_in_progress(database, "stuck"), TIMEOUT,
+                                      "the report in the database")
+        assert (report.batch_id, report.firing_rule) == (1, "apply_add")
+        assert ingestion.batch_in_progress().deadline_in == 3 - REPORT_AFTER_SECONDS
+        assert counter_locked(database.engine, "k1") and failures == []       # not given up before its deadline
+        advance(3 - REPORT_AFTER_SECONDS)           # the rule's deadline
         runner.join(TIMEOUT)
+        assert not runner.is_alive(), "the batch was not given up at its rule's deadline"
         [error] = failures
         assert isinstance(error, BatchDeadlineExceeded) and error.batch_id == 1 and error.letter_id is not None
         assert "rule 'apply_add' did not return within its deadline of 3 s" in str(error)
