@@ -22,15 +22,20 @@ def test_a_scrape_of_a_running_consumer(database_url, tmp_path):
     with ServingProcess(command, tmp_path / "consume.out", {}) as served:
         endpoint = served.endpoint(TIMEOUT)
         served.wait_for(lambda: "running" in served.output.read_text(), "the consumer to run", TIMEOUT)
-        _app.run_workload(libpq(database_url), _app.workload(seed=5, transactions=8))
+        transactions = _app.workload(seed=5, transactions=8)
+        _app.run_workload(libpq(database_url), transactions)
+        # One change per statement of a committed transaction (each names one row).
+        changes = sum(len(statements) for statements in transactions if statements[-1][0] != "ROLLBACK")
 
-        def caught_up():
-            families = scrape(endpoint)
-            changes = total(families, "activedb_capture_consumer_changes", consumer="metered")
-            waiting = total(families, "activedb_capture_backlog_changes", consumer="metered")
-            return (families, changes) if changes > 0 and waiting == 0 else None
-
-        families, changes = served.wait_for(caught_up, "the consumer to catch up", TIMEOUT)
+        # The consumer counts a batch's changes after the ingestion counted the batch, which is after its position
+        # committed (what the backlog reads), and a scrape reads those three one after the other: a scrape in between
+        # saw the backlog at zero with the changes of the batches before only, and more ingestion batches than
+        # consumer batches.  Once the consumer has counted every change, every later scrape sees them all settled.
+        served.wait_for(lambda: total(scrape(endpoint), "activedb_capture_consumer_changes", consumer="metered")
+                        == changes, f"the consumer to count the workload's {changes} changes", TIMEOUT)
+        families = scrape(endpoint)
+        assert total(families, "activedb_capture_consumer_changes", consumer="metered") == changes
+        assert total(families, "activedb_capture_backlog_changes", consumer="metered") == 0
         assert total(families, "activedb_capture_consumer_batches", consumer="metered") > 0
         assert total(families, "activedb_capture_consumer_firings", consumer="metered") > 0
         assert total(families, "activedb_capture_consumer_failed", consumer="metered") == 0
