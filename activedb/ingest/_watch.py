@@ -244,10 +244,16 @@ class Watch:
     # -- the batch in progress ----------------------------------------------------------------------
 
     def transaction(self, root: Transaction) -> None:
-        """The batch's (next) top-level transaction (called by its thread, at each attempt)."""
-        current = self._current
-        if current is not None:
-            current.root = root
+        """The batch's (next) top-level transaction (called by its thread, at each attempt).  A batch given up before
+        its thread began this transaction (a batch deadline passed while it still read its rows) had no tree to
+        doom: this one is doomed now, so that the batch never commits.  Under ``_mutex``, with :meth:`_abandon`'s
+        reading of the root: one of the two dooms it."""
+        with self._mutex:
+            abandoned = self.abandoned
+            if abandoned is None and self._current is not None:
+                self._current.root = root
+        if abandoned is not None:
+            lowlevel.abandon(root, abandoned)
 
     def in_progress(self) -> BatchInProgress | None:
         """The batch running now, its oldest firing and the time to its first deadline; None between batches."""

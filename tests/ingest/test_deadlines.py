@@ -155,6 +155,72 @@ def test_a_batch_past_its_own_deadline_blames_no_event(make_database_url, releas
         database.close()
 
 
+class _RowsReadLate(list):
+    """A batch's rows whose reading (the batch's thread validating them) waits until ``go`` is set; ``reading`` is
+    set when it starts."""
+
+    def __init__(self, rows: list[dict], reading: threading.Event, go: threading.Event) -> None:
+        super().__init__(rows)
+        self.reading, self.go = reading, go
+
+    def __iter__(self):
+        self.reading.set()
+        assert self.go.wait(TIMEOUT), "the test never let the rows be read"
+        return super().__iter__()
+
+
+class _BatchEnds(activedb.Observer):
+    """How the batches' top-level transactions ended: ``"committed"`` or the abort's reason, in order."""
+
+    def __init__(self) -> None:
+        self.ends: list[object] = []
+
+    def on_commit(self, transaction) -> None:
+        if transaction.parent is None and (transaction.name or "").startswith("ingest:"):
+            self.ends.append("committed")
+
+    def on_abort(self, transaction, reason) -> None:
+        if transaction.parent is None and (transaction.name or "").startswith("ingest:"):
+            self.ends.append(reason)
+
+
+def test_a_batch_given_up_before_its_transaction_began_never_commits(make_database_url, released):
+    """The batch's deadline passes while its thread still reads its rows, before it began the batch's transaction:
+    the watch had no tree to doom, and when the thread went on it began a transaction nothing doomed and committed
+    the batch the caller had been told was given up ("nothing of the batch is applied").  That transaction is now
+    doomed at its begin: it aborts for the deadline, and nothing of the batch is in the tables or the ledger."""
+    clock = ManualClock()
+    database = _stuck_database(make_database_url("late_begin"), released, threading.Event(), clock)
+    ends = database.observe(_BatchEnds())
+    ingestion = Ingestion(database, app_counters.MAPPING, source="late", deadlines=Deadlines(batch=2))
+    reading, go = threading.Event(), threading.Event()
+    try:
+        with pytest.raises(BatchDeadlineExceeded, match="did not finish within its deadline of 2 s"):
+            def give_up_once_reading() -> None:
+                assert reading.wait(TIMEOUT)
+                testing.wait_until(lambda: clock.sleepers == 1, TIMEOUT, "the watch to wait on the clock",
+                                   lambda: clock)
+                clock.advance(2)
+
+            helper = threading.Thread(target=give_up_once_reading)
+            helper.start()
+            try:
+                ingestion.process(_RowsReadLate([_row(1, "k1"), _row(2, "k2")], reading, go), 0, query_id="late@run")
+            finally:
+                helper.join(TIMEOUT)
+        go.set()                                 # the batch's thread goes on, into its transaction
+        testing.wait_until(lambda: ends.ends, TIMEOUT, "the batch's transaction to end", lambda: ends.ends)
+        [end] = ends.ends
+        assert end != "committed" and "batch 0 of late@run: the batch did not finish within its deadline" in str(end)
+        with database.engine.connect() as connection:
+            assert connection.execute(sa.text("SELECT count(*) FROM counters")).scalar() == 0
+            assert connection.execute(sa.text("SELECT count(*) FROM activedb_ingestion_ledger")).scalar() == 0
+    finally:
+        go.set()
+        ingestion.close()
+        database.close()
+
+
 @pytest.mark.parametrize("seconds", [10**400, float("nan"), 0, -1, "60", True])
 def test_a_deadline_that_is_no_number_of_seconds_above_0_is_refused_saying_what_to_give(seconds):
     """``Deadlines(batch=…, rule=…)`` takes seconds > 0 or None: an int no float holds (10**400) let math.isfinite's
