@@ -72,6 +72,56 @@ def _item(row: Arrival, default_accuracy: float) -> streams.StreamEvent | compos
     return streams.StreamEvent(row["type"], stamp, dict(row.get("attributes", {})))
 
 
+_EXAMPLE = ('{"producer": "PA", "type": "A", "ref": 1.0, "accuracy": 0.005, "attributes": {"id": "a0"}} (a heartbeat: '
+            '{"producer": "PA", "heartbeat": true, "ref": 1.6})')
+
+
+def _arrival_problem(row: object) -> str | None:
+    """What keeps ``row`` (one parsed ``--input`` line) from being an :class:`Arrival`, or None."""
+    def number(value: object) -> bool:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+    if not isinstance(row, dict):
+        return f"{row!r} is no JSON object"
+    if not isinstance(row.get("producer"), str) or not row["producer"]:
+        return "'producer' is missing or no non-empty text"
+    if not number(row.get("ref")):
+        return "'ref' (the reference time, seconds) is missing or no number"
+    if not row.get("heartbeat") and (not isinstance(row.get("type"), str) or not row["type"]):
+        return "'type' is missing or no non-empty text (a heartbeat says \"heartbeat\": true)"
+    for name in ("accuracy", "minus", "plus", "local", "arrival"):
+        if row.get(name) is not None and not number(row[name]):
+            return f"{name!r} is no number of seconds"
+    if not isinstance(row.get("attributes", {}), dict):
+        return "'attributes' is no JSON object"
+    return None
+
+
+def read_arrivals(path: Path) -> list[Arrival]:
+    """``--input``'s arrivals, one JSON object a line (blank lines skipped); a file that cannot be read, or a line
+    that is no arrival, is a ``click.ClickException`` naming the line and the format."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as error:
+        raise click.ClickException(f"cannot read --input {path}: {error}; give JSON lines, one arrival each: "
+                                   f"{_EXAMPLE}") from None
+    rows: list[Arrival] = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row: object = json.loads(line)
+        except json.JSONDecodeError as error:
+            problem: str | None = f"it is no JSON ({error})"
+        else:
+            problem = _arrival_problem(row)
+        if problem is not None:
+            raise click.ClickException(f"--input {path}, line {number}: {problem}; each line is one arrival, e.g. "
+                                       f"{_EXAMPLE}")
+        rows.append(cast(Arrival, row))
+    return rows
+
+
 def build(rows: list[Arrival], query: str, default_accuracy: float = 0.005) -> composite.CompositionEngine:
     """Run ``rows`` through an engine with ``query``; uncertainties take the first candidate."""
     engine = composite.CompositionEngine(name="plot", clock=composite.ManualClock(), timeout=None,
@@ -128,7 +178,7 @@ def register_commands(main: click.Group) -> None:
         if (scenario is None) == (input_path is None):
             raise click.UsageError("give exactly one of --scenario and --input")
         if input_path is not None:
-            rows = [cast(Arrival, json.loads(line)) for line in Path(input_path).read_text().splitlines() if line.strip()]
+            rows = read_arrivals(Path(input_path))
         elif scenario == "fig3":
             rows = FIG3
         else:

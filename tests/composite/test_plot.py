@@ -45,3 +45,40 @@ def test_the_axis_unit_is_a_time_unit():
 
     with pytest.raises(InvalidChoice, match=r"plot\(unit=\.\.\.\)='minutes' is not a TimeUnit: use one of TimeUnit.S"):
         plot(None, "never.png", unit="minutes")          # refused before anything is drawn
+
+
+GOOD = '{"producer": "PA", "type": "A", "ref": 1.0, "attributes": {"id": "a0"}}'
+
+
+@pytest.mark.parametrize("line, said", [
+    ('{"producer": "PA", "type": "A", "ref": 1.0', "is no JSON"),                  # cut short
+    ("[1, 2]", "is no JSON object"),
+    ('{"type": "B", "ref": 1.0}', "'producer'"),
+    ('{"producer": "PB", "type": "B"}', "'ref'"),
+    ('{"producer": "PB", "type": "B", "ref": "soon"}', "'ref'"),
+    ('{"producer": "PB", "ref": 2.0}', "'type'"),                                   # no type, and no heartbeat
+    ('{"producer": "PB", "type": "B", "ref": 2.0, "attributes": 5}', "'attributes'"),
+    ('{"producer": "PB", "type": "B", "ref": 2.0, "accuracy": "5 ms"}', "'accuracy'"),
+])
+def test_an_input_line_that_is_no_arrival_is_one_line_naming_it(tmp_path, line, said):
+    """A malformed --input line was a traceback (JSONDecodeError, AttributeError, KeyError, TypeError from deep in
+    the engine): it is one line naming the file's line, what is wrong and the format."""
+    arrivals = tmp_path / "window.jsonl"
+    arrivals.write_text(f"{GOOD}\n\n{line}\n")
+    result = CliRunner().invoke(main, ["composite", "plot", "--input", str(arrivals), "--out",
+                                       str(tmp_path / "window.png")])
+    assert result.exit_code == 1, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    message = result.output.strip()
+    assert message.startswith("activedb: error: ") and "\n" not in message, message
+    assert f"{arrivals}, line 3" in message and said in message and '"producer"' in message, message
+    assert not (tmp_path / "window.png").exists()
+
+
+def test_an_input_that_is_no_text_is_one_line(tmp_path):
+    arrivals = tmp_path / "window.jsonl"
+    arrivals.write_bytes(b"\xff\xfe\x00")
+    result = CliRunner().invoke(main, ["composite", "plot", "--input", str(arrivals), "--out",
+                                       str(tmp_path / "window.png")])
+    assert result.exit_code == 1 and result.output.startswith("activedb: error: "), result.output
+    assert str(arrivals) in result.output
