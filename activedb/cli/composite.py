@@ -184,7 +184,11 @@ def register_commands(main: click.Group) -> None:
         else:
             rows = random_arrivals(producers, accuracy_ms / 1000.0, events, seed)
         engine = build(rows, query)
-        path = composite.plot(engine.window(), out)
+        try:
+            path = composite.plot(engine.window(), out)
+        except OSError as error:
+            raise click.ClickException(f"cannot write the picture {out}: {error.strerror or error}; give --out a "
+                                       f"file in a directory that exists and you may write") from None
         statistics = engine.statistics()
         click.echo(f"wrote {path}: {statistics.events} events, {statistics.heartbeats} heartbeats, "
                    f"{statistics.composites} composites, {statistics.uncertainties} uncertain choices")

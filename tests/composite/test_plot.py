@@ -82,3 +82,15 @@ def test_an_input_that_is_no_text_is_one_line(tmp_path):
                                        str(tmp_path / "window.png")])
     assert result.exit_code == 1 and result.output.startswith("activedb: error: "), result.output
     assert str(arrivals) in result.output
+
+
+@pytest.mark.parametrize("where", ["missing/fig3.png", "a_file/fig3.png"])
+def test_a_picture_that_cannot_be_written_is_one_line(tmp_path, where):
+    """--out in a directory that does not exist (or below a file) was matplotlib's FileNotFoundError as a traceback."""
+    (tmp_path / "a_file").write_text("")
+    out = tmp_path / where
+    result = CliRunner().invoke(main, ["composite", "plot", "--scenario", "fig3", "--out", str(out)])
+    assert result.exit_code == 1, result.output
+    message = result.output.strip()
+    assert message.startswith("activedb: error: cannot write") and "\n" not in message, message
+    assert str(out) in message
