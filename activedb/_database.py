@@ -156,7 +156,8 @@ class Database:
                      coupling=Coupling.DEFERRED, priority=10)
             def alert(tx, ev): tx.insert("alerts", worker=ev.key, kind="violation", at=0.0)
 
-        Decorating a ``Rule`` subclass registers an instance of it.  Returns the Rule.  ``coupling`` and
+        Decorating a ``Rule`` subclass registers an instance of it, with the decorator's settings (the class's own
+        where the decorator leaves its default).  Returns the Rule.  ``coupling`` and
         ``action_coupling`` are :class:`~activedb.Coupling` members (their values' strings, ``"deferred"``, are
         accepted too).  A second rule of one name is refused unless ``replace=True`` (it then takes the first one's
         place, as ``db.rules.add(rule, replace=True)`` does: a module or notebook cell run again).
@@ -165,6 +166,20 @@ class Database:
             if isinstance(target, type) and issubclass(target, Rule):
                 instance = target()
                 instance.name = name or instance.name or target.__name__
+                # The decorator's settings apply to the instance, as to a function's rule; the class's own stand
+                # where the decorator leaves its default.
+                if on is not None:
+                    instance.on = on
+                if when is not None:
+                    setattr(instance, "condition", when)        # (an instance attribute: called as when(tx, event))
+                if coupling is not Coupling.IMMEDIATE:
+                    instance.coupling = coupling
+                if action_coupling is not Coupling.IMMEDIATE:
+                    instance.action_coupling = action_coupling
+                if priority is not None:
+                    instance.priority = priority
+                if enabled is not True:
+                    instance.enabled = enabled
                 return self.rules.add(instance, replace=replace)
             if not callable(target):
                 raise RuleError(f"@db.rule decorates a function (tx, event) or a Rule subclass, got {target!r}")

@@ -734,3 +734,44 @@ def test_a_rule_s_priority_is_stored_as_the_number_it_is(db, priority):
         assert {row["name"]: row["priority"] for row in db.rules.persisted()}[name] == priority
     finally:
         db.rules.remove(name)
+
+
+def test_a_rule_class_decorated_with_db_rule_takes_the_decorators_settings(db):
+    """``@db.rule(on=…, enabled=False, when=…, coupling=…, priority=…)`` on a ``Rule`` subclass ignored every setting
+    but the name: ``on=`` given there (the decorator requires it) was 'on= must be an event …, got None', and
+    ``enabled=False`` or a ``when=`` that is never true registered a rule that fired.  The class's own settings
+    stand where the decorator leaves its default."""
+    seen = []
+
+    @db.rule(on=db.signalled("decorated"), coupling=Coupling.DEFERRED, priority=5)
+    class Decorated(activedb.Rule):
+        action_coupling = Coupling.IMMEDIATE
+
+        def action(self, tx, event):
+            seen.append("decorated")
+
+    assert (Decorated.on, Coupling.parse(Decorated.coupling), Decorated.priority) == \
+        (db.signalled("decorated"), Coupling.DEFERRED, 5)
+
+    @db.rule(on=db.signalled("quiet"), enabled=False)
+    class Quiet(activedb.Rule):
+        def action(self, tx, event):
+            seen.append("quiet")
+
+    @db.rule(on=db.signalled("never"), when=lambda tx, event: False)
+    class Never(activedb.Rule):
+        def action(self, tx, event):
+            seen.append("never")
+
+    @db.rule(on=db.signalled("own"))
+    class Own(activedb.Rule):
+        coupling = Coupling.DEFERRED
+
+        def action(self, tx, event):
+            seen.append("own")
+
+    assert not Quiet.enabled and Coupling.parse(Own.coupling) is Coupling.DEFERRED
+    with db.transaction() as tx:
+        for name in ("decorated", "quiet", "never", "own"):
+            tx.signal(name)
+    assert sorted(seen) == ["decorated", "own"]
