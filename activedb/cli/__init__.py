@@ -207,7 +207,9 @@ def load_app(spec: str, error: type[Exception]) -> ModuleType:
         try:
             module = importlib.import_module(spec)
         except Exception as failure:
-            if isinstance(failure, ModuleNotFoundError) and failure.name and spec.startswith(failure.name):
+            # (the module named, or a package on its way: not a module it imports whose name only begins its own)
+            if isinstance(failure, ModuleNotFoundError) and failure.name and (
+                    spec == failure.name or spec.startswith(failure.name + ".")):
                 raise error(f"no module named {spec!r}: give an importable module (package.module) or a path to a "
                             f".py file") from None
             raise error(f"importing {spec!r} failed{_where(failure)}: {failure!r}") from failure

@@ -513,3 +513,21 @@ def test_python_dash_m_runs_the_command(module):
     done = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "dead-letters" in done.stdout and "Usage:" in done.stdout
+
+
+def test_an_application_whose_own_import_is_missing_is_not_said_to_be_missing(tmp_path, monkeypatch):
+    """An application module that imports a missing module whose name its own begins with (``lonely_bankapp``
+    importing ``lonely_bank``) was 'no module named 'lonely_bankapp'' — the application, which is there, named as
+    missing; it is the failed import of the module it needs, with its line."""
+    from activedb.cli import load_app
+
+    (tmp_path / "lonely_bankapp.py").write_text("import lonely_bank\n\n\ndef register(db):\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "lonely_bankapp", raising=False)
+    with pytest.raises(click.ClickException) as failed:
+        load_app("lonely_bankapp", click.ClickException)
+    message = failed.value.format_message()
+    assert message.startswith("importing 'lonely_bankapp' failed at "), message
+    assert "No module named 'lonely_bank'" in message and "no module named 'lonely_bankapp'" not in message
+    with pytest.raises(click.ClickException, match="no module named 'lonely_nothing.rules'"):
+        load_app("lonely_nothing.rules", click.ClickException)       # (missing indeed: said so, as before)
