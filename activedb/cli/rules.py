@@ -187,6 +187,20 @@ def rules_lowering(ctx: click.Context, app: str, as_json: bool) -> None:
         console().print(firings)
 
 
+def _refuse_any(database: Database, names: list[str], *, removed: bool) -> None:
+    """Refuse the command if one of ``names`` is no persisted rule (or, unless ``removed``, a removed one), before
+    any is changed: a refused name changes nothing, as in ``activedb capture enable|disable``."""
+    rows = {row["name"]: row for row in database.rules.persisted(include_removed=True)}
+    for name in names:
+        if name not in rows:
+            raise click.ClickException(f"no rule named {name!r} in activedb_rules (`activedb rules list --all`); "
+                                       f"nothing was changed")
+        if not removed and rows[name].get("removed_at") is not None:
+            raise click.ClickException(f"rule {name!r} was removed; it comes back when its application declares it "
+                                       f"again (or delete it for good: activedb rules remove --purge {name}); "
+                                       f"nothing was changed")
+
+
 def _toggle_command(verb: str) -> click.Command:
     """``activedb rules enable|disable NAMES``: ``db.rules.<verb>(name)`` for each name."""
     @rules.command(verb, help=f"{verb.capitalize()} rules NAMES in the registry.")
@@ -194,6 +208,7 @@ def _toggle_command(verb: str) -> click.Command:
     @click.pass_context
     def command(ctx: click.Context, names: tuple[str, ...]) -> None:
         with open_database(ctx, writes=True) as database:
+            _refuse_any(database, list(names), removed=False)
             for name in names:
                 getattr(database.rules, verb)(name)
                 click.echo(f"{name}: {verb}d in activedb_rules (processes that declare it from now on use this)")
@@ -225,6 +240,8 @@ def rules_remove(ctx: click.Context, names: tuple[str, ...], module: str | None,
         if not selected:
             click.echo(f"no rules of module {module} to remove")
             return
+        if not purge:           # (a purge deletes the rows there are; a remove fails at a name there is not)
+            _refuse_any(database, selected, removed=True)
         if purge or len(selected) > 1:
             _confirm(f"{'delete' if purge else 'remove'} {len(selected)} rule(s): {', '.join(selected)}?", yes)
         if purge:

@@ -531,3 +531,29 @@ def test_an_application_whose_own_import_is_missing_is_not_said_to_be_missing(tm
     assert "No module named 'lonely_bank'" in message and "no module named 'lonely_bankapp'" not in message
     with pytest.raises(click.ClickException, match="no module named 'lonely_nothing.rules'"):
         load_app("lonely_nothing.rules", click.ClickException)       # (missing indeed: said so, as before)
+
+
+def test_a_rules_command_given_a_name_it_refuses_changes_none_of_the_names(db, database_url):
+    """``activedb rules disable|enable|remove NAMES`` with one name it refuses (unknown, or removed for enable) changes
+    nothing, as ``capture enable|disable`` do: it changed the names before that one and then failed with exit 1, so
+    ``rules disable alert_rule typo`` left alert_rule disabled behind an error, and ``rules remove a typo --yes``
+    removed a."""
+    for name in ("half_first", "half_gone"):
+        db.rule(on=db.signalled(name), name=name, replace=True)(lambda tx, event: None)
+    db.rules.remove("half_gone")
+
+    disabled = invoke(database_url, "rules", "disable", "half_first", "no_such_rule")
+    assert disabled.exit_code == 1 and "no rule named 'no_such_rule'" in disabled.output, disabled.output
+    assert "half_first: disabled" not in disabled.output and "nothing was changed" in disabled.output
+    assert rule_rows(db)["half_first"]["enabled"] is True
+
+    assert invoke(database_url, "rules", "disable", "half_first").exit_code == 0
+    enabled = invoke(database_url, "rules", "enable", "half_first", "half_gone")
+    assert enabled.exit_code == 1 and "'half_gone' was removed" in enabled.output, enabled.output
+    assert rule_rows(db)["half_first"]["enabled"] is False
+
+    removed = invoke(database_url, "rules", "remove", "half_first", "no_such_rule", "--yes")
+    assert removed.exit_code == 1 and "no rule named 'no_such_rule'" in removed.output, removed.output
+    assert rule_rows(db)["half_first"]["removed_at"] is None
+    assert invoke(database_url, "rules", "remove", "half_first", "half_gone", "--yes").exit_code == 0  # (again: fine)
+    assert rule_rows(db)["half_first"]["removed_at"] is not None
