@@ -43,7 +43,12 @@ def normalise_url(url: str | URL) -> URL:
             f"{(parsed.host or '').rsplit('@', 1)[-1]!r}): a password containing '@' must be percent-encoded as %40 "
             f"(urllib.parse.quote(password, safe='')), or given apart from the URL: in the PGPASSWORD environment "
             f"variable, or as the URL's query parameter named password")
-    if parsed.drivername in ("postgresql", "postgres"):
+    backend, _, driver = parsed.drivername.partition("+")
+    if backend in ("postgresql", "postgres") and driver not in ("", "psycopg"):
+        raise BadDatabaseURL(
+            f"activedb connects to PostgreSQL with the psycopg 3 driver, not {driver!r} ({describe_url(parsed)}): "
+            f"write it with postgresql:// (or postgresql+psycopg://) at its start")
+    if backend in ("postgresql", "postgres"):
         parsed = parsed.set(drivername="postgresql+psycopg")
     if "password" in parsed.query:
         query = {key: value for key, value in parsed.query.items() if key != "password"}

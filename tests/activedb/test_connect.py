@@ -203,3 +203,23 @@ def test_a_connection_strings_port_that_is_no_number_is_refused():
 
     with pytest.raises(activedb.BadDatabaseURL, match="port 'notaport'"):
         normalise_url("host=db1 port=notaport dbname=payroll")
+
+
+@pytest.mark.parametrize("url", ["postgresql+psycopg2://u:s3cret@127.0.0.1:1/db", "postgres+psycopg2://u:s3cret@h/db",
+                                 "postgresql+asyncpg://u:s3cret@h/db", "postgresql+pg8000://u:s3cret@h/db",
+                                 "postgresql+psycopg_async://u:s3cret@h/db", "postgresql+nosuch://u:s3cret@h/db"])
+def test_a_postgresql_url_of_another_driver_says_to_write_it_for_psycopg(url):
+    """activedb connects with psycopg 3: a URL naming another driver (postgresql+psycopg2://, common in other
+    tools' settings) failed with the driver's bare ModuleNotFoundError ('No module named psycopg2'), or SQLAlchemy's
+    NoSuchModuleError, as a traceback in the CLI; postgres+psycopg2:// was said not to be PostgreSQL.  It is a
+    BadDatabaseURL saying what to write, before anything is contacted."""
+    from click.testing import CliRunner
+
+    from activedb.cli import main
+    from activedb.errors import BadDatabaseURL
+
+    with pytest.raises(BadDatabaseURL, match=r"psycopg 3 driver.*write it with postgresql://") as refused:
+        activedb.connect(url)
+    assert "s3cret" not in str(refused.value) and "needs PostgreSQL" not in str(refused.value)
+    result = CliRunner().invoke(main, ["--url", url, "db", "current"])
+    assert result.exit_code == 1 and result.output.startswith("activedb: error: "), result.output
