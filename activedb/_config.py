@@ -40,7 +40,14 @@ class EngineOptions:
     create_engine: Mapping[str, object] = field(default_factory=dict, hash=False)   # (a dict: compared, not hashed)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "create_engine", dict(self.create_engine))     # (a copy: the caller's may change)
+        given = self.create_engine
+        if not isinstance(given, Mapping) or not all(isinstance(name, str) for name in given):
+            raise TypeError(f"EngineOptions(create_engine={given!r}) takes a dict of sqlalchemy.create_engine keywords "
+                            f"(names to values), e.g. {{'echo': True}}")
+        object.__setattr__(self, "create_engine", dict(given))     # (a copy: the caller's may change)
+        if not isinstance(self.create_engine.get("connect_args", {}), Mapping):
+            raise TypeError(f"EngineOptions(create_engine={{'connect_args': ...}}) takes a mapping, got "
+                            f"{self.create_engine['connect_args']!r}")
         # (SQLAlchemy's pool: pool_size 0 is no limit, max_overflow -1 no limit; libpq's connect_timeout 0 waits)
         for name, least in (("pool_size", 0), ("max_overflow", -1), ("connect_timeout", 0)):
             check_whole_number("EngineOptions", name, getattr(self, name), least)

@@ -168,3 +168,16 @@ def test_outbox_options_and_pool_keywords_say_what_they_take_before_anything_is_
         configured(None, {"outbox": 3, "outbox_options": {"group_size": 5}})
     with pytest.raises(TypeError, match=r"Config\(engine=...\) takes an activedb.EngineOptions, got 3"):
         configured(None, {"engine": 3, "pool_size": 2})
+
+
+@pytest.mark.parametrize("given, said", [
+    (5, r"EngineOptions\(create_engine=5\) takes a dict of sqlalchemy.create_engine keywords"),
+    ({5: True}, r"EngineOptions\(create_engine=\{5: True\}\) takes a dict of sqlalchemy.create_engine keywords"),
+    ({"connect_args": 5}, r"EngineOptions\(create_engine=\{'connect_args': \.\.\.\}\) takes a mapping, got 5"),
+])
+def test_create_engine_keywords_that_are_no_keywords_are_refused_when_the_options_are_made(given, said):
+    """Config's design note: each field is checked when it is made.  create_engine=5 was dict()'s TypeError
+    ("'int' object is not iterable", naming no field), and a connect_args or a keyword that is no mapping or no name
+    passed, to fail only inside connect() — after the embedded server had been started."""
+    with pytest.raises(TypeError, match=said):
+        EngineOptions(create_engine=given)
