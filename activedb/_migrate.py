@@ -128,6 +128,23 @@ def passed(revision: str, current: str | None, script_location: Path | None = No
     return target.revision
 
 
+def ahead(revision: str, current: str, script_location: Path | None = None) -> str | None:
+    """``revision``'s full id if a database at ``current`` has not reached it — ``current`` is below it in
+    ``script_location``'s chain (activedb's own by default), so a downgrade to it cannot go there (Alembic: 'not a
+    valid downgrade target'); else None, also for head, base, a relative revision and one Alembic does not know."""
+    if revision in ("heads", "base") or "-" in revision or "+" in revision or ":" in revision:
+        return None
+    try:
+        script = ScriptDirectory.from_config(_config(script_location or migrations.SCRIPT_LOCATION))
+        target = script.get_revision(revision)
+        if target is None:
+            return None
+        below = {step.revision for step in script.iterate_revisions(target.revision, "base")}
+    except Exception:       # (alembic's errors: unknown, ambiguous; the caller's downgrade reports them)
+        return None
+    return target.revision if current != target.revision and current in below else None
+
+
 def app_location(script_location: str | Path) -> Path:
     """``script_location`` checked to be an Alembic directory (``env.py`` and ``versions/``)."""
     if not isinstance(script_location, (str, os.PathLike)):

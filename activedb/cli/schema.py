@@ -78,6 +78,11 @@ def _migrate_command(ctx: click.Context, action: str, revision: str, sql: bool, 
             if before is None:
                 click.echo(f"already at base: no activedb tables to drop ({database.describe()})")
                 return
+            above = _migrate.ahead(revision, before)
+            if above is not None:   # (Alembic refuses it; as `db upgrade` to a revision passed, said and not an error)
+                click.echo(f"already below {above}: at {before}; nothing changed ({database.describe()}) — "
+                           f"`activedb db upgrade {revision}` goes up to it")
+                return
             what = ("every activedb table (rules, transaction log, ingestion ledger, dead letters) and its rows"
                     if revision == "base" else f"what the revisions after {revision} added, with its data")
             _confirm(f"downgrade {database.describe()} from {before} to {revision}: this drops {what}. Continue?",

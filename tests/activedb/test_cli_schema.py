@@ -271,3 +271,23 @@ def test_disabling_capture_in_a_new_database_creates_nothing(make_fresh_url):
     result = invoke(make_fresh_url, "capture", "disable", "orders")
     assert result.exit_code == 1 and "no activedb tables yet" in result.output, result.output
     assert activedb_tables(make_fresh_url) == set()
+
+
+@pytest.mark.parametrize("newer", ["0012", "0012_stream_state_as_json", _migrate.head()])
+def test_downgrade_to_a_revision_the_database_has_not_reached_says_nothing_changed_and_to_upgrade(url, newer):
+    """`db downgrade NEWER` below NEWER asked 'this drops what the revisions after NEWER added, with its data.
+    Continue?' — it drops nothing — and then failed with Alembic's 'Destination … is not a valid downgrade target
+    from current head(s)', saying nothing of why or what to do; as `db upgrade OLDER` past OLDER, it now says so
+    (exit 0, nothing asked, nothing changed)."""
+    assert invoke(url, "db", "downgrade", "0010", "--yes").exit_code == 0
+    try:
+        result = CliRunner().invoke(main, ["--url", url, "db", "downgrade", newer], input="")   # (no --yes: not asked)
+        assert result.exit_code == 0, result.output
+        target = _migrate.head() if newer == _migrate.head() else "0012_stream_state_as_json"
+        assert f"already below {target}: at 0010_cheaper_log_row; nothing changed" in result.output, result.output
+        assert f"`activedb db upgrade {newer}` goes up to it" in result.output and "Continue?" not in result.output
+        assert invoke(url, "db", "current").output.startswith("0010_cheaper_log_row (behind")
+        same = invoke(url, "db", "downgrade", "0010", "--yes")         # (at it: Alembic's no-op, as before)
+        assert same.exit_code == 0 and "now at 0010_cheaper_log_row" in same.output, same.output
+    finally:
+        assert invoke(url, "db", "upgrade").exit_code == 0
