@@ -156,7 +156,7 @@ def app_upgrade(ctx: click.Context, path: str, revision: str) -> None:
 @click.pass_context
 def app_downgrade(ctx: click.Context, path: str, revision: str, yes: bool) -> None:
     """Downgrade the application's tables in PATH to REVISION ('base' drops them all). Asks first."""
-    from activedb._migrate import app_location, check_revision
+    from activedb._migrate import ahead, app_location, check_revision
 
     revision = _revision(revision)
 
@@ -165,6 +165,11 @@ def app_downgrade(ctx: click.Context, path: str, revision: str, yes: bool) -> No
         check_revision(revision, app_location(path))
         if not heads:
             click.echo(f"{path}: already at base — {database.describe()}")
+            return
+        above = ahead(revision, heads[0], app_location(path)) if len(heads) == 1 else None
+        if above is not None:       # (Alembic refuses it: as `db downgrade`, said and not an error)
+            click.echo(f"{path}: already below {above}: at {heads[0]}; nothing changed — {database.describe()} — "
+                       f"`activedb app upgrade {path} {revision}` goes up to it")
             return
         what = "every table of this application, with its rows" if revision == "base" else \
             f"what the revisions after {revision} added, with its data"

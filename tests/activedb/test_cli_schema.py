@@ -291,3 +291,22 @@ def test_downgrade_to_a_revision_the_database_has_not_reached_says_nothing_chang
         assert same.exit_code == 0 and "now at 0010_cheaper_log_row" in same.output, same.output
     finally:
         assert invoke(url, "db", "upgrade").exit_code == 0
+
+
+def test_app_downgrade_to_a_revision_the_tables_have_not_reached_says_nothing_changed_and_to_upgrade(url, tmp_path):
+    """`activedb app downgrade PATH NEWER` below NEWER asked whether to drop what the revisions after NEWER added (it
+    drops nothing), then failed with Alembic's 'not a valid downgrade target'; it says so, as `db downgrade` does."""
+    path = tmp_path / "crate" / "migrations"
+    _migrate.init_app(path, "crate")
+    (path / "versions" / "0002_nothing.py").write_text(
+        'revision = "crate_0002"\ndown_revision = "crate_0001"\n\n\ndef upgrade():\n    pass\n\n\n'
+        'def downgrade():\n    pass\n')
+    assert invoke(url, "app", "upgrade", str(path), "crate_0001").exit_code == 0
+    try:
+        result = CliRunner().invoke(main, ["--url", url, "app", "downgrade", str(path), "crate_0002"], input="")
+        assert result.exit_code == 0, result.output
+        assert "already below crate_0002: at crate_0001; nothing changed" in result.output, result.output
+        assert f"`activedb app upgrade {path} crate_0002` goes up to it" in result.output
+        assert "Continue?" not in result.output
+    finally:
+        assert invoke(url, "app", "downgrade", str(path), "base", "--yes").exit_code == 0
