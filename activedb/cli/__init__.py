@@ -299,7 +299,8 @@ def explain(ctx: click.Context, snapshot: str | None, pid: int | None, output: s
         raise click.UsageError("give a SNAPSHOT file or --pid PID")
     if pid is not None:
         home = _options(ctx)["home"]
-        explanation = request(pid, Path(home) / "explain" if home else None, timeout=timeout)
+        # (expanded as connect() and `activedb run` expand it: ACTIVEDB_HOME=~/x registers under the home directory)
+        explanation = request(pid, Path(home).expanduser() / "explain" if home else None, timeout=timeout)
     else:
         explanation = Explanation.load(snapshot)  # type: ignore[arg-type]  # (no --pid: a SNAPSHOT)
     if as_text or output is None:
@@ -343,7 +344,7 @@ def demo(ctx: click.Context, events: int, workers: int, seed: int, spark: bool, 
                                                                            "--no-spark")
     with open_database(ctx, writes=True) as database:
         home = _options(ctx)["home"]          # `activedb explain --pid PID` can draw it while it runs
-        serve_on_signal(database, Path(home) / "explain" if home else None)
+        serve_on_signal(database, Path(home).expanduser() / "explain" if home else None)
         demo_module.run_demo(database=database, events=events, workers=workers, seed=seed, use_spark=spark)
 
 

@@ -369,3 +369,37 @@ def test_an_explanation_that_cannot_be_saved_is_a_picture_error_and_leaves_no_te
     with pytest.raises(PictureError, match=r"cannot save the explanation to .*folder: "):
         explanation.save(tmp_path / "folder")
     assert sorted(path.name for path in tmp_path.iterdir()) == ["empty.json", "folder"]
+
+
+def test_the_cli_finds_a_live_process_under_a_home_given_with_a_tilde(database_url, tmp_path):
+    """``ACTIVEDB_HOME=~/x`` (or ``--home '~/x'``) is expanded by connect() and by ``activedb run``, which register
+    for explanations under ``/home/…/x/explain``; ``activedb explain --pid`` looked in a directory literally named
+    ``~`` and refused the process as one that does not serve explanations."""
+    import os
+    import subprocess
+    import sys
+
+    from click.testing import CliRunner
+
+    from activedb.cli import main
+
+    home = tmp_path / "home"
+    script = (
+        "import sys, activedb\n"
+        "from activedb import explain\n"
+        f"db = activedb.connect({database_url!r})\n"
+        f"explain.serve_on_signal(db, {str(home / 'explain')!r})\n"
+        "print('ready', flush=True)\n"
+        "sys.stdin.readline()\n"
+        "db.close()\n"
+    )
+    process = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               text=True, env={**os.environ, "PYTHONPATH": os.getcwd()})
+    try:
+        assert process.stdout.readline().strip() == "ready"
+        for arguments, environment in ((["--home", "~/home"], {}), ([], {"ACTIVEDB_HOME": "~/home"})):
+            result = CliRunner().invoke(main, [*arguments, "explain", "--pid", str(process.pid), "--text"],
+                                        env={"HOME": str(tmp_path), **environment})
+            assert result.exit_code == 0, result.output
+    finally:
+        process.communicate("go\n", timeout=TIMEOUT)
