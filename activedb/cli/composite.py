@@ -153,9 +153,12 @@ def register_commands(main: click.Group) -> None:
     @click.option("--query", show_default=True,
                   default="CREATE QUERY AB PATTERN AND(A, B) CONSUMING CHRONICLE RETURN A.id AS a, B.id AS b",
                   help="The composition to run over the window.")
-    @click.option("--producers", default=3, show_default=True, help="random: number of producers.")
-    @click.option("--accuracy-ms", default=5.0, show_default=True, help="random: accuracy of every clock (ms).")
-    @click.option("--events", default=24, show_default=True, help="random: number of events.")
+    @click.option("--producers", default=3, show_default=True, type=click.IntRange(min=1),
+                  help="random: number of producers.")
+    @click.option("--accuracy-ms", default=5.0, show_default=True, type=click.FloatRange(min=0),
+                  help="random: accuracy of every clock (ms).")
+    @click.option("--events", default=24, show_default=True, type=click.IntRange(min=0),
+                  help="random: number of events.")
     @click.option("--seed", default=1, show_default=True, help="random: seed.")
     @click.option("--out", "out", type=click.Path(dir_okay=False), required=True, help="The PNG to write.")
     def plot_command(scenario: str | None, input_path: str | None, query: str, producers: int, accuracy_ms: float,

@@ -94,3 +94,14 @@ def test_a_picture_that_cannot_be_written_is_one_line(tmp_path, where):
     message = result.output.strip()
     assert message.startswith("activedb: error: cannot write") and "\n" not in message, message
     assert str(out) in message
+
+
+@pytest.mark.parametrize("option, value", [("--producers", "0"), ("--producers", "-2"), ("--events", "-1"),
+                                           ("--accuracy-ms", "-5")])
+def test_a_random_window_option_out_of_range_is_refused_naming_the_option(tmp_path, option, value):
+    """--producers 0 said 'query AB: stream input has no event type 'A' (types: )', --accuracy-ms -5 'α⁻ must be a
+    non-negative number of seconds', and --events -1 drew a window without events: none named the option."""
+    result = CliRunner().invoke(main, ["composite", "plot", "--scenario", "random", option, value, "--out",
+                                       str(tmp_path / "window.png")])
+    assert result.exit_code == 2 and f"Invalid value for '{option}'" in result.output, result.output
+    assert not (tmp_path / "window.png").exists()
