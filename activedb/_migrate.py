@@ -131,7 +131,7 @@ def passed(revision: str, current: str | None, script_location: Path | None = No
 def ahead(revision: str, current: str, script_location: Path | None = None) -> str | None:
     """``revision``'s full id if a database at ``current`` has not reached it — ``current`` is below it in
     ``script_location``'s chain (activedb's own by default), so a downgrade to it cannot go there (Alembic: 'not a
-    valid downgrade target'); else None, also for head, base, a relative revision and one Alembic does not know."""
+    valid downgrade target'; head too); else None, also for base, a relative revision and one Alembic does not know."""
     if revision in ("heads", "base") or "-" in revision or "+" in revision or ":" in revision:
         return None
     try:
