@@ -173,6 +173,15 @@ class CaptureConsumer:
         return self._position
 
     @property
+    def failure(self) -> BaseException | None:
+        """The error that ended this consumer's thread — a database error other than a lost connection, a bug, or
+        an ``on_step`` hook that raised — or None (not started, running, or stopped on request; a ``start()``
+        again clears it).  A process that runs the consumer in the background checks it to stop with the error
+        instead of looking alive while nothing is consumed (``activedb capture consume`` does)."""
+        with self._mutex:
+            return self._loop_error
+
+    @property
     def leadership_lock(self) -> tuple[int, int]:
         """The session advisory lock ``(classid, objid)`` the leader of this name holds (``pg_locks``)."""
         return self._listener.lock

@@ -154,11 +154,23 @@ def consume_command(ctx: click.Context, app: str, name: str, batch_size: int, re
             try:
                 consumer.start()
                 click.echo(f"capture consumer {name!r} running (Ctrl-C stops)")
-                while not stop.event.wait(1.0):     # woken by the signal handler (the timeout only re-checks)
+                # Woken by the signal handler; the timeout re-checks that the consumer's thread is alive.
+                while not stop.event.wait(1.0) and consumer.failure is None:
                     pass
             finally:
                 stop.restore()
                 consumer.close()
+            failure = consumer.failure
+            if failure is not None:
+                import sqlalchemy as sa
+
+                from activedb.capture.errors import CaptureError
+
+                # (a database error's own message, not SQLAlchemy's text with the statement and a link)
+                reason = failure.orig if isinstance(failure, sa.exc.DBAPIError) and failure.orig else failure
+                raise CaptureError(f"capture consumer {name!r} stopped: {type(reason).__name__}: "
+                                   f"{str(reason).strip()}; its changes from {consumer.position} remain pending — "
+                                   f"fix the cause and run `activedb capture consume` again") from failure
             statistics = consumer.statistics()
             click.echo(f"capture consumer {name!r}: {statistics.changes:,} changes in {statistics.batches:,} batches, "
                        f"{statistics.firings:,} firings, {statistics.failed:,} failed; at {statistics.position}")

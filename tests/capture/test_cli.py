@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import threading
 
 import psycopg
+import pytest
 from click.testing import CliRunner
 
 import activedb
@@ -123,3 +125,39 @@ def test_consume_finds_an_applications_relative_migrations_next_to_its_file(data
     finally:
         database.close()
     assert heads == [head], (heads, head)
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")   # (the consumer thread's end)
+def test_consume_exits_with_the_error_when_its_consumer_thread_dies(database_url, monkeypatch):
+    """``capture consume`` (without --until-caught-up) only waited for Ctrl-C/SIGTERM: when the consumer's thread died
+    of a database error that is not a lost connection (here a refused privilege on the change table), the command
+    went on looking "running" for ever while consuming nothing.  It now stops, exit code 1, naming the error.  (A
+    timer stands in for the user's Ctrl-C, so the command ends either way.)"""
+    import sqlalchemy as sa
+
+    from activedb.capture._fetch import ChangeReader
+    from activedb.cli.running import StopRequest
+
+    refused = psycopg.errors.InsufficientPrivilege("permission denied for table activedb_capture_changes")
+
+    def fetch(self, start, limit):
+        raise sa.exc.ProgrammingError("SELECT … FROM activedb_capture_changes", {}, refused)
+
+    monkeypatch.setattr(ChangeReader, "fetch", fetch)
+    install = StopRequest.install
+    timers: list[threading.Timer] = []
+
+    def install_with_a_deadline(self: StopRequest) -> None:
+        install(self)
+        timers.append(threading.Timer(30.0, self.event.set))     # the user's Ctrl-C, later
+        timers[-1].start()
+
+    monkeypatch.setattr(StopRequest, "install", install_with_a_deadline)
+    try:
+        result = CliRunner().invoke(main, ["--url", database_url, "capture", "consume", APP_FILE, "--name", "dies"])
+    finally:
+        for timer in timers:
+            timer.cancel()
+    assert result.exit_code == 1, result.output
+    assert "activedb: error: capture consumer 'dies' stopped" in result.output
+    assert "permission denied for table activedb_capture_changes" in result.output
