@@ -298,7 +298,8 @@ def downgrade() -> None:
 def init_app(script_location: str | Path, name: str | None = None) -> list[Path]:
     """Create an application's Alembic directory: ``env.py`` (its own version table, ``NAME_alembic_version``),
     ``script.py.mako`` and a first revision in ``versions/`` with an example table.  Refuses a directory
-    that already has an ``env.py``.  Returns the files written."""
+    that already has an ``env.py``, or any file it would write (nothing of the user's is overwritten).  Returns
+    the files written."""
     import datetime
     import re
 
@@ -310,6 +311,10 @@ def init_app(script_location: str | Path, name: str | None = None) -> list[Path]
         name = parts[-1] if parts else "app"
     name = re.sub(r"[^a-z0-9_]", "_", name.lower()).strip("_") or "app"
     written = [location / "env.py", location / "script.py.mako", location / "versions" / "0001_first_tables.py"]
+    existing = [str(path.relative_to(location)) for path in written[1:] if path.exists()]
+    if existing:
+        raise MigrationError(f"{str(script_location)!r} already has {' and '.join(existing)} (but no env.py); "
+                             f"nothing was written: move them away, or choose another directory")
     try:
         (location / "versions").mkdir(parents=True, exist_ok=True)
         written[0].write_text(APP_ENV.format(name=name, version_table=f"{name}_alembic_version"))

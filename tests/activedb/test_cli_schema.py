@@ -205,6 +205,25 @@ def test_app_init_where_no_directory_can_be_made_is_a_one_line_error(tmp_path):
         _migrate.init_app(a_file / "migrations")
 
 
+@pytest.mark.parametrize("existing", ["versions/0001_first_tables.py", "script.py.mako"])
+def test_app_init_refuses_a_directory_whose_files_it_would_overwrite(tmp_path, existing):
+    """``init_app`` refused only a directory with an ``env.py``: without one (not yet written, or lost), it wrote
+    over the user's ``versions/0001_first_tables.py`` (their first migration) and ``script.py.mako``.  Such a
+    directory is refused with every file as it was, and nothing is written."""
+    import activedb
+
+    path = tmp_path / "migrations"
+    (path / "versions").mkdir(parents=True)
+    (path / existing).write_text("# the user's own\n")
+    result = CliRunner().invoke(main, ["app", "init", str(path)])
+    assert result.exit_code == 1, result.output
+    assert "activedb: error:" in result.output and existing.rpartition("/")[2] in result.output, result.output
+    with pytest.raises(activedb.MigrationError, match="nothing was written"):
+        _migrate.init_app(path)
+    assert (path / existing).read_text() == "# the user's own\n"
+    assert sorted(str(file.relative_to(path)) for file in path.rglob("*") if file.is_file()) == [existing]
+
+
 @pytest.mark.parametrize("call", [
     lambda schema: schema.upgrade(None), lambda schema: schema.upgrade(5), lambda schema: schema.downgrade(""),
     lambda schema: schema.upgrade_app(None), lambda schema: schema.downgrade_app(123, "base"),
