@@ -205,6 +205,8 @@ def plot(window: Window, path: str | Path, *, title: str | None = None, unit: Ti
     axes.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, frameon=False)
     figure.tight_layout()
     path = Path(path)
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
+    try:
+        figure.savefig(path, dpi=120)     # (an OSError is the caller's: `activedb composite plot` says it in one line)
+    finally:
+        plt.close(figure)
     return path

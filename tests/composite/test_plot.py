@@ -105,3 +105,20 @@ def test_a_random_window_option_out_of_range_is_refused_naming_the_option(tmp_pa
                                        str(tmp_path / "window.png")])
     assert result.exit_code == 2 and f"Invalid value for '{option}'" in result.output, result.output
     assert not (tmp_path / "window.png").exists()
+
+
+def test_a_picture_that_cannot_be_written_leaves_no_figure_open(tmp_path):
+    """``composite.plot`` to a path it cannot write let savefig's OSError out before closing its figure, so each failed
+    call kept one more figure (with everything it drew) open in pyplot, as ``batch.render_tpg`` did before 1e981599."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    (tmp_path / "a_file").write_text("")
+    open_before = plt.get_fignums()
+    for _ in range(2):
+        result = CliRunner().invoke(main, ["composite", "plot", "--scenario", "fig3",
+                                           "--out", str(tmp_path / "a_file" / "fig3.png")])
+        assert result.exit_code == 1, result.output
+    assert plt.get_fignums() == open_before
