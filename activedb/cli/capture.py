@@ -118,7 +118,7 @@ disable_command = _tables_command("disable", "Stop capturing TABLES (their chang
 @click.option("--batch-size", default=500, show_default=True, help="Changes per batch (one transaction each).")
 @click.option("--retention", default=0.0, show_default=True, help="Seconds consumed changes are kept.")
 @click.option("--until-caught-up", is_flag=True, help="Exit once nothing is pending.")
-@click.option("--lead-timeout", default=30.0, show_default=True,
+@click.option("--lead-timeout", default=30.0, show_default=True, type=click.FloatRange(min=0),
               help="With --until-caught-up: seconds to wait while another consumer of NAME leads.")
 @metrics_port_option
 @click.pass_context

@@ -103,6 +103,14 @@ def test_a_negative_threshold_of_capture_status_is_a_usage_error(database_url):
     assert result.exit_code == 2 and "-1 is not in the range x>=0" in result.output, result.output
 
 
+def test_a_negative_lead_timeout_of_capture_consume_is_a_usage_error(database_url):
+    """``--lead-timeout -5`` was taken, and silently meant "do not wait" (the consumer waits only above 0)."""
+    result = CliRunner().invoke(main, ["--url", database_url, "capture", "consume", APP_FILE, "--until-caught-up",
+                                       "--lead-timeout", "-5"])
+    assert result.exit_code == 2 and "--lead-timeout" in result.output, result.output
+    assert "-5.0 is not in the range x>=0" in result.output, result.output
+
+
 def test_consume_finds_an_applications_relative_migrations_next_to_its_file(database_url, tmp_path, monkeypatch):
     """``MIGRATIONS = 'migrations'`` is relative to the application's file, as ``activedb run`` and ``dead-letters
     replay`` read it: ``capture consume`` looked for it in the current directory, so run from anywhere else it failed
