@@ -469,6 +469,21 @@ class _Benchmarks(click.Group):
         return None if module_name is None else _bench_command(name, module_name)
 
 
+def _check_writable(path: str, option: str) -> None:
+    """Raise a ``click.ClickException`` unless ``path`` (a file ``option`` names) can be written: its folder exists
+    and may be written, and the file, if there, may be written.  Checked before a benchmark runs, which takes minutes."""
+    target = Path(path)
+    folder = target.parent
+    if not folder.is_dir():
+        problem = f"{folder} is {'a file' if folder.exists() else 'no folder'}"
+    elif not os.access(folder, os.W_OK | os.X_OK) or (target.exists() and not os.access(target, os.W_OK)):
+        problem = "permission denied"
+    else:
+        return
+    raise click.ClickException(f"cannot write {option} {path}: {problem}; choose a file in a folder you may write "
+                               f"(nothing was run)")
+
+
 def _bench_command(name: str, module_name: str) -> click.Command:
     module = importlib.import_module(module_name)
     doc = inspect.getdoc(module) or f"The {name} benchmark."
@@ -489,6 +504,9 @@ def _bench_command(name: str, module_name: str) -> click.Command:
 
         if plot_path and Path(plot_path).suffix.lower() not in (".png", ".svg"):
             raise click.BadParameter("the plot is a .png or .svg file", param_hint="--plot")
+        for option, path in (("--json", json_path), ("--plot", plot_path)):
+            if path:
+                _check_writable(path, option)
         handed: dict[str, str | None] = {}      # what the run's environment had before (restored after it)
         if name != "locks":      # the others use the database: it must be at head (created if new)
             open_database(ctx, writes=True).close()

@@ -270,6 +270,25 @@ def test_bench_prints_a_table_progress_lines_and_writes_json_and_a_plot(tmp_path
     assert picture[:8] == PNG_SIGNATURE and len(picture) > 30_000
 
 
+@pytest.mark.parametrize("option, file_name", [("--json", "locks.json"), ("--plot", "locks.png")])
+def test_bench_refuses_an_output_file_it_cannot_write_before_running(tmp_path, monkeypatch, option, file_name):
+    """``activedb bench NAME --json FILE`` (or ``--plot FILE``) to a path below a file ran the whole benchmark (minutes,
+    for most) and only then failed writing, with a traceback.  The path is checked first: one line, nothing run."""
+    import importlib
+
+    from activedb.cli import _benchmarks
+
+    module = importlib.import_module(_benchmarks()["locks"])
+    ran: list[object] = []
+    monkeypatch.setattr(module, "run", lambda **options: ran.append(options) or pytest.fail("the benchmark ran"))
+    (tmp_path / "a_file").write_text("")
+    out = tmp_path / "a_file" / file_name
+    result = CliRunner().invoke(main, ["bench", "locks", "--quick", option, str(out)])
+    assert ran == [] and result.exit_code == 1, result.output
+    message = result.output.strip()
+    assert message.startswith(f"activedb: error: cannot write {option} {out}") and "\n" not in message, message
+
+
 def test_each_benchmark_has_its_own_help():
     runner = CliRunner()
     locks = runner.invoke(main, ["bench", "locks", "--help"]).output
