@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import ast
 import builtins
+import datetime as dt
+import decimal
 import functools
 import inspect
 import textwrap
+import uuid
 import weakref
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
@@ -76,7 +79,14 @@ def _computes_only(function: object, depth: int) -> str | None:
     """Why ``function``'s body may do more than compute values (and insert through its ``tx``), or None: every call
     in it is ``tx``'s, a method of a value the body holds (not of a module: ``requests.post``), a :data:`_COMPUTING`
     built-in, an exception class, or a module function whose body passes this check in turn; it assigns no global,
-    attribute or item of a name it did not bind, and imports nothing."""
+    attribute or item of a name it did not bind, and imports nothing.  A value the body holds is one it computed or
+    was given by its caller (its ``tx`` and ``event``, a checked function's arguments): every name it reads that it
+    does not bind — a global, a built-in, a closure's, a default's — must be a value whose methods only compute
+    (:func:`_inert`: ``COLORS[...]``, ``dt.timezone.utc``), a computing built-in or a module function passing this
+    check (``key=len``), or a class where only its name is used (``isinstance``, ``except``, ``raise``); so no object
+    of the module reaches a method call through a local (``sink = SINK; sink.write(...)``), an argument
+    (``map(print, ...)``, ``key=SINK.write``) or a container.  What it cannot prove, it refuses: the firing is
+    recorded, which is always correct."""
     if not inspect.isfunction(function):
         return f"{function!r} is not a plain Python function"
     try:
@@ -90,28 +100,132 @@ def _computes_only(function: object, depth: int) -> str | None:
         return f"the source of {function.__name__}() cannot be read ({error.__class__.__name__})"
     namespace = function.__globals__
     code = function.__code__
-    local_names = set(code.co_varnames) | set(code.co_cellvars) | set(code.co_freevars)
+    bound = set(code.co_varnames) | set(code.co_cellvars)          # (the body's own names; not its closure's)
+    local_names = bound | set(code.co_freevars)
     parameters = set(code.co_varnames[:code.co_argcount + code.co_kwonlyargcount])
+    closure = dict(zip(code.co_freevars, (cell.cell_contents for cell in function.__closure__ or ())))
     why: str | None = None
     body = tree.body[0].body if tree.body and isinstance(tree.body[0], (ast.FunctionDef, ast.AsyncFunctionDef)) else []
+    # Names a nested scope of the body binds (comprehensions, lambdas, nested functions): values the body holds,
+    # unless a global or built-in of that name may be meant.
+    nested = {node.id for statement in body for node in ast.walk(statement)
+              if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load)}
+    nested |= {node.arg for statement in body for node in ast.walk(statement) if isinstance(node, ast.arg)}
+    nested |= {node.name for statement in body for node in ast.walk(statement)
+               if isinstance(node, ast.ExceptHandler) and node.name}
+    held = bound | {name for name in nested if name not in namespace and not hasattr(builtins, name)}
+    parents = {child: node for statement in body for node in ast.walk(statement)
+               for child in ast.iter_child_nodes(node)}
+    defaults = [*(function.__defaults__ or ()), *(function.__kwdefaults__ or {}).values()]
+    if not all(_inert(value) for value in defaults):
+        why = f"{function.__name__}() has a default value whose methods may do more than compute"
     for node in (node for statement in body for node in ast.walk(statement)):      # (not its decorators)
+        if why is not None:
+            break
         where = f"{code.co_filename}:{code.co_firstlineno + getattr(node, 'lineno', 1) - 1}"
         if isinstance(node, (ast.Global, ast.Nonlocal, ast.Import, ast.ImportFrom, ast.Await, ast.Yield,
                              ast.YieldFrom)):
             why = f"{function.__name__}() has {type(node).__name__.lower()} ({where})"
         elif isinstance(node, (ast.Attribute, ast.Subscript)) and isinstance(node.ctx, (ast.Store, ast.Del)):
             root = _root(node)
-            if root is None or root not in local_names or root in parameters:
+            if root is None or root not in bound or root in parameters:
                 why = f"{function.__name__}() assigns into a value it did not make ({where})"
+        elif isinstance(node, ast.Attribute) and node.attr.startswith("__"):
+            why = f"{function.__name__}() reads {node.attr} of a value ({where})"
         elif isinstance(node, ast.Call):
-            why = _call_refusal(node.func, namespace, local_names, depth)
+            why = _call_refusal(node.func, namespace, closure, local_names, depth)
             if why is not None:
                 why = f"{function.__name__}() calls {ast.unparse(node.func)}: {why} ({where})"
-        if why is not None:
-            break
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and node.id not in held:
+            why = _read_refusal(node, parents, namespace, closure, depth)
+            if why is not None:
+                why = f"{function.__name__}() reads {node.id}: {why} ({where})"
     if depth == 0:      # (deeper, a verdict may be a depth limit's)
         _PURE[function] = why
     return why
+
+
+#: Types whose values have no method that does more than compute (exactly these types: a subclass may add one).
+_INERT_TYPES = frozenset({type(None), bool, int, float, complex, str, bytes, dt.date, dt.datetime, dt.time,
+                          dt.timedelta, dt.timezone, decimal.Decimal, uuid.UUID})
+_NOT_FOUND = object()
+
+
+def _inert(value: object) -> bool:
+    """Whether ``value``'s methods only compute: a number, text, time, or a tuple or frozenset of such values."""
+    if type(value) in (tuple, frozenset):
+        return all(_inert(item) for item in value)      # type: ignore[attr-defined]
+    return type(value) in _INERT_TYPES
+
+
+def _resolved(node: ast.expr, namespace: Mapping[str, object], closure: Mapping[str, object]) -> list[object] | None:
+    """The values an attribute or subscript chain over a name the body does not bind may have, found without running
+    any code of theirs (None: not found so): a subscript of a dict, list or tuple by a constant is its item, by
+    anything else any of its items."""
+    if isinstance(node, ast.Name):
+        found = closure.get(node.id, namespace.get(node.id, getattr(builtins, node.id, _NOT_FOUND)))
+        return None if found is _NOT_FOUND else [found]
+    if isinstance(node, ast.Attribute):
+        values = _resolved(node.value, namespace, closure)
+        if values is None or node.attr.startswith("__"):
+            return None
+        found = [inspect.getattr_static(value, node.attr, _NOT_FOUND) for value in values]
+        return None if any(value is _NOT_FOUND for value in found) else found
+    if isinstance(node, ast.Subscript):
+        values = _resolved(node.value, namespace, closure)
+        if values is None or any(type(value) not in (dict, list, tuple) for value in values):
+            return None
+        items: list[object] = []
+        for value in values:
+            every = list(value.values()) if isinstance(value, dict) else list(value) \
+                if isinstance(value, (list, tuple)) else []
+            if isinstance(node.slice, ast.Constant):
+                try:
+                    every = [value[node.slice.value]]      # type: ignore[index]
+                except (KeyError, IndexError, TypeError):
+                    return None
+            items.extend(every)
+        return items
+    return None
+
+
+def _read_refusal(name: ast.Name, parents: Mapping[ast.AST, ast.AST], namespace: Mapping[str, object],
+                  closure: Mapping[str, object], depth: int) -> str | None:
+    """Why reading ``name`` (a global, built-in or closure's name) may let the body reach something that does more
+    than compute, or None (see :func:`_computes_only`)."""
+    chain: ast.expr = name
+    while isinstance(parents.get(chain), (ast.Attribute, ast.Subscript)) and parents[chain].value is chain:  # type: ignore[attr-defined]
+        chain = parents[chain]      # type: ignore[assignment]
+    parent = parents.get(chain)
+    if isinstance(parent, ast.Call) and parent.func is chain:
+        return None         # (a call: _call_refusal's)
+    values = _resolved(chain, namespace, closure)
+    if values is None:
+        return "a value that cannot be found without running code"
+    if all(_inert(value) for value in values):
+        return None
+    where = parents.get(parent) if isinstance(parent, ast.Tuple) else None
+    classes = [value for value in values if isinstance(value, type)]
+    if len(classes) == len(values) and (
+            (isinstance(parent, ast.ExceptHandler) or isinstance(where, ast.ExceptHandler)) or
+            (isinstance(parent, ast.Raise) and all(issubclass(value, BaseException) for value in classes)) or
+            any(isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id in ("isinstance",
+                "issubclass") and call.func.id not in namespace and call.args[1:2] == [argument]
+                for call, argument in ((parent, chain), (where, parent)))):
+        return None         # (a class named only: isinstance, issubclass, except, raise)
+    for value in values:
+        built_in = getattr(value, "__name__", "")
+        if isinstance(built_in, str) and built_in in _COMPUTING and getattr(builtins, built_in) is value:
+            continue
+        if inspect.isfunction(value) and chain is name:      # (not an attribute: a method would get its self)
+            if depth + 1 >= _DEPTH:
+                return f"calls more than {_DEPTH} functions deep"
+            why = _computes_only(value, depth + 1)
+            if why is None:
+                continue
+            return why
+        return "a value whose methods may do more than compute"
+    return None
 
 
 def _root(node: ast.expr) -> str | None:
@@ -121,12 +235,13 @@ def _root(node: ast.expr) -> str | None:
     return node.id if isinstance(node, ast.Name) else None
 
 
-def _call_refusal(func: ast.expr, namespace: Mapping[str, object], local_names: set[str], depth: int) -> str | None:
+def _call_refusal(func: ast.expr, namespace: Mapping[str, object], closure: Mapping[str, object],
+                  local_names: set[str], depth: int) -> str | None:
     if isinstance(func, ast.Attribute):
         root = _root(func)
-        if root is not None and root not in local_names:
-            target = namespace.get(root, getattr(builtins, root, None))
-            if not isinstance(target, (str, int, float, tuple, frozenset)):      # (a module, a global object)
+        if root is not None and (root not in local_names or root in closure):
+            target = closure.get(root, namespace.get(root, getattr(builtins, root, None)))
+            if not _inert(target):      # (a module, a global object, a container of one)
                 return "a function of a module or a global object"
         return None          # (a method of a value the body holds: str.format, dict.get, datetime.replace)
     if not isinstance(func, ast.Name):

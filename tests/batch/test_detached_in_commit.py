@@ -5,6 +5,7 @@ every one of them when the database refuses a row, go through the outbox instead
 
 from __future__ import annotations
 
+import datetime as dt
 import time
 from time import perf_counter
 
@@ -55,6 +56,78 @@ def timed(tx, event):
 def reads(tx, event):
     row = tx.read(WORKERS, event.key)
     tx.insert("notifications", worker=event.key, channel="badge", at=0.0, message=str(row))
+
+
+class Sink:
+    """A client object of the module: what it is given is a side effect no commit takes back."""
+
+    def __init__(self):
+        self.written = []
+
+    def write(self, value):
+        self.written.append(value)
+        return value
+
+
+SINK = Sink()
+SINKS = (SINK,)
+LABELS = {"r1": "first", "r2": "second"}
+
+
+def held_in_local(tx, event):
+    sink = SINK
+    sink.write(event.key)
+    tx.insert("notifications", worker=event.key, channel="badge", at=0.0, message="held")
+
+
+def mapped(tx, event):
+    any(map(print, [event.key]))
+    tx.insert("notifications", worker=event.key, channel="badge", at=0.0, message="mapped")
+
+
+def keyed(tx, event):
+    sorted([event.key], key=SINK.write)
+    tx.insert("notifications", worker=event.key, channel="badge", at=0.0, message="keyed")
+
+
+def write_to(sink, value):
+    sink.write(value)
+
+
+def passed_on(tx, event):
+    write_to(SINK, event.key)
+    tx.insert("notifications", worker=event.key, channel="badge", at=0.0, message="passed on")
+
+
+def in_a_tuple(tx, event):
+    SINKS[0].write(event.key)
+    tx.insert("notifications", worker=event.key, channel="badge", at=0.0, message="in a tuple")
+
+
+def write_by_default(value, sink=SINK):
+    sink.write(value)
+
+
+def defaulted(tx, event):
+    write_by_default(event.key)
+    tx.insert("notifications", worker=event.key, channel="badge", at=0.0, message="defaulted")
+
+
+def closing_over(sink):
+    def closed(tx, event):
+        sink.write(event.key)
+        tx.insert("notifications", worker=event.key, channel="badge", at=0.0, message="closed")
+    return closed
+
+
+closed = closing_over(SINK)
+
+
+def computes(tx, event):
+    label = LABELS[event.payload["room"]] if isinstance(event.ts, (int, float, dt.datetime)) else ""
+    zone = dt.timezone.utc
+    names = sorted([event.key, label, str(zone)], key=len)
+    tx.insert("notifications", worker=event.key, channel="badge", at=0.0, message=" ".join(map(str, names)))
 
 
 def declare(database, *more):
@@ -120,6 +193,27 @@ def pair(make_database_url):
     finally:
         for database in made:
             database.close()
+
+
+def test_an_action_that_reaches_a_global_object_is_recorded_not_run_in_the_commit(make_database_url):
+    """A side effect run in the trigger's commit happens though that commit fails, and again when the batch re-runs:
+    an action that may reach an object of its module (held in a local, passed to a built-in or a function, in a
+    tuple, a default or a closure) is recorded; one that reads values of its module still runs in the commit."""
+    database = activedb.connect(make_database_url("in_commit_reaches"))
+    try:
+        fooling = (held_in_local, mapped, keyed, passed_on, in_a_tuple, defaulted, closed)
+        declare(database, *((rule, Coupling.DETACHED) for rule in fooling + (computes,)))
+        for rule in fooling:
+            assert isinstance(runs_in_commit(database.rules.get(rule.__name__)), NotLearned), rule.__name__
+        assert "sink = SINK" not in why_not_in_commit(database, "held_in_local")
+        assert "reads SINK" in why_not_in_commit(database, "held_in_local")
+        assert "reads print" in why_not_in_commit(database, "mapped")
+        assert "reads SINK" in why_not_in_commit(database, "passed_on")
+        assert "default value" in why_not_in_commit(database, "defaulted")
+        assert why_not_in_commit(database, "computes") is None
+        assert SINK.written == []
+    finally:
+        database.close()
 
 
 def test_firings_that_only_insert_leave_in_the_commit_what_recorded_firings_leave(pair):
