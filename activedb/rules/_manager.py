@@ -489,8 +489,10 @@ def _transaction_name(rule: Rule) -> str:
 
 
 def _raise_failure(firing: Firing, error: BaseException, what: str) -> None:
-    """Raise what a failed ``firing`` (it raised ``error``) makes its parent raise."""
-    if isinstance(error, (RuleFailed, CascadeLimitExceeded)):
+    """Raise what a failed ``firing`` (it raised ``error``) makes its parent raise: ``error`` itself if it is no
+    ``Exception`` (KeyboardInterrupt, SystemExit: Ctrl-C in a rule stops its caller, which cannot take it for a rule
+    failure and go on; the firing's subtransaction has aborted on its way out, as its trigger's does on the caller's)."""
+    if isinstance(error, (RuleFailed, CascadeLimitExceeded)) or not isinstance(error, Exception):
         raise error
     raise RuleFailed(f"{what} rule {firing.rule.name!r} failed on {firing.event.describe()}: {error!r}",
                      firing.rule.name, firing.event) from error

@@ -298,6 +298,30 @@ def test_priorities_order_groups_and_run_equal_priorities_concurrently(db):
     assert set(order[:2]) == {"high-a", "high-b"} and order[2:] == ["low", "none"]
 
 
+@pytest.mark.parametrize("shape", ["alone", "by priority", "in a group"])
+@pytest.mark.parametrize("interruption", [KeyboardInterrupt, SystemExit])
+def test_an_interrupt_in_an_immediate_rule_goes_through_not_as_a_rule_failure(db, shape, interruption):
+    """Ctrl-C or sys.exit() inside an immediate rule (a BaseException that is no Exception) reaches the caller as
+    itself, not as a RuleFailed the caller may catch and go on; its transaction aborts, leaving nothing."""
+    priorities = {"alone": [None], "by priority": [10, 5], "in a group": [10, 10]}[shape]
+
+    def interrupted(tx, event):
+        tx.write("items", "interrupted", value=1)
+        raise interruption()
+
+    for number, priority in enumerate(priorities):
+        action = interrupted if number == 0 else (lambda tx, event: None)
+        db.rule(on=db.signalled("stop"), priority=priority, name=f"stop-{number}")(action)
+    with pytest.raises(interruption):
+        with db.transaction() as tx:
+            tx.write("items", "trigger", value=0)
+            tx.signal("stop")
+    with db.engine.connect() as connection:
+        assert connection.execute(sa.text("SELECT count(*) FROM items")).scalar() == 0
+    with db.transaction() as tx:        # (nothing left held)
+        tx.write("items", "after", value=2)
+
+
 def test_deferred_priorities(db):
     order = []
     for name, priority in [("d-low", 1), ("d-none", None), ("d-high", 9)]:
