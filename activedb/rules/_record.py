@@ -98,9 +98,11 @@ class FiringRecord:
     def fold(self, root: "Transaction") -> None:
         """``root``'s tree ended: add its firing record to the counters."""
         context = slot(root, RuleContext, create=False)
-        if context is None or not context.couplings:
+        if context is None or context.couplings is None:
             return
         with self._mutex:
+            # (Folded even when empty — every firing taken back: ``couplings`` None is what makes a firing
+            # counted into the ended tree later reach the counters at once.)
             couplings, context.couplings = context.couplings, None
             for name, count in (context.firings or {}).items():
                 self._counters[name].fired += count

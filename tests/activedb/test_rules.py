@@ -737,6 +737,19 @@ def test_firing_counts_reach_the_statistics_once_the_tree_ends_committed_or_abor
     assert fired("on_abort") == 1
 
 
+def test_firings_counted_into_a_tree_that_ended_with_its_firings_taken_back_reach_the_statistics(db):
+    """A tree whose firings were all taken back (``fired_in_bulk`` with a negative count: a flush tried again) ends
+    folded like any other: a firing counted into it afterwards reaches ``statistics()`` at once."""
+    rule = db.rule(on=db.signalled("bulk"), name="bulk")(lambda tx, event: None)
+    with db.transaction() as tx:
+        db.rules.fired_in_bulk(tx, rule, 2)
+        db.rules.fired_in_bulk(tx, rule, -2)
+        assert db.rules.firings_in(tx) == {}
+    assert "bulk" not in db.rules.statistics().per_rule or db.rules.statistics().per_rule["bulk"].fired == 0
+    db.rules.fired_in_bulk(tx, rule, 1)
+    assert db.rules.statistics().per_rule["bulk"].fired == 1
+
+
 def test_rule_counter_names_exactly_the_fields_of_rule_counters():
     """``RuleCounter`` (a ``Literal``, for the type checker) and ``RuleCounters`` (the dataclass) list one set of
     counters twice: a field added to one must be added to the other."""
