@@ -303,7 +303,7 @@ class Ops:
         _check_size(size, f"window_read({table!r}, keys, ...)")
         self.windowed = True
         self.specs.append(OpSpec(OpKind.WINDOW_READ, own[0], own[1], params, fn=aggregate, size=size,
-                                 name=name or f"window:{table}", state=own))
+                                 name=name or _default_name(self.specs, f"window:{table}"), state=own))
 
     def window_write(self, table: str, key: Hashable, fn: Callable[..., Mapping[str, object] | _Delete], *,
                      over: Iterable[State], size: float,
@@ -326,7 +326,8 @@ class Ops:
         ``candidates`` (optional) bounds the keys it may yield; without it, any row of ``table``."""
         self._check_key(table, 0)
         self.specs.append(OpSpec(OpKind.ND_READ, table, None, self._params(reads, None, "reads"), key_fn=key_fn,
-                                 candidates=_candidates(table, candidates), name=name or f"any:{table}"))
+                                 candidates=_candidates(table, candidates),
+                                 name=name or _default_name(self.specs, f"any:{table}")))
 
     def write_any(self, table: str, key_fn: Callable[..., Hashable], fn: Callable[..., Mapping[str, object] | _Delete],
                   *, reads: Iterable[State] = (),
@@ -406,6 +407,13 @@ class Ops:
 _INSERT_NAMES: dict[tuple[str | tuple[str, ...], int], str] = {}
 _TABLE_TUPLES: dict[tuple[str, ...], tuple[str, ...]] = {}
 _PLAIN_KEYS = frozenset({str, int})          # key types known to be hashable
+
+
+def _default_name(specs: list[OpSpec], name: str) -> str:
+    """``name``, the default output name of a window or non-deterministic read (``window:TABLE``, ``any:TABLE``), or
+    ``name#INDEX`` (the operation's index) if an operation of the transaction has it already: outputs are kept by
+    name, so a second one of that name would lose the first one's output."""
+    return f"{name}#{len(specs)}" if any(spec.name == name for spec in specs) else name
 
 
 def _insert_name(table: str | tuple[str, ...], index: int) -> str:

@@ -272,6 +272,33 @@ def test_a_window_size_that_is_no_number_of_seconds_rejects_its_event_saying_wha
     assert result.transactions[-1].outputs["seen"] == [1, 2]
 
 
+@pytest.mark.parametrize("strategy", ["lean", "serial", "tpg", "ns/f/e"])
+def test_two_unnamed_window_reads_or_reads_any_of_one_table_keep_both_outputs(strategy):
+    """Outputs are kept by name: two window reads (or two non-deterministic reads) of one table in one transaction,
+    neither named, both took the default name ``window:TABLE`` (``any:TABLE``) and the first output was lost.  The
+    first keeps its name, a later one gets ``#INDEX`` (its operation's index), as an INSERT's does."""
+    transactions = batch.StateTransactions("two windows")
+
+    @transactions.on("tick")
+    def tick(event, ops):
+        ops.write("w", "src", lambda own: {"v": event.payload["v"]})
+        ops.write("w", "other", lambda own: {"v": 10 * event.payload["v"]})
+
+    @transactions.on("look")
+    def look(event, ops):
+        ops.window_read("w", ["src"], size=10, aggregate=lambda windows: [row["v"] for row in windows[0]])
+        ops.window_read("w", ["other"], size=10, aggregate=lambda windows: [row["v"] for row in windows[0]])
+        ops.read_any("w", lambda: "src", candidates=["src", "other"])
+        ops.read_any("w", lambda: "other", candidates=["src", "other"])
+
+    events = [{"type": "tick", "ts": 1.0, "payload": {"v": 1}}, {"type": "tick", "ts": 2.0, "payload": {"v": 2}},
+              {"type": "look", "ts": 3.0, "payload": {}}]
+    result = batch.run_in_memory(transactions, events, {}, strategy=strategy)
+    assert result.dead_letters == []
+    assert result.transactions[-1].outputs == {"window:w": [1, 2], "window:w#1": [10, 20],
+                                               "any:w": {"v": 2}, "any:w#3": {"v": 20}}
+
+
 def test_a_window_operation_declared_before_the_lean_run_makes_it_keep_versions_from_the_start():
     """A batch run at commit is declared before it runs (``apply_at_commit``'s pass), and the lean run gets those
     operations: one with a window makes it keep row versions from its start (else the window would read none)."""
