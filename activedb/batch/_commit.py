@@ -33,7 +33,7 @@ from activedb import deadletters
 from activedb.batch._declare import BatchEvent, OpSpec, State, StateTransactions
 from activedb.batch._result import BatchResult
 from activedb.batch._route import RoutePlan, add_touched, touched_states, written_tables
-from activedb.batch._runtime import AUTO, execute_batch, no_cyclic_gc, normalise_events, runtime_of
+from activedb.batch._runtime import AUTO, check_processes, execute_batch, no_cyclic_gc, normalise_events, runtime_of
 from activedb.batch._state import Loader
 from activedb.batch._store import (DEAD_LETTER_TABLE, NO_GIVEN_KEY, apply_batch, check_key_columns, check_required,
                                    dead_letter, name_rows_once, named_once, store_check)
@@ -720,6 +720,7 @@ def apply_at_commit(tx: Transaction, events: Iterable[object], transactions: Sta
     batch run through the transaction tree, whose writes they hear, unless it is one of ``heard``: tables the batch
     only inserts into whose new rows' data events the caller records itself (``apply_lowered``)."""
     tx_started = time.perf_counter()
+    check_processes("apply_at_commit", processes)
     options = _Options(strategy, processes, split, dead_letters, query_id, batch_id, letters, on_result, keys_check,
                        on_sent, frozenset(heard))
     events = list(events)

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Hashable, NamedTuple, TypeAlias, TypeVar
 
-from activedb.errors import ActivedbError
+from activedb.errors import ActivedbError, check_whole_number
 from activedb.batch._strategy import DecisionRule
 from activedb.batch.errors import DeclarationError, UnknownEventType
 from activedb.store import RowImage
@@ -555,8 +555,10 @@ class StateTransactions:
         if decision_rule not in set(DecisionRule):
             raise DeclarationError(f"unknown decision_rule {decision_rule!r}: use 'morphstream' (MorphStream's "
                                    f"decision tree) or 'calibrated' (this package's per-operation thresholds)")
+        check_whole_number("StateTransactions", "processes", processes, 1,
+                           " (the processes a batch may use, this one included)")
         self.name = name
-        self.processes = int(processes)
+        self.processes = processes
         self.decision_rule = DecisionRule(decision_rule)   # how strategy="tpg" picks its strategy (_decide.py)
         self._declarations: dict[str, Declaring] = {}
         self._runtime: Runtime | None = None   # created on first use (_runtime.Runtime): decision memory, pool

@@ -30,6 +30,7 @@ from activedb.batch._route import Allowed, Router, Routing, route, touched_state
 from activedb.batch._state import Loader, WriteCheck
 from activedb.batch._strategy import DecisionRule, Split, Strategy, parse_strategy
 from activedb.batch.errors import DeclarationError, WorkerFailed
+from activedb.errors import check_whole_number
 from activedb.store import RowImage
 from activedb.versions import Versions
 
@@ -181,6 +182,14 @@ def normalise_events(events: Iterable[object]) -> list[BatchEvent]:
         except TypeError:
             pass   # incomparable timestamps: keep arrival order
     return batch
+
+
+def check_processes(owner: str, processes: object) -> None:
+    """Raise :class:`~activedb.errors.BadArgument` unless ``processes`` (given as ``owner(processes=...)``) is None
+    (the StateTransactions' own) or a whole number of at least 1."""
+    if processes is not None:
+        check_whole_number(owner, "processes", processes, 1,
+                           " (the processes the batch may use, this one included), or None for the StateTransactions'")
 
 
 # --- declaring (for the reference and the TPG strategies) -----------------------------------
@@ -564,6 +573,7 @@ def run_in_memory(transactions: StateTransactions, events: Iterable[object],
                   state: Mapping[State, RowImage | None] | None = None, *, strategy: str | Strategy = AUTO,
                   processes: int | None = None, split: Split = Split.AUTO) -> BatchResult:
     """Declare and run a batch over ``state`` (images before the batch; absent = no row)."""
+    check_processes("run_in_memory", processes)
     started = time.perf_counter()
     batch = normalise_events(events)
     normalised = time.perf_counter() - started

@@ -15,7 +15,7 @@ from activedb.batch._declare import (BatchEvent, OpSpec, State, StateTransaction
                                      specs_of)
 from activedb.batch._result import BatchResult
 from activedb.batch._route import touched_states
-from activedb.batch._runtime import AUTO, execute_batch, no_cyclic_gc, prepare
+from activedb.batch._runtime import AUTO, check_processes, execute_batch, no_cyclic_gc, prepare
 from activedb.batch._state import WriteCheck
 from activedb.batch._strategy import Split, Strategy
 from activedb.batch.errors import DeclarationError
@@ -42,6 +42,7 @@ def apply_batch(tx: Transaction, events: Iterable[object], transactions: StateTr
     ``BulkLock.TABLE`` (one WRITE lock per table the batch touches)."""
     from activedb.batch._commit import _normalised_keys, _refuse_unstorable      # (_commit imports this module)
 
+    check_processes("apply_batch", processes)
     lock = BulkLock.parse(lock, "apply_batch(lock=...)", allowed=(BulkLock.WRITE, BulkLock.TABLE))
     prepared = prepare(transactions, events)
     started = time.perf_counter()

@@ -127,3 +127,25 @@ def test_a_route_plan_that_misses_abandons_the_split_and_the_plan():
     assert result.final == expected.final
     assert any("split abandoned" in note for note in result.notes), result.notes
     assert "touch" in router.unroutable and "touch" not in router.plans
+
+
+import pytest  # noqa: E402
+
+from activedb.errors import BadArgument  # noqa: E402
+
+
+@pytest.mark.parametrize("processes", [-3, 0, 2.5, "x", "2", True, None])
+def test_a_number_of_processes_that_is_no_whole_number_of_at_least_one_is_refused_saying_what_to_give(processes):
+    """StateTransactions(processes=) took -3, 0 and 2.5 silently (int() of them) and "x" with a bare ValueError;
+    run_in_memory(processes="2") failed deep in the run with a TypeError.  Both are refused where they are given."""
+    with pytest.raises(BadArgument, match=r"StateTransactions\(processes=.*\) takes a whole number of at least 1"):
+        batch.StateTransactions("bad", processes=processes)
+    transactions = batch.StateTransactions("good")
+
+    @transactions.on("tick")
+    def tick(event, ops):
+        ops.write("w", "src", lambda own: {"v": 1})
+
+    if processes is not None:
+        with pytest.raises(BadArgument, match=r"run_in_memory\(processes=.*\) takes a whole number of at least 1"):
+            batch.run_in_memory(transactions, [{"type": "tick", "ts": 1.0, "payload": {}}], {}, processes=processes)
