@@ -178,10 +178,19 @@ def normalise_events(events: Iterable[object]) -> list[BatchEvent]:
         batch = list(map(_as_batch_event, events, itertools.count()))     # (each event at its position)
     if batch and all(map(operator.is_not, map(_by_ts, batch), itertools.repeat(None))):     # (every ts given; in C)
         try:
+            timestamps = list(map(_by_ts, batch))
+            if not all(map(operator.eq, timestamps, timestamps)):    # (NaN alone is unequal to itself: in C)
+                raise _unordered(next(event for event in batch if event.ts != event.ts))
             batch.sort(key=_by_ts)
         except TypeError:
             pass   # incomparable timestamps: keep arrival order
     return batch
+
+
+def _unordered(event: BatchEvent) -> DeclarationError:
+    return DeclarationError(f"the event at position {event.position} of the batch has the ts {event.ts!r}, which is "
+                            f"no time (it compares with none, so the batch could not be put in timestamp order); give "
+                            f"each event a finite number of seconds or a datetime as its ts")
 
 
 def check_processes(owner: str, processes: object) -> None:

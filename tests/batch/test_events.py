@@ -80,6 +80,16 @@ def test_an_event_whose_payload_is_no_mapping_is_a_declaration_error_naming_it()
                 batch.normalise_events([event, event])
 
 
+def test_an_event_whose_ts_is_nan_is_a_declaration_error_naming_it():
+    """A NaN ``ts`` compares false with every time, so the stable sort by ts ordered nothing around it: events ran
+    out of timestamp order, silently.  It is refused, naming the event, before anything runs."""
+    events = [{"type": "enter", "key": "w0", "ts": 3.0}, {"type": "enter", "key": "w1", "ts": float("nan")},
+              {"type": "enter", "key": "w2", "ts": 1.0}]
+    with pytest.raises(batch.errors.DeclarationError, match=r"position 1 .* ts nan.*finite number"):
+        batch.normalise_events(events)
+    assert [event.key for event in batch.normalise_events([events[0], events[2]])] == ["w2", "w0"]
+
+
 @pytest.mark.parametrize("event_type", [None, "", 5])
 def test_an_event_without_a_type_is_refused_saying_to_give_one(event_type):
     """An event with no type (``None`` given as an event, a dict without ``"type"``) or a type that is no non-empty
