@@ -89,6 +89,9 @@ class RuleRegistry:
         if not isinstance(name, str):      # (the persisted row's key; error messages list the names as text)
             raise RuleError(f"a rule's name= must be a non-empty text (what `activedb rules enable NAME` takes), "
                             f"got {name!r}")
+        if "\x00" in name:      # (PostgreSQL text holds none: the registry row's write would fail)
+            raise RuleError(f"a rule's name= cannot hold a NUL character (PostgreSQL text cannot store one), got "
+                            f"{name!r}: remove it")
         if not isinstance(rule.on, EventSpec):
             raise RuleError(
                 f"rule {name!r}: on= must be an event such as db.updated('table') or db.signalled('name'), "

@@ -509,6 +509,14 @@ def test_bad_rule_definitions_are_rejected_at_declaration(db):
     assert db.rules.get("twice") is second and second.priority == 3
 
 
+def test_a_rule_name_holding_a_nul_character_is_refused_at_declaration(db):
+    """PostgreSQL text cannot hold NUL: a rule name with one failed its registry row's write with SQLAlchemy's
+    DataError, no activedb error saying what to do."""
+    with pytest.raises(RuleError, match=r"name= cannot hold a NUL character .*'bad\\x00name'"):
+        db.rule(on=db.signalled("named"), name="bad\x00name")(lambda tx, event: None)
+    assert "bad\x00name" not in db.rules.names()
+
+
 def test_a_rule_name_that_is_no_text_is_refused_at_declaration(db):
     """A rule's name is text (the persisted row's key, what ``activedb rules enable NAME`` takes): ``name=5`` was
     declared, and from then on every "no rule named ..." error of ``db.rules`` — enable, disable, remove of a
