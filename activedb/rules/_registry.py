@@ -308,6 +308,9 @@ class RuleRegistry:
         """The registry as stored in PostgreSQL (every rule ever declared on this database, by name);
         ``include_removed=False`` leaves out removed rules, ``module`` keeps the rules declared by that
         module or a module under it (``activedb.examples`` matches ``activedb.examples.hand_hygiene.app``)."""
+        if module is not None and not isinstance(module, str):
+            raise RuleError(f"db.rules.persisted(module={module!r}) takes the name of a module (text), such as "
+                            f"'activedb.examples', or None for the rules of every module")
         table = self.catalog.table(RULES_TABLE)
         query = sa.select(table).order_by(table.c.name)
         if not include_removed:

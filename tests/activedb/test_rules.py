@@ -517,6 +517,14 @@ def test_a_rule_name_holding_a_nul_character_is_refused_at_declaration(db):
     assert "bad\x00name" not in db.rules.names()
 
 
+@pytest.mark.parametrize("module", [5, ("shop",), b"shop"])
+def test_persisted_given_a_module_that_is_no_text_says_what_to_give(db, module):
+    """``persisted(module=5)`` sent the number to PostgreSQL as the module column's value: psycopg's
+    ProgrammingError (or a TypeError of startswith) instead of an activedb error."""
+    with pytest.raises(RuleError, match=r"persisted\(module=.*\) takes the name of a module \(text\)"):
+        db.rules.persisted(module=module)
+
+
 def test_a_rule_name_that_is_no_text_is_refused_at_declaration(db):
     """A rule's name is text (the persisted row's key, what ``activedb rules enable NAME`` takes): ``name=5`` was
     declared, and from then on every "no rule named ..." error of ``db.rules`` — enable, disable, remove of a
