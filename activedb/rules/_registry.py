@@ -255,7 +255,14 @@ class RuleRegistry:
         Returns the number of rows deleted."""
         if isinstance(names, str):      # (a string is an iterable of names too: its letters)
             raise RuleError(f"db.rules.purge() takes a list of rule names, not one name: purge([{names!r}])")
-        names = list(names)
+        given = names
+        try:
+            names = list(names)
+        except TypeError:
+            names = [given]      # type: ignore[list-item]  # (refused just below, named)
+        if not all(isinstance(name, str) for name in names):
+            raise RuleError(f"db.rules.purge() takes a list of rule names (text), such as purge(['old_rule']); "
+                            f"got {given!r}")
         with self._mutex:
             for name in names:
                 self._rules.pop(name, None)

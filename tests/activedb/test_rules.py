@@ -525,6 +525,16 @@ def test_persisted_given_a_module_that_is_no_text_says_what_to_give(db, module):
         db.rules.persisted(module=module)
 
 
+@pytest.mark.parametrize("names", [None, 5, [None], ["kept", 5]])
+def test_purge_given_no_list_of_names_says_what_to_give_and_forgets_nothing(db, names):
+    """``purge(None)`` failed with a bare TypeError (list(None)); a list holding a name that is no text took the
+    rules it did name out of this process before the SQL failed.  Both are refused before anything is forgotten."""
+    db.rule(on=db.signalled("kept"), name="kept")(lambda tx, event: None)
+    with pytest.raises(RuleError, match=r"purge\(\) takes a list of rule names \(text\)"):
+        db.rules.purge(names)
+    assert "kept" in db.rules.names() and [row["name"] for row in db.rules.persisted()] == ["kept"]
+
+
 def test_a_rule_name_that_is_no_text_is_refused_at_declaration(db):
     """A rule's name is text (the persisted row's key, what ``activedb rules enable NAME`` takes): ``name=5`` was
     declared, and from then on every "no rule named ..." error of ``db.rules`` — enable, disable, remove of a
