@@ -434,8 +434,14 @@ def serve_on_signal(db: "Database", directory: str | Path | None = None) -> Path
     def handler(signum: int, frame: FrameType | None) -> None:
         threading.Thread(target=dump, name="activedb-explain", daemon=True).start()
 
-    signal.signal(signal.SIGUSR1, handler)
-    _register(folder)
+    # (The handler before the registration: a process registered is one request() may signal.)
+    previous = signal.signal(signal.SIGUSR1, handler)
+    try:
+        _register(folder)
+    except OSError as error:        # (not served: the former handler back)
+        signal.signal(signal.SIGUSR1, previous if previous is not None else signal.SIG_DFL)
+        raise PictureError(f"cannot serve explanations from {folder}: {error.strerror or error} (choose a folder "
+                           f"this process may write, or set ACTIVEDB_HOME)") from None
     return path
 
 

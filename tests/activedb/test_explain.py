@@ -403,3 +403,19 @@ def test_the_cli_finds_a_live_process_under_a_home_given_with_a_tilde(database_u
             assert result.exit_code == 0, result.output
     finally:
         process.communicate("go\n", timeout=TIMEOUT)
+
+
+def test_serving_explanations_into_a_folder_that_cannot_be_made_is_a_picture_error_and_installs_no_handler(db, tmp_path):
+    """``serve_on_signal`` installed its SIGUSR1 handler and then let the OSError of its registration file out (a
+    file in the way of the folder): no ActivedbError, and the process left handling SIGUSR1 by writing where it
+    cannot, its former handler replaced."""
+    import signal
+
+    from activedb import explain
+    from activedb.errors import PictureError
+
+    (tmp_path / "file").write_text("in the way")
+    before = signal.getsignal(signal.SIGUSR1)
+    with pytest.raises(PictureError, match=r"cannot serve explanations from .*file.*: "):
+        explain.serve_on_signal(db, tmp_path / "file" / "explain")
+    assert signal.getsignal(signal.SIGUSR1) is before
