@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Hashable, Iterable, Literal, Mapping, TypeAlias
 
-from activedb.errors import PictureError, check_seconds
+from activedb.errors import PictureError, check_seconds, check_whole_number
 from activedb.explain._drawing import EDGE_KINDS, draw
 from activedb.txn import Observer
 
@@ -198,6 +198,7 @@ class Explanation:
         kind = (format or path.suffix.lstrip(".") or "png").lower()
         if kind not in ("png", "svg"):
             raise PictureError(f"cannot draw {path}: pictures are .png or .svg, not {kind!r}")
+        check_whole_number("Explanation.render", "dpi", dpi, 1, " (the picture's dots per inch)", error=PictureError)
         figure = draw(self, dpi)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)

@@ -419,3 +419,13 @@ def test_serving_explanations_into_a_folder_that_cannot_be_made_is_a_picture_err
     with pytest.raises(PictureError, match=r"cannot serve explanations from .*file.*: "):
         explain.serve_on_signal(db, tmp_path / "file" / "explain")
     assert signal.getsignal(signal.SIGUSR1) is before
+
+
+@pytest.mark.parametrize("dpi", [0, -5, "110", None])
+def test_render_refuses_a_resolution_that_is_no_whole_number_above_zero_before_drawing(tmp_path, dpi):
+    """``render(dpi=0)`` let matplotlib's ValueError out (no ActivedbError), after drawing the figure."""
+    from activedb.errors import PictureError
+
+    with pytest.raises(PictureError, match=r"render\(dpi=.*\) takes a whole number of at least 1"):
+        Explanation(nodes=(), edges=()).render(tmp_path / "picture.png", dpi=dpi)
+    assert not (tmp_path / "picture.png").exists()
