@@ -269,28 +269,49 @@ class CompositionEngine:
         evaluated on), ``MembershipError`` — is handed back with
         its error (to become a dead letter) instead of failing the whole batch, which a connector would deliver
         again, to be refused again, for ever.  The result is the one the batch without those inputs gives.  An event
-        that completes a composition whose RETURN raises is handed back too (``Evaluation.refuse``: it leaves that
-        query's lists, the composition's other events stay), though it may have come in an earlier batch.  So are
+        that completes a composition whose RETURN raises is handed back too (``Evaluation.refuse``), though it may
+        have come in an earlier batch; the batch is then run again from the state before it as if without the event
+        (come in an earlier batch, it leaves every list first), so that no other query composed it and replaying its
+        letter gives it to every query once (the composition's other events stay).  So are
         the candidates of an uncertain order no ``on_uncertain`` callback decides (``Evaluation.resolve``): raised,
         the uncertainty failed the batch, whose abort restored the engine to meet it again on every delivery; refused,
         they leave every list (as ``discard`` does), so that replaying their letters feeds them once more."""
+        items = list(items)
         refused: list[tuple[StreamEvent | Heartbeat, CompositeError]] = []
         with self._guard:
             if tx is not None:
                 self._rollback.enlist(tx.root)
             evaluation = self._evaluation
+            before, outbox, raised = self._rollback.snapshot(), list(evaluation.outbox), list(evaluation.raised)
+            excluded: list[tuple[StreamEvent, CompositeError]] = []     # events a RETURN refused, with their errors
             evaluation.refusing = True
             try:
-                for item in items:
-                    try:
-                        self._input.take(item, refuse_unevaluable=True)
-                    except (LateEvent, EventRejected, MembershipError) as error:
-                        refused.append((item, error))
+                while True:
+                    refused = list(excluded)
+                    evaluation.discarding = [event for event, _ in excluded]    # (those of earlier batches)
                     self._discard_refused(refused)
+                    for item in items:
+                        if any(_same_event(item, event) for event, _ in excluded):
+                            continue
+                        try:
+                            self._input.take(item, refuse_unevaluable=True)
+                        except (LateEvent, EventRejected, MembershipError) as error:
+                            refused.append((item, error))
+                        self._discard_refused(refused)
+                    returned, evaluation.returned = evaluation.returned, []
+                    if not returned:
+                        break
+                    # Run the batch again without them (each round excludes one event more: it ends).
+                    excluded.extend((event, error) for event, error in refused if isinstance(event, StreamEvent)
+                                    and isinstance(error, EventRejected) and any(event is other for other in returned))
+                    self._rollback.put_back(before)
+                    before = self._rollback.snapshot()
+                    evaluation.outbox, evaluation.raised = list(outbox), list(raised)
             finally:
                 evaluation.refusing = False
                 evaluation.refused = []
                 evaluation.discarding = []
+                evaluation.returned = []
         return self._finish(emit_into=tx), refused
 
     def _discard_refused(self, refused: list[tuple[StreamEvent | Heartbeat, CompositeError]]) -> None:
@@ -511,6 +532,17 @@ def _check_composable(query: CompiledQuery) -> None:
     if query.selection is not ast.Selection.SKIP_TILL_ANY_MATCH:
         raise DefinitionError(f"{what}: MATCHING is the point-time matcher's selection; composition uses "
                               f"CONSUMING CHRONICLE|RECENT")
+
+
+def _same_event(item: StreamEvent | Heartbeat, event: StreamEvent) -> bool:
+    """``item`` of a batch is ``event`` as the engine holds it (whatever clock the engine gave its timestamp)."""
+    if not isinstance(item, StreamEvent):
+        return False
+    if item == event:
+        return True
+    return (isinstance(item.ts, Timestamp) and item.type == event.type
+            and dict(item.attributes) == dict(event.attributes)
+            and (item.ts.lower, item.ts.upper, item.ts.producer) == (event.ts.lower, event.ts.upper, event.ts.producer))
 
 
 def _check_items(items: object) -> None:

@@ -55,6 +55,7 @@ class Evaluation:
         self.refusing = False
         self.refused: list[tuple[StreamEvent, EventRejected | UncertainOrder]] = []  # (while refusing) dead letters
         self.discarding: list[StreamEvent] = []   # (while refusing) refused candidates still to leave every list
+        self.returned: list[StreamEvent] = []     # (while refusing) events a RETURN refused (the batch runs again)
 
     def node(self, query: CompiledQuery, partition: Partition) -> Node:
         """The node of ``query`` for ``partition`` (made on first use)."""
@@ -151,8 +152,10 @@ class Evaluation:
     def refuse(self, node: Node, chosen: list[Item], error: EvaluationError) -> None:
         """The RETURN of ``node``'s query raised ``error`` on ``chosen``: raise it, unless ``refusing`` (an
         ingestion's batch, which a raise would fail on every delivery); then the constituent that arrived last
-        (the one that completed the composition) leaves this node's lists and is handed back as refused (a
-        dead letter), and the others stay for later compositions."""
+        (the one that completed the composition) leaves this node's lists, is handed back as refused (a
+        dead letter) and recorded in ``returned`` (the engine runs the batch again as if without it, so that it
+        leaves every query's lists: ``CompositionEngine._process_refusing``), and the others stay for later
+        compositions."""
         if not self.refusing:
             raise error
         terminator = max(chosen, key=lambda item: item.number)
@@ -160,11 +163,12 @@ class Evaluation:
         node.decisions.clear()
         node.pending_resolutions.clear()
         self.counts["dropped"] += 1
+        self.returned.append(terminator.event)
         self.refused.append((terminator.event, EventRejected(
             f"event {describe_event(terminator.event)} completed a composition of query {node.query.name} "
             f"({', '.join(describe_event(item.event) for item in chosen)}) whose RETURN cannot be computed "
-            f"({error}); it left that query's lists (its other events stay) — correct the event and replay it, "
-            f"or correct the query's RETURN")))
+            f"({error}); it left every query's lists (the composition's other events stay) — correct the event "
+            f"and replay it, or correct the query's RETURN")))
 
     def build(self, node: Node, chosen: list[Item], resolutions: tuple[Resolution, ...]) -> CompositeEvent:
         """The composite event of ``chosen``, changing nothing (its RETURN may raise)."""

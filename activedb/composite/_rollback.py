@@ -58,9 +58,7 @@ class Rollback:
         unless this top-level transaction already ran a batch."""
         if self.current is not None and self.current.root is root:
             return
-        snapshot: _Snapshot = {"members": self.members.snapshot(), "evaluation": self.evaluation.snapshot(),
-                               "inputs": self.inputs.snapshot(), "counts": collections.Counter(self.counts)}
-        participant = _Participant(self, root, snapshot)
+        participant = _Participant(self, root, self.snapshot())
         self.current = participant
         lowlevel.enlist(root, participant)
 
@@ -68,13 +66,22 @@ class Rollback:
         with self.guard:
             if self.current is not participant:
                 return
-            snapshot = participant.snapshot
-            self.evaluation.restore(snapshot["evaluation"])
-            self.members.restore(snapshot["members"])
-            self.inputs.restore(snapshot["inputs"])
-            self.counts.clear()
-            self.counts.update(snapshot["counts"])
+            self.put_back(participant.snapshot)
             self.current = None
+
+    def snapshot(self) -> _Snapshot:
+        """The engine's state now.  Precondition: the caller holds the engine's mutex."""
+        return {"members": self.members.snapshot(), "evaluation": self.evaluation.snapshot(),
+                "inputs": self.inputs.snapshot(), "counts": collections.Counter(self.counts)}
+
+    def put_back(self, snapshot: _Snapshot) -> None:
+        """Return the engine to ``snapshot``, which is used up (the state shares its lists: take a new snapshot to
+        return to the same state again).  Precondition: the caller holds the engine's mutex."""
+        self.evaluation.restore(snapshot["evaluation"])
+        self.members.restore(snapshot["members"])
+        self.inputs.restore(snapshot["inputs"])
+        self.counts.clear()
+        self.counts.update(snapshot["counts"])
 
     def forget(self, participant: _Participant) -> None:
         with self.guard:

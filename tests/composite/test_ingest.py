@@ -281,3 +281,51 @@ def test_an_uncertain_order_without_on_uncertain_is_a_dead_letter_and_the_stream
                 for event in events] == ["b0"]
     finally:
         database.close()
+
+
+def test_an_event_whose_return_raises_in_one_query_is_composed_once_by_every_query_when_its_letter_is_replayed(
+        make_database_url):
+    """Two queries over one stream, the RETURN of one (``A.x / B.y``) raising on ``b0`` (y = 0): the event left that
+    query's lists only and the other query composed it, so its dead letter could never be replayed to give each
+    query the event once — replayed (corrected), it was refused as late (``LateEvent``: the other query's composition
+    had relied on its absence), and the query whose RETURN raised never composed it; replayed into a fresh engine,
+    the other query would take it a second time.  Now the batch is taken as if without the event (it leaves every
+    list, as an uncertain order's candidate does), and the corrected letter replayed is composed by each query
+    exactly once."""
+    mapping = EventMapping("type", "k", "ts", producer_column="producer", accuracy_column="accuracy",
+                           heartbeat_type="heartbeat", payload_columns=["id", "x", "y"])
+
+    def row(kind, ts, producer, ident=None, x=None, y=None):
+        return {"type": kind, "k": "x" if ident else None, "ts": ts, "producer": producer, "accuracy": 0.01,
+                "id": ident, "x": x, "y": y}
+
+    def beats(ts):
+        return [row("heartbeat", ts, "P0"), row("heartbeat", ts, "P1")]
+
+    bad = row("B", 101.0, "P1", "b0", y=0)
+    database = activedb.connect(make_database_url("ratios"))
+    try:
+        engine = composite.CompositionEngine(database, name="ratios", clock=composite.ManualClock(), timeout=None)
+        engine.create_stream("s", types=["A", "B"], attributes=["id", "k", "x", "y"])
+        engine.define("CREATE QUERY R PATTERN SEQ(A, B) RETURN A.id AS a, B.id AS b, A.x / B.y AS r")
+        engine.define("CREATE QUERY Q PATTERN SEQ(A, B) RETURN A.id AS a, B.id AS b")
+        engine.join("P0", types=["A"])
+        engine.join("P1", types=["B"])
+        outcomes = feed(database, [[row("A", 100.0, "P0", "a0", x=1), bad, *beats(110.0)]], source="ratios",
+                        mapping=mapping, handler=composite.CompositeHandler(engine))
+        assert [(outcome.committed, outcome.events, outcome.dead_letters) for outcome in outcomes] == [(True, 0, 1)]
+        with database.engine.connect() as connection:
+            [letter] = connection.execute(sa.text("SELECT * FROM activedb_dead_letters")).mappings().all()
+        assert letter["reason"].startswith("EventRejected: ") and "query R" in letter["reason"], letter["reason"]
+        assert letter["raw"] == bad
+        # Corrected (y = 2) and replayed: each query composes it once.
+        corrected = dict(letter)
+        corrected["raw"] = corrected["original"] = {**bad, "y": 2}
+        app = types.SimpleNamespace(mapping=mapping, known_types=None, prefetch=None)
+        [replayed] = activedb.ingest.replay_dead_letters(database, app, [corrected],
+                                                          handler=lambda: composite.CompositeHandler(engine))
+        assert replayed.outcome is activedb.ingest.ReplayResult.APPLIED, replayed
+        assert sorted((item.query, item.payload()["a"], item.payload()["b"])
+                      for item in engine.window().composites) == [("Q", "a0", "b0"), ("R", "a0", "b0")]
+    finally:
+        database.close()
