@@ -103,6 +103,15 @@ class StreamSchema:
         for event_type in self.priorities:
             if self.types is not None and event_type.casefold() not in folded:
                 raise UnknownName(f"stream {self.name}: priority for undeclared event type {event_type!r}")
+        if self.types is not None:           # (attributes_of looks a type up by its declared spelling)
+            spelled: dict[str, tuple[str, ...]] = {}
+            for event_type, names in self.type_attributes.items():
+                if event_type.casefold() not in folded:
+                    raise UnknownName(f"stream {self.name}: attributes for undeclared event type {event_type!r} "
+                                      f"(declared: {', '.join(self.types) or 'none'}); correct the type's name in "
+                                      f"type_attributes, or declare it in types=[…]")
+                spelled[folded[event_type.casefold()]] = spelled.get(folded[event_type.casefold()], ()) + names
+            object.__setattr__(self, "type_attributes", spelled)
 
     def resolve_type(self, name: str) -> str | None:
         """The declared spelling of event type ``name`` (case-insensitive), None if unknown."""

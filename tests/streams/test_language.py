@@ -213,6 +213,25 @@ def test_a_stream_s_priority_that_is_no_number_is_refused_when_the_stream_is_dec
     assert engine.streams == {}
 
 
+def test_a_stream_s_attributes_for_an_undeclared_type_are_refused_as_its_priorities_are(db):
+    """``create_stream(types=[…], type_attributes={"EXTI": […]})`` (a type the stream does not declare) was taken
+    where ``priorities={"EXTI": 1}`` is refused: the attributes were given to no type, and a query naming one of them
+    on EXIT was refused as an unknown attribute telling to declare what was declared.  A key spelled in another case
+    than the declared type (``"exit"``) was taken and never found (types are matched ignoring case): it now names
+    the declared type."""
+    engine = streams.StreamEngine(db, name="typed", durable=False)
+    with pytest.raises(UnknownName, match=r"stream estream: attributes for undeclared event type 'EXTI'"):
+        engine.create_stream("estream", types=BADGE_TYPES, attributes=("HCW-ID",),
+                             type_attributes={"EXTI": ["location"]})
+    assert engine.streams == {}
+    schema = engine.create_stream("estream", types=BADGE_TYPES, attributes=("HCW-ID",),
+                                  type_attributes={"exit": ["location"]})
+    assert schema.attributes_of("EXIT") == ("HCW-ID", "location")
+    engine.define("CREATE QUERY QX ON estream PATTERN SEQ(EXIT, ENTER) RETURN EXIT.location")
+    anywhere = streams.StreamSchema("any", None, ("HCW-ID",), {"EXTI": ("location",)})     # (types=None: any type)
+    assert anywhere.attributes_of("EXTI") == ("HCW-ID", "location")
+
+
 @pytest.mark.parametrize("name", [None, "", 5], ids=["none", "empty", "a-number"])
 def test_a_query_or_rule_name_that_is_no_text_is_refused_and_later_definitions_work(db, name):
     """``engine.query(None, …)`` (``rule(None, …)``) was defined, and every later definition of the engine then
