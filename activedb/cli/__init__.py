@@ -227,7 +227,7 @@ def _module_from_file(path: Path, error: type[Exception]) -> ModuleType:
         raise error(f"cannot import {path}: not a Python source file")
     module = importlib.util.module_from_spec(spec)
     if str(path.parent) not in sys.path:
-        sys.path.append(str(path.parent))
+        sys.path.insert(0, str(path.parent))       # first, as `python app.py` puts it: siblings win
     sys.modules[module_name] = module
     try:
         spec.loader.exec_module(module)

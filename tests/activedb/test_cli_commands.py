@@ -576,3 +576,26 @@ def test_a_rules_command_given_a_name_it_refuses_changes_none_of_the_names(db, d
     assert rule_rows(db)["half_first"]["removed_at"] is None
     assert invoke(database_url, "rules", "remove", "half_first", "half_gone", "--yes").exit_code == 0  # (again: fine)
     assert rule_rows(db)["half_first"]["removed_at"] is not None
+
+
+def test_an_application_files_sibling_module_comes_before_an_installed_one_as_for_python_app_py(tmp_path, monkeypatch):
+    """``activedb run app.py`` imports app.py's sibling modules as ``python app.py`` does, its directory first on
+    sys.path: it was appended last, so a sibling named like an installed package (``config.py``, ``rules.py``)
+    resolved to the installed one."""
+    from activedb.cli import load_app
+
+    installed = tmp_path / "site"
+    installed.mkdir()
+    (installed / "sibling_named_like_installed.py").write_text("WHERE = 'installed'\n")
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "sibling_named_like_installed.py").write_text("WHERE = 'sibling'\n")
+    app = project / "sibling_app.py"
+    app.write_text("import sibling_named_like_installed\n\nWHERE = sibling_named_like_installed.WHERE\n\n"
+                   "def register(db):\n    pass\n")
+    monkeypatch.setattr("sys.path", [*sys.path, str(installed)])
+    monkeypatch.delitem(sys.modules, "sibling_named_like_installed", raising=False)
+    try:
+        assert load_app(str(app), click.ClickException).WHERE == "sibling"
+    finally:
+        sys.modules.pop("sibling_named_like_installed", None)
