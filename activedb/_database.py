@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import time
 import warnings
 from contextlib import AbstractContextManager
@@ -58,14 +59,23 @@ def _logger_name(pool: sa.Pool) -> str:
     return logger.logger.name if isinstance(logger, InstanceLogger) else logger.name
 
 
+#: libpq's refusal of a URL option's value: 'invalid sslmode value: "bogus"' (also target_session_attrs, ...).
+_BAD_OPTION_VALUE = re.compile(r'invalid \w+ value: "')
+
+
 def check_reachable(engine: Engine) -> None:
     """Connect once: a URL the driver refuses is a :class:`BadDatabaseURL`, every other failure the
     documented error of :func:`activedb.errors.database_failure` (unavailable, refused, disk full)."""
     try:
         with engine.connect() as connection:
             connection.execute(sa.text("SELECT 1"))
-    except (sa.exc.ProgrammingError, sa.exc.ArgumentError) as error:
+    except (sa.exc.ProgrammingError, sa.exc.ArgumentError, sa.exc.OperationalError) as error:
         reason = mask_secrets(str(getattr(error, "orig", None) or error).strip().splitlines()[0])
+        # libpq refuses an option's value (?sslmode=bogus) as an OperationalError, before contacting a server;
+        # every other OperationalError is the server's (unreachable, refused, ...).
+        if isinstance(error, sa.exc.OperationalError) and _BAD_OPTION_VALUE.search(reason) is None:
+            raise database_failure(error, "connecting", describe_url(engine.url),
+                                   server_log=_embedded.log_of_url(engine.url)) from None
         raise BadDatabaseURL(
             f"the database URL {describe_url(engine.url)} cannot be used: {reason}. Fix the URL (connect(url) or "
             f"ACTIVEDB_DATABASE_URL): options go in ?name=value and must be libpq's "

@@ -205,6 +205,19 @@ def test_a_connection_strings_port_that_is_no_number_is_refused():
         normalise_url("host=db1 port=notaport dbname=payroll")
 
 
+@pytest.mark.parametrize("option", ["sslmode", "target_session_attrs", "gssencmode"])
+def test_a_libpq_option_with_a_bad_value_is_a_bad_url_naming_the_option_not_an_unavailable_server(option):
+    """``?sslmode=bogus`` is refused by libpq before any server is contacted, as psycopg's OperationalError
+    ('invalid sslmode value: "bogus"'): it was reported as a server that cannot be reached ("check ... that the server
+    is running"), not as the URL's mistake.  It is a BadDatabaseURL naming the option, saying to fix the URL."""
+    from activedb.errors import BadDatabaseURL
+
+    with pytest.raises(BadDatabaseURL, match=f'invalid {option} value: "bogus"') as refused:
+        activedb.connect(f"postgresql://alice:s3cret@127.0.0.1:1/payroll?{option}=bogus")
+    assert "s3cret" not in str(refused.value)
+    assert "server is running" not in str(refused.value) and "Fix the URL" in str(refused.value)
+
+
 @pytest.mark.parametrize("url", ["postgresql+psycopg2://u:s3cret@127.0.0.1:1/db", "postgres+psycopg2://u:s3cret@h/db",
                                  "postgresql+asyncpg://u:s3cret@h/db", "postgresql+pg8000://u:s3cret@h/db",
                                  "postgresql+psycopg_async://u:s3cret@h/db", "postgresql+nosuch://u:s3cret@h/db"])
