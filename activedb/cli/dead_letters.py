@@ -36,13 +36,28 @@ def _some_text(ctx: click.Context, parameter: click.Parameter, value: str | None
     return value
 
 
+#: A dead letter's id and a batch id are PostgreSQL bigints.
+_BIGINT_MAX = 2**63 - 1
+_Ids = TypeVar("_Ids", int, tuple[int, ...], None)
+
+
+def _bigint(ctx: click.Context, parameter: click.Parameter, value: _Ids) -> _Ids:
+    """An id (or ids) PostgreSQL can compare: a larger number is the option's mistake, not sent to the server
+    (which refused it as data that does not fit the schema)."""
+    for number in value if isinstance(value, tuple) else (value,):
+        if number is not None and not -_BIGINT_MAX - 1 <= number <= _BIGINT_MAX:
+            raise click.BadParameter(f"{number} is no id: ids are at most {_BIGINT_MAX} (PostgreSQL's bigint)")
+    return value
+
+
 def letter_filters(function: _Command) -> _Command:
     """The filters every ``dead-letters`` command takes."""
     for decorator in reversed((
-        click.option("--id", "ids", type=int, multiple=True, help="Only these dead letters (repeatable)."),
+        click.option("--id", "ids", type=int, callback=_bigint, multiple=True,
+                     help="Only these dead letters (repeatable)."),
         click.option("--query", default=None, callback=_some_text,
                      help="Only those of this query name (as given to `activedb run`)."),
-        click.option("--batch", type=int, default=None, help="Only those of this batch id."),
+        click.option("--batch", type=int, callback=_bigint, default=None, help="Only those of this batch id."),
         click.option("--reason", default=None, callback=_some_text, help="Only those whose reason contains this text."),
     )):
         function = decorator(function)
@@ -105,7 +120,7 @@ def letters_list(ctx: click.Context, ids: tuple[int, ...], query: str | None, ba
 
 
 @dead_letters.command("show")
-@click.argument("letter_id", type=int)
+@click.argument("letter_id", type=int, callback=_bigint)
 @click.pass_context
 def letters_show(ctx: click.Context, letter_id: int) -> None:
     """One dead letter in full: its query, batch, reason and the raw row."""

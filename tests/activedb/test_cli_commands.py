@@ -247,12 +247,37 @@ def test_an_empty_dead_letter_filter_is_refused_not_read_as_no_filter(database_u
     assert [letter["id"] for letter in remaining] == letters
 
 
-def test_a_database_failure_of_a_subcommand_names_the_whole_command(database_url, letters):
+def test_a_database_failure_of_a_subcommand_names_the_whole_command(db, database_url, letters):
     """A refusal no layer below turned into an activedb error is one line naming the command that ran — the
     group's too: it said ``activedb show``, a command there is not."""
-    result = invoke(database_url, "dead-letters", "show", str(2**70))       # (beyond PostgreSQL's bigint)
+    # (a role that may read every table but the dead letters: PostgreSQL refuses the command's read)
+    role = "t_cli_no_dead_letters"
+    with db.engine.begin() as connection:
+        connection.execute(sa.text(f"CREATE ROLE {role} LOGIN PASSWORD 'reader'"))
+        connection.execute(sa.text(f"GRANT SELECT ON ALL TABLES IN SCHEMA public TO {role}"))
+        connection.execute(sa.text(f"REVOKE SELECT ON activedb_dead_letters FROM {role}"))
+    try:
+        result = invoke(sa.make_url(database_url).set(username=role, password="reader").render_as_string(False),
+                        "dead-letters", "show", str(letters[0]))
+    finally:
+        with db.engine.begin() as connection:
+            connection.execute(sa.text(f"DROP OWNED BY {role}"))
+            connection.execute(sa.text(f"DROP ROLE {role}"))
     assert result.exit_code == 1, result.output
     assert "PostgreSQL refused running `activedb dead-letters show`" in result.output, result.output
+    assert "permission denied for table activedb_dead_letters" in result.output, result.output
+
+
+@pytest.mark.parametrize("command", [["show", "{id}"], ["list", "--id", "{id}"], ["list", "--batch", "{id}"],
+                                     ["purge", "--batch", "{id}", "--yes"]])
+def test_a_dead_letter_or_batch_id_beyond_bigint_is_refused_as_the_options_value(database_url, letters, command):
+    """``dead-letters show 2**70`` (a mistyped id, --id, --batch) reached PostgreSQL and came back as "a value or row
+    does not fit the schema: fix the data", blaming the stored rows.  The option's value is refused, nothing run."""
+    result = invoke(database_url, "dead-letters", *[word.format(id=2**70) for word in command])
+    assert result.exit_code == 2 and "Invalid value for" in result.output, result.output
+    assert "fix the data" not in result.output and str(2**70) in result.output, result.output
+    remaining = json.loads(invoke(database_url, "dead-letters", "list", "--json").output)
+    assert [letter["id"] for letter in remaining] == letters
 
 
 def test_bench_prints_a_table_progress_lines_and_writes_json_and_a_plot(tmp_path):
