@@ -18,6 +18,20 @@ from tests.composite._workload import pair_rows, pairs_engine
 MAPPING = EventMapping("kind", "id", "ts", payload_columns=[], producer_column="producer", accuracy_column="accuracy",
                        type_map={"a": "A", 2: "B"}, heartbeat_type="beat")
 
+#: The rows of the tests of a composition whose RETURN (``A.x / B.y``) raises on y = 0: their mapping, a row, and a
+#: heartbeat of both producers.
+RATIO_MAPPING = EventMapping("type", "k", "ts", producer_column="producer", accuracy_column="accuracy",
+                             heartbeat_type="heartbeat", payload_columns=["id", "x", "y"])
+
+
+def ratio_row(kind, ts, producer, ident=None, x=None, y=None):
+    return {"type": kind, "k": "x" if ident else None, "ts": ts, "producer": producer, "accuracy": 0.01,
+            "id": ident, "x": x, "y": y}
+
+
+def ratio_beats(ts):
+    return [ratio_row("heartbeat", ts, "P0"), ratio_row("heartbeat", ts, "P1")]
+
 
 def test_a_row_whose_type_cannot_be_looked_up_in_the_type_map_is_rejected_and_the_others_are_taken():
     """With ``type_map``, a row whose type is a list (an array column) is a rejected row naming the field, as any
@@ -146,15 +160,7 @@ def test_an_event_completing_a_composition_whose_return_raises_is_a_dead_letter_
     stream stopped for good.  Now the event that completed the composition (the constituent that arrived last) is
     rejected with the query and the error — at its row, or, come in an earlier batch and completed by a
     heartbeat, as no row of the batch (position -1) showing the event — and the other constituents stay."""
-    mapping = EventMapping("type", "k", "ts", producer_column="producer", accuracy_column="accuracy",
-                           heartbeat_type="heartbeat", payload_columns=["id", "x", "y"])
-
-    def row(kind, ts, producer, ident=None, x=None, y=None):
-        return {"type": kind, "k": "x" if ident else None, "ts": ts, "producer": producer, "accuracy": 0.01,
-                "id": ident, "x": x, "y": y}
-
-    def beats(ts):
-        return [row("heartbeat", ts, "P0"), row("heartbeat", ts, "P1")]
+    mapping, row, beats = RATIO_MAPPING, ratio_row, ratio_beats
 
     engine = composite.CompositionEngine(None, name="ratio", clock=composite.ManualClock(), timeout=None)
     engine.create_stream("s", types=["A", "B"], attributes=["id", "k", "x", "y"])
@@ -182,12 +188,7 @@ def test_an_event_completing_a_composition_whose_return_raises_is_a_dead_letter_
 def test_a_batch_with_a_composition_whose_return_raises_commits_with_a_dead_letter(make_database_url):
     """Through ``CompositeHandler`` (``feed``): the batch with a composition whose RETURN raises commits, the event
     that completed it is a dead letter naming the query, and the next batch composes with the events that stayed."""
-    mapping = EventMapping("type", "k", "ts", producer_column="producer", accuracy_column="accuracy",
-                           heartbeat_type="heartbeat", payload_columns=["id", "x", "y"])
-
-    def row(kind, ts, producer, ident=None, x=None, y=None):
-        return {"type": kind, "k": "x" if ident else None, "ts": ts, "producer": producer, "accuracy": 0.01,
-                "id": ident, "x": x, "y": y}
+    mapping, row = RATIO_MAPPING, ratio_row
 
     beats = [row("heartbeat", 110.0, "P0"), row("heartbeat", 110.0, "P1")]
     later = [row("heartbeat", 120.0, "P0"), row("heartbeat", 120.0, "P1")]
@@ -292,15 +293,7 @@ def test_an_event_whose_return_raises_in_one_query_is_composed_once_by_every_que
     the other query would take it a second time.  Now the batch is taken as if without the event (it leaves every
     list, as an uncertain order's candidate does), and the corrected letter replayed is composed by each query
     exactly once."""
-    mapping = EventMapping("type", "k", "ts", producer_column="producer", accuracy_column="accuracy",
-                           heartbeat_type="heartbeat", payload_columns=["id", "x", "y"])
-
-    def row(kind, ts, producer, ident=None, x=None, y=None):
-        return {"type": kind, "k": "x" if ident else None, "ts": ts, "producer": producer, "accuracy": 0.01,
-                "id": ident, "x": x, "y": y}
-
-    def beats(ts):
-        return [row("heartbeat", ts, "P0"), row("heartbeat", ts, "P1")]
+    mapping, row, beats = RATIO_MAPPING, ratio_row, ratio_beats
 
     bad = row("B", 101.0, "P1", "b0", y=0)
     database = activedb.connect(make_database_url("ratios"))
