@@ -30,7 +30,7 @@ from sqlalchemy.sql.compiler import SQLCompiler
 
 from activedb import lowlevel
 from activedb import deadletters
-from activedb.batch._declare import BatchEvent, OpSpec, State, StateTransactions
+from activedb.batch._declare import BatchEvent, DrawnRow, OpSpec, State, StateTransactions
 from activedb.batch._result import BatchResult
 from activedb.batch._route import RoutePlan, add_touched, touched_states, written_tables
 from activedb.batch._runtime import AUTO, check_processes, execute_batch, no_cyclic_gc, normalise_events, runtime_of
@@ -47,6 +47,9 @@ if TYPE_CHECKING:  # pragma: no cover
     from activedb.txn import Transaction
 
 _MISSING = object()
+#: ``drawn`` of ``_new_rows`` and ``store_check`` at commit: no table's rows are taken as drawn as a whole — only a row
+#: marked ``DrawnRow`` may give a key ``GENERATED ALWAYS`` (``heard=`` names tables rules hear, not keys drawn).
+_MARKED_ONLY: frozenset[str] = frozenset()
 
 
 class PendingState(enum.Enum):
@@ -120,15 +123,15 @@ class PendingBatch(CommitParticipant):
                 seconds.update(result.statistics.seconds)
             started = time.perf_counter()
             try:
-                statements = _planned_writes(catalog, result, self._keys, options.drawn)
+                statements = _planned_writes(catalog, result, self._keys, _MARKED_ONLY)
             except SchemaError as error:
                 # A transaction wrote a value the store cannot hold: run the batch again checking each transaction's
                 # values as it ends, so that exactly those transactions abort (each a dead letter with the reason).
                 result = execute_batch(self.transactions, self.batch, base, loader=loader, declared=self._declared,
                                        strategy="lean", split=Split.NEVER,
-                                       check=store_check(catalog, result.before, options.drawn))
+                                       check=store_check(catalog, result.before, _MARKED_ONLY))
                 result.notes.append(f"ran again checking each transaction's values: {type(error).__name__}: {error}")
-                statements = _planned_writes(catalog, result, self._keys, options.drawn)
+                statements = _planned_writes(catalog, result, self._keys, _MARKED_ONLY)
             check = options.keys_check() if options.keys_check is not None else None
             letters = []
 
@@ -485,14 +488,15 @@ def _new_rows(catalog: Catalog, inserted: Mapping[str, list[RowImage]], drawn: C
     out take their defaults: a generated key is drawn by PostgreSQL; a key given was drawn from the table's sequence,
     a keyed table's: :func:`_insert_drawn`).  ``drawn``: the tables whose rows' keys were drawn so (None: every
     table's); a key ``GENERATED ALWAYS`` given for a row of another table is the application's, refused
-    (``InvalidKey``: an INSERT leaves keys to the store)."""
+    (``InvalidKey``: an INSERT leaves keys to the store), unless the row is a ``DrawnRow`` (its key drawn by the
+    batch's caller: a learned rule's insert)."""
     statements: list[_Statement] = []
     for table in sorted(inserted):
         info = catalog.table_info(table)
         given = bool(info.always_generated) and drawn is not None and table not in drawn
         by_columns: dict[frozenset[str], list[RowImage]] = {}
         for row in inserted[table]:
-            if given:
+            if given and type(row) is not DrawnRow:
                 info.refuse_given_identity(row, f"a row inserted into {table!r}", NO_GIVEN_KEY)
             by_columns.setdefault(frozenset(row), []).append(row)
         for columns, rows in by_columns.items():
@@ -694,7 +698,6 @@ class _Options:
     on_result: Callable[[BatchResult, sa.Connection], None] | None
     keys_check: Callable[[], KeysCheck | None] | None = None
     on_sent: Callable[[BatchResult], None] | None = None
-    drawn: Collection[str] = ()      # the tables whose new rows' keys the caller drew (``heard``: ``apply_lowered``'s)
 
 
 @no_cyclic_gc()
@@ -718,11 +721,13 @@ def apply_at_commit(tx: Transaction, events: Iterable[object], transactions: Sta
     (``Catalog.generated_keys_check``; raises for a reset found already), sent with its writes and judged before
     anything else is written (a key given out again fails the commit: a conflict).  A table rules observe makes the
     batch run through the transaction tree, whose writes they hear, unless it is one of ``heard``: tables the batch
-    only inserts into whose new rows' data events the caller records itself (``apply_lowered``)."""
+    only inserts into whose new rows' data events the caller records itself (``apply_lowered``).  ``heard`` changes
+    nothing else: a key ``GENERATED ALWAYS AS IDENTITY`` a transaction gives is refused in a heard table too, as in any
+    other (a dead letter: insert without the key); only the keys ``apply_lowered``'s learned rules drew are kept."""
     tx_started = time.perf_counter()
     check_processes("apply_at_commit", processes)
     options = _Options(strategy, processes, split, dead_letters, query_id, batch_id, letters, on_result, keys_check,
-                       on_sent, frozenset(heard))
+                       on_sent)
     events = list(events)
     batch = normalise_events(events)
     runtime = runtime_of(transactions)

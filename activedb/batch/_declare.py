@@ -81,6 +81,16 @@ class Inserted(NamedTuple):
     rows: tuple[RowImage, ...]
 
 
+class DrawnRow(dict[str, object]):
+    """A new row whose key was drawn from its table's sequence by the batch's own caller, as ``tx.insert`` draws it (a
+    learned rule's insert into a table whose rows rules hear: ``_learn._RowTransaction.insert``).  The marker is what
+    tells such a key from one a transaction gave: at commit a row of a table whose key is ``GENERATED ALWAYS AS
+    IDENTITY`` giving its key is inserted with that key only if it is a ``DrawnRow``, and refused otherwise
+    (``TableInfo.refuse_given_identity``).  Kept as it is by ``inserted``."""
+
+    __slots__ = ()
+
+
 class InsertedInto(NamedTuple):
     """The output of an INSERT into several tables (``ops.insert_into``): one :class:`Inserted` per table it adds
     rows to, in the order of its declared tables."""
@@ -462,18 +472,18 @@ def _rows(table: str, result: object) -> Inserted:
     if result is None:
         return _NONE_INSERTED.get(table) or _none_inserted(table)
     kind = type(result)
-    if kind is dict:
+    if kind is dict or kind is DrawnRow:
         return _new_inserted(Inserted, (table, (result,)))
     if kind is list or kind is tuple:         # (the common case of several rows: plain dicts, no ABC check)
         for row in result:  # type: ignore[attr-defined]  # (a list or a tuple)
-            if type(row) is not dict:
+            if type(row) is not dict and type(row) is not DrawnRow:
                 break
         else:
             return _new_inserted(Inserted, (table, tuple(result)))  # type: ignore[arg-type]
     if isinstance(result, Mapping):
         return Inserted(table, (dict(result),))
     if isinstance(result, (list, tuple)) and all(isinstance(row, Mapping) for row in result):
-        return Inserted(table, tuple(row if type(row) is dict else dict(row) for row in result))
+        return Inserted(table, tuple(row if type(row) is dict or type(row) is DrawnRow else dict(row) for row in result))
     raise DeclarationError(f"the function of insert into {table} returned {result!r}; return a mapping of "
                            f"columns, a list of them, or None for no row")
 

@@ -27,7 +27,8 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from types import CodeType
 from typing import NamedTuple, NoReturn, TypeAlias
 
-from activedb.batch._declare import DELETE, Abort, BatchEvent, OpKind, Ops, OpSpec, _Delete, _insert_name, _new_spec
+from activedb.batch._declare import (DELETE, Abort, BatchEvent, DrawnRow, OpKind, Ops, OpSpec, _Delete, _insert_name,
+                                     _new_spec)
 from activedb.deadletters import FinalReason
 from activedb.errors import ActivedbError, Failure, GeneratedKeysReset, RuleFailed, classify
 from activedb.events import Event, EventKind, new_event
@@ -577,6 +578,7 @@ class _RowTransaction:
         values = info.check_values(values, copy=False)
         draw = self._keyed.get(table)
         if draw is not None:
+            values = DrawnRow(values)      # (the marker: its key is drawn, not given)
             values[info.key_columns[0]] = draw()
         inserted = self.inserted
         if inserted is None:

@@ -11,8 +11,8 @@ from functools import partial
 from typing import TYPE_CHECKING, Hashable
 
 from activedb import deadletters
-from activedb.batch._declare import (BatchEvent, OpSpec, State, StateTransactions, canonical_key, inserted_parts,
-                                     specs_of)
+from activedb.batch._declare import (BatchEvent, DrawnRow, OpSpec, State, StateTransactions, canonical_key,
+                                     inserted_parts, specs_of)
 from activedb.batch._result import BatchResult
 from activedb.batch._route import touched_states
 from activedb.batch._runtime import AUTO, check_processes, execute_batch, no_cyclic_gc, prepare
@@ -287,7 +287,8 @@ def store_check(catalog: Catalog, before: Mapping[State, RowImage | None] | None
     cannot be stored (the reason of the ``SchemaError`` a write of them would raise), or None.  ``before``: the
     rows' images before the batch (a state absent or None: a new row), when the batch's writes are stored as they
     are (at commit) — a new row of a table whose key is GENERATED ALWAYS is refused; ``drawn``: then too, the tables
-    whose inserted rows' keys the batch drew (any other key GENERATED ALWAYS an INSERT gives is refused)."""
+    whose inserted rows' keys the batch drew (any other key GENERATED ALWAYS an INSERT gives is refused, unless its
+    row is a ``DrawnRow``: drawn by the batch's caller)."""
     def check(writes: list[tuple[State, RowImage | None]], outputs: dict[str, object] | None) -> str | None:
         try:
             for (table, key), image in writes:
@@ -304,7 +305,8 @@ def store_check(catalog: Catalog, before: Mapping[State, RowImage | None] | None
                     if drawn is not None and part.table not in drawn:
                         info = catalog.table_info(part.table)
                         for row in part.rows:
-                            info.refuse_given_identity(row, f"a row inserted into {part.table!r}", NO_GIVEN_KEY)
+                            if type(row) is not DrawnRow:
+                                info.refuse_given_identity(row, f"a row inserted into {part.table!r}", NO_GIVEN_KEY)
         except SchemaError as error:
             return f"{type(error).__name__}: {error}"
         return None

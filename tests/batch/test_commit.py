@@ -710,3 +710,30 @@ def test_an_insert_operation_giving_a_key_generated_always_is_a_dead_letter_alon
     assert list(reasons) == [1] and "InvalidKey" in reasons[1] and "GENERATED ALWAYS" in reasons[1], reasons
     with db.engine.connect() as connection:
         assert [title for _, title in connection.execute(sa.text("SELECT id, title FROM tickets")).all()] == ["drawn"]
+
+
+def test_a_key_generated_always_given_is_refused_alike_when_the_table_is_heard(db):
+    """``apply_at_commit(..., heard=[table])`` says only that the caller records the table's new rows' data events
+    itself; it does not make a key a transaction gives a key the batch drew.  An INSERT operation giving
+    ``tickets.id`` (``GENERATED ALWAYS AS IDENTITY``) is refused with ``heard=["tickets"]`` exactly as without it (the
+    same InvalidKey dead letter), and the row without the key gets the identity's.  Before, a heard table's rows were
+    all taken as drawn: the given key was inserted ``OVERRIDING SYSTEM VALUE``, a key the identity hands out later."""
+    transactions = batch.StateTransactions()
+
+    @transactions.on("open")
+    def open_ticket(event, ops):
+        ops.insert("tickets", {"title": event.payload["title"], **event.payload.get("row", {})})
+
+    events = [{"type": "open", "key": ts, "ts": float(ts), "payload": payload} for ts, payload in enumerate(
+        [{"title": "drawn"}, {"title": "given", "row": {"id": 1_000_000}}])]
+    reasons = {}
+    for heard in ((), ("tickets",)):
+        with db.engine.begin() as connection:
+            connection.execute(sa.text("DELETE FROM tickets"))
+        with db.transaction(name="heard-given-keys") as tx:
+            pending = batch.apply_at_commit(tx, events, transactions, dead_letters=None, heard=heard)
+        reasons[heard] = {event.position: reason for event, reason in pending.result.dead_letters}
+        with db.engine.connect() as connection:
+            assert connection.execute(sa.text("SELECT title FROM tickets")).scalars().all() == ["drawn"], heard
+    assert list(reasons[()]) == [1] and "InvalidKey" in reasons[()][1] and "GENERATED ALWAYS" in reasons[()][1]
+    assert reasons[("tickets",)] == reasons[()]
