@@ -178,8 +178,7 @@ class CompensationReport:
 def plan(batches: Compensations, explorer: LineageExplorer, batch: BatchRef, *, mode: CompensationMode, scope: CompensationScope,
          max_rounds: int, max_transactions: int, consecutive: bool) -> CompensationPlan:
     if not explorer.consumers([batch]):
-        raise UnknownBatch(f"no recorded transaction consumed batch {batch}; `activedb batches show` lists "
-                           f"what lineage knows (lineage older than the retention may have been pruned)")
+        raise UnknownBatch.not_consumed(batch)
     cover = None
     if scope is CompensationScope.INDEPENDENT:
         cover = independent_scover(explorer, batch, max_rounds=max_rounds, max_transactions=max_transactions,

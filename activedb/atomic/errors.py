@@ -16,6 +16,13 @@ class LineageError(AtomicBatchError):
 class UnknownBatch(AtomicBatchError):
     """No recorded transaction consumed or produced the batch that was named."""
 
+    @classmethod
+    def not_consumed(cls, batch: object) -> UnknownBatch:
+        """The error for compensating ``batch`` (a ``BatchRef``), which no recorded transaction consumed: raised by
+        ``db.batches.compensate``, and by ``activedb batches compensate`` on a database without activedb's tables."""
+        return cls(f"no recorded transaction consumed batch {batch}; `activedb batches show` lists what lineage knows "
+                   f"(lineage older than the retention may have been pruned)")
+
 
 class NoCompensation(AtomicBatchError):
     """A transaction to compensate has nothing that undoes it (no declared compensation, no undo images)."""

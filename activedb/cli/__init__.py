@@ -154,12 +154,15 @@ def _options(ctx: click.Context) -> dict[str, str | None]:
     return found
 
 
-def open_database(ctx: click.Context, *, writes: bool, check_schema: bool = True,
+def open_database(ctx: click.Context, *, writes: bool, check_schema: bool = True, new_as_is: bool = False,
                   **options: Unpack[ConnectKeywords]) -> Database:
     """Connect for a command, following the schema rule (the design note, ``README.md``).
 
     ``writes``: the command writes activedb's tables, so a database that never had them gets them
-    (reported on stderr); ``check_schema=False``: the command does not use activedb's tables (``app``).
+    (reported on stderr); ``check_schema=False``: the command does not use activedb's tables (``app``);
+    ``new_as_is``: the command has an answer of its own for a database that never had activedb's tables (a prune
+    or a retry: nothing to do; a compensation: no such batch), so such a database is returned as it is, nothing
+    created — the command asks :func:`has_no_tables` before using activedb's tables.
     Raises :class:`~activedb.errors.SchemaNotAtHead` for a schema that is behind or unknown."""
     import activedb
     from activedb._migrate import SchemaState, head
@@ -170,7 +173,7 @@ def open_database(ctx: click.Context, *, writes: bool, check_schema: bool = True
         return database
     try:
         state, revision = database.schema.state()
-        if state is SchemaState.AT_HEAD:
+        if state is SchemaState.AT_HEAD or (state is SchemaState.NEW and new_as_is):
             return database
         if state is SchemaState.NEW and writes:
             database.schema.upgrade("head")
@@ -188,6 +191,13 @@ def open_database(ctx: click.Context, *, writes: bool, check_schema: bool = True
     except BaseException:
         database.close()
         raise
+
+
+def has_no_tables(database: Database) -> bool:
+    """Whether ``database`` never had activedb's tables (what ``open_database(..., new_as_is=True)`` may return)."""
+    from activedb._migrate import SchemaState
+
+    return database.schema.state()[0] is SchemaState.NEW
 
 
 def load_app(spec: str, error: type[Exception]) -> ModuleType:
@@ -379,7 +389,15 @@ def outbox(ctx: click.Context, retry: bool, ids: tuple[int, ...], app: str | Non
     if ids and not retry:
         raise click.UsageError("IDs are the failed firings to --retry")
     module = load_app(app, click.ClickException) if app is not None else None
-    with open_database(ctx, writes=retry or module is not None or prune_done is not None) as database:
+    pruning_or_retrying = retry or prune_done is not None
+    with open_database(ctx, writes=pruning_or_retrying or module is not None,
+                       new_as_is=pruning_or_retrying and module is None) as database:
+        if pruning_or_retrying and module is None and has_no_tables(database):
+            # (A retry or a prune can only do nothing there: no table is created for it.)
+            asked = " or ".join(word for word, given in (("retry", retry), ("prune", prune_done is not None)) if given)
+            click.echo(f"nothing to {asked}: {database.describe()} has no activedb tables yet, so no detached firing "
+                       f"was recorded", err=as_json)
+            return
         if prune_done is not None:
             click.echo(f"deleted {database.outbox.prune(older_than=prune_done):,} record(s) of firings done more than "
                        f"{prune_done:g} s ago", err=as_json)

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from activedb.atomic import CompensationMode, CompensationScope
-from activedb.cli import load_app, open_database, register_app
+from activedb.cli import has_no_tables, load_app, open_database, register_app
 from activedb.extras import Extra, needs
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -218,7 +218,14 @@ def draw(graph: nx.DiGraph[str], title: str, path: str, notes: Sequence[str] = (
 def compensate(ctx: click.Context, query: str, batch: str, mode: str, scope: str, dry_run: bool,
                allow_unsafe: bool, app: str | None, max_rounds: int, as_json: bool) -> None:
     """Compensate source batch (QUERY, BATCH) — or, with --dry-run, say what that would do."""
-    with open_database(ctx, writes=not dry_run) as db:
+    with open_database(ctx, writes=not dry_run, new_as_is=True) as db:
+        if has_no_tables(db):
+            # No batch was recorded there: it fails as for an unknown batch, and no table is created for it.
+            from activedb.atomic import BatchRef
+            from activedb.atomic.errors import UnknownBatch
+
+            with _spark_form_hint(query):
+                raise UnknownBatch.not_consumed(BatchRef.of(query, batch))
         if app:
             register_app(load_app(app, click.ClickException).register, db, app)
         with _spark_form_hint(query):
@@ -257,7 +264,10 @@ def compensate(ctx: click.Context, query: str, batch: str, mode: str, scope: str
 @click.pass_context
 def prune(ctx: click.Context, older_than: float) -> None:
     """Forget lineage recorded more than --older-than seconds ago."""
-    with open_database(ctx, writes=True) as db:
+    with open_database(ctx, writes=True, new_as_is=True) as db:
+        if has_no_tables(db):        # (nothing to prune there: no table is created for it)
+            click.echo(f"nothing to prune: {db.describe()} has no activedb tables yet, so no lineage was recorded")
+            return
         click.echo(f"forgot {db.batches.prune(older_than=older_than)} transaction(s)")
 
 

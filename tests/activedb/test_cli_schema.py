@@ -79,6 +79,33 @@ def make_fresh_url(pg_server):
     drop_database(pg_server, "t_cli_schema_fresh")
 
 
+@pytest.mark.parametrize("command", [["outbox", "--retry"], ["outbox", "--retry", "7"], ["outbox", "--prune-done", "0"],
+                                     ["outbox", "--retry", "--prune-done", "60"], ["batches", "prune", "--older-than", "0"]])
+def test_a_prune_or_retry_on_a_new_database_says_there_is_nothing_to_do_and_creates_no_table(make_fresh_url, command):
+    """On a database that never had activedb's tables, a prune or a retry can only do nothing: it says so in one line
+    (exit 0) and creates none.  Before, it created every activedb table first (``created activedb's tables``), then
+    pruned or retried nothing."""
+    result = invoke(make_fresh_url, *command)
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert len(lines) == 1 and "nothing to" in lines[0] and "no activedb tables" in lines[0], result.output
+    assert activedb_tables(make_fresh_url) == set(), f"{command} created activedb's tables"
+
+
+@pytest.mark.parametrize("dry_run", [[], ["--dry-run"]])
+def test_compensating_a_batch_on_a_new_database_fails_as_for_an_unknown_batch_and_creates_no_table(
+        url, make_fresh_url, dry_run):
+    """A batch cannot exist on a database that never had activedb's tables: ``batches compensate`` fails there exactly
+    as for an unknown batch on a migrated database (same message, exit 1) and creates no table.  Before, it created
+    every activedb table and then failed (a dry run: "nothing to show; `activedb db upgrade` creates them")."""
+    assert invoke(url, "db", "upgrade").exit_code == 0
+    known = invoke(url, "batches", "compensate", "never", "1", *dry_run)
+    assert known.exit_code == 1 and "no recorded transaction consumed batch never/1" in known.output, known.output
+    fresh = invoke(make_fresh_url, "batches", "compensate", "never", "1", *dry_run)
+    assert (fresh.exit_code, fresh.output) == (known.exit_code, known.output)
+    assert activedb_tables(make_fresh_url) == set()
+
+
 def test_a_revision_file_that_does_not_load_is_a_migration_error_for_a_named_revision(url, tmp_path):
     """A revision file with a syntax error is a MigrationError naming it, for a named revision as for head (a named
     one let the SyntaxError out: the check that names the revisions there are read them again)."""
