@@ -3,9 +3,13 @@
 ``connect(url, config)`` takes it; ``connect(url, rule_execution=RuleExecution.INLINE)`` is the shorthand (each
 keyword a field of ``Config``, replacing the default's or ``config``'s).  Nested parts are frozen too:
 :class:`EngineOptions` (the SQLAlchemy connection pool activedb makes) and :class:`~activedb.outbox.OutboxOptions`
-(how recorded detached firings run).  A ``Config`` is immutable and picklable (unless its clock
-is not), so a process can hand it to workers it starts; ``dataclasses.replace(config, **changes)`` makes a changed
-copy.  Only this module knows the keywords' names: ``connect`` and ``Database`` read the fields.
+(how recorded detached firings run).  A ``Config`` is immutable; ``dataclasses.replace(config, **changes)`` makes a
+changed copy.  It pickles (a process can hand it to workers it starts) when the objects of the caller's it holds do:
+its ``clock`` (a ``ManualClock`` does not: it holds a lock), a ``victim_policy`` that is a callable (pickle takes a
+module-level function, not a lambda, a local function or a method of an object it cannot pickle; cloudpickle, which
+Spark uses, takes those too) and the values of ``engine.create_engine`` (a ``creator`` function, an ``ssl.SSLContext``
+in ``connect_args``); its other fields always do.  activedb itself never pickles one.  Only this module knows the
+keywords' names: ``connect`` and ``Database`` read the fields.
 """
 
 from __future__ import annotations

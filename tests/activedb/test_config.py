@@ -32,6 +32,25 @@ def test_a_configuration_is_frozen_typed_and_picklable():
         Config(outbox={"recovery_interval": None})
 
 
+def _first_candidate(candidates):
+    return candidates[0]
+
+
+def test_a_configuration_pickles_when_the_callers_objects_it_holds_do():
+    """The contract the module docstring states: a ``Config`` pickles when its clock, a callable ``victim_policy`` and
+    the values of ``engine.create_engine`` do (the docstring named the clock only)."""
+    from activedb.clock import ManualClock, SystemClock
+
+    for picklable in (Config(victim_policy=_first_candidate), Config(engine=EngineOptions(create_engine={
+            "pool_pre_ping": True}))):
+        assert pickle.loads(pickle.dumps(picklable)) == picklable
+    assert isinstance(pickle.loads(pickle.dumps(Config(clock=SystemClock()))).clock, SystemClock)
+    for unpicklable in (Config(victim_policy=lambda candidates: candidates[0]), Config(clock=ManualClock()),
+                        Config(engine=EngineOptions(create_engine={"json_serializer": lambda value: str(value)}))):
+        with pytest.raises((pickle.PicklingError, TypeError, AttributeError)):
+            pickle.dumps(unpicklable)
+
+
 def test_connect_reads_the_configuration_and_its_keyword_shorthand(migrated):
     config = Config(rule_execution=RuleExecution.INLINE, lock_timeout=9.0,
                     outbox=OutboxOptions(recovery_interval=None, group_size=64), engine=EngineOptions(pool_size=3))
