@@ -8,7 +8,8 @@ changed copy.  It pickles (a process can hand it to workers it starts) when the 
 its ``clock`` (a ``ManualClock`` does not: it holds a lock), a ``victim_policy`` that is a callable (pickle takes a
 module-level function, not a lambda, a local function or a method of an object it cannot pickle; cloudpickle, which
 Spark uses, takes those too) and the values of ``engine.create_engine`` (a ``creator`` function, an ``ssl.SSLContext``
-in ``connect_args``); its other fields always do.  activedb itself never pickles one.  Only this module knows the
+in ``connect_args``); its other fields always do.  activedb itself never pickles one; spark_bridge's scale-out path sends the
+``connect_options`` it is given (Config's fields) to Spark's tasks pickled, and refuses one that cannot be.  Only this module knows the
 keywords' names: ``connect`` and ``Database`` read the fields.
 """
 

@@ -164,6 +164,23 @@ class _PartitionTask:
             return _worker_sinks.setdefault(key, sink)
 
 
+def _check_sendable(options: Mapping[str, object]) -> None:
+    """Each of ``options`` (the tasks' ``activedb.connect`` keywords) pickled as Spark pickles a task (cloudpickle): one
+    that cannot be is an :class:`IngestError` naming it, raised by ``ingest()``, where Spark would fail the first
+    batch's job with "Could not serialize object", naming neither the option nor what to do."""
+    from pyspark import cloudpickle
+
+    for name, value in options.items():
+        try:
+            cloudpickle.dumps(value)  # type: ignore[no-untyped-call]  # (pyspark's vendored cloudpickle: untyped)
+        except Exception as error:
+            raise IngestError(
+                f"connect_options[{name!r}] = {value!r} cannot be sent to the scale-out path's Spark tasks, which "
+                f"connect with these options in their own processes ({type(error).__name__}: {error}); give a value "
+                f"that pickles, or leave it out (a ManualClock, which holds a lock, cannot move another process's "
+                f"time)") from None
+
+
 class PartitionedIngestSink(IngestSink):
     """``foreachBatch`` callable of the scale-out path (the module docstring); ``partitions``, ``app``,
     ``connect_options`` (default: the driver's ``rule_execution``), ``on_partition_failure`` and
@@ -203,6 +220,7 @@ class PartitionedIngestSink(IngestSink):
         self._unsettled: set[tuple[str, int]] = set()
         self.lower_declared = rules.lower_declared
         options = {"rule_execution": db.rules.execution, "outbox": db.outbox.options, **(connect_options or {})}
+        _check_sendable(options)
         #: A batch's task, given its ``query_id``, ``batch_id`` and ``watermark``: the rest is the run's.
         self._task = functools.partial(
             _PartitionTask, url=db.url.render_as_string(hide_password=False), app=app,

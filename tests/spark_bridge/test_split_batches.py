@@ -134,6 +134,30 @@ def test_on_partition_failure_is_checked_and_belongs_to_the_scale_out_path(spark
         database.close()
 
 
+@pytest.mark.spark
+def test_connect_options_the_tasks_cannot_be_sent_are_refused_naming_the_option(spark, tmp_path, make_database_url):
+    """The scale-out path sends ``connect_options`` to its Spark tasks (each connects with them in its own process),
+    pickled as Spark pickles a task (cloudpickle).  One that cannot be pickled — a ``ManualClock``, which holds a lock
+    — is refused by ``ingest()`` naming the option and what to do.  Before, the query started and its first batch
+    failed with Spark's "Could not serialize object: TypeError: cannot pickle '_thread.lock' object", naming neither.
+    A lambda ``victim_policy`` is sent (cloudpickle takes it)."""
+    from activedb.clock import ManualClock
+
+    database = split_database(make_database_url("unsendable"))
+    try:
+        frame = spark.readStream.schema(app_split.SCHEMA).json(str(tmp_path))
+        common = dict(mapping=app_split.MAPPING, query_name="x", checkpoint_location=str(tmp_path / "c"),
+                      partition_by_key=2, app=APP_FILE, start=False)
+        with pytest.raises(IngestError, match=r"connect_options\['clock'\] .*cannot be sent to the scale-out "
+                                              r"path's Spark tasks, .*_thread.lock.*leave it out"):
+            spark_bridge.ingest(database, frame, connect_options={"clock": ManualClock()}, **common)
+        writer = spark_bridge.ingest(database, frame, connect_options={"victim_policy": lambda cycle: cycle[0]},
+                                     **common)
+        assert spark_bridge.sink_of(writer).partitions == 2
+    finally:
+        database.close()
+
+
 # --- a poisoned partition, real Spark ---------------------------------------------------------------------------
 
 @contextmanager
