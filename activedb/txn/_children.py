@@ -106,6 +106,7 @@ class SubtransactionHandle:
         """Wait until every one of ``handles`` (children of one parent) ended, running queued ones in this
         thread: one wait of the parent for all of them (one registration in the wait-for graph, with an
         edge to each), not one per handle."""
+        handles = list(handles)     # (read twice below: a generator would be empty the second time)
         parents = {id(handle.transaction.parent): handle.transaction.parent for handle in handles}
         if len(parents) > 1:
             raise BadArgument(f"SubtransactionHandle.wait_all takes children of one parent; these have "

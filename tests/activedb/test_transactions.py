@@ -1268,6 +1268,18 @@ def test_wait_all_refuses_handles_of_different_parents(db):
         outer.wait()
 
 
+def test_wait_all_waits_for_handles_given_as_an_iterator(db):
+    """``SubtransactionHandle.wait_all`` takes the handles once: given a generator (``wait_all(h for h in
+    handles)``) it checked their parents by running through it and then found no handle left to wait for,
+    returning at once with every child still queued."""
+    with db.transaction() as tx:
+        handles = [tx.spawn(lambda child, n: child.write("items", f"i{n}", value=n), n) for n in range(3)]
+        activedb.SubtransactionHandle.wait_all(handle for handle in handles)
+        assert all(handle.done() for handle in handles)
+        assert [handle.state for handle in handles] == [TxnState.COMMITTED] * 3
+    assert sorted(committed(db, "items")) == [("i0",), ("i1",), ("i2",)]
+
+
 @pytest.mark.parametrize("eager", ["no", 1, None], ids=["text", "number", "none"])
 def test_spawn_eager_that_is_no_switch_is_a_bad_argument(db, eager):
     """``tx.spawn(f, eager="no")`` was read as true (a worker woken at once), as any non-empty text is to Python."""
