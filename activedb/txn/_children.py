@@ -284,12 +284,14 @@ def run_inline(parent: "Transaction", function: Callable[[Any, Any], Any], argum
             raise
         # Its commit: a savepoint's (decoded meanwhile: as its frame's); for a frame that is active, not doomed, and
         # whose before-commit hooks are none (an extension that asked for its end hooks makes it go round),
-        # ``commit`` would go straight to ``_end_frame``; any other child commits.
+        # ``commit`` would go straight to ``_end_frame``; any other child commits — unless the function committed
+        # it itself (``child.commit()``), as ``_end_inline`` leaves a child its block committed.
         if type(child) is Savepoint:
             end_savepoint(child)
         elif (child._end_hooks or extensions.before_commit_in_frames or child._doomed is not None
                 or child._state is not _ACTIVE or not child._frame):
-            child.commit()
+            if child._state is not _COMMITTED:
+                child.commit()
         else:
             child._end_frame()
     finally:
@@ -450,7 +452,8 @@ def _run_body(node: "Transaction", function: Callable[..., Any], args: tuple[Any
         except BaseException as error:
             node.abort(error)
             raise
-        node.commit()
+        if node._state is not _COMMITTED:       # (unless the function committed it itself: ``child.commit()``)
+            node.commit()
     finally:
         manager.pop_running()
     return result

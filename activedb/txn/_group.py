@@ -22,7 +22,7 @@ import threading
 from typing import Any, Callable, Sequence
 
 from activedb.txn import _help_edges
-from activedb.txn._children import _ACTIVE, SubtransactionHandle, Subtransactions, _begin_inline, _run_body
+from activedb.txn._children import _ACTIVE, _COMMITTED, SubtransactionHandle, Subtransactions, _begin_inline, _run_body
 from activedb.txn._pool import Task, WorkerPool
 from activedb.txn._tree import Transaction
 
@@ -159,7 +159,8 @@ def _run_frames(group: _Group, pool: WorkerPool) -> None:
                     lock.release()
             try:
                 if error is None:
-                    Transaction.commit(child)
+                    if child._state is not _COMMITTED:     # (unless the function committed it itself)
+                        Transaction.commit(child)
                     results[index] = (True, value)
                 else:
                     Transaction.abort(child, error)

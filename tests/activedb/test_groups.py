@@ -75,6 +75,30 @@ def test_a_group_that_nothing_blocks_runs_as_frames_on_the_committing_thread(db)
         f"frames-{number}": number for number in range(20)}
 
 
+def test_a_member_its_function_committed_is_not_committed_again(db):
+    """``run_group`` with a function that commits its child itself (``child.commit()``, then returns): each member's
+    result is its value, run as frames or as spawned children, as a spawned child's ``handle.result()`` is.  Before,
+    the end of the member committed the ended child again: ``(False, TransactionError)`` for a committed member."""
+    def commits_itself(child, key):
+        child.write("items", key, value=1)
+        child.commit()
+        return key
+
+    _clear(db)
+    try:
+        for representation in (Subtransactions.FRAMES, Subtransactions.MATERIALIZED):
+            db.transactions.subtransactions = representation
+            keys = [f"self-{representation.value}-{number}" for number in range(2)]
+            with Watchdog(BOUND, db.transactions.locks):
+                with db.transaction() as tx:
+                    assert activedb.lowlevel.run_group(tx, commits_itself, keys, [None, None]) == [
+                        (True, key) for key in keys]
+    finally:
+        db.transactions.subtransactions = Subtransactions.FRAMES
+    assert sorted(_items(db)) == sorted(f"self-{representation.value}-{number}" for number in range(2)
+                                        for representation in (Subtransactions.FRAMES, Subtransactions.MATERIALIZED))
+
+
 def test_a_sibling_started_elsewhere_makes_the_running_frame_a_node_between_two_writes(db):
     """Two deferred firings of one group write and read row ``x``.  The first, a frame on the committing thread,
     writes ``x`` = 1 and meets the second at a barrier — which only a worker can start: it makes the waiting

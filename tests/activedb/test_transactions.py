@@ -79,6 +79,24 @@ def test_a_child_ended_inside_its_block_is_not_ended_again_at_the_exit(db):
     assert set(committed(db, "items")) == {("keep",), ("also",)}
 
 
+def test_a_child_its_function_committed_is_not_committed_again(db):
+    """A function run as a subtransaction that commits its child itself (``child.commit()``, then returns) has
+    committed it: ``tx.retry``, ``run_subtransaction`` and a spawned child's ``handle.result()`` return its value, as
+    ``with tx.subtransaction()`` leaves a child its block committed.  Before, each committed the ended child again
+    and raised TransactionError ('which is committed') although the child had committed."""
+    def commits_itself(child, key):
+        child.write("items", key, value=1)
+        child.commit()
+        return key
+
+    with db.transaction() as tx:
+        assert tx.retry(commits_itself, "retried") == "retried"
+        assert activedb.lowlevel.run_subtransaction(tx, commits_itself, "inline") == "inline"
+        handle = tx.spawn(commits_itself, "spawned")
+        assert handle.result() == "spawned" and handle.state is TxnState.COMMITTED
+    assert sorted(committed(db, "items")) == [("inline",), ("retried",), ("spawned",)]
+
+
 def test_reads_see_own_then_ancestor_then_committed(db):
     db.run(lambda tx: tx.write("items", "x", value=1, note="committed"))
     with db.transaction() as tx:
