@@ -419,6 +419,15 @@ class Transaction(Reads, Writes, Children):
     def abort(self, reason: BaseException | str | None = None) -> None:
         """Abort this node and its active descendants: write sets discarded, locks released."""
         error = reason if isinstance(reason, BaseException) else TransactionAborted(str(reason or "aborted"))
+        if self._lazy and self._lazy_child is not None and self._state is _ACTIVE:
+            # A frame aborted inside its live child's block (its object used there): the child's writes and grants
+            # lie on top of its own, so the chain becomes nodes first, as for any use of the parent's object in its
+            # child's block (README, "Lazy inline subtransactions"); else the child's end would restore them to what
+            # they were after this frame's.
+            try:
+                self.manager.locking.materialize(self._lazy_child)
+            except TransactionAborted:
+                pass        # an ancestor's abort reached the lock manager first: its write set and locks went with it
         # Doom the subtree before its writes are discarded: a descendant reading meanwhile then raises
         # instead of returning the row without them (``_view.read_row`` checks after reading).  (An ended
         # node is not doomed, nor are its children: it has none.)

@@ -227,6 +227,37 @@ def test_a_parent_locking_while_its_child_runs_keeps_its_own_lock_when_the_child
 
 
 @pytest.mark.parametrize("representation", REPRESENTATIONS)
+def test_an_outer_child_aborted_inside_its_inner_childs_block_undoes_both(db, use, representation):
+    """``outer.abort()`` inside its inline child's block (the parent's object used in its child's block) undoes
+    both children: their writes and their locks go, in every representation, and the inner block's end raises
+    TransactionAborted (it was doomed).  Before, with frames, the outer frame's abort took back only its own writes
+    and grants; the inner one's, which lie on top of them, were taken back at its end to what they were after the
+    outer one's — the aborted outer child's write of ``a`` came back and was committed, and its read lock on ``b``
+    stayed retained by the root."""
+    use(representation)
+    _clear_items(db)
+    with db.transaction() as tx:
+        names = {tx.id: "root"}
+        tx.write("items", "a", value=0)
+        with pytest.raises(activedb.TransactionAborted):
+            with tx.subtransaction() as outer:
+                names[outer.id] = "outer"
+                outer.write("items", "a", value=1)
+                outer.read("items", "b")
+                with outer.subtransaction() as inner:
+                    names[inner.id] = "inner"
+                    inner.write("items", "a", value=2)
+                    inner.write("items", "b", value=2)
+                    outer.abort()
+        picture = _picture(db, names)
+        seen = (tx.read("items", "a")["value"], tx.read("items", "b"))
+    assert ("row", "items", ("b",)) not in picture
+    assert picture[("row", "items", ("a",))] == ({}, {"root": "WRITE"})
+    assert seen == (0, None)
+    assert _items(db) == {"a": 0}
+
+
+@pytest.mark.parametrize("representation", REPRESENTATIONS)
 def test_a_childs_intention_lock_answered_from_its_parents_retain_is_its_own_in_every_picture(db, use, representation):
     """A second inline child writes a row of the table whose intention lock its parent retains from the
     first one: the lazy child asks the lock manager for the row only, yet the pictures show it holding the
