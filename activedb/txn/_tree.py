@@ -342,6 +342,13 @@ class Transaction(Reads, Writes, Children):
             self.abort(doomed)
         if doomed is not None or self._state is not _ACTIVE:
             self._check_active("commit")
+        running = _running_inline_child(self)
+        if running is not None:
+            # (Its thread runs that child's block: waiting for it would never end, and committing around it would
+            # hand up, or flush, a tree that child is still changing.)
+            raise TransactionError(
+                f"commit of {self.id} inside the block of its subtransaction {running.id}, which is still running: "
+                f"end that block first (it commits {running.id}), then commit {self.id}")
         manager = self.manager
         try:
             extensions = manager.extensions
@@ -508,6 +515,19 @@ class Transaction(Reads, Writes, Children):
 
     def __repr__(self) -> str:
         return f"<Transaction {self.id} {self._state.value}>"
+
+
+def _running_inline_child(node: Transaction) -> "Transaction | None":
+    """A live inline child of ``node`` (a frame or lazy child, or a registered child with no task: spawned children
+    have one), or None."""
+    child = node._lazy_child
+    if child is not None and (child._state is _ACTIVE or child._state is _COMMITTING):
+        return child
+    if not node._children:
+        return None
+    with node._mutex:
+        return next((child for child_id, child in node._children.items() if child_id not in node._tasks
+                     and (child._state is _ACTIVE or child._state is _COMMITTING)), None)
 
 
 def _delegate_to_parent(node: Transaction) -> None:

@@ -79,6 +79,33 @@ def test_a_child_ended_inside_its_block_is_not_ended_again_at_the_exit(db):
     assert set(committed(db, "items")) == {("keep",), ("also",)}
 
 
+@pytest.mark.parametrize("representation", ["frames", "materialized"])
+def test_a_commit_inside_a_running_inline_childs_block_is_refused_and_changes_nothing(db, representation):
+    """``outer.commit()`` (or the top-level ``tx.commit()``) called inside the block of its running inline child is a
+    TransactionError naming the child, and nothing changes: the blocks go on and commit as usual.  Before, the outer
+    child's writes reached its parent and then the lock manager refused (its ActiveChildren), so the child ended
+    ABORTED with its writes kept (every node registered) or committed under the running inner one (frames); a
+    top-level commit flushed to PostgreSQL without the child's writes, then stayed COMMITTING with its locks held
+    in the lock manager for good."""
+    db.transactions.subtransactions = activedb.lowlevel.Subtransactions(representation)
+    try:
+        with db.transaction() as tx:
+            tx.write("items", "x", value=0)
+            with tx.subtransaction() as outer:
+                outer.write("items", "y", value=1)
+                with outer.subtransaction() as inner:
+                    inner.write("items", "z", value=2)
+                    with pytest.raises(activedb.TransactionError, match=f"{inner.id}"):
+                        outer.commit()
+                    with pytest.raises(activedb.TransactionError, match=f"{outer.id}"):
+                        tx.commit()
+                    assert (tx.state, outer.state, inner.state) == (TxnState.ACTIVE,) * 3
+    finally:
+        db.transactions.subtransactions = activedb.lowlevel.Subtransactions.FRAMES
+    assert sorted(committed(db, "items")) == [("x",), ("y",), ("z",)]
+    assert db.transactions.locks.statistics().transactions == 0
+
+
 def test_a_child_its_function_committed_is_not_committed_again(db):
     """A function run as a subtransaction that commits its child itself (``child.commit()``, then returns) has
     committed it: ``tx.retry``, ``run_subtransaction`` and a spawned child's ``handle.result()`` return its value, as
