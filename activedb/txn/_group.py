@@ -21,6 +21,7 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable, Sequence
 
+from activedb.errors import BadArgument
 from activedb.txn import _help_edges
 from activedb.txn._children import _ACTIVE, _COMMITTED, SubtransactionHandle, Subtransactions, _begin_inline, _run_body
 from activedb.txn._pool import Task, WorkerPool
@@ -59,6 +60,9 @@ def run_group(parent: Transaction, function: Callable[[Any, Any], Any], argument
     says), as siblings that may run concurrently — what ``parent.spawn`` for each and a wait for all of them
     does — and return, in order, ``(True, value)`` or ``(False, error)`` for each.  Called by the thread running
     ``parent``, which waits for the whole group (README, "Groups on threads")."""
+    if len(names) != len(arguments):    # (as frames a member past the names failed alone; as spawned ones, dropped)
+        raise BadArgument(f"run_group(parent, function, arguments, names) names each member: {len(arguments)} "
+                          f"arguments but {len(names)} names; give one name (or None) per argument")
     manager = parent.manager
     observers = manager.observers
     if (manager.subtransactions is not Subtransactions.FRAMES or len(arguments) < 2

@@ -75,6 +75,22 @@ def test_a_group_that_nothing_blocks_runs_as_frames_on_the_committing_thread(db)
         f"frames-{number}": number for number in range(20)}
 
 
+@pytest.mark.parametrize("representation", list(Subtransactions))
+def test_a_group_with_more_or_fewer_names_than_arguments_is_refused(db, representation):
+    """``run_group(parent, function, arguments, names)`` names each member: a names list of another length is a
+    BadArgument, before any member runs.  Before, run as frames the members beyond the names failed each with an
+    IndexError, and run as spawned children (``zip``) they were dropped: three arguments, one result."""
+    ran = []
+    db.transactions.subtransactions = representation
+    try:
+        with db.transaction() as tx:
+            with pytest.raises(activedb.BadArgument, match="names"):
+                activedb.lowlevel.run_group(tx, lambda child, argument: ran.append(argument), [1, 2, 3], ["one"])
+    finally:
+        db.transactions.subtransactions = Subtransactions.FRAMES
+    assert ran == []
+
+
 def test_a_member_its_function_committed_is_not_committed_again(db):
     """``run_group`` with a function that commits its child itself (``child.commit()``, then returns): each member's
     result is its value, run as frames or as spawned children, as a spawned child's ``handle.result()`` is.  Before,
