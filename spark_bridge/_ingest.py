@@ -179,6 +179,9 @@ def ingest(db: Database, streaming_df: DataFrame, *, mapping: EventMapping, quer
     if options is not None and fields:
         raise IngestError(f"pass options=IngestOptions(…) or its fields as keywords, not both (got options= and "
                           f"{', '.join(sorted(fields))}=)")
+    if options is not None and not isinstance(options, IngestOptions):
+        raise IngestError(f"options= takes an IngestOptions(…), got {options!r}; build one "
+                          f"(spark_bridge.IngestOptions(trigger=…, …)) or give its fields as keywords of ingest()")
     names = [field.name for field in dataclasses.fields(IngestOptions)]
     unknown = sorted(set(fields) - set(names))
     if unknown:

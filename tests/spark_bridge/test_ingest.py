@@ -356,6 +356,15 @@ def test_ingest_needs_a_checkpoint_location():
         spark_bridge.ingest(object(), object(), mapping=app_counters.MAPPING, query_name="nowhere")
 
 
+@pytest.mark.parametrize("options", [{"trigger": 5}, {}, "availableNow"], ids=["dict", "empty dict", "text"])
+def test_options_that_are_no_ingest_options_are_refused_with_what_to_give(options):
+    """``ingest(…, options={"trigger": 5})`` failed with ``AttributeError: 'dict' object has no attribute
+    'watermark_delay'``, and ``options={}`` ran with every default, as if nothing had been given."""
+    with pytest.raises(IngestError, match=r"options= takes an IngestOptions\(…\).*or give its fields as keywords"):
+        spark_bridge.ingest(object(), object(), mapping=app_counters.MAPPING, query_name="q", checkpoint_location="ck",
+                            options=options)
+
+
 @pytest.mark.spark
 def test_the_scale_out_path_needs_the_app_and_app_needs_the_scale_out_path(spark, tmp_path, make_database_url):
     database = app_database(make_database_url("misuse"))
