@@ -31,7 +31,7 @@ from activedb.ingest import (BatchOutcome, EventMapping, Ingestion, LedgerId, Ph
 from activedb.lowlevel import check_whole_number
 
 from spark_bridge import _cluster
-from spark_bridge._sink import IngestSink, SinkOptions
+from spark_bridge._sink import IngestSink, SinkOptions, check_layout
 from spark_bridge.errors import IngestError, describe
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -270,6 +270,11 @@ class PartitionedIngestSink(IngestSink):
         else:
             self.phase(Phase.SKIPPED, batch_id)
         self.context.book.record(outcome, began)
+
+    def _check_layout(self, query_id: str, batch_id: int) -> None:
+        """:func:`~spark_bridge._sink.check_layout` for this sink's ``partitions`` (before :meth:`_declare` records
+        them)."""
+        check_layout(self.db, query_id, batch_id, self.partitions)
 
     def _declare(self, query_id: str) -> None:
         """Record the query's partition count and policy once per run (``activedb status`` shows them), and read

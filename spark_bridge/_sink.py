@@ -21,6 +21,9 @@ import time
 from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, Required, TypedDict
 
+import sqlalchemy as sa
+
+from activedb.atomic import split_status
 from activedb.ingest import (BatchHandler, Deadlines, EventMapping, Ingestion, LedgerId, Phase, PhaseTimings,
                              sources_of_run)
 
@@ -41,6 +44,7 @@ _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
 #: Spark sets this local property on the thread that runs foreachBatch: the query's id, which is stored in the
 #: checkpoint and therefore survives restarts (unlike runId).
 _QUERY_ID_PROPERTY = "sql.streaming.queryId"
+_LEDGER_TABLE = "activedb_ingestion_ledger"    # (the ingestion core's ledger: one row per committed batch)
 _EXECUTIONS_KEPT = 64        # (Spark query ids a long-lived sink has seen: one per run; the cache stays bounded)
 
 
@@ -108,7 +112,7 @@ class IngestSink(Ingestion):
                 if not spark_query_id:
                     raise IngestError(f"{type(self).__name__} must run as foreachBatch of a streaming query (no "
                                       f"query id)")
-                self._spark_batch(batch_df, batch_id, spark_query_id, self._query_id_for(spark_query_id),
+                self._spark_batch(batch_df, batch_id, spark_query_id, self._query_id_for(spark_query_id, batch_id),
                                   execution=execution)
             except BaseException as error:
                 # Remembered: Spark wraps the error in a Java stack trace (``activedb run`` prints this instead).
@@ -170,18 +174,24 @@ class IngestSink(Ingestion):
 
     # -- helpers ------------------------------------------------------------------------------
 
-    def _query_id_for(self, spark_query_id: str) -> str:
-        """The ledger id of the run whose Spark query id is ``spark_query_id``; its first batch here checks the
-        checkpoint was not renamed and punctuates again what the ledger last recorded (``Ingestion.resume``)."""
+    def _query_id_for(self, spark_query_id: str, batch_id: int) -> str:
+        """The ledger id of the run whose Spark query id is ``spark_query_id``; its first batch here, ``batch_id``,
+        checks the checkpoint was not renamed, nor that batch ingested in another partition layout
+        (:meth:`_check_layout`), and punctuates again what the ledger last recorded (``Ingestion.resume``)."""
         with self._mutex:
             checked = spark_query_id in self._checked_spark_ids
         query_id = str(LedgerId(self.source, spark_query_id))
         if not checked:
             check_not_renamed(self.db, self.source, spark_query_id)
+            self._check_layout(query_id, batch_id)
             self.resume(query_id)
             with self._mutex:
                 self._checked_spark_ids.add(spark_query_id)
         return query_id
+
+    def _check_layout(self, query_id: str, batch_id: int) -> None:
+        """:func:`check_layout` for this sink, which applies a batch whole (the scale-out sink overrides it)."""
+        check_layout(self.db, query_id, batch_id, None)
 
 
 def streaming_query_id(batch_df: DataFrame) -> str | None:
@@ -199,6 +209,37 @@ def check_not_renamed(db: Database, query_name: str, spark_query_id: str) -> Non
             f"this checkpoint (Spark query id {spark_query_id}) was ingested as query {names[0]!r}, not "
             f"{query_name!r}; resume it with query_name={names[0]!r} (--query-name {names[0]}), or start "
             f"{query_name!r} from a new checkpoint directory")
+
+
+def check_layout(db: Database, query_id: str, batch_id: int, partitions: int | None) -> None:
+    """Raise :class:`IngestError` if the ledger holds batch ``batch_id`` of the run ``query_id`` in another layout than
+    ``partitions`` (None: whole, one task; N: the scale-out path's N partitions).  Asked for a run's first batch, the
+    one Spark re-runs after a restart: the ledger skips a batch by its ids (``q``, or ``q#pK`` per partition), so a
+    batch committed whole and re-run in partitions, committed in partitions and re-run whole, or re-run in another
+    number of them (which hashes its keys to other partitions) would have rows applied a second time, or skipped."""
+    ledger = db.table(_LEDGER_TABLE)
+    with db.engine.connect() as connection:
+        texts = connection.execute(sa.select(ledger.c.query_id).where(ledger.c.batch_id == batch_id, sa.or_(
+            ledger.c.query_id == query_id, ledger.c.query_id.startswith(f"{query_id}#p", autoescape=True)))).scalars()
+        found = {LedgerId.parse(text).partition for text in texts}
+    if not found:
+        return
+    before: int | None = None
+    if None not in found:     # (the partition count the run declared, as activedb status shows it)
+        declared = [row.partitions for row in split_status(db, LedgerId.parse(query_id).source)
+                    if row.query_id == query_id and row.batch_id is None]
+        before = declared[0] if declared and declared[0] else max(part for part in found if part is not None) + 1
+    if before == partitions:
+        return
+    was = "whole, without partition_by_key" if before is None else f"in {before} partitions"
+    now = "whole" if partitions is None else f"in {partitions} partitions"
+    resume = ("without partition_by_key (activedb run without --partitions)" if before is None else
+              f"with partition_by_key={before} (--partitions {before})")
+    raise IngestError(
+        f"batch {batch_id} of this checkpoint (ledger id {query_id}) was ingested {was}, and Spark runs it again now "
+        f"{now}: the ledger, which skips a batch by its partitions, would apply some of its rows a second time. "
+        f"Resume it {resume}; once that batch is done the query may go on in another layout. Or start from a new "
+        f"checkpoint directory")
 
 
 def _declares_watermark(execution: JavaObject) -> bool:
