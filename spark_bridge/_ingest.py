@@ -39,7 +39,11 @@ SINK_ATTRIBUTE = "activedb_sink"
 
 def _check_columns(streaming_df: DataFrame, mapping: EventMapping) -> None:
     columns = list(streaming_df.columns)
-    wanted = [mapping.type_column, mapping.key_column, mapping.ts_column, *(mapping.payload_columns or ())]
+    # (every column the mapping names but the corrupt-record and line columns, which a source may lack)
+    named = (mapping.type_column, mapping.key_column, mapping.ts_column, mapping.producer_column,
+             mapping.accuracy_column, mapping.accuracy_minus_column, mapping.accuracy_plus_column,
+             mapping.local_ts_column, mapping.id_column)
+    wanted = [column for column in named if column is not None] + list(mapping.payload_columns or ())
     missing = [column for column in wanted if column not in columns]
     if missing:
         raise IngestError(

@@ -384,6 +384,26 @@ def test_the_scale_out_path_needs_the_app_and_app_needs_the_scale_out_path(spark
 
 
 @pytest.mark.spark
+@pytest.mark.parametrize(("named", "missing"), [
+    ({"id_column": "event_id"}, "event_id"), ({"producer_column": "producer"}, "producer"),
+    ({"producer_column": "amount", "accuracy_column": "accuracy"}, "accuracy")], ids=["id", "producer", "accuracy"])
+def test_a_column_the_mapping_names_beyond_type_key_and_time_must_be_in_the_stream(spark, tmp_path, database_url,
+                                                                                   named, missing):
+    """``ingest()`` checked only the type, key, time and payload columns: a mapping whose ``id_column`` (or an
+    interval column) the stream lacks — a typo — started, and every row of every batch became a dead letter
+    (*missing field 'event_id' (the event id)*)."""
+    database = app_database(database_url)
+    try:
+        mapping = spark_bridge.EventMapping("type", "key", "ts", payload_columns=("seq",), **named)
+        with pytest.raises(IngestError, match=f"the stream has no column '{missing}' named by the mapping"):
+            spark_bridge.ingest(database, _stream(spark, tmp_path), mapping=mapping, query_name="x",
+                                checkpoint_location=str(tmp_path / "c"))
+        assert spark.streams.active == []
+    finally:
+        database.close()
+
+
+@pytest.mark.spark
 def test_a_trigger_spark_cannot_read_is_an_ingest_error_saying_what_to_give(spark, tmp_path, make_database_url):
     """A processing-time interval Spark does not read (a typo, a negative or not-a-number of seconds) or a keyword
     ``DataStreamWriter.trigger`` does not take was Spark's own error (an ``IllegalArgumentException`` from the JVM,
