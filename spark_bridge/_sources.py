@@ -162,10 +162,14 @@ def _struct_schema(schema: str | StructType | None) -> StructType | None:
         return schema
     if not isinstance(schema, str):
         return None
-    parsed = types._parse_datatype_string(schema)
-    if not isinstance(parsed, types.StructType):
-        from spark_bridge.errors import SourceError
+    from spark_bridge.errors import SourceError, first_line
 
+    try:
+        parsed = types._parse_datatype_string(schema)
+    except Exception as error:      # (pyspark's ParseException: a type or a comma Spark does not read)
+        raise SourceError(f"SCHEMA {schema!r} is not a schema Spark reads ({first_line(error)}); write it as "
+                          f"'name TYPE, …' (e.g. 'type STRING, key STRING, ts TIMESTAMP')") from None
+    if not isinstance(parsed, types.StructType):
         raise SourceError(f"SCHEMA {schema!r} is one type, not a row of named columns: write it as "
                           f"'name TYPE, …' (e.g. 'type STRING, key STRING, ts TIMESTAMP')")
     return parsed
@@ -189,7 +193,7 @@ def build_stream(spark: SparkSession, source: SourceSpec, loaded: LoadedApp, *, 
             reader = (spark.readStream.format("csv").schema(with_corrupt_column(schema)).option("header", "true")
                       .option("columnNameOfCorruptRecord", CORRUPT_COLUMN).option("mode", "PERMISSIVE"))
         else:
-            reader = spark.readStream.format(file_format).schema(schema)
+            reader = spark.readStream.format(file_format).schema(_struct_schema(schema) or schema)
         if max_files_per_trigger:
             reader = reader.option("maxFilesPerTrigger", max_files_per_trigger)
         frame = reader.load(source.path)

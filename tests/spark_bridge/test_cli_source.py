@@ -45,3 +45,22 @@ def test_a_socket_source_whose_port_is_no_port_names_the_valid_forms(text):
     another number), and a port outside 1..65535 was taken, failing only once Spark had started."""
     with pytest.raises(click.BadParameter, match="file:DIR"):
         parse_source(text)
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("file_format", ["json", "csv", "parquet"])
+def test_a_schema_spark_cannot_parse_is_a_source_error_naming_schema(spark, tmp_path, file_format):
+    """An application's ``SCHEMA`` with a typo (``'type STRIN, key STRING'``) raised pyspark's ``ParseException`` out
+    of ``build_stream``, which ``activedb run`` does not catch: a traceback, after Spark had started."""
+    import dataclasses
+
+    import spark_bridge
+    from spark_bridge._sources import build_stream
+    from spark_bridge.errors import SourceError
+    from tests.spark_bridge._streams import APP_FILE
+
+    loaded = dataclasses.replace(spark_bridge.load_app(APP_FILE), schema="type STRIN, key STRING, ts TIMESTAMP")
+    with pytest.raises(SourceError, match=r"SCHEMA 'type STRIN, key STRING, ts TIMESTAMP' is not a schema Spark "
+                                          r"reads \(.*STRIN.*\); write it as 'name TYPE, …'"):
+        build_stream(spark, parse_source(f"file:{tmp_path}"), loaded, file_format=file_format,
+                     max_files_per_trigger=None, rows_per_second=1, event_types=["add"])
