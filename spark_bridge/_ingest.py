@@ -127,10 +127,12 @@ class IngestOptions:
         known_type_names(self.known_types, "known_types", IngestError)
         if self.on_partition_failure is not None:
             object.__setattr__(self, "on_partition_failure", as_policy(self.on_partition_failure))
-        if self.partition_by_key is None and (self.app is not None or self.on_partition_failure is not None):
-            raise IngestError(f"{'app=' if self.app is not None else 'on_partition_failure='} is for the scale-out "
-                              f"path only (with partition_by_key=N); without it a batch is one transaction, atomic "
-                              f"by itself, and the rules registered on db are used")
+        scale_out_only = [name for name in ("app", "on_partition_failure", "connect_options")
+                          if getattr(self, name) is not None]
+        if self.partition_by_key is None and scale_out_only:
+            raise IngestError(f"{scale_out_only[0]}= is for the scale-out path only (with partition_by_key=N); without "
+                              f"it a batch is one transaction, atomic by itself, on db's own connections, and the "
+                              f"rules registered on db are used")
         if not (self.trigger is None or isinstance(self.trigger, (str, Mapping))
                 or (isinstance(self.trigger, (int, float)) and not isinstance(self.trigger, bool))):
             raise IngestError(

@@ -356,6 +356,14 @@ def test_ingest_needs_a_checkpoint_location():
         spark_bridge.ingest(object(), object(), mapping=app_counters.MAPPING, query_name="nowhere")
 
 
+def test_connect_options_without_the_scale_out_path_are_refused_as_app_is():
+    """``connect_options`` go to the scale-out tasks' own ``activedb.connect``; without ``partition_by_key`` they were
+    accepted and silently unused (``app=`` and ``on_partition_failure=`` are refused there)."""
+    with pytest.raises(IngestError, match=r"connect_options= is for the scale-out path only \(with partition_by_key=N\)"):
+        spark_bridge.IngestOptions(connect_options={"rule_execution": "inline"})
+    assert spark_bridge.IngestOptions(partition_by_key=2, app="app.py", connect_options={}).connect_options == {}
+
+
 @pytest.mark.parametrize("options", [{"trigger": 5}, {}, "availableNow"], ids=["dict", "empty dict", "text"])
 def test_options_that_are_no_ingest_options_are_refused_with_what_to_give(options):
     """``ingest(…, options={"trigger": 5})`` failed with ``AttributeError: 'dict' object has no attribute
