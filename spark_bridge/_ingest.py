@@ -93,7 +93,7 @@ class IngestOptions:
       in progress is then seen by ``activedb status`` and the metrics): past one, the batch fails with
       ``BatchDeadlineExceeded`` (the query stops with it) and the thread that did not return is abandoned — the
       process should end or restart (``activedb run`` restarts itself).  Not on the scale-out path, whose batches
-      run in Spark's tasks.
+      run in Spark's tasks (refused with ``partition_by_key``).
     """
 
     handler: BatchHandler | None = None
@@ -124,6 +124,10 @@ class IngestOptions:
             raise IngestError(f"partition_by_key= (the scale-out path) runs the rules in each Spark task; it does not "
                               f"combine with the {self.handler.name} handler: "
                               f"{instead.get(self.handler.name, 'run it without partition_by_key')}")
+        if self.partition_by_key is not None and self.deadlines is not None:
+            raise IngestError("deadlines= does not combine with partition_by_key=: the scale-out path's batches run "
+                              "in Spark's tasks, processes of their own that no deadline watches; leave deadlines "
+                              "out, or run without partition_by_key to have them")
         known_type_names(self.known_types, "known_types", IngestError)
         if self.on_partition_failure is not None:
             object.__setattr__(self, "on_partition_failure", as_policy(self.on_partition_failure))

@@ -364,6 +364,14 @@ def test_connect_options_without_the_scale_out_path_are_refused_as_app_is():
     assert spark_bridge.IngestOptions(partition_by_key=2, app="app.py", connect_options={}).connect_options == {}
 
 
+def test_deadlines_on_the_scale_out_path_are_refused_not_ignored():
+    """The scale-out path's batches run in Spark's tasks, which take no deadlines: ``deadlines=`` with
+    ``partition_by_key`` was accepted and silently unused, so a rule that never returned held its batch for ever."""
+    with pytest.raises(IngestError, match=r"deadlines= does not combine with partition_by_key="):
+        spark_bridge.IngestOptions(partition_by_key=2, app="app.py",
+                                   deadlines=activedb.ingest.Deadlines(batch=60.0, rule=5.0))
+
+
 @pytest.mark.parametrize("options", [{"trigger": 5}, {}, "availableNow"], ids=["dict", "empty dict", "text"])
 def test_options_that_are_no_ingest_options_are_refused_with_what_to_give(options):
     """``ingest(…, options={"trigger": 5})`` failed with ``AttributeError: 'dict' object has no attribute
