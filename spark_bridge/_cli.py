@@ -306,6 +306,9 @@ def run_command(ctx: click.Context, app: str, source_text: str, checkpoint: str 
     for option, seconds in (("--rule-deadline", rule_deadline), ("--batch-deadline", batch_deadline)):
         if not seconds < float("inf"):      # (NaN too: the option's range lets both through)
             raise click.BadParameter(f"{seconds} is no number of seconds (0: no limit)", param_hint=option)
+    if trigger is not None and available_now:
+        raise click.BadParameter("does not combine with --available-now, which reads what is there in batches back to "
+                                 "back and stops: give one of them", param_hint="--trigger")
     if on_partition_failure is not None and not partitions:
         raise click.BadParameter("is for the scale-out path only (with --partitions N); without it a batch is one "
                                  "transaction, atomic by itself", param_hint="--on-partition-failure")

@@ -162,6 +162,16 @@ def test_run_refuses_a_deadline_that_is_no_number_of_seconds_as_a_usage_error(tm
     assert result.exit_code == 2 and f"Invalid value for {option}" in result.output, result.output
 
 
+def test_run_refuses_a_trigger_with_available_now_as_a_usage_error(tmp_path):
+    """``--available-now`` reads what is there and stops; with ``--trigger '5 seconds'`` too, the trigger was
+    accepted and silently dropped (the query ran ``availableNow``).  A usage error now, before anything is opened."""
+    result = CliRunner().invoke(main, ["--url", "postgresql://nobody@/nowhere", "run", APP_FILE, "--source", "rate",
+                                       "--checkpoint", str(tmp_path / "checkpoint"), "--trigger", "5 seconds",
+                                       "--available-now"])
+    assert result.exit_code == 2 and "Invalid value for --trigger" in result.output, result.output
+    assert "--available-now" in result.output, result.output
+
+
 def _processes_with(marker: str) -> list[str]:
     """Command lines of the running processes that contain ``marker`` (zombies have none)."""
     found = []
