@@ -252,11 +252,11 @@ def _checkpoint_lock(checkpoint_dir: Path, name: str) -> Iterator[None]:
               metavar="SECONDS",
               help="A rule firing that has not returned after this long fails its batch: the event becomes a dead "
                    "letter, the batch is rolled back and this command restarts itself to apply it without the event "
-                   "(0: no limit).")
+                   "(0: no limit; not with --partitions).")
 @click.option("--batch-deadline", type=click.FloatRange(min=0), default=BATCH_DEADLINE_SECONDS, show_default=True,
               metavar="SECONDS",
               help="A micro-batch that has not committed after this long is rolled back and re-run by a restart of "
-                   "this command (0: no limit); raise it for very large batches.")
+                   "this command (0: no limit; not with --partitions); raise it for very large batches.")
 @click.option("--record-detached", is_flag=True,
               help="Record every detached-family rule firing in the outbox, to run in a transaction of its own; by "
                    "default a batch runs those whose action only inserts rows in its own commit, with no record.")
@@ -309,6 +309,12 @@ def run_command(ctx: click.Context, app: str, source_text: str, checkpoint: str 
     if trigger is not None and available_now:
         raise click.BadParameter("does not combine with --available-now, which reads what is there in batches back to "
                                  "back and stops: give one of them", param_hint="--trigger")
+    for option, parameter, seconds in (("--rule-deadline", "rule_deadline", rule_deadline),
+                                       ("--batch-deadline", "batch_deadline", batch_deadline)):
+        if partitions and seconds and ctx.get_parameter_source(parameter) is not click.core.ParameterSource.DEFAULT:
+            raise click.BadParameter("does not combine with --partitions: the scale-out path's batches run in Spark's "
+                                     "tasks, which no deadline watches; leave it out, or run without --partitions",
+                                     param_hint=option)
     if on_partition_failure is not None and not partitions:
         raise click.BadParameter("is for the scale-out path only (with --partitions N); without it a batch is one "
                                  "transaction, atomic by itself", param_hint="--on-partition-failure")

@@ -172,6 +172,16 @@ def test_run_refuses_a_trigger_with_available_now_as_a_usage_error(tmp_path):
     assert "--available-now" in result.output, result.output
 
 
+@pytest.mark.parametrize("option", ["--rule-deadline", "--batch-deadline"])
+def test_run_refuses_a_deadline_given_with_partitions_as_a_usage_error(tmp_path, option):
+    """The scale-out path's batches run in Spark's tasks, which no deadline watches: run passed no deadlines with
+    ``--partitions``, so ``--partitions 2 --rule-deadline 5`` was accepted and the deadline silently unused."""
+    result = CliRunner().invoke(main, ["--url", "postgresql://nobody@/nowhere", "run", APP_FILE, "--source", "rate",
+                                       "--checkpoint", str(tmp_path / "checkpoint"), "--partitions", "2", option, "5"])
+    assert result.exit_code == 2 and f"Invalid value for {option}" in result.output, result.output
+    assert "--partitions" in result.output, result.output
+
+
 def _processes_with(marker: str) -> list[str]:
     """Command lines of the running processes that contain ``marker`` (zombies have none)."""
     found = []
