@@ -18,6 +18,7 @@ from activedb.atomic import SplitFailure, as_policy
 from activedb.cli.application import Register, portable_spec
 from activedb.ingest import (BatchHandler, Deadlines, EventMapping, Ingestion, Phase, RulesHandler, as_mapping,
                              known_type_names)
+from activedb.lowlevel import check_switch
 
 from spark_bridge._foreach import foreach_batch
 from spark_bridge._scaleout import PartitionedIngestSink
@@ -129,6 +130,7 @@ class IngestOptions:
                               "in Spark's tasks, processes of their own that no deadline watches; leave deadlines "
                               "out, or run without partition_by_key to have them")
         known_type_names(self.known_types, "known_types", IngestError)
+        check_switch("ingest", "start", self.start, error=IngestError)
         if self.on_partition_failure is not None:
             object.__setattr__(self, "on_partition_failure", as_policy(self.on_partition_failure))
         scale_out_only = [name for name in ("app", "on_partition_failure", "connect_options")

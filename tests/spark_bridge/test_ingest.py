@@ -372,6 +372,14 @@ def test_deadlines_on_the_scale_out_path_are_refused_not_ignored():
                                    deadlines=activedb.ingest.Deadlines(batch=60.0, rule=5.0))
 
 
+@pytest.mark.parametrize("start", ["no", 0, None])
+def test_start_that_is_no_switch_is_refused(start):
+    """``start`` was read by truth: ``ingest(…, start="no")`` started the query, ``start=0`` or ``None`` handed the
+    writer back."""
+    with pytest.raises(IngestError, match=r"ingest\(start=.*\) takes True or False"):
+        spark_bridge.IngestOptions(start=start)
+
+
 @pytest.mark.parametrize("options", [{"trigger": 5}, {}, "availableNow"], ids=["dict", "empty dict", "text"])
 def test_options_that_are_no_ingest_options_are_refused_with_what_to_give(options):
     """``ingest(…, options={"trigger": 5})`` failed with ``AttributeError: 'dict' object has no attribute
