@@ -28,7 +28,7 @@ from activedb.cli.running import (StopRequest, command_home, dead_letter_hint, d
                                   restart_after_deadline, status, what_to_do, where_raised)
 from activedb.metrics import metrics_port_option, start_metrics
 
-from spark_bridge._file_order import FileOrder, check_file_order
+from spark_bridge._file_order import FileOrder, check_file_order, files_read
 from spark_bridge._sources import SOURCE_FORMS, build_stream, is_missing_data_source, kafka_hint, parse_source
 from spark_bridge.errors import IngestError, SparkBridgeError, describe, first_line
 
@@ -331,7 +331,7 @@ def run_command(ctx: click.Context, app: str, source_text: str, checkpoint: str 
     if source.kind == "file" and max_files_per_trigger and file_format == "json":     # before anything is read
         try:
             retimed = check_file_order(Path(str(source.path)), loaded.mapping.ts_column, max_files_per_trigger,
-                                       FileOrder(file_order))
+                                       FileOrder(file_order), read=files_read(checkpoint_dir))
         except SparkBridgeError as error:
             raise click.ClickException(str(error)) from None
         if retimed:

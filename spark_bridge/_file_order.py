@@ -13,7 +13,8 @@ of a file an earlier batch reads is a contradiction.  What then happens is the r
 refuse with what was found (the default), set the modification times in the order of the events first, or
 read as is.  Without ``maxFilesPerTrigger`` the files present at the start form one batch, ordered by
 time, so their modification times decide nothing and nothing is checked.  Files arriving later are read
-as they arrive (that is a stream's order).
+as they arrive (that is a stream's order); so, when a run resumes, the files its checkpoint records as read
+(:func:`files_read`) are left out: no order of the others can undo what was read.
 """
 
 from __future__ import annotations
@@ -24,12 +25,14 @@ import json
 import math
 import os
 import time
+import urllib.parse
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
 from spark_bridge.errors import SourceError
 
-__all__ = ["FileOrder", "SourceFile", "check_file_order", "contradictions", "scan_files"]
+__all__ = ["FileOrder", "SourceFile", "check_file_order", "contradictions", "files_read", "scan_files"]
 
 
 class FileOrder(enum.Enum):
@@ -146,13 +149,36 @@ def retime(files: list[SourceFile]) -> None:
         os.utime(file.path, (moment, moment))
 
 
-def check_file_order(directory: Path, ts_column: str, per_batch: int, order: FileOrder) -> str | None:
-    """Look at ``directory``'s files as ``order`` says before Spark reads them, ``per_batch`` a micro-batch.
+def files_read(checkpoint: Path) -> set[Path]:
+    """The files the file-source query of ``checkpoint`` has read (planned into a micro-batch), as absolute paths:
+    Spark's file source log, ``CHECKPOINT/sources/0/`` — per batch (and per ``.compact`` summary) a ``v1`` line,
+    then a JSON line per file with its ``path`` URI.  Empty for a new checkpoint."""
+    found: set[Path] = set()
+    log = checkpoint / "sources" / "0"
+    if not log.is_dir():
+        return found
+    for entry in log.iterdir():
+        if entry.name.startswith(".") or not entry.is_file():      # (checksums, a log file being written)
+            continue
+        for line in entry.read_text(errors="replace").splitlines()[1:]:
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(record, dict) and isinstance(record.get("path"), str):
+                found.add(Path(urllib.parse.unquote(urllib.parse.urlparse(record["path"]).path)))
+    return found
+
+
+def check_file_order(directory: Path, ts_column: str, per_batch: int, order: FileOrder,
+                     read: Collection[Path] = ()) -> str | None:
+    """Look at ``directory``'s files as ``order`` says before Spark reads them, ``per_batch`` a micro-batch,
+    leaving out those ``read`` names (absolute paths: :func:`files_read` of the query's checkpoint).
     Raises :class:`SourceError` (``CHECK``) for times that contradict the events; returns what it did when it
     set the times (``EVENTS``), else None."""
     if order is FileOrder.AS_IS:
         return None
-    files = scan_files(directory, ts_column)
+    files = [file for file in scan_files(directory, ts_column) if Path(os.path.abspath(file.path)) not in read]
     found = contradictions(files, per_batch)
     if not found:
         return None
