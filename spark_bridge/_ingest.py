@@ -286,8 +286,13 @@ def end_of_stream(query_or_sink: StreamingQuery | Ingestion) -> int:
     """Tell the engine behind a query made by ``ingest(…, handler=streams.QueriesHandler(…))`` that its (bounded)
     source has ended: events its reorder buffer still holds are released (``punctuation=END_OF_STREAM``) and
     processed in the run's end-of-stream batch (``activedb.ingest.END_OF_STREAM_BATCH``, with its ledger row: the
-    ledger then accounts for every row).  Call it after the query terminated (``availableNow``); afterwards every
+    ledger then accounts for every row).  Call it after the query terminated (``availableNow``; a query still
+    running is refused with :class:`IngestError`); afterwards every
     new event of the engine is late.  Returns how many events that processed (0 for the other handlers, and for a
     second call: the ledger has the release)."""
     sink = query_or_sink if isinstance(query_or_sink, Ingestion) else sink_of(query_or_sink)
+    if getattr(query_or_sink, "isActive", False) is True:      # (a StreamingQuery: a writer or a sink has none)
+        raise IngestError(f"query {sink.query_name!r} is still running: end_of_stream releases what its engine holds "
+                          f"back and makes every later event late, so call it after the query terminated "
+                          f"(query.awaitTermination() with trigger={{'availableNow': True}}, or query.stop())")
     return sink.end_of_stream()

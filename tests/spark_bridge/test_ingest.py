@@ -492,6 +492,25 @@ def test_a_batch_spark_re_runs_in_another_partition_layout_is_refused_not_applie
 
 
 @pytest.mark.spark
+def test_end_of_stream_of_a_query_still_running_is_refused(spark, tmp_path, database_url):
+    """``end_of_stream(query)`` is for a query that terminated: it releases what the engine holds back and makes
+    every later event of the engine late.  A running query's was released at once, while Spark kept delivering
+    batches (whose every event then became a late dead letter on the queries path)."""
+    write_files(tmp_path / "in", [[{"type": "add", "key": "r", "ts": iso(BASE_TIME), "amount": 1, "seq": 1}]])
+    database = app_database(database_url)
+    query = spark_bridge.ingest(database, _stream(spark, tmp_path / "in"), mapping=app_counters.MAPPING,
+                                query_name="running", checkpoint_location=str(tmp_path / "checkpoint"),
+                                trigger="1 second")
+    try:
+        with pytest.raises(IngestError, match=r"query 'running' is still running: .*after the query terminated"):
+            spark_bridge.end_of_stream(query)
+    finally:
+        query.stop()
+        database.close()
+    assert spark_bridge.end_of_stream(query) == 0          # stopped: the rule path holds nothing back
+
+
+@pytest.mark.spark
 def test_a_checkpoint_resumed_under_another_query_name_is_refused(spark, tmp_path, make_database_url):
     write_files(tmp_path / "in", [[{"type": "add", "key": "r", "ts": iso(BASE_TIME), "amount": 1, "seq": 1}]])
     database = app_database(make_database_url("renamed"))
