@@ -148,6 +148,10 @@ class DetachedRunner:
             self.gate.trigger_ended(key, committed)
         except CouplingError as error:   # e.g. committed without a grant: report, never crash the pool
             logger.error("dependency gate: %s", error)
+        # Each key is one firing's condition or action, registered before either ran: no dependency on it comes
+        # later, so the gate may drop its outcome once nothing registered refers to it (a condition's: when its
+        # action has ended too).
+        self.gate.forget(key)
 
     # --- waiting in the gate ---------------------------------------------------------------------
 

@@ -168,6 +168,30 @@ def test_action_sequential_causally_dependent_runs_in_parallel_and_needs_true(db
     assert counters.fired == 2 and counters.condition_false == 1
 
 
+def test_action_sequential_causally_dependent_firings_leave_nothing_in_the_gate(db):
+    """Every C-A sequential causally dependent firing registers its condition and action in the coupling gate; once
+    both ended, nothing of them stays there (the gate keeps an ended transaction's outcome until told to forget it),
+    whatever the condition returned or raised — else a long-running process keeps two outcomes per firing for ever."""
+    def condition(tx, event):
+        if event.new["balance"] == 13:
+            raise ValueError("unlucky")
+        return event.new["balance"] < 75
+
+    @db.rule(on=db.updated("accounts"), when=condition, action_coupling=Coupling.SEQUENTIAL_CAUSALLY_DEPENDENT)
+    def act(tx, event):
+        tx.write("items", f"act{event.new['balance']}", value=event.new["balance"])
+
+    for balance in (50, 90, 60, 95):
+        with db.transaction() as tx:
+            tx.write("accounts", 1, balance=balance)
+    with pytest.raises(RuleFailed, match="unlucky"):
+        with db.transaction() as tx:
+            tx.write("accounts", 1, balance=13)
+    statistics = db.rules.gate.statistics()
+    assert (statistics.committed, statistics.aborted) == (2, 3)      # the gate did decide every firing
+    assert (statistics.dependents, statistics.retained_outcomes) == (0, 0), statistics
+
+
 def test_a_firing_whose_wait_for_its_parallel_action_is_the_victim_fails_without_running_the_action_again(db):
     """C-A sequential causally dependent coupling, a real cycle through the firing's own wait: tree B holds y and waits
     for x, which the condition wrote (retained by the firing once the condition committed); the action waits for y.
