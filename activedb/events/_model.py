@@ -9,7 +9,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any, Hashable, Mapping
 
-from activedb.errors import InvalidChoice
+from activedb.errors import BadArgument, InvalidChoice
 
 
 class EventKind(enum.StrEnum):
@@ -119,8 +119,9 @@ class EventSpec:
             except ValueError:
                 raise InvalidChoice(choices, getattr(self, name), f"EventSpec({name}=...)") from None
         if self.origin is Origin.EXTERNAL and self.kind not in DATA_SPEC_KINDS:
-            raise ValueError(f"only data events (inserted, updated, deleted, modified) come from external "
-                             f"writers, not {self.kind}")
+            raise BadArgument(f"EventSpec(kind={self.kind.value!r}, origin=Origin.EXTERNAL): only data events come "
+                              f"from external writers; give inserted, updated, deleted or modified, or "
+                              f"origin=Origin.ACTIVEDB for {self.kind} events of activedb's own")
 
     def matches(self, event: Event) -> bool:
         if event.origin is not self.origin:

@@ -9,6 +9,7 @@ import sqlalchemy as sa
 
 import activedb
 from activedb.errors import InvalidChoice
+from activedb.events import Origin
 from activedb.rules import RuleExecution
 from activedb.store import Granularity
 from activedb.txn import BulkLock
@@ -68,3 +69,12 @@ def test_an_event_spec_s_kind_or_origin_that_is_none_is_an_invalid_choice(argume
     EventKind"), no ActivedbError and no list of the kinds."""
     with pytest.raises(InvalidChoice, match=message):
         activedb.EventSpec(**arguments)
+
+
+@pytest.mark.parametrize("kind", ["signal", "stream", "committed"])
+def test_an_external_event_spec_of_no_data_kind_is_an_activedb_error_saying_what_to_give(kind):
+    """Only data changes come from other PostgreSQL clients: ``EventSpec(kind, origin=Origin.EXTERNAL)`` of any other
+    kind raised a bare ValueError (no ActivedbError), which a caller catching activedb's errors did not catch."""
+    with pytest.raises(activedb.BadArgument, match=rf"EventSpec\(kind='{kind}', origin=Origin.EXTERNAL\).*give "
+                                                  r"inserted, updated, deleted or modified, or origin=Origin.ACTIVEDB"):
+        activedb.EventSpec(kind, "t", origin=Origin.EXTERNAL)
