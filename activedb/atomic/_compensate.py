@@ -287,7 +287,7 @@ def execute(batches: Compensations, compensation: CompensationPlan, *, allow_uns
                 with record.mutex:
                     record.compensates = tid
                 _apply(batches, tx, compensation.nodes[tid], compensation.undo.get(tid, []), allow_unsafe)
-                report.compensating[tid] = tx.log_id
+                log_id = tx.log_id
         except (UnsafeUndo, NoCompensation):
             raise
         except Exception as error:
@@ -298,6 +298,7 @@ def execute(batches: Compensations, compensation: CompensationPlan, *, allow_uns
             raise CompensationFailed(
                 f"compensating {tid} failed: {cause}; {len(report.compensated)} transaction(s) before it were "
                 f"compensated and recorded — fix the cause and run the same compensation again to resume") from error
+        report.compensating[tid] = log_id          # (once committed: a run that lost the race above names none)
         report.compensated.append(tid)
     return report
 

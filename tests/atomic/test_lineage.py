@@ -393,3 +393,30 @@ def test_compensate_refuses_a_switch_that_is_no_bool_before_anything_is_undone(d
     with pytest.raises(LineageError, match=rf"compensate\({switch}=.*\) takes True or False"):
         db.batches.compensate((query, 1), **{switch: value})
     assert scalar(db, "SELECT count(*) FROM items WHERE key = :k", k=f"{query}-x") == 1
+
+
+def test_a_transaction_another_run_compensated_meanwhile_is_not_reported_as_compensated_by_this_one(db):
+    """Two compensations of one batch racing: the second one's compensating transaction of X fails on the UNIQUE
+    ``compensates`` and X counts as done by the other.  Its report named its own compensating transaction — rolled
+    back, in no lineage — as X's (``compensating_transactions`` of ``activedb batches compensate``).  The race made
+    deterministic: X's compensation itself runs the other compensation of the batch, which commits first."""
+    query = prefix()
+    calls, inner = [], []
+
+    @db.batches.compensation(f"unsee-{query}")
+    def unsee(tx, detail):
+        calls.append(tx.id)
+        if len(calls) == 1:              # the other run, inside this one's compensating transaction
+            inner.append(db.batches.compensate((query, 1)))
+        for row in tx.scan("events_seen", {"detail": detail}):
+            tx.delete("events_seen", row["id"])
+
+    with db.transaction(name="load") as tx:
+        db.batches.consumed(tx, query, 1)
+        tx.insert("events_seen", rule="load", detail=query)
+        db.batches.note(tx, f"unsee-{query}", detail=query)
+    report = db.batches.compensate((query, 1))
+    compensated_by = db.batches.transaction(tx.log_id).compensated_by
+    assert inner[0].compensated == [tx.log_id] and inner[0].compensating == {tx.log_id: compensated_by}
+    assert report.compensated == [] and report.compensating == {}
+    assert scalar(db, "SELECT count(*) FROM events_seen WHERE detail = :d", d=query) == 0
