@@ -525,6 +525,8 @@ def request(pid: int, directory: str | Path | None = None, *, timeout: float = 1
     import time
 
     check_seconds("request", "timeout", timeout, none=None, zero=False)    # (before anything is sent)
+    if pid > _LARGEST_PID:           # (no process has it; os.pidfd_open and os.kill would overflow on it)
+        raise PictureError(f"no process {pid}")
     folder = explain_directory(directory)
     registration_path = folder / f"{pid}{REGISTRATION_SUFFIX}"
     path = folder / f"{pid}.json"
@@ -576,6 +578,10 @@ def _exists(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+#: The largest pid there can be: a ``pid_t`` is a C int.
+_LARGEST_PID = 2**31 - 1
 
 
 def _open_process(pid: int) -> int | None:

@@ -336,6 +336,22 @@ def test_request_refuses_a_timeout_that_is_no_time_before_anything_is_sent(tmp_p
         request(os.getpid(), tmp_path, timeout=timeout)
 
 
+@pytest.mark.parametrize("pid", [2**31, 10**11, 2**70])
+def test_a_pid_no_process_can_have_is_no_process_in_one_line(tmp_path, pid):
+    """``activedb explain --pid 99999999999`` (a mistyped pid beyond what a pid can be) ended with a traceback of
+    the OverflowError of ``os.pidfd_open`` ('signed integer is greater than maximum'); it is "no process", as a
+    pid that names none is, and nothing is sent."""
+    from click.testing import CliRunner
+
+    from activedb.cli import main
+    from activedb.explain import request
+
+    with pytest.raises(activedb.PictureError, match=rf"^no process {pid}$"):
+        request(pid, tmp_path)
+    result = CliRunner().invoke(main, ["--home", str(tmp_path / "home"), "explain", "--pid", str(pid)])
+    assert result.exit_code == 1 and result.output == f"activedb: error: no process {pid}\n", result.output
+
+
 def test_a_picture_or_snapshot_that_cannot_be_written_or_read_is_a_picture_error_and_one_line(tmp_path):
     """``render`` into a folder that cannot be made (a file is in the way) let the OSError out — ``activedb explain
     SNAPSHOT -o PATH`` printed its traceback —, and ``Explanation.load`` of a directory let IsADirectoryError out:
