@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 
-from coupling import ACTION_COUPLINGS, Coupling, CouplingError
+from coupling import ACTION_COUPLINGS, Coupling, CouplingError, may_run_after
 
 from activedb.errors import RuleDefinitionChangedWarning, RuleError, UnknownTable
 from activedb.events import Event, EventKind, EventSpec, Origin
@@ -138,12 +138,22 @@ class RuleRegistry:
                 raise RuleError(f"rule {name!r}: {error}") from None
         if spec.origin is Origin.EXTERNAL:
             self._validate_external(rule)
-        if spec.kind.is_transaction_end and not rule.coupling.runs_as_top_level:
-            raise RuleError(
-                f"rule {name!r}: on {spec} the triggering transaction has already ended, so the rule must be "
-                f"detached (detached, detached_causally_dependent, sequential_causally_dependent or "
-                f"exclusive_causally_dependent), not {rule.coupling.value}"
-            )
+        if spec.kind.is_transaction_end:
+            # The trigger is the transaction that ended: its outcome is the event's kind.
+            committed = spec.kind is EventKind.COMMITTED
+            runs = ", ".join(mode.value for mode in Coupling
+                             if mode.runs_as_top_level and may_run_after(mode, committed))
+            if not rule.coupling.runs_as_top_level:
+                raise RuleError(
+                    f"rule {name!r}: on {spec} the triggering transaction has already ended, so the rule must be "
+                    f"detached (one of: {runs}), not {rule.coupling.value}"
+                )
+            if not may_run_after(rule.coupling, committed):
+                raise RuleError(
+                    f"rule {name!r}: on {spec} the triggering transaction has {spec.kind.value}, so a rule with "
+                    f"{rule.coupling.value} coupling would never run: it runs only if its trigger "
+                    f"{'aborts' if committed else 'commits'}; use one of: {runs}"
+                )
 
     @staticmethod
     def module_of(rule: Rule) -> str:

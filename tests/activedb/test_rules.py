@@ -704,6 +704,25 @@ def test_class_form_rule(db):
         assert connection.execute(sa.text("SELECT value FROM items WHERE key='doubled'")).scalar() == 100
 
 
+@pytest.mark.parametrize("kind, coupling, runs", [
+    ("committed", Coupling.EXCLUSIVE_CAUSALLY_DEPENDENT, "detached, detached_causally_dependent, "
+                                                         "sequential_causally_dependent"),
+    ("aborted", Coupling.DETACHED_CAUSALLY_DEPENDENT, "detached, exclusive_causally_dependent"),
+    ("aborted", Coupling.SEQUENTIAL_CAUSALLY_DEPENDENT, "detached, exclusive_causally_dependent"),
+])
+def test_a_rule_on_a_transaction_end_whose_coupling_can_never_run_is_rejected_at_declaration(db, kind, coupling,
+                                                                                             runs):
+    """A rule on a transaction's end is triggered by that transaction, whose outcome is its end: an exclusive
+    causally dependent rule on ``committed`` (it runs only if its trigger aborts), a detached or sequential causally
+    dependent one on ``aborted`` (only if it commits) was declared without a word and never ran — every firing
+    counted as cancelled — as the same rule on a captured change is refused."""
+    with pytest.raises(RuleError, match=rf"on {kind}\(\) .*{coupling.value} .* never run.*use one of: {runs}$"):
+        db.rule(on=db.transaction_event(kind), coupling=coupling, name="never")(lambda tx, event: None)
+    with pytest.raises(RuleError, match=rf"must be detached \(one of: {runs}\)"):
+        db.rule(on=db.transaction_event(kind), coupling="immediate", name="never")(lambda tx, event: None)
+    assert "never" not in db.rules.names()
+
+
 def test_transaction_events_fire_detached_rules(db):
     seen = []
 
