@@ -201,7 +201,9 @@ class DependencyGate:
         gets ``ABORT``/``CANCEL``); a commit the gate did not grant raises :class:`GateProtocolError` after
         the end was recorded.
         """
-        committed = bool(committed)
+        if not isinstance(committed, bool):     # ("no" is truthy: an aborted trigger would count as committed)
+            raise InvalidArgument(f"trigger_ended({tid!r}, committed={committed!r}): committed is True or False (the "
+                                  "transaction's outcome)")
         with self._mutex:
             if tid in self._outcomes:
                 raise GateProtocolError(f"{tid!r} reported to end twice (first "

@@ -305,6 +305,20 @@ def test_registering_on_an_ended_trigger_decides_at_once():
     assert gate.wait_may_begin("E", timeout=0) is CANCEL
 
 
+@pytest.mark.parametrize("outcome", ["no", "False", None, 0])
+def test_an_end_whose_outcome_is_no_bool_is_refused_and_decides_nothing(outcome):
+    """``trigger_ended(tid, committed)`` read the outcome by its truth value: an aborted trigger given as ``"no"`` or
+    ``"False"`` was recorded as committed, so its AD dependent was told to COMMIT (as ``may_run_after`` did before it
+    refused such an outcome).  Now it is an InvalidArgument naming ``committed``, and nothing is recorded."""
+    gate = DependencyGate()
+    gate.register("D", "T", Coupling.DETACHED_CAUSALLY_DEPENDENT)
+    with pytest.raises(InvalidArgument, match=r"trigger_ended\('T', committed=.*\): committed is True or False"):
+        gate.trigger_ended("T", outcome)
+    assert gate.outcome_of("T") is None and gate.must_abort("D") is False
+    gate.trigger_ended("T", committed=False)
+    assert gate.wait_may_commit("D", timeout=0) is ABORT
+
+
 def test_unregistered_transactions_are_never_held_up():
     gate = DependencyGate()
     assert gate.wait_may_begin("X", timeout=0) is BEGIN
