@@ -193,7 +193,16 @@ def plan(batches: Compensations, explorer: LineageExplorer, batch: BatchRef, *, 
     nodes = explorer.load(everything)
     already = {tid for tid in chosen if nodes[tid].compensated_by is not None}
     graph = explorer.graph(chosen)
-    order = [tid for tid in reversed(list(nx.topological_sort(graph))) if tid not in already]
+    try:
+        order = [tid for tid in reversed(list(nx.topological_sort(graph))) if tid not in already]
+    except nx.NetworkXUnfeasible:
+        edges = nx.find_cycle(graph)
+        cycle = " → ".join([tid for tid, _ in edges] + [edges[0][0]])
+        raise LineageError(f"compensating {batch}: the recorded lineage has a cycle {cycle} — a transaction consumed "
+                           f"a batch it or a transaction it triggered produced, or names one of them in triggered_by "
+                           f"— so no reverse order exists; nothing was compensated. Record each batch as the output of "
+                           f"the transaction that made it (db.batches.produced) and the input of those that read it "
+                           f"(consumed)") from None
     losing = set().union(*(others[tid] for tid in chosen))
     partially = _partially_dropped(explorer, chosen, targets)
     kept = everything - chosen

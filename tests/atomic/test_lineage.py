@@ -420,3 +420,18 @@ def test_a_transaction_another_run_compensated_meanwhile_is_not_reported_as_comp
     assert inner[0].compensated == [tx.log_id] and inner[0].compensating == {tx.log_id: compensated_by}
     assert report.compensated == [] and report.compensating == {}
     assert scalar(db, "SELECT count(*) FROM events_seen WHERE detail = :d", d=query) == 0
+
+
+def test_a_lineage_with_a_cycle_of_triggering_is_refused_by_plan_and_compensate_saying_which(db):
+    """A transaction that consumed a batch it produced itself (or, through ``triggered_by``, one of its descendants)
+    makes the recorded graph cyclic, where compensation needs a reverse order of it: ``plan`` and ``compensate`` let
+    networkx's NetworkXUnfeasible ('Graph contains a cycle') out — no ActivedbError, no word of where the cycle is."""
+    query = prefix()
+    with db.transaction(name="loop") as tx:
+        db.batches.consumed(tx, query, 1)
+        db.batches.produced(tx, query, 1)
+        tx.insert("events_seen", rule="loop", detail=query)
+    for call in (db.batches.plan, db.batches.compensate):
+        with pytest.raises(LineageError, match=rf"cycle {tx.log_id} → {tx.log_id}.*nothing was compensated"):
+            call((query, 1))
+    assert scalar(db, "SELECT count(*) FROM events_seen WHERE detail = :d", d=query) == 1
