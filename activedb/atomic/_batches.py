@@ -196,6 +196,7 @@ class Batches:
     def scover(self, *batches: BatchLike, consecutive: bool = False) -> set[BatchRef]:
         """The source covering batch set of ``batches`` (by derivation).  Raises :class:`UnknownBatch` if no
         recorded transaction consumed or produced one of them."""
+        check_switch("scover", "consecutive", consecutive, error=LineageError)
         return self._explore(lambda explorer: _graph.scover(
             explorer, [_known(explorer, _ref(batch)) for batch in batches], consecutive=consecutive))
 
@@ -203,6 +204,7 @@ class Batches:
                            consecutive: bool = False) -> IndependentScover:
         """The §3 closure from ``batch``, cut (and reported as cut) at the bounds given.  Raises
         :class:`UnknownBatch` if no recorded transaction consumed or produced ``batch``."""
+        check_switch("independent_scover", "consecutive", consecutive, error=LineageError)
         return self._explore(lambda explorer: _graph.independent_scover(
             explorer, _known(explorer, _ref(batch)), max_rounds=max_rounds, max_transactions=max_transactions,
             consecutive=consecutive))
@@ -227,6 +229,7 @@ class Batches:
     def plan(self, source_batch: BatchLike, *, mode: CompensationMode = CompensationMode.FULL,
              scope: CompensationScope = CompensationScope.BATCH, max_rounds: int = 64,
              max_transactions: int = 100_000, consecutive: bool = False) -> CompensationPlan:
+        check_switch("plan", "consecutive", consecutive, error=LineageError)
         return self._explore(lambda explorer: _compensate.plan(
             self._compensations, explorer, _ref(source_batch), mode=CompensationMode.parse(mode, "mode"),
             scope=CompensationScope.parse(scope, "scope"), max_rounds=max_rounds,

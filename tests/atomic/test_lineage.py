@@ -435,3 +435,16 @@ def test_a_lineage_with_a_cycle_of_triggering_is_refused_by_plan_and_compensate_
         with pytest.raises(LineageError, match=rf"cycle {tx.log_id} → {tx.log_id}.*nothing was compensated"):
             call((query, 1))
     assert scalar(db, "SELECT count(*) FROM events_seen WHERE detail = :d", d=query) == 1
+
+
+@pytest.mark.parametrize("call", ["scover", "independent_scover", "plan"])
+@pytest.mark.parametrize("value", ["no", "false", 0.0, None])
+def test_the_sets_refuse_a_consecutive_that_is_no_bool(db, call, value):
+    """``consecutive`` of ``scover``, ``independent_scover`` and ``plan`` is a switch, as compensate's (refused there
+    since 67be7801): ``consecutive='false'`` is true to Python, so the gaps in batch order were filled — batches
+    the caller did not ask for in the answer (and in what a plan would compensate) — without a word."""
+    query = prefix()
+    with db.transaction(name="ingest") as tx:
+        db.batches.consumed(tx, query, 1)
+    with pytest.raises(LineageError, match=rf"{call}\(consecutive=.*\) takes True or False"):
+        getattr(db.batches, call)((query, 1), consecutive=value)
