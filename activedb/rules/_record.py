@@ -14,11 +14,15 @@ from coupling import Coupling
 
 from activedb.rules._context import RuleContext
 from activedb.rules._model import RuleCounter, RuleCounters
-from activedb.txn import slot
+from activedb.txn import TxnState, slot
 
 if TYPE_CHECKING:  # pragma: no cover
     from activedb.rules._model import Rule
     from activedb.txn import Transaction
+
+
+#: The states of a tree that has ended (its root's): ``FiringRecord.fold`` has run for it, or will not find a firing.
+_ENDED = frozenset({TxnState.COMMITTED, TxnState.ABORTED})
 
 
 class FiringRecord:
@@ -78,8 +82,11 @@ class FiringRecord:
         Caller holds ``_mutex``."""
         tally = context.firings
         if tally is None:
+            # The tree's first firing.  A tree that ended without one was not folded (``fold`` had nothing to add),
+            # yet it has ended as a folded one has: its firings are counted at once (``couplings`` stays None).
             tally = context.firings = {}
-            context.couplings = {}
+            if root.state not in _ENDED:
+                context.couplings = {}
             root.info.setdefault("rule_firings", tally)
         name = rule.name
         count = tally.get(name)
@@ -96,7 +103,9 @@ class FiringRecord:
             couplings[name] = rule.coupling
 
     def fold(self, root: "Transaction") -> None:
-        """``root``'s tree ended: add its firing record to the counters."""
+        """``root``'s tree ended: add its firing record to the counters.  (Called after the root's state became
+        COMMITTED or ABORTED: a tree with no firing yet has nothing to fold, and ``_tally`` counts a firing into it
+        at once by that state.)"""
         context = slot(root, RuleContext, create=False)
         if context is None or context.couplings is None:
             return

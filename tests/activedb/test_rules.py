@@ -819,6 +819,24 @@ def test_firings_counted_into_a_tree_that_ended_with_its_firings_taken_back_reac
     assert db.rules.statistics().per_rule["bulk"].fired == 1
 
 
+def test_firings_counted_into_a_tree_that_ended_without_firing_reach_the_statistics(db):
+    """A tree that ended, committed or aborted, without a firing (no firing record) is as ended as one that fired: a
+    firing counted into it afterwards (``fired_in_bulk``) reaches ``statistics()`` at once, as ``firings_in`` shows
+    it.  Before, its end was taken for a tree not yet folded: the firing waited for a fold that never came, and
+    ``statistics()`` never counted it."""
+    rule = db.rule(on=db.signalled("late"), name="late")(lambda tx, event: None)
+    with db.transaction() as tx:
+        pass                                     # (no rule fires: the tree has no firing record)
+    db.rules.fired_in_bulk(tx, rule, 1)
+    assert db.rules.firings_in(tx) == {"late": 1}
+    assert db.rules.statistics().per_rule["late"].fired == 1
+    with pytest.raises(RuntimeError):
+        with db.transaction() as aborted:       # (aborted, without a firing either)
+            raise RuntimeError("abort the tree")
+    db.rules.fired_in_bulk(aborted, rule, 2)
+    assert db.rules.statistics().per_rule["late"].fired == 3
+
+
 def test_rule_counter_names_exactly_the_fields_of_rule_counters():
     """``RuleCounter`` (a ``Literal``, for the type checker) and ``RuleCounters`` (the dataclass) list one set of
     counters twice: a field added to one must be added to the other."""
