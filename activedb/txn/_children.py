@@ -205,6 +205,7 @@ class Children:
         """Run ``function(child, ...)`` as an inline subtransaction and return its result; the child
         commits when it returns and aborts (re-raising) when it raises — ``with tx.subtransaction()`` as
         one call, for code that needs the outcome without managing a context."""
+        _check_name("run_subtransaction", name)
         if len(args) == 1 and not kwargs:
             return run_inline(self, function, args[0], name)
         return run_inline(self, lambda child, _: function(child, *args, **kwargs), None, name)
@@ -216,6 +217,7 @@ class Children:
         changed a row it read, at most ``attempts`` times — also when that is one of the rule firings it set off,
         which reaches it as ``RuleFailed`` (its cause), as ``Database.run`` does."""
         check_whole_number("tx.retry", "attempts", attempts, 1, " (how many times to run the function at most)")
+        _check_name("tx.retry", kwargs.get("name"))      # (its subtransaction's name: ``run_subtransaction``'s)
         for attempt in range(1, attempts + 1):
             try:
                 return self._run_subtransaction(function, *args, **kwargs)

@@ -1348,6 +1348,20 @@ def test_a_transaction_or_subtransaction_name_that_is_no_text_is_a_bad_argument(
             tx.spawn(lambda child: None, name=name)
 
 
+@pytest.mark.parametrize("name", [5, b"tx"], ids=["number", "bytes"])
+def test_a_retried_or_run_subtransactions_name_that_is_no_text_is_a_bad_argument(db, name):
+    """``tx.retry(f, name=5)`` and ``lowlevel.run_subtransaction(tx, f, name=5)`` name their subtransaction as
+    ``tx.subtransaction(name=...)`` does, and refuse what it refuses, before the function runs: they took the name
+    (one no ``db.transaction_event`` can match) when the other calls were made to refuse it (5048997)."""
+    ran = []
+    with db.transaction() as tx:
+        with pytest.raises(activedb.BadArgument, match=r"tx.retry\(name="):
+            tx.retry(lambda child: ran.append(child), name=name)
+        with pytest.raises(activedb.BadArgument, match=r"run_subtransaction\(name="):
+            activedb.lowlevel.run_subtransaction(tx, lambda child: ran.append(child), name=name)
+    assert ran == []
+
+
 def test_insert_without_a_key_whose_default_is_no_sequence_says_to_give_the_key(db):
     """A uuid key with a default that is no sequence (``gen_random_uuid()``): ``insert`` without the key cannot
     draw it (the key is needed before the row is sent), so ``InvalidKey`` says to give the key — before, it said
