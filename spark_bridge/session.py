@@ -94,6 +94,9 @@ def get_spark(app_name: str = "activedb", *, master: str = "local[2]", fast_chec
     :class:`~spark_bridge.errors.JavaNotFoundError` when no Java 17/21 can be had.
     """
     require(Extra.SPARK, "Spark (spark_bridge.get_spark)")
+    if isinstance(py_files, (str, os.PathLike)):
+        raise BadArgument(f"get_spark(py_files=...): py_files takes a list of paths, not one; did you mean "
+                          f"py_files=[{os.fspath(py_files)!r}]?")
     missing = [os.fspath(path) for path in py_files if not Path(path).is_file()]
     if missing:
         raise BadArgument(f"get_spark(py_files=...): no such file: {', '.join(missing)}; give existing files")
