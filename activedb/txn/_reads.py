@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Callable, Hashable, Iterable, Mapping
 from lockmgr import Mode
 
 from activedb._closedset import ClosedSet
-from activedb.errors import BadArgument
+from activedb.errors import BadArgument, check_switch
 from activedb.store import RowImage, TableRef, matches
 from activedb.txn import _view
 from activedb.txn._hotkeys import HotKeys
@@ -44,6 +44,8 @@ class Reads:
         deadlocking when both upgrade), and the row locked in PostgreSQL until the tree commits (see
         ``_rowlocks.py``)."""
         self._check_active("read")
+        if for_update and for_update is not True:   # (a text such as 'no' is true to Python: never taken for a switch)
+            check_switch("tx.read", "for_update", for_update)
         info = self.manager.catalog.table_info(table)
         key = info.key(key)
         slots = self.root._slots          # (``_slot(HotKeys, create=False)`` without its call: every read)

@@ -1362,6 +1362,18 @@ def test_a_retried_or_run_subtransactions_name_that_is_no_text_is_a_bad_argument
     assert ran == []
 
 
+@pytest.mark.parametrize("for_update", ["no", 1], ids=["text", "number"])
+def test_read_for_update_that_is_no_switch_is_a_bad_argument(db, for_update):
+    """``tx.read(table, key, for_update="no")`` was read as true, as any non-empty text is to Python: an UPDATE lock
+    and the row locked ``FOR UPDATE`` in PostgreSQL until the tree ended, although the caller asked for a plain read
+    (as ``tx.spawn(f, eager="no")`` woke a worker, eb2bb87).  Now it is refused before anything is locked."""
+    with db.transaction() as tx:
+        with pytest.raises(activedb.BadArgument, match=r"tx.read\(for_update="):
+            tx.read("items", "k", for_update=for_update)
+        assert not db.transactions.locking.holders("items", ("k",))
+        assert tx.read("items", "k", for_update=False) is None
+
+
 def test_insert_without_a_key_whose_default_is_no_sequence_says_to_give_the_key(db):
     """A uuid key with a default that is no sequence (``gen_random_uuid()``): ``insert`` without the key cannot
     draw it (the key is needed before the row is sent), so ``InvalidKey`` says to give the key — before, it said
