@@ -207,7 +207,7 @@ def plan(batches: Compensations, explorer: LineageExplorer, batch: BatchRef, *, 
     partially = _partially_dropped(explorer, chosen, targets)
     kept = everything - chosen
     undo = _undo_rows(batches, explorer.connection, order)
-    unsafe = _unsafe(batches, explorer, chosen, undo)
+    unsafe = _unsafe(batches, explorer, chosen, undo, order)
     missing = _missing(batches, explorer.connection, nodes, order, undo)
     return CompensationPlan(batch, mode, scope, targets, order, already, losing, partially, kept, unsafe,
                             missing, cover, nodes, undo)
@@ -236,17 +236,26 @@ def _undo_rows(batches: Compensations, connection: sa.Connection, ids: list[str]
 
 
 def _unsafe(batches: Compensations, explorer: LineageExplorer, chosen: set[str],
-            undo: dict[str, list[UndoRow]]) -> list[Unsafe]:
+            undo: dict[str, list[UndoRow]], order: list[str]) -> list[Unsafe]:
     found: list[Unsafe] = []
     current = row_images(batches.db.catalog, explorer.connection,
                          [(row.table, row.key) for rows in undo.values() for row in rows], lock=False)
+    # The image each undo row meets when its transaction's turn comes: compensating in ``order`` restores first the
+    # before-images of the transactions undone earlier (a later writer of the row that is compensated too), as
+    # ``_apply`` then checks in turn.
+    images: dict[tuple[str, object], object] = {row_id: jsonable(image) for row_id, image in current.items()}
+    met: dict[tuple[str, int], object] = {}
+    for tid in order:
+        for index, row in reversed(list(enumerate(undo.get(tid, [])))):
+            met[(tid, index)] = images[(row.table, row.key)]
+            images[(row.table, row.key)] = row.before
     for tid, rows in undo.items():
         readers = explorer.children([tid]) - chosen
         if readers:
             found.append(Unsafe(tid, None, None, f"its output was read by transactions that are not compensated: "
                                                  f"{', '.join(sorted(readers))}"))
-        for row in rows:
-            if jsonable(current[(row.table, row.key)]) != row.after:
+        for index, row in enumerate(rows):
+            if met[(tid, index)] != row.after:
                 later = _later_writers(explorer.connection, row, chosen)
                 who = f" (recorded later writers: {', '.join(later)})" if later else ""
                 found.append(Unsafe(tid, row.table, row.key, f"a later transaction changed the row after it{who}: "

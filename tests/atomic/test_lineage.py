@@ -448,3 +448,35 @@ def test_the_sets_refuse_a_consecutive_that_is_no_bool(db, call, value):
         db.batches.consumed(tx, query, 1)
     with pytest.raises(LineageError, match=rf"{call}\(consecutive=.*\) takes True or False"):
         getattr(db.batches, call)((query, 1), consecutive=value)
+
+
+def test_a_row_two_transactions_of_the_batch_wrote_in_turn_is_undone_in_full_and_not_called_unsafe(db):
+    """𝒯(b) of a batch whose first transaction sets a row and whose second — triggered by it — changes it again:
+    compensating the batch in full undoes the second first (the row back to the first one's after-image), then the
+    first, so nothing a kept transaction did is lost.  The plan compared the first one's after-image with the row's
+    current image, which the second (itself compensated) had changed: it called the undo unsafe, naming no later
+    writer, and compensate refused — although compensating runs exactly that check, in turn, and it holds."""
+    query = prefix()
+    db.batches.undo_by_before_image("accounts")
+    account = 900_000 + int(uuid.uuid4().int % 90_000)
+    with db.transaction() as tx:
+        tx.insert("accounts", id=account, owner="ann", balance=10)
+    with db.transaction() as first:
+        db.batches.consumed(first, query, 1)
+        db.batches.produced(first, f"{query}-mid", 1)
+        first.write("accounts", account, balance=15)
+    with db.transaction() as second:
+        db.batches.consumed(second, f"{query}-mid", 1)
+        second.write("accounts", account, balance=17)
+    plan = db.batches.plan((query, 1))
+    assert plan.order == [second.log_id, first.log_id] and plan.unsafe == [], plan.unsafe
+    report = db.batches.compensate((query, 1))
+    assert report.compensated == [second.log_id, first.log_id]
+    assert scalar(db, "SELECT balance FROM accounts WHERE id = :i", i=account) == 10
+    # A transaction outside the batch that changed the row is still named unsafe (the check is not gone).
+    with db.transaction() as tx:
+        db.batches.consumed(tx, query, 2)
+        tx.write("accounts", account, balance=30)
+    with db.transaction() as tx:
+        tx.write("accounts", account, balance=31)
+    assert [item.key for item in db.batches.plan((query, 2)).unsafe] == [account]
