@@ -194,7 +194,10 @@ def plan(batches: Compensations, explorer: LineageExplorer, batch: BatchRef, *, 
     already = {tid for tid in chosen if nodes[tid].compensated_by is not None}
     graph = explorer.graph(chosen)
     try:
-        order = [tid for tid in reversed(list(nx.topological_sort(graph))) if tid not in already]
+        # Siblings newest first: the reverse of the order in which they committed (recorded_at), which is a
+        # topological one (a transaction commits before those it triggers), so each undo meets its own after-image.
+        ran = nx.lexicographical_topological_sort(graph, key=lambda tid: (nodes[tid].recorded_at, tid))
+        order = [tid for tid in reversed(list(ran)) if tid not in already]
     except nx.NetworkXUnfeasible:
         edges = nx.find_cycle(graph)
         cycle = " → ".join([tid for tid, _ in edges] + [edges[0][0]])

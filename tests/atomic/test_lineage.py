@@ -480,3 +480,29 @@ def test_a_row_two_transactions_of_the_batch_wrote_in_turn_is_undone_in_full_and
     with db.transaction() as tx:
         tx.write("accounts", account, balance=31)
     assert [item.key for item in db.batches.plan((query, 2)).unsafe] == [account]
+
+
+def test_transactions_of_a_batch_that_wrote_one_row_side_by_side_are_undone_newest_first(db):
+    """Five transactions a batch's first one triggered side by side (each consumed the batch it produced), each
+    changing one row in turn: compensation must undo them newest first, each then meeting its own after-image.  The
+    reverse topological order left siblings in the order of a set of their ids, so the plan mostly called an
+    earlier sibling's undo unsafe (the row held a later one's change) and compensate refused; it now undoes
+    siblings newest first (recorded_at), the reverse of an order in which they ran."""
+    query = prefix()
+    db.batches.undo_by_before_image("accounts")
+    account = 900_000 + int(uuid.uuid4().int % 90_000)
+    with db.transaction() as tx:
+        tx.insert("accounts", id=account, owner="ann", balance=10)
+    with db.transaction() as first:
+        db.batches.consumed(first, query, 1)
+        db.batches.produced(first, f"{query}-mid", 1)
+    siblings = []
+    for balance in range(11, 16):
+        with db.transaction() as tx:
+            db.batches.consumed(tx, f"{query}-mid", 1)
+            tx.write("accounts", account, balance=balance)
+        siblings.append(tx.log_id)
+    plan = db.batches.plan((query, 1))
+    assert plan.order == [*reversed(siblings), first.log_id] and plan.unsafe == [], (plan.order, plan.unsafe)
+    db.batches.compensate((query, 1))
+    assert scalar(db, "SELECT balance FROM accounts WHERE id = :i", i=account) == 10
