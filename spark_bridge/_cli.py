@@ -322,6 +322,12 @@ def run_command(ctx: click.Context, app: str, source_text: str, checkpoint: str 
     console = make_console()
     loaded = _load_app(app, verbose)
     assert loaded.mapping is not None, "loaded with require_mapping=True"
+    if partitions and (loaded.queries is not None or loaded.executor == "tpg"):
+        elsewhere = ("its pattern queries (QUERIES; for concurrency inside a batch set SCHEDULER = 's2pl' or 'lwm')"
+                     if loaded.queries is not None else
+                     "the TPG executor (EXECUTOR; it splits a batch itself: StateTransactions(processes=N))")
+        raise click.BadParameter(f"runs the rules in each Spark task, but {loaded.name} sends its batches to "
+                                 f"{elsewhere}: leave --partitions out", param_hint="--partitions")
     name = query_name or default_source_name(app)
     home = command_home(obj.get("home"))
     checkpoint_dir = Path(checkpoint) if checkpoint else home / "checkpoints" / name

@@ -182,6 +182,17 @@ def test_run_refuses_a_deadline_given_with_partitions_as_a_usage_error(tmp_path,
     assert "--partitions" in result.output, result.output
 
 
+def test_run_refuses_partitions_for_an_app_whose_batches_do_not_go_to_the_rules_as_a_usage_error(tmp_path):
+    """The scale-out path runs the rules in each Spark task; an application with ``EXECUTOR = "tpg"`` (or ``QUERIES``)
+    was refused only once the database was opened, ``--reset`` had emptied its tables and Spark had started (10-30
+    s), by ``IngestOptions``, naming ``partition_by_key=`` rather than the command's option."""
+    app = str(Path(__file__).with_name("app_ledger.py"))
+    result = CliRunner().invoke(main, ["--url", "postgresql://nobody@/nowhere", "run", app, "--source", "rate",
+                                       "--checkpoint", str(tmp_path / "checkpoint"), "--partitions", "2"])
+    assert result.exit_code == 2 and "Invalid value for --partitions" in result.output, result.output
+    assert "EXECUTOR" in result.output, result.output
+
+
 def _processes_with(marker: str) -> list[str]:
     """Command lines of the running processes that contain ``marker`` (zombies have none)."""
     found = []
