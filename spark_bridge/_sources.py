@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+from activedb.errors import BadArgument
 from activedb.lowlevel import check_whole_number
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -73,10 +74,18 @@ def write_event_files(directory: Path, events: list[dict[str, object]], per_file
     ``first_mtime + n``: a file source reads them one micro-batch each (``maxFilesPerTrigger=1``) in that
     order (it takes files in modification-time order)."""
     check_whole_number("write_event_files", "per_file", per_file, 1)
+    lines = []          # (every event first: a directory holding part of them would be read as the stream)
+    for position, event in enumerate(events):
+        try:
+            lines.append(json.dumps(event) + "\n")
+        except (TypeError, ValueError) as error:
+            raise BadArgument(f"write_event_files: event {position} ({event!r}) cannot be written as JSON "
+                              f"({error}); give JSON values, e.g. a time as text (datetime.isoformat()); nothing was "
+                              f"written") from None
     directory.mkdir(parents=True)
     for number, start in enumerate(range(0, len(events), per_file)):
         path = directory / f"part-{number:04d}.json"
-        path.write_text("".join(json.dumps(event) + "\n" for event in events[start:start + per_file]))
+        path.write_text("".join(lines[start:start + per_file]))
         os.utime(path, (first_mtime + number, first_mtime + number))
 
 

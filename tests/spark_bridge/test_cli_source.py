@@ -64,3 +64,19 @@ def test_a_schema_spark_cannot_parse_is_a_source_error_naming_schema(spark, tmp_
                                           r"reads \(.*STRIN.*\); write it as 'name TYPE, …'"):
         build_stream(spark, parse_source(f"file:{tmp_path}"), loaded, file_format=file_format,
                      max_files_per_trigger=None, rows_per_second=1, event_types=["add"])
+
+
+def test_write_event_files_refuses_an_event_that_is_no_json_before_writing_any_file(tmp_path):
+    """An event ``json.dumps`` cannot write (a datetime) raised its bare TypeError after the files before it were
+    written: a directory a file source would read with part of the events, which a second call then refused as
+    existing (FileExistsError)."""
+    import datetime as dt
+
+    from activedb.errors import BadArgument
+    from spark_bridge import write_event_files
+
+    events = [{"kind": "a", "n": 1}, {"kind": "a", "n": 2}, {"kind": "b", "at": dt.datetime(2024, 5, 1)}]
+    with pytest.raises(BadArgument, match=r"write_event_files: event 2 .* cannot be written as JSON .*datetime.*"
+                                          r"nothing was written"):
+        write_event_files(tmp_path / "events", events, 1, 0.0)
+    assert not (tmp_path / "events").exists()
