@@ -58,8 +58,12 @@ def flush(root: "Transaction") -> None:
     locked = dict(rowlocks.rows) if rowlocks is not None else {}
     held = rowlocks.take_connection() if rowlocks is not None else None
     if held is not None and needs_predicates:
-        # SERIALIZABLE cannot start inside the held transaction: let its locks go, lock again below.
-        held.rollback()
+        # SERIALIZABLE cannot start inside the held transaction: let its locks go, lock again below.  (A session
+        # lost meanwhile let them go already: the rows are validated all the same.)
+        try:
+            held.rollback()
+        except sa.exc.DBAPIError:
+            held.invalidate()
         held.close()
         held = None
     if held is not None:

@@ -138,6 +138,39 @@ def test_a_tree_that_also_scans_locks_again_at_a_serializable_flush(db):
     assert balances(db)[2] == 1
 
 
+
+def _terminate_idle_in_transaction(db) -> int:
+    """End the session holding the tree's rows read for update (this database's one session idle in a transaction)
+    from a connection outside the pool, waiting until it has ended; how many were ended."""
+    import psycopg
+
+    url = db.engine.url
+    with psycopg.connect(host=url.host or url.query["host"], port=url.port, user=url.username, password=url.password,
+                         dbname="postgres", autocommit=True) as admin:
+        return admin.execute(
+            "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid, 30000)) FROM pg_stat_activity "
+            "WHERE datname = %s AND state = 'idle in transaction'", (url.database,)).fetchone()[0]
+
+
+@pytest.mark.parametrize("relies_on", ["a scan", "an absent row"])
+def test_a_serializable_flush_after_the_held_session_was_lost_locks_again_and_commits(db, relies_on):
+    """The held locks are let go before a flush at SERIALIZABLE: a session that ended meanwhile (terminated, the
+    server's idle-in-transaction timeout) let them go already, and the flush locks the rows again and validates them
+    as when the session lives — not a driver error from rolling back the lost session."""
+    with db.transaction() as tx:
+        row = tx.read("accounts", 2, for_update=True)
+        assert _terminate_idle_in_transaction(db) == 1
+        if relies_on == "a scan":
+            tx.scan("accounts", lambda image: image["id"] != 2)
+        else:
+            assert tx.read("accounts", 404) is None
+        tx.write("accounts", 2, balance=row["balance"] + 5)
+    assert balances(db) == {1: 0, 2: 5}
+    with db.transaction() as tx:                             # the next tree reads for update as ever
+        row = tx.read("accounts", 2, for_update=True)
+        tx.write("accounts", 2, balance=row["balance"] + 1)
+    assert balances(db) == {1: 0, 2: 6}
+
 def test_db_run_learns_update_intent_from_a_read_then_write_that_deadlocked(db):
     """Plain ``tx.read`` then ``tx.write`` of one row by two ``db.run`` calls at once: both read, both
     convert, one is the deadlock victim and is re-run.  The re-run, and every later run of the function,
