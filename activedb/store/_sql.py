@@ -387,7 +387,7 @@ def _run(connection: sa.Connection, plan: list[tuple[TableInfo, str, tuple[str, 
                     connection.exec_driver_sql(*last)
         except sa.exc.IntegrityError as error:
             if kind == "insert" and _error_table(error) in (None, info.table.name):
-                _raise_insert_error(info.name, error)
+                _raise_insert_error(info.name, error, info.table.primary_key)
             raise
 
 
@@ -434,8 +434,11 @@ def _then_commit(connection: sa.Connection, commit: bool, *, pipeline: bool = Fa
                                          error, driver.Error) from None
 
 
-def _raise_insert_error(table_name: str, error: sa.exc.IntegrityError) -> None:
-    if getattr(error.orig, "sqlstate", None) == "23505":
+def _raise_insert_error(table_name: str, error: sa.exc.IntegrityError, primary_key: sa.PrimaryKeyConstraint) -> None:
+    """``DuplicateKey`` for a unique violation of the table's ``primary_key`` (another UNIQUE constraint's
+    is left to the caller, as any constraint's), ``InvalidValue`` for a missing NOT NULL column."""
+    constraint = getattr(getattr(error.orig, "diag", None), "constraint_name", None)
+    if getattr(error.orig, "sqlstate", None) == "23505" and constraint in (None, primary_key.name):
         raise DuplicateKey(
             f"insert into {table_name!r}: a row with the same primary key exists in the database "
             f"({str(error.orig).splitlines()[-1].strip()}); use write() to upsert a row whose key you give — a key "

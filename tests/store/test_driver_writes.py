@@ -130,6 +130,36 @@ def test_a_duplicate_key_at_the_flush_is_reported_as_before_and_nothing_is_writt
 
 
 @pytest.mark.parametrize("count", [1, 5])
+def test_an_insert_refused_by_a_unique_constraint_that_is_no_primary_key_is_the_constraints_refusal(db, count):
+    """A UNIQUE constraint on other columns than the key refuses an insert as PostgreSQL refuses any constraint, a
+    ``DatabaseError`` naming the constraint (activedb's README) — not ``DuplicateKey``, whose "a row with the same
+    primary key" and "use write() to upsert" are wrong there (a write is refused alike)."""
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("CREATE TABLE badges (id integer PRIMARY KEY, code text UNIQUE)"))
+    try:
+        with db.transaction() as tx:
+            tx.insert("badges", id=0, code="taken")
+        for refused in (lambda tx: [tx.insert("badges", id=number + 1, code="taken" if number == count - 1 else None)
+                                    for number in range(count)],
+                        lambda tx: tx.write("badges", count + 1, code="taken")):
+            with pytest.raises(DatabaseError, match=r"SQLSTATE 23505.*badges_code_key.*nothing was written") as raised:
+                with db.transaction() as tx:
+                    refused(tx)
+            assert not isinstance(raised.value, DuplicateKey) and raised.value.sqlstate == "23505"
+        with pytest.raises(DuplicateKey, match=r"same primary key"):       # the key itself: as before
+            with db.transaction() as tx:
+                tx.insert("badges", id=9, code="mine")                     # absent now, inserted meanwhile
+                with db.engine.begin() as connection:
+                    connection.execute(sa.text("INSERT INTO badges (id, code) VALUES (9, 'theirs')"))
+        with db.engine.connect() as connection:
+            assert connection.execute(sa.text("SELECT id, code FROM badges ORDER BY id")).all() == [(0, "taken"),
+                                                                                                  (9, "theirs")]
+    finally:
+        with db.engine.begin() as connection:
+            connection.execute(sa.text("DROP TABLE badges"))
+
+
+@pytest.mark.parametrize("count", [1, 5])
 def test_a_value_postgresql_refuses_names_its_sqlstate(samples, count):
     db = samples
     with pytest.raises(DatabaseError, match=r"SQLSTATE 22003") as raised:   # beyond numeric(20, 6)
