@@ -249,7 +249,7 @@ def ingested_event_ids(db: DatabaseHandle, query_name: str, event_ids: list[str]
     if not event_ids:
         return {}
     table = db.table(EVENT_ID_TABLE)
-    with db.engine.connect() as connection:
+    with db.catalog.autocommit_connection() as connection:     # (a lost connection: DatabaseUnavailable)
         rows = connection.execute(sa.select(table.c.event_id, table.c.query_id, table.c.batch_id).where(
             table.c.query_name == query_name, table.c.event_id.in_(list(dict.fromkeys(event_ids))))).all()
     return {row.event_id: (row.query_id, row.batch_id) for row in rows}
@@ -261,6 +261,6 @@ def batch_committed(db: DatabaseHandle, query_id: str, batch_id: int) -> bool:
     if isinstance(batch_id, bool) or not isinstance(batch_id, int):
         raise BadArgument(f"batch_committed(batch_id={batch_id!r}) takes a batch number, an integer (a Batch's number)")
     ledger = db.table(LEDGER_TABLE)
-    with db.engine.connect() as connection:
+    with db.catalog.autocommit_connection() as connection:     # (a lost connection: DatabaseUnavailable)
         return connection.execute(sa.select(ledger.c.batch_id).where(
             ledger.c.query_id == query_id, ledger.c.batch_id == batch_id)).first() is not None

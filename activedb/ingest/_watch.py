@@ -135,7 +135,7 @@ def letters_written_ahead(db: DatabaseHandle, query_id: str, batch_id: int) -> d
     """``{row position: letter id}`` of the dead letters a deadline wrote ahead of batch ``batch_id`` of
     ``query_id`` (:meth:`Watch._abandon`): its re-run leaves those rows out."""
     table = db.table(deadletters.TABLE)
-    with db.engine.connect() as connection:
+    with db.catalog.autocommit_connection() as connection:     # (a lost connection: DatabaseUnavailable)
         return deadletters.written_ahead(connection, table, query_id, batch_id)
 
 

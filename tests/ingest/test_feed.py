@@ -620,3 +620,53 @@ def test_wait_idle_without_a_limit_given_as_infinity_waits_for_the_batch_in_prog
         handler.release.set()
         ingestion.close()
         database.close()
+
+
+class _Counts(BatchHandler):
+    """Applies nothing: a batch's events counted in its ledger row."""
+
+    def handle(self, tx, batch, ledger):
+        ledger.events = len(batch.events)
+
+
+def _terminate_sessions(database) -> None:
+    """End every session of ``database``'s user in it (from a connection outside its pool): every connection the
+    pool or the catalog keeps is dead."""
+    import psycopg
+
+    url = database.engine.url
+    with psycopg.connect(host=url.host or url.query["host"], port=url.port, user=url.username, password=url.password,
+                         dbname="postgres", autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(pid, 30000) FROM pg_stat_activity WHERE datname = %s "
+                      "AND usename = current_user AND pid <> pg_backend_pid()", (url.database,))
+
+
+@pytest.mark.parametrize("read_first", ["ledger", "event_ids"])
+def test_a_connection_lost_before_a_batch_began_is_unavailable_and_the_batch_applies_once_later(database_url,
+                                                                                                 read_first):
+    """What a batch reads before its transaction — whether the ledger has it (a batch that does not follow the one
+    committed last), the event ids ingested already — meets a lost connection as any read does: a
+    ``DatabaseUnavailable`` saying so (not the driver's exception), nothing applied, and the batch applies once when
+    it comes again."""
+    database = activedb.connect(database_url, outbox_options={"recovery_interval": None})
+    source = f"lost_{read_first}"
+    ingestion = Ingestion(database, activedb.ingest.EventMapping("type", "key", "ts", id_column="id"), source=source,
+                          handler=_Counts())
+    run = str(LedgerId(source, "r1"))
+
+    def rows(batch):
+        return [{"type": "add", "key": "k", "ts": BASE_TIME, "id": f"{read_first}-{batch}"}]
+
+    try:
+        assert ingestion.process(rows(0), 0, query_id=run).committed
+        batch = 1 if read_first == "event_ids" else 7       # (1 follows batch 0: the ledger is not read first)
+        _terminate_sessions(database)
+        with pytest.raises(activedb.DatabaseUnavailable, match="lost the connection to PostgreSQL"):
+            ingestion.process(rows(batch), batch, query_id=run)
+        assert not batch_committed(database, run, batch)
+        outcome = ingestion.process(rows(batch), batch, query_id=run)
+        assert (outcome.committed, outcome.events) == (True, 1)
+        assert [(status.batches, status.events) for status in ingestion_status(database, source)] == [(2, 2)]
+    finally:
+        ingestion.close()
+        database.close()
