@@ -350,14 +350,14 @@ def select(database: DatabaseHandle, letters: LetterFilter = LetterFilter(), *, 
     statement = letters.statement(table)
     if limit is not None:
         statement = statement.limit(limit)
-    with database.engine.connect() as connection:
+    with database.catalog.autocommit_connection() as connection:     # (lost: DatabaseUnavailable)
         return [LetterRecord.from_mapping(row._asdict()) for row in connection.execute(statement)]
 
 
 def count(database: DatabaseHandle, letters: LetterFilter = LetterFilter()) -> int:
     _check_filter("count", letters)
     table = database.table(TABLE)
-    with database.engine.connect() as connection:
+    with database.catalog.autocommit_connection() as connection:     # (lost: DatabaseUnavailable)
         return connection.execute(sa.select(sa.func.count()).select_from(
             letters.statement(table).subquery())).scalar_one()
 
@@ -368,7 +368,7 @@ def count_by_reason(database: DatabaseHandle, letters: LetterFilter = LetterFilt
     table = database.table(TABLE)
     selected = letters.statement(table).order_by(None).subquery()
     statement = sa.select(selected.c.reason, sa.func.count()).group_by(selected.c.reason)
-    with database.engine.connect() as connection:
+    with database.catalog.autocommit_connection() as connection:     # (lost: DatabaseUnavailable)
         return dict(connection.execute(statement).all())
 
 

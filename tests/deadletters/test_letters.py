@@ -268,3 +268,28 @@ def test_a_filter_that_is_no_letter_filter_is_refused_saying_what_to_give(db, ca
 
     with pytest.raises(BadArgument, match=rf"deadletters.{call}\(letters=.*\) takes a LetterFilter"):
         getattr(deadletters, call)(db, letters)
+
+
+@pytest.mark.parametrize("call", ["select", "count", "count_by_reason"])
+def test_reading_letters_over_a_lost_connection_is_unavailable_and_the_next_read_works(migrated, call):
+    """The reads of ``activedb_dead_letters`` meet a connection PostgreSQL ended (a restart, ``pg_terminate_backend``,
+    a server timeout) as every read does: a ``DatabaseUnavailable`` saying so — not the driver's exception with the
+    statement — and the next read works."""
+    import psycopg
+
+    import activedb
+
+    database = activedb.connect(migrated, outbox_options={"recovery_interval": None})
+    try:
+        read = getattr(deadletters, call)
+        read(database)                  # (the table is known, a connection kept)
+        url = database.engine.url
+        with psycopg.connect(host=url.host or url.query["host"], port=url.port, user=url.username,
+                             password=url.password, dbname="postgres", autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(pid, 30000) FROM pg_stat_activity WHERE datname = %s "
+                          "AND usename = current_user AND pid <> pg_backend_pid()", (url.database,))
+        with pytest.raises(activedb.DatabaseUnavailable, match="lost the connection to PostgreSQL"):
+            read(database)
+        assert read(database) == read(database, LetterFilter())
+    finally:
+        database.close()
