@@ -430,7 +430,7 @@ class Outbox:
     # --- what the outbox holds ------------------------------------------------------------------
 
     def statistics(self) -> OutboxStatistics:
-        with self.catalog.engine.connect() as connection:
+        with self.catalog.autocommit_connection() as connection:     # (lost: DatabaseUnavailable)
             counts = _records.counts(connection)
         per_rule: dict[str, dict[str, int]] = {}
         for status, by_rule in counts.items():
@@ -446,7 +446,7 @@ class Outbox:
     def failures(self, limit: int = 100) -> list[FailedFiring]:
         """The most recent firings that failed for good, newest first."""
         check_whole_number("outbox.failures", "limit", limit, 0)
-        with self.catalog.engine.connect() as connection:
+        with self.catalog.autocommit_connection() as connection:     # (lost: DatabaseUnavailable)
             rows = _records.failed(connection, limit)
         result = []
         for row in rows:

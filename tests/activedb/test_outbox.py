@@ -805,3 +805,22 @@ def test_outbox_says_how_many_failed_firings_it_lists_of_how_many(db, migrated):
     assert "the 50 most recent of 51 failed firings" in text and "activedb outbox --limit 0" in text, text
     everything = " ".join(CliRunner().invoke(main, ["--url", migrated, "outbox", "--limit", "0"]).output.split())
     assert "most recent of" not in everything
+
+
+@pytest.mark.parametrize("call", ["statistics", "failures"])
+def test_reading_the_outbox_over_a_lost_connection_is_unavailable_and_the_next_read_works(db, call):
+    """``db.outbox.statistics()`` and ``failures()`` meet a connection PostgreSQL ended (a restart,
+    ``pg_terminate_backend``, a server timeout) as every read does: a ``DatabaseUnavailable`` saying so — not the
+    driver's exception with the statement — and the next read works."""
+    import psycopg
+
+    read = getattr(db.outbox, call)
+    read()                              # (a connection kept)
+    url = db.engine.url
+    with psycopg.connect(host=url.host or url.query["host"], port=url.port, user=url.username,
+                         password=url.password, dbname="postgres", autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(pid, 30000) FROM pg_stat_activity WHERE datname = %s "
+                      "AND usename = current_user AND pid <> pg_backend_pid()", (url.database,))
+    with pytest.raises(activedb.DatabaseUnavailable, match="lost the connection to PostgreSQL"):
+        read()
+    assert read() == read()
