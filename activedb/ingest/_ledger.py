@@ -83,7 +83,7 @@ def ingestion_status(db: DatabaseHandle, query_name: str | None = None) -> list[
         raise BadArgument(f"ingestion_status(query_name={query_name!r}) takes a source's name (a LedgerId's source: "
                           f"'badges', 'capture:orders'), or None for every source")
     ledger = db.table(LEDGER_TABLE)
-    with db.engine.connect() as connection:
+    with db.catalog.autocommit_connection() as connection:     # (lost: DatabaseUnavailable)
         ledger_rows = connection.execute(sa.select(
             ledger.c.query_id, ledger.c.batch_id, ledger.c.events, ledger.c.dead_letters, ledger.c.watermark,
             ledger.c.rule_firings, ledger.c.committed_at)).all()
@@ -121,7 +121,7 @@ def sources_of_run(db: DatabaseHandle, run: str) -> set[str]:
         raise BadArgument(f"sources_of_run(run={run!r}) takes a run: a LedgerId's run, a non-empty string without '@' "
                           f"or '#' (a Spark query id, a feed's run=)")
     ledger = db.table(LEDGER_TABLE)
-    with db.engine.connect() as connection:
+    with db.catalog.autocommit_connection() as connection:     # (lost: DatabaseUnavailable)
         # Every distinct id of the run (a few: one per source and partition); a limit here could leave a source out.
         texts = connection.execute(sa.select(ledger.c.query_id).where(sa.or_(
             ledger.c.query_id.endswith(f"@{run}", autoescape=True),
@@ -144,7 +144,7 @@ def forget_run(connection: sa.Connection, query_id: str) -> int:
 def last_watermark(db: DatabaseHandle, query_id: str) -> dt.datetime | None:
     """The latest watermark the ledger recorded for ``query_id`` (its partitions included)."""
     ledger = db.table(LEDGER_TABLE)
-    with db.engine.connect() as connection:
+    with db.catalog.autocommit_connection() as connection:     # (lost: DatabaseUnavailable)
         return connection.execute(sa.select(sa.func.max(ledger.c.watermark)).where(
             sa.or_(ledger.c.query_id == query_id, ledger.c.query_id.startswith(f"{query_id}#p", autoescape=True)))
         ).scalar()

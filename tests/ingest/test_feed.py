@@ -670,3 +670,29 @@ def test_a_connection_lost_before_a_batch_began_is_unavailable_and_the_batch_app
     finally:
         ingestion.close()
         database.close()
+
+
+@pytest.mark.parametrize("read", ["ingestion_status", "sources_of_run", "resume"])
+def test_reading_the_ledger_over_a_lost_connection_is_unavailable_and_the_next_read_works(database_url, read):
+    """What ingestion has committed, read back — ``ingestion_status`` (``activedb status``), ``sources_of_run``,
+    ``Ingestion.resume`` (the run's last watermark) — meets a connection PostgreSQL ended as every read does: a
+    ``DatabaseUnavailable`` saying so, not the driver's exception with the statement; the next read works."""
+    database = activedb.connect(database_url, outbox_options={"recovery_interval": None})
+    source = f"read_{read}"
+    ingestion = Ingestion(database, activedb.ingest.EventMapping("type", "key", "ts"), source=source,
+                          handler=_Counts())
+    run = str(LedgerId(source, "r1"))
+    reads = {"ingestion_status": lambda: ingestion_status(database, source),
+             "sources_of_run": lambda: sources_of_run(database, "r1"),
+             "resume": lambda: ingestion.resume(run)}
+    try:
+        ingestion.process([{"type": "add", "key": "k", "ts": BASE_TIME}], 0, query_id=run, watermark=BASE_TIME)
+        reads[read]()                   # (a connection kept)
+        _terminate_sessions(database)
+        with pytest.raises(activedb.DatabaseUnavailable, match="lost the connection to PostgreSQL"):
+            reads[read]()
+        reads[read]()
+        assert ingestion_status(database, source)[0].batches == 1 and source in sources_of_run(database, "r1")
+    finally:
+        ingestion.close()
+        database.close()
