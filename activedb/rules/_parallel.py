@@ -42,8 +42,19 @@ def condition_then_action(manager: "RuleManager", transaction: "Transaction", fi
         context.gate_wait_target = condition_handle.transaction.id
         rule.action(child, event)
 
-    condition_handle = transaction.spawn(condition_body, name=f"condition:{rule.name}")
-    action_handle = transaction.spawn(action_body, name=f"action:{rule.name}")
+    # A part whose spawn is refused (the tree was doomed meanwhile: an ancestor's abort, ``lowlevel.abandon``) never
+    # runs, so it never reports its end: it is reported here, as aborted, and forgotten — else the gate keeps the
+    # action's record and the condition's outcome for ever.
+    try:
+        condition_handle = transaction.spawn(condition_body, name=f"condition:{rule.name}")
+    except BaseException:
+        _never_ran(manager, condition_key, action_key)
+        raise
+    try:
+        action_handle = transaction.spawn(action_body, name=f"action:{rule.name}")
+    except BaseException:
+        _never_ran(manager, action_key)     # (the condition, spawned, reports its own end)
+        raise
     condition_error: BaseException | None = None
     try:
         condition_value = bool(condition_handle.result())
@@ -67,6 +78,12 @@ def condition_then_action(manager: "RuleManager", transaction: "Transaction", fi
     if not condition_value:
         manager.count(rule, "condition_false")
     return condition_value
+
+
+def _never_ran(manager: "RuleManager", *keys: GateKey) -> None:
+    """Report the ends of the parts ``keys`` of a firing that were never spawned (aborted) and forget them."""
+    for key in keys:
+        manager.detached._report_end(key, False)     # (as DetachedRunner.transaction_ended does for a part that ran)
 
 
 def _run_action_again(child: "Transaction", firing: "Firing") -> None:

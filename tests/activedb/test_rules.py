@@ -192,6 +192,35 @@ def test_action_sequential_causally_dependent_firings_leave_nothing_in_the_gate(
     assert (statistics.dependents, statistics.retained_outcomes) == (0, 0), statistics
 
 
+@pytest.mark.parametrize("doomed_at", ["firing start", "condition spawned"])
+def test_a_parallel_firing_whose_tree_is_doomed_before_its_parts_start_leaves_nothing_in_the_gate(db, doomed_at):
+    """C-A sequential causally dependent coupling registers the condition and the action in the coupling gate before
+    either is spawned; a tree doomed meanwhile (another thread's lowlevel.abandon at an ingestion's deadline, here done
+    by an observer at that moment) refuses the spawn of the parts that did not start.  Their ends are still reported
+    and forgotten: else the action's record and the condition's outcome stay in the gate for ever, per such firing."""
+    class Doom(activedb.Observer):
+        def on_firing_start(self, transaction, firing):
+            if doomed_at == "firing start":
+                lowlevel.doom(transaction, TimeoutError("deadline passed"))
+
+        def on_spawn(self, parent, child):
+            if doomed_at == "condition spawned" and (child.name or "").startswith("condition:"):
+                lowlevel.doom(parent, TimeoutError("deadline passed"))
+
+    db.observe(Doom())
+
+    @db.rule(on=db.updated("accounts"), when=lambda tx, event: True,
+             action_coupling=Coupling.SEQUENTIAL_CAUSALLY_DEPENDENT)
+    def act(tx, event):
+        tx.write("items", "act", value=1)
+
+    with pytest.raises(RuleFailed, match="deadline passed"):
+        with db.transaction() as tx:
+            tx.write("accounts", 1, balance=5)
+    statistics = db.rules.gate.statistics()
+    assert (statistics.dependents, statistics.retained_outcomes) == (0, 0), statistics
+
+
 def test_a_firing_whose_wait_for_its_parallel_action_is_the_victim_fails_without_running_the_action_again(db):
     """C-A sequential causally dependent coupling, a real cycle through the firing's own wait: tree B holds y and waits
     for x, which the condition wrote (retained by the firing once the condition committed); the action waits for y.
