@@ -20,7 +20,7 @@ from activedb.txn import CommitParticipant, FiringOutcome, FiringView, Observer
 
 if TYPE_CHECKING:  # pragma: no cover
     from opentelemetry.context import Context
-    from opentelemetry.trace import Span, Tracer, TracerProvider
+    from opentelemetry.trace import Span, SpanContext, Tracer, TracerProvider
 
     from activedb._handle import DatabaseHandle
     from activedb.txn import Transaction
@@ -135,11 +135,16 @@ class BatchTrace:
         self._root: Transaction | None = None
         #: Open firing spans of this batch's tree by their transaction (a nested firing's parent is found here).
         self.firings: dict[Transaction, Span] = {}
+        #: The span contexts of this attempt's ended firings, by their transaction's id (no reference to it kept): a
+        #: deferred rule fired by an immediate one runs before that one's transaction commits, after its span ended,
+        #: and is its child all the same (OpenTelemetry lets a parent end first).  Dropped with the attempt.
+        self.ended: dict[str, SpanContext] = {}
 
     def transaction(self, root: Transaction) -> None:
         """The batch's (next) top-level transaction: the firings in its tree become spans of this batch."""
         self._observer.forget(self._root)
         self._root = root
+        self.ended = {}
         self._observer.follow(root, self)
 
     def commit_started(self, transaction: Transaction) -> None:
@@ -161,6 +166,7 @@ class BatchTrace:
         self.commit_ended(error)
         self._observer.forget(self._root)
         self._root = None
+        self.ended = {}
         if outcome is not None:
             self.span.set_attributes({
                 "activedb.ingest.outcome": "committed" if outcome.committed else "skipped",
@@ -173,13 +179,18 @@ class BatchTrace:
 
     def parent_of(self, transaction: Transaction) -> Context:
         """The context a firing in ``transaction`` starts its span in: the innermost firing among the transaction
-        and its ancestors, else the commit being tried, else the batch."""
-        firings = self.firings
+        and its ancestors (also one whose span has ended), else the commit being tried, else the batch.  Caller holds
+        the observer's ``_mutex``."""
+        firings, ended = self.firings, self.ended
         node: Transaction | None = transaction
         while node is not None:
             span = firings.get(node)
             if span is not None:
                 return self._trace.set_span_in_context(span)
+            if ended:
+                context = ended.get(node.id)
+                if context is not None:
+                    return self._trace.set_span_in_context(self._trace.NonRecordingSpan(context))
             node = node.parent
         return self.commit_context or self.context
 
@@ -208,7 +219,7 @@ def _fail(span: Span, error: BaseException | None) -> None:
 class _FiringSpans(Observer):
     """A span per rule firing in the tree of a traced batch (``activedb.rule <name>``); firings of other
     transactions are passed over.  Thread-safety: ``_mutex`` protects ``_batches``, ``_running`` and each batch's
-    ``firings`` (a firing starts and ends on its own thread, beside others of the same tree)."""
+    ``firings`` and ``ended`` (a firing starts and ends on its own thread, beside others of the same tree)."""
 
     def __init__(self) -> None:
         self._mutex = threading.Lock()
@@ -246,6 +257,8 @@ class _FiringSpans(Observer):
         with self._mutex:
             batch = self._running.pop(transaction, None)
             span = None if batch is None else batch.firings.pop(transaction, None)
+            if batch is not None and span is not None:
+                batch.ended[transaction.id] = span.get_span_context()
         if span is None:
             return
         span.set_attribute("activedb.rule.outcome", str(outcome))
