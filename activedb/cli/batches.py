@@ -55,6 +55,11 @@ def show(ctx: click.Context, query: str, batch: str, png: str | None, as_json: b
     with open_database(ctx, writes=False) as db, _spark_form_hint(query):
         graph, cover = db.batches.graph((query, batch), max_rounds=max_rounds)
         scover = db.batches.scover((query, batch))
+        cycle = _find_cycle(graph)
+        said = (None if cycle is None else
+                f"cycle {' → '.join(cycle)} in the recorded lineage: compensation refuses this batch (a transaction "
+                f"consumed a batch it or a transaction it triggered produced); record each batch as the output of the "
+                f"transaction that made it (db.batches.produced) and the input of those that read it (consumed)")
         if as_json:
             click.echo(json.dumps({
                 "batch": f"{query}/{batch}",
@@ -63,7 +68,7 @@ def show(ctx: click.Context, query: str, batch: str, png: str | None, as_json: b
                 "scover": sorted(map(str, scover)),
                 "independent_scover": sorted(map(str, cover.batches)), "rounds": cover.rounds,
                 "cut_at_bound": None if cover.cut is None else cover.cut.value,
-                "frontier": sorted(map(str, cover.frontier))}, indent=2))
+                "frontier": sorted(map(str, cover.frontier)), "cycle": cycle}, indent=2))
         else:
             click.echo(render_tree(graph, f"{query}/{batch}"))
             click.echo(f"scover: {', '.join(sorted(map(str, scover)))}")
@@ -72,18 +77,41 @@ def show(ctx: click.Context, query: str, batch: str, png: str | None, as_json: b
                           f"{', '.join(sorted(map(str, cover.frontier))) or 'more transactions'}")
             click.echo(f"independent scover ({cover.rounds} rounds, {state}): "
                        f"{', '.join(sorted(map(str, cover.batches)))}")
+            if said is not None:
+                click.echo(said)
         if png:
             draw(graph, f"{query}/{batch}", png, notes=[
                 f"scover: {', '.join(sorted(map(str, scover)))}",
                 f"independent scover ({cover.rounds} rounds, {'complete' if cover.complete else 'cut at a bound'}): "
-                f"{', '.join(sorted(map(str, cover.batches)))}"])
+                f"{', '.join(sorted(map(str, cover.batches)))}", *([said] if said is not None else [])])
             click.echo(f"picture: {png}", err=True)
 
 
-def render_tree(graph: nx.DiGraph[str], title: str) -> str:
-    """𝒯(b) as an indented tree; transactions pulled in only by the independent scover are listed after."""
+def _find_cycle(graph: nx.DiGraph[str]) -> list[str] | None:
+    """A cycle of triggering in ``graph`` (a lineage the compensation refuses), as its transactions with the first
+    again at the end; None for a graph without one."""
     import networkx as nx
 
+    try:
+        edges = nx.find_cycle(graph)
+    except nx.NetworkXNoCycle:
+        return None
+    return [source for source, _ in edges] + [edges[0][0]]
+
+
+def _layers(graph: nx.DiGraph[str]) -> list[list[str]]:
+    """The transactions of ``graph`` in triggering order, a layer after the other (``topological_generations``);
+    those on a cycle, which has no such order, share one layer (its strongly connected component's)."""
+    import networkx as nx
+
+    condensed = nx.condensation(graph)
+    return [sorted((node for component in generation for node in condensed.nodes[component]["members"]), key=str)
+            for generation in nx.topological_generations(condensed)]
+
+
+def render_tree(graph: nx.DiGraph[str], title: str) -> str:
+    """𝒯(b) as an indented tree; transactions pulled in only by the independent scover are listed after.  A cycle
+    (a lineage the compensation refuses) is walked from its first transaction and marked where it closes."""
     members = [node for node in graph.nodes if graph.nodes[node]["in_composite"]]
     sub = graph.subgraph(members)
     roots = sorted(node for node in sub.nodes if sub.in_degree(node) == 0)
@@ -97,22 +125,28 @@ def render_tree(graph: nx.DiGraph[str], title: str) -> str:
         compensated = f"  [compensated by {lineage.compensated_by}]" if lineage.compensated_by else ""
         return f"{node}{name}  ← {consumed or '-'}{compensated}"
 
-    def walk(node: str, depth: int) -> None:
+    def walk(node: str, depth: int, path: frozenset[str]) -> None:
         indent = "  " * depth + ("└─ " if depth else "")
+        if node in path:
+            lines.append(f"{indent}{node} (cycle: back to it above)")
+            return
         if node in seen:
             lines.append(f"{indent}{node} (shared, see above)")
             return
         seen.add(node)
         lines.append(indent + label(node))
         for child in sorted(sub.successors(node)):
-            walk(child, depth + 1)
+            walk(child, depth + 1, path | {node})
 
     for root in roots:
-        walk(root, 0)
+        walk(root, 0, frozenset())
+    for node in sorted(members, key=str):      # on a cycle no root reaches: walked from its first transaction
+        if node not in seen:
+            walk(node, 0, frozenset())
     others = sorted(set(graph.nodes) - set(members), key=str)
     if others:
         lines.append(f"pulled in by the independent scover ({len(others)}):")
-        order = {node: index for index, node in enumerate(nx.topological_sort(graph))}
+        order = {node: index for index, node in enumerate(node for layer in _layers(graph) for node in layer)}
         for node in sorted(others, key=order.__getitem__):
             lines.append("  " + label(node))
     return "\n".join(lines)
@@ -152,15 +186,15 @@ def draw(graph: nx.DiGraph[str], title: str, path: str, notes: Sequence[str] = (
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import networkx as nx
     from matplotlib.patches import Patch
 
-    # Layers left to right; inside a layer, each transaction near its parents (fewer crossings).
-    layers = [sorted(nodes, key=str) for nodes in nx.topological_generations(graph)]
+    # Layers left to right (a cycle in one layer); inside a layer, each transaction near its parents (fewer
+    # crossings).
+    layers = _layers(graph)
     rank: dict[str, float] = {}
     for layer, nodes in enumerate(layers):
         if layer:
-            nodes.sort(key=lambda node: (sum(rank[parent] for parent in graph.predecessors(node))
+            nodes.sort(key=lambda node: (sum(rank.get(parent, 0) for parent in graph.predecessors(node))
                                          / max(1, graph.in_degree(node)), str(node)))
         for index, node in enumerate(nodes):
             rank[node] = index
@@ -179,6 +213,8 @@ def draw(graph: nx.DiGraph[str], title: str, path: str, notes: Sequence[str] = (
             bbox={"boxstyle": "round,pad=0.45", "facecolor": "#f4a261" if in_composite else "#cfd8dc",
                   "edgecolor": "#c62828" if compensated else "#37474f", "linewidth": 2.2 if compensated else 0.8})
     for source, target in graph.edges:       # drawn over the boxes, clipped to their borders
+        if source == target:                 # (a self-loop: the notes name the cycle)
+            continue
         axes.annotate("", xy=positions[target], xytext=positions[source], zorder=4,
                       arrowprops={"arrowstyle": "-|>", "color": "#546e7a", "linewidth": 1.0, "shrinkA": 1,
                                   "shrinkB": 1, "patchA": boxes[source].get_bbox_patch(),

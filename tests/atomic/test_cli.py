@@ -49,3 +49,33 @@ def test_prune_refuses_a_negative_age_as_a_usage_error():
     result = CliRunner().invoke(main, ["--url", "postgresql://nobody@/nowhere", "batches", "prune", "--older-than",
                                        "-5"])
     assert result.exit_code == 2 and "Invalid value for '--older-than'" in result.output, result.output
+
+
+def test_show_of_a_lineage_with_a_cycle_draws_it_and_says_so(db, database_url, tmp_path):
+    """A transaction that consumed a batch it produced (a self-loop), and two that each consumed the other's batch: the
+    text tree listed nothing for them (no transaction without a predecessor to start from) and --png raised networkx's
+    NetworkXUnfeasible; show now lists them, names the cycle (compensation refuses such a lineage) and draws it."""
+    import uuid
+
+    query = f"q{uuid.uuid4().hex[:8]}"
+    with db.transaction(name="loop") as loop:
+        db.batches.consumed(loop, query, 1)
+        db.batches.produced(loop, query, 1)
+    with db.transaction(name="ping") as ping:
+        db.batches.consumed(ping, query, 2)
+        db.batches.produced(ping, query, 3)
+    with db.transaction(name="pong") as pong:
+        db.batches.consumed(pong, query, 3)
+        db.batches.produced(pong, query, 2)
+    runner = CliRunner()
+    for batch, members, cycle in (("1", [loop], f"{loop.log_id} → {loop.log_id}"),
+                                  ("2", [ping, pong], None)):
+        picture = tmp_path / f"cycle{batch}.png"
+        result = runner.invoke(main, ["--url", database_url, "batches", "show", query, batch, "--png", str(picture)])
+        assert result.exit_code == 0, result.output
+        for member in members:
+            assert f"{member.log_id} {member.name}" in result.output, result.output
+        assert "cycle " in result.output and "compensation refuses" in result.output, result.output
+        if cycle is not None:
+            assert cycle in result.output
+        assert picture.stat().st_size > 1000
