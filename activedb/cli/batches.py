@@ -274,9 +274,15 @@ def compensate(ctx: click.Context, query: str, batch: str, mode: str, scope: str
             return
         verb = "would compensate" if dry_run else "compensated"
         order = described["compensate_in_order"]
-        click.echo(f"{verb} {len(order)} transaction(s) of {query}/{batch} ({mode}, scope {scope}), in order:")
-        for line in order:
+        # What this run did: the plan's transactions less those another run compensated meanwhile (a lost race).
+        labels = dict(zip(report.plan.order, order))
+        done = order if dry_run else [labels.get(tid, tid) for tid in report.compensated]
+        click.echo(f"{verb} {len(done)} transaction(s) of {query}/{batch} ({mode}, scope {scope}), in order:")
+        for line in done:
             click.echo(f"  {line}")
+        meanwhile = [] if dry_run else [label for tid, label in labels.items() if tid not in report.compensated]
+        if meanwhile:
+            click.echo(f"compensated meanwhile by another run: {', '.join(meanwhile)}")
         if described["already_compensated"]:
             click.echo(f"already compensated before: {', '.join(described['already_compensated'])}")
         click.echo(f"interfering: {'yes' if described['interfering'] else 'no (non-intrusive)'}"

@@ -79,3 +79,35 @@ def test_show_of_a_lineage_with_a_cycle_draws_it_and_says_so(db, database_url, t
         if cycle is not None:
             assert cycle in result.output
         assert picture.stat().st_size > 1000
+
+
+def test_compensate_prints_how_many_it_compensated_not_how_many_it_planned(db, database_url, tmp_path):
+    """Two compensations of one batch racing: the losing run compensates nothing (the other did it meanwhile), but
+    printed 'compensated 1 transaction(s)' — the plan's count.  The race made deterministic: X's compensation, declared
+    by --app, runs the other compensation of the batch first, which commits before it."""
+    import uuid
+
+    query = f"q{uuid.uuid4().hex[:8]}"
+    app = tmp_path / "racing_app.py"
+    app.write_text(f'''
+calls = []
+
+
+def register(db):
+    @db.batches.compensation("unsee-{query}")
+    def unsee(tx, detail):
+        calls.append(tx.id)
+        if len(calls) == 1:              # the other run, inside this one's compensating transaction
+            db.batches.compensate(("{query}", 1))
+        for row in tx.scan("events_seen", {{"detail": detail}}):
+            tx.delete("events_seen", row["id"])
+''')
+    db.batches.compensation(f"unsee-{query}")(lambda tx, detail: None)    # (noted here, run by the CLI's --app)
+    with db.transaction(name="load") as tx:
+        db.batches.consumed(tx, query, 1)
+        tx.insert("events_seen", rule="load", detail=query)
+        db.batches.note(tx, f"unsee-{query}", detail=query)
+    result = CliRunner().invoke(main, ["--url", database_url, "batches", "compensate", query, "1", "--app", str(app)])
+    assert result.exit_code == 0, result.output
+    assert f"compensated 0 transaction(s) of {query}/1" in result.output, result.output
+    assert f"compensated meanwhile by another run: {tx.log_id}" in result.output, result.output
