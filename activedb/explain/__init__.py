@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import atexit
 import datetime as dt
+import itertools
 import json
 import logging
 import os
@@ -484,11 +485,17 @@ def _register(folder: Path) -> None:
         _registered.add(registration)
 
 
+#: Numbers the temporary files of ``_write_atomically`` (``next`` of an ``itertools.count`` is atomic): two writes at
+#: once — two quick SIGUSR1 requests, two threads — each have their own, so neither truncates the other's.
+_temporary_numbers = itertools.count()
+
+
 def _write_atomically(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` (its directory made if missing) through a temporary file renamed over it: a
-    reader never sees half a file."""
+    """Write ``text`` to ``path`` (its directory made if missing) through a temporary file of this write's own renamed
+    over it: a reader never sees half a file, also when two writes of one process run at once (the last rename
+    wins)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.{next(_temporary_numbers)}.tmp")
     try:
         temporary.write_text(text)
         os.replace(temporary, path)

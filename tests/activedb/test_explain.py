@@ -445,3 +445,48 @@ def test_render_refuses_a_resolution_that_is_no_whole_number_above_zero_before_d
     with pytest.raises(PictureError, match=r"render\(dpi=.*\) takes a whole number of at least 1"):
         Explanation(nodes=(), edges=()).render(tmp_path / "picture.png", dpi=dpi)
     assert not (tmp_path / "picture.png").exists()
+
+
+def test_two_dumps_at_once_each_publish_a_whole_file(db, tmp_path, monkeypatch):
+    """Two quick SIGUSR1 requests (or two threads) save to one ``PID.json`` at once.  Both wrote through one temporary
+    name (the pid only), so the second truncated and rewrote the first's temporary file, published it, and the first's
+    rename then found nothing (or published a file the second was still writing).  The interleaving made deterministic:
+    the first dump is held just before its rename until the second one has finished."""
+    import os
+
+    import activedb.explain as explain_module
+
+    path = tmp_path / "dump.json"
+    first_written, second_done = threading.Event(), threading.Event()
+    rename = os.replace
+
+    def held_replace(source, target):
+        if threading.current_thread().name == "first":
+            first_written.set()
+            assert second_done.wait(TIMEOUT), "the second dump did not end"
+        return rename(source, target)
+
+    monkeypatch.setattr(explain_module.os, "replace", held_replace)
+    explanations = [activedb.explain.explain(db, title=title) for title in ("first", "second")]
+    errors: dict[str, BaseException] = {}
+
+    def save(explanation: Explanation) -> None:
+        try:
+            explanation.save(path)
+        except BaseException as error:       # (reported below, with which dump)
+            errors[explanation.title] = error
+        finally:
+            if threading.current_thread().name == "second":
+                second_done.set()
+
+    with Watchdog(TIMEOUT * 2):
+        first = threading.Thread(target=save, args=(explanations[0],), name="first")
+        first.start()
+        assert first_written.wait(TIMEOUT)
+        second = threading.Thread(target=save, args=(explanations[1],), name="second")
+        second.start()
+        second.join()
+        first.join()
+    assert errors == {}
+    assert Explanation.load(path).title == "first"          # (renamed last: a whole file)
+    assert [entry.name for entry in tmp_path.iterdir()] == ["dump.json"]
