@@ -231,13 +231,16 @@ class DependencyGate:
     def condition_returned(self, condition: Hashable, value: bool) -> None:
         """Report what a rule's condition returned, before its transaction ends (for CRD); after a ``False``
         the actions depending on it may abort at once (``must_abort``)."""
+        if not isinstance(value, bool):     # ("no" is truthy: a false condition would let its action commit)
+            raise InvalidArgument(f"condition_returned({condition!r}, value={value!r}): value is True or False (what "
+                                  "the condition returned, as bool(...) of it)")
         with self._mutex:
             if condition in self._results:
                 raise GateProtocolError(f"condition {condition!r} reported to return twice")
             if condition in self._outcomes:
                 raise GateProtocolError(f"condition {condition!r} already ended; report its result before "
                                         "trigger_ended")
-            self._results[condition] = bool(value)
+            self._results[condition] = value
             self._notify_dependents_of(condition)
 
     def forget(self, tid: Hashable) -> None:

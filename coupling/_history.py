@@ -14,7 +14,7 @@ from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
 
 from ._dependencies import Dependency, DependencyKind
-from .errors import MalformedHistory
+from .errors import InvalidArgument, MalformedHistory
 
 
 class HistoryEventKind(enum.StrEnum):
@@ -146,8 +146,12 @@ def check_dependencies(
     ``Commit_j in H => Abort_i -> Commit_j``. (CD, WD, SQD and CRD already constrain the order.)
 
     Give complete histories: a dependency whose consequence has not happened *yet* is reported.
-    Raises :class:`~coupling.errors.MalformedHistory` if the history is not well formed.
+    Raises :class:`~coupling.errors.MalformedHistory` if the history is not well formed, and
+    :class:`~coupling.errors.InvalidArgument` if ``strict`` is not True or False.
     """
+    if not isinstance(strict, bool):    # ("no" is truthy: a lenient check asked for would be a strict one)
+        raise InvalidArgument(f"check_dependencies(strict={strict!r}) takes True or False (True also rejects a lucky "
+                              f"AD or ED history)")
     lives = _index(history)
     nothing = _Life()
     violations: list[str] = []

@@ -37,7 +37,8 @@ class InvalidActionCoupling(CouplingError, ValueError):
 
 class InvalidArgument(CouplingError, ValueError):
     """A value the package cannot take: an unknown dependency kind, a transaction depending on itself, a deferred
-    queue's cycle bound below 1, a gate's timeout that is no number, an outcome that is not True or False."""
+    queue's cycle bound below 1, a gate's timeout that is no number, an outcome, a condition's result or a switch
+    (``strict``) that is not True or False."""
 
 
 class InvalidPriority(CouplingError, ValueError):

@@ -319,6 +319,20 @@ def test_an_end_whose_outcome_is_no_bool_is_refused_and_decides_nothing(outcome)
     assert gate.wait_may_commit("D", timeout=0) is ABORT
 
 
+@pytest.mark.parametrize("returned", ["no", "False", None, 0, 1])
+def test_a_condition_result_that_is_no_bool_is_refused_and_decides_nothing(returned):
+    """``condition_returned(condition, value)`` read the result by its truth value: a condition reported as having
+    returned ``"no"`` or ``"False"`` counted as true, so its CRD action was let commit.  Now it is an InvalidArgument
+    naming ``value``, and nothing is recorded: the real result can still be reported."""
+    gate = DependencyGate()
+    gate.register_action("A", "C")
+    with pytest.raises(InvalidArgument, match=r"condition_returned\('C', value=.*\): value is True or False"):
+        gate.condition_returned("C", returned)
+    assert gate.must_abort("A") is False
+    gate.condition_returned("C", False)
+    assert gate.must_abort("A") is True
+
+
 def test_unregistered_transactions_are_never_held_up():
     gate = DependencyGate()
     assert gate.wait_may_begin("X", timeout=0) is BEGIN

@@ -13,6 +13,7 @@ from coupling import (
     HistoryEvent,
     HistoryEventKind,
     DependencyHistory,
+    InvalidArgument,
     MalformedHistory,
     check_dependencies,
     dependencies_for,
@@ -185,3 +186,14 @@ def test_recorder_numbers_events_from_many_threads(threads):
     events = recorder.events()
     assert [event.seq for event in events] == list(range(800))
     assert check_dependencies(events, []) == []  # well formed: each begin precedes its commit
+
+
+@pytest.mark.parametrize("strict", ["no", "false", None, 0, 1])
+def test_a_strict_that_is_no_bool_is_refused(strict):
+    """``check_dependencies(..., strict=...)`` read the switch by its truth value: ``strict="no"`` (or "false" from a
+    configuration file) checked strictly, reporting a lucky AD history the caller meant to accept; 0 and None were
+    lenient by accident.  Now it is an InvalidArgument naming ``strict``."""
+    lucky = history("b T", "b D", "c D", "c T")
+    assert check_dependencies(lucky, [Dependency(AD, "D", "T")]) == []
+    with pytest.raises(InvalidArgument, match=r"check_dependencies\(strict=.*\) takes True or False"):
+        check_dependencies(lucky, [Dependency(AD, "D", "T")], strict=strict)
