@@ -118,6 +118,11 @@ class EventSpec:
                 object.__setattr__(self, name, choices(getattr(self, name)))
             except ValueError:
                 raise InvalidChoice(choices, getattr(self, name), f"EventSpec({name}=...)") from None
+        source = self.source
+        if source is not None and (not isinstance(source, str) or not source):   # (no event has such a source)
+            raise BadArgument(f"EventSpec(kind={self.kind.value!r}, source={source!r}): the source is a table, signal or "
+                              f"stream type name (a non-empty text), or None for any; no event would match "
+                              f"{source!r}")
         if self.origin is Origin.EXTERNAL and self.kind not in DATA_SPEC_KINDS:
             raise BadArgument(f"EventSpec(kind={self.kind.value!r}, origin=Origin.EXTERNAL): only data events come "
                               f"from external writers; give inserted, updated, deleted or modified, or "

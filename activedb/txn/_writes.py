@@ -168,8 +168,8 @@ class Writes:
         try:
             values = dict(payload or {})
         except (TypeError, ValueError):
-            raise TypeError(f"tx.emit({event_type!r}, payload=...) takes a mapping of the event's values, got "
-                            f"{payload!r} ({type(payload).__name__}); write payload={{'field': value}}") from None
+            raise BadArgument(f"tx.emit({event_type!r}, payload=...) takes a mapping of the event's values, got "
+                              f"{payload!r} ({type(payload).__name__}); write payload={{'field': value}}") from None
         event = new_event(_STREAM, event_type, key, None, None, values, ts, self.id)
         for hook in self.manager.extensions.on_event:
             hook(self, event)

@@ -4,6 +4,8 @@ its enum's members and their values' strings, and anything else is an ``InvalidC
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import sqlalchemy as sa
 
@@ -78,3 +80,14 @@ def test_an_external_event_spec_of_no_data_kind_is_an_activedb_error_saying_what
     with pytest.raises(activedb.BadArgument, match=rf"EventSpec\(kind='{kind}', origin=Origin.EXTERNAL\).*give "
                                                   r"inserted, updated, deleted or modified, or origin=Origin.ACTIVEDB"):
         activedb.EventSpec(kind, "t", origin=Origin.EXTERNAL)
+
+
+@pytest.mark.parametrize("source", [5, "", b"reading"], ids=["number", "empty", "bytes"])
+def test_an_event_spec_s_source_that_no_event_can_have_is_an_activedb_error(source):
+    """``EventSpec("stream", 5)`` or ``EventSpec("stream", "")`` (a rule's ``on=``) was accepted, and the rule never
+    fired: an event's source is a non-empty text (``tx.emit``, ``tx.signal`` and ``db.stream`` refuse any other), so
+    nothing matched it, without a word.  It is a BadArgument saying what to give."""
+    with pytest.raises(activedb.BadArgument, match=rf"EventSpec\(kind='stream', source={re.escape(repr(source))}\): the source is a "
+                                                  r"table, signal or stream type name \(a non-empty text\), or None"):
+        activedb.EventSpec("stream", source)
+    assert activedb.EventSpec("stream", None).source is None and activedb.EventSpec("stream", "r").source == "r"

@@ -1256,11 +1256,14 @@ def test_a_schema_qualified_table_is_refused_saying_to_put_its_schema_on_the_sea
     assert committed(db, "elsewhere.things") == {(1,): {"id": 1, "note": "found"}}
 
 
-def test_emit_with_a_payload_that_is_no_mapping_says_what_it_takes(db):
+@pytest.mark.parametrize("payload, shown", [("ann", r"'ann' \(str\)"), (5, r"5 \(int\)")])
+def test_emit_with_a_payload_that_is_no_mapping_says_what_it_takes(db, payload, shown):
+    """A payload that is no mapping was a bare TypeError, which a caller catching activedb's errors missed: it is a
+    BadArgument (an ActivedbError) saying what to write."""
     with db.transaction() as tx:
-        with pytest.raises(TypeError, match=r"tx.emit\('ping', payload=...\) takes a mapping of the event's values, "
-                                            r"got 'ann' \(str\); write payload=\{'field': value\}"):
-            tx.emit("ping", key=1, payload="ann")
+        with pytest.raises(activedb.BadArgument, match=r"tx.emit\('ping', payload=...\) takes a mapping of the event's "
+                                                       rf"values, got {shown}; write payload=\{{'field': value\}}"):
+            tx.emit("ping", key=1, payload=payload)
         tx.emit("ping", key=1, payload={"name": "ann"})      # (the transaction goes on)
 
 
