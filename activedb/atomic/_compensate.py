@@ -22,7 +22,7 @@ import networkx as nx
 import sqlalchemy as sa
 
 from activedb._closedset import ClosedSet
-from activedb.events import Event, EventKind
+from activedb.events import Event, EventKind, Origin
 from activedb.errors import DatabaseError
 from activedb.store import jsonable
 
@@ -408,7 +408,9 @@ _TIMEDELTA_FIELD = re.compile(r"(days|seconds|microseconds)=(-?\d+)")
 
 
 def decode_event(data: Mapping[str, Any]) -> Event:
-    """A recorded event (JSON) back as an :class:`activedb.Event`; values are as JSON stored them."""
+    """A recorded event (JSON) back as an :class:`activedb.Event`; values are as JSON stored them.  A note recorded
+    before notes kept the origin has none: activedb's own."""
     key = tuple(data["key"]) if isinstance(data.get("key"), list) else data.get("key")
     return Event(EventKind(data["kind"]), data.get("source"), key, data.get("old"), data.get("new"),
-                 data.get("payload") or {}, data.get("ts"), data.get("transaction"))
+                 data.get("payload") or {}, data.get("ts"), data.get("transaction"),
+                 Origin(data.get("origin", Origin.ACTIVEDB.value)))

@@ -249,9 +249,11 @@ def add_note(transaction: "Transaction", note: dict[str, object]) -> None:
 
 
 def encode_event(event: Event) -> dict[str, object]:
+    """``event`` as a note keeps it for a rule compensation (``decode_event``): every field, its ``origin`` too — a
+    captured change (``Origin.EXTERNAL``) must reach the compensation as one."""
     encoded: dict[str, object] = jsonable({"kind": getattr(event.kind, "value", event.kind), "source": event.source, "key": event.key,
                      "old": event.old, "new": event.new, "payload": event.payload, "ts": event.ts,
-                     "transaction": event.transaction})
+                     "transaction": event.transaction, "origin": getattr(event.origin, "value", event.origin)})
     return encoded
 
 

@@ -506,3 +506,57 @@ def test_transactions_of_a_batch_that_wrote_one_row_side_by_side_are_undone_newe
     assert plan.order == [*reversed(siblings), first.log_id] and plan.unsafe == [], (plan.order, plan.unsafe)
     db.batches.compensate((query, 1))
     assert scalar(db, "SELECT balance FROM accounts WHERE id = :i", i=account) == 10
+
+
+def test_a_rule_compensation_gets_a_captured_change_as_captured(db):
+    """A rule's firing is noted with its event for its compensation; the event came back without its ``origin``, so a
+    captured change (``Origin.EXTERNAL``, a rule on ``db.captured``) reached the compensation as one of activedb's own.
+    One compensation declared for a rule on the table's own inserts and one on its captured inserts, telling them apart
+    by ``event.origin`` as the event's contract allows, then undid the own audit row twice and left the captured one.
+    The captured firing runs as the capture consumer runs it (``db.rules.plan`` and ``fire`` in its batch)."""
+    import warnings
+
+    from activedb import Coupling
+    from activedb.events import Event, EventKind, Origin
+
+    query = prefix()
+    seen = []
+
+    @db.rule(on=db.inserted("items"), name=f"own-{query}")
+    def own(tx, event):
+        if event.key.startswith(query):
+            tx.insert("events_seen", rule="own", detail=event.key)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")           # (items is not captured here: its firing is run by hand below)
+        on_captured = db.captured("items", EventKind.INSERTED)
+
+    @db.rule(on=on_captured, coupling=Coupling.DETACHED, name=f"captured-{query}")
+    def captured(tx, event):
+        tx.insert("events_seen", rule="captured", detail=event.key)
+
+    def unaudit(tx, event):
+        seen.append(event.origin)
+        for row in tx.scan("events_seen", {"detail": event.key,
+                                           "rule": "captured" if event.origin is Origin.EXTERNAL else "own"}):
+            tx.delete("events_seen", row["id"])
+
+    db.batches.rule_compensation(f"own-{query}")(unaudit)
+    db.batches.rule_compensation(f"captured-{query}")(unaudit)
+
+    db.batches.undo_by_before_image("items")         # (the load's own insert)
+    key = f"{query}-1"
+    try:
+        with db.transaction(name=f"load-{query}") as tx:
+            db.batches.consumed(tx, query, 1)
+            tx.insert("items", key=key, value=1)
+            change = Event(EventKind.INSERTED, "items", key, None, {"key": key, "value": 1}, origin=Origin.EXTERNAL)
+            assert [outcome.value for outcome, _ in db.rules.fire(tx, db.rules.plan(tx, change))] == ["executed"]
+        assert scalar(db, "SELECT string_agg(rule, ',' ORDER BY rule) FROM events_seen WHERE detail = :d",
+                      d=key) == "captured,own"
+        db.batches.compensate((query, 1))
+        assert seen == [Origin.EXTERNAL, Origin.ACTIVEDB]      # (newest first: the captured firing ran last)
+        assert scalar(db, "SELECT count(*) FROM events_seen WHERE detail = :d", d=key) == 0
+    finally:
+        db.rules.remove(f"own-{query}")
+        db.rules.remove(f"captured-{query}")
