@@ -32,6 +32,7 @@ from activedb.cli import main
 from activedb.errors import GeneratedKeysReset, OutboxError, RuleDefinitionChangedWarning, SerializationConflict
 from activedb.outbox import _records
 from activedb.testing import wait_until
+from tests._sessions import end_sessions
 
 TIMEOUT = 60
 
@@ -812,15 +813,9 @@ def test_reading_the_outbox_over_a_lost_connection_is_unavailable_and_the_next_r
     """``db.outbox.statistics()`` and ``failures()`` meet a connection PostgreSQL ended (a restart,
     ``pg_terminate_backend``, a server timeout) as every read does: a ``DatabaseUnavailable`` saying so — not the
     driver's exception with the statement — and the next read works."""
-    import psycopg
-
     read = getattr(db.outbox, call)
     read()                              # (a connection kept)
-    url = db.engine.url
-    with psycopg.connect(host=url.host or url.query["host"], port=url.port, user=url.username,
-                         password=url.password, dbname="postgres", autocommit=True) as admin:
-        admin.execute("SELECT pg_terminate_backend(pid, 30000) FROM pg_stat_activity WHERE datname = %s "
-                      "AND usename = current_user AND pid <> pg_backend_pid()", (url.database,))
+    end_sessions(db)
     with pytest.raises(activedb.DatabaseUnavailable, match="lost the connection to PostgreSQL"):
         read()
     assert read() == read()

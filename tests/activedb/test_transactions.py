@@ -12,6 +12,7 @@ from activedb import TxnState
 from activedb.txn import _pool
 from activedb.store import Granularity
 from lockmgr import Deadlock, Mode
+from tests._sessions import end_sessions
 
 pytestmark = pytest.mark.db(record_history=True)
 
@@ -680,30 +681,16 @@ def test_concurrent_inserts_of_generated_keys_do_not_conflict(db):
         assert connection.execute(sa.text("SELECT count(*) FROM events_seen WHERE rule='concurrent'")).scalar() == 160
 
 
-def _terminate_backends(database):
-    """Kill every session of this database's user (from a connection outside its pool): every pooled connection
-    dies.  Only the user's own: on a server where it is no superuser it may not end an autovacuum worker that
-    happens to be in the database."""
-    import psycopg
-
-    url = database.engine.url
-    # the embedded server's socket directory (a query parameter), or another server's host and port
-    with psycopg.connect(host=url.host or url.query["host"], port=url.port, user=url.username, password=url.password,
-                         dbname="postgres", autocommit=True) as admin:
-        admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s "
-                      "AND usename = current_user AND pid <> pg_backend_pid()", (url.database,))
-
-
 def test_lost_connection_is_a_clear_error_and_loses_nothing(db):
     db.run(lambda tx: tx.write("accounts", 1, balance=100))
-    _terminate_backends(db)
+    end_sessions(db)
     with pytest.raises(activedb.DatabaseUnavailable, match="lost the connection to PostgreSQL.*nothing"):
         with db.transaction() as tx:
             for number in range(30):        # every pooled connection is dead: reads meet one of them
                 tx.read("accounts", 1000 + number)
     db.engine.dispose()     # only connections opened from here on: all of them live, then all killed
     db.run(lambda tx: tx.write("accounts", 2, balance=5))       # works again after the failure
-    _terminate_backends(db)
+    end_sessions(db)
     with pytest.raises(activedb.DatabaseUnavailable, match="lost the connection.*nothing was written"):
         with db.transaction() as tx:
             tx.write("accounts", 1, balance=0)    # blind write: only the flush talks to PostgreSQL

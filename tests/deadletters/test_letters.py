@@ -18,6 +18,7 @@ from activedb.deadletters import Letter, LetterFilter
 from activedb.errors import GeneratedKeysReset
 from activedb.ingest import Batch, RulesHandler, feed
 from activedb.txn import CommitParticipant
+from tests._sessions import end_sessions
 from tests.spark_bridge import app_counters
 
 BIG = "k" * 1_000_000
@@ -275,19 +276,13 @@ def test_reading_letters_over_a_lost_connection_is_unavailable_and_the_next_read
     """The reads of ``activedb_dead_letters`` meet a connection PostgreSQL ended (a restart, ``pg_terminate_backend``,
     a server timeout) as every read does: a ``DatabaseUnavailable`` saying so — not the driver's exception with the
     statement — and the next read works."""
-    import psycopg
-
     import activedb
 
     database = activedb.connect(migrated, outbox_options={"recovery_interval": None})
     try:
         read = getattr(deadletters, call)
         read(database)                  # (the table is known, a connection kept)
-        url = database.engine.url
-        with psycopg.connect(host=url.host or url.query["host"], port=url.port, user=url.username,
-                             password=url.password, dbname="postgres", autocommit=True) as admin:
-            admin.execute("SELECT pg_terminate_backend(pid, 30000) FROM pg_stat_activity WHERE datname = %s "
-                          "AND usename = current_user AND pid <> pg_backend_pid()", (url.database,))
+        end_sessions(database)
         with pytest.raises(activedb.DatabaseUnavailable, match="lost the connection to PostgreSQL"):
             read(database)
         assert read(database) == read(database, LetterFilter())

@@ -22,6 +22,7 @@ from activedb.ingest import (Batch, BatchHandler, Ingestion, LedgerId, Phase, Ro
 from activedb.ingest.errors import IngestError
 from lockmgr.testing import wait_until
 from tests.ingest.feed_driver import RUN, SOURCE, killed_and_fed_again, workload_batches
+from tests._sessions import end_sessions
 from tests.spark_bridge import app_counters
 from tests.spark_bridge._streams import BASE_TIME, app_database, app_state, dead_letters
 
@@ -629,18 +630,6 @@ class _Counts(BatchHandler):
         ledger.events = len(batch.events)
 
 
-def _terminate_sessions(database) -> None:
-    """End every session of ``database``'s user in it (from a connection outside its pool): every connection the
-    pool or the catalog keeps is dead."""
-    import psycopg
-
-    url = database.engine.url
-    with psycopg.connect(host=url.host or url.query["host"], port=url.port, user=url.username, password=url.password,
-                         dbname="postgres", autocommit=True) as admin:
-        admin.execute("SELECT pg_terminate_backend(pid, 30000) FROM pg_stat_activity WHERE datname = %s "
-                      "AND usename = current_user AND pid <> pg_backend_pid()", (url.database,))
-
-
 @pytest.mark.parametrize("read_first", ["ledger", "event_ids"])
 def test_a_connection_lost_before_a_batch_began_is_unavailable_and_the_batch_applies_once_later(database_url,
                                                                                                  read_first):
@@ -660,7 +649,7 @@ def test_a_connection_lost_before_a_batch_began_is_unavailable_and_the_batch_app
     try:
         assert ingestion.process(rows(0), 0, query_id=run).committed
         batch = 1 if read_first == "event_ids" else 7       # (1 follows batch 0: the ledger is not read first)
-        _terminate_sessions(database)
+        end_sessions(database)
         with pytest.raises(activedb.DatabaseUnavailable, match="lost the connection to PostgreSQL"):
             ingestion.process(rows(batch), batch, query_id=run)
         assert not batch_committed(database, run, batch)
@@ -688,7 +677,7 @@ def test_reading_the_ledger_over_a_lost_connection_is_unavailable_and_the_next_r
     try:
         ingestion.process([{"type": "add", "key": "k", "ts": BASE_TIME}], 0, query_id=run, watermark=BASE_TIME)
         reads[read]()                   # (a connection kept)
-        _terminate_sessions(database)
+        end_sessions(database)
         with pytest.raises(activedb.DatabaseUnavailable, match="lost the connection to PostgreSQL"):
             reads[read]()
         reads[read]()
