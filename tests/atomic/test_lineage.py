@@ -101,12 +101,19 @@ def test_rule_and_named_transaction_compensations(db):
     db.rules.remove(f"audit-{query}")
 
 
-def test_before_image_undo_and_its_unsafe_cases(db):
+def _undone_by_before_image_and_an_account(db) -> tuple[str, int]:
+    """A fresh batch query name and a new account row (balance 10) of its own, with ``accounts`` undone by before
+    image."""
     query = prefix()
     db.batches.undo_by_before_image("accounts")
     account = 900_000 + int(uuid.uuid4().int % 90_000)
     with db.transaction() as tx:
         tx.insert("accounts", id=account, owner="ann", balance=10)
+    return query, account
+
+
+def test_before_image_undo_and_its_unsafe_cases(db):
+    query, account = _undone_by_before_image_and_an_account(db)
     with db.transaction() as tx:
         db.batches.consumed(tx, query, 1)
         tx.write("accounts", account, balance=15)
@@ -456,11 +463,7 @@ def test_a_row_two_transactions_of_the_batch_wrote_in_turn_is_undone_in_full_and
     first, so nothing a kept transaction did is lost.  The plan compared the first one's after-image with the row's
     current image, which the second (itself compensated) had changed: it called the undo unsafe, naming no later
     writer, and compensate refused — although compensating runs exactly that check, in turn, and it holds."""
-    query = prefix()
-    db.batches.undo_by_before_image("accounts")
-    account = 900_000 + int(uuid.uuid4().int % 90_000)
-    with db.transaction() as tx:
-        tx.insert("accounts", id=account, owner="ann", balance=10)
+    query, account = _undone_by_before_image_and_an_account(db)
     with db.transaction() as first:
         db.batches.consumed(first, query, 1)
         db.batches.produced(first, f"{query}-mid", 1)
@@ -488,11 +491,7 @@ def test_transactions_of_a_batch_that_wrote_one_row_side_by_side_are_undone_newe
     reverse topological order left siblings in the order of a set of their ids, so the plan mostly called an
     earlier sibling's undo unsafe (the row held a later one's change) and compensate refused; it now undoes
     siblings newest first (recorded_at), the reverse of an order in which they ran."""
-    query = prefix()
-    db.batches.undo_by_before_image("accounts")
-    account = 900_000 + int(uuid.uuid4().int % 90_000)
-    with db.transaction() as tx:
-        tx.insert("accounts", id=account, owner="ann", balance=10)
+    query, account = _undone_by_before_image_and_an_account(db)
     with db.transaction() as first:
         db.batches.consumed(first, query, 1)
         db.batches.produced(first, f"{query}-mid", 1)
