@@ -471,10 +471,26 @@ def before_waiting_for_children(node: "Transaction") -> None:
         node.manager.locking.release_holds(node)
 
 
+class AbortAfterChildren:
+    """``node``'s slot while its abort, called by a descendant one of its tasks runs (``child.parent.abort()``), waits
+    for its children to end: ``finish``, the rest of that abort, is called by ``forget`` of its last task's child."""
+
+    __slots__ = ("finish",)
+
+    def __init__(self, finish: Callable[[], None]) -> None:
+        self.finish = finish
+
+
 def forget(node: "Transaction", child: "Transaction") -> None:
-    """``child`` ended: drop it (its effects were delegated, or discarded)."""
+    """``child`` ended: drop it (its effects were delegated, or discarded); the last task's child of a node whose
+    abort waits for its children (``AbortAfterChildren``) ends that abort."""
+    pending = None
     with node._mutex:
         if node._children:
             node._children.pop(child.id, None)
         if node._tasks:
             node._tasks.pop(child.id, None)
+            if not node._tasks and node._state is _ABORTED and node._slots:
+                pending = node._slots.pop(AbortAfterChildren, None)
+    if pending is not None:
+        pending.finish()

@@ -25,7 +25,8 @@ from lockmgr import Mode, TxnState
 from activedb.errors import BadArgument, SerializationConflict, TransactionAborted, TransactionError
 from activedb.store import same_image
 from activedb.txn import _flush, _ids
-from activedb.txn._children import _ABORTED, _ACTIVE, _COMMITTED, _COMMITTING, _EMPTY, Children, forget
+from activedb.txn._children import (_ABORTED, _ACTIVE, _COMMITTED, _COMMITTING, _EMPTY, AbortAfterChildren,
+                                     Children, forget)
 from activedb.txn._participants import CommitParticipant
 from activedb.txn._reads import Reads
 from activedb.txn._view import TreeRows
@@ -349,6 +350,14 @@ class Transaction(Reads, Writes, Children):
             raise TransactionError(
                 f"commit of {self.id} inside the block of its subtransaction {running.id}, which is still running: "
                 f"end that block first (it commits {running.id}), then commit {self.id}")
+        if self._tasks:
+            caller = _running_below(self)
+            if caller is not None:
+                # (Its commit would wait for its children, the one this thread runs among them: never.)
+                raise TransactionError(
+                    f"commit of {self.id} inside its subtransaction {caller.id}, which this thread runs: a "
+                    f"subtransaction cannot commit an ancestor; {self.id} commits when its own block or function "
+                    f"ends, after its children (abort it instead to undo the tree)")
         manager = self.manager
         try:
             extensions = manager.extensions
@@ -424,7 +433,9 @@ class Transaction(Reads, Writes, Children):
             self._tree_rows = TreeRows()
 
     def abort(self, reason: BaseException | str | None = None) -> None:
-        """Abort this node and its active descendants: write sets discarded, locks released."""
+        """Abort this node and its active descendants: write sets discarded, locks released.  Called by a
+        descendant that runs in one of its spawned children (``child.parent.abort()``), it dooms the tree and returns;
+        the abort ends (participants, hooks, observers) once those children have ended."""
         error = reason if isinstance(reason, BaseException) else TransactionAborted(str(reason or "aborted"))
         if self._lazy and self._lazy_child is not None and self._state is _ACTIVE:
             # A frame aborted inside its live child's block (its object used there): the child's writes and grants
@@ -451,7 +462,19 @@ class Transaction(Reads, Writes, Children):
             take_back_writes(self, keep=False)      # a frame's writes leave its parent's write set
         manager = self.manager
         manager.locking.abort(self)
+        if self._tasks and _running_below(self) is not None:
+            # Called by a descendant that one of its tasks runs (``child.parent.abort()``): waiting for its children
+            # would wait for that task, on this very thread.  The tree is doomed and out of the lock manager; the
+            # rest of the abort runs when its last task's child ends (``forget``), and this call returns.
+            self._set_slot(AbortAfterChildren, AbortAfterChildren(lambda: self._end_abort(reason, error, participants)))
+            return
         self._wait_children()
+        self._end_abort(reason, error, participants)
+
+    def _end_abort(self, reason: BaseException | str | None, error: BaseException,
+                   participants: list[CommitParticipant]) -> None:
+        """The end of ``abort`` once the node's children ended: participants, history, hooks, observers, ``forget``."""
+        manager = self.manager
         for participant in participants:
             try:
                 participant.aborted(self, error)
@@ -528,6 +551,23 @@ def _running_inline_child(node: Transaction) -> "Transaction | None":
     with node._mutex:
         return next((child for child_id, child in node._children.items() if child_id not in node._tasks
                      and (child._state is _ACTIVE or child._state is _COMMITTING)), None)
+
+
+def _running_below(node: Transaction) -> "Transaction | None":
+    """The innermost transaction the calling thread runs below one of ``node``'s tasks (a spawned child it runs, or
+    a descendant of one), or None: ``node`` waiting for its children from here would wait for this thread."""
+    running: list[Transaction] = getattr(node.manager._local, "running", None) or []
+    tasks = node._tasks
+    for transaction in reversed(running):
+        below: Transaction | None = transaction
+        while below is not None:
+            parent = below.parent
+            if parent is node:
+                if below.id in tasks:
+                    return transaction
+                break
+            below = parent
+    return None
 
 
 def _delegate_to_parent(node: Transaction) -> None:

@@ -125,6 +125,85 @@ def test_a_child_its_function_committed_is_not_committed_again(db):
     assert sorted(committed(db, "items")) == [("inline",), ("retried",), ("spawned",)]
 
 
+def _in_bounded_thread(body, seconds=60.0):
+    """Run ``body()`` on a thread of its own and return ``("returned", value)`` or ``("raised", error)``; a body still
+    running after ``seconds`` (a hang) fails the test instead of hanging the suite (its daemon thread is left)."""
+    outcome = []
+
+    def run():
+        try:
+            outcome.append(("returned", body()))
+        except BaseException as error:
+            outcome.append(("raised", error))
+
+    thread = threading.Thread(target=run, name="bounded-body", daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), f"still running after {seconds} s (hung); live: {thread}"
+    return outcome[0]
+
+
+@pytest.mark.parametrize("eager", [False, True], ids=["helped", "on-a-worker"])
+def test_a_spawned_child_that_aborts_its_parent_dooms_it_and_returns(db, eager):
+    """``child.parent.abort()`` called by a running spawned child dooms the parent's tree and returns at once; the
+    parent's abort ends (its hooks, its ``abort`` in the history) once its children ended, the child's own among them.
+    Before, the abort waited for the parent's children — the calling child's own task too, which could never end: the
+    thread hung (the root left in ``live_transactions()``), whether the parent's thread ran the child or a worker."""
+    returned = threading.Event()
+
+    def aborts_parent(child):
+        child.parent.abort()
+        returned.set()
+        child.write("items", "late", value=2)         # doomed with its parent: raises
+
+    def body():
+        with db.transaction() as tx:
+            tx.write("items", "parent", value=1)
+            box["tx"] = tx
+            tx.spawn(aborts_parent, eager=eager).result(timeout=30)
+
+    box = {}
+    kind, error = _in_bounded_thread(body)
+    tx = box["tx"]
+    assert kind == "raised" and isinstance(error, activedb.TransactionAborted), error
+    assert returned.is_set()
+    assert tx.state is TxnState.ABORTED and tx not in db.transactions.live_transactions()
+    ops = [(op.kind, op.transaction) for op in db.history.snapshot() if op.kind in ("commit", "abort")]
+    child_id = next(op.transaction for op in db.history.snapshot() if op.kind == "begin" and op.parent == tx.id)
+    assert ops == [("abort", child_id), ("abort", tx.id)]         # the parent's abort ends after its child's
+    assert committed(db, "items") == {}
+    assert db.transactions.locks.statistics().transactions == 0
+
+
+@pytest.mark.parametrize("eager", [False, True], ids=["helped", "on-a-worker"])
+def test_a_commit_of_its_parent_from_a_spawned_child_is_refused(db, eager):
+    """``child.parent.commit()`` (or the root's, from a grandchild) called by a running spawned child is a
+    TransactionError naming the child, and nothing changes: the parent commits when its own block ends.  Before, the
+    commit waited for the parent's children, the calling child among them, and the thread hung with the parent
+    COMMITTING."""
+    def commits_ancestor(child, ancestor):
+        with pytest.raises(activedb.TransactionError, match=f"inside its subtransaction {child.id}"):
+            ancestor.commit()
+        child.write("items", child.id, value=1)
+        return child.state
+
+    def commits_root(child):
+        child.write("items", child.id, value=1)
+        return child.spawn(commits_ancestor, child.parent, eager=eager).result(timeout=30)
+
+    def body():
+        with db.transaction() as tx:
+            box["tx"] = tx
+            first = tx.spawn(lambda child: commits_ancestor(child, child.parent), eager=eager).result(timeout=30)
+            second = tx.spawn(commits_root, eager=eager).result(timeout=30)
+            return first, second, tx.state
+
+    box = {}
+    assert _in_bounded_thread(body) == ("returned", (TxnState.ACTIVE, TxnState.ACTIVE, TxnState.ACTIVE))
+    assert box["tx"].state is TxnState.COMMITTED and len(committed(db, "items")) == 3
+    assert db.transactions.locks.statistics().transactions == 0
+
+
 def test_reads_see_own_then_ancestor_then_committed(db):
     db.run(lambda tx: tx.write("items", "x", value=1, note="committed"))
     with db.transaction() as tx:
