@@ -14,7 +14,7 @@ from lockmgr._records import (DeadlockCycle, Holders, LockStatistics, LockTableS
                               VictimCandidate, WaitingRequest)
 from lockmgr.errors import (AbortedTransaction, ActiveChildren, Deadlock, DuplicateTransaction, ErrorClasses,
                             InvalidDowngrade, LockError, LockNotHeld, LockTimeout, RequestPending, TransactionNotActive,
-                            UnknownTransaction, WaitEdge)
+                            UnknownTransaction, WaitEdge, WaitForItself)
 
 __all__ = [
     "LockManager", "ExternalWait", "Mode", "Deadlock", "LockTimeout", "find_cycle", "GraphNode",
@@ -22,5 +22,5 @@ __all__ = [
     "DeadlockCycle", "Holders", "LockStatistics", "LockTableSnapshot", "TransactionInfo", "TxnState",
     "VictimCandidate", "WaitingRequest", "WaitEdge",
     "LockError", "ActiveChildren", "DuplicateTransaction", "InvalidDowngrade", "LockNotHeld",
-    "RequestPending", "AbortedTransaction", "TransactionNotActive", "UnknownTransaction",
+    "RequestPending", "AbortedTransaction", "TransactionNotActive", "UnknownTransaction", "WaitForItself",
 ]

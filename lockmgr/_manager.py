@@ -23,7 +23,7 @@ from lockmgr._table import (ABORTED, ACTIVE, COMMITTED, COMMITTING, GRANTED, TIM
                             WITHDRAWN_BY_ABORT, EdgeEvent, EndedLog, Grant, _committed_members, _covered, _Lock,
                             _lock_entry, _NO_CHILDREN, _NO_HOLDS, _Request, _Stripe, _Txn)
 from lockmgr.errors import (AbortedTransaction, ActiveChildren, Deadlock, DuplicateTransaction, ErrorClasses, Lazy,
-                            LockNotHeld, LockTimeout, RequestPending)
+                            LockNotHeld, LockTimeout, RequestPending, WaitForItself)
 
 if TYPE_CHECKING:
     import networkx
@@ -621,7 +621,7 @@ class LockManager:
         are checked for a cycle now.  Chosen as the victim now: ``Deadlock`` is raised and nothing registered;
         later: its edges are removed and ``on_victim(error)`` is called (without it, it is never chosen
         later).  ``preferred_victim=True`` volunteers whatever the policy.  Targets that are not active add no
-        edge; ``waiter`` must be active or committing.  Returns the handle; ``release()`` it when the wait ends.
+        edge; ``waiter`` must be active or committing, and not among the targets (``WaitForItself``).  Returns the handle; ``release()`` it when the wait ends.
         """
         if isinstance(targets, (str, bytes)):       # (a text would be read as its letters: tids that may be active)
             raise TypeError(f"add_wait({waiter!r}, {targets!r}): targets is a collection of transaction ids; one "
@@ -633,7 +633,9 @@ class LockManager:
             edges: dict[_Txn, str] = {}
             for tid in targets:
                 target = self._active.get(tid)
-                if target is not None and target is not txn:
+                if target is not None:
+                    if target is txn:       # (an edge to itself would be a wait that never ends: refused, not dropped)
+                        raise WaitForItself(waiter, kind)
                     edges[target] = kind
             wait = ExternalWait(self, txn, edges, kind, on_victim, preferred_victim)
             if not edges:

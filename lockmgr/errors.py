@@ -193,6 +193,20 @@ class ActiveChildren(_OnTransaction):
                 f"{self.tid!r}, which aborts them too)")
 
 
+class WaitForItself(_OnTransaction):
+    """``add_wait`` of a transaction for itself (among its ``targets``): the wait would never end, as the waiter's
+    end comes only after its own wait."""
+
+    def __init__(self, tid: Hashable, kind: str) -> None:
+        super().__init__(tid)
+        self.kind = kind
+
+    def __str__(self) -> str:
+        return (f"transaction {self.tid!r} cannot wait ({self.kind}) for itself: it ends only after this wait would, "
+                f"so the wait would never end; nothing was registered. Wait for it from another transaction (e.g. "
+                f"its parent), or leave it out of the targets")
+
+
 class RequestPending(_OnResource):
     """A transaction waits for one lock at a time; a second concurrent ``acquire`` is refused."""
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 import lockmgr
 
-from activedb.errors import DeadlockDetected, LockWaitTimeout, TransactionAborted
+from activedb.errors import DeadlockDetected, LockWaitTimeout, TransactionAborted, TransactionError
 from activedb.txn import _help_edges, _ids
 from activedb.txn._children import Subtransactions, before_waiting_for_children
 from activedb.txn._history import HistoryRecorder
@@ -282,6 +282,12 @@ class _Waiting:
                     # learns of the abort from what it waits for (its children are doomed too).
                     if waiter._doomed is None:
                         raise
+                except lockmgr.WaitForItself as error:
+                    # (Its own handle's result, or its parent's children waited for from inside it: never.)
+                    raise TransactionError(
+                        f"{waiter.id} would wait for itself, which this thread runs (a wait for "
+                        f"{target or 'the children'} of {node.id}): it ends only after its function returns; wait for "
+                        f"it from outside it, e.g. in its parent's block") from error
         if not self.helps:
             manager.pool.before_blocking()
         observers = manager.observers

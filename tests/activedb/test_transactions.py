@@ -204,6 +204,33 @@ def test_a_commit_of_its_parent_from_a_spawned_child_is_refused(db, eager):
     assert db.transactions.locks.statistics().transactions == 0
 
 
+@pytest.mark.parametrize("wait", ["own handle", "wait_children of its parent"])
+def test_a_spawned_child_waiting_for_itself_is_refused_at_once(db, wait):
+    """A spawned child that waits for itself — ``handle.result()`` of its own handle, or
+    ``lowlevel.wait_children(child.parent)`` (the parent's children, itself among them) — gets a TransactionError naming
+    it, and goes on.  Before, the lock manager dropped the wait's edge to itself and the thread waited for the task it
+    was running: for ever."""
+    def waits_for_itself(child):
+        if wait == "own handle":
+            call = box["handle"].result
+        else:
+            call = lambda: activedb.lowlevel.wait_children(child.parent)   # noqa: E731
+        with pytest.raises(activedb.TransactionError, match=f"{child.id} would wait for itself"):
+            call()
+        child.write("items", "after", value=1)
+        return "went on"
+
+    def body():
+        with db.transaction() as tx:
+            box["handle"] = tx.spawn(waits_for_itself, eager=True)
+            return box["handle"].result(timeout=30)
+
+    box = {}
+    assert _in_bounded_thread(body) == ("returned", "went on")
+    assert committed(db, "items")[("after",)]["value"] == 1
+    assert db.transactions.locks.statistics().transactions == 0
+
+
 def test_reads_see_own_then_ancestor_then_committed(db):
     db.run(lambda tx: tx.write("items", "x", value=1, note="committed"))
     with db.transaction() as tx:

@@ -11,7 +11,7 @@ import threading
 
 import pytest
 
-from lockmgr import Deadlock, LockManager, Mode
+from lockmgr import Deadlock, LockManager, Mode, WaitForItself
 from lockmgr.testing import wait_until
 from tests.lockmgr._trees import manager
 
@@ -184,3 +184,15 @@ def test_a_before_wait_that_is_not_callable_is_refused_when_the_manager_is_made(
     naming the argument at once."""
     with pytest.raises(TypeError, match=r"before_wait.*callable"):
         LockManager(before_wait=before_wait)
+
+
+@pytest.mark.parametrize("targets", [["A"], ["B", "A"]])
+def test_a_wait_of_a_transaction_for_itself_is_refused_and_registers_nothing(targets):
+    """A waiter among its own targets would wait for ever (it ends only after its wait): ``WaitForItself`` naming it
+    and the wait's kind, nothing registered.  Before, the edge to itself was dropped and the wait returned as granted
+    (or with the other edges only), so its caller waited for itself."""
+    lm = manager("A", "B")
+    with pytest.raises(WaitForItself, match=r"transaction 'A' cannot wait \(children\) for itself") as raised:
+        lm.add_wait("A", targets, kind="children")
+    assert raised.value.tid == "A" and lm.statistics().registered_waits == 0
+    assert list(lm.wait_for_graph().edges) == []
