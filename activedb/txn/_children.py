@@ -440,8 +440,16 @@ def _new_child(node: "Transaction", name: str | None = None, *, inline: bool = F
 
 def _run_body(node: "Transaction", function: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
               ) -> Any:
-    """A spawned child's task on a worker: run ``function``, then commit (abort if it raised)."""
+    """A spawned child's task on a worker: run ``function``, then commit (abort if it raised).  A child aborted or
+    doomed before its task started (its parent aborted it, or the tree) ends here: its function and begin hooks never
+    run — its parent no longer waits for an aborted child, which may have ended long before its task is taken."""
     node._thread = threading.get_ident()
+    if node._doomed is not None or node._state is not _ACTIVE:
+        try:
+            node._check_active("start of the function of the subtransaction")
+        except BaseException as error:
+            node.abort(error)           # (an aborted node: nothing more; a doomed one ends as if its function raised)
+            raise
     manager = node.manager
     manager.push_running(node)
     try:

@@ -231,6 +231,38 @@ def test_a_spawned_child_waiting_for_itself_is_refused_at_once(db, wait):
     assert db.transactions.locks.statistics().transactions == 0
 
 
+def test_a_spawned_child_aborted_before_it_started_never_runs_its_function(db):
+    """A queued spawned child its parent aborted (``handle.transaction.abort()``) ends there: its task, run later by
+    whoever takes it, raises TransactionAborted without calling the function or the begin hooks.  Before, the abort
+    took its task out of the parent's list (the parent's commit no longer waited for it) and the function still ran
+    later, on the aborted node, after its parent had committed — an observer heard the child begin after its abort."""
+    ran, heard = [], []
+
+    class Hears(activedb.Observer):
+        def on_begin(self, transaction):
+            heard.append(("begin", transaction.id))
+
+        def on_abort(self, transaction, reason):
+            heard.append(("abort", transaction.id))
+
+    observer = db.observe(Hears())
+    pool = db.transactions.pool
+    before, pool.hand_off_after = pool.hand_off_after, 3600.0     # (the task stays queued until it is waited for)
+    try:
+        with db.transaction() as tx:
+            handle = tx.spawn(lambda child: ran.append(child.state))
+            handle.transaction.abort()
+        assert tx.state is TxnState.COMMITTED
+        with pytest.raises(activedb.TransactionAborted):
+            handle.result(timeout=30)                   # (this thread takes the task and runs it)
+    finally:
+        pool.hand_off_after = before
+        db.transactions.observers.remove(observer)
+    child = handle.transaction.id
+    assert ran == [] and handle.state is TxnState.ABORTED
+    assert [event for event in heard if event[1] == child] == [("abort", child)]
+
+
 def test_reads_see_own_then_ancestor_then_committed(db):
     db.run(lambda tx: tx.write("items", "x", value=1, note="committed"))
     with db.transaction() as tx:
