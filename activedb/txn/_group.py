@@ -212,7 +212,16 @@ def _take_over(group: _Group) -> None:
         frame = group.running
         if frame is not None:
             if frame._state is _ACTIVE and frame._lazy:
-                frame.manager.locking.materialize_now(frame)
+                try:
+                    frame.manager.locking.materialize_now(frame)
+                except BaseException as error:
+                    # (An ancestor's abort reached the lock manager first: TransactionAborted.)  The frame stays the
+                    # owner's, guarded, and ends as its own; every member nobody has started ends with the error,
+                    # unstarted — their parent's tree is aborted — so that each has a result.
+                    first, group.next = group.next, len(group.arguments)
+                    for index in range(first, len(group.arguments)):
+                        group.results[index] = (False, error)
+                    raise
             _unguard(frame, group)
     _take_rest(group)     # (queued: this worker's next task is likely the first of them)
 

@@ -330,3 +330,48 @@ def test_deferred_groups_on_threads_behave_alike_with_frames_and_registered_node
         threads_db.transactions.subtransactions = Subtransactions.FRAMES
     assert frames == materialized
     assert threads_db.transactions.locks.statistics().transactions == 0     # nothing left in the lock manager
+
+
+def test_a_take_over_that_meets_the_trees_abort_ends_every_member_with_a_result(db):
+    """A worker that takes a group over after an ancestor's abort reached the lock manager cannot make the running
+    frame a node (``materialize_now`` raises TransactionAborted): every member nobody has started ends with that
+    error, unstarted, and the owner's frame ends as its own.  Before, the take-over stopped there: the members nobody
+    had started never ran and ``run_group`` returned None for them, which its caller then unpacked."""
+    from activedb.txn._group import _GROUPS
+
+    started, go = threading.Event(), threading.Event()
+    box: dict = {}
+
+    def member(child, argument):
+        if argument == 0:
+            box["group"] = _GROUPS[child]
+            started.set()
+            assert go.wait(BOUND), "the take-over never ran"
+        return argument
+
+    def runs_group(node):
+        box["results"] = activedb.lowlevel.run_group(node, member, [0, 1, 2], [None, None, None])
+
+    def lets_member_go():
+        try:
+            wait_until(lambda: box["group"].token.done(), BOUND, "a worker to take the group over")
+        finally:
+            go.set()
+
+    pool = db.transactions.pool
+    before, pool.hand_off_after = pool.hand_off_after, 3600.0    # (the token is taken when the abort waits only)
+    try:
+        with Watchdog(BOUND, db.transactions.locks):
+            with db.transaction() as tx:
+                tx.spawn(runs_group, eager=True)
+                assert started.wait(BOUND)
+                helper = threading.Thread(target=lets_member_go, daemon=True)
+                helper.start()
+                tx.abort()           # dooms the tree, then its wait for the child gives the token a worker
+            helper.join(BOUND)
+    finally:
+        pool.hand_off_after = before
+    results = box["results"]
+    assert [result and result[0] for result in results] == [False, False, False], results     # (None: no result)
+    assert all(isinstance(result[1], activedb.TransactionAborted) for result in results), results
+    assert db.transactions.locks.statistics().transactions == 0
