@@ -129,6 +129,9 @@ class LockManager:
                                  ) from None
         if stripes < 1:
             raise ValueError("stripes must be at least 1")
+        if snapshot_on_deadlock is not True and snapshot_on_deadlock is not False:
+            raise TypeError(f"LockManager(snapshot_on_deadlock={snapshot_on_deadlock!r}) takes True or False (attach a "
+                            f"snapshot of the lock table to every Deadlock, or not)")
         try:
             commit_edges = CommitEdges(commit_edges)
         except ValueError:
@@ -623,6 +626,9 @@ class LockManager:
         later).  ``preferred_victim=True`` volunteers whatever the policy.  Targets that are not active add no
         edge; ``waiter`` must be active or committing, and not among the targets (``WaitForItself``).  Returns the handle; ``release()`` it when the wait ends.
         """
+        if preferred_victim is not True and preferred_victim is not False:   # ('no' would volunteer by its truth)
+            raise TypeError(f"add_wait(preferred_victim={preferred_victim!r}) takes True or False (volunteer the waiter "
+                            f"as the victim of any cycle through it, or not)")
         if isinstance(targets, (str, bytes)):       # (a text would be read as its letters: tids that may be active)
             raise TypeError(f"add_wait({waiter!r}, {targets!r}): targets is a collection of transaction ids; one "
                             f"target is written [{targets!r}]")

@@ -38,7 +38,10 @@ class ScenarioError(AssertionError):
 def wait_until(predicate: Callable[[], _T], timeout: float = 10.0, message: str = "condition",
                describe: Callable[[], object] | None = None) -> _T:
     """Return ``predicate()``'s first truthy value; raise ``ScenarioError`` (an ``AssertionError``) after
-    ``timeout`` seconds, naming ``message`` and what ``describe()`` reports of the state."""
+    ``timeout`` seconds (infinity: no limit), naming ``message`` and what ``describe()`` reports of the state."""
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout >= 0:   # (NaN too)
+        raise ValueError(f"wait_until(timeout={timeout!r}) takes a number of seconds >= 0 (math.inf: no limit); a "
+                         f"NaN deadline never passes, so the wait would never time out")
     deadline = time.monotonic() + timeout
     idle = threading.Event()
     while True:

@@ -131,3 +131,31 @@ def test_the_test_kits_waits_take_an_infinite_timeout_as_no_limit():
         scenario.run("A", "commit", lambda: lm.commit("A"))
         scenario.finish(reader)
     assert lm.holders("x").held == {"B": Mode.READ}
+
+
+def test_wait_until_refuses_a_timeout_that_is_no_number_of_seconds():
+    """``wait_until(predicate, timeout=nan)`` never timed out (no time is later than a NaN deadline): a test meant to
+    fail after a bound hung instead.  A timeout that is NaN, negative or no number is refused at once; infinity still
+    waits without limit (here: the predicate holds at once)."""
+    import math
+    import threading
+
+    from lockmgr.testing import wait_until
+
+
+    for timeout in (math.nan, -1.0, "10", None, True):
+        raised: list[BaseException] = []
+
+        def call(timeout=timeout, raised=raised):
+            try:
+                wait_until(lambda: False, timeout)
+            except BaseException as error:
+                raised.append(error)
+
+        waiter = threading.Thread(target=call, daemon=True)      # (a wait that never ends fails, not hangs)
+        waiter.start()
+        waiter.join(30)
+        assert not waiter.is_alive(), f"wait_until(timeout={timeout!r}) still waiting after 30 s"
+        assert len(raised) == 1 and isinstance(raised[0], ValueError), (timeout, raised)
+        assert "takes a number of seconds" in str(raised[0]) and f"timeout={timeout!r}" in str(raised[0])
+    assert wait_until(lambda: "ready", math.inf) == "ready"

@@ -196,3 +196,21 @@ def test_a_wait_of_a_transaction_for_itself_is_refused_and_registers_nothing(tar
         lm.add_wait("A", targets, kind="children")
     assert raised.value.tid == "A" and lm.statistics().registered_waits == 0
     assert list(lm.wait_for_graph().edges) == []
+
+
+@pytest.mark.parametrize("value", ["no", "False", 1, 0, None])
+def test_a_preferred_victim_that_is_no_bool_is_refused(value):
+    """``preferred_victim`` takes True or False: 'no' (or 1) was read by its truth value and volunteered the waiter as
+    the victim of any cycle through it, 0 and None declined by accident.  Refused before anything is registered."""
+    lm = manager("A", "B")
+    with pytest.raises(TypeError, match=rf"add_wait\(preferred_victim={value!r}\) takes True or False"):
+        lm.add_wait("A", ["B"], kind="dependency", preferred_victim=value)
+    assert lm.statistics().registered_waits == 0
+
+
+@pytest.mark.parametrize("value", ["no", 1, None])
+def test_a_snapshot_on_deadlock_that_is_no_bool_is_refused(value):
+    """``LockManager(snapshot_on_deadlock='no')`` took a full snapshot at every deadlock (a truthy text), None and 0
+    none by accident: the switch takes True or False."""
+    with pytest.raises(TypeError, match=rf"LockManager\(snapshot_on_deadlock={value!r}\) takes True or False"):
+        LockManager(snapshot_on_deadlock=value)
