@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING
 
 
 from activedb import lowlevel
-from activedb.errors import DuplicateKey, LockWaitTimeout, RecordsTakenOver, RuleFailed, causes, classify
+from activedb.errors import (DuplicateKey, LockWaitTimeout, RecordsTakenOver, RuleFailed, TransactionError, causes,
+                             classify)
 from activedb.outbox import _records
 from activedb.store import is_connection_failure, storable_text
 from activedb.txn import Along, CommitParticipant
@@ -126,7 +127,7 @@ class Executor:
     def _submit_runner(self) -> None:
         try:
             self._outbox.transactions.pool.submit(self._runner)
-        except RuntimeError:            # the pool is shut down (the Database was closed)
+        except TransactionError:        # the pool is shut down (the Database was closed)
             with self._mutex:
                 self._runners -= 1
                 self._idle.notify_all()

@@ -40,6 +40,8 @@ import threading
 from collections import deque
 from typing import Any, Callable
 
+from activedb.errors import TransactionError
+
 #: Seconds the pool may sit idle (no task started or claimed) with tasks queued before its waker gives them
 #: workers (see the module docstring).
 HAND_OFF_AFTER = 0.001
@@ -277,11 +279,13 @@ class WorkerPool:
     def start(self, task: Task, eager: bool = False) -> Task:
         """Queue ``task`` (made by the caller, who may have registered it first).  Lazily (the default) it
         runs when waited for, when something blocks, or when the pool has been idle for ``hand_off_after``
-        (the module docstring); ``eager``: a worker is woken or started for it now."""
+        (the module docstring); ``eager``: a worker is woken or started for it now.  A pool shut down (its
+        ``Database`` closed) raises ``TransactionError``."""
         task._pool = self
         with self._mutex:
             if self._shutdown:
-                raise RuntimeError("the worker pool is shut down (the Database was closed)")
+                raise TransactionError("the worker pool is shut down: the Database was closed (by another thread, "
+                                       "while this tree ran); call activedb.connect() again")
             self._queue.append(task)
             self.activity += 1
             if eager:

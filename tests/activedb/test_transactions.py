@@ -263,6 +263,26 @@ def test_a_spawned_child_aborted_before_it_started_never_runs_its_function(db):
     assert [event for event in heard if event[1] == child] == [("abort", child)]
 
 
+def test_a_spawn_after_the_database_was_closed_says_so(database_url):
+    """``tx.spawn`` in a tree still running when another thread closed its ``Database`` is a TransactionError (an
+    ActivedbError) saying the database was closed, and the child ends aborted.  Before, it was the worker pool's bare
+    RuntimeError ('the worker pool is shut down'), which a caller catching activedb's errors missed."""
+    database = activedb.connect(database_url)
+    try:
+        with pytest.raises(activedb.TransactionError):
+            with database.transaction() as tx:
+                closer = threading.Thread(target=database.close)
+                closer.start()
+                closer.join(30)
+                assert not closer.is_alive()
+                with pytest.raises(activedb.TransactionError, match="the Database was closed") as raised:
+                    tx.spawn(lambda child: None)
+                assert [child.state for child in tx.children] == []
+                raise raised.value
+    finally:
+        database.close()
+
+
 def test_reads_see_own_then_ancestor_then_committed(db):
     db.run(lambda tx: tx.write("items", "x", value=1, note="committed"))
     with db.transaction() as tx:
