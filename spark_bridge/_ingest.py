@@ -52,6 +52,34 @@ def _check_columns(streaming_df: DataFrame, mapping: EventMapping) -> None:
             f"fix the EventMapping or select/rename the columns before ingest()")
 
 
+#: The metadata key Spark puts on the column ``withWatermark`` last declared a watermark on (kept through renames).
+_WATERMARK_METADATA = "spark.watermarkDelayMs"
+
+
+def _check_watermark_column(streaming_df: DataFrame, mapping: EventMapping) -> None:
+    """Refuse a frame whose plan declares an event-time watermark on a column other than the mapping's time column.
+    Spark's watermark of a batch (``batchWatermarkMs``, what the sink reads) is the watermark of the column it was
+    declared on — with several, their minimum (``spark.sql.streaming.multipleWatermarkPolicy``) —, and the sink
+    judges the time column late by it and punctuates with it (the package's ``README.md``, "The watermark")."""
+    columns, pending = [], [streaming_df._jdf.queryExecution().analyzed()]
+    while pending:      # (the analyzed plan's EventTimeWatermark nodes: one per withWatermark)
+        node = pending.pop()
+        if str(node.nodeName()) == "EventTimeWatermark":
+            columns.append(str(node.eventTime().name()))
+        children = node.children()
+        pending.extend(children.apply(index) for index in range(children.size()))
+    others = [column for column in columns if column != mapping.ts_column]
+    # (one watermark whose column was renamed to the time column: Spark's metadata moved with it)
+    renamed = len(columns) == 1 and _WATERMARK_METADATA in streaming_df.schema[mapping.ts_column].metadata
+    if others and not renamed:
+        raise IngestError(
+            f"the stream declares an event-time watermark on column {others[0]!r}, not on the mapping's time column "
+            f"{mapping.ts_column!r}: Spark's watermark of a batch is that column's (with several, their minimum), and "
+            f"the sink would make events dead letters as late, and punctuate, by it. Declare the watermark on the "
+            f"time column — withWatermark({mapping.ts_column!r}, …) or watermark_delay=… — and drop the one on "
+            f"{others[0]!r}, or map the time to {others[0]!r}")
+
+
 #: Options ``ingest()`` had before a batch's path became one handler object: what to pass instead.
 _MOVED = {"queries": "handler=streams.QueriesHandler(engine_or_factory, scheduler=…)",
           "scheduler": "handler=streams.QueriesHandler(engine_or_factory, scheduler=…)",
@@ -76,7 +104,8 @@ class IngestOptions:
       ``DataStreamWriter.trigger`` (``{"availableNow": True}``);
     * ``known_types`` — accepted event types (default: the handler's, for the rules the types they listen to);
     * ``watermark_delay`` — applies ``withWatermark(mapping.ts_column, delay)`` (the column must be a Spark
-      timestamp); a watermark declared on the frame works as well.  The batch's Spark watermark is
+      timestamp); a watermark declared on the frame works as well, on that column (one on another column is
+      refused: Spark's watermark would be that column's).  The batch's Spark watermark is
       punctuated after the batch commits (``db.punctuate(query_name, watermark)``) and events older than it
       are dead letters;
     * ``start=False`` — return the ``DataStreamWriter`` (sink in ``writer.activedb_sink``) to configure and
@@ -231,6 +260,7 @@ def ingest(db: Database, streaming_df: DataFrame, *, mapping: EventMapping, quer
             raise IngestError(
                 f"watermark_delay={options.watermark_delay!r} is not a delay Spark takes ({first_line(error)}); give "
                 f"an interval such as '30 seconds' or '5 minutes', or a datetime.timedelta, not negative") from None
+    _check_watermark_column(streaming_df, mapping)
 
     session = streaming_df.sparkSession
     common: SinkOptions = {"query_name": query_name, "known_types": options.known_types, "spark_session": session,

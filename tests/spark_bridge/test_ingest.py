@@ -459,6 +459,41 @@ def test_a_watermark_delay_spark_cannot_read_is_an_ingest_error_saying_what_to_g
 
 
 @pytest.mark.spark
+def test_a_watermark_on_another_column_than_the_mapping_s_time_is_refused_naming_it(spark, tmp_path,
+                                                                                  make_database_url):
+    """Spark's watermark of a batch is the watermark of the column ``withWatermark`` was declared on (with several,
+    their minimum); the sink judged the mapping's time column late by it and punctuated with it — a watermark on
+    an arrival time, say, made events dead letters by another column's clock.  ``ingest()`` now refuses such a
+    frame naming the column; a watermark on the time column (declared, given as ``watermark_delay`` too, or the
+    column renamed after it) is taken."""
+    from pyspark.sql import functions as F
+
+    database = app_database(make_database_url("wmcolumn"))
+    try:
+        arriving = _stream(spark, tmp_path).withColumn("arrived", F.col("ts"))
+        refused = {"declared": (arriving.withWatermark("arrived", "10 seconds"), {}),
+                   "besides watermark_delay": (arriving.withWatermark("arrived", "10 seconds"),
+                                               {"watermark_delay": "5 seconds"}),
+                   "besides one on the time": (arriving.withWatermark("arrived", "10 seconds")
+                                               .withWatermark("ts", "5 seconds"), {})}
+        for case, (frame, options) in refused.items():
+            with pytest.raises(IngestError, match=r"watermark on column 'arrived', not on the mapping's time column "
+                                                  r"'ts'.*withWatermark\('ts', …\) or watermark_delay="):
+                spark_bridge.ingest(database, frame, mapping=app_counters.MAPPING, query_name="x",
+                                    checkpoint_location=str(tmp_path / "c"), **options)
+            assert spark.streams.active == [], case
+        renamed = (_stream(spark, tmp_path).withColumnRenamed("ts", "time").withWatermark("time", "10 seconds")
+                   .withColumnRenamed("time", "ts"))
+        for frame, options in [(arriving.withWatermark("ts", "10 seconds"), {"watermark_delay": "5 seconds"}),
+                               (renamed, {})]:
+            writer = spark_bridge.ingest(database, frame, mapping=app_counters.MAPPING, query_name="x",
+                                         checkpoint_location=str(tmp_path / "c"), start=False, **options)
+            assert spark_bridge.sink_of(writer) is not None
+    finally:
+        database.close()
+
+
+@pytest.mark.spark
 def test_a_batch_spark_re_runs_in_another_partition_layout_is_refused_not_applied_twice(spark, tmp_path,
                                                                                        make_database_url):
     """The ledger skips a replayed batch by its ids — ``q`` whole, ``q#pK`` per partition of the scale-out path —
