@@ -49,19 +49,33 @@ REPORT_COLUMN = "report"
 
 # Per Python worker process (see the module docstring). _worker_mutex protects both dicts.
 _worker_mutex = threading.Lock()
-_worker_databases: dict[tuple[str, str], Database] = {}
+_worker_databases: dict[tuple[str, str, object], Database] = {}
 _worker_sinks: dict[tuple[object, ...], Ingestion] = {}
 
 
+def _options_key(connect_options: Iterable[tuple[str, object]]) -> object:
+    """``connect_options`` (name, value pairs) as part of a cache key: the pairs when they hash, else pickled as Spark
+    pickles a task (a dict value, such as ``outbox_options``, does not hash)."""
+    pairs = tuple(sorted(connect_options, key=lambda pair: pair[0]))
+    try:
+        hash(pairs)
+    except TypeError:
+        from pyspark import cloudpickle
+
+        return bytes(cloudpickle.dumps(pairs))  # type: ignore[no-untyped-call]  # (pyspark's vendored cloudpickle)
+    return pairs
+
+
 def _worker_database(url: str, app: str | Register, connect_options: Mapping[str, object]) -> Database:
-    """The worker process's ``Database`` for (URL, app), connected and with the app's rules declared.
+    """The worker process's ``Database`` for (URL, app, ``connect_options``), connected with those options and with the
+    app's rules declared.
 
     The connection and the app's ``register`` run with no mutex held (they do SQL and run user code):
     two threads of one worker that race build two, and the first to publish wins — the other is closed.
     Declaring a rule is idempotent across processes (``INSERT … ON CONFLICT`` in the registry)."""
     import activedb
 
-    key = (url, app_name(app))
+    key = (url, app_name(app), _options_key(connect_options.items()))
     with _worker_mutex:
         database = _worker_databases.get(key)
     if database is not None:
@@ -149,8 +163,8 @@ class _PartitionTask:
                 "infrastructure": infrastructure}
 
     def _sink(self) -> Ingestion:
-        key = (self.url, app_name(self.app), self.query_name, self.mapping, self.known_types, self.prefetch,
-               self.lineage, self.lower_declared)
+        key = (self.url, app_name(self.app), _options_key(self.connect_options), self.query_name, self.mapping,
+               self.known_types, self.prefetch, self.lineage, self.lower_declared)
         with _worker_mutex:
             sink = _worker_sinks.get(key)
         if sink is not None:
