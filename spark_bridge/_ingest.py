@@ -244,6 +244,10 @@ def ingest(db: Database, streaming_df: DataFrame, *, mapping: EventMapping, quer
             "ingest() needs a streaming DataFrame (spark.readStream...); for a static DataFrame use "
             "activedb.ingest.feed(db, [df.toArrow()], source=..., mapping=...)")
     _check_columns(streaming_df, mapping)
+    if options.start and any(query.name == query_name for query in streaming_df.sparkSession.streams.active):
+        raise IngestError(
+            f"a query named {query_name!r} is already running in this Spark session (Spark runs one query per name); "
+            f"stop it (query.stop(), or spark.streams.active lists the running ones) or give another query_name")
     if options.watermark_delay is not None:
         delay = options.watermark_delay
         if isinstance(delay, dt.timedelta):

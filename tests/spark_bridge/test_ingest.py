@@ -494,6 +494,26 @@ def test_a_watermark_on_another_column_than_the_mapping_s_time_is_refused_naming
 
 
 @pytest.mark.spark
+def test_a_query_name_already_running_is_an_ingest_error_saying_what_to_do(spark, tmp_path, make_database_url):
+    """Starting a query whose name a query of the session already runs under was pyspark's
+    ``IllegalArgumentException`` ("Cannot start query with name … as a query with that name is already active"),
+    not an ``IngestError`` saying what to do."""
+    (tmp_path / "in").mkdir()
+    database = app_database(make_database_url("samename"))
+    running = spark_bridge.ingest(database, _stream(spark, tmp_path / "in"), mapping=app_counters.MAPPING,
+                                  query_name="twice", checkpoint_location=str(tmp_path / "c1"))
+    try:
+        with pytest.raises(IngestError, match=r"a query named 'twice' is already running in this Spark session.*"
+                                              r"stop it \(query.stop\(\).*another query_name"):
+            spark_bridge.ingest(database, _stream(spark, tmp_path / "in"), mapping=app_counters.MAPPING,
+                                query_name="twice", checkpoint_location=str(tmp_path / "c2"))
+        assert [query.id for query in spark.streams.active] == [running.id]
+    finally:
+        running.stop()
+        database.close()
+
+
+@pytest.mark.spark
 def test_a_batch_spark_re_runs_in_another_partition_layout_is_refused_not_applied_twice(spark, tmp_path,
                                                                                        make_database_url):
     """The ledger skips a replayed batch by its ids — ``q`` whole, ``q#pK`` per partition of the scale-out path —
