@@ -12,11 +12,13 @@ from typing import TYPE_CHECKING
 import sqlalchemy as sa
 
 from spark_bridge._sources import write_event_files
+from spark_bridge.errors import SparkBridgeError, describe, first_line
 
 if TYPE_CHECKING:  # pragma: no cover
     from rich.console import Console
 
     from activedb import Database
+    from activedb.ingest import Ingestion
     from activedb.progress import Progress
     from activedb.streams import StreamEngine
 
@@ -41,12 +43,14 @@ def feed(db: Database, events: list[dict[str, object]], app: ModuleType, console
     import spark_bridge
     from activedb.ingest import END_OF_STREAM_BATCH
     from activedb.streams import QueriesHandler
+    from pyspark.errors import StreamingQueryException
     from pyspark.sql import functions as F
 
     progress.start("micro-batches", total=SPARK_FILES)
     progress.note("starting Spark (local[2]; about 10 s) ...")
     # Spark's warnings go to a log file, not between the demo's lines.
-    spark = spark_bridge.get_spark(warnings_to=activedb.default_home() / "logs" / "spark.log")
+    log = activedb.default_home() / "logs" / "spark.log"
+    spark = spark_bridge.get_spark(warnings_to=log)
     with tempfile.TemporaryDirectory(prefix="activedb-demo-") as folder:
         source = Path(folder) / "badge-events"
         write_event_files(source, events, max(1, -(-len(events) // SPARK_FILES)), time.time() - SPARK_FILES)
@@ -61,13 +65,17 @@ def feed(db: Database, events: list[dict[str, object]], app: ModuleType, console
                                     watermark_delay="30 seconds")
         sink = spark_bridge.sink_of(query)
         progress.note("waiting for the first micro-batch ...")
-        while not query.awaitTermination(0.5):  # type: ignore[arg-type]  # (seconds: pyspark takes a float too)
-            done = sink.statistics().batches
-            if done:
-                progress.update(done, f"micro-batches committed ({sink.statistics().events} events)")
+        try:
+            while not query.awaitTermination(0.5):  # type: ignore[arg-type]  # (seconds: pyspark takes a float too)
+                done = sink.statistics().batches
+                if done:
+                    progress.update(done, f"micro-batches committed ({sink.statistics().events} events)")
+        except StreamingQueryException:     # (the query failed: awaitTermination raises it)
+            pass
         progress.update(sink.statistics().batches, f"micro-batches committed ({sink.statistics().events} events)")
-        if query.exception() is not None:
-            raise RuntimeError(f"the demo's streaming query failed: {query.exception()}")
+        failure = query.exception()
+        if failure is not None:
+            raise SparkBridgeError(_failure(sink, failure, log))
         released = spark_bridge.end_of_stream(query)
         statistics = sink.statistics()          # the release included: its events and dead letters
     console.print(
@@ -87,3 +95,11 @@ def feed(db: Database, events: list[dict[str, object]], app: ModuleType, console
     return {"dead_letter_query": statistics.query_id}
 
 
+def _failure(sink: Ingestion, failure: BaseException, log: Path) -> str:
+    """One line for ``activedb demo`` when the query failed: the failed batch's Python cause (Spark's message wraps
+    it in a Java stack trace), or Spark's first line."""
+    found = sink.last_failure()
+    cause = (f"batch {found[0]} failed: {describe(found[1])}" if found is not None else
+             first_line(failure).split("Reason: ", 1)[-1])
+    return (f"the demo's streaming query failed: {cause} (Spark's log: {log}); fix the cause and run the demo again, "
+            f"or run it without Spark (activedb demo --no-spark)")
