@@ -82,7 +82,12 @@ def write_event_files(directory: Path, events: list[dict[str, object]], per_file
             raise BadArgument(f"write_event_files: event {position} ({event!r}) cannot be written as JSON "
                               f"({error}); give JSON values, e.g. a time as text (datetime.isoformat()); nothing was "
                               f"written") from None
-    directory.mkdir(parents=True)
+    try:
+        directory.mkdir(parents=True)
+    except FileExistsError:
+        raise BadArgument(f"write_event_files: {directory} exists; the events go to a new directory, as a file source "
+                          f"reads every file in its directory as the stream: give a directory that does not exist yet "
+                          f"(or remove this one)") from None
     for number, start in enumerate(range(0, len(events), per_file)):
         path = directory / f"part-{number:04d}.json"
         path.write_text("".join(lines[start:start + per_file]))

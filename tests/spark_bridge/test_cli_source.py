@@ -80,3 +80,17 @@ def test_write_event_files_refuses_an_event_that_is_no_json_before_writing_any_f
                                           r"nothing was written"):
         write_event_files(tmp_path / "events", events, 1, 0.0)
     assert not (tmp_path / "events").exists()
+
+
+def test_write_event_files_into_a_directory_that_exists_is_refused_saying_what_to_give(tmp_path):
+    """The directory must be new (a file source reads every file in it as the stream): one that exists was a bare
+    ``FileExistsError`` from ``mkdir``, saying neither why nor what to give; its files are left as they were."""
+    from activedb.errors import BadArgument
+    from spark_bridge import write_event_files
+
+    (tmp_path / "events").mkdir()
+    (tmp_path / "events" / "old.json").write_text('{"n": 0}\n')
+    with pytest.raises(BadArgument, match=r"write_event_files: .*events exists.*give a directory that does not "
+                                          r"exist yet"):
+        write_event_files(tmp_path / "events", [{"n": 1}], 1, 0.0)
+    assert [path.name for path in (tmp_path / "events").iterdir()] == ["old.json"]
