@@ -80,6 +80,22 @@ def _check_watermark_column(streaming_df: DataFrame, mapping: EventMapping) -> N
             f"{others[0]!r}, or map the time to {others[0]!r}")
 
 
+def _check_arrow_types(streaming_df: DataFrame) -> None:
+    """Refuse a column ``toArrow()`` cannot convert — pyspark converts the batch's schema first, and refuses some
+    types (a calendar interval from ``make_interval``, a year-month interval): every batch of the one-task path goes
+    through it (``_sink.py``), so each would fail, replay after replay, and the stream stop for good."""
+    from pyspark.sql.pandas.types import to_arrow_type
+
+    for field in streaming_df.schema.fields:
+        try:       # (as DataFrame.toArrow converts the schema)
+            to_arrow_type(field.dataType, error_on_duplicated_field_names_in_struct=True, timezone="UTC")
+        except Exception as error:      # (pyspark's PySparkTypeError, PySparkValueError)
+            raise IngestError(
+                f"column {field.name!r} ({field.dataType.simpleString()}) cannot be converted to Arrow, which every "
+                f"batch is ({first_line(error)}); drop it, or cast it to a type Arrow takes before ingest(), e.g. "
+                f"df.withColumn({field.name!r}, F.col({field.name!r}).cast('string'))") from None
+
+
 #: Options ``ingest()`` had before a batch's path became one handler object: what to pass instead.
 _MOVED = {"queries": "handler=streams.QueriesHandler(engine_or_factory, scheduler=…)",
           "scheduler": "handler=streams.QueriesHandler(engine_or_factory, scheduler=…)",
@@ -265,6 +281,8 @@ def ingest(db: Database, streaming_df: DataFrame, *, mapping: EventMapping, quer
                 f"watermark_delay={options.watermark_delay!r} is not a delay Spark takes ({first_line(error)}); give "
                 f"an interval such as '30 seconds' or '5 minutes', or a datetime.timedelta, not negative") from None
     _check_watermark_column(streaming_df, mapping)
+    if options.partition_by_key is None:      # (the scale-out path's tasks take their rows through mapInArrow)
+        _check_arrow_types(streaming_df)
 
     session = streaming_df.sparkSession
     common: SinkOptions = {"query_name": query_name, "known_types": options.known_types, "spark_session": session,

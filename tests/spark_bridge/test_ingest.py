@@ -514,6 +514,31 @@ def test_a_query_name_already_running_is_an_ingest_error_saying_what_to_do(spark
 
 
 @pytest.mark.spark
+def test_a_column_arrow_cannot_convert_is_refused_at_ingest_naming_it(spark, tmp_path, make_database_url):
+    """Every batch of the one-task path goes through ``toArrow()``, which refuses some Spark types (a calendar
+    interval from ``make_interval``, a year-month interval): each batch failed, replay after replay — the stream
+    stopped for good, with nothing said at ``ingest()``.  Spark's schema tells which (pyspark's own conversion of
+    it): ``ingest()`` refuses such a column, naming it; a day-time interval, which Arrow takes, is accepted."""
+    from pyspark.sql import functions as F
+
+    database = app_database(make_database_url("arrowtypes"))
+    try:
+        frame = _stream(spark, tmp_path)
+        for column in (F.make_interval(F.lit(0), F.lit(0), F.lit(0), F.lit(1)), F.make_ym_interval(F.lit(1))):
+            with pytest.raises(IngestError, match=r"column 'wait' \(interval.*\) cannot be converted to Arrow.*"
+                                                  r"drop it, or cast it"):
+                spark_bridge.ingest(database, frame.withColumn("wait", column), mapping=app_counters.MAPPING,
+                                    query_name="x", checkpoint_location=str(tmp_path / "c"))
+        assert spark.streams.active == []
+        writer = spark_bridge.ingest(database, frame.withColumn("wait", F.make_dt_interval(F.lit(1))),
+                                     mapping=app_counters.MAPPING, query_name="x",
+                                     checkpoint_location=str(tmp_path / "c"), start=False)
+        assert spark_bridge.sink_of(writer) is not None
+    finally:
+        database.close()
+
+
+@pytest.mark.spark
 def test_a_batch_spark_re_runs_in_another_partition_layout_is_refused_not_applied_twice(spark, tmp_path,
                                                                                        make_database_url):
     """The ledger skips a replayed batch by its ids — ``q`` whole, ``q#pK`` per partition of the scale-out path —
