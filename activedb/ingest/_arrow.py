@@ -59,18 +59,38 @@ def arrow_values(column: pa.Array | pa.ChunkedArray) -> Sequence[object]:
     return listed
 
 
-def _timestamps(column: pa.Array | pa.ChunkedArray) -> list[dt.datetime | None]:
-    """A timestamp column as aware UTC datetimes.  ``to_pylist`` on a zoned timestamp column builds a ``ZoneInfo``
-    datetime per value, the slow way; going through int64 microseconds is cheaper, and ``fromtimestamp`` of the
-    seconds as a float cheaper still where that is exact (``_EXACT_FLOAT_MICROS``)."""
+class _Beyond(str):
+    """A timestamp value ``datetime`` cannot hold (Arrow's and Spark's reach beyond year 9999), as its microseconds
+    from the epoch in words: a text, so a dead letter's row can keep it; the row is rejected
+    (:func:`_beyond_reasons`)."""
+
+    __slots__ = ()
+
+
+def _beyond(micros: int) -> _Beyond:
+    return _Beyond(f"{micros} microseconds from 1970-01-01T00:00:00+00:00")
+
+
+def _timestamps(column: pa.Array | pa.ChunkedArray) -> list[dt.datetime | _Beyond | None]:
+    """A timestamp column as aware UTC datetimes (a value beyond ``datetime``'s range as a :class:`_Beyond`).
+    ``to_pylist`` on a zoned timestamp column builds a ``ZoneInfo`` datetime per value, the slow way; going through
+    int64 microseconds is cheaper, and ``fromtimestamp`` of the seconds as a float cheaper still where that is exact
+    (``_EXACT_FLOAT_MICROS``)."""
     import pyarrow as pa
 
     micros = column.cast(pa.timestamp("us", tz=column.type.tz), safe=False).cast(pa.int64())
     values = micros.to_pylist()
-    if values and not micros.null_count:
-        return _micros_to_datetimes(values)
-    epoch, delta = EPOCH, dt.timedelta
-    return [None if value is None else epoch + delta(microseconds=value) for value in values]
+    if values and not micros.null_count and _MIN_MICROS <= min(values) and max(values) <= _MAX_MICROS:
+        return _micros_to_datetimes(values)    # type: ignore[return-value]  # (no None in it: no null)
+    epoch, delta, low, high = EPOCH, dt.timedelta, _MIN_MICROS, _MAX_MICROS
+    return [None if value is None else epoch + delta(microseconds=value) if low <= value <= high else _beyond(value)
+            for value in values]
+
+
+def _beyond_reasons(values: Sequence[object], label: str) -> dict[int, str]:
+    """``{position: reason}`` for the values of a timestamp column that ``datetime`` cannot hold."""
+    return {position: f"{label} is {value}, out of the representable range"
+            for position, value in enumerate(values) if type(value) is _Beyond}
 
 
 def _micros_to_datetimes(micros: list[int]) -> list[dt.datetime | None]:
@@ -146,12 +166,15 @@ def _arrow_ts_column(column: pa.Array | pa.ChunkedArray, unit_divisor: int, labe
     if pa.types.is_timestamp(column.type):
         timestamps = _timestamps(column)
         errors = {position: f"{label} is null" for position, value in enumerate(timestamps) if value is None}
-        return timestamps, errors
+        errors.update(_beyond_reasons(timestamps, label))
+        return timestamps, errors     # type: ignore[return-value]  # (a _Beyond's row is rejected)
     return convert_column(arrow_values(column), lambda value: to_utc(value, unit_divisor), label)
 
 
 def table_to_events(table: pa.Table | pa.RecordBatch, mapping: EventMapping, known: frozenset[str] | None, unit_divisor: int,
                     labels: tuple[str, str, str]) -> tuple[list[RawEvent], list[Rejected]]:
+    import pyarrow as pa
+
     names = list(table.schema.names)
     if len(set(names)) != len(names):
         raise MappingError(f"the batch has duplicate column names: {names}; rename them before mapping")
@@ -181,13 +204,20 @@ def table_to_events(table: pa.Table | pa.RecordBatch, mapping: EventMapping, kno
         if mapping.id_column not in names:
             id_errors = {position: f"missing field {mapping.id_column!r} (the event id)" for position in range(count)}
         else:
-            id_values, id_errors = convert_column(arrow_values(table.column(mapping.id_column)), event_id,
-                                                   f"event id ({mapping.id_column!r})")
+            id_column, id_label = table.column(mapping.id_column), f"event id ({mapping.id_column!r})"
+            values = arrow_values(id_column)
+            id_values, id_errors = convert_column(values, event_id, id_label)
+            if pa.types.is_timestamp(id_column.type):     # (a _Beyond is a text: the converter would take it)
+                id_errors.update(_beyond_reasons(values, id_label))
     for column_errors in (id_errors, type_errors, key_errors, ts_errors):       # (the row path's order: the id first)
         for position, reason in column_errors.items():
             errors.setdefault(position, reason)
 
     payload_columns = [arrow_values(table.column(name)) for name in payload_names]
+    for name, values in zip(payload_names, payload_columns):
+        if pa.types.is_timestamp(table.schema.field(name).type):
+            for position, reason in _beyond_reasons(values, f"column {name!r}").items():
+                errors.setdefault(position, reason)
     if len(payload_names) == 1:              # (the common case: a dict per row without a tuple and a zip)
         name = payload_names[0]
         payloads = [{name: value} for value in payload_columns[0]]

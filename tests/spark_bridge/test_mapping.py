@@ -377,3 +377,32 @@ def test_a_type_map_that_is_no_mapping_is_a_mapping_error(type_map):
     are not."""
     with pytest.raises(MappingError, match=r"EventMapping.type_map maps raw type values to event types"):
         EventMapping("type", "key", "ts", type_map=type_map)
+
+
+def test_arrow_timestamps_beyond_what_a_datetime_holds_reject_their_rows_and_spare_the_rest():
+    """Spark's timestamps reach year 294247 and Arrow's further; Python's ``datetime`` ends at year 9999.  A batch with
+    one such value in its time or in a payload column rejects that row (a dead letter saying so), and every other row
+    is an event: the conversion raised OverflowError for the whole batch, so a connector's every retry failed the
+    same way and the stream stopped for good."""
+    beyond = 300_000_000_000 * 10**6            # about year 11476, in microseconds from the epoch
+    good_ts = 1_700_000_000 * 10**6
+    table = pa.table({
+        "type": ["enter", "enter", "enter", "enter"],
+        "key": ["a", "b", "c", "d"],
+        "ts": pa.array([good_ts, beyond, -beyond, good_ts + 1], pa.int64()).cast(pa.timestamp("us", tz="UTC")),
+        "seen": pa.array([good_ts, good_ts, good_ts, beyond], pa.int64()).cast(pa.timestamp("us", tz="UTC")),
+    })
+    good, bad = rows_to_events(table, EventMapping("type", "key", "ts", payload_columns=("seen",)))
+    assert [event.position for event in good] == [0]
+    assert [rejected.position for rejected in bad] == [1, 2, 3]
+    assert all("out of the representable range" in rejected.reason for rejected in bad), bad
+    assert "timestamp ('ts')" in bad[0].reason and "'seen'" in bad[2].reason, bad
+
+
+def test_an_arrow_event_id_beyond_what_a_datetime_holds_rejects_its_row_as_a_datetime_id_does():
+    good_ts, beyond = 1_700_000_000 * 10**6, 300_000_000_000 * 10**6
+    table = pa.table({"type": ["enter", "enter"], "key": ["a", "b"], "ts": [1.0, 2.0],
+                      "id": pa.array([good_ts, beyond], pa.int64()).cast(pa.timestamp("us", tz="UTC"))})
+    good, bad = rows_to_events(table, EventMapping("type", "key", "ts", id_column="id"))
+    assert good == [] and [rejected.position for rejected in bad] == [0, 1]
+    assert "out of the representable range" in bad[1].reason and "event id ('id')" in bad[1].reason, bad
