@@ -195,7 +195,8 @@ class Savepoint(Transaction):
             return self._fallback().read(table, key)
         (hot or root._slot(HotKeys)).plain_reads.add(row)
         if entry is None:
-            return reads[row]
+            image = reads[row]          # (the image the root relied on: the caller gets a copy, ``_view.read_row``)
+            return image if image is None else image.copy()
         return _image(self, root, info, key, row, entry, reads, True)
 
     def _modify(self, info: "TableInfo", key: "Key", entry: Entry, *, must_not_exist: bool = False,
@@ -233,7 +234,12 @@ class Savepoint(Transaction):
             return
         old = None
         if needs_old:
-            old = reads.get(row) if current is None else _image(self, root, info, key, row, current, reads, False)
+            if current is None:
+                old = reads.get(row)        # (the image the root relied on: the event's ``old`` is a copy of it)
+                if old is not None:
+                    old = old.copy()
+            else:
+                old = _image(self, root, info, key, row, current, reads, False)
             if must_not_exist and old is not None:
                 raise DuplicateKey(
                     f"insert into {name!r}: a row with key {key!r} already exists; use write() to upsert")

@@ -42,7 +42,8 @@ class Reads:
         """The row with primary key ``key`` as a dict, or None; takes a READ lock.  ``for_update=True``: read
         with intent to write it — an UPDATE lock (two read-modify-writes of the row queue here instead of
         deadlocking when both upgrade), and the row locked in PostgreSQL until the tree commits (see
-        ``_rowlocks.py``)."""
+        ``_rowlocks.py``).  The row read is the caller's: changing it changes nothing until written
+        (``row["n"] += 1`` then ``tx.write(table, key, n=row["n"])``); so are ``read_many``'s and ``scan``'s."""
         self._check_active("read")
         if for_update and for_update is not True:   # (a text such as 'no' is true to Python: never taken for a switch)
             check_switch("tx.read", "for_update", for_update)
@@ -128,7 +129,10 @@ class Reads:
                               f"equal in each), a predicate on the row dict, or None (every row); got a "
                               f"{type(where).__name__}, e.g. where={{'column': value}}")
         self.manager.locking.acquire(self, info, None, Mode.READ)
-        rows = dict(self.root._read_base.scan(self, info, where))  # type: ignore[union-attr]  # (a root's)
+        # (The images scanned are kept for the flush to validate: the caller and a predicate get copies, as
+        # ``read``'s caller does; an image ``read_row`` composed is a fresh one.)
+        rows = {key: image.copy() for key, image in
+                self.root._read_base.scan(self, info, where).items()}  # type: ignore[union-attr]  # (a root's)
         for key in _view.written_keys(self, info.name):
             rows[key] = _view.read_row(self, info, key, record=False)
         # An ancestor that aborted during the scan was doomed before its writes were discarded: a scan

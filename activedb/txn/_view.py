@@ -194,7 +194,9 @@ def read_row(node: "Transaction", info: TableInfo, key: Key, *, record: bool = T
         # chain read without them is never returned (a doomed node sees no state that never existed).
         node._check_active("read")
     if not chain:
-        return base
+        # The caller's own copy (``tx.read``'s contract): ``base`` is the image the tree relied on, which the
+        # flush validates; a change made to what was read must change nothing until written.
+        return base if base is None else base.copy()
     chain.reverse()
     image = resolve(chain, base)
     if image is not None and base is None:

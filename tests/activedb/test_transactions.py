@@ -1536,3 +1536,99 @@ def test_insert_without_a_key_whose_default_is_no_sequence_says_to_give_the_key(
     finally:
         with db.engine.begin() as connection:
             connection.execute(sa.text("DROP TABLE badges"))
+
+
+# --- the row read is the caller's: changing it changes nothing until written ---------------------------------------
+
+def _seed_account(db, balance=100):
+    db.run(lambda tx: tx.write("accounts", 1, owner="ann", balance=balance))
+
+
+@pytest.mark.parametrize("representation", ["frames", "materialized"])
+def test_a_read_row_changed_and_written_back_commits_in_the_top_level_and_a_subtransaction(db, representation):
+    """``row = tx.read(...); row["balance"] -= 10; tx.write(..., balance=row["balance"])`` commits the new balance,
+    in a top-level transaction and in a subtransaction (frames and savepoints, or nodes).  Before, ``tx.read``
+    returned the image the tree relied on, so the change reached it: the flush, comparing it with PostgreSQL,
+    failed with a SerializationConflict saying another process changed the row — on every re-run."""
+    _seed_account(db)
+    db.transactions.subtransactions = activedb.lowlevel.Subtransactions(representation)
+    try:
+        with db.transaction() as tx:
+            row = tx.read("accounts", 1)
+            row["balance"] -= 10
+            tx.write("accounts", 1, balance=row["balance"])
+        assert committed(db, "accounts")[(1,)]["balance"] == 90
+        with db.transaction() as tx:
+            tx.read("accounts", 1)          # the root relies on the row: the child's read is answered from it
+            with tx.subtransaction() as child:
+                row = child.read("accounts", 1)
+                row["balance"] -= 10
+                child.write("accounts", 1, balance=row["balance"])
+            with tx.subtransaction() as child:     # a child that reads it first
+                with child.subtransaction() as grandchild:
+                    row = grandchild.read("items", "fresh")
+                    assert row is None
+                    grandchild.write("items", "fresh", value=1)
+                    row = grandchild.read("items", "fresh")
+                    row["value"] = 99                # (an image composed of writes: changing it changes nothing)
+                assert child.read("items", "fresh")["value"] == 1
+    finally:
+        db.transactions.subtransactions = activedb.lowlevel.Subtransactions.FRAMES
+    assert committed(db, "accounts")[(1,)]["balance"] == 80
+    assert committed(db, "items")[("fresh",)]["value"] == 1
+
+
+@pytest.mark.parametrize("representation", ["frames", "materialized"])
+def test_a_read_row_changed_and_not_written_changes_neither_later_reads_nor_the_flush(db, representation):
+    """A change to what ``read``, ``read_many`` and ``scan`` returned is not seen by a later read of the row (at the
+    top level, in a child, after the child) and is not flushed; the commit succeeds.  Before, the later reads
+    returned the changed dict and the commit failed with a SerializationConflict."""
+    _seed_account(db)
+    db.run(lambda tx: tx.write("accounts", 2, owner="bob", balance=5))
+    db.transactions.subtransactions = activedb.lowlevel.Subtransactions(representation)
+    try:
+        with db.transaction() as tx:
+            tx.read("accounts", 1)["balance"] = -1
+            assert tx.read("accounts", 1) == {"id": 1, "owner": "ann", "balance": 100}
+            with tx.subtransaction() as child:
+                child.read("accounts", 1)["owner"] = "mallory"
+                assert child.read("accounts", 1)["owner"] == "ann"
+                child.read_many("accounts", [2])[2]["balance"] = -2
+                assert child.read("accounts", 2)["balance"] == 5
+            assert tx.read("accounts", 1)["owner"] == "ann"
+            for row in tx.scan("accounts"):
+                row["balance"] = -3
+            tx.scan("accounts", lambda row: row.update(owner="eve") or True)
+            assert sorted(row["balance"] for row in tx.scan("accounts", {"owner": "ann"})) == [100]
+            assert tx.read("accounts", 2) == {"id": 2, "owner": "bob", "balance": 5}
+    finally:
+        db.transactions.subtransactions = activedb.lowlevel.Subtransactions.FRAMES
+    assert committed(db, "accounts") == {(1,): {"id": 1, "owner": "ann", "balance": 100},
+                                         (2,): {"id": 2, "owner": "bob", "balance": 5}}
+
+
+def test_a_rule_that_changes_the_row_it_read_and_writes_it_back_commits(db):
+    """The same in an immediate rule fired inline (a frame, or a savepoint of the lean run): the rule reads the row,
+    changes the dict and writes it back.  Before, every transaction that fired it failed at its flush."""
+    _seed_account(db)
+
+    @db.rule(on=db.signalled("pay"), coupling="immediate")
+    def pay(tx, event):
+        row = tx.read("accounts", 1)
+        row["balance"] -= event.payload["amount"]
+        tx.write("accounts", 1, balance=row["balance"])
+
+    @db.rule(on=db.signalled("peek"), coupling="immediate")
+    def peek(tx, event):
+        tx.read("accounts", 1)["balance"] = 0     # changed, never written
+
+    with db.transaction() as tx:
+        tx.signal("pay", amount=10)
+        tx.signal("peek")
+        tx.signal("pay", amount=5)
+        assert tx.read("accounts", 1)["balance"] == 85
+    with db.transaction() as tx:
+        tx.read("accounts", 1)       # relied on by the root first: the rules' reads are answered from it
+        tx.signal("peek")
+        tx.signal("pay", amount=1)
+    assert committed(db, "accounts")[(1,)]["balance"] == 84
