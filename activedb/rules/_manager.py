@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, TypeVar
 from coupling import Coupling, DeferredCycleLimitExceeded, Verdict, priority_groups
 
 from activedb.errors import CascadeLimitExceeded, RuleFailed, TransactionAborted
-from activedb.events import Event, EventKind, Origin
+from activedb.events import Event, EventKind, Origin, new_event
 from activedb.rules._context import RuleContext, chain_of, deferred_queue_for
 from activedb.rules._detached import DetachedRunner, DependencyAbort
 from activedb.rules._model import Fired, Firing, Rule, RuleCounter, RuleExecution, RulesStatistics, always
@@ -271,7 +271,9 @@ class RuleManager(TransactionExtension):
         plan = self._plans.get(rules) or _remember(self._plans, rules, _Plan)
         self.record.dispatched(root, tree, rules)
         numbers = self._numbers
-        firings = [Firing(rule, event, chain + (rule.name,), rule.coupling, next(numbers)) for rule in rules]
+        # Each firing its own event (``_own_event``): a rule that changes its event changes no other rule's.
+        firings = [Firing(rule, event if index == 0 else _own_event(event), chain + (rule.name,), rule.coupling,
+                          next(numbers)) for index, rule in enumerate(rules)]
         if plan.others:
             for index in plan.others:
                 firing = firings[index]
@@ -357,7 +359,8 @@ class RuleManager(TransactionExtension):
         root = transaction.root
         self.record.dispatched(root, slot(root, RuleContext), rules)
         chain = chain_of(transaction)
-        firings = [Firing(rule, event, chain + (rule.name,), rule.coupling, next(self._numbers)) for rule in rules]
+        firings = [Firing(rule, event if index == 0 else _own_event(event), chain + (rule.name,), rule.coupling,
+                          next(self._numbers)) for index, rule in enumerate(rules)]     # (as ``on_event``'s)
         if len(firings) == 1:
             return firings
         return [firing for group in priority_groups(firings) for firing in group]
@@ -434,6 +437,18 @@ class RuleManager(TransactionExtension):
                  if firing.coupling is _IMMEDIATE or firing.coupling is _DEFERRED]     # runs_as_subtransaction
         if names:
             self.record.executed(names)
+
+
+def _own_event(event: Event) -> Event:
+    """``event`` with dicts of its own (``old``, ``new``, ``payload``) for one more rule it fires: an ``Event`` is
+    immutable, but its row images and payload are plain dicts, which a rule may change — that must not change what
+    another rule on the same event (run now, deferred, or recorded for later by the outbox) sees.  Made only when an
+    event fires several rules; one rule keeps the event itself (nobody else reads it: a data event's ``old`` is the
+    reader's copy, ``tx.read``'s contract)."""
+    old, new = event.old, event.new
+    return new_event(event.kind, event.source, event.key, None if old is None else old.copy(),
+                     None if new is None else new.copy(), dict(event.payload), event.ts, event.transaction,
+                     event.origin)
 
 
 _NAMES: dict[str, str] = {}     # rule name -> the name of its firings' transactions (``_transaction_name``)

@@ -1622,13 +1622,54 @@ def test_a_rule_that_changes_the_row_it_read_and_writes_it_back_commits(db):
     def peek(tx, event):
         tx.read("accounts", 1)["balance"] = 0     # changed, never written
 
-    with db.transaction() as tx:
-        tx.signal("pay", amount=10)
-        tx.signal("peek")
-        tx.signal("pay", amount=5)
-        assert tx.read("accounts", 1)["balance"] == 85
-    with db.transaction() as tx:
-        tx.read("accounts", 1)       # relied on by the root first: the rules' reads are answered from it
-        tx.signal("peek")
-        tx.signal("pay", amount=1)
+    try:
+        with db.transaction() as tx:
+            tx.signal("pay", amount=10)
+            tx.signal("peek")
+            tx.signal("pay", amount=5)
+            assert tx.read("accounts", 1)["balance"] == 85
+        with db.transaction() as tx:
+            tx.read("accounts", 1)       # relied on by the root first: the rules' reads are answered from it
+            tx.signal("peek")
+            tx.signal("pay", amount=1)
+    finally:
+        db.rules.remove("pay")
+        db.rules.remove("peek")
     assert committed(db, "accounts")[(1,)]["balance"] == 84
+
+
+@pytest.mark.parametrize("relied_first", [False, True])
+def test_a_rule_that_changes_its_events_images_changes_neither_the_row_nor_another_rules_event(db, relied_first):
+    """``event.old`` / ``event.new`` / ``event.payload`` changed by a rule: a later read of the row, the flush and
+    the other rules on the same event (an immediate one of lower priority, a deferred one run at the commit) see the
+    event as it was raised.  Before, ``event.old`` was the image the tree relied on (the commit failed with a
+    SerializationConflict — also when a savepoint wrote a row its root had read, ``relied_first``), and every rule
+    on the event got the one ``Event`` (the next rule saw the first one's changes)."""
+    _seed_account(db)
+    seen = []
+
+    @db.rule(on=db.updated("accounts"), coupling="immediate", priority=2)
+    def vandal(tx, event):
+        event.old["balance"] = -1
+        event.new["owner"] = "mallory"
+
+    @db.rule(on=db.updated("accounts"), coupling="immediate", priority=1)
+    def witness(tx, event):
+        seen.append(("immediate", event.old["balance"], event.new["owner"], tx.read("accounts", 1)["balance"]))
+
+    @db.rule(on=db.updated("accounts"), coupling="deferred")
+    def later(tx, event):
+        seen.append(("deferred", event.old["balance"], event.new["owner"], tx.read("accounts", 1)["balance"]))
+
+    try:
+        with db.transaction() as tx:
+            if relied_first:
+                tx.read("accounts", 1)
+            with tx.subtransaction() as child:
+                child.write("accounts", 1, balance=90)
+            assert tx.read("accounts", 1) == {"id": 1, "owner": "ann", "balance": 90}
+    finally:
+        for name in ("vandal", "witness", "later"):
+            db.rules.remove(name)
+    assert seen == [("immediate", 100, "ann", 90), ("deferred", 100, "ann", 90)]
+    assert committed(db, "accounts")[(1,)] == {"id": 1, "owner": "ann", "balance": 90}
