@@ -17,7 +17,7 @@ from activedb.batch._declare import (BatchEvent, Declaring, OpKind, Ops, OpSpec,
                                      unknown_event_type)
 from activedb.batch._learn import LearnedDeclaration
 from activedb.batch._result import Part
-from activedb.batch._state import WRITTEN_TWICE, Loader, WriteCheck, failure_reason, merge_image, perform
+from activedb.batch._state import WRITTEN_TWICE, Loader, WriteCheck, failure_reason, given, merge_image, perform
 from activedb.batch.errors import DeclarationError
 from activedb.store import RowImage
 
@@ -233,10 +233,12 @@ def _run(declarations: Mapping[str, Declaring], items: list[tuple[int, BatchEven
                         if own is _MISSING:
                             own = miss(state, t)
                         params = spec[3]
+                        # (The function's arguments are copies: ``_state.given``.)
                         if params:
-                            result = spec[4](own, *images(params, t))
+                            result = spec[4](own if own is None else own.copy(),
+                                             *[image if image is None else image.copy() for image in images(params, t)])
                         else:
-                            result = spec[4](own)
+                            result = spec[4](own if own is None else own.copy())
                         if type(result) is dict:
                             output = {**own, **result} if own is not None else dict(result)
                         else:
@@ -259,9 +261,9 @@ def _run(declarations: Mapping[str, Declaring], items: list[tuple[int, BatchEven
                             image = get(state, _MISSING)
                             if image is _MISSING:
                                 image = miss(state, t)
-                            output = inserted(spec, spec[4](image))
+                            output = inserted(spec, spec[4](image if image is None else image.copy()))
                         else:
-                            output = inserted(spec, spec[4](*images(params, t)))
+                            output = inserted(spec, spec[4](*map(given, images(params, t))))
                     else:
                         written_state, image, output = perform(spec, t, read, window)
                         if written_state is not None:

@@ -29,7 +29,7 @@ from activedb.batch._declare import (
     Abort, BatchEvent, Declaring, Inserted, OpKind, Ops, OpSpec, State, StateTransactions, canonical_key, inserted,
     inserted_parts)
 from activedb.batch._result import BatchResult
-from activedb.batch._state import WRITTEN_TWICE, merge_image
+from activedb.batch._state import WRITTEN_TWICE, given, merge_image
 from activedb.batch.errors import DeclarationError, LoweringRefused
 from activedb.errors import SchemaError, causes
 from activedb.events import Event, EventKind, new_event
@@ -119,17 +119,19 @@ def perform_in(tx: "Transaction", specs: list[OpSpec]) -> None:
         kind = spec.kind
         if kind is _WRITE:
             own = image(spec.state, True)
-            result = spec.fn(own, *[image(param) for param in spec.params]) if spec.params else spec.fn(own)
+            # (Each function gets copies, ``_state.given``: ``own`` stays the image the changes are computed from.)
+            result = (spec.fn(given(own), *[given(image(param)) for param in spec.params]) if spec.params
+                      else spec.fn(given(own)))
             writes.append((spec.state, own, merge_image(own, result, spec)))
         elif kind is _READ:
             image(spec.state)
         elif kind is _CHECK:
-            if spec.fn(image(spec.state), *[image(param) for param in spec.params]):
+            if spec.fn(given(image(spec.state)), *[given(image(param)) for param in spec.params]):
                 raise Abort(spec.reason or "condition failed")
         elif kind is _INSERT:
-            inserts.extend(inserted_parts(inserted(spec, spec.fn(*[image(param) for param in spec.params]))))
+            inserts.extend(inserted_parts(inserted(spec, spec.fn(*[given(image(param)) for param in spec.params]))))
         elif kind is _ND_READ or kind is _ND_WRITE:
-            params = [image(param) for param in spec.params]
+            params = [given(image(param)) for param in spec.params]
             key = canonical_key(spec.key_fn(*params))
             if spec.candidates is not None and key not in spec.candidates:
                 raise DeclarationError(f"the key function of a non-deterministic {kind.value} on {spec.table} "
@@ -140,7 +142,7 @@ def perform_in(tx: "Transaction", specs: list[OpSpec]) -> None:
                     raise DeclarationError(WRITTEN_TWICE.removeprefix("DeclarationError: "))
                 written.add(state)
                 own = image(state, True)
-                writes.append((state, own, merge_image(own, spec.fn(own, *params), spec)))
+                writes.append((state, own, merge_image(own, spec.fn(given(own), *params), spec)))
             else:
                 image(state)
         else:

@@ -28,6 +28,13 @@ WRITTEN_TWICE = ("DeclarationError: a non-deterministic write resolved to a row 
                  "transaction writes a row at most once: compute both changes in one write function")
 
 
+def given(image: RowImage | None) -> RowImage | None:
+    """``image`` as an operation's function gets it: a copy of its own (the image stays the state's, and a function
+    that changes its argument in place changes nothing — a transaction that then aborts leaves the state as it was,
+    as ``tx.read``'s copy does for the same rule fired in a transaction)."""
+    return image if image is None else image.copy()
+
+
 def merge_image(own: RowImage | None, result: object, spec: OpSpec) -> RowImage | None:
     """The image a write function's ``result`` makes of ``own`` (the columns merged; DELETE: None)."""
     if result is DELETE:
@@ -46,27 +53,29 @@ def perform(spec: OpSpec, t: int, read: Read, window: Window) -> tuple[State | N
         state = (spec.table, spec.key)
         own = read(state, t)
         if spec.params:
-            result = spec.fn(own, *[read(param, t) for param in spec.params])
+            result = spec.fn(given(own), *[given(read(param, t)) for param in spec.params])
         else:
-            result = spec.fn(own)
+            result = spec.fn(given(own))
         image = merge_image(own, result, spec)
         return state, image, image
     if kind is OpKind.READ:
         return None, None, read((spec.table, spec.key), t)
     if kind is OpKind.CHECK:
-        values = [read((spec.table, spec.key), t), *[read(param, t) for param in spec.params]]
+        values = [given(read((spec.table, spec.key), t)), *[given(read(param, t)) for param in spec.params]]
         if spec.fn(*values):
             raise Abort(spec.reason or "condition failed")
         return None, None, None
     if kind is OpKind.WINDOW_READ:
-        windows = [window((spec.table, spec.key), t, spec.size), *[window(param, t, spec.size) for param in spec.params]]
+        windows = [[given(image) for image in window(state, t, spec.size)]
+                   for state in ((spec.table, spec.key), *spec.params)]
         return None, None, spec.fn(windows)
     if kind is OpKind.WINDOW_WRITE:
         state = (spec.table, spec.key)
         own = read(state, t)
-        image = merge_image(own, spec.fn(own, [window(param, t, spec.size) for param in spec.params]), spec)
+        image = merge_image(own, spec.fn(given(own), [[given(image) for image in window(param, t, spec.size)]
+                                                      for param in spec.params]), spec)
         return state, image, image
-    params = [read(param, t) for param in spec.params]
+    params = [given(read(param, t)) for param in spec.params]
     if kind is OpKind.INSERT:
         return None, None, inserted(spec, spec.fn(*params))
     key = canonical_key(spec.key_fn(*params))
@@ -77,7 +86,7 @@ def perform(spec: OpSpec, t: int, read: Read, window: Window) -> tuple[State | N
     if kind is OpKind.ND_READ:
         return None, None, read(state, t)
     own = read(state, t)
-    image = merge_image(own, spec.fn(own, *params), spec)
+    image = merge_image(own, spec.fn(given(own), *params), spec)
     return state, image, image
 
 

@@ -263,3 +263,29 @@ def test_fired_in_a_transaction_a_computed_key_resolving_to_a_row_written_alread
             tx.emit("computed_twice", key="k", ts=0.0, payload={})
     with db.engine.connect() as connection:
         assert connection.execute(sa.text("SELECT key, note FROM items")).all() == []
+
+
+def test_fired_in_a_transaction_a_function_that_changes_its_row_in_place_writes_what_it_returns(db):
+    """A declared write function that changes its argument and returns the column (``own["value"] += 1; return
+    {"value": own["value"]}``) writes it, as it would on a copy.  Before, it got the image the changes are computed
+    from: the changed column looked unchanged and nothing was written (a lost update, silently)."""
+    transactions = batch.StateTransactions()
+
+    @transactions.on("bump_in_place")
+    def bump(event, ops):
+        def add(own):
+            own["value"] += 1
+            return {"value": own["value"]}
+
+        ops.write("items", event.key, add)
+
+    if "bump_in_place" not in db.rules.names():
+        db.rule(on=db.stream("bump_in_place"), name="bump_in_place")(batch.declared(bump))
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("DELETE FROM items"))
+        connection.execute(sa.text("INSERT INTO items (key, value) VALUES ('k', 1)"))
+    with db.transaction() as tx:
+        tx.emit("bump_in_place", key="k", ts=0.0, payload={})
+        tx.emit("bump_in_place", key="k", ts=1.0, payload={})
+    with db.engine.connect() as connection:
+        assert connection.execute(sa.text("SELECT key, value FROM items")).all() == [("k", 3)]

@@ -69,3 +69,41 @@ def test_the_ledger_batches_exercise_dependent_aborts_and_revocations():
             rollbacks += statistics.rollbacks
             revoked += statistics.revoked
     assert rollbacks > 0 and revoked > 0
+
+
+@pytest.mark.parametrize("strategy", ["serial", *STRATEGIES])
+def test_a_function_that_changes_its_argument_in_place_changes_nothing_it_did_not_return(strategy):
+    """Every operation's function gets copies of its images: a write function that changes its row in place in a
+    transaction that then aborts, a check and a read-dependent write that change theirs, leave the states — and the
+    images the caller gave — as the returned values say.  Before, the aborted transaction's change stayed in the
+    state (the next transaction saw 90, not 100) and the caller's images were changed."""
+    transactions = batch.StateTransactions("in_place")
+
+    @transactions.on("pay")
+    def pay(event, ops):
+        def debit(own):
+            own["balance"] -= event.payload["amount"]
+            return {"balance": own["balance"]}
+
+        ops.write("accounts", event.key, debit)
+        ops.abort_if(lambda other: other.update(balance=-5), reads=[("accounts", "other")], reason="never")
+        if event.payload.get("refuse"):
+            def refuse(own):
+                raise batch.Abort("refused")
+
+            ops.write("accounts", "other", refuse)
+
+    @transactions.on("note")
+    def note(event, ops):
+        ops.write("accounts", event.key, lambda own, other: other.update(balance=0) or {"note": str(other["balance"])},
+                  reads=[("accounts", "other")])
+
+    state = {("accounts", "a"): {"balance": 100, "note": ""}, ("accounts", "other"): {"balance": 7, "note": ""}}
+    given_state = {name: dict(image) for name, image in state.items()}
+    events = [{"type": "pay", "key": "a", "payload": {"amount": 10, "refuse": True}},
+              {"type": "pay", "key": "a", "payload": {"amount": 1}},
+              {"type": "note", "key": "a", "payload": {}}]
+    result = batch.run_in_memory(transactions, events, given_state, strategy=strategy)
+    assert [outcome.committed for outcome in result.transactions] == [False, True, True]
+    assert result.final == {("accounts", "a"): {"balance": 99, "note": "0"}}
+    assert given_state == state
