@@ -65,6 +65,10 @@ class HistoryRecorder:
             listener(op)
 
     def record(self, kind: str, transaction: str, **fields: Any) -> None:
+        value = fields.get("value")
+        if kind == "read" and type(value) is dict:
+            # The image the reader got is the reader's (``tx.read``'s contract): the history keeps a copy of its own.
+            fields["value"] = value.copy()
         with self._mutex:
             op = HistoryOp(next(self._sequence), kind, transaction, **fields)
             self.ops.append(op)

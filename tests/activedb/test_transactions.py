@@ -1673,3 +1673,18 @@ def test_a_rule_that_changes_its_events_images_changes_neither_the_row_nor_anoth
             db.rules.remove(name)
     assert seen == [("immediate", 100, "ann", 90), ("deferred", 100, "ann", 90)]
     assert committed(db, "accounts")[(1,)] == {"id": 1, "owner": "ann", "balance": 90}
+
+
+def test_the_recorded_history_keeps_the_image_a_read_returned_as_it_was_read(db):
+    """The history recorder (``record_history=True``) keeps what each read saw: a change the reader then makes to the
+    dict it got does not rewrite the history that ``testing.check_history`` judges.  Before, a read of a row the tree
+    wrote recorded the very dict it returned."""
+    with db.transaction() as tx:
+        tx.write("items", "h", value=1)
+        tx.read("items", "h")["value"] = 2
+        with tx.subtransaction() as child:
+            child.read("items", "h")["value"] = 3
+    reads = [op.value for op in db.history.snapshot() if op.kind == "read" and op.table == "items"
+             and op.source != "committed"]
+    assert reads == [{"key": "h", "value": 1, "note": None}] * 2
+    testing.check_history(db.history.snapshot()).assert_ok()
