@@ -309,6 +309,9 @@ def _raise_database_error(root: "Transaction", error: sa.exc.DBAPIError) -> None
         return
     sqlstate = getattr(error.orig, "sqlstate", None)
     message = str(error.orig).strip().splitlines()[0] if error.orig is not None else type(error).__name__
+    detail = getattr(getattr(error.orig, "diag", None), "message_detail", None)
+    if detail:          # (which row: "Key (code)=(7) already exists.", "… is not present in table …")
+        message = f"{message} ({detail.strip().rstrip('.')})"
     kind = DiskFull if classify(error) is Failure.DISK_FULL else DatabaseError
     server_log = root.manager.catalog.server_log() if kind is DiskFull else None
     raise kind(
