@@ -80,6 +80,16 @@ def test_a_file_without_event_times_takes_its_place_in_sparks_batches(tmp_path):
     assert late(refused, 2) == []
 
 
+def _one_file_a_batch_run(tmp_path, url: str, folder: str, query_name: str) -> tuple[list[str], dict[str, str]]:
+    """``activedb run`` of the app over the files of ``tmp_path / folder``, one file a batch until they are read, and
+    its environment (a home of its own under ``tmp_path``)."""
+    environment = {**os.environ, "COLUMNS": "250", "ACTIVEDB_HOME": str(tmp_path / "home")}
+    command = [sys.executable, "-m", "activedb.cli", "--url", url, "run", APP_FILE, "--source",
+               f"file:{tmp_path / folder}", "--checkpoint", str(tmp_path / "checkpoint"), "--query-name", query_name,
+               "--max-files-per-trigger", "1", "--available-now"]
+    return command, environment
+
+
 @pytest.mark.spark
 @pytest.mark.slow
 def test_run_refuses_a_shuffled_copy_then_reads_it_in_the_events_order(tmp_path, make_database_url):
@@ -87,10 +97,7 @@ def test_run_refuses_a_shuffled_copy_then_reads_it_in_the_events_order(tmp_path,
     write_files(tmp_path / "written", workload.batches)
     copied_without_times(tmp_path / "written", tmp_path / "copy")
     url = make_database_url("file_order")
-    environment = {**os.environ, "COLUMNS": "250", "ACTIVEDB_HOME": str(tmp_path / "home")}
-    command = [sys.executable, "-m", "activedb.cli", "--url", url, "run", APP_FILE, "--source",
-               f"file:{tmp_path / 'copy'}", "--checkpoint", str(tmp_path / "checkpoint"), "--query-name", "copy",
-               "--max-files-per-trigger", "1", "--available-now"]
+    command, environment = _one_file_a_batch_run(tmp_path, url, "copy", "copy")
     refused = subprocess.run(command, capture_output=True, text=True, env=environment, timeout=DRIVER_WAIT_SECONDS)
     assert refused.returncode == 1, refused.stdout + refused.stderr
     message = " ".join(refused.stderr.split())
@@ -123,10 +130,7 @@ def test_a_resumed_run_leaves_out_the_files_its_checkpoint_has_read(tmp_path, ma
     workload = counter_workload(files=3, rows_per_file=10, seed=7)              # file i: minute i
     write_files(tmp_path / "in", workload.batches[1:])                          # minutes 1 and 2, in order
     url = make_database_url("file_order_resumed")
-    environment = {**os.environ, "COLUMNS": "250", "ACTIVEDB_HOME": str(tmp_path / "home")}
-    command = [sys.executable, "-m", "activedb.cli", "--url", url, "run", APP_FILE, "--source",
-               f"file:{tmp_path / 'in'}", "--checkpoint", str(tmp_path / "checkpoint"), "--query-name", "resumed",
-               "--max-files-per-trigger", "1", "--available-now"]
+    command, environment = _one_file_a_batch_run(tmp_path, url, "in", "resumed")
     first = subprocess.run(command, capture_output=True, text=True, env=environment, timeout=DRIVER_WAIT_SECONDS)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     late = tmp_path / "in" / "part-late.json"             # minute 0, arriving after the others were read
