@@ -106,7 +106,11 @@ class InvalidTime(ActivedbError, ValueError):
 
 class DatabaseUnavailable(ActivedbError):
     """The database could not be reached (server down, connection refused, connection lost, bad
-    credentials)."""
+    credentials).  ``unknown_outcome``: when the connection broke while a top-level transaction committed and
+    the transaction log could not be read, that transaction's ``activedb_transaction_log.transaction_id`` (its
+    row there says whether it committed); None otherwise."""
+
+    unknown_outcome: str | None = None
 
 
 class BadDatabaseURL(DatabaseUnavailable):

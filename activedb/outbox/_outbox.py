@@ -27,7 +27,7 @@ from activedb.errors import BadArgument, GeneratedKeysReset, check_seconds, chec
 from activedb.events import EventKind, age_seconds
 from activedb.outbox import _records
 from activedb.outbox._executor import GROUP_TRANSACTION, Executor, Work, describe_error
-from activedb.outbox._recording import TreeFirings, TreeState, always, new_record, requires_commit
+from activedb.outbox._recording import TreeFirings, TreeState, Unsettled, always, new_record, requires_commit
 from activedb.rules import Firing
 from activedb.store import TableInfo
 
@@ -126,10 +126,11 @@ class Outbox:
         self.owner = secrets.randbits(62) + 1
         self._executor = Executor(self, group_size=options.group_size, max_groups=options.max_groups,
                                   max_attempts=options.max_attempts)
-        self._mutex = threading.Lock()        # protects _started, _closed, _lost, _thread
+        self._mutex = threading.Lock()        # protects _started, _closed, _lost, _thread, _unsettled
         self._started = False
         self._closed = False
         self._lost = 0
+        self._unsettled: list[Unsettled] = []   # trees whose commit outcome is unknown, oldest first (settle)
         # Serialises recovery passes (SQL and the executor's submit under it; no other mutex but the
         # executor's leaf is taken under it): a pass that returns has queued what it claimed.
         self._claim_mutex = threading.Lock()
@@ -304,6 +305,39 @@ class Outbox:
             return
         self.run_recorded([(record_id, firing, 0) for record_id, (firing, *_) in zip(ids, items)])
 
+    def settle_later(self, tree: Unsettled) -> None:
+        """``tree``'s commit outcome is unknown (its flush lost the connection, and its log row could not be read):
+        its firings wait for that row (:meth:`settle`, tried now and at each recovery pass)."""
+        with self._mutex:
+            self._unsettled.append(tree)
+        self.settle()
+
+    def settle(self) -> None:
+        """Settle the trees whose commit outcome was unknown by their transaction-log rows: committed, the records
+        their flushes wrote run (pending and owned by this process, nobody else would run them); not, their aborts'
+        records are written and run, as at an abort.  While PostgreSQL cannot answer, they wait for the next pass.
+        (The outcome is settled once PostgreSQL answers: the flush's session has ended by then.)"""
+        with self._mutex:
+            waiting, self._unsettled = self._unsettled, []
+        for index, tree in enumerate(waiting):
+            try:
+                with self.catalog.autocommit_connection() as connection:
+                    committed = _records.logged(connection, tree.log_id)
+            except Exception as error:      # (still unreachable: lost connection, refused, schema gone)
+                with self._mutex:
+                    self._unsettled[:0] = waiting[index:]
+                logger.warning("outbox: the detached firings of %d transaction(s) whose commit outcome is unknown "
+                               "wait for PostgreSQL to say it: %s", len(waiting) - index, describe_error(error))
+                return
+            logger.info("outbox: transaction %s %s; its detached firings run accordingly", tree.log_id,
+                        "committed" if committed else "did not commit")
+            if committed:
+                self.count(tree.cancelled_if_committed, "cancelled")
+                self.run_recorded([(record_id, firing, 0) for record_id, firing in tree.written])
+            else:
+                self.count(tree.cancelled_if_aborted, "cancelled")
+                self.record_now(tree.keep)
+
     def run_recorded(self, items: Iterable[tuple[int, "Firing", int]]) -> None:
         """Queue recorded firings ``(record id, firing, attempts)`` to run."""
         self._executor.submit([Work(record_id, firing, attempts) for record_id, firing, attempts in items])
@@ -390,6 +424,7 @@ class Outbox:
         check_whole_number("outbox.recover", "limit", limit, 0)
         if not self._started:
             self.start()
+        self.settle()
         with self._claim_mutex:       # one pass at a time: a caller waits for a pass in flight to submit
             self._executor.unpark()
             names = [rule.name for rule in self.rules]
@@ -438,10 +473,12 @@ class Outbox:
                 per_rule.setdefault(rule, {})[status] = count
         with self._mutex:
             lost = self._lost
+            unsettled = sum(max(len(tree.written), len(tree.keep)) for tree in self._unsettled)
+        running = self._executor.statistics()      # ready, running, parked, groups, splits
+        running["parked"] += unsettled             # (firings of trees whose outcome is unknown: at most that many)
         return OutboxStatistics(
             pending=sum(counts.get("pending", {}).values()), done=sum(counts.get("done", {}).values()),
-            failed=sum(counts.get("failed", {}).values()), per_rule=per_rule, lost=lost,
-            **self._executor.statistics())      # ready, running, parked, groups, splits
+            failed=sum(counts.get("failed", {}).values()), per_rule=per_rule, lost=lost, **running)
 
     def failures(self, limit: int = 100) -> list[FailedFiring]:
         """The most recent firings that failed for good, newest first."""

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Callable, NamedTuple
 from coupling import Coupling, may_run_after
 from lockmgr import TxnState
 
-from activedb.errors import OutboxError
+from activedb.errors import DatabaseUnavailable, OutboxError
 from activedb.events import EventKind
 from activedb.outbox._records import NewRecord, encode_event
 from activedb.txn import CommitParticipant
@@ -87,6 +87,19 @@ class Decided(NamedTuple):
 
     id: str
     committed: bool
+
+
+class Unsettled(NamedTuple):
+    """A tree whose commit outcome a lost connection hid (README, "The outcome is unknown"): what its firings become
+    once its transaction-log row (``log_id``) can be read.  Committed: the records its flush ``written``,
+    ``(record id, firing)``, run (and ``cancelled_if_committed`` count as cancelled); not: ``keep``, the items its
+    abort records (``Outbox.record_now``'s), are recorded and run (and ``cancelled_if_aborted`` count)."""
+
+    log_id: str
+    written: list[tuple[int, "Firing"]]
+    cancelled_if_committed: list["Firing"]
+    keep: list[tuple["Firing", str, str | None, bool]]
+    cancelled_if_aborted: list["Firing"]
 
 
 class TreeFirings(CommitParticipant):
@@ -185,20 +198,29 @@ class TreeFirings(CommitParticipant):
     def aborted(self, transaction: "Transaction", error: BaseException | None) -> None:
         with self.mutex:
             entries, self.entries = self.entries, []
+        # What the flush's last write inserted: committed after all if the outcome is unknown (below).
+        written = [(record.id, firing) for record, firing in zip(self._records, self._recorded)]
+        cancelled_if_committed = self._cancelled
         state = self._state
         with state.mutex:
             state.aborted, state.abort_error = True, error
             replayed = state.replayed()
         self._forget()
-        if replayed:
-            return        # the owner re-runs the same input: as after a crash, the attempt left nothing
         keep: list[tuple[Firing, str, str | None, bool]] = []
         cancelled: list[Firing] = []
-        for firing, trigger in entries:
-            if firing.coupling in RUNS_IF[False] and not requires_commit(firing, trigger):
-                keep.append((firing, trigger.id, None, False))
-            else:
-                cancelled.append(firing)
+        if not replayed:  # (else the owner re-runs the same input: as after a crash, the attempt leaves nothing)
+            for firing, trigger in entries:
+                if firing.coupling in RUNS_IF[False] and not requires_commit(firing, trigger):
+                    keep.append((firing, trigger.id, None, False))
+                else:
+                    cancelled.append(firing)
+        if isinstance(error, DatabaseUnavailable) and error.unknown_outcome == transaction.log_id:
+            # The connection broke at the flush and the log could not be read: PostgreSQL may have committed the
+            # tree, records included.  Its log row decides, once it can be read (README, "The outcome is unknown").
+            self._outbox.settle_later(Unsettled(transaction.log_id, written, cancelled_if_committed, keep, cancelled))
+            return
+        if replayed:
+            return
         self._outbox.count(cancelled, "cancelled")
         self._outbox.record_now(keep)
 

@@ -207,6 +207,12 @@ def claim(connection: sa.Connection, me: int, rules: Iterable[str], limit: int) 
     return sorted(rows, key=lambda row: row.id)
 
 
+def logged(connection: sa.Connection, log_id: str) -> bool:
+    """Whether the transaction logged as ``log_id`` committed (its ``activedb_transaction_log`` row exists)."""
+    return connection.execute(sa.text("SELECT 1 FROM activedb_transaction_log WHERE transaction_id = :id"),
+                              {"id": log_id}).first() is not None
+
+
 def still_owned(connection: sa.Connection, me: int, ids: Sequence[int]) -> set[int]:
     """The ids among ``ids`` that are still pending records of ``me``."""
     rows = connection.execute(sa.text(

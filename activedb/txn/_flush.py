@@ -351,10 +351,12 @@ def _raise_unknown_outcome(root: "Transaction", error: BaseException) -> None:
             committed = connection.execute(
                 sa.select(log.c.id).where(log.c.transaction_id == root.log_id)).first() is not None
     except (sa.exc.DBAPIError, DatabaseUnavailable):
-        raise kind(
-            f"{lost} while committing {root.id}; PostgreSQL applied all of it or nothing — look for transaction_id "
-            f"{root.log_id!r} in activedb_transaction_log once the server is back.{advice}"
-        ) from error
+        unknown = kind(
+            f"{lost} while committing {root.id}, and the outcome is unknown: PostgreSQL applied all of it or nothing "
+            f"— look for transaction_id {root.log_id!r} in activedb_transaction_log once the server is back (there: "
+            f"committed; absent: nothing was written, re-run the transaction).{advice}")
+        unknown.unknown_outcome = root.log_id      # (the outbox settles the tree's firings by that row)
+        raise unknown from error
     if committed:
         logger.warning("connection lost after %s committed; the log confirms the commit", root.id)
         return

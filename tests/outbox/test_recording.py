@@ -1,0 +1,147 @@
+"""A tree whose commit outcome a lost connection hid (``activedb/outbox/README.md``, "The outcome is unknown"):
+its detached-family firings are settled by its ``activedb_transaction_log`` row once PostgreSQL answers again —
+run once, with the outcome the row says, never lost and never run for the outcome it did not have.
+
+The connection breaks at the flush's COMMIT, on an embedded server of the module's own (never the session's): the
+commit that happened is held at COMMIT by a synchronous-replication wait (``synchronous_standby_names`` names a
+standby that never comes; only the test's flush asks to wait for it), when PostgreSQL has committed locally, and its
+backend is then ended; the commit that did not happen has its backend ended just before its COMMIT.  Meanwhile the
+database accepts no connection (``ALLOW_CONNECTIONS false``), so the flush cannot read the log."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+
+import psycopg
+import pytest
+import sqlalchemy as sa
+
+import activedb
+from activedb import Coupling, _embedded
+from activedb.lowlevel import CommitParticipant
+from activedb.testing import wait_until
+from tests.conftest import APP_MIGRATIONS
+
+TIMEOUT = 60
+MODES = (Coupling.DETACHED, Coupling.DETACHED_CAUSALLY_DEPENDENT, Coupling.EXCLUSIVE_CAUSALLY_DEPENDENT)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    home = tmp_path_factory.mktemp("unknown-outcome") / "home"
+    database = activedb.connect(home=home)
+    database.upgrade_app(APP_MIGRATIONS)
+    embedded = database.embedded
+    database.close()
+    with psycopg.connect(embedded.conninfo("postgres"), autocommit=True) as admin:
+        admin.execute("ALTER SYSTEM SET synchronous_standby_names = 'nobody'")
+        admin.execute("ALTER SYSTEM SET synchronous_commit = 'local'")     # (every other commit: no wait)
+        admin.execute("SELECT pg_reload_conf()")
+    with psycopg.connect(embedded.conninfo(), autocommit=True) as probe:
+        wait_until(lambda: probe.execute("SELECT current_setting('synchronous_standby_names')").fetchone()[0]
+                   == "nobody", TIMEOUT, "the server read its configuration again")
+    yield home, embedded
+    _embedded.stop(home)
+    shutil.rmtree(home, ignore_errors=True)
+
+
+def _admin(embedded) -> psycopg.Connection:
+    return psycopg.connect(embedded.conninfo("postgres"), autocommit=True)
+
+
+def _cut_off(embedded) -> None:
+    """The database takes no new connection, and every session of it ends (waiting for each to go)."""
+    with _admin(embedded) as admin:
+        admin.execute(f"ALTER DATABASE {_embedded.DATABASE_NAME} ALLOW_CONNECTIONS false")
+        admin.execute("SELECT pg_terminate_backend(pid, 30000) FROM pg_stat_activity WHERE datname = %s "
+                      "AND backend_type = 'client backend'", (_embedded.DATABASE_NAME,))
+
+
+def _back(embedded) -> None:
+    with _admin(embedded) as admin:
+        admin.execute(f"ALTER DATABASE {_embedded.DATABASE_NAME} ALLOW_CONNECTIONS true")
+
+
+class _BreaksAtCommit(CommitParticipant):
+    """Breaks the flush's connection at its COMMIT: after PostgreSQL committed (``committed``: the COMMIT waits for
+    the standby, and the test cuts the database off then) or just before it (cut off at ``about_to_commit``).
+    ``back_at_abort``: the database takes connections again when the tree's abort reaches the participants (this
+    one is enlisted before the outbox's), else later."""
+
+    def __init__(self, embedded, committed: bool, back_at_abort: bool):
+        self.embedded, self.commits, self.back_at_abort = embedded, committed, back_at_abort
+        self.pid: int | None = None
+
+    def write(self, transaction, connection):
+        self.pid = connection.exec_driver_sql("SELECT pg_backend_pid()").scalar()
+        if self.commits:
+            connection.exec_driver_sql("SET LOCAL synchronous_commit = on")
+
+    def acts_before_commit(self, transaction) -> bool:
+        return not self.commits
+
+    def about_to_commit(self, transaction, connection):
+        _cut_off(self.embedded)
+
+    def aborted(self, transaction, error):
+        if self.back_at_abort:
+            _back(self.embedded)
+
+
+@pytest.mark.parametrize("back_at_abort", [False, True], ids=["back-later", "back-at-the-abort"])
+@pytest.mark.parametrize("committed", [True, False], ids=["committed", "not-committed"])
+def test_firings_of_a_commit_whose_outcome_is_unknown_run_once_for_the_outcome_the_log_shows(server, committed,
+                                                                                             back_at_abort):
+    home, embedded = server
+    database = activedb.connect(home=home, outbox_options={"recovery_interval": None})
+    try:
+        with database.engine.begin() as connection:
+            connection.execute(sa.text("TRUNCATE events_seen, activedb_outbox RESTART IDENTITY"))
+        for mode in MODES:
+            database.rule(on=database.signalled("go"), coupling=mode, name=mode.value)(
+                lambda tx, event, name=mode.value: tx.insert("events_seen", rule=name, detail=event.payload["n"]))
+        breaker = _BreaksAtCommit(embedded, committed, back_at_abort)
+        outcome: dict[str, object] = {}
+
+        def commit() -> None:
+            try:
+                with database.transaction(participants=[breaker]) as tx:
+                    outcome["log_id"] = tx.log_id
+                    tx.signal("go", n="1")
+            except BaseException as error:
+                outcome["error"] = error
+
+        committing = threading.Thread(target=commit)
+        committing.start()
+        if committed:
+            with _admin(embedded) as admin:
+                wait_until(lambda: breaker.pid is not None and admin.execute(
+                    "SELECT wait_event FROM pg_stat_activity WHERE pid = %s", (breaker.pid,)).fetchone()
+                    == ("SyncRep",), TIMEOUT, "the flush's COMMIT waits for the standby")
+            _cut_off(embedded)
+        committing.join(TIMEOUT)
+        assert not committing.is_alive()
+        error = outcome.get("error")
+        assert isinstance(error, activedb.DatabaseUnavailable), error
+        assert "applied all of it or nothing" in str(error) and "activedb_transaction_log" in str(error), error
+        if not back_at_abort:
+            _back(embedded)
+        database.outbox.recover()
+        database.rules.wait_idle(TIMEOUT)
+        with database.engine.connect() as connection:
+            logged = connection.execute(sa.text("SELECT count(*) FROM activedb_transaction_log WHERE "
+                                                "transaction_id = :id"), {"id": outcome["log_id"]}).scalar()
+            seen = sorted(connection.execute(sa.text("SELECT rule, detail FROM events_seen")).all())
+            records = sorted(connection.execute(sa.text(
+                "SELECT rule, status, trigger_outcome FROM activedb_outbox")).all())
+        assert logged == (1 if committed else 0)
+        expected = ([Coupling.DETACHED.value, Coupling.DETACHED_CAUSALLY_DEPENDENT.value] if committed
+                    else [Coupling.DETACHED.value, Coupling.EXCLUSIVE_CAUSALLY_DEPENDENT.value])
+        assert seen == [(rule, "1") for rule in expected]
+        assert records == [(rule, "done", "committed" if committed else "aborted") for rule in expected]
+        assert database.outbox.statistics().lost == 0
+        assert error.unknown_outcome == outcome["log_id"]      # (what a caller may look up)
+    finally:
+        _back(embedded)
+        database.close()
