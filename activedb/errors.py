@@ -232,12 +232,14 @@ def _by_sqlstate(sqlstate: str | None) -> Failure | None:
     return next((failure for prefixes, failure in _SQLSTATES if sqlstate and sqlstate.startswith(prefixes)), None)
 
 
-def database_failure(error: BaseException, doing: str, where: str, *, server_log: str | None = None
-                     ) -> ActivedbError:
+def database_failure(error: BaseException, doing: str, where: str, *, server_log: str | None = None,
+                     lost: str | None = None) -> ActivedbError:
     """The documented error a caller sees for a database ``error`` met while ``doing`` (e.g. "reading")
     at ``where`` (host and database, password masked): :class:`DatabaseUnavailable` (server down,
     connection refused or lost), :class:`DiskFull`, or :class:`DatabaseError` (refused, with the SQLSTATE
     and PostgreSQL's message).  ``server_log``: where the embedded server's log is, named in the advice.
+    ``lost``: for a write of its own, what a lost connection left written and what to do (instead of a read's
+    "nothing committed is affected … retry the transaction").
     Serialization conflicts and deadlocks are not turned into one of these (their callers retry them)."""
     kind = classify(error)
     orig = getattr(error, "orig", None) or error
@@ -253,6 +255,10 @@ def database_failure(error: BaseException, doing: str, where: str, *, server_log
         return DatabaseUnavailable(
             f"cannot connect to PostgreSQL at {where}: {message}. Check the URL (connect(url) or "
             f"ACTIVEDB_DATABASE_URL) and that the server is running{log}")
+    if kind is Failure.CONNECTION_LOST and lost is not None:
+        return DatabaseUnavailable(
+            f"lost the connection to PostgreSQL ({where}) while {doing}: {message}; {lost} — check that the server "
+            f"is up{log}")
     if kind is Failure.CONNECTION_LOST:
         return DatabaseUnavailable(
             f"lost the connection to PostgreSQL ({where}) while {doing}: {message}; nothing committed is "

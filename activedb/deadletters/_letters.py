@@ -312,7 +312,10 @@ def insert_ahead(database: DatabaseHandle, query_id: str, batch_id: int, positio
     table = database.table(TABLE)
     catalog = database.catalog
     [row] = _rows(query_id, batch_id, [letter])
-    with database.engine.begin() as connection:
+    with catalog.writing(f"writing the dead letter of row {position} of batch {batch_id} of {query_id!r} ahead of its "
+                         f"batch", "it was written only if the connection broke at its COMMIT — written_ahead (or "
+                         "`activedb dead-letters list`) shows whether; write it again only if it is not there, or "
+                         "re-run the batch, which meets the row again") as connection:
         # Its id comes from the catalog's blocks of the table's sequence, where :meth:`Transaction.insert
         # <activedb.txn.Transaction.insert>` takes them (the id order: ``README.md``), checked against a reset of
         # the sequence as the flush checks those.
@@ -377,7 +380,8 @@ def purge(database: DatabaseHandle, letters: LetterFilter) -> int:
     _check_filter("purge", letters)
     table = database.table(TABLE)
     selected = letters.statement(table).with_only_columns(table.c.id).order_by(None)
-    with database.engine.begin() as connection:
+    with database.catalog.writing("purging dead letters",
+                                  "the letters selected were all deleted or none was — purge again") as connection:
         return connection.execute(table.delete().where(table.c.id.in_(selected.scalar_subquery()))).rowcount
 
 

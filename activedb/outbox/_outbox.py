@@ -505,7 +505,8 @@ class Outbox:
         age = age_seconds(older_than, "outbox.prune(older_than=...)", BadArgument)
         if age == math.inf:
             return 0            # (nothing was done that long ago)
-        with self.catalog.engine.begin() as connection:
+        with self.catalog.writing("pruning the outbox's done records",
+                                  "those done records were all deleted or none was — prune again") as connection:
             return _records.prune_done(connection, age)
 
     def retry_failed(self, ids: Iterable[int] | None = None) -> int:
@@ -517,7 +518,9 @@ class Outbox:
             raise BadArgument(f"outbox.retry_failed(ids={ids!r}) takes record ids (whole numbers, as "
                               f"db.outbox.failures() and `activedb outbox` show them; one id as [id]), or None for "
                               f"every failed record")
-        with self.catalog.engine.begin() as connection:
+        with self.catalog.writing("making failed outbox records pending again",
+                                  "they were all made pending again or none was — call retry_failed again (a record "
+                                  "pending already is left as it is)") as connection:
             count = _records.retry(connection, listed)
         if count:
             if not self._started:

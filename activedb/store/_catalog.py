@@ -265,10 +265,25 @@ class Catalog:
                 raise                       # retried by their callers
             raise self.database_failure(error, "reading") from error
 
-    def database_failure(self, error: BaseException, doing: str) -> Exception:
+    @contextlib.contextmanager
+    def writing(self, doing: str, lost: str) -> Iterator[sa.Connection]:
+        """A transaction of its own for a write (``engine.begin()``: committed when the block ends) whose lost
+        connection becomes :class:`DatabaseUnavailable` saying it was lost while ``doing``, then ``lost`` (what was or
+        was not written — a connection lost at the COMMIT leaves that unknown — and what to do).  Any other error
+        propagates as it is."""
+        try:
+            with self.engine.begin() as connection:
+                yield connection
+        except sa.exc.DBAPIError as error:
+            if classify(error) is not Failure.CONNECTION_LOST:
+                raise
+            raise self.database_failure(error, doing, lost=lost) from error
+
+    def database_failure(self, error: BaseException, doing: str, *, lost: str | None = None) -> Exception:
         """The documented error for a database ``error`` met while ``doing`` (unavailable, refused, disk
-        full: :func:`activedb.errors.database_failure`), naming the embedded server's log if it is one."""
-        return database_failure(error, doing, self._describe(), server_log=self.server_log())
+        full: :func:`activedb.errors.database_failure`; ``lost``: what a lost connection of a write left), naming the
+        embedded server's log if it is one."""
+        return database_failure(error, doing, self._describe(), server_log=self.server_log(), lost=lost)
 
     def server_log(self) -> str | None:
         """Where the server's log is, when this is an embedded server of this process (for advice)."""

@@ -819,3 +819,27 @@ def test_reading_the_outbox_over_a_lost_connection_is_unavailable_and_the_next_r
     with pytest.raises(activedb.DatabaseUnavailable, match="lost the connection to PostgreSQL"):
         read()
     assert read() == read()
+
+
+@pytest.mark.parametrize("call", ["prune", "retry_failed"])
+def test_changing_the_outbox_over_a_lost_connection_is_unavailable_saying_to_call_again_and_the_next_call_works(db,
+                                                                                                                call):
+    """``db.outbox.prune(older_than=)`` and ``retry_failed()`` (``activedb outbox --prune-done``, ``--retry``) meet a
+    connection PostgreSQL ended (a restart, ``pg_terminate_backend``, a server timeout): a ``DatabaseUnavailable``
+    saying so, that the change was made whole or not at all and to call again — not the driver's exception with the
+    statement; the next call makes it."""
+    if call == "prune":
+        db.rule(on=db.signalled("tidy"), coupling=Coupling.DETACHED, name="tidy")(lambda tx, event: None)
+        with db.transaction() as tx:
+            tx.signal("tidy")
+        db.rules.wait_idle(TIMEOUT)
+        wait_until(lambda: db.outbox.statistics().done == 1, TIMEOUT, "the firing ran")
+        change = lambda: db.outbox.prune(older_than=0)       # noqa: E731
+    else:
+        _failed_firings(db, 1)
+        change = db.outbox.retry_failed
+    end_sessions(db)
+    with pytest.raises(activedb.DatabaseUnavailable, match="lost the connection to PostgreSQL") as caught:
+        change()
+    assert "or none" in str(caught.value) and "again" in str(caught.value), caught.value
+    assert change() == 1

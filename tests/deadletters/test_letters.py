@@ -10,6 +10,7 @@ import math
 
 import pyarrow as pa
 import pytest
+import sqlalchemy as sa
 from click.testing import CliRunner
 
 from activedb import deadletters, lowlevel
@@ -286,5 +287,37 @@ def test_reading_letters_over_a_lost_connection_is_unavailable_and_the_next_read
         with pytest.raises(activedb.DatabaseUnavailable, match="lost the connection to PostgreSQL"):
             read(database)
         assert read(database) == read(database, LetterFilter())
+    finally:
+        database.close()
+
+
+@pytest.mark.parametrize("call", ["purge", "insert_ahead"])
+def test_writing_letters_over_a_lost_connection_is_unavailable_saying_what_was_written_and_the_next_write_works(
+        migrated, call):
+    """``purge`` (``activedb dead-letters purge``) and ``insert_ahead`` (a stream's letter for a rule past its
+    deadline) meet a connection PostgreSQL ended (a restart, ``pg_terminate_backend``, a server timeout): a
+    ``DatabaseUnavailable`` saying so and what became of the change — not the driver's exception with the statement
+    and its parameters — and the next write works."""
+    import activedb
+
+    database = activedb.connect(migrated, outbox_options={"recovery_interval": None})
+    try:
+        selected = LetterFilter(query="lost-connection")
+        deadletters.purge(database, selected)
+        if call == "purge":
+            deadletters.insert_ahead(database, "lost-connection@1", 1, 0, Letter("a reason", {"n": 1}))
+            write = lambda: deadletters.purge(database, selected)      # noqa: E731
+        else:
+            write = lambda: deadletters.insert_ahead(database, "lost-connection@1", 1, 0,      # noqa: E731
+                                                     Letter("a reason", {"n": 1}))
+        end_sessions(database)
+        with pytest.raises(activedb.DatabaseUnavailable, match="lost the connection to PostgreSQL") as caught:
+            write()
+        assert "again" in str(caught.value), caught.value
+        write()
+        with database.engine.connect() as connection:        # (the reads' own idle connection met the end too)
+            left = connection.execute(sa.text("SELECT count(*) FROM activedb_dead_letters WHERE query_id = "
+                                              "'lost-connection@1'")).scalar()
+        assert left == (0 if call == "purge" else 1)
     finally:
         database.close()
