@@ -1,7 +1,7 @@
 """Running recorded firings: group commit, retries, failures.  Design note: the package's ``README.md``
 ("Group commit, and why subtransactions", "Failures and retries").
 
-Thread-safety: ``_mutex`` protects ``_ready``, ``_parked``, ``_runners`` and ``_running``; runners take
+Thread-safety: ``_mutex`` protects ``_ready``, ``_parked``, ``_runners``, ``_running`` and ``_taken``; runners take
 work under it and run groups without it.  No mutex is held while running a group.
 """
 
@@ -98,6 +98,7 @@ class Executor:
         self._parked: list[Work] = []            # waiting for PostgreSQL to come back
         self._runners = 0                        # Invariant: 0 <= _runners <= max_groups
         self._running = 0                        # works taken by runners and not yet settled
+        self._taken: collections.Counter[int] = collections.Counter()   # their record ids (Invariant: total == _running)
         self._idle_waiters = 0                   # threads in wait_idle
         self._closed = False
         self.groups = 0                          # group transactions committed
@@ -136,6 +137,12 @@ class Executor:
         with self._mutex:
             works, self._parked = self._parked, []
         self.submit(works)
+
+    def record_ids(self) -> set[int]:
+        """The record ids of the works queued, running or parked."""
+        with self._mutex:
+            return ({work.record_id for work in self._ready} | {work.record_id for work in self._parked}
+                    | set(self._taken))
 
     @property
     def runners(self) -> int:
@@ -187,6 +194,7 @@ class Executor:
                     return
                 group = [self._ready.popleft() for _ in range(min(self.group_size, len(self._ready)))]
                 self._running += len(group)
+                self._taken.update(work.record_id for work in group)
             try:
                 self._run(group, retried=False)
             except BaseException:      # never lose the accounting; the records stay pending in PostgreSQL
@@ -197,6 +205,8 @@ class Executor:
             finally:
                 with self._mutex:
                     self._running -= len(group)
+                    self._taken.subtract(work.record_id for work in group)
+                    self._taken += collections.Counter()        # (drops the ids at zero)
                     self._idle.notify_all()
 
     def _run(self, group: list[Work], *, retried: bool) -> None:

@@ -23,7 +23,8 @@ from lockmgr import TxnState
 
 from activedb import lowlevel
 from activedb.clock import SYSTEM_CLOCK, Clock
-from activedb.errors import BadArgument, GeneratedKeysReset, check_seconds, check_switch, check_whole_number
+from activedb.errors import (BadArgument, DatabaseUnavailable, GeneratedKeysReset, check_seconds, check_switch,
+                             check_whole_number)
 from activedb.events import EventKind, age_seconds
 from activedb.outbox import _records
 from activedb.outbox._executor import GROUP_TRANSACTION, Executor, Work, describe_error
@@ -134,6 +135,9 @@ class Outbox:
         # Serialises recovery passes (SQL and the executor's submit under it; no other mutex but the
         # executor's leaf is taken under it): a pass that returns has queued what it claimed.
         self._claim_mutex = threading.Lock()
+        # A claim's connection was lost (its COMMIT may have happened): the next pass also claims this process's own
+        # pending records that it does not hold in memory.  Protected by _claim_mutex.
+        self._claim_unknown = False
         self._liveness = _records.LivenessLock(catalog.engine, self.owner)
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
@@ -430,8 +434,22 @@ class Outbox:
             names = [rule.name for rule in self.rules]
             if not names or self._executor.backlog > CLAIM_BACKLOG:
                 return 0
-            with self.catalog.engine.begin() as connection:
-                rows = _records.claim(connection, self.owner, names, limit)
+            # Own records held here are left out (``record_ids``); one recorded by a flush that committed and not yet
+            # queued may be claimed as well and queued twice: the second run's marks fail (``status = 'pending'``),
+            # so it writes nothing (README, "Recovery and several processes").
+            mine_but = self._executor.record_ids() if self._claim_unknown else None
+            try:
+                with self.catalog.writing(
+                        "claiming pending outbox records",
+                        "if the claim committed (the connection broke at its COMMIT) those records are this process's "
+                        "now, else they are as they were: either way the next recovery pass (recover(), or every "
+                        "recovery_interval) claims them and runs each once") as connection:
+                    rows = _records.claim(connection, self.owner, names, limit, mine_but)
+            except DatabaseUnavailable:
+                self._claim_unknown = True
+                raise
+            if len(rows) < limit:
+                self._claim_unknown = False
             works = []
             for row in rows:
                 try:

@@ -15,7 +15,7 @@ import json
 import logging
 import threading
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Collection, Iterable, Mapping, Sequence
 
 import sqlalchemy as sa
 
@@ -188,7 +188,8 @@ WITH dead AS (
 ), claimable AS (
     SELECT id FROM activedb_outbox
     WHERE status = 'pending' AND rule = ANY(:rules)
-      AND (owner IS NULL OR owner IN (SELECT owner FROM dead))
+      AND (owner IS NULL OR owner IN (SELECT owner FROM dead)
+           OR (:mine AND owner = :me AND NOT id = ANY(CAST(:known AS bigint[]))))
     ORDER BY id
     LIMIT :limit
     FOR UPDATE SKIP LOCKED
@@ -199,11 +200,14 @@ RETURNING o.id, o.rule, o.coupling, o.event, o.chain, o.attempts
 """)
 
 
-def claim(connection: sa.Connection, me: int, rules: Iterable[str], limit: int) -> list[Any]:
+def claim(connection: sa.Connection, me: int, rules: Iterable[str], limit: int,
+          mine_but: Collection[int] | None = None) -> list[Any]:
     """Claim up to ``limit`` pending records of ``rules`` nobody alive owns (unowned, or owned by a process
     whose liveness lock no session holds); they become ``me``'s.  Rows another claimer is claiming are
-    skipped."""
-    rows = connection.execute(_CLAIM, {"me": me, "rules": list(rules), "limit": limit}).all()
+    skipped.  ``mine_but``: also ``me``'s own pending records but those ids (after a claim whose outcome is
+    unknown: ``Outbox.recover``)."""
+    rows = connection.execute(_CLAIM, {"me": me, "rules": list(rules), "limit": limit, "mine": mine_but is not None,
+                                       "known": sorted(mine_but or ())}).all()
     return sorted(rows, key=lambda row: row.id)
 
 

@@ -2,65 +2,24 @@
 its detached-family firings are settled by its ``activedb_transaction_log`` row once PostgreSQL answers again —
 run once, with the outcome the row says, never lost and never run for the outcome it did not have.
 
-The connection breaks at the flush's COMMIT, on an embedded server of the module's own (never the session's): the
-commit that happened is held at COMMIT by a synchronous-replication wait (``synchronous_standby_names`` names a
-standby that never comes; only the test's flush asks to wait for it), when PostgreSQL has committed locally, and its
-backend is then ended; the commit that did not happen has its backend ended just before its COMMIT.  Meanwhile the
-database accepts no connection (``ALLOW_CONNECTIONS false``), so the flush cannot read the log."""
+The connection breaks at the flush's COMMIT, on the package's own server (``conftest.py``): the commit that happened
+is held at COMMIT by a synchronous-replication wait, when PostgreSQL has committed locally, and its backend is then
+ended; the commit that did not happen has its backend ended just before its COMMIT.  Meanwhile the database accepts
+no connection, so the flush cannot read the log."""
 
 from __future__ import annotations
 
-import shutil
 import threading
 
-import psycopg
 import pytest
 import sqlalchemy as sa
 
 import activedb
-from activedb import Coupling, _embedded
+from activedb import Coupling
 from activedb.lowlevel import CommitParticipant
-from activedb.testing import wait_until
-from tests.conftest import APP_MIGRATIONS
+from tests.outbox.conftest import TIMEOUT, back, cut_off, wait_for_the_standby
 
-TIMEOUT = 60
 MODES = (Coupling.DETACHED, Coupling.DETACHED_CAUSALLY_DEPENDENT, Coupling.EXCLUSIVE_CAUSALLY_DEPENDENT)
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    home = tmp_path_factory.mktemp("unknown-outcome") / "home"
-    database = activedb.connect(home=home)
-    database.upgrade_app(APP_MIGRATIONS)
-    embedded = database.embedded
-    database.close()
-    with psycopg.connect(embedded.conninfo("postgres"), autocommit=True) as admin:
-        admin.execute("ALTER SYSTEM SET synchronous_standby_names = 'nobody'")
-        admin.execute("ALTER SYSTEM SET synchronous_commit = 'local'")     # (every other commit: no wait)
-        admin.execute("SELECT pg_reload_conf()")
-    with psycopg.connect(embedded.conninfo(), autocommit=True) as probe:
-        wait_until(lambda: probe.execute("SELECT current_setting('synchronous_standby_names')").fetchone()[0]
-                   == "nobody", TIMEOUT, "the server read its configuration again")
-    yield home, embedded
-    _embedded.stop(home)
-    shutil.rmtree(home, ignore_errors=True)
-
-
-def _admin(embedded) -> psycopg.Connection:
-    return psycopg.connect(embedded.conninfo("postgres"), autocommit=True)
-
-
-def _cut_off(embedded) -> None:
-    """The database takes no new connection, and every session of it ends (waiting for each to go)."""
-    with _admin(embedded) as admin:
-        admin.execute(f"ALTER DATABASE {_embedded.DATABASE_NAME} ALLOW_CONNECTIONS false")
-        admin.execute("SELECT pg_terminate_backend(pid, 30000) FROM pg_stat_activity WHERE datname = %s "
-                      "AND backend_type = 'client backend'", (_embedded.DATABASE_NAME,))
-
-
-def _back(embedded) -> None:
-    with _admin(embedded) as admin:
-        admin.execute(f"ALTER DATABASE {_embedded.DATABASE_NAME} ALLOW_CONNECTIONS true")
 
 
 class _BreaksAtCommit(CommitParticipant):
@@ -82,18 +41,18 @@ class _BreaksAtCommit(CommitParticipant):
         return not self.commits
 
     def about_to_commit(self, transaction, connection):
-        _cut_off(self.embedded)
+        cut_off(self.embedded)
 
     def aborted(self, transaction, error):
         if self.back_at_abort:
-            _back(self.embedded)
+            back(self.embedded)
 
 
 @pytest.mark.parametrize("back_at_abort", [False, True], ids=["back-later", "back-at-the-abort"])
 @pytest.mark.parametrize("committed", [True, False], ids=["committed", "not-committed"])
-def test_firings_of_a_commit_whose_outcome_is_unknown_run_once_for_the_outcome_the_log_shows(server, committed,
+def test_firings_of_a_commit_whose_outcome_is_unknown_run_once_for_the_outcome_the_log_shows(own_server, committed,
                                                                                              back_at_abort):
-    home, embedded = server
+    home, embedded = own_server
     database = activedb.connect(home=home, outbox_options={"recovery_interval": None})
     try:
         with database.engine.begin() as connection:
@@ -115,18 +74,15 @@ def test_firings_of_a_commit_whose_outcome_is_unknown_run_once_for_the_outcome_t
         committing = threading.Thread(target=commit)
         committing.start()
         if committed:
-            with _admin(embedded) as admin:
-                wait_until(lambda: breaker.pid is not None and admin.execute(
-                    "SELECT wait_event FROM pg_stat_activity WHERE pid = %s", (breaker.pid,)).fetchone()
-                    == ("SyncRep",), TIMEOUT, "the flush's COMMIT waits for the standby")
-            _cut_off(embedded)
+            wait_for_the_standby(embedded, lambda: breaker.pid)
+            cut_off(embedded)
         committing.join(TIMEOUT)
         assert not committing.is_alive()
         error = outcome.get("error")
         assert isinstance(error, activedb.DatabaseUnavailable), error
         assert "applied all of it or nothing" in str(error) and "activedb_transaction_log" in str(error), error
         if not back_at_abort:
-            _back(embedded)
+            back(embedded)
         database.outbox.recover()
         database.rules.wait_idle(TIMEOUT)
         with database.engine.connect() as connection:
@@ -143,5 +99,5 @@ def test_firings_of_a_commit_whose_outcome_is_unknown_run_once_for_the_outcome_t
         assert database.outbox.statistics().lost == 0
         assert error.unknown_outcome == outcome["log_id"]      # (what a caller may look up)
     finally:
-        _back(embedded)
+        back(embedded)
         database.close()
