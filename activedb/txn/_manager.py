@@ -261,7 +261,10 @@ class _Waiting:
         waiter = manager.current()
         if waiter is not None:
             before_waiting_for_children(waiter)   # (materialized: a wait is an edge of the wait-for graph)
-            if waiter.state in _LIVE:    # an aborting node waits for its children unregistered
+            if waiter.state not in _LIVE:    # an aborting node waits for its children unregistered
+                if not self.late:
+                    self._refuse_wait_for_itself()
+            else:
                 targets = ([target] if target is not None else self.targets if self.targets is not None
                            else [child.id for child in node.children])
                 if kind is WaitKind.CHILDREN and waiter is node:
@@ -282,17 +285,35 @@ class _Waiting:
                     # learns of the abort from what it waits for (its children are doomed too).
                     if waiter._doomed is None:
                         raise
+                    self._refuse_wait_for_itself()
                 except lockmgr.WaitForItself as error:
                     # (Its own handle's result, or its parent's children waited for from inside it: never.)
-                    raise TransactionError(
-                        f"{waiter.id} would wait for itself, which this thread runs (a wait for "
-                        f"{target or 'the children'} of {node.id}): it ends only after its function returns; wait for "
-                        f"it from outside it, e.g. in its parent's block") from error
+                    raise self._waits_for_itself(waiter) from error
         if not self.helps:
             manager.pool.before_blocking()
         observers = manager.observers
         if observers.on_wait_start:
             observers.call("on_wait_start", node, self.kind, target)
+
+    def _refuse_wait_for_itself(self) -> None:
+        """A wait the lock manager does not see (its waiter aborted, or doomed by an ancestor's abort) is refused as
+        the lock manager refuses a registered one (``WaitForItself``) when it would wait for a transaction this thread
+        runs — the waiter itself after ``child.abort()``, say, waiting on its own handle: that one ends only after its
+        function returns, so the wait would never end."""
+        node = self.node
+        targets = ([self.target] if self.target is not None else self.targets if self.targets is not None
+                   else [child.id for child in node.children])
+        running = getattr(self.manager._local, "running", None) or []
+        for transaction in running:
+            if transaction.id in targets:
+                raise self._waits_for_itself(transaction)
+
+    def _waits_for_itself(self, waiter: Transaction) -> TransactionError:
+        """The error of a wait of ``waiter`` for itself."""
+        return TransactionError(
+            f"{waiter.id} would wait for itself, which this thread runs (a wait for "
+            f"{self.target or 'the children'} of {self.node.id}): it ends only after its function returns; wait for "
+            f"it from outside it, e.g. in its parent's block")
 
     def __exit__(self, *exc_info: object) -> None:
         registered = self.registered

@@ -231,6 +231,44 @@ def test_a_spawned_child_waiting_for_itself_is_refused_at_once(db, wait):
     assert db.transactions.locks.statistics().transactions == 0
 
 
+@pytest.mark.parametrize("call", ["wait", "result"])
+@pytest.mark.parametrize("how", ["aborted itself", "aborted its parent", "aborted its inline child"])
+def test_a_spawned_child_waiting_for_its_own_handle_after_its_abort_is_refused(db, how, call):
+    """A spawned child that waits on its own handle after it aborted itself (``child.abort()``) or its parent
+    (``child.parent.abort()``, which dooms it), or from its inline child's block after aborting that child, gets the
+    TransactionError of a wait for itself at once, as a live child does.  Before, the aborted (or doomed) waiter's wait
+    was not registered in the lock manager, which is where a wait for itself is refused: the thread waited for the task
+    it was running, for ever."""
+    def waits_for_itself(child):
+        if how == "aborted itself":
+            child.abort()
+        elif how == "aborted its parent":
+            child.parent.abort()
+        try:
+            if how == "aborted its inline child":
+                with child.subtransaction() as inner:
+                    inner.abort()
+                    getattr(box["handle"], call)()
+            else:
+                getattr(box["handle"], call)()
+        except activedb.TransactionError as error:
+            box["error"] = error
+        return "returned"
+
+    def body():
+        with db.transaction() as tx:
+            box["handle"] = tx.spawn(waits_for_itself, eager=True)
+            box["handle"].wait(timeout=30)
+            tx.write("items", "parent", value=1)
+
+    box = {}
+    _in_bounded_thread(body)
+    assert box["handle"].done()
+    assert f"{box['handle'].transaction.id} would wait for itself" in str(box.get("error")), box
+    assert db.transactions.locks.statistics().transactions == 0
+    assert db.transactions.live_transactions() == []
+
+
 def test_a_spawned_child_aborted_before_it_started_never_runs_its_function(db):
     """A queued spawned child its parent aborted (``handle.transaction.abort()``) ends there: its task, run later by
     whoever takes it, raises TransactionAborted without calling the function or the begin hooks.  Before, the abort
