@@ -135,8 +135,10 @@ def _flush_in_held(root: Transaction, connection: sa.Connection,
         finally:
             root.manager.catalog.idle.give_back(connection)
     except sa.exc.OperationalError as error:
+        # (Never SERIALIZABLE, so no NOWAIT: the validation's own lock timeout is a SerializationConflict raised by
+        # ``_validate``; a 55P03 here is another statement's, the database's: a DatabaseError, as in any flush.)
         sqlstate = getattr(error.orig, "sqlstate", None)
-        if classify(error) in _RETRIED or sqlstate == "55P03":
+        if classify(error) in _RETRIED:
             raise SerializationConflict(
                 f"commit of {root.id} failed on concurrent updates by another process (SQLSTATE {sqlstate}); "
                 f"nothing was written — re-run the transaction (Database.run(fn, retries=N) does)"

@@ -364,6 +364,34 @@ def test_a_flush_in_the_held_transaction_that_fails_at_its_last_statement_writes
     assert balances(db)[1] == 1
 
 
+@pytest.mark.parametrize("for_update", [True, False], ids=["held flush", "flush"])
+def test_a_write_waiting_past_the_lock_timeout_in_the_flush_is_a_database_error_naming_55p03(db, monkeypatch,
+                                                                                             for_update):
+    """A statement of the flush other than the validation's row locks — here the write of a row another connection
+    holds ``FOR UPDATE`` — that waits past the lock timeout (the one the read for update or the validation set for the
+    rest of the transaction) is a ``DatabaseError`` naming 55P03 (txn README, "What the flush validates"), in the
+    flush in the held transaction as in any other; nothing is written and the row read is let go.  Before, the held
+    flush made every 55P03 a ``SerializationConflict`` (a conflict ``Database.run`` re-runs), its own validation's
+    and the database's alike."""
+    from activedb.txn import _flush, _rowlocks
+    monkeypatch.setattr(_rowlocks, "LOCK_TIMEOUT", "200ms")     # (the read for update's, for the held transaction)
+    monkeypatch.setattr(_flush, "LOCK_TIMEOUT", "200ms")        # (the validation's)
+    with db.engine.connect() as other:
+        other.execute(sa.text("SELECT * FROM accounts WHERE id = 2 FOR UPDATE"))     # held until the block ends
+        with pytest.raises(activedb.DatabaseError, match="55P03") as raised:
+            with db.transaction() as tx:
+                row = tx.read("accounts", 1, for_update=for_update)
+                tx.write("accounts", 1, balance=row["balance"] + 1)
+                tx.write("accounts", 2, balance=5)          # a blind write: not validated, it waits at its UPDATE
+                log_id = tx.log_id
+        other.rollback()
+    assert raised.value.sqlstate == "55P03" and not isinstance(raised.value, SerializationConflict)
+    assert balances(db) == {1: 0, 2: 0} and not _logged(db, log_id)
+    with db.transaction() as tx:                             # nobody holds row 1 any more
+        tx.write("accounts", 1, balance=tx.read("accounts", 1, for_update=True)["balance"] + 1)
+    assert balances(db) == {1: 1, 2: 0}
+
+
 class _SeesItsCommitAhead(CommitParticipant):
     """Writes at ``about_to_commit`` (the step before COMMIT) and notes whether the tree was committed then."""
 
