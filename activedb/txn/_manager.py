@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 import lockmgr
 
-from activedb.errors import DeadlockDetected, LockWaitTimeout, TransactionAborted, TransactionError
+from activedb.errors import DeadlockDetected, LockWaitTimeout, TransactionAborted, TransactionError, check_switch
 from activedb.txn import _help_edges, _ids
 from activedb.txn._children import Subtransactions, before_waiting_for_children
 from activedb.txn._history import HistoryRecorder
@@ -229,7 +229,7 @@ class TransactionManager:
 
         The holds of the transaction this thread runs become retains first; the wait is an edge of the one
         wait-for graph (README, "One wait-for graph"; ``on_victim``/``preferred_victim`` as in
-        ``lockmgr.LockManager.add_wait``).  ``targets``: several of ``node``'s children at once (``target`` None).
+        ``lockmgr.LockManager.add_wait``: ``preferred_victim`` is True or False, a :class:`BadArgument` otherwise).  ``targets``: several of ``node``'s children at once (``target`` None).
         The calling thread is about to block, so the worker pool gives its queued tasks workers first
         (``WorkerPool.before_blocking``) — unless ``helps``: it waits for tasks of the pool, running them itself
         while nobody has started them (``Task.wait``, which tells the pool when it does block).  ``late``: the
@@ -237,6 +237,8 @@ class TransactionManager:
         registered only if the thread is about to block meanwhile (``_help_edges``; README, "A helped child's
         wait edge, registered when needed") — only where no observer hears waits begin and end.
         """
+        if preferred_victim is not False:      # (the lock manager's add_wait takes a bool: 'no' would volunteer)
+            check_switch("TransactionManager.waiting", "preferred_victim", preferred_victim)
         return _Waiting(self, node, kind, target, on_victim, preferred_victim, targets, helps, late)
 
 

@@ -269,6 +269,34 @@ def test_a_spawned_child_waiting_for_its_own_handle_after_its_abort_is_refused(d
     assert db.transactions.live_transactions() == []
 
 
+@pytest.mark.parametrize("preferred_victim", ["no", 1, None])
+@pytest.mark.parametrize("where", ["in the parent", "outside any transaction"])
+def test_waiting_refuses_a_preferred_victim_that_is_no_bool(db, where, preferred_victim):
+    """``db.transactions.waiting(node, kind, target, preferred_victim=...)`` (the extender tier's way to make a wait an
+    edge of the wait-for graph) takes True or False: anything else is a BadArgument naming the call, before anything
+    is registered.  Before, the lock manager's ``add_wait`` raised a bare TypeError naming itself when the wait was
+    registered, and the value was taken without a word when it was not (no transaction on the thread, or late)."""
+    from activedb.lowlevel import WaitKind
+    with db.transaction() as tx:
+        handle = tx.spawn(lambda child: "done")
+
+        def wait():
+            with db.transactions.waiting(tx, WaitKind.CHILDREN, handle.transaction.id,
+                                         preferred_victim=preferred_victim):
+                pass
+
+        with pytest.raises(activedb.BadArgument, match=r"TransactionManager\.waiting\(preferred_victim="):
+            if where == "in the parent":
+                wait()
+            else:       # (a thread that runs no transaction: nothing to register)
+                kind, outcome = _in_bounded_thread(wait)
+                if kind == "raised":
+                    raise outcome
+        assert db.transactions.locks.statistics().waiting == 0
+        assert handle.result(timeout=30) == "done"
+    assert db.transactions.locks.statistics().transactions == 0
+
+
 def test_a_spawned_child_aborted_before_it_started_never_runs_its_function(db):
     """A queued spawned child its parent aborted (``handle.transaction.abort()``) ends there: its task, run later by
     whoever takes it, raises TransactionAborted without calling the function or the begin hooks.  Before, the abort
