@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 import click
 
-from activedb.cli import _Group, _confirm, console, open_database, register_app
+from activedb.cli import _Group, _confirm, console, has_no_tables, open_database, register_app
 
 _Command = TypeVar("_Command", bound=Callable[..., Any])
 
@@ -150,9 +150,13 @@ def letters_purge(ctx: click.Context, ids: tuple[int, ...], query: str | None, b
     from activedb import deadletters
 
     selected = deadletters.LetterFilter(ids, query, batch, reason, True if only_replayed else None)
-    # (It only deletes: a database without activedb's tables has nothing to purge, and is refused as by the reading
-    # commands, not given every table.)
-    with open_database(ctx, writes=False) as database:
+    # (It only deletes: a database without activedb's tables has nothing to purge, which it says, exit 0, as batches
+    # prune does; no table is created for it.)
+    with open_database(ctx, writes=False, new_as_is=True) as database:
+        if has_no_tables(database):
+            click.echo(f"nothing to purge: {database.describe()} has no activedb tables yet, so no dead letter was "
+                       f"recorded")
+            return
         count = deadletters.count(database, selected)
         if count == 0:
             click.echo("no dead letters match; nothing deleted")
