@@ -7,11 +7,11 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import json
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, NoReturn
 
 import click
 
-from activedb.cli import open_database, register_app
+from activedb.cli import has_no_tables, open_database, register_app
 from activedb.cli.running import StopRequest
 from activedb.metrics import metrics_port_option, start_metrics
 
@@ -82,12 +82,15 @@ def _tables_command(name: str, help_text: str, check: Callable[[Database, str], 
                     change: Callable[[CaptureManager, str], object], done: str, *, writes: bool) -> click.Command:
     """``activedb capture NAME TABLES...``: ``check(db, table)`` for every table, then (none refused)
     ``change(db.capture, table)`` for each, saying ``done``: a refused name changes nothing.  ``writes``: a database
-    without activedb's tables gets them (``open_database``); else it is refused."""
+    without activedb's tables gets them (``open_database``); else (disable) nothing is captured there, so its first
+    table is refused as one not captured on a migrated database, and no table is created."""
     @capture_group.command(name, help=help_text)
     @click.argument("tables", nargs=-1, required=True)
     @click.pass_context
     def command(ctx: click.Context, tables: tuple[str, ...]) -> None:
-        with open_database(ctx, writes=writes) as database:
+        with open_database(ctx, writes=writes, new_as_is=not writes) as database:
+            if not writes and has_no_tables(database):
+                _not_captured(tables[0], [])
             for table in tables:
                 check(database, table)
             for table in tables:
@@ -99,14 +102,20 @@ def _tables_command(name: str, help_text: str, check: Callable[[Database, str], 
 def _captured(database: Database, table: str) -> None:
     names = [captured.name for captured in database.capture.tables()]
     if table not in names:
-        raise click.ClickException(f"{table!r} is not captured (captured: {', '.join(names) or 'none'}); nothing "
-                                   f"was changed")
+        _not_captured(table, names)
+
+
+def _not_captured(table: str, names: list[str]) -> NoReturn:
+    """Refuse ``table``, which is not captured (``names`` are)."""
+    raise click.ClickException(f"{table!r} is not captured (captured: {', '.join(names) or 'none'}); nothing was "
+                               f"changed")
 
 
 enable_command = _tables_command("enable", "Capture TABLES (better: enable_capture(op, table) in the application's "
                                  "migration).", lambda database, table: database.table(table),
                                  lambda capture, table: capture(table), "capturing", writes=True)
-# (disable only removes: a database without activedb's tables has no capture to remove, and is refused)
+# (disable only removes: a database without activedb's tables has no capture to remove, and is refused as a table not
+# captured is)
 disable_command = _tables_command("disable", "Stop capturing TABLES (their changes not yet consumed are dropped).",
                                   _captured, lambda capture, table: capture.remove(table), "no longer capturing",
                                   writes=False)

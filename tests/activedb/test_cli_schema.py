@@ -315,12 +315,18 @@ def test_replaying_dead_letters_of_a_new_database_creates_nothing(make_fresh_url
     assert activedb_tables(make_fresh_url) == set()
 
 
-def test_disabling_capture_in_a_new_database_creates_nothing(make_fresh_url):
-    """``activedb capture disable TABLE`` only removes: on a database that never had activedb's tables nothing is
-    captured, and it says the database has none of activedb's tables (as the reading commands do).  It created every
-    activedb table first, then said the table was not captured."""
-    result = invoke(make_fresh_url, "capture", "disable", "orders")
-    assert result.exit_code == 1 and "no activedb tables yet" in result.output, result.output
+@pytest.mark.parametrize("tables", [["orders"], ["orders", "items"]])
+def test_disabling_capture_in_a_new_database_fails_as_for_a_table_not_captured_and_creates_nothing(url, make_fresh_url,
+                                                                                                   tables):
+    """``activedb capture disable TABLE`` names a captured table, which cannot exist on a database that never had
+    activedb's tables: it fails there exactly as for a table not captured on a migrated database (same message, exit
+    1) and creates no table.  Before, it failed with the reading commands' 'has no activedb tables yet, so there is
+    nothing to show; `activedb db upgrade` creates them' (earlier still it created every activedb table first)."""
+    assert invoke(url, "db", "upgrade").exit_code == 0
+    migrated = invoke(url, "capture", "disable", *tables)
+    assert migrated.exit_code == 1 and "'orders' is not captured (captured: none)" in migrated.output, migrated.output
+    fresh = invoke(make_fresh_url, "capture", "disable", *tables)
+    assert (fresh.exit_code, fresh.output) == (migrated.exit_code, migrated.output)
     assert activedb_tables(make_fresh_url) == set()
 
 
