@@ -190,9 +190,13 @@ def replay_command(ctx: click.Context, app: str, ids: tuple[int, ...], query: st
         loaded = load_app(app, require_mapping=True)
     except IngestError as error:
         raise click.ClickException(str(error)) from None
-    # (A database without activedb's tables has no dead letter to replay: refused as by the reading commands, not
-    # given every table.)
-    with open_database(ctx, writes=False) as database:
+    # (A database without activedb's tables has no dead letter to replay, which it says, exit 0, as purge does; no
+    # table is created for it.)
+    with open_database(ctx, writes=False, new_as_is=True) as database:
+        if has_no_tables(database):
+            click.echo(f"nothing to replay: {database.describe()} has no activedb tables yet, so no dead letter was "
+                       f"recorded")
+            return
         letters = deadletters.select(database, deadletters.LetterFilter(ids, query, batch, reason, replayed=False),
                                      limit=limit or None)
         if not letters:
