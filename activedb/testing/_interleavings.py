@@ -41,7 +41,8 @@ __all__ = ["Actor", "Exploration", "Interleavings", "RunReport", "Schedule", "St
 #: An actor: runs top-level transactions on ``db`` (the database the runner was given).
 Actor = Callable[["Database"], object]
 
-#: An invariant over the database after a run: raises ``AssertionError`` (or returns False) when broken.
+#: An invariant over the database after a run: raises (``AssertionError`` or another exception) or returns False when
+#: broken.
 Invariant = Callable[["Database"], object]
 
 _ACTIVE = (TxnState.ACTIVE, TxnState.COMMITTING)
@@ -164,7 +165,8 @@ class Interleavings:
       transactions (``with db.transaction()``, ``db.run``);
     * ``setup(db)`` — puts the database in the state every run starts from (runs before each run, unobserved;
       generated keys are drawn afresh after it: a setup that restarts the sequences makes a run's keys its own);
-    * ``invariant(db)`` — checked after each run; raises ``AssertionError`` or returns False when broken;
+    * ``invariant(db)`` — checked after each run; raises (``AssertionError``, or any other exception) or returns False
+      when broken: the run is reported with its schedule either way;
     * ``serializable`` — also check the recorded history (:func:`~activedb.testing.check_history`: conflict
       serializability of the committed top-level transactions and the axioms of nested transactions);
     * ``expected_errors`` — what an actor may raise, or what may have caused what it raised, without failing the
@@ -261,6 +263,9 @@ class Interleavings:
                     problem = "returned False"
             except AssertionError as error:      # its first line: the message (pytest adds its explanation below)
                 problem = str(error).strip().splitlines()[0] if str(error).strip() else "AssertionError"
+            except Exception as error:           # (a read that found no row, …): broken too, in this run's schedule
+                said = str(error).strip().splitlines()
+                problem = f"{type(error).__name__}: {said[0]}" if said else type(error).__name__
         checked = check_history(history.snapshot()) if self.serializable else None
         errors = {name: error for name, error in run.errors.items()      # (a rule's deadlock: RuleFailed from it)
                   if not any(isinstance(cause, self.expected_errors) for cause in causes(error))}

@@ -248,3 +248,21 @@ def test_a_rule_blocked_outside_the_run_is_a_hang_although_its_tree_cannot_be_ab
         released.set()
     message = str(hang.value)
     assert "neither paused at a step nor blocked within 2.0 s" in message, message
+
+
+def test_an_invariant_that_raises_another_error_breaks_the_run_that_names_its_schedule(fresh):
+    """The how-to's invariant "raises (or returns False) when broken", and its example reads with ``.one()``, which
+    raises NoResultFound when the row is gone: an invariant raising anything but an AssertionError escaped
+    explore() and replay() as itself — no interleaving, no schedule, no replay, the exploration lost."""
+    def no_row_left(db: Database) -> None:
+        with db.engine.connect() as connection:
+            connection.execute(sa.text("SELECT balance FROM accounts WHERE id = 2")).one()
+
+    interleavings = Interleavings(fresh, [insert_item("a")], setup=one_account, invariant=no_row_left)
+    exploration = interleavings.explore(3, seed=1)
+    failure = exploration.failure
+    assert failure is not None and failure.verdict is Verdict.INVARIANT_BROKEN, exploration.describe()
+    assert failure.invariant is not None and failure.invariant.startswith("NoResultFound: "), failure.invariant
+    assert "replay: interleavings.replay(" in exploration.describe()
+    again = interleavings.replay(failure.schedule)
+    assert again.verdict is Verdict.INVARIANT_BROKEN and again.trace == failure.trace
