@@ -27,8 +27,8 @@ def check_list_append(history: Iterable[RecordedTransaction | Mapping[str, Any]]
     Turn it off when trees of several processes are isolated optimistically (validated at the
     flush): a tree that will fail its validation may meanwhile have seen two committed versions.
 
-    Raises ``ValueError`` for a malformed history (duplicate ids, unknown parents, an element
-    appended twice, a child without its parent's ``spawn``; what is no list of nodes: a
+    Raises ``ValueError`` for a malformed history (duplicate ids, unknown parents, a node its own
+    ancestor, an element appended twice, a child without its parent's ``spawn``; what is no list of nodes: a
     :class:`~activedb.errors.BadArgument`, also a ``ValueError``).  Keeps no state between calls.
 
     What it infers and reports (workload, history, outcomes, scopes, anomalies): the design note,
@@ -81,6 +81,17 @@ class _Checker:
                 if node.parent not in self.nodes:
                     raise ValueError(f"transaction {node.id}: its parent {node.parent!r} is not in the history")
                 self.children[node.parent].append(node.id)
+        rooted: set[str] = set()                # nodes whose chain of parents ends at a top-level transaction
+        for node in self.nodes.values():
+            above: dict[str, None] = {}         # (ordered, for the message)
+            cursor: str | None = node.id
+            while cursor is not None and cursor not in rooted:
+                if cursor in above:
+                    raise ValueError(f"transaction {cursor} is its own ancestor ({' -> '.join([*above, cursor])}); "
+                                     f"parents must lead to a top-level transaction (parent None)")
+                above[cursor] = None
+                cursor = self.nodes[cursor].parent
+            rooted.update(above)
         self._effective: dict[str, bool] = {}
         self._chain: dict[str, tuple[str, ...]] = {}
         # Stretch number of each of a node's own operations; the markers' positions.

@@ -226,6 +226,9 @@ def test_aborted_children_are_not_units():
     ([node("T"), node("C", parent="T")], "has no \\('spawn', 'C'\\)"),
     ([node("T", join("C"), spawn("C")), node("C", parent="T")], "before spawning"),
     ([node("T1", append("x", "a")), node("T2", append("x", "a"))], "appended twice"),
+    # (parents that never reach a top-level transaction: the checker recursed up them until a RecursionError)
+    ([node("T", spawn("T"), parent="T")], "T is its own ancestor"),
+    ([node("A", spawn("B"), parent="B"), node("B", spawn("A"), parent="A")], "A is its own ancestor"),
 ])
 def test_malformed_histories_are_refused(history, message):
     with pytest.raises(ValueError, match=message):
