@@ -69,6 +69,11 @@ class RecordedTransaction:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> "RecordedTransaction":
+        """The node of :meth:`to_json`'s form; ``ValueError`` when it lacks its ``id`` or ``outcome``."""
+        for required in ("id", "outcome"):
+            if required not in data:
+                raise ValueError(f"a recorded transaction has no {required!r}: {dict(data)!r:.120} (the JSON form is "
+                                 f"{{'id': ..., 'parent': ..., 'outcome': 'committed' or 'aborted', 'ops': [...]}})")
         return cls(id=data["id"], parent=data.get("parent"), outcome=Outcome(data["outcome"]),
                    ops=tuple(tuple(op) for op in data.get("ops", ())))
 

@@ -243,6 +243,16 @@ def test_a_history_that_is_no_list_of_recorded_transactions_is_refused_saying_wh
         check_list_append(history, {})
 
 
+@pytest.mark.parametrize("field", ["id", "outcome"])
+def test_a_json_node_without_its_id_or_outcome_is_a_malformed_history(field):
+    """A node in JSON form without "id" or "outcome" failed with a bare KeyError ('id'), where the docstring promises
+    a ValueError for a malformed history."""
+    item = {"id": "T", "parent": None, "outcome": "committed", "ops": [["append", "x", "a"]]}
+    del item[field]
+    with pytest.raises(ValueError, match=f"has no {field!r}"):
+        check_list_append([item], {"x": ["a"]})
+
+
 def test_malformed_operations_are_refused():
     with pytest.raises(ValueError, match="none of"):
         node("T", ("write", "x", 1))
