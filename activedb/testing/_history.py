@@ -96,6 +96,10 @@ def check_history(ops: Iterable[HistoryOp]) -> HistoryReport:
     for tid, (kind, _) in ended.items():
         if kind == "abort" and parent_of.get(tid) is None and tid in flushes:
             report.violations.append(f"aborted top-level transaction {tid} flushed writes")
+        elif kind == "commit" and parent_of.get(tid) is None and tid not in flushes and effective.get(tid):
+            # (every committed top-level transaction flushes, its write set empty or not)
+            report.violations.append(f"{tid} committed its delegated writes but flushed none of them: "
+                                     f"missing {sorted(effective[tid])[:3]}")
 
     # Conflict serializability of committed top-level transactions.
     committed_roots = [op.transaction for op in ops if op.kind == "flush"

@@ -37,6 +37,23 @@ def test_a_child_outliving_its_aborted_parent_breaks_axiom_4():
                                          "T.2 never ended although its parent T aborted"]
 
 
+def test_a_committed_tree_whose_writes_were_never_flushed_breaks_axiom_2():
+    """A committed top-level transaction's flush was checked against its delegated writes only when a flush was
+    recorded: a tree that committed with writes and flushed nothing (every committed root flushes, with an empty
+    write set too) passed, so the checker could not see the writes of a whole tree lost."""
+    written = Entry(EntryKind.PATCH, {"stock": 4})
+    history = _tree(("begin", "T", None), ("begin", "T.1", "T"))
+    history.append(HistoryOp(len(history), "write", "T.1", parent="T", root="T", table="items", key=(1,),
+                             value=written))
+    history += [HistoryOp(len(history) + n, kind, transaction, parent=parent, root="T")
+                for n, (kind, transaction, parent) in enumerate([("commit", "T.1", "T"), ("commit", "T", None)])]
+    report = check_history(history)
+    assert report.violations == ["T committed its delegated writes but flushed none of them: "
+                                 "missing [('items', (1,))]"], report.violations
+    flushed = [*history, HistoryOp(len(history), "flush", "T", root="T", value={("items", (1,)): written})]
+    assert check_history(flushed).ok, check_history(flushed).violations
+
+
 def test_replay_applies_a_history_given_as_an_iterator():
     # replay read the ops twice (the commits, then the flushes): an iterator was used up by the first pass and
     # the state came back as the initial one, as if nothing had committed.
