@@ -424,6 +424,9 @@ def serve_on_signal(db: "Database", directory: str | Path | None = None) -> Path
     start time (field 22 of ``/proc/PID/stat``), and is removed at exit.  :func:`request` signals only a
     process so registered, so that ``activedb explain --pid`` never sends SIGUSR1 (whose default action is
     to terminate) to a process that does not handle it."""
+    if threading.current_thread() is not threading.main_thread():     # (Python installs handlers there only)
+        raise PictureError(f"serve_on_signal must be called from the main thread, not from "
+                           f"{threading.current_thread().name!r}: call it where the program starts, after connect()")
     folder = explain_directory(directory)
     path = folder / f"{os.getpid()}.json"
 

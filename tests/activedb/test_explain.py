@@ -437,6 +437,30 @@ def test_serving_explanations_into_a_folder_that_cannot_be_made_is_a_picture_err
     assert signal.getsignal(signal.SIGUSR1) is before
 
 
+def test_serving_explanations_from_another_thread_than_the_main_one_is_a_picture_error_saying_where(db, tmp_path):
+    """``serve_on_signal`` called from a thread of the application (a web server's, a worker's) let signal.signal's
+    ValueError ('signal only works in main thread of the main interpreter') out: no ActivedbError, and nothing said
+    of what to do."""
+    from activedb import explain
+    from activedb.errors import PictureError
+
+    raised: list[BaseException] = []
+
+    def serve() -> None:
+        try:
+            explain.serve_on_signal(db, tmp_path / "explain")
+        except BaseException as error:
+            raised.append(error)
+
+    thread = threading.Thread(target=serve)
+    thread.start()
+    thread.join(TIMEOUT)
+    [error] = raised
+    assert isinstance(error, PictureError), repr(error)
+    assert "from the main thread" in str(error), str(error)
+    assert not (tmp_path / "explain").exists()
+
+
 @pytest.mark.parametrize("dpi", [0, -5, "110", None])
 def test_render_refuses_a_resolution_that_is_no_whole_number_above_zero_before_drawing(tmp_path, dpi):
     """``render(dpi=0)`` let matplotlib's ValueError out (no ActivedbError), after drawing the figure."""
