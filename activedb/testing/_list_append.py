@@ -28,8 +28,9 @@ def check_list_append(history: Iterable[RecordedTransaction | Mapping[str, Any]]
     flush): a tree that will fail its validation may meanwhile have seen two committed versions.
 
     Raises ``ValueError`` for a malformed history (duplicate ids, unknown parents, a node its own
-    ancestor, an element appended twice, a child without its parent's ``spawn``; what is no list of nodes: a
-    :class:`~activedb.errors.BadArgument`, also a ``ValueError``).  Keeps no state between calls.
+    ancestor, an element appended twice, a child without its parent's ``spawn``; what is no list of
+    nodes, or a ``final`` that is no mapping of lists: a :class:`~activedb.errors.BadArgument`, also a
+    ``ValueError``).  Keeps no state between calls.
 
     What it infers and reports (workload, history, outcomes, scopes, anomalies): the design note,
     ``README.md``, "check_list_append".
@@ -72,6 +73,13 @@ class _Checker:
             if node.id in self.nodes:
                 raise ValueError(f"transaction id {node.id!r} is recorded twice; ids must be unique in a history")
             self.nodes[node.id] = node
+        if final is not None and not isinstance(final, Mapping):
+            raise BadArgument(f"check_list_append(final={final!r:.80}) takes the lists read after the run, "
+                              f"{{key: list}} (a key without a row left out, or []), or None")
+        for key, values in (final or {}).items():
+            if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
+                raise BadArgument(f"check_list_append: final[{key!r}] is {values!r:.80}; give the list read after the "
+                                  f"run ([] or no entry for a key without a row)")
         self.final = {key: tuple(values) for key, values in final.items()} if final is not None else None
         self.anomalies: list[Anomaly] = []
         self.graphs: dict[str, nx.DiGraph[str]] = {}

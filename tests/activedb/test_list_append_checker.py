@@ -243,6 +243,17 @@ def test_a_history_that_is_no_list_of_recorded_transactions_is_refused_saying_wh
         check_list_append(history, {})
 
 
+@pytest.mark.parametrize("final, shown", [
+    ([["a"]], r"final=\[\['a'\]\]"), ({"x": None}, r"final\['x'\] is None"), ({"x": "a"}, r"final\['x'\] is 'a'"),
+], ids=["a-list", "a-none-list", "a-text"])
+def test_final_lists_that_are_no_lists_are_refused_saying_what_to_give(final, shown):
+    """``final`` given as a list of lists failed with AttributeError ('list' object has no attribute 'items'), a key
+    read as no row (None) with TypeError ('NoneType' object is not iterable); a text was taken letter by letter."""
+    history = [node("T", append("x", "a"))]
+    with pytest.raises(activedb.BadArgument, match=shown):
+        check_list_append(history, final)
+
+
 @pytest.mark.parametrize("field", ["id", "outcome"])
 def test_a_json_node_without_its_id_or_outcome_is_a_malformed_history(field):
     """A node in JSON form without "id" or "outcome" failed with a bare KeyError ('id'), where the docstring promises
