@@ -38,8 +38,7 @@ def check_history(ops: Iterable[HistoryOp]) -> HistoryReport:
     delegated to its parent — the write set a top-level transaction flushed is exactly the composition, in
     order, of the writes of its transactions whose every ancestor committed; (3) an aborted transaction's
     operations are all undone (none reaches a flush); (4) the abort of a parent aborts its active children."""
-    _check_operations("check_history", ops)
-    ops = sorted(ops, key=lambda op: op.sequence)
+    ops = sorted(_operations("check_history", ops), key=lambda op: op.sequence)
     report = HistoryReport()
     parent_of: dict[str, str | None] = {}
     children: dict[str, list[str]] = {}
@@ -146,8 +145,7 @@ def replay(ops: Iterable[HistoryOp], initial: dict[_Row, RowImage],
     """Apply the committed flushes in commit order to ``initial`` ({(table, key): row}).
 
     ``key_columns`` ({table: [column, ...]}) adds the key columns to rows created by the replay."""
-    _check_operations("replay", ops)
-    ops = sorted(ops, key=lambda op: op.sequence)     # (read twice: an iterator would be used up by the first)
+    ops = sorted(_operations("replay", ops), key=lambda op: op.sequence)   # (read twice: not an iterator's one pass)
     ended = {op.transaction: op.kind for op in ops if op.kind in ("commit", "abort")}
     state = {row: dict(image) for row, image in initial.items()}
     for op in ops:
@@ -163,8 +161,14 @@ def replay(ops: Iterable[HistoryOp], initial: dict[_Row, RowImage],
     return state
 
 
-def _check_operations(function: str, ops: object) -> None:
-    """Refuse (BadArgument, saying what to give) what is no collection of recorded operations."""
+def _operations(function: str, ops: object) -> list[HistoryOp]:
+    """``ops`` as a list; BadArgument (saying what to give) for what is no collection of recorded operations."""
+    what = f"{function} takes the recorded operations: db.history.snapshot() of a database connected with " \
+           f"record_history=True"
     if isinstance(ops, (str, bytes, Mapping)) or not isinstance(ops, Iterable):
-        raise BadArgument(f"{function} takes the recorded operations: db.history.snapshot() of a database "
-                          f"connected with record_history=True, got {type(ops).__name__} {ops!r:.80}")
+        raise BadArgument(f"{what}, got {type(ops).__name__} {ops!r:.80}")
+    listed = list(ops)
+    for op in listed:
+        if not isinstance(op, HistoryOp):
+            raise BadArgument(f"{what}, got {type(op).__name__} {op!r:.80} among them")
+    return listed

@@ -74,9 +74,16 @@ class StreamHistoryReport:
 def check_stream_history(ops: Iterable[StreamOp]) -> StreamHistoryReport:
     """Check Active CEP Definition 6 on a recorded stream history, by timestamps (only operations of
     committed units count; what is checked: the design note, ``README.md``, "check_stream_history")."""
+    from activedb.streams import StreamOp
+
+    what = "check_stream_history takes the recorded operations: engine.history.snapshot() of a " \
+           "StreamEngine(record_history=True)"
     if isinstance(ops, (str, bytes, Mapping)) or not isinstance(ops, Iterable):
-        raise BadArgument(f"check_stream_history takes the recorded operations: engine.history.snapshot() of a "
-                          f"StreamEngine(record_history=True), got {type(ops).__name__} {ops!r:.80}")
+        raise BadArgument(f"{what}, got {type(ops).__name__} {ops!r:.80}")
+    ops = list(ops)
+    for op in ops:
+        if not isinstance(op, StreamOp):
+            raise BadArgument(f"{what}, got {type(op).__name__} {op!r:.80} among them")
     ops = sorted(ops, key=lambda op: op.sequence)
     ended = {op.unit: op.operation for op in ops if op.kind == "end"}
     committed = [op for op in ops if op.kind in ("read", "write") and ended.get(op.unit) == "committed"]

@@ -64,24 +64,29 @@ def test_replay_applies_a_history_given_as_an_iterator():
     assert replay(iter(history), initial) == replay(history, initial) == {("items", (1,)): {"id": 1, "stock": 4}}
 
 
-@pytest.mark.parametrize("given", [None, 5, "begin", HistoryRecorder()], ids=["none", "a-number", "a-text", "the-recorder"])
+@pytest.mark.parametrize("given", [None, 5, "begin", HistoryRecorder(), [None], [[]]],
+                         ids=["none", "a-number", "a-text", "the-recorder", "a-none-op", "a-snapshot-in-a-list"])
 def test_check_history_of_what_is_no_list_of_operations_says_what_to_give(given):
     """``check_history(None)`` (a number, the recorder itself: ``check_history(db.history)``) failed with a bare
-    TypeError ('object is not iterable'); a text was read letter by letter (AttributeError: no 'sequence')."""
+    TypeError ('object is not iterable'); a text was read letter by letter (AttributeError: no 'sequence'), and so was
+    a list holding what is no operation (``[db.history.snapshot()]``, a None)."""
     with pytest.raises(activedb.BadArgument, match=r"check_history takes the recorded operations: "
                                                    r"db\.history\.snapshot\(\)"):
         check_history(given)
 
 
-@pytest.mark.parametrize("given", [None, 5, "read", StreamHistory()], ids=["none", "a-number", "a-text", "the-history"])
+@pytest.mark.parametrize("given", [None, 5, "read", StreamHistory(), [None], [[]]],
+                         ids=["none", "a-number", "a-text", "the-history", "a-none-op", "a-snapshot-in-a-list"])
 def test_check_stream_history_of_what_is_no_list_of_operations_says_what_to_give(given):
-    """As check_history: ``check_stream_history(engine.history)`` or None failed with a bare TypeError."""
+    """As check_history: ``check_stream_history(engine.history)`` or None failed with a bare TypeError, a list
+    holding what is no operation with AttributeError (no 'sequence')."""
     with pytest.raises(activedb.BadArgument, match=r"check_stream_history takes the recorded operations: "
                                                    r"engine\.history\.snapshot\(\)"):
         check_stream_history(given)
 
 
-@pytest.mark.parametrize("given", [None, 5, HistoryRecorder()], ids=["none", "a-number", "the-recorder"])
+@pytest.mark.parametrize("given", [None, 5, HistoryRecorder(), [None], iter([[]])],
+                         ids=["none", "a-number", "the-recorder", "a-none-op", "a-snapshot-in-an-iterator"])
 def test_replay_of_what_is_no_list_of_operations_says_what_to_give(given):
     """As check_history, which is given the same operations: ``replay(db.history, initial)`` or None failed with a
     bare TypeError ('object is not iterable')."""
