@@ -186,9 +186,16 @@ class Interleavings:
         named = dict(actors) if isinstance(actors, Mapping) else {f"A{n}": actor for n, actor in enumerate(actors, 1)}
         if not named:
             raise BadArgument("Interleavings needs at least one actor")
-        for name in named:
+        for name, actor in named.items():
             if not isinstance(name, str) or not name or "/" in name or " " in name:
                 raise BadArgument(f"an actor's name is one word without '/': {name!r}")
+            if not callable(actor):
+                raise BadArgument(f"actor {name!r} is {actor!r:.80}: give a function that runs transactions on the "
+                                  f"database it is given (actor(db))")
+        for keyword, function in (("setup", setup), ("invariant", invariant)):
+            if function is not None and not callable(function):
+                raise BadArgument(f"Interleavings({keyword}={function!r:.80}) takes a function of the database "
+                                  f"({keyword}(db)), or None")
         # (0 or less fails every run as a hang; no thread may wait for ever)
         number = isinstance(step_timeout, (int, float)) and not isinstance(step_timeout, bool)
         if not number or not 0 < step_timeout < math.inf:

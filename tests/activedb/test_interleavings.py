@@ -32,11 +32,15 @@ def fresh(activedb_make_url):
     ({5: print}, {}, "one word without '/'"), ({None: print}, {}, "one word without '/'"),
     ([print], {"step_timeout": 0}, r"step_timeout=0\) takes a finite number of seconds above 0"),
     ([print], {"step_timeout": float("inf")}, r"step_timeout=inf\) takes a finite number of seconds above 0"),
+    ({"A": 5}, {}, r"actor 'A' is 5: give a function"), ([print], {"setup": "reset"}, r"setup='reset'\) takes a function"),
+    ([print], {"invariant": True}, r"invariant=True\) takes a function"),
 ])
 def test_arguments_the_runner_cannot_take_are_an_activedb_error(fresh, actors, keywords, message):
     """No actor or an actor's name with '/' was a bare ValueError (no ActivedbError), an actor named by a number a
     bare TypeError ("argument of type 'int' is not iterable"); a step_timeout of 0 or below failed every run as a
-    hang, and inf ended the run's thread with OverflowError from its wait."""
+    hang, and inf ended the run's thread with OverflowError from its wait.  An actor that is no function failed each
+    run as an actor that raised ("TypeError: 'int' object is not callable"), a setup or invariant that is none the
+    exploration with a bare TypeError."""
     with pytest.raises(activedb.BadArgument, match=message):
         Interleavings(fresh, actors, **keywords)
 
