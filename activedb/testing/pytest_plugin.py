@@ -49,6 +49,8 @@ from activedb.testing._databases import Server, ServerAtUrl, Templates, drop_dat
 from activedb.testing.errors import DatabaseFixtureError
 
 if TYPE_CHECKING:  # pragma: no cover
+    from types import FrameType
+
     from activedb._database import Database
     from lockmgr.testing import Watchdog
 
@@ -296,16 +298,22 @@ def activedb_watchdog(request: pytest.FixtureRequest) -> Iterator[Watchdog]:
     # (main) thread fail where it waits, and the report shows what was printed (its captured stderr).
     interrupt = threading.current_thread() is threading.main_thread() and hasattr(signal, "pthread_kill")
 
-    def fail(signum: int, frame: object) -> NoReturn:
+    interrupted, main = threading.Event(), threading.get_ident()
+    watchdog = Watchdog(seconds, locks, on_fire=(lambda: signal.pthread_kill(main, signal.SIGALRM)) if interrupt
+                        else None)
+
+    def fail(signum: int, frame: FrameType | None) -> None:
+        if not watchdog.fired.is_set():     # not the watchdog's alarm (pytest-timeout's timer, say): not ours
+            if callable(previous):
+                previous(signum, frame)
+            return
         interrupted.set()
         pytest.fail(f"activedb_watchdog: the test still ran after {seconds:g} s (the wait-for graph and every "
                     f"thread's stack: its captured stderr)", pytrace=False)
 
-    interrupted, main = threading.Event(), threading.get_ident()
     previous = signal.signal(signal.SIGALRM, fail) if interrupt else None
     try:
-        with Watchdog(seconds, locks, on_fire=(lambda: signal.pthread_kill(main, signal.SIGALRM)) if interrupt
-                      else None) as watchdog:
+        with watchdog:
             yield watchdog
     except AssertionError:
         if not interrupted.is_set():     # (else the test has failed already, saying so)

@@ -316,3 +316,26 @@ def test_the_class_is_a_factory(activedb_clock):
 """)
     result = project.runpytest_subprocess("-p", "no:cacheprovider")
     result.assert_outcomes(passed=3)
+
+
+def test_another_alarm_during_a_watched_test_is_not_reported_as_the_watchdog(project):
+    """The watchdog interrupts a blocked test with SIGALRM through a handler of its own, installed for the test; it
+    took every SIGALRM for its own: pytest-timeout's (its signal method, the default where there is SIGALRM) fired
+    into it, and a test stopped by ``--timeout=1`` failed as 'the test still ran after 30 s' — no such wait, the
+    watchdog had not fired — and without pytest-timeout's stacks.  An alarm the watchdog did not send goes to the
+    handler that was there before it."""
+    project.makepyfile(test_alarm="""
+import time
+
+import pytest
+
+@pytest.mark.activedb_watchdog(timeout=30)
+def test_slow():
+    time.sleep(20)
+""")
+    result = project.runpytest_subprocess("-p", "no:cacheprovider", "-p", "timeout", "--timeout=1",
+                                          "--timeout-method=signal", timeout=120)
+    result.assert_outcomes(failed=1)
+    output = result.stdout.str()
+    assert "Timeout (>1.0s) from pytest-timeout" in output, output[-3000:]
+    assert "activedb_watchdog: the test still ran" not in output, output[-3000:]
