@@ -74,6 +74,10 @@ class Watchdog:
 
     def __init__(self, timeout: float, lock_manager: LockManager | None = None,
                  describe: Callable[[], str] | None = None, on_fire: Callable[[], object] | None = None) -> None:
+        # (a text would kill the watchdog's thread, leaving the test unwatched; NaN, 0 or less fire at once)
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+            raise ValueError(f"Watchdog(timeout={timeout!r}) takes a number of seconds above 0 (math.inf: never "
+                             f"fires)")
         self.timeout = timeout
         self.lock_manager = lock_manager
         self.describe = describe

@@ -159,3 +159,23 @@ def test_wait_until_refuses_a_timeout_that_is_no_number_of_seconds():
         assert len(raised) == 1 and isinstance(raised[0], ValueError), (timeout, raised)
         assert "takes a number of seconds" in str(raised[0]) and f"timeout={timeout!r}" in str(raised[0])
     assert wait_until(lambda: "ready", math.inf) == "ready"
+
+
+def test_a_watchdog_refuses_a_timeout_that_is_no_number_of_seconds():
+    """``Watchdog("5")`` (``activedb.testing.Watchdog``, a number read from an environment variable) started, and its
+    thread then died of a TypeError ('<' between float and str): no watchdog at all, so the hung test it was there
+    for hung the suite; a NaN, 0 or negative timeout fired at once and failed a test that had not hung.  As
+    wait_until's, a timeout that is no number of seconds above 0 is refused when the watchdog is made, before its
+    thread starts; infinity never fires."""
+    import math
+
+    import pytest
+
+    from lockmgr.testing import Watchdog
+
+    for timeout in ("5", math.nan, 0, -1.0, None, True):
+        with pytest.raises(ValueError, match=r"Watchdog\(timeout=.*\) takes a number of seconds above 0"):
+            Watchdog(timeout)
+    with Watchdog(math.inf) as watchdog:
+        pass
+    assert not watchdog.fired.is_set()
