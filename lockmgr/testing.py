@@ -119,6 +119,9 @@ class Sequencer:
     ``timeout``, raises ``ScenarioError`` — a broken sequence fails instead of hanging."""
 
     def __init__(self, timeout: float = 10.0) -> None:
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout >= 0:   # (NaN too)
+            raise ValueError(f"Sequencer(timeout={timeout!r}) takes a number of seconds >= 0 (math.inf: no limit); "
+                             f"a NaN bound never passes, so a broken sequence would wait for ever")
         self.timeout = timeout
         self._condition = threading.Condition()  # protects _done and _claimed
         self._done = -1

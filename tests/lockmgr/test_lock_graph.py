@@ -179,3 +179,21 @@ def test_a_watchdog_refuses_a_timeout_that_is_no_number_of_seconds():
     with Watchdog(math.inf) as watchdog:
         pass
     assert not watchdog.fired.is_set()
+
+
+def test_a_sequencer_refuses_a_timeout_that_is_no_number_of_seconds():
+    """``Sequencer(timeout=nan)`` (``activedb.testing.Sequencer``) waited for ever at a block whose predecessor never
+    ran — no time is later than a NaN bound — where a broken sequence is to fail after ``timeout``; '5' failed only at
+    the first wait, with a TypeError ('<' between float and str).  As wait_until's, a timeout that is NaN, negative,
+    a bool or no number is refused when the sequencer is made; infinity still waits without limit."""
+    import math
+
+    import pytest
+
+    from lockmgr.testing import Sequencer
+
+    for timeout in (math.nan, -1.0, "5", None, True):
+        with pytest.raises(ValueError, match=r"Sequencer\(timeout=.*\) takes a number of seconds >= 0"):
+            Sequencer(timeout=timeout)
+    with Sequencer(timeout=math.inf)(0):
+        pass
