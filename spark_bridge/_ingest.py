@@ -80,15 +80,31 @@ def _check_watermark_column(streaming_df: DataFrame, mapping: EventMapping) -> N
             f"{others[0]!r}, or map the time to {others[0]!r}")
 
 
-def _check_arrow_types(streaming_df: DataFrame) -> None:
-    """Refuse a column ``toArrow()`` cannot convert — pyspark converts the batch's schema first, and refuses some
-    types (a calendar interval from ``make_interval``, a year-month interval): every batch of the one-task path goes
-    through it (``_sink.py``), so each would fail, replay after replay, and the stream stop for good."""
+def _check_arrow_types(streaming_df: DataFrame, *, scale_out: bool) -> None:
+    """Refuse a column a batch cannot be converted to Arrow with — every batch of each path is, so such a column would
+    fail each one, replay after replay, and the stream stop for good.  The one-task path's ``toArrow()``
+    (``_sink.py``) has pyspark convert the batch's schema first, which refuses some types (a calendar interval from
+    ``make_interval``, a year-month interval).  The scale-out path's ``mapInArrow`` (``_scaleout.py``) carries a
+    calendar interval, but pyarrow cannot wrap a year-month interval array (``KeyError: 21`` in the task's worker,
+    before the task sees a row), at any depth of the column's type."""
     from pyspark.sql.pandas.types import to_arrow_type
+    from pyspark.sql.types import ArrayType, DataType, MapType, StructType, YearMonthIntervalType
+
+    def year_month(data_type: DataType) -> bool:
+        if isinstance(data_type, ArrayType):
+            return year_month(data_type.elementType)
+        if isinstance(data_type, MapType):
+            return year_month(data_type.keyType) or year_month(data_type.valueType)
+        if isinstance(data_type, StructType):
+            return any(year_month(field.dataType) for field in data_type.fields)
+        return isinstance(data_type, YearMonthIntervalType)
 
     for field in streaming_df.schema.fields:
         try:       # (as DataFrame.toArrow converts the schema)
-            to_arrow_type(field.dataType, error_on_duplicated_field_names_in_struct=True, timezone="UTC")
+            if scale_out and year_month(field.dataType):
+                raise TypeError("pyarrow cannot take a year-month interval from Spark's mapInArrow")
+            if not scale_out:
+                to_arrow_type(field.dataType, error_on_duplicated_field_names_in_struct=True, timezone="UTC")
         except Exception as error:      # (pyspark's PySparkTypeError, PySparkValueError)
             raise IngestError(
                 f"column {field.name!r} ({field.dataType.simpleString()}) cannot be converted to Arrow, which every "
@@ -281,8 +297,7 @@ def ingest(db: Database, streaming_df: DataFrame, *, mapping: EventMapping, quer
                 f"watermark_delay={options.watermark_delay!r} is not a delay Spark takes ({first_line(error)}); give "
                 f"an interval such as '30 seconds' or '5 minutes', or a datetime.timedelta, not negative") from None
     _check_watermark_column(streaming_df, mapping)
-    if options.partition_by_key is None:      # (the scale-out path's tasks take their rows through mapInArrow)
-        _check_arrow_types(streaming_df)
+    _check_arrow_types(streaming_df, scale_out=options.partition_by_key is not None)
 
     session = streaming_df.sparkSession
     common: SinkOptions = {"query_name": query_name, "known_types": options.known_types, "spark_session": session,

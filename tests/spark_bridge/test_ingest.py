@@ -539,6 +539,35 @@ def test_a_column_arrow_cannot_convert_is_refused_at_ingest_naming_it(spark, tmp
 
 
 @pytest.mark.spark
+def test_a_column_arrow_cannot_convert_is_refused_at_ingest_on_the_scale_out_path_too(spark, tmp_path,
+                                                                                       make_database_url):
+    """The scale-out path's tasks take their rows through ``mapInArrow``, whose Python side cannot wrap a year-month
+    interval column (pyarrow: ``KeyError: 21``, before the task sees a row): ``ingest(…, partition_by_key=N)``
+    (``activedb run --partitions N``) started, and every batch failed the same way, replay after replay — the stream
+    stopped for good.  It is refused at ``ingest()`` as on the one-task path, naming the column, also inside a
+    struct; a calendar interval, which ``mapInArrow`` carries (the one-task path's ``toArrow()`` does not), is
+    accepted there as before."""
+    from pyspark.sql import functions as F
+
+    database = app_database(make_database_url("arrowtypes_scaled"))
+    try:
+        frame = _stream(spark, tmp_path)
+        scaled = dict(mapping=app_counters.MAPPING, query_name="x", checkpoint_location=str(tmp_path / "c"),
+                      partition_by_key=2, app=APP_FILE)
+        for column in (F.make_ym_interval(F.lit(1), F.lit(2)), F.struct(F.make_ym_interval(F.lit(1)).alias("span"))):
+            with pytest.raises(IngestError, match=r"column 'wait' \((interval year to month|struct<span:interval "
+                                                  r"year to month>)\) cannot be converted to Arrow.*drop it, or cast it"):
+                spark_bridge.ingest(database, frame.withColumn("wait", column), **scaled)
+        assert spark.streams.active == []
+        writer = spark_bridge.ingest(database, frame.withColumn("wait", F.make_interval(F.lit(0), F.lit(0), F.lit(0),
+                                                                                        F.lit(1))),
+                                     start=False, **scaled)
+        assert spark_bridge.sink_of(writer) is not None
+    finally:
+        database.close()
+
+
+@pytest.mark.spark
 def test_a_batch_spark_re_runs_in_another_partition_layout_is_refused_not_applied_twice(spark, tmp_path,
                                                                                        make_database_url):
     """The ledger skips a replayed batch by its ids — ``q`` whole, ``q#pK`` per partition of the scale-out path —
