@@ -3,7 +3,8 @@
 :func:`parse_source` turns ``file:DIR``, ``rate``, ``socket:HOST:PORT`` or ``kafka:BROKERS/TOPIC`` into a
 :class:`SourceSpec` before Spark starts (a bad form is a ``click.BadParameter`` naming the forms);
 :func:`build_stream` reads it against the app's ``SCHEMA`` plus Spark's corrupt-record column, so a line that is
-not JSON or does not fit the schema reaches the sink with its original text and becomes a dead letter there.
+not JSON or does not fit the schema reaches the sink with its original text and becomes a dead letter there; a
+blank line of a JSON-lines source (file, socket, Kafka) is skipped and counted (:data:`SOURCE_OBSERVATION`).
 Used by ``_cli.py`` (``activedb run``).
 """
 
@@ -26,8 +27,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from activedb.cli.application import LoadedApp
 
-__all__ = ["CORRUPT_COLUMN", "LINE_COLUMN", "SourceSpec", "build_stream", "parse_source", "with_corrupt_column",
-           "write_event_files"]
+__all__ = ["CORRUPT_COLUMN", "LINE_COLUMN", "SOURCE_OBSERVATION", "SourceSpec", "build_stream", "parse_source",
+           "with_corrupt_column", "write_event_files"]
 
 @dataclass(frozen=True)
 class SourceSpec:
@@ -126,15 +127,28 @@ def with_corrupt_column(schema: str | StructType) -> StructType:
     return types.StructType([*struct.fields, types.StructField(CORRUPT_COLUMN, types.StringType(), True)])
 
 
+#: The observation (``DataFrame.observe``) a line source's frame reports in each batch's Spark progress:
+#: ``query.lastProgress["observedMetrics"][SOURCE_OBSERVATION]["blank_lines"]``, the blank lines it skipped.
+SOURCE_OBSERVATION = "activedb_source"
+
+
 def _parsed_json(frame: DataFrame, schema: str | StructType, column: str = "value") -> DataFrame:
     """``frame``'s JSON text column parsed against ``schema``, keeping each row's line in ``_line`` (the
-    mapping's ``line_column``: a lone surrogate, which Spark's conversion turns into ``?``, is found there)."""
+    mapping's ``line_column``: a lone surrogate, which Spark's conversion turns into ``?``, is found there).
+
+    A blank line (empty, or whitespace only) carries nothing — a keep-alive, a doubled newline —, so it is
+    skipped, not made an event whose every field is null (a dead letter, as if a row had been lost), and
+    counted in the batch's progress (:data:`SOURCE_OBSERVATION`).  A null value (a Kafka tombstone) is not
+    blank: it stays a row, and a dead letter."""
     from pyspark.sql import functions
 
     options = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT_COLUMN}
     line = functions.col(column).cast("string")
+    blank = functions.coalesce(line.rlike(r"^\s*$"), functions.lit(False))
+    frame = frame.observe(SOURCE_OBSERVATION, functions.count(functions.when(blank, 1)).alias("blank_lines"))
     parsed = functions.from_json(line, with_corrupt_column(schema), options)
-    return frame.select(parsed.alias("event"), line.alias(LINE_COLUMN)).select("event.*", LINE_COLUMN)
+    return (frame.where(~blank).select(parsed.alias("event"), line.alias(LINE_COLUMN))
+            .select("event.*", LINE_COLUMN))
 
 
 def _synthetic_rate_columns(frame: DataFrame, loaded: LoadedApp, event_types: list[str]) -> DataFrame:
@@ -192,8 +206,6 @@ def _struct_schema(schema: str | StructType | None) -> StructType | None:
 def build_stream(spark: SparkSession, source: SourceSpec, loaded: LoadedApp, *, file_format: str,
                  max_files_per_trigger: int | None, rows_per_second: int, event_types: list[str]) -> DataFrame:
     """The streaming DataFrame for ``source``, in the app's columns."""
-    from pyspark.sql import functions
-
     from spark_bridge.errors import SourceError
 
     schema = loaded.schema
@@ -213,7 +225,7 @@ def build_stream(spark: SparkSession, source: SourceSpec, loaded: LoadedApp, *, 
         frame = reader.load(source.path)
         if file_format != "json":
             return frame
-        return _parsed_json(frame.where(functions.length(functions.trim(frame.value)) > 0), schema)
+        return _parsed_json(frame, schema)
     if source.kind == "rate":
         frame = spark.readStream.format("rate").option("rowsPerSecond", rows_per_second).load()
         if loaded.from_rate is not None:

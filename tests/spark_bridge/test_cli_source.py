@@ -94,3 +94,71 @@ def test_write_event_files_into_a_directory_that_exists_is_refused_saying_what_t
                                           r"exist yet"):
         write_event_files(tmp_path / "events", [{"n": 1}], 1, 0.0)
     assert [path.name for path in (tmp_path / "events").iterdir()] == ["old.json"]
+
+
+@pytest.mark.spark
+def test_blank_lines_of_a_socket_source_are_skipped_and_counted_not_dead_letters(spark, tmp_path, make_database_url):
+    """A line-delimited JSON source may send blank lines — a keep-alive, a trailing newline doubled — which carry
+    nothing.  The socket and Kafka sources parsed each as an event (``from_json`` of nothing: every field null),
+    so each became a dead letter (*event type is null*), as if a row had been lost; the file source dropped
+    them, but only lines of spaces (a tab made one a dead letter there too).  Every line source ``activedb run``
+    builds skips an empty or whitespace-only line and counts it in the batch's progress
+    (``observedMetrics['activedb_source']['blank_lines']``); a line that is not JSON is still a dead letter."""
+    import datetime as dt
+    import json
+    import socket
+    import threading
+    import time
+
+    import spark_bridge
+    from spark_bridge._sources import SourceSpec, build_stream
+    from tests.spark_bridge import app_counters
+    from tests.spark_bridge._streams import (BASE_TIME, STREAM_TIMEOUT_SECONDS, app_database, app_state,
+                                             apply_directly, dead_letters, iso)
+
+    rows = [{"type": "add", "key": f"k{seq}", "ts": iso(BASE_TIME + dt.timedelta(seconds=seq)), "amount": 5,
+             "seq": seq} for seq in (1, 2)]
+    lines = [json.dumps(rows[0]), "", "   ", "\t", " \t ", json.dumps(rows[1]), "not json"]
+    server = socket.create_server(("127.0.0.1", 0))
+    done = threading.Event()
+
+    def serve() -> None:
+        connection, _ = server.accept()
+        with connection:
+            connection.sendall("".join(line + "\n" for line in lines).encode())
+            done.wait(STREAM_TIMEOUT_SECONDS)       # (the source reads until the connection closes)
+
+    sender = threading.Thread(target=serve, daemon=True)
+    sender.start()
+    ingested, direct = app_database(make_database_url("blank_socket")), app_database(make_database_url("blank_d"))
+    query = None
+    try:
+        loaded = spark_bridge.load_app(str(app_counters.__file__), require_mapping=True)
+        frame = build_stream(spark, SourceSpec("socket", host="127.0.0.1", port=server.getsockname()[1]), loaded,
+                             file_format="json", max_files_per_trigger=None, rows_per_second=1, event_types=[])
+        query = spark_bridge.ingest(ingested, frame, mapping=app_counters.MAPPING, query_name="socket",
+                                    checkpoint_location=str(tmp_path / "checkpoint"), trigger="1 second")
+        sink = spark_bridge.sink_of(query)
+
+        def blank_lines() -> int:
+            return sum(progress["observedMetrics"]["activedb_source"]["blank_lines"]
+                       for progress in query.recentProgress if "activedb_source" in progress["observedMetrics"])
+
+        deadline = time.monotonic() + STREAM_TIMEOUT_SECONDS
+        # (every line read and its batch done: Spark reports a batch's progress once foreachBatch returned)
+        while sum(progress["numInputRows"] for progress in query.recentProgress) < len(lines):
+            assert query.exception() is None, query.exception()
+            assert time.monotonic() < deadline, (sink.statistics(), dead_letters(ingested), query.recentProgress)
+            time.sleep(0.2)     # (polling observable state: the lines arrive when Spark reads the socket)
+        apply_directly(direct, rows)
+        assert app_state(ingested) == app_state(direct)
+        letters = dead_letters(ingested)
+        assert len(letters) == 1 and "not json" in letters[0][2], letters      # (the line that is not JSON only)
+        assert (sink.statistics().rows, blank_lines()) == (3, 4)
+    finally:
+        done.set()
+        if query is not None:
+            query.stop()
+        server.close()
+        ingested.close()
+        direct.close()
