@@ -22,7 +22,7 @@ from activedb.lowlevel import check_switch
 
 from spark_bridge._foreach import foreach_batch
 from spark_bridge._scaleout import PartitionedIngestSink
-from spark_bridge._sink import IngestSink, QueryRun, SinkOptions
+from spark_bridge._sink import WATERMARK_METADATA, IngestSink, QueryRun, SinkOptions, check_watermark_column
 from spark_bridge.errors import IngestError, MappingError, first_line
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -50,34 +50,6 @@ def _check_columns(streaming_df: DataFrame, mapping: EventMapping) -> None:
         raise IngestError(
             f"the stream has no column {missing[0]!r} named by the mapping (its columns: {columns}); "
             f"fix the EventMapping or select/rename the columns before ingest()")
-
-
-#: The metadata key Spark puts on the column ``withWatermark`` last declared a watermark on (kept through renames).
-_WATERMARK_METADATA = "spark.watermarkDelayMs"
-
-
-def _check_watermark_column(streaming_df: DataFrame, mapping: EventMapping) -> None:
-    """Refuse a frame whose plan declares an event-time watermark on a column other than the mapping's time column.
-    Spark's watermark of a batch (``batchWatermarkMs``, what the sink reads) is the watermark of the column it was
-    declared on — with several, their minimum (``spark.sql.streaming.multipleWatermarkPolicy``) —, and the sink
-    judges the time column late by it and punctuates with it (the package's ``README.md``, "The watermark")."""
-    columns, pending = [], [streaming_df._jdf.queryExecution().analyzed()]
-    while pending:      # (the analyzed plan's EventTimeWatermark nodes: one per withWatermark)
-        node = pending.pop()
-        if str(node.nodeName()) == "EventTimeWatermark":
-            columns.append(str(node.eventTime().name()))
-        children = node.children()
-        pending.extend(children.apply(index) for index in range(children.size()))
-    others = [column for column in columns if column != mapping.ts_column]
-    # (one watermark whose column was renamed to the time column: Spark's metadata moved with it)
-    renamed = len(columns) == 1 and _WATERMARK_METADATA in streaming_df.schema[mapping.ts_column].metadata
-    if others and not renamed:
-        raise IngestError(
-            f"the stream declares an event-time watermark on column {others[0]!r}, not on the mapping's time column "
-            f"{mapping.ts_column!r}: Spark's watermark of a batch is that column's (with several, their minimum), and "
-            f"the sink would make events dead letters as late, and punctuate, by it. Declare the watermark on the "
-            f"time column — withWatermark({mapping.ts_column!r}, …) or watermark_delay=… — and drop the one on "
-            f"{others[0]!r}, or map the time to {others[0]!r}")
 
 
 def _check_arrow_types(streaming_df: DataFrame, *, scale_out: bool) -> None:
@@ -296,7 +268,8 @@ def ingest(db: Database, streaming_df: DataFrame, *, mapping: EventMapping, quer
             raise IngestError(
                 f"watermark_delay={options.watermark_delay!r} is not a delay Spark takes ({first_line(error)}); give "
                 f"an interval such as '30 seconds' or '5 minutes', or a datetime.timedelta, not negative") from None
-    _check_watermark_column(streaming_df, mapping)
+    check_watermark_column(streaming_df._jdf.queryExecution().analyzed(), mapping.ts_column,
+                           marked=WATERMARK_METADATA in streaming_df.schema[mapping.ts_column].metadata)
     _check_arrow_types(streaming_df, scale_out=options.partition_by_key is not None)
 
     session = streaming_df.sparkSession

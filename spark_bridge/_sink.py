@@ -36,7 +36,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from activedb import Database
 
-__all__ = ["IngestSink", "QueryRun", "SinkOptions", "streaming_query_id"]
+__all__ = ["WATERMARK_METADATA", "IngestSink", "QueryRun", "SinkOptions", "check_watermark_column",
+           "streaming_query_id"]
 
 logger = logging.getLogger("spark_bridge.ingest")
 
@@ -155,6 +156,8 @@ class IngestSink(Ingestion):
                 return None
             # StreamExecution.lastExecution is the IncrementalExecution of the running batch.
             millis = int(execution.lastExecution().offsetSeqMetadata().batchWatermarkMs())
+        except IngestError:         # (a watermark on another column: _remember_execution)
+            raise
         except Exception as error:  # py4j: an internal API that may move between Spark versions
             with self._mutex:
                 warn, self._watermark_warning_given = not self._watermark_warning_given, True
@@ -164,8 +167,14 @@ class IngestSink(Ingestion):
         return None if millis <= 0 else _EPOCH + dt.timedelta(milliseconds=millis)
 
     def _remember_execution(self, spark_query_id: str, execution: JavaObject) -> tuple[JavaObject, bool]:
-        """``(execution, whether its plan declares a watermark)``, kept as the query's known run."""
+        """``(execution, whether its plan declares a watermark)``, kept as the query's known run; a watermark on
+        another column than the mapping's time is refused (:func:`check_watermark_column`: ``ingest()`` checked its
+        frame, a sink wired with ``foreachBatch`` directly is checked here, at its run's first batch)."""
         known = (execution, _declares_watermark(execution))
+        if known[1] and self.mapping is not None:
+            plan = execution.logicalPlan()
+            ts_column = self.mapping.ts_column
+            check_watermark_column(plan, ts_column, marked=_time_column_marked(plan, ts_column))
         with self._mutex:
             if len(self._executions) >= _EXECUTIONS_KEPT:
                 self._executions.clear()
@@ -240,6 +249,45 @@ def check_layout(db: Database, query_id: str, batch_id: int, partitions: int | N
         f"{now}: the ledger, which skips a batch by its partitions, would apply some of its rows a second time. "
         f"Resume it {resume}; once that batch is done the query may go on in another layout. Or start from a new "
         f"checkpoint directory")
+
+
+#: The metadata key Spark puts on the column ``withWatermark`` last declared a watermark on (kept through renames).
+WATERMARK_METADATA = "spark.watermarkDelayMs"
+
+
+def check_watermark_column(plan: JavaObject, ts_column: str, *, marked: bool) -> None:
+    """Refuse a query whose ``plan`` (a logical plan, py4j) declares an event-time watermark on a column other than
+    ``ts_column``, the mapping's time column; ``marked``: whether that column carries Spark's watermark metadata
+    (:data:`WATERMARK_METADATA`: one watermark, on a column renamed to it since).  Spark's watermark of a batch
+    (``batchWatermarkMs``, what the sink reads) is the watermark of the column it was declared on — with several,
+    their minimum (``spark.sql.streaming.multipleWatermarkPolicy``) —, and the sink judges the time column late by
+    it and punctuates with it (the package's ``README.md``, "The watermark").  ``ingest()`` asks it of the frame it
+    is given; a sink asks it of its query's plan once per run (a sink wired with ``foreachBatch`` directly)."""
+    columns, pending = [], [plan]
+    while pending:      # (the plan's EventTimeWatermark nodes: one per withWatermark)
+        node = pending.pop()
+        if str(node.nodeName()) == "EventTimeWatermark":
+            columns.append(str(node.eventTime().name()))
+        children = node.children()
+        pending.extend(children.apply(index) for index in range(children.size()))
+    others = [column for column in columns if column != ts_column]
+    if others and not (len(columns) == 1 and marked):
+        raise IngestError(
+            f"the stream declares an event-time watermark on column {others[0]!r}, not on the mapping's time column "
+            f"{ts_column!r}: Spark's watermark of a batch is that column's (with several, their minimum), and "
+            f"the sink would make events dead letters as late, and punctuate, by it. Declare the watermark on the "
+            f"time column — withWatermark({ts_column!r}, …) or watermark_delay=… — and drop the one on "
+            f"{others[0]!r}, or map the time to {others[0]!r}")
+
+
+def _time_column_marked(plan: JavaObject, ts_column: str) -> bool:
+    """Whether the column ``ts_column`` of ``plan``'s output carries Spark's watermark metadata."""
+    output = plan.output()
+    for index in range(output.size()):
+        attribute = output.apply(index)
+        if str(attribute.name()) == ts_column:
+            return bool(attribute.metadata().contains(WATERMARK_METADATA))
+    return False
 
 
 def _declares_watermark(execution: JavaObject) -> bool:

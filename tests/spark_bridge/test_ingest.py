@@ -494,6 +494,46 @@ def test_a_watermark_on_another_column_than_the_mapping_s_time_is_refused_naming
 
 
 @pytest.mark.spark
+def test_a_watermark_on_another_column_is_refused_for_a_sink_wired_with_foreach_batch_directly(
+        spark, tmp_path, make_database_url):
+    """An ``IngestSink`` given ``spark_session`` may be wired as ``foreachBatch`` directly (as a restart does with
+    ``sink_of(query)``); ``ingest()``'s refusal of a watermark on another column than the mapping's time did not
+    apply there, so the sink judged the time column late by another column's watermark: here batch 1's event, an
+    hour "behind" a watermark taken from its arrival time, became a dead letter.  The sink refuses such a run at its
+    first batch with ``ingest()``'s error, before applying anything (the query stops; nothing is lost: Spark runs
+    the batch again after a restart); a watermark on the time column, also renamed to it, is taken."""
+    from pyspark.sql import functions as F
+
+    def row(seq, second):
+        return {"type": "add", "key": "w", "ts": iso(BASE_TIME + dt.timedelta(seconds=second)), "amount": 1,
+                "seq": seq}
+
+    write_files(tmp_path / "in", [[row(1, 10)], [row(2, 20)]])
+    database = app_database(make_database_url("wmdirect"))
+    try:
+        arriving = (_stream(spark, tmp_path / "in").withColumn("arrived", F.col("ts") + F.expr("INTERVAL 1 HOUR"))
+                    .withWatermark("arrived", "10 seconds"))
+        renamed = (_stream(spark, tmp_path / "in").withColumnRenamed("ts", "time")
+                   .withWatermark("time", "10 seconds").withColumnRenamed("time", "ts"))
+        for name, frame in (("arriving", arriving), ("renamed", renamed)):
+            sink = spark_bridge.IngestSink(database, app_counters.MAPPING, query_name=name, spark_session=spark)
+            query = (frame.writeStream.foreachBatch(sink).queryName(name)
+                     .option("checkpointLocation", str(tmp_path / f"checkpoint-{name}"))
+                     .trigger(availableNow=True).start())
+            if name == "renamed":
+                run_to_end(query)
+                continue
+            with pytest.raises(Exception, match=r"declares an event-time watermark on column 'arrived', not on the "
+                                                r"mapping's time column 'ts'"):
+                query.awaitTermination(STREAM_TIMEOUT_SECONDS)
+            assert (ledger(database), dead_letters(database)) == ([], [])
+        assert [batch for query_id, batch, *_ in ledger(database)] == [0, 1]
+        assert dead_letters(database) == []
+    finally:
+        database.close()
+
+
+@pytest.mark.spark
 def test_a_query_name_already_running_is_an_ingest_error_saying_what_to_do(spark, tmp_path, make_database_url):
     """Starting a query whose name a query of the session already runs under was pyspark's
     ``IllegalArgumentException`` ("Cannot start query with name … as a query with that name is already active"),
