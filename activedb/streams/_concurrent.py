@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable, ContextManager, Hashable
 
 from activedb.errors import InvalidChoice
 from activedb.store import Granularity
-from activedb.streams._batch import AccessPlan, BatchRun, STransaction, _Fired, _Touched
+from activedb.streams._batch import AccessPlan, BatchRun, STransaction, _Fired, _Touched, loadable
 from activedb.streams._locks import (LockMode, LockTableStatistics, LWMLockTable, Owner, Request, S2PLLockTable,
                                      StreamLockTable)
 from activedb.streams._matcher import PartitionState
@@ -653,7 +653,7 @@ class LWMScheduler(LockingScheduler):
         for table, keys in rows.items():
             if table in whole:
                 continue
-            wanted = list(keys)
+            wanted = loadable(tx, table, keys)
             tx.prefetch(table, wanted)
             sequences = history.last_writes(table) if history is not None else {}
             for key in wanted:

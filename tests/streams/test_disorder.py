@@ -990,3 +990,25 @@ def test_the_stored_dead_letter_of_a_malformed_event_keeps_what_arrived(db, malf
     [letter] = deadletters.select(db, deadletters.LetterFilter(query="streams:kept_malformed"))
     assert letter.row() == kept and "rejected" in letter.reason
     assert letter.raw != {"type": "?", "ts": None, "stream": None, "attributes": {}}
+
+
+@pytest.mark.parametrize("scheduler", ["sei", "s2pl", "lwm"])
+@pytest.mark.parametrize("malformed", [
+    streams.StreamEvent("ENTER", 40, {"HCW-ID": 5, "location": "r0"}, stream="estream"),
+    streams.StreamEvent("EXIT", 40, {"HCW-ID": 5, "location": "r0"}, stream="estream"),
+], ids=["enter", "exit"])
+def test_an_event_whose_row_key_the_table_refuses_is_a_dead_letter_and_the_stream_goes_on(db, malformed, scheduler):
+    """An event whose attribute keys a store row by a value the table refuses (HCW-ID 5 for workerStatus.workerID,
+    a text column) is a dead letter saying why, and the events around it are processed as if it had not been
+    there — under every scheduler, with the batch's prefetch (the default) and LWM's base images (before, the
+    prefetch or LWM's loading of the row failed the whole batch with InvalidValue, and so did every retry)."""
+    events = random_stream(random.Random(SEED + 3), 60)
+    expected, _ = run_sorted(db, events, name="without-refused-key")
+    reset(db)
+    made = engine(db, name="with-refused-key", scheduler=scheduler)
+    ordered = sorted(events, key=lambda event: event.ts)
+    result = made.feed([*ordered[:30], malformed, *ordered[30:]], punctuation=streams.END_OF_STREAM)
+    assert [(letter.event.describe(), letter.event.attributes) for letter in result.dead_letters] == [
+        (malformed.describe(), malformed.attributes)]
+    assert "workerstatus.workerid is TEXT" in result.dead_letters[0].reason
+    assert observe(db, result.outputs) == expected
