@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import bisect
 import datetime as dt
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, cast
 
 from activedb.events import check_time
 from activedb.store import Json
@@ -40,6 +40,7 @@ class ReorderBuffer:
         after the ones before them on equal keys: their arrival numbers are larger)."""
         letters: list[DeadLetter] = []
         added: list[tuple[tuple[object, ...], int, StreamEvent]] = []
+        slots: list[int] = []               # per added event: how many letters came before it
         stream: StreamSchema
         event_type: str
         priority: float | None
@@ -112,12 +113,38 @@ class ReorderBuffer:
             arrival = pending.arrivals
             pending.arrivals += 1
             added.append((order_key(event, priority, tie), arrival, event))
+            slots.append(len(letters))
             pending.buffer_added[arrival] = event
         if added:
-            buffer = pending.buffer
-            buffer.extend(added)
-            buffer.sort()
+            buffer = pending.buffer + added
+            try:
+                buffer.sort()
+            except TypeError:       # (two tie keys that do not compare: the list is left part sorted)
+                buffer = self._insert_comparable(pending, added, slots, letters)
+            pending.buffer = buffer
         return letters
+
+    def _insert_comparable(self, pending: Pending, added: list[tuple[tuple[object, ...], int, StreamEvent]],
+                           slots: list[int], letters: list[DeadLetter]
+                           ) -> list[tuple[tuple[object, ...], int, StreamEvent]]:
+        """The buffer with ``added`` put in one by one, an event whose tie key does not compare with one it meets
+        (a text and a number: sorting would fail every batch from now on) a dead letter instead, at its place among
+        ``letters`` (``slots``: how many letters came before each added event)."""
+        buffer = list(pending.buffer)
+        shift = 0
+        for entry, slot in zip(added, slots):
+            try:
+                bisect.insort(buffer, entry)
+            except TypeError as error:
+                key, arrival, event = entry
+                tie = cast(tuple[int, object], key[2])[1]       # (order_key's tie part: (0, tie))
+                del pending.buffer_added[arrival]
+                letters.insert(slot + shift, self._reject(event, (
+                    f"rejected: the tie_key of stream {event.stream} gave {tie!r} for {event.describe()}, "
+                    f"which does not compare with the tie key of an event of the same time and priority ({error}); "
+                    f"make the tie_key return values of one kind (e.g. all texts)")))
+                shift += 1
+        return buffer
 
     def _resolve(self, event: StreamEvent, streams: dict[str, StreamSchema]
                  ) -> tuple[StreamSchema, str, float | None] | str:

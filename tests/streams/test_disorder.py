@@ -928,6 +928,35 @@ def test_an_event_the_tie_key_raises_on_is_a_dead_letter_and_the_stream_goes_on(
         assert connection.execute(sa.text("SELECT count(*) FROM activedb_dead_letters")).scalar() == 1
 
 
+@pytest.mark.parametrize("durable", [False, True], ids=["in-memory", "durable"])
+def test_an_event_whose_tie_key_does_not_compare_is_a_dead_letter_and_the_stream_goes_on(db, durable):
+    """A ``tie_key`` that gives a text for one event and a number for another of the same time and priority cannot
+    order the two: the later-admitted one is a dead letter saying so, at its place among the batch's letters, and
+    the stream goes on — in the batch that brings both, and when the first one waits in the buffer from an earlier
+    batch (before, sorting the buffer raised TypeError: the batch failed, and so did every retry of it; once the
+    first one was committed to the buffer, every later batch holding an event of its time did)."""
+    reset(db)
+    made = streams.StreamEngine(db, name="mixed-ties", durable=durable)
+    made.create_stream("estream", types=BADGE_TYPES, attributes=("HCW-ID", "location"),
+                       tie_key=lambda event: event["location"])
+    made.define(Q1_R1)
+    numbered = badge("EXIT", 1, "w0", 7)
+    result = made.feed([badge("EXIT", 1, "w0", "a"), numbered, "no event", badge("ENTER", 3, "w0", "b")],
+                       punctuation=2)
+    assert [letter.event.type for letter in result.dead_letters] == ["EXIT", "?"]
+    assert result.dead_letters[0].event.attributes == numbered.attributes
+    assert "tie_key of stream estream gave 7 for EXIT^1" in result.dead_letters[0].reason
+    assert (result.released, result.buffered) == (1, 1)
+    # The ENTER at 3 waits in the buffer (committed): a number's tie meets it there.
+    result = made.feed([badge("ENTER", 3, "w3", 9), badge("ENTER", 3, "w2", "c"), badge("EXIT", 4, "w0", "d")],
+                       punctuation=streams.END_OF_STREAM)
+    assert [letter.event.attributes for letter in result.dead_letters] == [{"HCW-ID": "w3", "location": 9}]
+    assert [(output.query, output["location"]) for output in result.outputs] == [("Q1", "b")]
+    assert made.statistics().dead_letters == 3
+    with db.engine.connect() as connection:
+        assert connection.execute(sa.text("SELECT count(*) FROM activedb_dead_letters")).scalar() == 3
+
+
 @pytest.mark.parametrize("scheduler", ["sei", "s2pl", "lwm"])
 @pytest.mark.parametrize("malformed", [
     streams.StreamEvent("ENTER", 40, {"HCW-ID": ["w0"], "location": "r0"}, stream="estream"),
