@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Callable, Hashable, Iterable, Mapping, Sequenc
 from activedb import lowlevel
 from activedb import deadletters
 from activedb.errors import check_switch
+from activedb.txn import TxnState
 from activedb.streams import _persist
 from activedb.streams import algebra as ast
 from activedb.streams._batch import AccessPlan, BatchResult, BatchRun, STransaction, prefetch
@@ -230,9 +231,18 @@ class StreamEngine:
                 raise StreamStateError(
                     f"engine {self.name} has a batch in transaction {pending.root.id} that is still "
                     f"{pending.root.state.value}; commit or abort it before the next batch")
+            if pending is not None and pending.node is not tx:
+                # (The state follows the node its batches ran in: a batch of another node would follow the wrong one.)
+                node = pending.node
+                if node.parent is not tx or node.state is not TxnState.COMMITTED:
+                    raise StreamStateError(
+                        f"engine {self.name} ran a batch in transaction {node.id} of this tree, which is "
+                        f"{node.state.value}; process the tree's batches in that transaction (or, once it committed, "
+                        f"in its parent): the engine's state follows the outcome of the transaction its batch ran in")
+                pending.node = tx           # (its batch is tx's now: its participant moved to tx)
             if pending is None:
-                pending = Pending(root, self._state)
-                lowlevel.enlist(root, BatchOutcome(pending, self._settle))     # raises if root cannot take a batch
+                pending = Pending(root, self._state, tx)
+                lowlevel.enlist(tx, BatchOutcome(pending, self._settle))     # raises if tx cannot take a batch
                 self._pending = pending
             streams = self._definitions.streams()
         if not streams:

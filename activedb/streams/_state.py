@@ -40,8 +40,11 @@ class State:
 class Pending:
     """A batch's state on top of the committed one (partitions as an overlay)."""
 
-    def __init__(self, root: Transaction, base: State):
+    def __init__(self, root: Transaction, base: State, node: Transaction | None = None):
         self.root = root
+        # The transaction the batch runs in (root or a subtransaction), whose outcome the state follows (BatchOutcome is
+        # enlisted there: a subtransaction's abort drops it; its commit moves it to the parent).
+        self.node = node if node is not None else root
         self.base = base
         self.overlay: dict[tuple[str, tuple[Hashable, ...]], PartitionState | None] = {}
         self.buffer = list(base.buffer)
@@ -74,8 +77,9 @@ class Pending:
 
 
 class BatchOutcome(CommitParticipant):
-    """Tells the engine how the top-level transaction of a batch ended: ``settle(pending,
-    committed)``, called once, after the outcome is known (outside the transaction's locks).
+    """Tells the engine how the transaction of a batch ended — aborted (its own abort or its tree's), or committed at
+    the top level: ``settle(pending, committed)``, called once, after the outcome is known (outside the
+    transaction's locks).
 
     It lets go of the pending state when it has told: the transaction keeps its participants, and the pending
     state names its transaction (``root``), so holding on would keep every batch's pending state — its copy of

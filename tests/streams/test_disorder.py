@@ -177,6 +177,42 @@ def test_an_aborted_batch_leaves_the_engine_as_before(db):
     check_stream_history(made.history.snapshot()).assert_ok()     # the aborted batch's operations do not count
 
 
+@pytest.mark.parametrize("durable", [False, True], ids=["in-memory", "durable"])
+def test_a_batch_in_a_subtransaction_follows_that_subtransaction_s_outcome(db, durable):
+    """A batch processed in a subtransaction (a rule's, or one the caller opened) that aborts leaves nothing in the
+    engine, though the top-level transaction commits: its writes and its saved state went with the subtransaction,
+    so its admissions and matcher states go too, and the batch re-run gives the uninterrupted run's result.  Another
+    node of the tree cannot add a batch to one a subtransaction still holds (StreamStateError saying where the
+    batch runs); once that subtransaction committed, its parent can.  Before, the engine followed the top-level
+    transaction only: the aborted batch's events stayed buffered and matched in memory, not in the saved state."""
+    rng = random.Random(SEED + 1)
+    events = random_stream(rng, 120)
+    expected, _ = run_sorted(db, events, name="reference")
+    reset(db)
+    made = engine(db, name=f"in-a-subtransaction-{durable}", durable=durable)
+    half = len(events) // 2
+    first = made.feed(events[:half], punctuation=events[half].ts)
+    partitions, buffered = {name: made.partitions(name) for name in made.queries}, made.buffered()
+
+    class Crash(Exception):
+        pass
+
+    with db.transaction() as tx:
+        with pytest.raises(Crash):
+            with tx.subtransaction() as child:
+                made.process(child, events[half:], punctuation=streams.END_OF_STREAM)
+                raise Crash()
+    assert (made.statistics().buffered, made.buffered()) == (first.buffered, buffered)
+    assert {name: made.partitions(name) for name in made.queries} == partitions
+    with db.transaction() as tx:
+        with tx.subtransaction() as child:
+            made.process(child, [], punctuation=None)
+            with pytest.raises(StreamStateError, match="ran a batch in transaction"):
+                made.process(tx, [], punctuation=None)
+        rest = made.process(tx, events[half:], punctuation=streams.END_OF_STREAM)    # (the child committed)
+    assert observe(db, first.outputs + rest.outputs) == expected
+
+
 def test_the_engine_learns_its_batch_s_outcome_when_the_transaction_ends(db):
     """The engine enlists in the batch's top-level transaction: an abort is applied as it
     happens — the batch's units are recorded aborted before the engine is called again."""
