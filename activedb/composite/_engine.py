@@ -253,11 +253,11 @@ class CompositionEngine:
 
     def process(self, tx: Transaction, items: Iterable[StreamEvent | Heartbeat]) -> list[CompositeEvent]:
         """``submit`` within transaction ``tx``: every composite event is emitted into ``tx`` (rules on
-        ``engine.spec(query)`` fire), and if ``tx``'s top-level transaction aborts, the engine's state
-        returns to what it was before the first batch of that transaction."""
+        ``engine.spec(query)`` fire), and if ``tx`` aborts (a subtransaction, or its top-level transaction), the
+        engine's state returns to what it was before the first batch of that transaction's tree."""
         _check_items(items)
         with self._guard:
-            self._rollback.enlist(tx.root)
+            self._rollback.enlist(tx)
             for item in items:
                 self._input.take(item)
         return self._finish(emit_into=tx)
@@ -280,7 +280,7 @@ class CompositionEngine:
         refused: list[tuple[StreamEvent | Heartbeat, CompositeError]] = []
         with self._guard:
             if tx is not None:
-                self._rollback.enlist(tx.root)
+                self._rollback.enlist(tx)
             evaluation = self._evaluation
             before, outbox, raised = self._rollback.snapshot(), list(evaluation.outbox), list(evaluation.raised)
             excluded: list[tuple[StreamEvent, CompositeError]] = []     # events a RETURN refused, with their errors

@@ -1,6 +1,6 @@
 """A composition engine's state follows the transactions its batches ran in: :class:`Rollback`
-snapshots it before a top-level transaction's first batch and enlists a commit participant that
-forgets the snapshot on commit and restores it on abort (under the engine's mutex, which the
+snapshots it before a top-level transaction's first batch and enlists, in the transaction that batch runs in, a
+commit participant that forgets the snapshot on the top-level commit and restores it on abort (under the engine's mutex, which the
 participant takes itself — it is called by the transaction, outside every engine call).
 """
 
@@ -14,7 +14,8 @@ from activedb import lowlevel
 from activedb.composite._evaluation import Evaluation, EvaluationSnapshot
 from activedb.composite._input import InputNode, InputSnapshot
 from activedb.composite._members import Members, MembersSnapshot
-from activedb.txn import CommitParticipant
+from activedb.composite.errors import CompositeError
+from activedb.txn import CommitParticipant, TxnState
 
 if TYPE_CHECKING:  # pragma: no cover
     from activedb.txn import Transaction
@@ -30,10 +31,11 @@ class _Snapshot(TypedDict):
 class _Participant(CommitParticipant):
     """Restores the engine's state if the transaction a batch ran in aborts (a CommitParticipant)."""
 
-    def __init__(self, rollback: "Rollback", root: Transaction, snapshot: _Snapshot) -> None:
+    def __init__(self, rollback: "Rollback", root: Transaction, snapshot: _Snapshot, node: Transaction) -> None:
         self.rollback = rollback
         self.root = root
         self.snapshot = snapshot
+        self.node = node            # the transaction its batches run in (enlisted there: root or a subtransaction)
 
     def committed(self, transaction: Transaction) -> None:
         self.rollback.forget(self)
@@ -53,14 +55,25 @@ class Rollback:
     counts: collections.Counter[str]
     current: _Participant | None = None
 
-    def enlist(self, root: Transaction) -> None:
-        """Precondition: the caller holds the engine's mutex.  Snapshot the state and enlist in ``root``
-        unless this top-level transaction already ran a batch."""
-        if self.current is not None and self.current.root is root:
+    def enlist(self, tx: Transaction) -> None:
+        """Precondition: the caller holds the engine's mutex.  Snapshot the state and enlist in ``tx`` (the
+        transaction the batch runs in, whose abort — a subtransaction's too — restores the snapshot) unless its tree
+        already ran a batch; a batch of another node of that tree is refused (``CompositeError``), but in the parent
+        of the committed subtransaction that ran it (the participant moved there)."""
+        current = self.current
+        if current is not None and current.root is tx.root:
+            node = current.node
+            if node is not tx:
+                if node.parent is not tx or node.state is not TxnState.COMMITTED:
+                    raise CompositeError(
+                        f"this composition engine ran a batch in transaction {node.id} of this tree, which is "
+                        f"{node.state.value}; process the tree's batches in that transaction (or, once it committed, "
+                        f"in its parent): the engine's state follows the outcome of the transaction its batch ran in")
+                current.node = tx
             return
-        participant = _Participant(self, root, self.snapshot())
+        participant = _Participant(self, tx.root, self.snapshot(), tx)
         self.current = participant
-        lowlevel.enlist(root, participant)
+        lowlevel.enlist(tx, participant)
 
     def restore(self, participant: _Participant) -> None:
         with self.guard:

@@ -78,3 +78,29 @@ def test_an_aborted_batch_leaves_no_composite_or_arrival_in_the_engines_window(d
         engine.process(tx, BATCH_2)
     assert [composite.describe() for composite in engine.window().composites] == [
         "AB(A#a0[0.995, 1.005]@PA & B#b0[1.095, 1.105]@P1B) [0.995, 1.105]"]
+
+
+def test_a_batch_in_a_subtransaction_that_aborts_leaves_the_engine_as_before(db):
+    """A batch processed in a subtransaction follows that subtransaction: when it aborts (its composites' emits
+    undone with it) the engine returns to the state before the batch, though the top-level transaction commits,
+    and the batch re-run composes the same pair.  Another node of the tree cannot add a batch to one a
+    subtransaction still holds (CompositeError saying where the batch runs); once it committed, its parent can.
+    Before, the engine followed the top-level transaction only: the pair was consumed, its rule never ran."""
+    engine = make_engine("CREATE QUERY AB PATTERN AND(A, B) RETURN A.id AS a, B.id AS b", FIG2, db=db)
+    with db.transaction() as tx:
+        engine.process(tx, BATCH_1)
+    before = engine.statistics()
+    with db.transaction() as tx:
+        with pytest.raises(RuntimeError):
+            with tx.subtransaction() as child:
+                assert names(engine.process(child, BATCH_2)) == [("a0", "b0")]
+                raise RuntimeError("the batch fails after composing")
+    assert engine.statistics() == before
+    assert engine.producers()["P2B"].sync is None
+    with db.transaction() as tx:
+        with tx.subtransaction() as child:
+            assert names(engine.process(child, BATCH_2)) == [("a0", "b0")]
+            with pytest.raises(composite.CompositeError, match="ran a batch in transaction"):
+                engine.process(tx, [])
+        assert engine.process(tx, [ev("A", 3.0, "PA", "a2")]) == []       # (the child committed)
+    assert engine.statistics().composites == before.composites + 1
