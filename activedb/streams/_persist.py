@@ -29,7 +29,9 @@ if TYPE_CHECKING:  # pragma: no cover
 TABLE = "activedb_stream_state"
 
 
-def encode_value(value: object) -> Json:
+def encode_value(value: object, tuples: bool = True) -> Json:
+    """``value`` as the state saves it (:func:`decode_value` gives it back); ``tuples=False``: a tuple as a list
+    (a dead letter's ``raw``, plain JSON), not tagged — a tuple must come back a tuple, as it may key a partition."""
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     if value is END_OF_STREAM:
@@ -40,10 +42,12 @@ def encode_value(value: object) -> Json:
         return {"$d": value.isoformat()}
     if isinstance(value, decimal.Decimal):
         return {"$dec": str(value)}
-    if isinstance(value, (list, tuple)):
-        return [encode_value(item) for item in value]
+    if isinstance(value, list) or isinstance(value, tuple) and not tuples:
+        return [encode_value(item, tuples) for item in value]
+    if isinstance(value, tuple):
+        return {"$tup": [encode_value(item) for item in value]}
     if isinstance(value, dict):
-        return {"$map": [[key, encode_value(item)] for key, item in value.items()]}
+        return {"$map": [[key, encode_value(item, tuples)] for key, item in value.items()]}
     raise StreamStateError(f"cannot save {value!r} ({type(value).__name__}) in the engine's state; event "
                            f"attributes must be numbers, text, booleans, dates or datetimes — or use "
                            f"StreamEngine(durable=False)")
@@ -88,7 +92,7 @@ def shown_value(value: object) -> Json:
     save or JSON cannot hold (a set, an object, a NaN) — as :func:`~activedb.store.jsonable` shows it (a dead
     letter must be recorded whatever its event carries)."""
     try:
-        encoded = encode_value(value)
+        encoded = encode_value(value, tuples=False)
     except StreamStateError:
         return jsonable(value)
     return encoded if json_problem(encoded) is None else jsonable(value)
@@ -96,6 +100,7 @@ def shown_value(value: object) -> Json:
 
 _DECODERS: dict[str, Callable[[Any], object]] = {"$dt": dt.datetime.fromisoformat, "$d": dt.date.fromisoformat, "$dec": decimal.Decimal,
              "$end": lambda _: END_OF_STREAM,
+             "$tup": lambda items: tuple(decode_value(item) for item in items),
              "$map": lambda pairs: {key: decode_value(item) for key, item in pairs}}
 
 

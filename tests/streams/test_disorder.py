@@ -258,6 +258,34 @@ def test_a_new_engine_object_resumes_from_the_saved_state(db):
     assert changed.feed([]).buffered == 0
 
 
+def test_tuple_attributes_survive_a_restart_as_tuples(db):
+    """An attribute given as a tuple (what a dead letter for a list key tells to give) keys a partition; saved in
+    the engine's state it comes back a tuple — a partition key, a buffered event and an output equal to the
+    uninterrupted run's.  Before, the state saved it as a JSON list and decoded a list: the partitions row could not
+    be read (unhashable type: 'list'), so every batch after the restart failed until reset_state()."""
+    def made(name):
+        engine = streams.StreamEngine(db, name=name)
+        engine.create_stream("estream", types=BADGE_TYPES, attributes=("HCW-ID", "location"))
+        engine.define("CREATE QUERY Q ON estream PATTERN SEQ(EXIT, ENTER) WHERE [HCW-ID] "
+                      "RETURN ENTER.HCW-ID, EXIT.location AS left, ENTER.location")
+        return engine
+
+    worker = ("w", (1, 2))
+    first = [streams.StreamEvent("EXIT", 1, {"HCW-ID": worker, "location": ("a", 1)}),
+             streams.StreamEvent("EXIT", 5, {"HCW-ID": worker, "location": ["b", [2]]})]
+    rest = [streams.StreamEvent("ENTER", 6, {"HCW-ID": worker, "location": "c"})]
+    uninterrupted = made("tuples-reference")
+    uninterrupted.feed(first, punctuation=2)
+    expected = uninterrupted.feed(rest, punctuation=streams.END_OF_STREAM).outputs
+    made("tuples").feed(first, punctuation=2)
+    restarted = made("tuples")                          # e.g. the driver restarted
+    assert list(restarted.partitions("Q")) == [(worker,)]
+    assert [event.attributes for event in restarted.buffered()] == [first[1].attributes]
+    outputs = restarted.feed(rest, punctuation=streams.END_OF_STREAM).outputs
+    assert [dict(output.attributes) for output in outputs] == [dict(output.attributes) for output in expected] == [
+        {"HCW-ID": worker, "left": ["b", [2]], "location": "c"}]
+
+
 def test_a_new_engine_object_shows_the_saved_buffer_and_partial_matches_before_its_first_batch(db):
     """``buffered()`` and ``partitions(query)`` of a durable engine show its saved state also before the new
     object's first batch (a restarted process inspecting what waits) — they showed an empty buffer and no partial
