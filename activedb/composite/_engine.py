@@ -218,6 +218,7 @@ class CompositionEngine:
                         f"declare it first with engine.create_stream(name, types=[…])")
             self._members.join(producer, types, since, clock, self.clock.now(), membership is MembershipKind.WEAK,
                                self._input.join_since)
+            self._rollback.keep_membership()        # (no part of a batch: an open batch's abort keeps it)
 
     def leave(self, producer: str) -> list[CompositeEvent]:
         """``producer`` has sent everything (its channel is FIFO, so everything it sent has arrived): it
@@ -225,6 +226,7 @@ class CompositionEngine:
         with self._guard:
             state = self._members.member(producer)
             self._members.leave(state)
+            self._rollback.keep_membership()        # (no part of a batch: an open batch's abort keeps it)
             self._evaluation.wake(state.types)
         return self._finish()
 

@@ -62,6 +62,20 @@ class Members:
         for event_type in types:
             self.by_type.setdefault(event_type, []).append(state)
 
+    def carry_membership(self, snapshot: MembersSnapshot) -> None:
+        """Make ``snapshot`` hold the membership as it is now — who joined, who left — keeping each producer's
+        progress as the snapshot saved it: called right after a ``join`` or ``leave``, which are no part of a batch,
+        so that the abort of a batch's transaction restoring ``snapshot`` does not undo them."""
+        saved = snapshot["producers"]
+        for name, state in self.producers.items():
+            entry = saved.get(name)
+            if entry is None or entry[0] is not state:      # joined (or joined again) since: as it joined
+                saved[name] = (state, state.sync, state.latest_local, state.state, state.events, state.heartbeats,
+                               state.last_seen)
+            elif entry[3] is not state.state:               # left since
+                saved[name] = (*entry[:3], state.state, *entry[4:])
+        snapshot["by_type"] = {key: list(value) for key, value in self.by_type.items()}
+
     def leave(self, state: Producer) -> None:
         """``state`` no longer holds compositions back (it left, or was excluded after a timeout)."""
         state.state = Membership.LEFT

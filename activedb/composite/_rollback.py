@@ -96,6 +96,12 @@ class Rollback:
         self.counts.clear()
         self.counts.update(snapshot["counts"])
 
+    def keep_membership(self) -> None:
+        """A ``join`` or ``leave`` just happened: carry it into the snapshot the current transaction's abort
+        restores (membership is no part of a batch).  Precondition: the caller holds the engine's mutex."""
+        if self.current is not None:
+            self.members.carry_membership(self.current.snapshot["members"])
+
     def forget(self, participant: _Participant) -> None:
         with self.guard:
             if self.current is participant:

@@ -104,3 +104,28 @@ def test_a_batch_in_a_subtransaction_that_aborts_leaves_the_engine_as_before(db)
                 engine.process(tx, [])
         assert engine.process(tx, [ev("A", 3.0, "PA", "a2")]) == []       # (the child committed)
     assert engine.statistics().composites == before.composites + 1
+
+
+def test_a_join_or_leave_during_a_batch_s_transaction_outlives_its_abort(db):
+    """``join`` and ``leave`` are no part of a batch: made while a transaction that ran a batch is still open (an
+    ingestion runs batch after batch, an application joins producers meanwhile), they stay when that transaction
+    aborts, while the batch's own effects go.  Before, the abort restored the membership of its snapshot too: the
+    joined producer was gone (its events refused, 'has not joined') and the one that left held compositions back
+    again."""
+    engine = make_engine("CREATE QUERY AB PATTERN AND(A, B) RETURN A.id AS a, B.id AS b", FIG2, db=db)
+    with pytest.raises(RuntimeError):
+        with db.transaction() as tx:
+            engine.process(tx, [ev("A", 1.0, "PA", "a0")])
+            engine.join("PC", types=["B"])
+            engine.leave("P2B")
+            engine.join("PD", types=["B"])
+            engine.leave("PD")
+            raise RuntimeError("the batch fails")
+    producers = engine.producers()
+    assert {name: info.state for name, info in producers.items()} == {
+        "PA": "joined", "P1B": "joined", "P2B": "left", "PC": "joined", "PD": "left"}
+    assert producers["PA"].events == 0 and engine.statistics().events == 0         # the batch itself is undone
+    with db.transaction() as tx:
+        composed = engine.process(tx, [ev("A", 1.0, "PA", "a0"), ev("B", 1.1, "PC", "c0")] + [
+            composite.Heartbeat(producer, Timestamp.at(2.0, 0.005)) for producer in ("PA", "P1B", "PC")])
+    assert names(composed) == [("a0", "c0")]          # PC's event taken; P2B, gone, holds nothing back
