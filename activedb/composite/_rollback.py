@@ -72,8 +72,8 @@ class Rollback:
                 current.node = tx
             return
         participant = _Participant(self, tx.root, self.snapshot(), tx)
+        lowlevel.enlist(tx, participant)        # (first: a transaction that cannot take it leaves no snapshot behind)
         self.current = participant
-        lowlevel.enlist(tx, participant)
 
     def restore(self, participant: _Participant) -> None:
         with self.guard:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import sqlalchemy as sa
 
+import activedb
 from activedb import composite
 from activedb.events import Timestamp
 from tests._tables import item_values
@@ -129,3 +130,24 @@ def test_a_join_or_leave_during_a_batch_s_transaction_outlives_its_abort(db):
         composed = engine.process(tx, [ev("A", 1.0, "PA", "a0"), ev("B", 1.1, "PC", "c0")] + [
             composite.Heartbeat(producer, Timestamp.at(2.0, 0.005)) for producer in ("PA", "P1B", "PC")])
     assert names(composed) == [("a0", "c0")]          # PC's event taken; P2B, gone, holds nothing back
+
+
+def test_a_batch_refused_for_an_ended_transaction_leaves_no_stale_snapshot(db):
+    """``process`` given a subtransaction that has already committed is refused (it cannot take a batch) and
+    changes nothing; the next batch, in its parent, snapshots the engine, so that the parent's abort restores it.
+    Before, the refused call's snapshot stayed the current one, and the parent's batch counted as its own (the
+    subtransaction had committed into it) without enlisting: the abort restored nothing."""
+    engine = make_engine("CREATE QUERY AB PATTERN AND(A, B) RETURN A.id AS a, B.id AS b", FIG2, db=db)
+    with db.transaction() as tx:
+        engine.process(tx, BATCH_1)
+    before = engine.statistics()
+    with pytest.raises(RuntimeError):
+        with db.transaction() as tx:
+            with tx.subtransaction() as child:
+                pass
+            with pytest.raises(activedb.ActivedbError):
+                engine.process(child, BATCH_2)
+            assert engine.statistics() == before
+            assert names(engine.process(tx, BATCH_2)) == [("a0", "b0")]
+            raise RuntimeError("the batch fails after composing")
+    assert engine.statistics() == before
