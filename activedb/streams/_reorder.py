@@ -77,9 +77,7 @@ class ReorderBuffer:
             except ValueError as error:
                 letters.append(self._reject(event, f"rejected: {error}"))
                 continue
-            if pending.time_kind is None:
-                pending.time_kind = kind
-            elif kind != pending.time_kind:
+            if pending.time_kind is not None and kind != pending.time_kind:
                 letters.append(self._reject(event, f"rejected: timestamp {event.ts!r} is a {kind}, but this "
                                                    f"engine's events carry {pending.time_kind}s"))
                 continue
@@ -110,6 +108,8 @@ class ReorderBuffer:
                                                        f"{type(error).__name__}: {error} on {event.describe()}; "
                                                        f"fix the tie_key or the event"))
                     continue
+            if pending.time_kind is None:
+                pending.time_kind = kind            # (by the first event admitted: a dead letter fixes nothing)
             arrival = pending.arrivals
             pending.arrivals += 1
             added.append((order_key(event, priority, tie), arrival, event))

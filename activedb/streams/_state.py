@@ -30,7 +30,7 @@ class State:
     punctuations: dict[str, Punctuation] = field(default_factory=dict)
     position: int = 0                 # the next release position
     arrivals: int = 0                 # the next arrival number
-    time_kind: str | None = None      # "number" or "datetime", fixed by the first event or punctuation
+    time_kind: str | None = None      # "number" or "datetime", fixed by the first event admitted or punctuation
     # The saved chunks of the buffer (durable engines): row item -> the latest ts of its events.
     chunks: dict[str, Punctuation | None] = field(default_factory=dict)
     # Which saved rows hold the partitions' states (durable engines; ``_persist.PartitionRows``).

@@ -924,6 +924,27 @@ def test_statistics_count_every_dead_letter_of_a_batch(db):
 
 
 @pytest.mark.parametrize("durable", [True, False], ids=["durable", "in-memory"])
+def test_a_rejected_first_event_does_not_fix_the_kind_of_the_engine_s_timestamps(db, durable):
+    """The first event ever admitted fixes whether the engine's timestamps are numbers or datetimes; one that is a
+    dead letter for another reason (a row key that cannot key, an unknown type, a value the state cannot save) does
+    not.  Before, a first event with a datetime and a list-valued HCW-ID was refused, but had made the engine's
+    kind "datetime": every later event with a number timestamp was refused as of the wrong kind, the batch after
+    too (a durable engine saved the kind)."""
+    reset(db)
+    made = engine(db, name=f"first-refused-{durable}", durable=durable, record_history=False)
+    at = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
+    refused = [streams.StreamEvent("EXIT", at, {"HCW-ID": ["w0"], "location": "a"}),
+               streams.StreamEvent("COUGH", at, {"HCW-ID": "w0", "location": "a"})]
+    if durable:
+        refused.append(streams.StreamEvent("EXIT", at, {"HCW-ID": "w0", "location": {1, 2}}))
+    first = made.feed([*refused, badge("EXIT", 1, "w0", "a")], punctuation=2)
+    assert [letter.event.ts for letter in first.dead_letters] == [at] * len(refused)
+    assert first.released == 1
+    second = made.feed([badge("ENTER", 3, "w0", "b")], punctuation=streams.END_OF_STREAM)
+    assert (second.dead_letters, [output.query for output in second.outputs]) == ((), ["Q1"])
+
+
+@pytest.mark.parametrize("durable", [True, False], ids=["durable", "in-memory"])
 @pytest.mark.parametrize("bad", [float("nan"), "10", dt.datetime(2026, 1, 1),
                                  dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)],
                          ids=["nan", "a-string", "naive-datetime", "a-datetime-for-number-timestamps"])
