@@ -57,14 +57,23 @@ class Definitions:
         return schema
 
     def define(self, text: str) -> list[CompiledQuery | CompiledRule]:
-        """Define every ``CREATE QUERY`` / ``CREATE RULE`` of ``text``, in order."""
+        """Define every ``CREATE QUERY`` / ``CREATE RULE`` of ``text``, in order — all of them or, when one is
+        refused, none (the corrected script can then be defined as a whole)."""
         defined = []
-        for definition in _language.parse(text):
+        definitions = _language.parse(text)
+        with self._mutex:
+            before = dict(self._queries), dict(self._matchers), dict(self._rules)
             try:
-                defined.append(self.add(definition))
-            except DefinitionError as error:
-                if error.line is not None and "\n" not in str(error):
-                    raise type(error)(error.reason, line=error.line, column=error.column, text=text) from None
+                for definition in definitions:
+                    try:
+                        defined.append(self.add(definition))
+                    except DefinitionError as error:
+                        if error.line is not None and "\n" not in str(error):
+                            raise type(error)(error.reason, line=error.line, column=error.column, text=text) from None
+                        raise
+            except BaseException:
+                self._queries, self._matchers, self._rules = before
+                self._reindex()
                 raise
         return defined
 

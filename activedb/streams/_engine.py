@@ -117,7 +117,8 @@ class StreamEngine:
                                                          type_attributes, priorities, tie_key))  # type: ignore[arg-type]
 
     def define(self, text: str) -> list[CompiledQuery | CompiledRule]:
-        """Define every ``CREATE QUERY`` / ``CREATE RULE`` of ``text``, in order."""
+        """Define every ``CREATE QUERY`` / ``CREATE RULE`` of ``text``, in order — all of them, or none when one is
+        refused (a ``DefinitionError`` with its line and column)."""
         return self._definitions.define(text)
 
     def query(self, name: str, *, pattern: PatternLike, returns: Returns, where: object = None,

@@ -338,3 +338,18 @@ def test_a_query_s_selection_or_window_of_the_wrong_kind_is_a_definition_error(d
         engine.query("P", pattern=streams.seq("EXIT", "ENTER"), returns=[streams.event("ENTER")["HCW-ID"]],
                      **option)
     assert engine.queries == {}
+
+
+def test_a_script_with_an_error_defines_none_of_its_statements(db):
+    """``define(text)`` is all or nothing: a script whose rule names a column that does not exist defines neither
+    the rule nor the query before it, so that the corrected script can be defined on the same engine.  Before, the
+    query stayed defined and the corrected script failed with 'query Q1 is already defined'."""
+    engine = engine_for(db)
+    with pytest.raises(UnknownAttribute, match="no column 'colour'"):
+        engine.define(Q1_R1.replace("UPDATE workerStatus SET status", "UPDATE workerStatus SET colour"))
+    assert (engine.queries, engine.rules) == ({}, {})
+    defined = engine.define(Q1_R1)
+    assert [definition.name for definition in defined] == ["Q1", "R1"]
+    with pytest.raises(DefinitionError, match="already defined"):       # (a statement of the script, as before)
+        engine.define(Q1_R1.replace("CREATE QUERY Q1", "CREATE QUERY Q3"))
+    assert sorted(engine.queries) == ["Q1"] and sorted(engine.rules) == ["R1"]
