@@ -117,13 +117,22 @@ class CompositionEngine:
 
     def define(self, text: str) -> list[CompiledQuery]:
         """Define every ``CREATE QUERY`` of ``text`` (``PATTERN AND(A, B)`` or ``SEQ(A, B)``,
-        ``CONSUMING CHRONICLE|RECENT``)."""
-        compiled = []
-        for definition in parse(text):
+        ``CONSUMING CHRONICLE|RECENT``) — all of them, or none when one is refused."""
+        definitions = parse(text)
+        for definition in definitions:                  # (before anything is defined)
             if not isinstance(definition, ast.QueryDefinition):
                 raise DefinitionError(f"a composition engine has queries only; rules on composite events are "
                                       f"activedb rules: @db.rule(on=engine.spec({definition.query!r}))")
-            compiled.append(self.create_query(definition))
+        compiled: list[CompiledQuery] = []
+        try:
+            for definition in definitions:
+                compiled.append(self.create_query(definition))      # type: ignore[arg-type]  # (checked above)
+        except BaseException:
+            with self._guard:                       # all or nothing: the script's queries defined so far go
+                for query in compiled:
+                    del self._queries[query.name]
+                    self._input.unroute(query)
+            raise
         return compiled
 
     def query(self, name: str, *, pattern: PatternLike, returns: Returns = (), where: object = None,

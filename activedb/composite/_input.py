@@ -58,6 +58,15 @@ class InputNode:
         for event_type, positions in ranks.items():
             self.by_type.setdefault(event_type, []).append((query, tuple(positions)))
 
+    def unroute(self, query: CompiledQuery) -> None:
+        """Undo :meth:`route` (a script that defined ``query`` was refused)."""
+        for event_type in list(self.by_type):
+            kept = [entry for entry in self.by_type[event_type] if entry[0] is not query]
+            if kept:
+                self.by_type[event_type] = kept
+            else:
+                del self.by_type[event_type]
+
     def take(self, raw: StreamEvent | Heartbeat | Mapping[str, object], *, refuse_unevaluable: bool = False) -> None:
         """Precondition: the caller holds the engine's mutex.  ``refuse_unevaluable``: an event a query's condition
         cannot be evaluated on is an ``EventRejected`` (a refusal: an ingestion's dead letter), not the

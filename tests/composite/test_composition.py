@@ -177,6 +177,22 @@ def test_definitions_the_interval_model_does_not_run_are_refused():
     engine.define("CREATE QUERY F PATTERN AND(A, B) WHERE A.x > 1 RETURN A.id AS a, B.id AS b")
 
 
+def test_a_script_with_a_refused_statement_defines_none_of_its_queries():
+    """``define(text)`` is all or nothing: a script whose later statement is refused (a rule, which composite events
+    reach as activedb rules; a query the interval model does not run) defines none of its queries, so the corrected
+    script can be defined on the same engine.  Before, the queries before it stayed defined (and routed events),
+    and the corrected script failed with 'query AB is already defined'."""
+    engine = make_engine(AND_CHRONICLE, FIG2, attributes=("id", "x"))
+    script = "CREATE QUERY AthenB PATTERN SEQ(A, B) RETURN A.id AS a, B.id AS b\n"
+    with pytest.raises(DefinitionError, match="queries only"):
+        engine.define(script + "CREATE RULE R ON OUTPUT AthenB UPDATE t SET v = 1 WHERE k = 1")
+    with pytest.raises(DefinitionError, match="negation"):
+        engine.define(script + "CREATE QUERY N PATTERN SEQ(A, !B, A a2) RETURN A.id")
+    assert list(engine.queries) == ["AB"]
+    assert [query.name for query in engine.define(script)] == ["AthenB"]
+    assert sorted(engine.queries) == ["AB", "AthenB"]
+
+
 def test_the_point_time_engine_refuses_and_and_consumption(db_less_stream_engine):
     with pytest.raises(DefinitionError, match="activedb.composite"):
         db_less_stream_engine.define("CREATE QUERY AB PATTERN AND(A, B) RETURN A.id")
