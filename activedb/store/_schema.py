@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 import decimal
+import json
 import math
 import re
 import uuid
@@ -615,26 +616,41 @@ def _array_element_type(column: sa.Column[object], dialect: sa.Dialect) -> str |
     return re.sub(r"\(\s*\d+\s*(,\s*-?\d+\s*)?\)", "", compiled).replace("%", "%%")
 
 
+#: A quoted constant as PostgreSQL prints a default, ``'it''s'::text`` (its text, and a cast to a type name, not an
+#: expression: ``'a'::text || 'b'::text`` is none).
+_QUOTED_DEFAULT = re.compile(r"""'((?:[^']|'')*)'(?:::[\w\s."\[\](),:]+)?""", re.DOTALL)
+
+
 def _constant_default(column: sa.Column[object]) -> object:
-    """The value of a constant server default (``0``, ``'x'::text``, ``true``), else None."""
+    """The value of a constant server default (``0``, ``'x'::text``, ``true``, ``0.10`` of a numeric column: a
+    ``Decimal``, ``'[]'::jsonb``) as PostgreSQL stores it and gives it back, else None."""
     text = getattr(getattr(column.server_default, "arg", None), "text", None)
     if text is None:
         return None
-    text = text.split("::", 1)[0].strip()
-    if text.startswith("'") and text.endswith("'"):
-        literal = text[1:-1].replace("''", "'")
+    text = text.strip()
+    quoted = _QUOTED_DEFAULT.fullmatch(text)
+    if quoted is not None:
+        literal = quoted.group(1).replace("''", "'")
         if isinstance(column.type, (sa.String, sa.Text, sa.Enum)):
             return literal
         text = literal
+    else:
+        text = text.split("::", 1)[0].strip()
     lowered = text.lower()
     if isinstance(column.type, sa.Boolean) and lowered in ("true", "false"):
         return lowered == "true"
     try:
+        if isinstance(column.type, sa.JSON):
+            return json.loads(text) if quoted is not None else None
         if isinstance(column.type, sa.Integer):
             return int(text)
+        if isinstance(column.type, sa.Numeric) and not isinstance(column.type, sa.Float) and column.type.asdecimal:
+            convert = _converter(column)        # (rounded to the column's scale, as PostgreSQL stores it)
+            value = decimal.Decimal(text)
+            return value if convert is None else convert(value)
         if isinstance(column.type, (sa.Float, sa.Numeric)):
             return float(text)
-    except ValueError:
+    except (ValueError, ArithmeticError):       # (decimal's InvalidOperation is an ArithmeticError)
         return None
     return None
 
