@@ -260,7 +260,7 @@ class Catalog:
                 connection.commit()           # (ends SQLAlchemy's own transaction; nothing is sent)
             finally:
                 self.idle.give_back(connection)
-        except sa.exc.OperationalError as error:
+        except sa.exc.DBAPIError as error:      # (lost, and refused: a ProgrammingError such as 42703 or 42501 too)
             if classify(error) in (Failure.SERIALIZATION_CONFLICT, Failure.DEADLOCK):
                 raise                       # retried by their callers
             raise self.database_failure(error, "reading") from error

@@ -4,6 +4,7 @@ PostgreSQL."""
 from __future__ import annotations
 
 import pytest
+import sqlalchemy as sa
 
 import activedb
 
@@ -16,3 +17,26 @@ def test_a_table_named_by_anything_but_a_string_or_a_table_is_an_unknown_table_s
     with pytest.raises(activedb.UnknownTable, match="a table is named by a string"):
         db.catalog.table(name)
     assert db.table("accounts").name == "accounts"
+
+
+def test_a_read_postgresql_refuses_is_a_database_error_naming_the_sqlstate(db):
+    """A read of committed rows that PostgreSQL refuses (here a column dropped behind the ``Database``'s back, as
+    another process's migration does; a role without SELECT alike) is a ``DatabaseError`` with the SQLSTATE and
+    PostgreSQL's message, as ``Catalog.autocommit_connection`` and the README's table of database failures say —
+    for ``tx.read``, ``tx.read_many``, ``tx.scan`` and the existence check of ``tx.insert``.  (Before: SQLAlchemy's
+    ``ProgrammingError``, no ``ActivedbError``; only a lost connection was turned into one.)"""
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("CREATE TABLE dropped_later (id integer PRIMARY KEY, gone text)"))
+    db.run(lambda tx: tx.write("dropped_later", 1, gone="x"))
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("ALTER TABLE dropped_later DROP COLUMN gone"))
+    reads = {"read": lambda tx: tx.read("dropped_later", 1), "read_many": lambda tx: tx.read_many("dropped_later", [1]),
+             "scan": lambda tx: tx.scan("dropped_later", {"id": 1}), "insert": lambda tx: tx.insert("dropped_later", id=2)}
+    for name, read in reads.items():
+        with pytest.raises(activedb.DatabaseError, match=r"SQLSTATE 42703\): column .*gone.* does not exist") as caught:
+            with db.transaction() as tx:
+                read(tx)
+        assert caught.value.sqlstate == "42703", name
+    db.schema.refresh()                           # the table as it is now: reads work again
+    with db.transaction() as tx:
+        assert tx.read("dropped_later", 1) == {"id": 1}
