@@ -146,6 +146,9 @@ class Catalog:
         self._key_history: dict[str, collections.deque[tuple[int, int, int]]] = {}
         # sequence -> when a draw found it reset (transactions that began before may hold stale keys)
         self._reset_at: dict[str, datetime.datetime] = {}
+        # The sequences that count down (a negative increment, as their last draw showed): they have handed out
+        # every value from their start down to their last value, so a key is ahead of them when it is below it.
+        self._descending: set[str] = set()
         self._pool_isolation: str | None = None        # the isolation level of a checked-out connection
         self.idle = IdleConnections(engine)
 
@@ -356,8 +359,10 @@ class Catalog:
                 self._key_sizes[sequence] = (size, since, now)
                 size = max(size, min(8 * count, KEY_BLOCK_MAX), count - len(keys))
             values, drawn = self._draw(sequence, size)
+            down = len(values) > 1 and values[0] > values[1]     # (nextval's order; KEY_BLOCK values at least)
             values.sort(reverse=True)
             with self._mutex:
+                (self._descending.add if down else self._descending.discard)(sequence)
                 self._remember_block(sequence, values, drawn)
                 self._key_blocks.setdefault(sequence, []).extend(values)
 
@@ -407,7 +412,8 @@ class Catalog:
         """Raise :class:`~activedb.errors.GeneratedKeysReset` if a value in ``used`` (sequence -> values a
         transaction is about to insert) was drawn from a sequence that has since been reset: its storage
         changed (``TRUNCATE ... RESTART IDENTITY``, ``ALTER SEQUENCE ... RESTART``) or its last value is
-        now below the value (``setval``) — the sequence would hand the value out again.  The cached blocks
+        now below the value (``setval``; above it, for a sequence that counts down) — the sequence would hand the
+        value out again.  The cached blocks
         of such a sequence are dropped.  One query for all sequences (:meth:`generated_keys_check`); values this
         catalog did not draw (explicit keys) are not judged here (an insert that collides still fails with
         ``DuplicateKey``)."""
@@ -429,6 +435,7 @@ class Catalog:
             # blocks of each sequence it reset (a TRUNCATE … RESTART IDENTITY of several tables), so that the re-run
             # draws every one afresh, rather than one more re-run per sequence.
             histories = {sequence: list(history) for sequence, history in self._key_history.items() if history}
+            descending = self._descending & histories.keys()
 
         def judge(rows: Sequence[tuple[str, int, int | None]]) -> None:
             found: GeneratedKeysReset | None = None
@@ -438,13 +445,16 @@ class Catalog:
                     stale, last_value = True, 0
                 else:
                     stale = history[-1][2] != storage
+                down = sequence in descending     # (then a value not handed out yet is below the last value)
                 for value in used.get(sequence, ()):   # (the block search last: it tells a key drawn here from another)
-                    if (stale or value > last_value) and any(low <= value <= high for low, high, _ in history):
+                    ahead = value < last_value if down else value > last_value
+                    if (stale or ahead) and any(low <= value <= high for low, high, _ in history):
                         found = found or self.keys_reset(sequence, value)
                         break
                 else:
-                    if sequence not in used and (stale or last_value < history[-1][1]):
-                        self.invalidate_key_blocks(sequence)       # (set back below its last block: a reset)
+                    set_back = last_value > history[-1][0] if down else last_value < history[-1][1]
+                    if sequence not in used and (stale or set_back):
+                        self.invalidate_key_blocks(sequence)       # (set back behind its last block: a reset)
             if found is not None:
                 raise found
 
