@@ -438,6 +438,9 @@ def _extra_check(column: sa.Column[Any]) -> Callable[[Any], str | None] | None:
     """A check beyond the Python type for values of ``column``: returns a function
     ``value -> problem or None``, or None when the type check is enough."""
     column_type = column.type
+    if isinstance(column_type, sa.ARRAY):
+        element = sa.Column("element", column_type.item_type)
+        return partial(_elements_problem, _python_type(element), _extra_check(element), str(column_type.item_type))
     if isinstance(column_type, sa.Enum) and column_type.enums:
         return partial(_enum_problem, tuple(column_type.enums))
     if isinstance(column_type, (sa.String, sa.Text, sa.Enum)):
@@ -456,6 +459,31 @@ def _extra_check(column: sa.Column[Any]) -> Callable[[Any], str | None] | None:
         return _uuid_problem
     if isinstance(column_type, sa.Date):
         return _date_problem
+    return None
+
+
+def _elements_problem(accepted: tuple[type, ...] | None, check: Callable[[object], str | None] | None,
+                      element_type: str, value: Iterable[object], path: str = "") -> str | None:
+    """Why an array column whose elements are ``element_type`` (Python types ``accepted``, further check ``check``,
+    as ``TableInfo.check_value`` has them for such a column; None: left to PostgreSQL) cannot take ``value`` (a list
+    or tuple), or None: its first element that is no such value.  None is NULL; a list or tuple where the element
+    type takes none is a further dimension, walked the same way."""
+    for index, item in enumerate(value):
+        where = f"{path}[{index}]"
+        if item is None:
+            continue
+        if isinstance(item, (list, tuple)) and (accepted is None or not isinstance(item, accepted)):
+            problem = _elements_problem(accepted, check, element_type, item, where)
+            if problem is not None:
+                return problem
+            continue
+        if accepted is not None and (not isinstance(item, accepted) or (
+                isinstance(item, bool) and bool not in accepted and object not in accepted)):
+            return (f"element {where} is {item!r} ({type(item).__name__}), not a value of its element type "
+                    f"{element_type}")
+        problem = check(item) if check is not None else None
+        if problem is not None:
+            return f"element {where}: {problem}"
     return None
 
 

@@ -3,9 +3,13 @@ PostgreSQL fills it.  Real PostgreSQL."""
 
 from __future__ import annotations
 
+import datetime
 import decimal
 
+import pytest
 import sqlalchemy as sa
+
+import activedb
 
 
 def test_a_new_row_shows_each_constant_default_as_the_stored_row_holds_it(db):
@@ -29,3 +33,27 @@ def test_a_new_row_shows_each_constant_default_as_the_stored_row_holds_it(db):
     assert fresh == stored
     assert {name: type(value) for name, value in fresh.items()} == {
         name: type(value) for name, value in stored.items()}
+
+
+def test_an_array_column_refuses_at_the_write_an_element_postgresql_would_refuse(db):
+    """Every element of an array column's value is checked as a value of its element type (None is NULL; a nested
+    list is a further dimension), so that an element PostgreSQL would refuse fails the write with ``InvalidValue``
+    naming the column and the element — the write alone (a rule's subtransaction fails alone), not the commit of
+    the whole tree.  Before, an array passed as soon as it was a list: ``['x']`` in an ``integer[]``, an integer out
+    of its range, a bool, a text holding NUL failed the commit (``DatabaseError``) with everything else it wrote."""
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("CREATE TABLE with_arrays (id integer PRIMARY KEY, counts integer[], "
+                                   "tags text[], days date[], grid smallint[][])"))
+    refused = [("counts", [1, "x"], r"\[1\] is 'x' \(str\)"), ("counts", [True], r"\[0\] is True"),
+               ("tags", ["a", "b\x00"], r"\[1\]: .*NUL"),
+               ("days", [datetime.date(2026, 1, 1), datetime.datetime(2026, 1, 1, 12)], r"\[1\]: .*time of day"),
+               ("grid", [[1, 2], [3, 2**15]], r"\[1\]\[1\]: 32768 is outside")]
+    with db.transaction() as tx:
+        for column, value, message in refused:
+            with pytest.raises(activedb.InvalidValue, match=rf"with_arrays\.{column} .*element {message}"):
+                tx.write("with_arrays", 1, **{column: value})
+        tx.write("with_arrays", 1, counts=[1, None, -2], tags=("a", None), days=[datetime.date(2026, 1, 1)],
+                 grid=[[1, 2], [3, None]])
+    with db.transaction() as tx:
+        assert tx.read("with_arrays", 1) == {"id": 1, "counts": [1, None, -2], "tags": ["a", None],
+                                             "days": [datetime.date(2026, 1, 1)], "grid": [[1, 2], [3, None]]}
