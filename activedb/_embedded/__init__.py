@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import errno
 import fcntl
 import json
 import os
@@ -70,9 +71,14 @@ def _file_lock(path: Path) -> Iterator[None]:
     try:
         descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     except OSError as error:
+        if error.errno == errno.ELOOP:      # (O_NOFOLLOW: the file is a link)
+            raise EmbeddedServerError(
+                f"cannot open the lock file {path} ({error}); if it is a symbolic link someone may have "
+                f"planted it: remove it and connect again") from None
         raise EmbeddedServerError(
-            f"cannot open the lock file {path} ({error}); if it is a symbolic link someone may have "
-            f"planted it: remove it and connect again") from None
+            f"cannot create the lock file {path} ({error.strerror or error}): ACTIVEDB_HOME {path.parent} must be "
+            f"writable by you — make it writable (chmod u+w {path.parent}) or set ACTIVEDB_HOME to a directory of your "
+            f"own (nothing was touched)") from None
     fcntl.flock(descriptor, fcntl.LOCK_EX)
     try:
         yield

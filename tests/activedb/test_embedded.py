@@ -342,3 +342,36 @@ def test_a_normal_user_runs_the_server_as_itself(tmp_path):
     finally:
         wait_until(lambda: not _postmasters(base / ".local" / "share" / "activedb" / "pgdata"), 30, "server stop")
         shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.mark.skipif(not _as_nobody_available(), reason="needs root and setpriv to act as another user")
+def test_a_home_the_user_cannot_write_is_refused_saying_so_not_as_a_planted_link():
+    """An ``ACTIVEDB_HOME`` of the user's own that the user may not write (mode 0500 here; a read-only mount alike)
+    cannot hold the lock file: the error says the home must be writable, and what to do.  Before, every failure to
+    open the lock file was put down to a symbolic link someone may have planted ("remove it and connect again"),
+    for a file that did not exist; only a link (``O_NOFOLLOW``'s ELOOP) is one."""
+    base = Path(tempfile.mkdtemp(prefix="activedb-nobody-"))
+    try:
+        home = base / "home"
+        home.mkdir(mode=0o500)
+        for directory in (base, home):
+            os.chown(directory, NOBODY, NOBODY)
+        script = textwrap.dedent(
+            """
+            import sys, activedb
+            try:
+                activedb.connect(home=sys.argv[1])
+            except activedb.EmbeddedServerError as error:
+                print(error)
+            """)
+        env = {key: value for key, value in os.environ.items() if not key.startswith(("ACTIVEDB_", "XDG_"))}
+        env.update(HOME=str(base), PYTHONPATH=os.environ.get("PYTHONPATH", ""))
+        done = subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", sys.executable,
+                               "-c", script, str(home)], capture_output=True, text=True, env=env, timeout=180, cwd=base)
+        assert done.returncode == 0, done.stderr[-3000:]
+        message = done.stdout.strip()
+        assert "Permission denied" in message and f"ACTIVEDB_HOME {home}" in message and "writable" in message, message
+        assert "symbolic link" not in message and "planted" not in message, message
+        assert not (home / "pgdata").exists()
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
