@@ -523,12 +523,15 @@ def _converter(column: sa.Column[object]) -> Callable[[object], object] | None:
     conversion into the one it gives back (``TableInfo.key``, ``TableInfo.normalised``), or None.  A uuid column
     reads as ``uuid.UUID`` (``as_uuid``, SQLAlchemy's default) or as its canonical text; either is accepted.  A
     ``numeric`` column reads as ``Decimal``, which equals an ``int`` of the same number but not every ``float``
-    (``Decimal('0.1') != 0.1``): a float is taken as the decimal it prints as (``_as_decimal``).  A ``date`` column
+    (``Decimal('0.1') != 0.1``): a float is taken as the decimal it prints as (``_as_decimal``).  A ``char(n)`` column
+    reads as its text padded with spaces to ``n`` (``_as_padded``).  A ``date`` column
     reads as ``date``, which never equals a ``datetime``: a midnight one (the only one ``_date_problem`` lets
     through) is taken as its date."""
     column_type = column.type
     if isinstance(column_type, sa.Uuid):
         return _as_uuid if column_type.as_uuid else _as_uuid_text
+    if isinstance(column_type, sa.CHAR) and column_type.length is not None:
+        return partial(_as_padded, length=column_type.length)
     if isinstance(column_type, sa.Numeric) and not isinstance(column_type, sa.Float) and column_type.asdecimal:
         scale = column_type.scale
         return _as_decimal if scale is None else partial(_as_decimal, places=decimal.Decimal(1).scaleb(-scale))
@@ -554,6 +557,16 @@ def _as_decimal(value: object, places: decimal.Decimal | None = None) -> object:
         return value
     # (enough digits for the result, which has at most one more than the value: quantize refuses to round beyond them)
     return value.quantize(places, decimal.ROUND_HALF_UP, decimal.Context(prec=len(value.as_tuple().digits) + 1))
+
+
+def _as_padded(value: object, length: int) -> object:
+    """A checked value of a ``char(length)`` column as PostgreSQL gives it back: padded with spaces to ``length``
+    (its trailing spaces, which PostgreSQL ignores in comparisons and cuts to fit, as it stores it).  A longer one
+    is left as it is (PostgreSQL refuses it)."""
+    if not isinstance(value, str):
+        return value
+    text = value.rstrip(" ")
+    return text.ljust(length) if len(text) <= length else value
 
 
 def _as_date(value: object) -> object:

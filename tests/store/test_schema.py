@@ -57,3 +57,26 @@ def test_an_array_column_refuses_at_the_write_an_element_postgresql_would_refuse
     with db.transaction() as tx:
         assert tx.read("with_arrays", 1) == {"id": 1, "counts": [1, None, -2], "tags": ["a", None],
                                              "days": [datetime.date(2026, 1, 1)], "grid": [[1, 2], [3, None]]}
+
+
+def test_a_char_n_key_names_its_row_as_postgresql_gives_it_back_padded(db):
+    """A ``char(n)`` value comes back padded with spaces to ``n`` (PostgreSQL ignores trailing spaces when it
+    compares such values): a key of such a column names the row PostgreSQL gives back (``'ab'`` is ``'ab   '`` of a
+    ``char(5)``), as a uuid's text names its ``UUID`` — reads by the key, ``read_many``, ``insert``'s existence check
+    and a scan's equalities find the row.  Before, ``tx.read('codes', 'ab')`` of the committed row was None (a read
+    for update found it), ``insert`` failed at the commit with ``DuplicateKey``, and the scans found nothing."""
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("CREATE TABLE codes (code char(5) PRIMARY KEY, tag char(3), uses integer)"))
+    db.run(lambda tx: tx.write("codes", "ab", tag="x", uses=1))
+    stored = {"code": "ab   ", "tag": "x  ", "uses": 1}
+    with db.transaction() as tx:
+        assert tx.read("codes", "ab") == stored
+        assert tx.read_many("codes", ["ab"]) == {"ab": stored}
+        assert tx.scan("codes", {"code": "ab"}) == [stored]
+        assert tx.scan("codes", {"tag": "x"}) == [stored]
+        with pytest.raises(activedb.DuplicateKey):
+            tx.insert("codes", code="ab", uses=2)
+        tx.write("codes", "ab", uses=2)
+        assert tx.read("codes", "ab   ") == {**stored, "uses": 2}
+    with db.engine.connect() as connection:
+        assert connection.execute(sa.text("SELECT code, uses FROM codes")).all() == [("ab   ", 2)]
