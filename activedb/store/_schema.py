@@ -524,7 +524,8 @@ def _converter(column: sa.Column[object]) -> Callable[[object], object] | None:
     reads as ``uuid.UUID`` (``as_uuid``, SQLAlchemy's default) or as its canonical text; either is accepted.  A
     ``numeric`` column reads as ``Decimal``, which equals an ``int`` of the same number but not every ``float``
     (``Decimal('0.1') != 0.1``): a float is taken as the decimal it prints as (``_as_decimal``).  A ``char(n)`` column
-    reads as its text padded with spaces to ``n`` (``_as_padded``).  A ``date`` column
+    reads as its text padded with spaces to ``n`` (``_as_padded``), a ``timestamp(p)`` column as its value rounded to
+    ``p`` fractional digits (``_as_timestamp_of``).  A ``date`` column
     reads as ``date``, which never equals a ``datetime``: a midnight one (the only one ``_date_problem`` lets
     through) is taken as its date."""
     column_type = column.type
@@ -532,6 +533,9 @@ def _converter(column: sa.Column[object]) -> Callable[[object], object] | None:
         return _as_uuid if column_type.as_uuid else _as_uuid_text
     if isinstance(column_type, sa.CHAR) and column_type.length is not None:
         return partial(_as_padded, length=column_type.length)
+    precision = getattr(column_type, "precision", None)
+    if isinstance(column_type, sa.DateTime) and isinstance(precision, int) and 0 <= precision < 6:
+        return partial(_as_timestamp_of, scale=10 ** (6 - precision))
     if isinstance(column_type, sa.Numeric) and not isinstance(column_type, sa.Float) and column_type.asdecimal:
         scale = column_type.scale
         return _as_decimal if scale is None else partial(_as_decimal, places=decimal.Decimal(1).scaleb(-scale))
@@ -567,6 +571,28 @@ def _as_padded(value: object, length: int) -> object:
         return value
     text = value.rstrip(" ")
     return text.ljust(length) if len(text) <= length else value
+
+
+#: PostgreSQL's epoch, from which it rounds a timestamp to its column's precision.
+_PG_EPOCH = datetime.datetime(2000, 1, 1)
+_PG_EPOCH_UTC = _PG_EPOCH.replace(tzinfo=datetime.timezone.utc)
+
+
+def _as_timestamp_of(value: object, scale: int) -> object:
+    """A checked value of a ``timestamp(p)`` column (``scale``: ``10 ** (6 - p)`` microseconds) as PostgreSQL
+    gives it back: rounded to ``p`` fractional digits half away from PostgreSQL's epoch, 2000-01-01, as it rounds
+    what it stores (an aware one in UTC, equal to it).  One already of that precision, or whose rounding leaves the
+    years a datetime holds, is left as it is."""
+    if not isinstance(value, datetime.datetime) or value.microsecond % scale == 0:
+        return value
+    epoch = _PG_EPOCH_UTC if value.utcoffset() is not None else _PG_EPOCH
+    micros = (value - epoch) // datetime.timedelta(microseconds=1)
+    half = scale // 2
+    rounded = (micros + half) // scale * scale if micros >= 0 else -((half - micros) // scale * scale)
+    try:        # (from the epoch, not the value: an aware one's wall clock may skip or repeat an hour)
+        return epoch + datetime.timedelta(microseconds=rounded)
+    except OverflowError:
+        return value
 
 
 def _as_date(value: object) -> object:

@@ -80,3 +80,28 @@ def test_a_char_n_key_names_its_row_as_postgresql_gives_it_back_padded(db):
         assert tx.read("codes", "ab   ") == {**stored, "uses": 2}
     with db.engine.connect() as connection:
         assert connection.execute(sa.text("SELECT code, uses FROM codes")).all() == [("ab   ", 2)]
+
+
+def test_a_timestamp_key_of_a_precision_names_the_row_postgresql_rounds_it_to(db):
+    """A ``timestamptz(0)`` (``timestamp(p)``) column keeps ``p`` fractional digits, rounding a value half away from
+    PostgreSQL's epoch (2000-01-01): a key with more digits names the row PostgreSQL stores and gives back, as a
+    ``numeric(10, 2)`` key is rounded to its scale.  Before, ``tx.read`` by the key written returned None, and
+    ``insert`` of it failed the commit with ``DuplicateKey``."""
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("CREATE TABLE rounded_stamps (at timestamptz(0) PRIMARY KEY, uses integer)"))
+    utc = datetime.timezone.utc
+    given = {datetime.datetime(2026, 1, 1, 0, 0, 0, 600000, tzinfo=utc): datetime.datetime(2026, 1, 1, 0, 0, 1, tzinfo=utc),
+             datetime.datetime(2026, 1, 2, 0, 0, 0, 500000, tzinfo=utc): datetime.datetime(2026, 1, 2, 0, 0, 1, tzinfo=utc),
+             datetime.datetime(1999, 12, 31, 23, 59, 59, 500000, tzinfo=utc):
+                 datetime.datetime(1999, 12, 31, 23, 59, 59, tzinfo=utc),
+             datetime.datetime(2026, 1, 3, 5, 30, 0, 400000, tzinfo=datetime.timezone(datetime.timedelta(hours=5))):
+                 datetime.datetime(2026, 1, 3, 0, 30, tzinfo=utc)}
+    for number, key in enumerate(given):
+        db.run(lambda tx: tx.write("rounded_stamps", key, uses=number))
+    with db.engine.connect() as connection:
+        assert set(connection.execute(sa.text("SELECT at FROM rounded_stamps")).scalars()) == set(given.values())
+    with db.transaction() as tx:
+        for number, (key, stored) in enumerate(given.items()):
+            assert tx.read("rounded_stamps", key) == {"at": stored, "uses": number}, key
+            with pytest.raises(activedb.DuplicateKey):
+                tx.insert("rounded_stamps", at=key, uses=9)
