@@ -5,6 +5,7 @@ describing one for a message, and masking passwords in any text that may show on
 from __future__ import annotations
 
 import re
+import urllib.parse
 
 from sqlalchemy.engine import URL, make_url
 
@@ -50,6 +51,12 @@ def normalise_url(url: str | URL) -> URL:
             f"write it with postgresql:// (or postgresql+psycopg://) at its start")
     if backend in ("postgresql", "postgres"):
         parsed = parsed.set(drivername="postgresql+psycopg")
+    if parsed.host and "%" in parsed.host and "host" not in parsed.query:
+        # libpq's URL names a unix socket's directory as the host, percent-encoded (postgresql://%2Fvar%2Frun%2Fpg/db);
+        # SQLAlchemy keeps it as written, which the driver would look up as a host name.
+        directory = urllib.parse.unquote(parsed.host)
+        if directory.startswith("/"):
+            parsed = parsed.set(host=None, query={**parsed.query, "host": directory})
     if "password" in parsed.query:
         query = {key: value for key, value in parsed.query.items() if key != "password"}
         secret = parsed.query["password"]

@@ -236,3 +236,29 @@ def test_a_postgresql_url_of_another_driver_says_to_write_it_for_psycopg(url):
     assert "s3cret" not in str(refused.value) and "needs PostgreSQL" not in str(refused.value)
     result = CliRunner().invoke(main, ["--url", url, "db", "current"])
     assert result.exit_code == 1 and result.output.startswith("activedb: error: "), result.output
+
+
+def test_a_url_whose_host_is_a_percent_encoded_socket_directory_connects_through_it(database_url):
+    """libpq's URL form names a unix socket's directory as the host, percent-encoded
+    (``postgresql://user@%2Fvar%2Frun%2Fpostgresql/db``, its documentation's example): the driver gets the directory.
+    Before, SQLAlchemy kept the host as written and the driver looked ``%2Fvar%2Frun%2Fpostgresql`` up as a host
+    name — ``DatabaseUnavailable`` ("failed to resolve host"), for a URL libpq itself connects with."""
+    import urllib.parse
+
+    from activedb._url import normalise_url
+    from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
+
+    _, arguments = PGDialect_psycopg().create_connect_args(normalise_url("postgresql://u@%2Frun%2Fpg:6001/payroll"))
+    assert (arguments["host"], arguments["port"], arguments["dbname"]) == ("/run/pg", 6001, "payroll")
+    given = sa.engine.make_url(database_url)
+    socket = given.query.get("host")
+    if not socket:
+        pytest.skip("the test server is not reached through a unix socket")
+    url = (f"postgresql://{urllib.parse.quote(given.username or '', safe='')}:"
+           f"{urllib.parse.quote(given.password or '', safe='')}@{urllib.parse.quote(socket, safe='')}/{given.database}")
+    database = activedb.connect(url, upgrade=False)
+    try:
+        with database.engine.connect() as connection:
+            assert connection.execute(sa.text("SELECT current_database()")).scalar() == given.database
+    finally:
+        database.close()
