@@ -103,9 +103,9 @@ def _is_nan(value: object) -> bool:
 
 def matches(image: dict[str, object], where: Mapping[str, object] | Callable[[dict[str, object]], bool] | None) -> bool:
     """Whether a row ``image`` satisfies a scan's ``where``: None (every row), a mapping of column to value
-    (all equal), or a predicate on the image."""
+    (all equal, as PostgreSQL's ``=`` finds them: a NaN equals a NaN, ``same_image``), or a predicate on the image."""
     if where is None:
         return True
     if callable(where) and not isinstance(where, Mapping):
         return bool(where(image))
-    return all(image.get(column) == value for column, value in where.items())
+    return all(same_image(image.get(column), value) for column, value in where.items())

@@ -1283,6 +1283,23 @@ def test_a_row_holding_nan_can_be_read_by_a_transaction_that_commits(db):
     assert committed(db, "measures")[(2,)]["reading"] == 2.5
 
 
+def test_a_scan_equality_with_nan_finds_the_rows_holding_nan(db):
+    """A scan's equality ``{'reading': nan}`` finds the rows holding NaN, as PostgreSQL's ``=`` does (``'NaN' =
+    'NaN'`` is true there) — the committed rows and the transaction's own writes alike, in ``double precision`` and
+    ``numeric`` columns.  Before, PostgreSQL returned them and the scan's second look in Python (``store.matches``,
+    ``==``, never true for NaN) dropped every one: the scan found nothing."""
+    import decimal
+
+    _empty(db, "measures")
+    db.run(lambda tx: [tx.write("measures", 1, reading=float("nan"), exact=decimal.Decimal("NaN")),
+                       tx.write("measures", 2, reading=1.5, exact=decimal.Decimal("2"))])
+    with db.transaction() as tx:
+        tx.write("measures", 3, reading=float("nan"), exact=decimal.Decimal("3"))
+        assert sorted(row["id"] for row in tx.scan("measures", {"reading": float("nan")})) == [1, 3]
+        assert [row["id"] for row in tx.scan("measures", {"exact": decimal.Decimal("NaN")})] == [1]
+        assert [row["id"] for row in tx.scan("measures", {"reading": 1.5})] == [2]
+
+
 def test_a_scan_equality_on_a_json_column_compares_as_jsonb(db):
     """``json`` (SQLAlchemy's ``sa.JSON`` on PostgreSQL) has no ``=`` in PostgreSQL: a scan's equality on such a
     column compares the values as ``jsonb`` (equal as the dicts read back are).  Before, the scan raised
