@@ -12,6 +12,7 @@ import decimal
 import json
 import math
 import re
+import struct
 import uuid
 from functools import partial
 from typing import Any, Callable, Hashable, Iterable, Literal, Mapping, TypeVar, Unpack
@@ -26,6 +27,13 @@ _Statement = TypeVar("_Statement")
 
 # Integer column ranges PostgreSQL enforces (smallint, integer, bigint).
 _INTEGER_RANGES = ((sa.SmallInteger, 2**15), (sa.BigInteger, 2**63), (sa.Integer, 2**31))
+# What the quick tests of float columns take at once (the full check, ``_float_problem``, decides the rest): an int
+# of a magnitude below these (a double holds every one below 2**1024, a real below 2**128), and for a real a float of
+# its normal range or 0.
+_DOUBLE_INT_BOUND = 2**1023
+_REAL_INT_BOUND = 2**127
+_REAL_MAX = 3.4028234663852886e38
+_REAL_NORMAL_MIN = 1.1754943508222875e-38
 
 
 class TableInfo:
@@ -70,7 +78,8 @@ class TableInfo:
                        for name, column in self.columns.items()}
         # The columns whose test is ``_quick_text`` / ``_quick_number``: ``key`` and ``check_values`` run it inline.
         self._text = frozenset(name for name, quick in self._quick.items() if quick is _quick_text)
-        self._numbers = frozenset(name for name, quick in self._quick.items() if quick is _quick_number)
+        self._numbers = frozenset(name for name, quick in self._quick.items()
+                                  if quick is _quick_number or quick is _quick_double)
         # Per column, a test of a whole column of values at once, or None: ``check_column``'s way without a Python
         # call per value.
         self._quick_columns = {name: None if name in self._computed else _quick_column_check(column)
@@ -453,6 +462,8 @@ def _extra_check(column: sa.Column[Any]) -> Callable[[Any], str | None] | None:
                             f"[{-bound}, {bound - 1}]")
 
                 return out_of_range
+    if isinstance(column_type, sa.Float):
+        return partial(_float_problem, _is_real(column_type))
     if isinstance(column_type, (sa.JSON, postgresql.JSONB)):
         return json_problem
     if isinstance(column_type, sa.Uuid):
@@ -484,6 +495,36 @@ def _elements_problem(accepted: tuple[type, ...] | None, check: Callable[[object
         problem = check(item) if check is not None else None
         if problem is not None:
             return f"element {where}: {problem}"
+    return None
+
+
+def _is_real(column_type: sa.types.TypeEngine[object]) -> bool:
+    """Whether a float column is ``real`` (float4; SQLAlchemy's ``Float(precision=p)`` with ``p <= 24`` is one)."""
+    precision = getattr(column_type, "precision", None)
+    return isinstance(column_type, sa.REAL) or (isinstance(precision, int) and precision <= 24)
+
+
+def _float_problem(real: bool, value: object) -> str | None:
+    """Why a ``double precision`` column (``real``: a ``real`` one) cannot take ``value`` (an int, float or Decimal),
+    or None: PostgreSQL refuses a number beyond the type's range, and one so close to 0 that the type would hold 0;
+    infinities and NaN it takes."""
+    kind = "real" if real else "double precision"
+    if isinstance(value, decimal.Decimal) and value.is_nan():
+        return None
+    try:
+        number = float(value)  # type: ignore[arg-type]  # (an int, float or Decimal: the type was checked)
+    except OverflowError:               # an int beyond a double
+        return f"{value!r} is outside the range of {kind}"
+    if isinstance(value, decimal.Decimal) and value.is_finite() and (
+            math.isinf(number) or (number == 0.0 and not value.is_zero())):
+        return f"{value!r} is outside the range of {kind}"
+    if real and math.isfinite(number):
+        try:
+            single = struct.unpack("<f", struct.pack("<f", number))[0]
+        except OverflowError:           # (float4's rounding of it is no finite number)
+            return f"{value!r} is outside the range of real"
+        if single == 0.0 and number != 0.0:
+            return f"{value!r} is outside the range of real (too close to 0: it would be stored as 0)"
     return None
 
 
@@ -612,7 +653,8 @@ def _as_uuid_text(value: object) -> str:
 def _quick_check(column: sa.Column[Any]) -> Callable[[Any], bool] | None:
     """A test ``value -> bool`` that is true only for values ``TableInfo.check_value`` accepts (an ``int``
     in an integer column's range, a ``str`` without NUL that is ASCII in a text column, an ``int`` or
-    ``float`` in a float column: exact types, so ``bool`` and subclasses take the full check), or None.
+    ``float`` in a numeric column, and in a float column one well within its type's range: exact types, so ``bool``
+    and subclasses take the full check), or None.
     False only means the full check, which says what is wrong."""
     column_type = column.type
     if isinstance(column_type, sa.Boolean):
@@ -628,7 +670,9 @@ def _quick_check(column: sa.Column[Any]) -> Callable[[Any], bool] | None:
         return lambda value: value.__class__ is str and value in labels
     if isinstance(column_type, (sa.String, sa.Text, sa.Enum)):
         return _quick_text
-    if isinstance(column_type, (sa.Float, sa.Numeric)):
+    if isinstance(column_type, sa.Float):
+        return _quick_real if _is_real(column_type) else _quick_double
+    if isinstance(column_type, sa.Numeric):
         return _quick_number
     return None
 
@@ -641,11 +685,28 @@ def _quick_number(value: object) -> bool:
     return value.__class__ is float or value.__class__ is int
 
 
+def _quick_double(value: object) -> bool:
+    return type(value) is float or (type(value) is int and -_DOUBLE_INT_BOUND < value < _DOUBLE_INT_BOUND)
+
+
+def _quick_real(value: object) -> bool:
+    if type(value) is float:
+        return _REAL_NORMAL_MIN <= abs(value) <= _REAL_MAX or value == 0.0
+    return type(value) is int and -_REAL_INT_BOUND < value < _REAL_INT_BOUND
+
+
 _FLOAT_KINDS = frozenset({float, int})
 
 
 def _floats_or_ints(values: list[object]) -> bool:
     return set(map(type, values)) <= _FLOAT_KINDS
+
+
+def _doubles(values: list[object]) -> bool:
+    """Every value an exact ``float``, or an exact ``int`` ``_quick_double`` takes."""
+    kinds = set(map(type, values))
+    return kinds <= _FLOAT_KINDS and (int not in kinds or all(
+        -_DOUBLE_INT_BOUND < value < _DOUBLE_INT_BOUND for value in values if value.__class__ is int))
 
 
 def _plain_texts(values: list[object]) -> bool:
@@ -665,7 +726,9 @@ def _quick_column_check(column: sa.Column[object]) -> Callable[[list[object]], b
         return None             # (a test per value: ``_quick_check``'s of the labels)
     if isinstance(column_type, (sa.String, sa.Text, sa.Enum)):
         return _plain_texts
-    if isinstance(column_type, (sa.Float, sa.Numeric)):
+    if isinstance(column_type, sa.Float):
+        return None if _is_real(column_type) else _doubles      # (a real's floats: a test per value)
+    if isinstance(column_type, sa.Numeric):
         return _floats_or_ints
     return None
 

@@ -4,6 +4,7 @@ The oracle is the full check with the quick tests switched off.  No database: th
 
 from __future__ import annotations
 
+import decimal
 import enum
 
 import pytest
@@ -34,6 +35,7 @@ def _info(key: sa.types.TypeEngine = sa.BigInteger()) -> TableInfo:
         sa.Column("body", sa.Text),
         sa.Column("flag", sa.Boolean),
         sa.Column("ratio", sa.Float),
+        sa.Column("single", sa.REAL),
         sa.Column("amount", sa.Numeric(10, 2)),
     )
     return TableInfo(table)
@@ -57,6 +59,9 @@ VALUES = st.one_of(
     st.none(), st.booleans(), st.integers(min_value=-2**70, max_value=2**70), st.floats(allow_nan=True),
     st.text(), st.text(alphabet=st.characters(min_codepoint=0, max_codepoint=0x10FFFF)), st.binary(),
     st.integers(-5, 5).map(Flag), st.just(Colour.RED), st.decimals(allow_nan=False, places=2), st.just("\x00"), st.just("caf\u00e9"), st.just("\ud800"),
+    # (at and beyond the float types' ranges)
+    st.sampled_from([2**1023, 2**1024, -10**400, 2**127, 2**128, 1e39, -3.4e38, 1e-38, 1e-40, 1e-46, 0.0, -0.0,
+                     decimal.Decimal("1e400"), decimal.Decimal("1e-400"), decimal.Decimal("NaN")]),
 )
 
 
@@ -67,7 +72,7 @@ def _outcome(check, *args):
         return ("refused", type(error).__name__, str(error))
 
 
-@pytest.mark.parametrize("column", ["id", "small", "number", "name", "body", "flag", "ratio", "amount"])
+@pytest.mark.parametrize("column", ["id", "small", "number", "name", "body", "flag", "ratio", "single", "amount"])
 @given(value=VALUES)
 def test_a_quick_check_accepts_exactly_what_the_full_check_accepts(column, value):
     assert _outcome(INFO.check_value, column, value) == _outcome(ORACLE.check_value, column, value)
@@ -79,9 +84,10 @@ def _each(check, column, values):
         check(column, value)
 
 
-@pytest.mark.parametrize("column", ["id", "small", "number", "name", "body", "flag", "ratio", "amount"])
+@pytest.mark.parametrize("column", ["id", "small", "number", "name", "body", "flag", "ratio", "single", "amount"])
 @given(values=st.one_of(st.lists(VALUES, max_size=8), st.lists(st.floats(allow_nan=True), max_size=8),
-                        st.lists(st.text(), max_size=8), st.lists(st.integers(-2**40, 2**40), max_size=8)))
+                        st.lists(st.text(), max_size=8), st.lists(st.integers(-2**40, 2**40), max_size=8),
+                        st.lists(st.one_of(st.floats(), st.integers()), max_size=8)))
 def test_a_whole_column_is_accepted_exactly_when_each_of_its_values_is(column, values):
     """``check_column`` (a whole column tested at once where its type allows) accepts a column exactly when the
     full check accepts each value, and otherwise refuses the first value the full check refuses."""
@@ -112,4 +118,6 @@ def test_the_quick_tests_cover_the_common_columns_and_leave_the_rest_to_the_full
     assert INFO._quick_columns["body"](["ok", "fine"]) and not INFO._quick_columns["body"](["ok", "a\x00"])
     assert not INFO._quick_columns["body"](["ok", "caf\u00e9"]) and not INFO._quick_columns["body"](["ok", None])
     assert INFO._quick_columns["ratio"]([1.5, 2]) and not INFO._quick_columns["ratio"]([1.5, True])
+    assert INFO._quick["ratio"](2**1000) and not INFO._quick["ratio"](2**1024) and not INFO._quick_columns["ratio"]([2**1024])
+    assert INFO._quick["single"](3e38) and not INFO._quick["single"](1e39) and not INFO._quick["single"](1e-40)
     assert INFO._quick_columns["id"] is None and INFO._quick_columns["flag"] is None

@@ -105,3 +105,28 @@ def test_a_timestamp_key_of_a_precision_names_the_row_postgresql_rounds_it_to(db
             assert tx.read("rounded_stamps", key) == {"at": stored, "uses": number}, key
             with pytest.raises(activedb.DuplicateKey):
                 tx.insert("rounded_stamps", at=key, uses=9)
+
+
+def test_a_float_column_refuses_at_the_write_a_number_beyond_its_range(db):
+    """A ``double precision`` column holds no integer or decimal beyond a double's range (``10**400``), and a
+    ``real`` none beyond a float4's (``1e39``) nor one so close to 0 that it would be stored as 0 (``1e-50``):
+    PostgreSQL refuses them ("out of range"), so the write does, with ``InvalidValue`` naming the column.  Before,
+    they passed (any ``int``, ``float`` or ``Decimal`` did) and the commit failed with ``DatabaseError``, the whole
+    tree with it.  What PostgreSQL takes still passes: the largest double, infinities, NaN, a real's subnormals."""
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("CREATE TABLE float_ranges (id integer PRIMARY KEY, wide double precision, "
+                                   "single real)"))
+    refused = [("wide", 10**400), ("wide", -2**1100), ("wide", decimal.Decimal("1e400")),
+               ("wide", decimal.Decimal("1e-400")), ("single", 1e39), ("single", -1e39), ("single", 10**40),
+               ("single", 1e-50), ("single", decimal.Decimal("1e39"))]
+    taken = [(1.7976931348623157e308, 3.4e38), (float("inf"), float("-inf")), (10**300, 1e-40), (-5, 2**100),
+             (decimal.Decimal("1e300"), decimal.Decimal("-1.5"))]
+    with db.transaction() as tx:
+        for column, value in refused:
+            with pytest.raises(activedb.InvalidValue, match=rf"float_ranges\.{column} .*outside the range|too close"):
+                tx.write("float_ranges", 1, **{column: value})
+        for number, (wide, single) in enumerate(taken):
+            tx.write("float_ranges", number, wide=wide, single=single)
+        tx.write("float_ranges", 99, wide=float("nan"), single=float("nan"))
+    with db.engine.connect() as connection:
+        assert connection.execute(sa.text("SELECT count(*) FROM float_ranges")).scalar() == len(taken) + 1
