@@ -14,7 +14,9 @@ from activedb.errors import BadDatabaseURL
 
 # A password in a URL's user info (``scheme://user:SECRET@host``, also when the rest does not parse), and a
 # ``password=`` parameter (URL query, or libpq's ``key=value`` connection string; quoted values too).
-_URL_USERINFO_SECRET = re.compile(r"(://[^:/?#@\s]*:)([^\s@]*)(@)")
+# The secret runs to the "@" before the host, the last of the user info: a password may hold "@" unencoded (refused by
+# normalise_url, but shown in its message), and that "@" is followed by more "@" before the host's end.
+_URL_USERINFO_SECRET = re.compile(r"(://[^:/?#@\s]*:)(\S*?)(@)(?=[^\s@/?#]*(?:[/?#\s]|$))")
 _PASSWORD_PARAMETER = re.compile(
     r"""(?i)(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*"|[^\s&;,'"]+)""")
 MASK = "***"

@@ -92,6 +92,20 @@ def test_mask_secrets_covers_urls_queries_and_connection_strings():
     assert activedb.mask_secrets("no secrets here: user=alice") == "no secrets here: user=alice"
 
 
+def test_a_password_holding_an_unencoded_at_sign_is_masked_whole():
+    """A password with ``@`` written as it is (not ``%40``): the whole of it is masked, up to the ``@`` before the
+    host.  Before, the mask stopped at its first ``@`` and the rest of the password was shown, e.g. in
+    ``not a database URL: 'postgresql://alice:***@cret@…'`` for the password ``s3@cret``."""
+    assert activedb.mask_secrets("postgresql://alice:s3@cret@db.example/payroll") == \
+        "postgresql://alice:***@db.example/payroll"
+    assert activedb.mask_secrets("see postgresql://u:a@b@c@h:5/x?sslmode=off, then postgresql://v:pw@g/y") == \
+        "see postgresql://u:***@h:5/x?sslmode=off, then postgresql://v:***@g/y"
+    assert activedb.mask_secrets("'postgresql://u:pw@h'") == "'postgresql://u:***@h'"
+    with pytest.raises(activedb.BadDatabaseURL) as caught:
+        activedb.connect("postgresql://alice:s3@cret@127.0.0.1:notaport/payroll")
+    assert "cret" not in str(caught.value) and "127.0.0.1" in str(caught.value)
+
+
 def test_non_postgresql_url_is_refused():
     with pytest.raises(activedb.DatabaseUnavailable, match="needs PostgreSQL"):
         activedb.connect("sqlite:///x.db")
