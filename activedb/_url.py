@@ -17,8 +17,10 @@ from activedb.errors import BadDatabaseURL
 # The secret runs to the "@" before the host, the last of the user info: a password may hold "@" unencoded (refused by
 # normalise_url, but shown in its message), and that "@" is followed by more "@" before the host's end.
 _URL_USERINFO_SECRET = re.compile(r"(://[^:/?#@\s]*:)(\S*?)(@)(?=[^\s@/?#]*(?:[/?#\s]|$))")
+# (An unquoted value runs to a space, libpq's end of a value, or to "&", a URL query's: a "," ";" or quote inside
+# it is the password's.)
 _PASSWORD_PARAMETER = re.compile(
-    r"""(?i)(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*"|[^\s&;,'"]+)""")
+    r"""(?i)(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*"|[^\s&]+)""")
 MASK = "***"
 
 

@@ -106,6 +106,19 @@ def test_a_password_holding_an_unencoded_at_sign_is_masked_whole():
     assert "cret" not in str(caught.value) and "127.0.0.1" in str(caught.value)
 
 
+def test_a_password_parameter_holding_a_comma_semicolon_or_quote_is_masked_whole():
+    """An unquoted ``password=`` value runs to the next space (libpq's ``key=value``) or ``&`` (a URL's query), and
+    is masked whole.  Before, the mask stopped at a ``,``, ``;`` or quote inside it and showed the rest of the
+    password, e.g. in ``not a connection string: 'host=h password=***,cret …'``."""
+    assert activedb.mask_secrets("host=h password=se,cret dbname=d") == "host=h password=*** dbname=d"
+    assert activedb.mask_secrets("host=h password=se;cr'et\"x dbname=d") == "host=h password=*** dbname=d"
+    assert activedb.mask_secrets("postgresql://u@h/d?password=se,cret&sslmode=off") == \
+        "postgresql://u@h/d?password=***&sslmode=off"
+    with pytest.raises(activedb.BadDatabaseURL) as caught:
+        activedb.connect("host=127.0.0.1 password=s3,cret dbname='payroll")       # (an unterminated quote)
+    assert "cret" not in str(caught.value) and "127.0.0.1" in str(caught.value)
+
+
 def test_non_postgresql_url_is_refused():
     with pytest.raises(activedb.DatabaseUnavailable, match="needs PostgreSQL"):
         activedb.connect("sqlite:///x.db")
