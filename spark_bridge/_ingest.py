@@ -22,7 +22,8 @@ from activedb.lowlevel import check_switch
 
 from spark_bridge._foreach import foreach_batch
 from spark_bridge._scaleout import PartitionedIngestSink
-from spark_bridge._sink import WATERMARK_METADATA, IngestSink, QueryRun, SinkOptions, check_watermark_column
+from spark_bridge._sink import (WATERMARK_METADATA, IngestSink, QueryRun, SinkOptions, check_arrow_types, check_columns,
+                                check_watermark_column)
 from spark_bridge.errors import IngestError, MappingError, first_line
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -36,52 +37,6 @@ __all__ = ["IngestOptions", "end_of_stream", "ingest", "sink_of"]
 
 #: The attribute of the returned StreamingQuery (or DataStreamWriter) holding the sink.
 SINK_ATTRIBUTE = "activedb_sink"
-
-
-def _check_columns(streaming_df: DataFrame, mapping: EventMapping) -> None:
-    columns = list(streaming_df.columns)
-    # (every column the mapping names but the corrupt-record and line columns, which a source may lack)
-    named = (mapping.type_column, mapping.key_column, mapping.ts_column, mapping.producer_column,
-             mapping.accuracy_column, mapping.accuracy_minus_column, mapping.accuracy_plus_column,
-             mapping.local_ts_column, mapping.id_column)
-    wanted = [column for column in named if column is not None] + list(mapping.payload_columns or ())
-    missing = [column for column in wanted if column not in columns]
-    if missing:
-        raise IngestError(
-            f"the stream has no column {missing[0]!r} named by the mapping (its columns: {columns}); "
-            f"fix the EventMapping or select/rename the columns before ingest()")
-
-
-def _check_arrow_types(streaming_df: DataFrame, *, scale_out: bool) -> None:
-    """Refuse a column a batch cannot be converted to Arrow with — every batch of each path is, so such a column would
-    fail each one, replay after replay, and the stream stop for good.  The one-task path's ``toArrow()``
-    (``_sink.py``) has pyspark convert the batch's schema first, which refuses some types (a calendar interval from
-    ``make_interval``, a year-month interval).  The scale-out path's ``mapInArrow`` (``_scaleout.py``) carries a
-    calendar interval, but pyarrow cannot wrap a year-month interval array (``KeyError: 21`` in the task's worker,
-    before the task sees a row), at any depth of the column's type."""
-    from pyspark.sql.pandas.types import to_arrow_type
-    from pyspark.sql.types import ArrayType, DataType, MapType, StructType, YearMonthIntervalType
-
-    def year_month(data_type: DataType) -> bool:
-        if isinstance(data_type, ArrayType):
-            return year_month(data_type.elementType)
-        if isinstance(data_type, MapType):
-            return year_month(data_type.keyType) or year_month(data_type.valueType)
-        if isinstance(data_type, StructType):
-            return any(year_month(field.dataType) for field in data_type.fields)
-        return isinstance(data_type, YearMonthIntervalType)
-
-    for field in streaming_df.schema.fields:
-        try:       # (as DataFrame.toArrow converts the schema)
-            if scale_out and year_month(field.dataType):
-                raise TypeError("pyarrow cannot take a year-month interval from Spark's mapInArrow")
-            if not scale_out:
-                to_arrow_type(field.dataType, error_on_duplicated_field_names_in_struct=True, timezone="UTC")
-        except Exception as error:      # (pyspark's PySparkTypeError, PySparkValueError)
-            raise IngestError(
-                f"column {field.name!r} ({field.dataType.simpleString()}) cannot be converted to Arrow, which every "
-                f"batch is ({first_line(error)}); drop it, or cast it to a type Arrow takes before ingest(), e.g. "
-                f"df.withColumn({field.name!r}, F.col({field.name!r}).cast('string'))") from None
 
 
 #: Options ``ingest()`` had before a batch's path became one handler object: what to pass instead.
@@ -247,7 +202,7 @@ def ingest(db: Database, streaming_df: DataFrame, *, mapping: EventMapping, quer
         raise IngestError(
             "ingest() needs a streaming DataFrame (spark.readStream...); for a static DataFrame use "
             "activedb.ingest.feed(db, [df.toArrow()], source=..., mapping=...)")
-    _check_columns(streaming_df, mapping)
+    check_columns(streaming_df.columns, mapping)
     if options.start and any(query.name == query_name for query in streaming_df.sparkSession.streams.active):
         raise IngestError(
             f"a query named {query_name!r} is already running in this Spark session (Spark runs one query per name); "
@@ -270,7 +225,7 @@ def ingest(db: Database, streaming_df: DataFrame, *, mapping: EventMapping, quer
                 f"an interval such as '30 seconds' or '5 minutes', or a datetime.timedelta, not negative") from None
     check_watermark_column(streaming_df._jdf.queryExecution().analyzed(), mapping.ts_column,
                            marked=WATERMARK_METADATA in streaming_df.schema[mapping.ts_column].metadata)
-    _check_arrow_types(streaming_df, scale_out=options.partition_by_key is not None)
+    check_arrow_types(streaming_df.schema, scale_out=options.partition_by_key is not None)
 
     session = streaming_df.sparkSession
     common: SinkOptions = {"query_name": query_name, "known_types": options.known_types, "spark_session": session,

@@ -31,7 +31,7 @@ from activedb.ingest import (BatchOutcome, EventMapping, Ingestion, LedgerId, Ph
 from activedb.lowlevel import check_whole_number
 
 from spark_bridge import _cluster
-from spark_bridge._sink import IngestSink, SinkOptions, check_layout
+from spark_bridge._sink import IngestSink, SinkOptions, check_arrow_types, check_columns, check_layout
 from spark_bridge.errors import IngestError, describe
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -247,6 +247,11 @@ class PartitionedIngestSink(IngestSink):
                      execution: JavaObject | None = None) -> None:
         from pyspark.sql import functions
 
+        # ingest()'s checks of the stream's columns, for a sink wired with foreachBatch directly: a mapped column
+        # missing would make every row a dead letter, a year-month interval fail every batch's job in the tasks.
+        schema = batch_df.schema
+        check_columns(schema.names, self.mapping)  # type: ignore[arg-type]  # (the scale-out path has a mapping)
+        check_arrow_types(schema, scale_out=True)
         self._declare(query_id)
         began = time.perf_counter()
         watermark = self.spark_watermark(spark_query_id, current=execution)

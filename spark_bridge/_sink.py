@@ -27,17 +27,18 @@ from activedb.atomic import split_status
 from activedb.ingest import (BatchHandler, Deadlines, EventMapping, Ingestion, LedgerId, Phase, PhaseTimings,
                              sources_of_run)
 
-from spark_bridge.errors import IngestError, QueryRenamedError
+from spark_bridge.errors import IngestError, QueryRenamedError, first_line
 
 if TYPE_CHECKING:  # pragma: no cover
     from py4j.java_gateway import JavaObject
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming.query import StreamingQuery
+    from pyspark.sql.types import StructType
 
     from activedb import Database
 
-__all__ = ["WATERMARK_METADATA", "IngestSink", "QueryRun", "SinkOptions", "check_watermark_column",
-           "streaming_query_id"]
+__all__ = ["WATERMARK_METADATA", "IngestSink", "QueryRun", "SinkOptions", "check_arrow_types", "check_columns",
+           "check_watermark_column", "streaming_query_id"]
 
 logger = logging.getLogger("spark_bridge.ingest")
 
@@ -125,8 +126,16 @@ class IngestSink(Ingestion):
         """Batch ``batch_id`` of ``foreachBatch`` as ``(query_id, batch_id)`` (the scale-out sink overrides it);
         ``execution``: the query's running ``StreamExecution`` if the caller knows it (``spark_watermark``)."""
         started = time.perf_counter()
-        table = batch_df.toArrow()
+        try:
+            table = batch_df.toArrow()
+        except Exception:
+            # A column toArrow cannot take fails every batch: ingest()'s error for it (its check, done here only
+            # when toArrow failed: asking Spark for the schema is a py4j call).
+            check_arrow_types(batch_df.schema, scale_out=False)
+            raise
         to_arrow = time.perf_counter() - started
+        if self.mapping is not None:        # (a mapped column missing would make every row a dead letter)
+            check_columns(table.column_names, self.mapping)
         watermark = self.spark_watermark(spark_query_id, current=execution)
         self.phase(Phase.FETCHED, batch_id)
         self.process(table, batch_id, query_id=query_id, watermark=watermark,
@@ -249,6 +258,55 @@ def check_layout(db: Database, query_id: str, batch_id: int, partitions: int | N
         f"{now}: the ledger, which skips a batch by its partitions, would apply some of its rows a second time. "
         f"Resume it {resume}; once that batch is done the query may go on in another layout. Or start from a new "
         f"checkpoint directory")
+
+
+def check_columns(columns: list[str], mapping: EventMapping) -> None:
+    """Refuse a stream whose ``columns`` lack one ``mapping`` names (but the corrupt-record and line columns, which a
+    source may lack): every row of every batch would be a dead letter.  ``ingest()`` asks it of its frame, a sink of
+    each batch (a sink wired with ``foreachBatch`` directly), before applying anything."""
+    named = (mapping.type_column, mapping.key_column, mapping.ts_column, mapping.producer_column,
+             mapping.accuracy_column, mapping.accuracy_minus_column, mapping.accuracy_plus_column,
+             mapping.local_ts_column, mapping.id_column)
+    wanted = [column for column in named if column is not None] + list(mapping.payload_columns or ())
+    missing = [column for column in wanted if column not in columns]
+    if missing:
+        raise IngestError(
+            f"the stream has no column {missing[0]!r} named by the mapping (its columns: {list(columns)}); "
+            f"fix the EventMapping or select/rename the columns before ingest() (or foreachBatch(sink))")
+
+
+def check_arrow_types(schema: StructType, *, scale_out: bool) -> None:
+    """Refuse a column of ``schema`` (a stream's) a batch cannot be converted to Arrow with — every batch of each path
+    is, so such a column would fail each one, replay after replay, and the stream stop for good.  The one-task
+    path's ``toArrow()`` has pyspark convert the batch's schema first, which refuses some types (a calendar interval
+    from ``make_interval``, a year-month interval).  The scale-out path's ``mapInArrow`` (``_scaleout.py``) carries a
+    calendar interval, but pyarrow cannot wrap a year-month interval array (``KeyError: 21`` in the task's worker,
+    before the task sees a row), at any depth of the column's type.  ``ingest()`` asks it of its frame; a sink wired
+    with ``foreachBatch`` directly of the batch (the one-task sink once ``toArrow()`` failed)."""
+    from pyspark.sql.pandas.types import to_arrow_type
+    from pyspark.sql.types import ArrayType, DataType, MapType, StructType, YearMonthIntervalType
+
+    def year_month(data_type: DataType) -> bool:
+        if isinstance(data_type, ArrayType):
+            return year_month(data_type.elementType)
+        if isinstance(data_type, MapType):
+            return year_month(data_type.keyType) or year_month(data_type.valueType)
+        if isinstance(data_type, StructType):
+            return any(year_month(field.dataType) for field in data_type.fields)
+        return isinstance(data_type, YearMonthIntervalType)
+
+    for field in schema.fields:
+        try:       # (as DataFrame.toArrow converts the schema)
+            if scale_out and year_month(field.dataType):
+                raise TypeError("pyarrow cannot take a year-month interval from Spark's mapInArrow")
+            if not scale_out:
+                to_arrow_type(field.dataType, error_on_duplicated_field_names_in_struct=True, timezone="UTC")
+        except Exception as error:      # (pyspark's PySparkTypeError, PySparkValueError)
+            raise IngestError(
+                f"column {field.name!r} ({field.dataType.simpleString()}) cannot be converted to Arrow, which every "
+                f"batch is ({first_line(error)}); drop it, or cast it to a type Arrow takes before ingest() (or "
+                f"foreachBatch(sink)), e.g. df.withColumn({field.name!r}, F.col({field.name!r}).cast('string'))"
+            ) from None
 
 
 #: The metadata key Spark puts on the column ``withWatermark`` last declared a watermark on (kept through renames).

@@ -608,6 +608,46 @@ def test_a_column_arrow_cannot_convert_is_refused_at_ingest_on_the_scale_out_pat
 
 
 @pytest.mark.spark
+@pytest.mark.parametrize("scale_out", [False, True], ids=["one task", "scale-out"])
+def test_a_sink_wired_with_foreach_batch_directly_refuses_a_missing_or_unconvertible_column_as_ingest_does(
+        spark, tmp_path, make_database_url, scale_out):
+    """``ingest()`` refuses a column the mapping names that the stream lacks, and one a batch cannot be converted to
+    Arrow with; an ``IngestSink`` (or ``PartitionedIngestSink``) wired as ``foreachBatch`` directly skipped both:
+    a missing payload column made every row a dead letter (the data diverted, no error), and an unconvertible column
+    failed every batch, replay after replay, with pyspark's or pyarrow's own error.  The sink refuses both at the
+    first batch with ``ingest()``'s errors, before applying anything: the query stops, no ledger row, no dead
+    letter."""
+    from pyspark.sql import functions as F
+
+    write_files(tmp_path / "in", [[{"type": "add", "key": "k", "ts": iso(BASE_TIME), "amount": 1, "seq": 1}]])
+    database = app_database(make_database_url("directcols" + ("_scaled" if scale_out else "")))
+    unconvertible = (F.make_ym_interval(F.lit(1), F.lit(2)) if scale_out
+                     else F.make_interval(F.lit(0), F.lit(0), F.lit(0), F.lit(1)))
+    cases = {"missing": (_stream(spark, tmp_path / "in").drop("seq"),
+                         r"the stream has no column 'seq' named by the mapping"),
+             "unconvertible": (_stream(spark, tmp_path / "in").withColumn("wait", unconvertible),
+                               r"column 'wait' \(interval.*\) cannot be converted to Arrow.*drop it, or cast it")}
+    try:
+        for name, (frame, error) in cases.items():
+            if scale_out:
+                sink: spark_bridge.IngestSink = spark_bridge.PartitionedIngestSink(
+                    database, app_counters.MAPPING, partitions=2, app=APP_FILE, query_name=name,
+                    spark_session=spark)
+            else:
+                sink = spark_bridge.IngestSink(database, app_counters.MAPPING, query_name=name, spark_session=spark)
+            query = (frame.writeStream.foreachBatch(sink).queryName(name)
+                     .option("checkpointLocation", str(tmp_path / f"checkpoint-{name}"))
+                     .trigger(availableNow=True).start())
+            with pytest.raises(Exception, match=error):
+                query.awaitTermination(STREAM_TIMEOUT_SECONDS)
+            failure = sink.last_failure()
+            assert failure is not None and isinstance(failure[1], IngestError), failure
+            assert (ledger(database), dead_letters(database)) == ([], [])
+    finally:
+        database.close()
+
+
+@pytest.mark.spark
 def test_a_batch_spark_re_runs_in_another_partition_layout_is_refused_not_applied_twice(spark, tmp_path,
                                                                                        make_database_url):
     """The ledger skips a replayed batch by its ids — ``q`` whole, ``q#pK`` per partition of the scale-out path —
