@@ -321,13 +321,7 @@ def check_watermark_column(plan: JavaObject, ts_column: str, *, marked: bool) ->
     their minimum (``spark.sql.streaming.multipleWatermarkPolicy``) —, and the sink judges the time column late by
     it and punctuates with it (the package's ``README.md``, "The watermark").  ``ingest()`` asks it of the frame it
     is given; a sink asks it of its query's plan once per run (a sink wired with ``foreachBatch`` directly)."""
-    columns, pending = [], [plan]
-    while pending:      # (the plan's EventTimeWatermark nodes: one per withWatermark)
-        node = pending.pop()
-        if str(node.nodeName()) == "EventTimeWatermark":
-            columns.append(str(node.eventTime().name()))
-        children = node.children()
-        pending.extend(children.apply(index) for index in range(children.size()))
+    columns = _watermark_columns(plan)
     others = [column for column in columns if column != ts_column]
     if others and not (len(columns) == 1 and marked):
         raise IngestError(
@@ -336,6 +330,19 @@ def check_watermark_column(plan: JavaObject, ts_column: str, *, marked: bool) ->
             f"the sink would make events dead letters as late, and punctuate, by it. Declare the watermark on the "
             f"time column — withWatermark({ts_column!r}, …) or watermark_delay=… — and drop the one on "
             f"{others[0]!r}, or map the time to {others[0]!r}")
+
+
+def _watermark_columns(plan: JavaObject) -> list[str]:
+    """The columns of ``plan``'s (a logical plan, py4j) ``EventTimeWatermark`` nodes: one per ``withWatermark`` (or
+    SQL's ``WATERMARK``).  A py4j call or four per node of the plan: asked once per run."""
+    columns, pending = [], [plan]
+    while pending:
+        node = pending.pop()
+        if str(node.nodeName()) == "EventTimeWatermark":
+            columns.append(str(node.eventTime().name()))
+        children = node.children()
+        pending.extend(children.apply(index) for index in range(children.size()))
+    return columns
 
 
 def _time_column_marked(plan: JavaObject, ts_column: str) -> bool:
@@ -350,9 +357,9 @@ def _time_column_marked(plan: JavaObject, ts_column: str) -> bool:
 
 def _declares_watermark(execution: JavaObject) -> bool:
     """Whether the plan of ``execution`` (a ``StreamExecution``, py4j) has a watermark node (EventTimeWatermark, from
-    ``withWatermark`` or SQL's ``WATERMARK``): a plan without one never has a watermark.  A "watermark" in some name
-    only costs ``spark_watermark`` its questions."""
-    return "watermark" in str(execution.logicalPlan().toString()).lower()
+    ``withWatermark`` or SQL's ``WATERMARK``): a plan without one never has a watermark.  The nodes, not the plan's
+    text: a column, path or topic named like a watermark would have every batch ask Spark for one."""
+    return bool(_watermark_columns(execution.logicalPlan()))
 
 
 class QueryRun:

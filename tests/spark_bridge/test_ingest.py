@@ -229,6 +229,31 @@ def test_a_sink_restarted_with_a_watermark_reads_it_though_its_first_run_had_non
 
 
 @pytest.mark.spark
+def test_a_plan_without_a_watermark_node_is_not_taken_for_one_by_a_column_s_name(spark, tmp_path, make_database_url):
+    """The sink asks Spark for the batch's watermark (three py4j calls a batch) only when the run's plan declares one;
+    it searched the plan's text for "watermark", so a column (or a source path, a topic) named like one —
+    ``watermark_x`` here — made every batch of the run ask for a watermark it never had.  The plan's
+    ``EventTimeWatermark`` nodes say it; a watermark declared on the time column is still found."""
+    from pyspark.sql import functions as F
+
+    from spark_bridge import _sink
+
+    write_files(tmp_path / "in", [[{"type": "add", "key": "w", "ts": iso(BASE_TIME), "amount": 1, "seq": 1}]])
+    database = app_database(make_database_url("namedlike"))
+    try:
+        named = _stream(spark, tmp_path / "in").withColumn("watermark_x", F.lit(1))
+        for name, frame, declared in (("named", named, False),
+                                      ("declared", named.withWatermark("ts", "10 seconds"), True)):
+            query = spark_bridge.ingest(database, frame, mapping=app_counters.MAPPING, query_name=name,
+                                        checkpoint_location=str(tmp_path / f"checkpoint-{name}"),
+                                        trigger={"availableNow": True})
+            run_to_end(query)
+            assert _sink._declares_watermark(query._jsq.streamingQuery()) is declared, name
+    finally:
+        database.close()
+
+
+@pytest.mark.spark
 def test_the_batches_after_start_returned_ask_spark_neither_the_query_id_nor_whether_it_still_runs(
         spark, tmp_path, make_database_url, monkeypatch):
     """``ingest()`` tells the run its query once ``start()`` returned (``_sink.QueryRun``): later batches read the
