@@ -51,7 +51,13 @@ class WorkerPool:
             future.result()
 
     def submit(self, function: Callable[..., _T], *args: object) -> Future[_T]:
-        return self._pool().submit(function, *args)
+        """Run ``function(*args)`` in a worker.  A pool a worker's death broke (the OOM killer, a signal; it is
+        then unusable for good) is replaced by new workers first."""
+        try:
+            return self._pool().submit(function, *args)
+        except concurrent.futures.BrokenExecutor:
+            self.close()
+            return self._pool().submit(function, *args)
 
     def close(self) -> None:
         executor, self._executor = self._executor, None

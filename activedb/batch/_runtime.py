@@ -15,7 +15,7 @@ import itertools
 import operator
 import time
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
-from concurrent.futures import Future
+from concurrent.futures import BrokenExecutor, Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -469,6 +469,12 @@ def _run_split(transactions: StateTransactions, runtime: Runtime, mode: str | St
         try:
             answers.append(future.result())
         except Exception as error:   # e.g. a declaring function that cannot be pickled
+            if isinstance(error, BrokenExecutor):     # a worker died: its pool is unusable for good
+                pool.close()
+                raise WorkerFailed(f"a worker process ended while it ran {len(routing.bins[number])} transactions "
+                                   f"of the batch ({error}); nothing of the batch is kept and the next batch starts "
+                                   f"new workers: run the batch again (if a worker dies again, see why: memory, a "
+                                   f"signal; processes=1 runs every batch in this process)") from error
             if not _is_pickling_problem(error):
                 raise WorkerFailed(f"a worker process failed on {len(routing.bins[number])} transactions: "
                                    f"{type(error).__name__}: {error}") from error

@@ -149,3 +149,32 @@ def test_a_number_of_processes_that_is_no_whole_number_of_at_least_one_is_refuse
     if processes is not None:
         with pytest.raises(BadArgument, match=r"run_in_memory\(processes=.*\) takes a whole number of at least 1"):
             batch.run_in_memory(transactions, [{"type": "tick", "ts": 1.0, "payload": {}}], {}, processes=processes)
+
+
+import os  # noqa: E402
+
+from activedb.batch.errors import WorkerFailed  # noqa: E402
+
+
+def dying_declare(event, ops):
+    """Adds 1 to row ``key``; an event whose payload names another process than the one declaring it ends that
+    process at once (a worker killed by the OOM killer or a signal)."""
+    if event.payload.get("die_unless_in", os.getpid()) != os.getpid():
+        os._exit(3)
+    ops.write("t", event.key, lambda own: {"v": (own["v"] if own else 0) + 1})
+
+
+def test_a_worker_process_that_dies_fails_its_batch_and_the_next_batch_gets_new_workers():
+    """A worker that died left the pool broken for good: its batch failed with WorkerFailed, and every later batch
+    of the same StateTransactions with concurrent.futures' bare BrokenProcessPool (no ActivedbError), at submit —
+    a stream fed by it stopped for good.  Now the broken pool is dropped and the next batch starts new workers."""
+    with batch.StateTransactions("dying", processes=2) as transactions:
+        transactions.on("add")(dying_declare)
+        deadly = [{"type": "add", "key": key % 4, "payload": {"die_unless_in": os.getpid()}} for key in range(40)]
+        with pytest.raises(WorkerFailed, match="run the batch again"):
+            batch.run_in_memory(transactions, deadly, {}, split="always")
+        events = [{"type": "add", "key": key % 4} for key in range(40)]
+        for _ in range(2):
+            result = batch.run_in_memory(transactions, events, {}, split="always")
+            assert result.final == {("t", key): {"v": 10} for key in range(4)}
+            assert result.statistics.processes == 2, result.notes
