@@ -243,6 +243,7 @@ def _unstorable(catalog: Catalog, by_table: Mapping[str, Mapping[Hashable, RowIm
                     if result.before.get((table, key)) is None:
                         check_required(info, changes.keys(), f"the new row {key!r} of {table!r}")
                     info.check_values(changes, copy=False)
+                    check_key_columns(info, key, changes, info.full_key_row(info.key(key)))
         for table, new_rows in result.inserted().items():
             _check_inserted(catalog, table, new_rows)
     except SchemaError as error:

@@ -190,3 +190,48 @@ def test_an_event_naming_a_row_the_store_cannot_name_is_a_dead_letter_alone_thro
     assert [event.position for event, _ in result.dead_letters] == [0]
     with db.engine.connect() as connection:
         assert connection.execute(sa.text("SELECT id, owner FROM accounts")).all() == [(7, "p")]
+
+
+@pytest.mark.parametrize("path", ["apply_batch", "apply_at_commit, a rule observing the table", "apply_at_commit"])
+@pytest.mark.parametrize("row", ["existing", "new"])
+def test_a_write_that_changes_its_row_s_key_is_a_dead_letter_alone_through_the_tree_as_at_commit(db, path, row):
+    """A write function returning its row with another key (``{"id": 99, ...}`` for row 1) makes its event a dead
+    letter, the rest of the batch written, at commit (``store_check``'s ``check_key_columns``) and — the design
+    note's "the changed values and new rows are checked the same way before write_many" — through the tree.
+    Before, through the tree the values were checked but not the key, and ``tx.write_many``'s InvalidKey failed
+    the whole batch, the good event's write lost with it."""
+    transactions = batch.StateTransactions()
+
+    @transactions.on("rekey")
+    def rekey(event, ops):
+        ops.write("accounts", event.key, lambda own: {"id": 99, "owner": "rekeyed"})
+
+    @transactions.on("plain")
+    def plain(event, ops):
+        ops.write("accounts", event.key, lambda own: {"owner": "p"})
+
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("DELETE FROM accounts"))
+        if row == "existing":
+            connection.execute(sa.text("INSERT INTO accounts (id, owner) VALUES (1, 'o')"))
+    events = [{"type": "rekey", "key": 1, "ts": 0.0, "payload": {}},
+              {"type": "plain", "key": 7, "ts": 1.0, "payload": {}}]
+    if path == "apply_at_commit, a rule observing the table":
+        db.rule(on=db.updated("accounts"), name="rekey_watch")(lambda tx, event: None)
+    try:
+        with db.transaction(name="rekey") as tx:
+            if path == "apply_batch":
+                result = batch.apply_batch(tx, events, transactions)
+            else:
+                pending = batch.apply_at_commit(tx, events, transactions, dead_letters=None)
+        if path != "apply_batch":
+            assert pending.mode == ("at commit" if path == "apply_at_commit" else "through the tree")
+            result = pending.result
+    finally:
+        if path == "apply_at_commit, a rule observing the table":
+            db.rules.remove("rekey_watch")
+    assert [(event.position, "the key of a row cannot change" in reason) for event, reason in result.dead_letters] \
+        == [(0, True)]
+    with db.engine.connect() as connection:
+        assert connection.execute(sa.text("SELECT id, owner FROM accounts ORDER BY id")).all() == (
+            [(1, "o"), (7, "p")] if row == "existing" else [(7, "p")])
