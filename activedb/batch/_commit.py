@@ -778,10 +778,10 @@ def apply_at_commit(tx: Transaction, events: Iterable[object], transactions: Sta
         catalog = tx.manager.catalog
         try:
             normalised = {table: _normalised_keys(catalog.table_info(table), given) for table, given in states.items()}
-            for table in written:          # the tables only inserted into must exist too
+            for table in (*written, *unbounded):   # the tables only inserted into, or named by computed keys, too
                 catalog.table_info(table)
         except SchemaError:
-            normalised = _refuse_unstorable(catalog, batch, plans, declared, states, written)
+            normalised = _refuse_unstorable(catalog, batch, plans, declared, states, written, unbounded)
         if name_rows_once(catalog, declare, batch, declared, normalised, unbounded):
             options = replace(options, split=Split.NEVER)     # (a worker would declare its events again)
         pending = PendingBatch(transactions, batch, declared, normalised, unbounded, options)
@@ -792,13 +792,14 @@ def apply_at_commit(tx: Transaction, events: Iterable[object], transactions: Sta
 
 def _refuse_unstorable(catalog: Catalog, batch: list[BatchEvent], plans: Mapping[str, RoutePlan],
                        declared: dict[int, list[OpSpec] | str], states: Mapping[str, Mapping[Hashable, None]],
-                       written: Iterable[str] = ()) -> dict[str, dict[Hashable, Key]]:
+                       written: Iterable[str] = (), unbounded: set[str] | None = None
+                       ) -> dict[str, dict[Hashable, Key]]:
     """Some declared row cannot be named in the store (a table that does not exist, a key of the wrong type or
-    one PostgreSQL cannot hold): refuse the events that touch such a row or write such a table (``declared[t]``
-    the reason, so that each is a dead letter alone, as a transaction that could not be declared is) and return
-    the normalised keys of the rest."""
+    one PostgreSQL cannot hold): refuse the events that touch such a row or write such a table, or name one by a key
+    computed at run time (``declared[t]`` the reason, so that each is a dead letter alone, as a transaction that could
+    not be declared is) and return the normalised keys of the rest; such a table leaves ``unbounded``."""
     bad_tables: dict[str, str] = {}
-    for table in written:
+    for table in {*written, *(unbounded or ())}:
         try:
             catalog.table_info(table)
         except SchemaError as error:
@@ -823,13 +824,17 @@ def _refuse_unstorable(catalog: Catalog, batch: list[BatchEvent], plans: Mapping
         touched = (plans[event[0]].states(event) or []) if known is None else touched_states(known)[0]
         reason = next((bad[state] for state in touched if state in bad), None)
         if reason is None and bad_tables:
-            tables = plans[event[0]].written if known is None else written_tables(known)
+            plan = plans[event[0]] if known is None else None
+            tables = ((*plan.written, *plan.unbounded) if plan is not None
+                      else (*written_tables(known), *touched_states(known)[1]))    # type: ignore[arg-type]
             reason = next((bad_tables[table] for table in tables if table in bad_tables), None)
         if reason is not None:
             declared[t] = reason
             continue
         for table, key in touched:
             kept.setdefault(table, {})[key] = None
+    if unbounded is not None:
+        unbounded.difference_update(bad_tables)
     return {table: _normalised_keys(catalog.table_info(table), given) for table, given in kept.items()}
 
 

@@ -19,7 +19,7 @@ from activedb.batch._runtime import AUTO, check_processes, execute_batch, no_cyc
 from activedb.batch._state import WriteCheck
 from activedb.batch._strategy import Split, Strategy
 from activedb.batch.errors import DeclarationError
-from activedb.errors import InvalidKey, InvalidValue, SchemaError
+from activedb.errors import InvalidKey, InvalidValue, SchemaError, UnknownTable
 from activedb.store import Catalog, Json, Key, RowImage, TableInfo
 from activedb.txn import BulkLock
 
@@ -67,12 +67,12 @@ def apply_batch(tx: Transaction, events: Iterable[object], transactions: StateTr
     check = named_once(catalog, normalised)
 
     def load(table: str, key: Hashable) -> RowImage | None:
-        info = catalog.table_info(table)
         try:
+            info = catalog.table_info(table)
             if info.converts_keys:
                 check(table, key, info.key(key))
             return tx.read(table, key)
-        except (InvalidKey, InvalidValue) as error:   # a computed key that cannot name a row: the op fails
+        except (InvalidKey, InvalidValue, UnknownTable) as error:   # a computed key that cannot name a row: the op fails
             raise DeclarationError(f"the row {key!r} of {table!r} cannot exist: {error}") from None
 
     base: dict[State, RowImage | None] = {(table, key): image for table, keys in states.items()

@@ -235,3 +235,42 @@ def test_a_write_that_changes_its_row_s_key_is_a_dead_letter_alone_through_the_t
     with db.engine.connect() as connection:
         assert connection.execute(sa.text("SELECT id, owner FROM accounts ORDER BY id")).all() == (
             [(1, "o"), (7, "p")] if row == "existing" else [(7, "p")])
+
+
+@pytest.mark.parametrize("operation", ["write_any", "read_any"])
+@pytest.mark.parametrize("path", ["apply_batch", "apply_at_commit"])
+def test_a_non_deterministic_operation_without_candidates_on_a_table_that_does_not_exist_is_a_dead_letter_alone(
+        db, path, operation):
+    """An event whose ``write_any``/``read_any`` without candidates names a table that does not exist is refused, a
+    dead letter alone, as one naming such a table by a declared row is (the design note: "an event that names a row
+    the store cannot name — a table that does not exist … — is refused …, a dead letter alone … and the rest of the
+    batch goes on").  Before, the whole batch failed with UnknownTable: at commit where the unbounded table was
+    locked, through the tree where the loader looked it up — the good event's write lost with it."""
+    transactions = batch.StateTransactions()
+
+    @transactions.on("any")
+    def any_row(event, ops):
+        if operation == "write_any":
+            ops.write_any("no_such_table", lambda: 5, lambda own: {"owner": "any"})
+        else:
+            ops.read_any("no_such_table", lambda: 5)
+            ops.write("accounts", 8, lambda own: {"owner": "any"})
+
+    @transactions.on("plain")
+    def plain(event, ops):
+        ops.write("accounts", event.key, lambda own: {"owner": "p"})
+
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("DELETE FROM accounts"))
+    events = [{"type": "any", "key": 1, "ts": 0.0, "payload": {}},
+              {"type": "plain", "key": 7, "ts": 1.0, "payload": {}}]
+    with db.transaction(name="unknown-unbounded-table") as tx:
+        if path == "apply_batch":
+            result = batch.apply_batch(tx, events, transactions)
+        else:
+            pending = batch.apply_at_commit(tx, events, transactions, dead_letters=None)
+    if path != "apply_batch":
+        result = pending.result
+    assert [(event.position, "no_such_table" in reason) for event, reason in result.dead_letters] == [(0, True)]
+    with db.engine.connect() as connection:
+        assert connection.execute(sa.text("SELECT id, owner FROM accounts")).all() == [(7, "p")]
