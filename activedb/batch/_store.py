@@ -87,7 +87,7 @@ def apply_batch(tx: Transaction, events: Iterable[object], transactions: StateTr
         # A transaction wrote a value the store cannot hold: run the batch again checking each transaction's
         # values as it ends, so that exactly those transactions abort (as at commit, ``_commit.py``).
         result = execute_batch(transactions, prepared.batch, base, loader=load, declared=declared,
-                               strategy="lean", split=Split.NEVER, check=store_check(catalog))
+                               strategy="lean", split=Split.NEVER, check=store_check(catalog, result.before, ()))
         result.notes.append(f"ran again checking each transaction's values: {refused}")
         by_table = _changes(result, base)
     written = sum(tx.write_many(table, rows, lock=lock)
@@ -241,11 +241,16 @@ def _unstorable(catalog: Catalog, by_table: Mapping[str, Mapping[Hashable, RowIm
             for key, changes in rows.items():
                 if changes is not None:
                     if result.before.get((table, key)) is None:
+                        info.refuse_new_row_by_key(key)
                         check_required(info, changes.keys(), f"the new row {key!r} of {table!r}")
                     info.check_values(changes, copy=False)
                     check_key_columns(info, key, changes, info.full_key_row(info.key(key)))
         for table, new_rows in result.inserted().items():
             _check_inserted(catalog, table, new_rows)
+            info = catalog.table_info(table)
+            for row in new_rows:
+                if type(row) is not DrawnRow:
+                    info.refuse_given_identity(row, f"a row inserted into {table!r}", NO_GIVEN_KEY)
     except SchemaError as error:
         return f"{type(error).__name__}: {error}"
     return None

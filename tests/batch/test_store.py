@@ -274,3 +274,53 @@ def test_a_non_deterministic_operation_without_candidates_on_a_table_that_does_n
     assert [(event.position, "no_such_table" in reason) for event, reason in result.dead_letters] == [(0, True)]
     with db.engine.connect() as connection:
         assert connection.execute(sa.text("SELECT id, owner FROM accounts")).all() == [(7, "p")]
+
+
+@pytest.mark.parametrize("path", ["apply_batch", "apply_at_commit, a rule observing the table"])
+@pytest.mark.parametrize("kind", ["write creating a row by its key", "insert giving the key"])
+def test_a_key_generated_always_given_is_a_dead_letter_alone_through_the_tree_as_at_commit(db, path, kind):
+    """``tickets.id`` is ``GENERATED ALWAYS AS IDENTITY``: a write creating the row under a key of its own, or an
+    INSERT operation giving the key, is refused at commit as a dead letter alone (tests/batch/test_commit.py), and the
+    design note says the values and new rows are checked the same way through the tree.  Before, through the tree
+    they went to the tree's write set and ``tx.insert``, whose InvalidKey failed the whole batch (at the insert, or
+    at the flush), the other event's row lost with it."""
+    transactions = batch.StateTransactions()
+
+    @transactions.on("title")
+    def title(event, ops):
+        ops.write("tickets", event.key, lambda own: {"title": event.payload["title"]})
+
+    @transactions.on("open")
+    def open_ticket(event, ops):
+        ops.insert("tickets", {"title": event.payload["title"], **event.payload.get("row", {})})
+
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("DELETE FROM tickets"))
+        existing = connection.execute(sa.text("INSERT INTO tickets (title) VALUES ('old') RETURNING id")).scalar()
+    if kind == "write creating a row by its key":
+        events = [{"type": "title", "key": key, "ts": float(ts), "payload": {"title": f"t{ts}"}}
+                  for ts, key in enumerate([existing, existing + 100])]
+        expected = [(existing, "t0")]
+    else:
+        events = [{"type": "open", "key": ts, "ts": float(ts), "payload": payload} for ts, payload in enumerate(
+            [{"title": "drawn"}, {"title": "given", "row": {"id": 1_000_000}}])]
+        expected = [(None, "drawn"), (existing, "old")]
+    if path != "apply_batch":
+        db.rule(on=db.updated("tickets"), name="tickets_watch")(lambda tx, event: None)
+    try:
+        with db.transaction(name="always-keys-tree") as tx:
+            if path == "apply_batch":
+                result = batch.apply_batch(tx, events, transactions)
+            else:
+                pending = batch.apply_at_commit(tx, events, transactions, dead_letters=None)
+        if path != "apply_batch":
+            assert pending.mode == "through the tree"
+            result = pending.result
+    finally:
+        if path != "apply_batch":
+            db.rules.remove("tickets_watch")
+    reasons = {event.position: reason for event, reason in result.dead_letters}
+    assert list(reasons) == [1] and "InvalidKey" in reasons[1] and "GENERATED ALWAYS" in reasons[1], reasons
+    with db.engine.connect() as connection:
+        rows = connection.execute(sa.text("SELECT id, title FROM tickets ORDER BY title")).all()
+    assert [(key if key == existing else None, title) for key, title in rows] == expected
