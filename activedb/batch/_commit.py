@@ -409,6 +409,7 @@ def _final_rows(catalog: Catalog, result: BatchResult, normalised: Mapping[str, 
         deletes: list[RowImage] = []
         updates: dict[tuple[str, ...], list[tuple[RowImage, RowImage]]] = {}   # changed columns -> (key columns + those, image)
         inserts: dict[frozenset[str], list[RowImage]] = {}
+        recreated: dict[frozenset[str], list[RowImage]] = {}      # rows deleted and created again
         for state, image in by_table[table]:
             given = state[1]
             old = before_get(state)
@@ -419,6 +420,17 @@ def _final_rows(catalog: Catalog, result: BatchResult, normalised: Mapping[str, 
             if image is None:
                 if old is not None:
                     deletes.append(key_row)
+                continue
+            if old is not None and len(image) < len(old) and not old.keys() <= image.keys():
+                # Deleted and created again in the batch (a write keeps every column its row had; only a new row's
+                # image is the written columns): the row deleted, then the new one inserted with its other columns
+                # at their defaults, as the tree writes a delete followed by a write (a REPLACE).  Its key is the
+                # row's own, not one the application chose: inserted as a drawn key is.
+                deletes.append(dict(key_row))
+                check_key_columns(info, given, image, key_row)
+                check_required(info, image, f"the new row {given!r}")
+                row = {**image, **key_row}
+                recreated.setdefault(frozenset(row), []).append(row)
                 continue
             if old is None:
                 info.refuse_new_row_by_key(given)
@@ -449,6 +461,10 @@ def _final_rows(catalog: Catalog, result: BatchResult, normalised: Mapping[str, 
             names = sorted(columns)
             _check_columns(info, [name for name in names if name not in key_set], rows)
             statements.append((_insert, info, names, rows))
+        for columns, rows in recreated.items():
+            names = sorted(columns)
+            _check_columns(info, [name for name in names if name not in key_set], rows)
+            statements.append((_insert_drawn, info, names, rows))
     return statements
 
 

@@ -81,15 +81,19 @@ def apply_batch(tx: Transaction, events: Iterable[object], transactions: StateTr
     result = execute_batch(transactions, prepared.batch, base, loader=load, declared=declared,
                            strategy=strategy, processes=processes, split=split, declare_seconds=prepared.seconds)
     started = time.perf_counter()
-    by_table = _changes(result, base)
-    refused = _unstorable(catalog, by_table, result)
+    recreated: dict[str, list[Hashable]] = {}
+    by_table = _changes(result, base, recreated)
+    refused = _unstorable(catalog, by_table, result, recreated)
     if refused is not None:
         # A transaction wrote a value the store cannot hold: run the batch again checking each transaction's
         # values as it ends, so that exactly those transactions abort (as at commit, ``_commit.py``).
         result = execute_batch(transactions, prepared.batch, base, loader=load, declared=declared,
                                strategy="lean", split=Split.NEVER, check=store_check(catalog, result.before, ()))
         result.notes.append(f"ran again checking each transaction's values: {refused}")
-        by_table = _changes(result, base)
+        recreated.clear()
+        by_table = _changes(result, base, recreated)
+    for table, keys in recreated.items():       # deleted first: the tree writes the new row in their place
+        tx.write_many(table, dict.fromkeys(keys), lock=lock)
     written = sum(tx.write_many(table, rows, lock=lock)
                   for table, rows in by_table.items())
     for table, rows in result.inserted().items():      # new rows: their keys drawn as tx.insert draws them
@@ -213,8 +217,11 @@ def _named_key(info: TableInfo, names: dict[Key, Hashable], key_fn: Callable[...
         return key
 
 
-def _changes(result: BatchResult, base: Mapping[State, RowImage | None]) -> dict[str, dict[Hashable, RowImage | None]]:
-    """Table → key → the columns the batch changed (None: delete), from ``result``'s final rows."""
+def _changes(result: BatchResult, base: Mapping[State, RowImage | None], recreated: dict[str, list[Hashable]]
+             ) -> dict[str, dict[Hashable, RowImage | None]]:
+    """Table → key → the columns the batch changed (None: delete), from ``result``'s final rows; the rows the batch
+    deleted and created again (a write keeps every column its row had; only a new row's image is the written columns)
+    added to ``recreated``, table → keys, their changes the new row's columns (to be written after a delete)."""
     by_table: dict[str, dict[Hashable, RowImage | None]] = {}
     for (table, key), image in result.final.items():
         old = result.before.get((table, key), base.get((table, key)))
@@ -222,6 +229,9 @@ def _changes(result: BatchResult, base: Mapping[State, RowImage | None]) -> dict
             if old is not None:
                 by_table.setdefault(table, {})[key] = None
             continue
+        if old is not None and len(image) < len(old) and not old.keys() <= image.keys():
+            recreated.setdefault(table, []).append(key)
+            old = None
         if old is None:
             changes = dict(image)
         else:
@@ -232,15 +242,19 @@ def _changes(result: BatchResult, base: Mapping[State, RowImage | None]) -> dict
 
 
 def _unstorable(catalog: Catalog, by_table: Mapping[str, Mapping[Hashable, RowImage | None]],
-                result: BatchResult) -> str | None:
+                result: BatchResult, recreated: Mapping[str, list[Hashable]]) -> str | None:
     """Why some changed value or new row of ``result`` cannot be stored (what ``tx.write_many``/``tx.insert``
-    or the flush would raise, checked before anything is written), or None."""
+    or the flush would raise, checked before anything is written), or None.  ``recreated``: rows deleted and created
+    again (``_changes``), new rows whose key is their own."""
     try:
         for table, rows in by_table.items():
             info = catalog.table_info(table)
+            again = recreated.get(table, ())
             for key, changes in rows.items():
                 if changes is not None:
-                    if result.before.get((table, key)) is None:
+                    if key in again:
+                        check_required(info, changes.keys(), f"the new row {key!r} of {table!r}")
+                    elif result.before.get((table, key)) is None:
                         info.refuse_new_row_by_key(key)
                         check_required(info, changes.keys(), f"the new row {key!r} of {table!r}")
                     info.check_values(changes, copy=False)

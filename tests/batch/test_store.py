@@ -324,3 +324,47 @@ def test_a_key_generated_always_given_is_a_dead_letter_alone_through_the_tree_as
     with db.engine.connect() as connection:
         rows = connection.execute(sa.text("SELECT id, title FROM tickets ORDER BY title")).all()
     assert [(key if key == existing else None, title) for key, title in rows] == expected
+
+
+@pytest.mark.parametrize("path", ["apply_batch", "apply_at_commit", "fired event by event"])
+def test_a_row_deleted_and_created_again_in_one_batch_is_the_new_row_alone(db, path):
+    """One event deletes row 1, a later one creates it again writing only ``owner``: the row is the new one, its
+    other columns at their defaults (``balance`` 0) — what the batch's meaning says (``result.final`` holds no
+    balance), what the same declarations fired as rules event by event store (the tree's DELETE then write is a
+    REPLACE: the row deleted and inserted), and what ``apply_batch`` and ``apply_at_commit`` must store.  Before,
+    both wrote the re-created row as an UPDATE of the columns that differ from the deleted row, so the deleted row's
+    ``balance`` 50 came back."""
+    transactions = batch.StateTransactions()
+
+    @transactions.on("drop")
+    def drop(event, ops):
+        ops.write("accounts", event.key, lambda own: batch.DELETE)
+
+    @transactions.on("make")
+    def make(event, ops):
+        ops.write("accounts", event.key, lambda own: {"owner": "new"})
+
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("DELETE FROM accounts"))
+        connection.execute(sa.text("INSERT INTO accounts (id, owner, balance) VALUES (1, 'old', 50), (2, 'b', 5)"))
+    events = [{"type": "drop", "key": 1, "ts": 0.0}, {"type": "make", "key": 1, "ts": 1.0},
+              {"type": "make", "key": 2, "ts": 2.0}]
+    if path == "fired event by event":
+        rules = {"drop": batch.declared(drop), "make": batch.declared(make)}
+        with db.transaction(name="recreated-fired") as tx:
+            for event in events:
+                with tx.subtransaction() as sub:
+                    rules[event["type"]](sub, activedb.Event(activedb.EventKind.STREAM, event["type"], event["key"],
+                                                             None, None, {}, event["ts"], sub.id))
+    else:
+        with db.transaction(name="recreated") as tx:
+            if path == "apply_batch":
+                batch.apply_batch(tx, events, transactions)
+            else:
+                batch.apply_at_commit(tx, events, transactions)
+    final = batch.run_in_memory(transactions, events, {("accounts", 1): {"id": 1, "owner": "old", "balance": 50},
+                                                        ("accounts", 2): {"id": 2, "owner": "b", "balance": 5}}).final
+    assert final[("accounts", 1)] == {"owner": "new"}
+    with db.engine.connect() as connection:
+        assert connection.execute(sa.text("SELECT id, owner, balance FROM accounts ORDER BY id")).all() == [
+            (1, "new", 0), (2, "new", 5)]
