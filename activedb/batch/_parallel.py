@@ -46,7 +46,7 @@ class WorkerPool:
 
     def warm_up(self) -> None:
         """Start the workers and import the executor in them (the first batch need not)."""
-        futures = [self._pool().submit(self.ping) for _ in range(self.workers)]
+        futures = [self.submit(self.ping) for _ in range(self.workers)]
         for future in futures:
             future.result()
 

@@ -178,3 +178,29 @@ def test_a_worker_process_that_dies_fails_its_batch_and_the_next_batch_gets_new_
             result = batch.run_in_memory(transactions, events, {}, split="always")
             assert result.final == {("t", key): {"v": 10} for key in range(4)}
             assert result.statistics.processes == 2, result.notes
+
+
+def test_a_worker_killed_between_batches_is_replaced_by_the_next_batch_and_by_start_workers():
+    """A worker that dies while idle (killed, or the OOM killer) breaks its pool as well: the next split batch
+    submitted to it raised the bare BrokenProcessPool at submit, and so did ``start_workers()``.  Both now start new
+    workers."""
+    import signal
+    import time
+
+    with batch.StateTransactions("killed", processes=2) as transactions:
+        transactions.on("add")(dying_declare)
+        events = [{"type": "add", "key": key % 4} for key in range(40)]
+        pool = batch._runtime.runtime_of(transactions).pool
+        for restart in (transactions.start_workers, lambda: None):
+            transactions.start_workers()
+            executor = pool._executor
+            for process in list(executor._processes.values()):
+                os.kill(process.pid, signal.SIGKILL)
+            deadline = time.monotonic() + 60
+            while not executor._broken:         # the executor's own thread notices the death
+                assert time.monotonic() < deadline, "the pool never noticed its worker's death"
+                time.sleep(0.05)
+            restart()
+            result = batch.run_in_memory(transactions, events, {}, split="always")
+            assert result.final == {("t", key): {"v": 10} for key in range(4)}
+            assert result.statistics.processes == 2, result.notes
