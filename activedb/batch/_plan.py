@@ -246,7 +246,10 @@ def build_tpg(txns: list[Txn], specs: list[list[OpSpec]]) -> Tpg:
                     _touch(tracks, (op.spec.table, key), t, op, op.kind is OpKind.ND_WRITE, since_nd, nd_tables)
             elif op.kind is OpKind.ND_WRITE:
                 last_nd[op.spec.table] = op
-                since_nd[op.spec.table] = {}
+                # The writes since it: none of an earlier transaction (the ND write follows them), but its own
+                # transaction's, which no edge orders before it (same timestamp) — a later unbounded op reads them.
+                since_nd[op.spec.table] = {state: writer for state, writer in since_nd[op.spec.table].items()
+                                           if writer.txn is txn}
     return Tpg(txns, ops, edges, td, pd, ld, nd_count, window_count, dict(ops_per_state))
 
 

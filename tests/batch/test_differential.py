@@ -107,3 +107,36 @@ def test_a_function_that_changes_its_argument_in_place_changes_nothing_it_did_no
     assert [outcome.committed for outcome in result.transactions] == [False, True, True]
     assert result.final == {("accounts", "a"): {"balance": 99, "note": "0"}}
     assert given_state == state
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("resolves_to", [3, 2], ids=["another row", "its own row (it aborts)"])
+def test_an_unbounded_operation_after_a_non_deterministic_write_depends_on_that_write_s_transaction(
+        strategy, resolves_to):
+    """Transaction 1 writes row 2 and then, by an unbounded write_any, row ``resolves_to``; transaction 2 reads any
+    row (row 2).  Its read must see transaction 1's row 2 when that transaction commits, and row 2 as before it when it
+    aborts (its write_any resolved to row 2, which it also writes).  Before, the TPG gave the read no edge from
+    transaction 1's write of row 2: the write_any reset the table's writes since the last ND write after its own
+    transaction had added to them, so the read depended on the write_any alone — DFS ran it before the write of row
+    2 (it read 1, the row as transaction 0 left it), and l-abort left the aborted transaction's row 2 in its read
+    (an abort rolls back the children of the writes it undoes)."""
+    transactions = batch.StateTransactions("nd_barrier")
+
+    @transactions.on("first")
+    def first(event, ops):
+        ops.write("t", 2, lambda own: {"v": 1})
+
+    @transactions.on("both")
+    def both(event, ops):
+        ops.write("t", 2, lambda own: {"v": 2})
+        ops.write_any("t", lambda: resolves_to, lambda own: {"v": 3})
+
+    @transactions.on("any")
+    def any_row(event, ops):
+        ops.read_any("t", lambda: 2, name="seen")
+
+    events = [{"type": "first", "ts": 0.0}, {"type": "both", "ts": 1.0}, {"type": "any", "ts": 2.0}]
+    reference = batch.run_in_memory(transactions, events, {}, strategy="serial")
+    assert reference.transactions[2].outputs == {"seen": {"v": 2 if resolves_to == 3 else 1}}
+    result = batch.run_in_memory(transactions, events, {}, strategy=strategy)
+    assert _summary(result) == _summary(reference)
