@@ -206,7 +206,7 @@ def build_tpg(txns: list[Txn], specs: list[list[OpSpec]]) -> Tpg:
                     td += _link_all(track[1], op, TD, edges)
                 if last_nd:
                     nd = last_nd.get(table)
-                    if nd is not None and (track is None or nd.t > track[0]) and _link(nd, op, PD, edges):
+                    if nd is not None and (track is None or nd.t >= track[0]) and _link(nd, op, PD, edges):
                         pd += 1
             else:
                 nd_count += 1
@@ -223,7 +223,7 @@ def build_tpg(txns: list[Txn], specs: list[list[OpSpec]]) -> Tpg:
                         if track is not None:
                             pd += _link_all(track[1], op, PD, edges)
                         nd = last_nd.get(table)
-                        if nd is not None and (track is None or nd.t > track[0]) and _link(nd, op, PD, edges):
+                        if nd is not None and (track is None or nd.t >= track[0]) and _link(nd, op, PD, edges):
                             pd += 1
             if kind.windowed:
                 window_count += 1
@@ -234,7 +234,7 @@ def build_tpg(txns: list[Txn], specs: list[list[OpSpec]]) -> Tpg:
                     pd += 1
                 if last_nd:
                     nd = last_nd.get(param[0])
-                    if nd is not None and (writer is None or nd.t > writer.t) and _link(nd, op, PD, edges):
+                    if nd is not None and (writer is None or nd.t >= writer.t) and _link(nd, op, PD, edges):
                         pd += 1
         ld += len(mine) - 1
         for op in mine:

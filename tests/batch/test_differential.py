@@ -140,3 +140,40 @@ def test_an_unbounded_operation_after_a_non_deterministic_write_depends_on_that_
     assert reference.transactions[2].outputs == {"seen": {"v": 2 if resolves_to == 3 else 1}}
     result = batch.run_in_memory(transactions, events, {}, strategy=strategy)
     assert _summary(result) == _summary(reference)
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("later", ["write", "read", "reads="])
+def test_an_operation_on_a_row_its_non_deterministic_writer_s_transaction_also_wrote_depends_on_that_write(
+        strategy, later):
+    """Transaction 1 writes row 2 and an unbounded write_any resolving to row 2 as well, so it aborts (WRITTEN_TWICE);
+    a later transaction adds to row 2 (a write, a read, or a write of another row that reads row 2).  It must see row 2
+    as before transaction 1 (absent).  Before, the TPG linked it to transaction 1's write of row 2 only, not to the
+    write_any (an ND write was skipped when the row's last accessor was its own transaction: ``nd.t > track[0]``):
+    when exploration ran the write_any first, the plain write of row 2 failed and the write_any's version stayed
+    read — the abort's rollback of the write_any did not redo an operation that was not its child."""
+    transactions = batch.StateTransactions("nd_same_transaction")
+
+    @transactions.on("both")
+    def both(event, ops):
+        ops.write("t", 2, lambda own: {"v": 2})
+        ops.write_any("t", lambda: 2, lambda own: {"v": 3})
+
+    @transactions.on("after")
+    def after(event, ops):
+        if later == "write":
+            ops.write("t", 2, lambda own: {"v": (own or {"v": 0})["v"] + 2})
+        elif later == "read":
+            ops.read("t", 2, name="seen")
+        else:
+            ops.write("u", 1, lambda own, row: {"v": (row or {"v": 0})["v"] + 2}, reads=[("t", 2)])
+
+    @transactions.on("first")
+    def first(event, ops):
+        ops.write("t", 1, lambda own: {"v": 9})
+
+    events = [{"type": "first", "ts": 0.0}, {"type": "both", "ts": 1.0}, {"type": "after", "ts": 4.0}]
+    reference = batch.run_in_memory(transactions, events, {}, strategy="serial")
+    assert [outcome.committed for outcome in reference.transactions] == [True, False, True]
+    result = batch.run_in_memory(transactions, events, {}, strategy=strategy)
+    assert _summary(result) == _summary(reference)
