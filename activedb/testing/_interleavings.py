@@ -208,10 +208,16 @@ class Interleavings:
         self.expected_errors = _exception_classes(expected_errors)
         self.step_timeout = step_timeout
 
-    def explore(self, runs: int = 30, *, seed: int = 0, stop_at_failure: bool = True) -> Exploration:
-        """Run up to ``runs`` interleavings chosen at random (``seed``), none twice, fewer if every interleaving
-        has been run (``runs`` is at least 1); stop at the first failing one unless ``stop_at_failure=False``."""
+    def explore(self, runs: int = 30, *, seed: int | None = 0, stop_at_failure: bool = True) -> Exploration:
+        """Run up to ``runs`` interleavings chosen at random (``seed``; None draws one, which the exploration
+        names: it explores the same interleavings again), none twice, fewer if every interleaving has been run
+        (``runs`` is at least 1); stop at the first failing one unless ``stop_at_failure=False``."""
         check_whole_number("Interleavings.explore", "runs", runs, 1, " (the interleavings to run: 0 checks nothing)")
+        if seed is None:         # drawn here, so that a failure names the seed that reproduces it
+            seed = random.SystemRandom().randrange(2 ** 32)
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise BadArgument(f"Interleavings.explore(seed={seed!r}) takes a whole number (None draws one, which "
+                              f"the exploration names)")
         tree = ChoiceTree(random.Random(seed))
         reports: list[RunReport] = []
         while len(reports) < runs and not tree.exhausted:

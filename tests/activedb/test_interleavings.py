@@ -74,6 +74,27 @@ def test_explore_refuses_a_number_of_runs_that_runs_nothing(fresh, runs):
         Interleavings(fresh, [print]).explore(runs)
 
 
+@pytest.mark.parametrize("seed", ["1", 1.5, True])
+def test_explore_refuses_a_seed_that_is_no_whole_number(fresh, seed):
+    with pytest.raises(activedb.BadArgument, match=r"explore\(seed=.*\) takes a whole number"):
+        Interleavings(fresh, [print]).explore(1, seed=seed)
+
+
+def test_a_random_seed_is_drawn_and_named_so_the_failure_it_found_can_be_reproduced(fresh):
+    """``explore(seed=None)`` seeded the walk at random and reported "interleaving 1 of seed None failed": the
+    failing interleaving could not be explored again.  None now draws a whole-number seed, which the exploration
+    names and which explores the same interleavings again."""
+    def fails(db: Database) -> None:
+        raise ValueError("always")
+
+    interleavings = Interleavings(fresh, {"A": fails, "B": insert_item("b")}, setup=one_account)
+    drawn = interleavings.explore(3, seed=None, stop_at_failure=False)
+    assert isinstance(drawn.seed, int) and not isinstance(drawn.seed, bool), drawn.seed
+    assert f"of seed {drawn.seed} failed" in drawn.describe(), drawn.describe()
+    again = interleavings.explore(3, seed=drawn.seed, stop_at_failure=False)
+    assert [run.schedule for run in again.runs] == [run.schedule for run in drawn.runs]
+
+
 def one_account(db: Database) -> None:
     with db.engine.begin() as connection:
         connection.execute(sa.text("DELETE FROM items; DELETE FROM accounts; "
