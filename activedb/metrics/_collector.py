@@ -247,8 +247,12 @@ class ActivedbCollector(Collector):
                 running.add_metric([statistics.query_name], batch.seconds)
                 if batch.firing is not None:
                     oldest.add_metric([statistics.query_name, batch.firing.rule], batch.firing.seconds)
+            skipped = histogram.skipped
             histogram.absorb(outcomes)
             query = statistics.query_name
+            if histogram.skipped > skipped:
+                logger.warning("metrics: %d batch(es) of query %r reported a duration that is no number of seconds "
+                               ">= 0; left out of activedb_batch_seconds", histogram.skipped - skipped, query)
             for field, family in families.items():
                 family.add_metric([query], getattr(statistics, field))
             for rule, count in sorted(statistics.rule_firings.items()):

@@ -156,6 +156,32 @@ def test_the_histogram_counts_each_batch_once_across_scrapes():
     assert histogram.snapshot() == ([("0.1", 1), ("1.0", 2), ("+Inf", 3)], pytest.approx(3.55))
 
 
+@pytest.mark.parametrize("buckets", [(0.1, 0.1, 1.0), (1.0, float("nan")), (0.5, float("inf")), ("0.1",), (True,),
+                                     "0.5"])
+def test_histogram_bounds_that_give_no_valid_exposition_are_refused(buckets):
+    """Duplicate bounds exported two buckets labelled le="0.1" (an exposition Prometheus refuses), inf a second
+    le="+Inf", NaN a bucket no batch falls in; a text, or a bound that is no number, failed every scrape."""
+    with pytest.raises(MetricsError, match=r"BatchLatency\(buckets=.*\) takes distinct finite numbers of seconds"):
+        BatchLatency(buckets=buckets)
+
+
+def test_a_batch_whose_seconds_are_no_duration_is_left_out_and_counted():
+    """A NaN duration was counted in the first bucket and made the sum NaN for good (every later scrape exported
+    activedb_batch_seconds_sum NaN); a negative one lowered the sum, which Prometheus reads as a counter reset; an
+    infinite one made the sum +Inf for good; one that is no number failed every later scrape of the ingestion."""
+    class Outcome:
+        def __init__(self, seconds: object) -> None:
+            self.seconds = seconds
+
+    histogram = BatchLatency(buckets=(0.1, 1.0))
+    recent = [Outcome(0.05), Outcome(float("nan")), Outcome(-2.0), Outcome(float("inf")), Outcome("slow"),
+              Outcome(None), Outcome(0.5)]
+    assert histogram.absorb(recent) == 2
+    assert histogram.skipped == 5
+    assert histogram.absorb(recent) == 0 and histogram.skipped == 5     # each outcome read once
+    assert histogram.snapshot() == ([("0.1", 1), ("1.0", 2), ("+Inf", 2)], pytest.approx(0.55))
+
+
 def test_listen_forms_and_their_errors():
     assert parse_listen("9464") == ("127.0.0.1", 9464)
     assert parse_listen(0) == ("127.0.0.1", 0)
