@@ -96,15 +96,21 @@ class ActivedbCollector(Collector):
 
     def watch_ingestion(self, source: IngestionSource) -> None:
         """Export ``source``'s numbers, labelled with its query name; a second source of a name already watched is
-        refused (:class:`MetricsError`): two samples with one label set are an invalid exposition."""
+        refused (:class:`MetricsError`): two samples with one label set are an invalid exposition.  One whose
+        statistics cannot be read now is watched still (a scrape reports it down while it fails, and leaves it out
+        if its name was exported already), as :meth:`watch_consumer` does."""
         _check_source("watch_ingestion", source, ("statistics", "recent_outcomes", "batch_in_progress"),
                       "an ingestion (activedb.ingest.Ingestion, the Spark bridge's sink)")
-        name = source.statistics().query_name
+        try:
+            name: str | None = source.statistics().query_name
+        except Exception:
+            name = None
         with self._mutex:
-            if name in self._ingestion_names:
+            if name is not None and name in self._ingestion_names:
                 raise MetricsError(f"an ingestion of query {name!r} is watched already: a second would export the same "
                                    f"labels, which Prometheus refuses; give each ingestion its own source name")
-            self._ingestion_names.add(name)
+            if name is not None:
+                self._ingestion_names.add(name)
             self._ingestions.append((source, BatchLatency()))
 
     def watch_consumer(self, consumer: ConsumerSource) -> None:
@@ -233,6 +239,7 @@ class ActivedbCollector(Collector):
                                     "run (absent between batches)", labels=["query"])
         oldest = GaugeMetricFamily("activedb_ingest_oldest_firing_seconds", "How long the oldest rule firing still "
                                    "running in the batch in progress has run", labels=["query", "rule"])
+        exported: set[str] = set()
         failed = 0
         for source, histogram in ingestions:
             try:
@@ -243,6 +250,11 @@ class ActivedbCollector(Collector):
                 logger.warning("metrics: could not read ingestion %r: %s", source, error)
                 failed += 1
                 continue
+            if statistics.query_name in exported:       # (an ingestion that could not say its name when watched)
+                logger.warning("metrics: two watched ingestions are of query %r; exporting the first",
+                               statistics.query_name)
+                continue
+            exported.add(statistics.query_name)
             if batch is not None:
                 running.add_metric([statistics.query_name], batch.seconds)
                 if batch.firing is not None:

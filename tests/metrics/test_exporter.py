@@ -335,3 +335,36 @@ def test_one_watched_ingestion_that_fails_hides_not_the_others(database):
     finally:
         for ingestion in (working, broken):
             ingestion.close()
+
+
+def test_an_ingestion_that_fails_when_watched_is_watched_still_and_never_exported_twice(database):
+    """``watch_ingestion`` read the source's ``statistics()`` unguarded, where ``watch_consumer`` tolerates a source
+    that fails then: the source's own error (here a RuntimeError, no ActivedbError) came out of watch_ingestion, and
+    the command or program that watched it failed to start.  Now it is watched still, reported down while it fails,
+    and exported once it answers — unless its query name was exported already by another, then it is left out."""
+    from activedb.ingest import Ingestion
+
+    def gone():
+        raise RuntimeError("the source is gone")
+
+    exporter = MetricsExporter(database)
+    first, late, twin = (Ingestion(database, source=name) for name in ("orders", "refunds", "orders"))
+    try:
+        exporter.watch_ingestion(first)
+        for source in (late, twin):
+            answer = source.statistics
+            source.statistics = gone
+            exporter.watch_ingestion(source)            # cannot say its query name now: taken
+            source.statistics = answer
+        late.statistics, answer = gone, late.statistics
+        values = samples(exporter.scrape())
+        assert values[("activedb_metrics_source_up", (("source", "ingestion"),))] == 0
+        late.statistics = answer
+        text = exporter.scrape()
+        batches = [line for line in text.splitlines() if line.startswith("activedb_ingest_batches_total{")]
+        assert sorted(batches) == ['activedb_ingest_batches_total{query="orders"} 0.0',
+                                   'activedb_ingest_batches_total{query="refunds"} 0.0']
+        assert samples(text)[("activedb_metrics_source_up", (("source", "ingestion"),))] == 1
+    finally:
+        for ingestion in (first, late, twin):
+            ingestion.close()
