@@ -99,5 +99,8 @@ class HistoryRecorder:
             return list(self.ops)
 
     def clear(self) -> None:
+        """Start a new history: what was written before is its initial state (a read of it records
+        ``read_from="initial"``, never a transaction of the old history)."""
         with self._mutex:
             self.ops.clear()
+            self._last_writer.clear()

@@ -1758,6 +1758,22 @@ def test_a_rule_that_changes_its_events_images_changes_neither_the_row_nor_anoth
     assert committed(db, "accounts")[(1,)] == {"id": 1, "owner": "ann", "balance": 90}
 
 
+def test_a_cleared_history_names_no_writer_of_before_the_clear(db):
+    """``db.history.clear()`` emptied the operations but kept the recorder's last writer of each row, so a committed
+    read after the clear recorded ``read_from`` naming a transaction of before it (the interleaving runner clears the
+    history between its runs: a read of the next run named a transaction of an earlier one, absent from the history
+    it was in).  What was written before the clear is the new history's initial state: ``read_from="initial"``."""
+    with db.transaction() as tx:
+        tx.insert("items", key="c", value=1)
+        writer = tx.id
+    db.history.clear()
+    with db.transaction() as tx:
+        tx.read("items", "c")
+    reads = [op for op in db.history.snapshot() if op.kind == "read" and op.table == "items"]
+    assert [(op.source, op.read_from) for op in reads] == [("committed", "initial")], (writer, reads)
+    testing.check_history(db.history.snapshot()).assert_ok()
+
+
 def test_the_recorded_history_keeps_the_image_a_read_returned_as_it_was_read(db):
     """The history recorder (``record_history=True``) keeps what each read saw: a change the reader then makes to the
     dict it got does not rewrite the history that ``testing.check_history`` judges.  Before, a read of a row the tree
