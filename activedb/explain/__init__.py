@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Hashable, Iterable, Literal, Mapping, TypeAlias
 
 from activedb.errors import PictureError, check_seconds, check_whole_number
-from activedb.explain._drawing import EDGE_KINDS, draw
+from activedb.explain._drawing import EDGE_KINDS, draw, forest
 from activedb.txn import Observer
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -133,9 +133,7 @@ class Explanation:
         lines = [f"{self.title} ({self.taken_at})"]
         if self.deadlock:
             lines.append(f"deadlock: {self.deadlock}")
-        children: dict[str | None, list[ExplainNode]] = {}
-        for node in self.nodes:
-            children.setdefault(node.parent, []).append(node)
+        roots, children = forest(self.nodes)
 
         def walk(node: ExplainNode, indent: int) -> None:
             name = f" {node.name}" if node.name else ""
@@ -148,7 +146,7 @@ class Explanation:
             for child in children.get(node.tid, ()):
                 walk(child, indent + 1)
 
-        for root in children.get(None, ()):
+        for root in roots:
             walk(root, 0)
         if not self.nodes:
             lines.append("(no transaction is running)")

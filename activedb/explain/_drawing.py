@@ -46,14 +46,46 @@ _MAX_BULGE_LEVELS = 0.9      # how far a bent wait may leave its straight line, 
 _REGISTERED_KINDS = ("dependency", "nested", "children")
 
 
+def forest(nodes: tuple[ExplainNode, ...]) -> tuple[list[ExplainNode], dict[str, list[ExplainNode]]]:
+    """The roots and each node's children, in the nodes' order, such that every node is in one tree: a node whose
+    parent is not among the nodes (an explanation trimmed or edited by hand, loaded from JSON) is a root, as
+    ``from_snapshot`` makes one whose parent is not drawn, and so is the first node of a parent cycle."""
+    tids = {node.tid for node in nodes}
+    roots: list[ExplainNode] = []
+    children: dict[str, list[ExplainNode]] = {}
+    for node in nodes:
+        if node.parent is None or node.parent not in tids:
+            roots.append(node)
+        else:
+            children.setdefault(node.parent, []).append(node)
+    reached: set[str] = set()
+
+    def reach(root: ExplainNode) -> None:
+        stack = [root]
+        while stack:
+            node = stack.pop()
+            if node.tid not in reached:
+                reached.add(node.tid)
+                stack += children.get(node.tid, ())
+
+    for root in roots:
+        reach(root)
+    for node in nodes:                  # in a parent cycle (no root reaches it): the cycle's first node is a root
+        if node.tid not in reached:
+            siblings = children[str(node.parent)]       # (its parent is a node: it is not a root)
+            siblings.remove(node)
+            roots.append(node)
+            reach(node)
+    return roots, children
+
+
 def _layout(explanation: Explanation) -> dict[str, tuple[float, float]]:
     """Tidy tree layout: each leaf one column, a parent centred over its children, trees side by side;
     trees of a single transaction (typically the waiters) go in a row of their own below the others, so
     that the edges between trees stay short."""
-    children: dict[str | None, list[str]] = {}
-    for node in explanation.nodes:
-        children.setdefault(node.parent, []).append(node.tid)
-    roots = children.get(None, [])
+    tree_roots, tree_children = forest(explanation.nodes)
+    children = {tid: [kid.tid for kid in kids] for tid, kids in tree_children.items()}
+    roots = [root.tid for root in tree_roots]
     big = [root for root in roots if children.get(root)]
     single = [root for root in roots if not children.get(root)]
     if not big:

@@ -322,6 +322,26 @@ def test_a_box_shows_a_transactions_whole_name():
     assert not any("…" in text for text in texts), texts
 
 
+def test_a_node_whose_parent_is_not_in_the_picture_is_shown_as_a_root(tmp_path):
+    """An explanation loaded from JSON that was trimmed or edited by hand can hold a node whose parent is not among
+    its nodes: ``text()`` left it out, with the tree below it (a waiter whose wait was listed, the waiter nowhere),
+    and ``render()`` failed with a bare KeyError.  It is shown as a root, as ``from_snapshot`` shows a node whose
+    parent is not drawn; so is a node of a parent cycle, which no root reaches."""
+    from activedb.explain import ExplainEdge, ExplainNode
+
+    trimmed = Explanation(nodes=(
+        ExplainNode("T1", None, "holder", "active", 0),
+        ExplainNode("T2.1", "T2", "waiter", "active", 1),
+        ExplainNode("T2.1.1", "T2.1", "below", "active", 2),
+        ExplainNode("T3", "T4", "loop", "active", 1), ExplainNode("T4", "T3", None, "active", 1)),
+        edges=(ExplainEdge("T2.1", "T1", "held", "items['a']"),))
+    loaded = Explanation.load(trimmed.save(tmp_path / "trimmed.json"))
+    lines = loaded.text().splitlines()
+    assert "T2.1 waiter [active]" in lines and "  T2.1.1 below [active]" in lines, lines
+    assert "T3 loop [active]" in lines and "  T4 [active]" in lines, lines
+    assert_png(loaded.render(tmp_path / "trimmed.png"), minimum=5_000)
+
+
 @pytest.mark.parametrize("timeout", [float("nan"), -1, 0, "10", None])
 def test_request_refuses_a_timeout_that_is_no_time_before_anything_is_sent(tmp_path, timeout):
     """``request(pid, timeout=nan)`` (``activedb explain --pid P --timeout nan``) signalled the process and then never
