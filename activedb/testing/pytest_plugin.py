@@ -18,8 +18,9 @@ setting: ``function``, the default, or ``module``):
 * ``activedb_make_url`` — ``make(migrations=None)``: the URL of another fresh database (dropped at the end of the
   test);
 * ``activedb_watchdog`` — a :class:`~activedb.testing.Watchdog` around the test: if it still runs after
-  ``activedb_watchdog_timeout`` seconds (default 60) it prints the wait-for graph of ``activedb_db`` and every
-  thread's stack, and the test fails; ``@pytest.mark.activedb_watchdog(timeout=30)`` turns it on for a test;
+  ``activedb_watchdog_timeout`` seconds (default 60) it prints the lock manager's wait-for graph of ``activedb_db``,
+  its transactions' picture (``db.explain()``: trees, locks and every wait, those the lock manager does not have
+  among them) and every thread's stack, and the test fails; ``@pytest.mark.activedb_watchdog(timeout=30)`` turns it on for a test;
 * ``activedb_server`` (session) — the server the databases are made on: the one of ``--activedb-url``, the
   ``activedb_url`` setting or ``ACTIVEDB_TEST_URL`` (a user that may create databases), else the embedded server
   (``activedb[embedded]``; under ``ACTIVEDB_HOME``, as ``activedb.connect()`` uses it).
@@ -291,16 +292,17 @@ def activedb_watchdog(request: pytest.FixtureRequest) -> Iterator[Watchdog]:
                  else "the activedb_watchdog_timeout setting")
         pytest.fail(f"{where} is {given!r}: give the seconds before the watchdog fails the test, a number above 0 "
                     f"(e.g. 60)", pytrace=False)
-    locks = None
+    locks, describe = None, None
     if "activedb_db" in request.fixturenames:
-        locks = request.getfixturevalue("activedb_db").transactions.locks
+        database: Database = request.getfixturevalue("activedb_db")
+        locks, describe = database.transactions.locks, (lambda: _picture(database))
     # A test blocked for good never leaves the ``with``: once the watchdog has printed, SIGALRM makes the test's
     # (main) thread fail where it waits, and the report shows what was printed (its captured stderr).
     interrupt = threading.current_thread() is threading.main_thread() and hasattr(signal, "pthread_kill")
 
     interrupted, main = threading.Event(), threading.get_ident()
-    watchdog = Watchdog(seconds, locks, on_fire=(lambda: signal.pthread_kill(main, signal.SIGALRM)) if interrupt
-                        else None)
+    watchdog = Watchdog(seconds, locks, describe=describe,
+                        on_fire=(lambda: signal.pthread_kill(main, signal.SIGALRM)) if interrupt else None)
 
     def fail(signum: int, frame: FrameType | None) -> None:
         if not watchdog.fired.is_set():     # not the watchdog's alarm (pytest-timeout's timer, say): not ours
@@ -321,6 +323,32 @@ def activedb_watchdog(request: pytest.FixtureRequest) -> Iterator[Watchdog]:
     finally:
         if interrupt:
             signal.signal(signal.SIGALRM, previous)
+
+
+#: Seconds a watchdog waits for the transactions' picture before it goes on without it (to the stacks, the interrupt).
+PICTURE_SECONDS = 10.0
+
+
+def _picture(database: Database) -> str:
+    """The transactions' picture for a watchdog that fired (``db.explain()`` as text): the trees, their states and
+    locks, and every wait — also those the lock manager's graph does not have: a parent's wait for a child its own
+    thread runs (kept on the thread until it blocks, txn README "A helped child's wait edge") and a lazy inline
+    subtransaction's.  Taken on a thread of its own and waited for at most ``PICTURE_SECONDS``: the hang may hold
+    a mutex the picture needs, and the watchdog must still print the stacks and interrupt the test.  Costs nothing
+    until the watchdog fires."""
+    taken: list[str] = []
+
+    def take() -> None:
+        try:
+            taken.append(database.explain().text())
+        except Exception as error:       # (diagnostics only: the stacks still follow)
+            taken.append(f"(could not take the transactions' picture: {error!r})")
+
+    thread = threading.Thread(target=take, name="activedb watchdog picture", daemon=True)
+    thread.start()
+    thread.join(PICTURE_SECONDS)
+    return taken[0] if taken else (f"(the transactions' picture was not taken within {PICTURE_SECONDS:g} s: a mutex "
+                                   f"it needs is held; see the stacks)")
 
 
 @pytest.fixture(autouse=True)

@@ -339,3 +339,28 @@ def test_slow():
     output = result.stdout.str()
     assert "Timeout (>1.0s) from pytest-timeout" in output, output[-3000:]
     assert "activedb_watchdog: the test still ran" not in output, output[-3000:]
+
+
+def test_a_watchdog_shows_a_parent_waiting_for_its_child_which_the_lock_manager_does_not_have(project):
+    """A transaction that waits for a child its own thread runs (``spawn(...).result()``, a rule firing's children:
+    help-while-waiting) keeps that wait on the thread, an edge the lock manager registers only when the thread is
+    about to block in it (txn README, "A helped child's wait edge").  A child blocked in its own code never does: the
+    watchdog printed the lock manager's wait-for graph, empty — the hang's one wait missing.  It now prints the
+    transactions' picture too (``db.explain()``: the trees, states, locks, and every wait, those kept on a thread
+    among them)."""
+    project.makepyfile(test_hang="""
+import threading
+
+import pytest
+
+
+@pytest.mark.activedb_watchdog(timeout=1)
+def test_waits_for_its_child(activedb_db):
+    with activedb_db.transaction(name="parent") as tx:
+        tx.spawn(lambda child: threading.Event().wait(30), name="stuck").result()
+""")
+    result = project.runpytest_subprocess("-p", "no:cacheprovider", "-s", timeout=600)
+    result.assert_outcomes(failed=1)
+    result.stderr.fnmatch_lines(["WATCHDOG: test still running after 1.0 s", "wait-for graph:",
+                                 "activedb transactions of process *", "T1 parent [[]active, in a commit wait[]]",
+                                 "  T1.? stuck [[]active[]]", "waits:", "  T1 -[[]commit[]]-> T1.?"])
