@@ -14,9 +14,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 
+import psycopg
+import sqlalchemy as sa
+
 from activedb import lowlevel
-from activedb.errors import (DuplicateKey, LockWaitTimeout, RecordsTakenOver, RuleFailed, TransactionError, causes,
-                             classify)
+from activedb.errors import (DuplicateKey, Failure, LockWaitTimeout, RecordsTakenOver, RuleFailed, TransactionError,
+                             causes, classify, sqlstate_of)
 from activedb.outbox import _records
 from activedb.store import is_connection_failure, storable_text
 from activedb.txn import Along, CommitParticipant
@@ -39,14 +42,30 @@ def is_retryable(error: BaseException) -> bool:
 
 def describe_error(error: BaseException) -> str:
     """``Type: message`` of what went wrong — for a rule that raised, of what the rule raised (the record
-    names the rule and the event already)."""
+    names the rule and the event already).  A driver's error is summarised in one line (:func:`_driver_summary`):
+    its text holds the statement and its parameters, user data that logs and records must not keep."""
     while isinstance(error, RuleFailed) and error.__cause__ is not None:
         error = error.__cause__
-    text = f"{type(error).__name__}: {error}"
+    text = _driver_summary(error) or f"{type(error).__name__}: {error}"
     cause = error.__cause__
-    if cause is not None and str(cause) not in text:
-        text += f" (caused by {type(cause).__name__}: {cause})"
+    if cause is not None:
+        said = _driver_summary(cause) or f"{type(cause).__name__}: {cause}"
+        if str(cause) not in text and said not in text:
+            text += f" (caused by {said})"
     return storable_text(text)
+
+
+def _driver_summary(error: BaseException) -> str | None:
+    """``Type (SQLSTATE s): PostgreSQL's first line`` of a driver's error (SQLAlchemy's, or psycopg's own), as
+    :func:`activedb.errors.database_failure` reads it: without the statement, its parameters or PostgreSQL's
+    DETAIL (which quotes the values); None for any other error."""
+    if not isinstance(error, (sa.exc.StatementError, psycopg.Error)):
+        return None
+    orig = getattr(error, "orig", None) or error
+    lines = str(orig).strip().splitlines()
+    sqlstate = sqlstate_of(error)
+    state = f" (SQLSTATE {sqlstate})" if sqlstate else ""
+    return f"{type(orig).__name__}{state}: {lines[0] if lines else 'no message'}"
 
 
 @dataclass(eq=False)
@@ -197,9 +216,13 @@ class Executor:
                 self._taken.update(work.record_id for work in group)
             try:
                 self._run(group, retried=False)
-            except BaseException:      # never lose the accounting; the records stay pending in PostgreSQL
-                logger.exception("outbox group runner failed; its %d record(s) wait for the next recovery pass",
-                                 len(group))
+            except BaseException as error:  # never lose the accounting; the records stay pending in PostgreSQL
+                if isinstance(error, Exception) and classify(error) is not Failure.BUG:   # (an outage, a refusal)
+                    logger.warning("outbox group runner stopped: %s; its %d record(s) wait for the next recovery "
+                                   "pass", describe_error(error), len(group))
+                else:                       # a bug: its traceback
+                    logger.exception("outbox group runner failed; its %d record(s) wait for the next recovery pass",
+                                     len(group))
                 with self._mutex:
                     self._parked.extend(group)
             finally:
@@ -232,7 +255,7 @@ class Executor:
             outbox.catalog.invalidate_key_blocks()
         if is_connection_failure(error):
             logger.warning("outbox: PostgreSQL unreachable while running %d firing(s) (%s); they wait for the "
-                           "next recovery pass", len(group), error)
+                           "next recovery pass", len(group), describe_error(error))
             with self._mutex:
                 self._parked.extend(group)
             return

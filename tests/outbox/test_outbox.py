@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import secrets
 import threading
+import types
 
 import pytest
 import sqlalchemy as sa
@@ -84,3 +85,75 @@ def test_a_claim_that_lost_its_connection_is_unavailable_and_its_records_run_onc
         back(embedded)
         lock.release()
         database.close()
+
+
+@pytest.fixture
+def quiet(migrated):
+    """A database of the session's server whose outbox runs no recovery pass of its own."""
+    database = activedb.connect(migrated, outbox_options={"recovery_interval": None})
+    yield database
+    database.close()
+
+
+def driver_error(lost: bool) -> sa.exc.DBAPIError:
+    """What SQLAlchemy raises for a statement PostgreSQL refused (or whose connection broke): its text holds the
+    statement and its parameters — here an event's payload."""
+    import psycopg
+
+    orig = (psycopg.OperationalError("server closed the connection unexpectedly\n\tThis probably means the server "
+                                     "terminated abnormally") if lost else
+            psycopg.errors.UniqueViolation('duplicate key value violates unique constraint "activedb_outbox_pkey"\n'
+                                           "DETAIL:  Key (id)=(7) already exists."))
+    kind = sa.exc.OperationalError if lost else sa.exc.IntegrityError
+    return kind("INSERT INTO activedb_outbox (id, event) VALUES (%(id)s, %(event)s)",
+                {"id": 7, "event": '{"card": "4111-secret"}'}, orig)
+
+
+def assert_one_line_without_parameters(caplog, words: str) -> None:
+    [record] = [record for record in caplog.records if words in record.getMessage()]
+    message = record.getMessage()
+    assert "4111-secret" not in message and "[SQL" not in message and "\n" not in message, message
+    assert record.exc_info is None, "a traceback for a database failure"
+
+
+@pytest.mark.parametrize("lost", [True, False], ids=["lost", "refused"])
+def test_firings_that_could_not_be_recorded_are_logged_in_one_line_without_the_statement_s_parameters(quiet, caplog,
+                                                                                                      monkeypatch, lost):
+    """``record_now`` logged the driver's error whole: its text carries the INSERT and its parameters, the firings'
+    events (user data in the log), over several lines."""
+    def fails(count, since=None):
+        raise driver_error(lost)
+
+    monkeypatch.setattr(quiet.outbox, "draw_ids", fails)
+    firing = types.SimpleNamespace(rule=types.SimpleNamespace(name="alert"))
+    quiet.outbox.record_now([(firing, "T1", None, True)], retries=0)
+    assert_one_line_without_parameters(caplog, "could not record 1 detached firing(s)")
+    assert "UniqueViolation" in caplog.text or "OperationalError" in caplog.text
+
+
+def test_a_record_that_fails_alone_is_logged_in_one_line_without_the_statement_s_parameters(quiet, caplog):
+    from activedb.outbox._executor import Work
+
+    quiet.outbox.fail_alone(Work(-1, None), driver_error(False))     # (no record -1: nothing to mark)
+    assert_one_line_without_parameters(caplog, "outbox record -1 cannot be run")
+    assert "(SQLSTATE 23505)" in caplog.text
+
+
+def test_a_group_runner_that_lost_its_connection_logs_one_line_and_no_traceback(quiet, caplog, monkeypatch):
+    """A group runner that met a lost connection outside its group's transaction (reading which records are still
+    its own after a take-over, say) logged a full traceback ending in the driver's error, statement and parameters
+    — for an outage, not a bug.  It is one line now; anything else still gets its traceback."""
+    from activedb.outbox._executor import Work
+
+    executor = quiet.outbox._executor
+
+    def lost(group, *, retried):
+        raise driver_error(True)
+
+    monkeypatch.setattr(executor, "_run", lost)
+    firing = types.SimpleNamespace(rule=types.SimpleNamespace(name="alert"))
+    executor.submit([Work(-1, firing)])
+    assert executor.wait_idle(TIMEOUT)
+    assert_one_line_without_parameters(caplog, "wait for the next recovery pass")
+    with executor._mutex:
+        executor._parked.clear()           # (nothing to run: the record does not exist)
