@@ -193,7 +193,8 @@ class StreamEngine:
         ``punctuations`` gives one per stream; each stream's ``db.watermark(stream)`` is
         taken as well.  ``END_OF_STREAM`` releases everything.  ``batch_id`` is written
         with the dead letters.  Raises only when the batch cannot go on (then ``tx``
-        should be aborted; the engine's state stays as before the batch)."""
+        should be aborted; the engine's state stays as before the batch) — except a refused
+        punctuation (``StreamError``), which changes nothing: the call may be made again in ``tx``."""
         if isinstance(events, (StreamEvent, Mapping, str, bytes)) or not isinstance(events, Iterable):
             # (One event where a batch belongs would be taken apart: a mapping's keys each a dead letter.)
             raise StreamError(f"events is {type(events).__name__} {events!r:.80}, not a collection of events: give a "
@@ -250,10 +251,18 @@ class StreamEngine:
             raise StreamStateError(f"engine {self.name} has no stream; declare one with engine.create_stream()")
         events = list(events)
         now = time.perf_counter()
-        self.metrics.arrived(len(events), now)
+        # A refused punctuation (StreamError) changes nothing: the admission is taken back, so a caller that retries
+        # in the same transaction admits the events once.  (Admission comes first: the batch's first admitted event
+        # fixes the kind of the engine's timestamps the punctuation is checked against.)
+        mark = self._reorder.mark(pending)
         letters: list[DeadLetter] = self._reorder.admit_all(events, now, pending, streams)
+        try:
+            bound = self._reorder.bound(pending, streams, punctuation, punctuations)
+        except StreamError:
+            self._reorder.undo(pending, mark)
+            raise
+        self.metrics.arrived(len(events), now)
         admitted = len(events) - len(letters)
-        bound = self._reorder.bound(pending, streams, punctuation, punctuations)
         released = self._reorder.release(pending, bound, now)
         self.metrics.phase(buffer=time.perf_counter() - began)
         matchers = self._definitions.matchers

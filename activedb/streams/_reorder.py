@@ -7,6 +7,7 @@ it works on the batch's :class:`~activedb.streams._state.Pending` (only the batc
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import datetime as dt
 from typing import Any, Callable, Iterable, Mapping, cast
 
@@ -169,6 +170,21 @@ class ReorderBuffer:
         self.metrics.add(dead_letters=1)
         return DeadLetter(event, reason, punctuation)
 
+    @staticmethod
+    def mark(pending: Pending) -> AdmissionMark:
+        """What ``admit_all`` and ``bound`` change in ``pending``, to take them back with :meth:`undo`."""
+        return AdmissionMark(pending.buffer, pending.arrivals, pending.time_kind, dict(pending.punctuations))
+
+    @staticmethod
+    def undo(pending: Pending, mark: AdmissionMark) -> None:
+        """``pending`` as it was at ``mark``: the events admitted since out of the buffer again, the kind and the
+        punctuations as they were.  (``admit_all`` puts a new list in ``pending.buffer``; the marked one is
+        unchanged.)"""
+        for arrival in range(mark.arrivals, pending.arrivals):
+            pending.buffer_added.pop(arrival, None)
+        pending.buffer, pending.arrivals, pending.time_kind = mark.buffer, mark.arrivals, mark.time_kind
+        pending.punctuations = mark.punctuations
+
     def bound(self, pending: Pending, streams: Mapping[str, StreamSchema], punctuation: Punctuation | None,
               punctuations: Mapping[str, Punctuation] | None) -> Punctuation | None:
         given: dict[str, Punctuation] = dict(punctuations or {})
@@ -247,6 +263,16 @@ class ReorderBuffer:
         del buffer[:cut]
         self.metrics.add(released=len(released), reorder_delay=delay, ties_by_content=ties)
         return released
+
+
+@dataclasses.dataclass(frozen=True)
+class AdmissionMark:
+    """A batch's admission state before a call's admission (:meth:`ReorderBuffer.mark`)."""
+
+    buffer: list[tuple[tuple[object, ...], int, StreamEvent]]
+    arrivals: int
+    time_kind: str | None
+    punctuations: dict[str, Punctuation]
 
 
 class Unreadable(StreamEvent):

@@ -1126,3 +1126,26 @@ def test_an_event_whose_row_key_the_table_refuses_is_a_dead_letter_and_the_strea
         (malformed.describe(), malformed.attributes)]
     assert "workerstatus.workerid is TEXT" in result.dead_letters[0].reason
     assert observe(db, result.outputs) == expected
+
+
+@pytest.mark.parametrize("bad", [float("nan"), dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)],
+                         ids=["nan", "a-datetime-for-number-timestamps"])
+@pytest.mark.parametrize("first", [True, False], ids=["first-batch", "later-batch"])
+def test_a_refused_punctuation_admits_nothing_so_a_retry_in_the_transaction_admits_the_events_once(db, bad, first):
+    """A batch whose punctuation is refused (StreamError) changes nothing: a caller that catches the error and
+    processes the batch again in the same transaction, with a good punctuation, gets each event once — one
+    Q1 output, two events released.  Before, the refused call had already put its events into the batch's
+    buffer, so the retry released them twice (and in the first batch the events had fixed the engine's kind)."""
+    reset(db)
+    made = engine(db, name="refused", durable=False, record_history=False)
+    if not first:
+        made.feed([badge("EXIT", 0, "w1", "z")], punctuation=0)
+    events = [badge("EXIT", 1, "w0", "a"), badge("ENTER", 3, "w0", "b")]
+    with db.transaction() as tx:
+        with pytest.raises(StreamError, match=r"punctuation"):
+            made.process(tx, events, punctuation=bad)
+        with pytest.raises(StreamError, match=r"no stream 'e_stream'"):
+            made.process(tx, events, punctuations={"e_stream": 5})
+        result = made.process(tx, events, punctuation=5)
+    assert (result.released, result.dead_letters, result.buffered) == (2 if first else 3, (), 0)
+    assert [output.query for output in result.outputs] == ["Q1"]
