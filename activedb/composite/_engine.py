@@ -428,6 +428,7 @@ class CompositionEngine:
                     self._members.leave(state)
                     self._counts["excluded"] += 1
                     self._evaluation.wake(state.types)
+                self._rollback.keep_membership()    # (a leave, membership, not the batch's: an open batch's abort keeps it)
                 return
         details = "; ".join(f"{name} silent for {silent[name]:.3g} s, blocking {', '.join(sorted(set(nodes)))}"
                             for name, nodes in sorted(waited.items()))

@@ -151,3 +151,29 @@ def test_a_batch_refused_for_an_ended_transaction_leaves_no_stale_snapshot(db):
             assert names(engine.process(tx, BATCH_2)) == [("a0", "b0")]
             raise RuntimeError("the batch fails after composing")
     assert engine.statistics() == before
+
+
+def test_an_exclusion_after_a_timeout_during_a_batch_s_transaction_outlives_its_abort(db):
+    """Under ``on_timeout='exclude'`` a producer silent beyond the timeout leaves without saying so (README,
+    'Membership'): that is membership, as ``leave`` is, and no part of the batch whose call found it silent — its
+    silence is the clock's, which no abort turns back.  So the abort of the batch's transaction keeps the exclusion
+    while the batch's events go, and the batch delivered again composes without waiting for the
+    excluded producer.  Before, the abort restored the producer as joined: it held the batch's compositions back
+    again, until the end of the call excluded it once more (its composite then left for a later call)."""
+    clock = composite.ManualClock()
+    engine = make_engine("CREATE QUERY AB PATTERN AND(A, B) RETURN A.id AS a, B.id AS b", FIG2, db=db, clock=clock,
+                         timeout=2.0, on_timeout="exclude")
+    batch = [ev("A", 1.0, "PA", "a0"), ev("B", 1.1, "P1B", "b0")] + [
+        composite.Heartbeat(producer, Timestamp.at(3.0, 0.005)) for producer in ("PA", "P1B")]
+    with pytest.raises(RuntimeError):
+        with db.transaction() as tx:
+            assert engine.process(tx, batch) == []          # AB waits for P2B
+            clock.advance(3.0)
+            engine.process(tx, [])                          # P2B silent for 3 s: excluded
+            assert engine.producers()["P2B"].state == "left"
+            raise RuntimeError("the batch fails")
+    assert engine.producers()["P2B"].state == "left"
+    assert engine.statistics().events == 0          # the batch itself is undone
+    with db.transaction() as tx:
+        composed = engine.process(tx, batch)
+    assert names(composed) == [("a0", "b0")]
