@@ -355,7 +355,9 @@ class CompositionEngine:
             return self._evaluation.take_outbox()
 
     def discard(self, event: StreamEvent) -> list[CompositeEvent]:
-        """Remove ``event`` from every list (e.g. after ``UncertainOrder``, as the application decides)."""
+        """Remove ``event`` from every list it entered (e.g. after ``UncertainOrder``, as the application decides).
+        One copy: of an event signalled twice (equal in type, time and attributes) the one that arrived first goes,
+        the other stays."""
         if not isinstance(event, StreamEvent):
             raise CompositeError(f"discard() takes the StreamEvent as it was signalled (or the one an "
                                  f"UncertainOrder names), got {type(event).__name__} {event!r:.80}")
@@ -365,16 +367,18 @@ class CompositionEngine:
             except (TypeError, ValueError):
                 pass                                 # not a time: in no list (said below)
         with self._guard:
-            found = False
+            # (One arrival is one Item, shared by every list it entered: its number names that copy.)
+            numbers = [item.number for node in self._evaluation.nodes.values() for item in node.items()
+                       if item.event == event]
+            if not numbers:
+                raise CompositeError(f"{describe_event(event)} is in no list of engine {self.name}")
+            first = min(numbers)
             for node in list(self._evaluation.nodes.values()):      # (evaluating drops a node it empties)
-                doomed = [item for item in node.items() if item.event == event]
+                doomed = [item for item in node.items() if item.number == first]
                 if doomed:
-                    found = True
                     node.remove(doomed)
                     self._counts["dropped"] += len(doomed)
                     self._evaluation.evaluate(node)
-            if not found:
-                raise CompositeError(f"{describe_event(event)} is in no list of engine {self.name}")
         return self._finish()
 
     # --- the end of a call -------------------------------------------------------------------------------

@@ -448,3 +448,20 @@ def test_a_return_that_raises_leaves_the_pair_in_the_lists(query):
         engine.heartbeat("P2B", 1.6)
     engine.discard(b0)
     assert engine.heartbeat("P2B", 1.7) == [] and engine.statistics().waiting == 1
+
+
+def test_discard_of_an_event_signalled_twice_removes_one_copy():
+    """``discard(event)`` removes the event it is given — one candidate (README: the application ``discard(event)``s a
+    candidate) — from every list it entered.  An event signalled twice (a producer's duplicate, equal in type, time
+    and attributes) is two candidates: discarding one leaves the other, which still composes.  Before, every equal
+    copy went (both dropped), and the application had no way to keep one."""
+    engine = make_engine(SEQ_CHRONICLE, {"PA": ["A"], "PB": ["B"]})
+    event = ev("A", 1.0, "PA", "a0")
+    engine.signal(event)
+    engine.signal(event)
+    assert engine.discard(event) == []
+    assert engine.statistics().dropped == 1
+    assert [waiting["lists"]["A"] for waiting in engine.waiting().values()] == [[event]]
+    engine.signal(ev("B", 1.1, "PB", "b0"))
+    engine.heartbeat("PA", Timestamp.at(2.0, 0.005))
+    assert names(engine.heartbeat("PB", Timestamp.at(2.0, 0.005))) == [("a0", "b0")]
