@@ -6,6 +6,7 @@ grammar is in the design note ``activedb/streams/README.md``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -113,6 +114,8 @@ class Parser(TokenCursor):
         seconds = float(amount) * DURATION_UNITS[token.text.lower()]
         if seconds <= 0:
             raise self.error("WITHIN needs a positive window", start)
+        if not math.isfinite(seconds):      # (a finite amount times its unit; start is the amount: it is positive)
+            raise self.error(f"WITHIN {start.text} {token.text} is no finite window: give a shorter one", start)
         return seconds
 
     def returns(self) -> tuple[ast.ReturnItem, ...]:

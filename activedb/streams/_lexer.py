@@ -5,6 +5,7 @@ design note ``activedb/streams/README.md``.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -156,10 +157,19 @@ class TokenCursor:
         raise self.error(f"expected {what}, found {token.describe()}")
 
     def number(self, what: str) -> float | int:
+        """A number literal, optionally negated, that is finite as a float (``1e999`` reads as infinity, an integer
+        of 400 digits converts to none)."""
         negative = self.accept_symbol("-")
         token = self.current
         if token.kind != "number":
             raise self.error(f"expected {what} (a number), found {token.describe()}")
+        try:
+            finite = math.isfinite(token.value)
+        except OverflowError:       # (an int too large for a float)
+            finite = False
+        if not finite:
+            raise self.error(f"expected {what} (a finite number), found {token.text}, which is infinite as a float: "
+                             f"give a number below 1e308")
         self.advance()
         number: float | int = -token.value if negative else token.value
         return number

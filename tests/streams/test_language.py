@@ -353,3 +353,25 @@ def test_a_script_with_an_error_defines_none_of_its_statements(db):
     with pytest.raises(DefinitionError, match="already defined"):       # (a statement of the script, as before)
         engine.define(Q1_R1.replace("CREATE QUERY Q1", "CREATE QUERY Q3"))
     assert sorted(engine.queries) == ["Q1"] and sorted(engine.rules) == ["R1"]
+
+
+@pytest.mark.parametrize("text, column, words", [
+    ("CREATE QUERY Q PATTERN SEQ(A) WITHIN 1e999 sec RETURN A.x", 38, "the window's length (a finite number)"),
+    ("CREATE QUERY Q PATTERN SEQ(A) WITHIN 1" + "0" * 400 + " sec RETURN A.x", 38,
+     "the window's length (a finite number)"),
+    ("CREATE QUERY Q PATTERN SEQ(A) WITHIN 1e308 hour RETURN A.x", 38, "WITHIN 1e308 hour is no finite window"),
+    ("CREATE QUERY Q PATTERN SEQ(A) PRIORITY 1e999 RETURN A.x", 40, "the query's priority (a finite number)"),
+    ("CREATE QUERY Q PATTERN SEQ(A) PRIORITY -1e999 RETURN A.x", 41, "the query's priority (a finite number)"),
+    ("CREATE RULE R ON OUTPUT Q PRIORITY 1e999 BEGIN DELETE FROM t WHERE k = 1 END", 36,
+     "the rule's priority (a finite number)"),
+], ids=["within-inf", "within-a-huge-integer", "within-overflowing-its-unit", "query-priority-inf",
+        "query-priority-minus-inf", "rule-priority-inf"])
+def test_a_window_or_priority_that_is_no_finite_number_is_a_syntax_error(text, column, words):
+    """``WITHIN`` and ``PRIORITY`` take finite numbers: ``1e999`` (read as infinity), a window whose unit makes it
+    infinite, and an integer too large for a float are refused by the parser with the line and column and what it
+    expected.  Before, the infinities were accepted (a window of no length limit, a priority above every other) and
+    the huge integer failed with a bare OverflowError (no ActivedbError)."""
+    with pytest.raises(QuerySyntaxError) as caught:
+        streams.parse(text)
+    assert (caught.value.line, caught.value.column) == (1, column), str(caught.value)
+    assert words in str(caught.value)
