@@ -281,25 +281,38 @@ def check_arrow_types(schema: StructType, *, scale_out: bool) -> None:
     path's ``toArrow()`` has pyspark convert the batch's schema first, which refuses some types (a calendar interval
     from ``make_interval``, a year-month interval).  The scale-out path's ``mapInArrow`` (``_scaleout.py``) carries a
     calendar interval, but pyarrow cannot wrap a year-month interval array (``KeyError: 21`` in the task's worker,
-    before the task sees a row), at any depth of the column's type.  ``ingest()`` asks it of its frame; a sink wired
-    with ``foreachBatch`` directly of the batch (the one-task sink once ``toArrow()`` failed)."""
+    before the task sees a row), and the JVM refuses a struct with two fields of one name
+    (``[DUPLICATED_FIELD_NAME_IN_ARROW_STRUCT]``, as ``toArrow()`` does), each at any depth of the column's type.
+    ``ingest()`` asks it of its frame; a sink wired with ``foreachBatch`` directly of the batch (the one-task sink
+    once ``toArrow()`` failed)."""
     from pyspark.sql.pandas.types import to_arrow_type
     from pyspark.sql.types import ArrayType, DataType, MapType, StructType, YearMonthIntervalType
 
-    def year_month(data_type: DataType) -> bool:
+    def nested(data_type: DataType) -> list[DataType]:
+        """``data_type`` and every type inside it."""
         if isinstance(data_type, ArrayType):
-            return year_month(data_type.elementType)
-        if isinstance(data_type, MapType):
-            return year_month(data_type.keyType) or year_month(data_type.valueType)
-        if isinstance(data_type, StructType):
-            return any(year_month(field.dataType) for field in data_type.fields)
-        return isinstance(data_type, YearMonthIntervalType)
+            inner = [data_type.elementType]
+        elif isinstance(data_type, MapType):
+            inner = [data_type.keyType, data_type.valueType]
+        elif isinstance(data_type, StructType):
+            inner = [field.dataType for field in data_type.fields]
+        else:
+            inner = []
+        return [data_type, *(found for each in inner for found in nested(each))]
 
     for field in schema.fields:
         try:       # (as DataFrame.toArrow converts the schema)
-            if scale_out and year_month(field.dataType):
-                raise TypeError("pyarrow cannot take a year-month interval from Spark's mapInArrow")
-            if not scale_out:
+            if scale_out:
+                types = nested(field.dataType)
+                if any(isinstance(each, YearMonthIntervalType) for each in types):
+                    raise TypeError("pyarrow cannot take a year-month interval from Spark's mapInArrow")
+                for struct in (each for each in types if isinstance(each, StructType)):
+                    names = struct.names
+                    twice = [name for index, name in enumerate(names) if name in names[:index]]
+                    if twice:
+                        raise TypeError(f"duplicate field name {twice[0]!r} in a struct: Spark's mapInArrow refuses "
+                                        f"it; rename the struct's fields")
+            else:
                 to_arrow_type(field.dataType, error_on_duplicated_field_names_in_struct=True, timezone="UTC")
         except Exception as error:      # (pyspark's PySparkTypeError, PySparkValueError)
             raise IngestError(

@@ -633,6 +633,42 @@ def test_a_column_arrow_cannot_convert_is_refused_at_ingest_on_the_scale_out_pat
 
 
 @pytest.mark.spark
+def test_a_struct_with_duplicate_field_names_is_refused_on_the_scale_out_path_as_on_the_one_task_path(
+        spark, tmp_path, make_database_url):
+    """A struct column with two fields of one name (``F.struct(F.lit(1).alias("x"), F.lit(2).alias("x"))``) passed
+    ``ingest(…, partition_by_key=N)`` (``activedb run --partitions N``) and a ``PartitionedIngestSink`` wired with
+    ``foreachBatch`` directly: every batch's ``mapInArrow`` job then failed in the JVM
+    (``[DUPLICATED_FIELD_NAME_IN_ARROW_STRUCT]``), replay after replay — the stream stopped for good.  The one-task
+    path refused it at ``ingest()``.  The scale-out path refuses it too, at ``ingest()`` and at a direct sink's first
+    batch, naming the column, also inside an array; nothing is applied."""
+    from pyspark.sql import functions as F
+
+    write_files(tmp_path / "in", [[{"type": "add", "key": "k", "ts": iso(BASE_TIME), "amount": 1, "seq": 1}]])
+    database = app_database(make_database_url("duplicate_fields_scaled"))
+    pair = F.struct(F.lit(1).alias("x"), F.lit(2).alias("x"))
+    error = r"column 'pair' \((array<)?struct<x:int,x:int>>?\) cannot be converted to Arrow.*[Dd]uplicate.*'x'"
+    try:
+        frame = _stream(spark, tmp_path / "in")
+        for column in (pair, F.array(pair)):
+            for options in ({}, dict(partition_by_key=2, app=APP_FILE)):
+                with pytest.raises(IngestError, match=error):
+                    spark_bridge.ingest(database, frame.withColumn("pair", column), mapping=app_counters.MAPPING,
+                                        query_name="x", checkpoint_location=str(tmp_path / "c"), **options)
+        assert spark.streams.active == []
+        sink = spark_bridge.PartitionedIngestSink(database, app_counters.MAPPING, partitions=2, app=APP_FILE,
+                                                  query_name="direct", spark_session=spark)
+        query = (frame.withColumn("pair", pair).writeStream.foreachBatch(sink).queryName("direct")
+                 .option("checkpointLocation", str(tmp_path / "checkpoint")).trigger(availableNow=True).start())
+        with pytest.raises(Exception, match=error):
+            query.awaitTermination(STREAM_TIMEOUT_SECONDS)
+        failure = sink.last_failure()
+        assert failure is not None and isinstance(failure[1], IngestError), failure
+        assert (ledger(database), dead_letters(database)) == ([], [])
+    finally:
+        database.close()
+
+
+@pytest.mark.spark
 @pytest.mark.parametrize("scale_out", [False, True], ids=["one task", "scale-out"])
 def test_a_sink_wired_with_foreach_batch_directly_refuses_a_missing_or_unconvertible_column_as_ingest_does(
         spark, tmp_path, make_database_url, scale_out):
