@@ -130,8 +130,11 @@ class IngestSink(Ingestion):
             table = batch_df.toArrow()
         except Exception:
             # A column toArrow cannot take fails every batch: ingest()'s error for it (its check, done here only
-            # when toArrow failed: asking Spark for the schema is a py4j call).
-            check_arrow_types(batch_df.schema, scale_out=False)
+            # when toArrow failed: asking Spark for the schema is a py4j call).  A schema that cannot be read
+            # either (the session gone) leaves toArrow's error to be raised, as itself.
+            schema = _schema_or_none(batch_df)
+            if schema is not None:
+                check_arrow_types(schema, scale_out=False)
             raise
         to_arrow = time.perf_counter() - started
         if self.mapping is not None:        # (a mapped column missing would make every row a dead letter)
@@ -210,6 +213,14 @@ class IngestSink(Ingestion):
     def _check_layout(self, query_id: str, batch_id: int) -> None:
         """:func:`check_layout` for this sink, which applies a batch whole (the scale-out sink overrides it)."""
         check_layout(self.db, query_id, batch_id, None)
+
+
+def _schema_or_none(batch_df: DataFrame) -> StructType | None:
+    """``batch_df``'s schema, or None when Spark cannot tell it (a py4j call: the session may be gone)."""
+    try:
+        return batch_df.schema
+    except Exception:   # (py4j's errors, pyspark's; the caller raises the error it is handling instead)
+        return None
 
 
 def streaming_query_id(batch_df: DataFrame) -> str | None:

@@ -189,6 +189,37 @@ def test_ingest_status_groups_ledger_rows_by_query_name(database):
     assert activedb.ingest.parse_ledger_query_id("plain-uuid") == ("plain-uuid", None, None)
 
 
+def test_a_failed_to_arrow_is_raised_as_itself_when_the_batch_schema_cannot_be_read_either(database):
+    """When ``toArrow()`` fails, the sink asks Spark for the batch's schema to raise ``ingest()``'s error for a column
+    Arrow cannot take.  If that question failed too (the session gone, py4j's connection closed), its error was
+    raised and ``toArrow()``'s — the batch's real failure — was only its context: ``last_failure()`` and the query's
+    error told of the schema.  The original is raised, as itself."""
+
+    class Unreadable:
+        """A batch whose job fails and whose schema cannot be read (py4j's errors, without Spark)."""
+
+        class sparkSession:     # noqa: N801  (DataFrame's attribute)
+            class sparkContext:     # noqa: N801
+                @staticmethod
+                def getLocalProperty(name):
+                    return "0b7ee7b6-2a1e-4bb1-8a6e-0b39c3c8d0a1"
+
+        def toArrow(self):      # noqa: N802
+            raise RuntimeError("the batch's job failed: executor lost")
+
+        @property
+        def schema(self):
+            raise ConnectionError("the Java side is gone")
+
+    sink = IngestSink(database, app_counters.MAPPING, query_name="gone")
+    with pytest.raises(RuntimeError, match="the batch's job failed") as raised:
+        sink(Unreadable(), 0)
+    assert not isinstance(raised.value.__context__, ConnectionError)
+    failure = sink.last_failure()
+    assert failure is not None and failure[1] is raised.value
+    assert ledger(database) == [] and dead_letters(database) == []
+
+
 def test_sink_arguments_are_checked(database):
     with pytest.raises(IngestError, match="EventMapping"):
         IngestSink(database, {"type": "t"}, query_name="q")
