@@ -48,6 +48,17 @@ class TableInfo:
         self.key_columns = [str(column.name) for column in table.primary_key.columns]
         if not self.key_columns:
             raise InvalidKey(f"table {table.name!r} has no primary key; activedb needs one to address rows")
+        for column in table.primary_key.columns:
+            if isinstance(column.type, (sa.ARRAY, sa.JSON)):        # (postgresql's ARRAY and JSONB among them)
+                # Its values (lists, dicts) cannot key write sets, locks and row images, and an array comes back
+                # as a list whatever was given: no read could find the row written.
+                kind = (f"{str(column.type.item_type).lower()}[]" if isinstance(column.type, sa.ARRAY)
+                        else "jsonb" if isinstance(column.type, postgresql.JSONB) else "json")
+                raise InvalidKey(
+                    f"table {table.name!r} has the primary key column {str(column.name)!r} "
+                    f"({kind}): array, json and jsonb key columns are not supported; give the table a surrogate "
+                    f"key (e.g. id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, with a UNIQUE "
+                    f"constraint on {str(column.name)!r}) and address its rows by that")
         self.columns = {str(column.name): column for column in table.columns}
         # Columns an INSERT must name: NOT NULL, no default of any kind, not part of the key.
         self.required = frozenset(
@@ -131,9 +142,10 @@ class TableInfo:
 
     def named(self, key: object) -> object:
         """``key`` as given, but a list as the tuple of its values where the key has several columns: no single
-        column's value could stand for such a key (a one-column key keeps a list as its value, an array or JSON
-        key).  What every entry point that takes a key applies first (``key`` itself; a mapping by the keys given,
-        as ``tx.read_many`` returns, or a lock or version keyed by them, as the stream views take)."""
+        column's value could stand for such a key (a one-column key keeps a list as its value, which its check
+        refuses: no key column is an array or JSON one, ``__init__``).  What every entry point that takes a key
+        applies first (``key`` itself; a mapping by the keys given, as ``tx.read_many`` returns, or a lock or version
+        keyed by them, as the stream views take)."""
         return tuple(key) if isinstance(key, list) and len(self.key_columns) > 1 else key
 
     def _check_key_datetime(self, name: str, value: datetime.datetime) -> None:

@@ -130,3 +130,32 @@ def test_a_float_column_refuses_at_the_write_a_number_beyond_its_range(db):
         tx.write("float_ranges", 99, wide=float("nan"), single=float("nan"))
     with db.engine.connect() as connection:
         assert connection.execute(sa.text("SELECT count(*) FROM float_ranges")).scalar() == len(taken) + 1
+
+
+def test_a_table_keyed_by_an_array_or_json_column_is_refused_naming_the_column(db):
+    """A primary key with an ``array``, ``json`` or ``jsonb`` column cannot name its rows in activedb: its values
+    (lists, dicts) are no keys of the write sets, locks and row images, and PostgreSQL gives an array back as a list
+    whatever was given.  A transaction's first use of such a table raises ``InvalidKey`` naming the table and the
+    column and saying to key it by a surrogate column.  Before, a write of a list or dict key raised a bare
+    ``TypeError: unhashable type`` from the lock manager, and a tuple written to an ``integer[]`` key was committed
+    but never found by a read (the key came back as a list)."""
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("CREATE TABLE array_keys (tags integer[] PRIMARY KEY, uses integer)"))
+        connection.execute(sa.text("CREATE TABLE jsonb_keys (doc jsonb PRIMARY KEY, uses integer)"))
+        connection.execute(sa.text("CREATE TABLE part_array_keys (id integer, tags text[], uses integer, "
+                                   "PRIMARY KEY (id, tags))"))
+        connection.execute(sa.text("INSERT INTO array_keys VALUES ('{1,2}', 1)"))
+    uses = [("array_keys", "tags", "integer", lambda tx: tx.write("array_keys", (1, 2), uses=2)),
+            ("array_keys", "tags", "integer", lambda tx: tx.read("array_keys", [1, 2])),
+            ("array_keys", "tags", "integer", lambda tx: tx.scan("array_keys", {"uses": 1})),
+            ("jsonb_keys", "doc", "jsonb", lambda tx: tx.write("jsonb_keys", {"a": 1}, uses=1)),
+            ("jsonb_keys", "doc", "jsonb", lambda tx: tx.insert("jsonb_keys", doc=[1], uses=1)),
+            ("part_array_keys", "tags", "text", lambda tx: tx.write("part_array_keys", (1, ("x",)), uses=1))]
+    for table, column, kind, use in uses:
+        with pytest.raises(activedb.InvalidKey, match=rf"table {table!r}.* column {column!r} \({kind}.*"
+                                                      rf"not supported.*surrogate key"):
+            with db.transaction() as tx:
+                use(tx)
+    with db.engine.connect() as connection:
+        assert connection.execute(sa.text("SELECT tags, uses FROM array_keys")).all() == [([1, 2], 1)]
+        assert connection.execute(sa.text("SELECT count(*) FROM jsonb_keys")).scalar() == 0
