@@ -107,6 +107,8 @@ class TableInfo:
         # (not for a key column with a converter: a value its quick test accepts may still need converting)
         self._quick_key = (self._quick[self.key_columns[0]]
                            if len(self.key_columns) == 1 and self._key_converters is None else None)
+        if self._quick_key is _quick_double:
+            self._quick_key = _quick_double_key     # (NaN: refused as a key, by the full path)
         self._key_columns_text = self._quick_key is _quick_text
         self._key_clause = (
             sa.tuple_(*[table.c[name] for name in self.key_columns])
@@ -132,6 +134,9 @@ class TableInfo:
             if value is None:
                 raise InvalidKey(f"primary key column {self.name}.{name} cannot be None")
             self.check_value(name, value)
+            if (isinstance(value, float) and value != value) or (
+                    isinstance(value, decimal.Decimal) and value.is_nan()):     # (``!=`` of a signalling one raises)
+                self._refuse_nan_key(name, value)
         converters = self._key_converters
         if converters is not None:
             key = tuple(value if convert is None else convert(value) for convert, value in zip(converters, key))
@@ -139,6 +144,11 @@ class TableInfo:
             if isinstance(value, datetime.datetime):    # (subclasses too: a pandas Timestamp is one)
                 self._check_key_datetime(name, value)
         return key
+
+    def _refuse_nan_key(self, name: str, value: object) -> None:
+        raise InvalidKey(f"key column {self.name}.{name} is NaN ({value!r}), which equals nothing, itself included: "
+                         f"such a key names no row a read could find; give a number (or key the table by another "
+                         f"column)")
 
     def named(self, key: object) -> object:
         """``key`` as given, but a list as the tuple of its values where the key has several columns: no single
@@ -699,6 +709,11 @@ def _quick_number(value: object) -> bool:
 
 def _quick_double(value: object) -> bool:
     return type(value) is float or (type(value) is int and -_DOUBLE_INT_BOUND < value < _DOUBLE_INT_BOUND)
+
+
+def _quick_double_key(value: object) -> bool:
+    """``_quick_double`` of a key's value: not NaN, which no key may be (``TableInfo.key`` says so)."""
+    return _quick_double(value) and value == value
 
 
 def _quick_real(value: object) -> bool:

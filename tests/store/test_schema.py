@@ -159,3 +159,35 @@ def test_a_table_keyed_by_an_array_or_json_column_is_refused_naming_the_column(d
     with db.engine.connect() as connection:
         assert connection.execute(sa.text("SELECT tags, uses FROM array_keys")).all() == [([1, 2], 1)]
         assert connection.execute(sa.text("SELECT count(*) FROM jsonb_keys")).scalar() == 0
+
+
+def test_a_nan_key_is_refused_at_the_read_and_the_write(db):
+    """NaN equals nothing in Python, itself included, so a NaN key (a ``float`` of a float or ``numeric`` key column,
+    a ``Decimal('NaN')``) names no row a read could find: the write of such a key is refused with ``InvalidKey``
+    saying so, as are a read, an insert and a key of several columns holding one — and nothing is written.  Before,
+    ``tx.write('nan_doubles', nan, ...)`` committed a row that no read by the key could find (a dict lookup by
+    NaN)."""
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("CREATE TABLE nan_doubles (k double precision PRIMARY KEY, uses integer)"))
+        connection.execute(sa.text("CREATE TABLE nan_reals (k real PRIMARY KEY, uses integer)"))
+        connection.execute(sa.text("CREATE TABLE nan_numerics (k numeric PRIMARY KEY, uses integer)"))
+        connection.execute(sa.text("CREATE TABLE nan_pairs (id integer, k double precision, uses integer, "
+                                   "PRIMARY KEY (id, k))"))
+    nan = float("nan")
+    uses = [lambda tx: tx.write("nan_doubles", nan, uses=1), lambda tx: tx.read("nan_doubles", nan),
+            lambda tx: tx.insert("nan_doubles", k=nan, uses=1), lambda tx: tx.read_many("nan_doubles", [1.5, nan]),
+            lambda tx: tx.write("nan_reals", nan, uses=1),
+            lambda tx: tx.write("nan_numerics", nan, uses=1),
+            lambda tx: tx.write("nan_numerics", decimal.Decimal("NaN"), uses=1),
+            lambda tx: tx.read("nan_numerics", decimal.Decimal("NaN")),
+            lambda tx: tx.write("nan_pairs", (1, nan), uses=1), lambda tx: tx.delete("nan_pairs", [1, nan])]
+    for use in uses:
+        with pytest.raises(activedb.InvalidKey, match=r"\.k is NaN.*no row"):
+            with db.transaction() as tx:
+                use(tx)
+    with db.engine.connect() as connection:
+        for table in ("nan_doubles", "nan_reals", "nan_numerics", "nan_pairs"):
+            assert connection.execute(sa.text(f"SELECT count(*) FROM {table}")).scalar() == 0, table
+    db.run(lambda tx: tx.write("nan_doubles", float("inf"), uses=1))      # (infinity equals itself: a key as any)
+    with db.transaction() as tx:
+        assert tx.read("nan_doubles", float("inf")) == {"k": float("inf"), "uses": 1}
