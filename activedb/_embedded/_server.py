@@ -197,17 +197,27 @@ def postmaster(pgdata: Path) -> _Postmaster | None:
 
 
 def initdb(pgdata: Path, runner: Runner, password: str) -> None:
-    for leftover in (HANDLE_FILE, "log"):       # our own files of an earlier, failed start: initdb wants it empty
-        (pgdata / leftover).unlink(missing_ok=True)
-    make_private_directory(pgdata)
-    runner.own(pgdata)
     binary = str(bin_directory() / "initdb")
     try:
+        for leftover in (HANDLE_FILE, "log"):   # our own files of an earlier, failed start: initdb wants it empty
+            (pgdata / leftover).unlink(missing_ok=True)
+        make_private_directory(pgdata)
+        runner.own(pgdata)
         runner.run([binary, "-D", str(pgdata), "-U", SUPERUSER, "--encoding=utf8", "--auth-local=scram-sha-256",
                     "--auth-host=scram-sha-256", "--pwfile=/dev/stdin"], input=password + "\n")
     except subprocess.CalledProcessError as error:
         raise EmbeddedServerError(f"initdb of the embedded PostgreSQL in {pgdata} failed: "
                                   f"{(error.stderr or error.stdout).strip()[-500:]}") from None
+    except subprocess.TimeoutExpired as error:
+        # (killed midway, it leaves a directory that looks like a data directory and is none)
+        raise EmbeddedServerError(
+            f"initdb of the embedded PostgreSQL in {pgdata} did not finish within {error.timeout:g} s (a slow or "
+            f"overloaded disk?); remove {pgdata}, which holds only what it wrote, and connect again") from None
+    except OSError as error:
+        raise EmbeddedServerError(
+            f"initdb of the embedded PostgreSQL in {pgdata} could not run: {error}; make sure {pgdata.parent} is "
+            f"writable with space left and {binary} can run (reinstall: pip install 'activedb[embedded]'), and "
+            f"connect again (nothing was deleted)") from None
 
 
 def start_postgres(pgdata: Path, socket_directory: Path, runner: Runner) -> None:
@@ -320,6 +330,16 @@ def _set_password_stopped(pgdata: Path, runner: Runner, password: str) -> None:
     except subprocess.CalledProcessError as error:
         raise EmbeddedServerError(f"could not set the password of the embedded server in {pgdata}: "
                                   f"{(error.stderr or '').strip()[-300:]}") from None
+    except subprocess.TimeoutExpired as error:
+        raise EmbeddedServerError(
+            f"could not set the password of the embedded server in {pgdata}: PostgreSQL in single-user mode did not "
+            f"finish within {error.timeout:g} s (a slow or overloaded disk?); connect again, which sets a new one "
+            f"(nothing was deleted)") from None
+    except OSError as error:
+        raise EmbeddedServerError(
+            f"could not set the password of the embedded server in {pgdata}: PostgreSQL in single-user mode could "
+            f"not run ({error}); reinstall the embedded extra (pip install 'activedb[embedded]') and connect again "
+            f"(nothing was deleted)") from None
 
 
 def _log_tail(log: Path, lines: int = 5) -> str:

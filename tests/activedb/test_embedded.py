@@ -375,3 +375,44 @@ def test_a_home_the_user_cannot_write_is_refused_saying_so_not_as_a_planted_link
         assert not (home / "pgdata").exists()
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+def test_an_initdb_or_a_password_setting_that_cannot_run_or_finish_is_the_embedded_servers_error(tmp_path,
+                                                                                                monkeypatch):
+    """``initdb`` and the single-user ``postgres`` that sets a lost password fail in other ways than a non-zero exit:
+    the run times out (a slow disk), or cannot even start or create what it needs (``OSError``: here the leftover
+    ``log`` of an earlier start is a directory).  Each is ``EmbeddedServerError`` saying what failed and what to do,
+    and a later start with the fault gone works.  Before, only ``CalledProcessError`` was caught: the others escaped
+    raw (``subprocess.TimeoutExpired``, ``IsADirectoryError``)."""
+    from activedb._embedded import _server
+
+    home = tmp_path / "home"
+    (home / "pgdata" / "log").mkdir(parents=True)
+    with pytest.raises(activedb.EmbeddedServerError, match=r"initdb of the embedded PostgreSQL in .*pgdata could "
+                                                           r"not run: .*Is a directory.*connect again"):
+        _embedded.start(home)
+    (home / "pgdata" / "log").rmdir()
+
+    monkeypatch.setitem(_server.Runner.run.__kwdefaults__, "timeout", 0.001)     # (what a very slow disk does)
+    with pytest.raises(activedb.EmbeddedServerError, match=r"initdb of the embedded PostgreSQL in .*pgdata did not "
+                                                           r"finish within 0.001 s.*remove .*pgdata"):
+        _embedded.start(home)
+    monkeypatch.undo()
+    shutil.rmtree(home / "pgdata")
+
+    server = _embedded.start(home)
+    pgdata = server.data_directory
+    _embedded.stop(home)
+    wait_until(lambda: not _postmasters(pgdata), 30, "server stop")
+    (home / "password").unlink()                                      # lost: set again in single-user mode
+    monkeypatch.setitem(_server.Runner.run.__kwdefaults__, "timeout", 0.001)
+    with pytest.raises(activedb.EmbeddedServerError, match=r"could not set the password of the embedded server in "
+                                                           r".*pgdata: .*did not finish within 0.001 s.*connect again"):
+        _embedded.start(home)
+    monkeypatch.undo()
+    server = _embedded.start(home)
+    try:
+        _assert_locked_down(server)
+    finally:
+        _embedded.stop(home)
+    wait_until(lambda: not _postmasters(pgdata), 30, "server stop")
