@@ -174,7 +174,8 @@ class Schema:
         self.engine, self.catalog, self._locking = engine, catalog, locking
 
     def refresh(self) -> None:
-        """Forget reflected tables (after running migrations in the same process some other way)."""
+        """Forget reflected tables (after running migrations in the same process some other way, or in another
+        process: a column added there is :class:`~activedb.errors.UnknownColumn` here until then)."""
         self.catalog.refresh()
 
     def set_granularity(self, table: str | sa.Table, granularity: Granularity) -> None:

@@ -238,8 +238,9 @@ class TableInfo:
         column = self.columns.get(name)
         if column is None:
             raise UnknownColumn(
-                f"table {self.name!r} has no column {name!r}; its columns are {', '.join(self.columns)}"
-            )
+                f"table {self.name!r} has no column {name!r}; its columns are {', '.join(self.columns)} — if it was "
+                f"added since this process read the table (a migration run elsewhere), call db.schema.refresh() and "
+                f"retry")
         if name in self._computed:
             raise InvalidValue(f"column {self.name}.{name} is a generated column, which PostgreSQL computes and "
                                f"takes no value for; omit it (got {value!r})")

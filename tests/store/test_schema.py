@@ -191,3 +191,21 @@ def test_a_nan_key_is_refused_at_the_read_and_the_write(db):
     db.run(lambda tx: tx.write("nan_doubles", float("inf"), uses=1))      # (infinity equals itself: a key as any)
     with db.transaction() as tx:
         assert tx.read("nan_doubles", float("inf")) == {"k": float("inf"), "uses": 1}
+
+
+def test_a_column_added_after_the_table_was_read_is_unknown_saying_to_refresh_the_schema(db):
+    """A process reflects a table once; a column another process (its migration) adds afterwards is unknown here
+    until ``db.schema.refresh()``.  ``UnknownColumn`` says so, and after the refresh the write goes through.  Before,
+    the message listed the columns read earlier and nothing else, as if the column did not exist."""
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("CREATE TABLE grown_later (id integer PRIMARY KEY, uses integer)"))
+    db.run(lambda tx: tx.write("grown_later", 1, uses=1))
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("ALTER TABLE grown_later ADD COLUMN note text"))
+    with pytest.raises(activedb.UnknownColumn, match=r"no column 'note'; its columns are id, uses.*added since this "
+                                                     r"process read the table.*db\.schema\.refresh\(\)"):
+        db.run(lambda tx: tx.write("grown_later", 1, note="x"))
+    db.schema.refresh()
+    db.run(lambda tx: tx.write("grown_later", 1, note="x"))
+    with db.transaction() as tx:
+        assert tx.read("grown_later", 1) == {"id": 1, "uses": 1, "note": "x"}
