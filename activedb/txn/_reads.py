@@ -73,6 +73,7 @@ class Reads:
         info = self.manager.catalog.table_info(table)
         if isinstance(keys, (str, bytes)):      # (an iterable of its letters, or of its numbers)
             raise TypeError(_one_text("prefetch", info.name, keys))
+        _check_collection("prefetch", info.name, keys)
         chain, name = (self, *self.ancestors), info.name
         wanted = list(dict.fromkeys(key for key in map(info.key, keys) if not any(
             (name, key) in node._db_reads or (name, key) in node._writes for node in chain)))
@@ -92,6 +93,7 @@ class Reads:
         info = self.manager.catalog.table_info(table)
         if isinstance(keys, (str, bytes)):      # (an iterable of its letters, or of its numbers)
             raise TypeError(_one_text("read_many", info.name, keys))
+        _check_collection("read_many", info.name, keys)
         normalised: dict[Any, Any] = {}
         for given in keys:
             if isinstance(given, list):     # (a key of several columns as a list: by its tuple, ``TableInfo.named``)
@@ -145,6 +147,16 @@ class Reads:
                 recorder.record("read", self.id, root=self.root.id, table=info.name, key=key, value=image,
                                 source="scan")
         return result
+
+
+def _check_collection(method: str, table: str, keys: object) -> None:
+    """Raise :class:`BadArgument` if ``keys``, given to ``method(table, keys)``, is not a collection (None, one number):
+    not iterable, it would fail as a bare ``TypeError`` inside the loop over the keys."""
+    try:
+        iter(keys)  # type: ignore[call-overload]  # (what is checked: any object)
+    except TypeError:
+        raise BadArgument(f"{method}({table!r}, keys) takes a collection of keys (a list, tuple or set), got {keys!r} "
+                          f"({type(keys).__name__}); for one row: {method}({table!r}, [key])") from None
 
 
 def _one_text(method: str, table: str, text: str | bytes) -> str:

@@ -166,3 +166,16 @@ def test_read_many_and_prefetch_given_one_bytes_key_say_they_take_a_collection_o
                                                 rf"{method}\('accounts', \[b'ab'\]\)"):
                 getattr(tx, method)("accounts", b"ab")
         assert not any(db.transactions.locks.holders(("row", "accounts", (number,))) for number in (97, 98))
+
+
+def test_read_many_and_prefetch_given_no_collection_of_keys_say_what_to_give(db):
+    """``read_many('accounts', None)`` (or one integer key) raised a bare ``TypeError: 'NoneType' object is not
+    iterable`` from inside the loop over the keys.  Like the other calls given a value of the wrong type, both now
+    raise ``BadArgument`` naming the call and saying to give a collection of keys; the transaction goes on."""
+    with db.transaction() as tx:
+        for method in ("read_many", "prefetch"):
+            for keys in (None, 5):
+                with pytest.raises(activedb.BadArgument, match=rf"{method}\('accounts', keys\) takes a collection "
+                                                               rf"of keys.*got {keys!r}.*{method}\('accounts', \[key\]\)"):
+                    getattr(tx, method)("accounts", keys)
+        assert tx.read_many("accounts", []) == {}
