@@ -70,6 +70,19 @@ def _postmasters(pgdata: Path) -> list[psutil.Process]:
     return found
 
 
+def _working_in(directory: Path) -> list[psutil.Process]:
+    """The processes whose working directory is ``directory`` or under it."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            cwd = proc.cwd()
+        except (psutil.Error, OSError):
+            continue
+        if cwd == str(directory) or cwd.startswith(f"{directory}/"):
+            found.append(proc)
+    return found
+
+
 def test_two_processes_share_one_server_which_stops_after_the_last(tmp_path):
     home = tmp_path / "home"
     first = _start_client(home)
@@ -398,6 +411,9 @@ def test_an_initdb_or_a_password_setting_that_cannot_run_or_finish_is_the_embedd
                                                            r"finish within 0.001 s.*remove .*pgdata"):
         _embedded.start(home)
     monkeypatch.undo()
+    # initdb killed midway may leave its bootstrap postgres (a child of its own, not killed with it) working in the
+    # directory until it reads the end of its input: wait for it, so the removal does not race with its writes.
+    wait_until(lambda: not _working_in(home / "pgdata"), 30, "the killed initdb's processes to end")
     shutil.rmtree(home / "pgdata")
 
     server = _embedded.start(home)
