@@ -19,11 +19,12 @@ from activedb.batch._learn import LearnedDeclaration
 from activedb.batch._result import Part
 from activedb.batch._state import WRITTEN_TWICE, Loader, WriteCheck, failure_reason, given, merge_image, perform
 from activedb.batch.errors import DeclarationError
-from activedb.store import RowImage
+from activedb.store import RowImage, own_image
 
 if TYPE_CHECKING:  # pragma: no cover
     from activedb.batch._route import Allowed
 
+_CONTAINERS = frozenset((list, dict))     # (the values ``store.own_image`` copies)
 _MISSING = object()
 _WRITE, _READ, _ND_WRITE, _INSERT = OpKind.WRITE, OpKind.READ, OpKind.ND_WRITE, OpKind.INSERT
 _WINDOWED = frozenset({OpKind.WINDOW_READ, OpKind.WINDOW_WRITE})
@@ -235,10 +236,15 @@ def _run(declarations: Mapping[str, Declaring], items: list[tuple[int, BatchEven
                         params = spec[3]
                         # (The function's arguments are copies: ``_state.given``.)
                         if params:
-                            result = spec[4](own if own is None else own.copy(),
-                                             *[image if image is None else image.copy() for image in images(params, t)])
-                        else:
-                            result = spec[4](own if own is None else own.copy())
+                            result = spec[4](own if own is None else own_image(own),
+                                             *[image if image is None else own_image(image)
+                                               for image in images(params, t)])
+                        elif own is None:
+                            result = spec[4](own)
+                        else:           # (``own_image`` inline for the common image holding no list or dict)
+                            copy = own.copy()
+                            result = spec[4](copy if _CONTAINERS.isdisjoint(map(type, copy.values()))
+                                             else own_image(own))
                         if type(result) is dict:
                             output = {**own, **result} if own is not None else dict(result)
                         else:
@@ -261,7 +267,7 @@ def _run(declarations: Mapping[str, Declaring], items: list[tuple[int, BatchEven
                             image = get(state, _MISSING)
                             if image is _MISSING:
                                 image = miss(state, t)
-                            output = inserted(spec, spec[4](image if image is None else image.copy()))
+                            output = inserted(spec, spec[4](image if image is None else own_image(image)))
                         else:
                             output = inserted(spec, spec[4](*map(given, images(params, t))))
                     else:

@@ -32,7 +32,7 @@ from activedb.batch._declare import (DELETE, Abort, BatchEvent, DrawnRow, OpKind
 from activedb.deadletters import FinalReason
 from activedb.errors import ActivedbError, Failure, GeneratedKeysReset, RuleFailed, classify
 from activedb.events import Event, EventKind, new_event
-from activedb.store import RowImage, TableInfo
+from activedb.store import RowImage, TableInfo, own_image
 
 __all__ = ["FALL_BACK", "Learned", "LearnedDeclaration", "NotLearned", "Rejection", "Step", "learned_condition",
            "learned_table", "why_not_learned"]
@@ -40,6 +40,7 @@ __all__ = ["FALL_BACK", "Learned", "LearnedDeclaration", "NotLearned", "Rejectio
 #: The logger firing logs a rule's failure to (``activedb.rules``): a lowered batch logs it the same way.
 _RULES_LOGGER = logging.getLogger("activedb.rules")
 
+_CONTAINERS = frozenset((list, dict))     # (the values ``store.own_image`` copies)
 #: The event attributes a learned action may read: those a stream event and a batch event both carry.
 _EVENT_ATTRIBUTES = frozenset({"key", "ts", "payload", "source"})
 #: Those a rule on a signal or a data event may read besides (it is given the event itself, an ``Event``).
@@ -555,9 +556,14 @@ class _RowTransaction:
         if options or table != self._table or key != self._key:
             raise self._deviate(f"read {table!r} {key!r} {options or ''}")
         image, written = self._image, self.written
+        # (Its lists and dicts are copies too, as ``tx.read``'s are: ``own_image``, inline for an image without any.)
         if written is None:
-            return None if image is None else dict(image)
-        return {**image, **written} if image is not None else {**self._created(self._key), **written}
+            if image is None:
+                return None
+            copy = image.copy()
+        else:
+            copy = {**image, **written} if image is not None else {**self._created(self._key), **written}
+        return copy if _CONTAINERS.isdisjoint(map(type, copy.values())) else own_image(copy, fresh=True)
 
     def write(self, table: str, key: Hashable, /, **values: object) -> None:
         if table != self._table or key != self._key or not values:

@@ -9,7 +9,7 @@ from typing import TypeAlias
 
 from activedb.batch._declare import DELETE, Abort, OpKind, OpSpec, State, canonical_key, inserted
 from activedb.batch.errors import DeclarationError
-from activedb.store import RowImage
+from activedb.store import RowImage, own_image
 
 #: ``read(state, t)``: the image of ``state`` as of before the transaction at ``t`` (None: no row).
 Read: TypeAlias = "Callable[[State, int], RowImage | None]"
@@ -31,8 +31,9 @@ WRITTEN_TWICE = ("DeclarationError: a non-deterministic write resolved to a row 
 def given(image: RowImage | None) -> RowImage | None:
     """``image`` as an operation's function gets it: a copy of its own (the image stays the state's, and a function
     that changes its argument in place changes nothing — a transaction that then aborts leaves the state as it was,
-    as ``tx.read``'s copy does for the same rule fired in a transaction)."""
-    return image if image is None else image.copy()
+    as ``tx.read``'s copy does for the same rule fired in a transaction); its lists and dicts (a JSON or ARRAY
+    column's) are copies too (``own_image``)."""
+    return image if image is None else own_image(image)
 
 
 def merge_image(own: RowImage | None, result: object, spec: OpSpec) -> RowImage | None:

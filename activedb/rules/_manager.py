@@ -21,6 +21,7 @@ from activedb.rules._model import Fired, Firing, Rule, RuleCounter, RuleExecutio
 from activedb.rules._parallel import condition_then_action
 from activedb.rules._record import FiringRecord
 from activedb.rules._registry import RuleRegistry
+from activedb.store import own_image
 from activedb.txn import (FiringOutcome, Transaction, TransactionExtension, run_group, run_inline, set_slot, slot,
                           wait_children)
 
@@ -444,11 +445,12 @@ def _own_event(event: Event) -> Event:
     immutable, but its row images and payload are plain dicts, which a rule may change — that must not change what
     another rule on the same event (run now, deferred, or recorded for later by the outbox) sees.  Made only when an
     event fires several rules; one rule keeps the event itself (nobody else reads it: a data event's ``old`` is the
-    reader's copy, ``tx.read``'s contract)."""
+    reader's copy, ``tx.read``'s contract).  Their lists and dicts (a JSON column's, a payload's list) are copied
+    too (``own_image``)."""
     old, new = event.old, event.new
-    return new_event(event.kind, event.source, event.key, None if old is None else old.copy(),
-                     None if new is None else new.copy(), dict(event.payload), event.ts, event.transaction,
-                     event.origin)
+    return new_event(event.kind, event.source, event.key, None if old is None else own_image(old),
+                     None if new is None else own_image(new), own_image(event.payload), event.ts,
+                     event.transaction, event.origin)
 
 
 _NAMES: dict[str, str] = {}     # rule name -> the name of its firings' transactions (``_transaction_name``)

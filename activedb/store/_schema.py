@@ -114,6 +114,10 @@ class TableInfo:
             sa.tuple_(*[table.c[name] for name in self.key_columns])
             if len(self.key_columns) > 1 else table.c[self.key_columns[0]]
         )
+        # The columns whose values are lists or dicts (JSON, JSONB, ARRAY, HSTORE): a row handed to user code gets
+        # copies of these too (``_writeset.copy_nested``); empty for most tables, which pay one test for it.
+        self.nested = frozenset(name for name, column in self.columns.items()
+                                if isinstance(column.type, (sa.JSON, sa.ARRAY, postgresql.HSTORE)))
         self._statements: dict[Hashable, Any] = {}
 
     def key(self, key: object) -> Key:

@@ -5,6 +5,7 @@ image.  Pure code (no SQL, no threads).
 
 from __future__ import annotations
 
+import copy
 import decimal
 import enum
 from dataclasses import dataclass
@@ -81,6 +82,48 @@ def resolve(chain: list[Entry], base: dict[str, object] | None) -> dict[str, obj
     for entry in chain:
         image = entry.apply(image)
     return image
+
+
+def copy_nested(image: dict[str, object], names: "frozenset[str]") -> dict[str, object]:
+    """``image`` (a copy of the caller's own) with the values of columns ``names`` copied too, in place: a JSON,
+    JSONB, ARRAY or HSTORE column holds a list or dict, which a shallow copy shares with the image it was copied
+    from (the image a transaction relies on, a write entry, another rule's event), so that
+    ``row["tags"].append(...)`` would change that image.  ``TableInfo.nested`` names a table's such columns; a
+    table without any never calls this.  Returns ``image``."""
+    for name in names:
+        value = image.get(name)
+        if value is not None:
+            image[name] = own_value(value)
+    return image
+
+
+def own_image(image: dict[str, object], *, fresh: bool = False) -> dict[str, object]:
+    """A copy of ``image`` whose lists and dicts are copies too, for a caller that does not know the image's table
+    (a declared function's argument, a further rule's event): a plain copy when no value is a list or dict (one
+    pass over the values' types in C), else ``copy_nested`` of the columns that hold one.  ``fresh``: ``image`` is
+    a new dict already (composed by the caller): only its lists and dicts are copied, in place."""
+    copy = image if fresh else image.copy()
+    if _CONTAINERS.isdisjoint(map(type, copy.values())):
+        return copy
+    return copy_nested(copy, frozenset(name for name, value in copy.items() if type(value) in _CONTAINERS))
+
+
+def own_value(value: object) -> object:
+    """``value`` with every list and dict in it copied (what a JSON or ARRAY value is made of); anything else — a
+    scalar, a tuple of scalars — is kept: it cannot be changed in place."""
+    kind = type(value)
+    if kind is list:
+        return [own_value(item) for item in value]      # type: ignore[attr-defined]  # (a list)
+    if kind is dict:
+        return {name: own_value(item) for name, item in value.items()}  # type: ignore[attr-defined]  # (a dict)
+    if kind is tuple:
+        return tuple(own_value(item) for item in value)  # type: ignore[attr-defined]  # (a tuple)
+    if isinstance(value, (list, dict, set, bytearray)):  # (a subclass: its own copy's way)
+        return copy.deepcopy(value)
+    return value
+
+
+_CONTAINERS = frozenset((list, dict))
 
 
 def same_image(one: object, other: object) -> bool:

@@ -18,6 +18,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
+from activedb.store import own_image
+
 if TYPE_CHECKING:  # pragma: no cover
     from activedb.store import Key
 
@@ -67,8 +69,9 @@ class HistoryRecorder:
     def record(self, kind: str, transaction: str, **fields: Any) -> None:
         value = fields.get("value")
         if kind == "read" and type(value) is dict:
-            # The image the reader got is the reader's (``tx.read``'s contract): the history keeps a copy of its own.
-            fields["value"] = value.copy()
+            # The image the reader got is the reader's (``tx.read``'s contract): the history keeps a copy of its own,
+            # lists and dicts (a JSON column's) included.
+            fields["value"] = own_image(value)
         with self._mutex:
             op = HistoryOp(next(self._sequence), kind, transaction, **fields)
             self.ops.append(op)

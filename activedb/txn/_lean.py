@@ -30,7 +30,7 @@ import lockmgr
 from lockmgr import Mode, TxnState
 
 from activedb.errors import DuplicateKey, TransactionAborted
-from activedb.store import Entry, EntryKind, RowImage, TableRef
+from activedb.store import Entry, EntryKind, RowImage, TableRef, copy_nested
 from activedb.txn import _children
 from activedb.txn._children import _EMPTY, run_inline
 from activedb.txn._hotkeys import HotKeys
@@ -196,7 +196,9 @@ class Savepoint(Transaction):
         (hot or root._slot(HotKeys)).plain_reads.add(row)
         if entry is None:
             image = reads[row]          # (the image the root relied on: the caller gets a copy, ``_view.read_row``)
-            return image if image is None else image.copy()
+            if image is None:
+                return None
+            return image.copy() if not info.nested else copy_nested(image.copy(), info.nested)
         return _image(self, root, info, key, row, entry, reads, True)
 
     def _modify(self, info: "TableInfo", key: "Key", entry: Entry, *, must_not_exist: bool = False,
@@ -237,7 +239,7 @@ class Savepoint(Transaction):
             if current is None:
                 old = reads.get(row)        # (the image the root relied on: the event's ``old`` is a copy of it)
                 if old is not None:
-                    old = old.copy()
+                    old = old.copy() if not info.nested else copy_nested(old.copy(), info.nested)
             else:
                 old = _image(self, root, info, key, row, current, reads, False)
             if must_not_exist and old is not None:
@@ -396,6 +398,8 @@ def _image(node: Savepoint, root: Transaction, info: "TableInfo", key: "Key", ro
     image = entry.apply(base)
     if image is not None and base is None:
         image = {**info.blank_row, **image, **info.full_key_row(key)}
+    if image is not None and info.nested:
+        copy_nested(image, info.nested)     # (its lists and dicts are the entries' and the relied-on image's)
     recorder = node.manager.recorder
     if recorder and record:
         recorder.record("read", node.id, root=root.id, table=info.name, key=key, value=image,

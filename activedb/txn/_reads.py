@@ -10,7 +10,7 @@ from lockmgr import Mode
 
 from activedb._closedset import ClosedSet
 from activedb.errors import BadArgument, check_switch
-from activedb.store import RowImage, TableRef, matches
+from activedb.store import RowImage, TableRef, copy_nested, matches
 from activedb.txn import _view
 from activedb.txn._hotkeys import HotKeys
 
@@ -135,6 +135,9 @@ class Reads:
         # ``read``'s caller does; an image ``read_row`` composed is a fresh one.)
         rows = {key: image.copy() for key, image in
                 self.root._read_base.scan(self, info, where).items()}  # type: ignore[union-attr]  # (a root's)
+        if info.nested:     # (their lists and dicts too: ``_view.read_row``)
+            for image in rows.values():
+                copy_nested(image, info.nested)
         for key in _view.written_keys(self, info.name):
             rows[key] = _view.read_row(self, info, key, record=False)
         # An ancestor that aborted during the scan was doomed before its writes were discarded: a scan

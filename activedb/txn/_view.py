@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Mapping, Protocol
 import sqlalchemy as sa
 
 from activedb.errors import SerializationConflict
-from activedb.store import Entry, EntryKind, Key, TableInfo, fetch_rows, resolve, rows_by_key, same_image
+from activedb.store import (Entry, EntryKind, Key, TableInfo, copy_nested, fetch_rows, resolve, rows_by_key,
+                            same_image)
 from activedb.txn._rowlocks import RowLocks
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -195,13 +196,19 @@ def read_row(node: "Transaction", info: TableInfo, key: Key, *, record: bool = T
         node._check_active("read")
     if not chain:
         # The caller's own copy (``tx.read``'s contract): ``base`` is the image the tree relied on, which the
-        # flush validates; a change made to what was read must change nothing until written.
-        return base if base is None else base.copy()
+        # flush validates; a change made to what was read must change nothing until written — to a JSON or
+        # ARRAY column's list or dict too (``copy_nested``, for tables that have such columns).
+        if base is None:
+            return None
+        return base.copy() if not info.nested else copy_nested(base.copy(), info.nested)
     chain.reverse()
     image = resolve(chain, base)
     if image is not None and base is None:
         # A row created in this tree: every column, the ones not given at their constant default.
         image = {**info.blank_row, **image, **info.full_key_row(key)}
+    if image is not None and info.nested:
+        # (A new dict, but its lists and dicts are the write entries' and the relied-on image's.)
+        copy_nested(image, info.nested)
     recorder = node.manager.recorder
     if recorder and record:
         if source is not node and not (node._undo and row in node._undo):

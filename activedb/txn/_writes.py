@@ -11,7 +11,7 @@ from lockmgr import Mode, TxnState
 
 from activedb.errors import BadArgument, DuplicateKey, InvalidKey
 from activedb.events import EventKind, new_event
-from activedb.store import Entry, EntryKind, Key, RowImage, TableInfo, TableRef
+from activedb.store import Entry, EntryKind, Key, RowImage, TableInfo, TableRef, copy_nested
 from activedb.txn import _view
 from activedb.txn._hotkeys import HotKeys
 from activedb.txn._reads import BulkLock
@@ -189,6 +189,10 @@ def data_event(node: "Transaction", info: TableInfo, key: Key, entry: Entry, old
             new = {**info.blank_row, **new, **info.full_key_row(key)}  # type: ignore[dict-item]  # (not a delete)
         else:
             kind = _UPDATED
+        if info.nested:
+            # The event's own lists and dicts: ``new``'s are the write entry's (and ``old``'s, for a column not
+            # written), which a rule changing ``event.new["tags"]`` in place would change.
+            copy_nested(new, info.nested)     # type: ignore[arg-type]  # (not a delete)
     event = new_event(kind, info.name, key[0] if len(key) == 1 else key, old, new, None, None, node.id)
     for hook in extensions.on_event:
         hook(node, event)

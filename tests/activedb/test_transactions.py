@@ -1787,3 +1787,110 @@ def test_the_recorded_history_keeps_the_image_a_read_returned_as_it_was_read(db)
              and op.source != "committed"]
     assert reads == [{"key": "h", "value": 1, "note": None}] * 2
     testing.check_history(db.history.snapshot()).assert_ok()
+
+
+# --- the copies reach into a JSON column's lists and dicts (``TableInfo.nested``) -------------------------------------
+
+def _seed_list(db, value):
+    _empty(db, "lists")
+    db.run(lambda tx: tx.write("lists", "k", value=value))
+
+
+@pytest.mark.parametrize("representation", ["frames", "materialized"])
+def test_a_json_list_read_appended_to_and_written_back_commits_and_unwritten_appends_change_nothing(db, representation):
+    """``row = tx.read("lists", k); row["value"].append("b"); tx.write(..., value=row["value"])`` commits the longer
+    list (at the top level and in a subtransaction whose root read the row first); an append to what ``read``,
+    ``read_many`` or ``scan`` returned that is not written is seen by no later read and not flushed, also an append
+    to a row written in the tree made by a subtransaction that then aborts.  Before, the copies were shallow: the
+    list was the one in the image the tree relied on (the commit failed with a SerializationConflict, on every
+    re-run) or in the write entry (the aborted subtransaction's append was committed)."""
+    _seed_list(db, ["a"])
+    db.transactions.subtransactions = activedb.lowlevel.Subtransactions(representation)
+    try:
+        with db.transaction() as tx:
+            row = tx.read("lists", "k")
+            row["value"].append("b")
+            assert tx.read("lists", "k")["value"] == ["a"]
+            tx.write("lists", "k", value=row["value"])
+        assert committed(db, "lists")[("k",)]["value"] == ["a", "b"]
+        with db.transaction() as tx:
+            tx.read("lists", "k")           # relied on by the root: the child's read is answered from it
+            with tx.subtransaction() as child:
+                row = child.read("lists", "k")
+                row["value"].append("c")
+                child.write("lists", "k", value=row["value"])
+            for row in tx.scan("lists"):
+                row["value"].append("scanned")
+            tx.read_many("lists", ["k"])["k"]["value"].append("many")
+            assert tx.read("lists", "k")["value"] == ["a", "b", "c"]
+            with pytest.raises(RuntimeError, match="abort it"):
+                with tx.subtransaction() as child:
+                    child.read("lists", "k")["value"].append("aborted")
+                    raise RuntimeError("abort it")
+            assert tx.read("lists", "k")["value"] == ["a", "b", "c"]
+    finally:
+        db.transactions.subtransactions = activedb.lowlevel.Subtransactions.FRAMES
+    assert committed(db, "lists")[("k",)]["value"] == ["a", "b", "c"]
+
+
+@pytest.mark.parametrize("relied_first", [False, True])
+def test_a_rule_that_appends_to_its_events_json_lists_changes_neither_the_row_nor_another_rules_event(db, relied_first):
+    """A rule that appends to ``event.old["value"]`` and ``event.new["value"]`` (a JSONB list) changes no other
+    rule's event (an immediate one of lower priority, a deferred one), no later read and not the stored row; a rule
+    that reads the row, appends and writes it back commits.  Before, ``old``'s list was the image the tree relied on
+    (a SerializationConflict at the commit), ``new``'s the write entry's (the append was stored) and each further
+    rule's event a shallow copy sharing both."""
+    _seed_list(db, ["a"])
+    seen = []
+
+    @db.rule(on=db.updated("lists"), coupling="immediate", priority=2)
+    def vandal(tx, event):
+        event.old["value"].append("old")
+        event.new["value"].append("new")
+
+    @db.rule(on=db.updated("lists"), coupling="immediate", priority=1)
+    def witness(tx, event):
+        seen.append(("immediate", event.old["value"], event.new["value"], tx.read("lists", "k")["value"]))
+
+    @db.rule(on=db.updated("lists"), coupling="deferred")
+    def later(tx, event):
+        seen.append(("deferred", event.old["value"], event.new["value"], tx.read("lists", "k")["value"]))
+
+    @db.rule(on=db.signalled("append"), coupling="immediate")
+    def append(tx, event):
+        row = tx.read("lists", "k")
+        row["value"].append(event.payload["item"])
+        tx.write("lists", "k", value=row["value"])
+
+    try:
+        with db.transaction() as tx:
+            if relied_first:
+                tx.read("lists", "k")
+            with tx.subtransaction() as child:
+                child.write("lists", "k", value=["a", "b"])
+            assert tx.read("lists", "k")["value"] == ["a", "b"]
+        assert seen == [("immediate", ["a"], ["a", "b"], ["a", "b"]), ("deferred", ["a"], ["a", "b"], ["a", "b"])]
+        assert committed(db, "lists")[("k",)]["value"] == ["a", "b"]
+        db.rules.remove("vandal")
+        with db.transaction() as tx:
+            if relied_first:
+                tx.read("lists", "k")
+            tx.signal("append", item="c")
+    finally:
+        for name in ("vandal", "witness", "later", "append"):
+            if name in db.rules.names():
+                db.rules.remove(name)
+    assert committed(db, "lists")[("k",)]["value"] == ["a", "b", "c"]
+
+
+def test_the_recorded_history_keeps_a_json_list_read_as_it_was_read(db):
+    """The history recorder keeps its own copy of a read's lists too: an append the reader then makes does not
+    rewrite the recorded read.  Before, the recorded image shared the list with the reader's."""
+    _seed_list(db, ["a"])
+    db.history.clear()
+    with db.transaction() as tx:
+        tx.write("lists", "k", value=["a", "b"])
+        tx.read("lists", "k")["value"].append("x")
+    reads = [op.value for op in db.history.snapshot()
+             if op.kind == "read" and op.table == "lists" and op.source != "committed"]
+    assert reads == [{"key": "k", "value": ["a", "b"]}]

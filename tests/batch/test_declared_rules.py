@@ -289,3 +289,29 @@ def test_fired_in_a_transaction_a_function_that_changes_its_row_in_place_writes_
         tx.emit("bump_in_place", key="k", ts=1.0, payload={})
     with db.engine.connect() as connection:
         assert connection.execute(sa.text("SELECT key, value FROM items")).all() == [("k", 3)]
+
+
+def test_fired_in_a_transaction_a_function_that_appends_to_a_json_list_writes_what_it_returns(db):
+    """A declared write function that appends to its row's JSONB list and returns it writes the longer list, each
+    firing in turn.  Before, the copy it got shared the list with the image the changes are computed from: the column
+    looked unchanged and nothing was written (the row stayed ['a'], silently)."""
+    transactions = batch.StateTransactions()
+
+    @transactions.on("tag_in_place")
+    def tag(event, ops):
+        def append(own):
+            own["value"].append(event.payload["item"])
+            return {"value": own["value"]}
+
+        ops.write("lists", event.key, append)
+
+    if "tag_in_place" not in db.rules.names():
+        db.rule(on=db.stream("tag_in_place"), name="tag_in_place")(batch.declared(tag))
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("DELETE FROM lists"))
+        connection.execute(sa.text("""INSERT INTO lists (key, value) VALUES ('k', '["a"]')"""))
+    with db.transaction() as tx:
+        tx.emit("tag_in_place", key="k", ts=0.0, payload={"item": "b"})
+        tx.emit("tag_in_place", key="k", ts=1.0, payload={"item": "c"})
+    with db.engine.connect() as connection:
+        assert connection.execute(sa.text("SELECT key, value FROM lists")).all() == [("k", ["a", "b", "c"])]

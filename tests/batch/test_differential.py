@@ -177,3 +177,35 @@ def test_an_operation_on_a_row_its_non_deterministic_writer_s_transaction_also_w
     assert [outcome.committed for outcome in reference.transactions] == [True, False, True]
     result = batch.run_in_memory(transactions, events, {}, strategy=strategy)
     assert _summary(result) == _summary(reference)
+
+
+@pytest.mark.parametrize("strategy", ["serial", *STRATEGIES])
+def test_a_function_that_appends_to_a_list_in_its_argument_changes_nothing_it_did_not_return(strategy):
+    """The copies a function gets reach into its images' lists and dicts (a JSON or ARRAY column's): a write function
+    that appends to its row's list in a transaction that then aborts, and a check that appends to the row it reads,
+    leave the states — and the caller's images — as the returned values say.  Before, the copies were shallow: the
+    aborted transaction's append stayed in the state (the next transaction appended to ['x', 'pay'])."""
+    transactions = batch.StateTransactions("in_place_lists")
+
+    @transactions.on("pay")
+    def pay(event, ops):
+        def tag(own):
+            own["tags"].append("pay")
+            return {"tags": own["tags"]}
+
+        ops.write("accounts", event.key, tag)
+        ops.abort_if(lambda other: other["tags"].append("checked"), reads=[("accounts", "other")], reason="never")
+        if event.payload.get("refuse"):
+            def refuse(own):
+                raise batch.Abort("refused")
+
+            ops.write("accounts", "other", refuse)
+
+    state = {("accounts", "a"): {"tags": ["x"]}, ("accounts", "other"): {"tags": []}}
+    given_state = {name: {"tags": list(image["tags"])} for name, image in state.items()}
+    events = [{"type": "pay", "key": "a", "payload": {"refuse": True}},
+              {"type": "pay", "key": "a", "payload": {}}]
+    result = batch.run_in_memory(transactions, events, given_state, strategy=strategy)
+    assert [outcome.committed for outcome in result.transactions] == [False, True]
+    assert result.final == {("accounts", "a"): {"tags": ["x", "pay"]}}
+    assert given_state == state
