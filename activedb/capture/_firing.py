@@ -22,7 +22,7 @@ from activedb.deadletters import Letter
 from activedb.errors import DatabaseError, DeadlockDetected, SerializationConflict, classify
 from activedb.events import Event
 from activedb.ingest import BatchHandler, BatchInput, IngestionLedger
-from activedb.rules import Fired, Firing, FiringOutcome
+from activedb.rules import Fired, Firing, FiringOutcome, own_event
 
 if TYPE_CHECKING:  # pragma: no cover
     from activedb._handle import DatabaseHandle as Database
@@ -138,10 +138,12 @@ class CaptureHandler(BatchHandler):
         return self.db
 
     def _fire(self, tx: Transaction, events: Sequence[CapturedEvent]) -> list[Result]:
-        """Plan (``db.rules.plan``) and run the firings of ``events``, in commit order."""
+        """Plan (``db.rules.plan``) and run the firings of ``events``, in commit order.  No firing gets a
+        ``CapturedEvent``'s own event (``plan`` gives it to the first): a batch run again plans from it, so a rule
+        that changes its event must not change it (``_afresh``)."""
         rules = self._bound().rules
-        planned = [(event, firing) for event in events if event.event is not None
-                   for firing in rules.plan(tx, event.event)]
+        planned = [(event, firing if firing.event is not event.event else _afresh(firing, event))
+                   for event in events if event.event is not None for firing in rules.plan(tx, event.event)]
         inline = may_share_a_subtransaction(self._bound(), planned)
         results: list[Result] = []
         for first in range(0, len(planned), CHUNK_FIRINGS):
@@ -162,7 +164,15 @@ class CaptureHandler(BatchHandler):
             except Exception as error:       # re-run one by one: the failing firing alone is discarded
                 logger.info("capture consumer %r: a firing of a chunk of %d raised (%r); running them one by one",
                             self.consumer, len(chunk), error)
-        return [Result(event.change, event.position, firing, *fire(rules, tx, firing)) for event, firing in chunk]
+                # (The shared run's rules may have changed their events: each runs again on the event as captured.)
+                chunk = [(event, _afresh(firing, event)) for event, firing in chunk]
+        return [Result(event.change, event.position, firing, *fire(rules, tx, firing, event)) for event, firing in chunk]
+
+
+def _afresh(firing: Firing, captured: CapturedEvent) -> Firing:
+    """``firing`` on a copy of ``captured``'s event (``own_event``: its dicts, and their lists and dicts, its own)."""
+    assert captured.event is not None       # (only a change that became an event is planned)
+    return Firing(firing.rule, own_event(captured.event), firing.chain, firing.coupling, firing.number)
 
 
 def may_share_a_subtransaction(database: "Database", planned: list[tuple[CapturedEvent, Firing]]) -> bool:
@@ -175,10 +185,13 @@ def may_share_a_subtransaction(database: "Database", planned: list[tuple[Capture
     return all(firing.rule.action_coupling is Coupling.IMMEDIATE for _, firing in planned)
 
 
-def fire(rules: RuleManager, transaction: Transaction, firing: Firing) -> Fired:
-    """Run one firing in its own subtransaction of the batch, again while it fails transiently."""
+def fire(rules: RuleManager, transaction: Transaction, firing: Firing, captured: CapturedEvent) -> Fired:
+    """Run one firing (of ``captured``) in its own subtransaction of the batch, again while it fails transiently —
+    each attempt after the first on the event as captured (``_afresh``): the failed attempt may have changed it."""
     transient: BaseException | None = None
-    for _ in range(FIRING_ATTEMPTS):
+    for attempt in range(FIRING_ATTEMPTS):
+        if attempt:
+            firing = _afresh(firing, captured)
         try:
             (fired,) = rules.fire(transaction, [firing])
             if not isinstance(fired.error, TRANSIENT):

@@ -272,8 +272,8 @@ class RuleManager(TransactionExtension):
         plan = self._plans.get(rules) or _remember(self._plans, rules, _Plan)
         self.record.dispatched(root, tree, rules)
         numbers = self._numbers
-        # Each firing its own event (``_own_event``): a rule that changes its event changes no other rule's.
-        firings = [Firing(rule, event if index == 0 else _own_event(event), chain + (rule.name,), rule.coupling,
+        # Each firing its own event (``own_event``): a rule that changes its event changes no other rule's.
+        firings = [Firing(rule, event if index == 0 else own_event(event), chain + (rule.name,), rule.coupling,
                           next(numbers)) for index, rule in enumerate(rules)]
         if plan.others:
             for index in plan.others:
@@ -360,7 +360,7 @@ class RuleManager(TransactionExtension):
         root = transaction.root
         self.record.dispatched(root, slot(root, RuleContext), rules)
         chain = chain_of(transaction)
-        firings = [Firing(rule, event if index == 0 else _own_event(event), chain + (rule.name,), rule.coupling,
+        firings = [Firing(rule, event if index == 0 else own_event(event), chain + (rule.name,), rule.coupling,
                           next(self._numbers)) for index, rule in enumerate(rules)]     # (as ``on_event``'s)
         if len(firings) == 1:
             return firings
@@ -440,7 +440,7 @@ class RuleManager(TransactionExtension):
             self.record.executed(names)
 
 
-def _own_event(event: Event) -> Event:
+def own_event(event: Event) -> Event:
     """``event`` with dicts of its own (``old``, ``new``, ``payload``) for one more rule it fires: an ``Event`` is
     immutable, but its row images and payload are plain dicts, which a rule may change — that must not change what
     another rule on the same event (run now, deferred, or recorded for later by the outbox) sees.  Made only when an

@@ -924,3 +924,32 @@ def test_dropping_what_is_no_consumer_name_is_refused_saying_what_one_is(clean, 
     consumer name is, as ``db.capture.consumer(name)`` does."""
     with pytest.raises(CaptureError, match=r"a consumer name is a non-empty string without '@'"):
         clean.capture.drop_consumer(name)
+
+
+def test_a_rule_that_changes_its_captured_event_changes_neither_its_next_attempt_nor_another_rules_event(clean, conninfo):
+    """Each attempt of each firing of a captured change gets the event as captured: a rule that changes its event's
+    ``new`` and ``payload`` and then fails transiently (a serialization conflict: run again in the batch) sees the
+    captured values again, and so does the other rule on the change.  Before, the first firing got the
+    ``CapturedEvent``'s own event and every attempt of a firing the same one: the re-run saw 'mallory' and the note —
+    as a batch run again (``RetryBatch``, a refused reaction's search) re-planned from the changed event."""
+    db = clean
+    seen = []
+    failures = [activedb.SerializationConflict("a transient failure, once")]
+
+    @db.rule(on=db.captured("orders", "inserted"), coupling="detached", priority=2)
+    def first(tx, event):
+        seen.append(("first", event.new["customer"], dict(event.payload).get("note")))
+        event.new["customer"] = "mallory"
+        event.payload["note"] = "changed"
+        if failures:
+            raise failures.pop()
+
+    @db.rule(on=db.captured("orders", "inserted"), coupling="detached", priority=1)
+    def second(tx, event):
+        seen.append(("second", event.new["customer"], dict(event.payload).get("note")))
+        event.new["customer"] = "eve"
+
+    with psycopg.connect(conninfo, autocommit=True) as psql:
+        psql.execute("INSERT INTO orders (id, customer, amount) VALUES (40, 'ann', 1)")
+    assert db.capture.consumer().run_until_caught_up() == 1
+    assert seen == [("first", "ann", None), ("first", "ann", None), ("second", "ann", None)]
