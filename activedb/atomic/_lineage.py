@@ -277,15 +277,33 @@ class UndoKeys(TransactionExtension):
 
 
 class RuleNotes(Observer):
-    """Notes every firing of a rule that ``has_compensation(name)``, in the firing's own transaction."""
+    """Notes every firing of a rule that ``has_compensation(name)``, in the firing's own transaction, with its event
+    as the rule got it: encoded as the firing starts (``_FiredEvents``), since a rule may change its event's dicts.
+
+    Thread-safety: keeps nothing itself; what it encodes lives in the firing's transaction's slot."""
 
     def __init__(self, has_compensation: Callable[[str], bool]):
         self.has_compensation = has_compensation
 
+    def on_firing_start(self, transaction: "Transaction", firing: FiringView) -> None:
+        if self.has_compensation(firing.rule.name):
+            lowlevel.slot(transaction, _FiredEvents).encoded[id(firing)] = encode_event(firing.event)
+
     def on_firing_end(self, transaction: "Transaction", firing: FiringView, outcome: FiringOutcome) -> None:
         # Called in the firing's own transaction, before it commits: the note commits (or is dropped)
         # with the firing's effects.
-        name = firing.rule.name
-        if outcome is not FiringOutcome.EXECUTED or not self.has_compensation(name):
+        fired = lowlevel.slot(transaction, _FiredEvents, create=False)
+        encoded = fired.encoded.pop(id(firing), None) if fired is not None else None
+        if outcome is not FiringOutcome.EXECUTED or encoded is None:
             return
-        add_note(transaction, {"kind": "rule", "rule": name, "event": encode_event(firing.event)})
+        add_note(transaction, {"kind": "rule", "rule": firing.rule.name, "event": encoded})
+
+
+class _FiredEvents:
+    """A firing transaction's events of rules with compensations, encoded as each firing started (``RuleNotes``).
+
+    Thread-safety: a transaction's firings start and end on the thread that runs the transaction."""
+
+    def __init__(self) -> None:
+        # id of a running firing -> its event as encoded at its start (removed at its end)
+        self.encoded: dict[int, dict[str, object]] = {}

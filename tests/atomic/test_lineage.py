@@ -559,3 +559,36 @@ def test_a_rule_compensation_gets_a_captured_change_as_captured(db):
     finally:
         db.rules.remove(f"own-{query}")
         db.rules.remove(f"captured-{query}")
+
+
+def test_a_rule_compensation_gets_the_event_as_it_fired_not_as_the_rule_changed_it(db):
+    """A firing's note keeps its event as the rule got it: a rule that changes its event's ``new`` and ``payload`` (its
+    own, an event's contract) does not change what its compensation gets.  Before, the note encoded the event after
+    the rule had run: the compensation got value -1 and the rule's note in the payload."""
+    query = prefix()
+    seen = []
+
+    @db.rule(on=db.inserted("items"), name=f"tidy-{query}")
+    def tidy(tx, event):
+        if event.key.startswith(query):
+            tx.insert("events_seen", rule="tidy", detail=event.key)
+            event.new["value"] = -1
+            event.payload["tidied"] = True
+
+    @db.batches.rule_compensation(f"tidy-{query}")
+    def untidy(tx, event):
+        seen.append((event.new["value"], event.payload))
+        for row in tx.scan("events_seen", {"detail": event.key}):
+            tx.delete("events_seen", row["id"])
+
+    db.batches.undo_by_before_image("items")         # (the load's own insert)
+    key = f"{query}-1"
+    try:
+        with db.transaction(name=f"load-{query}") as tx:
+            db.batches.consumed(tx, query, 1)
+            tx.insert("items", key=key, value=1)
+        db.batches.compensate((query, 1))
+    finally:
+        db.rules.remove(f"tidy-{query}")
+    assert seen == [(1, {})]
+    assert scalar(db, "SELECT count(*) FROM events_seen WHERE detail = :d", d=key) == 0
