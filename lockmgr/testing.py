@@ -14,6 +14,7 @@ import queue
 import sys
 import threading
 import time
+import traceback
 import types
 from typing import TYPE_CHECKING, Callable, Iterator, TypeVar
 
@@ -24,6 +25,9 @@ __all__ = ["Scenario", "Step", "ScenarioError", "Sequencer", "Watchdog", "wait_u
 
 _T = TypeVar("_T")
 _POLL = 0.001  # seconds between looks at observable state while waiting for a step
+#: Seconds a fired Watchdog waits for the wait-for graph, and again for ``describe()``, before it goes on without
+#: it to the stacks and ``on_fire()``: the hung thread may hold a mutex either needs (the graph mutex, say).
+DIAGNOSTIC_SECONDS = 10.0
 
 
 def _bounded(timeout: float) -> float:
@@ -66,10 +70,46 @@ def _graph_text(lock_manager: LockManager) -> str:
     return "\n".join(lines)
 
 
+def _within(what: str, read: Callable[[], str]) -> str:
+    """``read()``'s text, taken on a thread of its own and waited for at most ``DIAGNOSTIC_SECONDS``; if it raises or
+    takes longer, a line saying so (a fired watchdog must go on to the stacks and the interrupt)."""
+    taken: list[str] = []
+
+    def take() -> None:
+        try:
+            taken.append(read())
+        except Exception as error:      # (diagnostics only: the stacks still follow)
+            taken.append(f"(could not {what}: {error!r})")
+
+    seconds = DIAGNOSTIC_SECONDS
+    thread = threading.Thread(target=take, name=f"watchdog: {what}", daemon=True)
+    thread.start()
+    thread.join(seconds)
+    return taken[0] if taken else (f"(could not {what} within {seconds:g} s: a thread holds a mutex it needs; see "
+                                   f"the stacks)")
+
+
+def _print_stacks() -> None:
+    """Every thread's stack to stderr: faulthandler's, or (a ``sys.stderr`` without a file descriptor, as under
+    pytest's ``capsys``) the ``traceback`` module's."""
+    try:
+        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+        return
+    except (AttributeError, ValueError, OSError):     # (io.UnsupportedOperation is both an OSError and a ValueError)
+        pass
+    names = {thread.ident: thread.name for thread in threading.enumerate()}
+    parts = []
+    for ident, frame in sys._current_frames().items():
+        parts.append(f"Thread {ident:#x} ({names.get(ident, '?')}), most recent call last:\n"
+                     + "".join(traceback.format_stack(frame)))
+    print("\n".join(parts), file=sys.stderr, flush=True)
+
+
 class Watchdog:
     """Fails a hung concurrency test: after ``timeout`` s it prints the wait-for graph of ``lock_manager``
     (if given), what ``describe()`` returns, and every thread's stack to stderr, sets ``fired`` and calls
-    ``on_fire()`` (which may interrupt the hung thread), again every ``timeout`` s until the block is left; leaving the ``with`` block then raises ``AssertionError``
+    ``on_fire()``; a graph or a ``describe()`` that fails, or is not read within ``DIAGNOSTIC_SECONDS`` (a hung thread
+    holds a mutex it needs), is one line saying so, and the stacks and ``on_fire()`` still follow (which may interrupt the hung thread), again every ``timeout`` s until the block is left; leaving the ``with`` block then raises ``AssertionError``
     (the test fails instead of hanging CI)."""
 
     def __init__(self, timeout: float, lock_manager: LockManager | None = None,
@@ -91,12 +131,13 @@ class Watchdog:
             return
         self.fired.set()
         lines = [f"WATCHDOG: test still running after {self.timeout} s"]
-        if self.lock_manager is not None:
-            lines.append(_graph_text(self.lock_manager))
-        if self.describe is not None:
-            lines.append(str(self.describe()))
+        lock_manager, describe = self.lock_manager, self.describe
+        if lock_manager is not None:
+            lines.append(_within("read the wait-for graph", lambda: _graph_text(lock_manager)))
+        if describe is not None:
+            lines.append(_within("describe the state", lambda: str(describe())))
         print("\n".join(lines), file=sys.stderr, flush=True)
-        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+        _print_stacks()
         while self.on_fire is not None:
             self.on_fire()
             if self._stop.wait(self.timeout):   # (else blocked again, where the last call reached)

@@ -197,3 +197,63 @@ def test_a_sequencer_refuses_a_timeout_that_is_no_number_of_seconds():
             Sequencer(timeout=timeout)
     with Sequencer(timeout=math.inf)(0):
         pass
+
+
+def test_a_watchdog_whose_describe_fails_or_whose_graph_is_held_still_prints_the_stacks_and_interrupts(capfd,
+                                                                                                      monkeypatch):
+    """A fired Watchdog called ``describe()`` unguarded and read the wait-for graph under the lock manager's graph
+    mutex without a bound: a describe that raised (the interleaving runner's reads its own state) killed the
+    watchdog's thread, and a hung thread holding the graph mutex blocked it — either way before the stacks and
+    ``on_fire()`` (the interrupt), so the hang it was there for stayed a hang.  Now a failing describe prints its own
+    error, a graph not read within ``DIAGNOSTIC_SECONDS`` says so, and the watchdog goes on to the stacks and the
+    interrupt."""
+    import threading
+
+    from lockmgr import LockManager
+    from lockmgr import testing
+
+    import pytest
+
+    monkeypatch.setattr(testing, "DIAGNOSTIC_SECONDS", 0.2, raising=False)
+
+    def broken() -> str:
+        raise RuntimeError("describe broke")
+
+    lm = LockManager()
+    interrupted = threading.Event()
+    watchdog = testing.Watchdog(0.1, lm, describe=broken, on_fire=interrupted.set)
+    lm._graph_mutex.acquire()           # (as a thread hung inside the lock manager holds it)
+    try:
+        with pytest.raises(AssertionError, match="watchdog fired"):
+            with watchdog:
+                called = interrupted.wait(10)
+                lm._graph_mutex.release()
+    finally:
+        if lm._graph_mutex.locked():
+            lm._graph_mutex.release()
+    assert called, "the watchdog never called on_fire (the interrupt)"
+    printed = capfd.readouterr().err
+    assert "WATCHDOG: test still running after 0.1 s" in printed
+    assert "could not read the wait-for graph within 0.2 s" in printed
+    assert "could not describe the state: RuntimeError('describe broke')" in printed
+    assert "most recent call first" in printed       # faulthandler's stacks
+
+
+def test_a_watchdog_under_capsys_still_prints_the_stacks_and_interrupts(capsys):
+    """Under pytest's ``capsys`` ``sys.stderr`` has no file descriptor, and ``faulthandler.dump_traceback`` raised
+    io.UnsupportedOperation on the watchdog's thread, which died before ``on_fire()``: a hung test using capsys stayed
+    hung.  The stacks are then printed with ``traceback`` instead, and the interrupt follows."""
+    import threading
+
+    import pytest
+
+    from lockmgr.testing import Watchdog
+
+    interrupted = threading.Event()
+    with pytest.raises(AssertionError, match="watchdog fired"):
+        with Watchdog(0.1, on_fire=interrupted.set):
+            called = interrupted.wait(10)
+    assert called, "the watchdog never called on_fire (the interrupt)"
+    printed = capsys.readouterr().err
+    assert "WATCHDOG: test still running after 0.1 s" in printed
+    assert "test_a_watchdog_under_capsys_still_prints_the_stacks_and_interrupts" in printed   # this thread's stack
