@@ -39,9 +39,11 @@ def holders_of(resource: Hashable, lock: _Lock | None) -> Holders:
     )
 
 
-def snapshot_of(stripes: tuple[_Stripe, ...], active: dict[Hashable, _Txn]) -> LockTableSnapshot:
-    """The whole lock table, the tree and the wait-for graph of the ``active`` transactions (tid -> record).
-    Caller holds the graph mutex; takes every stripe mutex in index order."""
+def snapshot_of(stripes: tuple[_Stripe, ...], active: dict[Hashable, _Txn], structural: bool) -> LockTableSnapshot:
+    """The whole lock table, the tree and the wait-for graph of the ``active`` transactions (tid -> record):
+    ``waits`` has every edge ``add_wait_for_graph`` adds but the structural commit edges (``structural``: every
+    parent -> active child, implied by the tree); a declared one (to an ``awaited`` child) is listed.  Caller holds
+    the graph mutex; takes every stripe mutex in index order."""
     for stripe in stripes:
         stripe.mutex.acquire()
     try:
@@ -57,6 +59,8 @@ def snapshot_of(stripes: tuple[_Stripe, ...], active: dict[Hashable, _Txn]) -> L
         waits: dict[Hashable, MappingProxyType[Hashable, tuple[str, Hashable | None]]] = {}
         for txn in active.values():
             edges: dict[Hashable, tuple[str, Hashable | None]] = {}
+            if not structural:          # (in add_wait_for_graph's order: a later edge to one target wins)
+                edges.update({child.tid: ("commit", None) for child in txn.children if child.awaited})
             for wait in txn.external:
                 edges.update({target.tid: (kind, None) for target, kind in wait.targets.items()})
             if txn.request is not None:

@@ -682,7 +682,7 @@ class LockManager:
         """A consistent copy of the whole lock table, the tree and the wait-for graph (takes every mutex,
         in the documented order; meant for tests, debugging and reports, not for hot paths)."""
         with self._graph_mutex:
-            return snapshot_of(self._stripes, self._active)
+            return snapshot_of(self._stripes, self._active, self._structural)
 
     def wait_for_graph(self) -> networkx.DiGraph[Hashable]:
         """The wait-for graph as a ``networkx.DiGraph``.
@@ -790,7 +790,7 @@ class LockManager:
                 events.append((source, live))
                 continue
             self._counters["deadlocks"] += 1
-            snapshot = snapshot_of(self._stripes, self._active) if self._snapshot_on_deadlock else None
+            snapshot = snapshot_of(self._stripes, self._active, self._structural) if self._snapshot_on_deadlock else None
             error = self._deadlock_error(victim.tid, txn.tid, cycle.wait_edges, policy_name(self._victim_policy),
                                          snapshot, note)
             told = cycle.wait_of_victim(victim)

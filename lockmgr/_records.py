@@ -68,8 +68,9 @@ class TransactionInfo:
 class LockTableSnapshot:
     """A consistent picture of the whole manager, taken with every mutex held (``LockManager.snapshot``).
 
-    ``waits[tid]`` maps each target of ``tid``'s current wait edges to ``(kind, resource)``; commit edges are
-    not listed there (they are ``parent -> child`` for every pair in ``transactions``).
+    ``waits[tid]`` maps each target of ``tid``'s current wait edges to ``(kind, resource)``: the edges of
+    ``wait_for_graph()``, with a declared commit edge (to a child begun ``awaited=True``) as ``("commit", None)``;
+    structural commit edges are not listed (they are ``parent -> child`` for every pair in ``transactions``).
     """
 
     transactions: Mapping[Hashable, TransactionInfo]

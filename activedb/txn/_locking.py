@@ -420,8 +420,8 @@ class Locking:
 
     @staticmethod
     def logical_snapshot(snapshot: lockmgr.LockTableSnapshot, lazy: "list[Transaction]") -> lockmgr.LockTableSnapshot:
-        """``snapshot`` with each node of ``lazy`` (live lazy nodes) in place: it is a transaction, it holds
-        what it was granted (``_grants``; the first ``_grants_retained`` of them it retains), and its grantee
+        """``snapshot`` with each node of ``lazy`` (live lazy nodes) in place: it is a transaction, its parent's
+        commit edge to it is a wait (as to a materialized inline child), it holds what it was granted (``_grants``; the first ``_grants_retained`` of them it retains), and its grantee
         retains what it retained before those grants.  A chain of frames in frames is drawn innermost first,
         so that each grantee entry goes back to what it was before the oldest grant."""
         if not lazy:
@@ -436,6 +436,9 @@ class Locking:
                 continue                       # the grantee's abort reached the lock manager
             transactions[node.id] = dataclasses.replace(
                 template, tid=node.id, parent=node.parent.id)  # type: ignore[union-attr]  # (lazy: a parent)
+            # An inline child: its parent waits for it all its life, the commit edge it has once materialized
+            # (``awaited=True``), as the lock manager's snapshot lists it.
+            waits.setdefault(node.parent.id, {}).setdefault(node.id, ("commit", None))  # type: ignore[union-attr]
             grants, kept = list(node._grants or ()), node._grants_retained
             for part, as_retained in ((grants[kept:], False), (grants[:kept], True)):
                 wanted, before = lockmgr.fold_grants(part)

@@ -83,7 +83,7 @@ def test_a_waiting_tree_is_drawn_with_its_locks_and_a_held_edge(db, tmp_path):
     assert graph.nodes[ids["writer"]]["state"] == "active"
     assert "WRITE items['k']" in graph.nodes[ids["writer"]]["held"]
     assert graph.nodes[ids["second"]]["waiting_for"] == "WRITE items['k']"
-    assert graph.edges[ids["first"], ids["writer"]]["kind"] == "child"      # the tree (run inline: no wait)
+    assert graph.edges[ids["first"], ids["writer"]]["kind"] == "commit"     # inline: first waits for it all its life
     assert graph.edges[ids["second"], ids["writer"]]["kind"] == "held"
     assert graph.edges[ids["second"], ids["writer"]]["resource"] == "items['k']"
     assert "waiting for WRITE items['k']" in explanation.text()
@@ -239,6 +239,66 @@ def test_the_cli_signals_no_process_that_does_not_serve_explanations(tmp_path):
     finally:
         sleeper.kill()
         sleeper.wait(TIMEOUT)
+
+
+def test_a_parent_waits_for_its_inline_child_whether_it_is_lazy_or_a_node(db):
+    """A parent's lock-manager edge to an inline child (begun ``awaited``: a materialized inline child, a group's
+    member started on another thread) was left out of ``LockManager.snapshot()``, which ``db.explain()`` is built
+    from, so such a parent (a rule group's owner waiting for its members on threads) was drawn waiting for nothing.
+    The snapshot has it now, and a lazy inline child (not in the lock manager yet) is given it too, so that the
+    picture does not depend on whether the child has materialized: here a child that waits for a row (and so
+    materializes) and one that does not are both drawn ``parent -[commit]-> child``."""
+    holding, release = threading.Event(), threading.Event()
+    failures: list[BaseException] = []
+    ids: dict[str, str] = {}
+
+    def guarded(body):
+        def target():
+            try:
+                body()
+            except BaseException as error:  # pragma: no cover - reported below
+                failures.append(error)
+        return threading.Thread(target=target)
+
+    def holder():
+        with db.transaction(name="holder") as tx:
+            ids["holder"] = tx.id
+            tx.write("items", "k", value=1)
+            holding.set()
+            release.wait(TIMEOUT)
+
+    def waiting_parent():
+        with db.transaction(name="waiting parent") as tx:
+            ids["waiting parent"] = tx.id
+            with tx.subtransaction(name="waiting child") as sub:
+                ids["waiting child"] = sub.id
+                sub.write("items", "k", value=2)              # waits for holder: a node from now on
+
+    def lazy_parent():
+        with db.transaction(name="lazy parent") as tx:
+            ids["lazy parent"] = tx.id
+            with tx.subtransaction(name="lazy child") as sub:
+                ids["lazy child"] = sub.id
+                sub.write("items", "j", value=3)
+                holding.wait(TIMEOUT)
+                release.wait(TIMEOUT)
+
+    locks = db.transactions.locks
+    with Watchdog(TIMEOUT, locks):
+        threads = [guarded(holder), guarded(lazy_parent)]
+        for thread in threads:
+            thread.start()
+        assert holding.wait(TIMEOUT)
+        threads.append(guarded(waiting_parent))
+        threads[-1].start()
+        explanation = explained_when(db, lambda: locks.statistics().waiting == 1 and "lazy child" in ids,
+                                     "the child never waited", release, threads)
+    assert failures == []
+    graph = explanation.graph
+    assert graph.edges[ids["waiting child"], ids["holder"]]["kind"] == "held"
+    assert graph.edges[ids["waiting parent"], ids["waiting child"]]["kind"] == "commit"
+    assert graph.edges[ids["lazy parent"], ids["lazy child"]]["kind"] == "commit"
+    assert f"{ids['waiting parent']} -[commit]-> {ids['waiting child']}" in explanation.text()
 
 
 def test_nested_and_children_waits_are_drawn(db, tmp_path):

@@ -154,6 +154,27 @@ def test_declared_commit_edges_count_while_the_parent_waits_or_for_an_inline_chi
     assert errors == []
 
 
+def test_a_snapshot_has_the_declared_commit_edges_the_wait_for_graph_has():
+    """With ``commit_edges="declared"`` a parent's edge to a child begun ``awaited=True`` (an inline child, a taken-over
+    group's member on a thread) is in ``wait_for_graph()`` but was not in ``snapshot().waits`` — whose docstring said
+    commit edges are every parent -> child pair, true only of structural edges — so ``db.explain()``, built from the
+    snapshot, showed a group's owner waiting for its members on threads as waiting for nothing.  The snapshot's waits
+    are now the graph's edges, less the structural ones (every pair, so implied by the tree)."""
+    lm = manager("P", "X", commit_edges="declared")
+    lm.begin("P.1", parent="P", awaited=True)        # P waits for it all its life
+    lm.begin("P.2", parent="P")                      # spawned: no wait until P registers one
+    lm.add_wait("P.2", ["X"], kind="nested")
+    snapshot = lm.snapshot()
+    graph = {(waiter, target): (data["kind"], data.get("resource"))
+             for waiter, target, data in lm.wait_for_graph().edges(data=True)}
+    assert snapshot.waits["P"] == {"P.1": ("commit", None)}
+    assert {(waiter, target): edge for waiter, edges in snapshot.waits.items()
+            for target, edge in edges.items()} == graph
+    structural = manager("P", commit_edges="structural")
+    structural.begin("P.1", parent="P", awaited=True)
+    assert structural.snapshot().waits == {}         # every parent -> active child: implied by the tree
+
+
 def test_before_wait_is_called_on_the_requesting_thread_before_a_request_that_may_wait_and_only_then():
     """``LockManager(before_wait=...)``: not for a grant the uncontended path makes; before a request that
     waits, on the requester's thread, where a wait it registers is part of the graph that request's edge
