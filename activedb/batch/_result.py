@@ -71,12 +71,20 @@ class Part:
     versions: bool = False
 
 
+def _handed(outputs: dict[str, object]) -> dict[str, object]:
+    """One transaction's outputs as its result hands them out: a row image (a READ's, a WRITE's) is a copy, for the
+    run keeps the image itself as the state's (``final``, other outputs of it); other outputs are the caller's already
+    (a function's value, ``Inserted``)."""
+    return {name: output.copy() if type(output) is dict else output for name, output in outputs.items()}
+
+
 class BatchResult:
     """``transactions`` in timestamp order; ``rejected`` = events that could not be declared
     (unknown type, a declaring function that raised); ``final`` = the last version of every
     state written by a committed transaction (None = deleted); ``before`` = their images
     before the batch.  The :class:`TransactionResult` objects are made only when ``transactions``,
-    ``committed`` or ``aborted`` is first read (a sink that stores dead letters and counts never makes them).
+    ``committed`` or ``aborted`` is first read (a sink that stores dead letters and counts never makes them); their
+    outputs' row images are copies, so changing one changes neither ``final`` nor another output.
     Thread-safety: read-only once returned; the lazy list is made at most once per thread race
     (the same list either way)."""
 
@@ -104,7 +112,7 @@ class BatchResult:
             new = tuple.__new__
             self._transactions = [
                 new(TransactionResult, (events[t], False, aborted[t], {})) if t in aborted
-                else new(TransactionResult, (events[t], True, None, outputs[t] if t in outputs else {}))
+                else new(TransactionResult, (events[t], True, None, _handed(outputs[t]) if t in outputs else {}))
                 for t in self._ts]
         return self._transactions
 
