@@ -33,7 +33,7 @@ from activedb import deadletters
 from activedb.batch._declare import BatchEvent, DrawnRow, OpSpec, State, StateTransactions
 from activedb.batch._result import BatchResult
 from activedb.batch._route import RoutePlan, add_touched, touched_states, written_tables
-from activedb.batch._runtime import AUTO, check_processes, execute_batch, no_cyclic_gc, normalise_events, runtime_of
+from activedb.batch._runtime import AUTO, check_events, check_processes, execute_batch, no_cyclic_gc, normalise_events, runtime_of
 from activedb.batch._state import Loader
 from activedb.batch._store import (DEAD_LETTER_TABLE, NO_GIVEN_KEY, apply_batch, check_key_columns, check_required,
                                    dead_letter, name_rows_once, named_once, store_check)
@@ -744,8 +744,9 @@ def apply_at_commit(tx: Transaction, events: Iterable[object], transactions: Sta
     check_processes("apply_at_commit", processes)
     options = _Options(strategy, processes, split, dead_letters, query_id, batch_id, letters, on_result, keys_check,
                        on_sent)
+    check_events("apply_at_commit", events)
     events = list(events)
-    batch = normalise_events(events)
+    batch = normalise_events(events, owner="apply_at_commit")
     runtime = runtime_of(transactions)
     router = runtime.router
     plans = router.plans

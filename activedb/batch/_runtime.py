@@ -13,6 +13,7 @@ import dataclasses
 import gc
 import itertools
 import operator
+import reprlib
 import time
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from concurrent.futures import BrokenExecutor, Future
@@ -30,7 +31,7 @@ from activedb.batch._route import Allowed, Router, Routing, route, touched_state
 from activedb.batch._state import Loader, WriteCheck
 from activedb.batch._strategy import DecisionRule, Split, Strategy, parse_strategy
 from activedb.batch.errors import DeclarationError, WorkerFailed
-from activedb.errors import check_whole_number
+from activedb.errors import BadArgument, check_whole_number
 from activedb.store import RowImage
 from activedb.versions import Versions
 
@@ -163,12 +164,31 @@ def _of_one_attribute_type(events: Iterable[object]) -> list[BatchEvent] | None:
         return None
 
 
-def normalise_events(events: Iterable[object]) -> list[BatchEvent]:
+def check_events(owner: str, events: object) -> None:
+    """Raise :class:`~activedb.errors.BadArgument` unless ``events`` (given as ``owner(events=...)``) is an iterable of
+    events: not None or a number, and neither a text nor one event on its own (a mapping, a BatchEvent), whose items
+    would be read as events one by one."""
+    if isinstance(events, (str, bytes, bytearray)):
+        given = f"a {type(events).__name__} (read letter by letter, each letter would be an event)"
+    elif isinstance(events, (Mapping, BatchEvent)):
+        given = "one event on its own (its fields would be read as events); give a list of it: [event]"
+    elif not isinstance(events, Iterable):
+        given = "None" if events is None else f"a {type(events).__name__}, which is no iterable"
+    else:
+        return
+    raise BadArgument(f"{owner}(events={reprlib.repr(events)}) takes an iterable of events — BatchEvents, mappings "
+                      f"with 'type' (or 'event_type'), 'key' and optionally 'ts' and 'payload', or event objects with "
+                      f"those attributes — not {given}; give a list of them (an empty one for no events)")
+
+
+def normalise_events(events: Iterable[object], *, owner: str = "normalise_events") -> list[BatchEvent]:
     """Events as :class:`BatchEvent` in timestamp order: stably sorted by ``ts`` when every
     event has one (out-of-order arrival, C1 of the paper), else in the order given.
     Accepts BatchEvents, ``spark_bridge`` RawEvents (``event_type, key, ts, payload``),
     stream ``activedb.Event``s, and mappings with those keys; a payload that is no mapping is a DeclarationError
-    naming its event's position, before anything runs."""
+    naming its event's position, before anything runs; ``events`` that are no iterable of events (``check_events``) a
+    BadArgument naming ``owner``, the call they were given to."""
+    check_events(owner, events)
     token = abc.get_cache_token()
     if _ATTRIBUTE_EVENT_TOKEN[0] != token:
         _ATTRIBUTE_EVENT_TYPES.clear()
@@ -258,7 +278,7 @@ def prepare(transactions: StateTransactions, events: Iterable[object]) -> Prepar
     """PRE_PROCESS: normalise and declare every event; events that cannot be declared are
     rejected with the reason (they become dead letters)."""
     started = time.perf_counter()
-    batch = normalise_events(events)
+    batch = normalise_events(events, owner="decide")
     return _declare_all(transactions, list(enumerate(batch)), batch, None, started)
 
 
@@ -590,7 +610,7 @@ def run_in_memory(transactions: StateTransactions, events: Iterable[object],
     """Declare and run a batch over ``state`` (images before the batch; absent = no row)."""
     check_processes("run_in_memory", processes)
     started = time.perf_counter()
-    batch = normalise_events(events)
+    batch = normalise_events(events, owner="run_in_memory")
     normalised = time.perf_counter() - started
     result = execute_batch(transactions, batch, dict(state or {}), strategy=strategy, processes=processes, split=split)
     if result.statistics is not None:

@@ -106,3 +106,28 @@ def test_an_event_without_a_type_is_refused_saying_to_give_one(event_type):
     assert "transactions.on(" not in str(raised.value)
     with pytest.raises(UnknownEventType, match=r"@transactions.on\('nope'\)"):
         transactions.declare(BatchEvent("nope", 1))
+
+
+@pytest.mark.parametrize("events", [None, 5, "bump", b"bump", {"type": "bump", "key": 1},
+                                    BatchEvent("bump", 1, None, {}, 0)])
+def test_a_batch_given_no_iterable_of_events_is_refused_saying_what_to_give(events):
+    """``run_in_memory(transactions, None)`` or ``5`` raised a bare TypeError ('NoneType' object is not iterable)
+    from deep inside, and a text — or one event given on its own (a mapping, a BatchEvent) — was read item by item
+    as events: 'bump' became four events of no type (dead letters or a DeclarationError about 'b'), a mapping its
+    keys.  Each entry point refuses it with BadArgument naming the call and what to give, before anything runs."""
+    from activedb.errors import BadArgument
+
+    transactions = batch.StateTransactions("refuse")
+
+    @transactions.on("bump")
+    def bump(event, ops):
+        ops.write("c", event.key, lambda own: {"n": 1})
+
+    calls = {"run_in_memory": lambda: batch.run_in_memory(transactions, events),
+             "decide": lambda: batch.decide(transactions, events),
+             "normalise_events": lambda: batch.normalise_events(events),
+             "apply_at_commit": lambda: batch.apply_at_commit(None, events, transactions)}
+    for owner, call in calls.items():
+        with pytest.raises(BadArgument, match=rf"^{owner}\(events=.*\) takes an iterable of events") as raised:
+            call()
+        assert "give" in str(raised.value), str(raised.value)
