@@ -273,8 +273,16 @@ def check_layout(db: Database, query_id: str, batch_id: int, partitions: int | N
 
 def check_columns(columns: list[str], mapping: EventMapping) -> None:
     """Refuse a stream whose ``columns`` lack one ``mapping`` names (but the corrupt-record and line columns, which a
-    source may lack): every row of every batch would be a dead letter.  ``ingest()`` asks it of its frame, a sink of
-    each batch (a sink wired with ``foreachBatch`` directly), before applying anything."""
+    source may lack): every row of every batch would be a dead letter; or that has two columns of one name: every
+    batch would fail in the mapping (``MappingError``), replay after replay, and the stream stop for good.
+    ``ingest()`` asks it of its frame, a sink of each batch (a sink wired with ``foreachBatch`` directly), before
+    applying anything."""
+    repeated = [column for position, column in enumerate(columns) if column in columns[:position]]
+    if repeated:
+        raise IngestError(
+            f"the stream has {list(columns).count(repeated[0])} columns named {repeated[0]!r} (its columns: "
+            f"{list(columns)}); every batch would fail: rename or drop one (give each column its own name in the "
+            f"select, alias(...)) before ingest() (or foreachBatch(sink))")
     named = (mapping.type_column, mapping.key_column, mapping.ts_column, mapping.producer_column,
              mapping.accuracy_column, mapping.accuracy_minus_column, mapping.accuracy_plus_column,
              mapping.local_ts_column, mapping.id_column)

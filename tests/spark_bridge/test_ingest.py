@@ -669,6 +669,46 @@ def test_a_struct_with_duplicate_field_names_is_refused_on_the_scale_out_path_as
 
 
 @pytest.mark.spark
+def test_two_columns_of_one_name_are_refused_by_ingest_and_by_a_sink_wired_directly(spark, tmp_path,
+                                                                                      make_database_url):
+    """A stream with two top-level columns of one name (``frame.select(..., F.lit("z").alias("key"))``) passed
+    ``ingest()`` on both paths and a sink wired with ``foreachBatch`` directly: the query started and every batch
+    then failed inside the sink (``MappingError: the batch has duplicate column names``), replay after replay — the
+    stream stopped for good.  ``ingest()`` refuses it before any query starts, a direct sink (one task or scale-out)
+    at its first batch, before applying anything, naming the column."""
+    from pyspark.sql import functions as F
+
+    write_files(tmp_path / "in", [[{"type": "add", "key": "k", "ts": iso(BASE_TIME), "amount": 1, "seq": 1}]])
+    database = app_database(make_database_url("duplicate_columns"))
+    error = r"the stream has 2 columns named 'key'.*rename or drop one"
+    try:
+        frame = _stream(spark, tmp_path / "in").select("type", "key", "ts", "amount", "seq", F.lit("z").alias("key"))
+        for options in ({}, dict(partition_by_key=2, app=APP_FILE)):
+            with pytest.raises(IngestError, match=error):
+                spark_bridge.ingest(database, frame, mapping=app_counters.MAPPING, query_name="x",
+                                    checkpoint_location=str(tmp_path / "c"), trigger={"availableNow": True},
+                                    **options)
+        assert spark.streams.active == []
+        for name in ("one_task", "scale_out"):
+            if name == "scale_out":
+                sink: spark_bridge.IngestSink = spark_bridge.PartitionedIngestSink(
+                    database, app_counters.MAPPING, partitions=2, app=APP_FILE, query_name=name,
+                    spark_session=spark)
+            else:
+                sink = spark_bridge.IngestSink(database, app_counters.MAPPING, query_name=name, spark_session=spark)
+            query = (frame.writeStream.foreachBatch(sink).queryName(name)
+                     .option("checkpointLocation", str(tmp_path / f"checkpoint-{name}"))
+                     .trigger(availableNow=True).start())
+            with pytest.raises(Exception, match=error):
+                query.awaitTermination(STREAM_TIMEOUT_SECONDS)
+            failure = sink.last_failure()
+            assert failure is not None and isinstance(failure[1], IngestError), failure
+            assert (ledger(database), dead_letters(database)) == ([], [])
+    finally:
+        database.close()
+
+
+@pytest.mark.spark
 @pytest.mark.parametrize("scale_out", [False, True], ids=["one task", "scale-out"])
 def test_a_sink_wired_with_foreach_batch_directly_refuses_a_missing_or_unconvertible_column_as_ingest_does(
         spark, tmp_path, make_database_url, scale_out):
