@@ -7,6 +7,7 @@ TypeError).  Plain Python values are literals.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Callable, Iterable, Mapping, Sequence, TypeAlias, Union
 
 from activedb.streams import algebra as ast
@@ -227,11 +228,20 @@ def _returns(returns: Returns) -> tuple[ast.ReturnItem, ...]:
     return tuple(items)
 
 
+def _finite(number: float) -> bool:
+    """Whether ``number`` (an int or a float) is finite as a float, as the text language's numbers must be."""
+    try:
+        return math.isfinite(number)
+    except OverflowError:       # (an int beyond a float's range)
+        return False
+
+
 def _priority(what: str, priority: float | None) -> float | None:
-    """``priority`` if it is None or a number; a DefinitionError otherwise (definitions are ordered by it)."""
+    """``priority`` if it is None or a finite number; a DefinitionError otherwise (definitions are ordered by it:
+    an infinite one would put a definition above or below every other, as the text language refuses)."""
     if priority is not None and (isinstance(priority, bool) or not isinstance(priority, (int, float))
-                                 or priority != priority):
-        raise DefinitionError(f"{what}: priority is a number (higher first) or None, got {priority!r}")
+                                 or not _finite(priority)):
+        raise DefinitionError(f"{what}: priority is a number (finite; higher first) or None, got {priority!r}")
     return priority
 
 
@@ -276,9 +286,11 @@ def query_definition(name: str, *, pattern: PatternLike, returns: Returns, where
         if isinstance(within, bool):            # (float(True) is 1.0: no window)
             raise TypeError(within)
         window = float(within) if within is not None else None
-    except (TypeError, ValueError):
-        raise DefinitionError(f"query {name}: within is the window in seconds (a number) or None, got {within!r}"
-                              ) from None
+        if window is not None and not math.isfinite(window):      # (a window that limits nothing, or NaN)
+            raise ValueError(within)
+    except (TypeError, ValueError, OverflowError):                 # (OverflowError: an int beyond a float's range)
+        raise DefinitionError(f"query {name}: within is the window in seconds (a finite number) or None, got "
+                              f"{within!r}") from None
     try:
         consumed = ast.Consumption(consumption) if consumption is not None else None
     except ValueError:

@@ -340,6 +340,35 @@ def test_a_query_s_selection_or_window_of_the_wrong_kind_is_a_definition_error(d
     assert engine.queries == {}
 
 
+@pytest.mark.parametrize("option, match", [
+    ({"within": float("inf")}, r"within is the window in seconds \(a finite number\) or None, got inf"),
+    ({"within": float("nan")}, r"within is the window in seconds \(a finite number\) or None, got nan"),
+    ({"within": "1e999"}, r"within is the window in seconds \(a finite number\) or None, got '1e999'"),
+    ({"within": 10 ** 400}, r"within is the window in seconds \(a finite number\) or None, got 1000"),
+    ({"priority": float("inf")}, r"priority is a number \(finite; higher first\) or None, got inf"),
+    ({"priority": -float("inf")}, r"priority is a number \(finite; higher first\) or None, got -inf"),
+    ({"priority": 10 ** 400}, r"priority is a number \(finite; higher first\) or None, got 1000"),
+], ids=["within-inf", "within-nan", "within-text-1e999", "within-int-beyond-float", "priority-inf",
+        "priority-minus-inf", "priority-int-beyond-float"])
+def test_a_window_or_priority_that_is_no_finite_number_is_refused_by_the_python_api_as_by_the_language(
+        db, option, match):
+    """The text language refuses WITHIN and PRIORITY numbers that are not finite as floats (48db25b8); the Python API
+    took ``within=float('inf')`` (a window that limits nothing) and ``priority=±inf`` (a query or rule above or below
+    every other) silently, ``within=nan`` failed only at compilation ("WITHIN needs a positive window"), and
+    ``within=10**400`` with a bare OverflowError.  Each is a DefinitionError at once, for queries and rules, and
+    nothing is defined."""
+    engine = engine_for(db)
+    engine.define(Q1_R1)
+    original = engine.rules["R1"]
+    with pytest.raises(DefinitionError, match=f"query P: {match}"):
+        engine.query("P", pattern=streams.seq("EXIT", "ENTER"), returns=[streams.event("ENTER")["HCW-ID"]],
+                     **option)
+    if "priority" in option:
+        with pytest.raises(DefinitionError, match=f"rule R1: {match}"):
+            engine.rule("R1", on_output="Q1", action=lambda tx, new: None, replace=True, **option)
+    assert set(engine.queries) == {"Q1"} and engine.rules == {"R1": original}
+
+
 def test_a_script_with_an_error_defines_none_of_its_statements(db):
     """``define(text)`` is all or nothing: a script whose rule names a column that does not exist defines neither
     the rule nor the query before it, so that the corrected script can be defined on the same engine.  Before, the
