@@ -249,23 +249,33 @@ def test_an_empty_dead_letter_filter_is_refused_not_read_as_no_filter(database_u
 
 def test_a_database_failure_of_a_subcommand_names_the_whole_command(db, database_url, letters):
     """A refusal no layer below turned into an activedb error is one line naming the command that ran — the
-    group's too: it said ``activedb show``, a command there is not."""
-    # (a role that may read every table but the dead letters: PostgreSQL refuses the command's read)
+    group's too: it said ``activedb show``, a command there is not.  (A read's refusal is the store's
+    ``DatabaseError``, one line too, naming what was refused.)"""
+    # (a role that may read every table but the dead letters, and write none: PostgreSQL refuses the show's read and
+    # the purge's delete)
     role = "t_cli_no_dead_letters"
     with db.engine.begin() as connection:
         connection.execute(sa.text(f"CREATE ROLE {role} LOGIN PASSWORD 'reader'"))
         connection.execute(sa.text(f"GRANT SELECT ON ALL TABLES IN SCHEMA public TO {role}"))
-        connection.execute(sa.text(f"REVOKE SELECT ON activedb_dead_letters FROM {role}"))
+    url = sa.make_url(database_url).set(username=role, password="reader").render_as_string(False)
     try:
-        result = invoke(sa.make_url(database_url).set(username=role, password="reader").render_as_string(False),
-                        "dead-letters", "show", str(letters[0]))
+        purged = invoke(url, "dead-letters", "purge", "--id", str(letters[0]), "--yes")
+        with db.engine.begin() as connection:
+            connection.execute(sa.text(f"REVOKE SELECT ON activedb_dead_letters FROM {role}"))
+        shown = invoke(url, "dead-letters", "show", str(letters[0]))
     finally:
         with db.engine.begin() as connection:
             connection.execute(sa.text(f"DROP OWNED BY {role}"))
             connection.execute(sa.text(f"DROP ROLE {role}"))
-    assert result.exit_code == 1, result.output
-    assert "PostgreSQL refused running `activedb dead-letters show`" in result.output, result.output
-    assert "permission denied for table activedb_dead_letters" in result.output, result.output
+    assert purged.exit_code == 1, purged.output
+    assert "PostgreSQL refused running `activedb dead-letters purge`" in purged.output, purged.output
+    assert "permission denied for table activedb_dead_letters" in purged.output, purged.output
+    assert shown.exit_code == 1, shown.output
+    assert shown.output.startswith("activedb: error: PostgreSQL refused reading"), shown.output
+    assert "(SQLSTATE 42501): permission denied for table activedb_dead_letters" in shown.output, shown.output
+    assert "Traceback" not in purged.output + shown.output
+    remaining = json.loads(invoke(database_url, "dead-letters", "list", "--json").output)
+    assert [letter["id"] for letter in remaining] == letters
 
 
 @pytest.mark.parametrize("command", [["show", "{id}"], ["list", "--id", "{id}"], ["list", "--batch", "{id}"],
