@@ -1842,21 +1842,22 @@ def test_a_rule_that_appends_to_its_events_json_lists_changes_neither_the_row_no
     rule's event a shallow copy sharing both."""
     _seed_list(db, ["a"])
     seen = []
+    suffix = f"_{int(relied_first)}"     # (each run's rules their own persisted definitions: no redefinition warning)
 
-    @db.rule(on=db.updated("lists"), coupling="immediate", priority=2)
+    @db.rule(on=db.updated("lists"), coupling="immediate", priority=2, name="vandal" + suffix)
     def vandal(tx, event):
         event.old["value"].append("old")
         event.new["value"].append("new")
 
-    @db.rule(on=db.updated("lists"), coupling="immediate", priority=1)
+    @db.rule(on=db.updated("lists"), coupling="immediate", priority=1, name="witness" + suffix)
     def witness(tx, event):
         seen.append(("immediate", event.old["value"], event.new["value"], tx.read("lists", "k")["value"]))
 
-    @db.rule(on=db.updated("lists"), coupling="deferred")
+    @db.rule(on=db.updated("lists"), coupling="deferred", name="later" + suffix)
     def later(tx, event):
         seen.append(("deferred", event.old["value"], event.new["value"], tx.read("lists", "k")["value"]))
 
-    @db.rule(on=db.signalled("append"), coupling="immediate")
+    @db.rule(on=db.signalled("append"), coupling="immediate", name="append" + suffix)
     def append(tx, event):
         row = tx.read("lists", "k")
         row["value"].append(event.payload["item"])
@@ -1871,15 +1872,15 @@ def test_a_rule_that_appends_to_its_events_json_lists_changes_neither_the_row_no
             assert tx.read("lists", "k")["value"] == ["a", "b"]
         assert seen == [("immediate", ["a"], ["a", "b"], ["a", "b"]), ("deferred", ["a"], ["a", "b"], ["a", "b"])]
         assert committed(db, "lists")[("k",)]["value"] == ["a", "b"]
-        db.rules.remove("vandal")
+        db.rules.remove("vandal" + suffix)
         with db.transaction() as tx:
             if relied_first:
                 tx.read("lists", "k")
             tx.signal("append", item="c")
     finally:
         for name in ("vandal", "witness", "later", "append"):
-            if name in db.rules.names():
-                db.rules.remove(name)
+            if name + suffix in db.rules.names():
+                db.rules.remove(name + suffix)
     assert committed(db, "lists")[("k",)]["value"] == ["a", "b", "c"]
 
 
