@@ -34,7 +34,7 @@ from activedb.batch._declare import BatchEvent, DrawnRow, OpSpec, State, StateTr
 from activedb.batch._result import BatchResult
 from activedb.batch._route import RoutePlan, add_touched, touched_states, written_tables
 from activedb.batch._runtime import AUTO, check_events, check_processes, execute_batch, no_cyclic_gc, normalise_events, runtime_of
-from activedb.batch._state import Loader
+from activedb.batch._state import Loader, NestedColumns
 from activedb.batch._store import (DEAD_LETTER_TABLE, NO_GIVEN_KEY, apply_batch, check_key_columns, check_required,
                                    dead_letter, name_rows_once, named_once, store_check)
 from activedb.batch._strategy import Split, Strategy
@@ -117,8 +117,10 @@ class PendingBatch(CommitParticipant):
             base = self._lock_and_read(catalog, connection)
             seconds["lock_and_read"] = time.perf_counter() - started
             loader = _on_demand(catalog, connection, self._keys)
+            nested = NestedColumns(catalog.table_info)     # (the lean executor's copies of a function's argument)
             result = execute_batch(self.transactions, self.batch, base, loader=loader, declared=self._declared,
-                                   strategy=options.strategy, processes=options.processes, split=options.split)
+                                   strategy=options.strategy, processes=options.processes, split=options.split,
+                                   nested=nested)
             if result.statistics is not None:
                 seconds.update(result.statistics.seconds)
             started = time.perf_counter()
@@ -129,7 +131,7 @@ class PendingBatch(CommitParticipant):
                 # values as it ends, so that exactly those transactions abort (each a dead letter with the reason).
                 result = execute_batch(self.transactions, self.batch, base, loader=loader, declared=self._declared,
                                        strategy="lean", split=Split.NEVER,
-                                       check=store_check(catalog, result.before, _MARKED_ONLY))
+                                       check=store_check(catalog, result.before, _MARKED_ONLY), nested=nested)
                 result.notes.append(f"ran again checking each transaction's values: {type(error).__name__}: {error}")
                 statements = _planned_writes(catalog, result, self._keys, _MARKED_ONLY)
             check = options.keys_check() if options.keys_check is not None else None

@@ -17,9 +17,10 @@ from activedb.batch._declare import (BatchEvent, Declaring, OpKind, Ops, OpSpec,
                                      unknown_event_type)
 from activedb.batch._learn import LearnedDeclaration
 from activedb.batch._result import Part
-from activedb.batch._state import WRITTEN_TWICE, Loader, WriteCheck, failure_reason, given, merge_image, perform
+from activedb.batch._state import (WRITTEN_TWICE, Loader, NestedColumns, WriteCheck, failure_reason, given,
+                                   merge_image, perform)
 from activedb.batch.errors import DeclarationError
-from activedb.store import RowImage, own_image
+from activedb.store import RowImage, copy_nested, own_image
 
 if TYPE_CHECKING:  # pragma: no cover
     from activedb.batch._route import Allowed
@@ -65,7 +66,8 @@ def time_of(event: BatchEvent) -> float:
 def run_lean(declarations: Mapping[str, Declaring], items: list[tuple[int, BatchEvent]],
              base: Mapping[State, RowImage | None], *, loader: Loader | None = None,
              declared: Mapping[int, list[OpSpec] | str] | None = None, versions: bool = False,
-             allowed: Allowed | None = None, check: WriteCheck | None = None) -> Part:
+             allowed: Allowed | None = None, check: WriteCheck | None = None,
+             nested: NestedColumns | None = None) -> Part:
     """Run ``items`` (``(t, event)``, ascending ``t``) serially; the :class:`Part` of strategy ``"lean"``.  ``declared[t]``: the event's
     operations, or the reason it was rejected (then it is not declared again).  ``versions``:
     keep the versions windows read from the start (else a window operation restarts the run
@@ -74,10 +76,12 @@ def run_lean(declarations: Mapping[str, Declaring], items: list[tuple[int, Batch
     ``allowed``: the states this run may touch (a split part); any other raises
     :class:`RouteMissed` (the caller runs the batch again unsplit).  ``check(writes, outputs)``: called as each
     transaction ends with its written ``(state, image)`` pairs and its outputs; a reason it returns aborts the
-    transaction (the commit's way of refusing values the store cannot hold, ``_store.store_check``)."""
+    transaction (the commit's way of refusing values the store cannot hold, ``_store.store_check``).  ``nested``:
+    per table, its list and dict columns (``TableInfo.nested``), whose values a function's argument gets copies
+    of; None (no catalog at hand): every argument's values are looked at instead (``store.own_image``)."""
     while True:
         try:
-            return _run(declarations, items, base, loader, declared, versions, allowed, check)
+            return _run(declarations, items, base, loader, declared, versions, allowed, check, nested)
         except _NeedVersions:
             versions = True
         except _LoadFailed as failure:
@@ -87,7 +91,7 @@ def run_lean(declarations: Mapping[str, Declaring], items: list[tuple[int, Batch
 def _run(declarations: Mapping[str, Declaring], items: list[tuple[int, BatchEvent]],
          base: Mapping[State, RowImage | None], loader: Loader | None,
          declared: Mapping[int, list[OpSpec] | str] | None, versions: bool, allowed: Allowed | None,
-         check: WriteCheck | None) -> Part:
+         check: WriteCheck | None, nested: NestedColumns | None) -> Part:
     started = time.perf_counter()
     rejected: list[tuple[int, str]] = []
     result_ts: list[int] = []
@@ -125,6 +129,15 @@ def _run(declarations: Mapping[str, Declaring], items: list[tuple[int, BatchEven
     def images(states: tuple[State, ...], t: int) -> list[RowImage | None]:
         """The images of ``states`` (an operation's reads) as of before ``t``."""
         return [image if (image := get(state, _MISSING)) is not _MISSING else miss(state, t) for state in states]
+
+    def argument(state: State, image: RowImage | None) -> RowImage | None:
+        """``image`` as a function's argument when ``nested`` is known: a copy, its table's list and dict columns
+        copied too."""
+        if image is None:
+            return None
+        copy = image.copy()
+        columns = nested[state[0]]  # type: ignore[index]  # (only called when given)
+        return copy if not columns else copy_nested(copy, columns)
 
     def window(state: State, t: int, size: float) -> list[RowImage | None]:
         versions_of = history.get(state)
@@ -235,12 +248,20 @@ def _run(declarations: Mapping[str, Declaring], items: list[tuple[int, BatchEven
                             own = miss(state, t)
                         params = spec[3]
                         # (The function's arguments are copies: ``_state.given``.)
-                        if params:
+                        if params and nested is not None:
+                            result = spec[4](argument(state, own),
+                                             *[argument(param, image)
+                                               for param, image in zip(params, images(params, t))])
+                        elif params:
                             result = spec[4](own if own is None else own_image(own),
                                              *[image if image is None else own_image(image)
                                                for image in images(params, t)])
                         elif own is None:
                             result = spec[4](own)
+                        elif nested is not None:    # (the table's list and dict columns, known: most have none)
+                            copy = own.copy()
+                            columns = nested[state[0]]
+                            result = spec[4](copy if not columns else copy_nested(copy, columns))
                         else:           # (``own_image`` inline for the common image holding no list or dict)
                             copy = own.copy()
                             result = spec[4](copy if _CONTAINERS.isdisjoint(map(type, copy.values()))
@@ -267,7 +288,13 @@ def _run(declarations: Mapping[str, Declaring], items: list[tuple[int, BatchEven
                             image = get(state, _MISSING)
                             if image is _MISSING:
                                 image = miss(state, t)
-                            output = inserted(spec, spec[4](image if image is None else own_image(image)))
+                            if image is not None:
+                                if nested is None:
+                                    image = own_image(image)
+                                else:
+                                    columns = nested[state[0]]
+                                    image = image.copy() if not columns else copy_nested(image.copy(), columns)
+                            output = inserted(spec, spec[4](image))
                         else:
                             output = inserted(spec, spec[4](*map(given, images(params, t))))
                     else:

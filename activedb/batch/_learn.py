@@ -32,7 +32,7 @@ from activedb.batch._declare import (DELETE, Abort, BatchEvent, DrawnRow, OpKind
 from activedb.deadletters import FinalReason
 from activedb.errors import ActivedbError, Failure, GeneratedKeysReset, RuleFailed, classify
 from activedb.events import Event, EventKind, new_event
-from activedb.store import RowImage, TableInfo, own_image
+from activedb.store import RowImage, TableInfo, copy_nested
 
 __all__ = ["FALL_BACK", "Learned", "LearnedDeclaration", "NotLearned", "Rejection", "Step", "learned_condition",
            "learned_table", "why_not_learned"]
@@ -40,7 +40,6 @@ __all__ = ["FALL_BACK", "Learned", "LearnedDeclaration", "NotLearned", "Rejectio
 #: The logger firing logs a rule's failure to (``activedb.rules``): a lowered batch logs it the same way.
 _RULES_LOGGER = logging.getLogger("activedb.rules")
 
-_CONTAINERS = frozenset((list, dict))     # (the values ``store.own_image`` copies)
 #: The event attributes a learned action may read: those a stream event and a batch event both carry.
 _EVENT_ATTRIBUTES = frozenset({"key", "ts", "payload", "source"})
 #: Those a rule on a signal or a data event may read besides (it is given the event itself, an ``Event``).
@@ -525,13 +524,15 @@ class _RowTransaction:
     ``transaction``).  Any other use is a deviation (``deviated``), whether or not the rule catches the error raised for
     it."""
 
-    __slots__ = ("_table", "_key", "_image", "_created", "written", "deviated", "_inserts", "inserted", "_keyed",
-                 "_signals", "signals", "transaction", "deferring")
+    __slots__ = ("_table", "_nested", "_key", "_image", "_created", "written", "deviated", "_inserts", "inserted",
+                 "_keyed", "_signals", "signals", "transaction", "deferring")
 
     def __init__(self, table: str, key: Hashable, image: RowImage | None,
                  created: Callable[[Hashable], RowImage], inserts: Mapping[str, TableInfo] | None = None,
-                 keyed: Mapping[str, Callable[[], int]] | None = None, signals: frozenset[str] = frozenset()) -> None:
+                 keyed: Mapping[str, Callable[[], int]] | None = None, signals: frozenset[str] = frozenset(),
+                 nested: frozenset[str] = frozenset()) -> None:
         self._table = table
+        self._nested = nested            # the table's list and dict columns (``TableInfo.nested``): ``read`` copies
         self._key = key
         self._image = image
         self._created = created          # key -> the blank row with that key: a created row besides its writes
@@ -556,14 +557,14 @@ class _RowTransaction:
         if options or table != self._table or key != self._key:
             raise self._deviate(f"read {table!r} {key!r} {options or ''}")
         image, written = self._image, self.written
-        # (Its lists and dicts are copies too, as ``tx.read``'s are: ``own_image``, inline for an image without any.)
         if written is None:
             if image is None:
                 return None
             copy = image.copy()
         else:
             copy = {**image, **written} if image is not None else {**self._created(self._key), **written}
-        return copy if _CONTAINERS.isdisjoint(map(type, copy.values())) else own_image(copy, fresh=True)
+        # (Its lists and dicts are copies too, as ``tx.read``'s are: for a table that has such columns only.)
+        return copy if not self._nested else copy_nested(copy, self._nested)
 
     def write(self, table: str, key: Hashable, /, **values: object) -> None:
         if table != self._table or key != self._key or not values:
@@ -717,7 +718,7 @@ class LearnedDeclaration:
         self._stand_in = _RowTransaction(
             self.table, None, None, self._created, inserts,
             {table: functools.partial(self._draw, sequence) for table, sequence in self.keyed.items()},
-            frozenset(self.signalled))
+            frozenset(self.signalled), info.nested)
         self._tx = _StandIn(self._stand_in)      # (what the rules get)
         #: The tables the chain inserts into (``tx.insert``): one more operation per event, fed by the chain's run
         #: (declared as ``ops.insert_into`` declares it, after the write: its name is the second operation's).

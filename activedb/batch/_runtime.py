@@ -28,7 +28,7 @@ from activedb.batch._parallel import WorkerPool
 from activedb.batch._plan import Txn, build_tpg
 from activedb.batch._result import BatchResult, BatchStatistics, Part
 from activedb.batch._route import Allowed, Router, Routing, route, touched_states
-from activedb.batch._state import Loader, WriteCheck
+from activedb.batch._state import Loader, NestedColumns, WriteCheck
 from activedb.batch._strategy import DecisionRule, Split, Strategy, parse_strategy
 from activedb.batch.errors import DeclarationError, WorkerFailed
 from activedb.errors import BadArgument, check_whole_number
@@ -322,12 +322,12 @@ class _Times:
 def _run_part(transactions: StateTransactions, mode: str | Strategy, batch: Mapping[int, BatchEvent] | list[BatchEvent],
               items: list[tuple[int, BatchEvent]], declared: Mapping[int, list[OpSpec] | str] | None,
               base: Mapping[State, RowImage | None], loader: Loader | None, allowed: Allowed | None,
-              model: DecisionModel, versions: bool) -> Part:
-    """Run ``items`` (``(t, event)``) with ``mode``."""
+              model: DecisionModel, versions: bool, nested: NestedColumns | None = None) -> Part:
+    """Run ``items`` (``(t, event)``) with ``mode`` (``nested``: ``run_lean``'s)."""
     seconds: dict[str, float] = {}
     if mode == LEAN:
         return run_lean(transactions.declarations, items, base, loader=loader, declared=declared,
-                        versions=versions, allowed=allowed)
+                        versions=versions, allowed=allowed, nested=nested)
     started = time.perf_counter()
     prepared = _declare_all(transactions, items, batch, declared, started)
     seconds["declare"] = prepared.seconds
@@ -409,7 +409,7 @@ class _Missed:
 def execute_batch(transactions: StateTransactions, batch: list[BatchEvent], base: Mapping[State, RowImage | None], *,
                   loader: Loader | None = None, declared: Mapping[int, list[OpSpec] | str] | None = None,
                   strategy: str | Strategy = AUTO, processes: int | None = None, split: Split = Split.AUTO,
-                  declare_seconds: float = 0.0, check: WriteCheck | None = None
+                  declare_seconds: float = 0.0, check: WriteCheck | None = None, nested: NestedColumns | None = None
                   ) -> BatchResult:
     """Run the normalised ``batch`` (``batch[t]``, timestamp order) over ``base`` (images before
     the batch; missing states come from ``loader`` or are absent rows).  ``declared[t]``: specs
@@ -417,7 +417,9 @@ def execute_batch(transactions: StateTransactions, batch: list[BatchEvent], base
     object's; ``split``: ``"auto"`` (the decision model's rule), ``"always"`` (whenever the batch
     has two components or more and processes are allowed), ``"never"``.  ``check``: the lean executor's
     per-transaction check (``run_lean``); given, the batch runs lean in this process.  The caller pauses the cyclic
-    garbage collector (``no_cyclic_gc``), as every caller here does."""
+    garbage collector (``no_cyclic_gc``), as every caller here does.  ``nested``: the tables' list and dict columns,
+    where the caller has the catalog (the lean executor in this process then copies a function's argument by its
+    table's, not by looking at every value: ``run_lean``)."""
     runtime = runtime_of(transactions)
     mode = strategy if isinstance(strategy, str) and strategy in _MODES else parse_strategy(strategy)
     split = Split.parse(split, "split")
@@ -428,7 +430,7 @@ def execute_batch(transactions: StateTransactions, batch: list[BatchEvent], base
     decision: tuple[str, ...] = ()
     if check is not None:
         part = run_lean(transactions.declarations, list(enumerate(batch)), base, loader=loader, declared=declared,
-                        versions=runtime.versions, check=check)
+                        versions=runtime.versions, check=check, nested=nested)
         return _assemble(batch, [part], LEAN, seconds, 0, 1.0, runtime, notes, decision)
     if mode == AUTO:
         mode, decision = model.choose_execution(threads=1)
@@ -450,7 +452,7 @@ def execute_batch(transactions: StateTransactions, batch: list[BatchEvent], base
             parts = _run_split(transactions, runtime, mode, batch, routing, base, loader, declared, notes, seconds)
     if not parts:
         parts = [_run_part(transactions, mode, batch, list(enumerate(batch)), declared, base, loader, None, model,
-                           runtime.versions)]
+                           runtime.versions, nested)]
     return _assemble(batch, parts, mode, seconds, components, largest_share, runtime, notes, decision)
 
 

@@ -9,7 +9,7 @@ from typing import TypeAlias
 
 from activedb.batch._declare import DELETE, Abort, OpKind, OpSpec, State, canonical_key, inserted
 from activedb.batch.errors import DeclarationError
-from activedb.store import RowImage, own_image
+from activedb.store import RowImage, TableInfo, own_image
 
 #: ``read(state, t)``: the image of ``state`` as of before the transaction at ``t`` (None: no row).
 Read: TypeAlias = "Callable[[State, int], RowImage | None]"
@@ -26,6 +26,25 @@ WriteCheck: TypeAlias = "Callable[[list[tuple[State, RowImage | None]], dict[str
 #: not see it: ``Ops`` refuses a row declared twice).
 WRITTEN_TWICE = ("DeclarationError: a non-deterministic write resolved to a row its transaction also writes; a state "
                  "transaction writes a row at most once: compute both changes in one write function")
+
+
+class NestedColumns(dict[str, "frozenset[str]"]):
+    """``nested[table]``: the list and dict columns of ``table`` (``TableInfo.nested``: a JSON, JSONB, ARRAY or
+    HSTORE column's), looked up in the catalog once per table and kept — what an executor that knows the store
+    copies of a function's argument besides the dict (empty for most tables: they pay one lookup).  A table the
+    catalog cannot name has none (loading its rows fails on its own).  One batch's, used by one thread."""
+
+    def __init__(self, table_info: Callable[[str], TableInfo]) -> None:
+        super().__init__()
+        self._table_info = table_info
+
+    def __missing__(self, table: str) -> frozenset[str]:
+        try:
+            columns = self._table_info(table).nested
+        except Exception:
+            columns = frozenset()
+        self[table] = columns
+        return columns
 
 
 def given(image: RowImage | None) -> RowImage | None:

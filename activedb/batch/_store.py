@@ -16,7 +16,7 @@ from activedb.batch._declare import (BatchEvent, DrawnRow, OpSpec, State, StateT
 from activedb.batch._result import BatchResult
 from activedb.batch._route import touched_states
 from activedb.batch._runtime import AUTO, check_processes, execute_batch, no_cyclic_gc, prepare
-from activedb.batch._state import WriteCheck
+from activedb.batch._state import NestedColumns, WriteCheck
 from activedb.batch._strategy import Split, Strategy
 from activedb.batch.errors import DeclarationError
 from activedb.errors import InvalidKey, InvalidValue, SchemaError, UnknownTable
@@ -78,8 +78,10 @@ def apply_batch(tx: Transaction, events: Iterable[object], transactions: StateTr
     base: dict[State, RowImage | None] = {(table, key): image for table, keys in states.items()
                                            for key, image in tx.read_many(table, keys, lock=lock).items()}
     prefetch_seconds = time.perf_counter() - started
+    nested = NestedColumns(catalog.table_info)     # (the lean executor's copies of a function's argument)
     result = execute_batch(transactions, prepared.batch, base, loader=load, declared=declared,
-                           strategy=strategy, processes=processes, split=split, declare_seconds=prepared.seconds)
+                           strategy=strategy, processes=processes, split=split, declare_seconds=prepared.seconds,
+                           nested=nested)
     started = time.perf_counter()
     recreated: dict[str, list[Hashable]] = {}
     by_table = _changes(result, base, recreated)
@@ -88,7 +90,8 @@ def apply_batch(tx: Transaction, events: Iterable[object], transactions: StateTr
         # A transaction wrote a value the store cannot hold: run the batch again checking each transaction's
         # values as it ends, so that exactly those transactions abort (as at commit, ``_commit.py``).
         result = execute_batch(transactions, prepared.batch, base, loader=load, declared=declared,
-                               strategy="lean", split=Split.NEVER, check=store_check(catalog, result.before, ()))
+                               strategy="lean", split=Split.NEVER, check=store_check(catalog, result.before, ()),
+                               nested=nested)
         result.notes.append(f"ran again checking each transaction's values: {refused}")
         recreated.clear()
         by_table = _changes(result, base, recreated)

@@ -368,3 +368,40 @@ def test_a_row_deleted_and_created_again_in_one_batch_is_the_new_row_alone(db, p
     with db.engine.connect() as connection:
         assert connection.execute(sa.text("SELECT id, owner, balance FROM accounts ORDER BY id")).all() == [
             (1, "new", 0), (2, "new", 5)]
+
+
+@pytest.mark.parametrize("strategy", ["lean", "serial"])
+def test_through_the_store_a_function_that_appends_to_a_json_list_changes_nothing_it_did_not_return(db, strategy):
+    """``apply_batch`` gives the lean executor the tables' list and dict columns (``NestedColumns``): a write function
+    appending to its row's JSONB list in a transaction that then aborts, and a check appending to the row it reads,
+    leave the stored list as the returned values say — the copies reach into the list by the table's columns, as
+    ``run_in_memory``'s do by looking at the values."""
+    transactions = batch.StateTransactions("in_place_lists_stored")
+
+    @transactions.on("tag")
+    def tag(event, ops):
+        def append(own):
+            own["value"].append(event.payload["item"])
+            return {"value": own["value"]}
+
+        ops.write("lists", event.key, append)
+        ops.abort_if(lambda other: other["value"].append("checked"), reads=[("lists", "other")], reason="never")
+        if event.payload.get("refuse"):
+            def refuse(own, row):
+                own["value"].append("refused")
+                row["value"].append("refused")
+                raise batch.Abort("refused")
+
+            ops.write("lists", "other", refuse, reads=[("lists", event.key)])
+
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("DELETE FROM lists"))
+        connection.execute(sa.text("""INSERT INTO lists (key, value) VALUES ('k', '["a"]'), ('other', '[]')"""))
+    events = [{"type": "tag", "key": "k", "payload": {"item": "x", "refuse": True}},
+              {"type": "tag", "key": "k", "payload": {"item": "b"}}]
+    with db.transaction() as tx:
+        result = batch.apply_batch(tx, events, transactions, strategy=strategy)
+    assert [outcome.committed for outcome in result.transactions] == [False, True]
+    with db.engine.connect() as connection:
+        assert dict(connection.execute(sa.text("SELECT key, value FROM lists")).all()) == {"k": ["a", "b"],
+                                                                                          "other": []}
