@@ -43,6 +43,8 @@ KEY_HISTORY = 256
 #: How many autocommit connections ``Catalog.idle`` keeps checked out between two uses.
 IDLE_KEPT = 8
 _IDLE = TransactionStatus.IDLE
+#: ``Connection.info`` key: the ``IdleConnections`` generation a connection was taken from the pool in.
+_GENERATION = "activedb.idle_generation"
 #: Per sequence named in the array, its storage and last value (``check_generated_keys``; driver SQL: every flush that
 #: inserts generated keys runs it, where building a SQLAlchemy text clause each time costs more than its round trip).
 _STILL_DRAWN_ALL = ("SELECT s, pg_relation_filenode(CAST(s AS regclass)), pg_sequence_last_value(CAST(s AS regclass)) "
@@ -67,7 +69,15 @@ class IdleConnections:
     (``lock_row(begin=…)``) or a one-statement read (``Catalog.autocommit_connection``), kept checked out
     between two uses: taking one from the pool, setting autocommit and resetting it on return cost more than
     the statement each use runs.  At most ``keep`` wait here; one given back inside a transaction, closed or
-    invalidated is closed instead.  Thread-safe (``_mutex``, a leaf: no SQL under it)."""
+    invalidated is closed instead.
+
+    Outside the pool, kept connections escape its invalidation: when a statement finds its connection lost
+    (a restart, ``pg_terminate_backend``), SQLAlchemy's pool discards every connection it opened before, and
+    these are discarded with them — each is stamped with the :attr:`_generation` it was taken in (its
+    ``Connection.info``, which lives as long as the driver's connection), the pool's ``invalidate`` event for a
+    lost connection starts the next generation, and a connection of an earlier one is closed when taken or
+    given back, never handed out.  So after an outage that anything saw, the next read gets a fresh
+    connection, as it would from the pool.  Thread-safe (``_mutex``, a leaf: no SQL under it)."""
 
     def __init__(self, engine: sa.Engine, keep: int = IDLE_KEPT):
         self._engine = engine
@@ -79,15 +89,30 @@ class IdleConnections:
         #: Connections kept by the parent of a forked process: never used, closed nor collected here (their
         #: sockets are the parent's; a close would end the parent's sessions).
         self._inherited: list[sa.Connection] = []
+        #: Bumped when the pool finds a connection lost; a connection stamped with an earlier one is not reused.
+        self._generation = 0
         sa.event.listen(engine, "engine_disposed", lambda _: self.drop())
+        sa.event.listen(engine, "invalidate", self._pool_invalidated)
 
     def take(self) -> sa.Connection:
         """A connection in autocommit at the driver, no transaction open (give it back with ``give_back``)."""
+        stale = []
         with self._mutex:
             self._adopt()
-            if self._idle:
-                return self._idle.pop()
+            while self._idle:
+                kept = self._idle.pop()
+                if kept.info.get(_GENERATION) == self._generation:
+                    break
+                stale.append(kept)
+            else:
+                kept = None
+            generation = self._generation
+        for connection in stale:
+            _discard(connection)
+        if kept is not None:
+            return kept
         connection = self._engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+        connection.info[_GENERATION] = generation       # (fresh from the pool: the pool answers for it)
         prepared.watch(connection)      # its statements prepared on the server outlive a rollback only checked
         return connection
 
@@ -99,10 +124,22 @@ class IdleConnections:
         elif not (connection.closed or connection.in_transaction()
                   or connection.connection.driver_connection.pgconn.transaction_status != _IDLE):  # type: ignore[union-attr]
             with self._mutex:
-                if not self._closed and len(self._idle) < self._keep:
+                stale = connection.info.get(_GENERATION) != self._generation
+                if not (stale or self._closed or len(self._idle) >= self._keep):
                     self._idle.append(connection)
                     return
+            if stale:
+                _discard(connection)
+                return
         connection.close()
+
+    def _pool_invalidated(self, dbapi_connection: object, record: object, error: BaseException | None) -> None:
+        """The pool's ``invalidate`` event: a connection found lost (``error`` says so; an invalidation without an
+        error is a deliberate close, e.g. to end a lock wait) starts a new generation.  No SQL, no close here
+        (the event fires inside the pool): stale connections are closed by ``take`` and ``give_back``."""
+        if error is not None and classify(error) is Failure.CONNECTION_LOST:
+            with self._mutex:
+                self._generation += 1
 
     def _adopt(self) -> None:
         """Caller holds ``_mutex``.  In a forked process, set the parent's kept connections aside for good."""
@@ -123,6 +160,13 @@ class IdleConnections:
         with self._mutex:
             self._closed = True
         self.drop()
+
+
+def _discard(connection: sa.Connection) -> None:
+    """Close a connection of an earlier generation without the pool's reset (its ROLLBACK on a dead connection would
+    fail and count as another loss): invalidated on purpose, which starts no generation."""
+    connection.invalidate()
+    connection.close()
 
 
 class Catalog:

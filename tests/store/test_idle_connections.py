@@ -4,6 +4,7 @@ PostgreSQL."""
 
 from __future__ import annotations
 
+import pytest
 import sqlalchemy as sa
 
 from activedb.store import Catalog
@@ -54,3 +55,35 @@ def test_a_forked_process_never_takes_the_connections_its_parent_kept(db, monkey
     monkeypatch.undo()
     mine.close()
     kept.close()
+
+
+def test_kept_connections_are_not_reused_once_the_pool_found_a_connection_lost_and_a_deliberate_close_keeps_them(db):
+    """Kept connections live outside the pool, so its invalidation on a lost connection (a restart,
+    ``pg_terminate_backend``: every connection opened before is discarded) would pass them by: the first read after
+    an outage that a statement already met took a dead one and failed (``DatabaseUnavailable`` from
+    ``db.outbox.statistics()`` in a clean-clone CI run, the server back and the loss reported).  They are discarded
+    with the pool's; an invalidation without an error (a lock wait ended on purpose) keeps them."""
+    idle = Catalog(db.engine, lambda: "the test database").idle
+    first, second = idle.take(), idle.take()
+    idle.give_back(first)
+    idle.give_back(second)
+    closed_on_purpose = db.engine.connect()
+    closed_on_purpose.invalidate()
+    assert idle.take() is second            # (kept: nothing was lost)
+    idle.give_back(second)
+    victim = db.engine.connect()
+    with db.engine.connect() as admin:
+        for connection in (first, second, victim):
+            admin.execute(sa.text("SELECT pg_terminate_backend(:pid, 30000)"), {"pid": _backend(connection)})
+    with pytest.raises(sa.exc.OperationalError) as lost:
+        victim.execute(sa.text("SELECT 1"))
+    assert lost.value.connection_invalidated
+    victim.close()
+    fresh = idle.take()
+    assert fresh is not first and fresh is not second and first.closed and second.closed
+    assert fresh.execute(sa.text("SELECT 1")).scalar() == 1
+    fresh.commit()                          # (SQLAlchemy's own transaction; as Catalog.autocommit_connection does)
+    idle.give_back(fresh)
+    assert idle.take() is fresh
+    idle.give_back(fresh)
+    idle.close()
