@@ -25,13 +25,12 @@ Thread-safety: every clock may be used from any thread.  ``ManualClock._mutex`` 
 from __future__ import annotations
 
 import datetime as dt
-import math
 import threading
 import time
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from activedb.errors import BadArgument
+from activedb.errors import BadArgument, finite_number
 
 __all__ = ["Clock", "ManualClock", "SystemClock", "SYSTEM_CLOCK"]
 
@@ -176,11 +175,6 @@ class ManualClock:
 def _finite_seconds(value: object, given: str, what: str) -> float:
     """``value`` as a float of seconds; :class:`BadArgument` (saying ``given`` takes ``what``) unless it is a number
     (not a bool) that a float holds finitely — a NaN or an infinity would stop the clock's arithmetic for good."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        try:
-            number = float(value)
-        except OverflowError:        # (an int no float holds)
-            number = math.inf
-        if math.isfinite(number):
-            return number
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and finite_number(value):
+        return float(value)
     raise BadArgument(f"{given} takes {what}, not {value!r}")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import enum
+import math
 from typing import TYPE_CHECKING, Iterable, Iterator, Protocol
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -94,6 +95,16 @@ def check_seconds(owner: str, name: str, value: object, *, none: str | None, zer
         bound = "of at least 0" if zero else "above 0"
         alternative = "" if none is None else f"None ({none}) or "
         raise error(f"{owner}({name}={value!r}) takes {alternative}a number of seconds {bound}")
+
+
+def finite_number(value: float) -> bool:
+    """Whether ``value`` (an int or a float) is finite as a float: False for NaN, an infinity and an int no float
+    holds (``math.isfinite`` raises OverflowError for it) — the one test of every number activedb takes only finite
+    (times, windows, priorities, deadlines)."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
 
 
 class InvalidTime(ActivedbError, ValueError):

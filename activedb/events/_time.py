@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, TypeAlias, Union
 
 from activedb._closedset import ClosedSet
-from activedb.errors import BadArgument, InvalidTime
+from activedb.errors import BadArgument, InvalidTime, finite_number
 
 
 class TimeUnit(ClosedSet):
@@ -113,21 +113,13 @@ def _shifted(instant: Instant, amount: Duration) -> Instant:
     return instant + (amount.total_seconds() if isinstance(amount, dt.timedelta) else amount)
 
 
-def _finite(number: float) -> bool:
-    """``math.isfinite``, False for an int no float can hold (as far from any time as an infinity)."""
-    try:
-        return math.isfinite(number)
-    except OverflowError:
-        return False
-
-
 def check_time(value: object, what: str) -> None:
     """Raise :class:`~activedb.errors.InvalidTime` (a ``ValueError``) unless ``value`` is a finite number of seconds
     or an aware datetime."""
     if isinstance(value, bool):
         raise InvalidTime(f"{what} {value!r} is a boolean, not a time")
     if isinstance(value, (int, float)):
-        if not _finite(value):
+        if not finite_number(value):
             raise InvalidTime(f"{what} {value!r} is not finite")
         return
     if isinstance(value, dt.datetime):
@@ -138,12 +130,8 @@ def check_time(value: object, what: str) -> None:
 
 
 def _check_accuracy(value: object, what: str) -> None:
-    try:
-        amount = seconds(value) if isinstance(value, (int, float, dt.timedelta)) and not isinstance(value, bool) \
-            else None
-    except OverflowError:               # an int no float can hold
-        amount = None
-    if amount is None or not math.isfinite(amount) or amount < 0:
+    number = isinstance(value, (int, float)) and not isinstance(value, bool) and finite_number(value)
+    if not (number or isinstance(value, dt.timedelta)) or seconds(value) < 0:  # type: ignore[arg-type]
         raise InvalidTime(f"{what} must be a non-negative number of seconds (or timedelta), got {value!r}")
 
 
@@ -210,7 +198,7 @@ class LocalClock:
     def __post_init__(self) -> None:
         for name in ("detection_delay", "granularity", "rate_adjustment", "drift"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not _finite(value) or value < 0:
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not finite_number(value) or value < 0:
                 raise InvalidTime(f"LocalClock.{name} must be a non-negative number, got {value!r}")
 
     def orders(self, first: Instant, second: Instant) -> bool:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import concurrent.futures
 import datetime as dt
 import logging
-import math
 import os
 import socket
 import threading
@@ -31,6 +30,7 @@ from typing import TYPE_CHECKING, TypeVar
 import sqlalchemy as sa
 
 from activedb import deadletters, lowlevel
+from activedb.errors import finite_number
 from activedb.ingest._interface import row_count
 from activedb.ingest._letters import BatchLetters
 from activedb.ingest._outcome import BatchInProgress, FiringInProgress
@@ -81,17 +81,9 @@ class Deadlines:
         for name in ("batch", "rule"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                      or not _finite(value) or value <= 0):
+                                      or not finite_number(value) or value <= 0):
                 raise IngestError(f"Deadlines({name}=…) takes a number of seconds > 0, or None for no limit; "
                                   f"got {value!r}")
-
-
-def _finite(number: float) -> bool:
-    """``math.isfinite``, False for an int no float can hold (its arithmetic with the clock's floats overflows)."""
-    try:
-        return math.isfinite(number)
-    except OverflowError:
-        return False
 
 
 @dataclass(frozen=True)

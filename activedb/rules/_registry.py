@@ -13,7 +13,6 @@ import hashlib
 import inspect
 import json
 import logging
-import math
 import sys
 import threading
 import warnings
@@ -25,7 +24,7 @@ from sqlalchemy.dialects import postgresql
 
 from coupling import ACTION_COUPLINGS, Coupling, CouplingError, may_run_after
 
-from activedb.errors import RuleDefinitionChangedWarning, RuleError, UnknownTable
+from activedb.errors import RuleDefinitionChangedWarning, RuleError, UnknownTable, finite_number
 from activedb.events import Event, EventKind, EventSpec, Origin
 from activedb.rules._model import FunctionRule, Rule, fingerprint
 
@@ -109,7 +108,7 @@ class RuleRegistry:
             )
         if rule.priority is not None and (isinstance(rule.priority, bool)
                                           or not isinstance(rule.priority, (int, float))
-                                          or not _finite(rule.priority)):    # (NaN orders nothing; no JSON)
+                                          or not finite_number(rule.priority)):    # (NaN orders nothing; no JSON)
             raise RuleError(f"rule {name!r}: priority must be a finite number (higher runs first) or None, "
                             f"got {rule.priority!r}")
         if rule.enabled not in (True, False):       # (else the registry's insert fails: no boolean, or NULL)
@@ -386,14 +385,6 @@ class RuleRegistry:
         self._matching = {}
         self.observed_tables = frozenset(rule.on.source for rule in self._rules.values()  # type: ignore[misc]
                                          if rule.enabled and rule.on.is_data and rule.on.origin is Origin.ACTIVEDB)
-
-
-def _finite(number: float) -> bool:
-    """Whether ``number`` is finite as a float: an int beyond a float's range is not (``math.isfinite`` raises)."""
-    try:
-        return math.isfinite(number)
-    except OverflowError:
-        return False
 
 
 def _declared_by(name: str) -> str:

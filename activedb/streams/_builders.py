@@ -7,9 +7,9 @@ TypeError).  Plain Python values are literals.
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING, Callable, Iterable, Mapping, Sequence, TypeAlias, Union
 
+from activedb.errors import finite_number
 from activedb.streams import algebra as ast
 from activedb.streams.errors import DefinitionError
 
@@ -228,19 +228,11 @@ def _returns(returns: Returns) -> tuple[ast.ReturnItem, ...]:
     return tuple(items)
 
 
-def _finite(number: float) -> bool:
-    """Whether ``number`` (an int or a float) is finite as a float, as the text language's numbers must be."""
-    try:
-        return math.isfinite(number)
-    except OverflowError:       # (an int beyond a float's range)
-        return False
-
-
 def _priority(what: str, priority: float | None) -> float | None:
     """``priority`` if it is None or a finite number; a DefinitionError otherwise (definitions are ordered by it:
     an infinite one would put a definition above or below every other, as the text language refuses)."""
     if priority is not None and (isinstance(priority, bool) or not isinstance(priority, (int, float))
-                                 or not _finite(priority)):
+                                 or not finite_number(priority)):
         raise DefinitionError(f"{what}: priority is a number (finite; higher first) or None, got {priority!r}")
     return priority
 
@@ -286,7 +278,7 @@ def query_definition(name: str, *, pattern: PatternLike, returns: Returns, where
         if isinstance(within, bool):            # (float(True) is 1.0: no window)
             raise TypeError(within)
         window = float(within) if within is not None else None
-        if window is not None and not math.isfinite(window):      # (a window that limits nothing, or NaN)
+        if window is not None and not finite_number(window):      # (a window that limits nothing, or NaN)
             raise ValueError(within)
     except (TypeError, ValueError, OverflowError):                 # (OverflowError: an int beyond a float's range)
         raise DefinitionError(f"query {name}: within is the window in seconds (a finite number) or None, got "

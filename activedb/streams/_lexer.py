@@ -5,7 +5,6 @@ design note ``activedb/streams/README.md``.
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -13,6 +12,7 @@ from typing import Any, TypeVar
 
 _Item = TypeVar("_Item")
 
+from activedb.errors import finite_number
 from activedb.streams import algebra as ast
 from activedb.streams.errors import QuerySyntaxError
 
@@ -163,11 +163,7 @@ class TokenCursor:
         token = self.current
         if token.kind != "number":
             raise self.error(f"expected {what} (a number), found {token.describe()}")
-        try:
-            finite = math.isfinite(token.value)
-        except OverflowError:       # (an int too large for a float)
-            finite = False
-        if not finite:
+        if not finite_number(token.value):     # (inf, or an int too large for a float)
             raise self.error(f"expected {what} (a finite number), found {token.text}, which is infinite as a float: "
                              f"give a number below 1e308")
         self.advance()
