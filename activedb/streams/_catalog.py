@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, Mapping, TypeAlias, Union
 
 import sqlalchemy as sa
 
-from activedb.errors import UnknownTable
+from activedb.errors import UnknownTable, finite_number
 
 if TYPE_CHECKING:  # pragma: no cover
     from activedb._handle import DatabaseHandle
@@ -40,7 +40,7 @@ class StreamSchema:
 
     ``types``: the event types (None: any type); ``attributes``: the attributes every
     event has (``type_attributes`` adds per-type ones); ``priorities``: per type, the
-    order of events with equal timestamps (higher first, unlisted last); ``tie_key``:
+    order of events with equal timestamps (a finite number, higher first; unlisted last); ``tie_key``:
     a function ``event -> sortable`` ordering equal-timestamp events of equal priority
     (e.g. by worker id).  Events still equal after that are ordered by their content, so
     that the order never depends on arrival (see the README)."""
@@ -89,9 +89,11 @@ class StreamSchema:
             raise DefinitionError(f"stream {self.name}: priorities maps event type names (texts) to numbers, got "
                                   f"{self.priorities!r}")
         object.__setattr__(self, "priorities", dict(self.priorities or {}))
-        for event_type, priority in self.priorities.items():     # (admission negates it: -priority)
+        # (admission negates a priority: -priority.  NaN orders nothing; -inf would rank a type with the unlisted
+        # ones and inf above every other, which a query's or rule's priority may not either)
+        for event_type, priority in self.priorities.items():
             if priority is not None and (isinstance(priority, bool) or not isinstance(priority, (int, float))
-                                         or priority != priority):
+                                         or not finite_number(priority)):
                 raise DefinitionError(f"stream {self.name}: the priority of {event_type!r} is a number (higher first) "
                                       f"or None (unlisted: last), got {priority!r}")
         folded: dict[str, str] = {}

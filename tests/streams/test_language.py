@@ -201,11 +201,14 @@ def test_a_stream_s_names_of_the_wrong_kind_are_refused_saying_what_to_give(db, 
     assert engine.streams == {}
 
 
-@pytest.mark.parametrize("priority", ["high", float("nan"), [1], True], ids=["a-text", "nan", "a-list", "a-bool"])
+@pytest.mark.parametrize("priority", ["high", float("nan"), [1], True, float("inf"), float("-inf"), 10**400],
+                         ids=["a-text", "nan", "a-list", "a-bool", "inf", "minus-inf", "an-int-no-float-holds"])
 def test_a_stream_s_priority_that_is_no_number_is_refused_when_the_stream_is_declared(db, priority):
     """``create_stream(priorities={"EXIT": "high"})`` was taken, and every later batch holding an EXIT failed at
     admission with a bare TypeError ('bad operand type for unary -'), every retry alike: the stream stopped for good.
-    A NaN was taken too, and put equal-timestamp events in an order that depended on their arrival."""
+    A NaN was taken too, and put equal-timestamp events in an order that depended on their arrival.  An infinite
+    priority (or an int no float holds) was taken as well, where a query's or rule's is refused: -inf ranked its type
+    with the unlisted ones, inf above every other."""
     engine = streams.StreamEngine(db, name="prioritised", durable=False)
     with pytest.raises(DefinitionError, match=r"stream estream: the priority of 'EXIT' is a number \(higher first\)"):
         engine.create_stream("estream", types=BADGE_TYPES, attributes=("HCW-ID", "location"),
