@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import datetime as dt
 import heapq
-import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
 
 from activedb.composite._engine import CompositionEngine
 from activedb.composite._model import CompositeEvent, Heartbeat
-from activedb.errors import InvalidTime
+from activedb.errors import InvalidTime, finite_number
 from activedb.events import Instant, Timestamp, elapsed
 from activedb.ingest import BatchHandler, BatchInput, EventMapping, IngestionLedger, Rejected, Rows, is_arrow, to_utc
 from activedb.ingest.errors import IngestError, InvalidField, MappingError
@@ -52,7 +51,7 @@ def _rows(rows: Rows) -> list[object]:
 def _seconds(value: object, label: str) -> float:
     if isinstance(value, dt.timedelta):
         return value.total_seconds()
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not finite_number(value) or value < 0:
         raise InvalidField(f"{label} is {value!r}, need a non-negative number of seconds")
     return float(value)
 
@@ -60,7 +59,7 @@ def _seconds(value: object, label: str) -> float:
 def _local(value: object, label: str) -> float:
     if isinstance(value, dt.datetime):
         return (value if value.tzinfo else value.replace(tzinfo=dt.timezone.utc)).timestamp()
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not finite_number(value):
         raise InvalidField(f"{label} is {value!r}, need a number or a timestamp")
     return float(value)
 

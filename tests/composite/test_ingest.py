@@ -61,6 +61,23 @@ def test_a_row_whose_accuracy_puts_its_interval_out_of_range_is_rejected_and_the
         assert "out of the representable range" in row.reason, row.reason
 
 
+def test_an_accuracy_or_local_timestamp_that_is_an_int_no_float_holds_is_rejected_and_the_others_are_taken():
+    """An accuracy or a local timestamp of 10**400 (an int no float holds) is a rejected row naming the field, as an
+    infinite one is — rows_to_items raised OverflowError (math.isfinite of it), which failed the whole batch, every
+    retry alike."""
+    mapping = EventMapping("kind", "id", "ts", payload_columns=[], producer_column="producer",
+                           accuracy_column="accuracy", local_ts_column="local")
+    rows = [{"producer": "P", "kind": "a", "ts": 1.0, "id": "x", "accuracy": 10**400, "local": 1.0},
+            {"producer": "P", "kind": "a", "ts": 2.0, "id": "y", "accuracy": 0.001, "local": -10**400},
+            {"producer": "P", "kind": "a", "ts": 3.0, "id": "z", "accuracy": 0.001, "local": 3}]
+    items, rejected = rows_to_items(rows, mapping)
+    assert [item.attributes["id"] for item in items] == ["z"]
+    assert [(row.position, row.reason.split(" is ")[0]) for row in rejected] == [
+        (0, "accuracy ('accuracy')"), (1, "local timestamp ('local')")]
+    assert [row.reason.split(", ")[-1] for row in rejected] == ["need a non-negative number of seconds",
+                                                                "need a number or a timestamp"]
+
+
 def test_a_rejected_timestamp_names_its_field():
     """A timestamp that is no time is rejected with a reason naming the field, as the ingestion core words it
     (``timestamp ('ts') is 'yesterday' (str), not an ISO-8601 timestamp``) — it said only ``is 'yesterday' (str),
