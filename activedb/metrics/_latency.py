@@ -11,6 +11,7 @@ import threading
 from collections.abc import Sequence
 from typing import Protocol
 
+from activedb.errors import finite_number
 from activedb.metrics.errors import MetricsError
 
 class Timed(Protocol):
@@ -31,7 +32,7 @@ class BatchLatency:
         # (two equal bounds, or inf beside the implied +Inf, export two buckets of one label: an invalid exposition)
         listed = list(buckets) if not isinstance(buckets, (str, bytes)) else None
         if listed is None or not all(isinstance(bound, (int, float)) and not isinstance(bound, bool)
-                                     and math.isfinite(bound) for bound in listed) or len(set(listed)) < len(listed):
+                                     and finite_number(bound) for bound in listed) or len(set(listed)) < len(listed):
             raise MetricsError(f"BatchLatency(buckets={buckets!r:.200}) takes distinct finite numbers of seconds, "
                                f"the buckets' upper bounds (+Inf is implied), e.g. (0.1, 1.0, 10.0)")
         self.buckets = tuple(sorted(float(bound) for bound in listed))

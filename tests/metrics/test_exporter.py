@@ -157,10 +157,11 @@ def test_the_histogram_counts_each_batch_once_across_scrapes():
 
 
 @pytest.mark.parametrize("buckets", [(0.1, 0.1, 1.0), (1.0, float("nan")), (0.5, float("inf")), ("0.1",), (True,),
-                                     "0.5"])
+                                     "0.5", (1, 10**400)])
 def test_histogram_bounds_that_give_no_valid_exposition_are_refused(buckets):
     """Duplicate bounds exported two buckets labelled le="0.1" (an exposition Prometheus refuses), inf a second
-    le="+Inf", NaN a bucket no batch falls in; a text, or a bound that is no number, failed every scrape."""
+    le="+Inf", NaN a bucket no batch falls in; a text, or a bound that is no number, failed every scrape.  An int no
+    float holds (10**400) raised a bare OverflowError, no MetricsError."""
     with pytest.raises(MetricsError, match=r"BatchLatency\(buckets=.*\) takes distinct finite numbers of seconds"):
         BatchLatency(buckets=buckets)
 
