@@ -9,6 +9,7 @@ from typing import TypeAlias
 
 from activedb.batch._declare import DELETE, Abort, OpKind, OpSpec, State, canonical_key, inserted
 from activedb.batch.errors import DeclarationError
+from activedb.errors import SchemaError
 from activedb.store import RowImage, TableInfo, own_image
 
 #: ``read(state, t)``: the image of ``state`` as of before the transaction at ``t`` (None: no row).
@@ -32,7 +33,8 @@ class NestedColumns(dict[str, "frozenset[str]"]):
     """``nested[table]``: the list and dict columns of ``table`` (``TableInfo.nested``: a JSON, JSONB, ARRAY or
     HSTORE column's), looked up in the catalog once per table and kept — what an executor that knows the store
     copies of a function's argument besides the dict (empty for most tables: they pay one lookup).  A table the
-    catalog cannot name has none (loading its rows fails on its own).  One batch's, used by one thread."""
+    catalog cannot name (its :class:`~activedb.errors.SchemaError`) has none (loading its rows fails on its own); any
+    other error of the lookup (a lost connection) is raised, and the table looked up again next time.  One batch's, used by one thread."""
 
     def __init__(self, table_info: Callable[[str], TableInfo]) -> None:
         super().__init__()
@@ -41,7 +43,7 @@ class NestedColumns(dict[str, "frozenset[str]"]):
     def __missing__(self, table: str) -> frozenset[str]:
         try:
             columns = self._table_info(table).nested
-        except Exception:
+        except SchemaError:             # (no such table: its rows are never loaded; a lost connection is raised)
             columns = frozenset()
         self[table] = columns
         return columns

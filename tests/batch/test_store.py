@@ -405,3 +405,24 @@ def test_through_the_store_a_function_that_appends_to_a_json_list_changes_nothin
     with db.engine.connect() as connection:
         assert dict(connection.execute(sa.text("SELECT key, value FROM lists")).all()) == {"k": ["a", "b"],
                                                                                           "other": []}
+
+
+def test_a_lost_connection_while_looking_up_a_table_s_list_columns_is_raised_not_taken_for_no_columns(migrated):
+    """``NestedColumns`` (the lean executor's list and dict columns per table) takes "no such columns" only for a
+    table the catalog cannot name (its SchemaError: loading the table's rows fails on its own) — it took any error for
+    it, so a connection lost while the catalog reflected the table (or a bug) left the table's copies sharing their
+    lists with the state, silently.  Now such an error is raised, and the next lookup reflects the table again."""
+    from activedb.batch._state import NestedColumns
+    from tests._sessions import end_sessions
+
+    database = activedb.connect(migrated, outbox_options={"recovery_interval": None})
+    try:
+        nested = NestedColumns(database.catalog.table_info)
+        assert nested["no_such_table"] == frozenset()        # (a connection is kept in the pool)
+        end_sessions(database)
+        with pytest.raises(activedb.DatabaseUnavailable, match="lost the connection to PostgreSQL"):
+            nested["lists"]
+        assert "lists" not in nested
+        assert nested["lists"] == frozenset({"value"})
+    finally:
+        database.close()
