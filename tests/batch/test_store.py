@@ -49,6 +49,25 @@ def _ledger_reference(db, transactions=None, **options):
     return events, state, batch.run_in_memory(transactions or workloads.ledger(), events, state, strategy="serial")
 
 
+def _apply(db, path, events, transactions, *, table, name):
+    """``events`` applied in one transaction named ``name`` by ``path``: "apply_batch", or "apply_at_commit" (no dead
+    letters table) — with a rule observing updates of ``table`` while it runs when ``path`` says "a rule observing the
+    table" (so the batch goes through the tree).  ``(result, mode)``: the BatchResult and the pending batch's mode
+    (None for apply_batch)."""
+    watched = "a rule observing the table" in path
+    if watched:
+        db.rule(on=db.updated(table), name=f"{table}_watch")(lambda tx, event: None)
+    try:
+        with db.transaction(name=name) as tx:
+            if path == "apply_batch":
+                return batch.apply_batch(tx, events, transactions), None
+            pending = batch.apply_at_commit(tx, events, transactions, dead_letters=None)
+    finally:
+        if watched:
+            db.rules.remove(f"{table}_watch")
+    return pending.result, pending.mode
+
+
 def test_apply_batch_commits_state_dead_letters_and_ledger_together(db):
     transactions = workloads.ledger()
     events, state, reference = _ledger_reference(db, transactions)
@@ -173,20 +192,9 @@ def test_an_event_naming_a_row_the_store_cannot_name_is_a_dead_letter_alone_thro
         connection.execute(sa.text("DELETE FROM accounts"))
     events = [{"type": "plain", "key": bad_key, "ts": 0.0, "payload": {}},
               {"type": "plain", "key": 7, "ts": 1.0, "payload": {}}]
+    result, mode = _apply(db, path, events, transactions, table="accounts", name="unnameable-row")
     if path != "apply_batch":
-        db.rule(on=db.updated("accounts"), name="unnameable_watch")(lambda tx, event: None)
-    try:
-        with db.transaction(name="unnameable-row") as tx:
-            if path == "apply_batch":
-                result = batch.apply_batch(tx, events, transactions)
-            else:
-                pending = batch.apply_at_commit(tx, events, transactions, dead_letters=None)
-        if path != "apply_batch":
-            assert pending.mode == "through the tree"
-            result = pending.result
-    finally:
-        if path != "apply_batch":
-            db.rules.remove("unnameable_watch")
+        assert mode == "through the tree"
     assert [event.position for event, _ in result.dead_letters] == [0]
     with db.engine.connect() as connection:
         assert connection.execute(sa.text("SELECT id, owner FROM accounts")).all() == [(7, "p")]
@@ -216,20 +224,9 @@ def test_a_write_that_changes_its_row_s_key_is_a_dead_letter_alone_through_the_t
             connection.execute(sa.text("INSERT INTO accounts (id, owner) VALUES (1, 'o')"))
     events = [{"type": "rekey", "key": 1, "ts": 0.0, "payload": {}},
               {"type": "plain", "key": 7, "ts": 1.0, "payload": {}}]
-    if path == "apply_at_commit, a rule observing the table":
-        db.rule(on=db.updated("accounts"), name="rekey_watch")(lambda tx, event: None)
-    try:
-        with db.transaction(name="rekey") as tx:
-            if path == "apply_batch":
-                result = batch.apply_batch(tx, events, transactions)
-            else:
-                pending = batch.apply_at_commit(tx, events, transactions, dead_letters=None)
-        if path != "apply_batch":
-            assert pending.mode == ("at commit" if path == "apply_at_commit" else "through the tree")
-            result = pending.result
-    finally:
-        if path == "apply_at_commit, a rule observing the table":
-            db.rules.remove("rekey_watch")
+    result, mode = _apply(db, path, events, transactions, table="accounts", name="rekey")
+    if path != "apply_batch":
+        assert mode == ("at commit" if path == "apply_at_commit" else "through the tree")
     assert [(event.position, "the key of a row cannot change" in reason) for event, reason in result.dead_letters] \
         == [(0, True)]
     with db.engine.connect() as connection:
@@ -264,13 +261,7 @@ def test_a_non_deterministic_operation_without_candidates_on_a_table_that_does_n
         connection.execute(sa.text("DELETE FROM accounts"))
     events = [{"type": "any", "key": 1, "ts": 0.0, "payload": {}},
               {"type": "plain", "key": 7, "ts": 1.0, "payload": {}}]
-    with db.transaction(name="unknown-unbounded-table") as tx:
-        if path == "apply_batch":
-            result = batch.apply_batch(tx, events, transactions)
-        else:
-            pending = batch.apply_at_commit(tx, events, transactions, dead_letters=None)
-    if path != "apply_batch":
-        result = pending.result
+    result, _ = _apply(db, path, events, transactions, table="accounts", name="unknown-unbounded-table")
     assert [(event.position, "no_such_table" in reason) for event, reason in result.dead_letters] == [(0, True)]
     with db.engine.connect() as connection:
         assert connection.execute(sa.text("SELECT id, owner FROM accounts")).all() == [(7, "p")]
@@ -305,20 +296,9 @@ def test_a_key_generated_always_given_is_a_dead_letter_alone_through_the_tree_as
         events = [{"type": "open", "key": ts, "ts": float(ts), "payload": payload} for ts, payload in enumerate(
             [{"title": "drawn"}, {"title": "given", "row": {"id": 1_000_000}}])]
         expected = [(None, "drawn"), (existing, "old")]
+    result, mode = _apply(db, path, events, transactions, table="tickets", name="always-keys-tree")
     if path != "apply_batch":
-        db.rule(on=db.updated("tickets"), name="tickets_watch")(lambda tx, event: None)
-    try:
-        with db.transaction(name="always-keys-tree") as tx:
-            if path == "apply_batch":
-                result = batch.apply_batch(tx, events, transactions)
-            else:
-                pending = batch.apply_at_commit(tx, events, transactions, dead_letters=None)
-        if path != "apply_batch":
-            assert pending.mode == "through the tree"
-            result = pending.result
-    finally:
-        if path != "apply_batch":
-            db.rules.remove("tickets_watch")
+        assert mode == "through the tree"
     reasons = {event.position: reason for event, reason in result.dead_letters}
     assert list(reasons) == [1] and "InvalidKey" in reasons[1] and "GENERATED ALWAYS" in reasons[1], reasons
     with db.engine.connect() as connection:
