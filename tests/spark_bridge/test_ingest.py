@@ -52,6 +52,39 @@ def _ingest(spark, database, directory, checkpoint, query_name, **options):
                                trigger={"availableNow": True}, **options)
 
 
+def _refused_by_ingest_on_both_paths(database, frame, error, checkpoint, **options):
+    """``ingest(frame, …)`` raises an IngestError matching ``error`` on the one-task path and on the scale-out path
+    (two partitions)."""
+    for path in ({}, dict(partition_by_key=2, app=APP_FILE)):
+        with pytest.raises(IngestError, match=error):
+            spark_bridge.ingest(database, frame, mapping=app_counters.MAPPING, query_name="x",
+                                checkpoint_location=str(checkpoint), **path, **options)
+
+
+def _direct_sink(spark, database, frame, name, checkpoint, *, scale_out=False):
+    """``frame`` run to the end of its input as query ``name`` by a sink wired as ``foreachBatch`` directly — an
+    ``IngestSink``, or (``scale_out``) a ``PartitionedIngestSink`` of two partitions: ``(sink, query)``."""
+    if scale_out:
+        sink: spark_bridge.IngestSink = spark_bridge.PartitionedIngestSink(
+            database, app_counters.MAPPING, partitions=2, app=APP_FILE, query_name=name, spark_session=spark)
+    else:
+        sink = spark_bridge.IngestSink(database, app_counters.MAPPING, query_name=name, spark_session=spark)
+    query = (frame.writeStream.foreachBatch(sink).queryName(name).option("checkpointLocation", str(checkpoint))
+             .trigger(availableNow=True).start())
+    return sink, query
+
+
+def _refused_by_a_direct_sink(spark, database, frame, name, checkpoint, error, *, scale_out):
+    """``_direct_sink(…)``'s query stops with ``error``, the sink's last failure an IngestError, nothing applied (no
+    ledger row, no dead letter)."""
+    sink, query = _direct_sink(spark, database, frame, name, checkpoint, scale_out=scale_out)
+    with pytest.raises(Exception, match=error):
+        query.awaitTermination(STREAM_TIMEOUT_SECONDS)
+    failure = sink.last_failure()
+    assert failure is not None and isinstance(failure[1], IngestError), failure
+    assert (ledger(database), dead_letters(database)) == ([], [])
+
+
 @pytest.mark.spark
 def test_stream_to_the_end_equals_the_events_applied_directly_and_a_replay_is_skipped(
         spark, tmp_path, make_database_url):
@@ -541,10 +574,7 @@ def test_a_watermark_on_another_column_is_refused_for_a_sink_wired_with_foreach_
         renamed = (_stream(spark, tmp_path / "in").withColumnRenamed("ts", "time")
                    .withWatermark("time", "10 seconds").withColumnRenamed("time", "ts"))
         for name, frame in (("arriving", arriving), ("renamed", renamed)):
-            sink = spark_bridge.IngestSink(database, app_counters.MAPPING, query_name=name, spark_session=spark)
-            query = (frame.writeStream.foreachBatch(sink).queryName(name)
-                     .option("checkpointLocation", str(tmp_path / f"checkpoint-{name}"))
-                     .trigger(availableNow=True).start())
+            _, query = _direct_sink(spark, database, frame, name, tmp_path / f"checkpoint-{name}")
             if name == "renamed":
                 run_to_end(query)
                 continue
@@ -650,20 +680,10 @@ def test_a_struct_with_duplicate_field_names_is_refused_on_the_scale_out_path_as
     try:
         frame = _stream(spark, tmp_path / "in")
         for column in (pair, F.array(pair)):
-            for options in ({}, dict(partition_by_key=2, app=APP_FILE)):
-                with pytest.raises(IngestError, match=error):
-                    spark_bridge.ingest(database, frame.withColumn("pair", column), mapping=app_counters.MAPPING,
-                                        query_name="x", checkpoint_location=str(tmp_path / "c"), **options)
+            _refused_by_ingest_on_both_paths(database, frame.withColumn("pair", column), error, tmp_path / "c")
         assert spark.streams.active == []
-        sink = spark_bridge.PartitionedIngestSink(database, app_counters.MAPPING, partitions=2, app=APP_FILE,
-                                                  query_name="direct", spark_session=spark)
-        query = (frame.withColumn("pair", pair).writeStream.foreachBatch(sink).queryName("direct")
-                 .option("checkpointLocation", str(tmp_path / "checkpoint")).trigger(availableNow=True).start())
-        with pytest.raises(Exception, match=error):
-            query.awaitTermination(STREAM_TIMEOUT_SECONDS)
-        failure = sink.last_failure()
-        assert failure is not None and isinstance(failure[1], IngestError), failure
-        assert (ledger(database), dead_letters(database)) == ([], [])
+        _refused_by_a_direct_sink(spark, database, frame.withColumn("pair", pair), "direct", tmp_path / "checkpoint",
+                                  error, scale_out=True)
     finally:
         database.close()
 
@@ -683,27 +703,11 @@ def test_two_columns_of_one_name_are_refused_by_ingest_and_by_a_sink_wired_direc
     error = r"the stream has 2 columns named 'key'.*rename or drop one"
     try:
         frame = _stream(spark, tmp_path / "in").select("type", "key", "ts", "amount", "seq", F.lit("z").alias("key"))
-        for options in ({}, dict(partition_by_key=2, app=APP_FILE)):
-            with pytest.raises(IngestError, match=error):
-                spark_bridge.ingest(database, frame, mapping=app_counters.MAPPING, query_name="x",
-                                    checkpoint_location=str(tmp_path / "c"), trigger={"availableNow": True},
-                                    **options)
+        _refused_by_ingest_on_both_paths(database, frame, error, tmp_path / "c", trigger={"availableNow": True})
         assert spark.streams.active == []
         for name in ("one_task", "scale_out"):
-            if name == "scale_out":
-                sink: spark_bridge.IngestSink = spark_bridge.PartitionedIngestSink(
-                    database, app_counters.MAPPING, partitions=2, app=APP_FILE, query_name=name,
-                    spark_session=spark)
-            else:
-                sink = spark_bridge.IngestSink(database, app_counters.MAPPING, query_name=name, spark_session=spark)
-            query = (frame.writeStream.foreachBatch(sink).queryName(name)
-                     .option("checkpointLocation", str(tmp_path / f"checkpoint-{name}"))
-                     .trigger(availableNow=True).start())
-            with pytest.raises(Exception, match=error):
-                query.awaitTermination(STREAM_TIMEOUT_SECONDS)
-            failure = sink.last_failure()
-            assert failure is not None and isinstance(failure[1], IngestError), failure
-            assert (ledger(database), dead_letters(database)) == ([], [])
+            _refused_by_a_direct_sink(spark, database, frame, name, tmp_path / f"checkpoint-{name}", error,
+                                      scale_out=name == "scale_out")
     finally:
         database.close()
 
@@ -730,20 +734,8 @@ def test_a_sink_wired_with_foreach_batch_directly_refuses_a_missing_or_unconvert
                                r"column 'wait' \(interval.*\) cannot be converted to Arrow.*drop it, or cast it")}
     try:
         for name, (frame, error) in cases.items():
-            if scale_out:
-                sink: spark_bridge.IngestSink = spark_bridge.PartitionedIngestSink(
-                    database, app_counters.MAPPING, partitions=2, app=APP_FILE, query_name=name,
-                    spark_session=spark)
-            else:
-                sink = spark_bridge.IngestSink(database, app_counters.MAPPING, query_name=name, spark_session=spark)
-            query = (frame.writeStream.foreachBatch(sink).queryName(name)
-                     .option("checkpointLocation", str(tmp_path / f"checkpoint-{name}"))
-                     .trigger(availableNow=True).start())
-            with pytest.raises(Exception, match=error):
-                query.awaitTermination(STREAM_TIMEOUT_SECONDS)
-            failure = sink.last_failure()
-            assert failure is not None and isinstance(failure[1], IngestError), failure
-            assert (ledger(database), dead_letters(database)) == ([], [])
+            _refused_by_a_direct_sink(spark, database, frame, name, tmp_path / f"checkpoint-{name}", error,
+                                      scale_out=scale_out)
     finally:
         database.close()
 
