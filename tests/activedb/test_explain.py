@@ -41,36 +41,52 @@ def explained_when(db, ready, what: str, release: threading.Event, threads: list
     return explanation
 
 
+def guarded(body, failures: list[BaseException]) -> threading.Thread:
+    """A thread (not started) running ``body``; what it raises goes to ``failures``, which the test asserts empty."""
+    def target():
+        try:
+            body()
+        except BaseException as error:  # pragma: no cover - reported by the test
+            failures.append(error)
+    return threading.Thread(target=target)
+
+
+def row_holder(db, key: str, ids: dict[str, str], holding: threading.Event, release: threading.Event):
+    """A body for ``guarded``: the transaction "holder" (its id in ``ids``) writes ``items[key]``, sets ``holding``
+    and keeps the row's lock until ``release``."""
+    def holder():
+        with db.transaction(name="holder") as tx:
+            ids["holder"] = tx.id
+            tx.write("items", key, value=1)
+            holding.set()
+            release.wait(TIMEOUT)
+    return holder
+
+
 def test_a_waiting_tree_is_drawn_with_its_locks_and_a_held_edge(db, tmp_path):
     holding, release = threading.Event(), threading.Event()
     failures: list[BaseException] = []
     ids: dict[str, str] = {}
 
     def first() -> None:
-        try:
-            with db.transaction(name="first") as tx:
-                ids["first"] = tx.id
-                with tx.subtransaction(name="writer") as sub:
-                    ids["writer"] = sub.id
-                    sub.write("items", "k", value=1)
-                    holding.set()
-                    release.wait(TIMEOUT)
-        except BaseException as error:  # pragma: no cover - reported below
-            failures.append(error)
+        with db.transaction(name="first") as tx:
+            ids["first"] = tx.id
+            with tx.subtransaction(name="writer") as sub:
+                ids["writer"] = sub.id
+                sub.write("items", "k", value=1)
+                holding.set()
+                release.wait(TIMEOUT)
 
     def second() -> None:
-        try:
-            with db.transaction(name="second") as tx:
-                ids["second"] = tx.id
-                tx.write("items", "k", value=2)
-        except BaseException as error:  # pragma: no cover
-            failures.append(error)
+        with db.transaction(name="second") as tx:
+            ids["second"] = tx.id
+            tx.write("items", "k", value=2)
 
     with Watchdog(TIMEOUT, db.transactions.locks):
-        threads = [threading.Thread(target=first)]
+        threads = [guarded(first, failures)]
         threads[0].start()
         assert holding.wait(TIMEOUT)
-        threads.append(threading.Thread(target=second))
+        threads.append(guarded(second, failures))
         threads[1].start()
         explanation = explained_when(db, lambda: db.transactions.locks.statistics().waiting == 1, "second never waited",
                                      release, threads)
@@ -252,21 +268,6 @@ def test_a_parent_waits_for_its_inline_child_whether_it_is_lazy_or_a_node(db):
     failures: list[BaseException] = []
     ids: dict[str, str] = {}
 
-    def guarded(body):
-        def target():
-            try:
-                body()
-            except BaseException as error:  # pragma: no cover - reported below
-                failures.append(error)
-        return threading.Thread(target=target)
-
-    def holder():
-        with db.transaction(name="holder") as tx:
-            ids["holder"] = tx.id
-            tx.write("items", "k", value=1)
-            holding.set()
-            release.wait(TIMEOUT)
-
     def waiting_parent():
         with db.transaction(name="waiting parent") as tx:
             ids["waiting parent"] = tx.id
@@ -285,11 +286,11 @@ def test_a_parent_waits_for_its_inline_child_whether_it_is_lazy_or_a_node(db):
 
     locks = db.transactions.locks
     with Watchdog(TIMEOUT, locks):
-        threads = [guarded(holder), guarded(lazy_parent)]
+        threads = [guarded(row_holder(db, "k", ids, holding, release), failures), guarded(lazy_parent, failures)]
         for thread in threads:
             thread.start()
         assert holding.wait(TIMEOUT)
-        threads.append(guarded(waiting_parent))
+        threads.append(guarded(waiting_parent, failures))
         threads[-1].start()
         explanation = explained_when(db, lambda: locks.statistics().waiting == 1 and "lazy child" in ids,
                                      "the child never waited", release, threads)
@@ -307,21 +308,6 @@ def test_nested_and_children_waits_are_drawn(db, tmp_path):
     release, holding, spawned = threading.Event(), threading.Event(), threading.Event()
     handles, ids, failures = {}, {}, []
     locks = db.transactions.locks
-
-    def guarded(body):
-        def target():
-            try:
-                body()
-            except BaseException as error:  # pragma: no cover - reported below
-                failures.append(error)
-        return threading.Thread(target=target)
-
-    def holder():
-        with db.transaction(name="holder") as tx:
-            ids["holder"] = tx.id
-            tx.write("items", "n", value=1)
-            holding.set()
-            release.wait(TIMEOUT)
 
     def outer():
         with db.transaction(name="outer") as tx:
@@ -343,11 +329,11 @@ def test_nested_and_children_waits_are_drawn(db, tmp_path):
             handles["child"].result(TIMEOUT)               # waits for another tree's child
 
     with Watchdog(TIMEOUT, locks):
-        threads = [guarded(holder), guarded(parent)]
+        threads = [guarded(row_holder(db, "n", ids, holding, release), failures), guarded(parent, failures)]
         for thread in threads:
             thread.start()
         assert holding.wait(TIMEOUT) and spawned.wait(TIMEOUT)
-        threads += [guarded(outer), guarded(watcher)]
+        threads += [guarded(outer, failures), guarded(watcher, failures)]
         threads[2].start()
         threads[3].start()
         explanation = explained_when(
