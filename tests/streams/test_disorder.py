@@ -719,16 +719,16 @@ def test_events_given_as_mappings_equal_the_same_stream_events(db):
     assert observe(db, result.outputs) == expected
 
 
-def _fed_with(db, malformed) -> tuple:
-    """A random stream fed with ``malformed`` in its middle, and what the stream gives without it: the result
-    (its one dead letter keeps ``malformed``) and the expected observation."""
-    events = random_stream(random.Random(SEED + 2), 60)
-    expected, _ = run_sorted(db, events, name="without-malformed")
+def _fed_with(db, malformed, *, seed: int = SEED + 2, name: str = "malformed", **options) -> tuple:
+    """A random stream (of ``seed``) fed with ``malformed`` in its middle by the engine ``with-{name}`` (``options``:
+    the engine's, e.g. its scheduler), and what the stream gives without it (``without-{name}``): the result and the
+    expected observation."""
+    events = random_stream(random.Random(seed), 60)
+    expected, _ = run_sorted(db, events, name=f"without-{name}")
     reset(db)
-    made = engine(db, name="with-malformed")
+    made = engine(db, name=f"with-{name}", **options)
     ordered = sorted(events, key=lambda event: event.ts)
     result = made.feed([*ordered[:30], malformed, *ordered[30:]], punctuation=streams.END_OF_STREAM)
-    assert [letter.event.origin for letter in result.dead_letters] == [malformed]
     return result, expected
 
 
@@ -746,6 +746,7 @@ def test_a_malformed_mapping_is_a_dead_letter_and_the_stream_goes_on(db, malform
     refused, and attributes or a stream of the wrong kind were refused as "not an event (dict)", although the
     mapping had its type, ts and attributes."""
     result, expected = _fed_with(db, malformed)
+    assert [letter.event.origin for letter in result.dead_letters] == [malformed]
     assert observe(db, result.outputs) == expected
     if not isinstance(malformed["attributes"], dict) or not isinstance(malformed["stream"], str):
         assert re.match(r"rejected: the (attributes|stream) of 'ENTER' at 1 (are|is) a (int|NoneType), not a",
@@ -762,6 +763,7 @@ def test_a_malformed_stream_event_is_a_dead_letter_and_the_stream_goes_on(db, ma
     a mapping describing it is: one dead letter keeping the event as given, recorded with the batch, and the events
     around it processed as if it had not been there."""
     result, expected = _fed_with(db, malformed)
+    assert [letter.event.origin for letter in result.dead_letters] == [malformed]
     assert "rejected" in result.dead_letters[0].reason
     assert observe(db, result.outputs) == expected
     with db.engine.connect() as connection:
@@ -1052,12 +1054,7 @@ def test_an_event_whose_key_attribute_cannot_key_is_a_dead_letter_and_the_stream
     ENTER.HCW-ID) is a list or a dict cannot be matched or locked: it is a dead letter naming the attribute, and
     the events around it are processed as if it had not been there — under every scheduler (before, the batch
     failed with TypeError: unhashable type, and so did every retry of it)."""
-    events = random_stream(random.Random(SEED + 2), 60)
-    expected, _ = run_sorted(db, events, name="without-unkeyable")
-    reset(db)
-    made = engine(db, name="with-unkeyable", scheduler=scheduler)
-    ordered = sorted(events, key=lambda event: event.ts)
-    result = made.feed([*ordered[:30], malformed, *ordered[30:]], punctuation=streams.END_OF_STREAM)
+    result, expected = _fed_with(db, malformed, name="unkeyable", scheduler=scheduler)
     assert [(letter.event.describe(), letter.event.attributes) for letter in result.dead_letters] == [
         (malformed.describe(), malformed.attributes)]
     assert "HCW-ID" in result.dead_letters[0].reason
@@ -1116,12 +1113,7 @@ def test_an_event_whose_row_key_the_table_refuses_is_a_dead_letter_and_the_strea
     a text column) is a dead letter saying why, and the events around it are processed as if it had not been
     there — under every scheduler, with the batch's prefetch (the default) and LWM's base images (before, the
     prefetch or LWM's loading of the row failed the whole batch with InvalidValue, and so did every retry)."""
-    events = random_stream(random.Random(SEED + 3), 60)
-    expected, _ = run_sorted(db, events, name="without-refused-key")
-    reset(db)
-    made = engine(db, name="with-refused-key", scheduler=scheduler)
-    ordered = sorted(events, key=lambda event: event.ts)
-    result = made.feed([*ordered[:30], malformed, *ordered[30:]], punctuation=streams.END_OF_STREAM)
+    result, expected = _fed_with(db, malformed, seed=SEED + 3, name="refused-key", scheduler=scheduler)
     assert [(letter.event.describe(), letter.event.attributes) for letter in result.dead_letters] == [
         (malformed.describe(), malformed.attributes)]
     assert "workerstatus.workerid is TEXT" in result.dead_letters[0].reason
