@@ -4,6 +4,7 @@ before-image undo, and the undo's unsafe cases detected and refused."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import decimal
 import uuid
@@ -507,6 +508,18 @@ def test_transactions_of_a_batch_that_wrote_one_row_side_by_side_are_undone_newe
     assert scalar(db, "SELECT balance FROM accounts WHERE id = :i", i=account) == 10
 
 
+@contextlib.contextmanager
+def _item_load(db, query):
+    """The load of batch ``(query, 1)``: the transaction ``load-{query}`` consuming it and inserting the item
+    ``{query}-1`` (value 1), which compensating it undoes by its before image; yields ``(tx, key)`` for more in it."""
+    db.batches.undo_by_before_image("items")         # (the load's own insert)
+    key = f"{query}-1"
+    with db.transaction(name=f"load-{query}") as tx:
+        db.batches.consumed(tx, query, 1)
+        tx.insert("items", key=key, value=1)
+        yield tx, key
+
+
 def test_a_rule_compensation_gets_a_captured_change_as_captured(db):
     """A rule's firing is noted with its event for its compensation; the event came back without its ``origin``, so a
     captured change (``Origin.EXTERNAL``, a rule on ``db.captured``) reached the compensation as one of activedb's own.
@@ -543,12 +556,8 @@ def test_a_rule_compensation_gets_a_captured_change_as_captured(db):
     db.batches.rule_compensation(f"own-{query}")(unaudit)
     db.batches.rule_compensation(f"captured-{query}")(unaudit)
 
-    db.batches.undo_by_before_image("items")         # (the load's own insert)
-    key = f"{query}-1"
     try:
-        with db.transaction(name=f"load-{query}") as tx:
-            db.batches.consumed(tx, query, 1)
-            tx.insert("items", key=key, value=1)
+        with _item_load(db, query) as (tx, key):
             change = Event(EventKind.INSERTED, "items", key, None, {"key": key, "value": 1}, origin=Origin.EXTERNAL)
             assert [outcome.value for outcome, _ in db.rules.fire(tx, db.rules.plan(tx, change))] == ["executed"]
         assert scalar(db, "SELECT string_agg(rule, ',' ORDER BY rule) FROM events_seen WHERE detail = :d",
@@ -581,12 +590,9 @@ def test_a_rule_compensation_gets_the_event_as_it_fired_not_as_the_rule_changed_
         for row in tx.scan("events_seen", {"detail": event.key}):
             tx.delete("events_seen", row["id"])
 
-    db.batches.undo_by_before_image("items")         # (the load's own insert)
-    key = f"{query}-1"
     try:
-        with db.transaction(name=f"load-{query}") as tx:
-            db.batches.consumed(tx, query, 1)
-            tx.insert("items", key=key, value=1)
+        with _item_load(db, query) as (_, key):
+            pass                                    # (the load alone)
         db.batches.compensate((query, 1))
     finally:
         db.rules.remove(f"tidy-{query}")
