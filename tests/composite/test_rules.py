@@ -24,8 +24,27 @@ BATCH_1 = [ev("A", 1.0, "PA", "a0"), ev("B", 1.1, "P1B", "b0"), ev("A", 2.0, "PA
 BATCH_2 = [composite.Heartbeat("P1B", Timestamp.at(2.0, 0.005)), composite.Heartbeat("P2B", Timestamp.at(2.0, 0.005))]
 
 
+def ab_engine(db, **options):
+    """An engine of the query AB (an A and a B) over FIG2's producers."""
+    return make_engine("CREATE QUERY AB PATTERN AND(A, B) RETURN A.id AS a, B.id AS b", FIG2, db=db, **options)
+
+
+def after_batch_1(db):
+    """``ab_engine`` after BATCH_1 committed: its pair (a0, b0) waits for BATCH_2's heartbeats."""
+    engine = ab_engine(db)
+    with db.transaction() as tx:
+        engine.process(tx, BATCH_1)
+    return engine
+
+
+def compose_then_fail(engine, tx):
+    """BATCH_2 in ``tx`` composes the pair (a0, b0), then the batch fails (RuntimeError)."""
+    assert names(engine.process(tx, BATCH_2)) == [("a0", "b0")]
+    raise RuntimeError("the batch fails after composing")
+
+
 def test_a_rule_on_a_composite_event_sees_its_interval_and_constituents(db):
-    engine = make_engine("CREATE QUERY AB PATTERN AND(A, B) RETURN A.id AS a, B.id AS b", FIG2, db=db)
+    engine = ab_engine(db)
     seen = []
 
     @db.rule(on=engine.spec("AB"), name="store_composites")
@@ -48,14 +67,11 @@ def test_a_rule_on_a_composite_event_sees_its_interval_and_constituents(db):
 
 
 def test_an_aborted_batch_leaves_the_engine_as_before(db):
-    engine = make_engine("CREATE QUERY AB PATTERN AND(A, B) RETURN A.id AS a, B.id AS b", FIG2, db=db)
-    with db.transaction() as tx:
-        engine.process(tx, BATCH_1)
+    engine = after_batch_1(db)
     before = engine.statistics()
     with pytest.raises(RuntimeError):
         with db.transaction() as tx:
-            assert names(engine.process(tx, BATCH_2)) == [("a0", "b0")]
-            raise RuntimeError("the batch fails after composing")
+            compose_then_fail(engine, tx)
     assert engine.statistics() == before                      # the composite and the sync-points are undone
     assert engine.producers()["P2B"].sync is None
     with db.transaction() as tx:                              # the re-run composes the same pair again
@@ -66,14 +82,11 @@ def test_an_aborted_batch_leaves_no_composite_or_arrival_in_the_engines_window(d
     """The window (``engine.window()``: the picture, and the composites weak membership checks a late event against)
     kept the arrivals and composites of a batch whose transaction aborted: the picture showed a composite no rule
     ever saw, twice once the batch ran again, and a weak member's old event could be reported as invalidating it."""
-    engine = make_engine("CREATE QUERY AB PATTERN AND(A, B) RETURN A.id AS a, B.id AS b", FIG2, db=db)
-    with db.transaction() as tx:
-        engine.process(tx, BATCH_1)
+    engine = after_batch_1(db)
     before = engine.window()
     with pytest.raises(RuntimeError):
         with db.transaction() as tx:
-            assert names(engine.process(tx, BATCH_2)) == [("a0", "b0")]
-            raise RuntimeError("the batch fails after composing")
+            compose_then_fail(engine, tx)
     assert engine.window() == before
     with db.transaction() as tx:
         engine.process(tx, BATCH_2)
@@ -87,15 +100,12 @@ def test_a_batch_in_a_subtransaction_that_aborts_leaves_the_engine_as_before(db)
     and the batch re-run composes the same pair.  Another node of the tree cannot add a batch to one a
     subtransaction still holds (CompositeError saying where the batch runs); once it committed, its parent can.
     Before, the engine followed the top-level transaction only: the pair was consumed, its rule never ran."""
-    engine = make_engine("CREATE QUERY AB PATTERN AND(A, B) RETURN A.id AS a, B.id AS b", FIG2, db=db)
-    with db.transaction() as tx:
-        engine.process(tx, BATCH_1)
+    engine = after_batch_1(db)
     before = engine.statistics()
     with db.transaction() as tx:
         with pytest.raises(RuntimeError):
             with tx.subtransaction() as child:
-                assert names(engine.process(child, BATCH_2)) == [("a0", "b0")]
-                raise RuntimeError("the batch fails after composing")
+                compose_then_fail(engine, child)
     assert engine.statistics() == before
     assert engine.producers()["P2B"].sync is None
     with db.transaction() as tx:
@@ -113,7 +123,7 @@ def test_a_join_or_leave_during_a_batch_s_transaction_outlives_its_abort(db):
     aborts, while the batch's own effects go.  Before, the abort restored the membership of its snapshot too: the
     joined producer was gone (its events refused, 'has not joined') and the one that left held compositions back
     again."""
-    engine = make_engine("CREATE QUERY AB PATTERN AND(A, B) RETURN A.id AS a, B.id AS b", FIG2, db=db)
+    engine = ab_engine(db)
     with pytest.raises(RuntimeError):
         with db.transaction() as tx:
             engine.process(tx, [ev("A", 1.0, "PA", "a0")])
@@ -137,9 +147,7 @@ def test_a_batch_refused_for_an_ended_transaction_leaves_no_stale_snapshot(db):
     changes nothing; the next batch, in its parent, snapshots the engine, so that the parent's abort restores it.
     Before, the refused call's snapshot stayed the current one, and the parent's batch counted as its own (the
     subtransaction had committed into it) without enlisting: the abort restored nothing."""
-    engine = make_engine("CREATE QUERY AB PATTERN AND(A, B) RETURN A.id AS a, B.id AS b", FIG2, db=db)
-    with db.transaction() as tx:
-        engine.process(tx, BATCH_1)
+    engine = after_batch_1(db)
     before = engine.statistics()
     with pytest.raises(RuntimeError):
         with db.transaction() as tx:
@@ -148,8 +156,7 @@ def test_a_batch_refused_for_an_ended_transaction_leaves_no_stale_snapshot(db):
             with pytest.raises(activedb.ActivedbError):
                 engine.process(child, BATCH_2)
             assert engine.statistics() == before
-            assert names(engine.process(tx, BATCH_2)) == [("a0", "b0")]
-            raise RuntimeError("the batch fails after composing")
+            compose_then_fail(engine, tx)
     assert engine.statistics() == before
 
 
@@ -161,8 +168,7 @@ def test_an_exclusion_after_a_timeout_during_a_batch_s_transaction_outlives_its_
     excluded producer.  Before, the abort restored the producer as joined: it held the batch's compositions back
     again, until the end of the call excluded it once more (its composite then left for a later call)."""
     clock = composite.ManualClock()
-    engine = make_engine("CREATE QUERY AB PATTERN AND(A, B) RETURN A.id AS a, B.id AS b", FIG2, db=db, clock=clock,
-                         timeout=2.0, on_timeout="exclude")
+    engine = ab_engine(db, clock=clock, timeout=2.0, on_timeout="exclude")
     batch = [ev("A", 1.0, "PA", "a0"), ev("B", 1.1, "P1B", "b0")] + [
         composite.Heartbeat(producer, Timestamp.at(3.0, 0.005)) for producer in ("PA", "P1B")]
     with pytest.raises(RuntimeError):
