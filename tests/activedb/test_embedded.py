@@ -255,6 +255,25 @@ def _assert_locked_down(server) -> None:
         assert _nobody_reaches_socket(server.socket_directory) == "PermissionError"
 
 
+def _started_and_stopped(home: Path) -> Path:
+    """Start the embedded server of ``home`` and stop it, waiting for its postmaster to end: its data directory."""
+    pgdata = _embedded.start(home).data_directory
+    _embedded.stop(home)
+    wait_until(lambda: not _postmasters(pgdata), 30, "server stop")
+    return pgdata
+
+
+def _locked_down_when_started(home: Path) -> None:
+    """Start the embedded server of ``home``, assert it is locked down (``_assert_locked_down``), and stop it, waiting
+    for its postmaster to end."""
+    server = _embedded.start(home)
+    try:
+        _assert_locked_down(server)
+    finally:
+        _embedded.stop(home)
+    wait_until(lambda: not _postmasters(server.data_directory), 30, "server stop")
+
+
 def test_the_server_is_locked_down_and_no_parent_directory_changes_mode(tmp_path):
     outer = tmp_path / "private"
     outer.mkdir(mode=0o700)
@@ -304,24 +323,12 @@ def test_a_planted_socket_directory_is_refused(tmp_path):
 
 def test_an_older_trusting_data_directory_and_a_lost_password_are_locked_again(tmp_path):
     home = tmp_path / "home"
-    server = _embedded.start(home)
-    pgdata = server.data_directory
-    _embedded.stop(home)
-    wait_until(lambda: not _postmasters(pgdata), 30, "server stop")
+    pgdata = _started_and_stopped(home)
     (pgdata / "pg_hba.conf").write_text("local all all trust\n")       # what pgserver's initdb wrote
     (home / "password").unlink()
-    server = _embedded.start(home)
-    try:
-        _assert_locked_down(server)
-    finally:
-        _embedded.stop(home)
-    wait_until(lambda: not _postmasters(pgdata), 30, "server stop")
+    _locked_down_when_started(home)
     (home / "password").unlink()                                      # lost; pg_hba.conf still locked
-    server = _embedded.start(home)
-    try:
-        _assert_locked_down(server)
-    finally:
-        _embedded.stop(home)
+    _locked_down_when_started(home)
 
 
 @pytest.mark.skipif(not _as_nobody_available(), reason="needs root and setpriv to act as another user")
@@ -416,19 +423,11 @@ def test_an_initdb_or_a_password_setting_that_cannot_run_or_finish_is_the_embedd
     wait_until(lambda: not _working_in(home / "pgdata"), 30, "the killed initdb's processes to end")
     shutil.rmtree(home / "pgdata")
 
-    server = _embedded.start(home)
-    pgdata = server.data_directory
-    _embedded.stop(home)
-    wait_until(lambda: not _postmasters(pgdata), 30, "server stop")
+    _started_and_stopped(home)
     (home / "password").unlink()                                      # lost: set again in single-user mode
     monkeypatch.setitem(_server.Runner.run.__kwdefaults__, "timeout", 0.001)
     with pytest.raises(activedb.EmbeddedServerError, match=r"could not set the password of the embedded server in "
                                                            r".*pgdata: .*did not finish within 0.001 s.*connect again"):
         _embedded.start(home)
     monkeypatch.undo()
-    server = _embedded.start(home)
-    try:
-        _assert_locked_down(server)
-    finally:
-        _embedded.stop(home)
-    wait_until(lambda: not _postmasters(pgdata), 30, "server stop")
+    _locked_down_when_started(home)
