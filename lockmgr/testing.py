@@ -26,7 +26,8 @@ __all__ = ["Scenario", "Step", "ScenarioError", "Sequencer", "Watchdog", "wait_u
 _T = TypeVar("_T")
 _POLL = 0.001  # seconds between looks at observable state while waiting for a step
 #: Seconds a fired Watchdog waits for the wait-for graph, and again for ``describe()``, before it goes on without
-#: it to the stacks and ``on_fire()``: the hung thread may hold a mutex either needs (the graph mutex, say).
+#: it to the stacks and ``on_fire()``, and a failing Scenario for the graph and for its clean-up before it fails: the
+#: hung thread may hold a mutex either needs (the graph mutex, say).
 DIAGNOSTIC_SECONDS = 10.0
 
 
@@ -59,20 +60,23 @@ def wait_until(predicate: Callable[[], _T], timeout: float = 10.0, message: str 
 
 
 def _graph_text(lock_manager: LockManager) -> str:
-    """The wait-for graph of ``lock_manager`` as lines of text (for a failure's message)."""
-    try:
+    """The wait-for graph of ``lock_manager`` as lines of text (for a failure's message), read within
+    ``DIAGNOSTIC_SECONDS`` (:func:`_within`: a hung thread may hold the graph mutex), else a line saying why not."""
+
+    def read() -> str:
         graph = lock_manager.wait_for_graph()
-    except Exception as error:  # pragma: no cover - diagnostics only
-        return f"(could not build the wait-for graph: {error!r})"
-    lines = ["wait-for graph:"]
-    for waiter, target, data in sorted(graph.edges(data=True), key=repr):
-        lines.append(f"  {waiter!r} -[{data.get('kind')} {data.get('resource', '')!r}]-> {target!r}")
-    return "\n".join(lines)
+        lines = ["wait-for graph:"]
+        for waiter, target, data in sorted(graph.edges(data=True), key=repr):
+            lines.append(f"  {waiter!r} -[{data.get('kind')} {data.get('resource', '')!r}]-> {target!r}")
+        return "\n".join(lines)
+
+    return _within("read the wait-for graph", read)
 
 
 def _within(what: str, read: Callable[[], str]) -> str:
     """``read()``'s text, taken on a thread of its own and waited for at most ``DIAGNOSTIC_SECONDS``; if it raises or
-    takes longer, a line saying so (a fired watchdog must go on to the stacks and the interrupt)."""
+    takes longer, a line saying so (a fired watchdog must go on to the stacks and the interrupt, a failing scenario to
+    its failure)."""
     taken: list[str] = []
 
     def take() -> None:
@@ -82,11 +86,10 @@ def _within(what: str, read: Callable[[], str]) -> str:
             taken.append(f"(could not {what}: {error!r})")
 
     seconds = DIAGNOSTIC_SECONDS
-    thread = threading.Thread(target=take, name=f"watchdog: {what}", daemon=True)
+    thread = threading.Thread(target=take, name=f"lockmgr.testing: {what}", daemon=True)
     thread.start()
     thread.join(seconds)
-    return taken[0] if taken else (f"(could not {what} within {seconds:g} s: a thread holds a mutex it needs; see "
-                                   f"the stacks)")
+    return taken[0] if taken else (f"(could not {what} within {seconds:g} s: a thread holds a mutex it needs)")
 
 
 def _print_stacks() -> None:
@@ -133,7 +136,7 @@ class Watchdog:
         lines = [f"WATCHDOG: test still running after {self.timeout} s"]
         lock_manager, describe = self.lock_manager, self.describe
         if lock_manager is not None:
-            lines.append(_within("read the wait-for graph", lambda: _graph_text(lock_manager)))
+            lines.append(_graph_text(lock_manager))
         if describe is not None:
             lines.append(_within("describe the state", lambda: str(describe())))
         print("\n".join(lines), file=sys.stderr, flush=True)
@@ -255,7 +258,8 @@ class Scenario:
         pending = [step for step in self.steps if not step.done.is_set()]
         graph_dump = _graph_text(self.lm) if pending else ""
         if pending:
-            self._unstick()
+            unstuck = self._unstick()
+            graph_dump += f"\n{unstuck}" if unstuck else ""
         for session in self.sessions.values():
             session.work.put(None)
         for session in self.sessions.values():
@@ -311,13 +315,15 @@ class Scenario:
             self.sessions[name] = _Session(name)
         return self.sessions[name]
 
-    def _unstick(self) -> None:
-        # Abort every top-level transaction (which aborts its descendants) so blocked sessions return.
-        try:
-            transactions = self.lm.snapshot().transactions
-        except Exception:  # pragma: no cover
-            return
-        for info in transactions.values():
-            if info.parent is None:
-                with contextlib.suppress(Exception):
-                    self.lm.abort(info.tid)
+    def _unstick(self) -> str:
+        """Abort every top-level transaction (which aborts its descendants) so blocked sessions return; waited for
+        at most ``DIAGNOSTIC_SECONDS`` (a hung thread may hold the graph mutex): "" if done, else a line saying so."""
+
+        def abort_all() -> str:
+            for info in self.lm.snapshot().transactions.values():
+                if info.parent is None:
+                    with contextlib.suppress(Exception):
+                        self.lm.abort(info.tid)
+            return ""
+
+        return _within("abort the scenario's transactions", abort_all)

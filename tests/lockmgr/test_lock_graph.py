@@ -257,3 +257,68 @@ def test_a_watchdog_under_capsys_still_prints_the_stacks_and_interrupts(capsys):
     printed = capsys.readouterr().err
     assert "WATCHDOG: test still running after 0.1 s" in printed
     assert "test_a_watchdog_under_capsys_still_prints_the_stacks_and_interrupts" in printed   # this thread's stack
+
+
+def test_a_scenario_ending_with_a_step_pending_while_the_graph_mutex_is_held_fails_within_a_bound(monkeypatch):
+    """``Scenario.__exit__`` with a step still pending read the wait-for graph, then aborted every transaction
+    (``snapshot``, ``abort``), all under the lock manager's graph mutex and without a bound: a hung thread holding
+    that mutex (the hang the scenario was there to catch) hung the test's ``with`` block for ever instead of failing
+    it with what it saw.  Now the graph and the clean-up are each waited for at most ``DIAGNOSTIC_SECONDS`` and the
+    scenario fails, saying the graph could not be read; ``finish`` of a step that never ends likewise."""
+    import threading
+
+    from lockmgr import LockManager, Mode
+    from lockmgr import testing
+
+    import pytest
+
+    monkeypatch.setattr(testing, "DIAGNOSTIC_SECONDS", 0.2, raising=False)
+    lm = LockManager()
+    lm.begin("A")
+    lm.begin("B")
+    lm.acquire("A", "x", Mode.WRITE)
+    outcome: list[BaseException | None] = []
+    ended = threading.Event()
+    blocked = threading.Event()
+    held = threading.Event()
+    release = threading.Event()
+
+    def scenario_body() -> None:
+        try:
+            with testing.Scenario(lm, timeout=3) as scenario:   # (its waits: a step to block, to finish)
+                pending = scenario.run("b", "B wants x", lambda: lm.acquire("B", "x", Mode.WRITE), blocks=True)
+                blocked.set()
+                held.wait(10)
+                try:
+                    scenario.finish(pending)
+                except testing.ScenarioError as error:
+                    outcome.append(error)
+            outcome.append(None)
+        except BaseException as error:     # (the scenario's own failure: what this test wants)
+            outcome.append(error)
+        finally:
+            ended.set()
+
+    def hold_graph_mutex() -> None:      # as a thread hung inside the lock manager holds it
+        with lm._graph_mutex:
+            held.set()
+            release.wait(30)
+
+    holder = threading.Thread(target=hold_graph_mutex, daemon=True)
+    body = threading.Thread(target=scenario_body, daemon=True)
+    body.start()
+    assert blocked.wait(10), "B's step did not block"
+    holder.start()
+    try:
+        finished = ended.wait(30)         # (bounded by the scenario's waits: 3 s each, 0.2 s each diagnostic)
+    finally:
+        release.set()
+    assert finished, "the scenario's with block did not end while the graph mutex was held"
+    assert len(outcome) == 2, outcome
+    finish_error, exit_error = outcome
+    assert "did not finish within 3 s" in str(finish_error)
+    assert "could not read the wait-for graph within 0.2 s" in str(finish_error)
+    assert isinstance(exit_error, testing.ScenarioError), exit_error
+    assert "steps still pending at the end of the scenario" in str(exit_error)
+    assert "could not read the wait-for graph within 0.2 s" in str(exit_error)
+    body.join(10)
