@@ -1,5 +1,6 @@
 """Helpers for testing code that uses the lock manager without ordering threads by sleeping: :class:`Scenario`,
-:func:`wait_until`, :class:`Watchdog`, :class:`Sequencer` (design note, the module table).  These are the
+:func:`wait_until`, :class:`Watchdog`, :class:`Sequencer`, and :func:`diagnostic` (what a failing test reads of a
+state a hung thread may hold, within a bound) (design note, the module table).  These are the
 project's only copies (``activedb.testing`` re-exports them).
 
 Thread-safety: a Scenario is driven from the test's thread; its sessions run on their own threads.
@@ -21,7 +22,7 @@ from typing import TYPE_CHECKING, Callable, Iterator, TypeVar
 if TYPE_CHECKING:
     from lockmgr._manager import LockManager
 
-__all__ = ["Scenario", "Step", "ScenarioError", "Sequencer", "Watchdog", "wait_until"]
+__all__ = ["Scenario", "Step", "ScenarioError", "Sequencer", "Watchdog", "diagnostic", "wait_until"]
 
 _T = TypeVar("_T")
 _POLL = 0.001  # seconds between looks at observable state while waiting for a step
@@ -61,7 +62,7 @@ def wait_until(predicate: Callable[[], _T], timeout: float = 10.0, message: str 
 
 def _graph_text(lock_manager: LockManager) -> str:
     """The wait-for graph of ``lock_manager`` as lines of text (for a failure's message), read within
-    ``DIAGNOSTIC_SECONDS`` (:func:`_within`: a hung thread may hold the graph mutex), else a line saying why not."""
+    ``DIAGNOSTIC_SECONDS`` (:func:`diagnostic`: a hung thread may hold the graph mutex), else a line saying why not."""
 
     def read() -> str:
         graph = lock_manager.wait_for_graph()
@@ -70,13 +71,14 @@ def _graph_text(lock_manager: LockManager) -> str:
             lines.append(f"  {waiter!r} -[{data.get('kind')} {data.get('resource', '')!r}]-> {target!r}")
         return "\n".join(lines)
 
-    return _within("read the wait-for graph", read)
+    return diagnostic("read the wait-for graph", read)
 
 
-def _within(what: str, read: Callable[[], str]) -> str:
+def diagnostic(what: str, read: Callable[[], str]) -> str:
     """``read()``'s text, taken on a thread of its own and waited for at most ``DIAGNOSTIC_SECONDS``; if it raises or
-    takes longer, a line saying so (a fired watchdog must go on to the stacks and the interrupt, a failing scenario to
-    its failure)."""
+    takes longer, a line saying so, naming ``what`` ("read the wait-for graph") — for what a failing test reads of
+    a state a hung thread may hold (a fired watchdog must go on to the stacks and the interrupt, a failing scenario or
+    interleaving run to its failure)."""
     taken: list[str] = []
 
     def take() -> None:
@@ -138,7 +140,7 @@ class Watchdog:
         if lock_manager is not None:
             lines.append(_graph_text(lock_manager))
         if describe is not None:
-            lines.append(_within("describe the state", lambda: str(describe())))
+            lines.append(diagnostic("describe the state", lambda: str(describe())))
         print("\n".join(lines), file=sys.stderr, flush=True)
         _print_stacks()
         while self.on_fire is not None:
@@ -326,4 +328,4 @@ class Scenario:
                         self.lm.abort(info.tid)
             return ""
 
-        return _within("abort the scenario's transactions", abort_all)
+        return diagnostic("abort the scenario's transactions", abort_all)

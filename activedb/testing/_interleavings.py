@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Hashable, Mapping, Sequence
 
-from lockmgr.testing import Watchdog
+from lockmgr.testing import Watchdog, diagnostic
 
 from activedb._closedset import ClosedSet
 from activedb.errors import BadArgument, causes, check_whole_number
@@ -411,8 +411,9 @@ class _Run(Observer):
             return
         pause.go.set()
         with self.condition:                    # the released thread leaves ``paused`` itself; wait for it
-            if not self.condition.wait_for(lambda: pause not in self.paused.values(), self.runner.step_timeout):
-                raise self._hang(f"step {pause.label} was released but its thread did not go on")
+            went_on = self.condition.wait_for(lambda: pause not in self.paused.values(), self.runner.step_timeout)
+        if not went_on:                         # (described without ``condition`` held: _hang reads it elsewhere)
+            raise self._hang(f"step {pause.label} was released but its thread did not go on")
 
     def _actor(self, name: str) -> None:
         self.local.actor = name
@@ -684,14 +685,28 @@ class _Run(Observer):
         return ended.wait(seconds)
 
     def _hang(self, reason: str) -> InterleavingHang:
-        graph = self.db.transactions.locks.wait_for_graph()
-        edges = [f"  {waiter} -[{data.get('kind')} {data.get('resource', '')}]-> {target}"
-                 for waiter, target, data in sorted(graph.edges(data=True), key=repr)]
-        stuck = self._tear_down()
+        """The hang, described; then the run torn down.  Every part of the description is read within
+        ``lockmgr.testing.DIAGNOSTIC_SECONDS`` and one that fails or takes longer (a hung thread holding the graph
+        mutex, or ``condition``) is a line saying so: the hang is reported whatever its state.  Caller does not hold
+        ``condition``."""
+        locks = self.db.transactions.locks
+
+        def graph_text() -> str:
+            graph = locks.wait_for_graph()
+            edges = [f"  {waiter} -[{data.get('kind')} {data.get('resource', '')}]-> {target}"
+                     for waiter, target, data in sorted(graph.edges(data=True), key=repr)]
+            return "\n".join(edges) or "  (no edges)"
+
+        edges = diagnostic("read the wait-for graph", graph_text)
+        described = diagnostic("describe the transactions", self._describe)
+        try:                                    # (bounded itself: step_timeout for each wait)
+            stuck = self._tear_down()
+        except Exception as error:
+            stuck = f"the clean-up failed: {error!r}"
+        steps = "\n".join(f"  {line}" for line in list(self.trace))    # (a copy: an actor's end appends to it)
         return InterleavingHang(
             f"interleaving hung: {reason}\nschedule so far: {Schedule(tuple(self.choices))}\nsteps:\n"
-            + "\n".join(f"  {line}" for line in self.trace) + "\n" + self._describe()
-            + "\nwait-for graph:\n" + ("\n".join(edges) or "  (no edges)") + (f"\n{stuck}" if stuck else ""))
+            + steps + "\n" + described + "\nwait-for graph:\n" + edges + (f"\n{stuck}" if stuck else ""))
 
     def _describe(self) -> str:
         with self.condition:

@@ -233,7 +233,8 @@ def test_a_generated_key_setup_does_not_restart_is_reported_saying_what_to_resto
     assert again.ok, again.describe()
 
 
-def test_a_thread_that_neither_pauses_nor_blocks_is_a_hang_with_what_each_transaction_did(fresh):
+def _hang_of_an_actor_waiting_outside_the_run(db: Database, step_timeout: float) -> str:
+    """The message of the InterleavingHang of a run whose one actor, W, writes and then waits for the test."""
     released = threading.Event()
 
     def waits_for_the_test(db: Database) -> None:
@@ -243,11 +244,16 @@ def test_a_thread_that_neither_pauses_nor_blocks_is_a_hang_with_what_each_transa
 
     try:
         with pytest.raises(InterleavingHang) as hang:
-            Interleavings(fresh, {"W": waits_for_the_test}, setup=one_account, step_timeout=2.0).replay("")
+            Interleavings(db, {"W": waits_for_the_test}, setup=one_account, step_timeout=step_timeout).replay("")
     finally:
         released.set()
     message = str(hang.value)
-    assert "W neither paused at a step nor blocked within 2.0 s" in message
+    assert f"W neither paused at a step nor blocked within {step_timeout} s" in message, message
+    return message
+
+
+def test_a_thread_that_neither_pauses_nor_blocks_is_a_hang_with_what_each_transaction_did(fresh):
+    message = _hang_of_an_actor_waiting_outside_the_run(fresh, 2.0)
     assert "steps:\n  W start\n  W: write items['x']" in message and "wait-for graph:" in message
 
 
@@ -291,3 +297,38 @@ def test_an_invariant_that_raises_another_error_breaks_the_run_that_names_its_sc
     assert "replay: interleavings.replay(" in exploration.describe()
     again = interleavings.replay(failure.schedule)
     assert again.verdict is Verdict.INVARIANT_BROKEN and again.trace == failure.trace
+
+
+@pytest.mark.parametrize("graph", ["raises", "is held"])
+def test_a_hang_whose_description_fails_or_waits_is_still_the_hang_within_a_bound(fresh, monkeypatch, graph):
+    """The runner's description of a hang read the wait-for graph (under the lock manager's graph mutex) without a
+    bound and unguarded, as it did the clean-up and the transactions' states: a graph read that raised replaced the
+    InterleavingHang by its own error, and one that waited (a hung thread holding the graph mutex) hung the run.  Now
+    each part that fails or is not done within ``lockmgr.testing.DIAGNOSTIC_SECONDS`` is a line of the hang's
+    message.  (The graph read fails only where the hang is described: the run's own watching reads it as usual.)"""
+    import sys
+
+    from lockmgr import testing as lockmgr_testing
+
+    if graph == "is held":      # (a raising read keeps the default bound: a busy machine may not run it in 0.2 s)
+        monkeypatch.setattr(lockmgr_testing, "DIAGNOSTIC_SECONDS", 0.2)
+    released = threading.Event()
+    locks = fresh.transactions.locks
+    read = locks.wait_for_graph
+
+    def describing_fails():
+        if sys._getframe(1).f_code.co_name != "_settle":    # (the run's watching reads it as usual)
+            if graph == "raises":
+                raise RuntimeError("the graph broke")
+            released.wait(30)                           # as behind a hung thread holding the graph mutex
+        return read()
+
+    monkeypatch.setattr(locks, "wait_for_graph", describing_fails)
+    try:
+        message = _hang_of_an_actor_waiting_outside_the_run(fresh, 1.0)
+    finally:
+        released.set()
+    assert "steps:\n  W start\n  W: write items['x']" in message, message
+    said = ("could not read the wait-for graph: RuntimeError('the graph broke')" if graph == "raises"
+            else "could not read the wait-for graph within 0.2 s")
+    assert said in message, message
