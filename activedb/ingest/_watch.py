@@ -35,7 +35,7 @@ from activedb.ingest._interface import row_count
 from activedb.ingest._letters import BatchLetters
 from activedb.ingest._outcome import BatchInProgress, FiringInProgress
 from activedb.ingest.errors import BatchDeadlineExceeded, IngestError
-from activedb.txn import FiringOutcome, FiringView, Observer
+from activedb.txn import FiringOutcome, FiringView, Observer, TxnState
 
 if TYPE_CHECKING:  # pragma: no cover
     from activedb._handle import DatabaseHandle
@@ -319,7 +319,9 @@ class Watch:
     def _abandon(self, batch: BatchInProgress, rows: Rows, event_in_progress: Callable[[], RawEvent | None]) -> None:
         """Give up ``batch``: its transaction is doomed and its PostgreSQL transaction ended now
         (``lowlevel.abandon``); past a rule's deadline, the event it runs on is a dead letter at once, which a re-run
-        leaves out; the watch takes no more batches.  Raises :class:`BatchDeadlineExceeded`."""
+        leaves out; the watch takes no more batches.  A batch whose transaction had committed (its thread still runs
+        what follows the commit) is left as it is, and the error says it is applied.  Raises
+        :class:`BatchDeadlineExceeded`."""
         firing = batch.firing
         rule_late = (firing is not None and self.deadlines.rule is not None and firing.seconds >= self.deadlines.rule)
         where = f"batch {batch.batch_id} of {batch.query_id}"
@@ -336,9 +338,12 @@ class Watch:
         with self._mutex:
             root = None if self._current is None else self._current.root
             self.abandoned = error
-        if root is not None:
+        # A batch whose transaction has committed is applied: what did not return runs after its commit on its thread
+        # (a participant's ``committed``, an observer, the punctuation's stream queries); nothing is left to end.
+        committed = root is not None and root.state is TxnState.COMMITTED
+        if root is not None and not committed:
             lowlevel.abandon(root, error)
-        culprit = event_in_progress() if rule_late else None
+        culprit = event_in_progress() if rule_late and not committed else None
         if culprit is not None:
             assert firing is not None
             reason = (f"rule {firing.rule!r} did not return within its deadline of {self.deadlines.rule:g} s on this "
@@ -351,7 +356,7 @@ class Watch:
                 logger.exception("%s: the dead letter of the event whose rule did not return could not be written",
                                  where)
                 error.letter_error = failure
-        error.settle(blamed=culprit is not None, batch_deadline=not rule_late)
+        error.settle(blamed=culprit is not None, batch_deadline=not rule_late, committed=committed)
         raise error
 
     # -- the report -----------------------------------------------------------------------------------

@@ -45,7 +45,8 @@ class MappingError(IngestError, ValueError):
 
 class BatchDeadlineExceeded(IngestError):
     """A batch, or a rule firing in it, ran past its deadline (``activedb.ingest.Deadlines``).  The batch was rolled
-    back — its transaction doomed, its PostgreSQL transaction ended —; past a rule's deadline the event the rule
+    back — its transaction doomed, its PostgreSQL transaction ended —, unless it had committed before (what did not
+    return ran after its commit: the message says it is applied); past a rule's deadline the event the rule
     ran on is dead letter ``letter_id`` (written at once; a re-run of the batch leaves it out).  The thread that did
     not return cannot be stopped: the ingestion takes no more batches, and its process should end or restart.
     ``batch_id``: the batch; ``what``: what passed its deadline, in words."""
@@ -57,8 +58,16 @@ class BatchDeadlineExceeded(IngestError):
         self.letter_id: int | None = None
         self.letter_error: BaseException | None = None
 
-    def settle(self, *, blamed: bool, batch_deadline: bool = False) -> None:
-        """The whole message, once the culprit's dead letter is written (or not)."""
+    def settle(self, *, blamed: bool, batch_deadline: bool = False, committed: bool = False) -> None:
+        """The whole message, once the culprit's dead letter is written (or not).  ``committed``: the batch's
+        transaction had committed before the deadline passed (its thread still ran what follows the commit)."""
+        stopped = ("The thread that did not return cannot be stopped: this ingestion takes no more batches — end the "
+                   "process and start it again (activedb run restarts itself)")
+        if committed:
+            self.args = (f"{self.what}. The batch had committed before (it is applied: a re-run skips it); what did "
+                         f"not return ran after its commit on the batch's thread (a commit participant's committed(), "
+                         f"an observer of the commit, the stream queries of its watermark). {stopped}",)
+            return
         if self.letter_id is not None:
             then = f"the event is dead letter {self.letter_id}, and a re-run applies the batch without it"
         elif blamed:
@@ -71,5 +80,4 @@ class BatchDeadlineExceeded(IngestError):
             then = ("no event of the batch is to blame (a rule of its commit): a re-run runs it as it was — fix or "
                     "disable the rule (activedb rules disable NAME)")
         self.args = (f"{self.what}. The batch was rolled back (nothing of it is applied, its row locks are released); "
-                     f"{then}. The thread that did not return cannot be stopped: this ingestion takes no more "
-                     f"batches — end the process and start it again (activedb run restarts itself)",)
+                     f"{then}. {stopped}",)

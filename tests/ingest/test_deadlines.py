@@ -221,6 +221,54 @@ def test_a_batch_given_up_before_its_transaction_began_never_commits(make_databa
         database.close()
 
 
+class _HangsAfterCommit(activedb.lowlevel.CommitParticipant):
+    """A participant of the batch's transaction whose ``committed`` (after PostgreSQL committed) sets ``inside`` and
+    waits for ``released`` — what runs after a batch's commit on its thread and does not return."""
+
+    def __init__(self, inside: threading.Event, released: threading.Event) -> None:
+        self.inside, self.released = inside, released
+
+    def committed(self, transaction) -> None:
+        self.inside.set()
+        self.released.wait()
+
+
+def test_a_batch_past_its_deadline_after_its_commit_is_said_to_be_committed(make_database_url, released):
+    """The batch's deadline passes after its transaction committed, while its thread still runs what follows the
+    commit (a participant's ``committed``; likewise an observer of the commit or the punctuation's stream queries):
+    BatchDeadlineExceeded said the batch was rolled back, nothing of it applied, and a re-run would run it as it was —
+    although its effects and ledger row were committed, and a re-run skips it.  It now says the batch committed."""
+    clock = ManualClock()
+    database = _stuck_database(make_database_url("late_after_commit"), released, threading.Event(), clock)
+    ingestion = Ingestion(database, app_counters.MAPPING, source="after", deadlines=Deadlines(batch=2))
+    inside = threading.Event()
+    try:
+        def give_up_once_committed() -> None:
+            assert inside.wait(TIMEOUT)
+            testing.wait_until(lambda: clock.sleepers == 1, TIMEOUT, "the watch to wait on the clock", lambda: clock)
+            clock.advance(2)
+
+        helper = threading.Thread(target=give_up_once_committed)
+        helper.start()
+        try:
+            with pytest.raises(BatchDeadlineExceeded, match="did not finish within its deadline of 2 s") as raised:
+                ingestion.process([_row(1, "k1"), _row(2, "k2")], 0, query_id="after@run",
+                                  participants=[_HangsAfterCommit(inside, released)])
+        finally:
+            helper.join(TIMEOUT)
+        message = str(raised.value)
+        with database.engine.connect() as connection:
+            assert connection.execute(sa.text("SELECT count(*) FROM counters")).scalar() == 2
+            assert connection.execute(sa.text("SELECT count(*) FROM activedb_ingestion_ledger")).scalar() == 1
+        assert "rolled back" not in message and "nothing of it is applied" not in message, message
+        assert "The batch had committed before (it is applied: a re-run skips it)" in message, message
+        assert "takes no more batches" in message, message
+    finally:
+        released.set()
+        ingestion.close()
+        database.close()
+
+
 @pytest.mark.parametrize("seconds", [10**400, float("nan"), 0, -1, "60", True])
 def test_a_deadline_that_is_no_number_of_seconds_above_0_is_refused_saying_what_to_give(seconds):
     """``Deadlines(batch=…, rule=…)`` takes seconds > 0 or None: an int no float holds (10**400) let math.isfinite's
