@@ -4,7 +4,9 @@ positions, values ``(image, history sequence, writer's position)`` — the desig
 ("What a Read sees", choices 13 and 15).
 
 Thread-safety: ``_mutex`` protects ``_store``, ``_tables``, ``_by_position``, ``_deferred``, the counters
-and ``floor``; a leaf (the store takes no mutex).  Images handed out are copies.
+and ``floor``; a leaf (the store takes no mutex).  Images handed out are copies, their lists and dicts (a JSON or
+ARRAY column's) too (``store.own_image``: the store does not know the tables), and a scan's predicate gets the copy
+it hands out: a reader that changes what it got changes no version.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Mapping, NamedTuple, TypeAlias
 
 from activedb.streams.errors import UnplannedAccess
-from activedb.store import matches
+from activedb.store import matches, own_image
 from activedb.versions import Versions
 
 if TYPE_CHECKING:
@@ -100,7 +102,7 @@ class VersionStore:
                                       f"declare the tables it reads)")
             self._collected += self._store.collect(state, self.floor)   # rows are collected when touched
             image, sequence, writer = self._store.read(state, position + 1 if own else position)  # type: ignore[misc]
-        return (dict(image) if image is not None else None), sequence, writer
+        return (own_image(image) if image is not None else None), sequence, writer
 
     def scan(self, position: int, table: str, where: Mapping[str, object] | Callable[[RowImage], bool] | None,
              own: bool = True) -> tuple[list[RowImage], dict[Key, int], set[int]]:
@@ -115,6 +117,7 @@ class VersionStore:
             seen: dict[Key, int] = {}
             writers: set[int] = set()
             before = position + 1 if own else position
+            predicate = callable(where) and not isinstance(where, Mapping)
             for state in self._store.states():
                 if state[0] != table:  # type: ignore[index]  # (states are (table, key))
                     continue
@@ -124,8 +127,14 @@ class VersionStore:
                     seen[state[1]] = sequence  # type: ignore[index]
                 if writer is not None:
                     writers.add(writer)
-                if image is not None and matches(image, where):
-                    rows.append(dict(image))
+                if image is None:
+                    continue
+                if predicate:
+                    image = own_image(image)     # (a predicate gets the copy it may keep)
+                    if matches(image, where):
+                        rows.append(image)
+                elif matches(image, where):      # (equalities read the version only)
+                    rows.append(own_image(image))
         return rows, seen, writers
 
     def append(self, position: int, table: str, key: Key, image: RowImage | None, sequence: int | None, *,

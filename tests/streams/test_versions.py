@@ -58,3 +58,27 @@ def test_a_table_loaded_whole_is_scanned_at_a_position_and_other_rows_are_refuse
         store.read(1, "other", ("a",))
     with pytest.raises(streams.errors.UnplannedAccess, match="whole table"):
         store.scan(1, "other", None)
+
+
+def test_a_read_or_scan_that_changes_a_list_or_dict_in_place_leaves_the_versions_alone():
+    # A JSON or ARRAY column's list or dict is the reader's too (as tx.read's, store.own_image): a Read that
+    # appends to it, or a scan predicate that changes the row it is given, changes no version.
+    store = VersionStore()
+    store.load_table("w", {("a",): {"id": "a", "tags": ["x"], "doc": {"n": [1]}}}, {})
+    store.append(2, "w", ("b",), {"id": "b", "tags": [], "doc": None}, 5)
+    image, _, _ = store.read(3, "w", ("a",))
+    image["tags"].append("read")
+    image["doc"]["n"].append(2)
+
+    def vandal(row):
+        row["tags"].append("predicate")
+        row["id"] = "renamed"
+        return True
+
+    rows, _, _ = store.scan(3, "w", vandal)
+    for row in rows:
+        row["tags"].append("scanned")
+    assert sorted(row["id"] for row in rows) == ["renamed", "renamed"]
+    assert store.read(3, "w", ("a",))[0] == {"id": "a", "tags": ["x"], "doc": {"n": [1]}}
+    assert store.read(3, "w", ("b",))[0] == {"id": "b", "tags": [], "doc": None}
+    assert store.scan(3, "w", {"id": "a"})[0] == [{"id": "a", "tags": ["x"], "doc": {"n": [1]}}]
