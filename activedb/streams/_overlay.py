@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Callable, Hashable, Mapping
 
 from activedb.errors import DuplicateKey
-from activedb.store import Entry, EntryKind, matches
+from activedb.store import Entry, EntryKind, copy_nested, matches, own_value
 from activedb.streams._view import Stamp, StoreView, _as_key
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -25,6 +25,15 @@ _DELETE_ENTRY = Entry(_DELETE)
 
 
 _UNREAD = object()
+
+
+def _own(info: "TableInfo", image: RowImage | None) -> RowImage | None:
+    """``image`` (the overlay's own) as a reader gets it: a copy, with the lists and dicts of the table's JSON and
+    ARRAY columns copied too (``TableInfo.nested``; as ``tx.read``'s), so that a reader changing it in place changes
+    neither the row as the tree showed it nor the batch's change."""
+    if image is None:
+        return None
+    return image.copy() if not info.nested else copy_nested(image.copy(), info.nested)
 
 
 class _Row:
@@ -154,12 +163,12 @@ class Overlay:
         return row
 
     def read(self, table: str, key: Key) -> RowImage | None:
-        image = self.image(table, key)
-        return dict(image) if image is not None else None
-
-    def image(self, table: str, key: Key) -> RowImage | None:
-        """The row as the s-transaction sees it — the overlay's own dict: the caller must not change it."""
+        """The row as the s-transaction sees it, a copy of the caller's own (``_own``)."""
         row = self._row(table, key)
+        return _own(row.info, self._image(row))
+
+    def _image(self, row: _Row) -> RowImage | None:
+        """The row as the s-transaction sees it — the overlay's own dict: the caller must not change it."""
         return row.base if row.entry is None and row.base is not _UNREAD else row.image(self._tx)  # type: ignore[return-value]
 
     def write(self, table: str, key: Key, values: RowImage) -> None:
@@ -188,9 +197,13 @@ class Overlay:
         for (name, key), row in self._rows.items():
             if name == info.name and row.entry is not None:
                 rows.pop(key, None)
-                image = row.image(self._tx)
-                if image is not None and matches(image, where):
-                    rows[key] = dict(image)
+                image = row.image(self._tx)     # (with an entry: a new dict, whose lists are the entry's and base's)
+                if image is None:
+                    continue
+                if info.nested:                 # (before matching: a predicate gets what is handed out)
+                    copy_nested(image, info.nested)
+                if matches(image, where):
+                    rows[key] = image
         return list(rows.values())
 
     def _change(self, row: _Row, entry: Entry) -> None:
@@ -238,26 +251,31 @@ class OverlayView(StoreView):
         self._overlay = overlay
 
     def read(self, table: str, key: Hashable) -> RowImage | None:
-        image = self._image(table, key)
-        return None if image is None else dict(image)
+        row, image = self._image(table, key)
+        return _own(row.info, image)
 
     def read_value(self, table: str, key: Hashable, column: str) -> object:
-        image = self._image(table, key)      # (only one value of it leaves: no copy)
-        return None if image is None else image.get(column)
+        row, image = self._image(table, key)      # (only one value of it leaves: a copy of that one if it can change)
+        if image is None:
+            return None
+        value = image.get(column)
+        return value if column not in row.info.nested else own_value(value)
 
-    def _image(self, table: str, key: Hashable) -> RowImage | None:
-        """A Read's steps (StoreView's, inline: the one operation of most s-transactions) with the overlay's own
-        image of the row — the caller copies what it hands out."""
+    def _image(self, table: str, key: Hashable) -> tuple[_Row, RowImage | None]:
+        """A Read's steps (StoreView's, inline: the one operation of most s-transactions) with the row and the
+        overlay's own image of it — the caller copies what it hands out."""
         if key.__class__ is not tuple:
             key = _as_key(self.tx, table, key)
         if self._cost is not None:
             self._cost("read")
-        image = self._overlay.image(table, key)
+        overlay = self._overlay
+        row = overlay._row(table, key)
+        image = overlay._image(row)
         self.reads += 1
         if self._history is not None:
             self._record(self._history.read, table, _as_key(self.tx, table, key),
                          None if image is None else dict(image), "derive")
-        return image
+        return row, image
 
     def scan(self, table: str, where: Mapping[str, object] | None = None) -> list[RowImage]:
         self._before("read", table, None)

@@ -280,3 +280,47 @@ def test_the_overlay_alone_reads_writes_scans_and_writes_back_what_a_subtransact
         raise Discard
     assert on_overlay == in_tree
     assert after_overlay == after_tree
+
+
+def test_a_json_list_the_overlay_hands_out_is_the_readers(db):
+    """What the overlay hands out — a read, a read of one column, a scan's rows, what a scan's predicate is given,
+    through the overlay and through its view — has lists of its own (a JSONB column's), as ``tx.read``'s have: an
+    append to them changes neither the row the overlay read (later reads) nor its write entry (an aborted
+    s-transaction's append) nor what the write-back writes."""
+    from activedb.streams._overlay import Overlay
+    from activedb.streams._view import Stamp
+
+    class Discard(Exception):
+        """Leaves the transaction: nothing of it is committed."""
+
+    def vandal(row):
+        row["value"].append("predicate")
+        return True
+
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("DELETE FROM lists"))
+        connection.execute(sa.text("""INSERT INTO lists (key, value) VALUES ('k', '["a"]'), ('j', '[]')"""))
+    with pytest.raises(Discard), db.transaction() as tx:
+        overlay = Overlay(tx)
+        view = overlay.view(Stamp("unit", "s1", "e1", 1, 1))
+        overlay.read("lists", ("k",))["value"].append("read")           # the row as the tree showed it
+        view.read("lists", "k")["value"].append("view")
+        view.read_value("lists", "k", "value").append("one column")
+        assert overlay.read("lists", ("k",))["value"] == ["a"]
+        overlay.write("lists", ("k",), {"value": ["a", "b"]})
+        overlay.write("lists", ("j",), {"value": ["x"]})
+        overlay.keep()
+        mark = overlay.mark()                                            # an s-transaction that then aborts
+        overlay.read("lists", ("k",))["value"].append("aborted")        # the write entry's list
+        view.read("lists", "k")["value"].append("aborted view")
+        view.read_value("lists", "k", "value").append("aborted column")
+        for row in overlay.scan("lists", None):
+            row["value"].append("scanned")
+        overlay.scan("lists", vandal)
+        overlay.rollback(mark)
+        assert overlay.read("lists", ("k",))["value"] == ["a", "b"]
+        assert sorted((row["key"], row["value"]) for row in overlay.scan("lists", None)) == [("j", ["x"]),
+                                                                                            ("k", ["a", "b"])]
+        assert overlay.write_back() == 2
+        assert tx.read("lists", "k")["value"] == ["a", "b"] and tx.read("lists", "j")["value"] == ["x"]
+        raise Discard
