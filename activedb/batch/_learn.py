@@ -32,7 +32,7 @@ from activedb.batch._declare import (DELETE, Abort, BatchEvent, DrawnRow, OpKind
 from activedb.deadletters import FinalReason
 from activedb.errors import ActivedbError, Failure, GeneratedKeysReset, RuleFailed, classify
 from activedb.events import Event, EventKind, new_event
-from activedb.store import RowImage, TableInfo, copy_nested
+from activedb.store import RowImage, TableInfo, copy_nested, own_image
 
 __all__ = ["FALL_BACK", "Learned", "LearnedDeclaration", "NotLearned", "Rejection", "Step", "learned_condition",
            "learned_table", "why_not_learned"]
@@ -598,7 +598,7 @@ class _RowTransaction:
         signals returns (``LearnedDeclaration.run``)."""
         if name not in self._signals or self.deferring:
             raise self._deviate(f"signalled {name!r}")
-        event = new_event(_SIGNAL, name, None, None, None, dict(payload), None, self.transaction)
+        event = new_event(_SIGNAL, name, None, None, None, own_image(payload, fresh=True), None, self.transaction)
         if self.signals is None:
             self.signals = [event]
         else:

@@ -11,7 +11,7 @@ from lockmgr import Mode, TxnState
 
 from activedb.errors import BadArgument, DuplicateKey, InvalidKey
 from activedb.events import EventKind, new_event
-from activedb.store import Entry, EntryKind, Key, RowImage, TableInfo, TableRef, copy_nested
+from activedb.store import Entry, EntryKind, Key, RowImage, TableInfo, TableRef, copy_nested, own_image
 from activedb.txn import _view
 from activedb.txn._hotkeys import HotKeys
 from activedb.txn._reads import BulkLock
@@ -147,26 +147,29 @@ class Writes:
 
     def signal(self: Transaction, name: str, /, **payload: object) -> None:  # type: ignore[misc]
         """Raise an application event ``name`` with ``payload`` (rules on ``db.signalled(name)`` react; ``name`` is
-        positional: a payload field named ``name`` is a value)."""
+        positional: a payload field named ``name`` is a value).  The event's payload is a copy, its lists and dicts
+        too: changing a list given here afterwards changes no rule's event."""
         if self._doomed is not None or self._state is not _ACTIVE:     # (``_check_active``'s call only to raise)
             self._check_active("signal")
         if not isinstance(name, str) or not name:      # (db.signalled refuses it: no rule could name the event)
             raise BadArgument(f"tx.signal({name!r}) takes the event's name, a non-empty text, as in "
                               f"db.signalled(name); e.g. tx.signal('status_changed', worker=...)")
-        event = new_event(_SIGNAL, name, None, None, None, dict(payload), None, self.id)
+        # (``payload``: the keyword arguments' own dict; its lists and dicts are the caller's: copied, ``own_image``)
+        event = new_event(_SIGNAL, name, None, None, None, own_image(payload, fresh=True), None, self.id)
         for hook in self.manager.extensions.on_event:
             hook(self, event)
 
     def emit(self: Transaction, event_type: str, *, key: Hashable = None, ts: object = None,  # type: ignore[misc]
              payload: Mapping[str, object] | None = None) -> None:
-        """Hand a stream event (``db.stream(event_type)``) to the rules, in this transaction."""
+        """Hand a stream event (``db.stream(event_type)``) to the rules, in this transaction.  The event's payload is a
+        copy of ``payload``, its lists and dicts too: changing ``payload`` afterwards changes no rule's event."""
         if self._doomed is not None or self._state is not _ACTIVE:     # (``_check_active``'s call only to raise)
             self._check_active("emit")
         if not isinstance(event_type, str) or not event_type:  # (db.stream refuses it: no rule could name the event)
             raise BadArgument(f"tx.emit({event_type!r}) takes the event's type, a non-empty text, as in "
                               f"db.stream(event_type); e.g. tx.emit('reading', key=..., payload={{...}})")
         try:
-            values = dict(payload or {})
+            values = own_image(dict(payload or {}), fresh=True)    # (the payload as raised, its lists and dicts too)
         except (TypeError, ValueError):
             raise BadArgument(f"tx.emit({event_type!r}, payload=...) takes a mapping of the event's values, got "
                               f"{payload!r} ({type(payload).__name__}); write payload={{'field': value}}") from None

@@ -1895,3 +1895,38 @@ def test_the_recorded_history_keeps_a_json_list_read_as_it_was_read(db):
     reads = [op.value for op in db.history.snapshot()
              if op.kind == "read" and op.table == "lists" and op.source != "committed"]
     assert reads == [{"key": "k", "value": ["a", "b"]}]
+
+
+def test_an_events_payload_is_the_one_raised_its_lists_and_dicts_too(db):
+    """``tx.signal`` and ``tx.emit`` take the payload as it is when the event is raised, its lists and dicts too (as
+    a data event's ``new``): the raiser appending to its list afterwards changes nothing a deferred rule sees, and a
+    rule appending to the payload's list does not change the raiser's.  Before, only the payload dict was copied:
+    the deferred rules saw ['a', 'after'] and {'n': [1, 2]}, and the raiser's list got the rule's 'rule'."""
+    seen = []
+
+    @db.rule(on=db.signalled("payload_tagged"), coupling="deferred", name="payload_tagged_later")
+    def tagged(tx, event):
+        seen.append(("signal", event.payload["tags"]))
+
+    @db.rule(on=db.stream("payload_reading"), coupling="deferred", name="payload_reading_later")
+    def reading(tx, event):
+        seen.append(("emit", event.payload["tags"], event.payload["doc"]))
+
+    @db.rule(on=db.signalled("payload_vandalised"), coupling="immediate", name="payload_vandal")
+    def vandal(tx, event):
+        event.payload["tags"].append("rule")
+
+    tags, doc, mine = ["a"], {"n": [1]}, ["a"]
+    try:
+        with db.transaction() as tx:
+            tx.signal("payload_tagged", tags=tags)
+            tx.emit("payload_reading", key=1, payload={"tags": tags, "doc": doc})
+            tags.append("after")
+            doc["n"].append(2)
+            tx.signal("payload_vandalised", tags=mine)
+            assert mine == ["a"]
+    finally:
+        for name in ("payload_tagged_later", "payload_reading_later", "payload_vandal"):
+            if name in db.rules.names():
+                db.rules.remove(name)
+    assert seen == [("signal", ["a"]), ("emit", ["a"], {"n": [1]})]

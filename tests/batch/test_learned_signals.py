@@ -305,3 +305,38 @@ def test_a_lowered_rule_writing_a_new_row_under_the_event_key_into_a_generated_a
         assert len(reasons) == 2 and all("GENERATED ALWAYS" in reason for reason in reasons), reasons
     finally:
         database.close()
+
+
+def mark_tagged(tx, event):
+    tx.write(WORKERS, event.key, status=SAFE, changes=0)
+    tags = ["a"]
+    tx.signal("tagged", worker=event.key, tags=tags)
+    tags.append("after")        # (the signal was raised with ['a'])
+
+
+def audit_tagged(tx, event):
+    tx.insert("status_changes", worker=event.payload["worker"], old_status="-", new_status="-",
+              event=",".join(event.payload["tags"]), at=0.0)
+
+
+@pytest.mark.parametrize("lower", [True, False], ids=["lowered", "fired"])
+def test_a_signals_payload_is_the_one_raised_lowered_as_fired(make_database_url, lower):
+    """A rule that signals with a list and then appends to it: the deferred rule on the signal sees the list as
+    signalled, lowered as fired (``tx.signal`` copies the payload's lists).  Before, the fired rule saw 'a,after' —
+    and, once ``tx.signal`` copied, the lowered one still did (the learned stand-in's signal copied the dict only)."""
+    database = activedb.connect(make_database_url(f"signal_payload_{int(lower)}"))
+    try:
+        database.upgrade_app(MIGRATIONS)
+        database.rule(on=database.stream("tag"), name="mark_tagged")(mark_tagged)
+        database.rule(on=database.signalled("tagged"), coupling=Coupling.DEFERRED, name="audit_tagged")(audit_tagged)
+        assert batch.why_not_lowered(database, "tag") is None
+        handler = RulesHandler(lower_declared=lower)
+        rows = [{"type": "tag", "worker": "w1", "ts": 1.0, "room": None}]
+        [outcome] = feed(database, [rows], source="tagged", mapping=MAPPING, handler=handler)
+        assert (handler.last_lowered is not None) == lower and outcome.dead_letters == 0, outcome
+        database.rules.wait_idle(WAIT)
+        with database.engine.connect() as connection:
+            audited = connection.execute(sa.text("SELECT worker, event FROM status_changes ORDER BY id")).all()
+        assert audited == [("w1", "a")]
+    finally:
+        database.close()
