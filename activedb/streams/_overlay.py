@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Callable, Hashable, Mapping
 
 from activedb.errors import DuplicateKey
-from activedb.store import Entry, EntryKind, copy_nested, matches, own_value
+from activedb.store import Entry, EntryKind, copy_nested, matches, own_image, own_value
 from activedb.streams._view import Stamp, StoreView, _as_key
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -274,7 +274,7 @@ class OverlayView(StoreView):
         self.reads += 1
         if self._history is not None:
             self._record(self._history.read, table, _as_key(self.tx, table, key),
-                         None if image is None else dict(image), "derive")
+                         None if image is None else own_image(image), "derive")    # (lists too: ``_view._as_read``)
         return row, image
 
     def scan(self, table: str, where: Mapping[str, object] | None = None) -> list[RowImage]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Callable, Hashable, Mapping, NamedTuple, TypeVar
 
 from activedb.errors import DuplicateKey
+from activedb.store import own_image
 from activedb.streams._locks import LockMode
 from activedb.streams._versions import DeferredWrite
 from activedb.streams.errors import UndeclaredAccess
@@ -43,6 +44,17 @@ def _as_key(tx: Transaction, table: str, key: object) -> Key:
     and records, so that two values of one row are one row, as in a plan (``Definitions.access_plans``).  A key the
     table refuses raises the tree's error."""
     return tx.manager.catalog.table_info(table).key(key)
+
+
+def _as_read(value: object) -> object:
+    """What the stream history keeps of a Read's ``value`` (a row image, None, or a scan's list of them): a copy,
+    lists and dicts in the rows too (``store.own_image``), since the reader owns what it got and may change it in
+    place (``row["value"] += 1`` before writing it), which would rewrite the history ``check_stream_history`` judges."""
+    if isinstance(value, dict):
+        return own_image(value)
+    if isinstance(value, list):
+        return [own_image(row) for row in value]
+    return value
 
 
 class StoreView:
@@ -122,10 +134,11 @@ class StoreView:
         self._written(table, row, None, "delete")
 
     def _read(self, table: str, key: Key | None, value: _Value, read_from: object = "derive") -> _Value:
-        """Count and record a Read that has happened (``key`` None: a scan); returns ``value``."""
+        """Count and record a Read that has happened (``key`` None: a scan); returns ``value``.  The history keeps a
+        copy (``_as_read``): ``value`` is the caller's, who may change it."""
         self.reads += 1
         if self._history is not None:
-            self._record(self._history.read, table, key, value, read_from)
+            self._record(self._history.read, table, key, _as_read(value), read_from)
         return value
 
     def _written(self, table: str, key: Key, values: RowImage | None, operation: str) -> int | None:

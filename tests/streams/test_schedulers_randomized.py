@@ -263,3 +263,30 @@ def test_a_rule_names_a_row_of_a_key_of_several_columns_by_a_list(db, name):
     with db.engine.connect() as connection:
         assert connection.execute(sa.text("SELECT a, b, value FROM pairs ORDER BY a")).all() == [
             (1, 2, "/1/1"), (3, 2, "/3")]
+
+
+@pytest.mark.parametrize("name", ["sei", "s2pl", "lwm"])
+def test_the_stream_history_keeps_a_read_as_it_was_read(db, name):
+    """A Python action that changes the row it read before writing it (``row["value"] += 1``, legitimate: the row
+    read is the caller's) leaves the recorded Read as it was read, so ``check_stream_history`` judges the values read,
+    under every scheduler (and SEI's Python action in its subtransaction and on the overlay).  Before, the history
+    held the very dict handed out: every Read after the first was a 'wrong value' (one more than the Write it saw)."""
+    reset(db)
+    engine = streams.StreamEngine(db, name=f"kept-read-{name}", scheduler=name, record_history=True, durable=False)
+    engine.create_stream("s", types=TYPES, attributes=("k", "x"))
+    engine.define("CREATE QUERY P PATTERN SEQ(A) RETURN A.k AS k")
+
+    def bump(tx, new):
+        row = tx.read("stream_cells", new["k"])
+        row["value"] += 1
+        [scanned] = tx.scan("stream_cells", {"cell": new["k"]})
+        scanned["value"] += 1
+        tx.write("stream_cells", new["k"], value=row["value"])
+    engine.rule("Bump", on_output="P", action=bump, reads=["stream_cells"], writes=["stream_cells"])
+    events = [streams.StreamEvent("A", ts, {"k": 1, "x": ts}) for ts in (1, 2, 3)]
+    with Watchdog(TIMEOUT, db.transactions.locks):
+        result = engine.feed(events, punctuation=streams.END_OF_STREAM)
+    assert result.dead_letters == ()
+    with db.engine.connect() as connection:
+        assert connection.execute(sa.text("SELECT value FROM stream_cells WHERE cell = 1")).scalar() == 3
+    check_stream_history(engine.history.snapshot()).assert_ok()
