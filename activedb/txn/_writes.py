@@ -37,11 +37,15 @@ class Writes:
 
     def write(self: Transaction, table: TableRef, key: Hashable, /, **values: object) -> None:  # type: ignore[misc]
         """Upsert: update the given columns of row ``key``, or insert it.  (``table`` and ``key`` are positional: a
-        column named ``key`` or ``table`` is a value like any other.)"""
+        column named ``key`` or ``table`` is a value like any other.)  The values are taken as they are at the call —
+        a JSON or ARRAY column's list or dict is copied —, as ``insert`` and ``write_many`` take theirs: changing a
+        list after writing it changes nothing written."""
         self._check_active("write")
         info = self.manager.catalog.table_info(table)
         key = info.key(key)
         values = info.values_without_key(key, values)
+        if info.nested:     # (a JSON or ARRAY column's list or dict as it is now: the caller's stays the caller's)
+            copy_nested(values, info.nested)
         self._modify(info, key, Entry(_PATCH, values))
 
     def insert(self: Transaction, table: TableRef, /, **values: object) -> Hashable:  # type: ignore[misc]
@@ -60,6 +64,8 @@ class Writes:
             values = {**values, **_generated_key(self, info)}
         key = info.key(info.key_from_values(values))
         values = {name: value for name, value in values.items() if name not in info.key_columns}
+        if info.nested:     # (as ``write``'s)
+            copy_nested(values, info.nested)
         self._modify(info, key, Entry(_INSERT, values), must_not_exist=not generated)
         return key[0] if len(key) == 1 else key
 
@@ -140,7 +146,10 @@ class Writes:
                     raise TypeError(f"write_many({info.name!r}, rows): the values of row {given!r} are {values!r} "
                                     f"({type(values).__name__}), not a mapping of columns (or None, which deletes the "
                                     f"row); write {{key: {{'column': value}}}}") from None
-                entry = Entry(_PATCH, info.values_without_key(key, columns))
+                columns = info.values_without_key(key, columns)
+                if info.nested:     # (as ``write``'s)
+                    copy_nested(columns, info.nested)
+                entry = Entry(_PATCH, columns)
             self._modify(info, key, entry, lock=not by_table)
         return len(rows)
 

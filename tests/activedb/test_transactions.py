@@ -1930,3 +1930,47 @@ def test_an_events_payload_is_the_one_raised_its_lists_and_dicts_too(db):
             if name in db.rules.names():
                 db.rules.remove(name)
     assert seen == [("signal", ["a"]), ("emit", ["a"], {"n": [1]})]
+
+
+@pytest.mark.parametrize("representation", ["frames", "materialized"])
+def test_a_json_list_written_is_the_value_at_the_write(db, representation):
+    """``tx.write``, ``tx.insert`` and ``write_many`` take a JSON column's list as it is at the call, as the data
+    event's ``new`` does (the events design note: an event's ``new`` is the stored row): the caller appending to its
+    list afterwards changes neither a later read, nor what a deferred rule on the change sees, nor the stored row, and
+    an append made for a subtransaction that then aborts is not committed.  Before, the write entry kept the caller's
+    list: the row was stored as ['a', 'b', 'after'] while the rule had seen ['a', 'b'], and the aborted append was
+    committed."""
+    _seed_list(db, ["a"])
+    seen = []
+    name = f"written_list_{representation}"
+
+    @db.rule(on=db.modified("lists"), coupling="deferred", name=name)
+    def later(tx, event):
+        seen.append((event.key, event.new["value"]))
+
+    db.transactions.subtransactions = activedb.lowlevel.Subtransactions(representation)
+    try:
+        mine, theirs, many = ["a", "b"], ["x"], ["m"]
+        with db.transaction() as tx:
+            tx.write("lists", "k", value=mine)
+            tx.insert("lists", key="i", value=theirs)
+            tx.write_many("lists", {"w": {"value": many}})
+            for written in (mine, theirs, many):
+                written.append("after")
+            assert [tx.read("lists", key)["value"] for key in ("k", "i", "w")] == [["a", "b"], ["x"], ["m"]]
+        kept = ["a"]
+        with db.transaction() as tx:
+            tx.write("lists", "j", value=kept)
+            with pytest.raises(RuntimeError, match="abort it"):
+                with tx.subtransaction() as child:
+                    kept.append("aborted")
+                    child.write("lists", "j", value=kept)
+                    raise RuntimeError("abort it")
+            assert tx.read("lists", "j")["value"] == ["a"]
+    finally:
+        db.transactions.subtransactions = activedb.lowlevel.Subtransactions.FRAMES
+        db.rules.remove(name)
+    stored = committed(db, "lists")
+    assert {key: stored[(key,)]["value"] for key in ("k", "i", "w", "j")} == {
+        "k": ["a", "b"], "i": ["x"], "w": ["m"], "j": ["a"]}
+    assert sorted(seen) == [("i", ["x"]), ("j", ["a"]), ("k", ["a", "b"]), ("w", ["m"])]
