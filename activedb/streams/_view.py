@@ -337,9 +337,14 @@ class VersionedView(LockedView):
     def _written(self, table: str, key: Key, values: RowImage | None, operation: str) -> int | None:
         """A Write that went into the subtransaction: also leave the row's new version (its Writes are
         granted in position order)."""
-        sequence = super()._written(table, key, values, operation)
         versions = self._versions
-        if versions.tracks(table, key):
+        tracked = versions.tracks(table, key)
+        if tracked and values is not None:
+            # (``values``: StoreView's dict of the Write's values, whose lists are the action's, which it may change
+            # after writing them — ``tx.write`` took them as they were: so does the version built of them)
+            values = own_image(values, fresh=True)
+        sequence = super()._written(table, key, values, operation)
+        if tracked:
             image = None
             if operation == "write":
                 # A write patches the row: over the version this s-transaction sees (every earlier

@@ -290,3 +290,29 @@ def test_the_stream_history_keeps_a_read_as_it_was_read(db, name):
     with db.engine.connect() as connection:
         assert connection.execute(sa.text("SELECT value FROM stream_cells WHERE cell = 1")).scalar() == 3
     check_stream_history(engine.history.snapshot()).assert_ok()
+
+
+@pytest.mark.parametrize("name", ["sei", "s2pl", "lwm"])
+def test_a_list_a_rule_wrote_and_then_changed_is_read_as_written(db, name):
+    """A Python action that writes a JSON list and then appends to its own list: the next s-transaction reads the list
+    as written, under every scheduler (``tx.write`` takes the value at the call; LWM's version of the Write too).
+    Before, LWM's version kept the action's list, so the next Read saw its 'after' and the row ended
+    ['1', 'after', '2', 'after', '3'] where SEI stores ['1', '2', '3']."""
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("DELETE FROM lists"))
+    engine = streams.StreamEngine(db, name=f"written-list-{name}", scheduler=name, durable=False)
+    engine.create_stream("s", types=TYPES, attributes=("k", "x"))
+    engine.define("CREATE QUERY P PATTERN SEQ(A) RETURN A.x AS x")
+
+    def tag(tx, new):
+        row = tx.read("lists", "k")
+        tags = (row["value"] if row is not None else []) + [str(new["x"])]
+        tx.write("lists", "k", value=tags)
+        tags.append("after")
+    engine.rule("Tag", on_output="P", action=tag, reads=["lists"], writes=["lists"])
+    events = [streams.StreamEvent("A", ts, {"k": 1, "x": ts}) for ts in (1, 2, 3)]
+    with Watchdog(TIMEOUT, db.transactions.locks):
+        result = engine.feed(events, punctuation=streams.END_OF_STREAM)
+    assert result.dead_letters == ()
+    with db.engine.connect() as connection:
+        assert connection.execute(sa.text("SELECT value FROM lists WHERE key = 'k'")).scalar() == ["1", "2", "3"]
