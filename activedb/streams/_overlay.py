@@ -274,7 +274,7 @@ class OverlayView(StoreView):
         self.reads += 1
         if self._history is not None:
             self._record(self._history.read, table, _as_key(self.tx, table, key),
-                         None if image is None else own_image(image), "derive")    # (lists too: ``_view._as_read``)
+                         None if image is None else own_image(image), "derive")    # (lists too: ``_view._kept``)
         return row, image
 
     def scan(self, table: str, where: Mapping[str, object] | None = None) -> list[RowImage]:

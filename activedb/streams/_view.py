@@ -46,10 +46,11 @@ def _as_key(tx: Transaction, table: str, key: object) -> Key:
     return tx.manager.catalog.table_info(table).key(key)
 
 
-def _as_read(value: object) -> object:
-    """What the stream history keeps of a Read's ``value`` (a row image, None, or a scan's list of them): a copy,
-    lists and dicts in the rows too (``store.own_image``), since the reader owns what it got and may change it in
-    place (``row["value"] += 1`` before writing it), which would rewrite the history ``check_stream_history`` judges."""
+def _kept(value: object) -> object:
+    """What the stream history keeps of a Read's or a Write's ``value`` (a row image or a Write's values, None, or a
+    scan's list of rows): a copy, lists and dicts in the rows too (``store.own_image``), since the reader owns what it
+    got and the writer what it wrote, and either may change it in place (``row["value"] += 1`` before writing it, an
+    append to a list written), which would rewrite the history ``check_stream_history`` judges."""
     if isinstance(value, dict):
         return own_image(value)
     if isinstance(value, list):
@@ -135,16 +136,19 @@ class StoreView:
 
     def _read(self, table: str, key: Key | None, value: _Value, read_from: object = "derive") -> _Value:
         """Count and record a Read that has happened (``key`` None: a scan); returns ``value``.  The history keeps a
-        copy (``_as_read``): ``value`` is the caller's, who may change it."""
+        copy (``_kept``): ``value`` is the caller's, who may change it."""
         self.reads += 1
         if self._history is not None:
-            self._record(self._history.read, table, key, _as_read(value), read_from)
+            self._record(self._history.read, table, key, _kept(value), read_from)
         return value
 
     def _written(self, table: str, key: Key, values: RowImage | None, operation: str) -> int | None:
-        """Count and record a Write that has happened; returns its history sequence (None: no history)."""
+        """Count and record a Write that has happened (the history keeps a copy: ``_kept``); returns its history
+        sequence (None: no history)."""
         self.writes += 1
-        return self._record(self._history.write, table, key, values, operation) if self._history is not None else None
+        if self._history is None:
+            return None
+        return self._record(self._history.write, table, key, _kept(values), operation)
 
     def _key_of_values(self, table: str, values: Mapping[str, object]) -> Key | None:
         """The key an insert names (None if the database generates it); only locking views need it."""

@@ -300,7 +300,7 @@ def test_a_list_a_rule_wrote_and_then_changed_is_read_as_written(db, name):
     ['1', 'after', '2', 'after', '3'] where SEI stores ['1', '2', '3']."""
     with db.engine.begin() as connection:
         connection.execute(sa.text("DELETE FROM lists"))
-    engine = streams.StreamEngine(db, name=f"written-list-{name}", scheduler=name, durable=False)
+    engine = streams.StreamEngine(db, name=f"written-list-{name}", scheduler=name, record_history=True, durable=False)
     engine.create_stream("s", types=TYPES, attributes=("k", "x"))
     engine.define("CREATE QUERY P PATTERN SEQ(A) RETURN A.x AS x")
 
@@ -316,3 +316,4 @@ def test_a_list_a_rule_wrote_and_then_changed_is_read_as_written(db, name):
     assert result.dead_letters == ()
     with db.engine.connect() as connection:
         assert connection.execute(sa.text("SELECT value FROM lists WHERE key = 'k'")).scalar() == ["1", "2", "3"]
+    check_stream_history(engine.history.snapshot()).assert_ok()       # (the recorded Writes as written too)
