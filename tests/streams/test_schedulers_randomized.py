@@ -241,6 +241,21 @@ def test_a_failed_s_transaction_leaves_no_trace_in_the_matcher(db, name):
     check_stream_history(engine.history.snapshot()).assert_ok()
 
 
+def one_rule_run(db, label: str, name: str, action, table: str, xs: tuple[int, ...]) -> streams.StreamEngine:
+    """An engine ``label`` of scheduler ``name`` (its history kept) whose query P returns each A's k and x and whose
+    one Python action ``action`` reads and writes ``table``, fed A events with k 1 and x ``xs`` at ts 1, 2, …; asserts
+    no dead letter and returns the engine."""
+    engine = streams.StreamEngine(db, name=label, scheduler=name, record_history=True, durable=False)
+    engine.create_stream("s", types=TYPES, attributes=("k", "x"))
+    engine.define("CREATE QUERY P PATTERN SEQ(A) RETURN A.k AS k, A.x AS x")
+    engine.rule("Act", on_output="P", action=action, reads=[table], writes=[table])
+    events = [streams.StreamEvent("A", ts, {"k": 1, "x": x}) for ts, x in enumerate(xs, 1)]
+    with Watchdog(TIMEOUT, db.transactions.locks):
+        result = engine.feed(events, punctuation=streams.END_OF_STREAM)
+    assert result.dead_letters == ()
+    return engine
+
+
 @pytest.mark.parametrize("name", ["sei", "s2pl", "lwm"])
 def test_a_rule_names_a_row_of_a_key_of_several_columns_by_a_list(db, name):
     """A Python action may name a row of a key of several columns by a list of its values, as ``tx.read`` and
@@ -248,18 +263,11 @@ def test_a_rule_names_a_row_of_a_key_of_several_columns_by_a_list(db, name):
     tuple).  Before, ``[1, 2]`` failed the s-transaction with ``TypeError: unhashable type: 'list'``."""
     with db.engine.begin() as connection:
         connection.execute(sa.text("DELETE FROM pairs"))
-    engine = streams.StreamEngine(db, name=f"listed-{name}", scheduler=name, record_history=True, durable=False)
-    engine.create_stream("s", types=TYPES, attributes=("k", "x"))
-    engine.define("CREATE QUERY P PATTERN SEQ(A) RETURN A.x AS x")
 
     def count(tx, new):
         row = tx.read("pairs", [new["x"], 2])
         tx.write("pairs", [new["x"], 2], value=f"{'' if row is None else row['value']}/{new['x']}")
-    engine.rule("Count", on_output="P", action=count, reads=["pairs"], writes=["pairs"])
-    events = [streams.StreamEvent("A", ts, {"k": 1, "x": x}) for ts, x in ((1, 1), (2, 1), (3, 3))]
-    with Watchdog(TIMEOUT, db.transactions.locks):
-        result = engine.feed(events, punctuation=streams.END_OF_STREAM)
-    assert result.dead_letters == ()
+    one_rule_run(db, f"listed-{name}", name, count, "pairs", (1, 1, 3))
     with db.engine.connect() as connection:
         assert connection.execute(sa.text("SELECT a, b, value FROM pairs ORDER BY a")).all() == [
             (1, 2, "/1/1"), (3, 2, "/3")]
@@ -272,9 +280,6 @@ def test_the_stream_history_keeps_a_read_as_it_was_read(db, name):
     under every scheduler (and SEI's Python action in its subtransaction and on the overlay).  Before, the history
     held the very dict handed out: every Read after the first was a 'wrong value' (one more than the Write it saw)."""
     reset(db)
-    engine = streams.StreamEngine(db, name=f"kept-read-{name}", scheduler=name, record_history=True, durable=False)
-    engine.create_stream("s", types=TYPES, attributes=("k", "x"))
-    engine.define("CREATE QUERY P PATTERN SEQ(A) RETURN A.k AS k")
 
     def bump(tx, new):
         row = tx.read("stream_cells", new["k"])
@@ -282,11 +287,7 @@ def test_the_stream_history_keeps_a_read_as_it_was_read(db, name):
         [scanned] = tx.scan("stream_cells", {"cell": new["k"]})
         scanned["value"] += 1
         tx.write("stream_cells", new["k"], value=row["value"])
-    engine.rule("Bump", on_output="P", action=bump, reads=["stream_cells"], writes=["stream_cells"])
-    events = [streams.StreamEvent("A", ts, {"k": 1, "x": ts}) for ts in (1, 2, 3)]
-    with Watchdog(TIMEOUT, db.transactions.locks):
-        result = engine.feed(events, punctuation=streams.END_OF_STREAM)
-    assert result.dead_letters == ()
+    engine = one_rule_run(db, f"kept-read-{name}", name, bump, "stream_cells", (1, 2, 3))
     with db.engine.connect() as connection:
         assert connection.execute(sa.text("SELECT value FROM stream_cells WHERE cell = 1")).scalar() == 3
     check_stream_history(engine.history.snapshot()).assert_ok()
@@ -300,20 +301,13 @@ def test_a_list_a_rule_wrote_and_then_changed_is_read_as_written(db, name):
     ['1', 'after', '2', 'after', '3'] where SEI stores ['1', '2', '3']."""
     with db.engine.begin() as connection:
         connection.execute(sa.text("DELETE FROM lists"))
-    engine = streams.StreamEngine(db, name=f"written-list-{name}", scheduler=name, record_history=True, durable=False)
-    engine.create_stream("s", types=TYPES, attributes=("k", "x"))
-    engine.define("CREATE QUERY P PATTERN SEQ(A) RETURN A.x AS x")
 
     def tag(tx, new):
         row = tx.read("lists", "k")
         tags = (row["value"] if row is not None else []) + [str(new["x"])]
         tx.write("lists", "k", value=tags)
         tags.append("after")
-    engine.rule("Tag", on_output="P", action=tag, reads=["lists"], writes=["lists"])
-    events = [streams.StreamEvent("A", ts, {"k": 1, "x": ts}) for ts in (1, 2, 3)]
-    with Watchdog(TIMEOUT, db.transactions.locks):
-        result = engine.feed(events, punctuation=streams.END_OF_STREAM)
-    assert result.dead_letters == ()
+    engine = one_rule_run(db, f"written-list-{name}", name, tag, "lists", (1, 2, 3))
     with db.engine.connect() as connection:
         assert connection.execute(sa.text("SELECT value FROM lists WHERE key = 'k'")).scalar() == ["1", "2", "3"]
     check_stream_history(engine.history.snapshot()).assert_ok()       # (the recorded Writes as written too)
