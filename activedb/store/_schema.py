@@ -18,6 +18,7 @@ from functools import partial
 from typing import Any, Callable, Hashable, Iterable, Literal, Mapping, TypeVar, Unpack
 
 import sqlalchemy as sa
+from psycopg.types.numeric import Float4
 from sqlalchemy.dialects import postgresql
 
 from activedb.errors import InvalidKey, InvalidValue, UnknownColumn
@@ -110,9 +111,12 @@ class TableInfo:
         if self._quick_key is _quick_double:
             self._quick_key = _quick_double_key     # (NaN: refused as a key, by the full path)
         self._key_columns_text = self._quick_key is _quick_text
+        # The ``real`` columns: a parameter compared with one is cast to ``real`` (``compared``, ``parameter``).
+        self._reals = frozenset(name for name, column in self.columns.items()
+                                if isinstance(column.type, sa.Float) and _is_real(column.type))
         self._key_clause = (
-            sa.tuple_(*[table.c[name] for name in self.key_columns])
-            if len(self.key_columns) > 1 else table.c[self.key_columns[0]]
+            sa.tuple_(*[self.compared(name) for name in self.key_columns])
+            if len(self.key_columns) > 1 else self.compared(self.key_columns[0])
         )
         # The columns whose values are lists or dicts (JSON, JSONB, ARRAY, HSTORE): a row handed to user code gets
         # copies of these too (``_writeset.copy_nested``); empty for most tables, which pay one test for it.
@@ -274,11 +278,23 @@ class TableInfo:
     def equals(self, name: str, value: object) -> sa.ColumnElement[bool]:
         """The SQL condition "column ``name`` equals ``value``" (a scan's equality): a ``json`` column, which has no
         equality operator in PostgreSQL, is compared as ``jsonb`` — equal as Python's ``==`` finds the values read
-        back (key order and spacing aside)."""
+        back (key order and spacing aside); a ``real`` one with ``value`` cast to ``real`` (``compared``)."""
         column = self.table.c[name]
         if isinstance(column.type, sa.JSON) and not isinstance(column.type, postgresql.JSONB):
             return sa.cast(column, postgresql.JSONB) == value
-        return column == value
+        return self.compared(name) == value
+
+    def compared(self, name: str) -> sa.ColumnElement[Any]:
+        """Column ``name`` as a comparison with a bound parameter names it: a ``real`` column's parameters cast to
+        ``real`` (``_RealParameter``).  The driver sends a ``float`` as ``double precision``, and PostgreSQL compares
+        a ``real`` with a ``double precision`` by widening the ``real``: the stored ``0.1`` (``real``), widened, is
+        ``0.10000000149011612``, which the ``0.1`` given (or read back) is not — an equality with it found no row."""
+        column = self.table.c[name]
+        return sa.type_coerce(column, _RealParameter()) if name in self._reals else column
+
+    def parameter(self, name: str) -> str:
+        """The driver SQL of a parameter (``%s``) compared with column ``name``: ``compared``'s cast, in text."""
+        return "CAST(%s AS REAL)" if name in self._reals else "%s"
 
     def refuse_new_row_by_key(self, given: object) -> None:
         """Raise :class:`InvalidKey` if a write would create the row ``given`` of this table, named by a key its
@@ -310,7 +326,7 @@ class TableInfo:
 
     def update(self, columns: frozenset[str]) -> sa.Update:
         return self.cached(("update", columns), lambda: self.table.update().where(
-            sa.and_(*[self.table.c[name] == sa.bindparam(f"k_{name}") for name in self.key_columns])
+            sa.and_(*[self.compared(name) == sa.bindparam(f"k_{name}") for name in self.key_columns])
         ).values({name: sa.bindparam(f"v_{name}") for name in columns if name not in self.key_columns}))
 
     def cached(self, name: Hashable, build: Callable[[], _Statement]) -> _Statement:
@@ -366,7 +382,7 @@ class TableInfo:
 
     def delete(self) -> sa.Delete:
         return self.cached("delete", lambda: self.table.delete().where(
-            sa.and_(*[self.table.c[name] == sa.bindparam(f"k_{name}") for name in self.key_columns])))
+            sa.and_(*[self.compared(name) == sa.bindparam(f"k_{name}") for name in self.key_columns])))
 
 
 def text_problem(value: str) -> str | None:
@@ -591,7 +607,8 @@ def _converter(column: sa.Column[object]) -> Callable[[object], object] | None:
     conversion into the one it gives back (``TableInfo.key``, ``TableInfo.normalised``), or None.  A uuid column
     reads as ``uuid.UUID`` (``as_uuid``, SQLAlchemy's default) or as its canonical text; either is accepted.  A
     ``numeric`` column reads as ``Decimal``, which equals an ``int`` of the same number but not every ``float``
-    (``Decimal('0.1') != 0.1``): a float is taken as the decimal it prints as (``_as_decimal``).  A ``char(n)`` column
+    (``Decimal('0.1') != 0.1``): a float is taken as the decimal it prints as (``_as_decimal``).  A ``real`` column
+    reads as the ``float`` of the decimal PostgreSQL prints its single-precision value as (``_as_real``).  A ``char(n)`` column
     reads as its text padded with spaces to ``n`` (``_as_padded``), a ``timestamp(p)`` column as its value rounded to
     ``p`` fractional digits (``_as_timestamp_of``).  A ``date`` column
     reads as ``date``, which never equals a ``datetime``: a midnight one (the only one ``_date_problem`` lets
@@ -607,6 +624,8 @@ def _converter(column: sa.Column[object]) -> Callable[[object], object] | None:
     if isinstance(column_type, sa.Numeric) and not isinstance(column_type, sa.Float) and column_type.asdecimal:
         scale = column_type.scale
         return _as_decimal if scale is None else partial(_as_decimal, places=decimal.Decimal(1).scaleb(-scale))
+    if isinstance(column_type, sa.Float) and _is_real(column_type):
+        return _as_real
     if isinstance(column_type, sa.Date):
         return _as_date
     return None
@@ -629,6 +648,63 @@ def _as_decimal(value: object, places: decimal.Decimal | None = None) -> object:
         return value
     # (enough digits for the result, which has at most one more than the value: quantize refuses to round beyond them)
     return value.quantize(places, decimal.ROUND_HALF_UP, decimal.Context(prec=len(value.as_tuple().digits) + 1))
+
+
+def _as_real(value: object) -> object:
+    """A checked value of a ``real`` column (an ``int``, ``float`` or ``Decimal`` within its range: ``_float_problem``)
+    as PostgreSQL gives it back: the single-precision number nearest to it (PostgreSQL's conversion of a ``double
+    precision`` into a ``real``), printed as PostgreSQL prints a ``real`` (``extra_float_digits`` at its default: the
+    fewest decimal digits strictly nearer to it than to either neighbour, of those the nearest, ``_shortest_real``)
+    and read by the driver as a ``float``: ``0.1`` stays ``0.1`` (not ``0.10000000149011612``, the ``real``
+    widened), ``0.1000000001`` is ``0.1``, ``16777217`` is ``16777216.0``.  An infinity or NaN is its ``float`` (a
+    ``Decimal`` NaN stays as it is: a signalling one has none; NaN is refused as a key, ``TableInfo.key``)."""
+    if isinstance(value, decimal.Decimal) and value.is_nan():
+        return value
+    number = float(value)  # type: ignore[arg-type]  # (an int, float or Decimal: the type was checked)
+    if not math.isfinite(number) or number == 0.0:
+        return number
+    bits = struct.unpack("<I", struct.pack("<f", number))[0]   # (the nearest real; in range: checked)
+    return _shortest_real(bits)
+
+
+def _shortest_real(bits: int) -> float:
+    """The single-precision number of ``bits`` (its IEEE 754 bits; finite, not 0) as the ``float`` of the decimal
+    PostgreSQL prints it as: the fewest significant digits that lie strictly between the midpoints to its
+    neighbours, and of those the nearest to it (of two as near, the one whose last digit is even)."""
+    context = decimal.Context(prec=200)         # (exact: a real's value has fewer than 150 significant digits)
+
+    def value(of: int) -> decimal.Decimal:
+        return decimal.Decimal(struct.unpack("<f", struct.pack("<I", of))[0])
+
+    exact = value(bits)
+    # Its neighbours, one unit of the last place away: the one nearer 0 (0 itself for the smallest, whose bits
+    # minus one would be another sign's) and the one farther, which beyond the largest real is its mirror image.
+    nearer = value(bits - 1) if bits & 0x7FFFFFFF > 1 else decimal.Decimal(0)
+    farther = value(bits + 1)
+    if not farther.is_finite():
+        farther = context.subtract(context.multiply(2, exact), nearer)
+    low, high = sorted((context.divide(context.add(exact, nearer), 2), context.divide(context.add(exact, farther), 2)))
+    for digits in range(1, 10):
+        quantum = decimal.Decimal(1).scaleb(exact.adjusted() - digits + 1)
+        candidates = [printed for rounding in (decimal.ROUND_FLOOR, decimal.ROUND_CEILING)
+                      if low < (printed := exact.quantize(quantum, rounding, context)) < high]
+        if candidates:
+            # (a tie: the one whose last digit is even, as PostgreSQL's printing rounds an exact half)
+            return float(min(candidates, key=lambda printed: (abs(context.subtract(printed, exact)),
+                                                              printed.as_tuple().digits[-1] % 2)))
+    return float(exact)
+
+
+class _RealParameter(sa.types.TypeDecorator[float]):
+    """A ``real`` column's type as a comparison's parameter takes it (``TableInfo.compared``): sent as a ``real``
+    (the driver's ``Float4``), as the column is stored — the driver sends a ``float`` as ``double precision``.  (Not
+    a cast in the SQL: SQLAlchemy renders none for the elements of a key of several columns in an ``IN`` list.)"""
+
+    impl = sa.REAL
+    cache_ok = True
+
+    def process_bind_param(self, value: object, dialect: sa.Dialect) -> object:
+        return value if value is None or isinstance(value, decimal.Decimal) else Float4(value)  # type: ignore[arg-type]
 
 
 def _as_padded(value: object, length: int) -> object:

@@ -228,7 +228,7 @@ def _lock_row_statement(dialect: sa.Dialect, info: TableInfo, lock_timeout: str)
     # (The preparer's identifiers come with ``%`` doubled already: the dialect's paramstyle is ``pyformat``.)
     table = preparer.format_table(info.table)
     columns = ", ".join(preparer.quote(name) for name in info.columns)
-    match = " AND ".join(f"{preparer.quote(name)} = %s" for name in info.key_columns)
+    match = " AND ".join(f"{preparer.quote(name)} = {info.parameter(name)}" for name in info.key_columns)
     timeout = lock_timeout.replace("'", "''").replace("%", "%%")
     return (f"SELECT {columns} FROM {table} WHERE {match} "
             f"AND set_config('lock_timeout', '{timeout}', true) IS NOT NULL FOR UPDATE")
@@ -578,7 +578,7 @@ def _driver_statement(dialect: sa.Dialect, info: TableInfo, kind: str, order: tu
             return f"UPDATE {table} SET {assignments} FROM {source} WHERE {match}"
         head = f"INSERT INTO {table} ({', '.join(names)}){overriding} SELECT * FROM {source}"
     else:
-        match = " AND ".join(f"{key} = %s" for key in keys)
+        match = " AND ".join(f"{key} = {info.parameter(name)}" for key, name in zip(keys, order))
         if kind == "delete":
             return f"DELETE FROM {table} WHERE {match}"
         if kind == "update":

@@ -209,3 +209,49 @@ def test_a_column_added_after_the_table_was_read_is_unknown_saying_to_refresh_th
     db.run(lambda tx: tx.write("grown_later", 1, note="x"))
     with db.transaction() as tx:
         assert tx.read("grown_later", 1) == {"id": 1, "uses": 1, "note": "x"}
+
+
+def test_a_real_key_names_its_row_as_postgresql_stores_it_in_single_precision(db):
+    """A ``real`` key is stored in single precision and printed as the fewest digits that read back as it (``0.1``),
+    while the driver sends a ``float`` as ``double precision``, and PostgreSQL compares the two by widening the
+    ``real`` (``0.10000000149011612``): a key names the row PostgreSQL gives back, and every statement compares it as
+    a ``real`` — reads (one key of one column, a key of several), a scan's equality, a read for update, a delete
+    and an update of the row alone, ``insert``'s existence check; a key that rounds to the same ``real``
+    (``0.1000000001``) names the same row.  Before, the composite read, the near key's read and the scan found
+    nothing, and a delete of the one row deleted nothing."""
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("CREATE TABLE real_keys (k real PRIMARY KEY, uses integer)"))
+        connection.execute(sa.text("CREATE TABLE real_pairs (a integer, k real, uses integer, PRIMARY KEY (a, k))"))
+    db.run(lambda tx: (tx.write("real_keys", 0.1, uses=1), tx.write("real_keys", 0.3, uses=1),
+                       tx.write("real_pairs", (1, 0.1), uses=1)))
+    db.run(lambda tx: tx.write("real_keys", 0.1000000001, uses=2))
+    with db.transaction() as tx:
+        assert tx.read("real_keys", 0.1) == {"k": 0.1, "uses": 2}
+        assert tx.read("real_keys", 0.1000000001) == {"k": 0.1, "uses": 2}
+        assert tx.read_many("real_keys", [0.1000000001]) == {0.1000000001: {"k": 0.1, "uses": 2}}
+        assert tx.read("real_pairs", (1, 0.1)) == {"a": 1, "k": 0.1, "uses": 1}
+        assert tx.scan("real_keys", {"k": 0.1}) == [{"k": 0.1, "uses": 2}]
+        with pytest.raises(activedb.DuplicateKey):
+            tx.insert("real_keys", k=0.1000000001, uses=9)
+    with db.transaction() as tx:
+        assert tx.read("real_keys", 0.3, for_update=True) == {"k": 0.3, "uses": 1}
+        tx.delete("real_keys", 0.3)
+    db.run(lambda tx: tx.delete("real_pairs", (1, 0.1000000001)))
+    with db.engine.connect() as connection:
+        assert connection.execute(sa.text("SELECT k, uses FROM real_keys")).all() == [(0.1, 2)]
+        assert connection.execute(sa.text("SELECT count(*) FROM real_pairs")).scalar() == 0
+
+
+def test_a_real_value_is_normalised_to_what_postgresql_gives_back(db):
+    """``TableInfo.normalised`` of a ``real`` column is the value PostgreSQL gives back for each of many floats of
+    every magnitude a ``real`` holds, ints and decimals (the driver reads the ``real``'s printed digits)."""
+    import random
+    rng = random.Random(7)
+    given = [rng.uniform(-1, 1) * 10.0 ** rng.randint(-37, 38) for _ in range(20000)]
+    given += [0.1, 1 / 3, 2 / 3, 16777217, 3.4028234e38, 1.17549435e-38, 1e-40, 1.5e-45, -0.0, 123456789, decimal.Decimal("0.1")]
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("CREATE TABLE real_values (k real PRIMARY KEY)"))
+        stored = connection.execute(sa.text("SELECT CAST(CAST(x AS double precision) AS real) FROM unnest("
+                                            "CAST(:given AS text[])) AS x"), {"given": [str(v) for v in given]}).scalars().all()
+    info = db.catalog.table_info("real_values")
+    assert [info.normalised("k", value) for value in given] == stored
