@@ -610,7 +610,8 @@ def _converter(column: sa.Column[object]) -> Callable[[object], object] | None:
     (``Decimal('0.1') != 0.1``): a float is taken as the decimal it prints as (``_as_decimal``).  A ``real`` column
     reads as the ``float`` of the decimal PostgreSQL prints its single-precision value as (``_as_real``).  A ``char(n)`` column
     reads as its text padded with spaces to ``n`` (``_as_padded``), a ``timestamp(p)`` column as its value rounded to
-    ``p`` fractional digits (``_as_timestamp_of``).  A ``date`` column
+    ``p`` fractional digits (``_as_timestamp_of``), so do ``time(p)`` and ``timetz(p)`` (``_as_time_of``) and
+    ``interval(p)`` (``_as_interval_of``).  A ``date`` column
     reads as ``date``, which never equals a ``datetime``: a midnight one (the only one ``_date_problem`` lets
     through) is taken as its date."""
     column_type = column.type
@@ -619,8 +620,14 @@ def _converter(column: sa.Column[object]) -> Callable[[object], object] | None:
     if isinstance(column_type, sa.CHAR) and column_type.length is not None:
         return partial(_as_padded, length=column_type.length)
     precision = getattr(column_type, "precision", None)
-    if isinstance(column_type, sa.DateTime) and isinstance(precision, int) and 0 <= precision < 6:
-        return partial(_as_timestamp_of, scale=10 ** (6 - precision))
+    if isinstance(precision, int) and 0 <= precision < 6:
+        if isinstance(column_type, sa.DateTime):
+            return partial(_as_timestamp_of, scale=10 ** (6 - precision))
+        if isinstance(column_type, sa.Time):
+            return partial(_as_time_of, scale=10 ** (6 - precision))
+        fields = getattr(column_type, "fields", None)       # (``interval day to second(p)``; ``interval hour``: none)
+        if isinstance(column_type, postgresql.INTERVAL) and (fields is None or fields.upper().endswith("SECOND")):
+            return partial(_as_interval_of, scale=10 ** (6 - precision))
     if isinstance(column_type, sa.Numeric) and not isinstance(column_type, sa.Float) and column_type.asdecimal:
         scale = column_type.scale
         return _as_decimal if scale is None else partial(_as_decimal, places=decimal.Decimal(1).scaleb(-scale))
@@ -736,6 +743,40 @@ def _as_timestamp_of(value: object, scale: int) -> object:
     try:        # (from the epoch, not the value: an aware one's wall clock may skip or repeat an hour)
         return epoch + datetime.timedelta(microseconds=rounded)
     except OverflowError:
+        return value
+
+
+def _round_half_up(micros: int, scale: int) -> int:
+    """``micros`` (at least 0) rounded to a multiple of ``scale``, half up: how PostgreSQL rounds a time of day and
+    an interval's time to their precision (``AdjustTimeForTypmod``, ``AdjustIntervalForTypmod``)."""
+    return (micros + scale // 2) // scale * scale
+
+
+def _as_time_of(value: object, scale: int) -> object:
+    """A value of a ``time(p)`` or ``timetz(p)`` column (``scale``: ``10 ** (6 - p)`` microseconds) as PostgreSQL
+    gives it back: rounded to ``p`` fractional digits, half up (its zone kept).  One already of that precision is
+    left as it is, and so is one that would round to 24:00:00, which PostgreSQL stores and no ``time`` holds."""
+    if not isinstance(value, datetime.time) or value.microsecond % scale == 0:
+        return value
+    micros = _round_half_up(((value.hour * 60 + value.minute) * 60 + value.second) * 1_000_000 + value.microsecond,
+                            scale)
+    if micros >= 86_400_000_000:
+        return value
+    seconds, microsecond = divmod(micros, 1_000_000)
+    return value.replace(hour=seconds // 3600, minute=seconds // 60 % 60, second=seconds % 60, microsecond=microsecond)
+
+
+def _as_interval_of(value: object, scale: int) -> object:
+    """A value of an ``interval(p)`` column (``scale``: ``10 ** (6 - p)`` microseconds) as PostgreSQL gives it back:
+    the driver sends a ``timedelta`` as its days and its time (from 0 to a day), and PostgreSQL rounds the time to
+    ``p`` fractional digits, half away from zero (``-0.4`` seconds, -1 day and 23:59:59.6, is 0 of ``interval(0)``).
+    One already of that precision, or whose rounding leaves the days a ``timedelta`` holds, is left as it is."""
+    if not isinstance(value, datetime.timedelta) or value.microseconds % scale == 0:
+        return value
+    try:
+        return datetime.timedelta(days=value.days,
+                                  microseconds=_round_half_up(value.seconds * 1_000_000 + value.microseconds, scale))
+    except OverflowError:       # (rounded past ``timedelta.max``)
         return value
 
 

@@ -255,3 +255,41 @@ def test_a_real_value_is_normalised_to_what_postgresql_gives_back(db):
                                             "CAST(:given AS text[])) AS x"), {"given": [str(v) for v in given]}).scalars().all()
     info = db.catalog.table_info("real_values")
     assert [info.normalised("k", value) for value in given] == stored
+
+
+def test_a_time_or_interval_key_of_a_precision_names_the_row_postgresql_rounds_it_to(db):
+    """A ``time(p)`` / ``timetz(p)`` / ``interval(p)`` column keeps ``p`` fractional digits of its seconds, rounding
+    half away from zero (an interval: its time of day part, the days apart, as the driver sends it): a key with more
+    digits names the row PostgreSQL stores and gives back, as a ``timestamp(p)`` key does.  Before, ``tx.read`` by
+    the key written returned None, ``insert`` of it failed the commit with ``DuplicateKey``, and two writes in one
+    transaction by the key given and the key stored were two entries for one row, which failed the commit."""
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("CREATE TABLE rounded_times (at time(0) PRIMARY KEY, uses integer)"))
+        connection.execute(sa.text("CREATE TABLE rounded_zoned_times (at timetz(1) PRIMARY KEY, uses integer)"))
+        connection.execute(sa.text("CREATE TABLE rounded_spans (span interval(0) PRIMARY KEY, uses integer)"))
+    zone = datetime.timezone(datetime.timedelta(hours=2))
+    given = {"rounded_times": {datetime.time(12, 0, 0, 400000): datetime.time(12),
+                               datetime.time(12, 0, 1, 500000): datetime.time(12, 0, 2)},
+             "rounded_zoned_times": {datetime.time(8, 0, 0, 450000, tzinfo=zone): datetime.time(8, 0, 0, 500000, tzinfo=zone),
+                                     datetime.time(9, 0, 0, 960000, tzinfo=zone): datetime.time(9, 0, 1, tzinfo=zone)},
+             "rounded_spans": {datetime.timedelta(seconds=5, microseconds=500000): datetime.timedelta(seconds=6),
+                               datetime.timedelta(days=2, microseconds=400000): datetime.timedelta(days=2),
+                               datetime.timedelta(microseconds=-400000): datetime.timedelta(0)}}
+    column = {"rounded_times": "at", "rounded_zoned_times": "at", "rounded_spans": "span"}
+    for table, keys in given.items():
+        for number, key in enumerate(keys):
+            db.run(lambda tx: tx.write(table, key, uses=number))
+        with db.engine.connect() as connection:
+            assert set(connection.execute(sa.text(f"SELECT {column[table]} FROM {table}")).scalars()) == set(
+                keys.values()), table
+    with db.transaction() as tx:
+        for table, keys in given.items():
+            for number, (key, stored) in enumerate(keys.items()):
+                assert tx.read(table, key) == {column[table]: stored, "uses": number}, key
+                with pytest.raises(activedb.DuplicateKey):
+                    tx.insert(table, **{column[table]: key, "uses": 9})
+    with db.transaction() as tx:
+        tx.write("rounded_times", datetime.time(12, 0, 0, 400000), uses=7)
+        tx.write("rounded_times", datetime.time(12), uses=8)
+    with db.engine.connect() as connection:
+        assert connection.execute(sa.text("SELECT uses FROM rounded_times WHERE at = '12:00'")).scalar() == 8
