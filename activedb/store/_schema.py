@@ -902,36 +902,147 @@ _QUOTED_DEFAULT = re.compile(r"""'((?:[^']|'')*)'(?:::[\w\s."\[\](),:]+)?""", re
 
 def _constant_default(column: sa.Column[object]) -> object:
     """The value of a constant server default (``0``, ``'x'::text``, ``true``, ``0.10`` of a numeric column: a
-    ``Decimal``, ``'[]'::jsonb``) as PostgreSQL stores it and gives it back, else None."""
+    ``Decimal``, ``'[]'::jsonb``, ``'2026-03-04'::date``, ``'{1,NULL}'::integer[]`` or ``ARRAY[1, 2]``) as PostgreSQL
+    stores it and gives it back, else None."""
     text = getattr(getattr(column.server_default, "arg", None), "text", None)
     if text is None:
         return None
     text = text.strip()
+    if isinstance(column.type, sa.ARRAY):
+        return _array_default(column.type.item_type, text)
     quoted = _QUOTED_DEFAULT.fullmatch(text)
     if quoted is not None:
-        literal = quoted.group(1).replace("''", "'")
-        if isinstance(column.type, (sa.String, sa.Text, sa.Enum)):
-            return literal
-        text = literal
-    else:
-        text = text.split("::", 1)[0].strip()
+        return _constant_value(column, quoted.group(1).replace("''", "'"), quoted=True)
+    return _constant_value(column, text.split("::", 1)[0].strip(), quoted=False)
+
+
+def _constant_value(column: sa.Column[object], text: str, quoted: bool) -> object:
+    """The value of ``column``'s type written ``text`` — a quoted literal's text (``quoted``) or, unquoted, a number
+    or ``true`` / ``false`` — as PostgreSQL stores it and gives it back (rounded, padded: ``_converter``), else
+    None.  A date, time or timestamp is taken in PostgreSQL's ISO output (a ``timestamptz`` default as printed in
+    the session's time zone, an aware datetime equal to the stored one)."""
+    column_type = column.type
+    convert = _converter(column) or _unchanged
+    if quoted and isinstance(column_type, (sa.String, sa.Text, sa.Enum)):
+        return convert(text)
     lowered = text.lower()
-    if isinstance(column.type, sa.Boolean) and lowered in ("true", "false"):
-        return lowered == "true"
+    if isinstance(column_type, sa.Boolean):     # (an array's elements are t and f)
+        return {"true": True, "false": False, "t": True, "f": False}.get(lowered)
+    value: object
     try:
-        if isinstance(column.type, sa.JSON):
-            return json.loads(text) if quoted is not None else None
-        if isinstance(column.type, sa.Integer):
+        if isinstance(column_type, sa.JSON):
+            return json.loads(text) if quoted else None
+        if isinstance(column_type, sa.Integer):
             return int(text)
-        if isinstance(column.type, sa.Numeric) and not isinstance(column.type, sa.Float) and column.type.asdecimal:
-            convert = _converter(column)        # (rounded to the column's scale, as PostgreSQL stores it)
-            value = decimal.Decimal(text)
-            return value if convert is None else convert(value)
-        if isinstance(column.type, (sa.Float, sa.Numeric)):
-            return float(text)
+        if isinstance(column_type, sa.Numeric) and not isinstance(column_type, sa.Float) and column_type.asdecimal:
+            return convert(decimal.Decimal(text))
+        if isinstance(column_type, (sa.Float, sa.Numeric)):
+            return convert(float(text))
+        if not quoted:
+            return None
+        if isinstance(column_type, (sa.DateTime, sa.Time)):
+            value = (datetime.datetime if isinstance(column_type, sa.DateTime) else datetime.time).fromisoformat(text)
+            # (a zone where the column keeps none, or none where it does: not PostgreSQL's output of that type)
+            return convert(value) if (value.tzinfo is not None) == bool(column_type.timezone) else None
+        if isinstance(column_type, sa.Date):
+            return datetime.date.fromisoformat(text)
     except (ValueError, ArithmeticError):       # (decimal's InvalidOperation is an ArithmeticError)
         return None
     return None
+
+
+def _unchanged(value: object) -> object:
+    return value
+
+
+#: ``ARRAY[1, -2, NULL]`` (a default's array of unquoted numbers, as PostgreSQL prints it), a cast after it.
+_ARRAY_CONSTRUCTOR = re.compile(r"ARRAY\[([\w\s.,+-]*)\](?:::[\w\s.\[\]]+)?", re.IGNORECASE)
+
+
+def _array_default(item_type: sa.types.TypeEngine[Any], text: str) -> object:
+    """The value of an array column's constant default ``text`` (``'{1,NULL,"a b"}'::integer[]``, nested for more
+    dimensions, or ``ARRAY[1, 2]``) as the driver gives it back — nested lists of the element type's values (each
+    as ``_constant_value`` takes it), NULL as None —, else None (so is an array of an element PostgreSQL's output
+    of the type would not be)."""
+    element = sa.Column("element", item_type)
+    quoted = _QUOTED_DEFAULT.fullmatch(text)
+    constructed = None if quoted is not None else _ARRAY_CONSTRUCTOR.fullmatch(text)
+    if quoted is not None:
+        parsed = _array_elements(quoted.group(1).replace("''", "'"))
+    elif constructed is not None:
+        items = [item.strip() for item in constructed.group(1).split(",")] if constructed.group(1).strip() else []
+        parsed = [None if item.upper() == "NULL" else item for item in items]
+    else:
+        return None
+    if parsed is None:
+        return None
+
+    def value_of(items: list[object]) -> list[object]:
+        values: list[object] = []
+        for item in items:
+            if isinstance(item, list):
+                values.append(value_of(item))
+            elif item is None:
+                values.append(None)
+            elif (value := _constant_value(element, str(item), quoted=quoted is not None)) is None:
+                raise ValueError(item)
+            else:
+                values.append(value)
+        return values
+
+    try:
+        return value_of(parsed)
+    except ValueError:
+        return None
+
+
+def _array_elements(text: str) -> list[object] | None:
+    """PostgreSQL's text of an array (``{1,NULL,"a \\"b\\""}``, ``{{1,2},{3,4}}``) as nested lists of its elements'
+    texts (NULL: None), or None if ``text`` is no such array (one with explicit bounds, ``[0:1]={1,2}``, included)."""
+    position = 0
+
+    def array() -> list[object]:
+        nonlocal position
+        if text[position] != "{":
+            raise ValueError(text)
+        position += 1
+        items: list[object] = []
+        if text[position] == "}":
+            position += 1
+            return items
+        while True:
+            if text[position] == "{":
+                items.append(array())
+            elif text[position] == '"':
+                position += 1
+                characters = []
+                while text[position] != '"':
+                    if text[position] == "\\":
+                        position += 1
+                    characters.append(text[position])
+                    position += 1
+                position += 1
+                items.append("".join(characters))
+            else:
+                start = position
+                while text[position] not in ",}":
+                    if text[position] in '{"\\':
+                        raise ValueError(text)
+                    position += 1
+                item = text[start:position].strip()
+                items.append(None if item.upper() == "NULL" else item)
+            if text[position] == "}":
+                position += 1
+                return items
+            if text[position] != ",":
+                raise ValueError(text)
+            position += 1
+
+    try:
+        parsed = array()
+    except (ValueError, IndexError):
+        return None
+    return parsed if position == len(text) else None
 
 
 # Python types accepted for a column's type, the first match wins; a type not listed is left to PostgreSQL.

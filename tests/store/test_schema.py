@@ -293,3 +293,31 @@ def test_a_time_or_interval_key_of_a_precision_names_the_row_postgresql_rounds_i
         tx.write("rounded_times", datetime.time(12), uses=8)
     with db.engine.connect() as connection:
         assert connection.execute(sa.text("SELECT uses FROM rounded_times WHERE at = '12:00'")).scalar() == 8
+
+
+def test_a_new_row_shows_a_constant_date_timestamp_time_or_array_default_as_the_stored_row_holds_it(db):
+    """``TableInfo.blank_row`` of a ``date``, ``timestamp``, ``timestamptz``, ``time`` and array column with a
+    constant default is the value PostgreSQL stores and gives back (the row a transaction reads after its own insert
+    and its insert event's ``new`` is the stored row).  Before, each was None until the row was read back from
+    PostgreSQL after the commit."""
+    with db.engine.begin() as connection:
+        connection.execute(sa.text(
+            "CREATE TABLE dated_defaults (id integer PRIMARY KEY, day date DEFAULT '2026-03-04', "
+            "at timestamp DEFAULT '2026-03-04 05:06:07.89', at0 timestamp(0) DEFAULT '2026-03-04 05:06:07', "
+            "zoned timestamptz DEFAULT '2026-03-04 05:06:07+02', clock time DEFAULT '05:06:07.5', "
+            "counts integer[] DEFAULT '{1,-2,NULL}', empty integer[] NOT NULL DEFAULT '{}', "
+            "built integer[] DEFAULT ARRAY[3, 4], "
+            r"""tags text[] DEFAULT '{a,"b c","q\"x",NULL,"NULL"}', """
+            "grid smallint[][] DEFAULT '{{1,2},{3,4}}', prices numeric[] DEFAULT '{0.10,2}', "
+            "flags boolean[] DEFAULT '{t,f}', days date[] DEFAULT '{2026-01-02}', code char(3) DEFAULT 'x', "
+            "ratio real DEFAULT 0.1000000001, stamps timestamp[] DEFAULT '{\"2026-01-02 03:04:05\"}')"))
+    with db.transaction() as tx:
+        tx.insert("dated_defaults", id=1)
+        fresh = tx.read("dated_defaults", 1)
+    with db.transaction() as tx:
+        stored = tx.read("dated_defaults", 1)
+    assert stored["day"] == datetime.date(2026, 3, 4) and stored["tags"] == ["a", "b c", 'q"x', None, "NULL"]
+    assert None not in (stored[name] for name in stored)
+    assert fresh == stored
+    assert {name: type(value) for name, value in fresh.items()} == {
+        name: type(value) for name, value in stored.items()}
