@@ -42,11 +42,26 @@ def bin_directory() -> Path:
     return Path(POSTGRES_BIN_PATH)
 
 
+#: What to do about a binary of the embedded server that cannot run.
+_REINSTALL = ("reinstall the embedded extra (pip install --force-reinstall 'activedb[embedded]'), or connect to a "
+              "server: activedb.connect(URL) or ACTIVEDB_DATABASE_URL")
+
+
 def server_major_version() -> str:
-    output = subprocess.run([str(bin_directory() / "postgres"), "--version"], capture_output=True, text=True,
-                            check=True).stdout
-    # "postgres (PostgreSQL) 16.2"
-    return output.strip().split()[-1].split(".")[0]
+    """The major version of the embedded server's binaries (``postgres --version``)."""
+    binary = bin_directory() / "postgres"
+    try:
+        output = subprocess.run([str(binary), "--version"], capture_output=True, text=True, check=True,
+                                timeout=START_TIMEOUT_SECONDS).stdout
+        # "postgres (PostgreSQL) 16.2"
+        return output.strip().split()[-1].split(".")[0]
+    except OSError as error:
+        raise EmbeddedServerError(f"the embedded PostgreSQL could not run {binary}: {error}; {_REINSTALL} (nothing "
+                                  f"was deleted)") from None
+    except (subprocess.SubprocessError, IndexError) as error:
+        detail = (getattr(error, "stderr", None) or "").strip()[-300:] or type(error).__name__
+        raise EmbeddedServerError(f"the embedded PostgreSQL's {binary} --version failed ({detail}); {_REINSTALL} "
+                                  f"(nothing was deleted)") from None
 
 
 @dataclass(frozen=True)
@@ -152,7 +167,13 @@ def check_data_directory(pgdata: Path) -> None:
         return
     version_file = pgdata / "PG_VERSION"
     if version_file.exists():
-        found = version_file.read_text().strip()
+        try:
+            found = version_file.read_text().strip()
+        except OSError as error:
+            raise EmbeddedServerError(
+                f"cannot read {version_file}: {error}; it names the PostgreSQL version of the data directory "
+                f"{pgdata}, which is damaged or not yours: restore it (a file holding the major version), or move "
+                f"{pgdata} away or set ACTIVEDB_HOME to another directory (nothing was deleted)") from None
         expected = server_major_version()
         if found != expected:
             raise EmbeddedServerError(
@@ -160,7 +181,12 @@ def check_data_directory(pgdata: Path) -> None:
                 f"is PostgreSQL {expected}; point ACTIVEDB_HOME at another directory, or migrate the data "
                 f"with pg_upgrade/pg_dump first (nothing was deleted)")
         return
-    leftovers = [entry.name for entry in pgdata.iterdir() if entry.name not in {HANDLE_FILE, "log"}]
+    try:
+        leftovers = [entry.name for entry in pgdata.iterdir() if entry.name not in {HANDLE_FILE, "log"}]
+    except OSError as error:
+        raise EmbeddedServerError(
+            f"cannot list the data directory {pgdata}: {error}; make it readable to you, or move it away or set "
+            f"ACTIVEDB_HOME to another directory (nothing was deleted)") from None
     if leftovers:
         raise EmbeddedServerError(
             f"{pgdata} is not empty but is not a PostgreSQL data directory (no PG_VERSION; found "
@@ -221,7 +247,14 @@ def initdb(pgdata: Path, runner: Runner, password: str) -> None:
 
 
 def start_postgres(pgdata: Path, socket_directory: Path, runner: Runner) -> None:
-    (pgdata / "postmaster.pid").unlink(missing_ok=True)     # stale: no postgres process behind it (the caller checked)
+    pid_file = pgdata / "postmaster.pid"
+    try:
+        pid_file.unlink(missing_ok=True)     # stale: no postgres process behind it (the caller checked)
+    except OSError as error:
+        raise EmbeddedServerError(
+            f"cannot remove {pid_file}: {error}; it is the stale lock file of the embedded PostgreSQL, which is not "
+            f"running: remove it yourself (the server's file, none of your data) and connect again (nothing was "
+            f"deleted)") from None
     quoted = "'" + str(socket_directory).replace("'", "'\\''") + "'"
     options = f"-k {quoted} -c listen_addresses='' -c unix_socket_permissions=0700"
     binary = str(bin_directory() / "pg_ctl")
@@ -229,9 +262,14 @@ def start_postgres(pgdata: Path, socket_directory: Path, runner: Runner) -> None
         runner.run([binary, "-D", str(pgdata), "-w", "-t", str(START_TIMEOUT_SECONDS), "-l", str(pgdata / "log"),
                     "-o", options, "start"], timeout=START_TIMEOUT_SECONDS + 10)
     except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as error:
+        # (what pg_ctl, or ``unshare`` running it, said: e.g. that it could not execute the binary)
+        said = " ".join((error.stderr if isinstance(error.stderr, str) else "").split())[-300:]     # (one line)
         raise EmbeddedServerError(
-            f"the embedded PostgreSQL in {pgdata} did not start ({type(error).__name__}); see the server log "
+            f"the embedded PostgreSQL in {pgdata} did not start ({said or type(error).__name__}); see the server log "
             f"{pgdata / 'log'}; nothing was deleted.{_log_tail(pgdata / 'log')}") from None
+    except OSError as error:
+        raise EmbeddedServerError(f"the embedded PostgreSQL in {pgdata} could not run {binary}: {error}; "
+                                  f"{_REINSTALL} (nothing was deleted)") from None
 
 
 def wait_ready(pgdata: Path) -> _Postmaster:
@@ -293,7 +331,14 @@ def lock_down(pgdata: Path, home: Path, server: _Postmaster | None, runner: Runn
     A data directory from an older activedb (``trust``) gets a password and a locked ``pg_hba.conf``; one
     whose password file was lost gets a new password through single-user mode (server stopped)."""
     password = read_password(home)
-    if not hba_trusts(pgdata):
+    hba = pgdata / "pg_hba.conf"
+    try:
+        trusting = hba_trusts(pgdata)
+    except OSError as error:
+        raise EmbeddedServerError(
+            f"cannot read {hba}: {error}; it says how the embedded server in {pgdata} authenticates: restore it (a "
+            f"file), or move {pgdata} away or set ACTIVEDB_HOME to another directory (nothing was deleted)") from None
+    if not trusting:
         if password is not None:
             return password
         if server is not None:
@@ -314,12 +359,23 @@ def lock_down(pgdata: Path, home: Path, server: _Postmaster | None, runner: Runn
         with psycopg.connect(host=server.socket_directory, user=SUPERUSER, dbname="postgres",
                              autocommit=True) as connection:
             connection.execute(f"ALTER ROLE {SUPERUSER} PASSWORD '{password}'")
-            write_hba(pgdata)
+            _lock_hba(pgdata)
             connection.execute("SELECT pg_reload_conf()")
     else:
         _set_password_stopped(pgdata, runner, password)
-        write_hba(pgdata)
+        _lock_hba(pgdata)
     return password
+
+
+def _lock_hba(pgdata: Path) -> None:
+    """``write_hba``: a failure is ``EmbeddedServerError`` saying what to do."""
+    try:
+        write_hba(pgdata)
+    except OSError as error:
+        raise EmbeddedServerError(
+            f"cannot rewrite {pgdata / 'pg_hba.conf'} so that the embedded server asks for its password: {error}; make "
+            f"it a writable file of the data directory's owner and connect again (the password is set already; "
+            f"nothing was deleted)") from None
 
 
 def _set_password_stopped(pgdata: Path, runner: Runner, password: str) -> None:

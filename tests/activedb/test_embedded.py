@@ -431,3 +431,57 @@ def test_an_initdb_or_a_password_setting_that_cannot_run_or_finish_is_the_embedd
         _embedded.start(home)
     monkeypatch.undo()
     _locked_down_when_started(home)
+
+
+def test_a_file_the_server_needs_that_cannot_be_read_or_run_is_the_embedded_servers_error(tmp_path, monkeypatch):
+    """What the embedded server reads, runs or replaces fails with an ``OSError`` when a file is not what it should
+    be — here a directory where a file belongs, which fails for root too: ``PG_VERSION`` (checking the data
+    directory), ``pg_hba.conf`` (making sure the server asks for its password), ``postmaster.pid`` (starting the
+    server), and the ``postgres`` or ``pg_ctl`` binary (the server's version, starting it).  Each is
+    ``EmbeddedServerError`` naming the path and saying what to do, and nothing is deleted.  Before, the ``OSError``
+    escaped raw (``IsADirectoryError``, ``PermissionError``): a traceback instead of the package's error."""
+    from activedb._embedded import _server
+
+    home = tmp_path / "home"
+    (home / "pgdata" / "PG_VERSION").mkdir(parents=True)
+    with pytest.raises(activedb.EmbeddedServerError, match=r"cannot read .*pgdata/PG_VERSION: .*Is a directory.*"
+                                                           r"move .*pgdata away.*nothing was deleted"):
+        _embedded.start(home)
+    assert (home / "pgdata" / "PG_VERSION").is_dir()
+    shutil.rmtree(home / "pgdata")
+
+    server = _embedded.start(home)
+    pgdata = server.data_directory
+    _embedded.stop(home)
+    wait_until(lambda: not _postmasters(pgdata), 30, "server stop")
+    hba = (pgdata / "pg_hba.conf").read_text()
+    (pgdata / "pg_hba.conf").unlink()
+    (pgdata / "pg_hba.conf").mkdir()
+    with pytest.raises(activedb.EmbeddedServerError, match=r"cannot read .*pgdata/pg_hba.conf: .*Is a directory.*"
+                                                           r"nothing was deleted"):
+        _embedded.start(home)
+    (pgdata / "pg_hba.conf").rmdir()
+    (pgdata / "pg_hba.conf").write_text(hba)
+
+    (pgdata / "postmaster.pid").mkdir()
+    with pytest.raises(activedb.EmbeddedServerError, match=r".*pgdata/postmaster.pid: .*Is a directory.*"
+                                                           r"nothing was deleted"):
+        _server.start_postgres(pgdata, pgdata, _server.runner_for(pgdata))
+    (pgdata / "postmaster.pid").rmdir()
+
+    binaries = tmp_path / "bin"
+    for name in ("postgres", "pg_ctl"):
+        (binaries / name).mkdir(parents=True)               # (no one may run a directory, root neither)
+    monkeypatch.setattr(_server, "bin_directory", lambda: binaries)
+    with pytest.raises(activedb.EmbeddedServerError, match=r"could not run .*bin/postgres: .*Permission denied.*"
+                                                           r"reinstall"):
+        _server.server_major_version()
+    with pytest.raises(activedb.EmbeddedServerError, match=r"could not run .*bin/pg_ctl: .*Permission denied.*"
+                                                           r"reinstall.*nothing was deleted"):
+        _server.start_postgres(pgdata, pgdata, _server.Runner("self", os.getuid(), os.getgid()))
+    if _server.runner_for(pgdata).how != "self":            # (root: the binary run by unshare, or as another user)
+        with pytest.raises(activedb.EmbeddedServerError, match=r"did not start \(.*bin/pg_ctl.*Permission denied"):
+            _server.start_postgres(pgdata, pgdata, _server.runner_for(pgdata))
+    monkeypatch.undo()
+
+    _locked_down_when_started(home)                         # the faults gone: it starts
