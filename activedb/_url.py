@@ -36,6 +36,8 @@ def normalise_url(url: str | URL) -> URL:
     user info) and libpq ``key=value`` connection strings; use the psycopg 3 driver."""
     if isinstance(url, str) and "://" not in url and "=" in url:
         url = _from_conninfo(url)
+    elif isinstance(url, str):
+        url = _several_hosts(url)
     try:
         parsed = make_url(url)
     except Exception as error:
@@ -69,6 +71,47 @@ def normalise_url(url: str | URL) -> URL:
         raise BadDatabaseURL(
             f"activedb needs PostgreSQL, got a {parsed.drivername!r} URL ({describe_url(parsed)})")
     return parsed
+
+
+#: A URL whose authority names several hosts, as libpq writes them (``scheme://[user info@]h1:p1,h2,…/…``): the
+#: user info runs to the last "@" before the path (a password may hold one unencoded, refused later), the host list
+#: to the path, query or fragment.
+_SEVERAL_HOSTS = re.compile(r"(?P<head>[A-Za-z][\w+.-]*://(?:[^/?#]*@)?)(?P<hosts>[^/?#@]*,[^/?#@]*)(?P<tail>[/?#].*)?",
+                            re.DOTALL)
+#: One of them: a name, an address, a percent-encoded socket directory or a bracketed IPv6 address, its port after ":".
+_ONE_HOST = re.compile(r"(?P<host>\[[^\]]*\]|[^:]*)(?::(?P<port>[^:]*))?")
+
+
+def _several_hosts(url: str) -> str:
+    """A URL of several hosts (libpq's ``postgresql://u@h1:5432,h2:5433/db``, each host with its own port or the
+    default) in the form SQLAlchemy reads for the driver: ``?host=h1,h2&port=5432,5433`` (an empty port: the
+    default), as libpq's ``key=value`` form gives them (``_from_conninfo``).  SQLAlchemy reads the host list as one
+    host, and what follows the first ":" as its port: ``h1:5432,h2`` fails as no number, and ``h1,h2:5433`` would
+    put every host on 5433, where libpq puts ``h1`` on the default port.  Any other URL is returned as it is (so are
+    one without a port, whose host list the driver gets as it is, and one that names ``host`` or ``port`` in its
+    query too: SQLAlchemy's to refuse)."""
+    match = _SEVERAL_HOSTS.fullmatch(url)
+    if match is None:
+        return url
+    tail = match.group("tail") or ""
+    path, _, query = tail.partition("?")
+    if re.search(r"(?:^|&)(?:host|port)=", query):
+        return url
+    hosts, ports = [], []
+    for entry in match.group("hosts").split(","):
+        one = _ONE_HOST.fullmatch(entry)
+        host, port = (one.group("host"), one.group("port") or "") if one is not None else (entry, "")
+        if port and not port.isdigit():
+            raise BadDatabaseURL(
+                f"the database URL's port {port!r} of host {urllib.parse.unquote(host)!r} is no number "
+                f"({mask_secrets(url)}); give each host its port as a number, or none for the default: "
+                f"postgresql://user@host1:5432,host2:5433/database")
+        hosts.append(urllib.parse.unquote(host.strip("[]") if host.startswith("[") else host))
+        ports.append(port)
+    if not any(ports):
+        return url          # (the host list as one host reaches the driver as it is; a socket's: normalise_url)
+    encoded = urllib.parse.urlencode([("host", ",".join(hosts)), ("port", ",".join(ports))], safe="/,:")
+    return f"{match.group('head')}{path or '/'}?{encoded}{'&' + query if query else ''}"
 
 
 def _from_conninfo(conninfo: str) -> URL:

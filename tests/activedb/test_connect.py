@@ -289,3 +289,46 @@ def test_a_url_whose_host_is_a_percent_encoded_socket_directory_connects_through
             assert connection.execute(sa.text("SELECT current_database()")).scalar() == given.database
     finally:
         database.close()
+
+
+@pytest.mark.parametrize("url, host, port", [
+    ("postgresql://alice:s3cret@db1:6001,db2:6002/payroll", "db1,db2", "6001,6002"),
+    ("postgresql+psycopg://alice@db1,db2:6002/payroll", "db1,db2", ",6002"),       # db1 on the default port
+    ("postgresql://alice@[::1]:6001,db2/payroll", "::1,db2", "6001,"),
+    ("postgresql://alice@%2Frun%2Fpg:6001,db2:6002/payroll?sslmode=prefer", "/run/pg,db2", "6001,6002"),
+    ("postgresql://alice@db1,db2/payroll", "db1,db2", None),
+])
+def test_a_url_of_several_hosts_reaches_the_driver_as_libpq_reads_it(url, host, port):
+    """libpq's URL names several hosts, each with its own port (``postgresql://u@h1:5432,h2:5433/db``): the driver
+    gets every host with its port — a host without one on the default port, as libpq reads it.  Before, a port
+    after any but the last host was refused as no database URL (SQLAlchemy reads the host list as one host and
+    ``6001,db2:6002`` as its port), and ``db1,db2:6002`` connected to both hosts on 6002."""
+    from activedb._url import normalise_url
+    from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
+
+    _, arguments = PGDialect_psycopg().create_connect_args(normalise_url(url))
+    assert (arguments["host"], arguments.get("port"), arguments["dbname"]) == (host, port, "payroll")
+
+
+def test_a_url_of_several_hosts_connects_to_the_first_that_answers_and_masks_its_password(database_url):
+    """A URL of several hosts (socket directories here: the first has no server) connects through the one that
+    answers, as libpq does; one whose port is no number is a BadDatabaseURL naming it, the password masked."""
+    import urllib.parse
+
+    given = sa.engine.make_url(database_url)
+    socket = given.query.get("host")
+    if not socket:
+        pytest.skip("the test server is not reached through a unix socket")
+    port = given.port or 5432
+    credentials = f"{urllib.parse.quote(given.username or '', safe='')}:{urllib.parse.quote(given.password or '', safe='')}"
+    url = (f"postgresql://{credentials}@{urllib.parse.quote('/nonexistent', safe='')}:{port},"
+           f"{urllib.parse.quote(socket, safe='')}:{port}/{given.database}")
+    database = activedb.connect(url, upgrade=False)
+    try:
+        with database.engine.connect() as connection:
+            assert connection.execute(sa.text("SELECT current_database()")).scalar() == given.database
+    finally:
+        database.close()
+    with pytest.raises(activedb.BadDatabaseURL, match=r"port 'notaport' of host 'db1'") as refused:
+        activedb.connect("postgresql://alice:s3cret@db1:notaport,db2:6002/payroll")
+    assert "s3cret" not in str(refused.value) and "alice:***@db1:notaport,db2" in str(refused.value)
