@@ -264,6 +264,14 @@ def _select_for_update(connection: sa.Connection, info: TableInfo, keys: list[Ke
                      else bound)
         rows, fields = _run(connection, statement, {"keys": parameter},  # type: ignore[misc]
                             fetch=True, shape=("select for update", info.table))  # (fetch: rows)
+        if info.reals:
+            # (read in binary, a real is the single-precision number widened, 0.10000000149011612: the image and
+            # the key are what the store reads, in text, 0.1 — ``TableInfo.normalised``)
+            images = [dict(zip(fields, row)) for row in rows]
+            for image in images:
+                for name in info.reals & image.keys():
+                    image[name] = info.normalised(name, image[name])
+            return {(image[names[0]],): image for image in images}
         if fields[0] == names[0]:
             # ``{(row[0],): dict(zip(fields, row)) for row in rows}``, in C (a batch reads a row per event).
             return dict(zip(zip(map(_FIRST, rows)), map(dict, map(zip, itertools.repeat(fields), rows))))

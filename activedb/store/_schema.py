@@ -111,9 +111,11 @@ class TableInfo:
         if self._quick_key is _quick_double:
             self._quick_key = _quick_double_key     # (NaN: refused as a key, by the full path)
         self._key_columns_text = self._quick_key is _quick_text
-        # The ``real`` columns: a parameter compared with one is cast to ``real`` (``compared``, ``parameter``).
-        self._reals = frozenset(name for name, column in self.columns.items()
-                                if isinstance(column.type, sa.Float) and _is_real(column.type))
+        # The ``real`` columns: a parameter compared with one is sent as a ``real`` (``compared``, ``parameter``), and
+        # the driver reads one in binary as the single-precision number widened (``0.10000000149011612``), in text
+        # as printed (``0.1``, the store's image and what ``normalised`` makes of either).
+        self.reals = frozenset(name for name, column in self.columns.items()
+                               if isinstance(column.type, sa.Float) and _is_real(column.type))
         self._key_clause = (
             sa.tuple_(*[self.compared(name) for name in self.key_columns])
             if len(self.key_columns) > 1 else self.compared(self.key_columns[0])
@@ -290,11 +292,11 @@ class TableInfo:
         a ``real`` with a ``double precision`` by widening the ``real``: the stored ``0.1`` (``real``), widened, is
         ``0.10000000149011612``, which the ``0.1`` given (or read back) is not — an equality with it found no row."""
         column = self.table.c[name]
-        return sa.type_coerce(column, _RealParameter()) if name in self._reals else column
+        return sa.type_coerce(column, _RealParameter()) if name in self.reals else column
 
     def parameter(self, name: str) -> str:
         """The driver SQL of a parameter (``%s``) compared with column ``name``: ``compared``'s cast, in text."""
-        return "CAST(%s AS REAL)" if name in self._reals else "%s"
+        return "CAST(%s AS REAL)" if name in self.reals else "%s"
 
     def refuse_new_row_by_key(self, given: object) -> None:
         """Raise :class:`InvalidKey` if a write would create the row ``given`` of this table, named by a key its

@@ -737,3 +737,37 @@ def test_a_key_generated_always_given_is_refused_alike_when_the_table_is_heard(d
             assert connection.execute(sa.text("SELECT title FROM tickets")).scalars().all() == ["drawn"], heard
     assert list(reasons[()]) == [1] and "InvalidKey" in reasons[()][1] and "GENERATED ALWAYS" in reasons[()][1]
     assert reasons[("tickets",)] == reasons[()]
+
+
+@pytest.mark.parametrize("tree", [False, True], ids=["at commit", "through the tree"])
+@pytest.mark.parametrize("exists", [True, False], ids=["existing rows", "new rows"])
+def test_a_real_key_and_a_real_value_are_what_the_transactions_read(db, exists, tree):
+    """A ``real`` key names its row as ``tx.read`` does (``0.1`` and ``0.1000000001`` are the row PostgreSQL
+    stores as the ``real`` 0.1), and a row's ``real`` values are what ``tx.read`` gives (``0.1``, not the ``real``
+    widened to ``0.10000000149011612``), at commit and through the tree.  Before, the commit's read of the
+    batch's rows (binary, the widened value) found no existing row under the key ``0.1``: the batch inserted it
+    again and PostgreSQL refused the whole commit (duplicate key)."""
+    transactions = batch.StateTransactions()
+
+    @transactions.on("price")
+    def price(event, ops):
+        ops.write("real_prices", event.key, lambda own: {
+            "label": f"{'' if own is None else own['label']}/{event.payload['seq']}:"
+                     f"{None if own is None else own['ratio']!r}", "ratio": 0.3})
+
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("CREATE TABLE IF NOT EXISTS real_prices (amount real PRIMARY KEY, label text, "
+                                   "ratio real)"))
+        connection.execute(sa.text("DELETE FROM real_prices"))
+        if exists:
+            connection.execute(sa.text("INSERT INTO real_prices VALUES (0.1, '', 0.1), (0.3, '', 0.1)"))
+    events = [{"type": "price", "key": key, "ts": float(seq), "payload": {"seq": seq}}
+              for seq, key in enumerate([0.1, 0.1000000001, 0.3, 0.1])]
+    with db.transaction(name="real-keys") as tx:
+        result = (batch.apply_batch(tx, events, transactions) if tree else
+                  batch.apply_at_commit(tx, events, transactions, query_id="real-keys", batch_id=1))
+    assert (result if tree else result.result).dead_letters == []
+    first = "0.1" if exists else "None"
+    with db.engine.connect() as connection:
+        assert connection.execute(sa.text("SELECT amount, label FROM real_prices ORDER BY amount")).all() == [
+            (0.1, f"/0:{first}/1:0.3/3:0.3"), (0.3, f"/2:{first}")]
