@@ -265,6 +265,16 @@ def test_a_postgresql_url_of_another_driver_says_to_write_it_for_psycopg(url):
     assert result.exit_code == 1 and result.output.startswith("activedb: error: "), result.output
 
 
+def _assert_connects(url: str, database: str) -> None:
+    """``activedb.connect(url)`` reaches the database named ``database``."""
+    connected = activedb.connect(url, upgrade=False)
+    try:
+        with connected.engine.connect() as connection:
+            assert connection.execute(sa.text("SELECT current_database()")).scalar() == database
+    finally:
+        connected.close()
+
+
 def test_a_url_whose_host_is_a_percent_encoded_socket_directory_connects_through_it(database_url):
     """libpq's URL form names a unix socket's directory as the host, percent-encoded
     (``postgresql://user@%2Fvar%2Frun%2Fpostgresql/db``, its documentation's example): the driver gets the directory.
@@ -283,12 +293,7 @@ def test_a_url_whose_host_is_a_percent_encoded_socket_directory_connects_through
         pytest.skip("the test server is not reached through a unix socket")
     url = (f"postgresql://{urllib.parse.quote(given.username or '', safe='')}:"
            f"{urllib.parse.quote(given.password or '', safe='')}@{urllib.parse.quote(socket, safe='')}/{given.database}")
-    database = activedb.connect(url, upgrade=False)
-    try:
-        with database.engine.connect() as connection:
-            assert connection.execute(sa.text("SELECT current_database()")).scalar() == given.database
-    finally:
-        database.close()
+    _assert_connects(url, given.database)
 
 
 @pytest.mark.parametrize("url, host, port", [
@@ -323,12 +328,7 @@ def test_a_url_of_several_hosts_connects_to_the_first_that_answers_and_masks_its
     credentials = f"{urllib.parse.quote(given.username or '', safe='')}:{urllib.parse.quote(given.password or '', safe='')}"
     url = (f"postgresql://{credentials}@{urllib.parse.quote('/nonexistent', safe='')}:{port},"
            f"{urllib.parse.quote(socket, safe='')}:{port}/{given.database}")
-    database = activedb.connect(url, upgrade=False)
-    try:
-        with database.engine.connect() as connection:
-            assert connection.execute(sa.text("SELECT current_database()")).scalar() == given.database
-    finally:
-        database.close()
+    _assert_connects(url, given.database)
     with pytest.raises(activedb.BadDatabaseURL, match=r"port 'notaport' of host 'db1'") as refused:
         activedb.connect("postgresql://alice:s3cret@db1:notaport,db2:6002/payroll")
     assert "s3cret" not in str(refused.value) and "alice:***@db1:notaport,db2" in str(refused.value)

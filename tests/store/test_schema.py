@@ -12,6 +12,16 @@ import sqlalchemy as sa
 import activedb
 
 
+def _inserted_and_stored(db, table):
+    """The row 1 of ``table`` inserted without any other column: as the inserting transaction reads it, and as a
+    later one reads it from PostgreSQL."""
+    with db.transaction() as tx:
+        tx.insert(table, id=1)
+        fresh = tx.read(table, 1)
+    with db.transaction() as tx:
+        return fresh, tx.read(table, 1)
+
+
 def test_a_new_row_shows_each_constant_default_as_the_stored_row_holds_it(db):
     """A row inserted without some columns shows them at their constant defaults (``TableInfo.blank_row``): in the
     inserting transaction's reads and its insert event's ``new`` ("the stored row", the events design note).  Each
@@ -23,11 +33,7 @@ def test_a_new_row_shows_each_constant_default_as_the_stored_row_holds_it(db):
             "CREATE TABLE constant_defaults (id integer PRIMARY KEY, price numeric(10, 2) NOT NULL DEFAULT 0.10, "
             "amount numeric DEFAULT -5, label text DEFAULT 'a::b', tags jsonb NOT NULL DEFAULT '[\"x\", 1]', "
             "body json DEFAULT '{\"k\": null}', ratio double precision DEFAULT 1.5, count integer DEFAULT -3)"))
-    with db.transaction() as tx:
-        tx.insert("constant_defaults", id=1)
-        fresh = tx.read("constant_defaults", 1)
-    with db.transaction() as tx:
-        stored = tx.read("constant_defaults", 1)
+    fresh, stored = _inserted_and_stored(db, "constant_defaults")
     assert stored == {"id": 1, "price": decimal.Decimal("0.10"), "amount": decimal.Decimal(-5), "label": "a::b",
                       "tags": ["x", 1], "body": {"k": None}, "ratio": 1.5, "count": -3}
     assert fresh == stored
@@ -311,11 +317,7 @@ def test_a_new_row_shows_a_constant_date_timestamp_time_or_array_default_as_the_
             "grid smallint[][] DEFAULT '{{1,2},{3,4}}', prices numeric[] DEFAULT '{0.10,2}', "
             "flags boolean[] DEFAULT '{t,f}', days date[] DEFAULT '{2026-01-02}', code char(3) DEFAULT 'x', "
             "ratio real DEFAULT 0.1000000001, stamps timestamp[] DEFAULT '{\"2026-01-02 03:04:05\"}')"))
-    with db.transaction() as tx:
-        tx.insert("dated_defaults", id=1)
-        fresh = tx.read("dated_defaults", 1)
-    with db.transaction() as tx:
-        stored = tx.read("dated_defaults", 1)
+    fresh, stored = _inserted_and_stored(db, "dated_defaults")
     assert stored["day"] == datetime.date(2026, 3, 4) and stored["tags"] == ["a", "b c", 'q"x', None, "NULL"]
     assert None not in (stored[name] for name in stored)
     assert fresh == stored
