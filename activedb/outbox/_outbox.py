@@ -188,14 +188,21 @@ class Outbox:
 
     def record(self, trigger: "Transaction", firing: "Firing", *, ended: bool) -> None:
         """A detached-family ``firing`` occurred in ``trigger``.  ``ended``: ``trigger`` is a top-level
-        transaction that already ended (its ``aborted`` event)."""
+        transaction that already ended (its ``aborted`` event): decided on its outcome now — unless that abort may
+        hide a commit (``lowlevel.outcome_unknown``), when the firing waits for the tree's log row as the tree's own
+        firings do (README, "The outcome is unknown")."""
         if not self._started:
             self.start()
         if ended:
             committed = trigger.state is TxnState.COMMITTED
             state = lowlevel.slot(trigger, TreeState, create=False)
             replayed = state is not None and not committed and self._replayed(state)
-            if not replayed and may_run_after(firing.coupling, committed):
+            runs = not replayed and may_run_after(firing.coupling, committed)
+            if not committed and lowlevel.outcome_unknown(trigger):
+                # The abort is in memory only: an ``aborted`` event is an outcome only if the row shows no commit.
+                keep: list[tuple[Firing, str, str | None, bool]] = [(firing, trigger.id, None, False)] if runs else []
+                self.settle_later(Unsettled(trigger.log_id, [], [firing], keep, [] if runs else [firing]))
+            elif runs:
                 self.record_now([(firing, trigger.id, trigger.log_id if committed else None, committed)])
             else:
                 self.count([firing], "cancelled")

@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING, Callable, NamedTuple
 from coupling import Coupling, may_run_after
 from lockmgr import TxnState
 
-from activedb.errors import DatabaseUnavailable, OutboxError
+from activedb.errors import OutboxError
 from activedb.events import EventKind
 from activedb.outbox._records import NewRecord, encode_event
-from activedb.txn import CommitParticipant
+from activedb.txn import CommitParticipant, outcome_unknown
 
 if TYPE_CHECKING:  # pragma: no cover
     import sqlalchemy as sa
@@ -214,7 +214,7 @@ class TreeFirings(CommitParticipant):
                     keep.append((firing, trigger.id, None, False))
                 else:
                     cancelled.append(firing)
-        if isinstance(error, DatabaseUnavailable) and error.unknown_outcome == transaction.log_id:
+        if outcome_unknown(transaction):
             # The connection broke at the flush and the log could not be read: PostgreSQL may have committed the
             # tree, records included.  Its log row decides, once it can be read (README, "The outcome is unknown").
             self._outbox.settle_later(Unsettled(transaction.log_id, written, cancelled_if_committed, keep, cancelled))

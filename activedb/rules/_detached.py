@@ -43,7 +43,9 @@ class FiringRecorder(Protocol):
     """Where detached-family firings go (the outbox)."""
 
     def record(self, trigger: "Transaction", firing: "Firing", *, ended: bool) -> None:
-        """``firing`` occurred in ``trigger`` (``ended``: a top-level transaction's own end event)."""
+        """``firing`` occurred in ``trigger`` (``ended``: a top-level transaction's own end event — its abort maybe
+        one that hides a commit, ``lowlevel.outcome_unknown(trigger)``: the recorder then decides it by the tree's
+        transaction-log row, not by the abort)."""
 
     def wait_idle(self, timeout: float | None) -> None:
         """Wait until every firing handed over so far has run."""

@@ -204,6 +204,8 @@ class RuleManager(TransactionExtension):
         if transaction.parent is not None:
             return
         if not committed and self.registry.by_kind.get(EventKind.ABORTED):
+            # (Also when the abort may hide a commit, ``outcome_unknown``: the firings, all of the detached family,
+            # go to the recorder, which settles them by the tree's log row.)
             event = Event(EventKind.ABORTED, transaction.name, payload=dict(transaction.info),
                           transaction=transaction.id)
             try:

@@ -335,6 +335,15 @@ def _hint(sqlstate: str | None) -> str:
     return "Check the message above; the transaction can be re-run once the cause is fixed."
 
 
+class OutcomeUnknown:
+    """The slot of a root whose flush lost the connection and could not read its transaction-log row either, so that
+    it ends ABORTED in memory although PostgreSQL may have committed it (``lowlevel.outcome_unknown``): set just
+    before its commit raises ``DatabaseUnavailable`` with ``unknown_outcome``; a tree whose outcome is known never
+    has one (no cost to it)."""
+
+    __slots__ = ()
+
+
 def _raise_unknown_outcome(root: "Transaction", error: BaseException) -> None:
     """The connection broke during the flush: find out from the log whether it committed."""
     catalog = root.manager.catalog
@@ -358,6 +367,7 @@ def _raise_unknown_outcome(root: "Transaction", error: BaseException) -> None:
             f"— look for transaction_id {root.log_id!r} in activedb_transaction_log once the server is back (there: "
             f"committed; absent: nothing was written, re-run the transaction).{advice}")
         unknown.unknown_outcome = root.log_id      # (the outbox settles the tree's firings by that row)
+        root._set_slot(OutcomeUnknown, OutcomeUnknown())    # (what the hooks of its abort ask: outcome_unknown)
         raise unknown from error
     if committed:
         logger.warning("connection lost after %s committed; the log confirms the commit", root.id)

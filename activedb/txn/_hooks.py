@@ -42,7 +42,9 @@ class TransactionExtension:
         more work in it (deferred rules) or raise to abort it."""
 
     def after_end(self, transaction: "Transaction", committed: bool) -> None:
-        """``transaction`` committed (a top-level one: after PostgreSQL committed) or aborted."""
+        """``transaction`` committed (a top-level one: after PostgreSQL committed) or aborted.  A top-level one
+        aborted because its flush lost the connection and could not read back whether PostgreSQL committed may have
+        committed after all: ``lowlevel.outcome_unknown(transaction)`` says so (its log row tells, later)."""
 
     #: False: ``on_begin``, ``before_commit`` and a commit's ``after_end`` are not called for a *frame* (an
     #: inline subtransaction nobody has registered anything on, txn README "Frames"); an extension that

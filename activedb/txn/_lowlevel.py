@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from activedb.txn._children import _wait_seconds
+from activedb.txn._flush import OutcomeUnknown
 from activedb.txn._tree import Transaction
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -71,6 +72,17 @@ def abandon(transaction: Transaction, reason: BaseException) -> None:
         session.abandon()
 
 
+def outcome_unknown(transaction: Transaction) -> bool:
+    """Whether ``transaction`` is a top-level transaction whose abort is not known to be one: its flush lost the
+    connection and its ``activedb_transaction_log`` row could not be read either (its commit raised
+    ``DatabaseUnavailable`` with ``unknown_outcome``), so it ended ABORTED in memory although PostgreSQL may have
+    committed it — that row (``transaction.log_id``) says which, once the server answers.  What hears the abort (a
+    participant's ``aborted``, an extension's ``after_end(tx, False)``) must not act on it as an outcome then: the
+    outbox settles the tree's detached-family firings, those on its ``aborted`` event included, by that row (outbox
+    README, "The outcome is unknown").  False for any other transaction; changes nothing."""
+    return transaction._slot(OutcomeUnknown, create=False) is not None
+
+
 def read_then_written(transaction: Transaction) -> frozenset[str]:
     """The tables of which ``transaction``'s tree read a row plainly (``tx.read`` without ``for_update``) and then
     wrote it (``Database.run``'s hot-key learning; txn README, "Reads for update")."""
@@ -78,4 +90,4 @@ def read_then_written(transaction: Transaction) -> frozenset[str]:
 
 
 __all__ = ["slot", "set_slot", "enlist", "doom", "abandon", "want_end_hooks", "materialize", "wait_children",
-           "run_subtransaction", "read_then_written"]
+           "run_subtransaction", "read_then_written", "outcome_unknown"]
