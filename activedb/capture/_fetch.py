@@ -55,6 +55,9 @@ class ChangeReader:
                         if relation is None:
                             raise UnknownTable(f"table {name!r} no longer exists")
                         result.extend(self._changes_of(connection, oid, name, relation, start, end))
+                    except sa.exc.DataError:    # a captured row that does not fit a column's type as it is now
+                        connection.rollback()
+                        result.extend(self._one_by_one(connection, oid, name, relation, start, end))
                     except sa.exc.ProgrammingError as error:   # its type changed after capture
                         state = getattr(error.orig, "sqlstate", None)
                         if state == "42703" and not read_again:
@@ -111,6 +114,26 @@ class ChangeReader:
                                    "change_id": change.change_id, "committed_at": change.committed_at},
                           transaction=f"pg:{change.xid}", origin=Origin.EXTERNAL)
             entries.append((change, event, None))
+        return entries
+
+    def _one_by_one(self, connection: sa.Connection, oid: int, table_name: str, relation: str, start: Position,
+                    end: Position) -> list[Entry]:
+        """The changes of one table in ``start``..``end`` read one at a time, after PostgreSQL refused to turn one
+        of their captured rows into the table's row type (a column's type changed since, ``ALTER … TYPE``, and a
+        value recorded before does not fit the new one): each that fits is delivered, each that does not becomes
+        a change without an event and the reason (its dead letter)."""
+        entries: list[Entry] = []
+        for change, _, _ in self._undeliverable(connection, oid, table_name, start, end, ""):
+            # (the range of this change alone: after the one before it in its commit, up to itself)
+            just = Position(change.position, change.change_id - 1), Position(change.position, change.change_id)
+            try:
+                entries.extend(self._changes_of(connection, oid, table_name, relation, *just))
+            except sa.exc.DataError as error:
+                connection.rollback()
+                refusal = str(error.orig or error).strip().splitlines()[0]
+                entries.append((change, None, f"{change.describe()} cannot be delivered: its captured row does not "
+                                              f"fit the columns table {table_name!r} has now (a column's type "
+                                              f"changed since it was written): {refusal}"))
         return entries
 
     def _undeliverable(self, connection: sa.Connection, oid: int, table_name: str, start: Position, end: Position,

@@ -853,6 +853,53 @@ def test_the_dead_letter_of_a_change_to_a_table_gone_by_its_name_says_what_happe
         db.schema.refresh()
 
 
+def test_a_change_whose_captured_row_no_longer_fits_a_retyped_column_is_a_dead_letter_and_the_others_go_on(
+        clean, conninfo):
+    """Another process changes a column's type (``ALTER … TYPE integer USING …``) while changes of the table are
+    pending: a change whose captured row no longer fits the new type becomes a dead letter saying so, the changes
+    before and after it (which fit) are delivered, and the consumer goes on.  PostgreSQL's refusal to turn the
+    captured row into the table's row type ("invalid input syntax for type integer") stopped the consumer — its
+    thread, `activedb capture consume` — at that batch, every time it was started again."""
+    db = clean
+    seen = []
+    with psycopg.connect(conninfo, autocommit=True) as psql:
+        psql.execute("DROP TABLE IF EXISTS retyped")
+        psql.execute("CREATE TABLE retyped (id integer PRIMARY KEY, amount text)")
+    try:
+        db.schema.refresh()
+        db.capture("retyped")
+
+        @db.rule(on=db.captured("retyped", "inserted"), coupling="detached")
+        def remember(tx, event):
+            seen.append(event.new)
+
+        consumer = db.capture.consumer()
+        assert consumer.run_until_caught_up() == 0             # (the consumer has read the table's layout)
+        with psycopg.connect(conninfo, autocommit=True) as psql:
+            psql.execute("INSERT INTO retyped VALUES (1, '10')")
+            psql.execute("INSERT INTO retyped VALUES (2, 'ten')")
+            psql.execute("INSERT INTO retyped VALUES (3, '30')")
+            psql.execute("ALTER TABLE retyped ALTER COLUMN amount TYPE integer "
+                         "USING CASE WHEN amount ~ '^[0-9]+$' THEN amount::integer END")
+            psql.execute("INSERT INTO retyped VALUES (4, 40)")
+        db.schema.refresh()
+        assert consumer.run_until_caught_up() == 4
+        db.rules.wait_idle(WATCHDOG_SECONDS)
+        assert seen == [{"id": 1, "amount": 10}, {"id": 3, "amount": 30}, {"id": 4, "amount": 40}]
+        with db.engine.connect() as connection:
+            reasons = connection.execute(sa.text("SELECT reason FROM activedb_dead_letters")).scalars().all()
+        assert len(reasons) == 1, reasons
+        assert "cannot be delivered" in reasons[0] and "'retyped'" in reasons[0], reasons
+        assert 'invalid input syntax for type integer: "ten"' in reasons[0], reasons
+        assert consumer.failure is None
+        consumer.close()
+    finally:
+        db.capture.remove("retyped")
+        with psycopg.connect(conninfo, autocommit=True) as psql:
+            psql.execute("DROP TABLE IF EXISTS retyped")
+        db.schema.refresh()
+
+
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")   # (the thread's end, before)
 def test_a_running_consumer_goes_on_after_its_pooled_connections_were_lost(clean, conninfo):
     """PostgreSQL ended the sessions of the database's pooled connections (a server restart, a failover, an
