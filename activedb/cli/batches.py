@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from activedb.atomic import CompensationMode, CompensationScope
-from activedb.cli import has_no_tables, load_app, open_database, register_app
+from activedb.cli import _Group, has_no_tables, load_app, open_database, register_app
 from activedb.extras import Extra, needs
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -21,7 +21,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from activedb.atomic import BatchRef, TransactionLineage
 
 
-@click.group("batches")
+@click.group("batches", cls=_Group)
 def batches_group() -> None:
     """Atomic batches: lineage, scover, compensation."""
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Callable, NoReturn
 
 import click
 
-from activedb.cli import has_no_tables, open_database, register_app
+from activedb.cli import _Group, has_no_tables, open_database, register_app
 from activedb.cli.running import StopRequest
 from activedb.metrics import metrics_port_option, start_metrics
 
@@ -24,7 +24,7 @@ def _when(at: dt.datetime | None) -> str:
     return at.isoformat(timespec="seconds") if at is not None else "-"
 
 
-@click.group("capture")
+@click.group("capture", cls=_Group)
 def capture_group() -> None:
     """Rules on changes made by any PostgreSQL client (activedb.capture)."""
 

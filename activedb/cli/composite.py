@@ -141,7 +141,9 @@ def build(rows: list[Arrival], query: str, default_accuracy: float = 0.005) -> c
 
 
 def register_commands(main: click.Group) -> None:
-    @main.group(name="composite")
+    from activedb.cli import _Group     # (the group's errors as the others': one line naming the command)
+
+    @main.group(name="composite", cls=_Group)
     def composite_group() -> None:
         """Composite events from many producers (accuracy-interval time)."""
 

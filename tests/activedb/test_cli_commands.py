@@ -278,6 +278,27 @@ def test_a_database_failure_of_a_subcommand_names_the_whole_command(db, database
     assert [letter["id"] for letter in remaining] == letters
 
 
+@pytest.mark.parametrize("command", [["capture", "status"], ["capture", "disable", "orders"],
+                                     ["batches", "show", "feed", "1"], ["status"]])
+def test_a_database_failure_of_a_contributed_command_names_the_whole_command(db, database_url, command):
+    """The commands other modules contribute (``capture``, ``batches``: entry points) name themselves whole in a
+    refusal no layer below turned into an activedb error, as the package's own do: a role that may only connect got
+    'PostgreSQL refused running `activedb capture` …' from `activedb capture status` — the group, not the command."""
+    role = "t_cli_connect_only"
+    with db.engine.begin() as connection:
+        connection.execute(sa.text(f"CREATE ROLE {role} LOGIN PASSWORD 'nothing'"))
+    url = sa.make_url(database_url).set(username=role, password="nothing").render_as_string(False)
+    try:
+        refused = invoke(url, *command)
+    finally:
+        with db.engine.begin() as connection:
+            connection.execute(sa.text(f"DROP OWNED BY {role}"))
+            connection.execute(sa.text(f"DROP ROLE {role}"))
+    assert refused.exit_code == 1, refused.output
+    assert f"PostgreSQL refused running `activedb {' '.join(command[:2])}`" in refused.output, refused.output
+    assert "permission denied for table activedb_alembic_version" in refused.output, refused.output
+
+
 @pytest.mark.parametrize("command", [["show", "{id}"], ["list", "--id", "{id}"], ["list", "--batch", "{id}"],
                                      ["purge", "--batch", "{id}", "--yes"]])
 def test_a_dead_letter_or_batch_id_beyond_bigint_is_refused_as_the_options_value(database_url, letters, command):
