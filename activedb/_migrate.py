@@ -57,14 +57,18 @@ MIGRATION_LOCK = int.from_bytes(b"activedb", "big") >> 1
 
 @contextlib.contextmanager
 def _failing_as(what: str) -> Iterator[None]:
-    """Any error of the block but a MigrationError becomes one: ``what failed: first line``."""
+    """Any error of the block but a MigrationError becomes one: ``what failed: first line`` — of a database error,
+    PostgreSQL's message and its hint (a revision's ``RAISE … USING HINT``: what to do), not the driver's wrapping."""
     try:
         yield
     except MigrationError:
         raise
     except Exception as error:  # alembic raises CommandError and driver errors alike
-        text = str(error).strip().splitlines()
-        raise MigrationError(f"{what} failed: {text[0] if text else type(error).__name__}") from error
+        orig = error.orig if isinstance(error, sa.exc.DBAPIError) and error.orig is not None else error
+        text = str(orig).strip().splitlines()
+        hint = getattr(getattr(orig, "diag", None), "message_hint", None)
+        raise MigrationError(f"{what} failed: {text[0] if text else type(error).__name__}"
+                             + (f" ({hint})" if hint else "")) from error
 
 
 def offline_sql(url: str, action: str, revision: str) -> str:

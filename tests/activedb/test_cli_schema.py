@@ -372,3 +372,29 @@ def test_app_downgrade_to_a_revision_the_tables_have_not_reached_says_nothing_ch
         assert "Continue?" not in result.output
     finally:
         assert invoke(url, "app", "downgrade", str(path), "base", "--yes").exit_code == 0
+
+
+def test_an_app_revision_that_enables_capture_before_activedbs_tables_says_to_run_db_upgrade(make_fresh_url):
+    """``activedb app upgrade`` (which does not touch activedb's tables) of a revision with ``enable_capture`` on a
+    database without activedb's tables: the one line says what PostgreSQL's hint says — run ``activedb db upgrade``
+    first — and nothing else of the driver.  It ended at the error's first line, '(psycopg.errors.RaiseException)
+    activedb's capture tables are missing …', without the hint written for exactly this case."""
+    from tests.capture.conftest import MIGRATIONS
+
+    result = invoke(make_fresh_url, "app", "upgrade", str(MIGRATIONS))
+    assert result.exit_code == 1, result.output
+    assert "activedb's capture tables are missing" in result.output, result.output
+    assert "run activedb's own migrations first: activedb db upgrade" in result.output, result.output
+    assert "psycopg.errors" not in result.output and len(result.output.splitlines()) == 1, result.output
+    heads, _ = _app_revision(make_fresh_url, MIGRATIONS)
+    assert heads == []                          # (the revision's tables are not there either: one transaction)
+
+
+def _app_revision(url, location):
+    import activedb
+
+    database = activedb.connect(url, upgrade=False)
+    try:
+        return database.schema.app_revision(location)
+    finally:
+        database.close()
