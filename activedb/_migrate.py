@@ -56,9 +56,11 @@ MIGRATION_LOCK = int.from_bytes(b"activedb", "big") >> 1
 
 
 @contextlib.contextmanager
-def _failing_as(what: str) -> Iterator[None]:
+def _failing_as(what: str, location: Path | None = None) -> Iterator[None]:
     """Any error of the block but a MigrationError becomes one: ``what failed: first line`` — of a database error,
-    PostgreSQL's message and its hint (a revision's ``RAISE … USING HINT``: what to do), not the driver's wrapping."""
+    PostgreSQL's message and its hint (a revision's ``RAISE … USING HINT``: what to do), not the driver's wrapping;
+    ``location``: an Alembic directory, whose innermost line the error passed (a revision's) is named, ``failed at
+    FILE:LINE``."""
     try:
         yield
     except MigrationError:
@@ -67,8 +69,22 @@ def _failing_as(what: str) -> Iterator[None]:
         orig = error.orig if isinstance(error, sa.exc.DBAPIError) and error.orig is not None else error
         text = str(orig).strip().splitlines()
         hint = getattr(getattr(orig, "diag", None), "message_hint", None)
-        raise MigrationError(f"{what} failed: {text[0] if text else type(error).__name__}"
+        raise MigrationError(f"{what} failed{_raised_in(error, location)}: "
+                             f"{text[0] if text else type(error).__name__}"
                              + (f" ({hint})" if hint else "")) from error
+
+
+def _raised_in(error: BaseException, location: Path | None) -> str:
+    """`` at FILE:LINE``: the innermost line of ``error``'s traceback in a file under ``location`` (a revision's),
+    or ``""``."""
+    if location is None:
+        return ""
+    import traceback
+
+    inside = str(location.resolve()) + os.sep
+    lines = [frame for frame in traceback.extract_tb(error.__traceback__)
+             if os.path.realpath(frame.filename).startswith(inside)]
+    return f" at {lines[-1].filename}:{lines[-1].lineno}" if lines else ""
 
 
 def offline_sql(url: str, action: str, revision: str) -> str:
@@ -190,10 +206,20 @@ class Schema:
 
     def _run(self, action: str, revision: str, location: Path) -> None:
         check_revision(revision, location)
-        with _failing_as(f"{action} to {revision!r}"), self.engine.begin() as connection:
-            # Held until this transaction ends (Alembic runs inside it: the connection is passed).
-            connection.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK})
-            getattr(command, action)(_config(location, connection), revision)
+        try:
+            with _failing_as(f"{action} to {revision!r}", location), self.engine.begin() as connection:
+                # Held until this transaction ends (Alembic runs inside it: the connection is passed).
+                connection.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK})
+                getattr(command, action)(_config(location, connection), revision)
+        except MigrationError as error:
+            # Where the tables are now (the run is one transaction, rolled back: where they were before it).
+            own = location == migrations.SCRIPT_LOCATION
+            try:
+                heads = [current(self.engine)] if own else self.app_revision(location)[0]
+            except Exception:
+                raise error from error.__cause__
+            raise MigrationError(f"{error}; {'activedb' if own else 'the application'}'s tables are at "
+                                 f"{', '.join(filter(None, heads)) or 'base'} now") from error.__cause__
         self.refresh()
 
     def upgrade(self, revision: str = "head") -> None:

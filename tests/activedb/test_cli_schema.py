@@ -398,3 +398,49 @@ def _app_revision(url, location):
         return database.schema.app_revision(location)
     finally:
         database.close()
+
+
+FAILING_REVISION = '''"""Fails after creating a table."""
+import sqlalchemy as sa
+from alembic import op
+
+revision = "halfway_0002"
+down_revision = "halfway_0001"
+branch_labels = None
+depends_on = None
+
+
+def upgrade():
+    op.create_table("halfway_second", sa.Column("id", sa.Integer, primary_key=True))
+    raise RuntimeError("no second table today")
+
+
+def downgrade():
+    op.drop_table("halfway_second")
+'''
+
+
+def test_an_app_revision_that_raises_halfway_names_its_line_and_says_the_tables_are_where_they_were(url, tmp_path):
+    """An application's second revision raises after creating a table: the one line names the revision's file and
+    line and says where the application's tables are now: at base, as before (the upgrade is one transaction: the
+    first revision's table is not kept either), and so they are.  It said only "upgrade to 'head' failed: no second table
+    today" — which of the revisions, and whether the ones before it were applied, the user had to find out."""
+    location = tmp_path / "halfway"
+    assert invoke(url, "app", "init", str(location), "--name", "halfway").exit_code == 0
+    (location / "versions" / "0002_fails.py").write_text(FAILING_REVISION)
+    result = invoke(url, "app", "upgrade", str(location))
+    assert result.exit_code == 1, result.output
+    line = FAILING_REVISION.splitlines().index('    raise RuntimeError("no second table today")') + 1
+    assert f"0002_fails.py:{line}" in result.output and "no second table today" in result.output, result.output
+    assert "the application's tables are at base now" in result.output and len(result.output.splitlines()) == 1, result.output
+    assert _app_revision(url, location)[0] == []
+    assert "halfway_items" not in _tables(url) and "halfway_second" not in _tables(url)
+
+
+def _tables(url) -> set[str]:
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as connection:
+            return set(sa.inspect(connection).get_table_names())
+    finally:
+        engine.dispose()
