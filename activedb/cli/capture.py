@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import functools
 import json
 from typing import TYPE_CHECKING, Callable, NoReturn
 
 import click
 
-from activedb.cli import _Group, has_no_tables, open_database, register_app
-from activedb.cli.running import StopRequest
+from activedb.cli import _Group, console as make_console, has_no_tables, open_database, register_app
+from activedb.cli.running import StopRequest, describe_in_progress, exit_at_once
 from activedb.metrics import metrics_port_option, start_metrics
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -45,8 +46,6 @@ def status_command(ctx: click.Context, as_json: bool, behind_changes: int, behin
         click.echo(json.dumps({**dataclasses.asdict(status), "warnings": status.warnings()}, indent=2, default=str))
         return
     from rich.table import Table
-
-    from activedb.cli import console as make_console
 
     console = make_console()
     if not status.tables:
@@ -137,8 +136,8 @@ def consume_command(ctx: click.Context, app: str, name: str, batch_size: int, re
 
     APP is a module name or a .py file with register(db) declaring the rules on db.captured(...) (and
     optionally MIGRATIONS, its Alembic directory, upgraded first). Runs until Ctrl-C / SIGTERM (the batch
-    in progress finishes or is rolled back: exactly once either way), or with --until-caught-up until
-    nothing is pending."""
+    in progress finishes; a second Ctrl-C ends the process at once and PostgreSQL rolls the batch back:
+    exactly once either way), or with --until-caught-up until nothing is pending."""
     from activedb.cli.application import load_app as load_application
 
     loaded = load_application(app)        # (MIGRATIONS relative to the application's file, as `activedb run` reads it)
@@ -159,6 +158,8 @@ def consume_command(ctx: click.Context, app: str, name: str, batch_size: int, re
                 click.echo(f"capture consumer {name!r}: handled {handled:,} changes, caught up at {consumer.position}")
                 return
             stop = StopRequest()
+            # (the second Ctrl-C: a rule that never returns holds the batch, and the orderly stop would wait for it)
+            stop.at_once = functools.partial(exit_at_once, make_console(), consumer.ingestion)
             stop.install()
             try:
                 consumer.start()
@@ -166,9 +167,14 @@ def consume_command(ctx: click.Context, app: str, name: str, batch_size: int, re
                 # Woken by the signal handler; the timeout re-checks that the consumer's thread is alive.
                 while not stop.event.wait(1.0) and consumer.failure is None:
                     pass
+                if stop.event.is_set():
+                    batch = consumer.ingestion.batch_in_progress()
+                    doing = ("no batch is in progress" if batch is None else
+                             f"letting batch {batch.batch_id} finish ({describe_in_progress(batch)})")
+                    click.echo(f"stopping: {doing} — Ctrl-C again to stop at once")
             finally:
-                stop.restore()
                 consumer.close()
+                stop.restore()          # (after the stop: a second Ctrl-C while it waits ends the process)
             failure = consumer.failure
             if failure is not None:
                 import sqlalchemy as sa
