@@ -123,8 +123,10 @@ disable_command = _tables_command("disable", "Stop capturing TABLES (their chang
 @capture_group.command("consume")
 @click.argument("app")
 @click.option("--name", default="default", show_default=True, help="Consumer name (one leader per name).")
-@click.option("--batch-size", default=500, show_default=True, help="Changes per batch (one transaction each).")
-@click.option("--retention", default=0.0, show_default=True, help="Seconds consumed changes are kept.")
+@click.option("--batch-size", default=500, show_default=True, type=click.IntRange(min=1),
+              help="Changes per batch (one transaction each).")
+@click.option("--retention", default=0.0, show_default=True, type=click.FloatRange(min=0),
+              help="Seconds consumed changes are kept (inf: for ever).")
 @click.option("--until-caught-up", is_flag=True, help="Exit once nothing is pending.")
 @click.option("--lead-timeout", default=30.0, show_default=True, type=click.FloatRange(min=0),
               help="With --until-caught-up: seconds to wait while another consumer of NAME leads.")

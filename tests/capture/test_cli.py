@@ -180,6 +180,22 @@ def test_consume_exits_with_the_error_when_its_consumer_thread_dies(database_url
     assert "permission denied for table activedb_capture_changes" in result.output
 
 
+@pytest.mark.parametrize("option, value, refusal", [("--batch-size", "0", "0 is not in the range x>=1"),
+                                                    ("--batch-size", "-5", "-5 is not in the range x>=1"),
+                                                    ("--retention", "-1", "-1.0 is not in the range x>=0")])
+def test_a_batch_size_or_retention_out_of_range_is_a_usage_error_before_anything_is_written(make_database_url, option,
+                                                                                            value, refusal):
+    """``capture consume APP --batch-size 0`` (or a negative retention) was refused by the consumer — after the
+    command had created activedb's tables in a new database, upgraded the application's and persisted its rules.
+    It is click's usage error now (exit 2), and the database is as it was."""
+    url = make_database_url(f"consume_options_{value.lstrip('-')}")
+    result = CliRunner().invoke(main, ["--url", url, "capture", "consume", APP_FILE, "--until-caught-up", option,
+                                       value])
+    assert result.exit_code == 2 and option in result.output and refusal in result.output, result.output
+    with psycopg.connect(libpq(url)) as connection:
+        assert connection.execute("SELECT count(*) FROM pg_tables WHERE schemaname = 'public'").fetchone() == (0,)
+
+
 STUCK_APP = '''"""A rule on captured orders that never returns (it says so first)."""
 import threading
 
