@@ -75,15 +75,18 @@ def _failing_as(what: str, location: Path | None = None) -> Iterator[None]:
 
 
 def _raised_in(error: BaseException, location: Path | None) -> str:
-    """`` at FILE:LINE``: the innermost line of ``error``'s traceback in a file under ``location`` (a revision's),
-    or ``""``."""
+    """`` at FILE:LINE``: the innermost line of ``error``'s traceback in a revision of ``location`` (its
+    ``versions/``), or in its ``env.py`` if the error was raised right there (not by Alembic below the env's
+    ``run_env`` call: an unknown or ambiguous revision is no line's fault); else ``""``."""
     if location is None:
         return ""
     import traceback
 
-    inside = str(location.resolve()) + os.sep
-    lines = [frame for frame in traceback.extract_tb(error.__traceback__)
-             if os.path.realpath(frame.filename).startswith(inside)]
+    frames = traceback.extract_tb(error.__traceback__)
+    versions = str((location / "versions").resolve()) + os.sep
+    lines = [frame for frame in frames if os.path.realpath(frame.filename).startswith(versions)]
+    if not lines and frames and os.path.realpath(frames[-1].filename) == os.path.realpath(location / "env.py"):
+        lines = frames[-1:]
     return f" at {lines[-1].filename}:{lines[-1].lineno}" if lines else ""
 
 

@@ -444,3 +444,17 @@ def _tables(url) -> set[str]:
             return set(sa.inspect(connection).get_table_names())
     finally:
         engine.dispose()
+
+
+def test_an_error_of_alembic_itself_names_no_line_of_the_applications_env(url, tmp_path):
+    """Two revisions branching from one (two heads): `app upgrade` (to head) is refused by Alembic, below the
+    env.py's run_env call — the line names no file, as no line of the application's is at fault (it named
+    env.py:3, the run_env call, right after revisions' lines were named)."""
+    location = tmp_path / "forked"
+    assert invoke(url, "app", "init", str(location), "--name", "forked").exit_code == 0
+    branch = FAILING_REVISION.replace('"halfway_0002"', '"forked_0002"').replace('"halfway_0001"', '"forked_0001"')
+    (location / "versions" / "0002_a.py").write_text(branch)
+    (location / "versions" / "0002_b.py").write_text(branch.replace('"forked_0002"', '"forked_0002b"'))
+    result = invoke(url, "app", "upgrade", str(location))
+    assert result.exit_code == 1 and "Multiple head revisions are present" in result.output, result.output
+    assert "env.py" not in result.output and "failed:" in result.output, result.output
