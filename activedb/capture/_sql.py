@@ -27,6 +27,9 @@ TABLES = "activedb_capture_tables"
 CHANGES = "activedb_capture_changes"
 COMMITS = "activedb_capture_commits"
 CONSUMERS = "activedb_capture_consumers"
+SEQUENCER = "activedb_capture_sequencer"
+#: Capture's own tables, which cannot be captured (``_INSTALL`` refuses them).
+OWN_TABLES = (TABLES, CHANGES, COMMITS, CONSUMERS, SEQUENCER)
 
 
 def check_table_name(name: object) -> str:
@@ -68,6 +71,13 @@ BEGIN
         RAISE EXCEPTION USING MESSAGE = 'no table ' || quote_ident(captured) || ' to capture in the schemas of '
             'the search path (' || current_setting('search_path') || ')',
             HINT = 'create the table first (in an earlier revision)';
+    END IF;
+    -- (its trigger on capture's own tables would record its own rows: on the change table it fires itself, and
+    -- every captured write fails; on the consumers' table each position update is a change to consume)
+    IF target IN ({", ".join(f"to_regclass('{own}')" for own in OWN_TABLES)}) THEN
+        RAISE EXCEPTION USING MESSAGE = target::text || ' is one of change capture''s own tables, which cannot '
+            'be captured (their rows are the capture: capturing them would record its own changes)',
+            HINT = 'capture the application''s tables';
     END IF;
     EXECUTE 'CREATE OR REPLACE TRIGGER {TRIGGER_NAME} AFTER INSERT OR UPDATE OR DELETE ON ' || target::text
             || ' FOR EACH ROW EXECUTE FUNCTION activedb_capture_row()';

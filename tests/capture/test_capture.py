@@ -479,6 +479,25 @@ def test_a_retention_longer_than_postgresql_can_subtract_keeps_changes_and_the_c
     keeper.close()
 
 
+@pytest.mark.filterwarnings("ignore:Did not recognize type 'xid8'")     # (db.table reflects the table first)
+@pytest.mark.parametrize("table", ["activedb_capture_changes", "activedb_capture_commits", "activedb_capture_tables",
+                                   "activedb_capture_consumers", "activedb_capture_sequencer"])
+def test_capture_refuses_its_own_tables_and_captured_writes_go_on(clean, conninfo, table):
+    """``db.capture("activedb_capture_changes")`` (``activedb capture enable …``, or enable_capture in a revision)
+    installed the row trigger on the change table itself: every captured write of every table then failed with
+    "stack depth limit exceeded" (the trigger's insert fired the trigger); capturing the consumers' table made each
+    position update a change to consume.  Capture's own tables are refused, saying why, and nothing is installed."""
+    db = clean
+    with pytest.raises(CaptureError, match=f"{table}.* is one of change capture's own tables"):
+        db.capture(table)
+    assert table not in [captured.name for captured in db.capture.tables()]
+    with psycopg.connect(conninfo, autocommit=True) as psql:
+        psql.execute("INSERT INTO orders (id, customer, amount) VALUES (4242, 'still', 1)")
+        assert psql.execute("SELECT count(*) FROM pg_trigger WHERE tgrelid = %s::regclass AND tgname = "
+                            "'activedb_capture'", (table,)).fetchone() == (0,)
+    assert db.capture.consumer().run_until_caught_up() == 1
+
+
 def test_capture_can_be_turned_on_and_off_at_run_time(clean, conninfo):
     db = clean
     seen = []
