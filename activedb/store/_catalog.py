@@ -223,6 +223,11 @@ class Catalog:
             except sa.exc.OperationalError as error:
                 raise self.database_failure(error, f"reading the columns of {name!r}") from error
             except sa.exc.NoSuchTableError:
+                if len(name) > 2 and name[0] == name[-1] == '"':        # an SQL identifier, as `psql` takes it
+                    raise UnknownTable(
+                        f"no table {name!r} in {self._describe()}: activedb takes a table's name as PostgreSQL "
+                        f"stores it (mixed case, spaces and dots as they are), without SQL's double quotes — name "
+                        f"it {name[1:-1].replace(chr(34) * 2, chr(34))!r}") from None
                 if "." in name:
                     raise self._schema_qualified(*name.rsplit(".", 1)) from None
                 raise UnknownTable(

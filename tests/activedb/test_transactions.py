@@ -3,6 +3,8 @@
 import datetime
 import threading
 
+import re
+
 import pytest
 import sqlalchemy as sa
 
@@ -1482,6 +1484,18 @@ def test_a_schema_qualified_table_is_refused_saying_to_put_its_schema_on_the_sea
         with other.transaction() as tx:
             assert tx.read("things", 1) == {"id": 1, "note": "found"}
     assert committed(db, "elsewhere.things") == {(1,): {"id": 1, "note": "found"}}
+
+
+@pytest.mark.parametrize("quoted, name", [('"accounts"', "accounts"), ('"public.accounts"', "public.accounts")])
+def test_a_table_named_with_sqls_double_quotes_is_refused_saying_to_name_it_without_them(db, quoted, name):
+    """activedb takes a table's name as PostgreSQL stores it (``MixedCase``, ``we.ird``), so a name written with SQL's
+    double quotes (``activedb capture enable '"MixedCase"'``) names no table: the error says to drop the quotes.  It
+    gave the advice for a table never created, and for a quoted name with a dot the schema-qualified advice cut at the
+    dot ('name it \'accounts"\' and put its schema on the search path … search_path=public,"public')."""
+    with pytest.raises(activedb.UnknownTable, match=rf"no table '\\?{re.escape(quoted)}'.*without SQL's double "
+                                                    rf"quotes.* name it {re.escape(repr(name))}$") as refused:
+        db.table(quoted)
+    assert "search_path" not in str(refused.value) and "migrations" not in str(refused.value), refused.value
 
 
 @pytest.mark.parametrize("payload, shown", [("ann", r"'ann' \(str\)"), (5, r"5 \(int\)")])
