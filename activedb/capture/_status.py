@@ -8,6 +8,7 @@ committed more than ``behind_seconds`` ago.  Without any consumer, every retaine
 from __future__ import annotations
 
 import datetime as dt
+import shlex
 from dataclasses import dataclass
 
 import sqlalchemy as sa
@@ -85,8 +86,10 @@ class CaptureStatus:
                              f"dead-letters list --query capture:{consumer.name}` shows each with its error")
         for table in self.tables:
             if not table.trigger_installed:
-                lines.append(f"table {table.name!r} is registered as captured but has no capture trigger (was it "
-                             f"dropped and created again?): run db.capture({table.name!r}) or your migration again")
+                lines.append(f"table {table.name!r} is registered as captured but has no capture trigger (dropped, "
+                             f"or dropped and created again?): if it exists, capture it again (db.capture("
+                             f"{table.name!r}) or your migration); if not, stop capturing it (activedb capture "
+                             f"disable {shlex.quote(table.name)}, or db.capture.remove({table.name!r}))")
         if not self.consumers and self.retained_changes:
             lines.append(f"{self.retained_changes:,} captured changes and no consumer: start one "
                          f"(db.capture.start() or activedb capture consume APP)")

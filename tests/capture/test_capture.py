@@ -498,6 +498,26 @@ def test_capture_refuses_its_own_tables_and_captured_writes_go_on(clean, conninf
     assert db.capture.consumer().run_until_caught_up() == 1
 
 
+def test_the_status_of_a_captured_table_dropped_says_to_stop_capturing_it(clean, conninfo):
+    """A captured table dropped by another process: the status's warning offers stopping its capture (what works for a
+    table that is gone) besides capturing it again (what works for one created again).  It said only "was it dropped
+    and created again?: run db.capture('dropped_one')", which fails for a table that is gone ('no table …')."""
+    db = clean
+    with psycopg.connect(conninfo, autocommit=True) as psql:
+        psql.execute("DROP TABLE IF EXISTS dropped_one")
+        psql.execute("CREATE TABLE dropped_one (id integer PRIMARY KEY)")
+    db.schema.refresh()
+    db.capture("dropped_one")
+    with psycopg.connect(conninfo, autocommit=True) as psql:
+        psql.execute("DROP TABLE dropped_one")
+    db.schema.refresh()
+    [warning] = [line for line in db.capture.status().warnings() if "'dropped_one'" in line]
+    assert "no capture trigger" in warning and "db.capture('dropped_one')" in warning, warning
+    assert "activedb capture disable dropped_one" in warning and "db.capture.remove('dropped_one')" in warning, warning
+    db.capture.remove("dropped_one")                    # (what the warning says works)
+    assert not [line for line in db.capture.status().warnings() if "'dropped_one'" in line]
+
+
 def test_capture_can_be_turned_on_and_off_at_run_time(clean, conninfo):
     db = clean
     seen = []
