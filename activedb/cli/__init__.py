@@ -100,17 +100,24 @@ class _Group(click.Group):
                 message, code = error.format_message(), error.exit_code
             else:
                 # A database failure no layer below turned into one of the documented errors: still one line.
-                import psycopg
-                import sqlalchemy as sa
-
-                from activedb.errors import database_failure
-
-                if not isinstance(error, (sa.exc.DBAPIError, psycopg.Error)):
+                failure = _database_failure(error, f"running `{_invoked(ctx)}`", "the database")
+                if failure is None:
                     raise
-                message, code = str(database_failure(error, f"running `{_invoked(ctx)}`",
-                                                     "the database")), 1
+                message, code = str(failure), 1
             click.echo(f"activedb: error: {mask_secrets(message)}", err=True)
             ctx.exit(code)
+
+
+def _database_failure(error: BaseException, doing: str, where: str) -> ActivedbError | None:
+    """``error``, a database failure no layer below turned into one of the documented errors, as the one that says it
+    in a line (:func:`activedb.errors.database_failure`: PostgreSQL's refusal and its SQLSTATE); None for any other
+    error."""
+    import psycopg
+    import sqlalchemy as sa
+
+    from activedb.errors import database_failure
+
+    return database_failure(error, doing, where) if isinstance(error, (sa.exc.DBAPIError, psycopg.Error)) else None
 
 
 class _MainGroup(_Group):
@@ -256,7 +263,8 @@ def register_app(register: Callable[[Database], object], database: Database, nam
         from activedb._logfile import home_log
 
         logging.getLogger("activedb.cli").error("%s: register(db) failed", name, exc_info=failure)
-        message = str(failure) if isinstance(failure, ActivedbError) else repr(failure)
+        refused = _database_failure(failure, "registering the application's rules", database.describe())
+        message = str(failure) if isinstance(failure, ActivedbError) else str(refused) if refused else repr(failure)
         raise click.ClickException(f"{name}: register(db) failed{_where(failure)}: {message} (the traceback is in "
                                    f"{home_log()})") from failure
 

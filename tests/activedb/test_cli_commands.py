@@ -416,6 +416,32 @@ def test_an_application_whose_register_raises_is_one_line_naming_its_line(db, da
     assert line.endswith("activedb.log)"), line
 
 
+def test_a_database_refusal_in_an_applications_register_is_postgresqls_one_line(db, database_url, tmp_path):
+    """A role that may read activedb's tables but not write the rule registry runs ``outbox --app APP`` (as ``capture
+    consume``, ``run``, ``dead-letters replay``): register(db) persisting its rule is refused by PostgreSQL.  The line
+    is PostgreSQL's refusal with its SQLSTATE, as for any command, not the driver exception's repr — which for an
+    error carrying PostgreSQL's CONTEXT (a trigger's statement, repeated per level) ran to hundreds of kilobytes."""
+    role = "t_cli_no_rule_writes"
+    with db.engine.begin() as connection:
+        connection.execute(sa.text(f"CREATE ROLE {role} LOGIN PASSWORD 'reader'"))
+        connection.execute(sa.text(f"GRANT SELECT ON ALL TABLES IN SCHEMA public TO {role}"))
+    url = sa.make_url(database_url).set(username=role, password="reader").render_as_string(False)
+    app = tmp_path / "persisting_app.py"
+    app.write_text("def register(db):\n    @db.rule(on=db.inserted('accounts'), name='t_cli_refused_rule')\n"
+                   "    def react(tx, event):\n        pass\n")
+    try:
+        result = CliRunner().invoke(main, ["--url", url, "outbox", "--app", str(app)])
+    finally:
+        with db.engine.begin() as connection:
+            connection.execute(sa.text(f"DROP OWNED BY {role}"))
+            connection.execute(sa.text(f"DROP ROLE {role}"))
+    assert result.exit_code == 1, result.output
+    (line,) = result.output.splitlines()
+    assert line.startswith(f"activedb: error: {app}: register(db) failed at {app}:2: PostgreSQL refused "), line
+    assert "(SQLSTATE 42501): permission denied for table activedb_rules" in line, line
+    assert "psycopg.errors" not in line and "ProgrammingError(" not in line and line.endswith("activedb.log)"), line
+
+
 def test_an_application_module_in_the_current_directory_is_found_as_python_m_finds_it(tmp_path, monkeypatch):
     """The tutorial's `activedb run bank.rules`, from the directory holding bank/: the command's own sys.path
     (its script's directory) does not have the current directory."""
