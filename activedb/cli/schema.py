@@ -132,9 +132,15 @@ def app_init(path: str, name: str | None) -> None:
                f"(or db.upgrade_app({path!r}))")
 
 
+def _no_revision(path: str) -> str:
+    """What an Alembic directory without revisions (its head None) is, said instead of a head."""
+    return f"no revision yet: add one under {Path(path) / 'versions'}"
+
+
 def _say_app_revision(database: Database, path: str) -> None:
     heads, head = database.schema.app_revision(path)
-    click.echo(f"{path}: now at {', '.join(heads) or 'base'} (head {head}) — {database.describe()}")
+    click.echo(f"{path}: now at {', '.join(heads) or 'base'} ({f'head {head}' if head else _no_revision(path)}) — "
+               f"{database.describe()}")
 
 
 @app.command("upgrade", context_settings=_REVISION_SETTINGS)
@@ -187,5 +193,6 @@ def app_current(ctx: click.Context, path: str) -> None:
     with open_database(ctx, writes=False, check_schema=False) as database:
         heads, head = database.schema.app_revision(path)
         current_text = ", ".join(heads) or "base"
-        note = "at head" if heads == [head] else f"head is {head}: `activedb app upgrade {path}`"
+        note = ("at head" if heads == [head] else _no_revision(path) if head is None else
+                f"head is {head}: `activedb app upgrade {path}`")
         click.echo(f"{path}: {current_text} ({note}) — {database.describe()}")

@@ -458,3 +458,17 @@ def test_an_error_of_alembic_itself_names_no_line_of_the_applications_env(url, t
     result = invoke(url, "app", "upgrade", str(location))
     assert result.exit_code == 1 and "Multiple head revisions are present" in result.output, result.output
     assert "env.py" not in result.output and "failed:" in result.output, result.output
+
+
+def test_an_app_directory_without_revisions_says_so_not_head_none(url, tmp_path):
+    """An Alembic directory whose versions/ holds no revision yet (or has no versions/): `app current` said "base
+    (head is None: `activedb app upgrade PATH`)" — an upgrade that does nothing — and `app upgrade` "now at base (head
+    None)".  Both say there is no revision yet and where to add one."""
+    location = tmp_path / "bare"
+    (location / "versions").mkdir(parents=True)
+    (location / "env.py").write_text('from activedb.alembic_env import run_env\nrun_env(version_table="bare_version")\n')
+    for command in ("current", "upgrade"):
+        result = invoke(url, "app", command, str(location))
+        assert result.exit_code == 0, result.output
+        assert "None" not in result.output, result.output
+        assert f"no revision yet: add one under {location / 'versions'}" in result.output, result.output
