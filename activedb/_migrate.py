@@ -168,6 +168,21 @@ def ahead(revision: str, current: str, script_location: Path | None = None) -> s
     return target.revision if current != target.revision and current in below else None
 
 
+def steps_below(revision: str, current: str, script_location: Path | None = None) -> str | None:
+    """The revision a relative ``revision`` ``-N`` names from ``current`` in ``script_location``'s chain (activedb's
+    own by default): N revisions below it, ``base`` one past the first; None for any other revision, one the chain
+    does not reach, or an error of Alembic's (the caller's downgrade reports it)."""
+    if not (revision.startswith("-") and revision[1:].isdigit()):
+        return None
+    try:
+        script = ScriptDirectory.from_config(_config(script_location or migrations.SCRIPT_LOCATION))
+        chain = [step.revision for step in script.iterate_revisions(current, "base")] + ["base"]
+    except Exception:
+        return None
+    steps = int(revision[1:])
+    return chain[steps] if steps < len(chain) else None
+
+
 def app_location(script_location: str | Path) -> Path:
     """``script_location`` checked to be an Alembic directory (``env.py`` and ``versions/``)."""
     if not isinstance(script_location, (str, os.PathLike)):

@@ -83,10 +83,12 @@ def _migrate_command(ctx: click.Context, action: str, revision: str, sql: bool, 
                 click.echo(f"already below {above}: at {before}; nothing changed ({database.describe()}) — "
                            f"`activedb db upgrade {revision}` goes up to it")
                 return
+            target = _migrate.steps_below(revision, before)      # (-1: the revision it names, for the question)
             what = ("every activedb table (rules, transaction log, ingestion ledger, dead letters) and its rows"
-                    if revision == "base" else f"what the revisions after {revision} added, with its data")
-            _confirm(f"downgrade {database.describe()} from {before} to {revision}: this drops {what}. Continue?",
-                     yes)
+                    if (target or revision) == "base" else f"what the revisions after {target or revision} added, "
+                                                           f"with its data")
+            _confirm(f"downgrade {database.describe()} from {before} to {revision}{f' ({target})' if target else ''}: "
+                     f"this drops {what}. Continue?", yes)
         getattr(database.schema, action)(revision)
         now = database.schema.current_revision() or "base"
         click.echo(f"{action} to {revision}: now at {now} ({database.describe()})")
@@ -162,7 +164,7 @@ def app_upgrade(ctx: click.Context, path: str, revision: str) -> None:
 @click.pass_context
 def app_downgrade(ctx: click.Context, path: str, revision: str, yes: bool) -> None:
     """Downgrade the application's tables in PATH to REVISION ('base' drops them all). Asks first."""
-    from activedb._migrate import ahead, app_location, check_revision
+    from activedb._migrate import ahead, app_location, check_revision, steps_below
 
     revision = _revision(revision)
 
@@ -177,10 +179,11 @@ def app_downgrade(ctx: click.Context, path: str, revision: str, yes: bool) -> No
             click.echo(f"{path}: already below {above}: at {heads[0]}; nothing changed — {database.describe()} — "
                        f"`activedb app upgrade {path} {revision}` goes up to it")
             return
-        what = "every table of this application, with its rows" if revision == "base" else \
-            f"what the revisions after {revision} added, with its data"
-        _confirm(f"downgrade {path} in {database.describe()} from {', '.join(heads)} to {revision}: this drops "
-                 f"{what}. Continue?", yes)
+        target = steps_below(revision, heads[0], app_location(path)) if len(heads) == 1 else None
+        what = "every table of this application, with its rows" if (target or revision) == "base" else \
+            f"what the revisions after {target or revision} added, with its data"
+        _confirm(f"downgrade {path} in {database.describe()} from {', '.join(heads)} to {revision}"
+                 f"{f' ({target})' if target else ''}: this drops {what}. Continue?", yes)
         database.schema.downgrade_app(path, revision)
         _say_app_revision(database, path)
 

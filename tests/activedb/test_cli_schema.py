@@ -472,3 +472,27 @@ def test_an_app_directory_without_revisions_says_so_not_head_none(url, tmp_path)
         assert result.exit_code == 0, result.output
         assert "None" not in result.output, result.output
         assert f"no revision yet: add one under {location / 'versions'}" in result.output, result.output
+
+
+def test_a_relative_downgrade_asks_naming_the_revision_it_goes_to(url, tmp_path):
+    """`db downgrade -1` (and `app downgrade PATH -1`) asked "… from 0016_… to -1: this drops what the revisions after
+    -1 added" — before dropping anything, the question names the revision -1 is (and -N past the first, base)."""
+    assert invoke(url, "db", "upgrade").exit_code == 0
+    below = list(_migrate_chain())[1]
+    asked = invoke(url, "db", "downgrade", "-1")
+    assert asked.exit_code == 1 and "pass --yes" in asked.output, asked.output
+    assert f"to -1 ({below}): this drops what the revisions after {below} added" in asked.output, asked.output
+    location = tmp_path / "relative"
+    assert invoke(url, "app", "init", str(location), "--name", "relative").exit_code == 0
+    assert invoke(url, "app", "upgrade", str(location)).exit_code == 0
+    asked = invoke(url, "app", "downgrade", str(location), "-1")
+    assert asked.exit_code == 1 and "to -1 (base): this drops every table of this application" in asked.output, \
+        asked.output
+    assert invoke(url, "db", "current").output.startswith(_migrate.head())      # (nothing was changed)
+
+
+def _migrate_chain():
+    from alembic.script import ScriptDirectory
+
+    script = ScriptDirectory.from_config(_migrate._config(_migrate.migrations.SCRIPT_LOCATION))
+    return [step.revision for step in script.iterate_revisions(_migrate.head(), "base")]
