@@ -6,6 +6,7 @@ rules on ``db.captured(table, kind)``, ``db.capture.start()``).  Design note, wi
   :class:`Step`, :class:`Position`, :class:`ConsumerStatistics`;
 * :func:`capture_status` and :class:`CaptureStatus`, :class:`ConsumerBacklog`, :class:`TableBacklog`,
   :class:`CapturedTable` — what ``activedb capture status`` shows (another command can show it too);
+* :func:`is_capture_source` — whether a dead letter's source is a capture consumer's (not replayable);
 * :mod:`activedb.capture.migration_ops` — ``enable_capture(op, table)`` / ``disable_capture(op, table)``;
 * :mod:`activedb.capture.errors`.
 """
@@ -23,6 +24,7 @@ _EXPORTS = {
     "activedb.rules": ["FiringOutcome"],        # a batch's firings run through the rule manager
     "activedb.capture._manager": ["CaptureManager"],
     "activedb.capture._status": ["CapturedTable", "CaptureStatus", "ConsumerBacklog", "TableBacklog", "capture_status"],
+    "activedb.capture._firing": ["is_capture_source"],
 }
 __all__ = ["CaptureConflict", "CaptureError", "CaptureNotEnabledWarning", "CaptureNotInstalled", "ConsumerStopped",
            *(name for names in _EXPORTS.values() for name in names)]
@@ -37,3 +39,4 @@ if TYPE_CHECKING:  # the names above, for type checkers (tests/test_typing.py ke
     from activedb.capture._status import (
         CaptureStatus as CaptureStatus, CapturedTable as CapturedTable, ConsumerBacklog as ConsumerBacklog,
         TableBacklog as TableBacklog, capture_status as capture_status)
+    from activedb.capture._firing import is_capture_source as is_capture_source

@@ -46,6 +46,12 @@ def source_of(consumer: str) -> str:
     return f"capture:{consumer}"
 
 
+def is_capture_source(source: str) -> bool:
+    """Whether ``source`` (an ingestion source, a dead letter's query without its ``replay:`` prefixes) is a capture
+    consumer's (:func:`source_of`): its dead letters describe captured changes and hold no row a replay could read."""
+    return source.startswith(source_of(""))
+
+
 @dataclass(frozen=True, eq=False)
 class CapturedEvent:
     """One change of a batch as the ingestion core sees it: ``position``, the index of its row in the batch (the

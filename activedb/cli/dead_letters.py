@@ -8,11 +8,14 @@ import dataclasses
 import json
 import logging
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
 from activedb.cli import _Group, _confirm, console, has_no_tables, open_database, register_app
+
+if TYPE_CHECKING:  # pragma: no cover
+    from activedb.deadletters import LetterRecord
 
 _Command = TypeVar("_Command", bound=Callable[..., Any])
 
@@ -166,6 +169,21 @@ def letters_purge(ctx: click.Context, ids: tuple[int, ...], query: str | None, b
         click.echo(f"deleted {deleted} dead letter(s)")
 
 
+def _refuse_captured(letters: list[LetterRecord]) -> None:
+    """Refuse replaying ``letters`` if any is change capture's: it describes a captured change (which the change table
+    no longer holds once consumed), not a row APP's mapping reads."""
+    from activedb.capture import is_capture_source
+    from activedb.ingest import original_query_name
+
+    captured = [letter for letter in letters if is_capture_source(original_query_name(letter.query_id))]
+    if captured:
+        ids = ", ".join(str(letter.id) for letter in captured)
+        raise click.ClickException(
+            f"dead letter {ids} is change capture's ({captured[0].query_id}): it describes a captured change, not a row "
+            f"a mapping reads, so it cannot be replayed — fix the cause its reason names and write the change again "
+            f"(or purge the letter); leave capture's letters out (--query, --id); nothing was replayed")
+
+
 @dead_letters.command("replay")
 @click.argument("app")
 @letter_filters
@@ -202,6 +220,7 @@ def replay_command(ctx: click.Context, app: str, ids: tuple[int, ...], query: st
         if not letters:
             click.echo("no dead letters to replay match (`activedb dead-letters list --all` shows replayed ones)")
             return
+        _refuse_captured(letters)
         if loaded.migrations is not None:
             database.upgrade_app(loaded.migrations)
         register_app(loaded.register, database, loaded.name)

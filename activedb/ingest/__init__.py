@@ -5,7 +5,8 @@ plain Python feed, the replay of dead letters).  Design note: ``README.md`` in t
 Public names:
 
 * the interface — :class:`LedgerId`, :class:`Batch`, :class:`Source`, :class:`Phase`, ``Rows``;
-* :func:`feed` (the plain connector), :func:`drive` (any pull :class:`Source`), :func:`replay_dead_letters`;
+* :func:`feed` (the plain connector), :func:`drive` (any pull :class:`Source`), :func:`replay_dead_letters` (and
+  :func:`original_query_name`, the source a dead letter came from);
 * :class:`Ingestion` (what a connector holds: ``process``, ``reject``, ``statistics``, …) on an
   :class:`IngestDatabase` (``activedb.Database`` is one), :class:`BatchHandler` and
   :class:`BatchInput` (where a batch goes), :class:`RulesHandler` (the rule path, every connector's default),
@@ -37,7 +38,7 @@ from activedb.ingest._mapping import (EventMapping, RawEvent, Rejected, as_mappi
                                       rows_to_events, to_utc)
 from activedb.ingest._outcome import BatchInProgress, BatchOutcome, FiringInProgress, IngestStatistics, PhaseTimings
 from activedb.ingest._protocol import BatchHandler, BatchInput
-from activedb.ingest._replay import ReplayOutcome, ReplayResult, Replayable, replay_dead_letters
+from activedb.ingest._replay import ReplayOutcome, ReplayResult, Replayable, original_query_name, replay_dead_letters
 from activedb.ingest._rules import BatchLowering, RulesHandler
 from activedb.ingest._watch import BatchReport, Deadlines, batches_in_progress
 
@@ -46,4 +47,4 @@ __all__ = ["END_OF_STREAM_BATCH", "Batch", "BatchHandler", "BatchInProgress", "B
            "IngestStatistics", "Ingestion", "IngestionLedger", "LedgerId", "Phase", "PhaseTimings", "QueryStatus", "RawEvent", "Rejected",
            "Replayable", "ReplayOutcome", "ReplayResult", "RowBatches", "Rows", "RulesHandler", "Source", "as_mapping",
            "batch_committed", "drive", "errors", "feed", "forget_run", "ingestion_status", "is_arrow", "known_type_names", "ledger_query_id",
-           "parse_ledger_query_id", "replay_dead_letters", "rows_to_events", "sources_of_run", "to_utc"]
+           "original_query_name", "parse_ledger_query_id", "replay_dead_letters", "rows_to_events", "sources_of_run", "to_utc"]

@@ -259,3 +259,53 @@ def test_a_second_ctrl_c_ends_consume_at_once_while_a_rule_never_returns(databas
     document = json.loads(CliRunner().invoke(main, ["--url", database_url, "capture", "status", "--json"]).output)
     [stuck] = [consumer for consumer in document["consumers"] if consumer["name"] == "stuck"]
     assert stuck["handled"] == 0 and stuck["tables"][0]["changes"] == 1, stuck
+
+
+MAPPED_APP = '''"""An application with a mapping (as `activedb run` takes) whose rule on captured orders raises."""
+from activedb.ingest import EventMapping
+
+MAPPING = EventMapping(type_column="type", key_column="key", ts_column="ts")
+
+
+def register(db):
+    @db.rule(on=db.captured("orders", "inserted"), coupling="detached")
+    def refuse(tx, event):
+        raise ValueError("not today")
+'''
+
+
+def test_replaying_a_dead_letter_of_change_capture_is_refused_and_marks_nothing(database_url, tmp_path):
+    """A captured change a rule rejected is a dead letter of capture:NAME that keeps the change's description, not a
+    row a mapping reads.  `dead-letters replay APP --query capture:NAME` fed that description through APP's mapping:
+    the letter was marked replayed (and left the default `dead-letters list`) and a new letter "event type ('type')
+    is missing" was written.  It is refused, saying why, and nothing is replayed or marked."""
+    database = activedb.connect(database_url)
+    try:
+        database.upgrade_app(MIGRATIONS)
+        database.capture("orders")            # (the module's earlier tests stop capturing it)
+    finally:
+        database.close()
+    app_file = tmp_path / "mapped_app.py"
+    app_file.write_text(MAPPED_APP)
+    with psycopg.connect(libpq(database_url), autocommit=True) as psql:
+        psql.execute("INSERT INTO orders (id, customer, amount) VALUES (88001, 'refused', 1)")
+    consumed = CliRunner().invoke(main, ["--url", database_url, "capture", "consume", str(app_file), "--name",
+                                         "refusing", "--until-caught-up"])
+    assert consumed.exit_code == 0, consumed.output
+
+    def letters() -> list[dict]:
+        listed = CliRunner().invoke(main, ["--url", database_url, "dead-letters", "list", "--all", "--json"])
+        return json.loads(listed.output)
+
+    # (every order still retained is refused: the module's earlier tests' too, which this new consumer reads)
+    ids = [letter["id"] for letter in letters() if letter["query_id"] == "capture:refusing"]
+    assert ids, letters()
+    replayed = CliRunner().invoke(main, ["--url", database_url, "dead-letters", "replay", str(app_file), "--query",
+                                         "capture:refusing"])
+    assert replayed.exit_code == 1, replayed.output
+    assert f"dead letter {', '.join(map(str, ids))} is change capture's (capture:refusing)" in replayed.output, \
+        replayed.output
+    assert "cannot be replayed" in replayed.output and "nothing was replayed" in replayed.output, replayed.output
+    after = letters()
+    assert [entry["replayed_at"] for entry in after if entry["id"] in ids] == [None] * len(ids)
+    assert not [entry for entry in after if entry["query_id"] == "replay:capture:refusing"]
