@@ -196,6 +196,16 @@ def test_a_batch_size_or_retention_out_of_range_is_a_usage_error_before_anything
         assert connection.execute("SELECT count(*) FROM pg_tables WHERE schemaname = 'public'").fetchone() == (0,)
 
 
+def _capture_orders(database_url: str) -> None:
+    """The app's tables, and ``orders`` captured (the module's earlier tests stop capturing it)."""
+    database = activedb.connect(database_url)
+    try:
+        database.upgrade_app(MIGRATIONS)
+        database.capture("orders")            # (idempotent)
+    finally:
+        database.close()
+
+
 STUCK_APP = '''"""A rule on captured orders that never returns (it says so first)."""
 import threading
 
@@ -220,12 +230,7 @@ def test_a_second_ctrl_c_ends_consume_at_once_while_a_rule_never_returns(databas
 
     from activedb.testing import wait_until
 
-    database = activedb.connect(database_url)
-    try:
-        database.upgrade_app(MIGRATIONS)
-        database.capture("orders")            # (the module's earlier tests stop capturing it)
-    finally:
-        database.close()
+    _capture_orders(database_url)
     app_file = tmp_path / "stuck_app.py"
     app_file.write_text(STUCK_APP)
     output = tmp_path / "consume.out"
@@ -279,12 +284,7 @@ def test_replaying_a_dead_letter_of_change_capture_is_refused_and_marks_nothing(
     row a mapping reads.  `dead-letters replay APP --query capture:NAME` fed that description through APP's mapping:
     the letter was marked replayed (and left the default `dead-letters list`) and a new letter "event type ('type')
     is missing" was written.  It is refused, saying why, and nothing is replayed or marked."""
-    database = activedb.connect(database_url)
-    try:
-        database.upgrade_app(MIGRATIONS)
-        database.capture("orders")            # (the module's earlier tests stop capturing it)
-    finally:
-        database.close()
+    _capture_orders(database_url)
     app_file = tmp_path / "mapped_app.py"
     app_file.write_text(MAPPED_APP)
     with psycopg.connect(libpq(database_url), autocommit=True) as psql:
