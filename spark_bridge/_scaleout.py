@@ -120,6 +120,8 @@ class _PartitionTask:
     lineage: bool = True
     lower_declared: bool = True
     app_shipped: bool = False   # app is the driver's path of a file shipped to the executors (_cluster.ship_app)
+    #: The batch's column names, in order: the rows come named apart by position (:func:`_by_key`); None: as they are.
+    columns: tuple[str, ...] | None = None
 
     def __call__(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         import pyarrow as pa
@@ -130,6 +132,8 @@ class _PartitionTask:
         # The partition's rows as Spark hands them to the task (Arrow, as ``toArrow`` hands a batch to the one-task
         # path: the same validation and dead letters); an empty partition as no rows (it is skipped by itself).
         rows: pa.Table | list[dict[str, object]] = pa.Table.from_batches(received) if received else []
+        if self.columns is not None and isinstance(rows, pa.Table):
+            rows = rows.rename_columns(list(self.columns))
         fetched = time.perf_counter() - started
         context = TaskContext.get()
         assert context is not None          # (a task's Python worker always has one)
@@ -195,6 +199,21 @@ def _check_sendable(options: Mapping[str, object]) -> None:
                 f"time)") from None
 
 
+def _by_key(batch_df: DataFrame, key_column: str, partitions: int) -> DataFrame:
+    """``batch_df`` hash-partitioned into ``partitions`` by the column named exactly ``key_column``, its columns named
+    apart by position (``_0``, ``_1``, …; the task gives them their names back: :attr:`_PartitionTask.columns`).
+    Spark resolves a column's name without regard to case (``spark.sql.caseSensitive`` is off by default), the
+    mapping and Arrow by the exact name: with another column named like the key but for case (``key`` and ``KEY``),
+    which the one-task path applies, ``repartition(N, col(key))`` — and ``mapInArrow``, which passes every column by
+    its name — would be ambiguous and fail every batch.  ``toDF`` renames by position; the hash is the key's value's,
+    whatever its column is called, so a batch lands in the partitions it did before."""
+    from pyspark.sql import functions
+
+    names = batch_df.columns
+    apart = [f"_{index}" for index in range(len(names))]
+    return batch_df.toDF(*apart).repartition(partitions, functions.col(apart[names.index(key_column)]))
+
+
 class PartitionedIngestSink(IngestSink):
     """``foreachBatch`` callable of the scale-out path (the module docstring); ``partitions``, ``app``,
     ``connect_options`` (default: the driver's ``rule_execution``), ``on_partition_failure`` and
@@ -245,8 +264,6 @@ class PartitionedIngestSink(IngestSink):
 
     def _spark_batch(self, batch_df: DataFrame, batch_id: int, spark_query_id: str, query_id: str, *,
                      execution: JavaObject | None = None) -> None:
-        from pyspark.sql import functions
-
         # ingest()'s checks of the stream's columns, for a sink wired with foreachBatch directly: a mapped column
         # missing would make every row a dead letter, a year-month interval fail every batch's job in the tasks.
         schema = batch_df.schema
@@ -255,12 +272,12 @@ class PartitionedIngestSink(IngestSink):
         self._declare(query_id)
         began = time.perf_counter()
         watermark = self.spark_watermark(spark_query_id, current=execution)
-        task = self._task(query_id=query_id, batch_id=batch_id, watermark=watermark)
+        task = self._task(query_id=query_id, batch_id=batch_id, watermark=watermark, columns=tuple(schema.names))
         self.phase(Phase.FETCHED, batch_id)
         # Always run the job, also for a batch whose partitions all committed: running it
         # feeds Spark's event-time statistics (see _sink.py), and each task skips by itself.
         try:
-            reports = (batch_df.repartition(self.partitions, functions.col(self.mapping.key_column))  # type: ignore[union-attr]
+            reports = (_by_key(batch_df, self.mapping.key_column, self.partitions)  # type: ignore[union-attr]
                        .mapInArrow(task, f"{REPORT_COLUMN} binary").collect())
         except Exception as error:
             failure = _cluster.task_failure(error)      # what the task's Python raised, not Spark's Java trace

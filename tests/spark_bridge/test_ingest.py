@@ -805,3 +805,37 @@ def test_a_checkpoint_resumed_under_another_query_name_is_refused(spark, tmp_pat
         assert [(key, events) for key, _, events, _, _ in app_state(database)["counters"]] == [("r", 1)]
     finally:
         database.close()
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("scale_out", [False, True], ids=["one task", "scale-out"])
+def test_a_column_named_like_the_key_but_for_case_is_applied_as_on_the_one_task_path(spark, tmp_path,
+                                                                                    make_database_url, scale_out):
+    """Spark resolves names without regard to case (``spark.sql.caseSensitive=false``), Arrow and the mapping by the
+    exact name.  A stream with the key column ``key`` and another column ``KEY`` (a payload column the rules do not
+    read) ran on the one-task path, and on the scale-out path every batch failed in the repartition by key
+    (``[AMBIGUOUS_REFERENCE] Reference `key` is ambiguous``), replay after replay: the stream stopped for good.
+    Both paths now apply it alike; a mapping naming ``Key`` for a column ``key`` is refused by both."""
+    from pyspark.sql import functions as F
+
+    workload = counter_workload(files=2, rows_per_file=12, seed=31, keys=4)
+    write_files(tmp_path / "in", workload.batches)
+    name = "cased_scaled" if scale_out else "cased"
+    streamed, direct = app_database(make_database_url(name)), app_database(make_database_url(f"{name}_direct"))
+    options = dict(partition_by_key=2, app=APP_FILE) if scale_out else {}
+    try:
+        frame = _stream(spark, tmp_path / "in").select("*", F.lit("shadow").alias("KEY"))
+        with pytest.raises(IngestError, match=r"the stream has no column 'Key' named by the mapping"):
+            spark_bridge.ingest(streamed, frame, mapping=spark_bridge.EventMapping(
+                "type", "Key", "ts", payload_columns=("amount", "seq")), query_name=name,
+                checkpoint_location=str(tmp_path / "c"), **options)
+        query = spark_bridge.ingest(streamed, frame, mapping=app_counters.MAPPING, query_name=name,
+                                    checkpoint_location=str(tmp_path / "checkpoint"),
+                                    trigger={"availableNow": True}, **options)
+        run_to_end(query)
+        apply_directly(direct, workload.good)
+        assert app_state(streamed) == app_state(direct)
+        assert sorted({batch for _, batch, *_ in ledger(streamed)}) == [0, 1]
+    finally:
+        streamed.close()
+        direct.close()
