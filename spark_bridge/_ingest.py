@@ -22,8 +22,8 @@ from activedb.lowlevel import check_switch
 
 from spark_bridge._foreach import foreach_batch
 from spark_bridge._scaleout import PartitionedIngestSink
-from spark_bridge._sink import (WATERMARK_METADATA, IngestSink, QueryRun, SinkOptions, check_arrow_types, check_columns,
-                                check_watermark_column)
+from spark_bridge._sink import (WATERMARK_METADATA, IngestSink, QueryRun, SinkOptions, by_position, check_arrow_types,
+                                check_columns, check_watermark_column)
 from spark_bridge.errors import IngestError, MappingError, first_line
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -218,7 +218,7 @@ def ingest(db: Database, streaming_df: DataFrame, *, mapping: EventMapping, quer
                 f"convert it first, e.g. df.withColumn({mapping.ts_column!r}, "
                 f"F.timestamp_seconds({mapping.ts_column!r}))")
         try:
-            streaming_df = streaming_df.withWatermark(mapping.ts_column, delay)
+            streaming_df = _with_watermark(streaming_df, mapping.ts_column, delay)
         except Exception as error:      # (Spark's AnalysisException: an interval it cannot read, a negative one)
             raise IngestError(
                 f"watermark_delay={options.watermark_delay!r} is not a delay Spark takes ({first_line(error)}); give "
@@ -267,6 +267,17 @@ def ingest(db: Database, streaming_df: DataFrame, *, mapping: EventMapping, quer
     run.started(query)
     setattr(query, SINK_ATTRIBUTE, sink)
     return query
+
+
+def _with_watermark(frame: DataFrame, ts_column: str, delay: str) -> DataFrame:
+    """``frame.withWatermark(ts_column, delay)`` on the column named exactly ``ts_column``: with another column named
+    like it but for case, which Spark's name resolution cannot tell apart (``AMBIGUOUS_REFERENCE``), it is declared on
+    the column's position (:func:`~spark_bridge._sink.by_position`) and the names are given back — Spark's watermark
+    metadata stays on the time column, as :func:`~spark_bridge._sink.check_watermark_column` reads it."""
+    if sum(name.lower() == ts_column.lower() for name in frame.columns) < 2:
+        return frame.withWatermark(ts_column, delay)
+    apart, names = by_position(frame)
+    return apart.withWatermark(apart.columns[names.index(ts_column)], delay).toDF(*names)
 
 
 def sink_of(query_or_writer: StreamingQuery | DataStreamWriter) -> IngestSink:

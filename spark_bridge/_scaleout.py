@@ -31,7 +31,8 @@ from activedb.ingest import (BatchOutcome, EventMapping, Ingestion, LedgerId, Ph
 from activedb.lowlevel import check_whole_number
 
 from spark_bridge import _cluster
-from spark_bridge._sink import IngestSink, SinkOptions, check_arrow_types, check_columns, check_layout
+from spark_bridge._sink import (IngestSink, SinkOptions, by_position, check_arrow_types, check_columns,
+                                check_layout)
 from spark_bridge.errors import IngestError, describe
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -201,17 +202,15 @@ def _check_sendable(options: Mapping[str, object]) -> None:
 
 def _by_key(batch_df: DataFrame, key_column: str, partitions: int) -> DataFrame:
     """``batch_df`` hash-partitioned into ``partitions`` by the column named exactly ``key_column``, its columns named
-    apart by position (``_0``, ``_1``, …; the task gives them their names back: :attr:`_PartitionTask.columns`).
-    Spark resolves a column's name without regard to case (``spark.sql.caseSensitive`` is off by default), the
-    mapping and Arrow by the exact name: with another column named like the key but for case (``key`` and ``KEY``),
-    which the one-task path applies, ``repartition(N, col(key))`` — and ``mapInArrow``, which passes every column by
-    its name — would be ambiguous and fail every batch.  ``toDF`` renames by position; the hash is the key's value's,
-    whatever its column is called, so a batch lands in the partitions it did before."""
+    apart by position (:func:`~spark_bridge._sink.by_position`; the task gives them their names back:
+    :attr:`_PartitionTask.columns`): with another column named like the key but for case, ``repartition(N,
+    col(key))`` — and ``mapInArrow``, which passes every column by its name — would be ambiguous and fail every
+    batch.  The hash is the key's value's, whatever its column is called, so a batch lands in the partitions it did
+    before."""
     from pyspark.sql import functions
 
-    names = batch_df.columns
-    apart = [f"_{index}" for index in range(len(names))]
-    return batch_df.toDF(*apart).repartition(partitions, functions.col(apart[names.index(key_column)]))
+    apart, names = by_position(batch_df)
+    return apart.repartition(partitions, functions.col(apart.columns[names.index(key_column)]))
 
 
 class PartitionedIngestSink(IngestSink):

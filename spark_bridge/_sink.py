@@ -37,8 +37,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from activedb import Database
 
-__all__ = ["WATERMARK_METADATA", "IngestSink", "QueryRun", "SinkOptions", "check_arrow_types", "check_columns",
-           "check_watermark_column", "streaming_query_id"]
+__all__ = ["WATERMARK_METADATA", "IngestSink", "QueryRun", "SinkOptions", "by_position", "check_arrow_types",
+           "check_columns", "check_watermark_column", "streaming_query_id"]
 
 logger = logging.getLogger("spark_bridge.ingest")
 
@@ -292,6 +292,15 @@ def check_columns(columns: list[str], mapping: EventMapping) -> None:
         raise IngestError(
             f"the stream has no column {missing[0]!r} named by the mapping (its columns: {list(columns)}); "
             f"fix the EventMapping or select/rename the columns before ingest() (or foreachBatch(sink))")
+
+
+def by_position(frame: DataFrame) -> tuple[DataFrame, list[str]]:
+    """``frame`` with its columns renamed apart by position — ``_0``, ``_1``, … (``toDF`` takes them by position) —
+    and its names, in order.  Spark resolves a column's name without regard to case (``spark.sql.caseSensitive`` is
+    off by default), the mapping and Arrow by the exact name: a column named like another but for case (``key`` and
+    ``KEY``), which the one-task path applies, is ambiguous to a Spark call naming it; its position is not."""
+    names = frame.columns
+    return frame.toDF(*(f"_{index}" for index in range(len(names)))), names
 
 
 def check_arrow_types(schema: StructType, *, scale_out: bool) -> None:

@@ -839,3 +839,35 @@ def test_a_column_named_like_the_key_but_for_case_is_applied_as_on_the_one_task_
     finally:
         streamed.close()
         direct.close()
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("scale_out", [False, True], ids=["one task", "scale-out"])
+def test_a_watermark_delay_on_a_time_column_named_like_another_but_for_case_is_declared(spark, tmp_path,
+                                                                                       make_database_url, scale_out):
+    """``ingest(watermark_delay=…)`` declares the watermark with ``withWatermark(ts, delay)``, which Spark resolves
+    without regard to case: with another column ``TS`` beside the time column ``ts`` (which the paths apply without
+    a watermark) it failed with ``AMBIGUOUS_REFERENCE``, and ``ingest()`` said *watermark_delay='10 seconds' is not a
+    delay Spark takes* — blaming a delay that was right.  The watermark is declared on the mapping's time column: rows
+    behind it are late, and it is punctuated."""
+    from pyspark.sql import functions as F
+
+    def row(seq, minute, second):
+        return {"type": "add", "key": "w", "ts": iso(BASE_TIME + dt.timedelta(minutes=minute, seconds=second)),
+                "amount": 1, "seq": seq}
+
+    write_files(tmp_path / "in", [[row(1, 0, 10), row(2, 0, 50)], [row(3, 1, 0), row(4, 0, 20)]])
+    name = "cased_time_scaled" if scale_out else "cased_time"
+    database = app_database(make_database_url(name))
+    options = dict(partition_by_key=2, app=APP_FILE) if scale_out else {}
+    try:
+        frame = _stream(spark, tmp_path / "in").select("*", F.lit("local").alias("TS"))
+        query = spark_bridge.ingest(database, frame, mapping=app_counters.MAPPING, query_name=name,
+                                    checkpoint_location=str(tmp_path / "checkpoint"), watermark_delay="10 seconds",
+                                    trigger={"availableNow": True}, **options)
+        run_to_end(query)
+        assert {key: trail for key, _, _, trail, _ in app_state(database)["counters"]} == {"w": "1,2,3"}
+        assert [raw["seq"] for _, _, _, raw in dead_letters(database)] == [4]     # (behind 0:50 - 10 s)
+        assert database.watermark(name) == BASE_TIME + dt.timedelta(seconds=40)
+    finally:
+        database.close()
