@@ -48,6 +48,10 @@ _MOVED = {"queries": "handler=streams.QueriesHandler(engine_or_factory, schedule
           "prefetch": "handler=activedb.ingest.RulesHandler(prefetch=…)",
           "lower_declared": "handler=activedb.ingest.RulesHandler(lower_declared=…)"}
 
+#: ``DataStreamWriter.trigger``'s keywords of the triggers that run no micro-batches (Spark refuses ``foreachBatch``
+#: with them).
+_NO_MICRO_BATCHES = frozenset({"continuous", "realTime"})
+
 
 @dataclass(frozen=True)
 class IngestOptions:
@@ -60,7 +64,8 @@ class IngestOptions:
       state transactions planned per batch), ``composite.CompositeHandler(engine)`` (a mapping with
       ``producer_column``); one handler object feeds one query;
     * ``trigger`` — ``None`` (batches back to back), ``"5 seconds"``/``5``, or keyword arguments for
-      ``DataStreamWriter.trigger`` (``{"availableNow": True}``);
+      ``DataStreamWriter.trigger`` (``{"availableNow": True}``; not ``continuous`` or ``realTime``, which run no
+      micro-batches);
     * ``known_types`` — accepted event types (default: the handler's, for the rules the types they listen to);
     * ``watermark_delay`` — applies ``withWatermark(mapping.ts_column, delay)`` (the column must be a Spark
       timestamp); a watermark declared on the frame works as well, on that column (one on another column is
@@ -132,6 +137,13 @@ class IngestOptions:
             raise IngestError(
                 f"trigger must be None, a processing-time interval ('5 seconds' or 5), or keyword arguments of "
                 f"DataStreamWriter.trigger such as {{'availableNow': True}}; got {self.trigger!r}")
+        streaming = sorted(set(self.trigger) & _NO_MICRO_BATCHES) if isinstance(self.trigger, Mapping) else []
+        if streaming:
+            raise IngestError(
+                f"trigger={self.trigger!r} runs no micro-batches: ingest() applies each micro-batch in one transaction "
+                f"(foreachBatch), which Spark does not run with the {streaming[0]} trigger; give a processing-time "
+                f"interval ('5 seconds', or 5), {{'availableNow': True}} or {{'once': True}}, or None (batches back to "
+                f"back)")
 
 
 @overload

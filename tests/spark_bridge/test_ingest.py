@@ -438,6 +438,17 @@ def test_start_that_is_no_switch_is_refused(start):
         spark_bridge.IngestOptions(start=start)
 
 
+@pytest.mark.parametrize("trigger", [{"continuous": "1 second"}, {"realTime": "5 seconds"}])
+def test_a_trigger_that_runs_no_micro_batches_is_refused_before_spark_starts(trigger):
+    """``ingest()`` applies micro-batches through ``foreachBatch``, which Spark runs with neither the continuous nor the
+    real-time trigger: ``trigger={"continuous": "1 second"}`` passed ``ingest()``'s checks and Spark's own error came
+    out of ``start()`` (an ``AnalysisException``: *'foreachBatch' is not supported with continuous trigger*; for
+    ``realTime`` an ``IllegalArgumentException`` suggesting a setting that bypasses the check), not an
+    ``IngestError`` saying what to give."""
+    with pytest.raises(IngestError, match=r"trigger=.* runs no micro-batches.*processing-time interval.*availableNow"):
+        spark_bridge.IngestOptions(trigger=trigger)
+
+
 @pytest.mark.parametrize("options", [{"trigger": 5}, {}, "availableNow"], ids=["dict", "empty dict", "text"])
 def test_options_that_are_no_ingest_options_are_refused_with_what_to_give(options):
     """``ingest(…, options={"trigger": 5})`` failed with ``AttributeError: 'dict' object has no attribute
