@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Literal, overload
 
 from activedb.atomic import SplitFailure, as_policy
 from activedb.cli.application import Register, portable_spec
+from activedb.events import TimeUnit
 from activedb.ingest import (BatchHandler, Deadlines, EventMapping, Ingestion, Phase, RulesHandler, as_mapping,
                              known_type_names)
 from activedb.lowlevel import check_switch
@@ -224,11 +225,11 @@ def ingest(db: Database, streaming_df: DataFrame, *, mapping: EventMapping, quer
         if isinstance(delay, dt.timedelta):
             delay = f"{int(delay.total_seconds() * 1000)} milliseconds"
         column_type = dict(streaming_df.dtypes).get(mapping.ts_column)
-        if column_type not in ("timestamp", "timestamp_ntz"):
+        if column_type != "timestamp":      # (Spark declares a watermark on a TIMESTAMP only, not a TIMESTAMP_NTZ)
             raise IngestError(
                 f"watermark_delay needs {mapping.ts_column!r} to be a Spark timestamp, but it is {column_type}; "
                 f"convert it first, e.g. df.withColumn({mapping.ts_column!r}, "
-                f"F.timestamp_seconds({mapping.ts_column!r}))")
+                f"{_as_timestamp(mapping.ts_column, column_type, mapping.ts_unit)})")
         try:
             streaming_df = _with_watermark(streaming_df, mapping.ts_column, delay)
         except Exception as error:      # (Spark's AnalysisException: an interval it cannot read, a negative one)
@@ -279,6 +280,22 @@ def ingest(db: Database, streaming_df: DataFrame, *, mapping: EventMapping, quer
     run.started(query)
     setattr(query, SINK_ATTRIBUTE, sink)
     return query
+
+
+#: The Spark SQL function making a ``TIMESTAMP`` of a number of each unit since the epoch (``EventMapping.ts_unit``).
+_FROM_EPOCH = {TimeUnit.S: "timestamp_seconds", TimeUnit.MS: "timestamp_millis", TimeUnit.US: "timestamp_micros"}
+#: Spark's names (``DataFrame.dtypes``) of the numeric types, but ``decimal(p,s)``.
+_NUMBERS = frozenset({"tinyint", "smallint", "int", "bigint", "float", "double"})
+
+
+def _as_timestamp(column: str, column_type: str | None, unit: TimeUnit) -> str:
+    """The PySpark expression making a Spark ``TIMESTAMP`` of ``column``, of type ``column_type`` (``dtypes``' name):
+    an ISO text parsed, a number of ``unit`` since the epoch (the mapping's), anything else cast."""
+    if column_type == "string":
+        return f"F.to_timestamp({column!r})"
+    if column_type in _NUMBERS or (column_type or "").startswith("decimal"):
+        return f"F.{_FROM_EPOCH[unit]}({column!r})"
+    return f"F.col({column!r}).cast('timestamp')"
 
 
 def _with_watermark(frame: DataFrame, ts_column: str, delay: str) -> DataFrame:

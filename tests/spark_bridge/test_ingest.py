@@ -882,3 +882,33 @@ def test_a_watermark_delay_on_a_time_column_named_like_another_but_for_case_is_d
         assert database.watermark(name) == BASE_TIME + dt.timedelta(seconds=40)
     finally:
         database.close()
+
+
+@pytest.mark.spark
+def test_a_watermark_delay_on_a_time_column_that_is_no_timestamp_says_how_to_convert_that_type(spark, tmp_path,
+                                                                                               make_database_url):
+    """``ingest(watermark_delay=…)`` needs the time column to be a Spark ``TIMESTAMP``.  A ``TIMESTAMP_NTZ`` passed its
+    check and Spark's refusal (``EVENT_TIME_IS_NOT_ON_TIMESTAMP_TYPE``) came out as *watermark_delay='10 seconds' is
+    not a delay Spark takes*, blaming the delay; and for every other type the advice was
+    ``F.timestamp_seconds('ts')`` — which makes an ISO text null (every row then a dead letter) and reads a number
+    of milliseconds (``EventMapping(ts_unit='ms')``) as seconds.  The error names the column's type and the
+    conversion for it."""
+    from pyspark.sql import functions as F
+
+    database = app_database(make_database_url("delay_types"))
+    frame = _stream(spark, tmp_path)
+    cases = {"timestamp_ntz": (app_counters.MAPPING, r"F\.col\('ts'\)\.cast\('timestamp'\)"),
+             "string": (app_counters.MAPPING, r"F\.to_timestamp\('ts'\)"),
+             "date": (app_counters.MAPPING, r"F\.col\('ts'\)\.cast\('timestamp'\)"),
+             "bigint": (app_counters.MAPPING, r"F\.timestamp_seconds\('ts'\)"),
+             "double": (spark_bridge.EventMapping("type", "key", "ts", payload_columns=("amount", "seq"), ts_unit="ms"),
+                        r"F\.timestamp_millis\('ts'\)")}
+    try:
+        for kind, (mapping, advice) in cases.items():
+            with pytest.raises(IngestError, match=rf"watermark_delay needs 'ts' to be a Spark timestamp, but it is "
+                                                  rf"{kind}; convert it first.*{advice}"):
+                spark_bridge.ingest(database, frame.withColumn("ts", F.col("ts").cast(kind)), mapping=mapping,
+                                    query_name="x", checkpoint_location=str(tmp_path / "c"),
+                                    watermark_delay="10 seconds")
+    finally:
+        database.close()
