@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import difflib
+import os
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, overload
@@ -129,6 +130,14 @@ class IngestOptions:
             object.__setattr__(self, "on_partition_failure", as_policy(self.on_partition_failure))
         scale_out_only = [name for name in ("app", "on_partition_failure", "connect_options")
                           if getattr(self, name) is not None]
+        if self.app is not None and not (callable(self.app) or (isinstance(self.app, (str, os.PathLike))
+                                                                and str(self.app).strip())):
+            raise IngestError(f"app={self.app!r} names the application whose rules each Spark task of the scale-out "
+                              f"path registers: give a module name, a .py path or a register(db) function")
+        if self.connect_options is not None and not (isinstance(self.connect_options, Mapping)
+                                                     and all(isinstance(name, str) for name in self.connect_options)):
+            raise IngestError(f"connect_options={self.connect_options!r} takes a dict of activedb.connect's keywords "
+                              f"(the scale-out tasks connect with them), e.g. {{'lock_timeout': 5.0}}")
         if self.partition_by_key is None and scale_out_only:
             raise IngestError(f"{scale_out_only[0]}= is for the scale-out path only (with partition_by_key=N); without "
                               f"it a batch is one transaction, atomic by itself, on db's own connections, and the "

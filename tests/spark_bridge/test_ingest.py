@@ -438,6 +438,23 @@ def test_start_that_is_no_switch_is_refused(start):
         spark_bridge.IngestOptions(start=start)
 
 
+@pytest.mark.parametrize(("options", "error"), [
+    ({"app": 3}, r"app=3 names the application .* a module name, a \.py path or a register\(db\) function"),
+    ({"app": ""}, r"app='' names the application .* a module name, a \.py path or a register\(db\) function"),
+    ({"app": "app.py", "connect_options": [("lock_timeout", 5.0)]},
+     r"connect_options=\[\('lock_timeout', 5\.0\)\] takes a dict of activedb\.connect's keywords"),
+    ({"app": "app.py", "connect_options": "lock_timeout=5"},
+     r"connect_options='lock_timeout=5' takes a dict of activedb\.connect's keywords"),
+    ({"app": "app.py", "connect_options": {5: 1}}, r"connect_options=\{5: 1\} takes a dict of activedb\.connect's")],
+    ids=["app a number", "app empty", "options a list", "options a text", "options a number's name"])
+def test_scale_out_options_of_the_wrong_kind_are_refused_before_spark_starts(options, error):
+    """``app=3`` (or ``""``) started the query, and every task of the first batch failed loading an application named
+    ``'3'``; ``connect_options`` that were no mapping failed ``ingest()`` with a bare ``TypeError: 'list' object is
+    not a mapping``."""
+    with pytest.raises(IngestError, match=error):
+        spark_bridge.IngestOptions(partition_by_key=2, **options)
+
+
 @pytest.mark.parametrize("trigger", [{"continuous": "1 second"}, {"realTime": "5 seconds"}])
 def test_a_trigger_that_runs_no_micro_batches_is_refused_before_spark_starts(trigger):
     """``ingest()`` applies micro-batches through ``foreachBatch``, which Spark runs with neither the continuous nor the
