@@ -929,3 +929,24 @@ def test_a_watermark_delay_on_a_time_column_that_is_no_timestamp_says_how_to_con
                                     watermark_delay="10 seconds")
     finally:
         database.close()
+
+
+@pytest.mark.spark
+def test_a_watermark_delay_given_as_a_timedelta_is_the_delay_to_the_millisecond(spark, tmp_path, make_database_url):
+    """A ``timedelta`` delay was turned into milliseconds through a float (``int(total_seconds() * 1000)``):
+    ``timedelta(milliseconds=1001)`` became 1000 ms (``1.001 * 1000`` is ``1000.9999…``), so a row exactly at the
+    watermark was dead-lettered as late."""
+    def row(seq, seconds):
+        return {"type": "add", "key": "w", "ts": iso(BASE_TIME + dt.timedelta(seconds=seconds)), "amount": 1, "seq": seq}
+
+    write_files(tmp_path / "in", [[row(1, 10), row(2, 50)], [row(3, 60), row(4, 48.999)]])
+    database = app_database(make_database_url("delay_ms"))
+    try:
+        query = _ingest(spark, database, tmp_path / "in", tmp_path / "checkpoint", "delay_ms",
+                        watermark_delay=dt.timedelta(milliseconds=1001))
+        run_to_end(query)
+        assert dead_letters(database) == []       # (0:48.999 is the watermark itself: not older than it)
+        assert {key: trail for key, _, _, trail, _ in app_state(database)["counters"]} == {"w": "1,2,4,3"}
+        assert database.watermark("delay_ms") == BASE_TIME + dt.timedelta(seconds=48.999)
+    finally:
+        database.close()
