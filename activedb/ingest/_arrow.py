@@ -176,13 +176,14 @@ def table_to_events(table: pa.Table | pa.RecordBatch, mapping: EventMapping, kno
     import pyarrow as pa
 
     names = list(table.schema.names)
-    if len(set(names)) != len(names):
+    present = set(names)    # (membership by hash: a wide batch's checks stay linear in its columns)
+    if len(present) != len(names):
         raise MappingError(f"the batch has duplicate column names: {names}; rename them before mapping")
     table, invalid = _invalid_text_rows(table, mapping)
     count = table.num_rows
     payload_names = mapping.payload_columns_for(names)
     absent = [name for name in (mapping.type_column, mapping.key_column, mapping.ts_column, *payload_names)
-              if name not in names]
+              if name not in present]
     if absent:
         reason = f"missing field {absent[0]!r}: the batch has no such column (columns: {names})"
         return [], _arrow_rejections(table, {**{position: reason for position in range(count)}, **invalid})
@@ -201,7 +202,7 @@ def table_to_events(table: pa.Table | pa.RecordBatch, mapping: EventMapping, kno
     id_values: list[str | None] = [None] * count
     id_errors: dict[int, str] = {}
     if mapping.id_column is not None:
-        if mapping.id_column not in names:
+        if mapping.id_column not in present:
             id_errors = {position: f"missing field {mapping.id_column!r} (the event id)" for position in range(count)}
         else:
             id_column, id_label = table.column(mapping.id_column), f"event id ({mapping.id_column!r})"

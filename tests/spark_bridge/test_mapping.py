@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from spark_bridge.errors import MappingError
 from activedb.ingest._mapping import EventMapping, RawEvent, Rejected, jsonable, rows_to_events
+from tests.spark_bridge._streams import CountedName
 
 UTC = dt.timezone.utc
 T0 = dt.datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
@@ -406,3 +407,18 @@ def test_an_arrow_event_id_beyond_what_a_datetime_holds_rejects_its_row_as_a_dat
     good, bad = rows_to_events(table, EventMapping("type", "key", "ts", id_column="id"))
     assert good == [] and [rejected.position for rejected in bad] == [0, 1]
     assert "out of the representable range" in bad[1].reason and "event id ('id')" in bad[1].reason, bad
+
+
+def test_a_wide_arrow_batch_is_checked_against_its_mapping_in_comparisons_linear_in_its_columns():
+    """A batch's columns were checked against the ones the mapping needs by list membership (``name not in names``
+    for every payload column): comparisons quadratic in the columns, so a stream of wide rows paid for it in every
+    batch, whatever its number of rows (seconds per batch at 20,000 columns).  Counted, not timed: the machine is
+    shared."""
+    width = 2_000
+    columns = {"type": ["add"], "key": ["k"], "ts": [dt.datetime(2024, 5, 1, 12, 0, tzinfo=dt.timezone.utc)]}
+    columns.update({f"c{index}": [index] for index in range(width)})
+    mapping = EventMapping("type", "key", "ts", payload_columns=[CountedName(f"c{index}") for index in range(width)])
+    CountedName.compared = 0
+    events, rejected = rows_to_events(pa.table(columns), mapping)
+    assert (len(events), rejected, len(events[0].payload)) == (1, [], width)
+    assert CountedName.compared < 10 * width, f"{CountedName.compared} comparisons of {width} payload column names"
