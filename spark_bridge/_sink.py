@@ -14,6 +14,7 @@ calling Spark, the handler or PostgreSQL.
 
 from __future__ import annotations
 
+import collections
 import datetime as dt
 import logging
 import threading
@@ -277,17 +278,18 @@ def check_columns(columns: list[str], mapping: EventMapping) -> None:
     batch would fail in the mapping (``MappingError``), replay after replay, and the stream stop for good.
     ``ingest()`` asks it of its frame, a sink of each batch (a sink wired with ``foreachBatch`` directly), before
     applying anything."""
-    repeated = [column for position, column in enumerate(columns) if column in columns[:position]]
+    counts = collections.Counter(columns)       # (by hash: a wide stream's check stays linear in its columns)
+    repeated = [column for column in columns if counts[column] > 1]
     if repeated:
         raise IngestError(
-            f"the stream has {list(columns).count(repeated[0])} columns named {repeated[0]!r} (its columns: "
+            f"the stream has {counts[repeated[0]]} columns named {repeated[0]!r} (its columns: "
             f"{list(columns)}); every batch would fail: rename or drop one (give each column its own name in the "
             f"select, alias(...)) before ingest() (or foreachBatch(sink))")
     named = (mapping.type_column, mapping.key_column, mapping.ts_column, mapping.producer_column,
              mapping.accuracy_column, mapping.accuracy_minus_column, mapping.accuracy_plus_column,
              mapping.local_ts_column, mapping.id_column)
     wanted = [column for column in named if column is not None] + list(mapping.payload_columns or ())
-    missing = [column for column in wanted if column not in columns]
+    missing = [column for column in wanted if column not in counts]
     if missing:
         raise IngestError(
             f"the stream has no column {missing[0]!r} named by the mapping (its columns: {list(columns)}); "

@@ -28,6 +28,7 @@ from tests.spark_bridge._streams import (
     APP_FILE,
     BASE_TIME,
     STREAM_TIMEOUT_SECONDS,
+    CountedName,
     app_database,
     app_state,
     apply_directly,
@@ -436,6 +437,25 @@ def test_start_that_is_no_switch_is_refused(start):
     writer back."""
     with pytest.raises(IngestError, match=r"ingest\(start=.*\) takes True or False"):
         spark_bridge.IngestOptions(start=start)
+
+
+def test_the_stream_s_columns_are_checked_in_comparisons_linear_in_their_number():
+    """``check_columns`` — asked by ``ingest()`` of its frame and by a sink of every batch — looked for a repeated
+    column in the columns before each (``column in columns[:position]``, a copy each time) and for each mapped column
+    in the list: quadratic in the columns, so a stream of wide rows paid for it in every batch (seconds at 20,000
+    columns).  Counted, not timed: the machine is shared."""
+    from spark_bridge._sink import check_columns
+
+    width = 2_000
+    names = [CountedName(name) for name in ("type", "key", "ts", *(f"c{index}" for index in range(width)))]
+    CountedName.compared = 0
+    check_columns(names, spark_bridge.EventMapping("type", "key", "ts",
+                                                   payload_columns=[f"c{index}" for index in range(width)]))
+    assert CountedName.compared < 10 * width, f"{CountedName.compared} comparisons of {width} columns' names"
+    with pytest.raises(IngestError, match=r"the stream has 2 columns named 'c7'"):
+        check_columns([*names, CountedName("c7")], app_counters.MAPPING)
+    with pytest.raises(IngestError, match=r"the stream has no column 'c2000' named by the mapping"):
+        check_columns(names, spark_bridge.EventMapping("type", "key", "ts", payload_columns=["c1", "c2000"]))
 
 
 @pytest.mark.parametrize(("options", "error"), [
