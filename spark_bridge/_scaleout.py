@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Unpack
 from activedb import atomic
 from activedb.atomic import PartitionReport, SplitFailure
 from activedb.cli.application import Register, app_name, load_app
-from activedb.errors import classify
+from activedb.errors import BadArgument, classify
 from activedb.extras import Extra, needs
 from activedb.ingest import (BatchOutcome, EventMapping, Ingestion, LedgerId, Phase, PhaseTimings, RulesHandler,
                              as_mapping)
@@ -83,8 +83,12 @@ def _worker_database(url: str, app: str | Register, connect_options: Mapping[str
         return database
     register = load_app(app).register
     try:
-        # (connect checks the keywords: an unknown one is a TypeError naming Config's fields)
+        # (connect checks the keywords before it opens anything: an unknown one is a TypeError naming Config's
+        # fields, a value it cannot take a BadArgument)
         database = activedb.connect(url, upgrade=False, **dict(connect_options))  # type: ignore[arg-type]
+    except (TypeError, BadArgument) as error:
+        raise IngestError(f"the scale-out tasks' connect_options were refused by activedb.connect ({error}); fix "
+                          f"ingest(connect_options=…): each task connects with them") from error
     except Exception as error:
         raise _cluster.connect_failed(url, error) from error
     try:

@@ -17,6 +17,7 @@ through the test application ``app_counters`` and checks the database afterwards
 from __future__ import annotations
 
 import datetime as dt
+import re
 
 import pytest
 
@@ -968,5 +969,31 @@ def test_a_watermark_delay_given_as_a_timedelta_is_the_delay_to_the_millisecond(
         assert dead_letters(database) == []       # (0:48.999 is the watermark itself: not older than it)
         assert {key: trail for key, _, _, trail, _ in app_state(database)["counters"]} == {"w": "1,2,4,3"}
         assert database.watermark("delay_ms") == BASE_TIME + dt.timedelta(seconds=48.999)
+    finally:
+        database.close()
+
+
+@pytest.mark.spark
+def test_connect_options_activedb_connect_refuses_are_named_as_such_not_as_a_connection_failure(spark, tmp_path,
+                                                                                               make_database_url):
+    """The scale-out tasks connect with ``connect_options``; one ``activedb.connect`` refuses (a misspelt keyword, a
+    value out of range) stopped the query at its first batch with *a scale-out task … could not connect to …* —
+    sending the user after the network, the server or the password.  The error names ``connect_options`` and
+    ``connect()``'s reason; nothing is applied."""
+    write_files(tmp_path / "in", [[{"type": "add", "key": "k", "ts": iso(BASE_TIME), "amount": 1, "seq": 1}]])
+    database = app_database(make_database_url("bad_options"))
+    try:
+        for number, (options, reason) in enumerate([({"lock_timout": 5.0}, r"unknown keyword\(s\) lock_timout"),
+                                                    ({"lock_timeout": -1.0}, r"lock_timeout")]):
+            query = _ingest(spark, database, tmp_path / "in", tmp_path / f"checkpoint{number}", f"bad{number}",
+                            partition_by_key=2, app=APP_FILE, connect_options=options)
+            with pytest.raises(Exception) as raised:
+                query.awaitTermination(STREAM_TIMEOUT_SECONDS)
+            failure = spark_bridge.sink_of(query).last_failure()
+            assert failure is not None, raised.value
+            message = str(failure[1])
+            assert "could not connect" not in message, message
+            assert re.search(rf"connect_options .*refused by activedb\.connect.*{reason}", message), message
+        assert (ledger(database), dead_letters(database)) == ([], [])
     finally:
         database.close()
