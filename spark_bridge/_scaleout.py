@@ -127,6 +127,8 @@ class _PartitionTask:
     app_shipped: bool = False   # app is the driver's path of a file shipped to the executors (_cluster.ship_app)
     #: The batch's column names, in order: the rows come named apart by position (:func:`_by_key`); None: as they are.
     columns: tuple[str, ...] | None = None
+    batch_attempts: int = 3          # (the sink's: top-level attempts of a partition's batch on conflicts)
+    event_ids_under: str | None = None  # (the sink's: the source whose ingested event ids count for duplicates)
 
     def __call__(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         import pyarrow as pa
@@ -173,7 +175,8 @@ class _PartitionTask:
 
     def _sink(self) -> Ingestion:
         key = (self.url, app_name(self.app), _options_key(self.connect_options), self.query_name, self.mapping,
-               self.known_types, self.prefetch, self.lineage, self.lower_declared)
+               self.known_types, self.prefetch, self.lineage, self.lower_declared, self.batch_attempts,
+               self.event_ids_under)
         with _worker_mutex:
             sink = _worker_sinks.get(key)
         if sink is not None:
@@ -182,7 +185,8 @@ class _PartitionTask:
         database = _worker_database(self.url, app, dict(self.connect_options))
         sink = Ingestion(database, self.mapping, source=self.query_name, known_types=self.known_types,
                          handler=RulesHandler(dict(self.prefetch), lower_declared=self.lower_declared),
-                         lineage=self.lineage)
+                         lineage=self.lineage, batch_attempts=self.batch_attempts,
+                         event_ids_under=self.event_ids_under)
         with _worker_mutex:
             return _worker_sinks.setdefault(key, sink)
 
@@ -263,7 +267,8 @@ class PartitionedIngestSink(IngestSink):
             mapping=as_mapping(mapping), query_name=self.query_name, known_types=self.context.known_types,
             prefetch=tuple(sorted(rules.prefetch.items())), connect_options=tuple(sorted(options.items())),
             detached_timeout=detached_timeout, partitions=partitions, on_partition_failure=self.on_partition_failure,
-            lineage=lineage, lower_declared=rules.lower_declared, app_shipped=_cluster.ship_app(session, app))
+            lineage=lineage, lower_declared=rules.lower_declared, app_shipped=_cluster.ship_app(session, app),
+            batch_attempts=self.context.batch_attempts, event_ids_under=self.context.event_ids_under)
 
     def _spark_batch(self, batch_df: DataFrame, batch_id: int, spark_query_id: str, query_id: str, *,
                      execution: JavaObject | None = None) -> None:

@@ -997,3 +997,37 @@ def test_connect_options_activedb_connect_refuses_are_named_as_such_not_as_a_con
         assert (ledger(database), dead_letters(database)) == ([], [])
     finally:
         database.close()
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("scale_out", [False, True], ids=["one task", "scale-out"])
+def test_a_sink_s_event_ids_under_counts_on_the_scale_out_path_as_on_the_one_task_path(spark, tmp_path,
+                                                                                      make_database_url, scale_out):
+    """``PartitionedIngestSink`` takes ``IngestSink``'s options (``SinkOptions``) but its tasks built their
+    ``Ingestion`` without ``event_ids_under`` and ``batch_attempts``: an event id already ingested under the source
+    named by ``event_ids_under`` was a duplicate on the one-task path and applied again on the scale-out path (and
+    the tasks re-ran a conflicting batch 3 times, whatever ``batch_attempts`` said)."""
+    from activedb.ingest import feed
+
+    mapping = spark_bridge.EventMapping("type", "key", "ts", payload_columns=("amount", "seq"), id_column="seq")
+    rows = [{"type": "add", "key": "k", "ts": iso(BASE_TIME + dt.timedelta(seconds=seq)), "amount": 1, "seq": seq}
+            for seq in (1, 2)]
+    write_files(tmp_path / "in", [rows])
+    name = "ids_scaled" if scale_out else "ids"
+    database = app_database(make_database_url(name))
+    try:
+        feed(database, [[rows[0]]], source="earlier", mapping=mapping)        # (id 1 ingested under 'earlier')
+        common = dict(query_name=name, spark_session=spark, event_ids_under="earlier", batch_attempts=5)
+        if scale_out:
+            sink: spark_bridge.IngestSink = spark_bridge.PartitionedIngestSink(database, mapping, partitions=2,
+                                                                               app=APP_FILE, **common)
+        else:
+            sink = spark_bridge.IngestSink(database, mapping, **common)
+        query = (_stream(spark, tmp_path / "in").writeStream.foreachBatch(sink).queryName(name)
+                 .option("checkpointLocation", str(tmp_path / "checkpoint")).trigger(availableNow=True).start())
+        run_to_end(query)
+        assert [(reason.split(":")[0], raw["seq"]) for query_id, _, reason, raw in dead_letters(database)
+                if query_id.startswith(name)] == [("duplicate", 1)]
+        assert {key: trail for key, _, _, trail, _ in app_state(database)["counters"]} == {"k": "1,2"}
+    finally:
+        database.close()
