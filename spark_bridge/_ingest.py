@@ -190,7 +190,8 @@ def ingest(db: Database, streaming_df: DataFrame, *, mapping: EventMapping, quer
     * ``options`` — an :class:`IngestOptions`, or its fields as keywords (``handler=``, ``trigger=``,
       ``known_types=``, ``watermark_delay=``, ``partition_by_key=``, …).
 
-    pyspark is needed only for the DataFrame itself; nothing else here imports it.
+    pyspark is needed only for the DataFrame itself; nothing else here imports it.  A call that fails leaves
+    nothing behind: once the sink is built, Spark's refusal of the trigger or the query closes it.
     """
     if not checkpoint_location:
         raise IngestError(
@@ -262,12 +263,24 @@ def ingest(db: Database, streaming_df: DataFrame, *, mapping: EventMapping, quer
                                      on_partition_failure=options.on_partition_failure or SplitFailure.FORWARD,
                                      lineage=options.lineage, rules=options.handler,  # type: ignore[arg-type]  # (checked: rules)
                                      **common)
+    try:
+        return _started(sink, streaming_df, query_name, str(checkpoint_location), options)
+    except BaseException:
+        # Spark refused the trigger or the query: nothing is left of this call — a sink with deadlines watches the
+        # database's every firing through an observer, and a database with one lowers no batch of declared rules.
+        sink.close()
+        raise
+
+
+def _started(sink: IngestSink, streaming_df: DataFrame, query_name: str, checkpoint_location: str,
+             options: IngestOptions) -> StreamingQuery | DataStreamWriter:
+    """:func:`ingest`'s writer for ``sink``, started unless ``options.start`` is False."""
     run = QueryRun(sink)      # told the query once start() returns: its batches need not ask Spark for it
     # One session wrapper per run (_foreach): only for the run started here — a writer handed back could be
     # started more than once, each start a run of its own with a session of its own.
     writer = streaming_df.writeStream
     writer = (foreach_batch(writer, run) if options.start else writer.foreachBatch(run)).queryName(query_name)
-    writer = writer.option("checkpointLocation", str(checkpoint_location))
+    writer = writer.option("checkpointLocation", checkpoint_location)
     trigger = options.trigger
     if isinstance(trigger, (int, float)):
         trigger = f"{trigger} seconds"

@@ -1031,3 +1031,33 @@ def test_a_sink_s_event_ids_under_counts_on_the_scale_out_path_as_on_the_one_tas
         assert {key: trail for key, _, _, trail, _ in app_state(database)["counters"]} == {"k": "1,2"}
     finally:
         database.close()
+
+
+@pytest.mark.spark
+def test_an_ingest_that_fails_after_building_its_sink_leaves_nothing_on_the_database(spark, tmp_path,
+                                                                                     make_database_url):
+    """``ingest(…, deadlines=…)`` builds its sink — whose deadlines watch every rule firing of the database through an
+    observer — before Spark takes the trigger and starts the query.  A trigger Spark refuses, or a query ``start()``
+    refuses (an aggregation in append mode), raised with the sink left behind and its observer on the database for
+    good: and a database with an observer lowers no batch of declared rules (every later batch of the process ran
+    them event by event), besides the observer's two calls per firing.  The sink is closed when ``ingest()`` fails."""
+    from pyspark.sql import functions as F
+
+    database = app_database(make_database_url("leftover"))
+    deadlines = activedb.ingest.Deadlines(batch=60.0, rule=5.0)
+    try:
+        before = list(database.transactions.observers)
+        with pytest.raises(IngestError, match=r"trigger='5s' is not one Spark takes"):
+            spark_bridge.ingest(database, _stream(spark, tmp_path), mapping=app_counters.MAPPING,
+                                query_name="leftover", checkpoint_location=str(tmp_path / "c1"), trigger="5s",
+                                deadlines=deadlines)
+        assert list(database.transactions.observers) == before
+        counted = _stream(spark, tmp_path).groupBy("key").count().withColumn("type", F.lit("add"))
+        with pytest.raises(Exception, match=r"output mode: append\. This output mode is not supported"):
+            spark_bridge.ingest(database, counted.withColumn("ts", F.current_timestamp()),
+                                mapping=spark_bridge.EventMapping("type", "key", "ts"), query_name="leftover",
+                                checkpoint_location=str(tmp_path / "c2"), deadlines=deadlines)
+        assert list(database.transactions.observers) == before
+        assert spark.streams.active == []
+    finally:
+        database.close()
