@@ -178,10 +178,13 @@ def _refuse_captured(letters: list[LetterRecord]) -> None:
     captured = [letter for letter in letters if is_capture_source(original_query_name(letter.query_id))]
     if captured:
         ids = ", ".join(str(letter.id) for letter in captured)
+        which, it, is_ = (("dead letters", "they describe", "are") if len(captured) > 1
+                          else ("dead letter", "it describes", "is"))
         raise click.ClickException(
-            f"dead letter {ids} is change capture's ({captured[0].query_id}): it describes a captured change, not a row "
-            f"a mapping reads, so it cannot be replayed — fix the cause its reason names and write the change again "
-            f"(or purge the letter); leave capture's letters out (--query, --id); nothing was replayed")
+            f"{which} {ids} {is_} change capture's ({captured[0].query_id}): {it} a captured change, not a row "
+            f"a mapping reads, so {'they' if len(captured) > 1 else 'it'} cannot be replayed — fix the cause the "
+            f"reason names and write the change again (or purge the letter); leave capture's letters out (--query, "
+            f"--id); nothing was replayed")
 
 
 @dead_letters.command("replay")
