@@ -170,7 +170,9 @@ class Database:
         where the decorator leaves its default).  Returns the Rule.  ``coupling`` and
         ``action_coupling`` are :class:`~activedb.Coupling` members (their values' strings, ``"deferred"``, are
         accepted too).  A second rule of one name is refused unless ``replace=True`` (it then takes the first one's
-        place, as ``db.rules.add(rule, replace=True)`` does: a module or notebook cell run again).
+        place, as ``db.rules.add(rule, replace=True)`` does: a module or notebook cell run again).  The action and
+        ``when`` are plain functions called with ``(tx, event)`` in the firing's thread: an ``async def`` or a generator
+        function (whose call runs none of its body) is refused.
         """
         def decorate(target: Callable[[Transaction, Event], object] | type[Rule]) -> Rule:
             if isinstance(target, type) and issubclass(target, Rule):

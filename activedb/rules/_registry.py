@@ -404,7 +404,16 @@ def _declared_by(name: str) -> str:
 
 def _check_called_with_tx_and_event(name: str, what: str, function: Callable[..., object]) -> None:
     """Refuse, at declaration, a condition or an action that cannot be called as ``function(tx, event)`` (a ``when=lambda
-    event: ...``): it would fail each firing instead.  ``what`` names it in the error (``when=``, ``the action``)."""
+    event: ...``): it would fail each firing instead.  Refuse one whose call runs none of its body (``async def``, a
+    generator): the firing never awaits or iterates what it returns, so such an action did nothing and counted as
+    executed, and such a condition's coroutine or generator object is true.  ``what`` names it in the error
+    (``when=``, ``the action``)."""
+    kind = _kind_not_run(function)
+    if kind is not None:
+        returned = "a generator that nothing iterates" if "generator" in kind else "a coroutine that nothing awaits"
+        raise RuleError(f"rule {name!r}: {what} is {kind}: calling it with (tx, event), as a firing does, runs none of "
+                        f"its body (it returns {returned}: rules run in threads, not in an event loop); declare it "
+                        f"with a plain def that does its work synchronously")
     try:
         signature = inspect.signature(function)
     except (TypeError, ValueError):          # (no signature to check: a builtin)
@@ -414,3 +423,18 @@ def _check_called_with_tx_and_event(name: str, what: str, function: Callable[...
     except TypeError as error:
         raise RuleError(f"rule {name!r}: {what} is called with (tx, event), but "
                         f"{getattr(function, '__name__', function)}{signature} cannot be: {error}") from None
+
+
+def _kind_not_run(function: Callable[..., object]) -> str | None:
+    """What ``function`` is if calling it runs none of its body (an async function, a generator function, an async
+    generator function — or a callable object whose ``__call__`` is one), else None."""
+    for target in (function, getattr(type(function), "__call__", None)):
+        if inspect.isasyncgenfunction(target):
+            return "an async generator function"
+        if inspect.iscoroutinefunction(target):
+            return "an async function"
+        if inspect.isgeneratorfunction(target):
+            return "a generator function"
+        if inspect.isfunction(target) or inspect.ismethod(target):      # (a function: its own kind says it all)
+            return None
+    return None

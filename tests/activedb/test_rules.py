@@ -928,3 +928,50 @@ def test_a_rule_class_decorated_with_db_rule_takes_the_decorators_settings(db):
         for name in ("decorated", "quiet", "never", "own"):
             tx.signal(name)
     assert sorted(seen) == ["decorated", "own"]
+
+
+async def _async_part(tx, event):
+    tx.write("items", "async", value=1)
+    return False
+
+
+def _generator_part(tx, event):
+    tx.write("items", "generator", value=1)
+    yield False
+
+
+async def _async_generator_part(tx, event):
+    tx.write("items", "async generator", value=1)
+    yield False
+
+
+class _AsyncCall:
+    async def __call__(self, tx, event):
+        tx.write("items", "async call", value=1)
+
+
+@pytest.mark.parametrize("part, kind", [(_async_part, "an async function"), (_generator_part, "a generator function"),
+                                        (_async_generator_part, "an async generator function"),
+                                        (_AsyncCall(), "an async function")],
+                         ids=["async", "generator", "async-generator", "async-call"])
+def test_an_async_or_generator_action_or_condition_is_refused_at_declaration(db, part, kind):
+    """Calling an ``async def`` (or a generator) function runs none of its body: it returns a coroutine (a generator),
+    which the firing never awaits (iterates).  Declared as an action, such a rule fired, wrote nothing and counted as
+    executed, Python warning only "coroutine ... was never awaited"; as a condition, the coroutine (generator) object
+    is true, so the action always ran. Both are refused when the rule is declared, saying what to write instead."""
+    with pytest.raises(RuleError, match=rf"rule 'acting': the action is {kind}: .*runs none of its body.*plain def"):
+        db.rule(on=db.signalled("go"), name="acting")(part)
+    with pytest.raises(RuleError, match=rf"rule 'testing': when= is {kind}: .*runs none of its body.*plain def"):
+        db.rule(on=db.signalled("go"), when=part, name="testing")(lambda tx, event: tx.write("items", "ran", value=1))
+
+    class Awaiting(activedb.Rule):
+        on = db.signalled("go")
+        action = part if not isinstance(part, _AsyncCall) else staticmethod(part)
+
+    with pytest.raises(RuleError, match=rf"rule 'Awaiting': the action is {kind}"):
+        db.rules.add(Awaiting())
+    assert not {"acting", "testing", "Awaiting"} & set(db.rules.names())
+    with db.transaction() as tx:
+        tx.signal("go")
+    with db.engine.connect() as connection:
+        assert connection.execute(sa.text("SELECT count(*) FROM items")).scalar() == 0
