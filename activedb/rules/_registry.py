@@ -3,8 +3,10 @@
 (:class:`~activedb.errors.RuleDefinitionChangedWarning`); the first persist of a name is ``INSERT … ON
 CONFLICT DO NOTHING``, so two processes declaring the same rule at once never collide.
 
-Thread-safety: ``_mutex`` protects ``_rules``; the index (``by_kind``, ``observed_tables``) is rebuilt
-under it and published whole (readers use it without the mutex).  No SQL runs under the mutex.
+Thread-safety: ``_mutex`` protects ``_rules`` and ``_declaring`` (the names being declared: a name is taken from
+the check until the rule is in, so of two threads declaring one name at once one is refused); the index
+(``by_kind``, ``observed_tables``) is rebuilt under it and published whole (readers use it without the mutex).  No
+SQL runs under the mutex.
 """
 
 from __future__ import annotations
@@ -46,6 +48,8 @@ class RuleRegistry:
         self.catalog = catalog
         self._mutex = threading.Lock()
         self._rules: dict[str, Rule] = {}
+        # Names whose declarations (``add``) are under way: being persisted, not yet in ``_rules`` — how many of each.
+        self._declaring: dict[str, int] = {}
         # Derived from _rules by _reindex(): enabled rules by the event kind they react to, and the
         # tables whose data events are observed (writes there read the old row).
         self.by_kind: dict[EventKind, tuple[Rule, ...]] = {}
@@ -70,17 +74,29 @@ class RuleRegistry:
                                 f"name: db.rule(..., name='...')")
             rule.name = type(rule).__name__
         self.validate(rule)
+        name = rule.name
         with self._mutex:
-            if rule.name in self._rules and not replace:
+            # (A declaration of the name by another thread, between this check and its taking the rule in, counts as
+            # declared: else both would pass the check and the second silently take the first's place.)
+            if not replace and (name in self._rules or name in self._declaring):
+                state = "declared" if name in self._rules else "being declared (by another thread)"
                 raise RuleError(
-                    f"a rule named {rule.name!r} is already declared on this database; choose another name, "
-                    f"or pass replace=True / call db.rules.remove({rule.name!r}) first"
+                    f"a rule named {name!r} is already {state} on this database; choose another name, "
+                    f"or pass replace=True / call db.rules.remove({name!r}) first"
                 )
-        self._persist(rule)
-        rule._manager = manager
-        with self._mutex:
-            self._rules[rule.name] = rule
-            self._reindex()
+            self._declaring[name] = self._declaring.get(name, 0) + 1
+        try:
+            self._persist(rule)
+            rule._manager = manager
+            with self._mutex:
+                self._rules[name] = rule
+                self._reindex()
+        finally:
+            with self._mutex:
+                if self._declaring[name] == 1:
+                    del self._declaring[name]
+                else:
+                    self._declaring[name] -= 1
         return rule
 
     def validate(self, rule: Rule) -> None:

@@ -975,3 +975,47 @@ def test_an_async_or_generator_action_or_condition_is_refused_at_declaration(db,
         tx.signal("go")
     with db.engine.connect() as connection:
         assert connection.execute(sa.text("SELECT count(*) FROM items")).scalar() == 0
+
+
+def test_two_threads_declaring_one_rule_name_at_once_one_is_refused(db):
+    """Two threads declaring a rule of one name (without replace=True) at the same time: one is declared, the other
+    refused with the RuleError a second declaration in one thread gets.  The check for a declared name came before the
+    registry's row was written and the rule taken in, so both passed it while neither had been taken in yet, and both
+    were declared — the second silently took the first's place (its action the one that fired).  The first thread is
+    held inside its registry write by a table lock another connection keeps; the second is started once PostgreSQL
+    shows the first waiting."""
+    outcomes: dict[str, object] = {}
+
+    def declare(who: str) -> None:
+        try:
+            db.rule(on=db.signalled("clash"), name="clash")(lambda tx, event, who=who: tx.write("items", who, value=1))
+            outcomes[who] = "declared"
+        except RuleError as error:
+            outcomes[who] = error
+
+    def waiting_for_the_table() -> int:
+        with db.engine.connect() as probe:
+            return probe.execute(sa.text("SELECT count(*) FROM pg_locks WHERE NOT granted "
+                                         "AND relation = 'activedb_rules'::regclass")).scalar()
+
+    with Watchdog(WAIT), db.engine.connect() as holder:
+        with holder.begin():
+            holder.execute(sa.text("LOCK TABLE activedb_rules IN EXCLUSIVE MODE"))
+            first = threading.Thread(target=declare, args=("first",))
+            first.start()
+            wait_until(lambda: waiting_for_the_table() == 1, WAIT, "the first declaration waiting for the table lock")
+            second = threading.Thread(target=declare, args=("second",))
+            second.start()
+            wait_until(lambda: not second.is_alive() or waiting_for_the_table() == 2, WAIT,
+                       "the second declaration refused or waiting for the table lock",
+                       describe=lambda: outcomes)
+        first.join(WAIT)
+        second.join(WAIT)
+    assert outcomes["first"] == "declared", outcomes
+    assert isinstance(outcomes["second"], RuleError), outcomes
+    assert "'clash' is already" in str(outcomes["second"]) and "replace=True" in str(outcomes["second"])
+    with db.transaction() as tx:
+        tx.signal("clash")
+    with db.engine.connect() as connection:
+        assert connection.execute(sa.text("SELECT key FROM items")).scalars().all() == ["first"]
+    assert [row["version"] for row in db.rules.persisted() if row["name"] == "clash"] == [1]
