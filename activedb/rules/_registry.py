@@ -258,6 +258,7 @@ class RuleRegistry:
         Works on a rule declared in this process and on one only persisted (another process's, as
         ``activedb rules remove`` does); returns the declared ``Rule`` or None.  Raises ``RuleError`` if
         neither knows the name."""
+        _check_named("remove", name)
         with self._mutex:
             removed = self._rules.pop(name, None)
             if removed is not None:
@@ -300,6 +301,7 @@ class RuleRegistry:
     def set_enabled(self, name: str, enabled: bool) -> None:
         """Enable or disable ``name`` in ``activedb_rules`` and, if it is declared here, in this process.
         A removed rule cannot be enabled: it comes back when its application declares it again."""
+        _check_named("enable" if enabled else "disable", name)
         with self._mutex:
             rule = self._rules.get(name)
         table = self.catalog.table(RULES_TABLE)
@@ -319,6 +321,7 @@ class RuleRegistry:
                 self._reindex()
 
     def get(self, name: str) -> Rule:
+        _check_named("get", name)
         with self._mutex:
             rule = self._rules.get(name)
         if rule is None:
@@ -416,6 +419,13 @@ def _declared_by(name: str) -> str:
     if file and Path(file).stem not in (name.rpartition(".")[2], "__init__"):
         return Path(file).name                         # imported from a file under a name of its own
     return name
+
+
+def _check_named(call: str, name: object) -> None:
+    """Refuse a rule's name that is no text given to ``db.rules.<call>()`` (the registry's key is text: PostgreSQL would
+    refuse comparing it, or no rule could be named so)."""
+    if not isinstance(name, str):
+        raise RuleError(f"db.rules.{call}() takes a rule's name (text), such as db.rules.{call}('alert'); got {name!r}")
 
 
 def _check_called_with_tx_and_event(name: str, what: str, function: Callable[..., object]) -> None:

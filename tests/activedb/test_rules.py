@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import re
 import threading
 import warnings
 
@@ -586,6 +587,19 @@ def test_purge_given_no_list_of_names_says_what_to_give_and_forgets_nothing(db, 
     with pytest.raises(RuleError, match=r"purge\(\) takes a list of rule names \(text\)"):
         db.rules.purge(names)
     assert "kept" in db.rules.names() and [row["name"] for row in db.rules.persisted()] == ["kept"]
+
+
+@pytest.mark.parametrize("call", ["enable", "disable", "remove", "get"])
+@pytest.mark.parametrize("name", [123, 1.5, None, b"kept"], ids=["int", "float", "None", "bytes"])
+def test_a_rule_name_that_is_no_text_given_to_enable_disable_remove_or_get_says_what_to_give(db, call, name):
+    """``db.rules.enable(123)`` and ``remove(1.5)`` failed with PostgreSQL's ProgrammingError ('operator does not exist:
+    text = integer', the SQL of the registry's row), ``disable(None)`` said "no rule named None" as if a rule could be
+    named so.  Each is refused with a RuleError saying that it takes a rule's name, as text; nothing changes."""
+    db.rule(on=db.signalled("kept"), name="kept")(lambda tx, event: None)
+    with pytest.raises(RuleError, match=rf"db\.rules\.{call}\(\) takes a rule's name \(text\).*got {re.escape(repr(name))}"):
+        getattr(db.rules, call)(name)
+    assert db.rules.get("kept").enabled
+    assert [(row["name"], row["enabled"], row["removed_at"]) for row in db.rules.persisted()] == [("kept", True, None)]
 
 
 def test_a_rule_name_that_is_no_text_is_refused_at_declaration(db):
