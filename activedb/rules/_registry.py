@@ -250,7 +250,7 @@ class RuleRegistry:
         message = (f"rule {rule.name!r} was redefined{elsewhere} (changed: {', '.join(changed)}); "
                    f"its persisted definition moves from version {row.version} to {version}")
         logger.warning(message)
-        warnings.warn(message, RuleDefinitionChangedWarning, stacklevel=5)
+        warnings.warn(message, RuleDefinitionChangedWarning, stacklevel=_declaring_line())
 
     def remove(self, name: str) -> Rule | None:
         """Stop ``name`` firing in this process and mark it removed in ``activedb_rules`` (``removed_at``).
@@ -419,6 +419,21 @@ def _declared_by(name: str) -> str:
     if file and Path(file).stem not in (name.rpartition(".")[2], "__init__"):
         return Path(file).name                         # imported from a file under a name of its own
     return name
+
+
+_DECLARING = ("activedb.rules.", "activedb._database")     # (the modules a declaration passes through)
+
+
+def _declaring_line() -> int:
+    """The ``stacklevel`` that attributes a warning of ``_persist``, its caller, to the line that declared the rule: the
+    first frame outside the modules a declaration passes through (``db.rules.add`` is one call less deep than the
+    ``@db.rule`` decorator)."""
+    frame = sys._getframe(1)        # ``_persist``: level 1
+    level = 1
+    while frame.f_back is not None and frame.f_globals.get("__name__", "").startswith(_DECLARING):
+        frame = frame.f_back
+        level += 1
+    return level
 
 
 def _check_named(call: str, name: object) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import logging
 import re
+import sys
 import threading
 import warnings
 
@@ -530,6 +531,29 @@ def test_a_rule_redefined_by_another_module_says_whose_name_it_took(migrated, db
             second_db.rule(on=second_db.updated("accounts"))(other["common_name"])
     finally:
         second_db.close()
+
+
+def test_a_redefinition_warning_names_the_line_that_declared_the_rule(db):
+    """The RuleDefinitionChangedWarning of a redefinition is attributed to the user's line that declared the rule —
+    the decorator's and ``db.rules.add(rule)``'s alike (where a warnings filter by module, or Python's one report per
+    line, looks).  ``db.rules.add`` is one call less deep than the decorator, and its warning named the frame above the
+    user's line (here: pytest's)."""
+    class Audited(activedb.Rule):
+        on = db.signalled("audited")
+
+        def action(self, tx, event):
+            pass
+
+    db.rules.add(Audited())
+    Audited.priority = 3
+    with pytest.warns(activedb.RuleDefinitionChangedWarning, match="'Audited' was redefined") as added:
+        added_at = sys._getframe().f_lineno + 1
+        db.rules.add(Audited(), replace=True)
+    with pytest.warns(activedb.RuleDefinitionChangedWarning, match="'Audited' was redefined") as decorated:
+        decorated_at = sys._getframe().f_lineno + 1
+        db.rule(on=db.signalled("audited"), name="Audited", replace=True)(lambda tx, event: None)
+    assert [(warned.filename, warned.lineno) for warned in added] == [(__file__, added_at)]
+    assert [(warned.filename, warned.lineno) for warned in decorated] == [(__file__, decorated_at)]
 
 
 def test_bad_rule_definitions_are_rejected_at_declaration(db):
