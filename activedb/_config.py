@@ -86,7 +86,9 @@ class Config:
       policy (``lockmgr.VictimPolicy``, or a callable choosing among a cycle's candidates); ``lock_timeout``
       (seconds) bounds every lock wait (None: wait); ``flush_retries``: how often a top-level commit is re-run
       after a serialization failure of its flush before ``SerializationConflict`` is raised.
-    * ``max_cascade_depth`` bounds rule cascades, ``max_deferred_cycles`` deferred cycles;
+    * ``max_cascade_depth`` bounds rule cascades (an immediate cascade also stops, as ``CascadeLimitExceeded``,
+      where Python's recursion limit would: each firing nests in the one that fired it), ``max_deferred_cycles``
+      deferred cycles;
       ``rule_execution=RuleExecution.INLINE`` runs equal-priority rules one after the other in the triggering
       thread instead of concurrently on worker threads.
     * ``explain_deadlocks=True`` attaches a picture to every deadlock (``DeadlockDetected.explanation``); it

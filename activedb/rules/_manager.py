@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import sys
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, TypeVar
 
 from coupling import Coupling, DeferredCycleLimitExceeded, Verdict, priority_groups
@@ -23,7 +24,7 @@ from activedb.rules._record import FiringRecord
 from activedb.rules._registry import RuleRegistry
 from activedb.store import own_image
 from activedb.txn import (FiringOutcome, Transaction, TransactionExtension, run_group, run_inline, set_slot, slot,
-                          wait_children)
+                          stack_is_deep, wait_children)
 
 if TYPE_CHECKING:  # pragma: no cover
     from activedb.store import Catalog
@@ -248,6 +249,17 @@ class RuleManager(TransactionExtension):
             raise CascadeLimitExceeded(
                 f"rule cascade deeper than {self.max_cascade_depth} in transaction {transaction.id}: {names}; "
                 f"break the cycle or raise max_cascade_depth", [*chain, *(rule.name for rule in rules)])
+        if len(chain) >= _STACK_CHECKED_FROM and stack_is_deep(0.75):
+            # Each immediate firing runs inside the call of the one that fired it: stop while the rest of the stack
+            # still holds a level (a firing, its action, the SQL under it), not at a RecursionError wherever it hits.
+            names = " -> ".join((*chain, "|".join(rule.name for rule in rules)))
+            raise CascadeLimitExceeded(
+                f"rule cascade {len(chain) + 1} deep in transaction {transaction.id} nests deeper than Python's "
+                f"recursion limit (sys.getrecursionlimit() = {sys.getrecursionlimit()}) allows, below "
+                f"max_cascade_depth={self.max_cascade_depth}: {names}; each immediate firing runs inside the one that "
+                f"fired it: break the cycle, make a rule of it deferred (deferred firings run in cycles, one after "
+                f"another), or lower max_cascade_depth (or raise sys.setrecursionlimit)",
+                [*chain, *(rule.name for rule in rules)])
         if len(rules) == 1:                 # the common case, without the comprehension's call and lists
             rule = rules[0]
             firing = Firing(rule, event, chain + (rule.name,), rule.coupling, next(self._numbers))
@@ -456,6 +468,7 @@ def own_event(event: Event) -> Event:
 
 
 _NAMES: dict[str, str] = {}     # rule name -> the name of its firings' transactions (``_transaction_name``)
+_STACK_CHECKED_FROM = 16        # cascade depth from which ``on_event`` checks Python's stack (a walk of frames)
 _PLANS = 1024                   # rule sets whose plans ``on_event`` keeps before it starts afresh
 
 _Planned = TypeVar("_Planned")

@@ -47,7 +47,7 @@ from activedb.errors import TransactionError
 HAND_OFF_AFTER = 0.001
 #: How many tasks a thread nests in its waits before it asks whether its stack has room for more (below
 #: this, it always runs a task it waits for).  From there on it runs the next one only while its stack is
-#: shallower than half of Python's recursion limit (``_stack_is_deep``), and otherwise lets a worker's
+#: shallower than half of Python's recursion limit (``stack_is_deep``), and otherwise lets a worker's
 #: fresh stack run it when a worker can take it: a deep chain of spawned children (each waiting for its one
 #: child) stays far from the recursion limit, and pays no thread hand-off while it is far from it.
 MAX_HELP_DEPTH = 8
@@ -73,11 +73,12 @@ UNCLAIMED_GRACE = 0.05
 _helping = threading.local()
 
 
-def _stack_is_deep() -> bool:
-    """Whether this thread's stack holds more than half of Python's recursion limit in frames (one C walk
-    of at most that many frames; checked only ``MAX_HELP_DEPTH`` tasks deep)."""
+def stack_is_deep(share: float = 0.5) -> bool:
+    """Whether this thread's stack holds more than ``share`` of Python's recursion limit in frames (one C walk
+    of at most that many frames; the pool checks half, only ``MAX_HELP_DEPTH`` tasks deep; the rule dispatch three
+    quarters, only in a cascade of at least 16 firings)."""
     try:
-        sys._getframe(sys.getrecursionlimit() // 2)
+        sys._getframe(int(sys.getrecursionlimit() * share))
     except ValueError:
         return False
     return True
@@ -177,7 +178,7 @@ class Task:
         or this thread is ``MAX_HELP_DEPTH`` tasks deep, its stack deep (or ``MAX_NESTED_TASKS`` tasks deep),
         and a worker can take it (unless ``deep``)."""
         depth = getattr(_helping, "depth", 0)
-        if not deep and depth >= MAX_HELP_DEPTH and (depth >= MAX_NESTED_TASKS or _stack_is_deep()):
+        if not deep and depth >= MAX_HELP_DEPTH and (depth >= MAX_NESTED_TASKS or stack_is_deep()):
             pool = self._pool
             if pool is not None and pool.can_take_more():
                 return False        # deep enough: a worker's fresh stack runs it (``wait`` wakes one)

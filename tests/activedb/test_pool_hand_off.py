@@ -281,7 +281,7 @@ def test_a_deep_waiter_runs_the_task_itself_when_no_worker_takes_it(monkeypatch)
         monkeypatch.setattr(pool, "can_take_more", lambda: True)   # the race: the worker was taken meanwhile
         task = pool.start(_pool.Task(threading.get_ident))
         monkeypatch.setattr(_pool._helping, "depth", _pool.MAX_HELP_DEPTH, raising=False)
-        monkeypatch.setattr(_pool, "_stack_is_deep", lambda: True)
+        monkeypatch.setattr(_pool, "stack_is_deep", lambda: True)
         assert task.wait(BOUND)
         assert task.result == threading.get_ident()
     finally:

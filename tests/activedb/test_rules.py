@@ -403,6 +403,39 @@ def test_cascade_limit_names_the_chain(migrated):
         database.close()
 
 
+def test_an_immediate_cascade_too_deep_for_python_s_stack_is_a_cascade_limit_not_a_recursion_error(migrated):
+    """Each immediate firing runs nested in the Python call of the one that fired it, a few frames a level: with
+    ``max_cascade_depth`` above what Python's recursion limit lets nest (about 190 here), a runaway cascade failed at
+    wherever the stack ran out with RuleFailed(RecursionError) — anywhere in the firing's machinery, not the documented
+    CascadeLimitExceeded.  It now stops with CascadeLimitExceeded naming the chain, the recursion limit and what to do
+    once the stack holds three quarters of the limit, and the database goes on; a cascade 100 deep still runs."""
+    database = activedb.connect(migrated, max_cascade_depth=1000)
+    try:
+        reached: list[int] = []
+
+        @database.rule(on=database.signalled("deeper"), name="deeper")
+        def deeper(tx, event):
+            reached.append(event.payload["n"])
+            if event.payload["n"] < event.payload["until"]:
+                tx.signal("deeper", n=event.payload["n"] + 1, until=event.payload["until"])
+
+        with database.transaction() as tx:
+            tx.signal("deeper", n=1, until=100)
+        assert reached[-1] == 100
+        with pytest.raises(CascadeLimitExceeded, match=r"rule cascade \d+ deep .*Python's recursion limit "
+                                                       r"\(sys.getrecursionlimit\(\) = \d+\).*max_cascade_depth=1000"
+                                                       r".*deferred") as caught:
+            with database.transaction() as tx:
+                tx.signal("deeper", n=1, until=999)
+        assert 100 < len(caught.value.chain) < 999 and set(caught.value.chain) == {"deeper"}
+        with database.transaction() as tx:
+            tx.write("items", "after", value=1)
+        with database.engine.connect() as connection:
+            assert connection.execute(sa.text("SELECT value FROM items WHERE key = 'after'")).scalar() == 1
+    finally:
+        database.close()
+
+
 def test_a_deferred_cycle_bound_below_one_is_refused_at_connect(migrated):
     """``connect(max_deferred_cycles=0)`` could never run a deferred firing: refused when connecting, by its name —
     not accepted, to fail each transaction that fires a deferred rule with coupling's ``max_cycles`` error."""
