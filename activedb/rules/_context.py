@@ -50,7 +50,9 @@ class RuleContext:
     * ``gate_report``: the gate key whose end this transaction reports (``trigger_ended``);
     * ``firings``: per rule, the firings dispatched in this tree (kept on the top-level transaction, None
       until the first; also the tree's firing record, added to the manager's counters when the tree ends);
-    * ``couplings``: the coupling of each rule of ``firings`` (for the per-mode counters).
+    * ``couplings``: the coupling of each rule of ``firings`` (for the per-mode counters);
+    * ``held_deferred``: deferred firings raised in this transaction, a C-A action of a deferred firing (which owns no
+      queue, and aborts on its own when its condition says so), held until it commits (:func:`defer`).
 
     A plain class whose fields default to the class's None (one is created per rule firing: it must cost
     little, and ``RuleContext()`` runs no Python code).
@@ -62,6 +64,7 @@ class RuleContext:
     gate_report: GateKey | None = None
     firings: dict[str, int] | None = None
     couplings: dict[str, "Coupling"] | None = None
+    held_deferred: "list[Firing] | None" = None
 
 
 def chain_of(transaction: "Transaction") -> tuple[str, ...]:
@@ -91,3 +94,24 @@ def deferred_queue_for(transaction: "Transaction", max_cycles: int) -> DeferredQ
             return context.deferred_queue
         node = node.parent
     raise AssertionError("a top-level transaction always owns a deferred queue")
+
+
+def defer(transaction: "Transaction", firing: Firing, max_cycles: int) -> None:
+    """Queue deferred ``firing``, raised in ``transaction``, where it runs: the queue of :func:`deferred_queue_for` —
+    unless a C-A sequential causally dependent action (a dependent of the gate: ``gate_key``) that owns no queue lies on
+    the way there.  Such an action aborts on its own when its condition returns false (or it gave way in a deadlock
+    and runs again), its events undone with it: the firing is held on it (``held_deferred``) and queued when it
+    commits (``RuleManager.after_end``), dropped if it aborts."""
+    node: Transaction | None = transaction
+    while node is not None:
+        own = slot(node, Firing, create=False)
+        if has_own_deferred_queue(own.coupling if own is not None else None):
+            break
+        context = slot(node, RuleContext, create=False)
+        if context is not None and context.gate_key is not None:
+            if context.held_deferred is None:
+                context.held_deferred = []
+            context.held_deferred.append(firing)
+            return
+        node = node.parent
+    deferred_queue_for(transaction, max_cycles).add(firing)

@@ -16,7 +16,7 @@ from coupling import Coupling, DeferredCycleLimitExceeded, Verdict, priority_gro
 
 from activedb.errors import CascadeLimitExceeded, RuleFailed, TransactionAborted
 from activedb.events import Event, EventKind, Origin, new_event
-from activedb.rules._context import RuleContext, chain_of, deferred_queue_for
+from activedb.rules._context import RuleContext, chain_of, defer
 from activedb.rules._detached import DetachedRunner, DependencyAbort
 from activedb.rules._model import Fired, Firing, Rule, RuleCounter, RuleExecution, RulesStatistics, always
 from activedb.rules._parallel import condition_then_action
@@ -202,6 +202,13 @@ class RuleManager(TransactionExtension):
         context = slot(transaction, RuleContext, create=False)
         if context is not None and context.gate_report is not None:
             self.detached.transaction_ended(transaction, committed)
+            held = context.held_deferred
+            if held and committed and transaction.parent is not None:
+                # A C-A action of a deferred firing committed: the deferred firings it raised join their queue now
+                # (``defer``; dropped had it aborted).  Its parent, the firing, is still running.
+                context.held_deferred = None
+                for firing in held:
+                    defer(transaction.parent, firing, self.max_deferred_cycles)
         if transaction.parent is not None:
             return
         if not committed and self.registry.by_kind.get(EventKind.ABORTED):
@@ -279,7 +286,7 @@ class RuleManager(TransactionExtension):
                 return
             self.record.dispatched(root, tree, rules)
             if firing.coupling is _DEFERRED:
-                deferred_queue_for(transaction, self.max_deferred_cycles).add(firing)
+                defer(transaction, firing, self.max_deferred_cycles)
             else:
                 self.detached.start(transaction, firing, ended=ended)
             return
@@ -293,7 +300,7 @@ class RuleManager(TransactionExtension):
             for index in plan.others:
                 firing = firings[index]
                 if firing.coupling is _DEFERRED:
-                    deferred_queue_for(transaction, self.max_deferred_cycles).add(firing)
+                    defer(transaction, firing, self.max_deferred_cycles)
                 else:
                     self.detached.start(transaction, firing, ended=ended)
         if plan.groups is not None:

@@ -170,6 +170,39 @@ def test_action_sequential_causally_dependent_runs_in_parallel_and_needs_true(db
     assert counters.fired == 2 and counters.condition_false == 1
 
 
+@pytest.mark.parametrize("holds", [True, False], ids=["condition true", "condition false"])
+def test_a_deferred_firing_raised_by_a_parallel_action_runs_only_if_the_action_commits(db, holds):
+    """A deferred rule with C-A sequential causally dependent coupling: its action, running beside its condition,
+    signals an event with a deferred rule on it, then the condition returns.  That deferred firing joins the queue the
+    deferred rule came from (the next cycle) — only if the action commits: a condition returning false aborts the
+    action, its write and its signal with it, and the firing of an event that never happened must not run.  It ran
+    (the action's firing went straight to the owner's queue, which an aborted action does not own), so 'late' was
+    written though 'action' was not.  The condition waits until the action has signalled (an event)."""
+    signalled = threading.Event()
+
+    def condition(tx, event):
+        assert signalled.wait(WAIT), "the action signals before the condition returns"
+        return holds
+
+    @db.rule(on=db.signalled("checked"), coupling=Coupling.DEFERRED, when=condition,
+             action_coupling=Coupling.SEQUENTIAL_CAUSALLY_DEPENDENT, name="checked")
+    def checked(tx, event):
+        tx.write("items", "action", value=1)
+        tx.signal("late")
+        signalled.set()
+
+    @db.rule(on=db.signalled("late"), coupling=Coupling.DEFERRED, name="late")
+    def late(tx, event):
+        tx.write("items", "late", value=1)
+
+    with Watchdog(WAIT, db.transactions.locks):
+        with db.transaction() as tx:
+            tx.signal("checked")
+    with db.engine.connect() as connection:
+        keys = set(connection.execute(sa.text("SELECT key FROM items")).scalars())
+    assert keys == ({"action", "late"} if holds else set())
+
+
 def test_action_sequential_causally_dependent_firings_leave_nothing_in_the_gate(db):
     """Every C-A sequential causally dependent firing registers its condition and action in the coupling gate; once
     both ended, nothing of them stays there (the gate keeps an ended transaction's outcome until told to forget it),
