@@ -73,8 +73,8 @@ class Rule:
 
     def __repr__(self) -> str:
         state = "enabled" if self.enabled else "disabled"
-        return (f"<Rule {self.name!r} on {self.on} {Coupling.parse(self.coupling).value}/"
-                f"{Coupling.parse(self.action_coupling).value} priority={self.priority} {state}>")
+        return (f"<Rule {self.name!r} on {self.on} {_coupling_text(self.coupling)}/"
+                f"{_coupling_text(self.action_coupling)} priority={self.priority} {state}>")
 
 
 class FunctionRule(Rule):
@@ -105,6 +105,15 @@ class FunctionRule(Rule):
     def __call__(self, tx: "Transaction", event: Event) -> Any:
         """The decorated function stays callable directly."""
         return self._action(tx, event)
+
+
+def _coupling_text(coupling: object) -> str:
+    """A rule's coupling as its repr shows it: the mode's value, or what was given if it names no mode (a repr never
+    raises; declaring the rule refuses it)."""
+    try:
+        return str(Coupling.parse(coupling).value)  # type: ignore[arg-type]  # (anything: parse refuses what is no mode)
+    except Exception:
+        return repr(coupling)
 
 
 def always(tx: "Transaction", event: Event) -> bool:

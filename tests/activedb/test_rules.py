@@ -777,6 +777,28 @@ def test_a_priority_that_is_no_finite_number_is_refused_as_a_rule_error(db, prio
     assert "unordered" not in {row["name"] for row in db.rules.persisted()}
 
 
+def test_a_rule_s_repr_shows_a_coupling_it_cannot_parse_instead_of_raising():
+    """``repr(rule)`` parsed the rule's couplings, so a Rule subclass with ``coupling = "eventually"`` (refused only when
+    declared) raised UnknownCoupling from its repr — in a log line, a debugger, a test's report of its locals.  The
+    repr now shows the value as given; declaring the rule still refuses it."""
+    class Misconfigured(activedb.Rule):
+        coupling = "eventually"
+        action_coupling = "later"
+
+        def action(self, tx, event):
+            pass
+
+    assert repr(Misconfigured()) == "<Rule None on None 'eventually'/'later' priority=None enabled>"
+
+    class Configured(activedb.Rule):
+        coupling = "Deferred"
+
+        def action(self, tx, event):
+            pass
+
+    assert repr(Configured()) == "<Rule None on None deferred/immediate priority=None enabled>"
+
+
 def test_a_class_form_rule_without_an_action_is_refused_at_declaration(db):
     """A ``Rule`` subclass that defines no ``action`` (forgotten, or misspelt) could only fail each firing with the
     base class's ``NotImplementedError``: it is refused when it is declared, naming what to define."""
