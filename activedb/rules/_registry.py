@@ -73,6 +73,12 @@ class RuleRegistry:
                 raise RuleError(f"{rule.action_function()!r} has no __name__ to name its rule by; give the rule a "
                                 f"name: db.rule(..., name='...')")
             rule.name = type(rule).__name__
+        if rule._manager is not None and rule._manager is not manager:
+            # (The registry keeps the rule's version, enabled flag and database on the object: shared, the other
+            # database's index would go on firing a rule this one disabled.)
+            raise RuleError(f"rule {rule.name!r} is declared on another Database: a Rule object belongs to one; add "
+                            f"another object of its class here (db.rules.add({type(rule).__name__}()), or declare the "
+                            f"function again with db.rule(...)), or remove it from the other database first")
         self.validate(rule)
         name = rule.name
         with self._mutex:
@@ -263,6 +269,7 @@ class RuleRegistry:
             removed = self._rules.pop(name, None)
             if removed is not None:
                 self._reindex()
+                removed._manager = None      # (another database may take the object now)
         table = self.catalog.table(RULES_TABLE)
         with self.catalog.engine.begin() as connection:
             marked = connection.execute(table.update().where(table.c.name == name, table.c.removed_at.is_(None))
@@ -291,7 +298,9 @@ class RuleRegistry:
                             f"got {given!r}")
         with self._mutex:
             for name in names:
-                self._rules.pop(name, None)
+                purged = self._rules.pop(name, None)
+                if purged is not None:
+                    purged._manager = None
             self._reindex()
         table = self.catalog.table(RULES_TABLE)
         with self.catalog.engine.begin() as connection:

@@ -491,6 +491,35 @@ def test_enable_disable(db):
     assert seen == [1]
 
 
+def test_a_rule_object_declared_on_one_database_is_refused_by_another(migrated, db):
+    """A Rule object is one database's: the registry keeps its version, enabled flag and database on it.  Added to a
+    second Database as well, it was shared: ``rule.disable()`` then acted on the second (the last to add it), and the
+    first, whose index still held the rule, went on firing it while ``db.rules.get(name).enabled`` said False.  A second
+    database refuses it, saying to make another object; once removed from the first, another may take it."""
+    class Shared(activedb.Rule):
+        on = db.signalled("shared")
+
+        def action(self, tx, event):
+            tx.write("items", "shared", value=1)
+
+    rule = db.rules.add(Shared())
+    second = activedb.connect(migrated)
+    try:
+        with pytest.raises(RuleError, match=r"rule 'Shared' is declared on another Database.*another object"):
+            second.rules.add(rule)
+        assert "Shared" not in second.rules.names()
+        rule.disable()
+        assert db.rules.get("Shared").enabled is False
+        with db.transaction() as tx:
+            tx.signal("shared")
+        with db.engine.connect() as connection:
+            assert connection.execute(sa.text("SELECT count(*) FROM items")).scalar() == 0
+        db.rules.remove("Shared")
+        assert second.rules.add(rule) is rule and second.rules.get("Shared") is rule
+    finally:
+        second.close()
+
+
 def test_registry_persists_across_connect(migrated, db):
     def action(tx, event):
         tx.write("items", "persist", value=1)
