@@ -324,10 +324,19 @@ class RuleRegistry:
                                 f"again (or delete it for good: activedb rules remove --purge {name})")
             connection.execute(table.update().where(table.c.name == name).values(
                 enabled=enabled, updated_at=sa.func.now()))
-        if rule is not None:
-            with self._mutex:
-                rule.enabled = enabled
-                self._reindex()
+            if rule is not None:
+                # Set while the update's row lock is held, before the commit: two threads' flags are then set in the
+                # order of their rows' writes, and this process says what the registry says.
+                with self._mutex:
+                    previous, rule.enabled = rule.enabled, enabled
+                    self._reindex()
+                try:
+                    connection.commit()
+                except BaseException:
+                    with self._mutex:
+                        rule.enabled = previous
+                        self._reindex()
+                    raise
 
     def get(self, name: str) -> Rule:
         _check_named("get", name)

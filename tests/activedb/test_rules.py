@@ -491,6 +491,43 @@ def test_enable_disable(db):
     assert seen == [1]
 
 
+def test_enable_and_disable_from_two_threads_leave_the_process_and_the_registry_agreeing(db):
+    """One thread enables a rule while another disables it: whichever wrote the registry's row last, this process's
+    flag must say the same.  set_enabled wrote and committed the row, then set the flag, so an enable whose commit came
+    first but whose flag came last left the row disabled and the rule firing here.  The enabling thread is held after
+    its commit (its connection's return to the pool, a SQLAlchemy pool event) until the disabling one has returned."""
+    rule = db.rule(on=db.signalled("flip"), name="flip", enabled=False)(lambda tx, event: tx.write("items", "flip", value=1))
+    disabled = threading.Event()
+    enabling: list[int] = []
+
+    def hold_the_enabling_thread(dbapi_connection, record):
+        if enabling and threading.get_ident() == enabling[0]:
+            enabling.clear()
+            assert disabled.wait(WAIT), "the disabling thread returned"
+
+    def enable():
+        enabling.append(threading.get_ident())
+        db.rules.enable("flip")
+
+    sa.event.listen(db.engine.pool, "checkin", hold_the_enabling_thread)
+    try:
+        with Watchdog(WAIT):
+            enabler = threading.Thread(target=enable)
+            enabler.start()
+            wait_until(lambda: not enabling, WAIT, "the enabling thread's commit")
+            db.rules.disable("flip")
+            disabled.set()
+            enabler.join(WAIT)
+    finally:
+        sa.event.remove(db.engine.pool, "checkin", hold_the_enabling_thread)
+    persisted = [row["enabled"] for row in db.rules.persisted() if row["name"] == "flip"]
+    assert persisted == [False] and rule.enabled is False, (persisted, rule.enabled)
+    with db.transaction() as tx:
+        tx.signal("flip")
+    with db.engine.connect() as connection:
+        assert connection.execute(sa.text("SELECT count(*) FROM items")).scalar() == 0
+
+
 def test_a_rule_object_declared_on_one_database_is_refused_by_another(migrated, db):
     """A Rule object is one database's: the registry keeps its version, enabled flag and database on it.  Added to a
     second Database as well, it was shared: ``rule.disable()`` then acted on the second (the last to add it), and the
