@@ -286,7 +286,7 @@ class TableInfo:
             return sa.cast(column, postgresql.JSONB) == value
         return self.compared(name) == value
 
-    def compared(self, name: str) -> sa.ColumnElement[Any]:
+    def compared(self, name: str) -> sa.ColumnElement[object]:
         """Column ``name`` as a comparison with a bound parameter names it: a ``real`` column's parameters cast to
         ``real`` (``_RealParameter``).  The driver sends a ``float`` as ``double precision``, and PostgreSQL compares
         a ``real`` with a ``double precision`` by widening the ``real``: the stored ``0.1`` (``real``), widened, is
@@ -961,7 +961,7 @@ def _unchanged(value: object) -> object:
 _ARRAY_CONSTRUCTOR = re.compile(r"ARRAY\[([\w\s.,+-]*)\](?:::[\w\s.\[\]]+)?", re.IGNORECASE)
 
 
-def _array_default(item_type: sa.types.TypeEngine[Any], text: str) -> object:
+def _array_default(item_type: sa.types.TypeEngine[object], text: str) -> object:
     """The value of an array column's constant default ``text`` (``'{1,NULL,"a b"}'::integer[]``, nested for more
     dimensions, or ``ARRAY[1, 2]``) as the driver gives it back — nested lists of the element type's values (each
     as ``_constant_value`` takes it), NULL as None —, else None (so is an array of an element PostgreSQL's output
