@@ -249,9 +249,12 @@ def ingested_event_ids(db: DatabaseHandle, query_name: str, event_ids: list[str]
     if not event_ids:
         return {}
     table = db.table(EVENT_ID_TABLE)
+    # The ids as one array parameter (``= ANY``): a batch may hold more ids than the 65,535 parameters PostgreSQL
+    # takes in a statement, which an ``IN`` list of one parameter each would exceed.
+    ids = sa.bindparam("event_ids", list(dict.fromkeys(event_ids)), type_=postgresql.ARRAY(table.c.event_id.type))
     with db.catalog.autocommit_connection() as connection:     # (a lost connection: DatabaseUnavailable)
         rows = connection.execute(sa.select(table.c.event_id, table.c.query_id, table.c.batch_id).where(
-            table.c.query_name == query_name, table.c.event_id.in_(list(dict.fromkeys(event_ids))))).all()
+            table.c.query_name == query_name, table.c.event_id == sa.any_(ids))).all()
     return {row.event_id: (row.query_id, row.batch_id) for row in rows}
 
 

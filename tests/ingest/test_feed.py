@@ -685,3 +685,24 @@ def test_reading_the_ledger_over_a_lost_connection_is_unavailable_and_the_next_r
     finally:
         ingestion.close()
         database.close()
+
+
+def test_a_batch_of_more_event_ids_than_a_statement_takes_parameters_finds_its_duplicates(database_url):
+    """With an event-id column, a batch asks which of its ids were ingested already.  The question named every id as
+    a parameter of its own, and PostgreSQL takes at most 65,535 per statement: a batch of 70,000 events failed before
+    its transaction began — as 'lost the connection to PostgreSQL' — and so did every re-delivery of it, the stream
+    stuck.  Now the ids are one parameter: the batch applies, and its re-sent ids are duplicates."""
+    database = activedb.connect(database_url, outbox_options={"recovery_interval": None})
+    ingestion = Ingestion(database, activedb.ingest.EventMapping("type", "key", "ts", id_column="id"), source="many_ids",
+                          handler=_Counts())
+    run = str(LedgerId("many_ids", "r1"))
+    rows = [{"type": "add", "key": "k", "ts": BASE_TIME, "id": f"e{number}"} for number in range(70_000)]
+    try:
+        first = ingestion.process(rows, 0, query_id=run)
+        assert (first.committed, first.events, first.dead_letters) == (True, 70_000, 0)
+        again = ingestion.process(rows[:3] + [{"type": "add", "key": "k", "ts": BASE_TIME, "id": "new"}], 1,
+                                  query_id=run)
+        assert (again.committed, again.events) == (True, 1)      # (three ids ingested already: duplicates)
+    finally:
+        ingestion.close()
+        database.close()
