@@ -179,7 +179,7 @@ def _like(text: str) -> str:
 def encode_original(row: object) -> object:
     """``row`` as the ``original`` column's JSON: a one-row ``pyarrow.Table``/``RecordBatch`` as an Arrow
     IPC stream (schema included, so the row replays through the same conversion Spark's rows take),
-    anything else through :func:`activedb.store.exact_json`."""
+    anything else through :func:`activedb.store.exact_json` (a value it cannot keep in its readable form: ``_kept``)."""
     [encoded] = encode_originals([row])
     return encoded
 
@@ -201,7 +201,7 @@ def encode_originals(rows: Sequence[object]) -> list[object]:
     head: bytes | None = None
     for row in rows:
         if not _is_arrow(row):
-            encoded.append(exact_json(row))
+            encoded.append(_kept(row))
             continue
         import pyarrow as pa
 
@@ -219,6 +219,27 @@ def encode_originals(rows: Sequence[object]) -> list[object]:
             stream = head + batches[0].serialize().to_pybytes() + _EOS
         encoded.append({_ARROW_TAG: base64.b64encode(stream).decode("ascii")})
     return encoded
+
+
+def _kept(row: object) -> object:
+    """``exact_json(row)``; a value of it that cannot be kept exactly — one ``pickle`` refuses, a lock or an instance
+    of a class defined in a function — in its readable form (``jsonable``: its ``repr``), the row's other values
+    exactly: a row is a dead letter because it is wrong, and its letter is written whatever it holds."""
+    try:
+        return exact_json(row)
+    except Exception:       # (pickle's refusals: PicklingError, TypeError, AttributeError, ...)
+        if not isinstance(row, Mapping):
+            return exact_json(jsonable(row))
+        return exact_json({_keepable(key): _keepable(value) for key, value in row.items()})
+
+
+def _keepable(value: object) -> object:
+    """``value`` if :func:`exact_json` keeps it, else its readable form (``jsonable``)."""
+    try:
+        exact_json(value)
+    except Exception:       # (as in _kept)
+        return jsonable(value)
+    return value
 
 
 def decode_original(stored: object) -> object:

@@ -181,6 +181,29 @@ def test_letter_ids_follow_batch_order_across_lowered_and_fired_batches(db):
     assert stored == sorted(stored) and len(stored) == 12, stored
 
 
+def test_a_row_holding_a_value_pickle_refuses_is_a_dead_letter_in_its_readable_form(db):
+    """A row is kept exactly through ``exact_json``, which pickles a value of a type it does not know.  A value pickle
+    refuses (a lock, an instance of a class defined in a function) made the letter's encoding raise, and the batch
+    that wrote it failed — at every delivery alike: one such row stopped the stream.  Now that value is kept in its
+    readable form (its ``repr``), the row's other values exactly, and the rest of the batch applies."""
+    import threading
+
+    class Local:        # (defined in a function: pickle cannot find it by name)
+        pass
+
+    db.rule(on=db.stream("kept"), name="keep")(app_counters.apply_add)
+    start = dt.datetime(2026, 1, 1, tzinfo=UTC)
+    lock, local = threading.Lock(), Local()
+    rows = [{"type": "kept", "key": "fine", "ts": start, "amount": 1, "seq": 0},
+            {"type": "nobody hears", "key": "k", "ts": start, "amount": 1, "seq": 1, "lock": lock},
+            {"type": "kept", "key": "k", "ts": start, "amount": local, "seq": 2, "day": dt.date(2026, 1, 1)}]
+    [outcome] = feed(db, [rows], source="unpicklable", mapping=app_counters.MAPPING)
+    assert (outcome.committed, outcome.events, outcome.dead_letters) == (True, 1, 2)
+    first, second = deadletters.select(db, LetterFilter(query="unpicklable"))
+    assert first.row() == {**rows[1], "lock": repr(lock)}
+    assert second.row() == {**rows[2], "amount": repr(local)}      # (the date kept exactly)
+
+
 def test_filters_select_a_query_its_replays_and_nothing_alike(db):
     with db.transaction() as tx:
         for query_id in ("orders@00000000-0000-0000-0000-000000000001", "replay:orders", "orders_x@y",
