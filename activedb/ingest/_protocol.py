@@ -356,6 +356,10 @@ def _run_batch(context: BatchContext, handler: BatchHandler, rows: Rows, row_cou
             except BatchAlreadyCommitted:
                 return book.skipped(query_id, batch_id, row_count, watermark, timings, began)
             except SerializationConflict:
+                # Another process feeding the source may have committed this very batch meanwhile (what the attempt
+                # conflicted with): then it is done, not to be re-run — nor a conflict to raise past the attempts.
+                if batch_committed(context.db, query_id, batch_id):
+                    return book.skipped(query_id, batch_id, row_count, watermark, timings, began)
                 if attempt >= context.batch_attempts:
                     raise
                 logger.info("batch %s of %s conflicted with another process; re-running it (%d of %d)",

@@ -706,3 +706,63 @@ def test_a_batch_of_more_event_ids_than_a_statement_takes_parameters_finds_its_d
     finally:
         ingestion.close()
         database.close()
+
+
+class _ReadsThenWrites(BatchHandler):
+    """Reads counter ``two_feeders``, then (if ``hold``) waits until told, then adds its batch's events to it."""
+
+    def __init__(self, hold: bool = False) -> None:
+        self.hold = hold
+        self.reading = threading.Event()
+        self.go = threading.Event()
+
+    def handle(self, tx, batch, ledger):
+        row = tx.read("counters", "two_feeders") or {"total": 0, "events": 0}
+        if self.hold:
+            self.reading.set()
+            assert self.go.wait(60), "the test never let the held batch go on"
+        tx.write("counters", "two_feeders", total=row["total"] + len(batch.events),
+                 events=row["events"] + len(batch.events),
+                 trail="", last_ts=BASE_TIME)
+        ledger.events = len(batch.events)
+
+
+def test_a_batch_another_process_committed_during_its_attempt_is_skipped_not_a_conflict(database_url):
+    """Two processes feed the same source at once: the one behind reads state the other's batches then change, so its
+    attempt of a batch conflicts — with the other's commit of that very batch.  It re-ran the batch without asking the
+    ledger again, and past its attempts raised the conflict out of ``feed`` ('re-run the transaction'), although
+    the batch was applied, once; a process running behind another met it at almost every batch.  Now a conflicted
+    attempt asks the ledger first: the batch another process committed is skipped."""
+    behind, ahead = app_database(database_url), app_database(database_url)
+    held = _ReadsThenWrites(hold=True)
+    ingestion = Ingestion(behind, app_counters.MAPPING, source="two_feeders", handler=held, batch_attempts=1)
+    rows = [{"type": "add", "key": "k", "ts": BASE_TIME, "amount": 1, "seq": seq} for seq in range(3)]
+    outcome: list[object] = []
+    thread = threading.Thread(target=lambda: outcome.append(_outcome_or_error(
+        lambda: ingestion.process(rows, 0, query_id="two_feeders"))))
+    try:
+        thread.start()
+        assert held.reading.wait(60), "the held batch never read its counter"
+        [first] = feed(ahead, [rows], source="two_feeders", mapping=app_counters.MAPPING, handler=_ReadsThenWrites())
+        assert first.committed
+        held.go.set()
+        thread.join(60)
+        assert not thread.is_alive(), "the held batch did not end"
+        [result] = outcome
+        assert not isinstance(result, Exception), result
+        assert result.committed is False            # skipped: the ledger has it
+        assert [row[:3] for row in app_state(ahead)["counters"] if row[0] == "two_feeders"] == [("two_feeders", 3, 3)]
+        assert [(status.batches, status.events) for status in ingestion_status(ahead, "two_feeders")] == [(1, 3)]
+    finally:
+        held.go.set()
+        thread.join(60)
+        ingestion.close()
+        behind.close()
+        ahead.close()
+
+
+def _outcome_or_error(call):
+    try:
+        return call()
+    except Exception as error:      # (what the thread raised, for the test to show)
+        return error
