@@ -130,8 +130,8 @@ class LetterFilter:
     """Which dead letters a command means. Immutable.
 
     ``query``: a query name — its ledger ids ``NAME@…``, its replays ``replay:NAME`` and the letters
-    written under the name itself; ``reason``: a case-insensitive substring; ``replayed``: True/False/None
-    (either)."""
+    written under the name itself; ``reason``: a case-insensitive substring (neither may be empty: None is any);
+    ``replayed``: True/False/None (either)."""
 
     ids: tuple[int, ...] = ()
     query: str | None = None
@@ -148,6 +148,9 @@ class LetterFilter:
             value = getattr(self, name)
             if value is not None and not isinstance(value, str):
                 raise BadArgument(f"LetterFilter({name}={value!r}) takes a text (None: any)")
+            if value == "":     # (a variable left unset: a purge would delete every letter)
+                raise BadArgument(f"LetterFilter({name}='') would select every dead letter: give the text, or None "
+                                  f"for any")
         if self.batch is not None and (isinstance(self.batch, bool) or not isinstance(self.batch, int)):
             raise BadArgument(f"LetterFilter(batch={self.batch!r}) takes a batch number (None: any)")
         check_switch("LetterFilter", "replayed", self.replayed, none="either")
@@ -156,13 +159,13 @@ class LetterFilter:
         statement = sa.select(table)
         if self.ids:
             statement = statement.where(table.c.id.in_(list(self.ids)))
-        if self.query:
+        if self.query is not None:
             statement = statement.where(sa.or_(table.c.query_id == self.query,
                                                table.c.query_id.like(f"{_like(self.query)}@%", escape="\\"),
                                                table.c.query_id == f"replay:{self.query}"))
         if self.batch is not None:
             statement = statement.where(table.c.batch_id == self.batch)
-        if self.reason:
+        if self.reason is not None:
             statement = statement.where(table.c.reason.ilike(f"%{_like(self.reason)}%", escape="\\"))
         if self.replayed is not None:
             statement = statement.where(table.c.replayed_at.is_not(None) if self.replayed
