@@ -137,8 +137,15 @@ def forget_run(connection: sa.Connection, query_id: str) -> int:
         raise BadArgument(f"forget_run(query_id={query_id!r}) takes a ledger id: str(LedgerId(source, run)), a "
                           f"non-empty string; nothing was deleted")
     ledger = sa.table(LEDGER_TABLE, sa.column("query_id"))
-    return connection.execute(sa.delete(ledger).where(sa.or_(
-        ledger.c.query_id == query_id, ledger.c.query_id.startswith(f"{query_id}#p", autoescape=True)))).rowcount
+    return connection.execute(sa.delete(ledger).where(_run_and_partitions(ledger.c.query_id, query_id))).rowcount
+
+
+def _run_and_partitions(column: sa.ColumnElement[str], query_id: str) -> sa.ColumnElement[bool]:
+    """``column`` is the ledger id ``query_id`` or one of its partitions (``#pN``) — only a run has partitions: a
+    source without a run named ``NAME#p1`` is another source (a capture consumer of that name), not ``NAME``'s."""
+    if LedgerId.parse(query_id).run is None:
+        return column == query_id
+    return sa.or_(column == query_id, column.startswith(f"{query_id}#p", autoescape=True))
 
 
 def last_watermark(db: DatabaseHandle, query_id: str) -> dt.datetime | None:
@@ -146,8 +153,7 @@ def last_watermark(db: DatabaseHandle, query_id: str) -> dt.datetime | None:
     ledger = db.table(LEDGER_TABLE)
     with db.catalog.autocommit_connection() as connection:     # (lost: DatabaseUnavailable)
         return connection.execute(sa.select(sa.func.max(ledger.c.watermark)).where(
-            sa.or_(ledger.c.query_id == query_id, ledger.c.query_id.startswith(f"{query_id}#p", autoescape=True)))
-        ).scalar()
+            _run_and_partitions(ledger.c.query_id, query_id))).scalar()
 
 
 #: The ledger row of a batch.  A batch there already makes it a unique violation of the ledger's primary key:

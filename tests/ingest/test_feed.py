@@ -445,6 +445,35 @@ def test_forget_run_of_what_is_no_ledger_id_is_refused_and_deletes_nothing(datab
         database.close()
 
 
+def test_forgetting_a_source_without_a_run_leaves_a_source_named_like_its_partitions(database_url):
+    """Only a run has partitions (``LedgerId``): ``orders#p1`` without a run is a source of its own name (a capture
+    consumer ``orders#p1``, a feed's source).  ``forget_run('orders')`` — a capture consumer dropped — deleted that
+    source's ledger rows too, and ``Ingestion.resume`` of ``orders`` punctuated that source's watermark.  Now they
+    are another source's, left alone."""
+    from activedb.ingest import forget_run
+
+    database = app_database(database_url)
+    try:
+        for source, second in (("orders", 0), ("orders#p1", 60)):
+            feed(database, [Batch(0, [{"type": "add", "key": source, "ts": BASE_TIME, "amount": 1, "seq": 1}],
+                                  watermark=BASE_TIME + dt.timedelta(seconds=second))],
+                 source=source, mapping=app_counters.MAPPING)
+    finally:
+        database.close()
+    database = app_database(database_url)       # (a restarted process: no punctuation in memory)
+    ingestion = Ingestion(database, app_counters.MAPPING, source="orders")
+    try:
+        ingestion.resume("orders")
+        assert database.watermark("orders") == BASE_TIME
+        with database.engine.begin() as connection:
+            assert forget_run(connection, "orders") == 1
+        assert ingestion_status(database, "orders") == []
+        assert [status.ledger_rows for status in ingestion_status(database, "orders#p1")] == [1]
+    finally:
+        ingestion.close()
+        database.close()
+
+
 def test_a_feed_whose_batch_number_repeats_is_refused_naming_both_positions(database_url):
     """Numbers within a run are distinct (design note, ``Batch``): rows numbered by their position and a
     ``Batch`` with the same number in one ``feed`` made the second batch 'already committed' — skipped, its rows
