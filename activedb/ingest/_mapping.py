@@ -213,7 +213,10 @@ def to_utc(value: object, unit_divisor: int) -> dt.datetime:
             return value.replace(tzinfo=_UTC)
         if value.tzinfo is _UTC:
             return value
-        return value.astimezone(_UTC)
+        try:
+            return value.astimezone(_UTC)
+        except OverflowError:       # (a time whose offset takes it past year 1 or 9999 in UTC)
+            raise InvalidField(f"is {_describe(value)}, out of the representable range in UTC") from None
     if isinstance(value, bool):
         raise InvalidField(f"is {_describe(value)}, not a timestamp")
     if isinstance(value, int):

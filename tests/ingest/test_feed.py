@@ -795,3 +795,27 @@ def _outcome_or_error(call):
         return call()
     except Exception as error:      # (what the thread raised, for the test to show)
         return error
+
+
+@pytest.mark.parametrize("arrow", [False, True], ids=["mappings", "arrow"])
+def test_a_timestamp_whose_utc_time_is_out_of_range_is_a_dead_letter(database_url, arrow):
+    """Out-of-range timestamps are rejected (design note, "Validation"): a timestamp within datetime's range whose
+    time in UTC is not — 9999-12-31T23:59:59-01:00, 0001-01-01T00:30+01:00, as text or an aware datetime — raised
+    datetime's OverflowError out of ``feed``, and every delivery of the batch failed alike.  Now each is a dead letter
+    saying so, and the rest of the batch applies."""
+    database = app_database(database_url)
+    late = "9999-12-31T23:59:59-01:00"
+    early = dt.datetime(1, 1, 1, 0, 30, tzinfo=dt.timezone(dt.timedelta(hours=1)))
+    timestamps = [late, early.isoformat(), BASE_TIME.isoformat()] if arrow else [late, early, BASE_TIME]
+    rows = [{"type": "add", "key": f"range-{arrow}", "ts": ts, "amount": 1, "seq": seq}
+            for seq, ts in enumerate(timestamps)]
+    source = f"ts_range_{arrow}"
+    try:
+        [outcome] = feed(database, [pa.Table.from_pylist(rows) if arrow else rows], source=source,
+                         mapping=app_counters.MAPPING)
+        assert (outcome.committed, outcome.events, outcome.dead_letters) == (True, 1, 2)
+        reasons = [letter.reason for letter in activedb.deadletters.select(
+            database, activedb.deadletters.LetterFilter(query=source))]
+        assert len(reasons) == 2 and all("out of the representable range" in reason for reason in reasons), reasons
+    finally:
+        database.close()
