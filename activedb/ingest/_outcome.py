@@ -173,22 +173,25 @@ class BatchBook:
 
     def skipped(self, query_id: str, batch_id: int, row_count: int, watermark: dt.datetime | None,
                 timings: PhaseTimings, began: float) -> BatchOutcome:
-        """Record a batch the ledger already had; returns its outcome."""
-        self.committed(query_id, batch_id)
+        """Record a batch the ledger already had; returns its outcome.  Not as committed (:meth:`committed`): the batch
+        after one the ledger had before it ran — a re-delivery — is likely re-delivered too, so
+        :meth:`follows_committed` leaves it to the ledger."""
         self.phase(Phase.SKIPPED, batch_id)
         outcome = BatchOutcome(query_id, batch_id, False, row_count, 0, 0, {}, watermark, timings)
         self.record(outcome, began)
         return outcome
 
     def committed(self, query_id: str, batch_id: int) -> None:
-        """Batch ``batch_id`` of ``query_id`` is committed (its transaction ended, or the ledger had it)."""
+        """Batch ``batch_id`` of ``query_id`` committed (its transaction did, or its commit was refused as a duplicate
+        run's)."""
         with self._mutex:
             self._last_committed = (query_id, batch_id)
 
     def follows_committed(self, query_id: str, batch_id: int) -> bool:
-        """True if the batch before ``batch_id`` of ``query_id`` is the last one this book saw committed: Spark runs
-        a query's batches in order, so ``batch_id`` is then new to the ledger but for a duplicate run of the query,
-        which the ledger's row at the flush refuses (``BatchAlreadyCommitted``)."""
+        """True if the batch before ``batch_id`` of ``query_id`` is the last one this book committed (not one the
+        ledger had before it ran: :meth:`skipped`): Spark runs a query's batches in order, so ``batch_id`` is then new
+        to the ledger but for a duplicate run of the query, which the ledger's row at the flush refuses
+        (``BatchAlreadyCommitted``)."""
         with self._mutex:
             return self._last_committed == (query_id, batch_id - 1)
 

@@ -354,6 +354,7 @@ def _run_batch(context: BatchContext, handler: BatchHandler, rows: Rows, row_cou
                     lowlevel.enlist(tx, ledger)        # last: a participant the handler enlisted writes the counts first
                     exit_began = time.perf_counter()
             except BatchAlreadyCommitted:
+                book.committed(query_id, batch_id)     # (a duplicate run's: the batch after it is not asked either)
                 return book.skipped(query_id, batch_id, row_count, watermark, timings, began)
             except SerializationConflict:
                 # Another process feeding the source may have committed this very batch meanwhile (what the attempt

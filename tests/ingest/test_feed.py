@@ -819,3 +819,26 @@ def test_a_timestamp_whose_utc_time_is_out_of_range_is_a_dead_letter(database_ur
         assert len(reasons) == 2 and all("out of the representable range" in reason for reason in reasons), reasons
     finally:
         database.close()
+
+
+def test_feeding_committed_batches_again_runs_none_of_their_rules(database_url):
+    """A batch that follows the one the ingestion committed last is not looked up in the ledger (design note, step
+    1).  A batch the ledger *skipped* counted as committed too, so after re-delivered batch 0 was skipped, batch 1 —
+    re-delivered as well — ran all its rules again, and every later one, each refused only at its commit: feeding a
+    source again after a crash redid the work of every batch it had committed.  Now a skipped batch leaves the next
+    one to be looked up: none of their rules runs."""
+    database = app_database(database_url)
+    try:
+        batches = [[{"type": "add", "key": "again", "ts": BASE_TIME, "amount": 1, "seq": 3 * number + seq}
+                    for seq in range(3)] for number in range(4)]
+        assert [outcome.committed for outcome in feed(database, batches, source="again_rules",
+                                                      mapping=app_counters.MAPPING)] == [True] * 4
+        fired: list[int] = []
+        database.rule(on=database.stream("add"), name="heard_again")(
+            lambda tx, event: fired.append(event.payload["seq"]))
+        again = feed(database, batches + [[{"type": "add", "key": "again", "ts": BASE_TIME, "amount": 1, "seq": 12}]],
+                     source="again_rules", mapping=app_counters.MAPPING, handler=RulesHandler(lower_declared=False))
+        assert [outcome.committed for outcome in again] == [False] * 4 + [True]
+        assert fired == [12]
+    finally:
+        database.close()
