@@ -209,6 +209,8 @@ def _describe(value: object) -> str:
 def to_utc(value: object, unit_divisor: int) -> dt.datetime:
     """Convert one timestamp value to an aware UTC datetime or raise InvalidField."""
     if isinstance(value, dt.datetime):
+        if type(value) is not dt.datetime and value != value:     # (pandas' NaT: a datetime that is no time)
+            raise InvalidField(f"is {_describe(value)}, not a time (a missing value)")
         if value.tzinfo is None:
             return value.replace(tzinfo=_UTC)
         if value.tzinfo is _UTC:

@@ -842,3 +842,22 @@ def test_feeding_committed_batches_again_runs_none_of_their_rules(database_url):
         assert fired == [12]
     finally:
         database.close()
+
+
+def test_a_timestamp_that_is_not_a_time_is_a_dead_letter_and_nothing_unreadable_is_stored(database_url):
+    """pandas' missing timestamp, ``NaT`` (what ``DataFrame.to_dict('records')`` gives for an empty cell), is a
+    ``datetime`` that is no time: it passed validation as a naive datetime read as UTC, became an event's time, and
+    the rule wrote it as a row's time — a timestamp PostgreSQL stored past the year 10000, so that every later read of
+    the table failed in the driver ('timestamp too large').  Now it is a dead letter saying what it is, as NaN is."""
+    pandas = pytest.importorskip("pandas")
+    database = app_database(database_url)
+    rows = [{"type": "add", "key": "not_a_time", "ts": ts, "amount": 1, "seq": seq}
+            for seq, ts in enumerate([pandas.Timestamp(BASE_TIME), pandas.NaT])]
+    try:
+        [outcome] = feed(database, [rows], source="not_a_time", mapping=app_counters.MAPPING)
+        assert (outcome.committed, outcome.events, outcome.dead_letters) == (True, 1, 1)
+        [letter] = activedb.deadletters.select(database, activedb.deadletters.LetterFilter(query="not_a_time"))
+        assert "NaT" in letter.reason and "not a time" in letter.reason, letter.reason
+        assert [row[:3] for row in app_state(database)["counters"] if row[0] == "not_a_time"] == [("not_a_time", 1, 1)]
+    finally:
+        database.close()
