@@ -144,6 +144,10 @@ class LetterFilter:
         if isinstance(ids, (str, bytes)) or not isinstance(ids, Collection) or not all(
                 isinstance(one, int) and not isinstance(one, bool) for one in ids):
             raise BadArgument(f"LetterFilter(ids={ids!r}) takes dead letter ids (whole numbers; one id as (id,))")
+        for number in (*ids, self.batch):     # (the table's bigints: PostgreSQL would refuse the statement)
+            if isinstance(number, int) and not -2**63 <= number < 2**63:
+                raise BadArgument(f"LetterFilter: {number} is no dead letter id or batch number (PostgreSQL's bigint "
+                                  f"holds them, at most {2**63 - 1})")
         for name in ("query", "reason"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, str):

@@ -246,16 +246,18 @@ def test_list_cuts_long_rows_and_show_prints_them_whole(db, database_url):
     lambda db: deadletters.select(db, LetterFilter(query=5)), lambda db: deadletters.count(db, LetterFilter(reason=5)),
     lambda db: deadletters.purge(db, LetterFilter(batch="3")), lambda db: deadletters.purge(db, LetterFilter(replayed="no")),
     lambda db: deadletters.purge(db, LetterFilter(query="")), lambda db: deadletters.count(db, LetterFilter(reason="")),
+    lambda db: deadletters.purge(db, LetterFilter(ids=(1, 2**63))), lambda db: deadletters.purge(db, LetterFilter(batch=-2**63 - 1)),
 ], ids=["negative-limit", "text-limit", "one-id", "text-id", "number-query", "number-reason", "text-batch",
-        "text-replayed", "empty-query", "empty-reason"])
+        "text-replayed", "empty-query", "empty-reason", "huge-id", "huge-batch"])
 def test_reading_or_purging_with_a_filter_they_cannot_take_is_refused_saying_what_to_give(db, call):
     """``select``, ``count`` and ``purge`` take a ``LetterFilter`` of ids, a query name, a batch number, a reason text
     and a replayed switch, and ``select`` a limit from 0: a negative limit reached PostgreSQL (a bare DataError), one
     id given alone a TypeError ('int' object is not iterable), a number as the query or reason an AttributeError, a
     text batch number PostgreSQL's error — and replayed='no', true to Python, selected the replayed letters (purge
     deleted them); an empty query or reason (a variable left unset) filtered nothing, so purge deleted every letter,
-    where the CLI refuses an empty text for that reason.  Each is a BadArgument (an ActivedbError) naming the value;
-    nothing is read or deleted."""
+    where the CLI refuses an empty text for that reason; an id or batch number beyond PostgreSQL's bigint made purge
+    raise the driver's DataError (select and count PostgreSQL's refusal), where the CLI refuses it before.  Each is a
+    BadArgument (an ActivedbError) naming the value; nothing is read or deleted."""
     import activedb
 
     with pytest.raises(activedb.BadArgument):
