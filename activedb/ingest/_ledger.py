@@ -267,8 +267,9 @@ def ingested_event_ids(db: DatabaseHandle, query_name: str, event_ids: list[str]
 def batch_committed(db: DatabaseHandle, query_id: str, batch_id: int) -> bool:
     """True if ``(query_id, batch_id)`` is in the ingestion ledger of ``db`` (its effects are committed)."""
     LedgerId.parse(query_id)        # (BadArgument for what is no ledger id's text)
-    if isinstance(batch_id, bool) or not isinstance(batch_id, int):
-        raise BadArgument(f"batch_committed(batch_id={batch_id!r}) takes a batch number, an integer (a Batch's number)")
+    if isinstance(batch_id, bool) or not isinstance(batch_id, int) or not -2**63 <= batch_id < 2**63:
+        raise BadArgument(f"batch_committed(batch_id={batch_id!r}) takes a batch number, an integer (a Batch's number) "
+                          f"the ledger's bigint holds")
     ledger = db.table(LEDGER_TABLE)
     with db.catalog.autocommit_connection() as connection:     # (a lost connection: DatabaseUnavailable)
         return connection.execute(sa.select(ledger.c.batch_id).where(

@@ -386,10 +386,12 @@ def test_sources_of_a_run_that_is_no_run_id_is_refused_saying_what_to_give(datab
         database.close()
 
 
-@pytest.mark.parametrize("query_id, batch_id", [(None, 0), ("", 0), (5, 0), ("q@r", None), ("q@r", "0")])
+@pytest.mark.parametrize("query_id, batch_id", [(None, 0), ("", 0), (5, 0), ("q@r", None), ("q@r", "0"),
+                                               ("q@r", 2**63)])
 def test_batch_committed_of_what_is_no_ledger_id_or_batch_number_is_refused(database_url, query_id, batch_id):
     """``batch_committed(db, query_id, batch_id)`` of what is no ledger id or batch number is a ``BadArgument``
-    saying what to give — None answered False (no batch), as if it had been asked."""
+    saying what to give — None answered False (no batch), as if it had been asked, and a number beyond the ledger's
+    bigint was PostgreSQL's refusal (a DatabaseError, 'bigint out of range')."""
     database = app_database(database_url)
     try:
         with pytest.raises(BadArgument, match=r"ledger id|batch_committed\(batch_id="):
