@@ -17,7 +17,7 @@ from __future__ import annotations
 import datetime as dt
 import math
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from activedb.store import Json
 
@@ -78,13 +78,36 @@ def _timestamps(column: pa.Array | pa.ChunkedArray) -> list[dt.datetime | _Beyon
     (``_EXACT_FLOAT_MICROS``)."""
     import pyarrow as pa
 
-    micros = column.cast(pa.timestamp("us", tz=column.type.tz), safe=False).cast(pa.int64())
-    values = micros.to_pylist()
-    if values and not micros.null_count and _MIN_MICROS <= min(values) and max(values) <= _MAX_MICROS:
+    values = _as_micros(column)
+    if values and not column.null_count and _MIN_MICROS <= min(values) and max(values) <= _MAX_MICROS:
         return _micros_to_datetimes(values)    # type: ignore[return-value]  # (no None in it: no null)
     epoch, delta, low, high = EPOCH, dt.timedelta, _MIN_MICROS, _MAX_MICROS
     return [None if value is None else epoch + delta(microseconds=value) if low <= value <= high else _beyond(value)
             for value in values]
+
+
+#: Microseconds per unit of a timestamp column coarser than microseconds.
+_MICROS_PER_UNIT = {"s": 1_000_000, "ms": 1_000}
+
+
+def _as_micros(column: pa.Array | pa.ChunkedArray) -> list[Any]:
+    """A timestamp column's values as int microseconds from the epoch (None for null): nanoseconds truncated;
+    seconds and milliseconds multiplied with overflow checked — a product beyond int64 (far beyond ``datetime``'s
+    range) is made in Python, where it cannot wrap around into another time, and stays beyond the range."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    factor = _MICROS_PER_UNIT.get(column.type.unit)
+    if factor is None:          # (us, ns: no multiplication)
+        micros: list[Any] = column.cast(pa.timestamp("us", tz=column.type.tz), safe=False).cast(
+            pa.int64()).to_pylist()
+        return micros
+    raw = column.cast(pa.int64())
+    try:
+        micros = pc.multiply_checked(raw, factor).to_pylist()
+    except pa.ArrowInvalid:     # (an overflow)
+        micros = [None if value is None else value * factor for value in raw.to_pylist()]
+    return micros
 
 
 def _beyond_reasons(values: Sequence[object], label: str) -> dict[int, str]:

@@ -863,3 +863,25 @@ def test_a_timestamp_that_is_not_a_time_is_a_dead_letter_and_nothing_unreadable_
         assert [row[:3] for row in app_state(database)["counters"] if row[0] == "not_a_time"] == [("not_a_time", 1, 1)]
     finally:
         database.close()
+
+
+@pytest.mark.parametrize("unit, beyond", [("s", 2**60), ("ms", -2**62)])
+def test_an_arrow_timestamp_in_seconds_beyond_datetimes_range_is_a_dead_letter_not_1970(database_url, unit, beyond):
+    """An Arrow timestamp column in seconds or milliseconds (Parquet, Flight; Spark's are microseconds) was made
+    microseconds by an unchecked cast, whose overflow wrapped around: a value beyond ``datetime``'s range became
+    another time — 1970-01-01, silently — and its event was applied at that time.  Now it is a dead letter, 'out of the
+    representable range', as a microsecond value beyond the range is."""
+    database = app_database(database_url)
+    per_unit = 1 if unit == "s" else 1000
+    source = f"arrow_ts_{unit}"
+    table = pa.table({"type": ["add", "add"], "key": [source, source],
+                      "ts": pa.array([beyond, int(BASE_TIME.timestamp()) * per_unit], pa.timestamp(unit, tz="UTC")),
+                      "amount": [1, 2], "seq": [1, 2]})
+    try:
+        [outcome] = feed(database, [table], source=source, mapping=app_counters.MAPPING)
+        assert (outcome.committed, outcome.events, outcome.dead_letters) == (True, 1, 1)
+        [letter] = activedb.deadletters.select(database, activedb.deadletters.LetterFilter(query=source))
+        assert f"{beyond * 1_000_000 // per_unit} microseconds" in letter.reason, letter.reason
+        assert "out of the representable range" in letter.reason, letter.reason
+    finally:
+        database.close()
