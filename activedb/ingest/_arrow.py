@@ -17,7 +17,7 @@ from __future__ import annotations
 import datetime as dt
 import math
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, cast
 
 from activedb.store import Json
 
@@ -79,8 +79,10 @@ def _timestamps(column: pa.Array | pa.ChunkedArray) -> list[dt.datetime | _Beyon
     import pyarrow as pa
 
     values = _as_micros(column)
-    if values and not column.null_count and _MIN_MICROS <= min(values) and max(values) <= _MAX_MICROS:
-        return _micros_to_datetimes(values)    # type: ignore[return-value]  # (no None in it: no null)
+    if values and not column.null_count:
+        complete = cast("list[int]", values)        # (no None in it: no null)
+        if _MIN_MICROS <= min(complete) and max(complete) <= _MAX_MICROS:
+            return _micros_to_datetimes(complete)   # type: ignore[return-value]  # (no None in it either)
     epoch, delta, low, high = EPOCH, dt.timedelta, _MIN_MICROS, _MAX_MICROS
     return [None if value is None else epoch + delta(microseconds=value) if low <= value <= high else _beyond(value)
             for value in values]
@@ -90,7 +92,7 @@ def _timestamps(column: pa.Array | pa.ChunkedArray) -> list[dt.datetime | _Beyon
 _MICROS_PER_UNIT = {"s": 1_000_000, "ms": 1_000}
 
 
-def _as_micros(column: pa.Array | pa.ChunkedArray) -> list[Any]:
+def _as_micros(column: pa.Array | pa.ChunkedArray) -> list[int | None]:
     """A timestamp column's values as int microseconds from the epoch (None for null): nanoseconds truncated;
     seconds and milliseconds multiplied with overflow checked — a product beyond int64 (far beyond ``datetime``'s
     range) is made in Python, where it cannot wrap around into another time, and stays beyond the range."""
@@ -99,7 +101,7 @@ def _as_micros(column: pa.Array | pa.ChunkedArray) -> list[Any]:
 
     factor = _MICROS_PER_UNIT.get(column.type.unit)
     if factor is None:          # (us, ns: no multiplication)
-        micros: list[Any] = column.cast(pa.timestamp("us", tz=column.type.tz), safe=False).cast(
+        micros: list[int | None] = column.cast(pa.timestamp("us", tz=column.type.tz), safe=False).cast(
             pa.int64()).to_pylist()
         return micros
     raw = column.cast(pa.int64())
