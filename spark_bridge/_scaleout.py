@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Unpack
 from activedb import atomic
 from activedb.atomic import PartitionReport, SplitFailure
 from activedb.cli.application import Register, app_name, load_app
-from activedb.errors import BadArgument, classify
+from activedb.errors import BadArgument, SerializationConflict, classify
 from activedb.extras import Extra, needs
 from activedb.ingest import (BatchOutcome, EventMapping, Ingestion, LedgerId, Phase, PhaseTimings, RulesHandler,
                              as_mapping)
@@ -161,8 +161,10 @@ class _PartitionTask:
         """The report of a partition whose batch transaction failed; with the policy ``compensate`` (and not
         an outage) its rows are dead letters first (``atomic.settle_failed_partition``).  A transient failure
         (``activedb.errors.classify``: PostgreSQL unusable, a conflict, a deadlock) is not the partition's fault:
-        replay completes the batch."""
-        infrastructure = classify(error).transient
+        replay completes the batch; the report says which (``failure``) and, for a conflict, how many attempts it
+        used up (``attempts``), for the driver's ``PartitionFailed``."""
+        failure = classify(error)
+        infrastructure = failure.transient
         letters, settled = 0, False
         if not infrastructure and self.on_partition_failure is SplitFailure.COMPENSATE:
             letters = atomic.settle_failed_partition(sink, batch, query_id, self.batch_id, partition,
@@ -170,8 +172,11 @@ class _PartitionTask:
             settled = True
         rows = batch.num_rows if not isinstance(batch, list) else len(batch)
         outcome = BatchOutcome(query_id, self.batch_id, settled, rows, 0, letters, {}, None, PhaseTimings())
-        return {"partition": partition, "outcome": outcome, "failed": True, "error": describe(error),
-                "infrastructure": infrastructure}
+        report: PartitionReport = {"partition": partition, "outcome": outcome, "failed": True,
+                                   "error": describe(error), "infrastructure": infrastructure, "failure": failure}
+        if isinstance(error, SerializationConflict):    # (Ingestion.process raises one after its last attempt)
+            report["attempts"] = self.batch_attempts
+        return report
 
     def _sink(self) -> Ingestion:
         key = (self.url, app_name(self.app), _options_key(self.connect_options), self.query_name, self.mapping,

@@ -21,6 +21,7 @@ import sqlalchemy as sa
 from activedb._handle import DatabaseHandle
 from activedb.atomic._batches import Batches, SplitFailure
 from activedb.atomic.errors import AtomicBatchError, PartitionFailed, UnknownBatch
+from activedb.errors import Failure
 from activedb.ingest import BatchOutcome, Ingestion, LedgerId, Rows
 from activedb.ingest.errors import IngestError, describe
 from activedb.txn import CommitParticipant
@@ -51,14 +52,18 @@ class SplitState(enum.Enum):
 
 class PartitionReport(TypedDict):
     """What the task of one partition of a split batch reports to the driver: its outcome, and for a partition
-    whose batch transaction failed (``failed``) the error and whether PostgreSQL was unusable (``infrastructure``:
-    not the partition's fault)."""
+    whose batch transaction failed (``failed``) the error, whether it was not the partition's fault
+    (``infrastructure``: a transient failure — PostgreSQL unusable, a conflict or deadlock that used up the
+    attempts), what it was (``failure``: ``activedb.errors.classify``'s) and the top-level attempts the batch
+    had (``attempts``: its ``batch_attempts``, for a conflict)."""
 
     partition: int
     outcome: BatchOutcome
     failed: NotRequired[bool]
     error: NotRequired[str]
     infrastructure: NotRequired[bool]
+    failure: NotRequired[Failure]
+    attempts: NotRequired[int]
 
 
 def as_policy(value: object) -> SplitFailure:
@@ -177,13 +182,12 @@ def after_replay(db: SplitDriverDatabase, source: str, batch_id: int) -> None:
 def settle(db: SplitDriverDatabase, source: str, batch_id: int, partitions: int, policy: SplitFailure,
            failures: Sequence[PartitionReport]) -> None:
     """The driver's decision for a batch some partitions of which failed (their task reports): raises
-    :class:`PartitionFailed` when the query must stop (forward, or PostgreSQL unusable), else compensates."""
+    :class:`PartitionFailed` when the query must stop (forward, or a transient failure: PostgreSQL unusable, a
+    conflict or deadlock that used up the attempts), else compensates."""
     which = ", ".join(f"partition {failure['partition']}: {failure['error']}" for failure in failures)
-    if any(failure["infrastructure"] for failure in failures):
-        raise PartitionFailed(
-            f"batch {batch_id} of {source}: PostgreSQL was unusable for {which}. Nothing is compensated for an "
-            f"outage: restart the query from its checkpoint once PostgreSQL is back — Spark re-runs the batch, "
-            f"the committed partitions are skipped and the others applied")
+    transient = [failure for failure in failures if failure["infrastructure"]]
+    if transient:
+        raise PartitionFailed(_transient_message(source, batch_id, transient))
     if policy is SplitFailure.FORWARD:          # each failed partition is *pending completion*
         with db.engine.begin() as connection:
             for failure in failures:
@@ -197,6 +201,35 @@ def settle(db: SplitDriverDatabase, source: str, batch_id: int, partitions: int,
             f"checkpoint: Spark re-runs the batch, the committed partitions are skipped and the failed one is "
             f"applied. To undo the committed partitions instead, restart with on_partition_failure='compensate'")
     compensate_split(db, source, batch_id)
+
+
+_CONTENDED = (Failure.SERIALIZATION_CONFLICT, Failure.DEADLOCK)
+
+
+def _transient_message(source: str, batch_id: int, failures: Sequence[PartitionReport]) -> str:
+    """Why the query stops for partitions that failed through no fault of theirs, and what to do: a conflict or
+    deadlock (another writer got in the way on every attempt) is told from PostgreSQL being unusable."""
+    def what(failure: PartitionReport) -> str:
+        kind = failure.get("failure")
+        if kind in _CONTENDED:
+            attempts = failure.get("attempts")
+            tries = f" on each of its {attempts} attempts" if attempts else ""
+            return f"partition {failure['partition']} met a {kind.value}{tries} ({failure['error']})"
+        met = f" ({kind.value})" if kind is not None else ""
+        return f"partition {failure['partition']}: PostgreSQL was unusable{met} ({failure['error']})"
+
+    kinds = {failure.get("failure") for failure in failures}
+    advice = []
+    if kinds - set(_CONTENDED):
+        advice.append("once PostgreSQL is back")
+    if kinds & set(_CONTENDED):
+        advice.append("when the other writers of the rows this batch writes are done (if the conflicts recur, "
+                      "give the sink more attempts — batch_attempts=N — or keep other writers off those rows "
+                      "while the query runs)")
+    return (f"batch {batch_id} of {source}: {'; '.join(what(failure) for failure in failures)}. Nothing is "
+            f"compensated for a failure that is not the partition's fault: restart the query from its checkpoint "
+            f"{' and '.join(advice)} — Spark re-runs the batch, the committed partitions are skipped and the "
+            f"others applied")
 
 
 # --- status ---------------------------------------------------------------------------------------------------

@@ -40,3 +40,33 @@ def test_a_worker_keeps_a_database_per_connect_options_not_only_per_url_and_app(
             _scaleout._worker_databases.clear()
         for database in {id(database): database for database in made}.values():
             database.close()
+
+
+def test_a_partition_that_conflicted_on_every_attempt_stops_the_query_saying_so_not_that_postgresql_was_down(db):
+    """A partition whose batch met a serialization conflict on each of its attempts (``Ingestion.process`` raises
+    ``SerializationConflict`` after the last) is not the partition's fault, so the driver stops the query — but its
+    ``PartitionFailed`` said "PostgreSQL was unusable" (and to restart "once PostgreSQL is back"), sending the user
+    to look for an outage that never was.  It names the conflict, the attempts and what to do now; an outage is
+    still told as one."""
+    import dataclasses
+
+    import pytest
+
+    from activedb import atomic
+    from activedb.atomic.errors import PartitionFailed
+    from activedb.errors import DatabaseUnavailable, SerializationConflict
+
+    task = dataclasses.replace(_task("postgresql://unused"), batch_attempts=4)
+    conflict = task._failure(None, 1, "counters@q", [], SerializationConflict(   # type: ignore[arg-type]
+        "commit of t1 failed on concurrent updates by another process (SQLSTATE 40001); nothing was written"))
+    with pytest.raises(PartitionFailed) as stopped:
+        atomic.settle(db, "counters@q", 9, 2, atomic.SplitFailure.COMPENSATE, [conflict])
+    message = str(stopped.value)
+    assert "PostgreSQL was unusable" not in message and "once PostgreSQL is back" not in message, message
+    assert "partition 1 met a serialization conflict on each of its 4 attempts" in message, message
+    assert "batch_attempts" in message and "restart the query from its checkpoint" in message, message
+
+    down = task._failure(None, 0, "counters@q", [], DatabaseUnavailable("connection refused"))  # type: ignore[arg-type]
+    with pytest.raises(PartitionFailed, match=r"partition 0: PostgreSQL was unusable \(connection lost\).*"
+                                              r"once PostgreSQL is back"):
+        atomic.settle(db, "counters@q", 9, 2, atomic.SplitFailure.COMPENSATE, [down])
