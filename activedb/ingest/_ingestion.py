@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from activedb.errors import check_seconds, check_switch, check_whole_number
 from activedb.ingest._interface import LedgerId, Phase, RowEvent, Rows
-from activedb.ingest._ledger import END_OF_STREAM_BATCH, IngestionLedger, last_watermark
+from activedb.ingest._ledger import END_OF_STREAM_BATCH, IngestionLedger, check_source_name, last_watermark
 from activedb.ingest._mapping import EventMapping, as_mapping, is_arrow, known_type_names
 from activedb.ingest._outcome import BatchBook, BatchOutcome, IngestStatistics, PhaseTimings
 from activedb.ingest._protocol import BatchContext, BatchHandler, BatchInput, run_batch
@@ -42,7 +42,7 @@ class Ingestion:
     * ``mapping`` — which columns make an event (an :class:`EventMapping` or a dict of its arguments); None for a
       handler that reads the rows itself or a connector that hands over events (change capture);
     * ``source`` — the stable name of the source: the ledger ids' first part, the punctuation source, the name
-      of the batches' transactions (``ingest:<source>``);
+      of the batches' transactions (``ingest:<source>``); at most ``SOURCE_NAME_BYTES`` (2048) bytes in UTF-8;
     * ``known_types`` — the event types accepted (default: the handler's, for the rules the types they listen to);
     * ``batch_attempts`` — top-level attempts of a batch that meets serialization conflicts;
     * ``on_phase(phase, batch_id)`` — hears every :class:`Phase` of every batch (a seam for crash tests);
@@ -69,12 +69,15 @@ class Ingestion:
                 raise IngestError(f"mapping: {error}") from None
         if not isinstance(source, str) or not source.strip():
             raise IngestError("the source name must be a non-empty string (it names the source in the ledger)")
+        check_source_name("Ingestion", "source", source)
         check_whole_number("Ingestion", "batch_attempts", batch_attempts, 1, " (top-level attempts of a batch)",
                            error=IngestError)
         check_switch("Ingestion", "lineage", lineage, error=IngestError)
         if event_ids_under is not None and not isinstance(event_ids_under, str):
             raise IngestError(f"Ingestion(event_ids_under={event_ids_under!r}) takes a source's name (the source "
                               f"whose ingested event ids count for duplicates), or None for this ingestion's source")
+        if event_ids_under is not None:
+            check_source_name("Ingestion", "event_ids_under", event_ids_under)
         if on_phase is not None and not callable(on_phase):
             raise IngestError(f"Ingestion(on_phase={on_phase!r}) takes a function of (phase, batch_id), called with "
                               f"every phase of every batch, or None")

@@ -20,6 +20,7 @@ from sqlalchemy.dialects import postgresql
 
 from activedb.errors import BadArgument, BatchAlreadyCommitted, SerializationConflict
 from activedb.ingest._interface import LedgerId
+from activedb.ingest.errors import IngestError
 from activedb.txn import Along, CommitParticipant
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -35,6 +36,24 @@ LEDGER_TABLE = "activedb_ingestion_ledger"
 #: connector gives a batch, so a run that goes on later is not mistaken for it.
 END_OF_STREAM_BATCH = -1
 EVENT_ID_TABLE = "activedb_ingested_events"
+#: PostgreSQL's limit of a btree index row (version 4, 8 kB pages): the ledger's key (query_id, batch_id), the
+#: dead letters' index on the same, the lineage's and the ingested event ids' keys all hold the source's name.
+INDEX_ROW_BYTES = 2704
+#: The longest source name (UTF-8 bytes) an ingestion takes: it leaves room under :data:`INDEX_ROW_BYTES` for the
+#: run and partition of the ledger id (``SOURCE@RUN#pN``; a Spark query's run is its 36-character id) and for the
+#: other columns of those keys.  A longer name failed every batch at its commit (SQLSTATE 54000).
+SOURCE_NAME_BYTES = 2048
+
+
+def check_source_name(owner: str, name: str, value: str) -> None:
+    """Raise :class:`IngestError` if the source name ``value`` (given as ``owner(name=value)``) is longer than the
+    ledger holds (:data:`SOURCE_NAME_BYTES`)."""
+    size = len(value.encode("utf-8", "surrogatepass"))
+    if size > SOURCE_NAME_BYTES:
+        raise IngestError(
+            f"{owner}({name}={value[:40]!r}…) is a source name of {size} bytes (UTF-8): a source name is at most "
+            f"{SOURCE_NAME_BYTES} bytes — the ledger keys batches by it in PostgreSQL indexes whose rows hold at "
+            f"most {INDEX_ROW_BYTES} bytes, with room for the run; give a shorter name (nothing was applied)")
 
 
 def ledger_query_id(query_name: str, run: str, partition: int | None = None) -> str:

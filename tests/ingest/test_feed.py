@@ -885,3 +885,30 @@ def test_an_arrow_timestamp_in_seconds_beyond_datetimes_range_is_a_dead_letter_n
         assert "out of the representable range" in letter.reason, letter.reason
     finally:
         database.close()
+
+
+def test_a_source_name_too_long_for_the_ledger_is_refused_naming_the_limit_before_anything_is_applied(database_url):
+    """The ledger keys batches by the source's name (with its run) in a PostgreSQL btree index, whose rows hold at
+    most 2704 bytes: a longer name failed every batch at its commit, with SQLSTATE 54000 ("index row size … exceeds
+    btree version 4 maximum 2704"), after a search for the event to blame.  The source name (and
+    ``event_ids_under``) is refused where the ingestion is made, naming the limit; one at the limit, with a Spark
+    query's run and lineage, commits."""
+    import secrets
+    import uuid
+
+    database = app_database(database_url)
+    try:
+        row = {"type": "add", "key": "k", "ts": BASE_TIME, "amount": 1, "seq": 0}
+        long = secrets.token_hex(1500)         # 3000 bytes, incompressible
+        with pytest.raises(IngestError, match=r"source name of 3000 bytes .*at most 2048 bytes.*2704"):
+            feed(database, [[row]], source=long, mapping=app_counters.MAPPING)
+        assert ingestion_status(database, long) == []
+        wide = "é" * 1025                      # 1025 characters, 2050 bytes
+        with pytest.raises(IngestError, match=r"event_ids_under=.* of 2050 bytes .*at most 2048 bytes"):
+            Ingestion(database, app_counters.MAPPING, source="ids", event_ids_under=wide)
+        longest = secrets.token_hex(1024)      # 2048 bytes, incompressible
+        outcomes = feed(database, [[row]], source=longest, run=str(uuid.uuid4()), mapping=app_counters.MAPPING,
+                        lineage=True)
+        assert [outcome.committed for outcome in outcomes] == [True]
+    finally:
+        database.close()
