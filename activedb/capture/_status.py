@@ -79,7 +79,10 @@ class CaptureStatus:
             if consumer.behind:
                 lag = f", the oldest committed {consumer.lag_seconds:.0f} s ago" if consumer.lag_seconds else ""
                 lines.append(f"consumer {consumer.name!r} is far behind: {consumer.changes:,} changes wait{lag}; "
-                             f"check that its process runs (activedb capture consume APP) and what its rules wait for")
+                             f"check that its process runs (activedb capture consume APP) and what its rules wait "
+                             f"for — if it no longer runs, forget it so it stops holding back pruning: activedb "
+                             f"capture drop-consumer {shlex.quote(consumer.name)} (or "
+                             f"db.capture.drop_consumer({consumer.name!r}))")
         for consumer in self.consumers:
             if consumer.failed:
                 lines.append(f"consumer {consumer.name!r} has {consumer.failed:,} failed rule firings: `activedb "

@@ -1,4 +1,4 @@
-"""``activedb capture status / enable / disable / consume``: change capture from the command line
+"""``activedb capture status / enable / disable / consume / drop-consumer``: change capture from the command line
 (contributed through the ``activedb.commands`` entry point).  Each command's ``--help`` says what it does.
 """
 
@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Callable, NoReturn
 
 import click
 
-from activedb.cli import _Group, console as make_console, has_no_tables, open_database, register_app
+from activedb.cli import _Group, _confirm, console as make_console, has_no_tables, open_database, register_app
 from activedb.cli.running import StopRequest, describe_in_progress, exit_at_once
 from activedb.metrics import metrics_port_option, start_metrics
 
@@ -118,6 +118,25 @@ enable_command = _tables_command("enable", "Capture TABLES (better: enable_captu
 disable_command = _tables_command("disable", "Stop capturing TABLES (their changes not yet consumed are dropped).",
                                   _captured, lambda capture, table: capture.remove(table), "no longer capturing",
                                   writes=False)
+
+
+@capture_group.command("drop-consumer")
+@click.argument("name")
+@click.option("--yes", is_flag=True, help="Do not ask first.")
+@click.pass_context
+def drop_consumer_command(ctx: click.Context, name: str, yes: bool) -> None:
+    """Forget the capture consumer NAME — one that no longer runs and holds back pruning: its position and its
+    batches in the ingestion ledger (db.capture.drop_consumer). If it runs again it starts from the oldest retained
+    change, as new. A consumer that runs is not dropped: stop it first. Asks first (--yes to skip)."""
+    # (It only deletes: a database without activedb's tables has no consumer, and no table is created for it.)
+    with open_database(ctx, writes=False, new_as_is=True) as database:
+        names = [] if has_no_tables(database) else [consumer.name for consumer in database.capture.status().consumers]
+        if name not in names:
+            raise click.ClickException(f"no capture consumer named {name!r} in {database.describe()} (consumers: "
+                                       f"{', '.join(map(repr, names)) or 'none'}); nothing was dropped")
+        _confirm(f"drop capture consumer {name!r} of {database.describe()} (its position and ledger rows)?", yes)
+        database.capture.drop_consumer(name)
+        click.echo(f"dropped capture consumer {name!r}")
 
 
 @capture_group.command("consume")

@@ -1,4 +1,4 @@
-"""``activedb capture status|enable|disable|consume`` (in-process, through click's runner)."""
+"""``activedb capture status|enable|disable|consume|drop-consumer`` (in-process, through click's runner)."""
 
 from __future__ import annotations
 
@@ -309,3 +309,34 @@ def test_replaying_a_dead_letter_of_change_capture_is_refused_and_marks_nothing(
     after = letters()
     assert [entry["replayed_at"] for entry in after if entry["id"] in ids] == [None] * len(ids)
     assert not [entry for entry in after if entry["query_id"] == "replay:capture:refusing"]
+
+
+def test_a_consumer_far_behind_says_how_to_forget_it_and_drop_consumer_asks_first(make_database_url):
+    """The "far behind" warning said to check that the consumer runs, not how to forget one that no longer runs and
+    holds back pruning — and no command did: only ``db.capture.drop_consumer(NAME)`` from Python.  The warning names
+    both; ``activedb capture drop-consumer NAME`` asks first (refuses without a terminal unless --yes), refuses a name
+    no consumer has, and drops the consumer with --yes."""
+    url = make_database_url("drop_consumer")
+    database = activedb.connect(url)
+    database.upgrade_app(MIGRATIONS, "c0001")
+    database.close()
+    runner = CliRunner()
+
+    def cli(*args: str, code: int = 0) -> str:
+        result = runner.invoke(main, ["--url", url, "capture", *args])
+        assert result.exit_code == code, result.output
+        return result.output
+
+    cli("enable", "orders")
+    cli("consume", APP_FILE, "--name", "gone", "--until-caught-up")
+    _app.run_workload(libpq(url), _app.workload(seed=4, transactions=3))
+    [warning] = json.loads(cli("status", "--json", "--behind-changes", "0"))["warnings"]
+    assert "'gone' is far behind" in warning, warning
+    assert "db.capture.drop_consumer('gone')" in warning and "activedb capture drop-consumer gone" in warning, warning
+
+    refused = cli("drop-consumer", "gone", code=1)
+    assert "refusing without confirmation: pass --yes" in refused, refused
+    assert "no capture consumer named 'elsewhere'" in cli("drop-consumer", "elsewhere", "--yes", code=1)
+    assert [c["name"] for c in json.loads(cli("status", "--json"))["consumers"]] == ["gone"]
+    assert "dropped capture consumer 'gone'" in cli("drop-consumer", "gone", "--yes")
+    assert json.loads(cli("status", "--json"))["consumers"] == []
