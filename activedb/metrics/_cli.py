@@ -17,8 +17,24 @@ HELP = ("Serve Prometheus metrics on http://127.0.0.1:PORT/metrics (ADDRESS:PORT
 
 
 def metrics_port_option(function: _Command) -> _Command:
-    """The ``--metrics-port [ADDRESS:]PORT`` option (the value reaches the command as ``metrics_port``)."""
-    return click.option("--metrics-port", "metrics_port", default=None, metavar="[ADDRESS:]PORT", help=HELP)(function)
+    """The ``--metrics-port [ADDRESS:]PORT`` option (the value reaches the command as ``metrics_port``, as given).
+    A value that is no ``[ADDRESS:]PORT`` (``parse_listen``) is click's usage error (exit 2), before the command
+    does anything — not a refusal once the exporter starts, after the command created tables."""
+    return click.option("--metrics-port", "metrics_port", default=None, metavar="[ADDRESS:]PORT", help=HELP,
+                        callback=_checked_listen)(function)
+
+
+def _checked_listen(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    if value is None:
+        return None
+    from activedb.metrics._exporter import parse_listen
+    from activedb.metrics.errors import MetricsError
+
+    try:
+        parse_listen(value)
+    except MetricsError as error:
+        raise click.BadParameter(str(error).removeprefix(f"--metrics-port {value.strip()!r}: "), ctx, param) from None
+    return value
 
 
 def start_metrics(database: ScrapedDatabase, listen: str | None) -> MetricsExporter | None:

@@ -196,6 +196,19 @@ def test_a_batch_size_or_retention_out_of_range_is_a_usage_error_before_anything
         assert connection.execute("SELECT count(*) FROM pg_tables WHERE schemaname = 'public'").fetchone() == (0,)
 
 
+def test_a_metrics_port_that_is_no_port_is_a_usage_error_before_anything_is_written(make_database_url):
+    """``capture consume APP --metrics-port notaport`` was refused only when the exporter started — after the
+    command had created activedb's tables in a new database and upgraded the application's (exit 1).  It is click's
+    usage error now (exit 2), and the database is as it was."""
+    url = make_database_url("consume_metrics_notaport")
+    result = CliRunner().invoke(main, ["--url", url, "capture", "consume", APP_FILE, "--until-caught-up",
+                                       "--metrics-port", "notaport"])
+    assert result.exit_code == 2 and "--metrics-port" in result.output, result.output
+    assert "give a port (e.g. 9464) or ADDRESS:PORT" in result.output, result.output
+    with psycopg.connect(libpq(url)) as connection:
+        assert connection.execute("SELECT count(*) FROM pg_tables WHERE schemaname = 'public'").fetchone() == (0,)
+
+
 def _capture_orders(database_url: str) -> None:
     """The app's tables, and ``orders`` captured (the module's earlier tests stop capturing it)."""
     database = activedb.connect(database_url)

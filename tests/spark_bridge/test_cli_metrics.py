@@ -86,10 +86,28 @@ def test_a_scrape_during_a_run_returns_the_families_with_the_runs_numbers(tmp_pa
 
 def test_a_bad_metrics_port_is_one_line_before_spark_starts(tmp_path, database_url):
     runner = CliRunner()
-    for value, message in (("nonsense", "give a port (e.g. 9464) or ADDRESS:PORT"),
-                           ("203.0.113.7:9464", "cannot serve metrics on 203.0.113.7:9464")):
+    for value, message, code in (("nonsense", "give a port (e.g. 9464) or ADDRESS:PORT", 2),
+                                 ("203.0.113.7:9464", "cannot serve metrics on 203.0.113.7:9464", 1)):
         result = runner.invoke(main, ["--url", database_url, "--home", str(tmp_path / "home"), "run", APP_FILE,
                                       "--source", f"file:{tmp_path}", "--metrics-port", value])
-        assert result.exit_code == 1, result.output
+        assert result.exit_code == code, result.output
         assert message in result.output and "Traceback" not in result.output
         assert "starting Spark" not in result.output
+
+
+def test_a_metrics_port_that_is_no_port_is_a_usage_error_before_anything_is_written(tmp_path, make_database_url):
+    """``run APP --metrics-port notaport`` was refused only when the exporter started — after the command had
+    created activedb's tables in a new database and upgraded the application's (exit 1).  It is click's usage error
+    now (exit 2), and the database is as it was."""
+    url = make_database_url("metrics_notaport")
+    result = CliRunner().invoke(main, ["--url", url, "--home", str(tmp_path / "home"), "run", APP_FILE,
+                                       "--source", f"file:{tmp_path}", "--metrics-port", "notaport"])
+    assert result.exit_code == 2 and "--metrics-port" in result.output, result.output
+    assert "give a port (e.g. 9464) or ADDRESS:PORT" in result.output, result.output
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as connection:
+            assert connection.execute(sa.text(
+                "SELECT count(*) FROM pg_tables WHERE schemaname = 'public'")).scalar() == 0
+    finally:
+        engine.dispose()
