@@ -26,6 +26,7 @@ _WRITE, _STREAM, _SIGNAL = Mode.WRITE, EventKind.STREAM, EventKind.SIGNAL
 _INSERTED, _UPDATED, _DELETED = EventKind.INSERTED, EventKind.UPDATED, EventKind.DELETED
 _WRITE_LOCKS = (BulkLock.WRITE, BulkLock.TABLE)       # what a write may take
 _ABORTED, _ACTIVE = TxnState.ABORTED, TxnState.ACTIVE
+_CONTAINERS = frozenset((list, dict))     # (the values ``store.own_image`` copies)
 
 
 class Writes:
@@ -164,7 +165,11 @@ class Writes:
             raise BadArgument(f"tx.signal({name!r}) takes the event's name, a non-empty text, as in "
                               f"db.signalled(name); e.g. tx.signal('status_changed', worker=...)")
         # (``payload``: the keyword arguments' own dict; its lists and dicts are the caller's: copied, ``own_image``)
-        event = new_event(_SIGNAL, name, None, None, None, own_image(payload, fresh=True), None, self.id)
+        for value in payload.values():
+            if type(value) in _CONTAINERS:  # (``own_image`` inline for a payload of scalars, which has nothing to copy)
+                payload = own_image(payload, fresh=True)
+                break
+        event = new_event(_SIGNAL, name, None, None, None, payload, None, self.id)
         for hook in self.manager.extensions.on_event:
             hook(self, event)
 
@@ -178,10 +183,14 @@ class Writes:
             raise BadArgument(f"tx.emit({event_type!r}) takes the event's type, a non-empty text, as in "
                               f"db.stream(event_type); e.g. tx.emit('reading', key=..., payload={{...}})")
         try:
-            values = own_image(dict(payload or {}), fresh=True)    # (the payload as raised, its lists and dicts too)
+            values = dict(payload or {})
         except (TypeError, ValueError):
             raise BadArgument(f"tx.emit({event_type!r}, payload=...) takes a mapping of the event's values, got "
                               f"{payload!r} ({type(payload).__name__}); write payload={{'field': value}}") from None
+        for value in values.values():       # (the payload as raised, its lists and dicts too: ``signal``'s)
+            if type(value) in _CONTAINERS:
+                values = own_image(values, fresh=True)
+                break
         event = new_event(_STREAM, event_type, key, None, None, values, ts, self.id)
         for hook in self.manager.extensions.on_event:
             hook(self, event)
