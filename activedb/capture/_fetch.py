@@ -4,6 +4,8 @@ origin ``EXTERNAL``.  Design note: ``README.md`` in this package."""
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
@@ -16,6 +18,8 @@ from activedb.events import Event, EventKind, Origin
 if TYPE_CHECKING:  # pragma: no cover
     from activedb._handle import DatabaseHandle as Database
 
+logger = logging.getLogger("activedb.capture")
+
 #: One fetched change: its event, or None and why it cannot become one.
 Entry = tuple[CapturedChange, "Event | None", "str | None"]
 
@@ -27,6 +31,8 @@ class ChangeReader:
     def __init__(self, database: "Database"):
         self.database = database
         self._statements: dict[tuple[object, ...], Any] = {}
+        # (table, columns) the catalog did not show even after reading it again: warned about once, not read again
+        self._unseen: set[tuple[str, tuple[str, ...]]] = set()
 
     def fetch(self, start: Position, limit: int) -> list[Entry]:
         """The next changes after ``start``, in order, with their events (None and a reason for a change
@@ -39,7 +45,7 @@ class ChangeReader:
                 return []
             end = Position(bounds.position, bounds.id)
             result = []
-            for oid, name, relation in bounds.tables:
+            for oid, name, relation, columns in bounds.tables:
                 if name is None:         # recorded by a trigger on a table that is not (or no longer) captured
                     table = relation or f"a dropped table (oid {oid})"
                     result.extend(self._undeliverable(
@@ -48,6 +54,7 @@ class ChangeReader:
                         f"enable_capture(op, table) installs its trigger; drop any other trigger calling "
                         f"activedb_capture_row())"))
                     continue
+                self._know_columns(name, columns or ())
                 # Read again, under the same handlers, after a column this process read is gone (dropped or
                 # renamed since): the table may change again meanwhile (a race with another process).
                 for read_again in (False, True):
@@ -79,6 +86,28 @@ class ChangeReader:
         if len(bounds.tables) > 1:
             result.sort(key=lambda entry: (entry[0].position, entry[0].change_id))
         return result
+
+    def _know_columns(self, table_name: str, columns: Sequence[str]) -> None:
+        """Read the tables' layouts again (once) when ``table_name`` has a column this process does not know: one
+        added by another process (``ALTER TABLE … ADD COLUMN``) since it read them, which the changes query would
+        otherwise leave out of every event (a dropped or renamed one makes that query fail instead: ``fetch``).
+        A column the catalog does not show even then (another table of that name first on this process's
+        ``search_path``) is warned about once."""
+        try:
+            known = self.database.table(table_name).columns
+            unknown = tuple(column for column in columns if column not in known)
+            if not unknown or (table_name, unknown) in self._unseen:
+                return
+            self.database.catalog.refresh()
+            known = self.database.table(table_name).columns
+        except UnknownTable:          # dropped or renamed: the changes become dead letters (fetch)
+            return
+        unseen = tuple(column for column in columns if column not in known)
+        if unseen:
+            self._unseen.add((table_name, unseen))
+            logger.warning("capture: table %r has the column(s) %s, which activedb's catalog does not show after "
+                           "reading the table again (is another table named %r first on this process's search_path?); "
+                           "the events of its changes leave them out", table_name, ", ".join(unseen), table_name)
 
     def _changes_of(self, connection: sa.Connection, oid: int, table_name: str, relation: str, start: Position,
                     end: Position) -> list[Entry]:

@@ -152,7 +152,8 @@ RETURNING name"""
 # Where the next batch ends: the last of the next :limit changes after (position, change_id), in commit
 # order then statement order, and the tables they belong to (one row; none when nothing is pending): per
 # table oid, the name it is captured as (NULL: not a captured table) and its schema-qualified name quoted by
-# the server (NULL: dropped), as a JSON array of [oid, name, relation].
+# the server (NULL: dropped) and its columns as they are now (NULL: dropped), as a JSON array of
+# [oid, name, relation, columns].
 # Every step follows an index, whatever the size of the change table: commits by position (at most
 # :limit + 1 of them — each has at least one change, and the first may be the one the position is in,
 # already handled), each commit's changes by (xid, id).
@@ -169,7 +170,9 @@ WITH next AS (
 SELECT last.position, last.id,
        (SELECT json_agg(json_build_array(o.table_oid, t.table_name, (
                    SELECT quote_ident(s.nspname) || '.' || quote_ident(r.relname)
-                   FROM pg_class r JOIN pg_namespace s ON s.oid = r.relnamespace WHERE r.oid = o.table_oid)))
+                   FROM pg_class r JOIN pg_namespace s ON s.oid = r.relnamespace WHERE r.oid = o.table_oid), (
+                   SELECT json_agg(a.attname ORDER BY a.attnum) FROM pg_attribute a
+                   WHERE a.attrelid = o.table_oid AND a.attnum > 0 AND NOT a.attisdropped)))
         FROM (SELECT DISTINCT table_oid FROM next) o LEFT JOIN {TABLES} t ON t.table_oid = o.table_oid) AS tables
 FROM (SELECT position, id FROM next ORDER BY position DESC, id DESC LIMIT 1) AS last"""
 

@@ -6,10 +6,12 @@ every firing into ``order_log`` in firing order.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import decimal
 import threading
 import uuid
+from collections.abc import Iterator
 
 import psycopg
 import pytest
@@ -598,19 +600,30 @@ def test_a_lead_timeout_below_a_millisecond_still_bounds_the_wait_for_the_lead(c
     assert len(failures) == 1 and "on standby" in str(failures[0])
 
 
+@contextlib.contextmanager
+def captured_table(db, conninfo: str, name: str, columns: str) -> Iterator[None]:
+    """A table ``name (columns)`` created by another process and captured here; dropped again afterwards."""
+    with psycopg.connect(conninfo, autocommit=True) as psql:
+        psql.execute(f"DROP TABLE IF EXISTS {name}")
+        psql.execute(f"CREATE TABLE {name} ({columns})")
+    try:
+        db.schema.refresh()
+        db.capture(name)
+        yield
+    finally:
+        db.capture.remove(name)
+        with psycopg.connect(conninfo, autocommit=True) as psql:
+            psql.execute(f"DROP TABLE IF EXISTS {name}")
+        db.schema.refresh()
+
+
 def test_a_column_dropped_by_another_process_does_not_stop_the_consumer(clean, conninfo):
     """Another process drops a column of a captured table after this one read the table's layout: the changes
     made before and after are delivered (the dropped column no longer in the rows), not a ProgrammingError
     (undefined column) that stopped the consumer for good until the process read the schema again."""
     db = clean
     seen = []
-    with psycopg.connect(conninfo, autocommit=True) as psql:
-        psql.execute("DROP TABLE IF EXISTS shrinking")
-        psql.execute("CREATE TABLE shrinking (id integer PRIMARY KEY, kept text, dropped text)")
-    try:
-        db.schema.refresh()
-        db.capture("shrinking")
-
+    with captured_table(db, conninfo, "shrinking", "id integer PRIMARY KEY, kept text, dropped text"):
         @db.rule(on=db.captured("shrinking", "inserted"), coupling="detached")
         def remember(tx, event):
             seen.append(event.new)
@@ -627,11 +640,56 @@ def test_a_column_dropped_by_another_process_does_not_stop_the_consumer(clean, c
         consumer.run_until_caught_up()
         db.rules.wait_idle(WATCHDOG_SECONDS)
         assert seen[1:] == [{"id": 2, "kept": "c"}, {"id": 3, "kept": "e"}]
-    finally:
-        db.capture.remove("shrinking")
-        with psycopg.connect(conninfo, autocommit=True) as psql:
-            psql.execute("DROP TABLE shrinking")
-        db.schema.refresh()
+
+
+def test_a_column_added_by_another_process_while_the_consumer_runs_is_in_the_events_of_later_changes(
+        clean, conninfo, monkeypatch):
+    """Another process adds a column to a captured table while a consumer runs on its thread: the events of the
+    changes made after carry it (and a change made before, read in the same batch, carries it as None), with no
+    db.schema.refresh().  The consumer kept the layout it had read, so the new column was missing from every
+    event until the process was restarted or refreshed, and a rule reading it met a KeyError, without a warning."""
+    db = clean
+    seen = []
+    with captured_table(db, conninfo, "growing", "id integer PRIMARY KEY, kept text"):
+        @db.rule(on=db.captured("growing", "modified"), coupling="detached")
+        def remember(tx, event):
+            seen.append((event.kind.value, event.new))
+
+        refreshes = []
+        refresh = db.catalog.refresh
+
+        def counted_refresh() -> None:
+            refreshes.append(1)
+            refresh()
+
+        monkeypatch.setattr(db.catalog, "refresh", counted_refresh)
+
+        with Watchdog(WATCHDOG_SECONDS, db.transactions.locks):
+            consumer = db.capture.start(idle_wait=0.1)
+            try:
+                with psycopg.connect(conninfo, autocommit=True) as psql:
+                    psql.execute("INSERT INTO growing VALUES (1, 'a')")
+                    consumer.wait_caught_up(WATCHDOG_SECONDS)
+                    db.rules.wait_idle(WATCHDOG_SECONDS)
+                    assert seen == [("inserted", {"id": 1, "kept": "a"})]
+                    with psql.transaction():      # (one commit: the consumer reads both changes in one batch)
+                        psql.execute("INSERT INTO growing VALUES (2, 'b')")
+                        psql.execute("ALTER TABLE growing ADD COLUMN added integer DEFAULT 7")
+                        psql.execute("INSERT INTO growing VALUES (3, 'c', 30)")
+                    psql.execute("UPDATE growing SET added = 10 WHERE id = 1")
+                    consumer.wait_caught_up(WATCHDOG_SECONDS)
+                    db.rules.wait_idle(WATCHDOG_SECONDS)
+                    psql.execute("INSERT INTO growing VALUES (4, 'd', 40)")
+                    consumer.wait_caught_up(WATCHDOG_SECONDS)
+                    db.rules.wait_idle(WATCHDOG_SECONDS)
+            finally:
+                consumer.stop()
+        assert seen[1:] == [("inserted", {"id": 2, "kept": "b", "added": None}),
+                            ("inserted", {"id": 3, "kept": "c", "added": 30}),
+                            ("updated", {"id": 1, "kept": "a", "added": 10}),
+                            ("inserted", {"id": 4, "kept": "d", "added": 40})], seen
+        assert len(refreshes) == 1, f"the layouts were read again {len(refreshes)} times, not once"
+        monkeypatch.undo()
 
 
 def test_a_table_dropped_while_the_consumer_reads_it_again_after_a_dropped_column_does_not_stop_it(
