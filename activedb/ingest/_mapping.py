@@ -27,6 +27,7 @@ from activedb.events import TimeUnit
 from activedb.ingest._interface import Rows
 from activedb.ingest.errors import InvalidField, MappingError
 from activedb.store import jsonable  # the one conversion into storable JSON (dead letters, logs)
+from activedb.store import not_a_time  # the one test of pandas' NaT (the store refuses it too)
 
 if TYPE_CHECKING:  # pragma: no cover
     import pyarrow as pa
@@ -209,7 +210,7 @@ def _describe(value: object) -> str:
 def to_utc(value: object, unit_divisor: int) -> dt.datetime:
     """Convert one timestamp value to an aware UTC datetime or raise InvalidField."""
     if isinstance(value, dt.datetime):
-        if type(value) is not dt.datetime and value != value:     # (pandas' NaT: a datetime that is no time)
+        if not_a_time(value):     # (pandas' NaT: a datetime that is no time)
             raise InvalidField(f"is {_describe(value)}, not a time (a missing value)")
         if value.tzinfo is None:
             return value.replace(tzinfo=_UTC)

@@ -515,6 +515,8 @@ def _extra_check(column: sa.Column[Any]) -> Callable[[Any], str | None] | None:
         return _uuid_problem
     if isinstance(column_type, sa.Date):
         return _date_problem
+    if isinstance(column_type, sa.DateTime):
+        return _datetime_problem
     return None
 
 
@@ -579,12 +581,34 @@ def _enum_problem(labels: tuple[str, ...], value: object) -> str | None:
     return None if value in labels else f"{value!r} is not one of its labels ({', '.join(labels)})"
 
 
+def not_a_time(value: datetime.datetime) -> bool:
+    """Whether ``value`` is a datetime that is no time: pandas' ``NaT`` (what a DataFrame gives for an empty time
+    cell), a ``datetime`` subclass's value not equal to itself, as NaN is not (an exact ``datetime`` always is a
+    time).  Stored, it would be a timestamp PostgreSQL keeps past the year 10000, which the driver cannot read back;
+    the one test of it (the store's checks of a timestamp or date column, ingestion's timestamps)."""
+    return type(value) is not datetime.datetime and value != value
+
+
+def _not_a_time_problem(value: datetime.datetime) -> str:
+    return (f"{value!r} ({type(value).__name__}) is no time (a missing value, as pandas' NaT is), which PostgreSQL "
+            f"would store as a timestamp the driver cannot read back: use None for a missing time")
+
+
+def _datetime_problem(value: object) -> str | None:
+    """Why a ``timestamp`` or ``timestamptz`` column cannot take ``value`` (a ``datetime``), or None: one that is
+    no time (``not_a_time``)."""
+    return _not_a_time_problem(value) if isinstance(value, datetime.datetime) and not_a_time(value) else None
+
+
 def _date_problem(value: object) -> str | None:
     """Why a ``date`` column cannot take ``value`` (a ``date``, or a ``datetime`` of a day's midnight) as given, or
     None.  PostgreSQL would take the date of any datetime, silently dropping its time of day, and of an aware one
-    the date in the session's time zone: a value that is not a day as written is refused."""
+    the date in the session's time zone: a value that is not a day as written is refused, and so is one that is
+    no time (``not_a_time``)."""
     if not isinstance(value, datetime.datetime):
         return None
+    if not_a_time(value):
+        return _not_a_time_problem(value)
     if value.utcoffset() is not None:
         return (f"{value!r} is an aware datetime, whose date PostgreSQL would take in the session's time zone: pass "
                 f"a date (value.date() for the day as written)")

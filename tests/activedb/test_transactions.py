@@ -1357,6 +1357,36 @@ def test_a_naive_key_of_a_datetime_subclass_is_refused_as_a_naive_datetime_is(db
         assert tx.read("stamps", aware)["count"] == 1
 
 
+def test_pandas_nat_as_a_time_is_refused_naming_the_column_and_nothing_unreadable_is_stored(db):
+    """pandas' ``NaT`` (what a DataFrame gives for an empty time cell) is a ``datetime`` that is no time: a write
+    or insert of it into a ``timestamptz`` column was stored as a timestamp past the year 10000, and every later
+    read of the table failed in the driver ("timestamp too large").  It is refused where values are checked,
+    naming the column and saying to use None for a missing time — as a key and in a ``date`` column too (there
+    the check of a datetime's time of day raised pandas' ValueError) — and nothing is written."""
+    import datetime as dt
+
+    pandas = pytest.importorskip("pandas")
+    _empty(db, "counters", "stamps", "days")
+    with pytest.raises(activedb.InvalidValue, match=r"counters\.last_ts .*NaT.*use None"):
+        with db.transaction() as tx:
+            tx.write("counters", "a", last_ts=pandas.NaT)
+    with pytest.raises(activedb.InvalidValue, match=r"counters\.last_ts .*NaT.*use None"):
+        with db.transaction() as tx:
+            tx.insert("counters", key="b", last_ts=pandas.NaT)
+    with pytest.raises(activedb.InvalidValue, match=r"stamps\.at .*NaT"):
+        with db.transaction() as tx:
+            tx.write("stamps", pandas.NaT, count=1)
+    with pytest.raises(activedb.InvalidValue, match=r"days\.due .*NaT"):
+        with db.transaction() as tx:
+            tx.write("days", dt.date(2026, 1, 1), due=pandas.NaT)
+    assert committed(db, "counters") == committed(db, "stamps") == committed(db, "days") == {}
+    stamp = pandas.Timestamp(2026, 1, 1, 12, tz="UTC")
+    with db.transaction() as tx:
+        tx.write("counters", "a", last_ts=stamp)
+        tx.write("counters", "b", last_ts=None)
+    assert {key: row["last_ts"] for key, row in committed(db, "counters").items()} == {("a",): stamp, ("b",): None}
+
+
 # --- keys given as another Python value than PostgreSQL gives back, a schema (t0007_keys_by_value.py) ---
 
 
