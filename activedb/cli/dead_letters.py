@@ -39,6 +39,12 @@ def _some_text(ctx: click.Context, parameter: click.Parameter, value: str | None
     return value
 
 
+def _some_ids(ctx: click.Context, parameter: click.Parameter, value: tuple[int, ...]) -> tuple[int, ...] | None:
+    """The ``--id`` values (``_bigint``), or None when none is given (click's ()): any id — ``LetterFilter(ids=())``
+    selects no letter."""
+    return _bigint(ctx, parameter, value) or None
+
+
 #: A dead letter's id and a batch id are PostgreSQL bigints.
 _BIGINT_MAX = 2**63 - 1
 _Ids = TypeVar("_Ids", int, tuple[int, ...], None)
@@ -56,7 +62,7 @@ def _bigint(ctx: click.Context, parameter: click.Parameter, value: _Ids) -> _Ids
 def letter_filters(function: _Command) -> _Command:
     """The filters every ``dead-letters`` command takes."""
     for decorator in reversed((
-        click.option("--id", "ids", type=int, callback=_bigint, multiple=True,
+        click.option("--id", "ids", type=int, callback=_some_ids, multiple=True,
                      help="Only these dead letters (repeatable)."),
         click.option("--query", default=None, callback=_some_text,
                      help="Only those of this query name (as given to `activedb run`)."),
@@ -81,8 +87,8 @@ def dead_letters() -> None:
                                            f"{LIST_ROW_CHARS} characters; `show ID` prints one whole).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @click.pass_context
-def letters_list(ctx: click.Context, ids: tuple[int, ...], query: str | None, batch: int | None, reason: str | None,
-                 include_replayed: bool, limit: int, full: bool, as_json: bool) -> None:
+def letters_list(ctx: click.Context, ids: tuple[int, ...] | None, query: str | None, batch: int | None,
+                 reason: str | None, include_replayed: bool, limit: int, full: bool, as_json: bool) -> None:
     """Dead letters, oldest first (not yet replayed unless --all); long reasons and rows are cut."""
     from activedb import deadletters
 
@@ -147,8 +153,8 @@ def letters_show(ctx: click.Context, letter_id: int) -> None:
 @click.option("--replayed", "only_replayed", is_flag=True, help="Only dead letters already replayed.")
 @click.option("--yes", is_flag=True, help="Do not ask first.")
 @click.pass_context
-def letters_purge(ctx: click.Context, ids: tuple[int, ...], query: str | None, batch: int | None, reason: str | None,
-                  only_replayed: bool, yes: bool) -> None:
+def letters_purge(ctx: click.Context, ids: tuple[int, ...] | None, query: str | None, batch: int | None,
+                  reason: str | None, only_replayed: bool, yes: bool) -> None:
     """Delete the dead letters that match the filters (all of them without filters). Asks first."""
     from activedb import deadletters
 
@@ -193,7 +199,7 @@ def _refuse_captured(letters: list[LetterRecord]) -> None:
 @click.option("--limit", type=click.IntRange(min=0), default=0, help="At most this many (default: all that match).")
 @click.option("--verbose", is_flag=True, help="Also log each event the rules reject again.")
 @click.pass_context
-def replay_command(ctx: click.Context, app: str, ids: tuple[int, ...], query: str | None, batch: int | None,
+def replay_command(ctx: click.Context, app: str, ids: tuple[int, ...] | None, query: str | None, batch: int | None,
                    reason: str | None, limit: int, verbose: bool) -> None:
     """Re-submit dead letters (not yet replayed) to APP's rules through the same path as a micro-batch,
     exactly once: each commits with its ledger row (query replay:NAME, batch = the dead letter's id) and

@@ -129,21 +129,23 @@ class LetterRecord:
 class LetterFilter:
     """Which dead letters a command means. Immutable.
 
-    ``query``: a query name — its ledger ids ``NAME@…``, its replays ``replay:NAME`` and the letters
-    written under the name itself; ``reason``: a case-insensitive substring (neither may be empty: None is any);
-    ``replayed``: True/False/None (either)."""
+    ``ids``: the letters of these ids — an empty collection selects none, as SQL's ``IN ()`` does (a computed list
+    that came out empty must not purge every letter); None is any id; ``query``: a query name — its ledger ids
+    ``NAME@…``, its replays ``replay:NAME`` and the letters written under the name itself; ``reason``: a
+    case-insensitive substring (neither may be empty: None is any); ``replayed``: True/False/None (either)."""
 
-    ids: tuple[int, ...] = ()
+    ids: tuple[int, ...] | None = None
     query: str | None = None
     batch: int | None = None
     reason: str | None = None
     replayed: bool | None = None
 
     def __post_init__(self) -> None:
-        ids = self.ids
+        ids = () if self.ids is None else self.ids
         if isinstance(ids, (str, bytes)) or not isinstance(ids, Collection) or not all(
                 isinstance(one, int) and not isinstance(one, bool) for one in ids):
-            raise BadArgument(f"LetterFilter(ids={ids!r}) takes dead letter ids (whole numbers; one id as (id,))")
+            raise BadArgument(f"LetterFilter(ids={ids!r}) takes dead letter ids (whole numbers; one id as (id,); "
+                              f"None: any id)")
         for number in (*ids, self.batch):     # (the table's bigints: PostgreSQL would refuse the statement)
             if isinstance(number, int) and not -2**63 <= number < 2**63:
                 raise BadArgument(f"LetterFilter: {number} is no dead letter id or batch number (PostgreSQL's bigint "
@@ -161,7 +163,7 @@ class LetterFilter:
 
     def statement(self, table: sa.Table) -> sa.Select[Unpack[tuple[object, ...]]]:
         statement = sa.select(table)
-        if self.ids:
+        if self.ids is not None:     # (an empty collection: no letter, SQLAlchemy's empty IN)
             statement = statement.where(table.c.id.in_(list(self.ids)))
         if self.query is not None:
             statement = statement.where(sa.or_(table.c.query_id == self.query,

@@ -217,6 +217,33 @@ def test_filters_select_a_query_its_replays_and_nothing_alike(db):
     assert deadletters.count(db, LetterFilter(query="orders")) == 0
 
 
+def test_an_empty_list_of_ids_selects_no_letter_and_the_cli_without_id_selects_any(db, database_url):
+    """``LetterFilter(ids=[])`` (a user's computed list that came out empty) meant "every letter", so a purge with
+    it deleted every dead letter.  Now an empty collection of ids selects none (as SQL's ``IN ()`` does), None is
+    any id (the default), and the CLI, which gets () from click when no ``--id`` is given, still means any."""
+    with db.transaction() as tx:
+        deadletters.insert(tx, "emptyids", 1, [Letter("first", {"n": 1}), Letter("second", {"n": 2})])
+    mine = LetterFilter(query="emptyids")
+    first, second = (letter.id for letter in deadletters.select(db, mine))
+    for empty in ([], (), set()):
+        assert deadletters.select(db, LetterFilter(ids=empty)) == []
+        assert deadletters.count(db, LetterFilter(ids=empty)) == 0
+        assert deadletters.count_by_reason(db, LetterFilter(ids=empty)) == {}
+        assert deadletters.purge(db, LetterFilter(ids=empty)) == 0
+    assert deadletters.count(db, mine) == 2
+    assert deadletters.count(db, LetterFilter(ids=None, query="emptyids")) == 2
+    assert [letter.id for letter in deadletters.select(db, LetterFilter(ids=[second]))] == [second]
+    runner = CliRunner()
+    listed = runner.invoke(main, ["--url", database_url, "dead-letters", "list", "--query", "emptyids", "--json"],
+                           catch_exceptions=False)
+    assert listed.exit_code == 0, listed.output
+    assert [letter["id"] for letter in json.loads(listed.output)] == [first, second]
+    purged = runner.invoke(main, ["--url", database_url, "dead-letters", "purge", "--query", "emptyids", "--yes"],
+                           catch_exceptions=False)
+    assert purged.exit_code == 0 and "deleted 2 dead letter(s)" in purged.output, purged.output
+    assert deadletters.count(db, mine) == 0
+
+
 def test_list_cuts_long_rows_and_show_prints_them_whole(db, database_url):
     with db.transaction() as tx:
         deadletters.insert(tx, "big@q", 1, [Letter("key too large " + "why " * 200, {"key": BIG})])
