@@ -96,16 +96,21 @@ class QueryStatus:
 
 def ingestion_status(db: DatabaseHandle, query_name: str | None = None) -> list[QueryStatus]:
     """Per source, what the ledger of ``db`` (an ``activedb.Database``) holds, sorted by name; only
-    ``query_name`` when given.  Reads PostgreSQL only; works while an ingestion is running (committed batches
-    only) and after it stopped."""
+    ``query_name`` when given (then only its ledger rows are read).  Reads PostgreSQL only; works while an
+    ingestion is running (committed batches only) and after it stopped."""
     if query_name is not None and (not isinstance(query_name, str) or not query_name):
         raise BadArgument(f"ingestion_status(query_name={query_name!r}) takes a source's name (a LedgerId's source: "
                           f"'badges', 'capture:orders'), or None for every source")
     ledger = db.table(LEDGER_TABLE)
+    statement = sa.select(ledger.c.query_id, ledger.c.batch_id, ledger.c.events, ledger.c.dead_letters,
+                          ledger.c.watermark, ledger.c.rule_firings, ledger.c.committed_at)
+    if query_name is not None:
+        # Every id whose source is ``query_name`` is the name itself or ``NAME@RUN[#pN]`` (``LedgerId``): only
+        # those rows are read; the loop below keeps the ones that parse as its (``NAME@x@RUN`` is ``NAME@x``'s).
+        statement = statement.where(sa.or_(ledger.c.query_id == query_name,
+                                           ledger.c.query_id.startswith(f"{query_name}@", autoescape=True)))
     with db.catalog.autocommit_connection() as connection:     # (lost: DatabaseUnavailable)
-        ledger_rows = connection.execute(sa.select(
-            ledger.c.query_id, ledger.c.batch_id, ledger.c.events, ledger.c.dead_letters, ledger.c.watermark,
-            ledger.c.rule_firings, ledger.c.committed_at)).all()
+        ledger_rows = connection.execute(statement).all()
     groups: dict[str, list[tuple[Any, str | None, int | None]]] = {}
     for row in ledger_rows:
         name, run, partition = parse_ledger_query_id(row.query_id)

@@ -122,6 +122,55 @@ def test_the_sources_of_a_run_are_all_found_among_its_partitions_and_runs_named_
         database.close()
 
 
+def test_the_status_of_one_source_reads_its_rows_only_and_equals_its_part_of_every_sources_status(database_url):
+    """``ingestion_status(db, name)`` read every ledger row of every source and kept ``name``'s in Python; now
+    PostgreSQL gives it the rows of ``name`` and of its runs (``name@…``) only.  What it returns is unchanged: for
+    each source — one with a run-less id, runs and partitions, an end-of-stream release, and look-alikes (a
+    source ``parcels#p1x`` of its own, ``parcels@r1#p1x`` whose tail is no run, ``parcels@r1@r3`` of the source
+    ``parcels@r1``, ``parcels_2`` beside ``parcelsx2``) — it equals that source's entry of every source's status."""
+    database = app_database(database_url)
+    parcels = [("parcels", 0), ("parcels", 1), ("parcels@r1#p0", 0), ("parcels@r1#p1", 0), ("parcels@r1#p0", 1),
+               ("parcels@r2", 0), ("parcels@r2", -1)]
+    alike = [("parcels#p1x", 0), ("parcels@r1#p1x", 0), ("parcels@r1@r3", 0), ("parcels_2@r1", 0),
+             ("parcelsx2@r1", 0), ("parcelsx2@r1#p0", 0), ("xparcels@r1", 0), ("PARCELS@r1", 0)]
+    read: list[int] = []
+
+    def rows_read(connection, cursor, statement, parameters, context, executemany):
+        if "FROM activedb_ingestion_ledger" in statement:
+            read.append(cursor.rowcount)
+
+    try:
+        with database.engine.begin() as connection:
+            connection.execute(sa.text("INSERT INTO activedb_ingestion_ledger (query_id, batch_id, transaction_id, "
+                                       "events, dead_letters, watermark, rule_firings) VALUES (:query_id, :batch, 'T', "
+                                       ":events, 1, :watermark, CAST(:firings AS jsonb))"),
+                               [{"query_id": query_id, "batch": batch, "events": number,
+                                 "watermark": BASE_TIME + dt.timedelta(seconds=number),
+                                 "firings": f'{{"rule_{number % 3}": {number}}}'}
+                                for number, (query_id, batch) in enumerate(parcels + alike)])
+        names = {"parcels", "parcels#p1x", "parcels@r1#p1x", "parcels@r1", "parcels_2", "parcelsx2", "xparcels",
+                 "PARCELS"}
+        every = {status.query_name: status for status in ingestion_status(database)
+                 if "parcels" in status.query_name.lower()}    # (the module's other tests share the database)
+        assert set(every) == names
+        for name in every:
+            assert ingestion_status(database, name) == [every[name]], name
+        status = every["parcels"]
+        assert (status.runs, status.ledger_rows, status.batches, status.partitions, status.last_batch_id,
+                status.events) == (("r1", "r2"), 7, 5, 2, 1, sum(range(7)))
+        sa.event.listen(database.engine, "after_cursor_execute", rows_read)
+        try:
+            assert ingestion_status(database, "parcels") == [status]
+        finally:
+            sa.event.remove(database.engine, "after_cursor_execute", rows_read)
+        assert read == [len(parcels) + 2]    # (and parcels@r1@r3 and parcels@r1#p1x: texts alike, other sources)
+    finally:
+        with database.engine.begin() as connection:
+            connection.execute(sa.text("DELETE FROM activedb_ingestion_ledger WHERE transaction_id = 'T' AND "
+                                       "query_id ILIKE '%parcels%'"))
+        database.close()
+
+
 def test_a_process_killed_between_flush_and_return_leaves_nothing_twice(make_database_url, reference, tmp_path):
     """Run 1 is SIGKILLed inside batch 2's flush (everything written, not committed), run 2 after batch 4's
     commit (before ``feed`` returned), run 3 feeds the same batches to the end: the ledger skips what
