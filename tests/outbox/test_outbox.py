@@ -73,7 +73,12 @@ def test_a_claim_that_lost_its_connection_is_unavailable_and_its_records_run_onc
         back(embedded)
         with database.engine.connect() as connection:
             owners = set(connection.execute(sa.text("SELECT owner FROM activedb_outbox")).scalars())
-        assert owners == {database.outbox.owner if committed else dead}
+        if committed:
+            assert owners == {database.outbox.owner}
+        else:
+            # (the dead owner's still — unless the recovery pass that declaring the rule woke ran once the database was
+            # back, and claimed them then, as it may: the next pass claims them either way)
+            assert owners in ({dead}, {database.outbox.owner}), owners
         database.outbox.recover()
         database.rules.wait_idle(TIMEOUT)
         with database.engine.connect() as connection:
