@@ -20,12 +20,11 @@ from activedb.batch._result import Part
 from activedb.batch._state import (WRITTEN_TWICE, Loader, NestedColumns, WriteCheck, failure_reason, given,
                                    merge_image, perform)
 from activedb.batch.errors import DeclarationError
-from activedb.store import RowImage, copy_nested, own_image
+from activedb.store import NESTED_TYPES, RowImage, copy_nested, own_image
 
 if TYPE_CHECKING:  # pragma: no cover
     from activedb.batch._route import Allowed
 
-_CONTAINERS = frozenset((list, dict))     # (the values ``store.own_image`` copies)
 _MISSING = object()
 _WRITE, _READ, _ND_WRITE, _INSERT = OpKind.WRITE, OpKind.READ, OpKind.ND_WRITE, OpKind.INSERT
 _WINDOWED = frozenset({OpKind.WINDOW_READ, OpKind.WINDOW_WRITE})
@@ -264,7 +263,7 @@ def _run(declarations: Mapping[str, Declaring], items: list[tuple[int, BatchEven
                             result = spec[4](copy if not columns else copy_nested(copy, columns))
                         else:           # (``own_image`` inline for the common image holding no list or dict)
                             copy = own.copy()
-                            result = spec[4](copy if _CONTAINERS.isdisjoint(map(type, copy.values()))
+                            result = spec[4](copy if NESTED_TYPES.isdisjoint(map(type, copy.values()))
                                              else own_image(own))
                         if type(result) is dict:
                             output = {**own, **result} if own is not None else dict(result)

@@ -103,9 +103,9 @@ def own_image(image: dict[str, object], *, fresh: bool = False) -> dict[str, obj
     pass over the values' types in C), else ``copy_nested`` of the columns that hold one.  ``fresh``: ``image`` is
     a new dict already (composed by the caller): only its lists and dicts are copied, in place."""
     copy = image if fresh else image.copy()
-    if _CONTAINERS.isdisjoint(map(type, copy.values())):
+    if NESTED_TYPES.isdisjoint(map(type, copy.values())):
         return copy
-    return copy_nested(copy, frozenset(name for name, value in copy.items() if type(value) in _CONTAINERS))
+    return copy_nested(copy, frozenset(name for name, value in copy.items() if type(value) in NESTED_TYPES))
 
 
 def own_value(value: object) -> object:
@@ -123,7 +123,9 @@ def own_value(value: object) -> object:
     return value
 
 
-_CONTAINERS = frozenset((list, dict))
+#: The value types ``own_image`` copies (a row's or payload's lists and dicts): what a caller tests ``type(value) in``
+#: to skip the copy of an image that holds none.
+NESTED_TYPES = frozenset((list, dict))
 
 
 def same_image(one: object, other: object) -> bool:

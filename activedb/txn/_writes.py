@@ -11,7 +11,7 @@ from lockmgr import Mode, TxnState
 
 from activedb.errors import BadArgument, DuplicateKey, InvalidKey
 from activedb.events import EventKind, new_event
-from activedb.store import Entry, EntryKind, Key, RowImage, TableInfo, TableRef, copy_nested, own_image
+from activedb.store import NESTED_TYPES, Entry, EntryKind, Key, RowImage, TableInfo, TableRef, copy_nested, own_image
 from activedb.txn import _view
 from activedb.txn._hotkeys import HotKeys
 from activedb.txn._reads import BulkLock
@@ -26,7 +26,6 @@ _WRITE, _STREAM, _SIGNAL = Mode.WRITE, EventKind.STREAM, EventKind.SIGNAL
 _INSERTED, _UPDATED, _DELETED = EventKind.INSERTED, EventKind.UPDATED, EventKind.DELETED
 _WRITE_LOCKS = (BulkLock.WRITE, BulkLock.TABLE)       # what a write may take
 _ABORTED, _ACTIVE = TxnState.ABORTED, TxnState.ACTIVE
-_CONTAINERS = frozenset((list, dict))     # (the values ``store.own_image`` copies)
 
 
 class Writes:
@@ -166,7 +165,7 @@ class Writes:
                               f"db.signalled(name); e.g. tx.signal('status_changed', worker=...)")
         # (``payload``: the keyword arguments' own dict; its lists and dicts are the caller's: copied, ``own_image``)
         for value in payload.values():
-            if type(value) in _CONTAINERS:  # (``own_image`` inline for a payload of scalars, which has nothing to copy)
+            if type(value) in NESTED_TYPES:  # (``own_image`` inline for a payload of scalars, which has nothing to copy)
                 payload = own_image(payload, fresh=True)
                 break
         event = new_event(_SIGNAL, name, None, None, None, payload, None, self.id)
@@ -188,7 +187,7 @@ class Writes:
             raise BadArgument(f"tx.emit({event_type!r}, payload=...) takes a mapping of the event's values, got "
                               f"{payload!r} ({type(payload).__name__}); write payload={{'field': value}}") from None
         for value in values.values():       # (the payload as raised, its lists and dicts too: ``signal``'s)
-            if type(value) in _CONTAINERS:
+            if type(value) in NESTED_TYPES:
                 values = own_image(values, fresh=True)
                 break
         event = new_event(_STREAM, event_type, key, None, None, values, ts, self.id)
