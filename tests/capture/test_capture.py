@@ -959,12 +959,7 @@ def test_a_change_whose_captured_row_no_longer_fits_a_retyped_column_is_a_dead_l
     thread, `activedb capture consume` — at that batch, every time it was started again."""
     db = clean
     seen = []
-    with psycopg.connect(conninfo, autocommit=True) as psql:
-        psql.execute("DROP TABLE IF EXISTS retyped")
-        psql.execute("CREATE TABLE retyped (id integer PRIMARY KEY, amount text)")
-    try:
-        db.schema.refresh()
-        db.capture("retyped")
+    with captured_table(db, conninfo, "retyped", "id integer PRIMARY KEY, amount text"):
 
         @db.rule(on=db.captured("retyped", "inserted"), coupling="detached")
         def remember(tx, event):
@@ -990,11 +985,6 @@ def test_a_change_whose_captured_row_no_longer_fits_a_retyped_column_is_a_dead_l
         assert 'invalid input syntax for type integer: "ten"' in reasons[0], reasons
         assert consumer.failure is None
         consumer.close()
-    finally:
-        db.capture.remove("retyped")
-        with psycopg.connect(conninfo, autocommit=True) as psql:
-            psql.execute("DROP TABLE IF EXISTS retyped")
-        db.schema.refresh()
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")   # (the thread's end, before)
