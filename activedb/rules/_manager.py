@@ -10,11 +10,11 @@ from __future__ import annotations
 import itertools
 import logging
 import sys
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, NoReturn, TypeVar
 
 from coupling import Coupling, DeferredCycleLimitExceeded, Verdict, priority_groups
 
-from activedb.errors import CascadeLimitExceeded, RuleFailed, TransactionAborted
+from activedb.errors import CascadeLimitExceeded, DeadlockDetected, RuleFailed, TransactionAborted
 from activedb.events import Event, EventKind, Origin, new_event
 from activedb.rules._context import RuleContext, chain_of, defer
 from activedb.rules._detached import DetachedRunner, DependencyAbort
@@ -441,16 +441,31 @@ class RuleManager(TransactionExtension):
         except (DependencyAbort, CascadeLimitExceeded, RuleFailed, TransactionAborted):
             outcome = _CANCELLED
             raise
-        except Exception as error:
-            self.count(rule, "failed")
-            # (The error as text: a handler that keeps records — a test's log capture, a buffer — would otherwise keep
-            # its traceback's frames and all they hold, a micro-batch included.)
-            logger.error("rule %r failed on %s: %s", rule.name, event.describe(), repr(error))
+        except DeadlockDetected as error:
+            if not _victim_is(transaction, error):      # e.g. a top-level transaction the action opened itself
+                self._failed(rule, event, error)
+            # Not the rule's failure: its transaction (or one it runs in) was chosen as a deadlock's victim, and
+            # re-running that transaction runs it again (``Database.run``, ``tx.retry``).  Counted cancelled and
+            # logged at INFO; the caller gets RuleFailed with this cause, as for any failure.
+            outcome = _CANCELLED
+            self.count(rule, "cancelled")
+            logger.info("rule %r on %s was aborted, not failed: %s", rule.name, event.describe(), repr(error))
             raise RuleFailed.raised(rule.name, event, error) from error
+        except Exception as error:
+            self._failed(rule, event, error)
         finally:
             if observers.on_firing_end:
                 observers.call("on_firing_end", transaction, firing, outcome)
         return True
+
+    def _failed(self, rule: Rule, event: Event, error: Exception) -> NoReturn:
+        """Count and log the failure of ``rule``'s condition or action, which raised ``error`` on ``event``, and raise
+        it as ``RuleFailed``."""
+        self.count(rule, "failed")
+        # (The error as text: a handler that keeps records — a test's log capture, a buffer — would otherwise keep
+        # its traceback's frames and all they hold, a micro-batch included.)
+        logger.error("rule %r failed on %s: %s", rule.name, event.describe(), repr(error))
+        raise RuleFailed.raised(rule.name, event, error) from error
 
     def _executed(self, firings: "list[Firing]") -> None:
         """The actions of ``firings`` ran and their transactions committed: count them (immediate and deferred
@@ -459,6 +474,12 @@ class RuleManager(TransactionExtension):
                  if firing.coupling is _IMMEDIATE or firing.coupling is _DEFERRED]     # runs_as_subtransaction
         if names:
             self.record.executed(names)
+
+
+def _victim_is(transaction: Transaction, error: "DeadlockDetected") -> bool:
+    """Whether ``error``'s victim is ``transaction`` or one of its ancestors: the firing's own tree was chosen, not
+    a separate top-level transaction its action opened."""
+    return error.victim == transaction.id or any(error.victim == node.id for node in transaction.ancestors)
 
 
 def own_event(event: Event) -> Event:

@@ -156,7 +156,8 @@ class RuleCounters:
     condition_false: int = 0
     executed: int = 0          # condition true, action ran and its transaction committed
     failed: int = 0            # condition or action raised
-    cancelled: int = 0         # a dependency stopped it (trigger aborted/committed, condition false)
+    cancelled: int = 0         # a dependency stopped it (trigger aborted/committed, condition false), or its tree
+                               # was chosen as a deadlock's victim (re-running the tree runs it again)
     rerun_after_wait: int = 0  # C-A parallel action run again after it gave way in a gate-vs-lock cycle
 
 

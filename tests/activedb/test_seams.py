@@ -327,6 +327,9 @@ def test_a_rule_opening_its_own_top_level_on_its_triggers_row_is_a_deadlock_not_
     assert isinstance(raised.value.__cause__, activedb.DeadlockDetected)
     assert "nested" in str(raised.value.__cause__)
     assert rows(db) == []
+    # (The victim was the action's own top-level, not the firing's tree: the rule failed, it was not cancelled.)
+    assert (db.rules.statistics().per_rule["own_transaction"].failed,
+            db.rules.statistics().per_rule["own_transaction"].cancelled) == (1, 0)
 
 
 def test_a_condition_that_raises_fails_the_firing_with_either_action_coupling(db):

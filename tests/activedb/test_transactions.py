@@ -1,6 +1,7 @@
 """Nested transactions over the shared store: visibility, delegation, aborts, bad input."""
 
 import datetime
+import logging
 import threading
 
 import re
@@ -540,9 +541,10 @@ def test_retry_helper_reruns_a_deadlock_victim(db):
     assert {key: row["value"] for (key,), row in committed(db, "items").items()} == {"x": 1, "y": 2}
 
 
-def test_run_reruns_a_transaction_whose_rule_firings_deadlock(db):
+def test_run_reruns_a_transaction_whose_rule_firings_deadlock(db, caplog):
     """A deadlock among the rule firings a transaction set off reaches ``db.run`` as ``RuleFailed`` (its cause the
-    ``DeadlockDetected``); it is the transaction's deadlock all the same, and ``db.run`` runs the transaction again."""
+    ``DeadlockDetected``); it is the transaction's deadlock all the same, and ``db.run`` runs the transaction again.
+    The victim rule did not fail: it is counted cancelled, not failed, and no ERROR is logged for it."""
     db.run(lambda tx: tx.insert("accounts", id=1, balance=0))
     both_read = threading.Barrier(2, timeout=10)
     attempts = []
@@ -561,13 +563,18 @@ def test_run_reruns_a_transaction_whose_rule_firings_deadlock(db):
         tx.insert("items", key="a", value=1)
 
     try:
-        with testing.Watchdog(30, db.transactions.locks):
+        with testing.Watchdog(30, db.transactions.locks), caplog.at_level(logging.INFO, logger="activedb"):
             db.run(insert_item, retries=3)
+        counters = [db.rules.statistics().per_rule[name] for name in ("first_add", "second_add")]
     finally:
         for name in ("first_add", "second_add"):          # (the module's tests share the database)
             db.rules.remove(name)
     assert len(attempts) == 2
     assert committed(db, "accounts")[(1,)]["balance"] == 2
+    assert [counter.failed for counter in counters] == [0, 0], counters
+    assert sum(counter.cancelled for counter in counters) == 1, counters
+    assert not [record.getMessage() for record in caplog.records if record.levelno >= logging.ERROR]
+    assert any("deadlock" in record.getMessage() for record in caplog.records), caplog.text
 
 
 def test_retry_reruns_a_subtransaction_whose_rule_firings_deadlock(db):
