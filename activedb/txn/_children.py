@@ -170,7 +170,9 @@ class Children:
         one and its siblings, on a worker thread or on a thread that waits for it.
 
         The child commits when the function returns and aborts (with its descendants)
-        if it raises; ``handle.result()`` returns the value or re-raises the error.
+        if it raises; ``handle.result()`` returns the value or re-raises the error.  Only the handle tells: a parent
+        that commits without asking commits without the aborted child's work (a child's abort is its parent's to
+        handle, as in nested transactions), so keep the handle and ask it when the child's outcome matters.
 
         It is queued, and runs on the first of: a thread waiting for it (``result``, ``wait``, this
         transaction's commit — that thread runs it, no hand-off), a worker woken when a thread blocks (a
