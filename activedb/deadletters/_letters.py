@@ -160,6 +160,8 @@ class LetterFilter:
         if self.batch is not None and (isinstance(self.batch, bool) or not isinstance(self.batch, int)):
             raise BadArgument(f"LetterFilter(batch={self.batch!r}) takes a batch number (None: any)")
         check_switch("LetterFilter", "replayed", self.replayed, none="either")
+        if self.ids is not None and type(self.ids) is not tuple:      # (immutable: not the caller's list)
+            object.__setattr__(self, "ids", tuple(self.ids))
 
     def statement(self, table: sa.Table) -> sa.Select[Unpack[tuple[object, ...]]]:
         statement = sa.select(table)

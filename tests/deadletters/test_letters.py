@@ -376,3 +376,14 @@ def test_writing_letters_over_a_lost_connection_is_unavailable_saying_what_was_w
         assert left == (0 if call == "purge" else 1)
     finally:
         database.close()
+
+
+def test_a_filter_keeps_its_ids_as_a_tuple_so_it_is_immutable_and_hashable():
+    """``LetterFilter`` is immutable (frozen) and says ``ids`` is a tuple, but kept a list or set as given: the
+    caller's later change of that list changed the filter, and ``hash`` of the filter failed."""
+    given = [3, 1]
+    chosen = LetterFilter(ids=given)
+    given.append(2)
+    assert chosen.ids == (3, 1)
+    assert hash(chosen) == hash(LetterFilter(ids=(3, 1)))
+    assert LetterFilter(ids={5}).ids == (5,)
