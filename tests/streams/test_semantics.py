@@ -57,6 +57,17 @@ def test_negation_window_and_partitions(db):
     assert [(output.ts, output["k"], output["x"]) for output in result.outputs] == [(5, "k1", 7), (11, "k1", 7)]
 
 
+def test_events_without_the_partition_attribute_share_the_partition_of_none_unless_the_query_refuses_them(db):
+    """The streams design note: an event whose ``[attr]`` attribute is None is in the partition of None (as SQL's
+    ``PARTITION BY`` puts NULLs together), so such events match each other; ``IS NOT NULL`` terms keep them out."""
+    events = [ev("A", 1, None), ev("B", 2, None), ev("C", 3, None), ev("A", 4, "k1"), ev("B", 5, "k1"), ev("C", 6, "k1")]
+    together = make(db, SEQ_ABC.format(matching=""), name="partition_of_none")
+    assert outputs(together.feed(events, punctuation=streams.END_OF_STREAM)) == [("P", 3, (1, 2, 3)), ("P", 6, (4, 5, 6))]
+    refused = make(db, "CREATE QUERY P PATTERN SEQ(A, B, C) WHERE [k] AND A.k IS NOT NULL AND B.k IS NOT NULL AND "
+                       "C.k IS NOT NULL WITHIN 10 sec RETURN C.k", name="partition_of_none_refused")
+    assert outputs(refused.feed(events, punctuation=streams.END_OF_STREAM)) == [("P", 6, (4, 5, 6))]
+
+
 def test_composite_timestamp_is_the_maximum(db):
     engine = make(db, "CREATE QUERY P PATTERN SEQ(A, B) RETURN A.x AS first, B.x AS last")
     (output,) = engine.feed([ev("A", 1.5, x=1), ev("B", 2.25, x=2)], punctuation=streams.END_OF_STREAM).outputs
