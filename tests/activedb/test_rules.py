@@ -491,6 +491,18 @@ def test_enable_disable(db):
     assert seen == [1]
 
 
+def test_disabling_a_rule_leaves_its_firings_already_queued_alone(db):
+    """The rules design note: disabling stops new firings only; a deferred firing already queued runs at commit."""
+    seen = []
+    rule = db.rule(on=db.signalled("queued"), coupling=Coupling.DEFERRED, name="queued_then_disabled")(
+        lambda tx, event: seen.append(event.payload["n"]))
+    with db.transaction() as tx:
+        tx.signal("queued", n=1)         # queued for the commit
+        rule.disable()
+        tx.signal("queued", n=2)         # fires nothing
+    assert seen == [1]
+
+
 def test_enable_and_disable_from_two_threads_leave_the_process_and_the_registry_agreeing(db):
     """One thread enables a rule while another disables it: whichever wrote the registry's row last, this process's
     flag must say the same.  set_enabled wrote and committed the row, then set the flag, so an enable whose commit came
