@@ -124,7 +124,9 @@ def own_value(value: object) -> object:
 
 
 #: The value types ``own_image`` copies (a row's or payload's lists and dicts): what a caller tests ``type(value) in``
-#: to skip the copy of an image that holds none.
+#: to skip the copy of an image that holds none.  Exactly these types, what a JSON or ARRAY column's value is made
+#: of: a subclass of them, a set, or a tuple holding a list in an event's payload is kept as given, shared with
+#: whoever else holds it (the cost of a test per value on every write and event is what the exact test avoids).
 NESTED_TYPES = frozenset((list, dict))
 
 
