@@ -68,6 +68,18 @@ def test_events_without_the_partition_attribute_share_the_partition_of_none_unle
     assert outputs(refused.feed(events, punctuation=streams.END_OF_STREAM)) == [("P", 6, (4, 5, 6))]
 
 
+def test_values_compare_as_python_compares_them_and_an_unorderable_pair_is_the_event_s_dead_letter(db):
+    """The streams design note, choice 10: a boolean compares as a number (TRUE = 1), and a text against a number is
+    an error of that event — a dead letter — while the stream goes on."""
+    engine = make(db, "CREATE QUERY P PATTERN SEQ(A, C) WHERE [k] AND A.x > 0 WITHIN 10 sec RETURN C.k",
+                  name="python_comparisons")
+    result = engine.feed([ev("A", 1, "k1", True), ev("C", 2, "k1"), ev("A", 3, "k2", "text"), ev("C", 4, "k2")],
+                         punctuation=streams.END_OF_STREAM)
+    assert outputs(result) == [("P", 2, (1, 2))]
+    assert [letter.event.ts for letter in result.dead_letters] == [3]
+    assert "cannot compare" in result.dead_letters[0].reason
+
+
 def test_composite_timestamp_is_the_maximum(db):
     engine = make(db, "CREATE QUERY P PATTERN SEQ(A, B) RETURN A.x AS first, B.x AS last")
     (output,) = engine.feed([ev("A", 1.5, x=1), ev("B", 2.25, x=2)], punctuation=streams.END_OF_STREAM).outputs
