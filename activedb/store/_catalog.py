@@ -45,9 +45,10 @@ IDLE_KEPT = 8
 _IDLE = TransactionStatus.IDLE
 #: ``Connection.info`` key: the ``IdleConnections`` generation a connection was taken from the pool in.
 _GENERATION = "activedb.idle_generation"
-#: Per sequence named in the array, its storage and last value (``check_generated_keys``; driver SQL: every flush that
+#: Per sequence named in the array, its storage and last value, both NULL for one dropped since (``to_regclass``: a
+#: cast would fail the whole query, so every flush that asks; ``check_generated_keys``; driver SQL: every flush that
 #: inserts generated keys runs it, where building a SQLAlchemy text clause each time costs more than its round trip).
-_STILL_DRAWN_ALL = ("SELECT s, pg_relation_filenode(CAST(s AS regclass)), pg_sequence_last_value(CAST(s AS regclass)) "
+_STILL_DRAWN_ALL = ("SELECT s, pg_relation_filenode(to_regclass(s)), pg_sequence_last_value(to_regclass(s)) "
                     "FROM unnest(CAST(%s AS text[])) AS s")
 _DRAW = ("SELECT ARRAY(SELECT nextval(CAST(%s AS regclass)) FROM generate_series(1, %s)), "
          "pg_relation_filenode(CAST(%s AS regclass))")
@@ -489,6 +490,9 @@ class Catalog:
         def judge(rows: Sequence[tuple[str, int, int | None]]) -> None:
             found: GeneratedKeysReset | None = None
             for sequence, storage, last_value in rows:
+                if storage is None:               # (dropped, with its table: an insert into that fails by itself)
+                    self.invalidate_key_blocks(sequence)
+                    continue
                 history = histories[sequence]     # (one storage: _remember_block empties it when the storage changes)
                 if last_value is None:            # (never drawn since a reset: none of the blocks is the sequence's)
                     stale, last_value = True, 0

@@ -385,6 +385,38 @@ def test_detached_inserts_survive_a_sequence_reset_between_their_trigger_and_the
     assert {status for _, status, _, _ in records(db)} == {"done"}
 
 
+def test_a_dropped_table_fails_only_the_firings_that_write_it_and_no_other_flush(db):
+    """A table with a generated key dropped after this process drew keys from its sequence: the detached firing that
+    still writes it fails for good saying the relation is gone, and nothing else is hurt — every flush that inserts
+    generated keys asks about each sequence with cached blocks, and it cast a dropped one's name to regclass."""
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("DROP TABLE IF EXISTS dropped_later"))
+        connection.execute(sa.text("CREATE TABLE dropped_later (id serial PRIMARY KEY, detail text)"))
+
+    @db.rule(on=db.signalled("keep"), coupling=Coupling.DETACHED, name="keeper")
+    def keeper(tx, event):
+        tx.insert("dropped_later", detail=str(event.payload["n"]))
+
+    @db.rule(on=db.signalled("note"), coupling=Coupling.DETACHED, name="noter")
+    def noter(tx, event):
+        tx.insert("events_seen", rule="noter", detail=str(event.payload["n"]))
+
+    with db.transaction() as tx:
+        tx.signal("keep", n=1)                    # draws a block of dropped_later's keys: the rest stays cached
+    db.rules.wait_idle(TIMEOUT)
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("DROP TABLE dropped_later"))
+    with db.transaction() as tx:
+        tx.signal("keep", n=2)
+        tx.signal("note", n=2)
+    db.rules.wait_idle(TIMEOUT)
+    with db.transaction() as tx:                  # an application transaction of the same process
+        tx.insert("events_seen", rule="application", detail="3")
+    assert seen(db) == [("application", "3"), ("noter", "2")]
+    [failure] = db.outbox.failures()
+    assert failure.rule == "keeper" and "dropped_later" in failure.error and "does not exist" in failure.error
+
+
 def test_outbox_ids_cached_before_a_sequence_reset_are_never_written(db):
     """Record ids come from the catalog's cached blocks; the one INSERT checks the sequence was not reset since
     they were drawn and fails the flush with the retryable GeneratedKeysReset: the re-run records each firing
