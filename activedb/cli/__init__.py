@@ -369,8 +369,9 @@ def demo(ctx: click.Context, events: int, workers: int, seed: int, spark: bool, 
 # --- outbox -----------------------------------------------------------------------------
 
 @main.command()
-@click.option("--retry", "retry", is_flag=True, help="Make the failed firings pending again (all, or the IDs given). "
-                                                    "They run in a process that registers their rules (--app: this one).")
+@click.option("--retry", "retry", is_flag=True, help="Make the failed firings pending again (all, or the IDs given: an "
+                                                    "ID that is no failed firing is refused, nothing changed). They "
+                                                    "run in a process that registers their rules (--app: this one).")
 @click.argument("ids", nargs=-1, type=int)
 @click.option("--app", default=None, metavar="APP",
               help="Register APP's rules (a module or .py file with register(db), as `activedb run` takes) and run "
@@ -410,6 +411,14 @@ def outbox(ctx: click.Context, retry: bool, ids: tuple[int, ...], app: str | Non
             click.echo(f"deleted {database.outbox.prune(older_than=prune_done):,} record(s) of firings done more than "
                        f"{prune_done:g} s ago", err=as_json)
         if retry:
+            if ids:     # (an id that is no failed firing is refused, as `rules enable` refuses an unknown name)
+                listed = {failure.id for failure in database.outbox.failures(limit=len(set(ids)), ids=ids)}
+                unknown = sorted(set(ids) - listed)
+                if unknown:
+                    raise click.ClickException(
+                        f"no failed firing with id {', '.join(map(str, unknown))} in activedb_outbox (`activedb "
+                        f"outbox` lists the failed ones with their ids; a pending or done firing needs no retry); "
+                        f"nothing was changed")
             count = database.outbox.retry_failed(ids or None)
             click.echo(f"{count} failed firing(s) are pending again", err=as_json)
             if count and module is None:

@@ -505,11 +505,12 @@ class Outbox:
             pending=sum(counts.get("pending", {}).values()), done=sum(counts.get("done", {}).values()),
             failed=sum(counts.get("failed", {}).values()), per_rule=per_rule, lost=lost, **running)
 
-    def failures(self, limit: int = 100) -> list[FailedFiring]:
-        """The most recent firings that failed for good, newest first."""
+    def failures(self, limit: int = 100, *, ids: Iterable[int] | None = None) -> list[FailedFiring]:
+        """The most recent firings that failed for good, newest first; ``ids``: only those of these record ids."""
         check_whole_number("outbox.failures", "limit", limit, 0)
+        listed = None if ids is None else _record_ids("outbox.failures", ids)
         with self.catalog.autocommit_connection() as connection:     # (lost: DatabaseUnavailable)
-            rows = _records.failed(connection, limit)
+            rows = _records.failed(connection, limit, listed)
         result = []
         for row in rows:
             try:
@@ -537,12 +538,7 @@ class Outbox:
     def retry_failed(self, ids: Iterable[int] | None = None) -> int:
         """Make failed records pending again (``ids``, or all of them) and run a recovery pass (on the recovery
         thread, the outbox started first if it was not); returns how many were reset."""
-        listed = None if ids is None or isinstance(ids, (str, bytes)) or not isinstance(ids, Iterable) else list(ids)
-        whole = listed is not None and all(isinstance(one, int) and not isinstance(one, bool) for one in listed)
-        if ids is not None and not whole:
-            raise BadArgument(f"outbox.retry_failed(ids={ids!r}) takes record ids (whole numbers, as "
-                              f"db.outbox.failures() and `activedb outbox` show them; one id as [id]), or None for "
-                              f"every failed record")
+        listed = None if ids is None else _record_ids("outbox.retry_failed", ids)
         with self.catalog.writing("making failed outbox records pending again",
                                   "they were all made pending again or none was — call retry_failed again (a record "
                                   "pending already is left as it is)") as connection:
@@ -552,3 +548,12 @@ class Outbox:
                 self.start()        # (its recovery thread runs the pass: there is none to wake before start)
             self._wake.set()
         return count
+
+
+def _record_ids(call: str, ids: object) -> list[int]:
+    """``ids`` as a list of record ids; raises ``BadArgument`` naming ``call`` if they are not whole numbers."""
+    listed = None if isinstance(ids, (str, bytes)) or not isinstance(ids, Iterable) else list(ids)
+    if listed is None or not all(isinstance(one, int) and not isinstance(one, bool) for one in listed):
+        raise BadArgument(f"{call}(ids={ids!r}) takes record ids (whole numbers, as db.outbox.failures() and "
+                          f"`activedb outbox` show them; one id as [id]), or None for every failed record")
+    return listed

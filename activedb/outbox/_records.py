@@ -234,12 +234,14 @@ def counts(connection: sa.Connection) -> dict[str, dict[str, int]]:
     return result
 
 
-def failed(connection: sa.Connection, limit: int) -> list[Any]:
+def failed(connection: sa.Connection, limit: int, ids: Sequence[int] | None = None) -> list[Any]:
+    """The failed records (``ids``, or all), the most recently failed first, at most ``limit``."""
+    where = "status = 'failed'" + ("" if ids is None else " AND id = ANY(:ids)")
     return list(connection.execute(sa.text(
         "SELECT id, rule, coupling, event, trigger_id, trigger_log_id, trigger_outcome, attempts, error, "
-        "created_at, finished_at FROM activedb_outbox WHERE status = 'failed' ORDER BY finished_at DESC, id DESC "
+        f"created_at, finished_at FROM activedb_outbox WHERE {where} ORDER BY finished_at DESC, id DESC "
         "LIMIT :limit"),
-        {"limit": limit}).all())
+        {"limit": limit} if ids is None else {"limit": limit, "ids": list(ids)}).all())
 
 
 def prune_done(connection: sa.Connection, seconds: float) -> int:

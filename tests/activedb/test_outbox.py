@@ -59,6 +59,20 @@ def records(db) -> list[tuple]:
             "SELECT rule, status, trigger_outcome, error IS NOT NULL FROM activedb_outbox ORDER BY id"))]
 
 
+def one_failed_firing(db, rule: str, *, amount: int):
+    """Declare detached rule ``rule`` on signal ``pay``, which always raises, fire it once with ``amount`` and return
+    its failure (``db.outbox.failures()``)."""
+    def always_fails(tx, event):
+        raise ZeroDivisionError("the exchange rate is zero")
+
+    db.rule(on=db.signalled("pay"), coupling=Coupling.DETACHED, name=rule)(always_fails)
+    with db.transaction() as tx:
+        tx.signal("pay", amount=amount)
+    db.rules.wait_idle(TIMEOUT)
+    [failure] = db.outbox.failures()
+    return failure
+
+
 def test_a_record_carries_the_outcome_and_is_done_in_the_firings_own_flush(db):
     for mode in (Coupling.DETACHED, Coupling.DETACHED_CAUSALLY_DEPENDENT, Coupling.EXCLUSIVE_CAUSALLY_DEPENDENT):
         db.rule(on=db.signalled("go"), coupling=mode, name=mode.value)(
@@ -182,6 +196,22 @@ def test_a_failing_rule_is_recorded_shown_and_retried(db, migrated):
     assert db.outbox.failures() == []
 
 
+def test_outbox_retry_of_ids_that_are_no_failed_firing_is_refused_naming_them_and_changes_nothing(db, migrated):
+    """``activedb outbox --retry ID`` with an id no failed firing has (a typo, a done one) said "0 failed firing(s) are
+    pending again", exit 0; it says which ids are not failed firings and where their ids are listed, as ``activedb
+    rules enable`` does of an unknown name, and retries none of those given."""
+    failure = one_failed_firing(db, "always_fails", amount=1)
+    runner = CliRunner()
+    for unknown in (failure.id + 1000, 2**70):
+        result = runner.invoke(main, ["--url", migrated, "outbox", "--retry", str(failure.id), str(unknown)])
+        assert result.exit_code == 1, result.output
+        assert f"no failed firing with id {unknown}" in result.output and "activedb outbox" in result.output
+        assert "nothing was changed" in result.output, result.output
+        assert [one.id for one in db.outbox.failures()] == [failure.id]
+    result = runner.invoke(main, ["--url", migrated, "outbox", "--retry", str(failure.id)])
+    assert result.exit_code == 0 and "1 failed firing(s) are pending again" in result.output, result.output
+
+
 def test_outbox_limit_zero_shows_every_failed_firing_as_dead_letters_limit_zero_does(db, migrated):
     """``activedb outbox --limit 0`` means all, as ``dead-letters list --limit 0`` does: it showed no failed firing
     at all (the statistics still counted them), so an operator asking for all of them saw none."""
@@ -204,14 +234,7 @@ def test_outbox_limit_zero_shows_every_failed_firing_as_dead_letters_limit_zero_
 
 def test_outbox_retry_with_app_runs_the_retried_firings_in_the_command(db, migrated, tmp_path):
     """``activedb outbox --retry --app APP`` registers APP's rules and runs the retried firings before it returns."""
-    @db.rule(on=db.signalled("pay"), coupling=Coupling.DETACHED, name="ledger_entry")
-    def ledger_entry(tx, event):
-        raise ZeroDivisionError("the exchange rate is zero")
-
-    with db.transaction() as tx:
-        tx.signal("pay", amount=7)
-    db.rules.wait_idle(TIMEOUT)
-    [failure] = db.outbox.failures()
+    failure = one_failed_firing(db, "ledger_entry", amount=7)
     app = tmp_path / "ledger_app.py"
     app.write_text(
         "from activedb import Coupling\n\n\n"
