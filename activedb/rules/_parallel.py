@@ -1,7 +1,8 @@
 """C-A sequential causally dependent coupling: a firing's condition and action as parallel sibling
 subtransactions; the action commits only if the condition committed and returned true (it waits for that in
 the coupling gate, an edge of the wait-for graph, README "Waiting for a condition without invisible
-deadlocks").  A condition that raises fails the firing exactly as with immediate C-A coupling."""
+deadlocks").  A condition that raises fails the firing exactly as with immediate C-A coupling, with its own error
+also when the action raised too."""
 
 from __future__ import annotations
 
@@ -73,6 +74,11 @@ def condition_then_action(manager: "RuleManager", transaction: "Transaction", fi
             run_subtransaction(transaction, _run_action_again, firing, name=f"action:{rule.name}")
     except DependencyAbort:
         pass
+    except Exception:
+        # The action began in parallel and raised; a condition that raised is the firing's failure (as under
+        # immediate C-A coupling): the action could not have committed, and its error would hide why.
+        if condition_error is None:
+            raise
     if condition_error is not None:
         raise condition_error
     if not condition_value:

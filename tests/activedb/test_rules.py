@@ -227,6 +227,24 @@ def test_action_sequential_causally_dependent_firings_leave_nothing_in_the_gate(
     assert (statistics.dependents, statistics.retained_outcomes) == (0, 0), statistics
 
 
+def test_a_parallel_firing_whose_condition_raises_fails_with_the_condition_s_error_even_if_the_action_raised(db):
+    """C-A sequential causally dependent: a condition that raises fails the firing with its error, as under immediate
+    C-A coupling (rules README) — the action, begun in parallel, also raised (it ran on an event its condition was to
+    rule out), and the firing failed with the action's error, which hid why the firing did not run."""
+    def condition(tx, event):
+        raise KeyError("the condition broke")
+
+    @db.rule(on=db.signalled("go"), when=condition, action_coupling=Coupling.SEQUENTIAL_CAUSALLY_DEPENDENT)
+    def act(tx, event):
+        raise ValueError("the action broke")
+
+    with pytest.raises(RuleFailed) as raised:
+        with db.transaction() as tx:
+            tx.signal("go")
+    assert "the condition broke" in str(raised.value) and isinstance(raised.value.__cause__, KeyError), raised.value
+    assert db.rules.gate.statistics().dependents == 0
+
+
 @pytest.mark.parametrize("doomed_at", ["firing start", "condition spawned"])
 def test_a_parallel_firing_whose_tree_is_doomed_before_its_parts_start_leaves_nothing_in_the_gate(db, doomed_at):
     """C-A sequential causally dependent coupling registers the condition and the action in the coupling gate before
