@@ -253,6 +253,7 @@ def compile_rule(definition: ast.RuleDefinition, queries: dict[str, CompiledQuer
                 raise DefinitionError(f"{what}: INSERT INTO {action.table} gives {len(action.values)} values for "
                                       f"{len(columns)} columns; name the columns", **at(action))
             real = [table.column(column, action.position) for column in columns]
+            _refuse_twice(what, f"INSERT INTO {action.table} names", columns, real, action)
             missing = table.required - set(real)
             if missing:
                 raise DefinitionError(f"{what}: INSERT INTO {action.table} must give {', '.join(sorted(missing))} "
@@ -282,7 +283,10 @@ def compile_rule(definition: ast.RuleDefinition, queries: dict[str, CompiledQuer
             actions.append(_delete(table.name, key_functions))
             continue
         assignments = []
-        for written, expression in action.assignments:  # type: ignore[attr-defined]  # (an UPDATE)
+        set_columns = [written for written, _ in action.assignments]  # type: ignore[attr-defined]  # (an UPDATE)
+        _refuse_twice(what, f"UPDATE {action.table} sets", set_columns,  # type: ignore[attr-defined]
+                      [table.column(written, action.position) for written in set_columns], action)
+        for written, expression in action.assignments:  # type: ignore[attr-defined]
             column = table.column(written, action.position)
             if column in table.key_columns:
                 raise DefinitionError(f"{what}: UPDATE cannot change the key column {written}", **at(action))
@@ -292,6 +296,18 @@ def compile_rule(definition: ast.RuleDefinition, queries: dict[str, CompiledQuer
     return CompiledRule(definition=definition, name=definition.name, query=query.name,
                         priority=definition.priority, when=when, actions=tuple(actions), reads=tuple(reads),
                         writes=tuple(writes), opaque=opaque)
+
+
+def _refuse_twice(what: str, statement: str, written: list[str] | tuple[str, ...], columns: list[str],
+                  action: ast.Action) -> None:
+    """Raise when two of ``written`` (as the action wrote them) name one column (``columns``, as the table names
+    them): SQL refuses an UPDATE setting a column twice and an INSERT listing one twice, and taking the last value
+    would drop the first without a word."""
+    seen: set[str] = set()
+    for name, column in zip(written, columns):
+        if column in seen:
+            raise DefinitionError(f"{what}: {statement} {name} twice; give each column once", **at(action))
+        seen.add(column)
 
 
 def _source(expression: ast.Expr | None) -> ast.AttributeRef | ast.Literal | None:

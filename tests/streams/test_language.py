@@ -407,3 +407,35 @@ def test_a_window_or_priority_that_is_no_finite_number_is_a_syntax_error(text, c
         streams.parse(text)
     assert (caught.value.line, caught.value.column) == (1, column), str(caught.value)
     assert words in str(caught.value)
+
+
+@pytest.mark.parametrize("action, column, words", [
+    ("UPDATE workerStatus SET status = 'warning', status = 'safe' WHERE workerID = newEvent.HCW-ID", 1,
+     "UPDATE workerStatus sets status twice"),
+    ("UPDATE workerStatus SET status = 'warning', STATUS = 'safe' WHERE workerID = newEvent.HCW-ID", 1,
+     "UPDATE workerStatus sets STATUS twice"),
+    ("INSERT INTO workerStatus (workerID, status, workerID) VALUES (newEvent.HCW-ID, 'new', 'other')", 1,
+     "INSERT INTO workerStatus names workerID twice"),
+], ids=["update", "update-another-case", "insert"])
+def test_an_action_naming_a_column_twice_is_refused_at_definition_time(db, action, column, words):
+    """``UPDATE … SET c = 1, c = 2`` and ``INSERT INTO t (c, …, c)``: SQL refuses both ("multiple assignments to
+    same column", "column specified more than once"); the rule took the last value of the column and dropped the
+    first without a word, whichever the writer meant."""
+    engine = engine_for(db)
+    engine.define(Q1_R1.split("CREATE RULE")[0])
+    text = f"CREATE RULE R1 ON OUTPUT Q1 REFERENCING NEW AS newEvent\n{action}"
+    with pytest.raises(DefinitionError) as caught:
+        engine.define(text)
+    assert words in str(caught.value) and "give each column once" in str(caught.value), str(caught.value)
+    assert (caught.value.line, caught.value.column) == (2, column), str(caught.value)
+    assert engine.rules == {}
+
+
+def test_a_python_update_naming_a_column_twice_in_two_cases_is_refused(db):
+    engine = engine_for(db)
+    engine.define(Q1_R1.split("CREATE RULE")[0])
+    with pytest.raises(DefinitionError, match="UPDATE workerStatus sets STATUS twice; give each column once"):
+        engine.rule("R1", on_output="Q1", action=streams.update(
+            "workerStatus", set={"status": "warning", "STATUS": "safe"},
+            where={"workerID": streams.event("NEW")["HCW-ID"]}))
+    assert engine.rules == {}
