@@ -150,14 +150,22 @@ class Evaluation:
         return True
 
     def refuse(self, node: Node, chosen: list[Item], error: EvaluationError) -> None:
-        """The RETURN of ``node``'s query raised ``error`` on ``chosen``: raise it, unless ``refusing`` (an
+        """The RETURN of ``node``'s query raised ``error`` on ``chosen``: raise it (saying which query and events, and
+        what to do), unless ``refusing`` (an
         ingestion's batch, which a raise would fail on every delivery); then the constituent that arrived last
         (the one that completed the composition) leaves this node's lists, is handed back as refused (a
         dead letter) and recorded in ``returned`` (the engine runs the batch again as if without it, so that it
         leaves every query's lists: ``CompositionEngine._process_refusing``), and the others stay for later
         compositions."""
         if not self.refusing:
-            raise error
+            events = ", ".join(describe_event(item.event) for item in chosen)
+            raise EvaluationError(
+                f"query {node.query.name}: the RETURN of the composition of {events} cannot be computed ({error}); "
+                f"nothing was composed and these events stay in the query's lists, so every evaluation of them raises "
+                f"this again — drop one with engine.discard(event), or correct the RETURN (a query of another name). "
+                f"The call stopped here: in process(tx, …) abort tx (the engine returns to its state before the "
+                f"batch); from signal() or submit(), the inputs after the one that led to this were not taken (give "
+                f"them again) and the composites made before it are in engine.take_outputs()") from error
         terminator = max(chosen, key=lambda item: item.number)
         node.remove([terminator])
         node.decisions.clear()

@@ -450,6 +450,26 @@ def test_a_return_that_raises_leaves_the_pair_in_the_lists(query):
     assert engine.heartbeat("P2B", 1.7) == [] and engine.statistics().waiting == 1
 
 
+def test_a_return_that_raises_says_which_query_and_events_and_what_to_do():
+    """Outside an ingestion a RETURN that raises is raised (README, "Ingestion"): the error was the expression's
+    own, "cannot compute 1 / 0: division by zero", naming neither the query nor the events that stay in its lists and
+    raise it again at every evaluation, nor what to do — nor that the call stopped there, the inputs after the one
+    that led to it not taken.  It now says all of it, and is still an EvaluationError."""
+    engine = make_engine("CREATE QUERY AthenB PATTERN SEQ(A, B) RETURN A.id AS a, A.x / B.y AS r",
+                         {"PA": ["A"], "PB": ["B"]}, attributes=("id", "x", "y"))
+    a0, b0 = ev("A", 1.0, "PA", "a0", x=1, y=1), ev("B", 1.1, "PB", "b0", x=1, y=0)
+    later = ev("A", 3.0, "PA", "a1", x=1, y=1)
+    engine.submit([a0, b0])
+    with pytest.raises(streams.errors.EvaluationError) as caught:
+        engine.submit([composite.Heartbeat("PA", Timestamp.at(2.0, 0.005)),
+                       composite.Heartbeat("PB", Timestamp.at(2.0, 0.005)), later])
+    message = str(caught.value)
+    assert "query AthenB" in message and "1 / 0" in message, message
+    assert "A#a0" in message and "B#b0" in message, message
+    assert "engine.discard(event)" in message and "not taken" in message, message
+    assert engine.statistics().events == 2      # (the call stopped: the later event was not taken)
+
+
 def test_discard_of_an_event_signalled_twice_removes_one_copy():
     """``discard(event)`` removes the event it is given — one candidate (README: the application ``discard(event)``s a
     candidate) — from every list it entered.  An event signalled twice (a producer's duplicate, equal in type, time
