@@ -579,12 +579,18 @@ class StateTransactions:
         types = (event_type, *more_types)
 
         def register(function: _D) -> _D:
+            # Every type checked before any is declared: a refused decorator declares none of them.
             for kind in types:
                 if not isinstance(kind, str) or not kind:
                     raise DeclarationError(f"an event type is a non-empty string, got {kind!r}")
                 if kind in self._declarations and self._declarations[kind] is not function:
+                    earlier = self._declarations[kind]
                     raise DeclarationError(f"event type {kind!r} already has a state transaction "
-                                           f"({self._declarations[kind].__name__}); one per event type")
+                                           f"({getattr(earlier, '__name__', repr(earlier))}); one per event type")
+            if not callable(function):
+                raise DeclarationError(f"transactions.on({', '.join(map(repr, types))}) decorates the declaring "
+                                       f"function fn(event, ops), got {function!r}")
+            for kind in types:
                 self._declarations[kind] = function
             return function
 

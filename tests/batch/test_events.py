@@ -131,3 +131,31 @@ def test_a_batch_given_no_iterable_of_events_is_refused_saying_what_to_give(even
         with pytest.raises(BadArgument, match=rf"^{owner}\(events=.*\) takes an iterable of events") as raised:
             call()
         assert "give" in str(raised.value), str(raised.value)
+
+
+@pytest.mark.parametrize("types, function, match", [
+    (("count", 5), lambda event, ops: None, r"an event type is a non-empty string, got 5"),
+    (("count", "taken"), lambda event, ops: None, r"event type 'taken' already has a state transaction \(taken\)"),
+    (("count",), 5, r"transactions\.on\('count'\) decorates the declaring function fn\(event, ops\), got 5"),
+], ids=["a-type-that-is-no-text", "a-type-already-declared", "no-function"])
+def test_a_refused_on_declares_none_of_its_types(types, function, match):
+    """``@transactions.on("count", 5)`` and ``on("count", "taken")`` with "taken" declared already were refused
+    only after "count" had been declared: half the decorator applied, and a corrected ``on("count", …)`` was then
+    refused as a second declaration of "count".  And ``on("count")(5)`` — a declaring function that is none —
+    was taken, each "count" event of a batch a dead letter "'int' object is not callable".  Now each is refused
+    before anything is declared."""
+    transactions = batch.StateTransactions()
+
+    @transactions.on("taken")
+    def taken(event, ops):
+        ops.write("counters", event.key, lambda own: {"n": 0})
+
+    with pytest.raises(batch.errors.DeclarationError, match=match):
+        transactions.on(*types)(function)
+    assert transactions.event_types == {"taken"}
+
+    @transactions.on("count")
+    def count(event, ops):
+        ops.write("counters", event.key, lambda own: {"n": 1})
+
+    assert transactions.event_types == {"taken", "count"}
