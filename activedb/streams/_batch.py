@@ -28,7 +28,7 @@ from activedb.streams._matcher import Matcher, PartitionState
 from activedb.streams._overlay import Overlay
 from activedb.streams._state import Pending
 from activedb.streams._view import Stamp, StoreView
-from activedb.streams.errors import ActionFailed, StreamError
+from activedb.streams.errors import ActionFailed, EvaluationError, StreamError
 
 if TYPE_CHECKING:
     from activedb.events import Instant
@@ -405,11 +405,15 @@ class BatchRun:
                     state = states[partition] if partition in states else saved.get(partition)  # type: ignore[union-attr]
                 else:
                     state = self.partition(name, key)
-                step = matcher.prepare(state, event)
-                prepared = clock()
-                if stepped:
-                    view.at(0, rank, name)
-                outputs, state = step.complete(view)
+                try:
+                    step = matcher.prepare(state, event)
+                    prepared = clock()
+                    if stepped:
+                        view.at(0, rank, name)
+                    outputs, state = step.complete(view)
+                except EvaluationError as error:        # (the event's dead letter: say which query to look at)
+                    raise EvaluationError(f"query {name} cannot be evaluated on {event.describe()}: {error}; correct "
+                                          f"the event or the query") from error
                 ended = clock()
                 matching += prepared - started
                 reading += ended - prepared

@@ -201,3 +201,21 @@ def test_metrics_keep_application_and_system_time_apart(db):
     assert statistics.l_combined == pytest.approx(statistics.l_query + statistics.l_rule)
     assert statistics.throughput > 0 and statistics.processing_seconds > 0
     assert statistics.per_query["Q1"].outputs == 1
+
+
+@pytest.mark.parametrize("scheduler", ["sei", "lwm"])
+def test_a_query_that_cannot_be_evaluated_on_an_event_names_itself_in_the_dead_letter(db, scheduler):
+    """An event several queries consume, one of whose conditions cannot be evaluated on it (``A.x / C.x`` with
+    C.x = 0; a scalar subquery finding two rows), is a dead letter (choice 10).  Its reason was the expression's
+    error alone — "s-transaction of C^2 aborted: EvaluationError: cannot compute 1 / 0: division by zero" — naming
+    no query, where a failing rule's names the rule; the application could not tell which definition to correct."""
+    set_status(db, k1="safe")
+    engine = make(db, """CREATE QUERY Fine PATTERN SEQ(A, C) WHERE [k] RETURN C.k;
+                         CREATE QUERY Ratio PATTERN SEQ(A, C) WHERE [k] AND A.x / C.x > 0 RETURN C.k""",
+                  scheduler=scheduler)
+    result = engine.feed([ev("A", 1, x=1), ev("C", 2, x=0), ev("C", 3, x=1)], punctuation=streams.END_OF_STREAM)
+    assert [letter.event.ts for letter in result.dead_letters] == [2]
+    reason = result.dead_letters[0].reason
+    assert "query Ratio cannot be evaluated on C^2: cannot compute 1 / 0" in reason, reason
+    assert "correct the event or the query" in reason, reason
+    assert outputs(result) == [("Fine", 3, (1, 3)), ("Ratio", 3, (1, 3))]
