@@ -560,6 +560,9 @@ def _run_rule(rule: CompiledRule, output: Output, view: StoreView) -> None:
             return
         for action in rule.actions:
             action(ctx)
+    except EvaluationError as error:        # (its WHEN or an action's expression: the event's dead letter says whose)
+        raise EvaluationError(f"rule {rule.name} cannot be evaluated on the output {output.describe()}: {error}; "
+                              f"correct the event or the rule") from error
     except (StreamError, SchemaError, DuplicateKey, *_INFRASTRUCTURE):
         raise
     except Exception as error:

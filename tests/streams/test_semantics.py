@@ -219,3 +219,18 @@ def test_a_query_that_cannot_be_evaluated_on_an_event_names_itself_in_the_dead_l
     assert "query Ratio cannot be evaluated on C^2: cannot compute 1 / 0" in reason, reason
     assert "correct the event or the query" in reason, reason
     assert outputs(result) == [("Fine", 3, (1, 3)), ("Ratio", 3, (1, 3))]
+
+
+def test_a_rule_whose_expression_cannot_be_computed_names_itself_in_the_dead_letter(db):
+    """A text rule whose SET (or WHEN) cannot be computed on an output aborts its s-transaction, the event a dead
+    letter.  The reason was the expression's error alone (a Python action's failure names its rule), so with several
+    rules on a query the application could not tell which to correct."""
+    engine = make(db, """CREATE QUERY P PATTERN SEQ(A, C) WHERE [k] RETURN C.k, C.x;
+                         CREATE RULE Fine ON OUTPUT P INSERT INTO stream_alerts (worker) VALUES (NEW.k);
+                         CREATE RULE Ratio ON OUTPUT P WHEN 1 / NEW.x > 0
+                           INSERT INTO stream_alerts (worker, at) VALUES (NEW.k, NEW.x)""")
+    result = engine.feed([ev("A", 1), ev("C", 2, x=0), ev("C", 3, x=1)], punctuation=streams.END_OF_STREAM)
+    assert [letter.event.ts for letter in result.dead_letters] == [2]
+    reason = result.dead_letters[0].reason
+    assert "rule Ratio cannot be evaluated on the output P^2: cannot compute 1 / 0" in reason, reason
+    assert [output.ts for output in result.outputs] == [3]
