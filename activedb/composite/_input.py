@@ -117,11 +117,11 @@ class InputNode:
                 try:
                     passed = all(check(ctx) is True for check in query.local.get(index, ()))
                 except EvaluationError as error:
+                    why = (f"event {describe_event(event)}: the condition of query {query.name} cannot be evaluated "
+                           f"on it ({error}); it changed nothing — correct the event, or the query's condition")
                     if not refuse_unevaluable:
-                        raise
-                    raise EventRejected(f"event {describe_event(event)}: the condition of query {query.name} cannot "
-                                        f"be evaluated on it ({error}); it changed nothing — correct the event, or "
-                                        f"the query's condition") from None
+                        raise EvaluationError(why) from error
+                    raise EventRejected(why) from None
                 if passed:
                     accepted.append(rank)
                 ctx.events[index] = None

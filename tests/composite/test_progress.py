@@ -191,6 +191,19 @@ def test_an_event_a_query_cannot_evaluate_is_refused_whole():
     assert names(engine.heartbeat("PB", Timestamp.at(3.0, 0.005))) == [("a0", "b0")]
 
 
+def test_an_event_a_query_cannot_evaluate_is_refused_naming_the_query():
+    """Outside an ingestion the refusal is the ``EvaluationError`` itself: it was the expression's alone ("cannot
+    compare 'abc' > 5 …"), naming neither the query nor the event, where an ingestion's dead letter names both.  It
+    now says which query's condition, on which event, and that nothing changed."""
+    engine = make_engine("CREATE QUERY AthenB PATTERN SEQ(A, B) WHERE A.x > 5 RETURN A.id AS a, B.id AS b",
+                         {"PA": ["A"], "PB": ["B"]}, attributes=("id", "x"))
+    with pytest.raises(EvaluationError) as caught:
+        engine.signal(ev("A", 1.0, "PA", "a_bad", x="abc"))
+    message = str(caught.value)
+    assert "the condition of query AthenB cannot be evaluated on it" in message and "A#a_bad" in message, message
+    assert "cannot compare" in message and "it changed nothing" in message, message
+
+
 @pytest.mark.parametrize("malformed", [
     streams.StreamEvent("A", Timestamp.at(1.0, 0.005, producer="PA"), None),                    # type: ignore[arg-type]
     streams.StreamEvent("A", Timestamp.at(1.0, 0.005, producer="PA"), [("id", "a0")]),          # type: ignore[arg-type]
