@@ -68,11 +68,14 @@ class DeclaredAction:
             raise DeclarationError(f"@batch.declared decorates a function (event, ops), got {fn!r}")
         self.declaration = fn
         functools.update_wrapper(self, fn)
+        # (how its repr and errors name it: any callable may declare — an object with __call__, a partial — not only
+        # a function with a __qualname__)
+        self._shown: str = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
 
     def __call__(self, tx: "Transaction", event: Event) -> None:
         if getattr(event, "kind", None) is not EventKind.STREAM:
             raise DeclarationError(
-                f"the declared rule {self.declaration.__name__!r} fired on {event.describe()}; a declared rule "
+                f"the declared rule {self._shown!r} fired on {event.describe()}; a declared rule "
                 f"reacts to stream events (on=db.stream(type)) — declare it on a stream, or write a plain action")
         # (The stream event's own payload, as a plain rule gets it: emit made it the event's copy.)
         batch_event = BatchEvent(event.source, event.key, event.ts, event.payload, 0)  # type: ignore[arg-type]
@@ -81,12 +84,12 @@ class DeclaredAction:
         if ops.named_insert:        # (as a batch refuses it: its event a dead letter)
             ops.refuse_names_shared_with_inserts()
         if not ops.specs:
-            raise DeclarationError(f"the declared rule {self.declaration.__name__!r} declared no operation for "
+            raise DeclarationError(f"the declared rule {self._shown!r} declared no operation for "
                                    f"{event.describe()}; declare at least one (ops.read, ops.write, …)")
         perform_in(tx, ops.specs)
 
     def __repr__(self) -> str:
-        return f"<declared rule action {self.declaration.__qualname__}>"
+        return f"<declared rule action {self._shown}>"
 
 
 def declared(fn: Declaring) -> DeclaredAction:

@@ -315,3 +315,27 @@ def test_fired_in_a_transaction_a_function_that_appends_to_a_json_list_writes_wh
         tx.emit("tag_in_place", key="k", ts=1.0, payload={"item": "c"})
     with db.engine.connect() as connection:
         assert connection.execute(sa.text("SELECT key, value FROM lists")).all() == [("k", ["a", "b", "c"])]
+
+
+class _DeclaresNothing:
+    """A declaring callable that is no function (no ``__name__``, no ``__qualname__``) and declares nothing."""
+
+    def __call__(self, event, ops):
+        pass
+
+
+@pytest.mark.parametrize("declaring", [_DeclaresNothing(), functools.partial(lambda event, ops, n: None, n=1)],
+                         ids=["callable-object", "partial"])
+def test_a_declared_rule_of_a_callable_that_is_no_function_says_what_went_wrong(db, declaring):
+    """``batch.declared`` takes any callable (an object with ``__call__``, a ``functools.partial``), but its repr and
+    its errors read the function's ``__qualname__``/``__name__``: repr raised AttributeError, and a firing that
+    declared nothing failed with "'functools.partial' object has no attribute '__name__'" instead of saying it
+    declared no operation."""
+    action = batch.declared(declaring)
+    assert repr(action).startswith("<declared rule action ")
+    name = f"declares_nothing_{type(declaring).__name__.strip('_').lower()}"
+    if name not in db.rules.names():
+        db.rule(on=db.stream(name), name=name)(action)
+    with db.transaction() as tx:
+        with pytest.raises(RuleFailed, match="declared no operation"):
+            tx.emit(name, key="k", ts=0.0, payload={})
