@@ -202,13 +202,21 @@ class _Postmaster:
 
 
 def postmaster(pgdata: Path) -> _Postmaster | None:
-    """The running postmaster of ``pgdata`` (from ``postmaster.pid``), or None (no file, or a stale one)."""
+    """The running postmaster of ``pgdata`` (from ``postmaster.pid``), or None (no file, or a stale one).  A file that
+    cannot be read (a directory, no permission, not text) is ``EmbeddedServerError`` naming it."""
     import psutil
 
+    pid_file = pgdata / "postmaster.pid"
     try:
-        lines = (pgdata / "postmaster.pid").read_text().splitlines()
+        lines = pid_file.read_text().splitlines()
     except FileNotFoundError:
         return None
+    except (OSError, UnicodeDecodeError) as error:
+        raise EmbeddedServerError(
+            f"cannot read {pid_file}: {error}; it is the embedded PostgreSQL's lock file, which tells whether the "
+            f"server runs: if no postgres process works in {pgdata}, remove it (the server's file, none of your "
+            f"data; a directory with whatever it holds), else make it a readable file of the server's user, and "
+            f"connect again (nothing was deleted)") from None
     if len(lines) < 5 or not lines[0].strip().isdigit():
         return None
     pid = int(lines[0])

@@ -485,3 +485,25 @@ def test_a_file_the_server_needs_that_cannot_be_read_or_run_is_the_embedded_serv
     monkeypatch.undo()
 
     _locked_down_when_started(home)                         # the faults gone: it starts
+
+
+def test_a_postmaster_pid_that_cannot_be_read_is_the_embedded_servers_error(tmp_path):
+    """``postmaster.pid`` that is a directory (or unreadable) where connect() or the last user's exit looks for the
+    running server: ``EmbeddedServerError`` naming the file and saying what to do, nothing deleted.  Before,
+    ``IsADirectoryError`` escaped from ``postmaster()`` (its read caught only a missing file): a traceback."""
+    from activedb._embedded._server import postmaster, stop_postgres
+
+    home = tmp_path / "home"
+    pgdata = _started_and_stopped(home)
+    (pgdata / "postmaster.pid").mkdir()
+    said = r"cannot read .*pgdata/postmaster.pid: .*Is a directory.*remove it.*nothing was deleted"
+    with pytest.raises(activedb.EmbeddedServerError, match=said):
+        postmaster(pgdata)
+    with pytest.raises(activedb.EmbeddedServerError, match=said):
+        _embedded.start(home)
+    with pytest.raises(activedb.EmbeddedServerError, match=said):
+        stop_postgres(pgdata)
+    assert (pgdata / "postmaster.pid").is_dir()
+    assert (pgdata / "PG_VERSION").is_file()
+    (pgdata / "postmaster.pid").rmdir()
+    _locked_down_when_started(home)                         # the fault gone: it starts
