@@ -101,6 +101,11 @@ class TableInfo:
         # the row and two entries of one write set name it.
         self._converters = {name: converter for name, column in self.columns.items()
                             if (converter := _converter(column)) is not None}
+        # Per non-key column whose values PostgreSQL rounds or truncates to what the column keeps (a ``real``, a
+        # ``time(p)``, ``timestamp(p)`` or ``interval(p)``), that conversion: ``check_values``
+        # applies it, so a row image shows what PostgreSQL will store.  Empty for most tables, which pay one test.
+        self._rounded = {name: converter for name, converter in self._converters.items()
+                         if name not in self.key_columns and getattr(converter, "func", converter) in _ROUNDING}
         self._key_converters = (tuple(self._converters.get(name) for name in self.key_columns)
                                 if any(name in self._converters for name in self.key_columns) else None)
         # Whether ``key`` converts a key column's value: only then can two keys that differ in Python name one row.
@@ -203,7 +208,9 @@ class TableInfo:
 
     def check_values(self, values: Mapping[str, object], *, copy: bool = True) -> dict[str, object]:
         """``values`` checked (``check_value`` for each): a copy, or ``values`` itself with ``copy=False`` (a
-        dict of the caller's own, such as a call's keyword arguments)."""
+        dict of the caller's own, such as a call's keyword arguments, changed in place), a non-key value of a column
+        that keeps less precision than given as PostgreSQL will store it (``_rounded``: ``0.1000000001`` of a
+        ``real`` is ``0.1``, ``12:00:00.6`` of a ``time(0)`` is ``12:00:01``)."""
         quick, text, numbers = self._quick, self._text, self._numbers
         for name, value in values.items():
             kind = value.__class__          # (``_quick_text`` and ``_quick_number`` inline: no call per value)
@@ -215,7 +222,13 @@ class TableInfo:
             accepts = quick.get(name)
             if accepts is None or not accepts(value):
                 self.check_value(name, value)
-        return dict(values) if copy else values  # type: ignore[return-value]  # (copy=False: the caller's dict)
+        checked: dict[str, object] = dict(values) if copy else values  # type: ignore[assignment]  # (the caller's)
+        if self._rounded:
+            for name, convert in self._rounded.items():
+                value = checked.get(name)
+                if value is not None:
+                    checked[name] = convert(value)
+        return checked
 
     def values_without_key(self, key: Key, values: dict[str, object]) -> dict[str, object]:
         """A patch's ``values`` (a dict of the caller's own: checked and changed in place) without the key
@@ -704,6 +717,12 @@ def _shortest_real(bits: int) -> float:
     """The single-precision number of ``bits`` (its IEEE 754 bits; finite, not 0) as the ``float`` of the decimal
     PostgreSQL prints it as: the fewest significant digits that lie strictly between the midpoints to its
     neighbours, and of those the nearest to it (of two as near, the one whose last digit is even)."""
+    quick = _shortest_real_quick(bits)
+    return quick if quick is not None else _shortest_real_exact(bits)
+
+
+def _shortest_real_exact(bits: int) -> float:
+    """``_shortest_real`` in exact decimal arithmetic (the definition; tens of microseconds)."""
     context = decimal.Context(prec=200)         # (exact: a real's value has fewer than 150 significant digits)
 
     def value(of: int) -> decimal.Decimal:
@@ -726,6 +745,40 @@ def _shortest_real(bits: int) -> float:
             return float(min(candidates, key=lambda printed: (abs(context.subtract(printed, exact)),
                                                               printed.as_tuple().digits[-1] % 2)))
     return float(exact)
+
+
+def _shortest_real_quick(bits: int) -> float | None:
+    """``_shortest_real(bits)`` by Python's own correctly rounded printing, or None where it may differ (the exact
+    path decides).  The nearest decimal of ``digits`` significant digits (``format``'s ``g``, an exact half to the
+    even digit) is, of those of that length, the one ``_shortest_real`` picks when any lies strictly between the
+    midpoints to the neighbours; so the fewest digits whose nearest decimal reads back as this real (the driver's
+    ``float``, rounded to single precision) give the answer, and a length that does so makes every longer one do so
+    (a binary search, a few formattings) — where the two midpoints are equally far, so not for a power of two (its
+    lower neighbour is nearer), nor for a subnormal or the largest exponent, and not where a decimal tried has a
+    ``float`` within one unit of its last place of a midpoint (a tie, or a double rounding, that ``strtof`` might
+    decide otherwise)."""
+    exponent = bits >> 23 & 0xFF
+    if not bits & 0x7FFFFF or exponent <= 1 or exponent >= 254:
+        return None
+    real = _REAL_FROM_BITS(_UINT_BYTES(bits))[0]
+    low, high, found = 1, 9, None
+    while low <= high:
+        digits = (low + high) // 2
+        printed = float(format(real, _G_FORMATS[digits]))
+        below = _DOUBLE_BITS(_DOUBLE_BYTES(printed))[0] & 0x1FFFFFFF     # (the bits a real drops)
+        if abs(below - 0x10000000) <= 1:
+            return None
+        if _REAL_FROM_BITS(_REAL_BYTES(printed))[0] == real:
+            found, high = printed, digits - 1
+        else:
+            low = digits + 1
+    return found
+
+
+_REAL_BYTES, _REAL_FROM_BITS = struct.Struct("<f").pack, struct.Struct("<f").unpack
+_UINT_BYTES = struct.Struct("<I").pack
+_DOUBLE_BYTES, _DOUBLE_BITS = struct.Struct("<d").pack, struct.Struct("<Q").unpack
+_G_FORMATS = [f".{digits}g" for digits in range(10)]
 
 
 class _RealParameter(sa.types.TypeDecorator[float]):
@@ -804,6 +857,13 @@ def _as_interval_of(value: object, scale: int) -> object:
                                   microseconds=_round_half_up(value.seconds * 1_000_000 + value.microseconds, scale))
     except OverflowError:       # (rounded past ``timedelta.max``)
         return value
+
+
+#: The conversions that round or truncate a value to what its column keeps: ``check_values`` applies them to non-key
+#: values too (``TableInfo._rounded``); the others change only how a value is spelled (a uuid's text, a float of a
+#: numeric column) and apply to keys.
+_ROUNDING: frozenset[Callable[..., object]] = frozenset(
+    {_as_real, _as_timestamp_of, _as_time_of, _as_interval_of})
 
 
 def _as_date(value: object) -> object:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import decimal
 import enum
+import struct
 
 import pytest
 import sqlalchemy as sa
@@ -13,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from activedb.errors import InvalidKey, InvalidValue
-from activedb.store import TableInfo
+from activedb.store import TableInfo, _schema
 
 
 class Colour(enum.Enum):
@@ -121,3 +122,12 @@ def test_the_quick_tests_cover_the_common_columns_and_leave_the_rest_to_the_full
     assert INFO._quick["ratio"](2**1000) and not INFO._quick["ratio"](2**1024) and not INFO._quick_columns["ratio"]([2**1024])
     assert INFO._quick["single"](3e38) and not INFO._quick["single"](1e39) and not INFO._quick["single"](1e-40)
     assert INFO._quick_columns["id"] is None and INFO._quick_columns["flag"] is None
+
+
+@given(st.integers(min_value=1, max_value=0x7F7FFFFF) | st.floats(min_value=0.5, max_value=2.0**100, width=32).map(
+    lambda number: struct.unpack("<I", struct.pack("<f", number))[0]))
+def test_a_reals_shortest_printing_by_pythons_formatting_is_the_exact_ones(bits):
+    """``_shortest_real``'s quick path (Python's correctly rounded ``format``, a binary search over the number of
+    digits) gives the decimal the exact one (``_shortest_real_exact``) gives, or leaves it to it."""
+    quick = _schema._shortest_real_quick(bits)
+    assert quick is None or quick == _schema._shortest_real_exact(bits)

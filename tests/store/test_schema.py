@@ -323,3 +323,41 @@ def test_a_new_row_shows_a_constant_date_timestamp_time_or_array_default_as_the_
     assert fresh == stored
     assert {name: type(value) for name, value in fresh.items()} == {
         name: type(value) for name, value in stored.items()}
+
+
+def test_a_value_of_a_real_or_a_time_of_a_precision_shows_as_postgresql_stores_it(db):
+    """A non-key ``real``, ``time(p)``, ``timetz(p)``, ``timestamp(p)``, ``timestamptz(p)`` or ``interval(p)`` value
+    written with more precision than the column keeps shows as PostgreSQL stores it — rounded, as such a key is — in
+    ``tx.read`` after ``tx.write``/``tx.insert`` in the same tree, in ``write_many``'s, and in the row image a rule's
+    data event carries, before and after the commit alike.  Before, the image was the value as given (``0.1000000001``,
+    ``12:00:00.4``) until the row was read back from PostgreSQL."""
+    with db.engine.begin() as connection:
+        connection.execute(sa.text(
+            "CREATE TABLE precise_values (k integer PRIMARY KEY, r real, t time(0), tz timetz(1), ts timestamp(0), "
+            "tstz timestamptz(2), span interval(0))"))
+    zone = datetime.timezone(datetime.timedelta(hours=2))
+    given = {"r": 0.1000000001, "t": datetime.time(12, 0, 0, 600000),
+             "tz": datetime.time(8, 0, 0, 450000, tzinfo=zone),
+             "ts": datetime.datetime(2026, 3, 4, 5, 6, 7, 500000),
+             "tstz": datetime.datetime(2026, 3, 4, 5, 6, 7, 123456, tzinfo=datetime.timezone.utc),
+             "span": datetime.timedelta(seconds=5, microseconds=500000)}
+    seen = []
+    db.rule(on=db.inserted("precise_values"), name="precise_inserts")(lambda tx, event: seen.append(dict(event.new)))
+    db.rule(on=db.updated("precise_values"), name="precise_updates")(lambda tx, event: seen.append(dict(event.new)))
+    try:
+        with db.transaction() as tx:
+            tx.insert("precise_values", k=1, **given)
+            tx.write("precise_values", 2, **given)
+            tx.write_many("precise_values", {3: given})
+            shown = [tx.read("precise_values", key) for key in (1, 2, 3)]
+    finally:
+        db.rules.remove("precise_inserts")
+        db.rules.remove("precise_updates")
+    with db.engine.connect() as connection:
+        stored = {row.k: dict(row._mapping) for row in connection.execute(sa.text("SELECT * FROM precise_values"))}
+    assert stored[1]["r"] == 0.1 and stored[1]["t"] == datetime.time(12, 0, 1)       # (what PostgreSQL did)
+    assert shown == [stored[1], stored[2], stored[3]]
+    assert seen and all(image == stored[image["k"]] for image in seen), seen
+    with db.transaction() as tx:
+        assert tx.read("precise_values", 1) == stored[1]
+
