@@ -102,7 +102,7 @@ class TableInfo:
         self._converters = {name: converter for name, column in self.columns.items()
                             if (converter := _converter(column)) is not None}
         # Per non-key column whose values PostgreSQL rounds or truncates to what the column keeps (a ``real``, a
-        # ``time(p)``, ``timestamp(p)`` or ``interval(p)``), that conversion: ``check_values``
+        # ``time(p)``, ``timestamp(p)``, ``interval(p)`` or ``interval hour``), that conversion: ``check_values``
         # applies it, so a row image shows what PostgreSQL will store.  Empty for most tables, which pay one test.
         self._rounded = {name: converter for name, converter in self._converters.items()
                          if name not in self.key_columns and getattr(converter, "func", converter) in _ROUNDING}
@@ -650,7 +650,8 @@ def _converter(column: sa.Column[object]) -> Callable[[object], object] | None:
     reads as the ``float`` of the decimal PostgreSQL prints its single-precision value as (``_as_real``).  A ``char(n)`` column
     reads as its text padded with spaces to ``n`` (``_as_padded``), a ``timestamp(p)`` column as its value rounded to
     ``p`` fractional digits (``_as_timestamp_of``), so do ``time(p)`` and ``timetz(p)`` (``_as_time_of``) and
-    ``interval(p)`` (``_as_interval_of``).  A ``date`` column
+    ``interval(p)`` (``_as_interval_of``); an ``interval`` restricted to fields coarser than seconds (``interval
+    hour``, ``interval year to month``) keeps only those (``_as_interval_in``).  A ``date`` column
     reads as ``date``, which never equals a ``datetime``: a midnight one (the only one ``_date_problem`` lets
     through) is taken as its date."""
     column_type = column.type
@@ -664,9 +665,13 @@ def _converter(column: sa.Column[object]) -> Callable[[object], object] | None:
             return partial(_as_timestamp_of, scale=10 ** (6 - precision))
         if isinstance(column_type, sa.Time):
             return partial(_as_time_of, scale=10 ** (6 - precision))
-        fields = getattr(column_type, "fields", None)       # (``interval day to second(p)``; ``interval hour``: none)
+        fields = getattr(column_type, "fields", None)       # (``interval day to second(p)``)
         if isinstance(column_type, postgresql.INTERVAL) and (fields is None or fields.upper().endswith("SECOND")):
             return partial(_as_interval_of, scale=10 ** (6 - precision))
+    fields = getattr(column_type, "fields", None)
+    if isinstance(column_type, postgresql.INTERVAL) and fields and not fields.upper().endswith("SECOND"):
+        last = fields.upper().split()[-1]        # (``year to month``: month; ``hour``: hour)
+        return partial(_as_interval_in, unit=_INTERVAL_UNITS.get(last))
     if isinstance(column_type, sa.Numeric) and not isinstance(column_type, sa.Float) and column_type.asdecimal:
         scale = column_type.scale
         return _as_decimal if scale is None else partial(_as_decimal, places=decimal.Decimal(1).scaleb(-scale))
@@ -859,11 +864,32 @@ def _as_interval_of(value: object, scale: int) -> object:
         return value
 
 
+#: The microseconds of an interval's last field, the one PostgreSQL truncates its time to (``AdjustIntervalForTypmod``);
+#: a restriction ending in YEAR or MONTH keeps neither days nor time, all a ``timedelta`` holds (None).
+_INTERVAL_UNITS = {"DAY": 86_400_000_000, "HOUR": 3_600_000_000, "MINUTE": 60_000_000}
+
+
+def _as_interval_in(value: object, unit: int | None) -> object:
+    """A value of an ``interval`` column restricted to fields coarser than seconds (``interval hour``, ``interval
+    day to minute``, ``interval year to month``) as PostgreSQL gives it back: the driver sends a ``timedelta`` as its
+    days and its time (from 0 to a day), and PostgreSQL truncates the time to a multiple of ``unit`` microseconds
+    (its last field; a day: no time), the days kept — or, ending in YEAR or MONTH (``unit`` None), keeps only months,
+    of which a ``timedelta`` has none: 0."""
+    if not isinstance(value, datetime.timedelta):
+        return value
+    if unit is None:
+        return datetime.timedelta(0)
+    micros = value.seconds * 1_000_000 + value.microseconds
+    if micros % unit == 0:
+        return value
+    return datetime.timedelta(days=value.days, microseconds=micros // unit * unit)
+
+
 #: The conversions that round or truncate a value to what its column keeps: ``check_values`` applies them to non-key
 #: values too (``TableInfo._rounded``); the others change only how a value is spelled (a uuid's text, a float of a
 #: numeric column) and apply to keys.
 _ROUNDING: frozenset[Callable[..., object]] = frozenset(
-    {_as_real, _as_timestamp_of, _as_time_of, _as_interval_of})
+    {_as_real, _as_timestamp_of, _as_time_of, _as_interval_of, _as_interval_in})
 
 
 def _as_date(value: object) -> object:

@@ -361,3 +361,28 @@ def test_a_value_of_a_real_or_a_time_of_a_precision_shows_as_postgresql_stores_i
     with db.transaction() as tx:
         assert tx.read("precise_values", 1) == stored[1]
 
+
+def test_an_interval_with_fields_is_truncated_as_postgresql_stores_it_key_and_value(db):
+    """An ``interval`` column with a field restriction keeps only those fields, PostgreSQL truncating the finer
+    ones (``interval HOUR``: 01:59:59 is 01:00:00; ``interval YEAR TO MONTH``: a ``timedelta``, which has no months,
+    is 0; ``interval DAY TO SECOND(0)`` rounds its seconds): a key names the row PostgreSQL stores, and a value shows
+    as stored in the tree that wrote it."""
+    with db.engine.begin() as connection:
+        connection.execute(sa.text(
+            "CREATE TABLE field_spans (span interval HOUR PRIMARY KEY, months interval YEAR TO MONTH, "
+            "days interval DAY, minutes interval DAY TO MINUTE, seconds interval DAY TO SECOND(0))"))
+    key = datetime.timedelta(days=1, hours=1, minutes=59, seconds=59)
+    values = {"months": datetime.timedelta(days=40, seconds=5), "days": datetime.timedelta(days=2, hours=23),
+              "minutes": datetime.timedelta(hours=3, minutes=4, seconds=59, microseconds=999999),
+              "seconds": datetime.timedelta(seconds=1, microseconds=500000)}
+    with db.transaction() as tx:
+        tx.write("field_spans", key, **values)
+        shown = tx.read("field_spans", key)
+    with db.engine.connect() as connection:
+        stored = dict(connection.execute(sa.text("SELECT * FROM field_spans")).one()._mapping)
+    assert stored["span"] == datetime.timedelta(days=1, hours=1)                      # (what PostgreSQL did)
+    assert shown == stored
+    with db.transaction() as tx:
+        assert tx.read("field_spans", key) == stored
+        with pytest.raises(activedb.DuplicateKey):
+            tx.insert("field_spans", span=key)
