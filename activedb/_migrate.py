@@ -281,8 +281,16 @@ class Schema:
 
     def upgrade_app(self, script_location: str | Path, revision: str = "head") -> None:
         """Run the application's own Alembic environment on this database (its env.py decides the version
-        table)."""
-        self._run("upgrade", revision, app_location(script_location))
+        table).  To ``head`` in a directory of several heads (branches not merged): :class:`MigrationError` saying
+        to merge them or to upgrade to ``"heads"`` (every branch, as Alembic does)."""
+        location = app_location(script_location)
+        if revision == "head":
+            with _failing_as(f"reading the revisions in {location}", location):
+                heads = _heads(location)
+            if len(heads) > 1:
+                raise MigrationError(f"upgrade to 'head' refused: {several_heads(str(script_location), heads)}; "
+                                     f"nothing was changed")
+        self._run("upgrade", revision, location)
 
     def downgrade_app(self, script_location: str | Path, revision: str) -> None:
         """Downgrade the application's own migrations to ``revision`` (``"base"`` drops its tables)."""
@@ -290,22 +298,47 @@ class Schema:
 
     def app_revision(self, script_location: str | Path) -> tuple[list[str], str | None]:
         """``(current revisions, head revision)`` of the application's Alembic directory on this database; the
-        version table is the one its ``env.py`` configures, so the environment is run (changing nothing)."""
+        version table is the one its ``env.py`` configures, so the environment is run (changing nothing).  A
+        directory of several heads (branches not merged) is :class:`MigrationError` saying to merge them
+        (``app_heads`` gives them all)."""
+        current_revisions, heads = self.app_heads(script_location)
+        if len(heads) > 1:
+            raise MigrationError(f"reading the revision of {str(script_location)!r} failed: "
+                                 f"{several_heads(str(script_location), heads)}")
+        return current_revisions, heads[0] if heads else None
+
+    def app_heads(self, script_location: str | Path) -> tuple[list[str], list[str]]:
+        """``(current revisions, head revisions)`` of the application's Alembic directory on this database: as
+        ``app_revision``, with every head of the directory (sorted; several where two revisions have the same
+        ``down_revision``, none without revisions)."""
         from alembic.runtime.environment import EnvironmentContext
 
         location = app_location(script_location)
-        heads: list[str] = []
+        current_revisions: list[str] = []
         with _failing_as(f"reading the revision of {str(script_location)!r}"), self.engine.connect() as connection:
             config = _config(location, connection)
             script = ScriptDirectory.from_config(config)
 
             def record(revision: object, context: MigrationContext) -> Sequence[RevisionStep]:
-                heads.extend(context.get_current_heads())
+                current_revisions.extend(context.get_current_heads())
                 return []
 
             with EnvironmentContext(config, script, fn=record, dont_mutate=True):
                 script.run_env()
-            return heads, script.get_current_head()
+            return sorted(current_revisions), sorted(script.get_heads())
+
+
+def _heads(location: Path) -> list[str]:
+    """The head revisions of the Alembic directory ``location``, sorted."""
+    return sorted(ScriptDirectory.from_config(_config(location)).get_heads())
+
+
+def several_heads(path: str, heads: Sequence[str]) -> str:
+    """What a directory of two or more heads is, and what to do (``app upgrade``, ``app_revision``)."""
+    return (f"{path} has two or more heads ({', '.join(heads)}): revisions with the same down_revision, branches "
+            f"not merged. Merge them with a revision whose down_revision is all of them (`alembic merge heads` "
+            f"writes one), then upgrade to head; or upgrade every branch as it is, to 'heads' "
+            f"(`activedb app upgrade {path} heads`, db.upgrade_app(path, 'heads'))")
 
 
 APP_ENV = '''"""Alembic environment of {name}: its own version table, run by `activedb app upgrade` or

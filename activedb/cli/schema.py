@@ -139,10 +139,19 @@ def _no_revision(path: str) -> str:
     return f"no revision yet: add one under {Path(path) / 'versions'}"
 
 
+def _heads_note(path: str, current: list[str], heads: list[str]) -> str:
+    """Where ``current`` stands to the directory's ``heads``: at head, the head to upgrade to, or its heads."""
+    if not heads:
+        return _no_revision(path)
+    if len(heads) == 1:
+        return "at head" if current == heads else f"head is {heads[0]}: `activedb app upgrade {path}`"
+    return "at its heads" if current == heads else f"heads are {', '.join(heads)}: `activedb app upgrade {path} heads`"
+
+
 def _say_app_revision(database: Database, path: str) -> None:
-    heads, head = database.schema.app_revision(path)
-    click.echo(f"{path}: now at {', '.join(heads) or 'base'} ({f'head {head}' if head else _no_revision(path)}) — "
-               f"{database.describe()}")
+    current, heads = database.schema.app_heads(path)
+    note = f"head {heads[0]}" if len(heads) == 1 else _heads_note(path, current, heads)
+    click.echo(f"{path}: now at {', '.join(current) or 'base'} ({note}) — {database.describe()}")
 
 
 @app.command("upgrade", context_settings=_REVISION_SETTINGS)
@@ -169,7 +178,7 @@ def app_downgrade(ctx: click.Context, path: str, revision: str, yes: bool) -> No
     revision = _revision(revision)
 
     with open_database(ctx, writes=True, check_schema=False) as database:
-        heads, _ = database.schema.app_revision(path)
+        heads, _ = database.schema.app_heads(path)
         check_revision(revision, app_location(path))
         if not heads:
             click.echo(f"{path}: already at base — {database.describe()}")
@@ -194,8 +203,6 @@ def app_downgrade(ctx: click.Context, path: str, revision: str, yes: bool) -> No
 def app_current(ctx: click.Context, path: str) -> None:
     """Show the revision the application's tables in PATH are at, and its head."""
     with open_database(ctx, writes=False, check_schema=False) as database:
-        heads, head = database.schema.app_revision(path)
-        current_text = ", ".join(heads) or "base"
-        note = ("at head" if heads == [head] else _no_revision(path) if head is None else
-                f"head is {head}: `activedb app upgrade {path}`")
-        click.echo(f"{path}: {current_text} ({note}) — {database.describe()}")
+        current, heads = database.schema.app_heads(path)
+        click.echo(f"{path}: {', '.join(current) or 'base'} ({_heads_note(path, current, heads)}) — "
+                   f"{database.describe()}")

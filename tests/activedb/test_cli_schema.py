@@ -3,6 +3,8 @@ dropping tables, and no command but ``activedb db upgrade`` brings the schema ba
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import sqlalchemy as sa
 from click.testing import CliRunner
@@ -451,8 +453,8 @@ def _tables(url) -> set[str]:
 
 
 def test_an_error_of_alembic_itself_names_no_line_of_the_applications_env(url, tmp_path):
-    """Two revisions branching from one (two heads): `app upgrade` (to head) is refused by Alembic, below the
-    env.py's run_env call — the line names no file, as no line of the application's is at fault (it named
+    """Two revisions branching from one (two heads): `app upgrade` (to head) is refused (by activedb, naming the
+    heads; before, by Alembic below the env.py's run_env call) — the line names no file, as no line of the application's is at fault (it named
     env.py:3, the run_env call, right after revisions' lines were named)."""
     location = tmp_path / "forked"
     assert invoke(url, "app", "init", str(location), "--name", "forked").exit_code == 0
@@ -460,8 +462,9 @@ def test_an_error_of_alembic_itself_names_no_line_of_the_applications_env(url, t
     (location / "versions" / "0002_a.py").write_text(branch)
     (location / "versions" / "0002_b.py").write_text(branch.replace('"forked_0002"', '"forked_0002b"'))
     result = invoke(url, "app", "upgrade", str(location))
-    assert result.exit_code == 1 and "Multiple head revisions are present" in result.output, result.output
-    assert "env.py" not in result.output and "failed:" in result.output, result.output
+    assert result.exit_code == 1 and "has two or more heads (forked_0002, forked_0002b)" in result.output, \
+        result.output
+    assert "env.py" not in result.output, result.output
 
 
 def test_an_app_directory_without_revisions_says_so_not_head_none(url, tmp_path):
@@ -500,3 +503,31 @@ def _migrate_chain():
 
     script = ScriptDirectory.from_config(_migrate._config(_migrate.migrations.SCRIPT_LOCATION))
     return [step.revision for step in script.iterate_revisions(_migrate.head(), "base")]
+
+
+def test_an_application_with_two_heads_is_upgraded_shown_and_downgraded_or_told_to_merge(url, tmp_path):
+    """Two revisions with the same down_revision (two branches merged without `alembic merge`): `app current` shows
+    the heads, `app upgrade` to head stops with one line naming both heads and saying to merge them (or to upgrade
+    to `heads`, which works as Alembic's does), `app downgrade` works, and none is a traceback."""
+    path = tmp_path / "forked" / "migrations"
+    _migrate.init_app(path, "forked")
+    for branch in ("a", "b"):
+        (path / "versions" / f"0002{branch}_branch.py").write_text(
+            f'import sqlalchemy as sa\nfrom alembic import op\nrevision = "forked_0002{branch}"\n'
+            f'down_revision = "forked_0001"\nbranch_labels = None\ndepends_on = None\n'
+            f'def upgrade():\n    op.create_table("forked_{branch}", sa.Column("id", sa.Integer, primary_key=True))\n'
+            f'def downgrade():\n    op.drop_table("forked_{branch}")\n')
+    heads = r"(forked_0002a, forked_0002b|forked_0002b, forked_0002a)"
+    shown = CliRunner().invoke(main, ["--url", url, "app", "current", str(path)])
+    assert shown.exit_code == 0 and re.search(rf"base \(heads are {heads}", shown.output), shown.output
+    refused = CliRunner().invoke(main, ["--url", url, "app", "upgrade", str(path)])
+    assert refused.exit_code == 1 and isinstance(refused.exception, SystemExit), refused.output
+    assert re.search(rf"two or more heads .*{heads}.*alembic .*merge.*heads", refused.output), refused.output
+    assert len(refused.output.strip().splitlines()) == 1, refused.output
+    upgraded = CliRunner().invoke(main, ["--url", url, "app", "upgrade", str(path), "heads"])
+    assert upgraded.exit_code == 0 and re.search(rf"now at {heads} \(at its heads\)", upgraded.output), \
+        upgraded.output
+    assert re.search(rf"{heads} \(at its heads\)",
+                     CliRunner().invoke(main, ["--url", url, "app", "current", str(path)]).output)
+    downgraded = CliRunner().invoke(main, ["--url", url, "app", "downgrade", str(path), "base", "--yes"])
+    assert downgraded.exit_code == 0 and "now at base" in downgraded.output, downgraded.output
