@@ -354,9 +354,12 @@ class Database:
         """The reflected ``Table`` called ``name``; tables come from migrations."""
         return self.catalog.table(name)
 
-    def upgrade_app(self, script_location: str | Path, revision: str = "head") -> None:
-        """Run the application's own Alembic migrations on this database (``db.schema`` has the rest)."""
-        self.schema.upgrade_app(script_location, revision)
+    def upgrade_app(self, script_location: str | Path, revision: str = "head", *,
+                    lock_timeout: float | None = _migrate.LOCK_TIMEOUT_SECONDS) -> None:
+        """Run the application's own Alembic migrations on this database (``db.schema`` has the rest;
+        ``lock_timeout``: seconds a statement waits for a table's lock before the run stops, nothing changed —
+        ``db.schema.upgrade``)."""
+        self.schema.upgrade_app(script_location, revision, lock_timeout=lock_timeout)
 
     # --- what is going on -------------------------------------------------------------------
 

@@ -9,6 +9,7 @@ import contextlib
 import enum
 import io
 import os
+import threading
 from contextlib import redirect_stdout
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator, Protocol, Sequence
@@ -53,6 +54,58 @@ def _config(script_location: Path, connection: Connection | None = None, url: st
 # and an application's): processes starting together take turns, and the later ones find the schema at
 # the revision the first one reached.  Any 64-bit number nobody else uses: "activedb" in ASCII.
 MIGRATION_LOCK = int.from_bytes(b"activedb", "big") >> 1
+
+#: How long an upgrade or downgrade waits for a lock on a table it changes (PostgreSQL's ``lock_timeout``, set for
+#: the run's transaction once it holds ``MIGRATION_LOCK``): an application's open transaction on such a table made
+#: it wait for good, printing nothing.  ``lock_timeout=None`` (``--lock-timeout 0``) waits as long as it takes.
+LOCK_TIMEOUT_SECONDS = 60.0
+
+
+class _Blockers:
+    """Who blocks backend ``pid`` (``pg_blocking_pids``), asked on a thread of its own every ``every`` seconds while
+    the block runs, on a connection of its own: when a statement of the run fails at its lock timeout, the run's
+    transaction has ended and no one can ask PostgreSQL any more whom it waited for.  ``seen``: the last non-empty
+    answer, lines ``pid N (application_name, state)``.  A run that ends before ``every`` asks nothing."""
+
+    _QUERY = sa.text("SELECT pid, application_name, state FROM pg_stat_activity "
+                     "WHERE pid = ANY(pg_blocking_pids(:pid)) ORDER BY pid")
+
+    def __init__(self, engine: Engine, pid: int, every: float) -> None:
+        self._engine, self._pid, self._every = engine, pid, every
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name=f"activedb migration lock watch {pid}", daemon=True)
+        self.seen: list[str] = []
+
+    def __enter__(self) -> _Blockers:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._done.set()
+        self._thread.join()
+
+    def _watch(self) -> None:
+        connection: Connection | None = None
+        try:
+            while not self._done.wait(self._every):     # (a watch of another backend, not an ordering of threads)
+                if connection is None:
+                    connection = self._engine.connect()
+                rows = connection.execute(self._QUERY, {"pid": self._pid}).all()
+                connection.rollback()
+                if rows:
+                    self.seen = [f"pid {pid} ({name or 'no application_name'}, {state or 'state unknown'})"
+                                 for pid, name, state in rows]
+        except Exception:           # (only a better message lost: the run's own error says what happened)
+            pass
+        finally:
+            if connection is not None:
+                connection.close()
+
+
+def _lock_timed_out(error: BaseException | None) -> bool:
+    """Whether ``error`` (a migration's, as SQLAlchemy wraps it) is PostgreSQL's lock timeout (SQLSTATE 55P03)."""
+    orig = error.orig if isinstance(error, sa.exc.DBAPIError) else None
+    return getattr(orig, "sqlstate", None) == "55P03"
 
 
 @contextlib.contextmanager
@@ -222,14 +275,35 @@ class Schema:
         name = self.catalog.table(table).name   # validates the name; a Table by its name, as every lookup is
         self._locking.set_granularity(name, granularity)
 
-    def _run(self, action: str, revision: str, location: Path) -> None:
+    def _run(self, action: str, revision: str, location: Path, lock_timeout: float | None) -> None:
         check_revision(revision, location)
+        if lock_timeout is not None and not lock_timeout > 0:
+            raise MigrationError(f"lock_timeout={lock_timeout!r}: give a number of seconds above 0, or None to wait "
+                                 f"for locks as long as it takes")
+        blockers: _Blockers | None = None
         try:
             with _failing_as(f"{action} to {revision!r}", location), self.engine.begin() as connection:
-                # Held until this transaction ends (Alembic runs inside it: the connection is passed).
+                # Held until this transaction ends (Alembic runs inside it: the connection is passed).  The lock
+                # timeout only after it: a run waits its turn behind another process's as long as that takes.
                 connection.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK})
-                getattr(command, action)(_config(location, connection), revision)
+                with contextlib.ExitStack() as watch:
+                    if lock_timeout is not None:
+                        pid = connection.execute(sa.text("SELECT pg_backend_pid(), set_config('lock_timeout', :ms, "
+                                                         "true)"), {"ms": f"{max(1, round(lock_timeout * 1000))}ms"}
+                                                 ).scalar_one()
+                        blockers = watch.enter_context(_Blockers(self.engine, pid, min(0.5, lock_timeout / 4)))
+                    getattr(command, action)(_config(location, connection), revision)
         except MigrationError as error:
+            if blockers is not None and _lock_timed_out(error.__cause__):
+                cause = error.__cause__
+                held = "; ".join(blockers.seen) or "another backend (pg_locks and pg_stat_activity say which)"
+                error = MigrationError(
+                    f"{action} to {revision!r} stopped at its lock timeout: it waited {lock_timeout:g} s for a lock "
+                    f"on a table it changes, held by {held}; nothing was changed (the run is one transaction, rolled "
+                    f"back). Let that transaction end — commit or roll it back, stop the application while it "
+                    f"migrates, or end the backend (SELECT pg_terminate_backend(pid)) — and run it again, or wait "
+                    f"longer: --lock-timeout SECONDS (lock_timeout= from a program)")
+                error.__cause__ = cause
             # Where the tables are now (the run is one transaction, rolled back: where they were before it).
             own = location == migrations.SCRIPT_LOCATION
             try:
@@ -240,11 +314,13 @@ class Schema:
                                  f"{', '.join(filter(None, heads)) or 'base'} now") from error.__cause__
         self.refresh()
 
-    def upgrade(self, revision: str = "head") -> None:
+    def upgrade(self, revision: str = "head", *, lock_timeout: float | None = LOCK_TIMEOUT_SECONDS) -> None:
         """Bring activedb's own schema to ``revision``; :class:`SchemaNotAtHead` if it is at a revision this
-        installation does not know."""
+        installation does not know.  ``lock_timeout``: seconds a statement waits for a table's lock (held by an
+        application's transaction) before the run stops, nothing changed (:class:`MigrationError` naming the
+        blocking backends); None: as long as it takes."""
         try:
-            self._run("upgrade", revision, migrations.SCRIPT_LOCATION)
+            self._run("upgrade", revision, migrations.SCRIPT_LOCATION, lock_timeout)
         except MigrationError as error:
             try:        # (only on failure: nothing asked on the way to success)
                 state, current_revision = self.state()
@@ -256,8 +332,9 @@ class Schema:
                     f"(a newer activedb wrote it); upgrade activedb (its head is {head()})") from error
             raise
 
-    def downgrade(self, revision: str) -> None:
-        self._run("downgrade", revision, migrations.SCRIPT_LOCATION)
+    def downgrade(self, revision: str, *, lock_timeout: float | None = LOCK_TIMEOUT_SECONDS) -> None:
+        """Take activedb's own schema down to ``revision`` (``lock_timeout``: as ``upgrade``'s)."""
+        self._run("downgrade", revision, migrations.SCRIPT_LOCATION, lock_timeout)
 
     def current_revision(self) -> str | None:
         return current(self.engine)
@@ -279,10 +356,12 @@ class Schema:
             return SchemaState.UNKNOWN, revision
         return SchemaState.BEHIND, revision
 
-    def upgrade_app(self, script_location: str | Path, revision: str = "head") -> None:
+    def upgrade_app(self, script_location: str | Path, revision: str = "head", *,
+                    lock_timeout: float | None = LOCK_TIMEOUT_SECONDS) -> None:
         """Run the application's own Alembic environment on this database (its env.py decides the version
         table).  To ``head`` in a directory of several heads (branches not merged): :class:`MigrationError` saying
-        to merge them or to upgrade to ``"heads"`` (every branch, as Alembic does)."""
+        to merge them or to upgrade to ``"heads"`` (every branch, as Alembic does).  ``lock_timeout``: as
+        ``upgrade``'s."""
         location = app_location(script_location)
         if revision == "head":
             with _failing_as(f"reading the revisions in {location}", location):
@@ -290,11 +369,13 @@ class Schema:
             if len(heads) > 1:
                 raise MigrationError(f"upgrade to 'head' refused: {several_heads(str(script_location), heads)}; "
                                      f"nothing was changed")
-        self._run("upgrade", revision, location)
+        self._run("upgrade", revision, location, lock_timeout)
 
-    def downgrade_app(self, script_location: str | Path, revision: str) -> None:
-        """Downgrade the application's own migrations to ``revision`` (``"base"`` drops its tables)."""
-        self._run("downgrade", revision, app_location(script_location))
+    def downgrade_app(self, script_location: str | Path, revision: str, *,
+                      lock_timeout: float | None = LOCK_TIMEOUT_SECONDS) -> None:
+        """Downgrade the application's own migrations to ``revision`` (``"base"`` drops its tables;
+        ``lock_timeout``: as ``upgrade``'s)."""
+        self._run("downgrade", revision, app_location(script_location), lock_timeout)
 
     def app_revision(self, script_location: str | Path) -> tuple[list[str], str | None]:
         """``(current revisions, head revision)`` of the application's Alembic directory on this database; the

@@ -5,7 +5,7 @@ commands do not use activedb's tables, so they connect without checking them).""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import click
 
@@ -27,6 +27,22 @@ def db() -> None:
 _REVISION_SETTINGS = {"ignore_unknown_options": True}
 
 
+def _lock_timeout_option(command: Callable[..., None]) -> Callable[..., None]:
+    """``--lock-timeout SECONDS`` of a command that migrates: how long a statement waits for a table's lock."""
+    from activedb._migrate import LOCK_TIMEOUT_SECONDS
+
+    return click.option(
+        "--lock-timeout", type=click.FloatRange(min=0), default=LOCK_TIMEOUT_SECONDS, show_default=True,
+        help="Seconds a statement waits for a lock on a table it changes (an application's transaction holding "
+             "it) before the run stops, nothing changed, naming the blocking backends (PostgreSQL's lock_timeout); "
+             "0: as long as it takes.")(command)
+
+
+def _seconds(lock_timeout: float) -> float | None:
+    """``--lock-timeout``'s value as ``lock_timeout=`` takes it: 0 is no limit (None)."""
+    return lock_timeout or None
+
+
 def _revision(revision: str) -> str:
     """``revision``, unless it is an option nobody defined (``--sqll``): click's usage error, as without the setting."""
     if revision.startswith("-") and not revision[1:].isdigit():
@@ -37,24 +53,27 @@ def _revision(revision: str) -> str:
 @db.command(context_settings=_REVISION_SETTINGS)
 @click.argument("revision", default="head")
 @click.option("--sql", is_flag=True, help="Offline mode: print the SQL instead of running it.")
+@_lock_timeout_option
 @click.pass_context
-def upgrade(ctx: click.Context, revision: str, sql: bool) -> None:
+def upgrade(ctx: click.Context, revision: str, sql: bool, lock_timeout: float) -> None:
     """Upgrade the schema to REVISION (default: head)."""
-    _migrate_command(ctx, "upgrade", _revision(revision), sql, yes=True)
+    _migrate_command(ctx, "upgrade", _revision(revision), sql, yes=True, lock_timeout=_seconds(lock_timeout))
 
 
 @db.command(context_settings=_REVISION_SETTINGS)
 @click.argument("revision")
 @click.option("--sql", is_flag=True, help="Offline mode: print the SQL instead of running it.")
 @click.option("--yes", is_flag=True, help="Do not ask before dropping tables or columns.")
+@_lock_timeout_option
 @click.pass_context
-def downgrade(ctx: click.Context, revision: str, sql: bool, yes: bool) -> None:
+def downgrade(ctx: click.Context, revision: str, sql: bool, yes: bool, lock_timeout: float) -> None:
     """Downgrade the schema to REVISION ('base' removes every activedb table: rules, transaction log,
     ingestion ledger, dead letters). Asks first (--yes to skip)."""
-    _migrate_command(ctx, "downgrade", _revision(revision), sql, yes=yes)
+    _migrate_command(ctx, "downgrade", _revision(revision), sql, yes=yes, lock_timeout=_seconds(lock_timeout))
 
 
-def _migrate_command(ctx: click.Context, action: str, revision: str, sql: bool, *, yes: bool) -> None:
+def _migrate_command(ctx: click.Context, action: str, revision: str, sql: bool, *, yes: bool,
+                     lock_timeout: float | None) -> None:
     from activedb import _migrate
     from activedb._url import normalise_url
 
@@ -89,7 +108,7 @@ def _migrate_command(ctx: click.Context, action: str, revision: str, sql: bool, 
                                                            f"with its data")
             _confirm(f"downgrade {database.describe()} from {before} to {revision}{f' ({target})' if target else ''}: "
                      f"this drops {what}. Continue?", yes)
-        getattr(database.schema, action)(revision)
+        getattr(database.schema, action)(revision, lock_timeout=lock_timeout)
         now = database.schema.current_revision() or "base"
         click.echo(f"{action} to {revision}: now at {now} ({database.describe()})")
 
@@ -157,12 +176,13 @@ def _say_app_revision(database: Database, path: str) -> None:
 @app.command("upgrade", context_settings=_REVISION_SETTINGS)
 @click.argument("path", type=click.Path())
 @click.argument("revision", default="head")
+@_lock_timeout_option
 @click.pass_context
-def app_upgrade(ctx: click.Context, path: str, revision: str) -> None:
+def app_upgrade(ctx: click.Context, path: str, revision: str, lock_timeout: float) -> None:
     """Upgrade the application's tables in PATH to REVISION (default: head)."""
     revision = _revision(revision)
     with open_database(ctx, writes=True, check_schema=False) as database:
-        database.schema.upgrade_app(path, revision)
+        database.schema.upgrade_app(path, revision, lock_timeout=_seconds(lock_timeout))
         _say_app_revision(database, path)
 
 
@@ -170,8 +190,9 @@ def app_upgrade(ctx: click.Context, path: str, revision: str) -> None:
 @click.argument("path", type=click.Path())
 @click.argument("revision")
 @click.option("--yes", is_flag=True, help="Do not ask before dropping tables.")
+@_lock_timeout_option
 @click.pass_context
-def app_downgrade(ctx: click.Context, path: str, revision: str, yes: bool) -> None:
+def app_downgrade(ctx: click.Context, path: str, revision: str, yes: bool, lock_timeout: float) -> None:
     """Downgrade the application's tables in PATH to REVISION ('base' drops them all). Asks first."""
     from activedb._migrate import ahead, app_location, check_revision, steps_below
 
@@ -193,7 +214,7 @@ def app_downgrade(ctx: click.Context, path: str, revision: str, yes: bool) -> No
             f"what the revisions after {target or revision} added, with its data"
         _confirm(f"downgrade {path} in {database.describe()} from {', '.join(heads)} to {revision}"
                  f"{f' ({target})' if target else ''}: this drops {what}. Continue?", yes)
-        database.schema.downgrade_app(path, revision)
+        database.schema.downgrade_app(path, revision, lock_timeout=_seconds(lock_timeout))
         _say_app_revision(database, path)
 
 

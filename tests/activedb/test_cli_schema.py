@@ -531,3 +531,60 @@ def test_an_application_with_two_heads_is_upgraded_shown_and_downgraded_or_told_
                      CliRunner().invoke(main, ["--url", url, "app", "current", str(path)]).output)
     downgraded = CliRunner().invoke(main, ["--url", url, "app", "downgrade", str(path), "base", "--yes"])
     assert downgraded.exit_code == 0 and "now at base" in downgraded.output, downgraded.output
+
+
+def test_an_upgrade_blocked_by_an_applications_lock_stops_after_its_lock_timeout_naming_the_blocker(url, tmp_path):
+    """An application's open transaction holding a lock on a table a revision alters: `app upgrade` (and
+    db.upgrade_app) waited for it forever, printing nothing.  It now waits at most its lock timeout
+    (`--lock-timeout`, lock_timeout=; a bounded default) and stops with one line naming the blocking backend's pid
+    and application_name and saying what to do; nothing of the run is applied (one transaction)."""
+    import threading
+
+    import psycopg
+
+    import activedb
+
+    location = tmp_path / "locked"
+    _migrate.init_app(location, "locked")
+    (location / "versions" / "0002_column.py").write_text(
+        'import sqlalchemy as sa\nfrom alembic import op\nrevision = "locked_0002"\ndown_revision = "locked_0001"\n'
+        'branch_labels = None\ndepends_on = None\n'
+        'def upgrade():\n    op.create_table("locked_other", sa.Column("id", sa.Integer, primary_key=True))\n'
+        '    op.add_column("locked_items", sa.Column("note", sa.Text))\n'
+        'def downgrade():\n    op.drop_column("locked_items", "note")\n    op.drop_table("locked_other")\n')
+    assert invoke(url, "app", "upgrade", str(location), "locked_0001").exit_code == 0
+    assert _migrate.LOCK_TIMEOUT_SECONDS is not None and 0 < _migrate.LOCK_TIMEOUT_SECONDS <= 600
+    libpq = sa.make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+    blocker = psycopg.connect(libpq, application_name="shop-worker")
+    try:
+        blocker.execute("SELECT * FROM locked_items")          # (its transaction stays open: ACCESS SHARE held)
+        database = activedb.connect(url, upgrade=False)
+        outcome: list[BaseException | None] = []
+
+        def upgrade() -> None:
+            try:
+                database.schema.upgrade_app(location, lock_timeout=1)
+                outcome.append(None)
+            except BaseException as error:  # noqa: BLE001 (what the test reports)
+                outcome.append(error)
+
+        thread = threading.Thread(target=upgrade, daemon=True)
+        thread.start()
+        thread.join(30)
+        hung = thread.is_alive()
+        if hung:
+            blocker.rollback()              # (lets the upgrade through, so that the thread ends)
+            thread.join(30)
+        database.close()
+        assert not hung, "upgrade_app(lock_timeout=1) still waited for the lock after 30 s"
+        said = (rf"lock.*1 s.*pid {blocker.info.backend_pid} \(shop-worker, idle in transaction\)"
+                rf".*nothing was changed")
+        assert isinstance(outcome[0], activedb.MigrationError) and re.search(said, str(outcome[0])), outcome
+        result = invoke(url, "app", "upgrade", str(location), "--lock-timeout", "1")
+        assert result.exit_code == 1 and re.search(said, result.output), result.output
+        assert len(result.output.strip().splitlines()) == 1, result.output
+    finally:
+        blocker.close()
+    assert _app_revision(url, location)[0] == ["locked_0001"]
+    with sa.create_engine(url).connect() as connection:
+        assert not sa.inspect(connection).has_table("locked_other")        # (nothing of the run applied)
