@@ -275,7 +275,11 @@ class Catalog:
         return info
 
     def refresh(self) -> None:
-        """Forget every reflected table (after running migrations in this process)."""
+        """Forget every reflected table (after running migrations in this process, or a column change capture met)
+        and the cached blocks of generated keys, whose sequences a migration may have replaced.  The history of the
+        blocks drawn stays: the keys transactions in flight took from them are checked against it at their flush
+        (``generated_keys_check``), and a sequence replaced or reset since is found there, or at the next draw, by
+        its storage, as any reset is."""
         with self._mutex:
             self._metadata = sa.MetaData()
             self._tables = {}
@@ -283,7 +287,6 @@ class Catalog:
             self._sequences = {}
             self._key_blocks = {}
             self._key_sizes = {}
-            self._key_history = {}
 
     # --- connections and generated keys -------------------------------------------------------
 
