@@ -22,6 +22,9 @@ _URL_USERINFO_SECRET = re.compile(r"(://[^:/?#@\s]*:)(\S*?)(@)(?=[^\s@/?#]*(?:[/
 _PASSWORD_PARAMETER = re.compile(
     r"""(?i)(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*"|[^\s&]+)""")
 MASK = "***"
+# A URL written without its scheme (``user:password@host/db``): user info, up to an "@", before any "=" or space (which
+# would make it a libpq ``key=value`` string).  Refused with the scheme put back, so its password can be masked.
+_NO_SCHEME = re.compile(r"[^\s=]*@")
 
 
 def mask_secrets(text: str) -> str:
@@ -34,6 +37,9 @@ def mask_secrets(text: str) -> str:
 def normalise_url(url: str | URL) -> URL:
     """Accept ``postgresql://`` / ``postgres://`` URLs (a password in the query string moves into the URL's
     user info) and libpq ``key=value`` connection strings; use the psycopg 3 driver."""
+    if isinstance(url, str) and "://" not in url and _NO_SCHEME.match(url):
+        raise BadDatabaseURL(
+            f"the database URL lacks postgresql:// at its start: write {mask_secrets('postgresql://' + url)!r}")
     if isinstance(url, str) and "://" not in url and "=" in url:
         url = _from_conninfo(url)
     elif isinstance(url, str):

@@ -119,6 +119,23 @@ def test_a_password_parameter_holding_a_comma_semicolon_or_quote_is_masked_whole
     assert "cret" not in str(caught.value) and "127.0.0.1" in str(caught.value)
 
 
+@pytest.mark.parametrize("url", ["alice:s3cret@127.0.0.1:5432/payroll", "alice:s3cret@127.0.0.1/payroll?sslmode=require",
+                                 "alice:s3@cret@127.0.0.1/payroll"])
+def test_a_url_without_its_scheme_says_to_write_postgresql_at_its_start_and_masks_its_password(url):
+    """``user:password@host/db`` with its ``postgresql://`` left off, a newcomer's slip: the error says to put it
+    there and shows the URL with the password masked.  Before, the message quoted the URL as given, password and
+    all (``not a database URL: 'alice:s3cret@…'``; with a query, psycopg's ``invalid connection option
+    "alice:s3cret@…"``), and did not say what was missing."""
+    with pytest.raises(activedb.BadDatabaseURL) as caught:
+        activedb.connect(url)
+    message = str(caught.value)
+    assert "cret" not in message and "postgresql://alice:***@127.0.0.1" in message, message
+    result = subprocess.run([sys.executable, "-m", "activedb.cli", "--url", url, "db", "current"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1 and "cret" not in result.stderr + result.stdout, result.stderr
+    assert "Traceback" not in result.stderr
+
+
 def test_non_postgresql_url_is_refused():
     with pytest.raises(activedb.DatabaseUnavailable, match="needs PostgreSQL"):
         activedb.connect("sqlite:///x.db")
