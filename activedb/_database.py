@@ -77,8 +77,8 @@ def check_reachable(engine: Engine) -> None:
             raise database_failure(error, "connecting", describe_url(engine.url),
                                    server_log=_embedded.log_of_url(engine.url)) from None
         raise BadDatabaseURL(
-            f"the database URL {describe_url(engine.url)} cannot be used: {reason}. Fix the URL (connect(url) or "
-            f"ACTIVEDB_DATABASE_URL): options go in ?name=value and must be libpq's "
+            f"the database URL {describe_url(engine.url)} cannot be used: {reason}. Fix the URL (connect(url), "
+            f"ACTIVEDB_DATABASE_URL or the command line's --url): options go in ?name=value and must be libpq's "
             f"(https://www.postgresql.org/docs/current/libpq-connect.html#LIBPQ-PARAMKEYWORDS)") from None
     except sa.exc.DBAPIError as error:
         raise database_failure(error, "connecting", describe_url(engine.url),

@@ -264,8 +264,8 @@ def database_failure(error: BaseException, doing: str, where: str, *, server_log
             f"{DISK_FULL_ADVICE}")
     if kind is Failure.CONNECTION_LOST and doing == "connecting":
         return DatabaseUnavailable(
-            f"cannot connect to PostgreSQL at {where}: {message}. Check the URL (connect(url) or "
-            f"ACTIVEDB_DATABASE_URL) and that the server is running{log}")
+            f"cannot connect to PostgreSQL at {where}: {message}. Check the URL (connect(url), "
+            f"ACTIVEDB_DATABASE_URL or the command line's --url) and that the server is running{log}")
     if kind is Failure.CONNECTION_LOST and lost is not None:
         return DatabaseUnavailable(
             f"lost the connection to PostgreSQL ({where}) while {doing}: {message}; {lost} — check that the server "

@@ -71,7 +71,7 @@ def test_on_the_core_what_needs_an_extra_names_it_in_one_line(core, database_url
     for call, message in (
             ("activedb.connect()", "activedb.connect() without a URL (the embedded server) needs pgserver, which is "
                                    "not installed: pip install 'activedb[embedded]', or connect to a server: "
-                                   "activedb.connect(URL) or ACTIVEDB_DATABASE_URL"),
+                                   "activedb.connect(URL), ACTIVEDB_DATABASE_URL or the command line's --url"),
             ("spark_bridge.get_spark()", "Spark (spark_bridge.get_spark) needs pyspark, which is not installed: pip "
                                          "install 'activedb[spark]'")):
         code = f"import activedb, spark_bridge\ntry:\n    {call}\nexcept activedb.extras.MissingExtra as e:\n    print(e)"

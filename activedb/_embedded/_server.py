@@ -35,8 +35,8 @@ def bin_directory() -> Path:
     import warnings
 
     with warnings.catch_warnings(), needs(Extra.EMBEDDED, "activedb.connect() without a URL (the embedded server)",
-                                          otherwise="or connect to a server: activedb.connect(URL) or "
-                                                    "ACTIVEDB_DATABASE_URL"):
+                                          otherwise="or connect to a server: activedb.connect(URL), "
+                                                    "ACTIVEDB_DATABASE_URL or the command line's --url"):
         warnings.simplefilter("ignore")   # pgserver's package import looks for a runtime directory we never use
         from pgserver._commands import POSTGRES_BIN_PATH
     return Path(POSTGRES_BIN_PATH)
@@ -44,7 +44,7 @@ def bin_directory() -> Path:
 
 #: What to do about a binary of the embedded server that cannot run.
 _REINSTALL = ("reinstall the embedded extra (pip install --force-reinstall 'activedb[embedded]'), or connect to a "
-              "server: activedb.connect(URL) or ACTIVEDB_DATABASE_URL")
+              "server: activedb.connect(URL), ACTIVEDB_DATABASE_URL or the command line's --url")
 
 
 def server_major_version() -> str:

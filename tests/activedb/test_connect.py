@@ -63,6 +63,7 @@ def test_bad_url_from_cli_exits_non_zero_without_traceback(tmp_path):
     assert "Traceback" not in result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "payroll" in lines[0] and "s3cret" not in lines[0]
+    assert "--url" in lines[0], lines[0]       # where a command takes the URL
 
 
 SECRET_FORMS = [

@@ -94,7 +94,7 @@ def test_connect_without_a_url_names_the_embedded_extra_and_creates_nothing(tmp_
     lines = said(("pgserver",), "activedb.connect()", env={"ACTIVEDB_HOME": str(home), "ACTIVEDB_DATABASE_URL": ""})
     assert lines == ["embedded", "activedb.connect() without a URL (the embedded server) needs pgserver, which is not "
                                  "installed: pip install 'activedb[embedded]', or connect to a server: "
-                                 "activedb.connect(URL) or ACTIVEDB_DATABASE_URL"]
+                                 "activedb.connect(URL), ACTIVEDB_DATABASE_URL or the command line's --url"]
     assert not home.exists()
 
 
