@@ -188,3 +188,35 @@ def test_the_pattern_query_example_prints_the_same_on_a_second_run_on_the_same_d
     url = make_database_url("pattern_twice")
     first = _run_example(block.code, url, tmp_path)
     assert first == _run_example(block.code, url, tmp_path) == block.expected == "warning\n"
+
+
+@pytest.mark.spark
+def test_the_tutorials_programs_run_in_order_in_one_directory_print_what_the_page_says(make_database_url, tmp_path):
+    """The tutorial as a reader follows it: `activedb app init`, the files it saves, then first.py, withdrawals.py and
+    stream.py one after another in one directory on one database, and stream.py once more, as step 5 asks — each
+    printing what the page says.  (The test above runs each program alone on a fresh database.)"""
+    text = TUTORIAL.read_text()
+    programs = [block for block in ALL_BLOCKS if block.readme == TUTORIAL and not block.fragment]
+    assert len(programs) == 3, [str(block) for block in programs]
+    environment = {**os.environ, "ACTIVEDB_DATABASE_URL": make_database_url("tutorial_in_order"),
+                   "ACTIVEDB_HOME": str(tmp_path / "home"), "PYTHONPATH": str(ROOT)}
+
+    def run(*argv: str) -> str:
+        done = subprocess.run([sys.executable, *argv], cwd=tmp_path, env=environment, capture_output=True, text=True,
+                              timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return done.stdout
+
+    run("-m", "activedb.cli", "app", "init", "bank/migrations")
+    for path, saved in programs[-1].files:           # the page's files replace what `app init` wrote
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text(saved)
+    assert sorted(p.name for p in (tmp_path / "bank" / "migrations" / "versions").glob("*.py")) == \
+        ["0001_first_tables.py"]
+    for name, block in zip(("first.py", "withdrawals.py", "stream.py"), programs):
+        assert f"`{name}`" in text
+        (tmp_path / name).write_text(block.code)
+        assert run(name) == block.expected, f"{block} ({name}), run after the programs before it"
+    again = re.search(r"Run the program again:.*?```text\n(.*?)```", text, re.S)
+    assert again is not None, "the page says what stream.py prints when run again"
+    assert run("stream.py") == again.group(1), "stream.py run again"
