@@ -9,7 +9,9 @@ import contextlib
 import enum
 import io
 import os
+import re
 import threading
+import warnings
 from contextlib import redirect_stdout
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator, Protocol, Sequence
@@ -113,18 +115,41 @@ def _failing_as(what: str, location: Path | None = None) -> Iterator[None]:
     """Any error of the block but a MigrationError becomes one: ``what failed: first line`` — of a database error,
     PostgreSQL's message and its hint (a revision's ``RAISE … USING HINT``: what to do), not the driver's wrapping;
     ``location``: an Alembic directory, whose innermost line the error passed (a revision's) is named, ``failed at
-    FILE:LINE``."""
+    FILE:LINE``; Alembic's warning of a ``down_revision`` that names no revision is not shown (the error says it)."""
     try:
-        yield
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", r"Revision \S+ referenced from .* is not present", UserWarning)
+            yield
     except MigrationError:
         raise
     except Exception as error:  # alembic raises CommandError and driver errors alike
+        dangling = _dangling_down_revision(error, location)
+        if dangling is not None:
+            raise MigrationError(f"{what} failed: {dangling}") from error
         orig = error.orig if isinstance(error, sa.exc.DBAPIError) and error.orig is not None else error
         text = str(orig).strip().splitlines()
         hint = getattr(getattr(orig, "diag", None), "message_hint", None)
         raise MigrationError(f"{what} failed{_raised_in(error, location)}: "
                              f"{text[0] if text else type(error).__name__}"
                              + (f" ({hint})" if hint else "")) from error
+
+
+def _dangling_down_revision(error: BaseException, location: Path | None) -> str | None:
+    """What to say of Alembic's bare ``KeyError('name')``, raised as it maps ``location``'s revisions when one's
+    ``down_revision`` names a revision no file has: which file, and what to set; None for any other error."""
+    import traceback
+
+    frames = traceback.extract_tb(error.__traceback__)
+    if location is None or not isinstance(error, KeyError) or not error.args or not isinstance(error.args[0], str) \
+            or not frames or not frames[-1].filename.endswith(os.path.join("alembic", "script", "revision.py")):
+        return None
+    missing = error.args[0]
+    versions = location / "versions"
+    naming = [str(path) for path in sorted(versions.glob("*.py"))
+              if re.search(rf"down_revision\b.*['\"]{re.escape(missing)}['\"]", path.read_text(errors="replace"))]
+    return (f"{' and '.join(naming) or 'a revision under ' + str(versions)} names down_revision {missing!r}, which no "
+            f"revision under {versions} is: set it to the revision before it (None for the first), or restore the "
+            f"file of {missing!r}")
 
 
 def _raised_in(error: BaseException, location: Path | None) -> str:
@@ -163,6 +188,15 @@ def current(engine: Engine, *, version_table: str = migrations.VERSION_TABLE) ->
 def head(script_location: Path | None = None) -> str:
     script = ScriptDirectory.from_config(_config(script_location or migrations.SCRIPT_LOCATION))
     return script.get_current_head()  # type: ignore[return-value]  # (one head: activedb's chain is linear)
+
+
+def _has(location: Path, revision: str) -> bool:
+    """Whether a file under ``location``'s versions/ is ``revision``."""
+    try:
+        ScriptDirectory.from_config(_config(location)).get_revision(revision)
+    except Exception:
+        return False
+    return True
 
 
 def check_revision(revision: str, script_location: Path | None = None) -> None:
@@ -310,8 +344,11 @@ class Schema:
                 heads = [current(self.engine)] if own else self.app_revision(location)[0]
             except Exception:
                 raise error from error.__cause__
+            gone = [] if own else [revision for revision in heads if revision and not _has(location, revision)]
+            restore = (f", a revision no file under {location / 'versions'} has: restore its file, or give the "
+                       f"directory that has it") if gone else ""
             raise MigrationError(f"{error}; {'activedb' if own else 'the application'}'s tables are at "
-                                 f"{', '.join(filter(None, heads)) or 'base'} now") from error.__cause__
+                                 f"{', '.join(filter(None, heads)) or 'base'} now{restore}") from error.__cause__
         self.refresh()
 
     def upgrade(self, revision: str = "head", *, lock_timeout: float | None = LOCK_TIMEOUT_SECONDS) -> None:

@@ -588,3 +588,42 @@ def test_an_upgrade_blocked_by_an_applications_lock_stops_after_its_lock_timeout
     assert _app_revision(url, location)[0] == ["locked_0001"]
     with sa.create_engine(url).connect() as connection:
         assert not sa.inspect(connection).has_table("locked_other")        # (nothing of the run applied)
+
+
+def test_a_revision_whose_down_revision_is_no_revision_names_its_file_and_what_to_set(url, tmp_path):
+    """A revision whose ``down_revision`` names a revision no file has (a typo, a file not copied): `app upgrade` said
+    "upgrade to 'head' failed: 'gap_0000'" — Alembic's bare KeyError — not which file, nor what the name was."""
+    location = tmp_path / "gap"
+    assert invoke(url, "app", "init", str(location), "--name", "gap").exit_code == 0
+    first = location / "versions" / "0001_first_tables.py"
+    first.write_text(first.read_text().replace("down_revision = None", 'down_revision = "gap_0000"'))
+    import warnings
+
+    with warnings.catch_warnings(record=True) as warned:     # (Alembic's warning of it reached stderr besides)
+        warnings.simplefilter("always")
+        result = invoke(url, "app", "upgrade", str(location))
+    assert not [str(warning.message) for warning in warned if "gap_0000" in str(warning.message)]
+    assert result.exit_code == 1 and len(result.output.splitlines()) == 1, result.output
+    assert "gap_0000" in result.output and "down_revision" in result.output, result.output
+    assert str(first) in result.output and "Traceback" not in result.output, result.output
+
+
+def test_tables_at_a_revision_whose_file_is_gone_say_to_restore_it(url, tmp_path):
+    """The database is at the application's revision 2, whose file is no longer in versions/ (deleted, a branch
+    switched): `app upgrade` said "Can't locate revision identified by 'lost_0002'", not what to do."""
+    location = tmp_path / "lost"
+    assert invoke(url, "app", "init", str(location), "--name", "lost").exit_code == 0
+    second = location / "versions" / "0002_nothing.py"
+    second.write_text('revision = "lost_0002"\ndown_revision = "lost_0001"\n\n\ndef upgrade():\n    pass\n\n\n'
+                      'def downgrade():\n    pass\n')
+    assert invoke(url, "app", "upgrade", str(location)).exit_code == 0
+    kept = second.read_text()
+    second.unlink()
+    try:
+        result = invoke(url, "app", "upgrade", str(location))
+        assert result.exit_code == 1 and len(result.output.splitlines()) == 1, result.output
+        assert "lost_0002" in result.output and str(location / "versions") in result.output, result.output
+        assert "restore" in result.output, result.output
+    finally:
+        second.write_text(kept)
+        assert invoke(url, "app", "downgrade", str(location), "base", "--yes").exit_code == 0
