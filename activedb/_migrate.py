@@ -255,6 +255,20 @@ def ahead(revision: str, current: str, script_location: Path | None = None) -> s
     return target.revision if current != target.revision and current in below else None
 
 
+def at(revision: str, current: str, script_location: Path | None = None) -> bool:
+    """Whether ``revision`` names ``current`` itself in ``script_location``'s chain (activedb's own by default): its
+    id, a prefix of it, or head when ``current`` is the head — where a downgrade to it drops nothing (Alembic's
+    no-op); False for base, a relative revision and one Alembic does not know (left to the caller's downgrade)."""
+    if revision == "base" or "-" in revision or "+" in revision or ":" in revision:
+        return False
+    try:
+        script = ScriptDirectory.from_config(_config(script_location or migrations.SCRIPT_LOCATION))
+        target = script.get_revision("head" if revision == "heads" else revision)
+    except Exception:
+        return False
+    return target is not None and target.revision == current
+
+
 def steps_below(revision: str, current: str, script_location: Path | None = None) -> str | None:
     """The revision a relative ``revision`` ``-N`` names from ``current`` in ``script_location``'s chain (activedb's
     own by default): N revisions below it, ``base`` one past the first; None for any other revision, one the chain

@@ -97,6 +97,9 @@ def _migrate_command(ctx: click.Context, action: str, revision: str, sql: bool, 
             if before is None:
                 click.echo(f"already at base: no activedb tables to drop ({database.describe()})")
                 return
+            if _migrate.at(revision, before):
+                click.echo(f"already at {before}; nothing changed ({database.describe()})")
+                return
             above = _migrate.ahead(revision, before)
             if above is not None:   # (Alembic refuses it; as `db upgrade` to a revision passed, said and not an error)
                 click.echo(f"already below {above}: at {before}; nothing changed ({database.describe()}) — "
@@ -194,7 +197,7 @@ def app_upgrade(ctx: click.Context, path: str, revision: str, lock_timeout: floa
 @click.pass_context
 def app_downgrade(ctx: click.Context, path: str, revision: str, yes: bool, lock_timeout: float) -> None:
     """Downgrade the application's tables in PATH to REVISION ('base' drops them all). Asks first."""
-    from activedb._migrate import ahead, app_location, check_revision, steps_below
+    from activedb._migrate import ahead, app_location, at, check_revision, steps_below
 
     revision = _revision(revision)
 
@@ -203,6 +206,9 @@ def app_downgrade(ctx: click.Context, path: str, revision: str, yes: bool, lock_
         check_revision(revision, app_location(path))
         if not heads:
             click.echo(f"{path}: already at base — {database.describe()}")
+            return
+        if len(heads) == 1 and at(revision, heads[0], app_location(path)):
+            click.echo(f"{path}: already at {heads[0]}; nothing changed — {database.describe()}")
             return
         above = ahead(revision, heads[0], app_location(path)) if len(heads) == 1 else None
         if above is not None:       # (Alembic refuses it: as `db downgrade`, said and not an error)

@@ -355,8 +355,9 @@ def test_downgrade_to_a_revision_the_database_has_not_reached_says_nothing_chang
         assert f"already below {target}: at 0010_cheaper_log_row; nothing changed" in result.output, result.output
         assert f"`activedb db upgrade {newer}` goes up to it" in result.output and "Continue?" not in result.output
         assert invoke(url, "db", "current").output.startswith("0010_cheaper_log_row (behind")
-        same = invoke(url, "db", "downgrade", "0010", "--yes")         # (at it: Alembic's no-op, as before)
-        assert same.exit_code == 0 and "now at 0010_cheaper_log_row" in same.output, same.output
+        same = CliRunner().invoke(main, ["--url", url, "db", "downgrade", "0010"], input="")   # (at it: not asked)
+        assert same.exit_code == 0 and "already at 0010_cheaper_log_row; nothing changed" in same.output, same.output
+        assert "Continue?" not in same.output
     finally:
         assert invoke(url, "db", "upgrade").exit_code == 0
 
@@ -626,4 +627,23 @@ def test_tables_at_a_revision_whose_file_is_gone_say_to_restore_it(url, tmp_path
         assert "restore" in result.output, result.output
     finally:
         second.write_text(kept)
+        assert invoke(url, "app", "downgrade", str(location), "base", "--yes").exit_code == 0
+
+
+def test_app_downgrade_to_the_revision_the_tables_are_at_drops_nothing_and_asks_nothing(url, tmp_path):
+    """docs/howto/schemas.md's `activedb app downgrade bank/migrations bank_0001` on the tutorial's tables, which are
+    at bank_0001: it asked "from bank_0001 to bank_0001: this drops what the revisions after bank_0001 added, with its
+    data. Continue?" and, without --yes, failed — for a downgrade that drops nothing.  It says so, as `db downgrade`
+    to a revision not reached does."""
+    location = tmp_path / "still"
+    assert invoke(url, "app", "init", str(location), "--name", "still").exit_code == 0
+    assert invoke(url, "app", "upgrade", str(location)).exit_code == 0
+    try:
+        for target in ("still_0001", "head"):
+            result = CliRunner().invoke(main, ["--url", url, "app", "downgrade", str(location), target], input="")
+            assert result.exit_code == 0, result.output
+            assert "already at still_0001; nothing changed" in result.output and "Continue?" not in result.output, \
+                result.output
+        assert _app_revision(url, location)[0] == ["still_0001"]
+    finally:
         assert invoke(url, "app", "downgrade", str(location), "base", "--yes").exit_code == 0
