@@ -26,6 +26,7 @@ import click
 from activedb.cli.running import (StopRequest, command_home, dead_letter_hint, default_source_name, describe_in_progress,
                                   exit_at_once, ledger_progress, progress_line, refuse_reset_with_progress, restart,
                                   restart_after_deadline, status, what_to_do, where_raised)
+from activedb.extras import Extra, require
 from activedb.metrics import metrics_port_option, start_metrics
 
 from spark_bridge._file_order import FileOrder, check_file_order, files_read
@@ -318,6 +319,8 @@ def run_command(ctx: click.Context, app: str, source_text: str, checkpoint: str 
     if on_partition_failure is not None and not partitions:
         raise click.BadParameter("is for the scale-out path only (with --partitions N); without it a batch is one "
                                  "transaction, atomic by itself", param_hint="--on-partition-failure")
+    # Before anything is written (the schemas, the rules): the run would need it halfway, as `activedb demo` does.
+    require(Extra.SPARK, "`activedb run` (it ingests through Spark)")
     obj = ctx.find_root().obj or {}
     console = make_console()
     loaded = _load_app(app, verbose)

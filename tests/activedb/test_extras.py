@@ -103,6 +103,11 @@ def test_the_command_line_says_it_in_one_line_before_it_writes_anything(database
     assert (demo.returncode, demo.stdout) == (1, "")
     assert demo.stderr == ("activedb: error: `activedb demo` (its Spark feed) needs pyspark, which is not installed: "
                            "pip install 'activedb[spark]', or run it without Spark: activedb demo --no-spark\n")
+    run = run_without(("pyspark",), "-m", "activedb.cli", "--url", database_url, "run", "activedb.examples.hand_hygiene.app",
+                      "--source", "rate", "--checkpoint", str(tmp_path / "checkpoint"), cwd=tmp_path)
+    assert (run.returncode, run.stdout) == (1, ""), run.stdout      # (it had made both schemas and said "starting Spark")
+    assert run.stderr == ("activedb: error: `activedb run` (it ingests through Spark) needs pyspark, which is not "
+                          "installed: pip install 'activedb[spark]'\n"), run.stderr
     engine = sa.create_engine(database_url)
     try:
         assert sa.inspect(engine).get_table_names() == []          # not even activedb's schema
