@@ -190,13 +190,18 @@ def head(script_location: Path | None = None) -> str:
     return script.get_current_head()  # type: ignore[return-value]  # (one head: activedb's chain is linear)
 
 
-def _has(location: Path, revision: str) -> bool:
-    """Whether a file under ``location``'s versions/ is ``revision``."""
+def has_revision(location: Path, revision: str) -> bool:
+    """Whether a file under ``location``'s versions/ is ``revision`` (the tables may be at one whose file is gone)."""
     try:
         ScriptDirectory.from_config(_config(location)).get_revision(revision)
     except Exception:
         return False
     return True
+
+
+def lost_revision(location: Path) -> str:
+    """What tables at a revision no file under ``location``'s versions/ has are told (see :func:`has_revision`)."""
+    return f"a revision no file under {location / 'versions'} has: restore its file, or give the directory that has it"
 
 
 def check_revision(revision: str, script_location: Path | None = None) -> None:
@@ -358,9 +363,8 @@ class Schema:
                 heads = [current(self.engine)] if own else self.app_revision(location)[0]
             except Exception:
                 raise error from error.__cause__
-            gone = [] if own else [revision for revision in heads if revision and not _has(location, revision)]
-            restore = (f", a revision no file under {location / 'versions'} has: restore its file, or give the "
-                       f"directory that has it") if gone else ""
+            gone = [] if own else [revision for revision in heads if revision and not has_revision(location, revision)]
+            restore = f", {lost_revision(location)}" if gone else ""
             raise MigrationError(f"{error}; {'activedb' if own else 'the application'}'s tables are at "
                                  f"{', '.join(filter(None, heads)) or 'base'} now{restore}") from error.__cause__
         self.refresh()

@@ -230,6 +230,10 @@ def app_downgrade(ctx: click.Context, path: str, revision: str, yes: bool, lock_
 def app_current(ctx: click.Context, path: str) -> None:
     """Show the revision the application's tables in PATH are at, and its head."""
     with open_database(ctx, writes=False, check_schema=False) as database:
+        from activedb._migrate import app_location, has_revision, lost_revision
+
         current, heads = database.schema.app_heads(path)
-        click.echo(f"{path}: {', '.join(current) or 'base'} ({_heads_note(path, current, heads)}) — "
-                   f"{database.describe()}")
+        location = app_location(path)
+        lost = any(not has_revision(location, revision) for revision in current)
+        note = lost_revision(location) if lost else _heads_note(path, current, heads)
+        click.echo(f"{path}: {', '.join(current) or 'base'} ({note}) — {database.describe()}")

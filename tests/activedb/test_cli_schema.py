@@ -625,6 +625,9 @@ def test_tables_at_a_revision_whose_file_is_gone_say_to_restore_it(url, tmp_path
         assert result.exit_code == 1 and len(result.output.splitlines()) == 1, result.output
         assert "lost_0002" in result.output and str(location / "versions") in result.output, result.output
         assert "restore" in result.output, result.output
+        current = invoke(url, "app", "current", str(location))      # (it said: head is lost_0001: `activedb app upgrade`)
+        assert current.exit_code == 0 and "lost_0002" in current.output, current.output
+        assert "restore its file" in current.output and "app upgrade" not in current.output, current.output
     finally:
         second.write_text(kept)
         assert invoke(url, "app", "downgrade", str(location), "base", "--yes").exit_code == 0
