@@ -75,7 +75,8 @@ def normalise_url(url: str | URL) -> URL:
         parsed = parsed.set(password=secret if isinstance(secret, str) else secret[0], query=query)
     if not parsed.drivername.startswith("postgresql"):
         raise BadDatabaseURL(
-            f"activedb needs PostgreSQL, got a {parsed.drivername!r} URL ({describe_url(parsed)})")
+            f"activedb needs PostgreSQL, got a {parsed.drivername!r} URL ({describe_url(parsed)}): give a PostgreSQL "
+            f"server's, postgresql://user:password@host:port/database")
     return parsed
 
 

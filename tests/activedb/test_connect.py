@@ -138,8 +138,9 @@ def test_a_url_without_its_scheme_says_to_write_postgresql_at_its_start_and_mask
 
 
 def test_non_postgresql_url_is_refused():
-    with pytest.raises(activedb.DatabaseUnavailable, match="needs PostgreSQL"):
+    with pytest.raises(activedb.DatabaseUnavailable, match="needs PostgreSQL") as caught:
         activedb.connect("sqlite:///x.db")
+    assert "postgresql://user:password@host:port/database" in str(caught.value), str(caught.value)   # what to give
 
 
 def test_migration_round_trip(database_url):
