@@ -200,7 +200,13 @@ def classify(error: BaseException) -> Failure:
     """The one classifier of failures: what ``error`` (or the first cause in its chain that says) means.
 
     A lost or never-opened connection (SQLAlchemy invalidated it, SQLSTATE class 08 or 57P, or a
-    connection-level error without a SQLSTATE, e.g. "Connection refused") is ``CONNECTION_LOST``;
+    connection-level error without a SQLSTATE, e.g. "Connection refused") is ``CONNECTION_LOST``.  psycopg's
+    ``OperationalError`` or ``InterfaceError`` without a SQLSTATE is taken by the connection's real state where it
+    is known: SQLAlchemy's exception for a statement on a connection says it (``connection_invalidated``: the
+    dialect read psycopg's ``closed``/``broken``; ``activedb.store.driver_error`` sets it so for activedb's own
+    driver calls) — a connection still intact means the client refused the statement itself (e.g. "number of
+    parameters must be between 0 and 65535"): ``BUG``, not to be retried; unknown (psycopg's own exception, a
+    connection attempt) stays ``CONNECTION_LOST``;
     SQLSTATE 40001 and :class:`SerializationConflict` are ``SERIALIZATION_CONFLICT``; 40P01 and the lock
     manager's deadlock (:class:`DeadlockDetected`, a ``lockmgr.Deadlock``) ``DEADLOCK``; 53100 ``DISK_FULL``; classes 22, 23 and 54 and :class:`SchemaError`
     ``BAD_VALUE``; the rest of classes 53, 57 and 58 and 55P03 (lock not available) ``SERVER_BUSY``; any other
@@ -235,7 +241,14 @@ def _classify_one(error: BaseException) -> Failure | None:
     import psycopg
 
     if isinstance(getattr(error, "orig", None) or error, (psycopg.OperationalError, psycopg.InterfaceError)):
-        return Failure.CONNECTION_LOST      # no SQLSTATE: the client's side of the connection failed
+        # No SQLSTATE: the client's side failed.  SQLAlchemy's exception for a statement it ran on a connection
+        # (``statement`` set; a connection attempt has none) says whether that connection was lost: found intact,
+        # the client refused the statement itself, a permanent error.  Otherwise the state is unknown.
+        import sqlalchemy as sa
+
+        if isinstance(error, sa.exc.DBAPIError) and error.statement is not None:
+            return Failure.BUG          # (connection_invalidated is False: read above)
+        return Failure.CONNECTION_LOST
     return None
 
 
@@ -275,6 +288,12 @@ def database_failure(error: BaseException, doing: str, where: str, *, server_log
             f"lost the connection to PostgreSQL ({where}) while {doing}: {message}; nothing committed is "
             f"affected — check that the server is up{log}, then retry the transaction")
     sqlstate = sqlstate_of(error)
+    import psycopg
+
+    if kind is Failure.BUG and isinstance(orig, (psycopg.OperationalError, psycopg.InterfaceError)):
+        return DatabaseError(
+            f"the PostgreSQL client (psycopg) refused {doing} ({where}), the connection intact: {message}. "
+            f"{_HINTS[kind]}")
     if kind is Failure.DISK_FULL:
         return DiskFull(
             f"PostgreSQL's disk is full ({where}) while {doing} (SQLSTATE {sqlstate}): {message}. Nothing was "

@@ -40,7 +40,7 @@ from activedb.batch._store import (DEAD_LETTER_TABLE, NO_GIVEN_KEY, apply_batch,
 from activedb.batch._strategy import Split, Strategy
 from activedb.batch.errors import BatchNotCommitted, DeclarationError
 from activedb.errors import InvalidKey, InvalidValue, SchemaError
-from activedb.store import Catalog, Key, KeysCheck, RowImage, TableInfo, array_literal, rows_by_key
+from activedb.store import Catalog, Key, KeysCheck, RowImage, TableInfo, array_literal, driver_error, rows_by_key
 from activedb.txn import CommitParticipant
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -300,7 +300,7 @@ def _run(connection: sa.Connection, statement: sa.ClauseElement | Callable[[], s
     tens of thousands of rows here, and a SQLAlchemy row object per row would cost more than
     PostgreSQL's work for it.  ``statement`` may be a function that builds it; with ``shape`` (what
     determines its SQL) the compiled SQL is kept and the function called only the first time.  The driver's
-    errors are raised as SQLAlchemy's (``DBAPIError.instance``), as for a statement SQLAlchemy ran."""
+    errors are raised as SQLAlchemy's (``activedb.store.driver_error``), as for a statement SQLAlchemy ran."""
     sql = _SQL.get(shape) if shape is not None else None
     if sql is None:
         built = statement() if callable(statement) else statement
@@ -322,7 +322,7 @@ def _run(connection: sa.Connection, statement: sa.ClauseElement | Callable[[], s
             return cursor.fetchall(), [description.name for description in cursor.description or ()]
         return None
     except driver.Error as error:       # SQLAlchemy's, as for a statement it ran: the flush classifies it
-        raise sa.exc.DBAPIError.instance(sql, None, error, driver.Error) from None
+        raise driver_error(sql, None, error, driver) from None
     finally:
         cursor.close()
 
@@ -384,7 +384,7 @@ def _send(connection: sa.Connection, statements: list[_Statement], check: KeysCh
             driver.execute(f"ROLLBACK TO SAVEPOINT {savepoint}")
         if isinstance(error, sa.exc.DBAPIError):
             raise
-        raise sa.exc.DBAPIError.instance("the batch's writes (one pipeline)", None, error, driver.Error) from None
+        raise driver_error("the batch's writes (one pipeline)", None, error, driver) from None
     if check is not None and checking is not None:
         check.judge(checking.fetchall())
     if letters is not None and inserting is not None:

@@ -28,6 +28,7 @@ from activedb.errors import (Failure, GeneratedKeysReset, TransactionError, Unkn
 from activedb.store import _prepared as prepared
 from activedb.store._choices import IsolationLevel
 from activedb.store._schema import TableInfo
+from activedb.store._sql import driver_error
 from activedb.store._writeset import TableRef
 
 #: Generated keys are drawn from a sequence this many at a time at first (one round trip per block) ...
@@ -428,7 +429,7 @@ class Catalog:
             try:
                 values, storage = driver.execute(_DRAW, (sequence, count, sequence)).fetchone()
             except psycopg.Error as error:
-                raise sa.exc.DBAPIError.instance(_DRAW, (), error, psycopg.Error) from None
+                raise driver_error(_DRAW, (), error, driver) from None
         return values, storage
 
     def _remember_block(self, sequence: str, values: list[int], storage: int) -> None:

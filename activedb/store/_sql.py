@@ -31,6 +31,16 @@ def is_connection_failure(error: BaseException) -> bool:
     return classify(error) is Failure.CONNECTION_LOST
 
 
+def driver_error(statement: str, parameters: Sequence[object] | Mapping[str, object] | None, error: psycopg.Error,
+                 driver: psycopg.Connection[TupleRow]) -> sa.exc.StatementError:
+    """SQLAlchemy's exception for ``error``, which the psycopg connection ``driver`` raised on ``statement`` in one
+    of activedb's own driver calls (outside SQLAlchemy's execution), as SQLAlchemy raises one for a statement it ran:
+    a ``DBAPIError`` whose ``connection_invalidated`` says whether ``driver`` is lost (closed or broken), which
+    :func:`activedb.errors.classify` reads to tell a lost connection from the client's refusal of the statement."""
+    lost = driver.closed or driver.broken or driver.pgconn.status != psycopg.pq.ConnStatus.OK
+    return sa.exc.DBAPIError.instance(statement, parameters, error, psycopg.Error, connection_invalidated=lost)
+
+
 def storable_text(value: str) -> str:
     """``value`` with what PostgreSQL cannot store spelled out: NUL as ``\\u0000`` and lone surrogates as
     ``\\udXXX`` escapes (text, so nothing of the original is lost from view)."""
@@ -197,7 +207,7 @@ def lock_row(connection: sa.Connection, info: TableInfo, key: Key, *, lock_timeo
             cursor = _begin_and_lock(connection, driver, statement, parameters, f"BEGIN ISOLATION LEVEL {begin}")
         row = cursor.fetchone()
     except driver.Error as error:
-        raise sa.exc.DBAPIError.instance(statement, parameters, error, driver.Error) from None
+        raise driver_error(statement, parameters, error, driver) from None
     if row is None:
         return None
     # The statement's columns are the table's, in its order: their result processors are the same for every
@@ -412,7 +422,7 @@ def _execute_then_commit(connection: sa.Connection, statement: str, parameters: 
     try:
         prepared.execute(connection, statement, parameters, after=("COMMIT",))
     except driver.Error as error:
-        raise sa.exc.DBAPIError.instance(f"{statement}; COMMIT", parameters, error, driver.Error) from None
+        raise driver_error(f"{statement}; COMMIT", parameters, error, driver) from None
 
 
 @contextlib.contextmanager
@@ -430,8 +440,8 @@ def _then_commit(connection: sa.Connection, commit: bool, *, pipeline: bool = Fa
             if commit:
                 driver.execute("COMMIT")
     except driver.Error as error:
-        raise sa.exc.DBAPIError.instance("COMMIT" if commit else "the flush's last statements (one pipeline)", None,
-                                         error, driver.Error) from None
+        raise driver_error("COMMIT" if commit else "the flush's last statements (one pipeline)", None, error,
+                           driver) from None
 
 
 def _raise_insert_error(table_name: str, error: sa.exc.IntegrityError, primary_key: sa.PrimaryKeyConstraint) -> None:

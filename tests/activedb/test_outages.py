@@ -26,6 +26,7 @@ import activedb
 from activedb import _embedded
 from activedb.errors import (BadDatabaseURL, DatabaseError, DatabaseUnavailable, DiskFull, Failure, ServerDiskFull,
                              classify, database_failure, disk_full_panic)
+from activedb.store import driver_error
 from tests.conftest import APP_MIGRATIONS
 
 
@@ -71,6 +72,36 @@ def test_classify_names_what_real_failures_mean(db):
     assert classify(cancelled.value) is Failure.SERVER_BUSY
     assert [failure.transient for failure in (Failure.SERVER_BUSY, Failure.DEADLOCK, Failure.BAD_VALUE, Failure.BUG)] \
         == [True, True, False, False]
+
+
+def test_a_client_side_refusal_on_a_healthy_connection_is_a_bug_not_a_lost_connection(db):
+    """psycopg refuses a statement of more than 65535 parameters itself, with an OperationalError and no SQLSTATE,
+    the connection intact: a permanent error of the statement, not an outage to retry and report as the server
+    being down.  A connection really lost (its backend terminated) stays CONNECTION_LOST."""
+    too_many = tuple(range(70_000))
+    statement = "SELECT " + ", ".join(["%s"] * len(too_many))
+    with db.engine.connect() as connection:
+        with pytest.raises(sa.exc.OperationalError, match="number of parameters") as refused:
+            connection.exec_driver_sql(statement, too_many)
+        assert connection.exec_driver_sql("SELECT 1").scalar() == 1          # (the connection is fine)
+    assert classify(refused.value) is Failure.BUG and not classify(refused.value).transient
+    failure = database_failure(refused.value, "reading", "the test database")
+    assert type(failure) is DatabaseError, repr(failure)
+    assert "lost the connection" not in str(failure) and "server is up" not in str(failure), str(failure)
+    assert "number of parameters must be between 0 and 65535" in str(failure) and "bug" in str(failure), str(failure)
+    # activedb's own driver calls (outside SQLAlchemy's execution) say the driver connection's state the same way
+    with db.engine.connect() as connection:
+        driver = connection.connection.driver_connection
+        with pytest.raises(psycopg.OperationalError) as raw:
+            driver.execute(statement, too_many)
+        assert classify(driver_error(statement, too_many, raw.value, driver)) is Failure.BUG
+        with psycopg.connect(db.engine.url.set(drivername="postgresql").render_as_string(hide_password=False),
+                             autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(%s)", (driver.info.backend_pid,))
+        with pytest.raises(psycopg.OperationalError) as lost:
+            driver.execute("SELECT 1")
+        assert classify(driver_error("SELECT 1", (), lost.value, driver)) is Failure.CONNECTION_LOST
+        connection.invalidate()
 
 
 # --- unavailable ---------------------------------------------------------------------------------

@@ -101,8 +101,8 @@ def quiet(migrated):
 
 
 def driver_error(lost: bool) -> sa.exc.DBAPIError:
-    """What SQLAlchemy raises for a statement PostgreSQL refused (or whose connection broke): its text holds the
-    statement and its parameters — here an event's payload."""
+    """What SQLAlchemy raises for a statement PostgreSQL refused (or whose connection broke, which SQLAlchemy found
+    so: ``connection_invalidated``): its text holds the statement and its parameters — here an event's payload."""
     import psycopg
 
     orig = (psycopg.OperationalError("server closed the connection unexpectedly\n\tThis probably means the server "
@@ -111,7 +111,7 @@ def driver_error(lost: bool) -> sa.exc.DBAPIError:
                                            "DETAIL:  Key (id)=(7) already exists."))
     kind = sa.exc.OperationalError if lost else sa.exc.IntegrityError
     return kind("INSERT INTO activedb_outbox (id, event) VALUES (%(id)s, %(event)s)",
-                {"id": 7, "event": '{"card": "4111-secret"}'}, orig)
+                {"id": 7, "event": '{"card": "4111-secret"}'}, orig, connection_invalidated=lost)
 
 
 def assert_one_line_without_parameters(caplog, words: str) -> None:
