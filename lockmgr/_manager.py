@@ -684,18 +684,27 @@ class LockManager:
         with self._graph_mutex:
             return snapshot_of(self._stripes, self._active, self._structural)
 
-    def wait_for_graph(self) -> networkx.DiGraph[Hashable]:
+    def wait_for_graph(self, timeout: float | None = None) -> networkx.DiGraph[Hashable]:
         """The wait-for graph as a ``networkx.DiGraph``.
 
         Nodes are the tids of active transactions (attributes ``parent``, ``state``, ``depth``, and for a
         waiting one ``waiting_for`` and ``mode``); edges carry ``kind`` ("held", "retained", "queued",
         "commit", or the kind of a registered wait, e.g. "dependency") and, for lock-wait edges, ``resource``.  Built under the graph mutex, so it is consistent.
+        ``timeout``: seconds to wait for the graph mutex (None: no limit) — a watcher of a test that may hang
+        bounds its read so; ``TimeoutError`` if a thread holds the mutex that long.
         """
         import networkx
 
+        if timeout is not None and not timeout >= 0:     # (also NaN)
+            raise ValueError(f"timeout must be None or a number >= 0, not {timeout!r}")
         graph: networkx.DiGraph[Hashable] = networkx.DiGraph()
-        with self._graph_mutex:
+        if not self._graph_mutex.acquire(timeout=-1 if timeout is None else min(timeout, threading.TIMEOUT_MAX)):
+            raise TimeoutError(f"the wait-for graph was not read within {timeout} s: a thread holds the lock "
+                               f"manager's graph mutex")
+        try:
             add_wait_for_graph(graph, self._active, self._structural)
+        finally:
+            self._graph_mutex.release()
         return graph
 
     # ------------------------------------------------------------------ slow paths (graph mutex)

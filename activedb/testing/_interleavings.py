@@ -445,10 +445,17 @@ class _Run(Observer):
 
     def _settle(self) -> None:
         """Wait until every thread of the run is paused, blocked or done (nothing sleeps: the waits are on the
-        condition, which every hook notifies, and at most 1 ms when the wait-for graph must be looked at again)."""
-        deadline = time.monotonic() + self.runner.step_timeout
+        condition, which every hook notifies, and at most 1 ms when the wait-for graph must be looked at again).
+        Each read of the wait-for graph waits at most ``step_timeout`` for the lock manager's graph mutex: a thread
+        hung holding it is a hang too."""
+        timeout = self.runner.step_timeout
+        deadline = time.monotonic() + timeout
         while True:
-            graph = self.db.transactions.locks.wait_for_graph()
+            try:
+                graph = self.db.transactions.locks.wait_for_graph(timeout=timeout)
+            except TimeoutError:
+                raise self._hang(f"could not read the lock manager's wait-for graph within {timeout} s (a thread "
+                                 f"holds its graph mutex)") from None
             runners = self.db.outbox.runners
             with self.condition:
                 running = self._running(graph, runners)

@@ -299,6 +299,34 @@ def test_an_invariant_that_raises_another_error_breaks_the_run_that_names_its_sc
     assert again.verdict is Verdict.INVARIANT_BROKEN and again.trace == failure.trace
 
 
+def test_a_thread_holding_the_graph_mutex_is_a_hang_saying_so_not_a_run_that_waits_for_it(fresh, monkeypatch):
+    """The runner's watching (``_settle``, between steps) read the wait-for graph without a bound: a thread that
+    hung holding the lock manager's graph mutex hung the run — the watchdog printed the stacks and the run went on
+    waiting.  Now the read is bounded by ``step_timeout`` and the run fails as a hang that says what it could not
+    read.  (The actor holds the real mutex, outside its transactions, until the test ends.)"""
+    from lockmgr import testing as lockmgr_testing
+
+    monkeypatch.setattr(lockmgr_testing, "DIAGNOSTIC_SECONDS", 0.2)     # (the hang's own reads of the graph)
+    released = threading.Event()
+    locks = fresh.transactions.locks
+
+    def holds_the_graph_mutex(db: Database) -> None:
+        with db.transaction() as tx:
+            tx.write("items", "x", value=1)
+        with locks._graph_mutex:                        # as a hung thread of the lock manager would
+            released.wait(30)
+
+    try:
+        with pytest.raises(InterleavingHang) as hang:
+            Interleavings(fresh, {"W": holds_the_graph_mutex}, setup=one_account, step_timeout=1.0).replay("")
+        assert not released.is_set()
+    finally:
+        released.set()
+    message = str(hang.value)
+    assert "could not read the lock manager's wait-for graph within 1.0 s" in message, message
+    assert "steps:\n  W start\n  W: write items['x']\n  W: commit" in message, message
+
+
 @pytest.mark.parametrize("graph", ["raises", "is held"])
 def test_a_hang_whose_description_fails_or_waits_is_still_the_hang_within_a_bound(fresh, monkeypatch, graph):
     """The runner's description of a hang read the wait-for graph (under the lock manager's graph mutex) without a
@@ -316,12 +344,12 @@ def test_a_hang_whose_description_fails_or_waits_is_still_the_hang_within_a_boun
     locks = fresh.transactions.locks
     read = locks.wait_for_graph
 
-    def describing_fails():
+    def describing_fails(timeout=None):
         if sys._getframe(1).f_code.co_name != "_settle":    # (the run's watching reads it as usual)
             if graph == "raises":
                 raise RuntimeError("the graph broke")
             released.wait(30)                           # as behind a hung thread holding the graph mutex
-        return read()
+        return read(timeout)
 
     monkeypatch.setattr(locks, "wait_for_graph", describing_fails)
     try:
