@@ -32,6 +32,7 @@ from activedb.lowlevel import HistoryOp, Observer, TransactionExtension, WaitKin
 from activedb import Transaction, TxnState
 
 if TYPE_CHECKING:  # pragma: no cover
+    import lockmgr
     import networkx as nx
 
     from activedb._database import Database
@@ -164,7 +165,9 @@ class Interleavings:
     * ``actors`` — ``{name: actor}`` or a sequence (named ``A1``, ``A2``, …); each ``actor(db)`` runs top-level
       transactions (``with db.transaction()``, ``db.run``);
     * ``setup(db)`` — puts the database in the state every run starts from (runs before each run, unobserved;
-      generated keys are drawn afresh after it: a setup that restarts the sequences makes a run's keys its own);
+      the detached firings it causes are waited for, as ``db.rules.wait_idle()`` waits, else the run is an
+      :class:`InterleavingHang`; generated keys are drawn afresh after it: a setup that restarts the sequences
+      makes a run's keys its own);
     * ``invariant(db)`` — checked after each run; raises (``AssertionError``, or any other exception) or returns False
       when broken: the run is reported with its schedule either way;
     * ``serializable`` — also check the recorded history (:func:`~activedb.testing.check_history`: conflict
@@ -259,10 +262,10 @@ class Interleavings:
 
     def _run(self, choose: Chooser) -> RunReport:
         db = self.db
-        db.rules.wait_idle()
+        self._wait_idle("the detached rule firings from before the run")
         if self.setup is not None:
             self.setup(db)
-        db.rules.wait_idle()         # what the setup fired, before the run's history starts
+        self._wait_idle("what the setup fired")       # before the run's history starts
         db.catalog.invalidate_key_blocks()     # generated keys come from the sequences as setup left them
         history = db.history
         assert history is not None
@@ -286,6 +289,25 @@ class Interleavings:
                    else Verdict.NOT_SERIALIZABLE if checked is not None and not checked.ok else Verdict.PASSED)
         return RunReport(Schedule(tuple(run.choices), tuple(run.chosen)), verdict, tuple(run.trace), errors, problem,
                          checked)
+
+    def _wait_idle(self, what: str) -> None:
+        """Wait for the detached firings queued so far (``what``: whose) to run, as ``db.rules.wait_idle()`` does (its
+        bound); if they do not (a rule that never returns), the :class:`InterleavingHang` saying so, with the
+        wait-for graph."""
+        try:
+            self.db.rules.wait_idle()
+        except TimeoutError as error:
+            graph = diagnostic("read the wait-for graph", lambda: _graph_text(self.db.transactions.locks))
+            raise InterleavingHang(f"interleaving hung before the run: {what} did not finish ({error}) — a rule that "
+                                   f"never returns?\nwait-for graph:\n{graph}") from None
+
+
+def _graph_text(locks: "lockmgr.LockManager") -> str:
+    """The wait-for graph's edges, one a line (the caller bounds the read: ``diagnostic``)."""
+    graph = locks.wait_for_graph()
+    edges = [f"  {waiter} -[{data.get('kind')} {data.get('resource', '')}]-> {target}"
+             for waiter, target, data in sorted(graph.edges(data=True), key=repr)]
+    return "\n".join(edges) or "  (no edges)"
 
 
 def _exception_classes(given: object) -> tuple[type[BaseException], ...]:
@@ -697,14 +719,7 @@ class _Run(Observer):
         mutex, or ``condition``) is a line saying so: the hang is reported whatever its state.  Caller does not hold
         ``condition``."""
         locks = self.db.transactions.locks
-
-        def graph_text() -> str:
-            graph = locks.wait_for_graph()
-            edges = [f"  {waiter} -[{data.get('kind')} {data.get('resource', '')}]-> {target}"
-                     for waiter, target, data in sorted(graph.edges(data=True), key=repr)]
-            return "\n".join(edges) or "  (no edges)"
-
-        edges = diagnostic("read the wait-for graph", graph_text)
+        edges = diagnostic("read the wait-for graph", lambda: _graph_text(locks))
         described = diagnostic("describe the transactions", self._describe)
         try:                                    # (bounded itself: step_timeout for each wait)
             stuck = self._tear_down()

@@ -299,6 +299,33 @@ def test_an_invariant_that_raises_another_error_breaks_the_run_that_names_its_sc
     assert again.verdict is Verdict.INVARIANT_BROKEN and again.trace == failure.trace
 
 
+def test_a_detached_rule_the_setup_fired_that_never_returns_is_a_hang_that_prints_the_graph(fresh):
+    """The runner waits for what the setup fired before a run starts: that wait was db.rules.wait_idle()'s default
+    30 s, and its end a bare TimeoutError ("1 detached rule firing(s) still queued or running after 30.0 s") — not
+    an InterleavingHang, neither the setup named nor the wait-for graph printed.  Now it is the run's hang, saying
+    so (after the same 30 s)."""
+    released = threading.Event()
+
+    @fresh.rule(on=fresh.inserted("items"), coupling=Coupling.DETACHED, name="never_returns")
+    def never_returns(tx: Transaction, event: Event) -> None:
+        released.wait(60)
+
+    def setup(db: Database) -> None:
+        one_account(db)
+        with db.transaction() as tx:
+            tx.insert("items", key="s", value=1)
+
+    try:
+        with pytest.raises(InterleavingHang) as hang:
+            Interleavings(fresh, [insert_item("a")], setup=setup, step_timeout=1.0).replay("")
+        assert not released.is_set()
+    finally:
+        released.set()
+    message = str(hang.value)
+    assert "interleaving hung before the run: what the setup fired did not finish" in message, message
+    assert "1 detached rule firing(s) still queued or running" in message and "wait-for graph:" in message, message
+
+
 def test_a_thread_holding_the_graph_mutex_is_a_hang_saying_so_not_a_run_that_waits_for_it(fresh, monkeypatch):
     """The runner's watching (``_settle``, between steps) read the wait-for graph without a bound: a thread that
     hung holding the lock manager's graph mutex hung the run — the watchdog printed the stacks and the run went on
