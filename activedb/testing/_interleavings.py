@@ -29,13 +29,11 @@ from activedb.testing._history import HistoryReport, check_history
 from activedb.testing.errors import (InterleavingError, InterleavingFailed, InterleavingHang, InvalidSchedule,
                                      NondeterministicRun)
 from activedb.lowlevel import HistoryOp, Observer, TransactionExtension, WaitKind, abandon
-from activedb import Transaction, TxnState
+from activedb import Database, Transaction, TxnState
 
 if TYPE_CHECKING:  # pragma: no cover
     import lockmgr
     import networkx as nx
-
-    from activedb._database import Database
 
 __all__ = ["Actor", "Exploration", "Interleavings", "RunReport", "Schedule", "StepKind", "Verdict"]
 
@@ -182,6 +180,10 @@ class Interleavings:
                  setup: Callable[["Database"], object] | None = None, invariant: Invariant | None = None,
                  serializable: bool = True, expected_errors: tuple[type[BaseException], ...] = (),
                  step_timeout: float = 30.0) -> None:
+        if not isinstance(db, Database):         # (its type only: a URL's text holds the password)
+            raise BadArgument(f"Interleavings(db=...) takes an activedb.Database connected with record_history=True "
+                              f"(the activedb_db fixture with @pytest.mark.activedb(record_history=True), or "
+                              f"activedb.connect(url, record_history=True)), got {type(db).__name__}")
         if db.history is None:
             raise InterleavingError(
                 "Interleavings needs a database connected with record_history=True (with the pytest plugin: "

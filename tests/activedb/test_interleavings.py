@@ -45,6 +45,18 @@ def test_arguments_the_runner_cannot_take_are_an_activedb_error(fresh, actors, k
         Interleavings(fresh, actors, **keywords)
 
 
+def test_a_runner_given_no_database_says_what_to_give_without_the_urls_password(fresh):
+    """``Interleavings(activedb_url, …)`` (the fixture next to ``activedb_db``) or None failed with a bare
+    AttributeError ("'str' object has no attribute 'history'"), no ActivedbError and no word of what to give."""
+    url = fresh.engine.url.render_as_string(hide_password=False)
+    for given in (url, None):
+        with pytest.raises(activedb.BadArgument, match=r"^Interleavings\(db=\.\.\.\) takes an activedb.Database "
+                                                       r"connected with record_history=True .*, got (str|NoneType)$") \
+                as caught:
+            Interleavings(given, [print])
+        assert fresh.engine.url.password not in str(caught.value)
+
+
 @pytest.mark.parametrize("expected", [[ValueError], ValueError, (ValueError,), {ValueError}])
 def test_expected_errors_given_as_a_list_or_one_class_are_expected(fresh, expected):
     """``expected_errors=[ValueError]`` (a list, not the tuple the signature says) was taken, and the first run in
