@@ -170,30 +170,44 @@ def activedb_templates(activedb_server: Server) -> Iterator[Templates]:
 
 @pytest.fixture(scope=_scope)
 def activedb_settings(request: pytest.FixtureRequest) -> DatabaseSettings:
-    """How ``activedb_db`` is made: the ``activedb`` mark of the test (or module) over the settings."""
+    """How ``activedb_db`` is made: the ``activedb`` mark of the test (or module) over the settings.  A mark it
+    cannot take fails the test with one line (:func:`_fail`)."""
     config = request.config
     marker = request.node.get_closest_marker("activedb")
     options = dict(marker.kwargs) if marker is not None else {}
     if marker is not None and marker.args:
-        raise pytest.UsageError(f"@pytest.mark.activedb takes keyword arguments only, not {marker.args!r}")
-    chosen = options.pop("migrations", None)
-    if chosen is None:
-        migrations = tuple(Path(path) for path in config.getini("activedb_migrations"))
-    else:
-        try:
-            migrations = tuple(_path(config.rootpath, path) for path in _listed(chosen))
-        except TypeError:       # (no iterable, or a member Path() cannot take)
-            raise pytest.UsageError(f"@pytest.mark.activedb(migrations=...) takes an Alembic directory or a list of "
-                                    f"them (str or Path), not {chosen!r}") from None
+        _fail(DatabaseFixtureError(f"@pytest.mark.activedb takes keyword arguments only, not {marker.args!r}"))
+    migrations = _migrations(config, options.pop("migrations", None))
     for directory in migrations:
         if not (directory / "env.py").is_file():
-            raise pytest.UsageError(f"activedb migrations {directory} is not an Alembic directory (no env.py there); "
-                                    f"make one with: activedb app init {directory}")
+            _fail(DatabaseFixtureError(f"activedb migrations {directory} is not an Alembic directory (no env.py "
+                                       f"there); make one with: activedb app init {directory}"))
     clock = options.pop("clock", None)
     if clock is not None and not _a_clock(clock) and not callable(clock):
-        raise pytest.UsageError(f"@pytest.mark.activedb(clock=...) takes an activedb.clock.Clock or a function making "
-                                f"one (ManualClock), not {clock!r}")
-    return DatabaseSettings(migrations, clock, options)
+        _fail(DatabaseFixtureError(f"@pytest.mark.activedb(clock=...) takes an activedb.clock.Clock or a function "
+                                   f"making one (ManualClock), not {clock!r}"))
+    from activedb._config import configured
+
+    try:
+        configured(None, options)       # (connect()'s own check of its keywords, before a database is made)
+    except (TypeError, ActivedbError) as error:     # (an unknown keyword; a value it cannot take: BadArgument)
+        given = ", ".join(f"{name}={value!r}" for name, value in options.items())
+        problem = DatabaseFixtureError(f"@pytest.mark.activedb({given}): {error}")
+    else:
+        return DatabaseSettings(migrations, clock, options)
+    _fail(problem)                      # (outside the except: one line, not a chain of two)
+
+
+def _migrations(config: pytest.Config, chosen: object) -> tuple[Path, ...]:
+    """The mark's ``migrations`` (None: the ``activedb_migrations`` setting's) as paths."""
+    if chosen is None:
+        return tuple(Path(path) for path in config.getini("activedb_migrations"))
+    try:
+        return tuple(_path(config.rootpath, path) for path in _listed(cast("str | Iterable[str]", chosen)))
+    except TypeError:       # (no iterable, or a member Path() cannot take)
+        pass
+    _fail(DatabaseFixtureError(f"@pytest.mark.activedb(migrations=...) takes an Alembic directory or a list of them "
+                               f"(str or Path), not {chosen!r}"))     # (outside the except: one line, not two)
 
 
 def _a_clock(value: object) -> TypeGuard[Clock]:
@@ -221,7 +235,8 @@ def activedb_clock(activedb_settings: DatabaseSettings) -> Clock:
         return chosen
     made = cast("Callable[[], Clock]", chosen)()     # (a factory: checked callable when the mark was read)
     if not _a_clock(made):
-        raise pytest.UsageError(f"@pytest.mark.activedb(clock={chosen!r}) made {made!r}, not an activedb.clock.Clock")
+        _fail(DatabaseFixtureError(f"@pytest.mark.activedb(clock={chosen!r}) made {made!r}, not an "
+                                   f"activedb.clock.Clock"))
     return made
 
 

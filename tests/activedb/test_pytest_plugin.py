@@ -280,6 +280,52 @@ def test_numbered(activedb_db):
     assert "is not iterable" not in result.stdout.str() and "expected str, bytes" not in result.stdout.str()
 
 
+def test_a_mark_the_plugin_cannot_take_fails_its_test_with_one_line_naming_the_mark(project, activedb_server):
+    """A mark with an unknown keyword of activedb.connect failed the fixture with connect()'s TypeError and the
+    plugin's and activedb's source around it, not naming the mark; a positional argument, migrations that are no
+    directory, and a clock that is none were UsageErrors raised in the fixture: each printed the fixture's source
+    as a traceback.  Each is one line now, as the plugin's other fixture failures are."""
+    project.makepyfile(test_marks="""
+import pytest
+
+@pytest.mark.activedb(bogus=1)
+def test_unknown_keyword(activedb_db):
+    pass
+
+@pytest.mark.activedb("migrations")
+def test_positional(activedb_db):
+    pass
+
+@pytest.mark.activedb(migrations=5)
+def test_no_directory(activedb_db):
+    pass
+
+@pytest.mark.activedb(clock="now")
+def test_no_clock(activedb_db):
+    pass
+
+@pytest.mark.activedb(record_history="yes")
+def test_no_switch(activedb_db):
+    pass
+""")
+    result = project.runpytest_subprocess("-p", "no:cacheprovider", f"--activedb-url={activedb_server.url('postgres')}")
+    result.assert_outcomes(errors=5)
+    output = result.stdout.str()
+    report = output.split("short test summary info")[0]
+    for line in ("DatabaseFixtureError: @pytest.mark.activedb(bogus=1): connect() got unknown keyword(s) bogus: it "
+                 "takes the fields of activedb.Config",
+                 "DatabaseFixtureError: @pytest.mark.activedb takes keyword arguments only, not ('migrations',)",
+                 "DatabaseFixtureError: @pytest.mark.activedb(migrations=...) takes an Alembic directory or a list of "
+                 "them (str or Path), not 5",
+                 "DatabaseFixtureError: @pytest.mark.activedb(clock=...) takes an activedb.clock.Clock or a function "
+                 "making one (ManualClock), not 'now'",
+                 "DatabaseFixtureError: @pytest.mark.activedb(record_history='yes'): Config(record_history='yes') takes "
+                 "True or False"):
+        assert any(shown.startswith(line) for shown in report.splitlines()), (line, output)
+    assert "def activedb_settings" not in report and "def activedb_db" not in report, output
+    assert "_config.py" not in report and "pytest_plugin.py" not in report, output
+
+
 def test_a_watchdog_timeout_of_infinity_never_fires(project):
     # The setting took inf as a number above 0, and the watchdog's thread then died of an OverflowError (no wait
     # is that long): a warning at every test, an error where warnings are errors, and no watchdog.
