@@ -34,13 +34,18 @@ def fresh(activedb_make_url):
     ([print], {"step_timeout": float("inf")}, r"step_timeout=inf\) takes a finite number of seconds above 0"),
     ({"A": 5}, {}, r"actor 'A' is 5: give a function"), ([print], {"setup": "reset"}, r"setup='reset'\) takes a function"),
     ([print], {"invariant": True}, r"invariant=True\) takes a function"),
+    (print, {}, r"^Interleavings\(actors=<built-in function print>\) takes \{name: actor\} or a list of actors .*, "
+                r"not one builtin_function_or_method: give \[actor\]"),
+    (None, {}, r"^Interleavings\(actors=None\) takes \{name: actor\} or a list of actors"),
+    ("ab", {}, r"^Interleavings\(actors='ab'\) takes \{name: actor\} or a list of actors"),
 ])
 def test_arguments_the_runner_cannot_take_are_an_activedb_error(fresh, actors, keywords, message):
     """No actor or an actor's name with '/' was a bare ValueError (no ActivedbError), an actor named by a number a
     bare TypeError ("argument of type 'int' is not iterable"); a step_timeout of 0 or below failed every run as a
     hang, and inf ended the run's thread with OverflowError from its wait.  An actor that is no function failed each
     run as an actor that raised ("TypeError: 'int' object is not callable"), a setup or invariant that is none the
-    exploration with a bare TypeError."""
+    exploration with a bare TypeError.  One actor given as itself (not in a list), or None, was a bare TypeError
+    ("'function' object is not iterable"); a text was taken letter by letter ("actor 'A1' is 'a'")."""
     with pytest.raises(activedb.BadArgument, match=message):
         Interleavings(fresh, actors, **keywords)
 
