@@ -231,7 +231,11 @@ class Interleavings:
         reports: list[RunReport] = []
         while len(reports) < runs and not tree.exhausted:
             choose, finished = tree.walk()
-            report = self._run(choose)
+            try:
+                report = self._run(choose)
+            except InterleavingHang as hang:     # where it was found: the seed explores the same interleavings again
+                raise InterleavingHang(f"interleaving {len(reports) + 1} of seed {seed} hung: "
+                                       f"{str(hang).removeprefix('interleaving hung: ')}") from None
             finished(abandoned=not report.ok)
             reports.append(report)
             if not report.ok and stop_at_failure:
@@ -304,8 +308,8 @@ class Interleavings:
             self.db.rules.wait_idle()
         except TimeoutError as error:
             graph = diagnostic("read the wait-for graph", lambda: _graph_text(self.db.transactions.locks))
-            raise InterleavingHang(f"interleaving hung before the run: {what} did not finish ({error}) — a rule that "
-                                   f"never returns?\nwait-for graph:\n{graph}") from None
+            raise InterleavingHang(f"interleaving hung: before the run, {what} did not finish ({error}) — a rule "
+                                   f"that never returns?\nwait-for graph:\n{graph}") from None
 
 
 def _graph_text(locks: "lockmgr.LockManager") -> str:
@@ -732,9 +736,11 @@ class _Run(Observer):
         except Exception as error:
             stuck = f"the clean-up failed: {error!r}"
         steps = "\n".join(f"  {line}" for line in list(self.trace))    # (a copy: an actor's end appends to it)
+        schedule = Schedule(tuple(self.choices))
         return InterleavingHang(
-            f"interleaving hung: {reason}\nschedule so far: {Schedule(tuple(self.choices))}\nsteps:\n"
-            + steps + "\n" + described + "\nwait-for graph:\n" + edges + (f"\n{stuck}" if stuck else ""))
+            f"interleaving hung: {reason}\nschedule so far: {schedule}\nsteps:\n"
+            + steps + "\n" + described + "\nwait-for graph:\n" + edges + (f"\n{stuck}" if stuck else "")
+            + f"\nreplay: interleavings.replay({str(schedule)!r})")
 
     def _describe(self) -> str:
         with self.condition:

@@ -6,6 +6,7 @@ neither pauses nor blocks.  (The planted lost update and its correct version: ``
 from __future__ import annotations
 
 import itertools
+import re
 import threading
 
 import pytest
@@ -274,6 +275,33 @@ def test_a_thread_that_neither_pauses_nor_blocks_is_a_hang_with_what_each_transa
     assert "steps:\n  W start\n  W: write items['x']" in message and "wait-for graph:" in message
 
 
+def test_a_hang_found_by_explore_names_its_interleaving_its_seed_and_the_replay_that_hangs_again(fresh):
+    """A hang met while exploring said "schedule so far: 0.0" and nothing else of where it was: neither which
+    interleaving of which seed (explore(seed=None) drew one nobody saw) nor how to run it again, as a failing run's
+    report says ("replay: interleavings.replay(…)")."""
+    released = threading.Event()
+
+    def waits_for_the_test(db: Database) -> None:
+        with db.transaction() as tx:
+            tx.write("items", "x", value=1)
+            released.wait(60)                           # not a wait the runner can see
+
+    interleavings = Interleavings(fresh, {"W": waits_for_the_test}, setup=one_account, step_timeout=1.0)
+    try:
+        with pytest.raises(InterleavingHang) as hang:
+            interleavings.explore(3, seed=7)
+        message = str(hang.value)
+        found = re.search(r"replay: interleavings\.replay\('([0-9.]+|-)'\)", message)
+        assert message.startswith("interleaving 1 of seed 7 hung: ") and found, message
+        released.set()
+        released.clear()
+        with pytest.raises(InterleavingHang) as again:           # the schedule runs into the same hang
+            interleavings.replay(found.group(1))
+        assert f"schedule so far: {found.group(1)}\n" in str(again.value), str(again.value)
+    finally:
+        released.set()
+
+
 def test_a_rule_blocked_outside_the_run_is_a_hang_although_its_tree_cannot_be_aborted(fresh):
     """The clean-up's abort of a tree waits for its children; a rule firing blocked on something outside the run
     never ends, so the tree is abandoned after ``step_timeout`` and the run reports the hang (it waited for ever)."""
@@ -339,7 +367,7 @@ def test_a_detached_rule_the_setup_fired_that_never_returns_is_a_hang_that_print
     finally:
         released.set()
     message = str(hang.value)
-    assert "interleaving hung before the run: what the setup fired did not finish" in message, message
+    assert "interleaving hung: before the run, what the setup fired did not finish" in message, message
     assert "1 detached rule firing(s) still queued or running" in message and "wait-for graph:" in message, message
 
 
