@@ -169,6 +169,10 @@ class LivenessLock:
             self._wanted = False
             connection, self._connection = self._connection, None
         if connection is not None:
+            # Unlocked before the close: closing alone ends the backend, and so the lock, only some time after this
+            # returns — meanwhile other processes still saw this one alive (a broken connection: nothing to unlock).
+            with contextlib.suppress(Exception):
+                connection.execute("SELECT pg_advisory_unlock(%s)", (self._owner,))
             with contextlib.suppress(Exception):
                 connection.close()
 
