@@ -2,10 +2,12 @@
 subtransactions; the action commits only if the condition committed and returned true (it waits for that in
 the coupling gate, an edge of the wait-for graph, README "Waiting for a condition without invisible
 deadlocks").  A condition that raises fails the firing exactly as with immediate C-A coupling, with its own error
-also when the action raised too."""
+also when the action raised too; a condition that returns false makes the firing condition_false also when the
+action raised (its error is logged at DEBUG: it could not have committed)."""
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 from coupling import Coupling
@@ -19,6 +21,8 @@ from activedb.txn import TxnState, run_subtransaction, set_slot, slot
 if TYPE_CHECKING:  # pragma: no cover
     from activedb.rules._manager import RuleManager
     from activedb.txn import Transaction
+
+logger = logging.getLogger("activedb.rules")
 
 
 def condition_then_action(manager: "RuleManager", transaction: "Transaction", firing: "Firing") -> bool:
@@ -74,11 +78,16 @@ def condition_then_action(manager: "RuleManager", transaction: "Transaction", fi
             run_subtransaction(transaction, _run_action_again, firing, name=f"action:{rule.name}")
     except DependencyAbort:
         pass
-    except Exception:
-        # The action began in parallel and raised; a condition that raised is the firing's failure (as under
-        # immediate C-A coupling): the action could not have committed, and its error would hide why.
+    except Exception as error:
+        # The action began in parallel and raised.  It fails the firing only if its condition held; else it could
+        # never have committed: a condition that raised is the firing's failure (as under immediate C-A coupling) and
+        # the action's error would hide why; a condition that returned false makes the firing condition_false, as
+        # under immediate C-A coupling, where the action would not have run at all.
         if condition_error is None:
-            raise
+            if condition_value:
+                raise
+            logger.debug("rule %r: its condition was false on %s; the action, begun in parallel, raised %s "
+                         "(dropped: it could not have committed)", rule.name, event.describe(), repr(error))
     if condition_error is not None:
         raise condition_error
     if not condition_value:

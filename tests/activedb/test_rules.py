@@ -245,6 +245,25 @@ def test_a_parallel_firing_whose_condition_raises_fails_with_the_condition_s_err
     assert db.rules.gate.statistics().dependents == 0
 
 
+def test_a_parallel_firing_whose_condition_is_false_is_condition_false_even_if_the_action_raised(db, caplog):
+    """C-A sequential causally dependent: the action, begun in parallel, raised on an event its condition rules out —
+    it could never have committed, so the firing is condition_false (the action's error logged at DEBUG with the rule's
+    name), not a failure; before, the trigger's operation raised RuleFailed with the action's error."""
+    @db.rule(on=db.signalled("go"), when=lambda tx, event: False,
+             action_coupling=Coupling.SEQUENTIAL_CAUSALLY_DEPENDENT)
+    def guarded(tx, event):
+        raise ValueError("the action broke")
+
+    with caplog.at_level(logging.DEBUG, logger="activedb.rules"):
+        with db.transaction() as tx:
+            tx.signal("go")
+    counters = db.rules.statistics().per_rule["guarded"]
+    assert (counters.fired, counters.condition_false, counters.executed, counters.failed) == (1, 1, 0, 0), counters
+    assert any(record.levelno == logging.DEBUG and "'guarded'" in record.getMessage()
+               and "the action broke" in record.getMessage() for record in caplog.records), caplog.text
+    assert db.rules.gate.statistics().dependents == 0
+
+
 @pytest.mark.parametrize("doomed_at", ["firing start", "condition spawned"])
 def test_a_parallel_firing_whose_tree_is_doomed_before_its_parts_start_leaves_nothing_in_the_gate(db, doomed_at):
     """C-A sequential causally dependent coupling registers the condition and the action in the coupling gate before
