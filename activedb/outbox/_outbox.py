@@ -23,8 +23,8 @@ from lockmgr import TxnState
 
 from activedb import lowlevel
 from activedb.clock import SYSTEM_CLOCK, Clock
-from activedb.errors import (BadArgument, DatabaseUnavailable, GeneratedKeysReset, check_seconds, check_switch,
-                             check_whole_number)
+from activedb.errors import (BadArgument, DatabaseUnavailable, GeneratedKeysReset, RuleError, check_seconds,
+                             check_switch, check_whole_number)
 from activedb.events import EventKind, age_seconds
 from activedb.outbox import _records
 from activedb.outbox._executor import GROUP_TRANSACTION, Executor, Work, describe_error
@@ -457,19 +457,41 @@ class Outbox:
                 raise
             if len(rows) < limit:
                 self._claim_unknown = False
-            works = []
+            works, unregistered = [], []
             for row in rows:
                 try:
-                    firing = Firing(self.rules.get(row.rule), _records.decode_event(row.event), tuple(row.chain),
+                    rule = self.rules.get(row.rule)
+                except RuleError:      # removed since the pass read the names: its records are not this pass's
+                    unregistered.append(row)
+                    continue
+                try:
+                    firing = Firing(rule, _records.decode_event(row.event), tuple(row.chain),
                                     Coupling(row.coupling), -row.id)  # type: ignore[call-arg]  # (by value)
                 except Exception as error:     # e.g. an event this version cannot decode: failed, for a person
                     self.fail_alone(Work(row.id, None, row.attempts), error)  # type: ignore[arg-type]  # (none made)
                     continue
                 works.append(Work(row.id, firing))    # (its retries start anew: row.attempts counts finishes)
             self._executor.submit(works)
+            if unregistered:
+                self._release(unregistered)
         if works:
             logger.info("outbox: claimed %d pending detached firing(s)", len(works))
         return len(works)
+
+    def _release(self, rows: list[Any]) -> None:
+        """Give up the claim of ``rows``, claimed by a pass while their rules were removed here: they stay pending,
+        unowned, as records of a rule this process does not register (declaring the rule again runs them)."""
+        rules = ", ".join(sorted({row.rule for row in rows}))
+        try:
+            with self.catalog.engine.begin() as connection:
+                _records.release(connection, self.owner, [row.id for row in rows])
+        except Exception as error:
+            logger.warning("outbox: %d claimed record(s) of rule(s) removed meanwhile (%s) stay pending and this "
+                           "process's until it ends (their claim could not be given up: %s)", len(rows), rules,
+                           describe_error(error))
+            return
+        logger.info("outbox: %d pending record(s) of rule(s) removed while a recovery pass claimed them (%s) stay "
+                    "pending; declaring the rule again runs them", len(rows), rules)
 
     def _recovery_loop(self) -> None:
         while True:

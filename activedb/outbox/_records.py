@@ -215,6 +215,14 @@ def claim(connection: sa.Connection, me: int, rules: Iterable[str], limit: int,
     return sorted(rows, key=lambda row: row.id)
 
 
+def release(connection: sa.Connection, me: int, ids: Sequence[int]) -> int:
+    """Give up ``me``'s claim of the pending records ``ids`` (they become unowned: the next claimer whose rules
+    include theirs claims them); returns how many."""
+    return connection.execute(sa.text(
+        "UPDATE activedb_outbox SET owner = NULL WHERE id = ANY(:ids) AND owner = :me AND status = 'pending'"),
+        {"ids": list(ids), "me": me}).rowcount
+
+
 def logged(connection: sa.Connection, log_id: str) -> bool:
     """Whether the transaction logged as ``log_id`` committed (its ``activedb_transaction_log`` row exists)."""
     return connection.execute(sa.text("SELECT 1 FROM activedb_transaction_log WHERE transaction_id = :id"),

@@ -898,3 +898,47 @@ def test_changing_the_outbox_over_a_lost_connection_is_unavailable_saying_to_cal
         change()
     assert "or none" in str(caught.value) and "again" in str(caught.value), caught.value
     assert change() == 1
+
+
+def test_a_record_whose_rule_is_removed_while_a_recovery_pass_claims_it_stays_pending(db):
+    """A recovery pass claims the records of the rules registered when it starts; a rule removed meanwhile made the
+    pass's lookup of it raise, and its record was marked failed for good (as an event that cannot be decoded is),
+    although nothing had run.  It stays pending and unowned, as a record of a rule this process never registered
+    does, and runs once the rule is declared again."""
+    event = json.dumps(_records.encode_event(Event(EventKind.SIGNAL, "go", payload={"n": 7}, transaction="T0")))
+    with db.engine.begin() as connection:      # a dead process's record, before the rule is registered here
+        connection.execute(sa.text(
+            "INSERT INTO activedb_outbox (rule, coupling, event, chain, trigger_id, trigger_outcome, owner) "
+            "VALUES ('removed_meanwhile', 'detached', CAST(:event AS jsonb), '{}', 'T0', 'committed', 42)"),
+            {"event": event})
+
+    def run(tx, event):
+        tx.insert("events_seen", rule="removed_meanwhile", detail=str(event.payload["n"]))
+
+    passes: list[int] = []
+    with db.engine.connect() as blocker:
+        blocker.execute(sa.text("LOCK TABLE activedb_outbox IN SHARE ROW EXCLUSIVE MODE"))    # claims wait for it
+        db.rule(on=db.signalled("go"), coupling=Coupling.DETACHED, name="removed_meanwhile")(run)
+        recovery = threading.Thread(target=lambda: passes.append(db.outbox.recover()))
+        recovery.start()
+
+        def claim_waits() -> bool:
+            with db.engine.connect() as connection:
+                return connection.execute(sa.text(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                    "AND query LIKE '%UPDATE activedb_outbox AS o SET owner%'")).scalar_one() > 0
+
+        wait_until(claim_waits, TIMEOUT, "a recovery pass's claim waiting for the table lock")
+        db.rules.remove("removed_meanwhile")
+        blocker.rollback()
+    recovery.join(TIMEOUT)
+    assert not recovery.is_alive() and passes == [0], passes
+    db.rules.wait_idle(TIMEOUT)
+    with db.engine.connect() as connection:
+        assert connection.execute(sa.text("SELECT status, owner, attempts, error FROM activedb_outbox")).all() == [
+            ("pending", None, 0, None)]
+    assert db.outbox.failures() == [] and seen(db) == []
+    db.rule(on=db.signalled("go"), coupling=Coupling.DETACHED, name="removed_meanwhile")(run)   # declared again
+    db.outbox.recover()
+    db.rules.wait_idle(TIMEOUT)
+    assert seen(db) == [("removed_meanwhile", "7")]
