@@ -44,7 +44,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from activedb import Database
     from activedb._config import ConnectKeywords
-    from activedb.outbox import FailedFiring
+    from activedb.outbox import FailedFiring, OutboxStatistics
 
 WIDE = 132            # columns of tables printed to a file or a pipe
 
@@ -388,7 +388,8 @@ def demo(ctx: click.Context, events: int, workers: int, seed: int, spark: bool, 
 def outbox(ctx: click.Context, retry: bool, ids: tuple[int, ...], app: str | None, prune_done: float | None, limit: int,
            as_json: bool) -> None:
     """Detached rule firings (activedb_outbox): counts per rule and the failed ones, with rule, trigger,
-    event and error.  --retry makes failed firings pending again: a firing runs only in a process that has
+    event and error; pending firings of a removed rule (or one not in the rule registry) are flagged: no process
+    runs them until the rule is declared again.  --retry makes failed firings pending again: a firing runs only in a process that has
     registered its rule (a running one picks it up within seconds, or the next one at its start); --app APP
     registers APP's rules here and runs them now; --prune-done SECONDS deletes the records of firings done
     longer ago."""
@@ -431,9 +432,13 @@ def outbox(ctx: click.Context, retry: bool, ids: tuple[int, ...], app: str | Non
                        + (" (below)" if failed and not as_json else ""), err=as_json)
         statistics = database.outbox.statistics()
         failures = database.outbox.failures(limit=limit or statistics.failed)     # (0: all, as dead-letters')
+        without_rule = _pending_without_rule(database, statistics)
     if as_json:
         click.echo(json.dumps({"statistics": dataclasses.asdict(statistics),
-                               "failed": [dataclasses.asdict(failure) for failure in failures]},
+                               "failed": [dataclasses.asdict(failure) for failure in failures],
+                               "pending_without_rule": [
+                                   {"rule": rule, "pending": pending, "registry": registry,
+                                    "what_to_do": _DECLARE_AGAIN} for rule, pending, registry in without_rule]},
                               indent=2, default=str))
         return
     from rich.table import Table
@@ -445,11 +450,33 @@ def outbox(ctx: click.Context, retry: bool, ids: tuple[int, ...], app: str | Non
     out.print(table)
     out.print("(firings a lowered micro-batch ran in its own commit — detached rules that only insert rows — leave no "
               "record here; `activedb rules list` counts every firing)", style="dim", highlight=False)
+    if without_rule:
+        flagged = ", ".join(f"{rule} ({pending:,}, {'removed' if registry == 'removed' else 'not in the rule registry'})"
+                            for rule, pending, registry in without_rule)
+        out.print(f"{sum(pending for _, pending, _ in without_rule):,} pending firing(s) of rules no process runs: "
+                  f"{flagged} — they stay pending until then: {_DECLARE_AGAIN}", highlight=False, soft_wrap=True)
     if failures:
         out.print(failed_firings_table(failures))
     if len(failures) < statistics.failed:
         out.print(f"(the {len(failures):,} most recent of {statistics.failed:,} failed firings; `activedb outbox "
                   f"--limit 0` lists them all)", highlight=False, soft_wrap=True)
+
+
+_DECLARE_AGAIN = ("declare the rule again in a process that runs the outbox (it runs them then; `activedb outbox "
+                  "--app APP` declares APP's rules and runs them here)")
+
+
+def _pending_without_rule(database: Database, statistics: OutboxStatistics) -> list[tuple[str, int, str]]:
+    """``(rule, pending records, "removed" | "absent")`` for each rule with pending records that the persisted
+    registry (``activedb_rules``) marks removed or does not hold: no process runs them until the rule is declared
+    again."""
+    rows = {row["name"]: row for row in database.rules.persisted(include_removed=True)}
+    result = []
+    for rule, counts in sorted(statistics.per_rule.items()):
+        row = rows.get(rule)
+        if counts.get("pending") and (row is None or row.get("removed_at") is not None):
+            result.append((rule, counts["pending"], "absent" if row is None else "removed"))
+    return result
 
 
 def _run_pending(database: Database, module: ModuleType, name: str) -> tuple[int, int]:

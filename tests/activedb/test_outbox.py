@@ -942,3 +942,39 @@ def test_a_record_whose_rule_is_removed_while_a_recovery_pass_claims_it_stays_pe
     db.outbox.recover()
     db.rules.wait_idle(TIMEOUT)
     assert seen(db) == [("removed_meanwhile", "7")]
+
+
+def test_outbox_flags_pending_firings_whose_rule_is_removed_or_not_declared_and_says_what_to_do(db, migrated):
+    """A pending record runs only in a process that registers its rule: one of a removed rule (or of a name the
+    registry does not know: purged) stays pending for ever, and ``activedb outbox`` showed it as plainly pending,
+    with no word why.  It now names those rules, text and JSON, saying what to do; a pending record of a declared
+    rule (run by a live process) is not flagged."""
+    for name in ("removed_rule", "declared_rule"):
+        db.rule(on=db.signalled("go"), coupling=Coupling.DETACHED, name=name)(lambda tx, event: None)
+    db.rules.remove("removed_rule")
+    event = json.dumps(_records.encode_event(Event(EventKind.SIGNAL, "go", transaction="T0")))
+    other_process = _records.LivenessLock(db.engine, 42)      # alive: nobody claims its records
+    other_process.take()
+    try:
+        with db.engine.begin() as connection:
+            for name in ("removed_rule", "removed_rule", "purged_rule", "declared_rule"):
+                connection.execute(sa.text(
+                    "INSERT INTO activedb_outbox (rule, coupling, event, chain, trigger_id, trigger_outcome, owner) "
+                    "VALUES (:rule, 'detached', CAST(:event AS jsonb), '{}', 'T0', 'committed', 42)"),
+                    {"rule": name, "event": event})
+        runner = CliRunner()
+        shown = runner.invoke(main, ["--url", migrated, "outbox"], env={"COLUMNS": "250"})
+        assert shown.exit_code == 0, shown.output
+        text = " ".join(shown.output.split())
+        assert "3 pending firing(s) of rules no process runs: purged_rule (1, not in the rule registry), " \
+               "removed_rule (2, removed)" in text, text
+        assert "declare the rule again in a process that runs the outbox" in text, text
+        assert "declared_rule (" not in text, text
+        as_json = json.loads(runner.invoke(main, ["--url", migrated, "outbox", "--json"]).output)
+        assert [(one["rule"], one["pending"], one["registry"]) for one in as_json["pending_without_rule"]] == [
+            ("purged_rule", 1, "absent"), ("removed_rule", 2, "removed")], as_json
+        assert all("declare the rule again" in one["what_to_do"] for one in as_json["pending_without_rule"])
+    finally:
+        other_process.release()
+        with db.engine.begin() as connection:
+            connection.execute(sa.text("DELETE FROM activedb_outbox"))
