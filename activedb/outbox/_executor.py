@@ -1,7 +1,7 @@
 """Running recorded firings: group commit, retries, failures.  Design note: the package's ``README.md``
 ("Group commit, and why subtransactions", "Failures and retries").
 
-Thread-safety: ``_mutex`` protects ``_ready``, ``_parked``, ``_runners``, ``_running`` and ``_taken``; runners take
+Thread-safety: ``_mutex`` protects ``_ready``, ``_parked``, ``_runners``, ``_running``, ``_taken`` and ``_groups``; runners take
 work under it and run groups without it.  No mutex is held while running a group.
 """
 
@@ -118,6 +118,7 @@ class Executor:
         self._runners = 0                        # Invariant: 0 <= _runners <= max_groups
         self._running = 0                        # works taken by runners and not yet settled
         self._taken: collections.Counter[int] = collections.Counter()   # their record ids (Invariant: total == _running)
+        self._groups: dict[int, list[Work]] = {}  # the groups runners run now, by id (Invariant: their works are _running's)
         self._idle_waiters = 0                   # threads in wait_idle
         self._closed = False
         self.groups = 0                          # group transactions committed
@@ -186,6 +187,14 @@ class Executor:
             return {"ready": len(self._ready), "running": self._running, "parked": len(self._parked),
                     "groups": self.groups, "splits": self.splits}
 
+    def running_rules(self) -> tuple[int, collections.Counter[str]]:
+        """How many groups run now, and how many of their firings each rule has (the members of a group a runner runs:
+        one of them is running, the others wait for it or ran already)."""
+        with self._mutex:
+            groups = list(self._groups.values())
+        return len(groups), collections.Counter(work.firing.rule.name if work.firing is not None else "(none)"
+                                                for group in groups for work in group)
+
     def wait_idle(self, timeout: float | None) -> bool:
         bounded = None if timeout is None else min(timeout, threading.TIMEOUT_MAX)  # (inf: no thread waits so long)
         with self._idle:
@@ -214,6 +223,7 @@ class Executor:
                 group = [self._ready.popleft() for _ in range(min(self.group_size, len(self._ready)))]
                 self._running += len(group)
                 self._taken.update(work.record_id for work in group)
+                self._groups[id(group)] = group
             try:
                 self._run(group, retried=False)
             except BaseException as error:  # never lose the accounting; the records stay pending in PostgreSQL
@@ -228,6 +238,7 @@ class Executor:
             finally:
                 with self._mutex:
                     self._running -= len(group)
+                    del self._groups[id(group)]
                     self._taken.subtract(work.record_id for work in group)
                     self._taken += collections.Counter()        # (drops the ids at zero)
                     self._idle.notify_all()

@@ -381,11 +381,20 @@ class Outbox:
                          describe_error(_records.taken_over(failure) or failure))
 
     def wait_idle(self, timeout: float | None = 30.0) -> None:
-        """Wait until every firing this process queued has been run (or parked: PostgreSQL unreachable)."""
+        """Wait until every firing this process queued has been run (or parked: PostgreSQL unreachable); raises
+        ``TimeoutError`` after ``timeout`` seconds naming the rules of the firings in the groups still running."""
         check_seconds("wait_idle", "timeout", timeout, none="no limit")
         if not self._executor.wait_idle(timeout):
-            raise TimeoutError(f"{self._executor.backlog} detached rule firing(s) still queued or running after "
-                               f"{timeout} s")
+            groups, rules = self._executor.running_rules()
+            counts = self._executor.statistics()
+            running = ", ".join(f"{name} ({count:,})" for name, count in sorted(rules.items())) or "none"
+            raise TimeoutError(
+                f"{self._executor.backlog} detached rule firing(s) still queued or running after {timeout} s — "
+                f"running: {running}, in {groups} group transaction(s); {counts['ready']:,} queued, "
+                f"{counts['parked']:,} parked. A firing runs in a group transaction of its group runner, one after "
+                f"another: a rule that never returns holds one of the outbox's group runners (max_groups = "
+                f"{self.options.max_groups}) and the firings after it wait; make the rule return (a lock or statement "
+                f"timeout, a deadline of its own), or wait longer")
 
     @property
     def running(self) -> int:

@@ -978,3 +978,27 @@ def test_outbox_flags_pending_firings_whose_rule_is_removed_or_not_declared_and_
         other_process.release()
         with db.engine.begin() as connection:
             connection.execute(sa.text("DELETE FROM activedb_outbox"))
+
+
+def test_wait_idle_that_times_out_names_the_rules_of_the_firings_still_running(db):
+    """``wait_idle``'s TimeoutError said only how many firings were queued or running: which rule held things up,
+    and that a rule that never returns keeps one of the outbox's group runners, was left to guess."""
+    started, release = threading.Event(), threading.Event()
+
+    @db.rule(on=db.signalled("go"), coupling=Coupling.DETACHED, name="slow_to_return")
+    def slow_to_return(tx, event):
+        started.set()
+        release.wait(TIMEOUT)
+
+    try:
+        with db.transaction() as tx:
+            tx.signal("go")
+        assert started.wait(TIMEOUT), "the firing never started"
+        with pytest.raises(TimeoutError) as raised:
+            db.rules.wait_idle(0.05)
+        text = str(raised.value)
+        assert "running: slow_to_return (1)" in text, text
+        assert "a rule that never returns holds one of the outbox's group runners" in text, text
+    finally:
+        release.set()
+    db.rules.wait_idle(TIMEOUT)
