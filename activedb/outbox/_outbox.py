@@ -366,7 +366,8 @@ class Outbox:
             return _records.still_owned(connection, self.owner, ids)
 
     def fail_alone(self, work: Work, error: BaseException) -> None:
-        """Mark one record failed in a transaction of its own (its group could not commit with it)."""
+        """Mark one record failed in a transaction of its own (its group could not commit with it), and count its
+        firing failed for its rule once marked (the rule manager counted none: it ran, or was never made)."""
         if work.firing is not None:
             logger.error("detached rule %r failed for good on %s after %d attempt(s): %s", work.firing.rule.name,
                          work.firing.event.describe(), work.attempts, describe_error(error))
@@ -379,6 +380,9 @@ class Outbox:
         except Exception as failure:
             logger.error("outbox: could not mark record %d failed (%s); it stays pending", work.record_id,
                          describe_error(_records.taken_over(failure) or failure))
+            return
+        if work.firing is not None:
+            self.count([work.firing], "failed")
 
     def wait_idle(self, timeout: float | None = 30.0) -> None:
         """Wait until every firing this process queued has been run (or parked: PostgreSQL unreachable); raises

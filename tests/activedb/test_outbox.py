@@ -1002,3 +1002,30 @@ def test_wait_idle_that_times_out_names_the_rules_of_the_firings_still_running(d
     finally:
         release.set()
     db.rules.wait_idle(TIMEOUT)
+
+
+def test_a_detached_firing_that_fails_for_good_at_its_commit_counts_failed_once(db):
+    """A detached firing whose action ran but whose group could not commit it (its table dropped meanwhile) is failed
+    alone for good; ``db.rules.statistics()`` counted it neither executed nor failed, so the rule's counters (and the
+    metrics made of them) showed a firing that had vanished."""
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("DROP TABLE IF EXISTS dropped_before_commit"))
+        # (a generated key: the insert reads nothing, so only the group's flush meets the dropped table)
+        connection.execute(sa.text("CREATE TABLE dropped_before_commit (id serial PRIMARY KEY, detail text)"))
+
+    @db.rule(on=db.signalled("keep"), coupling=Coupling.DETACHED, name="writes_dropped")
+    def writes_dropped(tx, event):
+        tx.insert("dropped_before_commit", detail=str(event.payload["n"]))
+
+    with db.transaction() as tx:
+        tx.signal("keep", n=1)                    # runs: the table is known to this process from now on
+    db.rules.wait_idle(TIMEOUT)
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("DROP TABLE dropped_before_commit"))
+    with db.transaction() as tx:
+        tx.signal("keep", n=2)
+    db.rules.wait_idle(TIMEOUT)
+    [failure] = db.outbox.failures()
+    assert failure.rule == "writes_dropped" and "does not exist" in failure.error, failure
+    counters = db.rules.statistics().per_rule["writes_dropped"]
+    assert (counters.fired, counters.executed, counters.failed) == (2, 1, 1), counters
