@@ -376,8 +376,9 @@ class Database:
     # --- lifecycle ------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Stop the worker pool and close the connection pool.  The embedded server stops when the last
-        process using it exits (unless kept running)."""
+        """Stop the worker pool and close the connection pool.  The outbox's running group transactions are waited
+        for first, up to 10 seconds (``activedb/outbox/README.md``, "Closing").
+        The embedded server stops when the last process using it exits (unless kept running)."""
         if not self._closed:
             self._closed = True
             self.capture.close()

@@ -1,8 +1,8 @@
 """Running recorded firings: group commit, retries, failures.  Design note: the package's ``README.md``
 ("Group commit, and why subtransactions", "Failures and retries").
 
-Thread-safety: ``_mutex`` protects ``_ready``, ``_parked``, ``_runners``, ``_running``, ``_taken`` and ``_groups``; runners take
-work under it and run groups without it.  No mutex is held while running a group.
+Thread-safety: ``_mutex`` protects ``_ready``, ``_parked``, ``_runners``, ``_running``, ``_taken``, ``_groups`` and
+``_runner_threads``; runners take work under it and run groups without it.  No mutex is held while running a group.
 """
 
 from __future__ import annotations
@@ -119,6 +119,7 @@ class Executor:
         self._running = 0                        # works taken by runners and not yet settled
         self._taken: collections.Counter[int] = collections.Counter()   # their record ids (Invariant: total == _running)
         self._groups: dict[int, list[Work]] = {}  # the groups runners run now, by id (Invariant: their works are _running's)
+        self._runner_threads: set[int] = set()    # the threads running a runner now (close() must not wait for its own)
         self._idle_waiters = 0                   # threads in wait_idle
         self._closed = False
         self.groups = 0                          # group transactions committed
@@ -205,19 +206,28 @@ class Executor:
             finally:
                 self._idle_waiters -= 1
 
-    def close(self) -> None:
-        with self._mutex:
+    def close(self, wait: float = 0.0) -> bool:
+        """Run no more groups (the queued works are dropped: their records stay pending in PostgreSQL) and wait up to
+        ``wait`` seconds for the groups running now (not for one whose runner is the calling thread); False if some
+        still run."""
+        with self._idle:
             self._closed = True
             self._ready.clear()
             self._idle.notify_all()
+            mine = 1 if threading.get_ident() in self._runner_threads else 0
+            return self._idle.wait_for(lambda: self._runners <= mine, wait)
 
     # --- runners ----------------------------------------------------------------------------
 
     def _runner(self) -> None:
+        me = threading.get_ident()
+        with self._mutex:
+            self._runner_threads.add(me)
         while True:
             with self._mutex:
                 if not self._ready or self._closed:
                     self._runners -= 1
+                    self._runner_threads.discard(me)
                     self._idle.notify_all()
                     return
                 group = [self._ready.popleft() for _ in range(min(self.group_size, len(self._ready)))]

@@ -45,6 +45,10 @@ logger = logging.getLogger("activedb.outbox")
 #: ``CLAIM_BACKLOG`` (it comes back on the next pass).
 CLAIM_LIMIT = 1000
 CLAIM_BACKLOG = 20_000
+#: Seconds :meth:`Outbox.close` (``Database.close()``) waits for the group transactions running then; a group still
+#: running after it (a rule that does not return) commits later or, once another process took its records over,
+#: writes nothing.
+CLOSE_WAIT = 10.0
 
 
 @dataclass(frozen=True)
@@ -172,16 +176,24 @@ class Outbox:
         thread.start()
 
     def close(self) -> None:
-        """Stop running and recovering (records still pending stay in PostgreSQL for the next process)."""
+        """Stop running and recovering (records still pending stay in PostgreSQL for the next process): queued firings
+        are not run; the group transactions running now are waited for, up to :data:`CLOSE_WAIT` seconds, before the
+        liveness lock is released (README, "Closing")."""
         with self._mutex:
             if self._closed:
                 return
             self._closed = True
             thread = self._thread
         self._wake.set()
-        self._executor.close()
+        idle = self._executor.close()
         if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout=10)
+            thread.join(timeout=CLOSE_WAIT)
+        if not idle and not self._executor.close(CLOSE_WAIT):
+            groups, rules = self._executor.running_rules()
+            logger.warning("outbox: closing while %d group transaction(s) still run after %g s (rules: %s); each "
+                           "commits its firings later or, if another process takes their records over meanwhile, "
+                           "writes nothing — the records run once either way", groups, CLOSE_WAIT,
+                           ", ".join(sorted(rules)) or "none")
         self._liveness.release()
 
     # --- recording (the detached runner's hook) ----------------------------------------------

@@ -1029,3 +1029,36 @@ def test_a_detached_firing_that_fails_for_good_at_its_commit_counts_failed_once(
     assert failure.rule == "writes_dropped" and "does not exist" in failure.error, failure
     counters = db.rules.statistics().per_rule["writes_dropped"]
     assert (counters.fired, counters.executed, counters.failed) == (2, 1, 1), counters
+
+
+def test_close_waits_for_a_group_that_is_running_a_firing(migrated):
+    """``Database.close()`` stopped the outbox and returned while a group runner was still running a firing: the
+    firing committed after close() had returned (or, once another process took its record over, wrote nothing and
+    ran there), so a program that closed and then read the table did not see it.  close() now waits, up to
+    10 s (``CLOSE_WAIT``), for the groups running (outbox README, "Closing")."""
+    database = activedb.connect(migrated, outbox_options={"recovery_interval": None})
+    with database.engine.begin() as connection:
+        connection.execute(sa.text("TRUNCATE events_seen, activedb_outbox"))
+    started = threading.Event()
+
+    @database.rule(on=database.signalled("go"), coupling=Coupling.DETACHED, name="runs_through_close")
+    def runs_through_close(tx, event):
+        started.set()
+        wait_until(lambda: not database.outbox.recovery_running, TIMEOUT, "close() stopped the recovery thread")
+        tx.insert("events_seen", rule="runs_through_close", detail="1")
+
+    try:
+        with database.transaction() as tx:
+            tx.signal("go")
+        assert started.wait(TIMEOUT), "the firing never started"
+    finally:
+        database.close()
+    assert database.outbox.runners == 0
+    reader = activedb.connect(migrated, upgrade=False)
+    try:
+        with reader.engine.connect() as connection:
+            assert connection.execute(sa.text("SELECT rule, status FROM activedb_outbox")).all() == [
+                ("runs_through_close", "done")]
+            assert connection.execute(sa.text("SELECT detail FROM events_seen")).scalars().all() == ["1"]
+    finally:
+        reader.close()
