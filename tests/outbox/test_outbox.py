@@ -16,6 +16,7 @@ import sqlalchemy as sa
 import activedb
 from activedb import Coupling, Event, EventKind
 from activedb.outbox import _records
+from activedb.testing import wait_until
 from tests.outbox.conftest import TIMEOUT, back, cut_off, wait_for_the_standby
 
 
@@ -37,12 +38,25 @@ def test_a_claim_that_lost_its_connection_is_unavailable_and_its_records_run_onc
         with database.engine.begin() as connection:
             assert _records.insert(connection, records, dead, database.catalog.sequence_of(database.outbox.info, "id"),
                                    storage)
+        # Declaring the rule wakes a recovery pass. It is let run now, while the dead owner's lock is held (it claims
+        # nothing), so that no pass of the recovery thread claims the records after the release below, in place of
+        # this test's recover().
+        claimers: set[int] = set()
+
+        def count_claims(connection, cursor, statement, parameters, context, executemany):
+            if "SET owner = " in statement:
+                claimers.add(threading.get_ident())
+
+        sa.event.listen(database.engine, "after_cursor_execute", count_claims)
         database.rule(on=database.signalled("claim"), coupling=Coupling.DETACHED, name="claimed")(
             lambda tx, event: tx.insert("events_seen", rule="claimed", detail=event.payload["n"]))
+        assert database.outbox.recover() == 0           # (starts the recovery thread, whose woken pass follows)
+        wait_until(lambda: claimers - {threading.get_ident()}, TIMEOUT, "the recovery pass the rule's declaration woke")
+        sa.event.remove(database.engine, "after_cursor_execute", count_claims)
         claim: dict[str, object] = {}
 
         def break_the_claim(connection, cursor, statement, parameters, context, executemany):
-            if "SET owner = " in statement and "pid" not in claim:      # (the first claim: this test's, or a pass's)
+            if "SET owner = " in statement and "pid" not in claim and claim.get("thread") == threading.get_ident():
                 claim["pid"] = cursor.connection.info.backend_pid
                 if committed:
                     cursor.connection.execute("SET LOCAL synchronous_commit = on")
@@ -53,6 +67,7 @@ def test_a_claim_that_lost_its_connection_is_unavailable_and_its_records_run_onc
         lock.release()                               # that process died: its records are claimable
 
         def recover() -> None:
+            claim["thread"] = threading.get_ident()
             try:
                 database.outbox.recover()
             except BaseException as error:
