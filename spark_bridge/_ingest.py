@@ -25,7 +25,7 @@ from activedb.lowlevel import check_switch
 from spark_bridge._foreach import foreach_batch
 from spark_bridge._scaleout import PartitionedIngestSink
 from spark_bridge._sink import (WATERMARK_METADATA, IngestSink, QueryRun, SinkOptions, by_position, check_arrow_types,
-                                check_columns, check_watermark_column)
+                                check_columns, check_watermark_column, watermark_columns)
 from spark_bridge.errors import IngestError, MappingError, first_line
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -70,8 +70,9 @@ class IngestOptions:
       micro-batches);
     * ``known_types`` — accepted event types (default: the handler's, for the rules the types they listen to);
     * ``watermark_delay`` — applies ``withWatermark(mapping.ts_column, delay)`` (the column must be a Spark
-      timestamp); a watermark declared on the frame works as well, on that column (one on another column is
-      refused: Spark's watermark would be that column's).  The batch's Spark watermark is
+      timestamp); a watermark declared on the frame works as well, on that column, instead of this option (both
+      together are refused: Spark refuses a redefined watermark once the first batch ran; one on another column
+      is refused: Spark's watermark would be that column's).  The batch's Spark watermark is
       punctuated after the batch commits (``db.punctuate(query_name, watermark)``) and events older than it
       are dead letters;
     * ``start=False`` — return the ``DataStreamWriter`` (sink in ``writer.activedb_sink``) to configure and
@@ -231,6 +232,13 @@ def ingest(db: Database, streaming_df: DataFrame, *, mapping: EventMapping, quer
             f"a query named {query_name!r} is already running in this Spark session (Spark runs one query per name); "
             f"stop it (query.stop(), or spark.streams.active lists the running ones) or give another query_name")
     if options.watermark_delay is not None:
+        declared = watermark_columns(streaming_df._jdf.queryExecution().analyzed())
+        if declared:        # (Spark fails the query's second batch, the first applied: "Redefining watermark …")
+            raise IngestError(
+                f"watermark_delay={options.watermark_delay!r} would declare a second watermark on the stream, whose "
+                f"frame declares one on column {declared[0]!r} already (withWatermark): Spark refuses a redefined "
+                f"watermark once the first batch has run, and the query would stop at every restart. Give the delay "
+                f"either way, not both: drop watermark_delay=, or the frame's withWatermark(…)")
         delay = options.watermark_delay
         if isinstance(delay, dt.timedelta):
             delay = f"{delay // dt.timedelta(milliseconds=1)} milliseconds"     # (exact: no float on the way)

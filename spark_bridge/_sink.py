@@ -364,7 +364,7 @@ def check_watermark_column(plan: JavaObject, ts_column: str, *, marked: bool) ->
     their minimum (``spark.sql.streaming.multipleWatermarkPolicy``) —, and the sink judges the time column late by
     it and punctuates with it (the package's ``README.md``, "The watermark").  ``ingest()`` asks it of the frame it
     is given; a sink asks it of its query's plan once per run (a sink wired with ``foreachBatch`` directly)."""
-    columns = _watermark_columns(plan)
+    columns = watermark_columns(plan)
     others = [column for column in columns if column != ts_column]
     if others and not (len(columns) == 1 and marked):
         raise IngestError(
@@ -375,7 +375,7 @@ def check_watermark_column(plan: JavaObject, ts_column: str, *, marked: bool) ->
             f"{others[0]!r}, or map the time to {others[0]!r}")
 
 
-def _watermark_columns(plan: JavaObject) -> list[str]:
+def watermark_columns(plan: JavaObject) -> list[str]:
     """The columns of ``plan``'s (a logical plan, py4j) ``EventTimeWatermark`` nodes: one per ``withWatermark`` (or
     SQL's ``WATERMARK``).  A py4j call or four per node of the plan: asked once per run."""
     columns, pending = [], [plan]
@@ -402,7 +402,7 @@ def _declares_watermark(execution: JavaObject) -> bool:
     """Whether the plan of ``execution`` (a ``StreamExecution``, py4j) has a watermark node (EventTimeWatermark, from
     ``withWatermark`` or SQL's ``WATERMARK``): a plan without one never has a watermark.  The nodes, not the plan's
     text: a column, path or topic named like a watermark would have every batch ask Spark for one."""
-    return bool(_watermark_columns(execution.logicalPlan()))
+    return bool(watermark_columns(execution.logicalPlan()))
 
 
 class QueryRun:

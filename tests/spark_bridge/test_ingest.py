@@ -571,16 +571,14 @@ def test_a_watermark_on_another_column_than_the_mapping_s_time_is_refused_naming
     """Spark's watermark of a batch is the watermark of the column ``withWatermark`` was declared on (with several,
     their minimum); the sink judged the mapping's time column late by it and punctuated with it — a watermark on
     an arrival time, say, made events dead letters by another column's clock.  ``ingest()`` now refuses such a
-    frame naming the column; a watermark on the time column (declared, given as ``watermark_delay`` too, or the
-    column renamed after it) is taken."""
+    frame naming the column; a watermark on the time column (declared, or the column renamed after it) is taken.
+    (With ``watermark_delay=`` besides, a frame's watermark is refused on any column: the next test.)"""
     from pyspark.sql import functions as F
 
     database = app_database(make_database_url("wmcolumn"))
     try:
         arriving = _stream(spark, tmp_path).withColumn("arrived", F.col("ts"))
         refused = {"declared": (arriving.withWatermark("arrived", "10 seconds"), {}),
-                   "besides watermark_delay": (arriving.withWatermark("arrived", "10 seconds"),
-                                               {"watermark_delay": "5 seconds"}),
                    "besides one on the time": (arriving.withWatermark("arrived", "10 seconds")
                                                .withWatermark("ts", "5 seconds"), {})}
         for case, (frame, options) in refused.items():
@@ -591,8 +589,8 @@ def test_a_watermark_on_another_column_than_the_mapping_s_time_is_refused_naming
             assert spark.streams.active == [], case
         renamed = (_stream(spark, tmp_path).withColumnRenamed("ts", "time").withWatermark("time", "10 seconds")
                    .withColumnRenamed("time", "ts"))
-        for frame, options in [(arriving.withWatermark("ts", "10 seconds"), {"watermark_delay": "5 seconds"}),
-                               (renamed, {})]:
+        for frame, options in [(arriving.withWatermark("ts", "10 seconds"), {}),
+                               (arriving, {"watermark_delay": "5 seconds"}), (renamed, {})]:
             writer = spark_bridge.ingest(database, frame, mapping=app_counters.MAPPING, query_name="x",
                                          checkpoint_location=str(tmp_path / "c"), start=False, **options)
             assert spark_bridge.sink_of(writer) is not None
@@ -1059,5 +1057,34 @@ def test_an_ingest_that_fails_after_building_its_sink_leaves_nothing_on_the_data
                                 checkpoint_location=str(tmp_path / "c2"), deadlines=deadlines)
         assert list(database.transactions.observers) == before
         assert spark.streams.active == []
+    finally:
+        database.close()
+
+
+@pytest.mark.spark
+def test_a_watermark_delay_on_a_frame_that_declares_a_watermark_already_is_refused_before_spark_starts(
+        spark, tmp_path, make_database_url):
+    """``watermark_delay=`` declares ``withWatermark(ts, delay)`` on the frame; on a frame that declared one already
+    the plan had two watermark nodes, which Spark refuses once a watermark is defined ("Redefining watermark is
+    disallowed"): the query started, its first batch was applied, and its second failed — and every restart from the
+    checkpoint failed the same way.  ``ingest()`` refuses the two together, naming the frame's watermark, and
+    starts nothing."""
+    write_files(tmp_path / "in", [[{"type": "add", "key": "k", "ts": iso(BASE_TIME + dt.timedelta(minutes=index)),
+                                    "amount": 1, "seq": index}] for index in range(2)])
+    database = app_database(make_database_url("two_watermarks"))
+    try:
+        stream = _stream(spark, tmp_path / "in")
+        for frame in (stream.withWatermark("ts", "10 seconds"),
+                      stream.withColumnRenamed("ts", "t").withWatermark("t", "1 minute").withColumnRenamed("t", "ts"),
+                      stream.withColumn("arrived", stream.ts).withWatermark("arrived", "10 seconds")):
+            with pytest.raises(IngestError, match=r"watermark_delay='5 seconds' would declare a second watermark .*"
+                                                  r"frame declares one on column '(ts|t|arrived)' already.*either"):
+                spark_bridge.ingest(database, frame, mapping=app_counters.MAPPING, query_name="twice",
+                                    checkpoint_location=str(tmp_path / "c"), trigger={"availableNow": True},
+                                    watermark_delay="5 seconds")
+            assert spark.streams.active == []
+        assert (ledger(database), dead_letters(database)) == ([], [])
+        run_to_end(_ingest(spark, database, tmp_path / "in", tmp_path / "c", "twice", watermark_delay="5 seconds"))
+        assert [row[1] for row in ledger(database)] == [0, 1]
     finally:
         database.close()
