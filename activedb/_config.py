@@ -19,7 +19,7 @@ import dataclasses
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, TypedDict
+from typing import Any, Mapping, TypedDict, Unpack
 
 from lockmgr import VictimChooser, VictimPolicy
 
@@ -145,6 +145,13 @@ class Config:
         for name in ("upgrade", "record_history", "explain_deadlocks"):
             check_switch("Config", name, getattr(self, name))
         check_switch("Config", "keep_server", self.keep_server, none="ACTIVEDB_KEEP_SERVER decides")
+
+    def with_keywords(self, **keywords: Unpack[ConnectKeywords]) -> Config:
+        """This configuration with ``connect()``'s shorthand ``keywords`` applied, checked as ``connect(url, self,
+        **keywords)`` checks them — an unknown keyword is a ``TypeError`` naming those there are, a value a field
+        cannot take a ``ValueError`` (:class:`~activedb.errors.BadArgument`, ``InvalidChoice``) — without opening
+        anything: for keywords another process will connect with."""
+        return configured(self, keywords)
 
 
 def _victim_policy(value: object) -> VictimPolicy:

@@ -86,9 +86,8 @@ def _worker_database(url: str, app: str | Register, connect_options: Mapping[str
         # (connect checks the keywords before it opens anything: an unknown one is a TypeError naming Config's
         # fields, a value it cannot take a BadArgument)
         database = activedb.connect(url, upgrade=False, **dict(connect_options))  # type: ignore[arg-type]
-    except (TypeError, BadArgument) as error:
-        raise IngestError(f"the scale-out tasks' connect_options were refused by activedb.connect ({error}); fix "
-                          f"ingest(connect_options=…): each task connects with them") from error
+    except (TypeError, BadArgument) as error:   # (the driver's sink checked them: _check_options)
+        raise _refused_options(error) from error
     except Exception as error:
         raise _cluster.connect_failed(url, error) from error
     try:
@@ -196,6 +195,28 @@ class _PartitionTask:
             return _worker_sinks.setdefault(key, sink)
 
 
+def _refused_options(error: BaseException) -> IngestError:
+    """The error of ``connect_options`` that ``activedb.connect`` refuses with ``error``."""
+    return IngestError(f"the scale-out tasks' connect_options were refused by activedb.connect ({error}); fix "
+                       f"ingest(connect_options=…): each task connects with them")
+
+
+def _check_options(options: Mapping[str, object]) -> None:
+    """Refuse ``options`` (the tasks' ``activedb.connect`` keywords) that ``activedb.connect`` would — an unknown
+    keyword, a value out of range or of the wrong kind, ``upgrade`` (a task never upgrades the schema: its connect
+    sets it) — with :func:`_refused_options`' error, raised by the sink's constructor (``ingest()``, before the query
+    starts), where the first batch's tasks would raise it."""
+    import activedb
+
+    try:
+        if "upgrade" in options:
+            raise TypeError("upgrade is not a task's to give: the tasks connect with upgrade=False, the driver's "
+                            "connect upgrades the schema")
+        activedb.Config(upgrade=False).with_keywords(**options)  # type: ignore[arg-type]  # (checked here)
+    except (TypeError, ValueError) as error:
+        raise _refused_options(error) from None
+
+
 def _check_sendable(options: Mapping[str, object]) -> None:
     """Each of ``options`` (the tasks' ``activedb.connect`` keywords) pickled as Spark pickles a task (cloudpickle): one
     that cannot be is an :class:`IngestError` naming it, raised by ``ingest()``, where Spark would fail the first
@@ -265,6 +286,7 @@ class PartitionedIngestSink(IngestSink):
         self._unsettled: set[tuple[str, int]] = set()
         self.lower_declared = rules.lower_declared
         options = {"rule_execution": db.rules.execution, "outbox": db.outbox.options, **(connect_options or {})}
+        _check_options(options)
         _check_sendable(options)
         #: A batch's task, given its ``query_id``, ``batch_id`` and ``watermark``: the rest is the run's.
         self._task = functools.partial(

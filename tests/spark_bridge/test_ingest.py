@@ -972,27 +972,32 @@ def test_a_watermark_delay_given_as_a_timedelta_is_the_delay_to_the_millisecond(
 
 
 @pytest.mark.spark
-def test_connect_options_activedb_connect_refuses_are_named_as_such_not_as_a_connection_failure(spark, tmp_path,
-                                                                                               make_database_url):
+def test_connect_options_activedb_connect_refuses_are_refused_by_ingest_before_the_query_starts(spark, tmp_path,
+                                                                                                make_database_url):
     """The scale-out tasks connect with ``connect_options``; one ``activedb.connect`` refuses (a misspelt keyword, a
-    value out of range) stopped the query at its first batch with *a scale-out task … could not connect to …* —
-    sending the user after the network, the server or the password.  The error names ``connect_options`` and
-    ``connect()``'s reason; nothing is applied."""
+    value out of range, a rule execution it does not know, ``upgrade``, which the task's own ``connect`` sets)
+    started the query, which stopped at its first batch — in the tasks, after Spark had planned it — with the
+    refusal, or (an unknown rule execution; ``upgrade`` given twice) with *a scale-out task … could not connect
+    to …*, sending the user after the network, the server or the password.  ``ingest()`` refuses them before the
+    query starts, naming ``connect_options`` and ``connect()``'s reason; a sink built directly as well."""
     write_files(tmp_path / "in", [[{"type": "add", "key": "k", "ts": iso(BASE_TIME), "amount": 1, "seq": 1}]])
     database = app_database(make_database_url("bad_options"))
     try:
-        for number, (options, reason) in enumerate([({"lock_timout": 5.0}, r"unknown keyword\(s\) lock_timout"),
-                                                    ({"lock_timeout": -1.0}, r"lock_timeout")]):
-            query = _ingest(spark, database, tmp_path / "in", tmp_path / f"checkpoint{number}", f"bad{number}",
-                            partition_by_key=2, app=APP_FILE, connect_options=options)
-            with pytest.raises(Exception) as raised:
-                query.awaitTermination(STREAM_TIMEOUT_SECONDS)
-            failure = spark_bridge.sink_of(query).last_failure()
-            assert failure is not None, raised.value
-            message = str(failure[1])
-            assert "could not connect" not in message, message
-            assert re.search(rf"connect_options .*refused by activedb\.connect.*{reason}", message), message
+        for options, reason in [({"lock_timout": 5.0}, r"unknown keyword\(s\) lock_timout"),
+                                ({"lock_timeout": -1.0}, r"lock_timeout"),
+                                ({"rule_execution": "sideways"}, r"rule_execution"),
+                                ({"upgrade": True}, r"upgrade")]:
+            with pytest.raises(IngestError, match=rf"connect_options .*refused by activedb\.connect.*{reason}"):
+                _ingest(spark, database, tmp_path / "in", tmp_path / "checkpoint", "bad", partition_by_key=2,
+                        app=APP_FILE, connect_options=options)
+            assert spark.streams.active == []
+            with pytest.raises(IngestError, match=rf"connect_options .*refused by activedb\.connect.*{reason}"):
+                spark_bridge.PartitionedIngestSink(database, app_counters.MAPPING, partitions=2, app=APP_FILE,
+                                                   query_name="bad", connect_options=options)
         assert (ledger(database), dead_letters(database)) == ([], [])
+        run_to_end(_ingest(spark, database, tmp_path / "in", tmp_path / "checkpoint", "bad", partition_by_key=2,
+                           app=APP_FILE, connect_options={"lock_timeout": 5.0}))
+        assert [row[1:] for row in ledger(database)] == [(0, 1, 0), (0, 0, 0)]
     finally:
         database.close()
 
