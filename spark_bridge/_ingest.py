@@ -25,7 +25,8 @@ from activedb.lowlevel import check_switch
 from spark_bridge._foreach import foreach_batch
 from spark_bridge._scaleout import PartitionedIngestSink
 from spark_bridge._sink import (WATERMARK_METADATA, IngestSink, QueryRun, SinkOptions, by_position, check_arrow_types,
-                                check_columns, check_watermark_column, watermark_columns)
+                                check_columns, check_key_type, check_watermark_column,
+                                watermark_columns)
 from spark_bridge.errors import IngestError, MappingError, first_line
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -256,7 +257,9 @@ def ingest(db: Database, streaming_df: DataFrame, *, mapping: EventMapping, quer
                 f"an interval such as '30 seconds' or '5 minutes', or a datetime.timedelta, not negative") from None
     check_watermark_column(streaming_df._jdf.queryExecution().analyzed(), mapping.ts_column,
                            marked=WATERMARK_METADATA in streaming_df.schema[mapping.ts_column].metadata)
-    check_arrow_types(streaming_df.schema, scale_out=options.partition_by_key is not None)
+    schema = streaming_df.schema
+    check_key_type(schema, mapping)
+    check_arrow_types(schema, scale_out=options.partition_by_key is not None)
 
     session = streaming_df.sparkSession
     common: SinkOptions = {"query_name": query_name, "known_types": options.known_types, "spark_session": session,

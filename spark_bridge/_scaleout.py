@@ -32,7 +32,7 @@ from activedb.lowlevel import check_whole_number
 
 from spark_bridge import _cluster
 from spark_bridge._sink import (IngestSink, SinkOptions, by_position, check_arrow_types, check_columns,
-                                check_layout)
+                                check_key_type, check_layout)
 from spark_bridge.errors import IngestError, describe
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -303,6 +303,7 @@ class PartitionedIngestSink(IngestSink):
         # missing would make every row a dead letter, a year-month interval fail every batch's job in the tasks.
         schema = batch_df.schema
         check_columns(schema.names, self.mapping)  # type: ignore[arg-type]  # (the scale-out path has a mapping)
+        check_key_type(schema, self.mapping)  # type: ignore[arg-type]  # (the scale-out path has a mapping)
         check_arrow_types(schema, scale_out=True)
         self._declare(query_id)
         began = time.perf_counter()

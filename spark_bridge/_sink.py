@@ -305,6 +305,26 @@ def by_position(frame: DataFrame) -> tuple[DataFrame, list[str]]:
     return frame.toDF(*(f"_{index}" for index in range(len(names)))), names
 
 
+#: The Spark types (``simpleString``, without a length) whose values are keys: an event's key is a string or an integer.
+_KEY_TYPES = frozenset({"string", "char", "varchar", "tinyint", "smallint", "int", "bigint"})
+
+
+def check_key_type(schema: StructType, mapping: EventMapping) -> None:
+    """Refuse a stream whose ``mapping``'s key column (in ``schema``, Spark's) is of a type no key can have — an
+    event's key is a string or an integer (``activedb.ingest``'s ``check_key``): a map, array, struct, binary,
+    float or double, boolean, decimal, date or time column would make every row of every batch a dead letter, and
+    the scale-out path hashes a batch's rows to its partitions by it.  ``ingest()`` asks it of its frame, the
+    scale-out sink of each batch's schema (a sink wired with ``foreachBatch`` directly)."""
+    if mapping.key_column not in schema.names:
+        return          # (check_columns says so)
+    key_type = schema[mapping.key_column].dataType.simpleString()
+    if key_type.split("(")[0] not in _KEY_TYPES:
+        raise IngestError(
+            f"key column {mapping.key_column!r} is {key_type}: an event's key is a string or an integer, so every "
+            f"row would be a dead letter; cast it before ingest(), e.g. df.withColumn({mapping.key_column!r}, "
+            f"F.col({mapping.key_column!r}).cast('string')), or map the key to another column")
+
+
 def check_arrow_types(schema: StructType, *, scale_out: bool) -> None:
     """Refuse a column of ``schema`` (a stream's) a batch cannot be converted to Arrow with — every batch of each path
     is, so such a column would fail each one, replay after replay, and the stream stop for good.  The one-task

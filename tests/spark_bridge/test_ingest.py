@@ -1093,3 +1093,40 @@ def test_a_watermark_delay_on_a_frame_that_declares_a_watermark_already_is_refus
         assert [row[1] for row in ledger(database)] == [0, 1]
     finally:
         database.close()
+
+
+@pytest.mark.spark
+def test_a_key_column_of_a_type_no_key_can_have_is_refused_at_ingest_naming_it(spark, tmp_path, make_database_url):
+    """An event's key is a string or an integer: a key column of another Spark type (a map, an array, a struct,
+    binary, a float or double — NaN —, a boolean, a decimal, a date) gives no row a key.  ``ingest()`` started the
+    query anyway, and every row of every batch became a dead letter (``key ('key') is … need a string or an
+    integer``), on the one-task path and on the scale-out path, which hashed its rows to partitions by that column
+    first.  It is refused up front on both paths, naming the column and its type; the integer and text types are
+    taken."""
+    from pyspark.sql import functions as F
+
+    database = app_database(make_database_url("keytypes"))
+    try:
+        frame = _stream(spark, tmp_path)
+        refused = {"map<string,int>": F.create_map(F.col("key"), F.lit(1)), "array<string>": F.array("key"),
+                   "struct<key:string>": F.struct("key"), "binary": F.col("key").cast("binary"),
+                   "double": F.lit(float("nan")), "float": F.lit(1.5).cast("float"), "boolean": F.lit(True),
+                   "decimal(10,0)": F.col("amount").cast("decimal(10,0)"), "date": F.to_date("ts")}
+        for name, column in refused.items():
+            _refused_by_ingest_on_both_paths(
+                database, frame.withColumn("key", column),
+                rf"^key column 'key' is {re.escape(name)}: .*string or an integer.*cast\('string'\)", tmp_path / "c")
+            assert spark.streams.active == [], name
+        for column in (F.col("amount"), F.col("amount").cast("bigint"), F.col("amount").cast("smallint"),
+                       F.col("key")):
+            for path in ({}, dict(partition_by_key=2, app=APP_FILE)):
+                writer = spark_bridge.ingest(database, frame.withColumn("key", column), mapping=app_counters.MAPPING,
+                                             query_name="x", checkpoint_location=str(tmp_path / "c"), start=False,
+                                             **path)
+                spark_bridge.sink_of(writer).close()
+        # a scale-out sink wired with foreachBatch directly: at its first batch, before applying anything
+        write_files(tmp_path / "in", [[{"type": "add", "key": "k", "ts": iso(BASE_TIME), "amount": 1, "seq": 1}]])
+        _refused_by_a_direct_sink(spark, database, _stream(spark, tmp_path / "in").withColumn("key", F.lit(1.5)),
+                                  "direct", tmp_path / "cd", r"key column 'key' is double", scale_out=True)
+    finally:
+        database.close()
