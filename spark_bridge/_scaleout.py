@@ -305,7 +305,8 @@ class PartitionedIngestSink(IngestSink):
         check_columns(schema.names, self.mapping)  # type: ignore[arg-type]  # (the scale-out path has a mapping)
         check_key_type(schema, self.mapping)  # type: ignore[arg-type]  # (the scale-out path has a mapping)
         check_arrow_types(schema, scale_out=True)
-        self._declare(query_id)
+        key = self.mapping.key_column  # type: ignore[union-attr]
+        self._declare(query_id, batch_id, (key, schema[key].dataType.simpleString()))
         began = time.perf_counter()
         watermark = self.spark_watermark(spark_query_id, current=execution)
         task = self._task(query_id=query_id, batch_id=batch_id, watermark=watermark, columns=tuple(schema.names))
@@ -344,17 +345,20 @@ class PartitionedIngestSink(IngestSink):
         self.context.book.record(outcome, began)
 
     def _check_layout(self, query_id: str, batch_id: int) -> None:
-        """:func:`~spark_bridge._sink.check_layout` for this sink's ``partitions`` (before :meth:`_declare` records
-        them)."""
-        check_layout(self.db, query_id, batch_id, self.partitions)
+        """Nothing here: :meth:`_declare` checks the layout of the run's first batch, once it knows the key's type
+        from the batch's schema."""
 
-    def _declare(self, query_id: str) -> None:
-        """Record the query's partition count and policy once per run (``activedb status`` shows them), and read
-        which of its batches have a failure to settle when they come again."""
+    def _declare(self, query_id: str, batch_id: int, partition_key: tuple[str, str]) -> None:
+        """At the run's first batch, ``batch_id``: check that batch's layout in the ledger against this sink's
+        partitions and ``partition_key`` (the key column and its Spark type; :func:`~spark_bridge._sink.check_layout`),
+        then record them and the policy (``activedb status`` shows them), and read which of the query's batches
+        have a failure to settle when they come again."""
         with self._mutex:
             if query_id in self._declared:
                 return
-        atomic.declare_policy(self.db, query_id, self.query_name, self.partitions, self.on_partition_failure)
+        check_layout(self.db, query_id, batch_id, self.partitions, partition_key)
+        atomic.declare_policy(self.db, query_id, self.query_name, self.partitions, self.on_partition_failure,
+                              partition_key)
         settled = {atomic.SplitState.COMPLETED.value, atomic.SplitState.COMPENSATED.value}
         unsettled = {(query_id, row.batch_id) for row in atomic.split_status(self.db, self.query_name)
                      if row.query_id == query_id and row.batch_id is not None and row.state not in settled}

@@ -77,14 +77,21 @@ def as_policy(value: object) -> SplitFailure:
 
 # --- the policy a query declared -------------------------------------------------------------------------
 
-def declare_policy(db: DatabaseHandle, query_id: str, query_name: str, partitions: int, policy: SplitFailure) -> None:
-    """Record (upsert) the scale-out query's partition count and policy, for ``activedb status``."""
+def declare_policy(db: DatabaseHandle, query_id: str, query_name: str, partitions: int, policy: SplitFailure,
+                   partition_key: tuple[str, str] | None = None) -> None:
+    """Record (upsert) the scale-out query's partition count and policy, for ``activedb status``, and
+    ``partition_key`` — (column, type as the connector names it) the batches are partitioned by, or None when the
+    connector does not say —, which a replayed batch's layout is checked against (the connector's check)."""
+    column, column_type = partition_key if partition_key is not None else (None, None)
     with db.engine.begin() as connection:
         connection.execute(sa.text(
-            f"INSERT INTO {QUERIES_TABLE} (query_id, query_name, partitions, on_partition_failure) "
-            "VALUES (:q, :name, :n, :policy) ON CONFLICT (query_id) DO UPDATE SET partitions = EXCLUDED.partitions, "
-            "on_partition_failure = EXCLUDED.on_partition_failure, declared_at = now()"),
-            {"q": query_id, "name": query_name, "n": partitions, "policy": policy.value})
+            f"INSERT INTO {QUERIES_TABLE} (query_id, query_name, partitions, on_partition_failure, partition_key, "
+            "partition_key_type) VALUES (:q, :name, :n, :policy, :key, :key_type) ON CONFLICT (query_id) DO UPDATE "
+            "SET partitions = EXCLUDED.partitions, on_partition_failure = EXCLUDED.on_partition_failure, "
+            "partition_key = EXCLUDED.partition_key, partition_key_type = EXCLUDED.partition_key_type, "
+            "declared_at = now()"),
+            {"q": query_id, "name": query_name, "n": partitions, "policy": policy.value, "key": column,
+             "key_type": column_type})
 
 
 # --- the failed task's side ---------------------------------------------------------------------------------
@@ -248,6 +255,8 @@ class SplitBatchStatus:
     failed_partitions: tuple[int, ...] = ()
     error: str | None = None
     compensated: int | None = None
+    #: (column, type) the query's batches are partitioned by (the query's row only; None: not recorded).
+    partition_key: tuple[str, str] | None = None
 
 
 def split_status(db: DatabaseHandle, query_name: str | None = None) -> list[SplitBatchStatus]:
@@ -255,7 +264,8 @@ def split_status(db: DatabaseHandle, query_name: str | None = None) -> list[Spli
     from PostgreSQL (``activedb status``)."""
     with db.engine.connect() as connection:
         queries = connection.execute(sa.text(
-            f"SELECT query_id, query_name, partitions, on_partition_failure FROM {QUERIES_TABLE}")).all()
+            f"SELECT query_id, query_name, partitions, on_partition_failure, partition_key, partition_key_type "
+            f"FROM {QUERIES_TABLE}")).all()
         failures = connection.execute(sa.text(
             f"SELECT query_id, batch_id, partition, partitions, policy, state, error, compensated "
             f"FROM {FAILURES_TABLE} ORDER BY query_id, batch_id, partition")).all()
@@ -265,7 +275,9 @@ def split_status(db: DatabaseHandle, query_name: str | None = None) -> list[Spli
     grouped: dict[tuple[str, int], list[Any]] = {}
     for row in failures:
         grouped.setdefault((row.query_id, row.batch_id), []).append(row)
-    result = [SplitBatchStatus(row.query_name, query_id, row.on_partition_failure, row.partitions)
+    result = [SplitBatchStatus(row.query_name, query_id, row.on_partition_failure, row.partitions,
+                               partition_key=None if row.partition_key is None else (row.partition_key,
+                                                                                     row.partition_key_type))
               for query_id, row in sorted(declared.items()) if query_name is None or row.query_name == query_name]
     for (query_id, batch_id), rows in sorted(grouped.items()):
         name = LedgerId.parse(query_id).source

@@ -288,3 +288,74 @@ def test_forward_completes_a_batch_every_partition_of_which_had_failed(spark, tm
         assert _failures(streamed) == [(1, 0, "forward", "completed")]
         assert [(row.batch_id, row.state) for row in activedb.atomic.split_status(streamed) if row.batch_id is not None
                 ] == [(1, "completed")]
+
+
+@pytest.mark.spark
+def test_a_batch_resumed_partitioned_by_another_key_is_refused_not_split_otherwise(spark, tmp_path,
+                                                                                  make_database_url):
+    """A forward failure leaves batch 1 with one partition committed; the restart applies the others.  Restarted
+    with another key column (the same number of partitions), the batch's rows hashed to other partitions: the
+    committed partition's ledger row skipped rows it never had, and the rest went to the uncommitted one — some
+    rows applied a second time, some never.  The ledger did not record the key.  Now the query's declared layout
+    holds the key column and its Spark type, and the restart stops at that batch saying which key resumes it;
+    resumed with it, the batch completes as before."""
+    from pyspark.sql import functions as F
+
+    with _poisoned(tmp_path / "in", make_database_url, "rekeyed") as (workload, poison, streamed, direct):
+        query = _ingest(spark, streamed, tmp_path / "in", tmp_path / "checkpoint", "forward")
+        with pytest.raises(Exception):
+            query.awaitTermination(STREAM_TIMEOUT_SECONDS)
+        [(_, failed, _, _)] = _failures(streamed)
+        with streamed.transaction() as tx:                       # the fix
+            tx.insert("items", key=app_split.FIX_KEY, value=1)
+        before = (counters(streamed), _ledger(streamed, 1))
+
+        frame = (spark.readStream.schema(app_split.SCHEMA).option("maxFilesPerTrigger", 1).json(str(tmp_path / "in"))
+                 .withColumn("shard", F.concat(F.col("key"), F.lit("."))))
+        rekeyed = spark_bridge.ingest(streamed, frame, mapping=activedb.ingest.EventMapping(
+                                          "type", "shard", "ts", payload_columns=("amount", "seq")),
+                                      query_name="split", checkpoint_location=str(tmp_path / "checkpoint"),
+                                      trigger={"availableNow": True}, partition_by_key=2, app=APP_FILE,
+                                      on_partition_failure="forward")
+        with pytest.raises(Exception, match=r"batch 1 of this checkpoint .* partitioned by key 'key' \(string\), "
+                                            r"and Spark runs it again now partitioned by 'shard' \(string\).*"
+                                            r"Resume it with the key column 'key' \(string\)"):
+            rekeyed.awaitTermination(STREAM_TIMEOUT_SECONDS)
+        assert (counters(streamed), _ledger(streamed, 1)) == before
+        assert _failures(streamed) == [(1, failed, "forward", "pending completion")]
+
+        run_to_end(_ingest(spark, streamed, tmp_path / "in", tmp_path / "checkpoint", "forward"))
+        with direct.transaction() as tx:
+            tx.insert("items", key=app_split.FIX_KEY, value=1)
+        apply_directly(direct, _good(workload, [0, 1, 2]) + poison)
+        assert counters(streamed) == counters(direct)
+        assert _failures(streamed) == [(1, failed, "forward", "completed")]
+
+
+def test_a_replayed_batch_s_key_is_checked_by_column_and_spark_type_when_it_was_recorded(make_database_url):
+    """Spark hashes a row to its partition by the key's value as its type (an ``int`` and a ``bigint`` of one value
+    hash apart), so the layout a replayed batch is checked against is the partition count, the key column and its
+    type.  A query declared before revision 0017_split_key has no key recorded: only its partition count is
+    checked."""
+    from spark_bridge._sink import check_layout
+
+    database = split_database(make_database_url("layout_key"))
+    try:
+        query_id = f"q@{uuid.uuid4()}"
+        sink = IngestSink(database, app_split.MAPPING, query_name="q")
+        assert sink.process([_row(1, "a", 0)], 3, query_id=f"{query_id}#p0").committed
+        activedb.atomic.declare_policy(database, query_id, "q", 2, activedb.atomic.SplitFailure.FORWARD,
+                                       ("key", "int"))
+        [declared] = [row for row in activedb.atomic.split_status(database, "q") if row.batch_id is None]
+        assert (declared.partitions, declared.partition_key) == (2, ("key", "int"))
+        check_layout(database, query_id, 3, 2, ("key", "int"))
+        for other in (("key", "bigint"), ("worker", "int")):
+            with pytest.raises(IngestError, match=rf"batch 3 .* partitioned by key 'key' \(int\), and Spark runs it "
+                                                  rf"again now partitioned by '{other[0]}' \({other[1]}\)"):
+                check_layout(database, query_id, 3, 2, other)
+        with pytest.raises(IngestError, match=r"in 2 partitions, and Spark runs it again now in 3 partitions"):
+            check_layout(database, query_id, 3, 3, ("key", "int"))
+        activedb.atomic.declare_policy(database, query_id, "q", 2, activedb.atomic.SplitFailure.FORWARD)
+        check_layout(database, query_id, 3, 2, ("key", "bigint"))       # (not recorded: not checked)
+    finally:
+        database.close()
