@@ -14,11 +14,13 @@ import collections
 import datetime as dt
 import functools
 import importlib
+import os
 import pickle
 import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Unpack
 
 from activedb import atomic
@@ -274,6 +276,11 @@ class PartitionedIngestSink(IngestSink):
                 "the scale-out path (partition_by_key=N) needs app=: each Spark task starts its own engine and "
                 "must declare the rules there; pass the module name or .py path of the app (it provides "
                 "register(db)), or an importable register(db) function")
+        if isinstance(app, (str, os.PathLike)) and str(app).endswith(".py") and not Path(app).is_file():
+            raise IngestError(
+                f"app={str(app)!r}: no such file; each Spark task of the scale-out path loads the application from it "
+                f"(on a cluster ingest() sends the driver's copy to the executors): give the path of the "
+                f"application's .py file, or a module name the tasks can import")
         session = sink_options.get("spark_session")
         if session is not None:
             _cluster.check_database_for_executors(db.url, str(session.sparkContext.master))

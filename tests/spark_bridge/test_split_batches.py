@@ -19,6 +19,7 @@ batch one partition of which fails for good (``ingest(..., on_partition_failure=
 from __future__ import annotations
 
 import datetime as dt
+import re
 import uuid
 from contextlib import contextmanager
 
@@ -357,5 +358,30 @@ def test_a_replayed_batch_s_key_is_checked_by_column_and_spark_type_when_it_was_
             check_layout(database, query_id, 3, 3, ("key", "int"))
         activedb.atomic.declare_policy(database, query_id, "q", 2, activedb.atomic.SplitFailure.FORWARD)
         check_layout(database, query_id, 3, 2, ("key", "bigint"))       # (not recorded: not checked)
+    finally:
+        database.close()
+
+
+@pytest.mark.spark
+def test_an_application_file_that_is_not_there_is_refused_before_the_query_starts(spark, tmp_path, make_database_url):
+    """``app=`` given as a ``.py`` path the scale-out tasks load (on a cluster ``ingest()`` sends the driver's copy):
+    a path with no file there started the query, and its first batch's tasks failed with ``AppLoadError: no such
+    application file``.  It is refused by ``ingest()`` (and a sink built directly), naming the path; a module name,
+    which the tasks import from their own environment, is not looked up on the driver."""
+    database = split_database(make_database_url("no_app_file"))
+    try:
+        frame = spark.readStream.schema(app_split.SCHEMA).json(str(tmp_path))
+        missing = tmp_path / "nope.py"
+        with pytest.raises(IngestError, match=rf"app={re.escape(repr(str(missing)))}: no such file.*\.py file"):
+            spark_bridge.ingest(database, frame, mapping=app_split.MAPPING, query_name="x",
+                                checkpoint_location=str(tmp_path / "c"), partition_by_key=2, app=str(missing))
+        assert spark.streams.active == []
+        with pytest.raises(IngestError, match=r"no such file"):
+            spark_bridge.PartitionedIngestSink(database, app_split.MAPPING, partitions=2, app=missing,
+                                               query_name="x")
+        writer = spark_bridge.ingest(database, frame, mapping=app_split.MAPPING, query_name="x", start=False,
+                                     checkpoint_location=str(tmp_path / "c"), partition_by_key=2,
+                                     app="an_application_module_only_the_executors_have")
+        spark_bridge.sink_of(writer).close()
     finally:
         database.close()
