@@ -79,7 +79,7 @@ class IngestOptions:
     * ``start=False`` — return the ``DataStreamWriter`` (sink in ``writer.activedb_sink``) to configure and
       start; ``on_phase(phase, batch_id)`` — a seam for crash tests (``activedb.ingest.Phase``);
     * ``lineage`` — every batch transaction records the source batch it consumed (``db.batches``; on by default
-      here, as the atomic batch features need it);
+      here, as the atomic batch features need it: ``on_partition_failure=COMPENSATE`` without it is refused);
     * the scale-out path (``_scaleout.py``), the rule path only: ``partition_by_key=N`` — each batch repartitioned
       by key into ``N`` Spark tasks, each applying its partition in its own engine that registers ``app``'s
       rules (``connect_options`` go to its ``activedb.connect``, pickled with the task: one that cannot be, such as a

@@ -287,6 +287,12 @@ class PartitionedIngestSink(IngestSink):
         self.partitions = partitions
         self.app = app
         self.on_partition_failure = atomic.as_policy(on_partition_failure)
+        if self.on_partition_failure is SplitFailure.COMPENSATE and not lineage:
+            raise IngestError(
+                "on_partition_failure='compensate' needs lineage: the committed partitions of a failed batch are "
+                "undone by the transactions recorded as consuming it, and with lineage=False none is recorded — "
+                "nothing would be undone, and the batch reported compensated. Leave lineage=True (the default), or "
+                "use on_partition_failure='forward'")
         self._declared: set[str] = set()   # ledger query ids whose policy was recorded; under self._mutex
         #: (ledger query id, batch id) of the batches with a failed partition not settled yet (pending completion,
         #: compensating): read once per run (``_declare``), kept up to date here; under self._mutex.

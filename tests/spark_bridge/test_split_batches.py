@@ -131,6 +131,29 @@ def test_on_partition_failure_is_checked_and_belongs_to_the_scale_out_path(spark
         with pytest.raises(IngestError, match="'forward'.*'compensate'.*got 'undo'"):
             spark_bridge.ingest(database, frame, partition_by_key=2, app=APP_FILE, on_partition_failure="undo",
                                 **common)
+        with pytest.raises(IngestError, match=r"on_partition_failure='compensate' needs lineage"):
+            spark_bridge.ingest(database, frame, partition_by_key=2, app=APP_FILE, on_partition_failure="compensate",
+                                lineage=False, **common)
+    finally:
+        database.close()
+
+
+def test_compensate_without_lineage_is_refused_as_it_could_undo_nothing(make_database_url):
+    """``on_partition_failure='compensate'`` undoes the committed partitions of a failed batch by their lineage —
+    which transactions consumed the batch.  With ``lineage=False`` none is recorded: the driver found nothing to undo
+    (``UnknownBatch``), marked the batch *compensated* with 0 transactions, and the committed partitions' effects
+    stayed, while the failed one's rows were dead letters — half a batch applied, reported as none.  The
+    combination is refused when the sink is built (``ingest()``: before the query starts); ``forward`` needs no
+    lineage and is taken without it."""
+    database = split_database(make_database_url("no_lineage"))
+    try:
+        common = dict(partitions=2, app=APP_FILE, query_name="x")
+        with pytest.raises(IngestError, match=r"on_partition_failure='compensate' needs lineage.*lineage=True.*"
+                                              r"'forward'"):
+            spark_bridge.PartitionedIngestSink(database, app_split.MAPPING, on_partition_failure="compensate",
+                                               lineage=False, **common)
+        spark_bridge.PartitionedIngestSink(database, app_split.MAPPING, on_partition_failure="forward",
+                                           lineage=False, **common).close()
     finally:
         database.close()
 
