@@ -15,6 +15,7 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, overload
 
+import activedb
 from activedb.atomic import SplitFailure, as_policy
 from activedb.cli.application import Register, portable_spec
 from activedb.events import TimeUnit
@@ -227,6 +228,9 @@ def ingest(db: Database, streaming_df: DataFrame, *, mapping: EventMapping, quer
         raise IngestError(
             "ingest() needs a streaming DataFrame (spark.readStream...); for a static DataFrame use "
             "activedb.ingest.feed(db, [df.toArrow()], source=..., mapping=...)")
+    if not isinstance(db, activedb.Database):
+        raise IngestError(f"ingest() feeds an activedb.Database, got {db!r} as its first argument; connect first: "
+                          f"db = activedb.connect(url), then ingest(db, frame, …)")
     check_columns(streaming_df.columns, mapping)
     if options.start and any(query.name == query_name for query in streaming_df.sparkSession.streams.active):
         raise IngestError(

@@ -1130,3 +1130,14 @@ def test_a_key_column_of_a_type_no_key_can_have_is_refused_at_ingest_naming_it(s
                                   "direct", tmp_path / "cd", r"key column 'key' is double", scale_out=True)
     finally:
         database.close()
+
+
+@pytest.mark.spark
+def test_ingest_into_something_that_is_no_database_says_what_to_give(spark, tmp_path):
+    """``ingest(url, frame, …)`` — a URL where the database goes — failed deep in the sink's set-up with
+    ``AttributeError: 'str' object has no attribute 'clock'``.  It is an IngestError saying to connect first."""
+    for given in ("postgresql://localhost/app", None):
+        with pytest.raises(IngestError, match=r"ingest\(\) feeds an activedb\.Database, got .*activedb\.connect\(url\)"):
+            spark_bridge.ingest(given, _stream(spark, tmp_path), mapping=app_counters.MAPPING, query_name="x",
+                                checkpoint_location=str(tmp_path / "c"))
+        assert spark.streams.active == []
