@@ -84,8 +84,8 @@ class IngestOptions:
     * the scale-out path (``_scaleout.py``), the rule path only: ``partition_by_key=N`` — each batch repartitioned
       by key into ``N`` Spark tasks, each applying its partition in its own engine that registers ``app``'s
       rules (``connect_options`` go to its ``activedb.connect``, pickled with the task: one that cannot be, such as a
-      ``ManualClock``, is refused naming it, and so are those ``connect`` would refuse; ``prefetch`` and ``lower_declared`` are the
-      handler's); ``on_partition_failure`` — an ``activedb.atomic.SplitFailure``: ``FORWARD`` (default: the query
+      ``ManualClock``, is refused naming it, and so are those ``connect`` would refuse; ``prefetch`` and
+      ``lower_declared`` are the handler's); ``on_partition_failure`` — an ``activedb.atomic.SplitFailure``: ``FORWARD`` (default: the query
       fails; after the fix a restart completes the batch) or ``COMPENSATE`` (the committed partitions are
       compensated, the failed one's rows become dead letters; ``activedb.atomic``'s split batches).
     * ``deadlines`` — how long a batch, and a rule firing in it, may run (``activedb.ingest.Deadlines``; the batch

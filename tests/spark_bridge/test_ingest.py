@@ -1137,7 +1137,8 @@ def test_ingest_into_something_that_is_no_database_says_what_to_give(spark, tmp_
     """``ingest(url, frame, …)`` — a URL where the database goes — failed deep in the sink's set-up with
     ``AttributeError: 'str' object has no attribute 'clock'``.  It is an IngestError saying to connect first."""
     for given in ("postgresql://localhost/app", None):
-        with pytest.raises(IngestError, match=r"ingest\(\) feeds an activedb\.Database, got .*activedb\.connect\(url\)"):
+        with pytest.raises(IngestError,
+                           match=r"ingest\(\) feeds an activedb\.Database, got .*activedb\.connect\(url\)"):
             spark_bridge.ingest(given, _stream(spark, tmp_path), mapping=app_counters.MAPPING, query_name="x",
                                 checkpoint_location=str(tmp_path / "c"))
         assert spark.streams.active == []
