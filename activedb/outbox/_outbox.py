@@ -498,18 +498,19 @@ class Outbox:
                 works.append(Work(row.id, firing))    # (its retries start anew: row.attempts counts finishes)
             self._executor.submit(works)
             if unregistered:
-                self._release(unregistered)
+                self._release({row.id: row.rule for row in unregistered})
         if works:
             logger.info("outbox: claimed %d pending detached firing(s)", len(works))
         return len(works)
 
-    def _release(self, rows: list[Any]) -> None:
-        """Give up the claim of ``rows``, claimed by a pass while their rules were removed here: they stay pending,
-        unowned, as records of a rule this process does not register (declaring the rule again runs them)."""
-        rules = ", ".join(sorted({row.rule for row in rows}))
+    def _release(self, rows: dict[int, str]) -> None:
+        """Give up the claim of ``rows`` (record id: its rule), claimed by a pass while their rules were removed here:
+        they stay pending, unowned, as records of a rule this process does not register (declaring the rule again
+        runs them)."""
+        rules = ", ".join(sorted(set(rows.values())))
         try:
             with self.catalog.engine.begin() as connection:
-                _records.release(connection, self.owner, [row.id for row in rows])
+                _records.release(connection, self.owner, list(rows))
         except Exception as error:
             logger.warning("outbox: %d claimed record(s) of rule(s) removed meanwhile (%s) stay pending and this "
                            "process's until it ends (their claim could not be given up: %s)", len(rows), rules,
