@@ -54,7 +54,7 @@ class OpKind(enum.Enum):
     READ = "read"                     # READ(table, key): output the row
     WRITE = "write"                   # WRITE(table, key, f(own, *reads))
     CHECK = "check"                   # abort_if(predicate(*reads)): reads only, may abort
-    WINDOW_READ = "window_read"       # READ(win_f(keys, size)): aggregate versions in [t - size, t)
+    WINDOW_READ = "window_read"       # READ(win_f(keys, size)): aggregate versions of earlier txns, time >= t - size
     WINDOW_WRITE = "window_write"     # WRITE(key, win_f(over, size))
     ND_READ = "nd_read"               # READ(f*): key computed at run time
     ND_WRITE = "nd_write"             # WRITE(f1*, f2*): key and value computed at run time
@@ -301,7 +301,8 @@ class Ops:
     def window_read(self, table: str, keys: Iterable[Hashable], *, size: float, aggregate: Callable[..., object],
                     name: str | None = None) -> None:
         """READ(win_f(keys, size)): ``aggregate(windows)`` over, per key, the list of row versions
-        written in this batch by transactions with time in ``[t - size, t)``."""
+        written in this batch by earlier transactions with time ≥ ``t - size`` (ties included: an earlier
+        transaction at the event's own time ``t`` is in it, so ``size=0`` sees those)."""
         if isinstance(keys, str):       # (an iterable of its letters: their rows, not its own)
             raise DeclarationError(f"window_read({table!r}, keys) takes a collection of keys, got the text {keys!r}; "
                                    f"for that one row: window_read({table!r}, [{keys!r}], ...)")
@@ -319,7 +320,8 @@ class Ops:
                      over: Iterable[State], size: float,
                      name: str | None = None) -> None:
         """WRITE(key, win_f(over, size)): ``fn(own, windows)``, ``windows`` = per ``over`` state
-        the list of its versions with time in ``[t - size, t)``."""
+        the list of its versions written in this batch by earlier transactions with time ≥ ``t - size`` (ties
+        included, as in ``window_read``)."""
         state = self._check_key(table, key)
         self._claim(state)
         over = [_state(pair, "over") for pair in over]
@@ -515,7 +517,8 @@ def _check_size(size: object, what: str) -> None:
     failed the run with a TypeError; NaN or a negative size made every window empty)."""
     if isinstance(size, bool) or not isinstance(size, numbers.Real) or math.isnan(size) or size < 0:
         raise DeclarationError(f"{what} takes size= a number of at least 0 in the unit of the events' ts (seconds for "
-                               f"datetimes; the window is [t - size, t)), got {size!r}")
+                               f"datetimes; the window holds the versions of earlier transactions with time >= "
+                               f"t - size), got {size!r}")
 
 
 def _candidates(table: str, candidates: Iterable[Hashable] | None) -> tuple[Hashable, ...] | None:

@@ -109,6 +109,9 @@ class Versions(Generic[_Value]):
         return dropped
 
     def window(self, state: Hashable, before: int, size: float) -> list[_Value]:
+        """The versions of ``state`` with a stamp below ``before`` whose writer's time is at least
+        ``times[before] - size``: an earlier writer at the reader's own time is included (ties), so ``size=0``
+        gives those."""
         entry = self._versions.get(state)
         if entry is None:
             return []

@@ -212,7 +212,8 @@ def window_transactions() -> batch.StateTransactions:
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_window_write(strategy):
-    """WRITE(sum, Σ versions of src in [t − 3, t)): at ts 5 the window holds the versions of
+    """WRITE(sum, Σ versions of src by earlier transactions with time ≥ t − 3): at ts 5 the window holds the
+    versions of
     ts 2, 3, 4 (not 1, not the aborted one at 3.5, not its own transaction's)."""
     transactions = window_transactions()
 
@@ -232,6 +233,21 @@ def test_window_write(strategy):
     assert result.final[("w", "sum")] == {"v": 9, "n": 3}
     assert result.transactions[5].outputs["seen"] == [2, 3, 4]
     assert [outcome.committed for outcome in result.transactions] == [True, True, True, False, True, True, True]
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_a_window_holds_the_versions_of_earlier_transactions_at_its_own_time_too(strategy):
+    """The window of an event at time t holds the versions of earlier transactions of the batch with time at least
+    t - size, ties included: at t = 10, size 5 sees the versions written at 5 and at 10 (by the tick before it in the
+    batch), size 0 the one at 10 — not [t - size, t), which the docstrings said; every executor agrees."""
+    transactions = window_transactions()
+    events = [{"type": "tick", "ts": 4.0, "payload": {"v": 4}}, {"type": "tick", "ts": 5.0, "payload": {"v": 5}},
+              {"type": "tick", "ts": 10.0, "payload": {"v": 10}},
+              {"type": "summarise", "ts": 10.0, "payload": {"size": 5.0}},
+              {"type": "summarise", "ts": 10.0, "payload": {"size": 0}}]
+    result = batch.run_in_memory(transactions, events, {}, strategy=strategy)
+    assert [outcome.outputs.get("seen") for outcome in result.transactions[3:]] == [[5, 10], [10]]
+    assert result.final[("w", "sum")] == {"v": 10, "n": 1}
 
 
 @pytest.mark.parametrize("strategy", ["lean", "serial", "ns/f/e"])
@@ -267,7 +283,8 @@ def test_a_window_size_that_is_no_number_of_seconds_rejects_its_event_saying_wha
     result = batch.run_in_memory(transactions, events, {}, strategy=strategy)
     assert [reason for _, reason in result.dead_letters] == [
         f"DeclarationError: window_write('w', 'sum', ...) takes size= a number of at least 0 in the unit of the events' "
-        f"ts (seconds for datetimes; the window is [t - size, t)), got {size!r}" for size in sizes]
+        f"ts (seconds for datetimes; the window holds the versions of earlier transactions with time >= t - size), "
+        f"got {size!r}" for size in sizes]
     assert result.final[("w", "sum")] == {"v": 3, "n": 2}
     assert result.transactions[-1].outputs["seen"] == [1, 2]
 
