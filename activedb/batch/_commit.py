@@ -33,7 +33,7 @@ from activedb import deadletters
 from activedb.batch._declare import BatchEvent, DrawnRow, OpSpec, State, StateTransactions
 from activedb.batch._result import BatchResult
 from activedb.batch._route import RoutePlan, add_touched, touched_states, written_tables
-from activedb.batch._runtime import AUTO, check_events, check_processes, execute_batch, no_cyclic_gc, normalise_events, runtime_of
+from activedb.batch._runtime import AUTO, check_events, check_processes, execute_batch, no_cyclic_gc, runtime_of, timed_batch
 from activedb.batch._state import Loader, NestedColumns
 from activedb.batch._store import (DEAD_LETTER_TABLE, NO_GIVEN_KEY, apply_batch, check_key_columns, check_required,
                                    dead_letter, name_rows_once, named_once, store_check)
@@ -756,17 +756,17 @@ def apply_at_commit(tx: Transaction, events: Iterable[object], transactions: Sta
                        on_sent)
     check_events("apply_at_commit", events)
     events = list(events)
-    batch = normalise_events(events, owner="apply_at_commit")
+    batch, refused = timed_batch(events, owner="apply_at_commit")
     runtime = runtime_of(transactions)
     router = runtime.router
     plans = router.plans
     declare = transactions.declare
-    declared: dict[int, list[OpSpec] | str] = {}
+    declared: dict[int, list[OpSpec] | str] = dict(refused)      # (the refused come last: the loop stops before them)
     states: dict[str, dict[Hashable, None]] = {}
     unbounded: set[str] = set()
     written: set[str] = set()
     merged: set[RoutePlan] = set()           # the plans whose tables are in ``unbounded`` and ``written`` already
-    for t, event in enumerate(batch):
+    for t, event in enumerate(batch[:len(batch) - len(refused)] if refused else batch):
         plan = plans.get(event[0])
         predicted = plan.states(event) if plan is not None else None
         if plan is not None and predicted is not None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import dataclasses
+import datetime as dt
 import gc
 import itertools
 import operator
@@ -31,7 +32,8 @@ from activedb.batch._route import Allowed, Router, Routing, route, touched_state
 from activedb.batch._state import Loader, NestedColumns, WriteCheck
 from activedb.batch._strategy import DecisionRule, Split, Strategy, parse_strategy
 from activedb.batch.errors import DeclarationError, WorkerFailed
-from activedb.errors import BadArgument, check_whole_number
+from activedb.errors import BadArgument, InvalidTime, check_whole_number, finite_number
+from activedb.events import check_time
 from activedb.store import RowImage
 from activedb.versions import Versions
 
@@ -182,12 +184,27 @@ def check_events(owner: str, events: object) -> None:
 
 
 def normalise_events(events: Iterable[object], *, owner: str = "normalise_events") -> list[BatchEvent]:
-    """Events as :class:`BatchEvent` in timestamp order: stably sorted by ``ts`` when every
-    event has one (out-of-order arrival, C1 of the paper), else in the order given.
+    """Events as :class:`BatchEvent` in timestamp order: stably sorted by ``ts`` when events have one (out-of-order
+    arrival, C1 of the paper), else in the order given.
     Accepts BatchEvents, ``spark_bridge`` RawEvents (``event_type, key, ts, payload``),
     stream ``activedb.Event``s, and mappings with those keys; a payload that is no mapping is a DeclarationError
-    naming its event's position, before anything runs; ``events`` that are no iterable of events (``check_events``) a
-    BadArgument naming ``owner``, the call they were given to."""
+    naming its event's position, before anything runs, and so is a ts that is no time of the batch's kind
+    (``timed_batch`` says which; a batch run makes such an event a dead letter instead); ``events`` that are no
+    iterable of events (``check_events``) a BadArgument naming ``owner``, the call they were given to."""
+    batch, refused = timed_batch(events, owner=owner)
+    if refused:
+        raise DeclarationError(next(iter(refused.values())).removeprefix(_REFUSED))
+    return batch
+
+
+def timed_batch(events: Iterable[object], *, owner: str) -> tuple[list[BatchEvent], dict[int, str]]:
+    """``events`` as ``normalise_events`` makes them, and ``{t: reason}`` for those whose ``ts`` is no time of the
+    batch's kind: every ts must be a finite number of seconds or an aware datetime (``activedb.events.check_time``,
+    as a stream's), of one kind — the kind of the first event (in the order given) whose ts is a time; in a batch
+    with times, an event without one is refused too (a batch without any ts runs in the order given).  The refused
+    events come last (``batch[t]`` for each ``t`` of the reasons), in the order given; the others are sorted by ts.
+    The reasons read as a rejected declaration's (``DeclarationError: …``): the caller hands them to the executors
+    as ``declared``, so each is that event's dead letter and the rest of the batch goes on."""
     check_events(owner, events)
     token = abc.get_cache_token()
     if _ATTRIBUTE_EVENT_TOKEN[0] != token:
@@ -196,21 +213,81 @@ def normalise_events(events: Iterable[object], *, owner: str = "normalise_events
     batch = _of_one_attribute_type(events)
     if batch is None:
         batch = list(map(_as_batch_event, events, itertools.count()))     # (each event at its position)
-    if batch and all(map(operator.is_not, map(_by_ts, batch), itertools.repeat(None))):     # (every ts given; in C)
-        try:
-            timestamps = list(map(_by_ts, batch))
-            if not all(map(operator.eq, timestamps, timestamps)):    # (NaN alone is unequal to itself: in C)
-                raise _unordered(next(event for event in batch if event.ts != event.ts))
+    if not batch:
+        return batch, {}
+    timestamps = list(map(_by_ts, batch))
+    kinds = set(map(type, timestamps))      # (one type check per event, in C)
+    if kinds <= _NUMBERS:
+        # Numbers: NaN alone is unequal to itself, an infinity sorts to an end (both passes in C).
+        if all(map(operator.eq, timestamps, timestamps)):
             batch.sort(key=_by_ts)
-        except TypeError:
-            pass   # incomparable timestamps: keep arrival order
-    return batch
+            if finite_number(batch[0].ts) and finite_number(batch[-1].ts):
+                return batch, {}
+    elif kinds == _DATETIMES and None not in map(_tzinfo, timestamps):
+        batch.sort(key=_by_ts)
+        return batch, {}
+    elif kinds == _NONE:
+        return batch, {}
+    return _refuse_untimed(batch)
 
 
-def _unordered(event: BatchEvent) -> DeclarationError:
-    return DeclarationError(f"the event at position {event.position} of the batch has the ts {event.ts!r}, which is "
-                            f"no time (it compares with none, so the batch could not be put in timestamp order); give "
-                            f"each event a finite number of seconds or a datetime as its ts")
+_NUMBERS = frozenset((int, float))
+_DATETIMES = frozenset((dt.datetime,))
+_NONE = frozenset((type(None),))
+_tzinfo = operator.attrgetter("tzinfo")
+_REFUSED = "DeclarationError: "
+
+
+def _refuse_untimed(batch: list[BatchEvent]) -> tuple[list[BatchEvent], dict[int, str]]:
+    """``timed_batch`` for a batch whose timestamps are not all finite numbers, nor all aware datetimes, nor all
+    missing: each event checked on its own (``check_time``) against the kind of the first one whose ts is a time."""
+    given = sorted(batch, key=_position)        # (the order given: a batch of numbers may have been sorted)
+    first = next((event for event in given if _is_time(event.ts)), None)
+    timed: list[BatchEvent] = []
+    refused: list[tuple[BatchEvent, str]] = []
+    for event in given:
+        ts = event.ts
+        if ts is None:
+            if first is None:
+                timed.append(event)
+            else:
+                refused.append((event, f"has no ts, where the batch's events have one (the first at position "
+                                       f"{first.position})"))
+            continue
+        try:
+            check_time(ts, "ts")
+        except InvalidTime as error:
+            refused.append((event, f"has a ts that is no time: {error}"))
+            continue
+        kind, first_kind = _time_kind(ts), _time_kind(first.ts)  # type: ignore[union-attr]  # (a time was found)
+        if kind != first_kind:
+            refused.append((event, f"has a ts of another kind: ts {ts!r} is a {kind}, where the batch's "
+                                   f"first timed event (position {first.position}) has a "  # type: ignore[union-attr]
+                                   f"{first_kind}"))
+            continue
+        timed.append(event)
+    if first is not None:
+        timed.sort(key=_by_ts)
+    reasons = {len(timed) + index: f"{_REFUSED}the event at position {event.position} of the batch {why}; {_GIVE_TS}"
+               for index, (event, why) in enumerate(refused)}
+    return timed + [event for event, _ in refused], reasons
+
+
+def _is_time(ts: object) -> bool:
+    try:
+        check_time(ts, "ts")
+    except InvalidTime:
+        return False
+    return True
+
+
+_GIVE_TS = ("give each event a finite number of seconds or an aware datetime as its ts, of one kind in a batch (the "
+            "batch runs in ts order)")
+_position = operator.attrgetter("position")
+
+
+def _time_kind(ts: object) -> str:
+    return "datetime" if isinstance(ts, dt.datetime) else "number of seconds"
 
 
 def check_processes(owner: str, processes: object) -> None:
@@ -275,11 +352,11 @@ def decide(transactions: StateTransactions, events: Iterable[object], *, vdd: fl
 
 
 def prepare(transactions: StateTransactions, events: Iterable[object]) -> Prepared:
-    """PRE_PROCESS: normalise and declare every event; events that cannot be declared are
-    rejected with the reason (they become dead letters)."""
+    """PRE_PROCESS: normalise and declare every event; events that cannot be declared (or whose ts is no time of
+    the batch's kind: ``timed_batch``) are rejected with the reason (they become dead letters)."""
     started = time.perf_counter()
-    batch = normalise_events(events, owner="decide")
-    return _declare_all(transactions, list(enumerate(batch)), batch, None, started)
+    batch, refused = timed_batch(events, owner="decide")
+    return _declare_all(transactions, list(enumerate(batch)), batch, refused or None, started)
 
 
 def _declare_all(transactions: StateTransactions, items: list[tuple[int, BatchEvent]],
@@ -612,9 +689,10 @@ def run_in_memory(transactions: StateTransactions, events: Iterable[object],
     """Declare and run a batch over ``state`` (images before the batch; absent = no row)."""
     check_processes("run_in_memory", processes)
     started = time.perf_counter()
-    batch = normalise_events(events, owner="run_in_memory")
+    batch, refused = timed_batch(events, owner="run_in_memory")
     normalised = time.perf_counter() - started
-    result = execute_batch(transactions, batch, dict(state or {}), strategy=strategy, processes=processes, split=split)
+    result = execute_batch(transactions, batch, dict(state or {}), declared=refused or None, strategy=strategy,
+                           processes=processes, split=split)
     if result.statistics is not None:
         result.statistics.seconds["normalise"] = normalised
     return result

@@ -167,6 +167,36 @@ def test_an_event_naming_a_row_the_store_cannot_name_is_a_dead_letter_alone(db):
     assert len(_letters(db, "refused-keys")) == 3
 
 
+def test_an_event_whose_ts_is_no_time_of_the_batchs_kind_is_a_dead_letter_alone_at_commit(db):
+    """At commit as in memory, each event whose ts is no time of the batch's kind (a text, True, none among timed
+    events) is a dead letter saying what to give, and the others commit in ts order — the second batch too, whose
+    events a learned plan routes without declaring them.  Before, a text ts sorted the batch as text and the events
+    ran in an order that was no time order."""
+    transactions = batch.StateTransactions()
+
+    @transactions.on("count")
+    def count(event, ops):
+        ops.write("bench_counters", event.key, lambda own: {"n": (own or {"n": 0})["n"] * 10 + event.payload["d"]})
+
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("TRUNCATE bench_counters"))
+    for batch_id in (1, 2):
+        events = [{"type": "count", "key": 1, "ts": 10, "payload": {"d": 2}},
+                  {"type": "count", "key": 1, "ts": "9", "payload": {"d": 7}},
+                  {"type": "count", "key": 1, "ts": 9.5, "payload": {"d": 1}},
+                  {"type": "count", "key": 1, "ts": True, "payload": {"d": 8}},
+                  {"type": "count", "key": 1, "payload": {"d": 9}}]
+        with db.transaction(name="untimed") as tx:
+            pending = batch.apply_at_commit(tx, events, transactions, query_id="untimed", batch_id=batch_id)
+        reasons = {event.position: reason for event, reason in pending.result.dead_letters}
+        assert sorted(reasons) == [1, 3, 4]
+        assert all("give each event a finite number of seconds or an aware datetime as its ts" in reason
+                   for reason in reasons.values()), reasons
+    with db.engine.connect() as connection:
+        assert connection.execute(sa.text("SELECT n FROM bench_counters WHERE key = 1")).scalar_one() == 1212
+    assert len(_letters(db, "untimed")) == 6
+
+
 def test_a_key_given_as_another_value_than_its_row_holds_names_that_row(db):
     """A batch's state transactions name rows as ``tx.read``/``tx.write`` do: a float key of a ``numeric`` column is
     the row of its decimal, a naive midnight datetime key of a ``date`` column the row of its date (each updated, not

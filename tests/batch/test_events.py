@@ -82,12 +82,67 @@ def test_an_event_whose_payload_is_no_mapping_is_a_declaration_error_naming_it()
 
 def test_an_event_whose_ts_is_nan_is_a_declaration_error_naming_it():
     """A NaN ``ts`` compares false with every time, so the stable sort by ts ordered nothing around it: events ran
-    out of timestamp order, silently.  It is refused, naming the event, before anything runs."""
+    out of timestamp order, silently.  ``normalise_events`` (which returns no dead letters) refuses it, naming the
+    event; a batch run makes it a dead letter (below)."""
     events = [{"type": "enter", "key": "w0", "ts": 3.0}, {"type": "enter", "key": "w1", "ts": float("nan")},
               {"type": "enter", "key": "w2", "ts": 1.0}]
     with pytest.raises(batch.errors.DeclarationError, match=r"position 1 .* ts nan.*finite number"):
         batch.normalise_events(events)
     assert [event.key for event in batch.normalise_events([events[0], events[2]])] == ["w2", "w0"]
+
+
+def _counting():
+    transactions = batch.StateTransactions("timestamps")
+
+    @transactions.on("count")
+    def count(event, ops):
+        ops.write("counters", "all", lambda own: {"seen": [*(own or {"seen": []})["seen"], event.key]})
+
+    return transactions
+
+
+_GIVE = "give each event a finite number of seconds or an aware datetime as its ts, of one kind in a batch"
+
+
+@pytest.mark.parametrize("strategy", ["lean", "serial", "tpg", "ns/f/e"])
+def test_an_event_whose_ts_is_no_time_of_the_batchs_kind_is_a_dead_letter_saying_what_to_give(strategy):
+    """A batch runs in ts order, so each event's ts must be a time, of one kind in the batch (finite numbers of
+    seconds, or aware datetimes), as a stream's events' are.  Before, a text ts sorted as text ("10" before "9"),
+    a mix of kinds or one missing ts silently kept arrival order, inf and True were taken as times, only NaN was
+    refused (the whole batch).  Each such event is now a dead letter saying what to give; the rest run in order."""
+    import datetime as dt
+
+    aware = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
+    events = [{"type": "count", "key": "ten", "ts": 10}, {"type": "count", "key": "text", "ts": "9"},
+              {"type": "count", "key": "nine", "ts": 9.0}, {"type": "count", "key": "none"},
+              {"type": "count", "key": "true", "ts": True}, {"type": "count", "key": "inf", "ts": float("inf")},
+              {"type": "count", "key": "nan", "ts": float("nan")},
+              {"type": "count", "key": "naive", "ts": dt.datetime(2026, 1, 1)},
+              {"type": "count", "key": "aware", "ts": aware}, {"type": "count", "key": "eight", "ts": 8}]
+    result = batch.run_in_memory(_counting(), events, {}, strategy=strategy)
+    assert result.final[("counters", "all")] == {"seen": ["eight", "nine", "ten"]}
+    reasons = {event.key: reason for event, reason in result.dead_letters}
+    assert list(reasons) == ["text", "none", "true", "inf", "nan", "naive", "aware"]
+    assert all(reason.startswith("DeclarationError: the event at position ") and _GIVE in reason
+               for reason in reasons.values()), reasons
+    assert "ts '9' is neither a number of seconds nor an aware datetime" in reasons["text"]
+    assert "has no ts, where the batch's events have one" in reasons["none"]
+    assert "ts True is a boolean" in reasons["true"] and "ts inf is not finite" in reasons["inf"]
+    assert "ts nan is not finite" in reasons["nan"] and "has no time zone" in reasons["naive"]
+    assert "is a datetime, where the batch's first timed event (position 0) has a number of seconds" in reasons["aware"]
+    # A batch of datetimes: a number is the odd one.
+    events = [{"type": "count", "key": "later", "ts": aware + dt.timedelta(seconds=1)},
+              {"type": "count", "key": "number", "ts": 5}, {"type": "count", "key": "first", "ts": aware}]
+    result = batch.run_in_memory(_counting(), events, {}, strategy=strategy)
+    assert result.final[("counters", "all")] == {"seen": ["first", "later"]}
+    assert [(event.key, "is a number of seconds, where the batch's first timed event (position 0) has a datetime"
+             in reason) for event, reason in result.dead_letters] == [("number", True)]
+
+
+def test_a_batch_without_any_ts_runs_in_the_order_given():
+    events = [{"type": "count", "key": key} for key in ("b", "a", "c")]
+    result = batch.run_in_memory(_counting(), events, {})
+    assert result.final[("counters", "all")] == {"seen": ["b", "a", "c"]} and not result.dead_letters
 
 
 @pytest.mark.parametrize("event_type", [None, "", 5])
