@@ -29,7 +29,7 @@ from activedb.events import EventSpec, EventKind, Instant, LocalClock, TimeLike,
 from activedb.streams import CompiledQuery, StreamEvent, StreamSchema, algebra as ast, compile_query, parse
 from activedb.streams import PatternLike, Returns, query_definition
 from activedb.streams.algebra import Position
-from activedb.streams.errors import DefinitionError
+from activedb.streams.errors import DefinitionError, EvaluationError
 
 if TYPE_CHECKING:  # pragma: no cover
     from activedb._handle import DatabaseHandle
@@ -255,23 +255,35 @@ class CompositionEngine:
         return self.signal(Heartbeat(producer, ts))
 
     def submit(self, items: Iterable[StreamEvent | Heartbeat]) -> list[CompositeEvent]:
-        """Signal every item in the order given (each producer's items in its order)."""
+        """Signal every item in the order given (each producer's items in its order).  The first item refused
+        (``EventRejected``, ``LateEvent``, ``MembershipError``, an ``EvaluationError``) stops the call: the items
+        before it were taken, those after it were not, and the error (of the same class) says so, naming that item
+        by its index and event."""
         _check_items(items)
         with self._guard:
-            for item in items:
-                self._input.take(item)
+            self._take_all(items, "submit")
         return self._finish()
 
     def process(self, tx: Transaction, items: Iterable[StreamEvent | Heartbeat]) -> list[CompositeEvent]:
         """``submit`` within transaction ``tx``: every composite event is emitted into ``tx`` (rules on
         ``engine.spec(query)`` fire), and if ``tx`` aborts (a subtransaction, or its top-level transaction), the
-        engine's state returns to what it was before the first batch of that transaction's tree."""
+        engine's state returns to what it was before the first batch of that transaction's tree.  A refused item
+        stops the call as in ``submit`` (abort ``tx`` to take back the items taken before it)."""
         _check_items(items)
         with self._guard:
             self._rollback.enlist(tx)
-            for item in items:
-                self._input.take(item)
+            self._take_all(items, "process")
         return self._finish(emit_into=tx)
+
+    def _take_all(self, items: Iterable[StreamEvent | Heartbeat], call: str) -> None:
+        """Take ``items`` in order; the first refused one raises its error again (the same class, chained) saying
+        which item it was and how many were taken.  Caller holds ``_guard``."""
+        take = self._input.take
+        for index, item in enumerate(items):
+            try:
+                take(item)
+            except (EventRejected, LateEvent, MembershipError, EvaluationError) as error:
+                raise _stopped(error, index, item, call) from error
 
     def _process_refusing(self, tx: Transaction | None, items: Iterable[StreamEvent | Heartbeat]
                           ) -> tuple[list[CompositeEvent], list[tuple[StreamEvent | Heartbeat, CompositeError]]]:
@@ -559,6 +571,25 @@ def _same_event(item: StreamEvent | Heartbeat, event: StreamEvent) -> bool:
     return (isinstance(item.ts, Timestamp) and item.type == event.type
             and dict(item.attributes) == dict(event.attributes)
             and (item.ts.lower, item.ts.upper, item.ts.producer) == (event.ts.lower, event.ts.upper, event.ts.producer))
+
+
+def _stopped(error: Exception, index: int, item: object, call: str) -> Exception:
+    """``error``, raised by the input at ``index`` of a ``submit``/``process`` call, as an error of its class saying
+    that the call stopped there."""
+    if isinstance(item, StreamEvent):
+        what = describe_event(item) if isinstance(item.attributes, Mapping) else f"{item.type}{item.ts}"
+    elif isinstance(item, Heartbeat):
+        what = f"heartbeat of {item.producer} at {item.ts}"
+    else:
+        what = f"{item!r:.80}"
+    before = ("no input before it was taken" if index == 0 else
+              f"the {index} input{'s' if index > 1 else ''} before it {'were' if index > 1 else 'was'} taken")
+    undo = ("; abort tx to take them back (the engine returns to its state before the batch)"
+            if call == "process" and index and not isinstance(error, EvaluationError) else "")   # (RETURN's says so)
+    stopped = type(error)(f"{error} — input {index} of the call ({what}) was refused, so the call stopped there: "
+                          f"{before}, those after it were not taken (give them again){undo}")
+    stopped.__dict__.update(error.__dict__)
+    return stopped
 
 
 def _check_items(items: object) -> None:

@@ -164,8 +164,7 @@ class Evaluation:
                 f"nothing was composed and these events stay in the query's lists, so every evaluation of them raises "
                 f"this again — drop one with engine.discard(event), or correct the RETURN (a query of another name). "
                 f"The call stopped here: in process(tx, …) abort tx (the engine returns to its state before the "
-                f"batch); from signal() or submit(), the inputs after the one that led to this were not taken (give "
-                f"them again) and the composites made before it are in engine.take_outputs()") from error
+                f"batch); the composites made before it are in engine.take_outputs()") from error
         terminator = max(chosen, key=lambda item: item.number)
         node.remove([terminator])
         node.decisions.clear()

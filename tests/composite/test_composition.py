@@ -470,6 +470,36 @@ def test_a_return_that_raises_says_which_query_and_events_and_what_to_do():
     assert engine.statistics().events == 2      # (the call stopped: the later event was not taken)
 
 
+def test_a_refused_input_of_submit_says_how_many_were_taken_and_which_one_stopped_the_call():
+    """``submit`` takes its inputs in order and stops at the first it refuses: the inputs after it were not taken,
+    and the error (an EventRejected, a LateEvent, a MembershipError) said only what was wrong with that one — not that
+    the call stopped there, how many inputs were taken, nor which one it was.  It says all of it now, and is still
+    of its class."""
+    engine = make_engine("CREATE QUERY AthenB PATTERN SEQ(A, B) RETURN A.id AS a", {"PA": ["A"], "PB": ["B"]})
+    a0, wrong, b0 = ev("A", 1.0, "PA", "a0"), ev("B", 1.1, "PA", "b-from-PA"), ev("B", 1.2, "PB", "b0")
+    with pytest.raises(composite.EventRejected) as caught:
+        engine.submit([a0, wrong, b0])
+    message = str(caught.value)
+    assert message.startswith("producer PA joined for A, not B"), message
+    assert ("input 1 of the call (B#b-from-PA" in message and "the 1 input before it was taken" in message
+            and "those after it were not taken" in message), message
+    assert engine.statistics().events == 1      # (a0 only: b0 was not taken)
+    unknown = ev("A", 2.0, "PX", "ax")
+    with pytest.raises(composite.MembershipError,
+                       match=r"input 2 of the call \(A#ax.*the 2 inputs before it were taken"):
+        engine.submit([b0, ev("A", 1.5, "PA", "a1"), unknown])
+    engine = make_engine("CREATE QUERY AB PATTERN AND(A, B) RETURN A.id AS a", FIG2)
+    engine.submit([ev("A", 1.0, "PA", "a0"), ev("B", 5.0, "P1B", "b5"),
+                   composite.Heartbeat("P2B", Timestamp.at(6.0, 0.005)),
+                   composite.Heartbeat("PA", Timestamp.at(5.0, 0.005)),
+                   composite.Heartbeat("P1B", Timestamp.at(6.0, 0.005))])
+    assert engine.statistics().composites == 1                  # (it relied on no B before 5 in transit)
+    with pytest.raises(composite.LateEvent,
+                       match=r"input 0 of the call \(B#late.*no input before it was taken"):
+        engine.submit([ev("B", 2.0, "P1B", "late"), ev("A", 9.0, "PA", "a9")])
+    assert engine.statistics().events == 2
+
+
 def test_discard_of_an_event_signalled_twice_removes_one_copy():
     """``discard(event)`` removes the event it is given — one candidate (README: the application ``discard(event)``s a
     candidate) — from every list it entered.  An event signalled twice (a producer's duplicate, equal in type, time

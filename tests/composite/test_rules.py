@@ -183,3 +183,19 @@ def test_an_exclusion_after_a_timeout_during_a_batch_s_transaction_outlives_its_
     with db.transaction() as tx:
         composed = engine.process(tx, batch)
     assert names(composed) == [("a0", "b0")]
+
+
+def test_a_refused_input_of_process_says_how_many_were_taken_and_to_abort_the_transaction(db):
+    """``process(tx, items)`` stops at the first input it refuses, as ``submit`` does: the error says which input
+    (index and event), that the ones before it were taken and those after not, and that aborting ``tx`` takes the
+    engine back to before the batch — which it does."""
+    engine = ab_engine(db)
+    before = engine.statistics()
+    wrong = ev("B", 1.2, "PA", "b-from-PA")
+    with pytest.raises(composite.EventRejected) as caught:
+        with db.transaction() as tx:
+            engine.process(tx, [*BATCH_1[:2], wrong, BATCH_1[2]])
+    message = str(caught.value)
+    assert "input 2 of the call (B#b-from-PA" in message and "the 2 inputs before it were taken" in message, message
+    assert "abort tx" in message, message
+    assert engine.statistics() == before          # (the transaction aborted: the two taken are undone)
