@@ -110,8 +110,7 @@ class CompositionEngine:
         """Declare the event types and attributes queries may name (as ``StreamEngine.create_stream``)."""
         schema = StreamSchema(name, types, attributes, type_attributes)  # type: ignore[arg-type]  # (made tuples)
         with self._guard:
-            if name in self._streams:
-                raise DefinitionError(f"stream {name!r} is already declared")
+            schema.check_new(self._streams)
             self._streams[name] = schema
         return schema
 

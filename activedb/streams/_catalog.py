@@ -115,6 +115,18 @@ class StreamSchema:
                 spelled[folded[event_type.casefold()]] = spelled.get(folded[event_type.casefold()], ()) + names
             object.__setattr__(self, "type_attributes", spelled)
 
+    def check_new(self, declared: Iterable[str]) -> None:
+        """Refuse (``DefinitionError``) to declare this stream beside the streams named ``declared``: one of that
+        name, or of a name equal to it ignoring case — a query's ``ON`` names a stream as SQL names an unquoted name
+        (``fold``), so the two could not be told apart there."""
+        for name in declared:
+            if name == self.name:
+                raise DefinitionError(f"stream {self.name!r} is already declared")
+            if name.casefold() == self.name.casefold():
+                raise DefinitionError(f"stream {self.name!r} differs from the declared stream {name!r} only in case; "
+                                      f"a query's ON names a stream ignoring case (as query names are told apart), "
+                                      f"so ON {self.name} could not name it: give it another name")
+
     def resolve_type(self, name: str) -> str | None:
         """The declared spelling of event type ``name`` (case-insensitive), None if unknown."""
         if self.types is None:

@@ -51,8 +51,7 @@ class Definitions:
 
     def add_stream(self, schema: StreamSchema) -> StreamSchema:
         with self._mutex:
-            if schema.name in self._streams:
-                raise DefinitionError(f"stream {schema.name!r} is already declared")
+            schema.check_new(self._streams)
             self._streams[schema.name] = schema
         return schema
 

@@ -171,6 +171,28 @@ def test_a_stream_s_name_or_tie_key_of_the_wrong_kind_is_refused(db, name, optio
     assert engine.streams == {}
 
 
+def test_a_stream_whose_name_differs_from_a_declared_one_only_in_case_is_refused(db):
+    """A query's ``ON`` names its stream as SQL names an unquoted name, ignoring case (as query names are unique
+    ignoring case): streams ``estream`` and ``ESTREAM`` were both taken, and ``ON Estream`` then named neither
+    ("no stream 'Estream'"), though each alone would be found.  The second is refused, naming the first; the
+    composition engine's streams alike."""
+    from activedb import composite
+
+    engine = streams.StreamEngine(db, name="cased", durable=False)
+    engine.create_stream("estream", types=BADGE_TYPES, attributes=("HCW-ID", "location"))
+    with pytest.raises(DefinitionError, match=r"stream 'ESTREAM' differs from the declared stream 'estream' only in "
+                                              r"case.*give it another name"):
+        engine.create_stream("ESTREAM", types=BADGE_TYPES, attributes=("HCW-ID",))
+    with pytest.raises(DefinitionError, match=r"stream 'estream' is already declared"):
+        engine.create_stream("estream", types=BADGE_TYPES)
+    assert list(engine.streams) == ["estream"]
+    engine.define("CREATE QUERY QX ON Estream PATTERN SEQ(EXIT, ENTER) RETURN EXIT.location")
+    composer = composite.CompositionEngine(timeout=None)
+    composer.create_stream("s", types=["A"])
+    with pytest.raises(DefinitionError, match=r"stream 'S' differs from the declared stream 's' only in case"):
+        composer.create_stream("S", types=["B"])
+
+
 @pytest.mark.parametrize("build", [lambda: streams.seq(None), lambda: streams.seq("EXIT", 5),
                                    lambda: streams.conj(["EXIT", "ENTER"]), lambda: streams.component(None),
                                    lambda: streams.not_(5)],
