@@ -39,7 +39,7 @@ class StreamSchema:
     """A declared input stream.
 
     ``types``: the event types (None: any type); ``attributes``: the attributes every
-    event has (``type_attributes`` adds per-type ones); ``priorities``: per type, the
+    event has (``type_attributes`` adds per-type ones; a type's attributes name each once); ``priorities``: per type, the
     order of events with equal timestamps (a finite number, higher first; unlisted last); ``tie_key``:
     a function ``event -> sortable`` ordering equal-timestamp events of equal priority
     (e.g. by worker id).  Events still equal after that are ordered by their content, so
@@ -114,6 +114,11 @@ class StreamSchema:
                                       f"type_attributes, or declare it in types=[…]")
                 spelled[folded[event_type.casefold()]] = spelled.get(folded[event_type.casefold()], ()) + names
             object.__setattr__(self, "type_attributes", spelled)
+        for names in (self.attributes, *(self.attributes + extra for extra in self.type_attributes.values())):
+            if len(set(names)) < len(names):
+                twice = next(name for index, name in enumerate(names) if name in names[:index])
+                raise DefinitionError(f"stream {self.name}: attribute {twice!r} is declared twice (in attributes, or "
+                                      f"type_attributes, or both); give each attribute once")
 
     def check_new(self, declared: Iterable[str]) -> None:
         """Refuse (``DefinitionError``) to declare this stream beside the streams named ``declared``: one of that

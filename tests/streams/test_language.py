@@ -193,6 +193,20 @@ def test_a_stream_whose_name_differs_from_a_declared_one_only_in_case_is_refused
         composer.create_stream("S", types=["B"])
 
 
+@pytest.mark.parametrize("options, twice", [
+    ({"attributes": ["HCW-ID", "location", "HCW-ID"]}, "HCW-ID"),
+    ({"attributes": ["HCW-ID"], "type_attributes": {"EXIT": ["room", "room"]}}, "room"),
+    ({"attributes": ["HCW-ID", "room"], "type_attributes": {"EXIT": ["room"]}}, "room"),
+], ids=["attributes", "one-type", "type-and-stream"])
+def test_an_attribute_declared_twice_is_refused(db, options, twice):
+    """``create_stream(attributes=["k", "k"])`` was taken (an event type's attributes then listed it twice), where a
+    type declared twice is refused; so was an attribute given twice to one type, or to a type and to the stream."""
+    engine = streams.StreamEngine(db, name="twice", durable=False)
+    with pytest.raises(DefinitionError, match=rf"stream estream: attribute '{twice}' is declared twice.*once"):
+        engine.create_stream("estream", types=BADGE_TYPES, **options)
+    assert engine.streams == {}
+
+
 @pytest.mark.parametrize("build", [lambda: streams.seq(None), lambda: streams.seq("EXIT", 5),
                                    lambda: streams.conj(["EXIT", "ENTER"]), lambda: streams.component(None),
                                    lambda: streams.not_(5)],
