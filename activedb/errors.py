@@ -84,17 +84,18 @@ def check_switch(owner: str, name: str, value: object, none: str | None = None, 
 
 
 def check_seconds(owner: str, name: str, value: object, *, none: str | None, zero: bool = True,
-                  error: type[ActivedbError] = BadArgument) -> None:
+                  finite: bool = False, error: type[ActivedbError] = BadArgument) -> None:
     """Raise ``error`` (:class:`BadArgument`) unless ``value`` (given as ``owner(name=value)``) is a number of
-    seconds (not a bool, not NaN; infinity is one) of at least 0 (``zero=False``: above 0), or None if ``none``
-    says what None means."""
+    seconds (not a bool, not a text, not NaN; infinity is one unless ``finite``) of at least 0 (``zero=False``: above
+    0), or None if ``none`` says what None means."""
     if value is None and none is not None:
         return
     number = value if isinstance(value, (int, float)) and not isinstance(value, bool) else float("nan")
-    if not (number >= 0 if zero else number > 0):
+    if not (number >= 0 if zero else number > 0) or (finite and not finite_number(number)):
         bound = "of at least 0" if zero else "above 0"
         alternative = "" if none is None else f"None ({none}) or "
-        raise error(f"{owner}({name}={value!r}) takes {alternative}a number of seconds {bound}")
+        raise error(f"{owner}({name}={value!r}) takes {alternative}a {'finite ' if finite else ''}number of seconds "
+                    f"{bound}")
 
 
 def finite_number(value: float) -> bool:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable, Iterable, Mapping, Sequence, TypeAlias, Union
 
-from activedb.errors import finite_number
+from activedb.errors import check_seconds, finite_number
 from activedb.streams import algebra as ast
 from activedb.streams.errors import DefinitionError
 
@@ -274,15 +274,10 @@ def query_definition(name: str, *, pattern: PatternLike, returns: Returns, where
         raise DefinitionError(f"query {name}: selection is an activedb.streams.Selection or one of "
                               f"{', '.join(repr(member.value) for member in ast.Selection)}, got {selection!r}"
                               ) from None
-    try:
-        if isinstance(within, bool):            # (float(True) is 1.0: no window)
-            raise TypeError(within)
-        window = float(within) if within is not None else None
-        if window is not None and not finite_number(window):      # (a window that limits nothing, or NaN)
-            raise ValueError(within)
-    except (TypeError, ValueError, OverflowError):                 # (OverflowError: an int beyond a float's range)
-        raise DefinitionError(f"query {name}: within is the window in seconds (a finite number) or None, got "
-                              f"{within!r}") from None
+    # (a bool or a text is no number of seconds; an infinity, NaN or an int no float holds limits nothing)
+    check_seconds(f"query {name}: query", "within", within, none="no window", zero=False, finite=True,
+                  error=DefinitionError)
+    window = float(within) if within is not None else None     # (a number: checked)
     try:
         consumed = ast.Consumption(consumption) if consumption is not None else None
     except ValueError:
