@@ -160,7 +160,11 @@ class ReorderBuffer:
             if found is None:
                 return f"rejected: no stream {event.stream!r} in engine {self.name} (streams: {', '.join(streams)})"
             stream = found
-        event_type = stream.resolve_type(event.type) if isinstance(event.type, str) else None
+        if not isinstance(event.type, str) or not event.type:       # (as a batch's event without a type)
+            named = (f"the name of one of stream {stream.name}'s event types ({', '.join(stream.types)})"
+                     if stream.types is not None else "a non-empty text")
+            return f"rejected: the event has no type (type {event.type!r}); give each event a type, {named}"
+        event_type = stream.resolve_type(event.type)
         if event_type is None:
             return (f"rejected: stream {stream.name} has no event type {event.type!r} "
                     f"(types: {', '.join(stream.types or ())})")

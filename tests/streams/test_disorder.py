@@ -841,6 +841,24 @@ def test_a_durable_engine_refuses_an_attribute_its_state_cannot_save_and_the_str
     assert in_memory.feed([bad], punctuation=0).dead_letters == ()
 
 
+@pytest.mark.parametrize("event_type", [None, "", 5], ids=["none", "empty", "a-number"])
+def test_an_event_without_a_type_is_a_dead_letter_saying_to_give_each_event_a_type(db, event_type):
+    """An event with no type (a dict without "type", ``StreamEvent(None, …)``) was refused as "stream estream has no
+    event type None (types: …)" — as if a type of that name were missing from the stream.  It now says the event has
+    no type and to give each event one, as a batch's dead letter does; an event of an unknown type keeps its
+    reason."""
+    reset(db)
+    made = engine(db, name="untyped", record_history=False)
+    result = made.feed([{"type": event_type, "ts": 1, "HCW-ID": "w0", "location": "r0"},
+                        {"type": "WASH", "ts": 2, "HCW-ID": "w0", "location": "r0"}, badge("ENTER", 3, "w0")],
+                       punctuation=streams.END_OF_STREAM)
+    reasons = [letter.reason for letter in result.dead_letters]
+    assert reasons[0].startswith(f"rejected: the event has no type (type {event_type!r}); give each event a type, "
+                                 f"the name of one of stream estream's event types ("), reasons
+    assert reasons[1].startswith("rejected: stream estream has no event type 'WASH'"), reasons
+    assert result.released == 1
+
+
 def test_an_event_whose_integer_timestamp_no_float_can_hold_is_a_dead_letter_and_the_stream_goes_on(db):
     """A timestamp of 10**400 (an int beyond any float) is rejected as not finite, as an infinity is — check_time
     let math.isfinite's OverflowError out, and the whole batch failed, every retry alike."""
