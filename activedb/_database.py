@@ -43,7 +43,8 @@ if TYPE_CHECKING:
 _Result = TypeVar("_Result")
 _Observer = TypeVar("_Observer", bound=Observer)
 
-_CLOSED = "this Database is closed; call activedb.connect() again"
+_CLOSED = ("this Database is closed; call activedb.connect() again, and make anew on the new Database what was made on "
+           "this one (a StreamEngine, a CompositionEngine given db=, …: each keeps the Database it was given)")
 
 
 def create_engine(url: URL, options: EngineOptions = EngineOptions()) -> Engine:

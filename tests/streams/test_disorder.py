@@ -859,6 +859,21 @@ def test_an_event_without_a_type_is_a_dead_letter_saying_to_give_each_event_a_ty
     assert result.released == 1
 
 
+def test_feed_after_the_database_closed_says_to_connect_again_and_build_the_engine_on_the_new_one(migrated):
+    """After ``db.close()``, ``engine.feed`` raised "this Database is closed; call activedb.connect() again" — but the
+    engine keeps the Database it was given, so connecting again alone does not help: the error now says to build the
+    engine (and whatever else was made on the closed Database) on the new one."""
+    from activedb.errors import TransactionError
+
+    database = activedb.connect(migrated)
+    made = streams.StreamEngine(database, name="closed_db", durable=False)
+    made.create_stream("estream", types=BADGE_TYPES, attributes=("HCW-ID", "location"))
+    database.close()
+    with pytest.raises(TransactionError, match=r"this Database is closed; call activedb.connect\(\) again, and make "
+                                               r"anew on the new Database .*a StreamEngine"):
+        made.feed([badge("EXIT", 1, "w0")])
+
+
 def test_an_event_whose_integer_timestamp_no_float_can_hold_is_a_dead_letter_and_the_stream_goes_on(db):
     """A timestamp of 10**400 (an int beyond any float) is rejected as not finite, as an infinity is — check_time
     let math.isfinite's OverflowError out, and the whole batch failed, every retry alike."""
