@@ -163,6 +163,23 @@ def test_drop_choice_and_partitions():
     assert ("AB", (1,)) in engine.waiting()                         # a0 waits for a B of its own partition
 
 
+def test_events_without_the_partition_attribute_share_the_partition_of_none_unless_the_query_refuses_them():
+    """The design note (as streams'): an event whose ``[attr]`` attribute is missing or None is in the partition of
+    None, as SQL's ``PARTITION BY`` puts NULLs together, so such events compose with each other; an event-only
+    ``IS NOT NULL`` term per component keeps them out."""
+    events = [ev("A", 1.0, "PA", "a-missing"), ev("B", 1.5, "PB", "b-none", k=None),
+              ev("A", 2.0, "PA", "a1", k=1), ev("B", 2.5, "PB", "b1", k=1)]
+    beats = [composite.Heartbeat(producer, Timestamp.at(5.0, 0.005)) for producer in ("PA", "PB")]
+    together = make_engine("CREATE QUERY AB PATTERN SEQ(A, B) WHERE [k] RETURN A.id AS a",
+                           {"PA": ["A"], "PB": ["B"]}, attributes=("id", "k"))
+    produced = together.submit([*events, *beats])
+    assert sorted((names(produced)[index], item.partition) for index, item in enumerate(produced)) == [
+        (("a-missing", "b-none"), (None,)), (("a1", "b1"), (1,))]
+    refused = make_engine("CREATE QUERY AB PATTERN SEQ(A, B) WHERE [k] AND A.k IS NOT NULL AND B.k IS NOT NULL "
+                          "RETURN A.id AS a", {"PA": ["A"], "PB": ["B"]}, attributes=("id", "k"))
+    assert names(refused.submit([*events, *beats])) == [("a1", "b1")]
+
+
 def test_definitions_the_interval_model_does_not_run_are_refused():
     engine = make_engine(AND_CHRONICLE, FIG2, attributes=("id", "x"))
     with pytest.raises(DefinitionError, match="negation"):
