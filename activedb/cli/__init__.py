@@ -432,13 +432,11 @@ def outbox(ctx: click.Context, retry: bool, ids: tuple[int, ...], app: str | Non
                        + (" (below)" if failed and not as_json else ""), err=as_json)
         statistics = database.outbox.statistics()
         failures = database.outbox.failures(limit=limit or statistics.failed)     # (0: all, as dead-letters')
-        without_rule = _pending_without_rule(database, statistics)
+        without_rule = pending_without_rule(database, statistics)
     if as_json:
         click.echo(json.dumps({"statistics": dataclasses.asdict(statistics),
                                "failed": [dataclasses.asdict(failure) for failure in failures],
-                               "pending_without_rule": [
-                                   {"rule": rule, "pending": pending, "registry": registry,
-                                    "what_to_do": _DECLARE_AGAIN} for rule, pending, registry in without_rule]},
+                               "pending_without_rule": pending_without_rule_json(without_rule)},
                               indent=2, default=str))
         return
     from rich.table import Table
@@ -450,11 +448,7 @@ def outbox(ctx: click.Context, retry: bool, ids: tuple[int, ...], app: str | Non
     out.print(table)
     out.print("(firings a lowered micro-batch ran in its own commit — detached rules that only insert rows — leave no "
               "record here; `activedb rules list` counts every firing)", style="dim", highlight=False)
-    if without_rule:
-        flagged = ", ".join(f"{rule} ({pending:,}, {'removed' if registry == 'removed' else 'not in the rule registry'})"
-                            for rule, pending, registry in without_rule)
-        out.print(f"{sum(pending for _, pending, _ in without_rule):,} pending firing(s) of rules no process runs: "
-                  f"{flagged} — they stay pending until then: {_DECLARE_AGAIN}", highlight=False, soft_wrap=True)
+    print_pending_without_rule(out, without_rule)
     if failures:
         out.print(failed_firings_table(failures))
     if len(failures) < statistics.failed:
@@ -466,10 +460,12 @@ _DECLARE_AGAIN = ("declare the rule again in a process that runs the outbox (it 
                   "--app APP` declares APP's rules and runs them here)")
 
 
-def _pending_without_rule(database: Database, statistics: OutboxStatistics) -> list[tuple[str, int, str]]:
+def pending_without_rule(database: Database, statistics: OutboxStatistics) -> list[tuple[str, int, str]]:
     """``(rule, pending records, "removed" | "absent")`` for each rule with pending records that the persisted
     registry (``activedb_rules``) marks removed or does not hold: no process runs them until the rule is declared
-    again."""
+    again (``activedb outbox`` and ``activedb status`` flag them)."""
+    if not statistics.pending:      # (nothing to flag: the registry is not read)
+        return []
     rows = {row["name"]: row for row in database.rules.persisted(include_removed=True)}
     result = []
     for rule, counts in sorted(statistics.per_rule.items()):
@@ -477,6 +473,24 @@ def _pending_without_rule(database: Database, statistics: OutboxStatistics) -> l
         if counts.get("pending") and (row is None or row.get("removed_at") is not None):
             result.append((rule, counts["pending"], "absent" if row is None else "removed"))
     return result
+
+
+def pending_without_rule_json(without_rule: list[tuple[str, int, str]]) -> list[dict[str, str | int]]:
+    """:func:`pending_without_rule`'s result as the commands' JSON prints it: ``{rule, pending, registry,
+    what_to_do}`` each."""
+    return [{"rule": rule, "pending": pending, "registry": registry, "what_to_do": _DECLARE_AGAIN}
+            for rule, pending, registry in without_rule]
+
+
+def print_pending_without_rule(out: Console, without_rule: list[tuple[str, int, str]]) -> None:
+    """One line naming :func:`pending_without_rule`'s rules (with their pending records and why no process runs them)
+    and what to do; nothing when there are none."""
+    if not without_rule:
+        return
+    flagged = ", ".join(f"{rule} ({pending:,}, {'removed' if registry == 'removed' else 'not in the rule registry'})"
+                        for rule, pending, registry in without_rule)
+    out.print(f"{sum(pending for _, pending, _ in without_rule):,} pending firing(s) of rules no process runs: "
+              f"{flagged} — they stay pending until then: {_DECLARE_AGAIN}", highlight=False, soft_wrap=True)
 
 
 def _run_pending(database: Database, module: ModuleType, name: str) -> tuple[int, int]:

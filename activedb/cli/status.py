@@ -28,14 +28,15 @@ __all__ = ["print_capture_backlog", "print_detached", "print_in_progress", "prin
 @click.option("--query-name", default=None, help="Only this query.")
 @click.option("--json", "as_json", is_flag=True,
               help="Print one JSON object instead of tables: ingestion, in_progress, split_batches, detached, "
-                   "detached_failures, capture.")
+                   "detached_failures, detached_pending_without_rule, capture.")
 @click.pass_context
 def status_command(ctx: click.Context, query_name: str | None, as_json: bool) -> None:
     """Show what ingestion has committed, per query, from PostgreSQL's ledger, the batches in progress (with
     their oldest rule firing, as their processes report them), and the detached rule firings (pending, done,
-    failed — with the failures' rule, trigger, event and error)."""
+    failed — with the failures' rule, trigger, event and error; pending firings of a removed rule, or one not in the
+    rule registry, are flagged: no process runs them until the rule is declared again)."""
     from activedb.atomic import split_status
-    from activedb.cli import open_database
+    from activedb.cli import open_database, pending_without_rule, pending_without_rule_json
     from activedb.ingest import batches_in_progress, ingestion_status
 
     with open_database(ctx, writes=False) as database:
@@ -44,6 +45,7 @@ def status_command(ctx: click.Context, query_name: str | None, as_json: bool) ->
         splits = split_status(database, query_name)
         detached = database.outbox.statistics()
         failures = database.outbox.failures(limit=detached.failed if as_json else 20)   # (the JSON: all of it)
+        without_rule = pending_without_rule(database, detached)
         capture = database.capture.status()
     if as_json:
         document = {
@@ -52,6 +54,7 @@ def status_command(ctx: click.Context, query_name: str | None, as_json: bool) ->
             "split_batches": [dataclasses.asdict(split) for split in splits],
             "detached": dataclasses.asdict(detached),
             "detached_failures": [dataclasses.asdict(failure) for failure in failures],
+            "detached_pending_without_rule": pending_without_rule_json(without_rule),
             "capture": {**dataclasses.asdict(capture), "warnings": capture.warnings()},
         }
         click.echo(json.dumps(document, indent=2, default=str))
@@ -82,7 +85,7 @@ def status_command(ctx: click.Context, query_name: str | None, as_json: bool) ->
         console.print(rules)
     print_in_progress(console, in_progress)
     print_split_batches(console, splits)
-    print_detached(console, detached, failures)
+    print_detached(console, detached, failures, without_rule)
     print_capture_backlog(console, capture)
 
 
@@ -124,12 +127,15 @@ def print_capture_backlog(console: Console, capture: CaptureStatus) -> None:
         console.print(f"[yellow]warning:[/yellow] {line}", highlight=False)
 
 
-def print_detached(console: Console, detached: OutboxStatistics, failures: list[FailedFiring]) -> None:
-    """The outbox's counts and its failed firings (``activedb status``)."""
-    from activedb.cli import failed_firings_table
+def print_detached(console: Console, detached: OutboxStatistics, failures: list[FailedFiring],
+                   without_rule: list[tuple[str, int, str]]) -> None:
+    """The outbox's counts, the rules whose pending firings no process runs (``activedb.cli.pending_without_rule``)
+    and its failed firings (``activedb status``)."""
+    from activedb.cli import failed_firings_table, print_pending_without_rule
 
     console.print(f"detached rule firings (activedb_outbox): {detached.pending:,} pending, {detached.done:,} done, "
                   f"{detached.failed:,} failed", highlight=False)
+    print_pending_without_rule(console, without_rule)
     if failures:
         console.print(failed_firings_table(failures))
     if len(failures) < detached.failed:

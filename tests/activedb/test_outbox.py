@@ -944,11 +944,14 @@ def test_a_record_whose_rule_is_removed_while_a_recovery_pass_claims_it_stays_pe
     assert seen(db) == [("removed_meanwhile", "7")]
 
 
-def test_outbox_flags_pending_firings_whose_rule_is_removed_or_not_declared_and_says_what_to_do(db, migrated):
+@pytest.mark.parametrize("command, json_key", [("outbox", "pending_without_rule"),
+                                                ("status", "detached_pending_without_rule")])
+def test_outbox_flags_pending_firings_whose_rule_is_removed_or_not_declared_and_says_what_to_do(db, migrated, command,
+                                                                                               json_key):
     """A pending record runs only in a process that registers its rule: one of a removed rule (or of a name the
-    registry does not know: purged) stays pending for ever, and ``activedb outbox`` showed it as plainly pending,
-    with no word why.  It now names those rules, text and JSON, saying what to do; a pending record of a declared
-    rule (run by a live process) is not flagged."""
+    registry does not know: purged) stays pending for ever, and ``activedb outbox`` (and ``activedb status``) showed
+    it as plainly pending, with no word why.  Both now name those rules, text and JSON, in the same words, saying what
+    to do; a pending record of a declared rule (run by a live process) is not flagged."""
     for name in ("removed_rule", "declared_rule"):
         db.rule(on=db.signalled("go"), coupling=Coupling.DETACHED, name=name)(lambda tx, event: None)
     db.rules.remove("removed_rule")
@@ -963,17 +966,17 @@ def test_outbox_flags_pending_firings_whose_rule_is_removed_or_not_declared_and_
                     "VALUES (:rule, 'detached', CAST(:event AS jsonb), '{}', 'T0', 'committed', 42)"),
                     {"rule": name, "event": event})
         runner = CliRunner()
-        shown = runner.invoke(main, ["--url", migrated, "outbox"], env={"COLUMNS": "250"})
+        shown = runner.invoke(main, ["--url", migrated, command], env={"COLUMNS": "250"})
         assert shown.exit_code == 0, shown.output
         text = " ".join(shown.output.split())
         assert "3 pending firing(s) of rules no process runs: purged_rule (1, not in the rule registry), " \
                "removed_rule (2, removed)" in text, text
         assert "declare the rule again in a process that runs the outbox" in text, text
         assert "declared_rule (" not in text, text
-        as_json = json.loads(runner.invoke(main, ["--url", migrated, "outbox", "--json"]).output)
-        assert [(one["rule"], one["pending"], one["registry"]) for one in as_json["pending_without_rule"]] == [
+        as_json = json.loads(runner.invoke(main, ["--url", migrated, command, "--json"]).output)
+        assert [(one["rule"], one["pending"], one["registry"]) for one in as_json[json_key]] == [
             ("purged_rule", 1, "absent"), ("removed_rule", 2, "removed")], as_json
-        assert all("declare the rule again" in one["what_to_do"] for one in as_json["pending_without_rule"])
+        assert all("declare the rule again" in one["what_to_do"] for one in as_json[json_key])
     finally:
         other_process.release()
         with db.engine.begin() as connection:
