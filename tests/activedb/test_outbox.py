@@ -1065,3 +1065,34 @@ def test_close_waits_for_a_group_that_is_running_a_firing(migrated):
             assert connection.execute(sa.text("SELECT detail FROM events_seen")).scalars().all() == ["1"]
     finally:
         reader.close()
+
+
+def test_a_rule_that_closes_its_own_database_is_not_waited_for_by_that_close(migrated, monkeypatch, caplog):
+    """``Database.close()`` waits for the outbox's running groups — but not for the group whose runner is the calling
+    thread: a detached rule that closes its own database would wait for itself, up to ``CLOSE_WAIT`` seconds, and
+    then warn that its own group still ran.  ``CLOSE_WAIT`` is made far longer than the test's watchdog, so a close
+    that waits for its own runner shows as the watchdog's failure, not as a slow pass."""
+    from activedb.outbox import _outbox
+
+    monkeypatch.setattr(_outbox, "CLOSE_WAIT", TIMEOUT * 100)
+    database = activedb.connect(migrated, outbox_options={"recovery_interval": None})
+    with database.engine.begin() as connection:
+        connection.execute(sa.text("TRUNCATE activedb_outbox"))
+    closed = threading.Event()
+
+    @database.rule(on=database.signalled("go"), coupling=Coupling.DETACHED, name="closes_its_database")
+    def closes_its_database(tx, event):
+        database.close()
+        closed.set()
+
+    try:
+        with caplog.at_level("WARNING", logger="activedb.outbox"):
+            with database.transaction() as tx:
+                tx.signal("go")
+            assert closed.wait(TIMEOUT), (
+                f"close() called by the rule's own runner did not return within {TIMEOUT} s (it waits for that runner "
+                f"itself: {database.outbox.runners} runner(s) left)")
+            wait_until(lambda: database.outbox.runners == 0, TIMEOUT, "the rule's runner ended after its close()")
+    finally:
+        database.close()
+    assert not [record.getMessage() for record in caplog.records if "closing while" in record.getMessage()]
