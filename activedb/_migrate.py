@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import io
+import logging
 import os
 import re
 import threading
@@ -31,6 +32,8 @@ if TYPE_CHECKING:
     from sqlalchemy.engine import Connection
 
     from activedb.store import Catalog, Granularity
+
+logger = logging.getLogger("activedb.migrate")
 
 
 class SchemaState(enum.Enum):
@@ -202,6 +205,12 @@ def has_revision(location: Path, revision: str) -> bool:
 def lost_revision(location: Path) -> str:
     """What tables at a revision no file under ``location``'s versions/ has are told (see :func:`has_revision`)."""
     return f"a revision no file under {location / 'versions'} has: restore its file, or give the directory that has it"
+
+
+def no_revision(path: str | Path) -> str:
+    """What an Alembic directory without revisions (its head None) is, and what to do (``app current``, ``app
+    upgrade``, ``upgrade_app``)."""
+    return f"no revision yet: add one under {Path(path) / 'versions'}"
 
 
 def check_revision(revision: str, script_location: Path | None = None) -> None:
@@ -415,16 +424,21 @@ class Schema:
                     lock_timeout: float | None = LOCK_TIMEOUT_SECONDS) -> None:
         """Run the application's own Alembic environment on this database (its env.py decides the version
         table).  To ``head`` in a directory of several heads (branches not merged): :class:`MigrationError` saying
-        to merge them or to upgrade to ``"heads"`` (every branch, as Alembic does).  ``lock_timeout``: as
+        to merge them or to upgrade to ``"heads"`` (every branch, as Alembic does).  To ``head`` (or ``heads``) in a
+        directory without revisions: it returns, as ``alembic upgrade head`` does, and logs at INFO (logger
+        ``activedb.migrate``) that there is no revision yet and where to add one.  ``lock_timeout``: as
         ``upgrade``'s."""
         location = app_location(script_location)
-        if revision == "head":
+        heads: list[str] | None = None
+        if revision in ("head", "heads"):
             with _failing_as(f"reading the revisions in {location}", location):
                 heads = _heads(location)
-            if len(heads) > 1:
+            if revision == "head" and len(heads) > 1:
                 raise MigrationError(f"upgrade to 'head' refused: {several_heads(str(script_location), heads)}; "
                                      f"nothing was changed")
         self._run("upgrade", revision, location, lock_timeout)
+        if heads == []:
+            logger.info("upgrade of %s to %r ran nothing: %s", script_location, revision, no_revision(script_location))
 
     def downgrade_app(self, script_location: str | Path, revision: str, *,
                       lock_timeout: float | None = LOCK_TIMEOUT_SECONDS) -> None:

@@ -156,15 +156,12 @@ def app_init(path: str, name: str | None) -> None:
                f"(or db.upgrade_app({path!r}))")
 
 
-def _no_revision(path: str) -> str:
-    """What an Alembic directory without revisions (its head None) is, said instead of a head."""
-    return f"no revision yet: add one under {Path(path) / 'versions'}"
-
-
 def _heads_note(path: str, current: list[str], heads: list[str]) -> str:
     """Where ``current`` stands to the directory's ``heads``: at head, the head to upgrade to, or its heads."""
     if not heads:
-        return _no_revision(path)
+        from activedb._migrate import no_revision
+
+        return no_revision(path)
     if len(heads) == 1:
         return "at head" if current == heads else f"head is {heads[0]}: `activedb app upgrade {path}`"
     return "at its heads" if current == heads else f"heads are {', '.join(heads)}: `activedb app upgrade {path} heads`"

@@ -482,6 +482,27 @@ def test_an_app_directory_without_revisions_says_so_not_head_none(url, tmp_path)
         assert f"no revision yet: add one under {location / 'versions'}" in result.output, result.output
 
 
+def test_upgrade_app_of_a_directory_without_revisions_returns_and_logs_so_at_info(url, tmp_path, caplog):
+    """``db.upgrade_app(PATH)`` on an Alembic directory whose versions/ holds no revision did nothing and said nothing
+    (the CLI says "no revision yet"; a program learned nothing).  It still returns normally — as ``alembic upgrade
+    head`` does there, which logs its steps at INFO and, with none, nothing else — and logs at INFO, in the CLI's
+    words, that there is no revision yet and where to add one."""
+    import activedb
+
+    location = tmp_path / "bare_api"
+    (location / "versions").mkdir(parents=True)
+    (location / "env.py").write_text('from activedb.alembic_env import run_env\nrun_env(version_table="bare_api_version")\n')
+    database = activedb.connect(url, upgrade=False)
+    try:
+        with caplog.at_level("INFO", logger="activedb"):
+            database.upgrade_app(location)
+    finally:
+        database.close()
+    said = [(record.levelname, record.getMessage()) for record in caplog.records if record.name.startswith("activedb")]
+    assert ("INFO", f"upgrade of {location} to 'head' ran nothing: no revision yet: add one under "
+                    f"{location / 'versions'}") in said, said
+
+
 def test_a_relative_downgrade_asks_naming_the_revision_it_goes_to(url, tmp_path):
     """`db downgrade -1` (and `app downgrade PATH -1`) asked "… from 0016_… to -1: this drops what the revisions after
     -1 added" — before dropping anything, the question names the revision -1 is (and -N past the first, base)."""
