@@ -5,6 +5,7 @@ application's (:meth:`Schema.upgrade_app`), each upgrade and downgrade under the
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import enum
 import io
@@ -12,7 +13,6 @@ import logging
 import os
 import re
 import threading
-import warnings
 from contextlib import redirect_stdout
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator, Protocol, Sequence
@@ -118,11 +118,10 @@ def _failing_as(what: str, location: Path | None = None) -> Iterator[None]:
     """Any error of the block but a MigrationError becomes one: ``what failed: first line`` — of a database error,
     PostgreSQL's message and its hint (a revision's ``RAISE … USING HINT``: what to do), not the driver's wrapping;
     ``location``: an Alembic directory, whose innermost line the error passed (a revision's) is named, ``failed at
-    FILE:LINE``; Alembic's warning of a ``down_revision`` that names no revision is not shown (the error says it)."""
+    FILE:LINE``; Alembic's ``KeyError`` of a ``down_revision`` that names no revision says which file and what to set
+    (:func:`app_location` refuses such a directory before Alembic maps it, where the files tell)."""
     try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", r"Revision \S+ referenced from .* is not present", UserWarning)
-            yield
+        yield
     except MigrationError:
         raise
     except Exception as error:  # alembic raises CommandError and driver errors alike
@@ -139,20 +138,67 @@ def _failing_as(what: str, location: Path | None = None) -> Iterator[None]:
 
 def _dangling_down_revision(error: BaseException, location: Path | None) -> str | None:
     """What to say of Alembic's bare ``KeyError('name')``, raised as it maps ``location``'s revisions when one's
-    ``down_revision`` names a revision no file has: which file, and what to set; None for any other error."""
+    ``down_revision`` names a revision no file has (one :func:`_missing_down_revisions` could not tell: a file that
+    computes its names): which file, and what to set; None for any other error."""
     import traceback
 
     frames = traceback.extract_tb(error.__traceback__)
     if location is None or not isinstance(error, KeyError) or not error.args or not isinstance(error.args[0], str) \
             or not frames or not frames[-1].filename.endswith(os.path.join("alembic", "script", "revision.py")):
         return None
-    missing = error.args[0]
+    return _no_such_down_revision(location, error.args[0])
+
+
+def _no_such_down_revision(location: Path, missing: str) -> str:
+    """Which files under ``location``'s versions/ name ``down_revision`` ``missing``, which no revision there is, and
+    what to set."""
     versions = location / "versions"
     naming = [str(path) for path in sorted(versions.glob("*.py"))
               if re.search(rf"down_revision\b.*['\"]{re.escape(missing)}['\"]", path.read_text(errors="replace"))]
     return (f"{' and '.join(naming) or 'a revision under ' + str(versions)} names down_revision {missing!r}, which no "
             f"revision under {versions} is: set it to the revision before it (None for the first), or restore the "
             f"file of {missing!r}")
+
+
+def _missing_down_revisions(location: Path) -> list[str]:
+    """The names a ``down_revision`` under ``location``'s versions/ gives that no revision there is, read from the
+    files' literal ``revision`` and ``down_revision`` assignments, without running them.  Asked before Alembic maps the
+    revisions: Alembic warns of such a name (a ``UserWarning``) and then raises a bare ``KeyError``, and hiding the
+    warning would change the process's warning filters, which no thread can do for itself alone.  Empty when the
+    files cannot tell — a ``revision`` or ``down_revision`` that is computed, a file that does not parse, versions kept
+    elsewhere (``version_locations`` or ``recursive_version_locations`` in an ``alembic.ini``): then Alembic's own
+    mapping is the check (:func:`_dangling_down_revision` names the file)."""
+    config = _config(location)
+    if config.get_main_option("version_locations") or config.get_main_option("recursive_version_locations"):
+        return []
+    revisions: set[str] = set()
+    named: set[str] = set()
+    for path in sorted((location / "versions").glob("*.py")):
+        if path.name.startswith((".#", "__init__")):         # (as Alembic skips them)
+            continue
+        try:
+            tree = ast.parse(path.read_text(errors="replace"), str(path))
+        except (SyntaxError, ValueError):
+            return []
+        values: dict[str, object] = {}
+        for node in tree.body:
+            target = node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else \
+                node.target if isinstance(node, ast.AnnAssign) and node.value is not None else None
+            value = node.value if isinstance(node, (ast.Assign, ast.AnnAssign)) else None
+            if isinstance(target, ast.Name) and target.id in ("revision", "down_revision") and value is not None:
+                try:
+                    values[target.id] = ast.literal_eval(value)
+                except ValueError:
+                    return []
+        revision, down = values.get("revision"), values.get("down_revision")
+        if not isinstance(revision, str):
+            return []
+        revisions.add(revision)
+        downs = down if isinstance(down, (tuple, list)) else () if down is None else (down,)
+        if not all(isinstance(name, str) for name in downs):
+            return []
+        named.update(downs)
+    return sorted(named - revisions)
 
 
 def _raised_in(error: BaseException, location: Path | None) -> str:
@@ -299,7 +345,8 @@ def steps_below(revision: str, current: str, script_location: Path | None = None
 
 
 def app_location(script_location: str | Path) -> Path:
-    """``script_location`` checked to be an Alembic directory (``env.py`` and ``versions/``)."""
+    """``script_location`` checked to be an Alembic directory (``env.py`` and ``versions/``) whose revisions' literal
+    ``down_revision`` names are all revisions there (:func:`_missing_down_revisions`)."""
     if not isinstance(script_location, (str, os.PathLike)):
         raise MigrationError(f"an application's Alembic directory is a path (a str or a Path), got "
                              f"{script_location!r}")
@@ -310,6 +357,11 @@ def app_location(script_location: str | Path) -> Path:
             f"no Alembic environment at {str(script_location)!r} ({where}{' does not exist' if not location.exists() else ' has no env.py'}); "
             f"an application keeps its tables in its own Alembic directory: create one with "
             f"`activedb app init {script_location}` and add a revision under its versions/")
+    missing = _missing_down_revisions(location)
+    if missing:
+        raise MigrationError(f"the revisions under {location / 'versions'} do not chain: "
+                             f"{'; '.join(_no_such_down_revision(location, name) for name in missing)}; nothing was "
+                             f"changed")
     return location
 
 

@@ -671,3 +671,67 @@ def test_app_downgrade_to_the_revision_the_tables_are_at_drops_nothing_and_asks_
         assert _app_revision(url, location)[0] == ["still_0001"]
     finally:
         assert invoke(url, "app", "downgrade", str(location), "base", "--yes").exit_code == 0
+
+
+WAITING_REVISION = '''"""Waits for an advisory lock the test holds, so the test acts while the upgrade runs."""
+from alembic import op
+
+revision = "filters_0002"
+down_revision = "filters_0001"
+
+
+def upgrade():
+    op.execute("SELECT pg_advisory_xact_lock(724031)")
+
+
+def downgrade():
+    pass
+'''
+
+
+def test_an_upgrade_keeps_the_warning_filters_another_thread_sets_meanwhile(url, tmp_path):
+    """Hiding Alembic's warning of a dangling ``down_revision`` took ``warnings.catch_warnings()`` around every
+    migration: on leaving, it put back the process's warning filters as they were on entering, so a filter another
+    thread set while an upgrade ran was lost (and the matching warnings of every thread were hidden meanwhile).  The
+    upgrade here waits for an advisory lock the test holds; the test sets a filter then; the filter must outlive the
+    upgrade."""
+    import threading
+    import warnings
+
+    import activedb
+
+    location = tmp_path / "filters"
+    assert invoke(url, "app", "init", str(location), "--name", "filters").exit_code == 0
+    (location / "versions" / "0002_waits.py").write_text(WAITING_REVISION)
+    engine = sa.create_engine(url)
+    database = activedb.connect(url, upgrade=False)
+    failures: list[BaseException] = []
+
+    def upgrade() -> None:
+        try:
+            database.upgrade_app(location)
+        except BaseException as error:      # (told by the assertion below)
+            failures.append(error)
+
+    try:
+        with engine.connect() as holder:
+            holder.execute(sa.text("SELECT pg_advisory_lock(724031)"))
+            thread = threading.Thread(target=upgrade, name="upgrade")
+            thread.start()
+            try:
+                with engine.connect() as watcher:
+                    wait_until(lambda: watcher.execute(sa.text(
+                        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objid = 724031 AND NOT granted"
+                    )).scalar_one() == 1, 60, "the upgrade waits for the test's advisory lock")
+                warnings.filterwarnings("ignore", message="a filter set while an upgrade ran")
+                added = warnings.filters[0]
+            finally:
+                holder.execute(sa.text("SELECT pg_advisory_unlock(724031)"))
+                holder.commit()
+                thread.join(60)
+        assert not thread.is_alive() and not failures, failures
+        assert added in warnings.filters, "the upgrade's end dropped the warning filter another thread set meanwhile"
+    finally:
+        database.close()
+        engine.dispose()
+        assert invoke(url, "app", "downgrade", str(location), "base", "--yes").exit_code == 0
