@@ -232,6 +232,12 @@ class Catalog:
                         f"it {name[1:-1].replace(chr(34) * 2, chr(34))!r}") from None
                 if "." in name:
                     raise self._schema_qualified(*name.rsplit(".", 1)) from None
+                if name.startswith("activedb_"):    # (activedb's own: its revisions, not the application's, make it)
+                    raise UnknownTable(
+                        f"no table {name!r} in {self._describe()}: it is one of activedb's own tables, which "
+                        f"activedb's revisions create — `activedb db upgrade`, or activedb.connect() without "
+                        f"upgrade=False, brings them to this activedb's head (`activedb db current` says where they "
+                        f"are: behind, or never created)") from None
                 raise UnknownTable(
                     f"no table {name!r} in {self._describe()}; tables are created by Alembic migrations "
                     f"(db.upgrade_app('path/to/migrations') runs your own; `activedb app upgrade PATH` from "

@@ -351,3 +351,21 @@ def test_a_url_of_several_hosts_connects_to_the_first_that_answers_and_masks_its
     with pytest.raises(activedb.BadDatabaseURL, match=r"port 'notaport' of host 'db1'") as refused:
         activedb.connect("postgresql://alice:s3cret@db1:notaport,db2:6002/payroll")
     assert "s3cret" not in str(refused.value) and "alice:***@db1:notaport,db2" in str(refused.value)
+
+
+def test_connect_without_upgrade_on_a_database_without_activedbs_tables_says_to_run_db_upgrade(make_database_url):
+    """``connect(url, upgrade=False)`` neither upgrades nor checks activedb's own schema (the commands check it, and
+    ``db.schema`` manages it).  Declaring a rule where activedb's tables were never created (or were downgraded to
+    base) then said "no table 'activedb_rules' …; tables are created by Alembic migrations (db.upgrade_app(…) runs
+    your own …)" — pointing at the application's migrations, not at activedb's own.  It now says that the table is
+    activedb's own and how to create it."""
+    url = make_database_url("no_upgrade")
+    database = activedb.connect(url, upgrade=False)
+    try:
+        with pytest.raises(activedb.UnknownTable) as refused:
+            database.rule(on=database.signalled("go"), name="needs_the_registry")(lambda tx, event: None)
+    finally:
+        database.close()
+    said = str(refused.value)
+    assert "'activedb_rules'" in said and "activedb's own" in said and "`activedb db upgrade`" in said, said
+    assert "upgrade_app" not in said, said
