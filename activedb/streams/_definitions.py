@@ -15,7 +15,7 @@ from activedb.errors import SchemaError
 from activedb.streams import _language
 from activedb.streams import algebra as ast
 from activedb.streams._batch import AccessPlan, Resource
-from activedb.streams._catalog import StoreCatalog, StreamSchema
+from activedb.streams._catalog import StoreCatalog, StreamSchema, fold
 from activedb.streams._compile import CompiledQuery, CompiledRule, compile_query, compile_rule
 from activedb.streams._events import StreamEvent
 from activedb.streams._expressions import KeySpec
@@ -225,10 +225,10 @@ class Definitions:
 
     def stream_of(self, event: StreamEvent) -> StreamSchema:
         if event.stream is not None:
-            stream = self._streams.get(event.stream)
-            if stream is None:
+            named = fold(event.stream, self._streams)       # (as ON finds it, and as admission does)
+            if named is None:
                 raise UnknownName(f"no stream {event.stream!r}")
-            return stream
+            return self._streams[named]
         if len(self._streams) == 1:
             return next(iter(self._streams.values()))
         raise UnknownName("the event names no stream and the engine has several")

@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterable, Mapping, cast
 from activedb.events import check_time
 from activedb.store import Json
 from activedb.streams import _persist
-from activedb.streams._catalog import StreamSchema
+from activedb.streams._catalog import StreamSchema, fold
 from activedb.streams._events import (END_OF_STREAM, DeadLetter, Punctuation, StreamEvent, check_ts, event_row,
                                       format_ts, make_event, order_key, ts_extreme, ts_less)
 from activedb.streams._metrics import Metrics
@@ -156,7 +156,8 @@ class ReorderBuffer:
                         f"({', '.join(streams)})")
             stream = next(iter(streams.values()))
         else:
-            found = streams.get(event.stream)
+            named = fold(event.stream, streams)     # (as a query's ON finds it: the design note's "Names in the text")
+            found = streams[named] if named is not None else None
             if found is None:
                 return f"rejected: no stream {event.stream!r} in engine {self.name} (streams: {', '.join(streams)})"
             stream = found

@@ -1026,6 +1026,24 @@ def test_a_punctuation_for_a_stream_the_engine_does_not_have_is_refused(db):
     assert (result.released, [output.query for output in result.outputs]) == (2, ["Q1"])
 
 
+def test_an_event_names_its_stream_as_a_query_s_on_does_ignoring_case(db):
+    """An event's ``stream=`` is found as a query's ``ON`` finds a stream: the one spelled so, else the one equal to
+    it ignoring case (declared names are told apart ignoring case, so there is at most one).  Before, an event of
+    ``stream="ESTREAM"`` was a dead letter ("no stream 'ESTREAM'") though ``ON ESTREAM`` finds ``estream``; it is
+    admitted as an event of ``estream``, and the access plan of such an event is that of ``estream``'s."""
+    reset(db)
+    made = engine(db, name="cased_events", record_history=False)
+    made.define("CREATE QUERY QC ON ESTREAM PATTERN SEQ(EXIT, ENTER) RETURN EXIT.location")
+    exit_, enter = (streams.StreamEvent(kind, ts, {"HCW-ID": "w0", "location": room}, stream=spelled)
+                    for kind, ts, room, spelled in (("EXIT", 1, "a", "ESTREAM"), ("ENTER", 3, "b", "Estream")))
+    assert made.access_plan(exit_) == made.access_plan(badge("EXIT", 1, "w0", "a"))
+    result = made.feed([exit_, enter], punctuation=5)
+    assert result.dead_letters == (), [letter.reason for letter in result.dead_letters]
+    assert sorted(output.query for output in result.outputs) == ["Q1", "QC"]
+    letter, = made.feed([streams.StreamEvent("EXIT", 6, {"HCW-ID": "w0"}, stream="e_stream")]).dead_letters
+    assert "no stream 'e_stream' in engine cased_events (streams: estream)" in letter.reason, letter.reason
+
+
 def test_an_event_the_tie_key_raises_on_is_a_dead_letter_and_the_stream_goes_on(db):
     """A stream's ``tie_key`` is the application's code, as a rule's action is: when it raises on an event, that
     event is a dead letter naming the stream and the error, and the others are ordered and processed as without
