@@ -39,7 +39,8 @@ class StreamSchema:
     """A declared input stream.
 
     ``types``: the event types (None: any type); ``attributes``: the attributes every
-    event has (``type_attributes`` adds per-type ones; a type's attributes name each once); ``priorities``: per type, the
+    event has (``type_attributes`` adds per-type ones; a type's attributes name each once, and no two
+    differing only in case); ``priorities``: per type, the
     order of events with equal timestamps (a finite number, higher first; unlisted last); ``tie_key``:
     a function ``event -> sortable`` ordering equal-timestamp events of equal priority
     (e.g. by worker id).  Events still equal after that are ordered by their content, so
@@ -115,10 +116,18 @@ class StreamSchema:
                 spelled[folded[event_type.casefold()]] = spelled.get(folded[event_type.casefold()], ()) + names
             object.__setattr__(self, "type_attributes", spelled)
         for names in (self.attributes, *(self.attributes + extra for extra in self.type_attributes.values())):
-            if len(set(names)) < len(names):
-                twice = next(name for index, name in enumerate(names) if name in names[:index])
-                raise DefinitionError(f"stream {self.name}: attribute {twice!r} is declared twice (in attributes, or "
+            folded_names = [name.casefold() for name in names]     # (the text finds an attribute as ``fold`` does)
+            if len(set(folded_names)) == len(names):
+                continue
+            index = next(index for index, name in enumerate(folded_names) if name in folded_names[:index])
+            name, earlier = names[index], names[folded_names.index(folded_names[index])]
+            if earlier == name:
+                raise DefinitionError(f"stream {self.name}: attribute {name!r} is declared twice (in attributes, or "
                                       f"type_attributes, or both); give each attribute once")
+            raise DefinitionError(f"stream {self.name}: attributes {earlier!r} and {name!r} differ only in case (in "
+                                  f"attributes, or type_attributes, or both); a query names an attribute ignoring case "
+                                  f"(as SQL an unquoted name), so a spelling other than these two would name neither: "
+                                  f"give them names that differ otherwise")
 
     def check_new(self, declared: Iterable[str]) -> None:
         """Refuse (``DefinitionError``) to declare this stream beside the streams named ``declared``: one of that

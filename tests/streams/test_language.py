@@ -207,6 +207,27 @@ def test_an_attribute_declared_twice_is_refused(db, options, twice):
     assert engine.streams == {}
 
 
+@pytest.mark.parametrize("options, clash", [
+    ({"attributes": ["HCW-ID", "location", "Location"]}, ("location", "Location")),
+    ({"attributes": ["HCW-ID"], "type_attributes": {"EXIT": ["room", "ROOM"]}}, ("room", "ROOM")),
+    ({"attributes": ["HCW-ID", "room"], "type_attributes": {"exit": ["Room"]}}, ("room", "Room")),
+], ids=["attributes", "one-type", "type-and-stream"])
+def test_attributes_differing_only_in_case_are_refused(db, options, clash):
+    """The text finds an attribute as SQL an unquoted name (the one spelled so, else the one equal ignoring case), so
+    of attributes ``room`` and ``ROOM`` a query's ``EXIT.Room`` named neither ("no attribute 'Room'"), though each
+    alone is found so; event types, streams and queries differing only in case are refused already.  Such a
+    declaration is refused, naming the two; two types may each have their own spelling (an ``A.k`` names one type's)."""
+    engine = streams.StreamEngine(db, name="cased_attributes", durable=False)
+    first, second = clash
+    with pytest.raises(DefinitionError, match=rf"stream estream: attributes '{first}' and '{second}' differ only in "
+                                              rf"case.*give them names that differ otherwise"):
+        engine.create_stream("estream", types=BADGE_TYPES, **options)
+    assert engine.streams == {}
+    engine.create_stream("estream", types=BADGE_TYPES, attributes=["HCW-ID"],
+                         type_attributes={"EXIT": ["room"], "ENTER": ["ROOM"]})
+    engine.define("CREATE QUERY QR ON estream PATTERN SEQ(EXIT, ENTER) WHERE EXIT.Room = ENTER.Room RETURN EXIT.room")
+
+
 @pytest.mark.parametrize("build", [lambda: streams.seq(None), lambda: streams.seq("EXIT", 5),
                                    lambda: streams.conj(["EXIT", "ENTER"]), lambda: streams.component(None),
                                    lambda: streams.not_(5)],
