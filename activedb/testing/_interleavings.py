@@ -236,6 +236,8 @@ class Interleavings:
             except InterleavingHang as hang:     # where it was found: the seed explores the same interleavings again
                 raise InterleavingHang(f"interleaving {len(reports) + 1} of seed {seed} hung: "
                                        f"{str(hang).removeprefix('interleaving hung: ')}") from None
+            except NondeterministicRun as differed:
+                raise NondeterministicRun(f"interleaving {len(reports) + 1} of seed {seed}: {differed}") from None
             finished(abandoned=not report.ok)
             reports.append(report)
             if not report.ok and stop_at_failure:
@@ -415,7 +417,12 @@ class _Run(Observer):
                         raise self._hang("every transaction of the run waits and none can go on (a wait the lock "
                                          "manager cannot see, or something outside the run)")
                     available = sorted(offered)
-                    picked = self.choose(available)
+                    try:
+                        picked = self.choose(available)
+                    except NondeterministicRun as error:    # where: the prefix that runs to this point again
+                        schedule = Schedule(tuple(self.choices))
+                        raise NondeterministicRun(f"{error}\nschedule so far: {schedule}\nreplay: "
+                                                  f"interleavings.replay({str(schedule)!r})") from None
                     if picked is None or picked not in offered:
                         raise InvalidSchedule(f"the chooser picked {picked!r}; the run offers {available}")
                     self.choices.append(available.index(picked))

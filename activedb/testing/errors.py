@@ -27,7 +27,8 @@ class InterleavingHang(InterleavingError, AssertionError):
 
 class NondeterministicRun(InterleavingError, AssertionError):
     """The same prefix of steps offered different next steps on two runs: the run depends on something the runner
-    does not control (time, a thread outside the run, randomness)."""
+    does not control (time, a thread outside the run, randomness).  The message ends with the schedule so far and
+    its replay (which runs to that point again); one met by ``explore`` names its interleaving and seed."""
 
     #: How the messages end.
     WHAT_TO_DO = (": a run must depend only on its steps — let setup restore what a run leaves (rows, and the sequences "

@@ -226,6 +226,32 @@ def test_a_run_that_depends_on_what_the_runner_does_not_control_is_reported(fres
         interleavings.replay(first.schedule)
 
 
+def test_a_nondeterministic_run_found_by_explore_names_its_interleaving_its_seed_and_the_replay(fresh):
+    """A NondeterministicRun met while exploring said only where the steps differed ("after A1 start ; … the runner
+    offered …"), not which interleaving of which seed (explore(seed=None) drew one nobody saw) nor how to run that
+    prefix again, as a hang's message and a failing run's report say ("replay: interleavings.replay(…)")."""
+    runs = itertools.count()
+
+    def changes_its_mind(db: Database) -> None:
+        with db.transaction() as tx:
+            tx.write("items", "x" if next(runs) == 0 else "y", value=1)
+
+    def steady(db: Database) -> None:
+        with db.transaction() as tx:
+            tx.write("items", "z", value=1)
+
+    interleavings = Interleavings(fresh, {"A": changes_its_mind, "B": steady}, setup=one_account)
+    with pytest.raises(NondeterministicRun) as raised:
+        interleavings.explore(30, seed=7)
+    message = str(raised.value)
+    where = re.match(r"interleaving (\d+) of seed 7: after (.*) the runner offered \[.*RESTART IDENTITY.*\n"
+                     r"schedule so far: ([0-9.]+|-)\nreplay: interleavings\.replay\('\3'\)$", message, re.DOTALL)
+    assert where is not None and int(where.group(1)) > 1, message
+    again = interleavings.replay(where.group(3))           # the printed prefix runs to the point reported
+    prefix = where.group(2).split(" ; ")
+    assert list(again.schedule.steps[:len(prefix)]) == prefix, (again.describe(), message)
+
+
 def test_a_generated_key_setup_does_not_restart_is_reported_saying_what_to_restore(fresh):
     def seen(db: Database) -> None:
         with db.transaction() as tx:
