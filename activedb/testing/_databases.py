@@ -72,23 +72,37 @@ class ServerAtUrl:
 @contextlib.contextmanager
 def _admin(server: Server, doing: str) -> Iterator["psycopg.Connection[tuple[object, ...]]"]:
     """An autocommit connection to the server's ``postgres`` database, to ``doing`` there; a failure is a one-line
-    :class:`DatabaseFixtureError` naming the server (password masked) and where it was given."""
+    :class:`DatabaseFixtureError` naming the server (password masked) and where it was given.  The connection waits
+    at most the ``connect_timeout`` of the server's connection string, else ``activedb.connect``'s default
+    (``EngineOptions.connect_timeout``): a host that drops the packets is given up then, not after the operating
+    system's TCP timeout."""
     import psycopg
     import sqlalchemy as sa
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+    from activedb import EngineOptions
     from activedb._url import describe_url
 
+    conninfo = server.conninfo("postgres")
+    given = conninfo_to_dict(conninfo).get("connect_timeout")
+    if given is None:
+        conninfo = make_conninfo(conninfo, connect_timeout=EngineOptions.connect_timeout)
     what = "connect to"
     try:
-        with psycopg.connect(server.conninfo("postgres"), autocommit=True) as admin:
+        with psycopg.connect(conninfo, autocommit=True) as admin:
             what = doing
             yield admin
     except psycopg.Error as error:
         said = str(error).strip().splitlines()
+        waited = (f" (no answer within {given if given is not None else EngineOptions.connect_timeout} seconds, the "
+                  f"connect_timeout: is the host reachable and does PostgreSQL listen on that port? A server slower "
+                  f"to answer: add ?connect_timeout=SECONDS to the URL)"
+                  if isinstance(error, psycopg.errors.ConnectionTimeout) else "")
         raise DatabaseFixtureError(
             f"cannot {what} the test server {describe_url(sa.make_url(server.url('postgres')))}: "
-            f"{said[0] if said else type(error).__name__}; the server is the one of --activedb-url, the activedb_url "
-            f"setting or ACTIVEDB_TEST_URL (a user that may create databases), else the embedded one") from None
+            f"{said[0] if said else type(error).__name__}{waited}; the server is the one of --activedb-url, the "
+            f"activedb_url setting or ACTIVEDB_TEST_URL (a user that may create databases), else the embedded "
+            f"one") from None
 
 
 def _quoted(name: str) -> str:

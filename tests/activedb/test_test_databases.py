@@ -151,3 +151,44 @@ def test_a_template_whose_migrations_fail_is_not_left_on_the_server(pg_server, t
         left = connection.execute("SELECT datname FROM pg_database WHERE datname LIKE %s",
                                   (f"{templates.prefix}%",)).fetchall()
     assert left == []
+
+
+def test_a_server_that_never_answers_is_given_up_in_bounded_time_naming_the_host():
+    """The plugin's admin connection (making and dropping test databases) had no ``connect_timeout``: against a host
+    that drops the connection's packets it waited for the operating system's TCP timeout (minutes) before saying
+    anything.  A listening socket whose backlog is full and that never accepts drops them so: the connection is
+    given up after activedb's connect timeout, with the host and what to do."""
+    import socket
+    import threading
+
+    from activedb import EngineOptions
+
+    with contextlib.ExitStack() as stack:
+        silent = stack.enter_context(socket.socket())
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(0)
+        port = silent.getsockname()[1]
+        for _ in range(3):                  # fill the backlog: the server's SYNs to come are dropped, not refused
+            filler = stack.enter_context(socket.socket())
+            filler.setblocking(False)
+            filler.connect_ex(("127.0.0.1", port))
+        server = ServerAtUrl.parse(f"postgresql://tester:secret@127.0.0.1:{port}/postgres")
+        outcome: list[BaseException] = []
+        ended = threading.Event()
+
+        def make() -> None:
+            try:
+                create_database(server, "never_made")
+            except BaseException as error:              # (what the test looks at, on its thread)
+                outcome.append(error)
+            ended.set()
+
+        threading.Thread(target=make, name="make a database on a silent server", daemon=True).start()
+        bound = EngineOptions.connect_timeout + 30.0
+        assert ended.wait(bound), f"create_database on a server that never answers still waited after {bound} s"
+    (error,) = outcome
+    assert isinstance(error, DatabaseFixtureError), repr(error)
+    said = str(error)
+    assert f"cannot connect to the test server host 127.0.0.1:{port}, database 'postgres'" in said, said
+    assert f"no answer within {EngineOptions.connect_timeout} seconds" in said and "connect_timeout=" in said, said
+    assert "secret" not in said, said
