@@ -28,7 +28,9 @@ setting: ``function``, the default, or ``module``):
 ``@pytest.mark.activedb(migrations=[...], clock=..., **connect_options)``: the Alembic directories (replacing the
 setting's; relative paths are from the root directory), the clock, and keyword arguments of ``activedb.connect``
 (``record_history=True`` for the interleaving runner and ``check_history``).  With module scope the module's mark
-counts (``pytestmark = pytest.mark.activedb(...)``).
+counts (``pytestmark = pytest.mark.activedb(...)``).  The mark on a test none of whose fixtures reads it (the four
+above that make a database or its clock, itself or through a fixture of its own) is an
+:class:`ActivedbMarkIgnoredWarning` at collection, naming the test.
 """
 
 from __future__ import annotations
@@ -62,6 +64,16 @@ CLOSE_TIMEOUT = 30.0
 
 _Arguments = ParamSpec("_Arguments")
 _Made = TypeVar("_Made")
+
+
+class ActivedbMarkIgnoredWarning(pytest.PytestWarning):
+    """``@pytest.mark.activedb(...)`` on a test none of whose fixtures reads it (issued at collection; filter it as
+    ``ignore::activedb.testing.pytest_plugin.ActivedbMarkIgnoredWarning`` for a test that asks for one with
+    ``request.getfixturevalue``)."""
+
+
+#: The fixtures that read the ``activedb`` mark: ``activedb_settings`` and those made from it.
+MARK_READERS = ("activedb_db", "activedb_url", "activedb_clock", "activedb_make_url")
 
 
 class DatabaseScope(ClosedSet):
@@ -106,6 +118,19 @@ def pytest_configure(config: pytest.Config) -> None:
                                        "made for this test (with module scope: for this module)")
     config.addinivalue_line("markers", "activedb_watchdog(timeout=60): fail the test, printing the wait-for graph "
                                        "and every thread's stack, if it still runs after timeout seconds")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Warn of an ``activedb`` mark on a test (its own, or its parameter's) that no fixture of the test reads: it
+    would be ignored.  A module's or class's mark is not the test's own: its tests need not all use a database."""
+    for item in items:
+        if not any(mark.name == "activedb" for mark in item.own_markers):
+            continue
+        if "activedb_settings" not in getattr(item, "fixturenames", ()):
+            item.warn(ActivedbMarkIgnoredWarning(
+                f"@pytest.mark.activedb on {item.nodeid} is ignored: the test uses no fixture that reads it "
+                f"({', '.join(MARK_READERS)}, itself or through a fixture of its own); ask for one, or remove the "
+                f"mark"))
 
 
 def _database_scope(config: pytest.Config) -> DatabaseScope:

@@ -410,3 +410,47 @@ def test_waits_for_its_child(activedb_db):
     result.stderr.fnmatch_lines(["WATCHDOG: test still running after 1.0 s", "wait-for graph:",
                                  "activedb transactions of process *", "T1 parent [[]active, in a commit wait[]]",
                                  "  T1.? stuck [[]active[]]", "waits:", "  T1 -[[]commit[]]-> T1.?"])
+
+
+def test_an_activedb_mark_on_a_test_no_fixture_of_which_reads_it_is_a_warning_naming_the_test(project):
+    """``@pytest.mark.activedb(record_history=True)`` on a test that uses no activedb fixture was ignored without a
+    word: the test ran without the database it described (a fixture of the test's own connecting on its own, say).
+    It is a pytest warning at collection naming the test and the fixtures that read the mark.  A test that has one
+    through a fixture of its own, and the tests of a module whose ``pytestmark`` they need not all use, warn of
+    nothing."""
+    project.makepyfile(test_ignored="""
+import pytest
+
+pytestmark = pytest.mark.activedb(migrations=[])
+
+
+@pytest.fixture
+def orders(activedb_url):
+    return activedb_url
+
+
+@pytest.mark.activedb(record_history=True)
+def test_without_a_database():
+    pass
+
+
+@pytest.mark.activedb(record_history=True)
+def test_through_a_fixture_of_its_own(orders):
+    pass
+
+
+@pytest.mark.parametrize("n", [1, pytest.param(2, marks=pytest.mark.activedb(record_history=True))])
+def test_parametrized(n):
+    pass
+
+
+def test_of_the_module_mark_only():
+    pass
+""")
+    result = project.runpytest_subprocess("-p", "no:cacheprovider", "--collect-only", "-q")
+    output = result.stdout.str()
+    warned = re.findall(r"ActivedbMarkIgnoredWarning: @pytest\.mark\.activedb on (\S+) is ignored: the test uses no "
+                        r"fixture that reads it \(activedb_db, activedb_url, activedb_clock, activedb_make_url, "
+                        r"itself or through a fixture of its own\)", output)
+    assert sorted(warned) == ["test_ignored.py::test_parametrized[2]", "test_ignored.py::test_without_a_database"], \
+        output
