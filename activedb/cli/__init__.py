@@ -65,6 +65,16 @@ def console(stderr: bool = False) -> Console:
     return made
 
 
+def literal(value: object) -> str:
+    """``value`` as text that a ``rich`` console prints as it is: square brackets in it (a rule named
+    ``discount[vip]``, an error naming ``[/tmp]``) are escaped, not read as markup — which would drop ``[vip]`` as a
+    style or end the command at a closing tag that matches none.  For every name, event or message of the database
+    or the application that a command prints through :func:`console` (in a table's cell too)."""
+    from rich.markup import escape
+
+    return escape(str(value))
+
+
 def _invoked(ctx: click.Context) -> str:
     """The command a group's ``ctx`` runs, as typed: ``activedb dead-letters list`` (the groups' names down to it)."""
     words = [ctx.invoked_subcommand or ""]

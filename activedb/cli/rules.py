@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, TypedDict
 
 import click
 
-from activedb.cli import _Group, _confirm, console, load_app, open_database, register_app
+from activedb.cli import _Group, _confirm, console, literal, load_app, open_database, register_app
 
 if TYPE_CHECKING:  # pragma: no cover
     from activedb import Database
@@ -91,7 +91,7 @@ def rules_list(ctx: click.Context, include_removed: bool, module: str | None, as
 
     out = console()
     if not rows:
-        out.print("no rules" + (f" of module {module}" if module else "") + " in activedb_rules"
+        out.print("no rules" + (f" of module {literal(module)}" if module else "") + " in activedb_rules"
                   + ("" if include_removed else " (--all includes removed ones)"), highlight=False)
         return
     # One table per module (its name in the title, whole) and coupling modes as words: columns wrap between
@@ -101,7 +101,7 @@ def rules_list(ctx: click.Context, include_removed: bool, module: str | None, as
         by_module.setdefault(row["module"] or "-", []).append(row)
     styles = {"enabled": "green", "disabled": "yellow", "removed": "dim"}
     for name, members in sorted(by_module.items()):
-        table = Table(title=f"rules of {name} (activedb_rules)")
+        table = Table(title=f"rules of {literal(name)} (activedb_rules)")
         for column, options in (("name", {"no_wrap": True}), ("event", {}), ("coupling", {"min_width": 10}),
                                 ("prio", {"justify": "right"}), ("ver", {"justify": "right"}), ("state", {}),
                                 ("fired", {"justify": "right"}), ("last fired", {})):
@@ -110,7 +110,7 @@ def rules_list(ctx: click.Context, include_removed: bool, module: str | None, as
             last = row["last_fired"].strftime("%Y-%m-%d %H:%M") if row["last_fired"] else "-"
             coupling = _words(row["coupling"]) + ("" if row["action_coupling"] == "immediate" else
                                                   f" (C-A {_words(row['action_coupling'])})")
-            table.add_row(row["name"], row["event"], coupling,
+            table.add_row(literal(row["name"]), literal(row["event"]), coupling,
                           "-" if row["priority"] is None else str(row["priority"]), str(row["version"]),
                           f"[{styles[row['state']]}]{row['state']}[/]", f"{row['fired']:,}", last)
         out.print(table)
@@ -127,7 +127,7 @@ def rules_show(ctx: click.Context, name: str) -> None:
         raise click.ClickException(f"no rule named {name!r} in activedb_rules (`activedb rules list --all`)")
     row = rows[0]
     out = console()
-    out.print(f"[bold]{row['name']}[/bold] ({row['state']}, version {row['version']})", highlight=False)
+    out.print(f"[bold]{literal(row['name'])}[/bold] ({row['state']}, version {row['version']})", highlight=False)
     for label, value in (("event", row["event"]), ("coupling", f"{row['coupling']} (event-condition), "
                                                                f"{row['action_coupling']} (condition-action)"),
                          ("priority", row["priority"]), ("module", row["module"]),
@@ -136,10 +136,10 @@ def rules_show(ctx: click.Context, name: str) -> None:
                                       if row["last_fired"] else "")),
                          ("declared", row["created_at"].isoformat(timespec="seconds")),
                          ("changed", row["updated_at"].isoformat(timespec="seconds"))):
-        out.print(f"  {label:<9} {value if value is not None else '-'}", highlight=False)
+        out.print(f"  {label:<9} {literal(value if value is not None else '-')}", highlight=False)
     out.print("  definition:", highlight=False)
     for key, setting in sorted(row["definition"].items()):
-        out.print(f"    {key}: {setting}", highlight=False)
+        out.print(f"    {literal(key)}: {literal(setting)}", highlight=False)
 
 
 @rules.command("lowering")
@@ -174,16 +174,18 @@ def rules_lowering(ctx: click.Context, app: str, as_json: bool) -> None:
         return
     from rich.table import Table
 
-    table = Table("event type", "batch", "why not lowered", title=f"lowering of {app}'s rules")
+    table = Table("event type", "batch", "why not lowered", title=f"lowering of {literal(app)}'s rules")
     for event_type, reason in verdicts.items():
-        table.add_row(event_type, "[green]lowered[/]" if reason is None else "[yellow]event by event[/]", reason or "")
+        table.add_row(literal(event_type), "[green]lowered[/]" if reason is None else "[yellow]event by event[/]",
+                      literal(reason or ""))
     console().print(table)
     if detached:
         firings = Table("detached-family rule", "its firings in a lowered batch", "why recorded",
                         title="detached firings: in the batch's commit, or recorded in the outbox")
         for name, reason in detached.items():
-            firings.add_row(name, "[green]in the batch's commit[/]" if reason is None else "[yellow]recorded[/]",
-                            reason or "")
+            firings.add_row(literal(name),
+                            "[green]in the batch's commit[/]" if reason is None else "[yellow]recorded[/]",
+                            literal(reason or ""))
         console().print(firings)
 
 

@@ -681,3 +681,23 @@ def test_an_application_files_sibling_module_comes_before_an_installed_one_as_fo
         assert load_app(str(app), click.ClickException).WHERE == "sibling"
     finally:
         sys.modules.pop("sibling_named_like_installed", None)
+
+
+def test_rules_list_and_show_print_names_with_brackets_as_they_are(db, database_url):
+    """A rule's name, its event's source and its module are text of the application's: square brackets in them are
+    printed, not read as rich's markup — ``discount[vip]`` was listed as ``discount`` (``[vip]`` taken for a style),
+    and a name holding ``[/x]`` ended the command with rich's MarkupError."""
+    db.rule(on=db.signalled("promo[eu]"), name="discount[vip]")(nothing)
+    db.rule(on=db.signalled("promo[eu]"), name="odd[/x]")(nothing)
+    try:
+        listed = invoke(database_url, "rules", "list")
+        assert listed.exit_code == 0, listed.output
+        assert "discount[vip]" in listed.output and "odd[/x]" in listed.output, listed.output
+        assert "signal(promo[eu])" in listed.output, listed.output
+        for name in ("discount[vip]", "odd[/x]"):
+            shown = invoke(database_url, "rules", "show", name)
+            assert shown.exit_code == 0, shown.output
+            assert shown.output.startswith(f"{name} (enabled, version 1)"), shown.output
+            assert "event     signal(promo[eu])" in shown.output, shown.output
+    finally:
+        db.rules.purge(["discount[vip]", "odd[/x]"])
