@@ -531,8 +531,9 @@ def failed_firings_table(failures: list[FailedFiring]) -> Table:
     table = Table("id", "rule", "trigger", "event", "attempts", "error",
                   title="failed detached rule firings (activedb outbox --retry [ID ...] runs them again)")
     for failure in failures:
-        table.add_row(str(failure.id), failure.rule, f"{failure.trigger} ({failure.trigger_outcome})",
-                      failure.event, str(failure.attempts), failure.error)
+        table.add_row(str(failure.id), literal(failure.rule),
+                      literal(f"{failure.trigger} ({failure.trigger_outcome})"), literal(failure.event),
+                      str(failure.attempts), literal(failure.error))
     return table
 
 

@@ -36,7 +36,7 @@ def status_command(ctx: click.Context, query_name: str | None, as_json: bool) ->
     failed — with the failures' rule, trigger, event and error; pending firings of a removed rule, or one not in the
     rule registry, are flagged: no process runs them until the rule is declared again)."""
     from activedb.atomic import split_status
-    from activedb.cli import open_database, pending_without_rule, pending_without_rule_json
+    from activedb.cli import literal, open_database, pending_without_rule, pending_without_rule_json
     from activedb.ingest import batches_in_progress, ingestion_status
 
     with open_database(ctx, writes=False) as database:
@@ -66,14 +66,14 @@ def status_command(ctx: click.Context, query_name: str | None, as_json: bool) ->
     console = make_console()
     if not statuses:
         which = f"query {query_name!r}" if query_name else "any query"
-        console.print(f"no ingestion has committed a batch for {which} yet", highlight=False)
+        console.print(f"no ingestion has committed a batch for {literal(which)} yet", highlight=False)
     else:
         table = Table("query", "batches", "last batch", "events", "dead letters", "watermark", "last commit",
                       title="ingestion (activedb_ingestion_ledger)")
         for status in statuses:
             batches = f"{status.batches}" + (f" x {status.partitions} partitions" if status.partitions else "")
             last = "-" if status.last_batch_id is None else str(status.last_batch_id)     # (only a release: none)
-            table.add_row(status.query_name, batches, last, f"{status.events:,}",
+            table.add_row(literal(status.query_name), batches, last, f"{status.events:,}",
                           f"{status.dead_letters:,}",
                           "-" if status.watermark is None else status.watermark.isoformat(),
                           status.last_committed_at.isoformat(timespec="seconds"))
@@ -81,7 +81,7 @@ def status_command(ctx: click.Context, query_name: str | None, as_json: bool) ->
         rules = Table("query", "rule", "firings", title="rule firings (summed over the ledger)")
         for status in statuses:
             for rule, count in status.rule_firings.items():
-                rules.add_row(status.query_name, rule, f"{count:,}")
+                rules.add_row(literal(status.query_name), literal(rule), f"{count:,}")
         console.print(rules)
     print_in_progress(console, in_progress)
     print_split_batches(console, splits)
@@ -94,6 +94,8 @@ def print_in_progress(console: Console, reports: list[BatchReport]) -> None:
     with its oldest rule firing still running and its deadline; a report its process stopped refreshing says so."""
     import datetime as dt
 
+    from activedb.cli import literal
+
     for report in reports:
         line = (f"batch {report.batch_id} of query {report.query_name} in progress for {report.seconds:,.0f} s "
                 f"({report.rows:,} rows; {report.query_id}, pid {report.pid} on {report.host})")
@@ -103,6 +105,7 @@ def print_in_progress(console: Console, reports: list[BatchReport]) -> None:
                      f"{report.firing_event}")
         if report.deadline_at is not None:
             line += f"; deadline at {report.deadline_at.isoformat(timespec='seconds')}"
+        line = literal(line)
         if report.stale:
             line = (f"[yellow]not refreshed since {report.reported_at.isoformat(timespec='seconds')}[/yellow] (its "
                     f"process stopped reporting: killed, or its machine is gone): {line}")
@@ -112,6 +115,8 @@ def print_in_progress(console: Console, reports: list[BatchReport]) -> None:
 def print_capture_backlog(console: Console, capture: CaptureStatus) -> None:
     """Change capture's backlog per consumer and table, and its warnings (``activedb status``; the whole
     picture is ``activedb capture status``)."""
+    from activedb.cli import literal
+
     if not capture.installed or not (capture.tables or capture.retained_changes):
         return
     lines = []
@@ -122,9 +127,9 @@ def print_capture_backlog(console: Console, capture: CaptureStatus) -> None:
     for table in capture.unconsumed:
         lines.append(f"table {table.table}: {table.changes:,} changes and no consumer")
     console.print(f"change capture ({len(capture.tables)} captured table(s); `activedb capture status` for more): "
-                  + ("; ".join(lines) if lines else "no backlog"), highlight=False, soft_wrap=True)
+                  + literal("; ".join(lines) if lines else "no backlog"), highlight=False, soft_wrap=True)
     for line in capture.warnings():
-        console.print(f"[yellow]warning:[/yellow] {line}", highlight=False)
+        console.print(f"[yellow]warning:[/yellow] {literal(line)}", highlight=False)
 
 
 def print_detached(console: Console, detached: OutboxStatistics, failures: list[FailedFiring],
@@ -145,9 +150,11 @@ def print_detached(console: Console, detached: OutboxStatistics, failures: list[
 
 def print_split_batches(console: Console, statuses: list[SplitBatchStatus]) -> None:
     """The scale-out policies and the split batches with a failed partition (``activedb status``)."""
+    from activedb.cli import literal
+
     for status in statuses:
         if status.batch_id is None:
-            console.print(f"scale-out query {status.query_name} ({status.partitions} partitions): "
+            console.print(f"scale-out query {literal(status.query_name)} ({status.partitions} partitions): "
                           f"on_partition_failure={status.on_partition_failure}", highlight=False)
     failed = [status for status in statuses if status.batch_id is not None]
     if not failed:
@@ -157,9 +164,9 @@ def print_split_batches(console: Console, statuses: list[SplitBatchStatus]) -> N
     table = Table("query", "batch", "policy", "state", "failed partitions", "compensated", "error",
                   title="split batches with a partition that failed for good (activedb_split_failures)")
     for status in failed:
-        table.add_row(status.query_name, str(status.batch_id), status.on_partition_failure or "-",
+        table.add_row(literal(status.query_name), str(status.batch_id), status.on_partition_failure or "-",
                       status.state or "-", ", ".join(map(str, status.failed_partitions)),
-                      "-" if status.compensated is None else str(status.compensated), status.error or "")
+                      "-" if status.compensated is None else str(status.compensated), literal(status.error or ""))
     console.print(table)
 
 

@@ -701,3 +701,19 @@ def test_rules_list_and_show_print_names_with_brackets_as_they_are(db, database_
             assert "event     signal(promo[eu])" in shown.output, shown.output
     finally:
         db.rules.purge(["discount[vip]", "odd[/x]"])
+
+
+def test_status_prints_a_query_and_rule_named_with_brackets_as_they_are(db, database_url):
+    """The ledger's source and rule names are the application's text: ``activedb status`` prints them whole — a
+    source orders[eu] was shown as "orders", and a rule named tally[/x] ended the command with rich's MarkupError."""
+    with db.engine.begin() as connection:
+        connection.execute(sa.text(
+            "INSERT INTO activedb_ingestion_ledger (query_id, batch_id, transaction_id, events, rule_firings) "
+            "VALUES ('orders[eu]@run-1', 0, 'T1', 2, CAST(:firings AS jsonb))"), {"firings": '{"tally[/x]": 2}'})
+    try:
+        shown = invoke(database_url, "status")
+        assert shown.exit_code == 0, shown.output
+        assert "orders[eu]" in shown.output and "tally[/x]" in shown.output, shown.output
+    finally:
+        with db.engine.begin() as connection:
+            connection.execute(sa.text("DELETE FROM activedb_ingestion_ledger WHERE query_id = 'orders[eu]@run-1'"))
