@@ -575,9 +575,13 @@ def _bench_command(name: str, module_name: str) -> click.Command:
     module = importlib.import_module(module_name)
     doc = inspect.getdoc(module) or f"The {name} benchmark."
     help_text = "\n\n".join("\b\n" + paragraph for paragraph in doc.split("\n\n"))   # keep its lists as written
-    summary = doc.splitlines()[0].split(": ", 1)[-1]
+    # (the first paragraph, its lines joined — not its first line, which may end mid-sentence —
+    # after the ``activedb bench NAME:`` it opens with; shortened at a word with "..." past 90 characters)
+    summary = " ".join(doc.split("\n\n")[0].split()).split(": ", 1)[-1]
+    if len(summary) > 90:
+        summary = summary[:87].rsplit(" ", 1)[0].rstrip(",;:") + "..."
 
-    @click.command(name, help=help_text, short_help=summary[:90])
+    @click.command(name, help=help_text, short_help=summary)
     @click.option("--quick", is_flag=True, help="Small sizes: a smoke run.")
     @click.option("--json-only", is_flag=True, help="Print only the JSON document (no table, no progress).")
     @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,

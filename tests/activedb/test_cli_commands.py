@@ -717,3 +717,22 @@ def test_status_prints_a_query_and_rule_named_with_brackets_as_they_are(db, data
     finally:
         with db.engine.begin() as connection:
             connection.execute(sa.text("DELETE FROM activedb_ingestion_ledger WHERE query_id = 'orders[eu]@run-1'"))
+
+
+def test_bench_lists_each_benchmark_with_a_whole_first_sentence():
+    """``activedb bench --help`` lists each benchmark with its docstring's first sentence, whole or shortened with
+    "...": it took the docstring's first line, so a sentence going on to the next was cut there without a mark
+    ("ingest-lineage  what the Spark sink's lineage recording costs, with and without it,")."""
+    listing = CliRunner().invoke(main, ["bench", "--help"]).output.split("Commands:\n", 1)[1]
+    summaries: dict[str, str] = {}
+    name = ""
+    for line in listing.splitlines():
+        if re.match(r"  \S", line):
+            name, _, text = line.strip().partition(" ")
+            summaries[name] = text.strip()
+        elif line.strip():
+            summaries[name] += " " + line.strip()
+    assert "ingest-lineage" in summaries and "rules" in summaries, listing
+    assert summaries["ingest-lineage"] == ("what the Spark sink's lineage recording costs, with and without it, in "
+                                           "the same run."), summaries
+    assert all(text.endswith(".") for text in summaries.values()), summaries
