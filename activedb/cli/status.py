@@ -14,6 +14,7 @@ import click
 
 if TYPE_CHECKING:  # pragma: no cover
     from rich.console import Console
+    from rich.table import Table
 
     from activedb.atomic import SplitBatchStatus
     from activedb.capture import CaptureStatus
@@ -21,7 +22,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from activedb.outbox import FailedFiring, OutboxStatistics
 
 __all__ = ["print_capture_backlog", "print_detached", "print_in_progress", "print_split_batches", "register_commands",
-           "status_command"]
+           "status_command", "whole_cells"]
 
 
 @click.command("status")
@@ -68,17 +69,17 @@ def status_command(ctx: click.Context, query_name: str | None, as_json: bool) ->
         which = f"query {query_name!r}" if query_name else "any query"
         console.print(f"no ingestion has committed a batch for {literal(which)} yet", highlight=False)
     else:
-        table = Table("query", "batches", "last batch", "events", "dead letters", "watermark", "last commit",
-                      title="ingestion (activedb_ingestion_ledger)")
+        table = whole_cells(Table("query", "batches", "last batch", "events", "dead letters", "watermark",
+                                  "last commit", title="ingestion (activedb_ingestion_ledger)"))
         for status in statuses:
             batches = f"{status.batches}" + (f" x {status.partitions} partitions" if status.partitions else "")
             last = "-" if status.last_batch_id is None else str(status.last_batch_id)     # (only a release: none)
             table.add_row(literal(status.query_name), batches, last, f"{status.events:,}",
                           f"{status.dead_letters:,}",
-                          "-" if status.watermark is None else status.watermark.isoformat(),
-                          status.last_committed_at.isoformat(timespec="seconds"))
+                          "-" if status.watermark is None else status.watermark.isoformat(" "),
+                          status.last_committed_at.isoformat(" ", timespec="seconds"))
         console.print(table)
-        rules = Table("query", "rule", "firings", title="rule firings (summed over the ledger)")
+        rules = whole_cells(Table("query", "rule", "firings", title="rule firings (summed over the ledger)"))
         for status in statuses:
             for rule, count in status.rule_firings.items():
                 rules.add_row(literal(status.query_name), literal(rule), f"{count:,}")
@@ -87,6 +88,15 @@ def status_command(ctx: click.Context, query_name: str | None, as_json: bool) ->
     print_split_batches(console, splits)
     print_detached(console, detached, failures, without_rule)
     print_capture_backlog(console, capture)
+
+
+def whole_cells(table: Table) -> Table:
+    """``table`` with every column folding a value too wide for it onto more lines (rich's ``overflow="fold"``),
+    never cutting it with "…": a source's name, a rule's or a time shown in part is of no use on a narrow terminal
+    (``--query-name`` takes the whole name)."""
+    for column in table.columns:
+        column.overflow = "fold"
+    return table
 
 
 def print_in_progress(console: Console, reports: list[BatchReport]) -> None:
@@ -161,8 +171,8 @@ def print_split_batches(console: Console, statuses: list[SplitBatchStatus]) -> N
         return
     from rich.table import Table
 
-    table = Table("query", "batch", "policy", "state", "failed partitions", "compensated", "error",
-                  title="split batches with a partition that failed for good (activedb_split_failures)")
+    table = whole_cells(Table("query", "batch", "policy", "state", "failed partitions", "compensated", "error",
+                              title="split batches with a partition that failed for good (activedb_split_failures)"))
     for status in failed:
         table.add_row(literal(status.query_name), str(status.batch_id), status.on_partition_failure or "-",
                       status.state or "-", ", ".join(map(str, status.failed_partitions)),

@@ -736,3 +736,45 @@ def test_bench_lists_each_benchmark_with_a_whole_first_sentence():
     assert summaries["ingest-lineage"] == ("what the Spark sink's lineage recording costs, with and without it, in "
                                            "the same run."), summaries
     assert all(text.endswith(".") for text in summaries.values()), summaries
+
+
+def table_cells(text: str) -> list[str]:
+    """The cells of the one-row tables in ``text``: each column's lines joined, without the spaces a wrap added."""
+    cells: list[str] = []
+    column_texts: list[str] = []
+    for line in text.splitlines():
+        if line.startswith("│"):
+            parts = line.strip("│").split("│")
+            column_texts = column_texts or [""] * len(parts)
+            column_texts = [before + "".join(part.split()) for before, part in zip(column_texts, parts)]
+        elif column_texts:
+            cells += column_texts
+            column_texts = []
+    return cells + column_texts
+
+
+def test_status_on_an_80_column_terminal_cuts_no_name_or_time(db, database_url):
+    """On an 80-column terminal ``activedb status`` shows the source's name (what ``--query-name`` takes), the
+    watermark and the last commit whole, wrapped onto more lines if need be: they were cut with "…" ("streams:…",
+    "1970-01-…", "2026-11-…"), and a source's name of 30 characters even into a pipe (132 columns)."""
+    name = "capture:orders_eu_west_replica"
+    with db.engine.begin() as connection:
+        connection.execute(sa.text(
+            "INSERT INTO activedb_ingestion_ledger (query_id, batch_id, transaction_id, events, watermark, "
+            "rule_firings) VALUES (:name, 0, 'T1', 2, '2026-03-04 05:06:07.125+00', CAST(:firings AS jsonb))"),
+            {"name": f"{name}@run-1", "firings": '{"a_rule_with_a_rather_long_name_for_a_table": 2}'})
+    try:
+        terminals = [{"TTY_COMPATIBLE": "1", "COLUMNS": columns, "NO_COLOR": "1"} for columns in ("80", "100")]
+        for environment in [*terminals, {}]:        # ({}: into a pipe, 132 columns)
+            shown = CliRunner().invoke(main, ["--url", database_url, "status", "--query-name", name],
+                                       env=environment, catch_exceptions=False)
+            assert shown.exit_code == 0, shown.output
+            text = re.sub(r"\x1b\[[0-9;]*m", "", shown.output)
+            assert "…" not in text, text
+            cells = table_cells(text)
+            assert name in cells and "2026-03-0405:06:07.125000+00:00" in cells, text
+            assert "a_rule_with_a_rather_long_name_for_a_table" in cells, text
+    finally:
+        with db.engine.begin() as connection:
+            connection.execute(sa.text("DELETE FROM activedb_ingestion_ledger WHERE query_id = :id"),
+                               {"id": f"{name}@run-1"})
