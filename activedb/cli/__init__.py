@@ -75,6 +75,17 @@ def literal(value: object) -> str:
     return escape(str(value))
 
 
+def whole_cells(table: Table) -> Table:
+    """``table`` with every column folding a value too wide for it onto more lines (rich's ``overflow="fold"``; a
+    text wraps between words first), never cutting it with "…" nor cropping the columns past the terminal's width:
+    a name, an event or a time shown in part is of no use (``--query-name`` and ``rules show`` take the whole
+    name).  For the tables a command prints through :func:`console`."""
+    for column in table.columns:
+        column.overflow = "fold"
+        column.no_wrap = False
+    return table
+
+
 def _invoked(ctx: click.Context) -> str:
     """The command a group's ``ctx`` runs, as typed: ``activedb dead-letters list`` (the groups' names down to it)."""
     words = [ctx.invoked_subcommand or ""]

@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, TypedDict
 
 import click
 
-from activedb.cli import _Group, _confirm, console, literal, load_app, open_database, register_app
+from activedb.cli import (_Group, _confirm, console, literal, load_app, open_database, register_app,
+                          whole_cells)
 
 if TYPE_CHECKING:  # pragma: no cover
     from activedb import Database
@@ -95,17 +96,15 @@ def rules_list(ctx: click.Context, include_removed: bool, module: str | None, as
                   + ("" if include_removed else " (--all includes removed ones)"), highlight=False)
         return
     # One table per module (its name in the title, whole) and coupling modes as words: columns wrap between
-    # words, never inside one.
+    # words, and fold a word only where the terminal is too narrow for it (whole_cells: nothing is cut or cropped).
     by_module: dict[str, list[_RuleRow]] = {}
     for row in rows:
         by_module.setdefault(row["module"] or "-", []).append(row)
     styles = {"enabled": "green", "disabled": "yellow", "removed": "dim"}
     for name, members in sorted(by_module.items()):
         table = Table(title=f"rules of {literal(name)} (activedb_rules)")
-        for column, options in (("name", {"no_wrap": True}), ("event", {}), ("coupling", {"min_width": 10}),
-                                ("prio", {"justify": "right"}), ("ver", {"justify": "right"}), ("state", {}),
-                                ("fired", {"justify": "right"}), ("last fired", {})):
-            table.add_column(column, **options)
+        for column in ("name", "event", "coupling", "prio", "ver", "state", "fired", "last fired"):
+            table.add_column(column, justify="right" if column in ("prio", "ver", "fired") else "left")
         for row in members:
             last = row["last_fired"].strftime("%Y-%m-%d %H:%M") if row["last_fired"] else "-"
             coupling = _words(row["coupling"]) + ("" if row["action_coupling"] == "immediate" else
@@ -113,7 +112,7 @@ def rules_list(ctx: click.Context, include_removed: bool, module: str | None, as
             table.add_row(literal(row["name"]), literal(row["event"]), coupling,
                           "-" if row["priority"] is None else str(row["priority"]), str(row["version"]),
                           f"[{styles[row['state']]}]{row['state']}[/]", f"{row['fired']:,}", last)
-        out.print(table)
+        out.print(whole_cells(table))
 
 
 @rules.command("show")

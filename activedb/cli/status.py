@@ -14,7 +14,6 @@ import click
 
 if TYPE_CHECKING:  # pragma: no cover
     from rich.console import Console
-    from rich.table import Table
 
     from activedb.atomic import SplitBatchStatus
     from activedb.capture import CaptureStatus
@@ -22,7 +21,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from activedb.outbox import FailedFiring, OutboxStatistics
 
 __all__ = ["print_capture_backlog", "print_detached", "print_in_progress", "print_split_batches", "register_commands",
-           "status_command", "whole_cells"]
+           "status_command"]
 
 
 @click.command("status")
@@ -37,7 +36,7 @@ def status_command(ctx: click.Context, query_name: str | None, as_json: bool) ->
     failed — with the failures' rule, trigger, event and error; pending firings of a removed rule, or one not in the
     rule registry, are flagged: no process runs them until the rule is declared again)."""
     from activedb.atomic import split_status
-    from activedb.cli import literal, open_database, pending_without_rule, pending_without_rule_json
+    from activedb.cli import literal, open_database, pending_without_rule, pending_without_rule_json, whole_cells
     from activedb.ingest import batches_in_progress, ingestion_status
 
     with open_database(ctx, writes=False) as database:
@@ -88,15 +87,6 @@ def status_command(ctx: click.Context, query_name: str | None, as_json: bool) ->
     print_split_batches(console, splits)
     print_detached(console, detached, failures, without_rule)
     print_capture_backlog(console, capture)
-
-
-def whole_cells(table: Table) -> Table:
-    """``table`` with every column folding a value too wide for it onto more lines (rich's ``overflow="fold"``),
-    never cutting it with "…": a source's name, a rule's or a time shown in part is of no use on a narrow terminal
-    (``--query-name`` takes the whole name)."""
-    for column in table.columns:
-        column.overflow = "fold"
-    return table
 
 
 def print_in_progress(console: Console, reports: list[BatchReport]) -> None:
@@ -160,7 +150,7 @@ def print_detached(console: Console, detached: OutboxStatistics, failures: list[
 
 def print_split_batches(console: Console, statuses: list[SplitBatchStatus]) -> None:
     """The scale-out policies and the split batches with a failed partition (``activedb status``)."""
-    from activedb.cli import literal
+    from activedb.cli import literal, whole_cells
 
     for status in statuses:
         if status.batch_id is None:

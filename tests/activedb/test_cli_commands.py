@@ -739,12 +739,13 @@ def test_bench_lists_each_benchmark_with_a_whole_first_sentence():
 
 
 def table_cells(text: str) -> list[str]:
-    """The cells of the one-row tables in ``text``: each column's lines joined, without the spaces a wrap added."""
+    """Each column of each table in ``text`` (its header, its body), its lines joined (its rows' cells one after the other), without the
+    spaces a wrap added: a value folded onto more lines is found whole in it."""
     cells: list[str] = []
     column_texts: list[str] = []
     for line in text.splitlines():
-        if line.startswith("│"):
-            parts = line.strip("│").split("│")
+        if line[:1] in ("│", "┃"):        # (a body's line, a header's)
+            parts = re.split("[│┃]", line.strip("│┃"))
             column_texts = column_texts or [""] * len(parts)
             column_texts = [before + "".join(part.split()) for before, part in zip(column_texts, parts)]
         elif column_texts:
@@ -778,3 +779,24 @@ def test_status_on_an_80_column_terminal_cuts_no_name_or_time(db, database_url):
         with db.engine.begin() as connection:
             connection.execute(sa.text("DELETE FROM activedb_ingestion_ledger WHERE query_id = :id"),
                                {"id": f"{name}@run-1"})
+
+
+def test_rules_list_on_an_80_column_terminal_fits_it_and_cuts_no_value(db, database_url):
+    """At 80 columns ``activedb rules list`` stays within the terminal and shows every value whole, folded onto
+    more lines if need be: it was wider than the terminal, so the last column ("last fired") was cropped off, and
+    the event and state were cut with "…" ("upda…", "ena…")."""
+    db.rule(on=db.signalled("a_signal_with_a_long_name"), coupling="sequential_causally_dependent",
+            name="narrow_terminal_rule")(nothing)
+    try:
+        shown = CliRunner().invoke(main, ["--url", database_url, "rules", "list", "--module", __name__],
+                                   env={"TTY_COMPATIBLE": "1", "COLUMNS": "80", "NO_COLOR": "1"},
+                                   catch_exceptions=False)
+        assert shown.exit_code == 0, shown.output
+        text = re.sub(r"\x1b\[[0-9;]*m", "", shown.output)
+        assert max(len(line) for line in text.splitlines()) <= 80 and "…" not in text, text
+        assert all(line.rstrip()[-1] in "┓┃┩│┘" for line in text.splitlines() if line[:1] in "┏┃┡│└"), text  # (uncropped)
+        cells = table_cells(text)
+        for whole in ("narrow_terminal_rule", "signal(a_signal_with_a_long_name)", "enabled", "lastfired"):
+            assert any(whole in cell for cell in cells), (whole, text)
+    finally:
+        db.rules.purge(["narrow_terminal_rule"])
