@@ -316,6 +316,13 @@ def _confirm(question: str, yes: bool) -> None:
 
 # --- explain ----------------------------------------------------------------------------
 
+def _above_zero(ctx: click.Context, param: click.Parameter, value: float) -> float:
+    """``value`` of a number-of-seconds option that must be above 0 (NaN is not: click's FloatRange lets it by)."""
+    if not value > 0:
+        raise click.BadParameter(f"{value} is no number of seconds above 0", ctx, param)
+    return value
+
+
 @main.command()
 @click.argument("snapshot", required=False, type=click.Path(dir_okay=False))
 @click.option("--pid", type=int, default=None,
@@ -325,7 +332,8 @@ def _confirm(question: str, yes: bool) -> None:
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
               help="Write the picture here (.png or .svg).")
 @click.option("--text", "as_text", is_flag=True, help="Print the picture in words too.")
-@click.option("--timeout", type=float, default=10.0, show_default=True, help="Seconds to wait for --pid.")
+@click.option("--timeout", type=float, default=10.0, show_default=True, callback=_above_zero,
+              help="Seconds to wait for --pid (a number above 0).")
 @click.pass_context
 def explain(ctx: click.Context, snapshot: str | None, pid: int | None, output: str | None, as_text: bool,
             timeout: float) -> None:

@@ -580,3 +580,17 @@ def test_two_dumps_at_once_each_publish_a_whole_file(db, tmp_path, monkeypatch):
     assert errors == {}
     assert Explanation.load(path).title == "first"          # (renamed last: a whole file)
     assert [entry.name for entry in tmp_path.iterdir()] == ["dump.json"]
+
+
+@pytest.mark.parametrize("timeout", ["0", "-1", "nan"])
+def test_a_timeout_that_is_no_wait_is_a_usage_error_naming_the_option(tmp_path, timeout):
+    """``activedb explain --pid PID --timeout -1`` is click's usage error naming ``--timeout`` (exit 2), before any pid
+    is looked at: it said "request(timeout=-1.0) takes a number of seconds above 0" (exit 1), naming a Python call
+    the operator did not make."""
+    from click.testing import CliRunner
+
+    from activedb.cli import main
+
+    result = CliRunner().invoke(main, ["--home", str(tmp_path / "home"), "explain", "--pid", "1", "--timeout", timeout])
+    assert result.exit_code == 2 and "Invalid value for '--timeout'" in result.output, result.output
+    assert "request(" not in result.output, result.output
