@@ -553,7 +553,7 @@ def failed_firings_table(failures: list[FailedFiring]) -> Table:
         table.add_row(str(failure.id), literal(failure.rule),
                       literal(f"{failure.trigger} ({failure.trigger_outcome})"), literal(failure.event),
                       str(failure.attempts), literal(failure.error))
-    return table
+    return whole_cells(table)
 
 
 # --- bench ------------------------------------------------------------------------------

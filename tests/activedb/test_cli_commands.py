@@ -800,3 +800,31 @@ def test_rules_list_on_an_80_column_terminal_fits_it_and_cuts_no_value(db, datab
             assert any(whole in cell for cell in cells), (whole, text)
     finally:
         db.rules.purge(["narrow_terminal_rule"])
+
+
+def test_status_on_an_80_column_terminal_shows_a_failed_firings_error_whole(db, database_url):
+    """The failed detached firings ``activedb status`` (and ``activedb outbox``) lists show their rule, event and
+    error whole on an 80-column terminal, folded onto more lines: a word wider than its column (an exception's
+    dotted name, a path) was cut with "…"."""
+    from activedb import Coupling
+
+    @db.rule(on=db.signalled("narrow_pay"), coupling=Coupling.DETACHED, name="narrow_failing_rule")
+    def failing(tx, event):
+        raise LookupError("no_exchange_rate_for_the_currency_pair_of_this_payment")
+
+    try:
+        with db.transaction() as tx:
+            tx.signal("narrow_pay")
+        db.rules.wait_idle(60)
+        assert any(failure.rule == "narrow_failing_rule" for failure in db.outbox.failures())
+        shown = CliRunner().invoke(main, ["--url", database_url, "status", "--query-name", "none_here"],
+                                   env={"TTY_COMPATIBLE": "1", "COLUMNS": "80", "NO_COLOR": "1"},
+                                   catch_exceptions=False)
+        assert shown.exit_code == 0, shown.output
+        text = re.sub(r"\x1b\[[0-9;]*m", "", shown.output)
+        assert "…" not in text, text
+        cells = table_cells(text)
+        for whole in ("narrow_failing_rule", "no_exchange_rate_for_the_currency_pair_of_this_payment"):
+            assert any(whole in cell for cell in cells), (whole, text)
+    finally:
+        db.rules.purge(["narrow_failing_rule"])
