@@ -519,7 +519,7 @@ def print_pending_without_rule(out: Console, without_rule: list[tuple[str, int, 
     flagged = ", ".join(f"{rule} ({pending:,}, {'removed' if registry == 'removed' else 'not in the rule registry'})"
                         for rule, pending, registry in without_rule)
     out.print(f"{sum(pending for _, pending, _ in without_rule):,} pending firing(s) of rules no process runs: "
-              f"{flagged} — they stay pending until then: {_DECLARE_AGAIN}", highlight=False, soft_wrap=True)
+              f"{literal(flagged)} — they stay pending until then: {_DECLARE_AGAIN}", highlight=False, soft_wrap=True)
 
 
 def _run_pending(database: Database, module: ModuleType, name: str) -> tuple[int, int]:
