@@ -475,8 +475,10 @@ def outbox(ctx: click.Context, retry: bool, ids: tuple[int, ...], app: str | Non
     for rule, counts in sorted(statistics.per_rule.items()):
         table.add_row(rule, *(f"{counts.get(status, 0):,}" for status in ("pending", "done", "failed")))
     out.print(table)
-    out.print("(firings a lowered micro-batch ran in its own commit — detached rules that only insert rows — leave no "
-              "record here; `activedb rules list` counts every firing)", style="dim", highlight=False)
+    out.print("(not listed: firings of detached rules that only insert rows, which the ingestion ran in the commit of "
+              "the micro-batch that triggered them — it runs such a batch as one and leaves no record here; `activedb "
+              "rules lowering APP` says which rules, `activedb rules list` counts every firing)", style="dim",
+              highlight=False)
     print_pending_without_rule(out, without_rule)
     if failures:
         out.print(failed_firings_table(failures))

@@ -180,6 +180,10 @@ def test_a_failing_rule_is_recorded_shown_and_retried(db, migrated):
     shown = runner.invoke(main, ["--url", migrated, "outbox"], env={"COLUMNS": "250"})
     assert shown.exit_code == 0, shown.output
     assert "ledger_entry" in shown.output and "exchange rate is zero" in shown.output
+    # What the table leaves out is said in plain words, not in the ingestion's term ("lowered micro-batch").
+    assert "lowered" not in shown.output, shown.output
+    assert ("not listed: firings of detached rules that only insert rows, which the ingestion ran in the commit of "
+            "the micro-batch that triggered them") in " ".join(shown.output.split()), shown.output
     as_json = json.loads(runner.invoke(main, ["--url", migrated, "outbox", "--json"]).output)
     assert as_json["statistics"]["failed"] == 1 and as_json["failed"][0]["id"] == failure.id
 
