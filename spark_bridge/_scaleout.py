@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Unpack
 from activedb import atomic
 from activedb.atomic import PartitionReport, SplitFailure
 from activedb.cli.application import Register, app_name, load_app
-from activedb.errors import BadArgument, SerializationConflict, classify
+from activedb.errors import SerializationConflict, classify
 from activedb.extras import Extra, needs
 from activedb.ingest import (BatchOutcome, EventMapping, Ingestion, LedgerId, Phase, PhaseTimings, RulesHandler,
                              as_mapping)
@@ -84,12 +84,12 @@ def _worker_database(url: str, app: str | Register, connect_options: Mapping[str
     if database is not None:
         return database
     register = load_app(app).register
+    # The driver's sink checked the options (_check_options); this process's activedb may take other values.  Checked
+    # here the same way, before connecting, so that a refused one is told as such, whatever error refuses it, and
+    # anything connect raises after is about the connection.
+    _check_options(connect_options)
     try:
-        # (connect checks the keywords before it opens anything: an unknown one is a TypeError naming Config's
-        # fields, a value it cannot take a BadArgument)
         database = activedb.connect(url, upgrade=False, **dict(connect_options))  # type: ignore[arg-type]
-    except (TypeError, BadArgument) as error:   # (the driver's sink checked them: _check_options)
-        raise _refused_options(error) from error
     except Exception as error:
         raise _cluster.connect_failed(url, error) from error
     try:
@@ -207,7 +207,8 @@ def _check_options(options: Mapping[str, object]) -> None:
     """Refuse ``options`` (the tasks' ``activedb.connect`` keywords) that ``activedb.connect`` would — an unknown
     keyword, a value out of range or of the wrong kind, ``upgrade`` (a task never upgrades the schema: its connect
     sets it) — with :func:`_refused_options`' error, raised by the sink's constructor (``ingest()``, before the query
-    starts), where the first batch's tasks would raise it."""
+    starts), where the first batch's tasks would raise it; and by each task before it connects
+    (:func:`_worker_database`), for an executor's activedb that refuses what the driver's took."""
     import activedb
 
     try:
@@ -215,7 +216,7 @@ def _check_options(options: Mapping[str, object]) -> None:
             raise TypeError("upgrade is not a task's to give: the tasks connect with upgrade=False, the driver's "
                             "connect upgrades the schema")
         activedb.Config(upgrade=False).with_keywords(**options)  # type: ignore[arg-type]  # (checked here)
-    except (TypeError, ValueError) as error:
+    except (TypeError, ValueError) as error:     # (ValueError: BadArgument, InvalidChoice, a value a field refuses)
         raise _refused_options(error) from None
 
 

@@ -42,6 +42,29 @@ def test_a_worker_keeps_a_database_per_connect_options_not_only_per_url_and_app(
             database.close()
 
 
+def test_an_option_a_task_cannot_connect_with_is_one_line_naming_it_not_a_failed_connection(database_url):
+    """A task's ``activedb.connect`` refusing one of ``connect_options`` (a process whose activedb takes other values
+    than the driver's, which checked them) told only an unknown keyword or a ``BadArgument`` as such: a value not of
+    its closed set (``InvalidChoice``, a ``ValueError`` but no ``BadArgument``) was reported as "could not connect
+    to" the database, sending the user to the network and the password."""
+    import pytest
+
+    from spark_bridge.errors import IngestError
+
+    for options, named in (({"victim_policy": "bogus"}, "victim_policy='bogus' is not a VictimPolicy"),
+                           ({"lock_timeout": "x"}, "Config(lock_timeout='x') takes None"),
+                           ({"no_such_option": 1}, "unknown keyword(s) no_such_option")):
+        with pytest.raises(IngestError) as refused:
+            _task(database_url, **options)._sink()
+        message = str(refused.value)
+        assert "\n" not in message and "could not connect" not in message, message
+        assert message.startswith("the scale-out tasks' connect_options were refused by activedb.connect ("), message
+        assert named in message and message.endswith("fix ingest(connect_options=…): each task connects with them"), \
+            message
+    with _scaleout._worker_mutex:
+        assert not _scaleout._worker_databases     # (nothing was connected)
+
+
 def test_a_partition_that_conflicted_on_every_attempt_stops_the_query_saying_so_not_that_postgresql_was_down(db):
     """A partition whose batch met a serialization conflict on each of its attempts (``Ingestion.process`` raises
     ``SerializationConflict`` after the last) is not the partition's fault, so the driver stops the query — but its
