@@ -31,6 +31,7 @@ from activedb.ingest import (BatchHandler, Deadlines, EventMapping, Ingestion, L
 from spark_bridge.errors import IngestError, QueryRenamedError, first_line
 
 if TYPE_CHECKING:  # pragma: no cover
+    import pyarrow as pa
     from py4j.java_gateway import JavaObject
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming.query import StreamingQuery
@@ -89,10 +90,12 @@ class IngestSink(Ingestion):
                          batch_attempts=batch_attempts, on_phase=on_phase, lineage=lineage,
                          event_ids_under=event_ids_under, deadlines=deadlines)
         self._spark_session = spark_session
-        # self._mutex protects the three fields below (the counters are the book's).
+        # self._mutex protects the four fields below (the counters are the book's).
         self._mutex = threading.Lock()
         self._checked_spark_ids: set[str] = set()
         self._watermark_warning_given = False
+        #: The Arrow types of the key column whose Spark type passed ``check_key_type`` (``_check_key_type``).
+        self._key_types_checked: set[pa.DataType] = set()
         #: Spark query id -> (its StreamExecution, a py4j handle; whether its plan declares a watermark): found
         #: once per run of the query (a restart from the checkpoint keeps the id, not the execution), so that a
         #: batch asks the JVM one question without a watermark and four with one, instead of six
@@ -140,10 +143,30 @@ class IngestSink(Ingestion):
         to_arrow = time.perf_counter() - started
         if self.mapping is not None:        # (a mapped column missing would make every row a dead letter)
             check_columns(table.column_names, self.mapping)
+            self._check_key_type(batch_df, table.schema, self.mapping)
         watermark = self.spark_watermark(spark_query_id, current=execution)
         self.phase(Phase.FETCHED, batch_id)
         self.process(table, batch_id, query_id=query_id, watermark=watermark,
                      extra_timings=PhaseTimings(to_arrow=to_arrow))
+
+    def _check_key_type(self, batch_df: DataFrame, schema: pa.Schema, mapping: EventMapping) -> None:
+        """:func:`check_key_type` of the batch's Spark schema (``ingest()`` asked it of its frame; a sink wired with
+        ``foreachBatch`` directly would make every row a dead letter), asked once per Arrow type of the key column in
+        the batch's ``schema`` (the table ``toArrow()`` made): a batch after the first asks Spark nothing (the schema
+        is a py4j call), only a lookup of its key column's type."""
+        index = schema.get_field_index(mapping.key_column)
+        if index < 0:
+            return              # (check_columns says so)
+        key_type = schema.field(index).type
+        with self._mutex:
+            if key_type in self._key_types_checked:
+                return
+        spark_schema = _schema_or_none(batch_df)
+        if spark_schema is None:
+            return              # (Spark cannot tell it now: the session gone; the next batch asks again)
+        check_key_type(spark_schema, mapping)
+        with self._mutex:
+            self._key_types_checked.add(key_type)
 
     def spark_watermark(self, spark_query_id: str, *, current: JavaObject | None = None) -> dt.datetime | None:
         """Spark's event-time watermark of the batch now running in query ``spark_query_id`` (the package's
@@ -330,7 +353,8 @@ def check_key_type(schema: StructType, mapping: EventMapping) -> None:
     event's key is a string or an integer (``activedb.ingest``'s ``check_key``): a map, array, struct, binary,
     float or double, boolean, decimal, date or time column would make every row of every batch a dead letter, and
     the scale-out path hashes a batch's rows to its partitions by it.  ``ingest()`` asks it of its frame, the
-    scale-out sink of each batch's schema (a sink wired with ``foreachBatch`` directly)."""
+    scale-out sink of each batch's schema, the one-task sink of its first batch's (a sink wired with ``foreachBatch``
+    directly: ``IngestSink._check_key_type``)."""
     if mapping.key_column not in schema.names:
         return          # (check_columns says so)
     key_type = schema[mapping.key_column].dataType.simpleString()

@@ -1133,6 +1133,25 @@ def test_a_key_column_of_a_type_no_key_can_have_is_refused_at_ingest_naming_it(s
 
 
 @pytest.mark.spark
+def test_a_one_task_sink_wired_with_foreach_batch_directly_refuses_a_key_column_no_key_can_have(
+        spark, tmp_path, make_database_url):
+    """``ingest()`` and a scale-out sink wired with ``foreachBatch`` directly refuse a key column of a type no key can
+    have; an ``IngestSink`` wired so applied each batch, every row of it a dead letter (``key ('key') is 1.5 (float),
+    need a string or an integer``), batch after batch.  It refuses the stream at its first batch with ``ingest()``'s
+    error, before applying anything: the query stops, no ledger row, no dead letter."""
+    from pyspark.sql import functions as F
+
+    write_files(tmp_path / "in", [[{"type": "add", "key": "k", "ts": iso(BASE_TIME), "amount": 1, "seq": 1}]])
+    database = app_database(make_database_url("directkey"))
+    try:
+        _refused_by_a_direct_sink(spark, database, _stream(spark, tmp_path / "in").withColumn("key", F.lit(1.5)),
+                                  "direct", tmp_path / "cd", r"key column 'key' is double: .*string or an integer",
+                                  scale_out=False)
+    finally:
+        database.close()
+
+
+@pytest.mark.spark
 def test_ingest_into_something_that_is_no_database_says_what_to_give(spark, tmp_path):
     """``ingest(url, frame, …)`` — a URL where the database goes — failed deep in the sink's set-up with
     ``AttributeError: 'str' object has no attribute 'clock'``.  It is an IngestError saying to connect first."""
