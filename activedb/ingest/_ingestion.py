@@ -100,7 +100,7 @@ class Ingestion:
         self.context = BatchContext(db, mapping, source, event_ids_under or source,
                                    known_types, batch_attempts,
                                    BatchBook(source, on_phase, wall=db.clock.wall), BatchTracing(db, source),
-                                   None if deadlines is None else Watch(db, source, deadlines))
+                                   None if deadlines is None else Watch(db, source, deadlines, mapping))
         self._book = self.context.book
 
     @property

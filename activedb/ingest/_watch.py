@@ -41,7 +41,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from activedb._handle import DatabaseHandle
     from activedb.clock import Clock
     from activedb.ingest._interface import Rows
-    from activedb.ingest._mapping import RawEvent
+    from activedb.ingest._mapping import EventMapping, RawEvent
     from activedb.txn import Transaction
 
 __all__ = ["BatchInProgress", "BatchReport", "Deadlines", "FiringInProgress", "Watch", "batches_in_progress",
@@ -218,10 +218,13 @@ class Watch:
     (:meth:`run`) while the caller's thread waits, reports a batch that runs long to ``activedb_batches_in_progress``
     and enforces the deadlines.  Thread-safety: the module docstring."""
 
-    def __init__(self, db: DatabaseHandle, source: str, deadlines: Deadlines) -> None:
+    def __init__(self, db: DatabaseHandle, source: str, deadlines: Deadlines,
+                 mapping: EventMapping | None = None) -> None:
         self.db = db
         self.source = source
         self.deadlines = deadlines
+        #: The batches' mapping (None: none), for the letter of a rule's event past its deadline (``BatchLetters``).
+        self.mapping = mapping
         #: Where durations are read (the module docstring): the database's clock.
         self._time = db.clock
         self.clock = FiringClock(db.clock)
@@ -348,7 +351,7 @@ class Watch:
             assert firing is not None
             reason = (f"rule {firing.rule!r} did not return within its deadline of {self.deadlines.rule:g} s on this "
                       f"event: the batch was applied without it (fix the rule, then replay this dead letter)")
-            letter = BatchLetters(self.db, rows, batch.query_id, batch.batch_id).for_events([(culprit, reason)])[0]
+            letter = BatchLetters(self.db, rows, batch.query_id, batch.batch_id, self.mapping).for_events([(culprit, reason)])[0]
             try:
                 error.letter_id = deadletters.insert_ahead(self.db, batch.query_id, batch.batch_id, culprit.position,
                                                            letter)

@@ -111,3 +111,39 @@ def test_a_batch_of_originals_is_encoded_as_the_stream_writer_writes_each():
         assert set(original) == {_ARROW_TAG}
         assert base64.b64decode(original[_ARROW_TAG]) == streamed(as_table)
         assert decode_original(original).equals(as_table)
+
+
+def test_a_letter_leaves_out_the_source_s_line_and_corrupt_record_columns_but_where_they_are_the_evidence():
+    """A source that adds the line (``_line``) and Spark's corrupt-record column to each row (``activedb run``'s)
+    had both in every letter's row.  A letter's row (``BatchLetters`` given the mapping) leaves out the corrupt-record
+    column where it is null and the line where it holds nothing the row lacks; the line is kept where its bytes are
+    not UTF-8 or it holds a lone surrogate — what a replay needs to reject the row again — and left out where the
+    corrupt-record column holds the same line.  Rows as mappings alike."""
+    mapping = EventMapping("type", "key", "ts", payload_columns=("seq",))
+    surrogate = json.dumps({"type": "add", "key": "k\ud800", "ts": 2, "seq": 2})
+    malformed = '{"type": "add", "key": '
+    application = ["type", "key", "ts", "seq"]
+    lines = [BAD_LINE, surrogate.encode(), malformed.encode(), b'{"type": "add", "key": "good", "ts": 4, "seq": 4}']
+    table = pa.table({"type": ["add", "add", None, "add"], "key": ["y6\ufffd\ufffd\ufffd", "k?", None, "good"],
+                      "ts": [1.0, 2.0, None, 4.0], "seq": [1, 2, None, 4],
+                      "_corrupt_record": [None, None, malformed, None], "_line": _text(lines)})
+    expected = [sorted([*application, "_line"]), sorted([*application, "_line"]),
+                sorted([*application, "_corrupt_record"]), sorted(application)]
+    for rows in (table, table.slice(1).to_pylist()):        # (as mappings: text, no bytes that are not UTF-8)
+        good, bad = rows_to_events(rows, mapping)
+        letters = BatchLetters(None, rows, "q", 1, mapping)
+        rejected = letters.rejected(bad)
+        [failed] = letters.for_events([(event, "rule raised") for event in good])
+        every = letters.all_rows("given up")
+        if rows is table:
+            assert [letter.row.column_names for letter in [*rejected, failed]] == [
+                [*application, "_line"], [*application, "_line"], [*application, "_corrupt_record"], application]
+            assert [letter.row.column_names for letter in every] == [
+                [*application, "_line"], [*application, "_line"], [*application, "_corrupt_record"], application]
+            again = [rows_to_events(letter.row, mapping)[1] for letter in rejected]     # (a replay's validation)
+            assert [[each.reason for each in rejections] for rejections in again] == [[each.reason] for each in bad]
+        shown = expected[len(expected) - len(rows):]
+        assert [sorted(letter.raw()) for letter in [*rejected, failed]] == shown
+        assert [sorted(letter.raw()) for letter in every] == shown
+        if rows is not table:
+            assert [sorted(letter.row) for letter in [*rejected, failed]] == shown

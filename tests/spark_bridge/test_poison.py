@@ -283,14 +283,25 @@ def test_poison_lines_through_spark_are_dead_letters_and_the_stream_goes_on(spar
     assert not any("is null" in reason for reason in by_line.values())
 
 
+def _run_the_source_activedb_run_builds(spark, database, source, name, checkpoint) -> None:
+    """The JSON files in ``source`` read as ``activedb run --source file:`` reads them (``build_stream``: the lines
+    parsed with ``from_json``, each kept in ``_line``, Spark's corrupt-record column), ingested to the end."""
+    from spark_bridge._sources import build_stream, parse_source
+
+    loaded = spark_bridge.load_app(str(app_counters.__file__), require_mapping=True)
+    frame = build_stream(spark, parse_source(f"file:{source}"), loaded, file_format="json", max_files_per_trigger=1,
+                         rows_per_second=1, event_types=[])
+    query = spark_bridge.ingest(database, frame, mapping=app_counters.MAPPING, query_name=name,
+                                checkpoint_location=str(checkpoint), trigger={"availableNow": True})
+    run_to_end(query)
+
+
 @pytest.mark.spark
 def test_lone_surrogates_through_spark_are_dead_letters_not_question_marks(spark, tmp_path, databases):
     """Spark's string conversion turns a lone surrogate escape into '?': its own JSON reader delivers a value
     no one sent.  The source ``activedb run`` builds keeps each line (``_line``), so such a row is a dead letter
     naming the field, with its line; a surrogate pair, a real '?' and a lone surrogate in a field the schema
     does not read are applied."""
-    from spark_bridge._sources import build_stream, parse_source
-
     ingested, direct = databases
     rows = [_row(1, "k\ud800lone"), _row(2, "k\udc00low"), _row(3, "k\U0001F600pair"), _row(4, "k?real"),
             {**_row(5, "k1"), "note": "\ud83d"}]
@@ -301,12 +312,7 @@ def test_lone_surrogates_through_spark_are_dead_letters_not_question_marks(spark
     delivered = spark.read.schema(app_counters.SCHEMA).json(str(source)).toArrow().column("key").to_pylist()
     assert delivered == ["k?lone", "k?low", "k\U0001F600pair", "k?real", "k1"]      # what Spark alone makes of them
 
-    loaded = spark_bridge.load_app(str(app_counters.__file__), require_mapping=True)
-    frame = build_stream(spark, parse_source(f"file:{source}"), loaded, file_format="json", max_files_per_trigger=1,
-                         rows_per_second=1, event_types=[])
-    query = spark_bridge.ingest(ingested, frame, mapping=app_counters.MAPPING, query_name="surrogates",
-                                checkpoint_location=str(tmp_path / "checkpoint"), trigger={"availableNow": True})
-    run_to_end(query)
+    _run_the_source_activedb_run_builds(spark, ingested, source, "surrogates", tmp_path / "checkpoint")
 
     apply_directly(direct, [rows[2], rows[3], rows[4]])
     assert app_state(ingested) == app_state(direct)
@@ -315,3 +321,36 @@ def test_lone_surrogates_through_spark_are_dead_letters_not_question_marks(spark
     assert [letter.reason.split(" holds")[0] for letter in letters] == ["field 'key'", "field 'key'"]
     assert [json.loads(letter.row().column("_line")[0].as_py())["key"] for letter in letters] == [
         "k\ud800lone", "k\udc00low"]
+
+
+@pytest.mark.spark
+def test_the_letters_of_a_source_activedb_run_builds_keep_the_application_s_columns_and_the_line_only_as_evidence(
+        spark, tmp_path, databases):
+    """The source ``activedb run`` builds adds two columns of its own: ``_corrupt_record`` (Spark's) and ``_line``
+    (the row's line).  Every letter kept both in its row — ``_line`` beside the columns it was parsed into,
+    ``_corrupt_record: null`` — noise in ``dead-letters show``, columns the application never had (a plain
+    ``ingest`` of the same file has neither).  A letter's row is the application's columns; the corrupt-record
+    column only where it holds the unreadable line, ``_line`` only where it is the evidence the parsed columns lose
+    (a lone surrogate Spark made '?'): a replay of such a letter is rejected again."""
+    ingested, _ = databases
+    lines = [json.dumps(_row(1, "k1", amount=-5)),           # rejected by a rule
+             json.dumps(_row(2, "")),                         # rejected by validation: an empty key
+             '{"type": "add", "key": ',                       # malformed
+             json.dumps(_row(4, "k\ud800lone")),              # a lone surrogate: the line is the evidence
+             json.dumps(_row(5, "k5"))]
+    source = tmp_path / "in"
+    source.mkdir()
+    (source / "part-000.json").write_text("\n".join(lines) + "\n")
+    _run_the_source_activedb_run_builds(spark, ingested, source, "columns", tmp_path / "checkpoint")
+
+    letters = {letter.reason.split(" ")[0] + " " + letter.reason.split(" ")[1]: letter
+               for letter in deadletters.select(ingested)}
+    application = ["type", "key", "ts", "amount", "seq"]
+    columns = {reason: (letter.row().column_names, sorted(letter.raw)) for reason, letter in letters.items()}
+    assert columns == {
+        "rejected by": (application, sorted(application)),
+        "key ('key')": (application, sorted(application)),
+        "malformed JSON:": ([*application, "_corrupt_record"], sorted([*application, "_corrupt_record"])),
+        "field 'key'": ([*application, "_line"], sorted([*application, "_line"]))}, columns
+    assert letters["malformed JSON:"].raw["_corrupt_record"] == lines[2]
+    assert json.loads(letters["field 'key'"].row().column("_line")[0].as_py())["key"] == "k\ud800lone"
