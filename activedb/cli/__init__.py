@@ -473,7 +473,7 @@ def outbox(ctx: click.Context, retry: bool, ids: tuple[int, ...], app: str | Non
     out = console()
     table = Table("rule", "pending", "done", "failed", title="detached rule firings (activedb_outbox)")
     for rule, counts in sorted(statistics.per_rule.items()):
-        table.add_row(rule, *(f"{counts.get(status, 0):,}" for status in ("pending", "done", "failed")))
+        table.add_row(literal(rule), *(f"{counts.get(status, 0):,}" for status in ("pending", "done", "failed")))
     out.print(table)
     out.print("(not listed: firings of detached rules that only insert rows, which the ingestion ran in the commit of "
               "the micro-batch that triggered them — it runs such a batch as one and leaves no record here; `activedb "
