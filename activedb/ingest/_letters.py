@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import gc
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from activedb import deadletters
 from activedb.deadletters import Letter
@@ -170,7 +170,18 @@ def _arrow_source_columns_left_out(table: pa.Table | pa.RecordBatch, mapping: Ev
     return left_out
 
 
-def _without(row: Any, names: tuple[str, ...]) -> Any:
+_Value = TypeVar("_Value")
+
+
+@overload
+def _without(row: dict[str, _Value], names: tuple[str, ...]) -> dict[str, _Value]: ...
+
+
+@overload
+def _without(row: Mapping[str, _Value] | None, names: tuple[str, ...]) -> Mapping[str, _Value] | None: ...
+
+
+def _without(row: Mapping[str, _Value] | None, names: tuple[str, ...]) -> Mapping[str, _Value] | None:
     """``row`` (a mapping; anything else as it is) without the keys ``names``."""
     if not names or not isinstance(row, Mapping):
         return row
