@@ -70,8 +70,9 @@ _REASON_FORMS = [(kind, re.compile(pattern)) for kind, pattern in (
     (ReasonKind.DEADLINE, r" within its deadline of "),
     (ReasonKind.REFUSED, r"^PostgreSQL refused |^the reactions to .* cannot be committed: "),
     (ReasonKind.RULE_FAILED, r"^event processing failed: |^rule cascade limit: |^rule '.*' failed on "
-                             r"|^s-transaction of .* aborted: "),
-    (ReasonKind.INVALID_ROW, r"^[a-z][a-z ]* \('[^']*'\) |^malformed JSON|^the line is a JSON |^Spark could not read "
+                             r"|^s-transaction of .* aborted: |^rejected: the tie_key of stream .* raised "),
+    (ReasonKind.INVALID_ROW, r"^rejected: |^[a-z][a-z ]* \('[^']*'\) |^malformed JSON|^the line is a JSON "
+                             r"|^Spark could not read "
                              r"|^row is .*, not a mapping |^field .* holds |^column .* is not valid UTF-8"
                              r"| cannot be delivered: "),
 )]

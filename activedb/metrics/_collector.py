@@ -217,8 +217,9 @@ class ActivedbCollector(Collector):
         for reason, count in deadletters.count_by_reason(self.database,
                                                          deadletters.LetterFilter(replayed=False)).items():
             per_label[reason_label(reason)] += count
-        for label, count in sorted(per_label.items()):
-            letters.add_metric([label], count)
+        # (Every kind, 0 for those with no letter: a series present from the start, for rates and alerts.)
+        for kind in deadletters.ReasonKind:
+            letters.add_metric([kind.value], per_label.get(kind.value, 0))
         yield letters
 
     def _ingestion(self) -> Iterator[Metric]:

@@ -14,6 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import activedb
 from activedb.metrics import BatchLatency, MetricsError, MetricsExporter, parse_listen, reason_label
+from activedb.deadletters import ReasonKind
 from activedb.testing import Watchdog, wait_until
 from tests.conftest import APP_MIGRATIONS
 
@@ -250,8 +251,25 @@ def test_dead_letters_are_labelled_by_the_kind_of_their_reason(database):
     with MetricsExporter(database) as exporter:
         values = samples(exporter.scrape())
     letters = {dict(labels)["reason"]: value for (name, labels), value in values.items() if name == "activedb_dead_letters"}
-    assert letters == {"invalid row": 3, "rule failed": 3, "refused by PostgreSQL": 1, "late": 1,
-                       "rejected by rule": 2, "other": 1}
+    assert letters == {kind.value: 0 for kind in ReasonKind} | {"invalid row": 3, "rule failed": 3,
+                                                               "refused by PostgreSQL": 1, "late": 1,
+                                                               "rejected by rule": 2, "other": 1}
+
+
+def test_stream_rejections_have_their_kind_and_every_kind_is_exported_at_zero_too(database):
+    """A streams engine's ``rejected: …`` reasons (no type, unknown stream, a bad timestamp) were ``other``, and its
+    tie_key raising was too; and a kind with no letter had no sample, where Prometheus' convention (and
+    ``activedb_outbox_firings``) is a sample of 0, so that a rate or an alert on it sees the series from the start."""
+    reasons = ["rejected: no stream 'x' in engine e (streams: s)",
+               "rejected: the event has no type (type None); give each event a type, the name of one of s's types",
+               "rejected: the tie_key of stream s raised ValueError('bad') for A^1"]
+    with database.engine.begin() as connection:
+        connection.execute(sa.text("INSERT INTO activedb_dead_letters (query_id, batch_id, reason, raw) "
+                                   "VALUES ('streams@1', 0, :reason, '{}')"), [{"reason": reason} for reason in reasons])
+    with MetricsExporter(database) as exporter:
+        values = samples(exporter.scrape())
+    letters = {dict(labels)["reason"]: value for (name, labels), value in values.items() if name == "activedb_dead_letters"}
+    assert letters == {kind.value: 0 for kind in ReasonKind} | {"invalid row": 2, "rule failed": 1}
 
 
 class _Consumer:
