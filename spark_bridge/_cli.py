@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Iterator
 
 import click
 
+from activedb.cli.options import Seconds
 from activedb.cli.running import (StopRequest, command_home, dead_letter_hint, default_source_name, describe_in_progress,
                                   exit_at_once, ledger_progress, progress_line, refuse_reset_with_progress, restart,
                                   restart_after_deadline, status, what_to_do, where_raised)
@@ -249,12 +250,12 @@ def _checkpoint_lock(checkpoint_dir: Path, name: str) -> Iterator[None]:
               help="Extra Spark configuration (repeatable).")
 @click.option("--verbose", is_flag=True, help="Also log each event the rules reject (they go to the dead-letter "
                                               "table either way).")
-@click.option("--rule-deadline", type=click.FloatRange(min=0), default=RULE_DEADLINE_SECONDS, show_default=True,
+@click.option("--rule-deadline", type=Seconds(), default=RULE_DEADLINE_SECONDS, show_default=True,
               metavar="SECONDS",
               help="A rule firing that has not returned after this long fails its batch: the event becomes a dead "
                    "letter, the batch is rolled back and this command restarts itself to apply it without the event "
                    "(0: no limit; not with --partitions).")
-@click.option("--batch-deadline", type=click.FloatRange(min=0), default=BATCH_DEADLINE_SECONDS, show_default=True,
+@click.option("--batch-deadline", type=Seconds(), default=BATCH_DEADLINE_SECONDS, show_default=True,
               metavar="SECONDS",
               help="A micro-batch that has not committed after this long is rolled back and re-run by a restart of "
                    "this command (0: no limit; not with --partitions); raise it for very large batches.")

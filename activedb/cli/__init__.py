@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Unpack
 import click
 
 from activedb import plugins
+from activedb.cli.options import Seconds
 from activedb.errors import ActivedbError, SchemaNotAtHead
 from activedb.extras import Extra, MissingExtra, extra_of, require
 
@@ -316,13 +317,6 @@ def _confirm(question: str, yes: bool) -> None:
 
 # --- explain ----------------------------------------------------------------------------
 
-def _above_zero(ctx: click.Context, param: click.Parameter, value: float) -> float:
-    """``value`` of a number-of-seconds option that must be above 0 (NaN is not: click's FloatRange lets it by)."""
-    if not value > 0:
-        raise click.BadParameter(f"{value} is no number of seconds above 0", ctx, param)
-    return value
-
-
 @main.command()
 @click.argument("snapshot", required=False, type=click.Path(dir_okay=False))
 @click.option("--pid", type=int, default=None,
@@ -332,7 +326,7 @@ def _above_zero(ctx: click.Context, param: click.Parameter, value: float) -> flo
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
               help="Write the picture here (.png or .svg).")
 @click.option("--text", "as_text", is_flag=True, help="Print the picture in words too.")
-@click.option("--timeout", type=float, default=10.0, show_default=True, callback=_above_zero,
+@click.option("--timeout", type=Seconds(above=True), default=10.0, show_default=True,
               help="Seconds to wait for --pid (a number above 0).")
 @click.pass_context
 def explain(ctx: click.Context, snapshot: str | None, pid: int | None, output: str | None, as_text: bool,
@@ -406,7 +400,7 @@ def demo(ctx: click.Context, events: int, workers: int, seed: int, spark: bool, 
               help="Register APP's rules (a module or .py file with register(db), as `activedb run` takes) and run "
                    "here the pending firings of them that no live process runs (retried ones included), then show "
                    "the outcome.")
-@click.option("--prune-done", "prune_done", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
+@click.option("--prune-done", "prune_done", type=Seconds(), default=None, metavar="SECONDS",
               help="Delete the records of firings done more than SECONDS ago (the table keeps one per firing until "
                    "then; compensating a batch follows its firings through them: prune only what you will never "
                    "compensate).")

@@ -13,6 +13,7 @@ import click
 
 from activedb.atomic import CompensationMode, CompensationScope
 from activedb.cli import _Group, has_no_tables, load_app, open_database, register_app
+from activedb.cli.options import Seconds
 from activedb.extras import Extra, needs
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -302,7 +303,7 @@ def compensate(ctx: click.Context, query: str, batch: str, mode: str, scope: str
 
 
 @batches_group.command("prune")
-@click.option("--older-than", type=click.FloatRange(min=0), required=True, help="Seconds.")
+@click.option("--older-than", type=Seconds(), required=True, help="Seconds.")
 @click.pass_context
 def prune(ctx: click.Context, older_than: float) -> None:
     """Forget lineage recorded more than --older-than seconds ago."""

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Callable, NoReturn
 import click
 
 from activedb.cli import _Group, _confirm, console as make_console, has_no_tables, open_database, register_app
+from activedb.cli.options import Seconds
 from activedb.cli.running import StopRequest, describe_in_progress, exit_at_once
 from activedb.metrics import metrics_port_option, start_metrics
 
@@ -34,7 +35,7 @@ def capture_group() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
 @click.option("--behind-changes", default=10_000, show_default=True, type=click.IntRange(min=0),
               help="A consumer with more pending is behind.")
-@click.option("--behind-seconds", default=60.0, show_default=True, type=click.FloatRange(min=0),
+@click.option("--behind-seconds", default=60.0, show_default=True, type=Seconds(),
               help="A consumer whose oldest pending change is older is behind.")
 @click.pass_context
 def status_command(ctx: click.Context, as_json: bool, behind_changes: int, behind_seconds: float) -> None:
@@ -144,10 +145,10 @@ def drop_consumer_command(ctx: click.Context, name: str, yes: bool) -> None:
 @click.option("--name", default="default", show_default=True, help="Consumer name (one leader per name).")
 @click.option("--batch-size", default=500, show_default=True, type=click.IntRange(min=1),
               help="Changes per batch (one transaction each).")
-@click.option("--retention", default=0.0, show_default=True, type=click.FloatRange(min=0),
+@click.option("--retention", default=0.0, show_default=True, type=Seconds(),
               help="Seconds consumed changes are kept (inf: for ever).")
 @click.option("--until-caught-up", is_flag=True, help="Exit once nothing is pending.")
-@click.option("--lead-timeout", default=30.0, show_default=True, type=click.FloatRange(min=0),
+@click.option("--lead-timeout", default=30.0, show_default=True, type=Seconds(),
               help="With --until-caught-up: seconds to wait while another consumer of NAME leads.")
 @metrics_port_option
 @click.pass_context

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Callable
 import click
 
 from activedb.cli import _Group, _confirm, _options, open_database
+from activedb.cli.options import Seconds
 
 if TYPE_CHECKING:  # pragma: no cover
     from activedb import Database
@@ -32,7 +33,7 @@ def _lock_timeout_option(command: Callable[..., None]) -> Callable[..., None]:
     from activedb._migrate import LOCK_TIMEOUT_SECONDS
 
     return click.option(
-        "--lock-timeout", type=click.FloatRange(min=0), default=LOCK_TIMEOUT_SECONDS, show_default=True,
+        "--lock-timeout", type=Seconds(), default=LOCK_TIMEOUT_SECONDS, show_default=True,
         help="Seconds a statement waits for a lock on a table it changes (an application's transaction holding "
              "it) before the run stops, nothing changed, naming the blocking backends (PostgreSQL's lock_timeout); "
              "0: as long as it takes.")(command)

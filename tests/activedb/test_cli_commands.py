@@ -828,3 +828,20 @@ def test_status_on_an_80_column_terminal_shows_a_failed_firings_error_whole(db, 
             assert any(whole in cell for cell in cells), (whole, text)
     finally:
         db.rules.purge(["narrow_failing_rule"])
+
+
+@pytest.mark.parametrize("arguments", [
+    ["outbox", "--prune-done"], ["db", "upgrade", "--lock-timeout"], ["app", "upgrade", ".", "--lock-timeout"],
+    ["capture", "status", "--behind-seconds"], ["capture", "consume", "app.py", "--retention"],
+    ["capture", "consume", "app.py", "--lead-timeout"], ["batches", "prune", "--older-than"],
+    ["run", "app.py", "--rule-deadline"], ["run", "app.py", "--batch-deadline"], ["explain", "--pid", "1", "--timeout"],
+], ids=lambda arguments: arguments[-1])
+@pytest.mark.parametrize("value", ["nan", "inf", "-1"])
+def test_a_seconds_option_given_nan_inf_or_a_negative_is_a_usage_error_naming_it(arguments, value):
+    """Every command's number-of-seconds option takes a finite number of at least 0 (--timeout: above 0): click's
+    FloatRange let ``nan`` and ``inf`` through, so ``outbox --prune-done nan`` deleted nothing without a word, ``run
+    --rule-deadline nan`` never gave up a rule, and ``explain --timeout nan`` failed naming a Python call."""
+    result = CliRunner().invoke(main, ["--url", "postgresql://nobody@127.0.0.1:1/none", *arguments, value])
+    assert result.exit_code == 2, result.output
+    said = "no finite number of seconds" if value in ("nan", "inf") else "-1.0 is not in the range x>"
+    assert arguments[-1] in result.output and said in result.output, result.output

@@ -1,0 +1,43 @@
+"""Option types the commands share: :class:`Seconds`, a number of seconds as the commands take one.
+
+A type of click's own (``FloatRange``) lets ``nan`` through (every comparison with it is false), and ``inf``; a
+command that then waits ``nan`` seconds, or prunes what is older than ``inf``, does nothing a user meant.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import click
+
+__all__ = ["Seconds"]
+
+if TYPE_CHECKING:       # (generic in click 8.2 on, not at run time in 8.1)
+    _NumberType = click.ParamType[float, object]
+else:
+    _NumberType = click.ParamType
+
+
+class Seconds(_NumberType):
+    """A finite number of seconds of at least ``minimum``, or above it with ``above=True``: ``nan`` and ``inf``
+    are a usage error naming the option (exit 2), as any other value out of range."""
+
+    name = "seconds"
+
+    def __init__(self, minimum: float = 0.0, *, above: bool = False):
+        self.minimum, self.above = minimum, above
+
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        try:
+            number = float(value)  # type: ignore[arg-type]  # (a text from the command line, or a default)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is no number of seconds", param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value} is no finite number of seconds", param, ctx)
+        if number < self.minimum or (self.above and number == self.minimum):      # (click's own words)
+            self.fail(f"{number} is not in the range x{'>' if self.above else '>='}{self.minimum:g}", param, ctx)
+        return number
+
+    def __repr__(self) -> str:
+        return f"Seconds({self.minimum:g}{', above=True' if self.above else ''})"
