@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Unpack
 import click
 
 from activedb import plugins
-from activedb.cli.options import Seconds
+from activedb.cli.options import Seconds, json_default
 from activedb.errors import ActivedbError, SchemaNotAtHead
 from activedb.extras import Extra, MissingExtra, extra_of, require
 
@@ -460,7 +460,7 @@ def outbox(ctx: click.Context, retry: bool, ids: tuple[int, ...], app: str | Non
         click.echo(json.dumps({"statistics": dataclasses.asdict(statistics),
                                "failed": [dataclasses.asdict(failure) for failure in failures],
                                "pending_without_rule": pending_without_rule_json(without_rule)},
-                              indent=2, default=str))
+                              indent=2, default=json_default))
         return
     from rich.table import Table
 

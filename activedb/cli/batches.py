@@ -13,7 +13,7 @@ import click
 
 from activedb.atomic import CompensationMode, CompensationScope
 from activedb.cli import _Group, has_no_tables, load_app, open_database, register_app
-from activedb.cli.options import Seconds
+from activedb.cli.options import Seconds, json_default
 from activedb.extras import Extra, needs
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -271,7 +271,7 @@ def compensate(ctx: click.Context, query: str, batch: str, mode: str, scope: str
                                            allow_unsafe=allow_unsafe, max_rounds=max_rounds)
         described: dict[str, Any] = report.describe()
         if as_json:
-            click.echo(json.dumps(described, indent=2, default=str))
+            click.echo(json.dumps(described, indent=2, default=json_default))
             return
         verb = "would compensate" if dry_run else "compensated"
         order = described["compensate_in_order"]

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Callable, NoReturn
 import click
 
 from activedb.cli import _Group, _confirm, console as make_console, has_no_tables, open_database, register_app
-from activedb.cli.options import Seconds
+from activedb.cli.options import Seconds, json_default
 from activedb.cli.running import StopRequest, describe_in_progress, exit_at_once
 from activedb.metrics import metrics_port_option, start_metrics
 
@@ -44,7 +44,7 @@ def status_command(ctx: click.Context, as_json: bool, behind_changes: int, behin
     with open_database(ctx, writes=False) as database:
         status = database.capture.status(behind_changes=behind_changes, behind_seconds=behind_seconds)
     if as_json:
-        click.echo(json.dumps({**dataclasses.asdict(status), "warnings": status.warnings()}, indent=2, default=str))
+        click.echo(json.dumps({**dataclasses.asdict(status), "warnings": status.warnings()}, indent=2, default=json_default))
         return
     from rich.table import Table
 

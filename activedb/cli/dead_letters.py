@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 
 from activedb.cli import _Group, _confirm, console, has_no_tables, open_database, register_app
+from activedb.cli.options import json_default
 
 if TYPE_CHECKING:  # pragma: no cover
     from activedb.deadletters import LetterRecord
@@ -99,14 +100,14 @@ def letters_list(ctx: click.Context, ids: tuple[int, ...] | None, query: str | N
     rows = []
     for letter in letters:
         reason_text, reason_cut = _shortened(letter.reason, None if full else LIST_REASON_CHARS, letter.id)
-        row_text, row_cut = _shortened(json.dumps(letter.raw, default=str), None if full else LIST_ROW_CHARS,
+        row_text, row_cut = _shortened(json.dumps(letter.raw, default=json_default), None if full else LIST_ROW_CHARS,
                                        letter.id)
         rows.append((letter, reason_text, row_text, reason_cut, row_cut))
     if as_json:        # "cut": true when the reason or the row was cut; a cut row is its cut text
         click.echo(json.dumps([{**{key: value for key, value in dataclasses.asdict(letter).items()
                                    if key != "original"}, "reason": reason_text,
                                 "raw": row_text if row_cut else letter.raw, "cut": reason_cut or row_cut}
-                               for letter, reason_text, row_text, reason_cut, row_cut in rows], indent=2, default=str))
+                               for letter, reason_text, row_text, reason_cut, row_cut in rows], indent=2, default=json_default))
         return
     from rich.table import Table
 
@@ -145,7 +146,7 @@ def letters_show(ctx: click.Context, letter_id: int) -> None:
         click.echo(f"  {key:<15} {letter.get(key) if letter.get(key) is not None else '-'}")
     click.echo("  raw row" + ("" if letter["original"] is not None else
                               " (written before originals were kept: a replay submits this form)") + ":")
-    click.echo("    " + json.dumps(letter["raw"], indent=2, default=str).replace("\n", "\n    "))
+    click.echo("    " + json.dumps(letter["raw"], indent=2, default=json_default).replace("\n", "\n    "))
 
 
 @dead_letters.command("purge")

@@ -1,4 +1,5 @@
-"""Option types the commands share: :class:`Seconds`, a number of seconds as the commands take one.
+"""Option types the commands share: :class:`Seconds`, a number of seconds as the commands take one; and
+:func:`json_default`, how every ``--json`` output writes a value JSON has no type for.
 
 A type of click's own (``FloatRange``) lets ``nan`` through (every comparison with it is false), and ``inf``; a
 command that then waits ``nan`` seconds, or prunes what is older than ``inf``, does nothing a user meant.
@@ -6,12 +7,13 @@ command that then waits ``nan`` seconds, or prunes what is older than ``inf``, d
 
 from __future__ import annotations
 
+import datetime
 import math
 from typing import TYPE_CHECKING
 
 import click
 
-__all__ = ["Seconds"]
+__all__ = ["Seconds", "json_default"]
 
 if TYPE_CHECKING:       # (generic in click 8.2 on, not at run time in 8.1)
     _NumberType = click.ParamType[float, object]
@@ -41,3 +43,12 @@ class Seconds(_NumberType):
 
     def __repr__(self) -> str:
         return f"Seconds({self.minimum:g}{', above=True' if self.above else ''})"
+
+
+def json_default(value: object) -> object:
+    """A value of a ``--json`` output that JSON has no type for (``json.dumps(…, default=json_default)``): a time as
+    ISO 8601 (``2026-11-29T12:00:00+00:00``, what a JSON reader parses; ``str`` puts a space for the ``T``), anything
+    else as its text."""
+    if isinstance(value, (datetime.datetime, datetime.date, datetime.time)):
+        return value.isoformat()
+    return str(value)

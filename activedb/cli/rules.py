@@ -12,6 +12,7 @@ import click
 
 from activedb.cli import (_Group, _confirm, console, literal, load_app, open_database, register_app,
                           whole_cells)
+from activedb.cli.options import json_default
 
 if TYPE_CHECKING:  # pragma: no cover
     from activedb import Database
@@ -86,7 +87,7 @@ def rules_list(ctx: click.Context, include_removed: bool, module: str | None, as
         rows = _rule_rows(database, include_removed=include_removed, module=module)
     if as_json:
         click.echo(json.dumps([{key: value for key, value in row.items() if key != "definition"} for row in rows],
-                              indent=2, default=str))
+                              indent=2, default=json_default))
         return
     from rich.table import Table
 

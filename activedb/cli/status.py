@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING
 
 import click
 
+from activedb.cli.options import json_default
+
 if TYPE_CHECKING:  # pragma: no cover
     from rich.console import Console
 
@@ -57,7 +59,7 @@ def status_command(ctx: click.Context, query_name: str | None, as_json: bool) ->
             "detached_pending_without_rule": pending_without_rule_json(without_rule),
             "capture": {**dataclasses.asdict(capture), "warnings": capture.warnings()},
         }
-        click.echo(json.dumps(document, indent=2, default=str))
+        click.echo(json.dumps(document, indent=2, default=json_default))
         return
     from rich.table import Table
 

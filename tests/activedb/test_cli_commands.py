@@ -4,6 +4,7 @@ help, and ``activedb --help``."""
 
 from __future__ import annotations
 
+import datetime
 import json
 import re
 import sys
@@ -845,3 +846,15 @@ def test_a_seconds_option_given_nan_inf_or_a_negative_is_a_usage_error_naming_it
     assert result.exit_code == 2, result.output
     said = "no finite number of seconds" if value in ("nan", "inf") else "-1.0 is not in the range x>"
     assert arguments[-1] in result.output and said in result.output, result.output
+
+
+def test_json_outputs_write_times_as_iso_8601(db, database_url):
+    """Every ``--json`` output wrote a time with ``str`` ("2026-11-29 12:00:00+00:00"), which ``rules show`` and
+    JSON readers (ISO 8601) spell with a ``T``: ``rules list --json``'s times now read back with ``fromisoformat``."""
+    db.rule(on=db.signalled("iso_times"), name="iso_times")(lambda tx, event: None)
+    with db.transaction() as tx:
+        tx.signal("iso_times")
+    listed = {row["name"]: row for row in json.loads(invoke(database_url, "rules", "list", "--json").output)}
+    times = {key: value for key, value in listed["iso_times"].items()
+             if key in ("created_at", "updated_at", "last_fired") and value is not None}
+    assert times and all("T" in value and datetime.datetime.fromisoformat(value).tzinfo for value in times.values()), times
