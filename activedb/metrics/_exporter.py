@@ -15,13 +15,15 @@ def parse_listen(text: str | int) -> tuple[str, int]:
     """``"9464"`` -> ``("127.0.0.1", 9464)``; ``"0.0.0.0:9464"`` -> all interfaces.  Port 0: any free port."""
     value = str(text).strip()
     address, _, port = value.rpartition(":")
+    bracketed = address.startswith("[") and address.endswith("]")
     if address.startswith("[") or address.endswith("]"):
-        address = address[1:-1] if address.startswith("[") and address.endswith("]") else "["     # ("[": no address)
+        address = address[1:-1] if bracketed else "["     # ("[": no address)
     try:
         number = int(port)
     except ValueError:
         number = -1
-    if not 0 <= number <= 65535 or not _an_address(address):
+    # (An IPv6 address only in brackets: "::1:9464" is itself an address, so which part is the port is a guess.)
+    if not 0 <= number <= 65535 or not _an_address(address) or (":" in address and not bracketed):
         raise MetricsError(f"--metrics-port {value!r}: give a port (e.g. 9464) or ADDRESS:PORT "
                            f"(e.g. 0.0.0.0:9464 to be scraped from other hosts; an IPv6 address in brackets, "
                            f"[::1]:9464)")
