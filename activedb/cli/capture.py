@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Callable, NoReturn
 
 import click
 
-from activedb.cli import _Group, _confirm, console as make_console, has_no_tables, open_database, register_app
+from activedb.cli import _Group, _confirm, console as make_console, has_no_tables, literal, open_database, register_app
 from activedb.cli.options import Seconds, json_default
 from activedb.cli.running import StopRequest, describe_in_progress, exit_at_once
 from activedb.metrics import metrics_port_option, start_metrics
@@ -55,7 +55,7 @@ def status_command(ctx: click.Context, as_json: bool, behind_changes: int, behin
     else:
         tables = Table("table", "since", "trigger", title="captured tables (activedb_capture_tables)")
         for table in status.tables:
-            tables.add_row(table.name, table.enabled_at.isoformat(timespec="seconds"),
+            tables.add_row(literal(table.name), table.enabled_at.isoformat(timespec="seconds"),
                            "yes" if table.trigger_installed else "MISSING")
         console.print(tables)
     backlog = Table("consumer", "position", "handled", "failed", "table", "pending changes", "transactions",
@@ -64,18 +64,18 @@ def status_command(ctx: click.Context, as_json: bool, behind_changes: int, behin
     for consumer in status.consumers:
         position = f"{consumer.position.commit}/{consumer.position.change_id}"
         state = "BEHIND" if consumer.behind else "FAILURES" if consumer.failed else "ok"
-        counts = (consumer.name, position, f"{consumer.handled:,}", f"{consumer.failed:,}")
+        counts = (literal(consumer.name), position, f"{consumer.handled:,}", f"{consumer.failed:,}")
         if not consumer.tables:
             backlog.add_row(*counts, "-", "0", "0", "-", state)
         for pending in consumer.tables:
-            backlog.add_row(*counts, pending.table, f"{pending.changes:,}", f"{pending.transactions:,}",
+            backlog.add_row(*counts, literal(pending.table), f"{pending.changes:,}", f"{pending.transactions:,}",
                             _when(pending.oldest_committed_at), state)
     for pending in status.unconsumed:
-        backlog.add_row("(none)", "-", "-", "-", pending.table, f"{pending.changes:,}", f"{pending.transactions:,}",
+        backlog.add_row("(none)", "-", "-", "-", literal(pending.table), f"{pending.changes:,}", f"{pending.transactions:,}",
                         _when(pending.oldest_committed_at), "no consumer")
     console.print(backlog)
     for line in status.warnings():
-        console.print(f"[yellow]warning:[/yellow] {line}", highlight=False)
+        console.print(f"[yellow]warning:[/yellow] {literal(line)}", highlight=False)
 
 
 def _tables_command(name: str, help_text: str, check: Callable[[Database, str], object],

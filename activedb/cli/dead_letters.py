@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from activedb.cli import _Group, _confirm, console, has_no_tables, open_database, register_app
+from activedb.cli import _Group, _confirm, console, has_no_tables, literal, open_database, register_app
 from activedb.cli.options import json_default
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -122,8 +122,8 @@ def letters_list(ctx: click.Context, ids: tuple[int, ...] | None, query: str | N
         table.add_column(column, **options)
     for letter, reason_text, row_text, _, _ in rows:
         replayed = letter.replayed_at.isoformat(timespec="seconds") if letter.replayed_at else "-"
-        table.add_row(str(letter.id), letter.query_id or "-", "-" if letter.batch_id is None else
-                      str(letter.batch_id), reason_text, row_text, replayed)
+        table.add_row(str(letter.id), literal(letter.query_id or "-"), "-" if letter.batch_id is None else
+                      str(letter.batch_id), literal(reason_text), literal(row_text), replayed)
     out.print(table)
     if total > len(letters):
         out.print(f"{total - len(letters)} more: --limit 0 shows all", highlight=False)

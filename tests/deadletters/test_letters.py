@@ -387,3 +387,22 @@ def test_a_filter_keeps_its_ids_as_a_tuple_so_it_is_immutable_and_hashable():
     assert chosen.ids == (3, 1)
     assert hash(chosen) == hash(LetterFilter(ids=(3, 1)))
     assert LetterFilter(ids={5}).ids == (5,)
+
+
+def test_the_list_prints_reasons_rows_and_query_names_with_square_brackets_as_they_are(migrated):
+    """``dead-letters list`` printed a letter's query, reason and row through rich's markup: ``[vip]`` vanished as a
+    style, and an error naming ``[/tmp]`` ended the command with a MarkupError (a traceback)."""
+    import activedb
+
+    database = activedb.connect(migrated, outbox_options={"recovery_interval": None})  # (the module's tests above
+    try:                                                                               # end the shared one's sessions)
+        with database.transaction() as tx:
+            deadletters.insert(tx, "orders[eu]", 1, [Letter("rule 'discount[vip]' failed: cannot write [/tmp]",
+                                                            {"tier": "[vip]"})])
+    finally:
+        database.close()
+    result = CliRunner().invoke(main, ["--url", migrated, "dead-letters", "list", "--query", "orders[eu]", "--full"],
+                                env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    for shown in ("orders[eu]", "discount[vip]", "[/tmp]", '"[vip]"'):
+        assert shown in result.output, (shown, result.output)
