@@ -26,8 +26,16 @@ __all__ = ["print_capture_backlog", "print_detached", "print_in_progress", "prin
            "status_command"]
 
 
+def _a_query_name(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """``--query-name``'s value: a query's name, not empty (which would match no query, silently)."""
+    if value is not None and not value.strip():
+        raise click.BadParameter("give a query's name (`activedb status` lists them), or leave the option out for "
+                                 "every query", ctx, param)
+    return value
+
+
 @click.command("status")
-@click.option("--query-name", default=None, help="Only this query.")
+@click.option("--query-name", default=None, callback=_a_query_name, help="Only this query.")
 @click.option("--json", "as_json", is_flag=True,
               help="Print one JSON object instead of tables: ingestion, in_progress, split_batches, detached, "
                    "detached_failures, detached_pending_without_rule, capture.")

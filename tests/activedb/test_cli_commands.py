@@ -858,3 +858,12 @@ def test_json_outputs_write_times_as_iso_8601(db, database_url):
     times = {key: value for key, value in listed["iso_times"].items()
              if key in ("created_at", "updated_at", "last_fired") and value is not None}
     assert times and all("T" in value and datetime.datetime.fromisoformat(value).tzinfo for value in times.values()), times
+
+
+@pytest.mark.parametrize("name", ["", "  "])
+def test_status_given_an_empty_query_name_is_a_usage_error_naming_the_option(name):
+    """``activedb status --query-name ""`` ended (exit 1) with "ingestion_status(query_name='') …", a Python call the
+    operator never made; it is click's usage error naming --query-name now, before connecting."""
+    result = CliRunner().invoke(main, ["--url", "postgresql://nobody@127.0.0.1:1/none", "status", "--query-name", name])
+    assert result.exit_code == 2 and "--query-name" in result.output and "ingestion_status" not in result.output, \
+        result.output
