@@ -87,8 +87,10 @@ def test_run_ingests_a_file_source_until_ctrl_c_stops_it_cleanly(tmp_path, make_
     assert result.exit_code == 0, result.output
     document = json.loads(result.output)
     [status] = document["ingestion"]
-    assert set(document) == {"ingestion", "in_progress", "split_batches", "detached", "detached_failures", "capture"}
+    assert set(document) == {"ingestion", "in_progress", "split_batches", "detached", "detached_failures",
+                             "detached_pending_without_rule", "capture"}
     assert document["detached"]["failed"] == 0 and document["split_batches"] == []
+    assert document["detached_pending_without_rule"] == []
     assert (status["query_name"], status["batches"], status["last_batch_id"]) == ("cli", 3, 2)
     assert status["events"] == reference.applied
     assert status["rule_firings"] == reference.rule_firings
