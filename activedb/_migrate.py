@@ -87,7 +87,8 @@ class _Blockers:
 
     def __exit__(self, *exc_info: object) -> None:
         self._done.set()
-        self._thread.join()
+        # (Bounded: a watch stuck in its query — the server hung — must not hold the run's end; a daemon thread.)
+        self._thread.join(self._every + 10.0)
 
     def _watch(self) -> None:
         connection: Connection | None = None
