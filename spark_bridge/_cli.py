@@ -305,9 +305,6 @@ def run_command(ctx: click.Context, app: str, source_text: str, checkpoint: str 
     for path in files:
         if not Path(path).is_file():
             raise click.BadParameter(f"no such file: {path}", param_hint="--py-files")
-    for option, seconds in (("--rule-deadline", rule_deadline), ("--batch-deadline", batch_deadline)):
-        if not seconds < float("inf"):      # (NaN too: the option's range lets both through)
-            raise click.BadParameter(f"{seconds} is no number of seconds (0: no limit)", param_hint=option)
     if trigger is not None and available_now:
         raise click.BadParameter("does not combine with --available-now, which reads what is there in batches back to "
                                  "back and stops: give one of them", param_hint="--trigger")

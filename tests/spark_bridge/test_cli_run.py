@@ -161,7 +161,8 @@ def test_run_refuses_a_deadline_that_is_no_number_of_seconds_as_a_usage_error(tm
     the database was opened and Spark had started, naming ``Deadlines(batch=…)`` rather than the option."""
     result = CliRunner().invoke(main, ["--url", "postgresql://nobody@/nowhere", "run", APP_FILE, "--source", "rate",
                                        "--checkpoint", str(tmp_path / "checkpoint"), option, value])
-    assert result.exit_code == 2 and f"Invalid value for {option}" in result.output, result.output
+    assert result.exit_code == 2 and f"Invalid value for '{option}'" in result.output, result.output
+    assert "no finite number of seconds" in result.output, result.output
 
 
 def test_run_refuses_a_trigger_with_available_now_as_a_usage_error(tmp_path):
