@@ -86,6 +86,13 @@ class Ingestion:
             raise IngestError(f"handler must be an activedb.ingest.BatchHandler (RulesHandler, "
                               f"streams.QueriesHandler, batch.TpgHandler, composite.CompositeHandler, …), got "
                               f"{handler!r}")
+        if mapping is not None and mapping.id_column is not None and not handler.validates_rows:
+            # (The ids are checked among the rows the core validates, which such a handler reads itself.)
+            raise IngestError(
+                f"mapping id_column={mapping.id_column!r}: the {handler.name} handler ({type(handler).__name__}) reads "
+                f"the rows itself, and duplicate event ids are found only among rows the ingestion validates — none "
+                f"would be; drop id_column from the mapping and remove duplicate rows before they come (Spark: "
+                f"frame.dropDuplicatesWithinWatermark([{mapping.id_column!r}]))")
         known_types = known_type_names(known_types, "known_types", IngestError)
         if deadlines is not None and not isinstance(deadlines, Deadlines):
             raise IngestError(f"deadlines must be an activedb.ingest.Deadlines (or None), got {deadlines!r}")

@@ -53,7 +53,8 @@ class EventMapping:
     (for example numeric codes to names). ``ts_unit`` is the unit of numeric timestamps since the
     Unix epoch: an ``activedb.events.TimeUnit`` (``S``, ``MS``, ``US``; or its value, ``"ms"``). ``id_column`` names a column that
     identifies an event across re-sends (the sink then dead-letters an event whose id it has
-    already ingested under the same query name); ``corrupt_column`` is Spark's corrupt-record
+    already ingested under the same query name; an ingestion whose handler reads the rows itself, as
+    ``composite.CompositeHandler`` does, refuses a mapping with one); ``corrupt_column`` is Spark's corrupt-record
     column (rows where it holds text are rejected with the reason; ``None``: no such column);
     ``line_column`` holds each row's original line where the source keeps it (rows whose line has a
     lone surrogate are rejected: Spark replaced it by ``?``; ``None``: no such column).

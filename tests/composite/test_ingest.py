@@ -339,3 +339,31 @@ def test_an_event_whose_return_raises_in_one_query_is_composed_once_by_every_que
                       for item in engine.window().composites) == [("Q", "a0", "b0"), ("R", "a0", "b0")]
     finally:
         database.close()
+
+
+def test_a_mapping_with_an_event_id_column_is_refused_since_the_handler_reads_its_rows_itself(make_database_url):
+    """``EventMapping(id_column=…)`` promises that an event whose id was already ingested, or comes twice in a
+    batch, is a dead letter (``duplicate: …``).  The ingestion core checks the ids only of the rows it validates,
+    and ``CompositeHandler`` reads its rows itself: the column was silently ignored — a row delivered twice reached
+    the engine twice, the two copies were an uncertain order, and both left the lists as one ``UncertainOrder`` dead
+    letter, so the event was lost and no pair composed.  Now the ingestion refuses the mapping, saying why and what
+    to do, before any batch."""
+    mapping = EventMapping("type", "k", "ts", producer_column="producer", accuracy_column="accuracy",
+                           heartbeat_type="heartbeat", payload_columns=["id"], id_column="id")
+    a0 = ratio_row("A", 100.0, "P0", "a0")
+    database = activedb.connect(make_database_url("ids"))
+    try:
+        engine = composite.CompositionEngine(database, name="ids", clock=composite.ManualClock(), timeout=None)
+        engine.create_stream("s", types=["A", "B"], attributes=["id", "k"])
+        engine.define("CREATE QUERY Q PATTERN SEQ(A, B) RETURN A.id AS a, B.id AS b")
+        engine.join("P0", types=["A"])
+        engine.join("P1", types=["B"])
+        with pytest.raises(activedb.ingest.errors.IngestError,
+                           match=r"id_column='id'.*composite.*reads the rows itself.*duplicate"):
+            feed(database, [[a0, dict(a0), ratio_row("B", 101.0, "P1", "b0"), *ratio_beats(110.0)]],
+                 source="ids", mapping=mapping, handler=composite.CompositeHandler(engine))
+        with database.engine.connect() as connection:
+            assert connection.execute(sa.text("SELECT count(*) FROM activedb_dead_letters")).scalar() == 0
+        assert engine.statistics().events == 0
+    finally:
+        database.close()
