@@ -337,14 +337,15 @@ class CompositionEngine:
         return self._finish(emit_into=tx), refused
 
     def _discard_refused(self, refused: list[tuple[StreamEvent | Heartbeat, CompositeError]]) -> None:
-        """Move the evaluation's refusals into ``refused`` (an event once), and take the refused candidates of
+        """Move the evaluation's refusals into ``refused`` (an arrival once: a row sent twice is two equal events,
+        each its own dead letter), and take the refused candidates of
         uncertain orders out of every list, evaluating the nodes that held them (which may refuse more).  Caller
         holds ``_mutex``."""
         evaluation = self._evaluation
         while evaluation.refused or evaluation.discarding:
             for event, error in evaluation.refused:
                 if not isinstance(error, UncertainOrder) or not any(
-                        isinstance(earlier, UncertainOrder) and other == event for other, earlier in refused):
+                        isinstance(earlier, UncertainOrder) and other is event for other, earlier in refused):
                     refused.append((event, error))
             evaluation.refused = []
             doomed_events, evaluation.discarding = evaluation.discarding, []

@@ -367,3 +367,37 @@ def test_a_mapping_with_an_event_id_column_is_refused_since_the_handler_reads_it
         assert engine.statistics().events == 0
     finally:
         database.close()
+
+
+def test_a_row_delivered_twice_in_a_batch_is_two_dead_letters_when_both_copies_are_refused(make_database_url):
+    """Two equal rows of one producer (a source that sent one twice) are two equal events whose order is uncertain;
+    without ``on_uncertain`` both are refused and leave the lists.  Each is a row of the batch, and each must be a dead
+    letter at its own position — before, the letters were told apart by equality, so the second copy was dropped
+    with no letter at all: a row of the batch neither applied nor a dead letter."""
+    mapping = EventMapping("type", "k", "ts", producer_column="producer", accuracy_column="accuracy",
+                           heartbeat_type="heartbeat", payload_columns=["id"])
+    a0 = ratio_row("A", 100.0, "P0", "a0")
+    database = activedb.connect(make_database_url("twice"))
+    try:
+        engine = composite.CompositionEngine(database, name="twice", clock=composite.ManualClock(), timeout=None)
+        engine.create_stream("s", types=["A", "B"], attributes=["id", "k"])
+        engine.define("CREATE QUERY Q PATTERN SEQ(A, B) RETURN A.id AS a, B.id AS b")
+        engine.join("P0", types=["A"])
+        engine.join("P1", types=["B"])
+        [outcome] = feed(database, [[a0, dict(a0), ratio_row("B", 101.0, "P1", "b0"), *ratio_beats(110.0)]],
+                         source="twice", mapping=mapping, handler=composite.CompositeHandler(engine))
+        assert (outcome.committed, outcome.events, outcome.dead_letters) == (True, 0, 2), outcome
+        with database.engine.connect() as connection:
+            letters = connection.execute(sa.text("SELECT raw, reason FROM activedb_dead_letters")).all()
+        assert [raw for raw, _ in letters] == [a0, a0], letters
+        assert all(reason.startswith("UncertainOrder: query Q: ") for _, reason in letters), letters
+        # Each at its own row: the batch fed to an engine of its own, outside a transaction.
+        engine = composite.CompositionEngine(name="twice", clock=composite.ManualClock(), timeout=None)
+        engine.create_stream("s", types=["A", "B"], attributes=["id", "k"])
+        engine.define("CREATE QUERY Q PATTERN SEQ(A, B) RETURN A.id AS a, B.id AS b")
+        engine.join("P0", types=["A"])
+        engine.join("P1", types=["B"])
+        result = feed_batch(engine, [a0, dict(a0), ratio_row("B", 101.0, "P1", "b0"), *ratio_beats(110.0)], mapping)
+        assert sorted(rejected.position for rejected in result.rejected) == [0, 1], result.rejected
+    finally:
+        database.close()
