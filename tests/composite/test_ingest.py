@@ -341,6 +341,16 @@ def test_an_event_whose_return_raises_in_one_query_is_composed_once_by_every_que
         database.close()
 
 
+def seq_engine(database, name):
+    """An engine of ``SEQ(A, B)`` (query Q) over producers P0 (A) and P1 (B), without timeouts."""
+    engine = composite.CompositionEngine(database, name=name, clock=composite.ManualClock(), timeout=None)
+    engine.create_stream("s", types=["A", "B"], attributes=["id", "k"])
+    engine.define("CREATE QUERY Q PATTERN SEQ(A, B) RETURN A.id AS a, B.id AS b")
+    engine.join("P0", types=["A"])
+    engine.join("P1", types=["B"])
+    return engine
+
+
 def test_a_mapping_with_an_event_id_column_is_refused_since_the_handler_reads_its_rows_itself(make_database_url):
     """``EventMapping(id_column=…)`` promises that an event whose id was already ingested, or comes twice in a
     batch, is a dead letter (``duplicate: …``).  The ingestion core checks the ids only of the rows it validates,
@@ -353,11 +363,7 @@ def test_a_mapping_with_an_event_id_column_is_refused_since_the_handler_reads_it
     a0 = ratio_row("A", 100.0, "P0", "a0")
     database = activedb.connect(make_database_url("ids"))
     try:
-        engine = composite.CompositionEngine(database, name="ids", clock=composite.ManualClock(), timeout=None)
-        engine.create_stream("s", types=["A", "B"], attributes=["id", "k"])
-        engine.define("CREATE QUERY Q PATTERN SEQ(A, B) RETURN A.id AS a, B.id AS b")
-        engine.join("P0", types=["A"])
-        engine.join("P1", types=["B"])
+        engine = seq_engine(database, "ids")
         with pytest.raises(activedb.ingest.errors.IngestError,
                            match=r"id_column='id'.*composite.*reads the rows itself.*duplicate"):
             feed(database, [[a0, dict(a0), ratio_row("B", 101.0, "P1", "b0"), *ratio_beats(110.0)]],
@@ -379,11 +385,7 @@ def test_a_row_delivered_twice_in_a_batch_is_two_dead_letters_when_both_copies_a
     a0 = ratio_row("A", 100.0, "P0", "a0")
     database = activedb.connect(make_database_url("twice"))
     try:
-        engine = composite.CompositionEngine(database, name="twice", clock=composite.ManualClock(), timeout=None)
-        engine.create_stream("s", types=["A", "B"], attributes=["id", "k"])
-        engine.define("CREATE QUERY Q PATTERN SEQ(A, B) RETURN A.id AS a, B.id AS b")
-        engine.join("P0", types=["A"])
-        engine.join("P1", types=["B"])
+        engine = seq_engine(database, "twice")
         [outcome] = feed(database, [[a0, dict(a0), ratio_row("B", 101.0, "P1", "b0"), *ratio_beats(110.0)]],
                          source="twice", mapping=mapping, handler=composite.CompositeHandler(engine))
         assert (outcome.committed, outcome.events, outcome.dead_letters) == (True, 0, 2), outcome
@@ -392,12 +394,8 @@ def test_a_row_delivered_twice_in_a_batch_is_two_dead_letters_when_both_copies_a
         assert [raw for raw, _ in letters] == [a0, a0], letters
         assert all(reason.startswith("UncertainOrder: query Q: ") for _, reason in letters), letters
         # Each at its own row: the batch fed to an engine of its own, outside a transaction.
-        engine = composite.CompositionEngine(name="twice", clock=composite.ManualClock(), timeout=None)
-        engine.create_stream("s", types=["A", "B"], attributes=["id", "k"])
-        engine.define("CREATE QUERY Q PATTERN SEQ(A, B) RETURN A.id AS a, B.id AS b")
-        engine.join("P0", types=["A"])
-        engine.join("P1", types=["B"])
-        result = feed_batch(engine, [a0, dict(a0), ratio_row("B", 101.0, "P1", "b0"), *ratio_beats(110.0)], mapping)
+        batch = [a0, dict(a0), ratio_row("B", 101.0, "P1", "b0"), *ratio_beats(110.0)]
+        result = feed_batch(seq_engine(None, "twice"), batch, mapping)
         assert sorted(rejected.position for rejected in result.rejected) == [0, 1], result.rejected
     finally:
         database.close()
