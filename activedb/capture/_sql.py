@@ -81,6 +81,9 @@ BEGIN
     END IF;
     EXECUTE 'CREATE OR REPLACE TRIGGER {TRIGGER_NAME} AFTER INSERT OR UPDATE OR DELETE ON ' || target::text
             || ' FOR EACH ROW EXECUTE FUNCTION activedb_capture_row()';
+    -- (a table renamed since it was captured: its old name no longer denotes it, and it is captured under the new
+    -- one from now on — its pending changes too, which are recorded by oid)
+    DELETE FROM {TABLES} WHERE table_oid = target AND table_name <> captured;
     INSERT INTO {TABLES} (table_name, table_oid) VALUES (captured, target)
     ON CONFLICT (table_name) DO UPDATE SET table_oid = EXCLUDED.table_oid;
 END
@@ -117,7 +120,8 @@ $body$"""
 
 def install_statements(table: str) -> list[sa.TextClause]:
     """What capturing ``table`` (a name in the search path) takes: the row trigger on that table and its
-    registry row with the table's oid (idempotent; a table created again gets its new oid)."""
+    registry row with the table's oid (idempotent; a table created again gets its new oid, a table renamed is
+    captured under its new name instead of its old one)."""
     return [sa.text(_PASS_TABLE).bindparams(table=check_table_name(table)), sa.text(_INSTALL)]
 
 

@@ -950,6 +950,43 @@ def test_the_dead_letter_of_a_change_to_a_table_gone_by_its_name_says_what_happe
         db.schema.refresh()
 
 
+def test_a_captured_table_renamed_is_captured_again_under_its_new_name(clean, conninfo):
+    """A captured table renamed by another process is captured again under its new name — what the design note, the
+    status and the dead letters of its changes say to do — and the changes made after the rename arrive under it.
+    db.capture('moved') failed with PostgreSQL's 'duplicate key value violates unique constraint
+    "activedb_capture_tables_table_oid_key"': the old name's registry row still held the table's oid."""
+    db = clean
+    with psycopg.connect(conninfo, autocommit=True) as psql:
+        psql.execute("DROP TABLE IF EXISTS moving, moved")
+        psql.execute("CREATE TABLE moving (id integer PRIMARY KEY, note text)")
+    try:
+        db.schema.refresh()
+        db.capture("moving")
+        with psycopg.connect(conninfo, autocommit=True) as psql:
+            psql.execute("ALTER TABLE moving RENAME TO moved")
+            psql.execute("INSERT INTO moved VALUES (1, 'after the rename')")
+        db.schema.refresh()
+        captured = db.capture("moved")
+        assert captured.name == "moved" and captured.trigger_installed
+        assert [table.name for table in db.capture.tables() if table.name in ("moving", "moved")] == ["moved"]
+        seen = []
+
+        @db.rule(on=db.captured("moved", "inserted"), coupling="detached")
+        def collect(tx, event):
+            seen.append((event.source, event.key))
+
+        with psycopg.connect(conninfo, autocommit=True) as psql:
+            psql.execute("INSERT INTO moved VALUES (2, 'captured again')")
+        assert db.capture.consumer().run_until_caught_up() == 2
+        assert seen == [("moved", 1), ("moved", 2)]
+    finally:
+        for name in ("moving", "moved"):
+            db.capture.remove(name)
+        with psycopg.connect(conninfo, autocommit=True) as psql:
+            psql.execute("DROP TABLE IF EXISTS moving, moved")
+        db.schema.refresh()
+
+
 def test_a_change_whose_captured_row_no_longer_fits_a_retyped_column_is_a_dead_letter_and_the_others_go_on(
         clean, conninfo):
     """Another process changes a column's type (``ALTER … TYPE integer USING …``) while changes of the table are
