@@ -132,10 +132,11 @@ def remove_statements(table: str) -> list[sa.TextClause]:
     return [sa.text(_PASS_TABLE).bindparams(table=check_table_name(table)), sa.text(_REMOVE)]
 
 
-# A registered table's trigger counts only on the table registered (its oid) while the name still denotes it.
+# A registered table's trigger counts only on the table registered (its oid) while the name still denotes it (a name
+# that denotes no table: false, not NULL).
 CAPTURED_TABLES = f"""
 SELECT t.table_name, t.enabled_at,
-       t.table_oid = to_regclass(quote_ident(t.table_name))
+       coalesce(t.table_oid = to_regclass(quote_ident(t.table_name)), false)
        AND EXISTS (SELECT FROM pg_trigger g
                    WHERE g.tgrelid = t.table_oid AND g.tgname = '{TRIGGER_NAME}' AND NOT g.tgisinternal)
        AS trigger_installed

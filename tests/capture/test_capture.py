@@ -520,6 +520,32 @@ def test_the_status_of_a_captured_table_dropped_says_to_stop_capturing_it(clean,
     assert not [line for line in db.capture.status().warnings() if "'dropped_one'" in line]
 
 
+def test_a_captured_table_renamed_or_dropped_says_its_trigger_is_not_installed(clean, conninfo):
+    """A captured table renamed or dropped: its CapturedTable says trigger_installed=False (a bool, as typed), and
+    `activedb capture status --json` false.  It was None (SQL's NULL: the name denotes no table, and NULL = oid is
+    NULL), null in the JSON — a program testing `is False` took the table for fine."""
+    db = clean
+    with psycopg.connect(conninfo, autocommit=True) as psql:
+        psql.execute("DROP TABLE IF EXISTS going, gone")
+        psql.execute("CREATE TABLE going (id integer PRIMARY KEY)")
+        psql.execute("CREATE TABLE gone (id integer PRIMARY KEY)")
+    try:
+        db.schema.refresh()
+        db.capture("going")
+        db.capture("gone")
+        with psycopg.connect(conninfo, autocommit=True) as psql:
+            psql.execute("ALTER TABLE going RENAME TO went")
+            psql.execute("DROP TABLE gone")
+        installed = {table.name: table.trigger_installed for table in db.capture.status().tables}
+        assert installed["going"] is False and installed["gone"] is False, installed
+    finally:
+        for name in ("going", "gone"):
+            db.capture.remove(name)
+        with psycopg.connect(conninfo, autocommit=True) as psql:
+            psql.execute("DROP TABLE IF EXISTS going, went, gone")
+        db.schema.refresh()
+
+
 def test_capture_can_be_turned_on_and_off_at_run_time(clean, conninfo):
     db = clean
     seen = []
