@@ -100,9 +100,10 @@ def _event_name(name: str | None, call: str) -> str | None:
     return name
 
 
-def _data_spec(catalog: Catalog, kind: EventKind, table: str) -> EventSpec:
+def _data_spec(catalog: Catalog, kind: EventKind, table: str, call: str | None = None) -> EventSpec:
+    """The spec of ``kind`` on ``table``; ``call`` names the method in errors (default ``db.<kind>``)."""
     if not isinstance(table, str):
-        raise RuleError(f"db.{kind.value}() takes a table name, got {table!r}")
+        raise RuleError(f"{call or f'db.{kind.value}'}() takes a table name, got {table!r}")
     catalog.table(table)   # unknown tables are rejected at declaration
     return EventSpec(kind, table)
 
@@ -222,7 +223,7 @@ class Database:
         (:class:`~activedb.capture.CaptureNotEnabledWarning`) if ``table`` is not captured."""
         parsed = _kind(kind, (EventKind.INSERTED, EventKind.UPDATED, EventKind.DELETED, EventKind.MODIFIED),
                        f"db.captured({table!r}, {kind!r})")
-        spec = _data_spec(self.catalog, parsed, table)
+        spec = _data_spec(self.catalog, parsed, table, "db.captured")
         if not self.capture.is_captured(table):
             warnings.warn(f"table {table!r} is not captured: rules on db.captured({table!r}) fire once capture is "
                           f"enabled — db.capture({table!r}), or enable_capture(op, {table!r}) in a migration",

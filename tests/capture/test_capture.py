@@ -207,6 +207,15 @@ def test_exclusive_rules_on_captured_changes_are_rejected_and_the_detached_famil
         db.captured("orders", "signal")
 
 
+@pytest.mark.parametrize("table", [123, None, ["orders"]])
+def test_db_captured_of_what_is_no_table_name_is_refused_naming_db_captured(clean, table):
+    """db.captured(<not a string>) is refused naming the call it was: "db.captured() takes a table name, got 123".  It
+    said "db.inserted() takes a table name" (or db.modified(), the default kind's), a call the program never made."""
+    with pytest.raises(activedb.RuleError) as refused:
+        clean.captured(table, EventKind.INSERTED)
+    assert str(refused.value) == f"db.captured() takes a table name, got {table!r}"
+
+
 def test_a_rule_on_a_table_that_is_not_captured_warns(clean):
     db = clean
     with pytest.warns(CaptureNotEnabledWarning, match=r"db.capture\('order_log'\)"):
