@@ -69,13 +69,14 @@ class CaptureManager:
                     connection.execute(statement)
         except sa.exc.DBAPIError as error:
             message = str(error.orig).strip().splitlines()[0] if error.orig is not None else str(error)
+            hint = getattr(getattr(error.orig, "diag", None), "message_hint", None)
             if "capture tables are missing" in message:
                 raise CaptureNotInstalled(
                     f"cannot {what}: activedb's capture tables are missing or older than revision "
                     f"0013_capture_trust in "
                     f"{self._database.describe()}; upgrade activedb's schema first (db.schema.upgrade(), or "
                     f"activedb db upgrade)") from None
-            raise CaptureError(f"cannot {what}: PostgreSQL said: {message}") from None
+            raise CaptureError(f"cannot {what}: PostgreSQL said: {message}" + (f" — {hint}" if hint else "")) from None
 
     # --- consumers ---------------------------------------------------------------------------------
 

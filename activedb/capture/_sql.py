@@ -56,6 +56,12 @@ DO $body$
 DECLARE
     captured text := current_setting('{_ARGUMENT}');
     target regclass;
+    function regprocedure := to_regprocedure('activedb_capture_row()');
+    registry regclass := to_regclass('{TABLES}');
+    who text := quote_ident(current_user);
+    named text;
+    missing text[] := '{{}}';
+    grants text[] := '{{}}';
 BEGIN
     PERFORM set_config('{_ARGUMENT}', '', false);
     IF to_regclass('{CHANGES}') IS NULL OR to_regprocedure('activedb_capture_row()') IS NULL
@@ -78,6 +84,34 @@ BEGIN
         RAISE EXCEPTION USING MESSAGE = target::text || ' is one of change capture''s own tables, which cannot '
             'be captured (their rows are the capture: capturing them would record its own changes)',
             HINT = 'capture the application''s tables';
+    END IF;
+    -- What capturing takes, all of it said at once with the GRANTs that give it (PostgreSQL names one refusal).
+    SELECT quote_ident(n.nspname) || '.' || quote_ident(r.relname) INTO named
+    FROM pg_class r JOIN pg_namespace n ON n.oid = r.relnamespace WHERE r.oid = target;
+    IF NOT has_table_privilege(target, 'TRIGGER') THEN
+        missing := missing || ('TRIGGER on table ' || named);
+        grants := grants || ('GRANT TRIGGER ON TABLE ' || named || ' TO ' || who || ';');
+    END IF;
+    IF NOT has_function_privilege(function, 'EXECUTE') THEN
+        SELECT quote_ident(n.nspname) || '.' || quote_ident(p.proname) || '()' INTO named
+        FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace WHERE p.oid = function;
+        missing := missing || ('EXECUTE on function ' || named);
+        grants := grants || ('GRANT EXECUTE ON FUNCTION ' || named || ' TO ' || who || ';');
+    END IF;
+    IF NOT (has_table_privilege(registry, 'SELECT') AND has_table_privilege(registry, 'INSERT')
+            AND has_table_privilege(registry, 'UPDATE') AND has_table_privilege(registry, 'DELETE')) THEN
+        SELECT quote_ident(n.nspname) || '.' || quote_ident(r.relname) INTO named
+        FROM pg_class r JOIN pg_namespace n ON n.oid = r.relnamespace WHERE r.oid = registry;
+        missing := missing || ('SELECT, INSERT, UPDATE, DELETE on table ' || named);
+        grants := grants || ('GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE ' || named || ' TO ' || who || ';');
+    END IF;
+    IF cardinality(missing) > 0 THEN
+        RAISE EXCEPTION USING ERRCODE = 'insufficient_privilege',
+            MESSAGE = 'role ' || who || ' lacks what capturing ' || quote_ident(captured) || ' takes: '
+                      || array_to_string(missing, '; '),
+            HINT = 'capture tables as activedb''s role (the owner of its tables), or have the owners (of the table, '
+                   'of activedb''s objects) run: ' || array_to_string(grants, ' ')
+                   || ' (a role that may capture is trusted with which tables are captured)';
     END IF;
     EXECUTE 'CREATE OR REPLACE TRIGGER {TRIGGER_NAME} AFTER INSERT OR UPDATE OR DELETE ON ' || target::text
             || ' FOR EACH ROW EXECUTE FUNCTION activedb_capture_row()';

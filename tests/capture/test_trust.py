@@ -9,13 +9,16 @@ part) ``ACTIVEDB_TEST_OTHER_URL`` names one (``.ci/with-distribution-postgres`` 
 from __future__ import annotations
 
 import io
+import re
 
 import psycopg
 import pytest
 import sqlalchemy as sa
 from psycopg import sql
 
+import activedb
 from activedb import UnknownTable
+from activedb.capture import CaptureError
 from tests._roles import other_role
 
 
@@ -212,3 +215,34 @@ def test_a_second_role_cannot_stall_capturing_commits(clean, conninfo, other):
         mallory.execute("ROLLBACK")
     db.capture.consumer().run_until_caught_up()
     assert seen == [3]
+
+
+def test_a_role_without_the_privileges_capture_takes_is_told_which_and_the_grants_to_run(clean, database_url, other):
+    """db.capture(table) by a role that lacks what it takes — TRIGGER on the table, EXECUTE on activedb_capture_row(),
+    its rights on the registry — is refused naming every missing privilege and the GRANTs that give them; run by their
+    owners, those GRANTs are enough.  It said only PostgreSQL's first refusal ("permission denied for table orders",
+    then "… for function activedb_capture_row"), one privilege at a time and nothing of what to run."""
+    db = clean
+    role = _role(other)
+    url = sa.make_url(database_url).set(username=role, password=psycopg.conninfo.conninfo_to_dict(other)["password"])
+    as_other = activedb.connect(url, upgrade=False)
+    try:
+        with pytest.raises(CaptureError) as refused:
+            as_other.capture("orders")
+        said = str(refused.value)
+        assert f"role {role} lacks" in said, said
+        for privilege in ("TRIGGER on table public.orders", "EXECUTE on function public.activedb_capture_row()",
+                          "SELECT, INSERT, UPDATE, DELETE on table public.activedb_capture_tables"):
+            assert privilege in said, said
+        grants = re.findall(r"GRANT [^;]+;", said)
+        assert len(grants) == 3, said
+        with db.engine.begin() as connection:        # activedb's role: the owner of orders and of capture's objects
+            for grant in grants:
+                connection.execute(sa.text(grant))
+        assert as_other.capture("orders").trigger_installed
+    finally:
+        as_other.close()
+        with db.engine.begin() as connection:
+            connection.execute(sa.text(f"REVOKE ALL ON orders, activedb_capture_tables FROM {role}"))
+            connection.execute(sa.text(f"REVOKE ALL ON FUNCTION activedb_capture_row() FROM {role}"))
+    assert db.capture.is_captured("orders")
