@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Callable
 import sqlalchemy as sa
 
 from activedb.capture import _sql
-from activedb.capture.errors import CaptureConflict, CaptureNotInstalled
+from activedb.capture.errors import CaptureConflict, CaptureError, CaptureNotInstalled
 from activedb.events import EventKind
 from activedb.txn import CommitParticipant
 
@@ -102,9 +102,24 @@ class PositionWriter(CommitParticipant):
 
 
 def register(database: "Database", name: str) -> None:
-    """Make sure consumer ``name`` has its row (position ``(0, 0)`` when new)."""
+    """Make sure consumer ``name`` has its row (position ``(0, 0)`` when new); :class:`CaptureError` naming what to
+    grant if the session's role lacks a privilege on capture's tables that consuming takes."""
     try:
         with database.engine.begin() as connection:
+            held = connection.execute(sa.text(_sql.CONSUMER_PRIVILEGES_HELD)).one()._mapping
+            missing = [(held[f"name_{index}"], privileges)
+                       for index, (_, privileges) in enumerate(_sql.CONSUMER_PRIVILEGES)
+                       if held[f"name_{index}"] is not None and not held[f"held_{index}"]]
+            if missing:
+                role = held["role"]
+                raise CaptureError(
+                    f"capture consumer {name!r} cannot consume as role {role}: the role lacks "
+                    + "; ".join(f"{', '.join(privileges)} on table {table}" for table, privileges in missing)
+                    + " — consume as activedb's role (the owner of its tables), or have it run: "
+                    + " ".join(f"GRANT {', '.join(privileges)} ON TABLE {table} TO {role};"
+                               for table, privileges in missing)
+                    + " (the ingestion ledger, the dead letters and the tables its rules write take their own); "
+                      "nothing was consumed")
             connection.execute(sa.text(_sql.REGISTER_CONSUMER), {"name": name})
     except sa.exc.ProgrammingError as error:
         if getattr(error.orig, "sqlstate", None) == "42P01":

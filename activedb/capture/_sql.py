@@ -178,6 +178,19 @@ FROM {TABLES} t ORDER BY t.table_name"""
 
 REGISTER_CONSUMER = f"INSERT INTO {CONSUMERS} (name) VALUES (:name) ON CONFLICT (name) DO NOTHING"
 
+#: What a consumer does to capture's tables (positions; reading and pruning changes and commits; the registry).
+CONSUMER_PRIVILEGES = ((CONSUMERS, ("SELECT", "INSERT", "UPDATE")), (CHANGES, ("SELECT", "DELETE")),
+                       (COMMITS, ("SELECT", "DELETE")), (TABLES, ("SELECT",)))
+
+# Per table of CONSUMER_PRIVILEGES that exists: its schema-qualified name and whether the session's role holds every
+# privilege a consumer needs on it; and the role's name, quoted.
+CONSUMER_PRIVILEGES_HELD = "SELECT quote_ident(current_user) AS role, " + ", ".join(
+    f"(SELECT quote_ident(n.nspname) || '.' || quote_ident(r.relname) FROM pg_class r JOIN pg_namespace n "
+    f"ON n.oid = r.relnamespace WHERE r.oid = to_regclass('{table}')) AS name_{index}, "
+    + " AND ".join(f"coalesce(has_table_privilege(to_regclass('{table}'), '{privilege}'), true)"
+                   for privilege in privileges) + f" AS held_{index}"
+    for index, (table, privileges) in enumerate(CONSUMER_PRIVILEGES))
+
 READ_POSITION = f"SELECT position, change_id FROM {CONSUMERS} WHERE name = :name"
 
 # Advance a consumer's position only from where its batch started (compare and set, under the row lock

@@ -246,3 +246,39 @@ def test_a_role_without_the_privileges_capture_takes_is_told_which_and_the_grant
             connection.execute(sa.text(f"REVOKE ALL ON orders, activedb_capture_tables FROM {role}"))
             connection.execute(sa.text(f"REVOKE ALL ON FUNCTION activedb_capture_row() FROM {role}"))
     assert db.capture.is_captured("orders")
+
+
+def test_a_consumer_whose_role_lacks_what_consuming_takes_is_told_which_and_the_grants_to_run(clean, database_url,
+                                                                                               other):
+    """A capture consumer connected as a role without its rights on capture's tables stops with a CaptureError
+    naming every missing privilege and the GRANTs that give them, before it changes anything.  It raised
+    SQLAlchemy's ProgrammingError "permission denied for table activedb_capture_consumers" with the statement (and
+    after that grant the next table's, one at a time)."""
+    db = clean
+    role = _role(other)
+    url = sa.make_url(database_url).set(username=role, password=psycopg.conninfo.conninfo_to_dict(other)["password"])
+    as_other = activedb.connect(url, upgrade=False)
+    try:
+        with pytest.raises(CaptureError) as refused:
+            as_other.capture.consumer().run_until_caught_up()
+        said = str(refused.value)
+        assert f"cannot consume as role {role}: the role lacks" in said, said
+        for privilege in ("SELECT, INSERT, UPDATE on table public.activedb_capture_consumers",
+                          "SELECT, DELETE on table public.activedb_capture_changes",
+                          "SELECT, DELETE on table public.activedb_capture_commits",
+                          "SELECT on table public.activedb_capture_tables"):
+            assert privilege in said, said
+        grants = re.findall(r"GRANT [^;]+;", said)
+        assert len(grants) == 4, said
+        with db.engine.begin() as connection:
+            for grant in grants:
+                connection.execute(sa.text(grant))
+        try:        # what fails next (if anything) is no longer one of capture's own tables
+            as_other.capture.consumer("second").run_until_caught_up()
+        except Exception as error:  # noqa: BLE001 — (the ingestion's tables take their own grants)
+            assert "activedb_capture_" not in str(error), error
+    finally:
+        as_other.close()
+        with db.engine.begin() as connection:
+            connection.execute(sa.text(f"REVOKE ALL ON activedb_capture_consumers, activedb_capture_changes, "
+                                       f"activedb_capture_commits, activedb_capture_tables FROM {role}"))
