@@ -142,6 +142,10 @@ BEGIN
     IF EXISTS (SELECT FROM pg_attribute WHERE attrelid = to_regclass('{CHANGES}') AND attname = 'table_oid'
                AND NOT attisdropped) THEN
         DELETE FROM {TABLES} WHERE table_name = captured RETURNING table_oid INTO registered;
+        -- (the table registered under the name, renamed since: its trigger went with it)
+        IF registered IS DISTINCT FROM target AND EXISTS (SELECT FROM pg_class WHERE oid = registered) THEN
+            EXECUTE 'DROP TRIGGER IF EXISTS {TRIGGER_NAME} ON ' || registered::regclass::text;
+        END IF;
         DELETE FROM {CHANGES} WHERE table_oid IN (registered, target);
     ELSE
         DELETE FROM {CHANGES} WHERE table_name = captured;
@@ -160,8 +164,9 @@ def install_statements(table: str) -> list[sa.TextClause]:
 
 
 def remove_statements(table: str) -> list[sa.TextClause]:
-    """What removing capture from ``table`` takes: the trigger, the registry row, and the table's captured
-    changes not yet pruned (with the commit rows left without changes).  Idempotent; works whether or not
+    """What removing capture from ``table`` takes: the trigger (on the table of that name, and on the table
+    registered under it if renamed since), the registry row, and the table's captured changes not yet pruned (with
+    the commit rows left without changes).  Idempotent; works whether or not
     activedb's capture tables (still) exist and whether or not the table does."""
     return [sa.text(_PASS_TABLE).bindparams(table=check_table_name(table)), sa.text(_REMOVE)]
 

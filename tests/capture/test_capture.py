@@ -1022,6 +1022,35 @@ def test_a_captured_table_renamed_is_captured_again_under_its_new_name(clean, co
         db.schema.refresh()
 
 
+def test_stopping_capture_of_a_table_renamed_since_leaves_nothing_of_its_capture_behind(clean, conninfo):
+    """db.capture.remove(old name) of a captured table another process renamed drops its trigger too (the design
+    note's invariant: nothing of the table's capture is left behind).  The trigger stayed on the renamed table, which
+    went on recording every write into the change table, never pruned for a table nobody captures, each change a
+    dead letter ("… is not captured")."""
+    db = clean
+    with psycopg.connect(conninfo, autocommit=True) as psql:
+        psql.execute("DROP TABLE IF EXISTS moving, moved")
+        psql.execute("CREATE TABLE moving (id integer PRIMARY KEY, note text)")
+    try:
+        db.schema.refresh()
+        db.capture("moving")
+        with psycopg.connect(conninfo, autocommit=True) as psql:
+            psql.execute("ALTER TABLE moving RENAME TO moved")
+        db.schema.refresh()
+        db.capture.remove("moving")
+        with psycopg.connect(conninfo, autocommit=True) as psql:
+            psql.execute("INSERT INTO moved VALUES (1, 'no longer captured')")
+            triggers = psql.execute("SELECT count(*) FROM pg_trigger WHERE tgrelid = 'moved'::regclass "
+                                    "AND tgname = 'activedb_capture'").fetchone()[0]
+            recorded = psql.execute("SELECT count(*) FROM activedb_capture_changes").fetchone()[0]
+        assert (triggers, recorded) == (0, 0)
+        assert db.capture.consumer().run_until_caught_up() == 0
+    finally:
+        with psycopg.connect(conninfo, autocommit=True) as psql:
+            psql.execute("DROP TABLE IF EXISTS moving, moved")
+        db.schema.refresh()
+
+
 def test_a_change_whose_captured_row_no_longer_fits_a_retyped_column_is_a_dead_letter_and_the_others_go_on(
         clean, conninfo):
     """Another process changes a column's type (``ALTER … TYPE integer USING …``) while changes of the table are
