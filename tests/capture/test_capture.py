@@ -529,30 +529,14 @@ def test_the_status_of_a_captured_table_dropped_says_to_stop_capturing_it(clean,
     assert not [line for line in db.capture.status().warnings() if "'dropped_one'" in line]
 
 
-def test_a_captured_table_renamed_or_dropped_says_its_trigger_is_not_installed(clean, conninfo):
-    """A captured table renamed or dropped: its CapturedTable says trigger_installed=False (a bool, as typed), and
-    `activedb capture status --json` false.  It was None (SQL's NULL: the name denotes no table, and NULL = oid is
-    NULL), null in the JSON — a program testing `is False` took the table for fine."""
+def test_a_captured_table_renamed_says_its_trigger_is_not_installed(clean, conninfo):
+    """A captured table renamed by another process: its CapturedTable says trigger_installed=False (a bool, as typed,
+    as for a table dropped), and `activedb capture status --json` false.  It was None (SQL's NULL: the name denotes no
+    table, and NULL = oid is NULL), null in the JSON — a program testing `is False` took the table for fine."""
     db = clean
-    with psycopg.connect(conninfo, autocommit=True) as psql:
-        psql.execute("DROP TABLE IF EXISTS going, gone")
-        psql.execute("CREATE TABLE going (id integer PRIMARY KEY)")
-        psql.execute("CREATE TABLE gone (id integer PRIMARY KEY)")
-    try:
-        db.schema.refresh()
-        db.capture("going")
-        db.capture("gone")
-        with psycopg.connect(conninfo, autocommit=True) as psql:
-            psql.execute("ALTER TABLE going RENAME TO went")
-            psql.execute("DROP TABLE gone")
+    with captured_then_renamed(db, conninfo):
         installed = {table.name: table.trigger_installed for table in db.capture.status().tables}
-        assert installed["going"] is False and installed["gone"] is False, installed
-    finally:
-        for name in ("going", "gone"):
-            db.capture.remove(name)
-        with psycopg.connect(conninfo, autocommit=True) as psql:
-            psql.execute("DROP TABLE IF EXISTS going, went, gone")
-        db.schema.refresh()
+        assert installed["moving"] is False, installed
 
 
 def test_capture_can_be_turned_on_and_off_at_run_time(clean, conninfo):
@@ -985,12 +969,10 @@ def test_the_dead_letter_of_a_change_to_a_table_gone_by_its_name_says_what_happe
         db.schema.refresh()
 
 
-def test_a_captured_table_renamed_is_captured_again_under_its_new_name(clean, conninfo):
-    """A captured table renamed by another process is captured again under its new name — what the design note, the
-    status and the dead letters of its changes say to do — and the changes made after the rename arrive under it.
-    db.capture('moved') failed with PostgreSQL's 'duplicate key value violates unique constraint
-    "activedb_capture_tables_table_oid_key"': the old name's registry row still held the table's oid."""
-    db = clean
+@contextlib.contextmanager
+def captured_then_renamed(db, conninfo: str) -> Iterator[None]:
+    """The table ``moving`` created and captured, then renamed ``moved`` by another process; afterwards capture of
+    both names stopped and the table dropped."""
     with psycopg.connect(conninfo, autocommit=True) as psql:
         psql.execute("DROP TABLE IF EXISTS moving, moved")
         psql.execute("CREATE TABLE moving (id integer PRIMARY KEY, note text)")
@@ -999,8 +981,25 @@ def test_a_captured_table_renamed_is_captured_again_under_its_new_name(clean, co
         db.capture("moving")
         with psycopg.connect(conninfo, autocommit=True) as psql:
             psql.execute("ALTER TABLE moving RENAME TO moved")
-            psql.execute("INSERT INTO moved VALUES (1, 'after the rename')")
         db.schema.refresh()
+        yield
+    finally:
+        for name in ("moving", "moved"):
+            db.capture.remove(name)
+        with psycopg.connect(conninfo, autocommit=True) as psql:
+            psql.execute("DROP TABLE IF EXISTS moving, moved")
+        db.schema.refresh()
+
+
+def test_a_captured_table_renamed_is_captured_again_under_its_new_name(clean, conninfo):
+    """A captured table renamed by another process is captured again under its new name — what the design note, the
+    status and the dead letters of its changes say to do — and the changes made after the rename arrive under it.
+    db.capture('moved') failed with PostgreSQL's 'duplicate key value violates unique constraint
+    "activedb_capture_tables_table_oid_key"': the old name's registry row still held the table's oid."""
+    db = clean
+    with captured_then_renamed(db, conninfo):
+        with psycopg.connect(conninfo, autocommit=True) as psql:
+            psql.execute("INSERT INTO moved VALUES (1, 'after the rename')")
         captured = db.capture("moved")
         assert captured.name == "moved" and captured.trigger_installed
         assert [table.name for table in db.capture.tables() if table.name in ("moving", "moved")] == ["moved"]
@@ -1014,12 +1013,6 @@ def test_a_captured_table_renamed_is_captured_again_under_its_new_name(clean, co
             psql.execute("INSERT INTO moved VALUES (2, 'captured again')")
         assert db.capture.consumer().run_until_caught_up() == 2
         assert seen == [("moved", 1), ("moved", 2)]
-    finally:
-        for name in ("moving", "moved"):
-            db.capture.remove(name)
-        with psycopg.connect(conninfo, autocommit=True) as psql:
-            psql.execute("DROP TABLE IF EXISTS moving, moved")
-        db.schema.refresh()
 
 
 def test_stopping_capture_of_a_table_renamed_since_leaves_nothing_of_its_capture_behind(clean, conninfo):
@@ -1028,15 +1021,7 @@ def test_stopping_capture_of_a_table_renamed_since_leaves_nothing_of_its_capture
     went on recording every write into the change table, never pruned for a table nobody captures, each change a
     dead letter ("… is not captured")."""
     db = clean
-    with psycopg.connect(conninfo, autocommit=True) as psql:
-        psql.execute("DROP TABLE IF EXISTS moving, moved")
-        psql.execute("CREATE TABLE moving (id integer PRIMARY KEY, note text)")
-    try:
-        db.schema.refresh()
-        db.capture("moving")
-        with psycopg.connect(conninfo, autocommit=True) as psql:
-            psql.execute("ALTER TABLE moving RENAME TO moved")
-        db.schema.refresh()
+    with captured_then_renamed(db, conninfo):
         db.capture.remove("moving")
         with psycopg.connect(conninfo, autocommit=True) as psql:
             psql.execute("INSERT INTO moved VALUES (1, 'no longer captured')")
@@ -1045,10 +1030,6 @@ def test_stopping_capture_of_a_table_renamed_since_leaves_nothing_of_its_capture
             recorded = psql.execute("SELECT count(*) FROM activedb_capture_changes").fetchone()[0]
         assert (triggers, recorded) == (0, 0)
         assert db.capture.consumer().run_until_caught_up() == 0
-    finally:
-        with psycopg.connect(conninfo, autocommit=True) as psql:
-            psql.execute("DROP TABLE IF EXISTS moving, moved")
-        db.schema.refresh()
 
 
 def test_a_change_whose_captured_row_no_longer_fits_a_retyped_column_is_a_dead_letter_and_the_others_go_on(

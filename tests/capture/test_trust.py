@@ -217,6 +217,13 @@ def test_a_second_role_cannot_stall_capturing_commits(clean, conninfo, other):
     assert seen == [3]
 
 
+def connected_as(other: str, database_url: str) -> activedb.Database:
+    """activedb connected to the tests' database as the role of the libpq string ``other`` (its schema left as is)."""
+    settings = psycopg.conninfo.conninfo_to_dict(other)
+    return activedb.connect(sa.make_url(database_url).set(username=settings["user"], password=settings["password"]),
+                            upgrade=False)
+
+
 def test_a_role_without_the_privileges_capture_takes_is_told_which_and_the_grants_to_run(clean, database_url, other):
     """db.capture(table) by a role that lacks what it takes — TRIGGER on the table, EXECUTE on activedb_capture_row(),
     its rights on the registry — is refused naming every missing privilege and the GRANTs that give them; run by their
@@ -224,8 +231,7 @@ def test_a_role_without_the_privileges_capture_takes_is_told_which_and_the_grant
     then "… for function activedb_capture_row"), one privilege at a time and nothing of what to run."""
     db = clean
     role = _role(other)
-    url = sa.make_url(database_url).set(username=role, password=psycopg.conninfo.conninfo_to_dict(other)["password"])
-    as_other = activedb.connect(url, upgrade=False)
+    as_other = connected_as(other, database_url)
     try:
         with pytest.raises(CaptureError) as refused:
             as_other.capture("orders")
@@ -256,8 +262,7 @@ def test_a_consumer_whose_role_lacks_what_consuming_takes_is_told_which_and_the_
     after that grant the next table's, one at a time)."""
     db = clean
     role = _role(other)
-    url = sa.make_url(database_url).set(username=role, password=psycopg.conninfo.conninfo_to_dict(other)["password"])
-    as_other = activedb.connect(url, upgrade=False)
+    as_other = connected_as(other, database_url)
     try:
         with pytest.raises(CaptureError) as refused:
             as_other.capture.consumer().run_until_caught_up()
