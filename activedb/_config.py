@@ -79,11 +79,12 @@ class Config:
       calls asked to keep it: one that did not (``keep_server=False``, or None without the variable) has the
       server stopped when the process exits as its last user.
     * ``upgrade=False`` skips ``alembic upgrade head`` of activedb's own schema (and starting the outbox): only
-      ``connect`` (with the default) and ``activedb db upgrade`` ever upgrade it.  It does not check the schema either
-      (``db.schema.state()`` says where it is; the commands refuse one that is behind): a program may manage it
-      through ``db.schema`` and run ``db.upgrade_app`` whatever it is at, but on a schema behind this activedb's head
-      what uses activedb's tables may fail on a table or column not there yet, or store a value as the older
-      revision's column holds it.
+      ``connect`` (with the default) and ``activedb db upgrade`` ever upgrade it.  It reads the schema's revision
+      once, at the connection: a schema behind this activedb's head (an older revision, or downgraded to base) or at a
+      revision it does not know is refused (:class:`~activedb.errors.SchemaNotAtHead`, naming the revision there, the
+      one needed and ``activedb db upgrade``); a database that never had activedb's tables is opened as it is.  (The
+      command line opens a database without this check, and applies its own rule: ``activedb db …`` take a schema
+      at any revision.)
     * ``record_history=True`` records every transaction operation (``db.history``) for
       ``activedb.testing.check_history``.
     * ``max_workers`` bounds the subtransaction threads; ``victim_policy`` is the lock manager's deadlock victim

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 import re
@@ -418,8 +419,29 @@ def connect(url: str | URL | None = None, config: Config | None = None,
 
     The outbox starts with the connection (schema at head): recorded firings this database holds for rules
     registered later — left by a process that died — are claimed and run as soon as those rules are registered.
+
+    With ``upgrade=False`` activedb's own schema is read once, not changed: a schema behind this activedb's head
+    (an older revision, or downgraded to base) or at a revision it does not know is
+    :class:`~activedb.errors.SchemaNotAtHead` saying where it is, what this activedb needs and what to run (``activedb
+    db upgrade``); a database that never had activedb's tables is opened as it is.  (The commands, which manage
+    the schema and apply their own rule to it, open a database with :func:`connect_as_is`.)
     """
+    return _connected(url, configured(config, keywords), check_schema=True)
+
+
+def connect_as_is(url: str | URL | None = None, config: Config | None = None,
+                  **keywords: Unpack[ConnectKeywords]) -> Database:
+    """:func:`connect` that neither upgrades activedb's own schema nor checks it, whatever ``upgrade`` says: the
+    command line's way (``activedb.cli.open_database``: ``activedb db upgrade`` / ``downgrade`` / ``current`` take a
+    schema at any revision, the other commands refuse one behind in their own words).  Internal: a program connects
+    with :func:`connect`."""
     config = configured(config, keywords)
+    return _connected(url, dataclasses.replace(config, upgrade=False), check_schema=False)
+
+
+def _connected(url: str | URL | None, config: Config, *, check_schema: bool) -> Database:
+    """:func:`connect` with ``config`` (its keywords applied); ``check_schema=False``: a schema ``config.upgrade``
+    leaves alone is not checked either (:func:`connect_as_is`)."""
     if url is None:
         url = os.environ.get("ACTIVEDB_DATABASE_URL") or None       # neither: the embedded server
     home = config.home
@@ -438,6 +460,11 @@ def connect(url: str | URL | None = None, config: Config | None = None,
         if config.upgrade:
             database.schema.upgrade("head")
             database.outbox.start()
+        elif check_schema:
+            state, revision = database.schema.state()
+            if state in (_migrate.SchemaState.BEHIND, _migrate.SchemaState.UNKNOWN):
+                raise _migrate.not_at_head(state, revision, database.describe(),
+                                  " (or connect without upgrade=False: connect() upgrades it)")
     except BaseException:
         database.close()            # (its pooled connections and threads: a caller retrying would pile them up)
         raise

@@ -66,6 +66,21 @@ MIGRATION_LOCK = int.from_bytes(b"activedb", "big") >> 1
 LOCK_TIMEOUT_SECONDS = 60.0
 
 
+#: PostgreSQL's SQLSTATE of a relation that does not exist (undefined_table).
+_UNDEFINED_TABLE = "42P01"
+
+
+def not_at_head(state: SchemaState, revision: str | None, where: str, then: str = "") -> SchemaNotAtHead:
+    """The refusal of activedb's own tables in ``where`` (a database's description) at ``revision``, ``state``
+    BEHIND or UNKNOWN: which revision they are at, which this activedb needs, and what to run (``then``: what the
+    caller adds to it)."""
+    if state is SchemaState.UNKNOWN:
+        return SchemaNotAtHead(f"activedb's tables in {where} are at revision {revision}, which this activedb does not "
+                               f"know (a newer activedb wrote it; this one needs {head()}): upgrade activedb")
+    return SchemaNotAtHead(f"activedb's tables in {where} are at {revision or 'base (downgraded)'}, this activedb "
+                           f"needs {head()}: run `activedb db upgrade`{then}")
+
+
 class _Blockers:
     """Who blocks backend ``pid`` (``pg_blocking_pids``), asked on a thread of its own every ``every`` seconds while
     the block runs, on a connection of its own: when a statement of the run fails at its lock timeout, the run's
@@ -458,11 +473,16 @@ class Schema:
 
     def state(self) -> tuple[SchemaState, str | None]:
         """``(SchemaState, current revision)`` of activedb's own schema: NEW (never initialised), AT_HEAD,
-        BEHIND (an older revision, or downgraded to base) or UNKNOWN."""
+        BEHIND (an older revision, or downgraded to base) or UNKNOWN.  One query of the version table (``connect``
+        asks it of every database it does not upgrade)."""
         with self.engine.connect() as connection:
-            if not sa.inspect(connection).has_table(migrations.VERSION_TABLE):
+            try:
+                revisions = connection.execute(sa.text(f"SELECT version_num FROM {migrations.VERSION_TABLE}")).all()
+            except sa.exc.ProgrammingError as error:
+                if getattr(error.orig, "sqlstate", None) != _UNDEFINED_TABLE:
+                    raise
                 return SchemaState.NEW, None
-        revision = current(self.engine)
+        revision = revisions[0][0] if revisions else None      # (one row at most: activedb's chain is linear)
         if revision == head():
             return SchemaState.AT_HEAD, revision
         if revision is None:

@@ -193,11 +193,11 @@ def open_database(ctx: click.Context, *, writes: bool, check_schema: bool = True
     or a retry: nothing to do; a compensation: no such batch), so such a database is returned as it is, nothing
     created — the command asks :func:`has_no_tables` before using activedb's tables.
     Raises :class:`~activedb.errors.SchemaNotAtHead` for a schema that is behind or unknown."""
-    import activedb
-    from activedb._migrate import SchemaState, head
+    from activedb._migrate import SchemaState, head, not_at_head
+    from activedb._database import connect_as_is
 
     obj = _options(ctx)
-    database = activedb.connect(obj["url"], home=obj["home"], upgrade=False, **options)  # type: ignore[misc]
+    database = connect_as_is(obj["url"], home=obj["home"], **options)  # type: ignore[misc]
     if not check_schema:
         return database
     try:
@@ -211,12 +211,7 @@ def open_database(ctx: click.Context, *, writes: bool, check_schema: bool = True
         if state is SchemaState.NEW:
             raise SchemaNotAtHead(f"{database.describe()} has no activedb tables yet, so there is nothing to show; "
                                   f"`activedb db upgrade` creates them")
-        if state is SchemaState.UNKNOWN:
-            raise SchemaNotAtHead(f"activedb's tables in {database.describe()} are at revision {revision}, which this "
-                                  f"installation does not know (a newer activedb wrote it); upgrade activedb")
-        raise SchemaNotAtHead(
-            f"activedb's tables in {database.describe()} are at {revision or 'base (downgraded)'}, this activedb "
-            f"needs {head()}: run `activedb db upgrade` (no command upgrades them on its own)")
+        raise not_at_head(state, revision, database.describe(), " (no command upgrades them on its own)")
     except BaseException:
         database.close()
         raise

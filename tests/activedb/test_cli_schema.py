@@ -10,6 +10,7 @@ import sqlalchemy as sa
 from click.testing import CliRunner
 
 from activedb import _migrate
+from activedb._database import connect_as_is
 from activedb.testing import wait_until
 from activedb.cli import main
 
@@ -266,7 +267,7 @@ def test_a_revision_or_directory_of_the_wrong_kind_is_a_migration_error_saying_w
     said ': give one of …' (Alembic's message for it is empty), upgrade_app(None) pathlib's TypeError."""
     import activedb
 
-    database = activedb.connect(url, upgrade=False)
+    database = connect_as_is(url)
     try:
         with pytest.raises(activedb.MigrationError, match=r"^(\S.* is no revision: give one of base, |an application's "
                                                           r"Alembic directory is a path)"):
@@ -398,9 +399,7 @@ def test_an_app_revision_that_enables_capture_before_activedbs_tables_says_to_ru
 
 
 def _app_revision(url, location):
-    import activedb
-
-    database = activedb.connect(url, upgrade=False)
+    database = connect_as_is(url)
     try:
         return database.schema.app_revision(location)
     finally:
@@ -487,12 +486,10 @@ def test_upgrade_app_of_a_directory_without_revisions_returns_and_logs_so_at_inf
     (the CLI says "no revision yet"; a program learned nothing).  It still returns normally — as ``alembic upgrade
     head`` does there, which logs its steps at INFO and, with none, nothing else — and logs at INFO, in the CLI's
     words, that there is no revision yet and where to add one."""
-    import activedb
-
     location = tmp_path / "bare_api"
     (location / "versions").mkdir(parents=True)
     (location / "env.py").write_text('from activedb.alembic_env import run_env\nrun_env(version_table="bare_api_version")\n')
-    database = activedb.connect(url, upgrade=False)
+    database = connect_as_is(url)
     try:
         with caplog.at_level("INFO", logger="activedb"):
             database.upgrade_app(location)
@@ -580,7 +577,7 @@ def test_an_upgrade_blocked_by_an_applications_lock_stops_after_its_lock_timeout
     blocker = psycopg.connect(libpq, application_name="shop-worker")
     try:
         blocker.execute("SELECT * FROM locked_items")          # (its transaction stays open: ACCESS SHARE held)
-        database = activedb.connect(url, upgrade=False)
+        database = connect_as_is(url)
         outcome: list[BaseException | None] = []
 
         def upgrade() -> None:
@@ -698,13 +695,11 @@ def test_an_upgrade_keeps_the_warning_filters_another_thread_sets_meanwhile(url,
     import threading
     import warnings
 
-    import activedb
-
     location = tmp_path / "filters"
     assert invoke(url, "app", "init", str(location), "--name", "filters").exit_code == 0
     (location / "versions" / "0002_waits.py").write_text(WAITING_REVISION)
     engine = sa.create_engine(url)
-    database = activedb.connect(url, upgrade=False)
+    database = connect_as_is(url)
     failures: list[BaseException] = []
 
     def upgrade() -> None:

@@ -354,8 +354,8 @@ def test_a_url_of_several_hosts_connects_to_the_first_that_answers_and_masks_its
 
 
 def test_connect_without_upgrade_on_a_database_without_activedbs_tables_says_to_run_db_upgrade(make_database_url):
-    """``connect(url, upgrade=False)`` neither upgrades nor checks activedb's own schema (the commands check it, and
-    ``db.schema`` manages it).  Declaring a rule where activedb's tables were never created (or were downgraded to
+    """``connect(url, upgrade=False)`` does not upgrade activedb's own schema, and opens a database that never had it
+    (one behind is refused: the test below; the commands check it, and ``db.schema`` manages it).  Declaring a rule where activedb's tables were never created (or were downgraded to
     base) then said "no table 'activedb_rules' …; tables are created by Alembic migrations (db.upgrade_app(…) runs
     your own …)" — pointing at the application's migrations, not at activedb's own.  It now says that the table is
     activedb's own and how to create it."""
@@ -369,3 +369,76 @@ def test_connect_without_upgrade_on_a_database_without_activedbs_tables_says_to_
     said = str(refused.value)
     assert "'activedb_rules'" in said and "activedb's own" in said and "`activedb db upgrade`" in said, said
     assert "upgrade_app" not in said, said
+
+
+def _schema_statements(during):
+    """The statements naming activedb's version table that ``during()`` sent, from any engine; and its value."""
+    seen: list[str] = []
+
+    def listen(connection, cursor, statement, parameters, context, executemany):
+        if "activedb_alembic_version" in statement:
+            seen.append(statement)
+
+    sa.event.listen(sa.engine.Engine, "before_cursor_execute", listen)
+    try:
+        value = during()
+    finally:
+        sa.event.remove(sa.engine.Engine, "before_cursor_execute", listen)
+    return seen, value
+
+
+def test_connect_without_upgrade_refuses_a_schema_that_is_not_at_head_and_the_commands_still_open_it(
+        make_database_url):
+    """``connect(url, upgrade=False)`` on activedb's tables at an older revision (``activedb db downgrade -1``) was
+    taken: the program then failed later, on a table or column the head adds, with PostgreSQL's message.  It is now
+    SchemaNotAtHead saying the revision the database has, the one this activedb needs and to run `activedb db
+    upgrade`; a revision this activedb does not know says to upgrade activedb.  The migration commands open such a
+    database as they did (db current / downgrade / upgrade; status refuses it in its own words), and a schema at head
+    costs connect one query of the revision, none per transaction."""
+    from click.testing import CliRunner
+
+    from activedb.cli import main
+
+    def invoke(*arguments):
+        return CliRunner().invoke(main, ["--url", url, *arguments], catch_exceptions=False)
+
+    url = make_database_url("behind")
+    activedb.connect(url).close()
+    assert invoke("db", "downgrade", "-1", "--yes").exit_code == 0
+    behind = invoke("db", "current").output.split()[0]
+    assert behind not in ("base", _migrate.head())
+
+    with pytest.raises(activedb.errors.SchemaNotAtHead) as refused:
+        activedb.connect(url, upgrade=False)
+    said = str(refused.value)
+    assert behind in said and _migrate.head() in said and "`activedb db upgrade`" in said, said
+
+    current = invoke("db", "current")
+    assert current.exit_code == 0 and "behind: head is" in current.output, current.output
+    status = invoke("status")
+    assert status.exit_code == 1 and "run `activedb db upgrade`" in status.output, status.output
+    assert invoke("db", "downgrade", "-1", "--yes").exit_code == 0
+    upgraded = invoke("db", "upgrade")
+    assert upgraded.exit_code == 0 and f"now at {_migrate.head()}" in upgraded.output, upgraded.output
+
+    statements, database = _schema_statements(lambda: activedb.connect(url, upgrade=False))
+    try:
+        assert len(statements) == 1, statements
+        transaction_statements, _ = _schema_statements(lambda: database.run(lambda tx: None))
+        assert transaction_statements == []
+    finally:
+        database.close()
+
+    engine = sa.create_engine(url)
+    try:
+        with engine.begin() as connection:
+            connection.execute(sa.text("UPDATE activedb_alembic_version SET version_num = 'f00dfeedbeef'"))
+        with pytest.raises(activedb.errors.SchemaNotAtHead,
+                           match=r"at revision f00dfeedbeef, which this activedb does not know.*upgrade activedb"):
+            activedb.connect(url, upgrade=False)
+        assert invoke("db", "current").exit_code == 0
+    finally:
+        with engine.begin() as connection:
+            connection.execute(sa.text("UPDATE activedb_alembic_version SET version_num = :head"),
+                               {"head": _migrate.head()})
+        engine.dispose()
