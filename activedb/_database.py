@@ -329,7 +329,9 @@ class Database:
         """Record a punctuation: no event of ``source`` older than ``watermark`` will come.
 
         The stream bridge passes Spark's event-time watermark here; stream-transaction
-        schedulers read it with :meth:`watermark`.  A punctuation never moves backwards.  A watermark that is no
+        schedulers read it with :meth:`watermark`.  A stream engine (``activedb.streams``) takes ``source`` as its stream
+        ``source`` names ignoring case, as an event's ``stream=``: ``db.punctuate("Badges", t)`` punctuates stream
+        ``badges`` (``db.punctuations.marks()`` has every source as spelled).  A punctuation never moves backwards.  A watermark that is no
         finite number of seconds or aware datetime, or not of the kind of the source's earlier ones, raises
         :class:`~activedb.errors.InvalidTime`.
         """

@@ -12,7 +12,7 @@ if TYPE_CHECKING:  # pragma: no cover
     import sqlalchemy as sa
 
     from activedb.clock import Clock
-    from activedb.events import Watermark
+    from activedb.events import Punctuations, Watermark
     from activedb.rules import RuleManager
     from activedb.store import Catalog
     from activedb.txn import CommitParticipant, Observer, ReadBase, Transaction, TransactionManager
@@ -29,6 +29,7 @@ class DatabaseHandle(Protocol):
     transactions: TransactionManager
     rules: RuleManager
     clock: Clock
+    punctuations: Punctuations
 
     def table(self, name: str | sa.Table) -> sa.Table: ...
     def describe(self) -> str: ...

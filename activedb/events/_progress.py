@@ -47,3 +47,9 @@ class Punctuations:
     def watermark(self, source: str) -> Watermark | None:
         """The latest punctuation of ``source`` (None before the first)."""
         return self._marks.get(source)
+
+    def marks(self) -> dict[str, Watermark]:
+        """Every source's latest punctuation (a copy): for a reader that finds its source otherwise than by its
+        exact spelling (a stream engine finds a stream's ignoring case, as a query's ``ON`` does)."""
+        with self._mutex:
+            return dict(self._marks)

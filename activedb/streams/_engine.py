@@ -97,7 +97,7 @@ class StreamEngine:
         self.metrics = Metrics(self.scheduler.name)
         self._mutex = threading.RLock()
         self._definitions = Definitions(self.catalog, self._mutex)
-        self._reorder = ReorderBuffer(name, self.metrics, lambda stream: self.db.watermark(stream),
+        self._reorder = ReorderBuffer(name, self.metrics, lambda: self.db.punctuations.marks(),
                                       self._definitions.unkeyable,
                                       (lambda event: _persist.unsaveable(event, name)) if durable else None)
         self._state = State()
@@ -190,8 +190,10 @@ class StreamEngine:
         events' s-transactions inside ``tx`` (the steps: see the design note).
 
         ``punctuation`` applies to the engine's only stream (or every stream);
-        ``punctuations`` gives one per stream; each stream's ``db.watermark(stream)`` is
-        taken as well.  ``END_OF_STREAM`` releases everything.  ``batch_id`` is written
+        ``punctuations`` gives one per stream, named as an event's ``stream=`` names it (the one spelled so, else
+        the one equal to it ignoring case; an unknown name, or one stream named twice, is a ``StreamError``); each
+        stream's ``db.punctuate`` is taken as well, its source found the same way (``db.watermark(stream)``, or
+        the one source equal to it ignoring case).  ``END_OF_STREAM`` releases everything.  ``batch_id`` is written
         with the dead letters.  Raises only when the batch cannot go on (then ``tx``
         should be aborted; the engine's state stays as before the batch) — except a refused
         punctuation (``StreamError``), which changes nothing: the call may be made again in ``tx``."""

@@ -25,12 +25,12 @@ from activedb.streams.errors import StreamError
 class ReorderBuffer:
     """Admission, punctuation bounds and release for engine ``name``."""
 
-    def __init__(self, name: str, metrics: Metrics, watermark: Callable[[str], Punctuation | None],
+    def __init__(self, name: str, metrics: Metrics, watermarks: Callable[[], Mapping[str, Punctuation]],
                  unkeyable: Callable[[StreamEvent], str | None] = lambda event: None,
                  unsaveable: Callable[[StreamEvent], str | None] | None = None):
         self.name = name
         self.metrics = metrics
-        self.watermark = watermark
+        self.watermarks = watermarks        # every source's latest db.punctuate (db.punctuations.marks())
         self.unkeyable = unkeyable          # why an event cannot key its partitions and rows (None: it can)
         self.unsaveable = unsaveable        # why a durable engine's state cannot save an event (None: not asked)
 
@@ -192,18 +192,28 @@ class ReorderBuffer:
 
     def bound(self, pending: Pending, streams: Mapping[str, StreamSchema], punctuation: Punctuation | None,
               punctuations: Mapping[str, Punctuation] | None) -> Punctuation | None:
-        given: dict[str, Punctuation] = dict(punctuations or {})
-        for name in given:
-            if name not in streams:
+        given: dict[str, Punctuation] = {}
+        spelled: dict[str, str] = {}
+        for name, value in (punctuations or {}).items():
+            # (a stream found as an event's stream= and a query's ON find it: the design note's "Names in the text")
+            named = fold(name, streams) if isinstance(name, str) else None
+            if named is None:
                 raise StreamError(f"punctuations= names no stream {name!r} in engine {self.name} (streams: "
                                   f"{', '.join(streams)}); give one punctuation per stream of the engine")
+            if named in given:
+                raise StreamError(f"punctuations= names stream {named} twice ({' and '.join(map(repr, sorted((spelled[named], name))))})"
+                                  f"; give one punctuation per stream of the engine")
+            given[named], spelled[named] = value, name
         if punctuation is not None:
             for name in streams:
                 given.setdefault(name, punctuation)
+        marks = self.watermarks()
         for name in streams:
+            source = self._source(name, marks)
             candidates = [self._checked(pending, value, where) for value, where in (
-                (given.get(name), f"for stream {name}"), (self.watermark(name), f"db.watermark({name!r}) of stream "
-                                                                                 f"{name}")) if value is not None]
+                (given.get(name), f"for stream {name}"),
+                (marks.get(source) if source is not None else None, f"db.watermark({source!r}) of stream {name}"))
+                if value is not None]
             if name in pending.punctuations:
                 candidates.append(pending.punctuations[name])
             latest = ts_extreme(candidates, latest=True)
@@ -215,6 +225,18 @@ class ReorderBuffer:
         if bound is None or pending.released is not None and not ts_less(pending.released, bound):
             return pending.released
         return bound
+
+    @staticmethod
+    def _source(stream: str, marks: Mapping[str, Punctuation]) -> str | None:
+        """The source of ``db.punctuate`` that is ``stream``: found as an event's ``stream=`` finds a stream (the one
+        spelled so, else the one equal to it ignoring case); None if none is.  Several spelled otherwise but for
+        case, none as the stream, is a StreamError: which one is meant is not known."""
+        source = fold(stream, marks)
+        alike = sorted(name for name in marks if name.casefold() == stream.casefold())
+        if source is None and alike:
+            raise StreamError(f"db.punctuate named stream {stream} both {' and '.join(map(repr, alike))}, which differ "
+                              f"only in case: punctuate it as {stream!r} (that one is taken then)")
+        return source
 
     def _checked(self, pending: Pending, punctuation: Punctuation, where: str) -> Punctuation:
         """``punctuation`` if it is END_OF_STREAM or a time of the engine's kind (it sets the kind when no event

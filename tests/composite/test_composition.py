@@ -8,7 +8,7 @@ import pytest
 
 from activedb import composite, streams
 from activedb.composite import Choice, UncertainOrder, UncertaintyKind
-from activedb.events import LocalClock, Timestamp
+from activedb.events import LocalClock, Punctuations, Timestamp
 from activedb.streams.errors import DefinitionError
 
 from tests.composite.conftest import FIG2, ev, make_engine, names
@@ -218,8 +218,7 @@ def test_the_point_time_engine_refuses_and_and_consumption(db_less_stream_engine
 @pytest.fixture
 def db_less_stream_engine():
     class NoDb:
-        def watermark(self, source):
-            return None
+        punctuations = Punctuations()           # (what the engine reads of the database's punctuations)
 
     engine = streams.StreamEngine(NoDb(), name="t", durable=False)
     engine.create_stream("s", types=["A", "B"], attributes=["id"])

@@ -1044,6 +1044,30 @@ def test_an_event_names_its_stream_as_a_query_s_on_does_ignoring_case(db):
     assert "no stream 'e_stream' in engine cased_events (streams: estream)" in letter.reason, letter.reason
 
 
+def test_a_punctuation_names_its_stream_as_an_event_does_ignoring_case(db):
+    """``punctuations=`` keys and ``db.punctuate``'s source find the engine's stream as an event's ``stream=`` and a
+    query's ``ON`` do: the one spelled so, else the one equal to it ignoring case.  Before, ``punctuations={"ESTREAM":
+    5}`` failed the batch ("no stream 'ESTREAM'") and ``db.punctuate("ESTREAM", 5)`` was never read (the engine asked
+    ``db.watermark("estream")``): the events waited for ever.  Two spellings of one stream are refused, naming both."""
+    reset(db)
+    made = engine(db, name="cased_punctuations", record_history=False, durable=False)
+    result = made.feed([badge("EXIT", 1, "w0", "a"), badge("ENTER", 3, "w0", "b")], punctuations={"ESTREAM": 5})
+    assert (result.released, [output.query for output in result.outputs]) == (2, ["Q1"])
+    with pytest.raises(StreamError, match=r"punctuations= names stream estream twice \('Estream' and 'estream'\)"):
+        made.feed([], punctuations={"Estream": 6, "estream": 7})
+
+    punctuated = streams.StreamEngine(db, name="cased_watermark", durable=False)
+    punctuated.create_stream("cased_badges", types=BADGE_TYPES, attributes=("HCW-ID", "location"))
+    assert punctuated.feed([badge("EXIT", 3, "w0"), badge("EXIT", 8, "w0")]).buffered == 2
+    db.punctuate("Cased_Badges", 5)
+    result = punctuated.feed([])
+    assert (result.released, result.buffered, result.punctuation) == (1, 1, 5)
+    db.punctuate("CASED_BADGES", 9)
+    with pytest.raises(StreamError, match=r"db.punctuate named stream cased_badges both 'CASED_BADGES' and "
+                                          r"'Cased_Badges'"):
+        punctuated.feed([])
+
+
 def test_an_event_the_tie_key_raises_on_is_a_dead_letter_and_the_stream_goes_on(db):
     """A stream's ``tie_key`` is the application's code, as a rule's action is: when it raises on an event, that
     event is a dead letter naming the stream and the error, and the others are ordered and processed as without
