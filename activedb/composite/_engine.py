@@ -267,7 +267,9 @@ class CompositionEngine:
         """``submit`` within transaction ``tx``: every composite event is emitted into ``tx`` (rules on
         ``engine.spec(query)`` fire), and if ``tx`` aborts (a subtransaction, or its top-level transaction), the
         engine's state returns to what it was before the first batch of that transaction's tree.  A refused item
-        stops the call as in ``submit`` (abort ``tx`` to take back the items taken before it)."""
+        stops the call as in ``submit`` (abort ``tx`` to take back the items taken before it).  A rule on a composite
+        that raises makes ``RuleFailed`` leave the call; the composites after that one were not emitted and stay for
+        :meth:`take_outputs`."""
         _check_items(items)
         with self._guard:
             self._rollback.enlist(tx)
@@ -284,8 +286,8 @@ class CompositionEngine:
             except (EventRejected, LateEvent, MembershipError, EvaluationError) as error:
                 raise _stopped(error, index, item, call) from error
 
-    def _process_refusing(self, tx: Transaction | None, items: Iterable[StreamEvent | Heartbeat]
-                          ) -> tuple[list[CompositeEvent], list[tuple[StreamEvent | Heartbeat, CompositeError]]]:
+    def _process_refusing(self, tx: Transaction | None, items: Iterable[StreamEvent | Heartbeat],
+                          emit: Callable[[CompositeEvent], object] | None = None) -> tuple[list[CompositeEvent], list[tuple[StreamEvent | Heartbeat, CompositeError]]]:
         """``process`` (``submit`` when ``tx`` is None) for an ingestion's batch: an input the engine refuses
         before it changes anything — ``LateEvent``, ``EventRejected`` (also for an event a query's condition cannot be
         evaluated on), ``MembershipError`` — is handed back with
@@ -297,7 +299,9 @@ class CompositionEngine:
         letter gives it to every query once (the composition's other events stay).  So are
         the candidates of an uncertain order no ``on_uncertain`` callback decides (``Evaluation.resolve``): raised,
         the uncertainty failed the batch, whose abort restored the engine to meet it again on every delivery; refused,
-        they leave every list (as ``discard`` does), so that replaying their letters feeds them once more."""
+        they leave every list (as ``discard`` does), so that replaying their letters feeds them once more.
+        ``emit(composite)``: how each composite is emitted into ``tx`` (``feed_batch``: in a subtransaction of its
+        own, a rule's failure a dead letter of its constituents)."""
         items = list(items)
         refused: list[tuple[StreamEvent | Heartbeat, CompositeError]] = []
         with self._guard:
@@ -334,7 +338,7 @@ class CompositionEngine:
                 evaluation.refused = []
                 evaluation.discarding = []
                 evaluation.returned = []
-        return self._finish(emit_into=tx), refused
+        return self._finish(emit_into=tx, emit=emit), refused
 
     def _discard_refused(self, refused: list[tuple[StreamEvent | Heartbeat, CompositeError]]) -> None:
         """Move the evaluation's refusals into ``refused`` (an arrival once: a row sent twice is two equal events,
@@ -395,17 +399,27 @@ class CompositionEngine:
 
     # --- the end of a call -------------------------------------------------------------------------------
 
-    def _finish(self, emit_into: Transaction | None = None) -> list[CompositeEvent]:
+    def _finish(self, emit_into: Transaction | None = None,
+                emit: Callable[[CompositeEvent], object] | None = None) -> list[CompositeEvent]:
         """End a call: hand the outputs to ``emit_into`` (a transaction: every composite event is emitted
-        into it first), hand out the invalidation notices (outside ``_mutex``), raise the first
+        into it first — by ``emit(composite)`` when given —; if one raises, those after it stay for
+        ``take_outputs()``), hand out the invalidation notices (outside ``_mutex``), raise the first
         uncertainty met (the others are in ``error.others``; the outputs made before stay for
         ``take_outputs()`` unless emitted), then the timeouts; else return the outputs."""
         if emit_into is not None:
             with self._guard:
                 outputs = self._evaluation.take_outbox()
-            for composite in outputs:
-                emit_into.emit(composite.query, key=composite.partition or None, ts=composite.ts,
-                               payload=composite.payload())
+            for index, composite in enumerate(outputs):
+                try:
+                    if emit is None:
+                        emit_composite(emit_into, composite)
+                    else:
+                        emit(composite)
+                except BaseException:
+                    # (A rule raised: the composites after this one were not emitted — take_outputs() has them.)
+                    with self._guard:
+                        self._evaluation.outbox[:0] = outputs[index + 1:]
+                    raise
         with self._guard:
             notices, self._input.notices = self._input.notices, []
         if self.on_invalidation is not None:
@@ -560,6 +574,11 @@ def _check_composable(query: CompiledQuery) -> None:
     if query.selection is not ast.Selection.SKIP_TILL_ANY_MATCH:
         raise DefinitionError(f"{what}: MATCHING is the point-time matcher's selection; composition uses "
                               f"CONSUMING CHRONICLE|RECENT")
+
+
+def emit_composite(tx: Transaction, composite: CompositeEvent) -> None:
+    """Hand ``composite`` to the rules on its query's spec in ``tx`` (``tx.emit``)."""
+    tx.emit(composite.query, key=composite.partition or None, ts=composite.ts, payload=composite.payload())
 
 
 def _same_event(item: StreamEvent | Heartbeat, event: StreamEvent) -> bool:

@@ -14,11 +14,12 @@ import heapq
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
 
-from activedb.composite._engine import CompositionEngine
-from activedb.composite._model import CompositeEvent, Heartbeat
+from activedb.composite._engine import CompositionEngine, emit_composite
+from activedb.composite._model import CompositeEvent, Heartbeat, describe_event
 from activedb.errors import InvalidTime, finite_number
 from activedb.events import Instant, Timestamp, elapsed
-from activedb.ingest import BatchHandler, BatchInput, EventMapping, IngestionLedger, Rejected, Rows, is_arrow, to_utc
+from activedb.ingest import (BatchHandler, BatchInput, EventMapping, IngestionLedger, Rejected, Rows, is_arrow,
+                             run_as_event, to_utc)
 from activedb.ingest.errors import IngestError, InvalidField, MappingError
 from activedb.store import Json, jsonable
 from activedb.streams import StreamEvent
@@ -177,12 +178,35 @@ def feed_batch(engine: CompositionEngine, rows: Rows, mapping: EventMapping, *, 
             accepted.append(item)
         else:
             rejected.append(Rejected(*_at(rows_of, item, problem)))
-    composites, refused = engine._process_refusing(tx, accepted)
+    failed: list[tuple[CompositeEvent, str]] = []
+
+    def emit(composite: CompositeEvent) -> None:
+        """In ``tx``, each composite in a subtransaction of its own, as the rule path runs an event: a rule that
+        raises aborts it alone, and its constituents become dead letters (below) instead of failing the batch."""
+        assert tx is not None
+        reason = run_as_event(tx, emit_composite, composite, f"composite:{composite.query}")
+        if reason is not None:
+            failed.append((composite, reason))
+
+    composites, refused = engine._process_refusing(tx, accepted, emit if tx is not None else None)
     for item, error in refused:
         rejected.append(Rejected(*_at(rows_of, item, f"{type(error).__name__}: {error}", items, mapping)))
+    lettered: set[int] = set()                  # (an arrival once, though several failed composites hold it)
+    for composite, reason in failed:
+        because = (f"{reason} — on the composite event of query {composite.query} "
+                   f"({', '.join(describe_event(event) for event in composite.constituents)}), of which this event is "
+                   f"one: the composition stands (its constituents are consumed as by any composition) and its "
+                   f"rules' effects were undone; correct the rule, then replay these letters into an engine that has "
+                   f"not composed past them (a CompositionEngine started afresh)")
+        for constituent in composite.constituents:
+            if id(constituent) not in lettered:
+                lettered.add(id(constituent))
+                rejected.append(Rejected(*_at(rows_of, constituent, because, items, mapping)))
+    failures = {id(composite) for composite, _ in failed}
     refused_ids = {id(item) for item, _ in refused}
     taken = [item for item in accepted if id(item) not in refused_ids]
-    return FeedResult(tuple(taken), tuple(composites), tuple(rejected))
+    return FeedResult(tuple(taken), tuple(composite for composite in composites if id(composite) not in failures),
+                      tuple(rejected))
 
 
 def _at(rows_of: dict[int, tuple[int, Mapping[str, object]]], item: StreamEvent | Heartbeat, reason: str,

@@ -10,7 +10,8 @@ Public names:
 * :class:`Ingestion` (what a connector holds: ``process``, ``reject``, ``statistics``, …) on an
   :class:`IngestDatabase` (``activedb.Database`` is one), :class:`BatchHandler` and
   :class:`BatchInput` (where a batch goes), :class:`RulesHandler` (the rule path, every connector's default),
-  :class:`BatchLowering`;
+  :class:`BatchLowering`, :func:`run_as_event` (a handler's unit run in its own subtransaction as the rule path
+  runs an event: its failure a dead-letter reason, the batch going on);
 * the ledger — :class:`IngestionLedger`, :func:`batch_committed`, :func:`ingestion_status`, :class:`QueryStatus`,
   :func:`ledger_query_id`, :func:`parse_ledger_query_id`, :func:`sources_of_run`, :func:`forget_run`;
 * validation — :class:`EventMapping`, :func:`as_mapping`, :func:`rows_to_events`, :class:`RawEvent`,
@@ -27,6 +28,7 @@ Importing this package imports nothing of Spark or pyarrow.
 
 from activedb.ingest import errors
 from activedb.ingest._database import IngestDatabase
+from activedb.ingest._failures import run_as_event
 from activedb.ingest._feed import RowBatches, drive, feed
 from activedb.ingest._ingestion import Ingestion
 from activedb.ingest._interface import Batch, LedgerId, Phase, Rows, Source
@@ -47,4 +49,4 @@ __all__ = ["END_OF_STREAM_BATCH", "Batch", "BatchHandler", "BatchInProgress", "B
            "IngestStatistics", "Ingestion", "IngestionLedger", "LedgerId", "Phase", "PhaseTimings", "QueryStatus", "RawEvent", "Rejected",
            "Replayable", "ReplayOutcome", "ReplayResult", "RowBatches", "Rows", "RulesHandler", "Source", "as_mapping",
            "batch_committed", "drive", "errors", "feed", "forget_run", "ingestion_status", "is_arrow", "known_type_names", "ledger_query_id",
-           "original_query_name", "parse_ledger_query_id", "replay_dead_letters", "rows_to_events", "sources_of_run", "to_utc"]
+           "original_query_name", "parse_ledger_query_id", "replay_dead_letters", "rows_to_events", "run_as_event", "sources_of_run", "to_utc"]

@@ -13,7 +13,7 @@ from activedb.errors import (
     causes, classify,
 )
 from activedb.ingest.errors import first_line
-from activedb.txn import CommitParticipant
+from activedb.txn import CommitParticipant, TxnState, run_inline
 
 if TYPE_CHECKING:  # pragma: no cover
     import sqlalchemy as sa
@@ -25,7 +25,7 @@ if TYPE_CHECKING:  # pragma: no cover
 _Event = TypeVar("_Event")
 
 __all__ = ["conflict_in", "find_culprits", "is_infrastructure_failure", "is_poison_failure",
-           "refused_writes", "rejection_reason", "trial"]
+           "refused_writes", "rejection_reason", "run_as_event", "trial"]
 
 
 def is_infrastructure_failure(error: BaseException) -> bool:
@@ -59,6 +59,28 @@ def rejection_reason(error: BaseException) -> str:
     if isinstance(error, CascadeLimitExceeded):
         return f"rule cascade limit: {error}"
     return f"event processing failed: {type(error).__name__}: {error}"
+
+
+def run_as_event(tx: Transaction, function: Callable[[Transaction, _Event], object], event: _Event, name: str,
+                 attempts: int = 1) -> str | None:
+    """Run ``function(sub, event)`` in a subtransaction ``name`` of ``tx``, as the rule path runs an event (its rules
+    fire inside): None if it committed, else the dead-letter reason (:func:`rejection_reason`) — the subtransaction
+    aborted, ``tx`` goes on.  A deadlock re-runs it, up to ``attempts`` runs in all.  Raises when the batch itself
+    cannot go on: a conflict (the batch is re-run), PostgreSQL unusable, ``tx`` no longer active."""
+    for attempt in range(1, attempts + 1):
+        try:
+            run_inline(tx, function, event, name)     # run_subtransaction(tx, function, event, name=name)
+            return None
+        except Exception as failure:
+            conflict = conflict_in(failure)
+            if conflict is not None:
+                raise conflict from failure   # not the event's fault: the whole batch is re-run
+            if is_infrastructure_failure(failure) or tx.state is not TxnState.ACTIVE:
+                raise
+            if classify(failure) is Failure.DEADLOCK and attempt < attempts:
+                continue
+            return rejection_reason(failure)
+    raise AssertionError("unreachable: the last attempt returns or raises")
 
 
 def refused_writes(error: BaseException) -> str:

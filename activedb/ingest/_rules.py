@@ -15,13 +15,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
-from activedb.errors import Failure, InvalidKey, InvalidValue, RuleFailed, check_switch, check_whole_number, classify
-from activedb.ingest._failures import conflict_in, is_infrastructure_failure, is_poison_failure, rejection_reason
+from activedb.errors import InvalidKey, InvalidValue, RuleFailed, check_switch, check_whole_number
+from activedb.ingest._failures import is_poison_failure, rejection_reason, run_as_event
 from activedb.ingest._ledger import IngestionLedger
 from activedb.ingest._mapping import RawEvent
 from activedb.ingest._protocol import BatchHandler, BatchInput
 from activedb.ingest.errors import IngestError
-from activedb.txn import TxnState, run_inline
 
 if TYPE_CHECKING:  # pragma: no cover
     from activedb.ingest._database import IngestDatabase
@@ -30,8 +29,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from activedb.txn import Transaction
 
 __all__ = ["BatchLowering", "RulesHandler"]
-
-_ACTIVE = TxnState.ACTIVE
 
 
 _NAMES: dict[str, str] = {}     # event type -> the name of its events' subtransactions ("event:<type>")
@@ -203,20 +200,7 @@ class RulesHandler(BatchHandler):
                 _NAMES[event.event_type] = name
         self._running = event
         try:
-            for attempt in range(1, self.event_attempts + 1):
-                try:
-                    run_inline(tx, _emit, event, name)     # run_subtransaction(tx, _emit, event, name=name)
-                    return None
-                except Exception as failure:
-                    conflict = conflict_in(failure)
-                    if conflict is not None:
-                        raise conflict from failure   # not the event's fault: the whole batch is re-run
-                    if is_infrastructure_failure(failure) or tx.state is not _ACTIVE:
-                        raise
-                    if classify(failure) is Failure.DEADLOCK and attempt < self.event_attempts:
-                        continue
-                    return rejection_reason(failure)
-            raise AssertionError("unreachable: the last attempt returns or raises")
+            return run_as_event(tx, _emit, event, name, self.event_attempts)
         finally:
             self._running = None
 

@@ -399,3 +399,53 @@ def test_a_row_delivered_twice_in_a_batch_is_two_dead_letters_when_both_copies_a
         assert sorted(rejected.position for rejected in result.rejected) == [0, 1], result.rejected
     finally:
         database.close()
+
+
+def test_a_rule_that_raises_on_a_composite_makes_its_constituents_dead_letters_and_the_stream_goes_on(
+        make_database_url):
+    """A rule on a composite event that raises: ``tx.emit`` raised ``RuleFailed`` through ``CompositeHandler``, the
+    whole batch failed, its abort returned the engine to its snapshot, and every delivery composed the same
+    composite and failed the same way — the stream stopped for good.  Now the composite's emission is aborted alone
+    (as the rule path aborts an event's subtransaction), its constituents' rows are dead letters carrying the
+    rule's error, the rest of the batch commits, the next batch is applied, and feeding the same batches again
+    applies nothing twice."""
+    from tests.conftest import open_db
+    from tests._tables import item_values
+
+    mapping = EventMapping("type", "k", "ts", producer_column="producer", accuracy_column="accuracy",
+                           heartbeat_type="heartbeat", payload_columns=["id"])
+    a0, b0 = ratio_row("A", 100.0, "P0", "a0"), ratio_row("B", 101.0, "P1", "b0")
+    a1, b1 = ratio_row("A", 102.0, "P0", "a1"), ratio_row("B", 103.0, "P1", "b1")
+    a2, b2 = ratio_row("A", 111.0, "P0", "a2"), ratio_row("B", 112.0, "P1", "b2")
+    batches = [[a0, b0, a1, b1, *ratio_beats(110.0)], [a2, b2, *ratio_beats(120.0)]]
+    database = open_db(make_database_url("rulefails"), {})
+    try:
+        engine = seq_engine(database, "rulefails")
+
+        @database.rule(on=engine.spec("Q"), name="store_pair")
+        def store(tx, event):
+            if event.payload["a"] == "a0":
+                raise ValueError("pair a0 refused by the application")
+            tx.insert("items", key=f"{event.payload['a']}&{event.payload['b']}", value=1)
+
+        outcomes = feed(database, batches, source="rulefails", mapping=mapping,
+                        handler=composite.CompositeHandler(engine))
+        assert [(outcome.committed, outcome.events, outcome.dead_letters) for outcome in outcomes] == \
+            [(True, 1, 2), (True, 1, 0)], outcomes
+        assert item_values(database) == {"a1&b1": 1, "a2&b2": 1}
+        with database.engine.connect() as connection:
+            letters = connection.execute(sa.text("SELECT raw, reason FROM activedb_dead_letters ORDER BY id")).all()
+        assert [raw for raw, _ in letters] == [a0, b0], letters
+        for _, reason in letters:
+            assert reason.startswith("rejected by rule 'store_pair': ") and "a0 refused" in reason, reason
+            assert "query Q" in reason, reason
+        assert engine.statistics().waiting == 0                 # a0 and b0 were consumed by the failed composite
+        # Exactly once: the same batches again apply nothing.
+        again = feed(database, batches, source="rulefails", mapping=mapping,
+                     handler=composite.CompositeHandler(engine))
+        assert [outcome.committed for outcome in again] == [False, False], again
+        assert item_values(database) == {"a1&b1": 1, "a2&b2": 1}
+        with database.engine.connect() as connection:
+            assert connection.execute(sa.text("SELECT count(*) FROM activedb_dead_letters")).scalar() == 2
+    finally:
+        database.close()

@@ -199,3 +199,26 @@ def test_a_refused_input_of_process_says_how_many_were_taken_and_to_abort_the_tr
     assert "input 2 of the call (B#b-from-PA" in message and "the 2 inputs before it were taken" in message, message
     assert "abort tx" in message, message
     assert engine.statistics() == before          # (the transaction aborted: the two taken are undone)
+
+
+def test_composites_after_one_whose_rule_raises_are_left_for_take_outputs(db):
+    """``process(tx, …)`` emits its composites one by one; a rule raising on one raises ``RuleFailed`` out of the
+    call.  A caller that catches it and commits anyway lost the composites after it: neither emitted nor in
+    ``take_outputs()``.  Now they stay for ``take_outputs()``."""
+    engine = make_engine("CREATE QUERY AB PATTERN SEQ(A, B) RETURN A.id AS a, B.id AS b", {"PA": ["A"], "PB": ["B"]},
+                         db=db)
+
+    @db.rule(on=engine.spec("AB"), name="refuse_a0")
+    def refuse(tx, event):
+        if event.payload["a"] == "a0":
+            raise ValueError("a0 refused")
+
+    try:
+        with db.transaction() as tx:
+            with pytest.raises(activedb.errors.RuleFailed, match="a0 refused"):
+                engine.process(tx, [ev("A", 1.0, "PA", "a0"), ev("B", 1.1, "PB", "b0"), ev("A", 2.0, "PA", "a1"),
+                                    ev("B", 2.1, "PB", "b1"), composite.Heartbeat("PA", Timestamp.at(3.0, 0.005)),
+                                    composite.Heartbeat("PB", Timestamp.at(3.0, 0.005))])
+        assert names(engine.take_outputs()) == [("a1", "b1")]
+    finally:
+        db.rules.remove("refuse_a0")
