@@ -54,7 +54,8 @@ class CompositionEngine:
     * ``clock`` — system time for timeouts and a composite's ``sts`` (an ``activedb.clock.Clock``; default the
       database's ``db.clock``, without a database the system's; tests pass a ``ManualClock``);
     * ``timeout`` — seconds an input node waits for a silent producer it is blocked on before
-      ``on_timeout`` applies (None: wait forever — not recommended);
+      ``on_timeout`` applies (None: wait forever — not recommended); an ingestion (``CompositeHandler``) refuses
+      ``on_timeout=RAISE`` with a timeout: choose ``'exclude'`` or ``timeout=None`` there;
     * ``on_uncertain`` — ``callback(uncertainty) -> Choice | event | None``; None (default) raises
       :class:`UncertainOrder`;
     * ``window`` — how many arrivals and composites to keep for ``window()`` / the picture (and for

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
 
 from activedb.composite._engine import CompositionEngine, emit_composite
 from activedb.composite._model import CompositeEvent, Heartbeat, describe_event
+from activedb.composite._records import TimeoutPolicy
 from activedb.errors import InvalidTime, finite_number
 from activedb.events import Instant, Timestamp, elapsed
 from activedb.ingest import (BatchHandler, BatchInput, EventMapping, IngestionLedger, Rejected, Rows, is_arrow,
@@ -169,7 +170,11 @@ def feed_batch(engine: CompositionEngine, rows: Rows, mapping: EventMapping, *, 
         producer = item.producer if isinstance(item, Heartbeat) else item.ts.producer
         info = members.get(producer)
         problem = None
-        if info is None or info.state != "joined":
+        if info is not None and info.state == "left":
+            problem = (f"producer {producer!r} left the composition engine (engine.leave(), or excluded after its "
+                       f"timeout under on_timeout='exclude'): its events are no longer composed; replay this letter "
+                       f"into an engine it is a member of")
+        elif info is None or info.state != "joined":
             problem = (f"producer {producer!r} has not joined the composition engine (atomic membership: "
                        f"engine.join(producer, types=[…]) before it sends)")
         elif not isinstance(item, Heartbeat) and item.type not in info.types:
@@ -260,6 +265,16 @@ class CompositeHandler(BatchHandler):
             raise IngestError(
                 "a composition needs a mapping that names the producer: EventMapping(…, producer_column='producer', "
                 "accuracy_column='accuracy', heartbeat_type='heartbeat')")
+        engine = self.engine
+        if engine.timeout is not None and engine.on_timeout is TimeoutPolicy.RAISE:
+            # (Raised inside a batch, ProducerTimeout failed it, and every delivery raised again: the clock only
+            # moves on.  No row is at fault, so there is nothing to make a dead letter of.)
+            raise IngestError(
+                f"composition engine {engine.name} raises ProducerTimeout after {engine.timeout} s of a silent "
+                f"producer (on_timeout='raise', the default); inside an ingestion that would fail the batch on every "
+                f"delivery, and the stream would stop for good: build it with on_timeout='exclude' (the silent "
+                f"producer is excluded and compositions go on; its later rows become dead letters), or with "
+                f"timeout=None (compositions wait for it however long)")
         self.mapping = mapping
 
     def handle(self, tx: Transaction, batch: BatchInput, ledger: IngestionLedger) -> None:

@@ -449,3 +449,54 @@ def test_a_rule_that_raises_on_a_composite_makes_its_constituents_dead_letters_a
             assert connection.execute(sa.text("SELECT count(*) FROM activedb_dead_letters")).scalar() == 2
     finally:
         database.close()
+
+
+def test_an_ingestion_refuses_an_engine_whose_timeout_raises_and_with_exclude_the_stream_goes_on(make_database_url):
+    """A producer silent past the engine's timeout under the default ``on_timeout=RAISE``: inside an ingestion
+    ``ProducerTimeout`` failed the batch, and every delivery raised again (the clock had only moved on) — the stream
+    stopped for good.  Now the ingestion refuses such an engine before any batch, saying which ``on_timeout`` to
+    choose; with ``'exclude'`` the silent producer is excluded, its later row is a dead letter saying so, the
+    stream goes on, and feeding the same batches again applies nothing twice."""
+    mapping = EventMapping("type", "k", "ts", producer_column="producer", accuracy_column="accuracy",
+                           heartbeat_type="heartbeat", payload_columns=["id"])
+    b1 = ratio_row("B", 122.0, "P1", "b1")
+
+    def engine_on(database, name, **options):
+        engine = composite.CompositionEngine(database, name=name, clock=composite.ManualClock(), timeout=5,
+                                             **options)
+        engine.create_stream("s", types=["A", "B"], attributes=["id", "k"])
+        engine.define("CREATE QUERY Q PATTERN SEQ(A, B) RETURN A.id AS a, B.id AS b")
+        engine.join("P0", types=["A", "B"])
+        engine.join("P1", types=["B"])
+        return engine
+
+    def batches(engine):
+        """Three batches; P1 falls silent after the first, for longer than the timeout."""
+        yield [ratio_row("A", 100.0, "P0", "a0"), ratio_row("B", 101.0, "P1", "b0"), *ratio_beats(110.0)]
+        engine.clock.advance(10.0)
+        # (a1, bx) waits for P1's sync-point to pass it: no B of P1 may come before bx.
+        yield [ratio_row("A", 111.0, "P0", "a1"), ratio_row("B", 112.0, "P0", "bx"), ratio_row("heartbeat", 120.0, "P0")]
+        yield [b1, ratio_row("A", 123.0, "P0", "a2")]
+
+    database = activedb.connect(make_database_url("timeout"))
+    try:
+        raising = engine_on(database, "raising")
+        with pytest.raises(activedb.ingest.errors.IngestError, match=r"on_timeout='exclude'.*timeout=None"):
+            feed(database, batches(raising), source="raising", mapping=mapping,
+                 handler=composite.CompositeHandler(raising))
+        with database.engine.connect() as connection:
+            assert connection.execute(sa.text("SELECT count(*) FROM activedb_ingestion_ledger")).scalar() == 0
+        engine = engine_on(database, "excluding", on_timeout="exclude")
+        outcomes = feed(database, batches(engine), source="excluding", mapping=mapping,
+                        handler=composite.CompositeHandler(engine))
+        assert [(outcome.committed, outcome.events, outcome.dead_letters) for outcome in outcomes] == \
+            [(True, 1, 0), (True, 0, 0), (True, 1, 1)], outcomes      # (a1, bx): once P1 was excluded
+        assert engine.producers()["P1"].state == "left"
+        with database.engine.connect() as connection:
+            [(raw, reason)] = connection.execute(sa.text("SELECT raw, reason FROM activedb_dead_letters")).all()
+        assert raw == b1 and "P1" in reason and "excluded" in reason, reason
+        again = feed(database, batches(engine_on(database, "again", on_timeout="exclude")), source="excluding",
+                     mapping=mapping, handler=composite.CompositeHandler(engine))
+        assert [outcome.committed for outcome in again] == [False, False, False], again
+    finally:
+        database.close()
