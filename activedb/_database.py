@@ -54,6 +54,18 @@ def create_engine(url: URL, options: EngineOptions = EngineOptions()) -> Engine:
     return sa.create_engine(url, **{"pool_logging_name": "activedb", **options.keywords()})
 
 
+def _close_returned_connections(engine: Engine) -> None:
+    """From now on, every connection given back to ``engine``'s pool is closed, not kept — in the pool of now and in
+    those its ``dispose()`` makes later (they take its listeners).  For a closed ``Database``: a thread still running
+    then (a detached rule that closed its own database, an outbox group ``close()`` did not wait for) gives its
+    connection back afterwards, to a pool already disposed, which would keep it open until collected."""
+    sa.event.listen(engine.pool, "checkin", _close_entry)
+
+
+def _close_entry(dbapi_connection: object, entry: sa.pool.ConnectionPoolEntry) -> None:
+    entry.close()       # (its DBAPI connection: None if invalidated already; the entry is checked out again anew)
+
+
 def _logger_name(pool: sa.Pool) -> str:
     """The name of ``pool``'s logger: SQLAlchemy's ``pool.logger`` is a ``logging.Logger``, or with ``echo_pool``
     an ``InstanceLogger`` that wraps one (``.logger``)."""
@@ -382,7 +394,8 @@ class Database:
 
     def close(self) -> None:
         """Stop the worker pool and close the connection pool.  The outbox's running group transactions are waited
-        for first, up to 10 seconds (``activedb/outbox/README.md``, "Closing").
+        for first, up to 10 seconds (``activedb/outbox/README.md``, "Closing"); a connection given back later (by a
+        group not waited for) is closed then, not kept.
         The embedded server stops when the last process using it exits (unless kept running)."""
         if not self._closed:
             self._closed = True
@@ -390,6 +403,7 @@ class Database:
             self.outbox.close()
             self.transactions.pool.shutdown(wait=False)
             self.catalog.idle.close()
+            _close_returned_connections(self.engine)      # (before the dispose: the pool it makes takes the listener)
             self.engine.dispose()
 
     def __enter__(self) -> "Database":

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import datetime as dt
 import decimal
-import gc
 import json
 import threading
 import uuid
@@ -33,7 +32,7 @@ from activedb.cli import main
 from activedb.errors import GeneratedKeysReset, OutboxError, RuleDefinitionChangedWarning, SerializationConflict
 from activedb.outbox import _records
 from activedb.testing import wait_until
-from tests._sessions import end_sessions
+from tests._sessions import end_sessions, sessions
 
 TIMEOUT = 60
 
@@ -1100,9 +1099,10 @@ def test_a_rule_that_closes_its_own_database_is_not_waited_for_by_that_close(mig
             wait_until(lambda: database.outbox.runners == 0, TIMEOUT, "the rule's runner ended after its close()")
     finally:
         database.close()
-        # (The runner's group committed after the close it called, its connection then returned to a pool already
-        # disposed, or to the new one: closed here — the disposed pool's when it is collected — or the test
-        # database, on a server where the test role may not end sessions, cannot be dropped.)
-        database.engine.dispose()
-        gc.collect()
     assert not [record.getMessage() for record in caplog.records if "closing while" in record.getMessage()]
+    # The runner's group committed after the close its rule called: the connection it gave back then is closed, not
+    # kept by the pool the close disposed (until collected) — else the module's database, on a server where the test
+    # role may not end sessions, could not be dropped.
+    url = database.engine.url
+    wait_until(lambda: not sessions(url), 15, "no session of the closed database left in PostgreSQL",
+               lambda: sessions(url))
