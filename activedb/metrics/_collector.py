@@ -159,8 +159,9 @@ class ActivedbCollector(Collector):
     def _rules(self) -> Iterator[Metric]:
         statistics = self.database.rules.statistics()
         firings = CounterMetricFamily("activedb_rule_firings", "Rule firings of this process, per rule and "
-                                      "outcome (fired: triggered; then condition_false, executed, failed, "
-                                      "cancelled, rerun_after_wait)", labels=["rule", "outcome"])
+                                      "outcome (fired: triggered, per attempt; then condition_false, executed "
+                                      "(took effect: counted once its transaction committed), failed, cancelled, "
+                                      "rerun_after_wait)", labels=["rule", "outcome"])
         for rule, counters in sorted(statistics.per_rule.items()):
             for outcome in RULE_OUTCOMES:
                 firings.add_metric([rule, outcome], getattr(counters, outcome))

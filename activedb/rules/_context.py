@@ -51,6 +51,9 @@ class RuleContext:
     * ``firings``: per rule, the firings dispatched in this tree (kept on the top-level transaction, None
       until the first; also the tree's firing record, added to the manager's counters when the tree ends);
     * ``couplings``: the coupling of each rule of ``firings`` (for the per-mode counters);
+    * ``executed``: per rule, the firings run as subtransactions of this tree whose action ran and whose subtransaction
+      committed (kept on the top-level transaction, None until the first): added to the manager's ``executed``
+      counters if the tree commits, dropped if it aborts (an attempt re-run after a conflict counts none);
     * ``held_deferred``: deferred firings raised in this transaction, a C-A action of a deferred firing (which owns no
       queue, and aborts on its own when its condition says so), held until it commits (:func:`defer`).
 
@@ -64,6 +67,7 @@ class RuleContext:
     gate_report: GateKey | None = None
     firings: dict[str, int] | None = None
     couplings: dict[str, "Coupling"] | None = None
+    executed: dict[str, int] | None = None
     held_deferred: "list[Firing] | None" = None
 
 

@@ -336,13 +336,13 @@ class RuleManager(TransactionExtension):
                     pass
                 except BaseException as error:
                     failures.append((firing, error))
-            self._executed(executed)
+            self._executed(transaction, executed)
         else:
             # Siblings that may run concurrently, run one after another by this thread until one of them
             # has to run elsewhere (txn README, "Groups on threads").
             outcomes = run_group(transaction, self.execute, group,
                                  [_transaction_name(firing.rule) for firing in group])
-            self._executed([firing for firing, (ok, value) in zip(group, outcomes) if ok and value])
+            self._executed(transaction, [firing for firing, (ok, value) in zip(group, outcomes) if ok and value])
             for firing, (ok, outcome) in zip(group, outcomes):
                 if not ok and not isinstance(outcome, DependencyAbort):
                     failures.append((firing, outcome))
@@ -367,7 +367,7 @@ class RuleManager(TransactionExtension):
                     _raise_failure(firing, error, what)
         finally:
             if executed:
-                self.record.executed(executed)
+                self.record.executed(slot(transaction.root, RuleContext), executed)
 
     def plan(self, transaction: Transaction, event: Event) -> list[Firing]:
         """The firings ``event`` causes in ``transaction``, in the order a dispatch runs them: the enabled rules
@@ -406,15 +406,15 @@ class RuleManager(TransactionExtension):
                     fired.append(Fired(FiringOutcome.FAILED, error))
                     continue
             if executed:
-                self._executed([firing])
+                self._executed(transaction, [firing])
             fired.append(Fired(FiringOutcome.EXECUTED if executed else FiringOutcome.CONDITION_FALSE))
         return fired
 
     def execute(self, transaction: Transaction, firing: Firing) -> bool:
         """Run condition and action of ``firing`` in ``transaction`` (its own transaction); True if the
         condition held and the action ran.  ``firing`` becomes the transaction's ``Firing`` slot.  Its caller
-        counts it as executed once that transaction committed (``_executed``; the single immediate firing's
-        dispatch: ``FiringRecord.ran``)."""
+        records it as executed once that transaction committed (``_executed``; the single immediate firing's
+        dispatch: ``FiringRecord.ran``), counted when the tree commits."""
         set_slot(transaction, Firing, firing)
         return self._execute(transaction, firing)
 
@@ -467,13 +467,14 @@ class RuleManager(TransactionExtension):
         logger.error("rule %r failed on %s: %s", rule.name, event.describe(), repr(error))
         raise RuleFailed.raised(rule.name, event, error) from error
 
-    def _executed(self, firings: "list[Firing]") -> None:
-        """The actions of ``firings`` ran and their transactions committed: count them (immediate and deferred
-        firings; a detached one counts once its top-level transaction commits), in one call of the record."""
+    def _executed(self, transaction: Transaction, firings: "list[Firing]") -> None:
+        """The actions of ``firings`` ran and their transactions (children of ``transaction``) committed: counted
+        ``executed`` if ``transaction``'s tree commits (immediate and deferred firings; a detached one counts once its
+        own top-level transaction commits), in one call of the record."""
         names = [firing.rule.name for firing in firings
                  if firing.coupling is _IMMEDIATE or firing.coupling is _DEFERRED]     # runs_as_subtransaction
         if names:
-            self.record.executed(names)
+            self.record.executed(slot(transaction.root, RuleContext), names)
 
 
 def _victim_is(transaction: Transaction, error: "DeadlockDetected") -> bool:

@@ -154,7 +154,8 @@ class Fired(NamedTuple):
 class RuleCounters:
     fired: int = 0
     condition_false: int = 0
-    executed: int = 0          # condition true, action ran and its transaction committed
+    executed: int = 0          # condition true, action ran, its transaction committed — and its top-level
+                               # transaction too: counted then, once (an attempt re-run after a conflict counts none)
     failed: int = 0            # condition or action raised
     cancelled: int = 0         # a dependency stopped it (trigger aborted/committed, condition false), or its tree
                                # was chosen as a deadlock's victim (re-running the tree runs it again)

@@ -1,7 +1,8 @@
 """The firing record of one rule manager (``db.rules.statistics()``): per rule its ``RuleCounters``, per
 E-C coupling its firings.  A tree's firings are counted on its root's ``RuleContext`` (also its
-transaction-log row's ``rule_firings``) and added here once, when the tree ends (``fold``), not per firing.
-``_mutex`` (a leaf) protects the counters and a root's ``firings``/``couplings``.
+transaction-log row's ``rule_firings``) and added here once, when the tree ends (``fold``), not per firing; so are
+its executed firings (``executed``), added only if the tree committed.
+``_mutex`` (a leaf) protects the counters and a root's ``firings``/``couplings``/``executed``.
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ class FiringRecord:
     def ran(self, root: "Transaction", context: RuleContext, rule: "Rule", executed: bool) -> None:
         """One firing of ``rule`` in ``root``'s tree ran (the dispatch of a single immediate firing counts it
         when it has ended, not before): ``dispatched`` and, if ``executed`` (its action ran and its
-        subtransaction committed), ``executed`` — one mutex section and one call per firing."""
+        subtransaction committed), :meth:`executed` — one mutex section and one call per firing."""
         name = rule.name
         mutex = self._mutex
         mutex.acquire()
@@ -73,7 +74,11 @@ class FiringRecord:
             else:
                 self._tally(root, context, rule)
             if executed:
-                self._counters[name].executed += 1
+                done = context.executed
+                if done is None:
+                    context.executed = {name: 1}
+                else:
+                    done[name] = done.get(name, 0) + 1
         finally:
             mutex.release()
 
@@ -103,16 +108,24 @@ class FiringRecord:
             couplings[name] = rule.coupling
 
     def fold(self, root: "Transaction") -> None:
-        """``root``'s tree ended: add its firing record to the counters.  (Called after the root's state became
-        COMMITTED or ABORTED: a tree with no firing yet has nothing to fold, and ``_tally`` counts a firing into it
-        at once by that state.)"""
+        """``root``'s tree ended: add its firing record to the counters, and its executed firings if it committed.
+        (Called after the root's state became COMMITTED or ABORTED: a tree with no firing yet has nothing to fold,
+        and ``_tally`` counts a firing into it at once by that state.)"""
         context = slot(root, RuleContext, create=False)
-        if context is None or context.couplings is None:
+        if context is None or (context.couplings is None and context.executed is None):
             return
+        committed = root.state is TxnState.COMMITTED
         with self._mutex:
+            executed, context.executed = context.executed, None
+            if executed and committed:
+                for name, count in executed.items():
+                    self._counters[name].executed += count
+            couplings = context.couplings
+            if couplings is None:
+                return
             # (Folded even when empty — every firing taken back: ``couplings`` None is what makes a firing
             # counted into the ended tree later reach the counters at once.)
-            couplings, context.couplings = context.couplings, None
+            context.couplings = None
             for name, count in (context.firings or {}).items():
                 self._counters[name].fired += count
                 self._per_mode[couplings[name]] += count
@@ -123,14 +136,18 @@ class FiringRecord:
             counter = self._counters[name]
             setattr(counter, what, getattr(counter, what) + amount)
 
-    def executed(self, names: "list[str]") -> None:
-        """The firings of the rules ``names`` (one name per firing) executed: one mutex section for them all."""
+    def executed(self, context: RuleContext, names: "list[str]") -> None:
+        """Firings of the rules ``names`` (one name per firing) executed — their actions ran and their subtransactions
+        committed — in the tree whose root's ``RuleContext`` is ``context``: counted ``executed`` when that tree
+        commits (``fold``), not if it aborts.  One mutex section for them all."""
         mutex = self._mutex
         mutex.acquire()
         try:
-            counters = self._counters
+            done = context.executed
+            if done is None:
+                done = context.executed = {}
             for name in names:
-                counters[name].executed += 1
+                done[name] = done.get(name, 0) + 1
         finally:
             mutex.release()
 

@@ -924,3 +924,50 @@ def test_an_action_calling_a_function_of_an_imported_module_is_the_code_running(
     running (it was refused as "edited since it was imported")."""
     assert why_not_learned(rounding_counter) is None
     assert learned_table(rounding_counter).table == "counters"
+
+
+@pytest.mark.parametrize("lowered", [False, True], ids=["event-by-event", "lowered"])
+def test_a_batch_run_again_after_a_serialization_conflict_counts_each_executed_firing_once(databases, lowered):
+    """A batch whose tree read a row another connection then changed and committed fails its commit with a
+    serialization conflict and is run again (``Database.run``, as the ingestion re-runs a batch): the rule's
+    ``executed`` counter moves by the firings of the attempt that committed — once per event, on both paths.  Fired
+    event by event it counted the aborted attempt's firings too (each firing's subtransaction had committed), twice
+    per event; the lowered batch counted once (its counts wait for the commit)."""
+    # (One database per path: after a conflict ``Database.run`` learns the function's read tables as hot and reads them
+    # for update — the other connection's change would then wait for this attempt's lock.)
+    database = databases[1 if lowered else 0]
+    kind = f"rerun_{'lowered' if lowered else 'by_event'}"
+    guard = f"{kind}-guard"
+    database.rule(on=database.stream(kind), name=kind)(count_amount)
+    with database.engine.begin() as connection:
+        connection.execute(sa.text("INSERT INTO counters (key, total, events, trail) VALUES (:key, 0, 0, '')"),
+                           {"key": guard})
+    events = [{"type": kind, "key": f"{kind}-{n}", "ts": BASE + dt.timedelta(seconds=n),
+               "payload": {"amount": 1, "seq": n}} for n in range(3)]
+
+    def executed() -> int:
+        counters = database.rules.statistics().per_rule.get(kind)
+        return 0 if counters is None else counters.executed
+
+    attempts: list[str] = []
+
+    def run_the_batch(tx):
+        attempts.append(tx.id)
+        tx.read("counters", guard)
+        if len(attempts) == 1:      # another connection changes the row this attempt read, and commits
+            with database.engine.begin() as other:
+                other.execute(sa.text("UPDATE counters SET events = events + 1 WHERE key = :key"), {"key": guard})
+        if lowered:
+            plan = batch.lower(database.rules, tx, {kind})
+            assert plan is not None, batch.why_not_lowered(database, kind)
+            batch.apply_lowered(database.rules, tx, events, plan, dead_letters=None)
+        else:
+            for event in events:
+                tx.emit(kind, key=event["key"], ts=event["ts"], payload=event["payload"])
+
+    before = executed()
+    database.run(run_the_batch, backoff=0)
+    assert len(attempts) == 2, f"the batch ran {len(attempts)} time(s), not once again after a conflict: {attempts}"
+    assert [row[0] for row in state(database, f"{kind}-") if row[0] != guard] == [event["key"] for event in events]
+    assert executed() - before == len(events), (
+        f"{kind}: executed moved by {executed() - before} for {len(events)} events that each took effect once")
