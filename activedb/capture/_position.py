@@ -6,10 +6,11 @@ Design note: ``README.md`` in this package."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import enum
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Iterator
 
 import sqlalchemy as sa
 
@@ -101,25 +102,56 @@ class PositionWriter(CommitParticipant):
         self.on_step(Step.WRITTEN, self.handled)
 
 
+def privileges_refusal(connection: sa.Connection, needed: tuple[tuple[str, tuple[str, ...]], ...], cannot: str,
+                       instead: str, after: str) -> CaptureError | None:
+    """The :class:`CaptureError` to raise if the session's role lacks a privilege of ``needed`` (``_sql``'s
+    ``CONSUMER_PRIVILEGES``, ``STATUS_PRIVILEGES``, ``PRUNE_PRIVILEGES``) on one of capture's tables: every missing
+    one said at once with the GRANTs that give them — "``cannot`` as role R: the role lacks …  — ``instead``, or have
+    it run: GRANT …;``after``" (PostgreSQL names one refusal at a time, with the statement)."""
+    held = connection.execute(sa.text(_sql.privileges_held(needed))).one()._mapping
+    missing = [(held[f"name_{index}"], privileges) for index, (_, privileges) in enumerate(needed)
+               if held[f"name_{index}"] is not None and not held[f"held_{index}"]]
+    if not missing:
+        return None
+    role = held["role"]
+    return CaptureError(
+        f"{cannot} as role {role}: the role lacks "
+        + "; ".join(f"{', '.join(privileges)} on table {table}" for table, privileges in missing)
+        + f" — {instead}, or have it run: "
+        + " ".join(f"GRANT {', '.join(privileges)} ON TABLE {table} TO {role};" for table, privileges in missing)
+        + after)
+
+
+@contextlib.contextmanager
+def privileges_said(engine: sa.Engine, needed: tuple[tuple[str, tuple[str, ...]], ...], cannot: str, instead: str,
+                    after: str) -> Iterator[None]:
+    """Around statements PostgreSQL may refuse for a privilege (SQLSTATE 42501): such a refusal becomes
+    :func:`privileges_refusal`'s :class:`CaptureError` (read on a connection of its own: the refused transaction is
+    over), saying everything ``needed`` the role lacks; any other error, or a refusal of something else, as it was."""
+    try:
+        yield
+    except sa.exc.ProgrammingError as error:
+        if getattr(error.orig, "sqlstate", None) != "42501":
+            raise
+        with engine.connect() as connection:
+            refusal = privileges_refusal(connection, needed, cannot, instead, after)
+        if refusal is None:
+            raise
+        raise refusal from None
+
+
 def register(database: "Database", name: str) -> None:
     """Make sure consumer ``name`` has its row (position ``(0, 0)`` when new); :class:`CaptureError` naming what to
     grant if the session's role lacks a privilege on capture's tables that consuming takes."""
     try:
         with database.engine.begin() as connection:
-            held = connection.execute(sa.text(_sql.CONSUMER_PRIVILEGES_HELD)).one()._mapping
-            missing = [(held[f"name_{index}"], privileges)
-                       for index, (_, privileges) in enumerate(_sql.CONSUMER_PRIVILEGES)
-                       if held[f"name_{index}"] is not None and not held[f"held_{index}"]]
-            if missing:
-                role = held["role"]
-                raise CaptureError(
-                    f"capture consumer {name!r} cannot consume as role {role}: the role lacks "
-                    + "; ".join(f"{', '.join(privileges)} on table {table}" for table, privileges in missing)
-                    + " — consume as activedb's role (the owner of its tables), or have it run: "
-                    + " ".join(f"GRANT {', '.join(privileges)} ON TABLE {table} TO {role};"
-                               for table, privileges in missing)
-                    + " (the ingestion ledger, the dead letters and the tables its rules write take their own); "
-                      "nothing was consumed")
+            refusal = privileges_refusal(connection, _sql.CONSUMER_PRIVILEGES,
+                                         f"capture consumer {name!r} cannot consume",
+                                         "consume as activedb's role (the owner of its tables)",
+                                         " (the ingestion ledger, the dead letters and the tables its rules write "
+                                         "take their own); nothing was consumed")
+            if refusal is not None:
+                raise refusal
             connection.execute(sa.text(_sql.REGISTER_CONSUMER), {"name": name})
     except sa.exc.ProgrammingError as error:
         if getattr(error.orig, "sqlstate", None) == "42P01":
@@ -141,8 +173,11 @@ def read_position(database: "Database", name: str) -> Position:
 
 def prune(engine: sa.Engine, retention_seconds: float, limit: int = PRUNE_LIMIT) -> int:
     """Remove changes every consumer has handled and that committed more than ``retention_seconds`` ago
-    (at most ``limit`` commits); returns the number of commits removed."""
-    with engine.begin() as connection:
+    (at most ``limit`` commits); returns the number of commits removed.  A role without the rights it takes:
+    :class:`CaptureError` naming each and the GRANTs that give them (nothing was pruned)."""
+    with privileges_said(engine, _sql.PRUNE_PRIVILEGES, "cannot prune captured changes",
+                         "prune as activedb's role (the owner of its tables)", "; nothing was pruned"), \
+            engine.begin() as connection:
         rows = connection.execute(sa.text(_sql.PRUNABLE), {"retention_seconds": retention_seconds,
                                                            "limit": limit}).all()
         if not rows:

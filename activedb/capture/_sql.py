@@ -186,15 +186,22 @@ REGISTER_CONSUMER = f"INSERT INTO {CONSUMERS} (name) VALUES (:name) ON CONFLICT 
 #: What a consumer does to capture's tables (positions; reading and pruning changes and commits; the registry).
 CONSUMER_PRIVILEGES = ((CONSUMERS, ("SELECT", "INSERT", "UPDATE")), (CHANGES, ("SELECT", "DELETE")),
                        (COMMITS, ("SELECT", "DELETE")), (TABLES, ("SELECT",)))
+#: What ``db.capture.status()`` reads of them.
+STATUS_PRIVILEGES = ((CONSUMERS, ("SELECT",)), (CHANGES, ("SELECT",)), (COMMITS, ("SELECT",)), (TABLES, ("SELECT",)))
+#: What ``db.capture.prune()`` (:data:`PRUNABLE`, :data:`PRUNE_CHANGES`, :data:`PRUNE_COMMITS`) does to them.
+PRUNE_PRIVILEGES = ((CONSUMERS, ("SELECT",)), (CHANGES, ("SELECT", "DELETE")), (COMMITS, ("SELECT", "DELETE")))
 
-# Per table of CONSUMER_PRIVILEGES that exists: its schema-qualified name and whether the session's role holds every
-# privilege a consumer needs on it; and the role's name, quoted.
-CONSUMER_PRIVILEGES_HELD = "SELECT quote_ident(current_user) AS role, " + ", ".join(
-    f"(SELECT quote_ident(n.nspname) || '.' || quote_ident(r.relname) FROM pg_class r JOIN pg_namespace n "
-    f"ON n.oid = r.relnamespace WHERE r.oid = to_regclass('{table}')) AS name_{index}, "
-    + " AND ".join(f"coalesce(has_table_privilege(to_regclass('{table}'), '{privilege}'), true)"
-                   for privilege in privileges) + f" AS held_{index}"
-    for index, (table, privileges) in enumerate(CONSUMER_PRIVILEGES))
+
+def privileges_held(needed: tuple[tuple[str, tuple[str, ...]], ...]) -> str:
+    """A statement of one row: per table of ``needed`` that exists, its schema-qualified name (``name_<i>``; NULL:
+    no such table) and whether the session's role holds every privilege listed for it (``held_<i>``); and the
+    role's name, quoted (``role``)."""
+    return "SELECT quote_ident(current_user) AS role, " + ", ".join(
+        f"(SELECT quote_ident(n.nspname) || '.' || quote_ident(r.relname) FROM pg_class r JOIN pg_namespace n "
+        f"ON n.oid = r.relnamespace WHERE r.oid = to_regclass('{table}')) AS name_{index}, "
+        + " AND ".join(f"coalesce(has_table_privilege(to_regclass('{table}'), '{privilege}'), true)"
+                       for privilege in privileges) + f" AS held_{index}"
+        for index, (table, privileges) in enumerate(needed))
 
 READ_POSITION = f"SELECT position, change_id FROM {CONSUMERS} WHERE name = :name"
 

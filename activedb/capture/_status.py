@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 
 from activedb.capture import _sql
-from activedb.capture._position import Position
+from activedb.capture._position import Position, privileges_said
 
 #: Defaults of the "behind" thresholds.
 BEHIND_CHANGES = 10_000
@@ -101,8 +101,10 @@ class CaptureStatus:
 
 def capture_status(engine: sa.Engine, *, behind_changes: int = BEHIND_CHANGES,
                    behind_seconds: float = BEHIND_SECONDS) -> CaptureStatus:
-    """Read the capture backlog (several queries; counts scan the backlog)."""
-    with engine.connect() as connection:
+    """Read the capture backlog (several queries; counts scan the backlog).  A role without the rights it takes:
+    :class:`~activedb.capture.errors.CaptureError` naming each and the GRANTs that give them."""
+    with privileges_said(engine, _sql.STATUS_PRIVILEGES, "cannot read capture's status",
+                         "read it as activedb's role (the owner of its tables)", ""), engine.connect() as connection:
         if not _exists(connection, _sql.CHANGES):
             return CaptureStatus(installed=False)
         tables = captured_tables(connection)

@@ -287,3 +287,39 @@ def test_a_consumer_whose_role_lacks_what_consuming_takes_is_told_which_and_the_
         with db.engine.begin() as connection:
             connection.execute(sa.text(f"REVOKE ALL ON activedb_capture_consumers, activedb_capture_changes, "
                                        f"activedb_capture_commits, activedb_capture_tables FROM {role}"))
+
+
+@pytest.mark.parametrize("call, cannot, privileges", [
+    (lambda capture: capture.status(), "cannot read capture's status as role",
+     ("SELECT on table public.activedb_capture_consumers", "SELECT on table public.activedb_capture_changes",
+      "SELECT on table public.activedb_capture_commits", "SELECT on table public.activedb_capture_tables")),
+    (lambda capture: capture.prune(), "cannot prune captured changes as role",
+     ("SELECT on table public.activedb_capture_consumers", "SELECT, DELETE on table public.activedb_capture_changes",
+      "SELECT, DELETE on table public.activedb_capture_commits")),
+], ids=["status", "prune"])
+def test_status_and_prune_by_a_role_without_their_rights_say_which_and_the_grants_to_run(clean, database_url, other,
+                                                                                        call, cannot, privileges):
+    """db.capture.status() and prune() by a role without their rights on capture's tables raise a CaptureError naming
+    every missing privilege and the GRANTs that give them (the consumer's check); those GRANTs are enough.  They raised
+    SQLAlchemy's ProgrammingError "permission denied for table activedb_capture_…" with the statement."""
+    db = clean
+    role = _role(other)
+    as_other = connected_as(other, database_url)
+    try:
+        with pytest.raises(CaptureError) as refused:
+            call(as_other.capture)
+        said = str(refused.value)
+        assert f"{cannot} {role}: the role lacks" in said, said
+        for privilege in privileges:
+            assert privilege in said, said
+        grants = re.findall(r"GRANT [^;]+;", said)
+        assert len(grants) == len(privileges), said
+        with db.engine.begin() as connection:
+            for grant in grants:
+                connection.execute(sa.text(grant))
+        call(as_other.capture)
+    finally:
+        as_other.close()
+        with db.engine.begin() as connection:
+            connection.execute(sa.text(f"REVOKE ALL ON activedb_capture_consumers, activedb_capture_changes, "
+                                       f"activedb_capture_commits, activedb_capture_tables FROM {role}"))
