@@ -51,7 +51,9 @@ class CaptureManager:
 
     def remove(self, table: str) -> None:
         """Stop capturing ``table``: its trigger, its registry row and its captured changes not yet pruned
-        go (what ``disable_capture`` does in a migration)."""
+        go (what ``disable_capture`` does in a migration).  Dropping the trigger takes ownership of the table: another
+        role (one that could capture it with the TRIGGER privilege) gets a :class:`CaptureError` naming the owner, and
+        nothing changes."""
         self._run(_sql.remove_statements(table), f"stop capturing {table!r}")
 
     def tables(self) -> tuple[CapturedTable, ...]:

@@ -123,17 +123,40 @@ BEGIN
 END
 $body$"""
 
+
+
+def _owner_only(relation: str) -> str:
+    """PL/pgSQL refusing, before anything changes, to drop the capture trigger of ``relation`` (an expression of type
+    regclass or oid) for a role that does not own it — DROP TRIGGER takes ownership (or a superuser), where creating it
+    took only TRIGGER — saying who may and what to do instead of PostgreSQL's "must be owner of relation"."""
+    return f"""
+    IF EXISTS (SELECT FROM pg_trigger WHERE tgrelid = {relation} AND tgname = '{TRIGGER_NAME}' AND NOT tgisinternal)
+       AND NOT pg_has_role((SELECT relowner FROM pg_class WHERE oid = {relation}), 'USAGE') THEN
+        SELECT quote_ident(n.nspname) || '.' || quote_ident(r.relname), quote_ident(pg_get_userbyid(r.relowner))
+        INTO named, owner FROM pg_class r JOIN pg_namespace n ON n.oid = r.relnamespace WHERE r.oid = {relation};
+        RAISE EXCEPTION USING ERRCODE = 'insufficient_privilege',
+            MESSAGE = 'table ' || named || ' is owned by role ' || owner || ': only its owner or a superuser may drop '
+                      'its capture trigger (capturing it took only the TRIGGER privilege), and role '
+                      || quote_ident(current_user) || ' is neither',
+            HINT = 'stop capturing it as role ' || owner || ' or as a superuser (db.capture.remove, activedb capture '
+                   'disable, or disable_capture in a revision run as that role); nothing was changed';
+    END IF;"""
+
+
 # Works whether or not activedb's capture tables (still) exist, before revision 0013 (by name) and after
-# (by oid), and whether or not the table does.
+# (by oid), and whether or not the table does.  Only the owner of the table (or a superuser) may run it
+# (_owner_only).
 _REMOVE = f"""
 DO $body$
 DECLARE
     captured text := current_setting('{_ARGUMENT}');
     target regclass := to_regclass(quote_ident(captured));
     registered oid;
+    named text;
+    owner text;
 BEGIN
     PERFORM set_config('{_ARGUMENT}', '', false);
-    IF target IS NOT NULL THEN
+    IF target IS NOT NULL THEN{_owner_only("target")}
         EXECUTE 'DROP TRIGGER IF EXISTS {TRIGGER_NAME} ON ' || target::text;
     END IF;
     IF to_regclass('{CHANGES}') IS NULL THEN
@@ -143,7 +166,7 @@ BEGIN
                AND NOT attisdropped) THEN
         DELETE FROM {TABLES} WHERE table_name = captured RETURNING table_oid INTO registered;
         -- (the table registered under the name, renamed since: its trigger went with it)
-        IF registered IS DISTINCT FROM target AND EXISTS (SELECT FROM pg_class WHERE oid = registered) THEN
+        IF registered IS DISTINCT FROM target AND EXISTS (SELECT FROM pg_class WHERE oid = registered) THEN{_owner_only("registered")}
             EXECUTE 'DROP TRIGGER IF EXISTS {TRIGGER_NAME} ON ' || registered::regclass::text;
         END IF;
         DELETE FROM {CHANGES} WHERE table_oid IN (registered, target);

@@ -323,3 +323,37 @@ def test_status_and_prune_by_a_role_without_their_rights_say_which_and_the_grant
         with db.engine.begin() as connection:
             connection.execute(sa.text(f"REVOKE ALL ON activedb_capture_consumers, activedb_capture_changes, "
                                        f"activedb_capture_commits, activedb_capture_tables FROM {role}"))
+
+
+def test_remove_by_a_role_that_may_capture_but_does_not_own_the_table_says_who_can(clean, database_url, other):
+    """A role with TRIGGER on a captured table (and what else capturing takes) may capture it, but dropping the
+    trigger takes its ownership: db.capture.remove by that role is a CaptureError saying who may (the table's owner,
+    or a superuser) and what to do, and changes nothing.  It said PostgreSQL's plain "must be owner of table
+    orders"."""
+    db = clean
+    role = _role(other)
+    with db.engine.connect() as connection:
+        owner = connection.execute(sa.text("SELECT quote_ident(current_user)")).scalar_one()
+        connection.execute(sa.text(f"GRANT TRIGGER ON orders TO {role}"))
+        connection.execute(sa.text(f"GRANT EXECUTE ON FUNCTION activedb_capture_row() TO {role}"))
+        connection.execute(sa.text(f"GRANT SELECT, INSERT, UPDATE, DELETE ON activedb_capture_tables TO {role}"))
+        connection.commit()
+    as_other = connected_as(other, database_url)
+    try:
+        assert as_other.capture("orders").trigger_installed          # TRIGGER is enough to capture it
+        with pytest.raises(CaptureError) as refused:
+            as_other.capture.remove("orders")
+        said = str(refused.value)
+        assert f"table public.orders is owned by role {owner}" in said, said
+        assert "only its owner or a superuser" in said, said
+        assert f"role {role} is neither" in said, said
+        assert f"stop capturing it as role {owner} or as a superuser" in said, said
+        assert "must be owner" not in said, said
+        assert db.capture.is_captured("orders")                      # nothing changed
+    finally:
+        as_other.close()
+        with db.engine.begin() as connection:
+            connection.execute(sa.text(f"REVOKE ALL ON orders, activedb_capture_tables FROM {role}"))
+            connection.execute(sa.text(f"REVOKE ALL ON FUNCTION activedb_capture_row() FROM {role}"))
+    db.capture.remove("orders")                                      # its owner may
+    assert not db.capture.is_captured("orders")
