@@ -23,10 +23,10 @@ from typing import TYPE_CHECKING, Iterator
 
 import click
 
-from activedb.cli.options import Seconds
-from activedb.cli.running import (StopRequest, command_home, dead_letter_hint, default_source_name, describe_in_progress,
-                                  exit_at_once, ledger_progress, progress_line, refuse_reset_with_progress, restart,
-                                  restart_after_deadline, status, what_to_do, where_raised)
+from activedb.cli.running import (StopRequest, command_home, dead_letter_hint, deadline_options, deadlines_of,
+                                  default_source_name, describe_in_progress, exit_at_once, ledger_progress,
+                                  progress_line, refuse_reset_with_progress, restart, restart_after_deadline, status,
+                                  what_to_do, where_raised)
 from activedb.extras import Extra, require
 from activedb.metrics import metrics_port_option, start_metrics
 
@@ -47,10 +47,6 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["register_commands", "run_command"]
 
 SINK_IDLE_TIMEOUT_SECONDS = 120.0
-#: ``run``'s default deadlines: a rule of an active database that runs a minute is broken; a micro-batch that runs a
-#: quarter of an hour is one the source should split (``--max-files-per-trigger``).
-RULE_DEADLINE_SECONDS = 60.0
-BATCH_DEADLINE_SECONDS = 900.0
 DETACHED_TIMEOUT_SECONDS = 60.0
 REFRESH_SECONDS = 0.5
 PLAIN_PROGRESS_SECONDS = 10.0  # progress line period when stdout is not a terminal
@@ -250,15 +246,7 @@ def _checkpoint_lock(checkpoint_dir: Path, name: str) -> Iterator[None]:
               help="Extra Spark configuration (repeatable).")
 @click.option("--verbose", is_flag=True, help="Also log each event the rules reject (they go to the dead-letter "
                                               "table either way).")
-@click.option("--rule-deadline", type=Seconds(), default=RULE_DEADLINE_SECONDS, show_default=True,
-              metavar="SECONDS",
-              help="A rule firing that has not returned after this long fails its batch: the event becomes a dead "
-                   "letter, the batch is rolled back and this command restarts itself to apply it without the event "
-                   "(0: no limit; not with --partitions).")
-@click.option("--batch-deadline", type=Seconds(), default=BATCH_DEADLINE_SECONDS, show_default=True,
-              metavar="SECONDS",
-              help="A micro-batch that has not committed after this long is rolled back and re-run by a restart of "
-                   "this command (0: no limit; not with --partitions); raise it for very large batches.")
+@deadline_options(unwatched="; not with --partitions")
 @click.option("--record-detached", is_flag=True,
               help="Record every detached-family rule firing in the outbox, to run in a transaction of its own; by "
                    "default a batch runs those whose action only inserts rows in its own commit, with no record.")
@@ -295,7 +283,6 @@ def run_command(ctx: click.Context, app: str, source_text: str, checkpoint: str 
     import spark_bridge
     from activedb import mask_secrets
     from activedb.cli import console as make_console, open_database, register_app
-    from activedb.ingest import Deadlines
     from activedb.cli.application import app_handler
     from spark_bridge._cluster import check_database_for_executors
 
@@ -408,7 +395,7 @@ def run_command(ctx: click.Context, app: str, source_text: str, checkpoint: str 
                 database, frame, mapping=loaded.mapping, query_name=name, checkpoint_location=str(checkpoint_dir),
                 trigger={"availableNow": True} if available_now else trigger, known_types=loaded.known_types,
                 watermark_delay=watermark_delay or loaded.watermark_delay, handler=app_handler(loaded),
-                deadlines=None if partitions else Deadlines(batch=batch_deadline or None, rule=rule_deadline or None),
+                deadlines=None if partitions else deadlines_of(rule_deadline, batch_deadline),
                 partition_by_key=partitions, app=app if partitions else None, on_partition_failure=on_partition_failure,
             )
         except (SparkBridgeError, IngestError) as error:

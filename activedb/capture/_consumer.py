@@ -30,7 +30,7 @@ from activedb.capture._position import (KINDS, CapturedChange, Position, Positio
 from activedb.capture.errors import CaptureConflict, CaptureError, CaptureNotInstalled, ConsumerStopped
 from activedb.errors import DatabaseUnavailable, TransactionAborted, check_seconds, check_whole_number
 from activedb.events import age_seconds
-from activedb.ingest import Ingestion, LedgerId
+from activedb.ingest import Deadlines, Ingestion, LedgerId
 from activedb.rules import FiringOutcome
 from activedb.store import is_connection_failure
 
@@ -90,6 +90,7 @@ class ConsumerOptions(TypedDict, total=False):
     idle_wait: float
     behind_seconds: float
     max_retries: int
+    deadlines: Deadlines | None
     on_step: Callable[[Step, int], None] | None
 
 
@@ -106,6 +107,11 @@ class CaptureConsumer:
       consumer is behind (at most once a minute);
     * ``max_retries``: a batch that meets serialization conflicts or deadlocks runs again this often
       before ``run_once`` gives up for now (the position stays; the next call tries again);
+    * ``deadlines``: how long a batch, and a rule firing in it, may run (``activedb.ingest.Deadlines``, as
+      ``activedb run`` takes them; None: no limit).  Past a rule's deadline the change it runs on becomes a dead
+      letter at once; the batch is rolled back and raises ``BatchDeadlineExceeded``, and this consumer takes no
+      more batches (the rule's thread cannot be stopped): end the process and start it again — a consumer of the
+      name then runs the batch again without that change (``activedb capture consume`` restarts itself);
     * ``on_step(step, detail)``: called at each :class:`Step` (exceptions propagate: it is a monitoring
       and test hook).
 
@@ -114,13 +120,16 @@ class CaptureConsumer:
 
     def __init__(self, database: "Database", name: str = "default", *, batch_size: int = 500,
                  retention: float | dt.timedelta = 0.0, prune_interval: float = 5.0, idle_wait: float = 5.0,
-                 behind_seconds: float = 60.0, max_retries: int = 5,
+                 behind_seconds: float = 60.0, max_retries: int = 5, deadlines: Deadlines | None = None,
                  on_step: Callable[[Step, int], None] | None = None):
         check_consumer_name(name)
         for option, value, least in (("batch_size", batch_size, 1), ("max_retries", max_retries, 0)):
             check_whole_number("db.capture.consumer", option, value, least, error=CaptureError)
         for option, duration in (("prune_interval", prune_interval), ("behind_seconds", behind_seconds)):
             check_seconds("db.capture.consumer", option, duration, none=None, error=CaptureError)
+        if deadlines is not None and not isinstance(deadlines, Deadlines):
+            raise CaptureError(f"db.capture.consumer(deadlines={deadlines!r}) takes an activedb.ingest.Deadlines("
+                               f"batch=…, rule=…) in seconds, or None for no limit")
         if (isinstance(idle_wait, bool) or not isinstance(idle_wait, (int, float))
                 or not 0 < idle_wait <= threading.TIMEOUT_MAX):   # (it is a thread's pause)
             raise CaptureError(f"db.capture.consumer(idle_wait={idle_wait!r}) takes a number of seconds above 0 and "
@@ -152,7 +161,7 @@ class CaptureConsumer:
         #: start position always yields the same batch): the one batch protocol, ledger, dead letters and
         #: statistics of every connector (``ingestion.statistics()``, what metrics watch).
         self._handler = CaptureHandler(name, self._step)
-        self.ingestion = Ingestion(database, source=source_of(name), handler=self._handler)
+        self.ingestion = Ingestion(database, source=source_of(name), handler=self._handler, deadlines=deadlines)
         self.ledger_id = str(LedgerId(source_of(name)))
         # The position as this consumer last committed it while leading (None: read it from PostgreSQL).
         self._known_position: Position | None = None
@@ -276,13 +285,16 @@ class CaptureConsumer:
         self._thread = None
 
     def close(self) -> None:
-        """Stop, release the leadership (the listener connection) and refuse further batches."""
+        """Stop, release the leadership (the listener connection), close the ingestion (its deadlines' thread) and
+        refuse further batches."""
         self.stop()
         with self._run_mutex:
             self._listener.close()
             with self._mutex:
-                self._state = ConsumerState.STOPPED
+                closed, self._state = self._state is ConsumerState.STOPPED, ConsumerState.STOPPED
                 self._progress.notify_all()
+        if not closed:
+            self.ingestion.close()
 
     def wait_caught_up(self, timeout: float = 30.0) -> Position:
         """Wait until a fetch that began after this call found nothing pending (every change committed

@@ -97,6 +97,8 @@ class CaptureHandler(BatchHandler):
         self._writer: PositionWriter | None = None
         #: The firings of the last batch that committed (or was last attempted), for the consumer's counters.
         self.results: list[Result] = []
+        #: The change whose firing runs now (read by another thread at a rule's deadline: event_in_progress).
+        self._running: CapturedEvent | None = None
 
     def bind(self, db: Database, mapping: EventMapping | None) -> None:
         self.db = db
@@ -130,6 +132,11 @@ class CaptureHandler(BatchHandler):
     def apply_events(self, tx: Transaction, events: list[CapturedEvent]) -> None:
         self._fire(tx, events)
 
+    def event_in_progress(self) -> CapturedEvent | None:
+        """The change whose rule firing runs now (None between firings): past a rule's deadline
+        (``activedb.ingest.Deadlines``) it becomes the dead letter, and the batch's re-run leaves it out."""
+        return self._running
+
     def refusal_reason(self, event: CapturedEvent, refusal: BaseException) -> str:
         return f"the reactions to {event.change.describe()} cannot be committed: {refusal}"
 
@@ -152,8 +159,11 @@ class CaptureHandler(BatchHandler):
                    for event in events if event.event is not None for firing in rules.plan(tx, event.event)]
         inline = may_share_a_subtransaction(self._bound(), planned)
         results: list[Result] = []
-        for first in range(0, len(planned), CHUNK_FIRINGS):
-            results.extend(self._run_chunk(tx, planned[first:first + CHUNK_FIRINGS], inline))
+        try:
+            for first in range(0, len(planned), CHUNK_FIRINGS):
+                results.extend(self._run_chunk(tx, planned[first:first + CHUNK_FIRINGS], inline))
+        finally:
+            self._running = None
         return results
 
     def _run_chunk(self, tx: Transaction, chunk: list[tuple[CapturedEvent, Firing]], inline: bool) -> list[Result]:
@@ -162,9 +172,15 @@ class CaptureHandler(BatchHandler):
         one is kept)."""
         rules = self._bound().rules
         if inline and chunk:
+            def shared(child: Transaction) -> list[Fired]:      # (firing by firing: event_in_progress knows each)
+                fired = []
+                for event, firing in chunk:
+                    self._running = event
+                    fired.extend(rules.fire(child, [firing], shared=True))
+                return fired
+
             try:
-                fired = lowlevel.run_subtransaction(tx, rules.fire, [firing for _, firing in chunk], shared=True,
-                                                    name=f"capture:{self.consumer}:rules")
+                fired = lowlevel.run_subtransaction(tx, shared, name=f"capture:{self.consumer}:rules")
                 return [Result(event.change, event.position, firing, outcome, None)
                         for (event, firing), (outcome, _) in zip(chunk, fired)]
             except Exception as error:       # re-run one by one: the failing firing alone is discarded
@@ -172,7 +188,11 @@ class CaptureHandler(BatchHandler):
                             self.consumer, len(chunk), error)
                 # (The shared run's rules may have changed their events: each runs again on the event as captured.)
                 chunk = [(event, _afresh(firing, event)) for event, firing in chunk]
-        return [Result(event.change, event.position, firing, *fire(rules, tx, firing, event)) for event, firing in chunk]
+        results = []
+        for event, firing in chunk:
+            self._running = event
+            results.append(Result(event.change, event.position, firing, *fire(rules, tx, firing, event)))
+        return results
 
 
 def _afresh(firing: Firing, captured: CapturedEvent) -> Firing:

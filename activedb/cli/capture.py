@@ -14,12 +14,14 @@ import click
 
 from activedb.cli import _Group, _confirm, console as make_console, has_no_tables, literal, open_database, register_app
 from activedb.cli.options import Seconds, json_default
-from activedb.cli.running import StopRequest, describe_in_progress, exit_at_once
+from activedb.cli.running import (BATCH_DEADLINE_SECONDS, RULE_DEADLINE_SECONDS, StopRequest, deadline_options,
+                                  deadlines_of, describe_in_progress, exit_at_once, restart, restart_after_deadline)
+from activedb.ingest.errors import BatchDeadlineExceeded
 from activedb.metrics import metrics_port_option, start_metrics
 
 if TYPE_CHECKING:  # pragma: no cover
     from activedb import Database
-    from activedb.capture import CaptureManager
+    from activedb.capture import CaptureConsumer, CaptureManager
 
 
 def _when(at: dt.datetime | None) -> str:
@@ -150,19 +152,23 @@ def drop_consumer_command(ctx: click.Context, name: str, yes: bool) -> None:
 @click.option("--until-caught-up", is_flag=True, help="Exit once nothing is pending.")
 @click.option("--lead-timeout", default=30.0, show_default=True, type=Seconds(),
               help="With --until-caught-up: seconds to wait while another consumer of NAME leads.")
+@deadline_options()
 @metrics_port_option
 @click.pass_context
 def consume_command(ctx: click.Context, app: str, name: str, batch_size: int, retention: float,
-                    until_caught_up: bool, lead_timeout: float, metrics_port: str | None = None) -> None:
+                    until_caught_up: bool, lead_timeout: float, metrics_port: str | None = None,
+                    rule_deadline: float = RULE_DEADLINE_SECONDS, batch_deadline: float = BATCH_DEADLINE_SECONDS) -> None:
     """Run APP's rules on captured changes, exactly once, in commit order.
 
     APP is a module name or a .py file with register(db) declaring the rules on db.captured(...) (and
     optionally MIGRATIONS, its Alembic directory, upgraded first). Runs until Ctrl-C / SIGTERM (the batch
     in progress finishes; a second Ctrl-C ends the process at once and PostgreSQL rolls the batch back:
-    exactly once either way), or with --until-caught-up until nothing is pending."""
+    exactly once either way), or with --until-caught-up until nothing is pending. A rule that does not return
+    within --rule-deadline makes its change a dead letter, and the command restarts itself to go on without it."""
     from activedb.cli.application import load_app as load_application
 
     loaded = load_application(app)        # (MIGRATIONS relative to the application's file, as `activedb run` reads it)
+    restart_environment: dict[str, str] | None = None   # to restart this command in (a deadline passed)
     with open_database(ctx, writes=True) as database:
         metrics = start_metrics(database, metrics_port)
         try:
@@ -171,49 +177,78 @@ def consume_command(ctx: click.Context, app: str, name: str, batch_size: int, re
             if loaded.migrations is not None:
                 database.upgrade_app(loaded.migrations)
             register_app(loaded.register, database, app)
-            consumer = database.capture.consumer(name, batch_size=batch_size, retention=retention)
+            consumer = database.capture.consumer(name, batch_size=batch_size, retention=retention,
+                                                 deadlines=deadlines_of(rule_deadline, batch_deadline))
             if metrics is not None:
                 metrics.watch_consumer(consumer)
                 metrics.watch_ingestion(consumer.ingestion)     # its batches, as any ingestion's
             if until_caught_up:
-                handled = consumer.run_until_caught_up(lead_timeout=lead_timeout)
-                click.echo(f"capture consumer {name!r}: handled {handled:,} changes, caught up at {consumer.position}")
-                return
-            stop = StopRequest()
-            # (the second Ctrl-C: a rule that never returns holds the batch, and the orderly stop would wait for it)
-            stop.at_once = functools.partial(exit_at_once, make_console(), consumer.ingestion)
-            stop.install()
-            try:
-                consumer.start()
-                click.echo(f"capture consumer {name!r} running (Ctrl-C stops)")
-                # Woken by the signal handler; the timeout re-checks that the consumer's thread is alive.
-                while not stop.event.wait(1.0) and consumer.failure is None:
-                    pass
-                if stop.event.is_set():
-                    batch = consumer.ingestion.batch_in_progress()
-                    doing = ("no batch is in progress" if batch is None else
-                             f"letting batch {batch.batch_id} finish ({describe_in_progress(batch)})")
-                    click.echo(f"stopping: {doing} — Ctrl-C again to stop at once")
-            finally:
-                consumer.close()
-                stop.restore()          # (after the stop: a second Ctrl-C while it waits ends the process)
-            failure = consumer.failure
-            if failure is not None:
-                import sqlalchemy as sa
-
-                from activedb.capture.errors import CaptureError
-
-                # (a database error's own message, not SQLAlchemy's text with the statement and a link)
-                reason = failure.orig if isinstance(failure, sa.exc.DBAPIError) and failure.orig else failure
-                raise CaptureError(f"capture consumer {name!r} stopped: {type(reason).__name__}: "
-                                   f"{str(reason).strip()}; its changes from {consumer.position} remain pending — "
-                                   f"fix the cause and run `activedb capture consume` again") from failure
-            statistics = consumer.statistics()
-            click.echo(f"capture consumer {name!r}: {statistics.changes:,} changes in {statistics.batches:,} batches, "
-                       f"{statistics.firings:,} firings, {statistics.failed:,} failed; at {statistics.position}")
+                try:
+                    handled = consumer.run_until_caught_up(lead_timeout=lead_timeout)
+                except BatchDeadlineExceeded:
+                    restart_environment = _restart_after_deadline(consumer)
+                    if restart_environment is None:
+                        raise
+                else:
+                    click.echo(f"capture consumer {name!r}: handled {handled:,} changes, caught up at "
+                               f"{consumer.position}")
+            else:
+                restart_environment = _consume_until_stopped(consumer, name)
         finally:
             if metrics is not None:
                 metrics.close()
+    if restart_environment is not None:
+        restart(restart_environment)
+
+
+def _restart_after_deadline(consumer: CaptureConsumer) -> dict[str, str] | None:
+    """After a batch of ``consumer`` passed a deadline: the environment to restart the command in (as `activedb run`
+    does: the rule's thread cannot be stopped, and a consumer of the name started again runs the batch without the
+    dead-lettered change), or None (another failure, or too many restarts without progress)."""
+    consumer.close()        # (its leadership and connections go before the process is replaced)
+    return restart_after_deadline(consumer.ingestion, make_console(), consumer.statistics().batches > 0)
+
+
+def _consume_until_stopped(consumer: CaptureConsumer, name: str) -> dict[str, str] | None:
+    """Run ``consumer`` on its thread until Ctrl-C / SIGTERM or its thread dies; the environment to restart the command
+    in if it died of a deadline (:func:`_restart_after_deadline`), else None; any other failure raises."""
+    stop = StopRequest()
+    # (the second Ctrl-C: a rule that never returns holds the batch, and the orderly stop would wait for it)
+    stop.at_once = functools.partial(exit_at_once, make_console(), consumer.ingestion)
+    stop.install()
+    try:
+        consumer.start()
+        click.echo(f"capture consumer {name!r} running (Ctrl-C stops)")
+        # Woken by the signal handler; the timeout re-checks that the consumer's thread is alive.
+        while not stop.event.wait(1.0) and consumer.failure is None:
+            pass
+        if stop.event.is_set():
+            batch = consumer.ingestion.batch_in_progress()
+            doing = ("no batch is in progress" if batch is None else
+                     f"letting batch {batch.batch_id} finish ({describe_in_progress(batch)})")
+            click.echo(f"stopping: {doing} — Ctrl-C again to stop at once")
+    finally:
+        consumer.close()
+        stop.restore()          # (after the stop: a second Ctrl-C while it waits ends the process)
+    failure = consumer.failure
+    if isinstance(failure, BatchDeadlineExceeded):
+        restart_environment = _restart_after_deadline(consumer)
+        if restart_environment is not None:
+            return restart_environment
+    if failure is not None:
+        import sqlalchemy as sa
+
+        from activedb.capture.errors import CaptureError
+
+        # (a database error's own message, not SQLAlchemy's text with the statement and a link)
+        reason = failure.orig if isinstance(failure, sa.exc.DBAPIError) and failure.orig else failure
+        raise CaptureError(f"capture consumer {name!r} stopped: {type(reason).__name__}: "
+                           f"{str(reason).strip()}; its changes from {consumer.position} remain pending — "
+                           f"fix the cause and run `activedb capture consume` again") from failure
+    statistics = consumer.statistics()
+    click.echo(f"capture consumer {name!r}: {statistics.changes:,} changes in {statistics.batches:,} batches, "
+               f"{statistics.firings:,} firings, {statistics.failed:,} failed; at {statistics.position}")
+    return None
 
 
 def register_commands(main_group: click.Group) -> None:

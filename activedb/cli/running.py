@@ -20,15 +20,18 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Any, Iterator, TypeVar
 
 if TYPE_CHECKING:  # pragma: no cover
     from rich.console import Console
 
     from activedb import Database
-    from activedb.ingest import BatchInProgress, Ingestion, IngestStatistics
+    from activedb.ingest import BatchInProgress, Deadlines, Ingestion, IngestStatistics
 
-__all__ = ["MAX_RESTARTS", "SLOW_BATCH_SECONDS", "StopRequest", "command_home", "dead_letter_hint", "default_source_name",
+_Command = TypeVar("_Command", bound=Callable[..., Any])
+
+__all__ = ["BATCH_DEADLINE_SECONDS", "MAX_RESTARTS", "RULE_DEADLINE_SECONDS", "SLOW_BATCH_SECONDS", "StopRequest",
+           "command_home", "dead_letter_hint", "deadline_options", "deadlines_of", "default_source_name",
            "describe_in_progress", "exit_at_once", "ledger_progress", "progress_line", "refuse_reset_with_progress",
            "restart", "restart_after_deadline", "status", "what_to_do", "where_raised"]
 
@@ -37,6 +40,39 @@ SLOW_BATCH_SECONDS = 2.0
 #: How many times in a row a command restarts itself after a deadline without committing a batch in between.
 MAX_RESTARTS = 3
 _RESTARTS = "ACTIVEDB_RUN_RESTARTS"      # (the count, passed to the restarted process)
+#: The commands' default deadlines (``--rule-deadline``, ``--batch-deadline``): a rule of an active database that
+#: runs a minute is broken; a batch that runs a quarter of an hour is one the source should split.
+RULE_DEADLINE_SECONDS = 60.0
+BATCH_DEADLINE_SECONDS = 900.0
+
+
+def deadline_options(unwatched: str = "") -> Callable[[_Command], _Command]:
+    """``--rule-deadline`` and ``--batch-deadline`` (parameters ``rule_deadline``, ``batch_deadline``: seconds, 0 for
+    no limit; :func:`deadlines_of` makes them the ingestion's :class:`~activedb.ingest.Deadlines`) for a command that
+    runs an ingestion and restarts itself after a deadline (:func:`restart_after_deadline`).  ``unwatched``: what the
+    help adds to "0: no limit" (``"; not with --partitions"``)."""
+    import click
+
+    from activedb.cli.options import Seconds
+
+    def add(command: _Command) -> _Command:
+        command = click.option(
+            "--batch-deadline", type=Seconds(), default=BATCH_DEADLINE_SECONDS, show_default=True, metavar="SECONDS",
+            help=f"A batch that has not committed after this long is rolled back and re-run by a restart of this "
+                 f"command (0: no limit{unwatched}); raise it for very large batches.")(command)
+        return click.option(
+            "--rule-deadline", type=Seconds(), default=RULE_DEADLINE_SECONDS, show_default=True, metavar="SECONDS",
+            help=f"A rule firing that has not returned after this long fails its batch: the event becomes a dead "
+                 f"letter, the batch is rolled back and this command restarts itself to apply it without the event "
+                 f"(0: no limit{unwatched}).")(command)
+    return add
+
+
+def deadlines_of(rule_deadline: float, batch_deadline: float) -> Deadlines:
+    """The :class:`~activedb.ingest.Deadlines` of :func:`deadline_options`' values (0: no limit)."""
+    from activedb.ingest import Deadlines
+
+    return Deadlines(batch=batch_deadline or None, rule=rule_deadline or None)
 
 
 def command_home(home: str | None) -> Path:

@@ -187,6 +187,11 @@ class BatchBook:
         with self._mutex:
             self._last_committed = (query_id, batch_id)
 
+    def committed_any(self, query_id: str) -> bool:
+        """True if this book committed a batch of ``query_id`` last (:meth:`committed`)."""
+        with self._mutex:
+            return self._last_committed is not None and self._last_committed[0] == query_id
+
     def follows_committed(self, query_id: str, batch_id: int) -> bool:
         """True if the batch before ``batch_id`` of ``query_id`` is the last one this book committed (not one the
         ledger had before it ran: :meth:`skipped`): Spark runs a query's batches in order, so ``batch_id`` is then new

@@ -177,7 +177,7 @@ class BatchHandler:
         attempt is searched then.  Default False: the trials apply it as the failed attempt did."""
         return False
 
-    def event_in_progress(self) -> RawEvent | None:
+    def event_in_progress(self) -> RowEvent | None:
         """The event of the batch being applied now, if the handler applies them one by one (asked from another
         thread when a rule passes its deadline: that event becomes the dead letter, ``activedb.ingest.Deadlines``);
         None: no single event is to blame (the default)."""
@@ -307,6 +307,10 @@ def _run_batch(context: BatchContext, handler: BatchHandler, rows: Rows, row_cou
     if not (fresh or book.follows_committed(query_id, batch_id)):
         if batch_committed(context.db, query_id, batch_id):
             return book.skipped(query_id, batch_id, row_count, watermark, timings, began)
+        ahead = letters_written_ahead(context.db, query_id, batch_id)
+    elif fresh and not book.committed_any(query_id):
+        # A batch the connector vouches for may still be the re-run of one a deadline gave up (in a process that
+        # then ended): until this ingestion has committed one, the letters written ahead are asked for.
         ahead = letters_written_ahead(context.db, query_id, batch_id)
 
     with no_cyclic_gc():    # until the tree has ended, then one young collection (_letters.no_cyclic_gc)

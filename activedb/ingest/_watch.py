@@ -31,7 +31,7 @@ import sqlalchemy as sa
 
 from activedb import deadletters, lowlevel
 from activedb.errors import finite_number
-from activedb.ingest._interface import row_count
+from activedb.ingest._interface import RowEvent, row_count
 from activedb.ingest._letters import BatchLetters
 from activedb.ingest._outcome import BatchInProgress, FiringInProgress
 from activedb.ingest.errors import BatchDeadlineExceeded, IngestError
@@ -41,7 +41,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from activedb._handle import DatabaseHandle
     from activedb.clock import Clock
     from activedb.ingest._interface import Rows
-    from activedb.ingest._mapping import EventMapping, RawEvent
+    from activedb.ingest._mapping import EventMapping
     from activedb.txn import Transaction
 
 __all__ = ["BatchInProgress", "BatchReport", "Deadlines", "FiringInProgress", "Watch", "batches_in_progress",
@@ -272,7 +272,7 @@ class Watch:
     # -- running a batch ----------------------------------------------------------------------------
 
     def run(self, query_id: str, batch_id: int, rows: Rows, call: Callable[[], _T],
-            event_in_progress: Callable[[], RawEvent | None]) -> _T:
+            event_in_progress: Callable[[], RowEvent | None]) -> _T:
         """``call()`` (the batch) on the watch's thread, waited for with the deadlines; its result, or its error
         raised.  Past a deadline the batch is abandoned (:meth:`_abandon`) and :class:`BatchDeadlineExceeded`
         raised.  ``rows``: the batch as delivered (a culprit's dead letter keeps its row); ``event_in_progress``:
@@ -319,7 +319,7 @@ class Watch:
             until.append(batch.deadline_in)
         return max(0.01, min(until))
 
-    def _abandon(self, batch: BatchInProgress, rows: Rows, event_in_progress: Callable[[], RawEvent | None]) -> None:
+    def _abandon(self, batch: BatchInProgress, rows: Rows, event_in_progress: Callable[[], RowEvent | None]) -> None:
         """Give up ``batch``: its transaction is doomed and its PostgreSQL transaction ended now
         (``lowlevel.abandon``); past a rule's deadline, the event it runs on is a dead letter at once, which a re-run
         leaves out; the watch takes no more batches.  A batch whose transaction had committed (its thread still runs

@@ -834,7 +834,8 @@ def test_status_on_an_80_column_terminal_shows_a_failed_firings_error_whole(db, 
 @pytest.mark.parametrize("arguments", [
     ["outbox", "--prune-done"], ["db", "upgrade", "--lock-timeout"], ["app", "upgrade", ".", "--lock-timeout"],
     ["capture", "status", "--behind-seconds"], ["capture", "consume", "app.py", "--retention"],
-    ["capture", "consume", "app.py", "--lead-timeout"], ["batches", "prune", "--older-than"],
+    ["capture", "consume", "app.py", "--lead-timeout"], ["capture", "consume", "app.py", "--rule-deadline"],
+    ["capture", "consume", "app.py", "--batch-deadline"], ["batches", "prune", "--older-than"],
     ["run", "app.py", "--rule-deadline"], ["run", "app.py", "--batch-deadline"], ["explain", "--pid", "1", "--timeout"],
 ], ids=lambda arguments: arguments[-1])
 @pytest.mark.parametrize("value", ["nan", "inf", "-1"])

@@ -20,7 +20,8 @@ import sqlalchemy as sa
 import activedb
 from activedb.capture import CaptureError, CaptureNotEnabledWarning, ConsumerState, Step
 from activedb.events import EventKind, Origin
-from activedb.ingest import ingestion_status
+from activedb.ingest import Deadlines, ingestion_status
+from activedb.ingest.errors import BatchDeadlineExceeded, IngestError
 from activedb.testing import Watchdog, wait_until
 from tests.capture import _app
 
@@ -250,6 +251,51 @@ def test_a_failing_rule_is_a_dead_letter_and_the_others_go_on(clean, conninfo):
     assert backlog.failed == 1 and backlog.changes == 0
     assert "consumer 'default' has 1 failed rule firings: `activedb dead-letters list --query capture:default`" \
         in " ".join(db.capture.status().warnings())
+
+
+def test_a_rule_that_never_returns_passes_its_deadline_its_change_is_a_dead_letter_and_the_next_is_applied(
+        clean, conninfo):
+    """A consumer given Deadlines (as `activedb run` takes them): a rule that never returns on one change fails its
+    batch at the rule's deadline — nothing of the batch is applied, the change is a dead letter at once, the
+    consumer takes no more batches — and a consumer of the name started again (a restarted process) applies the
+    batch without that change, the next change included.  A consumer had no deadline: the rule held it for ever."""
+    db = clean
+    never = threading.Event()           # never set while the batch runs: only the deadline ends the wait
+
+    @db.rule(on=db.captured("orders", "inserted"), coupling="detached", priority=10)
+    def log(tx, event):
+        tx.insert("order_log", rule="log", kind=event.kind.value, order_id=event.key)
+
+    @db.rule(on=db.captured("orders", "inserted"), coupling="detached", priority=5)
+    def hangs(tx, event):
+        if event.key == 51:
+            never.wait()
+
+    with psycopg.connect(conninfo, autocommit=True) as psql:
+        psql.execute("INSERT INTO orders (id, customer, amount) VALUES (50, 'a', 1), (51, 'b', 1), (52, 'c', 1)")
+    consumer = db.capture.consumer(deadlines=Deadlines(rule=0.5, batch=WATCHDOG_SECONDS))
+    try:
+        with Watchdog(WATCHDOG_SECONDS, db.transactions.locks):
+            with pytest.raises(BatchDeadlineExceeded) as passed:
+                consumer.run_until_caught_up()
+            assert "rule 'hangs' did not return within its deadline of 0.5 s" in str(passed.value)
+            assert logged(db, "log") == []                       # nothing of the batch was applied
+            with db.engine.connect() as connection:
+                [(query, reason, raw)] = connection.execute(sa.text(
+                    "SELECT query_id, reason, raw FROM activedb_dead_letters")).all()
+            assert query == "capture:default" and "rule 'hangs' did not return within its deadline" in reason
+            assert raw["key"] == 51 and raw["table"] == "orders", raw
+            with pytest.raises(IngestError, match="takes no more batches"):
+                consumer.run_once()
+            consumer.close()
+            again = db.capture.consumer(deadlines=Deadlines(rule=0.5, batch=WATCHDOG_SECONDS))
+            assert again.run_until_caught_up() == 3
+        assert logged(db, "log") == [("inserted", 50), ("inserted", 52)]
+        [status] = ingestion_status(db, "capture:default")
+        assert (status.batches, status.events, status.dead_letters) == (1, 2, 1)
+        assert again.position.change_id > 0 and db.capture.status().consumers[0].changes == 0
+    finally:
+        never.set()
 
 
 def test_a_capture_batch_is_a_batch_of_the_ingestion_core(clean, conninfo):

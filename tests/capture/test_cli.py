@@ -250,7 +250,8 @@ def test_a_second_ctrl_c_ends_consume_at_once_while_a_rule_never_returns(databas
     with open(output, "wb") as sink:
         process = subprocess.Popen(
             [sys.executable, "-m", "activedb.cli", "--url", database_url, "capture", "consume", str(app_file), "--name",
-             "stuck"], stdout=sink, stderr=subprocess.STDOUT, start_new_session=True,
+             "stuck", "--rule-deadline", "0", "--batch-deadline", "0"], stdout=sink, stderr=subprocess.STDOUT,
+            start_new_session=True,
             env={**os.environ, "ACTIVEDB_HOME": str(tmp_path / "home")})
 
     def printed(text: str):
@@ -277,6 +278,54 @@ def test_a_second_ctrl_c_ends_consume_at_once_while_a_rule_never_returns(databas
     document = json.loads(CliRunner().invoke(main, ["--url", database_url, "capture", "status", "--json"]).output)
     [stuck] = [consumer for consumer in document["consumers"] if consumer["name"] == "stuck"]
     assert stuck["handled"] == 0 and stuck["tables"][0]["changes"] == 1, stuck
+
+
+HANGING_APP = '''"""A rule on captured orders that never returns on the order of customer 'hangs' and logs the others."""
+import threading
+
+
+def register(db):
+    @db.rule(on=db.captured("orders", "inserted"), coupling="detached")
+    def hangs_on_one(tx, event):
+        if event.new["customer"] == "hangs":
+            threading.Event().wait()
+        tx.insert("order_log", rule="hangs_on_one", kind="inserted", order_id=event.key)
+'''
+
+
+def test_consume_gives_up_a_rule_past_its_deadline_dead_letters_its_change_and_restarts_to_apply_the_next(
+        database_url, tmp_path):
+    """``capture consume --rule-deadline`` (as `activedb run` takes it, 60 s by default): a rule that never returns
+    fails its batch at the deadline, its change becomes a dead letter, and the command restarts itself and applies
+    the batch without it — the next change included — then exits caught up.  There was no such option: the rule held
+    the consumer until a second Ctrl-C."""
+    import os
+    import subprocess
+    import sys
+
+    _capture_orders(database_url)
+    app_file = tmp_path / "hanging_app.py"
+    app_file.write_text(HANGING_APP)
+    with psycopg.connect(libpq(database_url), autocommit=True) as psql:
+        psql.execute("INSERT INTO orders (id, customer, amount) VALUES (78001, 'hangs', 1), (78002, 'next', 1)")
+    done = subprocess.run(
+        [sys.executable, "-m", "activedb.cli", "--url", database_url, "capture", "consume", str(app_file), "--name",
+         "deadline", "--until-caught-up", "--rule-deadline", "1"], capture_output=True, text=True, timeout=300,
+        check=False,
+        env={**os.environ, "ACTIVEDB_HOME": str(tmp_path / "home")}, start_new_session=True)
+    said = done.stdout + done.stderr
+    assert done.returncode == 0, said
+    assert "rule 'hangs_on_one' did not return within its deadline of 1 s" in said, said
+    assert "restarting this command (1 of at most 3" in said, said
+    assert "capture consumer 'deadline': handled" in said, said
+    with psycopg.connect(libpq(database_url)) as connection:
+        logged = connection.execute("SELECT order_id FROM order_log WHERE rule = 'hangs_on_one' AND order_id IN "
+                                    "(78001, 78002)").fetchall()
+        letters = connection.execute("SELECT reason, raw->>'key' FROM activedb_dead_letters WHERE query_id = "
+                                     "'capture:deadline'").fetchall()
+    assert logged == [(78002,)]
+    [(reason, key)] = letters
+    assert "did not return within its deadline of 1 s" in reason and key == "78001", letters
 
 
 MAPPED_APP = '''"""An application with a mapping (as `activedb run` takes) whose rule on captured orders raises."""
