@@ -22,9 +22,8 @@ import time
 from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, Required, TypedDict
 
-import sqlalchemy as sa
-
-from activedb.atomic import split_status
+from activedb import atomic
+from activedb.atomic import LayoutTerms
 from activedb.ingest import (BatchHandler, Deadlines, EventMapping, Ingestion, LedgerId, Phase, PhaseTimings,
                              sources_of_run)
 
@@ -48,7 +47,6 @@ _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
 #: Spark sets this local property on the thread that runs foreachBatch: the query's id, which is stored in the
 #: checkpoint and therefore survives restarts (unlike runId).
 _QUERY_ID_PROPERTY = "sql.streaming.queryId"
-_LEDGER_TABLE = "activedb_ingestion_ledger"    # (the ingestion core's ledger: one row per committed batch)
 _EXECUTIONS_KEPT = 64        # (Spark query ids a long-lived sink has seen: one per run; the cache stays bounded)
 
 
@@ -264,51 +262,18 @@ def check_not_renamed(db: Database, query_name: str, spark_query_id: str) -> Non
             f"{query_name!r} from a new checkpoint directory")
 
 
+#: How :func:`activedb.atomic.check_layout` names the Spark connector's layouts (``partition_by_key``, ``--partitions``).
+LAYOUT_TERMS = LayoutTerms(
+    runner="Spark", whole="whole, without partition_by_key",
+    resume=lambda partitions: ("without partition_by_key (activedb run without --partitions)" if partitions is None
+                               else f"with partition_by_key={partitions} (--partitions {partitions})"))
+
+
 def check_layout(db: Database, query_id: str, batch_id: int, partitions: int | None,
                  partition_key: tuple[str, str] | None = None) -> None:
-    """Raise :class:`IngestError` if the ledger holds batch ``batch_id`` of the run ``query_id`` in another layout than
-    ``partitions`` (None: whole, one task; N: the scale-out path's N partitions) by ``partition_key`` (the scale-out
-    path's key column and its Spark type).  Asked for a run's first batch, the one Spark re-runs after a restart: the
-    ledger skips a batch by its ids (``q``, or ``q#pK`` per partition), so a batch committed whole and re-run in
-    partitions, committed in partitions and re-run whole, or re-run in another number of them or by another key
-    (either hashes its rows to other partitions) would have rows applied a second time, or skipped.  The key is
-    compared when the run that ingested the batch recorded it (``activedb_split_queries``, since revision
-    0017_split_key)."""
-    ledger = db.table(_LEDGER_TABLE)
-    with db.engine.connect() as connection:
-        texts = connection.execute(sa.select(ledger.c.query_id).where(ledger.c.batch_id == batch_id, sa.or_(
-            ledger.c.query_id == query_id, ledger.c.query_id.startswith(f"{query_id}#p", autoescape=True)))).scalars()
-        found = {LedgerId.parse(text).partition for text in texts}
-    if not found:
-        return
-    before: int | None = None
-    key_before: tuple[str, str] | None = None
-    if None not in found:     # (the partition count and key the run declared, as activedb status shows them)
-        declared = [row for row in split_status(db, LedgerId.parse(query_id).source)
-                    if row.query_id == query_id and row.batch_id is None]
-        before = (declared[0].partitions if declared and declared[0].partitions else
-                  max(part for part in found if part is not None) + 1)
-        key_before = declared[0].partition_key if declared else None
-    if before == partitions and (key_before is None or partition_key is None or key_before == partition_key):
-        return
-    if before == partitions:
-        assert key_before is not None and partition_key is not None
-        raise IngestError(
-            f"batch {batch_id} of this checkpoint (ledger id {query_id}) was ingested in {before} partitions, "
-            f"partitioned by key {key_before[0]!r} ({key_before[1]}), and Spark runs it again now partitioned by "
-            f"{partition_key[0]!r} ({partition_key[1]}): its rows would hash to other partitions, and the ledger, "
-            f"which skips a batch by its partitions, would apply some of them a second time and others never. "
-            f"Resume it with the key column {key_before[0]!r} ({key_before[1]}) as the mapping's key; once that "
-            f"batch is done the query may go on with another key. Or start from a new checkpoint directory")
-    was = "whole, without partition_by_key" if before is None else f"in {before} partitions"
-    now = "whole" if partitions is None else f"in {partitions} partitions"
-    resume = ("without partition_by_key (activedb run without --partitions)" if before is None else
-              f"with partition_by_key={before} (--partitions {before})")
-    raise IngestError(
-        f"batch {batch_id} of this checkpoint (ledger id {query_id}) was ingested {was}, and Spark runs it again now "
-        f"{now}: the ledger, which skips a batch by its partitions, would apply some of its rows a second time. "
-        f"Resume it {resume}; once that batch is done the query may go on in another layout. Or start from a new "
-        f"checkpoint directory")
+    """:func:`activedb.atomic.check_layout` in the Spark connector's words (:data:`LAYOUT_TERMS`): ``partitions``
+    None for the one-task path, N for the scale-out path's; ``partition_key``: its key column and Spark type."""
+    atomic.check_layout(db, query_id, batch_id, partitions, partition_key, terms=LAYOUT_TERMS)
 
 
 def check_columns(columns: list[str], mapping: EventMapping) -> None:

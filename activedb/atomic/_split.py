@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import enum
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NotRequired, Protocol, TypedDict
 
@@ -29,12 +29,13 @@ from activedb.txn import CommitParticipant
 if TYPE_CHECKING:  # pragma: no cover
     from activedb.txn import Transaction
 
-__all__ = ["PartitionReport", "SplitBatchStatus", "SplitState", "as_policy", "split_status"]
+__all__ = ["LayoutTerms", "PartitionReport", "SplitBatchStatus", "SplitState", "as_policy", "check_layout", "split_status"]
 
 logger = logging.getLogger("activedb.atomic")
 
 QUERIES_TABLE = "activedb_split_queries"
 FAILURES_TABLE = "activedb_split_failures"
+_LEDGER_TABLE = "activedb_ingestion_ledger"    # (the ingestion core's ledger: one row per committed batch)
 
 
 class SplitState(enum.Enum):
@@ -289,3 +290,69 @@ def split_status(db: DatabaseHandle, query_name: str | None = None) -> list[Spli
             tuple(row.partition for row in rows), rows[0].error,
             max((row.compensated for row in rows if row.compensated is not None), default=None)))
     return result
+
+
+# --- the layout of a batch run again ------------------------------------------------------------------------------
+
+def _resume_in(partitions: int | None) -> str:
+    """How to run a batch again in the layout ``partitions`` (None: whole), in the ingestion core's words."""
+    return "whole" if partitions is None else f"in {partitions} partitions"
+
+
+@dataclass(frozen=True)
+class LayoutTerms:
+    """How :func:`check_layout`'s error names a connector's layouts, in the connector's words. Immutable.
+
+    ``runner``: who runs the batch again (``"Spark"``); ``whole``: a batch ingested whole, as the connector says
+    it (``"whole, without partition_by_key"``); ``resume(partitions)``: how to resume in a layout — None whole,
+    N in N partitions — (``"with partition_by_key=2 (--partitions 2)"``)."""
+
+    runner: str = "the source"
+    whole: str = "whole"
+    resume: Callable[[int | None], str] = _resume_in
+
+
+def check_layout(db: DatabaseHandle, query_id: str, batch_id: int, partitions: int | None,
+                 partition_key: tuple[str, str] | None = None, *, terms: LayoutTerms = LayoutTerms()) -> None:
+    """Raise :class:`~activedb.ingest.errors.IngestError` if the ledger holds batch ``batch_id`` of the run
+    ``query_id`` in another layout than ``partitions`` (None: whole, one transaction; N: split into N partitions)
+    by ``partition_key`` (the key column and its type, as the connector names them: :func:`declare_policy`'s);
+    ``terms`` words the error for the connector.  A connector that splits batches asks it for a run's first batch,
+    the one a source re-delivers after a restart: the ledger skips a batch by its ids (``q``, or ``q#pK`` per
+    partition), so a batch committed whole and re-run in partitions, committed in partitions and re-run whole, or
+    re-run in another number of them or by another key (either hashes its rows to other partitions) would have
+    rows applied a second time, or skipped.  The key is compared when the run that ingested the batch recorded it
+    (``activedb_split_queries``, since revision 0017_split_key)."""
+    ledger = db.table(_LEDGER_TABLE)
+    with db.engine.connect() as connection:
+        texts = connection.execute(sa.select(ledger.c.query_id).where(ledger.c.batch_id == batch_id, sa.or_(
+            ledger.c.query_id == query_id, ledger.c.query_id.startswith(f"{query_id}#p", autoescape=True)))).scalars()
+        found = {LedgerId.parse(text).partition for text in texts}
+    if not found:
+        return
+    before: int | None = None
+    key_before: tuple[str, str] | None = None
+    if None not in found:     # (the partition count and key the run declared, as activedb status shows them)
+        declared = [row for row in split_status(db, LedgerId.parse(query_id).source)
+                    if row.query_id == query_id and row.batch_id is None]
+        before = (declared[0].partitions if declared and declared[0].partitions else
+                  max(part for part in found if part is not None) + 1)
+        key_before = declared[0].partition_key if declared else None
+    if before == partitions and (key_before is None or partition_key is None or key_before == partition_key):
+        return
+    if before == partitions:
+        assert key_before is not None and partition_key is not None
+        raise IngestError(
+            f"batch {batch_id} of this checkpoint (ledger id {query_id}) was ingested in {before} partitions, "
+            f"partitioned by key {key_before[0]!r} ({key_before[1]}), and {terms.runner} runs it again now "
+            f"partitioned by {partition_key[0]!r} ({partition_key[1]}): its rows would hash to other partitions, "
+            f"and the ledger, which skips a batch by its partitions, would apply some of them a second time and "
+            f"others never. Resume it with the key column {key_before[0]!r} ({key_before[1]}) as the mapping's key; "
+            f"once that batch is done the query may go on with another key. Or start from a new checkpoint directory")
+    was = terms.whole if before is None else f"in {before} partitions"
+    now = "whole" if partitions is None else f"in {partitions} partitions"
+    raise IngestError(
+        f"batch {batch_id} of this checkpoint (ledger id {query_id}) was ingested {was}, and {terms.runner} runs it "
+        f"again now {now}: the ledger, which skips a batch by its partitions, would apply some of its rows a second "
+        f"time. Resume it {terms.resume(before)}; once that batch is done the query may go on in another layout. Or "
+        f"start from a new checkpoint directory")

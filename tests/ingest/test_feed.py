@@ -961,3 +961,33 @@ def test_a_source_name_too_long_for_the_ledger_is_refused_naming_the_limit_befor
         assert [outcome.committed for outcome in outcomes] == [True]
     finally:
         database.close()
+
+
+def test_a_batch_run_again_in_another_layout_is_refused_in_the_core_s_words(database_url):
+    """``activedb.atomic.check_layout`` is any splitting connector's (Spark's scale-out path words it its own way:
+    ``tests/spark_bridge/test_split_batches.py``): a batch the ledger holds whole, run again split, or held in 2
+    partitions and run again whole or in 3, is refused saying how it was ingested and how to resume it; the same
+    layout, or a batch not in the ledger, passes."""
+    database = app_database(database_url)
+    ingestion = Ingestion(database, app_counters.MAPPING, source="split")
+    row = {"type": "add", "key": "k", "ts": BASE_TIME, "amount": 1, "seq": 1}
+    try:
+        assert ingestion.process([row], 3, query_id="split@whole").committed
+        assert ingestion.process([row], 3, query_id="split@parts#p1").committed
+        activedb.atomic.declare_policy(database, "split@parts", "split", 2, activedb.atomic.SplitFailure.FORWARD,
+                                       ("key", "text"))
+        activedb.atomic.check_layout(database, "split@whole", 3, None)
+        activedb.atomic.check_layout(database, "split@parts", 3, 2, ("key", "text"))
+        activedb.atomic.check_layout(database, "split@parts", 4, None)      # (not in the ledger)
+        with pytest.raises(IngestError, match=r"batch 3 .* was ingested whole, and the source runs it again now in 2 "
+                                              r"partitions.* Resume it whole;"):
+            activedb.atomic.check_layout(database, "split@whole", 3, 2)
+        with pytest.raises(IngestError, match=r"was ingested in 2 partitions, and the source runs it again now in 3 "
+                                              r"partitions.* Resume it in 2 partitions;"):
+            activedb.atomic.check_layout(database, "split@parts", 3, 3)
+        with pytest.raises(IngestError, match=r"partitioned by key 'key' \(text\), and the source runs it again now "
+                                              r"partitioned by 'shard' \(text\)"):
+            activedb.atomic.check_layout(database, "split@parts", 3, 2, ("shard", "text"))
+    finally:
+        ingestion.close()
+        database.close()
