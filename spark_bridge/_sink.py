@@ -14,7 +14,6 @@ calling Spark, the handler or PostgreSQL.
 
 from __future__ import annotations
 
-import collections
 import datetime as dt
 import logging
 import threading
@@ -26,6 +25,7 @@ from activedb import atomic
 from activedb.atomic import LayoutTerms
 from activedb.ingest import (BatchHandler, Deadlines, EventMapping, Ingestion, LedgerId, Phase, PhaseTimings,
                              sources_of_run)
+from activedb.ingest import check_columns as check_stream_columns
 
 from spark_bridge.errors import IngestError, QueryRenamedError, first_line
 
@@ -277,27 +277,11 @@ def check_layout(db: Database, query_id: str, batch_id: int, partitions: int | N
 
 
 def check_columns(columns: list[str], mapping: EventMapping) -> None:
-    """Refuse a stream whose ``columns`` lack one ``mapping`` names (but the corrupt-record and line columns, which a
-    source may lack): every row of every batch would be a dead letter; or that has two columns of one name: every
-    batch would fail in the mapping (``MappingError``), replay after replay, and the stream stop for good.
-    ``ingest()`` asks it of its frame, a sink of each batch (a sink wired with ``foreachBatch`` directly), before
-    applying anything."""
-    counts = collections.Counter(columns)       # (by hash: a wide stream's check stays linear in its columns)
-    repeated = [column for column in columns if counts[column] > 1]
-    if repeated:
-        raise IngestError(
-            f"the stream has {counts[repeated[0]]} columns named {repeated[0]!r} (its columns: "
-            f"{list(columns)}); every batch would fail: rename or drop one (give each column its own name in the "
-            f"select, alias(...)) before ingest() (or foreachBatch(sink))")
-    named = (mapping.type_column, mapping.key_column, mapping.ts_column, mapping.producer_column,
-             mapping.accuracy_column, mapping.accuracy_minus_column, mapping.accuracy_plus_column,
-             mapping.local_ts_column, mapping.id_column)
-    wanted = [column for column in named if column is not None] + list(mapping.payload_columns or ())
-    missing = [column for column in wanted if column not in counts]
-    if missing:
-        raise IngestError(
-            f"the stream has no column {missing[0]!r} named by the mapping (its columns: {list(columns)}); "
-            f"fix the EventMapping or select/rename the columns before ingest() (or foreachBatch(sink))")
+    """:func:`activedb.ingest.check_columns` in the Spark connector's words: a stream whose columns lack one the
+    mapping names, or repeat one, is refused.  ``ingest()`` asks it of its frame, a sink of each batch (a sink wired
+    with ``foreachBatch`` directly), before applying anything."""
+    check_stream_columns(columns, mapping, before="before ingest() (or foreachBatch(sink))",
+                         rename=" (give each column its own name in the select, alias(...))")
 
 
 def by_position(frame: DataFrame) -> tuple[DataFrame, list[str]]:

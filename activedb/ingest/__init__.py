@@ -14,7 +14,8 @@ Public names:
   runs an event: its failure a dead-letter reason, the batch going on);
 * the ledger — :class:`IngestionLedger`, :func:`batch_committed`, :func:`ingestion_status`, :class:`QueryStatus`,
   :func:`ledger_query_id`, :func:`parse_ledger_query_id`, :func:`sources_of_run`, :func:`forget_run`;
-* validation — :class:`EventMapping`, :func:`as_mapping`, :func:`rows_to_events`, :class:`RawEvent`,
+* validation — :class:`EventMapping`, :func:`as_mapping`, :func:`check_columns` (a stream's columns against the
+  mapping), :func:`rows_to_events`, :class:`RawEvent`,
   :class:`Rejected`; for an engine's handler converting rows itself (``activedb.composite``), :func:`to_utc` (one
   timestamp, as the mapping converts it; raises :class:`~activedb.ingest.errors.InvalidField`) and
   :func:`is_arrow`;
@@ -36,8 +37,8 @@ from activedb.ingest._ledger import (
     END_OF_STREAM_BATCH, IngestionLedger, QueryStatus, batch_committed, forget_run, ingestion_status, ledger_query_id,
     parse_ledger_query_id, sources_of_run,
 )
-from activedb.ingest._mapping import (EventMapping, RawEvent, Rejected, as_mapping, is_arrow, known_type_names,
-                                      rows_to_events, to_utc)
+from activedb.ingest._mapping import (EventMapping, RawEvent, Rejected, as_mapping, check_columns, is_arrow,
+                                      known_type_names, rows_to_events, to_utc)
 from activedb.ingest._outcome import BatchInProgress, BatchOutcome, FiringInProgress, IngestStatistics, PhaseTimings
 from activedb.ingest._protocol import BatchHandler, BatchInput
 from activedb.ingest._replay import ReplayOutcome, ReplayResult, Replayable, original_query_name, replay_dead_letters
@@ -48,5 +49,5 @@ __all__ = ["END_OF_STREAM_BATCH", "Batch", "BatchHandler", "BatchInProgress", "B
            "batches_in_progress", "BatchInput", "BatchLowering", "BatchOutcome", "EventMapping", "IngestDatabase",
            "IngestStatistics", "Ingestion", "IngestionLedger", "LedgerId", "Phase", "PhaseTimings", "QueryStatus", "RawEvent", "Rejected",
            "Replayable", "ReplayOutcome", "ReplayResult", "RowBatches", "Rows", "RulesHandler", "Source", "as_mapping",
-           "batch_committed", "drive", "errors", "feed", "forget_run", "ingestion_status", "is_arrow", "known_type_names", "ledger_query_id",
+           "batch_committed", "check_columns", "drive", "errors", "feed", "forget_run", "ingestion_status", "is_arrow", "known_type_names", "ledger_query_id",
            "original_query_name", "parse_ledger_query_id", "replay_dead_letters", "rows_to_events", "run_as_event", "sources_of_run", "to_utc"]

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from activedb.errors import check_seconds, check_switch, check_whole_number
 from activedb.ingest._interface import LedgerId, Phase, RowEvent, Rows
 from activedb.ingest._ledger import END_OF_STREAM_BATCH, IngestionLedger, check_source_name, last_watermark
-from activedb.ingest._mapping import EventMapping, as_mapping, is_arrow, known_type_names
+from activedb.ingest._mapping import EventMapping, as_mapping, check_columns, is_arrow, known_type_names
 from activedb.ingest._outcome import BatchBook, BatchOutcome, IngestStatistics, PhaseTimings
 from activedb.ingest._protocol import BatchContext, BatchHandler, BatchInput, run_batch
 from activedb.ingest._rules import RulesHandler
@@ -128,8 +128,10 @@ class Ingestion:
         itself (change capture), each with ``position``, its row's index — nothing is validated then; ``fresh``:
         the connector vouches that the ledger cannot have the batch but through a duplicate run (its position
         commits with the ledger row), so the ledger is not asked first (a duplicate is refused at the commit).
-        Raises only when the batch could not be committed (PostgreSQL unusable, conflicts beyond
-        ``batch_attempts``, a refused commit the handler cannot search); the batch may then be re-run."""
+        An Arrow batch whose columns do not fit the mapping (one it names missing, one repeated: ``check_columns``)
+        is refused before anything is applied.  Otherwise raises only when the batch could not be committed
+        (PostgreSQL unusable, conflicts beyond ``batch_attempts``, a refused commit the handler cannot search); the
+        batch may then be re-run."""
         _check_query_id(query_id)
         source = LedgerId.parse(query_id).source
         if source != self.source:
@@ -138,6 +140,8 @@ class Ingestion:
                               f"source {source!r}; nothing was applied")
         _check_batch_id(batch_id, query_id)
         _check_rows(rows, batch_id, query_id)
+        if self.mapping is not None and events is None and self.handler.validates_rows and is_arrow(rows):
+            check_columns(rows.schema.names, self.mapping, before="before feeding the batch; nothing was applied")
         if watermark is not None and not (isinstance(watermark, dt.datetime) and watermark.tzinfo is not None):
             raise IngestError(f"batch {batch_id} of {query_id}: a watermark is an aware datetime (UTC), as Batch "
                               f"takes it, got {watermark!r}; nothing was applied")

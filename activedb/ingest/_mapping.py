@@ -11,6 +11,7 @@ Pure Python; an Arrow batch is validated by ``_arrow.py``, which imports pyarrow
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import datetime as dt
 import json
@@ -25,14 +26,14 @@ from typing import TYPE_CHECKING, Any, TypeGuard, TypeVar
 from activedb.errors import InvalidChoice
 from activedb.events import TimeUnit
 from activedb.ingest._interface import Rows
-from activedb.ingest.errors import InvalidField, MappingError
+from activedb.ingest.errors import IngestError, InvalidField, MappingError
 from activedb.store import jsonable  # the one conversion into storable JSON (dead letters, logs)
 from activedb.store import not_a_time  # the one test of pandas' NaT (the store refuses it too)
 
 if TYPE_CHECKING:  # pragma: no cover
     import pyarrow as pa
 
-__all__ = ["EventMapping", "RawEvent", "Rejected", "as_mapping", "jsonable", "rows_to_events"]
+__all__ = ["EventMapping", "RawEvent", "Rejected", "as_mapping", "check_columns", "jsonable", "rows_to_events"]
 
 _UTC = dt.timezone.utc
 EPOCH = dt.datetime(1970, 1, 1, tzinfo=_UTC)
@@ -149,6 +150,30 @@ def as_mapping(mapping: object) -> "EventMapping":
             names = ", ".join(field.name for field in dataclasses.fields(EventMapping))
             raise MappingError(f"a MAPPING dict takes EventMapping's arguments ({names}): {error}") from None
     raise MappingError(f"a mapping is an EventMapping or a dict of its arguments, got {mapping!r}")
+
+
+def check_columns(columns: Sequence[str], mapping: EventMapping, *, before: str = "before feeding the batch",
+                  rename: str = "") -> None:
+    """Refuse a stream (a batch's source) whose ``columns`` lack one ``mapping`` names (but the corrupt-record and
+    line columns, which a source may lack): every row of every batch would be a dead letter; or that has two columns
+    of one name: every batch would fail in the mapping (``MappingError``), replay after replay, and the stream stop
+    for good.  Raises :class:`~activedb.ingest.errors.IngestError` saying what to fix ``before`` (the connector's
+    words: where the columns are to be fixed) and, for a repeated column, how to ``rename`` it.
+    ``Ingestion.process`` asks it of an Arrow batch (a table's columns are the batch's; rows of mappings each have
+    their own, and a missing field is that row's dead letter); a connector may ask it of its stream earlier, in its
+    own words (``spark_bridge``'s ``ingest()``), and a replay of the letters' rows."""
+    counts = collections.Counter(columns)       # (by hash: a wide stream's check stays linear in its columns)
+    repeated = [column for column in columns if counts[column] > 1]
+    if repeated:
+        raise IngestError(
+            f"the stream has {counts[repeated[0]]} columns named {repeated[0]!r} (its columns: "
+            f"{list(columns)}); every batch would fail: rename or drop one{rename} {before}")
+    named = [*mapping._event_columns(), *([] if mapping.id_column is None else [mapping.id_column])]
+    missing = [column for column in [*named, *(mapping.payload_columns or ())] if column not in counts]
+    if missing:
+        raise IngestError(
+            f"the stream has no column {missing[0]!r} named by the mapping (its columns: {list(columns)}); "
+            f"fix the EventMapping or select/rename the columns {before}")
 
 
 @dataclass(frozen=True, slots=True)

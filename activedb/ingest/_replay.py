@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Protocol
 
 from activedb.deadletters import LetterRecord, LetterReplayed
 from activedb.ingest._feed import feed
-from activedb.ingest._interface import Batch, LedgerId
-from activedb.ingest._mapping import EventMapping
+from activedb.ingest._interface import Batch, LedgerId, Rows
+from activedb.ingest._mapping import EventMapping, check_columns, is_arrow
 from activedb.ingest._protocol import BatchHandler
 from activedb.ingest._rules import RulesHandler
 from activedb.ingest.errors import IngestError
@@ -86,12 +86,11 @@ def replay_dead_letters(db: IngestDatabase, app: Replayable, letters: Iterable[L
             raise IngestError(f"dead letter {letter.reason!r:.60} of {letter.query_id!r} has no id (id={letter.id!r}): "
                               f"replay letters as read from activedb_dead_letters, each with its id; no letter was "
                               f"replayed")
+    batches = [(letter, _rows_of(letter, app.mapping)) for letter in records]   # (each checked before any is replayed)
     outcomes = []
-    for letter in records:
+    for letter, rows in batches:
         original = original_query_name(letter.query_id)
         source = f"{REPLAY_PREFIX}{original}"
-        row = letter.row()
-        rows = row if hasattr(row, "num_rows") else [row]
         mark = LetterReplayed(db, letter.id, source)
         [outcome] = feed(db, [Batch(letter.id, rows)], source=source, mapping=app.mapping,
                          handler=handler() if handler is not None else RulesHandler(app.prefetch),
@@ -103,3 +102,19 @@ def replay_dead_letters(db: IngestDatabase, app: Replayable, letters: Iterable[L
         outcomes.append(ReplayOutcome(letter.id, source, result))
     db.rules.wait_idle(120)
     return outcomes
+
+
+def _rows_of(letter: LetterRecord, mapping: EventMapping | None) -> Rows:
+    """The batch replaying ``letter``: its row as its writer had it — a one-row Arrow table whose columns are
+    checked against ``mapping`` (:func:`~activedb.ingest._mapping.check_columns`: a column the mapping names missing
+    would reject it again, under ``replay:NAME``), or one row."""
+    row = letter.row()
+    if not is_arrow(row):
+        return [row]
+    if mapping is not None:
+        try:
+            check_columns(row.schema.names, mapping, before="before replaying it: replay it with the mapping its row "
+                                                            "was read with")
+        except IngestError as error:
+            raise IngestError(f"dead letter {letter.id} of {letter.query_id!r}: {error}; no letter was replayed") from None
+    return row

@@ -991,3 +991,28 @@ def test_a_batch_run_again_in_another_layout_is_refused_in_the_core_s_words(data
     finally:
         ingestion.close()
         database.close()
+
+
+def test_an_arrow_batch_without_a_mapped_column_is_refused_before_anything_is_applied(database_url):
+    """An Arrow table is a batch with columns of its own: one the mapping names missing made every row of the batch
+    a dead letter ('missing field …: the batch has no such column'), committed with its ledger row — the whole
+    source dead-lettered, batch after batch, for a mapping that does not fit (``spark_bridge`` refused such a stream
+    at ``ingest()``; ``feed`` took it).  Now ``Ingestion.process`` refuses it with ``check_columns``' IngestError
+    naming the column, and so a repeated column, before anything is applied; a list of rows keeps its per-row
+    reasons (each row has its own fields)."""
+    database = app_database(database_url)
+    try:
+        rows = [{"type": "add", "key": "k", "amount": 1, "seq": 1}]
+        with pytest.raises(IngestError, match=r"the stream has no column 'ts' named by the mapping \(its columns: "
+                                              r"\['type', 'key', 'amount', 'seq'\]\); fix the EventMapping"):
+            feed(database, [pa.Table.from_pylist(rows)], source="unmapped", mapping=app_counters.MAPPING)
+        twice = pa.Table.from_arrays([pa.array(["add"]), pa.array(["k"]), pa.array(["k"])],
+                                     names=["type", "key", "key"])
+        with pytest.raises(IngestError, match=r"the stream has 2 columns named 'key'"):
+            feed(database, [twice], source="unmapped", mapping=app_counters.MAPPING)
+        assert ingestion_status(database, "unmapped") == []
+        assert [letter for letter in letters(database) if letter[0].startswith("unmapped")] == []
+        [outcome] = feed(database, [rows], source="unmapped", mapping=app_counters.MAPPING)
+        assert outcome.committed and outcome.dead_letters == 1
+    finally:
+        database.close()

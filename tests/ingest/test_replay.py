@@ -76,3 +76,27 @@ def test_a_letter_that_no_longer_exists_is_reported_not_found_and_nothing_is_app
         assert app_state(database) != before
     finally:
         database.close()
+
+
+def test_arrow_letters_without_a_column_the_mapping_names_are_refused_before_any_letter_is_replayed(make_database_url):
+    """A letter Spark delivered is a one-row Arrow table with the stream's columns: replayed with a mapping naming a
+    column it lacks (the application's MAPPING changed since), every such letter was 'rejected again' — marked
+    replayed, and a new dead letter of the same row written under replay:NAME.  Now ``check_columns`` refuses it,
+    naming the letter, before any letter is replayed."""
+    pa = pytest.importorskip("pyarrow")
+    database = app_database(make_database_url("replay_columns"))
+    try:
+        row = {"type": "add", "key": "k", "ts": BASE_TIME.isoformat(), "amount": 1, "seq": 1}
+        renamed = pa.Table.from_pylist([{"type": "add", "worker": "k", "ts": BASE_TIME, "amount": 1, "seq": 2}])
+        with database.transaction() as tx:
+            deadletters.insert(tx, "badges@00000000-0000-0000-0000-00000000000a", 0,
+                               [deadletters.Letter("why", row), deadletters.Letter("why", renamed)])
+        stored = deadletters.select(database)
+        before = app_state(database)
+        with pytest.raises(IngestError, match=rf"dead letter {stored[1].id} of 'badges@.*': the stream has no column "
+                                              rf"'key' named by the mapping .* no letter was replayed"):
+            replay_dead_letters(database, APP, stored)
+        assert app_state(database) == before
+        assert [letter.replayed_at for letter in deadletters.select(database)] == [None, None]
+    finally:
+        database.close()
