@@ -10,7 +10,6 @@ user code while held).
 
 from __future__ import annotations
 
-import collections
 import datetime as dt
 import functools
 import importlib
@@ -26,16 +25,14 @@ from typing import TYPE_CHECKING, Unpack
 from activedb import atomic
 from activedb.atomic import PartitionReport, SplitFailure
 from activedb.cli.application import Register, app_name, load_app
-from activedb.errors import SerializationConflict, classify
 from activedb.extras import Extra, needs
-from activedb.ingest import (BatchOutcome, EventMapping, Ingestion, LedgerId, Phase, PhaseTimings, RulesHandler,
-                             as_mapping)
+from activedb.ingest import EventMapping, Ingestion, LedgerId, Phase, PhaseTimings, RulesHandler, as_mapping
 from activedb.lowlevel import check_whole_number
 
 from spark_bridge import _cluster
 from spark_bridge._sink import (IngestSink, SinkOptions, by_position, check_arrow_types, check_columns,
                                 check_key_type, check_layout)
-from spark_bridge.errors import IngestError, describe
+from spark_bridge.errors import IngestError
 
 if TYPE_CHECKING:  # pragma: no cover
     import pyarrow as pa
@@ -159,25 +156,10 @@ class _PartitionTask:
 
     def _failure(self, sink: Ingestion, partition: int, query_id: str, batch: pa.Table | list[dict[str, object]],
                  error: BaseException) -> PartitionReport:
-        """The report of a partition whose batch transaction failed; with the policy ``compensate`` (and not
-        an outage) its rows are dead letters first (``atomic.settle_failed_partition``).  A transient failure
-        (``activedb.errors.classify``: PostgreSQL unusable, a conflict, a deadlock) is not the partition's fault:
-        replay completes the batch; the report says which (``failure``) and, for a conflict, how many attempts it
-        used up (``attempts``), for the driver's ``PartitionFailed``."""
-        failure = classify(error)
-        infrastructure = failure.transient
-        letters, settled = 0, False
-        if not infrastructure and self.on_partition_failure is SplitFailure.COMPENSATE:
-            letters = atomic.settle_failed_partition(sink, batch, query_id, self.batch_id, partition,
-                                                      self.partitions, error)
-            settled = True
-        rows = batch.num_rows if not isinstance(batch, list) else len(batch)
-        outcome = BatchOutcome(query_id, self.batch_id, settled, rows, 0, letters, {}, None, PhaseTimings())
-        report: PartitionReport = {"partition": partition, "outcome": outcome, "failed": True,
-                                   "error": describe(error), "infrastructure": infrastructure, "failure": failure}
-        if isinstance(error, SerializationConflict):    # (Ingestion.process raises one after its last attempt)
-            report["attempts"] = self.batch_attempts
-        return report
+        """The report of a partition whose batch transaction failed: :func:`activedb.atomic.failed_partition`, with
+        this task's policy and ``batch_attempts``."""
+        return atomic.failed_partition(sink, batch, query_id, self.batch_id, partition, self.partitions,
+                                       self.on_partition_failure, error, attempts=self.batch_attempts)
 
     def _sink(self) -> Ingestion:
         key = (self.url, app_name(self.app), _options_key(self.connect_options), self.query_name, self.mapping,
@@ -349,7 +331,7 @@ class PartitionedIngestSink(IngestSink):
             atomic.after_replay(self.db, query_id, batch_id)
         with self._mutex:
             self._unsettled.discard((query_id, batch_id))
-        outcome = self._combine(query_id, batch_id, watermark, results)
+        outcome = atomic.combined_outcome(query_id, batch_id, watermark, results)
         if outcome.committed:
             self.phase(Phase.COMMITTED, batch_id)
             if watermark is not None:
@@ -379,14 +361,3 @@ class PartitionedIngestSink(IngestSink):
         with self._mutex:
             self._declared.add(query_id)
             self._unsettled |= unsettled
-
-    @staticmethod
-    def _combine(query_id: str, batch_id: int, watermark: dt.datetime | None, results: list[PartitionReport]
-                 ) -> BatchOutcome:
-        outcomes = [row["outcome"] for row in results]
-        firings = sum((collections.Counter(outcome.rule_firings) for outcome in outcomes), collections.Counter())
-        return BatchOutcome(
-            query_id=query_id, batch_id=batch_id, committed=any(outcome.committed for outcome in outcomes),
-            rows=sum(outcome.rows for outcome in outcomes), events=sum(outcome.events for outcome in outcomes),
-            dead_letters=sum(outcome.dead_letters for outcome in outcomes), rule_firings=dict(firings),
-            watermark=watermark, timings=sum((outcome.timings for outcome in outcomes), PhaseTimings()))

@@ -4,7 +4,8 @@ scover and independent scover, and compensation of a source batch, exactly once.
 Public interface: ``db.batches`` (:class:`Batches`) — ``consumed / produced / triggered_by / note``,
 ``compensation / rule_compensation / transaction_compensation / undo_by_before_image``, ``composite /
 scover / independent_scover / graph``, ``plan / compensate``, ``prune``; the CLI ``activedb batches``; a split
-source batch one partition of which fails for good (``declare_policy``, ``settle_failed_partition``, ``settle``,
+source batch one partition of which fails for good (``declare_policy``, ``settle_failed_partition`` and
+``failed_partition`` in the failed task, ``combined_outcome``, ``settle``,
 ``after_replay``, ``split_status``, ``check_layout`` of a batch run again: what a connector that splits batches —
 Spark's scale-out path — calls).
 Design note: ``README.md`` here.  (``activedb.batch``, singular, is the unrelated TPG executor.)
@@ -17,8 +18,9 @@ from activedb import lazy
 
 __all__ = ["Batches", "BatchRef", "BoundReached", "CompensationPlan", "CompensationReport", "IndependentScover",
            "CompensationMode", "CompensationScope", "LayoutTerms", "PartitionReport", "SplitBatchStatus", "SplitFailure",
-           "SplitState", "TransactionLineage", "Unsafe", "after_replay", "as_policy", "check_layout", "compensate_split",
-           "declare_policy", "errors", "settle", "settle_failed_partition", "split_status"]
+           "SplitState", "TransactionLineage", "Unsafe", "after_replay", "as_policy", "check_layout",
+           "combined_outcome", "compensate_split", "declare_policy", "errors", "failed_partition", "settle",
+           "settle_failed_partition", "split_status"]
 
 # imported on first use: `import activedb.atomic` stays fast (the CLI's start)
 __getattr__, __dir__ = lazy.exports(__name__, {
@@ -27,8 +29,8 @@ __getattr__, __dir__ = lazy.exports(__name__, {
     "activedb.atomic._graph": ["BoundReached", "IndependentScover", "TransactionLineage"],
     "activedb.atomic._lineage": ["BatchRef"],
     "activedb.atomic._split": ["LayoutTerms", "PartitionReport", "SplitBatchStatus", "SplitState", "after_replay", "as_policy",
-                               "check_layout", "compensate_split", "declare_policy", "settle", "settle_failed_partition",
-                               "split_status"],
+                               "check_layout", "combined_outcome", "compensate_split", "declare_policy",
+                               "failed_partition", "settle", "settle_failed_partition", "split_status"],
 })
 
 if TYPE_CHECKING:  # the names above, for type checkers (tests/test_typing.py keeps both lists equal)
@@ -41,5 +43,7 @@ if TYPE_CHECKING:  # the names above, for type checkers (tests/test_typing.py ke
     from activedb.atomic._lineage import BatchRef as BatchRef
     from activedb.atomic._split import (
         LayoutTerms as LayoutTerms, PartitionReport as PartitionReport, SplitBatchStatus as SplitBatchStatus,
-        SplitState as SplitState, after_replay as after_replay, as_policy as as_policy, check_layout as check_layout, compensate_split as compensate_split, declare_policy as declare_policy,
+        SplitState as SplitState, after_replay as after_replay, as_policy as as_policy, check_layout as check_layout,
+        combined_outcome as combined_outcome, failed_partition as failed_partition,
+        compensate_split as compensate_split, declare_policy as declare_policy,
         settle as settle, settle_failed_partition as settle_failed_partition, split_status as split_status)

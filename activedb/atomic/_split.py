@@ -10,6 +10,8 @@ Thread-safety: stateless functions; :class:`FailureRow` is used by one flush at 
 
 from __future__ import annotations
 
+import collections
+import datetime as dt
 import enum
 import logging
 from collections.abc import Callable, Mapping, Sequence
@@ -21,15 +23,16 @@ import sqlalchemy as sa
 from activedb._handle import DatabaseHandle
 from activedb.atomic._batches import Batches, SplitFailure
 from activedb.atomic.errors import AtomicBatchError, PartitionFailed, UnknownBatch
-from activedb.errors import Failure
-from activedb.ingest import BatchOutcome, Ingestion, LedgerId, Rows
+from activedb.errors import Failure, SerializationConflict, classify
+from activedb.ingest import BatchOutcome, Ingestion, LedgerId, PhaseTimings, Rows
 from activedb.ingest.errors import IngestError, describe
 from activedb.txn import CommitParticipant
 
 if TYPE_CHECKING:  # pragma: no cover
     from activedb.txn import Transaction
 
-__all__ = ["LayoutTerms", "PartitionReport", "SplitBatchStatus", "SplitState", "as_policy", "check_layout", "split_status"]
+__all__ = ["LayoutTerms", "PartitionReport", "SplitBatchStatus", "SplitState", "as_policy", "check_layout",
+           "combined_outcome", "failed_partition", "split_status"]
 
 logger = logging.getLogger("activedb.atomic")
 
@@ -133,7 +136,45 @@ def settle_failed_partition(sink: Ingestion, rows: Rows, query_id: str, batch_id
     return outcome.dead_letters
 
 
+def failed_partition(sink: Ingestion, rows: Rows, query_id: str, batch_id: int, partition: int, partitions: int,
+                     policy: SplitFailure, error: BaseException, *, attempts: int) -> PartitionReport:
+    """In the failed task: the report of partition ``partition`` (ledger id ``query_id``, ``#pN`` included) of batch
+    ``batch_id``, whose batch transaction in ``sink`` (of ``attempts`` top-level attempts, its ``batch_attempts``)
+    failed with ``error``; with the policy ``compensate`` (and not
+    an outage) its rows are dead letters first (:func:`settle_failed_partition`).  A transient failure
+    (``activedb.errors.classify``: PostgreSQL unusable, a conflict, a deadlock) is not the partition's fault:
+    replay completes the batch; the report says which (``failure``) and, for a conflict, how many attempts it used
+    up (``attempts``), for the driver's ``PartitionFailed`` (:func:`settle`)."""
+    failure = classify(error)
+    infrastructure = failure.transient
+    letters, settled = 0, False
+    if not infrastructure and policy is SplitFailure.COMPENSATE:
+        letters = settle_failed_partition(sink, rows, query_id, batch_id, partition, partitions, error)
+        settled = True
+    count = len(rows) if isinstance(rows, Sequence) else rows.num_rows
+    outcome = BatchOutcome(query_id, batch_id, settled, count, 0, letters, {}, None, PhaseTimings())
+    report: PartitionReport = {"partition": partition, "outcome": outcome, "failed": True,
+                               "error": describe(error), "infrastructure": infrastructure, "failure": failure}
+    if isinstance(error, SerializationConflict):    # (Ingestion.process raises one after its last attempt)
+        report["attempts"] = attempts
+    return report
+
+
 # --- the driver's side ------------------------------------------------------------------------------------------
+
+def combined_outcome(query_id: str, batch_id: int, watermark: dt.datetime | None,
+                     reports: Sequence[PartitionReport]) -> BatchOutcome:
+    """The outcome of batch ``batch_id`` of the run ``query_id`` (without a partition) from its partitions'
+    ``reports``: committed if one of them committed, their rows, events, dead letters, rule firings and timings
+    summed; ``watermark``: the batch's."""
+    outcomes = [row["outcome"] for row in reports]
+    firings = sum((collections.Counter(outcome.rule_firings) for outcome in outcomes), collections.Counter())
+    return BatchOutcome(
+        query_id=query_id, batch_id=batch_id, committed=any(outcome.committed for outcome in outcomes),
+        rows=sum(outcome.rows for outcome in outcomes), events=sum(outcome.events for outcome in outcomes),
+        dead_letters=sum(outcome.dead_letters for outcome in outcomes), rule_firings=dict(firings),
+        watermark=watermark, timings=sum((outcome.timings for outcome in outcomes), PhaseTimings()))
+
 
 class SplitDriverDatabase(DatabaseHandle, Protocol):
     """The driver's database, as the decision and compensation of a split batch use it: a

@@ -1016,3 +1016,32 @@ def test_an_arrow_batch_without_a_mapped_column_is_refused_before_anything_is_ap
         assert outcome.committed and outcome.dead_letters == 1
     finally:
         database.close()
+
+
+def test_a_partition_that_failed_for_good_is_reported_and_combined_for_any_splitting_connector(database_url):
+    """``activedb.atomic.failed_partition`` and ``combined_outcome`` are any splitting connector's (Spark's scale-out
+    tasks and driver use them): under ``compensate`` a failed partition's rows become dead letters with its ledger
+    row, a transient failure (a conflict that used up the attempts) is reported and left for the replay, and the
+    batch's outcome sums its partitions'."""
+    from activedb.errors import SerializationConflict
+
+    database = app_database(database_url)
+    ingestion = Ingestion(database, app_counters.MAPPING, source="parts")
+    rows = [{"type": "add", "key": "p", "ts": BASE_TIME, "amount": 1, "seq": seq} for seq in (1, 2)]
+    compensate = activedb.atomic.SplitFailure.COMPENSATE
+    try:
+        applied = {"partition": 0, "outcome": ingestion.process(rows[:1], 5, query_id="parts@r#p0")}
+        failed = activedb.atomic.failed_partition(ingestion, rows, "parts@r#p1", 5, 1, 3, compensate,
+                                                  RuntimeError("refused"), attempts=3)
+        assert failed["failed"] and not failed["infrastructure"] and failed["error"] == "RuntimeError: refused"
+        assert (failed["outcome"].committed, failed["outcome"].rows, failed["outcome"].dead_letters) == (True, 2, 2)
+        assert batch_committed(database, "parts@r#p1", 5)
+        conflict = activedb.atomic.failed_partition(ingestion, rows, "parts@r#p2", 5, 2, 3, compensate,
+                                                    SerializationConflict("40001"), attempts=3)
+        assert conflict["infrastructure"] and conflict["attempts"] == 3 and not conflict["outcome"].committed
+        assert not batch_committed(database, "parts@r#p2", 5)
+        combined = activedb.atomic.combined_outcome("parts@r", 5, None, [applied, failed, conflict])
+        assert (combined.committed, combined.rows, combined.events, combined.dead_letters) == (True, 5, 1, 2)
+    finally:
+        ingestion.close()
+        database.close()
