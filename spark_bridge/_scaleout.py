@@ -355,9 +355,7 @@ class PartitionedIngestSink(IngestSink):
         check_layout(self.db, query_id, batch_id, self.partitions, partition_key)
         atomic.declare_policy(self.db, query_id, self.query_name, self.partitions, self.on_partition_failure,
                               partition_key)
-        settled = {atomic.SplitState.COMPLETED.value, atomic.SplitState.COMPENSATED.value}
-        unsettled = {(query_id, row.batch_id) for row in atomic.split_status(self.db, self.query_name)
-                     if row.query_id == query_id and row.batch_id is not None and row.state not in settled}
+        unsettled = {(query_id, batch) for batch in atomic.unsettled_batches(self.db, query_id)}
         with self._mutex:
             self._declared.add(query_id)
             self._unsettled |= unsettled

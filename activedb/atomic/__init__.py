@@ -5,7 +5,7 @@ Public interface: ``db.batches`` (:class:`Batches`) — ``consumed / produced / 
 ``compensation / rule_compensation / transaction_compensation / undo_by_before_image``, ``composite /
 scover / independent_scover / graph``, ``plan / compensate``, ``prune``; the CLI ``activedb batches``; a split
 source batch one partition of which fails for good (``declare_policy``, ``settle_failed_partition`` and
-``failed_partition`` in the failed task, ``combined_outcome``, ``settle``,
+``failed_partition`` in the failed task, ``combined_outcome``, ``settle``, ``unsettled_batches``,
 ``after_replay``, ``split_status``, ``check_layout`` of a batch run again: what a connector that splits batches —
 Spark's scale-out path — calls).
 Design note: ``README.md`` here.  (``activedb.batch``, singular, is the unrelated TPG executor.)
@@ -20,7 +20,7 @@ __all__ = ["Batches", "BatchRef", "BoundReached", "CompensationPlan", "Compensat
            "CompensationMode", "CompensationScope", "LayoutTerms", "PartitionReport", "SplitBatchStatus", "SplitFailure",
            "SplitState", "TransactionLineage", "Unsafe", "after_replay", "as_policy", "check_layout",
            "combined_outcome", "compensate_split", "declare_policy", "errors", "failed_partition", "settle",
-           "settle_failed_partition", "split_status"]
+           "settle_failed_partition", "split_status", "unsettled_batches"]
 
 # imported on first use: `import activedb.atomic` stays fast (the CLI's start)
 __getattr__, __dir__ = lazy.exports(__name__, {
@@ -30,7 +30,8 @@ __getattr__, __dir__ = lazy.exports(__name__, {
     "activedb.atomic._lineage": ["BatchRef"],
     "activedb.atomic._split": ["LayoutTerms", "PartitionReport", "SplitBatchStatus", "SplitState", "after_replay", "as_policy",
                                "check_layout", "combined_outcome", "compensate_split", "declare_policy",
-                               "failed_partition", "settle", "settle_failed_partition", "split_status"],
+                               "failed_partition", "settle", "settle_failed_partition", "split_status",
+                               "unsettled_batches"],
 })
 
 if TYPE_CHECKING:  # the names above, for type checkers (tests/test_typing.py keeps both lists equal)
@@ -46,4 +47,5 @@ if TYPE_CHECKING:  # the names above, for type checkers (tests/test_typing.py ke
         SplitState as SplitState, after_replay as after_replay, as_policy as as_policy, check_layout as check_layout,
         combined_outcome as combined_outcome, failed_partition as failed_partition,
         compensate_split as compensate_split, declare_policy as declare_policy,
-        settle as settle, settle_failed_partition as settle_failed_partition, split_status as split_status)
+        settle as settle, settle_failed_partition as settle_failed_partition, split_status as split_status,
+        unsettled_batches as unsettled_batches)

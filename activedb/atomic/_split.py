@@ -32,7 +32,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from activedb.txn import Transaction
 
 __all__ = ["LayoutTerms", "PartitionReport", "SplitBatchStatus", "SplitState", "as_policy", "check_layout",
-           "combined_outcome", "failed_partition", "split_status"]
+           "combined_outcome", "failed_partition", "split_status", "unsettled_batches"]
 
 logger = logging.getLogger("activedb.atomic")
 
@@ -331,6 +331,15 @@ def split_status(db: DatabaseHandle, query_name: str | None = None) -> list[Spli
             tuple(row.partition for row in rows), rows[0].error,
             max((row.compensated for row in rows if row.compensated is not None), default=None)))
     return result
+
+
+def unsettled_batches(db: DatabaseHandle, query_id: str) -> set[int]:
+    """The batches of the run ``query_id`` (a ledger id without a partition) with a failed partition not settled yet
+    (*pending completion*, *compensating*): a connector that splits batches reads them once per run, to settle each
+    (:func:`after_replay`) when it comes again."""
+    settled = {SplitState.COMPLETED.value, SplitState.COMPENSATED.value}
+    return {row.batch_id for row in split_status(db, LedgerId.parse(query_id).source)
+            if row.query_id == query_id and row.batch_id is not None and row.state not in settled}
 
 
 # --- the layout of a batch run again ------------------------------------------------------------------------------

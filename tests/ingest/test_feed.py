@@ -1019,9 +1019,9 @@ def test_an_arrow_batch_without_a_mapped_column_is_refused_before_anything_is_ap
 
 
 def test_a_partition_that_failed_for_good_is_reported_and_combined_for_any_splitting_connector(database_url):
-    """``activedb.atomic.failed_partition`` and ``combined_outcome`` are any splitting connector's (Spark's scale-out
-    tasks and driver use them): under ``compensate`` a failed partition's rows become dead letters with its ledger
-    row, a transient failure (a conflict that used up the attempts) is reported and left for the replay, and the
+    """``activedb.atomic.failed_partition``, ``unsettled_batches`` and ``combined_outcome`` are any splitting
+    connector's (Spark's scale-out tasks and driver use them): under ``compensate`` a failed partition's rows become
+    dead letters with its ledger row and its batch is unsettled until the driver compensates it, a transient failure (a conflict that used up the attempts) is reported and left for the replay, and the
     batch's outcome sums its partitions'."""
     from activedb.errors import SerializationConflict
 
@@ -1036,6 +1036,7 @@ def test_a_partition_that_failed_for_good_is_reported_and_combined_for_any_split
         assert failed["failed"] and not failed["infrastructure"] and failed["error"] == "RuntimeError: refused"
         assert (failed["outcome"].committed, failed["outcome"].rows, failed["outcome"].dead_letters) == (True, 2, 2)
         assert batch_committed(database, "parts@r#p1", 5)
+        assert activedb.atomic.unsettled_batches(database, "parts@r") == {5}       # (compensating, not compensated)
         conflict = activedb.atomic.failed_partition(ingestion, rows, "parts@r#p2", 5, 2, 3, compensate,
                                                     SerializationConflict("40001"), attempts=3)
         assert conflict["infrastructure"] and conflict["attempts"] == 3 and not conflict["outcome"].committed
