@@ -29,8 +29,8 @@ setting: ``function``, the default, or ``module``):
 setting's; relative paths are from the root directory), the clock, and keyword arguments of ``activedb.connect``
 (``record_history=True`` for the interleaving runner and ``check_history``).  With module scope the module's mark
 counts (``pytestmark = pytest.mark.activedb(...)``).  The mark on a test none of whose fixtures reads it (the four
-above that make a database or its clock, itself or through a fixture of its own) is an
-:class:`ActivedbMarkIgnoredWarning` at collection, naming the test.
+above that make a database or its clock, itself or through a fixture of its own), and with module scope the mark of a
+test or class, are an :class:`ActivedbMarkIgnoredWarning` at collection, naming the test (or class).
 """
 
 from __future__ import annotations
@@ -67,7 +67,8 @@ _Made = TypeVar("_Made")
 
 
 class ActivedbMarkIgnoredWarning(pytest.PytestWarning):
-    """``@pytest.mark.activedb(...)`` on a test none of whose fixtures reads it (issued at collection; filter it as
+    """``@pytest.mark.activedb(...)`` on a test none of whose fixtures reads it, or with module scope on a test or
+    class (the module's mark makes the module's database) (issued at collection; filter it as
     ``ignore::activedb.testing.pytest_plugin.ActivedbMarkIgnoredWarning`` for a test that asks for one with
     ``request.getfixturevalue``)."""
 
@@ -120,9 +121,13 @@ def pytest_configure(config: pytest.Config) -> None:
                                        "and every thread's stack, if it still runs after timeout seconds")
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Warn of an ``activedb`` mark on a test (its own, or its parameter's) that no fixture of the test reads: it
-    would be ignored.  A module's or class's mark is not the test's own: its tests need not all use a database."""
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Warn of an ``activedb`` mark that would be ignored: on a test (its own, or its parameter's) that no fixture
+    of the test reads — a module's or class's mark is not the test's own: its tests need not all use a database —
+    and, with module scope, on a test or class at all (the module's database is made from the module's mark)."""
+    if _scope("activedb_settings", config) == "module":
+        _warn_of_marks_below_the_module(items)
+        return
     for item in items:
         if not any(mark.name == "activedb" for mark in item.own_markers):
             continue
@@ -131,6 +136,22 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
                 f"@pytest.mark.activedb on {item.nodeid} is ignored: the test uses no fixture that reads it "
                 f"({', '.join(MARK_READERS)}, itself or through a fixture of its own); ask for one, or remove the "
                 f"mark"))
+
+
+def _warn_of_marks_below_the_module(items: list[pytest.Item]) -> None:
+    """With module scope, an ``activedb`` mark of a test or class (not the module's): ignored, each warned of once
+    on the node that carries it."""
+    warned: set[str] = set()
+    for item in items:
+        for node in item.listchain():
+            if isinstance(node, (pytest.Session, pytest.Package, pytest.Module)) or node.nodeid in warned:
+                continue
+            if any(mark.name == "activedb" for mark in node.own_markers):
+                warned.add(node.nodeid)
+                node.warn(ActivedbMarkIgnoredWarning(
+                    f"@pytest.mark.activedb on {node.nodeid} is ignored: with activedb_database_scope = module the "
+                    f"module's database is made from the module's mark (pytestmark = pytest.mark.activedb(...)); "
+                    f"move the mark there"))
 
 
 def _database_scope(config: pytest.Config) -> DatabaseScope:

@@ -454,3 +454,41 @@ def test_of_the_module_mark_only():
                         r"itself or through a fixture of its own\)", output)
     assert sorted(warned) == ["test_ignored.py::test_parametrized[2]", "test_ignored.py::test_without_a_database"], \
         output
+
+
+def test_a_tests_own_activedb_mark_under_module_scope_is_a_warning_naming_it(project):
+    """With ``activedb_database_scope = "module"`` the module's database is made once, from the module's mark: a
+    test's own ``@pytest.mark.activedb(record_history=True)`` (or its class's) was ignored without a word — the test
+    ran on a database without the history it asked for, and failed on ``db.history`` being None.  It is the
+    collection's warning now, naming the mark's place and saying where the mark counts; the module's own mark
+    warns of nothing."""
+    project.makepyfile(test_scoped="""
+import pytest
+
+pytestmark = pytest.mark.activedb(migrations=[])
+
+
+@pytest.mark.activedb(record_history=True)
+def test_own_mark(activedb_db):
+    pass
+
+
+@pytest.mark.activedb(record_history=True)
+class TestMarked:
+    def test_one(self, activedb_db):
+        pass
+
+    def test_two(self, activedb_db):
+        pass
+
+
+def test_of_the_module_mark_only(activedb_db):
+    pass
+""")
+    result = project.runpytest_subprocess("-p", "no:cacheprovider", "--collect-only", "-q",
+                                          "-o", "activedb_database_scope=module")
+    output = result.stdout.str()
+    warned = re.findall(r"ActivedbMarkIgnoredWarning: @pytest\.mark\.activedb on (\S+) is ignored: with "
+                        r"activedb_database_scope = module the module's database is made from the module's mark "
+                        r"\(pytestmark = pytest\.mark\.activedb\(\.\.\.\)\); move the mark there", output)
+    assert sorted(warned) == ["test_scoped.py::TestMarked", "test_scoped.py::test_own_mark"], output
