@@ -44,7 +44,9 @@ class ScenarioError(AssertionError):
 def wait_until(predicate: Callable[[], _T], timeout: float = 10.0, message: str = "condition",
                describe: Callable[[], object] | None = None) -> _T:
     """Return ``predicate()``'s first truthy value; raise ``ScenarioError`` (an ``AssertionError``) after
-    ``timeout`` seconds (infinity: no limit), naming ``message`` and what ``describe()`` reports of the state."""
+    ``timeout`` seconds (infinity: no limit), naming ``message`` and what ``describe()`` reports of the state —
+    read as :func:`diagnostic` reads it (within ``DIAGNOSTIC_SECONDS``; one that raises or takes longer is a line
+    saying so: the wait fails as a timeout all the same)."""
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout >= 0:   # (NaN too)
         raise ValueError(f"wait_until(timeout={timeout!r}) takes a number of seconds >= 0 (math.inf: no limit); a "
                          f"NaN deadline never passes, so the wait would never time out")
@@ -55,7 +57,8 @@ def wait_until(predicate: Callable[[], _T], timeout: float = 10.0, message: str 
         if value:
             return value
         if time.monotonic() > deadline:
-            state = f"; state: {describe()}" if describe is not None else ""
+            state = (f"; state: {diagnostic('describe the state', lambda: str(describe()))}"
+                     if describe is not None else "")
             raise ScenarioError(f"timed out after {timeout} s waiting for {message}{state}")
         idle.wait(_POLL)   # polling observable state, not ordering threads
 

@@ -133,29 +133,38 @@ def test_the_test_kits_waits_take_an_infinite_timeout_as_no_limit():
     assert lm.holders("x").held == {"B": Mode.READ}
 
 
+def _raised_within(seconds, call, what):
+    """What ``call()`` raised (a list: empty if nothing), run on a thread joined within ``seconds`` — a wait that never
+    ends fails the test, naming ``what``, instead of hanging it."""
+    import threading
+
+    raised: list[BaseException] = []
+
+    def run():
+        try:
+            call()
+        except BaseException as error:
+            raised.append(error)
+
+    waiter = threading.Thread(target=run, daemon=True)
+    waiter.start()
+    waiter.join(seconds)
+    assert not waiter.is_alive(), f"{what} still waiting after {seconds} s"
+    return raised
+
+
 def test_wait_until_refuses_a_timeout_that_is_no_number_of_seconds():
     """``wait_until(predicate, timeout=nan)`` never timed out (no time is later than a NaN deadline): a test meant to
     fail after a bound hung instead.  A timeout that is NaN, negative or no number is refused at once; infinity still
     waits without limit (here: the predicate holds at once)."""
     import math
-    import threading
 
     from lockmgr.testing import wait_until
 
 
     for timeout in (math.nan, -1.0, "10", None, True):
-        raised: list[BaseException] = []
-
-        def call(timeout=timeout, raised=raised):
-            try:
-                wait_until(lambda: False, timeout)
-            except BaseException as error:
-                raised.append(error)
-
-        waiter = threading.Thread(target=call, daemon=True)      # (a wait that never ends fails, not hangs)
-        waiter.start()
-        waiter.join(30)
-        assert not waiter.is_alive(), f"wait_until(timeout={timeout!r}) still waiting after 30 s"
+        raised = _raised_within(30, lambda timeout=timeout: wait_until(lambda: False, timeout),
+                                f"wait_until(timeout={timeout!r})")
         assert len(raised) == 1 and isinstance(raised[0], ValueError), (timeout, raised)
         assert "takes a number of seconds" in str(raised[0]) and f"timeout={timeout!r}" in str(raised[0])
     assert wait_until(lambda: "ready", math.inf) == "ready"
@@ -322,3 +331,29 @@ def test_a_scenario_ending_with_a_step_pending_while_the_graph_mutex_is_held_fai
     assert "steps still pending at the end of the scenario" in str(exit_error)
     assert "could not read the wait-for graph within 0.2 s" in str(exit_error)
     body.join(10)
+
+
+def test_wait_until_that_times_out_fails_saying_so_whatever_its_describe_does(monkeypatch):
+    """``describe()`` is what a failing wait reads of the state — the state that may be hung: a describe that raised
+    replaced the timeout's ScenarioError with its own error (the test failed on a KeyError, not on the wait), and one
+    blocked on a mutex a hung thread holds (``db.explain()``) kept the wait from failing at all.  It is read as the
+    watchdog reads its own (``diagnostic``): within ``DIAGNOSTIC_SECONDS``, else a line saying why not."""
+    import threading
+
+    import lockmgr.testing
+    from lockmgr.testing import ScenarioError, wait_until
+
+    monkeypatch.setattr(lockmgr.testing, "DIAGNOSTIC_SECONDS", 0.2)
+    never = threading.Event()
+
+    def missing() -> object:
+        return {}["orders"]
+
+    for describe, said in ((missing, "(could not describe the state: KeyError('orders'))"),
+                           (never.wait, "(could not describe the state within 0.2 s")):
+        raised = _raised_within(30, lambda describe=describe: wait_until(lambda: False, 0.01, "the order",
+                                                                           describe=describe),
+                                f"wait_until with describe={describe!r}")
+        assert len(raised) == 1 and isinstance(raised[0], ScenarioError), raised
+        assert str(raised[0]).startswith("timed out after 0.01 s waiting for the order; state: " + said), raised[0]
+    never.set()
