@@ -14,6 +14,7 @@ import collections
 import contextlib
 import math
 import random
+import re
 import threading
 import time
 from dataclasses import dataclass, field
@@ -45,6 +46,8 @@ Actor = Callable[["Database"], object]
 Invariant = Callable[["Database"], object]
 
 _ACTIVE = (TxnState.ACTIVE, TxnState.COMMITTING)
+#: A transaction id in a message ("T5", "T5.6"): not inside a word, nor followed by more of an id.
+_TRANSACTION_ID = re.compile(r"(?<![\w.])T\d+(?:\.\d+)*(?!\w|\.\d)")
 
 
 class StepKind(ClosedSet):
@@ -469,11 +472,13 @@ class _Run(Observer):
                 self.condition.notify_all()
 
     def _by_label(self, text: str) -> str:
-        """``text`` with the transaction ids of the run (which differ from run to run) replaced by their labels.
-        Caller holds ``condition``."""
-        for tid in sorted(self.tracked, key=len, reverse=True):
-            text = text.replace(f"'{tid}'", f"'{self.tracked[tid].label}'")
-        return text
+        """``text`` with the transaction ids of the run (which differ from run to run) replaced by their labels,
+        quoted or bare ("in T5", "transaction T5.6 was aborted": a whole id, not the start of a longer one).  Caller
+        holds ``condition``."""
+        def label(found: re.Match[str]) -> str:
+            tracked = self.tracked.get(found.group(0))
+            return tracked.label if tracked is not None else found.group(0)
+        return _TRANSACTION_ID.sub(label, text)
 
     def _finished(self) -> bool:
         with self.condition:

@@ -200,6 +200,25 @@ def test_an_expected_error_is_accepted_as_the_cause_of_a_rule_s_failure(fresh):
     assert expected.ok, expected.describe()
 
 
+def test_what_an_actor_raised_names_the_run_s_transactions_by_their_labels_in_the_trace(fresh):
+    """activedb's messages name a transaction bare ("rule 'refuse' failed on inserted items key='a' in T5", "transaction
+    T5.6 was aborted"): the trace's line of what an actor raised kept those ids — which differ from run to run and
+    appear nowhere else in the report — since only ids in quotes were replaced by labels; a replay of the failing
+    schedule then had another trace than the run it replayed."""
+    @fresh.rule(on=fresh.inserted("items"), name="refuse")
+    def refuse(tx: Transaction, event: Event) -> None:
+        raise ValueError(f"no item {event.key} today")
+
+    runner = Interleavings(fresh, [insert_item("a"), insert_item("b")], setup=one_account)
+    failure = runner.explore(5, seed=1).failure
+    assert failure is not None and failure.verdict is Verdict.ACTOR_FAILED
+    raised = [line for line in failure.trace if " raised " in line]
+    assert raised and all(re.search(r"\bT\d", line) is None for line in raised), raised
+    assert any(re.search(r"in A[12]: ValueError", line) for line in raised), raised
+    again = runner.replay(failure.schedule)
+    assert again.trace == failure.trace, (again.describe(), failure.describe())
+
+
 @pytest.mark.parametrize("schedule", [None, 5, ["0", "1"]], ids=["none", "a-number", "a-list"])
 def test_replay_of_what_is_no_schedule_is_an_invalid_schedule_and_runs_nothing(fresh, schedule):
     """``replay(None)`` (a number, a list of choices) failed with a bare AttributeError ('NoneType' object has no
