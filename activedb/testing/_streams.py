@@ -139,10 +139,12 @@ def check_stream_history(ops: Iterable[StreamOp]) -> StreamHistoryReport:
             check_read(op, (op.table, op.key), read_from if isinstance(read_from, int) else None)
         else:
             seen_by_key = read_from if isinstance(read_from, dict) else {}
-            for row in writes_by_row:
-                if row[0] == op.table:
-                    key = row[1]           # (a written row's key: a tuple)
-                    check_read(op, row, seen_by_key.get(key) if isinstance(key, tuple) else None)
+            # every row committed work wrote, and every row the scan saw (one only aborted work wrote: a dirty read)
+            rows = dict.fromkeys([row for row in writes_by_row if row[0] == op.table]
+                                 + [(op.table, key) for key in seen_by_key])
+            for row in rows:
+                key = row[1]               # (a written row's key: a tuple)
+                check_read(op, row, seen_by_key.get(key) if isinstance(key, tuple) else None)
     for row, writes in writes_by_row.items():
         latest: StreamOp | None = None
         for write in writes:

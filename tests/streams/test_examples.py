@@ -159,6 +159,22 @@ def test_aborted_work_is_ignored_and_dirty_reads_are_reported():
     assert [violation.kind for violation in report.violations] == [StreamAnomaly.DIRTY_READ]
 
 
+def test_a_scan_that_saw_a_write_of_aborted_work_is_a_dirty_read_also_of_a_row_no_committed_work_wrote():
+    """A scan's read (``key`` None) is checked row by row over the rows committed work wrote: a row only aborted work
+    wrote was never looked at, so a scan that saw it — the keyed read of it in the test above is a dirty read —
+    passed the checker.  Every row the scan saw counts now."""
+    history = streams.StreamHistory()
+    history.begin("A", "A", "e^1", 1, (0, ()))
+    history.write("A", "A", "e^1", 1, (0, (1, 0, 1)), "R", "t", ("k",), {"v": 1}, "write")
+    history.begin("B", "B", "e^2", 2, (1, ()))
+    history.read("B", "B", "e^2", 2, (1, (0, 0, 1)), "Q", "t", None, [{"v": 1}])     # a scan: sees A's write
+    history.end("A", "A", "e^1", 1, (0, ()), False)                                 # ... which aborts
+    history.end("B", "B", "e^2", 2, (1, ()), True)
+    report = check_stream_history(history.snapshot())
+    assert [violation.kind for violation in report.violations] == [StreamAnomaly.DIRTY_READ], report.violations
+    assert "Read by Q of t (table)" in report.violations[0].message
+
+
 def test_the_checker_judges_by_timestamps_not_by_the_recorded_order():
     """Definition 6 is about timestamps: a Read at ts 15 recorded (and positioned) before the
     Write at ts 10 it should have seen, with the value from before that Write, is a
