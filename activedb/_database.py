@@ -187,7 +187,8 @@ class Database:
         accepted too).  A second rule of one name is refused unless ``replace=True`` (it then takes the first one's
         place, as ``db.rules.add(rule, replace=True)`` does: a module or notebook cell run again).  The action and
         ``when`` are plain functions called with ``(tx, event)`` in the firing's thread: an ``async def`` or a generator
-        function (whose call runs none of its body) is refused.
+        function (whose call runs none of its body) is refused, and a firing whose action or ``when`` returns a
+        coroutine or a generator (a plain function handing one back) fails with ``RuleFailed``.
         """
         def decorate(target: Callable[[Transaction, Event], object] | type[Rule]) -> Rule:
             if isinstance(target, type) and issubclass(target, Rule):

@@ -18,7 +18,8 @@ from activedb.errors import CascadeLimitExceeded, DeadlockDetected, RuleFailed, 
 from activedb.events import Event, EventKind, Origin, new_event
 from activedb.rules._context import RuleContext, chain_of, defer
 from activedb.rules._detached import DetachedRunner, DependencyAbort
-from activedb.rules._model import Fired, Firing, Rule, RuleCounter, RuleExecution, RulesStatistics, always
+from activedb.rules._model import (Fired, Firing, Rule, RuleCounter, RuleExecution, RulesStatistics, always,
+                                   check_body_ran)
 from activedb.rules._parallel import condition_then_action
 from activedb.rules._record import FiringRecord
 from activedb.rules._registry import RuleRegistry
@@ -429,11 +430,17 @@ class RuleManager(TransactionExtension):
         try:
             if rule.action_coupling is _IMMEDIATE:
                 condition = rule.condition
-                if condition is not always and not condition(transaction, event):
-                    self.count(rule, "condition_false")
-                    outcome = _CONDITION_FALSE
-                    return False
-                rule.action(transaction, event)
+                if condition is not always:
+                    held = condition(transaction, event)
+                    if held is not True and held is not False:
+                        check_body_ran(rule, "condition", held)
+                    if not held:
+                        self.count(rule, "condition_false")
+                        outcome = _CONDITION_FALSE
+                        return False
+                returned = rule.action(transaction, event)
+                if returned is not None:
+                    check_body_ran(rule, "action", returned)
             elif not condition_then_action(self, transaction, firing):
                 outcome = _CONDITION_FALSE
                 return False

@@ -116,6 +116,27 @@ def _coupling_text(coupling: object) -> str:
         return repr(coupling)
 
 
+def check_body_ran(rule: Rule, part: Literal["condition", "action"], value: object) -> None:
+    """Refuse ``value``, what ``rule``'s ``part`` returned, if it is a coroutine, a generator or an async generator: the part is a plain function that hands back
+    the body of an ``async def`` (or a generator function) it called — ``lambda tx, event: work(tx, event)`` — which
+    the declaration's check of the part itself cannot see, and which no firing awaits or iterates.  The object is
+    closed (no "never awaited" warning) and a ``RuleError`` raised: the firing fails, as a part that raised."""
+    if inspect.iscoroutine(value):
+        kind = "a coroutine"
+    elif inspect.isgenerator(value):
+        kind = "a generator"
+    elif inspect.isasyncgen(value):
+        kind = "an async generator"
+    else:
+        return
+    what = "when=" if part == "condition" and isinstance(rule, FunctionRule) else f"the {part}"   # (as declared)
+    if not inspect.isasyncgen(value):
+        value.close()        # (a coroutine or a generator: closed before it began)
+    raise RuleError(f"rule {rule.name!r}: {what} returned {kind} ({getattr(value, '__qualname__', value)}), and a "
+                    f"firing neither awaits nor iterates what its parts return (rules run in threads, not in an event "
+                    f"loop), so none of its body ran; make it a plain def that does its work synchronously")
+
+
 def always(tx: "Transaction", event: Event) -> bool:
     """The condition of a ``FunctionRule`` declared without one (the dispatch skips calling it)."""
     return True

@@ -15,11 +15,13 @@ from coupling import Coupling
 from activedb.errors import DeadlockDetected
 from activedb.rules._context import GateKey, GateRole, RuleContext
 from activedb.rules._detached import DependencyAbort
-from activedb.rules._model import Firing
+from activedb.rules._model import Firing, check_body_ran
 from activedb.txn import TxnState, run_subtransaction, set_slot, slot
 
 if TYPE_CHECKING:  # pragma: no cover
+    from activedb.events import Event
     from activedb.rules._manager import RuleManager
+    from activedb.rules._model import Rule
     from activedb.txn import Transaction
 
 logger = logging.getLogger("activedb.rules")
@@ -36,7 +38,10 @@ def condition_then_action(manager: "RuleManager", transaction: "Transaction", fi
     def condition_body(child: "Transaction") -> bool:
         set_slot(child, Firing, firing)
         slot(child, RuleContext).gate_report = condition_key
-        value = bool(rule.condition(child, event))
+        held = rule.condition(child, event)
+        if held is not True and held is not False:
+            check_body_ran(rule, "condition", held)
+        value = bool(held)
         gate.condition_returned(condition_key, value)
         return value
 
@@ -45,7 +50,7 @@ def condition_then_action(manager: "RuleManager", transaction: "Transaction", fi
         context = slot(child, RuleContext)
         context.gate_report, context.gate_key = action_key, action_key
         context.gate_wait_target = condition_handle.transaction.id
-        rule.action(child, event)
+        _act(rule, child, event)
 
     # A part whose spawn is refused (the tree was doomed meanwhile: an ancestor's abort, ``lowlevel.abandon``) never
     # runs, so it never reports its end: it is reported here, as aborted, and forgotten — else the gate keeps the
@@ -103,4 +108,11 @@ def _never_ran(manager: "RuleManager", *keys: GateKey) -> None:
 
 def _run_action_again(child: "Transaction", firing: "Firing") -> None:
     set_slot(child, Firing, firing)
-    firing.rule.action(child, firing.event)
+    _act(firing.rule, child, firing.event)
+
+
+def _act(rule: "Rule", child: "Transaction", event: "Event") -> None:
+    """Run ``rule``'s action in ``child``, refusing a coroutine or generator it returns (``check_body_ran``)."""
+    returned = rule.action(child, event)
+    if returned is not None:
+        check_body_ran(rule, "action", returned)

@@ -1218,6 +1218,36 @@ def test_an_async_or_generator_action_or_condition_is_refused_at_declaration(db,
         assert connection.execute(sa.text("SELECT count(*) FROM items")).scalar() == 0
 
 
+@pytest.mark.parametrize("coupling", [Coupling.IMMEDIATE, Coupling.SEQUENTIAL_CAUSALLY_DEPENDENT],
+                         ids=["c-a-immediate", "c-a-parallel"])
+@pytest.mark.parametrize("part", [_async_part, _generator_part, _async_generator_part],
+                         ids=["async", "generator", "async-generator"])
+def test_an_action_or_condition_that_returns_a_coroutine_fails_its_firing(db, part, coupling):
+    """A plain function that returns a coroutine (a generator) — ``lambda tx, event: work(tx, event)`` of an ``async
+    def work`` — passes the declaration's check, and a firing runs none of the body it hands back.  The action's
+    firing counted as executed, having written nothing (Python warning only "coroutine ... was never awaited"); the
+    condition's coroutine object was true, so its action ran.  Now the firing fails with RuleFailed naming the rule,
+    what it returned and what to write instead; the returned object is closed (no "never awaited" warning)."""
+    db.rule(on=db.signalled("go"), name="acting", action_coupling=coupling)(lambda tx, event: part(tx, event))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")       # (a coroutine left unawaited warns when it is collected)
+        with pytest.raises(RuleFailed, match=r"rule 'acting'.*the action returned an? (coroutine|generator|async "
+                                             r"generator).*none of its body ran.*plain def"):
+            with db.transaction() as tx:
+                tx.signal("go")
+    db.rules.remove("acting")
+    db.rule(on=db.signalled("test"), name="testing", action_coupling=coupling,
+            when=lambda tx, event: part(tx, event))(lambda tx, event: tx.write("items", "ran", value=1))
+    with pytest.raises(RuleFailed, match=r"rule 'testing'.*when= returned an? (coroutine|generator|async generator)"):
+        with db.transaction() as tx:
+            tx.signal("test")
+    counters = db.rules.statistics().per_rule
+    assert (counters["acting"].executed, counters["acting"].failed) == (0, 1)
+    assert (counters["testing"].executed, counters["testing"].failed) == (0, 1)
+    with db.engine.connect() as connection:
+        assert connection.execute(sa.text("SELECT count(*) FROM items")).scalar() == 0
+
+
 def test_two_threads_declaring_one_rule_name_at_once_one_is_refused(db):
     """Two threads declaring a rule of one name (without replace=True) at the same time: one is declared, the other
     refused with the RuleError a second declaration in one thread gets.  The check for a declared name came before the
