@@ -28,8 +28,8 @@ from activedb.capture import CaptureManager
 from activedb.capture.errors import CaptureNotEnabledWarning
 from activedb.clock import SYSTEM_CLOCK, Clock
 from activedb.errors import (BadArgument, BadDatabaseURL, DeadlockDetected, RuleError, RuleFailed,
-                             SerializationConflict, TransactionError, causes, check_seconds, check_whole_number,
-                             database_failure)
+                             SerializationConflict, TransactionError, causes, check_plain_function, check_seconds,
+                             check_whole_number, database_failure)
 from activedb.events import Event, EventKind, EventSpec, Origin, Punctuations, Watermark
 from activedb.outbox import Outbox
 from activedb.rules import FunctionRule, Rule, RuleManager
@@ -295,7 +295,8 @@ class Database:
 
     def run(self, function: Callable[..., _Result], *args: object, retries: int = 3,  # type: ignore[return]
             backoff: float = 0.002, **kwargs: object) -> _Result:
-        """Run ``function(tx, *args, **kwargs)`` in a top-level transaction, re-running it (at most
+        """Run ``function(tx, *args, **kwargs)`` — a plain function: an ``async def`` or a generator function, whose
+        call runs none of its body, is refused (``BadArgument``) — in a top-level transaction, re-running it (at most
         ``retries`` more times) on a serialization conflict or a deadlock (also one of the rule firings it set off,
         which reaches it as ``RuleFailed``), after a jittered exponential
         back-off starting at ``backoff`` seconds (so that the transactions that collided do not collide
@@ -313,6 +314,7 @@ class Database:
         check_whole_number("db.run", "retries", retries, 0,
                            " (how many times to run the function again after the first attempt)")
         check_seconds("db.run", "backoff", backoff, none=None)
+        check_plain_function("db.run", function)      # (an async def: each attempt would commit without its work)
         site = getattr(function, "__code__", function)
         learned = self._update_intent.get(site, frozenset())
         for attempt in range(retries + 1):

@@ -26,7 +26,7 @@ from sqlalchemy.dialects import postgresql
 
 from coupling import ACTION_COUPLINGS, Coupling, CouplingError, may_run_after
 
-from activedb.errors import RuleDefinitionChangedWarning, RuleError, UnknownTable, finite_number
+from activedb.errors import RuleDefinitionChangedWarning, RuleError, UnknownTable, body_not_run, finite_number
 from activedb.events import Event, EventKind, EventSpec, Origin
 from activedb.rules._model import FunctionRule, Rule, fingerprint
 
@@ -467,7 +467,7 @@ def _check_called_with_tx_and_event(name: str, what: str, function: Callable[...
     generator): the firing never awaits or iterates what it returns, so such an action did nothing and counted as
     executed, and such a condition's coroutine or generator object is true.  ``what`` names it in the error
     (``when=``, ``the action``)."""
-    kind = _kind_not_run(function)
+    kind = body_not_run(function)
     if kind is not None:
         returned = "a generator that nothing iterates" if "generator" in kind else "a coroutine that nothing awaits"
         raise RuleError(f"rule {name!r}: {what} is {kind}: calling it with (tx, event), as a firing does, runs none of "
@@ -482,18 +482,3 @@ def _check_called_with_tx_and_event(name: str, what: str, function: Callable[...
     except TypeError as error:
         raise RuleError(f"rule {name!r}: {what} is called with (tx, event), but "
                         f"{getattr(function, '__name__', function)}{signature} cannot be: {error}") from None
-
-
-def _kind_not_run(function: Callable[..., object]) -> str | None:
-    """What ``function`` is if calling it runs none of its body (an async function, a generator function, an async
-    generator function — or a callable object whose ``__call__`` is one), else None."""
-    for target in (function, getattr(type(function), "__call__", None)):
-        if inspect.isasyncgenfunction(target):
-            return "an async generator function"
-        if inspect.iscoroutinefunction(target):
-            return "an async function"
-        if inspect.isgeneratorfunction(target):
-            return "a generator function"
-        if inspect.isfunction(target) or inspect.ismethod(target):      # (a function: its own kind says it all)
-            return None
-    return None

@@ -15,7 +15,7 @@ from lockmgr import TxnState
 
 from activedb._closedset import ClosedSet
 from activedb.errors import (BadArgument, DeadlockDetected, RuleFailed, SerializationConflict, causes,
-                             check_seconds, check_switch, check_whole_number)
+                             check_plain_function, check_seconds, check_switch, check_whole_number)
 from activedb.txn._hooks import WaitKind
 from activedb.txn._pool import Task
 
@@ -167,7 +167,8 @@ class Children:
     def spawn(self: Transaction, function: Callable[..., Any], *args: Any,  # type: ignore[misc]
               name: str | None = None, eager: bool = False, **kwargs: Any) -> SubtransactionHandle:
         """Run ``function(child, *args, **kwargs)`` as a subtransaction that may run concurrently with this
-        one and its siblings, on a worker thread or on a thread that waits for it.
+        one and its siblings, on a worker thread or on a thread that waits for it.  ``function`` is a plain function
+        (as for ``retry`` and ``Database.run``): an ``async def`` or a generator function is refused (``BadArgument``).
 
         The child commits when the function returns and aborts (with its descendants)
         if it raises; ``handle.result()`` returns the value or re-raises the error.  Only the handle tells: a parent
@@ -184,6 +185,7 @@ class Children:
         if not callable(function):      # (else queued, and failing only where it runs: an abort nobody may ask about)
             raise BadArgument(f"tx.spawn({function!r}) takes the function to run as the child, function(child, "
                               f"*args, **kwargs); got a {type(function).__name__}")
+        check_plain_function("tx.spawn", function)     # (else the child commits empty; its result a coroutine)
         _check_name("tx.spawn", name)
         check_switch("tx.spawn", "eager", eager)
         child = _new_child(self, name, body=(function, args, kwargs))
@@ -219,6 +221,7 @@ class Children:
         changed a row it read, at most ``attempts`` times — also when that is one of the rule firings it set off,
         which reaches it as ``RuleFailed`` (its cause), as ``Database.run`` does."""
         check_whole_number("tx.retry", "attempts", attempts, 1, " (how many times to run the function at most)")
+        check_plain_function("tx.retry", function)
         _check_name("tx.retry", kwargs.get("name"))      # (its subtransaction's name: ``run_subtransaction``'s)
         for attempt in range(1, attempts + 1):
             try:

@@ -352,6 +352,40 @@ def test_a_spawn_after_the_database_was_closed_says_so(database_url):
         database.close()
 
 
+async def _async_work(tx):
+    tx.write("accounts", 1, balance=1)
+
+
+def _generator_work(tx):
+    tx.write("accounts", 1, balance=1)
+    yield
+
+
+async def _async_generator_work(tx):
+    tx.write("accounts", 1, balance=1)
+    yield
+
+
+@pytest.mark.parametrize("work, kind", [(_async_work, "an async function"), (_generator_work, "a generator function"),
+                                        (_async_generator_work, "an async generator function")],
+                         ids=["async", "generator", "async-generator"])
+def test_db_run_spawn_and_retry_refuse_a_function_whose_call_runs_none_of_its_body(db, work, kind):
+    """``db.run(work)`` of an ``async def work`` (or a generator function) called it, got a coroutine (a generator) that
+    nothing awaits, committed an empty transaction and returned the coroutine: the work never happened, and Python
+    warned only "coroutine ... was never awaited" when it was collected; ``tx.spawn`` and ``tx.retry`` the same, the
+    child committing empty.  Each is refused at the call, naming the function and what to write instead, and nothing
+    is written."""
+    pattern = rf"{{call}}\(_{work.__name__[1:]}\) takes a plain function.*{kind}.*runs none of its body.*plain def"
+    with pytest.raises(activedb.BadArgument, match=pattern.format(call="db.run")):
+        db.run(work)
+    with db.transaction() as tx:
+        with pytest.raises(activedb.BadArgument, match=pattern.format(call="tx.spawn")):
+            tx.spawn(work)
+        with pytest.raises(activedb.BadArgument, match=pattern.format(call="tx.retry")):
+            tx.retry(work)
+    assert committed(db, "accounts") == {}
+
+
 def test_reads_see_own_then_ancestor_then_committed(db):
     db.run(lambda tx: tx.write("items", "x", value=1, note="committed"))
     with db.transaction() as tx:
