@@ -90,7 +90,7 @@ class FunctionRule(Rule):
         self.action_coupling = action_coupling
         self.priority = priority
         self.enabled = enabled
-        self.name = name or getattr(action, "__name__", None)  # type: ignore[assignment]  # (None: registry names it)
+        self.name = name if name is not None else getattr(action, "__name__", None)  # type: ignore[assignment]  # (None: registry names it)
         self.__doc__ = getattr(action, "__doc__", None)
         # The functions themselves as ``condition`` and ``action`` (no wrapper call per firing).
         self.action = action  # type: ignore[method-assign]

@@ -68,7 +68,7 @@ class RuleRegistry:
             rule = rule()
         if not isinstance(rule, Rule):
             raise RuleError(f"db.rules.add() takes a Rule (or Rule subclass), got {rule!r}")
-        if not rule.name:
+        if rule.name is None:       # (a name given — "" too — is the rule's, or refused by validate)
             if isinstance(rule, FunctionRule):      # (a partial, a callable object: no name to take)
                 raise RuleError(f"{rule.action_function()!r} has no __name__ to name its rule by; give the rule a "
                                 f"name: db.rule(..., name='...')")
@@ -107,7 +107,7 @@ class RuleRegistry:
 
     def validate(self, rule: Rule) -> None:
         name = rule.name
-        if not isinstance(name, str):      # (the persisted row's key; error messages list the names as text)
+        if not isinstance(name, str) or not name:      # (the persisted row's key; errors list the names as text)
             raise RuleError(f"a rule's name= must be a non-empty text (what `activedb rules enable NAME` takes), "
                             f"got {name!r}")
         if "\x00" in name:      # (PostgreSQL text holds none: the registry row's write would fail)

@@ -829,6 +829,35 @@ def test_a_rule_name_that_is_no_text_is_refused_at_declaration(db):
         db.rules.enable("misspelt")
 
 
+@pytest.mark.parametrize("name", ["", 0, False], ids=["empty", "zero", "false"])
+def test_a_rule_name_given_empty_or_false_is_refused_not_replaced_by_the_functions(db, name):
+    """``name=""`` (a name read from empty configuration, ``name=0``) was dropped for the function's ``__name__``: the
+    rule was declared under a name its author never gave, and a second such rule of another function in the module was
+    declared under that function's name — or refused as "already declared" when the functions shared one (two lambdas).
+    Such a name is refused as any other name that is no non-empty text; a Rule subclass decorated or added with it
+    too."""
+    def act(tx, event):
+        pass
+
+    with pytest.raises(RuleError, match=rf"name= must be a non-empty text .*, got {name!r}"):
+        db.rule(on=db.signalled("named"), name=name)(act)
+
+    class Blank(activedb.Rule):
+        on = db.signalled("named")
+
+        def action(self, tx, event):
+            pass
+
+    with pytest.raises(RuleError, match=rf"name= must be a non-empty text .*, got {name!r}"):
+        db.rule(on=db.signalled("named"), name=name)(Blank)
+    blank = Blank()
+    blank.name = name
+    with pytest.raises(RuleError, match=rf"name= must be a non-empty text .*, got {name!r}"):
+        db.rules.add(blank)
+    assert db.rules.names() == []
+    assert db.rules.add(Blank()).name == "Blank"         # (no name at all: the class's, as before)
+
+
 def test_a_decorated_callable_without_a_name_must_be_given_one(db):
     """A ``functools.partial`` or a callable object has no ``__name__``: its rule was named ``FunctionRule``, and the
     second such rule was refused as "already declared" under a name its author never gave."""
