@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, NoReturn, T
 
 from coupling import Coupling, DeferredCycleLimitExceeded, Verdict, priority_groups
 
-from activedb.errors import CascadeLimitExceeded, DeadlockDetected, RuleFailed, TransactionAborted
+from activedb.errors import CascadeLimitExceeded, DeadlockDetected, RuleError, RuleFailed, TransactionAborted
 from activedb.events import Event, EventKind, Origin, new_event
 from activedb.rules._context import RuleContext, chain_of, defer
 from activedb.rules._detached import DetachedRunner, DependencyAbort
@@ -65,7 +65,12 @@ class RuleManager(TransactionExtension):
 
     def add(self, rule: Rule, *, replace: bool = False) -> Rule:
         """Validate, register and persist ``rule``; returns it.  (Recorded firings of it that no living
-        process runs — e.g. left by a process that died — are claimed and run soon after.)"""
+        process runs — e.g. left by a process that died — are claimed and run soon after.)  Refused once the
+        ``Database`` is closed."""
+        if self.transactions.pool.closed:      # (its engine would still write the row: a rule that never fires)
+            raise RuleError("this Database is closed: a rule declared on it would never fire (no transaction starts "
+                            "on it, its outbox is stopped); call activedb.connect() again and declare the rule on the "
+                            "new Database")
         added = self.registry.add(rule, replace=replace, manager=self)
         self._plans, self._orders = {}, {}      # (a rule added again may have another coupling or priority)
         self.detached.rules_changed()

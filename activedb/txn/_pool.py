@@ -390,6 +390,11 @@ class WorkerPool:
                 task.run()
             mutex.acquire()
 
+    @property
+    def closed(self) -> bool:
+        """Whether the pool was shut down (its ``Database`` closed): nothing starts on it any more."""
+        return self._shutdown
+
     def shutdown(self, wait: bool = True) -> None:
         with self._mutex:
             self._shutdown = True

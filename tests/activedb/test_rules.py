@@ -858,6 +858,29 @@ def test_a_rule_name_given_empty_or_false_is_refused_not_replaced_by_the_functio
     assert db.rules.add(Blank()).name == "Blank"         # (no name at all: the class's, as before)
 
 
+def test_declaring_a_rule_on_a_closed_database_is_refused_and_writes_nothing(migrated):
+    """``db.rule(...)`` (``db.rules.add``) after ``db.close()`` declared the rule and wrote its row in
+    ``activedb_rules`` through the closed handle's engine, which opens connections again: the program went on as if
+    the rule were in force, but no transaction can start on the handle and its outbox is stopped, so it never fired.
+    It is refused, saying to connect again, and no row is written."""
+    database = activedb.connect(migrated)
+    database.close()
+    with pytest.raises(RuleError, match=r"this Database is closed.*never fire.*activedb\.connect\(\) again"):
+        database.rule(on=database.signalled("late"), name="late")(lambda tx, event: None)
+
+    class Late(activedb.Rule):
+        on = database.signalled("late")
+
+        def action(self, tx, event):
+            pass
+
+    with pytest.raises(RuleError, match=r"this Database is closed"):
+        database.rules.add(Late())
+    assert database.rules.names() == []
+    with activedb.connect(migrated) as other:
+        assert not {"late", "Late"} & {row["name"] for row in other.rules.persisted()}
+
+
 def test_a_decorated_callable_without_a_name_must_be_given_one(db):
     """A ``functools.partial`` or a callable object has no ``__name__``: its rule was named ``FunctionRule``, and the
     second such rule was refused as "already declared" under a name its author never gave."""
