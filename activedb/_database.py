@@ -29,7 +29,7 @@ from activedb.capture.errors import CaptureNotEnabledWarning
 from activedb.clock import SYSTEM_CLOCK, Clock
 from activedb.errors import (BadArgument, BadDatabaseURL, DeadlockDetected, RuleError, RuleFailed,
                              SerializationConflict, TransactionError, causes, check_plain_function, check_seconds,
-                             check_whole_number, database_failure)
+                             check_switch, check_whole_number, database_failure)
 from activedb.events import Event, EventKind, EventSpec, Origin, Punctuations, Watermark
 from activedb.outbox import Outbox
 from activedb.rules import FunctionRule, Rule, RuleManager
@@ -190,6 +190,8 @@ class Database:
         function (whose call runs none of its body) is refused, and a firing whose action or ``when`` returns a
         coroutine or a generator (a plain function handing one back) fails with ``RuleFailed``.
         """
+        check_switch("db.rule", "replace", replace, error=RuleError)     # ("false" is true: it would replace)
+
         def decorate(target: Callable[[Transaction, Event], object] | type[Rule]) -> Rule:
             if isinstance(target, type) and issubclass(target, Rule):
                 instance = target()

@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, NoReturn, T
 
 from coupling import Coupling, DeferredCycleLimitExceeded, Verdict, priority_groups
 
-from activedb.errors import CascadeLimitExceeded, DeadlockDetected, RuleError, RuleFailed, TransactionAborted
+from activedb.errors import (CascadeLimitExceeded, DeadlockDetected, RuleError, RuleFailed, TransactionAborted,
+                             check_switch)
 from activedb.events import Event, EventKind, Origin, new_event
 from activedb.rules._context import RuleContext, chain_of, defer
 from activedb.rules._detached import DetachedRunner, DependencyAbort
@@ -67,6 +68,7 @@ class RuleManager(TransactionExtension):
         """Validate, register and persist ``rule``; returns it.  (Recorded firings of it that no living
         process runs — e.g. left by a process that died — are claimed and run soon after.)  Refused once the
         ``Database`` is closed."""
+        check_switch("db.rules.add", "replace", replace, error=RuleError)   # ("false" is true: it would replace)
         if self.transactions.pool.closed:      # (its engine would still write the row: a rule that never fires)
             raise RuleError("this Database is closed: a rule declared on it would never fire (no transaction starts "
                             "on it, its outbox is stopped); call activedb.connect() again and declare the rule on the "

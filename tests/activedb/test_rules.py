@@ -881,6 +881,31 @@ def test_declaring_a_rule_on_a_closed_database_is_refused_and_writes_nothing(mig
         assert not {"late", "Late"} & {row["name"] for row in other.rules.persisted()}
 
 
+@pytest.mark.parametrize("value", ["false", "no", 1, None], ids=["false-text", "no-text", "one", "none"])
+def test_replace_that_is_no_bool_is_refused_and_replaces_nothing(db, value):
+    """``replace="false"`` is true to Python: the second declaration silently took the first rule's place (its
+    action the one that fired), the opposite of what was written.  ``replace=`` takes True or False, as every switch of
+    activedb does (``check_switch``), on ``db.rule`` and on ``db.rules.add``; the first rule stays."""
+    db.rule(on=db.signalled("once"), name="once")(lambda tx, event: tx.write("items", "first", value=1))
+    with pytest.raises(RuleError, match=rf"db\.rule\(replace={value!r}\) takes True or False"):
+        db.rule(on=db.signalled("once"), name="once", replace=value)(
+            lambda tx, event: tx.write("items", "second", value=1))
+
+    class Once(activedb.Rule):
+        name = "once"
+        on = db.signalled("once")
+
+        def action(self, tx, event):
+            tx.write("items", "third", value=1)
+
+    with pytest.raises(RuleError, match=rf"db\.rules\.add\(replace={value!r}\) takes True or False"):
+        db.rules.add(Once(), replace=value)
+    with db.transaction() as tx:
+        tx.signal("once")
+    with db.engine.connect() as connection:
+        assert connection.execute(sa.text("SELECT key FROM items")).scalars().all() == ["first"]
+
+
 def test_a_decorated_callable_without_a_name_must_be_given_one(db):
     """A ``functools.partial`` or a callable object has no ``__name__``: its rule was named ``FunctionRule``, and the
     second such rule was refused as "already declared" under a name its author never gave."""
