@@ -34,7 +34,7 @@ from activedb.events import Event, EventKind, EventSpec, Origin, Punctuations, W
 from activedb.outbox import Outbox
 from activedb.rules import FunctionRule, Rule, RuleManager
 from activedb.store import Catalog
-from activedb.txn import CommitParticipant, Observer, ReadBase, Transaction, TransactionManager
+from activedb.txn import CommitParticipant, Observer, ReadBase, Transaction, TransactionBlock, TransactionManager
 
 if TYPE_CHECKING:
     from activedb.explain import Explanation
@@ -293,7 +293,8 @@ class Database:
         if name is not None and not isinstance(name, str):
             raise BadArgument(f"db.transaction(name={name!r}) takes a text (or None for no name), got a "
                               f"{type(name).__name__}")
-        return self.transactions.transaction(name=name, participants=participants, read_base=read_base)
+        return TransactionBlock(self.transactions.transaction(name=name, participants=participants,
+                                                              read_base=read_base))
 
     def run(self, function: Callable[..., _Result], *args: object, retries: int = 3,  # type: ignore[return]
             backoff: float = 0.002, **kwargs: object) -> _Result:

@@ -9,6 +9,7 @@ import logging
 import threading
 import time
 import types
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping
 
 from lockmgr import TxnState
@@ -403,6 +404,43 @@ class InlineSubtransaction:
                  traceback: types.TracebackType | None) -> Literal[False]:
         _end_inline(self.transaction, exc)  # type: ignore[arg-type]  # (set by __enter__)
         return False
+
+    if not TYPE_CHECKING:       # (hidden from type checkers: they go on refusing ``tx.subtransaction().write``)
+        def __getattr__(self, name):
+            raise not_entered(self, name, "tx.subtransaction()", "child")
+
+
+class TransactionBlock(AbstractContextManager["Transaction"]):
+    """What ``db.transaction()`` returns: the block of a top-level transaction (``block``, the transaction manager's),
+    entered with ``with``.  Used as the transaction itself (``db.transaction().write(...)``), it says to enter it."""
+
+    __slots__ = ("_block",)
+
+    def __init__(self, block: AbstractContextManager["Transaction"]) -> None:
+        self._block = block
+
+    def __enter__(self) -> "Transaction":
+        return self._block.__enter__()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 traceback: types.TracebackType | None) -> bool | None:
+        return self._block.__exit__(exc_type, exc, traceback)
+
+    if not TYPE_CHECKING:       # (hidden from type checkers: they go on refusing ``db.transaction().write``)
+        def __getattr__(self, name):
+            raise not_entered(self, name, "db.transaction()", "tx")
+
+
+def not_entered(block: object, name: str, call: str, variable: str) -> AttributeError:
+    """The AttributeError of ``block.name`` for a block (what ``call`` returns) that has no such attribute: Python's
+    message, and for a transaction's method or attribute, that ``call`` returns the block and how to enter it."""
+    from activedb.txn._tree import Transaction     # (a transaction's names; _tree imports this module)
+
+    message = f"{type(block).__name__!r} object has no attribute {name!r}"
+    if not name.startswith("_") and hasattr(Transaction, name):
+        message += (f": {call} returns the block of a transaction, not the transaction; write `with {call} as "
+                    f"{variable}:` and use {variable}.{name}(...) inside it")
+    return AttributeError(message)
 
 
 def _check_name(call: str, name: object) -> None:

@@ -386,6 +386,29 @@ def test_db_run_spawn_and_retry_refuse_a_function_whose_call_runs_none_of_its_bo
     assert committed(db, "accounts") == {}
 
 
+def test_a_transactions_block_used_as_the_transaction_says_to_enter_it(db):
+    """``tx = db.transaction(); tx.write(...)`` — the block used without ``with`` — failed with Python's
+    "'_GeneratorContextManager' object has no attribute 'write'" (``tx.subtransaction().write``: "'InlineSubtransaction'
+    object …"), naming neither activedb's call nor what to write.  The AttributeError now says the call returns the
+    transaction's block and to enter it with ``with``; a name no transaction has keeps Python's message, and nothing
+    began (no transaction is live)."""
+    block = db.transaction()
+    with pytest.raises(AttributeError, match=r"db\.transaction\(\) returns the block of a transaction.*"
+                                             r"with db\.transaction\(\) as tx:.*tx\.write\("):
+        block.write("accounts", 1, balance=1)
+    with pytest.raises(AttributeError, match=r"has no attribute 'no_such_thing'$"):
+        block.no_such_thing
+    assert not hasattr(block, "no_such_thing")
+    assert db.transactions.live_transactions() == []
+    with db.transaction() as tx:
+        with pytest.raises(AttributeError, match=r"tx\.subtransaction\(\) returns the block of a transaction.*"
+                                                 r"with tx\.subtransaction\(\) as child:.*child\.read\("):
+            tx.subtransaction().read("accounts", 1)
+        with block as entered:          # (the block is still one: entered, it runs the transaction)
+            entered.write("accounts", 2, balance=2)
+    assert committed(db, "accounts") == {(2,): {"id": 2, "owner": None, "balance": 2}}
+
+
 def test_reads_see_own_then_ancestor_then_committed(db):
     db.run(lambda tx: tx.write("items", "x", value=1, note="committed"))
     with db.transaction() as tx:
