@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Callable, TypeAlias, TypeVar
 import sqlalchemy as sa
 
 from activedb._closedset import ClosedSet
-from activedb.errors import check_switch
+from activedb.errors import check_plain_function, check_switch
 from activedb.events import age_seconds
 from activedb.store import jsonable
 
@@ -42,6 +42,15 @@ class SplitFailure(ClosedSet):
 BatchLike: TypeAlias = "BatchRef | tuple[object, object] | list[object]"
 _Function = TypeVar("_Function", bound=Callable[..., object])
 _Result = TypeVar("_Result")
+
+
+def _check_function(decorator: str, name: str, function: object) -> None:
+    """Raise LineageError unless ``function`` (decorated with ``@db.batches.decorator(name)``) is a plain function:
+    compensating calls it and uses nothing it returns, so an ``async def`` would undo nothing, unnoticed."""
+    call = f"{decorator}({name!r})"
+    if not callable(function):
+        raise LineageError(f"{call} takes a function to decorate, fn(tx, ...); got {function!r}")
+    check_plain_function(call, function, error=LineageError)
 
 
 def _check_name(decorator: str, name: object) -> None:
@@ -128,12 +137,14 @@ class Batches:
 
     def compensation(self, name: str) -> Callable[[_Function], _Function]:
         """Decorator: ``@db.batches.compensation("refund") def refund(tx, **args)`` — a named compensation
-        that transactions note with ``db.batches.note(tx, "refund", ...)``."""
+        that transactions note with ``db.batches.note(tx, "refund", ...)``.  Each compensation decorator takes a plain
+        function: an ``async def`` or a generator function (whose call runs none of its body) is refused."""
         _check_name("compensation", name)
         return self._declaring(name)
 
     def _declaring(self, name: str, **kind: bool) -> Callable[[_Function], _Function]:
         def register(function: _Function) -> _Function:
+            _check_function("transaction_compensation" if kind.get("transaction") else "compensation", name, function)
             self._compensations.declare(name, function, **kind)
             if kind.get("transaction") and name.startswith(_RULE_TRANSACTION):
                 # Its firings must run in that transaction: none in a lowered batch's commit.
@@ -147,6 +158,7 @@ class Batches:
         _check_name("rule_compensation", rule_name)
 
         def register(function: _Function) -> _Function:
+            _check_function("rule_compensation", rule_name, function)
             with self._mutex:
                 self._compensations.declare(rule_name, function, rule=True)
                 if self._rule_observer is None:

@@ -388,6 +388,27 @@ def test_a_compensation_decorator_written_without_its_name_is_refused(db):
             pass
 
 
+async def _async_undo(tx, *args, **kwargs):
+    tx.write("items", "undone", value=1)
+
+
+def _generator_undo(tx, *args, **kwargs):
+    tx.write("items", "undone", value=1)
+    yield
+
+
+@pytest.mark.parametrize("declare", ["compensation", "rule_compensation", "transaction_compensation"])
+@pytest.mark.parametrize("function, kind", [(_async_undo, "an async function"), (_generator_undo, "a generator function"),
+                                            ("refund", "")], ids=["async", "generator", "no-function"])
+def test_a_compensation_that_is_no_plain_function_is_refused_at_declaration(db, declare, function, kind):
+    """A compensation declared with ``async def`` (or as a generator function) was taken: compensating called it, got a
+    coroutine that nothing awaits, and counted the transaction compensated with nothing undone; one that is no
+    callable failed only when compensating. Each is refused where it is declared, saying what to write."""
+    what = rf"takes a plain function.*{kind}.*runs none of its body" if kind else r"takes a function"
+    with pytest.raises(LineageError, match=rf"{declare}\('undo_it'\).*{what}"):
+        getattr(db.batches, declare)("undo_it")(function)
+
+
 @pytest.mark.parametrize("switch", ["allow_unsafe", "dry_run", "consecutive"])
 @pytest.mark.parametrize("value", ["no", "false", 0.0, None])
 def test_compensate_refuses_a_switch_that_is_no_bool_before_anything_is_undone(db, switch, value):
