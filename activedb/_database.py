@@ -195,7 +195,7 @@ class Database:
         def decorate(target: Callable[[Transaction, Event], object] | type[Rule]) -> Rule:
             if isinstance(target, type) and issubclass(target, Rule):
                 instance = target()
-                instance.name = name if name is not None else (instance.name or target.__name__)   # (a name given: as given)
+                instance.name = name if name is not None else (instance.name or target.__name__)   # (given: as given)
                 # The decorator's settings apply to the instance, as to a function's rule; the class's own stand
                 # where the decorator leaves its default.
                 if on is not None:

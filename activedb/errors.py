@@ -99,32 +99,35 @@ def check_seconds(owner: str, name: str, value: object, *, none: str | None, zer
                     f"{bound}")
 
 
-def body_not_run(function: object) -> str | None:
-    """What ``function`` is if calling it runs none of its body — an async function, a generator function, an async
-    generator function, or a callable object whose ``__call__`` is one: its call returns a coroutine (a generator)
-    that activedb, which runs transactions and rules in threads, never awaits (iterates) — else None."""
+def body_not_run(function: object, called: str = "calling it") -> str | None:
+    """Why ``function`` is no plain function, if calling it runs none of its body — an async function, a generator
+    function, an async generator function, or a callable object whose ``__call__`` is one: its call returns a coroutine
+    (a generator) that activedb, which runs transactions and rules in threads, never awaits (iterates) — else None.
+    The reason reads "an async function: <called> runs none of its body (…); declare it with a plain def …"."""
+    kind = None
     for target in (function, getattr(type(function), "__call__", None)):
         if _inspect.isasyncgenfunction(target):
-            return "an async generator function"
-        if _inspect.iscoroutinefunction(target):
-            return "an async function"
-        if _inspect.isgeneratorfunction(target):
-            return "a generator function"
-        if _inspect.isfunction(target) or _inspect.ismethod(target):      # (a function: its own kind says it all)
-            return None
-    return None
+            kind = "an async generator function"
+        elif _inspect.iscoroutinefunction(target):
+            kind = "an async function"
+        elif _inspect.isgeneratorfunction(target):
+            kind = "a generator function"
+        if kind is not None or _inspect.isfunction(target) or _inspect.ismethod(target):   # (its own kind says it all)
+            break
+    if kind is None:
+        return None
+    returned = "a generator that nothing iterates" if "generator" in kind else "a coroutine that nothing awaits"
+    return (f"{kind}: {called} runs none of its body (it returns {returned}: activedb runs transactions and rules in "
+            f"threads, not in an event loop); declare it with a plain def that does its work synchronously")
 
 
 def check_plain_function(owner: str, function: object, *, error: type[ActivedbError] = BadArgument) -> None:
     """Raise ``error`` (:class:`BadArgument`) if ``function`` (given as ``owner(function)``) is one whose call runs
     none of its body (:func:`body_not_run`): the transaction would commit without its work, which only Python's
     "coroutine ... was never awaited" warning would tell."""
-    kind = body_not_run(function)
-    if kind is not None:
-        returned = "a generator that nothing iterates" if "generator" in kind else "a coroutine that nothing awaits"
-        raise error(f"{owner}({getattr(function, '__name__', function)}) takes a plain function: this is {kind}, and "
-                    f"calling it runs none of its body (it returns {returned}: activedb runs transactions in threads, "
-                    f"not in an event loop); declare it with a plain def that does its work synchronously")
+    reason = body_not_run(function)
+    if reason is not None:
+        raise error(f"{owner}({getattr(function, '__name__', function)}) takes a plain function: this is {reason}")
 
 
 def finite_number(value: float) -> bool:

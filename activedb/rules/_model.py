@@ -90,7 +90,8 @@ class FunctionRule(Rule):
         self.action_coupling = action_coupling
         self.priority = priority
         self.enabled = enabled
-        self.name = name if name is not None else getattr(action, "__name__", None)  # type: ignore[assignment]  # (None: registry names it)
+        # (None: the registry names it; a name given, "" too, is the rule's or refused)
+        self.name = name if name is not None else getattr(action, "__name__", None)  # type: ignore[assignment]
         self.__doc__ = getattr(action, "__doc__", None)
         # The functions themselves as ``condition`` and ``action`` (no wrapper call per firing).
         self.action = action  # type: ignore[method-assign]
@@ -117,10 +118,12 @@ def _coupling_text(coupling: object) -> str:
 
 
 def check_body_ran(rule: Rule, part: Literal["condition", "action"], value: object) -> None:
-    """Refuse ``value``, what ``rule``'s ``part`` returned, if it is a coroutine, a generator or an async generator: the part is a plain function that hands back
-    the body of an ``async def`` (or a generator function) it called — ``lambda tx, event: work(tx, event)`` — which
-    the declaration's check of the part itself cannot see, and which no firing awaits or iterates.  The object is
-    closed (no "never awaited" warning) and a ``RuleError`` raised: the firing fails, as a part that raised."""
+    """Refuse ``value``, what ``rule``'s ``part`` returned, if it is a coroutine, a generator or an async generator
+    (what calling an async or generator function returns; ``activedb.errors.body_not_run`` tells such functions): the
+    part is a plain function that hands back the body of an ``async def`` (or a generator function) it called —
+    ``lambda tx, event: work(tx, event)`` — which the declaration's check of the part itself cannot see, and which no
+    firing awaits or iterates.  The object is closed (no "never awaited" warning) and a ``RuleError`` raised: the
+    firing fails, as a part that raised."""
     if inspect.iscoroutine(value):
         kind = "a coroutine"
     elif inspect.isgenerator(value):

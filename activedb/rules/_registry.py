@@ -467,12 +467,9 @@ def _check_called_with_tx_and_event(name: str, what: str, function: Callable[...
     generator): the firing never awaits or iterates what it returns, so such an action did nothing and counted as
     executed, and such a condition's coroutine or generator object is true.  ``what`` names it in the error
     (``when=``, ``the action``)."""
-    kind = body_not_run(function)
-    if kind is not None:
-        returned = "a generator that nothing iterates" if "generator" in kind else "a coroutine that nothing awaits"
-        raise RuleError(f"rule {name!r}: {what} is {kind}: calling it with (tx, event), as a firing does, runs none of "
-                        f"its body (it returns {returned}: rules run in threads, not in an event loop); declare it "
-                        f"with a plain def that does its work synchronously")
+    reason = body_not_run(function, "calling it with (tx, event), as a firing does,")
+    if reason is not None:
+        raise RuleError(f"rule {name!r}: {what} is {reason}")
     try:
         signature = inspect.signature(function)
     except (TypeError, ValueError):          # (no signature to check: a builtin)

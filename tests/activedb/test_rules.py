@@ -868,14 +868,9 @@ def test_declaring_a_rule_on_a_closed_database_is_refused_and_writes_nothing(mig
     with pytest.raises(RuleError, match=r"this Database is closed.*never fire.*activedb\.connect\(\) again"):
         database.rule(on=database.signalled("late"), name="late")(lambda tx, event: None)
 
-    class Late(activedb.Rule):
-        on = database.signalled("late")
-
-        def action(self, tx, event):
-            pass
-
+    late = type("Late", (activedb.Rule,), {"on": database.signalled("late"), "action": lambda self, tx, event: None})
     with pytest.raises(RuleError, match=r"this Database is closed"):
-        database.rules.add(Late())
+        database.rules.add(late())
     assert database.rules.names() == []
     with activedb.connect(migrated) as other:
         assert not {"late", "Late"} & {row["name"] for row in other.rules.persisted()}
