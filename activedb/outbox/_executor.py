@@ -1,8 +1,9 @@
 """Running recorded firings: group commit, retries, failures.  Design note: the package's ``README.md``
 ("Group commit, and why subtransactions", "Failures and retries").
 
-Thread-safety: ``_mutex`` protects ``_ready``, ``_parked``, ``_runners``, ``_running``, ``_taken``, ``_groups`` and
-``_runner_threads``; runners take work under it and run groups without it.  No mutex is held while running a group.
+Thread-safety: ``_mutex`` protects ``_ready``, ``_parked``, ``_runners``, ``_running``, ``_taken``, ``_groups``,
+``_runner_threads`` and ``_pacer``; runners take work under it and run groups without it.  No mutex is held while
+running a group or calling the pacer.
 """
 
 from __future__ import annotations
@@ -11,8 +12,7 @@ import collections
 import logging
 import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
-
+from typing import TYPE_CHECKING, Protocol
 
 import psycopg
 import sqlalchemy as sa
@@ -33,6 +33,16 @@ logger = logging.getLogger("activedb.outbox")
 
 #: The name of every group transaction (a top-level transaction whose children are the firings it runs).
 GROUP_TRANSACTION = "outbox"
+
+class TakePacer(Protocol):
+    """Paces the group runners' takes (:meth:`Outbox.pace_takes`; the interleaving runner of ``activedb.testing``
+    makes each take a step of its run): a runner about to take the ready firings as its next group calls
+    :meth:`before_take` first, in its own thread, with no mutex held — and takes what is ready when it returns."""
+
+    def before_take(self) -> None:
+        """A group runner is about to take the ready firings (up to ``group_size``) as its next group: return when it
+        may.  What it raises is logged, and the runner takes its group as if it had returned."""
+
 
 def is_retryable(error: BaseException) -> bool:
     """A failure PostgreSQL or the lock manager caused (:func:`activedb.errors.classify`: a transient one, or
@@ -122,6 +132,7 @@ class Executor:
         self._runner_threads: set[int] = set()    # the threads running a runner now (close() must not wait for its own)
         self._idle_waiters = 0                   # threads in wait_idle
         self._closed = False
+        self._pacer: TakePacer | None = None     # (Outbox.pace_takes)
         self.groups = 0                          # group transactions committed
         self.splits = 0                          # groups split to isolate a failure
 
@@ -153,6 +164,12 @@ class Executor:
             with self._mutex:
                 self._runners -= 1
                 self._idle.notify_all()
+
+    def pace(self, pacer: TakePacer | None) -> TakePacer | None:
+        """Have ``pacer`` called before each take from now on (None: no more); returns the pacer it replaces."""
+        with self._mutex:
+            replaced, self._pacer = self._pacer, pacer
+        return replaced
 
     def unpark(self) -> None:
         with self._mutex:
@@ -224,6 +241,13 @@ class Executor:
         with self._mutex:
             self._runner_threads.add(me)
         while True:
+            with self._mutex:
+                pacer = self._pacer if self._ready and not self._closed else None
+            if pacer is not None:           # (only while paced: a test's interleaving runner)
+                try:
+                    pacer.before_take()
+                except Exception:
+                    logger.exception("outbox: the group runners' pacer failed; the runner takes its group")
             with self._mutex:
                 if not self._ready or self._closed:
                     self._runners -= 1

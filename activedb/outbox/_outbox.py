@@ -23,11 +23,11 @@ from lockmgr import TxnState
 
 from activedb import lowlevel
 from activedb.clock import SYSTEM_CLOCK, Clock
-from activedb.errors import (BadArgument, DatabaseUnavailable, GeneratedKeysReset, RuleError, check_seconds,
-                             check_switch, check_whole_number)
+from activedb.errors import (BadArgument, DatabaseUnavailable, GeneratedKeysReset, OutboxError, RuleError,
+                             check_seconds, check_switch, check_whole_number)
 from activedb.events import EventKind, age_seconds
 from activedb.outbox import _records
-from activedb.outbox._executor import GROUP_TRANSACTION, Executor, Work, describe_error
+from activedb.outbox._executor import GROUP_TRANSACTION, Executor, TakePacer, Work, describe_error
 from activedb.outbox._recording import TreeFirings, TreeState, Unsettled, always, new_record, requires_commit
 from activedb.rules import Firing
 from activedb.store import TableInfo
@@ -423,6 +423,26 @@ class Outbox:
         named :data:`GROUP_TRANSACTION`) one after another until no firing is ready (the interleaving runner of
         ``activedb.testing`` waits for the group transactions they are about to begin)."""
         return self._executor.runners
+
+    def pace_takes(self, pacer: TakePacer) -> Callable[[], None]:
+        """Extender tier: from now on a group runner calls ``pacer.before_take()`` (:class:`TakePacer`) before it takes
+        the ready firings as its next group, and takes what is ready when it returns — the interleaving runner of
+        ``activedb.testing`` pauses there, so that firings recorded meanwhile by other trees join the same group or
+        not, as the run chooses.  Returns the function that stops it (a runner already in ``before_take`` finishes
+        it).  One pacer at a time: :class:`~activedb.errors.OutboxError` if one paces already.  Without a pacer a
+        runner takes at once (the default: it costs a runner nothing)."""
+        if not callable(getattr(pacer, "before_take", None)):
+            raise BadArgument(f"Outbox.pace_takes(pacer={pacer!r:.80}) takes an object with a before_take() method "
+                              f"(activedb.outbox.TakePacer)")
+        replaced = self._executor.pace(pacer)
+        if replaced is not None:
+            self._executor.pace(replaced)
+            raise OutboxError(f"the outbox's group runners are paced already (by {replaced!r:.80}): stop that pacer "
+                              f"(the function its pace_takes returned) before pacing them again")
+
+        def stop() -> None:
+            self._executor.pace(None)
+        return stop
 
     @property
     def idle_waiters(self) -> int:

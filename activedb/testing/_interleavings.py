@@ -24,7 +24,7 @@ from lockmgr.testing import Watchdog, diagnostic
 
 from activedb._closedset import ClosedSet
 from activedb.errors import BadArgument, causes, check_whole_number
-from activedb.outbox import GROUP_TRANSACTION
+from activedb.outbox import GROUP_TRANSACTION, TakePacer
 from activedb.testing._choices import ChoiceTree, Chooser
 from activedb.testing._history import HistoryReport, check_history
 from activedb.testing.errors import (InterleavingError, InterleavingFailed, InterleavingHang, InvalidSchedule,
@@ -54,6 +54,7 @@ class StepKind(ClosedSet):
     """What a step of a run is."""
 
     START = "start"     # an actor's thread starts
+    TAKE = "take"       # an outbox group runner takes the firings ready then as its next group
     BEGIN = "begin"     # a transaction that runs beside others (a child, an outbox group) begins
     READ = "read"
     WRITE = "write"
@@ -250,7 +251,9 @@ class Interleavings:
     def replay(self, schedule: Schedule | str = "") -> RunReport:
         """Run the interleaving ``schedule`` names (a :class:`Schedule`, or its text ``"0.2.1.0"``).  Past its end
         the run goes on with the first step offered — the steps sort by actor, so ``replay("")`` runs the actors
-        one after the other, in the order of their names, each with its immediate and deferred firings."""
+        one after the other, in the order of their names, each with its immediate and deferred firings; the outbox's
+        steps sort after the actors', so its first take waits for the last actor's steps and the detached firings
+        ready then run in one group."""
         if isinstance(schedule, str):
             schedule = Schedule.parse(schedule)
         if not isinstance(schedule, Schedule):
@@ -343,7 +346,9 @@ class _Pause:
     """A thread waiting at its next step until the runner chooses it."""
 
     label: str
-    transaction: str | None      # the transaction's id (None: an actor's start)
+    transaction: str | None      # the transaction's id (None: an actor's start, an outbox runner's take)
+    starts: str | None = None    # the actor whose start it is
+    take: bool = False           # an outbox group runner's take
     go: threading.Event = field(default_factory=threading.Event)
 
 
@@ -373,6 +378,17 @@ class _BeforeCommit(TransactionExtension):
         self.run.before_commit(transaction)
 
 
+class _BeforeTake(TakePacer):
+    """Pauses an outbox group runner before it takes the ready firings as its next group (a step): the firings of
+    trees that commit before it is chosen join that group."""
+
+    def __init__(self, run: "_Run") -> None:
+        self.run = run
+
+    def before_take(self) -> None:
+        self.run.before_take()
+
+
 class _Run(Observer):
     """One run: the threads, the pauses, the transactions, and the driver's loop (:meth:`execute`)."""
 
@@ -387,6 +403,7 @@ class _Run(Observer):
         self.local = threading.local()               # .actor: the actor an actor's thread runs
         self.actor_roots: collections.Counter[str] = collections.Counter()
         self.other_roots: collections.Counter[str] = collections.Counter()
+        self.takes: collections.Counter[str] = collections.Counter()
         self.last_read: dict[int, tuple[Any, ...]] = {}   # thread -> (transaction, table, key, scan) it read last
         self.alive: dict[str, threading.Thread] = {}
         self.waiting_to_start: dict[str, _Pause] = {}
@@ -404,11 +421,12 @@ class _Run(Observer):
         assert recorder is not None
         self.db.observe(self)
         commits = manager.extensions.add(_BeforeCommit(self))
+        stop_pacing = self.db.outbox.pace_takes(_BeforeTake(self))
         stop_listening = recorder.listen(self._on_op)
         try:
             with Watchdog(runner.step_timeout * 3 + 30, manager.locks, describe=self._describe):
                 for name in runner.actors:
-                    self.waiting_to_start[name] = _Pause(f"{name} start", None)
+                    self.waiting_to_start[name] = _Pause(f"{name} start", None, starts=name)
                 while True:
                     self._settle()
                     with self.condition:
@@ -437,13 +455,14 @@ class _Run(Observer):
             raise
         finally:
             stop_listening()
+            stop_pacing()
             manager.extensions.remove(commits)
             manager.observers.remove(self)
         self._tear_down()
 
     def _release(self, pause: _Pause) -> None:
-        if pause.transaction is None:           # an actor's start
-            name = pause.label.split(" ")[0]
+        if pause.starts is not None:            # an actor's start
+            name = pause.starts
             with self.condition:
                 del self.waiting_to_start[name]
             thread = threading.Thread(target=self._actor, args=(name,), name=f"interleavings-{name}", daemon=True)
@@ -529,7 +548,8 @@ class _Run(Observer):
                 running.append(f"actor {name} (outside a transaction)")
         groups = sum(1 for tracked in self.tracked.values()
                      if not tracked.ended and tracked.parent is None and tracked.tx.name == GROUP_TRANSACTION)
-        if runners > groups:
+        takes = sum(1 for pause in self.paused.values() if pause.take)
+        if runners > groups + takes:
             running.append("the outbox (a group transaction about to begin)")
         return running
 
@@ -616,6 +636,17 @@ class _Run(Observer):
                 return
             self.last_read.pop(thread, None)
             pause = self._register_pause(thread, tracked, "commit", transaction.id)
+        self._wait_for_turn(thread, pause)
+
+    def before_take(self) -> None:
+        """An outbox group runner (in its thread) is about to take the ready firings as its next group."""
+        thread = threading.get_ident()
+        with self.condition:
+            if not self.open:
+                return
+            pause = _Pause(_numbered(self.takes, f"{GROUP_TRANSACTION}: take"), None, take=True)
+            self.paused[thread] = pause
+            self.condition.notify_all()
         self._wait_for_turn(thread, pause)
 
     def on_spawn(self, parent: Transaction, child: Transaction) -> None:

@@ -477,3 +477,29 @@ def test_a_hang_whose_description_fails_or_waits_is_still_the_hang_within_a_boun
     said = ("could not read the wait-for graph: RuntimeError('the graph broke')" if graph == "raises"
             else "could not read the wait-for graph within 0.2 s")
     assert said in message, message
+
+
+def test_a_detached_update_two_actors_lose_is_found_and_its_printed_replay_loses_it_again(fresh):
+    """Two actors' detached firings run as members of one outbox group when both triggers committed before the group
+    runner takes its ready firings: a member that reads committed data outside its transaction (``db.engine``) then
+    misses the other member's write, not yet flushed.  The runner let the group runner take the first actor's firing
+    before any other step, so that order never ran and the lost update was never found; taking the ready firings is
+    a step of the run now."""
+    @fresh.rule(on=fresh.inserted("items"), coupling=Coupling.DETACHED, name="count_item")
+    def count_item(tx: Transaction, event: Event) -> None:
+        with fresh.engine.connect() as connection:      # the mistake: committed data, outside the transaction
+            seen = connection.execute(sa.text("SELECT balance FROM accounts WHERE id = 1")).scalar_one()
+        tx.write("accounts", 1, balance=seen + 1)
+
+    def counted(db: Database) -> None:
+        assert balance(db) == 2, f"balance {balance(db)} after two items"
+
+    interleavings = Interleavings(fresh, [insert_item("a"), insert_item("b")], setup=one_account, invariant=counted)
+    exploration = interleavings.explore(40, seed=1)
+    failure = exploration.failure
+    assert failure is not None and failure.verdict is Verdict.INVARIANT_BROKEN, exploration.describe()
+    assert "balance 1 after two items" in exploration.describe(), exploration.describe()
+    printed = re.search(r"replay: interleavings\.replay\('([0-9.\-]*)'\)", exploration.describe())
+    assert printed is not None, exploration.describe()
+    again = interleavings.replay(printed.group(1))
+    assert again.verdict is Verdict.INVARIANT_BROKEN and again.trace == failure.trace, again.describe()

@@ -177,3 +177,43 @@ def test_a_group_runner_that_lost_its_connection_logs_one_line_and_no_traceback(
     assert_one_line_without_parameters(caplog, "wait for the next recovery pass")
     with executor._mutex:
         executor._parked.clear()           # (nothing to run: the record does not exist)
+
+
+def test_a_paced_runner_takes_what_is_ready_when_its_pacer_returns_and_one_pacer_paces_at_a_time(quiet):
+    """``Outbox.pace_takes`` (the interleaving runner's hook): a runner with ready firings calls the pacer before it
+    takes them as a group, and takes what is ready when the pacer returns — so firings of a tree that commits while
+    it waits join that group."""
+    from activedb.errors import OutboxError
+
+    db = quiet
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("TRUNCATE events_seen"))
+    db.rule(on=db.signalled("paced"), coupling=Coupling.DETACHED, name="paced")(
+        lambda tx, event: tx.insert("events_seen", rule="paced", detail=event.payload["n"]))
+    db.outbox.wait_idle(TIMEOUT)
+    waiting, go = threading.Event(), threading.Event()
+
+    class Pacer:
+        def before_take(self) -> None:
+            waiting.set()
+            assert go.wait(TIMEOUT), "the test did not let the runner take"
+
+    stop = db.outbox.pace_takes(Pacer())
+    try:
+        with pytest.raises(OutboxError, match="paced already"):
+            db.outbox.pace_takes(Pacer())
+        groups = db.outbox.statistics().groups
+        with db.transaction() as tx:
+            tx.signal("paced", n="1")
+        assert waiting.wait(TIMEOUT), "no runner called the pacer"
+        with db.transaction() as tx:                    # commits while the runner waits to take
+            tx.signal("paced", n="2")
+        go.set()
+        db.outbox.wait_idle(TIMEOUT)
+        assert db.outbox.statistics().groups == groups + 1, "the two trees' firings ran in more than one group"
+    finally:
+        go.set()
+        stop()
+    with db.engine.connect() as connection:
+        seen = connection.execute(sa.text("SELECT detail FROM events_seen WHERE rule = 'paced' ORDER BY detail"))
+        assert seen.scalars().all() == ["1", "2"]
