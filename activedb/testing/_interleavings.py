@@ -109,6 +109,8 @@ class RunReport:
     errors: Mapping[str, BaseException] = field(default_factory=dict)   # actor -> what it raised, unexpectedly
     invariant: str | None = None                 # why the invariant failed (the first line of what it raised)
     history: HistoryReport | None = None
+    # actor -> what it raised as text (``str(error)`` of ``errors``), the run's transactions named by their labels
+    raised: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -119,7 +121,7 @@ class RunReport:
         if self.invariant is not None:
             lines.append(f"  invariant: {self.invariant}")
         for actor, error in self.errors.items():
-            lines.append(f"  actor {actor} raised {type(error).__name__}: {error}")
+            lines.append(f"  actor {actor} raised {type(error).__name__}: {self.raised.get(actor, error)}")
         if self.history is not None and not self.history.ok:
             lines += [f"  history: {violation}" for violation in self.history.violations[:5]]
         lines.append("  steps:")
@@ -305,8 +307,9 @@ class Interleavings:
                   if not any(isinstance(cause, self.expected_errors) for cause in causes(error))}
         verdict = (Verdict.ACTOR_FAILED if errors else Verdict.INVARIANT_BROKEN if problem is not None
                    else Verdict.NOT_SERIALIZABLE if checked is not None and not checked.ok else Verdict.PASSED)
+        raised = {name: run.raised[name] for name in errors}
         return RunReport(Schedule(tuple(run.choices), tuple(run.chosen)), verdict, tuple(run.trace), errors, problem,
-                         checked)
+                         checked, raised)
 
     def _wait_idle(self, what: str) -> None:
         """Wait for the detached firings queued so far (``what``: whose) to run, as ``db.rules.wait_idle()`` does (its
@@ -408,6 +411,7 @@ class _Run(Observer):
         self.alive: dict[str, threading.Thread] = {}
         self.waiting_to_start: dict[str, _Pause] = {}
         self.errors: dict[str, BaseException] = {}
+        self.raised: dict[str, str] = {}             # actor -> str() of what it raised, with labels for ids
         self.choices: list[int] = []
         self.chosen: list[str] = []
         self.trace: list[str] = []
@@ -483,7 +487,8 @@ class _Run(Observer):
         except BaseException as error:        # an outcome of the run, judged by the runner
             with self.condition:
                 self.errors[name] = error
-                said = self._by_label(str(error).splitlines()[0][:200]) if str(error) else ""
+                self.raised[name] = said = self._by_label(str(error))
+                said = said.splitlines()[0][:200] if said else ""
                 self.trace.append(f"{name} raised {type(error).__name__}" + (f": {said}" if said else ""))
         finally:
             with self.condition:

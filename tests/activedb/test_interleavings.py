@@ -200,11 +200,13 @@ def test_an_expected_error_is_accepted_as_the_cause_of_a_rule_s_failure(fresh):
     assert expected.ok, expected.describe()
 
 
-def test_what_an_actor_raised_names_the_run_s_transactions_by_their_labels_in_the_trace(fresh):
+def test_what_an_actor_raised_names_the_run_s_transactions_by_their_labels_in_the_trace_and_the_report(fresh):
     """activedb's messages name a transaction bare ("rule 'refuse' failed on inserted items key='a' in T5", "transaction
     T5.6 was aborted"): the trace's line of what an actor raised kept those ids — which differ from run to run and
     appear nowhere else in the report — since only ids in quotes were replaced by labels; a replay of the failing
-    schedule then had another trace than the run it replayed."""
+    schedule then had another trace than the run it replayed.  The report's own line ("actor A1 raised RuleFailed: …
+    in T5") printed the exception whole, with the ids, after the trace had labels: the report keeps that text with
+    labels (``RunReport.raised``) beside the exception (``RunReport.errors``, unchanged)."""
     @fresh.rule(on=fresh.inserted("items"), name="refuse")
     def refuse(tx: Transaction, event: Event) -> None:
         raise ValueError(f"no item {event.key} today")
@@ -212,11 +214,16 @@ def test_what_an_actor_raised_names_the_run_s_transactions_by_their_labels_in_th
     runner = Interleavings(fresh, [insert_item("a"), insert_item("b")], setup=one_account)
     failure = runner.explore(5, seed=1).failure
     assert failure is not None and failure.verdict is Verdict.ACTOR_FAILED
-    raised = [line for line in failure.trace if " raised " in line]
-    assert raised and all(re.search(r"\bT\d", line) is None for line in raised), raised
-    assert any(re.search(r"in A[12]: ValueError", line) for line in raised), raised
+    traced = [line for line in failure.trace if " raised " in line]
+    reported = [line for line in failure.describe().splitlines() if line.startswith("  actor ")]
+    for raised in (traced, reported):
+        assert raised and all(re.search(r"\bT\d", line) is None for line in raised), raised
+        assert any(re.search(r"in A[12]: ValueError", line) for line in raised), raised
+    assert set(failure.raised) == set(failure.errors), (failure.raised, failure.errors)
+    assert all(isinstance(error, RuleFailed) for error in failure.errors.values()), failure.errors
     again = runner.replay(failure.schedule)
-    assert again.trace == failure.trace, (again.describe(), failure.describe())
+    assert again.trace == failure.trace and again.describe() == failure.describe(), (again.describe(),
+                                                                                     failure.describe())
 
 
 @pytest.mark.parametrize("schedule", [None, 5, ["0", "1"]], ids=["none", "a-number", "a-list"])
