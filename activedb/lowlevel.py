@@ -13,7 +13,8 @@ draws transactions — needs more, and finds it here, in one place and documente
   lazy subtransactions, txn README "Frames"), :func:`wait_children`, :func:`run_subtransaction` and
   :func:`run_inline` (an inline child as one call), :func:`run_group` (siblings that may run concurrently),
   :func:`read_then_written` (hot-key learning), :func:`outcome_unknown` (an abort that may hide a commit: the
-  connection broke at the flush and the transaction log could not be read);
+  connection broke at the flush and the transaction log could not be read), :func:`deadlock_with_another_tree` (a
+  deadlock that re-running a subtransaction inside its tree may meet again: abort the tree);
 * the seams: :class:`CommitParticipant` (with :class:`Along`), :class:`TransactionExtension`, :class:`Observer`,
   :class:`HookRegistry`, :class:`ReadBase` (with :class:`CommittedRows`), :class:`WaitKind`, and
   :class:`HistoryRecorder` (``db.history`` with ``connect(record_history=True)``: every operation as a
@@ -34,14 +35,15 @@ from activedb._handle import DatabaseHandle
 from activedb.errors import check_seconds, check_switch, check_whole_number
 from activedb.txn import (Along, CommitParticipant, CommittedRows, HistoryOp, HistoryRecorder, HookRegistry,
                           InlineSubtransaction, Observer, ReadBase, Subtransactions, TransactionExtension,
-                          TransactionManager, WaitKind, abandon, doom, enlist, materialize, outcome_unknown,
+                          TransactionManager, WaitKind, abandon, deadlock_with_another_tree, doom, enlist, materialize,
+                          outcome_unknown,
                           read_then_written, run_group, run_inline, run_subtransaction, set_slot, slot, wait_children,
                           want_end_hooks)
 
 __all__ = [
     # a transaction's extender calls
     "slot", "set_slot", "enlist", "doom", "abandon", "want_end_hooks", "materialize", "wait_children", "run_subtransaction",
-    "run_inline", "run_group", "read_then_written", "outcome_unknown",
+    "run_inline", "run_group", "read_then_written", "outcome_unknown", "deadlock_with_another_tree",
     # seams
     "CommitParticipant", "Along", "TransactionExtension", "Observer", "HookRegistry", "ReadBase", "CommittedRows",
     "WaitKind", "HistoryRecorder", "HistoryOp",

@@ -1,5 +1,6 @@
 """How the batch protocol tells failures apart — the event's (a dead letter), a conflict (the batch is re-run),
-a deadlock (the event is re-run), the server's (the batch fails), all through ``activedb.errors.classify`` —
+a deadlock (the event is re-run; past its attempts, one with another tree re-runs the batch), the server's (the
+batch fails), all through ``activedb.errors.classify`` —
 and how it finds the events whose writes PostgreSQL refuses (:func:`find_culprits`, by trial flushes).  Design
 note: ``README.md`` in this package ("One batch", step 5)."""
 
@@ -13,7 +14,7 @@ from activedb.errors import (
     causes, classify,
 )
 from activedb.ingest.errors import first_line
-from activedb.txn import CommitParticipant, TxnState, run_inline
+from activedb.txn import CommitParticipant, TxnState, deadlock_with_another_tree, run_inline
 
 if TYPE_CHECKING:  # pragma: no cover
     import sqlalchemy as sa
@@ -65,8 +66,10 @@ def run_as_event(tx: Transaction, function: Callable[[Transaction, _Event], obje
                  attempts: int = 1) -> str | None:
     """Run ``function(sub, event)`` in a subtransaction ``name`` of ``tx``, as the rule path runs an event (its rules
     fire inside): None if it committed, else the dead-letter reason (:func:`rejection_reason`) — the subtransaction
-    aborted, ``tx`` goes on.  A deadlock re-runs it, up to ``attempts`` runs in all.  Raises when the batch itself
-    cannot go on: a conflict (the batch is re-run), PostgreSQL unusable, ``tx`` no longer active."""
+    aborted, ``tx`` goes on.  A deadlock re-runs it, up to ``attempts`` runs in all; past them, a deadlock with
+    another transaction's tree (another batch of this process) is a conflict of the batch, raised — ``tx`` keeps the
+    locks of its committed events, which the other waits for, so only its abort lets the other go on.  Raises when
+    the batch itself cannot go on: a conflict (the batch is re-run), PostgreSQL unusable, ``tx`` no longer active."""
     for attempt in range(1, attempts + 1):
         try:
             run_inline(tx, function, event, name)     # run_subtransaction(tx, function, event, name=name)
@@ -77,8 +80,14 @@ def run_as_event(tx: Transaction, function: Callable[[Transaction, _Event], obje
                 raise conflict from failure   # not the event's fault: the whole batch is re-run
             if is_infrastructure_failure(failure) or tx.state is not TxnState.ACTIVE:
                 raise
-            if classify(failure) is Failure.DEADLOCK and attempt < attempts:
-                continue
+            if classify(failure) is Failure.DEADLOCK:
+                if attempt < attempts:
+                    continue
+                if deadlock_with_another_tree(tx, failure):
+                    raise SerializationConflict(
+                        f"{name} of {tx.id} was the victim of a deadlock with another transaction at each of its "
+                        f"{attempts} attempts: not the event's fault — the batch is run again (its tree aborted, the "
+                        f"other goes on); past the batch's attempts, feed it again") from failure
             return rejection_reason(failure)
     raise AssertionError("unreachable: the last attempt returns or raises")
 

@@ -21,11 +21,12 @@ from activedb.txn._reads import BulkLock
 from activedb.txn._group import run_group
 from activedb.txn._pool import stack_is_deep
 from activedb.txn._view import CommittedRows, ReadBase
-from activedb.txn._lowlevel import (abandon, doom, enlist, materialize, outcome_unknown, read_then_written,
-                                    run_subtransaction, set_slot, slot, wait_children, want_end_hooks)
+from activedb.txn._lowlevel import (abandon, deadlock_with_another_tree, doom, enlist, materialize, outcome_unknown,
+                                    read_then_written, run_subtransaction, set_slot, slot, wait_children,
+                                    want_end_hooks)
 
 __all__ = ["BulkLock", "FiringOutcome", "FiringView", "RuleView", "WaitKind", "TransactionManager", "Transaction", "SubtransactionHandle", "InlineSubtransaction", "TransactionBlock", "TxnState",
            "Granularity", "Along", "CommitParticipant", "TransactionExtension", "Observer", "HookRegistry", "ReadBase",
            "CommittedRows", "HistoryOp", "HistoryRecorder", "Subtransactions", "run_inline", "run_group", "stack_is_deep",
-           "abandon", "doom", "enlist", "materialize", "outcome_unknown", "read_then_written", "run_subtransaction", "set_slot", "slot", "wait_children",
+           "abandon", "deadlock_with_another_tree", "doom", "enlist", "materialize", "outcome_unknown", "read_then_written", "run_subtransaction", "set_slot", "slot", "wait_children",
            "want_end_hooks"]

@@ -12,6 +12,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import lockmgr
+
+from activedb.errors import causes
+from activedb.txn import _ids
 from activedb.txn._children import _wait_seconds
 from activedb.txn._flush import OutcomeUnknown
 from activedb.txn._tree import Transaction
@@ -89,5 +93,16 @@ def read_then_written(transaction: Transaction) -> frozenset[str]:
     return transaction._read_then_written()
 
 
+def deadlock_with_another_tree(transaction: Transaction, error: BaseException) -> bool:
+    """Whether ``error`` is, or was caused by, a lock-manager deadlock (``DeadlockDetected``) whose wait-for cycle
+    holds a transaction of another tree than ``transaction``'s: running the victim's work again inside this tree may
+    meet it again — the tree keeps the locks of its committed subtransactions, which the other waits for —, where
+    aborting the whole tree lets the other go on.  False for a deadlock within the tree, or any other error."""
+    root = transaction.root.id
+    deadlock = next((cause for cause in causes(error) if isinstance(cause, lockmgr.Deadlock)), None)
+    return deadlock is not None and any(not _ids.in_tree(tid, root) for edge in deadlock.cycle
+                                        for tid in (edge.waiter, edge.target))
+
+
 __all__ = ["slot", "set_slot", "enlist", "doom", "abandon", "want_end_hooks", "materialize", "wait_children",
-           "run_subtransaction", "read_then_written", "outcome_unknown"]
+           "run_subtransaction", "read_then_written", "outcome_unknown", "deadlock_with_another_tree"]

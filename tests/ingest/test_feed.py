@@ -1045,4 +1045,65 @@ def test_a_partition_that_failed_for_good_is_reported_and_combined_for_any_split
         assert (combined.committed, combined.rows, combined.events, combined.dead_letters) == (True, 5, 1, 2)
     finally:
         ingestion.close()
+
+
+def test_an_event_deadlocked_by_another_batch_of_the_process_reruns_its_batch_not_a_dead_letter(database_url):
+    """Two feeds in one process (two threads feeding the same source, or two sources writing the same rows) meet in
+    the lock manager, not in PostgreSQL: an event whose rule waited for a row the other batch had written, while the
+    other waited for a row this batch had written, was the deadlock's victim at every attempt — a batch keeps the
+    locks of its committed events — and became a dead letter ("rejected by rule 'apply_add': … DeadlockDetected"),
+    although nothing was wrong with it (in two processes the same meeting is a serialization conflict, and the
+    batch is re-run).  Now a deadlock with another transaction's tree re-runs the batch, as a conflict does: its tree
+    aborts, the other batch goes on, and the event is applied."""
+    database = app_database(database_url)
+    other_wrote, this_wrote = threading.Event(), threading.Event()
+    first = {"grab": True, "hold": True}
+
+    def waiting_for(key):
+        return any(resource == ("row", "counters", (key,))
+                   for waits in database.transactions.lock_snapshot().waits.values() for _, resource in waits.values())
+
+    def grab(tx, event):            # the other batch's first event: its row, then this batch's row is wanted
+        tx.write("counters", event.key, total=0, events=0, trail="", last_ts=event.ts)
+        if first["grab"]:
+            first["grab"] = False
+            other_wrote.set()
+            assert this_wrote.wait(60), "this batch never wrote its row"
+
+    def hold(tx, event):            # this batch's first event: its row, then the other batch's row is wanted
+        tx.write("counters", event.key, total=0, events=0, trail="", last_ts=event.ts)
+        if first["hold"]:           # (the batch's first attempt)
+            first["hold"] = False
+            this_wrote.set()
+            wait_until(lambda: waiting_for(event.key), 60, "the other batch waiting for this batch's row",
+                       describe=database.transactions.lock_snapshot)
+
+    database.rule(on=database.stream("grab"), name="grab")(grab)
+    database.rule(on=database.stream("hold"), name="hold")(hold)
+
+    def rows(first_type, first_key, then_key):
+        return [{"type": first_type, "key": first_key, "ts": BASE_TIME, "amount": 0, "seq": 0},
+                {"type": "add", "key": then_key, "ts": BASE_TIME + dt.timedelta(seconds=1), "amount": 1, "seq": 1}]
+
+    other: list[object] = []
+    thread = threading.Thread(target=lambda: other.append(_outcome_or_error(lambda: feed(
+        database, [rows("grab", "deadlock-other", "deadlock-this")], source="deadlocked-other",
+        mapping=app_counters.MAPPING, handler=RulesHandler(lower_declared=False)))))
+    try:
+        thread.start()
+        assert other_wrote.wait(60), "the other batch never wrote its row"
+        [fed] = feed(database, [rows("hold", "deadlock-this", "deadlock-other")], source="deadlocked",
+                     mapping=app_counters.MAPPING, handler=RulesHandler(lower_declared=False))
+        thread.join(60)
+        assert not thread.is_alive(), "the other batch did not end"
+        reasons = [reason for query, _, reason, _ in dead_letters(database) if query.startswith("deadlocked")]
+        assert (fed.committed, fed.events, fed.dead_letters, reasons) == (True, 2, 0, [])
+        [[other_fed]] = other
+        assert (other_fed.committed, other_fed.events, other_fed.dead_letters) == (True, 2, 0)
+        # (The other batch committed first: this one's re-run added to its row, and wrote its own row over.)
+        assert [row[:3] for row in app_state(database)["counters"] if row[0].startswith("deadlock-")] == [
+            ("deadlock-other", 1, 1), ("deadlock-this", 0, 0)]
+    finally:
+        this_wrote.set()
+        thread.join(60)
         database.close()
