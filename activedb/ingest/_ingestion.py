@@ -314,6 +314,11 @@ def _check_rows(rows: object, batch_id: int, query_id: str) -> None:
     if not (isinstance(rows, Sequence) or is_arrow(rows)):
         # (Its rows are counted, read by position and kept in their letters: a list, not an iterator.)
         name = type(rows).__name__
+        if type(rows).__module__.split(".")[0] == "pandas" and name == "DataFrame":
+            # (list(frame) gives its column names, each then a row that is no mapping.)
+            raise IngestError(f"batch {batch_id} of {query_id} is a pandas DataFrame, not a batch of rows: give "
+                              f"pyarrow.Table.from_pandas(frame) (an Arrow table), or frame.to_dict('records') (its "
+                              f"rows as dicts); nothing was applied")
         what = "None" if rows is None else f"{'an' if name[0] in 'aeiou' else 'a'} {name}"
         raise IngestError(f"batch {batch_id} of {query_id} is {what}, not a batch of rows: a batch is a sequence of "
                           f"rows (mappings) or an Arrow table — list(...) an iterator's rows; nothing was applied")

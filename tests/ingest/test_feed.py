@@ -379,6 +379,25 @@ def test_a_batch_that_is_no_sequence_of_rows_is_refused_saying_what_to_give(data
         database.close()
 
 
+def test_a_batch_that_is_a_pandas_frame_is_refused_saying_how_to_give_its_rows(database_url):
+    """A pandas DataFrame is no sequence of rows: the refusal told to ``list(...)`` it, which gives its column
+    names — each then a dead letter ("row is 'type' (str), not a mapping").  It now names the frame and the two ways
+    to give its rows (``pyarrow.Table.from_pandas(frame)``, ``frame.to_dict("records")``), the first of which
+    applies them."""
+    pandas = pytest.importorskip("pandas")
+    database = app_database(database_url)
+    try:
+        frame = pandas.DataFrame([{"type": "add", "key": "frame", "ts": BASE_TIME, "amount": 1, "seq": 0}])
+        with pytest.raises(IngestError, match=r"batch 0 of frames is a pandas DataFrame, not a batch of rows: .*"
+                                              r"pyarrow\.Table\.from_pandas\(frame\).*frame\.to_dict\('records'\)"):
+            feed(database, [frame], source="frames", mapping=app_counters.MAPPING)
+        assert ingestion_status(database, "frames") == []
+        [fed] = feed(database, [pa.Table.from_pandas(frame)], source="frames", mapping=app_counters.MAPPING)
+        assert (fed.committed, fed.events, fed.dead_letters) == (True, 1, 0)
+    finally:
+        database.close()
+
+
 @pytest.mark.parametrize("rows, what", [({"type": "add"}, "one dict"), (None, "None")])
 def test_reject_of_rows_that_are_no_batch_is_refused_saying_what_to_give(database_url, rows, what):
     """``Ingestion.reject`` takes a batch as ``process`` does: one row (a mapping) or None where the rows belong is an
