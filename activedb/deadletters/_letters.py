@@ -132,7 +132,8 @@ class LetterFilter:
 
     ``ids``: the letters of these ids — an empty collection selects none, as SQL's ``IN ()`` does (a computed list
     that came out empty must not purge every letter); None is any id; ``query``: a query name — its ledger ids
-    ``NAME@…``, its replays ``replay:NAME`` and the letters written under the name itself; ``reason``: a
+    ``NAME@RUN[#pN]`` (not ``NAME@x@RUN``: a run of the source ``NAME@x``), its replays ``replay:NAME`` and the letters
+    written under the name itself; ``reason``: a
     case-insensitive substring (neither may be empty: None is any); ``replayed``: True/False/None (either)."""
 
     ids: tuple[int, ...] | None = None
@@ -169,8 +170,12 @@ class LetterFilter:
         if self.ids is not None:     # (an empty collection: no letter, SQLAlchemy's empty IN)
             statement = statement.where(table.c.id.in_(list(self.ids)))
         if self.query is not None:
+            # ``NAME@RUN[#pN]``: a run holds no '@' — ``NAME@x@RUN`` is a run of the source ``NAME@x``
+            # (``activedb.ingest.LedgerId``), whose letters are not ``NAME``'s.
+            runs = f"{_like(self.query)}@%"
             statement = statement.where(sa.or_(table.c.query_id == self.query,
-                                               table.c.query_id.like(f"{_like(self.query)}@%", escape="\\"),
+                                               sa.and_(table.c.query_id.like(runs, escape="\\"),
+                                                       table.c.query_id.not_like(f"{runs}@%", escape="\\")),
                                                table.c.query_id == f"replay:{self.query}"))
         if self.batch is not None:
             statement = statement.where(table.c.batch_id == self.batch)

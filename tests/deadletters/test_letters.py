@@ -217,6 +217,25 @@ def test_filters_select_a_query_its_replays_and_nothing_alike(db):
     assert deadletters.count(db, LetterFilter(query="orders")) == 0
 
 
+def test_a_query_filter_leaves_out_the_letters_of_a_source_whose_name_begins_with_the_query_and_an_at(db):
+    """A source's name may hold '@' when it has runs (``feed(source="orders@eu", run=…)``, a Spark query named so):
+    its ledger ids read ``orders@eu@RUN``, which ``LedgerId.parse`` (and ``activedb status``) file under
+    ``orders@eu``.  ``--query orders`` matched them as ``orders@%``: ``list`` showed, ``replay`` replayed and
+    ``purge --query orders --yes`` deleted the other source's letters.  Now the filter takes a query's ids as the
+    ledger parses them: ``NAME@RUN[#pN]``, the run without '@'."""
+    run = "00000000-0000-0000-0000-000000000002"
+    with db.transaction() as tx:
+        for query_id in (f"sources@{run}", f"sources@{run}#p3", f"sources@eu@{run}", f"sources@eu@{run}#p1"):
+            deadletters.insert(tx, query_id, 1, [Letter(f"bad in {query_id}", {"q": query_id})])
+    chosen = {letter.query_id for letter in deadletters.select(db, LetterFilter(query="sources"))}
+    assert chosen == {f"sources@{run}", f"sources@{run}#p3"}
+    other = {letter.query_id for letter in deadletters.select(db, LetterFilter(query="sources@eu"))}
+    assert other == {f"sources@eu@{run}", f"sources@eu@{run}#p1"}
+    assert deadletters.purge(db, LetterFilter(query="sources")) == 2
+    assert deadletters.count(db, LetterFilter(query="sources@eu")) == 2
+    assert deadletters.purge(db, LetterFilter(query="sources@eu")) == 2
+
+
 def test_an_empty_list_of_ids_selects_no_letter_and_the_cli_without_id_selects_any(db, database_url):
     """``LetterFilter(ids=[])`` (a user's computed list that came out empty) meant "every letter", so a purge with
     it deleted every dead letter.  Now an empty collection of ids selects none (as SQL's ``IN ()`` does), None is
