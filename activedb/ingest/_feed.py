@@ -87,6 +87,12 @@ def feed(db: IngestDatabase, batches: Iterable[Rows | Batch], *, source: str, ru
     ingestion = Ingestion(db, mapping, source=source, handler=handler, known_types=known_types, on_phase=on_phase,
                           lineage=lineage, event_ids_under=event_ids_under)
     try:
+        if run is None and LedgerId.parse(source).run is not None:
+            parsed = LedgerId.parse(source)
+            raise IngestError(f"feed(source={source!r}) reads as the ledger id of run {parsed.run!r} of the source "
+                              f"{parsed.source!r}: a source without a run holds no '@RUN' — give the run apart, "
+                              f"feed(db, batches, source={parsed.source!r}, run={parsed.run!r}), or a name without "
+                              f"'@'; nothing was applied")
         ledger_id = LedgerId(source, run)
         outcomes = drive(ingestion, RowBatches(ledger_id, batches), participants=participants)
         if end_of_stream:       # (the run named: without a batch in this call the ingestion saw none)

@@ -379,6 +379,21 @@ def test_a_batch_that_is_no_sequence_of_rows_is_refused_saying_what_to_give(data
         database.close()
 
 
+def test_a_feed_source_that_reads_as_a_run_is_refused_saying_to_give_the_run_apart(database_url):
+    """``feed(source="orders@eu")`` without ``run=``: its ledger id would read as run ``eu`` of ``orders``.  It was
+    refused with LedgerId's advice, "pass LedgerId.parse('orders@eu')", which feed takes nowhere; now the refusal
+    is feed's, an IngestError saying to give the run apart (``source='orders', run='eu'``) or a name without '@'."""
+    database = app_database(database_url)
+    try:
+        row = {"type": "add", "key": "k", "ts": BASE_TIME, "amount": 1, "seq": 0}
+        with pytest.raises(IngestError, match=r"feed\(source='orders@eu'\) .* run 'eu' of the source 'orders'.*"
+                                              r"feed\(db, batches, source='orders', run='eu'\).*nothing was applied"):
+            feed(database, [[row]], source="orders@eu", mapping=app_counters.MAPPING)
+        assert ingestion_status(database, "orders") == ingestion_status(database, "orders@eu") == []
+    finally:
+        database.close()
+
+
 def test_a_batch_that_is_a_pandas_frame_is_refused_saying_how_to_give_its_rows(database_url):
     """A pandas DataFrame is no sequence of rows: the refusal told to ``list(...)`` it, which gives its column
     names — each then a dead letter ("row is 'type' (str), not a mapping").  It now names the frame and the two ways
