@@ -86,6 +86,15 @@ def replay_dead_letters(db: IngestDatabase, app: Replayable, letters: Iterable[L
             raise IngestError(f"dead letter {letter.reason!r:.60} of {letter.query_id!r} has no id (id={letter.id!r}): "
                               f"replay letters as read from activedb_dead_letters, each with its id; no letter was "
                               f"replayed")
+        replay = LedgerId.parse(f"{REPLAY_PREFIX}{original_query_name(letter.query_id)}")
+        if replay.run is not None:
+            # (A run-less id holds no '@RUN': replay:NAME@x reads as run x of replay:NAME, which LedgerId refuses.)
+            raise IngestError(f"dead letter {letter.id} of the source {original_query_name(letter.query_id)!r} cannot "
+                              f"be replayed: its replay's ledger id, {REPLAY_PREFIX}"
+                              f"{original_query_name(letter.query_id)}, would read as run {replay.run!r} of the "
+                              f"source {replay.source!r} — a source named with '@' has no replay; leave its letters "
+                              f"out (--query, --id) and feed their rows again under a name without '@'; no letter "
+                              f"was replayed")
     batches = [(letter, _rows_of(letter, app.mapping)) for letter in records]   # (each checked before any is replayed)
     outcomes = []
     for letter, rows in batches:

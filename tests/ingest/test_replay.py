@@ -100,3 +100,27 @@ def test_arrow_letters_without_a_column_the_mapping_names_are_refused_before_any
         assert [letter.replayed_at for letter in deadletters.select(database)] == [None, None]
     finally:
         database.close()
+
+
+def test_letters_of_a_source_named_with_an_at_are_refused_before_any_letter_is_replayed(make_database_url):
+    """A source with runs may be named with '@' (``feed(source="orders@eu", run=…)``): its replay's ledger id,
+    ``replay:orders@eu``, reads as run ``eu`` of ``replay:orders``, which LedgerId refuses.  Replaying its letters
+    failed inside ``feed`` with "pass LedgerId.parse('replay:orders@eu')" after the letters before it had been
+    replayed — their outcomes lost with the error.  Now an IngestError names the letters and the source before any
+    letter is replayed."""
+    database = app_database(make_database_url("replay_at"))
+    try:
+        row = {"type": "add", "key": "k", "ts": BASE_TIME.isoformat(), "amount": 1, "seq": 1}
+        with database.transaction() as tx:
+            deadletters.insert(tx, "badges@00000000-0000-0000-0000-00000000000a", 0, [deadletters.Letter("why", row)])
+            deadletters.insert(tx, "orders@eu@00000000-0000-0000-0000-00000000000a", 0,
+                               [deadletters.Letter("why", row | {"seq": 2})])
+        plain, named_with_at = deadletters.select(database)
+        before = app_state(database)
+        with pytest.raises(IngestError, match=rf"dead letter {named_with_at.id} of the source 'orders@eu' cannot be "
+                                              rf"replayed: .*replay:orders@eu.* no letter was replayed"):
+            replay_dead_letters(database, APP, [plain, named_with_at])
+        assert app_state(database) == before
+        assert [letter.replayed_at for letter in deadletters.select(database)] == [None, None]
+    finally:
+        database.close()
