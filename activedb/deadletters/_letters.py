@@ -59,11 +59,22 @@ class ReasonKind(enum.Enum):
         text = reason[len(_ABORTED):] if reason.startswith(_ABORTED) else reason
         return next((kind for kind, pattern in _REASON_FORMS if pattern.search(text)), cls.OTHER)
 
+    @classmethod
+    def sql(cls, reason: sa.ColumnElement[str]) -> sa.ColumnElement[str]:
+        """:meth:`of` as SQL: the ``value`` of the kind of the text ``reason`` (a PostgreSQL ``CASE`` of the same forms,
+        tried in the same order, matched by PostgreSQL's ``~``, which reads them as ``re`` does)."""
+        text = sa.case((reason.startswith(_ABORTED, autoescape=True), sa.func.substr(reason, len(_ABORTED) + 1)),
+                       else_=reason)
+        return sa.case(*((text.regexp_match(pattern.pattern), kind.value) for kind, pattern in _REASON_FORMS),
+                       else_=cls.OTHER.value)
+
 
 _ABORTED = "aborted: "
 # The reasons' forms, in the order they are tried (where each is made: activedb.ingest's _mapping, _protocol, _failures
-# and _watch, activedb.capture's _fetch and _firing, activedb.streams).
-_REASON_FORMS = [(kind, re.compile(pattern)) for kind, pattern in (
+# and _watch, activedb.capture's _fetch and _firing, activedb.streams).  Each is read alike by Python's ``re`` (of)
+# and PostgreSQL's advanced regular expressions (sql): ``^`` the text's start only, ``.`` any character, a newline too
+# (DOTALL, PostgreSQL's default), ``[^']`` too; only constructs both read alike (no ``\d``, ``\b``, lookarounds).
+_REASON_FORMS = [(kind, re.compile(pattern, re.DOTALL)) for kind, pattern in (
     (ReasonKind.LATE, r"^late:"),
     (ReasonKind.DUPLICATE, r"^duplicate:"),
     (ReasonKind.REJECTED, r"^rejected by rule "),
@@ -411,6 +422,20 @@ def count_by_reason(database: DatabaseHandle, letters: LetterFilter = LetterFilt
     statement = sa.select(selected.c.reason, sa.func.count()).group_by(selected.c.reason)
     with database.catalog.autocommit_connection() as connection:     # (lost: DatabaseUnavailable)
         return dict(connection.execute(statement).all())
+
+
+def count_by_kind(database: DatabaseHandle, letters: LetterFilter = LetterFilter()) -> dict[ReasonKind, int]:
+    """How many of the dead letters ``letters`` selects there are per kind of reason (:class:`ReasonKind`), every kind
+    (0: none), ``{kind: count}``: one query, which PostgreSQL answers with a row per kind (:meth:`ReasonKind.sql`),
+    however many letters and reasons there are."""
+    _check_filter("count_by_kind", letters)
+    table = database.table(TABLE)
+    selected = letters.statement(table).order_by(None).subquery()
+    kinds = sa.select(ReasonKind.sql(selected.c.reason).label("kind")).subquery()
+    statement = sa.select(kinds.c.kind, sa.func.count()).group_by(kinds.c.kind)
+    with database.catalog.autocommit_connection() as connection:     # (lost: DatabaseUnavailable)
+        counts: dict[str, int] = dict(connection.execute(statement).all())
+    return {kind: counts.get(kind.value, 0) for kind in ReasonKind}
 
 
 def purge(database: DatabaseHandle, letters: LetterFilter) -> int:

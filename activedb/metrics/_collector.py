@@ -5,7 +5,6 @@ design note, ``README.md``.
 
 from __future__ import annotations
 
-import collections
 import logging
 import threading
 from collections.abc import Iterator
@@ -214,13 +213,10 @@ class ActivedbCollector(Collector):
 
         letters = GaugeMetricFamily("activedb_dead_letters", "Dead letters not yet replayed, per kind of reason "
                                     "(activedb.deadletters.ReasonKind)", labels=["reason"])
-        per_label: collections.Counter[str] = collections.Counter()
-        for reason, count in deadletters.count_by_reason(self.database,
-                                                         deadletters.LetterFilter(replayed=False)).items():
-            per_label[reason_label(reason)] += count
-        # (Every kind, 0 for those with no letter: a series present from the start, for rates and alerts.)
-        for kind in deadletters.ReasonKind:
-            letters.add_metric([kind.value], per_label.get(kind.value, 0))
+        # (Counted per kind by PostgreSQL, every kind, 0 for those with no letter: a series present from the start,
+        # for rates and alerts.)
+        for kind, count in deadletters.count_by_kind(self.database, deadletters.LetterFilter(replayed=False)).items():
+            letters.add_metric([kind.value], count)
         yield letters
 
     def _ingestion(self) -> Iterator[Metric]:

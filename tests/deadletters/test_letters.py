@@ -324,6 +324,7 @@ def test_reading_or_purging_with_a_filter_they_cannot_take_is_refused_saying_wha
     ("event processing failed: ZeroDivisionError: division by zero", "rule failed"),
     ("rule 'audit' failed on captured insert on 'orders' (change 4 of transaction 9, commit position 3): E()",
      "rule failed"),
+    ("rule 'a\nb' failed on x: E()", "rule failed"),       # (a newline in a name: PostgreSQL's `.` takes it too)
     ("rule 'slow' did not return within its deadline of 3 s on this event", "deadline"),
     ("PostgreSQL refused this event's writes at the commit: value too long", "refused by PostgreSQL"),
     ("the reactions to captured insert on 'orders' (change 4 …) cannot be committed: value too long",
@@ -334,7 +335,7 @@ def test_a_reasons_kind_is_read_from_its_text(reason, kind):
     assert deadletters.ReasonKind.of(reason).value == kind
 
 
-@pytest.mark.parametrize("call", ["select", "count", "count_by_reason", "purge"])
+@pytest.mark.parametrize("call", ["select", "count", "count_by_reason", "count_by_kind", "purge"])
 @pytest.mark.parametrize("letters", [None, {"query": "q"}, "q"])
 def test_a_filter_that_is_no_letter_filter_is_refused_saying_what_to_give(db, call, letters):
     """``select``, ``count``, ``count_by_reason`` and ``purge`` take a ``LetterFilter``: None (as if it meant every
@@ -346,7 +347,7 @@ def test_a_filter_that_is_no_letter_filter_is_refused_saying_what_to_give(db, ca
         getattr(deadletters, call)(db, letters)
 
 
-@pytest.mark.parametrize("call", ["select", "count", "count_by_reason"])
+@pytest.mark.parametrize("call", ["select", "count", "count_by_reason", "count_by_kind"])
 def test_reading_letters_over_a_lost_connection_is_unavailable_and_the_next_read_works(migrated, call):
     """The reads of ``activedb_dead_letters`` meet a connection PostgreSQL ended (a restart, ``pg_terminate_backend``,
     a server timeout) as every read does: a ``DatabaseUnavailable`` saying so — not the driver's exception with the

@@ -273,6 +273,60 @@ def test_stream_rejections_have_their_kind_and_every_kind_is_exported_at_zero_to
     assert letters == {kind.value: 0 for kind in ReasonKind} | {"invalid row": 2, "rule failed": 1}
 
 
+# A reason of each kind, as its writers make them — with a lowered batch's ``aborted:`` prefix, a newline inside a
+# name, and reasons that look alike but are not of the kind.
+_REASONS_OF_EACH_KIND = [
+    "timestamp ('ts') is 'x' (str), need a datetime", "malformed JSON: Expecting value at line 1 in '{'",
+    "event type ('type') is 'zap\nzip', not a known event type (known: add)",
+    "column 'value' is not valid UTF-8: the bytes FF at byte 0", "rejected: no stream 'x' in engine e (streams: s)",
+    "captured insert on 'orders' (change 4 of transaction 9, commit position 3) cannot be delivered: gone",
+    "late: ts 2024-05-01 is older than the watermark", "aborted: late: ts 1", "not late: ts 1",
+    "duplicate: event id 'e1' was already ingested in batch 0 of q@r", "Duplicate: capital",
+    "rejected by rule 'positive': negative", "aborted: rejected by rule 'positive': negative",
+    "event processing failed: ZeroDivisionError: division by zero", "rule cascade limit: 100",
+    "rule 'au\ndit' failed on captured insert on 'orders': E()", "s-transaction of 'r' aborted: E()",
+    "rejected: the tie_key of stream s raised ValueError('bad') for A^1",
+    "rule 'slow' did not return within its deadline of 3 s on this event", "aborted: the batch ran past within its deadline of 9 s",
+    "PostgreSQL refused this event's writes at the commit: value too long",
+    "the reactions to captured\ninsert on 'orders' cannot be committed: value too long",
+    "", "why not", "aborted: ", "aborted:late: no space", "\nlate: after a newline", "100% _of_ nothing: %late:"]
+
+
+def test_dead_letters_are_counted_per_kind_by_postgresql_in_one_query(database):
+    """A scrape read every reason not yet replayed (``GROUP BY reason``: a row per distinct reason, and reasons name
+    values, rules and ids, so about a row per letter) and classified them in Python — a table of a million letters
+    made every scrape slow and heavy.  PostgreSQL classifies them now, by the patterns ``ReasonKind.of`` reads
+    (``ReasonKind.sql``), and counts per kind in one query of at most a row per kind; the counts are those of
+    ``ReasonKind.of``, for every kind."""
+    from collections import Counter
+
+    reasons = [reason for copies, reason in enumerate(_REASONS_OF_EACH_KIND, 1) for _ in range(copies % 3 + 1)]
+    expected = Counter(ReasonKind.of(reason).value for reason in reasons)
+    assert set(expected) == {kind.value for kind in ReasonKind}        # (every kind has letters)
+    with database.engine.begin() as connection:
+        connection.execute(sa.text("INSERT INTO activedb_dead_letters (query_id, batch_id, reason, raw) "
+                                   "VALUES ('q@1', 0, :reason, '{}')"), [{"reason": reason} for reason in reasons])
+        connection.execute(sa.text("INSERT INTO activedb_dead_letters (query_id, batch_id, reason, raw, replayed_at) "
+                                   "VALUES ('q@1', 1, 'late: replayed', '{}', now())"))
+    reads: list[tuple[str, int]] = []
+
+    def heard(conn, cursor, statement, parameters, context, executemany):
+        if "activedb_dead_letters" in statement:
+            reads.append((statement, cursor.rowcount))
+
+    with MetricsExporter(database) as exporter:
+        sa.event.listen(database.engine, "after_cursor_execute", heard)
+        try:
+            values = samples(exporter.scrape())
+        finally:
+            sa.event.remove(database.engine, "after_cursor_execute", heard)
+    letters = {dict(labels)["reason"]: value for (name, labels), value in values.items() if name == "activedb_dead_letters"}
+    assert letters == dict(expected)
+    assert len(reads) == 1, reads
+    [(statement, rows)] = reads
+    assert rows <= len(ReasonKind), f"the scrape's query returned {rows} rows: {statement}"
+
+
 class _Consumer:
     """A watched capture consumer (``ConsumerSource``) named ``name``; its statistics fail while ``failing``."""
 
