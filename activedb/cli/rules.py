@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, TypedDict
 
 import click
 
-from activedb.cli import (_Group, _confirm, console, literal, load_app, open_database, register_app,
-                          whole_cells)
+from activedb.cli import (_Group, _confirm, console, has_no_tables, literal, load_app, open_database,
+                          register_app, whole_cells)
 from activedb.cli.options import json_default
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -191,8 +191,9 @@ def rules_lowering(ctx: click.Context, app: str, as_json: bool) -> None:
 
 def _refuse_any(database: Database, names: list[str], *, removed: bool) -> None:
     """Refuse the command if one of ``names`` is no persisted rule (or, unless ``removed``, a removed one), before
-    any is changed: a refused name changes nothing, as in ``activedb capture enable|disable``."""
-    rows = {row["name"]: row for row in database.rules.persisted(include_removed=True)}
+    any is changed: a refused name changes nothing, as in ``activedb capture enable|disable``.  A database that never
+    had activedb's tables has no rule."""
+    rows = {} if has_no_tables(database) else {row["name"]: row for row in database.rules.persisted(include_removed=True)}
     for name in names:
         if name not in rows:
             raise click.ClickException(f"no rule named {name!r} in activedb_rules (`activedb rules list --all`); "
@@ -209,7 +210,9 @@ def _toggle_command(verb: str) -> click.Command:
     @click.argument("names", nargs=-1, required=True)
     @click.pass_context
     def command(ctx: click.Context, names: tuple[str, ...]) -> None:
-        with open_database(ctx, writes=True) as database:
+        # (A database without activedb's tables has no rule: the command fails there as for an unknown rule, and no
+        # table is created for it.)
+        with open_database(ctx, writes=True, new_as_is=True) as database:
             _refuse_any(database, list(names), removed=False)
             for name in names:
                 getattr(database.rules, verb)(name)
@@ -234,9 +237,12 @@ def rules_remove(ctx: click.Context, names: tuple[str, ...], module: str | None,
     delete them with --purge. NAMES and/or --module select them."""
     if not names and not module:
         raise click.UsageError("name the rules, or select them with --module")
-    with open_database(ctx, writes=True) as database:
+    # (A database without activedb's tables has no rule: the command fails or does nothing there as with an empty
+    # registry, and no table is created for it.)
+    with open_database(ctx, writes=True, new_as_is=True) as database:
+        new = has_no_tables(database)
         selected = list(names)
-        if module:
+        if module and not new:
             selected += [row["name"] for row in database.rules.persisted(include_removed=purge, module=module)
                          if row["name"] not in selected]
         if not selected:
@@ -247,7 +253,7 @@ def rules_remove(ctx: click.Context, names: tuple[str, ...], module: str | None,
         if purge or len(selected) > 1:
             _confirm(f"{'delete' if purge else 'remove'} {len(selected)} rule(s): {', '.join(selected)}?", yes)
         if purge:
-            count = database.rules.purge(selected)
+            count = 0 if new else database.rules.purge(selected)
             click.echo(f"deleted {count} rule row(s) from activedb_rules")
             return
         for name in selected:

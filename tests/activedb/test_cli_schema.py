@@ -66,12 +66,14 @@ def test_db_current_says_behind_and_db_upgrade_brings_it_back(url):
     assert {"activedb_rules", "activedb_dead_letters"} <= activedb_tables(url)
 
 
-def test_a_new_database_is_created_by_writing_commands_only(make_fresh_url):
+def test_a_new_database_is_created_by_writing_commands_only(make_fresh_url, tmp_path):
     reading = invoke(make_fresh_url, "rules", "list")
     assert reading.exit_code == 1 and "no activedb tables yet" in reading.output
     assert activedb_tables(make_fresh_url) == set()
-    writing = invoke(make_fresh_url, "rules", "disable", "nothing")
-    assert "created activedb's tables" in writing.output
+    app = tmp_path / "no_rules.py"
+    app.write_text("def register(db):\n    pass\n")
+    writing = invoke(make_fresh_url, "rules", "lowering", str(app))       # (it declares APP's rules: it writes)
+    assert writing.exit_code == 0 and "created activedb's tables" in writing.output, writing.output
     assert "activedb_rules" in activedb_tables(make_fresh_url)
 
 
@@ -340,6 +342,23 @@ def test_disabling_capture_in_a_new_database_fails_as_for_a_table_not_captured_a
     fresh = invoke(make_fresh_url, "capture", "disable", *tables)
     assert (fresh.exit_code, fresh.output) == (migrated.exit_code, migrated.output)
     assert activedb_tables(make_fresh_url) == set()
+
+
+@pytest.mark.parametrize("command", [["rules", "enable", "nothing"], ["rules", "disable", "nothing", "other"],
+                                     ["rules", "remove", "nothing"], ["rules", "remove", "--module", "shop"],
+                                     ["rules", "remove", "--purge", "--yes", "nothing"]])
+def test_changing_rules_of_a_new_database_answers_as_for_an_empty_registry_and_creates_nothing(url, make_fresh_url,
+                                                                                              command):
+    """``activedb rules enable|disable|remove`` change rules of the registry, of which a database that never had
+    activedb's tables has none: each fails (a rule name: 'no rule named …; nothing was changed', exit 1) or does
+    nothing (``--module``, ``--purge``: exit 0) exactly as on a migrated database with no rule, and creates no table.
+    Before, each created every activedb table first ('activedb: created activedb's tables …') and then failed or did
+    nothing."""
+    assert invoke(url, "db", "upgrade").exit_code == 0
+    migrated = invoke(url, *command)
+    fresh = invoke(make_fresh_url, *command)
+    assert (fresh.exit_code, fresh.output) == (migrated.exit_code, migrated.output)
+    assert activedb_tables(make_fresh_url) == set(), f"{command} created activedb's tables"
 
 
 @pytest.mark.parametrize("newer", ["0012", "0012_stream_state_as_json", _migrate.head()])
