@@ -23,8 +23,9 @@ from typing import TYPE_CHECKING, Iterator
 
 from activedb._embedded._files import (HANDLE_FILE, check_owned, check_path, data_directory_owners,
                                        make_private_directory, socket_directory_for, write_password)
-from activedb._embedded._server import (SUPERUSER, bin_directory, check_data_directory, initdb, lock_down, postmaster,
-                                        runner_for, start_postgres, stop_postgres, wait_ready)
+from activedb._embedded._server import (SUPERUSER, bin_directory, check_data_directory, discard_unfinished_initdb,
+                                        initdb, lock_down, postmaster, runner_for, start_postgres, stop_postgres,
+                                        wait_ready)
 from activedb.errors import EmbeddedServerError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -146,6 +147,7 @@ def start(home: Path | None = None, *, keep_running: bool | None = None) -> Embe
     check_owned(home, {os.geteuid()}, "ACTIVEDB_HOME")       # again: made by someone else meanwhile?
     with _file_lock(home / LOCK_FILE):
         # Under the lock: another process may be initialising this data directory right now.
+        discard_unfinished_initdb(pgdata)
         check_data_directory(pgdata)
         runner = runner_for(pgdata)
         with _registry_mutex:

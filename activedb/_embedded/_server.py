@@ -161,6 +161,47 @@ def _check_reachable(pgdata: Path, uid: int, gid: int) -> None:
                 f"(e.g. /var/lib/activedb), run as a normal user, or set ACTIVEDB_DATABASE_URL")
 
 
+def discard_unfinished_initdb(pgdata: Path) -> None:
+    """Empty ``pgdata`` if an initdb there did not finish (:func:`initdb`): it holds only what that initdb wrote.  An
+    initdb killed midway may leave its bootstrap ``postgres`` (a child of its own) writing there until it reads the
+    end of its input: while one does, ``EmbeddedServerError`` says to connect again (nothing is deleted)."""
+    import shutil
+
+    import psutil
+
+    mark = pgdata.parent / INITDB_UNFINISHED
+    if not mark.exists():
+        return
+    if pgdata.is_dir():
+        writing = next((process for process in psutil.process_iter() if _works_in(process, pgdata)), None)
+        if writing is not None:
+            raise EmbeddedServerError(
+                f"an earlier initdb of {pgdata}, which did not finish, is still ending (process {writing.pid} works "
+                f"there); connect again in a moment (nothing was deleted)")
+        try:
+            for entry in pgdata.iterdir():
+                if entry.is_dir() and not entry.is_symlink():
+                    shutil.rmtree(entry)
+                else:
+                    entry.unlink()
+        except OSError as error:
+            raise EmbeddedServerError(
+                f"cannot empty {pgdata}, where an initdb did not finish ({error}); remove what it holds, which only "
+                f"that initdb wrote, and connect again") from None
+    mark.unlink()
+
+
+def _works_in(process: psutil.Process, directory: Path) -> bool:
+    """Whether ``process``'s working directory is ``directory`` or under it (False for one that cannot be read)."""
+    import psutil
+
+    try:
+        cwd = Path(process.cwd())
+    except (psutil.Error, OSError):
+        return False
+    return cwd == directory or directory in cwd.parents
+
+
 def check_data_directory(pgdata: Path) -> None:
     """Refuse data directories we must not touch.  Never deletes anything."""
     if not pgdata.exists():
@@ -230,23 +271,33 @@ def postmaster(pgdata: Path) -> _Postmaster | None:
     return _Postmaster(pid, lines[4].strip(), lines[7].strip() if len(lines) > 7 else "") if alive else None
 
 
+# Beside the data directory, in ACTIVEDB_HOME: present while an initdb runs and after one that did not finish.
+INITDB_UNFINISHED = ".initdb-unfinished"
+
+
 def initdb(pgdata: Path, runner: Runner, password: str) -> None:
+    """Make ``pgdata`` (empty, or holding only our own files of an earlier start: :func:`check_data_directory`) a
+    data directory.  Until initdb has finished, :data:`INITDB_UNFINISHED` marks it as none yet: initdb interrupted
+    (Ctrl-C), killed or timed out leaves what looks like a data directory and is none (a ``PG_VERSION``, no password
+    or ``postgres`` database), which :func:`discard_unfinished_initdb` empties at the next start."""
     binary = str(bin_directory() / "initdb")
+    mark = pgdata.parent / INITDB_UNFINISHED
     try:
         for leftover in (HANDLE_FILE, "log"):   # our own files of an earlier, failed start: initdb wants it empty
             (pgdata / leftover).unlink(missing_ok=True)
         make_private_directory(pgdata)
         runner.own(pgdata)
+        mark.touch()
         runner.run([binary, "-D", str(pgdata), "-U", SUPERUSER, "--encoding=utf8", "--auth-local=scram-sha-256",
                     "--auth-host=scram-sha-256", "--pwfile=/dev/stdin"], input=password + "\n")
+        mark.unlink()
     except subprocess.CalledProcessError as error:
         raise EmbeddedServerError(f"initdb of the embedded PostgreSQL in {pgdata} failed: "
                                   f"{(error.stderr or error.stdout).strip()[-500:]}") from None
     except subprocess.TimeoutExpired as error:
-        # (killed midway, it leaves a directory that looks like a data directory and is none)
         raise EmbeddedServerError(
             f"initdb of the embedded PostgreSQL in {pgdata} did not finish within {error.timeout:g} s (a slow or "
-            f"overloaded disk?); remove {pgdata}, which holds only what it wrote, and connect again") from None
+            f"overloaded disk?); connect again: what it wrote is discarded and it runs again") from None
     except OSError as error:
         raise EmbeddedServerError(
             f"initdb of the embedded PostgreSQL in {pgdata} could not run: {error}; make sure {pgdata.parent} is "

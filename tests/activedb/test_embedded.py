@@ -415,13 +415,13 @@ def test_an_initdb_or_a_password_setting_that_cannot_run_or_finish_is_the_embedd
 
     monkeypatch.setitem(_server.Runner.run.__kwdefaults__, "timeout", 0.001)     # (what a very slow disk does)
     with pytest.raises(activedb.EmbeddedServerError, match=r"initdb of the embedded PostgreSQL in .*pgdata did not "
-                                                           r"finish within 0.001 s.*remove .*pgdata"):
+                                                           r"finish within 0.001 s.*connect again: what it wrote is "
+                                                           r"discarded"):
         _embedded.start(home)
     monkeypatch.undo()
     # initdb killed midway may leave its bootstrap postgres (a child of its own, not killed with it) working in the
-    # directory until it reads the end of its input: wait for it, so the removal does not race with its writes.
+    # directory until it reads the end of its input (the next start refuses to discard what it writes meanwhile).
     wait_until(lambda: not _working_in(home / "pgdata"), 30, "the killed initdb's processes to end")
-    shutil.rmtree(home / "pgdata")
 
     _started_and_stopped(home)
     (home / "password").unlink()                                      # lost: set again in single-user mode
@@ -507,3 +507,30 @@ def test_a_postmaster_pid_that_cannot_be_read_is_the_embedded_servers_error(tmp_
     assert (pgdata / "PG_VERSION").is_file()
     (pgdata / "postmaster.pid").rmdir()
     _locked_down_when_started(home)                         # the fault gone: it starts
+
+
+def test_a_ctrl_c_during_initdb_leaves_a_home_the_next_command_starts_in(tmp_path):
+    """Ctrl-C while a new user's first command ran ``initdb`` (a fresh ACTIVEDB_HOME) ended the command (exit 130)
+    with ``initdb`` killed midway: its data directory had a ``PG_VERSION`` and no ``postgres`` database, so every
+    later command failed with 'FATAL: database "postgres" does not exist … check that the server is up' for good.
+    What an unfinished ``initdb`` wrote is discarded by the next start, which runs it again."""
+    home = tmp_path / "home"
+    env = {name: value for name, value in os.environ.items() if name != "ACTIVEDB_DATABASE_URL"}
+    command = [sys.executable, "-m", "activedb.cli", "--home", str(home), "status"]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))   # (as in a shell)
+    try:
+        wait_until(lambda: (home / "pgdata" / "PG_VERSION").exists() or process.poll() is not None, 120,
+                   "initdb to write the data directory")
+        process.send_signal(signal.SIGINT)
+        _, stderr = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 130 and "activedb: interrupted" in stderr, stderr
+    assert (home / ".initdb-unfinished").exists(), "initdb had finished: the Ctrl-C came too late to test"
+    wait_until(lambda: not _working_in(home / "pgdata"), 30, "the killed initdb's processes to end")
+    again = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    assert again.returncode == 1 and "has no activedb tables yet" in again.stderr, again.stderr
+    wait_until(lambda: not _postmasters(home / "pgdata"), 30, "server stop")
