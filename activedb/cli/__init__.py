@@ -301,12 +301,19 @@ def _where(failure: BaseException) -> str:
 
 
 def _confirm(question: str, yes: bool) -> None:
-    """Ask ``question`` on a terminal; without one, ``--yes`` is required."""
+    """Ask ``question`` on a terminal; without one, ``--yes`` is required.  Ctrl-C (or the end of input) at the
+    question is an interruption, exit 130, as anywhere else in a command — nothing was changed, for every command
+    asks before it changes anything."""
     if yes:
         return
     if not sys.stdin.isatty():
         raise click.ClickException(f"{question} — refusing without confirmation: pass --yes")
-    if not click.confirm(question, default=False):
+    try:
+        answer = click.confirm(question, default=False)
+    except click.Abort:         # (click's 'Aborted!', exit 1: the code of a failed command)
+        click.echo("\nactivedb: interrupted at the question; nothing was changed", err=True)
+        raise click.exceptions.Exit(130) from None
+    if not answer:
         raise click.ClickException("nothing was changed")
 
 

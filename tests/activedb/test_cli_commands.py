@@ -868,3 +868,45 @@ def test_status_given_an_empty_query_name_is_a_usage_error_naming_the_option(nam
     result = CliRunner().invoke(main, ["--url", "postgresql://nobody@127.0.0.1:1/none", "status", "--query-name", name])
     assert result.exit_code == 2 and "--query-name" in result.output and "ingestion_status" not in result.output, \
         result.output
+
+
+def test_ctrl_c_at_a_confirmation_is_an_interruption_that_changed_nothing(database_url, letters):
+    """Ctrl-C at a command's question (``dead-letters purge`` without --yes, on a terminal) printed click's 'Aborted!'
+    and exited 1, the code of a failed command, where Ctrl-C anywhere else in a command is 'activedb: interrupted',
+    exit 130 (128 + SIGINT, what a shell script tests for).  Now it is that too, saying nothing was changed; the
+    letters are all there."""
+    import os
+    import pty
+    import select
+    import signal
+    import time
+
+    pid, terminal = pty.fork()
+    if pid == 0:        # (the child: the command on the terminal, as a user types it)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)       # (as a shell starts it: not ignored, as here it may be)
+        os.execv(sys.executable, [sys.executable, "-m", "activedb.cli", "--url", database_url, "dead-letters",
+                                  "purge"])
+    said, asked, deadline = b"", False, time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if not select.select([terminal], [], [], 1)[0]:
+            continue
+        try:
+            chunk = os.read(terminal, 4096)
+        except OSError:         # (the command ended: the terminal is closed)
+            break
+        if not chunk:
+            break
+        said += chunk
+        if not asked and b"[y/N]" in said:
+            os.write(terminal, b"\x03")        # Ctrl-C: the terminal sends SIGINT to the command
+            asked = True
+    else:
+        os.kill(pid, 9)
+    _, status = os.waitpid(pid, 0)
+    os.close(terminal)
+    output = said.decode(errors="replace")
+    assert asked, f"the command never asked: {output}"
+    assert os.waitstatus_to_exitcode(status) == 130, output
+    assert "activedb: interrupted at the question; nothing was changed" in output and "Aborted!" not in output, output
+    remaining = json.loads(invoke(database_url, "dead-letters", "list", "--json").output)
+    assert [letter["id"] for letter in remaining] == letters
