@@ -258,12 +258,28 @@ def _unsafe(batches: Compensations, explorer: LineageExplorer, chosen: set[str],
             found.append(Unsafe(tid, None, None, f"its output was read by transactions that are not compensated: "
                                                  f"{', '.join(sorted(readers))}"))
         for index, row in enumerate(rows):
-            if met[(tid, index)] != row.after:
+            changed, added = _changes(row.after, met[(tid, index)])
+            if changed:
                 later = _later_writers(explorer.connection, row, chosen)
                 who = f" (recorded later writers: {', '.join(later)})" if later else ""
                 found.append(Unsafe(tid, row.table, row.key, f"a later transaction changed the row after it{who}: "
                                                              f"restoring its before-image would lose that change"))
+            elif added:
+                found.append(Unsafe(tid, row.table, row.key, f"the row holds a value in a column added to the table "
+                                                             f"since ({', '.join(added)}): restoring its before-image "
+                                                             f"would lose it"))
     return found
+
+
+def _changes(after: Mapping[str, object] | None, met: object) -> tuple[bool, list[str]]:
+    """How the row an undo meets (``met``, JSON values) differs from the after-image its transaction left:
+    ``(changed, added)`` — whether it was deleted, made again or a column of the after-image holds another value,
+    and the columns added to the table since that hold a value (not null).  A column dropped since is no
+    difference: nothing of it is left to lose, or to restore."""
+    if after is None or not isinstance(met, Mapping):
+        return after is not met, []
+    changed = any(after[name] != met[name] for name in after.keys() & met.keys())
+    return changed, sorted(name for name in met.keys() - after.keys() if met[name] is not None)
 
 
 def _later_writers(connection: sa.Connection, row: UndoRow, chosen: set[str]) -> list[str]:
@@ -345,7 +361,7 @@ def _apply(batches: Compensations, tx: Transaction, node: TransactionLineage, un
         compensation(tx, node)
     for row in reversed(undo):
         current = tx.read(row.table, row.key)
-        if jsonable(current) != row.after and not allow_unsafe:
+        if any(_changes(row.after, jsonable(current))) and not allow_unsafe:
             raise UnsafeUndo(f"row {row.key!r} of {row.table!r} changed after {row.transaction_id} wrote it; "
                              f"nothing of this compensation step was written")
         if row.before is None:

@@ -619,3 +619,29 @@ def test_a_rule_compensation_gets_the_event_as_it_fired_not_as_the_rule_changed_
         db.rules.remove(f"tidy-{query}")
     assert seen == [(1, {})]
     assert scalar(db, "SELECT count(*) FROM events_seen WHERE detail = :d", d=key) == 0
+
+
+def test_before_image_undo_of_a_table_altered_since_is_not_blamed_on_a_later_transaction(db):
+    """A column added to the table since (nullable, nobody set it) or one dropped since is no later write: the batch
+    is undone; a value a later writer put in an added column is named in the refusal as that column's."""
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("CREATE TABLE IF NOT EXISTS altered (k text PRIMARY KEY, v integer, gone integer)"))
+    db.schema.refresh()
+    db.batches.undo_by_before_image("altered")
+    query = prefix()
+    for batch, key in ((1, f"{query}-a"), (2, f"{query}-b")):
+        with db.transaction() as tx:
+            db.batches.consumed(tx, query, batch)
+            tx.insert("altered", k=key, v=batch, gone=batch)
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("ALTER TABLE altered ADD COLUMN added integer, DROP COLUMN gone"))
+        connection.execute(sa.text("UPDATE altered SET added = 7 WHERE k = :k"), {"k": f"{query}-b"})
+    db.schema.refresh()
+    assert db.batches.plan((query, 1)).unsafe == []
+    db.batches.compensate((query, 1))
+    assert scalar(db, "SELECT count(*) FROM altered WHERE k = :k", k=f"{query}-a") == 0
+    [unsafe] = db.batches.plan((query, 2)).unsafe
+    assert "column added" in unsafe.reason and "later transaction" not in unsafe.reason
+    with pytest.raises(UnsafeUndo, match="column added"):
+        db.batches.compensate((query, 2))
+    assert scalar(db, "SELECT count(*) FROM altered WHERE k = :k", k=f"{query}-b") == 1
