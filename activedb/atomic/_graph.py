@@ -107,8 +107,10 @@ class LineageExplorer:
                 for parent in row.parents:
                     if parent in self._children:
                         self._children[parent].add(row.transaction_id)
-            for row in self._outbox_runs(missing, of="trigger_log_id"):
+            runs = self._outbox_runs(missing, of="trigger_log_id")
+            for row in runs:
                 self._children[row.trigger_log_id].add(row.transaction_id)
+            self._load_runs({row.transaction_id for row in runs})
             nodes = self.load(missing)
             for tid in missing:
                 node = nodes.get(tid)
@@ -128,6 +130,26 @@ class LineageExplorer:
         return self.connection.execute(sa.text(
             "SELECT DISTINCT trigger_log_id, transaction_id FROM activedb_outbox "
             f" WHERE {of} = ANY(:ids) AND status = 'done' AND {other} IS NOT NULL"), {"ids": ids}).all()
+
+    def _load_runs(self, ids: set[str]) -> None:
+        """The transactions of ``ids`` (that ran detached firings) that record no lineage of their own — a detached
+        firing's transaction declares nothing unless its rule has a compensation — as nodes all the same: their
+        name ``rule:<rule>`` when they ran one rule's firings (the name a transaction compensation of the rule
+        declares), when they were compensated (by whom)."""
+        self.load(ids)
+        bare = [tid for tid in ids if tid not in self.nodes]
+        if not bare:
+            return
+        for row in self.connection.execute(sa.text(
+                "SELECT o.transaction_id, array_agg(DISTINCT o.rule) AS rules, min(t.committed_at) AS committed_at, "
+                "       min(c.transaction_id) AS compensated_by "
+                "  FROM activedb_outbox o JOIN activedb_transaction_log t ON t.transaction_id = o.transaction_id "
+                "  LEFT JOIN activedb_lineage c ON c.compensates = o.transaction_id "
+                " WHERE o.transaction_id = ANY(:ids) AND o.status = 'done' GROUP BY o.transaction_id"),
+                {"ids": bare}):
+            name = f"rule:{row.rules[0]}" if len(row.rules) == 1 else None
+            self.nodes[row.transaction_id] = TransactionLineage(
+                row.transaction_id, name, row.committed_at, (), (), (), [], None, row.compensated_by)
 
     def parents(self, ids: Iterable[str]) -> set[str]:
         ids = set(ids)

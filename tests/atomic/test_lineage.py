@@ -645,3 +645,43 @@ def test_before_image_undo_of_a_table_altered_since_is_not_blamed_on_a_later_tra
     with pytest.raises(UnsafeUndo, match="column added"):
         db.batches.compensate((query, 2))
     assert scalar(db, "SELECT count(*) FROM altered WHERE k = :k", k=f"{query}-b") == 1
+
+
+def test_a_detached_firing_that_records_no_lineage_is_in_its_batchs_composite_and_undone_with_it(db):
+    """A detached firing runs in a transaction of its own that declares nothing; the outbox links it to its trigger,
+    so it is in 𝒯(b): compensating the batch undoes it (its rule's transaction compensation), or — nothing undoing
+    it — refuses, naming it, rather than leave its rows and call the batch compensated."""
+    from activedb import Coupling
+
+    query = prefix()
+    mark = uuid.uuid4().int % 1_000_000_000          # pairs (a, b): (mark, batch) — a table no test undoes by images
+    for rule in (f"{query}-plain", f"{query}-undone"):
+        db.rule(on=db.signalled(rule), coupling=Coupling.DETACHED, name=rule)(
+            lambda tx, event: tx.insert("pairs", a=mark, b=int(event.payload["n"]), value="fired"))
+
+    @db.batches.transaction_compensation(f"rule:{query}-undone")
+    def undo_firing(tx, lineage):
+        tx.delete("pairs", (mark, 2))
+
+    triggers = []
+    for batch, rule in ((1, f"{query}-plain"), (2, f"{query}-undone")):
+        with db.transaction() as tx:
+            db.batches.consumed(tx, query, batch)
+            tx.signal(rule, n=str(batch))
+        triggers.append(tx.log_id)
+    db.rules.wait_idle(30)
+    count = "SELECT count(*) FROM pairs WHERE a = :a"
+    assert scalar(db, count, a=mark) == 2
+    with db.engine.connect() as connection:
+        firing = dict(connection.execute(sa.text(
+            "SELECT trigger_log_id, transaction_id FROM activedb_outbox WHERE trigger_log_id = ANY(:t)"),
+            {"t": triggers}).all())
+    assert db.batches.composite((query, 1)) == {triggers[0], firing[triggers[0]]}
+    plan = db.batches.plan((query, 1))
+    assert plan.order == [firing[triggers[0]], triggers[0]] and plan.missing == [firing[triggers[0]]]
+    with pytest.raises(NoCompensation, match=firing[triggers[0]]):
+        db.batches.compensate((query, 1))
+    report = db.batches.compensate((query, 2))
+    assert report.compensated == [firing[triggers[1]], triggers[1]]      # newest first
+    assert scalar(db, count, a=mark) == 1                       # batch 1's firing is left
+    assert db.batches.plan((query, 2)).already == {firing[triggers[1]], triggers[1]}
