@@ -23,7 +23,7 @@ import sqlalchemy as sa
 
 from activedb._closedset import ClosedSet
 from activedb.events import Event, EventKind, Origin
-from activedb.errors import DatabaseError
+from activedb.errors import DatabaseError, UnknownTable
 from activedb.store import jsonable
 
 from activedb.atomic._graph import (IndependentScover, LineageExplorer, TransactionLineage, composite,
@@ -209,7 +209,7 @@ def plan(batches: Compensations, explorer: LineageExplorer, batch: BatchRef, *, 
     losing = set().union(*(others[tid] for tid in chosen))
     partially = _partially_dropped(explorer, chosen, targets)
     kept = everything - chosen
-    undo = _undo_rows(batches, explorer.connection, order)
+    undo = _undo_rows(batches, explorer.connection, batch, order)
     unsafe = _unsafe(batches, explorer, chosen, undo, order)
     missing = _missing(batches, explorer.connection, nodes, order, undo)
     return CompensationPlan(batch, mode, scope, targets, order, already, losing, partially, kept, unsafe,
@@ -227,12 +227,20 @@ def _partially_dropped(explorer: LineageExplorer, chosen: set[str], targets: set
     return result
 
 
-def _undo_rows(batches: Compensations, connection: sa.Connection, ids: list[str]) -> dict[str, list[UndoRow]]:
+def _undo_rows(batches: Compensations, connection: sa.Connection, batch: BatchRef, ids: list[str]
+               ) -> dict[str, list[UndoRow]]:
     rows: dict[str, list[UndoRow]] = {}
     for row in connection.execute(sa.text(
             "SELECT transaction_id, table_name, row_key, before_image, after_image FROM activedb_lineage_undo "
             " WHERE transaction_id = ANY(:ids) ORDER BY transaction_id, seq"), {"ids": list(ids)}):
-        key = _typed_key(batches, row.table_name, row.row_key)
+        try:
+            key = _typed_key(batches, row.table_name, row.row_key)
+        except UnknownTable as error:
+            raise UnknownTable(
+                f"compensating {batch}: {row.transaction_id} kept before-images of table {row.table_name!r}, which "
+                f"the database no longer has (dropped or renamed since): its rows cannot be restored, and nothing "
+                f"was compensated. Create the table again (db.schema.refresh() once it exists) to compensate the "
+                f"batch; a batch you will not compensate is forgotten with db.batches.prune") from error
         rows.setdefault(row.transaction_id, []).append(
             UndoRow(row.transaction_id, row.table_name, key, row.before_image, row.after_image))
     return rows

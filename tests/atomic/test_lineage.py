@@ -685,3 +685,28 @@ def test_a_detached_firing_that_records_no_lineage_is_in_its_batchs_composite_an
     assert report.compensated == [firing[triggers[1]], triggers[1]]      # newest first
     assert scalar(db, count, a=mark) == 1                       # batch 1's firing is left
     assert db.batches.plan((query, 2)).already == {firing[triggers[1]], triggers[1]}
+
+
+def test_compensating_a_batch_whose_undo_table_was_dropped_says_so_and_undoes_nothing(db):
+    from activedb.errors import UnknownTable
+
+    query = prefix()
+    with db.engine.begin() as connection:
+        connection.execute(sa.text(f"CREATE TABLE {query}_gone (k text PRIMARY KEY, v integer)"))
+        connection.execute(sa.text("CREATE TABLE IF NOT EXISTS kept (k text PRIMARY KEY, v integer)"))
+    db.schema.refresh()
+    db.batches.undo_by_before_image(f"{query}_gone", "kept")
+    with db.transaction() as tx:
+        db.batches.consumed(tx, query, 1)
+        tx.insert("kept", k=query, v=1)
+        tx.insert(f"{query}_gone", k="a", v=1)
+    with db.engine.begin() as connection:
+        connection.execute(sa.text(f"DROP TABLE {query}_gone"))
+    db.schema.refresh()
+    said = (rf"compensating {query}/1: {tx.log_id} kept before-images of table '{query}_gone', which the database no "
+            rf"longer has")
+    with pytest.raises(UnknownTable, match=said):
+        db.batches.plan((query, 1))
+    with pytest.raises(UnknownTable, match=said):
+        db.batches.compensate((query, 1))
+    assert scalar(db, "SELECT count(*) FROM kept WHERE k = :k", k=query) == 1
