@@ -48,7 +48,8 @@ def _spark_form_hint(query: str) -> Iterator[None]:
 @click.argument("batch")
 @click.option("--png", "png", type=click.Path(dir_okay=False), help="Also draw the graph into this PNG file.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a tree.")
-@click.option("--max-rounds", default=64, show_default=True, help="Bound of the independent-scover closure.")
+@click.option("--max-rounds", default=64, show_default=True, type=click.IntRange(min=1),
+              help="Bound of the independent-scover closure.")
 @click.pass_context
 def show(ctx: click.Context, query: str, batch: str, png: str | None, as_json: bool, max_rounds: int) -> None:
     """The composite transaction of batch (QUERY, BATCH), its scover and independent scover. A batch Spark
@@ -249,7 +250,8 @@ def draw(graph: nx.DiGraph[str], title: str, path: str, notes: Sequence[str] = (
 @click.option("--dry-run", is_flag=True, help="Print what would be undone; change nothing.")
 @click.option("--allow-unsafe", is_flag=True, help="Restore before-images even where a later transaction used the rows.")
 @click.option("--app", "app", help="Module or .py file with register(db) declaring the compensations.")
-@click.option("--max-rounds", default=64, show_default=True)
+@click.option("--max-rounds", default=64, show_default=True, type=click.IntRange(min=1),
+              help="Bound of the independent-scover closure (with --scope independent).")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
 def compensate(ctx: click.Context, query: str, batch: str, mode: str, scope: str, dry_run: bool,

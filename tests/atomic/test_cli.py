@@ -111,3 +111,14 @@ def register(db):
     assert result.exit_code == 0, result.output
     assert f"compensated 0 transaction(s) of {query}/1" in result.output, result.output
     assert f"compensated meanwhile by another run: {tx.log_id}" in result.output, result.output
+
+
+def test_a_max_rounds_below_one_is_a_usage_error_naming_the_option():
+    """Checked before anything is opened (no database is given): it failed with exit status 1 once the batch was
+    found, as "independent_scover(max_rounds=0) takes …", naming a function the command line never showed."""
+    runner = CliRunner()
+    for command in ("show", "compensate"):
+        result = runner.invoke(main, ["--url", "postgresql://nobody@/nowhere", "batches", command, "badges", "1",
+                                      "--max-rounds", "0"])
+        assert result.exit_code == 2, result.output
+        assert "Invalid value for '--max-rounds': 0 is not in the range x>=1" in result.output
