@@ -85,6 +85,16 @@ class Compensations:
     def has_compensation_for(self, node: TransactionLineage) -> bool:
         return bool(node.notes) or (node.name is not None and node.name in self._transaction_actions)
 
+    def undeclared(self, node: TransactionLineage) -> list[str]:
+        """The compensations ``node``'s notes name that this process does not declare (as a user declares them),
+        each once: running them would fail midway through a compensation."""
+        with self._mutex:
+            found = [f"compensation {note['action']!r}" if note.get("kind") != "rule" else
+                     f"rule_compensation of rule {note['rule']!r}" for note in node.notes
+                     if (note["rule"] not in self._rule_actions if note.get("kind") == "rule"
+                         else note["action"] not in self._actions)]
+        return list(dict.fromkeys(found))
+
 
 class CompensationMode(ClosedSet):
     """What a compensation undoes of a batch's transactions."""
@@ -301,13 +311,13 @@ def _later_writers(connection: sa.Connection, row: UndoRow, chosen: set[str]) ->
 
 def _missing(batches: Compensations, connection: sa.Connection, nodes: dict[str, TransactionLineage], order: list[str],
              undo: dict[str, list[UndoRow]]) -> list[str]:
+    """The transactions of ``order`` nothing undoes: rows written and no compensation, or a noted compensation this
+    process does not declare (whether it wrote rows or not: the note says something must be undone)."""
     candidates = [tid for tid in order if not batches.has_compensation_for(nodes[tid]) and tid not in undo]
-    if not candidates:
-        return []
-    written: dict[str, int] = dict(connection.execute(sa.text(
+    written: dict[str, int] = {} if not candidates else dict(connection.execute(sa.text(
         "SELECT transaction_id, rows_written FROM activedb_transaction_log WHERE transaction_id = ANY(:ids)"),
         {"ids": candidates}).all())
-    return [tid for tid in candidates if written.get(tid, 0)]
+    return [tid for tid in order if written.get(tid, 0) or batches.undeclared(nodes[tid])]
 
 
 # --- execution ------------------------------------------------------------------------------------
@@ -315,10 +325,15 @@ def _missing(batches: Compensations, connection: sa.Connection, nodes: dict[str,
 def execute(batches: Compensations, compensation: CompensationPlan, *, allow_unsafe: bool) -> CompensationReport:
     report = CompensationReport(compensation, dry_run=False)
     if compensation.missing:
+        def why(tid: str) -> str:
+            undeclared = batches.undeclared(compensation.nodes[tid])
+            return (f"{tid} (its notes name {', '.join(undeclared)}, not declared in this process)" if undeclared
+                    else f"{tid} (it wrote rows)")
         raise NoCompensation(
-            f"compensating {compensation.batch}: {', '.join(compensation.missing)} wrote rows and nothing undoes "
-            f"them; declare a compensation (db.batches.compensation / rule_compensation / transaction_compensation) "
-            f"or opt their tables into db.batches.undo_by_before_image(...) — nothing was compensated")
+            f"compensating {compensation.batch}: {', '.join(map(why, compensation.missing))} — nothing undoes them; "
+            f"declare the compensation (db.batches.compensation / rule_compensation / transaction_compensation; on the "
+            f"command line --app) or opt their tables into db.batches.undo_by_before_image(...) — nothing was "
+            f"compensated")
     if compensation.unsafe and not allow_unsafe:
         details = "; ".join(f"{item.transaction_id}: {item.reason}" for item in compensation.unsafe)
         raise UnsafeUndo(

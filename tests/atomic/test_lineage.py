@@ -710,3 +710,37 @@ def test_compensating_a_batch_whose_undo_table_was_dropped_says_so_and_undoes_no
     with pytest.raises(UnknownTable, match=said):
         db.batches.compensate((query, 1))
     assert scalar(db, "SELECT count(*) FROM kept WHERE k = :k", k=query) == 1
+
+
+def test_a_noted_compensation_this_process_does_not_declare_is_missing_and_nothing_is_compensated(db, database_url):
+    """Another process (the command line without --app) has the notes but not the compensations they name: the plan
+    lists the transaction as missing and compensate refuses before undoing anything — it compensated the batch's
+    other transactions and then failed, leaving the batch half undone."""
+    import activedb
+
+    query = prefix()
+    mark = uuid.uuid4().int % 1_000_000_000
+    db.batches.undo_by_before_image("accounts")
+
+    @db.batches.compensation(f"restore-{query}")
+    def restore(tx, b):
+        tx.delete("pairs", (mark, b))
+
+    with db.transaction() as noted:                        # (pairs: no undo images)
+        db.batches.consumed(noted, query, 1)
+        noted.insert("pairs", a=mark, b=1, value="noted")
+        db.batches.note(noted, f"restore-{query}", b=1)
+    with db.transaction() as imaged:                       # newer: compensated first
+        db.batches.consumed(imaged, query, 1)
+        imaged.insert("accounts", id=mark, owner="cy", balance=1)
+    other = activedb.connect(database_url)
+    try:
+        plan = other.batches.plan((query, 1))
+        assert plan.missing == [noted.log_id]
+        with pytest.raises(NoCompensation, match=rf"{noted.log_id} .*compensation 'restore-{query}'.*not declared"):
+            other.batches.compensate((query, 1))
+    finally:
+        other.close()
+    assert scalar(db, "SELECT count(*) FROM accounts WHERE id = :i", i=mark) == 1      # nothing undone
+    assert db.batches.plan((query, 1)).missing == []
+    assert sorted(db.batches.compensate((query, 1)).compensated) == sorted([noted.log_id, imaged.log_id])
