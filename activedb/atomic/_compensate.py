@@ -188,7 +188,7 @@ class CompensationReport:
 def plan(batches: Compensations, explorer: LineageExplorer, batch: BatchRef, *, mode: CompensationMode, scope: CompensationScope,
          max_rounds: int, max_transactions: int, consecutive: bool) -> CompensationPlan:
     if not explorer.consumers([batch]):
-        raise UnknownBatch.not_consumed(batch)
+        raise UnknownBatch.not_consumed(batch, explorer.known_batches(batch.query_id))
     cover = None
     if scope is CompensationScope.INDEPENDENT:
         cover = independent_scover(explorer, batch, max_rounds=max_rounds, max_transactions=max_transactions,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from activedb.errors import ActivedbError
 
 
@@ -17,11 +19,28 @@ class UnknownBatch(AtomicBatchError):
     """No recorded transaction consumed or produced the batch that was named."""
 
     @classmethod
-    def not_consumed(cls, batch: object) -> UnknownBatch:
+    def not_consumed(cls, batch: object, known: Sequence[str] | None = None) -> UnknownBatch:
         """The error for compensating ``batch`` (a ``BatchRef``), which no recorded transaction consumed: raised by
-        ``db.batches.compensate``, and by ``activedb batches compensate`` on a database without activedb's tables."""
-        return cls(f"no recorded transaction consumed batch {batch}; `activedb batches show` lists what lineage knows "
-                   f"(lineage older than the retention may have been pruned)")
+        ``db.batches.compensate``, and by ``activedb batches compensate`` on a database without activedb's tables.
+        ``known``: the batch ids of its query that recorded transactions consumed (None: not looked up)."""
+        query = str(getattr(batch, "query_id", ""))
+        said = ""
+        if known is not None:
+            ordered = sorted(known, key=lambda batch_id: (not batch_id.isdigit(), int(batch_id) if batch_id.isdigit()
+                                                          else 0, batch_id))
+            more = f" and {len(ordered) - _LISTED} more" if len(ordered) > _LISTED else ""
+            said = (f"; lineage knows batches {', '.join(ordered[:_LISTED])}{more} of {query}" if ordered
+                    else f"; lineage knows no batch of {query}")
+        source, mark, partition = query.rpartition("#p")
+        if mark and partition.isdigit():
+            said += (f"; each partition of a split batch records the source batch, {source} without #p{partition}: "
+                     f"name that")
+        return cls(f"no recorded transaction consumed batch {batch}{said} (lineage older than the retention may have "
+                   f"been pruned)")
+
+
+#: How many of a query's batch ids an :class:`UnknownBatch` names.
+_LISTED = 10
 
 
 class NoCompensation(AtomicBatchError):

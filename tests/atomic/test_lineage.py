@@ -744,3 +744,22 @@ def test_a_noted_compensation_this_process_does_not_declare_is_missing_and_nothi
     assert scalar(db, "SELECT count(*) FROM accounts WHERE id = :i", i=mark) == 1      # nothing undone
     assert db.batches.plan((query, 1)).missing == []
     assert sorted(db.batches.compensate((query, 1)).compensated) == sorted([noted.log_id, imaged.log_id])
+
+
+def test_compensating_a_batch_lineage_does_not_know_names_the_batches_of_its_query_that_it_knows(db):
+    """It pointed at `activedb batches show`, which lists nothing (it shows one batch it is given)."""
+    from activedb.atomic.errors import UnknownBatch
+
+    query = prefix()
+    for batch in (3, 1):
+        with db.transaction() as tx:
+            db.batches.consumed(tx, query, batch)
+    with pytest.raises(UnknownBatch, match=rf"no recorded transaction consumed batch {query}/2; lineage knows batches "
+                                           rf"1, 3 of {query}") as unknown:
+        db.batches.compensate((query, 2))
+    assert "activedb batches show` lists" not in str(unknown.value)
+    with pytest.raises(UnknownBatch, match=rf"lineage knows no batch of {query}x"):
+        db.batches.plan((f"{query}x", 1))
+    with pytest.raises(UnknownBatch, match=rf"each partition of a split batch records the source batch, "
+                                           rf"{query}@run without #p0"):
+        db.batches.compensate((f"{query}@run#p0", 1))
