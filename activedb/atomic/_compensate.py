@@ -348,7 +348,14 @@ def execute(batches: Compensations, compensation: CompensationPlan, *, allow_uns
                     record.compensates = tid
                 _apply(batches, tx, compensation.nodes[tid], compensation.undo.get(tid, []), allow_unsafe)
                 log_id = tx.log_id
-        except (UnsafeUndo, NoCompensation):
+        except UnsafeUndo as error:         # (a row changed since the plan: by a compensation that ran before)
+            if not report.compensated:
+                raise
+            raise UnsafeUndo(
+                f"{error}; {len(report.compensated)} transaction(s) before it ({', '.join(report.compensated)}) were "
+                f"compensated and recorded — set the row back, or pass allow_unsafe=True to restore the images "
+                f"anyway, and run the same compensation again: it resumes after them") from error
+        except NoCompensation:
             raise
         except Exception as error:
             if isinstance(error, DatabaseError) and error.sqlstate == "23505" and _compensated(batches, tid):

@@ -763,3 +763,27 @@ def test_compensating_a_batch_lineage_does_not_know_names_the_batches_of_its_que
     with pytest.raises(UnknownBatch, match=rf"each partition of a split batch records the source batch, "
                                            rf"{query}@run without #p0"):
         db.batches.compensate((f"{query}@run#p0", 1))
+
+
+def test_an_undo_refused_midway_says_which_transactions_were_compensated_before_it_and_how_to_resume(db):
+    """A compensation that ran first changed a row the next transaction's before-image undo restores: the refusal
+    said "nothing of this compensation step was written" only, not that the steps before it had committed."""
+    query = prefix()
+    mark = uuid.uuid4().int % 1_000_000_000
+    db.batches.undo_by_before_image("accounts")
+
+    @db.batches.compensation(f"bump-{query}")
+    def bump(tx):
+        tx.write("accounts", mark, balance=99)
+
+    with db.transaction() as older:
+        db.batches.consumed(older, query, 1)
+        older.insert("accounts", id=mark, owner="dee", balance=1)
+    with db.transaction() as newer:
+        db.batches.consumed(newer, query, 1)
+        db.batches.note(newer, f"bump-{query}")
+    with pytest.raises(UnsafeUndo, match=rf"changed after {older.log_id} wrote it.*1 transaction\(s\) before it "
+                                         rf"\({newer.log_id}\) were compensated and recorded.*run the same "
+                                         rf"compensation again"):
+        db.batches.compensate((query, 1))
+    assert db.batches.compensate((query, 1), allow_unsafe=True).compensated == [older.log_id]
