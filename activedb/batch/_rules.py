@@ -31,7 +31,7 @@ from activedb.batch._declare import (
 from activedb.batch._result import BatchResult
 from activedb.batch._state import WRITTEN_TWICE, given, merge_image
 from activedb.batch.errors import DeclarationError, LoweringRefused
-from activedb.errors import SchemaError, causes
+from activedb.errors import SchemaError, causes, check_plain_function
 from activedb.events import Event, EventKind, new_event
 from activedb.store import KeysCheck, RowImage, TableInfo
 from activedb.txn import CommitParticipant
@@ -57,7 +57,8 @@ class DeclaredAction:
     with ``for_update=True``), then the writes; :class:`~activedb.batch.Abort` or an error of a function
     raises before anything is written.  Window operations need a batch (their versions): here they raise
     :class:`~activedb.batch.errors.DeclarationError`.  ``declaration`` is ``fn``; the action is named and
-    fingerprinted as ``fn`` (``__wrapped__``)."""
+    fingerprinted as ``fn`` (``__wrapped__``).  ``fn`` is a plain function: an ``async def`` or a generator function
+    (whose call runs none of its body) is refused with a ``DeclarationError``."""
 
     #: How the ingestion core's rule path runs a batch whose rules are all declared rules as one batch
     #: (``activedb.ingest.BatchLowering``: :func:`lower` and :func:`apply_lowered`); set below the class.
@@ -66,6 +67,8 @@ class DeclaredAction:
     def __init__(self, fn: Declaring) -> None:
         if not callable(fn):
             raise DeclarationError(f"@batch.declared decorates a function (event, ops), got {fn!r}")
+        # (an async def, a generator function: each firing would declare nothing — its call runs none of its body)
+        check_plain_function("@batch.declared", fn, error=DeclarationError)
         self.declaration = fn
         functools.update_wrapper(self, fn)
         # (how its repr and errors name it: any callable may declare — an object with __call__, a partial — not only

@@ -339,3 +339,25 @@ def test_a_declared_rule_of_a_callable_that_is_no_function_says_what_went_wrong(
     with db.transaction() as tx:
         with pytest.raises(RuleFailed, match="declared no operation"):
             tx.emit(name, key="k", ts=0.0, payload={})
+
+
+async def _declares_async(event, ops):
+    ops.write("lists", event.key, lambda own: {"value": ["async"]})
+
+
+def _declares_lazily(event, ops):
+    yield ops.write("lists", event.key, lambda own: {"value": ["generator"]})
+
+
+@pytest.mark.parametrize("declaring", [_declares_async, _declares_lazily], ids=["async-def", "generator"])
+def test_a_declared_rule_of_an_async_or_generator_function_is_refused_where_it_is_declared(db, declaring):
+    """``@batch.declared`` on an ``async def`` (a generator function) is refused with a DeclarationError that names
+    it and says to write a plain def — before, it was declared, and each firing called it, got a coroutine (a
+    generator) that declared nothing, and failed with "declared no operation", as if the body had run and written
+    no op."""
+    name = f"declares_{declaring.__name__.strip('_')}"
+    with pytest.raises(batch.errors.DeclarationError,
+                       match=rf"@batch\.declared\({declaring.__name__}\) takes a plain function: this is an? "
+                             rf"(async|generator) function.*plain def"):
+        db.rule(on=db.stream(name), name=name)(batch.declared(declaring))
+    assert name not in db.rules.names()
