@@ -50,13 +50,19 @@ def is_retryable(error: BaseException) -> bool:
     return classify(error).transient or any(isinstance(cause, LockWaitTimeout) for cause in causes(error))
 
 
+def interrupts_the_process(error: BaseException) -> bool:
+    """Whether ``error`` is a Ctrl-C of the process: a KeyboardInterrupt on the main thread, where Python raises the
+    signal's (a group runner runs on a worker thread: one raised there is what a rule raised, its failure)."""
+    return isinstance(error, KeyboardInterrupt) and threading.current_thread() is threading.main_thread()
+
+
 def describe_error(error: BaseException) -> str:
     """``Type: message`` of what went wrong — for a rule that raised, of what the rule raised (the record
     names the rule and the event already).  A driver's error is summarised in one line (:func:`_driver_summary`):
     its text holds the statement and its parameters, user data that logs and records must not keep."""
     while isinstance(error, RuleFailed) and error.__cause__ is not None:
         error = error.__cause__
-    text = _driver_summary(error) or f"{type(error).__name__}: {error}"
+    text = _driver_summary(error) or (f"{type(error).__name__}: {error}" if str(error) else type(error).__name__)
     cause = error.__cause__
     if cause is not None:
         said = _driver_summary(cause) or f"{type(cause).__name__}: {cause}"
@@ -261,6 +267,10 @@ class Executor:
             try:
                 self._run(group, retried=False)
             except BaseException as error:  # never lose the accounting; the records stay pending in PostgreSQL
+                if interrupts_the_process(error):      # (Ctrl-C: parked, and the program stops)
+                    with self._mutex:
+                        self._parked.extend(group)
+                    raise
                 if isinstance(error, Exception) and classify(error) is not Failure.BUG:   # (an outage, a refusal)
                     logger.warning("outbox group runner stopped: %s; its %d record(s) wait for the next recovery "
                                    "pass", describe_error(error), len(group))
@@ -325,7 +335,8 @@ class Executor:
     def _attempt(self, group: list[Work]) -> list[str]:
         """One group transaction; returns each member's outcome (raises if the group could not commit).  A member
         is ``rules.execute`` in a subtransaction of the group's root; one that raises was counted and logged by
-        the rule manager."""
+        the rule manager — a BaseException that is no Exception (SystemExit, a KeyboardInterrupt of the rule's own)
+        too, as failed (logged here), unless it is a Ctrl-C of the process (:func:`interrupts_the_process`)."""
         outbox = self._outbox
         execute = outbox.rules.execute
         marks = GroupMarks(outbox.owner)
@@ -335,7 +346,12 @@ class Executor:
                 firing = work.firing
                 try:
                     work.executed = lowlevel.run_inline(root, execute, firing, f"rule:{firing.rule.name}")
-                except Exception as error:
+                except BaseException as error:
+                    if interrupts_the_process(error):
+                        raise
+                    if not isinstance(error, Exception):    # (the rule manager counted it, logged it not)
+                        logger.error("detached rule %r raised %s on %s: it failed for good", firing.rule.name,
+                                     describe_error(error), firing.event.describe())
                     if is_retryable(error) and work.attempts + 1 < self.max_attempts:
                         outcomes.append(_Outcome.RETRY)
                     else:

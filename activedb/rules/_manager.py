@@ -467,6 +467,11 @@ class RuleManager(TransactionExtension):
             raise RuleFailed.raised(rule.name, event, error) from error
         except Exception as error:
             self._failed(rule, event, error)
+        except BaseException:
+            # KeyboardInterrupt, SystemExit: raised as itself (``_raise_failure``), yet the firing ended failed —
+            # counted so, or ``fired`` would exceed its outcomes (the outbox settles a detached one as failed).
+            self.count(rule, "failed")
+            raise
         finally:
             if observers.on_firing_end:
                 observers.call("on_firing_end", transaction, firing, outcome)

@@ -1106,3 +1106,36 @@ def test_a_rule_that_closes_its_own_database_is_not_waited_for_by_that_close(mig
     url = database.engine.url
     wait_until(lambda: not sessions(url), 15, "no session of the closed database left in PostgreSQL",
                lambda: sessions(url))
+
+
+@pytest.mark.parametrize("raised", [SystemExit(3), KeyboardInterrupt()], ids=["SystemExit", "KeyboardInterrupt"])
+def test_a_detached_rule_that_raises_systemexit_or_keyboardinterrupt_fails_for_good_with_that_reason(db, migrated,
+                                                                                                     raised):
+    """A detached action that raises a BaseException that is no Exception (``sys.exit()`` in a rule, a
+    KeyboardInterrupt its code raised) is the rule's failure, as any error it raises: its record is failed with that
+    reason, shown by ``activedb outbox``, and counted failed; the other members of its group commit.  Before, the
+    group runner logged a bug's traceback and parked the whole group for the next recovery pass, which ran it again,
+    met the same error and parked it again, at every pass for ever: never settled, never shown, its group's other
+    firings never run."""
+    @db.rule(on=db.signalled("pay"), coupling=Coupling.DETACHED, name="exits")
+    def exits(tx, event):
+        if event.payload["amount"] == 2:
+            raise raised
+        tx.insert("events_seen", rule="exits", detail=str(event.payload["amount"]))
+
+    with db.transaction() as tx:
+        for amount in (1, 2, 3):
+            tx.signal("pay", amount=amount)
+    db.rules.wait_idle(TIMEOUT)
+    for _ in range(3):                      # (passes: each ran the parked group again, and parked it again)
+        db.outbox.recover()
+        db.rules.wait_idle(TIMEOUT)
+    [failure] = db.outbox.failures()
+    assert failure.rule == "exits" and failure.error.startswith(type(raised).__name__), failure
+    assert failure.attempts == 1, failure
+    assert seen(db) == [("exits", "1"), ("exits", "3")]
+    assert db.outbox.statistics().pending == 0
+    counters = db.rules.statistics().per_rule["exits"]
+    assert (counters.fired, counters.executed, counters.failed) == (3, 2, 1), counters
+    shown = CliRunner().invoke(main, ["--url", migrated, "outbox"], env={"COLUMNS": "250"})
+    assert shown.exit_code == 0 and type(raised).__name__ in shown.output, shown.output
