@@ -25,8 +25,8 @@ from activedb.rules._parallel import condition_then_action
 from activedb.rules._record import FiringRecord
 from activedb.rules._registry import RuleRegistry
 from activedb.store import own_image
-from activedb.txn import (FiringOutcome, Transaction, TransactionExtension, run_group, run_inline, set_slot, slot,
-                          stack_is_deep, wait_children)
+from activedb.txn import (FiringOutcome, Transaction, TransactionExtension, TxnState, run_group, run_inline, set_slot,
+                          slot, stack_is_deep, wait_children)
 
 if TYPE_CHECKING:  # pragma: no cover
     from activedb.store import Catalog
@@ -34,6 +34,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 logger = logging.getLogger("activedb.rules")
 
+_ABORTED = TxnState.ABORTED
 _EXECUTED, _CONDITION_FALSE, _FAILED, _CANCELLED = (FiringOutcome.EXECUTED, FiringOutcome.CONDITION_FALSE,
                                                    FiringOutcome.FAILED, FiringOutcome.CANCELLED)
 _IMMEDIATE, _DEFERRED = Coupling.IMMEDIATE, Coupling.DEFERRED
@@ -441,6 +442,8 @@ class RuleManager(TransactionExtension):
                     held = condition(transaction, event)
                     if held is not True and held is not False:
                         check_body_ran(rule, "condition", held)
+                    if transaction.state is _ABORTED:
+                        _aborted_itself(rule, "condition", transaction)
                     if not held:
                         self.count(rule, "condition_false")
                         outcome = _CONDITION_FALSE
@@ -448,11 +451,17 @@ class RuleManager(TransactionExtension):
                 returned = rule.action(transaction, event)
                 if returned is not None:
                     check_body_ran(rule, "action", returned)
+                if transaction.state is _ABORTED:       # (its commit would raise: the trigger gets RuleFailed)
+                    _aborted_itself(rule, "action", transaction)
             elif not condition_then_action(self, transaction, firing):
                 outcome = _CONDITION_FALSE
                 return False
             outcome = _EXECUTED
-        except (DependencyAbort, CascadeLimitExceeded, RuleFailed, TransactionAborted):
+        except (DependencyAbort, CascadeLimitExceeded, RuleFailed, TransactionAborted) as error:
+            if isinstance(error, TransactionAborted) and transaction.state is _ABORTED:
+                # Its own transaction aborted by the condition or action itself (``tx.abort()``), not by an ancestor
+                # (which dooms it: it stays active until it ends): the rule's failure, as the trigger sees it.
+                self._failed(rule, event, error)
             outcome = _CANCELLED
             raise
         except DeadlockDetected as error:
@@ -494,6 +503,13 @@ class RuleManager(TransactionExtension):
                  if firing.coupling is _IMMEDIATE or firing.coupling is _DEFERRED]     # runs_as_subtransaction
         if names:
             self.record.executed(slot(transaction.root, RuleContext), names)
+
+
+def _aborted_itself(rule: Rule, part: str, transaction: Transaction) -> NoReturn:
+    """Raise the TransactionAborted of ``rule``'s ``part`` (condition, action) that aborted ``transaction``, the
+    firing's own, and returned (``_execute`` counts it failed)."""
+    raise TransactionAborted(f"the {part} of rule {rule.name!r} aborted its own transaction {transaction.id} "
+                             f"(tx.abort()) and returned")
 
 
 def _victim_is(transaction: Transaction, error: "DeadlockDetected") -> bool:

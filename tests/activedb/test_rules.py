@@ -1362,3 +1362,32 @@ def test_two_threads_declaring_one_rule_name_at_once_one_is_refused(db):
     with db.engine.connect() as connection:
         assert connection.execute(sa.text("SELECT key FROM items")).scalars().all() == ["first"]
     assert [row["version"] for row in db.rules.persisted() if row["name"] == "clash"] == [1]
+
+
+@pytest.mark.parametrize("then", ["returns", "writes", "condition returns false"])
+@pytest.mark.parametrize("coupling", ["immediate", "deferred"])
+def test_an_action_that_aborts_its_own_transaction_counts_failed(db, then, coupling):
+    """An action (a condition) that calls ``tx.abort()`` on its own transaction (then returns, or writes again)
+    makes its trigger fail with RuleFailed caused by the TransactionAborted; the firing is counted failed, so
+    ``fired`` is the sum of its outcomes (what the metrics and ``bench rules`` check).  Before, it moved none of
+    executed, failed or cancelled (a condition that returned false: condition_false, and its trigger failed)."""
+    name = f"aborts_itself_{coupling}_{then.replace(' ', '_')}"
+
+    def condition(tx, event):
+        tx.abort()
+        return False
+
+    @db.rule(on=db.signalled(name), coupling=coupling, name=name,
+             **({"when": condition} if then.startswith("condition") else {}))
+    def aborts_itself(tx, event):
+        tx.abort()
+        if then == "writes":
+            tx.write("items", "after_abort", value=1)
+
+    with pytest.raises(RuleFailed) as caught:
+        with db.transaction() as tx:
+            tx.signal(name)
+    assert "TransactionAborted" in repr(caught.value.__cause__) or "aborted" in str(caught.value), caught.value
+    counters = db.rules.statistics().per_rule[name]
+    assert counters.fired == 1 and (counters.executed, counters.failed, counters.cancelled,
+                                    counters.condition_false) == (0, 1, 0, 0), counters
