@@ -191,6 +191,7 @@ class Database:
         coroutine or a generator (a plain function handing one back) fails with ``RuleFailed``.
         """
         check_switch("db.rule", "replace", replace, error=RuleError)     # ("false" is true: it would replace)
+        check_switch("db.rule", "enabled", enabled, error=RuleError)     # (1 == True: no flag PostgreSQL stores as such)
 
         def decorate(target: Callable[[Transaction, Event], object] | type[Rule]) -> Rule:
             if isinstance(target, type) and issubclass(target, Rule):

@@ -15,6 +15,7 @@ import hashlib
 import inspect
 import json
 import logging
+import numbers
 import sys
 import threading
 import warnings
@@ -26,7 +27,8 @@ from sqlalchemy.dialects import postgresql
 
 from coupling import ACTION_COUPLINGS, Coupling, CouplingError, may_run_after
 
-from activedb.errors import RuleDefinitionChangedWarning, RuleError, UnknownTable, body_not_run, finite_number
+from activedb.errors import (RuleDefinitionChangedWarning, RuleError, UnknownTable, body_not_run, check_switch,
+                             finite_number)
 from activedb.events import Event, EventKind, EventSpec, Origin
 from activedb.rules._model import FunctionRule, Rule, fingerprint
 
@@ -128,13 +130,18 @@ class RuleRegistry:
                 f"rule {name!r}: action_coupling must be immediate or sequential_causally_dependent, "
                 f"got {rule.action_coupling.value}"
             )
-        if rule.priority is not None and (isinstance(rule.priority, bool)
-                                          or not isinstance(rule.priority, (int, float))
-                                          or not finite_number(rule.priority)):    # (NaN orders nothing; no JSON)
-            raise RuleError(f"rule {name!r}: priority must be a finite number (higher runs first) or None, "
-                            f"got {rule.priority!r}")
-        if rule.enabled not in (True, False):       # (else the registry's insert fails: no boolean, or NULL)
-            raise RuleError(f"rule {name!r}: enabled= must be True or False, got {rule.enabled!r}")
+        priority = rule.priority
+        if priority is not None and (isinstance(priority, bool) or not isinstance(priority, (int, float))
+                                     or not finite_number(priority)):    # (NaN orders nothing; no JSON)
+            kind = type(priority)
+            # (a numpy scalar, a Decimal: a number, but not one the persisted definition's JSON and the priority
+            # groups take as it is — the caller converts it, as it means)
+            other = (f", a {kind.__module__}.{kind.__qualname__}: give int(priority) or float(priority)"
+                     if isinstance(priority, numbers.Number) and not isinstance(priority, (bool, int, float)) else "")
+            raise RuleError(f"rule {name!r}: priority must be a finite int or float (higher runs first) or None, "
+                            f"got {priority!r}{other}")
+        # (else the registry's insert fails — no boolean, or NULL — or takes 1 for True)
+        check_switch(f"rule {name!r}: {type(rule).__name__}", "enabled", rule.enabled, error=RuleError)
         if isinstance(rule, FunctionRule):
             if not callable(rule.action_function()):
                 raise RuleError(f"rule {name!r}: the action must be callable, got {rule.action_function()!r}")

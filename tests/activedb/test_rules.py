@@ -928,10 +928,23 @@ def test_an_event_name_that_is_no_name_is_refused_where_it_is_given(db, make):
 
 def test_an_enabled_flag_that_is_no_boolean_is_refused_at_declaration(db):
     """``enabled=`` is True or False: ``enabled="no"`` failed the declaration with SQLAlchemy's StatementError ('Not a
-    boolean value') and ``enabled=None`` with PostgreSQL's NotNullViolation, neither saying what to give."""
-    for given in ("no", None):
-        with pytest.raises(RuleError, match=rf"rule 'flagged': enabled= must be True or False, got {given!r}"):
+    boolean value') and ``enabled=None`` with PostgreSQL's NotNullViolation, neither saying what to give; ``enabled=1``
+    and ``enabled=1.0`` (equal to True) were declared, and a Rule subclass's ``enabled = 1`` too."""
+    for given in ("no", None, 1, 1.0, 0):
+        with pytest.raises(RuleError, match=rf"db\.rule\(enabled={re.escape(repr(given))}\) takes True or False"):
             db.rule(on=db.signalled("flagged"), name="flagged", enabled=given)(lambda tx, event: None)
+    assert "flagged" not in db.rules.names()
+
+    class Flagged(activedb.Rule):
+        on = db.signalled("flagged")
+        name = "flagged"
+        enabled = 1
+
+        def action(self, tx, event):
+            pass
+
+    with pytest.raises(RuleError, match=r"rule 'flagged': Flagged\(enabled=1\) takes True or False"):
+        db.rules.add(Flagged())
     assert "flagged" not in db.rules.names()
 
 
@@ -958,10 +971,22 @@ def test_a_priority_that_is_no_finite_number_is_refused_as_a_rule_error(db, prio
     declaration with a RuleError saying what a priority is — not PostgreSQL's DataError from the registry's insert.
     So is an integer beyond a float's range (no double precision column holds it), which the check itself let out
     as an OverflowError ('int too large to convert to float')."""
-    with pytest.raises(RuleError, match=r"'unordered': priority must be a finite number"):
+    with pytest.raises(RuleError, match=r"'unordered': priority must be a finite int or float"):
         db.rule(on=db.signalled("unordered"), priority=priority, name="unordered")(lambda tx, event: None)
     assert "unordered" not in db.rules.names()
     assert "unordered" not in {row["name"] for row in db.rules.persisted()}
+
+
+def test_a_priority_of_a_numpy_number_is_refused_saying_which_numbers_a_priority_is(db):
+    """A numpy scalar priority (np.int64(5), read from an array) was refused as "not a finite number" — which it is;
+    the error now says a priority is an int or a float and how to give one."""
+    numpy = pytest.importorskip("numpy")
+    for given in (numpy.int64(5), numpy.float32(0.5)):
+        with pytest.raises(RuleError, match=r"'ranked': priority must be a finite int or float.*got "
+                                            rf"{re.escape(repr(given))}, a numpy\.\w+: give int\(priority\) or "
+                                            r"float\(priority\)"):
+            db.rule(on=db.signalled("ranked"), priority=given, name="ranked")(lambda tx, event: None)
+    assert "ranked" not in db.rules.names()
 
 
 def test_a_rule_s_repr_shows_a_coupling_it_cannot_parse_instead_of_raising():
