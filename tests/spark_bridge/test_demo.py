@@ -4,17 +4,23 @@ is ``tests/examples/test_hand_hygiene.py``'s)."""
 from __future__ import annotations
 
 import io
+import os
+import signal
+import subprocess
+import sys
 
 import pytest
 import sqlalchemy as sa
 from rich.console import Console
 
 import activedb
+from activedb import testing
 from activedb.examples.hand_hygiene import MIGRATIONS, app, queries
 from activedb.examples.hand_hygiene.events import generate
 from activedb.progress import Progress
 from spark_bridge import _demo
 from spark_bridge.errors import SparkBridgeError
+from tests.spark_bridge._waits import DRIVER_WAIT_SECONDS
 
 
 @pytest.mark.spark
@@ -44,3 +50,41 @@ def test_a_failed_demo_query_is_an_activedb_error_naming_the_batch_and_its_cause
     finally:
         progress.close()
         database.close()
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_ctrl_c_while_spark_feeds_the_demo_exits_130_without_a_traceback_and_the_demo_runs_again(tmp_path,
+                                                                                               make_database_url):
+    """Ctrl-C while Spark fed the demo printed two pages of py4j tracebacks ("ERROR:root:KeyboardInterrupt while
+    sending command.", "reentrant call inside <_io.BufferedReader>"): pyspark's own SIGINT handler called into the
+    JVM while the main thread was waiting in a py4j call.  Ctrl-C is sent as a terminal sends it, to the process
+    group, once Spark's first micro-batch committed (the demo then waits in a py4j call for the next); then the demo
+    runs again to its end."""
+    output = tmp_path / "demo.out"
+    command = [sys.executable, "-m", "activedb.cli", "--url", make_database_url("interrupted"), "demo", "--events", "4000"]
+    environment = {**os.environ, "COLUMNS": "200", "ACTIVEDB_HOME": str(tmp_path / "home")}
+    with open(output, "wb") as sink:
+        process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True,
+                                   env=environment)
+    try:
+        def a_batch_committed() -> bool:
+            if process.poll() is not None:
+                raise AssertionError(f"the demo exited with {process.returncode}:\n{output.read_text()[-3000:]}")
+            return "micro-batches committed" in output.read_text()
+
+        testing.wait_until(a_batch_committed, DRIVER_WAIT_SECONDS, "the demo's first micro-batch committed",
+                           describe=lambda: output.read_text()[-3000:])
+        os.killpg(process.pid, signal.SIGINT)              # what Ctrl-C in a terminal does
+        returncode = process.wait(timeout=DRIVER_WAIT_SECONDS)
+        text = output.read_text()
+        assert returncode == 130, text[-3000:]
+        assert "activedb: interrupted" in text, text[-3000:]
+        assert "Traceback" not in text and "ERROR:" not in text and "Exception in thread" not in text, text[-3000:]
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=30)
+    again = subprocess.run(command[:-2], capture_output=True, text=True, env=environment, timeout=DRIVER_WAIT_SECONDS)
+    assert again.returncode == 0, (again.stdout + again.stderr)[-3000:]
+    assert "400 of the 400 rows" in again.stdout, again.stdout[-3000:]
