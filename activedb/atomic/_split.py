@@ -127,9 +127,13 @@ def settle_failed_partition(sink: Ingestion, rows: Rows, query_id: str, batch_id
     every batch).  Returns the number of letters.
 
     From then on a replay of the batch skips this partition (the ledger has it), and the driver — now or
-    after a restart — compensates the partitions that committed."""
+    after a restart — compensates the partitions that committed.  The letters' reason says that replaying them
+    applies this partition alone (the others stay compensated): the whole batch is ingested again from the source."""
     reason = (f"partition {partition} of batch {batch_id} failed for good ({describe(error)}); the source batch "
-              f"was compensated (on_partition_failure='compensate') — replay these rows once the cause is fixed")
+              f"was compensated (on_partition_failure='compensate') and its other partitions stay undone: replaying "
+              f"these rows applies this partition alone and leaves the batch partial — once the cause is fixed, "
+              f"ingest all of the batch's rows again from the source to apply the whole batch (docs/howto/"
+              f"atomic-batches.md)")
     failure = FailureRow(str(LedgerId.parse(query_id).whole()), batch_id, partition, partitions,
                          SplitFailure.COMPENSATE, SplitState.COMPENSATING, describe(error))
     outcome = sink.reject(rows, batch_id, query_id=query_id, reason=reason, participants=(failure,))

@@ -118,3 +118,27 @@ def test_a_forward_failure_of_every_partition_does_not_say_the_others_committed(
     with pytest.raises(PartitionFailed) as one:
         atomic.settle(db, source, 6, 2, atomic.SplitFailure.FORWARD, [failed(1)])
     assert "the other partitions committed" in str(one.value)
+
+
+def test_a_compensated_partitions_letters_say_that_replaying_them_alone_leaves_the_batch_partial(db):
+    """Under ``compensate`` the failed partition's letters said "replay these rows once the cause is fixed": replaying
+    them applies that partition alone while the others stay compensated, so the batch ends partial — against its
+    all-or-nothing.  The reason says so, and that the whole batch is ingested again from the source."""
+    from activedb import atomic
+    from activedb.ingest import Ingestion
+
+    name = f"split{uuid.uuid4().hex[:8]}"
+    ingestion = Ingestion(db, None, source=name)
+    try:
+        assert atomic.settle_failed_partition(ingestion, [{"k": 1}], f"{name}@run#p1", 4, 1, 2,
+                                              ValueError("poisoned")) == 1
+    finally:
+        ingestion.close()
+    with db.engine.connect() as connection:
+        [reason] = connection.execute(sa.text("SELECT reason FROM activedb_dead_letters WHERE query_id = :q"),
+                                      {"q": f"{name}@run#p1"}).scalars()
+    assert reason.startswith("partition 1 of batch 4 failed for good (ValueError: poisoned); the source batch was "
+                             "compensated (on_partition_failure='compensate')"), reason
+    assert "replay these rows once the cause is fixed" not in reason
+    assert "replaying these rows applies this partition alone and leaves the batch partial" in reason, reason
+    assert "ingest all of the batch's rows again from the source" in reason, reason
