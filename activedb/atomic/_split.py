@@ -303,11 +303,14 @@ class SplitBatchStatus:
     compensated: int | None = None
     #: (column, type) the query's batches are partitioned by (the query's row only; None: not recorded).
     partition_key: tuple[str, str] | None = None
+    #: Of the batch's ``partitions``, how many committed their rows (the ledger's partition rows, a failed
+    #: partition's rejection under ``compensate`` not counted); None for the query's row.
+    committed_partitions: int | None = None
 
 
 def split_status(db: DatabaseHandle, query_name: str | None = None) -> list[SplitBatchStatus]:
-    """The scale-out queries' declared policies and their batches with a partition that failed for good,
-    from PostgreSQL (``activedb status``)."""
+    """The scale-out queries' declared policies and their batches with a partition that failed for good, each with
+    how many of its partitions committed, from PostgreSQL (``activedb status``)."""
     with db.engine.connect() as connection:
         queries = connection.execute(sa.text(
             f"SELECT query_id, query_name, partitions, on_partition_failure, partition_key, partition_key_type "
@@ -315,6 +318,9 @@ def split_status(db: DatabaseHandle, query_name: str | None = None) -> list[Spli
         failures = connection.execute(sa.text(
             f"SELECT query_id, batch_id, partition, partitions, policy, state, error, compensated "
             f"FROM {FAILURES_TABLE} ORDER BY query_id, batch_id, partition")).all()
+        committed = _committed_partitions(connection, {(row.query_id, row.batch_id) for row in failures
+                                                       if query_name is None
+                                                       or LedgerId.parse(row.query_id).source == query_name})
     declared = {row.query_id: row for row in queries}
     order = [state.value for state in (SplitState.PENDING_COMPLETION, SplitState.COMPENSATING,
                                        SplitState.COMPLETED, SplitState.COMPENSATED)]
@@ -330,11 +336,32 @@ def split_status(db: DatabaseHandle, query_name: str | None = None) -> list[Spli
         if query_name is not None and name != query_name:
             continue
         state = min((row.state for row in rows), key=order.index)
+        rejected = {row.partition for row in rows if row.state in (SplitState.COMPENSATING.value,
+                                                                   SplitState.COMPENSATED.value)}
         result.append(SplitBatchStatus(
             name, query_id, rows[0].policy, rows[0].partitions, batch_id, state,
             tuple(row.partition for row in rows), rows[0].error,
-            max((row.compensated for row in rows if row.compensated is not None), default=None)))
+            max((row.compensated for row in rows if row.compensated is not None), default=None),
+            committed_partitions=len(committed.get((query_id, batch_id), set()) - rejected)))
     return result
+
+
+def _committed_partitions(connection: sa.Connection, batches: set[tuple[str, int]]
+                          ) -> dict[tuple[str, int], set[int]]:
+    """The partitions of each of ``batches`` (a run's ledger id without a partition, a batch id) the ingestion
+    ledger holds."""
+    if not batches:
+        return {}
+    ledger = sa.table(_LEDGER_TABLE, sa.column("query_id"), sa.column("batch_id"))
+    texts = connection.execute(sa.select(ledger.c.query_id, ledger.c.batch_id).where(sa.or_(*(
+        sa.and_(ledger.c.batch_id == batch_id, ledger.c.query_id.startswith(f"{query_id}#p", autoescape=True))
+        for query_id, batch_id in sorted(batches))))).all()
+    found: dict[tuple[str, int], set[int]] = {}
+    for text, batch_id in texts:
+        parsed = LedgerId.parse(text)
+        if parsed.partition is not None:
+            found.setdefault((str(parsed.whole()), batch_id), set()).add(parsed.partition)
+    return found
 
 
 def unsettled_batches(db: DatabaseHandle, query_id: str) -> set[int]:

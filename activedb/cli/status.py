@@ -57,9 +57,11 @@ def status_command(ctx: click.Context, query_name: str | None, as_json: bool) ->
         failures = database.outbox.failures(limit=detached.failed if as_json else 20)   # (the JSON: all of it)
         without_rule = pending_without_rule(database, detached)
         capture = database.capture.status()
+    declared = _declared_partitions(splits)
     if as_json:
         document = {
-            "ingestion": [dataclasses.asdict(status) for status in statuses],
+            "ingestion": [{**dataclasses.asdict(status), "declared_partitions": declared.get(status.query_name, {})}
+                          for status in statuses],
             "in_progress": [dataclasses.asdict(report) for report in in_progress],
             "split_batches": [dataclasses.asdict(split) for split in splits],
             "detached": dataclasses.asdict(detached),
@@ -81,7 +83,12 @@ def status_command(ctx: click.Context, query_name: str | None, as_json: bool) ->
         table = whole_cells(Table("query", "batches", "last batch", "events", "dead letters", "watermark",
                                   "last commit", title="ingestion (activedb_ingestion_ledger)"))
         for status in statuses:
-            batches = f"{status.batches}" + (f" x {status.partitions} partitions" if status.partitions else "")
+            counts = sorted(set(declared.get(status.query_name, {}).values())) or (
+                [status.partitions] if status.partitions else [])
+            batches = f"{status.batches}" + (f" x {'/'.join(map(str, counts))} partitions" if counts else "")
+            batches += "".join(f"; batch {split.batch_id}: {_committed(split)}" for split in splits
+                               if split.query_name == status.query_name and split.batch_id is not None
+                               and _incomplete(split))
             last = "-" if status.last_batch_id is None else str(status.last_batch_id)     # (only a release: none)
             table.add_row(literal(status.query_name), batches, last, f"{status.events:,}",
                           f"{status.dead_letters:,}",
@@ -97,6 +104,35 @@ def status_command(ctx: click.Context, query_name: str | None, as_json: bool) ->
     print_split_batches(console, splits)
     print_detached(console, detached, failures, without_rule)
     print_capture_backlog(console, capture)
+
+
+def _declared_partitions(splits: list[SplitBatchStatus]) -> dict[str, dict[str, int]]:
+    """Per query name, the partitions each of its scale-out runs declared (``activedb_split_queries``), by run."""
+    from activedb.ingest import LedgerId
+
+    declared: dict[str, dict[str, int]] = {}
+    for split in splits:
+        run = LedgerId.parse(split.query_id).run
+        if split.batch_id is None and split.partitions and run is not None:
+            declared.setdefault(split.query_name, {})[run] = split.partitions
+    return declared
+
+
+def _incomplete(split: SplitBatchStatus) -> bool:
+    """A split batch not settled yet (pending completion, compensating) some of whose partitions the ledger does not
+    hold committed."""
+    from activedb.atomic import SplitState
+
+    return (split.state not in (SplitState.COMPLETED.value, SplitState.COMPENSATED.value)
+            and split.partitions is not None and split.committed_partitions is not None
+            and split.committed_partitions < split.partitions)
+
+
+def _committed(split: SplitBatchStatus) -> str:
+    """``"1 of 2 partitions committed"`` (``"-"`` when not known)."""
+    if split.partitions is None or split.committed_partitions is None:
+        return "-"
+    return f"{split.committed_partitions} of {split.partitions} partitions committed"
 
 
 def print_in_progress(console: Console, reports: list[BatchReport]) -> None:
@@ -171,11 +207,12 @@ def print_split_batches(console: Console, statuses: list[SplitBatchStatus]) -> N
         return
     from rich.table import Table
 
-    table = whole_cells(Table("query", "batch", "policy", "state", "failed partitions", "compensated", "error",
+    table = whole_cells(Table("query", "batch", "policy", "state", "committed", "failed partitions", "compensated",
+                              "error",
                               title="split batches with a partition that failed for good (activedb_split_failures)"))
     for status in failed:
         table.add_row(literal(status.query_name), str(status.batch_id), status.on_partition_failure or "-",
-                      status.state or "-", ", ".join(map(str, status.failed_partitions)),
+                      status.state or "-", _committed(status), ", ".join(map(str, status.failed_partitions)),
                       "-" if status.compensated is None else str(status.compensated), literal(status.error or ""))
     console.print(table)
 

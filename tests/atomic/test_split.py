@@ -142,3 +142,48 @@ def test_a_compensated_partitions_letters_say_that_replaying_them_alone_leaves_t
     assert "replay these rows once the cause is fixed" not in reason
     assert "replaying these rows applies this partition alone and leaves the batch partial" in reason, reason
     assert "ingest all of the batch's rows again from the source" in reason, reason
+
+
+def test_status_shows_a_split_batch_with_a_pending_partition_as_one_of_its_declared_partitions_committed(
+        db, database_url):
+    """A 2-partition split batch whose partition 1 failed for good under ``forward`` (pending completion) read
+    "1 x 1 partitions" in ``activedb status``: the count came from the ledger's committed partitions, not from the
+    partitions the query declared.  It reads "1 x 2 partitions", the batch "1 of 2 partitions committed", and the
+    JSON has the declared count and the committed one (its existing keys kept)."""
+    import json
+
+    from click.testing import CliRunner
+
+    from activedb import atomic
+    from activedb.atomic.errors import PartitionFailed
+    from activedb.cli import main
+    from activedb.ingest import BatchHandler, Ingestion
+
+    class Rows(BatchHandler):
+        validates_rows = False
+
+        def handle(self, tx, batch, ledger):
+            ledger.events = len(batch.rows)
+
+    name = f"split{uuid.uuid4().hex[:8]}"
+    atomic.declare_policy(db, f"{name}@r", name, 2, atomic.SplitFailure.FORWARD)
+    ingestion = Ingestion(db, None, source=name, handler=Rows())
+    try:
+        assert ingestion.process([{"k": 1}], 0, query_id=f"{name}@r#p0").committed
+    finally:
+        ingestion.close()
+    with pytest.raises(PartitionFailed):
+        atomic.settle(db, f"{name}@r", 0, 2, atomic.SplitFailure.FORWARD,
+                      [{"partition": 1, "outcome": None, "failed": True, "error": "PoisonedBatch: refused",
+                        "infrastructure": False}])
+    text = CliRunner().invoke(main, ["--url", database_url, "status", "--query-name", name], env={"COLUMNS": "250"})
+    assert text.exit_code == 0, text.output
+    assert "1 x 1 partitions" not in text.output and "1 x 2 partitions" in text.output, text.output
+    assert "1 of 2 partitions committed" in text.output, text.output
+    shown = CliRunner().invoke(main, ["--url", database_url, "status", "--query-name", name, "--json"])
+    assert shown.exit_code == 0, shown.output
+    document = json.loads(shown.output)
+    [ingested] = document["ingestion"]
+    assert ingested["partitions"] == 1 and ingested["declared_partitions"] == {"r": 2}
+    [batch] = [split for split in document["split_batches"] if split["batch_id"] is not None]
+    assert (batch["partitions"], batch["committed_partitions"], batch["state"]) == (2, 1, "pending completion")
