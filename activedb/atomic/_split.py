@@ -22,7 +22,7 @@ import sqlalchemy as sa
 
 from activedb._handle import DatabaseHandle
 from activedb.atomic._batches import Batches, SplitFailure
-from activedb.atomic.errors import AtomicBatchError, PartitionFailed, UnknownBatch
+from activedb.atomic.errors import AtomicBatchError, BatchNotSettled, PartitionFailed, UnknownBatch
 from activedb.errors import Failure, SerializationConflict, classify
 from activedb.ingest import BatchOutcome, Ingestion, LedgerId, PhaseTimings, Rows
 from activedb.ingest.errors import IngestError, describe
@@ -306,11 +306,18 @@ class SplitBatchStatus:
     #: Of the batch's ``partitions``, how many committed their rows (the ledger's partition rows, a failed
     #: partition's rejection under ``compensate`` not counted); None for the query's row.
     committed_partitions: int | None = None
+    #: The batch's partitions the ledger holds no row of (neither committed nor given up as dead letters): still
+    #: being ingested, or pending completion.  Empty: the batch is settled — compensating it is final.
+    pending_partitions: tuple[int, ...] = ()
 
 
-def split_status(db: DatabaseHandle, query_name: str | None = None) -> list[SplitBatchStatus]:
+def split_status(db: DatabaseHandle, query_name: str | None = None, *,
+                 batch: tuple[str, int] | None = None) -> list[SplitBatchStatus]:
     """The scale-out queries' declared policies and their batches with a partition that failed for good, each with
-    how many of its partitions committed, from PostgreSQL (``activedb status``)."""
+    how many of its partitions committed and which the ledger does not hold, from PostgreSQL (``activedb status``).
+    ``batch`` — (a run's ledger id without a partition, a batch id) —: also that batch when none of its partitions
+    failed, if the run declared its partitions and the ledger holds some of them (state None; compensating checks
+    that it is settled)."""
     with db.engine.connect() as connection:
         queries = connection.execute(sa.text(
             f"SELECT query_id, query_name, partitions, on_partition_failure, partition_key, partition_key_type "
@@ -318,9 +325,9 @@ def split_status(db: DatabaseHandle, query_name: str | None = None) -> list[Spli
         failures = connection.execute(sa.text(
             f"SELECT query_id, batch_id, partition, partitions, policy, state, error, compensated "
             f"FROM {FAILURES_TABLE} ORDER BY query_id, batch_id, partition")).all()
-        committed = _committed_partitions(connection, {(row.query_id, row.batch_id) for row in failures
-                                                       if query_name is None
-                                                       or LedgerId.parse(row.query_id).source == query_name})
+        wanted = {(row.query_id, row.batch_id) for row in failures
+                  if query_name is None or LedgerId.parse(row.query_id).source == query_name}
+        committed = _committed_partitions(connection, wanted | ({batch} if batch is not None else set()))
     declared = {row.query_id: row for row in queries}
     order = [state.value for state in (SplitState.PENDING_COMPLETION, SplitState.COMPENSATING,
                                        SplitState.COMPLETED, SplitState.COMPENSATED)]
@@ -338,11 +345,21 @@ def split_status(db: DatabaseHandle, query_name: str | None = None) -> list[Spli
         state = min((row.state for row in rows), key=order.index)
         rejected = {row.partition for row in rows if row.state in (SplitState.COMPENSATING.value,
                                                                    SplitState.COMPENSATED.value)}
+        held = committed.get((query_id, batch_id), set())
         result.append(SplitBatchStatus(
             name, query_id, rows[0].policy, rows[0].partitions, batch_id, state,
             tuple(row.partition for row in rows), rows[0].error,
             max((row.compensated for row in rows if row.compensated is not None), default=None),
-            committed_partitions=len(committed.get((query_id, batch_id), set()) - rejected)))
+            committed_partitions=len(held - rejected),
+            pending_partitions=tuple(sorted(set(range(rows[0].partitions)) - held))))
+    if batch is not None and batch not in grouped and batch[0] in declared and declared[batch[0]].partitions \
+            and committed.get(batch):
+        run = declared[batch[0]]
+        if query_name is None or run.query_name == query_name:
+            held = committed[batch]
+            result.append(SplitBatchStatus(
+                run.query_name, batch[0], run.on_partition_failure, run.partitions, batch[1],
+                committed_partitions=len(held), pending_partitions=tuple(sorted(set(range(run.partitions)) - held))))
     return result
 
 
@@ -362,6 +379,43 @@ def _committed_partitions(connection: sa.Connection, batches: set[tuple[str, int
         if parsed.partition is not None:
             found.setdefault((str(parsed.whole()), batch_id), set()).add(parsed.partition)
     return found
+
+
+def check_settled(db: DatabaseHandle, query_id: str, batch_id: str) -> None:
+    """Raise :class:`~activedb.atomic.errors.BatchNotSettled` if ``(query_id, batch_id)`` — a batch as lineage names
+    it — is a split batch of a scale-out run some of whose partitions the ledger does not hold
+    (:attr:`SplitBatchStatus.pending_partitions`): compensating it (``db.batches.compensate``) would undo the
+    committed partitions while the others commit later and leave their effects.  A batch whose failed partition
+    was given up as dead letters (``compensate``) is settled; any other batch passes."""
+    parsed = LedgerId.parse(query_id)
+    try:
+        number = int(batch_id)
+    except ValueError:
+        return                  # (no batch a connector numbered)
+    if parsed.run is None or parsed.partition is not None:
+        return
+    pending = [row for row in split_status(db, parsed.source, batch=(query_id, number))
+               if row.query_id == query_id and row.batch_id == number and row.pending_partitions]
+    if not pending:
+        return
+    [row] = pending
+    which = ", ".join(map(str, row.pending_partitions))
+    what = (f"partition {which} of its {row.partitions} has" if len(row.pending_partitions) == 1
+            else f"partitions {which} of its {row.partitions} have")
+    if row.state == SplitState.PENDING_COMPLETION.value:
+        raise BatchNotSettled(
+            f"batch {number} of {query_id} is not settled: {what} not committed — failed for good and pending "
+            f"completion (on_partition_failure='forward'), which restarting the query after the fix applies. "
+            f"Compensating now would undo the committed partitions and leave the restart to apply the others; "
+            f"nothing was compensated. To undo the batch, restart the query with on_partition_failure='compensate' "
+            f"(the failed partition's rows become dead letters and the driver compensates the batch), or compensate "
+            f"once the restart has completed it; `activedb status` shows its state")
+    raise BatchNotSettled(
+        f"batch {number} of {query_id} is not settled: {what} not committed — the query is still ingesting the "
+        f"batch, or stopped midway and completes it when restarted from its checkpoint. Compensating now would undo "
+        f"the committed partitions while the others commit later and leave their effects; nothing was compensated. "
+        f"Wait until every partition of the batch has committed (`activedb status` shows the batches in progress), "
+        f"then compensate")
 
 
 def unsettled_batches(db: DatabaseHandle, query_id: str) -> set[int]:

@@ -60,6 +60,12 @@ class PartitionFailed(AtomicBatchError):
     compensation; a restart resumes it)."""
 
 
+class BatchNotSettled(AtomicBatchError):
+    """A split source batch to compensate has partitions the ledger does not hold yet (still being ingested, or
+    pending completion under ``on_partition_failure="forward"``): compensating it now would undo the committed
+    partitions while the others commit later.  Nothing was compensated."""
+
+
 class CompensationFailed(AtomicBatchError):
     """A compensating transaction failed; the ones before it committed and are recorded, so running the
     same compensation again resumes after them."""

@@ -187,3 +187,53 @@ def test_status_shows_a_split_batch_with_a_pending_partition_as_one_of_its_decla
     assert ingested["partitions"] == 1 and ingested["declared_partitions"] == {"r": 2}
     [batch] = [split for split in document["split_batches"] if split["batch_id"] is not None]
     assert (batch["partitions"], batch["committed_partitions"], batch["state"]) == (2, 1, "pending completion")
+
+
+def test_compensating_a_split_batch_a_partition_of_which_has_not_committed_is_refused_until_it_is_settled(undo_items):
+    """Compensating a split batch while it was still being ingested (partition 0 committed, partition 1 not yet)
+    undid partition 0, and partition 1, committing afterwards, left its effects: the batch ended partial.  A batch
+    the ledger does not hold every declared partition of is refused now, naming it and what to do — in flight, or
+    pending completion under forward — and compensated once settled: every partition committed, or the failed one
+    given up as dead letters under compensate (the driver's own compensation)."""
+    from activedb import atomic
+    from activedb.atomic.errors import AtomicBatchError, PartitionFailed
+    from activedb.ingest import BatchHandler, Ingestion
+
+    db = undo_items
+    name = f"split{uuid.uuid4().hex[:8]}"
+    source = f"{name}@r"
+
+    class Items(BatchHandler):
+        validates_rows = False
+
+        def handle(self, tx, batch, ledger):
+            for row in batch.rows:
+                tx.insert("items", key=row["key"], value=1)
+            ledger.events = len(batch.rows)
+
+    def part(batch_id: int, partition: int) -> list[dict]:
+        return [{"key": f"{name}-{batch_id}-{partition}"}]
+
+    atomic.declare_policy(db, source, name, 2, atomic.SplitFailure.COMPENSATE)
+    ingestion = Ingestion(db, None, source=name, handler=Items(), lineage=True)
+    try:
+        assert ingestion.process(part(3, 0), 3, query_id=f"{source}#p0").committed     # partition 1 in flight
+        with pytest.raises(AtomicBatchError, match=rf"batch 3 of {source} is not settled: partition 1 of its 2 "
+                                                   r"has not committed.*nothing was compensated.*activedb status"):
+            db.batches.compensate((source, 3))
+        assert rows(db, f"{name}-3") == 1
+        assert ingestion.process(part(3, 1), 3, query_id=f"{source}#p1").committed
+        assert len(db.batches.compensate((source, 3)).compensated) == 2 and rows(db, f"{name}-3") == 0
+
+        assert ingestion.process(part(4, 0), 4, query_id=f"{source}#p0").committed     # partition 1 failed: forward
+        with pytest.raises(PartitionFailed):
+            atomic.settle(db, source, 4, 2, atomic.SplitFailure.FORWARD,
+                          [{"partition": 1, "outcome": None, "failed": True, "error": "PoisonedBatch: refused",
+                            "infrastructure": False}])
+        with pytest.raises(AtomicBatchError, match=r"pending completion.*on_partition_failure='compensate'"):
+            db.batches.compensate((source, 4))
+        assert rows(db, f"{name}-4") == 1
+        atomic.settle_failed_partition(ingestion, part(4, 1), f"{source}#p1", 4, 1, 2, ValueError("poisoned"))
+        assert atomic.compensate_split(db, source, 4) == 1 and rows(db, f"{name}-4") == 0
+    finally:
+        ingestion.close()
