@@ -258,13 +258,15 @@ class Batches:
         second call resumes what a crash interrupted (each is compensated at most once).  ``dry_run``:
         the report of what would be undone, nothing changed.  A split batch some partitions of which have not
         committed (still being ingested, or pending completion under ``forward``) is refused first, dry run or not
-        (:class:`~activedb.atomic.errors.BatchNotSettled`)."""
+        (:class:`~activedb.atomic.errors.BatchNotSettled`), unless ``allow_unsafe`` (the query will never finish the
+        batch: its checkpoint is gone)."""
         for switch, value in (("dry_run", dry_run), ("allow_unsafe", allow_unsafe), ("consecutive", consecutive)):
             check_switch("compensate", switch, value, error=LineageError)
         from activedb.atomic._split import check_settled    # (_split builds on this module)
 
-        ref = _ref(source_batch)
-        check_settled(self.db, ref.query_id, ref.batch_id)
+        if not allow_unsafe:
+            ref = _ref(source_batch)
+            check_settled(self.db, ref.query_id, ref.batch_id)
         compensation = self.plan(source_batch, mode=mode, scope=scope, max_rounds=max_rounds,
                                  max_transactions=max_transactions, consecutive=consecutive)
         if dry_run:

@@ -415,7 +415,8 @@ def check_settled(db: DatabaseHandle, query_id: str, batch_id: str) -> None:
         f"batch, or stopped midway and completes it when restarted from its checkpoint. Compensating now would undo "
         f"the committed partitions while the others commit later and leave their effects; nothing was compensated. "
         f"Wait until every partition of the batch has committed (`activedb status` shows the batches in progress), "
-        f"then compensate")
+        f"then compensate; if the query will never finish it (its checkpoint is gone), compensate the committed "
+        f"partitions with allow_unsafe=True (--allow-unsafe)")
 
 
 def unsettled_batches(db: DatabaseHandle, query_id: str) -> set[int]:

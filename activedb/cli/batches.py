@@ -248,7 +248,8 @@ def draw(graph: nx.DiGraph[str], title: str, path: str, notes: Sequence[str] = (
 @click.option("--mode", type=click.Choice(["full", "non-intrusive"]), default="full", show_default=True)
 @click.option("--scope", type=click.Choice(["batch", "independent"]), default="batch", show_default=True)
 @click.option("--dry-run", is_flag=True, help="Print what would be undone; change nothing.")
-@click.option("--allow-unsafe", is_flag=True, help="Restore before-images even where a later transaction used the rows.")
+@click.option("--allow-unsafe", is_flag=True, help="Restore before-images even where a later transaction used the rows, and undo a split batch whose other "
+                   "partitions have not committed (its query will never finish it).")
 @click.option("--app", "app", help="Module or .py file with register(db) declaring the compensations.")
 @click.option("--max-rounds", default=64, show_default=True, type=click.IntRange(min=1),
               help="Bound of the independent-scover closure (with --scope independent).")

@@ -235,5 +235,12 @@ def test_compensating_a_split_batch_a_partition_of_which_has_not_committed_is_re
         assert rows(db, f"{name}-4") == 1
         atomic.settle_failed_partition(ingestion, part(4, 1), f"{source}#p1", 4, 1, 2, ValueError("poisoned"))
         assert atomic.compensate_split(db, source, 4) == 1 and rows(db, f"{name}-4") == 0
+
+        # A batch whose query will never finish it (its checkpoint gone): the refusal says how to undo what committed.
+        assert ingestion.process(part(5, 0), 5, query_id=f"{source}#p0").committed
+        with pytest.raises(AtomicBatchError, match=r"will never finish it.*allow_unsafe=True \(--allow-unsafe\)"):
+            db.batches.compensate((source, 5))
+        assert len(db.batches.compensate((source, 5), allow_unsafe=True).compensated) == 1
+        assert rows(db, f"{name}-5") == 0
     finally:
         ingestion.close()
