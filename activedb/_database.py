@@ -73,6 +73,8 @@ def _logger_name(pool: sa.Pool) -> str:
     return logger.logger.name if isinstance(logger, InstanceLogger) else logger.name
 
 
+#: PostgreSQL's SQLSTATE of a statement refused for want of a privilege (insufficient_privilege).
+_INSUFFICIENT_PRIVILEGE = "42501"
 #: libpq's refusal of a URL option's value: 'invalid sslmode value: "bogus"' (also target_session_attrs, ...).
 _BAD_OPTION_VALUE = re.compile(r'invalid \w+ value: "')
 
@@ -484,7 +486,14 @@ def _connected(url: str | URL | None, config: Config, *, check_schema: bool) -> 
             database.schema.upgrade("head")
             database.outbox.start()
         elif check_schema:
-            state, revision = database.schema.state()
+            try:
+                state, revision = database.schema.state()
+            except sa.exc.ProgrammingError as error:
+                if getattr(error.orig, "sqlstate", None) != _INSUFFICIENT_PRIVILEGE:
+                    raise
+                # A role not granted the version table (one given only its own tables' rights) cannot tell where
+                # activedb's schema is: opened as it is, as before the check (what it may not read it cannot use).
+                state, revision = _migrate.SchemaState.AT_HEAD, None
             if state in (_migrate.SchemaState.BEHIND, _migrate.SchemaState.UNKNOWN):
                 raise _migrate.not_at_head(state, revision, database.describe(),
                                   " (or connect without upgrade=False: connect() upgrades it)")
