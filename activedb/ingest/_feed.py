@@ -72,7 +72,9 @@ def feed(db: IngestDatabase, batches: Iterable[Rows | Batch], *, source: str, ru
     """Feed ``batches`` into ``db`` as source ``source`` (run ``run``), exactly once: each batch (rows — mappings
     or an Arrow table —, numbered by position; or a :class:`Batch` with its own number and watermark) in one
     top-level transaction with its ledger row; a batch the ledger has is skipped, so feeding the same batches
-    again — after a crash at any point — applies nothing twice.  ``mapping``, ``handler`` (the rules by
+    again — after a crash at any point — applies nothing twice (a batch that comes again with another number of
+    rows than it was committed with — other batch boundaries — is refused with an IngestError, nothing of it
+    applied).  ``mapping``, ``handler`` (the rules by
     default), ``known_types``, ``on_phase``, ``lineage`` and ``event_ids_under`` are :class:`Ingestion`'s;
     ``participants(batch)`` adds commit participants to a batch's transaction; ``end_of_stream``: the batches are
     the whole source — after the last, the handler releases what its engine holds back

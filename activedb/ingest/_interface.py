@@ -116,8 +116,9 @@ class Batch:
     """One batch of a source run, as a connector hands it to the core.
 
     Contract (exactly once rests on it): the same ``number`` of a run always carries the same ``rows``; numbers
-    of one run are distinct.  A connector that delivers them in increasing order saves the ledger's question
-    for each batch that follows the last one committed.  ``watermark``: the source's punctuation for the batch
+    of one run are distinct (a batch the ledger has that comes again with another number of rows is refused).  A
+    connector that delivers them in increasing order saves the ledger's question for each batch that follows the
+    last one committed.  ``watermark``: the source's punctuation for the batch
     (UTC; events older are late, and it is punctuated after the commit), or None."""
 
     number: int

@@ -2,7 +2,8 @@
 the batch's PostgreSQL transaction; the ledger's keys (a source run's :class:`~activedb.ingest.LedgerId`
 text and the batch number; why both parts matter: ``README.md`` in this package, "Invariants"); what ingestion
 has committed, read back from PostgreSQL (:func:`ingestion_status` — what ``activedb status`` shows —,
-:func:`batch_committed`, :func:`last_watermark`, :func:`ingested_event_ids`).
+:func:`batch_committed`, :func:`recorded_batch` — what a re-delivered batch is compared with —, :func:`last_watermark`,
+:func:`ingested_event_ids`).
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from activedb._handle import DatabaseHandle
     from activedb.txn import Transaction
 
-__all__ = ["END_OF_STREAM_BATCH", "IngestionLedger", "QueryStatus", "batch_committed", "forget_run", "ingestion_status",
-           "ledger_query_id", "parse_ledger_query_id", "sources_of_run"]
+__all__ = ["END_OF_STREAM_BATCH", "IngestionLedger", "QueryStatus", "RecordedBatch", "batch_committed", "forget_run",
+           "ingestion_status", "ledger_query_id", "parse_ledger_query_id", "recorded_batch", "sources_of_run"]
 
 LEDGER_TABLE = "activedb_ingestion_ledger"
 #: The batch number of a run's end-of-stream release (``Ingestion.end_of_stream``): what a handler's engine still
@@ -186,7 +187,7 @@ def last_watermark(db: DatabaseHandle, query_id: str) -> dt.datetime | None:
 #: every batch's flush, where building and compiling a SQLAlchemy statement would cost more than PostgreSQL's
 #: work for it, and a round trip of its own more still.
 _LEDGER_ROW = (f"INSERT INTO {LEDGER_TABLE} (query_id, batch_id, transaction_id, events, dead_letters, watermark, "
-               f"rule_firings) VALUES (%s, %s, %s, %s, %s, %s, CAST(%s AS jsonb))")
+               f"rule_firings, row_count) VALUES (%s, %s, %s, %s, %s, %s, CAST(%s AS jsonb), %s)")
 #: The same row written in ``write``, where the event ids are recorded after it: refused (no row returned) when the
 #: batch is there already — the ids' own check would otherwise take the duplicate batch for a conflict.
 _LEDGER_ROW_IF_NEW = f"{_LEDGER_ROW} ON CONFLICT DO NOTHING RETURNING batch_id"
@@ -198,7 +199,8 @@ class IngestionLedger(CommitParticipant):
     transaction (``db.transaction(participants=[ledger])``).  A batch already in the ledger raises
     :class:`~activedb.errors.BatchAlreadyCommitted` there, so its effects are never applied twice.
 
-    The sink fills ``events``, ``dead_letters`` and ``watermark`` before the commit; the rule firings
+    The sink fills ``events``, ``dead_letters``, ``watermark`` and ``row_count`` (the rows the batch was
+    delivered with: a re-delivery is compared with it, :func:`recorded_batch`) before the commit; the rule firings
     come from the rule manager.  ``on_flush(batch_id)`` is called when everything is written and the
     PostgreSQL transaction is about to commit (a seam for crash tests).
     """
@@ -211,6 +213,7 @@ class IngestionLedger(CommitParticipant):
         self.events = 0
         self.dead_letters = 0
         self.watermark: dt.datetime | None = None
+        self.row_count: int | None = None      # (None: not known — not compared with a re-delivery)
         self.rule_firings: dict[str, int] = {}
         #: With an event-id column: the query's name and the ids of the events the batch processed,
         #: recorded in the same transaction (duplicate detection across batches and checkpoints).
@@ -240,7 +243,7 @@ class IngestionLedger(CommitParticipant):
         # a batch run at commit records the firings of what its rules did then (``activedb.batch.apply_lowered``).
         self.rule_firings = self.db.rules.firings_in(transaction)
         return (self.query_id, self.batch_id, transaction.log_id, self.events, self.dead_letters, self.watermark,
-                json.dumps(self.rule_firings))
+                json.dumps(self.rule_firings), self.row_count)
 
     def _duplicate(self) -> BatchAlreadyCommitted:
         return BatchAlreadyCommitted(f"batch {self.batch_id} of query {self.query_id!r} was already committed; its "
@@ -288,13 +291,39 @@ def ingested_event_ids(db: DatabaseHandle, query_name: str, event_ids: list[str]
     return {row.event_id: (row.query_id, row.batch_id) for row in rows}
 
 
-def batch_committed(db: DatabaseHandle, query_id: str, batch_id: int) -> bool:
-    """True if ``(query_id, batch_id)`` is in the ingestion ledger of ``db`` (its effects are committed)."""
+@dataclass(frozen=True)
+class RecordedBatch:
+    """What the ledger recorded of a committed batch that a re-delivery is compared with. Immutable.
+
+    ``rows``: how many rows it was delivered with (None: committed before revision 0018_ledger_row_count)."""
+
+    rows: int | None
+
+    def check_delivered_again(self, query_id: str, batch_id: int, rows: int) -> None:
+        """Raise :class:`IngestError` if the batch came again with another number of rows than it was committed
+        with: the source does not replay the same batches, and skipping this one while applying the next would
+        apply some rows twice (or never)."""
+        if self.rows is not None and self.rows != rows:
+            raise IngestError(
+                f"batch {batch_id} of {query_id} was committed with {self.rows} rows and came again with {rows}: the "
+                f"source does not replay the same batches (the same number carries the same rows), so skipping this "
+                f"one and applying the next would apply rows twice or never; nothing of it was applied — feed the "
+                f"same batches as before, or feed these under a new run= (or a new source)")
+
+
+def recorded_batch(db: DatabaseHandle, query_id: str, batch_id: int) -> RecordedBatch | None:
+    """What the ledger of ``db`` recorded of batch ``(query_id, batch_id)``, None if it does not have it."""
     LedgerId.parse(query_id)        # (BadArgument for what is no ledger id's text)
     if isinstance(batch_id, bool) or not isinstance(batch_id, int) or not -2**63 <= batch_id < 2**63:
         raise BadArgument(f"batch_committed(batch_id={batch_id!r}) takes a batch number, an integer (a Batch's number) "
                           f"the ledger's bigint holds")
     ledger = db.table(LEDGER_TABLE)
     with db.catalog.autocommit_connection() as connection:     # (a lost connection: DatabaseUnavailable)
-        return connection.execute(sa.select(ledger.c.batch_id).where(
-            ledger.c.query_id == query_id, ledger.c.batch_id == batch_id)).first() is not None
+        row = connection.execute(sa.select(ledger.c.row_count).where(
+            ledger.c.query_id == query_id, ledger.c.batch_id == batch_id)).first()
+    return None if row is None else RecordedBatch(row.row_count)
+
+
+def batch_committed(db: DatabaseHandle, query_id: str, batch_id: int) -> bool:
+    """True if ``(query_id, batch_id)`` is in the ingestion ledger of ``db`` (its effects are committed)."""
+    return recorded_batch(db, query_id, batch_id) is not None

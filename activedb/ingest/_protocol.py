@@ -25,7 +25,7 @@ from activedb.deadletters import FinalReason, Letter
 from activedb.errors import BatchAlreadyCommitted, SerializationConflict
 from activedb.ingest._failures import find_culprits, is_poison_failure, refused_writes, trial
 from activedb.ingest._interface import Phase, RowEvent, Rows, row_count
-from activedb.ingest._ledger import IngestionLedger, batch_committed, ingested_event_ids
+from activedb.ingest._ledger import IngestionLedger, RecordedBatch, ingested_event_ids, recorded_batch
 from activedb.ingest._letters import BatchLetters, no_cyclic_gc
 from activedb.ingest._mapping import EventMapping, RawEvent, rows_to_events
 from activedb.ingest._outcome import BatchBook, BatchOutcome, PhaseTimings
@@ -302,11 +302,13 @@ def _run_batch(context: BatchContext, handler: BatchHandler, rows: Rows, row_cou
     began = time.perf_counter() - timings.to_arrow
     # A replay of a committed batch is skipped before anything runs; the batch after the one this ingestion
     # committed last cannot be one (BatchBook.follows_committed), nor a batch the connector vouches for: their
-    # round trips to the ledger are saved (a duplicate run is refused at the commit).
+    # round trips to the ledger are saved (a duplicate run is refused at the commit).  A batch the ledger has is
+    # compared with the rows it recorded: one that comes again with another count is refused (_skip).
     ahead: dict[int, int] = {}      # rows dead-lettered ahead of this batch (a rule past its deadline): left out
     if not (fresh or book.follows_committed(query_id, batch_id)):
-        if batch_committed(context.db, query_id, batch_id):
-            return book.skipped(query_id, batch_id, row_count, watermark, timings, began)
+        recorded = recorded_batch(context.db, query_id, batch_id)
+        if recorded is not None:
+            return _skip(context, recorded, query_id, batch_id, row_count, watermark, timings, began, fresh)
         ahead = letters_written_ahead(context.db, query_id, batch_id)
     elif fresh and not book.committed_any(query_id):
         # A batch the connector vouches for may still be the re-run of one a deadline gave up (in a process that
@@ -340,6 +342,7 @@ def _run_batch(context: BatchContext, handler: BatchHandler, rows: Rows, row_cou
             ledger = IngestionLedger(context.db, query_id, batch_id,
                                      on_flush=functools.partial(book.phase, _FLUSH) if book.hears_phases else None)
             ledger.watermark = watermark
+            ledger.row_count = row_count
             if context.mapping is not None and context.mapping.id_column is not None:
                 ledger.query_name = context.event_ids_under
                 ledger.event_ids = [event.event_id for event in batch.events]
@@ -359,12 +362,14 @@ def _run_batch(context: BatchContext, handler: BatchHandler, rows: Rows, row_cou
                     exit_began = time.perf_counter()
             except BatchAlreadyCommitted:
                 book.committed(query_id, batch_id)     # (a duplicate run's: the batch after it is not asked either)
-                return book.skipped(query_id, batch_id, row_count, watermark, timings, began)
+                recorded = None if fresh else recorded_batch(context.db, query_id, batch_id)
+                return _skip(context, recorded, query_id, batch_id, row_count, watermark, timings, began, fresh)
             except SerializationConflict:
                 # Another process feeding the source may have committed this very batch meanwhile (what the attempt
                 # conflicted with): then it is done, not to be re-run — nor a conflict to raise past the attempts.
-                if batch_committed(context.db, query_id, batch_id):
-                    return book.skipped(query_id, batch_id, row_count, watermark, timings, began)
+                recorded = recorded_batch(context.db, query_id, batch_id)
+                if recorded is not None:
+                    return _skip(context, recorded, query_id, batch_id, row_count, watermark, timings, began, fresh)
                 if attempt >= context.batch_attempts:
                     raise
                 logger.info("batch %s of %s conflicted with another process; re-running it (%d of %d)",
@@ -391,6 +396,18 @@ def _run_batch(context: BatchContext, handler: BatchHandler, rows: Rows, row_cou
                            dict(ledger.rule_firings), watermark, timings, attempt)
     book.record(outcome, began)
     return outcome
+
+
+def _skip(context: BatchContext, recorded: RecordedBatch | None, query_id: str, batch_id: int, row_count: int,
+          watermark: dt.datetime | None, timings: PhaseTimings, began: float, fresh: bool) -> BatchOutcome:
+    """The outcome of a batch the ledger has (``recorded``; None: not read) — skipped, unless it came again with
+    another number of rows than it was committed with: then the source does not replay the same batches, and
+    IngestError says so.  A batch the connector vouches for (``fresh``: capture, whose batch from the same position
+    may hold more changes when another process committed it first) is not compared: its duplicate is a concurrent
+    run's, which the connector handles."""
+    if recorded is not None and not fresh:
+        recorded.check_delivered_again(query_id, batch_id, row_count)
+    return context.book.skipped(query_id, batch_id, row_count, watermark, timings, began)
 
 
 def _without_culprits(context: BatchContext, handler: BatchHandler, batch: BatchInput, failure: BaseException,

@@ -1141,3 +1141,48 @@ def test_an_event_deadlocked_by_another_batch_of_the_process_reruns_its_batch_no
         this_wrote.set()
         thread.join(60)
         database.close()
+
+
+def test_batches_fed_again_with_other_boundaries_are_refused_and_nothing_of_them_is_applied(database_url):
+    """The same number always carries the same rows (design note, ``Batch``).  Ten rows fed as 5 + 5 and then
+    again as 3 + 4 + 3 skipped batches 0 and 1 (the ledger has them) and applied batch 2: rows 7 to 9 went in a
+    second time, and nothing said so.  Now the ledger row of a batch records how many rows it had, and a batch that
+    comes again with another count is refused, saying so, before anything of it is applied."""
+    database = app_database(database_url)
+    rows = [{"type": "add", "key": "bounds", "ts": BASE_TIME, "amount": 1, "seq": seq} for seq in range(10)]
+    try:
+        first = feed(database, [rows[:5], rows[5:]], source="boundaries", mapping=app_counters.MAPPING)
+        assert [outcome.committed for outcome in first] == [True, True]
+        with pytest.raises(IngestError, match=r"batch 0 of boundaries was committed with 5 rows and came again with 3"
+                                              r".*nothing of it was applied"):
+            feed(database, [rows[:3], rows[3:7], rows[7:]], source="boundaries", mapping=app_counters.MAPPING)
+        database.rules.wait_idle(60)
+        assert [row[:3] for row in app_state(database)["counters"] if row[0] == "bounds"] == [("bounds", 10, 10)]
+        assert [(status.batches, status.events) for status in ingestion_status(database, "boundaries")] == [(2, 10)]
+        again = feed(database, [rows[:5], rows[5:]], source="boundaries", mapping=app_counters.MAPPING)
+        assert [outcome.committed for outcome in again] == [False, False]     # the same batches: skipped
+    finally:
+        database.close()
+
+
+def test_a_batch_another_run_committed_with_other_rows_is_refused_at_its_commit(database_url):
+    """The batch after the one an ingestion committed last is not looked up (design note, step 1): another run of
+    the source that committed it first — fed with other boundaries — made it a duplicate refused at the flush and
+    skipped, and the next one applied rows a second time.  Now the refused batch is compared with the rows that
+    run recorded, and refused as a re-delivery with other rows is."""
+    database = app_database(database_url)
+    rows = [{"type": "add", "key": "racing", "ts": BASE_TIME, "amount": 1, "seq": seq} for seq in range(10)]
+    ingestion = Ingestion(database, app_counters.MAPPING, source="racing")
+    try:
+        assert ingestion.process(rows[:3], 0, query_id="racing").committed
+        other = activedb.ingest.IngestionLedger(database, "racing", 1)
+        other.row_count = 4                                   # the other run's batch 1: rows 5 to 8
+        with database.transaction(participants=[other]):
+            pass
+        with pytest.raises(IngestError, match=r"batch 1 of racing was committed with 4 rows and came again with 3"):
+            ingestion.process(rows[3:6], 1, query_id="racing")
+        database.rules.wait_idle(60)
+        assert [row[:3] for row in app_state(database)["counters"] if row[0] == "racing"] == [("racing", 3, 3)]
+    finally:
+        ingestion.close()
+        database.close()
