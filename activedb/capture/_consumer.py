@@ -30,7 +30,7 @@ from activedb.capture._position import (KINDS, CapturedChange, Position, Positio
 from activedb.capture.errors import CaptureConflict, CaptureError, CaptureNotInstalled, ConsumerStopped
 from activedb.errors import DatabaseUnavailable, TransactionAborted, check_seconds, check_whole_number
 from activedb.events import age_seconds
-from activedb.ingest import Deadlines, Ingestion, LedgerId
+from activedb.ingest import Deadlines, Ingestion, LedgerId, ReservedSource
 from activedb.rules import FiringOutcome
 from activedb.store import is_connection_failure
 
@@ -161,7 +161,8 @@ class CaptureConsumer:
         #: start position always yields the same batch): the one batch protocol, ledger, dead letters and
         #: statistics of every connector (``ingestion.statistics()``, what metrics watch).
         self._handler = CaptureHandler(name, self._step)
-        self.ingestion = Ingestion(database, source=source_of(name), handler=self._handler, deadlines=deadlines)
+        self.ingestion = Ingestion(database, source=source_of(name), handler=self._handler, deadlines=deadlines,
+                                   owner=ReservedSource.CAPTURE)
         self.ledger_id = str(LedgerId(source_of(name)))
         # The position as this consumer last committed it while leading (None: read it from PostgreSQL).
         self._known_position: Position | None = None

@@ -21,7 +21,7 @@ from activedb.capture._position import CapturedChange, PositionWriter, Step
 from activedb.deadletters import Letter
 from activedb.errors import DatabaseError, DeadlockDetected, SerializationConflict, classify
 from activedb.events import Event
-from activedb.ingest import BatchHandler, BatchInput, IngestionLedger
+from activedb.ingest import BatchHandler, BatchInput, IngestionLedger, ReservedSource
 from activedb.rules import Fired, Firing, FiringOutcome, own_event
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -43,7 +43,7 @@ TRANSIENT = (DeadlockDetected, SerializationConflict)
 
 def source_of(consumer: str) -> str:
     """The ingestion source of consumer ``consumer``'s batches (and its ledger id: capture has no runs)."""
-    return f"capture:{consumer}"
+    return ReservedSource.CAPTURE.source(consumer)
 
 
 def is_capture_source(source: str) -> bool:

@@ -4,7 +4,8 @@ plain Python feed, the replay of dead letters).  Design note: ``README.md`` in t
 
 Public names:
 
-* the interface — :class:`LedgerId`, :class:`Batch`, :class:`Source`, :class:`Phase`, ``Rows``;
+* the interface — :class:`LedgerId`, :class:`Batch`, :class:`Source`, :class:`Phase`, ``Rows``,
+  :class:`ReservedSource` (the source names the replay of dead letters and change capture own);
 * :func:`feed` (the plain connector), :func:`drive` (any pull :class:`Source`), :func:`replay_dead_letters` (and
   :func:`original_query_name`, the source a dead letter came from);
 * :class:`Ingestion` (what a connector holds: ``process``, ``reject``, ``statistics``, …) on an
@@ -32,7 +33,7 @@ from activedb.ingest._database import IngestDatabase
 from activedb.ingest._failures import run_as_event
 from activedb.ingest._feed import RowBatches, drive, feed
 from activedb.ingest._ingestion import Ingestion
-from activedb.ingest._interface import Batch, LedgerId, Phase, Rows, Source
+from activedb.ingest._interface import Batch, LedgerId, Phase, ReservedSource, Rows, Source
 from activedb.ingest._ledger import (
     END_OF_STREAM_BATCH, IngestionLedger, QueryStatus, batch_committed, forget_run, ingestion_status, ledger_query_id,
     parse_ledger_query_id, sources_of_run,
@@ -48,6 +49,6 @@ from activedb.ingest._watch import BatchReport, Deadlines, batches_in_progress
 __all__ = ["END_OF_STREAM_BATCH", "Batch", "BatchHandler", "BatchInProgress", "BatchReport", "Deadlines", "FiringInProgress",
            "batches_in_progress", "BatchInput", "BatchLowering", "BatchOutcome", "EventMapping", "IngestDatabase",
            "IngestStatistics", "Ingestion", "IngestionLedger", "LedgerId", "Phase", "PhaseTimings", "QueryStatus", "RawEvent", "Rejected",
-           "Replayable", "ReplayOutcome", "ReplayResult", "RowBatches", "Rows", "RulesHandler", "Source", "as_mapping",
+           "Replayable", "ReplayOutcome", "ReservedSource", "ReplayResult", "RowBatches", "Rows", "RulesHandler", "Source", "as_mapping",
            "batch_committed", "check_columns", "drive", "errors", "feed", "forget_run", "ingestion_status", "is_arrow", "known_type_names", "ledger_query_id",
            "original_query_name", "parse_ledger_query_id", "replay_dead_letters", "rows_to_events", "run_as_event", "sources_of_run", "to_utc"]

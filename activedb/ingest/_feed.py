@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING
 
 from activedb.errors import check_switch
 from activedb.ingest._ingestion import Ingestion
-from activedb.ingest._interface import Batch, LedgerId, Phase, Rows, Source
+from activedb.ingest._interface import Batch, LedgerId, Phase, ReservedSource, Rows, Source
+from activedb.ingest._ledger import check_source_owner
 from activedb.ingest._mapping import EventMapping
 from activedb.ingest._outcome import BatchOutcome
 from activedb.ingest._protocol import BatchHandler
@@ -68,7 +69,7 @@ def feed(db: IngestDatabase, batches: Iterable[Rows | Batch], *, source: str, ru
          mapping: EventMapping | Mapping[str, object] | None = None, handler: BatchHandler | None = None,
          known_types: Collection[str] | None = None, on_phase: Callable[[Phase, int], None] | None = None,
          lineage: bool = False, event_ids_under: str | None = None, participants: Participants | None = None,
-         end_of_stream: bool = False) -> list[BatchOutcome]:
+         end_of_stream: bool = False, owner: ReservedSource | None = None) -> list[BatchOutcome]:
     """Feed ``batches`` into ``db`` as source ``source`` (run ``run``), exactly once: each batch (rows — mappings
     or an Arrow table —, numbered by position; or a :class:`Batch` with its own number and watermark) in one
     top-level transaction with its ledger row; a batch the ledger has is skipped, so feeding the same batches
@@ -78,16 +79,20 @@ def feed(db: IngestDatabase, batches: Iterable[Rows | Batch], *, source: str, ru
     default), ``known_types``, ``on_phase``, ``lineage`` and ``event_ids_under`` are :class:`Ingestion`'s;
     ``participants(batch)`` adds commit participants to a batch's transaction; ``end_of_stream``: the batches are
     the whole source — after the last, the handler releases what its engine holds back
-    (``Ingestion.end_of_stream``).  Returns the outcomes, in order."""
+    (``Ingestion.end_of_stream``); ``owner`` (the extender tier: the replay of dead letters) is :class:`Ingestion`'s —
+    a ``source`` beginning with ``replay:`` or ``capture:`` is refused without it.  Returns the outcomes, in
+    order."""
     if not isinstance(batches, Iterable):
         raise IngestError(f"batches {batches!r} is not a collection of batches: give feed(db, [[row, ...], ...]) — each "
                           f"batch a sequence of rows (mappings), an Arrow table or a Batch; nothing was applied")
     check_switch("feed", "end_of_stream", end_of_stream, error=IngestError)
+    if isinstance(source, str):     # (what is no name: Ingestion says)
+        check_source_owner("feed", source, owner)
     if participants is not None and not callable(participants):
         raise IngestError(f"feed(participants={participants!r}) takes a function of the batch that returns its commit "
                           f"participants (participants=lambda batch: [...]), or None; nothing was applied")
     ingestion = Ingestion(db, mapping, source=source, handler=handler, known_types=known_types, on_phase=on_phase,
-                          lineage=lineage, event_ids_under=event_ids_under)
+                          lineage=lineage, event_ids_under=event_ids_under, owner=owner)
     try:
         if run is None and LedgerId.parse(source).run is not None:
             parsed = LedgerId.parse(source)

@@ -16,8 +16,9 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from activedb.errors import check_seconds, check_switch, check_whole_number
-from activedb.ingest._interface import LedgerId, Phase, RowEvent, Rows
-from activedb.ingest._ledger import END_OF_STREAM_BATCH, IngestionLedger, check_source_name, last_watermark
+from activedb.ingest._interface import LedgerId, Phase, ReservedSource, RowEvent, Rows
+from activedb.ingest._ledger import (END_OF_STREAM_BATCH, IngestionLedger, check_source_name, check_source_owner,
+                                     last_watermark)
 from activedb.ingest._mapping import EventMapping, as_mapping, check_columns, is_arrow, known_type_names
 from activedb.ingest._outcome import BatchBook, BatchOutcome, IngestStatistics, PhaseTimings
 from activedb.ingest._protocol import BatchContext, BatchHandler, BatchInput, run_batch
@@ -42,7 +43,8 @@ class Ingestion:
     * ``mapping`` — which columns make an event (an :class:`EventMapping` or a dict of its arguments); None for a
       handler that reads the rows itself or a connector that hands over events (change capture);
     * ``source`` — the stable name of the source: the ledger ids' first part, the punctuation source, the name
-      of the batches' transactions (``ingest:<source>``); at most ``SOURCE_NAME_BYTES`` (2048) bytes in UTF-8;
+      of the batches' transactions (``ingest:<source>``); at most ``SOURCE_NAME_BYTES`` (2048) bytes in UTF-8; a
+      name beginning with a :class:`ReservedSource` (``replay:``, ``capture:``) is refused unless ``owner`` is it;
     * ``known_types`` — the event types accepted (default: the handler's, for the rules the types they listen to);
     * ``batch_attempts`` — top-level attempts of a batch that meets serialization conflicts;
     * ``on_phase(phase, batch_id)`` — hears every :class:`Phase` of every batch (a seam for crash tests);
@@ -54,6 +56,8 @@ class Ingestion:
       on a thread of the ingestion's own while the caller waits with the deadlines, and the batch in progress is
       seen (:meth:`batch_in_progress`, ``activedb status``).  None (the default): the batch runs on the caller's
       thread, without deadlines.
+    * ``owner`` — the extender tier, for activedb's own connectors only: the :class:`ReservedSource` whose name
+      ``source`` is (the replay of dead letters, a change-capture consumer); None (the default) for any other.
 
     Thread-safety: see the module docstring.
     """
@@ -61,7 +65,8 @@ class Ingestion:
     def __init__(self, db: IngestDatabase, mapping: EventMapping | Mapping[str, object] | None = None, *, source: str,
                  handler: BatchHandler | None = None, known_types: Collection[str] | None = None,
                  batch_attempts: int = 3, on_phase: Callable[[Phase, int], None] | None = None, lineage: bool = False,
-                 event_ids_under: str | None = None, deadlines: Deadlines | None = None) -> None:
+                 event_ids_under: str | None = None, deadlines: Deadlines | None = None,
+                 owner: ReservedSource | None = None) -> None:
         if mapping is not None:
             try:
                 mapping = as_mapping(mapping)
@@ -70,6 +75,7 @@ class Ingestion:
         if not isinstance(source, str) or not source.strip():
             raise IngestError("the source name must be a non-empty string (it names the source in the ledger)")
         check_source_name("Ingestion", "source", source)
+        check_source_owner("Ingestion", source, owner)
         check_whole_number("Ingestion", "batch_attempts", batch_attempts, 1, " (top-level attempts of a batch)",
                            error=IngestError)
         check_switch("Ingestion", "lineage", lineage, error=IngestError)

@@ -1,6 +1,7 @@
 """The typed interface between a connector and the ingestion core: :class:`LedgerId` (which run of which source
 a batch belongs to), :class:`Batch` (one batch of rows), :class:`Source` (a connector the core pulls batches
-from) and :class:`Phase` (the points of a batch that ``on_phase`` hears).  Design note: ``README.md`` in this
+from), :class:`Phase` (the points of a batch that ``on_phase`` hears) and :class:`ReservedSource` (the source
+names activedb's own connectors own).  Design note: ``README.md`` in this
 package ("The interface").
 
 Everything here is immutable and safe to share between threads.
@@ -20,7 +21,7 @@ from activedb.errors import BadArgument
 if TYPE_CHECKING:  # pragma: no cover
     import pyarrow
 
-__all__ = ["Batch", "LedgerId", "Phase", "RowEvent", "Rows", "Source", "row_count"]
+__all__ = ["Batch", "LedgerId", "Phase", "ReservedSource", "RowEvent", "Rows", "Source", "row_count"]
 
 #: A batch's rows: mappings of column to value, or an Arrow table (``DataFrame.toArrow()``, Flight, Parquet).
 Rows: TypeAlias = "Sequence[Mapping[str, object]] | pyarrow.Table | pyarrow.RecordBatch"
@@ -167,3 +168,26 @@ class Phase(ClosedSet):
     FLUSH = "flush"          # inside the flush: everything written, PostgreSQL's COMMIT is next
     COMMITTED = "committed"  # the batch committed (before its punctuation)
     SKIPPED = "skipped"      # the ledger already had the batch
+
+
+class ReservedSource(ClosedSet):
+    """The beginnings of source names that activedb's own connectors own: their batch numbers mean something
+    there, so a source of another under such a name would fill their ledger slots.  An :class:`Ingestion` (and
+    :func:`feed`) under such a name is refused unless its owner is given, as a member (``owner=`` — the extender
+    tier: no string is taken for it); :meth:`source` is the owner's name for one of its sources."""
+
+    REPLAY = "replay:"      # the replay of dead letters: replay:NAME, batch number = the letter's id
+    CAPTURE = "capture:"    # a change-capture consumer: capture:NAME, batch number = its first change's id
+
+    def source(self, name: str) -> str:
+        """The source name ``name`` has under this owner (``ReservedSource.REPLAY.source("badges")`` is
+        ``replay:badges``)."""
+        return f"{self.value}{name}"
+
+    @property
+    def owner(self) -> str:
+        """Who owns the names, and what its batch numbers are, for messages."""
+        return {ReservedSource.REPLAY: "the replay of dead letters (activedb dead-letters replay), whose batch "
+                                       "numbers are the letters' ids",
+                ReservedSource.CAPTURE: "change capture's consumers (db.capture), whose batch numbers are change "
+                                        "ids"}[self]

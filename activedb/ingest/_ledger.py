@@ -20,7 +20,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 
 from activedb.errors import BadArgument, BatchAlreadyCommitted, SerializationConflict
-from activedb.ingest._interface import LedgerId
+from activedb.ingest._interface import LedgerId, ReservedSource
 from activedb.ingest.errors import IngestError
 from activedb.txn import Along, CommitParticipant
 
@@ -55,6 +55,26 @@ def check_source_name(owner: str, name: str, value: str) -> None:
             f"{owner}({name}={value[:40]!r}…) is a source name of {size} bytes (UTF-8): a source name is at most "
             f"{SOURCE_NAME_BYTES} bytes — the ledger keys batches by it in PostgreSQL indexes whose rows hold at "
             f"most {INDEX_ROW_BYTES} bytes, with room for the run; give a shorter name (nothing was applied)")
+
+
+def check_source_owner(owner_call: str, source: str, owner: ReservedSource | None) -> None:
+    """Raise :class:`IngestError` if the source name ``source`` (given as ``owner_call(source=…)``) begins with a
+    :class:`ReservedSource` other than ``owner`` (None: the caller owns none — a user's feed or Ingestion)."""
+    if owner is not None and not isinstance(owner, ReservedSource):
+        raise IngestError(f"{owner_call}(owner={owner!r}) takes a ReservedSource member, for activedb's own connectors "
+                          f"(the replay of dead letters, change capture), or None; nothing was applied")
+    reserved = next((prefix for prefix in ReservedSource if source.startswith(prefix.value)), None)
+    if reserved is None:
+        if owner is not None:
+            raise IngestError(f"{owner_call}(source={source!r}, owner={owner}) names a source that does not begin "
+                              f"with {owner.value!r}: give owner.source(name); nothing was applied")
+        return
+    if reserved is not owner:
+        others = " or ".join(repr(prefix.value) for prefix in ReservedSource)
+        raise IngestError(
+            f"{owner_call}(source={source!r}) begins with {reserved.value!r}, which is reserved for {reserved.owner}: "
+            f"batches of this source would take their ledger slots, and theirs would then be skipped as already "
+            f"committed — give a name that does not begin with {others}; nothing was applied")
 
 
 def ledger_query_id(query_name: str, run: str, partition: int | None = None) -> str:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from activedb.deadletters import LetterRecord, LetterReplayed
 from activedb.ingest._feed import feed
-from activedb.ingest._interface import Batch, LedgerId, Rows
+from activedb.ingest._interface import Batch, LedgerId, ReservedSource, Rows
 from activedb.ingest._mapping import EventMapping, check_columns, is_arrow
 from activedb.ingest._protocol import BatchHandler
 from activedb.ingest._rules import RulesHandler
@@ -25,7 +25,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["REPLAY_PREFIX", "ReplayOutcome", "ReplayResult", "Replayable", "original_query_name",
            "replay_dead_letters"]
 
-REPLAY_PREFIX = "replay:"
+REPLAY_PREFIX = ReservedSource.REPLAY.value
 
 
 class Replayable(Protocol):
@@ -104,7 +104,7 @@ def replay_dead_letters(db: IngestDatabase, app: Replayable, letters: Iterable[L
         [outcome] = feed(db, [Batch(letter.id, rows)], source=source, mapping=app.mapping,
                          handler=handler() if handler is not None else RulesHandler(app.prefetch),
                          known_types=app.known_types, event_ids_under=original,
-                         participants=lambda batch: [mark])
+                         participants=lambda batch: [mark], owner=ReservedSource.REPLAY)
         result = (ReplayResult.NOT_FOUND if not outcome.committed and mark.missing
                   else ReplayResult.ALREADY_REPLAYED if not outcome.committed
                   else ReplayResult.APPLIED if outcome.events else ReplayResult.REJECTED_AGAIN)

@@ -8,7 +8,7 @@ import types
 import pytest
 
 from activedb import deadletters
-from activedb.ingest import replay_dead_letters
+from activedb.ingest import Ingestion, feed, replay_dead_letters
 from activedb.ingest.errors import IngestError
 from tests.spark_bridge import app_counters
 from tests.spark_bridge._streams import BASE_TIME, app_database, app_state
@@ -122,5 +122,30 @@ def test_letters_of_a_source_named_with_an_at_are_refused_before_any_letter_is_r
             replay_dead_letters(database, APP, [plain, named_with_at])
         assert app_state(database) == before
         assert [letter.replayed_at for letter in deadletters.select(database)] == [None, None]
+    finally:
+        database.close()
+
+
+@pytest.mark.parametrize("prefix", ["replay:", "capture:"])
+def test_a_feed_under_a_source_name_replay_or_capture_owns_is_refused_and_the_letter_still_replays(make_database_url,
+                                                                                                 prefix):
+    """``replay:NAME`` and ``capture:NAME`` are the sources of a dead letter's replay (batch number: the letter's id)
+    and of a capture consumer.  ``feed(source="replay:badges")`` was taken: its batch 0 filled the ledger slot of the
+    replay of letter 0, which then reported "already replayed" for ever, its row never applied.  Now a feed or an
+    Ingestion under such a name is refused, naming the prefix and why, and the letter replays."""
+    database = app_database(make_database_url(f"replay_reserved_{prefix[:-1]}"))
+    row = {"type": "add", "key": "reserved", "ts": BASE_TIME.isoformat(), "amount": 1, "seq": 1}
+    try:
+        with pytest.raises(IngestError, match=rf"feed\(source='{prefix}badges'\) begins with '{prefix}', which is "
+                                              r"reserved for .*nothing was applied"):
+            feed(database, [[row]], source=f"{prefix}badges", mapping=app_counters.MAPPING)
+        with pytest.raises(IngestError, match=rf"Ingestion\(source='{prefix}badges'\) begins with '{prefix}', "
+                                              r"which is reserved"):
+            Ingestion(database, app_counters.MAPPING, source=f"{prefix}badges")
+        with database.transaction() as tx:
+            deadletters.insert(tx, "badges", 0, [deadletters.Letter("why", row)])
+        [stored] = deadletters.select(database)
+        [outcome] = replay_dead_letters(database, APP, [stored])
+        assert (outcome.query_id, outcome.outcome) == ("replay:badges", "applied")
     finally:
         database.close()
