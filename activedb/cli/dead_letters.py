@@ -86,7 +86,8 @@ def dead_letters() -> None:
 @click.option("--limit", type=click.IntRange(min=0), default=50, show_default=True, help="At most this many (0: all).")
 @click.option("--full", is_flag=True, help=f"Print reasons and rows whole (else cut at {LIST_REASON_CHARS}/"
                                            f"{LIST_ROW_CHARS} characters; `show ID` prints one whole).")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table (a list cut by --limit says so on "
+                                                   "stderr).")
 @click.pass_context
 def letters_list(ctx: click.Context, ids: tuple[int, ...] | None, query: str | None, batch: int | None,
                  reason: str | None, include_replayed: bool, limit: int, full: bool, as_json: bool) -> None:
@@ -108,6 +109,8 @@ def letters_list(ctx: click.Context, ids: tuple[int, ...] | None, query: str | N
                                    if key != "original"}, "reason": reason_text,
                                 "raw": row_text if row_cut else letter.raw, "cut": reason_cut or row_cut}
                                for letter, reason_text, row_text, reason_cut, row_cut in rows], indent=2, default=json_default))
+        if total > len(letters):      # (stdout stays the list it was; the table says the same under it)
+            click.echo(f"{len(letters)} of {total} dead letters listed (--limit {limit}); --limit 0 lists all", err=True)
         return
     from rich.table import Table
 

@@ -286,6 +286,23 @@ def test_list_cuts_long_rows_and_show_prints_them_whole(db, database_url):
     assert shown.exit_code == 0 and BIG in shown.output
 
 
+def test_list_json_cut_by_its_limit_says_on_stderr_how_many_match(db, database_url):
+    """``dead-letters list --json`` prints at most ``--limit`` (50 by default) letters and said nothing of the rest
+    (the table says "N more: --limit 0 shows all"), so a script could not tell a list of 50 from one cut at 50.  Now,
+    when the limit cut it, stderr says how many match and how to list all; stdout stays the JSON list it was."""
+    with db.transaction() as tx:
+        deadletters.insert(tx, "limited", 1, [Letter(f"why {n}", {"n": n}) for n in range(3)])
+    runner = CliRunner()
+    cut = runner.invoke(main, ["--url", database_url, "dead-letters", "list", "--query", "limited", "--json",
+                               "--limit", "2"], catch_exceptions=False)
+    assert cut.exit_code == 0, cut.output
+    assert [letter["reason"] for letter in json.loads(cut.stdout)] == ["why 0", "why 1"]
+    assert "2 of 3 dead letters listed (--limit 2); --limit 0 lists all" in cut.stderr, cut.stderr
+    whole = runner.invoke(main, ["--url", database_url, "dead-letters", "list", "--query", "limited", "--json"],
+                          catch_exceptions=False)
+    assert len(json.loads(whole.stdout)) == 3 and whole.stderr == "", whole.stderr
+
+
 @pytest.mark.parametrize("call", [
     lambda db: deadletters.select(db, limit=-1), lambda db: deadletters.select(db, limit="10"),
     lambda db: deadletters.select(db, LetterFilter(ids=5)), lambda db: deadletters.count(db, LetterFilter(ids=("7",))),
@@ -426,3 +443,4 @@ def test_the_list_prints_reasons_rows_and_query_names_with_square_brackets_as_th
     assert result.exit_code == 0, result.output
     for shown in ("orders[eu]", "discount[vip]", "[/tmp]", '"[vip]"'):
         assert shown in result.output, (shown, result.output)
+
