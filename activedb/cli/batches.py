@@ -265,7 +265,7 @@ def compensate(ctx: click.Context, query: str, batch: str, mode: str, scope: str
             from activedb.atomic.errors import UnknownBatch
 
             with _spark_form_hint(query):
-                raise UnknownBatch.not_consumed(BatchRef.of(query, batch))
+                raise UnknownBatch.not_consumed(BatchRef.of(query, batch), known=())   # (no lineage: it knows none)
         if app:
             register_app(load_app(app, click.ClickException).register, db, app)
         with _spark_form_hint(query):
