@@ -7,6 +7,7 @@ Public interface::
     explanation.graph                           # networkx.DiGraph: nodes = transactions, edges = waits
     explanation.render("now.png")               # or .svg (matplotlib; no graphviz needed)
     print(explanation.text())                   # the same as indented text
+    explanation.shown_edges()                   # the edges text() and render show (a queue as a chain)
     explanation.save("now.json"); Explanation.load("now.json")
 
     db = activedb.connect(explain_deadlocks=True)
@@ -128,8 +129,24 @@ class Explanation:
     def edge_kinds(self) -> set[str]:
         return {edge.kind for edge in self.edges}
 
+    def shown_edges(self) -> tuple[ExplainEdge, ...]:
+        """The edges ``text()`` and ``render`` show: every edge but the lock waits implied by others on the same
+        resource.  Every queued request waits for every earlier conflicting one (and for the holders), so a queue of
+        n waiters has about n²/2 edges; shown are the waits that no other wait of the same waiter on that resource
+        leads to — each waiter's nearest conflicting predecessor, the first one's holder(s).  An edge of a deadlock
+        cycle is always shown; ``edges`` and ``graph`` keep every wait."""
+        by_resource: dict[str, list[ExplainEdge]] = {}
+        for edge in self.edges:
+            if edge.kind != "child" and edge.resource is not None and not edge.in_cycle:
+                by_resource.setdefault(edge.resource, []).append(edge)
+        implied: set[ExplainEdge] = set()
+        for waits in by_resource.values():
+            implied.update(_implied(waits))
+        return tuple(edge for edge in self.edges if edge not in implied)
+
     def text(self) -> str:
-        """The picture in words: the trees indented, then every wait edge."""
+        """The picture in words: the trees indented, then the waits of :meth:`shown_edges` (and how many are left
+        out)."""
         lines = [f"{self.title} ({self.taken_at})"]
         if self.deadlock:
             lines.append(f"deadlock: {self.deadlock}")
@@ -150,13 +167,17 @@ class Explanation:
             walk(root, 0)
         if not self.nodes:
             lines.append("(no transaction is running)")
-        waits = [edge for edge in self.edges if edge.kind != "child"]
+        waits = [edge for edge in self.shown_edges() if edge.kind != "child"]
         if waits:
             lines.append("waits:")
             for edge in waits:
                 resource = f" {edge.resource}" if edge.resource else ""
                 cycle = "  <- deadlock cycle" if edge.in_cycle else ""
                 lines.append(f"  {edge.waiter} -[{edge.kind}{resource}]-> {edge.target}{cycle}")
+        hidden = sum(edge.kind != "child" for edge in self.edges) - len(waits)
+        if hidden:
+            lines.append(f"  (and {hidden} {'wait' if hidden == 1 else 'waits'} implied by those above — a queued "
+                         f"request waits for every earlier one; .graph has every edge)")
         return "\n".join(lines)
 
     def save(self, path: str | Path) -> Path:
@@ -206,6 +227,35 @@ class Explanation:
             raise PictureError(f"cannot draw {path}: {error.strerror or error} (choose a file in a folder you may "
                                f"write)") from None
         return path
+
+
+def _implied(waits: list[ExplainEdge]) -> set[ExplainEdge]:
+    """The edges of ``waits`` (lock waits on one resource) that another path of ``waits`` leads along too: ``w -> t``
+    where some other ``w -> p`` of ``w`` reaches ``t``.  Reachability as bit sets in a topological order, so a queue of
+    n waiters costs about its n²/2 edges; waits that form a cycle (a picture edited by hand) are all kept."""
+    import graphlib
+
+    targets: dict[str, list[ExplainEdge]] = {}
+    for edge in waits:
+        targets.setdefault(edge.waiter, []).append(edge)
+    bit = {tid: 1 << number for number, tid in enumerate({tid for edge in waits for tid in (edge.waiter, edge.target)})}
+    try:
+        order = list(graphlib.TopologicalSorter({waiter: [edge.target for edge in edges]
+                                                 for waiter, edges in targets.items()}).static_order())
+    except graphlib.CycleError:
+        return set()
+    reach: dict[str, int] = {}          # the nodes a node's waits lead to (itself not included)
+    implied: set[ExplainEdge] = set()
+    for tid in order:                   # (a node's targets come before it)
+        beyond = 0                      # reached through one of its targets
+        for edge in targets.get(tid, ()):
+            beyond |= reach[edge.target]
+        reach[tid] = beyond
+        for edge in targets.get(tid, ()):
+            reach[tid] |= bit[edge.target]
+            if beyond & bit[edge.target]:
+                implied.add(edge)
+    return implied
 
 
 # --- building an explanation -------------------------------------------------------------------------

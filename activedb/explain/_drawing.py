@@ -44,6 +44,7 @@ _CHARACTER_INCHES = 0.068    # the width of an average character at the boxes' f
 _MAX_BEND = 0.9              # the largest bend tried (matplotlib's arc3 rad)
 _MAX_BULGE_LEVELS = 0.9      # how far a bent wait may leave its straight line, in levels of the tree
 _REGISTERED_KINDS = ("dependency", "nested", "children")
+_MIN_ROW = 12                # single-transaction trees in a row before they wrap (see _layout)
 
 
 def forest(nodes: tuple[ExplainNode, ...]) -> tuple[list[ExplainNode], dict[str, list[ExplainNode]]]:
@@ -82,13 +83,15 @@ def forest(nodes: tuple[ExplainNode, ...]) -> tuple[list[ExplainNode], dict[str,
 def _layout(explanation: Explanation) -> dict[str, tuple[float, float]]:
     """Tidy tree layout: each leaf one column, a parent centred over its children, trees side by side;
     trees of a single transaction (typically the waiters) go in a row of their own below the others, so
-    that the edges between trees stay short."""
+    that the edges between trees stay short — in rows of as many as the trees above are wide, at least
+    ``_MIN_ROW`` and about the square root of their number, when there are more of them (a queue of hundreds of
+    waiters on one row makes a picture about as wide as high, not one row hundreds of boxes long)."""
     tree_roots, tree_children = forest(explanation.nodes)
     children = {tid: [kid.tid for kid in kids] for tid, kids in tree_children.items()}
     roots = [root.tid for root in tree_roots]
     big = [root for root in roots if children.get(root)]
     single = [root for root in roots if not children.get(root)]
-    if not big:
+    if not big and len(single) <= _MIN_ROW:
         big, single = single, []
     positions: dict[str, tuple[float, float]] = {}
     column = [0.0]
@@ -110,12 +113,39 @@ def _layout(explanation: Explanation) -> dict[str, tuple[float, float]]:
         place(root, 0)
         column[0] += 0.35                    # a gap between trees
     if single:
-        width = max(column[0] - 0.35, float(len(single)))
-        step = width / len(single)
-        row = -float(deepest[0] + 1) - 0.15
+        above = column[0] - 0.35 if big else 0.0
+        per_row = max(int(above), _MIN_ROW, math.ceil(math.sqrt(len(single))))
+        if len(single) > per_row:            # wrapped: each waiter after the one it waits for
+            single = _in_wait_order(single, explanation)
+        in_row = min(per_row, len(single))
+        step = max(above, float(in_row)) / in_row
+        first_row = -float(deepest[0] + 1) - 0.15 if big else 0.0
         for index, root in enumerate(single):
-            positions[root] = (step * (index + 0.5) - 0.5, row)
+            row, place_in_row = divmod(index, per_row)
+            positions[root] = (step * (place_in_row + 0.5) - 0.5, first_row - row)
     return positions
+
+
+def _in_wait_order(tids: list[str], explanation: Explanation) -> list[str]:
+    """``tids`` ordered by how many shown waits lead from each to one that waits for nothing (stable): a queue's
+    waiters in its order, the first one's holder before them."""
+    targets: dict[str, list[str]] = {}
+    for edge in explanation.shown_edges():
+        if edge.kind != "child":
+            targets.setdefault(edge.waiter, []).append(edge.target)
+    depth: dict[str, int] = {}
+    for start in tids:
+        stack, on_path = [start], {start}
+        while stack:                        # (iterative: a queue of thousands is no recursion limit)
+            tid = stack[-1]
+            pending = [target for target in targets.get(tid, ()) if target not in depth and target not in on_path]
+            if pending:
+                stack.append(pending[0])
+                on_path.add(pending[0])
+                continue
+            depth[tid] = 1 + max((depth.get(target, 0) for target in targets.get(tid, ())), default=-1)
+            on_path.discard(stack.pop())
+    return sorted(tids, key=lambda tid: depth[tid])
 
 
 def _label(node: ExplainNode) -> str:
@@ -193,7 +223,10 @@ def _clipped_curve(p0: _Point, p2: _Point, rad: float, start_box: _Box, end_box:
 def _crosses(p0: _Point, p2: _Point, rad: float, boxes: list[_Box]) -> bool:
     """True if the arc ``p0 -> p2`` bent by ``rad`` passes through one of ``boxes``."""
     control = _control(p0, p2, rad)
-    return any(_inside(_point(p0, control, p2, step / 60), box) for step in range(1, 60) for box in boxes)
+    # The arc stays within the triangle of its three points: only the boxes meeting that triangle's bounds count.
+    xs, ys = (p0[0], control[0], p2[0]), (p0[1], control[1], p2[1])
+    near = [box for box in boxes if box[0] <= max(xs) and box[2] >= min(xs) and box[1] <= max(ys) and box[3] >= min(ys)]
+    return any(_inside(_point(p0, control, p2, step / 60), box) for step in range(1, 60) for box in near)
 
 
 def draw(explanation: Explanation, dpi: int) -> Figure:
@@ -215,7 +248,8 @@ def draw(explanation: Explanation, dpi: int) -> Figure:
     # A wait between distant boxes is bent around the boxes between them: at most ``bulge`` away from the
     # straight line.  One along a row, past other boxes, may leave the rows: the picture has room for that.
     bulge = y_scale * _MAX_BULGE_LEVELS
-    along_rows = [abs(points[edge.waiter][0] - points[edge.target][0]) for edge in explanation.edges
+    shown = explanation.shown_edges()           # (a queue's waits implied by others are not drawn)
+    along_rows = [abs(points[edge.waiter][0] - points[edge.target][0]) for edge in shown
                   if edge.kind != "child" and edge.waiter in points and edge.target in points
                   and abs(points[edge.waiter][1] - points[edge.target][1]) < y_scale / 2]
     longest = max((distance for distance in along_rows if distance > 1.5 * x_scale), default=0.0)
@@ -253,8 +287,8 @@ def draw(explanation: Explanation, dpi: int) -> Figure:
 
     kinds_drawn: dict[str, None] = {}           # in the order first drawn
     pair_count: dict[frozenset[str], int] = {}
-    waited = {(edge.waiter, edge.target) for edge in explanation.edges if edge.kind != "child"}
-    for edge in explanation.edges:
+    waited = {(edge.waiter, edge.target) for edge in shown if edge.kind != "child"}
+    for edge in shown:
         if edge.waiter not in points or edge.target not in points:
             continue
         if edge.kind == "child" and (edge.waiter, edge.target) in waited:

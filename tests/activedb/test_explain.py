@@ -594,3 +594,50 @@ def test_a_timeout_that_is_no_wait_is_a_usage_error_naming_the_option(tmp_path, 
     result = CliRunner().invoke(main, ["--home", str(tmp_path / "home"), "explain", "--pid", "1", "--timeout", timeout])
     assert result.exit_code == 2 and "Invalid value for '--timeout'" in result.output, result.output
     assert "request(" not in result.output, result.output
+
+
+def test_three_hundred_waiters_on_one_row_give_a_text_and_a_picture_that_grow_with_the_waiters(db, tmp_path):
+    """Every queued request waits for every earlier conflicting one, so the lock table of 300 writers of one row has
+    about 45,000 wait edges: text() listed each (45,754 lines) and render() drew each (did not finish in 300 s, a
+    user ran explain during such an incident). Text and picture show each waiter's nearest predecessor in the queue
+    (the first one the holder); ``edges`` and ``.graph`` keep every wait."""
+    waiters = 300
+    holding, release = threading.Event(), threading.Event()
+    failures: list[BaseException] = []
+    ids: dict[str, str] = {}
+
+    def writer(number: int):
+        def body() -> None:
+            with db.transaction(name=f"w{number}") as tx:
+                tx.write("items", "k", value=number)
+        return body
+
+    with Watchdog(4 * TIMEOUT, db.transactions.locks):
+        threads = [guarded(row_holder(db, "k", ids, holding, release), failures)]
+        threads[0].start()
+        assert holding.wait(TIMEOUT)
+        for number in range(waiters):
+            threads.append(guarded(writer(number), failures))
+            threads[-1].start()
+        explanation = explained_when(db, lambda: db.transactions.locks.statistics().waiting == waiters,
+                                     f"{waiters} writers never all waited", release, threads)
+    assert failures == [] and not any(thread.is_alive() for thread in threads)
+
+    waits = [edge for edge in explanation.edges if edge.kind != "child"]
+    assert len(waits) > waiters * (waiters - 1) // 2, "every wait stays in the data"
+    assert explanation.graph.number_of_edges() >= len(waits)
+    text = explanation.text()
+    lines = text.splitlines()
+    assert len(lines) < 4 * waiters, f"text() has {len(lines)} lines for {waiters} waiters"
+    wait_lines = [line for line in lines if " -[" in line]
+    assert len(wait_lines) == waiters, wait_lines[:5]
+    first = [line for line in wait_lines if line.endswith(f"-> {ids['holder']}")]
+    assert len(first) == 1, f"only the first waiter is shown waiting for the holder: {first[:5]}"
+    assert "implied" in text
+    png = explanation.render(tmp_path / "queue.png", dpi=40)
+    from PIL import Image
+
+    with Image.open(png) as picture:
+        width, height = picture.size
+    assert width * height < 3_000 * 3_000 and max(width, height) < 4 * min(width, height), (width, height)
+    assert Explanation.load(explanation.save(tmp_path / "queue.json")) == explanation
