@@ -195,3 +195,17 @@ def test_the_demos_dead_letters_replay_through_the_rule_based_app(activedb_make_
     finally:
         db.close()
     assert not [reason for (reason,) in again if "type" in reason.lower() and "unknown" in reason.lower()], again
+
+
+def test_run_demo_of_one_event_says_one_event_and_no_status_change(activedb_make_url, capsys):
+    """With one event and one worker the story said "1 events in 1 micro-batch transactions", "1 are safe … (1
+    workers)", and "Every status change below …:" followed by nothing, as no status changed."""
+    run_demo(url=activedb_make_url(), events=1, workers=1, seed=3, use_spark=False)
+    output = " ".join(capsys.readouterr().out.split())          # rich wraps long lines
+    assert "fed 1 event in 1 micro-batch transaction and" in output, output
+    assert "1 is safe" in output and "(1 worker)" in output, output
+    assert "Every status change below" not in output, output
+    assert "No worker's status changed" in output, output
+    for wrong in ("1 events", "1 micro-batch transactions", "1 are ", "(1 workers)", "1 stream transactions",
+                  "1 rows", "1 violations", "1 badge events", "of 1 workers"):
+        assert wrong not in output, (wrong, output)
