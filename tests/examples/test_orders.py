@@ -12,6 +12,7 @@ import sqlalchemy as sa
 
 import activedb
 from activedb import Database, Event, Transaction
+from activedb.errors import InvalidKey
 from activedb.examples.orders import MIGRATIONS, totals
 from activedb.testing import InterleavingFailed, Interleavings, Verdict
 
@@ -109,3 +110,13 @@ def test_the_runner_finds_the_update_a_rule_loses_by_reading_outside_its_transac
         assert (again.verdict, again.invariant, again.trace) == (failure.verdict, failure.invariant, failure.trace)
     finally:
         db.close()
+
+
+def test_an_order_is_inserted_with_its_id_as_the_example_says(orders):
+    """``orders.id`` is a key the writer assigns (no default): an insert without it is refused, naming the key, and
+    the module's docstring says to give it — it did not, and ``tx.insert("orders", customer=…, amount=…)`` failed."""
+    import activedb.examples.orders as example
+
+    with pytest.raises(InvalidKey, match="insert into 'orders' needs a value for the key column 'id'"):
+        orders.run(lambda tx: tx.insert("orders", customer="ann", amount=Decimal("1.00")))
+    assert "tx.insert(\"orders\", id=" in " ".join((example.__doc__ or "").split())
