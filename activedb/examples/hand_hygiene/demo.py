@@ -31,6 +31,7 @@ from rich.table import Column, Table
 
 import activedb
 from activedb import Coupling, deadletters
+from activedb.errors import BadArgument
 from activedb.progress import Progress
 from activedb.plugins import load_feed
 from activedb.examples.hand_hygiene import MIGRATIONS
@@ -206,18 +207,27 @@ def write_event_files(directory: str | Path, *, events: int = 400, workers: int 
                       per_file: int = EVENTS_PER_FILE, console: Console | None = None) -> list[Path]:
     """Write ``generate(workers, events, seed)`` as JSON-lines files of ``per_file`` events into
     ``directory`` (arrival order; files in name and modification-time order), for ``activedb run
-    activedb.examples.hand_hygiene.app --source file:DIR``.  Returns the files."""
+    activedb.examples.hand_hygiene.app --source file:DIR``.  Returns the files.
+
+    ``directory`` is made if missing; one that holds anything is refused with :class:`~activedb.errors.BadArgument`
+    and nothing is written: a file source reads every file of its folder as the stream, so files added beside
+    others would be read with them (the same events twice: the second copy late, dead letters)."""
     console = console or _console()
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
+    held = sum(1 for _ in directory.iterdir())
+    if held:
+        raise BadArgument(
+            f"cannot write the events into {directory}: it holds {held} {'file' if held == 1 else 'files'}, and "
+            f"`activedb run --source file:{directory}` would read them with the new ones as one stream; give an "
+            f"empty or new folder (or remove what is in this one)")
     stream = generate(workers, events, seed)
     written = []
     now = time.time()
-    existing = len(list(directory.glob("badges-*.json")))
-    for number, start in enumerate(range(0, len(stream), per_file), start=existing):
+    for number, start in enumerate(range(0, len(stream), per_file)):
         path = directory / f"badges-{number:04d}.json"
         path.write_text("".join(json.dumps(event) + "\n" for event in stream[start:start + per_file]))
-        os.utime(path, (now + number - existing, now + number - existing))   # Spark reads files oldest first
+        os.utime(path, (now + number, now + number))   # Spark reads files oldest first
         written.append(path)
     console.print(f"wrote {len(stream)} badge events of {workers} workers (seed {seed}) into {len(written)} files "
                   f"in {directory}", highlight=False)
