@@ -46,7 +46,8 @@ class Server(Protocol):
 @dataclass(frozen=True)
 class ServerAtUrl:
     """A server given by the URL of a user that may create databases: the URL's host, port, user, password and
-    options, any database name."""
+    options, any database name; the URL's own database (else ``postgres``) is where databases are made and dropped
+    from, so it must be one the user may connect to."""
 
     base: sa.URL
 
@@ -69,9 +70,21 @@ class ServerAtUrl:
         return make_conninfo(**{key: value for key, value in parts.items() if value is not None})
 
 
+#: The database test databases are made and dropped from when the server's URL names none (and on the embedded server).
+MAINTENANCE_DATABASE = "postgres"
+
+
+def _admin_database(server: Server) -> str:
+    """The database :func:`_admin` connects to: the one the server's URL names — a user of managed PostgreSQL may
+    often connect to that one only, not to ``postgres`` — else ``postgres``."""
+    named = server.base.database if isinstance(server, ServerAtUrl) else None
+    return named or MAINTENANCE_DATABASE
+
+
 @contextlib.contextmanager
 def _admin(server: Server, doing: str) -> Iterator["psycopg.Connection[tuple[object, ...]]"]:
-    """An autocommit connection to the server's ``postgres`` database, to ``doing`` there; a failure is a one-line
+    """An autocommit connection to the database the server's URL names, else to ``postgres`` (:func:`_admin_database`),
+    to ``doing`` there; a failure is a one-line
     :class:`DatabaseFixtureError` naming the server (password masked) and where it was given.  The connection waits
     at most the ``connect_timeout`` of the server's connection string, else ``activedb.connect``'s default
     (``EngineOptions.connect_timeout``): a host that drops the packets is given up then, not after the operating
@@ -83,7 +96,8 @@ def _admin(server: Server, doing: str) -> Iterator["psycopg.Connection[tuple[obj
     from activedb import EngineOptions
     from activedb._url import describe_url
 
-    conninfo = server.conninfo("postgres")
+    database = _admin_database(server)
+    conninfo = server.conninfo(database)
     given = conninfo_to_dict(conninfo).get("connect_timeout")
     if given is None:
         conninfo = make_conninfo(conninfo, connect_timeout=EngineOptions.connect_timeout)
@@ -98,8 +112,12 @@ def _admin(server: Server, doing: str) -> Iterator["psycopg.Connection[tuple[obj
                   f"connect_timeout: is the host reachable and does PostgreSQL listen on that port? A server slower "
                   f"to answer: add ?connect_timeout=SECONDS to the URL)"
                   if isinstance(error, psycopg.errors.ConnectionTimeout) else "")
+        if not waited and what == "connect to" and isinstance(server, ServerAtUrl) and not server.base.database:
+            waited = (f" (the URL names no database, so the test databases are made from {MAINTENANCE_DATABASE!r}: "
+                      f"name in the URL a database this user may connect to, or GRANT CONNECT ON DATABASE "
+                      f"{MAINTENANCE_DATABASE} TO {server.base.username or 'the user'})")
         raise DatabaseFixtureError(
-            f"cannot {what} the test server {describe_url(sa.make_url(server.url('postgres')))}: "
+            f"cannot {what} the test server {describe_url(sa.make_url(server.url(database)))}: "
             f"{said[0] if said else type(error).__name__}{waited}; the server is the one of --activedb-url, the "
             f"activedb_url setting or ACTIVEDB_TEST_URL (a user that may create databases), else the embedded "
             f"one") from None

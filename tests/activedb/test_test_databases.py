@@ -192,3 +192,83 @@ def test_a_server_that_never_answers_is_given_up_in_bounded_time_naming_the_host
     assert f"cannot connect to the test server host 127.0.0.1:{port}, database 'postgres'" in said, said
     assert f"no answer within {EngineOptions.connect_timeout} seconds" in said and "connect_timeout=" in said, said
     assert "secret" not in said, said
+
+
+CONFINED_ROLE = "activedb_test_confined"
+
+
+def _connects(conninfo: str) -> bool:
+    try:
+        with psycopg.connect(conninfo, connect_timeout=10):
+            return True
+    except psycopg.OperationalError:
+        return False
+
+
+@pytest.fixture
+def confined(pg_server) -> Iterator[ServerAtUrl]:
+    """The server as seen through the URL of a user who may create databases but may connect only to its own
+    database, not to ``postgres`` (managed PostgreSQL grants CONNECT so): on the embedded server a role with
+    ``CREATEDB``, a database it owns, and a ``reject`` line of ``pg_hba.conf`` for that role and ``postgres`` only —
+    other roles, and the suite's tests, are not affected; the file is restored afterwards."""
+    if not isinstance(pg_server, _embedded.EmbeddedServer):
+        pytest.skip("confining a role to its own database edits the embedded server's pg_hba.conf")
+    password = make_role(pg_server, CONFINED_ROLE, "CREATEDB")
+    own = f"t_confined_{os.getpid()}"
+    hba = pg_server.data_directory / "pg_hba.conf"
+    original = hba.read_text()
+    as_role = sa.make_url(pg_server.url(own)).set(username=CONFINED_ROLE, password=password)
+    role_to_postgres = ServerAtUrl(as_role).conninfo("postgres")
+    with _superuser(pg_server) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{own}" WITH (FORCE)')
+        admin.execute(f'CREATE DATABASE "{own}" OWNER "{CONFINED_ROLE}"')
+    try:
+        hba.write_text(f"local postgres {CONFINED_ROLE} reject\nhost postgres {CONFINED_ROLE} all reject\n"
+                       + original)
+        with _superuser(pg_server) as admin:
+            admin.execute("SELECT pg_reload_conf()")
+        wait_until(lambda: not _connects(role_to_postgres), 30, f"{CONFINED_ROLE} refused by database postgres")
+        assert _connects(ServerAtUrl(as_role).conninfo(own)), f"{CONFINED_ROLE} cannot connect to {own} either"
+        yield ServerAtUrl(as_role)
+    finally:
+        hba.write_text(original)
+        with _superuser(pg_server) as admin:
+            admin.execute("SELECT pg_reload_conf()")
+            admin.execute(f'DROP DATABASE IF EXISTS "{own}" WITH (FORCE)')
+            left = admin.execute("SELECT datname FROM pg_database WHERE datdba = "
+                                 "(SELECT oid FROM pg_roles WHERE rolname = %s)", (CONFINED_ROLE,)).fetchall()
+            for (name,) in left:        # (what a failing test left behind)
+                admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def test_a_user_who_may_not_connect_to_postgres_makes_and_drops_test_databases_through_its_own(pg_server, confined):
+    """Test databases were made and dropped from a connection to ``postgres`` whatever database the URL named: a
+    user of managed PostgreSQL, granted CONNECT on their own database only, could not use the plugin at all."""
+    from activedb.testing._databases import Templates
+
+    templates = Templates(confined, prefix="activedb_confined")
+    try:
+        name, url = templates.database()
+        assert sa.make_url(url).database == name
+        with psycopg.connect(confined.conninfo(name)) as connection:
+            assert connection.execute("SELECT to_regclass('activedb_outbox') IS NOT NULL").fetchone() == (True,)
+        drop_database(confined, name)
+        assert not _exists(pg_server, name)
+    finally:
+        templates.close()
+    with _superuser(pg_server) as admin:
+        left = admin.execute("SELECT datname FROM pg_database WHERE datname LIKE %s",
+                             (f"{templates.prefix}%",)).fetchall()
+    assert left == []
+
+
+def test_a_url_naming_no_database_and_a_user_refused_by_postgres_says_to_name_one(confined):
+    named = confined.base
+    unnamed = ServerAtUrl(sa.URL.create(named.drivername, named.username, named.password, named.host, named.port,
+                                        query=named.query))
+    assert unnamed.base.database is None
+    with pytest.raises(DatabaseFixtureError) as raised:
+        create_database(unnamed, "never_made")
+    said = str(raised.value)
+    assert "cannot connect to the test server" in said and "database 'postgres'" in said, said
+    assert "names no database" in said and "GRANT CONNECT ON DATABASE postgres" in said, said
