@@ -17,6 +17,7 @@ import random
 import re
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Hashable, Iterable, Mapping, Sequence
 
@@ -159,6 +160,23 @@ class Exploration:
         """Raise :class:`InterleavingFailed` with the failing interleaving and how to replay it."""
         if self.failure is not None:
             raise InterleavingFailed(self.describe())
+
+
+#: The databases on which a run was reported hung (:class:`InterleavingHang`): what hung may still run there, and
+#: the pytest plugin's teardown does not wait for it a second time (:func:`reported_hung`).
+_hung: "weakref.WeakSet[Database]" = weakref.WeakSet()
+_hung_mutex = threading.Lock()      # protects _hung (a leaf)
+
+
+def _reported(db: Database) -> None:
+    with _hung_mutex:
+        _hung.add(db)
+
+
+def reported_hung(db: Database) -> bool:
+    """Whether the interleaving runner reported a hang of a run on ``db`` (its rules may still be running)."""
+    with _hung_mutex:
+        return db in _hung
 
 
 class Interleavings:
@@ -319,6 +337,7 @@ class Interleavings:
             self.db.rules.wait_idle()
         except TimeoutError as error:
             graph = diagnostic("read the wait-for graph", lambda: _graph_text(self.db.transactions.locks))
+            _reported(self.db)
             raise InterleavingHang(f"interleaving hung: before the run, {what} did not finish ({error}) — a rule "
                                    f"that never returns?\nwait-for graph:\n{graph}") from None
 
@@ -776,6 +795,7 @@ class _Run(Observer):
         ``lockmgr.testing.DIAGNOSTIC_SECONDS`` and one that fails or takes longer (a hung thread holding the graph
         mutex, or ``condition``) is a line saying so: the hang is reported whatever its state.  Caller does not hold
         ``condition``."""
+        _reported(self.db)
         locks = self.db.transactions.locks
         edges = diagnostic("read the wait-for graph", lambda: _graph_text(locks))
         described = diagnostic("describe the transactions", self._describe)

@@ -9,7 +9,9 @@ setting: ``function``, the default, or ``module``):
 
 * ``activedb_db`` — ``activedb.connect(...)`` on a fresh database: activedb's schema at head and the application's
   Alembic directories applied (the ``activedb_migrations`` setting, or ``@pytest.mark.activedb(migrations=[...])``);
-  the database runs on ``activedb_clock``; closed and dropped at the end;
+  the database runs on ``activedb_clock``; closed and dropped at the end (after its detached firings, for at most
+  ``CLOSE_TIMEOUT`` seconds; after the interleaving runner reported a hang on it, ``AFTER_HANG_TIMEOUT``: what still
+  runs is left running and an :class:`ActivedbHangWarning` says so);
 * ``activedb_url`` — the URL of that database, for code that connects on its own;
 * ``activedb_clock`` — the test database's clock: a :class:`~activedb.clock.ManualClock` (time moves only when the
   test advances it) unless the marker gives another (``clock=SystemClock()``) or a factory of clocks (``clock=
@@ -35,6 +37,7 @@ test or class, are an :class:`ActivedbMarkIgnoredWarning` at collection, naming 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
@@ -61,9 +64,17 @@ if TYPE_CHECKING:  # pragma: no cover
 URL_VARIABLE = "ACTIVEDB_TEST_URL"
 #: Seconds a detached rule firing still running at the end of a test may take before the database is dropped.
 CLOSE_TIMEOUT = 30.0
+#: Seconds the teardown waits for them, and then for the database's close, after the interleaving runner reported a
+#: hang on the database (it has waited for them already): what still runs then is left running.
+AFTER_HANG_TIMEOUT = 2.0
 
 _Arguments = ParamSpec("_Arguments")
 _Made = TypeVar("_Made")
+
+
+class ActivedbHangWarning(pytest.PytestWarning):
+    """The teardown of ``activedb_db`` after the interleaving runner reported a hang: the firings still running were
+    left running, the database closed and dropped without waiting for them (issued at the test's teardown)."""
 
 
 class ActivedbMarkIgnoredWarning(pytest.PytestWarning):
@@ -298,19 +309,55 @@ def activedb_url(activedb_server: Server, activedb_templates: Templates,
 @pytest.fixture(scope=_scope)
 def activedb_db(activedb_url: str, activedb_clock: Clock, activedb_settings: DatabaseSettings) -> Iterator["Database"]:
     """``activedb.connect(...)`` on ``activedb_url``, on ``activedb_clock``; closed at the end (after the detached
-    firings still running, for at most ``CLOSE_TIMEOUT`` seconds)."""
+    firings still running, for at most ``CLOSE_TIMEOUT`` seconds — ``AFTER_HANG_TIMEOUT`` after the interleaving
+    runner reported a hang on it: :func:`_close_after_hang`)."""
     import activedb
 
     database = _made(activedb.connect, activedb_url, clock=activedb_clock, **activedb_settings.connect)
     try:
         yield database
     finally:
-        try:
-            database.rules.wait_idle(CLOSE_TIMEOUT)
-        except TimeoutError:
-            pass                # the database is dropped anyway; the test has had its say
-        finally:
+        from activedb.testing._interleavings import reported_hung
+
+        if reported_hung(database):
+            _close_after_hang(database, activedb_url)
+        else:
+            try:
+                database.rules.wait_idle(CLOSE_TIMEOUT)
+            except TimeoutError:
+                pass                # the database is dropped anyway; the test has had its say
+            finally:
+                database.close()
+
+
+def _close_after_hang(database: Database, url: str) -> None:
+    """Close ``database`` after the interleaving runner reported a hang on it (its firings were waited for then): the
+    firings and the close are waited for ``AFTER_HANG_TIMEOUT`` seconds each, not again ``CLOSE_TIMEOUT`` and the
+    outbox's close; what still runs is left running (the close goes on on a thread of its own and ends once the
+    outbox's wait for the hung group is over) and an :class:`ActivedbHangWarning` says so in one line.  The database
+    is dropped after (``activedb_url``): the sessions of the hung rules are ended with it."""
+    import warnings
+
+    import sqlalchemy as sa
+
+    try:
+        database.rules.wait_idle(AFTER_HANG_TIMEOUT)
+        running = ""
+    except TimeoutError as error:        # (its first sentence: how many, and the rules running)
+        running = str(error).split(". ", 1)[0]
+
+    def close() -> None:
+        with contextlib.suppress(Exception):    # (nobody to tell: the database is being dropped)
             database.close()
+
+    closing = threading.Thread(target=close, name="activedb_db close after a hang", daemon=True)
+    closing.start()
+    closing.join(AFTER_HANG_TIMEOUT)
+    if running or closing.is_alive():
+        warnings.warn(ActivedbHangWarning(
+            f"activedb_db: after the interleaving runner's hang, left running and not waited for again: "
+            f"{running or 'a group transaction the close waits for'}; database {sa.make_url(url).database!r} is "
+            f"closed and dropped without waiting for them"), stacklevel=1)
 
 
 @pytest.fixture

@@ -492,3 +492,54 @@ def test_of_the_module_mark_only(activedb_db):
                         r"activedb_database_scope = module the module's database is made from the module's mark "
                         r"\(pytestmark = pytest\.mark\.activedb\(\.\.\.\)\); move the mark there", output)
     assert sorted(warned) == ["test_scoped.py::TestMarked", "test_scoped.py::test_own_mark"], output
+
+
+HUNG = '''
+import threading
+
+import pytest
+from activedb import Coupling
+from activedb.testing import Interleavings, InterleavingHang
+
+released = threading.Event()
+
+
+@pytest.mark.activedb(record_history=True)
+def test_a_detached_rule_that_never_returns(activedb_db):
+    @activedb_db.rule(on=activedb_db.inserted("customers"), coupling=Coupling.DETACHED, name="never_returns")
+    def never_returns(tx, event):
+        released.wait(300)
+
+    def setup(db):
+        with db.transaction() as tx:
+            tx.insert("customers", name="ann")
+
+    with pytest.raises(InterleavingHang):
+        Interleavings(activedb_db, [lambda db: None], setup=setup, step_timeout=1.0).replay("")
+
+
+def test_z_the_rule_is_released():
+    released.set()
+'''
+
+
+def test_teardown_after_a_reported_hang_is_short_says_the_rule_was_left_running_and_drops_the_database(
+        project, activedb_server):
+    """After the interleaving runner had reported a detached rule that never returns (waiting for it as
+    ``db.rules.wait_idle()`` does, 30 s), the test's teardown waited for it again: ``CLOSE_TIMEOUT`` (30 s), then the
+    outbox's close (10 s), and said nothing.  Now it waits briefly, says in one line that the hung rule was left
+    running, and the database is dropped all the same."""
+    project.makepyfile(test_hung=HUNG)
+    before = databases(activedb_server)
+    result = project.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:randomly",
+                                          f"--activedb-url={activedb_server.url('postgres')}",
+                                          "--durations=0", "--durations-min=0", timeout=300)
+    result.assert_outcomes(passed=2)
+    teardown = re.search(r"([\d.]+)s teardown +test_hung.py::test_a_detached_rule_that_never_returns",
+                         result.stdout.str())
+    assert teardown is not None, result.stdout.str()
+    assert float(teardown.group(1)) < 15.0, f"the teardown after the reported hang took {teardown.group(1)} s"
+    result.stdout.fnmatch_lines(["*ActivedbHangWarning: activedb_db: after the interleaving runner's hang, left "
+                                 "running and not waited for again: *running: never_returns (1)*dropped without "
+                                 "waiting for them"])
+    assert databases(activedb_server) == before                          # the test's database and template dropped
