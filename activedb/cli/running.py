@@ -273,22 +273,30 @@ def what_to_do(error: BaseException, app: str) -> str:
     return f"fix the cause in the application {app} (--verbose logs more), {resume}"
 
 
-#: Words of a dead letter's reason that say the event came too late: the stream's watermark (the sink's
-#: reason, "late: …") or an application's own rule ("older than his last applied event") — not "late" anywhere:
-#: a rule's message or a row's value ("ValueError('late fee')") says nothing of when the event came.
-_LATE = re.compile(r"^late:|\bolder than\b", re.IGNORECASE)
+#: What an application's own rule says of an event that came too late ("… is older than his last applied event"):
+#: read in the rule's words only (a letter of kind ``REJECTED`` or ``RULE_FAILED``), not in a row's value.
+_OLDER = re.compile(r"\bolder than\b", re.IGNORECASE)
 
 
 def dead_letter_hint(database: Database, app: str, name: str, *, started_over: bool, reset: bool,
                      source: str) -> list[str]:
     """What a run command says after a run that wrote dead letters: which of query ``name``'s are late — older than
     the state the application's tables held, so a replay would reject them again — and, for a query that
-    started over on tables earlier runs filled (a new name without ``--reset``), that this is why."""
+    started over on tables earlier runs filled (a new name without ``--reset``), that this is why.  Late: a letter
+    whose kind (``activedb.deadletters.ReasonKind``) is ``LATE`` (the stream's watermark), or a rule's rejection
+    that says the event is "older than" (the application's own lateness rule) — not "late" anywhere: a rule's
+    message or a row's value ("ValueError('late fee')") says nothing of when the event came."""
     from activedb import deadletters
+    from activedb.deadletters import ReasonKind
     from activedb.ingest import ingestion_status
 
+    def came_late(reason: str) -> bool:
+        kind = ReasonKind.of(reason)
+        return kind is ReasonKind.LATE or (kind in (ReasonKind.REJECTED, ReasonKind.RULE_FAILED)
+                                           and _OLDER.search(reason) is not None)
+
     reasons = deadletters.count_by_reason(database, deadletters.LetterFilter(query=name, replayed=False))
-    late = sum(count for reason, count in reasons.items() if _LATE.search(reason))
+    late = sum(count for reason, count in reasons.items() if came_late(reason))
     others = sum(reasons.values()) - late
     lines = []
     if late:

@@ -469,12 +469,13 @@ def test_the_dead_letter_hint_counts_as_late_what_came_late_not_a_reason_that_sa
         connection.execute(sa.text("DELETE FROM activedb_dead_letters"))
         for reason in ("late: ts 1970-01-01T00:00:01+00:00 is older than the watermark",
                        "rejected by rule 'track': LateBadge('exit of w1 at t=3 is older than his last applied event')",
-                       "rejected by rule 'fees': ValueError('late fee unpaid')", "field 'ts' is 'late' (str)"):
+                       "rejected by rule 'fees': ValueError('late fee unpaid')", "field 'ts' is 'late' (str)",
+                       "field 'note' holds 'older than the rest', not text of at most 8 characters"):
             connection.execute(sa.text(
                 "INSERT INTO activedb_dead_letters (query_id, batch_id, reason, raw) VALUES "
                 "('fees@00000000-0000-0000-0000-000000000003', 0, :reason, CAST('{}' AS jsonb))"), {"reason": reason})
     lines = dead_letter_hint(db, "app.py", "fees", started_over=False, reset=False, source="file:in/")
-    assert lines[0].startswith("2 of query fees's dead letters are late") and "the other 2 once" in lines[1], lines
+    assert lines[0].startswith("2 of query fees's dead letters are late") and "the other 3 once" in lines[1], lines
 
 
 def test_the_dead_letter_hint_names_three_earlier_queries_and_counts_the_rest(db):
