@@ -125,7 +125,7 @@ class CaptureHandler(BatchHandler):
         ledger.events = sum(event.event is not None for event in batch.events)
         ledger.dead_letters = len(letters)
         if self._writer is not None:
-            self._writer.failed = len(letters)
+            self._writer.failed = len(letters) + batch.written_ahead     # (a change a deadline gave up, too)
         self.results = results
         self._on_step(Step.FIRED, len(results))
 

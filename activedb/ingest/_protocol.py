@@ -77,7 +77,10 @@ class BatchInput:
     them all; ``dead_letters`` is the batch's dead-letter sink: ``dead_letters.for_events([(event, reason), …])``
     makes letters keeping the original rows of events of this batch, ``dead_letters.insert(tx, letters)`` stores
     them in ``tx``.  ``query_id`` is the run's ledger id (a :class:`~activedb.ingest.LedgerId`'s text),
-    ``query_name`` the source's name."""
+    ``query_name`` the source's name.  ``written_ahead``: how many of the batch's rows a deadline made dead letters
+    ahead of it (a rule that did not return in an earlier run of the batch) — left out of ``events``, their letters
+    stored already; the core counts them in the ledger's ``dead_letters``, a handler that counts failures of its
+    own (capture's ``failed``) adds them."""
 
     rows: Rows
     events: tuple[Any, ...]
@@ -87,6 +90,7 @@ class BatchInput:
     batch_id: int
     watermark: dt.datetime | None
     dead_letters: BatchLetters
+    written_ahead: int = 0
 
     def holds(self, event: object) -> TypeGuard[RowEvent]:
         """Whether ``event`` is one of this batch's ``events`` (the same object; an engine's event
@@ -331,7 +335,7 @@ def _run_batch(context: BatchContext, handler: BatchHandler, rows: Rows, row_cou
 
         batch = BatchInput(
             rows=rows, events=tuple(good), letters=tuple(letters), query_id=query_id, query_name=context.query_name,
-            batch_id=batch_id, watermark=watermark, dead_letters=dead)
+            batch_id=batch_id, watermark=watermark, dead_letters=dead, written_ahead=len(ahead))
         attempt = 0
         unreproduced = False      # a refusal no trial reproduced was met once: the batch was re-run as it was
         while True:
@@ -355,7 +359,7 @@ def _run_batch(context: BatchContext, handler: BatchHandler, rows: Rows, row_cou
                     # Re-run until it commits: an aborted attempt is no outcome for the detached rules it fired.
                     context.db.outbox.mark_replayed(tx)
                     handler.handle(tx, batch, ledger)
-                    ledger.dead_letters += len(ahead)      # rows whose letters a deadline wrote ahead of the batch
+                    ledger.dead_letters += batch.written_ahead   # rows whose letters a deadline wrote ahead of it
                     if trace is not None:       # the commit's span, ended by a participant's committed/aborted
                         trace.commit_started(tx)
                     lowlevel.enlist(tx, ledger)        # last: a participant the handler enlisted writes the counts first

@@ -258,7 +258,8 @@ def test_a_rule_that_never_returns_passes_its_deadline_its_change_is_a_dead_lett
     """A consumer given Deadlines (as `activedb run` takes them): a rule that never returns on one change fails its
     batch at the rule's deadline — nothing of the batch is applied, the change is a dead letter at once, the
     consumer takes no more batches — and a consumer of the name started again (a restarted process) applies the
-    batch without that change, the next change included.  A consumer had no deadline: the rule held it for ever."""
+    batch without that change, the next change included, and `capture status` counts the change as failed.  A
+    consumer had no deadline: the rule held it for ever."""
     db = clean
     never = threading.Event()           # never set while the batch runs: only the deadline ends the wait
 
@@ -293,7 +294,8 @@ def test_a_rule_that_never_returns_passes_its_deadline_its_change_is_a_dead_lett
         assert logged(db, "log") == [("inserted", 50), ("inserted", 52)]
         [status] = ingestion_status(db, "capture:default")
         assert (status.batches, status.events, status.dead_letters) == (1, 2, 1)
-        assert again.position.change_id > 0 and db.capture.status().consumers[0].changes == 0
+        [consumed] = db.capture.status().consumers       # the change dead-lettered ahead counts as failed
+        assert again.position.change_id > 0 and consumed.changes == 0 and consumed.failed == 1, consumed
     finally:
         never.set()
 
