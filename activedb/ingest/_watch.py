@@ -72,7 +72,8 @@ class Deadlines:
     transaction ended at once (row locks released); for a rule, the event it was running on becomes a dead letter
     at once, and a re-run of the batch leaves it out; the batch fails with :class:`BatchDeadlineExceeded` and the
     connector re-delivers it later.  The thread that does not return cannot be stopped: it is abandoned, and the
-    ingestion takes no more batches — the process should end or restart (``activedb run`` restarts itself)."""
+    ingestion takes no more batches — the process should end or restart (``activedb run`` and ``activedb capture
+    consume`` restart themselves)."""
 
     batch: float | None = None
     rule: float | None = None
@@ -279,8 +280,8 @@ class Watch:
         the handler's event running now (the culprit of a rule deadline)."""
         if self.abandoned is not None:
             raise IngestError(f"this ingestion abandoned a batch whose rule never returned ({self.abandoned}); it "
-                              f"takes no more batches: end this process and start it again (activedb run restarts "
-                              f"itself)")
+                              f"takes no more batches: end this process and start it again (activedb's commands that "
+                              f"run an ingestion restart themselves)")
         with self._mutex:
             self._current = _Current(query_id, batch_id, row_count(rows), self._time.now(), dt.datetime.now(_UTC))
         reported = False

@@ -62,7 +62,7 @@ class BatchDeadlineExceeded(IngestError):
         """The whole message, once the culprit's dead letter is written (or not).  ``committed``: the batch's
         transaction had committed before the deadline passed (its thread still ran what follows the commit)."""
         stopped = ("The thread that did not return cannot be stopped: this ingestion takes no more batches — end the "
-                   "process and start it again (activedb run restarts itself)")
+                   "process and start it again (activedb's commands that run an ingestion restart themselves)")
         if committed:
             self.args = (f"{self.what}. The batch had committed before (it is applied: a re-run skips it); what did "
                          f"not return ran after its commit on the batch's thread (a commit participant's committed(), "
@@ -74,8 +74,9 @@ class BatchDeadlineExceeded(IngestError):
             then = (f"its dead letter could not be written ({describe(self.letter_error or IngestError())}): a re-run "
                     f"meets the rule again")
         elif batch_deadline:
-            then = ("a re-run runs it as it was: give batches more time (Deadlines(batch=…), activedb run "
-                    "--batch-deadline) or make them smaller (--max-files-per-trigger)")
+            then = ("a re-run runs it as it was: give batches more time (Deadlines(batch=…), the command's "
+                    "--batch-deadline) or make them smaller (activedb run --max-files-per-trigger, activedb capture "
+                    "consume --batch-size)")
         else:
             then = ("no event of the batch is to blame (a rule of its commit): a re-run runs it as it was — fix or "
                     "disable the rule (activedb rules disable NAME)")

@@ -317,6 +317,7 @@ def test_consume_gives_up_a_rule_past_its_deadline_dead_letters_its_change_and_r
     assert done.returncode == 0, said
     assert "rule 'hangs_on_one' did not return within its deadline of 1 s" in said, said
     assert "restarting this command (1 of at most 3" in said, said
+    assert "activedb run" not in said, said         # the deadline's message names no other command
     assert "capture consumer 'deadline': handled" in said, said
     with psycopg.connect(libpq(database_url)) as connection:
         logged = connection.execute("SELECT order_id FROM order_log WHERE rule = 'hangs_on_one' AND order_id IN "
