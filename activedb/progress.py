@@ -6,6 +6,8 @@ Lines (when stderr is not a terminal) are one per finished step, e.g.
 ``[bench locks] 2/4 threads: done in 3.1 s`` — grep-able, no escape codes, no redraws.  Everything goes to
 **stderr**, so stdout keeps only the result (a table or JSON).
 
+A run's sentences count with :func:`many` ("1 event", "2 events").
+
 Thread-safety: a ``Progress`` is used by the thread that runs the work.
 """
 
@@ -18,6 +20,12 @@ from typing import IO, TYPE_CHECKING, Iterator
 
 if TYPE_CHECKING:
     from rich.progress import TaskID
+
+
+def many(count: int, noun: str, plural: str | None = None) -> str:
+    """``count`` and ``noun``, in the plural unless ``count`` is one: ``noun`` + "s", or ``plural`` where that is
+    not the word ("1 event", "0 events", "2 events"; ``many(2, "batch", "batches")``)."""
+    return f"{count} {noun if count == 1 else plural or noun + 's'}"
 
 
 class Progress:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import sqlalchemy as sa
 
 from activedb.cli.running import StopRequest, exit_at_once
+from activedb.progress import many
 from spark_bridge._cli import _stop_query
 from spark_bridge._sources import write_event_files
 from spark_bridge.errors import SparkBridgeError, describe, first_line
@@ -74,19 +75,21 @@ def feed(db: Database, events: list[dict[str, object]], app: ModuleType, console
     if stop.event.is_set():             # (asked for while the stream's end was released: it is done by now)
         raise KeyboardInterrupt
     console.print(
-        f"fed {len(events)} events through Spark Structured Streaming into the pattern queries: "
-        f"{statistics.batches} micro-batches (each one transaction, punctuated by Spark's watermark) and the "
-        f"end-of-stream release, {statistics.events} stream transactions committed ({released} released at the end "
-        f"of the stream), {statistics.dead_letters} dead letters (late, rejected or malformed)")
+        f"fed {many(len(events), 'event')} through Spark Structured Streaming into the pattern queries: "
+        f"{many(statistics.batches, 'micro-batch', 'micro-batches')} (each one transaction, punctuated by Spark's "
+        f"watermark) and the end-of-stream release, {many(statistics.events, 'stream transaction')} committed "
+        f"({released} released at the end of the stream), {many(statistics.dead_letters, 'dead letter')} (late, "
+        f"rejected or malformed)")
     ledger = db.table("activedb_ingestion_ledger")
     with db.engine.connect() as connection:      # this run's rows only: its query id is new with its checkpoint
         batches, last, applied, letters = connection.execute(sa.select(
             sa.func.count().filter(ledger.c.batch_id != END_OF_STREAM_BATCH), sa.func.max(ledger.c.batch_id),
             sa.func.sum(ledger.c.events), sa.func.sum(ledger.c.dead_letters)).where(
                 ledger.c.query_id == statistics.query_id)).one()
-    console.print(f"ingestion ledger in PostgreSQL for query {statistics.query_id}: {batches} batches committed "
-                  f"(last batch id {last}) and the end-of-stream release (batch {END_OF_STREAM_BATCH}), {applied} "
-                  f"events, {letters} dead letters — {applied + letters} of the {len(events)} rows")
+    console.print(f"ingestion ledger in PostgreSQL for query {statistics.query_id}: "
+                  f"{many(batches, 'batch', 'batches')} committed (last batch id {last}) and the end-of-stream release "
+                  f"(batch {END_OF_STREAM_BATCH}), {many(applied, 'event')}, {many(letters, 'dead letter')} — "
+                  f"{applied + letters} of the {many(len(events), 'row')}")
     return {"dead_letter_query": statistics.query_id}
 
 

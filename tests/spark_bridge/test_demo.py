@@ -53,6 +53,29 @@ def test_a_failed_demo_query_is_an_activedb_error_naming_the_batch_and_its_cause
 
 
 @pytest.mark.spark
+def test_a_demo_of_one_event_through_spark_says_one_event_not_1_events(spark, make_database_url):
+    """The Spark feed's summary of a run of one event said "fed 1 events … 1 micro-batches … 1 stream transactions
+    committed … 1 batches committed … 1 of the 1 rows"; a count of one takes its noun in the singular (``activedb.progress.many``, as
+    the demo's own lines).  A database of its own: the module's holds the refused-ledger test's trigger."""
+    database = activedb.connect(make_database_url("one_event"))
+    progress = Progress.for_stream(label="demo")
+    said = io.StringIO()
+    try:
+        database.upgrade_app(MIGRATIONS)
+        queries.register_rules(database)
+        engine = queries.make_engine(database, record_dead_letters=False)
+        queries.reset(database, engine)
+        _demo.feed(database, generate(1, 1, 5), app, Console(file=said, width=400), progress, engine)
+    finally:
+        progress.close()
+        database.close()
+    text = " ".join(said.getvalue().split())
+    assert "fed 1 event through Spark" in text and "1 micro-batch (" in text, text
+    assert not any(f" 1 {noun}s" in text for noun in ("event", "micro-batche", "stream transaction", "dead letter",
+                                                      "batche", "row")), text
+
+
+@pytest.mark.spark
 @pytest.mark.slow
 def test_ctrl_c_while_spark_feeds_the_demo_exits_130_without_a_traceback_and_the_demo_runs_again(tmp_path,
                                                                                                make_database_url):

@@ -32,7 +32,7 @@ from rich.table import Column, Table
 import activedb
 from activedb import Coupling, deadletters
 from activedb.errors import BadArgument
-from activedb.progress import Progress
+from activedb.progress import Progress, many
 from activedb.plugins import load_feed
 from activedb.examples.hand_hygiene import MIGRATIONS
 from activedb.examples.hand_hygiene import app, queries
@@ -101,7 +101,7 @@ def introduce(console: Console, *, events: int, workers: int, seed: int) -> None
     """What the application is, before anything runs."""
     console.print(Panel.fit(
         "[bold]Hand hygiene in a hospital[/bold] (HyReminder)\n"
-        f"{_many(workers, 'health-care worker')} wear{'s' if workers == 1 else ''} RFID badges with a light: "
+        f"{many(workers, 'health-care worker')} wear{'s' if workers == 1 else ''} RFID badges with a light: "
         "[green]green = safe[/green], "
         "[yellow]yellow = warning[/yellow], [red]red = violation[/red].\n"
         "Sensors report when a worker enters or leaves a patient room, sanitizes his hands or puts on a mask.\n"
@@ -112,7 +112,7 @@ def introduce(console: Console, *, events: int, workers: int, seed: int) -> None
         "  (an alert, a reminder on the badge, an incident report to infection control).\n"
         "A badge event that contradicts where the worker is (a sensor glitch) is rejected: its stream transaction\n"
         "aborts and is compensated. Events arrive out of order; the engine applies them in timestamp order.\n"
-        f"Today: {_many(events, 'generated badge event')} (seed {seed}), about 3 % glitches, 2 % arriving out of "
+        f"Today: {many(events, 'generated badge event')} (seed {seed}), about 3 % glitches, 2 % arriving out of "
         "order.",
         title="activedb demo", border_style="cyan"), highlight=False)
 
@@ -148,11 +148,11 @@ def feed(database, console: Console, *, events: int, workers: int, seed: int, us
     elapsed = time.perf_counter() - started
     result = run.result
     if isinstance(result, DirectFeed):
-        console.print(f"fed {_many(result.events, 'event')} in {_many(result.batches, 'micro-batch transaction')} "
+        console.print(f"fed {many(result.events, 'event')} in {many(result.batches, 'micro-batch transaction')} "
                       f"and the end-of-stream release, each with its ledger row: "
-                      f"{_many(result.processed, 'stream transaction')} committed, {result.failed} aborted, "
-                      f"{_many(result.dead_letters, 'dead letter')} — {result.processed} + {result.dead_letters} of "
-                      f"the {_many(result.events, 'row')}, as the ledger holds; {elapsed:.2f} s including the "
+                      f"{many(result.processed, 'stream transaction')} committed, {result.failed} aborted, "
+                      f"{many(result.dead_letters, 'dead letter')} — {result.processed} + {result.dead_letters} of "
+                      f"the {many(result.events, 'row')}, as the ledger holds; {elapsed:.2f} s including the "
                       f"detached rules", highlight=False)
     return run
 
@@ -269,11 +269,6 @@ def _total(connection, table) -> int:
     return connection.execute(sa.select(sa.func.count()).select_from(table)).scalar_one()
 
 
-def _many(count: int, noun: str) -> str:
-    """``count`` and ``noun``, plural unless it is one ("1 event", "0 events", "2 events")."""
-    return f"{count} {noun}{'' if count == 1 else 's'}"
-
-
 def tell_story(db, console: Console, run: Run) -> dict[str, str]:
     """What happened to the workers: where they ended, the status changes and which query made them,
     alerts, rejected badge events, and one worker's day — all read back from PostgreSQL; returns
@@ -310,7 +305,7 @@ def tell_story(db, console: Console, run: Run) -> dict[str, str]:
     ending = {status: sum(row["status"] == status for row in workers) for status in ("safe", "warning", "violation")}
     console.print(f"At the end of the stream [green]{ending['safe']} {'is' if ending['safe'] == 1 else 'are'} "
                   f"safe[/green], [yellow]{ending['warning']} in warning[/yellow] and [red]{ending['violation']} in "
-                  f"violation[/red] ({_many(len(workers), 'worker')}).")
+                  f"violation[/red] ({many(len(workers), 'worker')}).")
     if transitions:
         console.print("Every status change below was made by a query's rule inside the stream transaction of the "
                       "badge event that completed the pattern (audit trail: status_changes):", highlight=False)
@@ -322,13 +317,13 @@ def tell_story(db, console: Console, run: Run) -> dict[str, str]:
         cause = "" if edge is None else f"  — {edge[0]} ({edge[1]}): {edge[2]}"
         console.print(f"  {count:>4} × {old} → {new} on {event}{cause}", highlight=False)
     reminders, reports = channels.get("badge", 0), channels.get("infection_control", 0)
-    console.print(f"{_many(alert_total, 'violation')} raised an alert: {_many(reminders, 'reminder')} went to the "
-                  f"badges at once (detached rule) and {_many(reports, 'incident report')} to "
+    console.print(f"{many(alert_total, 'violation')} raised an alert: {many(reminders, 'reminder')} went to the "
+                  f"badges at once (detached rule) and {many(reports, 'incident report')} to "
                   f"infection control once the alert was durable (sequential causally dependent rule).",
                   highlight=False)
     if rejected_total:
         examples = "; ".join(f"{worker}: {event} at t={at:g}" for worker, event, at in rejected)
-        console.print(f"{_many(rejected_total, 'badge event')} contradicted where the badge placed the worker: its "
+        console.print(f"{many(rejected_total, 'badge event')} contradicted where the badge placed the worker: its "
                       f"stream transaction aborted and an "
                       f"exclusive causally dependent rule, which commits exactly when that transaction aborts, "
                       f"compensated it (compensations), e.g. {examples}.", highlight=False)
@@ -354,7 +349,7 @@ def tell_story(db, console: Console, run: Run) -> dict[str, str]:
                       str(compensation_counts.get(row["worker"], 0)), last)
     console.print(table)
     console.print(f"badge lights (detached causally dependent rule) agree with worker_status for "
-                  f"{agreeing} of {_many(len(workers), 'worker')}", highlight=False)
+                  f"{agreeing} of {many(len(workers), 'worker')}", highlight=False)
     return {row["worker"]: row["status"] for row in workers}
 
 
@@ -398,10 +393,10 @@ def show_engine(db, run: Run, console: Console) -> None:
     console.print(
         f"stream transactions: {statistics.events_processed} committed, {statistics.events_failed} aborted, "
         f"{statistics.late_events} late, {statistics.buffered} still buffered; "
-        f"{_many(statistics.outputs, 'query output')} (of aborted stream transactions too), "
-        f"{_many(statistics.rule_instances, 'ON OUTPUT rule instance')}; "
-        f"{_many(statistics.store_reads, 'store read')}, "
-        f"{_many(statistics.store_writes, 'write')}.  App. G.2 (system time): "
+        f"{many(statistics.outputs, 'query output')} (of aborted stream transactions too), "
+        f"{many(statistics.rule_instances, 'ON OUTPUT rule instance')}; "
+        f"{many(statistics.store_reads, 'store read')}, "
+        f"{many(statistics.store_writes, 'write')}.  App. G.2 (system time): "
         f"L_query {_milliseconds(statistics.l_query)} (includes waiting in the reorder buffer for the next "
         f"punctuation), L_rule {_milliseconds(statistics.l_rule)}, L_combined "
         f"{_milliseconds(statistics.l_combined)}, throughput {statistics.throughput:,.0f} events/s inside "
