@@ -62,6 +62,7 @@ class CompositeStatistics:
     waiting: int                     # events in the lists
     blocked_nodes: int               # nodes waiting for sync-points
     invalidations: int = 0           # weak membership's notices (engine.invalidations())
+    excluded: int = 0                # producers excluded after a timeout (on_timeout=TimeoutPolicy.EXCLUDE)
 
 
 @dataclass(frozen=True)

@@ -58,6 +58,7 @@ def test_timeout_policy_exclude_lets_composition_go_on(clock):
     clock.advance(3.0)
     assert names(engine.poll()) == [("a0", "b0")]
     assert engine.producers()["P2B"].state == "left"
+    assert engine.statistics().excluded == 1            # (the engine counted it; the statistics did not say)
     with pytest.raises(MembershipError, match="has left"):
         engine.signal(ev("B", 4.0, "P2B", "late"))
 
