@@ -97,11 +97,12 @@ class Rollback:
         self.counts.update(snapshot["counts"])
 
     def keep_membership(self) -> None:
-        """A ``join`` or ``leave`` just happened (or an exclusion after a timeout): carry it into the snapshot the
-        current transaction's abort restores (membership is no part of a batch).  Precondition: the caller holds
-        the engine's mutex."""
+        """A ``join`` or ``leave`` just happened (or an exclusion after a timeout): carry it, and the count of
+        exclusions, into the snapshot the current transaction's abort restores (membership is no part of a batch).
+        Precondition: the caller holds the engine's mutex."""
         if self.current is not None:
             self.members.carry_membership(self.current.snapshot["members"])
+            self.current.snapshot["counts"]["excluded"] = self.counts["excluded"]
 
     def forget(self, participant: _Participant) -> None:
         with self.guard:

@@ -180,6 +180,7 @@ def test_an_exclusion_after_a_timeout_during_a_batch_s_transaction_outlives_its_
             raise RuntimeError("the batch fails")
     assert engine.producers()["P2B"].state == "left"
     assert engine.statistics().events == 0          # the batch itself is undone
+    assert engine.statistics().excluded == 1        # the exclusion is not, nor its count
     with db.transaction() as tx:
         composed = engine.process(tx, batch)
     assert names(composed) == [("a0", "b0")]
