@@ -60,13 +60,18 @@ def _blockers(txn: _Txn, lock: _Lock, mode: Mode, ahead: list[_Request], jumped:
             blockers[retainer] = "retained"
     # Fairness: FIFO among conflicting requests, except behind an ancestor or behind a request that txn
     # or one of its ancestors is blocking (queueing there would be a certain deadlock).
+    # (Cheapest tests first: a re-evaluation of a queue of n runs this body about n²/2 times.)
     if not jumped:
         for earlier in ahead:
+            if not row[earlier.target]:
+                continue
             other = earlier.txn
-            if not row[earlier.target] or other in blockers or other in ancestors:
+            if other in blockers:
                 continue
             waits = other.waits
-            if txn in waits or not ancestors.isdisjoint(waits):
+            if txn in waits:
+                continue
+            if ancestors and (other in ancestors or not ancestors.isdisjoint(waits)):
                 continue
             blockers[other] = "queued"
     return target, blockers

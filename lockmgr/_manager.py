@@ -731,13 +731,7 @@ class LockManager:
                 if _covered(lock, txn, mode):
                     return
                 request = _Request(txn, lock, mode)
-                if lock.waiters is None:
-                    lock.waiters = [request]
-                else:
-                    lock.waiters.append(request)
-                txn.request = request
-                self._queues.waiting += 1
-                events = self._queues.reevaluate(lock)
+                events = self._queues.enqueue(request)
             if request.status is GRANTED:
                 return
             self._counters["waits"] += 1

@@ -1,7 +1,7 @@
-"""``WaitQueues``: re-evaluating a lock's FIFO, taking a request out of it, withdrawing one, dropping a
-registered wait, and the waiting counters.  Callers hold the manager's graph mutex (and the stripe mutex
-each method names, design note §6-§7); methods return the ``(source, new targets)`` events the deadlock
-check must see.
+"""``WaitQueues``: appending a request to a lock's FIFO, re-evaluating the FIFO, taking a request out of it,
+withdrawing one, dropping a registered wait, and the waiting counters.  Callers hold the manager's graph mutex
+(and the stripe mutex each method names, design note §6-§7); methods return the ``(source, new targets)``
+events the deadlock check must see.
 """
 
 from __future__ import annotations
@@ -40,6 +40,34 @@ class WaitQueues:
                 _discard_if_empty(lock)
         return events
 
+    def enqueue(self, request: _Request) -> list[EdgeEvent]:
+        """Append the new ``request`` to its lock's FIFO, granting it at once if Rule 1 and the queue allow.
+        Returns the new-edge events, as ``reevaluate`` does.  Caller holds the graph mutex and the lock's stripe
+        mutex.
+
+        A request appended behind others changes nothing that those wait for (their edges depend on the lock's
+        entries and on the requests before them, and are current: design note §5), so a request that must wait
+        is the only one looked at: the k-th request costs k Rule-1 steps to queue, not k².  One that is granted
+        adds a holder, and the whole queue is re-evaluated."""
+        lock = request.lock
+        txn = request.txn
+        waiters = lock.waiters
+        if waiters is not None:
+            _fold_if_crowded(lock)  # as reevaluate does (changes no decision)
+            request.target, blockers = _blockers(txn, lock, request.mode, waiters, False)
+            if blockers:
+                waiters.append(request)
+                txn.request = request
+                self.waiting += 1
+                _set_waits(txn, blockers)
+                return [(request, list(blockers))]
+            waiters.append(request)
+        else:
+            lock.waiters = [request]
+        txn.request = request
+        self.waiting += 1
+        return self.reevaluate(lock)
+
     def reevaluate(self, lock: _Lock) -> list[EdgeEvent]:
         """Grant every queued request of ``lock`` that Rule 1 and the queue now allow, in FIFO order, and
         recompute the wait edges of the others.  Returns ``[(request, new targets)]`` for the edges that
@@ -51,7 +79,7 @@ class WaitQueues:
         _fold_if_crowded(lock)  # fewer entries for every _blockers below (changes no decision)
         before = {request: request.txn.waits for request in waiters}
         while True:
-            granted = False
+            granted_behind = False
             ahead: list[_Request] = []
             for request in tuple(lock.waiters or ()):
                 txn = request.txn
@@ -62,10 +90,12 @@ class WaitQueues:
                 else:
                     _hold(lock, txn, request.target)
                     self.dequeue(request, GRANTED, None)
-                    granted = True
+                    granted_behind = granted_behind or bool(ahead)
             # A grant adds a holder, which can change what earlier requests wait for (and exemptions):
-            # repeat until a pass grants nothing, so every remaining request's edges are current.
-            if not granted or lock.waiters is None:
+            # repeat until a pass grants nothing behind a request left waiting, so every remaining request's
+            # edges are current.  (A grant with nobody left waiting before it -- the head of a queue handed
+            # the lock -- needs no second pass: every request left waiting was looked at after it.)
+            if not granted_behind or lock.waiters is None:
                 break
         events: list[EdgeEvent] = []
         for request in lock.waiters or ():

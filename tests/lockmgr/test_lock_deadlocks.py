@@ -197,6 +197,54 @@ def test_a_cycle_caused_only_by_the_queue_is_broken_by_letting_the_queued_reader
         commits(scenario, "T1", t2)
 
 
+def test_a_queue_of_writers_of_one_row_is_queued_looking_at_each_request_once_and_drained_one_pass_per_hand_off(
+        monkeypatch):
+    """300 writers of one row took about 20 s to queue and drain (activedb's explain test): every new waiter
+    re-evaluated the whole queue, each request against every earlier one, and every hand-off did that twice — n³.
+    Counted, not timed: Rule-1 evaluations (``_blockers``) while n writers queue and while they drain. The waits
+    stay what they were (each writer waits for every earlier one, FIFO) and so does the grant order."""
+    import lockmgr._queues
+
+    looked = [0]
+    evaluate = lockmgr._queues._blockers
+
+    def counted(*arguments):
+        looked[0] += 1
+        return evaluate(*arguments)
+
+    monkeypatch.setattr(lockmgr._queues, "_blockers", counted)
+    writers = 40
+    lm = manager("H", *(f"w{number}" for number in range(writers)))
+    lm.acquire("H", "x", W)
+    granted: list[int] = []
+    failures: list[BaseException] = []
+
+    def writer(number: int) -> None:
+        try:
+            lm.acquire(f"w{number}", "x", W)
+            granted.append(number)
+            lm.commit(f"w{number}")
+        except BaseException as error:  # pragma: no cover - asserted below
+            failures.append(error)
+
+    threads = [threading.Thread(target=writer, args=(number,), daemon=True) for number in range(writers)]
+    for number, thread in enumerate(threads):
+        thread.start()
+        wait_until(lambda: lm.statistics().waiting == number + 1, 10, f"writer {number} waiting")
+    assert looked[0] == writers, f"queueing {writers} writers evaluated Rule 1 {looked[0]} times"
+    graph = lm.wait_for_graph()
+    queued = [edge for edge in graph.edges(data="kind") if edge[2] == "queued"]
+    assert len(queued) == writers * (writers - 1) // 2, "each writer waits for every earlier one"
+    looked[0] = 0
+    lm.commit("H")
+    for thread in threads:
+        thread.join(10)
+    assert failures == [] and not any(thread.is_alive() for thread in threads)
+    assert granted == list(range(writers)), "granted in the order they queued"
+    assert looked[0] <= writers * (writers + 1) // 2, (
+        f"draining {writers} writers evaluated Rule 1 {looked[0]} times: more than one pass over the queue per hand-off")
+
+
 # ---------------------------------------------------------------- timeouts and errors
 
 
