@@ -5,6 +5,7 @@
 2. Deadlock check per new wait edge on graphs of 100-10,000 transactions vs a full ``networkx.find_cycle``
    (<= 20 us median, >= 1,000x faster).
 3. Commit with inheritance, per lock (<= 2 us, linear; depth 50 <= 2x depth 1).
+4. A queue of 100 and 300 writers of one row, queued behind a holder and drained, per writer (no target).
 
 ``--quick`` uses small sizes (a smoke test; noisy figures).  Details: the bench design note.
 """
@@ -357,10 +358,57 @@ def _chain_cost(report: BenchReport, rounds: int) -> None:
         report.add(row)
 
 
+def _writers_of_one_row(count: int) -> tuple[float, float]:
+    """``count`` top-level writers of one resource, each on its own thread, queue behind a holder and drain (each
+    commits as soon as it is granted): seconds until all of them wait, and from the holder's commit until all
+    have committed."""
+    from lockmgr import LockManager, Mode
+    from lockmgr.testing import wait_until
+
+    lm = LockManager()
+    lm.begin("holder")
+    lm.acquire("holder", "row", Mode.WRITE)
+    failures: list[BaseException] = []
+
+    def writer(number: int) -> None:
+        try:
+            lm.begin(("writer", number))
+            lm.acquire(("writer", number), "row", Mode.WRITE)
+            lm.commit(("writer", number))
+        except BaseException as error:  # reported below
+            failures.append(error)
+
+    threads = [threading.Thread(target=writer, args=(number,), daemon=True) for number in range(count)]
+    start = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    wait_until(lambda: lm.statistics().waiting == count, 600, f"{count} writers of one row waiting")
+    queued = time.perf_counter()
+    lm.commit("holder")
+    for thread in threads:
+        thread.join(600)
+    drained = time.perf_counter()
+    if failures or any(thread.is_alive() for thread in threads):
+        raise RuntimeError(f"the queue of {count} writers did not drain: {failures[:3]!r}")
+    return queued - start, drained - queued
+
+
+def _queue_cost(report: BenchReport, quick: bool) -> None:
+    sizes = (20, 50) if quick else (100, 300)
+    per_writer = {}
+    for count in sizes:
+        queue_seconds, drain_seconds = _writers_of_one_row(count)
+        per_writer[count] = (queue_seconds + drain_seconds) / count * 1000
+        report.add(Row(name=f"a queue of writers of one row, queued and drained, {count:,} writers",
+                       value=per_writer[count], unit="ms/writer", baseline_name=f"the same with {sizes[0]:,} writers",
+                       baseline=per_writer[sizes[0]], ratio=per_writer[sizes[0]] / per_writer[count],
+                       extra={"queue_s": queue_seconds, "drain_s": drain_seconds}))
+
+
 def run(quick: bool = False, progress: Progress | None = None) -> BenchReport:
     progress = progress or Progress.none()
     report = BenchReport(title="locks" + (" (quick)" if quick else ""))
-    progress.start("bench locks", total=4)
+    progress.start("bench locks", total=5)
     with progress.step("uncontended tuple locks vs a bare table"):
         _uncontended(report, quick)
     with progress.step("1-8 threads on disjoint keys"):
@@ -369,6 +417,8 @@ def run(quick: bool = False, progress: Progress | None = None) -> BenchReport:
         _deadlock_check(report, quick)
     with progress.step("commit with inheritance"):
         _commit_cost(report, quick)
+    with progress.step("a queue of writers of one row"):
+        _queue_cost(report, quick)
     _series(report)
     report.notes.extend([
         "pairs: acquire_tuple (IW on the table, WRITE on the tuple) by a depth-2 leaf, released by the leaf's "
@@ -381,6 +431,9 @@ def run(quick: bool = False, progress: Progress | None = None) -> BenchReport:
         "commit: medians over rounds of lm.commit(child) for a child holding N tuple locks plus the table's IW, "
         "and of the top-level commit after it; chain: median of all the commits of a chain whose leaf holds "
         "the locks",
+        "queue: n top-level writers of one resource, a thread each, all started at once behind a holder, until "
+        "statistics().waiting is n; then the holder commits and each writer commits as soon as it is granted; "
+        "wall-clock seconds (threads included), per writer",
         "ratios are value/baseline where higher is better and baseline/value for times",
     ])
     return report

@@ -25,6 +25,8 @@ def test_locks_benchmark_reports_every_figure():
         "subtransaction commit alone, 1,000 tuple locks",
         "200 locks acquired at depth 1,",
         "200 locks acquired at depth 50,",
+        "a queue of writers of one row, queued and drained, 20 writers",
+        "a queue of writers of one row, queued and drained, 50 writers",
     ]
     for prefix in expected_prefixes:
         assert any(name.startswith(prefix) for name in names), prefix
