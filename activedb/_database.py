@@ -29,7 +29,7 @@ from activedb.capture.errors import CaptureNotEnabledWarning
 from activedb.clock import SYSTEM_CLOCK, Clock
 from activedb.errors import (BadArgument, BadDatabaseURL, DeadlockDetected, RuleError, RuleFailed,
                              SerializationConflict, TransactionError, causes, check_plain_function, check_seconds,
-                             check_switch, check_whole_number, database_failure)
+                             check_switch, check_whole_number, database_failure, sqlstate_of)
 from activedb.events import Event, EventKind, EventSpec, Origin, Punctuations, Watermark
 from activedb.outbox import Outbox
 from activedb.rules import FunctionRule, Rule, RuleManager
@@ -489,7 +489,7 @@ def _connected(url: str | URL | None, config: Config, *, check_schema: bool) -> 
             try:
                 state, revision = database.schema.state()
             except sa.exc.ProgrammingError as error:
-                if getattr(error.orig, "sqlstate", None) != _INSUFFICIENT_PRIVILEGE:
+                if sqlstate_of(error) != _INSUFFICIENT_PRIVILEGE:
                     raise
                 # A role not granted the version table (one given only its own tables' rights) cannot tell where
                 # activedb's schema is: opened as it is, as before the check (what it may not read it cannot use).

@@ -25,7 +25,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from activedb import _migrations as migrations
-from activedb.errors import MigrationError, SchemaNotAtHead
+from activedb.errors import MigrationError, SchemaNotAtHead, sqlstate_of
 
 if TYPE_CHECKING:
     from alembic.runtime.migration import RevisionStep
@@ -479,7 +479,7 @@ class Schema:
             try:
                 revisions = connection.execute(sa.text(f"SELECT version_num FROM {migrations.VERSION_TABLE}")).all()
             except sa.exc.ProgrammingError as error:
-                if getattr(error.orig, "sqlstate", None) != _UNDEFINED_TABLE:
+                if sqlstate_of(error) != _UNDEFINED_TABLE:
                     raise
                 return SchemaState.NEW, None
         revision = revisions[0][0] if revisions else None      # (one row at most: activedb's chain is linear)
