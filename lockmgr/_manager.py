@@ -23,7 +23,7 @@ from lockmgr._table import (ABORTED, ACTIVE, COMMITTED, COMMITTING, GRANTED, TIM
                             WITHDRAWN_BY_ABORT, EdgeEvent, EndedLog, Grant, _committed_members, _covered, _Lock,
                             _lock_entry, _NO_CHILDREN, _NO_HOLDS, _Request, _Stripe, _Txn)
 from lockmgr.errors import (AbortedTransaction, ActiveChildren, Deadlock, DuplicateTransaction, ErrorClasses, Lazy,
-                            LockNotHeld, LockTimeout, RequestPending, WaitForItself)
+                            LockNotHeld, RequestPending, WaitForItself)
 
 if TYPE_CHECKING:
     import networkx

@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime
 import math
 import threading
-from typing import TYPE_CHECKING, Any, Callable, TypeAlias, TypeVar
+from typing import TYPE_CHECKING, Callable, TypeAlias, TypeVar
 
 import sqlalchemy as sa
 

@@ -11,7 +11,7 @@ import json
 import threading
 import weakref
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterable, TypeAlias
+from typing import TYPE_CHECKING, Callable, Iterable, TypeAlias
 
 import sqlalchemy as sa
 

@@ -76,8 +76,6 @@ def _timestamps(column: pa.Array | pa.ChunkedArray) -> list[dt.datetime | _Beyon
     ``to_pylist`` on a zoned timestamp column builds a ``ZoneInfo`` datetime per value, the slow way; going through
     int64 microseconds is cheaper, and ``fromtimestamp`` of the seconds as a float cheaper still where that is exact
     (``_EXACT_FLOAT_MICROS``)."""
-    import pyarrow as pa
-
     values = _as_micros(column)
     if values and not column.null_count:
         complete = cast("list[int]", values)        # (no None in it: no null)

@@ -27,7 +27,7 @@ from activedb.errors import (BadArgument, DatabaseUnavailable, GeneratedKeysRese
                              check_seconds, check_switch, check_whole_number)
 from activedb.events import EventKind, age_seconds
 from activedb.outbox import _records
-from activedb.outbox._executor import GROUP_TRANSACTION, Executor, TakePacer, Work, describe_error
+from activedb.outbox._executor import Executor, TakePacer, Work, describe_error
 from activedb.outbox._recording import TreeFirings, TreeState, Unsettled, always, new_record, requires_commit
 from activedb.rules import Firing
 from activedb.store import TableInfo

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import itertools
 import re
-from typing import Any
 
 import sqlalchemy as sa
 import psycopg

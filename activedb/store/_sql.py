@@ -11,14 +11,13 @@ import contextlib
 import datetime
 import decimal
 import math
-import operator
-from typing import Any, Callable, Iterable, Iterator, Literal, Mapping, Sequence, TypeAlias, TypeVar, Unpack, overload
+from typing import Callable, Iterable, Iterator, Literal, Mapping, Sequence, TypeAlias, TypeVar, Unpack, overload
 
 import psycopg
 from psycopg.rows import TupleRow
 import sqlalchemy as sa
 
-from activedb.errors import DuplicateKey, Failure, InvalidKey, InvalidValue, classify
+from activedb.errors import DuplicateKey, Failure, InvalidValue, classify
 from activedb.store import _prepared as prepared
 from activedb.store._choices import IsolationLevel
 from activedb.store._schema import TableInfo
