@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator, Mapping, TypeAlias
+from typing import Iterable, Iterator, Mapping, TypeAlias, TypeVar
 
 import networkx as nx
 
@@ -13,6 +13,8 @@ from activedb.txn import HistoryOp
 
 #: A row as the history names it: ``(table, key)``.
 _Row: TypeAlias = "tuple[str | None, tuple[object, ...] | None]"
+_Op = TypeVar("_Op")
+_FROM_DATABASE = "db.history.snapshot() of a database connected with record_history=True"
 
 
 @dataclass
@@ -38,7 +40,7 @@ def check_history(ops: Iterable[HistoryOp]) -> HistoryReport:
     delegated to its parent — the write set a top-level transaction flushed is exactly the composition, in
     order, of the writes of its transactions whose every ancestor committed; (3) an aborted transaction's
     operations are all undone (none reaches a flush); (4) the abort of a parent aborts its active children."""
-    ops = sorted(_operations("check_history", ops), key=lambda op: op.sequence)
+    ops = sorted(_operations("check_history", ops, HistoryOp, _FROM_DATABASE), key=lambda op: op.sequence)
     report = HistoryReport()
     parent_of: dict[str, str | None] = {}
     children: dict[str, list[str]] = {}
@@ -145,7 +147,7 @@ def replay(ops: Iterable[HistoryOp], initial: dict[_Row, RowImage],
     """Apply the committed flushes in commit order to ``initial`` ({(table, key): row}).
 
     ``key_columns`` ({table: [column, ...]}) adds the key columns to rows created by the replay."""
-    ops = sorted(_operations("replay", ops), key=lambda op: op.sequence)   # (read twice: not an iterator's one pass)
+    ops = sorted(_operations("replay", ops, HistoryOp, _FROM_DATABASE), key=lambda op: op.sequence)   # (read twice: not an iterator's one pass)
     ended = {op.transaction: op.kind for op in ops if op.kind in ("commit", "abort")}
     state = {row: dict(image) for row, image in initial.items()}
     for op in ops:
@@ -161,14 +163,14 @@ def replay(ops: Iterable[HistoryOp], initial: dict[_Row, RowImage],
     return state
 
 
-def _operations(function: str, ops: object) -> list[HistoryOp]:
-    """``ops`` as a list; BadArgument (saying what to give) for what is no collection of recorded operations."""
-    what = f"{function} takes the recorded operations: db.history.snapshot() of a database connected with " \
-           f"record_history=True"
+def _operations(function: str, ops: object, kind: type[_Op], source: str) -> list[_Op]:
+    """``ops`` as a list; BadArgument (saying what to give: ``source``, what records them) for what is no
+    collection of recorded operations (``kind``)."""
+    what = f"{function} takes the recorded operations: {source}"
     if isinstance(ops, (str, bytes, Mapping)) or not isinstance(ops, Iterable):
         raise BadArgument(f"{what}, got {type(ops).__name__} {ops!r:.80}")
     listed = list(ops)
     for op in listed:
-        if not isinstance(op, HistoryOp):
+        if not isinstance(op, kind):
             raise BadArgument(f"{what}, got {type(op).__name__} {op!r:.80} among them")
     return listed

@@ -8,7 +8,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Hashable, Iterable, Mapping, TypeAlias
 
-from activedb.errors import BadArgument
+from activedb.testing._history import _operations
 
 if TYPE_CHECKING:  # pragma: no cover
     from activedb.streams import StreamOp
@@ -76,15 +76,9 @@ def check_stream_history(ops: Iterable[StreamOp]) -> StreamHistoryReport:
     committed units count; what is checked: the design note, ``README.md``, "check_stream_history")."""
     from activedb.streams import StreamOp
 
-    what = "check_stream_history takes the recorded operations: engine.history.snapshot() of a " \
-           "StreamEngine(record_history=True)"
-    if isinstance(ops, (str, bytes, Mapping)) or not isinstance(ops, Iterable):
-        raise BadArgument(f"{what}, got {type(ops).__name__} {ops!r:.80}")
-    ops = list(ops)
-    for op in ops:
-        if not isinstance(op, StreamOp):
-            raise BadArgument(f"{what}, got {type(op).__name__} {op!r:.80} among them")
-    ops = sorted(ops, key=lambda op: op.sequence)
+    ops = sorted(_operations("check_stream_history", ops, StreamOp,
+                             "engine.history.snapshot() of a StreamEngine(record_history=True)"),
+                 key=lambda op: op.sequence)
     ended = {op.unit: op.operation for op in ops if op.kind == "end"}
     committed = [op for op in ops if op.kind in ("read", "write") and ended.get(op.unit) == "committed"]
     aborted_writes = {op.sequence: op for op in ops if op.kind == "write" and ended.get(op.unit) != "committed"}
