@@ -505,7 +505,7 @@ class Schema:
         heads: list[str] | None = None
         if revision in ("head", "heads"):
             with _failing_as(f"reading the revisions in {location}", location):
-                heads = _heads(location)
+                heads = sorted(ScriptDirectory.from_config(_config(location)).get_heads())
             if revision == "head" and len(heads) > 1:
                 raise MigrationError(f"upgrade to 'head' refused: {several_heads(str(script_location), heads)}; "
                                      f"nothing was changed")
@@ -549,11 +549,6 @@ class Schema:
             with EnvironmentContext(config, script, fn=record, dont_mutate=True):
                 script.run_env()
             return sorted(current_revisions), sorted(script.get_heads())
-
-
-def _heads(location: Path) -> list[str]:
-    """The head revisions of the Alembic directory ``location``, sorted."""
-    return sorted(ScriptDirectory.from_config(_config(location)).get_heads())
 
 
 def several_heads(path: str, heads: Sequence[str]) -> str:
