@@ -185,13 +185,12 @@ class Evaluation:
             events[query.positives[rank]] = item.event
         ctx = Ctx(events)
         attributes = {name: function(ctx) for name, function in query.returns}
-        composite = CompositeEvent(
+        return CompositeEvent(
             query=query.name, ts=hull([item.ts for item in chosen], producer=query.name), attributes=attributes,
             constituents=tuple(item.event for item in chosen), components=node.names, partition=node.partition,
             resolutions=resolutions,
             consumption=query.definition.consumption.value,  # type: ignore[union-attr]  # (create_query set it)
             operator="AND" if node.conjunction else "SEQ", sts=self.clock.now())
-        return composite
 
     def emit(self, node: Node, composite: CompositeEvent) -> None:
         """``composite`` (made by :meth:`build`) is produced."""
