@@ -327,7 +327,8 @@ class StreamEngine:
 
     def reset_state(self) -> None:
         """Forget the buffer, partial matches and punctuations, in memory and (if durable)
-        in the database.  Precondition: no batch is in progress."""
+        in the database.  Precondition: no batch is in progress.  A durable engine whose ``Database`` is closed raises
+        its ``TransactionError`` (the saved state stays, for an engine made anew on the next ``Database``)."""
         with self._mutex:
             if self._pending is not None:
                 raise StreamStateError(f"engine {self.name} has a batch in progress; finish it first")

@@ -10,7 +10,7 @@ import contextlib
 import datetime as dt
 import decimal
 import json
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterator, Mapping
 
 import sqlalchemy as sa
 
@@ -359,7 +359,7 @@ def load(engine: StreamEngine) -> State:
     from activedb.streams._state import State
 
     table = engine.db.table(TABLE)
-    with engine.db.engine.connect() as connection:
+    with _connection(engine, begin=False) as connection:
         rows = connection.execute(sa.select(table.c.kind, table.c.item, table.c.value)
                                   .where(table.c.engine == engine.name)).all()
     state = State()
@@ -457,5 +457,15 @@ def _encode_key(key: Key) -> list[object]:
 
 def delete(engine: StreamEngine) -> None:
     table = engine.db.table(TABLE)
-    with engine.db.engine.begin() as connection:
+    with _connection(engine, begin=True) as connection:
         connection.execute(sa.delete(table).where(table.c.engine == engine.name))
+
+
+def _connection(engine: StreamEngine, *, begin: bool) -> ContextManager[sa.Connection]:
+    """A connection of ``engine``'s database for reading (``begin``: in a transaction committed at the end) the saved
+    state outside a batch — refused once that ``Database`` is closed, with the error its ``transaction()`` raises:
+    its disposed pool would still connect, and ``reset_state`` delete the state the engine made anew on the next
+    ``Database`` is to load."""
+    if engine.db.transactions.pool.closed:
+        engine.db.transaction()     # (raises the Database's own TransactionError: closed, connect again)
+    return engine.db.engine.begin() if begin else engine.db.engine.connect()

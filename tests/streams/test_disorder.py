@@ -1216,3 +1216,28 @@ def test_a_refused_punctuation_admits_nothing_so_a_retry_in_the_transaction_admi
         result = made.process(tx, events, punctuation=5)
     assert (result.released, result.dead_letters, result.buffered) == (2 if first else 3, (), 0)
     assert [output.query for output in result.outputs] == ["Q1"]
+
+
+def test_reset_state_after_the_database_closed_is_refused_and_leaves_the_saved_state(migrated):
+    """After ``db.close()``, ``engine.reset_state()`` of a durable engine opened a connection of the closed Database's
+    disposed pool and deleted the engine's saved state (its punctuation, buffered events and partial matches) — the
+    one call of the engine that still reached PostgreSQL, while ``feed`` and ``process`` said the Database is closed.
+    It now raises that error too, and the saved state stays for the engine made on the new Database."""
+    from activedb.errors import TransactionError
+
+    database = activedb.connect(migrated)
+    made = streams.StreamEngine(database, name="closed_reset")
+    made.create_stream("estream", types=BADGE_TYPES, attributes=("HCW-ID", "location"))
+    made.reset_state()
+    made.feed([badge("EXIT", 10, "w0")], punctuation=5)          # EXIT^10 stays buffered: saved
+    database.close()
+    with pytest.raises(TransactionError, match=r"this Database is closed; call activedb.connect\(\) again, and make "
+                                               r"anew on the new Database .*a StreamEngine"):
+        made.reset_state()
+    again = activedb.connect(migrated)
+    try:
+        anew = streams.StreamEngine(again, name="closed_reset")
+        anew.create_stream("estream", types=BADGE_TYPES, attributes=("HCW-ID", "location"))
+        assert [(event.type, event.ts) for event in anew.buffered()] == [("EXIT", 10)]
+    finally:
+        again.close()
