@@ -209,6 +209,10 @@ class RuleManager(TransactionExtension):
 
     def after_end(self, transaction: Transaction, committed: bool) -> None:
         context = slot(transaction, RuleContext, create=False)
+        if not committed and context is not None and context.deferred_queue is not None:
+            # Its deferred firings were waiting for its commit: stopped by that dependency, they count cancelled.
+            for firing in context.deferred_queue.discard():
+                self.count(firing.rule, "cancelled")
         if context is not None and context.gate_report is not None:
             self.detached.transaction_ended(transaction, committed)
             held = context.held_deferred

@@ -1416,3 +1416,35 @@ def test_an_action_that_aborts_its_own_transaction_counts_failed(db, then, coupl
     counters = db.rules.statistics().per_rule[name]
     assert counters.fired == 1 and (counters.executed, counters.failed, counters.cancelled,
                                     counters.condition_false) == (0, 1, 0, 0), counters
+
+
+@pytest.mark.parametrize("trigger", ["top-level", "subtransaction"])
+def test_a_deferred_firing_whose_trigger_aborts_before_its_commit_counts_cancelled(db, trigger):
+    """A deferred firing waits for its trigger's commit; a trigger that aborts first (here ``tx.abort()`` of the
+    top-level transaction, or a subtransaction that raises inside a tree that commits) takes it along unrun.  The
+    dependency stopped it, so it is counted ``cancelled`` and ``fired`` is the sum of its outcomes.  Before, the
+    trigger's deferred queue was dropped with it unread: fired 1 and no outcome at all."""
+    name = f"deferred_behind_{trigger.replace('-', '_')}"
+    ran = []
+
+    @db.rule(on=db.signalled(name), coupling=Coupling.DEFERRED, name=name)
+    def behind(tx, event):
+        ran.append(event)
+
+    try:
+        if trigger == "top-level":
+            with db.transaction() as tx:
+                tx.signal(name)
+                tx.abort()
+        else:
+            with db.transaction() as tx:
+                with pytest.raises(RuntimeError):
+                    with tx.subtransaction() as child:
+                        child.signal(name)
+                        raise RuntimeError("the trigger fails")
+        counters = db.rules.statistics().per_rule[name]
+    finally:
+        db.rules.remove(name)
+    assert ran == []
+    assert counters.fired == 1 and (counters.executed, counters.failed, counters.cancelled,
+                                    counters.condition_false) == (0, 0, 1, 0), counters
