@@ -260,7 +260,7 @@ class Executor:
                     self._runner_threads.discard(me)
                     self._idle.notify_all()
                     return
-                group = [self._ready.popleft() for _ in range(min(self.group_size, len(self._ready)))]
+                group = self._take()
                 self._running += len(group)
                 self._taken.update(work.record_id for work in group)
                 self._groups[id(group)] = group
@@ -286,6 +286,25 @@ class Executor:
                     self._taken.subtract(work.record_id for work in group)
                     self._taken += collections.Counter()        # (drops the ids at zero)
                     self._idle.notify_all()
+
+    def _take(self) -> list[Work]:
+        """Caller holds ``_mutex``, with ``_ready`` not empty: the next group, taken from ``_ready`` — the first ready
+        firing alone if its rule is kept recorded (``rules.detached.kept_recorded``: a compensation names its
+        transaction, ``rule:<name>``, so the firing's must be a transaction of its own), else, in order, up to
+        ``group_size`` ready firings of the other rules (those of kept rules stay queued, in order, for the next
+        takes).  README, "Group commit, and why subtransactions"."""
+        kept = self._outbox.rules.detached.kept_recorded
+        if not kept:
+            return [self._ready.popleft() for _ in range(min(self.group_size, len(self._ready)))]
+        if self._ready[0].firing.rule.name in kept:
+            return [self._ready.popleft()]
+        group: list[Work] = []
+        skipped: list[Work] = []
+        while self._ready and len(group) < self.group_size:
+            work = self._ready.popleft()
+            (skipped if work.firing.rule.name in kept else group).append(work)
+        self._ready.extendleft(reversed(skipped))
+        return group
 
     def _run(self, group: list[Work], *, retried: bool) -> None:
         outbox = self._outbox

@@ -669,9 +669,7 @@ def test_a_detached_firing_that_records_no_lineage_is_in_its_batchs_composite_an
             db.batches.consumed(tx, query, batch)
             tx.signal(rule, n=str(batch))
         triggers.append(tx.log_id)
-        # Each firing done before the next trigger: the outbox may run two ready firings as one group transaction,
-        # which names no rule (no rule's transaction compensation applies to it; CI met that once).
-        db.rules.wait_idle(30)
+    db.rules.wait_idle(30)
     count = "SELECT count(*) FROM pairs WHERE a = :a"
     assert scalar(db, count, a=mark) == 2
     with db.engine.connect() as connection:
@@ -687,6 +685,64 @@ def test_a_detached_firing_that_records_no_lineage_is_in_its_batchs_composite_an
     assert report.compensated == [firing[triggers[1]], triggers[1]]      # newest first
     assert scalar(db, count, a=mark) == 1                       # batch 1's firing is left
     assert db.batches.plan((query, 2)).already == {firing[triggers[1]], triggers[1]}
+
+
+def test_a_rules_transaction_compensation_undoes_its_firing_that_was_ready_with_another_rules_firing(db):
+    """Two rules' detached firings ready at one take of the outbox: the firing of the rule whose transaction is
+    compensated (``rule:<name>``) runs in a transaction of its own, so compensating its batch undoes exactly it and
+    leaves the other rule's firing (before, both ran as one group transaction, which names no rule: compensating the
+    batch refused, saying it wrote rows and nothing undoes them, though the rule's compensation was declared)."""
+    import threading
+
+    from activedb import Coupling
+
+    query = prefix()
+    mark = uuid.uuid4().int % 1_000_000_000          # pairs (a, b): (mark, batch) — a table no test undoes by images
+    for rule in (f"{query}-other", f"{query}-undone"):
+        db.rule(on=db.signalled(rule), coupling=Coupling.DETACHED, name=rule)(
+            lambda tx, event: tx.insert("pairs", a=mark, b=int(event.payload["n"]), value="fired"))
+    undone = []
+
+    @db.batches.transaction_compensation(f"rule:{query}-undone")
+    def undo_firing(tx, lineage):
+        undone.append(lineage.transaction_id)
+        tx.delete("pairs", (mark, 2))
+
+    db.rules.wait_idle(30)
+    waiting, go = threading.Event(), threading.Event()
+
+    class HoldFirstTake:
+        """The runner's first take waits until both triggers committed: both firings are ready at it."""
+
+        def before_take(self) -> None:
+            waiting.set()
+            assert go.wait(30), "the test did not let the outbox's runner take"
+
+    stop = db.outbox.pace_takes(HoldFirstTake())
+    triggers = []
+    try:
+        for batch, rule in ((1, f"{query}-other"), (2, f"{query}-undone")):
+            with db.transaction() as tx:
+                db.batches.consumed(tx, query, batch)
+                tx.signal(rule, n=str(batch))
+            triggers.append(tx.log_id)
+            assert waiting.wait(30), "no outbox runner came to take the first firing"
+        go.set()
+        db.rules.wait_idle(30)
+    finally:
+        go.set()
+        stop()
+    count = "SELECT count(*) FROM pairs WHERE a = :a AND b = :b"
+    assert (scalar(db, count, a=mark, b=1), scalar(db, count, a=mark, b=2)) == (1, 1)
+    with db.engine.connect() as connection:
+        firing = dict(connection.execute(sa.text(
+            "SELECT trigger_log_id, transaction_id FROM activedb_outbox WHERE trigger_log_id = ANY(:t)"),
+            {"t": triggers}).all())
+    report = db.batches.compensate((query, 2))
+    assert report.compensated == [firing[triggers[1]], triggers[1]]
+    assert undone == [firing[triggers[1]]]
+    assert (scalar(db, count, a=mark, b=1), scalar(db, count, a=mark, b=2)) == (1, 0)   # the other rule's is left
+    assert firing[triggers[0]] != firing[triggers[1]]
 
 
 def test_compensating_a_batch_whose_undo_table_was_dropped_says_so_and_undoes_nothing(db):
