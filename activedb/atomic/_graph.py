@@ -18,6 +18,7 @@ import sqlalchemy as sa
 from activedb.atomic._lineage import BatchRef
 from activedb.atomic.errors import LineageError
 from activedb.errors import check_whole_number
+from activedb.outbox import GROUP_TRANSACTION
 
 
 @dataclass
@@ -63,12 +64,25 @@ class LineageExplorer:
                     "SELECT transaction_id, role, query_id, batch_id FROM activedb_lineage_batches "
                     " WHERE transaction_id = ANY(:ids) ORDER BY query_id, batch_id"), {"ids": wanted}):
                 batches[row.transaction_id][0 if row.role == "C" else 1].append(BatchRef(row.query_id, row.batch_id))
+            # A group transaction of the outbox that recorded lineage (a firing declared something) is named by the
+            # firings it ran, as one that recorded none is (_load_runs).
+            named = self._run_names([row.transaction_id for row in rows if row.name == GROUP_TRANSACTION])
             for row in rows:
                 consumed, produced = batches[row.transaction_id]
                 self.nodes[row.transaction_id] = TransactionLineage(
-                    row.transaction_id, row.name, row.recorded_at, tuple(row.parents), tuple(consumed),
-                    tuple(produced), list(row.notes), row.compensates, row.compensated_by)
+                    row.transaction_id, named.get(row.transaction_id) or row.name, row.recorded_at, tuple(row.parents),
+                    tuple(consumed), tuple(produced), list(row.notes), row.compensates, row.compensated_by)
         return {tid: self.nodes[tid] for tid in ids if tid in self.nodes}
+
+    def _run_names(self, ids: list[str]) -> dict[str, str | None]:
+        """The names of the group transactions ``ids`` by the detached firings they ran (done records of the
+        outbox): ``rule:<rule>`` when they were one rule's — the name its transaction compensation declares —, None
+        when they were several rules'; a transaction of ``ids`` that ran none (its records pruned) is left out."""
+        if not ids or not self._has_outbox:
+            return {}
+        return {row.transaction_id: _run_name(row.rules) for row in self.connection.execute(sa.text(
+            "SELECT transaction_id, array_agg(DISTINCT rule) AS rules FROM activedb_outbox "
+            " WHERE transaction_id = ANY(:ids) AND status = 'done' GROUP BY transaction_id"), {"ids": ids})}
 
     def consumers(self, refs: Iterable[BatchRef]) -> set[str]:
         return self._by_batch(refs, "C", self._consumers)
@@ -147,9 +161,8 @@ class LineageExplorer:
                 "  LEFT JOIN activedb_lineage c ON c.compensates = o.transaction_id "
                 " WHERE o.transaction_id = ANY(:ids) AND o.status = 'done' GROUP BY o.transaction_id"),
                 {"ids": bare}):
-            name = f"rule:{row.rules[0]}" if len(row.rules) == 1 else None
             self.nodes[row.transaction_id] = TransactionLineage(
-                row.transaction_id, name, row.committed_at, (), (), (), [], None, row.compensated_by)
+                row.transaction_id, _run_name(row.rules), row.committed_at, (), (), (), [], None, row.compensated_by)
 
     def parents(self, ids: Iterable[str]) -> set[str]:
         ids = set(ids)
@@ -205,6 +218,12 @@ class LineageExplorer:
             for child in self.children([tid]) & ids:
                 graph.add_edge(tid, child)
         return graph
+
+
+def _run_name(rules: Sequence[str]) -> str | None:
+    """The name of a transaction that ran detached firings of ``rules``: ``rule:<rule>`` for one rule's (the
+    transaction a compensation of that rule's names), None for several rules'."""
+    return f"rule:{rules[0]}" if len(rules) == 1 else None
 
 
 # --- the paper's sets ------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ import uuid
 import pytest
 import sqlalchemy as sa
 
+from activedb.atomic import BatchRef
 from activedb.atomic.errors import LineageError, NoCompensation, UnsafeUndo
 
 
@@ -743,6 +744,43 @@ def test_a_rules_transaction_compensation_undoes_its_firing_that_was_ready_with_
     assert undone == [firing[triggers[1]]]
     assert (scalar(db, count, a=mark, b=1), scalar(db, count, a=mark, b=2)) == (1, 0)   # the other rule's is left
     assert firing[triggers[0]] != firing[triggers[1]]
+
+
+def test_a_rules_transaction_compensation_undoes_its_firing_that_records_lineage_of_its_own(db):
+    """A detached rule's firing that records lineage itself (it produces a batch) is the rule's transaction,
+    ``rule:<name>``, as one that records none is: compensating its trigger's batch runs the rule's transaction
+    compensation."""
+    from activedb import Coupling
+
+    query = prefix()
+    mark = uuid.uuid4().int % 1_000_000_000
+    rule = f"{query}-producing"
+
+    @db.rule(on=db.signalled(rule), coupling=Coupling.DETACHED, name=rule)
+    def fire(tx, event):
+        db.batches.produced(tx, f"{query}-out", event.payload["n"])
+        tx.insert("pairs", a=mark, b=int(event.payload["n"]), value="fired")
+
+    undone = []
+
+    @db.batches.transaction_compensation(f"rule:{rule}")
+    def undo_firing(tx, lineage):
+        undone.append(lineage.produced)
+        tx.delete("pairs", (mark, 1))
+
+    with db.transaction() as tx:
+        db.batches.consumed(tx, query, 1)
+        tx.signal(rule, n="1")
+    db.rules.wait_idle(30)
+    count = "SELECT count(*) FROM pairs WHERE a = :a"
+    assert scalar(db, count, a=mark) == 1
+    with db.engine.connect() as connection:
+        firing = connection.execute(sa.text("SELECT transaction_id FROM activedb_outbox WHERE trigger_log_id = :t"),
+                                    {"t": tx.log_id}).scalar_one()
+    assert db.batches.transaction(firing).name == f"rule:{rule}"
+    report = db.batches.compensate((query, 1))
+    assert report.compensated == [firing, tx.log_id]
+    assert undone == [(BatchRef(f"{query}-out", "1"),)] and scalar(db, count, a=mark) == 0
 
 
 def test_compensating_a_batch_whose_undo_table_was_dropped_says_so_and_undoes_nothing(db):
