@@ -326,9 +326,17 @@ def execute(batches: Compensations, compensation: CompensationPlan, *, allow_uns
     report = CompensationReport(compensation, dry_run=False)
     if compensation.missing:
         def why(tid: str) -> str:
-            undeclared = batches.undeclared(compensation.nodes[tid])
-            return (f"{tid} (its notes name {', '.join(undeclared)}, not declared in this process)" if undeclared
-                    else f"{tid} (it wrote rows)")
+            node = compensation.nodes[tid]
+            undeclared = batches.undeclared(node)
+            if undeclared:
+                return f"{tid} (its notes name {', '.join(undeclared)}, not declared in this process)"
+            if len(node.rules) > 1:
+                return (f"{tid} (it wrote rows: one outbox group transaction ran detached firings of rules "
+                        f"{', '.join(map(repr, node.rules))} together, so no rule's transaction compensation "
+                        f"(rule:<name>) applies to it — a rule's firings run in transactions of their own once its "
+                        f"transaction_compensation is declared in the process that runs them, not before; this group's "
+                        f"rows are to be undone by hand)")
+            return f"{tid} (it wrote rows)"
         raise NoCompensation(
             f"compensating {compensation.batch}: {', '.join(map(why, compensation.missing))} — nothing undoes them; "
             f"declare the compensation (db.batches.compensation / rule_compensation / transaction_compensation; on the "

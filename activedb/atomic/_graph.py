@@ -34,6 +34,8 @@ class TransactionLineage:
     notes: list[dict[str, Any]]
     compensates: str | None = None
     compensated_by: str | None = None
+    #: The rules of the detached firings it ran, if it is a group transaction of the outbox (none otherwise).
+    rules: tuple[str, ...] = ()
 
 
 class LineageExplorer:
@@ -66,21 +68,21 @@ class LineageExplorer:
                 batches[row.transaction_id][0 if row.role == "C" else 1].append(BatchRef(row.query_id, row.batch_id))
             # A group transaction of the outbox that recorded lineage (a firing declared something) is named by the
             # firings it ran, as one that recorded none is (_load_runs).
-            named = self._run_names([row.transaction_id for row in rows if row.name == GROUP_TRANSACTION])
+            ran = self._rules_run([row.transaction_id for row in rows if row.name == GROUP_TRANSACTION])
             for row in rows:
                 consumed, produced = batches[row.transaction_id]
+                rules = ran.get(row.transaction_id, ())
                 self.nodes[row.transaction_id] = TransactionLineage(
-                    row.transaction_id, named.get(row.transaction_id) or row.name, row.recorded_at, tuple(row.parents),
-                    tuple(consumed), tuple(produced), list(row.notes), row.compensates, row.compensated_by)
+                    row.transaction_id, _run_name(rules) or row.name, row.recorded_at, tuple(row.parents),
+                    tuple(consumed), tuple(produced), list(row.notes), row.compensates, row.compensated_by, rules)
         return {tid: self.nodes[tid] for tid in ids if tid in self.nodes}
 
-    def _run_names(self, ids: list[str]) -> dict[str, str | None]:
-        """The names of the group transactions ``ids`` by the detached firings they ran (done records of the
-        outbox): ``rule:<rule>`` when they were one rule's — the name its transaction compensation declares —, None
-        when they were several rules'; a transaction of ``ids`` that ran none (its records pruned) is left out."""
+    def _rules_run(self, ids: list[str]) -> dict[str, tuple[str, ...]]:
+        """The rules of the detached firings the group transactions ``ids`` ran (done records of the outbox), sorted;
+        a transaction of ``ids`` that ran none (its records pruned) is left out."""
         if not ids or not self._has_outbox:
             return {}
-        return {row.transaction_id: _run_name(row.rules) for row in self.connection.execute(sa.text(
+        return {row.transaction_id: tuple(row.rules) for row in self.connection.execute(sa.text(
             "SELECT transaction_id, array_agg(DISTINCT rule) AS rules FROM activedb_outbox "
             " WHERE transaction_id = ANY(:ids) AND status = 'done' GROUP BY transaction_id"), {"ids": ids})}
 
@@ -162,7 +164,8 @@ class LineageExplorer:
                 " WHERE o.transaction_id = ANY(:ids) AND o.status = 'done' GROUP BY o.transaction_id"),
                 {"ids": bare}):
             self.nodes[row.transaction_id] = TransactionLineage(
-                row.transaction_id, _run_name(row.rules), row.committed_at, (), (), (), [], None, row.compensated_by)
+                row.transaction_id, _run_name(row.rules), row.committed_at, (), (), (), [], None, row.compensated_by,
+                tuple(row.rules))
 
     def parents(self, ids: Iterable[str]) -> set[str]:
         ids = set(ids)
@@ -222,7 +225,7 @@ class LineageExplorer:
 
 def _run_name(rules: Sequence[str]) -> str | None:
     """The name of a transaction that ran detached firings of ``rules``: ``rule:<rule>`` for one rule's (the
-    transaction a compensation of that rule's names), None for several rules'."""
+    transaction a compensation of that rule's names), None for several rules' or none."""
     return f"rule:{rules[0]}" if len(rules) == 1 else None
 
 

@@ -783,6 +783,34 @@ def test_a_rules_transaction_compensation_undoes_its_firing_that_records_lineage
     assert undone == [(BatchRef(f"{query}-out", "1"),)] and scalar(db, count, a=mark) == 0
 
 
+def test_compensating_a_group_transaction_of_several_rules_firings_refuses_naming_the_group_and_its_rules(db):
+    """Firings of two rules ran as one outbox group transaction before a transaction compensation of one of them was
+    declared: no rule's compensation applies to that transaction, and compensating its batch refuses, saying so and
+    naming the rules — not only "it wrote rows" beside a compensation the user did declare."""
+    from activedb import Coupling
+
+    query = prefix()
+    mark = uuid.uuid4().int % 1_000_000_000
+    rules = (f"{query}-a", f"{query}-b")
+    for number, rule in enumerate(rules, 1):
+        db.rule(on=db.signalled(rule), coupling=Coupling.DETACHED, name=rule)(
+            lambda tx, event, number=number: tx.insert("pairs", a=mark, b=number, value="fired"))
+    with db.transaction() as tx:              # one tree: its two firings are submitted, and taken, together
+        db.batches.consumed(tx, query, 1)
+        for rule in rules:
+            tx.signal(rule)
+    db.rules.wait_idle(30)
+    with db.engine.connect() as connection:
+        [group] = connection.execute(sa.text("SELECT DISTINCT transaction_id FROM activedb_outbox "
+                                             " WHERE trigger_log_id = :t"), {"t": tx.log_id}).scalars().all()
+    db.batches.transaction_compensation(f"rule:{rules[0]}")(lambda tx, lineage: tx.delete("pairs", (mark, 1)))
+    with pytest.raises(NoCompensation, match=rf"{group} \(it wrote rows: one outbox group transaction ran detached "
+                                             rf"firings of rules '{rules[0]}', '{rules[1]}' together, so no rule's "
+                                             rf"transaction compensation \(rule:<name>\) applies to it"):
+        db.batches.compensate((query, 1))
+    assert scalar(db, "SELECT count(*) FROM pairs WHERE a = :a", a=mark) == 2
+
+
 def test_compensating_a_batch_whose_undo_table_was_dropped_says_so_and_undoes_nothing(db):
     from activedb.errors import UnknownTable
 
