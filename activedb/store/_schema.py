@@ -538,7 +538,11 @@ def _elements_problem(accepted: tuple[type, ...] | None, check: Callable[[object
     """Why an array column whose elements are ``element_type`` (Python types ``accepted``, further check ``check``,
     as ``TableInfo.check_value`` has them for such a column; None: left to PostgreSQL) cannot take ``value`` (a list
     or tuple), or None: its first element that is no such value.  None is NULL; a list or tuple where the element
-    type takes none is a further dimension, walked the same way."""
+    type takes none is a further dimension, walked the same way; the array's shape first (``_shape_problem``)."""
+    if not path and isinstance(value, (list, tuple)):     # (the whole value: a list or tuple, its type checked)
+        shape = _shape_problem(accepted, value, "")
+        if isinstance(shape, str):
+            return shape
     for index, item in enumerate(value):
         where = f"{path}[{index}]"
         if item is None:
@@ -556,6 +560,45 @@ def _elements_problem(accepted: tuple[type, ...] | None, check: Callable[[object
         if problem is not None:
             return f"element {where}: {problem}"
     return None
+
+
+def _shape_problem(accepted: tuple[type, ...] | None, value: list[object] | tuple[object, ...],
+                   path: str) -> tuple[int, ...] | str:
+    """The shape of the array ``value`` (its length per dimension), or why PostgreSQL would refuse it: a
+    multidimensional array is rectangular — each level all sub-arrays (a list or tuple where the element type takes
+    none, as ``_elements_problem`` has it) or all elements (None, NULL, among them), the sub-arrays of a level none
+    empty and all of one shape. (The driver sends what PostgreSQL refuses as it is, and ``[[[1]], [2]]`` as an
+    empty array.)"""
+    def is_sub(item: object) -> bool:
+        return isinstance(item, (list, tuple)) and (accepted is None or not isinstance(item, accepted))
+
+    if not value:
+        return (0,)
+    first = is_sub(value[0])
+    for index, item in enumerate(value):
+        if is_sub(item) != first:
+            what = "a sub-array" if first else "an element"
+            return (f"{path}[{index}] is a sub-array where {path}[0] is {what}" if not first else
+                    f"{path}[{index}] is an element ({item!r}) where {path}[0] is {what}") + (
+                ": each level of a multidimensional array holds only sub-arrays of one shape or only elements "
+                "(None among them)")
+    if not first:
+        return (len(value),)
+    shape: tuple[int, ...] | None = None
+    for index, item in enumerate(value):
+        if not item:
+            return (f"{path}[{index}] is an empty sub-array, which PostgreSQL does not take in a multidimensional "
+                    f"array; write [] for an empty array")
+        found = _shape_problem(accepted, item, f"{path}[{index}]")  # type: ignore[arg-type]  # (a sub-array)
+        if isinstance(found, str):
+            return found
+        if shape is None:
+            shape = found
+        elif found != shape:
+            return (f"{path}[{index}] has {found[0]} element(s) where {path}[0] has {shape[0]}" if found[0] != shape[0]
+                    else f"{path}[{index}] has the shape {list(found)} where {path}[0] has {list(shape)}") + (
+                ": the sub-arrays of a multidimensional array must all have one shape")
+    return (len(value), *shape)  # type: ignore[misc]  # (not empty: a shape was found)
 
 
 def _is_real(column_type: sa.types.TypeEngine[object]) -> bool:

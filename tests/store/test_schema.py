@@ -65,6 +65,42 @@ def test_an_array_column_refuses_at_the_write_an_element_postgresql_would_refuse
                                              "days": [datetime.date(2026, 1, 1)], "grid": [[1, 2], [3, None]]}
 
 
+
+def test_an_array_column_refuses_at_the_write_a_shape_postgresql_would_refuse_or_lose(db):
+    """A multidimensional array is rectangular in PostgreSQL: each level all sub-arrays or all elements (NULL is an
+    element), the sub-arrays of one level of one length and depth, none empty. A value of any other shape fails the
+    write with ``InvalidValue`` naming the column and the sub-array. Before, the element check walked each sub-list
+    and let the shape through: a ragged ``[[1, 2], [3]]``, ``[1, [2]]``, ``[[1, 2], None]`` or ``[[]]`` failed the
+    commit of the whole tree (``DatabaseError``, SQLSTATE 22P02), ``[[1], 2]`` with a bare ``TypeError`` from the
+    driver, and ``[[[1]], [2]]`` was committed as ``[]`` — the array lost without an error."""
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("CREATE TABLE shaped_arrays (id integer PRIMARY KEY, grid integer[], "
+                                   "words text[])"))
+    refused = [("grid", [[1, 2], [3]], r"\[1\] has 1 element\(s\) where \[0\] has 2"),
+               ("grid", ((1,), (2, 3)), r"\[1\] has 2 element\(s\) where \[0\] has 1"),
+               ("grid", [[[1], [2, 3]]], r"\[0\]\[1\] has 2 element\(s\) where \[0\]\[0\] has 1"),
+               ("grid", [1, [2]], r"\[1\] is a sub-array where \[0\] is an element"),
+               ("grid", [[1], 2], r"\[1\] is an element \(2\) where \[0\] is a sub-array"),
+               ("grid", [[1, 2], None], r"\[1\] is an element \(None\) where \[0\] is a sub-array"),
+               ("grid", [None, [1, 2]], r"\[1\] is a sub-array where \[0\] is an element"),
+               ("grid", [[]], r"\[0\] is an empty sub-array"),
+               ("grid", [[1], []], r"\[1\] is an empty sub-array"),
+               ("grid", [[[1]], [2]], r"\[1\] has the shape \[1\] where \[0\] has \[1, 1\]"),
+               ("words", [["a", "b"], ["c"]], r"\[1\] has 1 element\(s\) where \[0\] has 2")]
+    for column, value, message in refused:
+        with db.transaction() as tx:
+            with pytest.raises(activedb.InvalidValue, match=rf"shaped_arrays\.{column} .*{message}"):
+                tx.write("shaped_arrays", 1, **{column: value})
+            with pytest.raises(activedb.InvalidValue, match=rf"shaped_arrays\.{column} .*{message}"):
+                tx.write_many("shaped_arrays", {2: {column: value}})
+    accepted = {1: [], 2: [[1, 2], [3, None]], 3: [(1, 2), [3, 4]], 4: [[[1]], [[2]]], 5: [None, 1]}
+    with db.transaction() as tx:
+        for key, value in accepted.items():
+            tx.write("shaped_arrays", key, grid=value, words=[["a"], ["b"]])
+    with db.transaction() as tx:
+        assert {key: tx.read("shaped_arrays", key)["grid"] for key in accepted} == {
+            1: [], 2: [[1, 2], [3, None]], 3: [[1, 2], [3, 4]], 4: [[[1]], [[2]]], 5: [None, 1]}
+
 def test_a_char_n_key_names_its_row_as_postgresql_gives_it_back_padded(db):
     """A ``char(n)`` value comes back padded with spaces to ``n`` (PostgreSQL ignores trailing spaces when it
     compares such values): a key of such a column names the row PostgreSQL gives back (``'ab'`` is ``'ab   '`` of a
