@@ -31,6 +31,7 @@ from activedb.errors import (RuleDefinitionChangedWarning, RuleError, UnknownTab
                              finite_number)
 from activedb.events import Event, EventKind, EventSpec, Origin
 from activedb.rules._model import FunctionRule, Rule, fingerprint
+from activedb.store import text_problem
 
 if TYPE_CHECKING:  # pragma: no cover
     from activedb.rules._manager import RuleManager
@@ -115,11 +116,17 @@ class RuleRegistry:
         if "\x00" in name:      # (PostgreSQL text holds none: the registry row's write would fail)
             raise RuleError(f"a rule's name= cannot hold a NUL character (PostgreSQL text cannot store one), got "
                             f"{name!r}: remove it")
+        if not name.isascii() and (problem := text_problem(name)) is not None:     # (a lone surrogate: as NUL)
+            raise RuleError(f"rule {name!r}: its name cannot be stored in the rule registry — {problem}; remove it")
         if not isinstance(rule.on, EventSpec):
             raise RuleError(
                 f"rule {name!r}: on= must be an event such as db.updated('table') or db.signalled('name'), "
                 f"got {rule.on!r}"
             )
+        source = rule.on.source     # (the registry row's event names it: text, as the name)
+        if isinstance(source, str) and (problem := text_problem(source)) is not None:
+            raise RuleError(f"rule {name!r}: its event's name {source!r} ({rule.on.kind.value}) cannot be stored in "
+                            f"the rule registry — {problem}; name the {rule.on.kind.value} without it")
         try:
             rule.coupling = Coupling.parse(rule.coupling)
             rule.action_coupling = Coupling.parse(rule.action_coupling)

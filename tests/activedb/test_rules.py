@@ -776,6 +776,21 @@ def test_a_rule_name_holding_a_nul_character_is_refused_at_declaration(db):
     assert "bad\x00name" not in db.rules.names()
 
 
+@pytest.mark.parametrize("spec, name, message", [
+    (("signalled", "named"), "bad\ud800name", r"rule 'bad\\ud800name': its name .*lone surrogate '\\ud800' at position 3"),
+    (("stream", "bad\x00stream"), "on_nul_stream", r"rule 'on_nul_stream': its event.s name .*NUL character at position 3"),
+    (("stream", "bad\ud800stream"), "on_lone_stream", r"rule 'on_lone_stream': its event.s name .*lone surrogate"),
+    (("signalled", "bad\x00signal"), "on_nul_signal", r"rule 'on_nul_signal': its event.s name .*NUL character")])
+def test_a_rule_name_or_event_postgresql_text_cannot_hold_is_refused_at_declaration(db, spec, name, message):
+    """The registry row keeps the rule's name and event as text: a lone surrogate in the name failed the declaration
+    with a bare UnicodeEncodeError of the driver, and a stream or signal name holding NUL or a lone surrogate with
+    psycopg's DataError or that UnicodeEncodeError — no activedb error saying what to change."""
+    kind, event_name = spec
+    with pytest.raises(RuleError, match=message):
+        db.rule(on=getattr(db, kind)(event_name), name=name)(lambda tx, event: None)
+    assert name not in db.rules.names()
+
+
 @pytest.mark.parametrize("module", [5, ("shop",), b"shop"])
 def test_persisted_given_a_module_that_is_no_text_says_what_to_give(db, module):
     """``persisted(module=5)`` sent the number to PostgreSQL as the module column's value: psycopg's
