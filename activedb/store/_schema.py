@@ -696,7 +696,8 @@ def _converter(column: sa.Column[object]) -> Callable[[object], object] | None:
     ``interval(p)`` (``_as_interval_of``); an ``interval`` restricted to fields coarser than seconds (``interval
     hour``, ``interval year to month``) keeps only those (``_as_interval_in``).  A ``date`` column
     reads as ``date``, which never equals a ``datetime``: a midnight one (the only one ``_date_problem`` lets
-    through) is taken as its date."""
+    through) is taken as its date.  An array or JSON column reads its arrays as lists: a tuple is taken as its list
+    (``_as_lists``; no key is of such a column)."""
     column_type = column.type
     if isinstance(column_type, sa.Uuid):
         return _as_uuid if column_type.as_uuid else _as_uuid_text
@@ -722,7 +723,22 @@ def _converter(column: sa.Column[object]) -> Callable[[object], object] | None:
         return _as_real
     if isinstance(column_type, sa.Date):
         return _as_date
+    if isinstance(column_type, (sa.ARRAY, sa.JSON)):
+        return _as_lists
     return None
+
+
+def _as_lists(value: object) -> object:
+    """``value`` (of an array or JSON column) with every tuple in it a list, as PostgreSQL gives it back; ``value``
+    itself when it holds none."""
+    if isinstance(value, (list, tuple)):
+        items = [_as_lists(item) for item in value]
+        return items if type(value) is not list or any(
+            new is not old for new, old in zip(items, value)) else value
+    if isinstance(value, dict):
+        converted = {key: _as_lists(item) for key, item in value.items()}
+        return converted if any(converted[key] is not item for key, item in value.items()) else value
+    return value
 
 
 def _as_decimal(value: object, places: decimal.Decimal | None = None) -> object:

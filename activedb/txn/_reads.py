@@ -138,12 +138,20 @@ class Reads:
         if info.nested:     # (their lists and dicts too: ``_view.read_row``)
             for image in rows.values():
                 copy_nested(image, info.nested)
-        for key in _view.written_keys(self, info.name):
+        written = _view.written_keys(self, info.name)
+        for key in written:
             rows[key] = _view.read_row(self, info, key, record=False)
         # An ancestor that aborted during the scan was doomed before its writes were discarded: a scan
         # that merged the tree's writes without them is never returned (as ``_view.read_row`` does).
         self._check_active("scan")
-        result = [image for image in rows.values() if image is not None and matches(image, where)]
+        if written and isinstance(where, Mapping):
+            # (a row of the tree's holds values as written, a uuid's text, a float of a numeric column: compared as
+            # PostgreSQL gives them back, as ``where``'s are)
+            result = [image for key, image in rows.items() if image is not None and matches(
+                {column: info.normalised(column, image.get(column)) for column in where} if key in written else image,
+                where)]
+        else:
+            result = [image for image in rows.values() if image is not None and matches(image, where)]
         recorder = self.manager.recorder
         if recorder:
             for key, image in rows.items():

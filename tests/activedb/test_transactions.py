@@ -1378,6 +1378,35 @@ def test_a_scan_equality_on_a_json_column_compares_as_jsonb(db):
         assert [row["id"] for row in tx.scan("documents", {"body": {"tags": ["a", "é"], "kind": "memo"}})] == [1]
 
 
+def test_a_scan_equality_finds_the_rows_the_transaction_wrote_and_committed_rows_given_a_tuple(db):
+    """A scan's equality finds a row the transaction itself wrote as it finds the row once committed: a value kept
+    as given (a uuid as text, a float of a ``numeric`` column, a tuple of an array or inside JSON) is compared as
+    PostgreSQL gives it back, as the equality's own value is (``TableInfo.normalised``). And a tuple in the equality
+    of an array or JSON column finds the rows holding that list. Before, the tree's own rows were compared as
+    written: ``{'ref': text}`` missed the row written with that very text (the equality was the ``UUID``), ``{'price':
+    0.1}`` the row written with ``0.1``; and ``{'counts': (1, 2)}`` found no committed row (PostgreSQL matched it, the
+    second look in Python compared ``[1, 2]`` with the tuple)."""
+    import uuid
+
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("CREATE TABLE scanned_as_stored (id integer PRIMARY KEY, ref uuid, "
+                                   "price numeric(10, 2), counts integer[], body jsonb)"))
+    db.schema.refresh()
+    ref = str(uuid.UUID(int=7))
+    row = dict(ref=ref, price=0.1, counts=(1, 2), body={"pair": (1, 2)})
+    with db.transaction() as tx:
+        tx.write("scanned_as_stored", 1, **row)
+    wheres = [{"ref": ref}, {"ref": ref.upper()}, {"price": 0.1}, {"price": 0.104}, {"counts": (1, 2)},
+              {"counts": [1, 2]}, {"body": {"pair": (1, 2)}}, {"body": {"pair": [1, 2]}}]
+    with db.transaction() as tx:
+        assert {str(where): [found["id"] for found in tx.scan("scanned_as_stored", where)] for where in wheres} == {
+            str(where): [1] for where in wheres}
+        tx.write("scanned_as_stored", 2, **row)
+        assert {str(where): sorted(found["id"] for found in tx.scan("scanned_as_stored", where)) for where in wheres
+                } == {str(where): [1, 2] for where in wheres}
+        tx.abort()
+
+
 def test_a_naive_datetime_key_of_a_timestamptz_column_is_refused_saying_to_give_an_aware_one(db):
     """A ``timestamptz`` column gives back aware datetimes: a naive key would be written (PostgreSQL reads it in the
     session's time zone) but a read by the same key would not find the row (keyed by an aware datetime, never equal
