@@ -1224,7 +1224,9 @@ _PYTHON_TYPES = (
     ((sa.String, sa.Text, sa.Enum), (str,)),
     (sa.DateTime, (datetime.datetime,)),
     (sa.Date, (datetime.date,)),
-    (sa.Interval, (datetime.timedelta,)),
+    # (a text PostgreSQL parses, '12:00' or '1 hour', as it always did; a reflected interval is the dialect's INTERVAL)
+    (sa.Time, (datetime.time, str)),
+    ((sa.Interval, postgresql.INTERVAL), (datetime.timedelta, str)),
     ((sa.JSON, postgresql.JSONB), (object,)),
     (sa.Uuid, (uuid.UUID, str)),
     (sa.LargeBinary, (bytes, bytearray, memoryview)),

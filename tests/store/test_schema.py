@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime
 import decimal
+import re
 
 import pytest
 import sqlalchemy as sa
@@ -100,6 +101,52 @@ def test_an_array_column_refuses_at_the_write_a_shape_postgresql_would_refuse_or
     with db.transaction() as tx:
         assert {key: tx.read("shaped_arrays", key)["grid"] for key in accepted} == {
             1: [], 2: [[1, 2], [3, None]], 3: [[1, 2], [3, 4]], 4: [[[1]], [[2]]], 5: [None, 1]}
+
+def test_a_time_or_interval_column_refuses_at_the_write_a_value_of_another_type(db):
+    """A ``time``, ``timetz`` or ``interval`` column (of any precision or fields) takes a ``datetime.time`` or a
+    ``timedelta``, or a text PostgreSQL parses, as before; a number, a bool or a ``date`` fails the write with
+    ``InvalidValue`` naming the column. Before, no Python type was checked for them (SQLAlchemy reflects
+    ``interval`` as its dialect's ``INTERVAL``, not the ``sa.Interval`` the check named, and ``time`` was not named
+    at all): ``5`` failed the commit of the whole tree (``DatabaseError``, SQLSTATE 42804, "is of type interval but
+    expression is of type smallint")."""
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("CREATE TABLE timed_values (id integer PRIMARY KEY, at time, at0 time(0), "
+                                   "zoned timetz, span interval, span0 interval(0), hours interval hour)"))
+    db.schema.refresh()
+    for column in ("at", "at0", "zoned", "span", "span0", "hours"):
+        for value in (5, 1.5, True, datetime.date(2026, 1, 1)):
+            with db.transaction() as tx:
+                with pytest.raises(activedb.InvalidValue, match=rf"timed_values\.{column} is .*; got {re.escape(repr(value))}"):
+                    tx.write("timed_values", 1, **{column: value})
+    with db.transaction() as tx:     # (each row twice: a group of rows of one type per column, and row by row)
+        for key in (1, 3):
+            tx.write("timed_values", key, at=datetime.time(12, 0, 0, 600_000), at0=datetime.time(12, 0, 0, 600_000),
+                     zoned=datetime.time(12, tzinfo=datetime.timezone.utc),
+                     span=datetime.timedelta(hours=1, seconds=1), span0=datetime.timedelta(seconds=1.6),
+                     hours=datetime.timedelta(hours=1, minutes=5))
+    with db.transaction() as tx:
+        for key in (2, 4):
+            tx.write("timed_values", key, at="12:00", at0="12:00:00.6", zoned="12:00+00", span="1 hour",
+                     span0="2 seconds", hours="1 hour")
+    with db.transaction() as tx:
+        tx.write("timed_values", 5, at=datetime.time(12), span="1 hour")
+        tx.write("timed_values", 6, at="12:00", span=datetime.timedelta(hours=1))
+    with db.transaction() as tx:
+        for key in (5, 6):
+            assert tx.read("timed_values", key) == {
+                "id": key, "at": datetime.time(12), "at0": None, "zoned": None, "span": datetime.timedelta(hours=1),
+                "span0": None, "hours": None}
+        assert tx.read("timed_values", 3) == {**tx.read("timed_values", 1), "id": 3}
+        assert tx.read("timed_values", 4) == {**tx.read("timed_values", 2), "id": 4}
+        assert tx.read("timed_values", 1) == {
+            "id": 1, "at": datetime.time(12, 0, 0, 600_000), "at0": datetime.time(12, 0, 1),
+            "zoned": datetime.time(12, tzinfo=datetime.timezone.utc), "span": datetime.timedelta(hours=1, seconds=1),
+            "span0": datetime.timedelta(seconds=2), "hours": datetime.timedelta(hours=1)}
+        assert tx.read("timed_values", 2) == {
+            "id": 2, "at": datetime.time(12), "at0": datetime.time(12, 0, 1),
+            "zoned": datetime.time(12, tzinfo=datetime.timezone.utc), "span": datetime.timedelta(hours=1),
+            "span0": datetime.timedelta(seconds=2), "hours": datetime.timedelta(hours=1)}
+
 
 def test_a_char_n_key_names_its_row_as_postgresql_gives_it_back_padded(db):
     """A ``char(n)`` value comes back padded with spaces to ``n`` (PostgreSQL ignores trailing spaces when it
