@@ -18,10 +18,8 @@ def parse_listen(text: str | int) -> tuple[str, int]:
     bracketed = address.startswith("[") and address.endswith("]")
     if address.startswith("[") or address.endswith("]"):
         address = address[1:-1] if bracketed else "["     # ("[": no address)
-    try:
-        number = int(port)
-    except ValueError:
-        number = -1
+    # (decimal digits only: int() also takes "1_000", "+80", and other scripts' digits)
+    number = int(port) if port.isascii() and port.isdigit() else -1
     # (An IPv6 address only in brackets: "::1:9464" is itself an address, so which part is the port is a guess.)
     if not 0 <= number <= 65535 or not _an_address(address) or (":" in address and not bracketed):
         raise MetricsError(f"--metrics-port {value!r}: give a port (e.g. 9464) or ADDRESS:PORT "

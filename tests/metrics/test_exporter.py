@@ -199,6 +199,11 @@ def test_listen_forms_and_their_errors():
     for bad in ("::1", "[::1]", "[::1]x:9464", "[::1:9464", "::1:9464", "fe80::1:8080"):
         with pytest.raises(MetricsError, match=r"give a port .* an IPv6 address in brackets, \[::1\]:9464"):
             parse_listen(bad)
+    # A port is decimal digits: int() also took "1_000" (port 1000), "+9464", " 9464" inside an address and other
+    # scripts' digits ("٩٤٦٤"), none of them PORT or ADDRESS:PORT, which the command line then served on.
+    for bad in ("1_000", "+9464", "0.0.0.0:+80", "٩٤٦٤", "127.0.0.1:1_0"):
+        with pytest.raises(MetricsError, match="give a port"):
+            parse_listen(bad)
     assert reason_label("late: ts 1 is older") == "late"
     assert reason_label("") == "other"
 
