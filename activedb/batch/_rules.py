@@ -545,8 +545,9 @@ def _count_chain(tally: "_Tally", chain: tuple["Rule", ...], declaration: Learne
                  positions: list[int]) -> None:
     """Add to ``tally`` what the learned ``chain`` did for the events at ``positions`` of a batch, as firing counts it:
     per event, each rule ``executed`` (or ``condition_false``) up to the rule that raised, if one did (``failed``); the
-    rules after it did not run."""
+    rules after it did not run (``cancelled``: stopped by that failure)."""
     executed, condition_false, failed = [0] * len(chain), [0] * len(chain), [0] * len(chain)
+    cancelled = [0] * len(chain)
     outcomes, rejected = declaration.outcomes, declaration.rejected
     everything = (True,) * len(chain)
     # The events counted per (the rule that raised, which conditions held): a few kinds, each counted once.
@@ -560,23 +561,35 @@ def _count_chain(tally: "_Tally", chain: tuple["Rule", ...], declaration: Learne
                 condition_false[index] += count
         if raised is not None:
             failed[raised] += count
+            for index in range(raised + 1, len(chain)):
+                cancelled[index] += count
     for index, rule in enumerate(chain):
         tally.add(rule, "executed", executed[index])
         tally.add(rule, "condition_false", condition_false[index])
         tally.add(rule, "failed", failed[index])
+        tally.add(rule, "cancelled", cancelled[index])
 
 
 class _Tally(CommitParticipant):
     """The rules' counters a lowered batch moves, told to ``rules`` once its transaction committed (enlisted after the
     batch): a flush retried after a conflict runs the batch's ``write`` again, which starts the tally afresh
-    (``reset``), so only the attempt that committed counts.  Once the transaction ended, the learned chains forget
-    the batch (``LearnedDeclaration.release``)."""
+    (``reset``), so only the attempt that committed counts.  If the transaction aborts, the firings of rules that run
+    in it (immediate, deferred) count as firing counts them in a tree that aborted: ``condition_false`` and ``failed``
+    as the last attempt found them, every other one ``cancelled`` — the abort undid it, or it never ran (the
+    detached family's are the outbox's to count).  Once the transaction ended, the learned chains forget the batch
+    (``LearnedDeclaration.release``)."""
 
     def __init__(self, rules: "RuleManager", learned: Iterable[LearnedDeclaration] = ()) -> None:
         self._rules = rules
         self._learned = tuple(learned)
         self._counts: list[tuple[Rule, RuleCounter, int]] = []
         self._fired: dict[Rule, int] = {}
+        self._dispatched: Counter[Rule] = Counter()     # (``fired_in_bulk``: the firings of the batch's events)
+
+    def dispatched(self, transaction: "Transaction", rule: "Rule", count: int) -> None:
+        """``rule`` fired ``count`` times on the batch's events: recorded in the tree's firing record now."""
+        self._rules.fired_in_bulk(transaction, rule, count)
+        self._dispatched[rule] += count
 
     def reset(self) -> None:
         self._counts = []
@@ -605,6 +618,16 @@ class _Tally(CommitParticipant):
             declaration.release()
 
     def aborted(self, transaction: "Transaction", error: BaseException | None) -> None:
+        counts, self._counts = self._counts, []
+        fired = self._dispatched + Counter(self._fired)
+        ended: Counter[Rule] = Counter()
+        for rule, what, amount in counts:
+            if (what == "condition_false" or what == "failed") and rule.coupling.runs_as_subtransaction:
+                self._rules.count(rule, what, amount)
+                ended[rule] += amount
+        for rule, total in fired.items():
+            if rule.coupling.runs_as_subtransaction and total > ended[rule]:
+                self._rules.count(rule, "cancelled", total - ended[rule])
         for declaration in self._learned:
             declaration.release()
 
@@ -726,7 +749,7 @@ def apply_lowered(rules: "RuleManager", transaction: "Transaction", events: Iter
     per_type = Counter(map(_EVENT_TYPE, pending.batch))      # (the events as apply_at_commit read them)
     for event_type, count in per_type.items():
         for rule in (*lowered.rules[event_type], *lowered.detached.get(event_type, ())):
-            rules.fired_in_bulk(transaction, rule, count)
+            tally.dispatched(transaction, rule, count)
     return pending
 
 

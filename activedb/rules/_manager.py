@@ -192,6 +192,7 @@ class RuleManager(TransactionExtension):
                         # (The cycle's firings as they are: iterating it makes a ``DeferredFiring`` of each.)
                         self._run_groups(transaction, list(cycle.firings), f"deferred cycle {cycle.number}")
                 except DeferredCycleLimitExceeded as error:
+                    self._never_ran(error.pending)  # type: ignore[arg-type]  # (the queue's firings)
                     raise CascadeLimitExceeded(
                         f"deferred rules of {transaction.id} kept firing each other for {queue.max_cycles} cycles; "
                         f"break the cycle or raise max_deferred_cycles", [str(error)]) from error
@@ -211,8 +212,7 @@ class RuleManager(TransactionExtension):
         context = slot(transaction, RuleContext, create=False)
         if not committed and context is not None and context.deferred_queue is not None:
             # Its deferred firings were waiting for its commit: stopped by that dependency, they count cancelled.
-            for firing in context.deferred_queue.discard():
-                self.count(firing.rule, "cancelled")
+            self._never_ran(context.deferred_queue.discard())
         if context is not None and context.gate_report is not None:
             self.detached.transaction_ended(transaction, committed)
             held = context.held_deferred
@@ -222,6 +222,10 @@ class RuleManager(TransactionExtension):
                 context.held_deferred = None
                 for firing in held:
                     defer(transaction.parent, firing, self.max_deferred_cycles)
+            elif held and not committed:
+                # Its events undone with it, the deferred firings it raised never run.
+                context.held_deferred = None
+                self._never_ran(held)
         if transaction.parent is not None:
             return
         if not committed and self.registry.by_kind.get(EventKind.ABORTED):
@@ -317,8 +321,8 @@ class RuleManager(TransactionExtension):
                 else:
                     self.detached.start(transaction, firing, ended=ended)
         if plan.groups is not None:
-            for group in plan.groups:
-                self._run_group([firings[index] for index in group], transaction, "immediate")
+            self._run_in_groups(transaction, [[firings[index] for index in group] for group in plan.groups],
+                                "immediate")
         elif plan.order:
             self._run_each(transaction, firings, plan.order, plan.names, "immediate")
 
@@ -332,8 +336,26 @@ class RuleManager(TransactionExtension):
             if order.order:
                 self._run_each(transaction, firings, order.order, order.names, what)
                 return
-        for group in (priority_groups(firings) if len(firings) > 1 else (firings,)):
-            self._run_group(group, transaction, what)
+        if len(firings) > 1:
+            self._run_in_groups(transaction, priority_groups(firings), what)
+        else:
+            self._run_group(firings, transaction, what)
+
+    def _run_in_groups(self, transaction: Transaction, groups: list[list[Firing]], what: str) -> None:
+        """Run ``groups`` (priority groups, highest first) one after the other; a group that raises stops the rest,
+        whose firings, never run, count ``cancelled`` (what stopped them was another firing's failure)."""
+        for number, group in enumerate(groups):
+            try:
+                self._run_group(group, transaction, what)
+            except BaseException:
+                self._never_ran([firing for later in groups[number + 1:] for firing in later])
+                raise
+
+    def _never_ran(self, firings: "Iterable[Firing]") -> None:
+        """``firings``, dispatched, will never run (a firing before them failed, their trigger or the queue holding
+        them ended first): each counted ``cancelled``, its one outcome."""
+        for firing in firings:
+            self.count(firing.rule, "cancelled")
 
     def _run_group(self, group: list[Firing], transaction: Transaction, what: str) -> None:
         """Run one priority group of firings as children of ``transaction``, concurrently; raise the first failure
@@ -369,7 +391,7 @@ class RuleManager(TransactionExtension):
         stops the rest (as its group's failure does)."""
         executed: list[str] = []
         try:
-            for index in order:
+            for position, index in enumerate(order):
                 firing = firings[index]
                 try:
                     if run_inline(transaction, self._run_firing, firing, names[index], Firing):
@@ -377,6 +399,7 @@ class RuleManager(TransactionExtension):
                 except DependencyAbort:
                     pass
                 except BaseException as error:
+                    self._never_ran([firings[later] for later in order[position + 1:]])
                     _raise_failure(firing, error, what)
         finally:
             if executed:

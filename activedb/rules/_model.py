@@ -181,8 +181,9 @@ class RuleCounters:
     executed: int = 0          # condition true, action ran, its transaction committed — and its top-level
                                # transaction too: counted then, once (an attempt re-run after a conflict counts none)
     failed: int = 0            # condition or action raised, or aborted its own transaction (tx.abort())
-    cancelled: int = 0         # a dependency stopped it (trigger aborted/committed, condition false), or its tree
-                               # was chosen as a deadlock's victim (re-running the tree runs it again)
+    cancelled: int = 0         # a dependency stopped it (trigger aborted/committed, condition false), its tree
+                               # was chosen as a deadlock's victim (re-running the tree runs it again) or aborted after it
+                               # ran (undoing it), or a failing firing before it stopped it from running
     rerun_after_wait: int = 0  # C-A parallel action run again after it gave way in a gate-vs-lock cycle
 
 

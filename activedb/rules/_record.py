@@ -1,7 +1,7 @@
 """The firing record of one rule manager (``db.rules.statistics()``): per rule its ``RuleCounters``, per
 E-C coupling its firings.  A tree's firings are counted on its root's ``RuleContext`` (also its
 transaction-log row's ``rule_firings``) and added here once, when the tree ends (``fold``), not per firing; so are
-its executed firings (``executed``), added only if the tree committed.
+its executed firings (``executed``), added as ``executed`` if the tree committed and as ``cancelled`` if it aborted.
 ``_mutex`` (a leaf) protects the counters and a root's ``firings``/``couplings``/``executed``.
 """
 
@@ -108,7 +108,8 @@ class FiringRecord:
             couplings[name] = rule.coupling
 
     def fold(self, root: "Transaction") -> None:
-        """``root``'s tree ended: add its firing record to the counters, and its executed firings if it committed.
+        """``root``'s tree ended: add its firing record to the counters, and its executed firings — as ``executed`` if
+        it committed, as ``cancelled`` if it aborted (the abort undid them).
         (Called after the root's state became COMMITTED or ABORTED: a tree with no firing yet has nothing to fold,
         and ``_tally`` counts a firing into it at once by that state.)"""
         context = slot(root, RuleContext, create=False)
@@ -117,9 +118,12 @@ class FiringRecord:
         committed = root.state is TxnState.COMMITTED
         with self._mutex:
             executed, context.executed = context.executed, None
-            if executed and committed:
+            if executed:
+                # An aborted tree undid their work: the abort, not the rule, stopped them — cancelled.
+                outcome = "executed" if committed else "cancelled"
                 for name, count in executed.items():
-                    self._counters[name].executed += count
+                    counter = self._counters[name]
+                    setattr(counter, outcome, getattr(counter, outcome) + count)
             couplings = context.couplings
             if couplings is None:
                 return
@@ -139,7 +143,7 @@ class FiringRecord:
     def executed(self, context: RuleContext, names: "list[str]") -> None:
         """Firings of the rules ``names`` (one name per firing) executed — their actions ran and their subtransactions
         committed — in the tree whose root's ``RuleContext`` is ``context``: counted ``executed`` when that tree
-        commits (``fold``), not if it aborts.  One mutex section for them all."""
+        commits (``fold``), ``cancelled`` if it aborts.  One mutex section for them all."""
         mutex = self._mutex
         mutex.acquire()
         try:

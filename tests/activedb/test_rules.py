@@ -1463,3 +1463,114 @@ def test_a_deferred_firing_whose_trigger_aborts_before_its_commit_counts_cancell
     assert ran == []
     assert counters.fired == 1 and (counters.executed, counters.failed, counters.cancelled,
                                     counters.condition_false) == (0, 0, 1, 0), counters
+
+
+def _outcomes(db, names):
+    per_rule = db.rules.statistics().per_rule
+    return {name: (per_rule[name].fired, per_rule[name].executed, per_rule[name].failed, per_rule[name].cancelled,
+                   per_rule[name].condition_false) for name in names}
+
+
+def test_an_immediate_firing_that_ran_in_a_tree_that_then_aborts_counts_cancelled(db):
+    """An immediate firing ran and its subtransaction committed; then its tree aborted (``tx.abort()``), undoing
+    its work.  Counted ``cancelled`` — the abort, not the rule, stopped it — so ``fired`` is the sum of the outcomes.
+    Before, its ``executed`` was dropped with the tree and it ended in no outcome: fired 1, nothing else."""
+    name = "ran_then_tree_aborted"
+    ran = []
+    db.rule(on=db.signalled(name), name=name)(lambda tx, event: ran.append(event))
+    try:
+        with db.transaction() as tx:
+            tx.signal(name)
+            tx.abort()
+        counters = _outcomes(db, [name])
+    finally:
+        db.rules.remove(name)
+    assert len(ran) == 1
+    assert counters == {name: (1, 0, 0, 1, 0)}, counters       # fired, executed, failed, cancelled, condition false
+
+
+@pytest.mark.parametrize("coupling", [Coupling.IMMEDIATE, Coupling.DEFERRED])
+@pytest.mark.parametrize("priorities", ["each its own", "a group of two"])
+def test_firings_before_and_after_a_failing_firing_of_their_event_count_cancelled(db, coupling, priorities):
+    """Four rules on one signal, by priority: ``first`` (and, in a group with it, ``beside``) run and commit their
+    subtransactions, ``breaks`` raises, ``last`` never runs — the failure stops the rest of the event's firings (of
+    a deferred cycle's), and the trigger's tree aborts.  ``breaks`` is failed; the others are cancelled: the abort
+    undid the work of ``first`` and ``beside``, and ``last`` never ran.  Before, ``first``'s ``executed`` was
+    dropped with the tree and ``last`` ended in no outcome: each fired 1, nothing else."""
+    tag = f"{coupling.value}_{priorities.replace(' ', '_')}"
+    names = {part: f"{part}_{tag}" for part in ("first", "beside", "breaks", "last")}
+    ran: list[str] = []
+    event = db.signalled(tag)
+    db.rule(on=event, name=names["first"], priority=4, coupling=coupling)(lambda tx, e: ran.append("first"))
+    if priorities == "a group of two":
+        db.rule(on=event, name=names["beside"], priority=4, coupling=coupling)(lambda tx, e: ran.append("beside"))
+
+    def breaks(tx, e):
+        ran.append("breaks")
+        raise ValueError("the rule breaks")
+
+    db.rule(on=event, name=names["breaks"], priority=3, coupling=coupling)(breaks)
+    db.rule(on=event, name=names["last"], priority=2, coupling=coupling)(lambda tx, e: ran.append("last"))
+    present = [name for part, name in names.items() if part != "beside" or priorities == "a group of two"]
+    try:
+        with pytest.raises(RuleFailed):
+            with db.transaction() as tx:
+                tx.signal(tag)
+        counters = _outcomes(db, present)
+    finally:
+        for name in present:
+            db.rules.remove(name)
+    assert "last" not in ran and "breaks" in ran and "first" in ran, ran
+    expected = {name: (1, 0, 0, 1, 0) for name in present}
+    expected[names["breaks"]] = (1, 0, 1, 0, 0)
+    assert counters == expected, counters
+
+
+def test_a_deferred_firing_raised_by_a_parallel_action_that_aborts_counts_cancelled(db):
+    """A deferred rule with C-A sequential causally dependent coupling: its action, begun beside its condition,
+    signals a deferred rule's event (the firing is held on the action until it commits: it joins the trigger's
+    deferred queue then); the condition returns false, so the action aborts, its events undone — the held firing
+    never runs.  Counted ``cancelled``.  Before, it was dropped with the action: fired 1, nothing else."""
+    name = "held_behind_a_parallel_action"
+    began = threading.Event()
+
+    def condition(tx, event):
+        assert began.wait(30), "the action never signalled"
+        return False
+
+    ran = []
+    db.rule(on=db.signalled(f"{name}_go"), name=f"{name}_parallel", when=condition, coupling=Coupling.DEFERRED,
+            action_coupling=Coupling.SEQUENTIAL_CAUSALLY_DEPENDENT)(
+        lambda tx, event: (tx.signal(name), began.set()))
+    db.rule(on=db.signalled(name), name=name, coupling=Coupling.DEFERRED)(lambda tx, event: ran.append(event))
+    try:
+        with db.transaction() as tx:
+            tx.signal(f"{name}_go")
+        counters = _outcomes(db, [name])
+    finally:
+        for rule in (f"{name}_parallel", name):
+            db.rules.remove(rule)
+    assert ran == []
+    assert counters == {name: (1, 0, 0, 1, 0)}, counters
+
+
+def test_deferred_firings_past_the_cycle_limit_count_cancelled(db):
+    """A deferred rule that fires itself again each cycle meets ``max_deferred_cycles``: the tree aborts with
+    CascadeLimitExceeded.  The firings that ran were undone and the one still pending never runs: all cancelled.
+    Before, the pending one ended in no outcome (and those that ran too)."""
+    name = "deferred_again_and_again"
+
+    @db.rule(on=db.signalled(name), name=name, coupling=Coupling.DEFERRED)
+    def again(tx, event):
+        tx.signal(name)
+
+    limit, db.rules.max_deferred_cycles = db.rules.max_deferred_cycles, 3
+    try:
+        with pytest.raises(CascadeLimitExceeded):
+            with db.transaction() as tx:
+                tx.signal(name)
+        counters = _outcomes(db, [name])
+    finally:
+        db.rules.max_deferred_cycles = limit
+        db.rules.remove(name)
+    assert counters == {name: (4, 0, 0, 4, 0)}, counters

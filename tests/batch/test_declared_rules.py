@@ -19,6 +19,7 @@ import sqlalchemy as sa
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import activedb
 from activedb import batch
 from activedb.errors import RuleFailed
 from benchmarks import workloads
@@ -361,3 +362,60 @@ def test_a_declared_rule_of_an_async_or_generator_function_is_refused_where_it_i
                              rf"(async|generator) function.*plain def"):
         db.rule(on=db.stream(name), name=name)(batch.declared(declaring))
     assert name not in db.rules.names()
+
+
+class _FailsTheCommit(activedb.CommitParticipant):
+    """Fails the flush after everything, the lowered batch included, was written: the tree aborts."""
+
+    def about_to_commit(self, transaction, connection) -> None:
+        raise RuntimeError("the commit fails after the batch was written")
+
+
+def _noted(event, ops):
+    ops.write("items", event.key, lambda own: {"note": "noted"})
+
+
+@pytest.mark.parametrize("when", ["before its flush", "in its flush"])
+def test_a_lowered_batch_whose_transaction_aborts_counts_its_firings_cancelled_as_firing_them_does(db, when):
+    """A declared rule's events, fired one by one or lowered, in a transaction that aborts — before its flush
+    (``tx.abort()``: the batch never ran) or in it, after the batch was written: the abort undid (or stopped) every
+    firing, so each counts ``cancelled`` on both paths, and ``fired`` is the sum of the outcomes.  Before, the
+    lowered batch's counts were dropped with its transaction (fired 3, no outcome), as were the firing path's
+    ``executed`` ones."""
+    name = f"undone_{when.replace(' ', '_')}"
+    if name not in db.rules.names():
+        db.rule(on=db.stream(name), name=name)(batch.declared(_noted))
+    events = [{"type": name, "key": f"{name}-{number}", "ts": float(number)} for number in range(3)]
+
+    def outcomes():
+        counters = db.rules.statistics().per_rule.get(name)
+        return (0,) * 5 if counters is None else (counters.fired, counters.executed, counters.failed,
+                                                  counters.cancelled, counters.condition_false)
+
+    def end(tx):
+        if when == "before its flush":
+            tx.abort()
+        else:
+            activedb.lowlevel.enlist(tx, _FailsTheCommit())
+
+    moved = []
+    for lowering in (False, True):
+        before = outcomes()
+        try:
+            with db.transaction() as tx:
+                if lowering:
+                    lowered = batch.lower(db.rules, tx, {name})
+                    assert lowered is not None
+                    batch.apply_lowered(db.rules, tx, events, lowered, dead_letters=None)
+                else:
+                    for event in events:
+                        with tx.subtransaction() as sub:
+                            sub.emit(name, key=event["key"], ts=event["ts"])
+                end(tx)
+        except RuntimeError as error:
+            assert when == "in its flush" and "the commit fails" in str(error), error
+        moved.append(tuple(now - then for now, then in zip(outcomes(), before)))
+    assert moved == [(3, 0, 0, 3, 0)] * 2, moved          # fired, executed, failed, cancelled, condition false
+    with db.engine.connect() as connection:
+        assert connection.execute(sa.text("SELECT count(*) FROM items WHERE key LIKE :name"),
+                                  {"name": f"{name}-%"}).scalar() == 0

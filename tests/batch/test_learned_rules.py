@@ -484,11 +484,11 @@ def test_a_table_named_by_a_module_constant_is_lowered_and_a_rebound_constant_fa
     assert [batch for batch, _, _ in letters(databases[0], source)] == [1, 1]
 
 
-def counts(database, names) -> dict[str, tuple[int, int, int, int]]:
-    """Each rule's counters (fired, executed, failed, condition false) in ``database``."""
+def counts(database, names) -> dict[str, tuple[int, int, int, int, int]]:
+    """Each rule's counters (fired, executed, failed, condition false, cancelled) in ``database``."""
     per_rule = database.rules.statistics().per_rule
-    return {name: (per_rule[name].fired, per_rule[name].executed, per_rule[name].failed, per_rule[name].condition_false)
-            for name in names if name in per_rule}
+    return {name: (per_rule[name].fired, per_rule[name].executed, per_rule[name].failed, per_rule[name].condition_false,
+                   per_rule[name].cancelled) for name in names if name in per_rule}
 
 
 def test_a_key_unpacked_from_a_tuple_assignment_is_lowered_in_a_chain_with_event_key(databases):
@@ -526,7 +526,7 @@ def test_an_action_that_raises_rejects_its_event_in_the_lowered_batch_as_firing_
     assert batch == 1 and reason == ("rejected by rule 'add_or_refuse': rule 'add_or_refuse' failed on stream addr "
                                      "key='raise-a': ValueError('negative amount -1 for raise-a')")
     on, off = (counts(database, ["add_or_refuse"]) for database in databases)
-    assert on == off == {"add_or_refuse": (8, 7, 1, 0)}
+    assert on == off == {"add_or_refuse": (8, 7, 1, 0, 0)}
 
 
 class Unrecoverable(activedb.ActivedbError):
@@ -550,7 +550,8 @@ def refuse_odd_after_counting(tx, event):
 def test_a_rule_raising_inside_a_chain_rejects_its_event_and_the_counters_move_as_firing_moves_them(databases):
     """The counter, then a rule that raises where the amount is odd (after the counter wrote the row), then the counter
     again where the amount is odd (never reached for those): the event's dead letter, no write of it, the first rule
-    executed, the second failed, the third not run — as firing it."""
+    executed, the second failed, the third not run: cancelled, stopped by that failure — as firing it.  (Each firing
+    ends in one outcome: before, the third counted fired and nothing else, on both paths.)"""
     names = ("rchain_count", "rchain_refuse", "rchain_again")
 
     def register(database):
@@ -570,6 +571,8 @@ def test_a_rule_raising_inside_a_chain_rejects_its_event_and_the_counters_move_a
     moved = [moved_by(then, now) for now, then in zip(after, before)]
     assert moved[0] == moved[1]
     assert moved[0]["rchain_refuse"][2] > 0 and len(letters(databases[0], source)) == moved[0]["rchain_refuse"][2]
+    assert moved[0]["rchain_again"][4] == moved[0]["rchain_refuse"][2], moved[0]
+    assert all(fired == sum(outcomes) for fired, *outcomes in moved[0].values()), moved[0]
 
 
 def test_a_rule_raising_an_error_of_activedb_makes_the_batch_fall_back_to_firing(databases):
@@ -932,7 +935,9 @@ def test_a_batch_run_again_after_a_serialization_conflict_counts_each_executed_f
     serialization conflict and is run again (``Database.run``, as the ingestion re-runs a batch): the rule's
     ``executed`` counter moves by the firings of the attempt that committed — once per event, on both paths.  Fired
     event by event it counted the aborted attempt's firings too (each firing's subtransaction had committed), twice
-    per event; the lowered batch counted once (its counts wait for the commit)."""
+    per event; the lowered batch counted once (its counts wait for the commit).  The aborted attempt's firings, fired
+    too (counters count attempts), end ``cancelled`` — its abort undid them — on both paths, so ``fired`` is the sum of
+    the outcomes; before, they ended in no outcome."""
     # (One database per path: after a conflict ``Database.run`` learns the function's read tables as hot and reads them
     # for update — the other connection's change would then wait for this attempt's lock.)
     database = databases[1 if lowered else 0]
@@ -948,6 +953,10 @@ def test_a_batch_run_again_after_a_serialization_conflict_counts_each_executed_f
     def executed() -> int:
         counters = database.rules.statistics().per_rule.get(kind)
         return 0 if counters is None else counters.executed
+
+    def fired_and_cancelled() -> tuple[int, int]:
+        counters = database.rules.statistics().per_rule.get(kind)
+        return (0, 0) if counters is None else (counters.fired, counters.cancelled)
 
     attempts: list[str] = []
 
@@ -965,9 +974,13 @@ def test_a_batch_run_again_after_a_serialization_conflict_counts_each_executed_f
             for event in events:
                 tx.emit(kind, key=event["key"], ts=event["ts"], payload=event["payload"])
 
-    before = executed()
+    before, (fired_before, cancelled_before) = executed(), fired_and_cancelled()
     database.run(run_the_batch, backoff=0)
     assert len(attempts) == 2, f"the batch ran {len(attempts)} time(s), not once again after a conflict: {attempts}"
     assert [row[0] for row in state(database, f"{kind}-") if row[0] != guard] == [event["key"] for event in events]
     assert executed() - before == len(events), (
         f"{kind}: executed moved by {executed() - before} for {len(events)} events that each took effect once")
+    fired, cancelled = fired_and_cancelled()
+    assert (fired - fired_before, cancelled - cancelled_before) == (2 * len(events), len(events)), (
+        f"{kind}: fired moved by {fired - fired_before}, cancelled by {cancelled - cancelled_before} for two attempts "
+        f"of {len(events)} events, the first aborted")
