@@ -32,7 +32,7 @@ from activedb.batch._result import BatchResult
 from activedb.batch._state import WRITTEN_TWICE, given, merge_image
 from activedb.batch.errors import DeclarationError, LoweringRefused
 from activedb.errors import SchemaError, causes, check_plain_function
-from activedb.events import Event, EventKind, new_event
+from activedb.events import Event, EventKind, EventSpec, new_event
 from activedb.store import KeysCheck, RowImage, TableInfo
 from activedb.txn import CommitParticipant
 
@@ -74,6 +74,14 @@ class DeclaredAction:
         # (how its repr and errors name it: any callable may declare — an object with __call__, a partial — not only
         # a function with a __qualname__)
         self._shown: str = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
+
+    def check_declared_on(self, rule: str, on: EventSpec) -> None:
+        """Refuse, where rule ``rule`` is declared (the rule registry asks), an event a declared rule cannot react to:
+        any but stream events."""
+        if on.kind is not EventKind.STREAM:
+            raise DeclarationError(
+                f"rule {rule!r}: the declared rule {self._shown!r} is declared on {on}; a declared rule reacts to "
+                f"stream events only — declare it on=db.stream(type), or write a plain action (tx, event)")
 
     def __call__(self, tx: "Transaction", event: Event) -> None:
         if getattr(event, "kind", None) is not EventKind.STREAM:

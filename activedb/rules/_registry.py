@@ -166,6 +166,11 @@ class RuleRegistry:
             what = "when=" if part == "condition" and isinstance(rule, FunctionRule) else f"the {part}"
             _check_called_with_tx_and_event(name, what, function)
         spec = rule.on
+        # An action that reacts to some events only says so here (``check_declared_on``: a declared rule's,
+        # ``activedb.batch``, takes stream events only), rather than failing at each firing.
+        check_declared_on = getattr(rule.action_function(), "check_declared_on", None)
+        if check_declared_on is not None:
+            check_declared_on(name, spec)
         if spec.is_data:
             try:
                 self.catalog.table(spec.source)  # type: ignore[arg-type]  # (a data event names its table)

@@ -419,3 +419,23 @@ def test_a_lowered_batch_whose_transaction_aborts_counts_its_firings_cancelled_a
     with db.engine.connect() as connection:
         assert connection.execute(sa.text("SELECT count(*) FROM items WHERE key LIKE :name"),
                                   {"name": f"{name}-%"}).scalar() == 0
+
+
+@pytest.mark.parametrize("on", ["inserted", "signalled"])
+def test_a_declared_rule_on_an_event_other_than_a_stream_s_is_refused_where_it_is_declared(db, on):
+    """A declared rule reacts to stream events only.  Declared on a data event or a signal it was accepted, and each
+    firing then raised DeclarationError ('reacts to stream events') — a transaction that inserted a row failed at its
+    first insert, long after the mistake.  Now ``db.rule`` refuses it, saying what to declare it on, and no rule is
+    left behind."""
+    name = f"declared_on_{on}"
+    spec = db.inserted("items") if on == "inserted" else db.signalled(name)
+    with pytest.raises(batch.errors.DeclarationError, match=r"on=db\.stream\(type\)"):
+        db.rule(on=spec, name=name)(batch.declared(_noted))
+    assert name not in db.rules.names()
+    with db.transaction() as tx:        # (the event the rule was declared on fires nothing)
+        if on == "inserted":
+            tx.insert("items", key=name, value=1)
+        else:
+            tx.signal(name)
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("DELETE FROM items WHERE key = :key"), {"key": name})

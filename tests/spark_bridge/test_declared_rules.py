@@ -189,10 +189,10 @@ def test_a_declared_rule_on_a_data_event_or_with_a_window_says_what_to_do(databa
     with pytest.raises(RuleFailed, match="window operations read the versions of a batch"):
         with database.transaction() as tx:
             tx.emit("w", key="a")
-    database.rule(on=database.inserted("counters"), name="on_insert")(app_declared.add)
-    with pytest.raises(RuleFailed, match="reacts to stream events"):
-        with database.transaction() as tx:
-            tx.write("counters", "z", total=1, events=1, trail="", last_ts=None)
+    # (Refused where it is declared: before, taken, and each insert into counters then failed with RuleFailed.)
+    with pytest.raises(batch.errors.DeclarationError, match=r"reacts to stream events only — declare it on=db\.stream"):
+        database.rule(on=database.inserted("counters"), name="on_insert")(app_declared.add)
+    assert "on_insert" not in database.rules.names()
 
 
 def test_rows_postgresql_cannot_store_are_dead_letters_on_the_lowered_path_too(database):
