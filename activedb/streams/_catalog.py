@@ -38,8 +38,8 @@ def fold(name: str, candidates: Iterable[str]) -> str | None:
 class StreamSchema:
     """A declared input stream.
 
-    ``types``: the event types (None: any type); ``attributes``: the attributes every
-    event has (``type_attributes`` adds per-type ones; a type's attributes name each once, and no two
+    ``types``: the event types (None: any type; an empty collection, which would admit none, is refused);
+    ``attributes``: the attributes every event has (``type_attributes`` adds per-type ones; a type's attributes name each once, and no two
     differing only in case); ``priorities``: per type, the
     order of events with equal timestamps (a finite number, higher first; unlisted last); ``tie_key``:
     a function ``event -> sortable`` ordering equal-timestamp events of equal priority
@@ -69,6 +69,10 @@ class StreamSchema:
             if listed is None or not all(isinstance(name, str) for name in listed):
                 raise DefinitionError(f"stream {self.name}: {parameter} is a collection of names (texts), got "
                                       f"{names!r}")
+            if parameter == "types" and not listed:     # (None is any type; an empty collection, none)
+                raise DefinitionError(f"stream {self.name}: types={names!r} admits no event type, so every event fed to "
+                                      f"it would be a dead letter; list the event types it admits, or leave types=None "
+                                      f"for any type")
             object.__setattr__(self, parameter, listed)
         per_type = self.type_attributes or {}
         declared: dict[str, tuple[str, ...]] = {}

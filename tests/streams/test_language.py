@@ -499,3 +499,14 @@ def test_a_python_update_naming_a_column_twice_in_two_cases_is_refused(db):
             "workerStatus", set={"status": "warning", "STATUS": "safe"},
             where={"workerID": streams.event("NEW")["HCW-ID"]}))
     assert engine.rules == {}
+
+
+@pytest.mark.parametrize("types", [[], ()], ids=["a-list", "a-tuple"])
+def test_a_stream_of_no_event_type_is_refused_when_declared(db, types):
+    """``create_stream(types=[])`` was taken: a stream that admits no event, each one fed to it a dead letter.  Now it
+    is refused, saying to list the types it admits or leave types=None for any."""
+    engine = streams.StreamEngine(db, name="no_types", durable=False)
+    with pytest.raises(DefinitionError, match=r"stream estream: types=(\[\]|\(\)) admits no event type.*types=None"):
+        engine.create_stream("estream", types=types, attributes=("HCW-ID", "location"))
+    assert engine.streams == {}
+
