@@ -300,6 +300,9 @@ def rule_definition(name: str, *, on_output: str, action: RuleAction | Sequence[
                     replace: bool = False) -> ast.RuleDefinition:
     _check_name("rule", name)
     actions = list(action) if isinstance(action, (list, tuple)) else [action]
+    if not actions:     # (as the text's empty BEGIN … END)
+        raise DefinitionError(f"rule {name}: action={action!r} gives no action, and a rule of none would do nothing; "
+                              f"give at least one: update(…), insert(…), delete(…) or a callable (tx, new)")
     declared_reads, declared_writes = _tables(name, "reads", reads), _tables(name, "writes", writes)
     built: list[ast.Action] = []
     for item in actions:

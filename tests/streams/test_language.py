@@ -510,3 +510,13 @@ def test_a_stream_of_no_event_type_is_refused_when_declared(db, types):
         engine.create_stream("estream", types=types, attributes=("HCW-ID", "location"))
     assert engine.streams == {}
 
+
+@pytest.mark.parametrize("action", [[], ()], ids=["a-list", "a-tuple"])
+def test_a_rule_of_no_action_is_refused_when_defined(db, action):
+    """``engine.rule(…, action=[])`` was taken: a rule that does nothing on every output of its query (the language
+    refuses an empty BEGIN … END already).  Now it is refused, saying what an action is."""
+    engine = engine_for(db)
+    engine.define("CREATE QUERY QX ON estream PATTERN SEQ(EXIT, ENTER) WHERE [HCW-ID] RETURN ENTER.HCW-ID")
+    with pytest.raises(DefinitionError, match=r"rule R: action=(\[\]|\(\)) gives no action.*update\(…\), insert\(…\)"):
+        engine.rule("R", on_output="QX", action=action)
+    assert list(engine.rules) == []
