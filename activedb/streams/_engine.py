@@ -64,6 +64,9 @@ class StreamEngine:
       overlay instead of a subtransaction of its own (the same result, at a fraction of the cost; the
       design note's "SEI without a subtransaction per event"); ``False`` gives each its subtransaction.
 
+    ``db`` closed already is refused with its own ``TransactionError`` (connect again, make the engine on the new
+    ``Database``), as the engine's first batch would be.
+
     Extension hook: :meth:`store_operation`, which a subclass overrides.
 
     Thread-safety: definitions and ``statistics()`` may be used from any thread; batches
@@ -81,6 +84,7 @@ class StreamEngine:
                     "keep_outputs": keep_outputs, "prefetch": prefetch, "lowered": lowered}
         for switch, value in switches.items():
             check_switch("StreamEngine", switch, value, error=StreamError)
+        _persist.require_open(db)       # (an engine on a closed Database would fail only at its first batch)
         self.db = db
         self.name = name
         self.scheduler = make_scheduler(scheduler)

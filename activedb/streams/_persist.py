@@ -21,6 +21,7 @@ from activedb.streams._matcher import PartitionState
 from activedb.streams.errors import StreamStateError
 
 if TYPE_CHECKING:  # pragma: no cover
+    from activedb._handle import DatabaseHandle
     from activedb.store import Key
     from activedb.streams._engine import StreamEngine
     from activedb.streams._state import Pending, State
@@ -463,9 +464,14 @@ def delete(engine: StreamEngine) -> None:
 
 def _connection(engine: StreamEngine, *, begin: bool) -> ContextManager[sa.Connection]:
     """A connection of ``engine``'s database for reading (``begin``: in a transaction committed at the end) the saved
-    state outside a batch — refused once that ``Database`` is closed, with the error its ``transaction()`` raises:
-    its disposed pool would still connect, and ``reset_state`` delete the state the engine made anew on the next
-    ``Database`` is to load."""
-    if engine.db.transactions.pool.closed:
-        engine.db.transaction()     # (raises the Database's own TransactionError: closed, connect again)
+    state outside a batch — refused once that ``Database`` is closed (:func:`require_open`): its disposed pool would
+    still connect, and ``reset_state`` delete the state the engine made anew on the next ``Database`` is to load."""
+    require_open(engine.db)
     return engine.db.engine.begin() if begin else engine.db.engine.connect()
+
+
+def require_open(db: DatabaseHandle) -> None:
+    """Raise, if ``db`` is closed, the error its ``transaction()`` raises (the Database's own ``TransactionError``:
+    closed, connect again and make the engine on the new one)."""
+    if db.transactions.pool.closed:
+        db.transaction()     # (raises)

@@ -4,6 +4,8 @@ chronicle), SEQ across producers, recent consumption, uncertainty raised or deci
 
 from __future__ import annotations
 
+import types
+
 import pytest
 
 from activedb import composite, streams
@@ -219,6 +221,8 @@ def test_the_point_time_engine_refuses_and_and_consumption(db_less_stream_engine
 def db_less_stream_engine():
     class NoDb:
         punctuations = Punctuations()           # (what the engine reads of the database's punctuations)
+        # (what StreamEngine asks when it is made: whether the Database is closed — its worker pool's flag)
+        transactions = types.SimpleNamespace(pool=types.SimpleNamespace(closed=False))
 
     engine = streams.StreamEngine(NoDb(), name="t", durable=False)
     engine.create_stream("s", types=["A", "B"], attributes=["id"])

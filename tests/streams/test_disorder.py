@@ -1241,3 +1241,17 @@ def test_reset_state_after_the_database_closed_is_refused_and_leaves_the_saved_s
         assert [(event.type, event.ts) for event in anew.buffered()] == [("EXIT", 10)]
     finally:
         again.close()
+
+
+def test_an_engine_on_a_closed_database_is_refused_when_made(migrated):
+    """``StreamEngine(db)`` on a Database already closed was made, definitions and all, and failed only at its first
+    batch (feed, process) — or, durable, at its first load of the saved state.  Now making it raises the closed
+    Database's TransactionError (connect again, make the engine on the new Database)."""
+    from activedb.errors import TransactionError
+
+    database = activedb.connect(migrated)
+    database.close()
+    for durable in (False, True):
+        with pytest.raises(TransactionError, match=r"this Database is closed; call activedb.connect\(\) again, and "
+                                                   r"make anew on the new Database .*a StreamEngine"):
+            streams.StreamEngine(database, name="made_closed", durable=durable)
