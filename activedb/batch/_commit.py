@@ -32,7 +32,7 @@ from activedb import lowlevel
 from activedb import deadletters
 from activedb.batch._declare import BatchEvent, DrawnRow, OpSpec, State, StateTransactions
 from activedb.batch._result import BatchResult
-from activedb.batch._route import RoutePlan, add_touched, touched_states, written_tables
+from activedb.batch._route import RoutePlan, add_touched, keyed_states, touched_states, written_tables
 from activedb.batch._runtime import AUTO, check_events, check_processes, execute_batch, no_cyclic_gc, runtime_of, timed_batch
 from activedb.batch._state import Loader, NestedColumns
 from activedb.batch._store import (DEAD_LETTER_TABLE, NO_GIVEN_KEY, apply_batch, check_key_columns, check_required,
@@ -766,7 +766,15 @@ def apply_at_commit(tx: Transaction, events: Iterable[object], transactions: Sta
     unbounded: set[str] = set()
     written: set[str] = set()
     merged: set[RoutePlan] = set()           # the plans whose tables are in ``unbounded`` and ``written`` already
-    for t, event in enumerate(batch[:len(batch) - len(refused)] if refused else batch):
+    timed = batch[:len(batch) - len(refused)] if refused else batch
+    keyed = keyed_states(plans, timed) if plans else None
+    if keyed is not None:           # (every event's row named by its key, predicted at once)
+        states = keyed[0]
+        for used in keyed[1]:
+            unbounded.update(used.unbounded)
+            written |= used.written
+        timed = []
+    for t, event in enumerate(timed):
         plan = plans.get(event[0])
         predicted = plan.states(event) if plan is not None else None
         if plan is not None and predicted is not None:

@@ -11,6 +11,7 @@ import enum
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from functools import partial
+from operator import itemgetter
 from typing import Any, TypeAlias
 
 from activedb.batch._declare import WRITING_KINDS, BatchEvent, OpSpec, State, canonical_key, specs_of
@@ -80,7 +81,7 @@ class RoutePlan:
     """Where the rows of one event type are named: ``pairs`` = ``(table, Source, name)``;
     ``unbounded`` = tables of ND operations without candidates."""
 
-    __slots__ = ("pairs", "unbounded", "written", "_states", "unite", "tables")
+    __slots__ = ("pairs", "unbounded", "written", "_states", "unite", "tables", "key_table")
 
     def __init__(self, pairs: tuple[_Pair, ...], unbounded: tuple[str, ...],
                  written: frozenset[str] = frozenset()) -> None:
@@ -89,6 +90,9 @@ class RoutePlan:
         self.written = written          # the tables its operations write (learnt)
         self._states = _compile(pairs)
         self.unite, self.tables = _compile_unite(pairs)
+        #: The table whose one row per event the plan names by the event's key, when that is all it names (None
+        #: otherwise): :func:`keyed_states` predicts a batch of such events at once.
+        self.key_table = pairs[0][0] if len(pairs) == 1 and pairs[0][1] is Source.KEY else None
 
     def states(self, event: BatchEvent) -> list[State] | None:
         """The predicted states of ``event``; None if its fields do not fit the plan.  (A key
@@ -102,6 +106,27 @@ class RoutePlan:
         parts = [f"{table}<-{source.value}{'' if name is None else ':' + str(name)}"
                  for table, source, name in self.pairs]
         return f"RoutePlan({', '.join(parts)}{'; unbounded ' + ','.join(self.unbounded) if self.unbounded else ''})"
+
+
+_EVENT_TYPE = itemgetter(0)      # a batch event's type
+_EVENT_KEY = itemgetter(1)       # its key
+_PLAIN_KEYS = frozenset((int, str))
+
+
+def keyed_states(plans: Mapping[str, RoutePlan], events: list[BatchEvent]
+                 ) -> tuple[dict[str, dict[Hashable, None]], list[RoutePlan]] | None:
+    """The states :meth:`RoutePlan.states` predicts for each of ``events``, table → keys in the order named, and the
+    plans of their types — computed for the batch at once (in C, not a step per event), when every event's type has a
+    plan naming one row of one table, the same for all, by the event's key (``RoutePlan.key_table``) and every key is an
+    exact int or str (named as it is); else None: the caller predicts event by event."""
+    found = [plans.get(kind) for kind in set(map(_EVENT_TYPE, events))]
+    table = found[0].key_table if found and found[0] is not None else None
+    if table is None or any(plan is None or plan.key_table != table for plan in found):
+        return None
+    keys = dict.fromkeys(map(_EVENT_KEY, events))
+    if not set(map(type, keys)) <= _PLAIN_KEYS:
+        return None
+    return {table: keys}, found  # type: ignore[return-value]  # (no None among them: checked above)
 
 
 def _compile(pairs: tuple[_Pair, ...]) -> Callable[[BatchEvent], list[State]]:

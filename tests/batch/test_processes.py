@@ -4,7 +4,7 @@ functions a worker cannot import."""
 from __future__ import annotations
 
 from activedb import batch
-from activedb.batch._route import Router, route
+from activedb.batch._route import RoutePlan, Router, Source, keyed_states, route
 from benchmarks import workloads
 
 
@@ -33,6 +33,32 @@ def test_components_follow_shared_states_including_multi_key_transactions():
     assert routed().bins == [[0, 2, 3], [1, 4]]             # the heavier component onto bin 0
     assert routed(pinned=4).bins == [[1, 4], [0, 2, 3]]
     assert routed(pinned=4).unbounded == [{"c"}, set()]
+
+
+def test_a_batch_whose_rows_are_named_by_their_keys_is_predicted_at_once_as_event_by_event():
+    by_key = RoutePlan((("counters", Source.KEY, None),), ())
+    also_by_key = RoutePlan((("counters", Source.KEY, None),), ("log",), frozenset({"counters"}))
+    plans = {"a": by_key, "b": also_by_key, "by_field": RoutePlan((("counters", Source.FIELD, "k"),), ()),
+             "elsewhere": RoutePlan((("totals", Source.KEY, None),), ())}
+
+    def events(*pairs):
+        return batch.normalise_events([{"type": kind, "key": key, "payload": {"k": 1}} for kind, key in pairs])
+
+    mixed = events(("a", 3), ("b", "x"), ("a", 3), ("a", 7))
+    states, used = keyed_states(plans, mixed)
+    # Each event's states as the plan predicts them one by one, in the order named; each plan once.
+    one_by_one: dict = {}
+    for event in mixed:
+        for table, key in plans[event.event_type].states(event):
+            one_by_one.setdefault(table, {})[key] = None
+    assert states == one_by_one == {"counters": {3: None, "x": None, 7: None}}
+    assert list(states["counters"]) == [3, "x", 7]
+    assert sorted(id(plan) for plan in used) == sorted(map(id, (by_key, also_by_key)))
+    # Event by event instead: a key the plan would not name as it is (none, a tuple, a bool), a type without a plan or
+    # whose plan names its row otherwise, two tables, no events.
+    for pairs in ([("a", 1), ("a", None)], [("a", (1,))], [("a", True)], [("a", 1), ("c", 2)],
+                  [("a", 1), ("by_field", 2)], [("a", 1), ("elsewhere", 2)], []):
+        assert keyed_states(plans, events(*pairs)) is None, pairs
 
 
 def test_local_declarations_fall_back_to_this_process_with_a_note():
