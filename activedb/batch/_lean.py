@@ -138,6 +138,14 @@ def _run(declarations: Mapping[str, Declaring], items: list[tuple[int, BatchEven
         columns = nested[state[0]]  # type: ignore[index]  # (only called when given)
         return copy if not columns else copy_nested(copy, columns)
 
+    def keep_version(state: State, t: int, image: RowImage | None) -> None:
+        """``image`` as the version of ``state`` that ``t`` wrote (for windows)."""
+        entry = history.get(state)
+        if entry is None:
+            history[state] = [(t, image)]
+        else:
+            entry.append((t, image))
+
     def window(state: State, t: int, size: float) -> list[RowImage | None]:
         versions_of = history.get(state)
         if not versions_of:
@@ -170,39 +178,58 @@ def _run(declarations: Mapping[str, Declaring], items: list[tuple[int, BatchEven
     outputs: dict[str, object] | None
     reason: str | None
     output: Any
+    # Per learned type, what its events need of the chain: ``key_and_event`` given its scratch event, ``run_on``, its
+    # table and its insert (looked up once, not per event).
+    chained = {kind: (chain, chain.key_and_event, scratch.get(chain), chain.run_on, chain.table, chain.insert_spec)
+               for kind, chain in learned.items()}
     for t, event in items:
         # --- declare ------------------------------------------------------------------------
         specs = declared.get(t) if declared is not None else None
-        chain = learned.get(event.event_type) if specs is None and learned else None
-        if chain is not None:
+        found = chained.get(event.event_type) if specs is None and learned else None
+        if found is not None:
+            chain, key_and_event, into, run_on, table, insert_spec = found
             try:
-                key, stream_event = chain.key_and_event(event, scratch.get(chain))
+                key, stream_event = key_and_event(event, into)
             except Exception as error:
                 rejected.append((t, f"{type(error).__name__}: {error}"))
                 continue
             plain = key.__class__
             if not (plain is str or plain is int):
-                chain = None          # (a key that is not plain: declared, with the declaration's checks)
-        if chain is not None:
+                found = None          # (a key that is not plain: declared, with the declaration's checks)
+        if found is not None:
             # --- a learned chain: its write, then its insert (``LearnedDeclaration.__call__``'s two operations) ----
-            insert_spec = chain.insert_spec
             operations += 1 if insert_spec is None else 2
             executions += 1
             writes = outputs = reason = None
             several = False
-            state = (chain.table, key)
+            state = (table, key)
             try:
                 own = get(state, _MISSING)
                 if own is _MISSING:
                     own = miss(state, t)
-                result = chain.run_on(event, key, stream_event, own)
+                result = run_on(event, key, stream_event, own)
                 if type(result) is dict:
                     output = {**own, **result} if own is not None else dict(result)
                 else:
                     output = merge_image(own, result, chain.write_spec)
-                writes = [(state, output)]
             except Exception as error:
                 reason = failure_reason(chain.write_spec, error)
+            else:
+                if insert_spec is None:
+                    # The chain's one write, ended here as below ends a transaction that wrote one state and output
+                    # nothing (without the list of its writes).
+                    result_ts.append(t)
+                    if check is not None:
+                        reason = check([(state, output)], None)
+                        if reason is not None:
+                            aborted_at[t] = reason
+                            continue
+                    current[state] = output
+                    written[state] = None
+                    if versions:
+                        keep_version(state, t, output)
+                    continue
+                writes = [(state, output)]
             if reason is None and insert_spec is not None:
                 executions += 1
                 try:
@@ -329,11 +356,7 @@ def _run(declarations: Mapping[str, Declaring], items: list[tuple[int, BatchEven
                 current[state] = image
                 written[state] = None
                 if versions:
-                    entry = history.get(state)
-                    if entry is None:
-                        history[state] = [(t, image)]
-                    else:
-                        entry.append((t, image))
+                    keep_version(state, t, image)
     # (``{state: loaded[state] if state in loaded else base.get(state) for state in written}`` and ``{state:
     # current[state] for state in written}``, in C: a batch writes a state per event or so.)
     before = dict(zip(written, map(base.get, written)))
