@@ -459,7 +459,9 @@ def _none_inserted(table: str) -> Inserted:
     return empty
 
 
-_NOTHING_INTO = InsertedInto(())
+#: The output of an INSERT into several tables that added no row (one object: compared by identity where that is the
+#: common case).
+NOTHING_INTO = InsertedInto(())
 
 
 def inserted(spec: OpSpec, result: object) -> Inserted | InsertedInto:
@@ -494,7 +496,7 @@ def _inserted_into(tables: tuple[str, ...], result: object) -> InsertedInto:
     """An ``insert_into``'s result (table → rows, or None) as one :class:`Inserted` per table given rows, in the
     order of ``tables``."""
     if result is None or (type(result) is dict and not result):
-        return _NOTHING_INTO
+        return NOTHING_INTO
     if type(result) is not dict and not isinstance(result, Mapping):
         raise DeclarationError(f"the function of insert_into {', '.join(tables)} returned {result!r}; return a "
                                f"mapping table -> rows, or None for no row")
@@ -509,7 +511,7 @@ def _inserted_into(tables: tuple[str, ...], result: object) -> InsertedInto:
             part = _rows(table, rows)
             if part.rows:
                 parts.append(part)
-    return _new_inserted(InsertedInto, (tuple(parts),)) if parts else _NOTHING_INTO
+    return _new_inserted(InsertedInto, (tuple(parts),)) if parts else NOTHING_INTO
 
 
 def _check_size(size: object, what: str) -> None:

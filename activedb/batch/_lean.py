@@ -233,7 +233,7 @@ def _run(declarations: Mapping[str, Declaring], items: list[tuple[int, BatchEven
             if reason is None and insert_spec is not None:
                 executions += 1
                 try:
-                    outputs = {chain.insert_name: inserted(insert_spec, chain.inserted_by(event.position))}
+                    outputs = {chain.insert_name: chain.insert_output(event.position)}
                 except Exception as error:
                     reason = failure_reason(insert_spec, error)
         else:

@@ -27,8 +27,8 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from types import CodeType
 from typing import NamedTuple, NoReturn, TypeAlias
 
-from activedb.batch._declare import (DELETE, Abort, BatchEvent, DrawnRow, OpKind, Ops, OpSpec, _Delete, _insert_name,
-                                     _new_spec)
+from activedb.batch._declare import (DELETE, NOTHING_INTO, Abort, BatchEvent, DrawnRow, InsertedInto, OpKind, Ops,
+                                     OpSpec, _Delete, _insert_name, _new_spec, inserted)
 from activedb.deadletters import FinalReason
 from activedb.errors import ActivedbError, Failure, GeneratedKeysReset, RuleFailed, classify
 from activedb.events import Event, EventKind, new_event
@@ -696,6 +696,7 @@ class LearnedDeclaration:
         #: Per name the chain signals, the steps of its deferred rules, in the order its deferred queue runs them:
         #: run at the end of the signalling rule's transaction, on the row as written so far.
         self.signalled = {name: tuple(deferred) for name, deferred in (signalled or {}).items()}
+        self._signalling = bool(self.signalled)          # (read per event by ``run_on``)
         #: Per event position, the signals its chain raised in its last run, and per signal whose deferred rules
         #: ran, which of their actions ran (their condition held): what the rules' counters and the detached
         #: family's records are told.
@@ -794,10 +795,15 @@ class LearnedDeclaration:
         key_of = self._key_of
         return event.key if key_of is None else key_of(stream_event), stream_event
 
-    def inserted_by(self, position: int) -> dict[str, list[dict[str, object]]] | None:
-        """The rows the chain inserted in its last run of the event at ``position`` (None: none)."""
+    def insert_output(self, position: int) -> InsertedInto:
+        """The output of the chain's insert operation (``insert_spec``) for the event at ``position``: the rows the
+        chain inserted in its last run of it, as ``inserted(insert_spec, rows)`` makes them — ``NOTHING_INTO`` when
+        it inserted none (the most events: no call for it).  Raises ``DeclarationError`` as ``inserted`` does."""
         ran = self._inserted.get(position)
-        return ran[1] if ran is not None else None
+        rows = ran[1] if ran is not None else None
+        if rows is None:
+            return NOTHING_INTO
+        return inserted(self.insert_spec, rows)  # type: ignore[arg-type, return-value]  # (set when it inserts)
 
     def __call__(self, event: BatchEvent, ops: Ops) -> None:
         # (``key_and_event``, inlined: a batch declared before it runs calls this once per event.)
@@ -854,7 +860,7 @@ class LearnedDeclaration:
         stand_in.inserted = stand_in.signals = None
         step = 0
         ran: list[bool] | None = None
-        signalling = bool(self.signalled)
+        signalling = self._signalling
         deferred: list[tuple[Event, tuple[bool, ...]]] = []
         try:
             if not self.conditional:

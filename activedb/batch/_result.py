@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from activedb.batch._declare import BatchEvent, State, inserted_parts
+from activedb.batch._declare import NOTHING_INTO, BatchEvent, State, inserted_parts
 from activedb.batch._execute import ExecutionStatistics
 from activedb.store import RowImage
 
@@ -148,6 +148,8 @@ class BatchResult:
         outputs = self._outputs
         for t in sorted(outputs):
             for output in outputs[t].values():
+                if output is NOTHING_INTO:      # (a learned chain's insert of an event that added no row: the most)
+                    continue
                 for part in inserted_parts(output):
                     found = rows.get(part.table)
                     if found is None:
