@@ -16,6 +16,7 @@ import dataclasses
 import datetime as dt
 import json
 import math
+import operator
 import re
 import sys
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
@@ -552,5 +553,5 @@ def event_id(value: object) -> str:
     return str(check_key(value))
 
 
-def by_ts(event: RawEvent) -> dt.datetime:
-    return event.ts
+#: A validated event's ``ts``: the sort key of a batch's events (in C: no Python call per event).
+by_ts: Callable[[RawEvent], dt.datetime] = operator.attrgetter("ts")
