@@ -5,12 +5,13 @@ the table's), the write-set entry and the data event the extensions (the rule ma
 
 from __future__ import annotations
 
+import datetime
 from typing import TYPE_CHECKING, Hashable, Mapping
 
 from lockmgr import Mode, TxnState
 
-from activedb.errors import BadArgument, DuplicateKey, InvalidKey
-from activedb.events import EventKind, new_event
+from activedb.errors import BadArgument, DuplicateKey, InvalidKey, InvalidTime
+from activedb.events import AccuracyInterval, EventKind, Timestamp, check_time, new_event
 from activedb.store import NESTED_TYPES, Entry, EntryKind, Key, RowImage, TableInfo, TableRef, copy_nested, own_image
 from activedb.txn import _view
 from activedb.txn._hotkeys import HotKeys
@@ -174,13 +175,24 @@ class Writes:
 
     def emit(self: Transaction, event_type: str, *, key: Hashable = None, ts: object = None,  # type: ignore[misc]
              payload: Mapping[str, object] | None = None) -> None:
-        """Hand a stream event (``db.stream(event_type)``) to the rules, in this transaction.  The event's payload is a
-        copy of ``payload``, its lists and dicts too: changing ``payload`` afterwards changes no rule's event."""
+        """Hand a stream event (``db.stream(event_type)``) to the rules, in this transaction.  ``ts``: the event's
+        time, a finite number of seconds, an aware datetime, a :class:`~activedb.events.Timestamp` or
+        :class:`~activedb.events.AccuracyInterval`, or None (no time); another value raises
+        :class:`~activedb.errors.InvalidTime`, as a batch's or a stream's event with it is refused.  The event's
+        payload is a copy of ``payload``, its lists and dicts too: changing ``payload`` afterwards changes no rule's
+        event."""
         if self._doomed is not None or self._state is not _ACTIVE:     # (``_check_active``'s call only to raise)
             self._check_active("emit")
         if not isinstance(event_type, str) or not event_type:  # (db.stream refuses it: no rule could name the event)
             raise BadArgument(f"tx.emit({event_type!r}) takes the event's type, a non-empty text, as in "
                               f"db.stream(event_type); e.g. tx.emit('reading', key=..., payload={{...}})")
+        if ts is not None:
+            # ``check_time`` inline for the common times (a finite float, an int a float holds, an aware datetime):
+            # emit runs per event; anything else (a Timestamp, a subclass, a value to refuse) is judged by it.
+            kind = ts.__class__
+            if not (kind is float and ts - ts == 0.0 or kind is int and -_INT_SECONDS < ts < _INT_SECONDS  # type: ignore[operator]
+                    or kind is _DATETIME and ts.tzinfo is not None):  # type: ignore[attr-defined]
+                _check_emitted_ts(event_type, ts)
         try:
             values = dict(payload or {})
         except (TypeError, ValueError):
@@ -193,6 +205,22 @@ class Writes:
         event = new_event(_STREAM, event_type, key, None, None, values, ts, self.id)
         for hook in self.manager.extensions.on_event:
             hook(self, event)
+
+
+_DATETIME = datetime.datetime
+_INT_SECONDS = 2 ** 1023     # (an int within it is finite as a float; one beyond goes to ``check_time``)
+
+
+def _check_emitted_ts(event_type: str, ts: object) -> None:
+    """Raise :class:`InvalidTime` unless ``ts`` is a time an event takes (``check_time``'s, or a Timestamp or
+    AccuracyInterval) — ``emit``'s check of the times it does not judge inline."""
+    if isinstance(ts, (Timestamp, AccuracyInterval)):
+        return
+    try:
+        check_time(ts, f"tx.emit({event_type!r}): ts")
+    except InvalidTime as error:
+        raise InvalidTime(f"{error}; give ts a finite number of seconds, an aware datetime (UTC) or an "
+                          f"activedb.events.Timestamp, or leave it None (no time)") from None
 
 
 def data_event(node: "Transaction", info: TableInfo, key: Key, entry: Entry, old: RowImage | None,

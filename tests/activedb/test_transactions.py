@@ -13,6 +13,8 @@ import activedb
 from activedb import testing
 from activedb import TxnState
 from activedb.txn import _pool
+from activedb.errors import InvalidTime
+from activedb.events import Timestamp
 from activedb.store import Granularity
 from lockmgr import Deadlock, Mode
 from tests._sessions import end_sessions
@@ -1667,6 +1669,31 @@ def test_emit_refuses_an_event_type_no_rule_can_name(db, event_type):
     finally:
         db.rules.remove("any_stream_event")
     assert heard == ["ping"]
+
+
+@pytest.mark.parametrize("ts, said", [
+    ("yesterday", "is neither a number of seconds nor an aware datetime"), (True, "is a boolean, not a time"),
+    (float("nan"), "is not finite"), (float("inf"), "is not finite"),
+    pytest.param(10 ** 400, "is not finite", id="int-no-float-holds"),
+    pytest.param(datetime.datetime(2026, 1, 1), "has no time zone", id="naive-datetime")])
+def test_emit_refuses_a_ts_that_is_no_time_as_a_batch_does(db, ts, said):
+    """tx.emit(..., ts='yesterday') handed the rules an event whose ts was that text, while a batch's event and a
+    stream's event with that ts are refused (``check_time``): a rule windowing or ordering by it, or a batch run of
+    the event, failed later and elsewhere.  The emit raises InvalidTime naming the value, nothing fires, and the
+    transaction goes on; the times it takes (a number, an aware datetime, a Timestamp, none) are emitted."""
+    heard = []
+    db.rule(on=db.stream("ping"), name="hears_ping")(lambda tx, event: heard.append(event.ts))
+    utc = datetime.datetime(2026, 1, 1, tzinfo=datetime.timezone.utc)
+    stamp = Timestamp.point(2.5, producer="p")
+    try:
+        with db.transaction() as tx:
+            with pytest.raises(InvalidTime, match=rf"tx.emit\('ping'\): ts .*{re.escape(said)}.*; give ts "):
+                tx.emit("ping", key=1, ts=ts)
+            for fine in (None, 0, 1.5, 2 ** 62, utc, stamp):
+                tx.emit("ping", key=1, ts=fine)          # (the transaction goes on)
+    finally:
+        db.rules.remove("hears_ping")
+    assert heard == [None, 0, 1.5, 2 ** 62, utc, stamp]
 
 
 def test_wait_all_refuses_handles_of_different_parents(db):
