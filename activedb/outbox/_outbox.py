@@ -79,7 +79,8 @@ class OutboxStatistics:
     parked: int = 0             # in this process: waiting for PostgreSQL to come back
     groups: int = 0             # group transactions this process committed
     splits: int = 0             # groups split to isolate a failing member
-    lost: int = 0               # firings this process could not record (PostgreSQL unreachable at an abort)
+    lost: int = 0               # firings this process could not record (PostgreSQL unreachable at an abort); a firing
+                                # whose event the outbox cannot keep is no loss: its rule counts it ``failed``
 
 
 @dataclass(frozen=True)
@@ -310,23 +311,41 @@ class Outbox:
     def record_now(self, items: list[tuple["Firing", str, str | None, bool]], retries: int = 2) -> None:
         """Record ``(firing, trigger id, trigger log id, trigger committed)`` items in a transaction of their
         own, then run them (their outcome is already decided: an ended or aborted trigger).  A sequence reset
-        between the draw of their ids and the insert is retried with fresh ids (``retries`` times)."""
-        if not items:
-            return
+        between the draw of their ids and the insert is retried with fresh ids (``retries`` times).  A firing whose
+        event the outbox cannot keep (``new_record``'s ``OutboxError``) fails for good, counted ``failed`` for its
+        rule; the others are recorded without it.  Firings not recorded because PostgreSQL failed are ``lost``."""
+        records: list[_records.NewRecord] = []
+        firings: list[Firing] = []
+        for item in items:
+            try:
+                records.append(new_record(0, *item))        # (its id drawn below, once the records are known)
+            except OutboxError as refused:
+                self.count([item[0]], "failed")
+                logger.error("outbox: the detached firing of rule %r by ended transaction %s fails for good, not "
+                             "recorded: %s", item[0].rule.name, item[1], refused)
+                continue
+            firings.append(item[0])
+        if records:
+            self._insert_now(records, firings, retries)
+
+    def _insert_now(self, records: list[_records.NewRecord], firings: list["Firing"], retries: int) -> None:
+        """``record_now``'s transaction: insert ``records`` (of ``firings``) with fresh ids, then run them."""
         try:
-            ids, storage = self.draw_ids(len(items))
+            ids, storage = self.draw_ids(len(records))
+            for record, record_id in zip(records, ids):
+                record.id = record_id
             with self.catalog.engine.begin() as connection:
-                self.insert(connection, [new_record(record_id, *item) for record_id, item in zip(ids, items)], storage)
+                self.insert(connection, records, storage)
         except Exception as error:
             if isinstance(error, GeneratedKeysReset) and retries:
-                return self.record_now(items, retries - 1)
+                return self._insert_now(records, firings, retries - 1)
             with self._mutex:
-                self._lost += len(items)
+                self._lost += len(records)
             logger.error("outbox: could not record %d detached firing(s) of an ended transaction (%s); they are "
-                         "lost: %s", len(items), ", ".join(sorted({item[0].rule.name for item in items})),
+                         "lost: %s", len(records), ", ".join(sorted({firing.rule.name for firing in firings})),
                          describe_error(error))
             return
-        self.run_recorded([(record_id, firing, 0) for record_id, (firing, *_) in zip(ids, items)])
+        self.run_recorded([(record_id, firing, 0) for record_id, firing in zip(ids, firings)])
 
     def settle_later(self, tree: Unsettled) -> None:
         """``tree``'s commit outcome is unknown (its flush lost the connection, and its log row could not be read):

@@ -553,6 +553,38 @@ def test_an_event_the_outbox_cannot_keep_is_refused_with_an_outbox_error_naming_
     assert seen(db) == []
 
 
+@pytest.mark.parametrize("how", ["the-commit-refused", "the-body-raised"])
+def test_a_firing_the_outbox_cannot_keep_at_an_abort_fails_its_rule_and_is_not_lost(db, caplog, how):
+    """A detached firing whose event the outbox cannot keep (a lambda in the payload) is refused again when its
+    trigger's tree aborts (a detached firing runs after an abort too): it was counted in
+    ``statistics().lost`` — "PostgreSQL unreachable at an abort", what an operator's alert watches — and logged as
+    "could not record … they are lost", and the abort's other detached firings, recordable, were lost with it.  It
+    is counted failed for its rule (a firing that failed for good, as a detached action that raises), logged once
+    naming the rule and what to pass, and the others are recorded and run."""
+    db.rule(on=db.signalled("go"), coupling=Coupling.DETACHED, name="holds_a_lambda")(
+        lambda tx, event: tx.insert("events_seen", rule="holds_a_lambda", detail="ran"))
+    db.rule(on=db.signalled("fine"), coupling=Coupling.DETACHED, name="keeps_going")(
+        lambda tx, event: tx.insert("events_seen", rule="keeps_going", detail=str(event.payload["n"])))
+    lost = db.outbox.statistics().lost
+    with caplog.at_level("WARNING", logger="activedb.outbox"):
+        with pytest.raises(OutboxError if how == "the-commit-refused" else ZeroDivisionError):
+            with db.transaction() as tx:
+                tx.signal("fine", n=1)
+                tx.signal("go", call=lambda: None)
+                if how == "the-body-raised":
+                    raise ZeroDivisionError("the body failed")
+        db.rules.wait_idle(TIMEOUT)
+    assert seen(db) == [("keeps_going", "1")]
+    assert records(db) == [("keeps_going", "done", "aborted", False)]
+    assert db.outbox.statistics().lost == lost
+    counters = db.rules.statistics().per_rule
+    assert (counters["holds_a_lambda"].failed, counters["keeps_going"].failed) == (1, 0), counters
+    messages = [(record.levelname, record.getMessage()) for record in caplog.records]
+    assert not [message for _, message in messages if "are lost" in message], messages
+    [(level, message)] = [(level, message) for level, message in messages if "holds_a_lambda" in message]
+    assert level == "ERROR" and "cannot keep" in message and "fails for good" in message, message
+
+
 def test_events_come_back_from_a_record_exactly():
     event = Event(EventKind.UPDATED, "t", key=("a", 1), old={"n": decimal.Decimal("1.50"), "$x": 1},
                   new={"at": dt.datetime(2024, 5, 1, 12, tzinfo=dt.timezone.utc), "nul": "a\x00b",

@@ -145,7 +145,8 @@ def test_firings_that_could_not_be_recorded_are_logged_in_one_line_without_the_s
         raise driver_error(lost)
 
     monkeypatch.setattr(quiet.outbox, "draw_ids", fails)
-    firing = types.SimpleNamespace(rule=types.SimpleNamespace(name="alert"))
+    firing = types.SimpleNamespace(rule=types.SimpleNamespace(name="alert"), event=Event(EventKind.SIGNAL, "go"),
+                                   coupling=Coupling.DETACHED, chain=())      # (what a record is made of)
     quiet.outbox.record_now([(firing, "T1", None, True)], retries=0)
     assert_one_line_without_parameters(caplog, "could not record 1 detached firing(s)")
     assert "UniqueViolation" in caplog.text or "OperationalError" in caplog.text
