@@ -198,6 +198,11 @@ class TableInfo:
         convert = self._converters.get(name)
         return value if convert is None or value is None else convert(value)
 
+    def normalised_row(self, image: Mapping[str, object], columns: Iterable[str]) -> dict[str, object]:
+        """The values of ``columns`` in ``image`` (a row as a transaction wrote it: values as given) as
+        :meth:`normalised` gives them — what a scan's equality, normalised itself, is compared with."""
+        return {name: self.normalised(name, image.get(name)) for name in columns}
+
     def key_from_values(self, values: Mapping[str, object]) -> Key:
         missing = [name for name in self.key_columns if values.get(name) is None]
         if missing:

@@ -194,6 +194,9 @@ class Overlay:
         info = self._table_info(table)
         columns = info.key_columns
         rows = {tuple(image[column] for column in columns): image for image in self._tx.scan(info.name, where)}
+        # (checked by ``tx.scan``; as it compares them: as PostgreSQL gives the values back)
+        equal = ({column: info.normalised(column, value) for column, value in where.items()}
+                 if isinstance(where, Mapping) else None)
         for (name, key), row in self._rows.items():
             if name == info.name and row.entry is not None:
                 rows.pop(key, None)
@@ -202,7 +205,9 @@ class Overlay:
                     continue
                 if info.nested:                 # (before matching: a predicate gets what is handed out)
                     copy_nested(image, info.nested)
-                if matches(image, where):
+                # (the overlay's row holds values as written — a uuid's text, a float of a numeric column, a tuple of
+                # an array — as ``tx.scan``'s written rows do: compared as PostgreSQL gives them back, ``normalised``)
+                if matches(info.normalised_row(image, equal), equal) if equal is not None else matches(image, where):
                     rows[key] = image
         return list(rows.values())
 

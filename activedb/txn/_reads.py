@@ -148,8 +148,7 @@ class Reads:
             # (a row of the tree's holds values as written, a uuid's text, a float of a numeric column: compared as
             # PostgreSQL gives them back, as ``where``'s are)
             result = [image for key, image in rows.items() if image is not None and matches(
-                {column: info.normalised(column, image.get(column)) for column in where} if key in written else image,
-                where)]
+                info.normalised_row(image, where) if key in written else image, where)]
         else:
             result = [image for image in rows.values() if image is not None and matches(image, where)]
         recorder = self.manager.recorder

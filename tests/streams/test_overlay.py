@@ -324,3 +324,42 @@ def test_a_json_list_the_overlay_hands_out_is_the_readers(db):
         assert overlay.write_back() == 2
         assert tx.read("lists", "k")["value"] == ["a", "b"] and tx.read("lists", "j")["value"] == ["x"]
         raise Discard
+
+
+def test_an_overlay_scan_finds_its_own_rows_by_an_equality_as_the_transactions_scan_does(db):
+    """The overlay's scan compared the rows it changed with the equality as given, while the transaction's scan under
+    it converts the equality to what PostgreSQL gives back (``TableInfo.normalised``): a row the overlay changed was
+    dropped from the scan by a uuid's text (the row holds the UUID it was read with), a float of a ``numeric`` column
+    (it holds the Decimal) or a tuple of an array column (it holds the list); a row the overlay wrote with a uuid's
+    text was missed by that UUID.  Both are found now, by either spelling, as ``tx.scan`` finds them."""
+    import decimal
+    import uuid
+
+    from activedb.streams._overlay import Overlay
+
+    class Discard(Exception):
+        """Leaves the transaction: nothing of it is committed."""
+
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("DROP TABLE IF EXISTS overlay_scanned"))
+        connection.execute(sa.text("CREATE TABLE overlay_scanned (id integer PRIMARY KEY, ref uuid, "
+                                   "price numeric(10, 2), counts integer[], note text)"))
+        connection.execute(sa.text("INSERT INTO overlay_scanned VALUES (1, :ref, 0.1, '{1,2}', 'committed')"),
+                           {"ref": str(uuid.UUID(int=7))})
+    db.schema.refresh()
+    ref = uuid.UUID(int=7)
+    wheres = [{"ref": str(ref)}, {"ref": ref}, {"price": 0.1}, {"price": decimal.Decimal("0.10")},
+              {"counts": (1, 2)}, {"counts": [1, 2]}]
+    try:
+        with pytest.raises(Discard), db.transaction() as tx:
+            overlay = Overlay(tx)
+            overlay.write("overlay_scanned", (1,), {"note": "changed"})        # its other columns as read back
+            overlay.write("overlay_scanned", (2,), {"ref": str(ref), "price": 0.1, "counts": (1, 2)})  # as given
+            found = {str(where): sorted(row["id"] for row in overlay.scan("overlay_scanned", where))
+                     for where in wheres}
+            assert found == {str(where): [1, 2] for where in wheres}
+            raise Discard
+    finally:
+        with db.engine.begin() as connection:
+            connection.execute(sa.text("DROP TABLE overlay_scanned"))
+        db.schema.refresh()
