@@ -255,6 +255,26 @@ def head(script_location: Path | None = None) -> str:
     return script.get_current_head()  # type: ignore[return-value]  # (one head: activedb's chain is linear)
 
 
+def history(script_location: Path | None = None) -> list[tuple[str, str]]:
+    """The revisions of ``script_location``'s chain (activedb's own by default), newest first: each one's id and what
+    it is (``_gist`` of its file's docstring; empty without one).  :class:`MigrationError` naming the file if one does
+    not load."""
+    location = script_location or migrations.SCRIPT_LOCATION
+    with _failing_as(f"reading the revisions in {location}"):
+        script = ScriptDirectory.from_config(_config(location))
+        return [(step.revision, _gist(str(step.doc or ""))) for step in script.walk_revisions()]
+
+
+def _gist(doc: str, width: int = 100) -> str:
+    """A revision's docstring in a line: its first sentence, the part before its colon if it has one (``Capture's
+    trust model: …``), cut at a word to ``width`` characters with an ellipsis."""
+    sentence = " ".join(doc.strip().split("\n\n")[0].split()).split(". ")[0]
+    gist = sentence.split(": ")[0].rstrip(".")
+    if len(gist) <= width:
+        return gist
+    return gist[:width].rsplit(" ", 1)[0].rstrip(",;") + " …"
+
+
 def has_revision(location: Path, revision: str) -> bool:
     """Whether a file under ``location``'s versions/ is ``revision`` (the tables may be at one whose file is gone)."""
     try:

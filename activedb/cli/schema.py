@@ -133,6 +133,32 @@ def current(ctx: click.Context) -> None:
         click.echo(f"{revision or 'base'} ({note}) — {database.describe()}")
 
 
+@db.command()
+@click.pass_context
+def history(ctx: click.Context) -> None:
+    """List activedb's schema revisions, newest first, marking the head and the one the database is at: the
+    REVISIONs `db downgrade` and `db upgrade` take."""
+    from activedb import _migrate
+
+    revisions = _migrate.history()
+    with open_database(ctx, writes=False, check_schema=False) as database:
+        state, at = database.schema.state()
+        described = database.describe()
+    head = revisions[0][0]
+    for revision, doc in [*revisions, ("base", "no activedb tables")]:
+        marks = ", ".join(mark for mark, applies in (("head", revision == head),
+                                                    ("current", revision == (at or "base"))) if applies)
+        click.echo(f"{revision}{f' ({marks})' if marks else ''}{f' — {doc}' if doc else ''}")
+    if state is _migrate.SchemaState.UNKNOWN:
+        click.echo(f"the database is at {at}, a revision this activedb does not know (a newer activedb wrote it; "
+                   f"head is {head}) — {described}")
+        return
+    where = ("at head" if state is _migrate.SchemaState.AT_HEAD
+             else f"behind: `activedb db upgrade` goes up to {head}")
+    down = "" if at is None else "; `activedb db downgrade REVISION` goes down to one listed below it"
+    click.echo(f"the database is at {at or 'base'} ({where}){down} — {described}")
+
+
 # --- app --------------------------------------------------------------------------------
 
 @click.group(cls=_Group)

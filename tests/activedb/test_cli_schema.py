@@ -66,6 +66,32 @@ def test_db_current_says_behind_and_db_upgrade_brings_it_back(url):
     assert {"activedb_rules", "activedb_dead_letters"} <= activedb_tables(url)
 
 
+def test_db_history_lists_the_revisions_newest_first_marking_head_and_the_current_one(url):
+    """`activedb db history` lists activedb's revisions — what `db downgrade` and `db upgrade` take — newest first,
+    each with its description, marking the head and the revision the database is at (base too).  There was no such
+    command: a user looking for a downgrade target had to read the migrations' files."""
+    invoke(url, "db", "upgrade")
+    names = sorted(path.stem for path in (_migrate.migrations.SCRIPT_LOCATION / "versions").glob("0*.py"))
+    shown = invoke(url, "db", "history")
+    assert shown.exit_code == 0, shown.output
+    lines = shown.output.splitlines()
+    assert [line.split()[0] for line in lines[:len(names) + 1]] == [*reversed(names), "base"], shown.output
+    assert lines[0].startswith(f"{names[-1]} (head, current) — ") and "(current)" not in "".join(lines[1:]), lines
+    assert lines[len(names) - 1].startswith(f"{names[0]} — activedb's own tables"), lines
+    assert "at head" in lines[-1] and "downgrade" in lines[-1], lines
+    try:
+        assert invoke(url, "db", "downgrade", names[-3], "--yes").exit_code == 0
+        lines = invoke(url, "db", "history").output.splitlines()
+        assert lines[0].startswith(f"{names[-1]} (head) — ") and lines[2].startswith(f"{names[-3]} (current) — ")
+        assert f"at {names[-3]} (behind" in lines[-1] and "downgrade" in lines[-1], lines
+        assert invoke(url, "db", "downgrade", "base", "--yes").exit_code == 0
+        lines = invoke(url, "db", "history").output.splitlines()
+        assert lines[len(names)].startswith("base (current)") and "at base (behind" in lines[-1], lines
+        assert "downgrade" not in lines[-1], lines
+    finally:
+        assert invoke(url, "db", "upgrade").exit_code == 0
+
+
 def test_a_new_database_is_created_by_writing_commands_only(make_fresh_url, tmp_path):
     reading = invoke(make_fresh_url, "rules", "list")
     assert reading.exit_code == 1 and "no activedb tables yet" in reading.output
