@@ -219,17 +219,91 @@ def _check_sendable(options: Mapping[str, object]) -> None:
                 f"time)") from None
 
 
-def _by_key(batch_df: DataFrame, key_column: str, partitions: int) -> DataFrame:
-    """``batch_df`` hash-partitioned into ``partitions`` by the column named exactly ``key_column``, its columns named
-    apart by position (:func:`~spark_bridge._sink.by_position`; the task gives them their names back:
-    :attr:`_PartitionTask.columns`): with another column named like the key but for case, ``repartition(N,
-    col(key))`` — and ``mapInArrow``, which passes every column by its name — would be ambiguous and fail every
-    batch.  The hash is the key's value's, whatever its column is called, so a batch lands in the partitions it did
-    before."""
+def _by_key(batch_df: DataFrame, key_column: str, partitions: int, salt: int = 0) -> DataFrame:
+    """``batch_df`` hash-partitioned into ``partitions`` by the column named exactly ``key_column`` and the run's
+    ``salt`` (:func:`choose_salt`; 0: by the key alone), its columns named apart by position
+    (:func:`~spark_bridge._sink.by_position`; the task gives them their names back: :attr:`_PartitionTask.columns`):
+    with another column named like the key but for case, ``repartition(N, col(key))`` — and ``mapInArrow``, which
+    passes every column by its name — would be ambiguous and fail every batch.  A row's partition is
+    ``pmod(hash(key, salt), N)`` (``pmod(hash(key), N)`` for salt 0; Spark's Murmur3 hash, :func:`salted_hash`): a
+    function of the key's value, the salt and N only, whatever the column is called, so a batch lands in the
+    partitions it did before."""
     from pyspark.sql import functions
 
     apart, names = by_position(batch_df)
-    return apart.repartition(partitions, functions.col(apart.columns[names.index(key_column)]))
+    key = functions.col(apart.columns[names.index(key_column)])
+    if not salt:
+        return apart.repartition(partitions, key)
+    return apart.repartition(partitions, key, functions.lit(salt).cast("int"))
+
+
+# Spark's Murmur3 (x86, 32 bits) of an int, as its ``hash`` expression computes it, for choose_salt.
+_MASK = 0xFFFFFFFF
+
+
+def _rotate(value: int, by: int) -> int:
+    return ((value << by) | (value >> (32 - by))) & _MASK
+
+
+def salted_hash(key_hash: int, salt: int) -> int:
+    """Spark's ``hash(key, salt)`` (``salt`` an int) from ``key_hash``, Spark's ``hash(key)``: Murmur3 hashes the
+    pair's second value with the first's hash as its seed, so the key's type does not matter here.  Signed 32 bits,
+    as Spark's; ``key_hash`` itself for salt 0 (no salt term: :func:`_by_key`)."""
+    if not salt:
+        return key_hash
+    k1 = _rotate((salt & _MASK) * 0xcc9e2d51 & _MASK, 15) * 0x1b873593 & _MASK
+    h1 = (_rotate((key_hash & _MASK) ^ k1, 13) * 5 + 0xe6546b64) & _MASK
+    h1 ^= 4                       # (fmix, with the length of an int)
+    h1 ^= h1 >> 16
+    h1 = h1 * 0x85ebca6b & _MASK
+    h1 ^= h1 >> 13
+    h1 = h1 * 0xc2b2ae35 & _MASK
+    h1 ^= h1 >> 16
+    return h1 - (1 << 32) if h1 >= 1 << 31 else h1
+
+
+#: The salts :func:`choose_salt` tries (0 … SALTS - 1), fewer when the batch has many keys: at most
+#: SALT_WORK (keys x salts) hashes in the driver.
+SALTS = 1000
+SALT_WORK = 2_000_000
+#: A first batch with more distinct key hashes than this is split with salt 0: with that many keys the hash alone
+#: splits evenly, and the count stays small for the driver to collect.
+SALT_KEYS = 100_000
+
+
+def choose_salt(key_counts: Iterable[tuple[int, int]], partitions: int) -> int:
+    """The salt whose split of ``key_counts`` — (Spark's ``hash(key)``, rows) of a batch — over ``partitions``
+    leaves the largest partition smallest (the batch's tasks run side by side: the largest is the critical path);
+    of equal ones the smallest salt, so 0 (the key's hash alone) unless a salt does better.  Deterministic."""
+    counts = list(key_counts)
+    if partitions <= 1 or not counts:
+        return 0
+    total = sum(rows for _, rows in counts)
+    even = -(-total // partitions)          # (no split does better than this)
+    best, best_largest = 0, total + 1
+    for salt in range(max(1, min(SALTS, SALT_WORK // len(counts)))):
+        loads = [0] * partitions
+        for key_hash, rows in counts:
+            loads[salted_hash(key_hash, salt) % partitions] += rows
+        largest = max(loads)
+        if largest < best_largest:
+            best, best_largest = salt, largest
+            if largest <= even:
+                break
+    return best
+
+
+def _first_batch_salt(batch_df: DataFrame, key_column: str, partitions: int) -> int:
+    """The salt for a run whose first batch is ``batch_df`` (:func:`choose_salt` of its rows per key hash, one Spark
+    job); 0 with one partition, or with more than :data:`SALT_KEYS` key hashes."""
+    if partitions <= 1:
+        return 0
+    from pyspark.sql import functions
+
+    apart, names = by_position(batch_df)
+    key_hash = functions.hash(functions.col(apart.columns[names.index(key_column)]))
+    counts = [(row[0], row[1]) for row in apart.groupBy(key_hash).count().limit(SALT_KEYS + 1).collect()]
+    return 0 if len(counts) > SALT_KEYS else choose_salt(counts, partitions)
 
 
 class PartitionedIngestSink(IngestSink):
@@ -276,7 +350,9 @@ class PartitionedIngestSink(IngestSink):
                 "undone by the transactions recorded as consuming it, and with lineage=False none is recorded — "
                 "nothing would be undone, and the batch reported compensated. Leave lineage=True (the default), or "
                 "use on_partition_failure='forward'")
-        self._declared: set[str] = set()   # ledger query ids whose policy was recorded; under self._mutex
+        #: Ledger query ids whose policy was recorded, and the salt each run's batches are split with (_declare);
+        #: under self._mutex.
+        self._salts: dict[str, int] = {}
         #: (ledger query id, batch id) of the batches with a failed partition not settled yet (pending completion,
         #: compensating): read once per run (``_declare``), kept up to date here; under self._mutex.
         self._unsettled: set[tuple[str, int]] = set()
@@ -302,7 +378,7 @@ class PartitionedIngestSink(IngestSink):
         check_key_type(schema, self.mapping)  # type: ignore[arg-type]  # (the scale-out path has a mapping)
         check_arrow_types(schema, scale_out=True)
         key = self.mapping.key_column  # type: ignore[union-attr]
-        self._declare(query_id, batch_id, (key, schema[key].dataType.simpleString()))
+        salt = self._declare(query_id, batch_id, (key, schema[key].dataType.simpleString()), batch_df)
         began = time.perf_counter()
         watermark = self.spark_watermark(spark_query_id, current=execution)
         task = self._task(query_id=query_id, batch_id=batch_id, watermark=watermark, columns=tuple(schema.names))
@@ -310,7 +386,7 @@ class PartitionedIngestSink(IngestSink):
         # Always run the job, also for a batch whose partitions all committed: running it
         # feeds Spark's event-time statistics (see _sink.py), and each task skips by itself.
         try:
-            reports = (_by_key(batch_df, self.mapping.key_column, self.partitions)  # type: ignore[union-attr]
+            reports = (_by_key(batch_df, key, self.partitions, salt)
                        .mapInArrow(task, f"{REPORT_COLUMN} binary").collect())
         except Exception as error:
             failure = _cluster.task_failure(error)      # what the task's Python raised, not Spark's Java trace
@@ -344,18 +420,26 @@ class PartitionedIngestSink(IngestSink):
         """Nothing here: :meth:`_declare` checks the layout of the run's first batch, once it knows the key's type
         from the batch's schema."""
 
-    def _declare(self, query_id: str, batch_id: int, partition_key: tuple[str, str]) -> None:
-        """At the run's first batch, ``batch_id``: check that batch's layout in the ledger against this sink's
-        partitions and ``partition_key`` (the key column and its Spark type; :func:`~spark_bridge._sink.check_layout`),
-        then record them and the policy (``activedb status`` shows them), and read which of the query's batches
-        have a failure to settle when they come again."""
+    def _declare(self, query_id: str, batch_id: int, partition_key: tuple[str, str], batch_df: DataFrame) -> int:
+        """The salt the run ``query_id`` splits its batches with (:func:`_by_key`).  At the run's first batch,
+        ``batch_id`` (``batch_df``): the salt the run recorded (a run recorded before salts: 0), or, for a run not
+        recorded yet, the one chosen for this batch (:func:`_first_batch_salt`); check that batch's layout in the
+        ledger against this sink's partitions, ``partition_key`` (the key column and its Spark type) and the salt
+        (:func:`~spark_bridge._sink.check_layout`), then record them and the policy (``activedb status`` shows them),
+        and read which of the query's batches have a failure to settle when they come again."""
         with self._mutex:
-            if query_id in self._declared:
-                return
-        check_layout(self.db, query_id, batch_id, self.partitions, partition_key)
+            if query_id in self._salts:
+                return self._salts[query_id]
+        recorded = atomic.declared_layout(self.db, query_id)
+        if recorded is not None:
+            salt = recorded.salt or 0
+        else:
+            salt = _first_batch_salt(batch_df, partition_key[0], self.partitions)
+        check_layout(self.db, query_id, batch_id, self.partitions, partition_key, salt)
         atomic.declare_policy(self.db, query_id, self.query_name, self.partitions, self.on_partition_failure,
-                              partition_key)
+                              partition_key, None if recorded is not None and recorded.salt is None else salt)
         unsettled = {(query_id, batch) for batch in atomic.unsettled_batches(self.db, query_id)}
         with self._mutex:
-            self._declared.add(query_id)
+            self._salts[query_id] = salt
             self._unsettled |= unsettled
+        return salt

@@ -270,10 +270,11 @@ LAYOUT_TERMS = LayoutTerms(
 
 
 def check_layout(db: Database, query_id: str, batch_id: int, partitions: int | None,
-                 partition_key: tuple[str, str] | None = None) -> None:
+                 partition_key: tuple[str, str] | None = None, salt: int | None = None) -> None:
     """:func:`activedb.atomic.check_layout` in the Spark connector's words (:data:`LAYOUT_TERMS`): ``partitions``
-    None for the one-task path, N for the scale-out path's; ``partition_key``: its key column and Spark type."""
-    atomic.check_layout(db, query_id, batch_id, partitions, partition_key, terms=LAYOUT_TERMS)
+    None for the one-task path, N for the scale-out path's; ``partition_key``: its key column and Spark type;
+    ``salt``: the scale-out path's salt for the run (``_scaleout.choose_salt``)."""
+    atomic.check_layout(db, query_id, batch_id, partitions, partition_key, salt=salt, terms=LAYOUT_TERMS)
 
 
 def check_columns(columns: list[str], mapping: EventMapping) -> None:

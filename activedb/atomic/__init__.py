@@ -6,7 +6,8 @@ Public interface: ``db.batches`` (:class:`Batches`) — ``consumed / produced / 
 scover / independent_scover / graph``, ``plan / compensate``, ``prune``; the CLI ``activedb batches``; a split
 source batch one partition of which fails for good (``declare_policy``, ``settle_failed_partition`` and
 ``failed_partition`` in the failed task, ``combined_outcome``, ``settle``, ``unsettled_batches``,
-``after_replay``, ``split_status``, ``check_layout`` of a batch run again: what a connector that splits batches —
+``after_replay``, ``split_status``, ``declared_layout`` (a run's partitions, key and salt), ``check_layout`` of a
+batch run again: what a connector that splits batches —
 Spark's scale-out path — calls).
 Design note: ``README.md`` here.  (``activedb.batch``, singular, is the unrelated TPG executor.)
 """
@@ -19,7 +20,7 @@ from activedb import lazy
 __all__ = ["Batches", "BatchRef", "BoundReached", "CompensationPlan", "CompensationReport", "IndependentScover",
            "CompensationMode", "CompensationScope", "LayoutTerms", "PartitionReport", "SplitBatchStatus", "SplitFailure",
            "SplitState", "TransactionLineage", "Unsafe", "after_replay", "as_policy", "check_layout",
-           "combined_outcome", "compensate_split", "declare_policy", "errors", "failed_partition", "settle",
+           "combined_outcome", "compensate_split", "declare_policy", "declared_layout", "errors", "failed_partition", "settle",
            "settle_failed_partition", "split_status", "unsettled_batches"]
 
 # imported on first use: `import activedb.atomic` stays fast (the CLI's start)
@@ -30,7 +31,7 @@ __getattr__, __dir__ = lazy.exports(__name__, {
     "activedb.atomic._lineage": ["BatchRef"],
     "activedb.atomic._split": ["LayoutTerms", "PartitionReport", "SplitBatchStatus", "SplitState", "after_replay", "as_policy",
                                "check_layout", "combined_outcome", "compensate_split", "declare_policy",
-                               "failed_partition", "settle", "settle_failed_partition", "split_status",
+                               "declared_layout", "failed_partition", "settle", "settle_failed_partition", "split_status",
                                "unsettled_batches"],
 })
 
@@ -46,6 +47,6 @@ if TYPE_CHECKING:  # the names above, for type checkers (tests/test_typing.py ke
         LayoutTerms as LayoutTerms, PartitionReport as PartitionReport, SplitBatchStatus as SplitBatchStatus,
         SplitState as SplitState, after_replay as after_replay, as_policy as as_policy, check_layout as check_layout,
         combined_outcome as combined_outcome, failed_partition as failed_partition,
-        compensate_split as compensate_split, declare_policy as declare_policy,
+        compensate_split as compensate_split, declare_policy as declare_policy, declared_layout as declared_layout,
         settle as settle, settle_failed_partition as settle_failed_partition, split_status as split_status,
         unsettled_batches as unsettled_batches)

@@ -32,7 +32,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from activedb.txn import Transaction
 
 __all__ = ["LayoutTerms", "PartitionReport", "SplitBatchStatus", "SplitState", "as_policy", "check_layout",
-           "combined_outcome", "failed_partition", "split_status", "unsettled_batches"]
+           "combined_outcome", "declared_layout", "failed_partition", "split_status", "unsettled_batches"]
 
 logger = logging.getLogger("activedb.atomic")
 
@@ -82,20 +82,23 @@ def as_policy(value: object) -> SplitFailure:
 # --- the policy a query declared -------------------------------------------------------------------------
 
 def declare_policy(db: DatabaseHandle, query_id: str, query_name: str, partitions: int, policy: SplitFailure,
-                   partition_key: tuple[str, str] | None = None) -> None:
+                   partition_key: tuple[str, str] | None = None, salt: int | None = None) -> None:
     """Record (upsert) the scale-out query's partition count and policy, for ``activedb status``, and
     ``partition_key`` — (column, type as the connector names it) the batches are partitioned by, or None when the
-    connector does not say —, which a replayed batch's layout is checked against (the connector's check)."""
+    connector does not say — and ``salt`` — what the connector mixes into the key's hash to split the run's batches
+    (0: nothing; None: not said, which :func:`check_layout` takes as 0) —, which a replayed batch's layout is checked
+    against (the connector's check).  A connector chooses a run's salt once and keeps the recorded one
+    (:func:`declared_layout`): a batch's split is a function of its keys, the salt and the partition count only."""
     column, column_type = partition_key if partition_key is not None else (None, None)
     with db.engine.begin() as connection:
         connection.execute(sa.text(
             f"INSERT INTO {QUERIES_TABLE} (query_id, query_name, partitions, on_partition_failure, partition_key, "
-            "partition_key_type) VALUES (:q, :name, :n, :policy, :key, :key_type) ON CONFLICT (query_id) DO UPDATE "
-            "SET partitions = EXCLUDED.partitions, on_partition_failure = EXCLUDED.on_partition_failure, "
+            "partition_key_type, salt) VALUES (:q, :name, :n, :policy, :key, :key_type, :salt) ON CONFLICT (query_id) "
+            "DO UPDATE SET partitions = EXCLUDED.partitions, on_partition_failure = EXCLUDED.on_partition_failure, "
             "partition_key = EXCLUDED.partition_key, partition_key_type = EXCLUDED.partition_key_type, "
-            "declared_at = now()"),
+            "salt = EXCLUDED.salt, declared_at = now()"),
             {"q": query_id, "name": query_name, "n": partitions, "policy": policy.value, "key": column,
-             "key_type": column_type})
+             "key_type": column_type, "salt": salt})
 
 
 # --- the failed task's side ---------------------------------------------------------------------------------
@@ -309,6 +312,9 @@ class SplitBatchStatus:
     #: The batch's partitions the ledger holds no row of (neither committed nor given up as dead letters): still
     #: being ingested, or pending completion.  Empty: the batch is settled — compensating it is final.
     pending_partitions: tuple[int, ...] = ()
+    #: The salt the query's batches are split with (the query's row only; None: recorded before revision
+    #: 0019_split_salt, which splits as 0 — no salt — did).
+    salt: int | None = None
 
 
 def split_status(db: DatabaseHandle, query_name: str | None = None, *,
@@ -320,7 +326,7 @@ def split_status(db: DatabaseHandle, query_name: str | None = None, *,
     that it is settled)."""
     with db.engine.connect() as connection:
         queries = connection.execute(sa.text(
-            f"SELECT query_id, query_name, partitions, on_partition_failure, partition_key, partition_key_type "
+            f"SELECT query_id, query_name, partitions, on_partition_failure, partition_key, partition_key_type, salt "
             f"FROM {QUERIES_TABLE}")).all()
         failures = connection.execute(sa.text(
             f"SELECT query_id, batch_id, partition, partitions, policy, state, error, compensated "
@@ -336,7 +342,8 @@ def split_status(db: DatabaseHandle, query_name: str | None = None, *,
         grouped.setdefault((row.query_id, row.batch_id), []).append(row)
     result = [SplitBatchStatus(row.query_name, query_id, row.on_partition_failure, row.partitions,
                                partition_key=None if row.partition_key is None else (row.partition_key,
-                                                                                     row.partition_key_type))
+                                                                                     row.partition_key_type),
+                               salt=row.salt)
               for query_id, row in sorted(declared.items()) if query_name is None or row.query_name == query_name]
     for (query_id, batch_id), rows in sorted(grouped.items()):
         name = LedgerId.parse(query_id).source
@@ -361,6 +368,14 @@ def split_status(db: DatabaseHandle, query_name: str | None = None, *,
                 run.query_name, batch[0], run.on_partition_failure, run.partitions, batch[1],
                 committed_partitions=len(held), pending_partitions=tuple(sorted(set(range(run.partitions)) - held))))
     return result
+
+
+def declared_layout(db: DatabaseHandle, query_id: str) -> SplitBatchStatus | None:
+    """The layout the run ``query_id`` (a ledger id without a partition) declared (:func:`declare_policy`): its
+    partition count, key and salt, as ``activedb status`` shows them; None if it declared none."""
+    declared = [row for row in split_status(db, LedgerId.parse(query_id).source)
+                if row.query_id == query_id and row.batch_id is None]
+    return declared[0] if declared else None
 
 
 def _committed_partitions(connection: sa.Connection, batches: set[tuple[str, int]]
@@ -449,7 +464,8 @@ class LayoutTerms:
 
 
 def check_layout(db: DatabaseHandle, query_id: str, batch_id: int, partitions: int | None,
-                 partition_key: tuple[str, str] | None = None, *, terms: LayoutTerms = LayoutTerms()) -> None:
+                 partition_key: tuple[str, str] | None = None, *, salt: int | None = None,
+                 terms: LayoutTerms = LayoutTerms()) -> None:
     """Raise :class:`~activedb.ingest.errors.IngestError` if the ledger holds batch ``batch_id`` of the run
     ``query_id`` in another layout than ``partitions`` (None: whole, one transaction; N: split into N partitions)
     by ``partition_key`` (the key column and its type, as the connector names them: :func:`declare_policy`'s);
@@ -458,7 +474,8 @@ def check_layout(db: DatabaseHandle, query_id: str, batch_id: int, partitions: i
     partition), so a batch committed whole and re-run in partitions, committed in partitions and re-run whole, or
     re-run in another number of them or by another key (either hashes its rows to other partitions) would have
     rows applied a second time, or skipped.  The key is compared when the run that ingested the batch recorded it
-    (``activedb_split_queries``, since revision 0017_split_key)."""
+    (``activedb_split_queries``, since revision 0017_split_key); ``salt``, the one the connector splits with now (None
+    as 0), with the run's recorded one (NULL, recorded before revision 0019_split_salt, or no row: 0)."""
     ledger = db.table(_LEDGER_TABLE)
     with db.engine.connect() as connection:
         texts = connection.execute(sa.select(ledger.c.query_id).where(ledger.c.batch_id == batch_id, sa.or_(
@@ -468,14 +485,24 @@ def check_layout(db: DatabaseHandle, query_id: str, batch_id: int, partitions: i
         return
     before: int | None = None
     key_before: tuple[str, str] | None = None
-    if None not in found:     # (the partition count and key the run declared, as activedb status shows them)
-        declared = [row for row in split_status(db, LedgerId.parse(query_id).source)
-                    if row.query_id == query_id and row.batch_id is None]
-        before = (declared[0].partitions if declared and declared[0].partitions else
+    salt_before = 0
+    if None not in found:     # (the partition count, key and salt the run declared, as activedb status shows them)
+        declared = declared_layout(db, query_id)
+        before = (declared.partitions if declared is not None and declared.partitions else
                   max(part for part in found if part is not None) + 1)
-        key_before = declared[0].partition_key if declared else None
-    if before == partitions and (key_before is None or partition_key is None or key_before == partition_key):
+        key_before = declared.partition_key if declared is not None else None
+        salt_before = (declared.salt or 0) if declared is not None else 0
+    same_key = key_before is None or partition_key is None or key_before == partition_key
+    if before == partitions and same_key and (partitions is None or salt_before == (salt or 0)):
         return
+    if before == partitions and same_key:
+        raise IngestError(
+            f"batch {batch_id} of this checkpoint (ledger id {query_id}) was ingested in {before} partitions split "
+            f"with salt {salt_before}, and {terms.runner} runs it again now split with salt {salt or 0}: its rows would "
+            f"hash to other partitions, and the ledger, which skips a batch by its partitions, would apply some of "
+            f"them a second time and others never. A run splits every batch with the salt it recorded "
+            f"({QUERIES_TABLE}.salt, which `activedb status` shows): if that row was changed, set its salt back to "
+            f"{salt_before}; or start from a new checkpoint directory")
     if before == partitions:
         assert key_before is not None and partition_key is not None
         raise IngestError(

@@ -200,7 +200,8 @@ def print_split_batches(console: Console, statuses: list[SplitBatchStatus]) -> N
 
     for status in statuses:
         if status.batch_id is None:
-            console.print(f"scale-out query {literal(status.query_name)} ({status.partitions} partitions): "
+            salt = f", salt {status.salt}" if status.salt else ""
+            console.print(f"scale-out query {literal(status.query_name)} ({status.partitions} partitions{salt}): "
                           f"on_partition_failure={status.on_partition_failure}", highlight=False)
     failed = [status for status in statuses if status.batch_id is not None]
     if not failed:

@@ -408,3 +408,174 @@ def test_an_application_file_that_is_not_there_is_refused_before_the_query_start
         spark_bridge.sink_of(writer).close()
     finally:
         database.close()
+
+
+# --- the run's salt ----------------------------------------------------------------------------------------------
+
+def _placement(spark, path, partitions: int, salt: int) -> dict[str, int]:
+    """Rows per partition (``pN``) of the batch file ``path`` split as the scale-out path splits it with ``salt``:
+    Spark's ``hash(key)`` of each row, then ``salted_hash`` mod ``partitions`` (Python's ``%``: Spark's ``pmod``)."""
+    from pyspark.sql import functions as F
+
+    from spark_bridge._scaleout import salted_hash
+
+    found: dict[str, int] = {}
+    for (key_hash,) in spark.read.schema(app_split.SCHEMA).json(str(path)).select(F.hash("key")).collect():
+        part = f"p{salted_hash(key_hash, salt) % partitions}"
+        found[part] = found.get(part, 0) + 1
+    return found
+
+
+def _row_counts(database, batch_id) -> dict[str, int]:
+    return {query_id.rsplit("#", 1)[1]: rows for query_id, rows in query_rows(
+        database, "SELECT query_id, row_count FROM activedb_ingestion_ledger WHERE batch_id = :b", b=batch_id)}
+
+
+@pytest.mark.spark
+def test_the_salted_split_is_spark_s_hash_of_the_key_and_the_salt(spark):
+    """The scale-out path splits a run's batches by ``hash(key, salt) mod N``, and chooses the salt in the driver
+    from Spark's ``hash(key)`` of its first batch's rows (``choose_salt``): ``salted_hash`` must be what Spark
+    computes — for a string and a bigint key, a null key among them — and ``_by_key`` must place each row where it
+    says; salt 0 is the key's hash alone (the split of runs recorded before salts)."""
+    from pyspark.sql import functions as F
+
+    from spark_bridge._scaleout import _by_key, salted_hash
+
+    for values, key_type in ((["w0", "w1", "room 7", "", "ü", None] + [f"k{n}" for n in range(40)], "string"),
+                             ([0, -1, 2**40, -(2**35), None] + list(range(100, 140)), "bigint")):
+        frame = spark.createDataFrame([(value, index) for index, value in enumerate(values)],
+                                      f"key {key_type}, n int")
+        for salt in (0, 1, 7, 999):
+            rows = frame.select("n", F.hash("key").alias("h"), F.hash("key", F.lit(salt).cast("int")).alias("hs")
+                                ).collect()
+            assert [salted_hash(row.h, salt) for row in rows] == [row.h if salt == 0 else row.hs for row in rows]
+            hashes = {row.n: row.h for row in rows}
+            placed = (_by_key(frame, "key", 3, salt).rdd
+                      .mapPartitionsWithIndex(lambda index, part: [(row[1], index) for row in part]).collect())
+            assert sorted(placed) == sorted((n, salted_hash(hashes[n], salt) % 3) for n in hashes), (key_type, salt)
+
+
+def test_the_salt_is_the_smallest_one_whose_split_has_the_smallest_largest_partition():
+    """``choose_salt`` compares the salts' splits of the first batch's rows per key hash by their largest
+    partition (the critical path of the batch's tasks) and takes the smallest salt of the best: 0 when the key's
+    hash alone splits evenly, which every salt ties."""
+    from spark_bridge._scaleout import SALTS, choose_salt, salted_hash
+
+    counts = [(hash_value, 100 + 13 * index) for index, hash_value in enumerate(range(-20, 20, 3))]
+
+    def largest(salt, partitions):
+        loads = [0] * partitions
+        for key_hash, rows in counts:
+            loads[salted_hash(key_hash, salt) % partitions] += rows
+        return max(loads)
+
+    for partitions in (2, 3, 5):
+        chosen = choose_salt(counts, partitions)
+        best = min(largest(salt, partitions) for salt in range(SALTS))
+        assert largest(chosen, partitions) == best
+        assert all(largest(salt, partitions) > best for salt in range(chosen)), partitions
+    assert choose_salt([(0, 10), (1, 10)], 2) == 0          # (0 and 1 land apart: even already)
+    assert choose_salt(counts, 1) == 0 and choose_salt([], 2) == 0
+
+
+def test_a_replayed_batch_is_checked_against_the_run_s_recorded_salt(make_database_url):
+    """A run's salt decides which partition each row of its batches lands in, so a batch the ledger holds in
+    partitions and run again with another salt would have rows applied twice and others never: ``check_layout``
+    refuses it, naming both salts.  A run recorded before salts (NULL) split with none, as salt 0 does."""
+    from spark_bridge._sink import check_layout
+
+    database = split_database(make_database_url("layout_salt"))
+    try:
+        query_id = f"q@{uuid.uuid4()}"
+        sink = IngestSink(database, app_split.MAPPING, query_name="q")
+        assert sink.process([_row(1, "a", 0)], 3, query_id=f"{query_id}#p0").committed
+        policy = activedb.atomic.SplitFailure.FORWARD
+        activedb.atomic.declare_policy(database, query_id, "q", 2, policy, ("key", "string"), salt=5)
+        assert activedb.atomic.declared_layout(database, query_id).salt == 5
+        check_layout(database, query_id, 3, 2, ("key", "string"), 5)
+        check_layout(database, query_id, 4, 2, ("key", "string"), 6)         # (not in the ledger)
+        for other in (0, None, 6):
+            with pytest.raises(IngestError, match=rf"batch 3 .* in 2 partitions split with salt 5, and Spark runs it "
+                                                  rf"again now split with salt {other or 0}"):
+                check_layout(database, query_id, 3, 2, ("key", "string"), other)
+        activedb.atomic.declare_policy(database, query_id, "q", 2, policy, ("key", "string"))   # (recorded before)
+        assert activedb.atomic.declared_layout(database, query_id).salt is None
+        check_layout(database, query_id, 3, 2, ("key", "string"), 0)
+        check_layout(database, query_id, 3, 2, ("key", "string"))
+        with pytest.raises(IngestError, match=r"split with salt 0, and Spark runs it again now split with salt 5"):
+            check_layout(database, query_id, 3, 2, ("key", "string"), 5)
+        assert activedb.atomic.declared_layout(database, "q@nothing") is None
+    finally:
+        database.close()
+
+
+@pytest.mark.spark
+def test_a_run_splits_every_batch_with_the_salt_it_chose_at_its_first_batch(spark, tmp_path, make_database_url):
+    """The salt is chosen once, from the run's first batch (its rows per key hash, ``choose_salt``), and recorded
+    with the run's layout (``activedb status`` shows it); every batch of the run is split with it, and so is the
+    batch Spark re-delivers after a restart: the forward failure's committed partition is skipped and the other
+    applied, with nothing doubled or lost."""
+    from click.testing import CliRunner
+    from pyspark.sql import functions as F
+
+    from activedb.cli import main
+    from spark_bridge._scaleout import choose_salt
+
+    with _poisoned(tmp_path / "in", make_database_url, "salted") as (workload, poison, streamed, direct):
+        first = tmp_path / "in" / "part-000.json"
+        counts = spark.read.schema(app_split.SCHEMA).json(str(first)).groupBy(F.hash("key")).count().collect()
+        salt = choose_salt([(row[0], row[1]) for row in counts], 2)
+        assert salt != 0            # (this batch's keys split unevenly by their hash alone: 14 / 11 rows)
+        query = _ingest(spark, streamed, tmp_path / "in", tmp_path / "checkpoint", "forward")
+        with pytest.raises(Exception):
+            query.awaitTermination(STREAM_TIMEOUT_SECONDS)
+        source = f"split@{query.id}"
+        assert activedb.atomic.declared_layout(streamed, source).salt == salt
+        assert _row_counts(streamed, 0) == _placement(spark, first, 2, salt)
+        [(_, failed, _, _)] = _failures(streamed)
+        expected = _placement(spark, tmp_path / "in" / "part-001.json", 2, salt)
+        assert _row_counts(streamed, 1) == {f"p{1 - failed}": expected[f"p{1 - failed}"]}
+
+        with streamed.transaction() as tx:                       # the fix
+            tx.insert("items", key=app_split.FIX_KEY, value=1)
+        run_to_end(_ingest(spark, streamed, tmp_path / "in", tmp_path / "checkpoint", "forward"))
+        assert activedb.atomic.declared_layout(streamed, source).salt == salt     # (kept, not chosen again)
+        assert _row_counts(streamed, 1) == expected
+        assert _row_counts(streamed, 2) == _placement(spark, tmp_path / "in" / "part-002.json", 2, salt)
+        with direct.transaction() as tx:
+            tx.insert("items", key=app_split.FIX_KEY, value=1)
+        apply_directly(direct, _good(workload, [0, 1, 2]) + poison)
+        assert counters(streamed) == counters(direct)
+        result = CliRunner().invoke(main, ["--url", streamed.url.render_as_string(hide_password=False), "status"],
+                                    env={"COLUMNS": "250"})
+        assert result.exit_code == 0, result.output
+        assert (f"(2 partitions, salt {salt})" if salt else "(2 partitions)") in result.output
+
+
+@pytest.mark.spark
+def test_a_run_recorded_before_salts_keeps_splitting_by_the_key_alone(spark, tmp_path, make_database_url):
+    """A run whose layout was recorded before revision 0019_split_salt (salt NULL) split its batches by the key's
+    hash alone; its batches — and one re-delivered after a restart — are split so still, whatever salt its next
+    batch would choose, and its record stays without a salt."""
+    with _poisoned(tmp_path / "in", make_database_url, "unsalted") as (workload, poison, streamed, direct):
+        spark_id = str(uuid.uuid4())           # (the checkpoint's query id, as Spark writes it: the run's ledger id)
+        (tmp_path / "checkpoint").mkdir()
+        (tmp_path / "checkpoint" / "metadata").write_text(f'{{"id":"{spark_id}"}}\n')
+        source = f"split@{spark_id}"
+        activedb.atomic.declare_policy(streamed, source, "split", 2, activedb.atomic.SplitFailure.FORWARD,
+                                       ("key", "string"))
+        query = _ingest(spark, streamed, tmp_path / "in", tmp_path / "checkpoint", "forward")
+        with pytest.raises(Exception):
+            query.awaitTermination(STREAM_TIMEOUT_SECONDS)
+        assert str(query.id) == spark_id
+        assert _row_counts(streamed, 0) == _placement(spark, tmp_path / "in" / "part-000.json", 2, 0)
+        with streamed.transaction() as tx:                       # the fix
+            tx.insert("items", key=app_split.FIX_KEY, value=1)
+        run_to_end(_ingest(spark, streamed, tmp_path / "in", tmp_path / "checkpoint", "forward"))
+        for batch in (1, 2):
+            assert _row_counts(streamed, batch) == _placement(spark, tmp_path / "in" / f"part-00{batch}.json", 2, 0)
+        assert activedb.atomic.declared_layout(streamed, source).salt is None
+        with direct.transaction() as tx:
+            tx.insert("items", key=app_split.FIX_KEY, value=1)
+        apply_directly(direct, _good(workload, [0, 1, 2]) + poison)
+        assert counters(streamed) == counters(direct)
