@@ -489,7 +489,11 @@ class RuleManager(TransactionExtension):
                 # Its own transaction aborted by the condition or action itself (``tx.abort()``), not by an ancestor
                 # (which dooms it: it stays active until it ends): the rule's failure, as the trigger sees it.
                 self._failed(rule, event, error)
+            # Something else ended it — a nested rule's failure or the cascade limit its action let through, a
+            # dependency, a doomed tree's abort —: cancelled, as observers are told (the nested rule counted its own
+            # failure).
             outcome = _CANCELLED
+            self.count(rule, "cancelled")
             raise
         except DeadlockDetected as error:
             if not _victim_is(transaction, error):      # e.g. a top-level transaction the action opened itself

@@ -22,7 +22,7 @@ import sqlalchemy as sa
 
 from activedb import lowlevel
 import activedb
-from activedb import Coupling, testing
+from activedb import Coupling, Observer, testing
 from activedb.errors import CascadeLimitExceeded, RuleError, RuleFailed, UnknownTable
 from activedb.rules import Firing, FiringOutcome, RuleContext
 from coupling import HistoryEvent, check_dependencies, dependencies_for
@@ -1554,23 +1554,68 @@ def test_a_deferred_firing_raised_by_a_parallel_action_that_aborts_counts_cancel
     assert counters == {name: (1, 0, 0, 1, 0)}, counters
 
 
-def test_deferred_firings_past_the_cycle_limit_count_cancelled(db):
-    """A deferred rule that fires itself again each cycle meets ``max_deferred_cycles``: the tree aborts with
-    CascadeLimitExceeded.  The firings that ran were undone and the one still pending never runs: all cancelled.
-    Before, the pending one ended in no outcome (and those that ran too)."""
-    name = "deferred_again_and_again"
-
-    @db.rule(on=db.signalled(name), name=name, coupling=Coupling.DEFERRED)
-    def again(tx, event):
-        tx.signal(name)
-
-    limit, db.rules.max_deferred_cycles = db.rules.max_deferred_cycles, 3
+@pytest.mark.parametrize("coupling", [Coupling.DEFERRED, Coupling.IMMEDIATE])
+def test_firings_past_a_cascade_limit_count_cancelled(db, coupling):
+    """A rule that fires itself again meets its limit: a deferred one ``max_deferred_cycles`` (each cycle fires the
+    next), an immediate one ``max_cascade_depth`` (the dispatch refuses the next level with CascadeLimitExceeded,
+    which passes through every firing of the chain).  The tree aborts with CascadeLimitExceeded: the firings that ran
+    were undone, a deferred one still pending never runs — each stopped by the limit, not by its own code: all
+    cancelled.  Before, the pending deferred one ended in no outcome (and those that ran too), and so did the
+    immediate chain's (fired 3, nothing else)."""
+    name = f"{coupling.value}_again_and_again"
+    db.rule(on=db.signalled(name), name=name, coupling=coupling)(lambda tx, event: tx.signal(name))
+    setting = "max_deferred_cycles" if coupling is Coupling.DEFERRED else "max_cascade_depth"
+    limit = getattr(db.rules, setting)
+    setattr(db.rules, setting, 3)
     try:
         with pytest.raises(CascadeLimitExceeded):
             with db.transaction() as tx:
                 tx.signal(name)
         counters = _outcomes(db, [name])
     finally:
-        db.rules.max_deferred_cycles = limit
+        setattr(db.rules, setting, limit)
         db.rules.remove(name)
-    assert counters == {name: (4, 0, 0, 4, 0)}, counters
+    fired = 4 if coupling is Coupling.DEFERRED else 3
+    assert counters == {name: (fired, 0, 0, fired, 0)}, counters
+
+
+@pytest.mark.parametrize("coupling, trigger", [(Coupling.IMMEDIATE, "lets it abort the tree"),
+                                               (Coupling.DEFERRED, "lets it abort the tree"),
+                                               (Coupling.IMMEDIATE, "catches it and commits")])
+def test_a_firing_whose_action_lets_a_nested_rules_failure_through_counts_cancelled(db, coupling, trigger):
+    """``outer``'s action signals an event whose immediate rule ``inner`` raises, and lets the RuleFailed through:
+    ``inner`` is counted failed (it ended itself), ``outer`` — stopped by another firing's failure, as observers are
+    told (``cancelled``) — cancelled, whether the trigger lets the error abort its tree or (immediate) catches it and
+    commits.
+    Before, ``outer`` ended in no outcome: fired 1, nothing else."""
+    tag = f"{coupling.value}_{trigger.split()[0]}"
+    outer, inner = f"lets_through_{tag}", f"breaks_inside_{tag}"
+    ends: list[tuple[str, FiringOutcome]] = []
+
+    class Ends(Observer):
+        def on_firing_end(self, transaction, firing, outcome):
+            ends.append((firing.rule.name, outcome))
+
+    db.rule(on=db.signalled(outer), name=outer, coupling=coupling)(lambda tx, event: tx.signal(inner))
+
+    @db.rule(on=db.signalled(inner), name=inner)
+    def breaks(tx, event):
+        raise ValueError("the nested rule breaks")
+
+    ends_observer = db.observe(Ends())
+    try:
+        if trigger == "lets it abort the tree":
+            with pytest.raises(RuleFailed):
+                with db.transaction() as tx:
+                    tx.signal(outer)
+        else:
+            with db.transaction() as tx:
+                with pytest.raises(RuleFailed):
+                    tx.signal(outer)
+        counters = _outcomes(db, [outer, inner])
+    finally:
+        db.transactions.observers.remove(ends_observer)
+        for name in (outer, inner):
+            db.rules.remove(name)
+    assert (outer, FiringOutcome.CANCELLED) in ends, ends
+    assert counters == {outer: (1, 0, 0, 1, 0), inner: (1, 0, 1, 0, 0)}, counters
