@@ -38,7 +38,7 @@ from activedb.txn import CommitParticipant
 
 if TYPE_CHECKING:  # pragma: no cover
     from activedb._handle import DatabaseHandle
-    from activedb.rules import Firing, Rule, RuleCounter, RuleManager
+    from activedb.rules import DecidedFirings, Firing, Rule, RuleCounter, RuleManager
     from activedb.txn import Transaction, TransactionManager
 
 __all__ = ["DeclaredAction", "Lowered", "RULE_LOWERING", "apply_lowered", "declared", "lower", "lowerable",
@@ -583,8 +583,12 @@ class _Tally(CommitParticipant):
     batch): a flush retried after a conflict runs the batch's ``write`` again, which starts the tally afresh
     (``reset``), so only the attempt that committed counts.  If the transaction aborts, the firings of rules that run
     in it (immediate, deferred) count as firing counts them in a tree that aborted: ``condition_false`` and ``failed``
-    as the last attempt found them, every other one ``cancelled`` — the abort undid it, or it never ran (the
-    detached family's are the outbox's to count).  Once the transaction ended, the learned chains forget the batch
+    as the last attempt found them, every other one ``cancelled`` — the abort undid it, or it never ran.  The detached
+    family's are the outbox's to count: on the abort the tally hands the outbox's recorder of decided firings
+    (``decides``; enlisted after the tally, so it hears the abort after it) every detached-family firing on the
+    batch's events with an aborted outcome — the last attempt's, and those it did not make (a mode that does not run
+    after its event's outcome, or every one if no attempt ran: the transaction aborted before its flush) —, which it
+    ends as a tree's aborted firings.  Once the transaction ended, the learned chains forget the batch
     (``LearnedDeclaration.release``)."""
 
     def __init__(self, rules: "RuleManager", learned: Iterable[LearnedDeclaration] = ()) -> None:
@@ -593,6 +597,20 @@ class _Tally(CommitParticipant):
         self._counts: list[tuple[Rule, RuleCounter, int]] = []
         self._fired: dict[Rule, int] = {}
         self._dispatched: Counter[Rule] = Counter()     # (``fired_in_bulk``: the firings of the batch's events)
+        self._decided: DecidedFirings | None = None
+        self._unmade: Callable[[set[int] | None], list[tuple[Firing, str, bool]]] | None = None
+        # The last attempt's detached-family firings and the positions of the events it rejected (None: no attempt).
+        self._attempt: tuple[list[tuple[Firing, str, bool]], set[int]] | None = None
+
+    def decides(self, decided: "DecidedFirings",
+                unmade: Callable[[set[int] | None], list[tuple["Firing", str, bool]]]) -> None:
+        """The batch's detached-family firings go to ``decided``; ``unmade(rejected)``: the firings on the batch's
+        events an attempt that rejected ``rejected`` (None: no attempt) did not make, each with an aborted outcome."""
+        self._decided, self._unmade = decided, unmade
+
+    def attempted(self, firings: list[tuple["Firing", str, bool]], rejected: set[int]) -> None:
+        """This attempt made ``firings`` (what it hands ``decided``), rejecting the events at ``rejected``."""
+        self._attempt = firings, rejected
 
     def dispatched(self, transaction: "Transaction", rule: "Rule", count: int) -> None:
         """``rule`` fired ``count`` times on the batch's events: recorded in the tree's firing record now."""
@@ -601,6 +619,7 @@ class _Tally(CommitParticipant):
 
     def reset(self) -> None:
         self._counts = []
+        self._attempt = None
 
     def fired(self, transaction: "Transaction", rule: "Rule", total: int) -> None:
         """``rule`` fired ``total`` times in this attempt (on what the batch's rules did: signals, inserted rows),
@@ -636,6 +655,12 @@ class _Tally(CommitParticipant):
         for rule, total in fired.items():
             if rule.coupling.runs_as_subtransaction and total > ended[rule]:
                 self._rules.count(rule, "cancelled", total - ended[rule])
+        if self._decided is not None and self._unmade is not None:
+            # Every trigger aborted with the tree: the recorder (aborted after this) ends them all as firing's
+            # aborted tree does — runs those whose mode runs after an abort, cancels the others.
+            made, rejected = self._attempt if self._attempt is not None else ([], None)
+            self._decided.set_decided([(firing, trigger, False) for firing, trigger, _ in made]
+                                      + self._unmade(rejected))
         for declaration in self._learned:
             declaration.release()
 
@@ -711,8 +736,10 @@ def apply_lowered(rules: "RuleManager", transaction: "Transaction", events: Iter
         if reactions is not None:
             _count_reactions(tally, transaction, lowered, reactions, inserted)
         if decided is not None:
-            firings = _detached_firings(rules, transaction, pending.batch, per_type, lowered,
-                                        {event.position for event, _ in result.dead_letters}, inserted, tally)
+            rejected = {event.position for event, _ in result.dead_letters}
+            firings = _detached_firings(rules, transaction, pending.batch, per_type, lowered, rejected, inserted,
+                                        tally)
+            tally.attempted(firings, rejected)
             planned.append((firings, plan_in_commit(rules, transaction, firings) if in_commit else None))
 
     def counted(result: BatchResult, connection: sa.Connection) -> None:
@@ -748,12 +775,15 @@ def apply_lowered(rules: "RuleManager", transaction: "Transaction", events: Iter
     pending = apply_at_commit(transaction, events, lowered.transactions, on_sent=sent, on_result=counted, **options)
     # Enlisted after the batch, whose write decides each event's outcome: the detached family's firings are
     # recorded in the same commit, each with its event's outcome (a rejected event's subtransaction aborted); the
-    # counters are told once it committed.
+    # counters are told once it committed.  The tally before the recorder: on an abort it hands the recorder the
+    # firings first.
+    tally = _Tally(rules, lowered.learned.values())
+    lowlevel.enlist(transaction, tally)
     decided = (rules.detached.decided(transaction.root)
                if lowered.detached or (reactions is not None and reactions.detached) else None)
     in_commit = decided is not None and rules.detached.inserts_in_commit
-    tally = _Tally(rules, lowered.learned.values())
-    lowlevel.enlist(transaction, tally)
+    if decided is not None:
+        tally.decides(decided, functools.partial(_unmade_firings, rules, transaction.id, pending.batch, lowered))
     per_type = Counter(map(_EVENT_TYPE, pending.batch))      # (the events as apply_at_commit read them)
     for event_type, count in per_type.items():
         for rule in (*lowered.rules[event_type], *lowered.detached.get(event_type, ())):
@@ -810,8 +840,8 @@ def _detached_firings(rules: "RuleManager", transaction: "Transaction", batch: I
     rejected event's, aborted): what the outbox records in the tree's flush for events of subtransactions of their
     own, which the batch does not have (each firing's trigger is the batch's transaction).  A rule on the event
     itself whose mode does not run after its event's outcome (an exclusive causally dependent rule on an event that
-    committed) is counted ``cancelled`` in ``tally`` at once, as the outbox would count it, without a firing.
-    ``per_type``: the batch's events per type."""
+    committed) is counted ``cancelled`` in ``tally`` at once, as the outbox would count it, without a firing (made
+    if the transaction aborts after all: :func:`_unmade_firings`).  ``per_type``: the batch's events per type."""
     firings: list[tuple[Firing, str, bool]] = []
     detached, reactions, tid = lowered.detached, lowered.reactions, transaction.id
     events = batch if isinstance(batch, list) else list(batch)
@@ -861,6 +891,29 @@ def _detached_firings(rules: "RuleManager", transaction: "Transaction", batch: I
     if reactions is not None and inserted:
         firings.extend(_on_rows(rules, transaction, reactions, inserted, True))
     return firings
+
+
+def _unmade_firings(rules: "RuleManager", tid: str, batch: Iterable[BatchEvent], lowered: Lowered,
+                    rejected: set[int] | None) -> list[tuple["Firing", str, bool]]:
+    """The detached-family firings on the batch's events themselves that an attempt which rejected the events at
+    ``rejected`` did not make (:func:`_detached_firings` makes only those whose mode runs after the event's outcome)
+    — every one if no attempt ran (``rejected`` None: the transaction aborted before its flush) —, each with an
+    aborted outcome: for the batch's transaction that aborted, whose recorder ends them as firing's aborted tree
+    does."""
+    detached, firing = lowered.detached, rules.firing
+    unmade: list[tuple[Firing, str, bool]] = []
+    for event in batch:
+        found = detached.get(event.event_type)
+        if not found:
+            continue
+        committed = rejected is not None and event.position not in rejected
+        stream_event: Event | None = None
+        for rule in found:
+            if rejected is None or not may_run_after(rule.coupling, committed):
+                if stream_event is None:
+                    stream_event = _stream_event(event, tid)
+                unmade.append((firing(rule, stream_event), tid, False))
+    return unmade
 
 
 def _on_rows(rules: "RuleManager", transaction: "Transaction", reactions: Reactions,

@@ -376,21 +376,33 @@ def _noted(event, ops):
 
 
 @pytest.mark.parametrize("when", ["before its flush", "in its flush"])
-def test_a_lowered_batch_whose_transaction_aborts_counts_its_firings_cancelled_as_firing_them_does(db, when):
-    """A declared rule's events, fired one by one or lowered, in a transaction that aborts — before its flush
-    (``tx.abort()``: the batch never ran) or in it, after the batch was written: the abort undid (or stopped) every
-    firing, so each counts ``cancelled`` on both paths, and ``fired`` is the sum of the outcomes.  Before, the
-    lowered batch's counts were dropped with its transaction (fired 3, no outcome), as were the firing path's
-    ``executed`` ones."""
+def test_a_lowered_batch_whose_transaction_aborts_ends_its_firings_as_firing_them_does(db, when):
+    """A declared rule's events, with rules of the detached family beside it — detached, detached causally dependent,
+    exclusive causally dependent (actions that are no mere inserts: recorded) —, fired one by one or lowered, in a
+    transaction that aborts — before its flush (``tx.abort()``: the batch never ran) or in it, after the batch was
+    written.  The abort undid (or stopped) every firing of the declared rule, so each counts ``cancelled`` on both
+    paths; every trigger aborted with the tree, so the detached and the exclusive firings run and the causally
+    dependent ones are cancelled, on both paths: ``fired`` is the sum of the outcomes.  Before, the lowered batch's
+    counts of the declared rule were dropped with its transaction (fired 3, no outcome), as were the firing path's
+    ``executed`` ones; and a batch aborted before its flush had recorded no detached firing (each rule fired 3, no
+    outcome, none ran), one aborted in it none of the exclusive rule on its committed events."""
     name = f"undone_{when.replace(' ', '_')}"
+    ran: list[tuple[str, str]] = []
+    modes = {"plain": activedb.Coupling.DETACHED, "dependent": activedb.Coupling.DETACHED_CAUSALLY_DEPENDENT,
+             "exclusive": activedb.Coupling.EXCLUSIVE_CAUSALLY_DEPENDENT}
+    names = [name, *(f"{name}_{mode}" for mode in modes)]
     if name not in db.rules.names():
         db.rule(on=db.stream(name), name=name)(batch.declared(_noted))
+        for mode, coupling in modes.items():
+            db.rule(on=db.stream(name), name=f"{name}_{mode}", coupling=coupling)(
+                functools.partial(lambda mode, tx, event: ran.append((mode, event.key)), mode))
     events = [{"type": name, "key": f"{name}-{number}", "ts": float(number)} for number in range(3)]
 
     def outcomes():
-        counters = db.rules.statistics().per_rule.get(name)
-        return (0,) * 5 if counters is None else (counters.fired, counters.executed, counters.failed,
-                                                  counters.cancelled, counters.condition_false)
+        per_rule = db.rules.statistics().per_rule
+        return {rule: (0,) * 5 if rule not in per_rule else
+                (per_rule[rule].fired, per_rule[rule].executed, per_rule[rule].failed, per_rule[rule].cancelled,
+                 per_rule[rule].condition_false) for rule in names}
 
     def end(tx):
         if when == "before its flush":
@@ -398,14 +410,15 @@ def test_a_lowered_batch_whose_transaction_aborts_counts_its_firings_cancelled_a
         else:
             activedb.lowlevel.enlist(tx, _FailsTheCommit())
 
-    moved = []
+    moved, runs = [], []
     for lowering in (False, True):
         before = outcomes()
+        ran.clear()
         try:
             with db.transaction() as tx:
                 if lowering:
                     lowered = batch.lower(db.rules, tx, {name})
-                    assert lowered is not None
+                    assert lowered is not None and lowered.detached, lowered
                     batch.apply_lowered(db.rules, tx, events, lowered, dead_letters=None)
                 else:
                     for event in events:
@@ -414,8 +427,14 @@ def test_a_lowered_batch_whose_transaction_aborts_counts_its_firings_cancelled_a
                 end(tx)
         except RuntimeError as error:
             assert when == "in its flush" and "the commit fails" in str(error), error
-        moved.append(tuple(now - then for now, then in zip(outcomes(), before)))
-    assert moved == [(3, 0, 0, 3, 0)] * 2, moved          # fired, executed, failed, cancelled, condition false
+        db.rules.wait_idle(30)
+        now = outcomes()
+        moved.append({rule: tuple(a - b for a, b in zip(now[rule], before[rule])) for rule in names})
+        runs.append(sorted(ran))
+    assert moved[0] == moved[1], moved                     # fired, executed, failed, cancelled, condition false
+    assert moved[0][name] == moved[0][f"{name}_dependent"] == (3, 0, 0, 3, 0), moved
+    assert moved[0][f"{name}_plain"] == moved[0][f"{name}_exclusive"] == (3, 3, 0, 0, 0), moved
+    assert runs[0] == runs[1] == sorted((mode, event["key"]) for mode in ("plain", "exclusive") for event in events)
     with db.engine.connect() as connection:
         assert connection.execute(sa.text("SELECT count(*) FROM items WHERE key LIKE :name"),
                                   {"name": f"{name}-%"}).scalar() == 0
