@@ -208,18 +208,17 @@ class TreeFirings(CommitParticipant):
         self._forget()
         keep: list[tuple[Firing, str, str | None, bool]] = []
         cancelled: list[Firing] = []
-        if not replayed:  # (else the owner re-runs the same input: as after a crash, the attempt leaves nothing)
-            for firing, trigger in entries:
-                if firing.coupling in RUNS_IF[False] and not requires_commit(firing, trigger):
-                    keep.append((firing, trigger.id, None, False))
-                else:
-                    cancelled.append(firing)
+        for firing, trigger in entries:
+            # (Replayed: the owner re-runs the same input — as after a crash, the attempt leaves nothing; its firings,
+            # fired, are cancelled by the abort, as the tree's immediate and deferred ones are.)
+            if not replayed and firing.coupling in RUNS_IF[False] and not requires_commit(firing, trigger):
+                keep.append((firing, trigger.id, None, False))
+            else:
+                cancelled.append(firing)
         if outcome_unknown(transaction):
             # The connection broke at the flush and the log could not be read: PostgreSQL may have committed the
             # tree, records included.  Its log row decides, once it can be read (README, "The outcome is unknown").
             self._outbox.settle_later(Unsettled(transaction.log_id, written, cancelled_if_committed, keep, cancelled))
-            return
-        if replayed:
             return
         self._outbox.count(cancelled, "cancelled")
         self._outbox.record_now(keep)

@@ -1171,3 +1171,25 @@ def test_a_detached_rule_that_raises_systemexit_or_keyboardinterrupt_fails_for_g
     assert (counters.fired, counters.executed, counters.failed) == (3, 2, 1), counters
     shown = CliRunner().invoke(main, ["--url", migrated, "outbox"], env={"COLUMNS": "250"})
     assert shown.exit_code == 0 and type(raised).__name__ in shown.output, shown.output
+
+
+@pytest.mark.parametrize("coupling", [Coupling.DETACHED, Coupling.DETACHED_CAUSALLY_DEPENDENT,
+                                      Coupling.EXCLUSIVE_CAUSALLY_DEPENDENT])
+def test_the_firings_of_an_attempt_its_owner_re_runs_count_cancelled(db, coupling):
+    """A tree marked replayed (the Spark sink's policy, ``Database.run``'s on a conflict) aborts: its owner re-runs
+    the same input, so the attempt leaves nothing — its detached-family firings are neither recorded nor run, whatever
+    their mode.  Each was fired; stopped by the abort, it counts ``cancelled``, so ``fired`` is the sum of the
+    outcomes.  Before, they were dropped uncounted: fired 1, no outcome."""
+    name = f"replayed_{coupling.value}"
+    ran = []
+    db.rule(on=db.signalled(name), coupling=coupling, name=name)(lambda tx, event: ran.append(event))
+    with pytest.raises(ValueError):
+        with db.transaction() as tx:
+            db.outbox.mark_replayed(tx)
+            tx.signal(name)
+            raise ValueError("a batch attempt the sink re-runs")
+    db.rules.wait_idle(TIMEOUT)
+    counters = db.rules.statistics().per_rule[name]
+    assert ran == [] and records(db) == []
+    assert (counters.fired, counters.executed, counters.failed, counters.cancelled,
+            counters.condition_false) == (1, 0, 0, 1, 0), counters
