@@ -627,21 +627,23 @@ def _is_pickling_problem(error: BaseException) -> bool:
 
 def _assemble(batch: list[BatchEvent], parts: list[Part], mode: str | Strategy, seconds: dict[str, float], components: int,
               largest_share: float, runtime: Runtime, notes: list[str], decision: tuple[str, ...]) -> BatchResult:
-    ts: list[int] = []
-    aborted: dict[int, str] = {}
-    outputs: dict[int, dict[str, object]] = {}
-    final: dict[State, RowImage | None] = {}
-    before: dict[State, RowImage | None] = {}
-    rejected_at: list[tuple[int, str]] = []
-    for part in parts:
-        ts.extend(part.ts)
-        aborted.update(part.aborted)
-        outputs.update(part.outputs)
-        final.update(part.final)
-        before.update(part.before)
-        rejected_at.extend(part.rejected)
+    if len(parts) == 1:
+        # One part (every batch not split): its own lists and dicts, made for it by its run and dropped with it here,
+        # are the result's — no copy of each.
+        only = parts[0]
+        ts, aborted, outputs, final, before = only.ts, only.aborted, only.outputs, only.final, only.before
+        rejected_at = sorted(only.rejected)
+    else:
+        ts, aborted, outputs, final, before, rejected_at = [], {}, {}, {}, {}, []
+        for part in parts:
+            ts.extend(part.ts)
+            aborted.update(part.aborted)
+            outputs.update(part.outputs)
+            final.update(part.final)
+            before.update(part.before)
+            rejected_at.extend(part.rejected)
+        rejected_at.sort()
     ts.sort()
-    rejected_at.sort()
     rejected = [(batch[t], reason) for t, reason in rejected_at]
     totals = dict.fromkeys(("operations", "td_edges", "pd_edges", "ld_pairs", "nd_ops", "window_ops", "states",
                             "on_states"), 0)
