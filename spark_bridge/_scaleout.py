@@ -221,7 +221,7 @@ def _check_sendable(options: Mapping[str, object]) -> None:
 
 def _by_key(batch_df: DataFrame, key_column: str, partitions: int, salt: int = 0) -> DataFrame:
     """``batch_df`` hash-partitioned into ``partitions`` by the column named exactly ``key_column`` and the run's
-    ``salt`` (:func:`choose_salt`; 0: by the key alone), its columns named apart by position
+    ``salt`` (:func:`activedb.atomic.choose_salt`; 0: by the key alone), its columns named apart by position
     (:func:`~spark_bridge._sink.by_position`; the task gives them their names back: :attr:`_PartitionTask.columns`):
     with another column named like the key but for case, ``repartition(N, col(key))`` — and ``mapInArrow``, which
     passes every column by its name — would be ambiguous and fail every batch.  A row's partition is
@@ -237,65 +237,21 @@ def _by_key(batch_df: DataFrame, key_column: str, partitions: int, salt: int = 0
     return apart.repartition(partitions, key, functions.lit(salt).cast("int"))
 
 
-# Spark's Murmur3 (x86, 32 bits) of an int, as its ``hash`` expression computes it, for choose_salt.
-_MASK = 0xFFFFFFFF
-
-
-def _rotate(value: int, by: int) -> int:
-    return ((value << by) | (value >> (32 - by))) & _MASK
-
-
 def salted_hash(key_hash: int, salt: int) -> int:
     """Spark's ``hash(key, salt)`` (``salt`` an int) from ``key_hash``, Spark's ``hash(key)``: Murmur3 hashes the
-    pair's second value with the first's hash as its seed, so the key's type does not matter here.  Signed 32 bits,
-    as Spark's; ``key_hash`` itself for salt 0 (no salt term: :func:`_by_key`)."""
-    if not salt:
-        return key_hash
-    k1 = _rotate((salt & _MASK) * 0xcc9e2d51 & _MASK, 15) * 0x1b873593 & _MASK
-    h1 = (_rotate((key_hash & _MASK) ^ k1, 13) * 5 + 0xe6546b64) & _MASK
-    h1 ^= 4                       # (fmix, with the length of an int)
-    h1 ^= h1 >> 16
-    h1 = h1 * 0x85ebca6b & _MASK
-    h1 ^= h1 >> 13
-    h1 = h1 * 0xc2b2ae35 & _MASK
-    h1 ^= h1 >> 16
-    return h1 - (1 << 32) if h1 >= 1 << 31 else h1
+    pair's second value with the first's hash as its seed (:func:`activedb.atomic.murmur3_int`), so the key's type does
+    not matter here; ``key_hash`` itself for salt 0 (no salt term: :func:`_by_key`)."""
+    return atomic.murmur3_int(salt, key_hash) if salt else key_hash
 
 
-#: The salts :func:`choose_salt` tries (0 … SALTS - 1), fewer when the batch has many keys: at most
-#: SALT_WORK (keys x salts) hashes in the driver.
-SALTS = 1000
-SALT_WORK = 2_000_000
 #: A first batch with more distinct key hashes than this is split with salt 0: with that many keys the hash alone
 #: splits evenly, and the count stays small for the driver to collect.
 SALT_KEYS = 100_000
 
 
-def choose_salt(key_counts: Iterable[tuple[int, int]], partitions: int) -> int:
-    """The salt whose split of ``key_counts`` — (Spark's ``hash(key)``, rows) of a batch — over ``partitions``
-    leaves the largest partition smallest (the batch's tasks run side by side: the largest is the critical path);
-    of equal ones the smallest salt, so 0 (the key's hash alone) unless a salt does better.  Deterministic."""
-    counts = list(key_counts)
-    if partitions <= 1 or not counts:
-        return 0
-    total = sum(rows for _, rows in counts)
-    even = -(-total // partitions)          # (no split does better than this)
-    best, best_largest = 0, total + 1
-    for salt in range(max(1, min(SALTS, SALT_WORK // len(counts)))):
-        loads = [0] * partitions
-        for key_hash, rows in counts:
-            loads[salted_hash(key_hash, salt) % partitions] += rows
-        largest = max(loads)
-        if largest < best_largest:
-            best, best_largest = salt, largest
-            if largest <= even:
-                break
-    return best
-
-
 def _first_batch_salt(batch_df: DataFrame, key_column: str, partitions: int) -> int:
-    """The salt for a run whose first batch is ``batch_df`` (:func:`choose_salt` of its rows per key hash, one Spark
-    job); 0 with one partition, or with more than :data:`SALT_KEYS` key hashes."""
+    """The salt for a run whose first batch is ``batch_df`` (:func:`activedb.atomic.choose_salt` of its rows per key
+    hash, one Spark job, split by :func:`salted_hash`); 0 with one partition, or with more than :data:`SALT_KEYS`."""
     if partitions <= 1:
         return 0
     from pyspark.sql import functions
@@ -303,7 +259,7 @@ def _first_batch_salt(batch_df: DataFrame, key_column: str, partitions: int) -> 
     apart, names = by_position(batch_df)
     key_hash = functions.hash(functions.col(apart.columns[names.index(key_column)]))
     counts = [(row[0], row[1]) for row in apart.groupBy(key_hash).count().limit(SALT_KEYS + 1).collect()]
-    return 0 if len(counts) > SALT_KEYS else choose_salt(counts, partitions)
+    return 0 if len(counts) > SALT_KEYS else atomic.choose_salt(counts, partitions, salted_hash)
 
 
 class PartitionedIngestSink(IngestSink):

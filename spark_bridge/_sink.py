@@ -273,7 +273,7 @@ def check_layout(db: Database, query_id: str, batch_id: int, partitions: int | N
                  partition_key: tuple[str, str] | None = None, salt: int | None = None) -> None:
     """:func:`activedb.atomic.check_layout` in the Spark connector's words (:data:`LAYOUT_TERMS`): ``partitions``
     None for the one-task path, N for the scale-out path's; ``partition_key``: its key column and Spark type;
-    ``salt``: the scale-out path's salt for the run (``_scaleout.choose_salt``)."""
+    ``salt``: the scale-out path's salt for the run (``activedb.atomic.choose_salt``)."""
     atomic.check_layout(db, query_id, batch_id, partitions, partition_key, salt=salt, terms=LAYOUT_TERMS)
 
 

@@ -14,7 +14,7 @@ import collections
 import datetime as dt
 import enum
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NotRequired, Protocol, TypedDict
 
@@ -368,6 +368,55 @@ def split_status(db: DatabaseHandle, query_name: str | None = None, *,
                 run.query_name, batch[0], run.on_partition_failure, run.partitions, batch[1],
                 committed_partitions=len(held), pending_partitions=tuple(sorted(set(range(run.partitions)) - held))))
     return result
+
+
+#: The salts :func:`choose_salt` tries (0 … SALTS - 1), fewer when the batch has many keys: at most SALT_WORK
+#: (keys x salts) hashes.
+SALTS = 1000
+SALT_WORK = 2_000_000
+_MASK = 0xFFFFFFFF
+
+
+def _rotate(value: int, by: int) -> int:
+    return ((value << by) | (value >> (32 - by))) & _MASK
+
+
+def murmur3_int(value: int, seed: int) -> int:
+    """Murmur3 (x86, 32 bits) of the 4-byte int ``value`` with ``seed``, signed 32 bits: the hash a connector that
+    splits batches may partition by (Spark's ``hash`` expression computes it; see ``spark_bridge``'s salted split)."""
+    k1 = _rotate((value & _MASK) * 0xcc9e2d51 & _MASK, 15) * 0x1b873593 & _MASK
+    h1 = (_rotate((seed & _MASK) ^ k1, 13) * 5 + 0xe6546b64) & _MASK
+    h1 ^= 4                       # (fmix, with the length of an int)
+    h1 ^= h1 >> 16
+    h1 = h1 * 0x85ebca6b & _MASK
+    h1 ^= h1 >> 13
+    h1 = h1 * 0xc2b2ae35 & _MASK
+    h1 ^= h1 >> 16
+    return h1 - (1 << 32) if h1 >= 1 << 31 else h1
+
+
+def choose_salt(key_counts: Iterable[tuple[int, int]], partitions: int, salted: Callable[[int, int], int]) -> int:
+    """The salt a connector records for a run it splits by ``salted(key_hash, salt) mod partitions``
+    (:func:`declare_policy`), from its first batch's ``key_counts`` — (the key's hash, rows): the one whose split
+    leaves the largest partition smallest (the partitions run side by side: the largest is the critical path); of
+    equal ones the smallest, so 0 (``salted(key_hash, 0)``, the key's hash alone) unless a salt does better.
+    Deterministic: a batch's split is a function of its key, the recorded salt and ``partitions`` only."""
+    counts = list(key_counts)
+    if partitions <= 1 or not counts:
+        return 0
+    total = sum(rows for _, rows in counts)
+    even = -(-total // partitions)          # (no split does better than this)
+    best, best_largest = 0, total + 1
+    for salt in range(max(1, min(SALTS, SALT_WORK // len(counts)))):
+        loads = [0] * partitions
+        for key_hash, rows in counts:
+            loads[salted(key_hash, salt) % partitions] += rows
+        largest = max(loads)
+        if largest < best_largest:
+            best, best_largest = salt, largest
+            if largest <= even:
+                break
+    return best
 
 
 def declared_layout(db: DatabaseHandle, query_id: str) -> SplitBatchStatus | None:

@@ -459,7 +459,11 @@ def test_the_salt_is_the_smallest_one_whose_split_has_the_smallest_largest_parti
     """``choose_salt`` compares the salts' splits of the first batch's rows per key hash by their largest
     partition (the critical path of the batch's tasks) and takes the smallest salt of the best: 0 when the key's
     hash alone splits evenly, which every salt ties."""
-    from spark_bridge._scaleout import SALTS, choose_salt, salted_hash
+    from activedb.atomic import SALTS
+    from spark_bridge._scaleout import salted_hash
+
+    def choose_salt(key_counts, partitions):
+        return activedb.atomic.choose_salt(key_counts, partitions, salted_hash)
 
     counts = [(hash_value, 100 + 13 * index) for index, hash_value in enumerate(range(-20, 20, 3))]
 
@@ -519,12 +523,12 @@ def test_a_run_splits_every_batch_with_the_salt_it_chose_at_its_first_batch(spar
     from pyspark.sql import functions as F
 
     from activedb.cli import main
-    from spark_bridge._scaleout import choose_salt
+    from spark_bridge._scaleout import salted_hash
 
     with _poisoned(tmp_path / "in", make_database_url, "salted") as (workload, poison, streamed, direct):
         first = tmp_path / "in" / "part-000.json"
         counts = spark.read.schema(app_split.SCHEMA).json(str(first)).groupBy(F.hash("key")).count().collect()
-        salt = choose_salt([(row[0], row[1]) for row in counts], 2)
+        salt = activedb.atomic.choose_salt([(row[0], row[1]) for row in counts], 2, salted_hash)
         assert salt != 0            # (this batch's keys split unevenly by their hash alone: 14 / 11 rows)
         query = _ingest(spark, streamed, tmp_path / "in", tmp_path / "checkpoint", "forward")
         with pytest.raises(Exception):
