@@ -585,7 +585,8 @@ class _Tally(CommitParticipant):
     in it (immediate, deferred) count as firing counts them in a tree that aborted: ``condition_false`` and ``failed``
     as the last attempt found them, every other one ``cancelled`` — the abort undid it, or it never ran.  The detached
     family's are the outbox's to count: on the abort the tally hands the outbox's recorder of decided firings
-    (``decides``; enlisted after the tally, so it hears the abort after it) every detached-family firing on the
+    (``decides``; enlisted after the tally on the same transaction, so it hears the abort after it, on a
+    subtransaction that committed into its parent too) every detached-family firing on the
     batch's events with an aborted outcome — the last attempt's, and those it did not make (a mode that does not run
     after its event's outcome, or every one if no attempt ran: the transaction aborted before its flush) —, which it
     ends as a tree's aborted firings.  Once the transaction ended, the learned chains forget the batch
@@ -776,10 +777,11 @@ def apply_lowered(rules: "RuleManager", transaction: "Transaction", events: Iter
     # Enlisted after the batch, whose write decides each event's outcome: the detached family's firings are
     # recorded in the same commit, each with its event's outcome (a rejected event's subtransaction aborted); the
     # counters are told once it committed.  The tally before the recorder: on an abort it hands the recorder the
-    # firings first.
+    # firings first.  All three on ``transaction``: a subtransaction that commits hands them to its parent in this
+    # order (the recorder enlisted on the root, the batch's write and the tally's abort would come after its own).
     tally = _Tally(rules, lowered.learned.values())
     lowlevel.enlist(transaction, tally)
-    decided = (rules.detached.decided(transaction.root)
+    decided = (rules.detached.decided(transaction)
                if lowered.detached or (reactions is not None and reactions.detached) else None)
     in_commit = decided is not None and rules.detached.inserts_in_commit
     if decided is not None:

@@ -28,7 +28,7 @@ from activedb.errors import (BadArgument, DatabaseUnavailable, GeneratedKeysRese
 from activedb.events import EventKind, age_seconds
 from activedb.outbox import _records
 from activedb.outbox._executor import Executor, TakePacer, Work, describe_error
-from activedb.outbox._recording import TreeFirings, TreeState, Unsettled, always, new_record, requires_commit
+from activedb.outbox._recording import Decided, TreeFirings, TreeState, Unsettled, always, new_record, requires_commit
 from activedb.rules import Firing
 from activedb.store import TableInfo
 
@@ -220,7 +220,11 @@ class Outbox:
             else:
                 self.count([firing], "cancelled")
             return
-        root = trigger.root
+        self.to_tree(trigger.root, [(firing, trigger)])
+
+    def to_tree(self, root: "Transaction", entries: list[tuple[Firing, "Transaction | Decided"]]) -> None:
+        """``entries`` wait in the participant of ``root``'s tree, decided at its end on their triggers' outcomes —
+        or now, if the tree is aborting already (it can take no participant)."""
         state = lowlevel.slot(root, TreeState)
         # (Set once, under the state's mutex, and never unset: once set it is read without the mutex.)
         participant = state.participant
@@ -228,26 +232,36 @@ class Outbox:
             participant = self._participant(root, state)
         if participant is not None:
             with participant.mutex:
-                participant.entries.append((firing, trigger))
+                participant.entries.extend(entries)
             return
         # The tree is aborting already (it could not take a participant): its abort decides now.
         with state.mutex:
             replay_policy = state.replay_when is not None
-        if not requires_commit(firing, trigger) and not replay_policy and may_run_after(firing.coupling, False):
-            self.record_now([(firing, trigger.id, None, False)])
-        else:
-            self.count([firing], "cancelled")
+        keep: list[tuple[Firing, str, str | None, bool]] = []
+        cancelled: list[Firing] = []
+        for firing, trigger in entries:
+            if not requires_commit(firing, trigger) and not replay_policy and may_run_after(firing.coupling, False):
+                keep.append((firing, trigger.id, None, False))
+            else:
+                cancelled.append(firing)
+        if cancelled:
+            self.count(cancelled, "cancelled")
+        if keep:
+            self.record_now(keep)
 
-    def decided(self, root: "Transaction") -> TreeFirings:
+    def decided(self, transaction: "Transaction") -> TreeFirings:
         """A recorder of firings whose triggers' outcomes are decided before they are recorded — the events of a
         batch run at commit (``activedb.batch.apply_lowered``), each committed unless the batch rejected it:
         ``set_decided([(firing, trigger id, committed), ...])`` during the flush's write, by a participant enlisted on
-        ``root`` before this call (its write runs first); they are decided, recorded and run as the tree's own
-        firings are (the same modes' rules, the same abort and replay handling).  Enlisted on ``root`` now."""
+        ``transaction`` before this call (its ``write`` runs first, and its ``aborted``); they are decided, recorded
+        and run as the tree's own firings are (the same modes' rules, the same abort and replay handling).  Enlisted
+        on ``transaction`` now: a subtransaction that commits hands its participants to its parent in their order, so
+        the recorder stays after the caller's up to the root's flush; one that aborts leaves what the recorder was
+        given (each trigger aborted) in the tree's participant, as the firings on its own events are."""
         if not self._started:
             self.start()
-        participant = TreeFirings(self, lowlevel.slot(root, TreeState))
-        lowlevel.enlist(root, participant)
+        participant = TreeFirings(self, lowlevel.slot(transaction.root, TreeState))
+        lowlevel.enlist(transaction, participant)
         return participant
 
     def _participant(self, root: "Transaction", state: TreeState) -> TreeFirings | None:

@@ -198,6 +198,13 @@ class TreeFirings(CommitParticipant):
     def aborted(self, transaction: "Transaction", error: BaseException | None) -> None:
         with self.mutex:
             entries, self.entries = self.entries, []
+        if transaction.parent is not None:
+            # A recorder of decided firings (``Outbox.decided``) whose subtransaction aborted, its tree alive or
+            # aborting: what it was given (a lowered batch's firings, each trigger aborted) is the tree's to decide
+            # at its end, as the firings on an aborted subtransaction's events are.
+            if entries:
+                self._outbox.to_tree(transaction.root, entries)
+            return
         # What the flush's last write inserted: committed after all if the outcome is unknown (below).
         written = [(record.id, firing) for record, firing in zip(self._records, self._recorded)]
         cancelled_if_committed = self._cancelled

@@ -3,7 +3,7 @@
 Public names: :class:`RuleManager` (``db.rules``), :class:`Rule`, :class:`FunctionRule`, :class:`Firing`,
 :class:`FiringOutcome` and :class:`Fired` (:meth:`RuleManager.fire`),
 :class:`RuleCounters` (and :data:`RuleCounter`, the name of one of its fields), :class:`RulesStatistics`,
-:class:`RuleContext` (the rules' per-transaction slot), :class:`DecidedFirings` (``db.rules.detached.decided(root)``:
+:class:`RuleContext` (the rules' per-transaction slot), :class:`DecidedFirings` (``db.rules.detached.decided(tx)``:
 where a batch run at commit hands its events' detached-family firings), :func:`own_event` (an event with dicts of
 its own for one more firing: the capture consumer's attempts).
 """

@@ -57,9 +57,10 @@ class FiringRecorder(Protocol):
     def running(self) -> int:
         """Firings handed over and not yet run."""
 
-    def decided(self, root: "Transaction") -> "DecidedFirings":
+    def decided(self, transaction: "Transaction") -> "DecidedFirings":
         """Where firings whose triggers' outcomes are already decided go (a batch run at commit), enlisted on
-        ``root``'s commit now: after the participants enlisted before, whose ``write`` may add to it."""
+        ``transaction`` now (moving to its root's commit with the participants enlisted before it, in their order):
+        after those, whose ``write`` and ``aborted`` may add to it."""
 
     @property
     def inserts_in_commit(self) -> bool:
@@ -106,12 +107,12 @@ class DetachedRunner:
     def running(self) -> int:
         return self.recorder.running if self.recorder is not None else 0
 
-    def decided(self, root: "Transaction") -> DecidedFirings:
-        """The attached recorder's ``decided(root)`` (``FiringRecorder.decided``)."""
+    def decided(self, transaction: "Transaction") -> DecidedFirings:
+        """The attached recorder's ``decided(transaction)`` (``FiringRecorder.decided``)."""
         if self.recorder is None:
-            self._no_recorder(root, None, ended=False)  # type: ignore[arg-type]  # (raises)
+            self._no_recorder(transaction, None, ended=False)  # type: ignore[arg-type]  # (raises)
         assert self.recorder is not None
-        return self.recorder.decided(root)
+        return self.recorder.decided(transaction)
 
     @property
     def inserts_in_commit(self) -> bool:
