@@ -7,7 +7,7 @@ import sqlalchemy as sa
 
 from benchmarks import BenchReport
 from benchmarks._profile import server_cpu_seconds
-from benchmarks.ingest import SPLIT_BATCHES, _paired_ratio, run
+from benchmarks.ingest import SPLIT_BATCHES, _paired_ratio, _pairing, run
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -15,6 +15,8 @@ pytestmark = [pytest.mark.spark, pytest.mark.slow]
 @pytest.mark.timeout(900)      # (quick mode is about a minute on an idle machine; Spark under load is slow)
 def test_ingest_benchmark_quick(spark, database_url, monkeypatch):
     monkeypatch.setenv("ACTIVEDB_DATABASE_URL", database_url)     # the test's database, not the user's
+    # Two rounds of the scale-out row (one in quick mode): the second, its own, runs one task and two anew.
+    monkeypatch.setattr("benchmarks.ingest.QUICK_SCALE_OUT_ROUNDS", 2)
     report = run(quick=True)
     assert isinstance(report, BenchReport)
     names = [row.name for row in report.rows]
@@ -44,7 +46,17 @@ def test_ingest_benchmark_quick(spark, database_url, monkeypatch):
     # The ECA application on the scale-out path (two tasks): its tables are the peer's, its rate against one task's.
     scaled_out = rows["1,000 events/batch: hand-hygiene rules, scale-out 2 partitions vs one task"]
     assert scaled_out.extra["same_result_as_the_peer"] is True and scaled_out.value > 0
-    assert scaled_out.ratio == scaled_out.value / scaled_out.baseline and scaled_out.met is None   # (a goal at 100k)
+    assert scaled_out.met is None                                                                   # (a goal at 100k)
+    # Paired as the peer rows are: each round's one-task and scale-out runs adjacent, the ratio the median of the
+    # rounds' own ratios; each measured batch's rows split between the two partitions (the ledger's row counts).
+    paired = scaled_out.extra
+    assert paired["rounds"] == 2 and len(paired["ratio_per_round"]) == 2
+    assert scaled_out.ratio == pytest.approx(sum(paired["ratio_per_round"]) / 2, abs=1e-3)
+    assert paired["ratio_of_medians"] == round(scaled_out.value / scaled_out.baseline, 3)
+    assert [len(steal) for steal in paired["steal_per_round"].values()] == [2, 2]
+    per_partition = paired["rows_per_partition_per_round"]
+    assert len(per_partition) == 2 and all(len(rows) == 2 and sum(rows) == 2_000 and min(rows) > 0
+                                           for rows in per_partition)
     # Where an ECA event's time goes: CPU per event of the sink's thread, the other threads and the local server,
     # the rules' and the peer's on the same events (the same tables), the Python against the server's.
     eca = report.rows[-1]
@@ -92,6 +104,8 @@ def test_ingest_benchmark_quick(spark, database_url, monkeypatch):
     # (One round in quick mode: the paired median is the ratio of the two rates; with rounds, it pairs them.)
     assert declared_app.extra["ratio_of_medians"] == round(declared_app.value / peer.value, 3)
     assert _paired_ratio([10.0, 20.0, 30.0], [5.0, 40.0, 20.0]) == 1.5     # rounds 2, 0.5, 1.5 (medians: 20 / 20)
+    assert _pairing([10.0, 20.0, 30.0], [5.0, 40.0, 20.0]) == {"rounds": 3, "ratio_per_round": [2.0, 0.5, 1.5],
+                                                               "ratio_of_medians": 1.0}
     assert declared_app.extra["applied"] + declared_app.extra["dead_letters"] == 2_000
     assert versus_plain.baseline == plain.value and versus_plain.ratio == versus_plain.value / plain.value
     assert versus_goal.target == ">= 5,000 events/s" and versus_goal.met == (versus_goal.value >= 5_000)
