@@ -63,7 +63,7 @@ For each ``S``, in the same run on the same Spark session and PostgreSQL:
    run adjacent in time — the first round's one-task run is the rules run of that size's round, the scale-out run
    right after it; the other rounds run both anew, in alternating order —, its tables compared with the peer's, its
    rows per partition read from the ledger (``NAME@RUN#pK``'s ``row_count``); goal at 100k: 1.6x one task on two
-   cores.  (Measured as one batch a side, minutes apart, the ratio had spread 1.12–2.05 from run to run.)
+   cores.  (Paired because one batch a side, minutes apart, spread widely from run to run: benchmarks/RESULTS.md.)
 
 Events/s is steady state: rows / Spark's ``triggerExecution`` time of each batch (planning,
 offset and commit logs, the sink), summed over every batch but the first of each run.  The PL/pgSQL
