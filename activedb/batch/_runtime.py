@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from concurrent.futures import BrokenExecutor, Future
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from activedb.batch._declare import BatchEvent, OpSpec, State, StateTransactions, specs_of
 from activedb.batch._decide import Decision, DecisionModel
@@ -131,6 +131,15 @@ def _as_batch_event(event: Any, position: int) -> BatchEvent:
     return BatchEvent(kind, event.get("key"), event.get("ts"), payload, position)
 
 
+def _payload_of(payload: Any, position: int) -> dict[str, Any]:
+    """The payload of the event at ``position`` as a dict of its own (``{}`` for None or an empty one), as
+    ``_as_batch_event`` makes it in line; a payload that is no mapping is a DeclarationError naming the event."""
+    try:
+        return dict(payload) if payload else {}
+    except (TypeError, ValueError):
+        raise _no_mapping(payload, position) from None
+
+
 def _no_mapping(payload: object, position: int) -> DeclarationError:
     return DeclarationError(f"the event at position {position} of the batch has the payload {payload!r}, which is no "
                             f"mapping; give an event's payload as a mapping of its fields (a dict), or None for none")
@@ -164,6 +173,25 @@ def _of_one_attribute_type(events: Iterable[object]) -> list[BatchEvent] | None:
                 for position, (kind, key, ts, payload) in enumerate(fields)]
     except (TypeError, ValueError):      # a payload that is no mapping: the caller's pass names its event
         return None
+
+
+_PLAIN_DICTS = frozenset((dict,))
+
+
+def _of_plain_dicts(events: Iterable[object]) -> list[BatchEvent] | None:
+    """``events`` as ``_as_batch_event`` makes them, made in one comprehension when they are a list of plain dicts only
+    (no subclass, no other mapping: those keep ``_as_batch_event``'s reading): each field read once by ``dict.get``,
+    each payload once — None and a dict in line, any other by ``_payload_of`` (which names the first event, in the
+    order given, whose payload is no mapping); else None (the caller takes them one by one)."""
+    if type(events) is not list or not events or type(events[0]) is not dict or set(map(type, events)) != _PLAIN_DICTS:
+        return None
+    dicts = cast("list[dict[str, Any]]", events)
+    return [_new_event(BatchEvent, (event.get("type") if (kind := event.get("event_type")) is None else kind,
+                                    event.get("key"), event.get("ts"),
+                                    {} if (payload := event.get("payload")) is None
+                                    else dict(payload) if type(payload) is dict else _payload_of(payload, position),
+                                    position))
+            for position, event in enumerate(dicts)]
 
 
 def check_events(owner: str, events: object) -> None:
@@ -211,6 +239,8 @@ def timed_batch(events: Iterable[object], *, owner: str) -> tuple[list[BatchEven
         _ATTRIBUTE_EVENT_TYPES.clear()
         _ATTRIBUTE_EVENT_TOKEN[0] = token
     batch = _of_one_attribute_type(events)
+    if batch is None:
+        batch = _of_plain_dicts(events)
     if batch is None:
         batch = list(map(_as_batch_event, events, itertools.count()))     # (each event at its position)
     if not batch:

@@ -80,6 +80,49 @@ def test_an_event_whose_payload_is_no_mapping_is_a_declaration_error_naming_it()
                 batch.normalise_events([event, event])
 
 
+def _dict_events():
+    """Plain dict events of every reading: ``event_type`` over ``type`` unless None, fields missing, and payloads of
+    every kind a mapping's reading accepts (read once: a generator of pairs is consumed by reading it)."""
+    return [{"type": "enter", "key": "w0", "ts": 5},
+            {"event_type": "exit", "type": "enter", "key": "w1", "ts": 4, "payload": {"room": "r1"}},
+            {"event_type": None, "type": "enter", "key": "w2", "ts": 3, "payload": None},
+            {"event_type": "", "type": "enter", "ts": 2, "payload": {}},
+            {"type": "enter", "key": "w4", "ts": 1, "payload": [("room", "r2")]},
+            {"type": "enter", "key": "w5", "ts": 1, "payload": (pair for pair in [("room", "r3")])},
+            {"type": "enter", "key": "w6", "ts": 0, "payload": types.MappingProxyType({"room": "r4"})},
+            {"type": "enter", "key": "w7", "ts": 0, "payload": ""},
+            {"key": "w8", "ts": 0, "payload": 0}]
+
+
+def test_a_list_of_plain_dicts_reads_as_the_same_events_one_by_one_in_the_same_order():
+    """A list of plain dicts only is read in one pass (``timed_batch``'s own); an iterator of them, or a list mixing
+    in another shape, one by one.  Both give the same events, the payloads copies, and the same error for the first
+    event (in the order given) whose payload is no mapping — each payload read once (a generator of pairs before it
+    is read as a mapping, not found empty)."""
+    in_one_pass = batch.normalise_events(_dict_events())
+    assert in_one_pass == batch.normalise_events(iter(_dict_events()))
+    assert [(event.event_type, event.key, event.position, event.payload) for event in in_one_pass[:3]] == [
+        ("enter", "w6", 6, {"room": "r4"}), ("enter", "w7", 7, {}), (None, "w8", 8, {})]
+    in_given_order = sorted(in_one_pass, key=lambda event: event.position)
+    assert [event.event_type for event in in_given_order] == [
+        "enter", "exit", "enter", "", "enter", "enter", "enter", "enter", None]
+    assert [event.payload for event in in_given_order[4:6]] == [{"room": "r2"}, {"room": "r3"}]
+    given = _dict_events()
+    assert not any(event.payload is given[event.position].get("payload") for event in batch.normalise_events(given))
+    mixed = batch.normalise_events([*_dict_events(), BatchEvent("enter", "w9", 0)])
+    assert [event for event in mixed if event.key != "w9"] == in_one_pass
+    for bad in ("abc", [1, 2], 7):
+        events = [*_dict_events(), {"type": "enter", "key": "w9", "ts": 0, "payload": bad},
+                  {"type": "enter", "key": "w10", "ts": 0, "payload": [3]}]
+        errors = []
+        for given in (events, iter([*_dict_events(), *events[-2:]])):
+            with pytest.raises(batch.errors.DeclarationError) as raised:
+                batch.normalise_events(given)
+            errors.append(str(raised.value))
+        assert errors[0] == errors[1] and errors[0].startswith(f"the event at position 9 of the batch has the payload "
+                                                               f"{bad!r}, which is no mapping"), errors
+
+
 def test_an_event_whose_ts_is_nan_is_a_declaration_error_naming_it():
     """A NaN ``ts`` compares false with every time, so the stable sort by ts ordered nothing around it: events ran
     out of timestamp order, silently.  ``normalise_events`` (which returns no dead letters) refuses it, naming the
