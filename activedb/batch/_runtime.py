@@ -131,11 +131,11 @@ def _as_batch_event(event: Any, position: int) -> BatchEvent:
     return BatchEvent(kind, event.get("key"), event.get("ts"), payload, position)
 
 
-def _payload_of(payload: Any, position: int) -> dict[str, Any]:
+def _payload_of(payload: object, position: int) -> dict[str, object]:
     """The payload of the event at ``position`` as a dict of its own (``{}`` for None or an empty one), as
     ``_as_batch_event`` makes it in line; a payload that is no mapping is a DeclarationError naming the event."""
     try:
-        return dict(payload) if payload else {}
+        return dict(payload) if payload else {}  # type: ignore[call-overload]  # (any iterable of pairs; else refused)
     except (TypeError, ValueError):
         raise _no_mapping(payload, position) from None
 
