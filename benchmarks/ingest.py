@@ -59,11 +59,14 @@ For each ``S``, in the same run on the same Spark session and PostgreSQL:
    the server's, with the goal that the first is at most 3x the second;
 6. **the ECA application on the scale-out path** — at the plan's largest size (100k; 1k in ``--quick``), ``app.py``
    with ``partition_by_key=2`` (two Spark tasks, an engine each) against one task (``spark_bridge.ingest``'s sink
-   on the driver), paired as the peer rows are: three rounds (one in ``--quick``) of a one-task run and a scale-out
-   run adjacent in time — the first round's one-task run is the rules run of that size's round, the scale-out run
-   right after it; the other rounds run both anew, in alternating order —, its tables compared with the peer's, its
-   rows per partition read from the ledger (``NAME@RUN#pK``'s ``row_count``); goal at 100k: 1.6x one task on two
-   cores.  (Paired because one batch a side, minutes apart, spread widely from run to run: benchmarks/RESULTS.md.)
+   on the driver), paired as the peer rows are: four rounds (one in ``--quick``) of a one-task run and a scale-out
+   run adjacent in time — the first round's one-task run is the rules run of that size's round; the other rounds run
+   both anew —, its tables compared with the peer's, its rows per partition read from the ledger (``NAME@RUN#pK``'s
+   ``row_count``); goal at 100k: 1.6x one task on two cores.  The rounds' order is ABBA (``scale_out_order``: one
+   task first, then the scale-out run first twice, then one task first again), so that each side runs first in as
+   many rounds as the other and a drift of the machine over the four rounds weighs on both alike — three rounds in
+   alternating order ran the one task first twice.  (Paired because one batch a side, minutes apart, spread widely
+   from run to run: benchmarks/RESULTS.md.)
 
 Events/s is steady state: rows / Spark's ``triggerExecution`` time of each batch (planning,
 offset and commit logs, the sink), summed over every batch but the first of each run.  The PL/pgSQL
@@ -126,8 +129,8 @@ QUICK_PLAN = {1_000: 3}
 ROUNDS = {1_000: 7, 10_000: 3, 100_000: 1}
 #: Rounds of (the hand-hygiene rules on one task, on the scale-out path), at the plan's largest size, outside
 #: ``--quick`` (there ``QUICK_SCALE_OUT_ROUNDS``): the first ``ROUNDS`` of them pair the rounds' own one-task runs, the
-#: rest run both anew.
-SCALE_OUT_ROUNDS = 3
+#: rest run both anew; in the order ``scale_out_order`` gives (even: each side first in half of them).
+SCALE_OUT_ROUNDS = 4
 QUICK_SCALE_OUT_ROUNDS = 1
 COUNTER_TRIGGER = "PL/pgSQL counter trigger (COPY)"
 COUNTER_EXECUTEMANY = "psycopg executemany ON CONFLICT"
@@ -151,6 +154,13 @@ def _steady(progress: list[dict]) -> tuple[int, float, list[dict]]:
     rows = sum(entry["numInputRows"] for entry in measured)
     seconds = sum(entry["durationMs"]["triggerExecution"] for entry in measured) / 1000
     return rows, seconds, measured
+
+
+def scale_out_order(round_: int) -> tuple[str, str]:
+    """The order of round ``round_``'s one-task (``"rules"``) and scale-out runs: ABBA over every four rounds (one
+    task first in rounds 0 and 3, the scale-out run first in 1 and 2), so that over an even number of rounds each runs
+    first as often as the other, and over four a steady drift of the machine favours neither (module docstring)."""
+    return ("rules", "scale-out") if round_ % 4 in (0, 3) else ("scale-out", "rules")
 
 
 def _paired_ratio(rates: list[float], peer_rates: list[float]) -> float:
@@ -714,9 +724,9 @@ def run(quick: bool = False, progress: Progress | None = None) -> BenchReport:
                                                    **_microseconds(plain["per_phase"], plain["rows"])}))
             rounds = rounds_of[size]
             # At the plan's largest size, the scale-out path (the batch partitioned by worker: two Spark tasks, an
-            # engine each in Spark's Python workers) runs right after each round's one-task rules run, and then in
-            # rounds of its own with a one-task run of their own (in alternating order): its row is paired as the
-            # peer rows are.
+            # engine each in Spark's Python workers) runs next to each round's one-task rules run, and then in
+            # rounds of its own with a one-task run of their own, each round's two in ABBA order (``scale_out_order``):
+            # its row is paired as the peer rows are.
             scaled = size == max(plan)
             peer_runs, rule_runs, declared_runs, same, same_declared = [], [], [], True, True
             scaled_runs, one_task_runs, same_scaled = [], [], True
@@ -724,16 +734,17 @@ def run(quick: bool = False, progress: Progress | None = None) -> BenchReport:
             stolen: dict[str, list[float | None]] = {}
             for round_ in range(scale_out_rounds if scaled else rounds):
                 # Interleaved: the rules first (their detached transactions and dead rows weigh on whatever runs
-                # next), then the peer and the declared rules in alternating order, so that neither of the two
-                # compared at 1.0 always follows the rules run, or the other one.
+                # next; at the largest size, the rules and the scale-out run in ``scale_out_order``), then the peer and
+                # the declared rules in alternating order, so that neither of the two compared at 1.0 always follows
+                # the rules run, or the other one.
                 total = scale_out_rounds if scaled else rounds
                 tag = f"{size}" if total == 1 else f"{size}-{round_ + 1}"
                 suffix = "" if total == 1 else f" (round {round_ + 1} of {total})"
                 states = {}
                 if round_ >= rounds:            # (a round of the scale-out row alone)
-                    paths: tuple[str, ...] = ("rules", "scale-out") if round_ % 2 == 0 else ("scale-out", "rules")
+                    paths: tuple[str, ...] = scale_out_order(round_)
                 else:
-                    paths = ("rules", *(("scale-out",) if scaled else ()),
+                    paths = (*(scale_out_order(round_) if scaled else ("rules",)),
                              *(("peer", "declared") if round_ % 2 == 0 else ("declared", "peer")))
                 for path in paths:
                     reset_tables(database)
