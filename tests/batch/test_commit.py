@@ -5,6 +5,8 @@ top-level transaction's one PostgreSQL transaction, on rows it locks ``FOR UPDAT
   ``on_result``) commit together; a replay of the batch is skipped and changes nothing;
 * rows that do not exist yet (TP segments) are created; another writer's insert of one of them
   committed before the batch's commit is counted on, one attempted during it waits and follows;
+* two batches on two connections that both create one new row decide it once: the second waits for the first's
+  commit and counts on its row;
 * a writer in **another process** (a subprocess driven step by step through its stdin) reading
   and writing the batch's rows before, during and after the batch's commit loses no update;
 * a rule observing a table the batch writes makes the batch run through the transaction tree,
@@ -448,6 +450,48 @@ def test_new_rows_are_created_and_concurrent_inserts_of_them_are_ordered(db):
                                             lambda: _waiting_on_a_lock(db)))
             testing.wait_until(lambda: done, timeout=30, message="the other writer to commit")
             assert _rows(db, workloads.TOLL_COUNT, "segment")[501]["vehicles"] == 70
+    finally:
+        other.close()
+
+
+def test_two_batches_in_two_processes_bringing_one_new_row_decide_it_once(db):
+    """Two batches, each on its own connection as two partitions of a scale-out run are, both find one row absent
+    and create it: the second waits for the first's commit (the table lock its absent row takes), then reads the
+    row the first made and counts on top of it — neither a lost count nor a duplicate key.  (A per-key guard in
+    place of the table lock must keep this: the package README, "Why at-commit is serializable".)"""
+    _reset(db, {})
+    transactions = workloads.toll()
+    report = [{"type": "position_report", "ts": 1.0, "payload": {"segment": 600, "vehicle": 1, "speed": 50.0}}]
+    other = activedb.connect(db.engine.url.render_as_string(hide_password=False))
+    try:
+        with testing.Watchdog(60, db.transactions.locks):
+            done: list[bool] = []
+            failed: list[BaseException] = []
+
+            def second_batch():
+                try:
+                    with other.transaction() as tx:
+                        batch.apply_at_commit(tx, report, transactions, dead_letters=None)
+                    done.append(True)
+                except BaseException as error:      # (seen by the test's assertions below)
+                    failed.append(error)
+
+            unwaited: list[object] = []
+
+            def second_waits() -> bool:
+                if done or failed:          # it ended while the first held its commit: it did not wait
+                    unwaited.append((list(done), list(failed)))
+                    return True
+                return _waiting_on_a_lock(db)
+
+            with db.transaction() as tx:
+                batch.apply_at_commit(tx, report, transactions, dead_letters=None)
+                lowlevel.enlist(tx, _HoldBeforeCommit(lambda: _start_thread(second_batch), second_waits,
+                                                      lambda: _activity(db)))
+            assert not unwaited, f"the second batch ended without waiting for the first's commit: {unwaited}"
+            testing.wait_until(lambda: done or failed, timeout=30, message="the second batch to commit")
+            assert not failed, failed
+            assert _rows(db, workloads.TOLL_COUNT, "segment")[600]["vehicles"] == 2
     finally:
         other.close()
 
