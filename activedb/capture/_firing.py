@@ -116,10 +116,13 @@ class CaptureHandler(BatchHandler):
             if event.event is None:
                 logger.error("capture consumer %r: %s", self.consumer, event.problem)
         for result in results:
-            if result.outcome is FiringOutcome.FAILED:
+            if result.outcome is FiringOutcome.FAILED or result.outcome is FiringOutcome.CANCELLED:
+                # (Took no effect either way; a firing its action's nested firing or the cascade limit stopped is
+                # said so, naming what stopped it — the outcome the rule manager counted.)
                 firing = result.firing
+                ended = "failed" if result.outcome is FiringOutcome.FAILED else "was cancelled"
                 letters.append(Letter(
-                    f"rule {firing.rule.name!r} failed on {result.change.describe()}: {result.error!r}",
+                    f"rule {firing.rule.name!r} {ended} on {result.change.describe()}: {result.error!r}",
                     {**batch.rows[result.position], "rule": firing.rule.name, "key": firing.event.key}))
         batch.dead_letters.insert(tx, letters)
         ledger.events = sum(event.event is not None for event in batch.events)

@@ -80,7 +80,7 @@ _REASON_FORMS = [(kind, re.compile(pattern, re.DOTALL)) for kind, pattern in (
     (ReasonKind.REJECTED, r"^rejected by rule "),
     (ReasonKind.DEADLINE, r" within its deadline of "),
     (ReasonKind.REFUSED, r"^PostgreSQL refused |^the reactions to .* cannot be committed: "),
-    (ReasonKind.RULE_FAILED, r"^event processing failed: |^rule cascade limit: |^rule '.*' failed on "
+    (ReasonKind.RULE_FAILED, r"^event processing failed: |^rule cascade limit: |^rule '.*' failed on |^rule '.*' was cancelled on "
                              r"|^s-transaction of .* aborted: |^rejected: the tie_key of stream .* raised "),
     (ReasonKind.INVALID_ROW, r"^rejected: |^[a-z][a-z ]* \('[^']*'\) |^malformed JSON|^the line is a JSON "
                              r"|^Spark could not read "

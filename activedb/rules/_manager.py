@@ -425,21 +425,27 @@ class RuleManager(TransactionExtension):
 
     def fire(self, transaction: Transaction, firings: list[Firing], *, shared: bool = False) -> list[Fired]:
         """Run ``firings`` (:meth:`plan`'s: the capture consumer's) in order, each as :meth:`execute` does
-        in a subtransaction of its own, and tell each one's :class:`FiringOutcome` (a rule that raises is
-        FAILED, the others go on); ``shared``: all in ``transaction`` itself, the first error propagates.
+        in a subtransaction of its own, and tell each one's :class:`FiringOutcome` as :meth:`execute` counted it (a
+        rule that raises is FAILED; one whose action let a nested firing's failure or the cascade limit through, or
+        whose tree was a deadlock's victim, CANCELLED — ``Fired.error`` says what stopped it —; the others go on);
+        ``shared``: all in ``transaction`` itself, the first error propagates.
         An error of the transaction itself (deadlock, serialization conflict) propagates either way."""
         fired = []
         for firing in firings:
             if shared:
                 executed = self.execute(transaction, firing)
             else:
+                ended: list[Fired] = []
+
+                def run(child: Transaction, firing: Firing, ended: list[Fired] = ended) -> bool:
+                    return self._execute(child, firing, ended)
                 try:
-                    executed = run_inline(transaction, self._run_firing, firing, _transaction_name(firing.rule), Firing)
-                except RuleFailed as error:
-                    fired.append(Fired(FiringOutcome.FAILED, error.__cause__ or error))
-                    continue
-                except CascadeLimitExceeded as error:
-                    fired.append(Fired(FiringOutcome.FAILED, error))
+                    executed = run_inline(transaction, run, firing, _transaction_name(firing.rule), Firing)
+                except (RuleFailed, CascadeLimitExceeded) as error:
+                    # As ``_execute`` ended it (and counted it); a failure it did not see — raised by the firing's
+                    # commit, a deferred firing its action raised — stopped it from outside: cancelled.
+                    fired.append(ended[0] if ended and ended[0].outcome in (_FAILED, _CANCELLED)
+                                 else Fired(_CANCELLED, error))
                     continue
             if executed:
                 self._executed(transaction, [firing])
@@ -454,14 +460,16 @@ class RuleManager(TransactionExtension):
         set_slot(transaction, Firing, firing)
         return self._execute(transaction, firing)
 
-    def _execute(self, transaction: Transaction, firing: Firing) -> bool:
+    def _execute(self, transaction: Transaction, firing: Firing, ended: "list[Fired] | None" = None) -> bool:
         """:meth:`execute` in a transaction whose ``Firing`` slot is ``firing`` already (``run_inline``'s
-        ``kind``)."""
+        ``kind``).  The one classification of a firing's outcome: what it counts, what observers are told and what
+        it appends to ``ended`` (:meth:`fire`'s, with the error that ended it) are the same outcome."""
         rule, event = firing.rule, firing.event
         observers = self.transactions.observers
         if observers.on_firing_start:
             observers.call("on_firing_start", transaction, firing)
         outcome = _FAILED
+        stopped_by: BaseException | None = None
         try:
             if rule.action_coupling is _IMMEDIATE:
                 condition = rule.condition
@@ -485,6 +493,7 @@ class RuleManager(TransactionExtension):
                 return False
             outcome = _EXECUTED
         except (DependencyAbort, CascadeLimitExceeded, RuleFailed, TransactionAborted) as error:
+            stopped_by = error
             if isinstance(error, TransactionAborted) and transaction.state is _ABORTED:
                 # Its own transaction aborted by the condition or action itself (``tx.abort()``), not by an ancestor
                 # (which dooms it: it stays active until it ends): the rule's failure, as the trigger sees it.
@@ -496,6 +505,7 @@ class RuleManager(TransactionExtension):
             self.count(rule, "cancelled")
             raise
         except DeadlockDetected as error:
+            stopped_by = error
             if not _victim_is(transaction, error):      # e.g. a top-level transaction the action opened itself
                 self._failed(rule, event, error)
             # Not the rule's failure: its transaction (or one it runs in) was chosen as a deadlock's victim, and
@@ -506,13 +516,17 @@ class RuleManager(TransactionExtension):
             logger.info("rule %r on %s was aborted, not failed: %s", rule.name, event.describe(), repr(error))
             raise RuleFailed.raised(rule.name, event, error) from error
         except Exception as error:
+            stopped_by = error
             self._failed(rule, event, error)
-        except BaseException:
+        except BaseException as error:
+            stopped_by = error
             # KeyboardInterrupt, SystemExit: raised as itself (``_raise_failure``), yet the firing ended failed —
             # counted so, or ``fired`` would exceed its outcomes (the outbox settles a detached one as failed).
             self.count(rule, "failed")
             raise
         finally:
+            if ended is not None:
+                ended.append(Fired(outcome, stopped_by))
             if observers.on_firing_end:
                 observers.call("on_firing_end", transaction, firing, outcome)
         return True

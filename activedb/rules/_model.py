@@ -168,7 +168,9 @@ class RuleExecution(ClosedSet):
 
 
 class Fired(NamedTuple):
-    """One firing's outcome (:meth:`RuleManager.fire`); ``error``: the rule's own exception when FAILED."""
+    """One firing's outcome (:meth:`RuleManager.fire`), as the counters count it; ``error``: the rule's own exception
+    when FAILED, what stopped it when CANCELLED (a nested firing's ``RuleFailed`` or the ``CascadeLimitExceeded``
+    its action let through, the ``DeadlockDetected`` whose victim was its tree)."""
 
     outcome: FiringOutcome
     error: BaseException | None = None

@@ -75,7 +75,8 @@ class FiringOutcome(enum.StrEnum):
     EXECUTED = "executed"                  # the condition held and the action ran
     CONDITION_FALSE = "condition_false"
     FAILED = "failed"                      # the condition or the action raised (``Fired.error`` says what)
-    CANCELLED = "cancelled"                # its transaction was aborted from outside (observers only)
+    CANCELLED = "cancelled"                # something else ended it: a nested firing's failure or the cascade limit
+                                           # its action let through, a deadlock or abort from outside (``Fired.error``)
 
 
 class RuleView(Protocol):

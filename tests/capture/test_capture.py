@@ -253,6 +253,37 @@ def test_a_failing_rule_is_a_dead_letter_and_the_others_go_on(clean, conninfo):
         in " ".join(db.capture.status().warnings())
 
 
+def test_a_captured_rule_whose_action_lets_a_nested_rules_failure_through_is_said_cancelled_as_the_counters_say(
+        clean, conninfo):
+    """A detached rule on captured changes whose action signals an event whose immediate rule raises, and lets the
+    RuleFailed through: the rule manager counts the nested rule ``failed`` and the captured rule ``cancelled`` (it
+    did not end itself), and the change's dead letter says so — the captured rule was cancelled, by the nested
+    rule's failure, which it names.  Before, the letter said the captured rule failed, with the nested rule's error
+    and not its name ("rule 'forwards' failed on ...: ValueError(...)"), while the counters said cancelled."""
+    db = clean
+
+    @db.rule(on=db.captured("orders", "inserted"), coupling="detached", name="forwards")
+    def forwards(tx, event):
+        tx.signal("checked", order=event.key)
+
+    @db.rule(on=db.signalled("checked"), name="checks")
+    def checks(tx, event):
+        raise ValueError("the check breaks")
+
+    with psycopg.connect(conninfo, autocommit=True) as psql:
+        psql.execute("INSERT INTO orders (id, customer, amount) VALUES (41, 'a', 1)")
+    consumer = db.capture.consumer()
+    assert consumer.run_until_caught_up() == 1
+    # (Each attempt counts: the chunk's shared run, then the firing alone — README, "Counters count attempts".)
+    forwards, checks = (db.rules.statistics().per_rule[name] for name in ("forwards", "checks"))
+    assert forwards.cancelled >= 1 and (forwards.failed, forwards.executed) == (0, 0), forwards
+    assert checks.failed >= 1 and (checks.cancelled, checks.executed) == (0, 0), checks
+    with db.engine.connect() as connection:
+        [reason] = connection.execute(sa.text("SELECT reason FROM activedb_dead_letters")).scalars().all()
+    assert reason.startswith("rule 'forwards' was cancelled on "), reason
+    assert "rule 'checks' failed on signal checked" in reason and "the check breaks" in reason, reason
+
+
 def test_a_rule_that_never_returns_passes_its_deadline_its_change_is_a_dead_letter_and_the_next_is_applied(
         clean, conninfo):
     """A consumer given Deadlines (as `activedb run` takes them): a rule that never returns on one change fails its
