@@ -17,12 +17,11 @@ from typing import TYPE_CHECKING, Protocol
 import psycopg
 import sqlalchemy as sa
 
-from activedb import lowlevel
 from activedb.errors import (DuplicateKey, Failure, LockWaitTimeout, RecordsTakenOver, RuleFailed, TransactionError,
                              causes, classify, sqlstate_of)
 from activedb.outbox import _records
 from activedb.store import is_connection_failure, storable_text
-from activedb.txn import Along, CommitParticipant
+from activedb.txn import Along, CommitParticipant, FiringOutcome
 
 if TYPE_CHECKING:  # pragma: no cover
     from activedb.outbox._outbox import Outbox
@@ -69,6 +68,19 @@ def describe_error(error: BaseException) -> str:
         if str(cause) not in text and said not in text:
             text += f" (caused by {said})"
     return storable_text(text)
+
+
+def _record_error(outcome: FiringOutcome, error: BaseException | None) -> str:
+    """What a record that ends failed keeps (:func:`describe_error`): for a firing the rule manager counted
+    ``cancelled`` — its action let a nested firing's failure or the cascade limit through — that it was cancelled,
+    and by what, naming the nested rule that failed."""
+    if error is None:
+        return "failed"
+    if outcome is not FiringOutcome.CANCELLED:
+        return describe_error(error)
+    if isinstance(error, RuleFailed):
+        return storable_text(f"cancelled: rule {error.rule!r}, fired by its action, failed: {describe_error(error)}")
+    return storable_text(f"cancelled: {describe_error(error)}")
 
 
 def _driver_summary(error: BaseException) -> str | None:
@@ -353,32 +365,35 @@ class Executor:
 
     def _attempt(self, group: list[Work]) -> list[str]:
         """One group transaction; returns each member's outcome (raises if the group could not commit).  A member
-        is ``rules.execute`` in a subtransaction of the group's root; one that raises was counted and logged by
-        the rule manager — a BaseException that is no Exception (SystemExit, a KeyboardInterrupt of the rule's own)
+        is ``rules.fire`` in a subtransaction of the group's root, which tells its outcome as the rule manager counted
+        it; one that failed or was cancelled was counted and logged by the rule manager — a BaseException that is no Exception (SystemExit, a KeyboardInterrupt of the rule's own)
         too, as failed (logged here), unless it is a Ctrl-C of the process (:func:`interrupts_the_process`)."""
         outbox = self._outbox
-        execute = outbox.rules.execute
+        fire = outbox.rules.fire
         marks = GroupMarks(outbox.owner)
         outcomes: list[str] = []
         with outbox.transactions.transaction(name=GROUP_TRANSACTION, participants=[marks]) as root:
             for work in group:
                 firing = work.firing
                 try:
-                    work.executed = lowlevel.run_inline(root, execute, firing, f"rule:{firing.rule.name}")
-                except BaseException as error:
-                    if interrupts_the_process(error):
+                    # (The rule manager's outcome, as its counters count it: ``fire`` runs it in a subtransaction.)
+                    [(outcome, error)] = fire(root, [firing])
+                except BaseException as raised:
+                    if interrupts_the_process(raised):
                         raise
-                    if not isinstance(error, Exception):    # (the rule manager counted it, logged it not)
+                    if not isinstance(raised, Exception):    # (the rule manager counted it, logged it not)
                         logger.error("detached rule %r raised %s on %s: it failed for good", firing.rule.name,
-                                     describe_error(error), firing.event.describe())
-                    if is_retryable(error) and work.attempts + 1 < self.max_attempts:
-                        outcomes.append(_Outcome.RETRY)
-                    else:
-                        outcomes.append(_Outcome.FAILED)
-                        marks.failed.append((work.record_id, describe_error(error)))
-                    continue
-                outcomes.append(_Outcome.DONE)
-                marks.done.append(work.record_id)
+                                     describe_error(raised), firing.event.describe())
+                    outcome, error = FiringOutcome.FAILED, raised
+                if outcome is FiringOutcome.EXECUTED or outcome is FiringOutcome.CONDITION_FALSE:
+                    work.executed = outcome is FiringOutcome.EXECUTED
+                    outcomes.append(_Outcome.DONE)
+                    marks.done.append(work.record_id)
+                elif error is not None and is_retryable(error) and work.attempts + 1 < self.max_attempts:
+                    outcomes.append(_Outcome.RETRY)
+                else:
+                    outcomes.append(_Outcome.FAILED)
+                    marks.failed.append((work.record_id, _record_error(outcome, error)))
         return outcomes
 
     def _settle(self, group: list[Work], outcomes: list[str]) -> None:

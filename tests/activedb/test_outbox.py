@@ -200,6 +200,31 @@ def test_a_failing_rule_is_recorded_shown_and_retried(db, migrated):
     assert db.outbox.failures() == []
 
 
+def test_a_detached_rule_whose_action_lets_a_nested_rules_failure_through_is_recorded_cancelled_by_it(db):
+    """A detached rule whose action signals an event whose immediate rule raises, and lets the RuleFailed through:
+    the rule manager counts the nested rule ``failed`` and the detached one ``cancelled`` (it did not end itself).
+    Its record still needs a person (``failures()``, ``retry_failed``: nothing of it took effect), and its error says
+    it was cancelled and which rule failed.  Before, the record said only the nested rule's error
+    ("ValueError: the check breaks"), under the detached rule's name, as if that rule had raised it."""
+    db.rule(on=db.signalled("pay"), coupling=Coupling.DETACHED, name="forwards")(
+        lambda tx, event: tx.signal("checked"))
+
+    @db.rule(on=db.signalled("checked"), name="checks")
+    def checks(tx, event):
+        raise ValueError("the check breaks")
+
+    with db.transaction() as tx:
+        tx.signal("pay", amount=1)
+    db.rules.wait_idle(TIMEOUT)
+    per_rule = db.rules.statistics().per_rule
+    assert (per_rule["forwards"].fired, per_rule["forwards"].cancelled, per_rule["forwards"].failed) == (1, 1, 0)
+    assert (per_rule["checks"].fired, per_rule["checks"].failed) == (1, 1)
+    [failure] = db.outbox.failures()
+    assert failure.rule == "forwards", failure
+    assert failure.error.startswith("cancelled: rule 'checks'"), failure.error
+    assert "ValueError: the check breaks" in failure.error, failure.error
+
+
 def test_outbox_retry_of_ids_that_are_no_failed_firing_is_refused_naming_them_and_changes_nothing(db, migrated):
     """``activedb outbox --retry ID`` with an id no failed firing has (a typo, a done one) said "0 failed firing(s) are
     pending again", exit 0; it says which ids are not failed firings and where their ids are listed, as ``activedb
