@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import logging
 import sys
+import weakref
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, NoReturn, TypeVar
 
 from coupling import Coupling, DeferredCycleLimitExceeded, Verdict, priority_groups
@@ -39,6 +40,9 @@ _EXECUTED, _CONDITION_FALSE, _FAILED, _CANCELLED = (FiringOutcome.EXECUTED, Firi
                                                    FiringOutcome.FAILED, FiringOutcome.CANCELLED)
 _IMMEDIATE, _DEFERRED = Coupling.IMMEDIATE, Coupling.DEFERRED
 _ACTIVEDB = Origin.ACTIVEDB
+#: The ``RuleFailed`` errors a dispatch raised to a firing's trigger (``_raise_failure``): a nested firing's failure,
+#: which an action that lets it through passes on — cancelled —, told apart from one a rule raises itself — failed.
+_FIRINGS_FAILURES: "weakref.WeakSet[RuleFailed]" = weakref.WeakSet()
 
 
 class RuleManager(TransactionExtension):
@@ -498,6 +502,9 @@ class RuleManager(TransactionExtension):
                 # Its own transaction aborted by the condition or action itself (``tx.abort()``), not by an ancestor
                 # (which dooms it: it stays active until it ends): the rule's failure, as the trigger sees it.
                 self._failed(rule, event, error)
+            if isinstance(error, RuleFailed) and error not in _FIRINGS_FAILURES:
+                # Raised by the condition or action itself, of its own making, not a nested firing's: its failure.
+                self._failed(rule, event, error)
             # Something else ended it — a nested rule's failure or the cascade limit its action let through, a
             # dependency, a doomed tree's abort —: cancelled, as observers are told (the nested rule counted its own
             # failure).
@@ -633,7 +640,11 @@ def _raise_failure(firing: Firing, error: BaseException, what: str) -> None:
     """Raise what a failed ``firing`` (it raised ``error``) makes its parent raise: ``error`` itself if it is no
     ``Exception`` (KeyboardInterrupt, SystemExit: Ctrl-C in a rule stops its caller, which cannot take it for a rule
     failure and go on; the firing's subtransaction has aborted on its way out, as its trigger's does on the caller's)."""
+    if isinstance(error, RuleFailed):
+        _FIRINGS_FAILURES.add(error)        # (a firing's failure, not one of the trigger's own making)
     if isinstance(error, (RuleFailed, CascadeLimitExceeded)) or not isinstance(error, Exception):
         raise error
-    raise RuleFailed(f"{what} rule {firing.rule.name!r} failed on {firing.event.describe()}: {error!r}",
-                     firing.rule.name, firing.event) from error
+    failure = RuleFailed(f"{what} rule {firing.rule.name!r} failed on {firing.event.describe()}: {error!r}",
+                         firing.rule.name, firing.event)
+    _FIRINGS_FAILURES.add(failure)
+    raise failure from error

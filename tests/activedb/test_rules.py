@@ -1579,6 +1579,36 @@ def test_firings_past_a_cascade_limit_count_cancelled(db, coupling):
     assert counters == {name: (fired, 0, 0, fired, 0)}, counters
 
 
+@pytest.mark.parametrize("coupling", [Coupling.IMMEDIATE, Coupling.DEFERRED])
+def test_a_rule_that_raises_rule_failed_itself_counts_failed(db, coupling):
+    """A condition or action that raises ``RuleFailed`` of its own making (no nested firing failed) ended its firing
+    itself, as one that raises any other error: counted ``failed``, observers told so, and the trigger gets a
+    RuleFailed naming the rule.  Before, the rule manager took it for a nested firing's failure let through: counted
+    ``cancelled`` — and no firing counted the failure at all."""
+    name = f"raises_rule_failed_{coupling.value}"
+    ends: list[tuple[str, FiringOutcome]] = []
+
+    class Ends(Observer):
+        def on_firing_end(self, transaction, firing, outcome):
+            ends.append((firing.rule.name, outcome))
+
+    @db.rule(on=db.signalled(name), name=name, coupling=coupling)
+    def refuses(tx, event):
+        raise RuleFailed("the order is refused", name, event)
+
+    ends_observer = db.observe(Ends())
+    try:
+        with pytest.raises(RuleFailed, match=rf"rule '{name}' failed on signal {name}.*the order is refused"):
+            with db.transaction() as tx:
+                tx.signal(name)
+        counters = _outcomes(db, [name])
+    finally:
+        db.transactions.observers.remove(ends_observer)
+        db.rules.remove(name)
+    assert ends == [(name, FiringOutcome.FAILED)], ends
+    assert counters == {name: (1, 0, 1, 0, 0)}, counters
+
+
 @pytest.mark.parametrize("coupling, trigger", [(Coupling.IMMEDIATE, "lets it abort the tree"),
                                                (Coupling.DEFERRED, "lets it abort the tree"),
                                                (Coupling.IMMEDIATE, "catches it and commits")])
