@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING
 
 from activedb.errors import check_seconds, check_switch, check_whole_number
 from activedb.ingest._interface import LedgerId, Phase, ReservedSource, RowEvent, Rows
-from activedb.ingest._ledger import (END_OF_STREAM_BATCH, IngestionLedger, check_source_name, check_source_owner,
-                                     last_watermark)
+from activedb.ingest._ledger import (END_OF_STREAM_BATCH, RUN_BYTES, IngestionLedger, check_source_name,
+                                     check_source_owner, last_watermark)
 from activedb.ingest._mapping import EventMapping, as_mapping, check_columns, is_arrow, known_type_names
 from activedb.ingest._outcome import BatchBook, BatchOutcome, IngestStatistics, PhaseTimings
 from activedb.ingest._protocol import BatchContext, BatchHandler, BatchInput, run_batch
@@ -43,8 +43,9 @@ class Ingestion:
     * ``mapping`` — which columns make an event (an :class:`EventMapping` or a dict of its arguments); None for a
       handler that reads the rows itself or a connector that hands over events (change capture);
     * ``source`` — the stable name of the source: the ledger ids' first part, the punctuation source, the name
-      of the batches' transactions (``ingest:<source>``); at most ``SOURCE_NAME_BYTES`` (2048) bytes in UTF-8; a
-      name beginning with a :class:`ReservedSource` (``replay:``, ``capture:``) is refused unless ``owner`` is it;
+      of the batches' transactions (``ingest:<source>``); at most ``SOURCE_NAME_BYTES`` (2048) bytes in UTF-8,
+      without a NUL or a lone surrogate; a name beginning with a :class:`ReservedSource` (``replay:``,
+      ``capture:``) is refused unless ``owner`` is it;
     * ``known_types`` — the event types accepted (default: the handler's, for the rules the types they listen to);
     * ``batch_attempts`` — top-level attempts of a batch that meets serialization conflicts;
     * ``on_phase(phase, batch_id)`` — hears every :class:`Phase` of every batch (a seam for crash tests);
@@ -292,7 +293,9 @@ def _check_query_id(query_id: object) -> None:
     """Raise IngestError unless ``query_id`` is a ledger id's text (what ``ingestion_status`` reads back)."""
     try:
         if isinstance(query_id, str):
-            LedgerId.parse(query_id)
+            run = LedgerId.parse(query_id).run
+            if run is not None:     # (the source is the ingestion's, checked where it was made)
+                check_source_name("LedgerId", "run", run, limit=RUN_BYTES, what="a run id")
             return
     except ValueError:
         pass

@@ -44,17 +44,32 @@ INDEX_ROW_BYTES = 2704
 #: run and partition of the ledger id (``SOURCE@RUN#pN``; a Spark query's run is its 36-character id) and for the
 #: other columns of those keys.  A longer name failed every batch at its commit (SQLSTATE 54000).
 SOURCE_NAME_BYTES = 2048
+#: The longest run id (UTF-8 bytes) a ledger id takes: with a source name at its limit and a partition, the ledger id
+#: and the other columns of its keys stay under :data:`INDEX_ROW_BYTES`.
+RUN_BYTES = 512
 
 
-def check_source_name(owner: str, name: str, value: str) -> None:
-    """Raise :class:`IngestError` if the source name ``value`` (given as ``owner(name=value)``) is longer than the
-    ledger holds (:data:`SOURCE_NAME_BYTES`)."""
-    size = len(value.encode("utf-8", "surrogatepass"))
-    if size > SOURCE_NAME_BYTES:
+def check_source_name(owner: str, name: str, value: str, *, limit: int = SOURCE_NAME_BYTES,
+                      what: str = "a source name") -> None:
+    """Raise :class:`IngestError` if the source name ``value`` (given as ``owner(name=value)``; ``what`` it is, a run
+    id with its own ``limit``) is text the ledger cannot hold: longer than ``limit`` bytes in UTF-8, or holding a NUL
+    character or a lone surrogate, which PostgreSQL's text cannot store."""
+    unstorable = next((index for index, character in enumerate(value)
+                       if character == "\x00" or "\ud800" <= character <= "\udfff"), None)
+    if unstorable is not None:
+        character = value[unstorable]
+        held = "a NUL character (\\x00)" if character == "\x00" else f"a lone UTF-16 surrogate ({character!r})"
         raise IngestError(
-            f"{owner}({name}={value[:40]!r}…) is a source name of {size} bytes (UTF-8): a source name is at most "
-            f"{SOURCE_NAME_BYTES} bytes — the ledger keys batches by it in PostgreSQL indexes whose rows hold at "
-            f"most {INDEX_ROW_BYTES} bytes, with room for the run; give a shorter name (nothing was applied)")
+            f"{owner}({name}={value[:40]!r}{'…' if len(value) > 40 else ''}) holds {held} at index {unstorable}, "
+            f"which PostgreSQL's text cannot store — the ledger keeps {what} as text: give one without it (nothing "
+            f"was applied)")
+    size = len(value.encode("utf-8"))
+    if size > limit:
+        raise IngestError(
+            f"{owner}({name}={value[:40]!r}…) is {what} of {size} bytes (UTF-8): {what} is at most "
+            f"{limit} bytes — the ledger keys batches by it in PostgreSQL indexes whose rows hold at "
+            f"most {INDEX_ROW_BYTES} bytes{', with room for the run' if limit == SOURCE_NAME_BYTES else ''}; give a "
+            f"shorter one (nothing was applied)")
 
 
 def check_source_owner(owner_call: str, source: str, owner: ReservedSource | None) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime as dt
 import math
 import re
+import secrets
 import threading
 
 import pyarrow as pa
@@ -1185,4 +1186,37 @@ def test_a_batch_another_run_committed_with_other_rows_is_refused_at_its_commit(
         assert [row[:3] for row in app_state(database)["counters"] if row[0] == "racing"] == [("racing", 3, 3)]
     finally:
         ingestion.close()
+        database.close()
+
+
+@pytest.mark.parametrize("source, run, what", [
+    ("nul\x00source", None, r"source='nul\\x00source'\) holds a NUL character \(\\x00\) at index 3"),
+    ("half\udc80", None, r"source='half\\udc80'\) holds a lone UTF-16 surrogate \('\\udc80'\) at index 4"),
+    ("badges", "run\x00", r"run='run\\x00'\) holds a NUL character \(\\x00\) at index 3"),
+    ("badges", "\ud800run", r"run='\\ud800run'\) holds a lone UTF-16 surrogate \('\\ud800'\) at index 0"),
+    ("badges", "r" + secrets.token_hex(1600), r"run='r[0-9a-f]+'….* is a run id of 3201 bytes .*at most 512 bytes"),
+], ids=["nul-source", "surrogate-source", "nul-run", "surrogate-run", "long-run"])
+def test_a_source_or_run_the_ledger_cannot_hold_is_refused_saying_which_before_anything_is_applied(database_url,
+                                                                                                    source, run, what):
+    """A source name or run id holding a NUL character failed the feed with DatabaseError "PostgreSQL text fields
+    cannot contain NUL (0x00) bytes … This looks like a bug", one holding a lone surrogate with a bare
+    UnicodeEncodeError, and a run id of some thousand bytes failed every batch at its commit with SQLSTATE 54000
+    ("index row size … exceeds btree version 4 maximum 2704 for index activedb_ingestion_ledger_pkey … store less"),
+    after trial flushes of every event in search of one to blame — naming neither the run nor what to give.  Now each
+    is an IngestError naming the name, what it holds and where, before anything is applied; a run at the limit, with
+    a source at its own, a partition and lineage, commits."""
+    database = app_database(database_url)
+    try:
+        row = {"type": "add", "key": "held", "ts": BASE_TIME, "amount": 1, "seq": 0}
+        before = app_state(database)
+        with pytest.raises(IngestError, match=what + r".*nothing was applied"):
+            feed(database, [[row]], source=source, run=run, mapping=app_counters.MAPPING)
+        assert app_state(database) == before
+        longest = LedgerId(secrets.token_hex(1024), secrets.token_hex(256), 2**31)   # 2048 and 512 bytes, incompressible
+        ingestion = Ingestion(database, app_counters.MAPPING, source=longest.source, lineage=True)
+        try:
+            assert ingestion.process([row], 0, query_id=str(longest)).committed
+        finally:
+            ingestion.close()
+    finally:
         database.close()
