@@ -52,24 +52,30 @@ RUN_BYTES = 512
 def check_source_name(owner: str, name: str, value: str, *, limit: int = SOURCE_NAME_BYTES,
                       what: str = "a source name") -> None:
     """Raise :class:`IngestError` if the source name ``value`` (given as ``owner(name=value)``; ``what`` it is, a run
-    id with its own ``limit``) is text the ledger cannot hold: longer than ``limit`` bytes in UTF-8, or holding a NUL
-    character or a lone surrogate, which PostgreSQL's text cannot store."""
+    id with its own ``limit``) is text the ledger cannot hold (:func:`unfit_source_name`)."""
+    unfit = unfit_source_name(value, limit=limit, what=what)
+    if unfit is not None:
+        raise IngestError(f"{owner}({name}={value[:40]!r}{'…' if len(value) > 40 else ''}) {unfit} (nothing was "
+                          f"applied)")
+
+
+def unfit_source_name(value: str, *, limit: int = SOURCE_NAME_BYTES, what: str = "a source name") -> str | None:
+    """Why the ledger cannot hold the source name ``value`` (``what`` it is, a run id with its own ``limit``) — longer
+    than ``limit`` bytes in UTF-8, or holding a NUL character or a lone surrogate, which PostgreSQL's text cannot
+    store —, said after the name and saying what to give; None if it can."""
     unstorable = next((index for index, character in enumerate(value)
                        if character == "\x00" or "\ud800" <= character <= "\udfff"), None)
     if unstorable is not None:
         character = value[unstorable]
         held = "a NUL character (\\x00)" if character == "\x00" else f"a lone UTF-16 surrogate ({character!r})"
-        raise IngestError(
-            f"{owner}({name}={value[:40]!r}{'…' if len(value) > 40 else ''}) holds {held} at index {unstorable}, "
-            f"which PostgreSQL's text cannot store — the ledger keeps {what} as text: give one without it (nothing "
-            f"was applied)")
+        return (f"holds {held} at index {unstorable}, which PostgreSQL's text cannot store — the ledger keeps {what} "
+                f"as text: give one without it")
     size = len(value.encode("utf-8"))
     if size > limit:
-        raise IngestError(
-            f"{owner}({name}={value[:40]!r}…) is {what} of {size} bytes (UTF-8): {what} is at most "
-            f"{limit} bytes — the ledger keys batches by it in PostgreSQL indexes whose rows hold at "
-            f"most {INDEX_ROW_BYTES} bytes{', with room for the run' if limit == SOURCE_NAME_BYTES else ''}; give a "
-            f"shorter one (nothing was applied)")
+        return (f"is {what} of {size} bytes (UTF-8): {what} is at most {limit} bytes — the ledger keys batches by it in "
+                f"PostgreSQL indexes whose rows hold at most {INDEX_ROW_BYTES} bytes"
+                f"{', with room for the run' if limit == SOURCE_NAME_BYTES else ''}; give a shorter one")
+    return None
 
 
 def check_source_owner(owner_call: str, source: str, owner: ReservedSource | None) -> None:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Protocol
 from activedb.deadletters import LetterRecord, LetterReplayed
 from activedb.ingest._feed import feed
 from activedb.ingest._interface import Batch, LedgerId, ReservedSource, Rows
+from activedb.ingest._ledger import unfit_source_name
 from activedb.ingest._mapping import EventMapping, check_columns, is_arrow
 from activedb.ingest._protocol import BatchHandler
 from activedb.ingest._rules import RulesHandler
@@ -94,6 +95,12 @@ def replay_dead_letters(db: IngestDatabase, app: Replayable, letters: Iterable[L
                               f"{original_query_name(letter.query_id)}, would read as run {replay.run!r} of the "
                               f"source {replay.source!r} — a source named with '@' has no replay; leave its letters "
                               f"out (--query, --id) and feed their rows again under a name without '@'; no letter "
+                              f"was replayed")
+        unfit = unfit_source_name(replay.source)    # (a source may take every byte of a name: replay:NAME is longer)
+        if unfit is not None:
+            raise IngestError(f"dead letter {letter.id} of the source {replay.source[len(REPLAY_PREFIX):][:40]!r} "
+                              f"cannot be replayed: its replay's source, {REPLAY_PREFIX}NAME, {unfit} — leave its "
+                              f"letters out (--query, --id) and feed their rows again under a shorter name; no letter "
                               f"was replayed")
     batches = [(letter, _rows_of(letter, app.mapping)) for letter in records]   # (each checked before any is replayed)
     outcomes = []

@@ -126,6 +126,34 @@ def test_letters_of_a_source_named_with_an_at_are_refused_before_any_letter_is_r
         database.close()
 
 
+def test_letters_of_a_source_whose_replay_name_is_too_long_are_refused_before_any_letter_is_replayed(make_database_url):
+    """A source may be named with up to 2048 bytes; its replay's source, ``replay:NAME``, is seven more, which the
+    Ingestion refuses.  Replaying its letters raised "Ingestion(source='replay:…') is a source name of 2055 bytes …
+    give a shorter name (nothing was applied)" after the letters before it had been replayed — applied, marked, their
+    outcomes lost with the error, which named an argument the caller never gave.  Now an IngestError names the
+    letter, its source and what to do before any letter is replayed; a source whose replay's name fits replays."""
+    database = app_database(make_database_url("replay_long"))
+    try:
+        row = {"type": "add", "key": "k", "ts": BASE_TIME.isoformat(), "amount": 1, "seq": 1}
+        fits = "f" * (2048 - len("replay:"))
+        with database.transaction() as tx:
+            deadletters.insert(tx, "badges@00000000-0000-0000-0000-00000000000a", 0, [deadletters.Letter("why", row)])
+            deadletters.insert(tx, "s" * 2048, 0, [deadletters.Letter("why", row | {"seq": 2})])
+            deadletters.insert(tx, fits, 0, [deadletters.Letter("why", row | {"seq": 3})])
+        plain, too_long, fitting = deadletters.select(database)
+        before = app_state(database)
+        with pytest.raises(IngestError, match=rf"dead letter {too_long.id} of the source 'ssss.*' cannot be replayed: "
+                                              rf"its replay's source, replay:NAME, is a source name of 2055 bytes .*at "
+                                              rf"most 2048 bytes.* no letter was replayed"):
+            replay_dead_letters(database, APP, [plain, too_long])
+        assert app_state(database) == before
+        assert [letter.replayed_at for letter in deadletters.select(database)] == [None, None, None]
+        [outcome] = replay_dead_letters(database, APP, [fitting])
+        assert outcome.outcome == "applied"
+    finally:
+        database.close()
+
+
 @pytest.mark.parametrize("prefix", ["replay:", "capture:"])
 def test_a_feed_under_a_source_name_replay_or_capture_owns_is_refused_and_the_letter_still_replays(make_database_url,
                                                                                                  prefix):
