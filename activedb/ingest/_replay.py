@@ -102,6 +102,12 @@ def replay_dead_letters(db: IngestDatabase, app: Replayable, letters: Iterable[L
                               f"cannot be replayed: its replay's source, {REPLAY_PREFIX}NAME, {unfit} — leave its "
                               f"letters out (--query, --id) and feed their rows again under a shorter name; no letter "
                               f"was replayed")
+    if records and handler is None and app.known_types is None and not db.rules.stream_types():
+        # (The rule path then accepts any type: each letter would count as applied, no rule run on its row.)
+        raise IngestError("no enabled rule listens to a stream event type: the rule path would take each letter's row "
+                          "as applied with no rule run on it, and mark the letter replayed — declare the application's "
+                          "rules (register(db)), or enable those disabled (activedb rules enable), before replaying; no "
+                          "letter was replayed")
     batches = [(letter, _rows_of(letter, app.mapping)) for letter in records]   # (each checked before any is replayed)
     outcomes = []
     for letter, rows in batches:

@@ -7,7 +7,8 @@ import types
 
 import pytest
 
-from activedb import deadletters
+import activedb
+from activedb import Coupling, deadletters
 from activedb.ingest import Ingestion, feed, replay_dead_letters
 from activedb.ingest.errors import IngestError
 from tests.spark_bridge import app_counters
@@ -150,6 +151,32 @@ def test_letters_of_a_source_whose_replay_name_is_too_long_are_refused_before_an
         assert [letter.replayed_at for letter in deadletters.select(database)] == [None, None, None]
         [outcome] = replay_dead_letters(database, APP, [fitting])
         assert outcome.outcome == "applied"
+    finally:
+        database.close()
+
+
+def test_replaying_letters_when_no_rule_listens_to_a_stream_is_refused_and_marks_nothing(make_database_url):
+    """The rule path accepts any event type when no enabled rule listens to a stream (its accepted types are then
+    "any").  Replaying a letter after its rule was removed from an application that has no other stream rule (or the
+    only one disabled) reported it "applied" and marked it replayed — no rule ran on its row, which ``dead-letters
+    list`` then no longer showed: the row was lost with its letter's reason.  Now the replay is refused before any
+    letter is replayed, saying to declare or enable the rules first; with the rules declared, the letter applies."""
+    url = make_database_url("replay_no_rules")
+    app_database(url).close()      # the tables
+    database = activedb.connect(url)
+    try:
+        database.rule(on=database.modified("counters"), coupling=Coupling.DEFERRED, name="watch")(lambda tx, e: None)
+        row = {"type": "add", "key": "k", "ts": BASE_TIME.isoformat(), "amount": 1, "seq": 1}
+        with database.transaction() as tx:
+            deadletters.insert(tx, "badges", 0, [deadletters.Letter("rejected by rule 'apply_add': …", row)])
+        [letter] = deadletters.select(database)
+        with pytest.raises(IngestError, match=r"no enabled rule listens to a stream event type.*declare the "
+                                              r"application's rules.*no letter was replayed"):
+            replay_dead_letters(database, APP, [letter])
+        assert [letter.replayed_at for letter in deadletters.select(database)] == [None]
+        app_counters.register(database)
+        [outcome] = replay_dead_letters(database, APP, [letter])
+        assert outcome.outcome == "applied" and app_state(database)["counters"] != []
     finally:
         database.close()
 
