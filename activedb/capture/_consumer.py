@@ -30,7 +30,7 @@ from activedb.capture._position import (KINDS, CapturedChange, Position, Positio
 from activedb.capture.errors import CaptureConflict, CaptureError, CaptureNotInstalled, ConsumerStopped
 from activedb.errors import DatabaseUnavailable, TransactionAborted, check_seconds, check_whole_number
 from activedb.events import age_seconds
-from activedb.ingest import Deadlines, Ingestion, LedgerId, ReservedSource
+from activedb.ingest import Deadlines, Ingestion, LedgerId, ReservedSource, unfit_source_name
 from activedb.rules import FiringOutcome
 from activedb.store import is_connection_failure
 
@@ -43,11 +43,16 @@ logger = logging.getLogger("activedb.capture")
 
 
 def check_consumer_name(name: object) -> None:
-    """Raise CaptureError unless ``name`` can name a consumer: a non-empty string without '@'."""
+    """Raise CaptureError unless ``name`` can name a consumer: a non-empty string without '@' whose source,
+    ``capture:<name>``, the ingestion ledger can hold (``activedb.ingest.unfit_source_name``)."""
     if not isinstance(name, str) or not name or "@" in name:
         # ('@' would make the ledger's capture:<name> read as SOURCE@RUN: activedb.ingest.LedgerId)
         raise CaptureError(f"a consumer name is a non-empty string without '@' (its batches are filed in the "
                            f"ingestion ledger as capture:<name>), got {name!r}")
+    unfit = unfit_source_name(source_of(name))
+    if unfit is not None:
+        raise CaptureError(f"consumer name {name[:40]!r}{'…' if len(name) > 40 else ''}: its source in the ingestion "
+                           f"ledger, capture:<name>, {unfit}")
 
 
 class ConsumerState(enum.Enum):

@@ -14,7 +14,8 @@ Public names:
   :class:`BatchLowering`, :func:`run_as_event` (a handler's unit run in its own subtransaction as the rule path
   runs an event: its failure a dead-letter reason, the batch going on);
 * the ledger — :class:`IngestionLedger`, :func:`batch_committed`, :func:`ingestion_status`, :class:`QueryStatus`,
-  :func:`ledger_query_id`, :func:`parse_ledger_query_id`, :func:`sources_of_run`, :func:`forget_run`;
+  :func:`ledger_query_id`, :func:`parse_ledger_query_id`, :func:`sources_of_run`, :func:`forget_run`,
+  :func:`unfit_source_name` (why the ledger cannot hold a source name: a connector's names say it in their words);
 * validation — :class:`EventMapping`, :func:`as_mapping`, :func:`check_columns` (a stream's columns against the
   mapping), :func:`rows_to_events`, :class:`RawEvent`,
   :class:`Rejected`; for an engine's handler converting rows itself (``activedb.composite``), :func:`to_utc` (one
@@ -36,7 +37,7 @@ from activedb.ingest._ingestion import Ingestion
 from activedb.ingest._interface import Batch, LedgerId, Phase, ReservedSource, Rows, Source
 from activedb.ingest._ledger import (
     END_OF_STREAM_BATCH, IngestionLedger, QueryStatus, batch_committed, forget_run, ingestion_status, ledger_query_id,
-    parse_ledger_query_id, sources_of_run,
+    parse_ledger_query_id, sources_of_run, unfit_source_name,
 )
 from activedb.ingest._mapping import (EventMapping, RawEvent, Rejected, as_mapping, check_columns, is_arrow,
                                       known_type_names, rows_to_events, to_utc)
@@ -51,4 +52,5 @@ __all__ = ["END_OF_STREAM_BATCH", "Batch", "BatchHandler", "BatchInProgress", "B
            "IngestStatistics", "Ingestion", "IngestionLedger", "LedgerId", "Phase", "PhaseTimings", "QueryStatus", "RawEvent", "Rejected",
            "Replayable", "ReplayOutcome", "ReservedSource", "ReplayResult", "RowBatches", "Rows", "RulesHandler", "Source", "as_mapping",
            "batch_committed", "check_columns", "drive", "errors", "feed", "forget_run", "ingestion_status", "is_arrow", "known_type_names", "ledger_query_id",
-           "original_query_name", "parse_ledger_query_id", "replay_dead_letters", "rows_to_events", "run_as_event", "sources_of_run", "to_utc"]
+           "original_query_name", "parse_ledger_query_id", "replay_dead_letters", "rows_to_events", "run_as_event", "sources_of_run", "to_utc",
+           "unfit_source_name"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import decimal
+import re
 import threading
 import uuid
 from collections.abc import Iterator
@@ -1186,6 +1187,23 @@ def test_a_consumer_name_with_an_at_sign_is_refused_as_a_consumer_name(clean, na
     what it may hold."""
     with pytest.raises(CaptureError, match=rf"a consumer name is a non-empty string without '@'.*got {name!r}"):
         clean.capture.consumer(name)
+
+
+@pytest.mark.parametrize("name, what", [
+    ("a\x00b", r"holds a NUL character \(\\x00\) at index 9"),
+    ("a\udc80b", r"holds a lone UTF-16 surrogate \('\\udc80'\) at index 9"),
+    ("n" * 2041, r"is a source name of 2049 bytes \(UTF-8\): a source name is at most 2048 bytes"),
+], ids=["nul", "surrogate", "long"])
+def test_a_consumer_name_the_ledger_cannot_hold_is_refused_as_a_consumer_name(clean, name, what):
+    """A consumer's batches are filed in the ingestion ledger as ``capture:<name>``.  A name holding a NUL character,
+    a lone surrogate, or too long for the ledger was refused by the consumer's Ingestion, "Ingestion(source='capture:…')
+    …", an argument the caller never gave; ``drop_consumer`` of a name with a NUL failed with a bare
+    sqlalchemy DataError.  Both are a CaptureError naming the consumer's name and what is wrong with it."""
+    match = rf"consumer name {re.escape(repr(name[:40]))}.*: its source in the ingestion ledger, capture:<name>, {what}"
+    with pytest.raises(CaptureError, match=match):
+        clean.capture.consumer(name)
+    with pytest.raises(CaptureError, match=match):
+        clean.capture.drop_consumer(name)
 
 
 def test_dropping_a_consumer_that_runs_is_refused_and_the_consumer_goes_on_exactly_once(clean, conninfo):
