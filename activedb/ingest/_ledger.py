@@ -63,8 +63,7 @@ def unfit_source_name(value: str, *, limit: int = SOURCE_NAME_BYTES, what: str =
     """Why the ledger cannot hold the source name ``value`` (``what`` it is, a run id with its own ``limit``) — longer
     than ``limit`` bytes in UTF-8, or holding a NUL character or a lone surrogate, which PostgreSQL's text cannot
     store —, said after the name and saying what to give; None if it can."""
-    unstorable = next((index for index, character in enumerate(value)
-                       if character == "\x00" or "\ud800" <= character <= "\udfff"), None)
+    unstorable = _unstorable_at(value)
     if unstorable is not None:
         character = value[unstorable]
         held = "a NUL character (\\x00)" if character == "\x00" else f"a lone UTF-16 surrogate ({character!r})"
@@ -76,6 +75,13 @@ def unfit_source_name(value: str, *, limit: int = SOURCE_NAME_BYTES, what: str =
                 f"PostgreSQL indexes whose rows hold at most {INDEX_ROW_BYTES} bytes"
                 f"{', with room for the run' if limit == SOURCE_NAME_BYTES else ''}; give a shorter one")
     return None
+
+
+def _unstorable_at(text: str) -> int | None:
+    """The index of the first character of ``text`` PostgreSQL's text cannot store (a NUL, a lone surrogate), or
+    None: no ledger id holds such text, so a question about one has the answer "none"."""
+    return next((index for index, character in enumerate(text)
+                 if character == "\x00" or "\ud800" <= character <= "\udfff"), None)
 
 
 def check_source_owner(owner_call: str, source: str, owner: ReservedSource | None) -> None:
@@ -143,6 +149,8 @@ def ingestion_status(db: DatabaseHandle, query_name: str | None = None) -> list[
     if query_name is not None and (not isinstance(query_name, str) or not query_name):
         raise BadArgument(f"ingestion_status(query_name={query_name!r}) takes a source's name (a LedgerId's source: "
                           f"'badges', 'capture:orders'), or None for every source")
+    if query_name is not None and _unstorable_at(query_name) is not None:
+        return []
     ledger = db.table(LEDGER_TABLE)
     statement = sa.select(ledger.c.query_id, ledger.c.batch_id, ledger.c.events, ledger.c.dead_letters,
                           ledger.c.watermark, ledger.c.rule_firings, ledger.c.committed_at)
@@ -186,6 +194,8 @@ def sources_of_run(db: DatabaseHandle, run: str) -> set[str]:
     if not isinstance(run, str) or not run or "@" in run or "#" in run:
         raise BadArgument(f"sources_of_run(run={run!r}) takes a run: a LedgerId's run, a non-empty string without '@' "
                           f"or '#' (a Spark query id, a feed's run=)")
+    if _unstorable_at(run) is not None:
+        return set()
     ledger = db.table(LEDGER_TABLE)
     with db.catalog.autocommit_connection() as connection:     # (lost: DatabaseUnavailable)
         # Every distinct id of the run (a few: one per source and partition); a limit here could leave a source out.
@@ -202,6 +212,8 @@ def forget_run(connection: sa.Connection, query_id: str) -> int:
     if not isinstance(query_id, str) or not query_id:
         raise BadArgument(f"forget_run(query_id={query_id!r}) takes a ledger id: str(LedgerId(source, run)), a "
                           f"non-empty string; nothing was deleted")
+    if _unstorable_at(query_id) is not None:
+        return 0
     ledger = sa.table(LEDGER_TABLE, sa.column("query_id"))
     return connection.execute(sa.delete(ledger).where(_run_and_partitions(ledger.c.query_id, query_id))).rowcount
 
@@ -367,4 +379,6 @@ def recorded_batch(db: DatabaseHandle, query_id: str, batch_id: int) -> Recorded
 
 def batch_committed(db: DatabaseHandle, query_id: str, batch_id: int) -> bool:
     """True if ``(query_id, batch_id)`` is in the ingestion ledger of ``db`` (its effects are committed)."""
+    if isinstance(query_id, str) and _unstorable_at(query_id) is not None:
+        return False
     return recorded_batch(db, query_id, batch_id) is not None

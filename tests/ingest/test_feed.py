@@ -1220,3 +1220,22 @@ def test_a_source_or_run_the_ledger_cannot_hold_is_refused_saying_which_before_a
             ingestion.close()
     finally:
         database.close()
+
+
+@pytest.mark.parametrize("text", ["bad\x00ges", "bad\udc80ges"], ids=["nul", "surrogate"])
+def test_a_question_about_a_name_the_ledger_cannot_hold_answers_none(database_url, text):
+    """No ledger id holds a NUL character or a lone surrogate (an ingestion refuses such a source or run).  Asking the
+    ledger about one — ``ingestion_status``, ``batch_committed``, ``sources_of_run``, ``forget_run`` — failed with
+    DatabaseError "PostgreSQL text fields cannot contain NUL (0x00) bytes … This looks like a bug" (a surrogate: a
+    bare UnicodeEncodeError); each now answers what the ledger holds of it: nothing."""
+    from activedb.ingest import forget_run
+
+    database = app_database(database_url)
+    try:
+        assert ingestion_status(database, text) == []
+        assert batch_committed(database, f"{text}@run", 0) is False
+        assert sources_of_run(database, text) == set()
+        with database.engine.begin() as connection:
+            assert forget_run(connection, f"{text}@run") == 0
+    finally:
+        database.close()
