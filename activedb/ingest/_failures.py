@@ -10,8 +10,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
 
 from activedb.errors import (
-    CascadeLimitExceeded, DatabaseError, DuplicateKey, Failure, InvalidKey, InvalidValue, RuleFailed, SerializationConflict,
-    causes, classify,
+    CascadeLimitExceeded, DatabaseError, DatabaseUnavailable, DuplicateKey, Failure, InvalidKey, InvalidValue, RuleFailed,
+    SerializationConflict, causes, classify,
 )
 from activedb.ingest.errors import first_line
 from activedb.txn import CommitParticipant, TxnState, deadlock_with_another_tree, run_inline
@@ -69,7 +69,8 @@ def run_as_event(tx: Transaction, function: Callable[[Transaction, _Event], obje
     aborted, ``tx`` goes on.  A deadlock re-runs it, up to ``attempts`` runs in all; past them, a deadlock with
     another transaction's tree (another batch of this process) is a conflict of the batch, raised — ``tx`` keeps the
     locks of its committed events, which the other waits for, so only its abort lets the other go on.  Raises when
-    the batch itself cannot go on: a conflict (the batch is re-run), PostgreSQL unusable, ``tx`` no longer active."""
+    the batch itself cannot go on: a conflict (the batch is re-run), PostgreSQL unusable (its error, not the rule
+    failure around it), ``tx`` no longer active."""
     for attempt in range(1, attempts + 1):
         try:
             run_inline(tx, function, event, name)     # run_subtransaction(tx, function, event, name=name)
@@ -78,7 +79,15 @@ def run_as_event(tx: Transaction, function: Callable[[Transaction, _Event], obje
             conflict = conflict_in(failure)
             if conflict is not None:
                 raise conflict from failure   # not the event's fault: the whole batch is re-run
-            if is_infrastructure_failure(failure) or tx.state is not TxnState.ACTIVE:
+            if is_infrastructure_failure(failure):
+                # Not the event's fault, nor its rule's: the batch fails with what PostgreSQL did, not with the rule
+                # failure around it (which would send whoever reads the error to the rule).
+                inner = next((cause for cause in causes(failure)
+                              if isinstance(cause, (DatabaseUnavailable, DatabaseError))), failure)
+                if inner is not failure:
+                    raise inner from failure
+                raise
+            if tx.state is not TxnState.ACTIVE:
                 raise
             if classify(failure) is Failure.DEADLOCK:
                 if attempt < attempts:

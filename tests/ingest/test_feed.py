@@ -16,6 +16,7 @@ import pytest
 import sqlalchemy as sa
 
 import activedb
+from activedb import Coupling
 from activedb.clock import ManualClock
 from activedb.errors import BadArgument, InvalidChoice
 from activedb.ingest import (Batch, BatchHandler, Ingestion, LedgerId, Phase, RowBatches, RulesHandler, drive, feed,
@@ -1237,5 +1238,33 @@ def test_a_question_about_a_name_the_ledger_cannot_hold_answers_none(database_ur
         assert sources_of_run(database, text) == set()
         with database.engine.begin() as connection:
             assert forget_run(connection, f"{text}@run") == 0
+    finally:
+        database.close()
+
+
+def test_a_connection_lost_inside_a_rule_fails_the_batch_as_unavailable_not_as_the_rules_failure(make_database_url):
+    """A rule whose read meets a connection PostgreSQL ended does not reject its event (nothing of the batch commits,
+    rightly) — but the batch failed with RuleFailed "rule 'reader' failed on stream add key='b' …:
+    DatabaseUnavailable(…)", sending whoever reads the error (``activedb run``'s one line, a connector deciding whether
+    to retry) to a rule that did nothing wrong.  Now the batch fails with the ``DatabaseUnavailable`` itself, nothing
+    applied, no dead letter; fed again, it applies once."""
+    database = app_database(make_database_url("lost_in_rule"))
+    ended = []
+
+    @database.rule(on=database.stream("read"), coupling=Coupling.IMMEDIATE, name="reader")
+    def reader(tx, event):
+        if not ended:
+            ended.append(True)
+            end_sessions(database)      # every pooled connection is dead: the rule's read meets one
+        tx.read("counters", event.key)
+
+    rows = [{"type": "add", "key": "a", "ts": BASE_TIME, "amount": 1, "seq": 1},
+            {"type": "read", "key": "b", "ts": BASE_TIME, "amount": 0, "seq": 2}]
+    try:
+        with pytest.raises(activedb.DatabaseUnavailable, match="lost the connection to PostgreSQL"):
+            feed(database, [rows], source="lost_in_rule", mapping=app_counters.MAPPING)
+        assert not batch_committed(database, "lost_in_rule", 0) and dead_letters(database) == []
+        [outcome] = feed(database, [rows], source="lost_in_rule", mapping=app_counters.MAPPING)
+        assert (outcome.committed, outcome.events, outcome.dead_letters) == (True, 2, 0)
     finally:
         database.close()
