@@ -23,6 +23,7 @@ import importlib.util
 import inspect
 import logging
 import os
+import re
 import sys
 import sysconfig
 import traceback
@@ -66,14 +67,20 @@ def console(stderr: bool = False) -> Console:
     return made
 
 
+#: The control characters :func:`literal` prints as their escapes: C0 but a line break and a tab, DEL, C1.
+_CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
 def literal(value: object) -> str:
     """``value`` as text that a ``rich`` console prints as it is: square brackets in it (a rule named
     ``discount[vip]``, an error naming ``[/tmp]``) are escaped, not read as markup — which would drop ``[vip]`` as a
-    style or end the command at a closing tag that matches none.  For every name, event or message of the database
-    or the application that a command prints through :func:`console` (in a table's cell too)."""
+    style or end the command at a closing tag that matches none; a control character but a line break and a tab (a
+    terminal's escape sequence in a source's name, ``\\x1b[2J``) is printed as its escape, ``\\x1b``, not sent to the
+    terminal.  For every name, event or message of the database or the application that a command prints through
+    :func:`console` (in a table's cell too)."""
     from rich.markup import escape
 
-    return escape(str(value))
+    return escape(_CONTROLS.sub(lambda match: f"\\x{ord(match.group()):02x}", str(value)))
 
 
 def whole_cells(table: Table) -> Table:

@@ -444,3 +444,29 @@ def test_the_list_prints_reasons_rows_and_query_names_with_square_brackets_as_th
     for shown in ("orders[eu]", "discount[vip]", "[/tmp]", '"[vip]"'):
         assert shown in result.output, (shown, result.output)
 
+
+
+def test_the_list_and_the_status_print_control_characters_of_names_and_reasons_escaped(migrated):
+    """A source's name and a letter's reason are printed as they are — control characters included: a name holding
+    ``\\x1b]0;…\\x07`` or ``\\x1b[2J`` (a terminal's escape sequences) reached the operator's terminal raw from
+    ``dead-letters list`` and ``activedb status``, recolouring, retitling or clearing it, and hid what the name is.  Now
+    every control character but a line break and a tab is printed as its escape (``\\x1b``); the JSON is unchanged."""
+    import activedb
+
+    source = "orders\x1b[2J\x1b]0;title\x07\x9b"
+    database = activedb.connect(migrated, outbox_options={"recovery_interval": None})
+    try:
+        feed(database, [[{"type": "nothing listens", "key": "k", "ts": "2024-05-01T12:00:00Z"}]], source=source,
+             mapping=app_counters.MAPPING, known_types={"add"})
+        with database.transaction() as tx:
+            deadletters.insert(tx, source, 1, [Letter("failed: \x1b[31mred\x1b[0m\nsecond line", {"tier": "x"})])
+    finally:
+        database.close()
+    shown = {}
+    for command in (["dead-letters", "list", "--full", "--limit", "0"], ["status"]):
+        result = CliRunner().invoke(main, ["--url", migrated, *command], env={"COLUMNS": "300"})
+        assert result.exit_code == 0, result.output
+        assert not any(character in result.output for character in "\x1b\x07\x9b"), (command, result.output)
+        assert "orders\\x1b[2J\\x1b]0;title\\x07\\x9b" in result.output, (command, result.output)
+        shown[command[0]] = result.output
+    assert "failed: \\x1b[31mred\\x1b[0m" in shown["dead-letters"], shown["dead-letters"]
