@@ -689,7 +689,7 @@ class _Run(Observer):
             if tracked is None:
                 parent = transaction.parent
                 if parent is None:
-                    label = self._root_label(transaction)
+                    label = self._root_label(transaction, thread)
                 elif parent.id in self.tracked:
                     label = self._child_label(self.tracked[parent.id], transaction)
                     self.tracked[parent.id].kids.append(transaction.id)
@@ -702,9 +702,10 @@ class _Run(Observer):
             tracked.thread = thread
             self.condition.notify_all()
             # A transaction that may run beside others (a child, a group transaction of the outbox) starts when
-            # the driver says: its first step is its begin.  (An actor's own top-level transactions start in the
-            # actor's thread, which runs alone until it pauses.)
-            if not self.open or getattr(self.local, "actor", None) is not None and tracked.parent is None:
+            # the driver says: its first step is its begin.  (Any other top-level transaction of the run — an
+            # actor's own, one a transaction of the run opens — starts in a thread of the run, which runs alone
+            # until it pauses.)
+            if not self.open or tracked.parent is None and tracked.tx.name != GROUP_TRANSACTION:
                 return
             pause = self._register_pause(thread, tracked, "begin", transaction.id)
         self._wait_for_turn(thread, pause)
@@ -740,13 +741,19 @@ class _Run(Observer):
                 self.trace.append(f"  {tracked.label} {how}")
             self.condition.notify_all()
 
-    def _root_label(self, transaction: Transaction) -> str | None:
-        """Caller holds ``condition``."""
+    def _root_label(self, transaction: Transaction, thread: int) -> str | None:
+        """The label of a top-level transaction begun in ``thread``: an actor's (``A1``, ``A1#2``), an outbox group
+        (``outbox``, ``outbox#2``), one a transaction of the run opens in its thread — a rule of an outbox group that
+        runs ``with db.transaction()`` — (``outbox/rule:count (top-level)``), or None: not the run's.  Caller holds
+        ``condition``."""
         actor: str | None = getattr(self.local, "actor", None)
         if actor is not None:
             return _numbered(self.actor_roots, actor)
         if transaction.name == GROUP_TRANSACTION:
             return _numbered(self.other_roots, GROUP_TRANSACTION)
+        outer = [tracked for tracked in self.tracked.values() if tracked.thread == thread and not tracked.ended]
+        if outer:                               # (the last begun: the one the thread runs now, blocked in this one)
+            return _numbered(self.other_roots, f"{outer[-1].label} (top-level)")
         return None                             # not the run's (the application's own threads, recovery)
 
     @staticmethod

@@ -510,3 +510,39 @@ def test_a_detached_update_two_actors_lose_is_found_and_its_printed_replay_loses
     assert printed is not None, exploration.describe()
     again = interleavings.replay(printed.group(1))
     assert again.verdict is Verdict.INVARIANT_BROKEN and again.trace == failure.trace, again.describe()
+
+
+
+def test_a_top_level_transaction_a_detached_rule_opens_is_part_of_the_run_not_a_hang(fresh):
+    """A detached rule that writes in a top-level transaction of its own (``with db.transaction()`` inside the rule:
+    an audit row that stays whatever becomes of the firing) was reported as an ``InterleavingHang`` on the first run
+    ("every transaction of the run waits and none can go on") while that transaction ran: only a top-level
+    transaction begun in an actor's thread was the run's, so this one's steps were never offered, and the rule's
+    wait for it (the lock manager's nested top-level edge) counted as a wait for something outside the run.  It is
+    a transaction of the run now, named after the one that opened it."""
+    @fresh.rule(on=fresh.inserted("items"), coupling=Coupling.DETACHED, name="count_item")
+    def count_item(tx: Transaction, event: Event) -> None:
+        with fresh.transaction() as audit:              # committed whatever becomes of the firing
+            audit.insert("pairs", a=1 if event.key == "a" else 2, b=0, value=event.key)
+        account = tx.read("accounts", 1, for_update=True)
+        tx.write("accounts", 1, balance=account["balance"] + 1)
+
+    def setup(db: Database) -> None:
+        one_account(db)
+        with db.engine.begin() as connection:
+            connection.execute(sa.text("DELETE FROM pairs"))
+
+    def counted(db: Database) -> None:
+        with db.engine.connect() as connection:
+            audited = connection.execute(sa.text("SELECT count(*) FROM pairs")).scalar_one()
+        assert (balance(db), audited) == (2, 2), f"balance {balance(db)}, {audited} audit rows after two items"
+
+    interleavings = Interleavings(fresh, [insert_item("a"), insert_item("b")], setup=setup, invariant=counted,
+                                  step_timeout=10.0)
+    exploration = interleavings.explore(10, seed=1)
+    exploration.assert_ok()
+    steps = {step for run in exploration.runs for step in run.schedule.steps}
+    assert "outbox/rule:count_item (top-level): write pairs[1, 0]" in steps, sorted(steps)
+    first = exploration.runs[0]
+    again = interleavings.replay(first.schedule)
+    assert again.trace == first.trace and again.ok, again.describe()
