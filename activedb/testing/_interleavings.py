@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Callable, Hashable, Iterable, Mapping, Se
 from lockmgr.testing import Watchdog, diagnostic
 
 from activedb._closedset import ClosedSet
-from activedb.errors import BadArgument, causes, check_whole_number
+from activedb.errors import BadArgument, RuleFailed, causes, check_whole_number
 from activedb.outbox import GROUP_TRANSACTION, TakePacer
 from activedb.testing._choices import ChoiceTree, Chooser
 from activedb.testing._history import HistoryReport, check_history
@@ -70,6 +70,7 @@ class Verdict(ClosedSet):
     INVARIANT_BROKEN = "invariant broken"
     NOT_SERIALIZABLE = "not serializable"
     ACTOR_FAILED = "actor failed"
+    RULE_FAILED = "rule failed"        # a detached firing of the run the outbox recorded as failed for good
 
 
 #: The recorded operations that are steps (a commit is a step before it happens: ``_Run.before_commit``).
@@ -112,6 +113,9 @@ class RunReport:
     history: HistoryReport | None = None
     # actor -> what it raised as text (``str(error)`` of ``errors``), the run's transactions named by their labels
     raised: Mapping[str, str] = field(default_factory=dict)
+    # the detached firings of the run that failed for good (the outbox recorded them failed), unexpectedly: what
+    # their rules raised as text (``str`` of the ``RuleFailed``: the rule, the event, the error), with labels for ids
+    rules_failed: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -123,6 +127,7 @@ class RunReport:
             lines.append(f"  invariant: {self.invariant}")
         for actor, error in self.errors.items():
             lines.append(f"  actor {actor} raised {type(error).__name__}: {self.raised.get(actor, error)}")
+        lines += [f"  {failed}" for failed in self.rules_failed]
         if self.history is not None and not self.history.ok:
             lines += [f"  history: {violation}" for violation in self.history.violations[:5]]
         lines.append("  steps:")
@@ -195,8 +200,9 @@ class Interleavings:
     * ``serializable`` — also check the recorded history (:func:`~activedb.testing.check_history`: conflict
       serializability of the committed top-level transactions and the axioms of nested transactions);
     * ``expected_errors`` — what an actor may raise, or what may have caused what it raised, without failing the
-      run (say ``DeadlockDetected`` for an actor that does not retry: a rule's reaches it as ``RuleFailed``): one
-      exception class or a tuple (or list) of them;
+      run (say ``DeadlockDetected`` for an actor that does not retry: a rule's reaches it as ``RuleFailed``), and what
+      a detached rule may raise: a firing of the run the outbox records as failed for good fails the run otherwise
+      (``Verdict.RULE_FAILED``); one exception class or a tuple (or list) of them;
     * ``step_timeout`` — seconds a step may take to pause again or block before the run fails as a hang.
     """
 
@@ -305,6 +311,7 @@ class Interleavings:
             self.setup(db)
         self._wait_idle("what the setup fired")       # before the run's history starts
         db.catalog.invalidate_key_blocks()     # generated keys come from the sequences as setup left them
+        failed_before = db.outbox.statistics().failed
         history = db.history
         assert history is not None
         history.clear()
@@ -323,11 +330,31 @@ class Interleavings:
         checked = check_history(history.snapshot()) if self.serializable else None
         errors = {name: error for name, error in run.errors.items()      # (a rule's deadlock: RuleFailed from it)
                   if not any(isinstance(cause, self.expected_errors) for cause in causes(error))}
-        verdict = (Verdict.ACTOR_FAILED if errors else Verdict.INVARIANT_BROKEN if problem is not None
+        rules_failed = self._rules_failed(run, failed_before)
+        verdict = (Verdict.ACTOR_FAILED if errors else Verdict.RULE_FAILED if rules_failed
+                   else Verdict.INVARIANT_BROKEN if problem is not None
                    else Verdict.NOT_SERIALIZABLE if checked is not None and not checked.ok else Verdict.PASSED)
         raised = {name: run.raised[name] for name in errors}
         return RunReport(Schedule(tuple(run.choices), tuple(run.chosen)), verdict, tuple(run.trace), errors, problem,
-                         checked, raised)
+                         checked, raised, rules_failed)
+
+    def _rules_failed(self, run: "_Run", failed_before: int) -> tuple[str, ...]:
+        """The detached firings of ``run`` the outbox recorded as failed for good (its failed records beyond the
+        ``failed_before`` there were before the run), each as its rule's ``RuleFailed`` said it (the run's
+        transactions named by their labels) — unless what the rule raised is, or was caused by, an expected error."""
+        new = self.db.outbox.statistics().failed - failed_before
+        if new <= 0:
+            return ()
+        said = []
+        for firing in reversed(self.db.outbox.failures(new)):        # (oldest first)
+            reasons = [reason for reason in run.rule_failures
+                       if reason.rule == firing.rule and _described(reason.event) == firing.event]
+            if reasons and any(isinstance(cause, self.expected_errors) for cause in causes(reasons[-1])):
+                continue
+            text = str(reasons[-1]) if reasons else f"rule {firing.rule!r} failed on {firing.event}: {firing.error}"
+            with run.condition:
+                said.append(run._by_label(text))
+        return tuple(said)
 
     def _wait_idle(self, what: str) -> None:
         """Wait for the detached firings queued so far (``what``: whose) to run, as ``db.rules.wait_idle()`` does (its
@@ -431,6 +458,7 @@ class _Run(Observer):
         self.waiting_to_start: dict[str, _Pause] = {}
         self.errors: dict[str, BaseException] = {}
         self.raised: dict[str, str] = {}             # actor -> str() of what it raised, with labels for ids
+        self.rule_failures: list[RuleFailed] = []    # the run's rules' failures, in the order their firings aborted
         self.choices: list[int] = []
         self.chosen: list[str] = []
         self.trace: list[str] = []
@@ -714,6 +742,10 @@ class _Run(Observer):
         self._ended(transaction, "committed")
 
     def on_abort(self, transaction: Transaction, reason: BaseException | None) -> None:
+        if isinstance(reason, RuleFailed):
+            with self.condition:
+                if transaction.id in self.tracked:
+                    self.rule_failures.append(reason)
         self._ended(transaction, f"aborted ({type(reason).__name__})" if reason is not None else "aborted")
 
     def on_wait_start(self, transaction: Transaction, kind: WaitKind, detail: str | None) -> None:
@@ -829,6 +861,12 @@ class _Run(Observer):
                 lines.append(f"  {tracked.label} ({tid}, {tracked.tx.state.value}): {state}")
             lines.append(f"actors running: {sorted(self.alive)}; outbox runners: {self.db.outbox.runners}")
         return "\n".join(lines)
+
+
+def _described(event: object) -> str:
+    """An event as the outbox describes it in its failed records."""
+    describe = getattr(event, "describe", None)
+    return str(describe()) if callable(describe) else str(event)
 
 
 def _numbered(counter: collections.Counter[str], name: str) -> str:

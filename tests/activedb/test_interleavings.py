@@ -546,3 +546,23 @@ def test_a_top_level_transaction_a_detached_rule_opens_is_part_of_the_run_not_a_
     first = exploration.runs[0]
     again = interleavings.replay(first.schedule)
     assert again.trace == first.trace and again.ok, again.describe()
+
+
+def test_a_detached_rule_that_fails_for_good_fails_the_run_naming_the_rule_and_the_event(fresh):
+    """A detached rule that raised was recorded failed in the outbox, and the run passed: no actor raised, and an
+    invariant that does not look at what the rule was to do sees nothing — ``explore(...).assert_ok()`` passed a
+    test whose rule divided by zero on every event.  A firing of the run that the outbox records as failed for good
+    fails the run now (``Verdict.RULE_FAILED``), naming the rule, the event and the error; ``expected_errors``
+    accepts it when the rule's error is (or was caused by) one of them."""
+    @fresh.rule(on=fresh.inserted("items"), coupling=Coupling.DETACHED, name="broken")
+    def broken(tx: Transaction, event: Event) -> None:
+        raise ZeroDivisionError(f"no count for {event.key}")
+
+    exploration = Interleavings(fresh, [insert_item("a")], setup=one_account).explore(3, seed=1)
+    failure = exploration.failure
+    assert failure is not None and failure.verdict is Verdict.RULE_FAILED, exploration.describe()
+    assert re.search(r"^  rule 'broken' failed on inserted items key='a' in A1: ZeroDivisionError\('no count for a'\)$",
+                     exploration.describe(), re.M), exploration.describe()
+    expected = Interleavings(fresh, [insert_item("a")], setup=one_account,
+                             expected_errors=(ZeroDivisionError,)).replay(failure.schedule)
+    assert expected.ok, expected.describe()
