@@ -11,7 +11,7 @@ setting: ``function``, the default, or ``module``):
   Alembic directories applied (the ``activedb_migrations`` setting, or ``@pytest.mark.activedb(migrations=[...])``);
   the database runs on ``activedb_clock``; closed and dropped at the end (after its detached firings, for at most
   ``CLOSE_TIMEOUT`` seconds; after the interleaving runner reported a hang on it, ``AFTER_HANG_TIMEOUT``: what still
-  runs is left running and an :class:`ActivedbHangWarning` says so);
+  runs then is left running, the close not waited for, and an :class:`ActivedbHangWarning` says so);
 * ``activedb_url`` — the URL of that database, for code that connects on its own;
 * ``activedb_clock`` — the test database's clock: a :class:`~activedb.clock.ManualClock` (time moves only when the
   test advances it) unless the marker gives another (``clock=SystemClock()``) or a factory of clocks (``clock=
@@ -73,8 +73,9 @@ _Made = TypeVar("_Made")
 
 
 class ActivedbHangWarning(pytest.PytestWarning):
-    """The teardown of ``activedb_db`` after the interleaving runner reported a hang: the firings still running were
-    left running, the database closed and dropped without waiting for them (issued at the test's teardown)."""
+    """The teardown of ``activedb_db`` after the interleaving runner reported a hang, or with detached firings still
+    running ``CLOSE_TIMEOUT`` seconds after the test: they were left running, the database closed and dropped without
+    waiting for them (issued at the test's teardown)."""
 
 
 class ActivedbMarkIgnoredWarning(pytest.PytestWarning):
@@ -310,7 +311,8 @@ def activedb_url(activedb_server: Server, activedb_templates: Templates,
 def activedb_db(activedb_url: str, activedb_clock: Clock, activedb_settings: DatabaseSettings) -> Iterator["Database"]:
     """``activedb.connect(...)`` on ``activedb_url``, on ``activedb_clock``; closed at the end (after the detached
     firings still running, for at most ``CLOSE_TIMEOUT`` seconds — ``AFTER_HANG_TIMEOUT`` after the interleaving
-    runner reported a hang on it: :func:`_close_after_hang`)."""
+    runner reported a hang on it: :func:`_close_after_hang`; what still runs then is left running:
+    :func:`_close_leaving_running`)."""
     import activedb
 
     database = _made(activedb.connect, activedb_url, clock=activedb_clock, **activedb_settings.connect)
@@ -324,27 +326,43 @@ def activedb_db(activedb_url: str, activedb_clock: Clock, activedb_settings: Dat
         else:
             try:
                 database.rules.wait_idle(CLOSE_TIMEOUT)
-            except TimeoutError:
-                pass                # the database is dropped anyway; the test has had its say
-            finally:
+            except TimeoutError as error:       # (the test has had its say: a warning, and the database dropped)
+                _close_leaving_running(database, activedb_url, _running(error),
+                                       f"detached rule firings still ran {CLOSE_TIMEOUT:g} s after the test")
+            except BaseException:
                 database.close()
+                raise
+            else:
+                database.close()
+
+
+def _running(error: TimeoutError) -> str:
+    """What ``rules.wait_idle``'s timeout says still runs: its first sentence (how many, and the rules running)."""
+    return str(error).split(". ", 1)[0]
 
 
 def _close_after_hang(database: Database, url: str) -> None:
     """Close ``database`` after the interleaving runner reported a hang on it (its firings were waited for then): the
-    firings and the close are waited for ``AFTER_HANG_TIMEOUT`` seconds each, not again ``CLOSE_TIMEOUT`` and the
-    outbox's close; what still runs is left running (the close goes on on a thread of its own and ends once the
-    outbox's wait for the hung group is over) and an :class:`ActivedbHangWarning` says so in one line.  The database
-    is dropped after (``activedb_url``): the sessions of the hung rules are ended with it."""
-    import warnings
-
-    import sqlalchemy as sa
-
+    firings are waited for ``AFTER_HANG_TIMEOUT`` seconds, not again ``CLOSE_TIMEOUT``, and then
+    :func:`_close_leaving_running`."""
     try:
         database.rules.wait_idle(AFTER_HANG_TIMEOUT)
         running = ""
-    except TimeoutError as error:        # (its first sentence: how many, and the rules running)
-        running = str(error).split(". ", 1)[0]
+    except TimeoutError as error:
+        running = _running(error)
+    _close_leaving_running(database, url, running, "after the interleaving runner's hang")
+
+
+def _close_leaving_running(database: Database, url: str, running: str, when: str) -> None:
+    """Close ``database`` whose detached firings did not all end (``running``: what the wait for them said, "" if
+    they ended) — after the interleaving runner's hang, or ``CLOSE_TIMEOUT`` after the test (``when`` says which):
+    the close is waited for ``AFTER_HANG_TIMEOUT`` seconds, not the outbox's close timeout; what still runs is left
+    running (the close goes on on a thread of its own and ends once the outbox's wait for the hung group is over) and
+    an :class:`ActivedbHangWarning` says so in one line.  The database is dropped after (``activedb_url``): the
+    sessions of the hung rules are ended with it."""
+    import warnings
+
+    import sqlalchemy as sa
 
     def close() -> None:
         with contextlib.suppress(Exception):    # (nobody to tell: the database is being dropped)
@@ -355,7 +373,7 @@ def _close_after_hang(database: Database, url: str) -> None:
     closing.join(AFTER_HANG_TIMEOUT)
     if running or closing.is_alive():
         warnings.warn(ActivedbHangWarning(
-            f"activedb_db: after the interleaving runner's hang, left running and not waited for again: "
+            f"activedb_db: {when}, left running and not waited for again: "
             f"{running or 'a group transaction the close waits for'}; database {sa.make_url(url).database!r} is "
             f"closed and dropped without waiting for them"), stacklevel=1)
 

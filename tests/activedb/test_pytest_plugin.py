@@ -538,3 +538,47 @@ def test_teardown_after_a_reported_hang_is_short_says_the_rule_was_left_running_
                                  "running and not waited for again: *running: never_returns (1)*dropped without "
                                  "waiting for them"])
     assert databases(activedb_server) == before                          # the test's database and template dropped
+
+
+SLOW = '''
+import threading
+
+from activedb import Coupling
+from activedb.testing import pytest_plugin
+
+pytest_plugin.CLOSE_TIMEOUT = 1.0        # (30 s by default: this test's bound, not what it checks)
+released = threading.Event()
+
+
+def test_a_detached_rule_that_never_returns(activedb_db):
+    @activedb_db.rule(on=activedb_db.inserted("customers"), coupling=Coupling.DETACHED, name="never_returns")
+    def never_returns(tx, event):
+        released.wait(300)
+
+    with activedb_db.transaction() as tx:
+        tx.insert("customers", name="ann")
+
+
+def test_z_the_rule_is_released():
+    released.set()
+'''
+
+
+def test_a_detached_rule_still_running_at_the_teardown_is_a_warning_naming_it_and_not_waited_for_again(
+        project, activedb_server):
+    """A detached rule still running at the end of a test (one that never returns) made the teardown of
+    ``activedb_db`` wait ``CLOSE_TIMEOUT`` for it, then the outbox's close another 10 s, and said nothing: the test
+    passed, slow, and the user had no word of the rule.  After ``CLOSE_TIMEOUT`` the teardown now says in one line
+    which rules were left running, does not wait for the close again, and drops the database all the same."""
+    project.makepyfile(test_slow=SLOW)
+    before = databases(activedb_server)
+    result = project.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:randomly", "--durations=0",
+                                          f"--activedb-url={activedb_server.url('postgres')}", timeout=300)
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["*ActivedbHangWarning: activedb_db: detached rule firings still ran 1 s after the "
+                                 "test, left running and not waited for again: *running: never_returns (1)*dropped "
+                                 "without waiting for them"])
+    teardown = re.search(r"([\d.]+)s teardown +test_slow.py::test_a_detached_rule_that_never_returns",
+                         result.stdout.str())
+    assert teardown is not None and float(teardown.group(1)) < 9.0, result.stdout.str()    # (the close's 10 s: not)
+    assert databases(activedb_server) == before                          # the test's database and template dropped
