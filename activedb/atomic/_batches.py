@@ -154,7 +154,9 @@ class Batches:
 
     def rule_compensation(self, rule_name: str) -> Callable[[_Function], _Function]:
         """Decorator: ``fn(tx, event)`` undoes one executed firing of rule ``rule_name`` (``event`` is the
-        firing's event as recorded, JSON values)."""
+        firing's event as recorded, JSON values).  A detached rule's firings then run each in a transaction of its
+        own: compensating a batch undoes its transactions whole, notes and all, so one shared with another batch's
+        firing would undo that one too."""
         _check_name("rule_compensation", rule_name)
 
         def register(function: _Function) -> _Function:
@@ -163,6 +165,7 @@ class Batches:
                 self._compensations.declare(rule_name, function, rule=True)
                 if self._rule_observer is None:
                     self._rule_observer = self.db.observe(RuleNotes(self._compensations.has_rule_compensation))
+            self.db.rules.detached.keep_recorded(rule_name)
             return function
         return register
 

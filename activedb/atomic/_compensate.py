@@ -334,7 +334,8 @@ def execute(batches: Compensations, compensation: CompensationPlan, *, allow_uns
                 return (f"{tid} (it wrote rows: one outbox group transaction ran detached firings of rules "
                         f"{', '.join(map(repr, node.rules))} together, so no rule's transaction compensation "
                         f"(rule:<name>) applies to it — a rule's firings run in transactions of their own once its "
-                        f"transaction_compensation is declared in the process that runs them, not before; this group's "
+                        f"transaction_compensation or rule_compensation is declared in the process that runs them, not "
+                        f"before; this group's "
                         f"rows are to be undone by hand)")
             return f"{tid} (it wrote rows)"
         raise NoCompensation(

@@ -301,8 +301,9 @@ class Executor:
 
     def _take(self) -> list[Work]:
         """Caller holds ``_mutex``, with ``_ready`` not empty: the next group, taken from ``_ready`` — the first ready
-        firing alone if its rule is kept recorded (``rules.detached.kept_recorded``: a compensation names its
-        transaction, ``rule:<name>``, so the firing's must be a transaction of its own), else, in order, up to
+        firing alone if its rule is kept recorded (``rules.detached.kept_recorded``: a compensation undoes its
+        transaction whole — one naming it, ``rule:<name>``, or the rule's own —, so the firing's must be a transaction
+        of its own), else, in order, up to
         ``group_size`` ready firings of the other rules (those of kept rules stay queued, in order, for the next
         takes).  README, "Group commit, and why subtransactions"."""
         kept = self._outbox.rules.detached.kept_recorded

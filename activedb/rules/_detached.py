@@ -127,7 +127,8 @@ class DetachedRunner:
 
     def keep_recorded(self, rule: str) -> None:
         """Record every firing of rule ``rule`` and run it in a transaction of its own (``rule:<name>``), also where a
-        lowered batch would run it in its commit: something names that transaction (a compensation of it)."""
+        lowered batch would run it in its commit: a compensation undoes that transaction whole (one that names it, or
+        the rule's compensation of each firing noted in it)."""
         with self._kept_mutex:      # (a new frozenset each time: readers need no lock)
             self._kept_recorded = self._kept_recorded | {rule}
 

@@ -746,6 +746,64 @@ def test_a_rules_transaction_compensation_undoes_its_firing_that_was_ready_with_
     assert firing[triggers[0]] != firing[triggers[1]]
 
 
+def test_a_rule_compensation_undoes_only_its_batchs_firing_of_two_ready_at_one_take(db):
+    """Two batches' firings of one detached rule with a ``rule_compensation``, both ready at one take of the outbox:
+    each runs in a transaction of its own, so compensating batch 2 undoes its firing and leaves batch 1's (before,
+    both ran as one group transaction holding both firings' notes: compensating batch 2 ran the rule compensation for
+    both, undoing batch 1's firing too, and marked the group compensated)."""
+    import threading
+
+    from activedb import Coupling
+
+    query = prefix()
+    mark = uuid.uuid4().int % 1_000_000_000          # pairs (a, b): (mark, batch) — a table no test undoes by images
+    rule = f"{query}-noted"
+    db.rule(on=db.signalled(rule), coupling=Coupling.DETACHED, name=rule)(
+        lambda tx, event: tx.insert("pairs", a=mark, b=int(event.payload["n"]), value="fired"))
+    undone = []
+
+    @db.batches.rule_compensation(rule)
+    def undo_firing(tx, event):
+        undone.append(event.payload["n"])
+        tx.delete("pairs", (mark, int(event.payload["n"])))
+
+    db.rules.wait_idle(30)
+    waiting, go = threading.Event(), threading.Event()
+
+    class HoldFirstTake:
+        """The runner's first take waits until both triggers committed: both firings are ready at it."""
+
+        def before_take(self) -> None:
+            waiting.set()
+            assert go.wait(30), "the test did not let the outbox's runner take"
+
+    stop = db.outbox.pace_takes(HoldFirstTake())
+    triggers = []
+    try:
+        for batch in (1, 2):
+            with db.transaction() as tx:
+                db.batches.consumed(tx, query, batch)
+                tx.signal(rule, n=str(batch))
+            triggers.append(tx.log_id)
+            assert waiting.wait(30), "no outbox runner came to take the first firing"
+        go.set()
+        db.rules.wait_idle(30)
+    finally:
+        go.set()
+        stop()
+    count = "SELECT count(*) FROM pairs WHERE a = :a AND b = :b"
+    assert (scalar(db, count, a=mark, b=1), scalar(db, count, a=mark, b=2)) == (1, 1)
+    report = db.batches.compensate((query, 2))
+    assert undone == ["2"], f"compensating batch 2 ran the rule compensation for the firings of batches {undone}"
+    assert (scalar(db, count, a=mark, b=1), scalar(db, count, a=mark, b=2)) == (1, 0)   # batch 1's firing is left
+    assert not report.plan.interfering
+    with db.engine.connect() as connection:
+        firing = dict(connection.execute(sa.text(
+            "SELECT trigger_log_id, transaction_id FROM activedb_outbox WHERE trigger_log_id = ANY(:t)"),
+            {"t": triggers}).all())
+    assert firing[triggers[0]] != firing[triggers[1]]
+
+
 def test_a_rules_transaction_compensation_undoes_its_firing_that_records_lineage_of_its_own(db):
     """A detached rule's firing that records lineage itself (it produces a batch) is the rule's transaction,
     ``rule:<name>``, as one that records none is: compensating its trigger's batch runs the rule's transaction
