@@ -688,13 +688,44 @@ def test_a_detached_firing_that_records_no_lineage_is_in_its_batchs_composite_an
     assert db.batches.plan((query, 2)).already == {firing[triggers[1]], triggers[1]}
 
 
+def _triggered_at_one_take(db, query, signals):
+    """Commit, for each ``(batch, rule)`` of ``signals``, a trigger consuming ``(query, batch)`` that signals ``rule``
+    (``n``: the batch, as text), with the outbox's runner held before its first take until all committed, so their
+    detached firings are ready at one take; then wait for them to run.  Returns the triggers' log ids, in order."""
+    import threading
+
+    db.rules.wait_idle(30)
+    waiting, go = threading.Event(), threading.Event()
+
+    class HoldFirstTake:
+        """The runner's first take waits until every trigger committed: all firings are ready at it."""
+
+        def before_take(self) -> None:
+            waiting.set()
+            assert go.wait(30), "the test did not let the outbox's runner take"
+
+    stop = db.outbox.pace_takes(HoldFirstTake())
+    triggers = []
+    try:
+        for batch, rule in signals:
+            with db.transaction() as tx:
+                db.batches.consumed(tx, query, batch)
+                tx.signal(rule, n=str(batch))
+            triggers.append(tx.log_id)
+            assert waiting.wait(30), "no outbox runner came to take the first firing"
+        go.set()
+        db.rules.wait_idle(30)
+    finally:
+        go.set()
+        stop()
+    return triggers
+
+
 def test_a_rules_transaction_compensation_undoes_its_firing_that_was_ready_with_another_rules_firing(db):
     """Two rules' detached firings ready at one take of the outbox: the firing of the rule whose transaction is
     compensated (``rule:<name>``) runs in a transaction of its own, so compensating its batch undoes exactly it and
     leaves the other rule's firing (before, both ran as one group transaction, which names no rule: compensating the
     batch refused, saying it wrote rows and nothing undoes them, though the rule's compensation was declared)."""
-    import threading
-
     from activedb import Coupling
 
     query = prefix()
@@ -709,30 +740,7 @@ def test_a_rules_transaction_compensation_undoes_its_firing_that_was_ready_with_
         undone.append(lineage.transaction_id)
         tx.delete("pairs", (mark, 2))
 
-    db.rules.wait_idle(30)
-    waiting, go = threading.Event(), threading.Event()
-
-    class HoldFirstTake:
-        """The runner's first take waits until both triggers committed: both firings are ready at it."""
-
-        def before_take(self) -> None:
-            waiting.set()
-            assert go.wait(30), "the test did not let the outbox's runner take"
-
-    stop = db.outbox.pace_takes(HoldFirstTake())
-    triggers = []
-    try:
-        for batch, rule in ((1, f"{query}-other"), (2, f"{query}-undone")):
-            with db.transaction() as tx:
-                db.batches.consumed(tx, query, batch)
-                tx.signal(rule, n=str(batch))
-            triggers.append(tx.log_id)
-            assert waiting.wait(30), "no outbox runner came to take the first firing"
-        go.set()
-        db.rules.wait_idle(30)
-    finally:
-        go.set()
-        stop()
+    triggers = _triggered_at_one_take(db, query, [(1, f"{query}-other"), (2, f"{query}-undone")])
     count = "SELECT count(*) FROM pairs WHERE a = :a AND b = :b"
     assert (scalar(db, count, a=mark, b=1), scalar(db, count, a=mark, b=2)) == (1, 1)
     with db.engine.connect() as connection:
@@ -751,8 +759,6 @@ def test_a_rule_compensation_undoes_only_its_batchs_firing_of_two_ready_at_one_t
     each runs in a transaction of its own, so compensating batch 2 undoes its firing and leaves batch 1's (before,
     both ran as one group transaction holding both firings' notes: compensating batch 2 ran the rule compensation for
     both, undoing batch 1's firing too, and marked the group compensated)."""
-    import threading
-
     from activedb import Coupling
 
     query = prefix()
@@ -767,30 +773,7 @@ def test_a_rule_compensation_undoes_only_its_batchs_firing_of_two_ready_at_one_t
         undone.append(event.payload["n"])
         tx.delete("pairs", (mark, int(event.payload["n"])))
 
-    db.rules.wait_idle(30)
-    waiting, go = threading.Event(), threading.Event()
-
-    class HoldFirstTake:
-        """The runner's first take waits until both triggers committed: both firings are ready at it."""
-
-        def before_take(self) -> None:
-            waiting.set()
-            assert go.wait(30), "the test did not let the outbox's runner take"
-
-    stop = db.outbox.pace_takes(HoldFirstTake())
-    triggers = []
-    try:
-        for batch in (1, 2):
-            with db.transaction() as tx:
-                db.batches.consumed(tx, query, batch)
-                tx.signal(rule, n=str(batch))
-            triggers.append(tx.log_id)
-            assert waiting.wait(30), "no outbox runner came to take the first firing"
-        go.set()
-        db.rules.wait_idle(30)
-    finally:
-        go.set()
-        stop()
+    triggers = _triggered_at_one_take(db, query, [(1, rule), (2, rule)])
     count = "SELECT count(*) FROM pairs WHERE a = :a AND b = :b"
     assert (scalar(db, count, a=mark, b=1), scalar(db, count, a=mark, b=2)) == (1, 1)
     report = db.batches.compensate((query, 2))
