@@ -412,6 +412,15 @@ def _final_rows(catalog: Catalog, result: BatchResult, normalised: Mapping[str, 
         by_table = grouped
     for table in sorted(by_table):
         info = catalog.table_info(table)
+        items = by_table[table]
+        if type(items) is list:
+            states, images = list(map(_FIRST, items)), list(map(_SECOND, items))
+        else:
+            states, images = list(final), list(final.values())
+        uniform = _uniform_updates(info, images, list(map(before_get, states)))
+        if uniform is not None:
+            statements.extend(uniform)
+            continue
         known = normalised.get(table, {})
         key_columns = info.key_columns
         key_set = frozenset(key_columns)
@@ -479,7 +488,56 @@ def _final_rows(catalog: Catalog, result: BatchResult, normalised: Mapping[str, 
 
 
 _FIRST = operator.itemgetter(0)         # a state's table, a key tuple's first value, a pair's first
+_SECOND = operator.itemgetter(1)        # a pair's second
+
 _INT = {int}                            # ``set(map(type, values)) == _INT``: every value an exact int (in C)
+
+
+def _uniform_updates(info: TableInfo, images: list[RowImage | None], olds: list[RowImage | None]
+                     ) -> list[_Statement] | None:
+    """The statements ``_final_rows`` plans for one table's final ``images`` (``olds``: the rows as the batch read
+    them, in the same order), made a column at a time rather than a row at a time, when every row was there before
+    and is there after with the same columns, no key column changed, and the rows that changed set one set of columns
+    (at most one ``UPDATE``: a stream's usual batch); None otherwise (the row-at-a-time plan then decides).  The
+    statement's rows are the final images themselves: ``_update`` reads only their key columns — unchanged: each row's
+    key as the store gave it — and the changed ones."""
+    if not images:
+        return None
+    # (Typed as rows: a None among them — a row deleted, or new — makes ``len`` raise TypeError, and the plan None.)
+    rows, before = cast("list[RowImage]", images), cast("list[RowImage]", olds)
+    try:
+        widths = set(map(len, rows))
+        widths.update(map(len, before))
+    except TypeError:
+        return None
+    names = list(rows[0])
+    if widths != {len(names)}:
+        return None
+    columns = info.table.c
+    changed: list[str] = []
+    mixed: list[list[object]] = []        # per column some rows changed and others did not: whose
+    try:
+        for name in names:
+            getter = operator.itemgetter(name)
+            differ = list(map(operator.ne, map(getter, rows), map(getter, before)))   # (KeyError: other columns)
+            if not any(differ):
+                continue
+            if name in info.key_columns:
+                return None        # (the row-at-a-time plan says which row's key changed)
+            changed.append(name)
+            if not all(differ):
+                mixed.append(differ)
+    except KeyError:
+        return None
+    if not changed:
+        return []
+    if mixed and any(name not in columns or _array_type(columns[name]) is None for name in changed):
+        return None        # (``_one_update`` gives such rows a statement per set of changed columns)
+    if mixed and len(mixed) == len(changed):      # (a column every row changed: every row is written)
+        rows = list(itertools.compress(rows, map(any, zip(*mixed))))
+    names = sorted(changed)
+    _check_columns(info, names, rows)
+    return [(_update, info, names, rows)]
 
 
 def _one_update(info: TableInfo, updates: Mapping[tuple[str, ...], list[tuple[RowImage, RowImage]]]

@@ -845,3 +845,82 @@ def test_a_real_key_and_a_real_value_are_what_the_transactions_read(db, exists, 
     with db.engine.connect() as connection:
         assert connection.execute(sa.text("SELECT amount, label FROM real_prices ORDER BY amount")).all() == [
             (0.1, f"/0:{first}/1:0.3/3:0.3"), (0.3, f"/2:{first}")]
+
+
+@pytest.mark.parametrize("shape", ["every row the same column", "some rows unchanged", "rows changing different columns",
+                                   "no row changed", "a row deleted", "a new row", "a note set to NULL"])
+def test_a_tables_final_rows_planned_a_column_at_a_time_are_the_row_at_a_time_plan(db, monkeypatch, shape):
+    """A table's final rows that were all there before and after with the same columns, no key changed, are planned a
+    column at a time (``_uniform_updates``): the statements and their rows are the ones the row-at-a-time plan makes,
+    and the table ends the same; a row deleted or new leaves the plan to the row-at-a-time one."""
+    from activedb.batch import _commit
+
+    transactions = batch.StateTransactions("column at a time")
+
+    @transactions.on("value")
+    def value(event, ops):
+        ops.write("items", event.key, lambda own: {"value": own["value"] * 10})
+
+    @transactions.on("same")
+    def same(event, ops):
+        ops.write("items", event.key, lambda own: {"value": own["value"]})
+
+    @transactions.on("note")
+    def note(event, ops):
+        ops.write("items", event.key, lambda own: {"note": f"{own['note']}!"})
+
+    @transactions.on("null")
+    def null(event, ops):
+        ops.write("items", event.key, lambda own: {"note": None})
+
+    @transactions.on("delete")
+    def delete(event, ops):
+        ops.write("items", event.key, lambda own: batch.DELETE)
+
+    @transactions.on("create")
+    def create(event, ops):
+        ops.write("items", event.key, lambda own: {"value": 5, "note": "n"})
+
+    types = {"every row the same column": ["value"] * 4, "some rows unchanged": ["value", "same", "value", "same"],
+             "rows changing different columns": ["value", "note", "note", "value"], "no row changed": ["same"] * 4,
+             "a row deleted": ["value", "value", "delete", "value"], "a new row": ["value"] * 3 + ["create"],
+             "a note set to NULL": ["null", "null", "value", "null"]}[shape]
+    keys = ["a", "b", "c", "e" if shape == "a new row" else "d"]
+    events = [batch.BatchEvent(event_type, key, t) for t, (event_type, key) in enumerate(zip(types, keys))]
+    planned: list[list[tuple[str, list[str] | None, list[dict]]]] = []
+    uniform: list[object] = []
+    plan, uniform_updates = _commit._planned_writes, _commit._uniform_updates
+
+    def planned_writes(*arguments):
+        statements = plan(*arguments)
+        planned.append([(function.__name__, names, sorted(
+            ({name: row[name] for name in ("key", *(names or ()))} for row in rows), key=lambda row: row["key"]))
+            for function, _, names, rows in statements])
+        return statements
+
+    def spied(*arguments):
+        uniform.append(found := uniform_updates(*arguments))
+        return found
+
+    def stored():
+        with db.engine.connect() as connection:
+            return sorted(tuple(row) for row in connection.execute(sa.text("SELECT key, value, note FROM items")))
+
+    monkeypatch.setattr(_commit, "_planned_writes", planned_writes)
+    ends = []
+    for column_at_a_time in (spied, lambda *arguments: None):
+        monkeypatch.setattr(_commit, "_uniform_updates", column_at_a_time)
+        with db.engine.begin() as connection:
+            connection.execute(sa.text("TRUNCATE items"))
+            connection.execute(sa.text("INSERT INTO items (key, value, note) VALUES ('a', 1, 'x'), ('b', 2, 'y'), "
+                                       "('c', 3, NULL), ('d', 4, 'w')"))
+        with db.transaction() as tx:
+            pending = batch.apply_at_commit(tx, events, transactions, dead_letters=None, strategy="lean")
+        assert not pending.result.dead_letters
+        ends.append(stored())
+    assert planned[0] == planned[1], planned
+    assert ends[0] == ends[1]
+    taken = shape not in ("a row deleted", "a new row")
+    assert (uniform[0] is not None) is taken, uniform
+    if shape == "no row changed":
+        assert planned[0] == [] and uniform == [[]]
