@@ -737,6 +737,10 @@ class LearnedDeclaration:
         # that run (running it, if the write's function has not yet).
         self._inserted: dict[int, tuple[RowImage | None, dict[str, list[dict[str, object]]] | None]] = {}
         self._run = self.run
+        #: ``run_on(event, key, stream_event, own)``: :meth:`run` with the stream event its rules get
+        #: (``key_and_event``'s) — a function written for this chain's steps (:func:`_chain_runner`).
+        self.run_on: Callable[[BatchEvent, Hashable, Event, RowImage | None],
+                              Mapping[str, object] | _Delete | _FallBack] = _chain_runner(self)
 
     def prepare(self, transaction: str, rejection: Rejection | None, since: object = None) -> None:
         """Ready for a batch of top-level transaction ``transaction`` (which began at ``since``: the keys it draws
@@ -845,63 +849,9 @@ class LearnedDeclaration:
         absent row: nothing) or ``{}`` (an existing row: unchanged) if it wrote none, :data:`FALL_BACK` if a
         condition or action deviated; raises :class:`Abort` with the event's reason if a rule raised an error of its
         own (:meth:`_raised`).  ``unused``: the stream event the declaration made, for the first
-        run (a run again — the batch re-run checking values — gets a fresh one, as a re-fired event does)."""
+        run (a run again — the batch re-run checking values — gets a fresh one, as a re-fired event does).  Runs
+        ``run_on``."""
         return self.run_on(event, key, unused.pop() if unused else _stream_event(event, self._transaction), own)
-
-    def run_on(self, event: BatchEvent, key: Hashable, stream_event: Event, own: RowImage | None
-               ) -> Mapping[str, object] | _Delete | _FallBack:
-        """:meth:`run` with the stream event its rules get (``key_and_event``'s)."""
-        before = own
-        if own is not None and len(own) != self._columns:
-            # Created earlier in this batch (the lean image holds the columns written): as the tree reads it.
-            own = {**self._created(key), **own}
-        stand_in, tx = self._stand_in, self._tx
-        stand_in._key, stand_in._image, stand_in.written, stand_in.deviated = key, own, None, False
-        stand_in.inserted = stand_in.signals = None
-        step = 0
-        ran: list[bool] | None = None
-        signalling = self._signalling
-        deferred: list[tuple[Event, tuple[bool, ...]]] = []
-        try:
-            if not self.conditional:
-                for _, action in self.steps:
-                    action(tx, stream_event)
-                    if signalling and stand_in.signals is not None and len(stand_in.signals) > len(deferred):
-                        self._defer(stand_in, deferred)
-                    step += 1
-            else:
-                ran = []
-                for condition, action in self.steps:
-                    if condition is not None and not condition(tx, stream_event):
-                        ran.append(False)
-                    else:
-                        action(tx, stream_event)
-                        ran.append(True)
-                        if signalling and stand_in.signals is not None and len(stand_in.signals) > len(deferred):
-                            self._defer(stand_in, deferred)
-                    step += 1
-                self.outcomes[event.position] = tuple(ran)
-        except Exception as error:
-            if signalling:
-                self._signalled(event.position, stand_in, deferred)
-            if self.keyed and stand_in.inserted:
-                self.rejected_rows[event.position] = stand_in.inserted
-            return self._raised(event.position, stream_event, stand_in, error, step, ran)
-        if self.rejected:
-            self.rejected.pop(event.position, None)     # (a run again that did not raise)
-            self.rejected_rows.pop(event.position, None)
-        if signalling and (deferred or event.position in self.signals):
-            self._signalled(event.position, stand_in, deferred)
-        if stand_in.deviated:
-            return FALL_BACK
-        if self.inserts:
-            self._inserted[event.position] = (before, stand_in.inserted)
-        written = stand_in.written
-        if written is None:
-            return DELETE if own is None else {}
-        if not self._key_columns.isdisjoint(written):
-            return FALL_BACK
-        return written
 
     def _defer(self, stand_in: _RowTransaction, deferred: list[tuple[Event, tuple[bool, ...]]]) -> None:
         """The rule that just ran signalled: run the deferred rules of its signal, as its transaction's deferred queue
@@ -968,3 +918,84 @@ class LearnedDeclaration:
     def __repr__(self) -> str:
         names = ", ".join(getattr(action, "__qualname__", repr(action)) for _, action in self.steps)
         return f"<learned rule action(s) {names} on {self.table}>"
+
+
+def _chain_runner(chain: LearnedDeclaration) -> Callable[[BatchEvent, Hashable, Event, RowImage | None],
+                                                         Mapping[str, object] | _Delete | _FallBack]:
+    """``chain.run_on``: a function written once for the chain's steps, the way ``dataclasses`` writes an
+    ``__init__`` (pure Python, compiled at once): each rule's condition and action called by a name of its own in
+    the rules' order, not looked up in a loop, and only what the chain's shape needs — the outcomes of a chain
+    with conditions, the deferred rules of one that signals, the rows of one that inserts.  What it does, per
+    event, is what firing does (the module docstring): ``own`` (the row ``key`` as of before the event; one created
+    earlier in the batch, which the lean image holds with its written columns only, read as the tree reads it)
+    given to the stand-in, each condition, then the action where it holds, each signal's deferred rules
+    (``_defer``) after the rule that signalled; its answer as :meth:`LearnedDeclaration.run` describes it."""
+    conditional, signalling = chain.conditional, bool(chain.signalled)
+    steps = range(len(chain.steps))
+    namespace: dict[str, object] = {
+        "stand_in": chain._stand_in, "tx": chain._tx, "COLUMNS": chain._columns, "created": chain._created,
+        "outcomes": chain.outcomes, "rejected": chain.rejected, "rejected_rows": chain.rejected_rows,
+        "signals": chain.signals, "inserted_at": chain._inserted, "key_columns": chain._key_columns,
+        "defer": chain._defer, "signalled": chain._signalled, "raised": chain._raised,
+        "FALL_BACK": FALL_BACK, "DELETE": DELETE, "Exception": Exception}
+    # Each outcome ``r<i>``: None until the rule's condition was tested (or its action ran): the ``ran`` of a rule that
+    # raises is the outcomes before it, as firing counts them.
+    lines = ["def run_on(event, key, stream_event, own):",
+             "    before = own",
+             "    if own is not None and len(own) != COLUMNS:",
+             "        own = {**created(key), **own}",
+             "    stand_in._key = key",
+             "    stand_in._image = own",
+             "    stand_in.written = None",
+             "    stand_in.deviated = False",
+             "    stand_in.inserted = None",
+             "    stand_in.signals = None",
+             "    step = 0"]
+    if conditional:
+        lines.append("    " + " = ".join(f"r{i}" for i in steps) + " = None")
+    if signalling:
+        lines.append("    deferred = []")
+    defer = ["if stand_in.signals is not None and len(stand_in.signals) > len(deferred):",
+             "    defer(stand_in, deferred)"] if signalling else []
+    lines.append("    try:")
+    for i, (condition, action) in enumerate(chain.steps):
+        namespace[f"a{i}"] = action
+        if condition is None:
+            body = ["a%d(tx, stream_event)" % i, *([f"r{i} = True"] if conditional else []), *defer]
+        else:
+            namespace[f"c{i}"] = condition
+            body = [f"if c{i}(tx, stream_event):", f"    a{i}(tx, stream_event)", f"    r{i} = True",
+                    *("    " + line for line in defer), "else:", f"    r{i} = False"]
+        lines += ["        " + line for line in body]
+        lines.append(f"        step = {i + 1}")
+    if conditional:
+        lines.append("        outcomes[event.position] = (" + "".join(f"r{i}, " for i in steps) + ")")
+    lines.append("    except Exception as error:")
+    if signalling:
+        lines.append("        signalled(event.position, stand_in, deferred)")
+    if chain.keyed:
+        lines += ["        if stand_in.inserted:",
+                  "            rejected_rows[event.position] = stand_in.inserted"]
+    ran = "[r for r in (" + "".join(f"r{i}, " for i in steps) + ") if r is not None]" if conditional else "None"
+    lines += [f"        return raised(event.position, stream_event, stand_in, error, step, {ran})",
+              "    if rejected:",
+              "        rejected.pop(event.position, None)      # (a run again that did not raise)",
+              "        rejected_rows.pop(event.position, None)"]
+    if signalling:
+        lines += ["    if deferred or event.position in signals:",
+                  "        signalled(event.position, stand_in, deferred)"]
+    lines += ["    if stand_in.deviated:",
+              "        return FALL_BACK"]
+    if chain.inserts:
+        lines.append("    inserted_at[event.position] = (before, stand_in.inserted)")
+    lines += ["    written = stand_in.written",
+              "    if written is None:",
+              "        return DELETE if own is None else {}",
+              "    if not key_columns.isdisjoint(written):",
+              "        return FALL_BACK",
+              "    return written"]
+    exec(compile("\n".join(lines) + "\n", f"<learned chain {chain.table}: {chain.names or ''}>", "exec"),  # noqa: S102
+         namespace)
+    made: Callable[[BatchEvent, Hashable, Event, RowImage | None], Mapping[str, object] | _Delete | _FallBack] = \
+        namespace["run_on"]  # type: ignore[assignment]
+    return made
