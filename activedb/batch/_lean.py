@@ -197,11 +197,10 @@ def _run(declarations: Mapping[str, Declaring], items: list[tuple[int, BatchEven
             if not (plain is str or plain is int):
                 found = None          # (a key that is not plain: declared, with the declaration's checks)
         if found is not None:
-            # --- a learned chain: its write, then its insert (``LearnedDeclaration.__call__``'s two operations) ----
+            # --- a learned chain: its write, then its insert (``LearnedDeclaration.__call__``'s two operations), the
+            # transaction ended here as below ends one that wrote one state (without the list of its writes) ---------
             operations += 1 if insert_spec is None else 2
             executions += 1
-            writes = outputs = reason = None
-            several = False
             state = (table, key)
             try:
                 own = get(state, _MISSING)
@@ -213,29 +212,32 @@ def _run(declarations: Mapping[str, Declaring], items: list[tuple[int, BatchEven
                 else:
                     output = merge_image(own, result, chain.write_spec)
             except Exception as error:
-                reason = failure_reason(chain.write_spec, error)
+                result_ts.append(t)
+                aborted_at[t] = failure_reason(chain.write_spec, error)
+                continue
+            if insert_spec is None:
+                outputs = None
             else:
-                if insert_spec is None:
-                    # The chain's one write, ended here as below ends a transaction that wrote one state and output
-                    # nothing (without the list of its writes).
-                    result_ts.append(t)
-                    if check is not None:
-                        reason = check([(state, output)], None)
-                        if reason is not None:
-                            aborted_at[t] = reason
-                            continue
-                    current[state] = output
-                    written[state] = None
-                    if versions:
-                        keep_version(state, t, output)
-                    continue
-                writes = [(state, output)]
-            if reason is None and insert_spec is not None:
                 executions += 1
                 try:
                     outputs = {chain.insert_name: chain.insert_output(event.position)}
                 except Exception as error:
-                    reason = failure_reason(insert_spec, error)
+                    result_ts.append(t)
+                    aborted_at[t] = failure_reason(insert_spec, error)
+                    continue
+            result_ts.append(t)
+            if check is not None:
+                reason = check([(state, output)], outputs)
+                if reason is not None:
+                    aborted_at[t] = reason
+                    continue
+            if outputs is not None:
+                outputs_at[t] = outputs
+            current[state] = output
+            written[state] = None
+            if versions:
+                keep_version(state, t, output)
+            continue
         else:
             if specs is None:
                 function = declarations_get(event.event_type)
