@@ -14,6 +14,7 @@ import operator
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, TypeAlias, cast
 
 import sqlalchemy as sa
@@ -558,9 +559,10 @@ def _count_chain(tally: "_Tally", chain: tuple["Rule", ...], declaration: Learne
     cancelled = [0] * len(chain)
     outcomes, rejected = declaration.outcomes, declaration.rejected
     everything = (True,) * len(chain)
-    # The events counted per (the rule that raised, which conditions held): a few kinds, each counted once.
-    kinds = Counter((rejected.get(position), outcomes.get(position, everything)) for position in positions) \
-        if declaration.conditional else Counter((rejected.get(position), everything) for position in positions)
+    # The events counted per (the rule that raised, which conditions held): a few kinds, each counted once (the pairs
+    # made by ``zip`` and ``map`` over the positions, in C: no Python step per event).
+    kinds = Counter(zip(map(rejected.get, positions), map(outcomes.get, positions, repeat(everything))
+                        if declaration.conditional else repeat(everything)))
     for (raised, ran), count in kinds.items():
         for index in range(len(chain) if raised is None else raised):
             if ran[index]:
