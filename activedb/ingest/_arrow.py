@@ -15,15 +15,17 @@ cold: larger than the Python checks of a column of a micro-batch's size.
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 import math
+import operator
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from activedb.store import Json
 
 from activedb.ingest._mapping import (
     EPOCH, SURROGATE_ESCAPE, EventMapping, RawEvent, Rejected, by_ts, check_key, convert_column, corrupt_reason,
-    event_id, invalid_utf8_reason, lone_surrogate_reason, raw_event, to_utc, type_converter,
+    event_id, invalid_utf8_reason, lone_surrogate_reason, raw_events, to_utc, type_converter,
 )
 from activedb.ingest.errors import MappingError
 from activedb.store import jsonable
@@ -121,8 +123,8 @@ def _micros_to_datetimes(micros: list[int]) -> list[dt.datetime | None]:
     ``fromtimestamp`` of the seconds as a float where that is exact (``_EXACT_FLOAT_MICROS``), else by adding them
     to EPOCH."""
     if -_EXACT_FLOAT_MICROS < min(micros) and max(micros) < _EXACT_FLOAT_MICROS:
-        at, utc = dt.datetime.fromtimestamp, dt.timezone.utc
-        return [at(value / 1e6, utc) for value in micros]
+        seconds = map(operator.truediv, micros, itertools.repeat(1e6))        # (loops in C: no Python step a value)
+        return list(map(dt.datetime.fromtimestamp, seconds, itertools.repeat(dt.timezone.utc)))
     epoch, delta = EPOCH, dt.timedelta
     return [epoch + delta(microseconds=value) for value in micros]
 
@@ -249,9 +251,11 @@ def table_to_events(table: pa.Table | pa.RecordBatch, mapping: EventMapping, kno
         payloads = [dict(zip(payload_names, row)) for row in zip(*payload_columns)]
     else:
         payloads = [{} for _ in range(count)]
-    good = [raw_event(event_type, key, ts, payload, position, event_id)
-            for position, (event_type, key, ts, payload, event_id)
-            in enumerate(zip(type_values, key_values, ts_values, payloads, id_values)) if position not in errors]
+    columns: tuple[Sequence[Any], ...] = (type_values, key_values, ts_values, payloads, range(count), id_values)
+    if errors:          # (the rows without an error, each column in C)
+        kept = [position not in errors for position in range(count)]
+        columns = tuple(list(itertools.compress(column, kept)) for column in columns)
+    good = raw_events(*columns)
     good.sort(key=by_ts)
     return good, _arrow_rejections(table, errors)
 

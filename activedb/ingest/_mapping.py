@@ -14,6 +14,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import datetime as dt
+import itertools
 import json
 import math
 import operator
@@ -191,29 +192,29 @@ class RawEvent:
     event_id: str | None = None  # the id column's value as text (EventMapping.id_column), else None
 
 
-def _raw_event_maker() -> Callable[[object, object, object, Mapping[str, object], int, object], RawEvent]:
-    """``RawEvent(...)`` for values already validated (the converters' results at a position without an error:
-    nothing is checked here), more cheaply: the frozen dataclass's ``__init__`` sets each field through
-    ``object.__setattr__``; this sets its slots directly (a batch makes one per row)."""
+def _raw_events_maker() -> Callable[[Sequence[object], Sequence[object], Sequence[object],
+                                     Sequence[Mapping[str, object]], Sequence[int], Sequence[object]], list[RawEvent]]:
+    """``[RawEvent(...), ...]`` for columns of values already validated (the converters' results at the positions
+    without an error: nothing is checked here; the six columns of one length), more cheaply: the frozen
+    dataclass's ``__init__`` sets each field through ``object.__setattr__``, a Python call per field and event;
+    this makes the batch's instances and then sets one slot of all of them at a time, each a loop in C (``map`` of
+    the slot's setter, drained by a zero-length ``deque``) — no Python step per event."""
     new = object.__new__
-    set_type, set_key, set_ts, set_payload, set_position, set_id = (
-        getattr(RawEvent, name).__set__ for name in ("event_type", "key", "ts", "payload", "position", "event_id"))
+    setters = tuple(getattr(RawEvent, name).__set__
+                    for name in ("event_type", "key", "ts", "payload", "position", "event_id"))
 
-    def make(event_type: object, key: object, ts: object, payload: Mapping[str, object], position: int,
-             event_id: object) -> RawEvent:
-        event = new(RawEvent)
-        set_type(event, event_type)
-        set_key(event, key)
-        set_ts(event, ts)
-        set_payload(event, payload)
-        set_position(event, position)
-        set_id(event, event_id)
-        return event
+    def make(event_types: Sequence[object], keys: Sequence[object], timestamps: Sequence[object],
+             payloads: Sequence[Mapping[str, object]], positions: Sequence[int], event_ids: Sequence[object]
+             ) -> list[RawEvent]:
+        events: list[RawEvent] = list(map(new, itertools.repeat(RawEvent, len(positions))))
+        for setter, values in zip(setters, (event_types, keys, timestamps, payloads, positions, event_ids)):
+            collections.deque(map(setter, events, values), maxlen=0)
+        return events
 
     return make
 
 
-raw_event = _raw_event_maker()
+raw_events = _raw_events_maker()
 
 
 @dataclass(frozen=True, slots=True)
@@ -520,7 +521,8 @@ def rows_to_events(rows: Rows, mapping: EventMapping,
 
     # (payload_columns_for's: the columns that make the event, as the Arrow path leaves them out)
     reserved = {*mapping._event_columns(), mapping.corrupt_column, mapping.line_column}
-    good: list[RawEvent] = []
+    positions: list[int] = []
+    payloads: list[dict[str, Any]] = []
     for position, row in enumerate(mappings):
         if position in errors:
             continue
@@ -532,8 +534,12 @@ def rows_to_events(rows: Rows, mapping: EventMapping,
                 errors[position] = f"missing field {absent[0]!r}"
                 continue
             payload = {name: row[name] for name in mapping.payload_columns}
-        good.append(raw_event(type_values[position], key_values[position], ts_values[position], payload, position,
-                              id_values[position]))
+        positions.append(position)
+        payloads.append(payload)
+    good = raw_events([type_values[position] for position in positions],
+                      [key_values[position] for position in positions],
+                      [ts_values[position] for position in positions], payloads, positions,
+                      [id_values[position] for position in positions])
 
     bad = [Rejected(position, errors[position], jsonable(rows[position]) if isinstance(rows[position], Mapping)
                     else {"value": jsonable(rows[position])}) for position in sorted(errors)]

@@ -49,6 +49,22 @@ def test_good_rows_become_events_sorted_by_time_and_stable():
         assert all(event.ts.tzinfo is UTC for event in good)
 
 
+def test_the_good_rows_among_rejected_ones_become_the_events_the_dataclass_makes_with_their_own_positions():
+    """The events are made column by column (``raw_events``), the rejected rows left out of every column: each event
+    is the one ``RawEvent(...)`` makes of its row — type, key, ts, payload, position and id kept together."""
+    mapping = EventMapping("type", "key", "ts", payload_columns=["room"], id_column="id")
+    rows = [{"type": "enter", "key": f"p{n}", "ts": _ts(10 - n), "room": n, "id": f"e{n}"} for n in range(8)]
+    rows[1]["type"] = None
+    rows[4]["key"] = ""
+    rows[6]["ts"] = None
+    schema = pa.schema([*SCHEMA, ("id", pa.string())])
+    for batch in (rows, _arrow(rows, schema)):
+        good, bad = rows_to_events(batch, mapping)
+        assert [rejected.position for rejected in bad] == [1, 4, 6]
+        assert good == [RawEvent("enter", f"p{n}", _ts(10 - n), {"room": n}, n, f"e{n}") for n in (7, 5, 3, 2, 0)]
+        assert [event.payload for event in good] == [{"room": n} for n in (7, 5, 3, 2, 0)]   # (hash=False: compared here)
+
+
 @pytest.mark.parametrize(
     ("row", "reason"),
     [
