@@ -123,6 +123,29 @@ def test_a_list_of_plain_dicts_reads_as_the_same_events_one_by_one_in_the_same_o
                                                                f"{bad!r}, which is no mapping"), errors
 
 
+def test_a_list_of_one_attribute_type_reads_as_the_same_events_one_by_one():
+    """A list of events of one type with the fields as attributes (a sink's validated rows) is read column by column;
+    an iterator of them one by one: the same events, payloads copied, every payload reading alike (None, empty, a
+    falsy non-mapping, pairs) — and a payload that is no mapping is the same error naming its event."""
+    payload = {"room": "r1"}
+    def rows(*payloads):
+        return [_Row("enter", f"w{n}", 10 - n, given) for n, given in enumerate(payloads)]
+    given = rows(payload, None, {}, 0, [("room", "r2")], types.MappingProxyType(payload))
+    in_one_pass = batch.normalise_events(given)
+    assert in_one_pass == batch.normalise_events(iter(given))
+    assert [(event.key, event.position, event.payload) for event in in_one_pass] == [
+        ("w5", 5, payload), ("w4", 4, {"room": "r2"}), ("w3", 3, {}), ("w2", 2, {}), ("w1", 1, {}), ("w0", 0, payload)]
+    assert not any(event.payload is payload for event in in_one_pass)
+    for bad in ("abc", [1, 2], 7):
+        errors = []
+        for events in (rows(payload, bad), iter(rows(payload, bad))):
+            with pytest.raises(batch.errors.DeclarationError) as raised:
+                batch.normalise_events(events)
+            errors.append(str(raised.value))
+        assert errors[0] == errors[1] and errors[0].startswith(f"the event at position 1 of the batch has the payload "
+                                                               f"{bad!r}, which is no mapping"), errors
+
+
 def test_an_event_whose_ts_is_nan_is_a_declaration_error_naming_it():
     """A NaN ``ts`` compares false with every time, so the stable sort by ts ordered nothing around it: events ran
     out of timestamp order, silently.  ``normalise_events`` (which returns no dead letters) refuses it, naming the
