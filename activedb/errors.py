@@ -140,6 +140,21 @@ def finite_number(value: float) -> bool:
         return False
 
 
+def shown_error(error: BaseException | None) -> str:
+    """``repr(error)``, as a failure's message shows the error a user's code raised — or, when that error's own
+    ``__repr__`` raises, ``Type(<repr failed: Kind: message>)``: the error's type still named, and why it shows no
+    more (the repr's error is never taken for the error itself).  The one way activedb shows a user's error in a
+    reason, a record or a log line."""
+    try:
+        return repr(error)
+    except Exception as broken:
+        try:
+            said = f"{type(broken).__name__}: {broken}" if str(broken) else type(broken).__name__
+        except Exception:
+            said = type(broken).__name__
+        return f"{type(error).__name__}(<repr failed: {said}>)"
+
+
 class InvalidTime(ActivedbError, ValueError):
     """A value given as a time (an event's timestamp, a punctuation's watermark) that is neither a finite number of
     seconds nor an aware datetime, or not of the kind of the times it is compared with; an accuracy, interval or
@@ -552,7 +567,7 @@ class RuleFailed(TransactionError):
     def raised(cls, rule: str, event: _Described, error: BaseException) -> "RuleFailed":
         """The failure of rule ``rule`` whose condition or action raised ``error`` on ``event`` (an
         ``activedb.Event``: its ``describe()`` names it); the caller raises it ``from error``."""
-        return cls(f"rule {rule!r} failed on {event.describe()}: {error!r}", rule, event)
+        return cls(f"rule {rule!r} failed on {event.describe()}: {shown_error(error)}", rule, event)
 
 
 # --- the outbox of detached rule firings -----------------------------------------------

@@ -19,7 +19,7 @@ from coupling import Coupling
 from activedb import lowlevel
 from activedb.capture._position import CapturedChange, PositionWriter, Step
 from activedb.deadletters import Letter
-from activedb.errors import DatabaseError, DeadlockDetected, SerializationConflict, classify
+from activedb.errors import DatabaseError, DeadlockDetected, SerializationConflict, classify, shown_error
 from activedb.events import Event
 from activedb.ingest import BatchHandler, BatchInput, IngestionLedger, ReservedSource
 from activedb.rules import Fired, Firing, FiringOutcome, own_event
@@ -122,7 +122,7 @@ class CaptureHandler(BatchHandler):
                 firing = result.firing
                 ended = "failed" if result.outcome is FiringOutcome.FAILED else "was cancelled"
                 letters.append(Letter(
-                    f"rule {firing.rule.name!r} {ended} on {result.change.describe()}: {result.error!r}",
+                    f"rule {firing.rule.name!r} {ended} on {result.change.describe()}: {shown_error(result.error)}",
                     {**batch.rows[result.position], "rule": firing.rule.name, "key": firing.event.key}))
         batch.dead_letters.insert(tx, letters)
         ledger.events = sum(event.event is not None for event in batch.events)

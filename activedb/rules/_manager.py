@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, NoReturn, T
 from coupling import Coupling, DeferredCycleLimitExceeded, Verdict, priority_groups
 
 from activedb.errors import (CascadeLimitExceeded, DeadlockDetected, RuleError, RuleFailed, TransactionAborted,
-                             check_switch)
+                             check_switch, shown_error)
 from activedb.events import Event, EventKind, Origin, new_event
 from activedb.rules._context import RuleContext, chain_of, defer
 from activedb.rules._detached import DetachedRunner, DependencyAbort
@@ -240,7 +240,7 @@ class RuleManager(TransactionExtension):
             try:
                 self.on_event(transaction, event, ended=True)
             except Exception as error:   # the transaction has ended: report, never undo its outcome
-                logger.error("rules on %s could not be fired: %s", event.describe(), repr(error))
+                logger.error("rules on %s could not be fired: %s", event.describe(), shown_error(error))
         self.record.fold(transaction)
 
     # --- dispatch ----------------------------------------------------------------------------
@@ -520,7 +520,7 @@ class RuleManager(TransactionExtension):
             # logged at INFO; the caller gets RuleFailed with this cause, as for any failure.
             outcome = _CANCELLED
             self.count(rule, "cancelled")
-            logger.info("rule %r on %s was aborted, not failed: %s", rule.name, event.describe(), repr(error))
+            logger.info("rule %r on %s was aborted, not failed: %s", rule.name, event.describe(), shown_error(error))
             raise RuleFailed.raised(rule.name, event, error) from error
         except Exception as error:
             stopped_by = error
@@ -544,7 +544,7 @@ class RuleManager(TransactionExtension):
         self.count(rule, "failed")
         # (The error as text: a handler that keeps records — a test's log capture, a buffer — would otherwise keep
         # its traceback's frames and all they hold, a micro-batch included.)
-        logger.error("rule %r failed on %s: %s", rule.name, event.describe(), repr(error))
+        logger.error("rule %r failed on %s: %s", rule.name, event.describe(), shown_error(error))
         raise RuleFailed.raised(rule.name, event, error) from error
 
     def _executed(self, transaction: Transaction, firings: "list[Firing]") -> None:
@@ -644,7 +644,7 @@ def _raise_failure(firing: Firing, error: BaseException, what: str) -> None:
         _FIRINGS_FAILURES.add(error)        # (a firing's failure, not one of the trigger's own making)
     if isinstance(error, (RuleFailed, CascadeLimitExceeded)) or not isinstance(error, Exception):
         raise error
-    failure = RuleFailed(f"{what} rule {firing.rule.name!r} failed on {firing.event.describe()}: {error!r}",
+    failure = RuleFailed(f"{what} rule {firing.rule.name!r} failed on {firing.event.describe()}: {shown_error(error)}",
                          firing.rule.name, firing.event)
     _FIRINGS_FAILURES.add(failure)
     raise failure from error

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from coupling import Coupling
 
-from activedb.errors import DeadlockDetected
+from activedb.errors import DeadlockDetected, shown_error
 from activedb.rules._context import GateKey, GateRole, RuleContext
 from activedb.rules._detached import DependencyAbort
 from activedb.rules._model import Firing, check_body_ran
@@ -92,7 +92,7 @@ def condition_then_action(manager: "RuleManager", transaction: "Transaction", fi
             if condition_value:
                 raise
             logger.debug("rule %r: its condition was false on %s; the action, begun in parallel, raised %s "
-                         "(dropped: it could not have committed)", rule.name, event.describe(), repr(error))
+                         "(dropped: it could not have committed)", rule.name, event.describe(), shown_error(error))
     if condition_error is not None:
         raise condition_error
     if not condition_value:

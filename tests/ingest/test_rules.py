@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from activedb.ingest import RulesHandler
@@ -61,3 +63,41 @@ def test_a_prefetch_key_an_event_cannot_give_never_fails_its_batch(db):
                                               "ORDER BY key")).all() == [("pa", 1), ("pb", 2), ("pc", 3)]
     finally:
         db.rules.remove("price_item")
+
+
+class _Unshowable(ZeroDivisionError):
+    """A rule's error whose repr and str themselves raise (a user's exception class with a broken __repr__)."""
+
+    def __repr__(self) -> str:
+        raise RuntimeError("repr broke")
+
+    def __str__(self) -> str:
+        raise RuntimeError("str broke")
+
+
+def test_a_rule_error_whose_repr_raises_is_named_in_the_dead_letter_and_the_rule_counts_failed(db):
+    """The dead letter's reason names the rule and the type of what it raised, saying the error could not be shown,
+    and the rule counts the failure: before, ``repr`` of the rule's error was taken while reporting the failure, and
+    the reason named the repr's own error as what the rule raised — "rejected by rule 'divide': immediate rule 'divide'
+    failed on …: RuntimeError('repr broke')" — never saying it raised a ZeroDivisionError."""
+    import datetime as dt
+
+    from activedb import Coupling
+    from activedb.ingest import EventMapping, feed
+    from tests.spark_bridge._streams import dead_letters
+
+    def divide(tx, event):
+        raise _Unshowable()
+
+    db.rule(on=db.stream("unshowable"), coupling=Coupling.IMMEDIATE, name="divide")(divide)
+    try:
+        rows = [{"type": "unshowable", "key": "u", "ts": dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)}]
+        [outcome] = feed(db, [rows], source="unshowable", mapping=EventMapping("type", "key", "ts"),
+                         handler=RulesHandler(lower_declared=False))
+        assert outcome.committed and (outcome.events, outcome.dead_letters) == (0, 1), outcome
+        [(_, _, reason, _)] = [letter for letter in dead_letters(db) if letter[0] == "unshowable"]
+        assert re.fullmatch(r"rejected by rule 'divide': rule 'divide' failed on stream unshowable key='u' in T[0-9.]+: "
+                            r"_Unshowable\(<repr failed: RuntimeError: repr broke>\)", reason), reason
+        assert db.rules.statistics().per_rule["divide"].failed == 1
+    finally:
+        db.rules.remove("divide")
