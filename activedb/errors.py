@@ -140,19 +140,20 @@ def finite_number(value: float) -> bool:
         return False
 
 
-def shown_error(error: BaseException | None) -> str:
-    """``repr(error)``, as a failure's message shows the error a user's code raised — or, when that error's own
-    ``__repr__`` raises, ``Type(<repr failed: Kind: message>)``: the error's type still named, and why it shows no
-    more (the repr's error is never taken for the error itself).  The one way activedb shows a user's error in a
-    reason, a record or a log line."""
+def shown_error(error: BaseException | None, *, message: bool = False) -> str:
+    """``repr(error)``, as a failure's message shows the error a user's code raised — or, with ``message``, its
+    message alone, ``str(error)``.  When that error's own ``__repr__`` (``__str__``) raises:
+    ``Type(<repr failed: Kind: message>)`` (``<str failed: Kind: message>``), the error's type still named and why it
+    shows no more — the repr's error is never taken for the error itself.  The one way activedb shows a user's error
+    in a reason, a record or a log line."""
     try:
-        return repr(error)
+        return str(error) if message else repr(error)
     except Exception as broken:
         try:
             said = f"{type(broken).__name__}: {broken}" if str(broken) else type(broken).__name__
         except Exception:
             said = type(broken).__name__
-        return f"{type(error).__name__}(<repr failed: {said}>)"
+        return f"<str failed: {said}>" if message else f"{type(error).__name__}(<repr failed: {said}>)"
 
 
 class InvalidTime(ActivedbError, ValueError):

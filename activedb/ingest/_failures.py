@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from activedb.errors import (
     CascadeLimitExceeded, DatabaseError, DatabaseUnavailable, DuplicateKey, Failure, InvalidKey, InvalidValue, RuleFailed,
-    SerializationConflict, causes, classify,
+    SerializationConflict, causes, classify, shown_error,
 )
 from activedb.ingest.errors import first_line
 from activedb.txn import CommitParticipant, TxnState, deadlock_with_another_tree, run_inline
@@ -59,7 +59,7 @@ def rejection_reason(error: BaseException) -> str:
         return f"rejected by rule {error.rule!r}: {error}"
     if isinstance(error, CascadeLimitExceeded):
         return f"rule cascade limit: {error}"
-    return f"event processing failed: {type(error).__name__}: {error}"
+    return f"event processing failed: {type(error).__name__}: {shown_error(error, message=True)}"
 
 
 def run_as_event(tx: Transaction, function: Callable[[Transaction, _Event], object], event: _Event, name: str,

@@ -3,20 +3,21 @@
 
 from __future__ import annotations
 
-from activedb.errors import ActivedbError
+from activedb.errors import ActivedbError, shown_error
 
 __all__ = ["AppLoadError", "BatchDeadlineExceeded", "IngestError", "InvalidField", "MappingError", "describe", "first_line"]
 
 
 def first_line(error: BaseException) -> str:
     """The first line of ``error``'s message, or its type's name when it has none."""
-    text = str(error).strip()
+    text = shown_error(error, message=True).strip()
     return text.splitlines()[0] if text else type(error).__name__
 
 
 def describe(error: BaseException) -> str:
     """``Type: first line of the message`` (just ``Type`` without a message)."""
-    return f"{type(error).__name__}: {first_line(error)}" if str(error).strip() else type(error).__name__
+    shown = bool(shown_error(error, message=True).strip())
+    return f"{type(error).__name__}: {first_line(error)}" if shown else type(error).__name__
 
 
 class IngestError(ActivedbError):

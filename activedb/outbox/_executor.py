@@ -18,7 +18,7 @@ import psycopg
 import sqlalchemy as sa
 
 from activedb.errors import (DuplicateKey, Failure, LockWaitTimeout, RecordsTakenOver, RuleFailed, TransactionError,
-                             causes, classify, sqlstate_of)
+                             causes, classify, shown_error, sqlstate_of)
 from activedb.outbox import _records
 from activedb.store import is_connection_failure, storable_text
 from activedb.txn import Along, CommitParticipant, FiringOutcome
@@ -61,11 +61,13 @@ def describe_error(error: BaseException) -> str:
     its text holds the statement and its parameters, user data that logs and records must not keep."""
     while isinstance(error, RuleFailed) and error.__cause__ is not None:
         error = error.__cause__
-    text = _driver_summary(error) or (f"{type(error).__name__}: {error}" if str(error) else type(error).__name__)
+    said = shown_error(error, message=True)
+    text = _driver_summary(error) or (f"{type(error).__name__}: {said}" if said else type(error).__name__)
     cause = error.__cause__
     if cause is not None:
-        said = _driver_summary(cause) or f"{type(cause).__name__}: {cause}"
-        if str(cause) not in text and said not in text:
+        message = shown_error(cause, message=True)
+        said = _driver_summary(cause) or f"{type(cause).__name__}: {message}"
+        if message not in text and said not in text:
             text += f" (caused by {said})"
     return storable_text(text)
 

@@ -156,6 +156,32 @@ def assert_seven_fails_alone(db, rule: str, sqlstate: str) -> None:
     assert failure.rule == rule and sqlstate in failure.error
 
 
+class _Unshowable(ZeroDivisionError):
+    """A rule's error whose str and repr themselves raise (a user's exception class with a broken __str__)."""
+
+    def __str__(self) -> str:
+        raise RuntimeError("str broke")
+
+    def __repr__(self) -> str:
+        raise RuntimeError("repr broke")
+
+
+def test_a_rule_error_whose_str_raises_is_recorded_failed_naming_its_type(db):
+    """The failed record keeps the type of what the rule raised and why it shows no more, and the outbox goes on:
+    before, taking the error's text for the record raised the str's own error out of the outbox's group runner."""
+    def always_fails(tx, event):
+        raise _Unshowable()
+
+    db.rule(on=db.signalled("pay"), coupling=Coupling.DETACHED, name="unshowable")(always_fails)
+    with db.transaction() as tx:
+        tx.signal("pay", amount=1)
+    wait_until(lambda: db.outbox.failures(), TIMEOUT, "the detached rule's failed record",
+               describe=lambda: records(db))
+    [failure] = db.outbox.failures()
+    assert failure.rule == "unshowable" and failure.error == "_Unshowable: <str failed: RuntimeError: str broke>", \
+        failure
+
+
 def test_a_failing_rule_is_recorded_shown_and_retried(db, migrated):
     broken = threading.Event()
     broken.set()
