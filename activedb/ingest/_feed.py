@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from activedb.errors import check_switch
 from activedb.ingest._ingestion import Ingestion
 from activedb.ingest._interface import Batch, LedgerId, Phase, ReservedSource, Rows, Source
-from activedb.ingest._ledger import check_source_owner
+from activedb.ingest._ledger import check_source_name, check_source_owner
 from activedb.ingest._mapping import EventMapping
 from activedb.ingest._outcome import BatchOutcome
 from activedb.ingest._protocol import BatchHandler
@@ -86,8 +86,10 @@ def feed(db: IngestDatabase, batches: Iterable[Rows | Batch], *, source: str, ru
         raise IngestError(f"batches {batches!r} is not a collection of batches: give feed(db, [[row, ...], ...]) — each "
                           f"batch a sequence of rows (mappings), an Arrow table or a Batch; nothing was applied")
     check_switch("feed", "end_of_stream", end_of_stream, error=IngestError)
-    if isinstance(source, str):     # (what is no name: Ingestion says)
-        check_source_owner("feed", source, owner)
+    check_source_name("feed", "source", source)
+    if run is not None:
+        check_source_name("feed", "run", run, run=True)
+    check_source_owner("feed", source, owner)
     if participants is not None and not callable(participants):
         raise IngestError(f"feed(participants={participants!r}) takes a function of the batch that returns its commit "
                           f"participants (participants=lambda batch: [...]), or None; nothing was applied")

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from activedb.errors import check_seconds, check_switch, check_whole_number
 from activedb.ingest._interface import LedgerId, Phase, ReservedSource, RowEvent, Rows
-from activedb.ingest._ledger import (END_OF_STREAM_BATCH, RUN_BYTES, IngestionLedger, check_source_name,
+from activedb.ingest._ledger import (END_OF_STREAM_BATCH, IngestionLedger, check_source_name,
                                      check_source_owner, last_watermark)
 from activedb.ingest._mapping import EventMapping, as_mapping, check_columns, is_arrow, known_type_names
 from activedb.ingest._outcome import BatchBook, BatchOutcome, IngestStatistics, PhaseTimings
@@ -73,8 +73,6 @@ class Ingestion:
                 mapping = as_mapping(mapping)
             except MappingError as error:
                 raise IngestError(f"mapping: {error}") from None
-        if not isinstance(source, str) or not source.strip():
-            raise IngestError("the source name must be a non-empty string (it names the source in the ledger)")
         check_source_name("Ingestion", "source", source)
         check_source_owner("Ingestion", source, owner)
         check_whole_number("Ingestion", "batch_attempts", batch_attempts, 1, " (top-level attempts of a batch)",
@@ -295,7 +293,7 @@ def _check_query_id(query_id: object) -> None:
         if isinstance(query_id, str):
             run = LedgerId.parse(query_id).run
             if run is not None:     # (the source is the ingestion's, checked where it was made)
-                check_source_name("LedgerId", "run", run, limit=RUN_BYTES, what="a run id")
+                check_source_name("LedgerId", "run", run, run=True)
             return
     except ValueError:
         pass

@@ -49,31 +49,43 @@ SOURCE_NAME_BYTES = 2048
 RUN_BYTES = 512
 
 
-def check_source_name(owner: str, name: str, value: str, *, limit: int = SOURCE_NAME_BYTES,
-                      what: str = "a source name") -> None:
-    """Raise :class:`IngestError` if the source name ``value`` (given as ``owner(name=value)``; ``what`` it is, a run
-    id with its own ``limit``) is text the ledger cannot hold (:func:`unfit_source_name`)."""
-    unfit = unfit_source_name(value, limit=limit, what=what)
+def check_source_name(owner: str, name: str, value: object, *, run: bool = False) -> None:
+    """Raise :class:`IngestError` if ``value``, a source name (``run``: a run id) given as ``owner(name=value)``, is no
+    text or text the ledger cannot hold (:func:`unfit_source_name`): the one check of both, in the same words."""
+    what = "a run id" if run else "a source name"
+    if not isinstance(value, str):
+        alternative = ", or None for a source that never numbers its batches anew" if run else ""
+        raise IngestError(f"{owner}({name}={value!r}) takes {what}, a text{alternative}; nothing was applied")
+    unfit = unfit_source_name(value, run=run)
     if unfit is not None:
         raise IngestError(f"{owner}({name}={value[:40]!r}{'…' if len(value) > 40 else ''}) {unfit} (nothing was "
                           f"applied)")
 
 
-def unfit_source_name(value: str, *, limit: int = SOURCE_NAME_BYTES, what: str = "a source name") -> str | None:
-    """Why the ledger cannot hold the source name ``value`` (``what`` it is, a run id with its own ``limit``) — longer
-    than ``limit`` bytes in UTF-8, or holding a NUL character or a lone surrogate, which PostgreSQL's text cannot
-    store —, said after the name and saying what to give; None if it can."""
+def unfit_source_name(value: str, *, run: bool = False) -> str | None:
+    """Why the ledger cannot hold the source name ``value`` (``run``: the run id, at most :data:`RUN_BYTES`) — empty or
+    only whitespace, longer than :data:`SOURCE_NAME_BYTES` bytes in UTF-8, holding a NUL character or a lone
+    surrogate, which PostgreSQL's text cannot store, or for a run id an ``@`` or ``#``, which the ledger id's text
+    ``SOURCE@RUN#pN`` is read back by —, said after the name and saying what to give; None if it can."""
+    what, limit = ("a run id", RUN_BYTES) if run else ("a source name", SOURCE_NAME_BYTES)
+    if not value.strip():
+        return (f"is {'empty' if not value else 'only whitespace'}: the ledger files batches under {what}, and a blank "
+                f"one names nothing an operator can tell apart — give one with a visible character")
     unstorable = _unstorable_at(value)
     if unstorable is not None:
         character = value[unstorable]
         held = "a NUL character (\\x00)" if character == "\x00" else f"a lone UTF-16 surrogate ({character!r})"
         return (f"holds {held} at index {unstorable}, which PostgreSQL's text cannot store — the ledger keeps {what} "
                 f"as text: give one without it")
+    separator = next((index for index, character in enumerate(value) if character in "@#"), None) if run else None
+    if separator is not None:
+        return (f"holds {value[separator]!r} at index {separator}, which {what} cannot hold — the ledger id's text "
+                f"SOURCE@RUN#pN is read back by '@' and '#': give one without them")
     size = len(value.encode("utf-8"))
     if size > limit:
         return (f"is {what} of {size} bytes (UTF-8): {what} is at most {limit} bytes — the ledger keys batches by it in "
                 f"PostgreSQL indexes whose rows hold at most {INDEX_ROW_BYTES} bytes"
-                f"{', with room for the run' if limit == SOURCE_NAME_BYTES else ''}; give a shorter one")
+                f"{'' if run else ', with room for the run'}; give a shorter one")
     return None
 
 

@@ -1223,6 +1223,37 @@ def test_a_source_or_run_the_ledger_cannot_hold_is_refused_saying_which_before_a
         database.close()
 
 
+@pytest.mark.parametrize("source, run, what", [
+    ("badges", "", r"feed\(run=''\) is empty: the ledger files batches under a run id, .* give one with a visible "
+                   r"character"),
+    ("badges", "  ", r"feed\(run='  '\) is only whitespace: the ledger files batches under a run id, .* give one "
+                     r"with a visible character"),
+    ("  ", None, r"feed\(source='  '\) is only whitespace: the ledger files batches under a source name, .* give "
+                 r"one with a visible character"),
+    ("", "r1", r"feed\(source=''\) is empty: the ledger files batches under a source name"),
+    ("badges", "eu@2", r"feed\(run='eu@2'\) holds '@' at index 2, which a run id cannot hold — .* give one without "
+                       r"them"),
+    ("badges", "eu#p1", r"feed\(run='eu#p1'\) holds '#' at index 2, which a run id cannot hold"),
+    ("badges", 7, r"feed\(run=7\) takes a run id, a text, or None for a source that never numbers its batches anew"),
+], ids=["empty-run", "blank-run", "blank-source", "empty-source", "at-run", "hash-run", "number-run"])
+def test_a_blank_source_or_run_or_a_run_holding_a_separator_is_refused_in_the_same_words(database_url, source, run,
+                                                                                       what):
+    """A run and a source name are checked by one checker, in the same words, saying that nothing was applied and what
+    to give.  Before, ``feed(run="")`` and a run holding '@' or '#' got the ledger id's own wording ("a ledger id's run
+    is a non-empty string without '@' or '#'", a BadArgument naming neither feed nor what became of the batches), and a
+    run of only whitespace was taken — a run no operator can tell apart — while a source of only whitespace was
+    refused ("the source name must be a non-empty string")."""
+    database = app_database(database_url)
+    try:
+        row = {"type": "add", "key": "blank", "ts": BASE_TIME, "amount": 1, "seq": 0}
+        before = app_state(database)
+        with pytest.raises(IngestError, match=what + r".*nothing was applied"):
+            feed(database, [[row]], source=source, run=run, mapping=app_counters.MAPPING)
+        assert app_state(database) == before
+    finally:
+        database.close()
+
+
 @pytest.mark.parametrize("text", ["bad\x00ges", "bad\udc80ges"], ids=["nul", "surrogate"])
 def test_a_question_about_a_name_the_ledger_cannot_hold_answers_none(database_url, text):
     """No ledger id holds a NUL character or a lone surrogate (an ingestion refuses such a source or run).  Asking the
