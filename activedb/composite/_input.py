@@ -17,6 +17,7 @@ from activedb.composite._polist import Item, Producer
 from activedb.composite._records import WindowEntry
 from activedb.composite.errors import EventRejected, LateEvent, MembershipError
 from activedb.events import Timestamp, as_timestamp, earlier, precedes
+from activedb.store import holds_nan
 from activedb.streams import CompiledQuery, Ctx, StreamEvent
 from activedb.streams.errors import EvaluationError
 
@@ -134,6 +135,11 @@ class InputNode:
                                         f"[{', '.join(query.partition)}], and {partition!r} cannot key a partition "
                                         f"(a list or a dict); give such attributes as texts, numbers or tuples"
                                         ) from None
+                if holds_nan(partition):
+                    # (A NaN equals nothing, itself included: a dict would tell two apart by the object alone.)
+                    raise EventRejected(f"event {describe_event(event)}: query {query.name} is partitioned by "
+                                        f"[{', '.join(query.partition)}], and {partition!r} cannot key a partition: a "
+                                        f"NaN equals nothing, not even itself; give None for a missing value")
                 routes.append((query, partition, accepted))
         now = self.clock.now()
         old = self._check_late(producer, ts, event.type, f"event {describe_event(event)}")

@@ -148,6 +148,14 @@ def _is_nan(value: object) -> bool:
     return (isinstance(value, float) and value != value) or (isinstance(value, decimal.Decimal) and value.is_nan())
 
 
+def holds_nan(value: object) -> bool:
+    """Whether ``value`` is a NaN (``float``, ``Decimal``) or a tuple holding one: equal to nothing, itself included,
+    it cannot key a partition or a row — a dict would tell two NaNs apart by the object alone."""
+    if isinstance(value, tuple):
+        return any(holds_nan(item) for item in value)
+    return _is_nan(value)
+
+
 def matches(image: dict[str, object], where: Mapping[str, object] | Callable[[dict[str, object]], bool] | None) -> bool:
     """Whether a row ``image`` satisfies a scan's ``where``: None (every row), a mapping of column to value
     (all equal, as PostgreSQL's ``=`` finds them: a NaN equals a NaN, ``same_image``), or a predicate on the image."""

@@ -12,6 +12,7 @@ import threading
 from typing import Any, Callable, Mapping, TypeAlias
 
 from activedb.errors import SchemaError
+from activedb.store import holds_nan
 from activedb.streams import _language
 from activedb.streams import algebra as ast
 from activedb.streams._batch import AccessPlan, Resource
@@ -173,12 +174,18 @@ class Definitions:
         name, event_type = event.stream or "", event.type          # (admission resolved its stream)
         template = self._plans.get((name, event_type)) or self._plan_template(name, event_type)
         partitions = [matcher.partition_key(event) for _, matcher in self._by_type.get((name, event_type), ())]
+        keys = (template[3](event.attributes), *partitions)
         try:
-            hash((template[3](event.attributes), *partitions))
+            hash(keys)
         except TypeError:
             pass
         else:
-            return None
+            if not holds_nan(keys):
+                return None
+            # (A NaN equals nothing, itself included: a dict would tell two apart by the object alone.)
+            named = [f"{attribute} (a NaN)" for attribute, value in event.attributes.items() if holds_nan(value)]
+            return (f"rejected: {event.describe()} keys a partition or a store row by {', '.join(named) or 'a NaN'}, "
+                    f"which cannot key one: a NaN equals nothing, not even itself; give None for a missing value")
         named = []
         for attribute, value in event.attributes.items():
             try:

@@ -220,6 +220,21 @@ def test_a_malformed_event_is_rejected_with_event_rejected_and_changes_nothing(m
     assert (engine.statistics().events, engine.producers()["PA"].sync) == (0, None)
 
 
+@pytest.mark.parametrize("nan", [float("nan"), (1, float("nan"))], ids=["a-nan", "a-tuple-holding-a-nan"])
+def test_an_event_whose_partition_value_is_a_nan_is_rejected_saying_why(nan):
+    """A NaN equals nothing, itself included: as a partition's key it made the partition depend on the object —
+    ``A`` and ``B`` with ``id=math.nan`` (one object) composed, with ``id=float("nan")`` each (two objects) never did,
+    each left alone in a partition of its own for good.  Such an event is now refused, as one whose value cannot
+    key a partition at all (a list), saying why and to give None for a missing value."""
+    engine = make_engine("CREATE QUERY AthenB PATTERN SEQ(A, B) WHERE [id] RETURN A.id AS a, B.id AS b",
+                         {"PA": ["A"], "PB": ["B"]})
+    event = streams.StreamEvent("A", Timestamp.at(1.0, 0.005, producer="PA"), {"id": nan})
+    with pytest.raises(EventRejected, match=r"query AthenB is partitioned by \[id\], and .*nan.* cannot key a "
+                                            r"partition: a NaN equals nothing, not even itself; give None"):
+        engine.signal(event)
+    assert (engine.statistics().events, engine.producers()["PA"].sync) == (0, None)
+
+
 def test_join_with_types_given_as_one_text_is_refused():
     """``types=`` is a collection of type names: a text given there (``types="AB"``) is refused with what to
     write, instead of being read letter by letter — which joined the producer for ``A`` and ``B`` silently, so

@@ -979,6 +979,24 @@ def test_a_rejected_first_event_does_not_fix_the_kind_of_the_engine_s_timestamps
     assert (second.dead_letters, [output.query for output in second.outputs]) == ((), ["Q1"])
 
 
+@pytest.mark.parametrize("nan", [float("nan"), ("w", float("nan"))], ids=["a-nan", "a-tuple-holding-a-nan"])
+def test_an_event_whose_partition_value_is_a_nan_is_a_dead_letter_saying_why(db, nan):
+    """A NaN equals nothing, itself included: as a partition's key (Q1's [HCW-ID]) it made the partition depend on
+    the object — an EXIT and an ENTER with ``HCW-ID=math.nan`` (one object) matched, with ``float("nan")`` each (two
+    objects) never did, each kept in a partition of its own.  An in-memory engine took both (a durable one refuses a
+    NaN it cannot save); such an event is now a dead letter saying why, as one whose value cannot key a partition
+    at all (a list)."""
+    reset(db)
+    made = engine(db, name="nan-partition", durable=False, record_history=False)
+    result = made.feed([badge("EXIT", 1, nan, "a"), badge("ENTER", 3, nan, "b")], punctuation=streams.END_OF_STREAM)
+    assert (result.released, result.outputs) == (0, ())
+    assert [letter.event.type for letter in result.dead_letters] == ["EXIT", "ENTER"]
+    for letter in result.dead_letters:
+        assert re.fullmatch(r"rejected: \w+\^\d keys a partition or a store row by HCW-ID \(a NaN\), which cannot key "
+                            r"one: a NaN equals nothing, not even itself; give None for a missing value", letter.reason
+                            ), letter.reason
+
+
 @pytest.mark.parametrize("durable", [True, False], ids=["durable", "in-memory"])
 @pytest.mark.parametrize("bad", [float("nan"), "10", dt.datetime(2026, 1, 1),
                                  dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)],
