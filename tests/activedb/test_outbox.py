@@ -33,6 +33,7 @@ from activedb.errors import GeneratedKeysReset, OutboxError, RuleDefinitionChang
 from activedb.outbox import _records
 from activedb.testing import wait_until
 from tests._sessions import end_sessions, sessions
+from tests._unshowable import Unshowable
 
 TIMEOUT = 60
 
@@ -156,21 +157,11 @@ def assert_seven_fails_alone(db, rule: str, sqlstate: str) -> None:
     assert failure.rule == rule and sqlstate in failure.error
 
 
-class _Unshowable(ZeroDivisionError):
-    """A rule's error whose str and repr themselves raise (a user's exception class with a broken __str__)."""
-
-    def __str__(self) -> str:
-        raise RuntimeError("str broke")
-
-    def __repr__(self) -> str:
-        raise RuntimeError("repr broke")
-
-
 def test_a_rule_error_whose_str_raises_is_recorded_failed_naming_its_type(db):
     """The failed record keeps the type of what the rule raised and why it shows no more, and the outbox goes on:
     before, taking the error's text for the record raised the str's own error out of the outbox's group runner."""
     def always_fails(tx, event):
-        raise _Unshowable()
+        raise Unshowable()
 
     db.rule(on=db.signalled("pay"), coupling=Coupling.DETACHED, name="unshowable")(always_fails)
     with db.transaction() as tx:
@@ -178,7 +169,7 @@ def test_a_rule_error_whose_str_raises_is_recorded_failed_naming_its_type(db):
     wait_until(lambda: db.outbox.failures(), TIMEOUT, "the detached rule's failed record",
                describe=lambda: records(db))
     [failure] = db.outbox.failures()
-    assert failure.rule == "unshowable" and failure.error == "_Unshowable: <str failed: RuntimeError: str broke>", \
+    assert failure.rule == "unshowable" and failure.error == "Unshowable: <str failed: RuntimeError: str broke>", \
         failure
 
 

@@ -8,6 +8,7 @@ import pytest
 
 from activedb.ingest import RulesHandler
 from activedb.ingest.errors import IngestError
+from tests._unshowable import Unshowable
 
 
 @pytest.mark.parametrize("prefetch", [5, ["items"], [("items", None)], "items", {"items": 5}, {5: None}],
@@ -65,16 +66,6 @@ def test_a_prefetch_key_an_event_cannot_give_never_fails_its_batch(db):
         db.rules.remove("price_item")
 
 
-class _Unshowable(ZeroDivisionError):
-    """A rule's error whose repr and str themselves raise (a user's exception class with a broken __repr__)."""
-
-    def __repr__(self) -> str:
-        raise RuntimeError("repr broke")
-
-    def __str__(self) -> str:
-        raise RuntimeError("str broke")
-
-
 def test_a_rule_error_whose_repr_raises_is_named_in_the_dead_letter_and_the_rule_counts_failed(db):
     """The dead letter's reason names the rule and the type of what it raised, saying the error could not be shown,
     and the rule counts the failure: before, ``repr`` of the rule's error was taken while reporting the failure, and
@@ -87,7 +78,7 @@ def test_a_rule_error_whose_repr_raises_is_named_in_the_dead_letter_and_the_rule
     from tests.spark_bridge._streams import dead_letters
 
     def divide(tx, event):
-        raise _Unshowable()
+        raise Unshowable()
 
     db.rule(on=db.stream("unshowable"), coupling=Coupling.IMMEDIATE, name="divide")(divide)
     try:
@@ -97,7 +88,7 @@ def test_a_rule_error_whose_repr_raises_is_named_in_the_dead_letter_and_the_rule
         assert outcome.committed and (outcome.events, outcome.dead_letters) == (0, 1), outcome
         [(_, _, reason, _)] = [letter for letter in dead_letters(db) if letter[0] == "unshowable"]
         assert re.fullmatch(r"rejected by rule 'divide': rule 'divide' failed on stream unshowable key='u' in T[0-9.]+: "
-                            r"_Unshowable\(<repr failed: RuntimeError: repr broke>\)", reason), reason
+                            r"Unshowable\(<repr failed: RuntimeError: repr broke>\)", reason), reason
         assert db.rules.statistics().per_rule["divide"].failed == 1
     finally:
         db.rules.remove("divide")
