@@ -25,7 +25,7 @@ from lockmgr.testing import Watchdog, diagnostic
 
 from activedb._closedset import ClosedSet
 from activedb.errors import BadArgument, RuleFailed, causes, check_whole_number
-from activedb.outbox import GROUP_TRANSACTION, TakePacer
+from activedb.outbox import GROUP_TRANSACTION, FailedFiring, TakePacer
 from activedb.testing._choices import ChoiceTree, Chooser
 from activedb.testing._history import HistoryReport, check_history
 from activedb.testing.errors import (InterleavingError, InterleavingFailed, InterleavingHang, InvalidSchedule,
@@ -170,18 +170,45 @@ class Exploration:
 #: The databases on which a run was reported hung (:class:`InterleavingHang`): what hung may still run there, and
 #: the pytest plugin's teardown does not wait for it a second time (:func:`reported_hung`).
 _hung: "weakref.WeakSet[Database]" = weakref.WeakSet()
-_hung_mutex = threading.Lock()      # protects _hung (a leaf)
+#: Per database, the ids of the outbox's failed records the runs judged (reported, or accepted as expected): the
+#: pytest plugin's teardown does not warn of them again (:func:`judged_failures`).
+_judged: "weakref.WeakKeyDictionary[Database, set[int]]" = weakref.WeakKeyDictionary()
+_reported_mutex = threading.Lock()      # protects _hung and _judged (a leaf)
 
 
 def _reported(db: Database) -> None:
-    with _hung_mutex:
+    with _reported_mutex:
         _hung.add(db)
 
 
 def reported_hung(db: Database) -> bool:
     """Whether the interleaving runner reported a hang of a run on ``db`` (its rules may still be running)."""
-    with _hung_mutex:
+    with _reported_mutex:
         return db in _hung
+
+
+def judged_failures(db: Database) -> frozenset[int]:
+    """The ids of the outbox's failed records of ``db`` that runs of the interleaving runner judged: reported as
+    ``Verdict.RULE_FAILED``, or accepted by ``expected_errors``."""
+    with _reported_mutex:
+        return frozenset(_judged.get(db, ()))
+
+
+def failed_count(db: Database) -> int:
+    """How many firings the outbox of ``db`` holds as failed for good: the mark :func:`failed_since` counts from."""
+    return db.outbox.statistics().failed
+
+
+def failed_since(db: Database, before: int) -> list[FailedFiring]:
+    """The firings the outbox of ``db`` recorded as failed for good since it held ``before`` (:func:`failed_count`
+    then), oldest first — the interleaving runner's comparison after a run, and the pytest plugin's after a test."""
+    new = failed_count(db) - before
+    return list(reversed(db.outbox.failures(new))) if new > 0 else []
+
+
+def failed_text(firing: FailedFiring) -> str:
+    """A failed record as one line: its rule, its event and its error."""
+    return f"rule {firing.rule!r} failed on {firing.event}: {firing.error}"
 
 
 class Interleavings:
@@ -311,7 +338,7 @@ class Interleavings:
             self.setup(db)
         self._wait_idle("what the setup fired")       # before the run's history starts
         db.catalog.invalidate_key_blocks()     # generated keys come from the sequences as setup left them
-        failed_before = db.outbox.statistics().failed
+        failed_before = failed_count(db)
         history = db.history
         assert history is not None
         history.clear()
@@ -342,16 +369,18 @@ class Interleavings:
         """The detached firings of ``run`` the outbox recorded as failed for good (its failed records beyond the
         ``failed_before`` there were before the run), each as its rule's ``RuleFailed`` said it (the run's
         transactions named by their labels) — unless what the rule raised is, or was caused by, an expected error."""
-        new = self.db.outbox.statistics().failed - failed_before
-        if new <= 0:
+        failed = failed_since(self.db, failed_before)
+        if not failed:
             return ()
+        with _reported_mutex:
+            _judged.setdefault(self.db, set()).update(firing.id for firing in failed)
         said = []
-        for firing in reversed(self.db.outbox.failures(new)):        # (oldest first)
+        for firing in failed:
             reasons = [reason for reason in run.rule_failures
                        if reason.rule == firing.rule and _described(reason.event) == firing.event]
             if reasons and any(isinstance(cause, self.expected_errors) for cause in causes(reasons[-1])):
                 continue
-            text = str(reasons[-1]) if reasons else f"rule {firing.rule!r} failed on {firing.event}: {firing.error}"
+            text = str(reasons[-1]) if reasons else failed_text(firing)
             with run.condition:
                 said.append(run._by_label(text))
         return tuple(said)

@@ -11,7 +11,9 @@ setting: ``function``, the default, or ``module``):
   Alembic directories applied (the ``activedb_migrations`` setting, or ``@pytest.mark.activedb(migrations=[...])``);
   the database runs on ``activedb_clock``; closed and dropped at the end (after its detached firings, for at most
   ``CLOSE_TIMEOUT`` seconds; after the interleaving runner reported a hang on it, ``AFTER_HANG_TIMEOUT``: what still
-  runs then is left running, the close not waited for, and an :class:`ActivedbHangWarning` says so);
+  runs then is left running, the close not waited for, and an :class:`ActivedbHangWarning` says so); a detached
+  firing the outbox recorded as failed for good meanwhile is an :class:`ActivedbRuleFailedWarning` there (``-W
+  error::activedb.testing.pytest_plugin.ActivedbRuleFailedWarning`` makes it the test's error);
 * ``activedb_url`` — the URL of that database, for code that connects on its own;
 * ``activedb_clock`` — the test database's clock: a :class:`~activedb.clock.ManualClock` (time moves only when the
   test advances it) unless the marker gives another (``clock=SystemClock()``) or a factory of clocks (``clock=
@@ -58,6 +60,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from types import FrameType
 
     from activedb._database import Database
+    from activedb.outbox import FailedFiring
     from lockmgr.testing import Watchdog
 
 #: The environment variable that names the server to make test databases on (after the option and the setting).
@@ -76,6 +79,14 @@ class ActivedbHangWarning(pytest.PytestWarning):
     """The teardown of ``activedb_db`` after the interleaving runner reported a hang, or with detached firings still
     running ``CLOSE_TIMEOUT`` seconds after the test: they were left running, the database closed and dropped without
     waiting for them (issued at the test's teardown)."""
+
+
+class ActivedbRuleFailedWarning(pytest.PytestWarning):
+    """A detached rule firing of the test (of the module, with module scope) that the outbox recorded as failed for
+    good — an error no thread of the test saw — naming its rule, its event and what it raised (issued at the teardown
+    of ``activedb_db``; not for one a run of the interleaving runner judged already).  Make it the test's failure with
+    ``-W error::activedb.testing.pytest_plugin.ActivedbRuleFailedWarning`` or the ``filterwarnings`` setting; a test
+    that means its rule to fail filters it as ``ignore::…``."""
 
 
 class ActivedbMarkIgnoredWarning(pytest.PytestWarning):
@@ -315,25 +326,67 @@ def activedb_db(activedb_url: str, activedb_clock: Clock, activedb_settings: Dat
     :func:`_close_leaving_running`)."""
     import activedb
 
+    from activedb.testing._interleavings import failed_count, reported_hung
+
     database = _made(activedb.connect, activedb_url, clock=activedb_clock, **activedb_settings.connect)
+    try:
+        failed_before = failed_count(database)
+    except BaseException:
+        database.close()
+        raise
     try:
         yield database
     finally:
-        from activedb.testing._interleavings import reported_hung
-
         if reported_hung(database):
             _close_after_hang(database, activedb_url)
         else:
             try:
-                database.rules.wait_idle(CLOSE_TIMEOUT)
-            except TimeoutError as error:       # (the test has had its say: a warning, and the database dropped)
-                _close_leaving_running(database, activedb_url, _running(error),
-                                       f"detached rule firings still ran {CLOSE_TIMEOUT:g} s after the test")
+                try:
+                    database.rules.wait_idle(CLOSE_TIMEOUT)
+                    running = ""
+                except TimeoutError as error:   # (the test has had its say: a warning, and the database dropped)
+                    running = _running(error)
+                failed = _failed_in_the_test(database, failed_before)
             except BaseException:
                 database.close()
                 raise
+            if running:
+                _close_leaving_running(database, activedb_url, running,
+                                       f"detached rule firings still ran {CLOSE_TIMEOUT:g} s after the test")
             else:
                 database.close()
+            _warn_of_failed(failed)     # (after the close: -W error makes it an exception here)
+
+
+#: The failed records an :class:`ActivedbRuleFailedWarning` names (it counts the others).
+FAILED_NAMED = 5
+
+
+def _failed_in_the_test(database: Database, before: int) -> list[FailedFiring]:
+    """The detached firings the outbox of ``database`` recorded as failed for good since it held ``before`` failed
+    records (the interleaving runner's comparison, :func:`~activedb.testing._interleavings.failed_since`), but those
+    a run of the runner judged already (reported, or accepted as expected)."""
+    from activedb.testing._interleavings import failed_since, judged_failures
+
+    judged = judged_failures(database)
+    return [firing for firing in failed_since(database, before) if firing.id not in judged]
+
+
+def _warn_of_failed(failed: list[FailedFiring]) -> None:
+    """An :class:`ActivedbRuleFailedWarning` naming the rule, event and error of the ``failed`` records (the first
+    ``FAILED_NAMED`` of them)."""
+    import warnings
+
+    from activedb.testing._interleavings import failed_text
+
+    if not failed:
+        return
+    said = "; ".join(f"{failed_text(firing)} (outbox record {firing.id})" for firing in failed[:FAILED_NAMED])
+    more = f"; and {len(failed) - FAILED_NAMED} more" if len(failed) > FAILED_NAMED else ""
+    what = "a detached rule failed" if len(failed) == 1 else f"{len(failed)} detached rule firings failed"
+    warnings.warn(ActivedbRuleFailedWarning(
+        f"activedb_db: {what} for good: {said}{more} — db.outbox.failures() lists {'it' if len(failed) == 1 else 'them'}; "
+        f"-W error::activedb.testing.pytest_plugin.ActivedbRuleFailedWarning makes this a failure"), stacklevel=1)
 
 
 def _running(error: TimeoutError) -> str:

@@ -582,3 +582,57 @@ def test_a_detached_rule_still_running_at_the_teardown_is_a_warning_naming_it_an
                          result.stdout.str())
     assert teardown is not None and float(teardown.group(1)) < 9.0, result.stdout.str()    # (the close's 10 s: not)
     assert databases(activedb_server) == before                          # the test's database and template dropped
+
+
+FAILING_RULE = '''
+import pytest
+
+from activedb import Coupling
+from activedb.testing import Interleavings
+
+
+def divide(activedb_db):
+    @activedb_db.rule(on=activedb_db.inserted("customers"), coupling=Coupling.DETACHED, name="divide")
+    def divide(tx, event):
+        1 / 0
+
+
+def test_a_detached_rule_that_fails_for_good(activedb_db):
+    divide(activedb_db)
+    with activedb_db.transaction() as tx:
+        tx.insert("customers", name="ann")
+
+
+@pytest.mark.activedb(record_history=True)
+def test_one_the_interleaving_runner_accepted_is_not_said_again(activedb_db):
+    divide(activedb_db)
+
+    def insert(db):
+        with db.transaction() as tx:
+            tx.insert("customers", name="bob")
+
+    assert Interleavings(activedb_db, {"A": insert}, expected_errors=ZeroDivisionError).replay("").ok
+'''
+
+
+def test_a_detached_rule_that_fails_for_good_in_a_plain_test_is_a_warning_naming_it_that_w_error_makes_a_failure(
+        project, activedb_server):
+    """A detached rule that failed for good in a plain test (no interleaving runner) was only logged: the test passed
+    and the user had no word of it.  The teardown of ``activedb_db`` now warns (``ActivedbRuleFailedWarning``) naming
+    the rule, the event and the error — not of a failure the interleaving runner judged already — and ``-W
+    error::…`` makes the warning the test's failure."""
+    project.makepyfile(test_failing=FAILING_RULE)
+    url = f"--activedb-url={activedb_server.url('postgres')}"
+    result = project.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:randomly", url, timeout=300)
+    result.assert_outcomes(passed=2, warnings=1)
+    result.stdout.fnmatch_lines(["*test_failing.py::test_a_detached_rule_that_fails_for_good",
+                                 "*ActivedbRuleFailedWarning: activedb_db: a detached rule failed for good: rule "
+                                 "'divide' failed on *customers*: *ZeroDivisionError*division by zero*"])
+    assert "key='bob'" not in result.stdout.str()       # (the runner's run accepted it: one warning, of ann's)
+    strict = project.runpytest_subprocess(
+        "-p", "no:cacheprovider", "-p", "no:randomly", url,
+        "-W", "error::activedb.testing.pytest_plugin.ActivedbRuleFailedWarning", timeout=300)
+    strict.assert_outcomes(passed=2, errors=1)
+    strict.stdout.fnmatch_lines(["*ERROR at teardown of test_a_detached_rule_that_fails_for_good*",
+                                 "E *ActivedbRuleFailedWarning: activedb_db: a detached rule failed for good: rule "
+                                 "'divide'*"])
