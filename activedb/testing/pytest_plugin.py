@@ -10,10 +10,11 @@ setting: ``function``, the default, or ``module``):
 * ``activedb_db`` — ``activedb.connect(...)`` on a fresh database: activedb's schema at head and the application's
   Alembic directories applied (the ``activedb_migrations`` setting, or ``@pytest.mark.activedb(migrations=[...])``);
   the database runs on ``activedb_clock``; closed and dropped at the end (after its detached firings, for at most
-  ``CLOSE_TIMEOUT`` seconds; after the interleaving runner reported a hang on it, ``AFTER_HANG_TIMEOUT``: what still
-  runs then is left running, the close not waited for, and an :class:`ActivedbHangWarning` says so); a detached
-  firing the outbox recorded as failed for good meanwhile is an :class:`ActivedbRuleFailedWarning` there (``-W
-  error::activedb.testing.pytest_plugin.ActivedbRuleFailedWarning`` makes it the test's error);
+  the ``activedb_close_timeout`` setting's seconds, 30 by default; after the interleaving runner reported a hang on
+  it, ``AFTER_HANG_TIMEOUT``: what still runs then is left running, the close not waited for, and an
+  :class:`ActivedbHangWarning` says so); a detached firing the outbox recorded as failed for good meanwhile is an
+  :class:`ActivedbRuleFailedWarning` there (``-W error::activedb.testing.pytest_plugin.ActivedbRuleFailedWarning``
+  makes it the test's error);
 * ``activedb_url`` — the URL of that database, for code that connects on its own;
 * ``activedb_clock`` — the test database's clock: a :class:`~activedb.clock.ManualClock` (time moves only when the
   test advances it) unless the marker gives another (``clock=SystemClock()``) or a factory of clocks (``clock=
@@ -40,6 +41,7 @@ test or class, are an :class:`ActivedbMarkIgnoredWarning` at collection, naming 
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import signal
 import threading
@@ -65,7 +67,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 #: The environment variable that names the server to make test databases on (after the option and the setting).
 URL_VARIABLE = "ACTIVEDB_TEST_URL"
-#: Seconds a detached rule firing still running at the end of a test may take before the database is dropped.
+#: The default of the ``activedb_close_timeout`` setting: seconds a detached rule firing still running at the end of a
+#: test may take before it is left running and the database is dropped.
 CLOSE_TIMEOUT = 30.0
 #: Seconds the teardown waits for them, and then for the database's close, after the interleaving runner reported a
 #: hang on the database (it has waited for them already): what still runs then is left running.
@@ -77,8 +80,8 @@ _Made = TypeVar("_Made")
 
 class ActivedbHangWarning(pytest.PytestWarning):
     """The teardown of ``activedb_db`` after the interleaving runner reported a hang, or with detached firings still
-    running ``CLOSE_TIMEOUT`` seconds after the test: they were left running, the database closed and dropped without
-    waiting for them (issued at the test's teardown)."""
+    running ``activedb_close_timeout`` seconds after the test: they were left running, the database closed and dropped
+    without waiting for them (issued at the test's teardown)."""
 
 
 class ActivedbRuleFailedWarning(pytest.PytestWarning):
@@ -129,6 +132,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                   "database (relative to this file)", type="paths", default=[])
     parser.addini("activedb_database_scope", "how long a test database lives: function (default) or module",
                   default=DatabaseScope.FUNCTION.value)
+    parser.addini("activedb_close_timeout", "seconds the teardown of activedb_db waits for the detached rule firings "
+                  f"still running before it leaves them running, warns and drops the database (default "
+                  f"{CLOSE_TIMEOUT:g})", default=str(CLOSE_TIMEOUT))
     parser.addini("activedb_watchdog_timeout", "seconds before activedb_watchdog prints the wait-for graph and "
                   "fails the test (default 60)", default="60")
 
@@ -136,6 +142,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     try:
         _database_scope(config)
+        _close_timeout(config)
     except ActivedbError as error:
         raise pytest.UsageError(str(error)) from None
     config.addinivalue_line("markers", "activedb(migrations=[...], clock=..., **connect_options): how activedb_db is "
@@ -180,6 +187,19 @@ def _warn_of_marks_below_the_module(items: list[pytest.Item]) -> None:
 def _database_scope(config: pytest.Config) -> DatabaseScope:
     value = config.getini("activedb_database_scope") or DatabaseScope.FUNCTION.value
     return DatabaseScope.parse(str(value).strip(), "the activedb_database_scope setting")
+
+
+def _close_timeout(config: pytest.Config) -> float | None:
+    """The ``activedb_close_timeout`` setting: seconds (None: infinity, no limit)."""
+    given = config.getini("activedb_close_timeout")
+    try:
+        seconds = float(given)
+    except (TypeError, ValueError):
+        seconds = -1.0
+    if not seconds > 0:       # (also NaN)
+        raise BadArgument(f"the activedb_close_timeout setting is {given!r}: give the seconds the teardown of "
+                          f"activedb_db waits for detached rule firings, a number above 0 (default {CLOSE_TIMEOUT:g})")
+    return None if seconds == math.inf else seconds
 
 
 def _scope(fixture_name: str, config: pytest.Config) -> Literal["function", "module"]:
@@ -319,15 +339,16 @@ def activedb_url(activedb_server: Server, activedb_templates: Templates,
 
 
 @pytest.fixture(scope=_scope)
-def activedb_db(activedb_url: str, activedb_clock: Clock, activedb_settings: DatabaseSettings) -> Iterator["Database"]:
+def activedb_db(activedb_url: str, activedb_clock: Clock, activedb_settings: DatabaseSettings,
+                pytestconfig: pytest.Config) -> Iterator["Database"]:
     """``activedb.connect(...)`` on ``activedb_url``, on ``activedb_clock``; closed at the end (after the detached
-    firings still running, for at most ``CLOSE_TIMEOUT`` seconds — ``AFTER_HANG_TIMEOUT`` after the interleaving
-    runner reported a hang on it: :func:`_close_after_hang`; what still runs then is left running:
-    :func:`_close_leaving_running`)."""
+    firings still running, for at most the ``activedb_close_timeout`` setting's seconds — ``AFTER_HANG_TIMEOUT``
+    after the interleaving runner reported a hang on it: :func:`_close_after_hang`; what still runs then is left
+    running: :func:`_close_leaving_running`)."""
     import activedb
-
     from activedb.testing._interleavings import failed_count, reported_hung
 
+    close_timeout = _close_timeout(pytestconfig)      # (checked at pytest_configure)
     database = _made(activedb.connect, activedb_url, clock=activedb_clock, **activedb_settings.connect)
     try:
         failed_before = failed_count(database)
@@ -342,7 +363,7 @@ def activedb_db(activedb_url: str, activedb_clock: Clock, activedb_settings: Dat
         else:
             try:
                 try:
-                    database.rules.wait_idle(CLOSE_TIMEOUT)
+                    database.rules.wait_idle(close_timeout)
                     running = ""
                 except TimeoutError as error:   # (the test has had its say: a warning, and the database dropped)
                     running = _running(error)
@@ -352,7 +373,7 @@ def activedb_db(activedb_url: str, activedb_clock: Clock, activedb_settings: Dat
                 raise
             if running:
                 _close_leaving_running(database, activedb_url, running,
-                                       f"detached rule firings still ran {CLOSE_TIMEOUT:g} s after the test")
+                                       f"detached rule firings still ran {close_timeout:g} s after the test")
             else:
                 database.close()
             _warn_of_failed(failed)     # (after the close: -W error makes it an exception here)
@@ -383,9 +404,10 @@ def _warn_of_failed(failed: list[FailedFiring]) -> None:
         return
     said = "; ".join(f"{failed_text(firing)} (outbox record {firing.id})" for firing in failed[:FAILED_NAMED])
     more = f"; and {len(failed) - FAILED_NAMED} more" if len(failed) > FAILED_NAMED else ""
-    what = "a detached rule failed" if len(failed) == 1 else f"{len(failed)} detached rule firings failed"
+    one = len(failed) == 1
+    what, them = ("a detached rule failed", "it") if one else (f"{len(failed)} detached rule firings failed", "them")
     warnings.warn(ActivedbRuleFailedWarning(
-        f"activedb_db: {what} for good: {said}{more} — db.outbox.failures() lists {'it' if len(failed) == 1 else 'them'}; "
+        f"activedb_db: {what} for good: {said}{more} — db.outbox.failures() lists {them}; "
         f"-W error::activedb.testing.pytest_plugin.ActivedbRuleFailedWarning makes this a failure"), stacklevel=1)
 
 
@@ -396,7 +418,7 @@ def _running(error: TimeoutError) -> str:
 
 def _close_after_hang(database: Database, url: str) -> None:
     """Close ``database`` after the interleaving runner reported a hang on it (its firings were waited for then): the
-    firings are waited for ``AFTER_HANG_TIMEOUT`` seconds, not again ``CLOSE_TIMEOUT``, and then
+    firings are waited for ``AFTER_HANG_TIMEOUT`` seconds, not again ``activedb_close_timeout``, and then
     :func:`_close_leaving_running`."""
     try:
         database.rules.wait_idle(AFTER_HANG_TIMEOUT)
@@ -408,11 +430,11 @@ def _close_after_hang(database: Database, url: str) -> None:
 
 def _close_leaving_running(database: Database, url: str, running: str, when: str) -> None:
     """Close ``database`` whose detached firings did not all end (``running``: what the wait for them said, "" if
-    they ended) — after the interleaving runner's hang, or ``CLOSE_TIMEOUT`` after the test (``when`` says which):
-    the close is waited for ``AFTER_HANG_TIMEOUT`` seconds, not the outbox's close timeout; what still runs is left
-    running (the close goes on on a thread of its own and ends once the outbox's wait for the hung group is over) and
-    an :class:`ActivedbHangWarning` says so in one line.  The database is dropped after (``activedb_url``): the
-    sessions of the hung rules are ended with it."""
+    they ended) — after the interleaving runner's hang, or ``activedb_close_timeout`` after the test (``when`` says
+    which): the close is waited for ``AFTER_HANG_TIMEOUT`` seconds, not the outbox's close timeout; what still runs
+    is left running (the close goes on on a thread of its own and ends once the outbox's wait for the hung group is
+    over) and an :class:`ActivedbHangWarning` says so in one line.  The database is dropped after (``activedb_url``):
+    the sessions of the hung rules are ended with it."""
     import warnings
 
     import sqlalchemy as sa

@@ -544,9 +544,7 @@ SLOW = '''
 import threading
 
 from activedb import Coupling
-from activedb.testing import pytest_plugin
 
-pytest_plugin.CLOSE_TIMEOUT = 1.0        # (30 s by default: this test's bound, not what it checks)
 released = threading.Event()
 
 
@@ -568,11 +566,13 @@ def test_a_detached_rule_still_running_at_the_teardown_is_a_warning_naming_it_an
         project, activedb_server):
     """A detached rule still running at the end of a test (one that never returns) made the teardown of
     ``activedb_db`` wait ``CLOSE_TIMEOUT`` for it, then the outbox's close another 10 s, and said nothing: the test
-    passed, slow, and the user had no word of the rule.  After ``CLOSE_TIMEOUT`` the teardown now says in one line
-    which rules were left running, does not wait for the close again, and drops the database all the same."""
+    passed, slow, and the user had no word of the rule.  After the ``activedb_close_timeout`` setting's seconds
+    (``CLOSE_TIMEOUT`` by default) the teardown now says in one line which rules were left running, does not wait for
+    the close again, and drops the database all the same."""
     project.makepyfile(test_slow=SLOW)
     before = databases(activedb_server)
     result = project.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:randomly", "--durations=0",
+                                          "-o", "activedb_close_timeout=1",    # (30 s by default: not what is checked)
                                           f"--activedb-url={activedb_server.url('postgres')}", timeout=300)
     result.assert_outcomes(passed=2)
     result.stdout.fnmatch_lines(["*ActivedbHangWarning: activedb_db: detached rule firings still ran 1 s after the "
@@ -636,3 +636,15 @@ def test_a_detached_rule_that_fails_for_good_in_a_plain_test_is_a_warning_naming
     strict.stdout.fnmatch_lines(["*ERROR at teardown of test_a_detached_rule_that_fails_for_good*",
                                  "E *ActivedbRuleFailedWarning: activedb_db: a detached rule failed for good: rule "
                                  "'divide'*"])
+
+
+def test_the_close_timeout_is_a_setting_and_one_it_cannot_take_is_a_usage_error_naming_it(project):
+    """How long the teardown of ``activedb_db`` waits for detached firings (30 s) was the module constant
+    ``CLOSE_TIMEOUT``, which a user had to monkeypatch; it is the ``activedb_close_timeout`` setting (the test above
+    sets it), and a value it cannot take stops the run with one line naming the setting."""
+    project.makepyfile(test_project=PROJECT)
+    result = project.runpytest_subprocess("-p", "no:cacheprovider", "-o", "activedb_close_timeout=soon",
+                                          "-k", "fresh_database")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stdout.str() + result.stderr.str()
+    result.stderr.fnmatch_lines(["*the activedb_close_timeout setting is 'soon': give the seconds the teardown of "
+                                 "activedb_db waits for detached rule firings, a number above 0 (default 30)*"])
