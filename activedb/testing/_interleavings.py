@@ -609,7 +609,10 @@ class _Run(Observer):
                     break
                 self.condition.wait(0.001)
         raise self._hang(f"{', '.join(running)} neither paused at a step nor blocked within "
-                         f"{self.runner.step_timeout} s")
+                         f"{self.runner.step_timeout} s: a wait the runner cannot see — for something outside the run "
+                         f"(an event, a sleep, a thread of the application's), or a wait for another thread of the run "
+                         f"(a Sequencer, wait_until or an event in an actor: the runner orders the steps itself — drop "
+                         f"it, and replay(schedule) for one order) —, or work that takes longer than step_timeout")
 
     def _running(self, graph: "nx.DiGraph[Hashable]", runners: int) -> list[str]:
         """What is still running (empty: settled), given the wait-for graph and the outbox's runners.  Caller holds

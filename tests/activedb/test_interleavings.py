@@ -14,7 +14,8 @@ import sqlalchemy as sa
 
 import activedb
 from activedb import Coupling, Database, DeadlockDetected, Event, RuleFailed, Transaction
-from activedb.testing import Interleavings, InterleavingHang, InvalidSchedule, NondeterministicRun, Verdict
+from activedb.testing import (Interleavings, InterleavingHang, InvalidSchedule, NondeterministicRun, Sequencer,
+                              Verdict)
 from tests.conftest import APP_MIGRATIONS
 
 pytestmark = pytest.mark.activedb(migrations=[APP_MIGRATIONS])
@@ -566,3 +567,26 @@ def test_a_detached_rule_that_fails_for_good_fails_the_run_naming_the_rule_and_t
     expected = Interleavings(fresh, [insert_item("a")], setup=one_account,
                              expected_errors=(ZeroDivisionError,)).replay(failure.schedule)
     assert expected.ok, expected.describe()
+
+
+def test_a_sequencer_in_the_actors_is_a_hang_that_says_the_runner_orders_the_steps_itself(fresh):
+    """A user who had ordered two threads with ``Sequencer`` (or ``wait_until``) in a test, as the kit's other tools
+    do, and gave those functions to the runner as actors met an ``InterleavingHang`` saying only that the waiting
+    actor "neither paused at a step nor blocked": nothing said that the wait was the actor's own ordering, which the
+    runner cannot see and does not need.  The message now says so, and what to do instead."""
+    sequence = Sequencer(timeout=30)
+
+    def first(db: Database) -> None:
+        with sequence(0):
+            insert_item("a")(db)
+
+    def second(db: Database) -> None:
+        with sequence(1):
+            insert_item("b")(db)
+
+    with pytest.raises(InterleavingHang) as hang:
+        Interleavings(fresh, {"A1": first, "A2": second}, setup=one_account, step_timeout=2.0).replay("0.1")
+    message = str(hang.value)
+    assert "A2 (outside a transaction) neither paused at a step nor blocked within 2.0 s" in message, message
+    assert ("a wait for another thread of the run (a Sequencer, wait_until or an event in an actor: the runner orders "
+            "the steps itself — drop it, and replay(schedule) for one order)") in message, message
