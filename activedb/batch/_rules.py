@@ -554,7 +554,8 @@ def _count_chain(tally: "_Tally", chain: tuple["Rule", ...], declaration: Learne
                  positions: list[int]) -> None:
     """Add to ``tally`` what the learned ``chain`` did for the events at ``positions`` of a batch, as firing counts it:
     per event, each rule ``executed`` (or ``condition_false``) up to the rule that raised, if one did (``failed``); the
-    rules after it did not run (``cancelled``: stopped by that failure)."""
+    rules after it did not run (``cancelled``: stopped by that failure), and those before it that ran were undone with
+    the event's subtransaction (``cancelled`` too: the rejection undid them, though the batch commits)."""
     executed, condition_false, failed = [0] * len(chain), [0] * len(chain), [0] * len(chain)
     cancelled = [0] * len(chain)
     outcomes, rejected = declaration.outcomes, declaration.rejected
@@ -566,7 +567,7 @@ def _count_chain(tally: "_Tally", chain: tuple["Rule", ...], declaration: Learne
     for (raised, ran), count in kinds.items():
         for index in range(len(chain) if raised is None else raised):
             if ran[index]:
-                executed[index] += count
+                (executed if raised is None else cancelled)[index] += count
             else:
                 condition_false[index] += count
         if raised is not None:

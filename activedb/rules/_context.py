@@ -51,9 +51,11 @@ class RuleContext:
     * ``firings``: per rule, the firings dispatched in this tree (kept on the top-level transaction, None
       until the first; also the tree's firing record, added to the manager's counters when the tree ends);
     * ``couplings``: the coupling of each rule of ``firings`` (for the per-mode counters);
-    * ``executed``: per rule, the firings run as subtransactions of this tree whose action ran and whose subtransaction
-      committed (kept on the top-level transaction, None until the first): added to the manager's ``executed``
-      counters if the tree commits, dropped if it aborts (an attempt re-run after a conflict counts none);
+    * ``executed``: per rule, the firings run as children of this transaction (and of its committed descendants)
+      whose action ran and whose subtransaction committed (None until the first): passed on to the parent when this
+      transaction commits, counted ``cancelled`` when it aborts (``FiringRecord.passed_on``); the top-level
+      transaction's are added to the manager's ``executed`` counters if the tree commits, to ``cancelled`` if it
+      aborts (an attempt re-run after a conflict counts none executed);
     * ``held_deferred``: deferred firings raised in this transaction, a C-A action of a deferred firing (which owns no
       queue, and aborts on its own when its condition says so), held until it commits (:func:`defer`).
 

@@ -27,7 +27,7 @@ from activedb.rules._record import FiringRecord
 from activedb.rules._registry import RuleRegistry
 from activedb.store import own_image
 from activedb.txn import (FiringOutcome, Transaction, TransactionExtension, TxnState, run_group, run_inline, set_slot,
-                          slot, stack_is_deep, wait_children)
+                          slot, stack_is_deep, wait_children, want_end_hooks)
 
 if TYPE_CHECKING:  # pragma: no cover
     from activedb.store import Catalog
@@ -175,7 +175,8 @@ class RuleManager(TransactionExtension):
     # --- the extension hooks -------------------------------------------------------------------
 
     #: A frame's hooks would do nothing here unless it has a deferred queue (``deferred_queue_for`` gives it
-    #: one and asks for its end hooks: ``want_end_hooks``); gate keys are a spawned child's or a top-level's.
+    #: one and asks for its end hooks: ``want_end_hooks``) or executed firings to pass on (``_record_executed`` asks
+    #: too); gate keys are a spawned child's or a top-level's.
     frame_hooks = False
 
     def wants_old_images(self, table: str) -> bool:
@@ -231,6 +232,12 @@ class RuleManager(TransactionExtension):
                 context.held_deferred = None
                 self._never_ran(held)
         if transaction.parent is not None:
+            if context is not None and context.executed is not None:
+                # Firings that ran and committed under it: its parent's now, or undone by its abort — cancelled.
+                parent = transaction.parent if committed else None
+                if parent is not None and parent.parent is not None:
+                    want_end_hooks(parent)      # (a frame's end too, to pass them on in turn)
+                self.record.passed_on(context, None if parent is None else slot(parent, RuleContext))
             return
         if not committed and self.registry.by_kind.get(EventKind.ABORTED):
             # (Also when the abort may hide a commit, ``outcome_unknown``: the firings, all of the detached family,
@@ -303,7 +310,12 @@ class RuleManager(TransactionExtension):
                 except BaseException as error:
                     _raise_failure(firing, error, "immediate")
                 finally:
-                    self.record.ran(root, tree, rule, executed)
+                    if executed and transaction is not root:
+                        # (Under a subtransaction, whose abort would undo it: recorded there, ``_record_executed``.)
+                        self.record.ran(root, tree, rule, False)
+                        self._record_executed(transaction, [rule.name])
+                    else:
+                        self.record.ran(root, tree, rule, executed)
                 return
             self.record.dispatched(root, tree, rules)
             if firing.coupling is _DEFERRED:
@@ -407,7 +419,7 @@ class RuleManager(TransactionExtension):
                     _raise_failure(firing, error, what)
         finally:
             if executed:
-                self.record.executed(slot(transaction.root, RuleContext), executed)
+                self._record_executed(transaction, executed)
 
     def plan(self, transaction: Transaction, event: Event) -> list[Firing]:
         """The firings ``event`` causes in ``transaction``, in the order a dispatch runs them: the enabled rules
@@ -554,7 +566,16 @@ class RuleManager(TransactionExtension):
         names = [firing.rule.name for firing in firings
                  if firing.coupling is _IMMEDIATE or firing.coupling is _DEFERRED]     # runs_as_subtransaction
         if names:
-            self.record.executed(slot(transaction.root, RuleContext), names)
+            self._record_executed(transaction, names)
+
+    def _record_executed(self, transaction: Transaction, names: "list[str]") -> None:
+        """Firings of the rules ``names`` (one name per firing) ran as children of ``transaction`` and committed:
+        recorded on ``transaction`` itself, whose end passes them on — to its parent when it commits, as
+        ``cancelled`` when it aborts, which undid them (``after_end``) — up to the root, whose end counts them
+        (``FiringRecord.fold``)."""
+        if transaction.parent is not None:
+            want_end_hooks(transaction)         # (a frame's end too: ``after_end`` passes its record on)
+        self.record.executed(slot(transaction, RuleContext), names)
 
 
 def _aborted_itself(rule: Rule, part: str, transaction: Transaction) -> NoReturn:

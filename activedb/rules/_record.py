@@ -2,7 +2,9 @@
 E-C coupling its firings.  A tree's firings are counted on its root's ``RuleContext`` (also its
 transaction-log row's ``rule_firings``) and added here once, when the tree ends (``fold``), not per firing; so are
 its executed firings (``executed``), added as ``executed`` if the tree committed and as ``cancelled`` if it aborted.
-``_mutex`` (a leaf) protects the counters and a root's ``firings``/``couplings``/``executed``.
+An executed firing is recorded on the transaction it ran under (its parent), which passes it on as it ends
+(``passed_on``): to its own parent when it commits, as ``cancelled`` when it aborts — up to the root.
+``_mutex`` (a leaf) protects the counters and the ``firings``/``couplings``/``executed`` of the contexts.
 """
 
 from __future__ import annotations
@@ -142,8 +144,9 @@ class FiringRecord:
 
     def executed(self, context: RuleContext, names: "list[str]") -> None:
         """Firings of the rules ``names`` (one name per firing) executed — their actions ran and their subtransactions
-        committed — in the tree whose root's ``RuleContext`` is ``context``: counted ``executed`` when that tree
-        commits (``fold``), ``cancelled`` if it aborts.  One mutex section for them all."""
+        committed — under the transaction whose ``RuleContext`` is ``context`` (the root's, or a subtransaction's,
+        which passes them on: ``passed_on``): counted ``executed`` when the tree commits (``fold``), ``cancelled`` if
+        it or a subtransaction they ran under aborts.  One mutex section for them all."""
         mutex = self._mutex
         mutex.acquire()
         try:
@@ -154,6 +157,25 @@ class FiringRecord:
                 done[name] = done.get(name, 0) + 1
         finally:
             mutex.release()
+
+    def passed_on(self, context: RuleContext, parent: RuleContext | None) -> None:
+        """A subtransaction whose ``RuleContext`` is ``context`` ended, with executed firings recorded on it
+        (:meth:`executed`): they go to ``parent``, its parent's ``RuleContext``, if it committed, and count
+        ``cancelled`` if it aborted (``parent`` None) — the abort undid them, even if their tree commits."""
+        with self._mutex:
+            executed, context.executed = context.executed, None
+            if not executed:
+                return
+            if parent is None:
+                for name, count in executed.items():
+                    self._counters[name].cancelled += count
+                return
+            done = parent.executed
+            if done is None:
+                parent.executed = executed
+            else:
+                for name, count in executed.items():
+                    done[name] = done.get(name, 0) + count
 
     def snapshot(self) -> tuple[dict[str, RuleCounters], dict[str, int]]:
         """Copies of the per-rule counters and of the per-coupling firings (by the coupling's value)."""

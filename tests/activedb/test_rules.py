@@ -1649,3 +1649,38 @@ def test_a_firing_whose_action_lets_a_nested_rules_failure_through_counts_cancel
             db.rules.remove(name)
     assert (outer, FiringOutcome.CANCELLED) in ends, ends
     assert counters == {outer: (1, 0, 0, 1, 0), inner: (1, 0, 1, 0, 0)}, counters
+
+
+@pytest.mark.parametrize("coupling", [Coupling.IMMEDIATE, Coupling.DEFERRED])
+@pytest.mark.parametrize("nested_in", ["an application subtransaction", "a rule's action"])
+def test_a_firing_an_aborted_subtransaction_undid_counts_cancelled_though_its_tree_committed(db, coupling, nested_in):
+    """A firing ran and its subtransaction committed inside a subtransaction (an application's, or an immediate
+    rule's that catches the error it raises itself and so undoes only that subtransaction) which then aborted; the
+    tree committed.  The abort undid the firing's work: counted ``cancelled``, as a lowered batch counts it
+    (``_Tally.aborted``).  Before, it counted ``executed`` — its record went to the tree's root at once."""
+    tag = f"{coupling.value}_{nested_in.split()[1].strip(chr(39) + 's')}"
+    name, outer = f"undone_by_a_sub_{tag}", f"undoes_{tag}"
+    ran = []
+    db.rule(on=db.signalled(name), name=name, coupling=coupling)(lambda tx, event: ran.append(event))
+
+    def signal_then_undo(tx, event=None):
+        with pytest.raises(ValueError):
+            with tx.subtransaction() as sub:
+                with sub.subtransaction() as inner:       # commits (a deferred firing runs at this commit)
+                    inner.signal(name)
+                raise ValueError("undo the subtransaction")
+
+    db.rule(on=db.signalled(outer), name=outer)(signal_then_undo)
+    try:
+        with db.transaction() as tx:
+            if nested_in == "a rule's action":
+                tx.signal(outer)
+            else:
+                signal_then_undo(tx)
+        counters = _outcomes(db, [name])
+    finally:
+        db.rules.remove(name)
+        db.rules.remove(outer)
+    assert len(ran) == 1
+    assert counters == {name: (1, 0, 0, 1, 0)}, counters       # fired, executed, failed, cancelled, condition false
+

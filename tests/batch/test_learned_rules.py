@@ -550,8 +550,9 @@ def refuse_odd_after_counting(tx, event):
 def test_a_rule_raising_inside_a_chain_rejects_its_event_and_the_counters_move_as_firing_moves_them(databases):
     """The counter, then a rule that raises where the amount is odd (after the counter wrote the row), then the counter
     again where the amount is odd (never reached for those): the event's dead letter, no write of it, the first rule
-    executed, the second failed, the third not run: cancelled, stopped by that failure — as firing it.  (Each firing
-    ends in one outcome: before, the third counted fired and nothing else, on both paths.)"""
+    cancelled (the event's rejection undid it), the second failed, the third not run: cancelled, stopped by that
+    failure — as firing it.  (Each firing ends in one outcome: before, the third counted fired and nothing else, on
+    both paths.)"""
     names = ("rchain_count", "rchain_refuse", "rchain_again")
 
     def register(database):
@@ -572,6 +573,7 @@ def test_a_rule_raising_inside_a_chain_rejects_its_event_and_the_counters_move_a
     assert moved[0] == moved[1]
     assert moved[0]["rchain_refuse"][2] > 0 and len(letters(databases[0], source)) == moved[0]["rchain_refuse"][2]
     assert moved[0]["rchain_again"][4] == moved[0]["rchain_refuse"][2], moved[0]
+    assert moved[0]["rchain_count"][4] == moved[0]["rchain_refuse"][2], moved[0]      # undone with its event
     assert all(fired == sum(outcomes) for fired, *outcomes in moved[0].values()), moved[0]
 
 
