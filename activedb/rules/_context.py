@@ -97,6 +97,8 @@ def deferred_queue_for(transaction: "Transaction", max_cycles: int) -> DeferredQ
             if context.deferred_queue is None:
                 want_end_hooks(node)    # a frame stays one: its before_commit runs the queue
                 context.deferred_queue = DeferredQueue(max_cycles=max_cycles, name=node.id)
+                if firing is not None:
+                    firing.deferring = True     # (a firing's own queue: run before its outcome is told)
             return context.deferred_queue
         node = node.parent
     raise AssertionError("a top-level transaction always owns a deferred queue")

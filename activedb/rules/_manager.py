@@ -30,6 +30,8 @@ from activedb.txn import (FiringOutcome, Transaction, TransactionExtension, TxnS
                           slot, stack_is_deep, wait_children, want_end_hooks)
 
 if TYPE_CHECKING:  # pragma: no cover
+    from coupling import DeferredQueue
+
     from activedb.store import Catalog
     from activedb.txn import TransactionManager
 
@@ -191,16 +193,7 @@ class RuleManager(TransactionExtension):
         if context is not None:
             queue = context.deferred_queue
             if queue is not None:
-                wait_children(transaction)
-                try:
-                    for cycle in queue.cycles():
-                        # (The cycle's firings as they are: iterating it makes a ``DeferredFiring`` of each.)
-                        self._run_groups(transaction, list(cycle.firings), f"deferred cycle {cycle.number}")
-                except DeferredCycleLimitExceeded as error:
-                    self._never_ran(error.pending)  # type: ignore[arg-type]  # (the queue's firings)
-                    raise CascadeLimitExceeded(
-                        f"deferred rules of {transaction.id} kept firing each other for {queue.max_cycles} cycles; "
-                        f"break the cycle or raise max_deferred_cycles", [str(error)]) from error
+                self._run_deferred(transaction, queue)
             if context.gate_key is not None:
                 verdict = self.detached.wait_may_commit(transaction, context)
                 if verdict is not Verdict.COMMIT:
@@ -212,6 +205,20 @@ class RuleManager(TransactionExtension):
             # flush, so that the outbox records them in it: they run if and only if the commit happens.
             self.on_event(transaction, Event(EventKind.COMMITTED, transaction.name, payload=dict(transaction.info),
                                              transaction=transaction.id))
+
+    def _run_deferred(self, transaction: Transaction, queue: "DeferredQueue[Firing]") -> None:
+        """Run ``queue``, the deferred firings waiting for ``transaction``'s commit, cycle after cycle, once its
+        children ended (then the queue is closed)."""
+        wait_children(transaction)
+        try:
+            for cycle in queue.cycles():
+                # (The cycle's firings as they are: iterating it makes a ``DeferredFiring`` of each.)
+                self._run_groups(transaction, list(cycle.firings), f"deferred cycle {cycle.number}")
+        except DeferredCycleLimitExceeded as error:
+            self._never_ran(error.pending)  # type: ignore[arg-type]  # (the queue's firings)
+            raise CascadeLimitExceeded(
+                f"deferred rules of {transaction.id} kept firing each other for {queue.max_cycles} cycles; "
+                f"break the cycle or raise max_deferred_cycles", [str(error)]) from error
 
     def after_end(self, transaction: Transaction, committed: bool) -> None:
         context = slot(transaction, RuleContext, create=False)
@@ -459,7 +466,8 @@ class RuleManager(TransactionExtension):
                     executed = run_inline(transaction, run, firing, _transaction_name(firing.rule), Firing)
                 except (RuleFailed, CascadeLimitExceeded) as error:
                     # As ``_execute`` ended it (and counted it); a failure it did not see — raised by the firing's
-                    # commit, a deferred firing its action raised — stopped it from outside: cancelled.
+                    # commit after its run, a deferred firing an observer queued then — stopped it from outside:
+                    # cancelled.
                     fired.append(ended[0] if ended and ended[0].outcome in (_FAILED, _CANCELLED)
                                  else Fired(_CANCELLED, error))
                     continue
@@ -507,6 +515,15 @@ class RuleManager(TransactionExtension):
             elif not condition_then_action(self, transaction, firing):
                 outcome = _CONDITION_FALSE
                 return False
+            if firing.deferring:
+                # The deferred firings its action raised (immediate and detached firings own a queue) run at its
+                # commit: run now, before its outcome is told, a failing one ends this firing as it is counted and
+                # told — cancelled, undone by another firing's failure —, not executed.  (Deferred after this, by
+                # an observer, they run at the commit: a queue of their own.)
+                context = slot(transaction, RuleContext, create=False)
+                if context is not None and context.deferred_queue is not None:
+                    self._run_deferred(transaction, context.deferred_queue)
+                    context.deferred_queue = None
             outcome = _EXECUTED
         except (DependencyAbort, CascadeLimitExceeded, RuleFailed, TransactionAborted) as error:
             stopped_by = error

@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Literal, NamedTuple
 
 from coupling import Coupling
@@ -154,6 +154,9 @@ class Firing:
     chain: tuple[str, ...]
     coupling: Coupling
     number: int
+    #: Its own transaction was given a deferred queue (``deferred_queue_for``): ``RuleManager._execute`` runs that
+    #: queue before it tells the firing's outcome (an attribute read per firing, not a slot's lookup).
+    deferring: bool = field(default=False, compare=False, repr=False)
 
     @property
     def priority(self) -> float | None:

@@ -1609,26 +1609,18 @@ def test_a_rule_that_raises_rule_failed_itself_counts_failed(db, coupling):
     assert counters == {name: (1, 0, 1, 0, 0)}, counters
 
 
-@pytest.mark.parametrize("coupling, trigger", [(Coupling.IMMEDIATE, "lets it abort the tree"),
-                                               (Coupling.DEFERRED, "lets it abort the tree"),
-                                               (Coupling.IMMEDIATE, "catches it and commits")])
-def test_a_firing_whose_action_lets_a_nested_rules_failure_through_counts_cancelled(db, coupling, trigger):
-    """``outer``'s action signals an event whose immediate rule ``inner`` raises, and lets the RuleFailed through:
-    ``inner`` is counted failed (it ended itself), ``outer`` — stopped by another firing's failure, as observers are
-    told (``cancelled``) — cancelled, whether the trigger lets the error abort its tree or (immediate) catches it and
-    commits.
-    Before, ``outer`` ended in no outcome: fired 1, nothing else."""
-    tag = f"{coupling.value}_{trigger.split()[0]}"
-    outer, inner = f"lets_through_{tag}", f"breaks_inside_{tag}"
+def _nested_failure(db, outer, outer_coupling, inner, inner_coupling, trigger):
+    """``outer``'s action signals ``inner``, whose rule raises; the trigger ``lets it abort the tree`` or ``catches
+    it and commits``.  What observers were told (rule name, outcome) and the two rules' ``_outcomes``."""
     ends: list[tuple[str, FiringOutcome]] = []
 
     class Ends(Observer):
         def on_firing_end(self, transaction, firing, outcome):
             ends.append((firing.rule.name, outcome))
 
-    db.rule(on=db.signalled(outer), name=outer, coupling=coupling)(lambda tx, event: tx.signal(inner))
+    db.rule(on=db.signalled(outer), name=outer, coupling=outer_coupling)(lambda tx, event: tx.signal(inner))
 
-    @db.rule(on=db.signalled(inner), name=inner)
+    @db.rule(on=db.signalled(inner), name=inner, coupling=inner_coupling)
     def breaks(tx, event):
         raise ValueError("the nested rule breaks")
 
@@ -1642,11 +1634,25 @@ def test_a_firing_whose_action_lets_a_nested_rules_failure_through_counts_cancel
             with db.transaction() as tx:
                 with pytest.raises(RuleFailed):
                     tx.signal(outer)
-        counters = _outcomes(db, [outer, inner])
+        return ends, _outcomes(db, [outer, inner])
     finally:
         db.transactions.observers.remove(ends_observer)
         for name in (outer, inner):
             db.rules.remove(name)
+
+
+@pytest.mark.parametrize("coupling, trigger", [(Coupling.IMMEDIATE, "lets it abort the tree"),
+                                               (Coupling.DEFERRED, "lets it abort the tree"),
+                                               (Coupling.IMMEDIATE, "catches it and commits")])
+def test_a_firing_whose_action_lets_a_nested_rules_failure_through_counts_cancelled(db, coupling, trigger):
+    """``outer``'s action signals an event whose immediate rule ``inner`` raises, and lets the RuleFailed through:
+    ``inner`` is counted failed (it ended itself), ``outer`` — stopped by another firing's failure, as observers are
+    told (``cancelled``) — cancelled, whether the trigger lets the error abort its tree or (immediate) catches it and
+    commits.
+    Before, ``outer`` ended in no outcome: fired 1, nothing else."""
+    tag = f"{coupling.value}_{trigger.split()[0]}"
+    outer, inner = f"lets_through_{tag}", f"breaks_inside_{tag}"
+    ends, counters = _nested_failure(db, outer, coupling, inner, Coupling.IMMEDIATE, trigger)
     assert (outer, FiringOutcome.CANCELLED) in ends, ends
     assert counters == {outer: (1, 0, 0, 1, 0), inner: (1, 0, 1, 0, 0)}, counters
 
@@ -1684,3 +1690,16 @@ def test_a_firing_an_aborted_subtransaction_undid_counts_cancelled_though_its_tr
     assert len(ran) == 1
     assert counters == {name: (1, 0, 0, 1, 0)}, counters       # fired, executed, failed, cancelled, condition false
 
+
+@pytest.mark.parametrize("trigger", ["lets it abort the tree", "catches it and commits"])
+def test_an_immediate_firing_whose_deferred_rule_fails_at_its_commit_counts_cancelled(db, trigger):
+    """``outer`` (immediate) signals an event whose deferred rule ``inner`` raises: ``inner`` runs at the commit of
+    ``outer``'s subtransaction, fails, and that commit fails with it.  Nothing of ``outer`` took effect, and what
+    stopped it was another firing's failure: ``cancelled`` — counted once, and observers are told so, never
+    ``executed``.  Before, observers were told ``executed`` (the action had returned) and the counters held no
+    outcome for it: fired 1, nothing else."""
+    tag = trigger.split()[0]
+    outer, inner = f"defers_a_failure_{tag}", f"fails_deferred_{tag}"
+    ends, counters = _nested_failure(db, outer, Coupling.IMMEDIATE, inner, Coupling.DEFERRED, trigger)
+    assert sorted(ends) == sorted([(inner, FiringOutcome.FAILED), (outer, FiringOutcome.CANCELLED)]), ends
+    assert counters == {outer: (1, 0, 0, 1, 0), inner: (1, 0, 1, 0, 0)}, counters
