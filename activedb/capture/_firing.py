@@ -174,27 +174,38 @@ class CaptureHandler(BatchHandler):
         fast path), and one subtransaction each if not, or if any of them raised there (nothing of the shared
         one is kept)."""
         rules = self._bound().rules
+        ran = 0         # how many of the chunk's firings the shared run began
         if inline and chunk:
+            fired: list[Fired] = []
+
             def shared(child: Transaction) -> list[Fired]:      # (firing by firing: event_in_progress knows each)
-                fired = []
+                nonlocal ran
                 for event, firing in chunk:
                     self._running = event
+                    ran += 1
                     fired.extend(rules.fire(child, [firing], shared=True))
                 return fired
 
             try:
-                fired = lowlevel.run_subtransaction(tx, shared, name=f"capture:{self.consumer}:rules")
+                lowlevel.run_subtransaction(tx, shared, name=f"capture:{self.consumer}:rules")
                 return [Result(event.change, event.position, firing, outcome, None)
                         for (event, firing), (outcome, _) in zip(chunk, fired)]
             except Exception as error:       # re-run one by one: the failing firing alone is discarded
                 logger.info("capture consumer %r: a firing of a chunk of %d raised (%r); running them one by one",
                             self.consumer, len(chunk), error)
+                # Counters count attempts (rules README): the shared run's abort undid the firings it had executed —
+                # cancelled (a detached firing's ``executed`` is this consumer's to count) —, and each firing it
+                # began runs again as an attempt of its own (``fire(again=True)``: ``fired`` once more).
+                for (_, firing), (outcome, _) in zip(chunk, fired):
+                    if outcome is FiringOutcome.EXECUTED:
+                        rules.count(firing.rule, "cancelled")
                 # (The shared run's rules may have changed their events: each runs again on the event as captured.)
                 chunk = [(event, _afresh(firing, event)) for event, firing in chunk]
         results = []
-        for event, firing in chunk:
+        for index, (event, firing) in enumerate(chunk):
             self._running = event
-            results.append(Result(event.change, event.position, firing, *fire(rules, tx, firing, event)))
+            results.append(Result(event.change, event.position, firing,
+                                  *fire(rules, tx, firing, event, again=index < ran)))
         return results
 
 
@@ -214,15 +225,17 @@ def may_share_a_subtransaction(database: "Database", planned: list[tuple[Capture
     return all(firing.rule.action_coupling is Coupling.IMMEDIATE for _, firing in planned)
 
 
-def fire(rules: RuleManager, transaction: Transaction, firing: Firing, captured: CapturedEvent) -> Fired:
+def fire(rules: RuleManager, transaction: Transaction, firing: Firing, captured: CapturedEvent, *,
+         again: bool = False) -> Fired:
     """Run one firing (of ``captured``) in its own subtransaction of the batch, again while it fails transiently —
-    each attempt after the first on the event as captured (``_afresh``): the failed attempt may have changed it."""
+    each attempt after the first on the event as captured (``_afresh``): the failed attempt may have changed it.
+    Each attempt counts as one (``rules.fire(again=…)``); ``again``: the first too (a shared run began it)."""
     transient: BaseException | None = None
     for attempt in range(FIRING_ATTEMPTS):
         if attempt:
             firing = _afresh(firing, captured)
         try:
-            (fired,) = rules.fire(transaction, [firing])
+            (fired,) = rules.fire(transaction, [firing], again=again or attempt > 0)
             if not isinstance(fired.error, TRANSIENT):
                 return fired
             transient = fired.error

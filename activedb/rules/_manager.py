@@ -446,13 +446,19 @@ class RuleManager(TransactionExtension):
             return firings
         return [firing for group in priority_groups(firings) for firing in group]
 
-    def fire(self, transaction: Transaction, firings: list[Firing], *, shared: bool = False) -> list[Fired]:
+    def fire(self, transaction: Transaction, firings: list[Firing], *, shared: bool = False,
+             again: bool = False) -> list[Fired]:
         """Run ``firings`` (:meth:`plan`'s: the capture consumer's) in order, each as :meth:`execute` does
         in a subtransaction of its own, and tell each one's :class:`FiringOutcome` as :meth:`execute` counted it (a
         rule that raises is FAILED; one whose action let a nested firing's failure or the cascade limit through, or
         whose tree was a deadlock's victim, CANCELLED — ``Fired.error`` says what stopped it —; the others go on);
         ``shared``: all in ``transaction`` itself, the first error propagates.
-        An error of the transaction itself (deadlock, serialization conflict) propagates either way."""
+        An error of the transaction itself (deadlock, serialization conflict) propagates either way.
+        ``again``: the firings ran before in this tree, in an attempt that did not last (a shared run that failed, a
+        transient failure): each counts ``fired`` once more, an attempt with an outcome of its own, in the counters
+        (``statistics``) — not in the tree's firing record (its transaction-log row), which has each planned once."""
+        if again:
+            self.record.attempted(firings)
         fired = []
         for firing in firings:
             if shared:

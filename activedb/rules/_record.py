@@ -20,7 +20,7 @@ from activedb.rules._model import RuleCounter, RuleCounters
 from activedb.txn import TxnState, slot
 
 if TYPE_CHECKING:  # pragma: no cover
-    from activedb.rules._model import Rule
+    from activedb.rules._model import Firing, Rule
     from activedb.txn import Transaction
 
 
@@ -135,6 +135,14 @@ class FiringRecord:
             for name, count in (context.firings or {}).items():
                 self._counters[name].fired += count
                 self._per_mode[couplings[name]] += count
+
+    def attempted(self, firings: "Iterable[Firing]") -> None:
+        """``firings``, planned and run before in their tree, run again: each counts ``fired`` once more, an attempt,
+        at once (``RuleManager.fire(again=True)``); the tree's firing record keeps them planned once."""
+        with self._mutex:
+            for firing in firings:
+                self._counters[firing.rule.name].fired += 1
+                self._per_mode[firing.rule.coupling] += 1
 
     def count(self, name: str, what: RuleCounter, amount: int = 1) -> None:
         """Add ``amount`` to counter ``what`` (a ``RuleCounters`` field) of rule ``name``."""

@@ -285,6 +285,33 @@ def test_a_captured_rule_whose_action_lets_a_nested_rules_failure_through_is_sai
     assert "rule 'checks' failed on signal checked" in reason and "the check breaks" in reason, reason
 
 
+def test_each_attempt_of_a_captured_firing_counts_fired_and_one_outcome(clean, conninfo):
+    """Three captured changes share a chunk's subtransaction; the second one's firing raises there, so that
+    subtransaction aborts — undoing the first one's, which had run — and the three run again, one subtransaction
+    each (README, "Counters count attempts").  Each attempt counts ``fired`` and ends in one outcome: the first
+    firing executed once and was cancelled once (the shared run's abort undid it), the second failed twice, the
+    third, which the shared run never reached, executed once — fired 5 = executed 2 + failed 2 + cancelled 1.  The
+    batch's ledger row still counts the firings its changes caused, once each.  Before, ``fired`` counted each
+    planned firing once whatever its attempts: fired 3 with 5 outcomes."""
+    db = clean
+
+    @db.rule(on=db.captured("orders", "inserted"), coupling="detached", name="counted_per_attempt")
+    def counted_per_attempt(tx, event):
+        if event.key == 41:
+            raise ValueError("no 41")
+
+    with psycopg.connect(conninfo, autocommit=True) as psql:
+        psql.execute("INSERT INTO orders (id, customer, amount) VALUES (40, 'a', 1), (41, 'a', 1), (42, 'a', 1)")
+    consumer = db.capture.consumer()
+    assert consumer.run_until_caught_up() == 3
+    counted = db.rules.statistics().per_rule["counted_per_attempt"]
+    assert (counted.fired, counted.executed, counted.failed, counted.cancelled, counted.condition_false) \
+        == (5, 2, 2, 1, 0), counted
+    with db.engine.connect() as connection:
+        [firings] = connection.execute(sa.text("SELECT rule_firings FROM activedb_ingestion_ledger")).scalars().all()
+    assert firings["counted_per_attempt"] == 3, firings
+
+
 def test_a_rule_that_never_returns_passes_its_deadline_its_change_is_a_dead_letter_and_the_next_is_applied(
         clean, conninfo):
     """A consumer given Deadlines (as `activedb run` takes them): a rule that never returns on one change fails its
