@@ -81,6 +81,15 @@ def not_at_head(state: SchemaState, revision: str | None, where: str, then: str 
                            f"needs {head()}: run `activedb db upgrade`{then}")
 
 
+def unknown_to_downgrade(revision: str | None) -> SchemaNotAtHead:
+    """The refusal of a downgrade of activedb's own tables at ``revision``, one this installation does not know (a
+    newer activedb wrote it: no revision file here says how to undo it), and what to run instead."""
+    return SchemaNotAtHead(f"activedb's tables are at revision {revision}, which this activedb does not know (a newer "
+                           f"activedb wrote it), so no file here says how to undo it: `activedb db downgrade {head()}` "
+                           f"of the activedb that wrote it takes them down to this one's head, which this one then "
+                           f"downgrades further; nothing was changed")
+
+
 class _Blockers:
     """Who blocks backend ``pid`` (``pg_blocking_pids``), asked on a thread of its own every ``every`` seconds while
     the block runs, on a connection of its own: when a statement of the run fails at its lock timeout, the run's
@@ -485,7 +494,11 @@ class Schema:
             raise
 
     def downgrade(self, revision: str, *, lock_timeout: float | None = LOCK_TIMEOUT_SECONDS) -> None:
-        """Take activedb's own schema down to ``revision`` (``lock_timeout``: as ``upgrade``'s)."""
+        """Take activedb's own schema down to ``revision`` (``lock_timeout``: as ``upgrade``'s); :class:`SchemaNotAtHead`,
+        nothing run, if it is at a revision this installation does not know (:func:`unknown_to_downgrade`)."""
+        state, current_revision = self.state()
+        if state is SchemaState.UNKNOWN:
+            raise unknown_to_downgrade(current_revision)
         self._run("downgrade", revision, migrations.SCRIPT_LOCATION, lock_timeout)
 
     def current_revision(self) -> str | None:

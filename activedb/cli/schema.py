@@ -98,6 +98,8 @@ def _migrate_command(ctx: click.Context, action: str, revision: str, sql: bool, 
             if before is None:
                 click.echo(f"already at base: no activedb tables to drop ({database.describe()})")
                 return
+            if database.schema.state()[0] is _migrate.SchemaState.UNKNOWN:    # (refused before asking)
+                raise _migrate.unknown_to_downgrade(before)
             if _migrate.at(revision, before):
                 click.echo(f"already at {before}; nothing changed ({database.describe()})")
                 return

@@ -193,6 +193,40 @@ def test_a_schema_a_newer_activedb_wrote_is_refused_by_connect_and_db_upgrade_sa
     assert refused.exit_code == 1 and "a newer activedb wrote it" in refused.output, refused.output
 
 
+@pytest.mark.parametrize("target", ["0018", "-1", "base"])
+def test_a_downgrade_of_a_schema_a_newer_activedb_wrote_is_refused_before_asking_saying_which_activedb_can(
+        make_fresh_url, target):
+    """`db downgrade` of tables a newer activedb wrote asked 'this drops … Continue?' and, once answered, failed with
+    Alembic's "Can't locate revision identified by '9999_from_the_future'" — nothing of why or what to do, where `db
+    upgrade` says a newer activedb wrote it; db.schema.downgrade() the same.  Both now refuse before anything is asked
+    or run, saying so and that the activedb that wrote the revision downgrades it."""
+    import activedb
+
+    assert invoke(make_fresh_url, "db", "upgrade").exit_code == 0
+    engine = sa.create_engine(make_fresh_url.replace("postgresql://", "postgresql+psycopg://"))
+    try:
+        with engine.begin() as connection:
+            connection.exec_driver_sql("UPDATE activedb_alembic_version SET version_num = '9999_from_the_future'")
+        refused = CliRunner().invoke(main, ["--url", make_fresh_url, "db", "downgrade", target], input="")
+        assert refused.exit_code == 1, refused.output
+        assert "Continue?" not in refused.output, refused.output
+        assert ("at revision 9999_from_the_future, which this activedb does not know (a newer activedb wrote it)"
+                in refused.output), refused.output
+        assert "`activedb db downgrade" in refused.output and "of the activedb that wrote it" in refused.output
+        database = connect_as_is(make_fresh_url)
+        try:
+            with pytest.raises(activedb.SchemaNotAtHead, match=r"a newer activedb wrote it.*of the activedb that "
+                                                               r"wrote it"):
+                database.schema.downgrade(target)
+        finally:
+            database.close()
+        with engine.connect() as connection:
+            assert connection.exec_driver_sql("SELECT version_num FROM activedb_alembic_version").scalar_one() == \
+                "9999_from_the_future"
+    finally:
+        engine.dispose()
+
+
 def test_a_connect_that_fails_at_the_schema_leaves_no_connection_open(make_fresh_url):
     """connect() whose schema step fails (here: a revision a newer activedb wrote) closes what it opened: the
     half-made Database kept its pooled connection and its threads, so a program retrying connect() until an upgrade
