@@ -16,6 +16,7 @@ import datetime as _dt
 import enum
 import inspect as _inspect
 import math
+import re
 from typing import TYPE_CHECKING, Iterable, Iterator, Protocol
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -347,9 +348,24 @@ def database_failure(error: BaseException, doing: str, where: str, *, server_log
         return DiskFull(
             f"PostgreSQL's disk is full ({where}) while {doing} (SQLSTATE {sqlstate}): {message}. Nothing was "
             f"written; free space on the server's disk{log}, then retry", sqlstate=sqlstate)
-    return DatabaseError(
-        f"PostgreSQL refused {doing} ({where}) (SQLSTATE {sqlstate}): {message}. "
-        f"{_HINTS.get(kind, 'Fix what the message says, then retry')}", sqlstate=sqlstate)
+    missing = _MISSING_OWN_TABLE.match(message) if sqlstate == _UNDEFINED_TABLE else None
+    hint = _own_table_missing(missing[1]) if missing else _HINTS.get(kind, "Fix what the message says, then retry")
+    return DatabaseError(f"PostgreSQL refused {doing} ({where}) (SQLSTATE {sqlstate}): {message}. {hint}",
+                         sqlstate=sqlstate)
+
+
+#: PostgreSQL's SQLSTATE of a relation that does not exist (undefined_table), and its message for one of activedb's.
+_UNDEFINED_TABLE = "42P01"
+_MISSING_OWN_TABLE = re.compile(r'relation "(activedb_\w+)" does not exist')
+
+
+def _own_table_missing(table: str) -> str:
+    """What a statement on activedb's own ``table`` that does not exist (SQLSTATE 42P01) is told: the version table
+    says the revision that creates it ran, so it was dropped or renamed by hand, or left out of a restore."""
+    return (f"activedb's own table {table} is missing, though the version table (activedb_alembic_version) says the "
+            f"revision that creates it ran: it was dropped or renamed by hand, or left out of a restore. `activedb db "
+            f"upgrade` does not re-create it (it goes by the version table, and finds nothing to run): restore it "
+            f"from a backup, or create it again with its statements in what `activedb db upgrade --sql` prints")
 
 
 DISK_FULL_ADVICE = ("Free space on the disk of the server's data directory (its write-ahead log, pg_wal, needs it "

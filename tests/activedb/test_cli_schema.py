@@ -227,6 +227,28 @@ def test_a_downgrade_of_a_schema_a_newer_activedb_wrote_is_refused_before_asking
         engine.dispose()
 
 
+@pytest.mark.parametrize("command", [["status"], ["outbox"]])
+def test_a_table_of_activedbs_dropped_by_hand_is_named_as_activedbs_with_what_to_do(make_fresh_url, command):
+    """A table of activedb's own dropped by hand while the version table still says head: the commands that read it
+    said "PostgreSQL refused … relation "activedb_split_queries" does not exist. Fix what the message says, then
+    retry" — no word that the table is activedb's, that `db upgrade` will not bring it back (it finds the schema at
+    head) nor what will; the error now says all three."""
+    assert invoke(make_fresh_url, "db", "upgrade").exit_code == 0
+    table = "activedb_split_queries" if command == ["status"] else "activedb_outbox"
+    engine = sa.create_engine(make_fresh_url.replace("postgresql://", "postgresql+psycopg://"))
+    try:
+        with engine.begin() as connection:
+            connection.exec_driver_sql(f"DROP TABLE {table} CASCADE")
+    finally:
+        engine.dispose()
+    result = invoke(make_fresh_url, *command)
+    assert result.exit_code == 1, result.output
+    assert f"activedb's own table {table} is missing" in result.output, result.output
+    assert "`activedb db upgrade` does not re-create it" in result.output, result.output
+    assert "restore it from a backup" in result.output and "`activedb db upgrade --sql`" in result.output
+    assert "Fix what the message says" not in result.output
+
+
 def test_a_connect_that_fails_at_the_schema_leaves_no_connection_open(make_fresh_url):
     """connect() whose schema step fails (here: a revision a newer activedb wrote) closes what it opened: the
     half-made Database kept its pooled connection and its threads, so a program retrying connect() until an upgrade
