@@ -82,7 +82,8 @@ class Config:
       ``connect`` (with the default) and ``activedb db upgrade`` ever upgrade it.  It reads the schema's revision
       once, at the connection: a schema behind this activedb's head (an older revision, or downgraded to base) or at a
       revision it does not know is refused (:class:`~activedb.errors.SchemaNotAtHead`, naming the revision there, the
-      one needed and ``activedb db upgrade``); a database that never had activedb's tables, or whose version table
+      one needed and ``activedb db upgrade``), and so are activedb's tables without their version table (saying how
+      to record their revision); a database that never had activedb's tables, or whose version table
       the role may not read, is opened as it is.  (The
       command line opens a database without this check, and applies its own rule: ``activedb db …`` take a schema
       at any revision.)

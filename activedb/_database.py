@@ -448,7 +448,9 @@ def connect(url: str | URL | None = None, config: Config | None = None,
     With ``upgrade=False`` activedb's own schema is read once, not changed: a schema behind this activedb's head
     (an older revision, or downgraded to base) or at a revision it does not know is
     :class:`~activedb.errors.SchemaNotAtHead` saying where it is, what this activedb needs and what to run (``activedb
-    db upgrade``); a database that never had activedb's tables is opened as it is.  (The commands, which manage
+    db upgrade``); a database that never had activedb's tables is opened as it is.  activedb's tables without their
+    version table (dropped by hand, left out of a restore) are refused with and without ``upgrade``, saying how to
+    record the revision they are at (Alembic's ``stamp``): an upgrade would create them again.  (The commands, which manage
     the schema and apply their own rule to it, open a database with :func:`connect_as_is`.)
     """
     return _connected(url, configured(config, keywords), check_schema=True)
@@ -494,7 +496,8 @@ def _connected(url: str | URL | None, config: Config, *, check_schema: bool) -> 
                 # A role not granted the version table (one given only its own tables' rights) cannot tell where
                 # activedb's schema is: opened as it is, as before the check (what it may not read it cannot use).
                 state, revision = _migrate.SchemaState.AT_HEAD, None
-            if state in (_migrate.SchemaState.BEHIND, _migrate.SchemaState.UNKNOWN):
+            if state in (_migrate.SchemaState.BEHIND, _migrate.SchemaState.UNKNOWN,
+                         _migrate.SchemaState.UNRECORDED):
                 raise _migrate.not_at_head(state, revision, database.describe(),
                                   " (or connect without upgrade=False: connect() upgrades it)")
     except BaseException:

@@ -25,6 +25,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from activedb import _migrations as migrations
+from activedb._url import describe_url
 from activedb.errors import MigrationError, SchemaNotAtHead, sqlstate_of
 
 if TYPE_CHECKING:
@@ -43,6 +44,8 @@ class SchemaState(enum.Enum):
     AT_HEAD = "at head"
     BEHIND = "behind"      # an older revision, or downgraded to base (the version table is empty)
     UNKNOWN = "unknown"    # a revision this installation does not know (a newer activedb wrote it)
+    UNRECORDED = "unrecorded"   # activedb's tables without their version table (dropped by hand, left out of a
+                                # restore): which revision they are at is not known
 
 
 def _config(script_location: Path, connection: Connection | None = None, url: str | None = None) -> Config:
@@ -70,10 +73,24 @@ LOCK_TIMEOUT_SECONDS = 60.0
 _UNDEFINED_TABLE = "42P01"
 
 
+#: The tables activedb's first revision creates, and no revision drops: a database that has one of them without the
+#: version table had activedb's tables (:attr:`SchemaState.UNRECORDED`).
+_FIRST_TABLES = ("activedb_rules", "activedb_transaction_log", "activedb_ingestion_ledger", "activedb_dead_letters")
+
+
 def not_at_head(state: SchemaState, revision: str | None, where: str, then: str = "") -> SchemaNotAtHead:
     """The refusal of activedb's own tables in ``where`` (a database's description) at ``revision``, ``state``
-    BEHIND or UNKNOWN: which revision they are at, which this activedb needs, and what to run (``then``: what the
-    caller adds to it)."""
+    BEHIND, UNKNOWN or UNRECORDED: which revision they are at, which this activedb needs, and what to run (``then``:
+    what the caller adds to it; not for UNRECORDED, whose remedy is not an upgrade)."""
+    if state is SchemaState.UNRECORDED:
+        return SchemaNotAtHead(
+            f"{where} has activedb's tables ({', '.join(_FIRST_TABLES)}, …) but no {migrations.VERSION_TABLE}, the "
+            f"table that records their revision (dropped by hand, or left out of a restore): activedb cannot tell "
+            f"which revision they are at, so it neither upgrades nor uses them. Restore {migrations.VERSION_TABLE} "
+            f"from the backup; or, knowing the revision they are at (`activedb db history` lists them, "
+            f"migrations/README.md says what each adds), record it with `alembic -c "
+            f"{migrations.SCRIPT_LOCATION / 'alembic.ini'} stamp REVISION` (ACTIVEDB_DATABASE_URL set to this "
+            f"database's URL), then run `activedb db upgrade`")
     if state is SchemaState.UNKNOWN:
         return SchemaNotAtHead(f"activedb's tables in {where} are at revision {revision}, which this activedb does not "
                                f"know (a newer activedb wrote it; this one needs {head()}): upgrade activedb")
@@ -487,6 +504,8 @@ class Schema:
                 state, current_revision = self.state()
             except Exception:
                 raise error
+            if state is SchemaState.UNRECORDED:
+                raise not_at_head(state, None, describe_url(self.engine.url)) from error
             if state is SchemaState.UNKNOWN:
                 raise SchemaNotAtHead(
                     f"activedb's tables are at revision {current_revision}, which this installation does not know "
@@ -495,10 +514,13 @@ class Schema:
 
     def downgrade(self, revision: str, *, lock_timeout: float | None = LOCK_TIMEOUT_SECONDS) -> None:
         """Take activedb's own schema down to ``revision`` (``lock_timeout``: as ``upgrade``'s); :class:`SchemaNotAtHead`,
-        nothing run, if it is at a revision this installation does not know (:func:`unknown_to_downgrade`)."""
+        nothing run, if it is at a revision this installation does not know (:func:`unknown_to_downgrade`) or its
+        tables have no version table (UNRECORDED: Alembic would record base for them)."""
         state, current_revision = self.state()
         if state is SchemaState.UNKNOWN:
             raise unknown_to_downgrade(current_revision)
+        if state is SchemaState.UNRECORDED:
+            raise not_at_head(state, None, describe_url(self.engine.url))
         self._run("downgrade", revision, migrations.SCRIPT_LOCATION, lock_timeout)
 
     def current_revision(self) -> str | None:
@@ -506,15 +528,20 @@ class Schema:
 
     def state(self) -> tuple[SchemaState, str | None]:
         """``(SchemaState, current revision)`` of activedb's own schema: NEW (never initialised), AT_HEAD,
-        BEHIND (an older revision, or downgraded to base) or UNKNOWN.  One query of the version table (``connect``
-        asks it of every database it does not upgrade)."""
+        BEHIND (an older revision, or downgraded to base), UNKNOWN, or UNRECORDED (activedb's tables without the
+        version table; the revision None).  One query of the version table (``connect`` asks it of every database it
+        does not upgrade), and one of the first revision's tables when the version table does not exist."""
         with self.engine.connect() as connection:
             try:
                 revisions = connection.execute(sa.text(f"SELECT version_num FROM {migrations.VERSION_TABLE}")).all()
             except sa.exc.ProgrammingError as error:
                 if sqlstate_of(error) != _UNDEFINED_TABLE:
                     raise
-                return SchemaState.NEW, None
+                connection.rollback()
+                found = connection.execute(sa.text("SELECT bool_or(to_regclass(name) IS NOT NULL) FROM "
+                                                   "unnest(CAST(:names AS text[])) AS name"),
+                                           {"names": list(_FIRST_TABLES)}).scalar_one()
+                return (SchemaState.UNRECORDED if found else SchemaState.NEW), None
         revision = revisions[0][0] if revisions else None      # (one row at most: activedb's chain is linear)
         if revision == head():
             return SchemaState.AT_HEAD, revision

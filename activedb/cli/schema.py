@@ -95,11 +95,14 @@ def _migrate_command(ctx: click.Context, action: str, revision: str, sql: bool, 
             return
         if action == "downgrade":
             _migrate.check_revision(revision)
+            state = database.schema.state()[0]      # (refused before asking)
+            if state is _migrate.SchemaState.UNKNOWN:
+                raise _migrate.unknown_to_downgrade(before)
+            if state is _migrate.SchemaState.UNRECORDED:
+                raise _migrate.not_at_head(state, None, database.describe())
             if before is None:
                 click.echo(f"already at base: no activedb tables to drop ({database.describe()})")
                 return
-            if database.schema.state()[0] is _migrate.SchemaState.UNKNOWN:    # (refused before asking)
-                raise _migrate.unknown_to_downgrade(before)
             if _migrate.at(revision, before):
                 click.echo(f"already at {before}; nothing changed ({database.describe()})")
                 return
@@ -131,6 +134,8 @@ def current(ctx: click.Context) -> None:
         note = {_migrate.SchemaState.AT_HEAD: "at head",
                 _migrate.SchemaState.NEW: f"never initialised; `activedb db upgrade` creates the tables at {head}",
                 _migrate.SchemaState.UNKNOWN: f"unknown to this activedb (head is {head})",
+                _migrate.SchemaState.UNRECORDED: "activedb's tables without their version table: which revision they "
+                                                 "are at is not known; `activedb status` says what to do",
                 }.get(state, f"behind: head is {head}; run `activedb db upgrade`")
         click.echo(f"{revision or 'base'} ({note}) — {database.describe()}")
 
@@ -149,11 +154,16 @@ def history(ctx: click.Context) -> None:
     head = revisions[0][0]
     for revision, doc in [*revisions, ("base", "no activedb tables")]:
         marks = ", ".join(mark for mark, applies in (("head", revision == head),
-                                                    ("current", revision == (at or "base"))) if applies)
+                                                    ("current", revision == (at or "base")
+                                                     and state is not _migrate.SchemaState.UNRECORDED)) if applies)
         click.echo(f"{revision}{f' ({marks})' if marks else ''}{f' — {doc}' if doc else ''}")
     if state is _migrate.SchemaState.UNKNOWN:
         click.echo(f"the database is at {at}, a revision this activedb does not know (a newer activedb wrote it; "
                    f"head is {head}) — {described}")
+        return
+    if state is _migrate.SchemaState.UNRECORDED:
+        click.echo(f"the database has activedb's tables without their version table: which revision they are at is "
+                   f"not known; `activedb status` says what to do — {described}")
         return
     where = ("at head" if state is _migrate.SchemaState.AT_HEAD
              else f"behind: `activedb db upgrade` goes up to {head}")

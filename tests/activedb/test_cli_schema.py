@@ -249,6 +249,53 @@ def test_a_table_of_activedbs_dropped_by_hand_is_named_as_activedbs_with_what_to
     assert "Fix what the message says" not in result.output
 
 
+def test_activedbs_tables_without_their_version_table_are_refused_saying_so_and_how_to_record_the_revision(
+        make_fresh_url):
+    """activedb's tables whose version table was dropped (by hand, or left out of a restore) were taken for a database
+    that never had them: `db current` said 'never initialised', `status` 'has no activedb tables yet', and `db upgrade`
+    and connect() ran 0001 again and failed with 'relation "activedb_rules" already exists; activedb's tables are at
+    base now'.  Each now says the tables are there without their version table, and how to record their revision
+    (Alembic's `stamp`, which the test then runs as said: the database is at head again, its rows kept)."""
+    import os
+    import subprocess
+    import sys
+
+    import activedb
+
+    assert invoke(make_fresh_url, "db", "upgrade").exit_code == 0
+    engine = sa.create_engine(make_fresh_url.replace("postgresql://", "postgresql+psycopg://"))
+    try:
+        with engine.begin() as connection:
+            connection.exec_driver_sql("INSERT INTO activedb_ingestion_ledger (query_id, batch_id, transaction_id) "
+                                       "VALUES ('q', 0, 't')")
+            connection.exec_driver_sql("DROP TABLE activedb_alembic_version")
+        current = invoke(make_fresh_url, "db", "current")
+        assert current.exit_code == 0 and "never initialised" not in current.output, current.output
+        assert "activedb's tables without their version table" in current.output, current.output
+        said = []
+        for command in (["status"], ["db", "upgrade"]):
+            result = invoke(make_fresh_url, *command)
+            assert result.exit_code == 1, result.output
+            said.append(result.output)
+        with pytest.raises(activedb.SchemaNotAtHead) as connected:
+            activedb.connect(make_fresh_url)
+        said.append(str(connected.value))
+        for output in said:
+            assert "has activedb's tables (activedb_rules, " in output and "but no activedb_alembic_version" in output, \
+                output
+            assert "already exists" not in output and "no activedb tables yet" not in output, output
+        stamp = re.search(r"`(alembic -c \S+ stamp) REVISION`", said[-1])
+        assert stamp is not None, said[-1]
+        done = subprocess.run([sys.executable, "-m", *stamp[1].split(), "head"], capture_output=True, text=True,
+                              timeout=120, env={**os.environ, "ACTIVEDB_DATABASE_URL": make_fresh_url})
+        assert done.returncode == 0, done.stderr
+        assert invoke(make_fresh_url, "db", "current").output.startswith(f"{_migrate.head()} (at head)")
+        with engine.connect() as connection:
+            assert connection.exec_driver_sql("SELECT count(*) FROM activedb_ingestion_ledger").scalar_one() == 1
+    finally:
+        engine.dispose()
+
+
 def test_a_connect_that_fails_at_the_schema_leaves_no_connection_open(make_fresh_url):
     """connect() whose schema step fails (here: a revision a newer activedb wrote) closes what it opened: the
     half-made Database kept its pooled connection and its threads, so a program retrying connect() until an upgrade
