@@ -406,6 +406,16 @@ def steps_below(revision: str, current: str, script_location: Path | None = None
     return chain[steps] if steps < len(chain) else None
 
 
+def past_base(revision: str, current: str, listed: str) -> MigrationError | None:
+    """The refusal of a downgrade to a relative ``revision`` ``-N`` from ``current`` that goes past base (fewer than N
+    revisions below it: :func:`steps_below` None), before anything is asked or run; None for any other revision.
+    ``listed``: where the revisions are listed (a command, a directory)."""
+    if not (revision.startswith("-") and revision[1:].isdigit()):
+        return None
+    return MigrationError(f"downgrade {revision} goes past base: {current} has fewer revisions below it ({listed} "
+                          f"lists them); give one of those, or base (every table, with its rows); nothing was changed")
+
+
 def app_location(script_location: str | Path) -> Path:
     """``script_location`` checked to be an Alembic directory (``env.py`` and ``versions/``) whose revisions' literal
     ``down_revision`` names are all revisions there (:func:`_missing_down_revisions`)."""

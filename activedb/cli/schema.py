@@ -112,6 +112,9 @@ def _migrate_command(ctx: click.Context, action: str, revision: str, sql: bool, 
                            f"`activedb db upgrade {revision}` goes up to it")
                 return
             target = _migrate.steps_below(revision, before)      # (-1: the revision it names, for the question)
+            refused = None if target else _migrate.past_base(revision, before, "`activedb db history`")
+            if refused is not None:
+                raise refused
             what = ("every activedb table (rules, transaction log, ingestion ledger, dead letters) and its rows"
                     if (target or revision) == "base" else f"what the revisions after {target or revision} added, "
                                                            f"with its data")
@@ -233,7 +236,7 @@ def app_upgrade(ctx: click.Context, path: str, revision: str, lock_timeout: floa
 @click.pass_context
 def app_downgrade(ctx: click.Context, path: str, revision: str, yes: bool, lock_timeout: float) -> None:
     """Downgrade the application's tables in PATH to REVISION ('base' drops them all). Asks first."""
-    from activedb._migrate import ahead, app_location, at, check_revision, steps_below
+    from activedb._migrate import ahead, app_location, at, check_revision, past_base, steps_below
 
     revision = _revision(revision)
 
@@ -252,6 +255,10 @@ def app_downgrade(ctx: click.Context, path: str, revision: str, yes: bool, lock_
                        f"`activedb app upgrade {path} {revision}` goes up to it")
             return
         target = steps_below(revision, heads[0], app_location(path)) if len(heads) == 1 else None
+        refused = None if target or len(heads) > 1 else past_base(revision, heads[0],
+                                                                           f"{app_location(path) / 'versions'}")
+        if refused is not None:
+            raise refused
         what = "every table of this application, with its rows" if (target or revision) == "base" else \
             f"what the revisions after {target or revision} added, with its data"
         _confirm(f"downgrade {path} in {database.describe()} from {', '.join(heads)} to {revision}"

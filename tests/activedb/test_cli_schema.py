@@ -333,6 +333,26 @@ def test_a_relative_revision_below_is_taken_as_the_revision_not_as_an_option(url
     assert misspelt.exit_code == 2 and "No such option '--sqll'" in misspelt.output, misspelt.output
 
 
+def test_a_relative_downgrade_past_base_is_refused_before_asking(url, tmp_path):
+    """`db downgrade -50` (and `app downgrade PATH -5`) asked 'this drops what the revisions after -50 added, with its
+    data. Continue?' — a downgrade that cannot run — and, answered, failed with Alembic's "Relative revision -50 didn't
+    produce 50 migrations"; it is now refused before the question, saying it goes past base and what to give."""
+    assert invoke(url, "db", "upgrade").exit_code == 0
+    result = CliRunner().invoke(main, ["--url", url, "db", "downgrade", "-50"], input="")     # (no --yes)
+    assert result.exit_code == 1, result.output
+    assert "Continue?" not in result.output, result.output
+    assert (f"downgrade -50 goes past base: {_migrate.head()} has fewer revisions below it" in result.output
+            and "`activedb db history` lists them" in result.output), result.output
+    assert invoke(url, "db", "current").output.startswith(f"{_migrate.head()} (at head)")
+    location = tmp_path / "past"
+    assert invoke(url, "app", "init", str(location), "--name", "past").exit_code == 0
+    assert invoke(url, "app", "upgrade", str(location)).exit_code == 0
+    result = CliRunner().invoke(main, ["--url", url, "app", "downgrade", str(location), "-5"], input="")
+    assert result.exit_code == 1 and "Continue?" not in result.output, result.output
+    assert "downgrade -5 goes past base: past_0001 has fewer revisions below it" in result.output, result.output
+    assert "past_0001 (at head)" in invoke(url, "app", "current", str(location)).output
+
+
 @pytest.mark.parametrize("action", ["upgrade", "downgrade"])
 def test_sql_for_a_revision_there_is_not_is_a_one_line_error_naming_the_revisions(url, action):
     """`db upgrade nosuch --sql` let Alembic's CommandError out as a traceback; without --sql it was already the one-line
