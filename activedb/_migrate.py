@@ -26,7 +26,7 @@ from sqlalchemy.engine import Engine
 
 from activedb import _migrations as migrations
 from activedb._url import describe_url
-from activedb.errors import MigrationError, SchemaNotAtHead, sqlstate_of
+from activedb.errors import MigrationError, SchemaNotAtHead, own_table_missing, sqlstate_of
 
 if TYPE_CHECKING:
     from alembic.runtime.migration import RevisionStep
@@ -498,6 +498,8 @@ class Schema:
                 raise error from error.__cause__
             gone = [] if own else [revision for revision in heads if revision and not has_revision(location, revision)]
             restore = f", {lost_revision(location)}" if gone else ""
+            missing = own_table_missing(error.__cause__) if own and error.__cause__ is not None else None
+            restore += f". {missing}" if missing else ""
             raise MigrationError(f"{error}; {'activedb' if own else 'the application'}'s tables are at "
                                  f"{', '.join(filter(None, heads)) or 'base'} now{restore}") from error.__cause__
         self.refresh()

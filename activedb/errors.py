@@ -348,8 +348,7 @@ def database_failure(error: BaseException, doing: str, where: str, *, server_log
         return DiskFull(
             f"PostgreSQL's disk is full ({where}) while {doing} (SQLSTATE {sqlstate}): {message}. Nothing was "
             f"written; free space on the server's disk{log}, then retry", sqlstate=sqlstate)
-    missing = _MISSING_OWN_TABLE.match(message) if sqlstate == _UNDEFINED_TABLE else None
-    hint = _own_table_missing(missing[1]) if missing else _HINTS.get(kind, "Fix what the message says, then retry")
+    hint = own_table_missing(error) or _HINTS.get(kind, "Fix what the message says, then retry")
     return DatabaseError(f"PostgreSQL refused {doing} ({where}) (SQLSTATE {sqlstate}): {message}. {hint}",
                          sqlstate=sqlstate)
 
@@ -359,9 +358,15 @@ _UNDEFINED_TABLE = "42P01"
 _MISSING_OWN_TABLE = re.compile(r'relation "(activedb_\w+)" does not exist')
 
 
-def _own_table_missing(table: str) -> str:
-    """What a statement on activedb's own ``table`` that does not exist (SQLSTATE 42P01) is told: the version table
-    says the revision that creates it ran, so it was dropped or renamed by hand, or left out of a restore."""
+def own_table_missing(error: BaseException) -> str | None:
+    """What ``error`` (PostgreSQL's, or SQLAlchemy's wrapper of one) is told if it is a statement's on one of activedb's
+    own tables that does not exist (SQLSTATE 42P01, a relation ``activedb_…``): the version table says the revision
+    that creates it ran, so it was dropped or renamed by hand, or left out of a restore; None for any other error."""
+    orig = getattr(error, "orig", None) or error
+    missing = _MISSING_OWN_TABLE.search(str(orig)) if sqlstate_of(error) == _UNDEFINED_TABLE else None
+    if missing is None:
+        return None
+    table = missing[1]
     return (f"activedb's own table {table} is missing, though the version table (activedb_alembic_version) says the "
             f"revision that creates it ran: it was dropped or renamed by hand, or left out of a restore. `activedb db "
             f"upgrade` does not re-create it (it goes by the version table, and finds nothing to run): restore it "

@@ -249,6 +249,25 @@ def test_a_table_of_activedbs_dropped_by_hand_is_named_as_activedbs_with_what_to
     assert "Fix what the message says" not in result.output
 
 
+def test_a_downgrade_through_a_table_of_activedbs_dropped_by_hand_says_the_table_is_activedbs_and_what_to_do(
+        make_fresh_url):
+    """A downgrade whose revision changes a table of activedb's that was dropped by hand said only "downgrade to '-1'
+    failed: relation "activedb_split_queries" does not exist; activedb's tables are at … now"; it now says, as the
+    commands that read the table do, that the table is activedb's and what brings it back."""
+    assert invoke(make_fresh_url, "db", "upgrade").exit_code == 0
+    engine = sa.create_engine(make_fresh_url.replace("postgresql://", "postgresql+psycopg://"))
+    try:
+        with engine.begin() as connection:
+            connection.exec_driver_sql("DROP TABLE activedb_split_queries CASCADE")
+    finally:
+        engine.dispose()
+    result = invoke(make_fresh_url, "db", "downgrade", "0018", "--yes")
+    assert result.exit_code == 1, result.output
+    assert "downgrade to '0018' failed" in result.output and f"are at {_migrate.head()} now" in result.output
+    assert "activedb's own table activedb_split_queries is missing" in result.output, result.output
+    assert "restore it from a backup" in result.output, result.output
+
+
 def test_activedbs_tables_without_their_version_table_are_refused_saying_so_and_how_to_record_the_revision(
         make_fresh_url):
     """activedb's tables whose version table was dropped (by hand, or left out of a restore) were taken for a database
