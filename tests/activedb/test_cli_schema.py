@@ -28,6 +28,18 @@ def activedb_tables(url) -> set[str]:
         engine.dispose()
 
 
+def upgraded_then(url, *statements):
+    """Bring ``url``'s activedb tables to head, then run ``statements`` there (in one transaction)."""
+    assert invoke(url, "db", "upgrade").exit_code == 0
+    engine = sa.create_engine(url.replace("postgresql://", "postgresql+psycopg://"))
+    try:
+        with engine.begin() as connection:
+            for statement in statements:
+                connection.exec_driver_sql(statement)
+    finally:
+        engine.dispose()
+
+
 @pytest.fixture(scope="module")
 def url(database_url):
     result = invoke(database_url, "db", "upgrade")
@@ -233,14 +245,8 @@ def test_a_table_of_activedbs_dropped_by_hand_is_named_as_activedbs_with_what_to
     said "PostgreSQL refused … relation "activedb_split_queries" does not exist. Fix what the message says, then
     retry" — no word that the table is activedb's, that `db upgrade` will not bring it back (it finds the schema at
     head) nor what will; the error now says all three."""
-    assert invoke(make_fresh_url, "db", "upgrade").exit_code == 0
     table = "activedb_split_queries" if command == ["status"] else "activedb_outbox"
-    engine = sa.create_engine(make_fresh_url.replace("postgresql://", "postgresql+psycopg://"))
-    try:
-        with engine.begin() as connection:
-            connection.exec_driver_sql(f"DROP TABLE {table} CASCADE")
-    finally:
-        engine.dispose()
+    upgraded_then(make_fresh_url, f"DROP TABLE {table} CASCADE")
     result = invoke(make_fresh_url, *command)
     assert result.exit_code == 1, result.output
     assert f"activedb's own table {table} is missing" in result.output, result.output
@@ -254,13 +260,7 @@ def test_a_downgrade_through_a_table_of_activedbs_dropped_by_hand_says_the_table
     """A downgrade whose revision changes a table of activedb's that was dropped by hand said only "downgrade to '-1'
     failed: relation "activedb_split_queries" does not exist; activedb's tables are at … now"; it now says, as the
     commands that read the table do, that the table is activedb's and what brings it back."""
-    assert invoke(make_fresh_url, "db", "upgrade").exit_code == 0
-    engine = sa.create_engine(make_fresh_url.replace("postgresql://", "postgresql+psycopg://"))
-    try:
-        with engine.begin() as connection:
-            connection.exec_driver_sql("DROP TABLE activedb_split_queries CASCADE")
-    finally:
-        engine.dispose()
+    upgraded_then(make_fresh_url, "DROP TABLE activedb_split_queries CASCADE")
     result = invoke(make_fresh_url, "db", "downgrade", "0018", "--yes")
     assert result.exit_code == 1, result.output
     assert "downgrade to '0018' failed" in result.output and f"are at {_migrate.head()} now" in result.output
