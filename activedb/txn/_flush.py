@@ -66,12 +66,16 @@ def flush(root: "Transaction") -> None:
             held.invalidate()
         held.close()
         held = None
+    recorder = manager.recorder
     if held is not None:
-        rowlocks.hand_over()  # type: ignore[union-attr]  # (held: taken from it)
+        if not recorder:
+            # With a history recorded, the lock manager keeps the rows until the flush is recorded (Rule 3, after
+            # ``record_flush``): handed over, another tree's read would return at the COMMIT and could be recorded
+            # before the flush, as read from the writer before this one (README "Reads for update").
+            rowlocks.hand_over()  # type: ignore[union-attr]  # (held: taken from it)
         _flush_in_held(root, held, infos, writes, reads, scans, participants, locked)
     else:
         _flush_with_retries(root, isolation, infos, writes, reads, scans, participants, locked)
-    recorder = manager.recorder
     if recorder:
         recorder.record_flush(root.id, writes)
 

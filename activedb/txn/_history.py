@@ -88,7 +88,9 @@ class HistoryRecorder:
             self._tell(op)
 
     def record_flush(self, root: str, images: dict[tuple[str, Key], Any]) -> None:
-        """Precondition: called after the PostgreSQL commit, while the tree still holds its locks."""
+        """Precondition: called after the PostgreSQL commit, while the tree still holds its locks — in the lock
+        manager, which then gives a reader the rows it wrote (a flush in the held transaction hands no row over to
+        PostgreSQL while a history is recorded: txn README, "Reads for update")."""
         with self._mutex:
             op = HistoryOp(next(self._sequence), "flush", root, root=root, value=dict(images))
             self.ops.append(op)

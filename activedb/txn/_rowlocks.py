@@ -246,7 +246,8 @@ class RowLocks(CommitParticipant):
         """At the root's flush in the held transaction: PostgreSQL's row lock guards the rows read for update
         until COMMIT, so the root stops retaining them in the lock manager now (``undo_retains`` to nothing;
         rows a committed child locked stay until the root's Rule 3) — the next tree asks PostgreSQL for the row
-        while this one commits (README, "Reads for update")."""
+        while this one commits (README, "Reads for update").  Not called while a history is recorded: the lock
+        manager then keeps the rows until the flush is recorded (``_flush.flush``)."""
         with self._mutex:
             rows = list(self.rows)
         self._root.manager.locking.stop_retaining(self._root, rows)

@@ -10,6 +10,9 @@
 * across two engines, plain read-then-write flushes of one row queue at the validation (the row locked
   ``FOR UPDATE``, not ``FOR SHARE``): the second fails its check when the first commits and is re-run,
   instead of both passing it and deadlocking in PostgreSQL when both UPDATE the row;
+* with the history recorded, a flush in the held transaction keeps its rows in the lock manager until the flush is
+  recorded, so the next tree's read is recorded after it (handed over, the read could be recorded first, as read
+  from the initial state: a false precedence cycle);
 * across two engines, a flush holding its table locks (it relied on an absent row) does not wait for a row the
   other's flush holds: it gives up and tries again instead of closing a cycle only PostgreSQL's deadlock detector
   would break, a second later.
@@ -246,6 +249,72 @@ def test_from_its_held_flush_on_a_tree_leaves_its_rows_to_postgresql_and_the_nex
         flushing.join(TIMEOUT), second.join(TIMEOUT)
     assert [mode.name for mode in held.values()] == ["UPDATE"], held
     assert balances(db)[1] == 11 and attempts == [1]
+
+
+def test_with_the_history_recorded_a_held_flush_is_recorded_before_the_next_tree_reads_its_row(database_url,
+                                                                                              monkeypatch):
+    """With ``record_history=True`` the flush in the held transaction keeps its rows in the lock manager until the
+    flush is recorded: the next tree's read for update waits there, and reads the row after the history says who
+    wrote it.  (Handed over to PostgreSQL at the flush, the next tree's read returned at the COMMIT and could be
+    recorded before the flush — as read from the initial state although it saw the first tree's value: a false
+    "not conflict serializable".)  The first tree's recording of its flush waits here until the second tree has
+    either read the row or waits in the lock manager for it, so that the recording order is decided either way."""
+    recording = activedb.connect(database_url, record_history=True)
+    try:
+        recorder = recording.history
+        pause, second_read, roots = _PausedAfterValidation(), threading.Event(), {}
+
+        def heard(op):
+            if op.kind == "read" and op.table == "accounts" and op.root == roots.get("second"):
+                second_read.set()
+
+        def waits_in_the_lock_manager() -> bool:       # for a lock (not in PostgreSQL: a "row-lock" edge)
+            graph = recording.transactions.locks.wait_for_graph(timeout=TIMEOUT)
+            return any(kind in ("held", "retained", "queued") for _, _, kind in graph.edges(data="kind"))
+
+        record_flush = recorder.record_flush
+
+        def record_flush_once_the_second_tree_read_or_waits(root, images):
+            if root == roots.get("first"):
+                testing.wait_until(lambda: second_read.is_set() or waits_in_the_lock_manager(), TIMEOUT,
+                                   "the second tree having read the row or waiting for it in the lock manager")
+            record_flush(root, images)
+
+        monkeypatch.setattr(recorder, "record_flush", record_flush_once_the_second_tree_read_or_waits)
+        stop_listening = recorder.listen(heard)
+
+        def first():
+            with recording.transaction(participants=[pause]) as tx:
+                roots["first"] = tx.id
+                row = tx.read("accounts", 1, for_update=True)
+                tx.write("accounts", 1, balance=row["balance"] + 10)
+
+        def second():
+            with recording.transaction() as tx:
+                roots["second"] = tx.id
+                row = tx.read("accounts", 1, for_update=True)
+                tx.write("accounts", 1, balance=row["balance"] + 1)
+
+        try:
+            with testing.Watchdog(60, recording.transactions.locks):
+                flushing, reading = threading.Thread(target=first), threading.Thread(target=second)
+                flushing.start()
+                assert pause.reached.wait(TIMEOUT)
+                reading.start()
+                testing.wait_until(lambda: _waiting_for_a_row_lock(recording) or waits_in_the_lock_manager(),
+                                   TIMEOUT, "the second tree waiting for the row")
+                pause.release.set()
+                flushing.join(TIMEOUT), reading.join(TIMEOUT)
+        finally:
+            stop_listening()
+        assert not flushing.is_alive() and not reading.is_alive()
+        ops = recorder.snapshot()
+        report = testing.check_history(ops)
+        assert report.ok, (report.violations, [(op.sequence, op.kind, op.transaction, op.value, op.read_from)
+                                               for op in ops if op.kind in ("read", "flush")])
+        assert balances(recording)[1] == 11
+    finally:
+        recording.close()
 
 
 def test_across_engines_plain_read_then_write_flushes_queue_at_the_validation(db, database_url):
