@@ -128,7 +128,11 @@ class PendingBatch(CommitParticipant):
                 statements = _planned_writes(catalog, result, self._keys, _MARKED_ONLY)
             except SchemaError as error:
                 # A transaction wrote a value the store cannot hold: run the batch again checking each transaction's
-                # values as it ends, so that exactly those transactions abort (each a dead letter with the reason).
+                # values as it ends, so that exactly those transactions abort (each a dead letter with the reason) —
+                # and the rows a function made checked as it made them (``check_rows``), as ``tx.insert`` checks them:
+                # a rule that catches the error, or one that would not run after it, runs as firing runs it.
+                if options.check_rows is not None:
+                    options.check_rows()
                 result = execute_batch(self.transactions, self.batch, base, loader=loader, declared=self._declared,
                                        strategy="lean", split=Split.NEVER,
                                        check=store_check(catalog, result.before, _MARKED_ONLY), nested=nested)
@@ -193,7 +197,8 @@ class PendingBatch(CommitParticipant):
         less to scan."""
         self._declared = {}
         self._keys = {}
-        self._options = replace(self._options, letters=None, on_result=None, keys_check=None, on_sent=None)
+        self._options = replace(self._options, letters=None, on_result=None, keys_check=None, on_sent=None,
+                                check_rows=None)
 
     def _lock_and_read(self, catalog: Catalog, connection: sa.Connection) -> dict[State, RowImage | None]:
         """Lock every declared row ``FOR UPDATE`` (tables in name order, keys in key order) and
@@ -782,6 +787,7 @@ class _Options:
     on_result: Callable[[BatchResult, sa.Connection], None] | None
     keys_check: Callable[[], KeysCheck | None] | None = None
     on_sent: Callable[[BatchResult], None] | None = None
+    check_rows: Callable[[], None] | None = None
 
 
 @no_cyclic_gc()
@@ -793,7 +799,7 @@ def apply_at_commit(tx: Transaction, events: Iterable[object], transactions: Sta
                     on_result: Callable[[BatchResult, sa.Connection], None] | None = None,
                     keys_check: Callable[[], KeysCheck | None] | None = None,
                     on_sent: Callable[[BatchResult], None] | None = None,
-                    heard: Collection[str] = ()) -> PendingBatch:
+                    heard: Collection[str] = (), check_rows: Callable[[], None] | None = None) -> PendingBatch:
     """Enlist ``events`` as a batch that runs inside the commit of ``tx`` (the package README) and
     return its :class:`PendingBatch`.  ``dead_letters``: the table its dead letters go to (None:
     none are stored), labelled ``query_id``/``batch_id``; ``letters(result)`` → ``[Letter]``
@@ -807,11 +813,15 @@ def apply_at_commit(tx: Transaction, events: Iterable[object], transactions: Sta
     batch run through the transaction tree, whose writes they hear, unless it is one of ``heard``: tables the batch
     only inserts into whose new rows' data events the caller records itself (``apply_lowered``).  ``heard`` changes
     nothing else: a key ``GENERATED ALWAYS AS IDENTITY`` a transaction gives is refused in a heard table too, as in any
-    other (a dead letter: insert without the key); only the keys ``apply_lowered``'s learned rules drew are kept."""
+    other (a dead letter: insert without the key); only the keys ``apply_lowered``'s learned rules drew are kept.
+    ``check_rows()``: for a caller whose functions leave the checks of their new rows' values to the commit's check of
+    each column (``apply_lowered``'s learned rules), makes them check each row as they make it, as ``tx.insert``
+    does — called before the batch runs again because a value cannot be stored, and before a batch that runs
+    through the transaction tree (which checks no column at once)."""
     tx_started = time.perf_counter()
     check_processes("apply_at_commit", processes)
     options = _Options(strategy, processes, split, dead_letters, query_id, batch_id, letters, on_result, keys_check,
-                       on_sent)
+                       on_sent, check_rows)
     check_events("apply_at_commit", events)
     events = list(events)
     batch, refused = timed_batch(events, owner="apply_at_commit")
@@ -863,6 +873,8 @@ def apply_at_commit(tx: Transaction, events: Iterable[object], transactions: Sta
     extensions = tx.manager.extensions
     observed = sorted(table for table in written if table not in heard and extensions.any("wants_old_images", table))
     if observed:
+        if check_rows is not None:
+            check_rows()
         result = apply_batch(tx, events, transactions, strategy=options.strategy, processes=options.processes,
                              split=options.split)
         result.notes.append(f"ran through the transaction tree: {', '.join(observed)} observed by rules")

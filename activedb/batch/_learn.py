@@ -525,7 +525,7 @@ class _RowTransaction:
     it."""
 
     __slots__ = ("_table", "_nested", "_key", "_image", "_created", "written", "deviated", "_inserts", "inserted",
-                 "_keyed", "_signals", "signals", "transaction", "deferring")
+                 "_keyed", "_signals", "signals", "transaction", "deferring", "checking", "_checked_now")
 
     def __init__(self, table: str, key: Hashable, image: RowImage | None,
                  created: Callable[[Hashable], RowImage], inserts: Mapping[str, TableInfo] | None = None,
@@ -539,6 +539,10 @@ class _RowTransaction:
         self.written: dict[str, object] | None = None
         self.deviated = False
         self._inserts = inserts or {}    # the tables the chain may insert into (each key a sequence's)
+        # The tables whose rows ``insert`` checks as it takes them in any case: those whose check converts a value
+        # (``TableInfo.rounds``: the row keeps what PostgreSQL will store), and those with list or dict columns, whose
+        # values the rule could still change after the call (the commit would check what they became).
+        self._checked_now = frozenset(name for name, info in self._inserts.items() if info.rounds or info.nested)
         #: The rows inserted so far, per table (None: none).
         self.inserted: dict[str, list[dict[str, object]]] | None = None
         self._keyed = keyed or {}        # table -> draws its next generated key (rules hear its rows' data events)
@@ -548,6 +552,9 @@ class _RowTransaction:
         self.transaction: str | None = None
         #: Whether deferred rules are running (they signal nothing: a signal of theirs deviates).
         self.deferring = False
+        #: Whether ``insert`` checks each row's values as it takes it (else the commit checks them a column at a time
+        #: and, if one cannot be stored, runs the batch again with this set: ``LearnedDeclaration.check_rows``).
+        self.checking = False
 
     def _deviate(self, what: str) -> _Deviation:
         self.deviated = True
@@ -575,14 +582,18 @@ class _RowTransaction:
             self.written.update(values)
 
     def insert(self, table: str, /, **values: object) -> None:
-        """A new row of ``table`` (its key left to the table's sequence), checked as ``tx.insert`` checks it."""
+        """A new row of ``table`` (its key left to the table's sequence).  Its values are checked as ``tx.insert``
+        checks them when ``checking`` is set or the table is one of ``_checked_now``; else the commit checks them,
+        every row's, a column at a time, and a value it refuses makes it run the batch again with ``checking`` set,
+        where this raises as ``tx.insert`` does."""
         info = self._inserts.get(table)
         if info is None:
             raise self._deviate(f"inserted into {table!r} {sorted(values)}")
         for column in info.key_columns:      # (a loop, not ``any``: no generator per row)
             if values.get(column) is not None:
                 raise self._deviate(f"inserted into {table!r} {sorted(values)}")
-        values = info.check_values(values, copy=False)
+        if self.checking or table in self._checked_now:
+            values = info.check_values(values, copy=False)
         draw = self._keyed.get(table)
         if draw is not None:
             values = DrawnRow(values)      # (the marker: its key is drawn, not given)
@@ -753,6 +764,14 @@ class LearnedDeclaration:
         self._since = since
         self._transaction, self._rejection = transaction, rejection if self.names else None
         self._stand_in.transaction = transaction
+        self._stand_in.checking = False
+
+    def check_rows(self) -> None:
+        """From now until the next batch (:meth:`prepare`), check each inserted row's values as ``tx.insert`` checks
+        them, raising its error in the rule's call: what the commit asks for before it runs the batch again because
+        a value cannot be stored (``apply_at_commit``'s ``check_rows``), so that a rule that catches the error, or
+        one after it in the chain, runs as firing runs it."""
+        self._stand_in.checking = True
 
     def release(self) -> None:
         """Forget the last batch's events: ``outcomes``, ``rejected``, ``signals``, ``deferred``, the rows inserted

@@ -776,7 +776,13 @@ def apply_lowered(rules: "RuleManager", transaction: "Transaction", events: Iter
 
     if reactions is not None and reactions.keyed:
         options["keys_check"], options["heard"] = keys_check, frozenset(reactions.keyed)
-    pending = apply_at_commit(transaction, events, lowered.transactions, on_sent=sent, on_result=counted, **options)
+    def check_rows() -> None:
+        """The learned chains' inserted rows checked as each is made, from now on (``apply_at_commit``)."""
+        for declaration in lowered.learned.values():
+            declaration.check_rows()
+
+    pending = apply_at_commit(transaction, events, lowered.transactions, on_sent=sent, on_result=counted,
+                              check_rows=check_rows, **options)
     # Enlisted after the batch, whose write decides each event's outcome: the detached family's firings are
     # recorded in the same commit, each with its event's outcome (a rejected event's subtransaction aborted); the
     # counters are told once it committed.  The tally before the recorder: on an abort it hands the recorder the

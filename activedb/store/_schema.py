@@ -106,6 +106,9 @@ class TableInfo:
         # applies it, so a row image shows what PostgreSQL will store.  Empty for most tables, which pay one test.
         self._rounded = {name: converter for name, converter in self._converters.items()
                          if name not in self.key_columns and getattr(converter, "func", converter) in _ROUNDING}
+        #: Whether ``check_values`` converts some value of this table (``_rounded``): a row checked later, a column
+        #: at a time (``check_column``, which converts nothing), must still be converted as it is made.
+        self.rounds = bool(self._rounded)
         self._key_converters = (tuple(self._converters.get(name) for name in self.key_columns)
                                 if any(name in self._converters for name in self.key_columns) else None)
         # Whether ``key`` converts a key column's value: only then can two keys that differ in Python name one row.

@@ -18,6 +18,7 @@ import activedb
 from activedb import Coupling
 from activedb import batch
 from activedb.batch._learn import learned_table, why_not_learned
+from activedb.errors import InvalidValue
 from activedb.ingest import Batch, RulesHandler, feed
 from tests.spark_bridge import app_counters
 
@@ -637,6 +638,83 @@ def test_a_rule_that_inserts_rows_is_lowered_with_the_rows_of_firing_it(database
     assert made == notes(databases[1], kind) and len(made) == 8, made
     assert [detail for _, detail in made][:3] == ["note-a:0:0", "note-b:1:0", "note-a:3:1"]
     assert len(letters(databases[0], kind)) == 1
+
+
+def _detail(key, payload) -> str:
+    """The detail of the event's ``events_seen`` row: holding a NUL, which PostgreSQL cannot store (``tx.insert``
+    refuses it), for an amount of 13."""
+    return f"{key}:{payload['seq']}" + ("\x00" if payload["amount"] == 13 else "")
+
+
+def note_or_mark(tx, event):
+    """The counter, after a row of ``events_seen``: a row ``tx.insert`` refuses is caught, the counter marked
+    ``refused`` instead, and the rule goes on."""
+    row = tx.read(COUNTERS, event.key)
+    try:
+        tx.insert("events_seen", rule="note_or_mark", detail=_detail(event.key, event.payload))
+    except InvalidValue:
+        tx.write(COUNTERS, event.key, trail="refused")
+    tx.write(COUNTERS, event.key, events=1 if row is None else row["events"] + 1)
+
+
+def note_only(tx, event):
+    """A row of ``events_seen``, uncaught: a row ``tx.insert`` refuses fails the rule."""
+    tx.insert("events_seen", rule="note_only", detail=_detail(event.key, event.payload))
+
+
+def test_a_rule_that_catches_the_refusal_of_a_row_it_inserts_is_lowered_as_firing_runs_it(databases):
+    """The lowered batch leaves an inserted row's check to its commit (a column at a time); a value it refuses makes it
+    run the batch again checking each row as ``tx.insert`` does: a rule that catches the refusal goes on as firing's
+    does — the row not inserted, the counter marked — and the batch stays lowered, no dead letter."""
+    kind = "catch"
+
+    def register(database):
+        database.rule(on=database.stream(kind), name="note_or_mark")(note_or_mark)
+
+    batches = [rows(0, [(kind, f"{kind}-a", 1), (kind, f"{kind}-b", 13), (kind, f"{kind}-a", 2)]),
+               rows(1, [(kind, f"{kind}-b", 3), (kind, f"{kind}-c", 13)])]
+    lowered = run_both(databases, kind, batches, register)
+    assert all(pending is not None for pending in lowered), lowered
+    assert [(key, events, trail) for key, _, events, trail, _ in state(databases[0], kind)] == [
+        ("catch-a", 2, ""), ("catch-b", 2, "refused"), ("catch-c", 1, "refused")]
+    made = sorted(notes(databases[0], kind))
+    assert made == sorted(notes(databases[1], kind)) and len(made) == 3, made
+    assert letters(databases[0], kind) == []
+    on, off = (counts(database, ["note_or_mark"]) for database in databases)
+    assert on == off == {"note_or_mark": (5, 5, 0, 0, 0)}
+
+
+def test_a_chain_whose_first_rule_inserts_a_refused_row_runs_no_later_rule_as_firing_runs_none(databases):
+    """A chain: a row of ``events_seen``, then the counter.  An event whose row ``tx.insert`` refuses fails the first
+    rule and is a dead letter, the counter not run for it, on both paths: the lowered batch, whose commit finds the
+    value, runs the batch again checking each row, where the refusal makes it fire the batch (an error of activedb's,
+    not the rule's rejection)."""
+    kind = "uncaught"
+    names = ("note_only", "count_after_note")
+
+    def register(database):
+        stream = database.stream(kind)
+        database.rule(on=stream, name="note_only", priority=2)(note_only)
+        database.rule(on=stream, name="count_after_note", priority=1)(count_amount)
+
+    before = [counts(database, names) for database in databases]
+    batches = [rows(0, [(kind, f"{kind}-a", 1), (kind, f"{kind}-a", 2)]),
+               rows(1, [(kind, f"{kind}-a", 13), (kind, f"{kind}-b", 4), (kind, f"{kind}-a", 5)])]
+    lowered = run_both(databases, kind, batches, register)
+    assert [pending is not None for pending in lowered] == [True, False], lowered
+    assert [(key, total, events) for key, total, events, _, _ in state(databases[0], kind)] == [
+        ("uncaught-a", 7, 3), ("uncaught-b", 0, 1)]
+    # (the rows as a set: firing's come with ids of the process's generated-key block, which an earlier firing into
+    # the table may have reserved before the lowered batches' ids)
+    made = sorted(notes(databases[0], kind))
+    assert made == sorted(notes(databases[1], kind)) and len(made) == 4, made
+    [(batch_id, reason, _)] = letters(databases[0], kind)
+    assert batch_id == 1 and "InvalidValue" in reason and "NUL" in reason, reason
+    moved = [moved_by(then, now) for now, then in zip((counts(database, names) for database in databases), before)]
+    assert moved[1] == {"note_only": (5, 4, 1, 0, 0), "count_after_note": (5, 4, 0, 0, 1)}, moved[1]
+    # (the lowered attempt the refusal aborted counts its 3 firings per rule as an aborted tree's: fired, cancelled)
+    assert moved[0] == {name: (fired + 3, executed, failed, false, cancelled + 3)
+                        for name, (fired, executed, failed, false, cancelled) in moved[1].items()}, moved[0]
 
 
 def test_a_chain_of_rules_with_conditions_is_lowered_with_the_tables_and_counters_of_firing_it(databases):
