@@ -519,10 +519,10 @@ class _RowTransaction:
     """What the rules of a learned chain get as ``tx`` in a lowered batch (through a :class:`_StandIn`): ``read(table,
     key)`` returns the row's image as ``tx.read`` would (a copy; after a write, the row as written so far: a row the
     chain creates has every column, those not written at their constant defaults, and its key), ``write(table, key,
-    **values)`` collects the columns, ``insert(table, **values)`` the new rows (a table in ``keyed`` with its key drawn
-    at once, as ``tx.insert`` draws it), ``signal(name, **payload)`` the signals (the events ``tx.signal`` makes, in
-    ``transaction``).  Any other use is a deviation (``deviated``), whether or not the rule catches the error raised for
-    it."""
+    **values)`` collects the columns (a list or dict copied, as ``tx.write`` takes it), ``insert(table, **values)``
+    the new rows (a table in ``keyed`` with its key drawn at once, as ``tx.insert`` draws it), ``signal(name,
+    **payload)`` the signals (the events ``tx.signal`` makes, in ``transaction``).  Any other use is a deviation
+    (``deviated``), whether or not the rule catches the error raised for it."""
 
     __slots__ = ("_table", "_nested", "_key", "_image", "_created", "written", "deviated", "_inserts", "inserted",
                  "_keyed", "_signals", "signals", "transaction", "deferring", "checking", "_checked_now")
@@ -532,7 +532,8 @@ class _RowTransaction:
                  keyed: Mapping[str, Callable[[], int]] | None = None, signals: frozenset[str] = frozenset(),
                  nested: frozenset[str] = frozenset()) -> None:
         self._table = table
-        self._nested = nested            # the table's list and dict columns (``TableInfo.nested``): ``read`` copies
+        self._nested = nested            # the table's list and dict columns (``TableInfo.nested``): ``read`` and
+                                         # ``write`` copy their values
         self._key = key
         self._image = image
         self._created = created          # key -> the blank row with that key: a created row besides its writes
@@ -576,6 +577,8 @@ class _RowTransaction:
     def write(self, table: str, key: Hashable, /, **values: object) -> None:
         if table != self._table or key != self._key or not values:
             raise self._deviate(f"wrote {table!r} {key!r} {sorted(values)}")
+        if self._nested:     # (a list or dict as it is now, as ``tx.write`` takes it: the rule's stays the rule's)
+            copy_nested(values, self._nested)
         if self.written is None:
             self.written = values
         else:
