@@ -542,7 +542,8 @@ class _RowTransaction:
         self._inserts = inserts or {}    # the tables the chain may insert into (each key a sequence's)
         # The tables whose rows ``insert`` checks as it takes them in any case: those whose check converts a value
         # (``TableInfo.rounds``: the row keeps what PostgreSQL will store), and those with list or dict columns, whose
-        # values the rule could still change after the call (the commit would check what they became).
+        # values it copies then too (``copy_nested``, as ``tx.insert`` copies them: a change the rule makes after the
+        # call is not stored).
         self._checked_now = frozenset(name for name, info in self._inserts.items() if info.rounds or info.nested)
         #: The rows inserted so far, per table (None: none).
         self.inserted: dict[str, list[dict[str, object]]] | None = None
@@ -586,9 +587,10 @@ class _RowTransaction:
 
     def insert(self, table: str, /, **values: object) -> None:
         """A new row of ``table`` (its key left to the table's sequence).  Its values are checked as ``tx.insert``
-        checks them when ``checking`` is set or the table is one of ``_checked_now``; else the commit checks them,
-        every row's, a column at a time, and a value it refuses makes it run the batch again with ``checking`` set,
-        where this raises as ``tx.insert`` does."""
+        checks them — a list or dict copied, as it copies them — when ``checking`` is set or the table is one of
+        ``_checked_now`` (every table with such columns); else the commit checks them, every row's, a column at a
+        time, and a value it refuses makes it run the batch again with ``checking`` set, where this raises as
+        ``tx.insert`` does."""
         info = self._inserts.get(table)
         if info is None:
             raise self._deviate(f"inserted into {table!r} {sorted(values)}")
@@ -597,6 +599,8 @@ class _RowTransaction:
                 raise self._deviate(f"inserted into {table!r} {sorted(values)}")
         if self.checking or table in self._checked_now:
             values = info.check_values(values, copy=False)
+            if info.nested:      # (as it is now, as ``tx.insert`` takes it: the rule's list stays the rule's)
+                copy_nested(values, info.nested)
         draw = self._keyed.get(table)
         if draw is not None:
             values = DrawnRow(values)      # (the marker: its key is drawn, not given)

@@ -1092,6 +1092,17 @@ def change_what_it_read(tx, event):
     tx.write("lists", event.key, value=[*(again["value"] if again is not None else []), {"seq": event.payload["seq"]}])
 
 
+def insert_then_change(tx, event):
+    """Inserts a ``tagged_notes`` row of a list and a dict, then changes both in place: ``tx.insert`` took them as
+    they were at the call, so neither change is stored."""
+    tags = [event.key]
+    meta = {"seq": event.payload["seq"]}
+    tx.insert("tagged_notes", tags=tags, meta=meta)
+    tags.append("late")
+    meta["late"] = True
+    tx.write("lists", event.key, value=[event.payload["seq"]])
+
+
 def _lists_and_notes(database, prefix: str) -> tuple[list[tuple], list[tuple]]:
     with database.engine.connect() as connection:
         return ([tuple(row) for row in connection.execute(sa.text(
@@ -1100,13 +1111,14 @@ def _lists_and_notes(database, prefix: str) -> tuple[list[tuple], list[tuple]]:
                     "SELECT tags, meta FROM tagged_notes WHERE tags->>0 LIKE :prefix"), {"prefix": f"{prefix}%"})))
 
 
-@pytest.mark.parametrize("action", [append_after_writing, change_what_it_read],
-                         ids=["write then change", "read then change"])
+@pytest.mark.parametrize("action", [append_after_writing, change_what_it_read, insert_then_change],
+                         ids=["write then change", "read then change", "insert then change"])
 def test_a_list_or_dict_a_rule_changes_after_handing_it_over_is_stored_as_firing_stores_it(databases, action):
-    """A rule that changes a JSON column's list or dict in place after writing it, or after reading it (without
-    writing it back), leaves in the lowered batch what it leaves fired event by event: ``tx.write`` takes the values
-    as they are at the call (``copy_nested``), ``tx.read`` gives a copy — and so does the learned chain's stand-in.
-    (Before, the stand-in's ``write`` kept the rule's own list: the lowered batch stored the changes made after it.)"""
+    """A rule that changes a JSON column's list or dict in place after writing or inserting it, or after reading it
+    (without writing it back), leaves in the lowered batch what it leaves fired event by event: ``tx.write`` and
+    ``tx.insert`` take the values as they are at the call (``copy_nested``), ``tx.read`` gives a copy — and so does
+    the learned chain's stand-in.  (Before, the stand-in's ``write`` and ``insert`` kept the rule's own list or dict:
+    the lowered batch stored the changes made after the call.)"""
     kind = f"nested-{action.__name__}".replace("_", "-")
     for database in databases:
         with database.engine.begin() as connection:
