@@ -739,7 +739,9 @@ def _insert(connection: sa.Connection, info: TableInfo, columns: list[str], rows
     parameters = _arrays(info, columns, rows)
     insert = _InsertOverriding if overriding else sa.Insert
     if parameters is None:
-        connection.execute(insert(info.table), rows)
+        # (``inline``: no RETURNING of the generated key — one row alone would be executed asking for it, and in
+        # ``_send``'s pipeline no result is there to read until it syncs: SQLAlchemy raised ResourceClosedError.)
+        connection.execute(insert(info.table).inline(), rows)
     else:
         def statement() -> sa.Insert:
             derived = _unnest(info, columns)
