@@ -26,7 +26,7 @@ from sqlalchemy.engine import Engine
 
 from activedb import _migrations as migrations
 from activedb._url import describe_url
-from activedb.errors import MigrationError, SchemaNotAtHead, own_table_missing, sqlstate_of
+from activedb.errors import UNDEFINED_TABLE, MigrationError, SchemaNotAtHead, own_table_missing, sqlstate_of
 
 if TYPE_CHECKING:
     from alembic.runtime.migration import RevisionStep
@@ -67,10 +67,6 @@ MIGRATION_LOCK = int.from_bytes(b"activedb", "big") >> 1
 #: the run's transaction once it holds ``MIGRATION_LOCK``): an application's open transaction on such a table made
 #: it wait for good, printing nothing.  ``lock_timeout=None`` (``--lock-timeout 0``) waits as long as it takes.
 LOCK_TIMEOUT_SECONDS = 60.0
-
-
-#: PostgreSQL's SQLSTATE of a relation that does not exist (undefined_table).
-_UNDEFINED_TABLE = "42P01"
 
 
 #: The tables activedb's first revision creates, and no revision drops: a database that has one of them without the
@@ -547,7 +543,7 @@ class Schema:
             try:
                 revisions = connection.execute(sa.text(f"SELECT version_num FROM {migrations.VERSION_TABLE}")).all()
             except sa.exc.ProgrammingError as error:
-                if sqlstate_of(error) != _UNDEFINED_TABLE:
+                if sqlstate_of(error) != UNDEFINED_TABLE:
                     raise
                 connection.rollback()
                 found = connection.execute(sa.text("SELECT bool_or(to_regclass(name) IS NOT NULL) FROM "

@@ -354,7 +354,7 @@ def database_failure(error: BaseException, doing: str, where: str, *, server_log
 
 
 #: PostgreSQL's SQLSTATE of a relation that does not exist (undefined_table), and its message for one of activedb's.
-_UNDEFINED_TABLE = "42P01"
+UNDEFINED_TABLE = "42P01"
 _MISSING_OWN_TABLE = re.compile(r'relation "(activedb_\w+)" does not exist')
 
 
@@ -363,7 +363,7 @@ def own_table_missing(error: BaseException) -> str | None:
     own tables that does not exist (SQLSTATE 42P01, a relation ``activedb_…``): the version table says the revision
     that creates it ran, so it was dropped or renamed by hand, or left out of a restore; None for any other error."""
     orig = getattr(error, "orig", None) or error
-    missing = _MISSING_OWN_TABLE.search(str(orig)) if sqlstate_of(error) == _UNDEFINED_TABLE else None
+    missing = _MISSING_OWN_TABLE.search(str(orig)) if sqlstate_of(error) == UNDEFINED_TABLE else None
     if missing is None:
         return None
     table = missing[1]
