@@ -1,6 +1,6 @@
 """Driving Alembic from activedb: its own revisions (version table ``activedb_alembic_version``) and an
-application's (:meth:`Schema.upgrade_app`), each upgrade and downgrade under the PostgreSQL advisory lock
-``MIGRATION_LOCK``.  The overview, ``activedb/README.md``, places it.
+application's (:meth:`Schema.upgrade_app`), each upgrade and downgrade (and :meth:`Schema.stamp`) under the
+PostgreSQL advisory lock ``MIGRATION_LOCK``.  The overview, ``activedb/README.md``, places it.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def _config(script_location: Path, connection: Connection | None = None, url: st
     return config
 
 
-# The PostgreSQL advisory lock every upgrade and downgrade of this database holds (activedb's own schema
+# The PostgreSQL advisory lock every upgrade, downgrade and stamp of this database holds (activedb's own schema
 # and an application's): processes starting together take turns, and the later ones find the schema at
 # the revision the first one reached.  Any 64-bit number nobody else uses: "activedb" in ASCII.
 MIGRATION_LOCK = int.from_bytes(b"activedb", "big") >> 1
@@ -84,9 +84,8 @@ def not_at_head(state: SchemaState, revision: str | None, where: str, then: str 
             f"table that records their revision (dropped by hand, or left out of a restore): activedb cannot tell "
             f"which revision they are at, so it neither upgrades nor uses them. Restore {migrations.VERSION_TABLE} "
             f"from the backup; or, knowing the revision they are at (`activedb db history` lists them, "
-            f"migrations/README.md says what each adds), record it with `alembic -c "
-            f"{migrations.SCRIPT_LOCATION / 'alembic.ini'} stamp REVISION` (ACTIVEDB_DATABASE_URL set to this "
-            f"database's URL), then run `activedb db upgrade`")
+            f"migrations/README.md says what each adds), record it with `activedb db stamp REVISION` (it runs no "
+            f"revision), then run `activedb db upgrade`")
     if state is SchemaState.UNKNOWN:
         return SchemaNotAtHead(f"activedb's tables in {where} are at revision {revision}, which this activedb does not "
                                f"know (a newer activedb wrote it; this one needs {head()}): upgrade activedb")
@@ -337,6 +336,16 @@ def check_revision(revision: str, script_location: Path | None = None) -> None:
                                  f"(-1)") from None
 
 
+def check_stamp(revision: str) -> None:
+    """Raise :class:`MigrationError` if ``revision`` is not one a stamp of activedb's tables takes: a revision of
+    activedb's by its name (:func:`check_revision` names them), head or base — not a relative one or a range, relative
+    to a revision the tables may not be known to be at."""
+    if isinstance(revision, str) and revision not in ("head", "base") and any(mark in revision for mark in "-+:"):
+        raise MigrationError(f"stamp {revision!r}: give a revision by its name (`activedb db history` lists them), "
+                             f"head or base, not a relative one or a range; nothing was changed")
+    check_revision(revision)
+
+
 def passed(revision: str, current: str | None, script_location: Path | None = None) -> str | None:
     """``revision``'s full id (``base`` for base) if a database at ``current`` is already past it — a revision below
     ``current`` in ``script_location``'s chain (activedb's own by default), where an upgrade to it changes nothing (an
@@ -474,7 +483,11 @@ class Schema:
                                                          "true)"), {"ms": f"{max(1, round(lock_timeout * 1000))}ms"}
                                                  ).scalar_one()
                         blockers = watch.enter_context(_Blockers(self.engine, pid, min(0.5, lock_timeout / 4)))
-                    getattr(command, action)(_config(location, connection), revision)
+                    config = _config(location, connection)
+                    if action == "stamp":       # (purge: the row there was goes, even one no file here has)
+                        command.stamp(config, revision, purge=True)
+                    else:
+                        getattr(command, action)(config, revision)
         except MigrationError as error:
             if blockers is not None and _lock_timed_out(error.__cause__):
                 cause = error.__cause__
@@ -530,6 +543,15 @@ class Schema:
         if state is SchemaState.UNRECORDED:
             raise not_at_head(state, None, describe_url(self.engine.url))
         self._run("downgrade", revision, migrations.SCRIPT_LOCATION, lock_timeout)
+
+    def stamp(self, revision: str, *, lock_timeout: float | None = LOCK_TIMEOUT_SECONDS) -> None:
+        """Record ``revision`` (a name, ``head`` or ``base``) as the one activedb's tables are at, running no revision
+        (Alembic's ``stamp``; the version row there was, if any, replaced — also a revision this activedb does not
+        know): for tables whose version table is gone (:attr:`SchemaState.UNRECORDED`), whose revision the user knows.
+        Under ``MIGRATION_LOCK``, as an upgrade; :class:`MigrationError` naming the revisions there are for one that
+        is none of them, or for a relative one (``-1``: relative to a revision not known)."""
+        check_stamp(revision)
+        self._run("stamp", revision, migrations.SCRIPT_LOCATION, lock_timeout)
 
     def current_revision(self) -> str | None:
         return current(self.engine)

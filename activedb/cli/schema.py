@@ -125,6 +125,32 @@ def _migrate_command(ctx: click.Context, action: str, revision: str, sql: bool, 
         click.echo(f"{action} to {revision}: now at {now} ({database.describe()})")
 
 
+@db.command(context_settings=_REVISION_SETTINGS)
+@click.argument("revision")
+@click.option("--yes", is_flag=True, help="Do not ask before recording REVISION over the revision recorded.")
+@click.pass_context
+def stamp(ctx: click.Context, revision: str, yes: bool) -> None:
+    """Record REVISION (`db history` lists them; head, base) as the revision activedb's tables are at, running no
+    revision: for tables whose version table is gone (dropped by hand, left out of a restore). Asks first when a
+    revision is recorded already (--yes to skip)."""
+    from activedb import _migrate
+
+    revision = _revision(revision)
+    with open_database(ctx, writes=True, check_schema=False) as database:
+        _migrate.check_stamp(revision)
+        before = database.schema.state()[1]
+        if before is not None and _migrate.at(revision, before):
+            click.echo(f"already at {before}; nothing changed ({database.describe()})")
+            return
+        if before is not None:      # (a revision recorded: replacing it says the tables are other than it says)
+            _confirm(f"record {revision} over {before}, the revision recorded for activedb's tables in "
+                     f"{database.describe()}: no revision runs, the tables stay as they are, and `activedb db upgrade` "
+                     f"and `db downgrade` then take them for {revision}'s. Continue?", yes)
+        database.schema.stamp(revision)
+        now = database.schema.current_revision() or "base"
+        click.echo(f"stamp {revision}: now at {now}, no revision ran ({database.describe()})")
+
+
 @db.command()
 @click.pass_context
 def current(ctx: click.Context) -> None:

@@ -274,11 +274,7 @@ def test_activedbs_tables_without_their_version_table_are_refused_saying_so_and_
     that never had them: `db current` said 'never initialised', `status` 'has no activedb tables yet', and `db upgrade`
     and connect() ran 0001 again and failed with 'relation "activedb_rules" already exists; activedb's tables are at
     base now'.  Each now says the tables are there without their version table, and how to record their revision
-    (Alembic's `stamp`, which the test then runs as said: the database is at head again, its rows kept)."""
-    import os
-    import subprocess
-    import sys
-
+    (`activedb db stamp`, which the test then runs as said: the database is at head again, its rows kept)."""
     import activedb
 
     assert invoke(make_fresh_url, "db", "upgrade").exit_code == 0
@@ -303,11 +299,10 @@ def test_activedbs_tables_without_their_version_table_are_refused_saying_so_and_
             assert "has activedb's tables (activedb_rules, " in output and "but no activedb_alembic_version" in output, \
                 output
             assert "already exists" not in output and "no activedb tables yet" not in output, output
-        stamp = re.search(r"`(alembic -c \S+ stamp) REVISION`", said[-1])
+        stamp = re.search(r"`activedb (db stamp) REVISION`", said[-1])
         assert stamp is not None, said[-1]
-        done = subprocess.run([sys.executable, "-m", *stamp[1].split(), "head"], capture_output=True, text=True,
-                              timeout=120, env={**os.environ, "ACTIVEDB_DATABASE_URL": make_fresh_url})
-        assert done.returncode == 0, done.stderr
+        done = invoke(make_fresh_url, *stamp[1].split(), "head")
+        assert done.exit_code == 0, done.output
         assert invoke(make_fresh_url, "db", "current").output.startswith(f"{_migrate.head()} (at head)")
         with engine.connect() as connection:
             assert connection.exec_driver_sql("SELECT count(*) FROM activedb_ingestion_ledger").scalar_one() == 1
@@ -917,3 +912,45 @@ def test_an_upgrade_keeps_the_warning_filters_another_thread_sets_meanwhile(url,
         database.close()
         engine.dispose()
         assert invoke(url, "app", "downgrade", str(location), "base", "--yes").exit_code == 0
+
+
+def test_db_stamp_records_the_revision_of_tables_without_their_version_table_asking_before_replacing_one(
+        make_fresh_url):
+    """activedb's tables whose version table was dropped could only be recorded with the plain `alembic … stamp`, a
+    tool the user had to configure (ACTIVEDB_DATABASE_URL); `activedb db stamp REVISION` records it, running no
+    revision and keeping the rows, refuses a revision it does not know naming the ones there are, and asks before it
+    records a revision over one already recorded."""
+    import activedb
+
+    upgraded_then(make_fresh_url, "INSERT INTO activedb_ingestion_ledger (query_id, batch_id, transaction_id) "
+                                  "VALUES ('q', 0, 't')", "DROP TABLE activedb_alembic_version")
+    with pytest.raises(activedb.SchemaNotAtHead) as refused:
+        activedb.connect(make_fresh_url)
+    assert "record it with `activedb db stamp REVISION`" in str(refused.value), refused.value
+    assert "alembic -c" not in str(refused.value), refused.value
+    unknown = invoke(make_fresh_url, "db", "stamp", "nosuch")
+    assert unknown.exit_code == 1 and "give one of base, 0001_initial" in unknown.output, unknown.output
+    relative = invoke(make_fresh_url, "db", "stamp", "-1")
+    assert relative.exit_code == 1 and "a revision by its name" in relative.output, relative.output
+    assert "activedb's tables without their version table" in invoke(make_fresh_url, "db", "current").output
+    done = CliRunner().invoke(main, ["--url", make_fresh_url, "db", "stamp", "head"], input="")    # (nothing to ask)
+    assert done.exit_code == 0, done.output
+    assert f"now at {_migrate.head()}" in done.output and "no revision ran" in done.output, done.output
+    assert invoke(make_fresh_url, "db", "current").output.startswith(f"{_migrate.head()} (at head)")
+    with activedb.connect(make_fresh_url) as database:
+        assert database.schema.state() == (_migrate.SchemaState.AT_HEAD, _migrate.head())
+    asked = CliRunner().invoke(main, ["--url", make_fresh_url, "db", "stamp", "0018"], input="")    # (no --yes)
+    assert asked.exit_code != 0 and "Continue?" in asked.output, asked.output
+    assert f"over {_migrate.head()}" in asked.output, asked.output
+    assert invoke(make_fresh_url, "db", "current").output.startswith(f"{_migrate.head()} (at head)")
+    same = invoke(make_fresh_url, "db", "stamp", "head")
+    assert same.exit_code == 0 and "nothing changed" in same.output, same.output
+    replaced = invoke(make_fresh_url, "db", "stamp", "0018", "--yes")
+    assert replaced.exit_code == 0 and "now at 0018_" in replaced.output, replaced.output
+    assert invoke(make_fresh_url, "db", "current").output.startswith("0018_")
+    engine = sa.create_engine(make_fresh_url.replace("postgresql://", "postgresql+psycopg://"))
+    try:
+        with engine.connect() as connection:
+            assert connection.exec_driver_sql("SELECT count(*) FROM activedb_ingestion_ledger").scalar_one() == 1
+    finally:
+        engine.dispose()
