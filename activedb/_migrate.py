@@ -411,14 +411,56 @@ def steps_below(revision: str, current: str, script_location: Path | None = None
     return chain[steps] if steps < len(chain) else None
 
 
-def past_base(revision: str, current: str, listed: str) -> MigrationError | None:
-    """The refusal of a downgrade to a relative ``revision`` ``-N`` from ``current`` that goes past base (fewer than N
-    revisions below it: :func:`steps_below` None), before anything is asked or run; None for any other revision.
-    ``listed``: where the revisions are listed (a command, a directory)."""
-    if not (revision.startswith("-") and revision[1:].isdigit()):
+def _relative(revision: str) -> int | None:
+    """The signed N of a relative ``revision`` ``+N`` or ``-N``; None for any other revision."""
+    return int(revision) if revision[:1] in ("+", "-") and revision[1:].isdigit() else None
+
+
+def _above(current: str | None, script_location: Path | None) -> list[str] | None:
+    """The revisions above ``current`` (None: base) up to the head of ``script_location``'s chain, head first; None
+    for a directory of several heads or none, or an error of Alembic's (the caller's run reports it)."""
+    try:
+        script = ScriptDirectory.from_config(_config(script_location or migrations.SCRIPT_LOCATION))
+        heads = script.get_heads()
+        if len(heads) != 1:
+            return None
+        return [step.revision for step in script.iterate_revisions(heads[0], current or "base")
+                if step.revision != current]
+    except Exception:
         return None
-    return MigrationError(f"downgrade {revision} goes past base: {current} has fewer revisions below it ({listed} "
-                          f"lists them); give one of those, or base (every table, with its rows); nothing was changed")
+
+
+def at_end(revision: str, current: str | None, script_location: Path | None = None) -> str | None:
+    """``"head"`` if a relative ``revision`` ``+N`` goes up from ``current``, already the head of ``script_location``'s
+    chain (activedb's own by default), ``"base"`` if ``-N`` goes down from base (``current`` None): where Alembic's run
+    fails with "Relative revision … didn't produce N migrations", a step that changes nothing, said so by the command;
+    None for any other revision or database."""
+    steps = _relative(revision)
+    if steps is not None and steps < 0 and current is None:
+        return "base"
+    if steps is not None and steps > 0 and current is not None and _above(current, script_location) == []:
+        return "head"
+    return None
+
+
+def past_end(revision: str, current: str | None, listed: str, script_location: Path | None = None) -> MigrationError | None:
+    """The refusal of a run to a relative ``revision`` from ``current`` that goes past an end of
+    ``script_location``'s chain (activedb's own by default), before anything is asked or run: ``-N`` past base (a
+    downgrade: fewer than N revisions below it, :func:`steps_below` None, which the caller asked), ``+N`` past head
+    (an upgrade: fewer than N above it; at head itself :func:`at_end` says so); None for any other revision.
+    ``listed``: where the revisions are listed (a command, a directory)."""
+    steps = _relative(revision)
+    if steps is not None and steps < 0 and current is not None and steps_below(revision, current,
+                                                                                script_location) is None:
+        return MigrationError(f"downgrade {revision} goes past base: {current} has fewer revisions below it ({listed} "
+                              f"lists them); give one of those, or base (every table, with its rows); nothing was "
+                              f"changed")
+    above = _above(current, script_location) if steps is not None and steps > 0 else None
+    if steps is None or above is None or steps <= len(above):
+        return None
+    return MigrationError(f"upgrade {revision} goes past head: {current or 'base'} has {len(above)} revision"
+                          f"{'' if len(above) == 1 else 's'} above it ({listed} lists them); give one of those, or "
+                          f"head; nothing was changed")
 
 
 def app_location(script_location: str | Path) -> Path:

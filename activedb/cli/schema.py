@@ -93,9 +93,18 @@ def _migrate_command(ctx: click.Context, action: str, revision: str, sql: bool, 
             click.echo(f"already past {past}: at {before}; nothing changed ({database.describe()}) — "
                        f"`activedb db downgrade {revision}` goes back to it")
             return
+        state = database.schema.state()[0]
+        known = state not in (_migrate.SchemaState.UNKNOWN, _migrate.SchemaState.UNRECORDED)   # (refused below)
+        end = _migrate.at_end(revision, before) if known and action == "upgrade" else None
+        if end is not None:         # (+1 at head, -1 at base: Alembic's "didn't produce 1 migrations")
+            click.echo(f"already at {end}{f' ({before})' if before else ''}; nothing changed ({database.describe()})")
+            return
+        refused = _migrate.past_end(revision, before, "`activedb db history`") \
+            if known and revision.startswith("+" if action == "upgrade" else "-") else None
+        if refused is not None:
+            raise refused
         if action == "downgrade":
             _migrate.check_revision(revision)
-            state = database.schema.state()[0]      # (refused before asking)
             if state is _migrate.SchemaState.UNKNOWN:
                 raise _migrate.unknown_to_downgrade(before)
             if state is _migrate.SchemaState.UNRECORDED:
@@ -112,9 +121,6 @@ def _migrate_command(ctx: click.Context, action: str, revision: str, sql: bool, 
                            f"`activedb db upgrade {revision}` goes up to it")
                 return
             target = _migrate.steps_below(revision, before)      # (-1: the revision it names, for the question)
-            refused = None if target else _migrate.past_base(revision, before, "`activedb db history`")
-            if refused is not None:
-                raise refused
             what = ("every activedb table (rules, transaction log, ingestion ledger, dead letters) and its rows"
                     if (target or revision) == "base" else f"what the revisions after {target or revision} added, "
                                                            f"with its data")
@@ -248,8 +254,22 @@ def _say_app_revision(database: Database, path: str) -> None:
 @click.pass_context
 def app_upgrade(ctx: click.Context, path: str, revision: str, lock_timeout: float) -> None:
     """Upgrade the application's tables in PATH to REVISION (default: head)."""
+    from activedb._migrate import app_location, at_end, past_end
+
     revision = _revision(revision)
     with open_database(ctx, writes=True, check_schema=False) as database:
+        if revision[:1] in ("+", "-"):      # (a relative step past an end: Alembic's "didn't produce N migrations")
+            heads, _ = database.schema.app_heads(path)
+            current = heads[0] if len(heads) == 1 else None
+            end = at_end(revision, current, app_location(path)) if len(heads) <= 1 else None
+            if end is not None:
+                click.echo(f"{path}: already at {end}{f' ({current})' if current else ''}; nothing changed — "
+                           f"{database.describe()}")
+                return
+            refused = past_end(revision, current, f"{app_location(path) / 'versions'}", app_location(path)) \
+                if len(heads) <= 1 and revision.startswith("+") else None
+            if refused is not None:
+                raise refused
         database.schema.upgrade_app(path, revision, lock_timeout=_seconds(lock_timeout))
         _say_app_revision(database, path)
 
@@ -262,7 +282,7 @@ def app_upgrade(ctx: click.Context, path: str, revision: str, lock_timeout: floa
 @click.pass_context
 def app_downgrade(ctx: click.Context, path: str, revision: str, yes: bool, lock_timeout: float) -> None:
     """Downgrade the application's tables in PATH to REVISION ('base' drops them all). Asks first."""
-    from activedb._migrate import ahead, app_location, at, check_revision, past_base, steps_below
+    from activedb._migrate import ahead, app_location, at, check_revision, past_end, steps_below
 
     revision = _revision(revision)
 
@@ -281,8 +301,8 @@ def app_downgrade(ctx: click.Context, path: str, revision: str, yes: bool, lock_
                        f"`activedb app upgrade {path} {revision}` goes up to it")
             return
         target = steps_below(revision, heads[0], app_location(path)) if len(heads) == 1 else None
-        refused = None if target or len(heads) > 1 else past_base(revision, heads[0],
-                                                                           f"{app_location(path) / 'versions'}")
+        refused = None if len(heads) > 1 or not revision.startswith("-") else \
+            past_end(revision, heads[0], f"{app_location(path) / 'versions'}", app_location(path))
         if refused is not None:
             raise refused
         what = "every table of this application, with its rows" if (target or revision) == "base" else \

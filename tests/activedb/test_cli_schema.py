@@ -954,3 +954,35 @@ def test_db_stamp_records_the_revision_of_tables_without_their_version_table_ask
             assert connection.exec_driver_sql("SELECT count(*) FROM activedb_ingestion_ledger").scalar_one() == 1
     finally:
         engine.dispose()
+
+
+def test_a_relative_revision_past_head_or_base_says_where_the_database_is(url, tmp_path):
+    """`db upgrade +1` at head, `db upgrade +50` below it, and `db upgrade -1` at base ended with Alembic's "Relative
+    revision +1 didn't produce 1 migrations" (`app upgrade PATH +1` too); they now say the database is at head (or
+    base), or that the step goes past head, and change nothing — as `db downgrade -1` and `app downgrade PATH -1` at
+    base already did."""
+    assert invoke(url, "db", "upgrade").exit_code == 0
+    at_head = invoke(url, "db", "upgrade", "+1")
+    assert at_head.exit_code == 0, at_head.output
+    assert f"already at head ({_migrate.head()}); nothing changed" in at_head.output, at_head.output
+    try:
+        assert invoke(url, "db", "downgrade", "-2", "--yes").exit_code == 0
+        past = invoke(url, "db", "upgrade", "+50")
+        assert past.exit_code == 1 and "didn't produce" not in past.output, past.output
+        assert "upgrade +50 goes past head: " in past.output and "has 2 revisions above it" in past.output, past.output
+        assert invoke(url, "db", "upgrade", "+1").exit_code == 0       # (within reach: as before)
+        assert invoke(url, "db", "downgrade", "base", "--yes").exit_code == 0
+        for command in (["upgrade", "-1"], ["downgrade", "-1", "--yes"]):
+            result = invoke(url, "db", *command)
+            assert "didn't produce" not in result.output, (command, result.output)
+            assert result.exit_code == 0 and "already at base" in result.output, (command, result.output)
+    finally:
+        assert invoke(url, "db", "upgrade").exit_code == 0
+    location = tmp_path / "ends"
+    assert invoke(url, "app", "init", str(location), "--name", "ends").exit_code == 0
+    assert invoke(url, "app", "upgrade", str(location)).exit_code == 0
+    at_head = invoke(url, "app", "upgrade", str(location), "+1")
+    assert at_head.exit_code == 0 and "already at head (ends_0001); nothing changed" in at_head.output, at_head.output
+    assert invoke(url, "app", "downgrade", str(location), "base", "--yes").exit_code == 0
+    below = invoke(url, "app", "downgrade", str(location), "-1", "--yes")
+    assert below.exit_code == 0 and "already at base" in below.output, below.output
