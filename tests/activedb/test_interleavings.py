@@ -585,8 +585,8 @@ def test_a_sequencer_in_the_actors_is_a_hang_that_says_the_runner_orders_the_ste
             insert_item("b")(db)
 
     with pytest.raises(InterleavingHang) as hang:
-        Interleavings(fresh, {"A1": first, "A2": second}, setup=one_account, step_timeout=2.0).replay("0.1")
+        Interleavings(fresh, {"A1": first, "A2": second}, setup=one_account, step_timeout=10.0).replay("0.1")
     message = str(hang.value)
-    assert "A2 (outside a transaction) neither paused at a step nor blocked within 2.0 s" in message, message
+    assert "A2 (outside a transaction) neither paused at a step nor blocked within 10.0 s" in message, message
     assert ("a wait for another thread of the run (a Sequencer, wait_until or an event in an actor: the runner orders "
             "the steps itself — drop it, and replay(schedule) for one order)") in message, message
