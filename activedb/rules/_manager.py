@@ -42,9 +42,10 @@ _EXECUTED, _CONDITION_FALSE, _FAILED, _CANCELLED = (FiringOutcome.EXECUTED, Firi
                                                    FiringOutcome.FAILED, FiringOutcome.CANCELLED)
 _IMMEDIATE, _DEFERRED = Coupling.IMMEDIATE, Coupling.DEFERRED
 _ACTIVEDB = Origin.ACTIVEDB
-#: The ``RuleFailed`` errors a dispatch raised to a firing's trigger (``_raise_failure``): a nested firing's failure,
-#: which an action that lets it through passes on — cancelled —, told apart from one a rule raises itself — failed.
-_FIRINGS_FAILURES: "weakref.WeakSet[RuleFailed]" = weakref.WeakSet()
+#: The errors the rule manager raised itself: the ``RuleFailed`` of a nested firing's failure (``_raise_failure``) and
+#: the ``CascadeLimitExceeded`` of its cascade limits (``_limit``).  An action that lets one through passes it on —
+#: cancelled —, told apart from the same error a rule raises of its own making — failed.
+_RAISED_BY_RULES: "weakref.WeakSet[RuleFailed | CascadeLimitExceeded]" = weakref.WeakSet()
 
 
 class RuleManager(TransactionExtension):
@@ -216,9 +217,9 @@ class RuleManager(TransactionExtension):
                 self._run_groups(transaction, list(cycle.firings), f"deferred cycle {cycle.number}")
         except DeferredCycleLimitExceeded as error:
             self._never_ran(error.pending)  # type: ignore[arg-type]  # (the queue's firings)
-            raise CascadeLimitExceeded(
+            raise _limit(CascadeLimitExceeded(
                 f"deferred rules of {transaction.id} kept firing each other for {queue.max_cycles} cycles; "
-                f"break the cycle or raise max_deferred_cycles", [str(error)]) from error
+                f"break the cycle or raise max_deferred_cycles", [str(error)])) from error
 
     def after_end(self, transaction: Transaction, committed: bool) -> None:
         context = slot(transaction, RuleContext, create=False)
@@ -288,20 +289,20 @@ class RuleManager(TransactionExtension):
             node = node.parent
         if len(chain) >= self.max_cascade_depth:
             names = " -> ".join((*chain, "|".join(rule.name for rule in rules)))
-            raise CascadeLimitExceeded(
+            raise _limit(CascadeLimitExceeded(
                 f"rule cascade deeper than {self.max_cascade_depth} in transaction {transaction.id}: {names}; "
-                f"break the cycle or raise max_cascade_depth", [*chain, *(rule.name for rule in rules)])
+                f"break the cycle or raise max_cascade_depth", [*chain, *(rule.name for rule in rules)]))
         if len(chain) >= _STACK_CHECKED_FROM and stack_is_deep(0.75):
             # Each immediate firing runs inside the call of the one that fired it: stop while the rest of the stack
             # still holds a level (a firing, its action, the SQL under it), not at a RecursionError wherever it hits.
             names = " -> ".join((*chain, "|".join(rule.name for rule in rules)))
-            raise CascadeLimitExceeded(
+            raise _limit(CascadeLimitExceeded(
                 f"rule cascade {len(chain) + 1} deep in transaction {transaction.id} nests deeper than Python's "
                 f"recursion limit (sys.getrecursionlimit() = {sys.getrecursionlimit()}) allows, below "
                 f"max_cascade_depth={self.max_cascade_depth}: {names}; each immediate firing runs inside the one that "
                 f"fired it: break the cycle, make a rule of it deferred (deferred firings run in cycles, one after "
                 f"another), or lower max_cascade_depth (or raise sys.setrecursionlimit)",
-                [*chain, *(rule.name for rule in rules)])
+                [*chain, *(rule.name for rule in rules)]))
         if len(rules) == 1:                 # the common case, without the comprehension's call and lists
             rule = rules[0]
             firing = Firing(rule, event, chain + (rule.name,), rule.coupling, next(self._numbers))
@@ -537,8 +538,9 @@ class RuleManager(TransactionExtension):
                 # Its own transaction aborted by the condition or action itself (``tx.abort()``), not by an ancestor
                 # (which dooms it: it stays active until it ends): the rule's failure, as the trigger sees it.
                 self._failed(rule, event, error)
-            if isinstance(error, RuleFailed) and error not in _FIRINGS_FAILURES:
-                # Raised by the condition or action itself, of its own making, not a nested firing's: its failure.
+            if isinstance(error, (RuleFailed, CascadeLimitExceeded)) and error not in _RAISED_BY_RULES:
+                # Raised by the condition or action itself, of its own making — not a nested firing's failure, not a
+                # cascade limit of this manager's —: its failure.
                 self._failed(rule, event, error)
             # Something else ended it — a nested rule's failure or the cascade limit its action let through, a
             # dependency, a doomed tree's abort —: cancelled, as observers are told (the nested rule counted its own
@@ -685,10 +687,17 @@ def _raise_failure(firing: Firing, error: BaseException, what: str) -> None:
     ``Exception`` (KeyboardInterrupt, SystemExit: Ctrl-C in a rule stops its caller, which cannot take it for a rule
     failure and go on; the firing's subtransaction has aborted on its way out, as its trigger's does on the caller's)."""
     if isinstance(error, RuleFailed):
-        _FIRINGS_FAILURES.add(error)        # (a firing's failure, not one of the trigger's own making)
+        _RAISED_BY_RULES.add(error)         # (a firing's failure, not one of the trigger's own making)
     if isinstance(error, (RuleFailed, CascadeLimitExceeded)) or not isinstance(error, Exception):
         raise error
     failure = RuleFailed(f"{what} rule {firing.rule.name!r} failed on {firing.event.describe()}: {shown_error(error)}",
                          firing.rule.name, firing.event)
-    _FIRINGS_FAILURES.add(failure)
+    _RAISED_BY_RULES.add(failure)
     raise failure from error
+
+
+def _limit(error: CascadeLimitExceeded) -> CascadeLimitExceeded:
+    """``error``, a cascade limit this manager raises, remembered as its own (``_RAISED_BY_RULES``): a firing whose
+    action lets it through is cancelled by it, while one that raises a CascadeLimitExceeded of its own failed."""
+    _RAISED_BY_RULES.add(error)
+    return error

@@ -1609,6 +1609,45 @@ def test_a_rule_that_raises_rule_failed_itself_counts_failed(db, coupling):
     assert counters == {name: (1, 0, 1, 0, 0)}, counters
 
 
+@pytest.mark.parametrize("coupling", [Coupling.IMMEDIATE, Coupling.DEFERRED, Coupling.DETACHED])
+def test_a_rule_that_raises_cascade_limit_exceeded_itself_counts_failed(db, coupling):
+    """A condition or action that raises ``CascadeLimitExceeded`` of its own making (no cascade reached a limit: the
+    rule uses the error for a limit of its own) ended its firing itself: counted ``failed``, observers told so, the
+    trigger gets a RuleFailed naming the rule, and a detached firing's outbox record says what the rule raised, not
+    that it was cancelled.  Only the limit the rule manager raised — the dispatch's cascade depth, the deferred
+    cycles — stops a firing from outside (cancelled).  Before, any CascadeLimitExceeded counted ``cancelled``: the
+    trigger got the rule's own error unwrapped, not naming the rule, and a detached record said "cancelled: …"."""
+    name = f"raises_cascade_limit_{coupling.value}"
+    ends: list[tuple[str, FiringOutcome]] = []
+
+    class Ends(Observer):
+        def on_firing_end(self, transaction, firing, outcome):
+            ends.append((firing.rule.name, outcome))
+
+    @db.rule(on=db.signalled(name), name=name, coupling=coupling)
+    def refuses(tx, event):
+        raise CascadeLimitExceeded("the order went through too many hands", ["clerk", "manager"])
+
+    ends_observer = db.observe(Ends())
+    try:
+        if coupling is Coupling.DETACHED:
+            with db.transaction() as tx:
+                tx.signal(name)
+            db.rules.wait_idle(WAIT)
+            [failure] = [failure for failure in db.outbox.failures() if failure.rule == name]
+            assert failure.error == "CascadeLimitExceeded: the order went through too many hands", failure.error
+        else:
+            with pytest.raises(RuleFailed, match=rf"rule '{name}' failed on signal {name}.*too many hands"):
+                with db.transaction() as tx:
+                    tx.signal(name)
+        counters = _outcomes(db, [name])
+    finally:
+        db.transactions.observers.remove(ends_observer)
+        db.rules.remove(name)
+    assert ends == [(name, FiringOutcome.FAILED)], ends
+    assert counters == {name: (1, 0, 1, 0, 0)}, counters
+
+
 def _nested_failure(db, outer, outer_coupling, inner, inner_coupling, trigger):
     """``outer``'s action signals ``inner``, whose rule raises; the trigger ``lets it abort the tree`` or ``catches
     it and commits``.  What observers were told (rule name, outcome) and the two rules' ``_outcomes``."""
