@@ -85,6 +85,16 @@ def _record_error(outcome: FiringOutcome, error: BaseException | None) -> str:
     return storable_text(f"cancelled: {describe_error(error)}")
 
 
+def _undone(outbox: "Outbox", works: list[Work]) -> None:
+    """Count ``cancelled`` the last run of each of ``works`` that executed in a group whose abort undid it
+    (``Work.uncounted``): its attempt's one outcome, now that the work runs again or elsewhere."""
+    undone = [work for work in works if work.uncounted]
+    for work in undone:
+        work.uncounted = False
+    if undone:
+        outbox.count([work.firing for work in undone], "cancelled")
+
+
 def _driver_summary(error: BaseException) -> str | None:
     """``Type (SQLSTATE s): PostgreSQL's first line`` of a driver's error (SQLAlchemy's, or psycopg's own), as
     :func:`activedb.errors.database_failure` reads it: without the statement, its parameters or PostgreSQL's
@@ -101,12 +111,18 @@ def _driver_summary(error: BaseException) -> str | None:
 @dataclass(eq=False)
 class Work:
     """A recorded firing ready to run (``attempts``: how often it failed retryably so far in this process's run of
-    it — not the record's stored ``attempts``, which counts its finishes)."""
+    it — not the record's stored ``attempts``, which counts its finishes).  Each run is an attempt with one outcome in
+    the rule manager's counters (rules README, "Counters count attempts"): ``ran``, whether this process ran it
+    before (a run after the first counts ``fired`` once more); ``uncounted``, whether its last run executed and its
+    group has not committed yet (its ``executed`` is counted then; ``cancelled`` if the group's abort undid it and it
+    runs again, ``failed`` if it fails for good)."""
 
     record_id: int
     firing: "Firing"
     attempts: int = 0
     executed: bool = False        # its condition held and its action ran (set when it committed)
+    ran: bool = False
+    uncounted: bool = False
 
 
 class _Outcome:
@@ -328,6 +344,8 @@ class Executor:
         except RecordsTakenOver:
             mine = outbox.still_owned([work.record_id for work in group])
             remaining = [work for work in group if work.record_id in mine]
+            # (Those another process runs now: this attempt, which the group's abort undid, was this process's last.)
+            _undone(outbox, [work for work in group if work.record_id not in mine])
             logger.warning("%d outbox record(s) were taken over by another process; running the %d still ours",
                            len(group) - len(remaining), len(remaining))
             if remaining:
@@ -375,12 +393,16 @@ class Executor:
         fire = outbox.rules.fire
         marks = GroupMarks(outbox.owner)
         outcomes: list[str] = []
+        # A run after an attempt the group's abort undid: that attempt ends cancelled (``Work.uncounted``).
+        _undone(outbox, group)
         with outbox.transactions.transaction(name=GROUP_TRANSACTION, participants=[marks]) as root:
             for work in group:
                 firing = work.firing
+                again, work.ran = work.ran, True
                 try:
-                    # (The rule manager's outcome, as its counters count it: ``fire`` runs it in a subtransaction.)
-                    [(outcome, error)] = fire(root, [firing])
+                    # (The rule manager's outcome, as its counters count it: ``fire`` runs it in a subtransaction; a
+                    # run after the first is an attempt of its own, ``fired`` once more.)
+                    [(outcome, error)] = fire(root, [firing], again=again)
                 except BaseException as raised:
                     if interrupts_the_process(raised):
                         raise
@@ -389,7 +411,7 @@ class Executor:
                                      describe_error(raised), firing.event.describe())
                     outcome, error = FiringOutcome.FAILED, raised
                 if outcome is FiringOutcome.EXECUTED or outcome is FiringOutcome.CONDITION_FALSE:
-                    work.executed = outcome is FiringOutcome.EXECUTED
+                    work.executed = work.uncounted = outcome is FiringOutcome.EXECUTED
                     outcomes.append(_Outcome.DONE)
                     marks.done.append(work.record_id)
                 elif error is not None and is_retryable(error) and work.attempts + 1 < self.max_attempts:
@@ -404,6 +426,8 @@ class Executor:
         outbox = self._outbox
         outbox.count([work.firing for work, outcome in zip(group, outcomes)
                       if outcome is _Outcome.DONE and work.executed], "executed")
+        for work in group:
+            work.uncounted = False
         again = [work for work, outcome in zip(group, outcomes) if outcome is _Outcome.RETRY]
         for work in again:
             work.attempts += 1

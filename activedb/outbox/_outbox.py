@@ -412,7 +412,8 @@ class Outbox:
 
     def fail_alone(self, work: Work, error: BaseException) -> None:
         """Mark one record failed in a transaction of its own (its group could not commit with it), and count its
-        firing failed for its rule once marked (the rule manager counted none: it ran, or was never made)."""
+        firing failed for its rule once marked, unless the rule manager counted its last run's outcome (it failed or
+        was cancelled there; one that executed, ``Work.uncounted``, or never ran, or was never made, was counted none)."""
         if work.firing is not None:
             logger.error("detached rule %r failed for good on %s after %d attempt(s): %s", work.firing.rule.name,
                          work.firing.event.describe(), work.attempts, describe_error(error))
@@ -426,7 +427,8 @@ class Outbox:
             logger.error("outbox: could not mark record %d failed (%s); it stays pending", work.record_id,
                          describe_error(_records.taken_over(failure) or failure))
             return
-        if work.firing is not None:
+        if work.firing is not None and (work.uncounted or not work.ran):
+            work.uncounted = False
             self.count([work.firing], "failed")
 
     def wait_idle(self, timeout: float | None = 30.0) -> None:

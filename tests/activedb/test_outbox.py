@@ -27,7 +27,7 @@ import sqlalchemy as sa
 from click.testing import CliRunner
 
 import activedb
-from activedb import Coupling, Event, EventKind
+from activedb import Coupling, Event, EventKind, lowlevel
 from activedb.cli import main
 from activedb.errors import GeneratedKeysReset, OutboxError, RuleDefinitionChangedWarning, SerializationConflict
 from activedb.outbox import _records
@@ -347,6 +347,44 @@ def test_an_attempt_database_run_retries_leaves_no_detached_firing(db):
     assert len(attempts) == 2 and seen(db) == [("once", "2")]
 
 
+
+
+@pytest.mark.parametrize("where", ["the rule raises it", "the group's commit raises it"])
+def test_a_detached_firing_run_again_after_a_serialization_conflict_counts_each_attempt(db, where):
+    """A detached firing whose first run ends in a serialization conflict — raised by its action, or by its group
+    transaction's commit after it ran — is run again by the outbox and commits.  Counters count attempts (rules
+    README, "Counters count attempts"), as a captured firing run again does: ``fired`` twice, each attempt one
+    outcome — the first ``failed`` (its action raised) or ``cancelled`` (its group's abort undid it), the second
+    ``executed``.  Before, the second attempt counted no ``fired``: fired 1 with two outcomes, or with one when the
+    group's abort left the first attempt in none."""
+    name = "conflicts_once"
+    conflicts: list[int] = []
+
+    class ConflictOnce(lowlevel.CommitParticipant):
+        def before_flush(self, transaction):
+            if not conflicts:
+                conflicts.append(1)
+                raise SerializationConflict("as if another process had changed a row the group read")
+
+    def action(tx, event):
+        tx.insert("events_seen", rule=name, detail="ran")
+        if where == "the rule raises it":
+            if not conflicts:
+                conflicts.append(1)
+                raise SerializationConflict("as if another process had changed a row this attempt read")
+        else:
+            lowlevel.enlist(tx, ConflictOnce())
+
+    db.rule(on=db.signalled(name), coupling=Coupling.DETACHED, name=name)(action)
+    with db.transaction() as tx:
+        tx.signal(name)
+    db.rules.wait_idle(TIMEOUT)
+    counters = db.rules.statistics().per_rule[name]
+    assert conflicts == [1] and seen(db) == [(name, "ran")]
+    assert records(db) == [(name, "done", "committed", False)]
+    first = "failed" if where == "the rule raises it" else "cancelled"
+    assert ((counters.fired, counters.executed, counters.failed, counters.cancelled, counters.condition_false)
+            == (2, 1, int(first == "failed"), int(first == "cancelled"), 0)), counters
 
 
 def test_a_tree_that_fires_nothing_enlists_no_outbox_participant(db):
