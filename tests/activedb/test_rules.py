@@ -1579,45 +1579,19 @@ def test_firings_past_a_cascade_limit_count_cancelled(db, coupling):
     assert counters == {name: (fired, 0, 0, fired, 0)}, counters
 
 
-@pytest.mark.parametrize("coupling", [Coupling.IMMEDIATE, Coupling.DEFERRED])
-def test_a_rule_that_raises_rule_failed_itself_counts_failed(db, coupling):
-    """A condition or action that raises ``RuleFailed`` of its own making (no nested firing failed) ended its firing
-    itself, as one that raises any other error: counted ``failed``, observers told so, and the trigger gets a
-    RuleFailed naming the rule.  Before, the rule manager took it for a nested firing's failure let through: counted
-    ``cancelled`` — and no firing counted the failure at all."""
-    name = f"raises_rule_failed_{coupling.value}"
-    ends: list[tuple[str, FiringOutcome]] = []
-
-    class Ends(Observer):
-        def on_firing_end(self, transaction, firing, outcome):
-            ends.append((firing.rule.name, outcome))
-
-    @db.rule(on=db.signalled(name), name=name, coupling=coupling)
-    def refuses(tx, event):
-        raise RuleFailed("the order is refused", name, event)
-
-    ends_observer = db.observe(Ends())
-    try:
-        with pytest.raises(RuleFailed, match=rf"rule '{name}' failed on signal {name}.*the order is refused"):
-            with db.transaction() as tx:
-                tx.signal(name)
-        counters = _outcomes(db, [name])
-    finally:
-        db.transactions.observers.remove(ends_observer)
-        db.rules.remove(name)
-    assert ends == [(name, FiringOutcome.FAILED)], ends
-    assert counters == {name: (1, 0, 1, 0, 0)}, counters
-
-
+@pytest.mark.parametrize("raised", ["RuleFailed", "CascadeLimitExceeded"])
 @pytest.mark.parametrize("coupling", [Coupling.IMMEDIATE, Coupling.DEFERRED, Coupling.DETACHED])
-def test_a_rule_that_raises_cascade_limit_exceeded_itself_counts_failed(db, coupling):
-    """A condition or action that raises ``CascadeLimitExceeded`` of its own making (no cascade reached a limit: the
-    rule uses the error for a limit of its own) ended its firing itself: counted ``failed``, observers told so, the
-    trigger gets a RuleFailed naming the rule, and a detached firing's outbox record says what the rule raised, not
-    that it was cancelled.  Only the limit the rule manager raised — the dispatch's cascade depth, the deferred
-    cycles — stops a firing from outside (cancelled).  Before, any CascadeLimitExceeded counted ``cancelled``: the
-    trigger got the rule's own error unwrapped, not naming the rule, and a detached record said "cancelled: …"."""
-    name = f"raises_cascade_limit_{coupling.value}"
+def test_a_rule_that_raises_a_rules_error_itself_counts_failed(db, coupling, raised):
+    """A condition or action that raises ``RuleFailed`` or ``CascadeLimitExceeded`` of its own making (no nested firing
+    failed, no cascade reached the rule manager's limit: the rule uses the error for a refusal or a limit of its own)
+    ended its firing itself, as one that raises any other error: counted ``failed``, observers told so, the trigger
+    gets a RuleFailed naming the rule, and a detached firing's outbox record says what the rule raised, not that it
+    was cancelled.  Only a nested firing's failure and the limits the rule manager raised — the dispatch's cascade
+    depth, the deferred cycles — stop a firing from outside (cancelled).  Before, the rule manager took either for
+    one of those let through: counted ``cancelled`` — no firing counted the failure at all —, the trigger got the
+    rule's own error unwrapped, not naming the rule, and a detached record said "cancelled: …"."""
+    name = f"raises_{raised}_{coupling.value}".lower()
+    message = "the order is refused"
     ends: list[tuple[str, FiringOutcome]] = []
 
     class Ends(Observer):
@@ -1626,7 +1600,9 @@ def test_a_rule_that_raises_cascade_limit_exceeded_itself_counts_failed(db, coup
 
     @db.rule(on=db.signalled(name), name=name, coupling=coupling)
     def refuses(tx, event):
-        raise CascadeLimitExceeded("the order went through too many hands", ["clerk", "manager"])
+        if raised == "RuleFailed":
+            raise RuleFailed(message, name, event)
+        raise CascadeLimitExceeded(message, ["clerk", "manager"])
 
     ends_observer = db.observe(Ends())
     try:
@@ -1635,9 +1611,9 @@ def test_a_rule_that_raises_cascade_limit_exceeded_itself_counts_failed(db, coup
                 tx.signal(name)
             db.rules.wait_idle(WAIT)
             [failure] = [failure for failure in db.outbox.failures() if failure.rule == name]
-            assert failure.error == "CascadeLimitExceeded: the order went through too many hands", failure.error
+            assert failure.error == f"{raised}: {message}", failure.error
         else:
-            with pytest.raises(RuleFailed, match=rf"rule '{name}' failed on signal {name}.*too many hands"):
+            with pytest.raises(RuleFailed, match=rf"rule '{name}' failed on signal {name}.*{message}"):
                 with db.transaction() as tx:
                     tx.signal(name)
         counters = _outcomes(db, [name])
