@@ -255,7 +255,13 @@ def _raised_in(error: BaseException, location: Path | None) -> str:
 
 
 def offline_sql(url: str, action: str, revision: str) -> str:
-    """The SQL an upgrade/downgrade would run, without touching the database."""
+    """The SQL an upgrade/downgrade would run, without touching the database (Alembic's offline mode): an upgrade
+    without a range (``FROM:TO``) starts from base; a downgrade without one is a :class:`MigrationError`, as Alembic's
+    ("downgrade with --sql requires <fromrev>:<torev>") — offline, the revision the database is at is not known."""
+    if action == "downgrade" and ":" not in revision:
+        raise MigrationError(f"downgrade {revision} --sql: offline mode reads no database, so the revision it goes down "
+                             f"from is not known: give it, `activedb db downgrade FROM:TO --sql` (`activedb db current` "
+                             f"says the one the database is at); nothing was printed")
     buffer = io.StringIO()
     config = _config(migrations.SCRIPT_LOCATION, url=url)
     config.output_buffer = buffer

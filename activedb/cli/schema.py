@@ -53,7 +53,8 @@ def _revision(revision: str) -> str:
 
 @db.command(context_settings=_REVISION_SETTINGS)
 @click.argument("revision", default="head")
-@click.option("--sql", is_flag=True, help="Offline mode: print the SQL instead of running it.")
+@click.option("--sql", is_flag=True, help="Offline mode: print the SQL instead of running it, from base (or give a "
+                                           "range FROM:TO; the database is not read).")
 @_lock_timeout_option
 @click.pass_context
 def upgrade(ctx: click.Context, revision: str, sql: bool, lock_timeout: float) -> None:
@@ -63,7 +64,8 @@ def upgrade(ctx: click.Context, revision: str, sql: bool, lock_timeout: float) -
 
 @db.command(context_settings=_REVISION_SETTINGS)
 @click.argument("revision")
-@click.option("--sql", is_flag=True, help="Offline mode: print the SQL instead of running it.")
+@click.option("--sql", is_flag=True, help="Offline mode: print the SQL instead of running it; REVISION is then a "
+                                           "range FROM:TO (the database is not read).")
 @click.option("--yes", is_flag=True, help="Do not ask before dropping tables or columns.")
 @_lock_timeout_option
 @click.pass_context
@@ -83,8 +85,7 @@ def _migrate_command(ctx: click.Context, action: str, revision: str, sql: bool, 
         _migrate.check_revision(revision)       # (as below: a revision there is not names the ones there are)
         # (read as connect() reads it: a libpq connection string too, and a URL that is none is a BadDatabaseURL)
         url = normalise_url(obj["url"]).render_as_string(hide_password=False) if obj["url"] else "postgresql+psycopg://"
-        click.echo(_migrate.offline_sql(url, action, revision if action == "upgrade" or ":" in revision
-                                        else f"{_migrate.head()}:{revision}"))
+        click.echo(_migrate.offline_sql(url, action, revision))      # (a downgrade: FROM:TO, as Alembic's)
         return
     with open_database(ctx, writes=True, check_schema=False) as database:
         before = database.schema.current_revision()

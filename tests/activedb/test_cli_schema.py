@@ -986,3 +986,23 @@ def test_a_relative_revision_past_head_or_base_says_where_the_database_is(url, t
     assert invoke(url, "app", "downgrade", str(location), "base", "--yes").exit_code == 0
     below = invoke(url, "app", "downgrade", str(location), "-1", "--yes")
     assert below.exit_code == 0 and "already at base" in below.output, below.output
+
+
+@pytest.mark.parametrize("revision", ["0018", "-1", "base"])
+def test_an_offline_downgrade_without_a_range_is_refused_saying_to_give_from_to_without_connecting(revision):
+    """`db downgrade REV --sql` printed the SQL from activedb's head down to REV whatever revision the database is at —
+    for a database below head, statements undoing revisions it never ran.  Offline mode reads no database (Alembic's
+    convention, which refuses it too: "downgrade with --sql requires <fromrev>:<torev>"); it is refused in one line
+    saying to give FROM:TO, and no connection is tried (the URL names a port nothing listens on).  A range is printed
+    offline, and `db upgrade --sql` starts from base, as Alembic's."""
+    nowhere = "postgresql://nobody@127.0.0.1:1/nothing"
+    refused = CliRunner().invoke(main, ["--url", nowhere, "db", "downgrade", revision, "--sql"])
+    assert refused.exit_code == 1, refused.output
+    assert refused.output.startswith(f"activedb: error: downgrade {revision} --sql") and "FROM:TO" in refused.output
+    assert len(refused.output.strip().splitlines()) == 1 and "connect" not in refused.output.lower(), refused.output
+    assert "ALTER TABLE" not in refused.output and "DROP" not in refused.output, refused.output
+    ranged = CliRunner().invoke(main, ["--url", nowhere, "db", "downgrade", f"{_migrate.head()}:0018", "--sql"])
+    assert ranged.exit_code == 0, ranged.output
+    assert f"Running downgrade {_migrate.head()} -> 0018_" in ranged.output, ranged.output
+    upgraded = CliRunner().invoke(main, ["--url", nowhere, "db", "upgrade", "--sql"])
+    assert upgraded.exit_code == 0 and "Running upgrade  -> 0001_initial" in upgraded.output, upgraded.output
