@@ -63,9 +63,9 @@ def _config(script_location: Path, connection: Connection | None = None, url: st
 # the revision the first one reached.  Any 64-bit number nobody else uses: "activedb" in ASCII.
 MIGRATION_LOCK = int.from_bytes(b"activedb", "big") >> 1
 
-#: How long an upgrade or downgrade waits for a lock on a table it changes (PostgreSQL's ``lock_timeout``, set for
-#: the run's transaction once it holds ``MIGRATION_LOCK``): an application's open transaction on such a table made
-#: it wait for good, printing nothing.  ``lock_timeout=None`` (``--lock-timeout 0``) waits as long as it takes.
+#: How long an upgrade, downgrade or stamp waits for a lock on a table it changes (a stamp: the version table;
+#: PostgreSQL's ``lock_timeout``, set for the run's transaction once it holds ``MIGRATION_LOCK``): an application's
+#: open transaction on such a table made it wait for good, printing nothing.  ``lock_timeout=None`` (``--lock-timeout 0``) waits as long as it takes.
 LOCK_TIMEOUT_SECONDS = 60.0
 
 

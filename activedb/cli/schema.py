@@ -29,7 +29,8 @@ _REVISION_SETTINGS = {"ignore_unknown_options": True}
 
 
 def _lock_timeout_option(command: Callable[..., None]) -> Callable[..., None]:
-    """``--lock-timeout SECONDS`` of a command that migrates: how long a statement waits for a table's lock."""
+    """``--lock-timeout SECONDS`` of a command that migrates or stamps: how long a statement waits for a table's lock
+    (a stamp's: the version table's)."""
     from activedb._migrate import LOCK_TIMEOUT_SECONDS
 
     return click.option(
@@ -135,8 +136,9 @@ def _migrate_command(ctx: click.Context, action: str, revision: str, sql: bool, 
 @db.command(context_settings=_REVISION_SETTINGS)
 @click.argument("revision")
 @click.option("--yes", is_flag=True, help="Do not ask before recording REVISION over the revision recorded.")
+@_lock_timeout_option
 @click.pass_context
-def stamp(ctx: click.Context, revision: str, yes: bool) -> None:
+def stamp(ctx: click.Context, revision: str, yes: bool, lock_timeout: float) -> None:
     """Record REVISION (`db history` lists them; head, base) as the revision activedb's tables are at, running no
     revision: for tables whose version table is gone (dropped by hand, left out of a restore). Asks first when a
     revision is recorded already (--yes to skip)."""
@@ -153,7 +155,7 @@ def stamp(ctx: click.Context, revision: str, yes: bool) -> None:
             _confirm(f"record {revision} over {before}, the revision recorded for activedb's tables in "
                      f"{database.describe()}: no revision runs, the tables stay as they are, and `activedb db upgrade` "
                      f"and `db downgrade` then take them for {revision}'s. Continue?", yes)
-        database.schema.stamp(revision)
+        database.schema.stamp(revision, lock_timeout=_seconds(lock_timeout))    # (it writes the version table)
         now = database.schema.current_revision() or "base"
         click.echo(f"stamp {revision}: now at {now}, no revision ran ({database.describe()})")
 

@@ -1006,3 +1006,29 @@ def test_an_offline_downgrade_without_a_range_is_refused_saying_to_give_from_to_
     assert f"Running downgrade {_migrate.head()} -> 0018_" in ranged.output, ranged.output
     upgraded = CliRunner().invoke(main, ["--url", nowhere, "db", "upgrade", "--sql"])
     assert upgraded.exit_code == 0 and "Running upgrade  -> 0001_initial" in upgraded.output, upgraded.output
+
+
+def test_db_stamp_blocked_by_a_lock_on_the_version_table_stops_after_its_lock_timeout_as_db_upgrade(make_fresh_url):
+    """`db stamp` writes the version table under the lock timeout `db upgrade` takes (60 s), and its refusal said to
+    wait longer with `--lock-timeout SECONDS` — an option `db stamp` did not have ("No such option").  It has it now,
+    with `db upgrade`'s default and wording: an open transaction holding the version row (someone's hand edit in psql)
+    stops it after that many seconds, naming the blocking backend; nothing was changed."""
+    import psycopg
+
+    assert invoke(make_fresh_url, "db", "upgrade").exit_code == 0
+    libpq = sa.make_url(make_fresh_url).set(drivername="postgresql").render_as_string(hide_password=False)
+    blocker = psycopg.connect(libpq, application_name="hand-edit")
+    try:
+        blocker.execute("UPDATE activedb_alembic_version SET version_num = version_num")    # (its transaction stays open)
+        result = invoke(make_fresh_url, "db", "stamp", "0018", "--yes", "--lock-timeout", "1")
+        assert result.exit_code == 1, result.output
+        said = rf"lock.*1 s.*pid {blocker.info.backend_pid} \(hand-edit, idle in transaction\).*nothing was changed"
+        assert re.search(said, result.output) and len(result.output.strip().splitlines()) == 1, result.output
+    finally:
+        blocker.close()
+    assert invoke(make_fresh_url, "db", "current").output.startswith(f"{_migrate.head()} (at head)")
+    options = {command: {param.name: param for param in main.commands["db"].commands[command].params}
+               for command in ("upgrade", "downgrade", "stamp")}
+    for command in ("upgrade", "downgrade"):
+        assert (options["stamp"]["lock_timeout"].default, options["stamp"]["lock_timeout"].help) == \
+            (options[command]["lock_timeout"].default, options[command]["lock_timeout"].help)
