@@ -12,7 +12,7 @@ import sqlalchemy as sa
 
 from activedb.capture import _sql
 from activedb.capture._position import KINDS, CapturedChange, Position
-from activedb.errors import UnknownTable
+from activedb.errors import UNDEFINED_TABLE, UnknownTable
 from activedb.events import Event, EventKind, Origin
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -71,7 +71,7 @@ class ChangeReader:
                             connection.rollback()
                             self.database.catalog.refresh()
                             continue
-                        if state not in ("42P01", "42704"):
+                        if state not in (UNDEFINED_TABLE, "42704"):     # (42704: undefined_object)
                             raise
                         connection.rollback()
                         result.extend(self._undeliverable(connection, oid, name, start, end,

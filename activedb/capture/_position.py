@@ -16,7 +16,7 @@ import sqlalchemy as sa
 
 from activedb.capture import _sql
 from activedb.capture.errors import CaptureConflict, CaptureError, CaptureNotInstalled
-from activedb.errors import sqlstate_of
+from activedb.errors import UNDEFINED_TABLE, sqlstate_of
 from activedb.events import EventKind
 from activedb.txn import CommitParticipant
 
@@ -155,7 +155,7 @@ def register(database: "Database", name: str) -> None:
                 raise refusal
             connection.execute(sa.text(_sql.REGISTER_CONSUMER), {"name": name})
     except sa.exc.ProgrammingError as error:
-        if getattr(error.orig, "sqlstate", None) == "42P01":
+        if getattr(error.orig, "sqlstate", None) == UNDEFINED_TABLE:
             raise CaptureNotInstalled(
                 f"activedb's capture tables are missing in {database.describe()}; upgrade activedb's "
                 f"schema (activedb db upgrade, or db.schema.upgrade())") from None
