@@ -16,7 +16,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from activedb.errors import check_seconds, check_switch, check_whole_number
-from activedb.ingest._interface import LedgerId, Phase, ReservedSource, RowEvent, Rows
+from activedb.ingest._interface import LedgerId, Phase, ReservedSource, RowEvent, Rows, _split
 from activedb.ingest._ledger import (END_OF_STREAM_BATCH, IngestionLedger, check_source_name,
                                      check_source_owner, last_watermark)
 from activedb.ingest._mapping import EventMapping, as_mapping, check_columns, is_arrow, known_type_names
@@ -291,9 +291,10 @@ def _check_query_id(query_id: object) -> None:
     """Raise IngestError unless ``query_id`` is a ledger id's text (what ``ingestion_status`` reads back)."""
     try:
         if isinstance(query_id, str):
-            run = LedgerId.parse(query_id).run
-            if run is not None:     # (the source is the ingestion's, checked where it was made)
-                check_source_name("LedgerId", "run", run, run=True)
+            parts = _split(query_id)
+            if parts is not None:   # (the source is the ingestion's, checked where it was made; a blank run in
+                check_source_name("LedgerId", "run", parts[1], run=True)    # the checker's words, not parse's)
+            LedgerId.parse(query_id)
             return
     except ValueError:
         pass

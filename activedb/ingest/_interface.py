@@ -56,7 +56,8 @@ class LedgerId:
 
     Invariant: ``LedgerId.parse(str(ledger_id)) == ledger_id`` — a run holds neither ``@`` nor ``#`` (the
     constructor refuses it), a source without a run holds no ``@RUN`` of its own, and only a run has partitions
-    (both refused too).
+    (both refused too).  A run of only whitespace is refused, built or parsed, in the words of
+    ``check_source_name``, which refuses it on every path that makes a run.
     """
 
     source: str
@@ -72,6 +73,10 @@ class LedgerId:
         if self.run is not None and (not isinstance(self.run, str) or _RUN.match(self.run) is None
                                      or "#" in self.run):
             raise BadArgument(f"a ledger id's run is a non-empty string without '@' or '#', got {self.run!r}")
+        if self.run is not None and not self.run.strip():     # (no ingestion writes one: check_source_name's words)
+            from activedb.ingest._ledger import unfit_source_name
+
+            raise BadArgument(f"LedgerId(run={self.run!r}) {unfit_source_name(self.run, run=True)}")
         if self.partition is not None and (isinstance(self.partition, bool) or not isinstance(self.partition, int)
                                            or self.partition < 0):
             raise BadArgument(f"a ledger id's partition is a number from 0, got {self.partition!r}")
@@ -86,7 +91,8 @@ class LedgerId:
     def parse(cls, text: str) -> LedgerId:
         """The id written as ``text``.  Text without ``@`` (``capture:orders``, ``replay:badges``, the plain-write
         baseline's bare Spark ids) is a source without a run; so is text whose part after the last ``@`` is no
-        run (it then belongs to the source's name)."""
+        run (it then belongs to the source's name).  A run of only whitespace (``badges@ ``) is refused
+        (:class:`BadArgument`): no ingestion writes one."""
         if not isinstance(text, str):
             raise BadArgument(f"a ledger id is the text SOURCE@RUN[#pN] (or a source's name without a run), got "
                               f"{text!r}")

@@ -20,7 +20,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 
 from activedb.errors import BadArgument, BatchAlreadyCommitted, SerializationConflict
-from activedb.ingest._interface import LedgerId, ReservedSource
+from activedb.ingest._interface import LedgerId, ReservedSource, _split
 from activedb.ingest.errors import IngestError
 from activedb.txn import Along, CommitParticipant
 
@@ -94,6 +94,14 @@ def _unstorable_at(text: str) -> int | None:
     None: no ledger id holds such text, so a question about one has the answer "none"."""
     return next((index for index, character in enumerate(text)
                  if character == "\x00" or "\ud800" <= character <= "\udfff"), None)
+
+
+def _held_by_no_ledger_id(query_id: str) -> bool:
+    """Whether no ledger row can have the text ``query_id``: it holds a character PostgreSQL's text cannot store
+    (:func:`_unstorable_at`) or a run of only whitespace (which :class:`LedgerId` refuses) — a question about it has
+    the answer "none"."""
+    parts = _split(query_id)
+    return _unstorable_at(query_id) is not None or (parts is not None and not parts[1].strip())
 
 
 def check_source_owner(owner_call: str, source: str, owner: ReservedSource | None) -> None:
@@ -206,7 +214,7 @@ def sources_of_run(db: DatabaseHandle, run: str) -> set[str]:
     if not isinstance(run, str) or not run or "@" in run or "#" in run:
         raise BadArgument(f"sources_of_run(run={run!r}) takes a run: a LedgerId's run, a non-empty string without '@' "
                           f"or '#' (a Spark query id, a feed's run=)")
-    if _unstorable_at(run) is not None:
+    if _unstorable_at(run) is not None or not run.strip():     # (no ledger id holds such a run)
         return set()
     ledger = db.table(LEDGER_TABLE)
     with db.catalog.autocommit_connection() as connection:     # (lost: DatabaseUnavailable)
@@ -224,7 +232,7 @@ def forget_run(connection: sa.Connection, query_id: str) -> int:
     if not isinstance(query_id, str) or not query_id:
         raise BadArgument(f"forget_run(query_id={query_id!r}) takes a ledger id: str(LedgerId(source, run)), a "
                           f"non-empty string; nothing was deleted")
-    if _unstorable_at(query_id) is not None:
+    if _held_by_no_ledger_id(query_id):
         return 0
     ledger = sa.table(LEDGER_TABLE, sa.column("query_id"))
     return connection.execute(sa.delete(ledger).where(_run_and_partitions(ledger.c.query_id, query_id))).rowcount
@@ -378,6 +386,8 @@ class RecordedBatch:
 
 def recorded_batch(db: DatabaseHandle, query_id: str, batch_id: int) -> RecordedBatch | None:
     """What the ledger of ``db`` recorded of batch ``(query_id, batch_id)``, None if it does not have it."""
+    if isinstance(query_id, str) and _held_by_no_ledger_id(query_id):
+        return None
     LedgerId.parse(query_id)        # (BadArgument for what is no ledger id's text)
     if isinstance(batch_id, bool) or not isinstance(batch_id, int) or not -2**63 <= batch_id < 2**63:
         raise BadArgument(f"batch_committed(batch_id={batch_id!r}) takes a batch number, an integer (a Batch's number) "
@@ -391,6 +401,6 @@ def recorded_batch(db: DatabaseHandle, query_id: str, batch_id: int) -> Recorded
 
 def batch_committed(db: DatabaseHandle, query_id: str, batch_id: int) -> bool:
     """True if ``(query_id, batch_id)`` is in the ingestion ledger of ``db`` (its effects are committed)."""
-    if isinstance(query_id, str) and _unstorable_at(query_id) is not None:
+    if isinstance(query_id, str) and _held_by_no_ledger_id(query_id):
         return False
     return recorded_batch(db, query_id, batch_id) is not None

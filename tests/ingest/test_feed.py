@@ -1273,6 +1273,30 @@ def test_a_question_about_a_name_the_ledger_cannot_hold_answers_none(database_ur
         database.close()
 
 
+def test_a_question_about_a_ledger_id_of_a_blank_run_answers_none(database_url):
+    """No ingestion writes a run of only whitespace (``check_source_name`` refuses it) and ``LedgerId.parse`` refuses
+    its text; asking the ledger about one answers, as for a name the ledger cannot hold, what it holds of it:
+    nothing — and an ingestion given one as its query id refuses it in the checker's words."""
+    from activedb.ingest import forget_run
+    from activedb.ingest._ledger import recorded_batch
+
+    database = app_database(database_url)
+    try:
+        assert batch_committed(database, "badges@ ", 0) is False
+        assert recorded_batch(database, "badges@\t#p1", 0) is None
+        assert sources_of_run(database, " ") == set()
+        with database.engine.begin() as connection:
+            assert forget_run(connection, "badges@ ") == 0
+        ingestion = Ingestion(database, app_counters.MAPPING, source="badges")
+        try:
+            with pytest.raises(IngestError, match=r"run=' '\) is only whitespace.*nothing was applied"):
+                ingestion.process([], 0, query_id="badges@ ")
+        finally:
+            ingestion.close()
+    finally:
+        database.close()
+
+
 def test_a_connection_lost_inside_a_rule_fails_the_batch_as_unavailable_not_as_the_rules_failure(make_database_url):
     """A rule whose read meets a connection PostgreSQL ended does not reject its event (nothing of the batch commits,
     rightly) — but the batch failed with RuleFailed "rule 'reader' failed on stream add key='b' …:

@@ -45,6 +45,17 @@ def test_a_ledger_id_that_would_not_read_back_is_refused(arguments, message):
         LedgerId(*arguments)
 
 
+@pytest.mark.parametrize("text", ["badges@ ", "badges@\t#p1", "badges@ \n"], ids=["space", "tab-partition", "newline"])
+def test_a_ledger_id_whose_run_is_blank_is_refused_in_the_checkers_words(text):
+    """Every path that makes a run refuses a blank one (``check_source_name``: 'is only whitespace …'), but
+    ``LedgerId.parse`` read ``badges@ `` as run ' ' of ``badges`` and ``LedgerId('badges', ' ')`` took it: a ledger id
+    no ingestion writes.  Both refuse it now, in the checker's words."""
+    with pytest.raises(BadArgument, match=r"run='[^']*'\) is only whitespace: the ledger files batches under a run id"):
+        LedgerId.parse(text)
+    with pytest.raises(BadArgument, match=r"is only whitespace: the ledger files batches under a run id"):
+        LedgerId("badges", text.partition("@")[2].partition("#")[0])
+
+
 @pytest.mark.parametrize("text", [None, 5, b"badges@run"], ids=["none", "a-number", "bytes"])
 def test_a_ledger_id_to_parse_that_is_no_text_is_refused(text):
     """``LedgerId.parse`` (and ``parse_ledger_query_id``) read a text: anything else was a bare AttributeError
