@@ -631,6 +631,16 @@ class Schema:
             return SchemaState.UNKNOWN, revision
         return SchemaState.BEHIND, revision
 
+    def missing_tables(self) -> list[str]:
+        """The tables of activedb's that every revision has (the first revision creates them, no revision drops them)
+        and that do not exist, in that order: with a revision recorded in the version table, each was dropped by hand
+        or left out of a restore — the version table is then not to be trusted.  One query."""
+        with self.engine.connect() as connection:
+            found = connection.execute(sa.text("SELECT name FROM unnest(CAST(:names AS text[])) AS name "
+                                               "WHERE to_regclass(name) IS NULL"), {"names": list(_FIRST_TABLES)})
+            missing = set(found.scalars())
+        return [name for name in _FIRST_TABLES if name in missing]
+
     def upgrade_app(self, script_location: str | Path, revision: str = "head", *,
                     lock_timeout: float | None = LOCK_TIMEOUT_SECONDS) -> None:
         """Run the application's own Alembic environment on this database (its env.py decides the version

@@ -169,9 +169,19 @@ def current(ctx: click.Context) -> None:
     with open_database(ctx, writes=False, check_schema=False) as database:
         state, revision = database.schema.state()
         head = _migrate.head()
+        missing = database.schema.missing_tables() if revision is not None and state in (
+            _migrate.SchemaState.AT_HEAD, _migrate.SchemaState.BEHIND) else []
+        if missing:     # (the version table says a revision ran whose tables are gone: not to be trusted)
+            click.echo(f"{revision} (recorded in activedb's version table, but activedb's tables {', '.join(missing)} "
+                       f"are missing: dropped by hand or left out of a restore, and `activedb db upgrade` does not "
+                       f"re-create them — it goes by the version table; restore them from a backup, or create them "
+                       f"again with their statements in what `activedb db upgrade --sql` prints) — "
+                       f"{database.describe()}")
+            return
         note = {_migrate.SchemaState.AT_HEAD: "at head",
                 _migrate.SchemaState.NEW: f"never initialised; `activedb db upgrade` creates the tables at {head}",
-                _migrate.SchemaState.UNKNOWN: f"unknown to this activedb (head is {head})",
+                _migrate.SchemaState.UNKNOWN: f"a revision this activedb does not know (a newer activedb wrote it; head "
+                                              f"is {head}): upgrade activedb",
                 _migrate.SchemaState.UNRECORDED: "activedb's tables without their version table: which revision they "
                                                  "are at is not known; `activedb status` says what to do",
                 }.get(state, f"behind: head is {head}; run `activedb db upgrade`")

@@ -1032,3 +1032,28 @@ def test_db_stamp_blocked_by_a_lock_on_the_version_table_stops_after_its_lock_ti
     for command in ("upgrade", "downgrade"):
         assert (options["stamp"]["lock_timeout"].default, options["stamp"]["lock_timeout"].help) == \
             (options[command]["lock_timeout"].default, options[command]["lock_timeout"].help)
+
+
+def test_db_current_says_when_the_version_table_is_not_to_be_trusted_and_what_to_do(make_fresh_url):
+    """`db current` read the version table only: at a revision a newer activedb wrote it said "unknown to this activedb
+    (head is …)", nothing of why or what to do, where `db upgrade` says to upgrade activedb; with activedb's tables
+    dropped and the version table left saying head it said "(at head)".  Each is now one line saying what is wrong and
+    what to do."""
+    upgraded_then(make_fresh_url, "UPDATE activedb_alembic_version SET version_num = '9999_from_the_future'")
+    unknown = invoke(make_fresh_url, "db", "current")
+    assert unknown.exit_code == 0 and len(unknown.output.strip().splitlines()) == 1, unknown.output
+    assert unknown.output.startswith("9999_from_the_future (a revision this activedb does not know (a newer activedb "
+                                     "wrote it; head is"), unknown.output
+    assert "upgrade activedb" in unknown.output, unknown.output
+    engine = sa.create_engine(make_fresh_url.replace("postgresql://", "postgresql+psycopg://"))
+    try:
+        with engine.begin() as connection:
+            connection.exec_driver_sql(f"UPDATE activedb_alembic_version SET version_num = '{_migrate.head()}'")
+            connection.exec_driver_sql("DROP TABLE activedb_rules, activedb_dead_letters CASCADE")
+    finally:
+        engine.dispose()
+    missing = invoke(make_fresh_url, "db", "current")
+    assert missing.exit_code == 0 and len(missing.output.strip().splitlines()) == 1, missing.output
+    assert "(at head)" not in missing.output, missing.output
+    assert re.search(r"activedb's tables activedb_rules, activedb_dead_letters are missing.*restore them from a "
+                     r"backup.*`activedb db upgrade --sql`", missing.output), missing.output
