@@ -164,6 +164,7 @@ def test_cli_round_trip_and_offline_sql(database_url):
     def cli(*args):
         return subprocess.run([sys.executable, "-m", "activedb.cli", *args], capture_output=True, text=True,
                               timeout=120, env=env)
+    assert cli("db", "upgrade", "head").returncode == 0         # (a new database, or one an earlier test left)
     refused = cli("db", "downgrade", "base")                  # no terminal to ask on: --yes is required
     assert refused.returncode == 1 and "pass --yes" in refused.stderr
     assert cli("db", "downgrade", "base", "--yes").returncode == 0
