@@ -113,15 +113,18 @@ class Work:
     """A recorded firing ready to run (``attempts``: how often it failed retryably so far in this process's run of
     it — not the record's stored ``attempts``, which counts its finishes).  Each run is an attempt with one outcome in
     the rule manager's counters (rules README, "Counters count attempts"): ``ran``, whether this process ran it
-    before (a run after the first counts ``fired`` once more); ``uncounted``, whether its last run executed and its
-    group has not committed yet (its ``executed`` is counted then; ``cancelled`` if the group's abort undid it and it
-    runs again, ``failed`` if it fails for good)."""
+    before (a run after the first counts ``fired`` once more); ``claimed``, whether a recovery pass claimed its record
+    (a dead process's, or one ``retry_failed`` made pending: no dispatch here counted ``fired`` for this run — that
+    process's did, or the attempt here that ended failed —, so its first run here counts it too); ``uncounted``,
+    whether its last run executed and its group has not committed yet (its ``executed`` is counted then;
+    ``cancelled`` if the group's abort undid it and it runs again, ``failed`` if it fails for good)."""
 
     record_id: int
     firing: "Firing"
     attempts: int = 0
     executed: bool = False        # its condition held and its action ran (set when it committed)
     ran: bool = False
+    claimed: bool = False
     uncounted: bool = False
 
 
@@ -398,10 +401,10 @@ class Executor:
         with outbox.transactions.transaction(name=GROUP_TRANSACTION, participants=[marks]) as root:
             for work in group:
                 firing = work.firing
-                again, work.ran = work.ran, True
+                again, work.ran = work.ran or work.claimed, True
                 try:
                     # (The rule manager's outcome, as its counters count it: ``fire`` runs it in a subtransaction; a
-                    # run after the first is an attempt of its own, ``fired`` once more.)
+                    # run after the first, or a claimed record's first, is an attempt of its own: ``fired`` once more.)
                     [(outcome, error)] = fire(root, [firing], again=again)
                 except BaseException as raised:
                     if interrupts_the_process(raised):

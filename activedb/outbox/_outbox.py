@@ -413,7 +413,8 @@ class Outbox:
     def fail_alone(self, work: Work, error: BaseException) -> None:
         """Mark one record failed in a transaction of its own (its group could not commit with it), and count its
         firing failed for its rule once marked, unless the rule manager counted its last run's outcome (it failed or
-        was cancelled there; one that executed, ``Work.uncounted``, or never ran, or was never made, was counted none)."""
+        was cancelled there; one that executed, ``Work.uncounted``, or never ran, or was never made, was counted none)
+        — or it never ran here and was claimed (``Work.claimed``): no ``fired`` here awaits an outcome then."""
         if work.firing is not None:
             logger.error("detached rule %r failed for good on %s after %d attempt(s): %s", work.firing.rule.name,
                          work.firing.event.describe(), work.attempts, describe_error(error))
@@ -427,7 +428,7 @@ class Outbox:
             logger.error("outbox: could not mark record %d failed (%s); it stays pending", work.record_id,
                          describe_error(_records.taken_over(failure) or failure))
             return
-        if work.firing is not None and (work.uncounted or not work.ran):
+        if work.firing is not None and (work.uncounted or not (work.ran or work.claimed)):
             work.uncounted = False
             self.count([work.firing], "failed")
 
@@ -550,7 +551,8 @@ class Outbox:
                 except Exception as error:     # e.g. an event this version cannot decode: failed, for a person
                     self.fail_alone(Work(row.id, None, row.attempts), error)  # type: ignore[arg-type]  # (none made)
                     continue
-                works.append(Work(row.id, firing))    # (its retries start anew: row.attempts counts finishes)
+                # (Its retries start anew: row.attempts counts finishes.  Claimed: its run here counts ``fired``.)
+                works.append(Work(row.id, firing, claimed=True))
             self._executor.submit(works)
             if unregistered:
                 self._release({row.id: row.rule for row in unregistered})

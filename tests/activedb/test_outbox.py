@@ -387,6 +387,49 @@ def test_a_detached_firing_run_again_after_a_serialization_conflict_counts_each_
             == (2, 1, int(first == "failed"), int(first == "cancelled"), 0)), counters
 
 
+@pytest.mark.parametrize("whose", ["a dead process's record", "a record retry_failed made pending"])
+def test_a_record_a_recovery_pass_runs_counts_fired_for_its_run(db, whose):
+    """A recovery pass runs records this process's dispatch did not count (rules README, "Counters count attempts"):
+    a dead process's — its ``fired`` was that process's —, or one ``retry_failed`` made pending again — its earlier
+    attempt here counted ``fired`` and ``failed`` already.  Its run here is an attempt: ``fired`` once more, and its
+    one outcome.  Before, the run counted its outcome with no ``fired``: fired 0 with executed 1, or fired 1 with
+    failed 1 and executed 1."""
+    name = "recovered_here"
+    broken = threading.Event()
+
+    def run(tx, event):
+        if broken.is_set():
+            raise ZeroDivisionError("the exchange rate is zero")
+        tx.insert("events_seen", rule=name, detail=str(event.payload["n"]))
+
+    if whose == "a dead process's record":
+        event = json.dumps(_records.encode_event(Event(EventKind.SIGNAL, "go", payload={"n": 7}, transaction="T0")))
+        with db.engine.begin() as connection:       # recorded by a process that died (owner 42 holds no lock)
+            connection.execute(sa.text(
+                "INSERT INTO activedb_outbox (rule, coupling, event, chain, trigger_id, trigger_outcome, owner) "
+                "VALUES (:rule, 'detached', CAST(:event AS jsonb), '{}', 'T0', 'committed', 42)"),
+                {"rule": name, "event": event})
+        db.rule(on=db.signalled("go"), coupling=Coupling.DETACHED, name=name)(run)
+        expected = (1, 1, 0, 0, 0)
+    else:
+        broken.set()
+        db.rule(on=db.signalled("go"), coupling=Coupling.DETACHED, name=name)(run)
+        with db.transaction() as tx:
+            tx.signal("go", n=7)
+        db.rules.wait_idle(TIMEOUT)
+        [failure] = db.outbox.failures()
+        broken.clear()
+        assert db.outbox.retry_failed([failure.id]) == 1
+        expected = (2, 1, 1, 0, 0)
+    db.outbox.recover()             # (the registration's pass, or retry_failed's, may have claimed it already)
+    wait_until(lambda: seen(db) == [(name, "7")], TIMEOUT, "the recovered record ran")
+    db.rules.wait_idle(TIMEOUT)
+    assert records(db) == [(name, "done", "committed", False)]
+    counters = db.rules.statistics().per_rule[name]
+    assert ((counters.fired, counters.executed, counters.failed, counters.cancelled, counters.condition_false)
+            == expected), counters
+
+
 def test_a_tree_that_fires_nothing_enlists_no_outbox_participant(db):
     db.rule(on=db.signalled("never"), coupling=Coupling.DETACHED, name="never")(lambda tx, event: None)
     seen_participants = []
