@@ -342,9 +342,17 @@ class Executor:
 
     def _run(self, group: list[Work], *, retried: bool) -> None:
         outbox = self._outbox
+        failure: Exception | None = None
         try:
-            outcomes = self._attempt(group)
-        except RecordsTakenOver:
+            outcomes: list[str] | None = self._attempt(group)
+        except Exception as error:
+            outcomes, failure = None, error
+        # What runs the group's members again runs outside the except clause: there, what a rule raised would get the
+        # group's failure as its context (``__context__``), which ``is_retryable`` reads — a rule's own error after a
+        # take-over or a conflict would pass for that conflict and be retried instead of failing for good.
+        if outcomes is not None:
+            self._settle(group, outcomes)
+        elif isinstance(failure, RecordsTakenOver):
             mine = outbox.still_owned([work.record_id for work in group])
             remaining = [work for work in group if work.record_id in mine]
             # (Those another process runs now: this attempt, which the group's abort undid, was this process's last.)
@@ -353,11 +361,9 @@ class Executor:
                            len(group) - len(remaining), len(remaining))
             if remaining:
                 self._run(remaining, retried=retried)
-            return
-        except Exception as error:
-            self._group_failed(group, error, retried)
-            return
-        self._settle(group, outcomes)
+        else:
+            assert failure is not None
+            self._group_failed(group, failure, retried)
 
     def _group_failed(self, group: list[Work], error: Exception, retried: bool) -> None:
         outbox = self._outbox

@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import decimal
 import json
@@ -58,6 +59,26 @@ def records(db) -> list[tuple]:
     with db.engine.connect() as connection:
         return [tuple(row) for row in connection.execute(sa.text(
             "SELECT rule, status, trigger_outcome, error IS NOT NULL FROM activedb_outbox ORDER BY id"))]
+
+
+@contextlib.contextmanager
+def another_live_process(db, owner: int = 42):
+    """Inside the block process ``owner`` is alive (it holds its liveness lock: no recovery pass claims its records);
+    after it, it died."""
+    lock = _records.LivenessLock(db.engine, owner)
+    lock.take()
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def signal_go(db, count: int) -> None:
+    """Signal ``go`` ``count`` times (``n`` = 0, 1, …) in one transaction and wait for the detached firings."""
+    with db.transaction() as tx:
+        for number in range(count):
+            tx.signal("go", n=number)
+    db.rules.wait_idle(TIMEOUT)
 
 
 def one_failed_firing(db, rule: str, *, amount: int):
@@ -430,6 +451,38 @@ def test_a_record_a_recovery_pass_runs_counts_fired_for_its_run(db, whose):
             == expected), counters
 
 
+def test_a_detached_firing_that_raises_when_run_again_after_its_groups_conflict_fails_for_good_at_once(db):
+    """A firing whose group's commit raised a serialization conflict runs again; its action raises an error of its
+    own then: that is the rule's failure, for good at once (README, "Failures and retries").  Before, the run again
+    happened while the runner handled the conflict, so the rule's error had the conflict as its context and passed
+    for a retryable failure: the firing ran a third time, counted fired 3, cancelled 1, failed 2."""
+    name = "raises_after_conflict"
+    runs: list[int] = []
+
+    class ConflictOnce(lowlevel.CommitParticipant):
+        def before_flush(self, transaction):
+            if len(runs) == 1:
+                raise SerializationConflict("as if another process had changed a row the group read")
+
+    def action(tx, event):
+        runs.append(1)
+        if len(runs) == 1:
+            lowlevel.enlist(tx, ConflictOnce())
+        else:
+            raise ZeroDivisionError("the exchange rate is zero")
+
+    db.rule(on=db.signalled(name), coupling=Coupling.DETACHED, name=name)(action)
+    with db.transaction() as tx:
+        tx.signal(name)
+    db.rules.wait_idle(TIMEOUT)
+    counters = db.rules.statistics().per_rule[name]
+    assert len(runs) == 2 and records(db) == [(name, "failed", "committed", True)]
+    [failure] = db.outbox.failures()
+    assert "ZeroDivisionError: the exchange rate is zero" in failure.error, failure.error
+    assert ((counters.fired, counters.executed, counters.failed, counters.cancelled, counters.condition_false)
+            == (2, 0, 1, 1, 0)), counters
+
+
 def test_a_tree_that_fires_nothing_enlists_no_outbox_participant(db):
     db.rule(on=db.signalled("never"), coupling=Coupling.DETACHED, name="never")(lambda tx, event: None)
     seen_participants = []
@@ -618,13 +671,8 @@ def test_records_taken_over_while_their_group_ran_are_left_to_the_new_owner(db):
         tx.insert("events_seen", rule="taken", detail=str(event.payload["n"]))
 
     splits = db.outbox.statistics().splits
-    other_process = _records.LivenessLock(db.engine, 42)
-    other_process.take()
-    try:
-        with db.transaction() as tx:
-            for number in range(3):
-                tx.signal("go", n=number)
-        db.rules.wait_idle(TIMEOUT)
+    with another_live_process(db):
+        signal_go(db, 3)
         claimed.append(db.outbox.recover())                # and one after it
         db.rules.wait_idle(TIMEOUT)
         assert taken.is_set() and claimed == [0, 0] and seen(db) == []
@@ -632,8 +680,75 @@ def test_records_taken_over_while_their_group_ran_are_left_to_the_new_owner(db):
         with db.engine.connect() as connection:
             assert connection.execute(sa.text("SELECT owner, status, count(*) FROM activedb_outbox GROUP BY 1, 2")
                                       ).all() == [(42, "pending", 3)]
+
+
+@pytest.mark.parametrize("taken", ["every record", "the last record"])
+def test_records_taken_over_from_a_group_with_a_failed_member_count_one_outcome_per_attempt_in_each_process(
+        db, migrated, taken):
+    """A group of three — the first executes (and another process takes records over meanwhile), the second raises
+    (failed for good), the third executes — cannot commit its marks (RecordsTakenOver): its abort undid the executed
+    ones (``cancelled``), the failed one stays counted ``failed`` once.  The members still ours run again here, each
+    run an attempt (``fired`` once more, one outcome), and the one that raises fails for good at once; the taken ones
+    run in the other process, once its owner died, claimed there: ``fired`` and one outcome each in its own counters
+    (rules README, "Counters count attempts").  Before, the member that raised again after the take-over was retried
+    (a third run here): its error, raised while the runner handled the RecordsTakenOver, had that conflict as its
+    context, and passed for a retryable failure."""
+    name = "taken_with_failure"
+    first_run = threading.Event()
+    runs: list[tuple[str, int]] = []
+
+    def action(where: str):
+        def run(tx, event):
+            number = event.payload["n"]
+            runs.append((where, number))
+            if number == 0 and not first_run.is_set():
+                first_run.set()
+                with db.engine.begin() as connection:       # another (live) process takes records over meanwhile
+                    connection.execute(sa.text(
+                        "UPDATE activedb_outbox SET owner = 42 WHERE rule = :rule"
+                        + (" AND id = (SELECT max(id) FROM activedb_outbox WHERE rule = :rule)"
+                           if taken == "the last record" else "")), {"rule": name})
+            if number == 1:
+                raise ZeroDivisionError("the exchange rate is zero")
+            tx.insert("events_seen", rule=where, detail=str(number))
+        return run
+
+    def counted(database) -> tuple[int, ...]:
+        counters = database.rules.statistics().per_rule[name]
+        return (counters.fired, counters.executed, counters.failed, counters.cancelled, counters.condition_false)
+
+    db.rule(on=db.signalled("go"), coupling=Coupling.DETACHED, name=name)(action("here"))
+    with another_live_process(db):                          # it dies after: its records wait for a recovery pass
+        signal_go(db, 3)
+    assert first_run.is_set()
+    if taken == "every record":
+        # fired 3: 0 and 2 executed and were undone (cancelled), 1 failed; nothing ran again here
+        assert counted(db) == (3, 0, 1, 2, 0), db.rules.statistics().per_rule[name]
+        assert seen(db) == []
+    else:
+        # fired 3 + 2: 2 was undone (cancelled) and taken; 0 ran twice (cancelled, executed), 1 twice (failed, failed)
+        assert runs.count(("here", 1)) == 2, runs
+        assert counted(db) == (5, 1, 2, 2, 0), db.rules.statistics().per_rule[name]
+        assert seen(db) == [("here", "0")]
+    other = activedb.connect(migrated, upgrade=False, outbox_options={"recovery_interval": None})
+    try:
+        other.rule(on=other.signalled("go"), coupling=Coupling.DETACHED, name=name)(action("there"))
+        other.outbox.recover()          # (the registration's pass may have claimed them already)
+        wait_until(lambda: other.outbox.statistics().pending == 0, TIMEOUT, "the taken records ran in the other process")
+        other.rules.wait_idle(TIMEOUT)
+        if taken == "every record":
+            assert seen(db) == [("there", "0"), ("there", "2")]
+            assert counted(other) == (3, 2, 1, 0, 0), other.rules.statistics().per_rule[name]
+        else:
+            assert seen(db) == [("here", "0"), ("there", "2")]
+            assert counted(other) == (1, 1, 0, 0, 0), other.rules.statistics().per_rule[name]
     finally:
-        other_process.release()
+        other.close()
+    assert counted(db) == ((3, 0, 1, 2, 0) if taken == "every record" else (5, 1, 2, 2, 0))
+    with db.engine.connect() as connection:
+        assert sorted(connection.execute(sa.text(
+            "SELECT status, count(*) FROM activedb_outbox WHERE rule = :rule GROUP BY 1"), {"rule": name}).all()) == [
+            ("done", 2), ("failed", 1)]
 
 
 def test_a_members_write_refused_with_an_error_of_its_own_is_a_failure_not_a_take_over(db):
