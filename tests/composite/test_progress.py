@@ -63,6 +63,23 @@ def test_timeout_policy_exclude_lets_composition_go_on(clock):
         engine.signal(ev("B", 4.0, "P2B", "late"))
 
 
+def test_a_producer_heard_at_timeout_plus_a_millisecond_stays_joined_and_the_silent_one_is_excluded(clock):
+    """Both B producers hold ``a0 & b0`` back; at timeout + 1 ms P2B's heartbeat arrives.  The call takes the heartbeat
+    first (P2B was just heard) and checks the timeouts after it: the one excluded is P1B, silent since b0, and each
+    producer's status says so — P1B ``left``, P2B ``joined`` (and what it still holds back is P2B's)."""
+    engine = make_engine(AND_CHRONICLE, FIG2, clock=clock, timeout=2.0, on_timeout=TimeoutPolicy.EXCLUDE)
+    engine.signal(ev("A", 1.0, "PA", "a0"))
+    engine.signal(ev("A", 2.0, "PA", "a1"))
+    engine.signal(ev("B", 1.1, "P1B", "b0"))
+    assert engine.waiting()[("AB", ())]["blocked_on"] == ["P1B", "P2B"]
+    clock.advance(2.001)
+    assert engine.heartbeat("P2B", Timestamp.at(1.05, 0.005)) == []
+    assert engine.statistics().excluded == 1
+    assert {name: info.state for name, info in engine.producers().items()} == {
+        "PA": "joined", "P1B": "left", "P2B": "joined"}
+    assert engine.waiting()[("AB", ())]["blocked_on"] == ["P2B"]
+
+
 def test_membership_is_atomic_join_before_sending_and_leave():
     engine = make_engine(AND_CHRONICLE, FIG2)
     with pytest.raises(MembershipError, match="has not joined"):
