@@ -26,8 +26,7 @@ from activedb.lowlevel import check_switch
 from spark_bridge._foreach import foreach_batch
 from spark_bridge._scaleout import PartitionedIngestSink
 from spark_bridge._sink import (WATERMARK_METADATA, IngestSink, QueryRun, SinkOptions, by_position, check_arrow_types,
-                                check_columns, check_key_type, check_watermark_column,
-                                watermark_columns)
+                                check_columns, check_key_type, check_watermark_column, watermark_columns)
 from spark_bridge.errors import IngestError, MappingError, first_line
 
 if TYPE_CHECKING:  # pragma: no cover

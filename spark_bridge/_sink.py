@@ -204,10 +204,9 @@ class IngestSink(Ingestion):
         """``(execution, whether its plan declares a watermark)``, kept as the query's known run; a watermark on
         another column than the mapping's time is refused (:func:`check_watermark_column`: ``ingest()`` checked its
         frame, a sink wired with ``foreachBatch`` directly is checked here, at its run's first batch)."""
-        known = (execution, _declares_watermark(execution))
-        if known[1] and self.mapping is not None:
-            plan = execution.logicalPlan()
-            ts_column = self.mapping.ts_column
+        known = (execution, bool(watermark_columns(plan := execution.logicalPlan())))
+        if known[1] and self.mapping is not None:   # (the plan's watermark nodes, not its text: a column named
+            ts_column = self.mapping.ts_column      # like a watermark would have every batch ask for one)
             check_watermark_column(plan, ts_column, marked=_time_column_marked(plan, ts_column))
         with self._mutex:
             if len(self._executions) >= _EXECUTIONS_KEPT:
@@ -330,14 +329,9 @@ def check_arrow_types(schema: StructType, *, scale_out: bool) -> None:
 
     def nested(data_type: DataType) -> list[DataType]:
         """``data_type`` and every type inside it."""
-        if isinstance(data_type, ArrayType):
-            inner = [data_type.elementType]
-        elif isinstance(data_type, MapType):
-            inner = [data_type.keyType, data_type.valueType]
-        elif isinstance(data_type, StructType):
-            inner = [field.dataType for field in data_type.fields]
-        else:
-            inner = []
+        inner = ([data_type.elementType] if isinstance(data_type, ArrayType)
+                 else [data_type.keyType, data_type.valueType] if isinstance(data_type, MapType)
+                 else [field.dataType for field in data_type.fields] if isinstance(data_type, StructType) else [])
         return [data_type, *(found for each in inner for found in nested(each))]
 
     for field in schema.fields:
@@ -406,13 +400,6 @@ def _time_column_marked(plan: JavaObject, ts_column: str) -> bool:
         if str(attribute.name()) == ts_column:
             return bool(attribute.metadata().contains(WATERMARK_METADATA))
     return False
-
-
-def _declares_watermark(execution: JavaObject) -> bool:
-    """Whether the plan of ``execution`` (a ``StreamExecution``, py4j) has a watermark node (EventTimeWatermark, from
-    ``withWatermark`` or SQL's ``WATERMARK``): a plan without one never has a watermark.  The nodes, not the plan's
-    text: a column, path or topic named like a watermark would have every batch ask Spark for one."""
-    return bool(watermark_columns(execution.logicalPlan()))
 
 
 class QueryRun:

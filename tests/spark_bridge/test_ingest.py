@@ -283,7 +283,7 @@ def test_a_plan_without_a_watermark_node_is_not_taken_for_one_by_a_column_s_name
                                         checkpoint_location=str(tmp_path / f"checkpoint-{name}"),
                                         trigger={"availableNow": True})
             run_to_end(query)
-            assert _sink._declares_watermark(query._jsq.streamingQuery()) is declared, name
+            assert bool(_sink.watermark_columns(query._jsq.streamingQuery().logicalPlan())) is declared, name
     finally:
         database.close()
 
