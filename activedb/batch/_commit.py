@@ -17,7 +17,7 @@ import struct
 import time
 from collections.abc import Callable, Collection, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, TypeAlias, cast
+from typing import TYPE_CHECKING, TypeAlias, TypeVar, cast
 
 import psycopg
 import sqlalchemy as sa
@@ -289,7 +289,7 @@ def _select_for_update(connection: sa.Connection, info: TableInfo, keys: list[Ke
     return found
 
 
-_FLOAT8_DUMPER = "activedb.batch: float8[] dumper"     # ``connection.info``: registered on this driver connection
+_ARRAY_DUMPERS = "activedb.batch: float8[] and int8[] dumpers"    # ``connection.info``: registered on this driver connection
 
 #: (statement kind, table, columns) → its SQL as ``_run`` sends it: compiling a statement costs about a
 #: millisecond of SQLAlchemy, more than PostgreSQL's work for a small batch, and a stream repeats a few shapes.
@@ -317,9 +317,10 @@ def _run(connection: sa.Connection, statement: sa.ClauseElement | Callable[[], s
                 _SQL.clear()
             _SQL[shape] = sql
     driver = _driver(connection)
-    if not connection.info.get(_FLOAT8_DUMPER):
+    if not connection.info.get(_ARRAY_DUMPERS):
         driver.adapters.register_dumper(_Float8Array, _Float8ArrayDumper)
-        connection.info[_FLOAT8_DUMPER] = True
+        driver.adapters.register_dumper(_Int8Array, _Int8ArrayDumper)
+        connection.info[_ARRAY_DUMPERS] = True
     cursor = driver.cursor(binary=True)
     try:
         cursor.execute(sql, parameters)
@@ -646,12 +647,18 @@ def _arrays(info: TableInfo, names: list[str], rows: list[RowImage]) -> dict[str
 
 
 def _array_of(python_type: type, values: Sequence[object]) -> object:
-    """``values`` (all of ``python_type``, no None) as the driver sends them fastest: floats in PostgreSQL's binary
-    array format (:func:`_float8_array`), ints and strings as one array literal (``activedb.store.array_literal``,
-    which the statement's cast reads), anything else — bools — as the list itself (the driver encodes it element by
-    element)."""
+    """``values`` (all of ``python_type``, no None) as the driver sends them fastest: floats and ints in PostgreSQL's
+    binary array format (:func:`_binary_array`: ``float8[]``, ``int8[]``, which the statement's cast reads as the
+    column's type — an int beyond 64 bits, which no integer column holds, as the literal below), strings as one array
+    literal (``activedb.store.array_literal``, which the statement's cast reads), anything else — bools — as the list
+    itself (the driver encodes it element by element)."""
     if python_type is float:
-        return _float8_array(cast("list[float]", values))
+        return _binary_array(_Float8Array, cast("list[float]", values))
+    if python_type is int:
+        try:
+            return _binary_array(_Int8Array, cast("list[int]", values))
+        except struct.error:        # (beyond 64 bits: the literal, as before)
+            pass
     if python_type is int or python_type is str:
         literal = array_literal(values, False)
         if literal is not None:
@@ -659,37 +666,54 @@ def _array_of(python_type: type, values: Sequence[object]) -> object:
     return values
 
 
-_FLOAT8_OID, _FLOAT8_ARRAY_OID = 701, 1022
 _ELEMENT_LENGTH = struct.pack(">i", 8)
 
 
 class _Float8Array(bytes):
-    """A ``float8[]`` in PostgreSQL's binary array format, ready to send (:func:`_float8_array`)."""
+    """A ``float8[]`` in PostgreSQL's binary array format, ready to send (:func:`_binary_array`)."""
+
+    element_oid, packed = 701, "d"
+
+
+class _Int8Array(bytes):
+    """An ``int8[]`` in PostgreSQL's binary array format, ready to send (:func:`_binary_array`)."""
+
+    element_oid, packed = 20, "q"
 
 
 class _Float8ArrayDumper(Dumper):
     """Sends a :class:`_Float8Array` as it is: a ``float8[]`` in binary (registered on a connection by ``_run``)."""
 
     format = Format.BINARY
-    oid = _FLOAT8_ARRAY_OID
+    oid = 1022
 
     def dump(self, obj: bytes) -> bytes:
         return obj
 
 
-def _float8_array(values: list[float]) -> _Float8Array:
-    """``values`` (floats, no None) as one ``float8[]`` in PostgreSQL's binary array format: a header (one
-    dimension, no NULLs, element type, length, lower bound 1), then per element its length (8) and its value as a
-    big-endian double.  Made by slicing, without a Python step per value (the driver's list dumper takes one per value, and a
-    batch sends many)."""
+class _Int8ArrayDumper(_Float8ArrayDumper):
+    """Sends an :class:`_Int8Array` as it is: an ``int8[]`` in binary (registered on a connection by ``_run``)."""
+
+    oid = 1016
+
+
+_Packed = TypeVar("_Packed", _Float8Array, _Int8Array)
+
+
+def _binary_array(kind: type[_Packed], values: Sequence[float] | Sequence[int]) -> _Packed:
+    """``values`` (no None; floats for a :class:`_Float8Array`, ints for an :class:`_Int8Array`) as one array of
+    ``kind`` in PostgreSQL's binary array format: a header (one dimension, no NULLs, element type, length, lower
+    bound 1), then per element its length (8) and its eight bytes, big-endian.  Made by slicing one packed string,
+    without a Python step per value (the driver's list dumper takes one per value, and the text literal a ``str`` of
+    each int; a batch sends many).  Raises ``struct.error`` for an int beyond 64 bits."""
     count = len(values)
-    doubles = struct.pack(f">{count}d", *values)
+    packed = struct.pack(f">{count}{kind.packed}", *values)
     body = bytearray(12 * count)
     for offset in range(4):                      # every element's length, 8, as a big-endian int32
         body[offset::12] = _ELEMENT_LENGTH[offset:offset + 1] * count
     for offset in range(8):                      # then its eight bytes
-        body[4 + offset::12] = doubles[offset::8]
-    return _Float8Array(struct.pack(">iiIii", 1, 0, _FLOAT8_OID, count, 1) + body)
+        body[4 + offset::12] = packed[offset::8]
+    return kind(struct.pack(">iiIii", 1, 0, kind.element_oid, count, 1) + body)
 
 
 def _array_type(column: sa.ColumnElement[object]) -> type | None:

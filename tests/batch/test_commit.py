@@ -924,3 +924,43 @@ def test_a_tables_final_rows_planned_a_column_at_a_time_are_the_row_at_a_time_pl
     assert (uniform[0] is not None) is taken, uniform
     if shape == "no row changed":
         assert planned[0] == [] and uniform == [[]]
+
+
+def test_integers_travel_in_binary_and_store_every_integer_types_extremes(db):
+    """The commit sends a column of ints without NULLs — the locking ``SELECT``'s keys too — as one ``int8[]`` in
+    PostgreSQL's binary array format, which the statement's cast reads as the column's type: the rows a batch updates,
+    creates and deletes hold exactly the ints the transactions wrote, at each integer type's extremes (a byte out of
+    place would store another number, or be refused as out of range)."""
+    from activedb.batch._commit import _Int8Array, _array_of
+
+    assert type(_array_of(int, [1, -2])) is _Int8Array
+    extremes = {"s": (-32768, 32767), "i": (-2**31, 2**31 - 1), "b": (-2**63, 2**63 - 1)}
+    transactions = batch.StateTransactions()
+
+    @transactions.on("set")
+    def set_values(event, ops):
+        values = event.payload
+        ops.write("int_extremes", event.key, (lambda own: batch.DELETE) if values.get("delete")
+                  else (lambda own: dict(values)))
+
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("CREATE TABLE IF NOT EXISTS int_extremes (k smallint PRIMARY KEY, s smallint, "
+                                   "i integer, b bigint)"))
+        connection.execute(sa.text("DELETE FROM int_extremes"))
+        connection.execute(sa.text("INSERT INTO int_extremes VALUES (-32768, 0, 0, 0), (32767, 0, 0, 0), "
+                                   "(7, 0, 0, 0), (8, 0, 0, 0)"))
+    low = {name: pair[0] for name, pair in extremes.items()}
+    high = {name: pair[1] for name, pair in extremes.items()}
+    events = [{"type": "set", "key": -32768, "ts": 1.0, "payload": low},          # existing rows updated
+              {"type": "set", "key": 32767, "ts": 2.0, "payload": high},
+              {"type": "set", "key": -1, "ts": 3.0, "payload": {"s": -1, "i": -256, "b": -2**40 - 3}},   # new rows
+              {"type": "set", "key": 300, "ts": 4.0, "payload": high},
+              {"type": "set", "key": 7, "ts": 5.0, "payload": {"delete": True}},     # deleted
+              {"type": "set", "key": 8, "ts": 6.0, "payload": {"delete": True}}]
+    with db.transaction(name="int-extremes") as tx:
+        pending = batch.apply_at_commit(tx, events, transactions, query_id="int-extremes", batch_id=1)
+    assert pending.result.dead_letters == []
+    with db.engine.connect() as connection:
+        assert connection.execute(sa.text("SELECT k, s, i, b FROM int_extremes ORDER BY k")).all() == [
+            (-32768, -32768, -2**31, -2**63), (-1, -1, -256, -2**40 - 3),
+            (300, 32767, 2**31 - 1, 2**63 - 1), (32767, 32767, 2**31 - 1, 2**63 - 1)]
