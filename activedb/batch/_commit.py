@@ -323,7 +323,12 @@ def _run(connection: sa.Connection, statement: sa.ClauseElement | Callable[[], s
         connection.info[_ARRAY_DUMPERS] = True
     cursor = driver.cursor(binary=True)
     try:
-        cursor.execute(sql, parameters)
+        # A statement of a kept shape runs prepared on the server from its first batch on (its parse and plan once per
+        # connection, not per batch; the driver prepares one by itself only after some runs, and none it runs in a
+        # pipeline, where ``_send`` runs the writes) — unless the driver prepares nothing (``prepare_threshold=None``,
+        # e.g. behind a pooler in transaction mode).
+        cursor.execute(sql, parameters,
+                       prepare=True if shape is not None and driver.prepare_threshold is not None else None)
         if fetch:
             return cursor.fetchall(), [description.name for description in cursor.description or ()]
         return None

@@ -964,3 +964,50 @@ def test_integers_travel_in_binary_and_store_every_integer_types_extremes(db):
         assert connection.execute(sa.text("SELECT k, s, i, b FROM int_extremes ORDER BY k")).all() == [
             (-32768, -32768, -2**31, -2**63), (-1, -1, -256, -2**40 - 3),
             (300, 32767, 2**31 - 1, 2**63 - 1), (32767, 32767, 2**31 - 1, 2**63 - 1)]
+
+
+@pytest.mark.parametrize("prepares", [True, False])
+def test_the_commits_writes_run_prepared_from_the_first_batch_unless_the_driver_prepares_nothing(db, prepares):
+    """The statements a batch's commit writes with (here its ``UPDATE … FROM unnest`` and ``INSERT … SELECT FROM
+    unnest``, sent in one pipeline) are prepared on the server from the first batch on, so that PostgreSQL parses
+    and plans them once per connection; on a driver that prepares nothing (``prepare_threshold=None``: behind a
+    pooler in transaction mode) none is."""
+    transactions = batch.StateTransactions()
+
+    @transactions.on("add")
+    def add(event, ops):
+        ops.write("prepared_counters", event.key, lambda own: {"n": (0 if own is None else own["n"]) + 1})
+
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("CREATE TABLE IF NOT EXISTS prepared_counters (k integer PRIMARY KEY, n bigint)"))
+        connection.execute(sa.text("DELETE FROM prepared_counters"))
+        connection.execute(sa.text("INSERT INTO prepared_counters VALUES (1, 0), (2, 0)"))
+    seen = []
+
+    def prepared(result, connection):
+        seen.append(connection.exec_driver_sql(
+            "SELECT statement FROM pg_prepared_statements WHERE statement LIKE '%%prepared_counters%%' "
+            "AND NOT from_sql").scalars().all())
+
+    changed = {}      # driver connection -> its threshold before the test
+
+    def no_preparing(dbapi_connection, record, proxy):
+        changed.setdefault(dbapi_connection, dbapi_connection.prepare_threshold)
+        dbapi_connection.prepare_threshold = None
+
+    if not prepares:
+        sa.event.listen(db.engine, "checkout", no_preparing)
+    try:
+        events = [{"type": "add", "key": key, "ts": float(key)} for key in (1, 2, 3, 4)]
+        with db.transaction(name="prepared-writes") as tx:
+            batch.apply_at_commit(tx, events, transactions, query_id="prepared-writes", batch_id=1, on_result=prepared)
+    finally:
+        if not prepares:
+            sa.event.remove(db.engine, "checkout", no_preparing)
+            for driver, threshold in changed.items():     # (the pool's connections prepare again, as configured)
+                driver.prepare_threshold = threshold
+    kinds = sorted(statement.split()[0] for statement in seen[0])
+    assert kinds == (["INSERT", "SELECT", "UPDATE"] if prepares else []), seen[0]
+    with db.engine.connect() as connection:
+        assert connection.execute(sa.text("SELECT k, n FROM prepared_counters ORDER BY k")).all() == [
+            (1, 1), (2, 1), (3, 1), (4, 1)]
