@@ -22,6 +22,7 @@ from activedb.deadletters import Letter
 from activedb.errors import DatabaseError, DeadlockDetected, SerializationConflict, classify, shown_error
 from activedb.events import Event
 from activedb.ingest import BatchHandler, BatchInput, IngestionLedger, ReservedSource
+from activedb.ingest.errors import NoRuleRegistered
 from activedb.rules import Fired, Firing, FiringOutcome, own_event
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -81,7 +82,9 @@ class RetryBatch(Exception):
 class CaptureHandler(BatchHandler):
     """The handler of one consumer's batches (module docstring): ``events`` are :class:`CapturedEvent` s; a
     change that cannot become an event, or whose rule fails, is a dead letter and the others go on; a change
-    whose reactions PostgreSQL refuses at the commit is found by the core's trial flushes.  ``on_step`` hears
+    whose reactions PostgreSQL refuses at the commit is found by the core's trial flushes.  A batch of a database
+    whose rule registry holds no rule at all is refused (``activedb.ingest.errors.NoRuleRegistered``) before
+    anything of it is applied: the position stays.  ``on_step`` hears
     :attr:`Step.FIRED`.  Before each batch the consumer hands over its position writer (:meth:`begin`), which
     records the batch's failures with the position."""
 
@@ -109,6 +112,11 @@ class CaptureHandler(BatchHandler):
         self.results = []
 
     def handle(self, tx: Transaction, batch: BatchInput, ledger: IngestionLedger) -> None:
+        if batch.events and not self._bound().rules.names():
+            # (No rule at all: the application's module was not imported.  The position would pass the changes.)
+            first = batch.events[0].change
+            raise NoRuleRegistered(f"capture consumer {self.consumer!r}, the batch of {len(batch.events)} change(s) "
+                                   f"from change {first.change_id} (commit position {first.position})")
         results = self._fire(tx, batch.events)
         letters = list(batch.letters) + batch.dead_letters.for_events(
             [(event, event.problem) for event in batch.events if event.event is None])

@@ -75,7 +75,8 @@ def feed(db: IngestDatabase, batches: Iterable[Rows | Batch], *, source: str, ru
     top-level transaction with its ledger row; a batch the ledger has is skipped, so feeding the same batches
     again — after a crash at any point — applies nothing twice (a batch that comes again with another number of
     rows than it was committed with — other batch boundaries — is refused with an IngestError, nothing of it
-    applied).  ``mapping``, ``handler`` (the rules by
+    applied; on the rules, a batch with events when no rule is registered at all is refused with
+    ``NoRuleRegistered``, nothing of it applied or recorded).  ``mapping``, ``handler`` (the rules by
     default), ``known_types``, ``on_phase``, ``lineage`` and ``event_ids_under`` are :class:`Ingestion`'s;
     ``participants(batch)`` adds commit participants to a batch's transaction; ``end_of_stream``: the batches are
     the whole source — after the last, the handler releases what its engine holds back

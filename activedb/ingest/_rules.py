@@ -20,7 +20,7 @@ from activedb.ingest._failures import is_poison_failure, rejection_reason, run_a
 from activedb.ingest._ledger import IngestionLedger
 from activedb.ingest._mapping import RawEvent
 from activedb.ingest._protocol import BatchHandler, BatchInput
-from activedb.ingest.errors import IngestError
+from activedb.ingest.errors import IngestError, NoRuleRegistered
 
 if TYPE_CHECKING:  # pragma: no cover
     from activedb.ingest._database import IngestDatabase
@@ -71,7 +71,9 @@ class RulesHandler(BatchHandler):
     connector's default.  ``prefetch``: ``{table: how}`` tables loaded in one query per batch before the events
     run (``how``: None — the event's key is the row key —, a payload field name, or a callable
     ``RawEvent -> key``); ``event_attempts``: attempts of an event whose rule is chosen as deadlock victim;
-    ``lower_declared``: see the attribute."""
+    ``lower_declared``: see the attribute.  A batch with events of a database whose rule registry holds no rule at
+    all is refused before anything of it is applied or recorded (:class:`~activedb.ingest.errors.NoRuleRegistered`: its
+    events would count as applied, no rule run); rules that are all disabled let it apply, no rule run."""
 
     name = "rules"
     searches_poison = True
@@ -124,7 +126,9 @@ class RulesHandler(BatchHandler):
         return self._last_lowered
 
     def accepted_types(self) -> frozenset[str] | None:
-        """The stream types the rules of ``db`` listen to now (None — anything — if none)."""
+        """The stream types the enabled rules of ``db`` listen to now (None — anything — if none: the batch then
+        applies, no rule run, when rules exist but are all disabled; with no rule at all :meth:`handle` refuses it,
+        :class:`~activedb.ingest.errors.NoRuleRegistered`)."""
         return self._rules().stream_types() or None
 
     def is_refusal(self, failure: BaseException) -> bool:
@@ -146,6 +150,10 @@ class RulesHandler(BatchHandler):
         return False
 
     def handle(self, tx: Transaction, batch: BatchInput, ledger: IngestionLedger) -> None:
+        if batch.events and not self._rules().names():
+            # (No rule at all — not all disabled, the operator's choice —: the rules' module was not imported.  A
+            # batch without events, its rows all dead letters or none, loses nothing: it applies.)
+            raise NoRuleRegistered(f"batch {batch.batch_id} of {batch.query_id}")
         this = (batch.query_id, batch.batch_id)
         self._last_lowered = None
         if self.lower_declared and batch.events and self._event_by_event != this:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from activedb.errors import ActivedbError, shown_error
 
-__all__ = ["AppLoadError", "BatchDeadlineExceeded", "IngestError", "InvalidField", "MappingError", "describe", "first_line"]
+__all__ = ["AppLoadError", "BatchDeadlineExceeded", "IngestError", "InvalidField", "MappingError", "NoRuleRegistered", "describe",
+           "first_line"]
 
 
 def first_line(error: BaseException) -> str:
@@ -42,6 +43,24 @@ class MappingError(IngestError, ValueError):
     This is about the mapping's configuration (for example an empty column name), never about a data row:
     bad rows are *rejected*, not raised.
     """
+
+
+class NoRuleRegistered(IngestError):
+    """A batch came to a rule path (``RulesHandler``, change capture's handler) of a database whose rule registry
+    holds no rule at all, enabled or disabled: applied, it would count its events as applied with no rule run on
+    them and record the batch as done (a re-delivery skipped), losing them — the usual cause is an application whose
+    module declaring the rules was not imported.  Nothing of the batch is applied or recorded: the connector
+    delivers it again (``feed`` raises; Spark's query stops at the batch and runs it again once restarted; a
+    capture consumer keeps its position).  Rules that exist but are all disabled are the operator's choice: their
+    batches apply, no rule run.  ``what``: the batch, in words."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__(f"{what}: no rule is registered on this database, so its events would count as applied with "
+                         f"no rule run on them and the batch be recorded as done — nothing of it was applied or "
+                         f"recorded. Register the rules first: import the module that declares them (its "
+                         f"register(db)) before ingesting, or run the application with activedb's command, which "
+                         f"registers them (activedb run APP, activedb capture consume APP)")
+        self.what = what
 
 
 class BatchDeadlineExceeded(IngestError):

@@ -584,6 +584,7 @@ def test_a_retention_longer_than_postgresql_can_subtract_keeps_changes_and_the_c
     compute a timestamp out of its range, and its error stopped the consumer for good.  A retention that is
     not a number is refused where it is given, as a negative one is."""
     db = clean
+    _app.register(db)        # (a database without any rule refuses its batches)
     with pytest.raises(CaptureError, match="retention.* takes a non-negative age .*, got nan"):
         db.capture.consumer("keeper", retention=float("nan"))
     with psycopg.connect(conninfo, autocommit=True) as psql:
@@ -606,6 +607,7 @@ def test_capture_refuses_its_own_tables_and_captured_writes_go_on(clean, conninf
     "stack depth limit exceeded" (the trigger's insert fired the trigger); capturing the consumers' table made each
     position update a change to consume.  Capture's own tables are refused, saying why, and nothing is installed."""
     db = clean
+    _app.register(db)        # (a database without any rule refuses its batches)
     with pytest.raises(CaptureError, match=f"{table}.* is one of change capture's own tables"):
         db.capture(table)
     assert table not in [captured.name for captured in db.capture.tables()]
@@ -825,6 +827,7 @@ def test_a_table_dropped_while_the_consumer_reads_it_again_after_a_dropped_colum
     goes on.  The second reading ran inside the handler of the first one's error, so its error (the table is
     unknown) escaped the handlers of the same statement and stopped the consumer."""
     db = clean
+    _app.register(db)        # (a database without any rule refuses its batches)
     with psycopg.connect(conninfo, autocommit=True) as psql:
         psql.execute("DROP TABLE IF EXISTS vanishing")
         psql.execute("CREATE TABLE vanishing (id integer PRIMARY KEY, kept text, dropped text)")
@@ -1051,6 +1054,7 @@ def test_the_dead_letter_of_a_change_to_a_table_gone_by_its_name_says_what_happe
     catalog's advice for a table that was never created — 'tables are created by Alembic migrations
     (db.upgrade_app…)' — which does not apply to a table that existed and was captured."""
     db = clean
+    _app.register(db)        # (a database without any rule refuses its batches)
     with psycopg.connect(conninfo, autocommit=True) as psql:
         psql.execute("DROP TABLE IF EXISTS moving, moved")
         psql.execute("CREATE TABLE moving (id integer PRIMARY KEY, note text)")
@@ -1293,3 +1297,30 @@ def test_a_rule_that_changes_its_captured_event_changes_neither_its_next_attempt
         psql.execute("INSERT INTO orders (id, customer, amount) VALUES (40, 'ann', 1)")
     assert db.capture.consumer().run_until_caught_up() == 1
     assert seen == [("first", "ann", None), ("first", "ann", None), ("second", "ann", None)]
+
+
+def test_a_consumer_of_a_database_without_any_rule_refuses_its_batch_and_keeps_its_position(clean, conninfo):
+    """A consumer run in a process that declared no rule at all (the application's module not imported) took every
+    captured change as handled, no rule run, and moved its position past them: the changes' reactions were lost for
+    good, and nothing said.  Now the batch is refused with ``NoRuleRegistered`` before anything of it is applied or
+    recorded — the position stays, no ledger row —, and once the rules are registered the same changes fire them."""
+    from activedb.ingest.errors import NoRuleRegistered
+
+    db = clean
+    assert db.rules.names() == []
+    with psycopg.connect(conninfo, autocommit=True) as psql:
+        psql.execute("INSERT INTO orders (id, customer, amount) VALUES (80, 'nora', 1), (81, 'nora', 2)")
+    consumer = db.capture.consumer()
+    try:
+        with pytest.raises(NoRuleRegistered, match=r"^capture consumer 'default', the batch of 2 change\(s\) from .*: "
+                                                   r"no rule is registered on this database, .* nothing of it was "
+                                                   r"applied or recorded\. Register the rules first"):
+            consumer.run_until_caught_up()
+        [backlog] = db.capture.status().consumers
+        assert (backlog.name, backlog.changes) == ("default", 2)
+        assert ingestion_status(db, "capture:default") == [] and logged(db) == []
+        _app.register(db)
+        assert consumer.run_until_caught_up() == 2
+        assert logged(db) == [("inserted", 80), ("inserted", 81)]
+    finally:
+        consumer.close()

@@ -92,3 +92,46 @@ def test_a_rule_error_whose_repr_raises_is_named_in_the_dead_letter_and_the_rule
         assert db.rules.statistics().per_rule["divide"].failed == 1
     finally:
         db.rules.remove("divide")
+
+
+def test_a_feed_to_a_database_without_any_rule_is_refused_and_nothing_of_it_is_applied_or_recorded(db):
+    """A database whose rule registry holds no rule at all — the module declaring them was not imported — took every
+    batch as applied, no rule run on its events, and recorded it in the ledger, so that feeding it again, once the
+    rules were registered, skipped it: every event lost, and nothing said.  Now the rule path refuses the batch with
+    ``NoRuleRegistered`` before anything of it is applied or recorded, and the same batch applies once the rules are
+    there.  Rules that exist but are all disabled are the operator's choice: their batches still apply, no rule
+    run."""
+    import datetime as dt
+
+    from activedb import Coupling
+    from activedb.ingest import EventMapping, batch_committed, feed, ingestion_status
+    from activedb.ingest.errors import NoRuleRegistered
+    from tests.spark_bridge._streams import dead_letters
+
+    assert db.rules.names() == []
+    ts = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
+    rows = [{"type": "arrived", "key": f"n{number}", "ts": ts} for number in range(3)] + [{"type": "arrived", "ts": ts}]
+    mapping = EventMapping("type", "key", "ts")
+    with pytest.raises(NoRuleRegistered, match=r"^batch 0 of unregistered: no rule is registered on this database, "
+                                               r".* nothing of it was applied or recorded\. Register the rules first: "
+                                               r"import the module that declares them") as refused:
+        feed(db, [rows], source="unregistered", mapping=mapping)
+    assert isinstance(refused.value, IngestError)
+    assert not batch_committed(db, "unregistered", 0) and ingestion_status(db, "unregistered") == []
+    assert [letter for letter in dead_letters(db) if letter[0] == "unregistered"] == []     # (the keyless row's)
+    empty, keyless = feed(db, [[], rows[-1:]], source="eventless", mapping=mapping)   # (no event: nothing lost)
+    assert empty.committed and keyless.committed and (keyless.events, keyless.dead_letters) == (0, 1), keyless
+
+    heard: list[str] = []
+    db.rule(on=db.stream("arrived"), coupling=Coupling.IMMEDIATE, name="arrival")(
+        lambda tx, event: heard.append(event.key))
+    try:
+        [outcome] = feed(db, [rows], source="unregistered", mapping=mapping, handler=RulesHandler(lower_declared=False))
+        assert outcome.committed and (outcome.events, outcome.dead_letters) == (3, 1), outcome
+        assert heard == ["n0", "n1", "n2"]
+        db.rules.disable("arrival")
+        [outcome] = feed(db, [rows], source="all-disabled", mapping=mapping)
+        assert outcome.committed and (outcome.events, outcome.dead_letters) == (3, 1), outcome
+        assert heard == ["n0", "n1", "n2"]
+    finally:
+        db.rules.remove("arrival")

@@ -1161,3 +1161,31 @@ def test_ingest_into_something_that_is_no_database_says_what_to_give(spark, tmp_
             spark_bridge.ingest(given, _stream(spark, tmp_path), mapping=app_counters.MAPPING, query_name="x",
                                 checkpoint_location=str(tmp_path / "c"))
         assert spark.streams.active == []
+
+
+@pytest.mark.spark
+def test_a_stream_into_a_database_without_any_rule_stops_at_its_first_batch_and_resumes_it_once_they_are_there(
+        spark, tmp_path, make_database_url):
+    """A query started in a process that declared no rule at all (the application's module not imported) applied
+    every micro-batch with no rule run on its events and recorded each in the ledger: restarted from its checkpoint
+    once the rules were registered, the query skipped them — every event lost, and nothing said.  Now its first batch
+    is refused (``NoRuleRegistered``) before anything is applied or recorded: the query stops with the error, Spark
+    keeps the batch uncommitted in the checkpoint, and the query restarted from it after the rules are registered
+    applies the batch."""
+    rows = [{"type": "add", "key": "nr", "ts": iso(BASE_TIME), "amount": 5, "seq": seq} for seq in range(3)]
+    write_files(tmp_path / "in", [rows])
+    database = activedb.connect(make_database_url("no_rule"))
+    try:
+        database.upgrade_app(app_counters.MIGRATIONS)
+        assert database.rules.names() == []
+        query = _ingest(spark, database, tmp_path / "in", tmp_path / "checkpoint", "unruled")
+        with pytest.raises(Exception, match=r"no rule is registered on this database"):
+            query.awaitTermination(STREAM_TIMEOUT_SECONDS)
+        assert (ledger(database), dead_letters(database)) == ([], [])
+        app_counters.register(database)
+        run_to_end(_ingest(spark, database, tmp_path / "in", tmp_path / "checkpoint", "unruled"))
+        [(query_id, batch, events, letters)] = ledger(database)
+        assert (query_id.split("@")[0], batch, events, letters) == ("unruled", 0, 3, 0)
+        assert app_state(database)["counters"], "the rules ran on the batch's events"
+    finally:
+        database.close()
