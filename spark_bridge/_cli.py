@@ -283,7 +283,8 @@ def run_command(ctx: click.Context, app: str, source_text: str, checkpoint: str 
     import spark_bridge
     from activedb import mask_secrets
     from activedb.cli import console as make_console, open_database, register_app
-    from activedb.cli.application import app_handler
+    from activedb.cli.application import app_handler, require_rules
+    from activedb.ingest import RulesHandler
     from spark_bridge._cluster import check_database_for_executors
 
     source = parse_source(source_text)
@@ -364,6 +365,13 @@ def run_command(ctx: click.Context, app: str, source_text: str, checkpoint: str 
             loaded.reset(database)
             console.print(f"reset: {loaded.name}'s tables are empty", highlight=False)
         register_app(loaded.register, database, loaded.name)
+        try:
+            handler = app_handler(loaded)
+        except IngestError as error:
+            raise click.ClickException(str(error)) from None
+        if isinstance(handler, RulesHandler):       # (before Spark starts: each batch would be refused)
+            require_rules(database, loaded.name, "its batches go to the rules (it has no QUERIES, and no EXECUTOR "
+                                                 "= 'tpg')")
         # The event types the stream rules name (a rule on every stream event, db.stream spec without a source,
         # names none: the rate source's events are then of type 'rate').
         event_types = sorted({rule.on.source for rule in database.rules
@@ -394,7 +402,7 @@ def run_command(ctx: click.Context, app: str, source_text: str, checkpoint: str 
             query = spark_bridge.ingest(
                 database, frame, mapping=loaded.mapping, query_name=name, checkpoint_location=str(checkpoint_dir),
                 trigger={"availableNow": True} if available_now else trigger, known_types=loaded.known_types,
-                watermark_delay=watermark_delay or loaded.watermark_delay, handler=app_handler(loaded),
+                watermark_delay=watermark_delay or loaded.watermark_delay, handler=handler,
                 deadlines=None if partitions else deadlines_of(rule_deadline, batch_deadline),
                 partition_by_key=partitions, app=app if partitions else None, on_partition_failure=on_partition_failure,
             )

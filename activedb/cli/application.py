@@ -3,7 +3,8 @@ contract: ``spark_bridge/README.md``, "From an application module") — as the c
 ``activedb run`` and its scale-out tasks (spark_bridge), ``activedb dead-letters replay``.
 
 Public here: :func:`load_app`, :class:`LoadedApp`, :func:`app_name`, :func:`portable_spec`; :func:`app_handler`
-is the handler of an application's batches.
+is the handler of an application's batches, :func:`require_rules` refuses an application that declared no rule for
+the rule path.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from activedb._database import Database
 
-__all__ = ["AppSpec", "LoadedApp", "Register", "app_handler", "app_name", "load_app", "portable_spec"]
+__all__ = ["AppSpec", "LoadedApp", "Register", "app_handler", "app_name", "load_app", "portable_spec", "require_rules"]
 
 #: An application's ``register(db)``: declares its rules (and whatever else it needs) on ``db``.
 Register: TypeAlias = "Callable[[Database], object]"
@@ -143,6 +144,20 @@ def app_handler(loaded: LoadedApp) -> BatchHandler:
         return RulesHandler(loaded.prefetch)
     except IngestError as error:
         raise AppLoadError(f"{loaded.name}: PREFETCH: {error}") from None
+
+
+def require_rules(database: Database, name: str, goes: str) -> None:
+    """Refuse (``click.ClickException``) to go on with application ``name`` once its ``register(db)`` returned without
+    declaring a rule on ``database`` while its batches go to the rules (``goes``: that, in words): each batch would be
+    refused (``activedb.ingest.errors.NoRuleRegistered``), whose advice — run the application with activedb's command
+    — is the command being run.  Rules that exist but are all disabled are the operator's choice: not refused."""
+    if database.rules.names():
+        return
+    import click
+
+    raise click.ClickException(f"{name}: register(db) declared no rule, and {goes}: every batch would be refused "
+                               f"(NoRuleRegistered); nothing was read — declare its rules in register(db) "
+                               f"(db.rule(on=…)(action)), or import there the module that declares them")
 
 
 def portable_spec(spec: AppSpec) -> str | Register:

@@ -333,3 +333,35 @@ def test_a_failing_batch_prints_the_python_cause_and_what_to_do(tmp_path, make_d
     assert "resumes at the failed batch" in done.stderr
     for noise in ("Python Proxy", "py4j", "Traceback", "\tat org.apache"):
         assert noise not in done.stderr, done.stderr[-3000:]
+
+
+_RULELESS_APP = """
+from tests.spark_bridge.app_counters import MAPPING, MIGRATIONS, SCHEMA
+
+def register(db):
+    pass        # (forgot to declare the rules: they are in another module, never imported)
+"""
+
+
+def test_run_refuses_an_app_that_declares_no_rule_before_spark_starts(tmp_path, make_database_url):
+    """An application whose batches go to the rules (no QUERIES, no EXECUTOR) and whose register(db) declares no
+    rule: every batch would be refused (NoRuleRegistered).  ``activedb run`` started Spark (10-30 s) and stopped at the
+    first batch with that error, whose advice — "run the application with activedb's command, which registers them
+    (activedb run APP …)" — is the command the user ran; with no batch yet (--available-now on an empty source) it
+    said "the query finished", exit 0, having ingested nothing.  It is refused now once register(db) returned, before
+    Spark starts: one line naming the application and what to do, exit 1."""
+    url = make_database_url("ruleless_run")
+    application = tmp_path / "ruleless_app.py"
+    application.write_text(_RULELESS_APP)
+    (tmp_path / "in").mkdir()
+    result = CliRunner().invoke(main, ["--url", url, "run", str(application), "--source", f"file:{tmp_path / 'in'}",
+                                       "--checkpoint", str(tmp_path / "checkpoint"), "--available-now"],
+                                env={"COLUMNS": "300", "ACTIVEDB_HOME": str(tmp_path / "home")})
+    text = " ".join(result.output.split())
+    assert result.exit_code == 1, result.output
+    assert "starting Spark" not in text, text
+    assert (f"activedb: error: {application}: register(db) declared no rule, and its batches go to the rules (it has "
+            f"no QUERIES, and no EXECUTOR = 'tpg'): every batch would be refused (NoRuleRegistered); nothing was "
+            f"read") in text, text
+    assert "declare its rules in register(db)" in text, text
+    assert "Traceback" not in result.output
