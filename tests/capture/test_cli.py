@@ -120,7 +120,8 @@ def test_consume_finds_an_applications_relative_migrations_next_to_its_file(data
     home = tmp_path / "shop"
     home.mkdir()
     _migrate.init_app(home / "migrations", "shop")
-    (home / "shop_consumer.py").write_text("MIGRATIONS = 'migrations'\n\n\ndef register(db):\n    pass\n")
+    (home / "shop_consumer.py").write_text("MIGRATIONS = 'migrations'\n\n\ndef register(db):\n"      # (a rule: one
+                                           "    db.rule(on=db.signalled('shop'))(lambda tx, event: None)\n")  # is needed)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)
@@ -403,3 +404,26 @@ def test_a_consumer_far_behind_says_how_to_forget_it_and_drop_consumer_asks_firs
     assert [c["name"] for c in json.loads(cli("status", "--json"))["consumers"]] == ["gone"]
     assert "dropped capture consumer 'gone'" in cli("drop-consumer", "gone", "--yes")
     assert json.loads(cli("status", "--json"))["consumers"] == []
+
+
+def test_consume_refuses_an_app_that_declares_no_rule_before_it_consumes(database_url, tmp_path):
+    """``capture consume APP`` with an application whose register(db) declares no rule: the first batch was refused
+    (NoRuleRegistered) saying to run the application with `activedb capture consume APP` — the command the user ran;
+    with nothing pending it said "handled 0 changes" (--until-caught-up) or ran on, consuming nothing, until the first
+    change stopped it.  It is refused once register(db) returned, before the consumer reads: one line, exit 1, and
+    the changes stay pending for a consumer of the name with rules."""
+    _capture_orders(database_url)
+    app_file = tmp_path / "ruleless_consumer.py"
+    app_file.write_text("def register(db):\n    pass\n")
+    with psycopg.connect(libpq(database_url), autocommit=True) as psql:
+        psql.execute("INSERT INTO orders (id, customer, amount) VALUES (88101, 'norules', 1)")
+    result = CliRunner().invoke(main, ["--url", database_url, "capture", "consume", str(app_file), "--name",
+                                       "norules", "--until-caught-up"])
+    text = " ".join(result.output.split())
+    assert result.exit_code == 1, result.output
+    assert (f"activedb: error: {app_file}: register(db) declared no rule, and a capture consumer runs rules on the "
+            f"changes: every batch would be refused (NoRuleRegistered); nothing was read") in text, text
+    assert "Traceback" not in result.output
+    consumed = CliRunner().invoke(main, ["--url", database_url, "capture", "consume", APP_FILE, "--name", "norules",
+                                         "--until-caught-up"])
+    assert consumed.exit_code == 0 and "handled 0 changes" not in consumed.output, consumed.output
