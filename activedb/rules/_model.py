@@ -181,7 +181,15 @@ class Fired(NamedTuple):
 
 @dataclass
 class RuleCounters:
-    fired: int = 0
+    """One rule's counters in this process (``db.rules.statistics().per_rule``).  They count attempts: a firing run
+    again — after a serialization conflict, a deadlock, a shared run that failed, a detached group that could not
+    commit, or claimed by a recovery pass — counts ``fired`` once more and one more outcome, so ``fired`` is the sum
+    of ``condition_false``, ``executed``, ``failed`` and ``cancelled`` (once every firing fired has ended), and
+    ``fired`` minus ``executed`` is no count of firings that did not take effect.  Firings, each once, are the
+    transaction log's (``db.rules.firing_counts()``, ``activedb rules list``) and an ingestion's (its ledger's
+    ``rule_firings``)."""
+
+    fired: int = 0             # attempts: each run of a firing (a re-run counts again), each with one outcome below
     condition_false: int = 0
     executed: int = 0          # condition true, action ran, its transaction committed — and its top-level
                                # transaction too: counted then, once (an attempt re-run after a conflict counts none)
