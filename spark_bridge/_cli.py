@@ -283,7 +283,7 @@ def run_command(ctx: click.Context, app: str, source_text: str, checkpoint: str 
     import spark_bridge
     from activedb import mask_secrets
     from activedb.cli import console as make_console, open_database, register_app
-    from activedb.cli.application import app_handler, require_rules
+    from activedb.cli.application import app_handler, disabled_rules_note, require_rules
     from activedb.ingest import RulesHandler
     from spark_bridge._cluster import check_database_for_executors
 
@@ -372,6 +372,9 @@ def run_command(ctx: click.Context, app: str, source_text: str, checkpoint: str 
         if isinstance(handler, RulesHandler):       # (before Spark starts: each batch would be refused)
             require_rules(database, loaded.name, "its batches go to the rules (it has no QUERIES, and no EXECUTOR "
                                                  "= 'tpg')")
+            note = disabled_rules_note(database, loaded.name)
+            if note is not None:
+                console.print(note, style="yellow", markup=False, highlight=False, soft_wrap=True)
         # The event types the stream rules name (a rule on every stream event, db.stream spec without a source,
         # names none: the rate source's events are then of type 'rate').
         event_types = sorted({rule.on.source for rule in database.rules

@@ -4,7 +4,7 @@ contract: ``spark_bridge/README.md``, "From an application module") — as the c
 
 Public here: :func:`load_app`, :class:`LoadedApp`, :func:`app_name`, :func:`portable_spec`; :func:`app_handler`
 is the handler of an application's batches, :func:`require_rules` refuses an application that declared no rule for
-the rule path.
+the rule path and :func:`disabled_rules_note` says when all it declared are disabled.
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from activedb._database import Database
 
-__all__ = ["AppSpec", "LoadedApp", "Register", "app_handler", "app_name", "load_app", "portable_spec", "require_rules"]
+__all__ = ["AppSpec", "LoadedApp", "Register", "app_handler", "app_name", "disabled_rules_note", "load_app",
+           "portable_spec", "require_rules"]
 
 #: An application's ``register(db)``: declares its rules (and whatever else it needs) on ``db``.
 Register: TypeAlias = "Callable[[Database], object]"
@@ -158,6 +159,17 @@ def require_rules(database: Database, name: str, goes: str) -> None:
     raise click.ClickException(f"{name}: register(db) declared no rule, and {goes}: every batch would be refused "
                                f"(NoRuleRegistered); nothing was read — declare its rules in register(db) "
                                f"(db.rule(on=…)(action)), or import there the module that declares them")
+
+
+def disabled_rules_note(database: Database, name: str) -> str | None:
+    """One line for a command to print before application ``name``'s batches go to the rules when every rule it
+    declared on ``database`` is disabled (``activedb rules disable``, the operator's choice, which
+    :func:`require_rules` does not refuse): they apply with no rule run, recorded as done; None otherwise."""
+    declared = list(database.rules)
+    if not declared or any(rule.enabled for rule in declared):
+        return None
+    return (f"{name}: all {len(declared)} of its rules are disabled: its batches apply with no rule run on their "
+            f"events, recorded as done (activedb rules enable NAME)")
 
 
 def portable_spec(spec: AppSpec) -> str | Register:

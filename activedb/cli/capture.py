@@ -165,7 +165,7 @@ def consume_command(ctx: click.Context, app: str, name: str, batch_size: int, re
     in progress finishes; a second Ctrl-C ends the process at once and PostgreSQL rolls the batch back:
     exactly once either way), or with --until-caught-up until nothing is pending. A rule that does not return
     within --rule-deadline makes its change a dead letter, and the command restarts itself to go on without it."""
-    from activedb.cli.application import load_app as load_application, require_rules
+    from activedb.cli.application import disabled_rules_note, load_app as load_application, require_rules
 
     loaded = load_application(app)        # (MIGRATIONS relative to the application's file, as `activedb run` reads it)
     restart_environment: dict[str, str] | None = None   # to restart this command in (a deadline passed)
@@ -178,6 +178,9 @@ def consume_command(ctx: click.Context, app: str, name: str, batch_size: int, re
                 database.upgrade_app(loaded.migrations)
             register_app(loaded.register, database, app)
             require_rules(database, app, "a capture consumer runs rules on the changes")
+            note = disabled_rules_note(database, app)
+            if note is not None:
+                click.echo(note)
             consumer = database.capture.consumer(name, batch_size=batch_size, retention=retention,
                                                  deadlines=deadlines_of(rule_deadline, batch_deadline))
             if metrics is not None:

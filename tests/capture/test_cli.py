@@ -427,3 +427,32 @@ def test_consume_refuses_an_app_that_declares_no_rule_before_it_consumes(databas
     consumed = CliRunner().invoke(main, ["--url", database_url, "capture", "consume", APP_FILE, "--name", "norules",
                                          "--until-caught-up"])
     assert consumed.exit_code == 0 and "handled 0 changes" not in consumed.output, consumed.output
+
+
+def test_consume_says_when_every_rule_of_its_app_is_disabled(database_url):
+    """With every rule of the application disabled (``activedb rules disable``, the operator's choice), ``capture
+    consume`` consumes the changes with no rule run on them, and said nothing of it: its line "handled N changes"
+    read as a run of the rules.  It says so first now, naming the command that enables them."""
+    _capture_orders(database_url)
+    database = activedb.connect(database_url)
+    try:
+        _app.register(database)
+        names = database.rules.names()
+        for name in names:
+            database.rules.disable(name)
+    finally:
+        database.close()
+    try:
+        result = CliRunner().invoke(main, ["--url", database_url, "capture", "consume", APP_FILE, "--name",
+                                           "alldisabled", "--until-caught-up"])
+    finally:
+        database = activedb.connect(database_url)
+        try:
+            for name in names:
+                database.rules.enable(name)
+        finally:
+            database.close()
+    text = " ".join(result.output.split())
+    assert result.exit_code == 0, result.output
+    assert (f"{APP_FILE}: all {len(names)} of its rules are disabled: its batches apply with no rule run on their "
+            f"events, recorded as done (activedb rules enable NAME)") in text, text

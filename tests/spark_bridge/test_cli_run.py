@@ -365,3 +365,26 @@ def test_run_refuses_an_app_that_declares_no_rule_before_spark_starts(tmp_path, 
             f"read") in text, text
     assert "declare its rules in register(db)" in text, text
     assert "Traceback" not in result.output
+
+
+def test_run_says_when_every_rule_of_its_app_is_disabled(tmp_path, make_database_url):
+    """With every rule of the application disabled (``activedb rules disable``, the operator's choice), ``activedb
+    run`` applies its batches with no rule run on their events and records them as done — and said only "3 rules".
+    It says so before Spark starts now, naming the command that enables them; the run goes on."""
+    url = make_database_url("all_disabled_run")
+    database = app_database(url)
+    try:
+        names = database.rules.names()
+        for name in names:
+            database.rules.disable(name)
+    finally:
+        database.close()
+    (tmp_path / "in").mkdir()
+    result = CliRunner().invoke(main, ["--url", url, "run", APP_FILE, "--source", f"file:{tmp_path / 'in'}",
+                                       "--checkpoint", str(tmp_path / "checkpoint"), "--available-now"],
+                                env={"COLUMNS": "300", "ACTIVEDB_HOME": str(tmp_path / "home")})
+    text = " ".join(result.output.split())
+    assert result.exit_code == 0, result.output
+    said = (f"{APP_FILE}: all {len(names)} of its rules are disabled: its batches apply with no rule run on their "
+            f"events, recorded as done (activedb rules enable NAME)")
+    assert said in text and text.index(said) < text.index("starting Spark"), text
