@@ -552,7 +552,7 @@ def failed_firings_table(failures: list[FailedFiring]) -> Table:
     """The detached firings that failed for good, as a table (``activedb outbox``, ``activedb status``)."""
     from rich.table import Table
 
-    table = Table("id", "rule", "trigger", "event", "attempts", "error",
+    table = Table("id", "rule", "trigger", "event", "times failed", "error",
                   title="failed detached rule firings (activedb outbox --retry [ID ...] runs them again)")
     for failure in failures:
         table.add_row(str(failure.id), literal(failure.rule),

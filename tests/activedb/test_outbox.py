@@ -1431,3 +1431,30 @@ def test_the_firings_of_an_attempt_its_owner_re_runs_count_cancelled(db, couplin
     assert ran == [] and records(db) == []
     assert (counters.fired, counters.executed, counters.failed, counters.cancelled,
             counters.condition_false) == (1, 0, 0, 1, 0), counters
+
+
+def test_the_failed_firings_table_says_how_often_a_firing_failed_not_how_often_it_ran(db, migrated):
+    """A detached firing that conflicts on every run is run ``max_attempts`` times, then fails for good: the counters
+    count each run (``fired`` = max_attempts, rules README "Counters count attempts"), while the record's stored
+    ``attempts`` counts how often it ended failed — 1.  ``activedb outbox`` showed that 1 under the header
+    "attempts", beside metrics saying it ran five times; the column says "times failed" now."""
+    import re
+
+    name = "always_conflicts"
+
+    def action(tx, event):
+        raise SerializationConflict("as if another process had changed a row every attempt read")
+
+    db.rule(on=db.signalled(name), coupling=Coupling.DETACHED, name=name)(action)
+    with db.transaction() as tx:
+        tx.signal(name)
+    wait_until(lambda: db.outbox.failures(), TIMEOUT, "the detached rule's failed record",
+               describe=lambda: records(db))
+    db.rules.wait_idle(TIMEOUT)
+    [failure] = db.outbox.failures()
+    runs = db.rules.statistics().per_rule[name].fired
+    assert failure.attempts == 1 and runs == db.outbox.options.max_attempts > 1, (failure, runs)
+    shown = CliRunner().invoke(main, ["--url", migrated, "outbox"], env={"COLUMNS": "250"})
+    assert shown.exit_code == 0, shown.output
+    header = next(line for line in shown.output.splitlines() if re.search(r"\bid\b.*\brule\b.*\btrigger\b", line))
+    assert "times failed" in header and "attempts" not in header, shown.output
