@@ -157,7 +157,7 @@ def require_rules(database: Database, name: str, goes: str) -> None:
     import click
 
     raise click.ClickException(f"{name}: register(db) declared no rule, and {goes}: every batch would be refused "
-                               f"(NoRuleRegistered); nothing was read — declare its rules in register(db) "
+                               f"(NoRuleRegistered); nothing was applied — declare its rules in register(db) "
                                f"(db.rule(on=…)(action)), or import there the module that declares them")
 
 

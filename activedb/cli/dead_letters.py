@@ -211,7 +211,7 @@ def replay_command(ctx: click.Context, app: str, ids: tuple[int, ...] | None, qu
 
     APP is what `activedb run` takes (register(db) and MAPPING)."""
     from activedb import deadletters
-    from activedb.cli.application import load_app
+    from activedb.cli.application import load_app, require_rules
     from activedb.ingest import ReplayResult, replay_dead_letters
     from activedb.ingest.errors import IngestError
 
@@ -237,6 +237,7 @@ def replay_command(ctx: click.Context, app: str, ids: tuple[int, ...] | None, qu
         if loaded.migrations is not None:
             database.upgrade_app(loaded.migrations)
         register_app(loaded.register, database, loaded.name)
+        require_rules(database, loaded.name, "a replay sends the letters to the rules")
         outcomes = replay_dead_letters(database, loaded, letters)
     counts = collections.Counter(outcome.outcome for outcome in outcomes)
     queries = sorted({outcome.query_id for outcome in outcomes})

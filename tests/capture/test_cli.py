@@ -422,7 +422,7 @@ def test_consume_refuses_an_app_that_declares_no_rule_before_it_consumes(databas
     text = " ".join(result.output.split())
     assert result.exit_code == 1, result.output
     assert (f"activedb: error: {app_file}: register(db) declared no rule, and a capture consumer runs rules on the "
-            f"changes: every batch would be refused (NoRuleRegistered); nothing was read") in text, text
+            f"changes: every batch would be refused (NoRuleRegistered); nothing was applied") in text, text
     assert "Traceback" not in result.output
     consumed = CliRunner().invoke(main, ["--url", database_url, "capture", "consume", APP_FILE, "--name", "norules",
                                          "--until-caught-up"])

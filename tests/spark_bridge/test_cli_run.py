@@ -362,7 +362,7 @@ def test_run_refuses_an_app_that_declares_no_rule_before_spark_starts(tmp_path, 
     assert "starting Spark" not in text, text
     assert (f"activedb: error: {application}: register(db) declared no rule, and its batches go to the rules (it has "
             f"no QUERIES, and no EXECUTOR = 'tpg'): every batch would be refused (NoRuleRegistered); nothing was "
-            f"read") in text, text
+            f"applied") in text, text
     assert "declare its rules in register(db)" in text, text
     assert "Traceback" not in result.output
 

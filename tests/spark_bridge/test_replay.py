@@ -89,3 +89,31 @@ def _loaded_app():
     import spark_bridge
 
     return spark_bridge.load_app(APP, require_mapping=True)
+
+
+def test_replay_refuses_an_app_that_declares_no_rule_and_marks_nothing(url, tmp_path):
+    """``dead-letters replay APP`` with an application whose register(db) declares no rule and that names its
+    KNOWN_TYPES (so the rule path's "no enabled rule listens" check does not speak): the first letter was refused by
+    the ingestion (NoRuleRegistered) advising to run the application with activedb's command (activedb run APP, …) —
+    not the command the user ran, nor what is wrong.  It is refused once register(db) returned, in one line naming
+    the application, and no letter is replayed."""
+    database = app_database(url)
+    try:
+        sink = IngestSink(database, app_counters.MAPPING, query_name="badges")
+        sink.process([event(1, kind="sub", amount=50)], 0, query_id="badges@00000000-0000-0000-0000-00000000000b")
+        [letter] = letters(database)
+    finally:
+        database.close()
+    app = tmp_path / "ruleless_replay.py"
+    app.write_text("from tests.spark_bridge.app_counters import MAPPING\n\nKNOWN_TYPES = {'add', 'sub'}\n\n\n"
+                   "def register(db):\n    pass\n")
+    result = CliRunner().invoke(main, ["--url", url, "dead-letters", "replay", str(app), "--query", "badges"])
+    text = " ".join(result.output.split())
+    assert result.exit_code == 1, result.output
+    assert (f"activedb: error: {app}: register(db) declared no rule, and a replay sends the letters to the rules: "
+            f"every batch would be refused (NoRuleRegistered); nothing was applied") in text, text
+    database = app_database(url)
+    try:
+        assert [entry["replayed_at"] for entry in letters(database)] == [None], letters(database)
+    finally:
+        database.close()
