@@ -388,3 +388,18 @@ def test_run_says_when_every_rule_of_its_app_is_disabled(tmp_path, make_database
     said = (f"{APP_FILE}: all {len(names)} of its rules are disabled: its batches apply with no rule run on their "
             f"events, recorded as done (activedb rules enable NAME)")
     assert said in text and text.index(said) < text.index("starting Spark"), text
+
+
+@pytest.mark.spark
+def test_run_does_not_refuse_an_app_without_rules_whose_batches_go_to_the_tpg_executor(tmp_path, make_database_url):
+    """The refusal of an application that declares no rule is the rule path's: one whose batches go to the TPG
+    executor (``EXECUTOR = "tpg"``, ``app_ledger``: no rules) runs — here on an empty source, to its end."""
+    url = make_database_url("tpg_without_rules")
+    (tmp_path / "in").mkdir()
+    app = str(Path(__file__).with_name("app_ledger.py"))
+    result = CliRunner().invoke(main, ["--url", url, "run", app, "--source", f"file:{tmp_path / 'in'}",
+                                       "--checkpoint", str(tmp_path / "checkpoint"), "--available-now"],
+                                env={"COLUMNS": "300", "ACTIVEDB_HOME": str(tmp_path / "home")})
+    text = " ".join(result.output.split())
+    assert result.exit_code == 0, result.output
+    assert "declared no rule" not in text and "the query finished" in text, text
