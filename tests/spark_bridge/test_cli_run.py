@@ -335,6 +335,14 @@ def test_a_failing_batch_prints_the_python_cause_and_what_to_do(tmp_path, make_d
         assert noise not in done.stderr, done.stderr[-3000:]
 
 
+def _run_in_a_process(url: str, app: str, tmp_path: Path) -> subprocess.CompletedProcess:
+    """``activedb run APP --available-now`` on the empty file source ``tmp_path/in``, in a process of its own."""
+    return run_to_completion(
+        [sys.executable, "-m", "activedb.cli", "--url", url, "run", app, "--source", f"file:{tmp_path / 'in'}",
+         "--checkpoint", str(tmp_path / "checkpoint"), "--available-now"],
+        env={**os.environ, "COLUMNS": "300", "ACTIVEDB_HOME": str(tmp_path / "home")})
+
+
 _RULELESS_APP = """
 from tests.spark_bridge.app_counters import MAPPING, MIGRATIONS, SCHEMA
 
@@ -380,11 +388,11 @@ def test_run_says_when_every_rule_of_its_app_is_disabled(tmp_path, make_database
     finally:
         database.close()
     (tmp_path / "in").mkdir()
-    result = CliRunner().invoke(main, ["--url", url, "run", APP_FILE, "--source", f"file:{tmp_path / 'in'}",
-                                       "--checkpoint", str(tmp_path / "checkpoint"), "--available-now"],
-                                env={"COLUMNS": "300", "ACTIVEDB_HOME": str(tmp_path / "home")})
-    text = " ".join(result.output.split())
-    assert result.exit_code == 0, result.output
+    # (A process of its own: the run starts Spark and stops it at its end — in this process, the session the other
+    # tests of this worker share.)
+    done = _run_in_a_process(url, APP_FILE, tmp_path)
+    text = " ".join(done.stdout.split())
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     said = (f"{APP_FILE}: all {len(names)} of its rules are disabled: its batches apply with no rule run on their "
             f"events, recorded as done (activedb rules enable NAME)")
     assert said in text and text.index(said) < text.index("starting Spark"), text
@@ -396,10 +404,7 @@ def test_run_does_not_refuse_an_app_without_rules_whose_batches_go_to_the_tpg_ex
     executor (``EXECUTOR = "tpg"``, ``app_ledger``: no rules) runs — here on an empty source, to its end."""
     url = make_database_url("tpg_without_rules")
     (tmp_path / "in").mkdir()
-    app = str(Path(__file__).with_name("app_ledger.py"))
-    result = CliRunner().invoke(main, ["--url", url, "run", app, "--source", f"file:{tmp_path / 'in'}",
-                                       "--checkpoint", str(tmp_path / "checkpoint"), "--available-now"],
-                                env={"COLUMNS": "300", "ACTIVEDB_HOME": str(tmp_path / "home")})
-    text = " ".join(result.output.split())
-    assert result.exit_code == 0, result.output
+    done = _run_in_a_process(url, str(Path(__file__).with_name("app_ledger.py")), tmp_path)    # (as above)
+    text = " ".join(done.stdout.split())
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert "declared no rule" not in text and "the query finished" in text, text
