@@ -112,11 +112,12 @@ class CaptureHandler(BatchHandler):
         self.results = []
 
     def handle(self, tx: Transaction, batch: BatchInput, ledger: IngestionLedger) -> None:
-        if batch.events and not self._bound().rules.names():
-            # (No rule at all: the application's module was not imported.  The position would pass the changes.)
+        if batch.events:
+            # (Else the position would pass the changes.)
             first = batch.events[0].change
-            raise NoRuleRegistered(f"capture consumer {self.consumer!r}, the batch of {len(batch.events)} change(s) "
-                                   f"from change {first.change_id} (commit position {first.position})")
+            NoRuleRegistered.unless_registered(self._bound().rules, lambda: (
+                f"capture consumer {self.consumer!r}, the batch of {len(batch.events)} change(s) from change "
+                f"{first.change_id} (commit position {first.position})"))
         results = self._fire(tx, batch.events)
         letters = list(batch.letters) + batch.dead_letters.for_events(
             [(event, event.problem) for event in batch.events if event.event is None])

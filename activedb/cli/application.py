@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from activedb.ingest import BatchHandler, EventMapping, RulesHandler, as_mapping, known_type_names
-from activedb.ingest.errors import AppLoadError, IngestError, MappingError
+from activedb.ingest.errors import AppLoadError, IngestError, MappingError, NoRuleRegistered
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame
@@ -152,13 +152,14 @@ def require_rules(database: Database, name: str, goes: str) -> None:
     declaring a rule on ``database`` while its batches go to the rules (``goes``: that, in words): each batch would be
     refused (``activedb.ingest.errors.NoRuleRegistered``), whose advice — run the application with activedb's command
     — is the command being run.  Rules that exist but are all disabled are the operator's choice: not refused."""
-    if database.rules.names():
-        return
     import click
 
-    raise click.ClickException(f"{name}: register(db) declared no rule, and {goes}: every batch would be refused "
-                               f"(NoRuleRegistered); nothing was applied — declare its rules in register(db) "
-                               f"(db.rule(on=…)(action)), or import there the module that declares them")
+    try:
+        NoRuleRegistered.unless_registered(database.rules, lambda: name)
+    except NoRuleRegistered:
+        raise click.ClickException(f"{name}: register(db) declared no rule, and {goes}: every batch would be refused "
+                                   f"(NoRuleRegistered); nothing was applied — declare its rules in register(db) "
+                                   f"(db.rule(on=…)(action)), or import there the module that declares them") from None
 
 
 def disabled_rules_note(database: Database, name: str) -> str | None:

@@ -150,10 +150,9 @@ class RulesHandler(BatchHandler):
         return False
 
     def handle(self, tx: Transaction, batch: BatchInput, ledger: IngestionLedger) -> None:
-        if batch.events and not self._rules().names():
-            # (No rule at all — not all disabled, the operator's choice —: the rules' module was not imported.  A
-            # batch without events, its rows all dead letters or none, loses nothing: it applies.)
-            raise NoRuleRegistered(f"batch {batch.batch_id} of {batch.query_id}")
+        if batch.events:
+            # (A batch without events, its rows all dead letters or none, loses nothing: it applies.)
+            NoRuleRegistered.unless_registered(self._rules(), lambda: f"batch {batch.batch_id} of {batch.query_id}")
         this = (batch.query_id, batch.batch_id)
         self._last_lowered = None
         if self.lower_declared and batch.events and self._event_by_event != this:

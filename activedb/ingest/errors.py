@@ -3,9 +3,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Collection
+from typing import Protocol
+
 from activedb.errors import ActivedbError, shown_error
 
-__all__ = ["AppLoadError", "BatchDeadlineExceeded", "IngestError", "InvalidField", "MappingError", "NoRuleRegistered", "describe",
+__all__ = ["AppLoadError", "BatchDeadlineExceeded", "IngestError", "InvalidField", "MappingError", "NoRuleRegistered", "RuleNames", "describe",
            "first_line"]
 
 
@@ -45,6 +48,13 @@ class MappingError(IngestError, ValueError):
     """
 
 
+class RuleNames(Protocol):
+    """What :meth:`NoRuleRegistered.unless_registered` reads of a database's rule registry
+    (``activedb.rules.RuleManager``): the names of every rule declared on it, enabled or not."""
+
+    def names(self) -> Collection[str]: ...
+
+
 class NoRuleRegistered(IngestError):
     """A batch came to a rule path (``RulesHandler``, change capture's handler) of a database whose rule registry
     holds no rule at all, enabled or disabled: applied, it would count its events as applied with no rule run on
@@ -61,6 +71,14 @@ class NoRuleRegistered(IngestError):
                          f"register(db)) before ingesting, or run the application with activedb's command, which "
                          f"registers them (activedb run APP, activedb capture consume APP)")
         self.what = what
+
+    @classmethod
+    def unless_registered(cls, rules: RuleNames, what: Callable[[], str]) -> None:
+        """Raise one, naming the batch ``what()``, when ``rules`` (a database's rule registry) holds no rule at all —
+        the one check behind every rule path: the rules handler and change capture's at each batch with events,
+        activedb's commands before their batches start.  Rules that are all disabled pass."""
+        if not rules.names():
+            raise cls(what())
 
 
 class BatchDeadlineExceeded(IngestError):
