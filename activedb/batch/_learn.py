@@ -714,7 +714,6 @@ class LearnedDeclaration:
         #: Per name the chain signals, the steps of its deferred rules, in the order its deferred queue runs them:
         #: run at the end of the signalling rule's transaction, on the row as written so far.
         self.signalled = {name: tuple(deferred) for name, deferred in (signalled or {}).items()}
-        self._signalling = bool(self.signalled)          # (read per event by ``run_on``)
         #: Per event position, the signals its chain raised in its last run, and per signal whose deferred rules
         #: ran, which of their actions ran (their condition held): what the rules' counters and the detached
         #: family's records are told.
