@@ -205,22 +205,32 @@ def _refuse_captured(letters: list[LetterRecord]) -> None:
 @click.pass_context
 def replay_command(ctx: click.Context, app: str, ids: tuple[int, ...] | None, query: str | None, batch: int | None,
                    reason: str | None, limit: int, verbose: bool) -> None:
-    """Re-submit dead letters (not yet replayed) to APP's rules through the same path as a micro-batch,
-    exactly once: each commits with its ledger row (query replay:NAME, batch = the dead letter's id) and
-    is marked replayed in the same transaction; one rejected again becomes a new dead letter.
+    """Re-submit dead letters (not yet replayed) to APP through the same path as a micro-batch of `activedb run`
+    (its rules, its QUERIES or its EXECUTOR = 'tpg' transactions), exactly once: each commits with its ledger row
+    (query replay:NAME, batch = the dead letter's id) and is marked replayed in the same transaction; one rejected
+    again becomes a new dead letter.
 
     APP is what `activedb run` takes (register(db) and MAPPING)."""
     from activedb import deadletters
-    from activedb.cli.application import load_app, require_rules
-    from activedb.ingest import ReplayResult, replay_dead_letters
+    from activedb.cli.application import app_handler, load_app, require_rules
+    from activedb.ingest import BatchHandler, ReplayResult, RulesHandler, replay_dead_letters
     from activedb.ingest.errors import IngestError
 
     if not verbose:
         logging.getLogger("activedb.rules").setLevel(logging.CRITICAL)
     try:
         loaded = load_app(app, require_mapping=True)
+        first = app_handler(loaded)     # (before anything is read or changed: QUERIES with EXECUTOR, a bad EXECUTOR)
     except IngestError as error:
         raise click.ClickException(str(error)) from None
+    # The application's own handler, as `activedb run` sends its batches to (one per letter: each replay is an
+    # ingestion of its own); the rule path is the core's default, which checks that a rule listens.
+    unused = [first]
+
+    def next_handler() -> BatchHandler:
+        return unused.pop() if unused else app_handler(loaded)
+
+    handler = None if isinstance(first, RulesHandler) else next_handler
     # (A database without activedb's tables has no dead letter to replay, which it says, exit 0, as purge does; no
     # table is created for it.)
     with open_database(ctx, writes=False, new_as_is=True) as database:
@@ -237,8 +247,10 @@ def replay_command(ctx: click.Context, app: str, ids: tuple[int, ...] | None, qu
         if loaded.migrations is not None:
             database.upgrade_app(loaded.migrations)
         register_app(loaded.register, database, loaded.name)
-        require_rules(database, loaded.name, "a replay sends the letters to the rules")
-        outcomes = replay_dead_letters(database, loaded, letters)
+        if handler is None:
+            require_rules(database, loaded.name, "a replay sends the letters to the rules (it has no QUERIES, and no "
+                                                 "EXECUTOR = 'tpg')")
+        outcomes = replay_dead_letters(database, loaded, letters, handler=handler)
     counts = collections.Counter(outcome.outcome for outcome in outcomes)
     queries = sorted({outcome.query_id for outcome in outcomes})
     click.echo(f"replayed {len(outcomes)} dead letter(s) as {', '.join(queries)}: "

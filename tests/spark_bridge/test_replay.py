@@ -110,10 +110,51 @@ def test_replay_refuses_an_app_that_declares_no_rule_and_marks_nothing(url, tmp_
     result = CliRunner().invoke(main, ["--url", url, "dead-letters", "replay", str(app), "--query", "badges"])
     text = " ".join(result.output.split())
     assert result.exit_code == 1, result.output
-    assert (f"activedb: error: {app}: register(db) declared no rule, and a replay sends the letters to the rules: "
-            f"every batch would be refused (NoRuleRegistered); nothing was applied") in text, text
+    assert (f"activedb: error: {app}: register(db) declared no rule, and a replay sends the letters to the rules (it "
+            f"has no QUERIES, and no EXECUTOR = 'tpg'): every batch would be refused (NoRuleRegistered); nothing was applied") in text, text
     database = app_database(url)
     try:
         assert [entry["replayed_at"] for entry in letters(database)] == [None], letters(database)
+    finally:
+        database.close()
+
+
+def test_replay_sends_a_tpg_apps_letters_to_its_executor(url):
+    """An application whose batches go to the TPG executor (``EXECUTOR = "tpg"``, ``app_ledger``: no rules): its
+    dead letters (a transfer the balance refused) were refused by ``dead-letters replay APP`` — "register(db)
+    declared no rule, and a replay sends the letters to the rules" — so they could not be replayed at all.  A replay
+    goes through the application's own handler now: once the balance allows the transfer, it applies."""
+    import activedb
+    from activedb.batch import TpgHandler
+    from activedb.ingest import feed
+    from tests.spark_bridge import app_ledger
+
+    ledger_app = str(Path(app_ledger.__file__).resolve())
+    database = activedb.connect(url)
+    try:
+        database.upgrade_app(app_ledger.MIGRATIONS)
+        app_ledger.reset(database)
+        row = {name: None for name in app_ledger.PAYLOAD}
+        transfer = {**row, "type": "transfer", "k": "sl", "ts": 1.0, "src_account": 1, "dst_account": 2,
+                    "src_asset": 1, "dst_asset": 2, "amount": 1000}
+        feed(database, [[transfer]], source="ledger", mapping=app_ledger.MAPPING,
+             handler=TpgHandler(app_ledger.TRANSACTIONS()))
+        [letter] = letters(database)
+        assert "insufficient" in letter["reason"], letter
+        deposit = {**row, "type": "deposit", "k": "sl", "ts": 2.0, "account": 1, "asset": 1, "amount": 1000}
+        feed(database, [[deposit]], source="deposits", mapping=app_ledger.MAPPING,
+             handler=TpgHandler(app_ledger.TRANSACTIONS()))
+    finally:
+        database.close()
+
+    result = CliRunner().invoke(main, ["--url", url, "dead-letters", "replay", ledger_app, "--query", "ledger"])
+    text = " ".join(result.output.split())
+    assert result.exit_code == 0, text
+    assert "replayed 1 dead letter(s) as replay:ledger: 1 applied" in text, text
+    database = activedb.connect(url)
+    try:
+        state = app_ledger.stored_state(database)
+        assert state[("tpg_accounts", 1)]["balance"] == 400 and state[("tpg_accounts", 2)]["balance"] == 1400, state
+        assert [entry["replayed_at"] is not None for entry in letters(database)] == [True], letters(database)
     finally:
         database.close()
