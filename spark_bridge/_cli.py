@@ -317,6 +317,10 @@ def run_command(ctx: click.Context, app: str, source_text: str, checkpoint: str 
                      "the TPG executor (EXECUTOR; it splits a batch itself: StateTransactions(processes=N))")
         raise click.BadParameter(f"runs the rules in each Spark task, but {loaded.name} sends its batches to "
                                  f"{elsewhere}: leave --partitions out", param_hint="--partitions")
+    try:        # (before anything is changed: QUERIES with EXECUTOR, a bad EXECUTOR or PREFETCH is refused here)
+        handler = app_handler(loaded)
+    except IngestError as error:
+        raise click.ClickException(str(error)) from None
     name = query_name or default_source_name(app)
     home = command_home(obj.get("home"))
     checkpoint_dir = Path(checkpoint) if checkpoint else home / "checkpoints" / name
@@ -360,18 +364,17 @@ def run_command(ctx: click.Context, app: str, source_text: str, checkpoint: str 
         if loaded.migrations is not None:
             database.upgrade_app(loaded.migrations)
         progress = _progress(database, name, checkpoint_dir)
-        if reset and loaded.reset is not None:        # (--reset without reset(db) was refused above)
+        if reset:
             refuse_reset_with_progress(progress, name)
-            loaded.reset(database)
-            console.print(f"reset: {loaded.name}'s tables are empty", highlight=False)
         register_app(loaded.register, database, loaded.name)
-        try:
-            handler = app_handler(loaded)
-        except IngestError as error:
-            raise click.ClickException(str(error)) from None
         if isinstance(handler, RulesHandler):       # (before Spark starts: each batch would be refused)
             require_rules(database, loaded.name, "its batches go to the rules (it has no QUERIES, and no EXECUTOR "
                                                  "= 'tpg')")
+        # Every refusal decided up front came first: --reset empties the tables only for a run that goes on.
+        if reset and loaded.reset is not None:        # (--reset without reset(db) was refused above)
+            loaded.reset(database)
+            console.print(f"reset: {loaded.name}'s tables are empty", highlight=False)
+        if isinstance(handler, RulesHandler):
             note = disabled_rules_note(database, loaded.name)
             if note is not None:
                 console.print(note, style="yellow", markup=False, highlight=False, soft_wrap=True)

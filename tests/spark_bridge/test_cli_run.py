@@ -375,6 +375,45 @@ def test_run_refuses_an_app_that_declares_no_rule_before_spark_starts(tmp_path, 
     assert "Traceback" not in result.output
 
 
+_RULELESS_RESET_APP = _RULELESS_APP + """
+
+def reset(db):
+    import sqlalchemy as sa
+
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("TRUNCATE counters, milestones"))
+"""
+
+
+def test_run_reset_refuses_an_app_that_declares_no_rule_before_emptying_its_tables(tmp_path, make_database_url):
+    """``activedb run --reset`` with an application whose batches go to the rules and whose register(db) declares no
+    rule: its reset(db) emptied the tables, and then the run was refused ("declared no rule … nothing was applied") —
+    the user lost the tables' contents to a run that never started.  The refusal comes before reset(db) now: the
+    tables keep what they held."""
+    url = make_database_url("ruleless_reset")
+    database = app_database(url)
+    try:
+        apply_directly(database, counter_workload(1, 10, seed=3, keys=2).good)
+        before = app_state(database)
+    finally:
+        database.close()
+    assert before["counters"], before
+    application = tmp_path / "ruleless_reset_app.py"
+    application.write_text(_RULELESS_RESET_APP)
+    (tmp_path / "in").mkdir()
+    result = CliRunner().invoke(main, ["--url", url, "run", str(application), "--source", f"file:{tmp_path / 'in'}",
+                                       "--checkpoint", str(tmp_path / "checkpoint"), "--available-now", "--reset"],
+                                env={"COLUMNS": "300", "ACTIVEDB_HOME": str(tmp_path / "home")})
+    text = " ".join(result.output.split())
+    assert result.exit_code == 1 and "register(db) declared no rule" in text, text
+    assert "reset:" not in text, text
+    database = app_database(url)
+    try:
+        assert app_state(database) == before
+    finally:
+        database.close()
+
+
 def test_run_says_when_every_rule_of_its_app_is_disabled(tmp_path, make_database_url):
     """With every rule of the application disabled (``activedb rules disable``, the operator's choice), ``activedb
     run`` applies its batches with no rule run on their events and records them as done — and said only "3 rules".
