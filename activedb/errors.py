@@ -355,6 +355,9 @@ def database_failure(error: BaseException, doing: str, where: str, *, server_log
 
 #: PostgreSQL's SQLSTATE of a relation that does not exist (undefined_table), and its message for one of activedb's.
 UNDEFINED_TABLE = "42P01"
+#: PostgreSQL's SQLSTATEs of a column (undefined_column) and of another object — a type, a function — (undefined_object)
+#: that does not exist.
+UNDEFINED_COLUMN, UNDEFINED_OBJECT = "42703", "42704"
 _MISSING_OWN_TABLE = re.compile(r'relation "(activedb_\w+)" does not exist')
 
 

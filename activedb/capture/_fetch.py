@@ -12,7 +12,7 @@ import sqlalchemy as sa
 
 from activedb.capture import _sql
 from activedb.capture._position import KINDS, CapturedChange, Position
-from activedb.errors import UNDEFINED_TABLE, UnknownTable
+from activedb.errors import UNDEFINED_COLUMN, UNDEFINED_OBJECT, UNDEFINED_TABLE, UnknownTable
 from activedb.events import Event, EventKind, Origin
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -67,11 +67,11 @@ class ChangeReader:
                         result.extend(self._one_by_one(connection, oid, name, relation, start, end))
                     except sa.exc.ProgrammingError as error:   # its type changed after capture
                         state = getattr(error.orig, "sqlstate", None)
-                        if state == "42703" and not read_again:
+                        if state == UNDEFINED_COLUMN and not read_again:
                             connection.rollback()
                             self.database.catalog.refresh()
                             continue
-                        if state not in (UNDEFINED_TABLE, "42704"):     # (42704: undefined_object)
+                        if state not in (UNDEFINED_TABLE, UNDEFINED_OBJECT):
                             raise
                         connection.rollback()
                         result.extend(self._undeliverable(connection, oid, name, start, end,
