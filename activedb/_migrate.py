@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import enum
+import functools
 import io
 import logging
 import os
@@ -268,6 +269,26 @@ def offline_sql(url: str, action: str, revision: str) -> str:
     with redirect_stdout(buffer):
         getattr(command, action)(config, revision, sql=True)
     return buffer.getvalue()
+
+
+#: A statement of a revision's SQL that creates or drops a table (``offline_sql``'s text).
+_TABLE_DDL = re.compile(r'\b(CREATE|DROP) TABLE (?:IF (?:NOT )?EXISTS )?"?(\w+)"?', re.IGNORECASE)
+
+
+@functools.lru_cache(maxsize=None)
+def created_tables(revision: str) -> tuple[str, ...]:
+    """activedb's own tables once its revisions up to ``revision`` ran, in the order they were created: read from the
+    SQL the revisions run (:func:`offline_sql`, no database), so a new revision's tables are in without a list to
+    keep — each table created and not dropped since; the version table left out.  :class:`MigrationError` for a
+    revision this activedb does not know."""
+    check_revision(revision)
+    tables: dict[str, None] = {}
+    for statement, table in _TABLE_DDL.findall(offline_sql("postgresql+psycopg://", "upgrade", revision)):
+        if statement.upper() == "DROP":
+            tables.pop(table, None)
+        elif table != migrations.VERSION_TABLE:
+            tables[table] = None
+    return tuple(tables)
 
 
 def current(engine: Engine, *, version_table: str = migrations.VERSION_TABLE) -> str | None:
@@ -632,14 +653,23 @@ class Schema:
         return SchemaState.BEHIND, revision
 
     def missing_tables(self) -> list[str]:
-        """The tables of activedb's that every revision has (the first revision creates them, no revision drops them)
-        and that do not exist, in that order: with a revision recorded in the version table, each was dropped by hand
-        or left out of a restore — the version table is then not to be trusted.  One query."""
+        """The tables of activedb's that the revision recorded in the version table has (:func:`created_tables`: every
+        table its chain of revisions creates) and that do not exist, in the order they were created: each was dropped
+        by hand or left out of a restore — the version table is then not to be trusted.  At a revision this activedb
+        does not know, the first revision's tables (no revision drops them); none with no revision recorded.  Two
+        queries."""
+        revision = self.current_revision()
+        if revision is None:
+            return []
+        try:
+            expected: Sequence[str] = created_tables(revision)
+        except MigrationError:      # (a newer activedb's revision)
+            expected = _FIRST_TABLES
         with self.engine.connect() as connection:
             found = connection.execute(sa.text("SELECT name FROM unnest(CAST(:names AS text[])) AS name "
-                                               "WHERE to_regclass(name) IS NULL"), {"names": list(_FIRST_TABLES)})
+                                               "WHERE to_regclass(name) IS NULL"), {"names": list(expected)})
             missing = set(found.scalars())
-        return [name for name in _FIRST_TABLES if name in missing]
+        return [name for name in expected if name in missing]
 
     def upgrade_app(self, script_location: str | Path, revision: str = "head", *,
                     lock_timeout: float | None = LOCK_TIMEOUT_SECONDS) -> None:

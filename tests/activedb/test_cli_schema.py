@@ -1057,3 +1057,31 @@ def test_db_current_says_when_the_version_table_is_not_to_be_trusted_and_what_to
     assert "(at head)" not in missing.output, missing.output
     assert re.search(r"activedb's tables activedb_rules, activedb_dead_letters are missing.*restore them from a "
                      r"backup.*`activedb db upgrade --sql`", missing.output), missing.output
+
+
+def test_db_current_says_a_table_a_later_revision_created_is_missing(make_fresh_url):
+    """`db current` checked only the first revision's tables: activedb_batches_in_progress (0015) or activedb_outbox
+    (0005) dropped by hand, the version table saying head, it said "(at head)".  Every table the recorded revision's
+    chain creates is checked now — and none a later revision creates, at a revision behind it."""
+    upgraded_then(make_fresh_url, "DROP TABLE activedb_batches_in_progress CASCADE")
+    missing = invoke(make_fresh_url, "db", "current")
+    assert missing.exit_code == 0 and "(at head)" not in missing.output, missing.output
+    assert "activedb's tables activedb_batches_in_progress are missing" in missing.output, missing.output
+    engine = sa.create_engine(make_fresh_url.replace("postgresql://", "postgresql+psycopg://"))
+    try:
+        with engine.begin() as connection:       # (0014: before activedb_batches_in_progress existed)
+            connection.exec_driver_sql("UPDATE activedb_alembic_version SET version_num = "
+                                       "'0014_capture_sequencer_lock'")
+            connection.exec_driver_sql("DROP TABLE activedb_outbox CASCADE")
+    finally:
+        engine.dispose()
+    behind = invoke(make_fresh_url, "db", "current")
+    assert behind.exit_code == 0, behind.output
+    assert "activedb's tables activedb_outbox are missing" in behind.output, behind.output
+
+
+def test_the_first_revisions_tables_are_those_it_creates():
+    """``_FIRST_TABLES`` (what tells activedb's tables without their version table) is the first revision's tables,
+    as its SQL creates them."""
+    first = _migrate.history()[-1][0]
+    assert set(_migrate._FIRST_TABLES) == set(_migrate.created_tables(first))
