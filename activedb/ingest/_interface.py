@@ -57,7 +57,9 @@ class LedgerId:
     Invariant: ``LedgerId.parse(str(ledger_id)) == ledger_id`` — a run holds neither ``@`` nor ``#`` (the
     constructor refuses it), a source without a run holds no ``@RUN`` of its own, and only a run has partitions
     (both refused too).  A run of only whitespace is refused, built or parsed, in the words of
-    ``check_source_name``, which refuses it on every path that makes a run.
+    ``check_source_name``, which refuses it on every path that makes a run — except in an id read from the
+    database (:meth:`read`): feed took a blank run until it refused one, so the ledger and the dead letters may
+    hold such ids (``read(str(ledger_id)) == ledger_id`` then).
     """
 
     source: str
@@ -99,9 +101,29 @@ class LedgerId:
         parts = _split(text)
         return cls(text) if parts is None else cls(*parts)
 
+    @classmethod
+    def read(cls, text: str) -> LedgerId:
+        """The id of a row the ledger or the dead letters hold, as it was written: :meth:`parse`'s, except that a run
+        of only whitespace (``badges@  ``) is read, not refused — feed took one (``feed(run="  ")``) until it refused
+        it, so an earlier activedb may have written such rows, and reading them (``activedb status``, ``activedb
+        batches``, a dead letter's source) must not fail.  Text a user gives is :meth:`parse`'s."""
+        parts = _split(text) if isinstance(text, str) else None
+        if parts is None or parts[1].strip():
+            return cls.parse(text)
+        return cls._as_written(*parts)
+
+    @classmethod
+    def _as_written(cls, source: str, run: str | None, partition: int | None) -> LedgerId:
+        """The id of these parts without the constructor's checks: for parts of an id already checked, or read from
+        the database (:meth:`read`)."""
+        ledger_id = object.__new__(cls)
+        for name, value in (("source", source), ("run", run), ("partition", partition)):
+            object.__setattr__(ledger_id, name, value)
+        return ledger_id
+
     def whole(self) -> LedgerId:
         """The id of the source batch a partition belongs to (itself, without a partition)."""
-        return self if self.partition is None else LedgerId(self.source, self.run)
+        return self if self.partition is None else self._as_written(self.source, self.run, None)
 
     def partitioned(self, partition: int) -> LedgerId:
         """The id of ``partition`` of this run's batches."""

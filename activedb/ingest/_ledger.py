@@ -20,7 +20,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 
 from activedb.errors import BadArgument, BatchAlreadyCommitted, SerializationConflict
-from activedb.ingest._interface import LedgerId, ReservedSource, _split
+from activedb.ingest._interface import LedgerId, ReservedSource
 from activedb.ingest.errors import IngestError
 from activedb.txn import Along, CommitParticipant
 
@@ -98,10 +98,10 @@ def _unstorable_at(text: str) -> int | None:
 
 def _held_by_no_ledger_id(query_id: str) -> bool:
     """Whether no ledger row can have the text ``query_id``: it holds a character PostgreSQL's text cannot store
-    (:func:`_unstorable_at`) or a run of only whitespace (which :class:`LedgerId` refuses) — a question about it has
-    the answer "none"."""
-    parts = _split(query_id)
-    return _unstorable_at(query_id) is not None or (parts is not None and not parts[1].strip())
+    (:func:`_unstorable_at`) — a question about it has the answer "none".  (A run of only whitespace, which
+    :class:`LedgerId` refuses now, is no such text: feed took one until it refused it, so the ledger may hold it —
+    the questions read it as written, :meth:`LedgerId.read`.)"""
+    return _unstorable_at(query_id) is not None
 
 
 def check_source_owner(owner_call: str, source: str, owner: ReservedSource | None) -> None:
@@ -183,7 +183,8 @@ def ingestion_status(db: DatabaseHandle, query_name: str | None = None) -> list[
         ledger_rows = connection.execute(statement).all()
     groups: dict[str, list[tuple[Any, str | None, int | None]]] = {}
     for row in ledger_rows:
-        name, run, partition = parse_ledger_query_id(row.query_id)
+        parsed = LedgerId.read(row.query_id)     # (as written: an earlier feed took a blank run)
+        name, run, partition = parsed.source, parsed.run, parsed.partition
         if query_name is not None and name != query_name:
             continue
         groups.setdefault(name, []).append((row, run, partition))
@@ -214,7 +215,7 @@ def sources_of_run(db: DatabaseHandle, run: str) -> set[str]:
     if not isinstance(run, str) or not run or "@" in run or "#" in run:
         raise BadArgument(f"sources_of_run(run={run!r}) takes a run: a LedgerId's run, a non-empty string without '@' "
                           f"or '#' (a Spark query id, a feed's run=)")
-    if _unstorable_at(run) is not None or not run.strip():     # (no ledger id holds such a run)
+    if _unstorable_at(run) is not None:     # (no ledger id holds such a run; a blank one, an earlier feed's, may)
         return set()
     ledger = db.table(LEDGER_TABLE)
     with db.catalog.autocommit_connection() as connection:     # (lost: DatabaseUnavailable)
@@ -222,7 +223,7 @@ def sources_of_run(db: DatabaseHandle, run: str) -> set[str]:
         texts = connection.execute(sa.select(ledger.c.query_id).where(sa.or_(
             ledger.c.query_id.endswith(f"@{run}", autoescape=True),
             ledger.c.query_id.contains(f"@{run}#p", autoescape=True))).distinct()).scalars().all()
-    return {parsed.source for parsed in map(LedgerId.parse, texts) if parsed.run == run}
+    return {parsed.source for parsed in map(LedgerId.read, texts) if parsed.run == run}
 
 
 def forget_run(connection: sa.Connection, query_id: str) -> int:
@@ -241,7 +242,7 @@ def forget_run(connection: sa.Connection, query_id: str) -> int:
 def _run_and_partitions(column: sa.ColumnElement[str], query_id: str) -> sa.ColumnElement[bool]:
     """``column`` is the ledger id ``query_id`` or one of its partitions (``#pN``) — only a run has partitions: a
     source without a run named ``NAME#p1`` is another source (a capture consumer of that name), not ``NAME``'s."""
-    if LedgerId.parse(query_id).run is None:
+    if LedgerId.read(query_id).run is None:
         return column == query_id
     return sa.or_(column == query_id, column.startswith(f"{query_id}#p", autoescape=True))
 
@@ -388,7 +389,7 @@ def recorded_batch(db: DatabaseHandle, query_id: str, batch_id: int) -> Recorded
     """What the ledger of ``db`` recorded of batch ``(query_id, batch_id)``, None if it does not have it."""
     if isinstance(query_id, str) and _held_by_no_ledger_id(query_id):
         return None
-    LedgerId.parse(query_id)        # (BadArgument for what is no ledger id's text)
+    LedgerId.read(query_id)         # (BadArgument for what is no ledger id's text; a blank run is read)
     if isinstance(batch_id, bool) or not isinstance(batch_id, int) or not -2**63 <= batch_id < 2**63:
         raise BadArgument(f"batch_committed(batch_id={batch_id!r}) takes a batch number, an integer (a Batch's number) "
                           f"the ledger's bigint holds")

@@ -64,7 +64,7 @@ class ReplayOutcome:
 def original_query_name(query_id: str | None) -> str:
     """``NAME`` for a dead letter of the ledger id ``query_id`` (``NAME@RUN[#pN]``, ``replay:NAME``, or
     anything else)."""
-    name = LedgerId.parse(query_id).source if query_id else "unknown"
+    name = LedgerId.read(query_id).source if query_id else "unknown"     # (a letter's: as written)
     while name.startswith(REPLAY_PREFIX):
         name = name[len(REPLAY_PREFIX):]
     return name

@@ -1274,9 +1274,10 @@ def test_a_question_about_a_name_the_ledger_cannot_hold_answers_none(database_ur
 
 
 def test_a_question_about_a_ledger_id_of_a_blank_run_answers_none(database_url):
-    """No ingestion writes a run of only whitespace (``check_source_name`` refuses it) and ``LedgerId.parse`` refuses
-    its text; asking the ledger about one answers, as for a name the ledger cannot hold, what it holds of it:
-    nothing — and an ingestion given one as its query id refuses it in the checker's words."""
+    """No ingestion writes a run of only whitespace now (``check_source_name`` refuses it) and ``LedgerId.parse``
+    refuses its text; asking a ledger without one about one answers what it holds of it: nothing — and an ingestion
+    given one as its query id refuses it in the checker's words.  (A ledger row of one an earlier feed wrote is read:
+    ``test_a_ledger_row_of_a_blank_run_an_earlier_activedb_wrote_is_read``.)"""
     from activedb.ingest import forget_run
     from activedb.ingest._ledger import recorded_batch
 
@@ -1321,5 +1322,38 @@ def test_a_connection_lost_inside_a_rule_fails_the_batch_as_unavailable_not_as_t
         assert not batch_committed(database, "lost_in_rule", 0) and dead_letters(database) == []
         [outcome] = feed(database, [rows], source="lost_in_rule", mapping=app_counters.MAPPING)
         assert (outcome.committed, outcome.events, outcome.dead_letters) == (True, 2, 0)
+    finally:
+        database.close()
+
+
+def test_a_ledger_row_of_a_blank_run_an_earlier_activedb_wrote_is_read(database_url):
+    """Before the blank run was refused (feed(run="  ") was taken until 2d6be459), feed wrote ledger rows and dead
+    letters whose id reads as a run of only whitespace ("oldfeed@  ").  LedgerId now refuses that text; reading such
+    a row — ``activedb status``, ``activedb batches``, the skip check, a dead letter's source — must not fail: the row
+    is the ledger's, read as it was written, while the same text from a user is still refused."""
+    from click.testing import CliRunner
+
+    from activedb.cli import main
+    from activedb.ingest import ingestion_status, original_query_name
+
+    database = app_database(database_url)
+    try:
+        with database.engine.begin() as connection:     # (as the earlier feed(source="oldfeed", run="  ") wrote them)
+            connection.execute(sa.text("INSERT INTO activedb_ingestion_ledger (query_id, batch_id, transaction_id, "
+                                       "events, dead_letters) VALUES ('oldfeed@  ', 0, 'old-blank-run', 2, 1)"))
+            connection.execute(sa.text("INSERT INTO activedb_dead_letters (query_id, batch_id, reason, raw) VALUES "
+                                       "('oldfeed@  ', 0, 'rejected by rule', '{}')"))
+        [status] = ingestion_status(database, "oldfeed")
+        assert (status.query_name, status.runs, status.batches, status.events) == ("oldfeed", ("  ",), 1, 2), status
+        assert batch_committed(database, "oldfeed@  ", 0) is True
+        assert original_query_name("oldfeed@  ") == "oldfeed"
+        with pytest.raises(BadArgument, match="only whitespace"):
+            LedgerId.parse("oldfeed@  ")
+        for command in (["status"], ["dead-letters", "list", "--query", "oldfeed"]):
+            result = CliRunner().invoke(main, ["--url", database_url, *command], env={"COLUMNS": "200"})
+            assert result.exit_code == 0 and "Traceback" not in result.output, (command, result.output)
+            assert "oldfeed" in result.output, (command, result.output)
+        shown = CliRunner().invoke(main, ["--url", database_url, "batches", "show", "oldfeed@  ", "0"])
+        assert "no recorded transaction consumed batch oldfeed@  /0" in shown.output, shown.output    # (no lineage)
     finally:
         database.close()
