@@ -234,20 +234,26 @@ def sqlstate_of(error: BaseException) -> str | None:
     return getattr(getattr(error, "orig", None), "sqlstate", None) or getattr(error, "sqlstate", None)
 
 
-def causes(error: BaseException) -> Iterator[BaseException]:
+def causes(error: BaseException, *, contexts: bool = True) -> Iterator[BaseException]:
     """``error`` and its causes (``raise ... from``) and contexts, outermost first; a context hidden with
-    ``raise ... from None`` is hidden here too."""
+    ``raise ... from None`` is hidden here too.  Past a rule's failure (:class:`RuleFailed`, whose cause is what the
+    rule raised) only causes are followed — and from ``error`` on with ``contexts=False``, for an error a rule raised
+    itself: an error a rule raised while it handled another — in an ``except`` block, which makes that other its
+    context — is the rule's own, so a conflict or an outage the rule handled does not make its failure one
+    (:func:`classify`: retried, or the batch run again, instead of the rule failing)."""
     seen = set()
     current: BaseException | None = error
     while current is not None and id(current) not in seen:
         seen.add(id(current))
         yield current
+        contexts = contexts and not isinstance(current, RuleFailed)
         current = current.__cause__ if current.__cause__ is not None else (
-            None if current.__suppress_context__ else current.__context__)
+            None if current.__suppress_context__ or not contexts else current.__context__)
 
 
-def classify(error: BaseException) -> Failure:
-    """The one classifier of failures: what ``error`` (or the first cause in its chain that says) means.
+def classify(error: BaseException, *, contexts: bool = True) -> Failure:
+    """The one classifier of failures: what ``error`` (or the first cause in its chain that says — :func:`causes`,
+    with ``contexts``) means.
 
     A lost or never-opened connection (SQLAlchemy invalidated it, SQLSTATE class 08 or 57P, or a
     connection-level error without a SQLSTATE, e.g. "Connection refused") is ``CONNECTION_LOST``.  psycopg's
@@ -261,7 +267,7 @@ def classify(error: BaseException) -> Failure:
     manager's deadlock (:class:`DeadlockDetected`, a ``lockmgr.Deadlock``) ``DEADLOCK``; 53100 ``DISK_FULL``; classes 22, 23 and 54 and :class:`SchemaError`
     ``BAD_VALUE``; the rest of classes 53, 57 and 58 and 55P03 (lock not available) ``SERVER_BUSY``; any other
     SQLSTATE ``REFUSED``; everything else ``BUG``.  ``Failure.transient`` says which may succeed when re-run."""
-    for cause in causes(error):
+    for cause in causes(error, contexts=contexts):
         found = _classify_one(cause)
         if found is not None:
             return found

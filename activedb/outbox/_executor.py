@@ -43,10 +43,14 @@ class TakePacer(Protocol):
         may.  What it raises is logged, and the runner takes its group as if it had returned."""
 
 
-def is_retryable(error: BaseException) -> bool:
+def is_retryable(error: BaseException, *, raised_by_rule: bool = False) -> bool:
     """A failure PostgreSQL or the lock manager caused (:func:`activedb.errors.classify`: a transient one, or
-    the lock manager's timeout), not the rule's."""
-    return classify(error).transient or any(isinstance(cause, LockWaitTimeout) for cause in causes(error))
+    the lock manager's timeout), not the rule's.  ``raised_by_rule``: ``error`` is what a firing raised — its
+    context (what the rule was handling when it raised it, in an ``except`` block) is not read: that error is the
+    rule's own, even raised while it handled a conflict."""
+    contexts = not raised_by_rule
+    return (classify(error, contexts=contexts).transient
+            or any(isinstance(cause, LockWaitTimeout) for cause in causes(error, contexts=contexts)))
 
 
 def interrupts_the_process(error: BaseException) -> bool:
@@ -423,7 +427,8 @@ class Executor:
                     work.executed = work.uncounted = outcome is FiringOutcome.EXECUTED
                     outcomes.append(_Outcome.DONE)
                     marks.done.append(work.record_id)
-                elif error is not None and is_retryable(error) and work.attempts + 1 < self.max_attempts:
+                elif (error is not None and is_retryable(error, raised_by_rule=True)
+                      and work.attempts + 1 < self.max_attempts):
                     outcomes.append(_Outcome.RETRY)
                 else:
                     outcomes.append(_Outcome.FAILED)

@@ -483,6 +483,30 @@ def test_a_detached_firing_that_raises_when_run_again_after_its_groups_conflict_
             == (2, 0, 1, 1, 0)), counters
 
 
+def test_a_detached_rule_that_raises_its_own_error_while_handling_a_conflict_fails_for_good_at_once(db):
+    """A detached rule that meets a serialization conflict and raises an error of its own in its ``except`` block:
+    Python makes the conflict that error's context.  ``is_retryable`` (through ``activedb.errors.causes``) took it for
+    the conflict, and the firing ran again up to the outbox's attempts (3 runs, the record failed only then).  The
+    error is the rule's: it fails for good at once, one run."""
+    name = "own_error_in_except"
+    runs: list[int] = []
+
+    def action(tx, event):
+        runs.append(1)
+        try:
+            raise SerializationConflict("the account is busy")      # (what a helper of the rule's raised)
+        except SerializationConflict:
+            raise ZeroDivisionError("gave up on a busy account")
+
+    db.rule(on=db.signalled(name), coupling=Coupling.DETACHED, name=name)(action)
+    with db.transaction() as tx:
+        tx.signal(name)
+    db.rules.wait_idle(TIMEOUT)
+    assert len(runs) == 1 and records(db) == [(name, "failed", "committed", True)], (runs, records(db))
+    [failure] = db.outbox.failures()
+    assert "ZeroDivisionError: gave up on a busy account" in failure.error, failure.error
+
+
 def test_a_tree_that_fires_nothing_enlists_no_outbox_participant(db):
     db.rule(on=db.signalled("never"), coupling=Coupling.DETACHED, name="never")(lambda tx, event: None)
     seen_participants = []

@@ -1357,3 +1357,31 @@ def test_a_ledger_row_of_a_blank_run_an_earlier_activedb_wrote_is_read(database_
         assert "no recorded transaction consumed batch oldfeed@  /0" in shown.output, shown.output    # (no lineage)
     finally:
         database.close()
+
+
+def test_a_rules_own_error_raised_while_it_handled_a_conflict_rejects_its_event(make_database_url):
+    """A rule that meets a SerializationConflict and raises its own error in its ``except`` block: Python makes the
+    conflict the error's context (``__context__``), not its cause.  The rule path took the rule's error for that
+    conflict — "not the event's fault" — and ran the batch again, each run the same, until the batch failed with the
+    SerializationConflict and the stream stopped.  The error is the rule's: its event is a dead letter, the rest of
+    the batch commits once."""
+    from activedb.errors import SerializationConflict
+
+    database = app_database(make_database_url("own_error_in_except"))
+
+    @database.rule(on=database.stream("read"), coupling=Coupling.IMMEDIATE, name="translator")
+    def translator(tx, event):
+        try:
+            raise SerializationConflict("the account is busy")     # (what a helper of the rule's raised)
+        except SerializationConflict:
+            raise ValueError("gave up on a busy account")
+
+    rows = [{"type": "add", "key": "a", "ts": BASE_TIME, "amount": 1, "seq": 1},
+            {"type": "read", "key": "b", "ts": BASE_TIME, "amount": 0, "seq": 2}]
+    try:
+        [outcome] = feed(database, [rows], source="own_error_in_except", mapping=app_counters.MAPPING)
+        assert (outcome.committed, outcome.events, outcome.dead_letters) == (True, 1, 1), outcome
+        [letter] = dead_letters(database)
+        assert "rejected by rule 'translator'" in str(letter) and "gave up on a busy account" in str(letter), letter
+    finally:
+        database.close()
