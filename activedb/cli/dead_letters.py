@@ -206,9 +206,10 @@ def _refuse_captured(letters: list[LetterRecord]) -> None:
 def replay_command(ctx: click.Context, app: str, ids: tuple[int, ...] | None, query: str | None, batch: int | None,
                    reason: str | None, limit: int, verbose: bool) -> None:
     """Re-submit dead letters (not yet replayed) to APP through the same path as a micro-batch of `activedb run`
-    (its rules, its QUERIES or its EXECUTOR = 'tpg' transactions), exactly once: each commits with its ledger row
+    (its rules or its EXECUTOR = 'tpg' transactions), exactly once: each commits with its ledger row
     (query replay:NAME, batch = the dead letter's id) and is marked replayed in the same transaction; one rejected
-    again becomes a new dead letter.
+    again becomes a new dead letter.  An APP with QUERIES is refused: its pattern queries would take each letter's
+    event as late.
 
     APP is what `activedb run` takes (register(db) and MAPPING)."""
     from activedb import deadletters
@@ -223,6 +224,13 @@ def replay_command(ctx: click.Context, app: str, ids: tuple[int, ...] | None, qu
         first = app_handler(loaded)     # (before anything is read or changed: QUERIES with EXECUTOR, a bad EXECUTOR)
     except IngestError as error:
         raise click.ClickException(str(error)) from None
+    if loaded.queries is not None:
+        # (Its engines' saved state has released a punctuation past every event they processed — a letter's too.)
+        raise click.ClickException(
+            f"{loaded.name}: its batches go to its pattern queries (QUERIES), which take events in time order, and "
+            f"its engines have already released a punctuation past each letter's event: a replay would reject every "
+            f"letter again as late (a new dead letter); nothing was replayed — feed the corrected rows again from the "
+            f"start of the stream (activedb run APP --reset), or leave the letters as they are")
     # The application's own handler, as `activedb run` sends its batches to (one per letter: each replay is an
     # ingestion of its own); the rule path is the core's default, which checks that a rule listens.
     unused = [first]

@@ -158,3 +158,80 @@ def test_replay_sends_a_tpg_apps_letters_to_its_executor(url):
         assert [entry["replayed_at"] is not None for entry in letters(database)] == [True], letters(database)
     finally:
         database.close()
+
+
+QUERIES_APP = '''\
+from activedb import streams
+from tests.spark_bridge.app_counters import MAPPING, MIGRATIONS, Overdrawn
+
+
+def _apply(sign):
+    def apply(tx, new):
+        row = tx.read("counters", new["key"]) or {"total": 0, "events": 0, "trail": ""}
+        total = row["total"] + sign * new["amount"]
+        if total < 0:
+            raise Overdrawn(f"{new['key']}: {row['total']} - {new['amount']} < 0")
+        trail = f"{row['trail']},{new['seq']}" if row["trail"] else str(new["seq"])
+        tx.write("counters", new["key"], total=total, events=row["events"] + 1, trail=trail, last_ts=new.ts)
+    return apply
+
+
+def QUERIES(db, scheduler=None):
+    engine = streams.StreamEngine(db, name="counting", record_dead_letters=False)
+    engine.create_stream("badges", types=["add", "sub"], attributes=["key", "amount", "seq"])
+    for kind, sign in (("add", 1), ("sub", -1)):
+        seen = streams.event(kind)
+        engine.query(f"SEEN_{kind}", stream="badges", pattern=streams.seq(kind),
+                     returns=[seen["key"], seen["amount"], seen["seq"]])
+        engine.rule(f"apply_{kind}", on_output=f"SEEN_{kind}", action=_apply(sign), reads=["counters"],
+                    writes=["counters"])
+    return engine
+
+
+def register(db):
+    pass
+'''
+
+
+def test_replay_refuses_a_queries_app_and_marks_nothing(url, tmp_path):
+    """An application whose batches go to its pattern queries (``QUERIES``, no rules): a subtraction its query's
+    rule refused (overdrawn) is a dead letter.  ``dead-letters replay APP`` sent it through the application's
+    queries, whose engine had released a punctuation past it: it was rejected again as late — a new dead letter —
+    and the letter marked replayed, each time.  The replay is refused up front now, saying why, and nothing is
+    marked."""
+    from activedb.ingest import Batch, feed
+    from activedb.streams import QueriesHandler
+
+    app = tmp_path / "counting_queries.py"
+    app.write_text(QUERIES_APP)
+    loaded = spark_bridge_load(str(app))
+    database = app_database(url)
+    try:
+        watermark = BASE_TIME + dt.timedelta(minutes=1)
+        feed(database, [Batch(0, [event(1, kind="sub", amount=50), event(2, amount=100)], watermark=watermark)],
+             source="badges", mapping=loaded.mapping, handler=QueriesHandler(loaded.queries))
+        [letter] = letters(database)
+        assert "rule apply_sub raised Overdrawn: k: 0 - 50 < 0" in letter["reason"], letter
+        assert total(database) == 100
+    finally:
+        database.close()
+
+    result = CliRunner().invoke(main, ["--url", url, "dead-letters", "replay", str(app), "--query", "badges"])
+    text = " ".join(result.output.split())
+    assert result.exit_code == 1, text
+    assert (f"activedb: error: {loaded.name}: its batches go to its pattern queries (QUERIES), which take events in "
+            f"time order, and its engines have already released a punctuation past each letter's event: a replay "
+            f"would reject every letter again as late") in text, text
+    assert "nothing was replayed" in text, text
+    database = app_database(url)
+    try:
+        assert [(entry["id"], entry["replayed_at"]) for entry in letters(database)] == [(letter["id"], None)]
+        assert total(database) == 100
+    finally:
+        database.close()
+
+
+def spark_bridge_load(path: str):
+    import spark_bridge
+
+    return spark_bridge.load_app(path, require_mapping=True)
