@@ -1324,3 +1324,28 @@ def test_a_consumer_of_a_database_without_any_rule_refuses_its_batch_and_keeps_i
         assert logged(db) == [("inserted", 80), ("inserted", 81)]
     finally:
         consumer.close()
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")   # (the thread's end)
+def test_a_consumer_thread_of_a_database_without_any_rule_stops_saying_why_and_keeps_its_position(clean, conninfo):
+    """The same refusal on a consumer run on its own thread (``start()``, from Python: ``activedb capture consume``
+    refuses a rule-less application before it starts): the thread ends, ``wait_caught_up`` raises naming
+    ``NoRuleRegistered`` and what to do, ``failure`` holds it, and the position stays (``capture status``: the
+    changes still pending)."""
+    from activedb.ingest.errors import NoRuleRegistered
+
+    db = clean
+    with psycopg.connect(conninfo, autocommit=True) as psql:
+        psql.execute("INSERT INTO orders (id, customer, amount) VALUES (82, 'nora', 1)")
+    consumer = db.capture.consumer()
+    try:
+        consumer.start()
+        with pytest.raises(CaptureError, match=r"^capture consumer 'default' stopped: NoRuleRegistered\(.*no rule is "
+                                               r"registered on this database, .* Register the rules first: import the "
+                                               r"module that declares them") as raised:
+            consumer.wait_caught_up(60)
+        assert isinstance(raised.value.__cause__, NoRuleRegistered) and consumer.failure is raised.value.__cause__
+        [backlog] = db.capture.status().consumers
+        assert (backlog.name, backlog.changes, backlog.handled) == ("default", 1, 0), backlog
+    finally:
+        consumer.close()
