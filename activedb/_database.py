@@ -27,9 +27,9 @@ from activedb.atomic import Batches
 from activedb.capture import CaptureManager
 from activedb.capture.errors import CaptureNotEnabledWarning
 from activedb.clock import SYSTEM_CLOCK, Clock
-from activedb.errors import (BadArgument, BadDatabaseURL, DeadlockDetected, RuleError, RuleFailed,
-                             SerializationConflict, TransactionError, causes, check_plain_function, check_seconds,
-                             check_switch, check_whole_number, database_failure, sqlstate_of)
+from activedb.errors import (INSUFFICIENT_PRIVILEGE, BadArgument, BadDatabaseURL, DeadlockDetected, RuleError,
+                             RuleFailed, SerializationConflict, TransactionError, causes, check_plain_function,
+                             check_seconds, check_switch, check_whole_number, database_failure, sqlstate_of)
 from activedb.events import Event, EventKind, EventSpec, Origin, Punctuations, Watermark
 from activedb.outbox import Outbox
 from activedb.rules import FunctionRule, Rule, RuleManager
@@ -73,8 +73,6 @@ def _logger_name(pool: sa.Pool) -> str:
     return logger.logger.name if isinstance(logger, InstanceLogger) else logger.name
 
 
-#: PostgreSQL's SQLSTATE of a statement refused for want of a privilege (insufficient_privilege).
-_INSUFFICIENT_PRIVILEGE = "42501"
 #: libpq's refusal of a URL option's value: 'invalid sslmode value: "bogus"' (also target_session_attrs, ...).
 _BAD_OPTION_VALUE = re.compile(r'invalid \w+ value: "')
 
@@ -491,7 +489,7 @@ def _connected(url: str | URL | None, config: Config, *, check_schema: bool) -> 
             try:
                 state, revision = database.schema.state()
             except sa.exc.ProgrammingError as error:
-                if sqlstate_of(error) != _INSUFFICIENT_PRIVILEGE:
+                if sqlstate_of(error) != INSUFFICIENT_PRIVILEGE:
                     raise
                 # A role not granted the version table (one given only its own tables' rights) cannot tell where
                 # activedb's schema is: opened as it is, as before the check (what it may not read it cannot use).

@@ -27,7 +27,8 @@ from sqlalchemy.engine import Engine
 
 from activedb import _migrations as migrations
 from activedb._url import describe_url
-from activedb.errors import UNDEFINED_TABLE, MigrationError, SchemaNotAtHead, own_table_missing, sqlstate_of
+from activedb.errors import (LOCK_NOT_AVAILABLE, UNDEFINED_TABLE, MigrationError, SchemaNotAtHead, own_table_missing,
+                             sqlstate_of)
 
 if TYPE_CHECKING:
     from alembic.runtime.migration import RevisionStep
@@ -148,7 +149,7 @@ class _Blockers:
 def _lock_timed_out(error: BaseException | None) -> bool:
     """Whether ``error`` (a migration's, as SQLAlchemy wraps it) is PostgreSQL's lock timeout (SQLSTATE 55P03)."""
     orig = error.orig if isinstance(error, sa.exc.DBAPIError) else None
-    return getattr(orig, "sqlstate", None) == "55P03"
+    return getattr(orig, "sqlstate", None) == LOCK_NOT_AVAILABLE
 
 
 @contextlib.contextmanager

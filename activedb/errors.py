@@ -221,12 +221,21 @@ _TRANSIENT = frozenset({Failure.CONNECTION_LOST, Failure.SERIALIZATION_CONFLICT,
                         Failure.DISK_FULL, Failure.SERVER_BUSY})
 
 
+#: PostgreSQL's SQLSTATEs by their condition names (Appendix A of its manual), for the readers that tell one error
+#: from another: a lock NOWAIT or lock_timeout could not take (lock_not_available), a full disk (disk_full), a value
+#: beyond a limit (program_limit_exceeded), two constraint violations (unique_violation, not_null_violation), a
+#: value the type refused (invalid_text_representation), a missing privilege (insufficient_privilege), and a
+#: prepared statement gone or made stale (invalid_sql_statement_name, feature_not_supported).
+LOCK_NOT_AVAILABLE, DISK_FULL, PROGRAM_LIMIT_EXCEEDED = "55P03", "53100", "54000"
+UNIQUE_VIOLATION, NOT_NULL_VIOLATION, INVALID_TEXT_REPRESENTATION = "23505", "23502", "22P02"
+INSUFFICIENT_PRIVILEGE, INVALID_SQL_STATEMENT_NAME, FEATURE_NOT_SUPPORTED = "42501", "26000", "0A000"
+
 # What a SQLSTATE means, by its first characters; the first match wins.  08 (connection exception) and
 # 57P01-57P05 (admin/crash shutdown, cannot connect now, idle session timeout): the connection or the server is
 # gone, not the statement.
 _SQLSTATES = ((("08", "57P"), Failure.CONNECTION_LOST), (("40001",), Failure.SERIALIZATION_CONFLICT),
-              (("40P01",), Failure.DEADLOCK), (("53100",), Failure.DISK_FULL),
-              (("22", "23", "54"), Failure.BAD_VALUE), (("53", "57", "58", "55P03"), Failure.SERVER_BUSY))
+              (("40P01",), Failure.DEADLOCK), ((DISK_FULL,), Failure.DISK_FULL),
+              (("22", "23", "54"), Failure.BAD_VALUE), (("53", "57", "58", LOCK_NOT_AVAILABLE), Failure.SERVER_BUSY))
 
 
 def sqlstate_of(error: BaseException) -> str | None:

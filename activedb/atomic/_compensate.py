@@ -23,7 +23,7 @@ import sqlalchemy as sa
 
 from activedb._closedset import ClosedSet
 from activedb.events import Event, EventKind, Origin
-from activedb.errors import DatabaseError, UnknownTable
+from activedb.errors import UNIQUE_VIOLATION, DatabaseError, UnknownTable
 from activedb.store import jsonable
 
 from activedb.atomic._graph import (IndependentScover, LineageExplorer, TransactionLineage, composite,
@@ -367,7 +367,7 @@ def execute(batches: Compensations, compensation: CompensationPlan, *, allow_uns
         except NoCompensation:
             raise
         except Exception as error:
-            if isinstance(error, DatabaseError) and error.sqlstate == "23505" and _compensated(batches, tid):
+            if isinstance(error, DatabaseError) and error.sqlstate == UNIQUE_VIOLATION and _compensated(batches, tid):
                 logger.info("%s was compensated meanwhile by another run; skipped", tid)
                 continue
             cause = error if isinstance(error, DatabaseError) else repr(error)

@@ -16,7 +16,7 @@ import sqlalchemy as sa
 
 from activedb.capture import _sql
 from activedb.capture.errors import CaptureConflict, CaptureError, CaptureNotInstalled
-from activedb.errors import UNDEFINED_TABLE, sqlstate_of
+from activedb.errors import INSUFFICIENT_PRIVILEGE, UNDEFINED_TABLE, sqlstate_of
 from activedb.events import EventKind
 from activedb.txn import CommitParticipant
 
@@ -132,7 +132,7 @@ def privileges_said(engine: sa.Engine, needed: tuple[tuple[str, tuple[str, ...]]
     try:
         yield
     except sa.exc.ProgrammingError as error:
-        if sqlstate_of(error) != "42501":     # (insufficient_privilege)
+        if sqlstate_of(error) != INSUFFICIENT_PRIVILEGE:
             raise
         with engine.connect() as connection:
             refusal = privileges_refusal(connection, needed, cannot, instead, after)

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 
-from activedb.errors import BadArgument, BatchAlreadyCommitted, SerializationConflict
+from activedb.errors import UNIQUE_VIOLATION, BadArgument, BatchAlreadyCommitted, SerializationConflict
 from activedb.ingest._interface import LedgerId, ReservedSource
 from activedb.ingest.errors import IngestError
 from activedb.txn import Along, CommitParticipant
@@ -265,7 +265,6 @@ _LEDGER_ROW = (f"INSERT INTO {LEDGER_TABLE} (query_id, batch_id, transaction_id,
 #: The same row written in ``write``, where the event ids are recorded after it: refused (no row returned) when the
 #: batch is there already — the ids' own check would otherwise take the duplicate batch for a conflict.
 _LEDGER_ROW_IF_NEW = f"{_LEDGER_ROW} ON CONFLICT DO NOTHING RETURNING batch_id"
-_UNIQUE_VIOLATION = "23505"
 
 
 class IngestionLedger(CommitParticipant):
@@ -326,7 +325,7 @@ class IngestionLedger(CommitParticipant):
     def _refused(self, error: BaseException) -> BaseException | None:
         """``BatchAlreadyCommitted`` if ``error`` is a unique violation of the ledger (this batch's row exists)."""
         orig = getattr(error, "orig", None)
-        if (getattr(orig, "sqlstate", None) != _UNIQUE_VIOLATION
+        if (getattr(orig, "sqlstate", None) != UNIQUE_VIOLATION
                 or getattr(getattr(orig, "diag", None), "table_name", None) != LEDGER_TABLE):
             return None
         return self._duplicate()

@@ -19,7 +19,7 @@ from typing import Any, Collection, Iterable, Mapping, Sequence
 
 import sqlalchemy as sa
 
-from activedb.errors import RecordsTakenOver, sqlstate_of
+from activedb.errors import INVALID_TEXT_REPRESENTATION, RecordsTakenOver, sqlstate_of
 from activedb.events import Event, EventKind
 from activedb.store import Catalog, exact_json, from_exact_json
 
@@ -118,7 +118,8 @@ def finishing(owner: int, *, done: Sequence[int] = (), failed: Sequence[tuple[in
 def taken_over(error: BaseException) -> RecordsTakenOver | None:
     """What a failure of :func:`finishing`'s statement means (None: something else)."""
     diag = getattr(getattr(error, "orig", error), "diag", None)     # (the server's message, not the statement's text)
-    if sqlstate_of(error) != "22P02" or _TAKEN_OVER not in str(getattr(diag, "message_primary", None)):
+    if (sqlstate_of(error) != INVALID_TEXT_REPRESENTATION
+            or _TAKEN_OVER not in str(getattr(diag, "message_primary", None))):
         return None
     return RecordsTakenOver("outbox records this process ran were taken over by another process (or finished) "
                             "meanwhile; nothing of this group was written — the other process runs them")

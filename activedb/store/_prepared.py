@@ -17,13 +17,15 @@ import psycopg
 from psycopg import ClientCursor
 from psycopg.rows import TupleRow
 
+from activedb.errors import FEATURE_NOT_SUPPORTED, INVALID_SQL_STATEMENT_NAME
+
 #: Statements kept prepared per connection; the oldest is deallocated when a new one would exceed it.
 KEPT = 64
 _INFO_KEY = "activedb.prepared"
 _NAMES = itertools.count(1)
 _PLACEHOLDER = re.compile(r"%(.)", re.DOTALL)
 #: invalid_sql_statement_name (the statement is gone); feature_not_supported (its result type changed)
-GONE, STALE = "26000", "0A000"
+GONE, STALE = INVALID_SQL_STATEMENT_NAME, FEATURE_NOT_SUPPORTED
 
 
 class _Registry:

@@ -17,7 +17,7 @@ import psycopg
 from psycopg.rows import TupleRow
 import sqlalchemy as sa
 
-from activedb.errors import DuplicateKey, Failure, InvalidValue, classify
+from activedb.errors import NOT_NULL_VIOLATION, UNIQUE_VIOLATION, DuplicateKey, Failure, InvalidValue, classify
 from activedb.store import _prepared as prepared
 from activedb.store._choices import IsolationLevel
 from activedb.store._schema import TableInfo
@@ -447,7 +447,7 @@ def _raise_insert_error(table_name: str, error: sa.exc.IntegrityError, primary_k
     """``DuplicateKey`` for a unique violation of the table's ``primary_key`` (another UNIQUE constraint's
     is left to the caller, as any constraint's), ``InvalidValue`` for a missing NOT NULL column."""
     constraint = getattr(getattr(error.orig, "diag", None), "constraint_name", None)
-    if getattr(error.orig, "sqlstate", None) == "23505" and constraint in (None, primary_key.name):
+    if getattr(error.orig, "sqlstate", None) == UNIQUE_VIOLATION and constraint in (None, primary_key.name):
         raise DuplicateKey(
             f"insert into {table_name!r}: a row with the same primary key exists in the database "
             f"({str(error.orig).splitlines()[-1].strip()}); use write() to upsert a row whose key you give — a key "
@@ -455,7 +455,7 @@ def _raise_insert_error(table_name: str, error: sa.exc.IntegrityError, primary_k
             f"with keys of their own): set it past them, e.g. SELECT setval(pg_get_serial_sequence('<table>', "
             f"'<key column>'), max(<key column>)) FROM <table>", table=table_name
         ) from None
-    if getattr(error.orig, "sqlstate", None) == "23502":
+    if getattr(error.orig, "sqlstate", None) == NOT_NULL_VIOLATION:
         raise InvalidValue(
             f"insert into {table_name!r}: {str(error.orig).splitlines()[0]}; give every NOT NULL column "
             f"(nothing was written)"

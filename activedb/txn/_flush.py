@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, AbstractSet, Iterable, Mapping, Sequence
 
 import sqlalchemy as sa
 
-from activedb.errors import (DISK_FULL_ADVICE, DatabaseError, DatabaseUnavailable, DiskFull, DuplicateKey, Failure,
+from activedb.errors import (DISK_FULL, DISK_FULL_ADVICE, LOCK_NOT_AVAILABLE, PROGRAM_LIMIT_EXCEEDED, DatabaseError,
+                             DatabaseUnavailable, DiskFull, DuplicateKey, Failure,
                              SerializationConflict, ServerDiskFull, classify, disk_full_panic, sqlstate_of)
 from activedb.store import (EntryKind, IsolationLevel, Key, TableInfo, apply_write_set, fetch_rows,
                             is_connection_failure, jsonable, same_image)
@@ -167,7 +168,7 @@ def _flush_with_retries(root: Transaction, isolation: IsolationLevel,
         except sa.exc.OperationalError as error:
             # 55P03 at SERIALIZABLE: a row locked elsewhere, NOWAIT (retried).  (The validation's own lock timeout
             # is a SerializationConflict raised by ``_validate``; any other is the database's: a DatabaseError.)
-            retried = classify(error) in _RETRIED or (sqlstate_of(error) == "55P03"
+            retried = classify(error) in _RETRIED or (sqlstate_of(error) == LOCK_NOT_AVAILABLE
                                                       and isolation is IsolationLevel.SERIALIZABLE)
             if retried and attempt <= manager.flush_retries:      # (flush_retries re-runs: that many more attempts)
                 # Jittered back-off between retries of the flush (not used to order threads).
@@ -220,7 +221,7 @@ def _validate(root: "Transaction", connection: sa.Connection, infos: Mapping[str
                 current = fetch_rows(connection, infos[table_name], keys, lock="share" if shared else "update",
                                      nowait=nowait, lock_timeout=None if nowait else LOCK_TIMEOUT)
             except sa.exc.OperationalError as error:
-                if nowait or sqlstate_of(error) != "55P03":
+                if nowait or sqlstate_of(error) != LOCK_NOT_AVAILABLE:
                     raise
                 # Its own bound: the holder may be a tree of this process waiting for this one (README "Reads for
                 # update"), so the tree is re-run rather than the flush retried.
@@ -328,9 +329,9 @@ def _raise_database_error(root: "Transaction", error: sa.exc.DBAPIError) -> None
 
 
 def _hint(sqlstate: str | None) -> str:
-    if sqlstate == "53100":
+    if sqlstate == DISK_FULL:
         return "The server's disk is full: free space, then re-run the transaction."
-    if sqlstate == "54000":
+    if sqlstate == PROGRAM_LIMIT_EXCEEDED:
         return "A value is too large for PostgreSQL (e.g. an indexed value beyond the index row limit): store less."
     if sqlstate and sqlstate.startswith("23"):
         return "A constraint of the schema rejected a row: check the values written."

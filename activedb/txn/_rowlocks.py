@@ -18,7 +18,7 @@ import sqlalchemy as sa
 
 import lockmgr
 
-from activedb.errors import Failure, SerializationConflict, classify
+from activedb.errors import LOCK_NOT_AVAILABLE, Failure, SerializationConflict, classify
 from activedb.store import IsolationLevel, lock_row
 from activedb.txn import _help_edges
 from activedb.txn._hooks import WaitKind
@@ -211,7 +211,8 @@ class RowLocks(CommitParticipant):
                     self._close()               # the transaction failed: its locks go with it
                     unlisted, self.rows = unlisted | self.rows.keys(), {}
                     sqlstate = getattr(error.orig, "sqlstate", None)
-                    if sqlstate == "55P03" or classify(error) in (Failure.SERIALIZATION_CONFLICT, Failure.DEADLOCK):
+                    if (sqlstate == LOCK_NOT_AVAILABLE
+                            or classify(error) in (Failure.SERIALIZATION_CONFLICT, Failure.DEADLOCK)):
                         raise SerializationConflict(
                             f"row {key!r} of {info.name!r} stayed locked by another transaction (SQLSTATE {sqlstate}); "
                             f"nothing was written — re-run the transaction (Database.run(fn) does)") from None
