@@ -31,6 +31,7 @@ from activedb.capture.errors import CaptureConflict, CaptureError, CaptureNotIns
 from activedb.errors import DatabaseUnavailable, TransactionAborted, check_seconds, check_whole_number
 from activedb.events import age_seconds
 from activedb.ingest import Deadlines, Ingestion, LedgerId, ReservedSource, unfit_source_name
+from activedb.ingest.errors import describe
 from activedb.rules import FiringOutcome
 from activedb.store import is_connection_failure
 
@@ -347,7 +348,8 @@ class CaptureConsumer:
                     continue
                 if handled == 0 and not self._stopping.is_set():
                     self._wait_for_changes()
-        except BaseException as error:   # a bug or a hook that raised: visible to waiters, then re-raised
+        except BaseException as error:   # a bug or a hook that raised: logged, visible to waiters, then re-raised
+            logger.error("capture consumer %r stopped: %s", self.name, describe(error))
             with self._mutex:
                 self._loop_error = error
                 self._progress.notify_all()

@@ -1327,11 +1327,12 @@ def test_a_consumer_of_a_database_without_any_rule_refuses_its_batch_and_keeps_i
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")   # (the thread's end)
-def test_a_consumer_thread_of_a_database_without_any_rule_stops_saying_why_and_keeps_its_position(clean, conninfo):
+def test_a_consumer_thread_of_a_database_without_any_rule_stops_saying_why_and_keeps_its_position(clean, conninfo,
+                                                                                                  caplog):
     """The same refusal on a consumer run on its own thread (``start()``, from Python: ``activedb capture consume``
-    refuses a rule-less application before it starts): the thread ends, ``wait_caught_up`` raises naming
-    ``NoRuleRegistered`` and what to do, ``failure`` holds it, and the position stays (``capture status``: the
-    changes still pending)."""
+    refuses a rule-less application before it starts): the thread ends, logging why (a service that reads only its
+    logs sees it), ``wait_caught_up`` raises naming ``NoRuleRegistered`` and what to do, ``failure`` holds it, and the
+    position stays (``capture status``: the changes still pending)."""
     from activedb.ingest.errors import NoRuleRegistered
 
     db = clean
@@ -1345,6 +1346,9 @@ def test_a_consumer_thread_of_a_database_without_any_rule_stops_saying_why_and_k
                                                r"module that declares them") as raised:
             consumer.wait_caught_up(60)
         assert isinstance(raised.value.__cause__, NoRuleRegistered) and consumer.failure is raised.value.__cause__
+        stopped = [record.getMessage() for record in caplog.records if record.name == "activedb.capture"
+                   and record.levelname == "ERROR" and "stopped" in record.getMessage()]
+        assert stopped and stopped[0].startswith("capture consumer 'default' stopped: NoRuleRegistered: "), stopped
         [backlog] = db.capture.status().consumers
         assert (backlog.name, backlog.changes, backlog.handled) == ("default", 1, 0), backlog
     finally:
