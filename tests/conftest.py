@@ -48,6 +48,10 @@ from tests import _spark_archive
 # generation is slow") measure the load, not the property; a test's own @settings still override the rest.
 settings.register_profile("activedb-suite", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("activedb-suite")
+# Running bigger: a randomized test's module docstring names the environment variables that set its size and seed
+# (for example ACTIVEDB_LIST_APPEND_TRANSACTIONS, ACTIVEDB_ISOLATION_EXHAUSTIVE, ACTIVEDB_DECLARED_EXAMPLES,
+# ACTIVEDB_STREAMS_LOCK_EXAMPLES, LOCKMGR_MODEL_EXAMPLES, LOCKMGR_STRESS_SCALE); a profile cannot raise the example
+# count of a test whose @settings names its own.
 
 # The suite's Spark drivers (the session fixture, every `activedb run` and driver it starts) live for seconds to
 # minutes, where the JVM's optimizing compiler (C2) spends more CPU than its code saves: they compile with C1 only.

@@ -6,7 +6,8 @@ reason in the rule's failure); and random programs of declared rules (hypothesis
 what firing them one by one leaves — rows, refused events, firing counts.  With the sink's tests
 (``tests/spark_bridge/test_declared_rules.py``), this is why lowering a batch of declared rules changes nothing.
 
-Seeded: ``ACTIVEDB_TEST_SEED`` (default 7) shifts every generator's seed.
+Seeded: ``ACTIVEDB_TEST_SEED`` (default 7) shifts every generator's seed.  ``ACTIVEDB_DECLARED_EXAMPLES`` (default 40)
+sets how many random programs the hypothesis test tries.
 """
 
 from __future__ import annotations

@@ -4,9 +4,13 @@ The model (``tests/lockmgr/_reference.py``) is deliberately naive -- a dict of h
 retained modes keyed by (transaction, resource), the rules written as directly as Concurrent Rule Execution §3.1
 states them -- and shares no code with lockmgr except the conflict table (which test_lock_rules checks against
 the textbook matrix).  Single threaded: requests that the model says would wait go through ``try_acquire``, which must then refuse.
+
+``LOCKMGR_MODEL_EXAMPLES`` (default 200) sets how many histories are tried (e.g. 3000 for a long run).
 """
 
 from __future__ import annotations
+
+import os
 
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -182,7 +186,7 @@ class LockManagerMachine(RuleBasedStateMachine):
 
 
 LockManagerMachine.TestCase.settings = settings(
-    max_examples=200,
+    max_examples=int(os.environ.get("LOCKMGR_MODEL_EXAMPLES", "200")),
     stateful_step_count=50,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],

@@ -16,7 +16,8 @@ deliberate deadlocks in lock step (a Barrier, never a sleep).  Checked:
   no waiting request is grantable (no lost wake-up), and the hold/retain invariants hold;
 * no hang: a watchdog fails the test after a hard deadline, printing the wait-for graph.
 
-The seeds are fixed (1, 2, 3, one per victim policy); LOCKMGR_STRESS_SEED=N shifts them by 10 N.
+The seeds are fixed (1, 2, 3, one per victim policy); LOCKMGR_STRESS_SEED=N shifts them by 10 N.  LOCKMGR_STRESS_SCALE=N
+runs N times as many trees per worker and deadlock-crossing rounds (default 1; the watchdog's deadline grows with it).
 """
 
 from __future__ import annotations
@@ -43,14 +44,15 @@ from tests.lockmgr._reference import ancestors
 
 IR, IW, R, RIW, W = Mode.IR, Mode.IW, Mode.READ, Mode.RIW, Mode.WRITE
 WORKERS = 16
-TREES_PER_WORKER = 60
+SCALE = int(os.environ.get("LOCKMGR_STRESS_SCALE", "1"))
+TREES_PER_WORKER = 60 * SCALE
 MAX_DEPTH = 3  # root at depth 0: four levels
-DEADLINE = 90.0  # seconds; the watchdog fails the test after this
+DEADLINE = 90.0 * SCALE  # seconds; the watchdog fails the test after this
 PLAIN_RESOURCES = [f"r{number}" for number in range(6)]
 TABLES = ["t0", "t1"]
 KEYS = range(4)
 MODE_WEIGHTS = [(R, 40), (W, 30), (IR, 10), (IW, 10), (RIW, 10)]
-CROSSING_ROUNDS = 15
+CROSSING_ROUNDS = 15 * SCALE
 
 
 class GrantLog:

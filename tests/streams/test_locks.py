@@ -5,11 +5,13 @@ with a late event's lock; and a property test of the grant rule against a brute-
 reading of §5.2/§5.3.
 
 A step that must block is checked by the table's own ``statistics().waiting`` (observable
-state, no sleeps); every test runs under a watchdog.
+state, no sleeps); every test runs under a watchdog.  ``ACTIVEDB_STREAMS_LOCK_EXAMPLES`` (default 150) sets how
+many lock tables the property test tries (e.g. 20000 for a long run).
 """
 
 from __future__ import annotations
 
+import os
 import threading
 
 import pytest
@@ -299,7 +301,7 @@ requests_strategy = st.lists(
     min_size=1, max_size=12)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=int(os.environ.get("ACTIVEDB_STREAMS_LOCK_EXAMPLES", "150")), deadline=None)
 @given(requests_strategy, st.sets(st.integers(0, 11)), st.sampled_from(["s2pl", "lwm"]))
 def test_grant_rule_matches_the_reference(plan, ended, kind):
     table = S2PLLockTable() if kind == "s2pl" else LWMLockTable()
