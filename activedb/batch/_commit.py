@@ -10,12 +10,13 @@ transaction's thread (and by whoever reads ``result`` after the commit).
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import itertools
 import operator
 import struct
 import time
-from collections.abc import Callable, Collection, Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, TypeAlias, TypeVar, cast
 
@@ -118,14 +119,34 @@ class PendingBatch(CommitParticipant):
             seconds["lock_and_read"] = time.perf_counter() - started
             loader = _on_demand(catalog, connection, self._keys)
             nested = NestedColumns(catalog.table_info)     # (the lean executor's copies of a function's argument)
-            result = execute_batch(self.transactions, self.batch, base, loader=loader, declared=self._declared,
-                                   strategy=options.strategy, processes=options.processes, split=options.split,
-                                   nested=nested)
+            early = _EarlyWrites.when_worth_it(catalog, connection, self.batch, base, self._keys, self._unbounded, options)
+            try:
+                result = execute_batch(self.transactions, self.batch, base,
+                                       loader=early.guard(loader) if early is not None else loader,
+                                       declared=self._declared, strategy=options.strategy,
+                                       processes=options.processes, split=options.split, nested=nested, progress=early)
+            except _Unplanned:
+                # A row no declaration named, after rows went out: those undone, the batch runs as without early writes.
+                assert early is not None
+                early.roll_back()
+                early = None
+                result = execute_batch(self.transactions, self.batch, base, loader=loader, declared=self._declared,
+                                       strategy=options.strategy, processes=options.processes, split=options.split,
+                                       nested=nested)
+            except BaseException as error:
+                if early is not None:
+                    early.abandon(error)
+                raise
             if result.statistics is not None:
                 seconds.update(result.statistics.seconds)
             started = time.perf_counter()
+            statements = early.remaining(result) if early is not None else None
+            if statements is None and early is not None:
+                early.roll_back()           # (an irregular run: what went out undone, and written as without)
+                early = None
             try:
-                statements = _planned_writes(catalog, result, self._keys, _MARKED_ONLY)
+                if statements is None:
+                    statements = _planned_writes(catalog, result, self._keys, _MARKED_ONLY)
             except SchemaError as error:
                 # A transaction wrote a value the store cannot hold: run the batch again checking each transaction's
                 # values as it ends, so that exactly those transactions abort (each a dead letter with the reason) —
@@ -162,8 +183,23 @@ class PendingBatch(CommitParticipant):
                 except Exception as error:
                     raised.append(error)
 
-            self.rows_written = _send(connection, statements, check, then=letters_insert,
-                                      meanwhile=meanwhile if options.on_sent is not None else None)
+            try:
+                self.rows_written = _send(connection, statements, check, then=letters_insert,
+                                          meanwhile=meanwhile if options.on_sent is not None else None,
+                                          opened=early.opened() if early is not None else None)
+            except sa.exc.DBAPIError:
+                if early is None:
+                    raise
+                # PostgreSQL refused a statement: perhaps one of a row sent early whose final image differs.  Rolled
+                # back to before every row (``_send``), the batch's rows are written as without early writes: a refusal
+                # there is the batch's own.
+                raised.clear()
+                statements = _planned_writes(catalog, result, self._keys, _MARKED_ONLY)
+                early = None
+                self.rows_written = _send(connection, statements, check, then=letters_insert,
+                                          meanwhile=meanwhile if options.on_sent is not None else None)
+            if early is not None:
+                self.rows_written += early.rows - early.rewritten
             seconds["write"] = time.perf_counter() - started - seconds["dead_letters"]
             if raised:
                 raise raised[0]
@@ -217,6 +253,198 @@ class PendingBatch(CommitParticipant):
             # (Each declared key's image, None if absent: ``base[(table, given)] = found.get(key)``, in C.)
             base.update(zip(zip(itertools.repeat(table), keys), map(found.get, keys.values())))
         return base
+
+
+#: Early writes (:class:`_EarlyWrites`): the fewest events per part of the run (a batch needs two parts at least), the
+#: parts per batch, the least share of the batch's events that name rows of their own, and the savepoint that undoes
+#: what went out.
+_EARLY_MIN_EVENTS = 200
+_EARLY_PARTS = 4
+_EARLY_DISTINCT = 0.9
+_EARLY_SAVEPOINT = "activedb_early_writes"
+_TRIGGERS = "activedb.batch: tables with triggers"    # ``connection.info``: {table name: whether it has a trigger}
+
+
+class _Unplanned(Exception):
+    """The run asked the loader for a row no declaration named after rows went out early (``_EarlyWrites.guard``)."""
+
+
+class _EarlyWrites:
+    """The rows of a batch sent while its lean run goes on (the package README, "Rows sent while the batch runs"): told
+    the run's progress (``run_lean(progress=)``), each part's newly written states go out as their images are then —
+    planned as the final rows are, into a pipeline left open, under a savepoint — and :meth:`remaining` plans what
+    the end must still write: each state whose final image is not the one sent, against the one sent.  Anything
+    irregular — a state that is no longer final as sent (a run that restarted), a row the loader must read, a value
+    the store cannot hold — ends the early writes; what went out is then rolled back to the savepoint
+    (:meth:`roll_back`, which releases the locks its statements took) and the batch is written as without them."""
+
+    def __init__(self, catalog: Catalog, connection: sa.Connection, base: Mapping[State, RowImage | None],
+                 normalised: Mapping[str, Mapping[Hashable, Key]], every: int) -> None:
+        self.every = every
+        self._catalog, self._connection, self._base, self._normalised = catalog, connection, base, normalised
+        self._sent: dict[State, RowImage | None] = {}     # state -> the image sent (the store's now)
+        self._pipeline: contextlib.AbstractContextManager[psycopg.Pipeline] | None = None   # open once a row went out
+        self._written: Mapping[State, None] | None = None  # the run's, to tell a restart
+        self._position = 0                                # states of ``_written`` looked at
+        self.stopped = False                              # nothing more goes out
+        self.irregular = False                            # what went out must be undone
+        self.rows = 0                                     # rows sent
+        self.rewritten = 0                                # of those, rows the end writes again
+
+    @classmethod
+    def when_worth_it(cls, catalog: Catalog, connection: sa.Connection, batch: Sequence[BatchEvent],
+                      base: Mapping[State, RowImage | None], keys: Mapping[str, Mapping[Hashable, Key]],
+                      unbounded: Collection[str], options: _Options) -> _EarlyWrites | None:
+        """Early writes for a batch whose rows are of one table without triggers, each named by its declarations or
+        route plans (none read on demand), mostly one per event (a row written early and again later costs a second
+        write), with no generated keys to check first, of two parts at least; None otherwise."""
+        if (options.keys_check is not None or unbounded or len(keys) != 1
+                or len(batch) < 2 * _EARLY_MIN_EVENTS or len(base) < len(batch) * _EARLY_DISTINCT):
+            return None
+        table = next(iter(keys))
+        if catalog.table_info(table).nested or _has_triggers(catalog, connection, table):
+            return None     # (a list or dict in an image sent may be one a later image shares: the end could not tell)
+        return cls(catalog, connection, base, keys, max(_EARLY_MIN_EVENTS, -(-len(batch) // _EARLY_PARTS)))
+
+    def __call__(self, images: Mapping[State, RowImage | None], written: Mapping[State, None]) -> None:
+        """A part of the run done: the states first written in it go out, as their images are now."""
+        if self.stopped:
+            return
+        if written is not self._written:
+            if self._pipeline is not None:    # (the run restarted, keeping versions: what went out may not hold)
+                self.stopped = self.irregular = True
+                return
+            self._written, self._position = written, 0
+        states = list(itertools.islice(written, self._position, None))
+        self._position += len(states)
+        if not states:
+            return
+        final = {state: images[state] for state in states}
+        try:
+            statements = _final_rows(self._catalog, final, self._base, self._normalised)
+        except SchemaError:      # (the end decides, as without early writes)
+            self.stopped = True
+            self.irregular = self._pipeline is not None
+            return
+        self._sent.update(final)
+        if not statements:
+            return
+        driver = _driver(self._connection)
+        try:
+            if self._pipeline is None:
+                self._pipeline = driver.pipeline()
+                self._pipeline.__enter__()
+                driver.execute(f"SAVEPOINT {_EARLY_SAVEPOINT}")
+            for statement in statements:
+                _execute(self._connection, statement)
+        except (driver.Error, sa.exc.DBAPIError):
+            # PostgreSQL refused a row sent (its error arrives with a later statement): perhaps an image a later event
+            # changes — the end decides, as without early writes.
+            self.stopped = self.irregular = True
+            return
+        self.rows += sum(len(rows) for _, _, _, rows in statements)
+
+    def guard(self, loader: Loader) -> Loader:
+        """``loader``, ending the early writes: before any went out, it loads as it would; after, it raises
+        :class:`_Unplanned` (the row's table lock would come after the rows' writes, an order that can deadlock
+        with another process doing the same: the batch runs again without early writes)."""
+        def load(table: str, key: Hashable) -> RowImage | None:
+            if self._pipeline is not None:
+                raise _Unplanned(f"the row {key!r} of {table!r} was read on demand after rows went out early")
+            self.stopped = True
+            return loader(table, key)
+
+        return load
+
+    def remaining(self, result: BatchResult) -> list[_Statement] | None:
+        """The statements that write the rest of ``result``: each state whose final image is not the one sent, against
+        the one sent (the store's now), and the new rows; None when nothing went out, or what did must be undone
+        (irregular, a state sent that is no final state of the result, a value the store cannot hold)."""
+        return None if self._pipeline is None or self.irregular else self._rest(result)
+
+    def _rest(self, result: BatchResult) -> list[_Statement] | None:
+        final, sent, before = result.final, self._sent, result.before
+        if not sent.keys() <= final.keys():
+            return None
+        rest: dict[State, RowImage | None] = {}
+        against: dict[State, RowImage | None] = {}
+        for state, image in final.items():
+            old = sent.get(state, _MISSING)
+            if old is _MISSING:
+                rest[state] = image
+                against[state] = before.get(state)
+            elif old is not image and old != image:
+                rest[state] = image
+                against[state] = old           # type: ignore[assignment]  # (an image or None)
+                self.rewritten += 1
+        try:
+            return (_final_rows(self._catalog, rest, against, self._normalised)
+                    + _new_rows(self._catalog, result.inserted(), _MARKED_ONLY))
+        except SchemaError:
+            self.rewritten = 0
+            return None
+
+    def opened(self) -> tuple[contextlib.AbstractContextManager[psycopg.Pipeline], str] | None:
+        """The pipeline the rows went out in and their savepoint, for the end's statements (``_send(opened=)``)."""
+        return (self._pipeline, _EARLY_SAVEPOINT) if self._pipeline is not None else None
+
+    def roll_back(self) -> None:
+        """Undo what went out: the pipeline synced (a refusal of a row sent is dropped with it) and the transaction
+        rolled back to the savepoint, which also releases the locks those statements took."""
+        pipeline, self._pipeline = self._pipeline, None
+        self.rows = self.rewritten = 0
+        if pipeline is None:
+            return
+        driver = _driver(self._connection)
+        try:
+            pipeline.__exit__(None, None, None)
+        except driver.Error:
+            pass                # (the rows refused are undone below: the batch's own writes decide)
+        try:
+            driver.execute(f"ROLLBACK TO SAVEPOINT {_EARLY_SAVEPOINT}")
+            driver.execute(f"RELEASE SAVEPOINT {_EARLY_SAVEPOINT}")
+        except driver.Error as error:
+            raise driver_error("rolling back the rows sent early", None, error, driver) from None
+
+    def abandon(self, error: BaseException) -> None:
+        """The run failed: the pipeline ended (its errors logged by the driver, ``error`` raised by the caller)."""
+        pipeline, self._pipeline = self._pipeline, None
+        if pipeline is not None:
+            pipeline.__exit__(type(error), error, error.__traceback__)
+
+
+@contextlib.contextmanager
+def _exiting(pipeline: contextlib.AbstractContextManager[psycopg.Pipeline]) -> Iterator[None]:
+    """A pipeline entered already, exited (synced) at the end of the ``with`` block, as its own ``with`` would."""
+    try:
+        yield
+    except BaseException as error:
+        pipeline.__exit__(type(error), error, error.__traceback__)
+        raise
+    pipeline.__exit__(None, None, None)
+
+
+def _execute(connection: sa.Connection, statement: _Statement) -> None:
+    """Send one planned statement (``_planned_writes``')."""
+    function, info, names, rows = statement
+    if names is None:
+        function(connection, info, rows)
+    else:
+        function(connection, info, names, rows)
+
+
+def _has_triggers(catalog: Catalog, connection: sa.Connection, table: str) -> bool:
+    """Whether ``table`` has a trigger (a user's, or a foreign key's: each would see, or lock, the batch's rows
+    part by part); asked once per connection."""
+    known: dict[str, bool] = connection.info.setdefault(_TRIGGERS, {})
+    found = known.get(table)
+    if found is None:
+        name = catalog.table_info(table).table
+        preparer = connection.dialect.identifier_preparer
+        found = known[table] = bool(connection.exec_driver_sql(
+            "SELECT EXISTS (SELECT FROM pg_trigger WHERE tgrelid = %(name)s::regclass)",
+            {"name": preparer.format_table(name)}).scalar())
+    return found
 
 
 def _on_demand(catalog: Catalog, connection: sa.Connection, keys: Mapping[str, Mapping[Hashable, Key]]) -> Loader:
@@ -353,12 +581,13 @@ def _planned_writes(catalog: Catalog, result: BatchResult, normalised: Mapping[s
     """The statements that write the batch's final rows and its new rows, every value checked first (a
     value the store cannot hold raises a ``SchemaError`` before anything is sent); ``drawn``: the tables whose new
     rows' keys the batch drew (:func:`_new_rows`)."""
-    return _final_rows(catalog, result, normalised) + _new_rows(catalog, result.inserted(), drawn)
+    return _final_rows(catalog, result.final, result.before, normalised) + _new_rows(catalog, result.inserted(), drawn)
 
 
 def _send(connection: sa.Connection, statements: list[_Statement], check: KeysCheck | None = None, *,
           savepoint: str | None = None, then: Callable[[], deadletters.LettersInsert | None] | None = None,
-          meanwhile: Callable[[], None] | None = None) -> int:
+          meanwhile: Callable[[], None] | None = None,
+          opened: tuple[contextlib.AbstractContextManager[psycopg.Pipeline], str] | None = None) -> int:
     """Send ``statements`` (:func:`_planned_writes`) in one pipeline of the driver: PostgreSQL runs each one while
     the next one's arrays are made here (they need no result); the number of rows they write.  ``check``: the
     generated keys' check, sent first and judged once the pipeline synced (it raises ``GeneratedKeysReset``: the
@@ -367,20 +596,22 @@ def _send(connection: sa.Connection, statements: list[_Statement], check: KeysCh
     sent (PostgreSQL runs them meanwhile), a last statement for the same round trip — the batch's dead letters —
     whose row count is checked once the pipeline synced.  ``meanwhile()``: called last, before the pipeline syncs —
     Python work that overlaps PostgreSQL's (it must run no statement on the connection).  The driver's errors,
-    raised when the pipeline syncs, become SQLAlchemy's, as when a statement runs on its own."""
+    raised when the pipeline syncs, become SQLAlchemy's, as when a statement runs on its own.  ``opened``: a pipeline
+    entered already and the savepoint set in it (the rows sent while the batch ran, ``_EarlyWrites``): the statements
+    go on in it, under that savepoint, released at the end; on a failure rolled back to (as ``savepoint``)."""
     driver = _driver(connection)
     checking = inserting = letters = None
+    if opened is not None:
+        assert savepoint is None
+        savepoint = opened[1]
     try:
-        with driver.pipeline():
-            if savepoint is not None:
+        with driver.pipeline() if opened is None else _exiting(opened[0]):
+            if savepoint is not None and opened is None:
                 driver.execute(f"SAVEPOINT {savepoint}")
             if check is not None:
                 checking = driver.execute(check.sql, check.parameters)
-            for function, info, names, rows in statements:
-                if names is None:
-                    function(connection, info, rows)
-                else:
-                    function(connection, info, names, rows)
+            for statement in statements:
+                _execute(connection, statement)
             if savepoint is not None:
                 driver.execute(f"RELEASE SAVEPOINT {savepoint}")
             letters = then() if then is not None else None
@@ -403,13 +634,13 @@ def _send(connection: sa.Connection, statements: list[_Statement], check: KeysCh
     return sum(len(rows) for _, _, _, rows in statements)
 
 
-def _final_rows(catalog: Catalog, result: BatchResult, normalised: Mapping[str, Mapping[Hashable, Key]]
-                ) -> list[_Statement]:
-    """The batch's final rows, one statement per table and kind (the package README, "Running a
-    batch in the store"); ``normalised[table][key]``: the key tuples checked when the batch was applied."""
+def _final_rows(catalog: Catalog, final: Mapping[State, RowImage | None], before: Mapping[State, RowImage | None],
+                normalised: Mapping[str, Mapping[Hashable, Key]]) -> list[_Statement]:
+    """The statements that make the rows of ``final`` (state → image, None: no row) of the rows ``before`` (the
+    store's, as this transaction sees them), one per table and kind (the package README, "Running a batch in the
+    store"); ``normalised[table][key]``: the key tuples checked when the batch was applied."""
     statements: list[_Statement] = []
-    final = result.final
-    before_get = result.before.get
+    before_get = before.get
     # The states of each table, in the order of ``final``: its items as they are when every state is of one table (a
     # stream's usual batch), without a step per state here.
     tables = set(map(_FIRST, final))
@@ -522,8 +753,8 @@ def _uniform_updates(info: TableInfo, images: list[RowImage | None], olds: list[
     except TypeError:
         return None
     names = list(rows[0])
-    if widths != {len(names)}:
-        return None
+    if widths != {len(names)} or not rows[0].keys() >= set(info.key_columns):
+        return None         # (other columns; or no key columns: rows the batch created, sent early)
     columns = info.table.c
     changed: list[str] = []
     mixed: list[list[object]] = []        # per column some rows changed and others did not: whose
@@ -562,7 +793,12 @@ def _one_update(info: TableInfo, updates: Mapping[tuple[str, ...], list[tuple[Ro
     union = frozenset(name for changed in updates for name in changed)
     columns = info.table.c
     if len(updates) <= 1 or any(name not in columns or _array_type(columns[name]) is None for name in union):
-        return {frozenset(changed): list(map(_FIRST, rows)) for changed, rows in updates.items()}
+        # (Two rows may name one set of columns in two orders — a row the batch created and sent early, against one
+        # read: one statement for both.)
+        by_set: dict[frozenset[str], list[RowImage]] = {}
+        for changed, rows in updates.items():
+            by_set.setdefault(frozenset(changed), []).extend(map(_FIRST, rows))
+        return by_set
     merged: dict[frozenset[str], list[RowImage]] = {}
     one: list[RowImage] = []
     for changed, rows in updates.items():

@@ -9,9 +9,10 @@ Thread-safety: none; one call runs on one thread.
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from activedb.batch._declare import (BatchEvent, Declaring, OpKind, Ops, OpSpec, State, inserted, no_operation,
                                      unknown_event_type)
@@ -41,6 +42,17 @@ class RouteMissed(BaseException):
         self.t = t
 
 
+class Progress(Protocol):
+    """What :func:`run_lean` tells of a run as it goes (``_commit``'s early writes): ``every`` events, ``(images,
+    written)`` — the run's images (state → image, or None: no row) and the states committed transactions wrote, in
+    the order first written.  Both are the run's own: read them, do not change them, keep no reference past the
+    call (an image itself is never changed: a write replaces it)."""
+
+    every: int
+
+    def __call__(self, images: Mapping[State, RowImage | None], written: Mapping[State, None]) -> None: ...
+
+
 class _NeedVersions(BaseException):
     """A window operation appeared in a run that keeps no versions: run again keeping them."""
 
@@ -66,7 +78,7 @@ def run_lean(declarations: Mapping[str, Declaring], items: list[tuple[int, Batch
              base: Mapping[State, RowImage | None], *, loader: Loader | None = None,
              declared: Mapping[int, list[OpSpec] | str] | None = None, versions: bool = False,
              allowed: Allowed | None = None, check: WriteCheck | None = None,
-             nested: NestedColumns | None = None) -> Part:
+             nested: NestedColumns | None = None, progress: Progress | None = None) -> Part:
     """Run ``items`` (``(t, event)``, ascending ``t``) serially; the :class:`Part` of strategy ``"lean"``.  ``declared[t]``: the event's
     operations, or the reason it was rejected (then it is not declared again).  ``versions``:
     keep the versions windows read from the start (else a window operation restarts the run
@@ -77,10 +89,13 @@ def run_lean(declarations: Mapping[str, Declaring], items: list[tuple[int, Batch
     transaction ends with its written ``(state, image)`` pairs and its outputs; a reason it returns aborts the
     transaction (the commit's way of refusing values the store cannot hold, ``_store.store_check``).  ``nested``:
     per table, its list and dict columns (``TableInfo.nested``), whose values a function's argument gets copies
-    of; None (no catalog at hand): every argument's values are looked at instead (``store.own_image``)."""
+    of; None (no catalog at hand): every argument's values are looked at instead (``store.own_image``).
+    ``progress``: told, before the event at each multiple of ``progress.every`` (by ``t``), the run's images so far and
+    the states committed transactions wrote, in the order first written (:class:`Progress`; a run that restarts
+    keeping versions tells it new ones)."""
     while True:
         try:
-            return _run(declarations, items, base, loader, declared, versions, allowed, check, nested)
+            return _run(declarations, items, base, loader, declared, versions, allowed, check, nested, progress)
         except _NeedVersions:
             versions = True
         except _LoadFailed as failure:
@@ -90,7 +105,7 @@ def run_lean(declarations: Mapping[str, Declaring], items: list[tuple[int, Batch
 def _run(declarations: Mapping[str, Declaring], items: list[tuple[int, BatchEvent]],
          base: Mapping[State, RowImage | None], loader: Loader | None,
          declared: Mapping[int, list[OpSpec] | str] | None, versions: bool, allowed: Allowed | None,
-         check: WriteCheck | None, nested: NestedColumns | None) -> Part:
+         check: WriteCheck | None, nested: NestedColumns | None, progress: Progress | None = None) -> Part:
     started = time.perf_counter()
     rejected: list[tuple[int, str]] = []
     result_ts: list[int] = []
@@ -182,7 +197,12 @@ def _run(declarations: Mapping[str, Declaring], items: list[tuple[int, BatchEven
     # table and its insert (looked up once, not per event).
     chained = {kind: (chain, chain.key_and_event, scratch.get(chain), chain.run_on, chain.table, chain.insert_spec)
                for kind, chain in learned.items()}
+    every = progress.every if progress is not None else 0
+    cut = every if progress is not None else sys.maxsize        # (without a progress: never)
     for t, event in items:
+        if t >= cut:
+            cut = t + every
+            progress(current, written)  # type: ignore[misc]  # (a cut only with a progress)
         # --- declare ------------------------------------------------------------------------
         specs = declared.get(t) if declared is not None else None
         found = chained.get(event.event_type) if specs is None and learned else None

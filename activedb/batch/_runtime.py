@@ -24,7 +24,7 @@ from typing import Any, cast
 from activedb.batch._declare import BatchEvent, OpSpec, State, StateTransactions, specs_of
 from activedb.batch._decide import Decision, DecisionModel
 from activedb.batch._execute import TpgExecutor, run_serial
-from activedb.batch._lean import RouteMissed, run_lean, time_of
+from activedb.batch._lean import Progress, RouteMissed, run_lean, time_of
 from activedb.batch._parallel import WorkerPool
 from activedb.batch._plan import Txn, build_tpg
 from activedb.batch._result import BatchResult, BatchStatistics, Part
@@ -429,12 +429,14 @@ class _Times:
 def _run_part(transactions: StateTransactions, mode: str | Strategy, batch: Mapping[int, BatchEvent] | list[BatchEvent],
               items: list[tuple[int, BatchEvent]], declared: Mapping[int, list[OpSpec] | str] | None,
               base: Mapping[State, RowImage | None], loader: Loader | None, allowed: Allowed | None,
-              model: DecisionModel, versions: bool, nested: NestedColumns | None = None) -> Part:
-    """Run ``items`` (``(t, event)``) with ``mode`` (``nested``: ``run_lean``'s)."""
+              model: DecisionModel, versions: bool, nested: NestedColumns | None = None,
+              progress: Progress | None = None) -> Part:
+    """Run ``items`` (``(t, event)``) with ``mode`` (``nested``, ``progress``: ``run_lean``'s; only a lean run tells
+    its progress)."""
     seconds: dict[str, float] = {}
     if mode == LEAN:
         return run_lean(transactions.declarations, items, base, loader=loader, declared=declared,
-                        versions=versions, allowed=allowed, nested=nested)
+                        versions=versions, allowed=allowed, nested=nested, progress=progress)
     started = time.perf_counter()
     prepared = _declare_all(transactions, items, batch, declared, started)
     seconds["declare"] = prepared.seconds
@@ -516,8 +518,8 @@ class _Missed:
 def execute_batch(transactions: StateTransactions, batch: list[BatchEvent], base: Mapping[State, RowImage | None], *,
                   loader: Loader | None = None, declared: Mapping[int, list[OpSpec] | str] | None = None,
                   strategy: str | Strategy = AUTO, processes: int | None = None, split: Split = Split.AUTO,
-                  declare_seconds: float = 0.0, check: WriteCheck | None = None, nested: NestedColumns | None = None
-                  ) -> BatchResult:
+                  declare_seconds: float = 0.0, check: WriteCheck | None = None, nested: NestedColumns | None = None,
+                  progress: Progress | None = None) -> BatchResult:
     """Run the normalised ``batch`` (``batch[t]``, timestamp order) over ``base`` (images before
     the batch; missing states come from ``loader`` or are absent rows).  ``declared[t]``: specs
     (or a rejection reason) already known for the event at ``t``.  ``processes`` defaults to the
@@ -526,7 +528,8 @@ def execute_batch(transactions: StateTransactions, batch: list[BatchEvent], base
     per-transaction check (``run_lean``); given, the batch runs lean in this process.  The caller pauses the cyclic
     garbage collector (``no_cyclic_gc``), as every caller here does.  ``nested``: the tables' list and dict columns,
     where the caller has the catalog (the lean executor in this process then copies a function's argument by its
-    table's, not by looking at every value: ``run_lean``)."""
+    table's, not by looking at every value: ``run_lean``).  ``progress``: ``run_lean``'s, told only when the batch runs
+    lean in this process, unsplit, without ``check`` (else never)."""
     runtime = runtime_of(transactions)
     mode = strategy if isinstance(strategy, str) and strategy in _MODES else parse_strategy(strategy)
     split = Split.parse(split, "split")
@@ -559,7 +562,7 @@ def execute_batch(transactions: StateTransactions, batch: list[BatchEvent], base
             parts = _run_split(transactions, runtime, mode, batch, routing, base, loader, declared, notes, seconds)
     if not parts:
         parts = [_run_part(transactions, mode, batch, list(enumerate(batch)), declared, base, loader, None, model,
-                           runtime.versions, nested)]
+                           runtime.versions, nested, progress)]
     return _assemble(batch, parts, mode, seconds, components, largest_share, runtime, notes, decision)
 
 

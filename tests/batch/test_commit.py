@@ -1011,3 +1011,48 @@ def test_the_commits_writes_run_prepared_from_the_first_batch_unless_the_driver_
     with db.engine.connect() as connection:
         assert connection.execute(sa.text("SELECT k, n FROM prepared_counters ORDER BY k")).all() == [
             (1, 1), (2, 1), (3, 1), (4, 1)]
+
+
+def test_a_batchs_rows_go_out_while_it_runs_and_the_table_ends_as_the_batch_leaves_it(db):
+    """A batch of rows of their own, one table without triggers, sends its rows in parts while the lean run goes on
+    (``_commit._EarlyWrites``): by its last event PostgreSQL has run the earlier events' writes (the commit's backend
+    shows the ``UPDATE`` or ``INSERT``, not the read ``FOR UPDATE``), and the table ends as the batch leaves it —
+    rows read and rows created, rows written early and again later."""
+    transactions = batch.StateTransactions("early writes")
+    seen: list[list[str]] = []
+
+    @transactions.on("bump")
+    def bump(event, ops):
+        ops.write("items", event.key, lambda own: {"value": (own["value"] if own is not None else 0) + 1})
+
+    @transactions.on("look")
+    def look(event, ops):
+        def write(own):
+            with db.engine.connect() as connection:      # another connection: what the commit's backend runs
+                seen.append(connection.execute(sa.text(
+                    "SELECT query FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND pid <> pg_backend_pid() AND xact_start IS NOT NULL")).scalars().all())
+            return {"value": (own["value"] if own is not None else 0) + 1}
+
+        ops.write("items", event.key, write)
+
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("TRUNCATE items"))
+        connection.execute(sa.text("INSERT INTO items (key, value, note) SELECT 'k' || g, g, 'x' "
+                                   "FROM generate_series(0, 299) g"))
+    keys = [f"k{number}" for number in range(600)]            # 300 rows there, 300 made by the batch
+    types = ["bump"] * 600
+    keys[450], keys[598] = "k10", "k320"                       # a row read and one made, each written again later
+    types[599] = "look"
+    events = [batch.BatchEvent(event_type, key, t) for t, (event_type, key) in enumerate(zip(types, keys))]
+    with db.transaction() as tx:
+        pending = batch.apply_at_commit(tx, events, transactions, dead_letters=None, strategy="lean")
+    assert not pending.result.dead_letters
+    [queries] = seen
+    assert any(query.lstrip().upper().startswith(("UPDATE", "INSERT")) for query in queries), queries
+    expected = {f"k{number}": number for number in range(300)}
+    for key in keys:
+        expected[key] = expected.get(key, 0) + 1
+    with db.engine.connect() as connection:
+        stored = dict(connection.execute(sa.text("SELECT key, value FROM items")).all())
+    assert stored == expected
