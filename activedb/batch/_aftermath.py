@@ -372,7 +372,7 @@ def plan_in_commit(rules: "RuleManager", transaction: "Transaction",
         if runner is None:
             continue
         action, stand_in, tx = runner
-        stand_in.inserted, stand_in.deviated = None, False
+        stand_in.again()
         try:
             action(tx, firing.event)
         except Exception:           # (raised or deviated: the outbox runs it, and fails it with its own error)

@@ -558,6 +558,11 @@ class _RowTransaction:
         #: and, if one cannot be stored, runs the batch again with this set: ``LearnedDeclaration.check_rows``).
         self.checking = False
 
+    def again(self) -> None:
+        """Ready for another run of an action on the same row: nothing deviated or inserted yet."""
+        self.deviated = False
+        self.inserted = None
+
     def _deviate(self, what: str) -> _Deviation:
         self.deviated = True
         return _Deviation(f"a learned rule's action {what}; the batch runs event by event")
