@@ -199,7 +199,7 @@ class PendingBatch(CommitParticipant):
                 self.rows_written = _send(connection, statements, check, then=letters_insert,
                                           meanwhile=meanwhile if options.on_sent is not None else None)
             if early is not None:
-                self.rows_written += early.rows - early.rewritten
+                self.rows_written += early.rows + early.recounted
             seconds["write"] = time.perf_counter() - started - seconds["dead_letters"]
             if raised:
                 raise raised[0]
@@ -289,7 +289,7 @@ class _EarlyWrites:
         self.stopped = False                              # nothing more goes out
         self.irregular = False                            # what went out must be undone
         self.rows = 0                                     # rows sent
-        self.rewritten = 0                                # of those, rows the end writes again
+        self.recounted = 0      # what makes the rows counted sent and again at the end the rows the batch changed
 
     @classmethod
     def when_worth_it(cls, catalog: Catalog, connection: sa.Connection, batch: Sequence[BatchEvent],
@@ -368,6 +368,7 @@ class _EarlyWrites:
             return None
         rest: dict[State, RowImage | None] = {}
         against: dict[State, RowImage | None] = {}
+        recounted = 0
         for state, image in final.items():
             old = sent.get(state, _MISSING)
             if old is _MISSING:
@@ -376,12 +377,17 @@ class _EarlyWrites:
             elif old is not image and old != image:
                 rest[state] = image
                 against[state] = old           # type: ignore[assignment]  # (an image or None)
-                self.rewritten += 1
+                # (``rows_written`` counts the rows the batch changed, as without early writes: a row sent unchanged,
+                # or deleted and made again, is not one row sent and one again.)
+                first = before.get(state)
+                recounted += (_rows_planned(first, image) - _rows_planned(first, old)   # type: ignore[arg-type]
+                              - _rows_planned(old, image))                              # type: ignore[arg-type]
+        self.recounted = recounted
         try:
             return (_final_rows(self._catalog, rest, against, self._normalised)
                     + _new_rows(self._catalog, result.inserted(), _MARKED_ONLY))
         except SchemaError:
-            self.rewritten = 0
+            self.recounted = 0
             return None
 
     def opened(self) -> tuple[contextlib.AbstractContextManager[psycopg.Pipeline], str] | None:
@@ -392,7 +398,7 @@ class _EarlyWrites:
         """Undo what went out: the pipeline synced (a refusal of a row sent is dropped with it) and the transaction
         rolled back to the savepoint, which also releases the locks those statements took."""
         pipeline, self._pipeline = self._pipeline, None
-        self.rows = self.rewritten = 0
+        self.rows = self.recounted = 0
         if pipeline is None:
             return
         driver = _driver(self._connection)
@@ -727,6 +733,17 @@ def _final_rows(catalog: Catalog, final: Mapping[State, RowImage | None], before
             _check_columns(info, [name for name in names if name not in key_set], rows)
             statements.append((_insert_drawn, info, names, rows))
     return statements
+
+
+def _rows_planned(old: RowImage | None, image: RowImage | None) -> int:
+    """The rows :func:`_final_rows` plans to make ``image`` of ``old`` (None: no row) — none when it is unchanged, two
+    when it is deleted and made again — its branches, for one row."""
+    if image is None or old is None:
+        return 0 if image is old else 1
+    if len(image) < len(old) and not old.keys() <= image.keys():
+        return 2
+    old_get = old.get
+    return 0 if all(old_get(name, _MISSING) == value for name, value in image.items()) else 1
 
 
 _FIRST = operator.itemgetter(0)         # a state's table, a key tuple's first value, a pair's first
