@@ -262,7 +262,6 @@ _EARLY_MIN_EVENTS = 200
 _EARLY_PARTS = 4
 _EARLY_DISTINCT = 0.9
 _EARLY_SAVEPOINT = "activedb_early_writes"
-_TRIGGERS = "activedb.batch: tables with triggers"    # ``connection.info``: {table name: whether it has a trigger}
 
 
 class _Unplanned(Exception):
@@ -441,16 +440,13 @@ def _execute(connection: sa.Connection, statement: _Statement) -> None:
 
 def _has_triggers(catalog: Catalog, connection: sa.Connection, table: str) -> bool:
     """Whether ``table`` has a trigger (a user's, or a foreign key's: each would see, or lock, the batch's rows
-    part by part); asked once per connection."""
-    known: dict[str, bool] = connection.info.setdefault(_TRIGGERS, {})
-    found = known.get(table)
-    if found is None:
-        name = catalog.table_info(table).table
-        preparer = connection.dialect.identifier_preparer
-        found = known[table] = bool(connection.exec_driver_sql(
-            "SELECT EXISTS (SELECT FROM pg_trigger WHERE tgrelid = %(name)s::regclass)",
-            {"name": preparer.format_table(name)}).scalar())
-    return found
+    part by part); asked per batch, in its transaction — a trigger made since the last batch (``CREATE TRIGGER``, a
+    foreign key, ``db.capture``) must not see a row's intermediate images."""
+    name = catalog.table_info(table).table
+    preparer = connection.dialect.identifier_preparer
+    return bool(connection.exec_driver_sql(
+        "SELECT EXISTS (SELECT FROM pg_trigger WHERE tgrelid = %(name)s::regclass)",
+        {"name": preparer.format_table(name)}).scalar())
 
 
 def _on_demand(catalog: Catalog, connection: sa.Connection, keys: Mapping[str, Mapping[Hashable, Key]]) -> Loader:

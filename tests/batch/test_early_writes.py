@@ -82,3 +82,24 @@ def test_rows_written_counts_a_row_sent_unchanged_or_deleted_and_changed_later_o
     seen = _with_and_without(db, monkeypatch, make, events, transactions)
     assert seen[True] == seen[False]
     assert seen[True][1][:2] == [("k0", 7), ("k1", 9)]
+
+
+def test_a_trigger_made_between_two_batches_sees_no_rows_image_the_batch_does_not_leave(db):
+    """A table gets a trigger after a batch wrote it early (on the same pooled connection): the next batch is
+    written without early writes, so the trigger sees each row once, as the batch leaves it — not the image a row
+    had in the first part and changed in the last."""
+    transactions = _setter()
+    _counters(db, "early_trigger")
+    _apply(db, _events("early_trigger", {}), transactions)            # (early writes: no trigger yet)
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("DROP TABLE IF EXISTS early_trigger_log"))
+        connection.execute(sa.text("CREATE TABLE early_trigger_log (k text, n bigint)"))
+        connection.execute(sa.text(
+            "CREATE OR REPLACE FUNCTION early_trigger_log() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+            "INSERT INTO early_trigger_log VALUES (NEW.k, NEW.n); RETURN NEW; END $$"))
+        connection.execute(sa.text("CREATE TRIGGER early_trigger_log AFTER UPDATE ON early_trigger FOR EACH ROW "
+                                   "EXECUTE FUNCTION early_trigger_log()"))
+    _apply(db, _events("early_trigger", {0: ("k0", 5000), 350: ("k0", 5)}), transactions)
+    with db.engine.connect() as connection:
+        assert connection.execute(sa.text(
+            "SELECT n FROM early_trigger_log WHERE k = 'k0'")).scalars().all() == [5]
