@@ -296,12 +296,14 @@ class _EarlyWrites:
                       unbounded: Collection[str], options: _Options) -> _EarlyWrites | None:
         """Early writes for a batch whose rows are of one table without triggers, each named by its declarations or
         route plans (none read on demand), mostly one per event (a row written early and again later costs a second
-        write), with no generated keys to check first, of two parts at least; None otherwise."""
+        write), with no generated keys to check first and no column drawing from a sequence, of two parts at least; None
+        otherwise."""
         if (options.keys_check is not None or unbounded or len(keys) != 1
                 or len(batch) < 2 * _EARLY_MIN_EVENTS or len(base) < len(batch) * _EARLY_DISTINCT):
             return None
         table = next(iter(keys))
-        if catalog.table_info(table).nested or _has_triggers(catalog, connection, table):
+        info = catalog.table_info(table)
+        if info.nested or _draws_from_sequences(info) or _has_triggers(catalog, connection, table):
             return None     # (a list or dict in an image sent may be one a later image shares: the end could not tell)
         return cls(catalog, connection, base, keys, max(_EARLY_MIN_EVENTS, -(-len(batch) // _EARLY_PARTS)))
 
@@ -436,6 +438,15 @@ def _execute(connection: sa.Connection, statement: _Statement) -> None:
         function(connection, info, rows)
     else:
         function(connection, info, names, rows)
+
+
+def _draws_from_sequences(info: TableInfo) -> bool:
+    """Whether a new row of the table takes a column's value from a sequence (an identity, or a ``serial``'s
+    ``nextval`` default): a row sent early and deleted, or undone, later would have drawn a value no rollback
+    returns, and the batch's rows would take other values than without early writes."""
+    return any(column.identity is not None or "nextval(" in getattr(getattr(column.server_default, "arg", None),
+                                                                    "text", "")
+               for column in info.columns.values())
 
 
 def _has_triggers(catalog: Catalog, connection: sa.Connection, table: str) -> bool:

@@ -103,3 +103,20 @@ def test_a_trigger_made_between_two_batches_sees_no_rows_image_the_batch_does_no
     with db.engine.connect() as connection:
         assert connection.execute(sa.text(
             "SELECT n FROM early_trigger_log WHERE k = 'k0'")).scalars().all() == [5]
+
+
+@pytest.mark.parametrize("drawn", ["bigint GENERATED ALWAYS AS IDENTITY", "bigserial"])
+def test_values_drawn_from_a_sequence_for_new_rows_are_as_without_early_writes(db, monkeypatch, drawn):
+    """A table whose column (not its key) draws new rows' values from a sequence: a row the batch makes in its first
+    part and deletes in its last, and one it deletes and makes again, leave the rows the batch makes with the values
+    they take without early writes — no value drawn for a row the batch does not leave."""
+    transactions = _setter()
+    events = _events("early_drawn", {10: ("k450", 1), 350: ("k450", None), 300: ("k360", None)})
+
+    def make():
+        _counters(db, "early_drawn", 200, columns=f", id {drawn} UNIQUE, d int DEFAULT 7")
+        return "early_drawn"
+
+    seen = _with_and_without(db, monkeypatch, make, events, transactions, columns="k, n, id, d")
+    assert seen[True] == seen[False]
+    assert ("k200", 201, 201, 7) in seen[True][1]
