@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import sqlalchemy as sa
 
-from activedb import batch
+from activedb import batch, testing
 from activedb.batch import _commit
 
 
@@ -25,8 +25,9 @@ def _setter():
 
 
 def _events(table, changes, count=400):
-    """``count`` events, the one at ``t`` setting row ``k<t>`` to ``t + 1`` — but ``changes``: {t: (key, n)}. Four
-    parts of 100 events: a row set in the first part and again in the last is sent early and rewritten."""
+    """``count`` events, the one at ``t`` setting row ``k<t>`` to ``t + 1`` — but ``changes``: {t: (key, n)}. Of 400,
+    two parts of 200 (``_EARLY_MIN_EVENTS``): a row set in the first part is sent early, and rewritten at the end
+    when set again in the second."""
     keys = [f"k{t}" for t in range(count)]
     values: list[int | None] = [t + 1 for t in range(count)]
     for t, (key, n) in changes.items():
@@ -69,8 +70,8 @@ def _with_and_without(db, monkeypatch, make, events, transactions, columns="k, n
 
 def test_rows_written_counts_a_row_sent_unchanged_or_deleted_and_changed_later_once(db, monkeypatch):
     """``rows_written`` is the rows the batch changed, with early writes as without: a row written as it was in the
-    first part (no statement went out for it) and changed in the last, a row deleted in the first part and made
-    again in the last, each count as the one row they are (two, for the row deleted and made again, as the plan
+    first part (no statement went out for it) and changed in the second, a row deleted in the first part and made
+    again in the second, each count as the one row they are (two, for the row deleted and made again, as the plan
     without early writes deletes and inserts it)."""
     transactions = _setter()
     events = _events("early_count", {0: ("k0", 0), 300: ("k0", 7), 1: ("k1", None), 301: ("k1", 9)})
@@ -87,7 +88,7 @@ def test_rows_written_counts_a_row_sent_unchanged_or_deleted_and_changed_later_o
 def test_a_trigger_made_between_two_batches_sees_no_rows_image_the_batch_does_not_leave(db):
     """A table gets a trigger after a batch wrote it early (on the same pooled connection): the next batch is
     written without early writes, so the trigger sees each row once, as the batch leaves it — not the image a row
-    had in the first part and changed in the last."""
+    had in the first part and changed in the second."""
     transactions = _setter()
     _counters(db, "early_trigger")
     _apply(db, _events("early_trigger", {}), transactions)            # (early writes: no trigger yet)
@@ -108,7 +109,7 @@ def test_a_trigger_made_between_two_batches_sees_no_rows_image_the_batch_does_no
 @pytest.mark.parametrize("drawn", ["bigint GENERATED ALWAYS AS IDENTITY", "bigserial"])
 def test_values_drawn_from_a_sequence_for_new_rows_are_as_without_early_writes(db, monkeypatch, drawn):
     """A table whose column (not its key) draws new rows' values from a sequence: a row the batch makes in its first
-    part and deletes in its last, and one it deletes and makes again, leave the rows the batch makes with the values
+    part and deletes in its second, and one it deletes and makes again, leave the rows the batch makes with the values
     they take without early writes — no value drawn for a row the batch does not leave."""
     transactions = _setter()
     events = _events("early_drawn", {10: ("k450", 1), 350: ("k450", None), 300: ("k360", None)})
@@ -120,3 +121,103 @@ def test_values_drawn_from_a_sequence_for_new_rows_are_as_without_early_writes(d
     seen = _with_and_without(db, monkeypatch, make, events, transactions, columns="k, n, id, d")
     assert seen[True] == seen[False]
     assert ("k200", 201, 201, 7) in seen[True][1]
+
+
+def test_two_batches_whose_intermediate_images_cross_on_a_unique_index_both_commit_their_rows(db):
+    """Two batches at once, of disjoint rows of a table with a unique column: each sets, in its first part, a row to
+    a value the other sets a row to in its second part, and ends with neither. Sent early, the four statements wait
+    on each other's uncommitted index entries — a deadlock no batch written at its end has — and PostgreSQL aborts
+    one statement: that batch is rolled back to its savepoint and written as without early writes, and both commit
+    the rows they leave, as applied one after the other."""
+    import threading
+
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("DROP TABLE IF EXISTS early_unique"))
+        connection.execute(sa.text("CREATE TABLE early_unique (k text PRIMARY KEY, u text NOT NULL UNIQUE)"))
+        connection.execute(sa.text("INSERT INTO early_unique SELECT 'k' || g, 'u' || g FROM generate_series(0, 1199) g"))
+    transactions = batch.StateTransactions("early unique")
+    both_sent = threading.Barrier(2, timeout=60)
+
+    @transactions.on("set")
+    def set_(event, ops):
+        def write(own):
+            if event.payload.get("wait"):
+                both_sent.wait()          # (each batch's first part went out: PostgreSQL runs it)
+            return {"u": event.payload["u"]}
+
+        ops.write("early_unique", event.key, write)
+
+    def events(first, mine, theirs):
+        """600 events on rows k<first>… (parts of 200): the first row set to ``mine`` in the first part, the
+        201st to ``theirs`` in the second, each set to its final value in the third."""
+        made = [batch.BatchEvent("set", f"k{first + t}", t, {"u": f"v{first + t}"}) for t in range(600)]
+        made[0] = batch.BatchEvent("set", f"k{first}", 0, {"u": mine})
+        made[200] = batch.BatchEvent("set", f"k{first + 200}", 200, {"u": theirs, "wait": True})
+        made[500] = batch.BatchEvent("set", f"k{first}", 500, {"u": f"v{first}"})
+        made[501] = batch.BatchEvent("set", f"k{first + 200}", 501, {"u": f"v{first + 200}"})
+        return made
+
+    def deadlocks():
+        with db.engine.connect() as connection:
+            return connection.execute(sa.text(
+                "SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()")).scalar_one()
+
+    before = deadlocks()
+    failed: list[BaseException] = []
+
+    def apply(made):
+        try:
+            _apply(db, made, transactions)
+        except BaseException as error:        # (reported below)
+            failed.append(error)
+            both_sent.abort()
+
+    threads = [threading.Thread(target=apply, args=(events(0, "E", "F"),)),
+               threading.Thread(target=apply, args=(events(600, "F", "E"),))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert not any(thread.is_alive() for thread in threads), "a batch still runs after two minutes"
+    assert not failed, failed
+    assert _rows(db, "early_unique", "k, u") == sorted(      # (the rows of events 500 and 501 not set)
+        (f"k{n}", f"u{n}" if n % 600 in (500, 501) else f"v{n}") for n in range(1200))
+    testing.wait_until(lambda: deadlocks() > before, timeout=30,
+                       message="PostgreSQL to count the deadlock of the rows sent early")
+
+
+def test_an_intermediate_image_a_check_refuses_and_the_final_one_keeps_leaves_the_batchs_rows(db, monkeypatch):
+    """A row set in the first part to a value a CHECK refuses, and in the second to one it keeps: the part's
+    statement is refused, the rows sent are rolled back to the savepoint, and the batch ends as without early
+    writes — its rows and ``rows_written``."""
+    transactions = _setter()
+    events = _events("early_check", {0: ("k0", 5000), 350: ("k0", 5)})
+
+    def make():
+        _counters(db, "early_check", columns=" CHECK (n < 1000)")
+        return "early_check"
+
+    seen = _with_and_without(db, monkeypatch, make, events, transactions)
+    assert seen[True] == seen[False]
+    assert seen[True][1][0] == ("k0", 5)
+
+
+def test_a_final_image_a_check_refuses_fails_the_batch_as_without_early_writes(db, monkeypatch):
+    """A row whose final image a CHECK refuses (set to a value it keeps in the first part, sent early): the commit
+    fails with the error it fails with without early writes, and nothing of the batch is kept."""
+    import re
+
+    import activedb.errors
+
+    transactions = _setter()
+    errors = {}
+    for early in (True, False):
+        if not early:
+            monkeypatch.setattr(_commit, "_EARLY_MIN_EVENTS", 10 ** 9)
+        _counters(db, "early_refused", columns=" CHECK (n < 1000)")
+        with pytest.raises(activedb.errors.DatabaseError) as raised:
+            _apply(db, _events("early_refused", {0: ("k0", 5), 350: ("k0", 5000)}), transactions)
+        errors[early] = (raised.value.sqlstate, re.sub(r"commit of T[0-9]+", "commit of T", str(raised.value)))
+        assert _rows(db, "early_refused")[:2] == [("k0", 0), ("k1", 1)]
+    assert errors[True] == errors[False]
+    assert errors[True][0] == "23514"
