@@ -604,8 +604,8 @@ def _send(connection: sa.Connection, statements: list[_Statement], check: KeysCh
     """Send ``statements`` (:func:`_planned_writes`) in one pipeline of the driver: PostgreSQL runs each one while
     the next one's arrays are made here (they need no result); the number of rows they write.  ``check``: the
     generated keys' check, sent first and judged once the pipeline synced (it raises ``GeneratedKeysReset``: the
-    caller must not commit).  ``savepoint``: the statements run under that savepoint, set and released in the same
-    pipeline; after a failure the transaction is rolled back to it.  ``then()``: called once the statements are
+    caller must not commit).  ``savepoint``: the statements, and the dead letters' of ``then``, run under that
+    savepoint, set and released in the same pipeline; after a failure the transaction is rolled back to it.  ``then()``: called once the statements are
     sent (PostgreSQL runs them meanwhile), a last statement for the same round trip — the batch's dead letters —
     whose row count is checked once the pipeline synced.  ``meanwhile()``: called last, before the pipeline syncs —
     Python work that overlaps PostgreSQL's (it must run no statement on the connection).  The driver's errors,
@@ -625,11 +625,13 @@ def _send(connection: sa.Connection, statements: list[_Statement], check: KeysCh
                 checking = driver.execute(check.sql, check.parameters)
             for statement in statements:
                 _execute(connection, statement)
-            if savepoint is not None:
-                driver.execute(f"RELEASE SAVEPOINT {savepoint}")
             letters = then() if then is not None else None
             if letters is not None:
                 inserting = driver.execute(letters.sql, letters.parameters)
+            if savepoint is not None:
+                # (After the dead letters: a refusal of theirs is rolled back to the savepoint too, which a released
+                # one no longer is.)
+                driver.execute(f"RELEASE SAVEPOINT {savepoint}")
             if meanwhile is not None:
                 meanwhile()
     except (driver.Error, sa.exc.DBAPIError) as error:

@@ -221,3 +221,34 @@ def test_a_final_image_a_check_refuses_fails_the_batch_as_without_early_writes(d
         assert _rows(db, "early_refused")[:2] == [("k0", 0), ("k1", 1)]
     assert errors[True] == errors[False]
     assert errors[True][0] == "23514"
+
+
+def test_dead_letters_postgresql_refuses_fail_the_batch_as_without_early_writes(db, monkeypatch):
+    """The dead letters' insert refused (a CHECK of the dead letters table), after the rows sent early: the commit
+    fails with the error it fails with without early writes — activedb's, naming the constraint — and keeps
+    nothing."""
+    import re
+
+    import activedb.errors
+
+    transactions = _setter()
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("DROP TABLE IF EXISTS early_letters"))
+        connection.execute(sa.text("CREATE TABLE early_letters (LIKE activedb_dead_letters INCLUDING ALL)"))
+        connection.execute(sa.text("ALTER TABLE early_letters ADD CONSTRAINT never CHECK (batch_id < 0)"))
+    events = _events("early_letters_rows", {})
+    events[5] = batch.BatchEvent("unknown", "k5", 5, {})        # (a dead letter)
+    errors = {}
+    for early in (True, False):
+        if not early:
+            monkeypatch.setattr(_commit, "_EARLY_MIN_EVENTS", 10 ** 9)
+        _counters(db, "early_letters_rows")
+        with pytest.raises(activedb.errors.DatabaseError) as raised:
+            with db.transaction() as tx:
+                batch.apply_at_commit(tx, events, transactions, dead_letters="early_letters", query_id="early",
+                                      batch_id=1, strategy="lean")
+        message = re.sub(r"commit of T[0-9]+", "commit of T", str(raised.value))
+        errors[early] = (raised.value.sqlstate, message.split(" (Failing row")[0], message.rsplit("); ", 1)[-1])
+        assert _rows(db, "early_letters_rows")[:2] == [("k0", 0), ("k1", 1)]
+    assert errors[True] == errors[False]
+    assert "never" in errors[True][1]
