@@ -252,3 +252,35 @@ def test_dead_letters_postgresql_refuses_fail_the_batch_as_without_early_writes(
         assert _rows(db, "early_letters_rows")[:2] == [("k0", 0), ("k1", 1)]
     assert errors[True] == errors[False]
     assert "never" in errors[True][1]
+
+
+class _Stop(BaseException):
+    """Raised through the lean run (not an operation's failure: no dead letter)."""
+
+
+def test_a_run_that_raises_after_rows_went_out_keeps_nothing_and_the_connection_serves_the_next_batch(db):
+    """A function raising a ``BaseException`` in the second part, after the first part's rows went out
+    (``_EarlyWrites.abandon``): the commit fails with it, nothing of the batch is kept, and the pooled connections —
+    their pipeline ended — serve the next batches, written early, as usual."""
+    transactions = batch.StateTransactions("early abandoned")
+
+    @transactions.on("set")
+    def set_(event, ops):
+        def write(own):
+            if event.payload.get("stop"):
+                raise _Stop()
+            return {"n": event.payload["n"]}
+
+        ops.write("early_abandoned", event.key, write)
+
+    _counters(db, "early_abandoned")
+    events = [batch.BatchEvent("set", f"k{t}", t, {"n": -t}) for t in range(400)]
+    events[300] = batch.BatchEvent("set", "k300", 300, {"stop": True})
+    for _ in range(3):
+        with pytest.raises(_Stop):
+            _apply(db, events, transactions)
+    assert _rows(db, "early_abandoned")[:2] == [("k0", 0), ("k1", 1)]
+    events[300] = batch.BatchEvent("set", "k300", 300, {"n": 5})
+    written = [_apply(db, events, transactions).rows_written for _ in range(3)]
+    assert written == [399, 0, 0]               # (k0 already 0; then nothing changes)
+    assert _rows(db, "early_abandoned")[:2] == [("k0", 0), ("k1", -1)]
