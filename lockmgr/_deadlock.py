@@ -178,10 +178,12 @@ class VictimNotifier:
 
     def start(self) -> None:
         """Start the thread if it is not running (any thread, any mutex held or not)."""
-        if self._thread is not None:
-            return
+        if self._thread is None:
+            self._start_thread()
+
+    def _start_thread(self) -> None:
         with self._start_mutex:
-            if self._thread is not None:
+            if self._thread is not None:       # (another thread started it since start() looked)
                 return
             thread = threading.Thread(target=self._run, name="lockmgr-notifier", daemon=True)
             thread.start()

@@ -471,6 +471,12 @@ def open_savepoint(parent: Transaction, name: str | None, slots: "dict[type, obj
     return node
 
 
+def _doom(node: Savepoint) -> BaseException | None:
+    """``node._doomed`` read through a call: after one that may have doomed the node (a hook), where a test of it
+    before the call would leave the type checker taking it for still None."""
+    return node._doomed
+
+
 def end(node: Savepoint) -> None:
     """The commit of a savepoint whose body returned (``Transaction.commit`` and ``_end_frame`` of its frame): its
     end hooks if it asked for them, then Rule 2 on the logs — its writes and grants are its parent's part from now
@@ -492,10 +498,11 @@ def end(node: Savepoint) -> None:
         if type(node) is not Savepoint:       # the hooks decoded it (a deferred cycle that spawned, waited, ...)
             node._commit_after_hooks()
             return
-        if node._doomed is not None:
-            error = TransactionAborted(f"transaction {node.id} was aborted ({node._doomed})")
-            node.abort(error)
-            raise error from node._doomed
+        doomed = _doom(node)                  # (a hook may have doomed it: read anew)
+        if doomed is not None:
+            aborted = TransactionAborted(f"transaction {node.id} was aborted ({doomed})")
+            node.abort(aborted)
+            raise aborted from doomed
     parent = node.parent
     if (parent._state is not _ACTIVE and parent._state is not _COMMITTING) or parent._doomed is not None:
         failure = TransactionAborted(f"the parent {parent.id} of {node.id} was aborted")
