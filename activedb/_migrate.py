@@ -32,6 +32,7 @@ from activedb.errors import (LOCK_NOT_AVAILABLE, UNDEFINED_TABLE, MigrationError
 
 if TYPE_CHECKING:
     from alembic.runtime.migration import RevisionStep
+    from alembic.script import Script
     from sqlalchemy.engine import Connection
 
     from activedb.store import Catalog, Granularity
@@ -374,6 +375,12 @@ def check_stamp(revision: str) -> None:
     check_revision(revision)
 
 
+def _revision(script: ScriptDirectory, revision: str) -> "Script | None":
+    """``script.get_revision(revision)``, typed as what it returns: None for an id that names no revision (Alembic
+    annotates a Script)."""
+    return script.get_revision(revision)
+
+
 def passed(revision: str, current: str | None, script_location: Path | None = None) -> str | None:
     """``revision``'s full id (``base`` for base) if a database at ``current`` is already past it — a revision below
     ``current`` in ``script_location``'s chain (activedb's own by default), where an upgrade to it changes nothing (an
@@ -384,7 +391,7 @@ def passed(revision: str, current: str | None, script_location: Path | None = No
         return "base"
     try:
         script = ScriptDirectory.from_config(_config(script_location or migrations.SCRIPT_LOCATION))
-        target = script.get_revision(revision)
+        target = _revision(script, revision)
         below = {step.revision for step in script.iterate_revisions(current, "base")}
     except Exception:       # (alembic's errors: unknown, ambiguous; the caller's upgrade reports them)
         return None
@@ -401,7 +408,7 @@ def ahead(revision: str, current: str, script_location: Path | None = None) -> s
         return None
     try:
         script = ScriptDirectory.from_config(_config(script_location or migrations.SCRIPT_LOCATION))
-        target = script.get_revision(revision)
+        target = _revision(script, revision)
         if target is None:
             return None
         below = {step.revision for step in script.iterate_revisions(target.revision, "base")}
@@ -418,7 +425,7 @@ def at(revision: str, current: str, script_location: Path | None = None) -> bool
         return False
     try:
         script = ScriptDirectory.from_config(_config(script_location or migrations.SCRIPT_LOCATION))
-        target = script.get_revision("head" if revision == "heads" else revision)
+        target = _revision(script, "head" if revision == "heads" else revision)
     except Exception:
         return False
     return target is not None and target.revision == current

@@ -143,7 +143,7 @@ class OpSpec(NamedTuple):
     reason: str | None = None
     name: str | None = None
     candidates: tuple[Hashable, ...] | None = None   # ND ops: the keys it may access, if known
-    state: State = None  # type: ignore[assignment]  # (None for a non-deterministic op)
+    state: State | None = None                  # (None for a non-deterministic op)
     tables: tuple[str, ...] | None = None       # insert_into: its tables (``table`` is the first)
 
 
@@ -159,6 +159,15 @@ def _bad_pair(pair: object, what: str) -> DeclarationError:
         return DeclarationError(f"a key in {what} is None; name the row by a scalar or a tuple")
     return DeclarationError(f"the key {pair[1]!r} in {what} is not hashable; use a scalar or a tuple (or a list of "
                             f"a key's several values)")
+
+
+def state_of(spec: OpSpec) -> State:
+    """The state ``spec`` names — a deterministic op's (READ, WRITE, CHECK, the window ops): only the
+    non-deterministic ops and the inserts have none."""
+    state = spec.state
+    if state is None:
+        raise AssertionError(f"a {spec.kind.value} on {spec.table} declared without its state")
+    return state
 
 
 def canonical_key(key: Hashable) -> Hashable:

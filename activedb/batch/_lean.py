@@ -189,6 +189,7 @@ def _run(declarations: Mapping[str, Declaring], items: list[tuple[int, BatchEven
     learned = {kind: function for kind, function in declarations.items() if type(function) is LearnedDeclaration}
     # Per chain, the one stream event its rules get, given each event's values in turn (``key_and_event(into=)``).
     scratch = {chain: chain.scratch_event() for chain in learned.values() if chain.reuses_event}
+    state: State | None          # (an op's: None only for non-deterministic ops and inserts)
     writes: list[tuple[State, RowImage | None]] | None
     outputs: dict[str, object] | None
     reason: str | None
@@ -291,6 +292,8 @@ def _run(declarations: Mapping[str, Declaring], items: list[tuple[int, BatchEven
                 try:
                     if kind is _WRITE:
                         state = spec[10]
+                        if state is None:       # (never: only non-deterministic ops and inserts have none)
+                            raise AssertionError(f"a {kind.value} on {spec[1]} declared without its state")
                         own = get(state, _MISSING)
                         if own is _MISSING:
                             own = miss(state, t)
@@ -324,6 +327,8 @@ def _run(declarations: Mapping[str, Declaring], items: list[tuple[int, BatchEven
                             writes.append((state, output))
                     elif kind is _READ:
                         state = spec[10]
+                        if state is None:       # (never: only non-deterministic ops and inserts have none)
+                            raise AssertionError(f"a {kind.value} on {spec[1]} declared without its state")
                         output = get(state, _MISSING)
                         if output is _MISSING:
                             output = miss(state, t)

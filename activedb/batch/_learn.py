@@ -28,7 +28,7 @@ from types import CodeType
 from typing import NamedTuple, NoReturn, TypeAlias
 
 from activedb.batch._declare import (DELETE, NOTHING_INTO, Abort, BatchEvent, DrawnRow, InsertedInto, OpKind, Ops,
-                                     OpSpec, _Delete, _insert_name, _new_spec, inserted)
+                                     OpSpec, _Delete, _insert_name, _new_spec, inserted, state_of)
 from activedb.deadletters import FinalReason
 from activedb.errors import ActivedbError, Failure, GeneratedKeysReset, RuleFailed, classify
 from activedb.events import Event, EventKind, new_event
@@ -856,7 +856,7 @@ class LearnedDeclaration:
                                             state, None)))
         else:
             ops.write(self.table, key, write)  # type: ignore[arg-type]
-            state = specs[-1].state
+            state = state_of(specs[-1])
         if self.inserts:
             # ``ops.insert_into(self.inserts, rows, reads=[the row])`` without its checks (the tables were checked
             # when the chain was learned).

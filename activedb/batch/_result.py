@@ -61,7 +61,7 @@ class Part:
     outputs: dict[int, dict[str, object]]
     rejected: list[tuple[int, str]]
     final: dict[State, RowImage | None]
-    before: dict[State, RowImage | None]
+    before: dict[State, RowImage | None] | None     # None: not shipped back (the caller has them)
     strategy: str
     decision: tuple[str, ...]
     execution: ExecutionStatistics | None     # None without a TPG

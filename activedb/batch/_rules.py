@@ -28,7 +28,7 @@ from activedb.batch._learn import (
     why_not_learned)
 from activedb.batch._declare import (
     Abort, BatchEvent, Declaring, Inserted, OpKind, Ops, OpSpec, State, StateTransactions, canonical_key, inserted,
-    inserted_parts)
+    inserted_parts, state_of)
 from activedb.batch._result import BatchResult
 from activedb.batch._state import WRITTEN_TWICE, given, merge_image
 from activedb.batch.errors import DeclarationError, LoweringRefused
@@ -133,15 +133,16 @@ def perform_in(tx: "Transaction", specs: list[OpSpec]) -> None:
     for spec in specs:
         kind = spec.kind
         if kind is _WRITE:
-            own = image(spec.state, True)
+            state = state_of(spec)
+            own = image(state, True)
             # (Each function gets copies, ``_state.given``: ``own`` stays the image the changes are computed from.)
             result = (spec.fn(given(own), *[given(image(param)) for param in spec.params]) if spec.params
                       else spec.fn(given(own)))
-            writes.append((spec.state, own, merge_image(own, result, spec)))
+            writes.append((state, own, merge_image(own, result, spec)))
         elif kind is _READ:
-            image(spec.state)
+            image(state_of(spec))
         elif kind is _CHECK:
-            if spec.fn(given(image(spec.state)), *[given(image(param)) for param in spec.params]):
+            if spec.fn(given(image(state_of(spec))), *[given(image(param)) for param in spec.params]):
                 raise Abort(spec.reason or "condition failed")
         elif kind is _INSERT:
             inserts.extend(inserted_parts(inserted(spec, spec.fn(*[given(image(param)) for param in spec.params]))))

@@ -501,7 +501,7 @@ def run_in_worker(transactions: StateTransactions, shipped: list[tuple[object, .
         part = _run_part(transactions, mode, batch, items, None, base, None, allowed, model, versions)
     except RouteMissed as missed:
         return _Missed(missed.state, missed.t)
-    part.before = None  # type: ignore[assignment]  # the caller has the images before the batch: not shipped back
+    part.before = None      # the caller has the images before the batch: not shipped back
     return part
 
 
@@ -658,13 +658,20 @@ def _is_pickling_problem(error: BaseException) -> bool:
         "pickle" in str(error).lower() or "Can't get" in str(error) or "Can't pickle" in str(error))
 
 
+def _before(part: Part) -> dict[State, RowImage | None]:
+    """``part.before``: a part shipped back without it had it filled in by ``_run_split`` first."""
+    if part.before is None:
+        raise AssertionError("a part shipped back without its images before the batch was not given them")
+    return part.before
+
+
 def _assemble(batch: list[BatchEvent], parts: list[Part], mode: str | Strategy, seconds: dict[str, float], components: int,
               largest_share: float, runtime: Runtime, notes: list[str], decision: tuple[str, ...]) -> BatchResult:
     if len(parts) == 1:
         # One part (every batch not split): its own lists and dicts, made for it by its run and dropped with it here,
         # are the result's — no copy of each.
         only = parts[0]
-        ts, aborted, outputs, final, before = only.ts, only.aborted, only.outputs, only.final, only.before
+        ts, aborted, outputs, final, before = only.ts, only.aborted, only.outputs, only.final, _before(only)
         rejected_at = sorted(only.rejected)
     else:
         ts, aborted, outputs, final, before, rejected_at = [], {}, {}, {}, {}, []
@@ -673,7 +680,7 @@ def _assemble(batch: list[BatchEvent], parts: list[Part], mode: str | Strategy, 
             aborted.update(part.aborted)
             outputs.update(part.outputs)
             final.update(part.final)
-            before.update(part.before)
+            before.update(_before(part))
             rejected_at.extend(part.rejected)
         rejected_at.sort()
     ts.sort()

@@ -413,24 +413,32 @@ class Outbox:
     def fail_alone(self, work: Work, error: BaseException) -> None:
         """Mark one record failed in a transaction of its own (its group could not commit with it), and count its
         firing failed for its rule once marked, unless the rule manager counted its last run's outcome (it failed or
-        was cancelled there; one that executed, ``Work.uncounted``, or never ran, or was never made, was counted none)
-        — or it never ran here and was claimed (``Work.claimed``): no ``fired`` here awaits an outcome then."""
-        if work.firing is not None:
-            logger.error("detached rule %r failed for good on %s after %d attempt(s): %s", work.firing.rule.name,
-                         work.firing.event.describe(), work.attempts, describe_error(error))
-        else:
-            logger.error("outbox record %d cannot be run: %s", work.record_id, describe_error(error))
-        try:
-            with self.catalog.engine.begin() as connection:
-                connection.exec_driver_sql(*_records.finishing(self.owner, failed=[(work.record_id,
-                                                                                    describe_error(error))]))
-        except Exception as failure:
-            logger.error("outbox: could not mark record %d failed (%s); it stays pending", work.record_id,
-                         describe_error(_records.taken_over(failure) or failure))
-            return
-        if work.firing is not None and (work.uncounted or not (work.ran or work.claimed)):
+        was cancelled there; one that executed, ``Work.uncounted``, or never ran, was counted none) — or it never ran
+        here and was claimed (``Work.claimed``): no ``fired`` here awaits an outcome then."""
+        logger.error("detached rule %r failed for good on %s after %d attempt(s): %s", work.firing.rule.name,
+                     work.firing.event.describe(), work.attempts, describe_error(error))
+        if self._mark_failed(work.record_id, error) and (work.uncounted or not (work.ran or work.claimed)):
             work.uncounted = False
             self.count([work.firing], "failed")
+
+    def fail_unmade(self, record_id: int, error: BaseException) -> None:
+        """Mark record ``record_id``, of which no firing could be made (``error``: an event this version cannot
+        decode, say), failed in a transaction of its own; counted for no rule."""
+        logger.error("outbox record %d cannot be run: %s", record_id, describe_error(error))
+        self._mark_failed(record_id, error)
+
+    def _mark_failed(self, record_id: int, error: BaseException) -> bool:
+        """Mark record ``record_id`` failed with ``error`` in a transaction of its own; False if that failed (logged:
+        the record stays pending)."""
+        try:
+            with self.catalog.engine.begin() as connection:
+                connection.exec_driver_sql(*_records.finishing(self.owner, failed=[(record_id,
+                                                                                    describe_error(error))]))
+        except Exception as failure:
+            logger.error("outbox: could not mark record %d failed (%s); it stays pending", record_id,
+                         describe_error(_records.taken_over(failure) or failure))
+            return False
+        return True
 
     def wait_idle(self, timeout: float | None = 30.0) -> None:
         """Wait until every firing this process queued has been run (or parked: PostgreSQL unreachable); raises
@@ -549,7 +557,7 @@ class Outbox:
                     firing = Firing(rule, _records.decode_event(row.event), tuple(row.chain),
                                     Coupling(row.coupling), -row.id)  # type: ignore[call-arg]  # (by value)
                 except Exception as error:     # e.g. an event this version cannot decode: failed, for a person
-                    self.fail_alone(Work(row.id, None, row.attempts), error)  # type: ignore[arg-type]  # (none made)
+                    self.fail_unmade(row.id, error)
                     continue
                 # (Its retries start anew: row.attempts counts finishes.  Claimed: its run here counts ``fired``.)
                 works.append(Work(row.id, firing, claimed=True))

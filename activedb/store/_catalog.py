@@ -63,7 +63,7 @@ class KeysCheck:
 
     sql: str
     parameters: tuple[object, ...]
-    judge: Callable[[Sequence[tuple[str, int, int | None]]], None]
+    judge: Callable[[Sequence[tuple[str, int | None, int | None]]], None]
 
 
 class IdleConnections:
@@ -497,7 +497,7 @@ class Catalog:
             histories = {sequence: list(history) for sequence, history in self._key_history.items() if history}
             descending = self._descending & histories.keys()
 
-        def judge(rows: Sequence[tuple[str, int, int | None]]) -> None:
+        def judge(rows: Sequence[tuple[str, int | None, int | None]]) -> None:
             found: GeneratedKeysReset | None = None
             for sequence, storage, last_value in rows:
                 if storage is None:               # (dropped, with its table: an insert into that fails by itself)

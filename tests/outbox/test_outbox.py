@@ -153,9 +153,7 @@ def test_firings_that_could_not_be_recorded_are_logged_in_one_line_without_the_s
 
 
 def test_a_record_that_fails_alone_is_logged_in_one_line_without_the_statement_s_parameters(quiet, caplog):
-    from activedb.outbox._executor import Work
-
-    quiet.outbox.fail_alone(Work(-1, None), driver_error(False))     # (no record -1: nothing to mark)
+    quiet.outbox.fail_unmade(-1, driver_error(False))     # (no record -1: nothing to mark)
     assert_one_line_without_parameters(caplog, "outbox record -1 cannot be run")
     assert "(SQLSTATE 23505)" in caplog.text
 
