@@ -128,12 +128,13 @@ class Config:
     engine: EngineOptions = field(default_factory=EngineOptions)
 
     def __post_init__(self) -> None:
-        if self.home is not None and not isinstance(self.home, (str, os.PathLike)):
-            raise BadArgument(f"Config(home={self.home!r}) takes a directory (a str or a Path), or None for "
-                              f"ACTIVEDB_HOME's")
-        if self.home is not None and not isinstance(self.home, Path):
+        home: object = self.home         # (as given: a str is taken too)
+        if home is not None and not isinstance(home, Path):
+            if not isinstance(home, (str, os.PathLike)):
+                raise BadArgument(f"Config(home={home!r}) takes a directory (a str or a Path), or None for "
+                                  f"ACTIVEDB_HOME's")
             # (an empty text is no home: the default, as an empty ACTIVEDB_HOME is — Path('') is the current directory)
-            object.__setattr__(self, "home", Path(self.home) if self.home != "" else None)
+            object.__setattr__(self, "home", Path(home) if home != "" else None)
         object.__setattr__(self, "rule_execution", RuleExecution.parse(self.rule_execution, "rule_execution"))
         if not callable(self.victim_policy):
             object.__setattr__(self, "victim_policy", _victim_policy(self.victim_policy))

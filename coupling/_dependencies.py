@@ -60,11 +60,12 @@ class Dependency:
     trigger: Hashable
 
     def __post_init__(self) -> None:
-        if not isinstance(self.kind, DependencyKind):
+        kind: object = self.kind     # (as given: a name is taken too)
+        if not isinstance(kind, DependencyKind):
             try:
-                object.__setattr__(self, "kind", DependencyKind[str(self.kind).upper()])
+                object.__setattr__(self, "kind", DependencyKind[str(kind).upper()])
             except KeyError:
-                raise InvalidArgument(f"unknown dependency kind {self.kind!r}; use one of: "
+                raise InvalidArgument(f"unknown dependency kind {kind!r}; use one of: "
                                       f"{', '.join(DependencyKind.__members__)}") from None
         if self.dependent == self.trigger:
             raise InvalidArgument(f"a transaction cannot depend on itself: {self.dependent!r} {self.kind} "

@@ -41,11 +41,12 @@ class HistoryEvent:
     result: bool | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.kind, HistoryEventKind):
+        kind: object = self.kind     # (as given: a string is taken too)
+        if not isinstance(kind, HistoryEventKind):
             try:
-                object.__setattr__(self, "kind", HistoryEventKind(str(self.kind).lower()))
+                object.__setattr__(self, "kind", HistoryEventKind(str(kind).lower()))
             except ValueError:
-                raise MalformedHistory(f"unknown history event kind {self.kind!r}; use one of: "
+                raise MalformedHistory(f"unknown history event kind {kind!r}; use one of: "
                                        f"{', '.join(kind.value for kind in HistoryEventKind)}") from None
         if self.result is not None and self.kind is not HistoryEventKind.COMMIT:
             raise MalformedHistory(f"{self.tid!r}: only a commit event may carry a condition result, not "

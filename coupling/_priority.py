@@ -36,8 +36,10 @@ def priority_groups(items: Iterable[Item], key: Callable[[Item], float | None] |
         if priority is None:
             unprioritised.append(item)
             continue
-        if type(priority) is not int and (    # (an exact int passes without the ABC check: the common case)
-                isinstance(priority, bool) or not isinstance(priority, numbers.Real) or math.isnan(priority)):
+        given: object = priority     # (what ``key`` returned, whatever its annotation says; mypy takes no float for
+        # a numbers.Real)
+        if type(given) is not int and (    # (an exact int passes without the ABC check: the common case)
+                isinstance(given, bool) or not isinstance(given, numbers.Real) or math.isnan(given)):
             raise InvalidPriority(f"priority of {item!r} is {priority!r}; a priority is a real number (higher runs "
                                   "first) or None (lowest)")
         by_priority.setdefault(priority, []).append(item)

@@ -984,8 +984,8 @@ def _binary_array(kind: type[_Packed], values: Sequence[float] | Sequence[int]) 
 
 
 def _array_type(column: sa.ColumnElement[object]) -> type | None:
-    return next((kind for sql_type, kind in _ARRAY_TYPES if isinstance(column.type, sql_type)
-                 and not isinstance(column.type, sa.Enum)), None)
+    return next((kind for sql_type, kind in _ARRAY_TYPES if not isinstance(column.type, sa.Enum)
+                 and isinstance(column.type, sql_type)), None)
 
 
 def _unnest(info: TableInfo, names: list[str]) -> sa.TableValuedAlias:

@@ -178,7 +178,8 @@ def canonical_key(key: Hashable) -> Hashable:
     columns; a list of one value stays a list, which no state can be)."""
     if isinstance(key, tuple):
         return key[0] if len(key) == 1 else key
-    return tuple(key) if isinstance(key, list) and len(key) > 1 else key
+    given: object = key     # (typed Hashable, but a list is taken too)
+    return tuple(given) if isinstance(given, list) and len(given) > 1 else key
 
 
 def _state(pair: object, what: str) -> State:
@@ -282,7 +283,9 @@ class Ops:
         :data:`DELETE`, or raises :class:`Abort`.  The written row is the output ``name`` if given."""
         # The hot path of declaring: the checks of _check_key and _claim, inlined.
         kind = key.__class__
-        if kind is not str and kind is not int and (isinstance(key, list) or isinstance(key, tuple) and len(key) == 1):
+        # (``key`` is typed Hashable, but a list is taken too: the values of a key of several columns.)
+        if kind is not str and kind is not int and (
+                isinstance(key, list) or isinstance(key, tuple) and len(key) == 1):  # type: ignore[unreachable]
             key = canonical_key(key)
         state = (table, key) if type(table) is str and key is not None else self._check_key(table, key)
         written = self._written

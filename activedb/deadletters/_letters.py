@@ -154,7 +154,7 @@ class LetterFilter:
     replayed: bool | None = None
 
     def __post_init__(self) -> None:
-        ids = () if self.ids is None else self.ids
+        ids: object = () if self.ids is None else self.ids     # (as given: any value a caller passed is checked)
         if isinstance(ids, (str, bytes)) or not isinstance(ids, Collection) or not all(
                 isinstance(one, int) and not isinstance(one, bool) for one in ids):
             raise BadArgument(f"LetterFilter(ids={ids!r}) takes dead letter ids (whole numbers; one id as (id,); "

@@ -236,7 +236,8 @@ class Timestamp:
             raise BadArgument(f"Timestamp(clock={self.clock!r}): a clock is an activedb.events.LocalClock (or None)")
         if self.local is not None:
             check_time(self.local, "local timestamp")
-        if self.reference is None:                     # the middle of the interval
+        reference: Instant | None = self.reference     # (as given: None, the default, until set here)
+        if reference is None:                          # the middle of the interval
             object.__setattr__(self, "reference", _shifted(self.lower, elapsed(self.lower, self.upper) / 2))
 
     @classmethod

@@ -105,7 +105,8 @@ class EventMapping:
         if len(set(named)) != len(named):
             raise MappingError(f"EventMapping names one column for two purposes: {named}")
         if self.payload_columns is not None:
-            if isinstance(self.payload_columns, str):
+            given: object = self.payload_columns      # (as given: one text is refused with a hint)
+            if isinstance(given, str):
                 raise MappingError(f"EventMapping.payload_columns must be a list of column names, not one string; "
                                    f"did you mean [{self.payload_columns!r}]?")
             columns = tuple(self.payload_columns)

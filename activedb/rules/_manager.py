@@ -505,7 +505,7 @@ class RuleManager(TransactionExtension):
             if rule.action_coupling is _IMMEDIATE:
                 condition = rule.condition
                 if condition is not always:
-                    held = condition(transaction, event)
+                    held: object = condition(transaction, event)   # (typed bool: what it returns is checked)
                     if held is not True and held is not False:
                         check_body_ran(rule, "condition", held)
                     if transaction.state is _ABORTED:

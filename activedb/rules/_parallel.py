@@ -38,7 +38,7 @@ def condition_then_action(manager: "RuleManager", transaction: "Transaction", fi
     def condition_body(child: "Transaction") -> bool:
         set_slot(child, Firing, firing)
         slot(child, RuleContext).gate_report = condition_key
-        held = rule.condition(child, event)
+        held: object = rule.condition(child, event)    # (typed bool: what a user's condition returns is checked)
         if held is not True and held is not False:
             check_body_ran(rule, "condition", held)
         value = bool(held)

@@ -71,7 +71,8 @@ class RuleRegistry:
             rule = rule()
         if not isinstance(rule, Rule):
             raise RuleError(f"db.rules.add() takes a Rule (or Rule subclass), got {rule!r}")
-        if rule.name is None:       # (a name given — "" too — is the rule's, or refused by validate)
+        name: str | None = rule.name    # (Rule.name is typed as a registered rule's: None until registered)
+        if name is None:            # (a name given — "" too — is the rule's, or refused by validate)
             if isinstance(rule, FunctionRule):      # (a partial, a callable object: no name to take)
                 raise RuleError(f"{rule.action_function()!r} has no __name__ to name its rule by; give the rule a "
                                 f"name: db.rule(..., name='...')")

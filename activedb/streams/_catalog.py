@@ -59,6 +59,7 @@ class StreamSchema:
         if self.tie_key is not None and not callable(self.tie_key):
             raise DefinitionError(f"stream {self.name}: tie_key is a function event -> sortable (or None), got "
                                   f"{self.tie_key!r}")
+        names: object     # (as given: any value a caller passed is checked)
         for parameter, names in (("types", self.types), ("attributes", self.attributes)):
             if isinstance(names, str):       # (tuple() would read it letter by letter)
                 raise DefinitionError(f"stream {self.name}: {parameter} is a collection of names, got the text "
@@ -74,10 +75,10 @@ class StreamSchema:
                                       f"it would be a dead letter; list the event types it admits, or leave types=None "
                                       f"for any type")
             object.__setattr__(self, parameter, listed)
-        per_type = self.type_attributes or {}
+        per_type: object = self.type_attributes or {}
         declared: dict[str, tuple[str, ...]] = {}
         valid = isinstance(per_type, Mapping)
-        for event_type, names in per_type.items() if valid else ():
+        for event_type, names in per_type.items() if isinstance(per_type, Mapping) else ():
             named = tuple(names) if isinstance(names, Iterable) and not isinstance(names, str) else None
             if not isinstance(event_type, str) or named is None or not all(isinstance(name, str) for name in named):
                 valid = False

@@ -328,7 +328,9 @@ def letter_rows(event: StreamEvent) -> tuple[object, dict[str, Json] | None]:
 def _malformed(event: StreamEvent) -> str | None:
     """Why ``event`` (a StreamEvent built by the caller) cannot be put in order — its attributes are not a mapping
     or its stream is not a name — or None."""
-    attributes, stream = event.attributes, event.stream
+    # (As the caller built the event, whatever StreamEvent's annotations say.)
+    attributes: object = event.attributes
+    stream: object = event.stream
     if attributes.__class__ is not dict and not isinstance(attributes, Mapping):
         return (f"rejected: the attributes of {event.type!r} at {event.ts!r} are a {type(attributes).__name__}, "
                 f"not a mapping; give them as a dict of attribute names to values")

@@ -245,9 +245,10 @@ class Interleavings:
             raise InterleavingError(
                 "Interleavings needs a database connected with record_history=True (with the pytest plugin: "
                 "@pytest.mark.activedb(record_history=True)); its history recorder is how the runner pauses steps")
-        if isinstance(actors, (str, bytes)) or not isinstance(actors, (Mapping, Iterable)):
-            one = f"one {type(actors).__name__}: give [actor]" if callable(actors) else type(actors).__name__
-            raise BadArgument(f"Interleavings(actors={actors!r:.80}) takes {{name: actor}} or a list of actors (each a "
+        given: object = actors       # (as given: any value a caller passed is checked)
+        if isinstance(given, (str, bytes)) or not isinstance(given, (Mapping, Iterable)):
+            one = f"one {type(given).__name__}: give [actor]" if callable(given) else type(given).__name__
+            raise BadArgument(f"Interleavings(actors={given!r:.80}) takes {{name: actor}} or a list of actors (each a "
                               f"function that runs transactions on the database it is given, actor(db)), not {one}")
         named = dict(actors) if isinstance(actors, Mapping) else {f"A{n}": actor for n, actor in enumerate(actors, 1)}
         if not named:

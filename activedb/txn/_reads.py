@@ -46,7 +46,8 @@ class Reads:
         (``row["n"] += 1`` then ``tx.write(table, key, n=row["n"])``); so are ``read_many``'s and ``scan``'s."""
         self._check_active("read")
         if for_update and for_update is not True:   # (a text such as 'no' is true to Python: never taken for a switch)
-            check_switch("tx.read", "for_update", for_update)
+            # (``for_update`` is typed bool, the type it is meant to have; the test is of what a caller may pass.)
+            check_switch("tx.read", "for_update", for_update)  # type: ignore[unreachable]
         info = self.manager.catalog.table_info(table)
         key = info.key(key)
         slots = self.root._slots          # (``_slot(HotKeys, create=False)`` without its call: every read)
@@ -95,6 +96,7 @@ class Reads:
             raise TypeError(_one_text("read_many", info.name, keys))
         _check_collection("read_many", info.name, keys)
         normalised: dict[Any, Any] = {}
+        given: object         # (a key typed Hashable, but a list is taken too: the values of a key of several columns)
         for given in keys:
             if isinstance(given, list):     # (a key of several columns as a list: by its tuple, ``TableInfo.named``)
                 given = info.named(given)
