@@ -294,16 +294,16 @@ class _EarlyWrites:
     def when_worth_it(cls, catalog: Catalog, connection: sa.Connection, batch: Sequence[BatchEvent],
                       base: Mapping[State, RowImage | None], keys: Mapping[str, Mapping[Hashable, Key]],
                       unbounded: Collection[str], options: _Options) -> _EarlyWrites | None:
-        """Early writes for a batch whose rows are of one table without triggers, each named by its declarations or
-        route plans (none read on demand), mostly one per event (a row written early and again later costs a second
-        write), with no generated keys to check first and no column drawing from a sequence, of two parts at least; None
-        otherwise."""
+        """Early writes for a batch whose rows are of one table without triggers or unique indexes besides its key,
+        each named by its declarations or route plans (none read on demand), mostly one per event (a row written early
+        and again later costs a second write), with no generated keys to check first and no column drawing from a
+        sequence, of two parts at least; None otherwise."""
         if (options.keys_check is not None or unbounded or len(keys) != 1
                 or len(batch) < 2 * _EARLY_MIN_EVENTS or len(base) < len(batch) * _EARLY_DISTINCT):
             return None
         table = next(iter(keys))
         info = catalog.table_info(table)
-        if info.nested or _draws_from_sequences(info) or _has_triggers(catalog, connection, table):
+        if info.nested or _draws_from_sequences(info) or _seen_part_by_part(catalog, connection, table):
             return None     # (a list or dict in an image sent may be one a later image shares: the end could not tell)
         return cls(catalog, connection, base, keys, max(_EARLY_MIN_EVENTS, -(-len(batch) // _EARLY_PARTS)))
 
@@ -449,14 +449,18 @@ def _draws_from_sequences(info: TableInfo) -> bool:
                for column in info.columns.values())
 
 
-def _has_triggers(catalog: Catalog, connection: sa.Connection, table: str) -> bool:
-    """Whether ``table`` has a trigger (a user's, or a foreign key's: each would see, or lock, the batch's rows
-    part by part); asked per batch, in its transaction — a trigger made since the last batch (``CREATE TRIGGER``, a
-    foreign key, ``db.capture``) must not see a row's intermediate images."""
+def _seen_part_by_part(catalog: Catalog, connection: sa.Connection, table: str) -> bool:
+    """Whether another transaction could see, or wait on, a row's intermediate image in ``table``: it has a trigger (a
+    user's, or a foreign key's: each would see, or lock, the batch's rows part by part), or a unique or exclusion
+    index besides its primary key (an intermediate value would take an index entry another transaction's row waits on,
+    or that waits on one of its — a wait, or a deadlock, no batch written at its end has).  Asked per batch, in its
+    transaction: a trigger or index made since the last batch (``CREATE TRIGGER``, a foreign key, ``db.capture``,
+    ``CREATE UNIQUE INDEX``) must not see a row's intermediate image."""
     name = catalog.table_info(table).table
     preparer = connection.dialect.identifier_preparer
     return bool(connection.exec_driver_sql(
-        "SELECT EXISTS (SELECT FROM pg_trigger WHERE tgrelid = %(name)s::regclass)",
+        "SELECT EXISTS (SELECT FROM pg_trigger WHERE tgrelid = %(name)s::regclass) OR EXISTS (SELECT FROM pg_index "
+        "WHERE indrelid = %(name)s::regclass AND (indisunique OR indisexclusion) AND NOT indisprimary)",
         {"name": preparer.format_table(name)}).scalar())
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import sqlalchemy as sa
 
-from activedb import batch, testing
+from activedb import batch
 from activedb.batch import _commit
 
 
@@ -123,12 +123,13 @@ def test_values_drawn_from_a_sequence_for_new_rows_are_as_without_early_writes(d
     assert ("k200", 201, 201, 7) in seen[True][1]
 
 
-def test_two_batches_whose_intermediate_images_cross_on_a_unique_index_both_commit_their_rows(db):
+def test_two_batches_whose_intermediate_images_cross_on_a_unique_index_commit_their_rows_without_a_deadlock(db,
+                                                                                                       monkeypatch):
     """Two batches at once, of disjoint rows of a table with a unique column: each sets, in its first part, a row to
-    a value the other sets a row to in its second part, and ends with neither. Sent early, the four statements wait
-    on each other's uncommitted index entries — a deadlock no batch written at its end has — and PostgreSQL aborts
-    one statement: that batch is rolled back to its savepoint and written as without early writes, and both commit
-    the rows they leave, as applied one after the other."""
+    a value the other sets a row to in its second part, and ends with neither. Sent early, the four statements would
+    wait on each other's uncommitted index entries — a deadlock (and a wait for any other transaction's row holding
+    such a value) no batch written at its end has —, so a table with a unique index besides its key is written at the
+    end: both commit the rows they leave, as applied one after the other, and PostgreSQL counts no deadlock."""
     import threading
 
     with db.engine.begin() as connection:
@@ -163,6 +164,15 @@ def test_two_batches_whose_intermediate_images_cross_on_a_unique_index_both_comm
                 "SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()")).scalar_one()
 
     before = deadlocks()
+    early_writes: list[bool] = []      # per batch: whether it was to send rows while it ran
+    worth_it = _commit._EarlyWrites.when_worth_it
+
+    def spy(*args, **kwargs):
+        chosen = worth_it(*args, **kwargs)
+        early_writes.append(chosen is not None)
+        return chosen
+
+    monkeypatch.setattr(_commit._EarlyWrites, "when_worth_it", spy)
     failed: list[BaseException] = []
 
     def apply(made):
@@ -182,8 +192,7 @@ def test_two_batches_whose_intermediate_images_cross_on_a_unique_index_both_comm
     assert not failed, failed
     assert _rows(db, "early_unique", "k, u") == sorted(      # (the rows of events 500 and 501 not set)
         (f"k{n}", f"u{n}" if n % 600 in (500, 501) else f"v{n}") for n in range(1200))
-    testing.wait_until(lambda: deadlocks() > before, timeout=30,
-                       message="PostgreSQL to count the deadlock of the rows sent early")
+    assert early_writes == [False, False] and deadlocks() == before, (early_writes, deadlocks(), before)
 
 
 def test_an_intermediate_image_a_check_refuses_and_the_final_one_keeps_leaves_the_batchs_rows(db, monkeypatch):
