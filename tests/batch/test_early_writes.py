@@ -293,3 +293,190 @@ def test_a_run_that_raises_after_rows_went_out_keeps_nothing_and_the_connection_
     written = [_apply(db, events, transactions).rows_written for _ in range(3)]
     assert written == [399, 0, 0]               # (k0 already 0; then nothing changes)
     assert _rows(db, "early_abandoned")[:2] == [("k0", 0), ("k1", -1)]
+
+
+@pytest.mark.parametrize("refused", ["in the first part", "in the second part, after a kept image went out"])
+def test_a_final_image_a_check_refuses_is_one_dead_letter_through_the_ingestion_as_without_early_writes(
+        db, monkeypatch, refused):
+    """Through the ingestion core (``feed``, ``TpgHandler``, which searches a refused commit for its events): one
+    event's final row refused by a CHECK — sent in the first part (the part refused), or kept in the first part and
+    refused at the end — is the same one dead letter, with the same reason and raw row, and the batch's other rows
+    the same, as with early writes off."""
+    import re
+
+    from activedb.batch._ingest import TpgHandler
+    from activedb.ingest import EventMapping, feed
+
+    transactions = _setter()
+    mapping = EventMapping("type", "key", "ts", payload_columns=("n", "table"))
+    changes = {5: ("k5", 5000)} if refused == "in the first part" else {0: ("k0", 5), 350: ("k0", 5000)}
+    events = _events("early_poison", changes)
+    rows = [{"type": event.event_type, "key": event.key, "ts": float(event.ts), **event.payload} for event in events]
+    sent: list[int] = []          # per part that sent rows: the rows sent so far (its refusal comes later)
+    part = _commit._EarlyWrites.__call__
+
+    def spy(self, images, written):
+        part(self, images, written)
+        if self.rows:
+            sent.append(self.rows)
+
+    monkeypatch.setattr(_commit._EarlyWrites, "__call__", spy)
+    seen = {}
+    for early in (True, False):
+        if not early:
+            assert sent[:1] == [200], sent          # (the first part's rows went out)
+            monkeypatch.setattr(_commit, "_EARLY_MIN_EVENTS", 10 ** 9)
+        _counters(db, "early_poison", columns=" CHECK (n < 1000)")
+        handler = TpgHandler(transactions)
+        source = f"early-poison-{early}-{len(refused)}"
+        [outcome] = feed(db, [rows], source=source, mapping=mapping, handler=handler)
+        with db.engine.connect() as connection:
+            letters = [(re.sub(r"T[0-9]+", "T", reason), raw) for reason, raw in connection.execute(sa.text(
+                "SELECT reason, raw FROM activedb_dead_letters WHERE query_id = :q ORDER BY id"), {"q": source}).all()]
+        seen[early] = (outcome.committed, outcome.events, outcome.dead_letters, letters, _rows(db, "early_poison"))
+    assert seen[True] == seen[False]
+    [(reason, raw)] = seen[True][3]
+    assert "23514" in reason and raw["key"] == changes[max(changes)][0] and raw["n"] == 5000, (reason, raw)
+
+
+def _redirectable():
+    """Events ``set`` (payload ``n``, and ``row``: the row set instead of the event's own) on ``early_unplanned``;
+    a ``wait`` in the payload: the function, the first time it runs for a key of ``waits["first"]``, waits on
+    ``waits["barrier"]``."""
+    transactions = batch.StateTransactions("early unplanned")
+    waits = {}
+
+    @transactions.on("set")
+    def set_(event, ops):
+        def write(own):
+            if event.payload.get("wait") and event.key in waits["first"]:     # (the first run only: the batch runs
+                waits["first"].discard(event.key)                              # again after the miss)
+                waits["barrier"].wait()
+            return {"n": event.payload["n"]}
+
+        ops.write("early_unplanned", event.payload.get("row", event.key), write)
+
+    return transactions, waits
+
+
+def _learned(db, transactions, first=0):
+    """A batch of ``set`` events named by their own key, so the router learns that plan (``LEARNING_EVENTS``)."""
+    _apply(db, [batch.BatchEvent("set", f"k{first + t}", t, {"n": first + t}) for t in range(400)], transactions)
+
+
+def _missing(first, *, wait=False):
+    """400 events on k<first>…: the one at 300 — in the second part, after the first part's rows went out — sets
+    k<first + 450> instead of its own row, which the route plan learned (the event's key) does not predict, so the lean
+    run asks the on-demand loader for it; with ``wait``, the one at 250 waits on the barrier first."""
+    events = [batch.BatchEvent("set", f"k{first + t}", t, {"n": -(first + t)}) for t in range(400)]
+    events[300] = batch.BatchEvent("set", f"k{first + 300}", 300, {"n": 7, "row": f"k{first + 450}"})
+    if wait:
+        events[250] = batch.BatchEvent("set", f"k{first + 250}", 250, {"n": -(first + 250), "wait": True})
+    return events
+
+
+def _unplanned_spy(monkeypatch):
+    """The rows of ``_Unplanned`` raised (one per batch that asked the loader after rows went out)."""
+    raised: list[str] = []
+    guard = _commit._EarlyWrites.guard
+
+    def spy(self, loader):
+        load = guard(self, loader)
+
+        def watched(table, key):
+            try:
+                return load(table, key)
+            except _commit._Unplanned:
+                raised.append(key)
+                raise
+
+        return watched
+
+    monkeypatch.setattr(_commit._EarlyWrites, "guard", spy)
+    return raised
+
+
+def test_a_row_the_route_plan_missed_after_rows_went_out_runs_the_batch_again_as_without_early_writes(db, monkeypatch):
+    """A learned route plan that misses in the second part (``_Unplanned``: the on-demand loader asked after the first
+    part's rows went out): they are rolled back to the savepoint and the batch runs again without early writes — its
+    rows and ``rows_written`` as with early writes off."""
+    transactions, _ = _redirectable()
+    raised = _unplanned_spy(monkeypatch)
+    seen = {}
+    for early in (True, False):
+        if not early:
+            monkeypatch.setattr(_commit, "_EARLY_MIN_EVENTS", 10 ** 9)
+        _counters(db, "early_unplanned", 500)
+        _learned(db, transactions)
+        assert "set" in _commit.runtime_of(transactions).router.plans      # (the plan the next batch misses)
+        pending = _apply(db, _missing(0), transactions)
+        seen[early] = (pending.rows_written, _rows(db, "early_unplanned"))
+    assert raised == ["k450"], raised
+    assert seen[True] == seen[False]
+    rows = dict(seen[True][1])
+    assert (rows["k299"], rows["k300"], rows["k450"], rows["k451"]) == (-299, 300, 7, 451)
+
+
+def test_two_batches_whose_route_plans_miss_after_rows_went_out_commit_without_a_deadlock(db, monkeypatch):
+    """Two batches at once on disjoint rows, each having sent its first part (``ROW EXCLUSIVE`` on the table held by
+    both) when its route plan misses: each rolls its rows back to the savepoint — releasing that lock — before its
+    on-demand loader asks for ``SHARE ROW EXCLUSIVE``, so the two queue instead of each waiting on the other's
+    ``ROW EXCLUSIVE``: both commit the rows they would one after the other, and PostgreSQL counts no deadlock."""
+    import threading
+
+    from lockmgr.testing import wait_until
+
+    transactions, waits = _redirectable()
+    raised = _unplanned_spy(monkeypatch)
+    _counters(db, "early_unplanned", 1000)
+    _learned(db, transactions)
+    waits["barrier"] = barrier = threading.Barrier(3, timeout=60)
+    waits["first"] = {"k250", "k750"}
+
+    def deadlocks():
+        with db.engine.connect() as connection:
+            return connection.execute(sa.text(
+                "SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()")).scalar_one()
+
+    def holders():
+        with db.engine.connect() as connection:
+            return connection.execute(sa.text(
+                "SELECT count(*) FROM pg_locks WHERE relation = 'early_unplanned'::regclass "
+                "AND mode = 'RowExclusiveLock' AND granted")).scalar_one()
+
+    writes: list[int] = []           # a flush's attempts (a deadlock PostgreSQL breaks is retried: a third)
+    write = _commit.PendingBatch.write
+
+    def counted(self, transaction, connection):
+        writes.append(len(self.batch))
+        return write(self, transaction, connection)
+
+    monkeypatch.setattr(_commit.PendingBatch, "write", counted)
+    before = deadlocks()
+    failed: list[BaseException] = []
+
+    def apply(made):
+        try:
+            _apply(db, made, transactions)
+        except BaseException as error:        # (reported below)
+            failed.append(error)
+            barrier.abort()
+
+    threads = [threading.Thread(target=apply, args=(_missing(first, wait=True),)) for first in (0, 500)]
+    for thread in threads:
+        thread.start()
+    try:
+        wait_until(lambda: holders() == 2 or failed, 60, "both batches' first parts holding ROW EXCLUSIVE",
+                   describe=lambda: (holders(), failed))
+        barrier.wait()
+    finally:
+        for thread in threads:
+            thread.join(120)
+    assert not any(thread.is_alive() for thread in threads), "a batch still runs after two minutes"
+    assert not failed, failed
+    rows = dict(_rows(db, "early_unplanned"))
+    expected = {f"k{n}": -n if n % 500 < 400 and n % 500 != 300 else n for n in range(1000)}
+    expected.update(k450=7, k950=7)
+    assert rows == expected
+    assert writes == [400, 400] and deadlocks() == before, (writes, deadlocks(), before)
+    assert sorted(raised) == ["k450", "k950"], raised
