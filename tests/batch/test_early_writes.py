@@ -480,3 +480,51 @@ def test_two_batches_whose_route_plans_miss_after_rows_went_out_commit_without_a
     assert rows == expected
     assert writes == [400, 400] and deadlocks() == before, (writes, deadlocks(), before)
     assert sorted(raised) == ["k450", "k950"], raised
+
+
+def test_a_process_killed_between_parts_leaves_nothing_and_feeding_again_applies_each_event_once(db, database_url,
+                                                                                                   tmp_path):
+    """A process feeding qualifying batches through the ingestion core (``feed``, ``TpgHandler``) is SIGKILLed inside
+    batch 1's run, after its first part's rows went out under the savepoint (their ``ROW EXCLUSIVE`` lock seen held)
+    and before its COMMIT: nothing of batch 1 is kept, and feeding the same batches again skips batch 0 and applies
+    batches 1 and 2 — each event once, the table and the ledger's batches those of a feed never killed."""
+    import sys
+
+    from activedb.ingest import ingestion_status
+    from lockmgr.testing import wait_until
+    from tests.batch.early_feed_driver import feed_crash_batches
+    from tests.spark_bridge._waits import drivers, wait_for_driver_line
+    from tests.spark_bridge.drivers.crash_driver import kill_driver, read_log, spawn_driver
+
+    for table in ("early_crash", "early_crash_reference"):
+        _counters(db, table, 400)
+
+    def holders():
+        with db.engine.connect() as connection:
+            return connection.execute(sa.text(
+                "SELECT count(*) FROM pg_locks WHERE relation = 'early_crash'::regclass "
+                "AND mode = 'RowExclusiveLock' AND granted")).scalar_one()
+
+    log, output = tmp_path / "run1.log", tmp_path / "run1.out"
+    command = [sys.executable, "-m", "tests.batch.early_feed_driver", "--url", database_url, "--log", str(log),
+               "--table", "early_crash", "--source", "early-crash"]
+    with drivers() as processes:
+        processes.append(spawn_driver(command, "1", output))
+        wait_for_driver_line(log, lambda words: words == ["holding", "1"], process=processes[-1], output=output,
+                             what="the 'holding 1' line")
+        wait_until(holders, 60, "the first part's rows of batch 1 sent (ROW EXCLUSIVE held on early_crash)",
+                   describe=lambda: (holders(), output.read_text()[-2000:]))
+        kill_driver(processes[-1])
+    assert [" ".join(words) for _, words in read_log(log) if words[0] in ("committed", "skipped")] == ["committed 0"]
+    wait_until(lambda: not holders(), 60, "the killed process's transaction ended", describe=holders)
+    after_kill = _rows(db, "early_crash")
+    again = feed_crash_batches(db, "early_crash", "early-crash")
+    reference = feed_crash_batches(db, "early_crash_reference", "early-crash-reference")
+    assert [outcome.committed for outcome in again] == [False, True, True]
+    assert [outcome.committed for outcome in reference] == [True, True, True]
+    assert after_kill == sorted((f"k{t}", t + t + 1) for t in range(400))          # (batch 0 alone)
+    assert _rows(db, "early_crash") == _rows(db, "early_crash_reference") == sorted(
+        (f"k{t}", t + sum(b * 1000 + t + 1 for b in range(3))) for t in range(400))
+    status = {name: [found.batches for found in ingestion_status(db, name)]
+              for name in ("early-crash", "early-crash-reference")}
+    assert status["early-crash"] == status["early-crash-reference"] and sum(status["early-crash"]) == 3, status
