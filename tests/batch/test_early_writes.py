@@ -5,6 +5,8 @@ the same batch written once at the end), in rows, refusals and counters."""
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import sqlalchemy as sa
 
@@ -53,6 +55,47 @@ def _apply(db, events, transactions):
     with db.transaction() as tx:
         pending = batch.apply_at_commit(tx, events, transactions, dead_letters=None, strategy="lean")
     return pending
+
+
+def _deadlocks(db):
+    """The deadlocks PostgreSQL broke in the database (a counter its backends report with a lag)."""
+    with db.engine.connect() as connection:
+        return connection.execute(sa.text(
+            "SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()")).scalar_one()
+
+
+def _row_exclusive_holders(db, table):
+    """The transactions holding ``ROW EXCLUSIVE`` on ``table`` (a batch whose rows went out early)."""
+    with db.engine.connect() as connection:
+        return connection.execute(sa.text(
+            "SELECT count(*) FROM pg_locks WHERE relation = CAST(:table AS regclass) AND mode = 'RowExclusiveLock' "
+            "AND granted"), {"table": table}).scalar_one()
+
+
+def _at_once(db, batches, transactions, barrier, meanwhile=lambda failed: None):
+    """``batches`` applied at once, a thread each, ``meanwhile(failed)`` on this one; what they raised (a batch that
+    raises aborts ``barrier``: the others stop waiting on it)."""
+    import threading
+
+    failed: list[BaseException] = []
+
+    def apply(made):
+        try:
+            _apply(db, made, transactions)
+        except BaseException as error:        # (reported by the caller)
+            failed.append(error)
+            barrier.abort()
+
+    threads = [threading.Thread(target=apply, args=(made,)) for made in batches]
+    for thread in threads:
+        thread.start()
+    try:
+        meanwhile(failed)
+    finally:
+        for thread in threads:
+            thread.join(120)
+    assert not any(thread.is_alive() for thread in threads), "a batch still runs after two minutes"
+    return failed
 
 
 def _with_and_without(db, monkeypatch, make, events, transactions, columns="k, n"):
@@ -158,12 +201,7 @@ def test_two_batches_whose_intermediate_images_cross_on_a_unique_index_commit_th
         made[501] = batch.BatchEvent("set", f"k{first + 200}", 501, {"u": f"v{first + 200}"})
         return made
 
-    def deadlocks():
-        with db.engine.connect() as connection:
-            return connection.execute(sa.text(
-                "SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()")).scalar_one()
-
-    before = deadlocks()
+    before = _deadlocks(db)
     early_writes: list[bool] = []      # per batch: whether it was to send rows while it ran
     worth_it = _commit._EarlyWrites.when_worth_it
 
@@ -173,26 +211,11 @@ def test_two_batches_whose_intermediate_images_cross_on_a_unique_index_commit_th
         return chosen
 
     monkeypatch.setattr(_commit._EarlyWrites, "when_worth_it", spy)
-    failed: list[BaseException] = []
-
-    def apply(made):
-        try:
-            _apply(db, made, transactions)
-        except BaseException as error:        # (reported below)
-            failed.append(error)
-            both_sent.abort()
-
-    threads = [threading.Thread(target=apply, args=(events(0, "E", "F"),)),
-               threading.Thread(target=apply, args=(events(600, "F", "E"),))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(120)
-    assert not any(thread.is_alive() for thread in threads), "a batch still runs after two minutes"
+    failed = _at_once(db, [events(0, "E", "F"), events(600, "F", "E")], transactions, both_sent)
     assert not failed, failed
     assert _rows(db, "early_unique", "k, u") == sorted(      # (the rows of events 500 and 501 not set)
         (f"k{n}", f"u{n}" if n % 600 in (500, 501) else f"v{n}") for n in range(1200))
-    assert early_writes == [False, False] and deadlocks() == before, (early_writes, deadlocks(), before)
+    assert early_writes == [False, False] and _deadlocks(db) == before, (early_writes, _deadlocks(db), before)
 
 
 def test_an_intermediate_image_a_check_refuses_and_the_final_one_keeps_leaves_the_batchs_rows(db, monkeypatch):
@@ -433,17 +456,6 @@ def test_two_batches_whose_route_plans_miss_after_rows_went_out_commit_without_a
     waits["barrier"] = barrier = threading.Barrier(3, timeout=60)
     waits["first"] = {"k250", "k750"}
 
-    def deadlocks():
-        with db.engine.connect() as connection:
-            return connection.execute(sa.text(
-                "SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()")).scalar_one()
-
-    def holders():
-        with db.engine.connect() as connection:
-            return connection.execute(sa.text(
-                "SELECT count(*) FROM pg_locks WHERE relation = 'early_unplanned'::regclass "
-                "AND mode = 'RowExclusiveLock' AND granted")).scalar_one()
-
     writes: list[int] = []           # a flush's attempts (a deadlock PostgreSQL breaks is retried: a third)
     write = _commit.PendingBatch.write
 
@@ -452,33 +464,21 @@ def test_two_batches_whose_route_plans_miss_after_rows_went_out_commit_without_a
         return write(self, transaction, connection)
 
     monkeypatch.setattr(_commit.PendingBatch, "write", counted)
-    before = deadlocks()
-    failed: list[BaseException] = []
+    before = _deadlocks(db)
 
-    def apply(made):
-        try:
-            _apply(db, made, transactions)
-        except BaseException as error:        # (reported below)
-            failed.append(error)
-            barrier.abort()
-
-    threads = [threading.Thread(target=apply, args=(_missing(first, wait=True),)) for first in (0, 500)]
-    for thread in threads:
-        thread.start()
-    try:
+    def both_sent(failed):
+        holders = functools.partial(_row_exclusive_holders, db, "early_unplanned")
         wait_until(lambda: holders() == 2 or failed, 60, "both batches' first parts holding ROW EXCLUSIVE",
                    describe=lambda: (holders(), failed))
         barrier.wait()
-    finally:
-        for thread in threads:
-            thread.join(120)
-    assert not any(thread.is_alive() for thread in threads), "a batch still runs after two minutes"
+
+    failed = _at_once(db, [_missing(first, wait=True) for first in (0, 500)], transactions, barrier, both_sent)
     assert not failed, failed
     rows = dict(_rows(db, "early_unplanned"))
     expected = {f"k{n}": -n if n % 500 < 400 and n % 500 != 300 else n for n in range(1000)}
     expected.update(k450=7, k950=7)
     assert rows == expected
-    assert writes == [400, 400] and deadlocks() == before, (writes, deadlocks(), before)
+    assert writes == [400, 400] and _deadlocks(db) == before, (writes, _deadlocks(db), before)
     assert sorted(raised) == ["k450", "k950"], raised
 
 
@@ -499,11 +499,7 @@ def test_a_process_killed_between_parts_leaves_nothing_and_feeding_again_applies
     for table in ("early_crash", "early_crash_reference"):
         _counters(db, table, 400)
 
-    def holders():
-        with db.engine.connect() as connection:
-            return connection.execute(sa.text(
-                "SELECT count(*) FROM pg_locks WHERE relation = 'early_crash'::regclass "
-                "AND mode = 'RowExclusiveLock' AND granted")).scalar_one()
+    holders = functools.partial(_row_exclusive_holders, db, "early_crash")
 
     log, output = tmp_path / "run1.log", tmp_path / "run1.out"
     command = [sys.executable, "-m", "tests.batch.early_feed_driver", "--url", database_url, "--log", str(log),
