@@ -189,7 +189,7 @@ def _run(declarations: Mapping[str, Declaring], items: list[tuple[int, BatchEven
     learned = {kind: function for kind, function in declarations.items() if type(function) is LearnedDeclaration}
     # Per chain, the one stream event its rules get, given each event's values in turn (``key_and_event(into=)``).
     scratch = {chain: chain.scratch_event() for chain in learned.values() if chain.reuses_event}
-    state: State | None          # (an op's: None only for non-deterministic ops and inserts)
+    state: State
     writes: list[tuple[State, RowImage | None]] | None
     outputs: dict[str, object] | None
     reason: str | None
@@ -291,9 +291,7 @@ def _run(declarations: Mapping[str, Declaring], items: list[tuple[int, BatchEven
                 kind = spec[0]
                 try:
                     if kind is _WRITE:
-                        state = spec[10]
-                        if state is None:       # (never: only non-deterministic ops and inserts have none)
-                            raise AssertionError(f"a {kind.value} on {spec[1]} declared without its state")
+                        state = spec[10]  # type: ignore[assignment]  # (only ND ops and inserts have none)
                         own = get(state, _MISSING)
                         if own is _MISSING:
                             own = miss(state, t)
@@ -326,9 +324,7 @@ def _run(declarations: Mapping[str, Declaring], items: list[tuple[int, BatchEven
                         else:
                             writes.append((state, output))
                     elif kind is _READ:
-                        state = spec[10]
-                        if state is None:       # (never: only non-deterministic ops and inserts have none)
-                            raise AssertionError(f"a {kind.value} on {spec[1]} declared without its state")
+                        state = spec[10]  # type: ignore[assignment]  # (only ND ops and inserts have none)
                         output = get(state, _MISSING)
                         if output is _MISSING:
                             output = miss(state, t)
