@@ -231,12 +231,10 @@ def replay_command(ctx: click.Context, app: str, ids: tuple[int, ...] | None, qu
             f"its engines have already released a punctuation past each letter's event: a replay would reject every "
             f"letter again as late (a new dead letter); nothing was replayed — feed the corrected rows again from the "
             f"start of the stream (activedb run APP --reset), or leave the letters as they are")
-    # The application's own handler, as `activedb run` sends its batches to (one per letter: each replay is an
+    # The application's own handler, as `activedb run` sends its batches to (a new one per letter: each replay is an
     # ingestion of its own); the rule path is the core's default, which checks that a rule listens.
-    unused = [first]
-
     def next_handler() -> BatchHandler:
-        return unused.pop() if unused else app_handler(loaded)
+        return app_handler(loaded)
 
     handler = None if isinstance(first, RulesHandler) else next_handler
     # (A database without activedb's tables has no dead letter to replay, which it says, exit 0, as purge does; no
