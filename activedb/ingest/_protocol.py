@@ -30,6 +30,7 @@ from activedb.ingest._letters import BatchLetters, no_cyclic_gc
 from activedb.ingest._mapping import EventMapping, RawEvent, rows_to_events
 from activedb.ingest._outcome import BatchBook, BatchOutcome, PhaseTimings
 from activedb.ingest.errors import IngestError, first_line
+from activedb.lazy import once
 from activedb.ingest._watch import Watch, letters_written_ahead
 from activedb.tracing import BatchTrace, BatchTracing
 
@@ -97,7 +98,7 @@ class BatchInput:
         points back to it as its ``origin``)."""
         return id(event) in self._event_ids
 
-    @functools.cached_property
+    @once
     def _event_ids(self) -> frozenset[int]:
         return frozenset(map(id, self.events))
 

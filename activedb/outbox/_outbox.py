@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import collections
 import datetime
-import functools
 import logging
 import math
 import secrets
@@ -26,6 +25,7 @@ from activedb.clock import SYSTEM_CLOCK, Clock
 from activedb.errors import (BadArgument, DatabaseUnavailable, GeneratedKeysReset, OutboxError, RuleError,
                              check_seconds, check_switch, check_whole_number)
 from activedb.events import EventKind, age_seconds
+from activedb.lazy import once
 from activedb.outbox import _records
 from activedb.outbox._executor import Executor, TakePacer, Work, describe_error
 from activedb.outbox._recording import Decided, TreeFirings, TreeState, Unsettled, always, new_record, requires_commit
@@ -305,7 +305,7 @@ class Outbox:
         if when is not None and self.rules.registry.by_kind.get(EventKind.ABORTED):
             self._participant(root, state)
 
-    @functools.cached_property
+    @once        # (not cached_property: its lock, shared by every Outbox, would be held across the query)
     def _sequence(self) -> str:
         sequence = self.catalog.sequence_of(self.info, "id")
         assert sequence is not None       # (an identity column: revision 0005_outbox)

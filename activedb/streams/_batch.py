@@ -14,13 +14,13 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Generic, Iterable, TypeAlias, TypeVar
+from typing import TYPE_CHECKING, Callable, Iterable, TypeAlias
 
 import sqlalchemy as sa
 
-
 from activedb.errors import (DatabaseUnavailable, DeadlockDetected, DuplicateKey, LockWaitTimeout, SchemaError,
                              SerializationConflict, TransactionError)
+from activedb.lazy import once
 from activedb.streams._compile import CompiledRule
 from activedb.streams._expressions import Ctx
 from activedb.streams._events import DeadLetter, Output, Punctuation, StreamEvent
@@ -83,21 +83,6 @@ class AccessPlan:
     opaque: bool = False
 
 
-_Owner = TypeVar("_Owner")
-_Computed = TypeVar("_Computed")
-
-
-class _once(Generic[_Owner, _Computed]):
-    """``functools.cached_property`` without Python 3.11's lock per access (a race computes an equal value)."""
-
-    def __init__(self, function: Callable[[_Owner], _Computed]):
-        self.function, self.name = function, function.__name__
-
-    def __get__(self, instance: _Owner, owner: type) -> _Computed:
-        value = instance.__dict__[self.name] = self.function(instance)
-        return value
-
-
 @dataclass
 class STransaction:
     """The s-transaction of one released event (Def. 7): ``T.ts = event.ts``; ``plan``: Algorithm 1's locks for
@@ -114,7 +99,7 @@ class STransaction:
         ts: Instant = self.event.ts            # (a released event's ts: admission checked it)
         return ts
 
-    @_once
+    @once
     def described(self) -> str:
         """``type^ts`` of its event (computed once: every history record and stamp names it)."""
         return self.event.describe()

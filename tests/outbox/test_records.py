@@ -5,10 +5,12 @@ in order whatever characters its rule names hold, a missing trigger log id.  Rea
 from __future__ import annotations
 
 import datetime as dt
+import threading
 
 import pytest
 import sqlalchemy as sa
 
+import activedb
 from activedb import Event, EventKind
 from activedb.outbox import _records
 
@@ -18,6 +20,7 @@ CHAINS = [
     ['quote"d', "com,ma", "{braces}", "back\\slash", "NULL", "", "sp ace", "ünïcødé ✓"],
     ["a" * 300, "b"],
 ]
+TIMEOUT = 60
 
 
 def new_records(outbox, count: int) -> tuple[list[_records.NewRecord], int]:
@@ -145,3 +148,36 @@ def test_wait_idle_with_a_negative_timeout_is_refused_saying_what_to_give(db, ti
 
     with pytest.raises(BadArgument, match=r"wait_idle\(timeout=.*\) takes None .* a number of seconds of at least 0"):
         db.outbox.wait_idle(timeout)
+
+
+def test_a_thread_stopped_while_it_looks_up_the_sequence_stops_no_other_database(migrated):
+    """The outbox finds its table's sequence on the first draw of ids, with a query; a thread stopped in that
+    query (a stalled connection, a crash point of a test) must not make another ``Database``'s first draw wait
+    with it — as Python 3.11's ``functools.cached_property`` did: its lock, one for every instance, was held
+    across the query."""
+    stopped, second = activedb.connect(migrated), activedb.connect(migrated)
+    inside, release = threading.Event(), threading.Event()
+
+    def hold(connection, cursor, statement, parameters, context, executemany):
+        if "pg_get_serial_sequence" in statement:
+            inside.set()
+            release.wait(TIMEOUT)
+
+    sa.event.listen(stopped.engine, "before_cursor_execute", hold)
+    drawn: dict[str, list[int]] = {}
+    threads = [threading.Thread(target=lambda: drawn.setdefault("stopped", stopped.outbox.draw_ids(1)[0]), daemon=True),
+               threading.Thread(target=lambda: drawn.setdefault("second", second.outbox.draw_ids(1)[0]), daemon=True)]
+    try:
+        threads[0].start()
+        assert inside.wait(TIMEOUT), "the first thread never reached the sequence's query"
+        threads[1].start()
+        threads[1].join(TIMEOUT)
+        assert "second" in drawn, f"the second database's first draw waited for the stopped one's (drawn: {drawn})"
+        assert "stopped" not in drawn
+        release.set()
+        threads[0].join(TIMEOUT)
+        assert len(drawn["stopped"]) == 1 and drawn["stopped"] != drawn["second"]
+    finally:
+        release.set()
+        stopped.close()
+        second.close()
