@@ -21,11 +21,8 @@ def holders_of(resource: Hashable, lock: _Lock | None) -> Holders:
     retained by its owner, joined with the owner's other retained modes.  Caller holds the stripe mutex."""
     if lock is None:
         return Holders(resource)
-    held: dict[Hashable, Mode] = {}
+    held = {txn.tid: mode for txn, mode in lock.held.items() if txn.owner is txn}
     retained: dict[Hashable, Mode] = {}
-    for txn, mode in lock.held.items():
-        if txn.owner is txn:
-            held[txn.tid] = mode
     committed = ((txn, mode) for txn, mode in lock.held.items() if txn.owner is not txn)
     for txn, mode in itertools.chain(committed, (lock.retained or {}).items()):
         tid = _owner_of(txn).tid

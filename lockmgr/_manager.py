@@ -148,9 +148,7 @@ class LockManager:
         # Immutable.  The classes raised for a deadlock's victim and a lock wait that timed out.
         self._deadlock_error = error_classes.deadlock
         self._timeout_error = error_classes.lock_timeout
-        count = 1
-        while count < stripes:
-            count *= 2
+        count = 1 << (stripes - 1).bit_length()     # (the next power of two)
         self._victim_policy = victim_policy
         self._snapshot_on_deadlock = snapshot_on_deadlock
         self._stripes = tuple(_Stripe() for _ in range(count))
