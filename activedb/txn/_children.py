@@ -158,11 +158,7 @@ class Children:
             self.manager.locking.materialize(self)
 
     def _want_end_hooks(self: Transaction) -> None:  # type: ignore[misc]
-        """Make the extensions that skip frames (``TransactionExtension.frame_hooks = False``) hear this
-        transaction's end — ``before_commit`` and ``after_end`` — even while it is a frame; a no-op for a node
-        (they hear every node's).  Called by the thread running it, before its commit: an extension that
-        keeps work for its ``before_commit`` (the rule manager's deferred queue) asks for it so instead of
-        materializing the frame.  See README, "Frames"."""
+        """``lowlevel.want_end_hooks`` (see there)."""
         self._end_hooks = True
 
     def spawn(self: Transaction, function: Callable[..., Any], *args: Any,  # type: ignore[misc]

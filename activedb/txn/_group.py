@@ -2,14 +2,9 @@
 threads), run one after another as frames by the thread that waits for them until another thread has to start one;
 then the running frame becomes a node and the rest run as nodes.  Design: README, "Groups on threads".
 
-The *guard* (``_Group.lock``) is what makes a frame safe to materialize from another thread: the waiting thread
-(the *owner*) holds it whenever it is inside activedb code for the running frame — creating it, every operation
-of ``GuardedFrame``, its commit or abort — and never while the frame's user code runs between two operations.
-Another thread that starts a member (``_take_over``, a worker given the group's *token* task) takes the guard,
-so it finds the frame between two operations, as a materialization by the frame's own thread would.  A frame
-that materializes on its own thread (it waits, it creates a child, its lock request must wait) gives the guard
-up at once, so its user code never runs under the guard; the member after it is a frame again unless a worker
-took the group over meanwhile.
+The *guard* (``_Group.lock``) makes a frame safe to materialize from another thread: the waiting thread (the
+*owner*) holds it whenever it is inside activedb code for the running frame, never while the frame's user code runs,
+and another thread that starts a member (``_take_over``) takes it (README, "Groups on threads").
 
 Thread-safety: ``_Group``'s ``concurrent``, ``next``, ``running`` and ``tasks`` change under ``lock``; ``inside``
 and ``results[i]`` are written by the thread running the member concerned only.  Mutex order: a group's guard

@@ -1,21 +1,11 @@
 """Wait edges of helped children, registered only when the helping thread is about to block (txn README,
 "A helped child's wait edge, registered when needed").
 
-A thread that waits for a spawned child nobody has started runs the child itself (help-while-waiting).  The
-waiter ``W`` then waits for the child ``C`` — an edge ``W -> C`` of the wait-for graph — but nothing but ``C``
-runs on the thread meanwhile, and an edge can only take part in a cycle when its target has edges of its own:
-``C`` (or a node it helps in turn, on the same thread) gets some only by waiting.  So the edge is kept here,
-on the thread, and registered in the lock manager just before this thread's first wait that can be an edge —
-a registered wait (``TransactionManager.waiting``, a nested top-level transaction) or a lock request the lock
-manager's uncontended path did not grant (its ``before_wait`` callback) — outermost edge first, then that
-wait's own edge: the graph then holds every edge the registration before the child ran would have held,
-before the one wait that could close a cycle through them, so the same cycles are found when the same edge is
-added, with the same requester.  A child that never blocks — a fork/join hierarchy that runs on its root's
-thread — registers nothing.
-
-The edges not registered yet are part of the picture all the same: ``TransactionManager.lock_snapshot()``
-adds them to the lock manager's (``unregistered``), so that ``explain`` and the tests see the wait they stand
-for while it lasts, registered or not.
+A thread that waits for a spawned child nobody has started runs it itself; the waiter's edge to the child is kept
+here, on the thread, and registered in the lock manager just before the thread's first wait that can be an edge
+(``TransactionManager.waiting``, a nested top-level transaction, a lock request's ``before_wait``), outermost edge
+first, so that the same cycles are found with the same requester.  ``TransactionManager.lock_snapshot()`` adds the
+edges not registered yet (``unregistered``).
 
 Thread-safety: a thread's stack (``_stacks[its ident]``) is changed only by that thread; other threads only
 read a copy of it (``unregistered``: a list copy and attribute reads, atomic under the GIL).

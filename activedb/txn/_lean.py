@@ -1,20 +1,11 @@
 """The lean run: while a top-level transaction is exclusive, its inline subtransactions are *savepoints* of a run kept
 in the root — frames carried to their end (README, "The lean run").
 
-A :class:`Savepoint` is a :class:`~activedb.txn.Transaction` (the same layout: ``isinstance`` holds, and its class
-changes in place) whose frame fields are encoded: its writes are entries of the root's write set listed in the root's
-*undo log* ``(row, entry before, entry)``, its locks grants of the root's *grants log* (``LockManager.try_retain``'s
-list), and the savepoint keeps only where its part of each log starts (``_undo_at``, ``_grants_at``), where its held
-grants start (``_held_from``: the ones before it retains, as a frame's first ``_grants_retained``), its number (in
-``id`` until asked for) and what a frame keeps per node besides (state, slots, doom, end hooks, count of committed
-subtransactions).  Everything else a frame has is a constant of the class, or computed from the logs
-(``_undo``, ``_grants``, ``_grants_retained``, ``id``, ``info``, ``depth``, ``children``).
-
-The hot operations (``read``, ``write``, ``insert``, ``delete``) run here when the root's records answer them — the
-lock a grant in the root's name that changes nothing or that ``try_retain`` makes at once, the row an entry of the
-root's write set or an image the root relied on; every other call, and those whenever they are not answered so,
-first :meth:`Savepoint._decode` the chain of savepoints into the frames it encodes and go on there.  So does reading
-a field of a frame the class neither keeps nor computes (a property each: ``_decoding``).
+A :class:`Savepoint` is a :class:`~activedb.txn.Transaction` (the same layout: its class changes in place when it
+is decoded) whose frame fields are encoded in its root's undo and grants logs; the hot operations (``read``,
+``write``, ``insert``, ``delete``) run here when the root's records answer them, anything else first
+decodes the chain into the frames it encodes (:meth:`Savepoint._decode`).  The encoding, what decodes it and why it is
+equivalent: README, "The lean run".
 
 Thread-safety: a live savepoint is used by the thread that runs its root's run (``Transaction._lean_thread``) and
 decoded only there; other threads read what the pictures need (``id``, ``state``, ``parent``, ``children``,

@@ -48,8 +48,9 @@ def enlist(transaction: Transaction, participant: CommitParticipant) -> None:
 
 def want_end_hooks(transaction: Transaction) -> None:
     """Make the extensions that skip frames (``TransactionExtension.frame_hooks = False``) hear ``transaction``'s
-    end — ``before_commit`` and ``after_end`` — even while it is a frame (txn README, "Frames"); called by the
-    thread running it, before its commit."""
+    end — ``before_commit`` and ``after_end`` — even while it is a frame (txn README, "Frames"); a no-op for a node
+    (they hear every node's).  Called by the thread running it, before its commit: an extension that keeps work for
+    its ``before_commit`` (the rule manager's deferred queue) asks for it so instead of materializing the frame."""
     transaction._want_end_hooks()
 
 
@@ -89,7 +90,8 @@ def outcome_unknown(transaction: Transaction) -> bool:
 
 def read_then_written(transaction: Transaction) -> frozenset[str]:
     """The tables of which ``transaction``'s tree read a row plainly (``tx.read`` without ``for_update``) and then
-    wrote it (``Database.run``'s hot-key learning; txn README, "Reads for update")."""
+    wrote it: where two such trees convert their read locks to write locks and one must give way.  ``Database.run``
+    learns them from an attempt that failed (docs/howto/hot-keys.md; txn README, "Reads for update")."""
     return transaction._read_then_written()
 
 

@@ -5,26 +5,14 @@ Not ``ThreadPoolExecutor``: a subtransaction tree can block every worker on its 
 then sit in the queue forever.  Here a thread that waits for a task not started yet claims it and runs it
 inline (help-while-waiting, as in fork/join pools): progress never depends on a free worker.
 
-*When a worker is woken* (README, "Spawned children: a thread only when something blocks").  Under the GIL a
-worker buys no CPU parallelism, only the overlap of waits, and each hand-off costs a wake-up and GIL
-switches.  So a task started *lazily* (``start(task)``, what ``Transaction.spawn`` does) is only queued; it
-runs on the first of:
-
-* a thread waiting for it (``Task.wait``): the waiter runs it (no hand-off — a fork/join parent runs its
-  children one after another while nothing blocks);
-* a thread about to block — on a task another thread runs (``Task.wait``), or where its owner calls
-  :meth:`WorkerPool.before_blocking` (a database round trip, a wait of the wait-for graph that is not for
-  its own children): every queued task gets a worker first, so the waits overlap as before;
-* the pool idle for ``HAND_OFF_AFTER`` seconds with tasks queued: the pool's waker thread, ticking every
-  ``HAND_OFF_AFTER`` while something is queued, gives queued tasks workers when no task was started or
-  claimed since its previous tick — one task after the first such tick, twice as many after each further
-  one — the bound for a spawner blocked where nobody told the pool (a ``threading`` barrier, a sleep, the
-  lock manager's own wait): the first such task starts at most about two ``HAND_OFF_AFTER`` later than with
-  an eager start, ``n`` of them within about ``log2(n) + 2`` ticks, so a blocked node never starves the
-  others.  (A thread that keeps spawning or running tasks is not blocked: its queue waits for it.)
-
-``start(task, eager=True)`` wakes (or starts) a worker at once, as every start did before: for a spawner that
-goes on to wait by other means (a scheduler's dispatcher waiting on a condition its tasks signal).
+When a queued task runs (README, "Spawned children: a thread only when something blocks"; under the GIL a worker
+buys only the overlap of waits, and each hand-off costs a wake-up and GIL switches): a task started *lazily*
+(``start(task)``, what ``Transaction.spawn`` does) is only queued, and runs on the first of a thread waiting for it
+(``Task.wait``: it runs it, no hand-off), a thread about to block (``Task.wait`` on a task another thread runs, or
+:meth:`WorkerPool.before_blocking`: every queued task gets a worker first), or the waker, when the pool sat idle for
+``HAND_OFF_AFTER`` with tasks queued (:meth:`WorkerPool._wake_late`).  ``start(task, eager=True)`` wakes (or
+starts) a worker at once: for a spawner that goes on to wait by other means (a scheduler's dispatcher waiting on a
+condition its tasks signal).
 
 Thread-safety: ``_mutex`` protects ``_queue``, ``_sleepers``, ``_threads``, ``_waking`` and the waker's
 state; a task is claimed by the one thread whose non-blocking acquire of its ``_claimed`` lock succeeds (no

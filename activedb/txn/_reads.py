@@ -60,9 +60,7 @@ class Reads:
         return _view.read_row(self, info, key)
 
     def _read_then_written(self: Transaction) -> frozenset[str]:  # type: ignore[misc]
-        """The tables of which this tree read a row plainly (``tx.read`` without ``for_update``) and then
-        wrote it: where two such trees convert their read locks to write locks and one must give way.
-        ``Database.run`` learns them from an attempt that failed (see docs/howto/hot-keys.md)."""
+        """``lowlevel.read_then_written`` (see there)."""
         hot = self.root._slot(HotKeys, create=False)
         return frozenset(hot.read_then_written) if hot is not None else frozenset()
 

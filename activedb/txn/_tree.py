@@ -272,10 +272,7 @@ class Transaction(Reads, Writes, Children):
     # --- extension seams ------------------------------------------------------------------------
 
     def _enlist(self, participant: CommitParticipant) -> None:
-        """Make ``participant`` take part in the top-level commit (see ``CommitParticipant``).  Enlisted in
-        a subtransaction, it moves to the parent when the subtransaction commits and is dropped (its
-        ``aborted`` called) if it aborts.  Allowed while the transaction is active or waiting for its
-        children to commit."""
+        """``lowlevel.enlist`` (see there)."""
         if not isinstance(participant, CommitParticipant):
             raise TypeError(f"enlist() takes a CommitParticipant, got {participant!r}")
         # Also while COMMITTING (waiting for its children, before it delegates or flushes): a running child
