@@ -70,8 +70,6 @@ class Reads:
         number of rows found.  Useful before processing a batch of events on known keys."""
         self._check_active("prefetch")
         info = self.manager.catalog.table_info(table)
-        if isinstance(keys, (str, bytes)):      # (an iterable of its letters, or of its numbers)
-            raise TypeError(_one_text("prefetch", info.name, keys))
         _check_collection("prefetch", info.name, keys)
         chain, name = (self, *self.ancestors), info.name
         wanted = list(dict.fromkeys(key for key in map(info.key, keys) if not any(
@@ -90,8 +88,6 @@ class Reads:
         self._check_active("read_many")
         lock = BulkLock.parse(lock, "read_many(lock=...)")
         info = self.manager.catalog.table_info(table)
-        if isinstance(keys, (str, bytes)):      # (an iterable of its letters, or of its numbers)
-            raise TypeError(_one_text("read_many", info.name, keys))
         _check_collection("read_many", info.name, keys)
         normalised: dict[Any, Any] = {}
         given: object         # (a key typed Hashable, but a list is taken too: the values of a key of several columns)
@@ -160,16 +156,14 @@ class Reads:
 
 
 def _check_collection(method: str, table: str, keys: object) -> None:
-    """Raise :class:`BadArgument` if ``keys``, given to ``method(table, keys)``, is not a collection (None, one number):
-    not iterable, it would fail as a bare ``TypeError`` inside the loop over the keys."""
+    """Refuse ``keys``, given to ``method(table, keys)``, if it is one text (a ``TypeError``: an iterable of its letters,
+    or of its numbers) or no collection (None, one number: a :class:`BadArgument`; not iterable, it would fail as a
+    bare ``TypeError`` inside the loop over the keys)."""
+    if isinstance(keys, (str, bytes)):
+        raise TypeError(f"{method}({table!r}, keys) takes a collection of keys, got the text {keys!r}; for that one "
+                        f"row: {method}({table!r}, [{keys!r}])")
     try:
         iter(keys)  # type: ignore[call-overload]  # (what is checked: any object)
     except TypeError:
         raise BadArgument(f"{method}({table!r}, keys) takes a collection of keys (a list, tuple or set), got {keys!r} "
                           f"({type(keys).__name__}); for one row: {method}({table!r}, [key])") from None
-
-
-def _one_text(method: str, table: str, text: str | bytes) -> str:
-    """What ``method(table, keys)`` given one text instead of a collection of keys says."""
-    return (f"{method}({table!r}, keys) takes a collection of keys, got the text {text!r}; for that one row: "
-            f"{method}({table!r}, [{text!r}])")
