@@ -18,7 +18,7 @@ from activedb.composite._evaluation import Evaluation
 from activedb.composite._input import InputNode
 from activedb.composite._members import Members
 from activedb.composite._model import (Choice, CompositeEvent, Heartbeat, Invalidation, Partition, Uncertainty,
-                                       describe_event)
+                                       describe_event, same_event)
 from activedb.composite._polist import Membership
 from activedb.composite._records import CompositeStatistics, MembershipKind, ProducerInfo, TimeoutPolicy, Window
 from activedb.composite._rollback import Rollback
@@ -318,7 +318,7 @@ class CompositionEngine:
                     evaluation.discarding = [event for event, _ in excluded]    # (those of earlier batches)
                     self._discard_refused(refused)
                     for item in items:
-                        if any(_same_event(item, event) for event, _ in excluded):
+                        if any(same_event(item, event) for event, _ in excluded):
                             continue
                         try:
                             self._input.take(item, refuse_unevaluable=True)
@@ -354,12 +354,7 @@ class CompositionEngine:
                     refused.append((event, error))
             evaluation.refused = []
             doomed_events, evaluation.discarding = evaluation.discarding, []
-            for node in list(evaluation.nodes.values()):        # (evaluating drops a node it empties)
-                doomed = [entry for entry in node.items() if entry.event in doomed_events]
-                if doomed:
-                    node.remove(doomed)
-                    self._counts["dropped"] += len(doomed)
-                    evaluation.evaluate(node)
+            evaluation.drop(lambda entry: entry.event in doomed_events)
 
     def poll(self) -> list[CompositeEvent]:
         """Check the input nodes' timeouts (raises :class:`ProducerTimeout`, or excludes silent producers
@@ -390,12 +385,7 @@ class CompositionEngine:
             if not numbers:
                 raise CompositeError(f"{describe_event(event)} is in no list of engine {self.name}")
             first = min(numbers)
-            for node in list(self._evaluation.nodes.values()):      # (evaluating drops a node it empties)
-                doomed = [item for item in node.items() if item.number == first]
-                if doomed:
-                    node.remove(doomed)
-                    self._counts["dropped"] += len(doomed)
-                    self._evaluation.evaluate(node)
+            self._evaluation.drop(lambda item: item.number == first)
         return self._finish()
 
     # --- the end of a call -------------------------------------------------------------------------------
@@ -580,17 +570,6 @@ def _check_composable(query: CompiledQuery) -> None:
 def emit_composite(tx: Transaction, composite: CompositeEvent) -> None:
     """Hand ``composite`` to the rules on its query's spec in ``tx`` (``tx.emit``)."""
     tx.emit(composite.query, key=composite.partition or None, ts=composite.ts, payload=composite.payload())
-
-
-def _same_event(item: StreamEvent | Heartbeat, event: StreamEvent) -> bool:
-    """``item`` of a batch is ``event`` as the engine holds it (whatever clock the engine gave its timestamp)."""
-    if not isinstance(item, StreamEvent):
-        return False
-    if item == event:
-        return True
-    return (isinstance(item.ts, Timestamp) and item.type == event.type
-            and dict(item.attributes) == dict(event.attributes)
-            and (item.ts.lower, item.ts.upper, item.ts.producer) == (event.ts.lower, event.ts.upper, event.ts.producer))
 
 
 def _stopped(error: Exception, index: int, item: object, call: str) -> Exception:

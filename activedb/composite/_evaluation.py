@@ -93,6 +93,15 @@ class Evaluation:
             if types & set(node.types):
                 self.evaluate(node)
 
+    def drop(self, doomed: Callable[[Item], bool]) -> None:
+        """Take the items ``doomed`` picks out of every list, evaluating the nodes that held them."""
+        for node in list(self.nodes.values()):      # (evaluating drops a node it empties)
+            items = [item for item in node.items() if doomed(item)]
+            if items:
+                node.remove(items)
+                self.counts["dropped"] += len(items)
+                self.evaluate(node)
+
     def blocked_nodes(self) -> list[tuple[tuple[str, Partition], Node]]:
         """The nodes waiting for sync-points, in a stable order."""
         return [(key, self.nodes[key]) for key in sorted(self.blocked, key=repr) if key in self.nodes]

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
 
 from activedb.composite._engine import CompositionEngine, emit_composite
-from activedb.composite._model import CompositeEvent, Heartbeat, describe_event
+from activedb.composite._model import CompositeEvent, Heartbeat, describe_event, same_event
 from activedb.composite._records import TimeoutPolicy
 from activedb.errors import InvalidTime, finite_number
 from activedb.events import Instant, Timestamp, elapsed
@@ -223,8 +223,7 @@ def _at(rows_of: dict[int, tuple[int, Mapping[str, object]]], item: StreamEvent 
     time and attributes."""
     found = rows_of.get(id(item))
     if found is None and isinstance(item, StreamEvent):
-        found = next((rows_of[id(candidate)] for candidate in items if isinstance(candidate, StreamEvent)
-                      and _same(candidate, item)), None)
+        found = next((rows_of[id(candidate)] for candidate in items if same_event(candidate, item)), None)
         if found is None:
             assert mapping is not None
             row: dict[str, object] = dict(item.attributes)
@@ -236,12 +235,6 @@ def _at(rows_of: dict[int, tuple[int, Mapping[str, object]]], item: StreamEvent 
     assert found is not None
     position, original = found
     return position, reason, jsonable(original)
-
-
-def _same(one: StreamEvent, other: StreamEvent) -> bool:
-    """The same event, whatever clock the engine gave its timestamp."""
-    return (one.type == other.type and dict(one.attributes) == dict(other.attributes)
-            and (one.ts.lower, one.ts.upper, one.ts.producer) == (other.ts.lower, other.ts.upper, other.ts.producer))
 
 
 class CompositeHandler(BatchHandler):

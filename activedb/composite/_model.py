@@ -173,3 +173,14 @@ def describe_event(event: StreamEvent | None) -> str:
     attributes = dict(event.attributes)
     key = f"#{attributes['id']}" if "id" in attributes else ""
     return f"{event.type}{key}{event.ts}"
+
+
+def same_event(item: object, event: StreamEvent) -> bool:
+    """``item`` (of a batch) is ``event`` as the engine holds it, whatever clock the engine gave its timestamp."""
+    if not isinstance(item, StreamEvent):
+        return False
+    if item == event:
+        return True
+    return (isinstance(item.ts, Timestamp) and item.type == event.type
+            and dict(item.attributes) == dict(event.attributes)
+            and (item.ts.lower, item.ts.upper, item.ts.producer) == (event.ts.lower, event.ts.upper, event.ts.producer))
