@@ -74,9 +74,8 @@ class Node:
 
     # --- evaluation ----------------------------------------------------------------------------------
 
-    def evaluate(self, context: "Evaluation") -> int:
-        """Compose until blocked or idle; then clean up.  Returns the number of composite events."""
-        composed = 0
+    def evaluate(self, context: "Evaluation") -> None:
+        """Compose until blocked or idle; then clean up."""
         self.blocked_on = frozenset()
         while True:
             if self.recent:
@@ -85,9 +84,7 @@ class Node:
                 step = self._chronicle(context)
             if step is not Step.COMPOSED:
                 break
-            composed += 1
         self._cleanup(context)
-        return composed
 
     def _stable(self, context: "Evaluation", rank: int, candidates: list[Item]) -> bool:
         if not candidates:
