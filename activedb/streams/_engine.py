@@ -249,7 +249,7 @@ class StreamEngine:
                         f"in its parent): the engine's state follows the outcome of the transaction its batch ran in")
                 pending.node = tx           # (its batch is tx's now: its participant moved to tx)
             if pending is None:
-                pending = Pending(root, self._state, tx)
+                pending = Pending(self._state, tx)
                 lowlevel.enlist(tx, BatchOutcome(pending, self._settle))     # raises if tx cannot take a batch
                 self._pending = pending
             streams = self._definitions.streams()

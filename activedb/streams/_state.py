@@ -40,11 +40,11 @@ class State:
 class Pending:
     """A batch's state on top of the committed one (partitions as an overlay)."""
 
-    def __init__(self, root: Transaction, base: State, node: Transaction | None = None):
-        self.root = root
+    def __init__(self, base: State, node: Transaction):
+        self.root = node.root
         # The transaction the batch runs in (root or a subtransaction), whose outcome the state follows (BatchOutcome is
         # enlisted there: a subtransaction's abort drops it; its commit moves it to the parent).
-        self.node = node if node is not None else root
+        self.node = node
         self.base = base
         self.overlay: dict[tuple[str, tuple[Hashable, ...]], PartitionState | None] = {}
         self.buffer = list(base.buffer)
