@@ -156,9 +156,6 @@ def compile_query(definition: ast.QueryDefinition, streams: dict[str, StreamSche
             ranks = [rank[index] for index in used]
             joint_backward.setdefault(min(ranks), []).append(function)
             joint_forward.setdefault(max(ranks), []).append(function)
-    for event_type in types:
-        for attribute in partition:
-            stream.resolve_attribute(event_type, attribute, None)
 
     returns: list[tuple[str, Fn]] = []
     positive_aliases = {alias: entry for alias, entry in aliases.items() if not entry[2]}
@@ -284,10 +281,9 @@ def compile_rule(definition: ast.RuleDefinition, queries: dict[str, CompiledQuer
             continue
         assignments = []
         set_columns = [written for written, _ in action.assignments]  # type: ignore[attr-defined]  # (an UPDATE)
-        _refuse_twice(what, f"UPDATE {action.table} sets", set_columns,  # type: ignore[attr-defined]
-                      [table.column(written, action.position) for written in set_columns], action)
-        for written, expression in action.assignments:  # type: ignore[attr-defined]
-            column = table.column(written, action.position)
+        set_real = [table.column(written, action.position) for written in set_columns]
+        _refuse_twice(what, f"UPDATE {action.table} sets", set_columns, set_real, action)  # type: ignore[attr-defined]
+        for (written, expression), column in zip(action.assignments, set_real):  # type: ignore[attr-defined]
             if column in table.key_columns:
                 raise DefinitionError(f"{what}: UPDATE cannot change the key column {written}", **at(action))
             assignments.append((column, compiled("SET", expression, table)))
