@@ -467,17 +467,12 @@ def _json_ok(value: Any) -> bool:  # (exact-type dispatch, which mypy does not n
 
 def _json_problem(value: object, path: str) -> str | None:
     """``json_problem`` naming the path of every element it looks at (the slow walk)."""
-    # the exact built-in types first: an ABC check (``Mapping``) costs far more
+    # the exact containers first: an ABC check (``Mapping``) costs far more
     if type(value) is dict:
         return _object_problem(value, path)
-    if type(value) is str:
-        problem = text_problem(value)
-        return None if problem is None else f"{path}: {problem}"
-    if value is None or type(value) is int or type(value) is bool:
-        return None
     if type(value) is list:
         return _array_problem(value, path)
-    if isinstance(value, (bool, int)):
+    if value is None or isinstance(value, (bool, int)):
         return None
     if isinstance(value, float):
         return None if math.isfinite(value) else f"{path} is {value!r}, which JSON cannot represent"
