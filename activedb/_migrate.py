@@ -654,9 +654,7 @@ class Schema:
             return SchemaState.AT_HEAD, revision
         if revision is None:
             return SchemaState.BEHIND, None
-        try:
-            ScriptDirectory.from_config(_config(migrations.SCRIPT_LOCATION)).get_revision(revision)
-        except Exception:
+        if not has_revision(migrations.SCRIPT_LOCATION, revision):
             return SchemaState.UNKNOWN, revision
         return SchemaState.BEHIND, revision
 
@@ -787,7 +785,6 @@ def init_app(script_location: str | Path, name: str | None = None) -> list[Path]
     that already has an ``env.py``, or any file it would write (nothing of the user's is overwritten).  Returns
     the files written."""
     import datetime
-    import re
 
     location = Path(script_location)
     if (location / "env.py").exists():
