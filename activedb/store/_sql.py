@@ -575,7 +575,6 @@ def _driver_statement(dialect: sa.Dialect, info: TableInfo, kind: str, order: tu
     overriding = " OVERRIDING SYSTEM VALUE" if info.always_generated else ""
     if casts is not None:
         aliases = [f"c{index}" for index in range(len(order))]
-        literal = literal or (False,) * len(casts)
         arrays = [f"%b::{cast}[]" if binary and cast in BINARY_ARRAYS and not text else f"%s::{cast}[]"
                   for cast, text in zip(casts, literal)]
         source = f"unnest({', '.join(arrays)}) AS v({', '.join(aliases)})"
