@@ -30,19 +30,15 @@ _REVISION_SETTINGS = {"ignore_unknown_options": True}
 
 def _lock_timeout_option(command: Callable[..., None]) -> Callable[..., None]:
     """``--lock-timeout SECONDS`` of a command that migrates or stamps: how long a statement waits for a table's lock
-    (a stamp's: the version table's)."""
+    (a stamp's: the version table's); the command is given it as ``lock_timeout=`` takes it: 0 is no limit (None)."""
     from activedb._migrate import LOCK_TIMEOUT_SECONDS
 
     return click.option(
         "--lock-timeout", type=Seconds(), default=LOCK_TIMEOUT_SECONDS, show_default=True,
+        callback=lambda ctx, param, value: value or None,
         help="Seconds a statement waits for a lock on a table it changes (an application's transaction holding "
              "it) before the run stops, nothing changed, naming the blocking backends (PostgreSQL's lock_timeout); "
              "0: as long as it takes.")(command)
-
-
-def _seconds(lock_timeout: float) -> float | None:
-    """``--lock-timeout``'s value as ``lock_timeout=`` takes it: 0 is no limit (None)."""
-    return lock_timeout or None
 
 
 def _revision(revision: str) -> str:
@@ -58,9 +54,9 @@ def _revision(revision: str) -> str:
                                            "range FROM:TO; the database is not read).")
 @_lock_timeout_option
 @click.pass_context
-def upgrade(ctx: click.Context, revision: str, sql: bool, lock_timeout: float) -> None:
+def upgrade(ctx: click.Context, revision: str, sql: bool, lock_timeout: float | None) -> None:
     """Upgrade the schema to REVISION (default: head)."""
-    _migrate_command(ctx, "upgrade", _revision(revision), sql, yes=True, lock_timeout=_seconds(lock_timeout))
+    _migrate_command(ctx, "upgrade", _revision(revision), sql, yes=True, lock_timeout=lock_timeout)
 
 
 @db.command(context_settings=_REVISION_SETTINGS)
@@ -70,10 +66,10 @@ def upgrade(ctx: click.Context, revision: str, sql: bool, lock_timeout: float) -
 @click.option("--yes", is_flag=True, help="Do not ask before dropping tables or columns.")
 @_lock_timeout_option
 @click.pass_context
-def downgrade(ctx: click.Context, revision: str, sql: bool, yes: bool, lock_timeout: float) -> None:
+def downgrade(ctx: click.Context, revision: str, sql: bool, yes: bool, lock_timeout: float | None) -> None:
     """Downgrade the schema to REVISION ('base' removes every activedb table: rules, transaction log,
     ingestion ledger, dead letters). Asks first (--yes to skip)."""
-    _migrate_command(ctx, "downgrade", _revision(revision), sql, yes=yes, lock_timeout=_seconds(lock_timeout))
+    _migrate_command(ctx, "downgrade", _revision(revision), sql, yes=yes, lock_timeout=lock_timeout)
 
 
 def _migrate_command(ctx: click.Context, action: str, revision: str, sql: bool, *, yes: bool,
@@ -138,7 +134,7 @@ def _migrate_command(ctx: click.Context, action: str, revision: str, sql: bool, 
 @click.option("--yes", is_flag=True, help="Do not ask before recording REVISION over the revision recorded.")
 @_lock_timeout_option
 @click.pass_context
-def stamp(ctx: click.Context, revision: str, yes: bool, lock_timeout: float) -> None:
+def stamp(ctx: click.Context, revision: str, yes: bool, lock_timeout: float | None) -> None:
     """Record REVISION (`db history` lists them; head, base) as the revision activedb's tables are at, running no
     revision: for tables whose version table is gone (dropped by hand, left out of a restore). Asks first when a
     revision is recorded already (--yes to skip)."""
@@ -155,7 +151,7 @@ def stamp(ctx: click.Context, revision: str, yes: bool, lock_timeout: float) -> 
             _confirm(f"record {revision} over {before}, the revision recorded for activedb's tables in "
                      f"{database.describe()}: no revision runs, the tables stay as they are, and `activedb db upgrade` "
                      f"and `db downgrade` then take them for {revision}'s. Continue?", yes)
-        database.schema.stamp(revision, lock_timeout=_seconds(lock_timeout))    # (it writes the version table)
+        database.schema.stamp(revision, lock_timeout=lock_timeout)    # (it writes the version table)
         now = database.schema.current_revision() or "base"
         click.echo(f"stamp {revision}: now at {now}, no revision ran ({database.describe()})")
 
@@ -265,7 +261,7 @@ def _say_app_revision(database: Database, path: str) -> None:
 @click.argument("revision", default="head")
 @_lock_timeout_option
 @click.pass_context
-def app_upgrade(ctx: click.Context, path: str, revision: str, lock_timeout: float) -> None:
+def app_upgrade(ctx: click.Context, path: str, revision: str, lock_timeout: float | None) -> None:
     """Upgrade the application's tables in PATH to REVISION (default: head)."""
     from activedb._migrate import app_location, at_end, past_end
 
@@ -283,7 +279,7 @@ def app_upgrade(ctx: click.Context, path: str, revision: str, lock_timeout: floa
                 if len(heads) <= 1 and revision.startswith("+") else None
             if refused is not None:
                 raise refused
-        database.schema.upgrade_app(path, revision, lock_timeout=_seconds(lock_timeout))
+        database.schema.upgrade_app(path, revision, lock_timeout=lock_timeout)
         _say_app_revision(database, path)
 
 
@@ -293,12 +289,11 @@ def app_upgrade(ctx: click.Context, path: str, revision: str, lock_timeout: floa
 @click.option("--yes", is_flag=True, help="Do not ask before dropping tables.")
 @_lock_timeout_option
 @click.pass_context
-def app_downgrade(ctx: click.Context, path: str, revision: str, yes: bool, lock_timeout: float) -> None:
+def app_downgrade(ctx: click.Context, path: str, revision: str, yes: bool, lock_timeout: float | None) -> None:
     """Downgrade the application's tables in PATH to REVISION ('base' drops them all). Asks first."""
     from activedb._migrate import ahead, app_location, at, check_revision, past_end, steps_below
 
     revision = _revision(revision)
-
     with open_database(ctx, writes=True, check_schema=False) as database:
         heads, _ = database.schema.app_heads(path)
         check_revision(revision, app_location(path))
@@ -322,7 +317,7 @@ def app_downgrade(ctx: click.Context, path: str, revision: str, yes: bool, lock_
             f"what the revisions after {target or revision} added, with its data"
         _confirm(f"downgrade {path} in {database.describe()} from {', '.join(heads)} to {revision}"
                  f"{f' ({target})' if target else ''}: this drops {what}. Continue?", yes)
-        database.schema.downgrade_app(path, revision, lock_timeout=_seconds(lock_timeout))
+        database.schema.downgrade_app(path, revision, lock_timeout=lock_timeout)
         _say_app_revision(database, path)
 
 
