@@ -61,9 +61,7 @@ class EngineOptions:
     def keywords(self) -> dict[str, object]:
         """The keyword arguments of ``sqlalchemy.create_engine`` these options make."""
         extra = dict(self.create_engine)
-        given = extra.pop("connect_args", {})
-        if not isinstance(given, Mapping):
-            raise TypeError(f"EngineOptions(create_engine={{'connect_args': ...}}) takes a mapping, got {given!r}")
+        given: Mapping[str, object] = extra.pop("connect_args", {})  # type: ignore[assignment]  # (checked: a mapping)
         connect_args = {"connect_timeout": self.connect_timeout, **given}
         return {"pool_size": self.pool_size, "max_overflow": self.max_overflow, "pool_use_lifo": self.pool_use_lifo,
                 **extra, "connect_args": connect_args}
