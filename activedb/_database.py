@@ -54,14 +54,6 @@ def create_engine(url: URL, options: EngineOptions = EngineOptions()) -> Engine:
     return sa.create_engine(url, **{"pool_logging_name": "activedb", **options.keywords()})
 
 
-def _close_returned_connections(engine: Engine) -> None:
-    """From now on, every connection given back to ``engine``'s pool is closed, not kept — in the pool of now and in
-    those its ``dispose()`` makes later (they take its listeners).  For a closed ``Database``: a thread still running
-    then (a detached rule that closed its own database, an outbox group ``close()`` did not wait for) gives its
-    connection back afterwards, to a pool already disposed, which would keep it open until collected."""
-    sa.event.listen(engine.pool, "checkin", _close_entry)
-
-
 def _close_entry(dbapi_connection: object, entry: sa.pool.ConnectionPoolEntry) -> None:
     entry.close()       # (its DBAPI connection: None if invalidated already; the entry is checked out again anew)
 
@@ -410,7 +402,10 @@ class Database:
             self.outbox.close()
             self.transactions.pool.shutdown(wait=False)
             self.catalog.idle.close()
-            _close_returned_connections(self.engine)      # (before the dispose: the pool it makes takes the listener)
+            # A thread still running (a detached rule that closed its own database, an outbox group not waited for)
+            # gives its connection back to a disposed pool, which would keep it open until collected: closed instead
+            # (listened before the dispose: the pool it makes takes the listener).
+            sa.event.listen(self.engine.pool, "checkin", _close_entry)
             self.engine.dispose()
 
     def __enter__(self) -> "Database":
