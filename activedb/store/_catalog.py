@@ -70,7 +70,7 @@ class IdleConnections:
     """Connections in autocommit at the driver, for a transaction their user opens in its first query
     (``lock_row(begin=…)``) or a one-statement read (``Catalog.autocommit_connection``), kept checked out
     between two uses: taking one from the pool, setting autocommit and resetting it on return cost more than
-    the statement each use runs.  At most ``keep`` wait here; one given back inside a transaction, closed or
+    the statement each use runs.  At most :data:`IDLE_KEPT` wait here; one given back inside a transaction, closed or
     invalidated is closed instead.
 
     Outside the pool, kept connections escape its invalidation: when a statement finds its connection lost
@@ -81,9 +81,8 @@ class IdleConnections:
     given back, never handed out.  So after an outage that anything saw, the next read gets a fresh
     connection, as it would from the pool.  Thread-safe (``_mutex``, a leaf: no SQL under it)."""
 
-    def __init__(self, engine: sa.Engine, keep: int = IDLE_KEPT):
+    def __init__(self, engine: sa.Engine):
         self._engine = engine
-        self._keep = keep
         self._mutex = threading.Lock()
         self._idle: list[sa.Connection] = []
         self._closed = False
@@ -127,7 +126,7 @@ class IdleConnections:
                   or connection.connection.driver_connection.pgconn.transaction_status != _IDLE):  # type: ignore[union-attr]
             with self._mutex:
                 stale = connection.info.get(_GENERATION) != self._generation
-                if not (stale or self._closed or len(self._idle) >= self._keep):
+                if not (stale or self._closed or len(self._idle) >= IDLE_KEPT):
                     self._idle.append(connection)
                     return
             if stale:
@@ -449,12 +448,10 @@ class Catalog:
         if not values:
             return
         history = self._key_history.get(sequence)
-        if history:
-            _, _, last_storage = history[-1]
-            if last_storage != storage:
-                self._key_blocks.pop(sequence, None)
-                history.clear()
-                self._reset_at[sequence] = datetime.datetime.now(datetime.timezone.utc)
+        if history and history[-1][2] != storage:
+            self._key_blocks.pop(sequence, None)
+            history.clear()
+            self._reset_at[sequence] = datetime.datetime.now(datetime.timezone.utc)
         history = self._key_history.setdefault(sequence, collections.deque(maxlen=KEY_HISTORY))
         history.append((min(values), max(values), storage))
 
