@@ -234,12 +234,12 @@ def stop(home: Path) -> None:
     _unregister((Path(home).expanduser().resolve()) / "pgdata")
 
 
-def _ensure_database(server: EmbeddedServer, database: str = DATABASE_NAME) -> None:
+def _ensure_database(server: EmbeddedServer) -> None:
     import psycopg
 
     with psycopg.connect(server.conninfo("postgres"), autocommit=True) as connection:
-        exists = connection.execute("SELECT 1 FROM pg_database WHERE datname = %s", (database,)).fetchone()
+        exists = connection.execute("SELECT 1 FROM pg_database WHERE datname = %s", (DATABASE_NAME,)).fetchone()
         if not exists:
             # Created meanwhile by a client that does not take our lock: fine.
             with contextlib.suppress(psycopg.errors.DuplicateDatabase, psycopg.errors.UniqueViolation):
-                connection.execute(f'CREATE DATABASE "{database}"')
+                connection.execute(f'CREATE DATABASE "{DATABASE_NAME}"')

@@ -457,9 +457,9 @@ def _set_password_stopped(pgdata: Path, runner: Runner, password: str) -> None:
             f"(nothing was deleted)") from None
 
 
-def _log_tail(log: Path, lines: int = 5) -> str:
+def _log_tail(log: Path) -> str:
     try:
-        tail = log.read_text(errors="replace").splitlines()[-lines:]
+        tail = log.read_text(errors="replace").splitlines()[-5:]
     except OSError:
         return ""
     return "\n  last server log lines:\n  " + "\n  ".join(tail) if tail else ""
