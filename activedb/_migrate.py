@@ -293,15 +293,15 @@ def created_tables(revision: str) -> tuple[str, ...]:
     return tuple(tables)
 
 
-def current(engine: Engine, *, version_table: str = migrations.VERSION_TABLE) -> str | None:
+def current(engine: Engine) -> str | None:
     with engine.connect() as connection:
-        context = MigrationContext.configure(connection, opts={"version_table": version_table})
+        context = MigrationContext.configure(connection, opts={"version_table": migrations.VERSION_TABLE})
         heads = context.get_current_heads()
     return heads[0] if heads else None
 
 
-def head(script_location: Path | None = None) -> str:
-    script = ScriptDirectory.from_config(_config(script_location or migrations.SCRIPT_LOCATION))
+def head() -> str:
+    script = ScriptDirectory.from_config(_config(migrations.SCRIPT_LOCATION))
     return script.get_current_head()  # type: ignore[return-value]  # (one head: activedb's chain is linear)
 
 
@@ -315,14 +315,14 @@ def history(script_location: Path | None = None) -> list[tuple[str, str]]:
         return [(step.revision, _gist(str(step.doc or ""))) for step in script.walk_revisions()]
 
 
-def _gist(doc: str, width: int = 100) -> str:
+def _gist(doc: str) -> str:
     """A revision's docstring in a line: its first sentence, the part before its colon if it has one (``Capture's
-    trust model: …``), cut at a word to ``width`` characters with an ellipsis."""
+    trust model: …``), cut at a word to 100 characters with an ellipsis."""
     sentence = " ".join(doc.strip().split("\n\n")[0].split()).split(". ")[0]
     gist = sentence.split(": ")[0].rstrip(".")
-    if len(gist) <= width:
+    if len(gist) <= 100:
         return gist
-    return gist[:width].rsplit(" ", 1)[0].rstrip(",;") + " …"
+    return gist[:100].rsplit(" ", 1)[0].rstrip(",;") + " …"
 
 
 def has_revision(location: Path, revision: str) -> bool:
@@ -381,16 +381,16 @@ def _revision(script: ScriptDirectory, revision: str) -> "Script | None":
     return script.get_revision(revision)
 
 
-def passed(revision: str, current: str | None, script_location: Path | None = None) -> str | None:
+def passed(revision: str, current: str | None) -> str | None:
     """``revision``'s full id (``base`` for base) if a database at ``current`` is already past it — a revision below
-    ``current`` in ``script_location``'s chain (activedb's own by default), where an upgrade to it changes nothing (an
-    Alembic no-op); else None, also for head, a relative revision and one Alembic does not know (left to it)."""
+    ``current`` in activedb's chain, where an upgrade to it changes nothing (an Alembic no-op); else None, also for
+    head, a relative revision and one Alembic does not know (left to it)."""
     if current is None or revision in ("head", "heads") or "-" in revision or "+" in revision or ":" in revision:
         return None
     if revision == "base":
         return "base"
     try:
-        script = ScriptDirectory.from_config(_config(script_location or migrations.SCRIPT_LOCATION))
+        script = ScriptDirectory.from_config(_config(migrations.SCRIPT_LOCATION))
         target = _revision(script, revision)
         below = {step.revision for step in script.iterate_revisions(current, "base")}
     except Exception:       # (alembic's errors: unknown, ambiguous; the caller's upgrade reports them)
