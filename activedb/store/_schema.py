@@ -688,19 +688,11 @@ def _uuid_problem(value: object) -> str | None:
 
 
 def _converter(column: sa.Column[object]) -> Callable[[object], object] | None:
-    """For a column whose values PostgreSQL gives back as another Python value than some it accepts: the
-    conversion into the one it gives back (``TableInfo.key``, ``TableInfo.normalised``), or None.  A uuid column
-    reads as ``uuid.UUID`` (``as_uuid``, SQLAlchemy's default) or as its canonical text; either is accepted.  A
-    ``numeric`` column reads as ``Decimal``, which equals an ``int`` of the same number but not every ``float``
-    (``Decimal('0.1') != 0.1``): a float is taken as the decimal it prints as (``_as_decimal``).  A ``real`` column
-    reads as the ``float`` of the decimal PostgreSQL prints its single-precision value as (``_as_real``).  A ``char(n)`` column
-    reads as its text padded with spaces to ``n`` (``_as_padded``), a ``timestamp(p)`` column as its value rounded to
-    ``p`` fractional digits (``_as_timestamp_of``), so do ``time(p)`` and ``timetz(p)`` (``_as_time_of``) and
-    ``interval(p)`` (``_as_interval_of``); an ``interval`` restricted to fields coarser than seconds (``interval
-    hour``, ``interval year to month``) keeps only those (``_as_interval_in``).  A ``date`` column
-    reads as ``date``, which never equals a ``datetime``: a midnight one (the only one ``_date_problem`` lets
-    through) is taken as its date.  An array or JSON column reads its arrays as lists: a tuple is taken as its list
-    (``_as_lists``; no key is of such a column)."""
+    """For a column whose values PostgreSQL gives back as another Python value than some it accepts: the conversion
+    into the one it gives back (``TableInfo.key``, ``TableInfo.normalised``; each ``_as_…`` function says what it
+    makes of a value), or None.  A uuid column reads as ``uuid.UUID`` (``as_uuid``, SQLAlchemy's default) or as its
+    canonical text, a ``date`` column as ``date``, which never equals a ``datetime`` (a midnight one, the only one
+    ``_date_problem`` lets through, is taken as its date)."""
     column_type = column.type
     if isinstance(column_type, sa.Uuid):
         return _as_uuid if column_type.as_uuid else _as_uuid_text
