@@ -147,12 +147,6 @@ class _Blockers:
                 connection.close()
 
 
-def _lock_timed_out(error: BaseException | None) -> bool:
-    """Whether ``error`` (a migration's, as SQLAlchemy wraps it) is PostgreSQL's lock timeout (SQLSTATE 55P03)."""
-    orig = error.orig if isinstance(error, sa.exc.DBAPIError) else None
-    return getattr(orig, "sqlstate", None) == LOCK_NOT_AVAILABLE
-
-
 @contextlib.contextmanager
 def _failing_as(what: str, location: Path | None = None) -> Iterator[None]:
     """Any error of the block but a MigrationError becomes one: ``what failed: first line`` — of a database error,
@@ -566,8 +560,8 @@ class Schema:
                     else:
                         getattr(command, action)(config, revision)
         except MigrationError as error:
-            if blockers is not None and _lock_timed_out(error.__cause__):
-                cause = error.__cause__
+            cause = error.__cause__
+            if blockers is not None and cause is not None and sqlstate_of(cause) == LOCK_NOT_AVAILABLE:
                 held = "; ".join(blockers.seen) or "another backend (pg_locks and pg_stat_activity say which)"
                 error = MigrationError(
                     f"{action} to {revision!r} stopped at its lock timeout: it waited {lock_timeout:g} s for a lock "
