@@ -179,18 +179,13 @@ class _PartitionTask:
             return _worker_sinks.setdefault(key, sink)
 
 
-def _refused_options(error: BaseException) -> IngestError:
-    """The error of ``connect_options`` that ``activedb.connect`` refuses with ``error``."""
-    return IngestError(f"the scale-out tasks' connect_options were refused by activedb.connect ({error}); fix "
-                       f"ingest(connect_options=…): each task connects with them")
-
-
 def _check_options(options: Mapping[str, object]) -> None:
     """Refuse ``options`` (the tasks' ``activedb.connect`` keywords) that ``activedb.connect`` would — an unknown
     keyword, a value out of range or of the wrong kind, ``upgrade`` (a task never upgrades the schema: its connect
-    sets it) — with :func:`_refused_options`' error, raised by the sink's constructor (``ingest()``, before the query
-    starts), where the first batch's tasks would raise it; and by each task before it connects
-    (:func:`_worker_database`), for an executor's activedb that refuses what the driver's took."""
+    sets it) — with an :class:`IngestError` saying to fix ``ingest(connect_options=…)``, raised by the sink's
+    constructor (``ingest()``, before the query starts), where the first batch's tasks would raise it; and by each
+    task before it connects (:func:`_worker_database`), for an executor's activedb that refuses what the driver's
+    took."""
     import activedb
 
     try:
@@ -199,7 +194,8 @@ def _check_options(options: Mapping[str, object]) -> None:
                             "connect upgrades the schema")
         activedb.Config(upgrade=False).with_keywords(**options)  # type: ignore[arg-type]  # (checked here)
     except (TypeError, ValueError) as error:     # (ValueError: BadArgument, InvalidChoice, a value a field refuses)
-        raise _refused_options(error) from None
+        raise IngestError(f"the scale-out tasks' connect_options were refused by activedb.connect ({error}); fix "
+                          f"ingest(connect_options=…): each task connects with them") from None
 
 
 def _check_sendable(options: Mapping[str, object]) -> None:
