@@ -172,15 +172,15 @@ def read_position(database: "Database", name: str) -> Position:
     return Position(row.position, row.change_id)
 
 
-def prune(engine: sa.Engine, retention_seconds: float, limit: int = PRUNE_LIMIT) -> int:
+def prune(engine: sa.Engine, retention_seconds: float) -> int:
     """Remove changes every consumer has handled and that committed more than ``retention_seconds`` ago
-    (at most ``limit`` commits); returns the number of commits removed.  A role without the rights it takes:
+    (at most :data:`PRUNE_LIMIT` commits); returns the number of commits removed.  A role without the rights it takes:
     :class:`CaptureError` naming each and the GRANTs that give them (nothing was pruned)."""
     with privileges_said(engine, _sql.PRUNE_PRIVILEGES, "cannot prune captured changes",
                          "prune as activedb's role (the owner of its tables)", "; nothing was pruned"), \
             engine.begin() as connection:
         rows = connection.execute(sa.text(_sql.PRUNABLE), {"retention_seconds": retention_seconds,
-                                                           "limit": limit}).all()
+                                                           "limit": PRUNE_LIMIT}).all()
         if not rows:
             return 0
         connection.execute(sa.text(_sql.PRUNE_CHANGES), {"xids": [str(row.xid) for row in rows]})
