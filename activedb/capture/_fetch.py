@@ -12,7 +12,7 @@ import sqlalchemy as sa
 
 from activedb.capture import _sql
 from activedb.capture._position import KINDS, CapturedChange, Position
-from activedb.errors import UNDEFINED_COLUMN, UNDEFINED_OBJECT, UNDEFINED_TABLE, UnknownTable
+from activedb.errors import UNDEFINED_COLUMN, UNDEFINED_OBJECT, UNDEFINED_TABLE, UnknownTable, sqlstate_of
 from activedb.events import Event, EventKind, Origin
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -66,7 +66,7 @@ class ChangeReader:
                         connection.rollback()
                         result.extend(self._one_by_one(connection, oid, name, relation, start, end))
                     except sa.exc.ProgrammingError as error:   # its type changed after capture
-                        state = getattr(error.orig, "sqlstate", None)
+                        state = sqlstate_of(error)
                         if state == UNDEFINED_COLUMN and not read_again:
                             connection.rollback()
                             self.database.catalog.refresh()

@@ -18,7 +18,7 @@ from activedb.capture._position import prune
 from activedb.capture._status import (BEHIND_CHANGES, BEHIND_SECONDS, CapturedTable, CaptureStatus, capture_status,
                                       captured_tables)
 from activedb.capture.errors import CaptureError, CaptureNotInstalled
-from activedb.errors import LOCK_NOT_AVAILABLE, check_seconds, check_whole_number
+from activedb.errors import LOCK_NOT_AVAILABLE, check_seconds, check_whole_number, sqlstate_of
 from activedb.events import age_seconds
 from activedb.ingest import forget_run
 
@@ -109,7 +109,7 @@ class CaptureManager:
                 connection.execute(sa.text("SELECT pg_advisory_xact_lock(:class, :key)"),
                                    {"class": _sql.CONSUMER_LOCK_CLASS, "key": _sql.consumer_lock_key(name)})
             except sa.exc.OperationalError as error:
-                if getattr(error.orig, "sqlstate", None) != LOCK_NOT_AVAILABLE:
+                if sqlstate_of(error) != LOCK_NOT_AVAILABLE:
                     raise
                 raise CaptureError(f"capture consumer {name!r} is running (it leads its name in a PostgreSQL session): "
                                    f"stop it first — its close(), or end its process — then drop it; nothing was "

@@ -155,7 +155,7 @@ def register(database: "Database", name: str) -> None:
                 raise refusal
             connection.execute(sa.text(_sql.REGISTER_CONSUMER), {"name": name})
     except sa.exc.ProgrammingError as error:
-        if getattr(error.orig, "sqlstate", None) == UNDEFINED_TABLE:
+        if sqlstate_of(error) == UNDEFINED_TABLE:
             raise CaptureNotInstalled(
                 f"activedb's capture tables are missing in {database.describe()}; upgrade activedb's "
                 f"schema (activedb db upgrade, or db.schema.upgrade())") from None
