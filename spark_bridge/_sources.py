@@ -132,8 +132,8 @@ def with_corrupt_column(schema: str | StructType) -> StructType:
 SOURCE_OBSERVATION = "activedb_source"
 
 
-def _parsed_json(frame: DataFrame, schema: str | StructType, column: str = "value") -> DataFrame:
-    """``frame``'s JSON text column parsed against ``schema``, keeping each row's line in ``_line`` (the
+def _parsed_json(frame: DataFrame, schema: str | StructType) -> DataFrame:
+    """``frame``'s JSON text column ``value`` parsed against ``schema``, keeping each row's line in ``_line`` (the
     mapping's ``line_column``: a lone surrogate, which Spark's conversion turns into ``?``, is found there).
 
     A blank line (empty, or whitespace only) carries nothing — a keep-alive, a doubled newline —, so it is
@@ -143,7 +143,7 @@ def _parsed_json(frame: DataFrame, schema: str | StructType, column: str = "valu
     from pyspark.sql import functions
 
     options = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT_COLUMN}
-    line = functions.col(column).cast("string")
+    line = functions.col("value").cast("string")
     blank = functions.coalesce(line.rlike(r"^\s*$"), functions.lit(False))
     frame = frame.observe(SOURCE_OBSERVATION, functions.count(functions.when(blank, 1)).alias("blank_lines"))
     parsed = functions.from_json(line, with_corrupt_column(schema), options)
