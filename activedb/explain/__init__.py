@@ -645,12 +645,10 @@ _LARGEST_PID = 2**31 - 1
 def _open_process(pid: int) -> int | None:
     """A pidfd of ``pid`` (Linux 5.3+), or None where there is none; raises :class:`PictureError` for no
     such process."""
-    opener = getattr(os, "pidfd_open", None)
-    if opener is None:
+    if not hasattr(os, "pidfd_open"):
         return None
     try:
-        pidfd: int = opener(pid)
-        return pidfd
+        return os.pidfd_open(pid)
     except ProcessLookupError:
         raise PictureError(f"no process {pid}") from None
     except OSError:          # no pidfds here (ENOSYS) or not allowed: checked by pid alone
