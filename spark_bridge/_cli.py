@@ -146,15 +146,12 @@ def failure_message(sink: Ingestion, failure: BaseException, app: str) -> str:
         batch, error = found
         cause = f"batch {batch} failed: {describe(error)}{where_raised(error)}"
         return f"{cause}\n  what to do: {what_to_do(error, app)}"
-    text = first_line(failure)
     if "CONCURRENT_STREAM_LOG_UPDATE" in str(failure):
         return (f"the streaming query failed: another process runs this query too, on the same checkpoint (Spark "
                 f"found its log written by another writer: CONCURRENT_STREAM_LOG_UPDATE)\n  what to do: stop the "
                 f"other one, or run this one with its own --query-name (or --checkpoint); the batches it committed "
                 f"stay committed, exactly once")
-    marker = "Reason: "
-    if marker in text:
-        text = text.split(marker, 1)[1]
+    text = first_line(failure).split("Reason: ", 1)[-1]
     return (f"the streaming query failed: {text}\n  what to do: check the source and the Spark options, then "
             f"run the same command again: it resumes from the checkpoint")
 
