@@ -423,10 +423,10 @@ def explain(db: "Database", *, deadlock: BaseException | None = None, also: Iter
     """The picture of ``db``'s process now (the design note says what is drawn).  ``deadlock``: a ``DeadlockDetected`` (or an
     error caused by one) whose cycle is marked, drawn from the snapshot it carries if any; ``also``: more
     transactions whose trees are named (e.g. an aborting one, no longer listed as live)."""
-    found = find_deadlock(deadlock) if deadlock is not None else None
-    snapshot = getattr(found, "snapshot", None)
-    if snapshot is None:
-        snapshot = db.transactions.lock_snapshot()     # lazy inline subtransactions shown as themselves
+    found = find_deadlock(deadlock)
+    carried = getattr(found, "snapshot", None)      # (the lock table when the deadlock was found)
+    # (else now's: lazy inline subtransactions shown as themselves)
+    snapshot = carried if carried is not None else db.transactions.lock_snapshot()
     roots = list(db.transactions.live_transactions()) + [node.root for node in also]
     known = _known_transactions(roots)
     cycle = found.cycle if found is not None else ()
@@ -434,7 +434,7 @@ def explain(db: "Database", *, deadlock: BaseException | None = None, also: Iter
         title = f"activedb transactions of process {os.getpid()}" + (" — deadlock" if found is not None else "")
     message = None if found is None else f"policy {found.policy}"
     return from_snapshot(snapshot, known, cycle=cycle, victim=found.victim if found is not None else None, title=title,
-                         deadlock=message, states_from_snapshot=getattr(found, "snapshot", None) is not None)
+                         deadlock=message, states_from_snapshot=carried is not None)
 
 
 # --- on request: deadlocks and signals -------------------------------------------------------------
