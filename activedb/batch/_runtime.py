@@ -123,12 +123,7 @@ def _as_batch_event(event: Any, position: int) -> BatchEvent:
     if isinstance(event, BatchEvent):
         return event if event.position == position else event._replace(position=position)
     kind = event.get("event_type", event.get("type"))
-    payload = event.get("payload")
-    try:
-        payload = dict(payload or {})
-    except (TypeError, ValueError):
-        raise _no_mapping(payload, position) from None
-    return BatchEvent(kind, event.get("key"), event.get("ts"), payload, position)
+    return BatchEvent(kind, event.get("key"), event.get("ts"), _payload_of(event.get("payload"), position), position)
 
 
 def _payload_of(payload: object, position: int) -> dict[str, object]:
