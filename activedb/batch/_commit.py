@@ -146,7 +146,7 @@ class PendingBatch(CommitParticipant):
                 early = None
             try:
                 if statements is None:
-                    statements = _planned_writes(catalog, result, self._keys, _MARKED_ONLY)
+                    statements = _planned_writes(catalog, result, self._keys)
             except SchemaError as error:
                 # A transaction wrote a value the store cannot hold: run the batch again checking each transaction's
                 # values as it ends, so that exactly those transactions abort (each a dead letter with the reason) —
@@ -158,7 +158,7 @@ class PendingBatch(CommitParticipant):
                                        strategy="lean", split=Split.NEVER,
                                        check=store_check(catalog, result.before, _MARKED_ONLY), nested=nested)
                 result.notes.append(f"ran again checking each transaction's values: {type(error).__name__}: {error}")
-                statements = _planned_writes(catalog, result, self._keys, _MARKED_ONLY)
+                statements = _planned_writes(catalog, result, self._keys)
             check = options.keys_check() if options.keys_check is not None else None
             letters = []
 
@@ -194,7 +194,7 @@ class PendingBatch(CommitParticipant):
                 # back to before every row (``_send``), the batch's rows are written as without early writes: a refusal
                 # there is the batch's own.
                 raised.clear()
-                statements = _planned_writes(catalog, result, self._keys, _MARKED_ONLY)
+                statements = _planned_writes(catalog, result, self._keys)
                 early = None
                 self.rows_written = _send(connection, statements, check, then=letters_insert,
                                           meanwhile=meanwhile if options.on_sent is not None else None)
@@ -593,12 +593,12 @@ def _driver(connection: sa.Connection) -> psycopg.Connection[TupleRow]:
     return cast("psycopg.Connection[TupleRow]", connection.connection.driver_connection)
 
 
-def _planned_writes(catalog: Catalog, result: BatchResult, normalised: Mapping[str, Mapping[Hashable, Key]],
-                    drawn: Collection[str]) -> list[_Statement]:
+def _planned_writes(catalog: Catalog, result: BatchResult, normalised: Mapping[str, Mapping[Hashable, Key]]
+                    ) -> list[_Statement]:
     """The statements that write the batch's final rows and its new rows, every value checked first (a
-    value the store cannot hold raises a ``SchemaError`` before anything is sent); ``drawn``: the tables whose new
-    rows' keys the batch drew (:func:`_new_rows`)."""
-    return _final_rows(catalog, result.final, result.before, normalised) + _new_rows(catalog, result.inserted(), drawn)
+    value the store cannot hold raises a ``SchemaError`` before anything is sent)."""
+    return (_final_rows(catalog, result.final, result.before, normalised)
+            + _new_rows(catalog, result.inserted(), _MARKED_ONLY))
 
 
 def _send(connection: sa.Connection, statements: list[_Statement], check: KeysCheck | None = None, *,
@@ -737,14 +737,11 @@ def _final_rows(catalog: Catalog, final: Mapping[State, RowImage | None], before
             names = sorted(columns)
             _check_columns(info, names, rows)
             statements.append((_update, info, names, rows))
-        for columns, rows in inserts.items():
-            names = sorted(columns)
-            _check_columns(info, [name for name in names if name not in key_set], rows)
-            statements.append((_insert, info, names, rows))
-        for columns, rows in recreated.items():
-            names = sorted(columns)
-            _check_columns(info, [name for name in names if name not in key_set], rows)
-            statements.append((_insert_drawn, info, names, rows))
+        for insert, new_rows in ((_insert, inserts), (_insert_drawn, recreated)):
+            for columns, rows in new_rows.items():
+                names = sorted(columns)
+                _check_columns(info, [name for name in names if name not in key_set], rows)
+                statements.append((insert, info, names, rows))
     return statements
 
 
