@@ -6,7 +6,7 @@ store", says what they do and compares them with :func:`apply_at_commit`.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Hashable
 
@@ -263,22 +263,23 @@ def _unstorable(catalog: Catalog, by_table: Mapping[str, Mapping[Hashable, RowIm
                     info.check_values(changes, copy=False)
                     check_key_columns(info, key, changes, info.full_key_row(info.key(key)))
         for table, new_rows in result.inserted().items():
-            _check_inserted(catalog, table, new_rows)
-            info = catalog.table_info(table)
-            for row in new_rows:
-                if type(row) is not DrawnRow:
-                    info.refuse_given_identity(row, f"a row inserted into {table!r}", NO_GIVEN_KEY)
+            _check_inserted(catalog, table, new_rows, refuse_given_keys=True)
     except SchemaError as error:
         return f"{type(error).__name__}: {error}"
     return None
 
 
-def _check_inserted(catalog: Catalog, table: str, rows: Iterable[RowImage]) -> None:
-    """New rows of ``table`` (an INSERT's): each names the NOT NULL columns and holds values the table takes."""
+def _check_inserted(catalog: Catalog, table: str, rows: Sequence[RowImage], refuse_given_keys: bool) -> None:
+    """New rows of ``table`` (an INSERT's): each names the NOT NULL columns and holds values the table takes; with
+    ``refuse_given_keys``, then, none but a ``DrawnRow`` gives a key ``GENERATED ALWAYS`` (``NO_GIVEN_KEY``)."""
     info = catalog.table_info(table)
     for row in rows:
         check_required(info, row.keys(), f"a row inserted into {table!r}")
         info.check_values(row, copy=False)
+    if refuse_given_keys:
+        for row in rows:
+            if type(row) is not DrawnRow:
+                info.refuse_given_identity(row, f"a row inserted into {table!r}", NO_GIVEN_KEY)
 
 
 def check_required(info: TableInfo, columns: Iterable[str], what: str) -> None:
@@ -324,12 +325,7 @@ def store_check(catalog: Catalog, before: Mapping[State, RowImage | None] | None
                     check_key_columns(info, key, image, info.full_key_row(info.key(key)))
             for output in (outputs or {}).values():
                 for part in inserted_parts(output):
-                    _check_inserted(catalog, part.table, part.rows)
-                    if drawn is not None and part.table not in drawn:
-                        info = catalog.table_info(part.table)
-                        for row in part.rows:
-                            if type(row) is not DrawnRow:
-                                info.refuse_given_identity(row, f"a row inserted into {part.table!r}", NO_GIVEN_KEY)
+                    _check_inserted(catalog, part.table, part.rows, drawn is not None and part.table not in drawn)
         except SchemaError as error:
             return f"{type(error).__name__}: {error}"
         return None
