@@ -87,6 +87,8 @@ def _computes_only(function: object, depth: int) -> str | None:
     of the module reaches a method call through a local (``sink = SINK; sink.write(...)``), an argument
     (``map(print, ...)``, ``key=SINK.write``) or a container.  What it cannot prove, it refuses: the firing is
     recorded, which is always correct."""
+    if depth >= _DEPTH:
+        return f"calls more than {_DEPTH} functions deep"
     if not inspect.isfunction(function):
         return f"{function!r} is not a plain Python function"
     try:
@@ -218,8 +220,6 @@ def _read_refusal(name: ast.Name, parents: Mapping[ast.AST, ast.AST], namespace:
         if isinstance(built_in, str) and built_in in _COMPUTING and getattr(builtins, built_in) is value:
             continue
         if inspect.isfunction(value) and chain is name:      # (not an attribute: a method would get its self)
-            if depth + 1 >= _DEPTH:
-                return f"calls more than {_DEPTH} functions deep"
             why = _computes_only(value, depth + 1)
             if why is None:
                 continue
@@ -258,8 +258,6 @@ def _call_refusal(func: ast.expr, namespace: Mapping[str, object], closure: Mapp
     if inspect.isclass(target) and issubclass(target, BaseException):
         return None
     if inspect.isfunction(target):
-        if depth + 1 >= _DEPTH:
-            return f"calls more than {_DEPTH} functions deep"
         return _computes_only(target, depth + 1)
     return "not a module function, an exception class or a computing built-in"
 
