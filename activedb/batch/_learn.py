@@ -306,7 +306,7 @@ _HELPERS: "weakref.WeakKeyDictionary[Callable[..., object], dict[tuple[int, int 
     weakref.WeakKeyDictionary())
 
 
-def _helper(function: object, tx_at: int, event_at: int | None, condition: bool, depth: int, on_signal: bool = False
+def _helper(function: object, tx_at: int, event_at: int | None, condition: bool, depth: int, on_signal: bool
             ) -> _Shape | NotLearned:
     """The shape of a module function a checked body calls with its ``tx`` (and event) at those positions: the same
     check, its own parameter names standing for them; a row it names must be ``event.key`` of the event passed."""
@@ -322,9 +322,8 @@ def _helper(function: object, tx_at: int, event_at: int | None, condition: bool,
     return known[roles]
 
 
-def _uses(function: ast.FunctionDef, tx_name: str, event_name: str, code: CodeType, condition: bool = False,
-          namespace: Mapping[str, object] | None = None, helper: bool = False, depth: int = 0, on_signal: bool = False
-          ) -> _Shape | NotLearned:
+def _uses(function: ast.FunctionDef, tx_name: str, event_name: str, code: CodeType, condition: bool,
+          namespace: Mapping[str, object], helper: bool, depth: int, on_signal: bool) -> _Shape | NotLearned:
     """What ``function``'s body does with its transaction, if it uses ``tx_name`` and ``event_name`` only as allowed
     (see :func:`learned_table`; ``condition``: :func:`learned_condition`), else why not.  ``namespace``: the
     function's globals, where a table named by a global name and a helper the body passes ``tx`` to are looked up;
@@ -364,8 +363,7 @@ def _uses(function: ast.FunctionDef, tx_name: str, event_name: str, code: CodeTy
         falls back)."""
         if isinstance(node, ast.Constant):
             return node.value if isinstance(node.value, str) else None
-        if (isinstance(node, ast.Name) and node.id not in local_names and namespace is not None
-                and type(value := namespace.get(node.id)) is str):
+        if isinstance(node, ast.Name) and node.id not in local_names and type(value := namespace.get(node.id)) is str:
             return value
         return None
 
@@ -418,7 +416,7 @@ def _uses(function: ast.FunctionDef, tx_name: str, event_name: str, code: CodeTy
             if (len(positions[tx_name]) != 1 or len(positions[event_name]) > 1
                     or any(isinstance(argument, ast.Starred) for argument in node.args)):
                 return NotLearned(where + "the call passes it more than once, or *args")
-            shape = _helper((namespace or {}).get(name), positions[tx_name][0],
+            shape = _helper(namespace.get(name), positions[tx_name][0],
                             positions[event_name][0] if positions[event_name] else None, condition, depth, on_signal)
             if isinstance(shape, NotLearned):
                 return NotLearned(where + shape)
