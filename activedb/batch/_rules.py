@@ -596,7 +596,7 @@ class _Tally(CommitParticipant):
     ends as a tree's aborted firings.  Once the transaction ended, the learned chains forget the batch
     (``LearnedDeclaration.release``)."""
 
-    def __init__(self, rules: "RuleManager", learned: Iterable[LearnedDeclaration] = ()) -> None:
+    def __init__(self, rules: "RuleManager", learned: Iterable[LearnedDeclaration]) -> None:
         self._rules = rules
         self._learned = tuple(learned)
         self._counts: list[tuple[Rule, RuleCounter, int]] = []
@@ -731,11 +731,7 @@ def apply_lowered(rules: "RuleManager", transaction: "Transaction", events: Iter
             if positions is None:
                 positions = {}
                 for event in pending.batch:
-                    found = positions.get(event.event_type)
-                    if found is None:
-                        positions[event.event_type] = [event.position]
-                    else:
-                        found.append(event.position)
+                    positions.setdefault(event.event_type, []).append(event.position)
             _count_chain(tally, chain, declaration, positions.get(event_type, []))
         inserted = result.inserted() if reactions is not None and reactions.keyed else {}
         if reactions is not None:
