@@ -169,11 +169,7 @@ def _link(parent: Operation, child: Operation, kind: EdgeKind, edges: list[tuple
 def _link_all(parents: Iterable[Operation], child: Operation, kind: EdgeKind,
               edges: list[tuple[int, int, EdgeKind]]) -> int:
     """Link ``child`` after each of ``parents``; the number of edges that were new."""
-    linked = 0
-    for parent in parents:
-        if _link(parent, child, kind, edges):
-            linked += 1
-    return linked
+    return sum(_link(parent, child, kind, edges) for parent in parents)
 
 
 def build_tpg(txns: list[Txn], specs: list[list[OpSpec]]) -> Tpg:
