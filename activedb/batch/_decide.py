@@ -113,13 +113,11 @@ _EXACT_RANKS = 16
 def zipf_exponent(counts: Iterable[int]) -> float:
     """The vertex degree distribution on MorphStream's scale, θ of a Zipf law (its generator sets VDD = θ):
     the θ of the Zipf law over the batch's states (``_states_estimate``) under which two of its operations
-    drawn at random hit the same state as often as they do in the batch.  That chance, Σ p², is estimated without bias from the
-    operations per state (Σ c(c−1) / N(N−1)) and is carried by the busiest states — a fit weighted by operation
-    count, so one hot state weighs as the operations on it do.  A least-squares fit of log(count) on log(rank)
-    weighs every state alike instead: it called a batch with 90 % of its operations on one of 1,000 states
-    balanced (θ 0.055) and read uniform access as θ ≈ 0.3 (the sorting of noisy counts), both sides of the
-    tree's line.  0 for uniform access and for a batch that repeats no state; ``MAX_EXPONENT`` when every
-    operation hits one state."""
+    drawn at random hit the same state as often as they do in the batch.  That chance, Σ p², is estimated without
+    bias from the operations per state (Σ c(c−1) / N(N−1)) and is carried by the busiest states — a fit weighted by
+    operation count, where a least-squares slope of log(count) on log(rank) would weigh every state alike (why: the
+    package README, "The TPG decision model").  0 for uniform access and for a batch that repeats no state;
+    ``MAX_EXPONENT`` when every operation hits one state."""
     touched = [count for count in counts if count > 0]
     operations = sum(touched)
     if operations < 2:
