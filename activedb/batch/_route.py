@@ -388,11 +388,7 @@ def route(router: Router, declare: Callable[[BatchEvent], list[OpSpec]], batch: 
             alone -= 1
         else:
             root = find(first)
-        group = members.get(root)
-        if group is None:
-            members[root] = [index]
-        else:
-            group.append(index)
+        members.setdefault(root, []).append(index)
     total = max(1, sum(weights))
     loads = [0] * count
     bins: list[list[int]] = [[] for _ in range(count)]
