@@ -138,11 +138,7 @@ class Ingestion:
         (PostgreSQL unusable, conflicts beyond ``batch_attempts``, a refused commit the handler cannot search); the
         batch may then be re-run."""
         _check_query_id(query_id)
-        source = LedgerId.parse(query_id).source
-        if source != self.source:
-            raise IngestError(f"query_id {query_id!r} is a run of source {source!r}, not of this ingestion's source "
-                              f"{self.source!r}: give str(LedgerId({self.source!r}, run)), or an Ingestion of "
-                              f"source {source!r}; nothing was applied")
+        _check_source(query_id, self.source)
         _check_batch_id(batch_id, query_id)
         _check_rows(rows, batch_id, query_id)
         if self.mapping is not None and events is None and self.handler.validates_rows and is_arrow(rows):
@@ -175,11 +171,7 @@ class Ingestion:
         re-delivery is skipped — in one transaction with ``participants`` (a connector's record of why: the Spark
         scale-out path's failed partition).  Exactly once, as :meth:`process`."""
         _check_query_id(query_id)
-        source = LedgerId.parse(query_id).source
-        if source != self.source:
-            raise IngestError(f"query_id {query_id!r} is a run of source {source!r}, not of this ingestion's source "
-                              f"{self.source!r}: give str(LedgerId({self.source!r}, run)), or an Ingestion of "
-                              f"source {source!r}; nothing was applied")
+        _check_source(query_id, self.source)
         _check_batch_id(batch_id, query_id)
         _check_rows(rows, batch_id, query_id)
         if not isinstance(reason, str):
@@ -304,7 +296,7 @@ def _check_query_id(query_id: object) -> None:
 
 def _check_source(query_id: str, source: str) -> None:
     """Raise IngestError unless ``query_id`` (a ledger id's text) is a run of ``source``, the ingestion's: a run of
-    another source would be resumed, or released, under the wrong name."""
+    another source would be applied, resumed or released under the wrong name."""
     own = LedgerId.parse(query_id).source
     if own != source:
         raise IngestError(f"query_id {query_id!r} is a run of source {own!r}, not of this ingestion's source "
