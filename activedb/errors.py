@@ -405,8 +405,6 @@ def disk_full_panic(server_log: str | None, *, now: _dt.datetime | None = None) 
     the last :data:`PANIC_RECENT_SECONDS`; else None.  A full disk under the write-ahead log reaches the
     client only as a lost connection: this is how that case is told apart.  Reads the log's last 256 kB;
     a line without the embedded server's timestamp prefix (``%m``) is not trusted."""
-    import re
-
     if not server_log:
         return None
     try:
