@@ -21,7 +21,7 @@ __all__ = ["RECENT_OUTCOMES", "BatchBook", "BatchInProgress", "BatchOutcome", "F
 
 _UTC = dt.timezone.utc
 
-#: How many batch outcomes :meth:`IngestSink.recent_outcomes` keeps (like Spark's recentProgress).
+#: How many batch outcomes :meth:`Ingestion.recent_outcomes` keeps (like Spark's recentProgress).
 RECENT_OUTCOMES = 100
 
 
@@ -37,7 +37,7 @@ class PhaseTimings:
     for children);
     ``flush``: the engine's PostgreSQL transaction (validation, ledger row, write set,
     transaction log, commit), the lock release after it and the one collection of the batch's
-    garbage (``_batch.no_cyclic_gc``).
+    garbage (``_letters.no_cyclic_gc``).
     """
 
     to_arrow: float = 0.0
@@ -55,7 +55,7 @@ class PhaseTimings:
 
 @dataclass(frozen=True)
 class BatchOutcome:
-    """What :meth:`IngestSink.process` did with one batch. Immutable."""
+    """What :meth:`Ingestion.process <activedb.ingest.Ingestion.process>` did with one batch. Immutable."""
 
     query_id: str
     batch_id: int
