@@ -96,14 +96,6 @@ def _unstorable_at(text: str) -> int | None:
                  if character == "\x00" or "\ud800" <= character <= "\udfff"), None)
 
 
-def _held_by_no_ledger_id(query_id: str) -> bool:
-    """Whether no ledger row can have the text ``query_id``: it holds a character PostgreSQL's text cannot store
-    (:func:`_unstorable_at`) — a question about it has the answer "none".  (A run of only whitespace, which
-    :class:`LedgerId` refuses now, is no such text: feed took one until it refused it, so the ledger may hold it —
-    the questions read it as written, :meth:`LedgerId.read`.)"""
-    return _unstorable_at(query_id) is not None
-
-
 def check_source_owner(owner_call: str, source: str, owner: ReservedSource | None) -> None:
     """Raise :class:`IngestError` if the source name ``source`` (given as ``owner_call(source=…)``) begins with a
     :class:`ReservedSource` other than ``owner`` (None: the caller owns none — a user's feed or Ingestion)."""
@@ -233,7 +225,7 @@ def forget_run(connection: sa.Connection, query_id: str) -> int:
     if not isinstance(query_id, str) or not query_id:
         raise BadArgument(f"forget_run(query_id={query_id!r}) takes a ledger id: str(LedgerId(source, run)), a "
                           f"non-empty string; nothing was deleted")
-    if _held_by_no_ledger_id(query_id):
+    if _unstorable_at(query_id) is not None:
         return 0
     ledger = sa.table(LEDGER_TABLE, sa.column("query_id"))
     return connection.execute(sa.delete(ledger).where(_run_and_partitions(ledger.c.query_id, query_id))).rowcount
@@ -386,7 +378,7 @@ class RecordedBatch:
 
 def recorded_batch(db: DatabaseHandle, query_id: str, batch_id: int) -> RecordedBatch | None:
     """What the ledger of ``db`` recorded of batch ``(query_id, batch_id)``, None if it does not have it."""
-    if isinstance(query_id, str) and _held_by_no_ledger_id(query_id):
+    if isinstance(query_id, str) and _unstorable_at(query_id) is not None:
         return None
     LedgerId.read(query_id)         # (BadArgument for what is no ledger id's text; a blank run is read)
     if isinstance(batch_id, bool) or not isinstance(batch_id, int) or not -2**63 <= batch_id < 2**63:
@@ -401,6 +393,4 @@ def recorded_batch(db: DatabaseHandle, query_id: str, batch_id: int) -> Recorded
 
 def batch_committed(db: DatabaseHandle, query_id: str, batch_id: int) -> bool:
     """True if ``(query_id, batch_id)`` is in the ingestion ledger of ``db`` (its effects are committed)."""
-    if isinstance(query_id, str) and _held_by_no_ledger_id(query_id):
-        return False
     return recorded_batch(db, query_id, batch_id) is not None
