@@ -414,7 +414,7 @@ def _typed(batches: Compensations, table_name: str, image: Mapping[str, object])
     """A JSON image back into the column types (:func:`_decoded`)."""
     table = batches.db.table(table_name)
     keys = {column.name for column in table.primary_key.columns}
-    return {name: _decoded(table.c[name], value) for name, value in image.items()
+    return {name: _decoded(table.c[name].type, value) for name, value in image.items()
             if name not in keys and name in table.c}
 
 
@@ -422,24 +422,19 @@ def _typed_key(batches: Compensations, table_name: str, key: object) -> object:
     """A JSON key back as the row's key (:func:`_decoded`): a tuple for a key of several columns."""
     columns = list(batches.db.table(table_name).primary_key.columns)
     if len(columns) == 1:
-        return _decoded(columns[0], key)
+        return _decoded(columns[0].type, key)
     values = key if isinstance(key, list) else [key]
-    return tuple(_decoded(column, value) for column, value in zip(columns, values))
+    return tuple(_decoded(column.type, value) for column, value in zip(columns, values))
 
 
-def _decoded(column: sa.Column[Any], value: object) -> object:
-    """A value of ``column`` as ``jsonable`` stored it, back as the column's Python type: datetimes, dates and times
-    from ISO-8601 text, a decimal or a non-finite float from its text, a ``UUID`` from its ``repr``, bytes from
-    base64, a ``timedelta`` (an interval) from its ``repr``; an array's elements (a list, nested for more dimensions)
-    each as its element type."""
-    return _decoded_as(column.type, value)
-
-
-def _decoded_as(column_type: sa.types.TypeEngine[Any], value: object) -> object:
-    """:func:`_decoded` for a column of type ``column_type``."""
+def _decoded(column_type: sa.types.TypeEngine[Any], value: object) -> object:
+    """A value of a column of type ``column_type`` as ``jsonable`` stored it, back as the column's Python type:
+    datetimes, dates and times from ISO-8601 text, a decimal or a non-finite float from its text, a ``UUID`` from its
+    ``repr``, bytes from base64, a ``timedelta`` (an interval) from its ``repr``; an array's elements (a list, nested
+    for more dimensions) each as its element type."""
     if isinstance(value, list) and isinstance(column_type, sa.ARRAY):
-        return [_decoded_as(column_type.item_type, item) if not isinstance(item, list)
-                else _decoded_as(column_type, item) for item in value]
+        return [_decoded(column_type.item_type, item) if not isinstance(item, list)
+                else _decoded(column_type, item) for item in value]
     if not isinstance(value, str):
         return value
     try:
