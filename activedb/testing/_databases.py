@@ -74,17 +74,10 @@ class ServerAtUrl:
 MAINTENANCE_DATABASE = "postgres"
 
 
-def _admin_database(server: Server) -> str:
-    """The database :func:`_admin` connects to: the one the server's URL names — a user of managed PostgreSQL may
-    often connect to that one only, not to ``postgres`` — else ``postgres``."""
-    named = server.base.database if isinstance(server, ServerAtUrl) else None
-    return named or MAINTENANCE_DATABASE
-
-
 @contextlib.contextmanager
 def _admin(server: Server, doing: str) -> Iterator["psycopg.Connection[tuple[object, ...]]"]:
-    """An autocommit connection to the database the server's URL names, else to ``postgres`` (:func:`_admin_database`),
-    to ``doing`` there; a failure is a one-line
+    """An autocommit connection to the database the server's URL names — a user of managed PostgreSQL may often
+    connect to that one only —, else to ``postgres``, to ``doing`` there; a failure is a one-line
     :class:`DatabaseFixtureError` naming the server (password masked) and where it was given.  The connection waits
     at most the ``connect_timeout`` of the server's connection string, else ``activedb.connect``'s default
     (``EngineOptions.connect_timeout``): a host that drops the packets is given up then, not after the operating
@@ -96,7 +89,8 @@ def _admin(server: Server, doing: str) -> Iterator["psycopg.Connection[tuple[obj
     from activedb import EngineOptions
     from activedb._url import describe_url
 
-    database = _admin_database(server)
+    named = server.base.database if isinstance(server, ServerAtUrl) else None
+    database = named or MAINTENANCE_DATABASE
     conninfo = server.conninfo(database)
     given = conninfo_to_dict(conninfo).get("connect_timeout")
     if given is None:
