@@ -362,11 +362,8 @@ def activedb_db(activedb_url: str, activedb_clock: Clock, activedb_settings: Dat
             _close_after_hang(database, activedb_url)
         else:
             try:
-                try:
-                    database.rules.wait_idle(close_timeout)
-                    running = ""
-                except TimeoutError as error:   # (the test has had its say: a warning, and the database dropped)
-                    running = _running(error)
+                # (the test has had its say: a warning, and the database dropped)
+                running = _still_running(database, close_timeout)
                 failed = _failed_in_the_test(database, failed_before)
             except BaseException:
                 database.close()
@@ -411,20 +408,21 @@ def _warn_of_failed(failed: list[FailedFiring]) -> None:
         f"-W error::activedb.testing.pytest_plugin.ActivedbRuleFailedWarning makes this a failure"), stacklevel=1)
 
 
-def _running(error: TimeoutError) -> str:
-    """What ``rules.wait_idle``'s timeout says still runs: its first sentence (how many, and the rules running)."""
-    return str(error).split(". ", 1)[0]
+def _still_running(database: Database, seconds: float | None) -> str:
+    """Wait up to ``seconds`` for the detached firings of ``database`` (``rules.wait_idle``): "" if they ended, else
+    what its timeout says still runs — its first sentence (how many, and the rules running)."""
+    try:
+        database.rules.wait_idle(seconds)
+    except TimeoutError as error:
+        return str(error).split(". ", 1)[0]
+    return ""
 
 
 def _close_after_hang(database: Database, url: str) -> None:
     """Close ``database`` after the interleaving runner reported a hang on it (its firings were waited for then): the
     firings are waited for ``AFTER_HANG_TIMEOUT`` seconds, not again ``activedb_close_timeout``, and then
     :func:`_close_leaving_running`."""
-    try:
-        database.rules.wait_idle(AFTER_HANG_TIMEOUT)
-        running = ""
-    except TimeoutError as error:
-        running = _running(error)
+    running = _still_running(database, AFTER_HANG_TIMEOUT)
     _close_leaving_running(database, url, running, "after the interleaving runner's hang")
 
 
