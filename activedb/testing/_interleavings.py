@@ -25,7 +25,7 @@ from lockmgr.testing import Watchdog, diagnostic
 
 from activedb._closedset import ClosedSet
 from activedb.errors import BadArgument, RuleFailed, causes, check_whole_number
-from activedb.outbox import GROUP_TRANSACTION, FailedFiring, TakePacer
+from activedb.outbox import GROUP_TRANSACTION, FailedFiring
 from activedb.testing._choices import ChoiceTree, Chooser
 from activedb.testing._history import HistoryReport, check_history
 from activedb.testing.errors import (InterleavingError, InterleavingFailed, InterleavingHang, InvalidSchedule,
@@ -457,17 +457,6 @@ class _BeforeCommit(TransactionExtension):
         self.run.before_commit(transaction)
 
 
-class _BeforeTake(TakePacer):
-    """Pauses an outbox group runner before it takes the ready firings as its next group (a step): the firings of
-    trees that commit before it is chosen join that group."""
-
-    def __init__(self, run: "_Run") -> None:
-        self.run = run
-
-    def before_take(self) -> None:
-        self.run.before_take()
-
-
 class _Run(Observer):
     """One run: the threads, the pauses, the transactions, and the driver's loop (:meth:`execute`)."""
 
@@ -502,7 +491,7 @@ class _Run(Observer):
         assert recorder is not None
         self.db.observe(self)
         commits = manager.extensions.add(_BeforeCommit(self))
-        stop_pacing = self.db.outbox.pace_takes(_BeforeTake(self))
+        stop_pacing = self.db.outbox.pace_takes(self)
         stop_listening = recorder.listen(self._on_op)
         try:
             with Watchdog(runner.step_timeout * 3 + 30, manager.locks, describe=self._describe):
@@ -724,7 +713,9 @@ class _Run(Observer):
         self._wait_for_turn(thread, pause)
 
     def before_take(self) -> None:
-        """An outbox group runner (in its thread) is about to take the ready firings as its next group."""
+        """An outbox group runner (in its thread) is about to take the ready firings as its next group (the run is its
+        :class:`~activedb.outbox.TakePacer`): a step — the firings of trees that commit before it is chosen join
+        that group."""
         thread = threading.get_ident()
         with self.condition:
             if not self.open:
