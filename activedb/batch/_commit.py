@@ -31,10 +31,11 @@ from sqlalchemy.sql.compiler import SQLCompiler
 
 from activedb import lowlevel
 from activedb import deadletters
+from activedb._gc import no_cyclic_gc
 from activedb.batch._declare import BatchEvent, DrawnRow, OpSpec, State, StateTransactions
 from activedb.batch._result import BatchResult
 from activedb.batch._route import RoutePlan, add_touched, keyed_states, touched_states, written_tables
-from activedb.batch._runtime import AUTO, check_events, check_processes, execute_batch, no_cyclic_gc, runtime_of, timed_batch
+from activedb.batch._runtime import AUTO, check_events, check_processes, execute_batch, runtime_of, timed_batch
 from activedb.batch._state import Loader, NestedColumns
 from activedb.batch._store import (DEAD_LETTER_TABLE, NO_GIVEN_KEY, apply_batch, check_key_columns, check_required,
                                    dead_letter, name_rows_once, named_once, store_check)

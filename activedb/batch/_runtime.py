@@ -8,19 +8,18 @@ loading and writing; tests and benchmarks call it directly with a dict of base i
 from __future__ import annotations
 
 import abc
-import contextlib
 import dataclasses
 import datetime as dt
-import gc
 import itertools
 import operator
 import reprlib
 import time
-from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from concurrent.futures import BrokenExecutor, Future
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+from activedb._gc import no_cyclic_gc
 from activedb.batch._declare import BatchEvent, OpSpec, State, StateTransactions, specs_of
 from activedb.batch._decide import Decision, DecisionModel
 from activedb.batch._execute import TpgExecutor, run_serial
@@ -128,7 +127,7 @@ def _as_batch_event(event: Any, position: int) -> BatchEvent:
 
 def _payload_of(payload: object, position: int) -> dict[str, object]:
     """The payload of the event at ``position`` as a dict of its own (``{}`` for None or an empty one), as
-    ``_as_batch_event`` makes it in line; a payload that is no mapping is a DeclarationError naming the event."""
+    ``_as_batch_event`` makes it in line for a dict and an event with attributes; a payload that is no mapping is a DeclarationError naming the event."""
     try:
         return dict(payload) if payload else {}  # type: ignore[call-overload]  # (any iterable of pairs; else refused)
     except (TypeError, ValueError):
@@ -349,20 +348,6 @@ class Prepared:
     def declared(self) -> dict[int, list[OpSpec] | str]:
         """``t`` → the specs of the event at ``t``, or the reason it was rejected."""
         return {**{txn.t: specs for txn, specs in zip(self.txns, self.specs)}, **dict(self.rejected)}
-
-
-@contextlib.contextmanager
-def no_cyclic_gc() -> Iterator[None]:
-    """Pause the cyclic garbage collector for a batch (the package README, "Concurrency and mutex order", says
-    why).  A context manager, or a decorator (``@no_cyclic_gc()``); a caller that paused it keeps it paused."""
-    if not gc.isenabled():
-        yield
-        return
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
 
 
 @no_cyclic_gc()

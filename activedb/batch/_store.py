@@ -11,11 +11,12 @@ from functools import partial
 from typing import TYPE_CHECKING, Hashable
 
 from activedb import deadletters
+from activedb._gc import no_cyclic_gc
 from activedb.batch._declare import (BatchEvent, DrawnRow, OpSpec, State, StateTransactions, canonical_key,
                                      inserted_parts, specs_of)
 from activedb.batch._result import BatchResult
 from activedb.batch._route import touched_states
-from activedb.batch._runtime import AUTO, check_processes, execute_batch, no_cyclic_gc, prepare
+from activedb.batch._runtime import AUTO, check_processes, execute_batch, prepare
 from activedb.batch._state import NestedColumns, WriteCheck
 from activedb.batch._strategy import Split, Strategy
 from activedb.batch.errors import DeclarationError

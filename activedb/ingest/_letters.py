@@ -1,13 +1,10 @@
 """A batch's dead letters: :class:`BatchLetters`, the typed dead-letter sink every handler gets (letters keep
 their rows exactly as delivered — but the source's own line and corrupt-record columns where they hold nothing the
-row lacks —, written through ``activedb.deadletters``, the table's owner), and :func:`no_cyclic_gc`, the collector's
-pause around a batch.  Design note: ``README.md`` in this package."""
+row lacks —, written through ``activedb.deadletters``, the table's owner).  Design note: ``README.md`` in this package."""
 
 from __future__ import annotations
 
-import contextlib
-import gc
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, TypeVar, overload
 
 from activedb import deadletters
@@ -23,7 +20,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from activedb.store import Json
     from activedb.txn import Transaction
 
-__all__ = ["BatchLetters", "no_cyclic_gc"]
+__all__ = ["BatchLetters"]
 
 
 class BatchLetters:
@@ -191,20 +188,3 @@ def _without(row: Mapping[str, _Value] | None, names: tuple[str, ...]) -> Mappin
 def _without_columns(table: pa.Table | pa.RecordBatch, names: tuple[str, ...]) -> pa.Table | pa.RecordBatch:
     """``table`` without the columns ``names``."""
     return table.drop_columns(list(names)) if names else table
-
-
-@contextlib.contextmanager
-def no_cyclic_gc() -> Iterator[None]:
-    """Pause the cyclic garbage collector for one batch — validation, the events, the commit and its
-    flush — and collect the youngest generation once after it: every event leaves records that live until
-    the batch's tree ends, which a collector inside the batch would rescan again and again (why and what
-    it saves: the package's ``README.md``, "Where the time goes now").  The pause is process-wide.  A
-    caller that disabled the collector itself keeps it disabled and gets no collection."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
-            gc.collect(0)

@@ -37,7 +37,7 @@ class PhaseTimings:
     for children);
     ``flush``: the engine's PostgreSQL transaction (validation, ledger row, write set,
     transaction log, commit), the lock release after it and the one collection of the batch's
-    garbage (``_letters.no_cyclic_gc``).
+    garbage (``activedb._gc.no_cyclic_gc``).
     """
 
     to_arrow: float = 0.0

@@ -21,12 +21,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeGuard, TypedDict
 
 from activedb import lowlevel
+from activedb._gc import no_cyclic_gc
 from activedb.deadletters import FinalReason, Letter
 from activedb.errors import BatchAlreadyCommitted, SerializationConflict
 from activedb.ingest._failures import find_culprits, is_poison_failure, refused_writes, trial
 from activedb.ingest._interface import Phase, RowEvent, Rows, row_count
 from activedb.ingest._ledger import IngestionLedger, RecordedBatch, ingested_event_ids, recorded_batch
-from activedb.ingest._letters import BatchLetters, no_cyclic_gc
+from activedb.ingest._letters import BatchLetters
 from activedb.ingest._mapping import EventMapping, RawEvent, rows_to_events
 from activedb.ingest._outcome import BatchBook, BatchOutcome, PhaseTimings
 from activedb.ingest.errors import IngestError, first_line
@@ -320,7 +321,7 @@ def _run_batch(context: BatchContext, handler: BatchHandler, rows: Rows, row_cou
         # then ended): until this ingestion has committed one, the letters written ahead are asked for.
         ahead = letters_written_ahead(context.db, query_id, batch_id)
 
-    with no_cyclic_gc():    # until the tree has ended, then one young collection (_letters.no_cyclic_gc)
+    with no_cyclic_gc():    # until the tree has ended, then one young collection (activedb._gc.no_cyclic_gc)
         started = time.perf_counter()
         good: list[Any] = []
         letters: list[Letter] = []

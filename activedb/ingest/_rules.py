@@ -168,7 +168,7 @@ class RulesHandler(BatchHandler):
                 return
         self._prefetch_rows(tx, batch.events)
         failed: list[tuple[RawEvent, str]] = []
-        for event in batch.events:     # run_batch has paused the cyclic collector (_letters.no_cyclic_gc)
+        for event in batch.events:     # run_batch has paused the cyclic collector (activedb._gc.no_cyclic_gc)
             reason = self._apply_event(tx, event)
             if reason is not None:
                 failed.append((event, reason))
