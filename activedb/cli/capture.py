@@ -147,7 +147,7 @@ def drop_consumer_command(ctx: click.Context, name: str, yes: bool) -> None:
 @click.option("--name", default="default", show_default=True, help="Consumer name (one leader per name).")
 @click.option("--batch-size", default=500, show_default=True, type=click.IntRange(min=1),
               help="Changes per batch (one transaction each).")
-@click.option("--retention", default=0.0, show_default=True, type=Seconds(),
+@click.option("--retention", default=0.0, show_default=True, type=Seconds(forever=True),
               help="Seconds consumed changes are kept (inf: for ever).")
 @click.option("--until-caught-up", is_flag=True, help="Exit once nothing is pending.")
 @click.option("--lead-timeout", default=30.0, show_default=True, type=Seconds(),

@@ -23,26 +23,29 @@ else:
 
 class Seconds(_NumberType):
     """A finite number of seconds of at least ``minimum``, or above it with ``above=True``: ``nan`` and ``inf``
-    are a usage error naming the option (exit 2), as any other value out of range."""
+    are a usage error naming the option (exit 2), as any other value out of range — but ``inf`` where ``forever``
+    (an option whose "for ever" is infinity, as a retention's)."""
 
     name = "seconds"
 
-    def __init__(self, minimum: float = 0.0, *, above: bool = False):
-        self.minimum, self.above = minimum, above
+    def __init__(self, minimum: float = 0.0, *, above: bool = False, forever: bool = False):
+        self.minimum, self.above, self.forever = minimum, above, forever
 
     def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> float:
         try:
             number = float(value)  # type: ignore[arg-type]  # (a text from the command line, or a default)
         except (TypeError, ValueError):
             self.fail(f"{value!r} is no number of seconds", param, ctx)
-        if not math.isfinite(number):
-            self.fail(f"{value} is no finite number of seconds", param, ctx)
+        if not math.isfinite(number) and not (self.forever and number == math.inf):
+            what = "number of seconds (inf: for ever)" if self.forever else "finite number of seconds"
+            self.fail(f"{value} is no {what}", param, ctx)
         if number < self.minimum or (self.above and number == self.minimum):      # (click's own words)
             self.fail(f"{number} is not in the range x{'>' if self.above else '>='}{self.minimum:g}", param, ctx)
         return number
 
     def __repr__(self) -> str:
-        return f"Seconds({self.minimum:g}{', above=True' if self.above else ''})"
+        flags = (", above=True" if self.above else "") + (", forever=True" if self.forever else "")
+        return f"Seconds({self.minimum:g}{flags})"
 
 
 def json_default(value: object) -> object:

@@ -456,3 +456,23 @@ def test_consume_says_when_every_rule_of_its_app_is_disabled(database_url):
     assert result.exit_code == 0, result.output
     assert (f"{APP_FILE}: all {len(names)} of its rules are disabled: its batches apply with no rule run on their "
             f"events, recorded as done (activedb rules enable NAME)") in text, text
+
+
+def test_a_retention_of_inf_keeps_every_consumed_change(make_database_url):
+    """``capture consume APP --retention inf``, which its help gives as "for ever" (and ``retention=math.inf`` of the
+    Python API is), was refused as "no finite number of seconds" (exit 2).  Now the changes are consumed and kept;
+    NaN is still a usage error."""
+    url = make_database_url("consume_retention_inf")
+    _capture_orders(url)
+    _app.run_workload(libpq(url), _app.workload(seed=5, transactions=4))
+    with psycopg.connect(libpq(url)) as connection:
+        changes = connection.execute("SELECT count(*) FROM activedb_capture_changes").fetchone()[0]
+    assert changes > 0
+    result = CliRunner().invoke(main, ["--url", url, "capture", "consume", APP_FILE, "--until-caught-up",
+                                       "--retention", "inf"])
+    assert result.exit_code == 0 and f"handled {changes:,} changes" in result.output, result.output
+    with psycopg.connect(libpq(url)) as connection:
+        assert connection.execute("SELECT count(*) FROM activedb_capture_changes").fetchone() == (changes,)
+    refused = CliRunner().invoke(main, ["--url", url, "capture", "consume", APP_FILE, "--until-caught-up",
+                                        "--retention", "nan"])
+    assert refused.exit_code == 2 and "nan is no number of seconds (inf: for ever)" in refused.output, refused.output
