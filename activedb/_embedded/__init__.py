@@ -23,9 +23,9 @@ from typing import TYPE_CHECKING, Iterator
 
 from activedb._embedded._files import (HANDLE_FILE, check_owned, check_path, data_directory_owners,
                                        make_private_directory, socket_directory_for, write_password)
-from activedb._embedded._server import (SUPERUSER, bin_directory, check_data_directory, discard_unfinished_initdb,
-                                        initdb, lock_down, postmaster, runner_for, start_postgres, stop_postgres,
-                                        wait_ready)
+from activedb._embedded._server import (SUPERUSER, RunAs, bin_directory, check_data_directory,
+                                        discard_unfinished_initdb, initdb, lock_down, postmaster, runner_for,
+                                        start_postgres, stop_postgres, wait_ready)
 from activedb.errors import EmbeddedServerError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -141,7 +141,7 @@ def start(home: Path | None = None, *, keep_running: bool | None = None) -> Embe
     check_owned(home, {os.geteuid()}, "ACTIVEDB_HOME")
     check_owned(pgdata, data_directory_owners(), "the data directory")
     try:
-        make_private_directory(home, traversable=runner_for(pgdata).how == "service")
+        make_private_directory(home, traversable=runner_for(pgdata).how is RunAs.SERVICE)
     except OSError as error:
         raise EmbeddedServerError(f"cannot create ACTIVEDB_HOME {home}: {error}") from error
     check_owned(home, {os.geteuid()}, "ACTIVEDB_HOME")       # again: made by someone else meanwhile?

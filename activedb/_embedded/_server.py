@@ -4,6 +4,7 @@ server ask for its password.  The rules are in the design note, ``README.md``.""
 
 from __future__ import annotations
 
+import enum
 import functools
 import os
 import secrets
@@ -64,32 +65,39 @@ def server_major_version() -> str:
                                   f"(nothing was deleted)") from None
 
 
+class RunAs(enum.Enum):
+    """Whose the PostgreSQL binaries' processes are."""
+
+    SELF = "self"                 # this process's user (not root)
+    NAMESPACE = "namespace"       # root, mapped to an unprivileged user inside a user namespace
+    SERVICE = "service"           # root without user namespaces: the service user
+
+
 @dataclass(frozen=True)
 class Runner:
-    """How the PostgreSQL binaries are run: as this process's user, in a user namespace (root), or as the
-    service user (root without user namespaces).  ``owner`` is the uid that owns (from outside) the data
+    """How the PostgreSQL binaries are run (:class:`RunAs`).  ``owner`` is the uid that owns (from outside) the data
     and socket directories."""
 
-    how: str                      # "self" | "namespace" | "service"
+    how: RunAs
     owner: int
     group: int
 
     def command(self, argv: list[str]) -> list[str]:
-        if self.how == "namespace":
+        if self.how is RunAs.NAMESPACE:
             inside = _namespace_uid()
             return ["unshare", "--user", f"--map-user={inside}", f"--map-group={inside}", "--", *argv]
         return argv
 
     def run(self, argv: list[str], *, input: str | None = None, timeout: float = START_TIMEOUT_SECONDS
             ) -> subprocess.CompletedProcess[str]:
-        service = self.how == "service"       # (then as the service user, with none of root's groups)
+        service = self.how is RunAs.SERVICE       # (then as the service user, with none of root's groups)
         return subprocess.run(self.command(argv), input=input, capture_output=True, text=True, timeout=timeout,
                               check=True, user=self.owner if service else None, group=self.group if service else None,
                               extra_groups=[] if service else None)
 
     def own(self, path: Path) -> None:
         """Give a directory activedb just created to the server's owner."""
-        if self.how == "service":
+        if self.how is RunAs.SERVICE:
             os.chown(path, self.owner, self.group)
 
 
@@ -107,7 +115,7 @@ def _namespace_uid() -> int:
 @functools.cache
 def _user_namespaces_work() -> bool:
     try:
-        return subprocess.run(Runner("namespace", 0, 0).command(["true"]), capture_output=True,
+        return subprocess.run(Runner(RunAs.NAMESPACE, 0, 0).command(["true"]), capture_output=True,
                               timeout=30).returncode == 0
     except (OSError, subprocess.SubprocessError, StopIteration):
         return False
@@ -115,18 +123,18 @@ def _user_namespaces_work() -> bool:
 
 def runner_for(pgdata: Path) -> Runner:
     if os.geteuid() != 0:
-        return Runner("self", os.getuid(), os.getgid())
+        return Runner(RunAs.SELF, os.getuid(), os.getgid())
     import pwd
 
     if (pgdata / "PG_VERSION").exists():
         owner = pgdata.stat().st_uid
         if owner != 0:             # made for the service user (by an older activedb, or without namespaces)
-            return Runner("service", owner, pwd.getpwuid(owner).pw_gid)
+            return Runner(RunAs.SERVICE, owner, pwd.getpwuid(owner).pw_gid)
     if _user_namespaces_work():
-        return Runner("namespace", 0, 0)
+        return Runner(RunAs.NAMESPACE, 0, 0)
     entry = _service_user()
     _check_reachable(pgdata, entry.pw_uid, entry.pw_gid)
-    return Runner("service", entry.pw_uid, entry.pw_gid)
+    return Runner(RunAs.SERVICE, entry.pw_uid, entry.pw_gid)
 
 
 def _service_user() -> pwd.struct_passwd:

@@ -478,8 +478,8 @@ def test_a_file_the_server_needs_that_cannot_be_read_or_run_is_the_embedded_serv
         _server.server_major_version()
     with pytest.raises(activedb.EmbeddedServerError, match=r"could not run .*bin/pg_ctl: .*Permission denied.*"
                                                            r"reinstall.*nothing was deleted"):
-        _server.start_postgres(pgdata, pgdata, _server.Runner("self", os.getuid(), os.getgid()))
-    if _server.runner_for(pgdata).how != "self":            # (root: the binary run by unshare, or as another user)
+        _server.start_postgres(pgdata, pgdata, _server.Runner(_server.RunAs.SELF, os.getuid(), os.getgid()))
+    if _server.runner_for(pgdata).how is not _server.RunAs.SELF:    # (root: run by unshare, or as another user)
         with pytest.raises(activedb.EmbeddedServerError, match=r"did not start \(.*bin/pg_ctl.*Permission denied"):
             _server.start_postgres(pgdata, pgdata, _server.runner_for(pgdata))
     monkeypatch.undo()
