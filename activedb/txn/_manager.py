@@ -81,21 +81,8 @@ class TransactionManager:
         _help_edges.flush()
 
     @property
-    def lazy_subtransactions(self) -> bool:
-        """Whether inline subtransactions start lazy (``subtransactions`` is not ``MATERIALIZED``); setting
-        True chooses ``FRAMES``, False ``MATERIALIZED``."""
-        return self.subtransactions is not Subtransactions.MATERIALIZED
-
-    @lazy_subtransactions.setter
-    def lazy_subtransactions(self, lazy: bool) -> None:
-        self.subtransactions = Subtransactions.FRAMES if lazy else Subtransactions.MATERIALIZED
-
-    @property
     def lock_timeout(self) -> float | None:
         return self.locking.lock_timeout
-
-    def next_id(self) -> int:
-        return next(self._ids)
 
     def live_transactions(self) -> list[Transaction]:
         """The top-level transactions running now (their ``with`` block has not ended), oldest first.  Their
