@@ -15,7 +15,6 @@ from activedb.ingest._mapping import EventMapping, Rejected, lone_surrogate_reas
 if TYPE_CHECKING:  # pragma: no cover
     import pyarrow as pa
 
-    from activedb._handle import DatabaseHandle
     from activedb.ingest._interface import RowEvent, Rows
     from activedb.store import Json
     from activedb.txn import Transaction
@@ -34,8 +33,7 @@ class BatchLetters:
     evidence the parsed columns lost, which makes a replay reject the row again), and null or left out where Spark's
     corrupt-record column holds the line (:func:`_source_columns_left_out`)."""
 
-    def __init__(self, db: DatabaseHandle, rows: Rows, query_id: str, batch_id: int | None,
-                 mapping: EventMapping | None = None):
+    def __init__(self, rows: Rows, query_id: str, batch_id: int | None, mapping: EventMapping | None = None):
         self._rows = rows
         self.query_id = query_id
         self.batch_id = batch_id

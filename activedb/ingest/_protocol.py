@@ -325,7 +325,7 @@ def _run_batch(context: BatchContext, handler: BatchHandler, rows: Rows, row_cou
         started = time.perf_counter()
         good: list[Any] = []
         letters: list[Letter] = []
-        dead = BatchLetters(context.db, rows, query_id, batch_id, context.mapping)
+        dead = BatchLetters(rows, query_id, batch_id, context.mapping)
         if events is not None:
             good = list(events)
         elif handler.validates_rows:

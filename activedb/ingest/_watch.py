@@ -352,7 +352,7 @@ class Watch:
             assert firing is not None
             reason = (f"rule {firing.rule!r} did not return within its deadline of {self.deadlines.rule:g} s on this "
                       f"event: the batch was applied without it (fix the rule, then replay this dead letter)")
-            letter = BatchLetters(self.db, rows, batch.query_id, batch.batch_id, self.mapping).for_events([(culprit, reason)])[0]
+            letter = BatchLetters(rows, batch.query_id, batch.batch_id, self.mapping).for_events([(culprit, reason)])[0]
             try:
                 error.letter_id = deadletters.insert_ahead(self.db, batch.query_id, batch.batch_id, culprit.position,
                                                            letter)

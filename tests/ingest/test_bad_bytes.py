@@ -62,7 +62,7 @@ def test_the_letters_of_a_batch_keep_the_bytes_of_its_rejected_rows_beside_its_f
     table = pa.table({"type": ["add"] * 3, "key": ["y6\ufffd\ufffd\ufffd", "good", "also"], "ts": [1.0, 2.0, 3.0],
                       "seq": [1, 2, 3], "_line": _text([BAD_LINE, b'{"key": "good"}', b'{"key": "also"}'])})
     good, bad = rows_to_events(table, MAPPING)
-    letters = BatchLetters(None, table, "q", 1)
+    letters = BatchLetters(table, "q", 1)
     [rejected] = letters.rejected(bad)
     assert rejected.row.column("_line").cast(pa.binary()).to_pylist() == [BAD_LINE]
     assert rejected.raw() == bad[0].row
@@ -80,7 +80,7 @@ def test_every_row_of_a_batch_given_up_is_a_letter_its_bytes_that_are_no_text_ke
     struct = pa.StructArray.from_arrays([_text([b"ok", b"\xff"])], names=["note"])
     table = pa.table({"type": ["add"] * 2, "key": ["y6\ufffd\ufffd\ufffd", "good"], "ts": [1.0, 2.0], "seq": [1, 2],
                       "_line": _text([BAD_LINE, b'{"key": "good"}']), "extra": struct})
-    letters = BatchLetters(None, table, "q", 1).all_rows("partition 0 failed for good")
+    letters = BatchLetters(table, "q", 1).all_rows("partition 0 failed for good")
     assert [letter.reason for letter in letters] == ["partition 0 failed for good"] * 2
     assert [letter.row.column("_line").cast(pa.binary()).to_pylist() for letter in letters] == [
         [BAD_LINE], [b'{"key": "good"}']]
@@ -131,7 +131,7 @@ def test_a_letter_leaves_out_the_source_s_line_and_corrupt_record_columns_but_wh
                 sorted([*application, "_corrupt_record"]), sorted(application)]
     for rows in (table, table.slice(1).to_pylist()):        # (as mappings: text, no bytes that are not UTF-8)
         good, bad = rows_to_events(rows, mapping)
-        letters = BatchLetters(None, rows, "q", 1, mapping)
+        letters = BatchLetters(rows, "q", 1, mapping)
         rejected = letters.rejected(bad)
         [failed] = letters.for_events([(event, "rule raised") for event in good])
         every = letters.all_rows("given up")
