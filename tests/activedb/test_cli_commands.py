@@ -834,8 +834,7 @@ def test_status_on_an_80_column_terminal_shows_a_failed_firings_error_whole(db, 
 
 @pytest.mark.parametrize("arguments", [
     ["outbox", "--prune-done"], ["db", "upgrade", "--lock-timeout"], ["app", "upgrade", ".", "--lock-timeout"],
-    ["capture", "status", "--behind-seconds"], ["capture", "consume", "app.py", "--retention"],
-    ["capture", "consume", "app.py", "--lead-timeout"], ["capture", "consume", "app.py", "--rule-deadline"],
+    ["capture", "status", "--behind-seconds"], ["capture", "consume", "app.py", "--lead-timeout"], ["capture", "consume", "app.py", "--rule-deadline"],
     ["capture", "consume", "app.py", "--batch-deadline"], ["batches", "prune", "--older-than"],
     ["run", "app.py", "--rule-deadline"], ["run", "app.py", "--batch-deadline"], ["explain", "--pid", "1", "--timeout"],
 ], ids=lambda arguments: arguments[-1])
@@ -843,7 +842,8 @@ def test_status_on_an_80_column_terminal_shows_a_failed_firings_error_whole(db, 
 def test_a_seconds_option_given_nan_inf_or_a_negative_is_a_usage_error_naming_it(arguments, value):
     """Every command's number-of-seconds option takes a finite number of at least 0 (--timeout: above 0): click's
     FloatRange let ``nan`` and ``inf`` through, so ``outbox --prune-done nan`` deleted nothing without a word, ``run
-    --rule-deadline nan`` never gave up a rule, and ``explain --timeout nan`` failed naming a Python call."""
+    --rule-deadline nan`` never gave up a rule, and ``explain --timeout nan`` failed naming a Python call.  (``capture
+    consume --retention`` takes inf, "for ever": tests/capture/test_cli.py.)"""
     result = CliRunner().invoke(main, ["--url", "postgresql://nobody@127.0.0.1:1/none", *arguments, value])
     assert result.exit_code == 2, result.output
     said = "no finite number of seconds" if value in ("nan", "inf") else "-1.0 is not in the range x>"
