@@ -322,13 +322,15 @@ def _by_sqlstate(sqlstate: str | None) -> Failure | None:
 
 
 def database_failure(error: BaseException, doing: str, where: str, *, server_log: str | None = None,
-                     lost: str | None = None) -> ActivedbError:
+                     lost: str | None = None, reflected: bool = False) -> ActivedbError:
     """The documented error a caller sees for a database ``error`` met while ``doing`` (e.g. "reading")
     at ``where`` (host and database, password masked): :class:`DatabaseUnavailable` (server down,
     connection refused or lost), :class:`DiskFull`, or :class:`DatabaseError` (refused, with the SQLSTATE
     and PostgreSQL's message).  ``server_log``: where the embedded server's log is, named in the advice.
     ``lost``: for a write of its own, what a lost connection left written and what to do (instead of a read's
-    "nothing committed is affected … retry the transaction").
+    "nothing committed is affected … retry the transaction").  ``reflected``: the statement was composed from tables
+    as this process reflected them, so a column or table PostgreSQL does not find may have changed since
+    (:func:`reflected_table_changed`).
     Serialization conflicts and deadlocks are not turned into one of these (their callers retry them)."""
     kind = classify(error)
     orig = getattr(error, "orig", None) or error
@@ -363,7 +365,8 @@ def database_failure(error: BaseException, doing: str, where: str, *, server_log
         return DiskFull(
             f"PostgreSQL's disk is full ({where}) while {doing} (SQLSTATE {sqlstate}): {message}. Nothing was "
             f"written; free space on the server's disk{log}, then retry", sqlstate=sqlstate)
-    hint = own_table_missing(error) or _HINTS.get(kind, "Fix what the message says, then retry")
+    hint = (own_table_missing(error) or (reflected_table_changed(error) if reflected else None)
+            or _HINTS.get(kind, "Fix what the message says, then retry"))
     return DatabaseError(f"PostgreSQL refused {doing} ({where}) (SQLSTATE {sqlstate}): {message}. {hint}",
                          sqlstate=sqlstate)
 
@@ -389,6 +392,17 @@ def own_table_missing(error: BaseException) -> str | None:
             f"revision that creates it ran: it was dropped or renamed by hand, or left out of a restore. `activedb db "
             f"upgrade` does not re-create it (it goes by the version table, and finds nothing to run): restore it "
             f"from a backup, or create it again with its statements in what `activedb db upgrade --sql` prints")
+
+
+def reflected_table_changed(error: BaseException) -> str | None:
+    """What ``error`` is told if PostgreSQL found no column (SQLSTATE 42703) or no relation (42P01, not one of
+    activedb's own: :func:`own_table_missing`) in a statement activedb composed from a table as this process reflected
+    it: another process's migration may have dropped or renamed it since — the counterpart of the ``UnknownColumn``
+    of a column added since; None for any other error."""
+    if sqlstate_of(error) not in (UNDEFINED_COLUMN, UNDEFINED_TABLE) or own_table_missing(error) is not None:
+        return None
+    return ("The table may have changed since this process read it (a migration run elsewhere dropped or renamed a "
+            "column or the table): call db.schema.refresh() and retry")
 
 
 DISK_FULL_ADVICE = ("Free space on the disk of the server's data directory (its write-ahead log, pg_wal, needs it "

@@ -344,8 +344,10 @@ class Catalog:
     def database_failure(self, error: BaseException, doing: str, *, lost: str | None = None) -> Exception:
         """The documented error for a database ``error`` met while ``doing`` (unavailable, refused, disk
         full: :func:`activedb.errors.database_failure`; ``lost``: what a lost connection of a write left), naming the
-        embedded server's log if it is one."""
-        return database_failure(error, doing, self._describe(), server_log=self.server_log(), lost=lost)
+        embedded server's log if it is one.  The statements are composed from the tables as reflected here: a column
+        or table PostgreSQL no longer finds says to :meth:`refresh` them."""
+        return database_failure(error, doing, self._describe(), server_log=self.server_log(), lost=lost,
+                                reflected=True)
 
     def server_log(self) -> str | None:
         """Where the server's log is, when this is an embedded server of this process (for advice)."""

@@ -24,7 +24,9 @@ def test_a_read_postgresql_refuses_is_a_database_error_naming_the_sqlstate(db):
     another process's migration does; a role without SELECT alike) is a ``DatabaseError`` with the SQLSTATE and
     PostgreSQL's message, as ``Catalog.autocommit_connection`` and the README's table of database failures say —
     for ``tx.read``, ``tx.read_many``, ``tx.scan`` and the existence check of ``tx.insert``.  (Before: SQLAlchemy's
-    ``ProgrammingError``, no ``ActivedbError``; only a lost connection was turned into one.)"""
+    ``ProgrammingError``, no ``ActivedbError``; only a lost connection was turned into one.)  The statement names a
+    column the program never named, so the hint says the table may have changed since this process read it and to
+    call ``db.schema.refresh()`` (before: "Fix what the message says, then retry")."""
     with db.engine.begin() as connection:
         connection.execute(sa.text("CREATE TABLE dropped_later (id integer PRIMARY KEY, gone text)"))
     db.run(lambda tx: tx.write("dropped_later", 1, gone="x"))
@@ -33,7 +35,9 @@ def test_a_read_postgresql_refuses_is_a_database_error_naming_the_sqlstate(db):
     reads = {"read": lambda tx: tx.read("dropped_later", 1), "read_many": lambda tx: tx.read_many("dropped_later", [1]),
              "scan": lambda tx: tx.scan("dropped_later", {"id": 1}), "insert": lambda tx: tx.insert("dropped_later", id=2)}
     for name, read in reads.items():
-        with pytest.raises(activedb.DatabaseError, match=r"SQLSTATE 42703\): column .*gone.* does not exist") as caught:
+        with pytest.raises(activedb.DatabaseError, match=r"SQLSTATE 42703\): column .*gone.* does not exist\. The table "
+                                                         r"may have changed since this process read it .*call "
+                                                         r"db\.schema\.refresh\(\) and retry") as caught:
             with db.transaction() as tx:
                 read(tx)
         assert caught.value.sqlstate == "42703", name
