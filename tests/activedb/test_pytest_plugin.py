@@ -213,6 +213,16 @@ def test_without_the_embedded_extra_and_without_a_url_it_says_what_to_install_or
     assert report.count("needs pgserver") == 1 and "Traceback" not in output and "During handling" not in output
 
 
+def test_the_embedded_server_brings_no_warning_of_its_own_into_a_project_that_makes_warnings_errors(project,
+                                                                                                     monkeypatch):
+    # pgserver's import warned "XDG_RUNTIME_DIR is not set" (most containers): under filterwarnings = error, which
+    # many projects set, every test's setup was that error
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    project.makepyfile(test_project=PROJECT)
+    result = project.runpytest_subprocess("-p", "no:cacheprovider", "-W", "error", "-k", "fresh_database")
+    result.assert_outcomes(passed=1)
+
+
 def test_a_server_that_cannot_be_reached_is_one_line_naming_it_and_where_it_was_given(project):
     project.makepyfile(test_project=PROJECT)
     result = project.runpytest_subprocess("-p", "no:cacheprovider", "-k", "fresh_database",
