@@ -266,11 +266,15 @@ def activedb_settings(request: pytest.FixtureRequest) -> DatabaseSettings:
     options = dict(marker.kwargs) if marker is not None else {}
     if marker is not None and marker.args:
         _fail(DatabaseFixtureError(f"@pytest.mark.activedb takes keyword arguments only, not {marker.args!r}"))
-    migrations = _migrations(config, options.pop("migrations", None))
+    chosen = options.pop("migrations", None)
+    migrations = _migrations(config, chosen)
     for directory in migrations:
         if not (directory / "env.py").is_file():
-            _fail(DatabaseFixtureError(f"activedb migrations {directory} is not an Alembic directory (no env.py "
-                                       f"there); make one with: activedb app init {directory}"))
+            source = "the activedb_migrations setting" if chosen is None else "@pytest.mark.activedb(migrations=...)"
+            wrong = ("does not exist: correct the path, or make an Alembic directory there with"
+                     if not directory.exists() else "is not an Alembic directory (no env.py there); make one with")
+            _fail(DatabaseFixtureError(f"activedb migrations {directory} (given by {source}) {wrong}: "
+                                       f"activedb app init {directory}"))
     clock = options.pop("clock", None)
     if clock is not None and not _a_clock(clock) and not callable(clock):
         _fail(DatabaseFixtureError(f"@pytest.mark.activedb(clock=...) takes an activedb.clock.Clock or a function "

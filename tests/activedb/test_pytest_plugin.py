@@ -272,6 +272,20 @@ def test_true():
                                  "watchdog fails the test, a number above 0 (e.g. 60)*"])
 
 
+def test_migrations_that_do_not_exist_are_named_with_where_they_were_given_and_not_taken_for_a_directory_to_make(
+        project):
+    # a typo in the setting was answered "is not an Alembic directory (no env.py there); make one with: activedb app
+    # init <the typo>", naming neither the setting nor that nothing is there
+    project.makepyfile(test_project=PROJECT)
+    result = project.runpytest_subprocess("-p", "no:cacheprovider", "-k", "fresh_database",
+                                          "-o", "activedb_migrations=migration")
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines([f"DatabaseFixtureError: activedb migrations {project.path / 'migration'} (given by "
+                                 f"the activedb_migrations setting) does not exist: "
+                                 f"correct the path, or make an Alembic directory there with: activedb app init "
+                                 f"{project.path / 'migration'}"])
+
+
 @pytest.mark.parametrize("given", ["5", "[None]"])
 def test_a_mark_whose_migrations_are_no_directories_says_what_to_give(project, given):
     """``@pytest.mark.activedb(migrations=5)`` (or ``[None]``) failed the fixture with Python's TypeError ('int'
