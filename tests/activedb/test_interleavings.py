@@ -339,7 +339,7 @@ def test_a_hang_found_by_explore_names_its_interleaving_its_seed_and_the_replay_
             tx.write("items", "x", value=1)
             released.wait(60)                           # not a wait the runner can see
 
-    interleavings = Interleavings(fresh, {"W": waits_for_the_test}, setup=one_account, step_timeout=1.0)
+    interleavings = Interleavings(fresh, {"W": waits_for_the_test}, setup=one_account, step_timeout=3.0)
     try:
         with pytest.raises(InterleavingHang) as hang:
             interleavings.explore(3, seed=7)
@@ -415,7 +415,7 @@ def test_a_detached_rule_the_setup_fired_that_never_returns_is_a_hang_that_print
 
     try:
         with pytest.raises(InterleavingHang) as hang:
-            Interleavings(fresh, [insert_item("a")], setup=setup, step_timeout=1.0).replay("")
+            Interleavings(fresh, [insert_item("a")], setup=setup, step_timeout=3.0).replay("")
         assert not released.is_set()
     finally:
         released.set()
