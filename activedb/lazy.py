@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import importlib
 import sys
-from typing import Callable, Generic, TypeVar
+from typing import Callable, Generic, TypeVar, overload
 
 _Owner = TypeVar("_Owner")
 _Computed = TypeVar("_Computed")
@@ -56,6 +56,14 @@ class once(Generic[_Owner, _Computed]):
     def __init__(self, function: Callable[[_Owner], _Computed]):
         self.function, self.name = function, function.__name__
 
-    def __get__(self, instance: _Owner, owner: type) -> _Computed:
+    @overload
+    def __get__(self, instance: None, owner: type) -> "once[_Owner, _Computed]": ...
+
+    @overload
+    def __get__(self, instance: _Owner, owner: type) -> _Computed: ...
+
+    def __get__(self, instance: _Owner | None, owner: type) -> "_Computed | once[_Owner, _Computed]":
+        if instance is None:            # read on the class (inspect, help()): the descriptor, as cached_property
+            return self
         value = instance.__dict__[self.name] = self.function(instance)
         return value
