@@ -272,3 +272,87 @@ def test_a_url_naming_no_database_and_a_user_refused_by_postgres_says_to_name_on
     said = str(raised.value)
     assert "cannot connect to the test server" in said and "database 'postgres'" in said, said
     assert "names no database" in said and "GRANT CONNECT ON DATABASE postgres" in said, said
+
+
+def _made_on(server: Server) -> str:
+    """What making a database on ``server`` raised (it must fail)."""
+    with pytest.raises(DatabaseFixtureError) as raised:
+        create_database(server, "never_made")
+    return str(raised.value)
+
+
+def _closed_port() -> int:
+    """A TCP port of 127.0.0.1 nothing listens on (bound, then closed: a connection to it is refused)."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.mark.parametrize("database", ["", "/postgres"])
+def test_a_server_that_refuses_the_connection_is_said_to_accept_none_there_not_to_need_a_grant(database):
+    """A URL whose host and port accept no connection (no server started, a wrong port) was answered with the hint
+    about GRANT CONNECT when it named no database — irrelevant there: the hint now says nothing accepts
+    connections at that address and what to do."""
+    port = _closed_port()
+    said = _made_on(ServerAtUrl.parse(f"postgresql://tester:secret@127.0.0.1:{port}{database}"))
+    assert f"cannot connect to the test server host 127.0.0.1:{port}" in said, said
+    assert "nothing accepts connections there: start PostgreSQL on that host and port" in said, said
+    assert "GRANT" not in said and "authentication" not in said and "secret" not in said, said
+
+
+def test_a_socket_directory_without_a_server_is_said_to_accept_none(tmp_path):
+    said = _made_on(ServerAtUrl.parse(f"postgresql://tester:secret@/?host={tmp_path}"))
+    assert "nothing accepts connections there" in said and "GRANT" not in said, said
+
+
+def _as(pg_server, **changes: str) -> ServerAtUrl:
+    """The test server's URL with ``changes`` (and no password file: libpq reads only what the URL gives)."""
+    url = sa.make_url(pg_server.url("postgres"))
+    return ServerAtUrl(url.set(**changes).update_query_dict({"passfile": "/nonexistent"}))
+
+
+def test_a_wrong_password_is_said_to_fail_authentication_not_to_need_a_grant(pg_server):
+    wrong = _as(pg_server, password="not-the-password", database="")
+    if _connects(wrong.conninfo("postgres")):
+        pytest.skip("the test server does not ask for a password (trust authentication)")
+    said = _made_on(wrong)
+    assert "authentication failed: the URL's user" in said and "or its password is wrong" in said, said
+    assert "GRANT" not in said and "nothing accepts" not in said and "not-the-password" not in said, said
+
+
+def test_a_missing_password_is_said_to_be_missing(pg_server):
+    said = _made_on(_as(pg_server, password="", database=""))
+    if "cannot connect" not in said:
+        pytest.skip("the test server does not ask for a password (trust authentication)")
+    assert "asks" in said and "for a password and the URL gives none" in said, said
+    assert "GRANT" not in said and "nothing accepts" not in said, said
+
+
+def test_a_user_without_connect_on_the_named_database_is_told_the_grant(pg_server):
+    if not isinstance(pg_server, _embedded.EmbeddedServer):
+        pytest.skip("revoking CONNECT needs the embedded server's superuser")
+    role, own = "activedb_test_unconnected", f"t_unconnected_{os.getpid()}"
+    password = make_role(pg_server, role, "CREATEDB")
+    with _superuser(pg_server) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{own}" WITH (FORCE)')
+        admin.execute(f'CREATE DATABASE "{own}"')
+        admin.execute(f'REVOKE CONNECT ON DATABASE "{own}" FROM PUBLIC')
+    try:
+        said = _made_on(ServerAtUrl(sa.make_url(pg_server.url(own)).set(username=role, password=password)))
+    finally:
+        with _superuser(pg_server) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{own}" WITH (FORCE)')
+    assert f"the user may not connect to {own!r}: GRANT CONNECT ON DATABASE {own} TO {role}" in said, said
+    assert "authentication failed" not in said and "nothing accepts" not in said, said
+
+
+def test_a_user_who_may_not_create_databases_is_told_createdb(pg_server):
+    if not isinstance(pg_server, _embedded.EmbeddedServer):
+        pytest.skip("a role without CREATEDB is made with the embedded server's superuser")
+    role = "activedb_test_uncreating"
+    password = make_role(pg_server, role, "NOCREATEDB")
+    said = _made_on(ServerAtUrl(sa.make_url(pg_server.url("postgres")).set(username=role, password=password)))
+    assert "cannot create database 'never_made' on the test server" in said, said
+    assert f"the user may not create databases: ALTER ROLE {role} CREATEDB" in said, said
