@@ -5,7 +5,8 @@ A test database is a copy of a *template* — a database migrated once per sessi
 (activedb's own revisions, then the application's Alembic directories in order) — made with ``CREATE DATABASE …
 TEMPLATE``, which copies files instead of running the migrations again; it is dropped with ``DROP DATABASE … WITH
 (FORCE)`` (PostgreSQL 13 or later; :func:`drop_database` says what it does about autovacuum).  Names carry the process
-id, so concurrent test sessions never meet.
+id, so concurrent test sessions never meet; comments carry the session (:class:`SessionMark`), so a later session
+drops what a killed one left (:meth:`Templates.drop_leftovers`).
 
 Thread-safety: :class:`Templates` is used by one thread (pytest's); ``_mutex`` protects its counters anyway.
 """
@@ -16,6 +17,7 @@ import contextlib
 import enum
 import hashlib
 import itertools
+import json
 import os
 import threading
 import time
@@ -29,7 +31,7 @@ if TYPE_CHECKING:  # pragma: no cover
     import psycopg
     import sqlalchemy as sa
 
-__all__ = ["Server", "ServerAtUrl", "Templates", "create_database", "drop_database"]
+__all__ = ["Server", "ServerAtUrl", "SessionMark", "Templates", "create_database", "drop_database"]
 
 
 class Server(Protocol):
@@ -260,23 +262,119 @@ def drop_database(server: Server, name: str, *, patience: float = DROP_PATIENCE_
                     f"superuser) or grant the test user pg_signal_backend, then drop it")
 
 
-def create_database(server: Server, name: str, template: str | None = None) -> str:
-    """A fresh database ``name`` (dropped first if it exists), empty or a copy of ``template``; returns its URL."""
+def create_database(server: Server, name: str, template: str | None = None, *, comment: str | None = None) -> str:
+    """A fresh database ``name`` (dropped first if it exists), empty or a copy of ``template``, with ``comment``
+    (``COMMENT ON DATABASE``; a copy has none of its template's); returns its URL."""
+    from psycopg import sql
+
     drop_database(server, name)
     with _admin(server, f"create database {name!r} on") as admin:
         copy = f" TEMPLATE {_quoted(template)}" if template else ""
         admin.execute(f"CREATE DATABASE {_quoted(name)}{copy}")
+        if comment is not None:
+            admin.execute(sql.SQL("COMMENT ON DATABASE {} IS {}").format(sql.Identifier(name), sql.Literal(comment)))
     return server.url(name)
+
+
+#: How the comment of every database :class:`Templates` makes begins; the rest is the JSON of its session's
+#: :class:`SessionMark`.
+SESSION_MARK = "activedb test session "
+
+
+@dataclass(frozen=True)
+class SessionMark:
+    """Who made a test database: the machine (host name and, on Linux, the kernel's boot id and the process's PID
+    namespace: the same pid elsewhere is another process), the process id and the process's start time (clock
+    ticks since boot, Linux; None elsewhere: a pid reused since is then taken for the session, which only keeps a
+    leftover)."""
+
+    machine: str
+    pid: int
+    started: int | None
+
+    @classmethod
+    def of_this_process(cls) -> "SessionMark":
+        return cls(_machine(), os.getpid(), _start_ticks(os.getpid()))
+
+    def comment(self) -> str:
+        return SESSION_MARK + json.dumps({"machine": self.machine, "pid": self.pid, "started": self.started})
+
+    @classmethod
+    def parse(cls, comment: str | None) -> "SessionMark | None":
+        """The mark a comment carries; None if it carries none (a database :class:`Templates` did not make)."""
+        if not comment or not comment.startswith(SESSION_MARK):
+            return None
+        try:
+            fields = json.loads(comment[len(SESSION_MARK):])
+            machine, pid, started = fields["machine"], fields["pid"], fields["started"]
+        except (ValueError, TypeError, KeyError):
+            return None
+        if not isinstance(machine, str) or type(pid) is not int or not (started is None or type(started) is int):
+            return None
+        return cls(machine, pid, started)
+
+    def gone(self) -> bool:
+        """Whether the session's process has ended, as far as this process can prove it: on this machine, no
+        process of that pid, or a zombie, or one started at another time; a session of another machine is never
+        proved gone."""
+        if self.machine != _machine():
+            return False
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:           # (a process of another user: it exists)
+            pass
+        state = _proc_stat(self.pid)
+        if state is None:
+            return False
+        return state[0] == "Z" or (self.started is not None and state[1] != self.started)
+
+
+def _proc_stat(pid: int) -> tuple[str, int] | None:
+    """The state and start time (clock ticks since boot) of process ``pid`` from ``/proc`` (Linux); None elsewhere
+    or if it cannot be read."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+        fields = text[text.rindex(")") + 2:].split()      # (the command in parentheses may hold spaces)
+        return fields[0], int(fields[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _start_ticks(pid: int) -> int | None:
+    state = _proc_stat(pid)
+    return state[1] if state is not None else None
+
+
+def _machine() -> str:
+    """This machine as the process ids of its processes are meaningful on: the host name, and on Linux the boot id
+    and this process's PID namespace."""
+    import socket
+
+    parts = [socket.gethostname()]
+    with contextlib.suppress(OSError):
+        parts.append("boot " + Path("/proc/sys/kernel/random/boot_id").read_text().strip())
+    with contextlib.suppress(OSError):
+        parts.append(os.readlink("/proc/self/ns/pid"))
+    return " ".join(parts)
+
+
+#: How long :meth:`Templates.drop_leftovers` keeps trying to drop one leftover before it leaves it for a later session.
+LEFTOVER_PATIENCE_SECONDS = 5.0
 
 
 class Templates:
     """The session's template databases on ``server``, one per list of application migrations, each migrated
     when first asked for (activedb's schema at head, then each directory in order) and dropped by :meth:`close`;
-    and the test databases copied from them."""
+    and the test databases copied from them.  Every database it makes carries the session's :class:`SessionMark`
+    as its comment, from which :meth:`drop_leftovers` of a later session knows it for a leftover once this
+    process is gone (killed before its teardown)."""
 
     def __init__(self, server: Server, prefix: str = "activedb_test") -> None:
         self.server = server
         self.prefix = f"{prefix}_{os.getpid()}"
+        self.mark = SessionMark.of_this_process()
         self._mutex = threading.Lock()        # protects _templates and _numbers
         self._templates: dict[tuple[Path, ...], str] = {}
         self._numbers = itertools.count(1)
@@ -292,7 +390,7 @@ class Templates:
             return name
         digest = hashlib.sha1("\n".join(map(str, key)).encode()).hexdigest()[:8]
         name = f"{self.prefix}_template_{digest}"
-        url = create_database(self.server, name)
+        url = create_database(self.server, name, comment=self.mark.comment())
         try:
             database = activedb.connect(url)
             try:
@@ -312,7 +410,30 @@ class Templates:
         template = self.template(migrations)
         with self._mutex:
             name = f"{self.prefix}_{next(self._numbers)}"
-        return name, create_database(self.server, name, template)
+        return name, create_database(self.server, name, template, comment=self.mark.comment())
+
+    def drop_leftovers(self) -> list[str]:
+        """Drop the databases that sessions whose process is gone left on the server (a pytest killed before its
+        teardown); their names.  Only those proved to be such: owned by this user, their comment a
+        :class:`SessionMark` (no other database has one), of a session on this machine whose process has ended
+        (:meth:`SessionMark.gone`) — never a database of a live session (another pytest, a pytest-xdist worker of
+        this run), one of another machine, or one this kit did not make.  A leftover that cannot be dropped within
+        ``LEFTOVER_PATIENCE_SECONDS`` (a session of another role inside) is left for a later session."""
+        with _admin(self.server, "list the test databases on") as admin:
+            rows = admin.execute(
+                "SELECT datname, shobj_description(oid, 'pg_database') FROM pg_database "
+                "WHERE datdba = (SELECT oid FROM pg_roles WHERE rolname = current_user) ORDER BY datname").fetchall()
+        dropped: list[str] = []
+        for name, comment in rows:
+            mark = SessionMark.parse(comment if isinstance(comment, str) else None)
+            if mark is None or mark == self.mark or not mark.gone():
+                continue
+            try:
+                drop_database(self.server, str(name), patience=LEFTOVER_PATIENCE_SECONDS)
+            except DatabaseFixtureError:
+                continue
+            dropped.append(str(name))
+        return dropped
 
     def close(self) -> None:
         """Drop the templates."""

@@ -251,8 +251,10 @@ def activedb_server(pytestconfig: pytest.Config) -> Server:
 
 @pytest.fixture(scope="session")
 def activedb_templates(activedb_server: Server) -> Iterator[Templates]:
-    """The session's template databases (one per list of migrations), dropped at the end."""
+    """The session's template databases (one per list of migrations), dropped at the end; first, the databases
+    sessions killed before their end left behind (:meth:`Templates.drop_leftovers`)."""
     templates = Templates(activedb_server)
+    _made(templates.drop_leftovers)
     yield templates
     templates.close()
 

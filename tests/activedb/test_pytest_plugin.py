@@ -672,3 +672,92 @@ def test_the_close_timeout_is_a_setting_and_one_it_cannot_take_is_a_usage_error_
     assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stdout.str() + result.stderr.str()
     result.stderr.fnmatch_lines(["*the activedb_close_timeout setting is 'soon': give the seconds the teardown of "
                                  "activedb_db waits for detached rule firings, a number above 0 (default 30)*"])
+
+
+HELD = '''
+import os
+
+import sqlalchemy as sa
+
+
+def test_held(activedb_url):
+    with open(os.environ["HELD_NOTE"], "w") as note:
+        note.write(sa.make_url(activedb_url).database + "\\n")
+    os.read(int(os.environ["HELD_FD"]), 1)          # held until the pipe's other end closes, or the process is killed
+'''
+
+
+def _held_session(project, url: str, note: Path) -> tuple["subprocess.Popen[bytes]", int]:
+    """A pytest session of ``project`` on ``url`` whose one test holds its database until the returned pipe end is
+    closed: the process and that end, once the test has written its database's name to ``note``."""
+    import subprocess
+    import sys
+
+    from activedb.testing import wait_until
+
+    hold, release = os.pipe()
+    environment = {**os.environ, "ACTIVEDB_TEST_URL": url, "HELD_NOTE": str(note), "HELD_FD": str(hold)}
+    process = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "test_held.py"],
+                               cwd=project.path, env=environment, pass_fds=(hold,), stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT)
+    os.close(hold)
+
+    def written() -> bool:
+        if process.poll() is not None:
+            output = process.stdout.read().decode() if process.stdout is not None else ""
+            raise AssertionError(f"the held session ended before its test held: {output}")
+        return note.exists() and note.read_text().endswith("\n")
+
+    wait_until(written, 120, f"the held session's test writing its database's name to {note}")
+    return process, release
+
+
+def _of_session(server, pid: int) -> set[str]:
+    with psycopg.connect(server.conninfo("postgres"), autocommit=True) as connection:
+        return {name for (name,) in connection.execute("SELECT datname FROM pg_database WHERE datname LIKE %s",
+                                                       (f"activedb_test_{pid}_%",))}
+
+
+def test_a_session_drops_what_a_killed_session_left_and_nothing_of_a_live_one(project, activedb_server, tmp_path):
+    """The databases of a pytest killed with SIGKILL (no teardown) stayed on the server for good; a later session
+    now drops them at its start — those it proves are a gone session's (the comment the kit sets on each), not a
+    live session's, not one the kit did not make."""
+    import signal
+
+    from activedb.testing._databases import create_database, drop_database
+
+    project.makepyfile(test_held=HELD, test_later="def test_later(activedb_db):\n    pass\n")
+    url = activedb_server.url("postgres")
+    killed, killed_release = _held_session(project, url, tmp_path / "killed")
+    live, releases = None, [killed_release]
+    foreign = f"activedb_test_{killed.pid}_999"          # named like the kit's, but made without its comment
+    try:
+        killed.send_signal(signal.SIGKILL)
+        killed.wait(60)
+        left = _of_session(activedb_server, killed.pid)
+        killed_database = (tmp_path / "killed").read_text().strip()
+        assert killed_database in left and len(left) == 2, left         # its database and its template, left over
+        create_database(activedb_server, foreign)
+        live, live_release = _held_session(project, url, tmp_path / "live")
+        releases.append(live_release)
+        live_databases = _of_session(activedb_server, live.pid)
+        assert (tmp_path / "live").read_text().strip() in live_databases and len(live_databases) == 2
+
+        result = project.runpytest_subprocess("-p", "no:cacheprovider", f"--activedb-url={url}", "test_later.py")
+        result.assert_outcomes(passed=1)
+
+        assert _of_session(activedb_server, killed.pid) == {foreign}, "the killed session's databases stayed"
+        assert _of_session(activedb_server, live.pid) == live_databases, "a live session's database was dropped"
+        os.close(releases.pop())
+        output = live.communicate(timeout=120)[0].decode()
+        assert live.returncode == 0, output
+        assert _of_session(activedb_server, live.pid) == set()
+    finally:
+        for release in releases:
+            os.close(release)
+        if live is not None and live.poll() is None:
+            live.kill()
+            live.wait(60)
+        for pid in (killed.pid, live.pid if live is not None else None):
+            for name in _of_session(activedb_server, pid) if pid is not None else ():
+                drop_database(activedb_server, name)
