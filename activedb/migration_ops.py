@@ -65,11 +65,20 @@ def drop_tables(*names: str) -> None:
 
 
 def sql_steps(upgrade_sql: str, downgrade_sql: str) -> tuple[Callable[[], None], Callable[[], None]]:
-    """A revision written as two SQL scripts: ``upgrade, downgrade = sql_steps(UPGRADE, DOWNGRADE)``."""
+    """A revision written as two SQL scripts: ``upgrade, downgrade = sql_steps(UPGRADE, DOWNGRADE)``.
+
+    Each script is executed without its last statement's terminator (:func:`_unterminated`): offline
+    (``--sql``) Alembic ends every statement it prints with ``;`` itself, so a script ending in one printed
+    ``;;``, an empty statement."""
     def upgrade() -> None:
-        op.execute(upgrade_sql)
+        op.execute(_unterminated(upgrade_sql))
 
     def downgrade() -> None:
-        op.execute(downgrade_sql)
+        op.execute(_unterminated(downgrade_sql))
 
     return upgrade, downgrade
+
+
+def _unterminated(script: str) -> str:
+    """``script`` without the whitespace and the ``;`` (or several) it ends with."""
+    return script.rstrip().rstrip(";").rstrip()

@@ -1085,3 +1085,67 @@ def test_the_first_revisions_tables_are_those_it_creates():
     as its SQL creates them."""
     first = _migrate.history()[-1][0]
     assert set(_migrate._FIRST_TABLES) == set(_migrate.created_tables(first))
+
+
+#: What two databases' activedb schemas are compared by: each query's rows, in its order.
+SCHEMA_QUERIES = {
+    "columns": "SELECT c.relname, a.attnum, a.attname, format_type(a.atttypid, a.atttypmod), a.attnotnull, "
+               "a.attstorage, pg_get_expr(d.adbin, d.adrelid), a.attidentity, a.attgenerated "
+               "FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid "
+               "LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum "
+               "WHERE c.relnamespace = current_schema()::regnamespace AND a.attnum > 0 AND NOT a.attisdropped "
+               "ORDER BY 1, 3",
+    "relations": "SELECT relname, relkind, relacl::text, reloptions::text FROM pg_class "
+                 "WHERE relnamespace = current_schema()::regnamespace ORDER BY 1",
+    "constraints": "SELECT conrelid::regclass::text, conname, pg_get_constraintdef(oid) FROM pg_constraint "
+                   "WHERE connamespace = current_schema()::regnamespace ORDER BY 1, 2",
+    "indexes": "SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = current_schema() ORDER BY 1",
+    "functions": "SELECT proname, pg_get_functiondef(oid), proconfig::text, proacl::text, prosecdef FROM pg_proc "
+                 "WHERE pronamespace = current_schema()::regnamespace ORDER BY 1, 2",
+    "triggers": "SELECT tgrelid::regclass::text, tgname, pg_get_triggerdef(oid), tgenabled FROM pg_trigger "
+                "WHERE NOT tgisinternal ORDER BY 1, 2",
+    "version": "SELECT version_num FROM activedb_alembic_version",
+}
+
+
+def _schema(url: str) -> dict[str, list[tuple[object, ...]]]:
+    import psycopg
+
+    from activedb.testing._databases import ServerAtUrl
+
+    with psycopg.connect(ServerAtUrl.parse(url).conninfo(sa.make_url(url).database)) as connection:
+        found = {what: connection.execute(query).fetchall() for what, query in SCHEMA_QUERIES.items()}
+        tables = [name for (name, kind, *_) in found["relations"] if kind == "r"]
+        found["rows"] = [(name, connection.execute(f'SELECT count(*) FROM "{name}"').fetchone()) for name in tables]
+    return found
+
+
+def test_the_offline_upgrade_script_has_no_empty_statement_and_builds_the_schema_db_upgrade_builds(make_database_url):
+    """`activedb db upgrade --sql` printed `;;` after the revisions written as SQL scripts (``sql_steps``, from
+    0004 on): their scripts end with `;` and Alembic ends each statement it prints offline with one more.  The
+    script has no empty statement now, and run on an empty database it makes the schema `db upgrade` makes."""
+    import subprocess
+    import sys
+
+    import psycopg
+
+    from activedb.testing._databases import ServerAtUrl
+
+    printed = subprocess.run([sys.executable, "-m", "activedb.cli", "--url", "postgresql://nobody@127.0.0.1:1/nothing",
+                              "db", "upgrade", "--sql"], capture_output=True, text=True, timeout=120)
+    assert printed.returncode == 0, printed.stderr
+    script = printed.stdout
+    assert f"UPDATE activedb_alembic_version SET version_num='{_migrate.head()}'" in script
+    empty = [match.start() for match in re.finditer(r";\s*;", script)]
+    assert not empty, "empty statements (;;) in the offline script at: " + "; ".join(
+        repr(script[max(0, at - 60):at + 3]) for at in empty[:5])
+
+    offline, online = make_database_url("offline_sql"), make_database_url("online_upgrade")
+    with psycopg.connect(ServerAtUrl.parse(offline).conninfo(sa.make_url(offline).database),
+                         autocommit=True) as connection:
+        connection.execute(script)                          # (its own BEGIN and COMMIT)
+    assert invoke(online, "db", "upgrade").exit_code == 0
+    by_script, by_upgrade = _schema(offline), _schema(online)
+    assert by_script["version"] == [(_migrate.head(),)]
+    for what in by_upgrade:
+        assert by_script[what] == by_upgrade[what], what
