@@ -27,6 +27,7 @@ from activedb.ingest import (BatchHandler, Deadlines, EventMapping, Ingestion, L
                              sources_of_run)
 from activedb.ingest import check_columns as check_stream_columns
 
+from spark_bridge._foreach import for_spark
 from spark_bridge.errors import IngestError, QueryRenamedError, first_line
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -42,6 +43,10 @@ __all__ = ["WATERMARK_METADATA", "IngestSink", "QueryRun", "SinkOptions", "by_po
            "check_columns", "check_watermark_column", "streaming_query_id"]
 
 logger = logging.getLogger("spark_bridge.ingest")
+#: A failed batch's error with its traceback (Spark gets it bounded: ``_foreach.for_spark``).  Silent unless the
+#: application configures logging, as py4j's record of a failed callback is (``activedb run`` prints the error).
+failures_log = logging.getLogger("spark_bridge.ingest.failed_batches")
+failures_log.addHandler(logging.NullHandler())
 
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
 #: Spark sets this local property on the thread that runs foreachBatch: the query's id, which is stored in the
@@ -121,7 +126,12 @@ class IngestSink(Ingestion):
             except BaseException as error:
                 # Remembered: Spark wraps the error in a Java stack trace (``activedb run`` prints this instead).
                 self._book.failed(batch_id, error)
-                raise
+                if not isinstance(error, Exception):    # (KeyboardInterrupt, SystemExit: as they are)
+                    raise
+                # Spark gets the error bounded (_foreach.for_spark: a long one overflows its stream thread's stack when
+                # the query is being stopped); the failures' log has it whole, as py4j's own record would.
+                failures_log.error("batch %s of %s failed", batch_id, self.source, exc_info=error)
+                raise for_spark(error, batch_id) from None
 
     def _spark_batch(self, batch_df: DataFrame, batch_id: int, spark_query_id: str, query_id: str, *,
                      execution: JavaObject | None = None) -> None:
