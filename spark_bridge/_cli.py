@@ -1,7 +1,4 @@
-"""``activedb run``: Spark ingestion from the command line.
-
-    activedb run APP --source file:DIR|rate|socket:HOST:PORT|kafka:BROKERS/TOPIC
-                 [--checkpoint DIR] [--query-name NAME] [--reset] [--metrics-port [ADDRESS:]PORT] [...]
+"""``activedb run``: Spark ingestion from the command line (its options: ``activedb run --help``).
 
 ``APP`` is what :func:`activedb.cli.application.load_app` loads (``activedb dead-letters replay APP`` takes the
 same).  What ``run`` shows, how it stops and what it says

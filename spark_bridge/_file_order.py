@@ -1,21 +1,6 @@
-"""The order in which a file source is read, against the order of its events.
-
-Spark's file source reads the files of a directory oldest-modified first, ``maxFilesPerTrigger`` per
-micro-batch.  Within a batch the sink orders events by their time; across batches it cannot: a file read
-in a later batch whose events all precede those of a file read earlier brings events older than what the
-application already applied, and they end as late dead letters.  Modification times follow the events
-when the files were written in order (``activedb demo --write-events``), but not after a copy that did not
-keep them (``cp -r`` without ``-p``), and nothing in Spark says so.
-
-Before Spark starts, :func:`check_file_order` reads the event times of the directory's JSON-lines files
-(the column the app's mapping names) and walks them in Spark's order; a file whose events all precede those
-of a file an earlier batch reads is a contradiction.  What then happens is the run's :class:`FileOrder`:
-refuse with what was found (the default), set the modification times in the order of the events first, or
-read as is.  Without ``maxFilesPerTrigger`` the files present at the start form one batch, ordered by
-time, so their modification times decide nothing and nothing is checked.  Files arriving later are read
-as they arrive (that is a stream's order); so, when a run resumes, the files its checkpoint records as read
-(:func:`files_read`) are left out: no order of the others can undo what was read.
-"""
+"""The order in which a file source is read, against the order of its events: :func:`check_file_order`, before
+Spark starts, and what a run does about a contradiction (:class:`FileOrder`).  Design: the package README, "A file
+source's order"."""
 
 from __future__ import annotations
 

@@ -5,7 +5,6 @@
 :func:`build_stream` reads it against the app's ``SCHEMA`` plus Spark's corrupt-record column, so a line that is
 not JSON or does not fit the schema reaches the sink with its original text and becomes a dead letter there; a
 blank line of a JSON-lines source (file, socket, Kafka) is skipped and counted (:data:`SOURCE_OBSERVATION`).
-Used by ``_cli.py`` (``activedb run``).
 """
 
 from __future__ import annotations
