@@ -1,7 +1,6 @@
-"""``foreachBatch`` for a :class:`~spark_bridge._sink.QueryRun`: a run's batches share one Python wrapper of the run's
-Spark session (PySpark's wraps each batch's anew) through PySpark internals where they are as expected, else the
-public ``foreachBatch``; and what a failed batch raises to Spark (:func:`for_spark`), its error kept by the sink
-(``last_failure()``).  The package README, "One micro-batch" (step 0) and "Facts about Spark the design rests on".
+"""``foreachBatch`` for a :class:`~spark_bridge._sink.QueryRun`: a run's batches share one wrapper of the run's Spark
+session (PySpark's wraps each batch's anew; its public ``foreachBatch`` where its internals differ); and what a failed
+batch raises to Spark (:func:`for_spark`).  The package README, "One micro-batch" (step 0) and "Facts about Spark…".
 """
 
 from __future__ import annotations
@@ -25,23 +24,22 @@ _PY4J_ERROR = "py4j.protocol.Py4JJavaError"     # (a Java call's error, as a tra
 
 
 class BatchFailed(SparkBridgeError):
-    """What a failed batch raises to Spark in place of its error (:func:`for_spark`)."""
+    """What a failed batch raises to Spark in place of an error of a Java call (:func:`for_spark`)."""
 
 
-def for_spark(error: Exception, batch_id: int) -> BatchFailed:
-    """Batch ``batch_id``'s failure as Spark gets it: ``error``'s message (cut before any Java call's error it quotes,
-    at most ``_MESSAGE_CHARS``), then of the innermost Java call's error in its chain the lines Spark's checks read,
-    each cut at ``_LINE_CHARS`` — no traceback, no Java stack (the package README, "Facts about Spark the design rests
-    on": what a long one does to the stream thread)."""
+def for_spark(error: Exception, batch_id: int) -> Exception:
+    """What batch ``batch_id``, failed with ``error``, raises to Spark: ``error``, or if a Java call's error is among
+    its causes a bounded :class:`BatchFailed` (the package README, "Facts about Spark…": what it keeps, and why)."""
     java = [cause for cause in causes(error) if f"{type(cause).__module__}.{type(cause).__name__}" == _PY4J_ERROR]
-    message = first_line(error) if java and java[0] is error else shown_error(error, message=True)
+    if not java:
+        return error
+    message = first_line(error) if java[0] is error else shown_error(error, message=True)
     lines = [f"batch {batch_id} failed: {type(error).__name__}: {message.split(_PY4J_ERROR)[0][:_MESSAGE_CHARS]}"]
-    if java:
-        header, *rest = shown_error(java[-1], message=True).splitlines() or [""]
-        thrown = [line for line in rest if line.strip() and not line[:1].isspace()]   # (not its "\tat" frames)
-        cancelled = [line for line in thrown if "cancelled" in line][:1]
-        lines += [line if len(line) <= _LINE_CHARS else f"{line[:_LINE_CHARS - 1]}…" for line in
-                  [f"{_PY4J_ERROR}: {header}", *dict.fromkeys(thrown[:1] + cancelled + thrown[-1:])]]
+    header, *rest = shown_error(java[-1], message=True).splitlines() or [""]
+    thrown = [line for line in rest if line.strip() and not line[:1].isspace()]   # (not its "\tat" frames)
+    cancelled = [line for line in thrown if "cancelled" in line][:1]
+    lines += [line if len(line) <= _LINE_CHARS else f"{line[:_LINE_CHARS - 1]}…" for line in
+              [f"{_PY4J_ERROR}: {header}", *dict.fromkeys(thrown[:1] + cancelled + thrown[-1:])]]
     return BatchFailed("\n".join(lines))
 
 
@@ -86,6 +84,8 @@ def _function_class() -> type:
                 self.func(DataFrame(jdf, session), batch_id)
             except Exception as error:
                 self.error = error
-                raise (error if isinstance(error, BatchFailed) else for_spark(error, batch_id)) from None
+                if (bounded := for_spark(error, batch_id)) is error:     # (the sink's BatchFailed: as it is)
+                    raise
+                raise bounded from None
 
     return RunBatchFunction

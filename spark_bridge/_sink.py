@@ -43,8 +43,8 @@ __all__ = ["WATERMARK_METADATA", "IngestSink", "QueryRun", "SinkOptions", "by_po
            "check_columns", "check_watermark_column", "streaming_query_id"]
 
 logger = logging.getLogger("spark_bridge.ingest")
-#: A failed batch's error with its traceback (Spark gets it bounded: ``_foreach.for_spark``).  Silent unless the
-#: application configures logging, as py4j's record of a failed callback is (``activedb run`` prints the error).
+#: A failed batch's error of a Java call with its traceback (Spark gets it bounded: ``_foreach.for_spark``).  Silent
+#: unless the application configures logging, as py4j's record of a failed callback is (``activedb run`` prints it).
 failures_log = logging.getLogger("spark_bridge.ingest.failed_batches")
 failures_log.addHandler(logging.NullHandler())
 
@@ -126,12 +126,12 @@ class IngestSink(Ingestion):
             except BaseException as error:
                 # Remembered: Spark wraps the error in a Java stack trace (``activedb run`` prints this instead).
                 self._book.failed(batch_id, error)
-                if not isinstance(error, Exception):    # (KeyboardInterrupt, SystemExit: as they are)
-                    raise
-                # Spark gets the error bounded (_foreach.for_spark: a long one overflows its stream thread's stack when
-                # the query is being stopped); the failures' log has it whole, as py4j's own record would.
+                if not isinstance(error, Exception) or (bounded := for_spark(error, batch_id)) is error:
+                    raise       # (KeyboardInterrupt, SystemExit; an error without a Java call's: as they are)
+                # Spark gets an error of a Java call bounded (_foreach.for_spark: its Java stack trace would overflow
+                # the stream thread's stack when the query is being stopped); the failures' log has it whole.
                 failures_log.error("batch %s of %s failed", batch_id, self.source, exc_info=error)
-                raise for_spark(error, batch_id) from None
+                raise bounded from None
 
     def _spark_batch(self, batch_df: DataFrame, batch_id: int, spark_query_id: str, query_id: str, *,
                      execution: JavaObject | None = None) -> None:
