@@ -243,19 +243,20 @@ def sqlstate_of(error: BaseException) -> str | None:
     return getattr(getattr(error, "orig", None), "sqlstate", None) or getattr(error, "sqlstate", None)
 
 
-def causes(error: BaseException, *, contexts: bool = True) -> Iterator[BaseException]:
+def causes(error: BaseException, *, contexts: bool = True, shown: bool = False) -> Iterator[BaseException]:
     """``error`` and its causes (``raise ... from``) and contexts, outermost first; a context hidden with
     ``raise ... from None`` is hidden here too.  Past a rule's failure (:class:`RuleFailed`, whose cause is what the
     rule raised) only causes are followed — and from ``error`` on with ``contexts=False``, for an error a rule raised
     itself: an error a rule raised while it handled another — in an ``except`` block, which makes that other its
     context — is the rule's own, so a conflict or an outage the rule handled does not make its failure one
-    (:func:`classify`: retried, or the batch run again, instead of the rule failing)."""
+    (:func:`classify`: retried, or the batch run again, instead of the rule failing).  ``shown``: every error a
+    traceback of ``error`` shows instead — each context not hidden, past a rule's failure too."""
     seen = set()
     current: BaseException | None = error
     while current is not None and id(current) not in seen:
         seen.add(id(current))
         yield current
-        contexts = contexts and not isinstance(current, RuleFailed)
+        contexts = shown or (contexts and not isinstance(current, RuleFailed))
         current = current.__cause__ if current.__cause__ is not None else (
             None if current.__suppress_context__ or not contexts else current.__context__)
 

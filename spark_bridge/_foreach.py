@@ -30,7 +30,7 @@ class BatchFailed(SparkBridgeError):
 def for_spark(error: Exception, batch_id: int) -> Exception:
     """What batch ``batch_id``, failed with ``error``, raises to Spark: ``error``, or if a Java call's error is among
     its causes a bounded :class:`BatchFailed` (the package README, "Facts about Spark…": what it keeps, and why)."""
-    java = [cause for cause in causes(error) if f"{type(cause).__module__}.{type(cause).__name__}" == _PY4J_ERROR]
+    java = [one for one in causes(error, shown=True) if f"{type(one).__module__}.{type(one).__name__}" == _PY4J_ERROR]
     if not java:
         return error
     message = first_line(error) if java[0] is error else shown_error(error, message=True)

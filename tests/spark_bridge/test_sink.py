@@ -441,3 +441,35 @@ def test_two_flushes_of_one_batch_at_once_commit_it_once(database, first_commits
             "SELECT transaction_id FROM activedb_transaction_log WHERE transaction_id = ANY(:ids)"),
             {"ids": list(log_ids.values())}).scalars().all()
     assert ledger_ids == [log_ids[winner]] and logged == [log_ids[winner]]
+
+
+def test_a_java_error_a_traceback_shows_past_a_rules_failure_is_bounded_for_spark_and_a_hidden_one_is_not():
+    """``for_spark`` bounds an error whose traceback holds a Java call's error — Spark's pattern starts there — also
+    when it is the context of what a rule raised (a ``RuleFailed``'s cause, whose contexts ``classify`` does not
+    follow): the traceback shows it.  An error that hid its Java context (``raise … from None``) reaches Spark as
+    itself: its traceback holds none."""
+    from activedb.errors import RuleFailed
+    from spark_bridge._foreach import BatchFailed, for_spark
+
+    java_error = type("Py4JJavaError", (Exception,), {"__module__": "py4j.protocol"})
+
+    def failed(hide: bool) -> BaseException:
+        try:
+            try:
+                try:
+                    raise java_error("An error occurred while calling o42.count.\n: java.lang.InterruptedException\n"
+                                     "\tat java.base/java.lang.Object.wait(Native Method)")
+                except Exception:
+                    if hide:
+                        raise ValueError("the rule's own error") from None
+                    raise ValueError("the rule's own error")
+            except ValueError as error:
+                raise RuleFailed("rule 'r' failed", "r", None) from error
+        except RuleFailed as failure:
+            return failure
+
+    bounded = for_spark(failed(hide=False), 3)
+    assert isinstance(bounded, BatchFailed), bounded
+    assert "java.lang.InterruptedException" in str(bounded) and "\tat " not in str(bounded)
+    hidden = failed(hide=True)
+    assert for_spark(hidden, 3) is hidden
