@@ -304,8 +304,11 @@ def test_a_generated_key_setup_does_not_restart_is_reported_saying_what_to_resto
     assert again.ok, again.describe()
 
 
-def _hang_of_an_actor_waiting_outside_the_run(db: Database, step_timeout: float) -> str:
-    """The message of the InterleavingHang of a run whose one actor, W, writes and then waits for the test."""
+def _hang_of_an_actor_waiting_outside_the_run(db: Database, step_timeout: float = 3.0) -> str:
+    """The message of the InterleavingHang of a run whose one actor, W, writes and then waits for the test.
+
+    ``step_timeout`` bounds W's first steps too (its write is its first statement on ``items``): 1 s was not enough
+    on a busy CI machine, where W was called hung before it reached the write the callers look for."""
     released = threading.Event()
 
     def waits_for_the_test(db: Database) -> None:
@@ -324,7 +327,7 @@ def _hang_of_an_actor_waiting_outside_the_run(db: Database, step_timeout: float)
 
 
 def test_a_thread_that_neither_pauses_nor_blocks_is_a_hang_with_what_each_transaction_did(fresh):
-    message = _hang_of_an_actor_waiting_outside_the_run(fresh, 2.0)
+    message = _hang_of_an_actor_waiting_outside_the_run(fresh)
     assert "steps:\n  W start\n  W: write items['x']" in message and "wait-for graph:" in message
 
 
@@ -480,7 +483,7 @@ def test_a_hang_whose_description_fails_or_waits_is_still_the_hang_within_a_boun
 
     monkeypatch.setattr(locks, "wait_for_graph", describing_fails)
     try:
-        message = _hang_of_an_actor_waiting_outside_the_run(fresh, 1.0)
+        message = _hang_of_an_actor_waiting_outside_the_run(fresh)
     finally:
         released.set()
     assert "steps:\n  W start\n  W: write items['x']" in message, message
