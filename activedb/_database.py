@@ -69,9 +69,10 @@ def _logger_name(pool: sa.Pool) -> str:
 _BAD_OPTION_VALUE = re.compile(r'invalid \w+ value: "')
 
 
-def check_reachable(engine: Engine) -> None:
+def check_reachable(engine: Engine, connect_timeout: float | None = None) -> None:
     """Connect once: a URL the driver refuses is a :class:`BadDatabaseURL`, every other failure the
-    documented error of :func:`activedb.errors.database_failure` (unavailable, refused, disk full)."""
+    documented error of :func:`activedb.errors.database_failure` (unavailable with what to do about its cause,
+    refused, disk full).  ``connect_timeout``: the seconds libpq waits, named in the advice if nothing answered."""
     try:
         with engine.connect() as connection:
             connection.execute(sa.text("SELECT 1"))
@@ -81,14 +82,15 @@ def check_reachable(engine: Engine) -> None:
         # every other OperationalError is the server's (unreachable, refused, ...).
         if isinstance(error, sa.exc.OperationalError) and _BAD_OPTION_VALUE.search(reason) is None:
             raise database_failure(error, "connecting", describe_url(engine.url),
-                                   server_log=_embedded.log_of_url(engine.url)) from None
+                                   server_log=_embedded.log_of_url(engine.url),
+                                   connect_timeout=connect_timeout) from None
         raise BadDatabaseURL(
             f"the database URL {describe_url(engine.url)} cannot be used: {reason}. Fix the URL (connect(url), "
             f"ACTIVEDB_DATABASE_URL or the command line's --url): options go in ?name=value and must be libpq's "
             f"(https://www.postgresql.org/docs/current/libpq-connect.html#LIBPQ-PARAMKEYWORDS)") from None
     except sa.exc.DBAPIError as error:
         raise database_failure(error, "connecting", describe_url(engine.url),
-                               server_log=_embedded.log_of_url(engine.url)) from None
+                               server_log=_embedded.log_of_url(engine.url), connect_timeout=connect_timeout) from None
 
 
 def _kind(kind: EventKind, allowed: tuple[EventKind, ...], call: str) -> EventKind:
@@ -471,7 +473,9 @@ def _connected(url: str | URL | None, config: Config, *, check_schema: bool) -> 
                       home.expanduser() if home else _embedded.default_home(),
                       _logger_name(engine.pool))
     try:
-        check_reachable(engine)
+        given = config.engine.keywords()["connect_args"]
+        timeout = given.get("connect_timeout") if isinstance(given, dict) else None
+        check_reachable(engine, timeout if isinstance(timeout, (int, float)) else None)
         database = Database(engine, config, embedded=server)
     except BaseException:
         engine.dispose()

@@ -30,7 +30,7 @@ __all__ = ["ActivedbError", "BadDatabaseURL", "BatchAlreadyCommitted", "CascadeL
            "MigrationError", "OutboxError",
            "PictureError", "RecordsTakenOver", "RuleDefinitionChangedWarning", "RuleError",
            "RuleFailed", "SchemaError", "SchemaNotAtHead", "SerializationConflict", "ServerDiskFull",
-           "TransactionAborted", "TransactionError", "UnknownColumn", "UnknownTable"]
+           "TransactionAborted", "TransactionError", "Unconnected", "UnknownColumn", "UnknownTable"]
 
 
 class ActivedbError(Exception):
@@ -323,7 +323,8 @@ def _by_sqlstate(sqlstate: str | None) -> Failure | None:
 
 
 def database_failure(error: BaseException, doing: str, where: str, *, server_log: str | None = None,
-                     lost: str | None = None, reflected: bool = False) -> ActivedbError:
+                     lost: str | None = None, reflected: bool = False,
+                     connect_timeout: float | None = None) -> ActivedbError:
     """The documented error a caller sees for a database ``error`` met while ``doing`` (e.g. "reading")
     at ``where`` (host and database, password masked): :class:`DatabaseUnavailable` (server down,
     connection refused or lost), :class:`DiskFull`, or :class:`DatabaseError` (refused, with the SQLSTATE
@@ -331,7 +332,8 @@ def database_failure(error: BaseException, doing: str, where: str, *, server_log
     ``lost``: for a write of its own, what a lost connection left written and what to do (instead of a read's
     "nothing committed is affected … retry the transaction").  ``reflected``: the statement was composed from tables
     as this process reflected them, so a column or table PostgreSQL does not find may have changed since
-    (:func:`reflected_table_changed`).
+    (:func:`reflected_table_changed`).  ``connect_timeout``: while ``doing`` is "connecting", the seconds libpq was
+    given (named in the advice of a server that never answered; :func:`why_not_connected` tells the cause).
     Serialization conflicts and deadlocks are not turned into one of these (their callers retry them)."""
     kind = classify(error)
     orig = getattr(error, "orig", None) or error
@@ -344,9 +346,16 @@ def database_failure(error: BaseException, doing: str, where: str, *, server_log
             f"PostgreSQL stopped ({where}) while {doing}: its disk is full — its log {server_log} says: {panic}. "
             f"{DISK_FULL_ADVICE}")
     if kind is Failure.CONNECTION_LOST and doing == "connecting":
+        pgconn = getattr(orig, "pgconn", None)
+        user, database = (("the user", "the database") if pgconn is None else
+                          (pgconn.user.decode(errors="replace"), pgconn.db.decode(errors="replace")))
+        advice = connect_advice(why_not_connected(error, connect_timeout), user=user, database=database,
+                                waited=connect_timeout)
+        urls = "connect(url), ACTIVEDB_DATABASE_URL or the command line's --url"
         return DatabaseUnavailable(
-            f"cannot connect to PostgreSQL at {where}: {message}. Check the URL (connect(url), "
-            f"ACTIVEDB_DATABASE_URL or the command line's --url) and that the server is running{log}")
+            f"cannot connect to PostgreSQL at {where}: {message}. "
+            + (f"{advice[0].upper()}{advice[1:]} (the URL: {urls}){log}" if advice else
+               f"Check the URL ({urls}) and that the server is running{log}"))
     if kind is Failure.CONNECTION_LOST and lost is not None:
         return DatabaseUnavailable(
             f"lost the connection to PostgreSQL ({where}) while {doing}: {message}; {lost} — check that the server "
@@ -370,6 +379,109 @@ def database_failure(error: BaseException, doing: str, where: str, *, server_log
             or _HINTS.get(kind, "Fix what the message says, then retry"))
     return DatabaseError(f"PostgreSQL refused {doing} ({where}) (SQLSTATE {sqlstate}): {message}. {hint}",
                          sqlstate=sqlstate)
+
+
+class Unconnected(enum.Enum):
+    """Why a connection to PostgreSQL failed, as :func:`why_not_connected` tells it."""
+
+    NO_ANSWER = "nothing answered within connect_timeout"
+    UNKNOWN_HOST = "the host name does not resolve"
+    UNREACHABLE = "nothing accepts connections at the address"
+    NO_PASSWORD = "the server asks for a password and none was given"
+    AUTHENTICATION = "the server refused the user or its password"
+    NOT_PERMITTED = "the user may not connect to the database"
+    NO_DATABASE = "the database does not exist"
+    OTHER = "the server refused for another reason"
+
+
+#: The most seconds the probe of :func:`why_not_connected` waits for the server's address to accept a connection.
+PROBE_SECONDS = 5.0
+
+
+def why_not_connected(error: BaseException, connect_timeout: float | None = None) -> Unconnected:
+    """Why connecting failed with ``error`` (psycopg's, or SQLAlchemy's around it).
+
+    libpq gives no SQLSTATE for an error met while connecting (the server's FATAL reaches psycopg as text only:
+    ``error.sqlstate`` is None), so the cause is told by kinds first: psycopg's ``ConnectionTimeout``; no
+    connection attempt at all (psycopg could not resolve the host: no ``pgconn``); libpq's
+    ``PQconnectionNeedsPassword``; the operating system's error on a plain socket to the address libpq tried (a
+    refused port, a missing socket file: nothing to talk to; the probe waits at most ``connect_timeout`` and
+    :data:`PROBE_SECONDS`).  Only a server that was reached and refused is told by its message, PostgreSQL's own
+    phrases for its authentication failures (28P01, 28000), a missing CONNECT privilege (42501) or ``pg_hba.conf``
+    line (28000) and a missing database (3D000); a server whose messages are translated is ``OTHER`` (its message
+    is shown, with no advice that could be wrong)."""
+    import psycopg.errors
+
+    orig = getattr(error, "orig", None) or error
+    if isinstance(orig, psycopg.errors.ConnectionTimeout):
+        return Unconnected.NO_ANSWER
+    pgconn = getattr(orig, "pgconn", None)
+    if pgconn is None:          # (no connection attempted: psycopg resolves the host names itself, libpq never ran)
+        if not isinstance(orig, psycopg.OperationalError):
+            return Unconnected.OTHER
+        return Unconnected.UNKNOWN_HOST if "failed to resolve host" in str(orig) else Unconnected.UNREACHABLE
+    if pgconn.needs_password:
+        return Unconnected.NO_PASSWORD
+    address = (pgconn.hostaddr or pgconn.host).decode(errors="replace")
+    seconds = min(PROBE_SECONDS, connect_timeout) if connect_timeout else PROBE_SECONDS
+    if _unreachable(address, pgconn.port.decode(errors="replace"), seconds) is not None:
+        return Unconnected.UNREACHABLE
+    said = pgconn.error_message.decode(errors="replace")
+    if "authentication failed for user" in said:
+        return Unconnected.AUTHENTICATION
+    if "permission denied for database" in said or "pg_hba.conf" in said:
+        return Unconnected.NOT_PERMITTED
+    if re.search(r'database ".*" does not exist', said):
+        return Unconnected.NO_DATABASE
+    return Unconnected.OTHER
+
+
+def _unreachable(host: str, port: str, seconds: float) -> OSError | None:
+    """The operating system's error on opening a plain socket to ``host`` (a name, an address, or a directory of
+    PostgreSQL's socket file) and ``port`` within ``seconds``; None if something accepted it (or the address is an
+    abstract socket's, ``@…``, not probed)."""
+    import socket
+
+    if host.startswith("@"):
+        return None
+    try:
+        if host.startswith("/"):
+            with socket.socket(socket.AF_UNIX) as unix:
+                unix.settimeout(seconds)
+                unix.connect(f"{host}/.s.PGSQL.{port}")
+        else:
+            socket.create_connection((host or "localhost", int(port or 5432)), timeout=seconds).close()
+    except (OSError, ValueError) as error:
+        return error if isinstance(error, OSError) else None
+    return None
+
+
+def connect_advice(why: Unconnected, *, user: str, database: str, waited: object = None) -> str:
+    """What to do about a connection to ``database`` as ``user`` that failed for ``why`` (``waited``: the
+    connect_timeout in seconds, if known), as one clause; "" when nothing sure can be said (``OTHER``).  The caller
+    says where its URL comes from."""
+    if why is Unconnected.NO_ANSWER:
+        within = f"within {waited} seconds, the connect_timeout" if waited is not None else "within the connect_timeout"
+        return (f"no answer {within}: is the host reachable and does PostgreSQL listen on that port? A server slower "
+                f"to answer: add ?connect_timeout=SECONDS to the URL")
+    if why is Unconnected.UNKNOWN_HOST:
+        return "the host name does not resolve: correct the URL's host, or check this machine's DNS"
+    if why is Unconnected.UNREACHABLE:
+        return ("nothing accepts connections there: start PostgreSQL on that host and port, or correct the URL's "
+                "host and port; without a URL the embedded server is used")
+    if why is Unconnected.NO_PASSWORD:
+        return (f"the server asks {user} for a password and the URL gives none: "
+                f"postgresql://{user}:PASSWORD@HOST:PORT/DATABASE, or a line of ~/.pgpass")
+    if why is Unconnected.AUTHENTICATION:
+        return (f"authentication failed: the URL's user {user} or its password is wrong for this server — "
+                f"correct them in the URL")
+    if why is Unconnected.NOT_PERMITTED:
+        return (f"the user may not connect to {database!r}: GRANT CONNECT ON DATABASE {database} TO {user} and "
+                f"a pg_hba.conf line that admits the user there, or name in the URL a database it may connect to")
+    if why is Unconnected.NO_DATABASE:
+        return (f"there is no database {database!r} on that server: create it (CREATE DATABASE {database}, or "
+                f"createdb {database}) or name an existing one in the URL")
+    return ""
 
 
 #: PostgreSQL's SQLSTATE of a relation that does not exist (undefined_table), and its message for one of activedb's.

@@ -14,7 +14,6 @@ Thread-safety: :class:`Templates` is used by one thread (pytest's); ``_mutex`` p
 from __future__ import annotations
 
 import contextlib
-import enum
 import hashlib
 import itertools
 import json
@@ -25,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, Protocol
 
+from activedb.errors import Unconnected, connect_advice, why_not_connected
 from activedb.testing.errors import DatabaseFixtureError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -107,7 +107,7 @@ def _admin(server: Server, doing: str) -> Iterator["psycopg.Connection[tuple[obj
         said = str(error).strip().splitlines()
         if what == "connect to":
             seconds = given if given is not None else EngineOptions.connect_timeout
-            hint = _connect_hint(server, database, _why_not_connected(error, float(seconds)), seconds)
+            hint = _connect_hint(server, database, why_not_connected(error, float(seconds)), seconds)
         elif isinstance(error, psycopg.errors.InsufficientPrivilege) and doing.startswith("create database"):
             hint = (f" (the user may not create databases: ALTER ROLE {_user(server)} CREATEDB, as a superuser, or "
                     f"give the URL of a user that may)")
@@ -120,102 +120,21 @@ def _admin(server: Server, doing: str) -> Iterator["psycopg.Connection[tuple[obj
             f"one") from None
 
 
-class _Unconnected(enum.Enum):
-    """Why the connection to the test server failed, as :func:`_why_not_connected` tells it."""
-
-    NO_ANSWER = "nothing answered within connect_timeout"
-    UNREACHABLE = "nothing accepts connections at the address"
-    NO_PASSWORD = "the server asks for a password and none was given"
-    AUTHENTICATION = "the server refused the user or its password"
-    NOT_PERMITTED = "the user may not connect to the database"
-    OTHER = "the server refused for another reason"
-
-
-#: The most seconds the probe of :func:`_why_not_connected` waits for the server's address to accept a connection.
-PROBE_SECONDS = 5.0
-
-
-def _why_not_connected(error: "psycopg.Error", connect_timeout: float) -> _Unconnected:
-    """Why ``psycopg.connect`` failed with ``error``.
-
-    libpq gives no SQLSTATE for an error met while connecting (the server's FATAL reaches psycopg as text only:
-    ``error.sqlstate`` is None), so the cause is told by kinds first: psycopg's ``ConnectionTimeout``; no
-    connection attempt at all (psycopg could not resolve the host: no ``pgconn``); libpq's
-    ``PQconnectionNeedsPassword``; the operating system's error on a plain socket to the address libpq tried (a
-    refused port, a missing socket file: nothing to talk to).  Only a server that was reached and refused is told
-    by its message, PostgreSQL's own phrases for its authentication failures (28P01, 28000) and for a missing
-    CONNECT privilege (42501) or ``pg_hba.conf`` line (28000); a server whose messages are translated is ``OTHER``
-    (its message is shown, with no hint that could be wrong)."""
-    import psycopg.errors
-
-    if isinstance(error, psycopg.errors.ConnectionTimeout):
-        return _Unconnected.NO_ANSWER
-    pgconn = error.pgconn
-    if pgconn is None:
-        return _Unconnected.UNREACHABLE
-    if pgconn.needs_password:
-        return _Unconnected.NO_PASSWORD
-    address = (pgconn.hostaddr or pgconn.host).decode(errors="replace")
-    seconds = min(PROBE_SECONDS, connect_timeout) if connect_timeout > 0 else PROBE_SECONDS
-    if _unreachable(address, pgconn.port.decode(errors="replace"), seconds) is not None:
-        return _Unconnected.UNREACHABLE
-    message = pgconn.error_message.decode(errors="replace")
-    if "authentication failed for user" in message:
-        return _Unconnected.AUTHENTICATION
-    if "permission denied for database" in message or "pg_hba.conf" in message:
-        return _Unconnected.NOT_PERMITTED
-    return _Unconnected.OTHER
-
-
-def _unreachable(host: str, port: str, seconds: float) -> OSError | None:
-    """The operating system's error on opening a plain socket to ``host`` (a name, an address, or a directory of
-    PostgreSQL's socket file) and ``port`` within ``seconds``; None if something accepted it (or the address is an
-    abstract socket's, ``@…``, not probed)."""
-    import socket
-
-    if host.startswith("@"):
-        return None
-    try:
-        if host.startswith("/"):
-            with socket.socket(socket.AF_UNIX) as unix:
-                unix.settimeout(seconds)
-                unix.connect(f"{host}/.s.PGSQL.{port}")
-        else:
-            socket.create_connection((host or "localhost", int(port or 5432)), timeout=seconds).close()
-    except (OSError, ValueError) as error:
-        return error if isinstance(error, OSError) else None
-    return None
-
-
 def _user(server: Server) -> str:
     return (server.base.username if isinstance(server, ServerAtUrl) else None) or "the user"
 
 
-def _connect_hint(server: Server, database: str, why: _Unconnected, waited: object) -> str:
+def _connect_hint(server: Server, database: str, why: Unconnected, waited: object) -> str:
     """What to do about a failed connection to ``database`` (``waited``: the connect_timeout), in parentheses; ""
-    when nothing sure can be said."""
+    when nothing sure can be said.  A URL that names no database makes the test databases from ``postgres``: a user
+    refused there is told to name one."""
     user = _user(server)
-    if why is _Unconnected.NO_ANSWER:
-        return (f" (no answer within {waited} seconds, the "
-                f"connect_timeout: is the host reachable and does PostgreSQL listen on that port? A server slower "
-                f"to answer: add ?connect_timeout=SECONDS to the URL)")
-    if why is _Unconnected.UNREACHABLE:
-        return (" (nothing accepts connections there: start PostgreSQL on that host and port, or correct the URL's "
-                "host and port; without a URL the tests use the embedded server)")
-    if why is _Unconnected.NO_PASSWORD:
-        return (f" (the server asks {user} for a password and the URL gives none: "
-                f"postgresql://{user}:PASSWORD@HOST:PORT/DATABASE, or a line of ~/.pgpass)")
-    if why is _Unconnected.AUTHENTICATION:
-        return (f" (authentication failed: the URL's user {user} or its password is wrong for this server — "
-                f"correct them in the URL)")
-    if why is _Unconnected.NOT_PERMITTED:
-        if isinstance(server, ServerAtUrl) and not server.base.database:
-            return (f" (the URL names no database, so the test databases are made from {MAINTENANCE_DATABASE!r}: "
-                    f"name in the URL a database this user may connect to, or GRANT CONNECT ON DATABASE "
-                    f"{MAINTENANCE_DATABASE} TO {user})")
-        return (f" (the user may not connect to {database!r}: GRANT CONNECT ON DATABASE {database} TO {user} and "
-                f"a pg_hba.conf line that admits the user there, or name in the URL a database it may connect to)")
-    return ""
+    if why is Unconnected.NOT_PERMITTED and isinstance(server, ServerAtUrl) and not server.base.database:
+        return (f" (the URL names no database, so the test databases are made from {MAINTENANCE_DATABASE!r}: "
+                f"name in the URL a database this user may connect to, or GRANT CONNECT ON DATABASE "
+                f"{MAINTENANCE_DATABASE} TO {user})")
+    advice = connect_advice(why, user=user, database=database, waited=waited)
+    return f" ({advice})" if advice else ""
 
 
 def _quoted(name: str) -> str:
