@@ -11,6 +11,10 @@ The packages inside and how they meet: the overview, ``activedb/README.md``.
 
 from typing import TYPE_CHECKING
 
+#: This release's version (PEP 440): what ``pip`` installs (pyproject.toml reads it from here) and ``activedb
+#: --version`` prints.
+__version__ = "0.1.0"
+
 from activedb import errors
 from activedb import lazy
 from activedb.errors import *  # noqa: F401,F403 - the error classes are public

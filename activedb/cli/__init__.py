@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Unpack
 
 import click
 
-from activedb import plugins
+from activedb import __version__, plugins
 from activedb.cli.options import Seconds, json_default
 from activedb.errors import ActivedbError, SchemaNotAtHead
 from activedb.extras import Extra, MissingExtra, extra_of, require
@@ -171,6 +171,7 @@ class _MainGroup(_Group):
 
 
 @click.group(cls=_MainGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, "--version", prog_name="activedb", message="%(prog)s %(version)s")
 @click.option("--url", envvar="ACTIVEDB_DATABASE_URL", default=None,
               help="PostgreSQL URL (default: the embedded server under ACTIVEDB_HOME).")
 @click.option("--home", envvar="ACTIVEDB_HOME", default=None, type=click.Path(file_okay=False),

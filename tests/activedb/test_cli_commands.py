@@ -41,6 +41,16 @@ def test_help_lists_every_command():
         assert f"  {command} " in rules
 
 
+def test_version_is_the_installed_distributions():
+    """``activedb --version`` (click's convention, as ``alembic --version``): the version pip installed, which is
+    ``activedb.__version__`` (pyproject.toml reads it from there)."""
+    import importlib.metadata
+
+    result = CliRunner().invoke(main, ["--version"])
+    assert result.exit_code == 0 and result.output == f"activedb {activedb.__version__}\n", result.output
+    assert importlib.metadata.version("activedb") == activedb.__version__
+
+
 @pytest.mark.parametrize("arguments, what", [(["--events", "0"], "--events"), (["--events", "-5"], "--events"),
                                               (["--workers", "0"], "--workers")])
 def test_demo_refuses_a_count_it_cannot_run_as_a_usage_error(arguments, what):
