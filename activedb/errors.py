@@ -456,32 +456,32 @@ def _unreachable(host: str, port: str, seconds: float) -> OSError | None:
     return None
 
 
+#: What to do about each cause of a failed connection (:func:`connect_advice` fills in the names).
+_CONNECT_ADVICE = {
+    Unconnected.NO_ANSWER: ("no answer {within}: is the host reachable and does PostgreSQL listen on that port? A "
+                            "server slower to answer: add ?connect_timeout=SECONDS to the URL"),
+    Unconnected.UNKNOWN_HOST: "the host name does not resolve: correct the URL's host, or check this machine's DNS",
+    Unconnected.UNREACHABLE: ("nothing accepts connections there: start PostgreSQL on that host and port, or correct "
+                              "the URL's host and port; without a URL the embedded server is used"),
+    Unconnected.NO_PASSWORD: ("the server asks {user} for a password and the URL gives none: "
+                              "postgresql://{user}:PASSWORD@HOST:PORT/DATABASE, or a line of ~/.pgpass"),
+    Unconnected.AUTHENTICATION: ("authentication failed: the URL's user {user} or its password is wrong for this "
+                                 "server — correct them in the URL"),
+    Unconnected.NOT_PERMITTED: ("the user may not connect to {quoted}: GRANT CONNECT ON DATABASE {database} TO {user} "
+                                "and a pg_hba.conf line that admits the user there, or name in the URL a database it "
+                                "may connect to"),
+    Unconnected.NO_DATABASE: ("there is no database {quoted} on that server: create it (CREATE DATABASE {database}, "
+                              "or createdb {database}) or name an existing one in the URL"),
+    Unconnected.OTHER: "",
+}
+
+
 def connect_advice(why: Unconnected, *, user: str, database: str, waited: object = None) -> str:
     """What to do about a connection to ``database`` as ``user`` that failed for ``why`` (``waited``: the
     connect_timeout in seconds, if known), as one clause; "" when nothing sure can be said (``OTHER``).  The caller
     says where its URL comes from."""
-    if why is Unconnected.NO_ANSWER:
-        within = f"within {waited} seconds, the connect_timeout" if waited is not None else "within the connect_timeout"
-        return (f"no answer {within}: is the host reachable and does PostgreSQL listen on that port? A server slower "
-                f"to answer: add ?connect_timeout=SECONDS to the URL")
-    if why is Unconnected.UNKNOWN_HOST:
-        return "the host name does not resolve: correct the URL's host, or check this machine's DNS"
-    if why is Unconnected.UNREACHABLE:
-        return ("nothing accepts connections there: start PostgreSQL on that host and port, or correct the URL's "
-                "host and port; without a URL the embedded server is used")
-    if why is Unconnected.NO_PASSWORD:
-        return (f"the server asks {user} for a password and the URL gives none: "
-                f"postgresql://{user}:PASSWORD@HOST:PORT/DATABASE, or a line of ~/.pgpass")
-    if why is Unconnected.AUTHENTICATION:
-        return (f"authentication failed: the URL's user {user} or its password is wrong for this server — "
-                f"correct them in the URL")
-    if why is Unconnected.NOT_PERMITTED:
-        return (f"the user may not connect to {database!r}: GRANT CONNECT ON DATABASE {database} TO {user} and "
-                f"a pg_hba.conf line that admits the user there, or name in the URL a database it may connect to")
-    if why is Unconnected.NO_DATABASE:
-        return (f"there is no database {database!r} on that server: create it (CREATE DATABASE {database}, or "
-                f"createdb {database}) or name an existing one in the URL")
-    return ""
+    within = f"within {waited} seconds, the connect_timeout" if waited is not None else "within the connect_timeout"
+    return _CONNECT_ADVICE[why].format(user=user, database=database, quoted=repr(database), within=within)
 
 
 #: PostgreSQL's SQLSTATE of a relation that does not exist (undefined_table), and its message for one of activedb's.
