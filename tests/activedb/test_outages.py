@@ -158,45 +158,6 @@ def test_connection_refused_says_to_check_the_server_and_the_url():
     assert not isinstance(caught.value, BadDatabaseURL) and "s3cret" not in str(caught.value)
 
 
-# What to do about a failed connection is told by its cause (activedb.errors.why_not_connected, which the test kit's
-# databases use too): "check the URL and that the server is running" was the advice to a wrong password as well.
-
-def _refused_connect(url: sa.URL) -> str:
-    with pytest.raises(DatabaseUnavailable) as caught:
-        activedb.connect(url.update_query_dict({"passfile": "/nonexistent"}))   # (libpq reads only what the URL gives)
-    said = str(caught.value)
-    assert "\n" not in said and "connect(url), ACTIVEDB_DATABASE_URL or the command line's --url" in said, said
-    return said
-
-
-def test_a_host_name_that_does_not_resolve_is_said_so():
-    said = _refused_connect(sa.make_url("postgresql://alice:s3cret@nosuchhost.invalid/payroll"))
-    assert "The host name does not resolve: correct the URL's host" in said and "s3cret" not in said, said
-
-
-def test_a_database_that_does_not_exist_is_said_to_need_creating(pg_server):
-    said = _refused_connect(sa.make_url(pg_server.url("activedb_no_such_database")))
-    assert "There is no database 'activedb_no_such_database' on that server: create it (CREATE DATABASE " in said, said
-    assert "Nothing accepts" not in said and "authentication" not in said, said
-
-
-@pytest.mark.parametrize("password, said_so", [
-    ("not-the-password", "Authentication failed: the URL's user {user} or its password is wrong"),
-    ("", "The server asks {user} for a password and the URL gives none"),
-], ids=["wrong", "missing"])
-def test_a_wrong_or_missing_password_is_said_so(pg_server, password, said_so):
-    url = sa.make_url(pg_server.url("postgres")).set(password=password)
-    try:
-        with psycopg.connect(url.set(drivername="postgresql").render_as_string(hide_password=False),
-                             passfile="/nonexistent", connect_timeout=10):
-            pytest.skip("the test server does not ask for a password (trust authentication)")
-    except psycopg.OperationalError:
-        pass
-    said = _refused_connect(url)
-    assert said_so.format(user=url.username) in said, said
-    assert "Nothing accepts" not in said and (not password or password not in said), said
-
-
 # --- bad URL -------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("url, expected", [
