@@ -7,6 +7,7 @@ import collections
 import dataclasses
 import json
 import logging
+import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -214,6 +215,7 @@ def replay_command(ctx: click.Context, app: str, ids: tuple[int, ...] | None, qu
     APP is what `activedb run` takes (register(db) and MAPPING)."""
     from activedb import deadletters
     from activedb.cli.application import app_handler, load_app, require_rules
+    from activedb.progress import Progress
     from activedb.ingest import BatchHandler, ReplayResult, RulesHandler, replay_dead_letters
     from activedb.ingest.errors import IngestError
 
@@ -256,7 +258,16 @@ def replay_command(ctx: click.Context, app: str, ids: tuple[int, ...] | None, qu
         if handler is None:
             require_rules(database, loaded.name, "a replay sends the letters to the rules (it has no QUERIES, and no "
                                                  "EXECUTOR = 'tpg')")
-        outcomes = replay_dead_letters(database, loaded, letters, handler=handler)
+        # A bar on a terminal (a replay runs a transaction per letter: thousands take a while); nothing otherwise,
+        # the line below says what became of them.
+        progress = (Progress.for_stream(sys.stderr, label="dead-letters replay")
+                    if len(letters) > 1 and sys.stderr.isatty() else Progress.none())
+        progress.start("replay", len(letters))
+        try:
+            outcomes = replay_dead_letters(database, loaded, letters, handler=handler,
+                                           progress=lambda _, done, total: progress.update(done, "letters replayed"))
+        finally:
+            progress.close()
     counts = collections.Counter(outcome.outcome for outcome in outcomes)
     queries = sorted({outcome.query_id for outcome in outcomes})
     click.echo(f"replayed {len(outcomes)} dead letter(s) as {', '.join(queries)}: "

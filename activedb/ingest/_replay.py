@@ -72,10 +72,13 @@ def original_query_name(query_id: str | None) -> str:
 
 def replay_dead_letters(db: IngestDatabase, app: Replayable, letters: Iterable[LetterRecord | Mapping[str, object]],
                         *,
-                        handler: Callable[[], BatchHandler] | None = None) -> list[ReplayOutcome]:
+                        handler: Callable[[], BatchHandler] | None = None,
+                        progress: Callable[[ReplayOutcome, int, int], None] | None = None) -> list[ReplayOutcome]:
     """Replay ``letters`` (:class:`~activedb.deadletters.LetterRecord`, or rows of ``activedb_dead_letters`` as
     dicts) into ``db``, whose rules ``app`` declared already, each through :func:`feed` with the original row
     (the rule path with ``app.prefetch``, or ``handler()``); event ids are checked under the original source.
+    ``progress(outcome, done, total)`` is called after each letter's transaction ended (a progress bar's, e.g.
+    ``tqdm``'s ``update(1)``; what it raises stops the replay there, the letters replayed so far staying replayed).
     Waits for the detached rules."""
     if isinstance(letters, (LetterRecord, Mapping, str, bytes)) or not isinstance(letters, Iterable):
         raise IngestError(f"letters is one {type(letters).__name__}, not a collection of letters: give a list of "
@@ -122,6 +125,8 @@ def replay_dead_letters(db: IngestDatabase, app: Replayable, letters: Iterable[L
                   else ReplayResult.ALREADY_REPLAYED if not outcome.committed
                   else ReplayResult.APPLIED if outcome.events else ReplayResult.REJECTED_AGAIN)
         outcomes.append(ReplayOutcome(letter.id, source, result))
+        if progress is not None:
+            progress(outcomes[-1], len(outcomes), len(batches))
     db.rules.wait_idle(120)
     return outcomes
 

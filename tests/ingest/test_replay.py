@@ -204,3 +204,82 @@ def test_a_feed_under_a_source_name_replay_or_capture_owns_is_refused_and_the_le
         assert (outcome.query_id, outcome.outcome) == ("replay:badges", "applied")
     finally:
         database.close()
+
+
+def _three_letters(database) -> list:
+    row = {"type": "add", "key": "k", "ts": BASE_TIME.isoformat(), "amount": 1, "seq": 1}
+    with database.transaction() as tx:
+        deadletters.insert(tx, "badges@00000000-0000-0000-0000-00000000000a", 0,
+                           [deadletters.Letter("why", row | {"seq": seq}) for seq in (1, 2, 3)])
+    return deadletters.select(database)
+
+
+def test_progress_is_told_of_each_letter_and_what_it_raises_stops_the_replay_there(make_database_url):
+    """A replay runs a transaction per letter — thousands take a while — and said nothing until it ended: now
+    ``progress(outcome, done, total)`` is called after each letter's transaction (a bar's update); what it raises (a
+    Ctrl-C in it) stops the replay there, the letters replayed so far staying replayed, the rest replayed later."""
+    database = app_database(make_database_url("replay_progress"))
+    try:
+        stored = _three_letters(database)
+        told: list[tuple[int, str, int, int]] = []
+
+        def stops_after_the_first(outcome, done, total) -> None:
+            told.append((outcome.letter_id, outcome.outcome, done, total))
+            if done == 1:
+                raise KeyboardInterrupt
+
+        with pytest.raises(KeyboardInterrupt):
+            replay_dead_letters(database, APP, stored, progress=stops_after_the_first)
+        assert told == [(stored[0].id, "applied", 1, 3)]
+        again = replay_dead_letters(database, APP, stored, progress=lambda *told_now: told.append(told_now))
+        assert [outcome.outcome for outcome in again] == ["already replayed", "applied", "applied"]
+        assert [(done, total) for _, done, total in told[1:]] == [(1, 3), (2, 3), (3, 3)]
+    finally:
+        database.close()
+
+
+def test_the_command_draws_a_bar_on_a_terminal_and_prints_only_its_line_otherwise(make_database_url):
+    """``activedb dead-letters replay`` on a terminal: a progress bar on stderr (removed at the end), the summary on
+    stdout; elsewhere (a pipe, a CI log) the summary alone."""
+    import os
+    import pty
+    import select
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    url = make_database_url("replay_bar")
+    database = app_database(url)
+    try:
+        first, second, third = (letter.id for letter in _three_letters(database))
+    finally:
+        database.close()
+    app = str(Path(app_counters.__file__).resolve())
+    command = [sys.executable, "-m", "activedb.cli", "--url", url, "dead-letters", "replay", app]
+    primary, secondary = pty.openpty()
+    environment = {**os.environ, "TERM": "xterm-256color", "COLUMNS": "120"}
+    process = subprocess.Popen([*command, "--id", str(first), "--id", str(second)], stdout=subprocess.PIPE, stderr=secondary,
+                               env=environment)
+    os.close(secondary)
+    drawn = b""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if select.select([primary], [], [], 1.0)[0]:
+            try:
+                chunk = os.read(primary, 65536)
+            except OSError:             # (the terminal's other side closed: the command ended)
+                break
+            if not chunk:
+                break
+            drawn += chunk
+        elif process.poll() is not None:
+            break
+    os.close(primary)
+    out = process.communicate(timeout=120)[0].decode()
+    assert process.returncode == 0, (out, drawn[-2000:])
+    assert "replayed 2 dead letter(s) as replay:badges: 2 applied" in out, out
+    assert b"dead-letters replay" in drawn and b"letters replayed" in drawn, drawn[-2000:]
+    piped = subprocess.run([*command, "--id", str(third)], capture_output=True, text=True, timeout=120, env=environment)
+    assert piped.returncode == 0 and piped.stderr == "", piped.stderr
+    assert piped.stdout.strip() == "replayed 1 dead letter(s) as replay:badges: 1 applied", piped.stdout
