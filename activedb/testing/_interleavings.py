@@ -466,6 +466,7 @@ class _Run(Observer):
         self.choose = choose
         self.condition = threading.Condition()      # protects everything below; a leaf
         self.open = True                             # False once the run is torn down: nothing pauses any more
+        self.torn_down: str | None = None            # what _tear_down found still stuck, once it ran
         self.paused: dict[int, _Pause] = {}          # thread -> its pause
         self.tracked: dict[str, _Tracked] = {}       # transaction id -> what we know of it
         self.local = threading.local()               # .actor: the actor an actor's thread runs
@@ -819,11 +820,17 @@ class _Run(Observer):
     # --- the end ------------------------------------------------------------------------------------
 
     def _tear_down(self) -> str:
-        """Release every pause for good, abort what is still active, wait for the actors.  Returns what is still
-        stuck ("" if nothing).  An abort waits for the tree's children: one still running after ``step_timeout``
-        (a rule blocked on something outside the run) is abandoned instead (``lowlevel.abandon``: doomed, its
-        PostgreSQL transaction ended), so that the run ends and says so."""
+        """Release every pause for good, abort what is still active, wait for the actors — all of it within
+        ``step_timeout`` (it was ``step_timeout`` for each tree's abort and again for the actors: a hang of three
+        stuck actors was reported after five times the timeout).  Returns what is still stuck ("" if nothing).  An
+        abort waits for the tree's children: one still running at the end of the clean-up's time (a rule blocked on
+        something outside the run) is abandoned instead (``lowlevel.abandon``: doomed, its PostgreSQL transaction
+        ended), so that the run ends and says so.  Once: a hang tears the run down as it is described, and the run's
+        own clean-up on the way out (every error's) then waits for nothing again."""
+        deadline = time.monotonic() + self.runner.step_timeout
         with self.condition:
+            if self.torn_down is not None:
+                return self.torn_down
             self.open = False
             pauses = list(self.paused.values())
             self.waiting_to_start.clear()
@@ -831,13 +838,14 @@ class _Run(Observer):
         for pause in pauses:
             pause.go.set()
         for root in roots:
-            if root.state in _ACTIVE and not self._abort_within(root, self.runner.step_timeout):
+            if root.state in _ACTIVE and not self._abort_within(root, max(0.0, deadline - time.monotonic())):
                 abandon(root, InterleavingHang(f"{root.id} abandoned by the interleaving runner's clean-up: its abort "
                                                f"still waited for its children after {self.runner.step_timeout} s"))
         with self.condition:
-            self.condition.wait_for(lambda: not self.alive, self.runner.step_timeout)
+            self.condition.wait_for(lambda: not self.alive, max(0.0, deadline - time.monotonic()))
             stuck = sorted(self.alive)
-        return f"actors still running after the clean-up: {stuck}" if stuck else ""
+            self.torn_down = f"actors still running after the clean-up: {stuck}" if stuck else ""
+            return self.torn_down
 
     @staticmethod
     def _abort_within(root: Transaction, seconds: float) -> bool:
@@ -862,7 +870,7 @@ class _Run(Observer):
         locks = self.db.transactions.locks
         edges = diagnostic("read the wait-for graph", lambda: _graph_text(locks))
         described = diagnostic("describe the transactions", self._describe)
-        try:                                    # (bounded itself: step_timeout for each wait)
+        try:                                    # (bounded itself: step_timeout in all)
             stuck = self._tear_down()
         except Exception as error:
             stuck = f"the clean-up failed: {error!r}"

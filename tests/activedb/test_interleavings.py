@@ -8,6 +8,8 @@ from __future__ import annotations
 import itertools
 import re
 import threading
+import time
+from collections.abc import Callable
 
 import pytest
 import sqlalchemy as sa
@@ -329,6 +331,34 @@ def _hang_of_an_actor_waiting_outside_the_run(db: Database, step_timeout: float 
 def test_a_thread_that_neither_pauses_nor_blocks_is_a_hang_with_what_each_transaction_did(fresh):
     message = _hang_of_an_actor_waiting_outside_the_run(fresh)
     assert "steps:\n  W start\n  W: write items['x']" in message and "wait-for graph:" in message
+
+
+def test_a_hang_of_two_stuck_actors_is_reported_after_one_timeout_to_find_it_and_one_to_clean_up(fresh):
+    """The clean-up after a hang waited ``step_timeout`` for each tree's abort and then again for the actors, and
+    ran twice (as the hang was described, then on the run's way out), waiting for the stuck actors again: two actors
+    stuck outside the run were reported after three times the timeout or more.  The clean-up runs once and has
+    ``step_timeout`` in all now: the hang comes after about twice the timeout, however many actors are stuck (the
+    bound below leaves a busy machine three seconds more)."""
+    released = threading.Event()
+
+    def waits_for_the_test(key: str) -> Callable[[Database], None]:
+        def actor(db: Database) -> None:
+            with db.transaction() as tx:
+                tx.write("items", key, value=1)
+                released.wait(60)                       # not a wait the runner can see
+        return actor
+
+    step_timeout = 4.0
+    started = time.monotonic()
+    try:
+        with pytest.raises(InterleavingHang) as hang:
+            Interleavings(fresh, {"V": waits_for_the_test("v"), "W": waits_for_the_test("w")}, setup=one_account,
+                          step_timeout=step_timeout).replay("")
+        took = time.monotonic() - started
+    finally:
+        released.set()
+    assert "neither paused at a step nor blocked within 4.0 s" in str(hang.value), hang.value
+    assert took < 2.75 * step_timeout, f"the hang was reported after {took:.1f} s, step_timeout {step_timeout} s"
 
 
 def test_a_hang_found_by_explore_names_its_interleaving_its_seed_and_the_replay_that_hangs_again(fresh):
