@@ -19,7 +19,7 @@ import dataclasses
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, TypedDict, Unpack
+from typing import TYPE_CHECKING, Any, Mapping, TypedDict, Unpack
 
 from lockmgr import VictimChooser, VictimPolicy
 
@@ -28,6 +28,9 @@ from activedb.errors import BadArgument, check_seconds, check_switch, check_whol
 from activedb.outbox import OutboxOptions
 from activedb.rules import RuleExecution
 
+if TYPE_CHECKING:  # pragma: no cover
+    from sqlalchemy.engine import URL
+
 
 @dataclass(frozen=True)
 class EngineOptions:
@@ -35,7 +38,8 @@ class EngineOptions:
 
     ``pool_use_lifo``: the connection returned last is checked out first, so a stream's commits keep finding the
     server process whose caches and prepared statements are warm, and connections left idle can be closed by the
-    server's timeouts.  ``connect_timeout``: seconds libpq waits for a connection.  ``create_engine``: any other
+    server's timeouts.  ``connect_timeout``: seconds libpq waits for a connection, unless the URL gives its own
+    (``?connect_timeout=…``, libpq's option: the URL's is kept).  ``create_engine``: any other
     keyword of SQLAlchemy's ``create_engine`` (``echo``, ``connect_args``, …), passed as it is."""
 
     pool_size: int = 10
@@ -58,11 +62,14 @@ class EngineOptions:
             check_whole_number("EngineOptions", name, getattr(self, name), least)
         check_switch("EngineOptions", "pool_use_lifo", self.pool_use_lifo)
 
-    def keywords(self) -> dict[str, object]:
-        """The keyword arguments of ``sqlalchemy.create_engine`` these options make."""
+    def keywords(self, url: URL | None = None) -> dict[str, object]:
+        """The keyword arguments of ``sqlalchemy.create_engine`` these options make for ``url`` — whose own
+        ``connect_timeout``, if it gives one, is not overridden by :attr:`connect_timeout` (SQLAlchemy passes
+        ``connect_args`` over the URL's options: the default 5 took the place of a URL's ``?connect_timeout=30``)."""
         extra = dict(self.create_engine)
         given: Mapping[str, object] = extra.pop("connect_args", {})  # type: ignore[assignment]  # (checked: a mapping)
-        connect_args = {"connect_timeout": self.connect_timeout, **given}
+        own = url is not None and "connect_timeout" in url.query
+        connect_args = {**({} if own else {"connect_timeout": self.connect_timeout}), **given}
         return {"pool_size": self.pool_size, "max_overflow": self.max_overflow, "pool_use_lifo": self.pool_use_lifo,
                 **extra, "connect_args": connect_args}
 

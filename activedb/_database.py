@@ -29,7 +29,8 @@ from activedb.capture.errors import CaptureNotEnabledWarning
 from activedb.clock import SYSTEM_CLOCK, Clock
 from activedb.errors import (INSUFFICIENT_PRIVILEGE, BadArgument, BadDatabaseURL, DeadlockDetected, RuleError,
                              RuleFailed, SerializationConflict, TransactionError, causes, check_plain_function,
-                             check_seconds, check_switch, check_whole_number, database_failure, sqlstate_of)
+                             check_seconds, check_switch, check_whole_number, database_failure, libpq_timeout,
+                             sqlstate_of)
 from activedb.events import Event, EventKind, EventSpec, Origin, Punctuations, Watermark
 from activedb.outbox import Outbox
 from activedb.rules import FunctionRule, Rule, RuleManager
@@ -51,7 +52,7 @@ _CLOSED = ("this Database is closed; call activedb.connect() again, and make ane
 def create_engine(url: URL, options: EngineOptions = EngineOptions()) -> Engine:
     """The SQLAlchemy engine (a connection pool) for ``url`` as ``options`` say (``activedb.EngineOptions``); its
     pool logs under its own name, routed to activedb's log file."""
-    return sa.create_engine(url, **{"pool_logging_name": "activedb", **options.keywords()})
+    return sa.create_engine(url, **{"pool_logging_name": "activedb", **options.keywords(url)})
 
 
 def _close_entry(dbapi_connection: object, entry: sa.pool.ConnectionPoolEntry) -> None:
@@ -473,9 +474,9 @@ def _connected(url: str | URL | None, config: Config, *, check_schema: bool) -> 
                       home.expanduser() if home else _embedded.default_home(),
                       _logger_name(engine.pool))
     try:
-        given = config.engine.keywords()["connect_args"]
-        timeout = given.get("connect_timeout") if isinstance(given, dict) else None
-        check_reachable(engine, timeout if isinstance(timeout, (int, float)) else None)
+        given = config.engine.keywords(engine.url)["connect_args"]
+        timeout = (given if isinstance(given, dict) else {}).get("connect_timeout", engine.url.query.get("connect_timeout"))
+        check_reachable(engine, libpq_timeout(timeout))
         database = Database(engine, config, embedded=server)
     except BaseException:
         engine.dispose()

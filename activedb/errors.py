@@ -476,11 +476,22 @@ _CONNECT_ADVICE = {
 }
 
 
+def libpq_timeout(value: object) -> int | None:
+    """A ``connect_timeout`` as libpq (and psycopg) read it — whole seconds, at least 2 ("a value of 1 is interpreted
+    as 2"), from a number or a URL's text —; None where it waits without end (0, negative) or the value is no number."""
+    try:
+        seconds = int(float(value)) if isinstance(value, (int, float, str)) and not isinstance(value, bool) else 0
+    except ValueError:
+        return None
+    return max(2, seconds) if seconds > 0 else None
+
+
 def connect_advice(why: Unconnected, *, user: str, database: str, waited: object = None) -> str:
     """What to do about a connection to ``database`` as ``user`` that failed for ``why`` (``waited``: the
-    connect_timeout in seconds, if known), as one clause; "" when nothing sure can be said (``OTHER``).  The caller
-    says where its URL comes from."""
-    within = f"within {waited} seconds, the connect_timeout" if waited is not None else "within the connect_timeout"
+    connect_timeout given, if known: :func:`libpq_timeout` says how long that was), as one clause; "" when nothing
+    sure can be said (``OTHER``).  The caller says where its URL comes from."""
+    seconds = libpq_timeout(waited)
+    within = f"within {seconds} seconds, the connect_timeout" if seconds is not None else "within the connect_timeout"
     return _CONNECT_ADVICE[why].format(user=user, database=database, quoted=repr(database), within=within)
 
 

@@ -484,3 +484,37 @@ def test_connect_without_upgrade_refuses_a_schema_that_is_not_at_head_and_the_co
             connection.execute(sa.text("UPDATE activedb_alembic_version SET version_num = :head"),
                                {"head": _migrate.head()})
         engine.dispose()
+
+
+@pytest.mark.parametrize("query, options, used", [
+    ({"connect_timeout": "7"}, {}, "7"),
+    ({}, {}, "5"),
+    ({}, {"connect_timeout": 11}, "11"),
+    ({"connect_timeout": "7"}, {"create_engine": {"connect_args": {"connect_timeout": 9}}}, "9"),
+], ids=["the-urls", "the-default", "the-option", "connect_args-over-the-url"])
+def test_a_urls_connect_timeout_is_the_one_libpq_uses(database_url, query, options, used):
+    """activedb's ``EngineOptions.connect_timeout`` (5 s by default) went to the driver as a ``connect_args``, which
+    SQLAlchemy passes over the URL's options: a URL's ``?connect_timeout=30`` was silently replaced by 5 (and the
+    advice for a server that never answers says to add exactly that option).  The URL's is kept now; an explicit
+    ``connect_args`` is still SQLAlchemy's last word."""
+    url = sa.make_url(database_url).update_query_dict(query)
+    database = activedb.connect(url, engine=activedb.EngineOptions(**options))
+    try:
+        with database.engine.connect() as connection:
+            dsn = connection.connection.dbapi_connection.info.dsn
+        assert f"connect_timeout={used}" in dsn.split(), dsn
+    finally:
+        database.close()
+
+
+@pytest.mark.parametrize("given, seconds", [(7, 7), ("30", 30), (1, 2), ("1", 2), (5.9, 5), (0, None), (-3, None),
+                                            ("soon", None), (None, None), (True, None)])
+def test_the_advice_names_the_timeout_libpq_waited(given, seconds):
+    """libpq waits whole seconds, at least 2 ("a value of 1 is interpreted as 2"), and without end for 0: a URL's
+    ``?connect_timeout=1`` was advised as "no answer within 1.0 seconds" after two."""
+    from activedb.errors import Unconnected, connect_advice, libpq_timeout
+
+    assert libpq_timeout(given) == seconds
+    advice = connect_advice(Unconnected.NO_ANSWER, user="u", database="d", waited=given)
+    assert advice.startswith(f"no answer within {seconds} seconds, the connect_timeout:" if seconds is not None
+                             else "no answer within the connect_timeout:"), advice
