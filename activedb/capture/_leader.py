@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import sqlalchemy as sa
 
 from activedb.capture import _sql
-from activedb.errors import DatabaseUnavailable
+from activedb.errors import DatabaseUnavailable, database_failure
 
 if TYPE_CHECKING:  # pragma: no cover
     import psycopg
@@ -45,18 +45,30 @@ class Listener:
         return self._connection is not None and not self._connection.closed
 
     def connect(self) -> None:
-        """Open the listener connection (any broken one is dropped first)."""
+        """Open the listener connection (any broken one is dropped first): a session made by the database's engine
+        — its URL, ``connect_args`` and ``connect_timeout``, as every other connection (a ``psycopg.connect`` of the
+        URL alone left out the ``connect_args``, TLS settings say, and replaced the URL's timeout by 5 s) — and
+        detached from its pool: it holds ``LISTEN`` and the lead's lock for as long as this consumer leads."""
         import psycopg
 
         self._connection = None
-        url = self.database.engine.url.set(drivername="postgresql")
         try:
-            connection = psycopg.connect(url.render_as_string(hide_password=False), autocommit=True,
-                                         connect_timeout=5)
+            pooled = self.database.engine.raw_connection()
+        except sa.exc.DBAPIError as error:
+            failure = database_failure(error, "connecting", self.database.describe())
+            raise type(failure)(f"capture consumer {self.name!r}: {failure}") from None
+        connection = pooled.driver_connection       # (psycopg's: the engine's driver; read before the detach)
+        pooled.detach()                     # (closed by close(), never returned to the pool)
+        assert connection is not None
+        try:
+            connection.rollback()           # (what the dialect's first queries left open)
+            connection.autocommit = True
             connection.execute(f"LISTEN {_sql.CHANNEL}")
         except psycopg.OperationalError as error:
-            raise DatabaseUnavailable(f"capture consumer {self.name!r} cannot connect to PostgreSQL "
-                                      f"({self.database.describe()}): {str(error).strip()}") from None
+            with contextlib.suppress(Exception):
+                connection.close()
+            raise DatabaseUnavailable(f"capture consumer {self.name!r} lost its new listener connection to "
+                                      f"PostgreSQL ({self.database.describe()}): {str(error).strip()}") from None
         self._connection = connection
 
     def close(self) -> None:

@@ -1353,3 +1353,28 @@ def test_a_consumer_thread_of_a_database_without_any_rule_stops_saying_why_and_k
         assert (backlog.name, backlog.changes, backlog.handled) == ("default", 1, 0), backlog
     finally:
         consumer.close()
+
+
+def test_the_listener_connects_as_the_databases_engine_does(clean, database_url):
+    """The consumer's listener (the session holding LISTEN and the lead's lock) was a ``psycopg.connect`` of the URL
+    alone: the engine's ``connect_args`` (TLS settings, say) were left out of it, and its timeout was 5 s whatever
+    the URL said.  It is a session of the database's engine now, detached from the pool: an ``application_name``
+    given as a ``connect_args`` is the listener's too."""
+    from activedb.capture import _sql
+
+    own = activedb.connect(database_url, engine=activedb.EngineOptions(
+        create_engine={"connect_args": {"application_name": "listener-test"}}))
+    try:
+        _app.register(own)
+        consumer = own.capture.consumer("named-listener")
+        assert consumer.run_until_caught_up() == 0 and consumer.state is ConsumerState.LEADING
+        with clean.engine.connect() as connection:
+            holders = connection.execute(sa.text(
+                "SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a USING (pid) WHERE l.locktype = "
+                "'advisory' AND l.granted AND l.classid = :class AND l.objid = :key AND l.database = "
+                "(SELECT oid FROM pg_database WHERE datname = current_database())"),
+                {"class": _sql.CONSUMER_LOCK_CLASS, "key": _sql.consumer_lock_key("named-listener")}).scalars().all()
+        assert holders == ["listener-test"], holders
+        consumer.close()
+    finally:
+        own.close()
