@@ -54,9 +54,9 @@ class Listener:
         self._connection = None
         try:
             pooled = self.database.engine.raw_connection()
-        except sa.exc.DBAPIError as error:
+        except (psycopg.OperationalError, sa.exc.OperationalError) as error:    # (the pool's is the driver's own)
             failure = database_failure(error, "connecting", self.database.describe())
-            raise type(failure)(f"capture consumer {self.name!r}: {failure}") from None
+            raise DatabaseUnavailable(f"capture consumer {self.name!r}: {failure}") from None   # (what it retries)
         connection = pooled.driver_connection       # (psycopg's: the engine's driver; read before the detach)
         pooled.detach()                     # (closed by close(), never returned to the pool)
         assert connection is not None

@@ -1378,3 +1378,28 @@ def test_the_listener_connects_as_the_databases_engine_does(clean, database_url)
         consumer.close()
     finally:
         own.close()
+
+
+def test_a_listener_that_cannot_connect_is_a_database_unavailable_with_the_advice_of_its_cause():
+    """The consumer goes on after a ``DatabaseUnavailable`` from its listener (it tries again later): the listener
+    made by the engine's pool met the driver's own ``OperationalError`` (a pool does not wrap it), which would have
+    escaped the consumer's loop — caught while moving the listener onto the engine."""
+    import socket
+    import types
+
+    from activedb.capture._leader import Listener
+    from activedb.errors import DatabaseUnavailable
+
+    with socket.socket() as probe:                  # a port nothing listens on: the connection is refused
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    engine = sa.create_engine(f"postgresql+psycopg://someone:secret@127.0.0.1:{port}/nowhere")
+    handle = types.SimpleNamespace(engine=engine, describe=lambda: f"host 127.0.0.1:{port}, database 'nowhere'")
+    try:
+        with pytest.raises(DatabaseUnavailable) as caught:
+            Listener(handle, "refused").connect()
+    finally:
+        engine.dispose()
+    said = str(caught.value)
+    assert said.startswith("capture consumer 'refused': cannot connect to PostgreSQL") and "secret" not in said, said
+    assert "Nothing accepts connections there" in said, said
