@@ -68,6 +68,13 @@ def run_env(version_table: str = "alembic_version", target_metadata: MetaData | 
         from activedb import _embedded
 
         url = _embedded.start().url()
-    engine = create_engine(url, poolclass=pool.NullPool)
+    # (activedb's connect_timeout, unless the URL gives one, as connect() does: without it a host that drops the
+    # packets kept the `alembic` tool waiting for the operating system's TCP timeout, minutes)
+    from sqlalchemy.engine import make_url
+
+    from activedb import EngineOptions
+
+    connect_args = EngineOptions().keywords(make_url(url))["connect_args"]
+    engine = create_engine(url, poolclass=pool.NullPool, connect_args=connect_args)
     with engine.connect() as owned:
         configure_and_run(connection=owned, transaction_per_migration=transaction_per_migration)

@@ -463,6 +463,51 @@ def test_the_alembic_tool_reads_activedb_database_url_as_connect_does(make_fresh
         engine.dispose()
 
 
+def test_the_alembic_tool_gives_up_a_server_that_never_answers_after_the_connect_timeout(tmp_path, monkeypatch):
+    """An application's env.py run by the `alembic` tool made its engine with no connect_timeout: against a host that
+    drops the connection's packets it waited for the operating system's TCP timeout (minutes).  It has activedb's
+    (EngineOptions.connect_timeout, unless the URL gives one), as connect() and the CLI do.  A listening socket whose
+    backlog is full and that never accepts drops the packets so."""
+    import contextlib
+    import socket
+    import threading
+
+    from alembic import command
+    from alembic.config import Config as AlembicConfig
+
+    from activedb import EngineOptions
+
+    path = tmp_path / "shop" / "migrations"
+    _migrate.init_app(path, "shop")
+    config = AlembicConfig()
+    config.set_main_option("script_location", str(path))
+    with contextlib.ExitStack() as stack:
+        silent = stack.enter_context(socket.socket())
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(0)
+        port = silent.getsockname()[1]
+        for _ in range(3):                  # fill the backlog: the connection's SYNs are dropped, not refused
+            filler = stack.enter_context(socket.socket())
+            filler.setblocking(False)
+            filler.connect_ex(("127.0.0.1", port))
+        monkeypatch.setenv("ACTIVEDB_DATABASE_URL", f"postgresql://someone:secret@127.0.0.1:{port}/shop")
+        outcome: list[BaseException] = []
+        ended = threading.Event()
+
+        def upgrade() -> None:
+            try:
+                command.upgrade(config, "head")
+            except BaseException as error:              # (what the test looks at, on its thread)
+                outcome.append(error)
+            ended.set()
+
+        threading.Thread(target=upgrade, name="alembic upgrade on a silent server", daemon=True).start()
+        bound = EngineOptions.connect_timeout + 30.0
+        assert ended.wait(bound), f"the alembic tool still waited for a server that never answers after {bound} s"
+    (error,) = outcome
+    assert isinstance(error, sa.exc.OperationalError) and "timeout" in str(error), repr(error)
+
+
 @pytest.mark.parametrize("filters", [[], ["--id", "7"], ["--query", "orders", "--replayed"]])
 def test_purging_dead_letters_of_a_new_database_says_there_is_nothing_to_purge_and_creates_nothing(make_fresh_url,
                                                                                                     filters):
