@@ -476,20 +476,13 @@ def test_the_alembic_tool_gives_up_a_server_that_never_answers_after_the_connect
     from alembic.config import Config as AlembicConfig
 
     from activedb import EngineOptions
+    from tests._silent import silent_port
 
     path = tmp_path / "shop" / "migrations"
     _migrate.init_app(path, "shop")
     config = AlembicConfig()
     config.set_main_option("script_location", str(path))
-    with contextlib.ExitStack() as stack:
-        silent = stack.enter_context(socket.socket())
-        silent.bind(("127.0.0.1", 0))
-        silent.listen(0)
-        port = silent.getsockname()[1]
-        for _ in range(3):                  # fill the backlog: the connection's SYNs are dropped, not refused
-            filler = stack.enter_context(socket.socket())
-            filler.setblocking(False)
-            filler.connect_ex(("127.0.0.1", port))
+    with silent_port() as port:
         monkeypatch.setenv("ACTIVEDB_DATABASE_URL", f"postgresql://someone:secret@127.0.0.1:{port}/shop")
         outcome: list[BaseException] = []
         ended = threading.Event()

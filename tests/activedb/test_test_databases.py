@@ -158,20 +158,12 @@ def test_a_server_that_never_answers_is_given_up_in_bounded_time_naming_the_host
     that drops the connection's packets it waited for the operating system's TCP timeout (minutes) before saying
     anything.  A listening socket whose backlog is full and that never accepts drops them so: the connection is
     given up after activedb's connect timeout, with the host and what to do."""
-    import socket
     import threading
 
     from activedb import EngineOptions
+    from tests._silent import silent_port
 
-    with contextlib.ExitStack() as stack:
-        silent = stack.enter_context(socket.socket())
-        silent.bind(("127.0.0.1", 0))
-        silent.listen(0)
-        port = silent.getsockname()[1]
-        for _ in range(3):                  # fill the backlog: the server's SYNs to come are dropped, not refused
-            filler = stack.enter_context(socket.socket())
-            filler.setblocking(False)
-            filler.connect_ex(("127.0.0.1", port))
+    with silent_port() as port:
         server = ServerAtUrl.parse(f"postgresql://tester:secret@127.0.0.1:{port}/postgres")
         outcome: list[BaseException] = []
         ended = threading.Event()
