@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import socket
-from typing import Iterator
+import threading
+from typing import Callable, Iterator
 
 
 @contextlib.contextmanager
@@ -21,3 +22,22 @@ def silent_port() -> Iterator[int]:
             filler.setblocking(False)
             filler.connect_ex(("127.0.0.1", port))
         yield port
+
+
+def raised_within(call: Callable[[], object], seconds: float, doing: str) -> BaseException:
+    """What ``call()`` raised, run on a daemon thread and waited for at most ``seconds`` (a call that still waits then
+    fails the test, naming ``doing``; one that returns fails it too)."""
+    outcome: list[BaseException] = []
+    ended = threading.Event()
+
+    def run() -> None:
+        try:
+            call()
+        except BaseException as error:              # (what the test looks at, on its thread)
+            outcome.append(error)
+        ended.set()
+
+    threading.Thread(target=run, name=doing, daemon=True).start()
+    assert ended.wait(seconds), f"{doing} still waited for a server that never answers after {seconds} s"
+    assert outcome, f"{doing} returned instead of failing"
+    return outcome[0]

@@ -158,27 +158,13 @@ def test_a_server_that_never_answers_is_given_up_in_bounded_time_naming_the_host
     that drops the connection's packets it waited for the operating system's TCP timeout (minutes) before saying
     anything.  A listening socket whose backlog is full and that never accepts drops them so: the connection is
     given up after activedb's connect timeout, with the host and what to do."""
-    import threading
-
     from activedb import EngineOptions
-    from tests._silent import silent_port
+    from tests._silent import raised_within, silent_port
 
     with silent_port() as port:
         server = ServerAtUrl.parse(f"postgresql://tester:secret@127.0.0.1:{port}/postgres")
-        outcome: list[BaseException] = []
-        ended = threading.Event()
-
-        def make() -> None:
-            try:
-                create_database(server, "never_made")
-            except BaseException as error:              # (what the test looks at, on its thread)
-                outcome.append(error)
-            ended.set()
-
-        threading.Thread(target=make, name="make a database on a silent server", daemon=True).start()
-        bound = EngineOptions.connect_timeout + 30.0
-        assert ended.wait(bound), f"create_database on a server that never answers still waited after {bound} s"
-    (error,) = outcome
+        error = raised_within(lambda: create_database(server, "never_made"), EngineOptions.connect_timeout + 30.0,
+                              "create_database")
     assert isinstance(error, DatabaseFixtureError), repr(error)
     said = str(error)
     assert f"cannot connect to the test server host 127.0.0.1:{port}, database 'postgres'" in said, said
