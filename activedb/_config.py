@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Mapping, TypedDict, Unpack
 
 from lockmgr import VictimChooser, VictimPolicy
 
+from activedb._url import CONNECT_TIMEOUT, timeout_args
 from activedb.clock import Clock
 from activedb.errors import BadArgument, check_seconds, check_switch, check_whole_number
 from activedb.outbox import OutboxOptions
@@ -45,7 +46,7 @@ class EngineOptions:
     pool_size: int = 10
     max_overflow: int = 30
     pool_use_lifo: bool = True
-    connect_timeout: int = 5
+    connect_timeout: int = CONNECT_TIMEOUT
     create_engine: Mapping[str, object] = field(default_factory=dict, hash=False)   # (a dict: compared, not hashed)
 
     def __post_init__(self) -> None:
@@ -68,8 +69,8 @@ class EngineOptions:
         ``connect_args`` over the URL's options: the default 5 took the place of a URL's ``?connect_timeout=30``)."""
         extra = dict(self.create_engine)
         given: Mapping[str, object] = extra.pop("connect_args", {})  # type: ignore[assignment]  # (checked: a mapping)
-        own = url is not None and "connect_timeout" in url.query
-        connect_args = {**({} if own else {"connect_timeout": self.connect_timeout}), **given}
+        bound = timeout_args(url, self.connect_timeout) if url is not None else {"connect_timeout": self.connect_timeout}
+        connect_args = {**bound, **given}
         return {"pool_size": self.pool_size, "max_overflow": self.max_overflow, "pool_use_lifo": self.pool_use_lifo,
                 **extra, "connect_args": connect_args}
 

@@ -1,5 +1,6 @@
 """Database URLs: parsing (``postgresql://`` URLs and libpq ``key=value`` strings, for the psycopg 3 driver),
-describing one for a message, and masking passwords in any text that may show one.  Used by ``connect()``
+describing one for a message, masking passwords in any text that may show one, and the driver's connect timeout
+for a URL.  Used by ``connect()``
 (``_database.py``, which is wiring only) and by everything that prints a URL or an error that may hold one."""
 
 from __future__ import annotations
@@ -155,3 +156,14 @@ def describe_url(url: URL) -> str:
     host = url.host or url.query.get("host") or "localhost"
     port = f":{url.port}" if url.port else ""
     return mask_secrets(f"host {host}{port}, database {url.database!r} ({url.render_as_string(hide_password=True)})")
+
+
+#: Seconds libpq waits for a connection unless told otherwise (``EngineOptions.connect_timeout``'s default).
+CONNECT_TIMEOUT = 5
+
+
+def timeout_args(url: URL, seconds: int = CONNECT_TIMEOUT) -> dict[str, object]:
+    """The driver's ``connect_args`` that bound a connection to ``url`` to ``seconds``: none when the URL gives its
+    own ``connect_timeout`` (SQLAlchemy passes ``connect_args`` over the URL's options, so a default there would
+    silently replace the URL's)."""
+    return {} if "connect_timeout" in url.query else {"connect_timeout": seconds}

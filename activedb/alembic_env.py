@@ -72,9 +72,8 @@ def run_env(version_table: str = "alembic_version", target_metadata: MetaData | 
     # packets kept the `alembic` tool waiting for the operating system's TCP timeout, minutes)
     from sqlalchemy.engine import make_url
 
-    from activedb import EngineOptions
+    from activedb._url import timeout_args
 
-    connect_args = EngineOptions().keywords(make_url(url))["connect_args"]
-    engine = create_engine(url, poolclass=pool.NullPool, connect_args=connect_args)
+    engine = create_engine(url, poolclass=pool.NullPool, connect_args=timeout_args(make_url(url)))
     with engine.connect() as owned:
         configure_and_run(connection=owned, transaction_per_migration=transaction_per_migration)
