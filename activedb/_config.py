@@ -65,11 +65,10 @@ class EngineOptions:
 
     def keywords(self, url: URL | None = None) -> dict[str, object]:
         """The keyword arguments of ``sqlalchemy.create_engine`` these options make for ``url`` — whose own
-        ``connect_timeout``, if it gives one, is not overridden by :attr:`connect_timeout` (SQLAlchemy passes
-        ``connect_args`` over the URL's options: the default 5 took the place of a URL's ``?connect_timeout=30``)."""
+        ``connect_timeout``, if it gives one, is kept (``activedb._url.timeout_args``)."""
         extra = dict(self.create_engine)
         given: Mapping[str, object] = extra.pop("connect_args", {})  # type: ignore[assignment]  # (checked: a mapping)
-        bound = timeout_args(url, self.connect_timeout) if url is not None else {"connect_timeout": self.connect_timeout}
+        bound = {"connect_timeout": self.connect_timeout} if url is None else timeout_args(url, self.connect_timeout)
         connect_args = {**bound, **given}
         return {"pool_size": self.pool_size, "max_overflow": self.max_overflow, "pool_use_lifo": self.pool_use_lifo,
                 **extra, "connect_args": connect_args}

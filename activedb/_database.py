@@ -474,9 +474,11 @@ def _connected(url: str | URL | None, config: Config, *, check_schema: bool) -> 
                       home.expanduser() if home else _embedded.default_home(),
                       _logger_name(engine.pool))
     try:
-        given = config.engine.keywords(engine.url)["connect_args"]
-        timeout = (given if isinstance(given, dict) else {}).get("connect_timeout", engine.url.query.get("connect_timeout"))
-        check_reachable(engine, libpq_timeout(timeout))
+        # (the timeout libpq was given: a connect_args' over the URL's, as SQLAlchemy passes them)
+        connect_args = config.engine.keywords(engine.url)["connect_args"]
+        assert isinstance(connect_args, dict)
+        given = connect_args.get("connect_timeout", engine.url.query.get("connect_timeout"))
+        check_reachable(engine, libpq_timeout(given))
         database = Database(engine, config, embedded=server)
     except BaseException:
         engine.dispose()

@@ -68,8 +68,8 @@ def run_env(version_table: str = "alembic_version", target_metadata: MetaData | 
         from activedb import _embedded
 
         url = _embedded.start().url()
-    # (activedb's connect_timeout, unless the URL gives one, as connect() does: without it a host that drops the
-    # packets kept the `alembic` tool waiting for the operating system's TCP timeout, minutes)
+    # (activedb's connect_timeout, unless the URL gives one, as connect() does: without one, a host that drops the
+    # packets would keep the `alembic` tool waiting for the operating system's TCP timeout, minutes)
     from sqlalchemy.engine import make_url
 
     from activedb._url import timeout_args

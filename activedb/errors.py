@@ -478,7 +478,8 @@ _CONNECT_ADVICE = {
 
 def libpq_timeout(value: object) -> int | None:
     """A ``connect_timeout`` as libpq (and psycopg) read it — whole seconds, at least 2 ("a value of 1 is interpreted
-    as 2"), from a number or a URL's text —; None where it waits without end (0, negative) or the value is no number."""
+    as 2"), from a number or a URL's text —; None where it waits without end (0, negative) or the value is no
+    number."""
     try:
         seconds = int(float(value)) if isinstance(value, (int, float, str)) and not isinstance(value, bool) else 0
     except ValueError:

@@ -46,8 +46,7 @@ class Listener:
 
     def connect(self) -> None:
         """Open the listener connection (any broken one is dropped first): a session made by the database's engine
-        — its URL, ``connect_args`` and ``connect_timeout``, as every other connection (a ``psycopg.connect`` of the
-        URL alone left out the ``connect_args``, TLS settings say, and replaced the URL's timeout by 5 s) — and
+        — its URL, ``connect_args`` (TLS settings, say) and ``connect_timeout``, as every other connection — and
         detached from its pool: it holds ``LISTEN`` and the lead's lock for as long as this consumer leads."""
         import psycopg
 

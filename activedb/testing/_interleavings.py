@@ -820,13 +820,13 @@ class _Run(Observer):
     # --- the end ------------------------------------------------------------------------------------
 
     def _tear_down(self) -> str:
-        """Release every pause for good, abort what is still active, wait for the actors — all of it within
-        ``step_timeout`` (it was ``step_timeout`` for each tree's abort and again for the actors: a hang of three
-        stuck actors was reported after five times the timeout).  Returns what is still stuck ("" if nothing).  An
-        abort waits for the tree's children: one still running at the end of the clean-up's time (a rule blocked on
-        something outside the run) is abandoned instead (``lowlevel.abandon``: doomed, its PostgreSQL transaction
-        ended), so that the run ends and says so.  Once: a hang tears the run down as it is described, and the run's
-        own clean-up on the way out (every error's) then waits for nothing again."""
+        """Release every pause for good, abort what is still active, wait for the actors — all of it within one
+        ``step_timeout``, however many trees and actors are stuck, so that a hang is reported about two timeouts after
+        its last step.  Returns what is still stuck ("" if nothing).  An abort waits for the tree's children: one still
+        running at the end of the clean-up's time (a rule blocked on something outside the run) is abandoned instead
+        (``lowlevel.abandon``: doomed, its PostgreSQL transaction ended), so that the run ends and says so.  Once: a
+        hang tears the run down as it is described, and the run's own clean-up on the way out (every error's) then
+        returns what that found, waiting for nothing again."""
         deadline = time.monotonic() + self.runner.step_timeout
         with self.condition:
             if self.torn_down is not None:
@@ -840,7 +840,7 @@ class _Run(Observer):
         for root in roots:
             if root.state in _ACTIVE and not self._abort_within(root, max(0.0, deadline - time.monotonic())):
                 abandon(root, InterleavingHang(f"{root.id} abandoned by the interleaving runner's clean-up: its abort "
-                                               f"still waited for its children after {self.runner.step_timeout} s"))
+                                               f"still waited for its children at the end of the clean-up's {self.runner.step_timeout} s"))
         with self.condition:
             self.condition.wait_for(lambda: not self.alive, max(0.0, deadline - time.monotonic()))
             stuck = sorted(self.alive)
