@@ -219,8 +219,8 @@ class Interleavings:
     * ``actors`` — ``{name: actor}`` or a sequence (named ``A1``, ``A2``, …); each ``actor(db)`` runs top-level
       transactions (``with db.transaction()``, ``db.run``);
     * ``setup(db)`` — puts the database in the state every run starts from (runs before each run, unobserved;
-      the detached firings it causes are waited for, as ``db.rules.wait_idle()`` waits, else the run is an
-      :class:`InterleavingHang`; generated keys are drawn afresh after it: a setup that restarts the sequences
+      the detached firings it causes are waited for, as ``db.rules.wait_idle(idle_timeout)`` waits, else the run is
+      an :class:`InterleavingHang`; generated keys are drawn afresh after it: a setup that restarts the sequences
       makes a run's keys its own);
     * ``invariant(db)`` — checked after each run; raises (``AssertionError``, or any other exception) or returns False
       when broken: the run is reported with its schedule either way;
@@ -230,13 +230,15 @@ class Interleavings:
       run (say ``DeadlockDetected`` for an actor that does not retry: a rule's reaches it as ``RuleFailed``), and what
       a detached rule may raise: a firing of the run the outbox records as failed for good fails the run otherwise
       (``Verdict.RULE_FAILED``); one exception class or a tuple (or list) of them;
-    * ``step_timeout`` — seconds a step may take to pause again or block before the run fails as a hang.
+    * ``step_timeout`` — seconds a step may take to pause again or block before the run fails as a hang;
+    * ``idle_timeout`` — seconds the detached firings queued before a run (by ``setup``, by earlier runs) may take to
+      end before the run fails as a hang.
     """
 
     def __init__(self, db: "Database", actors: Mapping[str, Actor] | Sequence[Actor], *,
                  setup: Callable[["Database"], object] | None = None, invariant: Invariant | None = None,
                  serializable: bool = True, expected_errors: tuple[type[BaseException], ...] = (),
-                 step_timeout: float = 30.0) -> None:
+                 step_timeout: float = 30.0, idle_timeout: float = 30.0) -> None:
         if not isinstance(db, Database):         # (its type only: a URL's text holds the password)
             raise BadArgument(f"Interleavings(db=...) takes an activedb.Database connected with record_history=True "
                               f"(the activedb_db fixture with @pytest.mark.activedb(record_history=True), or "
@@ -264,9 +266,10 @@ class Interleavings:
                 raise BadArgument(f"Interleavings({keyword}={function!r:.80}) takes a function of the database "
                                   f"({keyword}(db)), or None")
         # (0 or less fails every run as a hang; no thread may wait for ever)
-        number = isinstance(step_timeout, (int, float)) and not isinstance(step_timeout, bool)
-        if not number or not 0 < step_timeout < math.inf:
-            raise BadArgument(f"Interleavings(step_timeout={step_timeout!r}) takes a finite number of seconds above 0")
+        for keyword, seconds in (("step_timeout", step_timeout), ("idle_timeout", idle_timeout)):
+            number = isinstance(seconds, (int, float)) and not isinstance(seconds, bool)
+            if not number or not 0 < seconds < math.inf:
+                raise BadArgument(f"Interleavings({keyword}={seconds!r}) takes a finite number of seconds above 0")
         self.db = db
         self.actors: dict[str, Actor] = named
         self.setup = setup
@@ -274,6 +277,7 @@ class Interleavings:
         self.serializable = serializable
         self.expected_errors = _exception_classes(expected_errors)
         self.step_timeout = step_timeout
+        self.idle_timeout = idle_timeout
 
     def explore(self, runs: int = 30, *, seed: int | None = 0, stop_at_failure: bool = True) -> Exploration:
         """Run up to ``runs`` interleavings chosen at random (``seed``; None draws one, which the exploration
@@ -387,11 +391,11 @@ class Interleavings:
         return tuple(said)
 
     def _wait_idle(self, what: str) -> None:
-        """Wait for the detached firings queued so far (``what``: whose) to run, as ``db.rules.wait_idle()`` does (its
-        bound); if they do not (a rule that never returns), the :class:`InterleavingHang` saying so, with the
-        wait-for graph."""
+        """Wait at most ``idle_timeout`` for the detached firings queued so far (``what``: whose) to run, as
+        ``db.rules.wait_idle()`` does; if they do not (a rule that never returns), the :class:`InterleavingHang` saying
+        so, with the wait-for graph."""
         try:
-            self.db.rules.wait_idle()
+            self.db.rules.wait_idle(self.idle_timeout)
         except TimeoutError as error:
             graph = diagnostic("read the wait-for graph", lambda: _graph_text(self.db.transactions.locks))
             _reported(self.db)

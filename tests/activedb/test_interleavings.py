@@ -36,6 +36,8 @@ def fresh(activedb_make_url):
     ({5: print}, {}, "one word without '/'"), ({None: print}, {}, "one word without '/'"),
     ([print], {"step_timeout": 0}, r"step_timeout=0\) takes a finite number of seconds above 0"),
     ([print], {"step_timeout": float("inf")}, r"step_timeout=inf\) takes a finite number of seconds above 0"),
+    ([print], {"idle_timeout": -1}, r"idle_timeout=-1\) takes a finite number of seconds above 0"),
+    ([print], {"idle_timeout": True}, r"idle_timeout=True\) takes a finite number of seconds above 0"),
     ({"A": 5}, {}, r"actor 'A' is 5: give a function"), ([print], {"setup": "reset"}, r"setup='reset'\) takes a function"),
     ([print], {"invariant": True}, r"invariant=True\) takes a function"),
     (print, {}, r"^Interleavings\(actors=<built-in function print>\) takes \{name: actor\} or a list of actors .*, "
@@ -434,7 +436,7 @@ def test_a_detached_rule_the_setup_fired_that_never_returns_is_a_hang_that_print
     """The runner waits for what the setup fired before a run starts: that wait was db.rules.wait_idle()'s default
     30 s, and its end a bare TimeoutError ("1 detached rule firing(s) still queued or running after 30.0 s") — not
     an InterleavingHang, neither the setup named nor the wait-for graph printed.  Now it is the run's hang, saying
-    so (after the same 30 s)."""
+    so, after ``idle_timeout`` (30 s unless given: a test waited for the whole default)."""
     released = threading.Event()
 
     @fresh.rule(on=fresh.inserted("items"), coupling=Coupling.DETACHED, name="never_returns")
@@ -448,13 +450,14 @@ def test_a_detached_rule_the_setup_fired_that_never_returns_is_a_hang_that_print
 
     try:
         with pytest.raises(InterleavingHang) as hang:
-            Interleavings(fresh, [insert_item("a")], setup=setup, step_timeout=3.0).replay("")
+            Interleavings(fresh, [insert_item("a")], setup=setup, step_timeout=3.0, idle_timeout=2.0).replay("")
         assert not released.is_set()
     finally:
         released.set()
     message = str(hang.value)
     assert "interleaving hung: before the run, what the setup fired did not finish" in message, message
-    assert "1 detached rule firing(s) still queued or running" in message and "wait-for graph:" in message, message
+    assert "1 detached rule firing(s) still queued or running after 2.0 s" in message, message
+    assert "wait-for graph:" in message, message
 
 
 def test_a_thread_holding_the_graph_mutex_is_a_hang_saying_so_not_a_run_that_waits_for_it(fresh, monkeypatch):
