@@ -42,6 +42,32 @@ def test_a_worker_keeps_a_database_per_connect_options_not_only_per_url_and_app(
             database.close()
 
 
+def test_the_engines_connect_args_reach_a_task_only_as_connect_options(database_url):
+    """The driver's ``engine=EngineOptions(…)`` (its ``connect_args``: TLS settings, say) stays on the driver, as the
+    design note's "Running on a cluster" says; a task connects with those given in ``connect_options`` — sent to it
+    pickled, as Spark sends a task."""
+    import pickle
+
+    import sqlalchemy as sa
+
+    from activedb import EngineOptions
+
+    app_database(database_url).close()       # (the app's tables)
+    engine = EngineOptions(create_engine={"connect_args": {"application_name": "activedb-task"}})
+    try:
+        task = pickle.loads(pickle.dumps(_task(database_url, engine=engine)))
+        with task._sink().db.engine.connect() as connection:
+            named = connection.execute(sa.text("SELECT application_name FROM pg_stat_activity "
+                                               "WHERE pid = pg_backend_pid()")).scalar_one()
+        assert named == "activedb-task"
+    finally:
+        with _scaleout._worker_mutex:
+            _scaleout._worker_sinks.clear()
+            for database in _scaleout._worker_databases.values():
+                database.close()
+            _scaleout._worker_databases.clear()
+
+
 def test_an_option_a_task_cannot_connect_with_is_one_line_naming_it_not_a_failed_connection(database_url):
     """A task's ``activedb.connect`` refusing one of ``connect_options`` (a process whose activedb takes other values
     than the driver's, which checked them) told only an unknown keyword or a ``BadArgument`` as such: a value not of
