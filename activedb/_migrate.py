@@ -732,8 +732,8 @@ class Schema:
 def several_heads(path: str, heads: Sequence[str]) -> str:
     """What a directory of two or more heads is, and what to do (``app upgrade``, ``app_revision``)."""
     return (f"{path} has two or more heads ({', '.join(heads)}): revisions with the same down_revision, branches "
-            f"not merged. Merge them with a revision whose down_revision is all of them (`alembic merge heads` "
-            f"writes one), then upgrade to head; or upgrade every branch as it is, to 'heads' "
+            f"not merged. Merge them with a revision whose down_revision is all of them (`activedb app revision "
+            f"{path} --merge -m MESSAGE` writes one), then upgrade to head; or upgrade every branch as it is, to 'heads' "
             f"(`activedb app upgrade {path} heads`, db.upgrade_app(path, 'heads'))")
 
 
@@ -802,3 +802,54 @@ def init_app(script_location: str | Path, name: str | None = None) -> list[Path]
         raise MigrationError(f"cannot create the Alembic directory {script_location} ({error.strerror or error}: "
                              f"{error.filename}); choose another directory") from None
     return written
+
+
+_NUMBERED = re.compile(r"(?P<prefix>.*?)(?P<number>\d+)[a-z]?")      # (bank_0002, and a branch's bank_0002b)
+_VERSION_TABLE = re.compile(r"""version_table\s*=\s*["'](?P<name>\w+)_alembic_version["']""")
+
+
+def new_app_revision(script_location: str | Path, message: str, *, merge: bool = False) -> tuple[Path, list[str]]:
+    """Write an empty revision (``upgrade`` and ``downgrade`` to fill in) into the application's Alembic directory,
+    from its ``script.py.mako``, as ``alembic revision -m MESSAGE`` does — and return its file and the revisions it
+    follows.  Its id continues the numbering of the head's (``bank_0002`` after ``bank_0001`` or ``bank_0001b``, the file
+    ``0002_SLUG.py``, as :func:`init_app` names the first); a head not so numbered gets Alembic's random id.  A
+    directory of two or more heads is refused unless ``merge``: then the revision follows all of them (``alembic
+    merge heads``).  The database is not read: the directory's files say where the chain ends."""
+    location = app_location(script_location)
+    if not isinstance(message, str) or not message.strip():
+        raise MigrationError("a revision needs a message saying what it changes (-m 'add the owner column')")
+    if not (location / "script.py.mako").is_file():
+        raise MigrationError(f"{location} has no script.py.mako, the template of a revision: copy one from a directory "
+                             f"`activedb app init` made, or write the revision by hand; nothing was written")
+    with _failing_as(f"writing a revision in {location}", location):
+        config = _config(location)
+        script = ScriptDirectory.from_config(config)
+        heads = list(script.get_heads())
+        if len(heads) > 1 and not merge:
+            raise MigrationError(f"{several_heads(str(script_location), heads)}; nothing was written")
+        if len(heads) == 1:
+            numbered = _NUMBERED.fullmatch(heads[0])
+        else:                   # (a merge continues the highest numbering; none yet: the name in env.py)
+            numbered = max((found for head in heads if (found := _NUMBERED.fullmatch(head))),
+                           key=lambda found: int(found["number"]), default=None)
+        if numbered is not None:
+            prefix, digits = numbered["prefix"], numbered["number"]
+        else:
+            named = _VERSION_TABLE.search((location / "env.py").read_text()) if not heads else None
+            prefix, digits = (f"{named['name']}_", "0000") if named else ("", "")
+        rev_id = None
+        if digits:
+            number = int(digits)
+            while True:         # (another branch may have taken the next number)
+                number += 1
+                rev_id = f"{prefix}{number:0{len(digits)}d}"
+                try:
+                    script.get_revision(rev_id)
+                except Exception:
+                    break
+            config.set_main_option("file_template", f"{number:0{len(digits)}d}_%%(slug)s")
+        with redirect_stdout(io.StringIO()):          # (Alembic's "Generating …": the caller says what it wrote)
+            written = (command.merge(config, "heads", message=message, rev_id=rev_id) if len(heads) > 1
+                       else command.revision(config, message=message, rev_id=rev_id))
+    assert written is not None and not isinstance(written, list)       # (one revision, no autogenerate)
+    return location / "versions" / Path(written.path).name, heads

@@ -239,6 +239,20 @@ def app_init(path: str, name: str | None) -> None:
                f"(or db.upgrade_app({path!r}))")
 
 
+@app.command("revision")
+@click.argument("path", type=click.Path(file_okay=False))
+@click.option("-m", "--message", required=True, help="What the revision changes (its docstring, and its file's name).")
+@click.option("--merge", is_flag=True, help="With two or more heads: a revision that follows all of them.")
+def app_revision(path: str, message: str, merge: bool) -> None:
+    """Write a new, empty revision into PATH/versions after its head (numbered on from it), to fill in its
+    upgrade() and downgrade(); then `activedb app upgrade PATH`. Reads no database."""
+    from activedb import _migrate
+
+    written, follows = _migrate.new_app_revision(path, message, merge=merge)
+    after = f"after {' and '.join(follows)}" if follows else "the first"
+    click.echo(f"wrote {written} ({after}): fill in its upgrade() and downgrade(), then `activedb app upgrade {path}`")
+
+
 def _heads_note(path: str, current: list[str], heads: list[str]) -> str:
     """Where ``current`` stands to the directory's ``heads``: at head, the head to upgrade to, or its heads."""
     if not heads:

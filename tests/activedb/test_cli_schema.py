@@ -730,7 +730,8 @@ def _migrate_chain():
 def test_an_application_with_two_heads_is_upgraded_shown_and_downgraded_or_told_to_merge(url, tmp_path):
     """Two revisions with the same down_revision (two branches merged without `alembic merge`): `app current` shows
     the heads, `app upgrade` to head stops with one line naming both heads and saying to merge them (or to upgrade
-    to `heads`, which works as Alembic's does), `app downgrade` works, and none is a traceback."""
+    to `heads`, which works as Alembic's does), the merging revision it names writes one head again, `app downgrade`
+    works, and none is a traceback."""
     path = tmp_path / "forked" / "migrations"
     _migrate.init_app(path, "forked")
     for branch in ("a", "b"):
@@ -744,13 +745,19 @@ def test_an_application_with_two_heads_is_upgraded_shown_and_downgraded_or_told_
     assert shown.exit_code == 0 and re.search(rf"base \(heads are {heads}", shown.output), shown.output
     refused = CliRunner().invoke(main, ["--url", url, "app", "upgrade", str(path)])
     assert refused.exit_code == 1 and isinstance(refused.exception, SystemExit), refused.output
-    assert re.search(rf"two or more heads .*{heads}.*alembic .*merge.*heads", refused.output), refused.output
+    assert re.search(rf"two or more heads .*{heads}.*`activedb app revision \S+ --merge -m MESSAGE` writes one",
+                     refused.output), refused.output
     assert len(refused.output.strip().splitlines()) == 1, refused.output
     upgraded = CliRunner().invoke(main, ["--url", url, "app", "upgrade", str(path), "heads"])
     assert upgraded.exit_code == 0 and re.search(rf"now at {heads} \(at its heads\)", upgraded.output), \
         upgraded.output
     assert re.search(rf"{heads} \(at its heads\)",
                      CliRunner().invoke(main, ["--url", url, "app", "current", str(path)]).output)
+    merged = CliRunner().invoke(main, ["app", "revision", str(path), "--merge", "-m", "one head again"])
+    assert merged.exit_code == 0 and re.search(rf"0003_one_head_again.py \(after {heads.replace(', ', ' and ')}\)",
+                                               merged.output), merged.output
+    upgraded = CliRunner().invoke(main, ["--url", url, "app", "upgrade", str(path)])
+    assert upgraded.exit_code == 0 and "now at forked_0003 (head forked_0003)" in upgraded.output, upgraded.output
     downgraded = CliRunner().invoke(main, ["--url", url, "app", "downgrade", str(path), "base", "--yes"])
     assert downgraded.exit_code == 0 and "now at base" in downgraded.output, downgraded.output
 
@@ -1170,3 +1177,68 @@ def test_the_offline_upgrade_script_has_no_empty_statement_and_builds_the_schema
     assert by_script["version"] == [(_migrate.head(),)]
     for what in by_upgrade:
         assert by_script[what] == by_upgrade[what], what
+
+
+def test_app_revision_writes_the_next_numbered_revision_that_upgrades_and_downgrades(url, tmp_path):
+    """An application's next revision was a file to write by hand (or the plain `alembic` tool, after writing an
+    alembic.ini): `activedb app revision PATH -m MESSAGE` writes it after the head, numbered on from it as `app init`
+    numbers the first, reading no database; filled in, it upgrades and downgrades."""
+    import activedb
+
+    path = tmp_path / "shelf_migrations"
+    _migrate.init_app(path, "shelf")
+    result = CliRunner().invoke(main, ["app", "revision", str(path), "-m", "who owns an item"])
+    assert result.exit_code == 0, result.output
+    written = path / "versions" / "0002_who_owns_an_item.py"
+    assert result.output.startswith(f"wrote {written} (after shelf_0001): fill in its upgrade() and downgrade()"), \
+        result.output
+    text = written.read_text()
+    assert '"""who owns an item"""' in text and "revision = 'shelf_0002'" in text, text
+    assert "down_revision = 'shelf_0001'" in text, text
+    written.write_text(text.replace("def upgrade() -> None:\n    pass",
+                                    'def upgrade() -> None:\n    op.add_column("shelf_items", sa.Column("owner", sa.Text))')
+                           .replace("def downgrade() -> None:\n    pass",
+                                    'def downgrade() -> None:\n    op.drop_column("shelf_items", "owner")'))
+    database = activedb.connect(url)
+    try:
+        database.upgrade_app(path)
+        assert database.schema.app_revision(path) == (["shelf_0002"], "shelf_0002")
+        with database.transaction() as tx:
+            tx.insert("shelf_items", name="lamp", owner="ann")
+        with database.engine.connect() as connection:
+            assert connection.execute(sa.text("SELECT owner FROM shelf_items")).scalars().all() == ["ann"]
+        database.schema.downgrade_app(path, "base")
+    finally:
+        database.close()
+
+
+def test_app_revision_with_two_heads_is_refused_unless_merge_and_without_env_or_message_says_what_to_give(tmp_path):
+    """Two revisions after one (branches) are refused naming the heads and `--merge`, which writes a revision after
+    both, numbered on from the higher; an empty directory's first revision takes its number from env.py's version
+    table; a directory without env.py, a template or a message says what is missing and writes nothing."""
+    import activedb
+
+    path = tmp_path / "migrations"
+    _migrate.init_app(path, "shop")
+    (path / "versions" / "0001_first_tables.py").unlink()
+    first, _ = _migrate.new_app_revision(path, "first tables")
+    assert first.name == "0001_first_tables.py" and "revision = 'shop_0001'" in first.read_text()
+    for number in (2, 3):
+        (path / "versions" / f"000{number}_branch.py").write_text(
+            f'revision = "shop_000{number}"\ndown_revision = "shop_0001"\n\n\n'
+            f"def upgrade():\n    pass\n\n\ndef downgrade():\n    pass\n")
+    result = CliRunner().invoke(main, ["app", "revision", str(path), "-m", "more"])
+    assert result.exit_code == 1 and "two or more heads (shop_0002, shop_0003)" in result.output, result.output
+    assert f"activedb app revision {path} --merge -m MESSAGE" in result.output, result.output
+    merged, follows = _migrate.new_app_revision(path, "merge the branches", merge=True)
+    assert merged.name == "0004_merge_the_branches.py" and sorted(follows) == ["shop_0002", "shop_0003"]
+    assert "down_revision = ('shop_0002', 'shop_0003')" in merged.read_text(), merged.read_text()
+    before = sorted(file.name for file in (path / "versions").glob("*.py"))
+    for call, said in ((lambda: _migrate.new_app_revision(path, " "), "needs a message"),
+                       (lambda: _migrate.new_app_revision(tmp_path / "none", "x"), "no Alembic environment")):
+        with pytest.raises(activedb.MigrationError, match=said):
+            call()
+    (path / "script.py.mako").unlink()
+    with pytest.raises(activedb.MigrationError, match="no script.py.mako.*nothing was written"):
+        _migrate.new_app_revision(path, "x")
+    assert sorted(file.name for file in (path / "versions").glob("*.py")) == before
