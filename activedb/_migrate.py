@@ -306,14 +306,17 @@ def history(script_location: Path | None = None) -> list[tuple[str, str]]:
     location = script_location or migrations.SCRIPT_LOCATION
     with _failing_as(f"reading the revisions in {location}"):
         script = ScriptDirectory.from_config(_config(location))
-        return [(step.revision, _gist(str(step.doc or ""))) for step in script.walk_revisions()]
+        return [(step.revision, _gist(str(step.doc or ""), labelled=location != migrations.SCRIPT_LOCATION))
+                for step in script.walk_revisions()]
 
 
-def _gist(doc: str) -> str:
+def _gist(doc: str, labelled: bool = False) -> str:
     """A revision's docstring in a line: its first sentence, the part before its colon if it has one (``Capture's
-    trust model: …``), cut at a word to 100 characters with an ellipsis."""
+    trust model: …``) — or, ``labelled`` (an application's, ``bank: who owns an account``), the part after a one-word
+    label —, cut at a word to 100 characters with an ellipsis."""
     sentence = " ".join(doc.strip().split("\n\n")[0].split()).split(". ")[0]
-    gist = sentence.split(": ")[0].rstrip(".")
+    label, colon, rest = sentence.partition(": ")
+    gist = (rest if labelled and colon and " " not in label else sentence if labelled else label).rstrip(".")
     if len(gist) <= 100:
         return gist
     return gist[:100].rsplit(" ", 1)[0].rstrip(",;") + " …"

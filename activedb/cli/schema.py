@@ -335,6 +335,25 @@ def app_downgrade(ctx: click.Context, path: str, revision: str, yes: bool, lock_
         _say_app_revision(database, path)
 
 
+@app.command("history")
+@click.argument("path", type=click.Path())
+@click.pass_context
+def app_history(ctx: click.Context, path: str) -> None:
+    """List the revisions in PATH, newest first, marking the head and the one the application's tables are at: the
+    REVISIONs `app downgrade` and `app upgrade` take."""
+    from activedb._migrate import app_location, history
+
+    revisions = history(app_location(path))
+    with open_database(ctx, writes=False, check_schema=False) as database:
+        current, heads = database.schema.app_heads(path)
+        described = database.describe()
+    for revision, doc in [*revisions, ("base", "no tables of this application")]:
+        marks = ", ".join(mark for mark, applies in (("head", revision in heads),
+                                                    ("current", revision in (current or ["base"]))) if applies)
+        click.echo(f"{revision}{f' ({marks})' if marks else ''}{f' — {doc}' if doc else ''}")
+    click.echo(f"{path}: at {', '.join(current) or 'base'} ({_heads_note(path, current, heads)}) — {described}")
+
+
 @app.command("current")
 @click.argument("path", type=click.Path())
 @click.pass_context

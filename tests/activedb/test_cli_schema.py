@@ -1182,7 +1182,8 @@ def test_the_offline_upgrade_script_has_no_empty_statement_and_builds_the_schema
 def test_app_revision_writes_the_next_numbered_revision_that_upgrades_and_downgrades(url, tmp_path):
     """An application's next revision was a file to write by hand (or the plain `alembic` tool, after writing an
     alembic.ini): `activedb app revision PATH -m MESSAGE` writes it after the head, numbered on from it as `app init`
-    numbers the first, reading no database; filled in, it upgrades and downgrades."""
+    numbers the first, reading no database; filled in, it upgrades and downgrades.  `app history PATH` lists the
+    revisions with what each says it changes, marking the head and the one the tables are at."""
     import activedb
 
     path = tmp_path / "shelf_migrations"
@@ -1201,6 +1202,14 @@ def test_app_revision_writes_the_next_numbered_revision_that_upgrades_and_downgr
                                     'def downgrade() -> None:\n    op.drop_column("shelf_items", "owner")'))
     database = activedb.connect(url)
     try:
+        database.upgrade_app(path, "shelf_0001")
+        listed = CliRunner().invoke(main, ["--url", url, "app", "history", str(path)])
+        assert listed.exit_code == 0, listed.output
+        assert listed.output.splitlines()[:4] == ["shelf_0002 (head) — who owns an item",
+                                                  "shelf_0001 (current) — first tables",
+                                                  "base — no tables of this application",
+                                                  f"{path}: at shelf_0001 (head is shelf_0002: `activedb app upgrade "
+                                                  f"{path}`) — {database.describe()}"], listed.output
         database.upgrade_app(path)
         assert database.schema.app_revision(path) == (["shelf_0002"], "shelf_0002")
         with database.transaction() as tx:
