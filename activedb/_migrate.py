@@ -251,18 +251,22 @@ def _raised_in(error: BaseException, location: Path | None) -> str:
     return f" at {lines[-1].filename}:{lines[-1].lineno}" if lines else ""
 
 
-def offline_sql(url: str, action: str, revision: str) -> str:
-    """The SQL an upgrade/downgrade would run, without touching the database (Alembic's offline mode): an upgrade
+def offline_sql(url: str, action: str, revision: str, script_location: Path | None = None) -> str:
+    """The SQL an upgrade/downgrade of ``script_location`` (activedb's own by default; an application's, as
+    :func:`app_location` checked it) would run, without touching the database (Alembic's offline mode): an upgrade
     without a range (``FROM:TO``) starts from base; a downgrade without one is a :class:`MigrationError`, as Alembic's
     ("downgrade with --sql requires <fromrev>:<torev>") — offline, the revision the database is at is not known."""
     if action == "downgrade" and ":" not in revision:
+        where = "db" if script_location is None else "app"
+        path = "" if script_location is None else f" {script_location}"
         raise MigrationError(f"downgrade {revision} --sql: offline mode reads no database, so the revision it goes down "
-                             f"from is not known: give it, `activedb db downgrade FROM:TO --sql` (`activedb db current` "
-                             f"says the one the database is at); nothing was printed")
+                             f"from is not known: give it, `activedb {where} downgrade{path} FROM:TO --sql` (`activedb "
+                             f"{where} current{path}` says the one the database is at); nothing was printed")
     buffer = io.StringIO()
-    config = _config(migrations.SCRIPT_LOCATION, url=url)
+    location = script_location or migrations.SCRIPT_LOCATION
+    config = _config(location, url=url)
     config.output_buffer = buffer
-    with redirect_stdout(buffer):
+    with _failing_as(f"the SQL of {action} {revision} in {location}", script_location), redirect_stdout(buffer):
         getattr(command, action)(config, revision, sql=True)
     return buffer.getvalue()
 

@@ -72,17 +72,26 @@ def downgrade(ctx: click.Context, revision: str, sql: bool, yes: bool, lock_time
     _migrate_command(ctx, "downgrade", _revision(revision), sql, yes=yes, lock_timeout=lock_timeout)
 
 
+def _print_sql(ctx: click.Context, action: str, revision: str, location: Path | None = None) -> None:
+    """Print the SQL of ``action`` to ``revision`` (of the application's Alembic directory ``location``; activedb's
+    own by default), reading no database: Alembic's offline mode."""
+    from activedb import _migrate
+    from activedb._url import normalise_url
+
+    _migrate.check_revision(revision, location)     # (a revision there is not names the ones there are)
+    url = _options(ctx)["url"]
+    # (read as connect() reads it: a libpq connection string too, and a URL that is none is a BadDatabaseURL)
+    url = normalise_url(url).render_as_string(hide_password=False) if url else "postgresql+psycopg://"
+    click.echo(_migrate.offline_sql(url, action, revision, location))      # (a downgrade: FROM:TO, as Alembic's)
+
+
 def _migrate_command(ctx: click.Context, action: str, revision: str, sql: bool, *, yes: bool,
                      lock_timeout: float | None) -> None:
     from activedb import _migrate
     from activedb._url import normalise_url
 
-    obj = _options(ctx)
     if sql:
-        _migrate.check_revision(revision)       # (as below: a revision there is not names the ones there are)
-        # (read as connect() reads it: a libpq connection string too, and a URL that is none is a BadDatabaseURL)
-        url = normalise_url(obj["url"]).render_as_string(hide_password=False) if obj["url"] else "postgresql+psycopg://"
-        click.echo(_migrate.offline_sql(url, action, revision))      # (a downgrade: FROM:TO, as Alembic's)
+        _print_sql(ctx, action, revision)
         return
     with open_database(ctx, writes=True, check_schema=False) as database:
         before = database.schema.current_revision()
@@ -273,13 +282,18 @@ def _say_app_revision(database: Database, path: str) -> None:
 @app.command("upgrade", context_settings=_REVISION_SETTINGS)
 @click.argument("path", type=click.Path())
 @click.argument("revision", default="head")
+@click.option("--sql", is_flag=True, help="Offline mode: print the SQL instead of running it, from base (or give a "
+                                           "range FROM:TO; the database is not read).")
 @_lock_timeout_option
 @click.pass_context
-def app_upgrade(ctx: click.Context, path: str, revision: str, lock_timeout: float | None) -> None:
+def app_upgrade(ctx: click.Context, path: str, revision: str, sql: bool, lock_timeout: float | None) -> None:
     """Upgrade the application's tables in PATH to REVISION (default: head)."""
     from activedb._migrate import app_location, at_end, past_end
 
     revision = _revision(revision)
+    if sql:
+        _print_sql(ctx, "upgrade", revision, app_location(path))
+        return
     with open_database(ctx, writes=True, check_schema=False) as database:
         if revision[:1] in ("+", "-"):      # (a relative step past an end: Alembic's "didn't produce N migrations")
             heads, _ = database.schema.app_heads(path)
@@ -300,14 +314,20 @@ def app_upgrade(ctx: click.Context, path: str, revision: str, lock_timeout: floa
 @app.command("downgrade", context_settings=_REVISION_SETTINGS)
 @click.argument("path", type=click.Path())
 @click.argument("revision")
+@click.option("--sql", is_flag=True, help="Offline mode: print the SQL instead of running it; REVISION is then a "
+                                           "range FROM:TO (the database is not read).")
 @click.option("--yes", is_flag=True, help="Do not ask before dropping tables.")
 @_lock_timeout_option
 @click.pass_context
-def app_downgrade(ctx: click.Context, path: str, revision: str, yes: bool, lock_timeout: float | None) -> None:
+def app_downgrade(ctx: click.Context, path: str, revision: str, sql: bool, yes: bool,
+                  lock_timeout: float | None) -> None:
     """Downgrade the application's tables in PATH to REVISION ('base' drops them all). Asks first."""
     from activedb._migrate import ahead, app_location, at, check_revision, past_end, steps_below
 
     revision = _revision(revision)
+    if sql:
+        _print_sql(ctx, "downgrade", revision, app_location(path))
+        return
     with open_database(ctx, writes=True, check_schema=False) as database:
         heads, _ = database.schema.app_heads(path)
         check_revision(revision, app_location(path))

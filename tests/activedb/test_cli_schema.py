@@ -1251,3 +1251,25 @@ def test_app_revision_with_two_heads_is_refused_unless_merge_and_without_env_or_
     with pytest.raises(activedb.MigrationError, match="no script.py.mako.*nothing was written"):
         _migrate.new_app_revision(path, "x")
     assert sorted(file.name for file in (path / "versions").glob("*.py")) == before
+
+
+def test_app_upgrade_and_downgrade_with_sql_print_the_applications_sql_and_touch_no_database(url, tmp_path):
+    """`db upgrade --sql` printed activedb's own SQL for a DBA to run; an application's had no offline mode.  `app
+    upgrade PATH --sql` (from base, or FROM:TO) and `app downgrade PATH FROM:TO --sql` print its revisions' SQL with
+    its own version table, and the database is not changed; a downgrade without FROM says to give it."""
+    path = tmp_path / "offline" / "migrations"
+    _migrate.init_app(path, "offline")
+    _migrate.new_app_revision(path, "nothing yet")
+    before = CliRunner().invoke(main, ["--url", url, "app", "current", str(path)]).output
+    printed = invoke(url, "app", "upgrade", str(path), "--sql")
+    assert printed.exit_code == 0, printed.output
+    for text in ("CREATE TABLE offline_alembic_version", "CREATE TABLE offline_items",
+                 "-- Running upgrade offline_0001 -> offline_0002", "COMMIT;"):
+        assert text in printed.output, printed.output
+    ranged = invoke(url, "app", "downgrade", str(path), "offline_0002:base", "--sql")
+    assert ranged.exit_code == 0 and "DROP TABLE offline_items" in ranged.output, ranged.output
+    refused = CliRunner().invoke(main, ["--url", url, "app", "downgrade", str(path), "base", "--sql"])
+    assert refused.exit_code == 1, refused.output
+    assert f"give it, `activedb app downgrade {path} FROM:TO --sql`" in refused.output, refused.output
+    assert CliRunner().invoke(main, ["--url", url, "app", "current", str(path)]).output == before
+    assert "base (head is offline_0002" in before, before
