@@ -1273,3 +1273,9 @@ def test_app_upgrade_and_downgrade_with_sql_print_the_applications_sql_and_touch
     assert f"give it, `activedb app downgrade {path} FROM:TO --sql`" in refused.output, refused.output
     assert CliRunner().invoke(main, ["--url", url, "app", "current", str(path)]).output == before
     assert "base (head is offline_0002" in before, before
+    broken, _ = _migrate.new_app_revision(path, "broken offline")
+    broken.write_text(broken.read_text().replace("def upgrade() -> None:\n    pass",
+                                                 "def upgrade() -> None:\n    raise ValueError('not offline')"))
+    failed = CliRunner().invoke(main, ["--url", url, "app", "upgrade", str(path), "--sql"])
+    assert failed.exit_code == 1 and re.search(rf"failed at {re.escape(str(broken))}:\d+: not offline",
+                                               failed.output), failed.output
