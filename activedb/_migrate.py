@@ -366,14 +366,15 @@ def check_revision(revision: str, script_location: Path | None = None) -> None:
                                  f"(-1)") from None
 
 
-def check_stamp(revision: str) -> None:
-    """Raise :class:`MigrationError` if ``revision`` is not one a stamp of activedb's tables takes: a revision of
-    activedb's by its name (:func:`check_revision` names them), head or base — not a relative one or a range, relative
-    to a revision the tables may not be known to be at."""
+def check_stamp(revision: str, script_location: Path | None = None) -> None:
+    """Raise :class:`MigrationError` if ``revision`` is not one a stamp of activedb's tables (or of the application's
+    in ``script_location``) takes: a revision there by its name (:func:`check_revision` names them), head or base —
+    not a relative one or a range, relative to a revision the tables may not be known to be at."""
     if isinstance(revision, str) and revision not in ("head", "base") and any(mark in revision for mark in "-+:"):
-        raise MigrationError(f"stamp {revision!r}: give a revision by its name (`activedb db history` lists them), "
+        listed = "db history" if script_location is None else f"app history {script_location}"
+        raise MigrationError(f"stamp {revision!r}: give a revision by its name (`activedb {listed}` lists them), "
                              f"head or base, not a relative one or a range; nothing was changed")
-    check_revision(revision)
+    check_revision(revision, script_location)
 
 
 def _revision(script: ScriptDirectory, revision: str) -> "Script | None":
@@ -677,6 +678,16 @@ class Schema:
                                                "WHERE to_regclass(name) IS NULL"), {"names": list(expected)})
             missing = set(found.scalars())
         return [name for name in expected if name in missing]
+
+    def stamp_app(self, script_location: str | Path, revision: str, *,
+                  lock_timeout: float | None = LOCK_TIMEOUT_SECONDS) -> None:
+        """Record ``revision`` (a name, ``head`` or ``base``) as the one the application's tables are at, running no
+        revision (Alembic's ``stamp``; the version rows there were replaced): for tables that exist already — made
+        before the application kept its schema in Alembic, by hand, or restored without their version table — once
+        a revision says what they are.  Under ``MIGRATION_LOCK`` and ``lock_timeout``, as an upgrade."""
+        location = app_location(script_location)
+        check_stamp(revision, location)
+        self._run("stamp", revision, location, lock_timeout)
 
     def upgrade_app(self, script_location: str | Path, revision: str = "head", *,
                     lock_timeout: float | None = LOCK_TIMEOUT_SECONDS) -> None:

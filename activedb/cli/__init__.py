@@ -2,7 +2,7 @@
 
     activedb demo [--no-spark] [--write-events DIR]           the hand-hygiene demo on the embedded database
     activedb db upgrade [REV] | downgrade REV | current         activedb's own schema (Alembic)
-    activedb app init|revision|upgrade|downgrade|current|history PATH
+    activedb app init|revision|upgrade|downgrade|stamp|current|history PATH
                                                                 an application's own Alembic directory
     activedb rules list|show|enable|disable|remove              the persisted rule registry
     activedb rules lowering APP                                 which event types run a batch at a time, why not

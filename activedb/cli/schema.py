@@ -374,6 +374,35 @@ def app_history(ctx: click.Context, path: str) -> None:
     click.echo(f"{path}: at {', '.join(current) or 'base'} ({_heads_note(path, current, heads)}) — {described}")
 
 
+@app.command("stamp", context_settings=_REVISION_SETTINGS)
+@click.argument("path", type=click.Path())
+@click.argument("revision")
+@click.option("--yes", is_flag=True, help="Do not ask before recording REVISION over the revision recorded.")
+@_lock_timeout_option
+@click.pass_context
+def app_stamp(ctx: click.Context, path: str, revision: str, yes: bool, lock_timeout: float | None) -> None:
+    """Record REVISION (`app history PATH` lists them; head, base) as the revision the application's tables are at,
+    running no revision: for tables that exist already (made before they had revisions, by hand, or restored without
+    their version table). Asks first when a revision is recorded already (--yes to skip)."""
+    from activedb._migrate import app_location, at, check_stamp
+
+    revision = _revision(revision)
+    with open_database(ctx, writes=True, check_schema=False) as database:
+        check_stamp(revision, app_location(path))
+        before, _ = database.schema.app_heads(path)
+        if len(before) == 1 and at(revision, before[0], app_location(path)):
+            click.echo(f"{path}: already at {before[0]}; nothing changed — {database.describe()}")
+            return
+        if before:          # (a revision recorded: replacing it says the tables are other than it says)
+            _confirm(f"record {revision} over {', '.join(before)}, the revision recorded for the tables of {path} in "
+                     f"{database.describe()}: no revision runs, the tables stay as they are, and `activedb app upgrade` "
+                     f"and `app downgrade` then take them for {revision}'s. Continue?", yes)
+        database.schema.stamp_app(path, revision, lock_timeout=lock_timeout)
+        current, heads = database.schema.app_heads(path)
+        click.echo(f"{path}: stamp {revision}: now at {', '.join(current) or 'base'}, no revision ran "
+                   f"({_heads_note(path, current, heads)}) — {database.describe()}")
+
+
 @app.command("current")
 @click.argument("path", type=click.Path())
 @click.pass_context
