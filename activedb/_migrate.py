@@ -822,7 +822,8 @@ def init_app(script_location: str | Path, name: str | None = None) -> list[Path]
     return written
 
 
-_NUMBERED = re.compile(r"(?P<prefix>.*?)(?P<number>\d+)[a-z]?")      # (bank_0002, and a branch's bank_0002b)
+# A revision id numbered as ``init_app`` numbers them (bank_0002, a branch's bank_0002b, or 0002) — not Alembic's hex ids.
+_NUMBERED = re.compile(r"(?P<prefix>(?:.*_)?)(?P<number>\d+)[a-z]?")
 _VERSION_TABLE = re.compile(r"""version_table\s*=\s*["'](?P<name>\w+)_alembic_version["']""")
 
 
@@ -830,7 +831,8 @@ def new_app_revision(script_location: str | Path, message: str, *, merge: bool =
     """Write an empty revision (``upgrade`` and ``downgrade`` to fill in) into the application's Alembic directory,
     from its ``script.py.mako``, as ``alembic revision -m MESSAGE`` does — and return its file and the revisions it
     follows.  Its id continues the numbering of the head's (``bank_0002`` after ``bank_0001`` or ``bank_0001b``, the file
-    ``0002_SLUG.py``, as :func:`init_app` names the first); a head not so numbered gets Alembic's random id.  A
+    ``0002_SLUG.py``, as :func:`init_app` names the first); after a head not so numbered (Alembic's hex ids) it gets
+    Alembic's random id and file name.  A
     directory of two or more heads is refused unless ``merge``: then the revision follows all of them (``alembic
     merge heads``).  The database is not read: the directory's files say where the chain ends."""
     location = app_location(script_location)

@@ -1247,6 +1247,13 @@ def test_app_revision_with_two_heads_is_refused_unless_merge_and_without_env_or_
                        (lambda: _migrate.new_app_revision(tmp_path / "none", "x"), "no Alembic environment")):
         with pytest.raises(activedb.MigrationError, match=said):
             call()
+    hexed = path / "versions" / "3f2b1c9d7e05_by_alembic.py"   # (a hex id Alembic drew: no numbering to go on)
+    hexed.write_text('revision = "3f2b1c9d7e05"\ndown_revision = "shop_0004"\n\n\n'
+                     'def upgrade():\n    pass\n\n\ndef downgrade():\n    pass\n')
+    after_hex, _ = _migrate.new_app_revision(path, "after a hex id")
+    assert re.fullmatch(r"[0-9a-f]{12}_after_a_hex_id\.py", after_hex.name), after_hex.name
+    assert "down_revision = '3f2b1c9d7e05'" in after_hex.read_text()
+    before = sorted(file.name for file in (path / "versions").glob("*.py"))
     (path / "script.py.mako").unlink()
     with pytest.raises(activedb.MigrationError, match="no script.py.mako.*nothing was written"):
         _migrate.new_app_revision(path, "x")
