@@ -838,6 +838,11 @@ def new_app_revision(script_location: str | Path, message: str, *, merge: bool =
     location = app_location(script_location)
     if not isinstance(message, str) or not message.strip():
         raise MigrationError("a revision needs a message saying what it changes (-m 'add the owner column')")
+    try:            # (the template writes it as the file's docstring: one that closes it makes no Python)
+        compile(f'"""{message}"""', "<message>", "eval")
+    except SyntaxError as error:
+        raise MigrationError(f"the message {message!r} cannot be the revision's docstring ({error.msg}): leave out "
+                             f"triple quotes and a trailing quote or backslash; nothing was written") from None
     if not (location / "script.py.mako").is_file():
         raise MigrationError(f"{location} has no script.py.mako, the template of a revision: copy one from a directory "
                              f"`activedb app init` made, or write the revision by hand; nothing was written")

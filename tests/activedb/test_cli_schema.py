@@ -1224,7 +1224,8 @@ def test_app_revision_writes_the_next_numbered_revision_that_upgrades_and_downgr
 def test_app_revision_with_two_heads_is_refused_unless_merge_and_without_env_or_message_says_what_to_give(tmp_path):
     """Two revisions after one (branches) are refused naming the heads and `--merge`, which writes a revision after
     both, numbered on from the higher; an empty directory's first revision takes its number from env.py's version
-    table; a directory without env.py, a template or a message says what is missing and writes nothing."""
+    table; a directory without env.py, a template or a message (or one that cannot be a docstring) says what is
+    missing and writes nothing."""
     import activedb
 
     path = tmp_path / "migrations"
@@ -1244,9 +1245,11 @@ def test_app_revision_with_two_heads_is_refused_unless_merge_and_without_env_or_
     assert "down_revision = ('shop_0002', 'shop_0003')" in merged.read_text(), merged.read_text()
     before = sorted(file.name for file in (path / "versions").glob("*.py"))
     for call, said in ((lambda: _migrate.new_app_revision(path, " "), "needs a message"),
+                       (lambda: _migrate.new_app_revision(path, 'the """ quotes'), "leave out triple quotes"),
                        (lambda: _migrate.new_app_revision(tmp_path / "none", "x"), "no Alembic environment")):
         with pytest.raises(activedb.MigrationError, match=said):
             call()
+    assert sorted(file.name for file in (path / "versions").glob("*.py")) == before
     hexed = path / "versions" / "3f2b1c9d7e05_by_alembic.py"   # (a hex id Alembic drew: no numbering to go on)
     hexed.write_text('revision = "3f2b1c9d7e05"\ndown_revision = "shop_0004"\n\n\n'
                      'def upgrade():\n    pass\n\n\ndef downgrade():\n    pass\n')
