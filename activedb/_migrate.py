@@ -316,8 +316,8 @@ def history(script_location: Path | None = None) -> list[tuple[str, str]]:
 
 def _gist(doc: str, labelled: bool = False) -> str:
     """A revision's docstring in a line: its first sentence, the part before its colon if it has one (``Capture's
-    trust model: …``) — or, ``labelled`` (an application's, ``bank: who owns an account``), the part after a one-word
-    label —, cut at a word to 100 characters with an ellipsis."""
+    trust model: …``) — or, ``labelled`` (an application's, ``bank: who owns an account``), the part after a
+    one-word label —, cut at a word to 100 characters with an ellipsis."""
     sentence = " ".join(doc.strip().split("\n\n")[0].split()).split(". ")[0]
     label, colon, rest = sentence.partition(": ")
     gist = (rest if labelled and colon and " " not in label else sentence if labelled else label).rstrip(".")
@@ -751,8 +751,8 @@ def several_heads(path: str, heads: Sequence[str]) -> str:
     """What a directory of two or more heads is, and what to do (``app upgrade``, ``app_revision``)."""
     return (f"{path} has two or more heads ({', '.join(heads)}): revisions with the same down_revision, branches "
             f"not merged. Merge them with a revision whose down_revision is all of them (`activedb app revision "
-            f"{path} --merge -m MESSAGE` writes one), then upgrade to head; or upgrade every branch as it is, to 'heads' "
-            f"(`activedb app upgrade {path} heads`, db.upgrade_app(path, 'heads'))")
+            f"{path} --merge -m MESSAGE` writes one), then upgrade to head; or upgrade every branch as it is, to "
+            f"'heads' (`activedb app upgrade {path} heads`, db.upgrade_app(path, 'heads'))")
 
 
 APP_ENV = '''"""Alembic environment of {name}: its own version table, run by `activedb app upgrade` or
@@ -822,7 +822,7 @@ def init_app(script_location: str | Path, name: str | None = None) -> list[Path]
     return written
 
 
-# A revision id numbered as ``init_app`` numbers them (bank_0002, a branch's bank_0002b, or 0002) — not Alembic's hex ids.
+# A revision id numbered as ``init_app`` numbers them (bank_0002, a branch's bank_0002b, 0002), not Alembic's hex ids.
 _NUMBERED = re.compile(r"(?P<prefix>(?:.*_)?)(?P<number>\d+)[a-z]?")
 _VERSION_TABLE = re.compile(r"""version_table\s*=\s*["'](?P<name>\w+)_alembic_version["']""")
 
@@ -830,11 +830,11 @@ _VERSION_TABLE = re.compile(r"""version_table\s*=\s*["'](?P<name>\w+)_alembic_ve
 def new_app_revision(script_location: str | Path, message: str, *, merge: bool = False) -> tuple[Path, list[str]]:
     """Write an empty revision (``upgrade`` and ``downgrade`` to fill in) into the application's Alembic directory,
     from its ``script.py.mako``, as ``alembic revision -m MESSAGE`` does — and return its file and the revisions it
-    follows.  Its id continues the numbering of the head's (``bank_0002`` after ``bank_0001`` or ``bank_0001b``, the file
+    follows.  Its id continues the numbering of the head's (``bank_0002`` after ``bank_0001`` or ``bank_0001b``, in
     ``0002_SLUG.py``, as :func:`init_app` names the first); after a head not so numbered (Alembic's hex ids) it gets
-    Alembic's random id and file name.  A
-    directory of two or more heads is refused unless ``merge``: then the revision follows all of them (``alembic
-    merge heads``).  The database is not read: the directory's files say where the chain ends."""
+    Alembic's random id and file name.  A directory of two or more heads is refused unless ``merge``: then the
+    revision follows all of them (``alembic merge heads``).  The database is not read: the directory's files say
+    where the chain ends."""
     location = app_location(script_location)
     if not isinstance(message, str) or not message.strip():
         raise MigrationError("a revision needs a message saying what it changes (-m 'add the owner column')")

@@ -88,7 +88,6 @@ def _print_sql(ctx: click.Context, action: str, revision: str, location: Path | 
 def _migrate_command(ctx: click.Context, action: str, revision: str, sql: bool, *, yes: bool,
                      lock_timeout: float | None) -> None:
     from activedb import _migrate
-    from activedb._url import normalise_url
 
     if sql:
         _print_sql(ctx, action, revision)
@@ -395,8 +394,8 @@ def app_stamp(ctx: click.Context, path: str, revision: str, yes: bool, lock_time
             return
         if before:          # (a revision recorded: replacing it says the tables are other than it says)
             _confirm(f"record {revision} over {', '.join(before)}, the revision recorded for the tables of {path} in "
-                     f"{database.describe()}: no revision runs, the tables stay as they are, and `activedb app upgrade` "
-                     f"and `app downgrade` then take them for {revision}'s. Continue?", yes)
+                     f"{database.describe()}: no revision runs, the tables stay as they are, and `activedb app "
+                     f"upgrade` and `app downgrade` then take them for {revision}'s. Continue?", yes)
         database.schema.stamp_app(path, revision, lock_timeout=lock_timeout)
         current, heads = database.schema.app_heads(path)
         click.echo(f"{path}: stamp {revision}: now at {', '.join(current) or 'base'}, no revision ran "

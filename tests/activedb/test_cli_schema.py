@@ -1196,8 +1196,8 @@ def test_app_revision_writes_the_next_numbered_revision_that_upgrades_and_downgr
     text = written.read_text()
     assert '"""who owns an item"""' in text and "revision = 'shelf_0002'" in text, text
     assert "down_revision = 'shelf_0001'" in text, text
-    written.write_text(text.replace("def upgrade() -> None:\n    pass",
-                                    'def upgrade() -> None:\n    op.add_column("shelf_items", sa.Column("owner", sa.Text))')
+    owner = 'op.add_column("shelf_items", sa.Column("owner", sa.Text))'
+    written.write_text(text.replace("def upgrade() -> None:\n    pass", f"def upgrade() -> None:\n    {owner}")
                            .replace("def downgrade() -> None:\n    pass",
                                     'def downgrade() -> None:\n    op.drop_column("shelf_items", "owner")'))
     database = activedb.connect(url)

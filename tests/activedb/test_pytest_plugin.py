@@ -550,9 +550,9 @@ def test_z_the_rule_is_released():
 def test_teardown_after_a_reported_hang_is_short_says_the_rule_was_left_running_and_drops_the_database(
         project, activedb_server):
     """After the interleaving runner had reported a detached rule that never returns (waiting for it as
-    ``db.rules.wait_idle()`` does, for its ``idle_timeout``), the test's teardown waited for it again: ``CLOSE_TIMEOUT`` (30 s), then the
-    outbox's close (10 s), and said nothing.  Now it waits briefly, says in one line that the hung rule was left
-    running, and the database is dropped all the same."""
+    ``db.rules.wait_idle()`` does, for its ``idle_timeout``), the test's teardown waited for it again:
+    ``CLOSE_TIMEOUT`` (30 s), then the outbox's close (10 s), and said nothing.  Now it waits briefly, says in one
+    line that the hung rule was left running, and the database is dropped all the same."""
     project.makepyfile(test_hung=HUNG)
     before = databases(activedb_server)
     result = project.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:randomly",
