@@ -370,7 +370,7 @@ def app_history(ctx: click.Context, path: str) -> None:
         marks = ", ".join(mark for mark, applies in (("head", revision in heads),
                                                     ("current", revision in (current or ["base"]))) if applies)
         click.echo(f"{revision}{f' ({marks})' if marks else ''}{f' — {doc}' if doc else ''}")
-    click.echo(f"{path}: at {', '.join(current) or 'base'} ({_heads_note(path, current, heads)}) — {described}")
+    click.echo(f"{path}: at {', '.join(current) or 'base'} ({_where_note(path, current, heads)}) — {described}")
 
 
 @app.command("stamp", context_settings=_REVISION_SETTINGS)
@@ -408,10 +408,16 @@ def app_stamp(ctx: click.Context, path: str, revision: str, yes: bool, lock_time
 def app_current(ctx: click.Context, path: str) -> None:
     """Show the revision the application's tables in PATH are at, and its head."""
     with open_database(ctx, writes=False, check_schema=False) as database:
-        from activedb._migrate import app_location, has_revision, lost_revision
-
         current, heads = database.schema.app_heads(path)
-        location = app_location(path)
-        lost = any(not has_revision(location, revision) for revision in current)
-        note = lost_revision(location) if lost else _heads_note(path, current, heads)
-        click.echo(f"{path}: {', '.join(current) or 'base'} ({note}) — {database.describe()}")
+        click.echo(f"{path}: {', '.join(current) or 'base'} ({_where_note(path, current, heads)}) — "
+                   f"{database.describe()}")
+
+
+def _where_note(path: str, current: list[str], heads: list[str]) -> str:
+    """Where the tables at ``current`` stand (``app current``, ``app history``): at a revision no file in PATH has,
+    what to restore; else :func:`_heads_note`."""
+    from activedb._migrate import app_location, has_revision, lost_revision
+
+    location = app_location(path)
+    lost = any(not has_revision(location, revision) for revision in current)
+    return lost_revision(location) if lost else _heads_note(path, current, heads)

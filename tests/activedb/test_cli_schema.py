@@ -856,6 +856,10 @@ def test_tables_at_a_revision_whose_file_is_gone_say_to_restore_it(url, tmp_path
         current = invoke(url, "app", "current", str(location))      # (it said: head is lost_0001: `activedb app upgrade`)
         assert current.exit_code == 0 and "lost_0002" in current.output, current.output
         assert "restore its file" in current.output and "app upgrade" not in current.output, current.output
+        listed = invoke(url, "app", "history", str(location))       # (it said: head is lost_0001, the same)
+        assert listed.exit_code == 0 and listed.output.splitlines()[-1].startswith(
+            f"{location}: at lost_0002 (a revision no file under {location / 'versions'} has: restore its file"), \
+            listed.output
     finally:
         second.write_text(kept)
         assert invoke(url, "app", "downgrade", str(location), "base", "--yes").exit_code == 0
