@@ -242,12 +242,11 @@ def test_the_command_draws_a_bar_on_a_terminal_and_prints_only_its_line_otherwis
     """``activedb dead-letters replay`` on a terminal: a progress bar on stderr (removed at the end), the summary on
     stdout; elsewhere (a pipe, a CI log) the summary alone."""
     import os
-    import pty
-    import select
     import subprocess
     import sys
-    import time
     from pathlib import Path
+
+    from tests._terminal import run_on_terminal
 
     url = make_database_url("replay_bar")
     database = app_database(url)
@@ -257,27 +256,9 @@ def test_the_command_draws_a_bar_on_a_terminal_and_prints_only_its_line_otherwis
         database.close()
     app = str(Path(app_counters.__file__).resolve())
     command = [sys.executable, "-m", "activedb.cli", "--url", url, "dead-letters", "replay", app]
-    primary, secondary = pty.openpty()
     environment = {**os.environ, "TERM": "xterm-256color", "COLUMNS": "120"}
-    process = subprocess.Popen([*command, "--id", str(first), "--id", str(second)], stdout=subprocess.PIPE, stderr=secondary,
-                               env=environment)
-    os.close(secondary)
-    drawn = b""
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if select.select([primary], [], [], 1.0)[0]:
-            try:
-                chunk = os.read(primary, 65536)
-            except OSError:             # (the terminal's other side closed: the command ended)
-                break
-            if not chunk:
-                break
-            drawn += chunk
-        elif process.poll() is not None:
-            break
-    os.close(primary)
-    out = process.communicate(timeout=120)[0].decode()
-    assert process.returncode == 0, (out, drawn[-2000:])
+    code, out, drawn = run_on_terminal([*command, "--id", str(first), "--id", str(second)], environment)
+    assert code == 0, (out, drawn[-2000:])
     assert "replayed 2 dead letter(s) as replay:badges: 2 applied" in out, out
     assert b"dead-letters replay" in drawn and b"letters replayed" in drawn, drawn[-2000:]
     piped = subprocess.run([*command, "--id", str(third)], capture_output=True, text=True, timeout=120, env=environment)
