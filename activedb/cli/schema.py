@@ -4,6 +4,10 @@ commands do not use activedb's tables, so they connect without checking them).""
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
@@ -39,6 +43,32 @@ def _lock_timeout_option(command: Callable[..., None]) -> Callable[..., None]:
         help="Seconds a statement waits for a lock on a table it changes (an application's transaction holding "
              "it) before the run stops, nothing changed, naming the blocking backends (PostgreSQL's lock_timeout); "
              "0: as long as it takes.")(command)
+
+
+@contextlib.contextmanager
+def _revisions_shown() -> Iterator[None]:
+    """On a terminal, each revision as it starts (Alembic's "Running upgrade A -> B, what it does", on stderr): a long
+    run shows which revision it is in.  Elsewhere (a pipe, a log) nothing more than the command's last line."""
+    if not sys.stderr.isatty():
+        yield
+        return
+
+    class Shown(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            message = record.getMessage()
+            if message.startswith("Running "):       # (Alembic names base as nothing: "upgrade  -> a", "a -> , …")
+                message = message.replace("  -> ", " base -> ", 1).replace(" -> , ", " -> base, ", 1)
+                click.echo(f"  {message[:1].lower()}{message[1:]}", err=True)
+
+    logger, handler = logging.getLogger("alembic.runtime.migration"), Shown()
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    logger.addHandler(handler)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
 
 
 def _revision(revision: str) -> str:
@@ -132,7 +162,8 @@ def _migrate_command(ctx: click.Context, action: str, revision: str, sql: bool, 
                                                            f"with its data")
             _confirm(f"downgrade {database.describe()} from {before} to {revision}{f' ({target})' if target else ''}: "
                      f"this drops {what}. Continue?", yes)
-        getattr(database.schema, action)(revision, lock_timeout=lock_timeout)
+        with _revisions_shown():
+            getattr(database.schema, action)(revision, lock_timeout=lock_timeout)
         now = database.schema.current_revision() or "base"
         click.echo(f"{action} to {revision}: now at {now} ({database.describe()})")
 
@@ -306,7 +337,8 @@ def app_upgrade(ctx: click.Context, path: str, revision: str, sql: bool, lock_ti
                 if len(heads) <= 1 and revision.startswith("+") else None
             if refused is not None:
                 raise refused
-        database.schema.upgrade_app(path, revision, lock_timeout=lock_timeout)
+        with _revisions_shown():
+            database.schema.upgrade_app(path, revision, lock_timeout=lock_timeout)
         _say_app_revision(database, path)
 
 
@@ -350,7 +382,8 @@ def app_downgrade(ctx: click.Context, path: str, revision: str, sql: bool, yes: 
             f"what the revisions after {target or revision} added, with its data"
         _confirm(f"downgrade {path} in {database.describe()} from {', '.join(heads)} to {revision}"
                  f"{f' ({target})' if target else ''}: this drops {what}. Continue?", yes)
-        database.schema.downgrade_app(path, revision, lock_timeout=lock_timeout)
+        with _revisions_shown():
+            database.schema.downgrade_app(path, revision, lock_timeout=lock_timeout)
         _say_app_revision(database, path)
 
 

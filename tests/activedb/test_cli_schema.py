@@ -1336,3 +1336,27 @@ def test_app_stamp_adopts_tables_that_exist_already_and_later_revisions_upgrade_
         database.close()
         with sa.create_engine(url, poolclass=sa.pool.NullPool).begin() as connection:
             connection.execute(sa.text("DROP TABLE adopt_items"))
+
+
+def test_an_upgrade_on_a_terminal_shows_each_revision_as_it_starts_and_a_pipe_gets_only_the_last_line(url, tmp_path):
+    """A long upgrade printed nothing until it ended: which of its revisions was running (a table rewritten, an index
+    built) was not to be seen.  On a terminal each revision is shown on stderr as it starts; piped, the command prints
+    its one line, as before."""
+    import subprocess
+    import sys
+
+    from tests._terminal import run_on_terminal
+
+    path = tmp_path / "shown"
+    _migrate.init_app(path, "shown")
+    _migrate.new_app_revision(path, "a second step")
+    command = [sys.executable, "-m", "activedb.cli", "--url", url, "app"]
+    code, out, shown = run_on_terminal([*command, "upgrade", str(path)])
+    assert code == 0 and out.startswith(f"{path}: now at shown_0002"), (out, shown)
+    lines = shown.decode().replace("\r", "").splitlines()
+    assert lines == ["  running upgrade base -> shown_0001, shown: first tables.",
+                     "  running upgrade shown_0001 -> shown_0002, a second step"], shown
+    piped = subprocess.run([*command, "downgrade", str(path), "base", "--yes"], capture_output=True, text=True,
+                           timeout=120)
+    assert piped.returncode == 0 and piped.stderr == "", piped.stderr
+    assert piped.stdout.startswith(f"{path}: now at base"), piped.stdout
