@@ -26,6 +26,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from activedb import _migrations as migrations
+from activedb._migration_lock import LOCK_TIMEOUT_SECONDS as LOCK_TIMEOUT_SECONDS, MIGRATION_LOCK as MIGRATION_LOCK
 from activedb._url import describe_url
 from activedb.errors import (LOCK_NOT_AVAILABLE, UNDEFINED_TABLE, MigrationError, SchemaNotAtHead, own_table_missing,
                              sqlstate_of)
@@ -61,15 +62,6 @@ def _config(script_location: Path, connection: Connection | None = None, url: st
     return config
 
 
-# The PostgreSQL advisory lock every upgrade, downgrade and stamp of this database holds (activedb's own schema
-# and an application's): processes starting together take turns, and the later ones find the schema at
-# the revision the first one reached.  Any 64-bit number nobody else uses: "activedb" in ASCII.
-MIGRATION_LOCK = int.from_bytes(b"activedb", "big") >> 1
-
-#: How long an upgrade, downgrade or stamp waits for a lock on a table it changes (a stamp: the version table;
-#: PostgreSQL's ``lock_timeout``, set for the run's transaction once it holds ``MIGRATION_LOCK``): an application's
-#: open transaction on such a table made it wait for good, printing nothing.  ``lock_timeout=None`` (``--lock-timeout 0``) waits as long as it takes.
-LOCK_TIMEOUT_SECONDS = 60.0
 
 
 #: The tables activedb's first revision creates, and no revision drops: a database that has one of them without the

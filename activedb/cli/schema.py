@@ -35,7 +35,7 @@ _REVISION_SETTINGS = {"ignore_unknown_options": True}
 def _lock_timeout_option(command: Callable[..., None]) -> Callable[..., None]:
     """``--lock-timeout SECONDS`` of a command that migrates or stamps: how long a statement waits for a table's lock
     (a stamp's: the version table's); the command is given it as ``lock_timeout=`` takes it: 0 is no limit (None)."""
-    from activedb._migrate import LOCK_TIMEOUT_SECONDS
+    from activedb._migration_lock import LOCK_TIMEOUT_SECONDS     # (not through _migrate: it imports Alembic)
 
     return click.option(
         "--lock-timeout", type=Seconds(), default=LOCK_TIMEOUT_SECONDS, show_default=True,
