@@ -844,11 +844,9 @@ def new_app_revision(script_location: str | Path, message: str, *, merge: bool =
         heads = list(script.get_heads())
         if len(heads) > 1 and not merge:
             raise MigrationError(f"{several_heads(str(script_location), heads)}; nothing was written")
-        if len(heads) == 1:
-            numbered = _NUMBERED.fullmatch(heads[0])
-        else:                   # (a merge continues the highest numbering; none yet: the name in env.py)
-            numbered = max((found for head in heads if (found := _NUMBERED.fullmatch(head))),
-                           key=lambda found: int(found["number"]), default=None)
+        # The highest numbering among the heads (one head, or the heads a merge follows); none: the name in env.py.
+        numbered = max((found for head in heads if (found := _NUMBERED.fullmatch(head))),
+                       key=lambda found: int(found["number"]), default=None)
         if numbered is not None:
             prefix, digits = numbered["prefix"], numbered["number"]
         else:
@@ -856,14 +854,11 @@ def new_app_revision(script_location: str | Path, message: str, *, merge: bool =
             prefix, digits = (f"{named['name']}_", "0000") if named else ("", "")
         rev_id = None
         if digits:
-            number = int(digits)
-            while True:         # (another branch may have taken the next number)
+            taken = {step.revision for step in script.walk_revisions()}
+            number = int(digits) + 1
+            while f"{prefix}{number:0{len(digits)}d}" in taken:      # (another branch may have taken the number)
                 number += 1
-                rev_id = f"{prefix}{number:0{len(digits)}d}"
-                try:
-                    script.get_revision(rev_id)
-                except Exception:
-                    break
+            rev_id = f"{prefix}{number:0{len(digits)}d}"
             config.set_main_option("file_template", f"{number:0{len(digits)}d}_%%(slug)s")
         with redirect_stdout(io.StringIO()):          # (Alembic's "Generating …": the caller says what it wrote)
             written = (command.merge(config, "heads", message=message, rev_id=rev_id) if len(heads) > 1
