@@ -1,7 +1,7 @@
 """Database URLs: parsing (``postgresql://`` URLs and libpq ``key=value`` strings, for the psycopg 3 driver),
 describing one for a message, masking passwords in any text that may show one, and the driver's connect timeout
-for a URL.  Used by ``connect()``
-(``_database.py``, which is wiring only) and by everything that prints a URL or an error that may hold one."""
+for a URL.  Used by ``connect()`` (``_database.py``, which is wiring only) and by everything that prints a URL or an
+error that may hold one."""
 
 from __future__ import annotations
 

@@ -844,7 +844,8 @@ class _Run(Observer):
         for root in roots:
             if root.state in _ACTIVE and not self._abort_within(root, max(0.0, deadline - time.monotonic())):
                 abandon(root, InterleavingHang(f"{root.id} abandoned by the interleaving runner's clean-up: its abort "
-                                               f"still waited for its children at the end of the clean-up's {self.runner.step_timeout} s"))
+                                               f"still waited for its children at the end of the clean-up's "
+                                               f"{self.runner.step_timeout} s"))
         with self.condition:
             self.condition.wait_for(lambda: not self.alive, max(0.0, deadline - time.monotonic()))
             stuck = sorted(self.alive)
