@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING
 import click
 
 from activedb.errors import BadArgument
-from activedb.lowlevel import check_whole_number
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame, SparkSession
@@ -73,6 +72,8 @@ def write_event_files(directory: Path, events: list[dict[str, object]], per_file
     """``events`` as JSON-lines files of ``per_file`` events in the new ``directory``, the n-th modified at
     ``first_mtime + n``: a file source reads them one micro-batch each (``maxFilesPerTrigger=1``) in that
     order (it takes files in modification-time order)."""
+    from activedb.lowlevel import check_whole_number     # (here: the command line imports this module to list itself)
+
     check_whole_number("write_event_files", "per_file", per_file, 1)
     lines = []          # (every event first: a directory holding part of them would be read as the stream)
     for position, event in enumerate(events):

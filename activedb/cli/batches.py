@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from activedb.atomic import CompensationMode, CompensationScope
 from activedb.cli import _Group, has_no_tables, load_app, open_database, register_app
 from activedb.cli.options import Seconds, json_default
 from activedb.extras import Extra, needs
@@ -268,6 +267,8 @@ def compensate(ctx: click.Context, query: str, batch: str, mode: str, scope: str
                 raise UnknownBatch.not_consumed(BatchRef.of(query, batch), known=())   # (no lineage: it knows none)
         if app:
             register_app(load_app(app, click.ClickException).register, db, app)
+        from activedb.atomic import CompensationMode, CompensationScope
+
         with _spark_form_hint(query):
             report = db.batches.compensate((query, batch), mode=CompensationMode.parse(mode, "--mode"),
                                            scope=CompensationScope.parse(scope, "--scope"), dry_run=dry_run,

@@ -16,7 +16,6 @@ from activedb.cli import _Group, _confirm, console as make_console, has_no_table
 from activedb.cli.options import Seconds, json_default
 from activedb.cli.running import (BATCH_DEADLINE_SECONDS, RULE_DEADLINE_SECONDS, StopRequest, deadline_options,
                                   deadlines_of, describe_in_progress, exit_at_once, restart, restart_after_deadline)
-from activedb.ingest.errors import BatchDeadlineExceeded
 from activedb.metrics import metrics_port_option, start_metrics
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -187,6 +186,8 @@ def consume_command(ctx: click.Context, app: str, name: str, batch_size: int, re
                 metrics.watch_consumer(consumer)
                 metrics.watch_ingestion(consumer.ingestion)     # its batches, as any ingestion's
             if until_caught_up:
+                from activedb.ingest.errors import BatchDeadlineExceeded
+
                 try:
                     handled = consumer.run_until_caught_up(lead_timeout=lead_timeout)
                 except BatchDeadlineExceeded:
@@ -234,6 +235,8 @@ def _consume_until_stopped(consumer: CaptureConsumer, name: str) -> dict[str, st
     finally:
         consumer.close()
         stop.restore()          # (after the stop: a second Ctrl-C while it waits ends the process)
+    from activedb.ingest.errors import BatchDeadlineExceeded
+
     failure = consumer.failure
     if isinstance(failure, BatchDeadlineExceeded):
         restart_environment = _restart_after_deadline(consumer)

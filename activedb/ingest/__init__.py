@@ -29,23 +29,59 @@ Public names:
 Importing this package imports nothing of Spark or pyarrow.
 """
 
+from typing import TYPE_CHECKING
+
+from activedb import lazy
 from activedb.ingest import errors
-from activedb.ingest._database import IngestDatabase
-from activedb.ingest._failures import run_as_event
-from activedb.ingest._feed import RowBatches, drive, feed
-from activedb.ingest._ingestion import Ingestion
-from activedb.ingest._interface import Batch, LedgerId, Phase, ReservedSource, Rows, Source
-from activedb.ingest._ledger import (
-    END_OF_STREAM_BATCH, IngestionLedger, QueryStatus, batch_committed, forget_run, ingestion_status, ledger_query_id,
-    parse_ledger_query_id, sources_of_run, unfit_source_name,
-)
-from activedb.ingest._mapping import (EventMapping, RawEvent, Rejected, as_mapping, check_columns, is_arrow,
-                                      known_type_names, rows_to_events, to_utc)
-from activedb.ingest._outcome import BatchInProgress, BatchOutcome, FiringInProgress, IngestStatistics, PhaseTimings
-from activedb.ingest._protocol import BatchHandler, BatchInput
-from activedb.ingest._replay import ReplayOutcome, ReplayResult, Replayable, original_query_name, replay_dead_letters
-from activedb.ingest._rules import BatchLowering, RulesHandler
-from activedb.ingest._watch import BatchReport, Deadlines, batches_in_progress
+
+# imported on first use: `import activedb.ingest` (and `activedb.ingest.errors`, which the command line's plugins
+# import to name an error) stays fast — the engine comes with the first name used
+__getattr__, __dir__ = lazy.exports(__name__, {
+    "activedb.ingest._database": ["IngestDatabase"],
+    "activedb.ingest._failures": ["run_as_event"],
+    "activedb.ingest._feed": ["RowBatches", "drive", "feed"],
+    "activedb.ingest._ingestion": ["Ingestion"],
+    "activedb.ingest._interface": ["Batch", "LedgerId", "Phase", "ReservedSource", "Rows", "Source"],
+    "activedb.ingest._ledger": ["END_OF_STREAM_BATCH", "IngestionLedger", "QueryStatus", "batch_committed",
+                                "forget_run", "ingestion_status", "ledger_query_id", "parse_ledger_query_id",
+                                "sources_of_run", "unfit_source_name"],
+    "activedb.ingest._mapping": ["EventMapping", "RawEvent", "Rejected", "as_mapping", "check_columns", "is_arrow",
+                                 "known_type_names", "rows_to_events", "to_utc"],
+    "activedb.ingest._outcome": ["BatchInProgress", "BatchOutcome", "FiringInProgress", "IngestStatistics",
+                                 "PhaseTimings"],
+    "activedb.ingest._protocol": ["BatchHandler", "BatchInput"],
+    "activedb.ingest._replay": ["ReplayOutcome", "ReplayResult", "Replayable", "original_query_name",
+                                "replay_dead_letters"],
+    "activedb.ingest._rules": ["BatchLowering", "RulesHandler"],
+    "activedb.ingest._watch": ["BatchReport", "Deadlines", "batches_in_progress"],
+})
+
+if TYPE_CHECKING:  # the names above, for type checkers (tests/test_typing.py keeps both lists equal)
+    from activedb.ingest._database import (IngestDatabase as IngestDatabase)
+    from activedb.ingest._failures import (run_as_event as run_as_event)
+    from activedb.ingest._feed import (RowBatches as RowBatches, drive as drive, feed as feed)
+    from activedb.ingest._ingestion import (Ingestion as Ingestion)
+    from activedb.ingest._interface import (Batch as Batch, LedgerId as LedgerId, Phase as Phase, ReservedSource as
+                                            ReservedSource, Rows as Rows, Source as Source)
+    from activedb.ingest._ledger import (END_OF_STREAM_BATCH as END_OF_STREAM_BATCH, IngestionLedger as IngestionLedger,
+                                         QueryStatus as QueryStatus, batch_committed as batch_committed, forget_run as
+                                         forget_run, ingestion_status as ingestion_status, ledger_query_id as
+                                         ledger_query_id, parse_ledger_query_id as parse_ledger_query_id, sources_of_run
+                                         as sources_of_run, unfit_source_name as unfit_source_name)
+    from activedb.ingest._mapping import (EventMapping as EventMapping, RawEvent as RawEvent, Rejected as Rejected,
+                                          as_mapping as as_mapping, check_columns as check_columns, is_arrow as
+                                          is_arrow, known_type_names as known_type_names, rows_to_events as
+                                          rows_to_events, to_utc as to_utc)
+    from activedb.ingest._outcome import (BatchInProgress as BatchInProgress, BatchOutcome as BatchOutcome,
+                                          FiringInProgress as FiringInProgress, IngestStatistics as IngestStatistics,
+                                          PhaseTimings as PhaseTimings)
+    from activedb.ingest._protocol import (BatchHandler as BatchHandler, BatchInput as BatchInput)
+    from activedb.ingest._replay import (ReplayOutcome as ReplayOutcome, ReplayResult as ReplayResult, Replayable as
+                                         Replayable, original_query_name as original_query_name, replay_dead_letters as
+                                         replay_dead_letters)
+    from activedb.ingest._rules import (BatchLowering as BatchLowering, RulesHandler as RulesHandler)
+    from activedb.ingest._watch import (BatchReport as BatchReport, Deadlines as Deadlines, batches_in_progress as
+                                        batches_in_progress)
 
 __all__ = ["END_OF_STREAM_BATCH", "Batch", "BatchHandler", "BatchInProgress", "BatchReport", "Deadlines", "FiringInProgress",
            "batches_in_progress", "BatchInput", "BatchLowering", "BatchOutcome", "EventMapping", "IngestDatabase",
