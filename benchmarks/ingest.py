@@ -99,7 +99,6 @@ takes several minutes (the 100k-event runs of the hand-hygiene rules, on one tas
 from __future__ import annotations
 
 import dataclasses
-import logging
 import os
 import shutil
 import statistics
@@ -113,6 +112,7 @@ import sqlalchemy as sa
 import activedb
 from activedb import Coupling
 from activedb.progress import Progress
+from benchmarks._setup import rule_log_quiet
 from benchmarks.report import BenchReport, Row, Series, cpu_times, machine_during
 from spark_bridge import write_event_files
 
@@ -662,6 +662,7 @@ def _series(report: BenchReport) -> None:
                                  points, log_x=True, log_y=True))
 
 
+@rule_log_quiet     # (rule failures and rejected events are the workload's)
 def run(quick: bool = False, progress: Progress | None = None) -> BenchReport:
     import spark_bridge
     from activedb.examples.hand_hygiene import MIGRATIONS
@@ -682,7 +683,6 @@ def run(quick: bool = False, progress: Progress | None = None) -> BenchReport:
                                              for size in plan))
     progress.note("starting Spark and the databases ...")
     timeout = 600.0 if quick else 3600.0
-    logging.getLogger("activedb.rules").setLevel(logging.CRITICAL)   # rejected badge events are expected
 
     started = time.perf_counter()
     database = activedb.connect()

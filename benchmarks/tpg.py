@@ -13,7 +13,6 @@ SL, ≥ 1.6× with 2 processes.  ``--quick``: T = 2,048, short sweeps.  Details:
 from __future__ import annotations
 
 import json
-import logging
 import os
 import time
 from pathlib import Path
@@ -24,6 +23,7 @@ import sqlalchemy as sa
 from activedb import batch
 from activedb.progress import Progress
 from benchmarks import workloads
+from benchmarks._setup import rule_log_quiet
 from benchmarks.report import BenchReport, Row, output_folder
 
 SWEEP_STRATEGIES = ("tpg", "ns/f/e", "bfs/f/e", "ns/f/l", "bfs/c/e")
@@ -328,6 +328,7 @@ def _decisions(report: BenchReport, size: int) -> None:
                         "θ: the Zipf law over the same keys whose hottest key takes the same share.")
 
 
+@rule_log_quiet     # (rule failures and rejected events are the workload's)
 def run(quick: bool = False, *, size: int | None = None, instructions: bool | None = None,
         progress: Progress | None = None) -> BenchReport:
     """``size`` overrides T (the smoke test uses a tiny batch); ``instructions``: section 5 (perf
@@ -344,7 +345,6 @@ def run(quick: bool = False, *, size: int | None = None, instructions: bool | No
     size = size or (2_048 if quick else 10_240)
     repeat = 1 if quick else 3
     directory = output_folder("tpg")
-    logging.getLogger("activedb.rules").setLevel(logging.CRITICAL)   # rule failures are the aborts
     started_all = time.perf_counter()
     load_at_start = os.getloadavg()[0]
 

@@ -451,13 +451,18 @@ def run_command(ctx: click.Context, app: str, source_text: str, checkpoint: str 
 
 def _load_app(app: str, verbose: bool) -> LoadedApp:
     """``load_app(app, require_mapping=True)`` for a command (its error one line); without ``verbose`` the
-    rules' rejections are not logged."""
+    rules' rejections are not logged, with it they are printed on the console too — until the command ends, after
+    which the rules' log is as it was (a command run in another program's process, ``CliRunner``'s)."""
     import spark_bridge
 
+    rules_log, close = logging.getLogger("activedb.rules"), click.get_current_context().call_on_close
     if not verbose:
-        logging.getLogger("activedb.rules").setLevel(logging.CRITICAL)
+        close(functools.partial(rules_log.setLevel, rules_log.level))     # (as it was, after the command)
+        rules_log.setLevel(logging.CRITICAL)
     else:      # on the console too (activedb's log file has them either way)
-        logging.getLogger("activedb.rules").addHandler(logging.StreamHandler())
+        console = logging.StreamHandler()
+        close(functools.partial(rules_log.removeHandler, console))
+        rules_log.addHandler(console)
     try:
         return spark_bridge.load_app(app, require_mapping=True)
     except (SparkBridgeError, IngestError) as error:

@@ -27,7 +27,9 @@ one server; its databases live per module (``activedb_database_scope`` there).
 
 from __future__ import annotations
 
+import collections
 import importlib.metadata
+import logging
 import os
 import re
 import shutil
@@ -95,6 +97,18 @@ def pytest_collection_modifyitems(config, items):
         relative = item.path.relative_to(root).as_posix() if item.path.is_relative_to(root) else ""
         if any(relative == entry or (entry.endswith("/") and relative.startswith(entry)) for entry in SERVER_SUITE):
             item.add_marker(pytest.mark.server)
+    _long_files_first(items)
+
+
+def _long_files_first(items) -> None:
+    """Files with a test marked ``spark`` or ``slow`` first, then by their number of tests, most first; each file's
+    tests in their own order.  pytest-xdist hands each process a file at a time in this order (``--dist loadfile``
+    with ``--no-loadscope-reorder``): its own order, by the number of tests alone, left the Spark crash and
+    restart tests — a few tests each, the longest files of the suite — to the end, where one process ran them while
+    the other had nothing left."""
+    tests = collections.Counter(item.path for item in items)
+    long = {item.path for item in items if item.get_closest_marker("spark") or item.get_closest_marker("slow")}
+    items.sort(key=lambda item: (item.path not in long, -tests[item.path], str(item.path)))
 
 
 def _plugin_comes_by_entry_point() -> bool:
@@ -181,8 +195,35 @@ def _spark_class_archive(session: pytest.Session) -> None:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
+    item.stash[_LOG_LEVELS] = _activedb_log_levels()
     if item.get_closest_marker("spark"):
         _spark_class_archive(item.session)
+
+
+_LOG_LEVELS = pytest.StashKey[dict]()
+
+
+def _activedb_log_levels() -> dict[str, int]:
+    """The levels set on activedb's loggers (``activedb`` and below), by name."""
+    loggers = logging.Logger.manager.loggerDict
+    return {name: logger.level for name, logger in list(loggers.items())
+            if (name == "activedb" or name.startswith("activedb.")) and isinstance(logger, logging.Logger)}
+
+
+@pytest.hookimpl(wrapper=True, trylast=True)
+def pytest_runtest_teardown(item):
+    """A test, with every fixture's teardown, leaves the levels of activedb's loggers as it found them: a level left
+    at CRITICAL by code the test ran in its process (a benchmark, a command) hid a later test's log records, and
+    which test that was depended on the order of the files."""
+    result = yield
+    before = item.stash.get(_LOG_LEVELS, None)
+    if before is not None:
+        changed = {name: (before.get(name, logging.NOTSET), level) for name, level in _activedb_log_levels().items()
+                   if level != before.get(name, logging.NOTSET)}
+        if changed:
+            raise AssertionError(f"{item.nodeid} left activedb's log levels changed (logger: (before, after)): "
+                                 f"{changed} — restore them where they are set")
+    return result
 
 
 @pytest.fixture(scope="session")

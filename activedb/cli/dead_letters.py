@@ -4,6 +4,7 @@ owns the table and its SQL; a replay goes through the ingestion core, ``activedb
 from __future__ import annotations
 
 import collections
+import functools
 import dataclasses
 import json
 import logging
@@ -220,7 +221,9 @@ def replay_command(ctx: click.Context, app: str, ids: tuple[int, ...] | None, qu
     from activedb.ingest.errors import IngestError
 
     if not verbose:
-        logging.getLogger("activedb.rules").setLevel(logging.CRITICAL)
+        rules_log = logging.getLogger("activedb.rules")
+        ctx.call_on_close(functools.partial(rules_log.setLevel, rules_log.level))    # (as it was, after the command)
+        rules_log.setLevel(logging.CRITICAL)
     try:
         loaded = load_app(app, require_mapping=True)
         first = app_handler(loaded)     # (before anything is read or changed: QUERIES with EXECUTOR, a bad EXECUTOR)
