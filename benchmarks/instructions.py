@@ -93,12 +93,17 @@ def _total(path: Path) -> int:
 
 
 def _run(workload: str, size: int, batches: int, phase: str) -> None:
-    """Set up ``workload``, run a warm-up batch and, in phase ``run``, ``batches`` more (the measured part)."""
+    """Set up ``workload``, run a warm-up batch and, in phase ``run``, ``batches`` more (the measured part); the
+    rules' log quiet meanwhile (rejected badge events are the workload's), as it was after."""
+    from benchmarks._setup import rule_log_quiet
+
+    rule_log_quiet(_run_workload)(workload, size, batches, phase)
+
+
+def _run_workload(workload: str, size: int, batches: int, phase: str) -> None:
     if workload in ("immediate", "direct", "lowered", "executemany"):
         _run_rules(workload, size, batches, phase)
         return
-    import logging
-
     import pyarrow as pa
 
     import activedb
@@ -111,7 +116,6 @@ def _run(workload: str, size: int, batches: int, phase: str) -> None:
     from benchmarks import MIGRATIONS as BENCH_MIGRATIONS
     from benchmarks.ingest import register_minimal, _worker_number
 
-    logging.getLogger("activedb.rules").setLevel(logging.CRITICAL)     # rejected badge events are expected
     database = activedb.connect()
     database.upgrade_app(MIGRATIONS)
     database.upgrade_app(BENCH_MIGRATIONS)
