@@ -4,8 +4,8 @@ owns the table and its SQL; a replay goes through the ingestion core, ``activedb
 from __future__ import annotations
 
 import collections
-import functools
 import dataclasses
+import functools
 import json
 import logging
 import sys
