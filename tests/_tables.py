@@ -1,5 +1,6 @@
 """The test tables (``tests/app_migrations``) as the tests set and read them: refill one with known rows,
-read ``accounts`` or ``items`` back as a dict, check the recorded history of what a test ran."""
+read ``accounts`` or ``items`` back as a dict, ask whether a row is locked, check the recorded history of what a test
+ran."""
 
 from __future__ import annotations
 
@@ -17,6 +18,19 @@ def refill(db, table: str, rows: str) -> None:
     with db.engine.begin() as connection:
         connection.execute(sa.text(f"DELETE FROM {table}"))
         connection.execute(sa.text(f"INSERT INTO {table} {rows}"))
+
+
+def row_locked(engine: sa.Engine, table: str, where: str, key: object) -> bool:
+    """Whether a transaction holds the row of ``table`` whose column ``where`` is ``key`` locked (``FOR UPDATE NOWAIT``
+    fails), e.g. ``row_locked(db.engine, "accounts", "id", 1)``."""
+    with engine.connect() as connection:
+        try:
+            connection.execute(sa.text(f"SELECT 1 FROM {table} WHERE {where} = :key FOR UPDATE NOWAIT"), {"key": key})
+            return False
+        except sa.exc.OperationalError:
+            return True
+        finally:
+            connection.rollback()
 
 
 def _pairs(db, query: str) -> dict:

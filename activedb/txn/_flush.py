@@ -162,7 +162,7 @@ def _flush_with_retries(root: Transaction, isolation: IsolationLevel,
         attempt += 1
         try:
             with manager.catalog.connect(isolation) as connection:
-                with connection.begin():
+                with manager.server_waits.holding(connection, root.id), connection.begin():
                     _write_all(root, connection, infos, writes, reads, scans, participants, locked, held=False)
             return
         except sa.exc.OperationalError as error:
@@ -216,11 +216,13 @@ def _validate(root: "Transaction", connection: sa.Connection, infos: Mapping[str
     for (shared, table_name), keys in sorted(by_table.items()):
         # A row another tree of this process holds locked in PostgreSQL: that tree may wait in the lock manager for
         # this one, so the wait is said to the lock manager (``RowLockOwners.validating``), statement by statement.
-        with owners.validating(root, {(table_name, key) for key in keys}, ()):
+        with owners.validating(root, {(table_name, key) for key in keys}, (), connection) as flight:
             try:
                 current = fetch_rows(connection, infos[table_name], keys, lock="share" if shared else "update",
                                      nowait=nowait, lock_timeout=None if nowait else LOCK_TIMEOUT)
             except sa.exc.OperationalError as error:
+                if flight.victim is not None:
+                    raise flight.victim from None   # (cancelled: a deadlock's victim, or its tree aborted)
                 if nowait or sqlstate_of(error) != LOCK_NOT_AVAILABLE:
                     raise
                 # Its own bound: the holder may be a tree of this process waiting for this one (README "Reads for
@@ -242,8 +244,13 @@ def _validate(root: "Transaction", connection: sa.Connection, infos: Mapping[str
         # (PostgreSQL detects serialization anomalies only among SERIALIZABLE transactions): without the
         # row locks the two could each miss the other's write (write skew; found by the list-append
         # history test across two processes).
-        with owners.validating(root, set(), (table_name,)):
-            rows = scan_rows(connection, infos[table_name], where, lock="share", nowait=nowait)
+        with owners.validating(root, set(), (table_name,), connection) as flight:
+            try:
+                rows = scan_rows(connection, infos[table_name], where, lock="share", nowait=nowait)
+            except sa.exc.OperationalError:
+                if flight.victim is not None:
+                    raise flight.victim from None
+                raise
         if not same_image(rows, fetched):
             raise SerializationConflict(
                 f"commit of {root.id}: rows of {table_name!r} it scanned were changed by another process; "

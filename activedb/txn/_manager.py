@@ -28,6 +28,7 @@ from activedb.txn._locking import Locking
 from activedb.txn._participants import CommitParticipant
 from activedb.txn._pool import WorkerPool
 from activedb.txn._rowlocks import RowLockOwners
+from activedb.txn._serverwaits import ServerWaits
 from activedb.txn._tree import Transaction
 from activedb.txn._view import CommittedRows, ReadBase
 
@@ -57,6 +58,8 @@ class TransactionManager:
         self.locking = Locking(self.locks, lock_timeout)
         #: The rows the trees of this process hold locked in PostgreSQL (``_rowlocks``), for the flush's waits.
         self.row_lock_owners = RowLockOwners()
+        #: Their backends and statements that wait there, asked of PostgreSQL when they wait long (``_serverwaits``).
+        self.server_waits = ServerWaits(catalog, self.locks)
         #: How inline subtransactions are represented (see ``Subtransactions``; README, "Lazy inline
         #: subtransactions" and "Frames"): ``FRAMES`` (the default) or ``MATERIALIZED``
         #: (every node registered from its start, the reference the equivalence tests compare with).  A

@@ -3,9 +3,11 @@ connection the tree keeps until its flush, which runs in that same transaction: 
 update (hot keys)" (the UPDATE mode, the bounded lock wait, the trees that flush at SERIALIZABLE) and "A PostgreSQL
 row wait is an edge of the wait-for graph" (``RowLockOwners``, :func:`row_lock_wait`).
 
-Thread-safety: ``_mutex`` protects the connection and ``rows``; it is a leaf held while a statement runs on
-the connection (a connection runs one statement at a time), never while taking any other mutex.
-:class:`RowLockOwners`' ``_mutex`` is a leaf too.
+Thread-safety: ``_mutex`` protects the connection, ``rows`` and whose statement runs; it is held while a statement runs
+on the connection (a connection runs one statement at a time), and while holding it only ``ServerWaits``' mutex (a
+leaf) is taken — the statement's flight, the backend's listing — and a landed flight's waits released in the lock
+manager (whose mutexes never take activedb's).  A node that finds it held registers its wait for the node whose
+statement runs (:meth:`RowLocks._wait_for_turn`).  :class:`RowLockOwners`' ``_mutex`` is a leaf too.
 """
 
 from __future__ import annotations
@@ -23,9 +25,11 @@ from activedb.store import IsolationLevel, lock_row
 from activedb.txn import _help_edges
 from activedb.txn._hooks import WaitKind
 from activedb.txn._participants import CommitParticipant
+from activedb.txn._serverwaits import backend_pid
 
 if TYPE_CHECKING:  # pragma: no cover
     from activedb.store import Key, TableInfo
+    from activedb.txn._serverwaits import Flight
     from activedb.txn._tree import Transaction
 
 #: How long a read for update waits for another process's row lock before giving up (a retryable conflict).
@@ -73,13 +77,15 @@ class RowLockOwners:
                         del self._owners[row]
 
     @contextlib.contextmanager
-    def validating(self, root: "Transaction", rows: AbstractSet[tuple[str, "Key"]], tables: Collection[str]
-                   ) -> Iterator[None]:
+    def validating(self, root: "Transaction", rows: AbstractSet[tuple[str, "Key"]], tables: Collection[str],
+                   connection: sa.Connection) -> Iterator["Flight"]:
         """While ``root``'s flush runs a statement locking ``rows`` (or rows of ``tables``): its wait for the trees
         holding them is registered (:func:`row_lock_wait`; ``DeadlockDetected`` if that closes a cycle), and a tree
         that claims one of ``rows`` meanwhile registers the flush's wait for it too, since its lock may come first
         (:meth:`wait_for_claimant`).  The flush lists its rows and looks the holders up in one step under the mutex,
-        as a claim lists and looks: of a claim and a flush on one row, the later sees the earlier."""
+        as a claim lists and looks: of a claim and a flush on one row, the later sees the earlier.  The statement on
+        ``connection`` is a flight (``ServerWaits.flight``): if it is a deadlock's victim, its caller raises
+        ``flight.victim`` instead of its error."""
         with self._mutex:
             if tables or len(self._owners) < len(rows):      # (walk the smaller side)
                 found = {owner for row, owners in self._owners.items() if row in rows or row[0] in tables
@@ -92,7 +98,8 @@ class RowLockOwners:
         waiting = None
         try:
             waiting = row_lock_wait(root, sorted(found - {root.id}))
-            yield
+            with root.manager.server_waits.flight(root.id, root.id, connection) as flight:
+                yield flight
         finally:
             if waiting is not None:
                 waiting.release()
@@ -132,13 +139,18 @@ def row_lock_wait(node: "Transaction", targets: list[str]) -> "lockmgr.ExternalW
     if not targets:
         return None
     _help_edges.flush()         # (edges of children this thread helps: before its own)
-    waiter = node
-    while waiter._lazy:
-        waiter = waiter.parent  # type: ignore[assignment]  # (a lazy node has a parent)
     try:
-        return node.manager.locks.add_wait(waiter.id, targets, kind=WaitKind.ROW_LOCK)
+        return node.manager.locks.add_wait(blocked_id(node), targets, kind=WaitKind.ROW_LOCK)
     except lockmgr.TransactionNotActive:
         return None             # (an ancestor's abort reached the lock manager first: it learns of it after the wait)
+
+
+def blocked_id(node: "Transaction") -> str:
+    """The id of the lock manager's transaction that is blocked while ``node`` waits in PostgreSQL: ``node``, or for a
+    lazy node the ancestor its locks are granted to."""
+    while node._lazy:
+        node = node.parent  # type: ignore[assignment]  # (a lazy node has a parent)
+    return node.id
 
 
 class _Slot:
@@ -157,6 +169,9 @@ class RowLocks(CommitParticipant):
         self._mutex = threading.Lock()          # protects connection, _transaction, rows
         self.connection: sa.Connection | None = None
         self._transaction: sa.RootTransaction | None = None
+        self._pid: int | None = None            # the connection's backend, listed as the tree's (``ServerWaits``)
+        self._driver: object = None             # the connection's psycopg connection (a victim's statement is cancelled)
+        self._flying: str | None = None         # whose statement runs now (``blocked_id``; set under ``_mutex``)
         #: (table, key) of every row this tree holds ``FOR UPDATE`` -> its committed image when it was locked (which
         #: it still is: the flush compares the images the tree relied on with these).
         self.rows: dict[tuple[str, "Key"], dict[str, object] | None] = {}
@@ -191,25 +206,41 @@ class RowLocks(CommitParticipant):
         here, or for another tree's request).  If the statement fails, the transaction and every row lock of the tree
         go: the tree holds no row any more (its flush validates them as rows read plainly)."""
         row = (info.name, key)
-        owners = self._root.manager.row_lock_owners
+        manager = self._root.manager
+        owners = manager.row_lock_owners
         unlisted: set[tuple[str, "Key"]] = set() if row in self.rows else {row}   # (unlisted again if this fails)
         waiting = None
         try:
+            # The edges of children this thread helps, before the statement: it may wait in PostgreSQL, and the edges
+            # the checker finds then (``ServerWaits``) are registered from another thread, which cannot flush them.
+            _help_edges.flush()
             holders, validators = owners.claim(row, self._root.id)
             for validator in validators:
                 owners.wait_for_claimant(validator, self._root)
             waiting = row_lock_wait(node, holders)
-            with self._mutex:
+            waiter = blocked_id(node)
+            if not self._mutex.acquire(blocking=False):
+                self._wait_for_turn(waiter)
+            try:
+                flight: Flight | None = None
                 try:
                     begin = None
                     if self.connection is None:
                         self._open()
                         begin = IsolationLevel.READ_COMMITTED   # the BEGIN rides with the first row's SELECT
-                    image = lock_row(self.connection, info, key,  # type: ignore[arg-type]  # (opened just above)
-                                     lock_timeout=LOCK_TIMEOUT, begin=begin)
+                    self._flying = waiter
+                    flight = manager.server_waits.take_off(waiter, self._root.id, self._pid,  # type: ignore[arg-type]
+                                                           self._driver)
+                    try:
+                        image = lock_row(self.connection, info, key,  # type: ignore[arg-type]  # (opened above)
+                                         lock_timeout=LOCK_TIMEOUT, begin=begin)
+                    finally:
+                        manager.server_waits.land(flight)
                 except sa.exc.DBAPIError as error:
                     self._close()               # the transaction failed: its locks go with it
                     unlisted, self.rows = unlisted | self.rows.keys(), {}
+                    if flight is not None and flight.victim is not None:
+                        raise flight.victim from None   # (cancelled: a deadlock's victim, or its tree aborted)
                     sqlstate = getattr(error.orig, "sqlstate", None)
                     if (sqlstate == LOCK_NOT_AVAILABLE
                             or classify(error) in (Failure.SERIALIZATION_CONFLICT, Failure.DEADLOCK)):
@@ -220,12 +251,31 @@ class RowLocks(CommitParticipant):
                         error, f"locking row {key!r} of {info.name!r}") from error
                 self.rows[row] = image
                 unlisted = set()
+            finally:
+                self._flying = None
+                self._mutex.release()
             return image
         finally:
             if waiting is not None:
                 waiting.release()
-            if unlisted:        # (after ``_mutex``, a leaf: the owners' mutex is another leaf)
+            if unlisted:        # (after ``_mutex``: the owners' mutex is a leaf, taken under no other)
                 owners.discard(unlisted, self._root.id)
+
+    def _wait_for_turn(self, waiter: str) -> None:
+        """Take ``_mutex``, which another node's statement holds, for a statement of ``waiter`` (``blocked_id``).  That
+        statement may wait in PostgreSQL: ``waiter`` waits for its node meanwhile, and says so to the lock manager
+        (``WaitKind.ROW_LOCK``) — a cycle through the statement's wait (a guess, or what PostgreSQL named:
+        ``ServerWaits``) runs through ``waiter`` too, which may hold what another tree of the cycle waits for."""
+        waiting = None
+        flying = self._flying       # (read unlocked: a wait registered for a statement that just ended is released
+        if flying is not None:      # at once below, when the turn comes)
+            with contextlib.suppress(lockmgr.TransactionNotActive, lockmgr.WaitForItself):
+                waiting = self._root.manager.locks.add_wait(waiter, [flying], kind=WaitKind.ROW_LOCK)
+        try:
+            self._mutex.acquire()
+        finally:
+            if waiting is not None:
+                waiting.release()
 
     def _open(self) -> None:
         """Caller holds ``_mutex``.  The connection is in autocommit at the driver (``Catalog.idle``), so that
@@ -235,6 +285,9 @@ class RowLocks(CommitParticipant):
         connection = self._root.manager.catalog.idle.take()
         self._transaction = connection.begin()
         self.connection = connection
+        self._driver = connection.connection.driver_connection
+        self._pid = backend_pid(connection)
+        self._root.manager.server_waits.hold(self._pid, self._root.id)
 
     def take_connection(self) -> sa.Connection | None:
         """For the flush: the connection in its open transaction (the caller commits or rolls it back and gives
@@ -278,6 +331,9 @@ class RowLocks(CommitParticipant):
             if connection is not None:
                 with contextlib.suppress(Exception):
                     connection.invalidate()     # closes the driver's connection: the server rolls back
+            if self._pid is not None:
+                self._root.manager.server_waits.let_go(self._pid, self._root.id)
+                self._pid = None
             rows = list(self.rows)
         finally:
             self._mutex.release()
@@ -287,6 +343,9 @@ class RowLocks(CommitParticipant):
         """Caller holds ``_mutex``."""
         connection, self.connection = self.connection, None
         self._transaction = None
+        if self._pid is not None:
+            self._root.manager.server_waits.let_go(self._pid, self._root.id)
+            self._pid = None
         if connection is not None:
             try:
                 connection.rollback()

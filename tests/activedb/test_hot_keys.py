@@ -30,7 +30,7 @@ import activedb
 from activedb import testing
 from activedb.errors import SerializationConflict
 from activedb.txn import CommitParticipant
-from tests._tables import balances, refill
+from tests._tables import balances, refill, row_locked
 
 TIMEOUT = 30
 
@@ -502,14 +502,7 @@ def test_an_abandoned_tree_releases_its_row_locks_now_and_never_commits(db):
             outcome["end"] = error
 
     def locked_elsewhere() -> bool:
-        with db.engine.connect() as other:
-            try:
-                other.execute(sa.text("SELECT 1 FROM accounts WHERE id = 1 FOR UPDATE NOWAIT"))
-                return False
-            except sa.exc.OperationalError:
-                return True
-            finally:
-                other.rollback()
+        return row_locked(db.engine, "accounts", "id", 1)
 
     thread = threading.Thread(target=hold)
     thread.start()
@@ -646,3 +639,195 @@ def test_a_childs_wait_in_postgresql_for_another_tree_is_the_childs_edge_of_the_
     assert holder == tx.id and "." in waiter, (waiter, holder)     # B's child waits for tree A
     assert outcome == {"A": "deadlock", "B": "committed"}
     assert balances(db) == {1: 1, 2: 0}
+
+
+def test_a_read_for_update_waiting_for_a_flush_that_locked_its_row_first_is_an_edge_postgresql_names(db):
+    """A cycle one of whose edges only PostgreSQL knows: tree F's flush validates row 1 (``FOR SHARE``, locked) and
+    then waits for item x, which tree D holds ``FOR UPDATE`` (that wait is registered: D is x's listed holder).  Tree
+    C then reads row 1 for update and waits in PostgreSQL for F — no tree is row 1's listed holder and F's statement
+    that locked it had ended, so nothing was registered before C's statement was sent.  D then writes row 4, which C
+    wrote: D waits for C in the lock manager.  PostgreSQL sees C -> F -> D and no cycle (D does not wait there), the
+    lock manager saw D -> C and F -> D.  C's statement, asked about after it waited ``CHECK_AFTER``
+    (``pg_blocking_pids``), adds C -> F: D's request closes the cycle and D is the victim; its abort lets x go, F
+    commits, then C.  Before, C gave up after its lock timeout (10 s) with a ``SerializationConflict``."""
+    refill(db, "accounts", "(id, balance) VALUES (1, 0), (2, 0), (3, 0), (4, 0)")
+    refill(db, "items", "(key, value) VALUES ('x', 0)")
+    locks, outcome = db.transactions.locks, {}
+    d_locked, c_wrote, c_go, d_go = (threading.Event() for _ in range(4))
+    ids: dict[str, str] = {}
+
+    def row_lock_edges():
+        return {(source, target) for source, target, kind in locks.wait_for_graph().edges(data="kind")
+                if kind == "row-lock"}
+
+    def tree(name, body):
+        def run():
+            try:
+                with db.transaction() as tx:
+                    ids[name] = tx.id
+                    body(tx)
+                outcome[name] = "committed"
+            except activedb.DeadlockDetected:
+                outcome[name] = "deadlock"
+            except Exception as error:          # (reported by the assertion below)
+                outcome[name] = repr(error)
+        return threading.Thread(target=run, name=f"tree {name}")
+
+    def body_d(tx):
+        tx.read("items", "x", for_update=True)
+        d_locked.set()
+        assert d_go.wait(TIMEOUT)
+        tx.write("accounts", 4, balance=40)
+
+    def body_c(tx):
+        tx.write("accounts", 4, balance=4)
+        c_wrote.set()
+        assert c_go.wait(TIMEOUT)
+        tx.read("accounts", 1, for_update=True)
+
+    def body_f(tx):
+        tx.read("accounts", 1)
+        tx.read("items", "x")
+        tx.write("accounts", 3, balance=3)
+
+    trees = [tree("D", body_d), tree("C", body_c), tree("F", body_f)]
+    with testing.Watchdog(90, locks):
+        trees[0].start(), trees[1].start()
+        assert d_locked.wait(TIMEOUT) and c_wrote.wait(TIMEOUT)
+        trees[2].start()
+        testing.wait_until(lambda: len(row_lock_edges()) == 1 and _waiting_for_a_row_lock(db), TIMEOUT,
+                           "F's flush waiting in PostgreSQL for D's item (its registered wait)")
+        assert row_lock_edges() == {(ids["F"], ids["D"])}
+        c_go.set()
+        testing.wait_until(lambda: (ids["C"], ids["F"]) in row_lock_edges(), TIMEOUT,
+                           "C's wait in PostgreSQL for F's flush, an edge once PostgreSQL was asked")
+        d_go.set()
+        for thread in trees:
+            thread.join(TIMEOUT)
+        assert not any(thread.is_alive() for thread in trees)
+    assert outcome == {"C": "committed", "D": "deadlock", "F": "committed"}
+    assert balances(db) == {1: 0, 2: 0, 3: 3, 4: 4}
+    assert row_lock_edges() == set()
+
+
+def _lock_in_postgresql_only(tx, key) -> None:
+    """Row ``key`` locked in PostgreSQL by ``tx``'s tree but not in the lock manager: the child that read it for update
+    aborted (its UPDATE lock went with it, the tree's row lock stays until the tree ends), so another tree's read for
+    update of it waits in PostgreSQL, not in the lock manager."""
+    with pytest.raises(_ChildGivesUp):
+        with tx.subtransaction() as child:
+            child.read("accounts", key, for_update=True)
+            raise _ChildGivesUp
+
+
+def test_a_child_waiting_for_its_trees_statement_waits_for_that_child_in_the_wait_for_graph(db):
+    """A tree's reads for update run one at a time on its connection: child A1's read of row 1 waits in PostgreSQL
+    for tree B, and child A2's read of row 2 waits for A1's statement to end.  A2 wrote row 3; B writes it and waits
+    for A2 in the lock manager.  A2's wait for A1 is an edge too (``RowLocks._turn``), so B's request closes the
+    cycle B -> A2 -> A1 -> B and B is the victim; its abort lets row 1 go and tree A commits.  Before, that wait was
+    seen by no detector: A1 gave up after its lock timeout (10 s)."""
+    refill(db, "accounts", "(id, balance) VALUES (1, 0), (2, 0), (3, 0)")
+    locks, outcome, ids = db.transactions.locks, {}, {}
+    b_locked, b_go, a2_wrote, a2_go = (threading.Event() for _ in range(4))
+
+    def row_lock_edges():
+        return {(source, target) for source, target, kind in locks.wait_for_graph().edges(data="kind")
+                if kind == "row-lock"}
+
+    def a1(child):
+        ids["A1"] = child.id
+        row = child.read("accounts", 1, for_update=True)
+        child.write("accounts", 1, balance=row["balance"] + 1)
+
+    def a2(child):
+        ids["A2"] = child.id
+        child.write("accounts", 3, balance=3)
+        a2_wrote.set()
+        assert a2_go.wait(TIMEOUT)
+        row = child.read("accounts", 2, for_update=True)
+        child.write("accounts", 2, balance=row["balance"] + 2)
+
+    def tree_a():
+        try:
+            with db.transaction() as tx:
+                second = tx.spawn(a2)
+                assert a2_wrote.wait(TIMEOUT)
+                tx.spawn(a1).result(TIMEOUT)
+                second.result(TIMEOUT)
+            outcome["A"] = "committed"
+        except Exception as error:
+            outcome["A"] = repr(error)
+
+    def tree_b():
+        try:
+            with db.transaction() as tx:
+                ids["B"] = tx.id
+                _lock_in_postgresql_only(tx, 1)
+                b_locked.set()
+                assert b_go.wait(TIMEOUT)
+                tx.write("accounts", 3, balance=30)
+            outcome["B"] = "committed"
+        except activedb.DeadlockDetected:
+            outcome["B"] = "deadlock"
+
+    with testing.Watchdog(90, locks):
+        b, a = threading.Thread(target=tree_b), threading.Thread(target=tree_a)
+        b.start()
+        assert b_locked.wait(TIMEOUT)
+        a.start()
+        testing.wait_until(lambda: "A1" in ids and (ids["A1"], ids["B"]) in row_lock_edges(), TIMEOUT,
+                           "A1 waiting in PostgreSQL for B's row (its registered wait)")
+        a2_go.set()
+        testing.wait_until(lambda: (ids["A2"], ids["A1"]) in row_lock_edges(), TIMEOUT,
+                           "A2 waiting for A1's statement on the tree's connection (an edge)")
+        b_go.set()
+        a.join(TIMEOUT), b.join(TIMEOUT)
+        assert not a.is_alive() and not b.is_alive()
+    assert outcome == {"A": "committed", "B": "deadlock"}
+    assert balances(db) == {1: 1, 2: 2, 3: 3}
+
+
+def test_a_statement_waiting_in_postgresql_after_its_tree_was_aborted_is_cancelled(db):
+    """Tree A's child waits in PostgreSQL for tree B's row; A's own thread gives up meanwhile, and the tree is
+    aborted in the lock manager while the child's statement still waits.  Asked about, the statement is found to be
+    an aborted tree's and cancelled: the child ends with ``TransactionAborted`` saying so, and the tree's row locks go
+    now — not when the wait ends (B's lock, here held to the end, or the statement's 10 s lock timeout)."""
+    refill(db, "accounts", "(id, balance) VALUES (1, 0), (2, 0)")
+    locks, errors, ids = db.transactions.locks, {}, {}
+    b_locked, b_go = threading.Event(), threading.Event()
+
+    def child(node):
+        ids["child"] = node.id
+        try:
+            node.read("accounts", 2, for_update=True)
+            node.read("accounts", 1, for_update=True)
+        except Exception as error:
+            errors["child"] = error
+            raise
+
+    def tree_b():
+        with db.transaction() as tx:
+            ids["B"] = tx.id
+            _lock_in_postgresql_only(tx, 1)
+            b_locked.set()
+            assert b_go.wait(TIMEOUT)
+
+    with testing.Watchdog(90, locks):
+        b = threading.Thread(target=tree_b)
+        b.start()
+        assert b_locked.wait(TIMEOUT)
+        with pytest.raises(_ChildGivesUp):
+            with db.transaction() as tx:
+                tx.spawn(child)
+                testing.wait_until(lambda: "child" in ids and (ids["child"], ids["B"]) in
+                                   {(s, t) for s, t, k in locks.wait_for_graph().edges(data="kind") if k == "row-lock"},
+                                   TIMEOUT, "the child waiting in PostgreSQL for B's row")
+                raise _ChildGivesUp
+        testing.wait_until(lambda: "child" in errors, TIMEOUT, "the child's statement cancelled")
+        assert not row_locked(db.engine, "accounts", "id", 2), "the aborted tree's row lock went with its abort"
+        b_go.set()
+        b.join(TIMEOUT)
+        assert not b.is_alive()
+    assert isinstance(errors["child"], activedb.TransactionAborted), repr(errors["child"])
+    assert "cancelled" in str(errors["child"])
+

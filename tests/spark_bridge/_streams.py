@@ -15,6 +15,7 @@ import sqlalchemy as sa
 import activedb
 from activedb.errors import CascadeLimitExceeded, RuleFailed
 from tests.spark_bridge import app_counters
+from tests._tables import row_locked
 
 APP_FILE = str(Path(app_counters.__file__).resolve())
 BASE_TIME = dt.datetime(2024, 5, 1, 12, 0, tzinfo=dt.timezone.utc)
@@ -151,14 +152,7 @@ def app_state(database: activedb.Database) -> dict[str, list[tuple]]:
 
 def counter_locked(engine: sa.Engine, key: str) -> bool:
     """Whether another transaction holds ``counters``' row ``key`` ``FOR UPDATE`` (asked with ``NOWAIT``)."""
-    with engine.connect() as connection:
-        try:
-            connection.execute(sa.text("SELECT 1 FROM counters WHERE key = :key FOR UPDATE NOWAIT"), {"key": key})
-            return False
-        except sa.exc.OperationalError:
-            return True
-        finally:
-            connection.rollback()
+    return row_locked(engine, "counters", "key", key)
 
 
 def dead_letters(database: activedb.Database) -> list[tuple]:
