@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import logging
 import os
 import time
 from pathlib import Path
@@ -22,8 +21,8 @@ import click
 
 from activedb.cli.running import (StopRequest, command_home, dead_letter_hint, deadline_options, deadlines_of,
                                   default_source_name, describe_in_progress, exit_at_once, ledger_progress,
-                                  progress_line, refuse_reset_with_progress, restart, restart_after_deadline, status,
-                                  what_to_do, where_raised)
+                                  progress_line, refuse_reset_with_progress, restart, restart_after_deadline,
+                                  rules_log_for_command, status, what_to_do, where_raised)
 from activedb.extras import Extra, require
 from activedb.metrics import metrics_port_option, start_metrics
 
@@ -450,19 +449,11 @@ def run_command(ctx: click.Context, app: str, source_text: str, checkpoint: str 
 
 
 def _load_app(app: str, verbose: bool) -> LoadedApp:
-    """``load_app(app, require_mapping=True)`` for a command (its error one line); without ``verbose`` the
-    rules' rejections are not logged, with it they are printed on the console too — until the command ends, after
-    which the rules' log is as it was (a command run in another program's process, ``CliRunner``'s)."""
+    """``load_app(app, require_mapping=True)`` for a command (its error one line), the rules' log set for the command
+    (``rules_log_for_command``)."""
     import spark_bridge
 
-    rules_log, close = logging.getLogger("activedb.rules"), click.get_current_context().call_on_close
-    if not verbose:
-        close(functools.partial(rules_log.setLevel, rules_log.level))     # (as it was, after the command)
-        rules_log.setLevel(logging.CRITICAL)
-    else:      # on the console too (activedb's log file has them either way)
-        console = logging.StreamHandler()
-        close(functools.partial(rules_log.removeHandler, console))
-        rules_log.addHandler(console)
+    rules_log_for_command(verbose)
     try:
         return spark_bridge.load_app(app, require_mapping=True)
     except (SparkBridgeError, IngestError) as error:

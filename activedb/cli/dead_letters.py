@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import functools
 import json
-import logging
 import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -220,10 +218,9 @@ def replay_command(ctx: click.Context, app: str, ids: tuple[int, ...] | None, qu
     from activedb.ingest import BatchHandler, ReplayResult, RulesHandler, replay_dead_letters
     from activedb.ingest.errors import IngestError
 
-    if not verbose:
-        rules_log = logging.getLogger("activedb.rules")
-        ctx.call_on_close(functools.partial(rules_log.setLevel, rules_log.level))    # (as it was, after the command)
-        rules_log.setLevel(logging.CRITICAL)
+    from activedb.cli.running import rules_log_for_command
+
+    rules_log_for_command(verbose)
     try:
         loaded = load_app(app, require_mapping=True)
         first = app_handler(loaded)     # (before anything is read or changed: QUERIES with EXECUTOR, a bad EXECUTOR)

@@ -11,6 +11,8 @@ commit landed) is the ingestion core's contract.
 from __future__ import annotations
 
 import contextlib
+import functools
+import logging
 import os
 import re
 import signal
@@ -33,7 +35,7 @@ _Command = TypeVar("_Command", bound=Callable[..., Any])
 __all__ = ["BATCH_DEADLINE_SECONDS", "MAX_RESTARTS", "RULE_DEADLINE_SECONDS", "SLOW_BATCH_SECONDS", "StopRequest",
            "command_home", "dead_letter_hint", "deadline_options", "deadlines_of", "default_source_name",
            "describe_in_progress", "exit_at_once", "ledger_progress", "progress_line", "refuse_reset_with_progress",
-           "restart", "restart_after_deadline", "status", "what_to_do", "where_raised"]
+           "restart", "restart_after_deadline", "rules_log_for_command", "status", "what_to_do", "where_raised"]
 
 #: From how long a batch has been in progress the progress line says so.
 SLOW_BATCH_SECONDS = 2.0
@@ -73,6 +75,23 @@ def deadlines_of(rule_deadline: float, batch_deadline: float) -> Deadlines:
     from activedb.ingest import Deadlines
 
     return Deadlines(batch=batch_deadline or None, rule=rule_deadline or None)
+
+
+def rules_log_for_command(verbose: bool) -> None:
+    """For the running click command: without ``verbose`` the rules' rejections are not logged (they go to the
+    dead-letter table either way); with it they are printed on the console too (activedb's log file has them either
+    way) — until the command ends, after which the rules' log is as it was (a command run in another program's
+    process, ``CliRunner``'s or a notebook's)."""
+    import click
+
+    rules_log, close = logging.getLogger("activedb.rules"), click.get_current_context().call_on_close
+    if not verbose:
+        close(functools.partial(rules_log.setLevel, rules_log.level))
+        rules_log.setLevel(logging.CRITICAL)
+    else:
+        console = logging.StreamHandler()
+        close(functools.partial(rules_log.removeHandler, console))
+        rules_log.addHandler(console)
 
 
 def command_home(home: str | None) -> Path:

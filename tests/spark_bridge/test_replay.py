@@ -235,3 +235,28 @@ def spark_bridge_load(path: str):
     import spark_bridge
 
     return spark_bridge.load_app(path, require_mapping=True)
+
+
+@pytest.mark.parametrize("verbose", [False, True], ids=["quiet", "verbose"])
+def test_replay_logs_what_the_rules_reject_again_on_the_console_only_with_verbose_and_leaves_the_log_as_it_was(
+        url, verbose):
+    """``--verbose``: "Also log each event the rules reject again" — on the console (activedb's log file has them
+    either way); without it the rules' log is quiet.  Either way the rules' log is as it was once the command ended
+    (its level, its handlers): the command may run in another program's process, as here in ``CliRunner``'s."""
+    import logging
+
+    database = app_database(url)
+    try:
+        sink = IngestSink(database, app_counters.MAPPING, query_name="badges")
+        sink.process([event(1, amount=5), event(2, kind="sub", amount=50)], 0,
+                     query_id="badges@00000000-0000-0000-0000-00000000000a")
+    finally:
+        database.close()
+    rules_log = logging.getLogger("activedb.rules")
+    before = (rules_log.level, list(rules_log.handlers))
+    result = CliRunner().invoke(main, ["--url", url, "dead-letters", "replay", APP, *(["--verbose"] * verbose)],
+                                catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert "replayed 1 dead letter(s) as replay:badges: 1 rejected again" in result.output, result.output
+    assert ("rule 'apply_sub' failed on" in result.output) is verbose, result.output
+    assert (rules_log.level, list(rules_log.handlers)) == before
