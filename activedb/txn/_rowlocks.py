@@ -85,7 +85,8 @@ class RowLockOwners:
         (:meth:`wait_for_claimant`).  The flush lists its rows and looks the holders up in one step under the mutex,
         as a claim lists and looks: of a claim and a flush on one row, the later sees the earlier.  The statement on
         ``connection`` is a flight (``ServerWaits.flight``): if it is a deadlock's victim, its caller raises
-        ``flight.victim`` instead of its error."""
+        ``flight.victim`` instead of the cancelled statement's error (and this raises it if the statement returned
+        all the same)."""
         with self._mutex:
             if tables or len(self._owners) < len(rows):      # (walk the smaller side)
                 found = {owner for row, owners in self._owners.items() if row in rows or row[0] in tables
@@ -100,6 +101,8 @@ class RowLockOwners:
             waiting = row_lock_wait(root, sorted(found - {root.id}))
             with root.manager.server_waits.flight(root.id, root.id, connection) as flight:
                 yield flight
+            if flight.victim is not None:
+                raise flight.victim     # (told as its statement returned: a victim all the same; the flush rolls back)
         finally:
             if waiting is not None:
                 waiting.release()
@@ -249,6 +252,10 @@ class RowLocks(CommitParticipant):
                             f"nothing was written — re-run the transaction (Database.run(fn) does)") from None
                     raise self._root.manager.catalog.database_failure(
                         error, f"locking row {key!r} of {info.name!r}") from error
+                if flight.victim is not None:   # (told as its statement returned: a victim all the same)
+                    self._close()
+                    unlisted, self.rows = unlisted | self.rows.keys(), {}
+                    raise flight.victim
                 self.rows[row] = image
                 unlisted = set()
             finally:
