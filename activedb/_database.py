@@ -404,6 +404,7 @@ class Database:
             self.capture.close()
             self.outbox.close()
             self.transactions.pool.shutdown(wait=False)
+            self.transactions.server_waits.close()
             self.catalog.idle.close()
             # A thread still running (a detached rule that closed its own database, an outbox group not waited for)
             # gives its connection back to a disposed pool, which would keep it open until collected: closed instead

@@ -86,6 +86,9 @@ class ServerWaits:
         self._sessions: dict[int, str] = {}      # backend pid -> the root id of the tree holding row locks there
         self._flights: set[Flight] = set()
         self._checker: threading.Thread | None = None
+        self._closed = False
+        #: The checker thread's name (one per transaction manager).
+        self.thread_name = f"activedb-server-waits-{id(self):x}"
 
     # --- sessions: which tree a backend's row locks belong to ------------------------------------------
 
@@ -119,11 +122,17 @@ class ServerWaits:
         flight = Flight(waiter, root, pid, driver)
         with self._mutex:
             self._flights.add(flight)
-            if self._checker is None:
-                self._checker = threading.Thread(target=self._check_while_in_flight, name="activedb-server-waits",
+            if self._checker is None and not self._closed:
+                self._checker = threading.Thread(target=self._check_while_in_flight, name=self.thread_name,
                                                  daemon=True)
                 self._checker.start()
         return flight
+
+    def close(self) -> None:
+        """The database closes: the checker thread ends at its next look (a statement still in flight is left to its
+        own lock timeout)."""
+        with self._mutex:
+            self._closed = True
 
     def land(self, flight: Flight) -> None:
         """``flight``'s statement ended: the waits the checker registered for it are released."""
@@ -159,15 +168,15 @@ class ServerWaits:
     def _check_while_in_flight(self) -> None:
         """The checker thread: every :data:`CHECK_AFTER`, asks about the statements in flight that are due (run
         :data:`CHECK_AFTER`, then twice as long as at their last ask, up to :data:`MAX_INTERVAL`); ends after
-        :data:`IDLE_EXIT` with none.  It is never woken: a flight taking off only adds itself (waking the thread at
+        :data:`IDLE_EXIT` with none, or once closed.  It is never woken: a flight taking off only adds itself (waking the thread at
         every read for update would cost a switch of threads, and the GIL, each time)."""
         idle = 0.0
         while True:
             time.sleep(CHECK_AFTER)
             with self._mutex:
-                if not self._flights:
+                if not self._flights or self._closed:
                     idle += CHECK_AFTER
-                    if idle >= IDLE_EXIT:
+                    if idle >= IDLE_EXIT or self._closed:
                         self._checker = None
                         return
                     continue

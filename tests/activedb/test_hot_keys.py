@@ -831,3 +831,42 @@ def test_a_statement_waiting_in_postgresql_after_its_tree_was_aborted_is_cancell
     assert isinstance(errors["child"], activedb.TransactionAborted), repr(errors["child"])
     assert "cancelled" in str(errors["child"])
 
+
+
+
+def test_the_thread_asking_postgresql_about_waiting_statements_ends_when_its_database_closes(db, database_url,
+                                                                                            monkeypatch):
+    """A read for update starts the checker thread of its database (``ServerWaits``), which looks while a statement
+    waits.  Closing the database ends it at its next look, although a read still waits in PostgreSQL (here for a row
+    another connection holds until the test lets it go; the read's own lock timeout longer than the test's wait)."""
+    from activedb.txn import _rowlocks
+
+    monkeypatch.setattr(_rowlocks, "LOCK_TIMEOUT", f"{3 * TIMEOUT}s")
+    other = activedb.connect(database_url)
+    name, outcome = other.transactions.server_waits.thread_name, {}
+
+    def running() -> bool:
+        return any(thread.name == name for thread in threading.enumerate())
+
+    def reads_the_held_row() -> None:
+        try:
+            with other.transaction() as tx:
+                tx.read("accounts", 1, for_update=True)
+            outcome["read"] = "committed"
+        except Exception as error:              # (its database closed meanwhile: what it meets is not the point)
+            outcome["read"] = repr(error)
+
+    with db.engine.connect() as holder:
+        holder.execute(sa.text("SELECT 1 FROM accounts WHERE id = 1 FOR UPDATE"))
+        reader = threading.Thread(target=reads_the_held_row)
+        try:
+            reader.start()
+            testing.wait_until(lambda: running() and _waiting_for_a_row_lock(db), TIMEOUT,
+                               "the read waiting in PostgreSQL, the checker thread looking")
+            other.close()
+            testing.wait_until(lambda: not running(), TIMEOUT, "the checker thread's end after the close")
+        finally:
+            holder.rollback()
+            reader.join(TIMEOUT)
+            other.close()
+    assert not reader.is_alive() and "read" in outcome
