@@ -216,6 +216,8 @@ class ServerWaits:
             except lockmgr.Deadlock as error:
                 self._tell(flight, error)
                 continue
+            except lockmgr.UnknownTransaction:
+                continue        # (its waiter is not registered with the lock manager: no cycle runs through it)
             except lockmgr.TransactionNotActive as error:
                 # Its tree was aborted (another of its nodes was a victim, its root's thread gave up) while this
                 # statement waits: cancelled, the tree's row locks go now rather than when the wait ends.
