@@ -157,8 +157,8 @@ def activedb_server(pg_server) -> Server:
 def database_url(pg_server, request):
     """The module's database: empty, or — if a test of the module uses ``db`` or ``migrated``, which migrate it
     anyway — a copy of the session's template migrated as ``db`` would be (activedb's schema and the application
-    migrations of ``db_options``; the test kit's ``activedb_templates``): copying the files costs about a tenth of
-    running every revision again, per module."""
+    migrations of ``db_options``; the test kit's ``activedb_templates``): PostgreSQL copies the template's files
+    instead of every revision running again, per module."""
     name = "t_" + re.sub(r"[^a-z0-9_]", "_", request.module.__name__.lower())[-50:]
     template = None
     if any(getattr(item, "module", None) is request.module and {"db", "migrated"} & set(item.fixturenames)
