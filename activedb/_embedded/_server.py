@@ -310,15 +310,33 @@ def initdb(pgdata: Path, runner: Runner, password: str) -> None:
             f"connect again (nothing was deleted)") from None
 
 
-def start_postgres(pgdata: Path, socket_directory: Path, runner: Runner) -> None:
+def remove_stale_lock_file(pgdata: Path) -> None:
+    """Remove ``postmaster.pid`` before a postgres runs in ``pgdata`` whose postmaster does not run (the caller
+    checked: :func:`postmaster` is None, under the home's file lock).  The file is stale then, also when it is empty:
+    a postgres killed before it wrote it (a start or a single-user run past its timeout) leaves it so, and postgres
+    refuses to start beside an empty one.  While a process still works in ``pgdata`` (a killed one not yet ended),
+    nothing is removed and ``EmbeddedServerError`` says to connect again."""
+    import psutil
+
     pid_file = pgdata / "postmaster.pid"
+    if not pid_file.exists():
+        return
+    working = next((process for process in psutil.process_iter() if _works_in(process, pgdata)), None)
+    if working is not None:
+        raise EmbeddedServerError(
+            f"{pid_file} names no running server, but process {working.pid} still works in {pgdata} (a postgres "
+            f"that was stopped or killed, ending); connect again in a moment (nothing was deleted)")
     try:
-        pid_file.unlink(missing_ok=True)     # stale: no postgres process behind it (the caller checked)
+        pid_file.unlink(missing_ok=True)
     except OSError as error:
         raise EmbeddedServerError(
             f"cannot remove {pid_file}: {error}; it is the stale lock file of the embedded PostgreSQL, which is not "
             f"running: remove it yourself (the server's file, none of your data) and connect again (nothing was "
             f"deleted)") from None
+
+
+def start_postgres(pgdata: Path, socket_directory: Path, runner: Runner) -> None:
+    remove_stale_lock_file(pgdata)
     quoted = "'" + str(socket_directory).replace("'", "'\\''") + "'"
     options = f"-k {quoted} -c listen_addresses='' -c unix_socket_permissions=0700"
     binary = str(bin_directory() / "pg_ctl")
@@ -444,6 +462,7 @@ def _lock_hba(pgdata: Path) -> None:
 
 def _set_password_stopped(pgdata: Path, runner: Runner, password: str) -> None:
     """Set the superuser's password through single-user mode (the server is stopped)."""
+    remove_stale_lock_file(pgdata)
     try:
         runner.run([str(bin_directory() / "postgres"), "--single", "-D", str(pgdata), "postgres"],
                    input=f"ALTER ROLE {SUPERUSER} PASSWORD '{password}';\n")

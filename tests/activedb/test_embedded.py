@@ -169,6 +169,20 @@ def test_stale_postmaster_pid_after_crash_is_recovered(tmp_path):
     _finish(restarted)
 
 
+def test_an_empty_lock_file_a_killed_postgres_left_is_stale_also_when_the_password_is_set_again(tmp_path):
+    """A postgres killed before it wrote its ``postmaster.pid`` (the single-user one that sets a lost password, past
+    its timeout on a loaded machine) leaves the file empty.  The next start took it for stale, but ran the single-user
+    postgres again with the file still there, which refused: "lock file postmaster.pid is empty".  Now the file goes
+    before either postgres runs, when no process works in the data directory."""
+    home = tmp_path / "home"
+    pgdata = _started_and_stopped(home)
+    (home / "password").unlink()                                      # lost: set again in single-user mode
+    (pgdata / "postmaster.pid").write_text("")                        # what the killed postgres left
+    _locked_down_when_started(home)
+    (pgdata / "postmaster.pid").write_text("")
+    _locked_down_when_started(home)                                   # (and before the server itself starts)
+
+
 def test_a_stale_postmaster_pid_whose_pid_is_now_another_servers_postgres_is_stale(pg_server, tmp_path):
     """A crashed server's postmaster.pid whose pid the system gave to a postgres process of another data directory
     (another home's server, a system PostgreSQL) is stale: that server was taken for this one, so connect() never
