@@ -56,11 +56,13 @@ settings.load_profile("activedb-suite")
 # count of a test whose @settings names its own.
 
 # The suite's Spark drivers (the session fixture, every `activedb run` and driver it starts) live for seconds to
-# minutes, where the JVM's optimizing compiler (C2) spends more CPU than its code saves: they compile with C1 only.
+# minutes, where the JVM's optimizing compiler (C2) spends more CPU than its code saves: they compile with C1 only, in
+# one compiler thread, and collect with the serial collector (G1's concurrent threads, like a second compiler thread,
+# take the tests' cores for a heap this small; measured in benchmarks/RESULTS.md, "The suite's Spark drivers").
 # Spark's launcher adds SPARK_SUBMIT_OPTS to a driver's java command; what Spark computes is the same. A value of
 # your own (SPARK_SUBMIT_OPTS= for the JVM's default) wins, and then no class-data archive is added either.
 _OWN_SUBMIT_OPTS = "SPARK_SUBMIT_OPTS" in os.environ
-os.environ.setdefault("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1")
+os.environ.setdefault("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1 -XX:CICompilerCount=1 -XX:+UseSerialGC")
 #: The drivers' class-data archive (tests/_spark_archive.py): built when a session runs this many Spark tests (it
 #: costs about as much as a few driver starts save), within this many seconds (longer: no archive).
 ARCHIVE_MIN_SPARK_TESTS = 5
