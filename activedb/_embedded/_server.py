@@ -172,13 +172,11 @@ def discard_unfinished_initdb(pgdata: Path) -> None:
     end of its input: while one does, ``EmbeddedServerError`` says to connect again (nothing is deleted)."""
     import shutil
 
-    import psutil
-
     mark = pgdata.parent / INITDB_UNFINISHED
     if not mark.exists():
         return
     if pgdata.is_dir():
-        writing = next((process for process in psutil.process_iter() if _works_in(process, pgdata)), None)
+        writing = _working_in(pgdata)
         if writing is not None:
             raise EmbeddedServerError(
                 f"an earlier initdb of {pgdata}, which did not finish, is still ending (process {writing.pid} works "
@@ -194,6 +192,13 @@ def discard_unfinished_initdb(pgdata: Path) -> None:
                 f"cannot empty {pgdata}, where an initdb did not finish ({error}); remove what it holds, which only "
                 f"that initdb wrote, and connect again") from None
     mark.unlink()
+
+
+def _working_in(directory: Path) -> "psutil.Process | None":
+    """A process whose working directory is ``directory`` or under it, if one is (a postgres still ending there)."""
+    import psutil
+
+    return next((process for process in psutil.process_iter() if _works_in(process, directory)), None)
 
 
 def _works_in(process: psutil.Process, directory: Path) -> bool:
@@ -316,12 +321,10 @@ def remove_stale_lock_file(pgdata: Path) -> None:
     a postgres killed before it wrote it (a start or a single-user run past its timeout) leaves it so, and postgres
     refuses to start beside an empty one.  While a process still works in ``pgdata`` (a killed one not yet ended),
     nothing is removed and ``EmbeddedServerError`` says to connect again."""
-    import psutil
-
     pid_file = pgdata / "postmaster.pid"
     if not pid_file.exists():
         return
-    working = next((process for process in psutil.process_iter() if _works_in(process, pgdata)), None)
+    working = _working_in(pgdata)
     if working is not None:
         raise EmbeddedServerError(
             f"{pid_file} names no running server, but process {working.pid} still works in {pgdata} (a postgres "
