@@ -9,7 +9,9 @@ the trees whose connections they are (:meth:`ServerWaits.holding`), and register
 trees with the lock manager (``WaitKind.ROW_LOCK``), with ``on_victim``: a cycle found then, or later, through such an
 edge makes the statement a victim it can be told — its statement is cancelled, and its thread raises the
 ``DeadlockDetected`` instead of the cancellation (:attr:`Flight.victim`).  Like PostgreSQL's own detector, which
-looks after ``deadlock_timeout``, it asks nothing until a statement has waited.
+looks after ``deadlock_timeout``, it asks nothing until a statement has waited.  A statement that waits for a backend
+of no tree of this engine's makes the checker publish this engine's part of any cycle through other engines (and
+search for one: ``_acrossengines``, ``README.md``, "Cycles across engines").
 
 Thread-safety: ``ServerWaits._mutex`` (a leaf) protects the sessions, the flights and the checker; it is held while
 a victim's statement is cancelled, so a cancellation never reaches a later statement of its connection: the flight
@@ -30,7 +32,9 @@ import sqlalchemy as sa
 
 import lockmgr
 
+from activedb import errors
 from activedb.errors import TransactionAborted
+from activedb.txn import _acrossengines
 from activedb.txn._hooks import WaitKind
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -63,7 +67,8 @@ class Flight:
     cancelled, and its thread raises ``victim`` instead of the cancellation's error.  Its fields but ``victim`` are
     the checker's (under ``ServerWaits._mutex``)."""
 
-    __slots__ = ("waiter", "root", "pid", "driver", "due", "interval", "running", "victim", "waits", "targets")
+    __slots__ = ("waiter", "root", "pid", "driver", "due", "interval", "running", "victim", "waits", "targets",
+                 "foreign")
 
     def __init__(self, waiter: str, root: str, pid: int, driver: object) -> None:
         self.waiter, self.root, self.pid, self.driver = waiter, root, pid, driver
@@ -73,6 +78,7 @@ class Flight:
         self.victim: BaseException | None = None
         self.waits: list[lockmgr.ExternalWait] | None = None   # registered by the checker
         self.targets: frozenset[str] = frozenset()               # the trees those waits are for
+        self.foreign: frozenset[int] = frozenset()   # the backends blocking it at the last ask that are no tree's here
 
 
 class ServerWaits:
@@ -167,31 +173,42 @@ class ServerWaits:
 
     def _check_while_in_flight(self) -> None:
         """The checker thread: every :data:`CHECK_AFTER`, asks about the statements in flight that are due (run
-        :data:`CHECK_AFTER`, then twice as long as at their last ask, up to :data:`MAX_INTERVAL`); ends after
-        :data:`IDLE_EXIT` with none, or once closed.  It is never woken: a flight taking off only adds itself (waking the thread at
-        every read for update would cost a switch of threads, and the GIL, each time)."""
+        :data:`CHECK_AFTER`, then twice as long as at their last ask, up to :data:`MAX_INTERVAL`), and keeps its
+        board's edges current while a statement waits for another engine's backend (:meth:`_across_engines`); ends
+        after :data:`IDLE_EXIT` with none, or once closed.  It is never woken: a flight taking off only adds itself
+        (waking the thread at every read for update would cost a switch of threads, and the GIL, each time)."""
         idle = 0.0
-        while True:
-            time.sleep(CHECK_AFTER)
-            with self._mutex:
-                if not self._flights or self._closed:
-                    idle += CHECK_AFTER
-                    if idle >= IDLE_EXIT or self._closed:
-                        self._checker = None
-                        return
+        board = _acrossengines.Board(self._catalog.engine)
+        try:
+            while True:
+                time.sleep(CHECK_AFTER)
+                with self._mutex:
+                    landed = not self._flights
+                    if landed or self._closed:
+                        idle += CHECK_AFTER
+                        if idle >= IDLE_EXIT or self._closed:
+                            self._checker = None
+                            return
+                if landed:
+                    if board.published:
+                        board.close()       # (every statement landed: no edge is true any more)
                     continue
-                idle = 0.0
-                now = time.monotonic()
-                due = [flight for flight in self._flights if flight.due <= now]
-                for flight in due:      # (asked again after twice as long: the question has a price, above)
-                    flight.interval = min(2 * flight.interval, MAX_INTERVAL)
-                    flight.due = now + flight.interval
-                sessions = dict(self._sessions)
-            if due:
+                with self._mutex:
+                    idle = 0.0
+                    now = time.monotonic()
+                    due = [flight for flight in self._flights if flight.due <= now]
+                    for flight in due:      # (asked again after twice as long: the question has a price, above)
+                        flight.interval = min(2 * flight.interval, MAX_INTERVAL)
+                        flight.due = now + flight.interval
+                    sessions = dict(self._sessions)
                 try:
-                    self._check(due, sessions)
+                    if due:
+                        self._check(due, sessions)
+                    self._across_engines(board, due, sessions)
                 except Exception:       # (a lost connection: the statements' own bounds remain; looked at again)
                     logger.debug("asking PostgreSQL what blocks %d statements failed", len(due), exc_info=True)
+        finally:
+            board.close()
 
     def _check(self, due: list[Flight], sessions: dict[int, str]) -> None:
         roots = set(sessions.values())
@@ -206,7 +223,10 @@ class ServerWaits:
         finally:
             self._catalog.idle.give_back(connection)
         for flight in due:
-            trees = {sessions[pid] for pid in blocking.get(flight.pid) or () if pid in sessions}
+            blockers = blocking.get(flight.pid) or ()
+            with self._mutex:
+                flight.foreign = frozenset(pid for pid in blockers if pid not in sessions)
+            trees = {sessions[pid] for pid in blockers if pid in sessions}
             new = sorted(trees - flight.targets - {flight.root, flight.waiter})
             if not new:
                 continue
@@ -231,3 +251,43 @@ class ServerWaits:
                     flight.targets = flight.targets | set(new)
                     continue
             wait.release()      # (it landed meanwhile)
+
+    def _across_engines(self, board: _acrossengines.Board, due: list[Flight], sessions: dict[int, str]) -> None:
+        """Publish this engine's edges (``_acrossengines``) for its statements that wait for another engine's
+        backend, or withdraw them once none does; then search for a cycle through each such statement due, and tell
+        the one that is its victim."""
+        with self._mutex:
+            blocked = [flight for flight in self._flights if flight.running and flight.foreign]
+        if not blocked and not board.published:
+            return
+        edges: set[tuple[int, int]] = {(flight.pid, flight.pid) for flight in blocked}
+        if blocked:
+            graph = self._locks.wait_for_graph()
+            for flight in blocked:
+                waiting = _acrossengines.trees_waiting_for(graph, flight.root) | {flight.root}
+                edges.update((pid, flight.pid) for pid, root in sessions.items() if root in waiting)
+        board.publish(edges)
+        searched = [flight for flight in due if flight in blocked]
+        if not searched:
+            return
+        published = board.read()
+        if not any(targets - {source} for source, targets in published.items()):
+            return      # (no engine waits in its lock manager for such a statement: any cycle is PostgreSQL's own)
+        known: dict[int, tuple[int, ...]] = {}
+        mine = {flight.pid: flight for flight in blocked}
+        for flight in searched:
+            cycle = _acrossengines.find_cycle(flight.pid, published, board.blocking, known)
+            chosen = None if cycle is None else _acrossengines.victim(cycle, published)
+            if cycle is None or chosen not in mine:
+                continue        # (no cycle, or another engine's statement is its victim: that engine tells it)
+            told = mine[chosen]
+            self._tell(told, errors.DeadlockDetected(
+                told.waiter, told.waiter,
+                tuple(lockmgr.WaitEdge(f"backend {waiter}", f"backend {target}", kind)
+                      for waiter, target, kind in cycle),
+                "highest backend pid across engines",
+                note=(f"The cycle runs through PostgreSQL's row locks and more than one engine's lock manager "
+                      f"(a \"tree\" edge: the tree holding row locks on that backend waits in its engine's lock "
+                      f"manager for the tree of the statement on the next); the statement of {told.waiter!r} on "
+                      f"backend {chosen} was cancelled.")))
+            return

@@ -15,7 +15,9 @@
   from the initial state: a false precedence cycle);
 * across two engines, a flush holding its table locks (it relied on an absent row) does not wait for a row the
   other's flush holds: it gives up and tries again instead of closing a cycle only PostgreSQL's deadlock detector
-  would break, a second later.
+  would break, a second later;
+* a cycle through two engines' lock managers and PostgreSQL's row locks (or through one engine's and a plain
+  client's row locks), which no single detector sees, has one victim: the engines publish their parts of it.
 """
 
 from __future__ import annotations
@@ -785,6 +787,129 @@ def test_a_child_waiting_for_its_trees_statement_waits_for_that_child_in_the_wai
         assert not a.is_alive() and not b.is_alive()
     assert outcome == {"A": "committed", "B": "deadlock"}
     assert balances(db) == {1: 1, 2: 2, 3: 3}
+
+
+def _waiting_for_row_locks(db) -> int:
+    with db.engine.connect() as connection:
+        return connection.execute(sa.text(
+            "SELECT count(DISTINCT pid) FROM pg_locks WHERE NOT granted AND locktype IN ('transactionid', 'tuple')"
+        )).scalar()
+
+
+def _reads_for_update_then_increments(database, name, rows, held, go, outcome) -> threading.Thread:
+    """A thread running tree ``name`` on ``database``: it reads ``rows[0]`` of accounts for update, sets ``held``,
+    waits for ``go``, reads ``rows[1]`` for update and increments both; ``outcome[name]`` is "committed", the
+    ``DeadlockDetected`` it raised, or any other error's repr."""
+    def run():
+        try:
+            with database.transaction() as tx:
+                images = [tx.read("accounts", rows[0], for_update=True)]
+                held.set()
+                assert go.wait(TIMEOUT)
+                images.append(tx.read("accounts", rows[1], for_update=True))
+                for image in images:
+                    tx.write("accounts", image["id"], balance=image["balance"] + 1)
+            outcome[name] = "committed"
+        except activedb.DeadlockDetected as error:
+            outcome[name] = error
+        except Exception as error:              # (reported by the caller's assertion)
+            outcome[name] = repr(error)
+    return threading.Thread(target=run, name=f"tree {name}")
+
+
+def test_a_cycle_through_two_engines_lock_managers_and_postgresql_has_one_victim(db, database_url):
+    """Two engines (two lock managers: two processes, as far as PostgreSQL can tell), two trees each.  A1 holds row 1
+    and A2 row 3 (engine A); B1 holds row 2 and B2 row 4 (engine B), each read for update.  A2 then reads row 2 and
+    waits in PostgreSQL for B1; B2 reads row 1 and waits in PostgreSQL for A1; A1 reads row 3 and waits in A's lock
+    manager for A2; B1 reads row 4 and waits in B's lock manager for B2.  No detector sees the cycle A2 -> B1 -> B2
+    -> A1 -> A2: PostgreSQL sees two waits, each lock manager one.  Each engine publishes what only it knows (its
+    waiting statement, and which of its backends' trees wait for it), and the statement of A2 or B2 with the higher
+    backend pid is the one victim; its abort lets the cycle go and the three others commit.  Before, one of the two
+    statements gave up after its lock timeout (10 s) with a ``SerializationConflict``."""
+    refill(db, "accounts", "(id, balance) VALUES (1, 0), (2, 0), (3, 0), (4, 0)")
+    other = activedb.connect(database_url)
+    engines = {"A": db, "B": other}
+    holds = {"A1": (1, 3), "A2": (3, 2), "B1": (2, 4), "B2": (4, 1)}
+    held = {name: threading.Event() for name in holds}
+    go = {name: threading.Event() for name in holds}
+    outcome: dict[str, object] = {}
+
+    def graphs() -> str:
+        return "\n".join(f"engine {name}: {sorted(engine.transactions.locks.wait_for_graph().edges(data='kind'))}"
+                         for name, engine in engines.items())
+
+    threads = {name: _reads_for_update_then_increments(engines[name[0]], name, rows, held[name], go[name], outcome)
+               for name, rows in holds.items()}
+    try:
+        with testing.Watchdog(90, describe=graphs):
+            for name, thread in threads.items():
+                thread.start()
+                assert held[name].wait(TIMEOUT)
+            go["A2"].set()
+            testing.wait_until(lambda: _waiting_for_row_locks(db) == 1, TIMEOUT, "A2 waiting in PostgreSQL for B1")
+            go["B2"].set()
+            testing.wait_until(lambda: _waiting_for_row_locks(db) == 2, TIMEOUT, "B2 waiting in PostgreSQL for A1")
+            go["A1"].set()
+            testing.wait_until(lambda: db.transactions.locks.statistics().waiting == 1, TIMEOUT,
+                               "A1 waiting in A's lock manager for A2")
+            go["B1"].set()
+            for thread in threads.values():
+                thread.join(TIMEOUT)
+            assert not any(thread.is_alive() for thread in threads.values())
+    finally:
+        other.close()
+    victims = [name for name, result in outcome.items() if isinstance(result, activedb.DeadlockDetected)]
+    assert victims in (["A2"], ["B2"]) and len(outcome) == 4, outcome
+    assert "more than one engine" in str(outcome[victims[0]])
+    assert all(result == "committed" for name, result in outcome.items() if name not in victims), outcome
+    expected = {1: 0, 2: 0, 3: 0, 4: 0}
+    for name, rows in holds.items():
+        if name not in victims:
+            for key in rows:
+                expected[key] += 1
+    assert balances(db) == expected
+
+
+def test_a_cycle_through_the_lock_manager_and_another_clients_row_locks_has_this_engines_statement_as_victim(db):
+    """One engine and a plain PostgreSQL client (not activedb).  Tree T1 holds row 1, tree T2 row 3 (each read for
+    update); the client locks row 4 and then waits in PostgreSQL for row 1; T1 reads row 3 and waits in the lock
+    manager for T2; T2 reads row 4 and waits in PostgreSQL for the client.  PostgreSQL sees T2 -> client -> T1, the
+    lock manager T1 -> T2.  The engine's published edges close the cycle and T2's statement, the only one of it that
+    can be told, is the victim: T1 commits, then the client.  Before, T2 gave up after its lock timeout (10 s)."""
+    refill(db, "accounts", "(id, balance) VALUES (1, 0), (2, 0), (3, 0), (4, 0)")
+    holds = {"T1": (1, 3), "T2": (3, 4)}
+    held = {name: threading.Event() for name in holds}
+    go = {name: threading.Event() for name in holds}
+    outcome: dict[str, object] = {}
+
+    def client():
+        with db.engine.begin() as connection:
+            connection.execute(sa.text("SELECT * FROM accounts WHERE id = 4 FOR UPDATE"))
+            held["client"].set()
+            assert go["client"].wait(TIMEOUT)
+            connection.execute(sa.text("UPDATE accounts SET balance = balance + 10 WHERE id = 1"))
+        outcome["client"] = "committed"
+
+    held["client"], go["client"] = threading.Event(), threading.Event()
+    threads = {name: _reads_for_update_then_increments(db, name, rows, held[name], go[name], outcome)
+               for name, rows in holds.items()}
+    threads["client"] = threading.Thread(target=client, name="client")
+    with testing.Watchdog(90, db.transactions.locks):
+        for name, thread in threads.items():
+            thread.start()
+            assert held[name].wait(TIMEOUT)
+        go["client"].set()
+        testing.wait_until(lambda: _waiting_for_row_locks(db) == 1, TIMEOUT, "the client waiting for T1's row")
+        go["T1"].set()
+        testing.wait_until(lambda: db.transactions.locks.statistics().waiting == 1, TIMEOUT,
+                           "T1 waiting in the lock manager for T2")
+        go["T2"].set()
+        for thread in threads.values():
+            thread.join(TIMEOUT)
+        assert not any(thread.is_alive() for thread in threads.values())
+    assert isinstance(outcome.pop("T2"), activedb.DeadlockDetected), outcome
+    assert outcome == {"T1": "committed", "client": "committed"}
+    assert balances(db) == {1: 11, 2: 0, 3: 1, 4: 0}
 
 
 def test_a_statement_waiting_in_postgresql_after_its_tree_was_aborted_is_cancelled(db):

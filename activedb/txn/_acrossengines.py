@@ -1,0 +1,196 @@
+"""Wait-for cycles through more than one engine's lock manager and PostgreSQL's row locks: what ``ServerWaits``
+publishes and reads so that such a cycle has a victim (``README.md``, "Cycles across engines").
+
+An engine (one ``TransactionManager``, one lock manager: usually one process) sees its own wait-for graph and,
+through ``pg_blocking_pids``, which backends block its statements; PostgreSQL sees its row-lock waits.  Neither sees
+a cycle that leaves an engine through a row lock, closes through a wait in another engine's lock manager, and comes
+back through another row lock.  So an engine one of whose statements waits for a backend that is none of its own
+publishes, as edges between backends, what only it knows:
+
+* ``f -> f``, a *mark*: backend ``f`` runs a statement of this engine (a flight) that waits for a backend of another
+  engine or client — one that may be told to give up;
+* ``p -> f``: the tree holding row locks on backend ``p`` waits in this engine's lock manager, directly or through
+  other trees, for the tree of the marked statement on ``f`` (:func:`trees_waiting_for`).
+
+An edge is a session-level advisory lock held shared by the engine's :class:`Board` connection (its own, in
+autocommit), on a 64-bit key: :data:`TAG` in the top bits, then ``p`` and ``f`` in :data:`PID_BITS` bits each.  Every
+engine's edges are visible to any session in ``pg_locks``, and they go with the board's session if its process dies.
+A search (:func:`find_cycle`) starts at a marked statement and follows published edges and ``pg_blocking_pids``
+from backend to backend; a path back to the statement is a cycle.  Its victim is the marked backend with the highest
+pid (:func:`victim`): every engine that finds the cycle names the same one, and only the engine whose statement it is
+tells it — one victim, nothing to coordinate.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import TYPE_CHECKING, Callable, Collection, Iterable, Mapping
+
+if TYPE_CHECKING:  # pragma: no cover
+    import networkx
+    import sqlalchemy as sa
+
+#: Bits of a backend's pid in an edge's key (a Linux pid is below 2**22, ``PID_MAX_LIMIT``).
+PID_BITS = 22
+_PID_MASK = (1 << PID_BITS) - 1
+
+#: The top bits of every edge's key, so that edges are told apart from other advisory locks ("wfg" in ASCII,
+#: shifted to leave the key's sign bit clear).
+TAG = int.from_bytes(b"wfg", "big") >> 5
+
+#: How many backends a search visits at most (a cycle is a handful; a server has at most ``max_connections``).
+MAX_VISITED = 10_000
+
+logger = logging.getLogger("activedb.transaction")
+
+_PUBLISHED = f"""
+SELECT (k >> {PID_BITS}) & {_PID_MASK}, k & {_PID_MASK} FROM (
+    SELECT (l.classid::bigint << 32) | l.objid::bigint AS k FROM pg_locks AS l
+    WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
+      AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())) AS keys
+WHERE k >> {2 * PID_BITS} = {TAG}"""
+
+
+def edge_key(source: int, target: int) -> int | None:
+    """The advisory-lock key of the edge ``source -> target`` (None for a pid that does not fit :data:`PID_BITS`)."""
+    if not (0 < source <= _PID_MASK and 0 < target <= _PID_MASK):
+        return None
+    return (TAG << 2 * PID_BITS) | (source << PID_BITS) | target
+
+
+def trees_waiting_for(graph: "networkx.DiGraph[object]", root: str) -> set[str]:
+    """The roots of the trees that wait, in the wait-for graph ``graph`` (``LockManager.wait_for_graph``), for the
+    tree ``root``: some node of theirs has a path to some node of it.  Trees are condensed (a node stands for its
+    tree: a tree holds its row locks until its root ends, and its root cannot end before its nodes); ``root`` is not
+    among them."""
+    roots: dict[object, object] = {}
+
+    def root_of(node: object) -> object:
+        found = roots.get(node)
+        if found is None:
+            parent = graph.nodes[node].get("parent") if node in graph else None
+            found = node if parent is None or parent not in graph else root_of(parent)
+            roots[node] = found
+        return found
+
+    waiting: dict[object, set[object]] = {}
+    for source, target in graph.edges():
+        source_root, target_root = root_of(source), root_of(target)
+        if source_root != target_root:
+            waiting.setdefault(target_root, set()).add(source_root)
+    found_trees: set[object] = set()
+    frontier: list[object] = [root]
+    while frontier:
+        tree = frontier.pop()
+        for waiter in waiting.get(tree, ()):
+            if waiter not in found_trees and waiter != root:
+                found_trees.add(waiter)
+                frontier.append(waiter)
+    return {str(tree) for tree in found_trees}
+
+
+def find_cycle(start: int, published: Mapping[int, Collection[int]],
+               blocking: Callable[[list[int]], Mapping[int, Iterable[int]]],
+               known: dict[int, tuple[int, ...]]) -> list[tuple[int, int, str]] | None:
+    """The shortest cycle through backend ``start``: its edges ``(waiter, target, kind)`` from ``start`` round to it,
+    ``kind`` "row-lock" (``pg_blocking_pids``: the waiter's statement waits for the target's lock) or "tree" (a
+    published edge), or None.  ``blocking(pids)`` asks ``pg_blocking_pids`` for backends not in ``known`` (one
+    question per step of the search; its answers are added to ``known``, which the caller may share among searches
+    of one moment)."""
+    came: dict[int, tuple[int, str]] = {}
+    frontier = [start]
+    while frontier and len(came) < MAX_VISITED:
+        unknown = [pid for pid in frontier if pid not in known]
+        if unknown:
+            answers = blocking(unknown)
+            for pid in unknown:
+                known[pid] = tuple(answers.get(pid) or ())
+        following: list[int] = []
+        for pid in frontier:
+            steps = [(target, "row-lock") for target in known[pid]]
+            steps += [(target, "tree") for target in published.get(pid, ()) if target != pid]
+            for target, kind in steps:
+                if target == start:
+                    cycle = [(pid, start, kind)]
+                    while pid != start:
+                        before, how = came[pid]
+                        cycle.append((before, pid, how))
+                        pid = before
+                    return cycle[::-1]
+                if target not in came and target != start:
+                    came[target] = (pid, kind)
+                    following.append(target)
+        frontier = following
+    return None
+
+
+def victim(cycle: Iterable[tuple[int, int, str]], published: Mapping[int, Collection[int]]) -> int | None:
+    """The backend whose statement is the victim of ``cycle``: the marked one (``f -> f`` published) with the highest
+    pid, or None (no statement of the cycle can be told: its waits are other clients')."""
+    marked = [waiter for waiter, _, kind in cycle if kind == "row-lock" and waiter in published.get(waiter, ())]
+    return max(marked, default=None)
+
+
+class Board:
+    """One engine's published edges, on a connection of its own (detached from the pool, in autocommit, opened at
+    the first question), which also asks the questions of a search.  Used by one checker thread only, which closes it
+    as it ends; :meth:`close` withdraws every edge."""
+
+    def __init__(self, engine: "sa.Engine") -> None:
+        self._engine = engine
+        self._driver: object = None
+        self.published: frozenset[int] = frozenset()     # the keys this board holds
+
+    def _connection(self) -> object:
+        if self._driver is None:
+            raw = self._engine.raw_connection()
+            driver = raw.driver_connection
+            raw.detach()                # the board's for as long as it publishes, not the pool's
+            driver.autocommit = True    # type: ignore[union-attr]
+            self._driver = driver
+        return self._driver
+
+    def _execute(self, statement: str, parameters: tuple[object, ...] = ()) -> list[tuple[object, ...]]:
+        try:
+            cursor = self._connection().execute(statement, parameters)  # type: ignore[attr-defined]
+            return list(cursor.fetchall())
+        except Exception:
+            self.close()        # (its session ends, and every edge with it)
+            raise
+
+    def publish(self, edges: Iterable[tuple[int, int]]) -> None:
+        """Hold exactly the keys of ``edges`` from now (a key that is taken in another mode is left out: a lock of
+        another program's that happens to share the tag; the edge is not published)."""
+        keys = frozenset(key for key in (edge_key(source, target) for source, target in edges) if key is not None)
+        gone, new = sorted(self.published - keys), sorted(keys - self.published)
+        if gone:
+            self._execute("SELECT pg_advisory_unlock_shared(k) FROM unnest(%s::bigint[]) AS k", (gone,))
+        taken: set[int] = set()
+        if new:
+            rows = self._execute("SELECT k FROM unnest(%s::bigint[]) AS k WHERE pg_try_advisory_lock_shared(k)",
+                                 (new,))
+            taken = {int(row[0]) for row in rows}      # type: ignore[call-overload]
+        self.published = (self.published - set(gone)) | taken
+
+    def read(self) -> dict[int, set[int]]:
+        """Every engine's published edges of this database: source -> targets (a mark is ``f -> f``)."""
+        edges: dict[int, set[int]] = {}
+        for source, target in self._execute(_PUBLISHED):
+            edges.setdefault(int(source), set()).add(int(target))   # type: ignore[call-overload]
+        return edges
+
+    def blocking(self, pids: list[int]) -> dict[int, list[int]]:
+        """``pg_blocking_pids`` of each of ``pids``."""
+        rows = self._execute("SELECT pid, pg_blocking_pids(pid) FROM unnest(%s::int[]) AS pid", (pids,))
+        return {int(pid): list(blockers or ()) for pid, blockers in rows}   # type: ignore[call-overload]
+
+    def close(self) -> None:
+        """Withdraw every edge and close the connection (no-op without one)."""
+        driver, self._driver, self.published = self._driver, None, frozenset()
+        if driver is not None:
+            # Unlocked before the close: closing alone ends the backend, and so its locks, only some time later.
+            with contextlib.suppress(Exception):
+                driver.execute("SELECT pg_advisory_unlock_all()")  # type: ignore[attr-defined]
+            with contextlib.suppress(Exception):
+                driver.close()  # type: ignore[attr-defined]
