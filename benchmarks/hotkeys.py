@@ -13,6 +13,12 @@ Workload: ``THREADS`` threads increment ``COUNTERS`` counters (rows of ``bench_o
   fails its check), re-run by ``db.run`` — which learns from that failure to read the table for update
   in every later run of the function (the first failures of each process are the price).
 
+**Pairs** (``PROCESSES`` processes only): each commit increments two of the counters, read for update in a random
+order, so that transactions deadlock — within a process (the lock manager sees the cycle at once), between two
+processes' backends (PostgreSQL's detector, after its ``deadlock_timeout``), and through two processes' lock managers
+and PostgreSQL's row locks (each process publishes its part of such a cycle, and one waiting read is its victim) —
+against psycopg doing the same, re-run on PostgreSQL's deadlock error.
+
 Each runs for ``seconds`` in one process, then again in ``PROCESSES`` processes (each with ``THREADS``
 threads; started, then released together through their stdin), measuring commits/s, re-runs and
 failures, and the commit latency's median and 99th percentile.  The counters' final sum must equal the
@@ -30,6 +36,7 @@ import cProfile
 import json
 import os
 import pstats
+import random
 import statistics
 import subprocess
 import sys
@@ -47,6 +54,7 @@ PROCESSES = 3
 GOAL = 0.6              # update lock vs psycopg FOR UPDATE
 PLAIN_GOAL = 0.3        # plain read-then-write re-run by db.run vs psycopg FOR UPDATE, several processes
 MODES = ("psycopg", "update-lock", "plain-read")
+PAIR_MODES = ("psycopg", "update-lock")
 PHASE_COMMITS = 2000
 #: ``--quick`` (a smoke run: every mode, every row and the no-lost-update check, figures not meant to be read):
 #: seconds per run (a thread counts the commit it began before the end: every run commits) and commits profiled.
@@ -106,8 +114,16 @@ def _increment_plain(tx, key: int) -> None:
     tx.write("bench_objects", key, value=row["value"] + 1)
 
 
-def _workers(mode: str, url: str, threads: int, seconds: float, start: threading.Event) -> dict[str, Any]:
-    """Run ``threads`` threads of ``mode`` for ``seconds`` once ``start`` is set; their summed figures."""
+def _increment_pair(tx, keys: tuple[int, int]) -> None:
+    rows = [tx.read("bench_objects", key, for_update=True) for key in keys]
+    for row in rows:
+        tx.write("bench_objects", row["id"], value=row["value"] + 1)
+
+
+def _workers(mode: str, url: str, threads: int, seconds: float, start: threading.Event,
+             pairs: bool = False) -> dict[str, Any]:
+    """Run ``threads`` threads of ``mode`` for ``seconds`` once ``start`` is set; their summed figures (``pairs``:
+    each commit increments two counters in a random order, module docstring)."""
     import psycopg
 
     import activedb
@@ -127,23 +143,32 @@ def _workers(mode: str, url: str, threads: int, seconds: float, start: threading
                 return function(tx, key)
             return wrapped
 
-        increment = counted(_increment_for_update if mode == "update-lock" else _increment_plain)
+        increment = counted(_increment_pair if pairs else _increment_for_update if mode == "update-lock"
+                            else _increment_plain)
+        choose = random.Random(f"{os.getpid()} {number}")      # (pairs: each thread its own sequence of pairs)
         start.wait()
         deadline = time.perf_counter() + seconds
         step = 0
         while time.perf_counter() < deadline:
-            key = 1 + (number + step) % COUNTERS
+            keys: Any = tuple(choose.sample(range(1, COUNTERS + 1), 2)) if pairs else 1 + (number + step) % COUNTERS
             step += 1
             began = time.perf_counter()
             try:
                 if connection is not None:
-                    attempts += 1
-                    with connection.transaction():
-                        value = connection.execute("SELECT value FROM bench_objects WHERE id = %s FOR UPDATE",
-                                                   (key,)).fetchone()[0]
-                        connection.execute("UPDATE bench_objects SET value = %s WHERE id = %s", (value + 1, key))
+                    while True:
+                        attempts += 1
+                        try:
+                            with connection.transaction():
+                                for key in keys if pairs else (keys,):
+                                    value = connection.execute(
+                                        "SELECT value FROM bench_objects WHERE id = %s FOR UPDATE", (key,)).fetchone()[0]
+                                    connection.execute("UPDATE bench_objects SET value = %s WHERE id = %s",
+                                                       (value + 1, key))
+                            break
+                        except psycopg.errors.DeadlockDetected:
+                            continue        # (pairs: PostgreSQL's victim, re-run as db.run re-runs its own)
                 else:
-                    database.run(increment, key, retries=20)
+                    database.run(increment, keys, retries=20)
             except (activedb.DeadlockDetected, SerializationConflict, activedb.TransactionAborted):
                 failures += 1
                 continue
@@ -168,9 +193,11 @@ def _workers(mode: str, url: str, threads: int, seconds: float, start: threading
             "latencies": latencies}
 
 
-def _in_processes(mode: str, url: str, processes: int, threads: int, seconds: float) -> dict[str, Any]:
+def _in_processes(mode: str, url: str, processes: int, threads: int, seconds: float,
+                  pairs: bool = False) -> dict[str, Any]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))}
-    children = [subprocess.Popen([sys.executable, "-m", "benchmarks.hotkeys", mode, str(threads), str(seconds)],
+    children = [subprocess.Popen([sys.executable, "-m", "benchmarks.hotkeys", mode, str(threads), str(seconds),
+                                  "pairs" if pairs else "single"],
                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                                  env={**env, "ACTIVEDB_BENCH_URL": url}) for _ in range(processes)]
     try:
@@ -190,12 +217,12 @@ def _in_processes(mode: str, url: str, processes: int, threads: int, seconds: fl
             "latencies": [latency for report in reports for latency in report["latencies"]]}
 
 
-def _child(mode: str, threads: int, seconds: float) -> None:
+def _child(mode: str, threads: int, seconds: float, pairs: bool) -> None:
     """A worker process: connect, say ``ready``, wait for ``go`` on stdin, run, print the figures."""
     url = os.environ["ACTIVEDB_BENCH_URL"]
     start = threading.Event()
     outcome: dict[str, Any] = {}
-    runner = threading.Thread(target=lambda: outcome.update(_workers(mode, url, threads, seconds, start)))
+    runner = threading.Thread(target=lambda: outcome.update(_workers(mode, url, threads, seconds, start, pairs)))
     runner.start()
     print("ready", flush=True)
     sys.stdin.readline()
@@ -255,17 +282,17 @@ def _phases(url: str, count: int) -> dict[str, float]:
     return result
 
 
-def _measure(mode: str, url: str, processes: int, seconds: float) -> dict[str, Any]:
+def _measure(mode: str, url: str, processes: int, seconds: float, pairs: bool = False) -> dict[str, Any]:
     _reset(url)
     if processes == 1:
         start = threading.Event()
         start.set()
-        figures = _workers(mode, url, THREADS, seconds, start)
+        figures = _workers(mode, url, THREADS, seconds, start, pairs)
     else:
-        figures = _in_processes(mode, url, processes, THREADS, seconds)
-    total = _total(url)
-    if total != figures["commits"]:
-        raise AssertionError(f"{mode}: the counters sum to {total} but {figures['commits']} increments committed")
+        figures = _in_processes(mode, url, processes, THREADS, seconds, pairs)
+    total, increments = _total(url), figures["commits"] * (2 if pairs else 1)
+    if total != increments:
+        raise AssertionError(f"{mode}: the counters sum to {total} but {increments} increments committed")
     latencies = sorted(figures["latencies"]) or [0.0]
     return {"rate": figures["commits"] / seconds, "commits": figures["commits"],
             "reruns": figures["attempts"] - figures["commits"] - figures["failures"], "failures": figures["failures"],
@@ -298,15 +325,25 @@ def run(quick: bool = False) -> BenchReport:
                 goal=GOAL if mode == "update-lock" else PLAIN_GOAL if processes > 1 else None,
                 extra={**{key: value for key, value in figures.items() if key != "rate"},
                        "baseline_p50_ms": baseline["p50_ms"], "baseline_p99_ms": baseline["p99_ms"]}))
+    measured = {mode: _measure(mode, url, PROCESSES, seconds, pairs=True) for mode in PAIR_MODES}
+    baseline, figures = measured["psycopg"], measured["update-lock"]
+    report.add(Row(
+        name=f"{THREADS} threads x {COUNTERS} counters, {PROCESSES} processes, pairs in a random order: activedb "
+             f"update-lock vs psycopg FOR UPDATE",
+        value=figures["rate"], unit="commits/s", baseline_name="psycopg, re-run on PostgreSQL's deadlock error",
+        baseline=baseline["rate"], ratio=figures["rate"] / baseline["rate"] if baseline["rate"] else 0.0,
+        extra={**{key: value for key, value in figures.items() if key != "rate"},
+               "baseline_reruns": baseline["reruns"], "baseline_p50_ms": baseline["p50_ms"],
+               "baseline_p99_ms": baseline["p99_ms"]}))
     phases = _phases(url, QUICK_PHASE_COMMITS if quick else PHASE_COMMITS)
     report.rows[0].extra["phases_cpu_us_per_commit"] = phases
     report.notes.append("update-lock commit, one thread, CPU µs per commit by phase (profiled, scaled to the "
                         "unprofiled CPU): " + ", ".join(f"{phase} {value}" for phase, value in phases.items()))
     report.notes.append(f"{seconds:g} s per run; threads per process {THREADS}; counters {COUNTERS}; "
                         f"reruns = attempts db.run made beyond the first (deadlock victims, conflicts); the "
-                        f"counters' final sum equals the commits counted in every run")
+                        f"counters' final sum equals the commits counted in every run (pairs: twice the commits)")
     return report
 
 
 if __name__ == "__main__":    # a worker process of the multi-process runs
-    _child(sys.argv[1], int(sys.argv[2]), float(sys.argv[3]))
+    _child(sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), sys.argv[4] == "pairs")

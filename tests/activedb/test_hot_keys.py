@@ -16,12 +16,16 @@
 * across two engines, a flush holding its table locks (it relied on an absent row) does not wait for a row the
   other's flush holds: it gives up and tries again instead of closing a cycle only PostgreSQL's deadlock detector
   would break, a second later;
-* a cycle through two engines' lock managers and PostgreSQL's row locks (or through one engine's and a plain
-  client's row locks), which no single detector sees, has one victim: the engines publish their parts of it.
+* a cycle through two processes' lock managers and PostgreSQL's row locks (or through one process's and a plain
+  client's row locks), which no single detector sees, has one victim: each engine publishes its part of it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import queue
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -33,6 +37,7 @@ from activedb import testing
 from activedb.errors import SerializationConflict
 from activedb.txn import CommitParticipant
 from tests._tables import balances, refill, row_locked
+from tests.activedb import _cycle_peer
 
 TIMEOUT = 30
 
@@ -796,69 +801,86 @@ def _waiting_for_row_locks(db) -> int:
         )).scalar()
 
 
-def _reads_for_update_then_increments(database, name, rows, held, go, outcome) -> threading.Thread:
-    """A thread running tree ``name`` on ``database``: it reads ``rows[0]`` of accounts for update, sets ``held``,
-    waits for ``go``, reads ``rows[1]`` for update and increments both; ``outcome[name]`` is "committed", the
-    ``DeadlockDetected`` it raised, or any other error's repr."""
-    def run():
+class _Peer:
+    """The other process of a cycle (``tests/activedb/_cycle_peer.py``): its own engine, driven by lines on its stdin;
+    what it prints is read by a thread into a queue."""
+
+    def __init__(self, database_url: str) -> None:
+        self.process = subprocess.Popen([sys.executable, "-m", "tests.activedb._cycle_peer", database_url],
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.lines: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=lambda: [self.lines.put(line.strip()) for line in self.process.stdout],
+                         daemon=True).start()
+        self.expect("ready")
+
+    def send(self, line: str) -> None:
+        self.process.stdin.write(line + "\n")
+        self.process.stdin.flush()
+
+    def expect(self, prefix: str) -> str:
+        """The next line the peer prints, which must start with ``prefix``."""
         try:
-            with database.transaction() as tx:
-                images = [tx.read("accounts", rows[0], for_update=True)]
-                held.set()
-                assert go.wait(TIMEOUT)
-                images.append(tx.read("accounts", rows[1], for_update=True))
-                for image in images:
-                    tx.write("accounts", image["id"], balance=image["balance"] + 1)
-            outcome[name] = "committed"
-        except activedb.DeadlockDetected as error:
-            outcome[name] = error
-        except Exception as error:              # (reported by the caller's assertion)
-            outcome[name] = repr(error)
-    return threading.Thread(target=run, name=f"tree {name}")
+            line = self.lines.get(timeout=TIMEOUT)
+        except queue.Empty:
+            raise AssertionError(f"the peer process printed nothing in {TIMEOUT} s (expected {prefix!r}; "
+                                 f"its exit code: {self.process.poll()})") from None
+        assert line.startswith(prefix), (prefix, line)
+        return line
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.send("")
+            self.process.stdin.close()
+        try:
+            self.process.wait(TIMEOUT)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
 
 
-def test_a_cycle_through_two_engines_lock_managers_and_postgresql_has_one_victim(db, database_url):
-    """Two engines (two lock managers: two processes, as far as PostgreSQL can tell), two trees each.  A1 holds row 1
-    and A2 row 3 (engine A); B1 holds row 2 and B2 row 4 (engine B), each read for update.  A2 then reads row 2 and
-    waits in PostgreSQL for B1; B2 reads row 1 and waits in PostgreSQL for A1; A1 reads row 3 and waits in A's lock
-    manager for A2; B1 reads row 4 and waits in B's lock manager for B2.  No detector sees the cycle A2 -> B1 -> B2
-    -> A1 -> A2: PostgreSQL sees two waits, each lock manager one.  Each engine publishes what only it knows (its
-    waiting statement, and which of its backends' trees wait for it), and the statement of A2 or B2 with the higher
-    backend pid is the one victim; its abort lets the cycle go and the three others commit.  Before, one of the two
-    statements gave up after its lock timeout (10 s) with a ``SerializationConflict``."""
+def test_a_cycle_through_two_processes_lock_managers_and_postgresql_has_one_victim(db, database_url):
+    """Two processes (two engines), two trees each.  A1 holds row 1 and A2 row 3 (this process); B1 holds row 2 and
+    B2 row 4 (the other), each read for update.  A2 then reads row 2 and waits in PostgreSQL for B1; B2 reads row 1
+    and waits in PostgreSQL for A1; A1 reads row 3 and waits in this process's lock manager for A2; B1 reads row 4
+    and waits in the other's lock manager for B2.  No detector sees the cycle A2 -> B1 -> B2 -> A1 -> A2: PostgreSQL
+    sees two waits, each lock manager one.  Each process publishes what only it knows (its waiting statement, and
+    which of its backends' trees wait for it), and the statement of A2 or B2 with the higher backend pid is the one
+    victim; its abort lets the cycle go and the three others commit.  Before, one of the two statements gave up after
+    its lock timeout (10 s) with a ``SerializationConflict``."""
     refill(db, "accounts", "(id, balance) VALUES (1, 0), (2, 0), (3, 0), (4, 0)")
-    other = activedb.connect(database_url)
-    engines = {"A": db, "B": other}
     holds = {"A1": (1, 3), "A2": (3, 2), "B1": (2, 4), "B2": (4, 1)}
-    held = {name: threading.Event() for name in holds}
-    go = {name: threading.Event() for name in holds}
+    held = {name: threading.Event() for name in ("A1", "A2")}
+    go = {name: threading.Event() for name in ("A1", "A2")}
     outcome: dict[str, object] = {}
-
-    def graphs() -> str:
-        return "\n".join(f"engine {name}: {sorted(engine.transactions.locks.wait_for_graph().edges(data='kind'))}"
-                         for name, engine in engines.items())
-
-    threads = {name: _reads_for_update_then_increments(engines[name[0]], name, rows, held[name], go[name], outcome)
-               for name, rows in holds.items()}
+    threads = [_cycle_peer.reads_for_update_then_increments(db, name, holds[name], held[name].set, go[name], outcome)
+               for name in ("A1", "A2")]
+    peer = _Peer(database_url)
     try:
-        with testing.Watchdog(90, describe=graphs):
-            for name, thread in threads.items():
+        with testing.Watchdog(90, db.transactions.locks):
+            for thread in threads:
                 thread.start()
-                assert held[name].wait(TIMEOUT)
+            assert held["A1"].wait(TIMEOUT) and held["A2"].wait(TIMEOUT)
+            for name in ("B1", "B2"):
+                peer.send(f"tree {name} {holds[name][0]} {holds[name][1]}")
+                peer.expect(f"held {name}")
             go["A2"].set()
             testing.wait_until(lambda: _waiting_for_row_locks(db) == 1, TIMEOUT, "A2 waiting in PostgreSQL for B1")
-            go["B2"].set()
+            peer.send("go B2")
             testing.wait_until(lambda: _waiting_for_row_locks(db) == 2, TIMEOUT, "B2 waiting in PostgreSQL for A1")
             go["A1"].set()
             testing.wait_until(lambda: db.transactions.locks.statistics().waiting == 1, TIMEOUT,
-                               "A1 waiting in A's lock manager for A2")
-            go["B1"].set()
-            for thread in threads.values():
+                               "A1 waiting in this process's lock manager for A2")
+            peer.send("go B1")
+            for _ in range(2):
+                _, name, result = peer.expect("outcome").split(" ", 2)
+                outcome[name] = result
+            for thread in threads:
                 thread.join(TIMEOUT)
-            assert not any(thread.is_alive() for thread in threads.values())
+            assert not any(thread.is_alive() for thread in threads)
     finally:
-        other.close()
-    victims = [name for name, result in outcome.items() if isinstance(result, activedb.DeadlockDetected)]
+        peer.close()
+    victims = [name for name, result in outcome.items()
+               if isinstance(result, activedb.DeadlockDetected) or str(result).startswith("deadlock")]
     assert victims in (["A2"], ["B2"]) and len(outcome) == 4, outcome
     assert "more than one engine" in str(outcome[victims[0]])
     assert all(result == "committed" for name, result in outcome.items() if name not in victims), outcome
@@ -868,6 +890,7 @@ def test_a_cycle_through_two_engines_lock_managers_and_postgresql_has_one_victim
             for key in rows:
                 expected[key] += 1
     assert balances(db) == expected
+    assert peer.process.returncode == 0
 
 
 def test_a_cycle_through_the_lock_manager_and_another_clients_row_locks_has_this_engines_statement_as_victim(db):
@@ -891,7 +914,7 @@ def test_a_cycle_through_the_lock_manager_and_another_clients_row_locks_has_this
         outcome["client"] = "committed"
 
     held["client"], go["client"] = threading.Event(), threading.Event()
-    threads = {name: _reads_for_update_then_increments(db, name, rows, held[name], go[name], outcome)
+    threads = {name: _cycle_peer.reads_for_update_then_increments(db, name, rows, held[name].set, go[name], outcome)
                for name, rows in holds.items()}
     threads["client"] = threading.Thread(target=client, name="client")
     with testing.Watchdog(90, db.transactions.locks):
