@@ -80,6 +80,10 @@ _PHASES = (
 )
 
 
+_SELECT_FOR_UPDATE = "SELECT value FROM bench_objects WHERE id = %s FOR UPDATE"
+_UPDATE = "UPDATE bench_objects SET value = %s WHERE id = %s"
+
+
 def _conninfo(url: str) -> str:
     return url.replace("postgresql+psycopg://", "postgresql://", 1)
 
@@ -160,10 +164,8 @@ def _workers(mode: str, url: str, threads: int, seconds: float, start: threading
                         try:
                             with connection.transaction():
                                 for key in keys if pairs else (keys,):
-                                    value = connection.execute(
-                                        "SELECT value FROM bench_objects WHERE id = %s FOR UPDATE", (key,)).fetchone()[0]
-                                    connection.execute("UPDATE bench_objects SET value = %s WHERE id = %s",
-                                                       (value + 1, key))
+                                    value = connection.execute(_SELECT_FOR_UPDATE, (key,)).fetchone()[0]
+                                    connection.execute(_UPDATE, (value + 1, key))
                             break
                         except psycopg.errors.DeadlockDetected:
                             continue        # (pairs: PostgreSQL's victim, re-run as db.run re-runs its own)
@@ -255,8 +257,8 @@ def _phases(url: str, count: int) -> dict[str, float]:
     def theirs(step: int) -> None:
         with connection.transaction():
             key = 1 + step % COUNTERS
-            value = connection.execute("SELECT value FROM bench_objects WHERE id = %s FOR UPDATE", (key,)).fetchone()[0]
-            connection.execute("UPDATE bench_objects SET value = %s WHERE id = %s", (value + 1, key))
+            value = connection.execute(_SELECT_FOR_UPDATE, (key,)).fetchone()[0]
+            connection.execute(_UPDATE, (value + 1, key))
 
     try:
         _cpu_per_commit(ours, count // 10)                      # warm up: statements, connections

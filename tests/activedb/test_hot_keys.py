@@ -893,40 +893,72 @@ def test_a_cycle_through_two_processes_lock_managers_and_postgresql_has_one_vict
     assert peer.process.returncode == 0
 
 
-def test_a_cycle_through_the_lock_manager_and_another_clients_row_locks_has_this_engines_statement_as_victim(db):
+def _plain_client(db, held, go, outcome) -> threading.Thread:
+    """A thread of a client that is not activedb: it locks row 4 of accounts, sets ``held``, waits for ``go``, adds 10
+    to row 1 (waiting for whoever holds it) and commits; ``outcome["client"]`` is "committed" then."""
+    def run():
+        with db.engine.begin() as connection:
+            connection.execute(sa.text("SELECT * FROM accounts WHERE id = 4 FOR UPDATE"))
+            held.set()
+            assert go.wait(TIMEOUT)
+            connection.execute(sa.text("UPDATE accounts SET balance = balance + 10 WHERE id = 1"))
+        outcome["client"] = "committed"
+    return threading.Thread(target=run, name="client")
+
+
+def _publishing_backends(db) -> list[int]:
+    """The backends holding published edges of a cycle across engines (``_acrossengines``)."""
+    from activedb.txn import _acrossengines
+
+    with db.engine.connect() as connection:
+        return connection.execute(sa.text(
+            "SELECT DISTINCT pid FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1 AND granted "
+            "AND ((classid::bigint << 32) | objid::bigint) >> :shift = :tag"),
+            {"shift": 2 * _acrossengines.PID_BITS, "tag": _acrossengines.TAG}).scalars().all()
+
+
+@pytest.mark.parametrize("closed_by", ["T2's statement", "T1's lock request, after the published edges were lost"])
+def test_a_cycle_through_the_lock_manager_and_another_clients_row_locks_has_this_engines_statement_as_victim(
+        db, closed_by):
     """One engine and a plain PostgreSQL client (not activedb).  Tree T1 holds row 1, tree T2 row 3 (each read for
     update); the client locks row 4 and then waits in PostgreSQL for row 1; T1 reads row 3 and waits in the lock
     manager for T2; T2 reads row 4 and waits in PostgreSQL for the client.  PostgreSQL sees T2 -> client -> T1, the
     lock manager T1 -> T2.  The engine's published edges close the cycle and T2's statement, the only one of it that
-    can be told, is the victim: T1 commits, then the client.  Before, T2 gave up after its lock timeout (10 s)."""
+    can be told, is the victim: T1 commits, then the client.  Before, T2 gave up after its lock timeout (10 s).
+
+    Closed by T2's statement (the last wait), or by T1's request after T2 waited first: then the engine published
+    T2's statement (its mark) on a session of its own, which is terminated before the cycle closes — the edges go
+    with it; the engine's next statement on the lost session fails, it opens another and publishes its edges there."""
     refill(db, "accounts", "(id, balance) VALUES (1, 0), (2, 0), (3, 0), (4, 0)")
     holds = {"T1": (1, 3), "T2": (3, 4)}
-    held = {name: threading.Event() for name in holds}
-    go = {name: threading.Event() for name in holds}
+    held = {name: threading.Event() for name in (*holds, "client")}
+    go = {name: threading.Event() for name in (*holds, "client")}
     outcome: dict[str, object] = {}
-
-    def client():
-        with db.engine.begin() as connection:
-            connection.execute(sa.text("SELECT * FROM accounts WHERE id = 4 FOR UPDATE"))
-            held["client"].set()
-            assert go["client"].wait(TIMEOUT)
-            connection.execute(sa.text("UPDATE accounts SET balance = balance + 10 WHERE id = 1"))
-        outcome["client"] = "committed"
-
-    held["client"], go["client"] = threading.Event(), threading.Event()
     threads = {name: _cycle_peer.reads_for_update_then_increments(db, name, rows, held[name].set, go[name], outcome)
                for name, rows in holds.items()}
-    threads["client"] = threading.Thread(target=client, name="client")
+    threads["client"] = _plain_client(db, held["client"], go["client"], outcome)
     with testing.Watchdog(90, db.transactions.locks):
         for name, thread in threads.items():
             thread.start()
             assert held[name].wait(TIMEOUT)
-        go["client"].set()
-        testing.wait_until(lambda: _waiting_for_row_locks(db) == 1, TIMEOUT, "the client waiting for T1's row")
-        go["T1"].set()
-        testing.wait_until(lambda: db.transactions.locks.statistics().waiting == 1, TIMEOUT,
-                           "T1 waiting in the lock manager for T2")
-        go["T2"].set()
+        if closed_by == "T2's statement":
+            go["client"].set()
+            testing.wait_until(lambda: _waiting_for_row_locks(db) == 1, TIMEOUT, "the client waiting for T1's row")
+            go["T1"].set()
+            testing.wait_until(lambda: db.transactions.locks.statistics().waiting == 1, TIMEOUT,
+                               "T1 waiting in the lock manager for T2")
+            go["T2"].set()
+        else:
+            go["T2"].set()
+            testing.wait_until(lambda: len(_publishing_backends(db)) == 1, TIMEOUT,
+                               "T2's statement waiting for the client, published")
+            [board] = _publishing_backends(db)
+            with db.engine.connect() as connection:
+                assert connection.execute(sa.text("SELECT pg_terminate_backend(:pid, 30000)"), {"pid": board}).scalar()
+            assert _publishing_backends(db) == []
+            go["client"].set()
+            testing.wait_until(lambda: _waiting_for_row_locks(db) == 2, TIMEOUT, "the client waiting for T1's row")
+            go["T1"].set()
         for thread in threads.values():
             thread.join(TIMEOUT)
         assert not any(thread.is_alive() for thread in threads.values())
