@@ -4,21 +4,19 @@ publishes and reads so that such a cycle has a victim (``README.md``, "Cycles ac
 An engine (one ``TransactionManager``, one lock manager: usually one process) sees its own wait-for graph and,
 through ``pg_blocking_pids``, which backends block its statements; PostgreSQL sees its row-lock waits.  Neither sees
 a cycle that leaves an engine through a row lock, closes through a wait in another engine's lock manager, and comes
-back through another row lock.  So an engine one of whose statements waits for a backend that is none of its own
-publishes, as edges between backends, what only it knows:
-
-* ``f -> f``, a *mark*: backend ``f`` runs a statement of this engine (a flight) that waits for a backend of another
-  engine or client — one that may be told to give up;
-* ``p -> f``: the tree holding row locks on backend ``p`` waits in this engine's lock manager, directly or through
-  other trees, for the tree of the marked statement on ``f`` (:func:`trees_waiting_for`).
+back through another row lock.  So an engine one of whose statements (a flight, on backend ``f``) waits for a
+backend that is none of its own publishes, as edges between backends, what only it knows: ``p -> f`` for each of its
+backends ``p`` whose tree waits in its lock manager, directly or through other trees, for the flight's tree
+(:func:`trees_waiting_for`).
 
 An edge is a session-level advisory lock held shared by the engine's :class:`Board` connection (its own, in
 autocommit), on a 64-bit key: :data:`TAG` in the top bits, then ``p`` and ``f`` in :data:`PID_BITS` bits each.  Every
 engine's edges are visible to any session in ``pg_locks``, and they go with the board's session if its process dies.
-A search (:func:`find_cycle`) starts at a marked statement and follows published edges and ``pg_blocking_pids``
-from backend to backend; a path back to the statement is a cycle.  Its victim is the marked backend with the highest
-pid (:func:`victim`): every engine that finds the cycle names the same one, and only the engine whose statement it is
-tells it — one victim, nothing to coordinate.
+A search (:func:`find_cycle`) starts at a flight's backend and follows published edges and ``pg_blocking_pids``
+from backend to backend; a path back to it is a cycle.  Its victim is the published edges' target (a flight) in the
+cycle with the highest pid (:func:`victim`): every engine that finds the cycle names the same one, and only the
+engine whose flight it is tells it — one victim, nothing to coordinate.  (A cycle through another engine's lock manager
+has such an edge: the engine publishes it; one through no lock manager is PostgreSQL's own to find.)
 """
 
 from __future__ import annotations
@@ -126,10 +124,10 @@ def find_cycle(start: int, published: Mapping[int, Collection[int]],
 
 
 def victim(cycle: Iterable[tuple[int, int, str]], published: Mapping[int, Collection[int]]) -> int | None:
-    """The backend whose statement is the victim of ``cycle``: the marked one (``f -> f`` published) with the highest
-    pid, or None (no statement of the cycle can be told: its waits are other clients')."""
-    marked = [waiter for waiter, _, kind in cycle if kind == "row-lock" and waiter in published.get(waiter, ())]
-    return max(marked, default=None)
+    """The backend whose statement is the victim of ``cycle``: of the backends in it that are a published edge's
+    target (a flight some engine can tell), the one with the highest pid; None if there is none."""
+    targets = {target for source, targets_of in published.items() for target in targets_of if target != source}
+    return max((waiter for waiter, _, _ in cycle if waiter in targets), default=None)
 
 
 class Board:
@@ -174,7 +172,7 @@ class Board:
         self.published = (self.published - set(gone)) | taken
 
     def read(self) -> dict[int, set[int]]:
-        """Every engine's published edges of this database: source -> targets (a mark is ``f -> f``)."""
+        """Every engine's published edges of this database: source -> targets."""
         edges: dict[int, set[int]] = {}
         for source, target in self._execute(_PUBLISHED):
             edges.setdefault(int(source), set()).add(int(target))   # type: ignore[call-overload]

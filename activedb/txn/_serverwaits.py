@@ -260,18 +260,19 @@ class ServerWaits:
             blocked = [flight for flight in self._flights if flight.running and flight.foreign]
         if not blocked and not board.published:
             return
-        edges: set[tuple[int, int]] = {(flight.pid, flight.pid) for flight in blocked}
-        if blocked:
+        edges: set[tuple[int, int]] = set()
+        if blocked and len(set(sessions.values())) > 1:     # (one tree: nothing here waits for another tree)
             graph = self._locks.wait_for_graph()
             for flight in blocked:
                 waiting = _acrossengines.trees_waiting_for(graph, flight.root) | {flight.root}
-                edges.update((pid, flight.pid) for pid, root in sessions.items() if root in waiting)
+                edges.update((pid, flight.pid) for pid, root in sessions.items()
+                             if root in waiting and pid != flight.pid)
         board.publish(edges)
         searched = [flight for flight in due if flight in blocked]
         if not searched:
             return
         published = board.read()
-        if not any(targets - {source} for source, targets in published.items()):
+        if not published:
             return      # (no engine waits in its lock manager for such a statement: any cycle is PostgreSQL's own)
         known: dict[int, tuple[int, ...]] = {}
         mine = {flight.pid: flight for flight in blocked}
@@ -286,8 +287,8 @@ class ServerWaits:
                 tuple(lockmgr.WaitEdge(f"backend {waiter}", f"backend {target}", kind)
                       for waiter, target, kind in cycle),
                 "highest backend pid across engines",
-                note=(f"The cycle runs through PostgreSQL's row locks and more than one engine's lock manager "
-                      f"(a \"tree\" edge: the tree holding row locks on that backend waits in its engine's lock "
-                      f"manager for the tree of the statement on the next); the statement of {told.waiter!r} on "
-                      f"backend {chosen} was cancelled.")))
+                note=(f"The cycle runs through PostgreSQL's row locks and the lock managers of more than one "
+                      f"process (or of this one and another client of the database); a \"tree\" edge: the tree "
+                      f"holding row locks on that backend waits in its process's lock manager for the tree of the "
+                      f"statement on the next.  The statement of {told.waiter!r} on backend {chosen} was cancelled.")))
             return

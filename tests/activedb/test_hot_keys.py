@@ -882,7 +882,7 @@ def test_a_cycle_through_two_processes_lock_managers_and_postgresql_has_one_vict
     victims = [name for name, result in outcome.items()
                if isinstance(result, activedb.DeadlockDetected) or str(result).startswith("deadlock")]
     assert victims in (["A2"], ["B2"]) and len(outcome) == 4, outcome
-    assert "more than one engine" in str(outcome[victims[0]])
+    assert "lock managers of more than one process" in str(outcome[victims[0]])
     assert all(result == "committed" for name, result in outcome.items() if name not in victims), outcome
     expected = {1: 0, 2: 0, 3: 0, 4: 0}
     for name, rows in holds.items():
@@ -917,7 +917,7 @@ def _publishing_backends(db) -> list[int]:
             {"shift": 2 * _acrossengines.PID_BITS, "tag": _acrossengines.TAG}).scalars().all()
 
 
-@pytest.mark.parametrize("closed_by", ["T2's statement", "T1's lock request, after the published edges were lost"])
+@pytest.mark.parametrize("closed_by", ["T2's statement", "the client's, after the published edge was lost"])
 def test_a_cycle_through_the_lock_manager_and_another_clients_row_locks_has_this_engines_statement_as_victim(
         db, closed_by):
     """One engine and a plain PostgreSQL client (not activedb).  Tree T1 holds row 1, tree T2 row 3 (each read for
@@ -926,9 +926,9 @@ def test_a_cycle_through_the_lock_manager_and_another_clients_row_locks_has_this
     lock manager T1 -> T2.  The engine's published edges close the cycle and T2's statement, the only one of it that
     can be told, is the victim: T1 commits, then the client.  Before, T2 gave up after its lock timeout (10 s).
 
-    Closed by T2's statement (the last wait), or by T1's request after T2 waited first: then the engine published
-    T2's statement (its mark) on a session of its own, which is terminated before the cycle closes — the edges go
-    with it; the engine's next statement on the lost session fails, it opens another and publishes its edges there."""
+    Closed by T2's statement (the last wait), or by the client's after T2 and T1 waited: then the engine published
+    T1's wait for T2's statement on a session of its own, which is terminated before the cycle closes — the edge goes
+    with it; the engine's next statement on the lost session fails, it opens another and publishes its edge there."""
     refill(db, "accounts", "(id, balance) VALUES (1, 0), (2, 0), (3, 0), (4, 0)")
     holds = {"T1": (1, 3), "T2": (3, 4)}
     held = {name: threading.Event() for name in (*holds, "client")}
@@ -950,15 +950,15 @@ def test_a_cycle_through_the_lock_manager_and_another_clients_row_locks_has_this
             go["T2"].set()
         else:
             go["T2"].set()
+            testing.wait_until(lambda: _waiting_for_row_locks(db) == 1, TIMEOUT, "T2 waiting for the client's row")
+            go["T1"].set()
             testing.wait_until(lambda: len(_publishing_backends(db)) == 1, TIMEOUT,
-                               "T2's statement waiting for the client, published")
+                               "T1 waiting in the lock manager for T2, whose statement waits for the client: published")
             [board] = _publishing_backends(db)
             with db.engine.connect() as connection:
                 assert connection.execute(sa.text("SELECT pg_terminate_backend(:pid, 30000)"), {"pid": board}).scalar()
             assert _publishing_backends(db) == []
             go["client"].set()
-            testing.wait_until(lambda: _waiting_for_row_locks(db) == 2, TIMEOUT, "the client waiting for T1's row")
-            go["T1"].set()
         for thread in threads.values():
             thread.join(TIMEOUT)
         assert not any(thread.is_alive() for thread in threads.values())
