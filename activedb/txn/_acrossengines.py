@@ -27,7 +27,9 @@ from typing import TYPE_CHECKING, Callable, Collection, Iterable, Mapping
 
 if TYPE_CHECKING:  # pragma: no cover
     import networkx
+    import psycopg
     import sqlalchemy as sa
+    from psycopg.rows import TupleRow
 
 #: Bits of a backend's pid in an edge's key (a Linux pid is below 2**22, ``PID_MAX_LIMIT``).
 PID_BITS = 22
@@ -130,29 +132,40 @@ def victim(cycle: Iterable[tuple[int, int, str]], published: Mapping[int, Collec
     return max((waiter for waiter, _, _ in cycle if waiter in targets), default=None)
 
 
+def read_published(connection: "sa.Connection") -> dict[int, set[int]]:
+    """Every engine's published edges of this database: source -> targets."""
+    edges: dict[int, set[int]] = {}
+    for source, target in connection.exec_driver_sql(_PUBLISHED):
+        edges.setdefault(int(source), set()).add(int(target))
+    return edges
+
+
+def blocking(connection: "sa.Connection", pids: list[int]) -> dict[int, list[int]]:
+    """``pg_blocking_pids`` of each of ``pids``."""
+    rows = connection.exec_driver_sql("SELECT pid, pg_blocking_pids(pid) FROM unnest(%s::int[]) AS pid", (pids,))
+    return {int(pid): list(blockers or ()) for pid, blockers in rows}
+
+
 class Board:
-    """One engine's published edges, on a connection of its own (detached from the pool, in autocommit, opened at
-    the first question), which also asks the questions of a search.  Used by one checker thread only, which closes it
-    as it ends; :meth:`close` withdraws every edge."""
+    """One engine's published edges, held on a connection of its own (detached from the pool, in autocommit) for as
+    long as it holds any: opened at the first, closed once none is left.  Used by one checker thread only, which
+    closes it as it ends; :meth:`close` withdraws every edge."""
 
     def __init__(self, engine: "sa.Engine") -> None:
         self._engine = engine
-        self._driver: object = None
+        self._driver: "psycopg.Connection[TupleRow] | None" = None
         self.published: frozenset[int] = frozenset()     # the keys this board holds
 
-    def _connection(self) -> object:
-        if self._driver is None:
-            raw = self._engine.raw_connection()
-            driver = raw.driver_connection
-            raw.detach()                # the board's for as long as it publishes, not the pool's
-            driver.autocommit = True    # type: ignore[union-attr]
-            self._driver = driver
-        return self._driver
-
-    def _execute(self, statement: str, parameters: tuple[object, ...] = ()) -> list[tuple[object, ...]]:
+    def _execute(self, statement: str, parameters: tuple[object, ...]) -> "list[TupleRow]":
         try:
-            cursor = self._connection().execute(statement, parameters)  # type: ignore[attr-defined]
-            return list(cursor.fetchall())
+            if self._driver is None:
+                raw = self._engine.raw_connection()
+                driver: "psycopg.Connection[TupleRow] | None" = raw.driver_connection
+                assert driver is not None       # (psycopg's connection, the pool's until detached)
+                raw.detach()                # the board's for as long as it publishes, not the pool's
+                driver.autocommit = True
+                self._driver = driver
+            return self._driver.execute(statement, parameters).fetchall()
         except Exception:
             self.close()        # (its session ends, and every edge with it)
             raise
@@ -161,6 +174,9 @@ class Board:
         """Hold exactly the keys of ``edges`` from now (a key that is taken in another mode is left out: a lock of
         another program's that happens to share the tag; the edge is not published)."""
         keys = frozenset(key for key in (edge_key(source, target) for source, target in edges) if key is not None)
+        if not keys:
+            self.close()
+            return
         gone, new = sorted(self.published - keys), sorted(keys - self.published)
         if gone:
             self._execute("SELECT pg_advisory_unlock_shared(k) FROM unnest(%s::bigint[]) AS k", (gone,))
@@ -168,20 +184,8 @@ class Board:
         if new:
             rows = self._execute("SELECT k FROM unnest(%s::bigint[]) AS k WHERE pg_try_advisory_lock_shared(k)",
                                  (new,))
-            taken = {int(row[0]) for row in rows}      # type: ignore[call-overload]
+            taken = {int(row[0]) for row in rows}
         self.published = (self.published - set(gone)) | taken
-
-    def read(self) -> dict[int, set[int]]:
-        """Every engine's published edges of this database: source -> targets."""
-        edges: dict[int, set[int]] = {}
-        for source, target in self._execute(_PUBLISHED):
-            edges.setdefault(int(source), set()).add(int(target))   # type: ignore[call-overload]
-        return edges
-
-    def blocking(self, pids: list[int]) -> dict[int, list[int]]:
-        """``pg_blocking_pids`` of each of ``pids``."""
-        rows = self._execute("SELECT pid, pg_blocking_pids(pid) FROM unnest(%s::int[]) AS pid", (pids,))
-        return {int(pid): list(blockers or ()) for pid, blockers in rows}   # type: ignore[call-overload]
 
     def close(self) -> None:
         """Withdraw every edge and close the connection (no-op without one)."""
@@ -189,6 +193,6 @@ class Board:
         if driver is not None:
             # Unlocked before the close: closing alone ends the backend, and so its locks, only some time later.
             with contextlib.suppress(Exception):
-                driver.execute("SELECT pg_advisory_unlock_all()")  # type: ignore[attr-defined]
+                driver.execute("SELECT pg_advisory_unlock_all()")
             with contextlib.suppress(Exception):
-                driver.close()  # type: ignore[attr-defined]
+                driver.close()

@@ -271,13 +271,19 @@ class ServerWaits:
         searched = [flight for flight in due if flight in blocked]
         if not searched:
             return
-        published = board.read()
-        if not published:
-            return      # (no engine waits in its lock manager for such a statement: any cycle is PostgreSQL's own)
-        known: dict[int, tuple[int, ...]] = {}
+        connection = self._catalog.idle.take()
+        try:
+            published = _acrossengines.read_published(connection)
+            if not published:
+                return  # (no engine waits in its lock manager for such a statement: any cycle is PostgreSQL's own)
+            known: dict[int, tuple[int, ...]] = {}
+            found = [_acrossengines.find_cycle(flight.pid, published,
+                                               functools.partial(_acrossengines.blocking, connection), known)
+                     for flight in searched]
+        finally:
+            self._catalog.idle.give_back(connection)
         mine = {flight.pid: flight for flight in blocked}
-        for flight in searched:
-            cycle = _acrossengines.find_cycle(flight.pid, published, board.blocking, known)
+        for cycle in found:
             chosen = None if cycle is None else _acrossengines.victim(cycle, published)
             if cycle is None or chosen not in mine:
                 continue        # (no cycle, or another engine's statement is its victim: that engine tells it)
