@@ -15,14 +15,13 @@ engine's edges are visible to any session in ``pg_locks``, and they go with the 
 A search (:func:`find_cycle`) starts at a flight's backend and follows published edges and ``pg_blocking_pids``
 from backend to backend; a path back to it is a cycle.  Its victim is the published edges' target (a flight) in the
 cycle with the highest pid (:func:`victim`): every engine that finds the cycle names the same one, and only the
-engine whose flight it is tells it — one victim, nothing to coordinate.  (A cycle through another engine's lock manager
+engine whose flight it is tells it — one victim, nothing to coordinate.  (A cycle through an engine's lock manager
 has such an edge: the engine publishes it; one through no lock manager is PostgreSQL's own to find.)
 """
 
 from __future__ import annotations
 
 import contextlib
-import logging
 from typing import TYPE_CHECKING, Callable, Collection, Iterable, Mapping
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -42,8 +41,6 @@ TAG = int.from_bytes(b"wfg", "big") >> 5
 #: How many backends a search visits at most (a cycle is a handful; a server has at most ``max_connections``).
 MAX_VISITED = 10_000
 
-logger = logging.getLogger("activedb.transaction")
-
 _PUBLISHED = f"""
 SELECT (k >> {PID_BITS}) & {_PID_MASK}, k & {_PID_MASK} FROM (
     SELECT (l.classid::bigint << 32) | l.objid::bigint AS k FROM pg_locks AS l
@@ -59,35 +56,37 @@ def edge_key(source: int, target: int) -> int | None:
     return (TAG << 2 * PID_BITS) | (source << PID_BITS) | target
 
 
-def trees_waiting_for(graph: "networkx.DiGraph[object]", root: str) -> set[str]:
-    """The roots of the trees that wait, in the wait-for graph ``graph`` (``LockManager.wait_for_graph``), for the
-    tree ``root``: some node of theirs has a path to some node of it.  Trees are condensed (a node stands for its
-    tree: a tree holds its row locks until its root ends, and its root cannot end before its nodes); ``root`` is not
-    among them."""
-    roots: dict[object, object] = {}
+def trees_waiting_for(graph: "networkx.DiGraph[object]", roots: Iterable[str]) -> dict[str, set[str]]:
+    """For each tree of ``roots``, the roots of the trees that wait for it in the wait-for graph ``graph``
+    (``LockManager.wait_for_graph``): some node of theirs has a path to some node of it.  Trees are condensed (a node
+    stands for its tree: a tree holds its row locks until its root ends, and its root cannot end before its nodes); a
+    tree is not among its own."""
+    root_of: dict[object, object] = {}
 
-    def root_of(node: object) -> object:
-        found = roots.get(node)
+    def tree(node: object) -> object:
+        found = root_of.get(node)
         if found is None:
             parent = graph.nodes[node].get("parent") if node in graph else None
-            found = node if parent is None or parent not in graph else root_of(parent)
-            roots[node] = found
+            found = node if parent is None or parent not in graph else tree(parent)
+            root_of[node] = found
         return found
 
     waiting: dict[object, set[object]] = {}
     for source, target in graph.edges():
-        source_root, target_root = root_of(source), root_of(target)
-        if source_root != target_root:
-            waiting.setdefault(target_root, set()).add(source_root)
-    found_trees: set[object] = set()
-    frontier: list[object] = [root]
-    while frontier:
-        tree = frontier.pop()
-        for waiter in waiting.get(tree, ()):
-            if waiter not in found_trees and waiter != root:
-                found_trees.add(waiter)
-                frontier.append(waiter)
-    return {str(tree) for tree in found_trees}
+        source_tree, target_tree = tree(source), tree(target)
+        if source_tree != target_tree:
+            waiting.setdefault(target_tree, set()).add(source_tree)
+    found_for: dict[str, set[str]] = {}
+    for root in roots:
+        found: set[object] = set()
+        frontier: list[object] = [root]
+        while frontier:
+            for waiter in waiting.get(frontier.pop(), ()):
+                if waiter not in found and waiter != root:
+                    found.add(waiter)
+                    frontier.append(waiter)
+        found_for[root] = {str(tree) for tree in found}
+    return found_for
 
 
 def find_cycle(start: int, published: Mapping[int, Collection[int]],

@@ -262,11 +262,11 @@ class ServerWaits:
             return
         edges: set[tuple[int, int]] = set()
         if blocked and len(set(sessions.values())) > 1:     # (one tree: nothing here waits for another tree)
-            graph = self._locks.wait_for_graph()
+            waiting = _acrossengines.trees_waiting_for(self._locks.wait_for_graph(),
+                                                       {flight.root for flight in blocked})
             for flight in blocked:
-                waiting = _acrossengines.trees_waiting_for(graph, flight.root) | {flight.root}
-                edges.update((pid, flight.pid) for pid, root in sessions.items()
-                             if root in waiting and pid != flight.pid)
+                trees = waiting[flight.root] | {flight.root}
+                edges.update((pid, flight.pid) for pid, root in sessions.items() if root in trees and pid != flight.pid)
         board.publish(edges)
         searched = [flight for flight in due if flight in blocked]
         if not searched:
