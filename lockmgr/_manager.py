@@ -676,6 +676,12 @@ class LockManager:
         return LockStatistics(transactions=transactions, locks=locks, waiting=waiting, registered_waits=registered,
                               folded=folded, **counters)
 
+    @property
+    def snapshot_on_deadlock(self) -> bool:
+        """Whether every ``Deadlock`` carries a snapshot of the lock table (the constructor's argument): what a
+        caller that raises a ``Deadlock`` of its own (a cycle it found outside the lock manager) follows."""
+        return self._snapshot_on_deadlock
+
     def snapshot(self) -> LockTableSnapshot:
         """A consistent copy of the whole lock table, the tree and the wait-for graph (takes every mutex,
         in the documented order; meant for tests, debugging and reports, not for hot paths)."""

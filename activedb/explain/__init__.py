@@ -376,6 +376,9 @@ def from_snapshot(snapshot: "LockTableSnapshot", known: Mapping[str, _Known] | N
                                  retained=tuple(sorted(retained.get(tid, ()), key=_lock_key)),
                                  waiting_for=waiting.get(tid), segments=tuple(sorted(segments.get(tid, ()))),
                                  registered_wait=registered.get(tid)))
+    outside = {owner(end) for edge in cycle for end in (edge.waiter, edge.target)} - set(node_ids)
+    for tid in sorted(outside):     # (a cycle across processes: another process's backend, or another client's)
+        nodes.append(ExplainNode(tid=tid, parent=None, name=None, state="outside this process", depth=0))
     for node in nodes:                          # a child the lock table no longer links (ended, or lock-free)
         if node.parent is not None and (node.parent, node.tid, "child") not in edges:
             edges[(node.parent, node.tid, "child")] = ExplainEdge(node.parent, node.tid, "child")

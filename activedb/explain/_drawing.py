@@ -33,6 +33,8 @@ EDGE_KINDS: dict[str, tuple[str, str]] = {
     "dependency": ("#1f77b4", "an action waits in the coupling gate for its condition"),
     "nested": ("#17becf", "blocked inside a nested top-level transaction"),
     "children": ("#bcbd22", "waits for another node's child"),
+    "row-lock": ("#e377c2", "a statement waits in PostgreSQL for the target's row lock"),
+    "tree": ("#7f7f7f", "waits in its process's lock manager for the target's tree (another process's cycle part)"),
 }
 _OTHER_KIND_COLOUR = "#7f7f7f"
 _STATE_COLOURS = {"active": "#dbeafe", "committing": "#fef3c7", "committed": "#dcfce7", "aborted": "#e5e7eb"}

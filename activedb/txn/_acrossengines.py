@@ -186,6 +186,11 @@ class Board:
             taken = {int(row[0]) for row in rows}
         self.published = (self.published - set(gone)) | taken
 
+    def lost(self, published: Mapping[int, Collection[int]]) -> bool:
+        """Whether an edge this board holds is missing from ``published`` (:func:`read_published`): its session was
+        lost (terminated, the server restarted), and its locks with it."""
+        return any(key & _PID_MASK not in published.get((key >> PID_BITS) & _PID_MASK, ()) for key in self.published)
+
     def close(self) -> None:
         """Withdraw every edge and close the connection (no-op without one)."""
         driver, self._driver, self.published = self._driver, None, frozenset()

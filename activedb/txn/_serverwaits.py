@@ -274,6 +274,10 @@ class ServerWaits:
         connection = self._catalog.idle.take()
         try:
             published = _acrossengines.read_published(connection)
+            if board.lost(published):       # (its session ended since: its edges are published again)
+                board.close()
+                board.publish(edges)
+                published = _acrossengines.read_published(connection)
             if not published:
                 return  # (no engine waits in its lock manager for such a statement: any cycle is PostgreSQL's own)
             known: dict[int, tuple[int, ...]] = {}
@@ -288,13 +292,18 @@ class ServerWaits:
             if cycle is None or chosen not in mine:
                 continue        # (no cycle, or another engine's statement is its victim: that engine tells it)
             told = mine[chosen]
+
+            def node(pid: int) -> str:      # (a tree of this engine by its id; another's backend by its pid)
+                return sessions.get(pid) or f"backend {pid}"
+
             self._tell(told, errors.DeadlockDetected(
                 told.waiter, told.waiter,
-                tuple(lockmgr.WaitEdge(f"backend {waiter}", f"backend {target}", kind)
-                      for waiter, target, kind in cycle),
+                tuple(lockmgr.WaitEdge(node(waiter), node(target), kind) for waiter, target, kind in cycle),
                 "highest backend pid across engines",
+                self._locks.snapshot() if self._locks.snapshot_on_deadlock else None,
                 note=(f"The cycle runs through PostgreSQL's row locks and the lock managers of more than one "
-                      f"process (or of this one and another client of the database); a \"tree\" edge: the tree "
-                      f"holding row locks on that backend waits in its process's lock manager for the tree of the "
-                      f"statement on the next.  The statement of {told.waiter!r} on backend {chosen} was cancelled.")))
+                      f"process (or of this one and another client of the database): a \"row-lock\" edge is a "
+                      f"statement waiting in PostgreSQL, a \"tree\" edge a tree (of this process: its id; of "
+                      f"another: its backend) waiting in its process's lock manager for the tree of the statement on "
+                      f"the next.  The statement of {told.waiter!r} on backend {chosen} was cancelled.")))
             return

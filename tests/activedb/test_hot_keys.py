@@ -917,6 +917,7 @@ def _publishing_backends(db) -> list[int]:
             {"shift": 2 * _acrossengines.PID_BITS, "tag": _acrossengines.TAG}).scalars().all()
 
 
+@pytest.mark.parametrize("db", [{"explain_deadlocks": True}], indirect=True, ids=["explained"])
 @pytest.mark.parametrize("closed_by", ["T2's statement", "the client's, after the published edge was lost"])
 def test_a_cycle_through_the_lock_manager_and_another_clients_row_locks_has_this_engines_statement_as_victim(
         db, closed_by):
@@ -924,7 +925,8 @@ def test_a_cycle_through_the_lock_manager_and_another_clients_row_locks_has_this
     update); the client locks row 4 and then waits in PostgreSQL for row 1; T1 reads row 3 and waits in the lock
     manager for T2; T2 reads row 4 and waits in PostgreSQL for the client.  PostgreSQL sees T2 -> client -> T1, the
     lock manager T1 -> T2.  The engine's published edges close the cycle and T2's statement, the only one of it that
-    can be told, is the victim: T1 commits, then the client.  Before, T2 gave up after its lock timeout (10 s).
+    can be told, is the victim: T1 commits, then the client.  Before, T2 gave up after its lock timeout (10 s).  The
+    deadlock's picture (``explain_deadlocks=True``) draws the client's backend and the cycle through it.
 
     Closed by T2's statement (the last wait), or by the client's after T2 and T1 waited: then the engine published
     T1's wait for T2's statement on a session of its own, which is terminated before the cycle closes — the edge goes
@@ -962,9 +964,15 @@ def test_a_cycle_through_the_lock_manager_and_another_clients_row_locks_has_this
         for thread in threads.values():
             thread.join(TIMEOUT)
         assert not any(thread.is_alive() for thread in threads.values())
-    assert isinstance(outcome.pop("T2"), activedb.DeadlockDetected), outcome
+    victim = outcome.pop("T2")
+    assert isinstance(victim, activedb.DeadlockDetected), outcome
     assert outcome == {"T1": "committed", "client": "committed"}
     assert balances(db) == {1: 11, 2: 0, 3: 1, 4: 0}
+    picture = victim.explanation        # (the client's backend drawn as a box of its own, in the cycle)
+    [client] = [node.tid for node in picture.nodes if node.state == "outside this process"]
+    assert client.startswith("backend ") and picture.victim == victim.victim
+    assert {(edge.kind, client in (edge.waiter, edge.target)) for edge in picture.edges if edge.in_cycle} == {
+        ("row-lock", True), ("tree", False)}
 
 
 def test_a_statement_waiting_in_postgresql_after_its_tree_was_aborted_is_cancelled(db):
