@@ -14,8 +14,8 @@ autocommit), on a 64-bit key: :data:`TAG` in the top bits, then ``p`` and ``f`` 
 engine's edges are visible to any session in ``pg_locks``, and they go with the board's session if its process dies.
 A search (:func:`find_cycle`) starts at a flight's backend and follows published edges and ``pg_blocking_pids``
 from backend to backend; a path back to it is a cycle.  Its victim is the published edges' target (a flight) in the
-cycle with the highest pid (:func:`victim`): every engine that finds the cycle names the same one, and only the
-engine whose flight it is tells it — one victim, nothing to coordinate.  (A cycle through an engine's lock manager
+cycle with the highest pid: the engine whose flight that is searches from it, never through a higher candidate, and
+tells it (:func:`find_cycle`) — one victim, nothing to coordinate.  (A cycle through an engine's lock manager
 has such an edge: the engine publishes it; one through no lock manager is PostgreSQL's own to find.)
 """
 
@@ -89,14 +89,28 @@ def trees_waiting_for(graph: "networkx.DiGraph[object]", roots: Iterable[str]) -
     return found_for
 
 
+def targets_of(published: Mapping[int, Collection[int]]) -> set[int]:
+    """The backends some published edge points to: statements that wait for another engine's backend and that a tree
+    of their own engine waits for — a cycle's candidates for its victim."""
+    return {target for source, targets in published.items() for target in targets if target != source}
+
+
 def find_cycle(start: int, published: Mapping[int, Collection[int]],
                blocking: Callable[[list[int]], Mapping[int, Iterable[int]]],
                known: dict[int, tuple[int, ...]]) -> list[tuple[int, int, str]] | None:
-    """The shortest cycle through backend ``start``: its edges ``(waiter, target, kind)`` from ``start`` round to it,
-    ``kind`` "row-lock" (``pg_blocking_pids``: the waiter's statement waits for the target's lock) or "tree" (a
-    published edge), or None.  ``blocking(pids)`` asks ``pg_blocking_pids`` for backends not in ``known`` (one
+    """The shortest cycle through backend ``start`` in which ``start`` is the candidate (:func:`targets_of`) with the
+    highest pid — the cycle whose victim it is —, or None.  Its edges ``(waiter, target, kind)`` run from ``start``
+    round to it, ``kind`` "row-lock" (``pg_blocking_pids``: the waiter's statement waits for the target's lock) or
+    "tree" (a published edge).  ``blocking(pids)`` asks ``pg_blocking_pids`` for backends not in ``known`` (one
     question per step of the search; its answers are added to ``known``, which the caller may share among searches
-    of one moment)."""
+    of one moment).
+
+    Why the search passes no candidate above ``start``: every cycle has a highest candidate (an engine whose tree
+    waits in its lock manager published an edge to one), and the search from that candidate, which its own engine
+    runs, finds a cycle — that one, or another whose highest candidate it is too — so each cycle has a victim, chosen
+    by one engine with nothing to coordinate.  Told the victim of a cycle found from another candidate, the two
+    engines might each name the other's statement, and neither tell one."""
+    above = {pid for pid in targets_of(published) if pid > start}
     came: dict[int, tuple[int, str]] = {}
     frontier = [start]
     while frontier and len(came) < MAX_VISITED:
@@ -117,18 +131,11 @@ def find_cycle(start: int, published: Mapping[int, Collection[int]],
                         cycle.append((before, pid, how))
                         pid = before
                     return cycle[::-1]
-                if target not in came and target != start:
+                if target not in came and target not in above:
                     came[target] = (pid, kind)
                     following.append(target)
         frontier = following
     return None
-
-
-def victim(cycle: Iterable[tuple[int, int, str]], published: Mapping[int, Collection[int]]) -> int | None:
-    """The backend whose statement is the victim of ``cycle``: of the backends in it that are a published edge's
-    target (a flight some engine can tell), the one with the highest pid; None if there is none."""
-    targets = {target for source, targets_of in published.items() for target in targets_of if target != source}
-    return max((waiter for waiter, _, _ in cycle if waiter in targets), default=None)
 
 
 def read_published(connection: "sa.Connection") -> dict[int, set[int]]:

@@ -268,9 +268,9 @@ class ServerWaits:
                 trees = waiting[flight.root] | {flight.root}
                 edges.update((pid, flight.pid) for pid, root in sessions.items() if root in trees and pid != flight.pid)
         board.publish(edges)
-        searched = [flight for flight in due if flight in blocked]
+        searched = [flight for flight in due if flight in blocked and flight.pid in {target for _, target in edges}]
         if not searched:
-            return
+            return      # (no tree here waits for a statement due: none of this engine's is a cycle's candidate)
         connection = self._catalog.idle.take()
         try:
             published = _acrossengines.read_published(connection)
@@ -278,24 +278,20 @@ class ServerWaits:
                 board.close()
                 board.publish(edges)
                 published = _acrossengines.read_published(connection)
-            if not published:
-                return  # (no engine waits in its lock manager for such a statement: any cycle is PostgreSQL's own)
+            candidates = _acrossengines.targets_of(published)
             known: dict[int, tuple[int, ...]] = {}
-            found = [_acrossengines.find_cycle(flight.pid, published,
-                                               functools.partial(_acrossengines.blocking, connection), known)
-                     for flight in searched]
+            found = [(flight, _acrossengines.find_cycle(flight.pid, published,
+                                                        functools.partial(_acrossengines.blocking, connection), known))
+                     for flight in searched if flight.pid in candidates]
         finally:
             self._catalog.idle.give_back(connection)
-        mine = {flight.pid: flight for flight in blocked}
-        for cycle in found:
-            chosen = None if cycle is None else _acrossengines.victim(cycle, published)
-            if cycle is None or chosen not in mine:
-                continue        # (no cycle, or another engine's statement is its victim: that engine tells it)
-            told = mine[chosen]
 
-            def node(pid: int) -> str:      # (a tree of this engine by its id; another's backend by its pid)
-                return sessions.get(pid) or f"backend {pid}"
+        def node(pid: int) -> str:      # (a tree of this engine by its id; another's backend by its pid)
+            return sessions.get(pid) or f"backend {pid}"
 
+        for told, cycle in found:
+            if cycle is None:
+                continue        # (no cycle whose highest candidate it is: another engine's search finds its victim)
             self._tell(told, errors.DeadlockDetected(
                 told.waiter, told.waiter,
                 tuple(lockmgr.WaitEdge(node(waiter), node(target), kind) for waiter, target, kind in cycle),
@@ -305,5 +301,5 @@ class ServerWaits:
                       f"process (or of this one and another client of the database): a \"row-lock\" edge is a "
                       f"statement waiting in PostgreSQL, a \"tree\" edge a tree (of this process: its id; of "
                       f"another: its backend) waiting in its process's lock manager for the tree of the statement on "
-                      f"the next.  The statement of {told.waiter!r} on backend {chosen} was cancelled.")))
+                      f"the next.  The statement of {told.waiter!r} on backend {told.pid} was cancelled.")))
             return
