@@ -13,6 +13,7 @@ import sqlalchemy as sa
 
 from activedb.capture import _sql
 from activedb.errors import DatabaseUnavailable, database_failure
+from activedb.store import close_detached
 
 if TYPE_CHECKING:  # pragma: no cover
     import psycopg
@@ -74,10 +75,7 @@ class Listener:
         """End the session: the leadership lock is released."""
         connection, self._connection = self._connection, None
         if connection is not None:
-            with contextlib.suppress(Exception):      # already broken: the server ends the session, and the lock
-                connection.execute("SELECT pg_advisory_unlock_all()")   # released now, not when the server sees it go
-            with contextlib.suppress(Exception):
-                connection.close()
+            close_detached(connection)      # (the lock released now, not when the server sees the session go)
 
     def still_held(self) -> bool:
         """Drop notifications already received (the next batch reads what they announced) and find out

@@ -10,7 +10,6 @@ records its own.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import threading
@@ -21,7 +20,7 @@ import sqlalchemy as sa
 
 from activedb.errors import INVALID_TEXT_REPRESENTATION, RecordsTakenOver, sqlstate_of
 from activedb.events import Event, EventKind
-from activedb.store import Catalog, exact_json, from_exact_json
+from activedb.store import Catalog, close_detached, detached_connection, exact_json, from_exact_json
 
 logger = logging.getLogger("activedb.outbox")
 
@@ -141,11 +140,7 @@ class LivenessLock:
             self._wanted = True
             if self._connection is not None:
                 return
-            raw = self._engine.raw_connection()
-            driver = raw.driver_connection        # psycopg's connection
-            assert driver is not None
-            raw.detach()                          # ours for the life of the process, not the pool's
-            driver.autocommit = True
+            driver = detached_connection(self._engine)   # ours for the life of the process, not the pool's
             driver.execute("SELECT pg_advisory_lock(%s)", (self._owner,))
             self._connection = driver
 
@@ -170,12 +165,7 @@ class LivenessLock:
             self._wanted = False
             connection, self._connection = self._connection, None
         if connection is not None:
-            # Unlocked before the close: closing alone ends the backend, and so the lock, only some time after this
-            # returns — meanwhile other processes still saw this one alive (a broken connection: nothing to unlock).
-            with contextlib.suppress(Exception):
-                connection.execute("SELECT pg_advisory_unlock(%s)", (self._owner,))
-            with contextlib.suppress(Exception):
-                connection.close()
+            close_detached(connection)      # (unlocked first: other processes see this one gone at once)
 
 
 # An owner is alive while some session holds its liveness lock: a session-level advisory lock on the bigint

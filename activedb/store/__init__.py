@@ -10,11 +10,11 @@ from activedb.store._catalog import KEY_BLOCK, Catalog, KeysCheck
 from activedb.store._choices import Granularity, IsolationLevel
 from activedb.store._exact import exact_json, from_exact_json
 from activedb.store._schema import TableInfo, json_problem, not_a_time, text_problem
-from activedb.store._sql import (Json, apply_write_set, array_literal, driver_error, fetch_rows, is_connection_failure, jsonable,
-                                 lock_row, rows_by_key, storable_text)
+from activedb.store._sql import (Json, apply_write_set, array_literal, close_detached, detached_connection, driver_error,
+                                 fetch_rows, is_connection_failure, jsonable, lock_row, rows_by_key, storable_text)
 from activedb.store._writeset import (NESTED_TYPES, Entry, EntryKind, Key, Row, RowImage, TableRef, copy_nested, holds_nan, matches, own_image,
                                       own_value, resolve, same_image)
 
 __all__ = ["KEY_BLOCK", "Catalog", "KeysCheck", "TableInfo", "Entry", "EntryKind", "Json", "Key", "Row", "RowImage", "TableRef", "resolve", "fetch_rows", "rows_by_key", "driver_error", "lock_row",
            "apply_write_set", "array_literal", "is_connection_failure", "jsonable", "storable_text", "json_problem", "text_problem", "not_a_time",
-           "exact_json", "from_exact_json", "matches", "same_image", "copy_nested", "holds_nan", "own_image", "NESTED_TYPES", "own_value", "Granularity", "IsolationLevel"]
+           "exact_json", "from_exact_json", "detached_connection", "close_detached", "matches", "same_image", "copy_nested", "holds_nan", "own_image", "NESTED_TYPES", "own_value", "Granularity", "IsolationLevel"]

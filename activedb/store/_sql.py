@@ -598,3 +598,30 @@ def _driver_statement(dialect: sa.Dialect, info: TableInfo, kind: str, order: tu
         return (f"{head} ON CONFLICT ({', '.join(keys)}) DO UPDATE SET "
                 f"{', '.join(f'{name} = EXCLUDED.{name}' for name in values)}")
     return f"{head} ON CONFLICT ({', '.join(keys)}) DO NOTHING"
+
+
+def detached_connection(engine: sa.Engine) -> "psycopg.Connection[TupleRow]":
+    """A session of its own for session-level advisory locks (and ``LISTEN``): made by ``engine`` — its URL,
+    ``connect_args`` and ``connect_timeout``, as every other connection — then detached from its pool (never given
+    back: :func:`close_detached` ends it), with what the dialect's first queries left open rolled back, in autocommit."""
+    pooled = engine.raw_connection()
+    connection: "psycopg.Connection[TupleRow] | None" = pooled.driver_connection   # (read before the detach)
+    pooled.detach()
+    assert connection is not None
+    try:
+        connection.rollback()
+        connection.autocommit = True
+    except BaseException:
+        with contextlib.suppress(Exception):
+            connection.close()
+        raise
+    return connection
+
+
+def close_detached(connection: "psycopg.Connection[TupleRow]") -> None:
+    """End a :func:`detached_connection`'s session, its advisory locks released first — closing alone ends the
+    backend, and so its locks, only some time after this returns.  A broken connection: nothing to release."""
+    with contextlib.suppress(Exception):
+        connection.execute("SELECT pg_advisory_unlock_all()")
+    with contextlib.suppress(Exception):
+        connection.close()

@@ -21,8 +21,9 @@ has such an edge: the engine publishes it; one through no lock manager is Postgr
 
 from __future__ import annotations
 
-import contextlib
 from typing import TYPE_CHECKING, Callable, Collection, Iterable, Mapping
+
+from activedb.store import close_detached, detached_connection
 
 if TYPE_CHECKING:  # pragma: no cover
     import networkx
@@ -165,12 +166,7 @@ class Board:
     def _execute(self, statement: str, parameters: tuple[object, ...]) -> "list[TupleRow]":
         try:
             if self._driver is None:
-                raw = self._engine.raw_connection()
-                driver: "psycopg.Connection[TupleRow] | None" = raw.driver_connection
-                assert driver is not None       # (psycopg's connection, the pool's until detached)
-                raw.detach()                # the board's for as long as it publishes, not the pool's
-                driver.autocommit = True
-                self._driver = driver
+                self._driver = detached_connection(self._engine)    # (the board's for as long as it publishes)
             return self._driver.execute(statement, parameters).fetchall()
         except Exception:
             self.close()        # (its session ends, and every edge with it)
@@ -202,8 +198,4 @@ class Board:
         """Withdraw every edge and close the connection (no-op without one)."""
         driver, self._driver, self.published = self._driver, None, frozenset()
         if driver is not None:
-            # Unlocked before the close: closing alone ends the backend, and so its locks, only some time later.
-            with contextlib.suppress(Exception):
-                driver.execute("SELECT pg_advisory_unlock_all()")
-            with contextlib.suppress(Exception):
-                driver.close()
+            close_detached(driver)
