@@ -153,6 +153,17 @@ def blocking(connection: "sa.Connection", pids: list[int]) -> dict[int, list[int
     return {int(pid): list(blockers or ()) for pid, blockers in rows}
 
 
+def described(connection: "sa.Connection", pids: list[int]) -> dict[int, str]:
+    """What ``pg_stat_activity`` says of each of ``pids`` that is still there: its application name, state and the
+    start of its statement (PostgreSQL shows another role's statement only to a role that may read all
+    statistics)."""
+    rows = connection.exec_driver_sql(
+        "SELECT pid, application_name, state, left(query, 120) FROM pg_stat_activity WHERE pid = ANY(%s::int[])",
+        (pids,))
+    return {int(pid): (f"application {name!r}, " if name else "") + f"{state or 'state unknown'}: "
+            + " ".join((query or "").split()) for pid, name, state, query in rows}
+
+
 class Board:
     """One engine's published edges, held on a connection of its own (detached from the pool, in autocommit) for as
     long as it holds any: opened at the first, closed once none is left.  Used by one checker thread only, which

@@ -283,6 +283,9 @@ class ServerWaits:
             found = [(flight, _acrossengines.find_cycle(flight.pid, published,
                                                         functools.partial(_acrossengines.blocking, connection), known))
                      for flight in searched if flight.pid in candidates]
+            # (the other side's backends as PostgreSQL shows them now, for the victim's message: gone soon after)
+            outside = sorted({pid for _, cycle in found for edge in cycle or () for pid in edge[:2]} - set(sessions))
+            about = _acrossengines.described(connection, outside) if outside else {}
         finally:
             self._catalog.idle.give_back(connection)
 
@@ -301,5 +304,7 @@ class ServerWaits:
                       f"process (or of this one and another client of the database): a \"row-lock\" edge is a "
                       f"statement waiting in PostgreSQL, a \"tree\" edge a tree (of this process: its id; of "
                       f"another: its backend) waiting in its process's lock manager for the tree of the statement on "
-                      f"the next.  The statement of {told.waiter!r} on backend {told.pid} was cancelled.")))
+                      f"the next.  The statement of {told.waiter!r} on backend {told.pid} was cancelled."
+                      + "".join(f"  Backend {pid}: {about[pid]}." for pid in sorted(about)
+                                if any(pid in edge[:2] for edge in cycle)))))
             return

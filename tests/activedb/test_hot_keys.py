@@ -893,11 +893,15 @@ def test_a_cycle_through_two_processes_lock_managers_and_postgresql_has_one_vict
     assert peer.process.returncode == 0
 
 
-def _plain_client(db, held, go, outcome) -> threading.Thread:
-    """A thread of a client that is not activedb: it locks row 4 of accounts, sets ``held``, waits for ``go``, adds 10
-    to row 1 (waiting for whoever holds it) and commits; ``outcome["client"]`` is "committed" then."""
+def _plain_client(db, held, go, outcome, backend: list[int] | None = None) -> threading.Thread:
+    """A thread of a client that is not activedb (application name "plain client"): it locks row 4 of accounts, sets
+    ``held``, waits for ``go``, adds 10 to row 1 (waiting for whoever holds it) and commits; ``outcome["client"]`` is
+    "committed" then.  Its backend's pid is appended to ``backend``."""
     def run():
         with db.engine.begin() as connection:
+            connection.exec_driver_sql("SET application_name = 'plain client'")
+            if backend is not None:
+                backend.append(connection.exec_driver_sql("SELECT pg_backend_pid()").scalar_one())
             connection.execute(sa.text("SELECT * FROM accounts WHERE id = 4 FOR UPDATE"))
             held.set()
             assert go.wait(TIMEOUT)
@@ -938,7 +942,8 @@ def test_a_cycle_through_the_lock_manager_and_another_clients_row_locks_has_this
     outcome: dict[str, object] = {}
     threads = {name: _cycle_peer.reads_for_update_then_increments(db, name, rows, held[name].set, go[name], outcome)
                for name, rows in holds.items()}
-    threads["client"] = _plain_client(db, held["client"], go["client"], outcome)
+    client_backend: list[int] = []
+    threads["client"] = _plain_client(db, held["client"], go["client"], outcome, client_backend)
     with testing.Watchdog(90, db.transactions.locks):
         for name, thread in threads.items():
             thread.start()
@@ -973,6 +978,10 @@ def test_a_cycle_through_the_lock_manager_and_another_clients_row_locks_has_this
     assert client.startswith("backend ") and picture.victim == victim.victim
     assert {(edge.kind, client in (edge.waiter, edge.target)) for edge in picture.edges if edge.in_cycle} == {
         ("row-lock", True), ("tree", False)}
+    # the message says what the other side was as the cycle was found (the client's waiting statement)
+    assert client == f"backend {client_backend[0]}" and (
+        f"Backend {client_backend[0]}: application 'plain client', active: UPDATE accounts SET balance = balance + 10 "
+        f"WHERE id = 1.") in str(victim), str(victim)
 
 
 def test_a_statement_waiting_in_postgresql_after_its_tree_was_aborted_is_cancelled(db):
