@@ -40,7 +40,9 @@ class EngineOptions:
     ``pool_use_lifo``: the connection returned last is checked out first, so a stream's commits keep finding the
     server process whose caches and prepared statements are warm, and connections left idle can be closed by the
     server's timeouts.  ``connect_timeout``: seconds libpq waits for a connection, unless the URL gives its own
-    (``?connect_timeout=…``, libpq's option: the URL's is kept).  ``create_engine``: any other
+    (``?connect_timeout=…``, libpq's option: the URL's is kept).  Sessions name themselves ``activedb PID`` (the
+    process's) in ``pg_stat_activity`` and in deadlock messages, unless an ``application_name`` is given — in the URL,
+    ``connect_args`` or ``PGAPPNAME`` (libpq's ``fallback_application_name``).  ``create_engine``: any other
     keyword of SQLAlchemy's ``create_engine`` (``echo``, ``connect_args``, …), passed as it is."""
 
     pool_size: int = 10
@@ -69,7 +71,10 @@ class EngineOptions:
         extra = dict(self.create_engine)
         given: Mapping[str, object] = extra.pop("connect_args", {})  # type: ignore[assignment]  # (checked: a mapping)
         bound = {"connect_timeout": self.connect_timeout} if url is None else timeout_args(url, self.connect_timeout)
-        connect_args = {**bound, **given}
+        # libpq's fallback: an application_name of the URL, of connect_args or of PGAPPNAME wins over it
+        named = {} if url is not None and "fallback_application_name" in url.query else {
+            "fallback_application_name": f"activedb {os.getpid()}"}
+        connect_args = {**named, **bound, **given}
         return {"pool_size": self.pool_size, "max_overflow": self.max_overflow, "pool_use_lifo": self.pool_use_lifo,
                 **extra, "connect_args": connect_args}
 

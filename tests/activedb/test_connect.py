@@ -507,6 +507,33 @@ def test_a_urls_connect_timeout_is_the_one_libpq_uses(database_url, query, optio
         database.close()
 
 
+@pytest.mark.parametrize("query, options, environment, named", [
+    ({}, {}, None, "activedb {pid}"),
+    ({"application_name": "billing"}, {}, None, "billing"),
+    ({}, {"create_engine": {"connect_args": {"application_name": "reports"}}}, None, "reports"),
+    ({}, {}, "nightly", "nightly"),
+    ({"fallback_application_name": "mine"}, {}, None, "mine"),
+], ids=["the-default", "the-urls", "connect_args", "PGAPPNAME", "the-urls-fallback"])
+def test_sessions_are_named_after_the_process_unless_an_application_name_is_given(
+        database_url, monkeypatch, query, options, environment, named):
+    """A session of activedb's showed no ``application_name`` in ``pg_stat_activity``, so another process's backends
+    in a deadlock across processes (and a DBA's list of sessions) could not be told from a client's.  They are
+    ``activedb PID`` now, unless the URL, ``connect_args`` or ``PGAPPNAME`` names them."""
+    if environment is None:
+        monkeypatch.delenv("PGAPPNAME", raising=False)
+    else:
+        monkeypatch.setenv("PGAPPNAME", environment)
+    url = sa.make_url(database_url).update_query_dict(query)
+    database = activedb.connect(url, engine=activedb.EngineOptions(**options))
+    try:
+        with database.engine.connect() as connection:
+            shown = connection.exec_driver_sql("SELECT application_name FROM pg_stat_activity "
+                                               "WHERE pid = pg_backend_pid()").scalar_one()
+        assert shown == named.format(pid=os.getpid())
+    finally:
+        database.close()
+
+
 @pytest.mark.parametrize("given, seconds", [(7, 7), ("30", 30), (1, 2), ("1", 2), (5.9, 5), (0, None), (-3, None),
                                             ("soon", None), (None, None), (True, None)])
 def test_the_advice_names_the_timeout_libpq_waited(given, seconds):

@@ -22,7 +22,9 @@
 
 from __future__ import annotations
 
+import ast
 import contextlib
+import os
 import queue
 import subprocess
 import sys
@@ -883,6 +885,10 @@ def test_a_cycle_through_two_processes_lock_managers_and_postgresql_has_one_vict
                if isinstance(result, activedb.DeadlockDetected) or str(result).startswith("deadlock")]
     assert victims in (["A2"], ["B2"]) and len(outcome) == 4, outcome
     assert "lock managers of more than one process" in str(outcome[victims[0]])
+    # the other process's backends named after it (their sessions' application_name, "activedb PID")
+    told = str(outcome["A2"]) if victims == ["A2"] else ast.literal_eval(outcome["B2"].split(" ", 1)[1])  # (peer: repr)
+    other = peer.process.pid if victims == ["A2"] else os.getpid()
+    assert f"application 'activedb {other}', active: " in told, told
     assert all(result == "committed" for name, result in outcome.items() if name not in victims), outcome
     expected = {1: 0, 2: 0, 3: 0, 4: 0}
     for name, rows in holds.items():
