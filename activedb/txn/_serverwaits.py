@@ -280,31 +280,31 @@ class ServerWaits:
                 published = _acrossengines.read_published(connection)
             candidates = _acrossengines.targets_of(published)
             known: dict[int, tuple[int, ...]] = {}
-            found = [(flight, _acrossengines.find_cycle(flight.pid, published,
-                                                        functools.partial(_acrossengines.blocking, connection), known))
-                     for flight in searched if flight.pid in candidates]
-            # (the other side's backends as PostgreSQL shows them now, for the victim's message: gone soon after)
-            outside = sorted({pid for _, cycle in found for edge in cycle or () for pid in edge[:2]} - set(sessions))
+            # The first flight a cycle is found from is told (a flight with none is no cycle's highest candidate:
+            # another engine's search finds its victim); the other side's backends are described now, gone soon after.
+            found = next(((flight, cycle) for flight in searched if flight.pid in candidates
+                          if (cycle := _acrossengines.find_cycle(
+                              flight.pid, published, functools.partial(_acrossengines.blocking, connection), known))
+                          is not None), None)
+            outside = sorted({pid for edge in found[1] for pid in edge[:2]} - set(sessions)) if found else []
             about = _acrossengines.described(connection, outside) if outside else {}
         finally:
             self._catalog.idle.give_back(connection)
+        if found is None:
+            return
+        told, cycle = found
 
         def node(pid: int) -> str:      # (a tree of this engine by its id; another's backend by its pid)
             return sessions.get(pid) or f"backend {pid}"
 
-        for told, cycle in found:
-            if cycle is None:
-                continue        # (no cycle whose highest candidate it is: another engine's search finds its victim)
-            self._tell(told, errors.DeadlockDetected(
-                told.waiter, told.waiter,
-                tuple(lockmgr.WaitEdge(node(waiter), node(target), kind) for waiter, target, kind in cycle),
-                "highest backend pid across engines",
-                self._locks.snapshot() if self._locks.snapshot_on_deadlock else None,
-                note=(f"The cycle runs through PostgreSQL's row locks and the lock managers of more than one "
-                      f"process (or of this one and another client of the database): a \"row-lock\" edge is a "
-                      f"statement waiting in PostgreSQL, a \"tree\" edge a tree (of this process: its id; of "
-                      f"another: its backend) waiting in its process's lock manager for the tree of the statement on "
-                      f"the next.  The statement of {told.waiter!r} on backend {told.pid} was cancelled."
-                      + "".join(f"  Backend {pid}: {about[pid]}." for pid in sorted(about)
-                                if any(pid in edge[:2] for edge in cycle)))))
-            return
+        self._tell(told, errors.DeadlockDetected(
+            told.waiter, told.waiter,
+            tuple(lockmgr.WaitEdge(node(waiter), node(target), kind) for waiter, target, kind in cycle),
+            "highest backend pid across engines",
+            self._locks.snapshot() if self._locks.snapshot_on_deadlock else None,
+            note=(f"The cycle runs through PostgreSQL's row locks and the lock managers of more than one "
+                  f"process (or of this one and another client of the database): a \"row-lock\" edge is a "
+                  f"statement waiting in PostgreSQL, a \"tree\" edge a tree (of this process: its id; of "
+                  f"another: its backend) waiting in its process's lock manager for the tree of the statement on "
+                  f"the next.  The statement of {told.waiter!r} on backend {told.pid} was cancelled."
+                  + "".join(f"  Backend {pid}: {about[pid]}." for pid in sorted(about)))))

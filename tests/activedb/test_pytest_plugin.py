@@ -92,7 +92,8 @@ def project(pytester, monkeypatch):
         monkeypatch.delenv(variable, raising=False)
     monkeypatch.setenv("ACTIVEDB_HOME", str(pytester.path / "home"))
     # Hypothesis's pytest plugin, installed with the suite's extras, imports Hypothesis whole as each process starts
-    # (0.6 of a pytest start's 0.9 s of CPU here); the project uses none of it, and this file starts about 30 of them.
+    # (most of a start's CPU: benchmarks/RESULTS.md, "The test suite's time on 2 cores"); the project uses none of
+    # it, and this file starts about 30 pytest processes.
     monkeypatch.setenv("PYTEST_ADDOPTS", "-p no:hypothesispytest")
     return pytester
 
