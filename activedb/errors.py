@@ -17,10 +17,11 @@ import enum
 import inspect as _inspect
 import math
 import re
-from typing import TYPE_CHECKING, Iterable, Iterator, Protocol
+from typing import TYPE_CHECKING, Hashable, Iterable, Iterator, Mapping, Protocol
 
 if TYPE_CHECKING:  # pragma: no cover
     import lockmgr
+    from lockmgr.errors import Lazy
 
 # What ``from activedb.errors import *`` (the ``activedb`` package) takes.  DeadlockDetected and LockWaitTimeout
 # are public too, but defined on first use (they import lockmgr): ``activedb`` lists them itself.
@@ -643,7 +644,12 @@ class SerializationConflict(TransactionError):
 # The lock manager's errors as activedb raises them (see the module docstring): defined by
 # ``_define_lock_errors`` on first use; their declarations for type checkers are these.
 if TYPE_CHECKING:  # pragma: no cover
-    class DeadlockDetected(TransactionError, lockmgr.Deadlock): ...
+    class DeadlockDetected(TransactionError, lockmgr.Deadlock):
+        outside: dict[str, str]
+
+        def __init__(self, victim: Hashable, requester: Hashable, cycle: tuple[lockmgr.WaitEdge, ...], policy: str,
+                     snapshot: lockmgr.LockTableSnapshot | None = None, note: str | Lazy = "", *,
+                     outside: Mapping[str, str] | None = None) -> None: ...
 
     class LockWaitTimeout(TransactionError, lockmgr.LockTimeout): ...
 
@@ -655,7 +661,16 @@ def _define_lock_errors() -> dict[str, type[TransactionError]]:
         """This transaction's wait closed (or sat on) a wait-for cycle and it was chosen as the victim: it is
         aborted; run its work again (``Database.run(fn)`` and ``tx.retry(fn)`` do).  Also a
         ``lockmgr.Deadlock``: ``victim``, ``requester``, ``cycle`` (the wait edges), ``policy``, ``snapshot``;
-        ``explanation`` (a picture) with ``connect(explain_deadlocks=True)``."""
+        ``explanation`` (a picture) with ``connect(explain_deadlocks=True)``.  ``outside``: for a cycle through
+        another process's (or another client's) backends, what PostgreSQL showed of each when the cycle was found
+        (application name, state, statement), keyed by its node in ``cycle`` (``"backend PID"``); they are gone by
+        the time anyone reads it.  Empty for a cycle inside this process."""
+
+        def __init__(self, victim: Hashable, requester: Hashable, cycle: tuple[lockmgr.WaitEdge, ...], policy: str,
+                     snapshot: lockmgr.LockTableSnapshot | None = None, note: str | Lazy = "", *,
+                     outside: Mapping[str, str] | None = None) -> None:
+            super().__init__(victim, requester, cycle, policy, snapshot, note)
+            self.outside = dict(outside or {})
 
         def __str__(self) -> str:
             path = "; ".join(edge.describe() for edge in self.cycle)

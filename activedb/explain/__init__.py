@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Hashable, Iterable, Literal, Mapping, TypeAlias
 
+from activedb import errors
 from activedb.errors import PictureError, check_seconds, check_whole_number
 from activedb.explain._drawing import EDGE_KINDS, draw, forest
 from activedb.txn import Observer
@@ -283,12 +284,14 @@ _Known: TypeAlias = "tuple[str | None, str] | tuple[str | None, str, str | None]
 
 def from_snapshot(snapshot: "LockTableSnapshot", known: Mapping[str, _Known] | None = None, *,
                   cycle: Iterable[WaitEdge] = (), victim: Hashable | None = None, title: str = "activedb transactions",
-                  deadlock: str | None = None, states_from_snapshot: bool = False) -> Explanation:
+                  deadlock: str | None = None, states_from_snapshot: bool = False,
+                  outside: Mapping[str, str] | None = None) -> Explanation:
     """An explanation from a lock-manager snapshot.  ``known`` maps the ids of activedb transactions to
     ``(name, state[, parent id])``; a lock-manager transaction that is not known but whose parent is, is that node's
     segment and is folded into it.  ``cycle``: the ``WaitEdge``s of a deadlock, drawn in red, ``victim`` its
     victim; ``states_from_snapshot``: states as the lock manager saw them then (a deadlock's picture), not
-    activedb's current ones.  Works for a bare ``lockmgr.LockManager`` too (``known`` empty: every
+    activedb's current ones; ``outside``: what is known of a cycle's nodes outside this process (another process's
+    or client's backend, as ``DeadlockDetected.outside`` has it), shown as their names.  Works for a bare ``lockmgr.LockManager`` too (``known`` empty: every
     lock-manager transaction is a node)."""
     known = {tid: tuple(value) + (None,) * (3 - len(value)) for tid, value in (known or {}).items()}  # type: ignore[misc]
     infos = snapshot.transactions
@@ -376,9 +379,10 @@ def from_snapshot(snapshot: "LockTableSnapshot", known: Mapping[str, _Known] | N
                                  retained=tuple(sorted(retained.get(tid, ()), key=_lock_key)),
                                  waiting_for=waiting.get(tid), segments=tuple(sorted(segments.get(tid, ()))),
                                  registered_wait=registered.get(tid)))
-    outside = {owner(end) for edge in cycle for end in (edge.waiter, edge.target)} - set(node_ids)
-    for tid in sorted(outside):     # (a cycle across processes: another process's backend, or another client's)
-        nodes.append(ExplainNode(tid=tid, parent=None, name=None, state="outside this process", depth=0))
+    foreign = {owner(end) for edge in cycle for end in (edge.waiter, edge.target)} - set(node_ids)
+    for tid in sorted(foreign):     # (a cycle across processes: another process's backend, or another client's)
+        nodes.append(ExplainNode(tid=tid, parent=None, name=(outside or {}).get(tid), state="outside this process",
+                                 depth=0))
     for node in nodes:                          # a child the lock table no longer links (ended, or lock-free)
         if node.parent is not None and (node.parent, node.tid, "child") not in edges:
             edges[(node.parent, node.tid, "child")] = ExplainEdge(node.parent, node.tid, "child")
@@ -437,7 +441,8 @@ def explain(db: "Database", *, deadlock: BaseException | None = None, also: Iter
         title = f"activedb transactions of process {os.getpid()}" + (" — deadlock" if found is not None else "")
     message = None if found is None else f"policy {found.policy}"
     return from_snapshot(snapshot, known, cycle=cycle, victim=found.victim if found is not None else None, title=title,
-                         deadlock=message, states_from_snapshot=carried is not None)
+                         deadlock=message, states_from_snapshot=carried is not None,
+                         outside=found.outside if isinstance(found, errors.DeadlockDetected) else None)
 
 
 # --- on request: deadlocks and signals -------------------------------------------------------------

@@ -307,4 +307,5 @@ class ServerWaits:
                   f"statement waiting in PostgreSQL, a \"tree\" edge a tree (of this process: its id; of "
                   f"another: its backend) waiting in its process's lock manager for the tree of the statement on "
                   f"the next.  The statement of {told.waiter!r} on backend {told.pid} was cancelled."
-                  + "".join(f"  Backend {pid}: {about[pid]}." for pid in sorted(about)))))
+                  + "".join(f"  Backend {pid}: {about[pid]}." for pid in sorted(about))),
+            outside={node(pid): about[pid] for pid in sorted(about)}))

@@ -988,6 +988,11 @@ def test_a_cycle_through_the_lock_manager_and_another_clients_row_locks_has_this
     assert client == f"backend {client_backend[0]}" and (
         f"Backend {client_backend[0]}: application 'plain client', active: UPDATE accounts SET balance = balance + 10 "
         f"WHERE id = 1.") in str(victim), str(victim)
+    # ... and so do the error's ``outside`` and the picture: the client's box is named by what PostgreSQL showed
+    seen = "application 'plain client', active: UPDATE accounts SET balance = balance + 10 WHERE id = 1"
+    assert victim.outside == {client: seen}
+    assert [node.name for node in picture.nodes if node.tid == client] == [seen]
+    assert f"{client} {seen} [outside this process]" in picture.text(), picture.text()
 
 
 def test_a_statement_waiting_in_postgresql_after_its_tree_was_aborted_is_cancelled(db):
