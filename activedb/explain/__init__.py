@@ -291,8 +291,8 @@ def from_snapshot(snapshot: "LockTableSnapshot", known: Mapping[str, _Known] | N
     segment and is folded into it.  ``cycle``: the ``WaitEdge``s of a deadlock, drawn in red, ``victim`` its
     victim; ``states_from_snapshot``: states as the lock manager saw them then (a deadlock's picture), not
     activedb's current ones; ``outside``: what is known of a cycle's nodes outside this process (another process's
-    or client's backend, as ``DeadlockDetected.outside`` has it), shown as their names.  Works for a bare ``lockmgr.LockManager`` too (``known`` empty: every
-    lock-manager transaction is a node)."""
+    or client's backend, as ``DeadlockDetected.outside`` has it), shown as their names.  Works for a bare
+    ``lockmgr.LockManager`` too (``known`` empty: every lock-manager transaction is a node)."""
     known = {tid: tuple(value) + (None,) * (3 - len(value)) for tid, value in (known or {}).items()}  # type: ignore[misc]
     infos = snapshot.transactions
 
