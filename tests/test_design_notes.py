@@ -66,10 +66,13 @@ def test_a_design_note_is_not_a_measurement_log(path):
 def test_the_check_finds_a_dated_measurement_and_passes_a_contract():
     logged = ("Final run (T = 10,240; load average 6.0 at the start):\n"
               "*Measured* (two cores, runs alternating with the code before): 12.6 µs against 17.6\n"
-              "on 2026-11-22 the flush took 3.8 ms, measured\n"
-              "WAL per insert, measured: 210 B plain\n")
+              "on 2026-11-22 the flush took 3.8 ms, measured\n")
     assert {name for _, name, _ in log_lines(logged)} == set(MEASUREMENT_LOG)
+    for figure in ("WAL per insert, measured: 210 B plain", "a server restart (1.6 s measured)",
+                   "measured: 12 % of the flush"):         # a size, seconds, a share: each line on its own
+        assert [name for _, name, _ in log_lines(figure)] == ["a figure said to be measured"], figure
     contract = ("Every store Read costs `COST` (1 ms of `time.sleep`).\n"
+                "A key of 1 MB is a dead letter.\nThe lag is measured on the database's clock.\n"
                 "```python\nclock = datetime(2026, 11, 22)  # 2026-11-22 in an example\n```\n"
                 "* **Measured figures** — benchmarks/RESULTS.md, each with its date, machine and command.\n")
     assert log_lines(contract) == []
