@@ -151,7 +151,8 @@ def perform_in(tx: "Transaction", specs: list[OpSpec]) -> None:
             key = canonical_key(spec.key_fn(*params))
             if spec.candidates is not None and key not in spec.candidates:
                 raise DeclarationError(f"the key function of a non-deterministic {kind.value} on {spec.table} "
-                                       f"returned {key!r}, which is not among its declared candidates")
+                                       f"returned {key!r}, which is not among its declared candidates: add it to "
+                                       f"candidates=, or make the key function return one of them")
             state = (spec.table, key)
             if kind is _ND_WRITE:
                 if state in written:        # (as in a batch: ``WRITTEN_TWICE`` aborts the event's transaction)

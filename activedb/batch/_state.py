@@ -103,7 +103,8 @@ def perform(spec: OpSpec, t: int, read: Read, window: Window) -> tuple[State | N
     key = canonical_key(spec.key_fn(*params))
     if spec.candidates is not None and key not in spec.candidates:
         raise DeclarationError(f"the key function of a non-deterministic {kind.value} on {spec.table} returned "
-                               f"{key!r}, which is not among its declared candidates")
+                               f"{key!r}, which is not among its declared candidates: add it to candidates=, or make "
+                               f"the key function return one of them")
     state = (spec.table, key)
     if kind is OpKind.ND_READ:
         return None, None, read(state, t)

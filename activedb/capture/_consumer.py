@@ -270,7 +270,7 @@ class CaptureConsumer:
         """Run batches on a thread of its own until :meth:`stop`; waits for notifications when caught up."""
         self._check_open()
         if self._thread is not None:
-            raise CaptureError(f"capture consumer {self.name!r} is already running")
+            raise CaptureError(f"capture consumer {self.name!r} is already running: stop() it before starting it again")
         self._stopping.clear()
         with self._mutex:
             self._loop_error = None             # (a thread of an earlier start's: this run has not failed)

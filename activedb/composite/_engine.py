@@ -383,7 +383,9 @@ class CompositionEngine:
             numbers = [item.number for node in self._evaluation.nodes.values() for item in node.items()
                        if item.event == event]
             if not numbers:
-                raise CompositeError(f"{describe_event(event)} is in no list of engine {self.name}")
+                raise CompositeError(f"{describe_event(event)} is in no list of engine {self.name}: discard takes an "
+                                     f"event the engine still holds (signalled, neither composed nor discarded "
+                                     f"since), equal in type, time and attributes")
             first = min(numbers)
             self._evaluation.drop(lambda item: item.number == first)
         return self._finish()

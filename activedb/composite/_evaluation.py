@@ -132,10 +132,10 @@ class Evaluation:
         if not isinstance(answer, Choice):
             raise CompositeError(f"on_uncertain returned {answer!r}; return Choice.use(event), Choice.drop(*events), "
                                  f"one of the candidate events, or None to raise UncertainOrder")
-        self.counts["decisions"] += 1
         if answer.use_event is not None:
             for item in candidates:
                 if item.event == answer.use_event:
+                    self.counts["decisions"] += 1      # (a refused answer is no decision)
                     return ("use", item)
             raise CompositeError(f"on_uncertain chose {describe_event(answer.use_event)}, which is not one of the "
                                  f"candidates ({', '.join(describe_event(item.event) for item in candidates)})")
@@ -145,6 +145,7 @@ class Evaluation:
             if not matches:
                 raise CompositeError(f"on_uncertain dropped {describe_event(event)}, which is not a candidate")
             dropped.extend(matches)
+        self.counts["decisions"] += 1
         return ("drop", dropped)
 
     def compose(self, node: Node, chosen: list[Item]) -> bool:

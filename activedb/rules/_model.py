@@ -61,7 +61,8 @@ class Rule:
 
     def _require_manager(self) -> "RuleManager":
         if self._manager is None:
-            raise RuleError(f"rule {self.name!r} is not registered on a database; use db.rules.add(rule)")
+            name = self.name if self.name is not None else type(self).__name__    # (as db.rules.add names it)
+            raise RuleError(f"rule {name!r} is not registered on a database; use db.rules.add(rule)")
         return self._manager
 
     def condition_function(self) -> Callable[..., object] | None:

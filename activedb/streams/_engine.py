@@ -108,6 +108,7 @@ class StreamEngine:
         self._pending: Pending | None = None
         self._loaded = not durable
         self._processing = threading.Lock()
+        self._processing_thread: int | None = None     # (whose batch it is: a re-entry is told apart)
         self._batch_serials = itertools.count(1)
 
     # --- definitions (kept by Definitions) -----------------------------------------------------
@@ -214,11 +215,18 @@ class StreamEngine:
             raise StreamError(f"punctuations= maps each stream's name to its punctuation ({{'stream': 5}}), got "
                               f"{punctuations!r:.80}; for every stream at once give punctuation=; nothing was processed")
         if not self._processing.acquire(blocking=False):
+            if self._processing_thread == threading.get_ident():
+                raise StreamStateError(f"engine {self.name} is already processing a batch in this thread (a rule "
+                                       f"action or callback of the batch started another): a batch cannot start "
+                                       f"inside a batch of the same engine; feed those events after this batch "
+                                       f"returns")
             raise StreamStateError(f"engine {self.name} is already processing a batch in another thread; batches "
                                    f"of one engine run one at a time")
+        self._processing_thread = threading.get_ident()
         try:
             return self._process(tx, events, punctuation, punctuations, batch_id)
         finally:
+            self._processing_thread = None
             self._processing.release()
 
     def feed(self, events: Iterable[StreamEvent | Mapping[str, object]], *, punctuation: Punctuation | None = None,

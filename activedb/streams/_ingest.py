@@ -16,7 +16,7 @@ from activedb.ingest.errors import IngestError
 from activedb.streams._engine import StreamEngine
 from activedb.streams._events import END_OF_STREAM, DeadLetter, StreamEvent, event_row
 from activedb.streams._metrics import StreamStatistics
-from activedb.streams._scheduler import Scheduler, SchedulerKind
+from activedb.streams._scheduler import NAMED, Scheduler, SchedulerKind
 
 if TYPE_CHECKING:  # pragma: no cover
     from activedb._handle import DatabaseHandle
@@ -25,7 +25,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["QueriesHandler", "build_engines"]
 
-SCHEDULERS = tuple(kind.value for kind in SchedulerKind if kind is not SchedulerKind.UNSCHEDULED)
+SCHEDULERS = NAMED
 
 
 def _check_scheduler(scheduler: object) -> None:

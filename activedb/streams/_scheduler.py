@@ -146,14 +146,22 @@ class SchedulerKind(ClosedSet):
     UNSCHEDULED = "unscheduled"    # no ordering at all (tests that need the anomalies)
 
 
+#: The schedulers an application names (``UNSCHEDULED`` is for tests that need the anomalies, not offered).
+NAMED = tuple(kind.value for kind in SchedulerKind if kind is not SchedulerKind.UNSCHEDULED)
+
+
 def make_scheduler(scheduler: SchedulerKind | Scheduler) -> Scheduler:
     if isinstance(scheduler, Scheduler):
         return scheduler
+    given: object = scheduler       # (an untyped caller's class, where an instance belongs)
+    if isinstance(given, type) and issubclass(given, Scheduler):
+        raise StreamError(f"scheduler={given.__name__} is a Scheduler class: pass an instance, "
+                          f"{given.__name__}() (with its options), or one of {', '.join(NAMED)}")
     try:
         kind = SchedulerKind(scheduler)
     except InvalidChoice as error:
-        raise StreamError(f"unknown scheduler {scheduler!r}: use one of {', '.join(map(repr, SchedulerKind))} "
-                          f"(SchedulerKind), or pass a Scheduler instance") from error
+        raise StreamError(f"unknown scheduler {scheduler!r}: use one of {', '.join(NAMED)} (SchedulerKind), or pass "
+                          f"a Scheduler instance") from error
     if kind is SchedulerKind.SEI:
         return SEIScheduler()
     if kind is SchedulerKind.UNSCHEDULED:

@@ -1,0 +1,35 @@
+"""``activedb run`` given options it cannot use — a ``--spark-conf`` that is no KEY=VALUE, a ``--py-files`` entry that
+is no file, ``--reset`` for an application without ``reset(db)`` — stops before Spark starts or anything is
+written, saying which option and what to give."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from activedb.cli import main
+
+#: An application with everything ``activedb run`` needs but ``reset(db)``.
+APP = ("from tests.spark_bridge.app_counters import MAPPING, MIGRATIONS, SCHEMA, register\n")
+
+
+@pytest.mark.parametrize("options, code, says", [
+    (["--spark-conf", "spark.master"], 2, "'spark.master' is not KEY=VALUE"),
+    (["--spark-conf", "=local[2]"], 2, "'=local[2]' is not KEY=VALUE"),
+    (["--py-files", "helpers.py,missing.py"], 2, "no such file: missing.py"),
+    (["--reset"], 1, "--reset: application no_reset_app has no reset(db) function"),
+], ids=["conf-without-value", "conf-without-key", "py-files-missing", "reset-without-reset"])
+def test_an_option_it_cannot_use_stops_the_run_before_anything_starts(database_url, tmp_path, monkeypatch, options,
+                                                                      code, says):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "no_reset_app.py").write_text(APP)
+    (tmp_path / "helpers.py").write_text("")
+    (tmp_path / "events").mkdir()
+    before = sorted(path.name for path in tmp_path.iterdir())
+    result = CliRunner().invoke(main, ["--url", database_url, "--home", str(tmp_path / "home"), "run", "no_reset_app",
+                                       "--source", f"file:{tmp_path / 'events'}", *options], catch_exceptions=False)
+    assert result.exit_code == code, result.output
+    assert says in result.output
+    assert "Traceback" not in result.output
+    assert sorted(path.name for path in tmp_path.iterdir() if path.name != "__pycache__") == before   # no checkpoint
