@@ -62,7 +62,7 @@ class Writes:
                                                                               "from the identity and returns it")
         generated = any(values.get(name) is None for name in info.key_columns)
         if generated:
-            values = {**values, **_generated_key(self, info)}
+            values = {**values, **_generated_key(self, info, values)}
         key = info.key(info.key_from_values(values))
         values = {name: value for name, value in values.items() if name not in info.key_columns}
         if info.nested:     # (as ``write``'s)
@@ -295,10 +295,13 @@ def take_back_writes(node: "Transaction", *, keep: bool) -> None:
                 writes[row] = previous
 
 
-def _generated_key(node: "Transaction", info: TableInfo) -> dict[str, object]:
-    """The key column of ``info`` with the next value of its sequence (for ``node``'s tree)."""
-    if len(info.key_columns) != 1:
-        raise InvalidKey(f"insert into {info.name!r} needs the key columns {', '.join(info.key_columns)}")
+def _generated_key(node: "Transaction", info: TableInfo, values: Mapping[str, object]) -> dict[str, object]:
+    """The key column of ``info`` with the next value of its sequence (for ``node``'s tree); ``values``: the
+    insert's, a key column of them missing."""
+    if len(info.key_columns) != 1:      # (no sequence draws a key of several columns)
+        missing = [name for name in info.key_columns if values.get(name) is None]
+        raise InvalidKey(f"insert into {info.name!r} needs the key columns {', '.join(info.key_columns)}: give "
+                         f"{', '.join(missing)}")
     column = info.key_columns[0]
     catalog = node.manager.catalog
     sequence = catalog.sequence_of(info, column)

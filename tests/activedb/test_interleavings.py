@@ -628,3 +628,18 @@ def test_a_sequencer_in_the_actors_is_a_hang_that_says_the_runner_orders_the_ste
     assert "A2 (outside a transaction) neither paused at a step nor blocked within 10.0 s" in message, message
     assert ("a wait for another thread of the run (a Sequencer, wait_until or an event in an actor: the runner orders "
             "the steps itself — drop it, and replay(schedule) for one order)") in message, message
+
+
+@pytest.mark.parametrize("schedule, says", [
+    ("0.x.1", r"not a schedule: '0\.x\.1' \(expected choices like '0\.2\.1\.0'\)"),
+    ("7", r"choice 7 of the schedule, but the run offers 2 step\(s\): \['A1 start', 'A2 start'\]"),
+], ids=["not-numbers", "a-choice-beyond-the-steps"])
+def test_replay_of_a_schedule_text_this_run_cannot_follow_is_an_invalid_schedule_and_runs_no_actor(fresh, schedule,
+                                                                                                   says):
+    """A schedule's text that is no choices, or a choice beyond the steps the run offers (a schedule of another
+    run, say), is refused before any actor's step runs."""
+    ran = []
+    interleavings = Interleavings(fresh, {"A1": lambda db: ran.append("A1"), "A2": lambda db: ran.append("A2")})
+    with pytest.raises(InvalidSchedule, match=says):
+        interleavings.replay(schedule)
+    assert ran == []

@@ -447,3 +447,12 @@ def test_an_ingestion_that_fails_when_watched_is_watched_still_and_never_exporte
     finally:
         for ingestion in (first, late, twin):
             ingestion.close()
+
+
+def test_a_second_start_of_a_serving_exporter_is_refused_naming_where_it_serves(database):
+    with MetricsExporter(database) as exporter:
+        url = exporter.start("127.0.0.1:0")
+        with pytest.raises(MetricsError, match=rf"the metrics endpoint already runs at {url}"):
+            exporter.start("127.0.0.1:0")
+        assert exporter.url == url
+        assert "activedb_rule_firings_total" in scrape(url)

@@ -1,6 +1,6 @@
 """``activedb run`` given options it cannot use — a ``--spark-conf`` that is no KEY=VALUE, a ``--py-files`` entry that
 is no file, ``--reset`` for an application without ``reset(db)`` — stops before Spark starts or anything is
-written, saying which option and what to give."""
+written, saying which option and what to give; so do ``ingest()``'s options and ``sink_of`` of another query."""
 
 from __future__ import annotations
 
@@ -33,3 +33,23 @@ def test_an_option_it_cannot_use_stops_the_run_before_anything_starts(database_u
     assert says in result.output
     assert "Traceback" not in result.output
     assert sorted(path.name for path in tmp_path.iterdir() if path.name != "__pycache__") == before   # no checkpoint
+
+
+def test_ingest_options_and_mapping_of_no_kind_it_takes_are_refused_before_spark_is_asked(db):
+    """``IngestOptions(deadlines=…)`` and ``ingest(mapping=…)`` of the wrong kind are the caller's mistake, said at
+    the call (no streaming DataFrame is looked at: the frame given here is no frame at all)."""
+    import spark_bridge
+    from activedb.ingest.errors import IngestError
+
+    with pytest.raises(IngestError, match=r"deadlines must be an activedb.ingest.Deadlines \(or None\), got 5"):
+        spark_bridge.IngestOptions(deadlines=5)
+    with pytest.raises(IngestError, match=r"^mapping: "):
+        spark_bridge.ingest(db, object(), mapping=5, query_name="refused", checkpoint_location="/nonexistent/refused")
+
+
+def test_the_sink_of_a_query_ingest_did_not_start_is_refused_saying_so():
+    import spark_bridge
+    from activedb.ingest.errors import IngestError
+
+    with pytest.raises(IngestError, match=r"this query was not started by spark_bridge.ingest\(\)"):
+        spark_bridge.sink_of(object())
