@@ -162,3 +162,50 @@ def test_blank_lines_of_a_socket_source_are_skipped_and_counted_not_dead_letters
         server.close()
         ingested.close()
         direct.close()
+
+
+def _from_rate(frame):
+    """An application's own ``from_rate``: every row an ``add`` of 1 for key ``r<value % 3>``."""
+    from pyspark.sql import functions
+
+    value = functions.col("value")
+    return frame.select(functions.lit("add").alias("type"),
+                        functions.concat(functions.lit("r"), (value % 3).cast("string")).alias("key"),
+                        functions.col("timestamp").alias("ts"), functions.lit(1).alias("amount"),
+                        value.cast("int").alias("seq"))
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("from_rate, keys", [(None, {f"k{digit}" for digit in range(10)}),
+                                             (_from_rate, {"r0", "r1", "r2"})],
+                         ids=["synthetic-columns", "the-apps-from-rate"])
+def test_a_rate_source_gives_rows_in_the_apps_columns(spark, tmp_path, from_rate, keys):
+    """``activedb run APP --source rate``: the rate source's ``(timestamp, value)`` rows become the application's
+    columns — by its ``from_rate(df)``, or synthetic ones (its first event type, keys ``k0``..``k9``, numbers from
+    the value) — in the schema its mapping reads, batch by batch as Spark delivers them."""
+    import dataclasses
+
+    import spark_bridge
+    from activedb.testing import wait_until
+    from spark_bridge._sources import build_stream
+    from tests.spark_bridge._streams import APP_FILE
+    from tests.spark_bridge._waits import DRIVER_WAIT_SECONDS
+
+    loaded = dataclasses.replace(spark_bridge.load_app(APP_FILE), from_rate=from_rate)
+    frame = build_stream(spark, parse_source("rate"), loaded, file_format="json", max_files_per_trigger=None,
+                         rows_per_second=50, event_types=["add", "sub"])
+    assert frame.isStreaming
+    assert [(field.name, field.dataType.simpleString()) for field in frame.schema.fields] == [
+        ("type", "string"), ("key", "string"), ("ts", "timestamp"), ("amount", "int"), ("seq", "int")]
+    rows: list = []
+    query = (frame.writeStream.foreachBatch(lambda batch, batch_id: rows.extend(batch.collect()))
+             .option("checkpointLocation", str(tmp_path / "checkpoint")).trigger(processingTime="200 milliseconds")
+             .start())
+    try:
+        wait_until(lambda: len(rows) >= 20, DRIVER_WAIT_SECONDS, "20 rows of the rate source",
+                   describe=lambda: (len(rows), query.status, query.exception()))
+    finally:
+        query.stop()
+    assert {row["type"] for row in rows} == {"add"}
+    assert {row["key"] for row in rows} <= keys and len({row["key"] for row in rows}) > 1
+    assert all(row["ts"] is not None and row["amount"] is not None for row in rows)
