@@ -39,6 +39,19 @@ def test_the_fig3_scenario_draws(tmp_path):
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_a_random_window_draws_the_same_picture_for_the_same_seed(tmp_path):
+    """``--scenario random``: producer 0 sends A, the others B, with clocks off by up to --accuracy-ms; one seed,
+    one window."""
+    pictures = []
+    for name in ("first.png", "again.png"):
+        result = CliRunner().invoke(main, ["composite", "plot", "--scenario", "random", "--producers", "4",
+                                           "--accuracy-ms", "20", "--events", "12", "--seed", "3",
+                                           "--out", str(tmp_path / name)])
+        assert result.exit_code == 0, result.output
+        pictures.append((tmp_path / name).read_bytes())
+    assert pictures[0][:8] == b"\x89PNG\r\n\x1a\n" and pictures[0] == pictures[1]
+
+
 def test_the_axis_unit_is_a_time_unit():
     from activedb.composite import plot
     from activedb.errors import InvalidChoice
