@@ -368,6 +368,23 @@ def test_a_box_shows_a_transactions_whole_name():
     assert not any("…" in text for text in texts), texts
 
 
+def test_a_box_of_many_locks_counts_a_tables_rows_per_mode_and_keeps_the_table_locks():
+    """More locks than a box has lines for: the row locks of one table in one mode are counted in one line
+    ("retains WRITE 12 rows of alerts"), before the table locks."""
+    from activedb.explain import ExplainNode, HeldLock
+    from activedb.explain._drawing import draw
+
+    rows = tuple(HeldLock(f"alerts[{number}]", "WRITE") for number in range(12))
+    held = (HeldLock("table alerts", "IW"), HeldLock("workers[w1]", "READ"), HeldLock("workers[w2]", "READ"))
+    explanation = Explanation(nodes=(ExplainNode("T1", None, "busy", "active", 0, held=held, retained=rows),),
+                              edges=())
+    (text,) = [text.get_text() for text in draw(explanation, 100).axes[0].texts]
+    lines = text.splitlines()
+    assert "holds READ 2 rows of workers" in lines and "retains WRITE 12 rows of alerts" in lines, lines
+    assert any(line.startswith("holds ") and "table alerts" in line for line in lines), lines
+    assert not any("alerts[" in line for line in lines), lines
+
+
 def test_a_node_whose_parent_is_not_in_the_picture_is_shown_as_a_root(tmp_path):
     """An explanation loaded from JSON that was trimmed or edited by hand can hold a node whose parent is not among
     its nodes: ``text()`` left it out, with the tree below it (a waiter whose wait was listed, the waiter nowhere),
