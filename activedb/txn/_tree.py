@@ -450,7 +450,8 @@ class Transaction(Reads, Writes, Children):
         with self._mutex:
             if self._state in (_COMMITTED, _ABORTED):
                 if self._state is _COMMITTED:
-                    raise TransactionError(f"abort of {self.id}, which is already committed")
+                    raise TransactionError(f"abort of {self.id}, which is already committed: what it wrote stays; "
+                                           f"undo it in a transaction of its own")
                 return
             self._state = _ABORTED
             self._writes = {}

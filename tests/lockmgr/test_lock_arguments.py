@@ -44,3 +44,46 @@ def test_holds_are_handed_down_only_to_a_child():
 def test_a_wait_for_graph_timeout_below_zero_or_nan_is_refused(timeout):
     with pytest.raises(ValueError, match="timeout must be None or a number >= 0"):
         LockManager().wait_for_graph(timeout=timeout)
+
+
+# --- the isolation tester's own failures: what a scenario that does not go as written says --------------------------
+
+def scenario_failure(write) -> str:
+    """The ScenarioError a scenario written by ``write(scenario, manager)`` fails with."""
+    from lockmgr.testing import Scenario, ScenarioError
+
+    manager = LockManager()
+    for tid in ("T1", "T2"):
+        manager.begin(tid)
+    with pytest.raises(ScenarioError) as raised, Scenario(manager, timeout=60.0) as scenario:
+        write(scenario, manager)
+    return str(raised.value)
+
+
+def test_a_step_written_to_block_that_finishes_says_so():
+    said = scenario_failure(lambda s, lm: s.run("s1", "free row", lambda: lm.acquire("T1", "row", Mode.WRITE),
+                                                blocks=True))
+    assert said.startswith("step s1:'free row' was expected to block but finished: ok")
+
+
+def test_a_step_that_raises_where_none_was_written_names_the_error():
+    said = scenario_failure(lambda s, lm: s.run("s1", "unknown", lambda: lm.acquire("T9", "row", Mode.WRITE)))
+    assert said.startswith("step s1:'unknown' raised ") and "T9" in said
+
+
+def test_a_step_written_to_raise_that_returns_says_what_it_got():
+    said = scenario_failure(lambda s, lm: s.run("s1", "granted", lambda: lm.acquire("T1", "row", Mode.READ),
+                                                raises=TimeoutError))
+    assert said == "step s1:'granted' should raise <class 'TimeoutError'> but got None"
+
+
+def test_a_step_asserted_still_blocked_after_it_went_through_says_so():
+    def write(scenario, manager):
+        scenario.run("s1", "holds", lambda: manager.acquire("T1", "row", Mode.WRITE))
+        waits = scenario.run("s2", "waits", lambda: manager.acquire("T2", "row", Mode.WRITE), blocks=True)
+        scenario.run("s1", "commits", lambda: manager.commit("T1"))
+        scenario.finish(waits)
+        scenario.still_blocked(waits)
+
+    said = scenario_failure(write)
+    assert said.startswith("step ") and said.endswith("was expected to be still blocked"), said

@@ -209,3 +209,38 @@ def test_a_rate_source_gives_rows_in_the_apps_columns(spark, tmp_path, from_rate
     assert {row["type"] for row in rows} == {"add"}
     assert {row["key"] for row in rows} <= keys and len({row["key"] for row in rows}) > 1
     assert all(row["ts"] is not None and row["amount"] is not None for row in rows)
+
+
+@pytest.mark.parametrize("source, says", [
+    ("file:{tmp}", r"a file source needs the rows' schema: define SCHEMA in .* \(e\.g\. SCHEMA = 'type STRING, "),
+    ("socket:localhost:9999", r"a socket source delivers JSON text; define SCHEMA in .* to parse it"),
+], ids=["file", "socket"])
+def test_a_source_that_needs_a_schema_from_an_app_without_one_says_to_define_schema(tmp_path, source, says):
+    """Refused before Spark is asked anything (no session is given here)."""
+    import dataclasses
+
+    import spark_bridge
+    from spark_bridge._sources import build_stream
+    from spark_bridge.errors import SourceError
+    from tests.spark_bridge._streams import APP_FILE
+
+    loaded = dataclasses.replace(spark_bridge.load_app(APP_FILE), schema=None)
+    with pytest.raises(SourceError, match=says):
+        build_stream(None, parse_source(source.format(tmp=tmp_path)), loaded, file_format="json",
+                     max_files_per_trigger=None, rows_per_second=1, event_types=["add"])
+
+
+@pytest.mark.spark
+def test_a_schema_of_one_type_is_a_source_error_saying_to_name_the_columns(spark, tmp_path):
+    import dataclasses
+
+    import spark_bridge
+    from spark_bridge._sources import build_stream
+    from spark_bridge.errors import SourceError
+    from tests.spark_bridge._streams import APP_FILE
+
+    loaded = dataclasses.replace(spark_bridge.load_app(APP_FILE), schema="array<int>")
+    with pytest.raises(SourceError, match=r"SCHEMA 'array<int>' is one type, not a row of named columns: write it as "
+                                          r"'name TYPE, …'"):
+        build_stream(spark, parse_source(f"file:{tmp_path}"), loaded, file_format="parquet",
+                     max_files_per_trigger=None, rows_per_second=1, event_types=["add"])
