@@ -118,3 +118,28 @@ def test_an_upgrade_given_a_lock_timeout_of_no_seconds_is_refused_before_it_conn
     invoke("app", "init", str(tmp_path / "migrations"))
     with pytest.raises(MigrationError, match=rf"lock_timeout={lock_timeout!r}: give a number of seconds above 0"):
         db.upgrade_app(tmp_path / "migrations", lock_timeout=lock_timeout)
+
+
+@pytest.mark.filterwarnings("ignore:Revision gone_before referenced:UserWarning")     # (Alembic's own, as it maps)
+def test_an_upgrade_whose_revision_computes_a_down_revision_no_file_has_names_what_to_set(db, tmp_path):
+    """A ``down_revision`` the file computes (no literal to read) that names no revision fails inside Alembic's map
+    of the revisions with a bare ``KeyError``; the error says which name is missing and what to set."""
+    from activedb.errors import MigrationError
+
+    location = tmp_path / "migrations"
+    invoke("app", "init", str(location))
+    (location / "versions" / "second.py").write_text(
+        'revision = "second"\ndown_revision = "".join(["gone", "_before"])\nbranch_labels = None\n'
+        'depends_on = None\n\n\ndef upgrade():\n    pass\n\n\ndef downgrade():\n    pass\n')
+    with pytest.raises(MigrationError, match=r"names down_revision 'gone_before', which no revision under .* is: set "
+                                             r"it to the revision before it \(None for the first\), or restore the "
+                                             r"file of 'gone_before'"):
+        db.upgrade_app(location)
+
+
+def test_a_table_named_by_what_is_no_name_is_refused_saying_what_names_one(db):
+    from activedb.errors import TransactionError
+
+    with db.transaction() as tx, pytest.raises(TransactionError, match=r"a table is named by a string or a "
+                                                                        r"sqlalchemy Table, got 5"):
+        tx.read(5, "k")

@@ -18,16 +18,23 @@ APP = ("from tests.spark_bridge.app_counters import MAPPING, MIGRATIONS, SCHEMA,
     (["--spark-conf", "=local[2]"], 2, "'=local[2]' is not KEY=VALUE"),
     (["--py-files", "helpers.py,missing.py"], 2, "no such file: missing.py"),
     (["--reset"], 1, "--reset: application no_reset_app has no reset(db) function"),
-], ids=["conf-without-value", "conf-without-key", "py-files-missing", "reset-without-reset"])
+    (["--app-settings", "QUERIES = []\nEXECUTOR = 'tpg'"], 1, "QUERIES and EXECUTOR = 'tpg' name two ways"),
+], ids=["conf-without-value", "conf-without-key", "py-files-missing", "reset-without-reset", "queries-and-executor"])
 def test_an_option_it_cannot_use_stops_the_run_before_anything_starts(database_url, tmp_path, monkeypatch, options,
                                                                       code, says):
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
-    (tmp_path / "no_reset_app.py").write_text(APP)
+    app = "no_reset_app"
+    if options[0] == "--app-settings":      # (not an option: more lines of an application's file of its own name,
+        app = "queries_and_executor_app"    # as imports are cached by name)
+        (tmp_path / f"{app}.py").write_text(APP + options[1] + "\n")
+        options = []
+    else:
+        (tmp_path / f"{app}.py").write_text(APP)
     (tmp_path / "helpers.py").write_text("")
     (tmp_path / "events").mkdir()
     before = sorted(path.name for path in tmp_path.iterdir())
-    result = CliRunner().invoke(main, ["--url", database_url, "--home", str(tmp_path / "home"), "run", "no_reset_app",
+    result = CliRunner().invoke(main, ["--url", database_url, "--home", str(tmp_path / "home"), "run", app,
                                        "--source", f"file:{tmp_path / 'events'}", *options], catch_exceptions=False)
     assert result.exit_code == code, result.output
     assert says in result.output
