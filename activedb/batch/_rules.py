@@ -30,7 +30,7 @@ from activedb.batch._declare import (
     Abort, BatchEvent, Declaring, Inserted, OpKind, Ops, OpSpec, State, StateTransactions, canonical_key, inserted,
     inserted_parts, state_of)
 from activedb.batch._result import BatchResult
-from activedb.batch._state import WRITTEN_TWICE, given, merge_image
+from activedb.batch._state import WRITTEN_TWICE, given, merge_image, outside_candidates
 from activedb.batch.errors import DeclarationError, LoweringRefused
 from activedb.errors import SchemaError, causes, check_plain_function
 from activedb.events import Event, EventKind, EventSpec, new_event
@@ -150,9 +150,7 @@ def perform_in(tx: "Transaction", specs: list[OpSpec]) -> None:
             params = [given(image(param)) for param in spec.params]
             key = canonical_key(spec.key_fn(*params))
             if spec.candidates is not None and key not in spec.candidates:
-                raise DeclarationError(f"the key function of a non-deterministic {kind.value} on {spec.table} "
-                                       f"returned {key!r}, which is not among its declared candidates: add it to "
-                                       f"candidates=, or make the key function return one of them")
+                raise outside_candidates(kind, spec.table, key)
             state = (spec.table, key)
             if kind is _ND_WRITE:
                 if state in written:        # (as in a batch: ``WRITTEN_TWICE`` aborts the event's transaction)

@@ -67,6 +67,14 @@ def merge_image(own: RowImage | None, result: object, spec: OpSpec) -> RowImage 
     return dict(result) if own is None else {**own, **result}
 
 
+def outside_candidates(kind: OpKind, table: str, key: Hashable) -> DeclarationError:
+    """What a non-deterministic operation whose key function returned ``key``, none of its declared candidates,
+    fails with (in a batch and in a firing's transaction alike)."""
+    return DeclarationError(f"the key function of a non-deterministic {kind.value} on {table} returned {key!r}, "
+                            f"which is not among its declared candidates: add it to candidates=, or make the key "
+                            f"function return one of them")
+
+
 def perform(spec: OpSpec, t: int, read: Read, window: Window) -> tuple[State | None, RowImage | None, object]:
     """Run one operation of the transaction at ``t``: returns ``(state written or None, image
     written, output)``.  Raises :class:`Abort` (or whatever the user's function raised)."""
@@ -102,9 +110,7 @@ def perform(spec: OpSpec, t: int, read: Read, window: Window) -> tuple[State | N
         return None, None, inserted(spec, spec.fn(*params))
     key = canonical_key(spec.key_fn(*params))
     if spec.candidates is not None and key not in spec.candidates:
-        raise DeclarationError(f"the key function of a non-deterministic {kind.value} on {spec.table} returned "
-                               f"{key!r}, which is not among its declared candidates: add it to candidates=, or make "
-                               f"the key function return one of them")
+        raise outside_candidates(kind, spec.table, key)
     state = (spec.table, key)
     if kind is OpKind.ND_READ:
         return None, None, read(state, t)

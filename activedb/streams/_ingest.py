@@ -25,15 +25,13 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["QueriesHandler", "build_engines"]
 
-SCHEDULERS = NAMED
-
 
 def _check_scheduler(scheduler: object) -> None:
     if scheduler is not None and not isinstance(scheduler, (str, Scheduler)):
-        raise IngestError(f"scheduler must be one of {', '.join(SCHEDULERS)} or a streams.Scheduler such as "
+        raise IngestError(f"scheduler must be one of {', '.join(NAMED)} or a streams.Scheduler such as "
                           f"streams.LWMScheduler(granularity='table'); got {scheduler!r}")
-    if isinstance(scheduler, str) and scheduler not in SCHEDULERS:
-        raise IngestError(f"unknown scheduler {scheduler!r}: use one of {', '.join(SCHEDULERS)} "
+    if isinstance(scheduler, str) and scheduler not in NAMED:
+        raise IngestError(f"unknown scheduler {scheduler!r}: use one of {', '.join(NAMED)} "
                           f"(or a configured streams.S2PLScheduler/LWMScheduler)")
 
 

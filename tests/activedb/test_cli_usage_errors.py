@@ -112,7 +112,7 @@ def test_app_init_into_a_directory_with_an_env_py_writes_nothing(tmp_path):
 
 
 @pytest.mark.parametrize("lock_timeout", [0, -5.0], ids=["zero", "negative"])
-def test_an_upgrade_given_a_lock_timeout_of_no_seconds_is_refused_before_it_connects(db, tmp_path, lock_timeout):
+def test_an_upgrade_given_a_lock_timeout_of_no_seconds_is_refused_saying_what_to_give(db, tmp_path, lock_timeout):
     from activedb.errors import MigrationError
 
     invoke("app", "init", str(tmp_path / "migrations"))
