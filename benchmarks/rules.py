@@ -8,7 +8,9 @@ Python function called directly in one plain top-level transaction, same run.
    lowered to one batch of state transactions at commit (``batch.lower`` + ``batch.apply_lowered``: what the
    ingestion core's rule path runs, learned from the rule's source); and as a declared rule lowered the same way
    (``@batch.declared``); goal >= 1.0 of
-   each peer at 1,000 and 10,000 events per batch.  Each path's CPU per event is in the rows' extra — this
+   each peer at 1,000 and 10,000 events per batch.  Beside them, the ceiling of any client-side path: the batch as
+   one set-based upsert with no per-event work in Python (``INSERT ... SELECT ... FROM unnest(keys) GROUP BY``),
+   against the trigger — what a rule lowered all the way to SQL could reach at best.  Each path's CPU per event is in the rows' extra — this
    process's and the PostgreSQL server's processes' (``benchmarks._profile.server_cpu_seconds``; None for a server
    on another machine) — with ``cpu_ratio``, the peer's total over the path's: figures the machine's load does not
    change, beside the rates it does.
@@ -239,6 +241,16 @@ def _executemany_upsert(cursor, keys: list[int]) -> None:
                        "ON CONFLICT (key) DO UPDATE SET n = bench_counters.n + 1", [(key,) for key in keys])
 
 
+def _set_based_upsert(cursor, keys: list[int]) -> None:
+    """The batch as one statement: each key's events counted by PostgreSQL and added at once."""
+    cursor.execute("INSERT INTO bench_counters (key, n) SELECT key, count(*) FROM unnest(%s::int[]) AS key "
+                   "GROUP BY key ON CONFLICT (key) DO UPDATE SET n = bench_counters.n + EXCLUDED.n", [keys])
+
+
+def _counter_set_based(database, count: int, size: int) -> float:
+    return _counter_peer(database, count, size, _set_based_upsert)
+
+
 def _counter_trigger(database, count: int, size: int) -> float:
     return _counter_peer(database, count, size, _copy_into_trigger_table)
 
@@ -250,7 +262,7 @@ def _counter_executemany(database, count: int, size: int) -> float:
 def _compare_counters(database, report: BenchReport, count: int, size: int, repeat: int,
                       settle: Callable[[], object] = gc.collect) -> None:
     timings: dict[str, list[float]] = {"rule": [], "lowered": [], "declared": [], "trigger": [],
-                                       "executemany": []}
+                                       "executemany": [], "set-based": []}
     # CPU seconds of each run: this process (the client) and the PostgreSQL server's processes (None when the
     # server is not on this machine) — what each path costs whatever else the machine runs.
     client: dict[str, list[float]] = {name: [] for name in timings}
@@ -259,7 +271,8 @@ def _compare_counters(database, report: BenchReport, count: int, size: int, repe
     for _ in range(repeat):
         for name, run_once in (("rule", _counter_rule), ("lowered", _counter_rule_lowered),
                                ("declared", _counter_declared),
-                               ("trigger", _counter_trigger), ("executemany", _counter_executemany)):
+                               ("trigger", _counter_trigger), ("executemany", _counter_executemany),
+                               ("set-based", _counter_set_based)):
             _reset_counters(database)
             settle()
             server_before, client_before = server_cpu_seconds(database.engine), time.process_time()
@@ -269,8 +282,8 @@ def _compare_counters(database, report: BenchReport, count: int, size: int, repe
             server[name].append(None if server_before is None or server_after is None
                                 else server_after - server_before)
             results[name] = _counters(database)
-    if not results["rule"] == results["lowered"] == results["declared"] == results["trigger"] == results["executemany"]:
-        report.notes.append(f"counter rule, {size}/batch: the five paths left different counters — a bug")
+    if len({tuple(sorted(counters.items())) for counters in results.values()}) != 1:
+        report.notes.append(f"counter rule, {size}/batch: the {len(results)} paths left different counters — a bug")
     rates = {name: count / statistics.median(values) for name, values in timings.items()}
     cpu = {name: _cpu_per_event(client[name], server[name], count) for name in timings}
     for path, label_of_path in (("rule", "counter upsert rule, inline"),
@@ -288,6 +301,17 @@ def _compare_counters(database, report: BenchReport, count: int, size: int, repe
                        "cpu_us_per_event": cpu[path], "peer_cpu_us_per_event": cpu[peer],
                        "cpu_ratio": None if None in both else round(both[1] / both[0], 3)},
             ))
+    # The ceiling: no target (it is a bound, not a path of the product) — its ratio is what lowering a rule all the
+    # way to SQL could reach at best against the trigger.
+    both = cpu["set-based"]["total"], cpu["trigger"]["total"]
+    report.add(Row(
+        name=f"counter as one set-based upsert (the ceiling), {size:,}/batch vs trigger", value=rates["set-based"],
+        unit="events/s", baseline_name="PL/pgSQL row trigger fed by COPY", baseline=rates["trigger"],
+        ratio=rates["set-based"] / rates["trigger"],
+        extra={"events": count, "keys": max(1, count // 10), "events_per_batch": size, "repeat": repeat,
+               "cpu_us_per_event": cpu["set-based"], "peer_cpu_us_per_event": cpu["trigger"],
+               "cpu_ratio": None if None in both else round(both[1] / both[0], 3)},
+    ))
 
 
 def _cpu_per_event(client: list[float], server: list[float | None], count: int) -> dict[str, float | None]:
