@@ -765,3 +765,18 @@ def test_a_session_drops_what_a_killed_session_left_and_nothing_of_a_live_one(pr
         for pid in (killed.pid, live.pid if live is not None else None):
             for name in _of_session(activedb_server, pid) if pid is not None else ():
                 drop_database(activedb_server, name)
+
+
+def test_a_server_url_whose_connect_timeout_is_no_number_is_one_line_with_the_password_masked(project):
+    """``?connect_timeout=abc`` in the test server's URL failed the first test with a traceback: psycopg's
+    ``ProgrammingError`` ('bad value for connect_timeout'), and while it was described, ``float('abc')``'s
+    ``ValueError``.  It is one line now, naming the setting, the value and the server with its password masked."""
+    project.makepyfile(test_project=PROJECT)
+    result = project.runpytest_subprocess(
+        "-p", "no:cacheprovider", "-k", "fresh_database",
+        "--activedb-url=postgresql://tester:secret@127.0.0.1:1/postgres?connect_timeout=abc")
+    result.assert_outcomes(errors=1)
+    output = result.stdout.str()
+    line = next((line for line in output.splitlines() if line.startswith("DatabaseFixtureError: ")), output)
+    assert "connect_timeout='abc'" in line and "host 127.0.0.1:1" in line and "whole number of seconds" in line, line
+    assert "secret" not in output and "Traceback" not in output and "ValueError" not in output, output
