@@ -32,8 +32,9 @@ setting: ``function``, the default, or ``module``):
 
 ``@pytest.mark.activedb(migrations=[...], clock=..., **connect_options)``: the Alembic directories (replacing the
 setting's; relative paths are from the root directory), the clock, and keyword arguments of ``activedb.connect``
-(``record_history=True`` for the interleaving runner and ``check_history``).  With module scope the module's mark
-counts (``pytestmark = pytest.mark.activedb(...)``).  The mark on a test none of whose fixtures reads it (the four
+(``record_history=True`` for the interleaving runner and ``check_history``).  A test's mark merges with its class's
+and its module's (``pytestmark = pytest.mark.activedb(...)``), keyword by keyword, the closest one's keyword winning;
+with module scope the module's mark alone counts.  The mark on a test none of whose fixtures reads it (the four
 above that make a database or its clock, itself or through a fixture of its own), and with module scope the mark of a
 test or class, are an :class:`ActivedbMarkIgnoredWarning` at collection, naming the test (or class).
 """
@@ -261,13 +262,15 @@ def activedb_templates(activedb_server: Server) -> Iterator[Templates]:
 
 @pytest.fixture(scope=_scope)
 def activedb_settings(request: pytest.FixtureRequest) -> DatabaseSettings:
-    """How ``activedb_db`` is made: the ``activedb`` mark of the test (or module) over the settings.  A mark it
-    cannot take fails the test with one line (:func:`_fail`)."""
+    """How ``activedb_db`` is made: the ``activedb`` marks of the test, its class and its module (with module scope:
+    the module's), merged keyword by keyword — the closest mark's keyword wins —, over the settings.  A mark it cannot
+    take fails the test with one line (:func:`_fail`)."""
     config = request.config
-    marker = request.node.get_closest_marker("activedb")
-    options = dict(marker.kwargs) if marker is not None else {}
-    if marker is not None and marker.args:
-        _fail(DatabaseFixtureError(f"@pytest.mark.activedb takes keyword arguments only, not {marker.args!r}"))
+    options: dict[str, Any] = {}
+    for marker in reversed(list(request.node.iter_markers("activedb"))):    # (the module's first, the test's last)
+        if marker.args:
+            _fail(DatabaseFixtureError(f"@pytest.mark.activedb takes keyword arguments only, not {marker.args!r}"))
+        options.update(marker.kwargs)
     chosen = options.pop("migrations", None)
     migrations = _migrations(config, chosen)
     for directory in migrations:

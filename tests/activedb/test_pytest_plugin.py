@@ -780,3 +780,46 @@ def test_a_server_url_whose_connect_timeout_is_no_number_is_one_line_with_the_pa
     line = next((line for line in output.splitlines() if line.startswith("DatabaseFixtureError: ")), output)
     assert "connect_timeout='abc'" in line and "host 127.0.0.1:1" in line and "whole number of seconds" in line, line
     assert "secret" not in output and "Traceback" not in output and "ValueError" not in output, output
+
+
+MERGED_MARKS = '''
+import pytest
+import sqlalchemy as sa
+
+from activedb.clock import SystemClock
+
+pytestmark = pytest.mark.activedb(record_history=True)
+
+
+def tables(db):
+    with db.engine.connect() as connection:
+        return connection.execute(sa.text("SELECT to_regclass('customers')")).scalar_one()
+
+
+@pytest.mark.activedb(clock=SystemClock())
+class TestMerged:
+    @pytest.mark.activedb(migrations=[])
+    def test_each_mark_gives_its_keywords(self, activedb_db):
+        assert activedb_db.history is not None                  # the module's
+        assert isinstance(activedb_db.clock, SystemClock)       # the class's
+        assert tables(activedb_db) is None                      # the test's own
+
+    @pytest.mark.activedb(record_history=False)
+    def test_the_closest_mark_wins(self, activedb_db):
+        assert activedb_db.history is None                      # the test's over the module's
+        assert isinstance(activedb_db.clock, SystemClock)       # the class's still
+        assert tables(activedb_db) == "customers"               # the setting's migrations
+
+
+def test_the_module_mark_alone(activedb_db):
+    assert activedb_db.history is not None and not isinstance(activedb_db.clock, SystemClock)
+'''
+
+
+def test_a_tests_activedb_mark_merges_with_its_classs_and_modules_keyword_by_keyword(project, activedb_server):
+    """The fixtures read the closest ``activedb`` mark only (``get_closest_marker``): a test's own mark dropped
+    its module's ``record_history=True`` and its class's clock.  The marks merge now, keyword by keyword, the test's
+    over its class's over its module's."""
+    project.makepyfile(test_merged=MERGED_MARKS)
+    result = project.runpytest_subprocess("-p", "no:cacheprovider", f"--activedb-url={activedb_server.url('postgres')}")
+    result.assert_outcomes(passed=3)
