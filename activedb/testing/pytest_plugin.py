@@ -48,9 +48,10 @@ import signal
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import (TYPE_CHECKING, Any, Callable, Iterable, Iterator, Literal, NoReturn, ParamSpec, TypeGuard,
-                    TypeVar, cast)
+from typing import (TYPE_CHECKING, Any, Callable, Generator, Iterable, Iterator, Literal, NoReturn, ParamSpec,
+                    TypeGuard, TypeVar, cast)
 
+import pluggy
 import pytest
 
 from activedb._closedset import ClosedSet
@@ -228,6 +229,26 @@ def _made(make: Callable[_Arguments, _Made], *args: _Arguments.args, **kwargs: _
     except ActivedbError as error:
         problem = error
     _fail(problem)                          # (outside the except: one line, not a chain of two)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item,
+                              call: pytest.CallInfo[None]) -> Generator[None, pluggy.Result[pytest.TestReport], None]:
+    """A failed test's report never shows a database's password: a test that compares or prints ``activedb_url``
+    (or passes it to a subprocess whose ``TimeoutExpired`` prints the command) would show it in the traceback or
+    the captured output.  A traceback that holds one becomes its text with the passwords masked
+    (``activedb.mask_secrets``), and so does every report's captured output; the URL the fixtures hand out stays a
+    plain ``str`` (a ``str`` whose repr masks it would break a child script written with ``{url!r}``)."""
+    from activedb._url import mask_secrets
+
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed and report.longrepr is not None:
+        text = str(report.longrepr)
+        masked = mask_secrets(text)
+        if masked != text:
+            report.longrepr = masked
+    report.sections = [(name, mask_secrets(content)) for name, content in report.sections]   # (-rP shows them too)
 
 
 # --- fixtures ------------------------------------------------------------------------------------

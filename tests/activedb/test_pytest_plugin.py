@@ -823,3 +823,26 @@ def test_a_tests_activedb_mark_merges_with_its_classs_and_modules_keyword_by_key
     project.makepyfile(test_merged=MERGED_MARKS)
     result = project.runpytest_subprocess("-p", "no:cacheprovider", f"--activedb-url={activedb_server.url('postgres')}")
     result.assert_outcomes(passed=3)
+
+
+SHOWS_ITS_URL = '''
+def test_shows_its_url(activedb_url):
+    print("captured:", activedb_url)
+    assert activedb_url == "another database"
+'''
+
+
+def test_a_failed_tests_report_masks_the_password_of_the_database_url_it_shows(project, activedb_server):
+    """A test that failed comparing ``activedb_url`` (or printing it) showed the server's password in pytest's
+    report — in CI logs, for everyone who reads them.  The report's traceback and captured output mask it now; the
+    fixture still hands out the URL as a plain ``str`` (a child script written with ``{url!r}`` still connects)."""
+    url = activedb_server.url("postgres")
+    password = psycopg.conninfo.conninfo_to_dict(activedb_server.conninfo("postgres"))["password"]
+    assert password and password in url
+    project.makepyfile(test_shows=SHOWS_ITS_URL)
+    result = project.runpytest_subprocess("-p", "no:cacheprovider", f"--activedb-url={url}")
+    result.assert_outcomes(failed=1)
+    output = result.stdout.str()
+    assert password not in output, output
+    assert "+ postgresql+psycopg://" in output and ":***@" in output, output
+    assert "captured: postgresql+psycopg://" in output, output
