@@ -28,6 +28,8 @@ import datetime as dt
 import threading
 import time
 from dataclasses import dataclass
+from decimal import Decimal
+from fractions import Fraction
 from typing import Protocol, runtime_checkable
 
 from activedb.errors import BadArgument, finite_number
@@ -88,14 +90,15 @@ class _Sleeper:
 
 class ManualClock:
     """A clock that moves only when told (:meth:`advance`), for tests: ``now()`` starts at ``start`` and
-    ``wall()`` at ``wall`` (default 2000-01-01 UTC); both move together.  A thread in :meth:`wait` wakes when
+    ``wall()`` at ``wall`` (default 2000-01-01 UTC); both move together.  Times are floats: a ``Decimal`` or
+    ``Fraction`` given for ``start`` or to :meth:`advance` is taken as the float nearest it.  A thread in :meth:`wait` wakes when
     the clock is advanced past its deadline (or when its event is set), never by itself; :attr:`sleepers`
     tells a test how many wait (``wait_until(lambda: clock.sleepers == 1)`` before it advances).
 
     Thread-safety: ``_mutex`` (a leaf) protects ``_now`` and ``_sleepers``.
     """
 
-    def __init__(self, start: float = 0.0, *, wall: dt.datetime = DEFAULT_WALL) -> None:
+    def __init__(self, start: float | Decimal | Fraction = 0.0, *, wall: dt.datetime = DEFAULT_WALL) -> None:
         if not isinstance(wall, dt.datetime) or wall.tzinfo is None:
             shown = wall.isoformat() if isinstance(wall, dt.datetime) else repr(wall)
             raise BadArgument(f"ManualClock(wall=...) needs an aware datetime (UTC), got {shown}")
@@ -118,8 +121,9 @@ class ManualClock:
         with self._mutex:
             return self._wall + dt.timedelta(seconds=self._now - self._start)
 
-    def advance(self, seconds: float | dt.timedelta) -> float:
-        """Move the clock forward by ``seconds`` (a number or a ``timedelta``), wake the waiters whose time
+    def advance(self, seconds: float | Decimal | Fraction | dt.timedelta) -> float:
+        """Move the clock forward by ``seconds`` (a number — a ``Decimal`` or ``Fraction`` as the float nearest
+        it — or a ``timedelta``), wake the waiters whose time
         has come, and return the new :meth:`now`."""
         amount = _finite_seconds(seconds.total_seconds() if isinstance(seconds, dt.timedelta) else seconds,
                                  "ManualClock.advance(...)", "a finite number of seconds or a timedelta")
@@ -169,12 +173,20 @@ class ManualClock:
             return not sleeper.expired
 
     def __repr__(self) -> str:
+        if "_mutex" not in vars(self):        # (its __init__ raised: seen in a traceback's locals, a debugger)
+            return "ManualClock(<not made>)"
         return f"ManualClock(now={self.now()!r}, wall={self.wall().isoformat()})"
 
 
 def _finite_seconds(value: object, given: str, what: str) -> float:
     """``value`` as a float of seconds; :class:`BadArgument` (saying ``given`` takes ``what``) unless it is a number
-    (not a bool) that a float holds finitely — a NaN or an infinity would stop the clock's arithmetic for good."""
+    (not a bool) that a float holds finitely — a NaN or an infinity would stop the clock's arithmetic for good.  A
+    ``Decimal`` or ``Fraction`` is the float nearest it (a signalling NaN, or one past a float's range, is refused)."""
+    if isinstance(value, (Decimal, Fraction)):
+        try:
+            value = float(value)
+        except (ValueError, OverflowError):        # (a signalling NaN; a Fraction past a float's range)
+            pass
     if isinstance(value, (int, float)) and not isinstance(value, bool) and finite_number(value):
         return float(value)
     raise BadArgument(f"{given} takes {what}, not {value!r}")

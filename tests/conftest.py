@@ -302,17 +302,3 @@ def make_database_url(pg_server, request):
     yield make
     for name in created:
         drop_database(pg_server, name)
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item, call):
-    """A failure's report never shows a test database's password: tests pass URLs to subprocesses, and
-    ``TimeoutExpired`` (or an assertion on a command line) prints the whole command."""
-    outcome = yield
-    report = outcome.get_result()
-    if report.failed and report.longrepr is not None:
-        text = str(report.longrepr)
-        masked = activedb.mask_secrets(text)
-        if masked != text:
-            report.longrepr = masked
-    report.sections = [(name, activedb.mask_secrets(content)) for name, content in report.sections]

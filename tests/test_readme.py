@@ -134,12 +134,18 @@ def _saved_before(page: Path, text: str, end: int) -> tuple[tuple[str, str], ...
 
 
 ALL_BLOCKS = [block for readme in readmes() for block in blocks(readme)]
+#: The complete examples each run alone on a fresh database — but the tutorial's programs, which run once each, in
+#: the page's order, as a reader runs them (``test_the_tutorials_programs_run_in_order…``): run alone as well, they
+#: cost the suite the same programs' time again and check nothing more.
 COMPLETE = [pytest.param(block, id=str(block), marks=[pytest.mark.spark] if block.spark else [])
-            for block in ALL_BLOCKS if not block.fragment]
+            for block in ALL_BLOCKS if not block.fragment and block.readme != TUTORIAL]
 
 
 def test_every_readme_block_is_a_complete_example_or_a_marked_fragment():
     assert len(ALL_BLOCKS) >= 15 and len(COMPLETE) >= 8, [str(block) for block in ALL_BLOCKS]
+    tutorial = [block for block in ALL_BLOCKS if block.readme == TUTORIAL and not block.fragment]
+    assert tutorial and not any(param.values[0] in tutorial for param in COMPLETE), \
+        "the tutorial's programs run in order, once (test_the_tutorials_programs_run_in_order…), not also alone"
     for block in ALL_BLOCKS:
         if block.fragment:
             assert len(block.code.splitlines()[0]) > len(FRAGMENT) + 10, f"{block}: say what the fragment continues"
@@ -211,7 +217,7 @@ def test_the_pattern_query_example_prints_the_same_on_a_second_run_on_the_same_d
 def test_the_tutorials_programs_run_in_order_in_one_directory_print_what_the_page_says(make_database_url, tmp_path):
     """The tutorial as a reader follows it: `activedb app init`, the files it saves, then first.py, withdrawals.py and
     stream.py one after another in one directory on one database, and stream.py once more, as step 5 asks — each
-    printing what the page says.  (The test above runs each program alone on a fresh database.)"""
+    printing what the page says.  (The only run of the tutorial's programs: the test above leaves them out.)"""
     text = TUTORIAL.read_text()
     programs = [block for block in ALL_BLOCKS if block.readme == TUTORIAL and not block.fragment]
     assert len(programs) == 3, [str(block) for block in programs]

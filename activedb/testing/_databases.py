@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, Protocol
 
-from activedb.errors import Unconnected, connect_advice, why_not_connected
+from activedb.errors import Unconnected, connect_advice, libpq_timeout, why_not_connected
 from activedb.testing.errors import DatabaseFixtureError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -98,6 +98,11 @@ def _admin(server: Server, doing: str) -> Iterator["psycopg.Connection[tuple[obj
     given = conninfo_to_dict(conninfo).get("connect_timeout")
     if given is None:
         conninfo = make_conninfo(conninfo, connect_timeout=EngineOptions.connect_timeout)
+    elif not _a_timeout(given):          # (psycopg's ProgrammingError, with no server named, else)
+        raise DatabaseFixtureError(
+            f"the test server {describe_url(sa.make_url(server.url(database)))} has connect_timeout={given!r}: give "
+            f"?connect_timeout=SECONDS, a whole number of seconds (0 waits without end), in the URL of "
+            f"--activedb-url, the activedb_url setting or ACTIVEDB_TEST_URL")
     what = "connect to"
     try:
         with psycopg.connect(conninfo, autocommit=True) as admin:
@@ -107,7 +112,7 @@ def _admin(server: Server, doing: str) -> Iterator["psycopg.Connection[tuple[obj
         said = str(error).strip().splitlines()
         if what == "connect to":
             seconds = given if given is not None else EngineOptions.connect_timeout
-            hint = _connect_hint(server, database, why_not_connected(error, float(seconds)), seconds)
+            hint = _connect_hint(server, database, why_not_connected(error, libpq_timeout(seconds)), seconds)
         elif isinstance(error, psycopg.errors.InsufficientPrivilege) and doing.startswith("create database"):
             hint = (f" (the user may not create databases: ALTER ROLE {_user(server)} CREATEDB, as a superuser, or "
                     f"give the URL of a user that may)")
@@ -118,6 +123,15 @@ def _admin(server: Server, doing: str) -> Iterator["psycopg.Connection[tuple[obj
             f"{said[0] if said else type(error).__name__}{hint}; the server is the one of --activedb-url, the "
             f"activedb_url setting or ACTIVEDB_TEST_URL (a user that may create databases), else the embedded "
             f"one") from None
+
+
+def _a_timeout(value: object) -> bool:
+    """Whether libpq (and psycopg) take ``value`` for a ``connect_timeout``: a number of seconds, written as text."""
+    try:
+        int(float(str(value)))
+    except (ValueError, OverflowError):      # (not a number; an infinity)
+        return False
+    return True
 
 
 def _user(server: Server) -> str:

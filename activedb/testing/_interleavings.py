@@ -400,7 +400,14 @@ class Interleavings:
             graph = diagnostic("read the wait-for graph", lambda: _graph_text(self.db.transactions.locks))
             _reported(self.db)
             raise InterleavingHang(f"interleaving hung: before the run, {what} did not finish ({error}) — a rule "
-                                   f"that never returns?\nwait-for graph:\n{graph}") from None
+                                   f"that never returns?\nwait-for graph:\n{graph}\nschedule so far: "
+                                   f"{Schedule(())}\n{_replay_hint(Schedule(()))}") from None
+
+
+def _replay_hint(schedule: Schedule) -> str:
+    """The line that ends a hang's or a nondeterministic run's report: the replay that runs to its point again —
+    ``replay('')`` for a run that took no step (the empty schedule, shown as ``-``)."""
+    return f"replay: interleavings.replay({str(schedule) if schedule.choices else ''!r})"
 
 
 def _graph_text(locks: "lockmgr.LockManager") -> str:
@@ -517,8 +524,8 @@ class _Run(Observer):
                         picked = self.choose(available)
                     except NondeterministicRun as error:    # where: the prefix that runs to this point again
                         schedule = Schedule(tuple(self.choices))
-                        raise NondeterministicRun(f"{error}\nschedule so far: {schedule}\nreplay: "
-                                                  f"interleavings.replay({str(schedule)!r})") from None
+                        raise NondeterministicRun(f"{error}\nschedule so far: {schedule}\n"
+                                                  f"{_replay_hint(schedule)}") from None
                     if picked is None or picked not in offered:
                         raise InvalidSchedule(f"the chooser picked {picked!r}; the run offers {available}")
                     self.choices.append(available.index(picked))
@@ -872,6 +879,10 @@ class _Run(Observer):
         mutex, or ``condition``) is a line saying so: the hang is reported whatever its state.  Caller does not hold
         ``condition``."""
         _reported(self.db)
+        # The run's steps and schedule as the hang found them, copied before the clean-up, whose aborts and actors'
+        # ends append to the trace.  (Copied without ``condition``, which a hung thread may hold: ``list()`` of a
+        # list is one step for other threads; ``choices`` is this thread's alone.)
+        steps, schedule = list(self.trace), Schedule(tuple(self.choices))
         locks = self.db.transactions.locks
         edges = diagnostic("read the wait-for graph", lambda: _graph_text(locks))
         described = diagnostic("describe the transactions", self._describe)
@@ -879,12 +890,10 @@ class _Run(Observer):
             stuck = self._tear_down()
         except Exception as error:
             stuck = f"the clean-up failed: {error!r}"
-        steps = "\n".join(f"  {line}" for line in list(self.trace))    # (a copy: an actor's end appends to it)
-        schedule = Schedule(tuple(self.choices))
         return InterleavingHang(
             f"interleaving hung: {reason}\nschedule so far: {schedule}\nsteps:\n"
-            + steps + "\n" + described + "\nwait-for graph:\n" + edges + (f"\n{stuck}" if stuck else "")
-            + f"\nreplay: interleavings.replay({str(schedule)!r})")
+            + "\n".join(f"  {line}" for line in steps) + "\n" + described + "\nwait-for graph:\n" + edges
+            + (f"\n{stuck}" if stuck else "") + f"\n{_replay_hint(schedule)}")
 
     def _describe(self) -> str:
         with self.condition:

@@ -28,7 +28,9 @@ class InterleavingHang(InterleavingError, AssertionError):
 class NondeterministicRun(InterleavingError, AssertionError):
     """The same prefix of steps offered different next steps on two runs: the run depends on something the runner
     does not control (time, a thread outside the run, randomness).  The message ends with the schedule so far and
-    its replay (which runs to that point again); one met by ``explore`` names its interleaving and seed."""
+    its replay (which runs to that point again); one met by ``explore`` names its interleaving and seed.  Detection
+    is best-effort: only steps are compared, so a run that differs in values alone, or whose prefix no other run
+    took, is not reported — its absence proves no run deterministic."""
 
     #: How the messages end.
     WHAT_TO_DO = (": a run must depend only on its steps — let setup restore what a run leaves (rows, and the sequences "

@@ -32,8 +32,9 @@ setting: ``function``, the default, or ``module``):
 
 ``@pytest.mark.activedb(migrations=[...], clock=..., **connect_options)``: the Alembic directories (replacing the
 setting's; relative paths are from the root directory), the clock, and keyword arguments of ``activedb.connect``
-(``record_history=True`` for the interleaving runner and ``check_history``).  With module scope the module's mark
-counts (``pytestmark = pytest.mark.activedb(...)``).  The mark on a test none of whose fixtures reads it (the four
+(``record_history=True`` for the interleaving runner and ``check_history``).  A test's mark merges with its class's
+and its module's (``pytestmark = pytest.mark.activedb(...)``), keyword by keyword, the closest one's keyword winning;
+with module scope the module's mark alone counts.  The mark on a test none of whose fixtures reads it (the four
 above that make a database or its clock, itself or through a fixture of its own), and with module scope the mark of a
 test or class, are an :class:`ActivedbMarkIgnoredWarning` at collection, naming the test (or class).
 """
@@ -47,9 +48,10 @@ import signal
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import (TYPE_CHECKING, Any, Callable, Iterable, Iterator, Literal, NoReturn, ParamSpec, TypeGuard,
-                    TypeVar, cast)
+from typing import (TYPE_CHECKING, Any, Callable, Generator, Iterable, Iterator, Literal, NoReturn, ParamSpec,
+                    TypeGuard, TypeVar, cast)
 
+import pluggy
 import pytest
 
 from activedb._closedset import ClosedSet
@@ -229,6 +231,26 @@ def _made(make: Callable[_Arguments, _Made], *args: _Arguments.args, **kwargs: _
     _fail(problem)                          # (outside the except: one line, not a chain of two)
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item,
+                              call: pytest.CallInfo[None]) -> Generator[None, pluggy.Result[pytest.TestReport], None]:
+    """A failed test's report never shows a database's password: a test that compares or prints ``activedb_url``
+    (or passes it to a subprocess whose ``TimeoutExpired`` prints the command) would show it in the traceback or
+    the captured output.  A traceback that holds one becomes its text with the passwords masked
+    (``activedb.mask_secrets``), and so does every report's captured output; the URL the fixtures hand out stays a
+    plain ``str`` (a ``str`` whose repr masks it would break a child script written with ``{url!r}``)."""
+    from activedb._url import mask_secrets
+
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed and report.longrepr is not None:
+        text = str(report.longrepr)
+        masked = mask_secrets(text)
+        if masked != text:
+            report.longrepr = masked
+    report.sections = [(name, mask_secrets(content)) for name, content in report.sections]   # (-rP shows them too)
+
+
 # --- fixtures ------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="session")
@@ -261,13 +283,15 @@ def activedb_templates(activedb_server: Server) -> Iterator[Templates]:
 
 @pytest.fixture(scope=_scope)
 def activedb_settings(request: pytest.FixtureRequest) -> DatabaseSettings:
-    """How ``activedb_db`` is made: the ``activedb`` mark of the test (or module) over the settings.  A mark it
-    cannot take fails the test with one line (:func:`_fail`)."""
+    """How ``activedb_db`` is made: the ``activedb`` marks of the test, its class and its module (with module scope:
+    the module's), merged keyword by keyword — the closest mark's keyword wins —, over the settings.  A mark it cannot
+    take fails the test with one line (:func:`_fail`)."""
     config = request.config
-    marker = request.node.get_closest_marker("activedb")
-    options = dict(marker.kwargs) if marker is not None else {}
-    if marker is not None and marker.args:
-        _fail(DatabaseFixtureError(f"@pytest.mark.activedb takes keyword arguments only, not {marker.args!r}"))
+    options: dict[str, Any] = {}
+    for marker in reversed(list(request.node.iter_markers("activedb"))):    # (the module's first, the test's last)
+        if marker.args:
+            _fail(DatabaseFixtureError(f"@pytest.mark.activedb takes keyword arguments only, not {marker.args!r}"))
+        options.update(marker.kwargs)
     chosen = options.pop("migrations", None)
     migrations = _migrations(config, chosen)
     for directory in migrations:

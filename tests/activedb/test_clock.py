@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import datetime as dt
 import threading
+from decimal import Decimal
+from fractions import Fraction
 
 import pytest
 import sqlalchemy as sa
@@ -118,3 +120,33 @@ def test_a_wall_whose_utc_reading_is_past_the_calendars_end_is_a_bad_argument():
     wall = dt.datetime(9999, 12, 31, 23, tzinfo=dt.timezone(dt.timedelta(hours=-5)))
     with pytest.raises(activedb.BadArgument, match=r"ManualClock\(wall=.*UTC"):
         ManualClock(wall=wall)
+
+
+def test_a_manual_clock_takes_decimal_and_fraction_seconds_as_the_nearest_float():
+    """``ManualClock(Decimal("1.5"))`` and ``advance(Fraction(1, 4))`` were refused as no number of seconds, though
+    both are numbers a test reads its times as; they are taken now, each as the float nearest it (what the clock
+    holds), and a Decimal NaN, infinity or signalling NaN, or a Fraction past a float's range, is refused as a float
+    one is."""
+    clock = ManualClock(Decimal("1.5"), wall=dt.datetime(2024, 5, 1, tzinfo=dt.timezone.utc))
+    assert clock.now() == 1.5 and type(clock.now()) is float
+    assert clock.advance(Fraction(1, 4)) == 1.75 and clock.advance(Decimal("0.25")) == 2.0
+    assert clock.advance(Decimal("0.1")) == 2.0 + 0.1
+    assert clock.wall() == dt.datetime(2024, 5, 1, 0, 0, 0, 600000, tzinfo=dt.timezone.utc)
+    for refused in (Decimal("NaN"), Decimal("sNaN"), Decimal("Infinity"), Fraction(10 ** 400)):
+        with pytest.raises(activedb.BadArgument, match=r"ManualClock.advance\(\.\.\.\) takes a finite number"):
+            clock.advance(refused)
+        with pytest.raises(activedb.BadArgument, match=r"ManualClock\(start=\.\.\.\) takes a finite number"):
+            ManualClock(refused)
+    with pytest.raises(activedb.BadArgument, match=r"does not move backwards"):
+        clock.advance(Decimal("-1"))
+    assert clock.now() == 2.1
+
+
+def test_a_manual_clock_whose_making_failed_has_a_repr_that_says_so():
+    """A ManualClock whose ``__init__`` raised (a naive wall) is seen half-made where a traceback shows its frame's
+    locals (``pytest --showlocals``, a debugger): its repr raised AttributeError ('_mutex') there."""
+    with pytest.raises(activedb.BadArgument) as refused:
+        ManualClock(wall=dt.datetime(2024, 5, 1))
+    frame = refused.traceback[-1].frame
+    half_made = frame.f_locals["self"]
+    assert isinstance(half_made, ManualClock) and repr(half_made) == "ManualClock(<not made>)"

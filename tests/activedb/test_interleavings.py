@@ -5,6 +5,7 @@ neither pauses nor blocks.  (The planted lost update and its correct version: ``
 
 from __future__ import annotations
 
+import ast
 import itertools
 import re
 import threading
@@ -335,6 +336,14 @@ def test_a_thread_that_neither_pauses_nor_blocks_is_a_hang_with_what_each_transa
     assert "steps:\n  W start\n  W: write items['x']" in message and "wait-for graph:" in message
 
 
+def test_a_hangs_steps_are_those_of_the_run_not_what_its_clean_up_did(fresh):
+    """The hang's steps were read after the clean-up, which appends to them (the abort of W's tree: "W aborted"):
+    the report showed as the run's a step the run never took.  They are copied before the clean-up now."""
+    message = _hang_of_an_actor_waiting_outside_the_run(fresh)
+    steps = message.split("\nsteps:\n", 1)[1].split("\ntransactions:", 1)[0]
+    assert steps == "  W start\n  W: write items['x']", message
+
+
 def test_a_hang_of_two_stuck_actors_is_reported_after_one_timeout_to_find_it_and_one_to_clean_up(fresh):
     """The clean-up after a hang waited ``step_timeout`` for each tree's abort and then again for the actors, and
     ran twice (as the hang was described, then on the run's way out), waiting for the stuck actors again: two actors
@@ -458,6 +467,11 @@ def test_a_detached_rule_the_setup_fired_that_never_returns_is_a_hang_that_print
     assert "interleaving hung: before the run, what the setup fired did not finish" in message, message
     assert "1 detached rule firing(s) still queued or running after 2.0 s" in message, message
     assert "wait-for graph:" in message, message
+    # (it ended with the graph: no schedule, no replay, as every other hang's report ends)
+    hint = re.search(r"\nschedule so far: -\nreplay: interleavings\.replay\(('')\)$", message)
+    assert hint is not None, message
+    again = Interleavings(fresh, [insert_item("a")], setup=setup, step_timeout=3.0, idle_timeout=30.0)
+    assert again.replay(ast.literal_eval(hint.group(1))).ok      # the rule released: the hint's replay runs
 
 
 def test_a_thread_holding_the_graph_mutex_is_a_hang_saying_so_not_a_run_that_waits_for_it(fresh, monkeypatch):

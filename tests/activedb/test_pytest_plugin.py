@@ -765,3 +765,84 @@ def test_a_session_drops_what_a_killed_session_left_and_nothing_of_a_live_one(pr
         for pid in (killed.pid, live.pid if live is not None else None):
             for name in _of_session(activedb_server, pid) if pid is not None else ():
                 drop_database(activedb_server, name)
+
+
+def test_a_server_url_whose_connect_timeout_is_no_number_is_one_line_with_the_password_masked(project):
+    """``?connect_timeout=abc`` in the test server's URL failed the first test with a traceback: psycopg's
+    ``ProgrammingError`` ('bad value for connect_timeout'), and while it was described, ``float('abc')``'s
+    ``ValueError``.  It is one line now, naming the setting, the value and the server with its password masked."""
+    project.makepyfile(test_project=PROJECT)
+    result = project.runpytest_subprocess(
+        "-p", "no:cacheprovider", "-k", "fresh_database",
+        "--activedb-url=postgresql://tester:secret@127.0.0.1:1/postgres?connect_timeout=abc")
+    result.assert_outcomes(errors=1)
+    output = result.stdout.str()
+    line = next((line for line in output.splitlines() if line.startswith("DatabaseFixtureError: ")), output)
+    assert "connect_timeout='abc'" in line and "host 127.0.0.1:1" in line and "whole number of seconds" in line, line
+    assert "secret" not in output and "Traceback" not in output and "ValueError" not in output, output
+
+
+MERGED_MARKS = '''
+import pytest
+import sqlalchemy as sa
+
+from activedb.clock import SystemClock
+
+pytestmark = pytest.mark.activedb(record_history=True)
+
+
+def tables(db):
+    with db.engine.connect() as connection:
+        return connection.execute(sa.text("SELECT to_regclass('customers')")).scalar_one()
+
+
+@pytest.mark.activedb(clock=SystemClock())
+class TestMerged:
+    @pytest.mark.activedb(migrations=[])
+    def test_each_mark_gives_its_keywords(self, activedb_db):
+        assert activedb_db.history is not None                  # the module's
+        assert isinstance(activedb_db.clock, SystemClock)       # the class's
+        assert tables(activedb_db) is None                      # the test's own
+
+    @pytest.mark.activedb(record_history=False)
+    def test_the_closest_mark_wins(self, activedb_db):
+        assert activedb_db.history is None                      # the test's over the module's
+        assert isinstance(activedb_db.clock, SystemClock)       # the class's still
+        assert tables(activedb_db) == "customers"               # the setting's migrations
+
+
+def test_the_module_mark_alone(activedb_db):
+    assert activedb_db.history is not None and not isinstance(activedb_db.clock, SystemClock)
+'''
+
+
+def test_a_tests_activedb_mark_merges_with_its_classs_and_modules_keyword_by_keyword(project, activedb_server):
+    """The fixtures read the closest ``activedb`` mark only (``get_closest_marker``): a test's own mark dropped
+    its module's ``record_history=True`` and its class's clock.  The marks merge now, keyword by keyword, the test's
+    over its class's over its module's."""
+    project.makepyfile(test_merged=MERGED_MARKS)
+    result = project.runpytest_subprocess("-p", "no:cacheprovider", f"--activedb-url={activedb_server.url('postgres')}")
+    result.assert_outcomes(passed=3)
+
+
+SHOWS_ITS_URL = '''
+def test_shows_its_url(activedb_url):
+    print("captured:", activedb_url)
+    assert activedb_url == "another database"
+'''
+
+
+def test_a_failed_tests_report_masks_the_password_of_the_database_url_it_shows(project, activedb_server):
+    """A test that failed comparing ``activedb_url`` (or printing it) showed the server's password in pytest's
+    report — in CI logs, for everyone who reads them.  The report's traceback and captured output mask it now; the
+    fixture still hands out the URL as a plain ``str`` (a child script written with ``{url!r}`` still connects)."""
+    url = activedb_server.url("postgres")
+    password = psycopg.conninfo.conninfo_to_dict(activedb_server.conninfo("postgres"))["password"]
+    assert password and password in url
+    project.makepyfile(test_shows=SHOWS_ITS_URL)
+    result = project.runpytest_subprocess("-p", "no:cacheprovider", f"--activedb-url={url}")
+    result.assert_outcomes(failed=1)
+    output = result.stdout.str()
+    assert password not in output, output
+    assert "+ postgresql+psycopg://" in output and ":***@" in output, output
+    assert "captured: postgresql+psycopg://" in output, output

@@ -1015,23 +1015,34 @@ def test_the_commits_writes_run_prepared_from_the_first_batch_unless_the_driver_
 
 def test_a_batchs_rows_go_out_while_it_runs_and_the_table_ends_as_the_batch_leaves_it(db):
     """A batch of rows of their own, one table without triggers, sends its rows in parts while the lean run goes on
-    (``_commit._EarlyWrites``): by its last event PostgreSQL has run the earlier events' writes (the commit's backend
-    shows the ``UPDATE`` or ``INSERT``, not the read ``FOR UPDATE``), and the table ends as the batch leaves it —
-    rows read and rows created, rows written early and again later."""
+    (``_commit._EarlyWrites``): while its last event runs, PostgreSQL runs the earlier events' writes (the commit's
+    backend shows the ``UPDATE`` or ``INSERT``, not the read ``FOR UPDATE``), and the table ends as the batch leaves
+    it — rows read and rows created, rows written early and again later.
+
+    The rows go out into a pipeline that is not waited on: sent by the time the last event runs, they are run by the
+    server when it gets to them.  The test looked at ``pg_stat_activity`` once and failed under load, the backend
+    not yet at the rows; it waits for them now (each look in a transaction of its own: ``pg_stat_activity`` is read
+    once per transaction)."""
     transactions = batch.StateTransactions("early writes")
-    seen: list[list[str]] = []
+    seen: list[list[str]] = []          # what each look at the commit's backend found
 
     @transactions.on("bump")
     def bump(event, ops):
         ops.write("items", event.key, lambda own: {"value": (own["value"] if own is not None else 0) + 1})
 
+    def rows_sent_running() -> bool:
+        with db.engine.connect() as connection:          # another connection: what the commit's backend runs
+            queries = connection.execute(sa.text(
+                "SELECT query FROM pg_stat_activity WHERE datname = current_database() "
+                "AND pid <> pg_backend_pid() AND xact_start IS NOT NULL")).scalars().all()
+        seen.append(queries)
+        return any(query.lstrip().upper().startswith(("UPDATE", "INSERT")) for query in queries)
+
     @transactions.on("look")
     def look(event, ops):
         def write(own):
-            with db.engine.connect() as connection:      # another connection: what the commit's backend runs
-                seen.append(connection.execute(sa.text(
-                    "SELECT query FROM pg_stat_activity WHERE datname = current_database() "
-                    "AND pid <> pg_backend_pid() AND xact_start IS NOT NULL")).scalars().all())
+            testing.wait_until(rows_sent_running, 60, "the commit's backend to run the rows sent early",
+                               describe=lambda: f"its queries: {seen[-1]}")
             return {"value": (own["value"] if own is not None else 0) + 1}
 
         ops.write("items", event.key, write)
@@ -1048,8 +1059,7 @@ def test_a_batchs_rows_go_out_while_it_runs_and_the_table_ends_as_the_batch_leav
     with db.transaction() as tx:
         pending = batch.apply_at_commit(tx, events, transactions, dead_letters=None, strategy="lean")
     assert not pending.result.dead_letters
-    [queries] = seen
-    assert any(query.lstrip().upper().startswith(("UPDATE", "INSERT")) for query in queries), queries
+    assert seen, "the last event's write ran no look"
     expected = {f"k{number}": number for number in range(300)}
     for key in keys:
         expected[key] = expected.get(key, 0) + 1
