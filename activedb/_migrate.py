@@ -783,9 +783,28 @@ def downgrade() -> None:
 '''
 
 
+#: The longest name :func:`init_app` gives an application: its revision ids ``NAME_0001`` (and a branch's
+#: ``NAME_0001b``) fit Alembic's version column, ``VARCHAR(32)``, and its tables ``NAME_alembic_version`` and
+#: ``NAME_items`` PostgreSQL's identifiers (63 bytes; a longer one is cut, and no longer found by its name).
+APP_NAME_LENGTH = 24
+
+
+def _short_name(name: str) -> str:
+    """``name`` (lower-case letters, digits and ``_``) if it has at most :data:`APP_NAME_LENGTH` characters; else
+    its start and a short hash of the whole, that long: two long names alike at the start still differ."""
+    if len(name) <= APP_NAME_LENGTH:
+        return name
+    import hashlib
+
+    digest = hashlib.sha256(name.encode()).hexdigest()[:8]
+    return f"{name[:APP_NAME_LENGTH - len(digest) - 1].rstrip('_')}_{digest}"
+
+
 def init_app(script_location: str | Path, name: str | None = None) -> list[Path]:
     """Create an application's Alembic directory: ``env.py`` (its own version table, ``NAME_alembic_version``),
-    ``script.py.mako`` and a first revision in ``versions/`` with an example table.  Refuses a directory
+    ``script.py.mako`` and a first revision in ``versions/`` with an example table.  ``NAME``: ``name``, or the
+    directory's (not ``migrations`` or ``alembic``), in lower case, cut to :data:`APP_NAME_LENGTH` characters with
+    a short hash of the whole when longer.  Refuses a directory
     that already has an ``env.py``, or any file it would write (nothing of the user's is overwritten).  Returns
     the files written."""
     import datetime
@@ -796,7 +815,7 @@ def init_app(script_location: str | Path, name: str | None = None) -> list[Path]
     if name is None:
         parts = [part for part in location.resolve().parts if part not in ("migrations", "alembic")]
         name = parts[-1] if parts else "app"
-    name = re.sub(r"[^a-z0-9_]", "_", name.lower()).strip("_") or "app"
+    name = _short_name(re.sub(r"[^a-z0-9_]", "_", name.lower()).strip("_") or "app")
     written = [location / "env.py", location / "script.py.mako", location / "versions" / "0001_first_tables.py"]
     existing = [str(path.relative_to(location)) for path in written[1:] if path.exists()]
     if existing:
