@@ -52,14 +52,48 @@ class SchemaState(enum.Enum):
                                 # restore): which revision they are at is not known
 
 
+class _Attributes(dict[str, object]):
+    """A ``Config.attributes`` that records whether the ``env.py`` run with it read the connection activedb passes
+    (``attributes["connection"]``, or ``attributes.get("connection")``): one that did not connected by itself.  Used
+    by one run on one thread."""
+
+    connection_read = False
+
+    def __getitem__(self, key: str) -> object:
+        self.connection_read = self.connection_read or key == "connection"
+        return super().__getitem__(key)
+
+    def get(self, key: str, default: object = None) -> object:
+        self.connection_read = self.connection_read or key == "connection"
+        return super().get(key, default)
+
+
 def _config(script_location: Path, connection: Connection | None = None, url: str | None = None) -> Config:
     config = Config(str(script_location / "alembic.ini")) if (script_location / "alembic.ini").exists() else Config()
     config.set_main_option("script_location", str(script_location))
     if url:
         config.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
-    config.attributes["connection"] = connection
-    config.attributes["configure_logging"] = False
+    config.attributes = _Attributes(connection=connection, configure_logging=False)
     return config
+
+
+def _connection_unused(config: Config, location: Path) -> str:
+    """What to add to the error of a run of ``location``'s env.py that did not read the connection activedb passed it
+    (``config`` as :func:`_config` made it; "" if it did): what env.py must do."""
+    if not isinstance(config.attributes, _Attributes) or config.attributes.connection_read:
+        return ""
+    return (f". {location / 'env.py'} did not use the connection activedb passes (config.attributes[\"connection\"]): "
+            f"it connects by itself, as the env.py `alembic init` writes does (by the sqlalchemy.url of alembic.ini, "
+            f"which activedb neither reads nor sets). Write it as `activedb app init` does — `from "
+            f"activedb.alembic_env import run_env` then `run_env(version_table=\"NAME_alembic_version\")` — or have "
+            f"it run context.configure(connection=config.attributes[\"connection\"], …) when that is given")
+
+
+def _never_ran(location: Path) -> str:
+    """What an env.py that never calls ``context.run_migrations()`` is told."""
+    return (f"{location / 'env.py'} never calls context.run_migrations(), where Alembic runs the revisions and reads "
+            f"its version table: call it inside `with context.begin_transaction():` after context.configure(…), as "
+            f"activedb.alembic_env.run_env does (the env.py `activedb app init` writes calls it)")
 
 
 
@@ -543,6 +577,8 @@ class Schema:
             raise MigrationError(f"lock_timeout={lock_timeout!r}: give a number of seconds above 0, or None to wait "
                                  f"for locks as long as it takes")
         blockers: _Blockers | None = None
+        config: Config | None = None
+        own = location == migrations.SCRIPT_LOCATION
         try:
             with _failing_as(f"{action} to {revision!r}", location), self.engine.begin() as connection:
                 # Held until this transaction ends (Alembic runs inside it: the connection is passed).  The lock
@@ -559,7 +595,13 @@ class Schema:
                         command.stamp(config, revision, purge=True)
                     else:
                         getattr(command, action)(config, revision)
+                    # (In the run's transaction: a version table not reached rolls back what the env.py did.)
+                    unreached = None if own else _unreached(action, revision, config, location)
+                    if unreached is not None:
+                        raise MigrationError(f"{action} to {revision!r} failed: {unreached}; nothing was changed")
         except MigrationError as error:
+            if config is not None and not own and _connection_unused(config, location):
+                raise MigrationError(f"{error}{_connection_unused(config, location)}") from error.__cause__
             cause = error.__cause__
             if blockers is not None and cause is not None and sqlstate_of(cause) == LOCK_NOT_AVAILABLE:
                 held = "; ".join(blockers.seen) or "another backend (pg_locks and pg_stat_activity say which)"
@@ -571,7 +613,6 @@ class Schema:
                     f"longer: --lock-timeout SECONDS (lock_timeout= from a program)")
                 error.__cause__ = cause
             # Where the tables are now (the run is one transaction, rolled back: where they were before it).
-            own = location == migrations.SCRIPT_LOCATION
             try:
                 heads = [current(self.engine)] if own else self.app_revision(location)[0]
             except Exception:
@@ -722,21 +763,72 @@ class Schema:
         """``(current revisions, head revisions)`` of the application's Alembic directory on this database: as
         ``app_revision``, with every head of the directory (sorted; several where two revisions have the same
         ``down_revision``, none without revisions)."""
-        from alembic.runtime.environment import EnvironmentContext
-
         location = app_location(script_location)
-        current_revisions: list[str] = []
-        with _failing_as(f"reading the revision of {str(script_location)!r}"), self.engine.connect() as connection:
-            config = _config(location, connection)
-            script = ScriptDirectory.from_config(config)
+        config: Config | None = None
+        try:
+            with _failing_as(f"reading the revision of {str(script_location)!r}"), \
+                    self.engine.connect() as connection:
+                config = _config(location, connection)
+                script = ScriptDirectory.from_config(config)
+                return _recorded_heads(config, script, location), sorted(script.get_heads())
+        except MigrationError as error:
+            unused = _connection_unused(config, location) if config is not None else ""
+            if not unused:
+                raise
+            raise MigrationError(f"{error}{unused}") from error.__cause__
 
-            def record(revision: object, context: MigrationContext) -> Sequence[RevisionStep]:
-                current_revisions.extend(context.get_current_heads())
-                return []
 
-            with EnvironmentContext(config, script, fn=record, dont_mutate=True):
-                script.run_env()
-            return sorted(current_revisions), sorted(script.get_heads())
+def _recorded_heads(config: Config, script: ScriptDirectory, location: Path) -> list[str]:
+    """The revisions (sorted) the version table of ``location``'s env.py records, on the connection of ``config``,
+    read by running the env.py (changing nothing); :class:`MigrationError` if it never calls
+    ``context.run_migrations()`` — then it never runs a revision either."""
+    from alembic.runtime.environment import EnvironmentContext
+
+    recorded: list[list[str]] = []
+
+    def record(revision: object, context: MigrationContext) -> Sequence[RevisionStep]:
+        recorded.append(list(context.get_current_heads()))
+        return []
+
+    with EnvironmentContext(config, script, fn=record, dont_mutate=True):
+        script.run_env()
+    if not recorded:
+        raise MigrationError(_never_ran(location))
+    return sorted(recorded[-1])
+
+
+def _unreached(action: str, revision: str, config: Config, location: Path) -> str | None:
+    """What to say of a run of ``action`` to ``revision`` in ``location`` (the application's) whose version table, as
+    its env.py reads it on ``config``'s connection right after the run, is not where the run was to take it — its
+    env.py ran no revision (:func:`_recorded_heads`), or ran them elsewhere; None when it is there, or when that is
+    not known before the run (a relative revision, a downgrade or stamp to a revision by its name of a directory of
+    branches)."""
+    script = ScriptDirectory.from_config(config)
+    try:
+        current = _recorded_heads(config, script, location)
+    except MigrationError as error:
+        return str(error)
+    if revision in ("head", "heads") and action != "downgrade":
+        expected: set[str] | None = set(script.get_heads())
+    elif revision == "base":
+        expected = set()
+    else:
+        expected = None
+        if not any(mark in revision for mark in "-+:"):
+            target = _revision(script, revision)
+            below = {step.revision for head in current for step in script.iterate_revisions(head, "base")}
+            if target is not None and target.revision not in (below if action == "upgrade" else current):
+                return _not_reached(location, revision, current)
+    if expected is not None and set(current) != expected:
+        return _not_reached(location, revision, current)
+    return None
+
+
+def _not_reached(location: Path, revision: str, current: Sequence[str]) -> str:
+    return (f"{location / 'env.py'} ran, but its version table is at {', '.join(current) or 'base'}, not at "
+            f"{revision}: the revisions ran on another connection or version table than the one it reads. Have it "
+            f"run them on the connection activedb passes (config.attributes[\"connection\"]), as "
+            f"activedb.alembic_env.run_env does")
 
 
 def several_heads(path: str, heads: Sequence[str]) -> str:

@@ -1,5 +1,5 @@
 """An application's Alembic directory as a newcomer meets it, against the real embedded PostgreSQL: ``activedb app
-init`` in any directory."""
+init`` in any directory, an ``env.py`` that is not activedb's, and one that runs no revision."""
 
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ import pytest
 import sqlalchemy as sa
 from click.testing import CliRunner
 
+import activedb
 from activedb import _migrate
+from activedb._database import connect_as_is
 from activedb.cli import main
 from tests._tables import table_names
 
@@ -49,3 +51,78 @@ def test_app_init_in_a_directory_of_a_long_name_writes_ids_and_a_version_table_p
     other = tmp_path / (directory[:-1] + "y")
     assert invoke(url, "app", "init", str(other)).exit_code == 0
     assert re.search(r'version_table="(\w+)"', (other / "env.py").read_text())[1] != table[1]
+
+
+# What `alembic init` writes as env.py's online part (Alembic's "generic" template), trimmed: it builds its own
+# engine from the sqlalchemy.* options of alembic.ini and never reads the connection activedb passes.
+PLAIN_ALEMBIC_ENV = '''from alembic import context
+from sqlalchemy import engine_from_config, pool
+
+config = context.config
+target_metadata = None
+
+
+def run_migrations_online() -> None:
+    connectable = engine_from_config(config.get_section(config.config_ini_section, {}), prefix="sqlalchemy.",
+                                     poolclass=pool.NullPool)
+    with connectable.connect() as connection:
+        context.configure(connection=connection, target_metadata=target_metadata)
+        with context.begin_transaction():
+            context.run_migrations()
+
+
+run_migrations_online()
+'''
+
+
+def _plain_directory(tmp_path, name: str, env: str):
+    location = tmp_path / name
+    _migrate.init_app(location, name)
+    (location / "env.py").write_text(env)
+    return location
+
+
+def test_a_plain_alembic_env_says_what_env_py_must_do_not_just_url(url, tmp_path):
+    """An ``env.py`` as `alembic init` writes it (not activedb's): `app upgrade` failed with just ``'url'`` (the
+    KeyError of SQLAlchemy's engine_from_config, given no sqlalchemy.url).  It now says that the env.py did not use
+    the connection activedb passes and what it must do: run_env of activedb.alembic_env, as `activedb app init`
+    writes it, or configure Alembic with config.attributes["connection"]."""
+    location = _plain_directory(tmp_path, "plain", PLAIN_ALEMBIC_ENV)
+    result = invoke(url, "app", "upgrade", str(location))
+    assert result.exit_code == 1, result.output
+    said = (r"env\.py did not use the connection activedb passes.*config\.attributes\[.connection.\].*"
+            r"activedb\.alembic_env.*run_env")
+    assert re.search(said, result.output), result.output
+    _upgrade_app_refused(url, location, said)
+
+
+def _upgrade_app_refused(url, location, said: str) -> None:
+    """``db.upgrade_app(location)`` raises the ``MigrationError`` ``said`` (a pattern)."""
+    database = connect_as_is(url)
+    try:
+        with pytest.raises(activedb.MigrationError, match=said):
+            database.upgrade_app(location)
+    finally:
+        database.close()
+
+
+FORGETFUL_ENV = '''from alembic import context
+
+context.configure(connection=context.config.attributes["connection"], version_table="forgetful_alembic_version")
+with context.begin_transaction():
+    pass            # (context.run_migrations() forgotten)
+'''
+
+
+def test_an_env_that_runs_no_revision_is_a_failure_not_a_success(url, tmp_path):
+    """An ``env.py`` that configures Alembic on the connection passed but never calls ``context.run_migrations()``:
+    `app upgrade` said it succeeded (exit 0) and ran nothing.  The version table did not reach the revision asked
+    for, so the run fails saying so and what env.py must call, for the CLI and ``db.upgrade_app``, stamp and
+    downgrade alike."""
+    location = _plain_directory(tmp_path, "forgetful", FORGETFUL_ENV)
+    said = r"env\.py never calls context\.run_migrations\(\)"
+    for command in (["upgrade"], ["stamp", "head", "--yes"], ["downgrade", "base", "--yes"]):
+        result = invoke(url, "app", *command[:1], str(location), *command[1:])
+        assert result.exit_code == 1 and re.search(said, result.output), (command, result.output)
+    _upgrade_app_refused(url, location, said)
+    assert "forgetful_items" not in table_names(url)
