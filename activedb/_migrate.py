@@ -629,7 +629,13 @@ class Schema:
         """Bring activedb's own schema to ``revision``; :class:`SchemaNotAtHead` if it is at a revision this
         installation does not know.  ``lock_timeout``: seconds a statement waits for a table's lock (held by an
         application's transaction) before the run stops, nothing changed (:class:`MigrationError` naming the
-        blocking backends); None: as long as it takes."""
+        blocking backends); None: as long as it takes.  To ``head`` when the version table says the schema is there
+        already, it returns without taking ``MIGRATION_LOCK``: another process's long migration does not hold up
+        ``connect()`` of a database at head (one behind takes its turn, and the run finds the revision the turn
+        before it reached)."""
+        if revision == "head" and self.state()[0] is SchemaState.AT_HEAD:
+            self.refresh()
+            return
         try:
             self._run("upgrade", revision, migrations.SCRIPT_LOCATION, lock_timeout)
         except MigrationError as error:

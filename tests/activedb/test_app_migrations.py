@@ -1,9 +1,12 @@
 """An application's Alembic directory as a newcomer meets it, against the real embedded PostgreSQL: ``activedb app
-init`` in any directory, an ``env.py`` that is not activedb's, and one that runs no revision."""
+init`` in any directory, an ``env.py`` that is not activedb's, one that runs no revision, and ``connect()`` beside
+another process's long migration."""
 
 from __future__ import annotations
 
+import contextlib
 import re
+import threading
 
 import pytest
 import sqlalchemy as sa
@@ -13,6 +16,7 @@ import activedb
 from activedb import _migrate
 from activedb._database import connect_as_is
 from activedb.cli import main
+from activedb.testing import wait_until
 from tests._tables import table_names
 
 
@@ -126,3 +130,63 @@ def test_an_env_that_runs_no_revision_is_a_failure_not_a_success(url, tmp_path):
         assert result.exit_code == 1 and re.search(said, result.output), (command, result.output)
     _upgrade_app_refused(url, location, said)
     assert "forgetful_items" not in table_names(url)
+
+
+def _waiting_for_advisory_locks(url) -> int:
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as connection:
+            return connection.execute(sa.text("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
+                                              "AND NOT granted")).scalar_one()
+    finally:
+        engine.dispose()
+
+
+def test_connect_to_a_database_at_head_does_not_wait_for_another_process_migrating(make_database_url):
+    """Another process holds the migration lock (its application's long upgrade): ``connect()`` of a database whose
+    activedb tables are at head waited for it to end, doing nothing once it had its turn.  It now reads the version
+    table first and takes the lock only when there is something to upgrade; a database behind still waits its turn
+    (and is upgraded once it has it).  (The lock is the database's: the same database both times.)"""
+    url = make_database_url("turns")
+    activedb.connect(url).close()
+    holder = sa.create_engine(url)
+    outcome: dict[str, BaseException | activedb.Database] = {}
+
+    def connect(name: str) -> threading.Thread:
+        def run() -> None:
+            try:
+                outcome[name] = activedb.connect(url)
+            except BaseException as error:  # noqa: BLE001 (what the test reports)
+                outcome[name] = error
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        return thread
+
+    @contextlib.contextmanager
+    def migrating_elsewhere():
+        with holder.connect() as connection:
+            connection.execute(sa.text("SELECT pg_advisory_lock(:key)"), {"key": _migrate.MIGRATION_LOCK})
+            try:
+                yield
+            finally:
+                connection.execute(sa.text("SELECT pg_advisory_unlock(:key)"), {"key": _migrate.MIGRATION_LOCK})
+
+    try:
+        with migrating_elsewhere():
+            at_head = connect("at head")
+            at_head.join(60)
+            assert not at_head.is_alive(), "connect() to a database at head waited for the migration lock"
+            assert isinstance(outcome["at head"], activedb.Database), outcome
+        assert invoke(url, "db", "downgrade", "-1", "--yes").exit_code == 0
+        with migrating_elsewhere():
+            behind = connect("behind")
+            wait_until(lambda: _waiting_for_advisory_locks(url) == 1 or not behind.is_alive(), timeout=60)
+            assert behind.is_alive(), f"connect() of a database behind did not wait its turn: {outcome}"
+        behind.join(60)
+        assert not behind.is_alive() and isinstance(outcome["behind"], activedb.Database), outcome
+        assert outcome["behind"].schema.state()[0] is _migrate.SchemaState.AT_HEAD
+    finally:
+        for database in outcome.values():
+            if isinstance(database, activedb.Database):
+                database.close()
+        holder.dispose()
