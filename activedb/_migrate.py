@@ -222,24 +222,49 @@ def _no_such_down_revision(location: Path, missing: str) -> str:
 
 def _missing_down_revisions(location: Path) -> list[str]:
     """The names a ``down_revision`` under ``location``'s versions/ gives that no revision there is, read from the
-    files' literal ``revision`` and ``down_revision`` assignments, without running them.  Asked before Alembic maps the
-    revisions: Alembic warns of such a name (a ``UserWarning``) and then raises a bare ``KeyError``, and hiding the
-    warning would change the process's warning filters, which no thread can do for itself alone.  Empty when the
-    files cannot tell — a ``revision`` or ``down_revision`` that is computed, a file that does not parse, versions kept
-    elsewhere (``version_locations`` or ``recursive_version_locations`` in an ``alembic.ini``): then Alembic's own
-    mapping is the check (:func:`_dangling_down_revision` names the file)."""
+    files' literal ``revision`` and ``down_revision`` assignments (:func:`_literal_revisions`).  Asked before Alembic
+    maps the revisions: Alembic warns of such a name (a ``UserWarning``) and then raises a bare ``KeyError``, and
+    hiding the warning would change the process's warning filters, which no thread can do for itself alone.  Empty
+    when the files cannot tell: then Alembic's own mapping is the check (:func:`_dangling_down_revision` names the
+    file)."""
+    revisions = _literal_revisions(location) or []
+    named = {name for _, _, downs in revisions for name in downs}
+    return sorted(named - {revision for _, revision, _ in revisions})
+
+
+def _duplicate_revisions(location: Path) -> str | None:
+    """What to say of two or more files under ``location``'s versions/ that give one ``revision`` id (a file copied to
+    start the next, its id left as it was), read as :func:`_literal_revisions` reads them: Alembic keeps one of them,
+    warning, and the other's revisions then look like a second head; None when no id repeats (or the files cannot
+    tell)."""
+    files: dict[str, list[Path]] = {}
+    for path, revision, _ in _literal_revisions(location) or []:
+        files.setdefault(revision, []).append(path)
+    repeated = [(revision, paths) for revision, paths in files.items() if len(paths) > 1]
+    if not repeated:
+        return None
+    return "; ".join(f"{' and '.join(map(str, paths))} are {'both' if len(paths) == 2 else 'all'} revision "
+                     f"{revision!r}" for revision, paths in repeated) + \
+        (": one revision id is one file's. Keep the file that is that revision, and give the later one an id of its "
+         "own (its `revision = …`, and the `down_revision` of a file that follows it)")
+
+
+def _literal_revisions(location: Path) -> list[tuple[Path, str, tuple[str, ...]]] | None:
+    """Each revision file under ``location``'s versions/ as ``(file, revision, down_revisions)``, read from its literal
+    ``revision`` and ``down_revision`` assignments without running it; None when the files cannot tell — a
+    ``revision`` or ``down_revision`` that is computed, a file that does not parse, versions kept elsewhere
+    (``version_locations`` or ``recursive_version_locations`` in an ``alembic.ini``)."""
     config = _config(location)
     if config.get_main_option("version_locations") or config.get_main_option("recursive_version_locations"):
-        return []
-    revisions: set[str] = set()
-    named: set[str] = set()
+        return None
+    found: list[tuple[Path, str, tuple[str, ...]]] = []
     for path in sorted((location / "versions").glob("*.py")):
         if path.name.startswith((".#", "__init__")):         # (as Alembic skips them)
             continue
         try:
             tree = ast.parse(path.read_text(errors="replace"), str(path))
         except (SyntaxError, ValueError):
-            return []
+            return None
         values: dict[str, object] = {}
         for node in tree.body:
             target = node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else \
@@ -249,16 +274,15 @@ def _missing_down_revisions(location: Path) -> list[str]:
                 try:
                     values[target.id] = ast.literal_eval(value)
                 except ValueError:
-                    return []
+                    return None
         revision, down = values.get("revision"), values.get("down_revision")
         if not isinstance(revision, str):
-            return []
-        revisions.add(revision)
+            return None
         downs = down if isinstance(down, (tuple, list)) else () if down is None else (down,)
         if not all(isinstance(name, str) for name in downs):
-            return []
-        named.update(downs)
-    return sorted(named - revisions)
+            return None
+        found.append((path, revision, tuple(downs)))
+    return found
 
 
 def _raised_in(error: BaseException, location: Path | None) -> str:
@@ -528,7 +552,8 @@ def past_end(revision: str, current: str | None, listed: str, script_location: P
 
 def app_location(script_location: str | Path) -> Path:
     """``script_location`` checked to be an Alembic directory (``env.py`` and ``versions/``) whose revisions' literal
-    ``down_revision`` names are all revisions there (:func:`_missing_down_revisions`)."""
+    ids are each one file's (:func:`_duplicate_revisions`) and whose ``down_revision`` names are all revisions there
+    (:func:`_missing_down_revisions`)."""
     if not isinstance(script_location, (str, os.PathLike)):
         raise MigrationError(f"an application's Alembic directory is a path (a str or a Path), got "
                              f"{script_location!r}")
@@ -539,6 +564,10 @@ def app_location(script_location: str | Path) -> Path:
             f"no Alembic environment at {str(script_location)!r} ({where}{' does not exist' if not location.exists() else ' has no env.py'}); "
             f"an application keeps its tables in its own Alembic directory: create one with "
             f"`activedb app init {script_location}` and add a revision under its versions/")
+    repeated = _duplicate_revisions(location)
+    if repeated is not None:
+        raise MigrationError(f"the revisions under {location / 'versions'} do not chain: {repeated}; nothing was "
+                             f"changed")
     missing = _missing_down_revisions(location)
     if missing:
         raise MigrationError(f"the revisions under {location / 'versions'} do not chain: "

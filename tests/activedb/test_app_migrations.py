@@ -190,3 +190,20 @@ def test_connect_to_a_database_at_head_does_not_wait_for_another_process_migrati
             if isinstance(database, activedb.Database):
                 database.close()
         holder.dispose()
+
+
+def test_two_files_of_one_revision_id_are_named_not_taken_for_two_heads(url, tmp_path):
+    """A revision file copied to start the next one, its ``revision`` left as it was: Alembic keeps one of the two
+    (warning) and `app upgrade` said "two or more heads", whose advice (`app revision --merge`) then failed as well.
+    The directory is refused naming both files and the id they share, whatever the command."""
+    location = tmp_path / "copied"
+    _migrate.init_app(location, "copied")
+    first = location / "versions" / "0001_first_tables.py"
+    copy = location / "versions" / "0002_copy.py"
+    copy.write_text(first.read_text().replace('"copied_items"', '"copied_more"'))
+    said = (rf"{re.escape(str(first))} and {re.escape(str(copy))} are both revision 'copied_0001'.*give the later "
+            rf"one an id of its own")
+    for command in (["upgrade"], ["current"], ["revision", "--merge", "-m", "one head"]):
+        result = invoke(url, "app", command[0], str(location), *command[1:])
+        assert result.exit_code == 1 and re.search(said, result.output), (command, result.output)
+        assert len(result.output.strip().splitlines()) == 1, result.output
