@@ -620,6 +620,8 @@ class Schema:
                                                  ).scalar_one()
                         blockers = watch.enter_context(_Blockers(self.engine, pid, min(0.5, lock_timeout / 4)))
                     config = _config(location, connection)
+                    if not own:     # (an env.py that never runs its revisions, or would run them on activedb's table)
+                        _recorded_heads(config, ScriptDirectory.from_config(config), location)
                     if action == "stamp":       # (purge: the row there was goes, even one no file here has)
                         command.stamp(config, revision, purge=True)
                     else:
@@ -816,12 +818,15 @@ class Schema:
 def _recorded_heads(config: Config, script: ScriptDirectory, location: Path) -> list[str]:
     """The revisions (sorted) the version table of ``location``'s env.py records, on the connection of ``config``,
     read by running the env.py (changing nothing); :class:`MigrationError` if it never calls
-    ``context.run_migrations()`` — then it never runs a revision either."""
+    ``context.run_migrations()`` — then it never runs a revision either —, or if its version table is activedb's own
+    (:func:`_borrowed_version_table`)."""
     from alembic.runtime.environment import EnvironmentContext
 
     recorded: list[list[str]] = []
 
     def record(revision: object, context: MigrationContext) -> Sequence[RevisionStep]:
+        if context.version_table == migrations.VERSION_TABLE and context.version_table_schema is None:
+            raise MigrationError(_borrowed_version_table(location))
         recorded.append(list(context.get_current_heads()))
         return []
 
@@ -830,6 +835,14 @@ def _recorded_heads(config: Config, script: ScriptDirectory, location: Path) -> 
     if not recorded:
         raise MigrationError(_never_ran(location))
     return sorted(recorded[-1])
+
+
+def _borrowed_version_table(location: Path) -> str:
+    """What an application's env.py that keeps its revisions in activedb's own version table is told."""
+    return (f"{location / 'env.py'} keeps its revisions in {migrations.VERSION_TABLE}, activedb's own version table: "
+            f"they would replace activedb's record of its own tables' revision (and `activedb db upgrade` would no "
+            f"longer know where those are). Give the application a version table of its own, "
+            f"run_env(version_table=\"NAME_alembic_version\") as `activedb app init` writes it; nothing was changed")
 
 
 def _unreached(action: str, revision: str, config: Config, location: Path) -> str | None:

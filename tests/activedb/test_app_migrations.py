@@ -207,3 +207,20 @@ def test_two_files_of_one_revision_id_are_named_not_taken_for_two_heads(url, tmp
         result = invoke(url, "app", command[0], str(location), *command[1:])
         assert result.exit_code == 1 and re.search(said, result.output), (command, result.output)
         assert len(result.output.strip().splitlines()) == 1, result.output
+
+
+def test_an_application_using_activedbs_own_version_table_is_refused_changing_nothing(url, tmp_path):
+    """An application's env.py given ``version_table="activedb_alembic_version"``, activedb's own: its revisions
+    replaced activedb's record of its own schema.  Refused, naming the table and what to give instead; activedb's
+    version table is as it was."""
+    location = tmp_path / "borrowing"
+    _migrate.init_app(location, "borrowing")
+    env = location / "env.py"
+    env.write_text(env.read_text().replace("borrowing_alembic_version", "activedb_alembic_version"))
+    before = _migrate.current(sa.create_engine(url))
+    said = r"activedb_alembic_version, activedb's own version table.*version table of its own"
+    for command in (["upgrade"], ["current"], ["stamp", "head", "--yes"]):
+        result = invoke(url, "app", command[0], str(location), *command[1:])
+        assert result.exit_code == 1 and re.search(said, result.output), (command, result.output)
+    _upgrade_app_refused(url, location, said)
+    assert _migrate.current(sa.create_engine(url)) == before == _migrate.head()
