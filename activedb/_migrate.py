@@ -602,9 +602,11 @@ class Schema:
 
     def _run(self, action: str, revision: str, location: Path, lock_timeout: float | None) -> None:
         check_revision(revision, location)
-        if lock_timeout is not None and not lock_timeout > 0:
-            raise MigrationError(f"lock_timeout={lock_timeout!r}: give a number of seconds above 0, or None to wait "
-                                 f"for locks as long as it takes")
+        if lock_timeout is not None and (isinstance(lock_timeout, bool) or not isinstance(lock_timeout, (int, float))
+                                         or not lock_timeout > 0):
+            raise MigrationError(f"lock_timeout={lock_timeout!r}: give a number of seconds above 0 (an int or a "
+                                 f"float), or None to wait for locks as long as it takes (the command line's "
+                                 f"--lock-timeout 0); nothing was changed")
         blockers: _Blockers | None = None
         config: Config | None = None
         own = location == migrations.SCRIPT_LOCATION

@@ -224,3 +224,19 @@ def test_an_application_using_activedbs_own_version_table_is_refused_changing_no
         assert result.exit_code == 1 and re.search(said, result.output), (command, result.output)
     _upgrade_app_refused(url, location, said)
     assert _migrate.current(sa.create_engine(url)) == before == _migrate.head()
+
+
+@pytest.mark.parametrize("given", ["5", 0, -1, True, float("nan")])
+def test_a_lock_timeout_of_the_wrong_kind_is_a_migration_error_saying_what_to_give(url, tmp_path, given):
+    """``lock_timeout="5"`` (a string) gave a raw ``TypeError`` ('>' not supported…); 0 is refused although the
+    how-to said "0 or None: as long as it takes" (0 is the command line's --lock-timeout for it; a program gives
+    None).  Each is a MigrationError saying what to give, nothing run."""
+    location = tmp_path / "timed"
+    _migrate.init_app(location, "timed")
+    database = connect_as_is(url)
+    try:
+        with pytest.raises(activedb.MigrationError, match=r"lock_timeout=.*give a number of seconds above 0.*or None"):
+            database.upgrade_app(location, lock_timeout=given)
+        assert database.schema.app_revision(location)[0] == []
+    finally:
+        database.close()
