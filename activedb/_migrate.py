@@ -777,6 +777,7 @@ class Schema:
             if revision == "head" and len(heads) > 1:
                 raise MigrationError(f"upgrade to 'head' refused: {several_heads(str(script_location), heads)}; "
                                      f"nothing was changed")
+        self._refuse_past_end(revision, location, upward=True)
         self._run("upgrade", revision, location, lock_timeout)
         if heads == []:
             logger.info("upgrade of %s to %r ran nothing: %s", script_location, revision, no_revision(script_location))
@@ -784,8 +785,32 @@ class Schema:
     def downgrade_app(self, script_location: str | Path, revision: str, *,
                       lock_timeout: float | None = LOCK_TIMEOUT_SECONDS) -> None:
         """Downgrade the application's own migrations to ``revision`` (``"base"`` drops its tables;
-        ``lock_timeout``: as ``upgrade``'s)."""
-        self._run("downgrade", revision, app_location(script_location), lock_timeout)
+        ``lock_timeout``: as ``upgrade``'s).  A relative ``-N`` past base is :class:`MigrationError` saying where the
+        tables are, nothing run (as a relative ``+N`` past head of ``upgrade_app``)."""
+        location = app_location(script_location)
+        self._refuse_past_end(revision, location, upward=False)
+        self._run("downgrade", revision, location, lock_timeout)
+
+    def _refuse_past_end(self, revision: str, location: Path, *, upward: bool) -> None:
+        """Raise :class:`MigrationError` if ``revision``, relative (``+N`` ``upward``, ``-N`` not), goes past an end
+        of ``location``'s chain from the revision the application's tables are at (:func:`past_end`; from head or
+        base itself, saying they are there): Alembic's own error says only that it "didn't produce N migrations".
+        Asks the database only for such a revision; a directory of branches is left to Alembic."""
+        steps = _relative(revision) if isinstance(revision, str) else None
+        if steps is None or (steps > 0) != upward:
+            return
+        current, _ = self.app_heads(location)
+        if len(current) > 1:
+            return
+        at_revision = current[0] if current else None
+        end = at_end(revision, at_revision, location)
+        if end is not None:
+            raise MigrationError(f"{'upgrade' if upward else 'downgrade'} {revision} goes past {end}: the tables "
+                                 f"are at {end}{f' ({at_revision})' if at_revision else ''} already; nothing was "
+                                 f"changed")
+        refused = past_end(revision, at_revision, f"{location / 'versions'}", location)
+        if refused is not None:
+            raise refused
 
     def app_revision(self, script_location: str | Path) -> tuple[list[str], str | None]:
         """``(current revisions, head revision)`` of the application's Alembic directory on this database; the

@@ -240,3 +240,26 @@ def test_a_lock_timeout_of_the_wrong_kind_is_a_migration_error_saying_what_to_gi
         assert database.schema.app_revision(location)[0] == []
     finally:
         database.close()
+
+
+def test_a_relative_downgrade_or_upgrade_past_an_end_from_a_program_says_where_the_tables_are(url, tmp_path):
+    """``db.downgrade_app(path, "-5")`` with fewer revisions below gave Alembic's raw "Relative revision -5 didn't
+    produce 5 migrations"; so did ``upgrade_app(path, "+5")`` past head.  Both say where the tables are and what to
+    give, as `app downgrade` / `app upgrade` do, nothing changed."""
+    location = tmp_path / "relative"
+    _migrate.init_app(location, "relative")
+    database = connect_as_is(url)
+    try:
+        database.upgrade_app(location)
+        with pytest.raises(activedb.MigrationError, match=r"downgrade -5 goes past base: relative_0001 has fewer "
+                                                          r"revisions below it.*nothing was changed"):
+            database.schema.downgrade_app(location, "-5")
+        with pytest.raises(activedb.MigrationError, match=r"upgrade \+5 goes past head: the tables are at head "
+                                                          r"\(relative_0001\) already; nothing was changed"):
+            database.upgrade_app(location, "+5")
+        assert database.schema.app_revision(location)[0] == ["relative_0001"]
+        database.schema.downgrade_app(location, "-1")
+        with pytest.raises(activedb.MigrationError, match=r"downgrade -1 goes past base: the tables are at base"):
+            database.schema.downgrade_app(location, "-1")
+    finally:
+        database.close()
