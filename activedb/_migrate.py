@@ -876,8 +876,7 @@ def _unreached(action: str, revision: str, config: Config, location: Path) -> st
     """What to say of a run of ``action`` to ``revision`` in ``location`` (the application's) whose version table, as
     its env.py reads it on ``config``'s connection right after the run, is not where the run was to take it — its
     env.py ran no revision (:func:`_recorded_heads`), or ran them elsewhere; None when it is there, or when that is
-    not known before the run (a relative revision, a downgrade or stamp to a revision by its name of a directory of
-    branches)."""
+    not known (a relative revision, a downgrade to head)."""
     script = ScriptDirectory.from_config(config)
     try:
         current = _recorded_heads(config, script, location)
@@ -889,9 +888,12 @@ def _unreached(action: str, revision: str, config: Config, location: Path) -> st
         expected = set()
     else:
         expected = None
-        if not any(mark in revision for mark in "-+:"):
-            target = _revision(script, revision)
-            below = {step.revision for head in current for step in script.iterate_revisions(head, "base")}
+        if not any(mark in revision for mark in "-+:") and revision not in ("head", "heads"):
+            try:        # (the run took the name: an error of Alembic's here would be one of the check's own)
+                target = _revision(script, revision)
+                below = {step.revision for head in current for step in script.iterate_revisions(head, "base")}
+            except Exception:
+                return None
             if target is not None and target.revision not in (below if action == "upgrade" else current):
                 return _not_reached(location, revision, current)
     if expected is not None and set(current) != expected:

@@ -132,6 +132,28 @@ def test_an_env_that_runs_no_revision_is_a_failure_not_a_success(url, tmp_path):
     assert "forgetful_items" not in table_names(url)
 
 
+UNDOING_ENV = '''from alembic import context
+
+connection = context.config.attributes["connection"]
+context.configure(connection=connection, version_table="undoing_alembic_version")
+with context.begin_transaction():
+    savepoint = connection.begin_nested()
+    context.run_migrations()
+    savepoint.rollback()            # (a "dry run" left in)
+'''
+
+
+def test_an_env_whose_revisions_do_not_stay_run_is_a_failure_saying_where_the_version_table_is(url, tmp_path):
+    """An ``env.py`` that runs the revisions and then undoes them (a savepoint rolled back): the run said it
+    succeeded.  The version table, read again after the run, is not where the run was to take it: a failure saying
+    where it is."""
+    location = _plain_directory(tmp_path, "undoing", UNDOING_ENV)
+    result = invoke(url, "app", "upgrade", str(location))
+    assert result.exit_code == 1, result.output
+    assert re.search(r"env\.py ran, but its version table is at base, not at head.*nothing was changed",
+                     result.output), result.output
+
+
 def _waiting_for_advisory_locks(url) -> int:
     engine = sa.create_engine(url)
     try:
