@@ -666,7 +666,7 @@ class Schema:
         already, it returns without taking ``MIGRATION_LOCK``: another process's long migration does not hold up
         ``connect()`` of a database at head (one behind takes its turn, and the run finds the revision the turn
         before it reached)."""
-        if revision == "head" and self.state()[0] is SchemaState.AT_HEAD:
+        if revision == "head" and self._at_head():
             self.refresh()
             return
         try:
@@ -683,6 +683,14 @@ class Schema:
                     f"activedb's tables are at revision {current_revision}, which this installation does not know "
                     f"(a newer activedb wrote it); upgrade activedb (its head is {head()})") from error
             raise
+
+    def _at_head(self) -> bool:
+        """Whether the version table says activedb's schema is at head; False when it cannot be read (a role not
+        granted it, the server gone): the run under the lock then says what is wrong, as before this was asked."""
+        try:
+            return self.state()[0] is SchemaState.AT_HEAD
+        except sa.exc.DBAPIError:
+            return False
 
     def downgrade(self, revision: str, *, lock_timeout: float | None = LOCK_TIMEOUT_SECONDS) -> None:
         """Take activedb's own schema down to ``revision`` (``lock_timeout``: as ``upgrade``'s); :class:`SchemaNotAtHead`,
