@@ -52,14 +52,48 @@ class SchemaState(enum.Enum):
                                 # restore): which revision they are at is not known
 
 
+class _Attributes(dict[str, object]):
+    """A ``Config.attributes`` that records whether the ``env.py`` run with it read the connection activedb passes
+    (``attributes["connection"]``, or ``attributes.get("connection")``): one that did not connected by itself.  Used
+    by one run on one thread."""
+
+    connection_read = False
+
+    def __getitem__(self, key: str) -> object:
+        self.connection_read = self.connection_read or key == "connection"
+        return super().__getitem__(key)
+
+    def get(self, key: str, default: object = None) -> object:
+        self.connection_read = self.connection_read or key == "connection"
+        return super().get(key, default)
+
+
 def _config(script_location: Path, connection: Connection | None = None, url: str | None = None) -> Config:
     config = Config(str(script_location / "alembic.ini")) if (script_location / "alembic.ini").exists() else Config()
     config.set_main_option("script_location", str(script_location))
     if url:
         config.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
-    config.attributes["connection"] = connection
-    config.attributes["configure_logging"] = False
+    config.attributes = _Attributes(connection=connection, configure_logging=False)
     return config
+
+
+def _connection_unused(config: Config, location: Path) -> str:
+    """What to add to the error of a run of ``location``'s env.py that did not read the connection activedb passed it
+    (``config`` as :func:`_config` made it; "" if it did): what env.py must do."""
+    if not isinstance(config.attributes, _Attributes) or config.attributes.connection_read:
+        return ""
+    return (f". {location / 'env.py'} did not use the connection activedb passes (config.attributes[\"connection\"]): "
+            f"it connects by itself, as the env.py `alembic init` writes does (by the sqlalchemy.url of alembic.ini, "
+            f"which activedb neither reads nor sets). Write it as `activedb app init` does — `from "
+            f"activedb.alembic_env import run_env` then `run_env(version_table=\"NAME_alembic_version\")` — or have "
+            f"it run context.configure(connection=config.attributes[\"connection\"], …) when that is given")
+
+
+def _never_ran(location: Path) -> str:
+    """What an env.py that never calls ``context.run_migrations()`` is told."""
+    return (f"{location / 'env.py'} never calls context.run_migrations(), where Alembic runs the revisions and reads "
+            f"its version table: call it inside `with context.begin_transaction():` after context.configure(…), as "
+            f"activedb.alembic_env.run_env does (the env.py `activedb app init` writes calls it)")
 
 
 
@@ -188,24 +222,49 @@ def _no_such_down_revision(location: Path, missing: str) -> str:
 
 def _missing_down_revisions(location: Path) -> list[str]:
     """The names a ``down_revision`` under ``location``'s versions/ gives that no revision there is, read from the
-    files' literal ``revision`` and ``down_revision`` assignments, without running them.  Asked before Alembic maps the
-    revisions: Alembic warns of such a name (a ``UserWarning``) and then raises a bare ``KeyError``, and hiding the
-    warning would change the process's warning filters, which no thread can do for itself alone.  Empty when the
-    files cannot tell — a ``revision`` or ``down_revision`` that is computed, a file that does not parse, versions kept
-    elsewhere (``version_locations`` or ``recursive_version_locations`` in an ``alembic.ini``): then Alembic's own
-    mapping is the check (:func:`_dangling_down_revision` names the file)."""
+    files' literal ``revision`` and ``down_revision`` assignments (:func:`_literal_revisions`).  Asked before Alembic
+    maps the revisions: Alembic warns of such a name (a ``UserWarning``) and then raises a bare ``KeyError``, and
+    hiding the warning would change the process's warning filters, which no thread can do for itself alone.  Empty
+    when the files cannot tell: then Alembic's own mapping is the check (:func:`_dangling_down_revision` names the
+    file)."""
+    revisions = _literal_revisions(location) or []
+    named = {name for _, _, downs in revisions for name in downs}
+    return sorted(named - {revision for _, revision, _ in revisions})
+
+
+def _duplicate_revisions(location: Path) -> str | None:
+    """What to say of two or more files under ``location``'s versions/ that give one ``revision`` id (a file copied to
+    start the next, its id left as it was), read as :func:`_literal_revisions` reads them: Alembic keeps one of them,
+    warning, and the other's revisions then look like a second head; None when no id repeats (or the files cannot
+    tell)."""
+    files: dict[str, list[Path]] = {}
+    for path, revision, _ in _literal_revisions(location) or []:
+        files.setdefault(revision, []).append(path)
+    repeated = [(revision, paths) for revision, paths in files.items() if len(paths) > 1]
+    if not repeated:
+        return None
+    return "; ".join(f"{' and '.join(map(str, paths))} are {'both' if len(paths) == 2 else 'all'} revision "
+                     f"{revision!r}" for revision, paths in repeated) + \
+        (": one revision id is one file's. Keep the file that is that revision, and give the later one an id of its "
+         "own (its `revision = …`, and the `down_revision` of a file that follows it)")
+
+
+def _literal_revisions(location: Path) -> list[tuple[Path, str, tuple[str, ...]]] | None:
+    """Each revision file under ``location``'s versions/ as ``(file, revision, down_revisions)``, read from its literal
+    ``revision`` and ``down_revision`` assignments without running it; None when the files cannot tell — a
+    ``revision`` or ``down_revision`` that is computed, a file that does not parse, versions kept elsewhere
+    (``version_locations`` or ``recursive_version_locations`` in an ``alembic.ini``)."""
     config = _config(location)
     if config.get_main_option("version_locations") or config.get_main_option("recursive_version_locations"):
-        return []
-    revisions: set[str] = set()
-    named: set[str] = set()
+        return None
+    found: list[tuple[Path, str, tuple[str, ...]]] = []
     for path in sorted((location / "versions").glob("*.py")):
         if path.name.startswith((".#", "__init__")):         # (as Alembic skips them)
             continue
         try:
             tree = ast.parse(path.read_text(errors="replace"), str(path))
         except (SyntaxError, ValueError):
-            return []
+            return None
         values: dict[str, object] = {}
         for node in tree.body:
             target = node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else \
@@ -215,16 +274,15 @@ def _missing_down_revisions(location: Path) -> list[str]:
                 try:
                     values[target.id] = ast.literal_eval(value)
                 except ValueError:
-                    return []
+                    return None
         revision, down = values.get("revision"), values.get("down_revision")
         if not isinstance(revision, str):
-            return []
-        revisions.add(revision)
+            return None
         downs = down if isinstance(down, (tuple, list)) else () if down is None else (down,)
         if not all(isinstance(name, str) for name in downs):
-            return []
-        named.update(downs)
-    return sorted(named - revisions)
+            return None
+        found.append((path, revision, tuple(downs)))
+    return found
 
 
 def _raised_in(error: BaseException, location: Path | None) -> str:
@@ -494,7 +552,8 @@ def past_end(revision: str, current: str | None, listed: str, script_location: P
 
 def app_location(script_location: str | Path) -> Path:
     """``script_location`` checked to be an Alembic directory (``env.py`` and ``versions/``) whose revisions' literal
-    ``down_revision`` names are all revisions there (:func:`_missing_down_revisions`)."""
+    ids are each one file's (:func:`_duplicate_revisions`) and whose ``down_revision`` names are all revisions there
+    (:func:`_missing_down_revisions`)."""
     if not isinstance(script_location, (str, os.PathLike)):
         raise MigrationError(f"an application's Alembic directory is a path (a str or a Path), got "
                              f"{script_location!r}")
@@ -505,6 +564,10 @@ def app_location(script_location: str | Path) -> Path:
             f"no Alembic environment at {str(script_location)!r} ({where}{' does not exist' if not location.exists() else ' has no env.py'}); "
             f"an application keeps its tables in its own Alembic directory: create one with "
             f"`activedb app init {script_location}` and add a revision under its versions/")
+    repeated = _duplicate_revisions(location)
+    if repeated is not None:
+        raise MigrationError(f"the revisions under {location / 'versions'} do not chain: {repeated}; nothing was "
+                             f"changed")
     missing = _missing_down_revisions(location)
     if missing:
         raise MigrationError(f"the revisions under {location / 'versions'} do not chain: "
@@ -539,10 +602,14 @@ class Schema:
 
     def _run(self, action: str, revision: str, location: Path, lock_timeout: float | None) -> None:
         check_revision(revision, location)
-        if lock_timeout is not None and not lock_timeout > 0:
-            raise MigrationError(f"lock_timeout={lock_timeout!r}: give a number of seconds above 0, or None to wait "
-                                 f"for locks as long as it takes")
+        if lock_timeout is not None and (isinstance(lock_timeout, bool) or not isinstance(lock_timeout, (int, float))
+                                         or not lock_timeout > 0):
+            raise MigrationError(f"lock_timeout={lock_timeout!r}: give a number of seconds above 0 (an int or a "
+                                 f"float), or None to wait for locks as long as it takes (the command line's "
+                                 f"--lock-timeout 0); nothing was changed")
         blockers: _Blockers | None = None
+        config: Config | None = None
+        own = location == migrations.SCRIPT_LOCATION
         try:
             with _failing_as(f"{action} to {revision!r}", location), self.engine.begin() as connection:
                 # Held until this transaction ends (Alembic runs inside it: the connection is passed).  The lock
@@ -555,11 +622,19 @@ class Schema:
                                                  ).scalar_one()
                         blockers = watch.enter_context(_Blockers(self.engine, pid, min(0.5, lock_timeout / 4)))
                     config = _config(location, connection)
+                    if not own:     # (an env.py that never runs its revisions, or would run them on activedb's table)
+                        _recorded_heads(config, ScriptDirectory.from_config(config), location)
                     if action == "stamp":       # (purge: the row there was goes, even one no file here has)
                         command.stamp(config, revision, purge=True)
                     else:
                         getattr(command, action)(config, revision)
+                    # (In the run's transaction: a version table not reached rolls back what the env.py did.)
+                    unreached = None if own else _unreached(action, revision, config, location)
+                    if unreached is not None:
+                        raise MigrationError(f"{action} to {revision!r} failed: {unreached}; nothing was changed")
         except MigrationError as error:
+            if config is not None and not own and _connection_unused(config, location):
+                raise MigrationError(f"{error}{_connection_unused(config, location)}") from error.__cause__
             cause = error.__cause__
             if blockers is not None and cause is not None and sqlstate_of(cause) == LOCK_NOT_AVAILABLE:
                 held = "; ".join(blockers.seen) or "another backend (pg_locks and pg_stat_activity say which)"
@@ -571,7 +646,6 @@ class Schema:
                     f"longer: --lock-timeout SECONDS (lock_timeout= from a program)")
                 error.__cause__ = cause
             # Where the tables are now (the run is one transaction, rolled back: where they were before it).
-            own = location == migrations.SCRIPT_LOCATION
             try:
                 heads = [current(self.engine)] if own else self.app_revision(location)[0]
             except Exception:
@@ -588,7 +662,13 @@ class Schema:
         """Bring activedb's own schema to ``revision``; :class:`SchemaNotAtHead` if it is at a revision this
         installation does not know.  ``lock_timeout``: seconds a statement waits for a table's lock (held by an
         application's transaction) before the run stops, nothing changed (:class:`MigrationError` naming the
-        blocking backends); None: as long as it takes."""
+        blocking backends); None: as long as it takes.  To ``head`` when the version table says the schema is there
+        already, it returns without taking ``MIGRATION_LOCK``: another process's long migration does not hold up
+        ``connect()`` of a database at head (one behind takes its turn, and the run finds the revision the turn
+        before it reached)."""
+        if revision == "head" and self._at_head():
+            self.refresh()
+            return
         try:
             self._run("upgrade", revision, migrations.SCRIPT_LOCATION, lock_timeout)
         except MigrationError as error:
@@ -603,6 +683,14 @@ class Schema:
                     f"activedb's tables are at revision {current_revision}, which this installation does not know "
                     f"(a newer activedb wrote it); upgrade activedb (its head is {head()})") from error
             raise
+
+    def _at_head(self) -> bool:
+        """Whether the version table says activedb's schema is at head; False when it cannot be read (a role not
+        granted it, the server gone): the run under the lock then says what is wrong, as before this was asked."""
+        try:
+            return self.state()[0] is SchemaState.AT_HEAD
+        except sa.exc.DBAPIError:
+            return False
 
     def downgrade(self, revision: str, *, lock_timeout: float | None = LOCK_TIMEOUT_SECONDS) -> None:
         """Take activedb's own schema down to ``revision`` (``lock_timeout``: as ``upgrade``'s); :class:`SchemaNotAtHead`,
@@ -697,6 +785,7 @@ class Schema:
             if revision == "head" and len(heads) > 1:
                 raise MigrationError(f"upgrade to 'head' refused: {several_heads(str(script_location), heads)}; "
                                      f"nothing was changed")
+        self._refuse_past_end(revision, location, upward=True)
         self._run("upgrade", revision, location, lock_timeout)
         if heads == []:
             logger.info("upgrade of %s to %r ran nothing: %s", script_location, revision, no_revision(script_location))
@@ -704,8 +793,32 @@ class Schema:
     def downgrade_app(self, script_location: str | Path, revision: str, *,
                       lock_timeout: float | None = LOCK_TIMEOUT_SECONDS) -> None:
         """Downgrade the application's own migrations to ``revision`` (``"base"`` drops its tables;
-        ``lock_timeout``: as ``upgrade``'s)."""
-        self._run("downgrade", revision, app_location(script_location), lock_timeout)
+        ``lock_timeout``: as ``upgrade``'s).  A relative ``-N`` past base is :class:`MigrationError` saying where the
+        tables are, nothing run (as a relative ``+N`` past head of ``upgrade_app``)."""
+        location = app_location(script_location)
+        self._refuse_past_end(revision, location, upward=False)
+        self._run("downgrade", revision, location, lock_timeout)
+
+    def _refuse_past_end(self, revision: str, location: Path, *, upward: bool) -> None:
+        """Raise :class:`MigrationError` if ``revision``, relative (``+N`` ``upward``, ``-N`` not), goes past an end
+        of ``location``'s chain from the revision the application's tables are at (:func:`past_end`; from head or
+        base itself, saying they are there): Alembic's own error says only that it "didn't produce N migrations".
+        Asks the database only for such a revision; a directory of branches is left to Alembic."""
+        steps = _relative(revision) if isinstance(revision, str) else None
+        if steps is None or (steps > 0) != upward:
+            return
+        current, _ = self.app_heads(location)
+        if len(current) > 1:
+            return
+        at_revision = current[0] if current else None
+        end = at_end(revision, at_revision, location)
+        if end is not None:
+            raise MigrationError(f"{'upgrade' if upward else 'downgrade'} {revision} goes past {end}: the tables "
+                                 f"are at {end}{f' ({at_revision})' if at_revision else ''} already; nothing was "
+                                 f"changed")
+        refused = past_end(revision, at_revision, f"{location / 'versions'}", location)
+        if refused is not None:
+            raise refused
 
     def app_revision(self, script_location: str | Path) -> tuple[list[str], str | None]:
         """``(current revisions, head revision)`` of the application's Alembic directory on this database; the
@@ -722,21 +835,85 @@ class Schema:
         """``(current revisions, head revisions)`` of the application's Alembic directory on this database: as
         ``app_revision``, with every head of the directory (sorted; several where two revisions have the same
         ``down_revision``, none without revisions)."""
-        from alembic.runtime.environment import EnvironmentContext
-
         location = app_location(script_location)
-        current_revisions: list[str] = []
-        with _failing_as(f"reading the revision of {str(script_location)!r}"), self.engine.connect() as connection:
-            config = _config(location, connection)
-            script = ScriptDirectory.from_config(config)
+        config: Config | None = None
+        try:
+            with _failing_as(f"reading the revision of {str(script_location)!r}"), \
+                    self.engine.connect() as connection:
+                config = _config(location, connection)
+                script = ScriptDirectory.from_config(config)
+                return _recorded_heads(config, script, location), sorted(script.get_heads())
+        except MigrationError as error:
+            unused = _connection_unused(config, location) if config is not None else ""
+            if not unused:
+                raise
+            raise MigrationError(f"{error}{unused}") from error.__cause__
 
-            def record(revision: object, context: MigrationContext) -> Sequence[RevisionStep]:
-                current_revisions.extend(context.get_current_heads())
-                return []
 
-            with EnvironmentContext(config, script, fn=record, dont_mutate=True):
-                script.run_env()
-            return sorted(current_revisions), sorted(script.get_heads())
+def _recorded_heads(config: Config, script: ScriptDirectory, location: Path) -> list[str]:
+    """The revisions (sorted) the version table of ``location``'s env.py records, on the connection of ``config``,
+    read by running the env.py (changing nothing); :class:`MigrationError` if it never calls
+    ``context.run_migrations()`` — then it never runs a revision either —, or if its version table is activedb's own
+    (:func:`_borrowed_version_table`)."""
+    from alembic.runtime.environment import EnvironmentContext
+
+    recorded: list[list[str]] = []
+
+    def record(revision: object, context: MigrationContext) -> Sequence[RevisionStep]:
+        if context.version_table == migrations.VERSION_TABLE and context.version_table_schema is None:
+            raise MigrationError(_borrowed_version_table(location))
+        recorded.append(list(context.get_current_heads()))
+        return []
+
+    with EnvironmentContext(config, script, fn=record, dont_mutate=True):
+        script.run_env()
+    if not recorded:
+        raise MigrationError(_never_ran(location))
+    return sorted(recorded[-1])
+
+
+def _borrowed_version_table(location: Path) -> str:
+    """What an application's env.py that keeps its revisions in activedb's own version table is told."""
+    return (f"{location / 'env.py'} keeps its revisions in {migrations.VERSION_TABLE}, activedb's own version table: "
+            f"they would replace activedb's record of its own tables' revision (and `activedb db upgrade` would no "
+            f"longer know where those are). Give the application a version table of its own, "
+            f"run_env(version_table=\"NAME_alembic_version\") as `activedb app init` writes it; nothing was changed")
+
+
+def _unreached(action: str, revision: str, config: Config, location: Path) -> str | None:
+    """What to say of a run of ``action`` to ``revision`` in ``location`` (the application's) whose version table, as
+    its env.py reads it on ``config``'s connection right after the run, is not where the run was to take it — its
+    env.py ran no revision (:func:`_recorded_heads`), or ran them elsewhere; None when it is there, or when that is
+    not known (a relative revision, a downgrade to head)."""
+    script = ScriptDirectory.from_config(config)
+    try:
+        current = _recorded_heads(config, script, location)
+    except MigrationError as error:
+        return str(error)
+    if revision in ("head", "heads") and action != "downgrade":
+        expected: set[str] | None = set(script.get_heads())
+    elif revision == "base":
+        expected = set()
+    else:
+        expected = None
+        if not any(mark in revision for mark in "-+:") and revision not in ("head", "heads"):
+            try:        # (the run took the name: an error of Alembic's here would be one of the check's own)
+                target = _revision(script, revision)
+                below = {step.revision for head in current for step in script.iterate_revisions(head, "base")}
+            except Exception:
+                return None
+            if target is not None and target.revision not in (below if action == "upgrade" else current):
+                return _not_reached(location, revision, current)
+    if expected is not None and set(current) != expected:
+        return _not_reached(location, revision, current)
+    return None
+
+
+def _not_reached(location: Path, revision: str, current: Sequence[str]) -> str:
+    return (f"{location / 'env.py'} ran, but its version table is at {', '.join(current) or 'base'}, not at "
+            f"{revision}: the revisions ran on another connection or version table than the one it reads. Have it "
+            f"run them on the connection activedb passes (config.attributes[\"connection\"]), as "
+            f"activedb.alembic_env.run_env does")
 
 
 def several_heads(path: str, heads: Sequence[str]) -> str:
@@ -783,9 +960,28 @@ def downgrade() -> None:
 '''
 
 
+#: The longest name :func:`init_app` gives an application: its revision ids ``NAME_0001`` (and a branch's
+#: ``NAME_0001b``) fit Alembic's version column, ``VARCHAR(32)``, and its tables ``NAME_alembic_version`` and
+#: ``NAME_items`` PostgreSQL's identifiers (63 bytes; a longer one is cut, and no longer found by its name).
+APP_NAME_LENGTH = 24
+
+
+def _short_name(name: str) -> str:
+    """``name`` (lower-case letters, digits and ``_``) if it has at most :data:`APP_NAME_LENGTH` characters; else
+    its start and a short hash of the whole, that long: two long names alike at the start still differ."""
+    if len(name) <= APP_NAME_LENGTH:
+        return name
+    import hashlib
+
+    digest = hashlib.sha256(name.encode()).hexdigest()[:8]
+    return f"{name[:APP_NAME_LENGTH - len(digest) - 1].rstrip('_')}_{digest}"
+
+
 def init_app(script_location: str | Path, name: str | None = None) -> list[Path]:
     """Create an application's Alembic directory: ``env.py`` (its own version table, ``NAME_alembic_version``),
-    ``script.py.mako`` and a first revision in ``versions/`` with an example table.  Refuses a directory
+    ``script.py.mako`` and a first revision in ``versions/`` with an example table.  ``NAME``: ``name``, or the
+    directory's (not ``migrations`` or ``alembic``), in lower case, cut to :data:`APP_NAME_LENGTH` characters with
+    a short hash of the whole when longer.  Refuses a directory
     that already has an ``env.py``, or any file it would write (nothing of the user's is overwritten).  Returns
     the files written."""
     import datetime
@@ -796,7 +992,7 @@ def init_app(script_location: str | Path, name: str | None = None) -> list[Path]
     if name is None:
         parts = [part for part in location.resolve().parts if part not in ("migrations", "alembic")]
         name = parts[-1] if parts else "app"
-    name = re.sub(r"[^a-z0-9_]", "_", name.lower()).strip("_") or "app"
+    name = _short_name(re.sub(r"[^a-z0-9_]", "_", name.lower()).strip("_") or "app")
     written = [location / "env.py", location / "script.py.mako", location / "versions" / "0001_first_tables.py"]
     existing = [str(path.relative_to(location)) for path in written[1:] if path.exists()]
     if existing:

@@ -33,6 +33,16 @@ def row_locked(engine: sa.Engine, table: str, where: str, key: object) -> bool:
             connection.rollback()
 
 
+def table_names(url: str) -> set[str]:
+    """The names of the tables of the database at ``url`` (its default schema)."""
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as connection:
+            return set(sa.inspect(connection).get_table_names())
+    finally:
+        engine.dispose()
+
+
 def _pairs(db, query: str) -> dict:
     with db.engine.connect() as connection:
         return dict(connection.execute(sa.text(query)).all())

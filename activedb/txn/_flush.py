@@ -18,7 +18,8 @@ import sqlalchemy as sa
 
 from activedb.errors import (DISK_FULL, DISK_FULL_ADVICE, LOCK_NOT_AVAILABLE, PROGRAM_LIMIT_EXCEEDED, DatabaseError,
                              DatabaseUnavailable, DiskFull, DuplicateKey, Failure,
-                             SerializationConflict, ServerDiskFull, classify, disk_full_panic, sqlstate_of)
+                             SerializationConflict, ServerDiskFull, classify, disk_full_panic, own_table_missing,
+                             reflected_table_changed, sqlstate_of)
 from activedb.store import (EntryKind, IsolationLevel, Key, TableInfo, apply_write_set, fetch_rows,
                             is_connection_failure, jsonable, same_image)
 from activedb.txn._rowlocks import LOCK_TIMEOUT, RowLocks
@@ -330,12 +331,16 @@ def _raise_database_error(root: "Transaction", error: sa.exc.DBAPIError) -> None
     server_log = root.manager.catalog.server_log() if kind is DiskFull else None
     raise kind(
         f"PostgreSQL refused the commit of {root.id} (SQLSTATE {sqlstate}): {message}; nothing was written. "
-        f"{_hint(sqlstate)}{f' The server log is {server_log}.' if server_log else ''}",
+        f"{_hint(error, sqlstate)}{f' The server log is {server_log}.' if server_log else ''}",
         sqlstate=sqlstate,
     ) from None
 
 
-def _hint(sqlstate: str | None) -> str:
+def _hint(error: sa.exc.DBAPIError, sqlstate: str | None) -> str:
+    """What to do about a commit PostgreSQL refused with ``error`` (SQLSTATE ``sqlstate``), as a sentence."""
+    gone = own_table_missing(error) or reflected_table_changed(error)     # (undefined_column, undefined_table)
+    if gone:
+        return f"{gone}."
     if sqlstate == DISK_FULL:
         return "The server's disk is full: free space, then re-run the transaction."
     if sqlstate == PROGRAM_LIMIT_EXCEEDED:

@@ -13,6 +13,7 @@ from activedb import _migrate
 from activedb._database import connect_as_is
 from activedb.testing import wait_until
 from activedb.cli import main
+from tests._tables import table_names as _tables
 
 
 def invoke(url, *arguments):
@@ -644,15 +645,6 @@ def test_an_app_revision_that_raises_halfway_names_its_line_and_says_the_tables_
     assert "the application's tables are at base now" in result.output and len(result.output.splitlines()) == 1, result.output
     assert _app_revision(url, location)[0] == []
     assert "halfway_items" not in _tables(url) and "halfway_second" not in _tables(url)
-
-
-def _tables(url) -> set[str]:
-    engine = sa.create_engine(url)
-    try:
-        with engine.connect() as connection:
-            return set(sa.inspect(connection).get_table_names())
-    finally:
-        engine.dispose()
 
 
 def test_an_error_of_alembic_itself_names_no_line_of_the_applications_env(url, tmp_path):

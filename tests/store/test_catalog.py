@@ -44,3 +44,27 @@ def test_a_read_postgresql_refuses_is_a_database_error_naming_the_sqlstate(db):
     db.schema.refresh()                           # the table as it is now: reads work again
     with db.transaction() as tx:
         assert tx.read("dropped_later", 1) == {"id": 1}
+
+
+@pytest.mark.parametrize("change, sqlstate", [("ALTER TABLE {table} DROP COLUMN gone", "42703"),
+                                              ("ALTER TABLE {table} RENAME TO {table}_renamed", "42P01")])
+def test_a_commit_refused_for_a_column_or_table_gone_since_says_to_refresh(db, change, sqlstate):
+    """A column dropped (or the table renamed) by another process's migration between a transaction's write and its
+    commit: the commit is refused with PostgreSQL's undefined_column (42703) or undefined_table (42P01), and said
+    only "Check the message above" — the reads' hint (the table may have changed since this process read it, call
+    ``db.schema.refresh()``) was not given at commit.  It is now, and the refresh lets the transaction run again."""
+    table = f"gone_at_commit_{sqlstate.lower()}"
+    with db.engine.begin() as connection:
+        connection.execute(sa.text(f"CREATE TABLE {table} (id integer PRIMARY KEY, gone text)"))
+    with pytest.raises(activedb.DatabaseError, match=rf"SQLSTATE {sqlstate}\).*nothing was written\. The table may "
+                                                     r"have changed since this process read it .*call "
+                                                     r"db\.schema\.refresh\(\) and retry") as caught:
+        with db.transaction() as tx:
+            tx.write(table, 1, gone="x")
+            with db.engine.begin() as connection:
+                connection.execute(sa.text(change.format(table=table)))
+    assert caught.value.sqlstate == sqlstate
+    with db.engine.begin() as connection:
+        connection.execute(sa.text(f"ALTER TABLE IF EXISTS {table}_renamed RENAME TO {table}"))
+    db.schema.refresh()
+    db.run(lambda tx: tx.write(table, 1))
