@@ -94,8 +94,8 @@ class Letter:
     """A dead letter about to be written: why, and the row. Immutable.
 
     ``row`` is the original, kept exactly (any value :func:`activedb.store.exact_json` takes, or a one-row
-    ``pyarrow.Table``); ``shown`` the readable form for ``raw`` (default: ``jsonable(row)``, wrapped as
-    ``{"value": ...}`` unless it is a mapping)."""
+    ``pyarrow.Table``); ``shown`` the readable form for ``raw`` (default: ``jsonable(row, tagged=True)`` — bytes and
+    non-finite floats tagged, not shown as text —, wrapped as ``{"value": ...}`` unless it is a mapping)."""
 
     reason: str
     row: Any = field(hash=False)
@@ -104,7 +104,7 @@ class Letter:
     def raw(self) -> dict[str, Json]:
         if self.shown is not None:
             return dict(self.shown)
-        shown = jsonable(self.row)
+        shown = jsonable(self.row, tagged=True)
         return shown if isinstance(shown, dict) else {"value": shown}
 
 
@@ -251,8 +251,9 @@ def encode_originals(rows: Sequence[object]) -> list[object]:
 
 def _kept(row: object) -> object:
     """``exact_json(row)``; a value of it that cannot be kept exactly — one ``pickle`` refuses, a lock or an instance
-    of a class defined in a function — in its readable form (``jsonable``: its ``repr``), the row's other values
-    exactly: a row is a dead letter because it is wrong, and its letter is written whatever it holds."""
+    of a class defined in a function, or one nested deeper than Python's stack goes — in its readable form
+    (``jsonable``: its ``repr``), the row's other values exactly: a row is a dead letter because it is wrong, and its
+    letter is written whatever it holds."""
     try:
         return exact_json(row)
     except Exception:       # (pickle's refusals: PicklingError, TypeError, AttributeError, ...)

@@ -1,0 +1,93 @@
+"""What a new user throws at the plain connector (``activedb.ingest.feed``) and at the dead letters: a row nested
+deeper than any reader goes, a ``None`` among the rows, a URL where the database belongs, a row too large to keep, bytes
+and NaN in a row; and at ``activedb dead-letters replay``: letters of several sources rejected again, an id that is
+no letter's.  Each meets a dead letter with the true reason, or a refusal that says what to do — and the batch's other
+rows commit."""
+
+from __future__ import annotations
+
+import json
+import math
+import shlex
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from click.testing import CliRunner
+
+from activedb import deadletters
+from activedb.cli import main
+from activedb.ingest import Ingestion, feed
+from activedb.ingest.errors import IngestError
+from activedb.store import JSONABLE_DEPTH, jsonable
+from tests.spark_bridge import app_counters
+from tests.spark_bridge._streams import BASE_TIME, app_database, app_state
+
+APP = str(Path(app_counters.__file__).resolve())
+
+
+def row(seq: int, **changes: object) -> dict[str, object]:
+    return {"type": "add", "key": "k", "ts": BASE_TIME.isoformat(), "amount": 1, "seq": seq, **changes}
+
+
+def nested(depth: int) -> list[object]:
+    value: list[object] = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+def stored_letters(database) -> list[dict[str, object]]:
+    with database.engine.connect() as connection:
+        return [dict(found._mapping) for found in connection.execute(sa.text(
+            "SELECT id, query_id, reason, raw, original FROM activedb_dead_letters ORDER BY id"))]
+
+
+@pytest.fixture()
+def database(make_database_url, request):
+    database = app_database(make_database_url(request.node.name[5:40]))
+    yield database
+    database.close()
+
+
+# --- the readable form ---------------------------------------------------------------------------------------------
+
+def test_jsonable_stops_at_its_depth_with_a_marker_that_says_so():
+    """``jsonable`` recursed without bound: 10,000 nested lists raised RecursionError.  Beyond ``JSONABLE_DEPTH``
+    levels a value is a text that names its type and the bound."""
+    shown = jsonable({"deep": nested(10_000)})
+    json.dumps(shown)
+    levels, value = 0, shown["deep"]
+    while isinstance(value, list):
+        levels, value = levels + 1, value[0]
+    assert levels == JSONABLE_DEPTH - 1                   # (the mapping is the first level)
+    assert value == f"<list nested deeper than {JSONABLE_DEPTH} levels: not shown>"
+    assert jsonable(nested(5)) == nested(5)               # shallow values as before
+
+
+def test_a_row_nested_deeper_than_any_reader_goes_is_a_dead_letter_and_the_batch_commits(database):
+    """A row holding 10,000 nested lists made the whole batch fail with RecursionError (writing its letter's readable
+    form); now it is a dead letter with the reason its event failed for — the emit's copy of its payload
+    (``activedb.store.own_value``) is as deep as Python's stack — and the row beside it commits."""
+    [outcome] = feed(database, [[row(1), row(2, amount=nested(10_000))]], source="deep",
+                     mapping=app_counters.MAPPING)
+    assert outcome.committed and (outcome.events, outcome.dead_letters) == (1, 1)
+    [letter] = stored_letters(database)
+    assert letter["reason"] == "event processing failed: RecursionError: maximum recursion depth exceeded"
+    assert letter["raw"]["seq"] == 2 and isinstance(letter["raw"]["amount"], list)
+    deepest, levels = letter["raw"]["amount"], 1
+    while isinstance(deepest, list):
+        deepest, levels = deepest[0], levels + 1
+    assert (deepest, levels) == (f"<list nested deeper than {JSONABLE_DEPTH} levels: not shown>", JSONABLE_DEPTH)
+    assert len(app_state(database)["counters"]) == 1      # the other row's add
+
+
+def test_bytes_and_nan_in_a_letter_are_shown_tagged_not_as_text(database):
+    """A letter's ``raw`` showed bytes as base64 text and NaN as "nan", the same as a row holding those texts; now
+    they are tagged as ``original`` tags them."""
+    [outcome] = feed(database, [[row(1, amount=b"xy"), row(2, amount=math.nan), row(3, amount="nan")]],
+                     source="tagged", mapping=app_counters.MAPPING)
+    assert outcome.dead_letters == 3
+    shown = [letter["raw"]["amount"] for letter in stored_letters(database)]
+    assert shown == [{"$bytes": "eHk="}, {"$float": "nan"}, "nan"]
+    assert jsonable({"blob": b"\x00\x01", "nan": math.nan}) == {"blob": "AAE=", "nan": "nan"}   # elsewhere as before
