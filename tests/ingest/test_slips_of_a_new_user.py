@@ -91,3 +91,20 @@ def test_bytes_and_nan_in_a_letter_are_shown_tagged_not_as_text(database):
     shown = [letter["raw"]["amount"] for letter in stored_letters(database)]
     assert shown == [{"$bytes": "eHk="}, {"$float": "nan"}, "nan"]
     assert jsonable({"blob": b"\x00\x01", "nan": math.nan}) == {"blob": "AAE=", "nan": "nan"}   # elsewhere as before
+
+
+# --- the plain connector ------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("call", ["feed", "Ingestion"])
+@pytest.mark.parametrize("what", ["a-url", "an-engine"])
+def test_something_that_is_no_database_is_refused_at_once_saying_to_connect(database, call, what):
+    """A URL or an engine given where the database belongs failed later with "'str' object has no attribute
+    'clock'"; now at once, with an IngestError that says to pass what ``activedb.connect`` returns."""
+    given = database.engine if what == "an-engine" else database.engine.url.render_as_string(hide_password=True)
+    with pytest.raises(IngestError, match=rf"{call}\(db=.*\) takes the Database activedb\.connect\(url\) returns, "
+                                          rf"not a{'n' if what == 'an-engine' else ''} "
+                                          rf"{'Engine' if what == 'an-engine' else 'str'}"):
+        if call == "feed":
+            feed(given, [[row(1)]], source="no-database", mapping=app_counters.MAPPING)
+        else:
+            Ingestion(given, app_counters.MAPPING, source="no-database")
