@@ -108,3 +108,12 @@ def test_something_that_is_no_database_is_refused_at_once_saying_to_connect(data
             feed(given, [[row(1)]], source="no-database", mapping=app_counters.MAPPING)
         else:
             Ingestion(given, app_counters.MAPPING, source="no-database")
+
+
+def test_a_fed_batch_outcome_says_how_long_it_took(database):
+    """``BatchBook.record`` measured a batch's seconds into a copy of its outcome that nobody saw: feed returned the
+    outcome with ``seconds`` 0.0.  It returns the outcome it counted, and so do the batch protocol and a skip."""
+    [first] = feed(database, [[row(1)]], source="timed", mapping=app_counters.MAPPING)
+    [again] = feed(database, [[row(1)]], source="timed", mapping=app_counters.MAPPING)
+    assert first.committed and first.seconds > 0
+    assert not again.committed and again.seconds > 0
