@@ -117,3 +117,31 @@ def test_a_fed_batch_outcome_says_how_long_it_took(database):
     [again] = feed(database, [[row(1)]], source="timed", mapping=app_counters.MAPPING)
     assert first.committed and first.seconds > 0
     assert not again.committed and again.seconds > 0
+
+
+# --- activedb dead-letters replay ----------------------------------------------------------------------------------
+
+def test_replay_names_every_source_rejected_again_quoted_to_paste(database):
+    """The hint after a replay named the first source only, unquoted; now every source whose letters were rejected
+    again, each command quoted for a shell."""
+    for source in ("plain", "two words", "it's"):
+        feed(database, [[row(1, amount=-1)]], source=source, mapping=app_counters.MAPPING)
+    assert len(stored_letters(database)) == 3
+    result = CliRunner().invoke(main, ["--url", database.engine.url.render_as_string(hide_password=False),
+                                       "dead-letters", "replay", APP], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert "3 rejected again" in result.output
+    for source in ("plain", "two words", "it's"):
+        assert f"activedb dead-letters list --query {shlex.quote(source)}\n" in result.output
+
+
+def test_replay_of_an_id_that_is_no_letter_exits_1_saying_so(database):
+    """``replay --id N`` of an id no letter has said "no dead letters to replay match" and exited 0, as for a letter
+    replayed already; now it names the ids and exits 1."""
+    feed(database, [[row(1, amount=-1)]], source="plain", mapping=app_counters.MAPPING)
+    [letter] = stored_letters(database)
+    url = database.engine.url.render_as_string(hide_password=False)
+    result = CliRunner().invoke(main, ["--url", url, "dead-letters", "replay", APP, "--id", str(letter["id"] + 100)])
+    assert result.exit_code == 1, result.output
+    assert f"no dead letter has the id {letter['id'] + 100}" in result.output
+    assert "nothing was replayed" in result.output
