@@ -29,6 +29,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 TABLE = "activedb_dead_letters"
 _ARROW_TAG = "$arrow"
+#: The original of a ``None`` row (a NULL original is a letter written before originals were kept).
+_NONE_TAG = "$none"
 
 
 class FinalReason(str):
@@ -228,6 +230,9 @@ def encode_originals(rows: Sequence[object]) -> list[object]:
     schema: Any = None
     head: bytes | None = None
     for row in rows:
+        if row is None:
+            encoded.append({_NONE_TAG: True})
+            continue
         if not _is_arrow(row):
             encoded.append(_kept(row))
             continue
@@ -273,6 +278,8 @@ def _keepable(value: object) -> object:
 
 def decode_original(stored: object) -> object:
     """The inverse of :func:`encode_original`."""
+    if isinstance(stored, Mapping) and len(stored) == 1 and _NONE_TAG in stored:
+        return None
     if isinstance(stored, Mapping) and len(stored) == 1 and _ARROW_TAG in stored:
         with needs(Extra.SPARK, "reading a row Spark delivered (an Arrow table)"):
             import pyarrow as pa

@@ -95,6 +95,20 @@ def test_bytes_and_nan_in_a_letter_are_shown_tagged_not_as_text(database):
 
 # --- the plain connector ------------------------------------------------------------------------------------------
 
+def test_a_none_row_keeps_an_original_distinct_from_none_kept(database):
+    """A ``None`` among the rows was kept as a NULL original — what a letter written before originals were kept
+    has — so its record's row() gave the readable form, ``{"value": None}``.  Now the original is ``{"$none": true}``."""
+    [outcome] = feed(database, [[row(1), None]], source="nothing", mapping=app_counters.MAPPING)
+    assert outcome.committed and (outcome.events, outcome.dead_letters) == (1, 1)
+    [letter] = stored_letters(database)
+    assert letter["reason"].startswith("row is None (NoneType), not a mapping")
+    assert letter["original"] == {"$none": True}
+    [record] = deadletters.select(database)
+    assert record.row() is None
+    assert deadletters.decode_original(deadletters.encode_original(None)) is None
+    assert deadletters.decode_original(deadletters.encode_original({"$none": True})) == {"$none": True}
+
+
 @pytest.mark.parametrize("call", ["feed", "Ingestion"])
 @pytest.mark.parametrize("what", ["a-url", "an-engine"])
 def test_something_that_is_no_database_is_refused_at_once_saying_to_connect(database, call, what):
