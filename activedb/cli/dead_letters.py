@@ -149,7 +149,9 @@ def letters_show(ctx: click.Context, letter_id: int) -> None:
     click.echo(f"dead letter {letter['id']}")
     for key in ("query_id", "batch_id", "created_at", "replayed_at", "replay_query_id", "reason"):
         click.echo(f"  {key:<15} {letter.get(key) if letter.get(key) is not None else '-'}")
-    click.echo("  raw row" + ("" if letter["original"] is not None else
+    click.echo("  raw row" + (" (cut: the letter was larger than a letter keeps — the start of its readable form; "
+                              "its row was not kept, it cannot be replayed)" if letters[0].cut()
+                              else "" if letter["original"] is not None else
                               " (written before originals were kept: a replay submits this form)") + ":")
     click.echo("    " + json.dumps(letter["raw"], indent=2, default=json_default).replace("\n", "\n    "))
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shlex
 from pathlib import Path
 
@@ -17,6 +18,8 @@ from click.testing import CliRunner
 
 from activedb import deadletters
 from activedb.cli import main
+from activedb.deadletters import LETTER_BYTES, Letter, LetterRecord
+from activedb.errors import BadArgument
 from activedb.ingest import Ingestion, feed
 from activedb.ingest.errors import IngestError
 from activedb.store import JSONABLE_DEPTH, jsonable
@@ -131,6 +134,40 @@ def test_a_fed_batch_outcome_says_how_long_it_took(database):
     [again] = feed(database, [[row(1)]], source="timed", mapping=app_counters.MAPPING)
     assert first.committed and first.seconds > 0
     assert not again.committed and again.seconds > 0
+
+
+# --- a letter too large to keep ------------------------------------------------------------------------------------
+
+def test_a_letter_larger_than_its_bound_is_cut_and_the_batch_commits(database):
+    """A letter whose JSON is larger than ``LETTER_BYTES`` is kept cut: its reason says so and why, ``raw`` a preview
+    and ``original`` its size; ``LetterRecord.cut()`` tells, and a replay refuses it."""
+    big = "x" * (LETTER_BYTES // 2 + 1)               # (in raw and in original: together past the bound)
+    [outcome] = feed(database, [[row(1), row(2, amount=big)]], source="large", mapping=app_counters.MAPPING)
+    assert outcome.committed and (outcome.events, outcome.dead_letters) == (1, 1)
+    [letter] = stored_letters(database)
+    assert "rejected by rule 'apply_add'" in letter["reason"]
+    assert "; cut: the letter's JSON is " in letter["reason"] and "bytes, more than a letter keeps" in letter["reason"]
+    assert list(letter["raw"]) == ["cut"] and len(letter["raw"]["cut"]) == 1_000
+    assert letter["raw"]["cut"].startswith("{")
+    assert list(letter["original"]) == ["$cut"] and letter["original"]["$cut"] > LETTER_BYTES
+    [record] = deadletters.select(database)
+    assert record.cut() and not LetterRecord(1, None, None, "why", {"a": 1}, {"a": 1}).cut()
+    with pytest.raises(BadArgument, match=r"this dead letter was kept cut .* its row was not kept"):
+        record.row()
+    url = database.engine.url.render_as_string(hide_password=False)
+    shown = CliRunner().invoke(main, ["--url", url, "dead-letters", "show", str(record.id)])
+    assert shown.exit_code == 0 and "raw row (cut: the letter was larger than a letter keeps" in shown.output
+    replayed = CliRunner().invoke(main, ["--url", url, "dead-letters", "replay", APP])
+    assert replayed.exit_code == 1, replayed.output
+    assert re.search(rf"dead letter {record.id} of 'large' was cut .* its row was not kept, so it cannot be "
+                     rf"replayed .* no letter was replayed", " ".join(replayed.output.split()))
+    assert [letter["reason"] for letter in stored_letters(database)] == [record.reason]     # nothing replayed
+
+
+def test_letters_under_the_bound_are_kept_whole():
+    [columns] = deadletters._letters._columns([Letter("why", {"key": "x" * 1000})])
+    assert columns["raw"] == {"key": "x" * 1000} and columns["original"] == {"key": "x" * 1000}
+    assert columns["reason"] == "why"
 
 
 # --- activedb dead-letters replay ----------------------------------------------------------------------------------
