@@ -34,10 +34,10 @@ _NONE_TAG = "$none"
 #: The original of a letter kept cut (:data:`LETTER_BYTES`): ``{"$cut": its JSON's size in bytes}``.
 _CUT_TAG = "$cut"
 
-#: The most bytes of JSON a dead letter keeps, its readable form and its original together: a larger letter is kept
-#: *cut* — its reason says so, ``raw`` holds a preview of its readable form (``{"cut": text}``, the first
-#: :data:`CUT_PREVIEW_CHARS` characters) and ``original`` its size, not the row (:meth:`LetterRecord.cut`).  The bound
-#: keeps a batch's letters within what PostgreSQL takes in one value and one statement.
+#: The most bytes of JSON a dead letter keeps, its reason, readable form and original together: a larger letter is
+#: kept *cut* — its reason says so, ``raw`` holds a preview of its readable form (``{"cut": text}``, the first
+#: :data:`CUT_PREVIEW_CHARS` characters; a reason longer than that is cut alike) and ``original`` its size, not the
+#: row (:meth:`LetterRecord.cut`).  The bound keeps a letter within what PostgreSQL takes in one value.
 LETTER_BYTES = 16 * 2**20
 CUT_PREVIEW_CHARS = 1_000
 
@@ -316,16 +316,17 @@ def _rows(query_id: str | None, batch_id: int | None, letters: Iterable[Letter])
 
 def _columns(letters: Sequence[Letter]) -> list[dict[str, object]]:
     """Each letter's own columns: its reason (text PostgreSQL cannot store, such as a NUL character or a lone
-    surrogate, spelled out), its readable form and its original — or, for a letter whose readable form and original
-    are together larger than :data:`LETTER_BYTES` of JSON, the letter cut (:func:`_cut`)."""
+    surrogate, spelled out), its readable form and its original — or, for a letter whose reason, readable form and
+    original are together larger than :data:`LETTER_BYTES` of JSON, the letter cut (:func:`_cut`)."""
     columns: list[dict[str, object]] = []
     for letter, original in zip(letters, encode_originals([letter.row for letter in letters])):
         raw = letter.raw()
         # (ASCII: the encoder escapes the rest, so characters are bytes; the readable form encoded once, for its size
         # and a cut letter's preview)
         shown = _ENCODER.encode(raw)
-        size = len(shown) + len(_ENCODER.encode(original))
         reason = storable_text(letter.reason)
+        size = (len(reason) if reason.isascii() else len(reason.encode("utf-8"))) + len(shown) + len(
+            _ENCODER.encode(original))
         columns.append({"reason": reason, "raw": raw, "original": original} if size <= LETTER_BYTES
                        else _cut(reason, shown, size))
     return columns
@@ -333,9 +334,12 @@ def _columns(letters: Sequence[Letter]) -> list[dict[str, object]]:
 
 def _cut(reason: str, shown: str, size: int) -> dict[str, object]:
     """The columns of a letter kept cut: its JSON (``size`` bytes, ``shown`` its readable form's) is larger than
-    :data:`LETTER_BYTES`."""
+    :data:`LETTER_BYTES`.  Its reason and readable form keep their first :data:`CUT_PREVIEW_CHARS` characters (a
+    reason longer than that — a rule's error may hold the value that broke it — ends with ``…``)."""
+    if len(reason) > CUT_PREVIEW_CHARS:
+        reason = f"{reason[:CUT_PREVIEW_CHARS]}…"
     return {"reason": f"{reason}; cut: the letter's JSON is {size:,} bytes, more than a letter keeps "
-                      f"({LETTER_BYTES:,}): raw holds the first {CUT_PREVIEW_CHARS:,} characters of its readable form, "
+                      f"({LETTER_BYTES:,}): its reason and raw hold their first {CUT_PREVIEW_CHARS:,} characters, "
                       f"and its row is not kept (it cannot be replayed)",
             "raw": {"cut": shown[:CUT_PREVIEW_CHARS]}, "original": {_CUT_TAG: size}}
 

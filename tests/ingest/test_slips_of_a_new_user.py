@@ -18,7 +18,7 @@ from click.testing import CliRunner
 
 from activedb import deadletters
 from activedb.cli import main
-from activedb.deadletters import LETTER_BYTES, Letter, LetterRecord
+from activedb.deadletters import CUT_PREVIEW_CHARS, LETTER_BYTES, Letter, LetterRecord
 from activedb.errors import BadArgument
 from activedb.ingest import Ingestion, feed
 from activedb.ingest.errors import IngestError
@@ -162,6 +162,18 @@ def test_a_letter_larger_than_its_bound_is_cut_and_the_batch_commits(database):
     assert re.search(rf"dead letter {record.id} of 'large' was cut .* its row was not kept, so it cannot be "
                      rf"replayed .* no letter was replayed", " ".join(replayed.output.split()))
     assert [letter["reason"] for letter in stored_letters(database)] == [record.reason]     # nothing replayed
+
+
+def test_a_reason_larger_than_the_bound_is_cut_too(database):
+    """The bound counts the reason as well (a rule's error may hold the value that broke it): a letter whose reason
+    alone passes it is kept cut, its reason cut to a preview."""
+    reason = "rejected by rule 'r': " + "y" * LETTER_BYTES
+    with database.transaction() as tx:
+        deadletters.insert(tx, "huge", 0, [Letter(reason, {"key": "k"})])
+    [record] = deadletters.select(database)
+    assert record.cut() and record.raw == {"cut": '{"key":"k"}'}
+    assert record.reason.startswith("rejected by rule 'r': yyy") and len(record.reason) < 2 * CUT_PREVIEW_CHARS
+    assert f"…; cut: the letter's JSON is {len(reason) + 22:,} bytes, more than a letter keeps" in record.reason
 
 
 def test_letters_under_the_bound_are_kept_whole():
