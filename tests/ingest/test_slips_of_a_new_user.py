@@ -76,7 +76,8 @@ def test_a_row_nested_deeper_than_any_reader_goes_is_a_dead_letter_and_the_batch
                      mapping=app_counters.MAPPING)
     assert outcome.committed and (outcome.events, outcome.dead_letters) == (1, 1)
     [letter] = stored_letters(database)
-    assert letter["reason"] == "event processing failed: RecursionError: maximum recursion depth exceeded"
+    # (Python words the error by where the stack ran out: "... exceeded", "... exceeded in comparison", ...)
+    assert letter["reason"].startswith("event processing failed: RecursionError: maximum recursion depth exceeded")
     assert letter["raw"]["seq"] == 2 and isinstance(letter["raw"]["amount"], list)
     deepest, levels = letter["raw"]["amount"], 1
     while isinstance(deepest, list):
