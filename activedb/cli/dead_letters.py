@@ -6,6 +6,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import json
+import shlex
 import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -16,6 +17,7 @@ from activedb.cli import _Group, _confirm, console, has_no_tables, literal, open
 from activedb.cli.options import json_default
 
 if TYPE_CHECKING:  # pragma: no cover
+    from activedb._handle import DatabaseHandle
     from activedb.deadletters import LetterRecord
 
 _Command = TypeVar("_Command", bound=Callable[..., Any])
@@ -147,7 +149,9 @@ def letters_show(ctx: click.Context, letter_id: int) -> None:
     click.echo(f"dead letter {letter['id']}")
     for key in ("query_id", "batch_id", "created_at", "replayed_at", "replay_query_id", "reason"):
         click.echo(f"  {key:<15} {letter.get(key) if letter.get(key) is not None else '-'}")
-    click.echo("  raw row" + ("" if letter["original"] is not None else
+    click.echo("  raw row" + (" (cut: the letter was larger than a letter keeps — the start of its readable form; "
+                              "its row was not kept, it cannot be replayed)" if letters[0].cut()
+                              else "" if letter["original"] is not None else
                               " (written before originals were kept: a replay submits this form)") + ":")
     click.echo("    " + json.dumps(letter["raw"], indent=2, default=json_default).replace("\n", "\n    "))
 
@@ -195,6 +199,18 @@ def _refuse_captured(letters: list[LetterRecord]) -> None:
             f"a mapping reads, so {'they' if len(captured) > 1 else 'it'} cannot be replayed — fix the cause the "
             f"reason names and write the change again (or purge the letter); leave capture's letters out (--query, "
             f"--id); nothing was replayed")
+
+
+def _refuse_unknown_ids(database: DatabaseHandle, ids: tuple[int, ...]) -> None:
+    """Refuse a replay of ``--id`` values no letter has (a mistyped id): exit 1 naming them, nothing replayed."""
+    from activedb import deadletters
+
+    known = {letter.id for letter in deadletters.select(database, deadletters.LetterFilter(ids=ids))}
+    unknown = sorted(set(ids) - known)
+    if unknown:
+        raise click.ClickException(
+            f"no dead letter has the id{'s' if len(unknown) > 1 else ''} {', '.join(map(str, unknown))} — "
+            f"`activedb dead-letters list --all` shows the letters and their ids; nothing was replayed")
 
 
 @dead_letters.command("replay")
@@ -248,6 +264,8 @@ def replay_command(ctx: click.Context, app: str, ids: tuple[int, ...] | None, qu
             return
         letters = deadletters.select(database, deadletters.LetterFilter(ids, query, batch, reason, replayed=False),
                                      limit=limit or None)
+        if ids is not None:
+            _refuse_unknown_ids(database, ids)
         if not letters:
             click.echo("no dead letters to replay match (`activedb dead-letters list --all` shows replayed ones)")
             return
@@ -272,6 +290,10 @@ def replay_command(ctx: click.Context, app: str, ids: tuple[int, ...] | None, qu
     queries = sorted({outcome.query_id for outcome in outcomes})
     click.echo(f"replayed {len(outcomes)} dead letter(s) as {', '.join(queries)}: "
                + ", ".join(f"{count} {what}" for what, count in sorted(counts.items())))
-    if counts.get(ReplayResult.REJECTED_AGAIN):
-        click.echo(f"those rejected again are new dead letters: activedb dead-letters list --query "
-                   f"{queries[0].split(':', 1)[1]}")
+    # Every source rejected again, each its own command (--query takes one), quoted to be pasted into a shell.
+    again = sorted({outcome.query_id.split(":", 1)[1] for outcome in outcomes
+                    if outcome.outcome is ReplayResult.REJECTED_AGAIN})
+    if again:
+        click.echo("those rejected again are new dead letters:")
+        for name in again:
+            click.echo(f"  activedb dead-letters list --query {shlex.quote(name)}")

@@ -29,6 +29,17 @@ if TYPE_CHECKING:  # pragma: no cover
 
 TABLE = "activedb_dead_letters"
 _ARROW_TAG = "$arrow"
+#: The original of a ``None`` row (a NULL original is a letter written before originals were kept).
+_NONE_TAG = "$none"
+#: The original of a letter kept cut (:data:`LETTER_BYTES`): ``{"$cut": its JSON's size in bytes}``.
+_CUT_TAG = "$cut"
+
+#: The most bytes of JSON a dead letter keeps, its reason, readable form and original together: a larger letter is
+#: kept *cut* — its reason says so, ``raw`` holds a preview of its readable form (``{"cut": text}``, the first
+#: :data:`CUT_PREVIEW_CHARS` characters; a reason longer than that is cut alike) and ``original`` its size, not the
+#: row (:meth:`LetterRecord.cut`).  The bound keeps a letter within what PostgreSQL takes in one value.
+LETTER_BYTES = 16 * 2**20
+CUT_PREVIEW_CHARS = 1_000
 
 
 class FinalReason(str):
@@ -94,8 +105,8 @@ class Letter:
     """A dead letter about to be written: why, and the row. Immutable.
 
     ``row`` is the original, kept exactly (any value :func:`activedb.store.exact_json` takes, or a one-row
-    ``pyarrow.Table``); ``shown`` the readable form for ``raw`` (default: ``jsonable(row)``, wrapped as
-    ``{"value": ...}`` unless it is a mapping)."""
+    ``pyarrow.Table``); ``shown`` the readable form for ``raw`` (default: ``jsonable(row, tagged=True)`` — bytes and
+    non-finite floats tagged, not shown as text —, wrapped as ``{"value": ...}`` unless it is a mapping)."""
 
     reason: str
     row: Any = field(hash=False)
@@ -104,7 +115,7 @@ class Letter:
     def raw(self) -> dict[str, Json]:
         if self.shown is not None:
             return dict(self.shown)
-        shown = jsonable(self.row)
+        shown = jsonable(self.row, tagged=True)
         return shown if isinstance(shown, dict) else {"value": shown}
 
 
@@ -131,10 +142,16 @@ class LetterRecord:
 
     def row(self) -> object:
         """The row as its writer had it (a one-row ``pyarrow.Table`` for rows Spark delivered, else a
-        dict or the value); ``raw`` for letters written before originals were kept."""
+        dict or the value); ``raw`` for letters written before originals were kept.  A letter kept cut
+        (:meth:`cut`) has no row: BadArgument."""
         if self.original is None:
             return self.raw
         return decode_original(self.original)
+
+    def cut(self) -> bool:
+        """Whether the letter was kept cut — larger than :data:`LETTER_BYTES`: its ``raw`` a preview, its row not
+        kept (a replay refuses it)."""
+        return _cut_size(self.original) is not None
 
 
 @dataclass(frozen=True)
@@ -228,6 +245,9 @@ def encode_originals(rows: Sequence[object]) -> list[object]:
     schema: Any = None
     head: bytes | None = None
     for row in rows:
+        if row is None:
+            encoded.append({_NONE_TAG: True})
+            continue
         if not _is_arrow(row):
             encoded.append(_kept(row))
             continue
@@ -251,8 +271,9 @@ def encode_originals(rows: Sequence[object]) -> list[object]:
 
 def _kept(row: object) -> object:
     """``exact_json(row)``; a value of it that cannot be kept exactly — one ``pickle`` refuses, a lock or an instance
-    of a class defined in a function — in its readable form (``jsonable``: its ``repr``), the row's other values
-    exactly: a row is a dead letter because it is wrong, and its letter is written whatever it holds."""
+    of a class defined in a function, or one nested deeper than Python's stack goes — in its readable form
+    (``jsonable``: its ``repr``), the row's other values exactly: a row is a dead letter because it is wrong, and its
+    letter is written whatever it holds."""
     try:
         return exact_json(row)
     except Exception:       # (pickle's refusals: PicklingError, TypeError, AttributeError, ...)
@@ -271,7 +292,13 @@ def _keepable(value: object) -> object:
 
 
 def decode_original(stored: object) -> object:
-    """The inverse of :func:`encode_original`."""
+    """The inverse of :func:`encode_original`; BadArgument for the original of a letter kept cut (it holds no row)."""
+    size = _cut_size(stored)
+    if size is not None:
+        raise BadArgument(f"this dead letter was kept cut (its JSON, {size:,} bytes, is more than a letter keeps): its "
+                          f"row was not kept — feed the row again from its source")
+    if isinstance(stored, Mapping) and len(stored) == 1 and _NONE_TAG in stored:
+        return None
     if isinstance(stored, Mapping) and len(stored) == 1 and _ARROW_TAG in stored:
         with needs(Extra.SPARK, "reading a row Spark delivered (an Arrow table)"):
             import pyarrow as pa
@@ -289,9 +316,40 @@ def _rows(query_id: str | None, batch_id: int | None, letters: Iterable[Letter])
 
 def _columns(letters: Sequence[Letter]) -> list[dict[str, object]]:
     """Each letter's own columns: its reason (text PostgreSQL cannot store, such as a NUL character or a lone
-    surrogate, spelled out), its readable form and its original."""
-    return [{"reason": storable_text(letter.reason), "raw": letter.raw(), "original": original}
-            for letter, original in zip(letters, encode_originals([letter.row for letter in letters]))]
+    surrogate, spelled out), its readable form and its original — or, for a letter whose reason, readable form and
+    original are together larger than :data:`LETTER_BYTES` of JSON, the letter cut (:func:`_cut`)."""
+    columns: list[dict[str, object]] = []
+    for letter, original in zip(letters, encode_originals([letter.row for letter in letters])):
+        raw = letter.raw()
+        # (ASCII: the encoder escapes the rest, so characters are bytes; the readable form encoded once, for its size
+        # and a cut letter's preview)
+        shown = _ENCODER.encode(raw)
+        reason = storable_text(letter.reason)
+        size = (len(reason) if reason.isascii() else len(reason.encode("utf-8"))) + len(shown) + len(
+            _ENCODER.encode(original))
+        columns.append({"reason": reason, "raw": raw, "original": original} if size <= LETTER_BYTES
+                       else _cut(reason, shown, size))
+    return columns
+
+
+def _cut(reason: str, shown: str, size: int) -> dict[str, object]:
+    """The columns of a letter kept cut: its JSON (``size`` bytes, ``shown`` its readable form's) is larger than
+    :data:`LETTER_BYTES`.  Its reason and readable form keep their first :data:`CUT_PREVIEW_CHARS` characters (a
+    reason longer than that — a rule's error may hold the value that broke it — ends with ``…``)."""
+    if len(reason) > CUT_PREVIEW_CHARS:
+        reason = f"{reason[:CUT_PREVIEW_CHARS]}…"
+    return {"reason": f"{reason}; cut: the letter's JSON is {size:,} bytes, more than a letter keeps "
+                      f"({LETTER_BYTES:,}): its reason and raw hold their first {CUT_PREVIEW_CHARS:,} characters, "
+                      f"and its row is not kept (it cannot be replayed)",
+            "raw": {"cut": shown[:CUT_PREVIEW_CHARS]}, "original": {_CUT_TAG: size}}
+
+
+def _cut_size(original: object) -> int | None:
+    """The size a letter kept cut had (its ``original``: ``{"$cut": size}``); None for any other letter."""
+    if isinstance(original, Mapping) and len(original) == 1 and _CUT_TAG in original:
+        size = original[_CUT_TAG]
+        return size if isinstance(size, int) else None
+    return None
 
 
 def insert(tx: Transaction, query_id: str | None, batch_id: int | None, letters: Sequence[Letter]) -> None:

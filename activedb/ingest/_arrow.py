@@ -366,7 +366,9 @@ def _arrow_rejections(table: pa.Table | pa.RecordBatch, errors: Mapping[int, str
 
 
 def jsonable_rows(table: pa.Table | pa.RecordBatch) -> list[dict[str, Json]]:
-    """The rows of ``table`` as dicts of storable JSON values."""
+    """The rows of ``table`` as dicts of storable JSON values, as a dead letter shows them (``jsonable(value,
+    tagged=True)``: bytes and non-finite floats tagged)."""
     names = table.schema.names
     columns = [arrow_values(table.column(index)) for index in range(table.num_columns)]
-    return [{name: jsonable(values[index]) for name, values in zip(names, columns)} for index in range(table.num_rows)]
+    return [{name: jsonable(values[index], tagged=True) for name, values in zip(names, columns)}
+            for index in range(table.num_rows)]

@@ -8,12 +8,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 from activedb._handle import DatabaseHandle
+from activedb.ingest.errors import IngestError
 
 if TYPE_CHECKING:  # pragma: no cover
     from activedb.ingest._rules import BatchLowering
     from activedb.txn import CommitParticipant, Transaction
 
-__all__ = ["IngestDatabase"]
+__all__ = ["IngestDatabase", "check_database"]
 
 
 class _Lineage(Protocol):
@@ -45,3 +46,16 @@ class IngestDatabase(DatabaseHandle, Protocol):
         """How the rule path runs a batch of plain rules as one batch when that is the same as firing them
         (``activedb.batch``, "Plain rules lowered")."""
         ...
+
+
+#: What an ingestion asks of its database at once, checked before anything else is (:func:`check_database`).
+_NEEDED = ("catalog", "transactions", "rules", "clock", "transaction", "punctuate")
+
+
+def check_database(call: str, db: object) -> None:
+    """Raise :class:`IngestError` unless ``db`` (given to ``call``) is a database as :func:`activedb.connect` returns
+    it — a URL or an SQLAlchemy engine failed later, naming an attribute it lacks."""
+    if not all(hasattr(db, name) for name in _NEEDED):
+        raise IngestError(f"{call}(db={db!r:.80}) takes the Database activedb.connect(url) returns, not "
+                          f"{'an' if type(db).__name__[:1] in 'AEIOU' else 'a'} {type(db).__name__}: "
+                          f"db = activedb.connect(url), then {call}(db, ...); nothing was applied")

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from activedb.errors import check_switch
 from activedb.ingest._ingestion import Ingestion
+from activedb.ingest._database import check_database
 from activedb.ingest._interface import Batch, LedgerId, Phase, ReservedSource, Rows, Source
 from activedb.ingest._ledger import check_source_name, check_source_owner
 from activedb.ingest._mapping import EventMapping
@@ -83,6 +84,7 @@ def feed(db: IngestDatabase, batches: Iterable[Rows | Batch], *, source: str, ru
     (``Ingestion.end_of_stream``); ``owner`` (the extender tier: the replay of dead letters) is :class:`Ingestion`'s —
     a ``source`` beginning with ``replay:`` or ``capture:`` is refused without it.  Returns the outcomes, in
     order."""
+    check_database("feed", db)
     if not isinstance(batches, Iterable):
         raise IngestError(f"batches {batches!r} is not a collection of batches: give feed(db, [[row, ...], ...]) — each "
                           f"batch a sequence of rows (mappings), an Arrow table or a Batch; nothing was applied")

@@ -27,7 +27,7 @@ from activedb.ingest._watch import BatchInProgress, Deadlines, Watch
 from activedb.ingest.errors import IngestError, MappingError
 from activedb.tracing import BatchTracing
 
-from activedb.ingest._database import IngestDatabase
+from activedb.ingest._database import IngestDatabase, check_database
 
 if TYPE_CHECKING:  # pragma: no cover
     from activedb.txn import CommitParticipant, Transaction
@@ -68,6 +68,7 @@ class Ingestion:
                  batch_attempts: int = 3, on_phase: Callable[[Phase, int], None] | None = None, lineage: bool = False,
                  event_ids_under: str | None = None, deadlines: Deadlines | None = None,
                  owner: ReservedSource | None = None) -> None:
+        check_database("Ingestion", db)
         if mapping is not None:
             try:
                 mapping = as_mapping(mapping)

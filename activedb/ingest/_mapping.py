@@ -222,8 +222,8 @@ raw_events = _raw_events_maker()
 class Rejected:
     """A row that could not become an event: why, where, and the row itself.
 
-    ``row`` is JSON-serialisable (see :func:`jsonable`); ``reason`` names the field and
-    the problem in one sentence.
+    ``row`` is JSON-serialisable (a dead letter's readable form: ``jsonable(row, tagged=True)``); ``reason`` names the
+    field and the problem in one sentence.
     """
 
     position: int  # index of the row in the batch, or -1 for a rejection that is no row of it
@@ -542,8 +542,9 @@ def rows_to_events(rows: Rows, mapping: EventMapping,
                       [ts_values[position] for position in positions], payloads, positions,
                       [id_values[position] for position in positions])
 
-    bad = [Rejected(position, errors[position], jsonable(rows[position]) if isinstance(rows[position], Mapping)
-                    else {"value": jsonable(rows[position])}) for position in sorted(errors)]
+    bad = [Rejected(position, errors[position], jsonable(rows[position], tagged=True)
+                    if isinstance(rows[position], Mapping) else {"value": jsonable(rows[position], tagged=True)})
+           for position in sorted(errors)]
     good.sort(key=by_ts)
     return good, bad
 

@@ -177,9 +177,7 @@ class BatchBook:
         after one the ledger had before it ran — a re-delivery — is likely re-delivered too, so
         :meth:`follows_committed` leaves it to the ledger."""
         self.phase(Phase.SKIPPED, batch_id)
-        outcome = BatchOutcome(query_id, batch_id, False, row_count, 0, 0, {}, watermark, timings)
-        self.record(outcome, began)
-        return outcome
+        return self.record(BatchOutcome(query_id, batch_id, False, row_count, 0, 0, {}, watermark, timings), began)
 
     def committed(self, query_id: str, batch_id: int) -> None:
         """Batch ``batch_id`` of ``query_id`` committed (its transaction did, or its commit was refused as a duplicate
@@ -256,9 +254,10 @@ class BatchBook:
 
     # -- outcomes and statistics ------------------------------------------------------------------
 
-    def record(self, outcome: BatchOutcome, began: float) -> None:
-        """Count ``outcome`` (a batch that began at ``time.perf_counter()`` ``began``).  A run's end-of-stream release
-        (a negative batch number: ``END_OF_STREAM_BATCH``) adds its events and dead letters, not a batch."""
+    def record(self, outcome: BatchOutcome, began: float) -> BatchOutcome:
+        """Count ``outcome`` (a batch that began at ``time.perf_counter()`` ``began``); returns it with its ``seconds``,
+        the outcome counted — the one to hand on.  A run's end-of-stream release (a negative batch number:
+        ``END_OF_STREAM_BATCH``) adds its events and dead letters, not a batch."""
         ended = time.perf_counter()
         elapsed = ended - began
         outcome = dataclasses.replace(outcome, seconds=elapsed)
@@ -277,12 +276,13 @@ class BatchBook:
                 self._watermark = outcome.watermark
             if not outcome.committed:
                 counters["batches_skipped"] += 0 if release else 1
-                return
+                return outcome
             counters["batches"] += 0 if release else 1
             counters["events"] += outcome.events
             counters["dead_letters"] += outcome.dead_letters
             self._rule_firings.update(outcome.rule_firings)
             self._last_batch_rate = outcome.events / elapsed if elapsed > 0 else None
+        return outcome
 
     def recent_outcomes(self) -> list[BatchOutcome]:
         with self._mutex:

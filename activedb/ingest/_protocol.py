@@ -400,8 +400,7 @@ def _run_batch(context: BatchContext, handler: BatchHandler, rows: Rows, row_cou
         context.db.punctuate(context.query_name, watermark)
     outcome = BatchOutcome(query_id, batch_id, True, row_count, ledger.events, ledger.dead_letters,
                            dict(ledger.rule_firings), watermark, timings, attempt)
-    book.record(outcome, began)
-    return outcome
+    return book.record(outcome, began)
 
 
 def _skip(context: BatchContext, recorded: RecordedBatch | None, query_id: str, batch_id: int, row_count: int,

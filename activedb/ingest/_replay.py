@@ -90,6 +90,11 @@ def replay_dead_letters(db: IngestDatabase, app: Replayable, letters: Iterable[L
             raise IngestError(f"dead letter {letter.reason!r:.60} of {letter.query_id!r} has no id (id={letter.id!r}): "
                               f"replay letters as read from activedb_dead_letters, each with its id; no letter was "
                               f"replayed")
+        if letter.cut():
+            raise IngestError(f"dead letter {letter.id} of {letter.query_id!r} was cut (its JSON was larger than "
+                              f"a letter keeps, activedb.deadletters.LETTER_BYTES): its row was not kept, so it cannot "
+                              f"be replayed — feed the row again from its source, and leave the letter out (--id, "
+                              f"--query) or purge it; no letter was replayed")
         replay = LedgerId.parse(f"{REPLAY_PREFIX}{original_query_name(letter.query_id)}")
         if replay.run is not None:
             # (A run-less id holds no '@RUN': replay:NAME@x reads as run x of replay:NAME, which LedgerId refuses.)

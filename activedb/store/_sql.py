@@ -59,38 +59,57 @@ Json: TypeAlias = "None | bool | int | float | str | list[Json] | dict[str, Json
 _Key = TypeVar("_Key")
 
 
-@overload
-def jsonable(value: Mapping[_Key, object]) -> dict[str, Json]: ...
+#: How many levels of nested mappings and sequences :func:`jsonable` converts; a value nested deeper is shown as a
+#: text that says so (a row of thousands of nested lists must not exhaust Python's stack where it is shown).
+JSONABLE_DEPTH = 100
 
 
 @overload
-def jsonable(value: object) -> Json: ...
+def jsonable(value: Mapping[_Key, object], *, tagged: bool = False) -> dict[str, Json]: ...
 
 
-def jsonable(value: object) -> Json:
+@overload
+def jsonable(value: object, *, tagged: bool = False) -> Json: ...
+
+
+def jsonable(value: object, *, tagged: bool = False) -> Json:
     """``value`` converted to something ``json.dumps`` **and PostgreSQL ``jsonb``** accept.
 
     datetimes, dates and times become ISO-8601 strings; ``Decimal`` and non-finite floats become
     strings; bytes become base64 strings; mappings and sequences are converted recursively (keys become
-    strings); text PostgreSQL cannot store is made storable (:func:`storable_text`); anything else
-    becomes its ``repr``.  Used for dead letters, logs and annotations.
+    strings) down to :data:`JSONABLE_DEPTH` levels — a value nested deeper becomes a text naming its type and the
+    bound; text PostgreSQL cannot store is made storable (:func:`storable_text`); anything else
+    becomes its ``repr``.  ``tagged`` (a dead letter's readable form): bytes and non-finite floats are tagged as
+    :func:`~activedb.store.exact_json` tags them, ``{"$bytes": base64}`` and ``{"$float": "nan"}``, so they are not
+    mistaken for text.  Used for dead letters, logs and annotations.
     """
+    return _jsonable(value, tagged, JSONABLE_DEPTH)
+
+
+def _jsonable(value: object, tagged: bool, depth: int) -> Json:
+    """:func:`jsonable` of ``value``, converting at most ``depth`` more levels of nesting."""
     if value is None or isinstance(value, (bool, int)):
         return value
     if isinstance(value, str):
         return storable_text(value)
     if isinstance(value, float):
-        return value if math.isfinite(value) else str(value)
+        if math.isfinite(value):
+            return value
+        return {"$float": str(value)} if tagged else str(value)
     if isinstance(value, (datetime.datetime, datetime.date, datetime.time)):
         return value.isoformat()
     if isinstance(value, decimal.Decimal):
         return str(value)
     if isinstance(value, (bytes, bytearray, memoryview)):
-        return base64.b64encode(bytes(value)).decode("ascii")
+        text = base64.b64encode(bytes(value)).decode("ascii")
+        return {"$bytes": text} if tagged else text
+    nested = isinstance(value, (Mapping, list, tuple, set, frozenset))
+    if nested and depth <= 0:
+        return f"<{type(value).__name__} nested deeper than {JSONABLE_DEPTH} levels: not shown>"
     if isinstance(value, Mapping):
-        return {storable_text(str(key)): jsonable(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple, set, frozenset)):
-        return [jsonable(item) for item in value]
+        return {storable_text(str(key)): _jsonable(item, tagged, depth - 1) for key, item in value.items()}
+    if nested:
+        return [_jsonable(item, tagged, depth - 1) for item in value]     # type: ignore[attr-defined]
     return storable_text(repr(value))
 
 
