@@ -295,12 +295,17 @@ WHERE c.position BETWEEN :first_position AND :last_position
 ORDER BY c.position, ch.id"""
 
 
-# Commits every consumer has handled completely (below the smallest position) and older than the
-# retention: their changes and commit rows go.  Their age is compared in seconds, never ``now()`` minus the
-# retention: a retention of "for ever" (``timedelta.max``, infinity) is no timestamp PostgreSQL can compute.
+# Commits every consumer has handled completely and older than the retention: their changes and commit rows go.
+# A consumer at (position, change_id) has handled every commit below its position, and the commit at it once no
+# change of that commit has a larger id (a batch may end inside a commit; a commit row is written at its COMMIT,
+# when its changes are all there, so none comes later).  No consumer registered: nothing goes (min is NULL).
+# Their age is compared in seconds, never ``now()`` minus the retention: a retention of "for ever"
+# (``timedelta.max``, infinity) is no timestamp PostgreSQL can compute.
 PRUNABLE = f"""
 SELECT c.position, c.xid::text AS xid FROM {COMMITS} c
-WHERE c.position < (SELECT min(position) FROM {CONSUMERS})
+WHERE c.position <= (SELECT min(position) FROM {CONSUMERS})
+  AND NOT EXISTS (SELECT FROM {CONSUMERS} k JOIN {CHANGES} ch ON ch.xid = c.xid AND ch.id > k.change_id
+                  WHERE k.position = c.position)
   AND extract(epoch FROM now() - c.committed_at) > CAST(:retention_seconds AS double precision)
 ORDER BY c.position
 LIMIT :limit"""
