@@ -213,7 +213,7 @@ def replay_command(ctx: click.Context, app: str, ids: tuple[int, ...] | None, qu
 
     APP is what `activedb run` takes (register(db) and MAPPING)."""
     from activedb import deadletters
-    from activedb.cli.application import app_handler, load_app, require_rules
+    from activedb.cli.application import app_handler, load_app, no_mapping, require_rules
     from activedb.progress import Progress
     from activedb.ingest import BatchHandler, ReplayResult, RulesHandler, replay_dead_letters
     from activedb.ingest.errors import IngestError
@@ -222,7 +222,8 @@ def replay_command(ctx: click.Context, app: str, ids: tuple[int, ...] | None, qu
 
     rules_log_for_command(verbose)
     try:
-        loaded = load_app(app, require_mapping=True)
+        # (MAPPING is required once the letters are known: capture's letters are refused whatever APP has)
+        loaded = load_app(app)
         first = app_handler(loaded)     # (before anything is read or changed: QUERIES with EXECUTOR, a bad EXECUTOR)
     except IngestError as error:
         raise click.ClickException(str(error)) from None
@@ -242,16 +243,20 @@ def replay_command(ctx: click.Context, app: str, ids: tuple[int, ...] | None, qu
     # (A database without activedb's tables has no dead letter to replay, which it says, exit 0, as purge does; no
     # table is created for it.)
     with open_database(ctx, writes=False, new_as_is=True) as database:
-        if has_no_tables(database):
+        empty = has_no_tables(database)
+        letters = [] if empty else deadletters.select(
+            database, deadletters.LetterFilter(ids, query, batch, reason, replayed=False), limit=limit or None)
+        # Capture's letters first: no APP can replay them, so what APP lacks is no advice for them.
+        _refuse_captured(letters)
+        if loaded.mapping is None:
+            raise click.ClickException(str(no_mapping(loaded.name)))
+        if empty:
             click.echo(f"nothing to replay: {database.describe()} has no activedb tables yet, so no dead letter was "
                        f"recorded")
             return
-        letters = deadletters.select(database, deadletters.LetterFilter(ids, query, batch, reason, replayed=False),
-                                     limit=limit or None)
         if not letters:
             click.echo("no dead letters to replay match (`activedb dead-letters list --all` shows replayed ones)")
             return
-        _refuse_captured(letters)
         if loaded.migrations is not None:
             database.upgrade_app(loaded.migrations)
         register_app(loaded.register, database, loaded.name)

@@ -6,11 +6,17 @@ Writers are raw psycopg connections ("another service"); the rules are ``_app.re
 
 from __future__ import annotations
 
+import json
+
 import psycopg
 import sqlalchemy as sa
+from click.testing import CliRunner
 
+import activedb
 from activedb.capture import Position
+from activedb.cli import main
 from tests.capture import _app
+from tests.capture.conftest import MIGRATIONS, libpq
 
 
 def retained(db) -> list[tuple[int, int]]:
@@ -53,3 +59,57 @@ def test_the_commit_every_consumer_has_handled_whole_is_pruned_and_nothing_one_h
         logged = connection.execute(sa.text("SELECT order_id FROM order_log WHERE rule = 'log_change' ORDER BY "
                                             "order_id")).scalars().all()
     assert logged == [1, 1, 2, 2, 3, 3, 4, 4, 5, 5]     # each change fired each consumer's rule once
+
+
+REFUSING_APP = '''"""A consumer's application (no MAPPING: it is no `activedb run` app) whose rule on captured orders raises."""
+
+
+def register(db):
+    @db.rule(on=db.captured("orders", "inserted"), coupling="detached")
+    def refuse(tx, event):
+        raise ValueError("not today")
+'''
+
+
+def _capture_letters(database_url: str, tmp_path, name: str, order_id: int) -> tuple[str, list[int]]:
+    """A capture consumer ``name`` whose rule rejects a captured order: its application file and the ids of the dead
+    letters of ``capture:<name>``."""
+    app_file = tmp_path / f"{name}_app.py"
+    app_file.write_text(REFUSING_APP)
+    database = activedb.connect(database_url)
+    try:
+        database.upgrade_app(MIGRATIONS)
+        database.capture("orders")            # (idempotent)
+    finally:
+        database.close()
+    with psycopg.connect(libpq(database_url), autocommit=True) as psql:
+        psql.execute("INSERT INTO orders (id, customer, amount) VALUES (%s, 'refused', 1)", (order_id,))
+    consumed = CliRunner().invoke(main, ["--url", database_url, "capture", "consume", str(app_file), "--name", name,
+                                         "--until-caught-up"])
+    assert consumed.exit_code == 0, consumed.output
+    listed = CliRunner().invoke(main, ["--url", database_url, "dead-letters", "list", "--all", "--json", "--limit",
+                                       "0", "--query", f"capture:{name}"])
+    ids = [letter["id"] for letter in json.loads(listed.output)]
+    assert ids, listed.output
+    return str(app_file), ids
+
+
+def test_replaying_capture_letters_with_the_consumers_own_app_says_they_cannot_be_replayed(database_url, tmp_path):
+    """`dead-letters replay APP --query capture:NAME` with the consumer's own application (it has no MAPPING: it is
+    no `activedb run` app) was refused with "application … has no MAPPING; add for example MAPPING = …" — advice that
+    leads nowhere, since capture's letters cannot be replayed by any APP.  The refusal of capture's letters comes
+    first: what they are, and what to do instead; nothing is replayed or marked."""
+    app_file, ids = _capture_letters(database_url, tmp_path, "unmapped", 91001)
+    replayed = CliRunner().invoke(main, ["--url", database_url, "dead-letters", "replay", app_file, "--query",
+                                         "capture:unmapped"])
+    text = " ".join(replayed.output.split())
+    assert replayed.exit_code == 1, replayed.output
+    assert "change capture's (capture:unmapped)" in text and "cannot be replayed" in text, text
+    assert "write the change again" in text and "nothing was replayed" in text, text
+    assert "MAPPING" not in text, text
+    listed = CliRunner().invoke(main, ["--url", database_url, "dead-letters", "list", "--all", "--json", "--limit",
+                                       "0", "--query", "capture:unmapped"])
+    assert [letter["replayed_at"] for letter in json.loads(listed.output)] == [None] * len(ids)
+    # A replay of no capture letter with that application still says what it lacks.
+    other = CliRunner().invoke(main, ["--url", database_url, "dead-letters", "replay", app_file, "--query", "nothing"])
+    assert other.exit_code == 1 and "has no MAPPING" in other.output, other.output
