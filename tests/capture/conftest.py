@@ -4,7 +4,8 @@
   that enables capture on ``orders`` and ``typed_samples`` (``db_options``);
 * ``clean`` (function): forgets rules, consumers, captured changes and the tables' rows before a test;
 * ``conninfo``: a libpq connection string for raw psycopg writers ("another service");
-* ``make_database_url``: a further fresh database (an uninterrupted reference run).
+* ``make_database_url``: a further fresh database (an uninterrupted reference run);
+* ``capture_orders(url)``: the app's tables in the database at ``url``, with ``orders`` captured.
 """
 
 from __future__ import annotations
@@ -21,6 +22,18 @@ TABLES = ("orders", "order_log", "order_totals", "typed_samples")
 def libpq(url: str) -> str:
     """A SQLAlchemy URL as a libpq connection string (psycopg's)."""
     return sa.make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+def capture_orders(database_url: str) -> None:
+    """The app's tables, and ``orders`` captured (a module's earlier tests may stop capturing it)."""
+    import activedb
+
+    database = activedb.connect(database_url)
+    try:
+        database.upgrade_app(MIGRATIONS)
+        database.capture("orders")            # (idempotent)
+    finally:
+        database.close()
 
 
 @pytest.fixture(scope="module")

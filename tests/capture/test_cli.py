@@ -12,7 +12,7 @@ from click.testing import CliRunner
 import activedb
 from activedb.cli import main
 from tests.capture import _app
-from tests.capture.conftest import MIGRATIONS, libpq
+from tests.capture.conftest import MIGRATIONS, capture_orders, libpq
 
 APP_FILE = _app.__file__
 
@@ -210,16 +210,6 @@ def test_a_metrics_port_that_is_no_port_is_a_usage_error_before_anything_is_writ
         assert connection.execute("SELECT count(*) FROM pg_tables WHERE schemaname = 'public'").fetchone() == (0,)
 
 
-def _capture_orders(database_url: str) -> None:
-    """The app's tables, and ``orders`` captured (the module's earlier tests stop capturing it)."""
-    database = activedb.connect(database_url)
-    try:
-        database.upgrade_app(MIGRATIONS)
-        database.capture("orders")            # (idempotent)
-    finally:
-        database.close()
-
-
 STUCK_APP = '''"""A rule on captured orders that never returns (it says so first)."""
 import threading
 
@@ -244,7 +234,7 @@ def test_a_second_ctrl_c_ends_consume_at_once_while_a_rule_never_returns(databas
 
     from activedb.testing import wait_until
 
-    _capture_orders(database_url)
+    capture_orders(database_url)
     app_file = tmp_path / "stuck_app.py"
     app_file.write_text(STUCK_APP)
     output = tmp_path / "consume.out"
@@ -304,7 +294,7 @@ def test_consume_gives_up_a_rule_past_its_deadline_dead_letters_its_change_and_r
     import subprocess
     import sys
 
-    _capture_orders(database_url)
+    capture_orders(database_url)
     app_file = tmp_path / "hanging_app.py"
     app_file.write_text(HANGING_APP)
     with psycopg.connect(libpq(database_url), autocommit=True) as psql:
@@ -348,7 +338,7 @@ def test_replaying_a_dead_letter_of_change_capture_is_refused_and_marks_nothing(
     row a mapping reads.  `dead-letters replay APP --query capture:NAME` fed that description through APP's mapping:
     the letter was marked replayed (and left the default `dead-letters list`) and a new letter "event type ('type')
     is missing" was written.  It is refused, saying why, and nothing is replayed or marked."""
-    _capture_orders(database_url)
+    capture_orders(database_url)
     app_file = tmp_path / "mapped_app.py"
     app_file.write_text(MAPPED_APP)
     with psycopg.connect(libpq(database_url), autocommit=True) as psql:
@@ -412,7 +402,7 @@ def test_consume_refuses_an_app_that_declares_no_rule_before_it_consumes(databas
     with nothing pending it said "handled 0 changes" (--until-caught-up) or ran on, consuming nothing, until the first
     change stopped it.  It is refused once register(db) returned, before the consumer reads: one line, exit 1, and
     the changes stay pending for a consumer of the name with rules."""
-    _capture_orders(database_url)
+    capture_orders(database_url)
     app_file = tmp_path / "ruleless_consumer.py"
     app_file.write_text("def register(db):\n    pass\n")
     with psycopg.connect(libpq(database_url), autocommit=True) as psql:
@@ -433,7 +423,7 @@ def test_consume_says_when_every_rule_of_its_app_is_disabled(database_url):
     """With every rule of the application disabled (``activedb rules disable``, the operator's choice), ``capture
     consume`` consumes the changes with no rule run on them, and said nothing of it: its line "handled N changes"
     read as a run of the rules.  It says so first now, naming the command that enables them."""
-    _capture_orders(database_url)
+    capture_orders(database_url)
     database = activedb.connect(database_url)
     try:
         _app.register(database)
@@ -463,7 +453,7 @@ def test_a_retention_of_inf_keeps_every_consumed_change(make_database_url):
     Python API is), was refused as "no finite number of seconds" (exit 2).  Now the changes are consumed and kept;
     NaN is still a usage error."""
     url = make_database_url("consume_retention_inf")
-    _capture_orders(url)
+    capture_orders(url)
     _app.run_workload(libpq(url), _app.workload(seed=5, transactions=4))
     with psycopg.connect(libpq(url)) as connection:
         changes = connection.execute("SELECT count(*) FROM activedb_capture_changes").fetchone()[0]

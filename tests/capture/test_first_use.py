@@ -12,11 +12,10 @@ import psycopg
 import sqlalchemy as sa
 from click.testing import CliRunner
 
-import activedb
 from activedb.capture import Position
 from activedb.cli import main
 from tests.capture import _app
-from tests.capture.conftest import MIGRATIONS, libpq
+from tests.capture.conftest import capture_orders, libpq
 
 
 def retained(db) -> list[tuple[int, int]]:
@@ -76,12 +75,7 @@ def _capture_letters(database_url: str, tmp_path, name: str, order_id: int) -> t
     letters of ``capture:<name>``."""
     app_file = tmp_path / f"{name}_app.py"
     app_file.write_text(REFUSING_APP)
-    database = activedb.connect(database_url)
-    try:
-        database.upgrade_app(MIGRATIONS)
-        database.capture("orders")            # (idempotent)
-    finally:
-        database.close()
+    capture_orders(database_url)
     with psycopg.connect(libpq(database_url), autocommit=True) as psql:
         psql.execute("INSERT INTO orders (id, customer, amount) VALUES (%s, 'refused', 1)", (order_id,))
     consumed = CliRunner().invoke(main, ["--url", database_url, "capture", "consume", str(app_file), "--name", name,
