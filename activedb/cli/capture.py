@@ -8,6 +8,7 @@ import dataclasses
 import datetime as dt
 import functools
 import json
+import shlex
 from typing import TYPE_CHECKING, Callable, NoReturn
 
 import click
@@ -195,7 +196,8 @@ def consume_command(ctx: click.Context, app: str, name: str, batch_size: int, re
                     if restart_environment is None:
                         raise
                 else:
-                    click.echo(f"capture consumer {name!r}: handled {handled:,} changes, caught up at "
+                    click.echo(f"capture consumer {name!r}: handled {handled:,} changes"
+                               f"{_dead_letters(consumer)}, caught up at "
                                f"{consumer.position}")
             else:
                 restart_environment = _consume_until_stopped(consumer, name)
@@ -254,8 +256,19 @@ def _consume_until_stopped(consumer: CaptureConsumer, name: str) -> dict[str, st
                            f"fix the cause and run `activedb capture consume` again") from failure
     statistics = consumer.statistics()
     click.echo(f"capture consumer {name!r}: {statistics.changes:,} changes in {statistics.batches:,} batches, "
-               f"{statistics.firings:,} firings, {statistics.failed:,} failed; at {statistics.position}")
+               f"{statistics.firings:,} firings{_dead_letters(consumer)}; at {statistics.position}")
     return None
+
+
+def _dead_letters(consumer: CaptureConsumer) -> str:
+    """What a summary of ``consumer``'s run says of the dead letters it wrote (nothing when none): how many, and the
+    command that lists them.  They fail no command (exit code 0, as `activedb run`'s): the stream went on past them;
+    a batch that failed outright is an error."""
+    failed = consumer.statistics().failed
+    if not failed:
+        return ""
+    return (f", {failed:,} dead letter{'s' if failed != 1 else ''} (`activedb dead-letters list --query "
+            f"{shlex.quote(consumer.ledger_id)}` shows why)")
 
 
 def register_commands(main_group: click.Group) -> None:

@@ -107,3 +107,22 @@ def test_replaying_capture_letters_with_the_consumers_own_app_says_they_cannot_b
     # A replay of no capture letter with that application still says what it lacks.
     other = CliRunner().invoke(main, ["--url", database_url, "dead-letters", "replay", app_file, "--query", "nothing"])
     assert other.exit_code == 1 and "has no MAPPING" in other.output, other.output
+
+
+def test_consume_until_caught_up_says_how_many_changes_failed_and_where_they_are(make_database_url, tmp_path):
+    """``capture consume APP --until-caught-up`` said "handled N changes, caught up" when rules had failed on some of
+    them: nothing said that they were dead letters, nor where to look.  The summary says how many dead letters the
+    run wrote and the command that lists them; the exit code stays 0, as `activedb run`'s with dead letters (the stream
+    went on past them; a batch that failed outright is an error, exit 1)."""
+    app_file = tmp_path / "summary_app.py"
+    app_file.write_text(REFUSING_APP)
+    url = make_database_url("consume_summary")
+    capture_orders(url)
+    with psycopg.connect(libpq(url), autocommit=True) as psql:
+        psql.execute("INSERT INTO orders (id, customer, amount) VALUES (92001, 'refused', 1), (92002, 'refused', 1)")
+    result = CliRunner().invoke(main, ["--url", url, "capture", "consume", str(app_file), "--name", "summary",
+                                       "--until-caught-up"])
+    text = " ".join(result.output.split())
+    assert result.exit_code == 0, result.output
+    assert ("capture consumer 'summary': handled 2 changes, 2 dead letters (`activedb dead-letters list --query "
+            "capture:summary` shows why)") in text, text
