@@ -9,7 +9,7 @@ import datetime as dt
 import functools
 import json
 import shlex
-from typing import TYPE_CHECKING, Callable, NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 import click
 
@@ -21,7 +21,7 @@ from activedb.metrics import metrics_port_option, start_metrics
 
 if TYPE_CHECKING:  # pragma: no cover
     from activedb import Database
-    from activedb.capture import CaptureConsumer, CaptureManager
+    from activedb.capture import CaptureConsumer, CaptureStatus
 
 
 def _when(at: dt.datetime | None) -> str:
@@ -80,25 +80,18 @@ def status_command(ctx: click.Context, as_json: bool, behind_changes: int, behin
         console.print(f"[yellow]warning:[/yellow] {literal(line)}", highlight=False)
 
 
-def _tables_command(name: str, help_text: str, check: Callable[[Database, str], object],
-                    change: Callable[[CaptureManager, str], object], done: str, *, writes: bool) -> click.Command:
-    """``activedb capture NAME TABLES...``: ``check(db, table)`` for every table, then (none refused)
-    ``change(db.capture, table)`` for each, saying ``done``: a refused name changes nothing.  ``writes``: a database
-    without activedb's tables gets them (``open_database``); else (disable) nothing is captured there, so its first
-    table is refused as one not captured on a migrated database, and no table is created."""
-    @capture_group.command(name, help=help_text)
-    @click.argument("tables", nargs=-1, required=True)
-    @click.pass_context
-    def command(ctx: click.Context, tables: tuple[str, ...]) -> None:
-        with open_database(ctx, writes=writes, new_as_is=not writes) as database:
-            if not writes and has_no_tables(database):
-                _not_captured(tables[0], [])
-            for table in tables:
-                check(database, table)
-            for table in tables:
-                change(database.capture, table)
-                click.echo(f"{done} {table}")
-    return command
+@capture_group.command("enable")
+@click.argument("tables", nargs=-1, required=True)
+@click.pass_context
+def enable_command(ctx: click.Context, tables: tuple[str, ...]) -> None:
+    """Capture TABLES (better: enable_capture(op, table) in the application's migration). Every name is checked
+    first: one that is no table changes nothing."""
+    with open_database(ctx, writes=True) as database:
+        for table in tables:
+            database.table(table)
+        for table in tables:
+            database.capture(table)
+            click.echo(f"capturing {table}")
 
 
 def _captured(database: Database, table: str) -> None:
@@ -113,14 +106,45 @@ def _not_captured(table: str, names: list[str]) -> NoReturn:
                                f"changed")
 
 
-enable_command = _tables_command("enable", "Capture TABLES (better: enable_capture(op, table) in the application's "
-                                 "migration).", lambda database, table: database.table(table),
-                                 lambda capture, table: capture(table), "capturing", writes=True)
-# (disable only removes: a database without activedb's tables has no capture to remove, and is refused as a table not
-# captured is)
-disable_command = _tables_command("disable", "Stop capturing TABLES (their changes not yet consumed are dropped).",
-                                  _captured, lambda capture, table: capture.remove(table), "no longer capturing",
-                                  writes=False)
+@capture_group.command("disable")
+@click.argument("tables", nargs=-1, required=True)
+@click.option("--yes", is_flag=True, help="Drop their pending changes without asking.")
+@click.pass_context
+def disable_command(ctx: click.Context, tables: tuple[str, ...], yes: bool) -> None:
+    """Stop capturing TABLES: their triggers go, and with them their captured changes — those not yet handled by
+    every consumer too (pending: their rules never hear of them). It says how many it drops and asks first (--yes to
+    skip); with nothing pending it does not ask. Every name is checked first: one not captured changes nothing."""
+    # (It only removes: a database without activedb's tables has no capture to remove, and is refused as a table not
+    # captured is; no table is created for it.)
+    with open_database(ctx, writes=False, new_as_is=True) as database:
+        if has_no_tables(database):
+            _not_captured(tables[0], [])
+        for table in tables:
+            _captured(database, table)
+        status = database.capture.status()
+        pending = {table: _pending(status, table) for table in tables}
+        counts = {table: count for table, count in pending.items() if count}
+        if counts:
+            why = "captured, not yet handled by every consumer: their rules will never hear of them"
+            what = (f"its {_pending_changes(counts[tables[0]])} ({why})" if len(tables) == 1 else
+                    f"{_pending_changes(sum(counts.values()))} ("
+                    + ", ".join(f"{table}: {count:,}" for table, count in counts.items()) + f"; {why})")
+            _confirm(f"stop capturing {', '.join(tables)} and drop {what}?", yes)
+        for table in tables:
+            database.capture.remove(table)
+            click.echo(f"no longer capturing {table}"
+                       + (f" ({_pending_changes(pending[table])} dropped)" if pending[table] else ""))
+
+
+def _pending_changes(count: int) -> str:
+    return f"{count:,} pending change{'s' if count != 1 else ''}"
+
+
+def _pending(status: CaptureStatus, table: str) -> int:
+    """The changes of ``table`` some consumer has not handled yet (every one retained when no consumer is registered):
+    the backlog of the consumer furthest behind, which holds every other's (they all handle changes in one order)."""
+    backlogs = [consumer.tables for consumer in status.consumers] or [status.unconsumed]
+    return max((backlog.changes for tables in backlogs for backlog in tables if backlog.table == table), default=0)
 
 
 @capture_group.command("drop-consumer")

@@ -53,8 +53,11 @@ def test_capture_commands_show_the_backlog_and_consume_it(database_url):
     assert document["consumers"][0]["behind"] and "far behind" in document["warnings"][0]
     assert "BEHIND" in cli("status", "--behind-changes", "0")
 
-    # consume upgraded the app's migrations (_app.MIGRATIONS), whose head captures typed_samples too.
-    assert "no longer capturing typed_samples" in cli("disable", "orders", "typed_samples")
+    # consume upgraded the app's migrations (_app.MIGRATIONS), whose head captures typed_samples too.  Disabling drops
+    # the late order no consumer has handled: it asks first (refused without a terminal unless --yes).
+    refused = runner.invoke(main, ["--url", database_url, "capture", "disable", "orders", "typed_samples"])
+    assert refused.exit_code == 1 and "drop 1 pending change (orders: 1;" in refused.output, refused.output
+    assert "no longer capturing orders (1 pending change dropped)" in cli("disable", "orders", "typed_samples", "--yes")
     assert "no table is captured" in cli("status")
 
 

@@ -126,3 +126,35 @@ def test_consume_until_caught_up_says_how_many_changes_failed_and_where_they_are
     assert result.exit_code == 0, result.output
     assert ("capture consumer 'summary': handled 2 changes, 2 dead letters (`activedb dead-letters list --query "
             "capture:summary` shows why)") in text, text
+
+
+def test_disable_says_how_many_pending_changes_it_drops_and_asks_first(make_database_url):
+    """``capture disable TABLE`` dropped the table's captured changes no consumer had handled yet, silently: their
+    rules never heard of them, and nothing said so.  It counts them — the backlog of the consumer furthest behind, or
+    every retained change without a consumer — says how many it drops and asks first (without a terminal: refused
+    unless --yes, nothing changed); a table with nothing pending is disabled without a question."""
+    url = make_database_url("disable_pending")
+    capture_orders(url)
+    runner = CliRunner()
+
+    def cli(*args: str, code: int = 0) -> str:
+        result = runner.invoke(main, ["--url", url, "capture", *args])
+        assert result.exit_code == code, result.output
+        return " ".join(result.output.split())
+
+    with psycopg.connect(libpq(url), autocommit=True) as psql:
+        psql.execute("INSERT INTO orders (id, customer, amount) VALUES (93001, 'a', 1)")
+        psql.execute("INSERT INTO orders (id, customer, amount) VALUES (93002, 'b', 1)")
+    cli("consume", _app.__file__, "--name", "ahead", "--until-caught-up")
+    cli("consume", _app.__file__, "--name", "behind", "--until-caught-up", "--batch-size", "1")   # both, then …
+    with psycopg.connect(libpq(url), autocommit=True) as psql:
+        psql.execute("INSERT INTO orders (id, customer, amount) VALUES (93003, 'c', 1), (93004, 'd', 1)")
+    cli("consume", _app.__file__, "--name", "ahead", "--until-caught-up")     # … one of them past two more
+    refused = cli("disable", "orders", code=1)
+    assert ("stop capturing orders and drop its 2 pending changes (captured, not yet handled by every consumer: "
+            "their rules will never hear of them)? — refusing without confirmation: pass --yes") in refused, refused
+    with psycopg.connect(libpq(url)) as connection:
+        assert connection.execute("SELECT count(*) FROM activedb_capture_changes").fetchone() == (2,)
+    assert "no longer capturing orders (2 pending changes dropped)" in cli("disable", "orders", "--yes")
+    # Nothing pending: no question.
+    assert "no longer capturing typed_samples" in cli("disable", "typed_samples")
