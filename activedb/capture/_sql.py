@@ -327,3 +327,8 @@ CONSUMER_ROWS = f"""
 SELECT name, position, change_id, handled, failed, created_at, updated_at FROM {CONSUMERS} ORDER BY name"""
 
 RETAINED = f"SELECT count(*) FROM {CHANGES}"
+
+# The sessions that lead consumer names now: per lock key (consumer_lock_key of a name), the backend holding it.
+LEADERS = f"""
+SELECT objid::bigint AS key, pid FROM pg_locks
+WHERE locktype = 'advisory' AND classid = {CONSUMER_LOCK_CLASS} AND objsubid = 2 AND granted"""

@@ -21,7 +21,7 @@ from activedb.metrics import metrics_port_option, start_metrics
 
 if TYPE_CHECKING:  # pragma: no cover
     from activedb import Database
-    from activedb.capture import CaptureConsumer, CaptureStatus
+    from activedb.capture import CaptureConsumer, CaptureStatus, ConsumerState
 
 
 def _when(at: dt.datetime | None) -> str:
@@ -41,8 +41,9 @@ def capture_group() -> None:
               help="A consumer whose oldest pending change is older is behind.")
 @click.pass_context
 def status_command(ctx: click.Context, as_json: bool, behind_changes: int, behind_seconds: float) -> None:
-    """Captured tables and the backlog per consumer and table; says which consumer is far behind (exit
-    code 0 either way)."""
+    """Captured tables and the backlog per consumer and table, with the backend pid of the session that leads each
+    consumer name (none: no process consumes under it; others of the name stand by); says which consumer is far
+    behind (exit code 0 either way)."""
     with open_database(ctx, writes=False) as database:
         status = database.capture.status(behind_changes=behind_changes, behind_seconds=behind_seconds)
     if as_json:
@@ -60,20 +61,21 @@ def status_command(ctx: click.Context, as_json: bool, behind_changes: int, behin
             tables.add_row(literal(table.name), table.enabled_at.isoformat(timespec="seconds"),
                            "yes" if table.trigger_installed else "MISSING")
         console.print(tables)
-    backlog = Table("consumer", "position", "handled", "failed", "table", "pending changes", "transactions",
+    backlog = Table("consumer", "leader", "position", "handled", "failed", "table", "pending changes", "transactions",
                     "oldest pending", "state", title=f"backlog ({status.retained_changes:,} changes retained, "
                                                      f"latest commit position {status.latest_position})")
     for consumer in status.consumers:
         position = f"{consumer.position.commit}/{consumer.position.change_id}"
         state = "BEHIND" if consumer.behind else "FAILURES" if consumer.failed else "ok"
-        counts = (literal(consumer.name), position, f"{consumer.handled:,}", f"{consumer.failed:,}")
+        leader = "none" if consumer.leader_pid is None else f"pid {consumer.leader_pid}"
+        counts = (literal(consumer.name), leader, position, f"{consumer.handled:,}", f"{consumer.failed:,}")
         if not consumer.tables:
             backlog.add_row(*counts, "-", "0", "0", "-", state)
         for pending in consumer.tables:
             backlog.add_row(*counts, literal(pending.table), f"{pending.changes:,}", f"{pending.transactions:,}",
                             _when(pending.oldest_committed_at), state)
     for pending in status.unconsumed:
-        backlog.add_row("(none)", "-", "-", "-", literal(pending.table), f"{pending.changes:,}", f"{pending.transactions:,}",
+        backlog.add_row("(none)", "-", "-", "-", "-", literal(pending.table), f"{pending.changes:,}", f"{pending.transactions:,}",
                         _when(pending.oldest_committed_at), "no consumer")
     console.print(backlog)
     for line in status.warnings():
@@ -249,10 +251,12 @@ def _consume_until_stopped(consumer: CaptureConsumer, name: str) -> dict[str, st
     stop.install()
     try:
         consumer.start()
-        click.echo(f"capture consumer {name!r} running (Ctrl-C stops)")
-        # Woken by the signal handler; the timeout re-checks that the consumer's thread is alive.
-        while not stop.event.wait(1.0) and consumer.failure is None:
-            pass
+        said: ConsumerState | None = None
+        # Woken by the signal handler; the timeout re-checks that the consumer's thread is alive, and its state.
+        while consumer.failure is None:
+            said = _say_state(consumer, said)
+            if stop.event.wait(1.0):
+                break
         if stop.event.is_set():
             batch = consumer.ingestion.batch_in_progress()
             doing = ("no batch is in progress" if batch is None else
@@ -293,6 +297,27 @@ def _dead_letters(consumer: CaptureConsumer) -> str:
         return ""
     return (f", {failed:,} dead letter{'s' if failed != 1 else ''} (`activedb dead-letters list --query "
             f"{shlex.quote(consumer.ledger_id)}` shows why)")
+
+
+def _say_state(consumer: CaptureConsumer, said: ConsumerState | None) -> ConsumerState | None:
+    """Say that ``consumer`` runs once it leads its name, or that it stands by while another session leads it (naming
+    that session's backend) — each when it becomes so (``said``: the state said last; returns the one said now).  A
+    consumer between sessions of its own (starting, reconnecting) is on standby with no leader: not said."""
+    from activedb.capture import ConsumerState
+
+    state = consumer.state
+    if state is said:
+        return said
+    if state is ConsumerState.LEADING:
+        click.echo(f"capture consumer {consumer.name!r} running (Ctrl-C stops)")
+        return state
+    if state is ConsumerState.STANDBY:
+        leader = consumer.leader_pid()
+        if leader is not None:
+            click.echo(f"capture consumer {consumer.name!r} standing by: another session leads its name (PostgreSQL "
+                       f"backend pid {leader}); it takes over when that session ends (Ctrl-C stops)")
+            return state
+    return said
 
 
 def register_commands(main_group: click.Group) -> None:

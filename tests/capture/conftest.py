@@ -5,11 +5,19 @@
 * ``clean`` (function): forgets rules, consumers, captured changes and the tables' rows before a test;
 * ``conninfo``: a libpq connection string for raw psycopg writers ("another service");
 * ``make_database_url``: a further fresh database (an uninterrupted reference run);
-* ``capture_orders(url)``: the app's tables in the database at ``url``, with ``orders`` captured.
+* ``capture_orders(url)``: the app's tables in the database at ``url``, with ``orders`` captured;
+* ``consume_process(url, home, *arguments)``: ``activedb capture consume`` in a process of its own.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -34,6 +42,46 @@ def capture_orders(database_url: str) -> None:
         database.capture("orders")            # (idempotent)
     finally:
         database.close()
+
+
+@dataclass
+class ConsumeProcess:
+    """A running ``activedb capture consume`` (a session of its own: a signal to its group reaches it) and the file of
+    its output."""
+
+    process: subprocess.Popen[bytes]
+    output: Path
+
+    def text(self) -> str:
+        return self.output.read_text()
+
+    def printed(self, text: str) -> Callable[[], bool]:
+        """For ``wait_until``: whether it printed ``text`` (and fails the wait if it exited)."""
+        def found() -> bool:
+            assert self.process.poll() is None, f"consume exited ({self.process.returncode}):\n{self.text()}"
+            return text in self.text()
+        return found
+
+    def interrupt(self) -> None:
+        os.killpg(self.process.pid, signal.SIGINT)
+
+
+@contextlib.contextmanager
+def consume_process(database_url: str, home: Path, *arguments: str) -> Iterator[ConsumeProcess]:
+    """``activedb capture consume ARGUMENTS`` against ``database_url``, its output in ``home/consume.out``; killed on
+    the way out if still running."""
+    output = home / "consume.out"
+    with open(output, "wb") as sink:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "activedb.cli", "--url", database_url, "capture", "consume", *arguments],
+            stdout=sink, stderr=subprocess.STDOUT, start_new_session=True,
+            env={**os.environ, "ACTIVEDB_HOME": str(home / "home")})
+    try:
+        yield ConsumeProcess(process, output)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=60)
 
 
 @pytest.fixture(scope="module")

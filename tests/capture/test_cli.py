@@ -12,7 +12,7 @@ from click.testing import CliRunner
 import activedb
 from activedb.cli import main
 from tests.capture import _app
-from tests.capture.conftest import MIGRATIONS, capture_orders, libpq
+from tests.capture.conftest import MIGRATIONS, capture_orders, consume_process, libpq
 
 APP_FILE = _app.__file__
 
@@ -230,45 +230,23 @@ def test_a_second_ctrl_c_ends_consume_at_once_while_a_rule_never_returns(databas
     that Ctrl-C again stops at once; the second ends the process at once (exit 130), the change still pending, as
     `activedb run` does.  The second Ctrl-C did nothing — the command waited for the consumer's thread 30 s, then
     30 s more as the database closed, and exited 1 ("did not stop within 30.0 s")."""
-    import os
-    import signal
-    import subprocess
-    import sys
-
     from activedb.testing import wait_until
 
     capture_orders(database_url)
     app_file = tmp_path / "stuck_app.py"
     app_file.write_text(STUCK_APP)
-    output = tmp_path / "consume.out"
-    with open(output, "wb") as sink:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "activedb.cli", "--url", database_url, "capture", "consume", str(app_file), "--name",
-             "stuck", "--rule-deadline", "0", "--batch-deadline", "0"], stdout=sink, stderr=subprocess.STDOUT,
-            start_new_session=True,
-            env={**os.environ, "ACTIVEDB_HOME": str(tmp_path / "home")})
-
-    def printed(text: str):
-        def found() -> bool:
-            assert process.poll() is None, f"consume exited ({process.returncode}):\n{output.read_text()}"
-            return text in output.read_text()
-        return found
-
-    try:
-        wait_until(printed("running (Ctrl-C stops)"), 120, "the consumer to start", describe=output.read_text)
+    with consume_process(database_url, tmp_path, str(app_file), "--name", "stuck", "--rule-deadline", "0",
+                         "--batch-deadline", "0") as consume:
+        wait_until(consume.printed("running (Ctrl-C stops)"), 120, "the consumer to start", describe=consume.text)
         with psycopg.connect(libpq(database_url), autocommit=True) as psql:
             psql.execute("INSERT INTO orders (id, customer, amount) VALUES (77001, 'stuck', 1)")
-        wait_until(printed("in the rule"), 60, "the rule to run", describe=output.read_text)
-        os.killpg(process.pid, signal.SIGINT)
-        wait_until(printed("Ctrl-C again to stop at once"), 60, "the first stop", describe=output.read_text)
-        assert "stopping: letting batch" in output.read_text(), output.read_text()
-        os.killpg(process.pid, signal.SIGINT)
-        assert process.wait(timeout=20) == 130, output.read_text()
-        assert "stopped at once" in output.read_text(), output.read_text()
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(timeout=60)
+        wait_until(consume.printed("in the rule"), 60, "the rule to run", describe=consume.text)
+        consume.interrupt()
+        wait_until(consume.printed("Ctrl-C again to stop at once"), 60, "the first stop", describe=consume.text)
+        assert "stopping: letting batch" in consume.text(), consume.text()
+        consume.interrupt()
+        assert consume.process.wait(timeout=20) == 130, consume.text()
+        assert "stopped at once" in consume.text(), consume.text()
     document = json.loads(CliRunner().invoke(main, ["--url", database_url, "capture", "status", "--json"]).output)
     [stuck] = [consumer for consumer in document["consumers"] if consumer["name"] == "stuck"]
     assert stuck["handled"] == 0 and stuck["tables"][0]["changes"] == 1, stuck

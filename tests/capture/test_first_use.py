@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from activedb.capture import Position
 from activedb.cli import main
 from tests.capture import _app
-from tests.capture.conftest import capture_orders, libpq
+from tests.capture.conftest import capture_orders, consume_process, libpq
 
 
 def retained(db) -> list[tuple[int, int]]:
@@ -158,3 +158,47 @@ def test_disable_says_how_many_pending_changes_it_drops_and_asks_first(make_data
     assert "no longer capturing orders (2 pending changes dropped)" in cli("disable", "orders", "--yes")
     # Nothing pending: no question.
     assert "no longer capturing typed_samples" in cli("disable", "typed_samples")
+
+
+def test_a_consumer_on_standby_is_shown_standing_by_in_consume_and_status(database_url, tmp_path):
+    """``capture consume APP`` said "running" as soon as its thread started, also when another session held its
+    name's leadership lock and it consumed nothing (on standby), and ``capture status`` showed no difference between a
+    name some process leads and one none does.  ``consume`` says it stands by, naming the leader's backend pid, and
+    that it runs once it leads; ``status`` shows the leader's pid per consumer (or that none leads)."""
+    from activedb.capture._sql import CONSUMER_LOCK_CLASS, consumer_lock_key
+    from activedb.testing import wait_until
+
+    capture_orders(database_url)
+    # A consumer "standby" ran before (status lists the names that have a position) …
+    ran = CliRunner().invoke(main, ["--url", database_url, "capture", "consume", _app.__file__, "--name", "standby",
+                                    "--until-caught-up"])
+    assert ran.exit_code == 0, ran.output
+    # … and now another process leads the name: it holds the lock the leader holds, in a session of its own.
+    holder = psycopg.connect(libpq(database_url), autocommit=True)
+    holder.execute("SELECT pg_advisory_lock(%s, %s)", (CONSUMER_LOCK_CLASS, consumer_lock_key("standby")))
+    holder_pid = holder.info.backend_pid
+
+    def leader() -> dict[str, int | None]:
+        status = CliRunner().invoke(main, ["--url", database_url, "capture", "status", "--json"])
+        assert status.exit_code == 0, status.output
+        return {consumer["name"]: consumer["leader_pid"] for consumer in json.loads(status.output)["consumers"]}
+
+    try:
+        with consume_process(database_url, tmp_path, _app.__file__, "--name", "standby") as consume:
+            wait_until(consume.printed("standing by"), 120, "the consumer to stand by", describe=consume.text)
+            said = " ".join(consume.text().split())
+            assert (f"capture consumer 'standby' standing by: another session leads its name (PostgreSQL backend "
+                    f"pid {holder_pid})") in said, said
+            assert "running" not in said, said
+            assert leader().get("standby") == holder_pid
+            holder.close()                                  # the leader's session ends: the consumer takes over
+            wait_until(consume.printed("capture consumer 'standby' running (Ctrl-C stops)"), 60, "the consumer to lead",
+                       describe=consume.text)
+            wait_until(lambda: leader().get("standby") not in (None, holder_pid), 60, "status to show the new leader")
+            table = CliRunner().invoke(main, ["--url", database_url, "capture", "status"])
+            assert f"pid {leader()['standby']}" in table.output, table.output
+            consume.interrupt()
+            assert consume.process.wait(timeout=60) == 0, consume.text()
+        assert leader().get("standby") is None              # no process leads it now
+    finally:
+        holder.close()
