@@ -313,7 +313,14 @@ LIMIT :limit"""
 PRUNE_CHANGES = f"DELETE FROM {CHANGES} WHERE xid = ANY(CAST(:xids AS xid8[]))"
 PRUNE_COMMITS = f"DELETE FROM {COMMITS} WHERE position = ANY(:positions)"
 
-LATEST_POSITION = f"SELECT coalesce(max(position), 0) FROM {COMMITS}"
+POSITIONS = "activedb_capture_position"
+# The position the sequencer handed out last (the commits may be pruned, or dropped when capture stops): the
+# sequence's, when the role may read it (the function is called only then: a refusal would end the statement), else
+# the largest a commit row or a consumer holds.
+LATEST_POSITION = f"""
+SELECT greatest(CASE WHEN has_sequence_privilege(to_regclass('{POSITIONS}'), 'SELECT')
+                     THEN pg_sequence_last_value(to_regclass('{POSITIONS}')) END,
+                (SELECT max(position) FROM {COMMITS}), (SELECT max(position) FROM {CONSUMERS}), 0)"""
 
 # Per table: its captured name, or for changes of a table that is not captured, what its oid names now.
 BACKLOG = f"""

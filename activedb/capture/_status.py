@@ -72,6 +72,7 @@ class CaptureStatus:
     consumers: tuple[ConsumerBacklog, ...] = ()
     unconsumed: tuple[TableBacklog, ...] = ()   # everything retained, when there is no consumer
     retained_changes: int = 0
+    #: The commit position handed out last (0: none yet), also once its changes are pruned or dropped.
     latest_position: int = 0
 
     def warnings(self) -> list[str]:

@@ -202,3 +202,31 @@ def test_a_consumer_on_standby_is_shown_standing_by_in_consume_and_status(databa
         assert leader().get("standby") is None              # no process leads it now
     finally:
         holder.close()
+
+
+def test_status_keeps_the_latest_commit_position_once_its_changes_are_pruned_or_dropped(clean, conninfo):
+    """``capture status`` said "latest commit position 0" once the commits were gone — pruned after every consumer
+    had handled them, or dropped with ``capture disable`` — as if nothing had ever been captured, beside a consumer
+    whose position was above it.  It is the position the sequencer handed out last, whatever the change table
+    still holds."""
+    db = clean
+    _app.register(db)
+    with psycopg.connect(conninfo, autocommit=True) as psql:
+        psql.execute("INSERT INTO orders (id, customer, amount) VALUES (94001, 'a', 1)")
+        psql.execute("INSERT INTO orders (id, customer, amount) VALUES (94002, 'b', 1)")
+    consumer = db.capture.consumer("latest", prune_interval=0)
+    try:
+        assert consumer.run_until_caught_up() == 2
+    finally:
+        consumer.close()
+    latest = consumer.position.commit
+    assert db.capture.status().retained_changes == 0                 # pruned
+    assert db.capture.status().latest_position == latest
+    with psycopg.connect(conninfo, autocommit=True) as psql:
+        psql.execute("INSERT INTO orders (id, customer, amount) VALUES (94003, 'c', 1)")
+    db.capture.remove("orders")                                      # its pending change dropped with it
+    try:
+        status = db.capture.status()
+        assert status.retained_changes == 0 and status.latest_position == latest + 1
+    finally:
+        db.capture("orders")
