@@ -598,7 +598,6 @@ def test_a_retention_longer_than_postgresql_can_subtract_keeps_changes_and_the_c
     keeper.close()
 
 
-@pytest.mark.filterwarnings("ignore:Did not recognize type 'xid8'")     # (db.table reflects the table first)
 @pytest.mark.parametrize("table", ["activedb_capture_changes", "activedb_capture_commits", "activedb_capture_tables",
                                    "activedb_capture_consumers", "activedb_capture_sequencer"])
 def test_capture_refuses_its_own_tables_and_captured_writes_go_on(clean, conninfo, table):
