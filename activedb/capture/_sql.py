@@ -204,6 +204,10 @@ SELECT t.table_name, t.enabled_at,
        AS trigger_installed
 FROM {TABLES} t ORDER BY t.table_name"""
 
+# What the name denotes (pg_class.relkind: r table, p partitioned table, v view, m materialized view, …; NULL: none),
+# found as _INSTALL finds it.
+RELATION_KIND = "SELECT relkind FROM pg_class WHERE oid = to_regclass(quote_ident(:name))"
+
 REGISTER_CONSUMER = f"INSERT INTO {CONSUMERS} (name) VALUES (:name) ON CONFLICT (name) DO NOTHING"
 
 #: What a consumer does to capture's tables (positions; reading and pruning changes and commits; the registry).

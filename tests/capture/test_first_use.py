@@ -248,3 +248,29 @@ def test_capture_s_own_tables_are_reflected_without_a_warning_about_xid8(clean):
         assert db.table("activedb_capture_commits").c.xid.type.__visit_name__ != "null"
         with pytest.raises(CaptureError, match="one of change capture's own tables"):
             db.capture("activedb_capture_changes")
+
+
+@pytest.mark.parametrize("kind", ["VIEW", "MATERIALIZED VIEW"])
+def test_a_rule_on_a_captured_view_is_refused_saying_to_capture_the_tables_it_reads(clean, kind):
+    """``db.captured(view)`` warned "table … is not captured: … db.capture(view)", and ``db.capture(view)`` then
+    failed with PostgreSQL's "… is a view" (a view has no rows of its own for a row trigger to see; a materialized
+    view is written only by REFRESH, which no row trigger sees either).  Both refuse it, saying what works: capture
+    the tables it reads and declare the rules on them."""
+    from activedb.capture import CaptureError
+
+    db = clean
+    with db.engine.begin() as connection:
+        connection.execute(sa.text(f"CREATE {kind} big_orders AS SELECT id, customer FROM orders WHERE amount > 100"))
+    db.schema.refresh()
+    try:
+        for declare in (lambda: db.captured("big_orders", "inserted"), lambda: db.capture("big_orders")):
+            with pytest.raises(CaptureError) as refused:
+                declare()
+            message = str(refused.value)
+            assert f"'big_orders' is a {kind.lower()}" in message, message
+            assert "capture the tables it reads" in message and "db.captured(table)" in message, message
+        assert "big_orders" not in [captured.name for captured in db.capture.tables()]
+    finally:
+        with db.engine.begin() as connection:
+            connection.execute(sa.text(f"DROP {kind} big_orders"))
+        db.schema.refresh()
