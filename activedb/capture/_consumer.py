@@ -472,7 +472,10 @@ class CaptureConsumer:
         writer = PositionWriter(self._database, self.name, start, end, len(changes), self._step)
         rows = [{"consumer": self.name, "table": change.table, "operation": KINDS[change.operation].value,
                  "xid": change.xid, "commit_position": change.position, "change_id": change.change_id, "rule": None,
-                 "key": None if event is None else event.key} for change, event, _ in changes]
+                 "key": None if event is None else event.key,
+                 # (what changed, for the dead letter: as the event has it, or as captured when it could not be one)
+                 "old": change.captured_old if event is None else event.old,
+                 "new": change.captured_new if event is None else event.new} for change, event, _ in changes]
         events = [CapturedEvent(position, change, event, problem)
                   for position, (change, event, problem) in enumerate(changes)]
         self._handler.begin(writer)

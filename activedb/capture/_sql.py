@@ -278,9 +278,9 @@ def changes_of(relation: str | None, columns: list[str] | None) -> str:
     """The changes of the table ``:table_oid`` in a batch's range, with their old and new rows as the table's
     own row type: PostgreSQL turns the captured ``jsonb`` back into typed columns (``o_<i>``, ``n_<i>`` for
     each of ``columns``), so an event's rows hold the Python values a read through activedb gives.
-    ``relation`` is the table's name as the server quoted it (``BATCH_BOUNDS``); ``columns`` None: without the
-    rows (a table that no longer exists or is not captured)."""
-    rows = joins = ""
+    ``relation`` is the table's name as the server quoted it (``BATCH_BOUNDS``); ``columns`` None: the rows as
+    captured, ``jsonb`` (``old_row``, ``new_row``: a table that no longer exists or is not captured)."""
+    rows, joins = ", ch.old_row, ch.new_row", ""
     if columns is not None and relation is not None:
         quoted = [sql.Identifier(name).as_string() for name in columns]
         rows = ", " + ", ".join([f"o.{name} AS o_{index}" for index, name in enumerate(quoted)]

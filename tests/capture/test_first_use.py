@@ -274,3 +274,54 @@ def test_a_rule_on_a_captured_view_is_refused_saying_to_capture_the_tables_it_re
         with db.engine.begin() as connection:
             connection.execute(sa.text(f"DROP {kind} big_orders"))
         db.schema.refresh()
+
+
+def test_a_capture_dead_letter_keeps_the_changed_rows_old_and_new_values(clean, conninfo):
+    """A dead letter of a captured change held where the change was (table, operation, transaction, position, key)
+    but not what it was: neither the row before nor after, so nobody could see which change failed, nor write it
+    again.  Its row keeps both — readable in ``raw`` (as `dead-letters show` prints it) and exact in the original
+    (``LetterRecord.row()``: a Decimal stays one) —, None where the operation has none; a change that could not become
+    an event (its table dropped) keeps them as captured."""
+    import decimal
+
+    from activedb import deadletters
+
+    db = clean
+
+    @db.rule(on=db.captured("orders", "modified"), coupling="detached")
+    def refuse(tx, event):
+        raise ValueError("not today")
+
+    with psycopg.connect(conninfo, autocommit=True) as psql:
+        psql.execute("INSERT INTO orders (id, customer, amount) VALUES (95001, 'ann', 9.50)")
+        psql.execute("UPDATE orders SET customer = 'bob' WHERE id = 95001")
+        psql.execute("DELETE FROM orders WHERE id = 95001")
+    consumer = db.capture.consumer("keeps_rows")
+    try:
+        assert consumer.run_until_caught_up() == 3
+    finally:
+        consumer.close()
+    letters = deadletters.select(db, deadletters.LetterFilter(query="capture:keeps_rows"))
+    images = [(letter.raw["operation"], letter.raw["old"], letter.raw["new"]) for letter in letters]
+    customers = [(operation, old and old["customer"], new and new["customer"]) for operation, old, new in images]
+    assert customers == [("inserted", None, "ann"), ("updated", "ann", "bob"), ("deleted", "bob", None)], images
+    assert images[0][2]["amount"] == "9.50"                            # readable
+    assert letters[0].row()["new"]["amount"] == decimal.Decimal("9.50")   # exact
+    # A change of a table dropped since: no event, its rows as the trigger captured them.
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("DROP TABLE IF EXISTS fleeting; CREATE TABLE fleeting (id integer PRIMARY KEY, "
+                                   "note text)"))
+    db.schema.refresh()
+    db.capture("fleeting")
+    with psycopg.connect(conninfo, autocommit=True) as psql:
+        psql.execute("INSERT INTO fleeting VALUES (1, 'gone soon')")
+        psql.execute("DROP TABLE fleeting")
+    db.schema.refresh()
+    consumer = db.capture.consumer("keeps_rows")
+    try:
+        assert consumer.run_until_caught_up() == 1
+    finally:
+        consumer.close()
+        db.capture.remove("fleeting")
+    [gone] = deadletters.select(db, deadletters.LetterFilter(query="capture:keeps_rows", reason="no longer exists"))
+    assert gone.raw["old"] is None and gone.raw["new"] == {"id": 1, "note": "gone soon"}, gone.raw
