@@ -193,8 +193,8 @@ def _refuse_captured(letters: list[LetterRecord]) -> None:
         raise click.ClickException(
             f"{which} {ids} {is_} change capture's ({captured[0].query_id}): {it} a captured change, not a row "
             f"a mapping reads, so {'they' if len(captured) > 1 else 'it'} cannot be replayed — fix the cause the "
-            f"reason names and write the change again (or purge the letter); leave capture's letters out (--query, "
-            f"--id); nothing was replayed")
+            f"reason names and write the change again (`activedb dead-letters show {captured[0].id}` shows its old "
+            f"and new values), or purge the letter; leave capture's letters out (--query, --id); nothing was replayed")
 
 
 @dead_letters.command("replay")

@@ -101,6 +101,9 @@ def test_replaying_capture_letters_with_the_consumers_own_app_says_they_cannot_b
     assert replayed.exit_code == 1, replayed.output
     assert "change capture's (capture:unmapped)" in text and "cannot be replayed" in text, text
     assert "write the change again" in text and "nothing was replayed" in text, text
+    assert f"`activedb dead-letters show {ids[0]}` shows its old and new values" in text, text
+    shown = CliRunner().invoke(main, ["--url", database_url, "dead-letters", "show", str(ids[-1])])   # (91001's)
+    assert '"customer": "refused"' in shown.output, shown.output        # (what the letter keeps of the change)
     assert "MAPPING" not in text, text
     listed = CliRunner().invoke(main, ["--url", database_url, "dead-letters", "list", "--all", "--json", "--limit",
                                        "0", "--query", "capture:unmapped"])
