@@ -302,7 +302,8 @@ def _dead_letters(consumer: CaptureConsumer) -> str:
 def _say_state(consumer: CaptureConsumer, said: ConsumerState | None) -> ConsumerState | None:
     """Say that ``consumer`` runs once it leads its name, or that it stands by while another session leads it (naming
     that session's backend) — each when it becomes so (``said``: the state said last; returns the one said now).  A
-    consumer between sessions of its own (starting, reconnecting) is on standby with no leader: not said."""
+    consumer between sessions of its own (starting, reconnecting) is on standby with no leader: not said, nor while the
+    leader cannot be read."""
     from activedb.capture import ConsumerState
 
     state = consumer.state
@@ -312,7 +313,12 @@ def _say_state(consumer: CaptureConsumer, said: ConsumerState | None) -> Consume
         click.echo(f"capture consumer {consumer.name!r} running (Ctrl-C stops)")
         return state
     if state is ConsumerState.STANDBY:
-        leader = consumer.leader_pid()
+        import sqlalchemy as sa
+
+        try:
+            leader = consumer.leader_pid()
+        except sa.exc.SQLAlchemyError:      # (the server is away: the consumer's thread waits for it; said later)
+            return said
         if leader is not None:
             click.echo(f"capture consumer {consumer.name!r} standing by: another session leads its name (PostgreSQL "
                        f"backend pid {leader}); it takes over when that session ends (Ctrl-C stops)")
