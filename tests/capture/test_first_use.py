@@ -201,6 +201,8 @@ def test_a_consumer_on_standby_is_shown_standing_by_in_consume_and_status(databa
             wait_until(lambda: leader().get("standby") not in (None, holder_pid), 60, "status to show the new leader")
             table = CliRunner().invoke(main, ["--url", database_url, "capture", "status"])
             assert f"pid {leader()['standby']}" in table.output, table.output
+            overall = CliRunner().invoke(main, ["--url", database_url, "status"])      # (`activedb status` too)
+            assert f"consumer 'standby' (led by pid {leader()['standby']})" in overall.output, overall.output
             consume.interrupt()
             assert consume.process.wait(timeout=60) == 0, consume.text()
         assert leader().get("standby") is None              # no process leads it now
