@@ -275,6 +275,12 @@ def test_a_rule_on_a_captured_view_is_refused_saying_to_capture_the_tables_it_re
             assert f"'big_orders' is a {kind.lower()}" in message, message
             assert "capture the tables it reads" in message and "db.captured(table)" in message, message
         assert "big_orders" not in [captured.name for captured in db.capture.tables()]
+        # enable_capture in a revision runs the statements themselves: PostgreSQL refuses the trigger.
+        from activedb.capture import _sql
+
+        with pytest.raises(sa.exc.DBAPIError), db.engine.begin() as connection:
+            for statement in _sql.install_statements("big_orders"):
+                connection.execute(statement)
     finally:
         with db.engine.begin() as connection:
             connection.execute(sa.text(f"DROP {kind} big_orders"))
