@@ -28,7 +28,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 #: How long ``drop_consumer`` waits for the leader's lock (milliseconds) before it says the consumer runs.
 _DROP_LOCK_WAIT_MS = 2000
-#: The relations (by ``pg_class.relkind``) named as tables are that capture cannot record: what each is, and why.
+#: What capture cannot record among the relations a table's name may denote (by ``pg_class.relkind``): what each is,
+#: and why.
 _NOT_CAPTURABLE = {
     "v": ("view", "a view has no rows of its own: a row trigger on it never sees the changes made to the tables it "
                   "reads"),
