@@ -1,5 +1,6 @@
 """What a newcomer to change capture met: pruning that kept the last consumed commit for ever, capture's dead letters
-and their replay, `capture disable` and `capture consume`'s reports, and the status of a consumer on standby.
+(what they keep, and their replay), `capture disable` and `capture consume`'s reports, the status of a consumer on
+standby and the latest position once the commits are gone, SQLAlchemy's warning about ``xid8``, and rules on a view.
 
 Writers are raw psycopg connections ("another service"); the rules are ``_app.register``'s unless a test says.
 """
