@@ -232,11 +232,13 @@ class Database:
         updated, deleted or modified), heard through change capture (``db.capture(table)``) after the
         writer committed — so only the detached family of couplings applies.  activedb's own writes are
         not among them: they raise ``db.inserted(table)`` etc. in-process.  Warns
-        (:class:`~activedb.capture.CaptureNotEnabledWarning`) if ``table`` is not captured."""
+        (:class:`~activedb.capture.CaptureNotEnabledWarning`) if ``table`` is not captured; a view or a materialized
+        view, which cannot be, is refused (:class:`~activedb.capture.CaptureError`: capture the tables it reads)."""
         parsed = _kind(kind, (EventKind.INSERTED, EventKind.UPDATED, EventKind.DELETED, EventKind.MODIFIED),
                        f"db.captured({table!r}, {kind!r})")
         spec = _data_spec(self.catalog, parsed, table, "db.captured")
         if not self.capture.is_captured(table):
+            self.capture.check_capturable(table)       # (a view's refusal says what works: not the warning's advice)
             warnings.warn(f"table {table!r} is not captured: rules on db.captured({table!r}) fire once capture is "
                           f"enabled — db.capture({table!r}), or enable_capture(op, {table!r}) in a migration",
                           CaptureNotEnabledWarning, stacklevel=2)

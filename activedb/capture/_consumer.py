@@ -22,11 +22,12 @@ from typing import TYPE_CHECKING, Callable, TypedDict
 
 import sqlalchemy as sa
 
-from activedb.capture import _leader
+from activedb.capture import _leader, _sql
 from activedb.capture._fetch import ChangeReader, Entry
 from activedb.capture._firing import TRANSIENT, CaptureHandler, CapturedEvent, RetryBatch, source_of
 from activedb.capture._position import (KINDS, CapturedChange, Position, PositionWriter, Step, prune, read_position,
                                         register)
+from activedb.capture._status import leader_pids
 from activedb.capture.errors import CaptureConflict, CaptureError, CaptureNotInstalled, ConsumerStopped
 from activedb.errors import DatabaseUnavailable, TransactionAborted, check_seconds, check_whole_number
 from activedb.events import age_seconds
@@ -201,6 +202,12 @@ class CaptureConsumer:
     def leadership_lock(self) -> tuple[int, int]:
         """The session advisory lock ``(classid, objid)`` the leader of this name holds (``pg_locks``)."""
         return self._listener.lock
+
+    def leader_pid(self) -> int | None:
+        """The PostgreSQL backend pid of the session that leads this consumer's name now — this consumer's listener
+        session while it leads, another process's while it stands by — or None when no session holds the lead."""
+        with self._database.engine.connect() as connection:
+            return leader_pids(connection).get(_sql.consumer_lock_key(self.name))
 
     def statistics(self) -> ConsumerStatistics:
         with self._mutex:
@@ -465,7 +472,10 @@ class CaptureConsumer:
         writer = PositionWriter(self._database, self.name, start, end, len(changes), self._step)
         rows = [{"consumer": self.name, "table": change.table, "operation": KINDS[change.operation].value,
                  "xid": change.xid, "commit_position": change.position, "change_id": change.change_id, "rule": None,
-                 "key": None if event is None else event.key} for change, event, _ in changes]
+                 "key": None if event is None else event.key,
+                 # (what changed, for the dead letter: as the event has it, or as captured when it could not be one)
+                 "old": change.captured_old if event is None else event.old,
+                 "new": change.captured_new if event is None else event.new} for change, event, _ in changes]
         events = [CapturedEvent(position, change, event, problem)
                   for position, (change, event, problem) in enumerate(changes)]
         self._handler.begin(writer)

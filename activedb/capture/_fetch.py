@@ -170,6 +170,6 @@ class ChangeReader:
         rows = connection.execute(sa.text(_sql.changes_of(None, None)), {
             "table_oid": oid, "first_position": start.commit, "first_change": start.change_id,
             "last_position": end.commit, "last_change": end.change_id})
-        changes = [CapturedChange(row.position, row.id, int(row.xid), table_name, row.operation, row.committed_at)
-                   for row in rows]
+        changes = [CapturedChange(row.position, row.id, int(row.xid), table_name, row.operation, row.committed_at,
+                                  row.old_row, row.new_row) for row in rows]
         return [(change, None, f"{change.describe()} cannot be delivered: {reason}") for change in changes]

@@ -28,6 +28,14 @@ if TYPE_CHECKING:  # pragma: no cover
 
 #: How long ``drop_consumer`` waits for the leader's lock (milliseconds) before it says the consumer runs.
 _DROP_LOCK_WAIT_MS = 2000
+#: What capture cannot record among the relations a table's name may denote (by ``pg_class.relkind``): what each is,
+#: and why.
+_NOT_CAPTURABLE = {
+    "v": ("view", "a view has no rows of its own: a row trigger on it never sees the changes made to the tables it "
+                  "reads"),
+    "m": ("materialized view", "a materialized view is written only by REFRESH MATERIALIZED VIEW, which no row "
+                               "trigger sees"),
+}
 
 
 class CaptureManager:
@@ -46,6 +54,7 @@ class CaptureManager:
     def __call__(self, table: str) -> CapturedTable:
         """Capture every committed insert, update and delete on ``table`` (idempotent)."""
         self._database.table(table)                  # unknown tables are refused with the usual message
+        self.check_capturable(table)
         self._run(_sql.install_statements(table), f"capture {table!r}")
         return next(captured for captured in self.tables() if captured.name == table)
 
@@ -55,6 +64,17 @@ class CaptureManager:
         role (one that could capture it with the TRIGGER privilege) gets a :class:`CaptureError` naming the owner, and
         nothing changes."""
         self._run(_sql.remove_statements(table), f"stop capturing {table!r}")
+
+    def check_capturable(self, table: str) -> None:
+        """Raise :class:`CaptureError` if ``table`` names a view or a materialized view, which capture cannot record,
+        saying what works instead: capturing the tables it reads, and rules on those (``db.captured`` checks it too)."""
+        with self._database.engine.connect() as connection:
+            kind = connection.execute(sa.text(_sql.RELATION_KIND), {"name": table}).scalar()
+        if kind in _NOT_CAPTURABLE:
+            what, why = _NOT_CAPTURABLE[kind]
+            raise CaptureError(f"{table!r} is a {what}, which cannot be captured ({why}): capture the tables it reads "
+                               f"instead (db.capture(table), or enable_capture(op, table) in a migration) and declare "
+                               f"the rules on db.captured(table) of each; nothing was changed")
 
     def tables(self) -> tuple[CapturedTable, ...]:
         """The captured tables (empty if activedb's capture tables are not installed)."""

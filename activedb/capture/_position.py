@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Iterator
 
 import sqlalchemy as sa
@@ -18,6 +18,7 @@ from activedb.capture import _sql
 from activedb.capture.errors import CaptureConflict, CaptureError, CaptureNotInstalled
 from activedb.errors import INSUFFICIENT_PRIVILEGE, UNDEFINED_TABLE, sqlstate_of
 from activedb.events import EventKind
+from activedb.store import Json
 from activedb.txn import CommitParticipant
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -54,7 +55,8 @@ class Position:
 
 @dataclass(frozen=True)
 class CapturedChange:
-    """One captured change, as read from the change table (the rows come separately, typed)."""
+    """One captured change, as read from the change table (the rows come separately, typed; ``captured_old`` and
+    ``captured_new`` hold them as the trigger recorded them, JSON, only for a change that cannot become an event)."""
 
     position: int
     change_id: int
@@ -62,6 +64,8 @@ class CapturedChange:
     table: str
     operation: str
     committed_at: dt.datetime
+    captured_old: dict[str, Json] | None = field(default=None, compare=False, repr=False)
+    captured_new: dict[str, Json] | None = field(default=None, compare=False, repr=False)
 
     @property
     def at(self) -> Position:

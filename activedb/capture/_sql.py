@@ -204,6 +204,10 @@ SELECT t.table_name, t.enabled_at,
        AS trigger_installed
 FROM {TABLES} t ORDER BY t.table_name"""
 
+# What the name denotes (pg_class.relkind: r table, p partitioned table, v view, m materialized view, …; NULL: none),
+# found as _INSTALL finds it.
+RELATION_KIND = "SELECT relkind FROM pg_class WHERE oid = to_regclass(quote_ident(:name))"
+
 REGISTER_CONSUMER = f"INSERT INTO {CONSUMERS} (name) VALUES (:name) ON CONFLICT (name) DO NOTHING"
 
 #: What a consumer does to capture's tables (positions; reading and pruning changes and commits; the registry).
@@ -274,9 +278,9 @@ def changes_of(relation: str | None, columns: list[str] | None) -> str:
     """The changes of the table ``:table_oid`` in a batch's range, with their old and new rows as the table's
     own row type: PostgreSQL turns the captured ``jsonb`` back into typed columns (``o_<i>``, ``n_<i>`` for
     each of ``columns``), so an event's rows hold the Python values a read through activedb gives.
-    ``relation`` is the table's name as the server quoted it (``BATCH_BOUNDS``); ``columns`` None: without the
-    rows (a table that no longer exists or is not captured)."""
-    rows = joins = ""
+    ``relation`` is the table's name as the server quoted it (``BATCH_BOUNDS``); ``columns`` None: the rows as
+    captured, ``jsonb`` (``old_row``, ``new_row``: a table that no longer exists or is not captured)."""
+    rows, joins = ", ch.old_row, ch.new_row", ""
     if columns is not None and relation is not None:
         quoted = [sql.Identifier(name).as_string() for name in columns]
         rows = ", " + ", ".join([f"o.{name} AS o_{index}" for index, name in enumerate(quoted)]
@@ -295,12 +299,17 @@ WHERE c.position BETWEEN :first_position AND :last_position
 ORDER BY c.position, ch.id"""
 
 
-# Commits every consumer has handled completely (below the smallest position) and older than the
-# retention: their changes and commit rows go.  Their age is compared in seconds, never ``now()`` minus the
-# retention: a retention of "for ever" (``timedelta.max``, infinity) is no timestamp PostgreSQL can compute.
+# Commits every consumer has handled completely and older than the retention: their changes and commit rows go.
+# A consumer at (position, change_id) has handled every commit below its position, and the commit at it once no
+# change of that commit has a larger id (a batch may end inside a commit; a commit row is written at its COMMIT,
+# when its changes are all there, so none comes later).  No consumer registered: nothing goes (min is NULL).
+# Their age is compared in seconds, never ``now()`` minus the retention: a retention of "for ever"
+# (``timedelta.max``, infinity) is no timestamp PostgreSQL can compute.
 PRUNABLE = f"""
 SELECT c.position, c.xid::text AS xid FROM {COMMITS} c
-WHERE c.position < (SELECT min(position) FROM {CONSUMERS})
+WHERE c.position <= (SELECT min(position) FROM {CONSUMERS})
+  AND NOT EXISTS (SELECT FROM {CONSUMERS} k JOIN {CHANGES} ch ON ch.xid = c.xid AND ch.id > k.change_id
+                  WHERE k.position = c.position)
   AND extract(epoch FROM now() - c.committed_at) > CAST(:retention_seconds AS double precision)
 ORDER BY c.position
 LIMIT :limit"""
@@ -308,7 +317,14 @@ LIMIT :limit"""
 PRUNE_CHANGES = f"DELETE FROM {CHANGES} WHERE xid = ANY(CAST(:xids AS xid8[]))"
 PRUNE_COMMITS = f"DELETE FROM {COMMITS} WHERE position = ANY(:positions)"
 
-LATEST_POSITION = f"SELECT coalesce(max(position), 0) FROM {COMMITS}"
+POSITIONS = "activedb_capture_position"
+# The position the sequencer handed out last (the commits may be pruned, or dropped when capture stops): the
+# sequence's, when the role may read it (the function is called only then: a refusal would end the statement), else
+# the largest a commit row or a consumer holds.
+LATEST_POSITION = f"""
+SELECT greatest(CASE WHEN has_sequence_privilege(to_regclass('{POSITIONS}'), 'SELECT')
+                     THEN pg_sequence_last_value(to_regclass('{POSITIONS}')) END,
+                (SELECT max(position) FROM {COMMITS}), (SELECT max(position) FROM {CONSUMERS}), 0)"""
 
 # Per table: its captured name, or for changes of a table that is not captured, what its oid names now.
 BACKLOG = f"""
@@ -322,3 +338,8 @@ CONSUMER_ROWS = f"""
 SELECT name, position, change_id, handled, failed, created_at, updated_at FROM {CONSUMERS} ORDER BY name"""
 
 RETAINED = f"SELECT count(*) FROM {CHANGES}"
+
+# The sessions that lead consumer names now: per lock key (consumer_lock_key of a name), the backend holding it.
+LEADERS = f"""
+SELECT objid::bigint AS key, pid FROM pg_locks
+WHERE locktype = 'advisory' AND classid = {CONSUMER_LOCK_CLASS} AND objsubid = 2 AND granted"""

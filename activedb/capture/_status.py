@@ -53,6 +53,9 @@ class ConsumerBacklog:
     tables: tuple[TableBacklog, ...]
     lag_seconds: float | None      # age of the oldest change waiting for it (None: caught up)
     behind: bool
+    #: The PostgreSQL backend of the session that leads the name now (its consumer runs there; others of the name
+    #: stand by), or None: no process consumes under it.
+    leader_pid: int | None = None
 
     @property
     def changes(self) -> int:
@@ -69,6 +72,7 @@ class CaptureStatus:
     consumers: tuple[ConsumerBacklog, ...] = ()
     unconsumed: tuple[TableBacklog, ...] = ()   # everything retained, when there is no consumer
     retained_changes: int = 0
+    #: The commit position handed out last (0: none yet), also once its changes are pruned or dropped.
     latest_position: int = 0
 
     def warnings(self) -> list[str]:
@@ -110,6 +114,7 @@ def capture_status(engine: sa.Engine, *, behind_changes: int = BEHIND_CHANGES,
         tables = captured_tables(connection)
         now: dt.datetime = connection.execute(sa.text("SELECT now()")).scalar_one()
         consumers = []
+        leaders = leader_pids(connection)
         for row in connection.execute(sa.text(_sql.CONSUMER_ROWS)).all():
             position = Position(row.position, row.change_id)
             backlog = _backlog(connection, position)
@@ -120,12 +125,19 @@ def capture_status(engine: sa.Engine, *, behind_changes: int = BEHIND_CHANGES,
             consumers.append(ConsumerBacklog(
                 name=row.name, position=position, handled=row.handled,
                 failed=row.failed, updated_at=row.updated_at, tables=backlog, lag_seconds=lag,
-                behind=pending > behind_changes or (lag is not None and lag > behind_seconds)))
+                behind=pending > behind_changes or (lag is not None and lag > behind_seconds),
+                leader_pid=leaders.get(_sql.consumer_lock_key(row.name))))
         unconsumed = () if consumers else _backlog(connection, Position())
         retained = connection.execute(sa.text(_sql.RETAINED)).scalar()
         latest = connection.execute(sa.text(_sql.LATEST_POSITION)).scalar()
     return CaptureStatus(installed=True, tables=tables, consumers=tuple(consumers), unconsumed=unconsumed,
                          retained_changes=retained, latest_position=latest)  # type: ignore[arg-type]
+
+
+def leader_pids(connection: sa.Connection) -> dict[int, int]:
+    """Per consumer lock key (``_sql.consumer_lock_key`` of a name), the backend pid of the session that leads the
+    name now (names whose keys collide take turns, and share the entry)."""
+    return {row.key: row.pid for row in connection.execute(sa.text(_sql.LEADERS))}
 
 
 def captured_tables(connection: sa.Connection) -> tuple[CapturedTable, ...]:

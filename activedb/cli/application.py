@@ -73,8 +73,7 @@ def load_app(spec: AppSpec, *, require_mapping: bool = False) -> LoadedApp:
         except MappingError as error:
             raise AppLoadError(f"{text}: MAPPING: {error}") from None
     if require_mapping and mapping is None:
-        raise AppLoadError(f"application {text!r} has no MAPPING; add for example "
-                           f"MAPPING = spark_bridge.EventMapping(type_column='type', key_column='key', ts_column='ts')")
+        raise no_mapping(text)
     migrations = getattr(module, "MIGRATIONS", None)
     if migrations is not None:
         try:
@@ -105,6 +104,13 @@ def load_app(spec: AppSpec, *, require_mapping: bool = False) -> LoadedApp:
         from_rate=from_rate if callable(from_rate) else None, reset=reset if callable(reset) else None,
         queries=getattr(module, "QUERIES", None), scheduler=getattr(module, "SCHEDULER", None),
         executor=getattr(module, "EXECUTOR", None), transactions=getattr(module, "TRANSACTIONS", None))
+
+
+def no_mapping(name: str) -> AppLoadError:
+    """The error of an application ``name`` that has no ``MAPPING`` where one is needed (``load_app(…,
+    require_mapping=True)``, or a command that checks it later, as ``dead-letters replay`` does)."""
+    return AppLoadError(f"application {name!r} has no MAPPING; add for example "
+                        f"MAPPING = spark_bridge.EventMapping(type_column='type', key_column='key', ts_column='ts')")
 
 
 def _is_struct_type(value: object) -> bool:

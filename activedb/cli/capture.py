@@ -8,7 +8,8 @@ import dataclasses
 import datetime as dt
 import functools
 import json
-from typing import TYPE_CHECKING, Callable, NoReturn
+import shlex
+from typing import TYPE_CHECKING, NoReturn
 
 import click
 
@@ -20,7 +21,7 @@ from activedb.metrics import metrics_port_option, start_metrics
 
 if TYPE_CHECKING:  # pragma: no cover
     from activedb import Database
-    from activedb.capture import CaptureConsumer, CaptureManager
+    from activedb.capture import CaptureConsumer, CaptureStatus, ConsumerState
 
 
 def _when(at: dt.datetime | None) -> str:
@@ -40,8 +41,9 @@ def capture_group() -> None:
               help="A consumer whose oldest pending change is older is behind.")
 @click.pass_context
 def status_command(ctx: click.Context, as_json: bool, behind_changes: int, behind_seconds: float) -> None:
-    """Captured tables and the backlog per consumer and table; says which consumer is far behind (exit
-    code 0 either way)."""
+    """Captured tables and the backlog per consumer and table, with the backend pid of the session that leads each
+    consumer name (none: no process consumes under it; others of the name stand by); says which consumer is far
+    behind (exit code 0 either way)."""
     with open_database(ctx, writes=False) as database:
         status = database.capture.status(behind_changes=behind_changes, behind_seconds=behind_seconds)
     if as_json:
@@ -59,45 +61,39 @@ def status_command(ctx: click.Context, as_json: bool, behind_changes: int, behin
             tables.add_row(literal(table.name), table.enabled_at.isoformat(timespec="seconds"),
                            "yes" if table.trigger_installed else "MISSING")
         console.print(tables)
-    backlog = Table("consumer", "position", "handled", "failed", "table", "pending changes", "transactions",
+    backlog = Table("consumer", "leader", "position", "handled", "failed", "table", "pending changes", "transactions",
                     "oldest pending", "state", title=f"backlog ({status.retained_changes:,} changes retained, "
                                                      f"latest commit position {status.latest_position})")
     for consumer in status.consumers:
         position = f"{consumer.position.commit}/{consumer.position.change_id}"
         state = "BEHIND" if consumer.behind else "FAILURES" if consumer.failed else "ok"
-        counts = (literal(consumer.name), position, f"{consumer.handled:,}", f"{consumer.failed:,}")
+        leader = "none" if consumer.leader_pid is None else f"pid {consumer.leader_pid}"
+        counts = (literal(consumer.name), leader, position, f"{consumer.handled:,}", f"{consumer.failed:,}")
         if not consumer.tables:
             backlog.add_row(*counts, "-", "0", "0", "-", state)
         for pending in consumer.tables:
             backlog.add_row(*counts, literal(pending.table), f"{pending.changes:,}", f"{pending.transactions:,}",
                             _when(pending.oldest_committed_at), state)
     for pending in status.unconsumed:
-        backlog.add_row("(none)", "-", "-", "-", literal(pending.table), f"{pending.changes:,}", f"{pending.transactions:,}",
+        backlog.add_row("(none)", "-", "-", "-", "-", literal(pending.table), f"{pending.changes:,}", f"{pending.transactions:,}",
                         _when(pending.oldest_committed_at), "no consumer")
     console.print(backlog)
     for line in status.warnings():
         console.print(f"[yellow]warning:[/yellow] {literal(line)}", highlight=False)
 
 
-def _tables_command(name: str, help_text: str, check: Callable[[Database, str], object],
-                    change: Callable[[CaptureManager, str], object], done: str, *, writes: bool) -> click.Command:
-    """``activedb capture NAME TABLES...``: ``check(db, table)`` for every table, then (none refused)
-    ``change(db.capture, table)`` for each, saying ``done``: a refused name changes nothing.  ``writes``: a database
-    without activedb's tables gets them (``open_database``); else (disable) nothing is captured there, so its first
-    table is refused as one not captured on a migrated database, and no table is created."""
-    @capture_group.command(name, help=help_text)
-    @click.argument("tables", nargs=-1, required=True)
-    @click.pass_context
-    def command(ctx: click.Context, tables: tuple[str, ...]) -> None:
-        with open_database(ctx, writes=writes, new_as_is=not writes) as database:
-            if not writes and has_no_tables(database):
-                _not_captured(tables[0], [])
-            for table in tables:
-                check(database, table)
-            for table in tables:
-                change(database.capture, table)
-                click.echo(f"{done} {table}")
-    return command
+@capture_group.command("enable")
+@click.argument("tables", nargs=-1, required=True)
+@click.pass_context
+def enable_command(ctx: click.Context, tables: tuple[str, ...]) -> None:
+    """Capture TABLES (better: enable_capture(op, table) in the application's migration). Every name is checked
+    first: one that is no table changes nothing."""
+    with open_database(ctx, writes=True) as database:
+        for table in tables:
+            database.table(table)
+        for table in tables:
+            database.capture(table)
+            click.echo(f"capturing {table}")
 
 
 def _captured(database: Database, table: str) -> None:
@@ -112,14 +108,45 @@ def _not_captured(table: str, names: list[str]) -> NoReturn:
                                f"changed")
 
 
-enable_command = _tables_command("enable", "Capture TABLES (better: enable_capture(op, table) in the application's "
-                                 "migration).", lambda database, table: database.table(table),
-                                 lambda capture, table: capture(table), "capturing", writes=True)
-# (disable only removes: a database without activedb's tables has no capture to remove, and is refused as a table not
-# captured is)
-disable_command = _tables_command("disable", "Stop capturing TABLES (their changes not yet consumed are dropped).",
-                                  _captured, lambda capture, table: capture.remove(table), "no longer capturing",
-                                  writes=False)
+@capture_group.command("disable")
+@click.argument("tables", nargs=-1, required=True)
+@click.option("--yes", is_flag=True, help="Drop their pending changes without asking.")
+@click.pass_context
+def disable_command(ctx: click.Context, tables: tuple[str, ...], yes: bool) -> None:
+    """Stop capturing TABLES: their triggers go, and with them their captured changes — those not yet handled by
+    every consumer too (pending: their rules never hear of them). It says how many it drops and asks first (--yes to
+    skip); with nothing pending it does not ask. Every name is checked first: one not captured changes nothing."""
+    # (It only removes: a database without activedb's tables has no capture to remove, and is refused as a table not
+    # captured is; no table is created for it.)
+    with open_database(ctx, writes=False, new_as_is=True) as database:
+        if has_no_tables(database):
+            _not_captured(tables[0], [])
+        for table in tables:
+            _captured(database, table)
+        status = database.capture.status()
+        pending = {table: _pending(status, table) for table in tables}
+        counts = {table: count for table, count in pending.items() if count}
+        if counts:
+            why = "captured, not yet handled by every consumer: their rules will never hear of them"
+            what = (f"its {_pending_changes(counts[tables[0]])} ({why})" if len(tables) == 1 else
+                    f"{_pending_changes(sum(counts.values()))} ("
+                    + ", ".join(f"{table}: {count:,}" for table, count in counts.items()) + f"; {why})")
+            _confirm(f"stop capturing {', '.join(tables)} and drop {what}?", yes)
+        for table in tables:
+            database.capture.remove(table)
+            click.echo(f"no longer capturing {table}"
+                       + (f" ({_pending_changes(pending[table])} dropped)" if pending[table] else ""))
+
+
+def _pending_changes(count: int) -> str:
+    return f"{count:,} pending change{'s' if count != 1 else ''}"
+
+
+def _pending(status: CaptureStatus, table: str) -> int:
+    """The changes of ``table`` some consumer has not handled yet (every one retained when no consumer is registered):
+    the backlog of the consumer furthest behind, which holds every other's (they all handle changes in one order)."""
+    backlogs = [consumer.tables for consumer in status.consumers] or [status.unconsumed]
+    return max((backlog.changes for tables in backlogs for backlog in tables if backlog.table == table), default=0)
 
 
 @capture_group.command("drop-consumer")
@@ -195,7 +222,8 @@ def consume_command(ctx: click.Context, app: str, name: str, batch_size: int, re
                     if restart_environment is None:
                         raise
                 else:
-                    click.echo(f"capture consumer {name!r}: handled {handled:,} changes, caught up at "
+                    click.echo(f"capture consumer {name!r}: handled {handled:,} changes"
+                               f"{_dead_letters(consumer)}, caught up at "
                                f"{consumer.position}")
             else:
                 restart_environment = _consume_until_stopped(consumer, name)
@@ -223,10 +251,12 @@ def _consume_until_stopped(consumer: CaptureConsumer, name: str) -> dict[str, st
     stop.install()
     try:
         consumer.start()
-        click.echo(f"capture consumer {name!r} running (Ctrl-C stops)")
-        # Woken by the signal handler; the timeout re-checks that the consumer's thread is alive.
-        while not stop.event.wait(1.0) and consumer.failure is None:
-            pass
+        said: ConsumerState | None = None
+        # Woken by the signal handler; the timeout re-checks that the consumer's thread is alive, and its state.
+        while consumer.failure is None:
+            said = _say_state(consumer, said)
+            if stop.event.wait(1.0):
+                break
         if stop.event.is_set():
             batch = consumer.ingestion.batch_in_progress()
             doing = ("no batch is in progress" if batch is None else
@@ -254,8 +284,46 @@ def _consume_until_stopped(consumer: CaptureConsumer, name: str) -> dict[str, st
                            f"fix the cause and run `activedb capture consume` again") from failure
     statistics = consumer.statistics()
     click.echo(f"capture consumer {name!r}: {statistics.changes:,} changes in {statistics.batches:,} batches, "
-               f"{statistics.firings:,} firings, {statistics.failed:,} failed; at {statistics.position}")
+               f"{statistics.firings:,} firings{_dead_letters(consumer)}; at {statistics.position}")
     return None
+
+
+def _dead_letters(consumer: CaptureConsumer) -> str:
+    """What a summary of ``consumer``'s run says of the dead letters it wrote (nothing when none): how many, and the
+    command that lists them.  They fail no command (exit code 0, as `activedb run`'s): the stream went on past them;
+    a batch that failed outright is an error."""
+    failed = consumer.statistics().failed
+    if not failed:
+        return ""
+    return (f", {failed:,} dead letter{'s' if failed != 1 else ''} (`activedb dead-letters list --query "
+            f"{shlex.quote(consumer.ledger_id)}` shows why)")
+
+
+def _say_state(consumer: CaptureConsumer, said: ConsumerState | None) -> ConsumerState | None:
+    """Say that ``consumer`` runs once it leads its name, or that it stands by while another session leads it (naming
+    that session's backend) — each when it becomes so (``said``: the state said last; returns the one said now).  A
+    consumer between sessions of its own (starting, reconnecting) is on standby with no leader: not said, nor while the
+    leader cannot be read."""
+    from activedb.capture import ConsumerState
+
+    state = consumer.state
+    if state is said:
+        return said
+    if state is ConsumerState.LEADING:
+        click.echo(f"capture consumer {consumer.name!r} running (Ctrl-C stops)")
+        return state
+    if state is ConsumerState.STANDBY:
+        import sqlalchemy as sa
+
+        try:
+            leader = consumer.leader_pid()
+        except sa.exc.SQLAlchemyError:      # (the server is away: the consumer's thread waits for it; said later)
+            return said
+        if leader is not None:
+            click.echo(f"capture consumer {consumer.name!r} standing by: another session leads its name (PostgreSQL "
+                       f"backend pid {leader}); it takes over when that session ends (Ctrl-C stops)")
+            return state
+    return said
 
 
 def register_commands(main_group: click.Group) -> None:

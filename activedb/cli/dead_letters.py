@@ -197,8 +197,8 @@ def _refuse_captured(letters: list[LetterRecord]) -> None:
         raise click.ClickException(
             f"{which} {ids} {is_} change capture's ({captured[0].query_id}): {it} a captured change, not a row "
             f"a mapping reads, so {'they' if len(captured) > 1 else 'it'} cannot be replayed — fix the cause the "
-            f"reason names and write the change again (or purge the letter); leave capture's letters out (--query, "
-            f"--id); nothing was replayed")
+            f"reason names and write the change again (`activedb dead-letters show {captured[0].id}` shows its old "
+            f"and new values), or purge the letter; leave capture's letters out (--query, --id); nothing was replayed")
 
 
 def _refuse_unknown_ids(database: DatabaseHandle, ids: tuple[int, ...]) -> None:
@@ -229,7 +229,7 @@ def replay_command(ctx: click.Context, app: str, ids: tuple[int, ...] | None, qu
 
     APP is what `activedb run` takes (register(db) and MAPPING)."""
     from activedb import deadletters
-    from activedb.cli.application import app_handler, load_app, require_rules
+    from activedb.cli.application import app_handler, load_app, no_mapping, require_rules
     from activedb.progress import Progress
     from activedb.ingest import BatchHandler, ReplayResult, RulesHandler, replay_dead_letters
     from activedb.ingest.errors import IngestError
@@ -238,7 +238,8 @@ def replay_command(ctx: click.Context, app: str, ids: tuple[int, ...] | None, qu
 
     rules_log_for_command(verbose)
     try:
-        loaded = load_app(app, require_mapping=True)
+        # (MAPPING is required once the letters are known: capture's letters are refused whatever APP has)
+        loaded = load_app(app)
         first = app_handler(loaded)     # (before anything is read or changed: QUERIES with EXECUTOR, a bad EXECUTOR)
     except IngestError as error:
         raise click.ClickException(str(error)) from None
@@ -258,18 +259,22 @@ def replay_command(ctx: click.Context, app: str, ids: tuple[int, ...] | None, qu
     # (A database without activedb's tables has no dead letter to replay, which it says, exit 0, as purge does; no
     # table is created for it.)
     with open_database(ctx, writes=False, new_as_is=True) as database:
-        if has_no_tables(database):
+        empty = has_no_tables(database)
+        letters = [] if empty else deadletters.select(
+            database, deadletters.LetterFilter(ids, query, batch, reason, replayed=False), limit=limit or None)
+        # Capture's letters first: no APP can replay them, so what APP lacks is no advice for them.
+        _refuse_captured(letters)
+        if loaded.mapping is None:
+            raise click.ClickException(str(no_mapping(loaded.name)))
+        if empty:
             click.echo(f"nothing to replay: {database.describe()} has no activedb tables yet, so no dead letter was "
                        f"recorded")
             return
-        letters = deadletters.select(database, deadletters.LetterFilter(ids, query, batch, reason, replayed=False),
-                                     limit=limit or None)
         if ids is not None:
             _refuse_unknown_ids(database, ids)
         if not letters:
             click.echo("no dead letters to replay match (`activedb dead-letters list --all` shows replayed ones)")
             return
-        _refuse_captured(letters)
         if loaded.migrations is not None:
             database.upgrade_app(loaded.migrations)
         register_app(loaded.register, database, loaded.name)

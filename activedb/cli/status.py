@@ -168,7 +168,8 @@ def print_capture_backlog(console: Console, capture: CaptureStatus) -> None:
     lines = []
     for consumer in capture.consumers:
         waiting = ", ".join(f"{table.table} {table.changes:,}" for table in consumer.tables) or "nothing"
-        lines.append(f"consumer {consumer.name!r}: {consumer.changes:,} changes pending ({waiting})"
+        leader = "no process leads it" if consumer.leader_pid is None else f"led by pid {consumer.leader_pid}"
+        lines.append(f"consumer {consumer.name!r} ({leader}): {consumer.changes:,} changes pending ({waiting})"
                      f"{' — BEHIND' if consumer.behind else ''}")
     for table in capture.unconsumed:
         lines.append(f"table {table.table}: {table.changes:,} changes and no consumer")

@@ -170,11 +170,31 @@ def _discard(connection: sa.Connection) -> None:
     connection.close()
 
 
+class Xid8(sa.types.UserDefinedType[str]):
+    """PostgreSQL's ``xid8`` (a 64-bit transaction id; capture's change and commit rows hold one), which SQLAlchemy's
+    dialect does not reflect: it warned ("Did not recognize type 'xid8'") wherever such a table was reflected.  Its
+    values are read as psycopg gives them."""
+
+    cache_ok = True
+
+    def get_col_spec(self, **options: object) -> str:
+        return "XID8"
+
+
+def _know_types(dialect: sa.Dialect) -> None:
+    """Teach ``dialect`` (one engine's, not the class's) the PostgreSQL types activedb's tables use that SQLAlchemy does
+    not reflect (:class:`Xid8`)."""
+    known = getattr(dialect, "ischema_names", None)
+    if isinstance(known, dict) and "xid8" not in known:
+        dialect.ischema_names = {**known, "xid8": Xid8}     # type: ignore[attr-defined]
+
+
 class Catalog:
     """Reflected tables and generated keys of one database (``describe`` names it in messages)."""
 
     def __init__(self, engine: sa.Engine, describe: Callable[[], str]):
         self.engine = engine
+        _know_types(engine.dialect)
         self._describe = describe
         self._mutex = threading.Lock()
         self._reflect_mutex = threading.Lock()   # serialises reflection (SQL under it; a leaf otherwise)

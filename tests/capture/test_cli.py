@@ -12,7 +12,7 @@ from click.testing import CliRunner
 import activedb
 from activedb.cli import main
 from tests.capture import _app
-from tests.capture.conftest import MIGRATIONS, libpq
+from tests.capture.conftest import MIGRATIONS, capture_orders, consume_process, libpq
 
 APP_FILE = _app.__file__
 
@@ -53,8 +53,11 @@ def test_capture_commands_show_the_backlog_and_consume_it(database_url):
     assert document["consumers"][0]["behind"] and "far behind" in document["warnings"][0]
     assert "BEHIND" in cli("status", "--behind-changes", "0")
 
-    # consume upgraded the app's migrations (_app.MIGRATIONS), whose head captures typed_samples too.
-    assert "no longer capturing typed_samples" in cli("disable", "orders", "typed_samples")
+    # consume upgraded the app's migrations (_app.MIGRATIONS), whose head captures typed_samples too.  Disabling drops
+    # the late order no consumer has handled: it asks first (refused without a terminal unless --yes).
+    refused = runner.invoke(main, ["--url", database_url, "capture", "disable", "orders", "typed_samples"])
+    assert refused.exit_code == 1 and "drop 1 pending change (orders: 1;" in refused.output, refused.output
+    assert "no longer capturing orders (1 pending change dropped)" in cli("disable", "orders", "typed_samples", "--yes")
     assert "no table is captured" in cli("status")
 
 
@@ -210,16 +213,6 @@ def test_a_metrics_port_that_is_no_port_is_a_usage_error_before_anything_is_writ
         assert connection.execute("SELECT count(*) FROM pg_tables WHERE schemaname = 'public'").fetchone() == (0,)
 
 
-def _capture_orders(database_url: str) -> None:
-    """The app's tables, and ``orders`` captured (the module's earlier tests stop capturing it)."""
-    database = activedb.connect(database_url)
-    try:
-        database.upgrade_app(MIGRATIONS)
-        database.capture("orders")            # (idempotent)
-    finally:
-        database.close()
-
-
 STUCK_APP = '''"""A rule on captured orders that never returns (it says so first)."""
 import threading
 
@@ -237,45 +230,23 @@ def test_a_second_ctrl_c_ends_consume_at_once_while_a_rule_never_returns(databas
     that Ctrl-C again stops at once; the second ends the process at once (exit 130), the change still pending, as
     `activedb run` does.  The second Ctrl-C did nothing — the command waited for the consumer's thread 30 s, then
     30 s more as the database closed, and exited 1 ("did not stop within 30.0 s")."""
-    import os
-    import signal
-    import subprocess
-    import sys
-
     from activedb.testing import wait_until
 
-    _capture_orders(database_url)
+    capture_orders(database_url)
     app_file = tmp_path / "stuck_app.py"
     app_file.write_text(STUCK_APP)
-    output = tmp_path / "consume.out"
-    with open(output, "wb") as sink:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "activedb.cli", "--url", database_url, "capture", "consume", str(app_file), "--name",
-             "stuck", "--rule-deadline", "0", "--batch-deadline", "0"], stdout=sink, stderr=subprocess.STDOUT,
-            start_new_session=True,
-            env={**os.environ, "ACTIVEDB_HOME": str(tmp_path / "home")})
-
-    def printed(text: str):
-        def found() -> bool:
-            assert process.poll() is None, f"consume exited ({process.returncode}):\n{output.read_text()}"
-            return text in output.read_text()
-        return found
-
-    try:
-        wait_until(printed("running (Ctrl-C stops)"), 120, "the consumer to start", describe=output.read_text)
+    with consume_process(database_url, tmp_path, str(app_file), "--name", "stuck", "--rule-deadline", "0",
+                         "--batch-deadline", "0") as consume:
+        wait_until(consume.printed("running (Ctrl-C stops)"), 120, "the consumer to start", describe=consume.text)
         with psycopg.connect(libpq(database_url), autocommit=True) as psql:
             psql.execute("INSERT INTO orders (id, customer, amount) VALUES (77001, 'stuck', 1)")
-        wait_until(printed("in the rule"), 60, "the rule to run", describe=output.read_text)
-        os.killpg(process.pid, signal.SIGINT)
-        wait_until(printed("Ctrl-C again to stop at once"), 60, "the first stop", describe=output.read_text)
-        assert "stopping: letting batch" in output.read_text(), output.read_text()
-        os.killpg(process.pid, signal.SIGINT)
-        assert process.wait(timeout=20) == 130, output.read_text()
-        assert "stopped at once" in output.read_text(), output.read_text()
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(timeout=60)
+        wait_until(consume.printed("in the rule"), 60, "the rule to run", describe=consume.text)
+        consume.interrupt()
+        wait_until(consume.printed("Ctrl-C again to stop at once"), 60, "the first stop", describe=consume.text)
+        assert "stopping: letting batch" in consume.text(), consume.text()
+        consume.interrupt()
+        assert consume.process.wait(timeout=20) == 130, consume.text()
+        assert "stopped at once" in consume.text(), consume.text()
     document = json.loads(CliRunner().invoke(main, ["--url", database_url, "capture", "status", "--json"]).output)
     [stuck] = [consumer for consumer in document["consumers"] if consumer["name"] == "stuck"]
     assert stuck["handled"] == 0 and stuck["tables"][0]["changes"] == 1, stuck
@@ -304,7 +275,7 @@ def test_consume_gives_up_a_rule_past_its_deadline_dead_letters_its_change_and_r
     import subprocess
     import sys
 
-    _capture_orders(database_url)
+    capture_orders(database_url)
     app_file = tmp_path / "hanging_app.py"
     app_file.write_text(HANGING_APP)
     with psycopg.connect(libpq(database_url), autocommit=True) as psql:
@@ -348,7 +319,7 @@ def test_replaying_a_dead_letter_of_change_capture_is_refused_and_marks_nothing(
     row a mapping reads.  `dead-letters replay APP --query capture:NAME` fed that description through APP's mapping:
     the letter was marked replayed (and left the default `dead-letters list`) and a new letter "event type ('type')
     is missing" was written.  It is refused, saying why, and nothing is replayed or marked."""
-    _capture_orders(database_url)
+    capture_orders(database_url)
     app_file = tmp_path / "mapped_app.py"
     app_file.write_text(MAPPED_APP)
     with psycopg.connect(libpq(database_url), autocommit=True) as psql:
@@ -412,7 +383,7 @@ def test_consume_refuses_an_app_that_declares_no_rule_before_it_consumes(databas
     with nothing pending it said "handled 0 changes" (--until-caught-up) or ran on, consuming nothing, until the first
     change stopped it.  It is refused once register(db) returned, before the consumer reads: one line, exit 1, and
     the changes stay pending for a consumer of the name with rules."""
-    _capture_orders(database_url)
+    capture_orders(database_url)
     app_file = tmp_path / "ruleless_consumer.py"
     app_file.write_text("def register(db):\n    pass\n")
     with psycopg.connect(libpq(database_url), autocommit=True) as psql:
@@ -433,7 +404,7 @@ def test_consume_says_when_every_rule_of_its_app_is_disabled(database_url):
     """With every rule of the application disabled (``activedb rules disable``, the operator's choice), ``capture
     consume`` consumes the changes with no rule run on them, and said nothing of it: its line "handled N changes"
     read as a run of the rules.  It says so first now, naming the command that enables them."""
-    _capture_orders(database_url)
+    capture_orders(database_url)
     database = activedb.connect(database_url)
     try:
         _app.register(database)
@@ -463,7 +434,7 @@ def test_a_retention_of_inf_keeps_every_consumed_change(make_database_url):
     Python API is), was refused as "no finite number of seconds" (exit 2).  Now the changes are consumed and kept;
     NaN is still a usage error."""
     url = make_database_url("consume_retention_inf")
-    _capture_orders(url)
+    capture_orders(url)
     _app.run_workload(libpq(url), _app.workload(seed=5, transactions=4))
     with psycopg.connect(libpq(url)) as connection:
         changes = connection.execute("SELECT count(*) FROM activedb_capture_changes").fetchone()[0]
