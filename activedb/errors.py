@@ -31,7 +31,7 @@ __all__ = ["ActivedbError", "BadDatabaseURL", "BatchAlreadyCommitted", "CascadeL
            "MigrationError", "OutboxError",
            "PictureError", "RecordsTakenOver", "RuleDefinitionChangedWarning", "RuleError",
            "RuleFailed", "SchemaError", "SchemaNotAtHead", "SerializationConflict", "ServerDiskFull",
-           "TransactionAborted", "TransactionError", "Unconnected", "UnknownColumn", "UnknownTable"]
+           "TransactionAborted", "TransactionError", "Unconnected", "UnknownColumn", "UnknownTable", "WaitTimeout"]
 
 
 class ActivedbError(Exception):
@@ -162,6 +162,13 @@ class InvalidTime(ActivedbError, ValueError):
     """A value given as a time (an event's timestamp, a punctuation's watermark) that is neither a finite number of
     seconds nor an aware datetime, or not of the kind of the times it is compared with; an accuracy, interval or
     local clock that ``activedb.events`` cannot take.  The message names it."""
+
+
+class WaitTimeout(ActivedbError, TimeoutError):
+    """A wait given a timeout ended before what it waited for: detached rule firings still running at the end of
+    ``db.rules.wait_idle(timeout)``, a subtransaction still running at the end of ``handle.result(timeout)``.  The
+    message names what is still running and what to do.  Also a ``TimeoutError``, as such errors were before they
+    were activedb's."""
 
 
 # --- database and server -------------------------------------------------------------

@@ -169,7 +169,9 @@ class RuleManager(TransactionExtension):
                                per_rule=counters, per_mode=per_mode, detached_running=self.detached.running)
 
     def wait_idle(self, timeout: float | None = 30.0) -> None:
-        """Wait until every detached-family firing recorded so far by this process has run."""
+        """Wait until every detached-family firing recorded so far by this process has run; raises
+        :class:`~activedb.errors.WaitTimeout` (a ``TimeoutError``) naming the rules still running after ``timeout``
+        seconds (None: no limit)."""
         self.detached.wait_idle(timeout)
 
     def count(self, rule: Rule, what: RuleCounter, amount: int = 1) -> None:

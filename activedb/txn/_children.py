@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping
 from lockmgr import TxnState
 
 from activedb._closedset import ClosedSet
-from activedb.errors import (BadArgument, DeadlockDetected, RuleFailed, SerializationConflict, causes,
+from activedb.errors import (BadArgument, DeadlockDetected, RuleFailed, SerializationConflict, WaitTimeout, causes,
                              check_plain_function, check_seconds, check_switch, check_whole_number)
 from activedb.txn._hooks import WaitKind
 from activedb.txn._pool import Task
@@ -129,11 +129,13 @@ class SubtransactionHandle:
                 task.wait(None)
 
     def result(self, timeout: float | None = None) -> Any:
-        """The function's return value once the subtransaction committed; re-raises its error.  A
+        """The function's return value once the subtransaction committed; re-raises its error; raises
+        :class:`~activedb.errors.WaitTimeout` (a ``TimeoutError``) if it is still running after ``timeout`` seconds.  A
         ``DeadlockDetected`` is the subtransaction's own only if it ended ABORTED (``state``); otherwise this wait
         was the victim and it goes on (:meth:`wait`)."""
         if not self._wait(_wait_seconds("handle.result", timeout)):
-            raise TimeoutError(f"subtransaction {self.transaction.id} did not end within {timeout} s")
+            raise WaitTimeout(f"subtransaction {self.transaction.id} did not end within {timeout} s; it is still "
+                              f"running: wait longer (timeout=None waits until it ends) or make its function return")
         if self._task.error is not None:
             raise self._task.error
         return self._task.result
@@ -243,7 +245,9 @@ class Children:
                 for task in pending:
                     remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
                     if not task.wait(remaining):
-                        raise TimeoutError(f"children of {self.id} did not end within {timeout} s")
+                        raise WaitTimeout(f"children of {self.id} did not end within {timeout} s; they are still "
+                                          f"running: wait longer (timeout=None waits until they end) or make their "
+                                          f"functions return")
 
 
 def run_inline(parent: "Transaction", function: Callable[[Any, Any], Any], argument: Any, name: str | None,
