@@ -17,7 +17,8 @@ import enum
 import inspect as _inspect
 import math
 import re
-from typing import TYPE_CHECKING, Hashable, Iterable, Iterator, Mapping, Protocol
+from types import FunctionType as _FunctionType, MethodType as _MethodType
+from typing import TYPE_CHECKING, Callable, Hashable, Iterable, Iterator, Mapping, Protocol
 
 if TYPE_CHECKING:  # pragma: no cover
     import lockmgr
@@ -130,6 +131,33 @@ def check_plain_function(owner: str, function: object, *, error: type[ActivedbEr
     reason = body_not_run(function)
     if reason is not None:
         raise error(f"{owner}({getattr(function, '__name__', function)}) takes a plain function: this is {reason}")
+
+
+def check_call_fits(owner: str, called: str, function: Callable[..., object], positional: int,
+                    keywords: Iterable[str], *, error: type[ActivedbError] = BadArgument) -> None:
+    """Raise ``error`` (:class:`BadArgument`) if ``function`` — a Python function or a method of one; anything else
+    passes — would refuse a call with ``positional`` positional arguments and the keyword arguments ``keywords`` for
+    their count: too many positional ones, or a required one missing.  ``called`` says how ``owner`` calls it
+    (``function(child, *args, **kwargs)``).  The cheap test first (it runs per ``tx.spawn``): the signature is read
+    only to word a refusal, so a call Python might take is never refused."""
+    plain: object = function
+    given = positional
+    if type(plain) is _MethodType:
+        plain, given = plain.__func__, given + 1
+    if type(plain) is not _FunctionType:
+        return
+    code = plain.__code__
+    keywords = tuple(keywords)
+    required_keywords = code.co_kwonlyargcount - len(plain.__kwdefaults__ or ())
+    too_many = given > code.co_argcount and not code.co_flags & _inspect.CO_VARARGS
+    too_few = not keywords and (given < code.co_argcount - len(plain.__defaults__ or ()) or required_keywords > 0)
+    if not (too_many or too_few):
+        return
+    signature = _inspect.signature(function)     # (a method's without its instance, as it is called)
+    try:
+        signature.bind(*([None] * positional), **dict.fromkeys(keywords))
+    except TypeError as refused:
+        raise error(f"{owner} runs {called}; {plain.__name__}{signature} cannot be: {refused}") from None
 
 
 def finite_number(value: float) -> bool:

@@ -16,7 +16,7 @@ from lockmgr import TxnState
 
 from activedb._closedset import ClosedSet
 from activedb.errors import (BadArgument, DeadlockDetected, RuleFailed, SerializationConflict, WaitTimeout, causes,
-                             check_plain_function, check_seconds, check_switch, check_whole_number)
+                             check_call_fits, check_plain_function, check_seconds, check_switch, check_whole_number)
 from activedb.txn._hooks import WaitKind
 from activedb.txn._pool import Task
 
@@ -167,7 +167,9 @@ class Children:
               name: str | None = None, eager: bool = False, **kwargs: Any) -> SubtransactionHandle:
         """Run ``function(child, *args, **kwargs)`` as a subtransaction that may run concurrently with this
         one and its siblings, on a worker thread or on a thread that waits for it.  ``function`` is a plain function
-        (as for ``retry`` and ``Database.run``): an ``async def`` or a generator function is refused (``BadArgument``).
+        (as for ``retry`` and ``Database.run``): an ``async def`` or a generator function is refused (``BadArgument``),
+        and so is a Python function that cannot take ``(child, *args, **kwargs)`` for their count (``lambda: ...``):
+        its child would abort where it runs, unseen unless the handle is asked.
 
         The child commits when the function returns and aborts (with its descendants)
         if it raises; ``handle.result()`` returns the value or re-raises the error.  Only the handle tells: a parent
@@ -185,6 +187,7 @@ class Children:
             raise BadArgument(f"tx.spawn({function!r}) takes the function to run as the child, function(child, "
                               f"*args, **kwargs); got a {type(function).__name__}")
         check_plain_function("tx.spawn", function)     # (else the child commits empty; its result a coroutine)
+        check_call_fits("tx.spawn", "function(child, *args, **kwargs)", function, 1 + len(args), kwargs)
         _check_name("tx.spawn", name)
         check_switch("tx.spawn", "eager", eager)
         child = _new_child(self, name, body=(function, args, kwargs))

@@ -57,3 +57,50 @@ def test_db_rule_without_on_is_refused_saying_what_to_give(db):
         def no_event(tx, event):
             pass
     assert "no_event" not in db.rules.names()
+
+
+def no_child():
+    return "ran"
+
+
+def child_and_amount(child, amount):
+    return amount
+
+
+class Account:
+    def deposit(self, child, amount):
+        return amount
+
+
+@pytest.mark.parametrize("function, args, expected", [
+    (lambda: "ran", (), r"<lambda>\(\) cannot be: too many positional arguments"),
+    (no_child, (), r"no_child\(\) cannot be: too many positional arguments"),
+    (child_and_amount, (), r"child_and_amount\(child, amount\) cannot be: missing a required argument: 'amount'"),
+    (child_and_amount, (1, 2), r"child_and_amount\(child, amount\) cannot be: too many positional arguments"),
+    (Account().deposit, (), r"deposit\(child, amount\) cannot be: missing a required argument: 'amount'"),
+], ids=["lambda-without-child", "def-without-child", "an-argument-missing", "an-argument-too-many", "a-method"])
+def test_spawning_a_function_that_cannot_take_the_child_is_refused_at_the_spawn(db, function, args, expected):
+    """``tx.spawn(lambda: ...)`` queued the child, whose call raised ``TypeError`` where it ran: the child aborted,
+    and a parent that did not ask its handle committed without its work, with no word anywhere (the spawn refuses
+    what is not callable, or an ``async def``, for that reason).  A call Python would refuse for its count of
+    arguments is refused at the spawn, before anything runs."""
+    with db.transaction() as tx:
+        with pytest.raises(activedb.BadArgument, match=r"tx\.spawn runs function\(child, \*args, \*\*kwargs\); "
+                                                       + expected):
+            tx.spawn(function, *args)
+        assert not tx.children
+
+
+@pytest.mark.parametrize("function, args, kwargs", [
+    (lambda child: "ran", (), {}),
+    (lambda child, *rest: rest, (1, 2), {}),
+    (lambda *anything: anything, (), {}),
+    (child_and_amount, (), {"amount": 3}),
+    (lambda child, amount=1: amount, (), {}),
+    (lambda child, *, amount: amount, (), {"amount": 2}),
+    (Account().deposit, (5,), {}),
+    (print, (), {}),
+], ids=["child", "varargs", "only-varargs", "keyword", "a-default", "keyword-only", "a-method", "a-builtin"])
+def test_a_function_that_can_take_the_child_is_spawned(db, function, args, kwargs):
+    with db.transaction() as tx:
+        tx.spawn(function, *args, **kwargs).result(timeout=TIMEOUT)
