@@ -104,3 +104,33 @@ def test_spawning_a_function_that_cannot_take_the_child_is_refused_at_the_spawn(
 def test_a_function_that_can_take_the_child_is_spawned(db, function, args, kwargs):
     with db.transaction() as tx:
         tx.spawn(function, *args, **kwargs).result(timeout=TIMEOUT)
+
+
+def forgot_self_in_action(on):
+    class ForgotSelf_action(activedb.Rule):
+        def action(tx, event):      # (as a newcomer writes it: no self)
+            pass
+    ForgotSelf_action.on = on
+    return ForgotSelf_action
+
+
+def forgot_self_in_condition(on):
+    class ForgotSelf_condition(activedb.Rule):
+        def condition(tx, event):
+            return True
+
+        def action(self, tx, event):
+            pass
+    ForgotSelf_condition.on = on
+    return ForgotSelf_condition
+
+
+@pytest.mark.parametrize("part, make", [("action", forgot_self_in_action), ("condition", forgot_self_in_condition)])
+def test_a_rule_class_method_without_self_is_refused_saying_to_add_self(db, part, make):
+    """A ``Rule`` subclass whose ``def action(tx, event)`` forgot ``self`` was refused as "``action(event)`` cannot be:
+    too many positional arguments" — the signature shown without the parameter the instance took, not as written."""
+    with pytest.raises(RuleError, match=rf"rule 'ForgotSelf_{part}': the {part} is called with \(tx, event\), but "
+                                        rf"{part}\(tx, event\) cannot be, as a method: it takes self first; write "
+                                        rf"def {part}\(self, tx, event\)"):
+        db.rules.add(make(db.stream("forgot_self")))
+    assert f"ForgotSelf_{part}" not in db.rules.names()
