@@ -189,8 +189,11 @@ class Database:
         Decorating a ``Rule`` subclass registers an instance of it, with the decorator's settings (the class's own
         where the decorator leaves its default).  Returns the Rule.  ``coupling`` and
         ``action_coupling`` are :class:`~activedb.Coupling` members (their values' strings, ``"deferred"``, are
-        accepted too).  A second rule of one name is refused unless ``replace=True`` (it then takes the first one's
-        place, as ``db.rules.add(rule, replace=True)`` does: a module or notebook cell run again).  The action and
+        accepted too).  ``priority`` orders the immediate rules one event fires (and a deferred cycle's): higher
+        first, those of equal priority concurrently (no order among them promised), None after every number.  A
+        second rule of one name is
+        refused unless ``replace=True`` (it then takes the first one's place, as ``db.rules.add(rule, replace=True)``
+        does: a module or notebook cell run again).  The action and
         ``when`` are plain functions called with ``(tx, event)`` in the firing's thread: an ``async def`` or a generator
         function (whose call runs none of its body) is refused, and a firing whose action or ``when`` returns a
         coroutine or a generator (a plain function handing one back) fails with ``RuleFailed``.  ``on`` is required
