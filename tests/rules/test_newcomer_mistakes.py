@@ -9,6 +9,7 @@ import pytest
 
 import activedb
 from activedb.errors import RuleError
+from tests.conftest import open_db
 
 TIMEOUT = 60
 
@@ -134,3 +135,40 @@ def test_a_rule_class_method_without_self_is_refused_saying_to_add_self(db, part
                                         rf"def {part}\(self, tx, event\)"):
         db.rules.add(make(db.stream("forgot_self")))
     assert f"ForgotSelf_{part}" not in db.rules.names()
+
+
+class SpawnWatcher(activedb.Observer):
+    def on_spawn(self, parent, child):
+        pass
+
+
+@pytest.mark.parametrize("observed", [False, True], ids=["as-frames", "as-spawned-children"])
+def test_a_priority_group_that_cannot_start_counts_each_of_its_firings_cancelled(database_url, observed):
+    """``db.close()`` while a transaction runs (another thread's, or its own) shuts the worker pool down; an event of
+    that transaction whose rules form a group of equal priority then could not start them.  The firings were counted
+    ``fired`` and never given an outcome, against the record's rule that every fired firing ends in exactly one.
+    (An observer of spawns makes the group spawned children, whose refused spawn raised out of the group.)"""
+    db = open_db(database_url, {})
+    if observed:
+        db.observe(SpawnWatcher())
+    try:
+        @db.rule(on=db.stream("closed_under_group"), priority=1, name="first_of_group")
+        def first_of_group(tx, event):
+            pass
+
+        @db.rule(on=db.stream("closed_under_group"), priority=1, name="second_of_group")
+        def second_of_group(tx, event):
+            pass
+
+        with pytest.raises(activedb.TransactionError, match="the Database was closed"):
+            with db.transaction() as tx:
+                db.close()
+                tx.emit("closed_under_group", key="k")
+    finally:
+        db.close()
+    counters = db.rules.statistics().per_rule
+    for name in ("first_of_group", "second_of_group"):
+        seen = counters[name]
+        assert seen.fired == 1, seen
+        assert seen.condition_false + seen.executed + seen.failed + seen.cancelled == 1, seen
+        assert seen.cancelled == 1, seen
