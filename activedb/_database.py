@@ -10,7 +10,7 @@ import time
 import warnings
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterable, TypeVar, Unpack
+from typing import TYPE_CHECKING, Callable, Iterable, Never, NoReturn, TypeVar, Unpack, overload
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine, URL, make_url
@@ -166,7 +166,17 @@ class Database:
 
     # --- rules and events -------------------------------------------------------------------
 
+    @overload
     def rule(self, *, on: EventSpec, when: Callable[[Transaction, Event], bool] | None = None,
+             coupling: Coupling = Coupling.IMMEDIATE, action_coupling: Coupling = Coupling.IMMEDIATE,
+             priority: float | None = None, name: str | None = None, enabled: bool = True, replace: bool = False
+             ) -> Callable[[Callable[[Transaction, Event], object] | type[Rule]], Rule]: ...
+
+    @overload
+    def rule(self, misplaced: Never, /) -> NoReturn: ...     # (``@db.rule`` without its call: refused, also by mypy)
+
+    def rule(self, *misplaced: object, on: EventSpec | None = None,
+             when: Callable[[Transaction, Event], bool] | None = None,
              coupling: Coupling = Coupling.IMMEDIATE, action_coupling: Coupling = Coupling.IMMEDIATE,
              priority: float | None = None, name: str | None = None, enabled: bool = True, replace: bool = False
              ) -> Callable[[Callable[[Transaction, Event], object] | type[Rule]], Rule]:
@@ -179,12 +189,24 @@ class Database:
         Decorating a ``Rule`` subclass registers an instance of it, with the decorator's settings (the class's own
         where the decorator leaves its default).  Returns the Rule.  ``coupling`` and
         ``action_coupling`` are :class:`~activedb.Coupling` members (their values' strings, ``"deferred"``, are
-        accepted too).  A second rule of one name is refused unless ``replace=True`` (it then takes the first one's
-        place, as ``db.rules.add(rule, replace=True)`` does: a module or notebook cell run again).  The action and
+        accepted too).  ``priority`` orders the immediate rules one event fires (and a deferred cycle's): higher
+        first, those of equal priority concurrently (no order among them promised), None after every number.  A
+        second rule of one name is
+        refused unless ``replace=True`` (it then takes the first one's place, as ``db.rules.add(rule, replace=True)``
+        does: a module or notebook cell run again).  The action and
         ``when`` are plain functions called with ``(tx, event)`` in the firing's thread: an ``async def`` or a generator
         function (whose call runs none of its body) is refused, and a firing whose action or ``when`` returns a
-        coroutine or a generator (a plain function handing one back) fails with ``RuleFailed``.
+        coroutine or a generator (a plain function handing one back) fails with ``RuleFailed``.  ``on`` is required
+        (over a ``Rule`` subclass, its own may stand in): ``@db.rule`` without its call, or without ``on``, raises
+        ``RuleError`` saying how to write it.
         """
+        if misplaced:       # (``@db.rule`` over a function or class: Python passed it here, and ``on`` is missing)
+            target = misplaced[0]
+            named = getattr(target, "__name__", None)
+            kind = "class" if isinstance(target, type) else "def"
+            shown = f"{kind} {named}" if isinstance(named, str) else repr(target)
+            raise RuleError(f"@db.rule is called with the event: write @db.rule(on=db.stream('name')) (or "
+                            f"db.inserted('table'), ...) above {shown}, not @db.rule alone")
         check_switch("db.rule", "replace", replace, error=RuleError)     # ("false" is true: it would replace)
         check_switch("db.rule", "enabled", enabled, error=RuleError)     # (1 == True: no flag PostgreSQL stores as such)
 
@@ -209,6 +231,10 @@ class Database:
                 return self.rules.add(instance, replace=replace)
             if not callable(target):
                 raise RuleError(f"@db.rule decorates a function (tx, event) or a Rule subclass, got {target!r}")
+            if on is None:      # (a Rule subclass may have its own ``on``; a function has none)
+                raise RuleError(f"rule {name or getattr(target, '__name__', target)!r}: db.rule() needs on=, the event "
+                                f"the rule reacts to: write @db.rule(on=db.stream('name')) (or db.inserted('table'), "
+                                f"db.updated('table'), ...)")
             return self.rules.add(FunctionRule(target, on=on, when=when, coupling=coupling,
                                                action_coupling=action_coupling, priority=priority,
                                                enabled=enabled, name=name), replace=replace)

@@ -17,7 +17,8 @@ import enum
 import inspect as _inspect
 import math
 import re
-from typing import TYPE_CHECKING, Hashable, Iterable, Iterator, Mapping, Protocol
+from types import FunctionType as _FunctionType, MethodType as _MethodType
+from typing import TYPE_CHECKING, Callable, Hashable, Iterable, Iterator, Mapping, Protocol
 
 if TYPE_CHECKING:  # pragma: no cover
     import lockmgr
@@ -31,7 +32,7 @@ __all__ = ["ActivedbError", "BadDatabaseURL", "BatchAlreadyCommitted", "CascadeL
            "MigrationError", "OutboxError",
            "PictureError", "RecordsTakenOver", "RuleDefinitionChangedWarning", "RuleError",
            "RuleFailed", "SchemaError", "SchemaNotAtHead", "SerializationConflict", "ServerDiskFull",
-           "TransactionAborted", "TransactionError", "Unconnected", "UnknownColumn", "UnknownTable"]
+           "TransactionAborted", "TransactionError", "Unconnected", "UnknownColumn", "UnknownTable", "WaitTimeout"]
 
 
 class ActivedbError(Exception):
@@ -132,6 +133,33 @@ def check_plain_function(owner: str, function: object, *, error: type[ActivedbEr
         raise error(f"{owner}({getattr(function, '__name__', function)}) takes a plain function: this is {reason}")
 
 
+def check_call_fits(owner: str, called: str, function: Callable[..., object], positional: int,
+                    keywords: Iterable[str], *, error: type[ActivedbError] = BadArgument) -> None:
+    """Raise ``error`` (:class:`BadArgument`) if ``function`` — a Python function or a method of one; anything else
+    passes — would refuse a call with ``positional`` positional arguments and the keyword arguments ``keywords`` for
+    their count: too many positional ones, or a required one missing.  ``called`` says how ``owner`` calls it
+    (``function(child, *args, **kwargs)``).  The cheap test first (it runs per ``tx.spawn``): the signature is read
+    only to word a refusal, so a call Python might take is never refused."""
+    plain: object = function
+    given = positional
+    if type(plain) is _MethodType:
+        plain, given = plain.__func__, given + 1
+    if type(plain) is not _FunctionType:
+        return
+    code = plain.__code__
+    keywords = tuple(keywords)
+    required_keywords = code.co_kwonlyargcount - len(plain.__kwdefaults__ or ())
+    too_many = given > code.co_argcount and not code.co_flags & _inspect.CO_VARARGS
+    too_few = not keywords and (given < code.co_argcount - len(plain.__defaults__ or ()) or required_keywords > 0)
+    if not (too_many or too_few):
+        return
+    signature = _inspect.signature(function)     # (a method's without its instance, as it is called)
+    try:
+        signature.bind(*([None] * positional), **dict.fromkeys(keywords))
+    except TypeError as refused:
+        raise error(f"{owner} runs {called}; {plain.__name__}{signature} cannot be: {refused}") from None
+
+
 def finite_number(value: float) -> bool:
     """Whether ``value`` (an int or a float) is finite as a float: False for NaN, an infinity and an int no float
     holds (``math.isfinite`` raises OverflowError for it) — the one test of every number activedb takes only finite
@@ -162,6 +190,13 @@ class InvalidTime(ActivedbError, ValueError):
     """A value given as a time (an event's timestamp, a punctuation's watermark) that is neither a finite number of
     seconds nor an aware datetime, or not of the kind of the times it is compared with; an accuracy, interval or
     local clock that ``activedb.events`` cannot take.  The message names it."""
+
+
+class WaitTimeout(ActivedbError, TimeoutError):
+    """A wait given a timeout ended before what it waited for: detached rule firings still running at the end of
+    ``db.rules.wait_idle(timeout)``, a subtransaction still running at the end of ``handle.result(timeout)``.  The
+    message names what is still running and what to do.  Also a ``TimeoutError``, as such errors were before they
+    were activedb's."""
 
 
 # --- database and server -------------------------------------------------------------

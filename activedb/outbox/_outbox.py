@@ -23,7 +23,7 @@ from lockmgr import TxnState
 from activedb import lowlevel
 from activedb.clock import SYSTEM_CLOCK, Clock
 from activedb.errors import (BadArgument, DatabaseUnavailable, GeneratedKeysReset, OutboxError, RuleError,
-                             check_seconds, check_switch, check_whole_number)
+                             WaitTimeout, check_seconds, check_switch, check_whole_number)
 from activedb.events import EventKind, age_seconds
 from activedb.lazy import once
 from activedb.outbox import _records
@@ -442,13 +442,14 @@ class Outbox:
 
     def wait_idle(self, timeout: float | None = 30.0) -> None:
         """Wait until every firing this process queued has been run (or parked: PostgreSQL unreachable); raises
-        ``TimeoutError`` after ``timeout`` seconds naming the rules of the firings in the groups still running."""
+        :class:`~activedb.errors.WaitTimeout` (a ``TimeoutError``) after ``timeout`` seconds naming the rules of the
+        firings in the groups still running."""
         check_seconds("wait_idle", "timeout", timeout, none="no limit")
         if not self._executor.wait_idle(timeout):
             groups, rules = self._executor.running_rules()
             counts = self._executor.statistics()
             running = ", ".join(f"{name} ({count:,})" for name, count in sorted(rules.items())) or "none"
-            raise TimeoutError(
+            raise WaitTimeout(
                 f"{self._executor.backlog} detached rule firing(s) still queued or running after {timeout} s — "
                 f"running: {running}, in {groups} group transaction(s); {counts['ready']:,} queued, "
                 f"{counts['parked']:,} parked. A firing runs in a group transaction of its group runner, one after "

@@ -169,7 +169,9 @@ class RuleManager(TransactionExtension):
                                per_rule=counters, per_mode=per_mode, detached_running=self.detached.running)
 
     def wait_idle(self, timeout: float | None = 30.0) -> None:
-        """Wait until every detached-family firing recorded so far by this process has run."""
+        """Wait until every detached-family firing recorded so far by this process has run; raises
+        :class:`~activedb.errors.WaitTimeout` (a ``TimeoutError``) naming the rules still running after ``timeout``
+        seconds (None: no limit)."""
         self.detached.wait_idle(timeout)
 
     def count(self, rule: Rule, what: RuleCounter, amount: int = 1) -> None:
@@ -399,8 +401,20 @@ class RuleManager(TransactionExtension):
         else:
             # Siblings that may run concurrently, run one after another by this thread until one of them
             # has to run elsewhere (txn README, "Groups on threads").
-            outcomes = run_group(transaction, self.execute, group,
-                                 [_transaction_name(firing.rule) for firing in group])
+            begun: set[int] = set()     # the numbers of the members whose run began: ``execute`` counts their outcome
+
+            def run(child: Transaction, firing: Firing) -> bool:
+                begun.add(firing.number)
+                return self.execute(child, firing)
+
+            try:
+                outcomes = run_group(transaction, run, group, [_transaction_name(firing.rule) for firing in group])
+            except BaseException:       # (refused before any member began: the tree ended, the pool shut down)
+                self._never_ran([firing for firing in group if firing.number not in begun])
+                raise
+            # A member whose subtransaction was refused never began: its outcome is counted here.
+            self._never_ran([firing for firing, (ok, _) in zip(group, outcomes)
+                             if not ok and firing.number not in begun])
             self._executed(transaction, [firing for firing, (ok, value) in zip(group, outcomes) if ok and value])
             for firing, (ok, outcome) in zip(group, outcomes):
                 if not ok and not isinstance(outcome, DependencyAbort):

@@ -481,6 +481,19 @@ def _check_named(call: str, name: object) -> None:
         raise RuleError(f"db.rules.{call}() takes a rule's name (text), such as db.rules.{call}('alert'); got {name!r}")
 
 
+def _written_without_self(function: Callable[..., object]) -> inspect.Signature | None:
+    """The signature of ``function``, a method of a ``Rule`` subclass, as written if it takes ``(tx, event)`` there
+    and its first parameter is not ``self``: the method whose ``self`` was forgotten.  None otherwise."""
+    if not inspect.ismethod(function):
+        return None
+    try:
+        written = inspect.signature(function.__func__)
+        written.bind(None, None)
+    except (TypeError, ValueError):
+        return None
+    return None if next(iter(written.parameters), None) in ("self", "cls") else written
+
+
 def _check_called_with_tx_and_event(name: str, what: str, function: Callable[..., object]) -> None:
     """Refuse, at declaration, a condition or an action that cannot be called as ``function(tx, event)`` (a ``when=lambda
     event: ...``): it would fail each firing instead.  Refuse one whose call runs none of its body (``async def``, a
@@ -497,5 +510,10 @@ def _check_called_with_tx_and_event(name: str, what: str, function: Callable[...
     try:
         signature.bind(None, None)
     except TypeError as error:
-        raise RuleError(f"rule {name!r}: {what} is called with (tx, event), but "
-                        f"{getattr(function, '__name__', function)}{signature} cannot be: {error}") from None
+        shown = getattr(function, "__name__", function)
+        written = _written_without_self(function)
+        if written is not None:
+            raise RuleError(f"rule {name!r}: {what} is called with (tx, event), but {shown}{written} cannot be, as a "
+                            f"method: it takes self first; write def {shown}(self, tx, event)") from None
+        raise RuleError(f"rule {name!r}: {what} is called with (tx, event), but {shown}{signature} cannot be: "
+                        f"{error}") from None

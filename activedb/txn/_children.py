@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping
 from lockmgr import TxnState
 
 from activedb._closedset import ClosedSet
-from activedb.errors import (BadArgument, DeadlockDetected, RuleFailed, SerializationConflict, causes,
-                             check_plain_function, check_seconds, check_switch, check_whole_number)
+from activedb.errors import (BadArgument, DeadlockDetected, RuleFailed, SerializationConflict, WaitTimeout, causes,
+                             check_call_fits, check_plain_function, check_seconds, check_switch, check_whole_number)
 from activedb.txn._hooks import WaitKind
 from activedb.txn._pool import Task
 
@@ -129,11 +129,13 @@ class SubtransactionHandle:
                 task.wait(None)
 
     def result(self, timeout: float | None = None) -> Any:
-        """The function's return value once the subtransaction committed; re-raises its error.  A
+        """The function's return value once the subtransaction committed; re-raises its error; raises
+        :class:`~activedb.errors.WaitTimeout` (a ``TimeoutError``) if it is still running after ``timeout`` seconds.  A
         ``DeadlockDetected`` is the subtransaction's own only if it ended ABORTED (``state``); otherwise this wait
         was the victim and it goes on (:meth:`wait`)."""
         if not self._wait(_wait_seconds("handle.result", timeout)):
-            raise TimeoutError(f"subtransaction {self.transaction.id} did not end within {timeout} s")
+            raise WaitTimeout(f"subtransaction {self.transaction.id} did not end within {timeout} s; it is still "
+                              f"running: wait longer (timeout=None waits until it ends) or make its function return")
         if self._task.error is not None:
             raise self._task.error
         return self._task.result
@@ -165,7 +167,9 @@ class Children:
               name: str | None = None, eager: bool = False, **kwargs: Any) -> SubtransactionHandle:
         """Run ``function(child, *args, **kwargs)`` as a subtransaction that may run concurrently with this
         one and its siblings, on a worker thread or on a thread that waits for it.  ``function`` is a plain function
-        (as for ``retry`` and ``Database.run``): an ``async def`` or a generator function is refused (``BadArgument``).
+        (as for ``retry`` and ``Database.run``): an ``async def`` or a generator function is refused (``BadArgument``),
+        and so is a Python function that cannot take ``(child, *args, **kwargs)`` for their count (``lambda: ...``):
+        its child would abort where it runs, unseen unless the handle is asked.
 
         The child commits when the function returns and aborts (with its descendants)
         if it raises; ``handle.result()`` returns the value or re-raises the error.  Only the handle tells: a parent
@@ -183,6 +187,7 @@ class Children:
             raise BadArgument(f"tx.spawn({function!r}) takes the function to run as the child, function(child, "
                               f"*args, **kwargs); got a {type(function).__name__}")
         check_plain_function("tx.spawn", function)     # (else the child commits empty; its result a coroutine)
+        check_call_fits("tx.spawn", "function(child, *args, **kwargs)", function, 1 + len(args), kwargs)
         _check_name("tx.spawn", name)
         check_switch("tx.spawn", "eager", eager)
         child = _new_child(self, name, body=(function, args, kwargs))
@@ -243,7 +248,9 @@ class Children:
                 for task in pending:
                     remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
                     if not task.wait(remaining):
-                        raise TimeoutError(f"children of {self.id} did not end within {timeout} s")
+                        raise WaitTimeout(f"children of {self.id} did not end within {timeout} s; they are still "
+                                          f"running: wait longer (timeout=None waits until they end) or make their "
+                                          f"functions return")
 
 
 def run_inline(parent: "Transaction", function: Callable[[Any, Any], Any], argument: Any, name: str | None,

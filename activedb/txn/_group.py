@@ -101,11 +101,21 @@ def run_group(parent: Transaction, function: Callable[[Any, Any], Any], argument
 
 def _spawned(parent: Transaction, function: Callable[[Any, Any], Any], arguments: Sequence[Any],
              names: Sequence[str | None]) -> list[tuple[bool, Any]]:
-    """The group as spawned children and one wait for all of them (the reference representation)."""
-    handles = [parent.spawn(function, argument, name=name) for argument, name in zip(arguments, names)]
-    SubtransactionHandle.wait_all(handles)
-    results = []
+    """The group as spawned children and one wait for all of them (the reference representation).  A member whose
+    spawn is refused (the pool shut down meanwhile) has its refusal as its result, as a frame's has: the members
+    spawned before it run and are waited for, not left running while the caller unwinds."""
+    handles: list[SubtransactionHandle | BaseException] = []
+    for argument, name in zip(arguments, names):
+        try:
+            handles.append(parent.spawn(function, argument, name=name))
+        except BaseException as refused:
+            handles.append(refused)
+    SubtransactionHandle.wait_all([handle for handle in handles if isinstance(handle, SubtransactionHandle)])
+    results: list[tuple[bool, Any]] = []
     for handle in handles:
+        if not isinstance(handle, SubtransactionHandle):
+            results.append((False, handle))
+            continue
         try:
             results.append((True, handle.result()))
         except BaseException as error:

@@ -1283,7 +1283,9 @@ def test_outbox_flags_pending_firings_whose_rule_is_removed_or_not_declared_and_
 
 def test_wait_idle_that_times_out_names_the_rules_of_the_firings_still_running(db):
     """``wait_idle``'s TimeoutError said only how many firings were queued or running: which rule held things up,
-    and that a rule that never returns keeps one of the outbox's group runners, was left to guess."""
+    and that a rule that never returns keeps one of the outbox's group runners, was left to guess.  It was a bare
+    ``TimeoutError``, which an application catching ``ActivedbError`` (as the CLI does) let through: now a
+    ``WaitTimeout``, an ``ActivedbError`` that is a ``TimeoutError`` too."""
     started, release = threading.Event(), threading.Event()
 
     @db.rule(on=db.signalled("go"), coupling=Coupling.DETACHED, name="slow_to_return")
@@ -1295,8 +1297,9 @@ def test_wait_idle_that_times_out_names_the_rules_of_the_firings_still_running(d
         with db.transaction() as tx:
             tx.signal("go")
         assert started.wait(TIMEOUT), "the firing never started"
-        with pytest.raises(TimeoutError) as raised:
+        with pytest.raises(activedb.WaitTimeout) as raised:
             db.rules.wait_idle(0.05)
+        assert isinstance(raised.value, TimeoutError) and isinstance(raised.value, activedb.ActivedbError)
         text = str(raised.value)
         assert "running: slow_to_return (1)" in text, text
         assert "a rule that never returns holds one of the outbox's group runners" in text, text
