@@ -684,13 +684,18 @@ class Schema:
                     f"(a newer activedb wrote it); upgrade activedb (its head is {head()})") from error
             raise
 
-    def _at_head(self) -> bool:
-        """Whether the version table says activedb's schema is at head; False when it cannot be read (a role not
-        granted it, the server gone): the run under the lock then says what is wrong, as before this was asked."""
+    def _at_head(self, location: Path = migrations.SCRIPT_LOCATION) -> bool:
+        """Whether the version table says the tables of ``location`` (activedb's own, or an application's
+        directory) are at head — an application's at every head of its directory (none in one without revisions);
+        False when it cannot be read (a role not granted it, the server gone, an env.py refused or failing): the run
+        under ``MIGRATION_LOCK`` then reads it again and says what is wrong, as before this was asked."""
         try:
-            return self.state()[0] is SchemaState.AT_HEAD
-        except sa.exc.DBAPIError:
+            if location == migrations.SCRIPT_LOCATION:
+                return self.state()[0] is SchemaState.AT_HEAD
+            current_revisions, heads = self.app_heads(location)
+        except (sa.exc.DBAPIError, MigrationError):
             return False
+        return current_revisions == heads      # (both sorted)
 
     def downgrade(self, revision: str, *, lock_timeout: float | None = LOCK_TIMEOUT_SECONDS) -> None:
         """Take activedb's own schema down to ``revision`` (``lock_timeout``: as ``upgrade``'s); :class:`SchemaNotAtHead`,
@@ -776,7 +781,8 @@ class Schema:
         to merge them or to upgrade to ``"heads"`` (every branch, as Alembic does).  To ``head`` (or ``heads``) in a
         directory without revisions: it returns, as ``alembic upgrade head`` does, and logs at INFO (logger
         ``activedb.migrate``) that there is no revision yet and where to add one.  ``lock_timeout``: as
-        ``upgrade``'s."""
+        ``upgrade``'s.  To ``head`` (``heads``) when the application's version table says its tables are there
+        already, it returns without taking ``MIGRATION_LOCK``, as ``upgrade`` does."""
         location = app_location(script_location)
         heads: list[str] | None = None
         if revision in ("head", "heads"):
@@ -785,8 +791,11 @@ class Schema:
             if revision == "head" and len(heads) > 1:
                 raise MigrationError(f"upgrade to 'head' refused: {several_heads(str(script_location), heads)}; "
                                      f"nothing was changed")
-        self._refuse_past_end(revision, location, upward=True)
-        self._run("upgrade", revision, location, lock_timeout)
+        if heads is not None and self._at_head(location):       # (no turn taken behind another process's migration)
+            self.refresh()
+        else:
+            self._refuse_past_end(revision, location, upward=True)
+            self._run("upgrade", revision, location, lock_timeout)
         if heads == []:
             logger.info("upgrade of %s to %r ran nothing: %s", script_location, revision, no_revision(script_location))
 

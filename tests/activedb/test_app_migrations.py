@@ -164,6 +164,36 @@ def _waiting_for_advisory_locks(url) -> int:
         engine.dispose()
 
 
+@contextlib.contextmanager
+def _migrating_elsewhere(holder: sa.Engine):
+    """Another session (``holder``'s) holds the migration lock of its database until the block ends."""
+    with holder.connect() as connection:
+        connection.execute(sa.text("SELECT pg_advisory_lock(:key)"), {"key": _migrate.MIGRATION_LOCK})
+        try:
+            yield
+        finally:
+            connection.execute(sa.text("SELECT pg_advisory_unlock(:key)"), {"key": _migrate.MIGRATION_LOCK})
+
+
+def _started(outcome: dict[str, object], name: str, run) -> threading.Thread:
+    """A daemon thread running ``run()``, its result (or the error it raised) kept as ``outcome[name]``."""
+    def keep() -> None:
+        try:
+            outcome[name] = run()
+        except BaseException as error:  # noqa: BLE001 (what the test reports)
+            outcome[name] = error
+    thread = threading.Thread(target=keep, daemon=True)
+    thread.start()
+    return thread
+
+
+def _waits_its_turn(url, thread: threading.Thread, outcome: dict[str, object]) -> None:
+    """``thread`` is seen waiting for an advisory lock (the migration lock, held elsewhere), or fails saying what it
+    did instead."""
+    wait_until(lambda: _waiting_for_advisory_locks(url) == 1 or not thread.is_alive(), timeout=60)
+    assert thread.is_alive(), f"a run with something to do did not wait its turn: {outcome}"
+
+
 def test_connect_to_a_database_at_head_does_not_wait_for_another_process_migrating(make_database_url):
     """Another process holds the migration lock (its application's long upgrade): ``connect()`` of a database whose
     activedb tables are at head waited for it to end, doing nothing once it had its turn.  It now reads the version
@@ -172,38 +202,17 @@ def test_connect_to_a_database_at_head_does_not_wait_for_another_process_migrati
     url = make_database_url("turns")
     activedb.connect(url).close()
     holder = sa.create_engine(url)
-    outcome: dict[str, BaseException | activedb.Database] = {}
-
-    def connect(name: str) -> threading.Thread:
-        def run() -> None:
-            try:
-                outcome[name] = activedb.connect(url)
-            except BaseException as error:  # noqa: BLE001 (what the test reports)
-                outcome[name] = error
-        thread = threading.Thread(target=run, daemon=True)
-        thread.start()
-        return thread
-
-    @contextlib.contextmanager
-    def migrating_elsewhere():
-        with holder.connect() as connection:
-            connection.execute(sa.text("SELECT pg_advisory_lock(:key)"), {"key": _migrate.MIGRATION_LOCK})
-            try:
-                yield
-            finally:
-                connection.execute(sa.text("SELECT pg_advisory_unlock(:key)"), {"key": _migrate.MIGRATION_LOCK})
-
+    outcome: dict[str, object] = {}
     try:
-        with migrating_elsewhere():
-            at_head = connect("at head")
+        with _migrating_elsewhere(holder):
+            at_head = _started(outcome, "at head", lambda: activedb.connect(url))
             at_head.join(60)
             assert not at_head.is_alive(), "connect() to a database at head waited for the migration lock"
             assert isinstance(outcome["at head"], activedb.Database), outcome
         assert invoke(url, "db", "downgrade", "-1", "--yes").exit_code == 0
-        with migrating_elsewhere():
-            behind = connect("behind")
-            wait_until(lambda: _waiting_for_advisory_locks(url) == 1 or not behind.is_alive(), timeout=60)
-            assert behind.is_alive(), f"connect() of a database behind did not wait its turn: {outcome}"
+        with _migrating_elsewhere(holder):
+            behind = _started(outcome, "behind", lambda: activedb.connect(url))
+            _waits_its_turn(url, behind, outcome)
         behind.join(60)
         assert not behind.is_alive() and isinstance(outcome["behind"], activedb.Database), outcome
         assert outcome["behind"].schema.state()[0] is _migrate.SchemaState.AT_HEAD
@@ -211,6 +220,53 @@ def test_connect_to_a_database_at_head_does_not_wait_for_another_process_migrati
         for database in outcome.values():
             if isinstance(database, activedb.Database):
                 database.close()
+        holder.dispose()
+
+
+def test_an_app_upgrade_at_head_does_not_wait_for_another_process_migrating(make_database_url, tmp_path):
+    """Another process holds the migration lock: `activedb app upgrade PATH` and ``db.upgrade_app(path)`` of an
+    application whose tables are at head (every head of a directory of two, ``heads``) waited for it to end, to do
+    nothing.  They now read the application's version table first and take the lock only when there is something
+    to upgrade; an application behind still waits its turn, and is upgraded once it has it."""
+    url = make_database_url("app_turns")
+    activedb.connect(url).close()
+    location = tmp_path / "turns"
+    _migrate.init_app(location, "turns")
+    assert invoke(url, "app", "upgrade", str(location)).exit_code == 0
+    database = connect_as_is(url)
+    holder = sa.create_engine(url)
+    outcome: dict[str, object] = {}
+    runs = {"app upgrade": lambda: invoke(url, "app", "upgrade", str(location)),
+            "upgrade_app": lambda: database.upgrade_app(location)}
+    try:
+        with _migrating_elsewhere(holder):
+            for name, run in runs.items():
+                thread = _started(outcome, name, run)
+                thread.join(60)
+                assert not thread.is_alive(), f"{name} of an application at head waited for the migration lock"
+            result = outcome["app upgrade"]
+            assert getattr(result, "exit_code", None) == 0 and "turns_0001" in result.output, outcome
+            assert outcome["upgrade_app"] is None, outcome
+        # Two heads (a branch beside the first revision), both reached: `heads` is at its end too.
+        branch = location / "versions" / "0002_branch.py"
+        branch.write_text((location / "versions" / "0001_first_tables.py").read_text()
+                          .replace('"turns_0001"', '"turns_0002"').replace('"turns_items"', '"turns_branch"'))
+        assert invoke(url, "app", "upgrade", str(location), "heads").exit_code == 0
+        with _migrating_elsewhere(holder):
+            heads = _started(outcome, "heads", lambda: database.upgrade_app(location, "heads"))
+            heads.join(60)
+            assert not heads.is_alive(), "upgrade_app(path, 'heads') at its heads waited for the migration lock"
+            assert outcome["heads"] is None, outcome
+        assert invoke(url, "app", "downgrade", str(location), "base", "--yes").exit_code == 0, outcome
+        branch.unlink()
+        with _migrating_elsewhere(holder):
+            behind = _started(outcome, "behind", lambda: invoke(url, "app", "upgrade", str(location)))
+            _waits_its_turn(url, behind, outcome)
+        behind.join(60)
+        assert not behind.is_alive() and getattr(outcome["behind"], "exit_code", None) == 0, outcome
+        assert database.schema.app_revision(location)[0] == ["turns_0001"]
+    finally:
+        database.close()
         holder.dispose()
 
 
