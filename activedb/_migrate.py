@@ -869,7 +869,7 @@ def _recorded_heads(config: Config, script: ScriptDirectory, location: Path) -> 
     recorded: list[list[str]] = []
 
     def record(revision: object, context: MigrationContext) -> Sequence[RevisionStep]:
-        if context.version_table == migrations.VERSION_TABLE and context.version_table_schema is None:
+        if _activedbs_version_table(context):
             raise MigrationError(_borrowed_version_table(location))
         recorded.append(list(context.get_current_heads()))
         return []
@@ -879,6 +879,22 @@ def _recorded_heads(config: Config, script: ScriptDirectory, location: Path) -> 
     if not recorded:
         raise MigrationError(_never_ran(location))
     return sorted(recorded[-1])
+
+
+def _activedbs_version_table(context: MigrationContext) -> bool:
+    """Whether the version table an application's env.py configured (``context``'s, online) is activedb's own: of
+    its name, and in no schema named (then found as activedb's is, by the search_path) or in the schema activedb's
+    is in — the one ``to_regclass`` finds it in, or where it would be made (``current_schema()``) when there is none
+    yet.  One of that name in another schema is the application's own; without a connection to tell, it is not."""
+    if context.version_table != migrations.VERSION_TABLE:
+        return False
+    if context.version_table_schema is None or context.connection is None:
+        return True
+    own_schema = context.connection.execute(
+        sa.text("SELECT coalesce((SELECT nspname FROM pg_class JOIN pg_namespace ON pg_namespace.oid = relnamespace "
+                "WHERE pg_class.oid = to_regclass(:table)), current_schema())"),
+        {"table": migrations.VERSION_TABLE}).scalar_one()
+    return bool(context.version_table_schema == own_schema)
 
 
 def _borrowed_version_table(location: Path) -> str:

@@ -287,14 +287,36 @@ def test_two_files_of_one_revision_id_are_named_not_taken_for_two_heads(url, tmp
         assert len(result.output.strip().splitlines()) == 1, result.output
 
 
-def test_an_application_using_activedbs_own_version_table_is_refused_changing_nothing(url, tmp_path):
-    """An application's env.py given ``version_table="activedb_alembic_version"``, activedb's own: its revisions
-    replaced activedb's record of its own schema.  Refused, naming the table and what to give instead; activedb's
-    version table is as it was."""
+# An env.py keeping its revisions in a version table of the name activedb's own has, in the schema it names.
+SCHEMA_ENV = '''from alembic import context
+
+context.configure(connection=context.config.attributes["connection"], version_table="activedb_alembic_version",
+                  version_table_schema={schema!r})
+with context.begin_transaction():
+    context.run_migrations()
+'''
+
+
+def _borrowing(tmp_path, schema: str | None):
+    """An application directory whose env.py keeps its revisions in ``activedb_alembic_version``, in ``schema``
+    (None: none named, as ``run_env(version_table=...)`` writes it)."""
     location = tmp_path / "borrowing"
     _migrate.init_app(location, "borrowing")
     env = location / "env.py"
-    env.write_text(env.read_text().replace("borrowing_alembic_version", "activedb_alembic_version"))
+    if schema is None:
+        env.write_text(env.read_text().replace("borrowing_alembic_version", "activedb_alembic_version"))
+    else:
+        env.write_text(SCHEMA_ENV.format(schema=schema))
+    return location
+
+
+@pytest.mark.parametrize("schema", [None, "public"])
+def test_an_application_using_activedbs_own_version_table_is_refused_changing_nothing(url, tmp_path, schema):
+    """An application's env.py given ``version_table="activedb_alembic_version"``, activedb's own: its revisions
+    replaced activedb's record of its own schema.  Refused, naming the table and what to give instead; activedb's
+    version table is as it was.  Also when the env.py names the schema activedb's table is in
+    (``version_table_schema="public"``): that was let through, the same table."""
+    location = _borrowing(tmp_path, schema)
     before = _migrate.current(sa.create_engine(url))
     said = r"activedb_alembic_version, activedb's own version table.*version table of its own"
     for command in (["upgrade"], ["current"], ["stamp", "head", "--yes"]):
@@ -302,6 +324,39 @@ def test_an_application_using_activedbs_own_version_table_is_refused_changing_no
         assert result.exit_code == 1 and re.search(said, result.output), (command, result.output)
     _upgrade_app_refused(url, location, said)
     assert _migrate.current(sa.create_engine(url)) == before == _migrate.head()
+    assert "borrowing_items" not in table_names(url)
+
+
+def test_a_version_table_of_activedbs_name_in_another_schema_is_the_applications_own(make_database_url, tmp_path):
+    """A version table named ``activedb_alembic_version`` in a schema activedb's table is not in is the
+    application's own: it upgrades, and activedb's record of its own revision stays as it was.  Which schema is
+    activedb's is read, not assumed: in a database whose search_path puts activedb's tables in ``shop``, that one is
+    refused and ``public`` is the application's."""
+    url = make_database_url("own_schema")
+    engine = sa.create_engine(url)
+    try:
+        with engine.begin() as connection:
+            connection.execute(sa.text("CREATE SCHEMA elsewhere"))
+            connection.execute(sa.text("CREATE SCHEMA shop"))
+            database_name = connection.execute(sa.text("SELECT current_database()")).scalar_one()
+            connection.execute(sa.text(f'ALTER DATABASE "{database_name}" SET search_path = shop, public'))
+        engine.dispose()        # (a new session reads the database's search_path)
+        activedb.connect(url).close()
+        with engine.connect() as connection:
+            own = connection.execute(sa.text("SELECT relnamespace::regnamespace::text FROM pg_class "
+                                             "WHERE oid = to_regclass('activedb_alembic_version')")).scalar_one()
+        assert own == "shop"
+        said = r"activedb_alembic_version, activedb's own version table.*version table of its own"
+        for schema in ("elsewhere", "public"):
+            location = _borrowing(tmp_path / schema, schema)
+            result = invoke(url, "app", "upgrade", str(location))
+            assert result.exit_code == 0 and "borrowing_0001" in result.output, (schema, result.output)
+            assert invoke(url, "app", "downgrade", str(location), "base", "--yes").exit_code == 0, schema
+        refused = invoke(url, "app", "upgrade", str(_borrowing(tmp_path / "shop", "shop")))
+        assert refused.exit_code == 1 and re.search(said, refused.output), refused.output
+        assert _migrate.current(engine) == _migrate.head()
+    finally:
+        engine.dispose()
 
 
 @pytest.mark.parametrize("given", ["5", 0, -1, True, float("nan")])
