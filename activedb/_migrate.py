@@ -40,6 +40,13 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("activedb.migrate")
 
+# Protects Alembic's process-wide ``alembic.context`` (the EnvironmentContext an env.py run installs, and that the
+# env.py reads as ``from alembic import context``): one env.py runs at a time in this process — two threads' runs
+# (a look at an application's version table beside another's upgrade) ran on each other's context.  Reentrant: a
+# run reads its version table (:func:`_recorded_heads`) holding it.  Taken after ``MIGRATION_LOCK``, never held
+# while waiting for it (a run waiting its turn behind another process holds nothing of this process's).
+_ENVIRONMENT_MUTEX = threading.RLock()
+
 
 class SchemaState(enum.Enum):
     """Where a database's activedb schema stands relative to this installation's revisions."""
@@ -316,7 +323,8 @@ def offline_sql(url: str, action: str, revision: str, script_location: Path | No
     location = script_location or migrations.SCRIPT_LOCATION
     config = _config(location, url=url)
     config.output_buffer = buffer
-    with _failing_as(f"the SQL of {action} {revision} in {location}", script_location), redirect_stdout(buffer):
+    with _failing_as(f"the SQL of {action} {revision} in {location}", script_location), _ENVIRONMENT_MUTEX, \
+            redirect_stdout(buffer):
         getattr(command, action)(config, revision, sql=True)
     return buffer.getvalue()
 
@@ -616,6 +624,7 @@ class Schema:
                 # timeout only after it: a run waits its turn behind another process's as long as that takes.
                 connection.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK})
                 with contextlib.ExitStack() as watch:
+                    watch.enter_context(_ENVIRONMENT_MUTEX)
                     if lock_timeout is not None:
                         pid = connection.execute(sa.text("SELECT pg_backend_pid(), set_config('lock_timeout', :ms, "
                                                          "true)"), {"ms": f"{max(1, round(lock_timeout * 1000))}ms"}
@@ -874,7 +883,7 @@ def _recorded_heads(config: Config, script: ScriptDirectory, location: Path) -> 
         recorded.append(list(context.get_current_heads()))
         return []
 
-    with EnvironmentContext(config, script, fn=record, dont_mutate=True):
+    with _ENVIRONMENT_MUTEX, EnvironmentContext(config, script, fn=record, dont_mutate=True):
         script.run_env()
     if not recorded:
         raise MigrationError(_never_ran(location))
