@@ -40,6 +40,13 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("activedb.migrate")
 
+# Protects Alembic's process-wide ``alembic.context`` (the EnvironmentContext an env.py run installs, and that the
+# env.py reads as ``from alembic import context``): one env.py runs at a time in this process — two threads' runs
+# (a look at an application's version table beside another's upgrade) ran on each other's context.  Reentrant: a
+# run reads its version table (:func:`_recorded_heads`) holding it.  Taken after ``MIGRATION_LOCK``, never held
+# while waiting for it (a run waiting its turn behind another process holds nothing of this process's).
+_ENVIRONMENT_MUTEX = threading.RLock()
+
 
 class SchemaState(enum.Enum):
     """Where a database's activedb schema stands relative to this installation's revisions."""
@@ -316,7 +323,8 @@ def offline_sql(url: str, action: str, revision: str, script_location: Path | No
     location = script_location or migrations.SCRIPT_LOCATION
     config = _config(location, url=url)
     config.output_buffer = buffer
-    with _failing_as(f"the SQL of {action} {revision} in {location}", script_location), redirect_stdout(buffer):
+    with _failing_as(f"the SQL of {action} {revision} in {location}", script_location), _ENVIRONMENT_MUTEX, \
+            redirect_stdout(buffer):
         getattr(command, action)(config, revision, sql=True)
     return buffer.getvalue()
 
@@ -616,6 +624,7 @@ class Schema:
                 # timeout only after it: a run waits its turn behind another process's as long as that takes.
                 connection.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK})
                 with contextlib.ExitStack() as watch:
+                    watch.enter_context(_ENVIRONMENT_MUTEX)
                     if lock_timeout is not None:
                         pid = connection.execute(sa.text("SELECT pg_backend_pid(), set_config('lock_timeout', :ms, "
                                                          "true)"), {"ms": f"{max(1, round(lock_timeout * 1000))}ms"}
@@ -684,13 +693,18 @@ class Schema:
                     f"(a newer activedb wrote it); upgrade activedb (its head is {head()})") from error
             raise
 
-    def _at_head(self) -> bool:
-        """Whether the version table says activedb's schema is at head; False when it cannot be read (a role not
-        granted it, the server gone): the run under the lock then says what is wrong, as before this was asked."""
+    def _at_head(self, location: Path = migrations.SCRIPT_LOCATION) -> bool:
+        """Whether the version table says the tables of ``location`` (activedb's own, or an application's
+        directory) are at head — an application's at every head of its directory (none in one without revisions);
+        False when it cannot be read (a role not granted it, the server gone, an env.py refused or failing): the run
+        under ``MIGRATION_LOCK`` then reads it again and says what is wrong, as before this was asked."""
         try:
-            return self.state()[0] is SchemaState.AT_HEAD
-        except sa.exc.DBAPIError:
+            if location == migrations.SCRIPT_LOCATION:
+                return self.state()[0] is SchemaState.AT_HEAD
+            current_revisions, heads = self.app_heads(location)
+        except (sa.exc.DBAPIError, MigrationError):
             return False
+        return current_revisions == heads      # (both sorted)
 
     def downgrade(self, revision: str, *, lock_timeout: float | None = LOCK_TIMEOUT_SECONDS) -> None:
         """Take activedb's own schema down to ``revision`` (``lock_timeout``: as ``upgrade``'s); :class:`SchemaNotAtHead`,
@@ -776,7 +790,8 @@ class Schema:
         to merge them or to upgrade to ``"heads"`` (every branch, as Alembic does).  To ``head`` (or ``heads``) in a
         directory without revisions: it returns, as ``alembic upgrade head`` does, and logs at INFO (logger
         ``activedb.migrate``) that there is no revision yet and where to add one.  ``lock_timeout``: as
-        ``upgrade``'s."""
+        ``upgrade``'s.  To ``head`` (``heads``) when the application's version table says its tables are there
+        already, it returns without taking ``MIGRATION_LOCK``, as ``upgrade`` does."""
         location = app_location(script_location)
         heads: list[str] | None = None
         if revision in ("head", "heads"):
@@ -785,8 +800,11 @@ class Schema:
             if revision == "head" and len(heads) > 1:
                 raise MigrationError(f"upgrade to 'head' refused: {several_heads(str(script_location), heads)}; "
                                      f"nothing was changed")
-        self._refuse_past_end(revision, location, upward=True)
-        self._run("upgrade", revision, location, lock_timeout)
+        if heads is not None and self._at_head(location):       # (no turn taken behind another process's migration)
+            self.refresh()
+        else:
+            self._refuse_past_end(revision, location, upward=True)
+            self._run("upgrade", revision, location, lock_timeout)
         if heads == []:
             logger.info("upgrade of %s to %r ran nothing: %s", script_location, revision, no_revision(script_location))
 
@@ -860,16 +878,32 @@ def _recorded_heads(config: Config, script: ScriptDirectory, location: Path) -> 
     recorded: list[list[str]] = []
 
     def record(revision: object, context: MigrationContext) -> Sequence[RevisionStep]:
-        if context.version_table == migrations.VERSION_TABLE and context.version_table_schema is None:
+        if _activedbs_version_table(context):
             raise MigrationError(_borrowed_version_table(location))
         recorded.append(list(context.get_current_heads()))
         return []
 
-    with EnvironmentContext(config, script, fn=record, dont_mutate=True):
+    with _ENVIRONMENT_MUTEX, EnvironmentContext(config, script, fn=record, dont_mutate=True):
         script.run_env()
     if not recorded:
         raise MigrationError(_never_ran(location))
     return sorted(recorded[-1])
+
+
+def _activedbs_version_table(context: MigrationContext) -> bool:
+    """Whether the version table an application's env.py configured (``context``'s, online) is activedb's own: of
+    its name, and in no schema named (then found as activedb's is, by the search_path) or in the schema activedb's
+    is in — the one ``to_regclass`` finds it in, or where it would be made (``current_schema()``) when there is none
+    yet.  One of that name in another schema is the application's own; without a connection to tell, it is not."""
+    if context.version_table != migrations.VERSION_TABLE:
+        return False
+    if context.version_table_schema is None or context.connection is None:
+        return True
+    own_schema = context.connection.execute(
+        sa.text("SELECT coalesce((SELECT nspname FROM pg_class JOIN pg_namespace ON pg_namespace.oid = relnamespace "
+                "WHERE pg_class.oid = to_regclass(:table)), current_schema())"),
+        {"table": migrations.VERSION_TABLE}).scalar_one()
+    return bool(context.version_table_schema == own_schema)
 
 
 def _borrowed_version_table(location: Path) -> str:

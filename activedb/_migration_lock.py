@@ -4,8 +4,8 @@ what :mod:`activedb._migrate` runs under, apart from it so that the command line
 
 # The PostgreSQL advisory lock every upgrade, downgrade and stamp of this database holds (activedb's own schema
 # and an application's): processes starting together take turns, and the later ones find the schema at
-# the revision the first one reached.  An upgrade of activedb's schema to head that finds it there (``connect()``'s,
-# most often) reads the version table and takes no turn.  Any 64-bit number nobody else uses: "activedb" in ASCII.
+# the revision the first one reached.  An upgrade to head that finds the tables there (activedb's, ``connect()``'s
+# most often, or an application's) reads the version table and takes no turn.  Any 64-bit number nobody else uses: "activedb" in ASCII.
 MIGRATION_LOCK = int.from_bytes(b"activedb", "big") >> 1
 
 #: How long an upgrade, downgrade or stamp waits for a lock on a table it changes (a stamp: the version table;

@@ -164,6 +164,36 @@ def _waiting_for_advisory_locks(url) -> int:
         engine.dispose()
 
 
+@contextlib.contextmanager
+def _migrating_elsewhere(holder: sa.Engine):
+    """Another session (``holder``'s) holds the migration lock of its database until the block ends."""
+    with holder.connect() as connection:
+        connection.execute(sa.text("SELECT pg_advisory_lock(:key)"), {"key": _migrate.MIGRATION_LOCK})
+        try:
+            yield
+        finally:
+            connection.execute(sa.text("SELECT pg_advisory_unlock(:key)"), {"key": _migrate.MIGRATION_LOCK})
+
+
+def _started(outcome: dict[str, object], name: str, run) -> threading.Thread:
+    """A daemon thread running ``run()``, its result (or the error it raised) kept as ``outcome[name]``."""
+    def keep() -> None:
+        try:
+            outcome[name] = run()
+        except BaseException as error:  # noqa: BLE001 (what the test reports)
+            outcome[name] = error
+    thread = threading.Thread(target=keep, daemon=True)
+    thread.start()
+    return thread
+
+
+def _waits_its_turn(url, thread: threading.Thread, outcome: dict[str, object]) -> None:
+    """``thread`` is seen waiting for an advisory lock (the migration lock, held elsewhere), or fails saying what it
+    did instead."""
+    wait_until(lambda: _waiting_for_advisory_locks(url) == 1 or not thread.is_alive(), timeout=60)
+    assert thread.is_alive(), f"a run with something to do did not wait its turn: {outcome}"
+
+
 def test_connect_to_a_database_at_head_does_not_wait_for_another_process_migrating(make_database_url):
     """Another process holds the migration lock (its application's long upgrade): ``connect()`` of a database whose
     activedb tables are at head waited for it to end, doing nothing once it had its turn.  It now reads the version
@@ -172,38 +202,17 @@ def test_connect_to_a_database_at_head_does_not_wait_for_another_process_migrati
     url = make_database_url("turns")
     activedb.connect(url).close()
     holder = sa.create_engine(url)
-    outcome: dict[str, BaseException | activedb.Database] = {}
-
-    def connect(name: str) -> threading.Thread:
-        def run() -> None:
-            try:
-                outcome[name] = activedb.connect(url)
-            except BaseException as error:  # noqa: BLE001 (what the test reports)
-                outcome[name] = error
-        thread = threading.Thread(target=run, daemon=True)
-        thread.start()
-        return thread
-
-    @contextlib.contextmanager
-    def migrating_elsewhere():
-        with holder.connect() as connection:
-            connection.execute(sa.text("SELECT pg_advisory_lock(:key)"), {"key": _migrate.MIGRATION_LOCK})
-            try:
-                yield
-            finally:
-                connection.execute(sa.text("SELECT pg_advisory_unlock(:key)"), {"key": _migrate.MIGRATION_LOCK})
-
+    outcome: dict[str, object] = {}
     try:
-        with migrating_elsewhere():
-            at_head = connect("at head")
+        with _migrating_elsewhere(holder):
+            at_head = _started(outcome, "at head", lambda: activedb.connect(url))
             at_head.join(60)
             assert not at_head.is_alive(), "connect() to a database at head waited for the migration lock"
             assert isinstance(outcome["at head"], activedb.Database), outcome
         assert invoke(url, "db", "downgrade", "-1", "--yes").exit_code == 0
-        with migrating_elsewhere():
-            behind = connect("behind")
-            wait_until(lambda: _waiting_for_advisory_locks(url) == 1 or not behind.is_alive(), timeout=60)
-            assert behind.is_alive(), f"connect() of a database behind did not wait its turn: {outcome}"
+        with _migrating_elsewhere(holder):
+            behind = _started(outcome, "behind", lambda: activedb.connect(url))
+            _waits_its_turn(url, behind, outcome)
         behind.join(60)
         assert not behind.is_alive() and isinstance(outcome["behind"], activedb.Database), outcome
         assert outcome["behind"].schema.state()[0] is _migrate.SchemaState.AT_HEAD
@@ -211,6 +220,53 @@ def test_connect_to_a_database_at_head_does_not_wait_for_another_process_migrati
         for database in outcome.values():
             if isinstance(database, activedb.Database):
                 database.close()
+        holder.dispose()
+
+
+def test_an_app_upgrade_at_head_does_not_wait_for_another_process_migrating(make_database_url, tmp_path):
+    """Another process holds the migration lock: `activedb app upgrade PATH` and ``db.upgrade_app(path)`` of an
+    application whose tables are at head (every head of a directory of two, ``heads``) waited for it to end, to do
+    nothing.  They now read the application's version table first and take the lock only when there is something
+    to upgrade; an application behind still waits its turn, and is upgraded once it has it."""
+    url = make_database_url("app_turns")
+    activedb.connect(url).close()
+    location = tmp_path / "turns"
+    _migrate.init_app(location, "turns")
+    assert invoke(url, "app", "upgrade", str(location)).exit_code == 0
+    database = connect_as_is(url)
+    holder = sa.create_engine(url)
+    outcome: dict[str, object] = {}
+    runs = {"app upgrade": lambda: invoke(url, "app", "upgrade", str(location)),
+            "upgrade_app": lambda: database.upgrade_app(location)}
+    try:
+        with _migrating_elsewhere(holder):
+            for name, run in runs.items():
+                thread = _started(outcome, name, run)
+                thread.join(60)
+                assert not thread.is_alive(), f"{name} of an application at head waited for the migration lock"
+            result = outcome["app upgrade"]
+            assert getattr(result, "exit_code", None) == 0 and "turns_0001" in result.output, outcome
+            assert outcome["upgrade_app"] is None, outcome
+        # Two heads (a branch beside the first revision), both reached: `heads` is at its end too.
+        branch = location / "versions" / "0002_branch.py"
+        branch.write_text((location / "versions" / "0001_first_tables.py").read_text()
+                          .replace('"turns_0001"', '"turns_0002"').replace('"turns_items"', '"turns_branch"'))
+        assert invoke(url, "app", "upgrade", str(location), "heads").exit_code == 0
+        with _migrating_elsewhere(holder):
+            heads = _started(outcome, "heads", lambda: database.upgrade_app(location, "heads"))
+            heads.join(60)
+            assert not heads.is_alive(), "upgrade_app(path, 'heads') at its heads waited for the migration lock"
+            assert outcome["heads"] is None, outcome
+        assert invoke(url, "app", "downgrade", str(location), "base", "--yes").exit_code == 0, outcome
+        branch.unlink()
+        with _migrating_elsewhere(holder):
+            behind = _started(outcome, "behind", lambda: invoke(url, "app", "upgrade", str(location)))
+            _waits_its_turn(url, behind, outcome)
+        behind.join(60)
+        assert not behind.is_alive() and getattr(outcome["behind"], "exit_code", None) == 0, outcome
+        assert database.schema.app_revision(location)[0] == ["turns_0001"]
+    finally:
+        database.close()
         holder.dispose()
 
 
@@ -231,14 +287,36 @@ def test_two_files_of_one_revision_id_are_named_not_taken_for_two_heads(url, tmp
         assert len(result.output.strip().splitlines()) == 1, result.output
 
 
-def test_an_application_using_activedbs_own_version_table_is_refused_changing_nothing(url, tmp_path):
-    """An application's env.py given ``version_table="activedb_alembic_version"``, activedb's own: its revisions
-    replaced activedb's record of its own schema.  Refused, naming the table and what to give instead; activedb's
-    version table is as it was."""
+# An env.py keeping its revisions in a version table of the name activedb's own has, in the schema it names.
+SCHEMA_ENV = '''from alembic import context
+
+context.configure(connection=context.config.attributes["connection"], version_table="activedb_alembic_version",
+                  version_table_schema={schema!r})
+with context.begin_transaction():
+    context.run_migrations()
+'''
+
+
+def _borrowing(tmp_path, schema: str | None):
+    """An application directory whose env.py keeps its revisions in ``activedb_alembic_version``, in ``schema``
+    (None: none named, as ``run_env(version_table=...)`` writes it)."""
     location = tmp_path / "borrowing"
     _migrate.init_app(location, "borrowing")
     env = location / "env.py"
-    env.write_text(env.read_text().replace("borrowing_alembic_version", "activedb_alembic_version"))
+    if schema is None:
+        env.write_text(env.read_text().replace("borrowing_alembic_version", "activedb_alembic_version"))
+    else:
+        env.write_text(SCHEMA_ENV.format(schema=schema))
+    return location
+
+
+@pytest.mark.parametrize("schema", [None, "public"])
+def test_an_application_using_activedbs_own_version_table_is_refused_changing_nothing(url, tmp_path, schema):
+    """An application's env.py given ``version_table="activedb_alembic_version"``, activedb's own: its revisions
+    replaced activedb's record of its own schema.  Refused, naming the table and what to give instead; activedb's
+    version table is as it was.  Also when the env.py names the schema activedb's table is in
+    (``version_table_schema="public"``): that was let through, the same table."""
+    location = _borrowing(tmp_path, schema)
     before = _migrate.current(sa.create_engine(url))
     said = r"activedb_alembic_version, activedb's own version table.*version table of its own"
     for command in (["upgrade"], ["current"], ["stamp", "head", "--yes"]):
@@ -246,6 +324,39 @@ def test_an_application_using_activedbs_own_version_table_is_refused_changing_no
         assert result.exit_code == 1 and re.search(said, result.output), (command, result.output)
     _upgrade_app_refused(url, location, said)
     assert _migrate.current(sa.create_engine(url)) == before == _migrate.head()
+    assert "borrowing_items" not in table_names(url)
+
+
+def test_a_version_table_of_activedbs_name_in_another_schema_is_the_applications_own(make_database_url, tmp_path):
+    """A version table named ``activedb_alembic_version`` in a schema activedb's table is not in is the
+    application's own: it upgrades, and activedb's record of its own revision stays as it was.  Which schema is
+    activedb's is read, not assumed: in a database whose search_path puts activedb's tables in ``shop``, that one is
+    refused and ``public`` is the application's."""
+    url = make_database_url("own_schema")
+    engine = sa.create_engine(url)
+    try:
+        with engine.begin() as connection:
+            connection.execute(sa.text("CREATE SCHEMA elsewhere"))
+            connection.execute(sa.text("CREATE SCHEMA shop"))
+            database_name = connection.execute(sa.text("SELECT current_database()")).scalar_one()
+            connection.execute(sa.text(f'ALTER DATABASE "{database_name}" SET search_path = shop, public'))
+        engine.dispose()        # (a new session reads the database's search_path)
+        activedb.connect(url).close()
+        with engine.connect() as connection:
+            own = connection.execute(sa.text("SELECT relnamespace::regnamespace::text FROM pg_class "
+                                             "WHERE oid = to_regclass('activedb_alembic_version')")).scalar_one()
+        assert own == "shop"
+        said = r"activedb_alembic_version, activedb's own version table.*version table of its own"
+        for schema in ("elsewhere", "public"):
+            location = _borrowing(tmp_path / schema, schema)
+            result = invoke(url, "app", "upgrade", str(location))
+            assert result.exit_code == 0 and "borrowing_0001" in result.output, (schema, result.output)
+            assert invoke(url, "app", "downgrade", str(location), "base", "--yes").exit_code == 0, schema
+        refused = invoke(url, "app", "upgrade", str(_borrowing(tmp_path / "shop", "shop")))
+        assert refused.exit_code == 1 and re.search(said, refused.output), refused.output
+        assert _migrate.current(engine) == _migrate.head()
+    finally:
+        engine.dispose()
 
 
 @pytest.mark.parametrize("given", ["5", 0, -1, True, float("nan")])
