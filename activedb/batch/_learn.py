@@ -32,7 +32,7 @@ from activedb.batch._declare import (DELETE, NOTHING_INTO, Abort, BatchEvent, Dr
 from activedb.deadletters import FinalReason
 from activedb.errors import ActivedbError, Failure, GeneratedKeysReset, RuleFailed, classify
 from activedb.events import Event, EventKind, new_event
-from activedb.store import RowImage, TableInfo, copy_nested, own_image
+from activedb.store import JSONABLE_DEPTH, RowImage, TableInfo, copy_nested, own_image
 
 __all__ = ["FALL_BACK", "Learned", "LearnedDeclaration", "NotLearned", "Rejection", "Step", "learned_condition",
            "learned_table", "why_not_learned"]
@@ -615,11 +615,13 @@ class _RowTransaction:
             inserted.setdefault(table, []).append(values)
 
     def signal(self, name: str, /, **payload: object) -> None:
-        """The signal ``name`` with ``payload``, as ``tx.signal`` makes it; its deferred rules run once the rule that
-        signals returns (``LearnedDeclaration.run``)."""
+        """The signal ``name`` with ``payload``, as ``tx.signal`` makes it (a field nested deeper than
+        ``JSONABLE_DEPTH`` levels refused: NestedTooDeep); its deferred rules run once the rule that signals returns
+        (``LearnedDeclaration.run``)."""
         if name not in self._signals or self.deferring:
             raise self._deviate(f"signalled {name!r}")
-        event = new_event(_SIGNAL, name, None, None, None, own_image(payload, fresh=True), None, self.transaction)
+        event = new_event(_SIGNAL, name, None, None, None, own_image(payload, fresh=True, levels=JSONABLE_DEPTH), None,
+                          self.transaction)
         if self.signals is None:
             self.signals = [event]
         else:
