@@ -29,6 +29,10 @@ JSONABLE_DEPTH = 100
 #: deeper.  The copy, the encoding and the decoding take a few frames per level: within Python's stack.
 EXACT_DEPTH = 2 * JSONABLE_DEPTH
 
+#: The levels of a walk that is not bounded (they never count down to 0): a copy of what is in the engine already
+#: — a row read back, an event's image — is as deep as the database and the driver gave it.
+UNBOUNDED = -1
+
 #: How many containers :func:`nesting_depth` looks at before it gives up (a value too large to measure).
 _MEASURED = 1_000_000
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Hashable, Mapping, TypeAlias
 
 from activedb.errors import DuplicateKey
-from activedb.store._nesting import EXACT_DEPTH, Deeper, nesting_depth, too_deep
+from activedb.store._nesting import UNBOUNDED, Deeper, nesting_depth, too_deep
 
 if TYPE_CHECKING:  # pragma: no cover
     import sqlalchemy as sa
@@ -85,16 +85,17 @@ def resolve(chain: list[Entry], base: dict[str, object] | None) -> dict[str, obj
     return image
 
 
-def copy_nested(image: dict[str, object], names: "frozenset[str]", levels: int = EXACT_DEPTH) -> dict[str, object]:
+def copy_nested(image: dict[str, object], names: "frozenset[str]", levels: int = UNBOUNDED) -> dict[str, object]:
     """``image`` (a copy of the caller's own) with the values of columns ``names`` copied too, in place: a JSON,
     JSONB, ARRAY or HSTORE column holds a list or dict, which a shallow copy shares with the image it was copied
     from (the image a transaction relies on, a write entry, another rule's event), so that
     ``row["tags"].append(...)`` would change that image.  ``TableInfo.nested`` names a table's such columns; a
-    table without any never calls this.  Returns ``image``.  A value nested deeper than ``levels`` levels (a column's
-    value: ``EXACT_DEPTH``, room for the application's values in the envelopes of activedb's own tables — a dead
-    letter's original, a stream's saved events —; an event's payload: ``JSONABLE_DEPTH``) is refused:
-    :class:`~activedb.errors.NestedTooDeep` naming its column or field (``image`` then has the values copied before
-    it)."""
+    table without any never calls this.  Returns ``image``.  ``levels``: where a value enters the engine, the bound
+    of its nesting — a column's value ``EXACT_DEPTH`` (room for the application's values in the envelopes of
+    activedb's own tables: a dead letter's original, a stream's saved events), an event's payload
+    ``JSONABLE_DEPTH`` —: a value nested deeper is refused, :class:`~activedb.errors.NestedTooDeep` naming its
+    column or field (``image`` then has the values copied before it); ``UNBOUNDED`` (a row read back, an event's
+    image: values in the engine already) copies what the database gave."""
     for name in names:
         value = image.get(name)
         if value is not None:
@@ -105,7 +106,7 @@ def copy_nested(image: dict[str, object], names: "frozenset[str]", levels: int =
     return image
 
 
-def own_image(image: dict[str, object], *, fresh: bool = False, levels: int = EXACT_DEPTH) -> dict[str, object]:
+def own_image(image: dict[str, object], *, fresh: bool = False, levels: int = UNBOUNDED) -> dict[str, object]:
     """A copy of ``image`` whose lists and dicts are copies too, for a caller that does not know the image's table
     (a declared function's argument, a further rule's event): a plain copy when no value is a list or dict (one
     pass over the values' types in C), else ``copy_nested`` of the columns that hold one.  ``fresh``: ``image`` is
@@ -117,19 +118,18 @@ def own_image(image: dict[str, object], *, fresh: bool = False, levels: int = EX
     return copy_nested(copy, frozenset(name for name, value in copy.items() if type(value) in NESTED_TYPES), levels)
 
 
-def own_value(value: object) -> object:
+def own_value(value: object, levels: int = UNBOUNDED) -> object:
     """``value`` with every list and dict in it copied (what a JSON or ARRAY value is made of); anything else — a
-    scalar, a tuple of scalars — is kept: it cannot be changed in place.  A value nested deeper than
-    ``EXACT_DEPTH`` levels (lists, dicts, tuples) is refused, as by ``copy_nested``:
-    :class:`~activedb.errors.NestedTooDeep`."""
+    scalar, a tuple of scalars — is kept: it cannot be changed in place.  ``levels``: as ``copy_nested``'s."""
     try:
-        return _owned(value, EXACT_DEPTH)
+        return _owned(value, levels)
     except Deeper:
-        raise too_deep(value, EXACT_DEPTH) from None
+        raise too_deep(value, levels) from None
 
 
 def _owned(value: object, levels: int) -> object:
-    """``own_value(value)``, ``value`` allowed ``levels`` more levels of nesting; :class:`Deeper` beyond them."""
+    """``own_value(value)``, ``value`` allowed ``levels`` more levels of nesting (:class:`Deeper` beyond them;
+    ``UNBOUNDED``, below 0, never counts down to 0)."""
     # (an item of an immutable built-in type is kept without a call: most of a JSON value's items are)
     kind = type(value)
     if kind is list:
@@ -148,6 +148,8 @@ def _owned(value: object, levels: int) -> object:
             return tuple([item if type(item) in _KEPT else _owned(item, levels)
                           for item in value])  # type: ignore[attr-defined]  # (a tuple)
     elif isinstance(value, (list, dict, set, bytearray)):  # (a subclass: its own copy's way, once measured)
+        if levels < 0:
+            return copy.deepcopy(value)
         depth = nesting_depth(value)
         if depth is not None and depth <= levels:
             return copy.deepcopy(value)

@@ -12,8 +12,8 @@ from lockmgr import Mode, TxnState
 
 from activedb.errors import BadArgument, DuplicateKey, InvalidKey, InvalidTime
 from activedb.events import AccuracyInterval, EventKind, Timestamp, check_time, new_event
-from activedb.store import (JSONABLE_DEPTH, NESTED_TYPES, Entry, EntryKind, Key, RowImage, TableInfo, TableRef,
-                            copy_nested, own_image)
+from activedb.store import (EXACT_DEPTH, JSONABLE_DEPTH, NESTED_TYPES, Entry, EntryKind, Key, RowImage, TableInfo,
+                            TableRef, copy_nested, own_image)
 from activedb.txn import _view
 from activedb.txn._hotkeys import HotKeys
 from activedb.txn._reads import BulkLock
@@ -47,7 +47,7 @@ class Writes:
         key = info.key(key)
         values = info.values_without_key(key, values)
         if info.nested:     # (a JSON or ARRAY column's list or dict as it is now: the caller's stays the caller's)
-            copy_nested(values, info.nested)
+            copy_nested(values, info.nested, EXACT_DEPTH)
         self._modify(info, key, Entry(_PATCH, values))
 
     def insert(self: Transaction, table: TableRef, /, **values: object) -> Hashable:  # type: ignore[misc]
@@ -67,7 +67,7 @@ class Writes:
         key = info.key(info.key_from_values(values))
         values = {name: value for name, value in values.items() if name not in info.key_columns}
         if info.nested:     # (as ``write``'s)
-            copy_nested(values, info.nested)
+            copy_nested(values, info.nested, EXACT_DEPTH)
         self._modify(info, key, Entry(_INSERT, values), must_not_exist=not generated)
         return key[0] if len(key) == 1 else key
 
@@ -150,7 +150,7 @@ class Writes:
                                     f"row); write {{key: {{'column': value}}}}") from None
                 columns = info.values_without_key(key, columns)
                 if info.nested:     # (as ``write``'s)
-                    copy_nested(columns, info.nested)
+                    copy_nested(columns, info.nested, EXACT_DEPTH)
                 entry = Entry(_PATCH, columns)
             self._modify(info, key, entry, lock=not by_table)
         return len(rows)

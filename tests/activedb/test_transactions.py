@@ -2197,3 +2197,27 @@ def test_a_cyclic_value_is_refused_as_nested_too_deep(db):
     with pytest.raises(NestedTooDeep, match=r"^'value' is a list nested deeper than the 100 levels a value may nest "
                                             r"\(it holds itself, or is too large to measure\); flatten it"):
         db.run(lambda tx: tx.emit("reading", key="k", payload={"value": cyclic}))
+
+
+def test_a_row_stored_deeper_than_a_write_takes_is_read_and_its_event_given(db):
+    """The bound is where a value enters: a JSON value another client stored deeper than ``EXACT_DEPTH`` levels is
+    read back whole (``tx.read``'s copy is not bounded), and a rule on its update gets it in ``event.old``."""
+    from activedb.store import EXACT_DEPTH
+
+    levels = EXACT_DEPTH + 100
+    _empty(db, "lists")
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("INSERT INTO lists (key, value) VALUES ('k', CAST(:value AS jsonb))"),
+                           {"value": "[" * levels + "]" * levels})
+    seen = []
+
+    @db.rule(on=db.updated("lists"), coupling="immediate", name="deep_old")
+    def deep_old(tx, event):
+        seen.append(event.old["value"] == _nested_lists(levels))
+
+    try:
+        assert db.run(lambda tx: tx.read("lists", "k"))["value"] == _nested_lists(levels)
+        db.run(lambda tx: tx.write("lists", "k", value=["flat"]))
+    finally:
+        db.rules.remove("deep_old")
+    assert seen == [True]
