@@ -28,7 +28,7 @@ if TYPE_CHECKING:  # pragma: no cover
 # are public too, but defined on first use (they import lockmgr): ``activedb`` lists them itself.
 __all__ = ["ActivedbError", "BadDatabaseURL", "BatchAlreadyCommitted", "CascadeLimitExceeded",
            "DatabaseError", "DatabaseUnavailable", "DiskFull", "DuplicateKey", "EmbeddedServerError", "Failure",
-           "GeneratedKeysReset", "BadArgument", "InvalidChoice", "InvalidKey", "InvalidTime", "InvalidValue",
+           "GeneratedKeysReset", "BadArgument", "InvalidChoice", "InvalidKey", "InvalidTime", "InvalidValue", "NestedTooDeep",
            "MigrationError", "OutboxError",
            "PictureError", "RecordsTakenOver", "RuleDefinitionChangedWarning", "RuleError",
            "RuleFailed", "SchemaError", "SchemaNotAtHead", "SerializationConflict", "ServerDiskFull",
@@ -656,6 +656,14 @@ class UnknownColumn(SchemaError):
 
 class InvalidValue(SchemaError):
     pass
+
+
+class NestedTooDeep(InvalidValue):
+    """A value's lists, dicts or tuples nest deeper than activedb takes: where a value enters the engine (a column's
+    value in ``tx.write``, ``insert``, ``write_many``; a field of ``tx.emit``'s or ``tx.signal``'s payload) deeper
+    than ``activedb.store.JSONABLE_DEPTH`` levels, or deeper than ``activedb.store.EXACT_DEPTH`` in
+    ``activedb.store.exact_json``.  The message names the field, how deep the value is and the bound, and says to
+    flatten it or store it as JSON text."""
 
 
 class InvalidKey(SchemaError):

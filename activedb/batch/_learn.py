@@ -32,7 +32,7 @@ from activedb.batch._declare import (DELETE, NOTHING_INTO, Abort, BatchEvent, Dr
 from activedb.deadletters import FinalReason
 from activedb.errors import ActivedbError, Failure, GeneratedKeysReset, RuleFailed, classify
 from activedb.events import Event, EventKind, new_event
-from activedb.store import RowImage, TableInfo, copy_nested, own_image
+from activedb.store import EXACT_DEPTH, JSONABLE_DEPTH, RowImage, TableInfo, copy_nested, own_image
 
 __all__ = ["FALL_BACK", "Learned", "LearnedDeclaration", "NotLearned", "Rejection", "Step", "learned_condition",
            "learned_table", "why_not_learned"]
@@ -582,7 +582,7 @@ class _RowTransaction:
         if table != self._table or key != self._key or not values:
             raise self._deviate(f"wrote {table!r} {key!r} {sorted(values)}")
         if self._nested:     # (a list or dict as it is now, as ``tx.write`` takes it: the rule's stays the rule's)
-            copy_nested(values, self._nested)
+            copy_nested(values, self._nested, EXACT_DEPTH)
         if self.written is None:
             self.written = values
         else:
@@ -603,7 +603,7 @@ class _RowTransaction:
         if self.checking or table in self._checked_now:
             values = info.check_values(values, copy=False)
             if info.nested:      # (as it is now, as ``tx.insert`` takes it: the rule's list stays the rule's)
-                copy_nested(values, info.nested)
+                copy_nested(values, info.nested, EXACT_DEPTH)
         draw = self._keyed.get(table)
         if draw is not None:
             values = DrawnRow(values)      # (the marker: its key is drawn, not given)
@@ -615,11 +615,13 @@ class _RowTransaction:
             inserted.setdefault(table, []).append(values)
 
     def signal(self, name: str, /, **payload: object) -> None:
-        """The signal ``name`` with ``payload``, as ``tx.signal`` makes it; its deferred rules run once the rule that
-        signals returns (``LearnedDeclaration.run``)."""
+        """The signal ``name`` with ``payload``, as ``tx.signal`` makes it (a field nested deeper than
+        ``JSONABLE_DEPTH`` levels refused: NestedTooDeep); its deferred rules run once the rule that signals returns
+        (``LearnedDeclaration.run``)."""
         if name not in self._signals or self.deferring:
             raise self._deviate(f"signalled {name!r}")
-        event = new_event(_SIGNAL, name, None, None, None, own_image(payload, fresh=True), None, self.transaction)
+        event = new_event(_SIGNAL, name, None, None, None, own_image(payload, fresh=True, levels=JSONABLE_DEPTH), None,
+                          self.transaction)
         if self.signals is None:
             self.signals = [event]
         else:

@@ -18,9 +18,11 @@ from typing import TYPE_CHECKING, Any, Unpack
 
 import sqlalchemy as sa
 
-from activedb.errors import BadArgument, BatchAlreadyCommitted, GeneratedKeysReset, check_switch, check_whole_number
+from activedb.errors import (BadArgument, BatchAlreadyCommitted, GeneratedKeysReset, NestedTooDeep, check_switch,
+                             check_whole_number)
 from activedb.extras import Extra, needs
-from activedb.store import Catalog, Json, exact_json, from_exact_json, jsonable, storable_text
+from activedb.store import (EXACT_DEPTH, Catalog, Json, exact_json, from_exact_json, jsonable, nesting_depth,
+                            storable_text)
 from activedb.txn import CommitParticipant
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -224,7 +226,8 @@ def _like(text: str) -> str:
 def encode_original(row: object) -> object:
     """``row`` as the ``original`` column's JSON: a one-row ``pyarrow.Table``/``RecordBatch`` as an Arrow
     IPC stream (schema included, so the row replays through the same conversion Spark's rows take),
-    anything else through :func:`activedb.store.exact_json` (a value it cannot keep in its readable form: ``_kept``)."""
+    anything else through :func:`activedb.store.exact_json` (a value it cannot keep in its readable form: ``_kept``;
+    None, no original, for a row nested deeper than ``EXACT_DEPTH`` levels even so: its ``raw`` is its record)."""
     [encoded] = encode_originals([row])
     return encoded
 
@@ -271,24 +274,46 @@ def encode_originals(rows: Sequence[object]) -> list[object]:
 
 def _kept(row: object) -> object:
     """``exact_json(row)``; a value of it that cannot be kept exactly — one ``pickle`` refuses, a lock or an instance
-    of a class defined in a function, or one nested deeper than Python's stack goes — in its readable form
-    (``jsonable``: its ``repr``), the row's other values exactly: a row is a dead letter because it is wrong, and its
-    letter is written whatever it holds."""
+    of a class defined in a function, or one nested deeper than ``exact_json`` goes (``EXACT_DEPTH``) — in its
+    readable form (``jsonable``: its ``repr``), the row's other values exactly: a row is a dead letter because it is
+    wrong, and its letter is written whatever it holds.  What is kept nests at most ``EXACT_DEPTH`` levels, as any
+    value the letters table takes (``tx.insert`` refuses a deeper one): a value whose exact form nests deeper (its
+    tags nest: ``{"$tuple": [...]}``) is kept in readable form too; None (the readable form, ``raw``, is the row's
+    record, as for a letter written before originals were kept) if the row still nests deeper."""
     try:
-        return exact_json(row)
-    except Exception:       # (pickle's refusals: PicklingError, TypeError, AttributeError, ...)
+        encoded = exact_json(row)
+    except Exception:       # (pickle's refusals: PicklingError, TypeError, AttributeError, ...; NestedTooDeep)
+        pass
+    else:
+        if _nests_within(encoded, EXACT_DEPTH):
+            return encoded
+    try:
         if not isinstance(row, Mapping):
-            return exact_json(jsonable(row))
-        return exact_json({_keepable(key): _keepable(value) for key, value in row.items()})
+            encoded = exact_json(jsonable(row))
+        else:
+            encoded = exact_json({_keepable(key): _keepable(value) for key, value in row.items()})
+    except NestedTooDeep:   # (the readable form's own keys may look like tags: ``{"$map": ...}`` nests deeper)
+        return None
+    return encoded if _nests_within(encoded, EXACT_DEPTH) else None
+
+
+def _nests_within(encoded: Json, levels: int) -> bool:
+    """Whether ``encoded`` (JSON) nests at most ``levels`` levels."""
+    if type(encoded) is not dict and type(encoded) is not list:
+        return True
+    depth = nesting_depth(encoded)
+    return depth is not None and depth <= levels
 
 
 def _keepable(value: object) -> object:
-    """``value`` if :func:`exact_json` keeps it, else its readable form (``jsonable``)."""
+    """``value`` if :func:`exact_json` keeps it within ``EXACT_DEPTH - 1`` levels (a value of a row), else its
+    readable form (``jsonable``: ``JSONABLE_DEPTH`` levels)."""
     try:
-        exact_json(value)
+        if _nests_within(exact_json(value), EXACT_DEPTH - 1):
+            return value
     except Exception:       # (as in _kept)
-        return jsonable(value)
-    return value
+        pass
+    return jsonable(value)
 
 
 def decode_original(stored: object) -> object:

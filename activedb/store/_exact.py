@@ -16,6 +16,7 @@ import pickle
 import uuid
 from typing import TYPE_CHECKING, Any, Callable
 
+from activedb.store._nesting import EXACT_DEPTH, Deeper, too_deep
 from activedb.store._schema import text_problem
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -27,7 +28,17 @@ _TAG = "$"
 
 
 def exact_json(value: object) -> Json:
-    """``value`` as JSON ``jsonb`` accepts, decodable by :func:`from_exact_json` into an equal value."""
+    """``value`` as JSON ``jsonb`` accepts, decodable by :func:`from_exact_json` into an equal value.  A value whose
+    lists, dicts, tuples and sets nest deeper than ``EXACT_DEPTH`` levels is refused:
+    :class:`~activedb.errors.NestedTooDeep` (its encoding and decoding would run out of Python's stack)."""
+    try:
+        return _exact(value, EXACT_DEPTH)
+    except Deeper:
+        raise too_deep(value, EXACT_DEPTH) from None
+
+
+def _exact(value: object, levels: int) -> Json:
+    """:func:`exact_json` of ``value``, allowed ``levels`` more levels of nesting (:class:`Deeper` beyond them)."""
     # The exact built-in types an event carries (str, dict, int, bool, None, float, datetime, list) first,
     # without the ``isinstance`` cascade (every outbox record and dead letter encodes a whole event); anything
     # else, subclasses included, by the general rules below.
@@ -35,6 +46,8 @@ def exact_json(value: object) -> Json:
         if value.isascii() and "\x00" not in value:
             return value
     elif type(value) is dict:
+        if not levels:
+            raise Deeper
         # Its plain values (a str of ASCII without NUL, None, an int, a bool) as themselves, without a call each
         # (an outbox record's event holds a row or a payload of them); the rest by this function.
         encoded: dict[str, Json] = {}
@@ -43,11 +56,11 @@ def exact_json(value: object) -> Json:
                     not key.isascii() and text_problem(key) is not None):
                 break
             if type(item) is str:
-                encoded[key] = item if item.isascii() and "\x00" not in item else exact_json(item)
+                encoded[key] = item if item.isascii() and "\x00" not in item else _exact(item, levels - 1)
             elif item is None or type(item) is int or type(item) is bool:
                 encoded[key] = item
             else:
-                encoded[key] = exact_json(item)
+                encoded[key] = _exact(item, levels - 1)
         else:
             return encoded
     elif value is None or type(value) is int or type(value) is bool:
@@ -60,12 +73,16 @@ def exact_json(value: object) -> Json:
     elif type(value) is dt.datetime:
         return {"$datetime": value.isoformat()}
     elif type(value) is list:
-        return [exact_json(item) for item in value]
-    return _exact_json(value)
+        if not levels:
+            raise Deeper
+        levels -= 1     # (its ints, bools and Nones as themselves, without a call each, as a dict's)
+        return [item if type(item) is int or type(item) is bool or item is None else _exact(item, levels)
+                for item in value]
+    return _exact_json(value, levels)
 
 
-def _exact_json(value: object) -> Json:
-    """:func:`exact_json` by the general rules (every type, its subclasses included)."""
+def _exact_json(value: object, levels: int) -> Json:
+    """:func:`exact_json` by the general rules (every type, its subclasses included); ``levels`` as ``_exact``'s."""
     if value is None or isinstance(value, bool):
         return value
     if isinstance(value, int):
@@ -94,16 +111,20 @@ def _exact_json(value: object) -> Json:
         return {"$bytes": base64.b64encode(bytes(value)).decode("ascii")}
     if isinstance(value, uuid.UUID):
         return {"$uuid": str(value)}
+    if isinstance(value, (tuple, list, set, frozenset, dict)):
+        if not levels:
+            raise Deeper
+        levels -= 1
     if isinstance(value, tuple):
-        return {"$tuple": [exact_json(item) for item in value]}
+        return {"$tuple": [_exact(item, levels) for item in value]}
     if isinstance(value, list):
-        return [exact_json(item) for item in value]
+        return [_exact(item, levels) for item in value]
     if isinstance(value, (set, frozenset)):
-        return {"$set" if isinstance(value, set) else "$frozenset": [exact_json(item) for item in value]}
+        return {"$set" if isinstance(value, set) else "$frozenset": [_exact(item, levels) for item in value]}
     if isinstance(value, dict):
         if all(type(key) is str and not key.startswith(_TAG) and text_problem(key) is None for key in value):
-            return {key: exact_json(item) for key, item in value.items()}
-        return {"$map": [[exact_json(key), exact_json(item)] for key, item in value.items()]}
+            return {key: _exact(item, levels) for key, item in value.items()}
+        return {"$map": [[_exact(key, levels), _exact(item, levels)] for key, item in value.items()]}
     return {"$pickle": _pickled(value)}
 
 

@@ -22,6 +22,7 @@ from psycopg.types.numeric import Float4
 from sqlalchemy.dialects import postgresql
 
 from activedb.errors import InvalidKey, InvalidValue, UnknownColumn
+from activedb.store._nesting import EXACT_DEPTH, nesting_depth, too_deep
 from activedb.store._writeset import Key
 
 _Statement = TypeVar("_Statement")
@@ -294,7 +295,14 @@ class TableInfo:
             )
         check = self._checks[name]
         if check is not None:
-            problem = check(value)
+            try:
+                problem = check(value)
+            except RecursionError:
+                # (a JSON or ARRAY value deeper than the check's walk goes: refused as its copy would refuse it)
+                depth = nesting_depth(value)
+                if depth is not None and depth <= EXACT_DEPTH:
+                    raise
+                raise too_deep(value, EXACT_DEPTH, name) from None
             if problem is not None:
                 raise InvalidValue(f"column {self.name}.{name} ({column.type}): {problem}; nothing was written")
 

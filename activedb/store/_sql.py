@@ -20,6 +20,7 @@ import sqlalchemy as sa
 from activedb.errors import NOT_NULL_VIOLATION, UNIQUE_VIOLATION, DuplicateKey, Failure, InvalidValue, classify
 from activedb.store import _prepared as prepared
 from activedb.store._choices import IsolationLevel
+from activedb.store._nesting import JSONABLE_DEPTH
 from activedb.store._schema import TableInfo
 from activedb.store._writeset import Entry, EntryKind, Key
 
@@ -57,11 +58,6 @@ def storable_text(value: str) -> str:
 Json: TypeAlias = "None | bool | int | float | str | list[Json] | dict[str, Json]"
 
 _Key = TypeVar("_Key")
-
-
-#: How many levels of nested mappings and sequences :func:`jsonable` converts; a value nested deeper is shown as a
-#: text that says so (a row of thousands of nested lists must not exhaust Python's stack where it is shown).
-JSONABLE_DEPTH = 100
 
 
 @overload

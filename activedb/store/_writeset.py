@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Hashable, Mapping, TypeAlias
 
 from activedb.errors import DuplicateKey
+from activedb.store._nesting import UNBOUNDED, Deeper, nesting_depth, too_deep
 
 if TYPE_CHECKING:  # pragma: no cover
     import sqlalchemy as sa
@@ -84,43 +85,81 @@ def resolve(chain: list[Entry], base: dict[str, object] | None) -> dict[str, obj
     return image
 
 
-def copy_nested(image: dict[str, object], names: "frozenset[str]") -> dict[str, object]:
+def copy_nested(image: dict[str, object], names: "frozenset[str]", levels: int = UNBOUNDED) -> dict[str, object]:
     """``image`` (a copy of the caller's own) with the values of columns ``names`` copied too, in place: a JSON,
     JSONB, ARRAY or HSTORE column holds a list or dict, which a shallow copy shares with the image it was copied
     from (the image a transaction relies on, a write entry, another rule's event), so that
     ``row["tags"].append(...)`` would change that image.  ``TableInfo.nested`` names a table's such columns; a
-    table without any never calls this.  Returns ``image``."""
+    table without any never calls this.  Returns ``image``.  ``levels``: where a value enters the engine, the bound
+    of its nesting — a column's value ``EXACT_DEPTH`` (room for the application's values in the envelopes of
+    activedb's own tables: a dead letter's original, a stream's saved events), an event's payload
+    ``JSONABLE_DEPTH`` —: a value nested deeper is refused, :class:`~activedb.errors.NestedTooDeep` naming its
+    column or field (``image`` then has the values copied before it); ``UNBOUNDED`` (a row read back, an event's
+    image: values in the engine already) copies what the database gave."""
     for name in names:
         value = image.get(name)
         if value is not None:
-            image[name] = own_value(value)
+            try:
+                image[name] = _owned(value, levels)
+            except Deeper:
+                raise too_deep(value, levels, name) from None
     return image
 
 
-def own_image(image: dict[str, object], *, fresh: bool = False) -> dict[str, object]:
+def own_image(image: dict[str, object], *, fresh: bool = False, levels: int = UNBOUNDED) -> dict[str, object]:
     """A copy of ``image`` whose lists and dicts are copies too, for a caller that does not know the image's table
     (a declared function's argument, a further rule's event): a plain copy when no value is a list or dict (one
     pass over the values' types in C), else ``copy_nested`` of the columns that hold one.  ``fresh``: ``image`` is
-    a new dict already (composed by the caller): only its lists and dicts are copied, in place."""
+    a new dict already (composed by the caller): only its lists and dicts are copied, in place.  ``levels``: as
+    ``copy_nested``'s."""
     copy = image if fresh else image.copy()
     if NESTED_TYPES.isdisjoint(map(type, copy.values())):
         return copy
-    return copy_nested(copy, frozenset(name for name, value in copy.items() if type(value) in NESTED_TYPES))
+    return copy_nested(copy, frozenset(name for name, value in copy.items() if type(value) in NESTED_TYPES), levels)
 
 
-def own_value(value: object) -> object:
+def own_value(value: object, levels: int = UNBOUNDED) -> object:
     """``value`` with every list and dict in it copied (what a JSON or ARRAY value is made of); anything else — a
-    scalar, a tuple of scalars — is kept: it cannot be changed in place."""
+    scalar, a tuple of scalars — is kept: it cannot be changed in place.  ``levels``: as ``copy_nested``'s."""
+    try:
+        return _owned(value, levels)
+    except Deeper:
+        raise too_deep(value, levels) from None
+
+
+def _owned(value: object, levels: int) -> object:
+    """``own_value(value)``, ``value`` allowed ``levels`` more levels of nesting (:class:`Deeper` beyond them;
+    ``UNBOUNDED``, below 0, never counts down to 0)."""
+    # (an item of an immutable built-in type is kept without a call: most of a JSON value's items are)
     kind = type(value)
     if kind is list:
-        return [own_value(item) for item in value]      # type: ignore[attr-defined]  # (a list)
-    if kind is dict:
-        return {name: own_value(item) for name, item in value.items()}  # type: ignore[attr-defined]  # (a dict)
-    if kind is tuple:
-        return tuple(own_value(item) for item in value)  # type: ignore[attr-defined]  # (a tuple)
-    if isinstance(value, (list, dict, set, bytearray)):  # (a subclass: its own copy's way)
-        return copy.deepcopy(value)
-    return value
+        if levels:
+            levels -= 1
+            return [item if type(item) in _KEPT else _owned(item, levels)
+                    for item in value]      # type: ignore[attr-defined]  # (a list)
+    elif kind is dict:
+        if levels:
+            levels -= 1
+            return {name: item if type(item) in _KEPT else _owned(item, levels)
+                    for name, item in value.items()}  # type: ignore[attr-defined]  # (a dict)
+    elif kind is tuple:
+        if levels:
+            levels -= 1
+            return tuple([item if type(item) in _KEPT else _owned(item, levels)
+                          for item in value])  # type: ignore[attr-defined]  # (a tuple)
+    elif isinstance(value, (list, dict, set, bytearray)):  # (a subclass: its own copy's way, once measured)
+        if levels < 0:
+            return copy.deepcopy(value)
+        depth = nesting_depth(value)
+        if depth is not None and depth <= levels:
+            return copy.deepcopy(value)
+    else:
+        return value
+    raise Deeper
+
+
+#: The value types ``_owned`` keeps as they are without a call (immutable: nothing in them to copy).
+_KEPT = frozenset((str, int, float, bool, type(None)))
 
 
 #: The value types ``own_image`` copies (a row's or payload's lists and dicts): what a caller tests ``type(value) in``

@@ -12,7 +12,8 @@ from lockmgr import Mode, TxnState
 
 from activedb.errors import BadArgument, DuplicateKey, InvalidKey, InvalidTime
 from activedb.events import AccuracyInterval, EventKind, Timestamp, check_time, new_event
-from activedb.store import NESTED_TYPES, Entry, EntryKind, Key, RowImage, TableInfo, TableRef, copy_nested, own_image
+from activedb.store import (EXACT_DEPTH, JSONABLE_DEPTH, NESTED_TYPES, Entry, EntryKind, Key, RowImage, TableInfo,
+                            TableRef, copy_nested, own_image)
 from activedb.txn import _view
 from activedb.txn._hotkeys import HotKeys
 from activedb.txn._reads import BulkLock
@@ -46,7 +47,7 @@ class Writes:
         key = info.key(key)
         values = info.values_without_key(key, values)
         if info.nested:     # (a JSON or ARRAY column's list or dict as it is now: the caller's stays the caller's)
-            copy_nested(values, info.nested)
+            copy_nested(values, info.nested, EXACT_DEPTH)
         self._modify(info, key, Entry(_PATCH, values))
 
     def insert(self: Transaction, table: TableRef, /, **values: object) -> Hashable:  # type: ignore[misc]
@@ -66,7 +67,7 @@ class Writes:
         key = info.key(info.key_from_values(values))
         values = {name: value for name, value in values.items() if name not in info.key_columns}
         if info.nested:     # (as ``write``'s)
-            copy_nested(values, info.nested)
+            copy_nested(values, info.nested, EXACT_DEPTH)
         self._modify(info, key, Entry(_INSERT, values), must_not_exist=not generated)
         return key[0] if len(key) == 1 else key
 
@@ -149,7 +150,7 @@ class Writes:
                                     f"row); write {{key: {{'column': value}}}}") from None
                 columns = info.values_without_key(key, columns)
                 if info.nested:     # (as ``write``'s)
-                    copy_nested(columns, info.nested)
+                    copy_nested(columns, info.nested, EXACT_DEPTH)
                 entry = Entry(_PATCH, columns)
             self._modify(info, key, entry, lock=not by_table)
         return len(rows)
@@ -158,7 +159,8 @@ class Writes:
     def signal(self: Transaction, name: str, /, **payload: object) -> None:  # type: ignore[misc]
         """Raise an application event ``name`` with ``payload`` (rules on ``db.signalled(name)`` react; ``name`` is
         positional: a payload field named ``name`` is a value).  The event's payload is a copy, its lists and dicts
-        too: changing a list given here afterwards changes no rule's event."""
+        too: changing a list given here afterwards changes no rule's event.  A field nested deeper than
+        ``activedb.store.JSONABLE_DEPTH`` levels is refused: :class:`~activedb.errors.NestedTooDeep`."""
         if self._doomed is not None or self._state is not _ACTIVE:     # (``_check_active``'s call only to raise)
             self._check_active("signal")
         if not isinstance(name, str) or not name:      # (db.signalled refuses it: no rule could name the event)
@@ -167,7 +169,7 @@ class Writes:
         # (``payload``: the keyword arguments' own dict; its lists and dicts are the caller's: copied, ``own_image``)
         for value in payload.values():
             if type(value) in NESTED_TYPES:  # (``own_image`` inline for a payload of scalars, which has nothing to copy)
-                payload = own_image(payload, fresh=True)
+                payload = own_image(payload, fresh=True, levels=JSONABLE_DEPTH)
                 break
         event = new_event(_SIGNAL, name, None, None, None, payload, None, self.id)
         for hook in self.manager.extensions.on_event:
@@ -180,7 +182,8 @@ class Writes:
         :class:`~activedb.events.AccuracyInterval`, or None (no time); another value raises
         :class:`~activedb.errors.InvalidTime`, as a batch's or a stream's event with it is refused.  The event's
         payload is a copy of ``payload``, its lists and dicts too: changing ``payload`` afterwards changes no rule's
-        event."""
+        event.  A field nested deeper than ``activedb.store.JSONABLE_DEPTH`` levels is refused:
+        :class:`~activedb.errors.NestedTooDeep`, saying how deep it is."""
         if self._doomed is not None or self._state is not _ACTIVE:     # (``_check_active``'s call only to raise)
             self._check_active("emit")
         if not isinstance(event_type, str) or not event_type:  # (db.stream refuses it: no rule could name the event)
@@ -200,7 +203,7 @@ class Writes:
                               f"{payload!r} ({type(payload).__name__}); write payload={{'field': value}}") from None
         for value in values.values():       # (the payload as raised, its lists and dicts too: ``signal``'s)
             if type(value) in NESTED_TYPES:
-                values = own_image(values, fresh=True)
+                values = own_image(values, fresh=True, levels=JSONABLE_DEPTH)
                 break
         event = new_event(_STREAM, event_type, key, None, None, values, ts, self.id)
         for hook in self.manager.extensions.on_event:

@@ -2140,3 +2140,84 @@ def test_a_json_list_written_is_the_value_at_the_write(db, representation):
     assert {key: stored[(key,)]["value"] for key in ("k", "i", "w", "j")} == {
         "k": ["a", "b"], "i": ["x"], "w": ["m"], "j": ["a"]}
     assert sorted(seen) == [("i", ["x"]), ("j", ["a"]), ("k", ["a", "b"]), ("w", ["m"])]
+
+
+def _nested_lists(levels):
+    value = []
+    for _ in range(levels - 1):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize("call", ["write", "insert", "write_many", "emit", "signal"])
+def test_a_value_nested_deeper_than_the_bound_is_refused_where_it_enters_saying_how_deep(db, call):
+    """A list of 10,000 nested lists given to ``tx.emit`` (or a JSON column's ``tx.write``) raised RecursionError
+    from the copy of its lists (or the JSON check's walk); one of a few hundred levels was taken.  Now a payload's
+    field of more than ``JSONABLE_DEPTH`` levels, a column's value of more than ``EXACT_DEPTH``, is refused where it
+    enters with ``NestedTooDeep``, which says how deep it is and the bound; one at the bound is taken and copied."""
+    from activedb.errors import InvalidValue, NestedTooDeep
+    from activedb.store import EXACT_DEPTH, JSONABLE_DEPTH
+
+    _empty(db, "lists")
+    bound = JSONABLE_DEPTH if call in ("emit", "signal") else EXACT_DEPTH
+
+    def enter(tx, value):
+        if call == "write":
+            tx.write("lists", "k", value=value)
+        elif call == "insert":
+            tx.insert("lists", key="k", value=value)
+        elif call == "write_many":
+            tx.write_many("lists", {"k": {"value": value}})
+        elif call == "emit":
+            tx.emit("reading", key="k", payload={"value": value})
+        else:
+            tx.signal("reading", value=value)
+
+    for levels in (bound + 1, 10_000):
+        with pytest.raises(NestedTooDeep, match=rf"^'value' is a list nested {levels:,} levels deep, deeper than the "
+                                                rf"{bound} levels a value may nest; flatten it or store it as "
+                                                rf"JSON text$") as caught:
+            db.run(lambda tx: enter(tx, _nested_lists(levels)))
+        assert isinstance(caught.value, InvalidValue)
+    db.run(lambda tx: enter(tx, _nested_lists(bound)))
+    if call in ("write", "insert", "write_many"):
+        value, levels = committed(db, "lists")[("k",)]["value"], 1
+        while value:
+            value, levels = value[0], levels + 1
+        assert levels == bound
+
+
+def test_a_cyclic_value_is_refused_as_nested_too_deep(db):
+    """A list that holds itself has no depth: its copy is refused at the bound, and the walk that measures it for
+    the message stops, saying so."""
+    from activedb.errors import NestedTooDeep
+
+    cyclic = []
+    cyclic.append(cyclic)
+    with pytest.raises(NestedTooDeep, match=r"^'value' is a list nested deeper than the 100 levels a value may nest "
+                                            r"\(it holds itself, or is too large to measure\); flatten it"):
+        db.run(lambda tx: tx.emit("reading", key="k", payload={"value": cyclic}))
+
+
+def test_a_row_stored_deeper_than_a_write_takes_is_read_and_its_event_given(db):
+    """The bound is where a value enters: a JSON value another client stored deeper than ``EXACT_DEPTH`` levels is
+    read back whole (``tx.read``'s copy is not bounded), and a rule on its update gets it in ``event.old``."""
+    from activedb.store import EXACT_DEPTH
+
+    levels = EXACT_DEPTH + 100
+    _empty(db, "lists")
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("INSERT INTO lists (key, value) VALUES ('k', CAST(:value AS jsonb))"),
+                           {"value": "[" * levels + "]" * levels})
+    seen = []
+
+    @db.rule(on=db.updated("lists"), coupling="immediate", name="deep_old")
+    def deep_old(tx, event):
+        seen.append(event.old["value"] == _nested_lists(levels))
+
+    try:
+        assert db.run(lambda tx: tx.read("lists", "k"))["value"] == _nested_lists(levels)
+        db.run(lambda tx: tx.write("lists", "k", value=["flat"]))
+    finally:
+        db.rules.remove("deep_old")
+    assert seen == [True]

@@ -19,10 +19,10 @@ from click.testing import CliRunner
 from activedb import deadletters
 from activedb.cli import main
 from activedb.deadletters import CUT_PREVIEW_CHARS, LETTER_BYTES, Letter, LetterRecord
-from activedb.errors import BadArgument
+from activedb.errors import BadArgument, NestedTooDeep
 from activedb.ingest import Ingestion, feed
 from activedb.ingest.errors import IngestError
-from activedb.store import JSONABLE_DEPTH, jsonable
+from activedb.store import EXACT_DEPTH, JSONABLE_DEPTH, exact_json, from_exact_json, jsonable
 from tests.spark_bridge import app_counters
 from tests.spark_bridge._streams import BASE_TIME, app_database, app_state
 
@@ -70,20 +70,52 @@ def test_jsonable_stops_at_its_depth_with_a_marker_that_says_so():
 
 def test_a_row_nested_deeper_than_any_reader_goes_is_a_dead_letter_and_the_batch_commits(database):
     """A row holding 10,000 nested lists made the whole batch fail with RecursionError (writing its letter's readable
-    form); now it is a dead letter with the reason its event failed for — the emit's copy of its payload
-    (``activedb.store.own_value``) is as deep as Python's stack — and the row beside it commits."""
+    form); now it is a dead letter with the reason its event failed for — refused where its payload enters, deeper
+    than ``JSONABLE_DEPTH`` levels (it read RecursionError: the emit's copy of its payload went as deep as Python's
+    stack) — and the row beside it commits.  Its original is kept in readable form: deeper than ``exact_json`` goes."""
     [outcome] = feed(database, [[row(1), row(2, amount=nested(10_000))]], source="deep",
                      mapping=app_counters.MAPPING)
     assert outcome.committed and (outcome.events, outcome.dead_letters) == (1, 1)
     [letter] = stored_letters(database)
-    # (Python words the error by where the stack ran out: "... exceeded", "... exceeded in comparison", ...)
-    assert letter["reason"].startswith("event processing failed: RecursionError: maximum recursion depth exceeded")
+    assert letter["reason"] == (f"event processing failed: NestedTooDeep: 'amount' is a list nested 10,001 levels "
+                                f"deep, deeper than the {JSONABLE_DEPTH} levels a value may nest; flatten it or store "
+                                f"it as JSON text")
     assert letter["raw"]["seq"] == 2 and isinstance(letter["raw"]["amount"], list)
     deepest, levels = letter["raw"]["amount"], 1
     while isinstance(deepest, list):
         deepest, levels = deepest[0], levels + 1
     assert (deepest, levels) == (f"<list nested deeper than {JSONABLE_DEPTH} levels: not shown>", JSONABLE_DEPTH)
     assert len(app_state(database)["counters"]) == 1      # the other row's add
+    assert letter["original"]["seq"] == 2 and isinstance(letter["original"]["amount"], list)   # (readable form)
+
+
+def test_a_row_deeper_than_the_engine_takes_but_within_exact_jsons_bound_keeps_its_exact_original(database):
+    """A row nested more than ``JSONABLE_DEPTH`` levels is refused at its emit; within ``EXACT_DEPTH`` levels its
+    letter keeps the exact original (a tuple stays a tuple), which a replay feeds again as it was."""
+    deep: object = ("leaf",)
+    for _ in range(JSONABLE_DEPTH + 10):
+        deep = [deep]
+    [outcome] = feed(database, [[row(1), row(2, amount=deep)]], source="deep-exact", mapping=app_counters.MAPPING)
+    assert (outcome.events, outcome.dead_letters) == (1, 1)
+    [record] = deadletters.select(database)
+    assert "NestedTooDeep" in record.reason and f"{JSONABLE_DEPTH + 11} levels deep" in record.reason
+    assert record.row() == row(2, amount=deep)
+
+
+def test_exact_json_refuses_a_value_deeper_than_its_bound_and_keeps_one_within_it():
+    """``exact_json`` recursed without bound (RecursionError for 10,000 nested lists); beyond ``EXACT_DEPTH`` levels
+    it raises ``NestedTooDeep``, and a value of ``EXACT_DEPTH`` levels — lists, tuples, dicts of any keys — is kept
+    exactly."""
+    for wrap in (lambda value: [value], lambda value: (value,), lambda value: {1: value}, lambda value: {"k": value}):
+        value: object = "leaf"
+        for _ in range(EXACT_DEPTH):
+            value = wrap(value)
+        assert from_exact_json(json.loads(json.dumps(exact_json(value)))) == value
+        with pytest.raises(NestedTooDeep, match=rf"nested {EXACT_DEPTH + 1:,} levels deep, deeper than the "
+                                                rf"{EXACT_DEPTH} levels"):
+            exact_json(wrap(value))
+    with pytest.raises(NestedTooDeep, match=r"nested 10,001 levels deep"):
+        exact_json(nested(10_000))
 
 
 def test_bytes_and_nan_in_a_letter_are_shown_tagged_not_as_text(database):
@@ -209,3 +241,15 @@ def test_replay_of_an_id_that_is_no_letter_exits_1_saying_so(database):
     assert result.exit_code == 1, result.output
     assert f"no dead letter has the id {letter['id'] + 100}" in result.output
     assert "nothing was replayed" in result.output
+
+
+def test_an_original_too_deep_even_in_readable_form_is_not_kept_and_the_letter_still_written():
+    """A row whose value nests deeper than ``EXACT_DEPTH`` levels even in readable form (keys that look like tags:
+    each a ``{"$map": [[key, value]]}``, three levels a level) is kept as no original (NULL: its ``raw`` is its
+    record), not a NestedTooDeep failing its batch's letters; a deep list is kept in readable form."""
+    tagged: object = "leaf"
+    for _ in range(JSONABLE_DEPTH + 10):
+        tagged = {"$key": tagged}
+    assert deadletters.encode_original({"amount": tagged, "seq": 1}) is None
+    kept = deadletters.encode_original({"amount": nested(10_000), "seq": (1,)})
+    assert kept["seq"] == {"$tuple": [1]} and isinstance(kept["amount"], list)

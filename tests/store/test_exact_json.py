@@ -16,7 +16,7 @@ from unittest import mock
 from hypothesis import given
 from hypothesis import strategies as st
 
-from activedb.store import _exact, exact_json, from_exact_json
+from activedb.store import EXACT_DEPTH, _exact, exact_json, from_exact_json
 from activedb.store._exact import _exact_json
 
 
@@ -52,8 +52,8 @@ VALUES = st.recursive(
 
 def general(value: object) -> object:
     """``value`` by the general rules all the way down (its items too, not only at the top)."""
-    with mock.patch.object(_exact, "exact_json", _exact_json):
-        return _exact_json(value)
+    with mock.patch.object(_exact, "_exact", _exact_json):
+        return _exact_json(value, EXACT_DEPTH)
 
 
 @given(VALUES)
