@@ -425,7 +425,10 @@ class Database:
     def close(self) -> None:
         """Stop the worker pool and close the connection pool.  The outbox's running group transactions are waited
         for first, up to 10 seconds (``activedb/outbox/README.md``, "Closing"); a connection given back later (by a
-        group not waited for) is closed then, not kept.
+        group not waited for) is closed then, not kept.  A top-level transaction still open (in this thread or
+        another) is not aborted: it may still commit, its deferred rules run, and its detached firings are recorded
+        in the outbox for a later process that declares their rules (``activedb outbox`` lists them) — end
+        transactions before closing.
         The embedded server stops when the last process using it exits (unless kept running)."""
         if not self._closed:
             self._closed = True

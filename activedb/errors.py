@@ -194,7 +194,8 @@ class InvalidTime(ActivedbError, ValueError):
 
 class WaitTimeout(ActivedbError, TimeoutError):
     """A wait given a timeout ended before what it waited for: detached rule firings still running at the end of
-    ``db.rules.wait_idle(timeout)``, a subtransaction still running at the end of ``handle.result(timeout)``.  The
+    ``db.rules.wait_idle(timeout)``, a subtransaction still running at the end of ``handle.result(timeout)``, a
+    change-capture consumer not caught up at the end of ``consumer.wait_caught_up(timeout)``.  The
     message names what is still running and what to do.  Also a ``TimeoutError``, as such errors were before they
     were activedb's."""
 

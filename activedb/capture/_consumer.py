@@ -29,7 +29,8 @@ from activedb.capture._position import (KINDS, CapturedChange, Position, Positio
                                         register)
 from activedb.capture._status import leader_pids
 from activedb.capture.errors import CaptureConflict, CaptureError, CaptureNotInstalled, ConsumerStopped
-from activedb.errors import DatabaseUnavailable, TransactionAborted, check_seconds, check_whole_number
+from activedb.errors import (DatabaseUnavailable, TransactionAborted, WaitTimeout, check_seconds,
+                             check_whole_number)
 from activedb.events import age_seconds
 from activedb.ingest import Deadlines, Ingestion, LedgerId, ReservedSource, unfit_source_name
 from activedb.ingest.errors import describe
@@ -312,7 +313,8 @@ class CaptureConsumer:
 
     def wait_caught_up(self, timeout: float = 30.0) -> Position:
         """Wait until a fetch that began after this call found nothing pending (every change committed
-        before the call is handled); returns the position.  For a consumer running on its thread."""
+        before the call is handled); returns the position.  For a consumer running on its thread.  Not caught up
+        within ``timeout`` seconds: :class:`~activedb.WaitTimeout`, saying where to look."""
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout != timeout:
             raise CaptureError(f"timeout must be a number of seconds (inf: for ever), got {timeout!r}")
         if self._thread is None and self._state is not ConsumerState.STOPPED:
@@ -331,8 +333,10 @@ class CaptureConsumer:
                     raise ConsumerStopped(f"capture consumer {self.name!r} is stopped")
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    raise TimeoutError(f"capture consumer {self.name!r} not caught up within {timeout} s "
-                                       f"(state {self._state.value}, position {self._position})")
+                    raise WaitTimeout(f"capture consumer {self.name!r} not caught up within {timeout} s "
+                                      f"(state {self._state.value}, position {self._position}): give it longer, or "
+                                      f"see what holds it back with `activedb capture status` (its backlog, its "
+                                      f"leader) and in activedb's log (a rule of its batch blocked or failing)")
                 self._progress.wait(min(remaining, threading.TIMEOUT_MAX))     # (no thread wait may be longer)
             return self._position
 

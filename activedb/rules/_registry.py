@@ -16,6 +16,7 @@ import inspect
 import json
 import logging
 import numbers
+import reprlib
 import sys
 import threading
 import warnings
@@ -147,7 +148,7 @@ class RuleRegistry:
             other = (f", a {kind.__module__}.{kind.__qualname__}: give int(priority) or float(priority)"
                      if isinstance(priority, numbers.Number) and not isinstance(priority, (bool, int, float)) else "")
             raise RuleError(f"rule {name!r}: priority must be a finite int or float (higher runs first) or None, "
-                            f"got {priority!r}{other}")
+                            f"got {reprlib.repr(priority)}{other}")     # (an int of 400 digits: shown cut)
         # (else the registry's insert fails — no boolean, or NULL — or takes 1 for True)
         check_switch(f"rule {name!r}: {type(rule).__name__}", "enabled", rule.enabled, error=RuleError)
         if isinstance(rule, FunctionRule):

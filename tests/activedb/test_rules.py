@@ -986,8 +986,9 @@ def test_a_priority_that_is_no_finite_number_is_refused_as_a_rule_error(db, prio
     declaration with a RuleError saying what a priority is — not PostgreSQL's DataError from the registry's insert.
     So is an integer beyond a float's range (no double precision column holds it), which the check itself let out
     as an OverflowError ('int too large to convert to float')."""
-    with pytest.raises(RuleError, match=r"'unordered': priority must be a finite int or float"):
+    with pytest.raises(RuleError, match=r"'unordered': priority must be a finite int or float") as refused:
         db.rule(on=db.signalled("unordered"), priority=priority, name="unordered")(lambda tx, event: None)
+    assert len(str(refused.value)) < 200, str(refused.value)       # (10**400 shown cut, not its 401 digits)
     assert "unordered" not in db.rules.names()
     assert "unordered" not in {row["name"] for row in db.rules.persisted()}
 

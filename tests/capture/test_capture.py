@@ -1012,6 +1012,31 @@ def test_waiting_for_a_consumer_that_does_not_run_says_so_at_once(clean):
         consumer.close()
 
 
+def test_a_wait_for_a_consumer_held_back_ends_in_wait_timeout_saying_where_to_look(clean, conninfo):
+    """A running consumer that cannot catch up within ``wait_caught_up``'s timeout (here: its position table locked by
+    another session) ends the wait with ``WaitTimeout`` — an ``ActivedbError`` and a ``TimeoutError`` — that says
+    where to look.  It was a bare TimeoutError, outside activedb's errors."""
+    db = clean
+    _app.register(db)
+    with psycopg.connect(conninfo, autocommit=True) as psql:
+        psql.execute("INSERT INTO orders (id, customer, amount) VALUES (91, 'x', 1)")
+    with psycopg.connect(conninfo) as holder:
+        holder.execute("LOCK TABLE activedb_capture_consumers IN ACCESS EXCLUSIVE MODE")
+        consumer = db.capture.consumer("held")
+        try:
+            with Watchdog(WATCHDOG_SECONDS, db.transactions.locks):
+                consumer.start()
+                with pytest.raises(activedb.WaitTimeout, match=r"'held' not caught up within 0\.5 s.*capture "
+                                                              r"status") as waited:
+                    consumer.wait_caught_up(0.5)
+                assert isinstance(waited.value, TimeoutError) and isinstance(waited.value, activedb.ActivedbError)
+                holder.rollback()                   # (the lock let go: it catches up)
+                consumer.wait_caught_up(WATCHDOG_SECONDS)
+        finally:
+            holder.rollback()
+            consumer.close()
+
+
 def test_run_until_caught_up_goes_on_after_a_conflict_and_says_when_it_gives_up(clean, conninfo, monkeypatch):
     """A batch another process committed meanwhile (CaptureConflict) is not the end: the consumer reads its
     position again and goes on.  A batch that keeps failing transiently beyond ``max_retries`` leaves changes
