@@ -42,6 +42,7 @@ test or class, are an :class:`ActivedbMarkIgnoredWarning` at collection, naming 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import os
 import signal
@@ -236,19 +237,38 @@ def pytest_runtest_makereport(item: pytest.Item,
                               call: pytest.CallInfo[None]) -> Generator[None, pluggy.Result[pytest.TestReport], None]:
     """A failed test's report never shows a database's password: a test that compares or prints ``activedb_url``
     (or passes it to a subprocess whose ``TimeoutExpired`` prints the command) would show it in the traceback or
-    the captured output.  A traceback that holds one becomes its text with the passwords masked
-    (``activedb.mask_secrets``), and so does every report's captured output; the URL the fixtures hand out stays a
-    plain ``str`` (a ``str`` whose repr masks it would break a child script written with ``{url!r}``)."""
+    the captured output.  A traceback that holds one has its texts masked where they are (``activedb.mask_secrets``),
+    so the report keeps its colours and its one-line summary; one that is no structure pytest documents becomes its
+    text, masked.  So does every report's captured output.  The URL the fixtures hand out stays a plain ``str`` (a
+    ``str`` whose repr masks it would break a child script written with ``{url!r}``)."""
     from activedb._url import mask_secrets
 
     outcome = yield
     report = outcome.get_result()
     if report.failed and report.longrepr is not None:
         text = str(report.longrepr)
-        masked = mask_secrets(text)
-        if masked != text:
-            report.longrepr = masked
+        if mask_secrets(text) != text:
+            _mask_in_place(report.longrepr, mask_secrets)
+            if mask_secrets(str(report.longrepr)) != str(report.longrepr):    # (a part the walk could not reach)
+                report.longrepr = mask_secrets(text)
     report.sections = [(name, mask_secrets(content)) for name, content in report.sections]   # (-rP shows them too)
+
+
+def _mask_in_place(value: object, mask: Callable[[str], str]) -> object:
+    """``value`` with ``mask`` applied to every text in it: a text, a list or tuple of them, and the fields of the
+    dataclasses pytest's tracebacks are made of (``ReprEntry.lines``, ``ReprFuncArgs.args``, ``reprcrash.message``),
+    changed in place; anything else as it is."""
+    if isinstance(value, str):
+        return mask(value)
+    if isinstance(value, list):
+        value[:] = [_mask_in_place(item, mask) for item in value]
+        return value
+    if isinstance(value, tuple):
+        return tuple(_mask_in_place(item, mask) for item in value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        for member in dataclasses.fields(value):
+            object.__setattr__(value, member.name, _mask_in_place(getattr(value, member.name), mask))
+    return value
 
 
 # --- fixtures ------------------------------------------------------------------------------------

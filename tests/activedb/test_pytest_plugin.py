@@ -840,9 +840,13 @@ def test_a_failed_tests_report_masks_the_password_of_the_database_url_it_shows(p
     password = psycopg.conninfo.conninfo_to_dict(activedb_server.conninfo("postgres"))["password"]
     assert password and password in url
     project.makepyfile(test_shows=SHOWS_ITS_URL)
-    result = project.runpytest_subprocess("-p", "no:cacheprovider", f"--activedb-url={url}")
+    result = project.runpytest_subprocess("-p", "no:cacheprovider", "-rf", f"--activedb-url={url}")
     result.assert_outcomes(failed=1)
     output = result.stdout.str()
     assert password not in output, output
     assert "+ postgresql+psycopg://" in output and ":***@" in output, output
     assert "captured: postgresql+psycopg://" in output, output
+    # The report keeps its shape: the summary line names the assertion (it named the report's first line, the
+    # fixture's argument, when the masked report was its text).
+    summary = [line for line in output.splitlines() if line.startswith("FAILED ")]
+    assert len(summary) == 1 and " - AssertionError: assert " in summary[0], output
