@@ -29,7 +29,7 @@ from activedb.events import EventSpec, EventKind, Instant, LocalClock, TimeLike,
 from activedb.streams import CompiledQuery, StreamEvent, StreamSchema, algebra as ast, compile_query, parse
 from activedb.streams import PatternLike, Returns, query_definition
 from activedb.streams.algebra import Position
-from activedb.streams.errors import DefinitionError, EvaluationError
+from activedb.streams.errors import DefinitionError, EvaluationError, at
 
 if TYPE_CHECKING:  # pragma: no cover
     from activedb._handle import DatabaseHandle
@@ -127,11 +127,13 @@ class CompositionEngine:
         try:
             for definition in definitions:
                 compiled.append(self.create_query(definition))      # type: ignore[arg-type]  # (checked above)
-        except BaseException:
+        except BaseException as error:
             with self._guard:                       # all or nothing: the script's queries defined so far go
                 for query in compiled:
                     del self._queries[query.name]
                     self._input.unroute(query)
+            if isinstance(error, DefinitionError) and (shown := error.shown_in(text)) is not error:
+                raise shown from None               # (its line of the script shown, as StreamEngine.define does)
             raise
         return compiled
 
@@ -150,7 +152,8 @@ class CompositionEngine:
                 raise DefinitionError(f"engine {self.name} has no stream; declare its types with "
                                       f"engine.create_stream(name, types=[…], attributes=[…])")
             if any(name.casefold() == definition.name.casefold() for name in self._queries):
-                raise DefinitionError(f"query {definition.name} is already defined")
+                raise DefinitionError(f"query {definition.name} is already defined; give the new one another name",
+                                      **at(definition))
             # _NoStore stands in for the store catalog (compile_query names the class, not a protocol)
             compiled = compile_query(definition, self._streams, _NoStore())  # type: ignore[arg-type]
             _check_composable(compiled)

@@ -68,8 +68,9 @@ class Definitions:
                     try:
                         defined.append(self.add(definition))
                     except DefinitionError as error:
-                        if error.line is not None and "\n" not in str(error):
-                            raise type(error)(error.reason, line=error.line, column=error.column, text=text) from None
+                        shown = error.shown_in(text)
+                        if shown is not error:
+                            raise shown from None
                         raise
             except BaseException:
                 self._queries, self._matchers, self._rules = before

@@ -44,6 +44,13 @@ class DefinitionError(StreamError):
             message = f"line {line}, column {column}: {message}{shown}"
         super().__init__(message)
 
+    def shown_in(self, text: str) -> DefinitionError:
+        """This error with its line of ``text`` shown under the message (a script's ``define`` gives the script):
+        a new error of the same class when it has a position and does not show its line yet, else itself."""
+        if self.line is None or "\n" in str(self):
+            return self
+        return type(self)(self.reason, line=self.line, column=self.column, text=text)
+
 
 class QuerySyntaxError(DefinitionError):
     """The text is not in the query/rule language (see ``activedb/streams/README.md``)."""

@@ -126,3 +126,20 @@ def test_rows_to_items_without_a_producer_column_says_to_name_it():
 def test_a_composite_handler_takes_an_engine(engine):
     with pytest.raises(IngestError, match=r"CompositeHandler takes an activedb\.composite\.CompositionEngine; got"):
         composite.CompositeHandler(engine)
+
+
+def test_a_query_defined_twice_says_to_rename_it_and_shows_where_as_the_point_engine_does():
+    """A script whose query is already defined (ignoring case) is refused with the line and column of the
+    statement, the line shown with a caret, and what to do — as ``StreamEngine.define`` refuses it.  It read
+    'query AB is already defined', with no position and no way on; a refusal inside ``compile_query`` (an unknown
+    type) showed its position but not the line."""
+    engine = make_engine(AND_CHRONICLE, FIG2)
+    with pytest.raises(DefinitionError) as refused:
+        engine.define("\nCREATE QUERY ab PATTERN AND(A, B) RETURN A.id AS a")
+    assert (refused.value.line, refused.value.column) == (2, 1)
+    assert str(refused.value) == ("line 2, column 1: query ab is already defined; give the new one another name\n"
+                                  "    CREATE QUERY ab PATTERN AND(A, B) RETURN A.id AS a\n"
+                                  "    ^")
+    with pytest.raises(DefinitionError, match=r"(?s)no event type 'C'.*\n    CREATE QUERY X PATTERN SEQ\(A, C\)"):
+        engine.define("CREATE QUERY X PATTERN SEQ(A, C) RETURN A.id")
+    assert list(engine.queries) == ["AB"]
