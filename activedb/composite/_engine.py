@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import reprlib
 import threading
 from typing import TYPE_CHECKING, Callable, Iterable, Mapping, NoReturn, Sequence, TypedDict
 
@@ -375,7 +376,7 @@ class CompositionEngine:
         the other stays."""
         if not isinstance(event, StreamEvent):
             raise CompositeError(f"discard() takes the StreamEvent as it was signalled (or the one an "
-                                 f"UncertainOrder names), got {type(event).__name__} {event!r:.80}")
+                                 f"UncertainOrder names), got {type(event).__name__} {reprlib.repr(event)}")
         if not isinstance(event.ts, Timestamp):      # signalled with a point ts: the lists hold it as take() made it
             try:
                 event = dataclasses.replace(event, ts=as_timestamp(event.ts, dict(event.attributes).get("producer")))
@@ -585,7 +586,7 @@ def _stopped(error: Exception, index: int, item: object, call: str) -> Exception
     elif isinstance(item, Heartbeat):
         what = f"heartbeat of {item.producer} at {item.ts}"
     else:
-        what = f"{item!r:.80}"
+        what = f"{reprlib.repr(item)}"
     before = ("no input before it was taken" if index == 0 else
               f"the {index} input{'s' if index > 1 else ''} before it {'were' if index > 1 else 'was'} taken")
     undo = ("; abort tx to take them back (the engine returns to its state before the batch)"
@@ -600,5 +601,5 @@ def _check_items(items: object) -> None:
     """Refuse what is no collection of inputs (one input where they belong would be taken apart) before anything
     changes."""
     if isinstance(items, (StreamEvent, Heartbeat, Mapping, str, bytes)) or not isinstance(items, Iterable):
-        raise CompositeError(f"items is {type(items).__name__} {items!r:.80}, not a collection of inputs: give a list "
+        raise CompositeError(f"items is {type(items).__name__} {reprlib.repr(items)}, not a collection of inputs: give a list "
                              f"of StreamEvent and Heartbeat objects — one input is [item], or signal(item)")

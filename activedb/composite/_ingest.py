@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 import heapq
+import reprlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
 
@@ -77,11 +78,11 @@ def _rows_to_items(rows: Rows, mapping: EventMapping) -> tuple[
         list[StreamEvent | Heartbeat], list[Rejected], dict[int, tuple[int, Mapping[str, object]]]]:
     """:func:`rows_to_items`, and the position in ``rows`` and the row of each input (by the input's ``id``)."""
     if not isinstance(mapping, EventMapping):
-        raise MappingError(f"rows_to_items and feed_batch take an activedb.ingest.EventMapping, got {mapping!r:.80}: "
+        raise MappingError(f"rows_to_items and feed_batch take an activedb.ingest.EventMapping, got {reprlib.repr(mapping)}: "
                            f"EventMapping(…, producer_column='producer', accuracy_column='accuracy')")
     if isinstance(rows, (Mapping, str, bytes)) or not (is_arrow(rows) or isinstance(rows, Iterable)):
         # (One row where a batch of rows belongs: its field names would be taken for rows, each rejected.)
-        raise IngestError(f"rows is {type(rows).__name__} {rows!r:.80}, not a batch of rows: give a list of rows "
+        raise IngestError(f"rows is {type(rows).__name__} {reprlib.repr(rows)}, not a batch of rows: give a list of rows "
                           f"(mappings of column to value) or an Arrow table — a batch of one row is [row]; nothing "
                           f"was taken")
     if mapping.producer_column is None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import reprlib
 import threading
 import time
 from typing import TYPE_CHECKING, Callable, Hashable, Iterable, Mapping, Sequence, TypeVar, cast
@@ -204,16 +205,16 @@ class StreamEngine:
         punctuation (``StreamError``), which changes nothing: the call may be made again in ``tx``."""
         if isinstance(events, (StreamEvent, Mapping, str, bytes)) or not isinstance(events, Iterable):
             # (One event where a batch belongs would be taken apart: a mapping's keys each a dead letter.)
-            raise StreamError(f"events is {type(events).__name__} {events!r:.80}, not a collection of events: give a "
+            raise StreamError(f"events is {type(events).__name__} {reprlib.repr(events)}, not a collection of events: give a "
                               f"list of StreamEvent objects or mappings — a batch of one event is [event]; nothing "
                               f"was processed")
         if batch_id is not None and (isinstance(batch_id, bool) or not isinstance(batch_id, int)
                                      or not -2 ** 63 <= batch_id < 2 ** 63):
-            raise StreamError(f"process(batch_id={batch_id!r:.80}) takes a whole number (written with the batch's dead "
+            raise StreamError(f"process(batch_id={reprlib.repr(batch_id)}) takes a whole number (written with the batch's dead "
                               f"letters, a 64-bit integer) or None; nothing was processed")
         if punctuations is not None and not isinstance(punctuations, Mapping):
             raise StreamError(f"punctuations= maps each stream's name to its punctuation ({{'stream': 5}}), got "
-                              f"{punctuations!r:.80}; for every stream at once give punctuation=; nothing was processed")
+                              f"{reprlib.repr(punctuations)}; for every stream at once give punctuation=; nothing was processed")
         if not self._processing.acquire(blocking=False):
             if self._processing_thread == threading.get_ident():
                 raise StreamStateError(f"engine {self.name} is already processing a batch in this thread (a rule "

@@ -7,6 +7,7 @@ grammar is in the design note ``activedb/streams/README.md``.
 from __future__ import annotations
 
 import math
+import reprlib
 from collections.abc import Callable
 from typing import Any
 
@@ -355,7 +356,7 @@ def parse(text: str) -> list[ast.QueryDefinition | ast.RuleDefinition]:
     """Parse a script of ``CREATE QUERY`` / ``CREATE RULE`` definitions."""
     if not isinstance(text, str):
         raise DefinitionError(f"define() and parse() take the definitions' text (CREATE QUERY … / CREATE RULE …), got "
-                              f"{type(text).__name__} {text!r:.60}; a definition built in Python goes to "
+                              f"{type(text).__name__} {reprlib.repr(text)}; a definition built in Python goes to "
                               f"engine.query() or engine.rule()")
     return Parser(text).script()
 

@@ -900,6 +900,21 @@ def test_events_that_are_no_collection_of_events_are_refused_saying_what_to_give
     assert made.feed([badge("EXIT", 1, "w0")], punctuation=streams.END_OF_STREAM).released == 1
 
 
+def test_a_refused_argument_too_long_to_show_is_shown_cut_where_its_cut_is_marked(db):
+    """An argument a refusal shows is cut as ``reprlib`` cuts it, with ``...`` where it is cut: it was cut after 80
+    characters, so one event in place of a batch read 'attributes={…}, , not a collection of events' (a repr missing
+    its end, the comma doubled) and a batch_id of 400 digits was shown as an 80-digit number, another than given."""
+    reset(db)
+    made = engine(db, name="cut_arguments", record_history=False)
+    with pytest.raises(StreamError) as refused:
+        made.feed(badge("EXIT", 1, "w0", location="room " * 20), punctuation=streams.END_OF_STREAM)
+    assert re.match(r"events is StreamEvent StreamEvent\(\S+\.\.\.\S+\), not a collection of events", str(refused.value))
+    with pytest.raises(StreamError) as refused, db.transaction() as tx:
+        made.process(tx, [badge("EXIT", 1, "w0")], batch_id=10 ** 400, punctuation=streams.END_OF_STREAM)
+    assert re.match(r"process\(batch_id=1\d+\.\.\.0+\) takes a whole number", str(refused.value))
+    assert made.feed([badge("EXIT", 1, "w0")], punctuation=streams.END_OF_STREAM).released == 1
+
+
 @pytest.mark.parametrize("punctuations", [["estream"], [("estream", 5)], 5], ids=["names", "pairs", "a-number"])
 def test_punctuations_that_are_no_mapping_are_refused_saying_what_to_give(db, punctuations):
     """``punctuations=`` maps each stream to its punctuation: a list of names failed with dict()'s ValueError
