@@ -85,10 +85,7 @@ class ReorderBuffer:
             released = pending.released
             if released is not None and ts_less(event.ts, released):
                 self.metrics.add(late=1)
-                letters.append(self._reject(
-                    event, f"late: {event.describe()} (ts {format_ts(event.ts)}) is older than the punctuation "
-                           f"{format_ts(released)} already released by engine {self.name}; every event before it "
-                           f"has been processed, so this one can no longer be put in order", punctuation=released))
+                letters.append(self._reject(event, self._late(event, released), punctuation=released))
                 continue
             unkeyable = self.unkeyable(event)
             if unkeyable is not None:
@@ -170,6 +167,17 @@ class ReorderBuffer:
             return (f"rejected: stream {stream.name} has no event type {event.type!r} "
                     f"(types: {', '.join(stream.types or ())})")
         return stream, event_type, stream.priority(event_type)
+
+    def _late(self, event: StreamEvent, released: Punctuation) -> str:
+        """The reason of ``event``'s letter, older than the ``released`` punctuation.  After END_OF_STREAM (kept in a
+        durable engine's saved state, so a later run of the stream meets it) it says how to start a new run."""
+        late = f"late: {event.describe()} (ts {format_ts(event.ts)})"
+        if released is END_OF_STREAM:
+            return (f"{late} came after the end of the stream (END_OF_STREAM), which engine {self.name} released; "
+                    f"an ended stream takes no more events — to feed a new run of it, call engine.reset_state() "
+                    f"first, or give the engine another name")
+        return (f"{late} is older than the punctuation {format_ts(released)} already released by engine {self.name}; "
+                f"every event before it has been processed, so this one can no longer be put in order")
 
     def _reject(self, event: StreamEvent, reason: str, punctuation: Punctuation | None = None) -> DeadLetter:
         self.metrics.add(dead_letters=1)

@@ -900,6 +900,23 @@ def test_events_that_are_no_collection_of_events_are_refused_saying_what_to_give
     assert made.feed([badge("EXIT", 1, "w0")], punctuation=streams.END_OF_STREAM).released == 1
 
 
+def test_an_event_after_the_end_of_the_stream_is_a_late_letter_saying_how_to_start_a_new_run(db):
+    """A durable engine keeps END_OF_STREAM in its saved state: every event of a later run (the script run again, a
+    second bounded feed) is a late dead letter.  Its reason read 'older than the punctuation END_OF_STREAM … can no
+    longer be put in order', which said neither that the stream had ended nor how to start again; it says both now
+    (``reset_state()``, or an engine of another name), and the engine made anew on the same name goes on after it."""
+    reset(db)
+    made = engine(db, name="ended", record_history=False)
+    assert made.feed([badge("EXIT", 1, "w0")], punctuation=streams.END_OF_STREAM).released == 1
+    again = engine(db, name="ended", record_history=False)
+    (letter,) = again.feed([badge("EXIT", 2, "w0")], punctuation=3).dead_letters
+    assert letter.reason.startswith("late: EXIT^2 (ts 2) came after the end of the stream (END_OF_STREAM), which "
+                                    "engine ended released"), letter.reason
+    assert "engine.reset_state()" in letter.reason and "another name" in letter.reason, letter.reason
+    again.reset_state()
+    assert again.feed([badge("EXIT", 2, "w0")], punctuation=3).released == 1
+
+
 def test_a_refused_argument_too_long_to_show_is_shown_cut_where_its_cut_is_marked(db):
     """An argument a refusal shows is cut as ``reprlib`` cuts it, with ``...`` where it is cut: it was cut after 80
     characters, so one event in place of a batch read 'attributes={…}, , not a collection of events' (a repr missing
