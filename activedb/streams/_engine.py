@@ -199,7 +199,8 @@ class StreamEngine:
         ``punctuations`` gives one per stream, named as an event's ``stream=`` names it (the one spelled so, else
         the one equal to it ignoring case; an unknown name, or one stream named twice, is a ``StreamError``); each
         stream's ``db.punctuate`` is taken as well, its source found the same way (``db.watermark(stream)``, or
-        the one source equal to it ignoring case).  ``END_OF_STREAM`` releases everything.  ``batch_id`` is written
+        the one source equal to it ignoring case).  A stream's punctuation is the greatest it was given; a lower one
+        changes nothing.  ``END_OF_STREAM`` releases everything.  ``batch_id`` is written
         with the dead letters.  Raises only when the batch cannot go on (then ``tx``
         should be aborted; the engine's state stays as before the batch) — except a refused
         punctuation (``StreamError``), which changes nothing: the call may be made again in ``tx``."""

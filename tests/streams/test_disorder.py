@@ -900,6 +900,20 @@ def test_events_that_are_no_collection_of_events_are_refused_saying_what_to_give
     assert made.feed([badge("EXIT", 1, "w0")], punctuation=streams.END_OF_STREAM).released == 1
 
 
+def test_a_punctuation_below_an_earlier_one_of_its_stream_changes_nothing(db):
+    """A punctuation says no older event will come, so a lower one later (a source's clock stepped back, a
+    watermark recomputed) cannot take that back: the stream's punctuation stays the greatest given (or punctuated
+    with ``db.punctuate``), nothing released is released again, and an event between the two is late, not
+    buffered.  The design note said 'their latest punctuation', which reads as the last one given."""
+    reset(db)
+    made = engine(db, name="backwards", record_history=False)
+    assert made.feed([badge("EXIT", 1, "w0")], punctuation=20).released == 1
+    lowered = made.feed([badge("EXIT", 10, "w1"), badge("EXIT", 25, "w2")], punctuation=5)
+    assert [letter.event.describe() for letter in lowered.dead_letters] == ["EXIT^10"]
+    assert (lowered.punctuation, lowered.released, lowered.buffered) == (20, 0, 1)
+    assert made.feed([], punctuation=30).released == 1
+
+
 def test_an_event_after_the_end_of_the_stream_is_a_late_letter_saying_how_to_start_a_new_run(db):
     """A durable engine keeps END_OF_STREAM in its saved state: every event of a later run (the script run again, a
     second bounded feed) is a late dead letter.  Its reason read 'older than the punctuation END_OF_STREAM … can no
