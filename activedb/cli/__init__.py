@@ -28,6 +28,7 @@ import re
 import sys
 import sysconfig
 import traceback
+from collections.abc import Iterable
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Unpack
@@ -437,7 +438,10 @@ def outbox(ctx: click.Context, retry: bool, ids: tuple[int, ...], app: str | Non
     with open_database(ctx, writes=pruning_or_retrying or module is not None,
                        new_as_is=pruning_or_retrying and module is None) as database:
         if pruning_or_retrying and module is None and has_no_tables(database):
-            # (A retry or a prune can only do nothing there: no table is created for it.)
+            # (A retry or a prune can only do nothing there: no table is created for it; an id given is no failed
+            # firing there, refused as in an empty table.)
+            if retry and ids:
+                raise _no_failed_firing(ids)
             asked = " or ".join(word for word, given in (("retry", retry), ("prune", prune_done is not None)) if given)
             click.echo(f"nothing to {asked}: {database.describe()} has no activedb tables yet, so no detached firing "
                        f"was recorded", err=as_json)
@@ -448,12 +452,9 @@ def outbox(ctx: click.Context, retry: bool, ids: tuple[int, ...], app: str | Non
         if retry:
             if ids:     # (an id that is no failed firing is refused, as `rules enable` refuses an unknown name)
                 listed = {failure.id for failure in database.outbox.failures(limit=len(set(ids)), ids=ids)}
-                unknown = sorted(set(ids) - listed)
+                unknown = set(ids) - listed
                 if unknown:
-                    raise click.ClickException(
-                        f"no failed firing with id {', '.join(map(str, unknown))} in activedb_outbox (`activedb "
-                        f"outbox` lists the failed ones with their ids; a pending or done firing needs no retry); "
-                        f"nothing was changed")
+                    raise _no_failed_firing(unknown)
             count = database.outbox.retry_failed(ids or None)
             click.echo(f"{count} failed firing(s) are pending again", err=as_json)
             if count and module is None:
@@ -490,6 +491,13 @@ def outbox(ctx: click.Context, retry: bool, ids: tuple[int, ...], app: str | Non
     if len(failures) < statistics.failed:
         out.print(f"(the {len(failures):,} most recent of {statistics.failed:,} failed firings; `activedb outbox "
                   f"--limit 0` lists them all)", highlight=False, soft_wrap=True)
+
+
+def _no_failed_firing(ids: Iterable[int]) -> click.ClickException:
+    """The refusal of ``outbox --retry IDS`` whose ``ids`` are no failed firings."""
+    return click.ClickException(
+        f"no failed firing with id {', '.join(map(str, sorted(set(ids))))} in activedb_outbox (`activedb outbox` lists "
+        f"the failed ones with their ids; a pending or done firing needs no retry); nothing was changed")
 
 
 _DECLARE_AGAIN = ("declare the rule again in a process that runs the outbox (it runs them then; `activedb outbox "
