@@ -428,8 +428,7 @@ def outbox(ctx: click.Context, retry: bool, ids: tuple[int, ...], app: str | Non
     registered its rule (a running one picks it up within seconds, or the next one at its start); --app APP
     registers APP's rules here and runs them now; --prune-done SECONDS deletes the records of firings done
     longer ago."""
-    import dataclasses
-    import json
+    from activedb.outbox import OutboxStatistics
 
     if ids and not retry:
         raise click.UsageError("IDs are the failed firings to --retry")
@@ -445,6 +444,8 @@ def outbox(ctx: click.Context, retry: bool, ids: tuple[int, ...], app: str | Non
             asked = " or ".join(word for word, given in (("retry", retry), ("prune", prune_done is not None)) if given)
             click.echo(f"nothing to {asked}: {database.describe()} has no activedb tables yet, so no detached firing "
                        f"was recorded", err=as_json)
+            if as_json:     # (the document a --json reader expects: the empty outbox's)
+                click.echo(_outbox_json(OutboxStatistics(pending=0, done=0, failed=0), [], []))
             return
         if prune_done is not None:
             click.echo(f"deleted {database.outbox.prune(older_than=prune_done):,} record(s) of firings done more than "
@@ -469,10 +470,7 @@ def outbox(ctx: click.Context, retry: bool, ids: tuple[int, ...], app: str | Non
         failures = database.outbox.failures(limit=limit or statistics.failed)     # (0: all, as dead-letters')
         without_rule = pending_without_rule(database, statistics)
     if as_json:
-        click.echo(json.dumps({"statistics": dataclasses.asdict(statistics),
-                               "failed": [dataclasses.asdict(failure) for failure in failures],
-                               "pending_without_rule": pending_without_rule_json(without_rule)},
-                              indent=2, default=json_default))
+        click.echo(_outbox_json(statistics, failures, without_rule))
         return
     from rich.table import Table
 
@@ -491,6 +489,17 @@ def outbox(ctx: click.Context, retry: bool, ids: tuple[int, ...], app: str | Non
     if len(failures) < statistics.failed:
         out.print(f"(the {len(failures):,} most recent of {statistics.failed:,} failed firings; `activedb outbox "
                   f"--limit 0` lists them all)", highlight=False, soft_wrap=True)
+
+
+def _outbox_json(statistics: OutboxStatistics, failures: list[FailedFiring],
+                 without_rule: list[tuple[str, int, str]]) -> str:
+    """``activedb outbox --json``'s document."""
+    import dataclasses
+    import json
+
+    return json.dumps({"statistics": dataclasses.asdict(statistics),
+                       "failed": [dataclasses.asdict(failure) for failure in failures],
+                       "pending_without_rule": pending_without_rule_json(without_rule)}, indent=2, default=json_default)
 
 
 def _no_failed_firing(ids: Iterable[int]) -> click.ClickException:

@@ -137,6 +137,23 @@ def test_a_prune_or_retry_on_a_new_database_says_there_is_nothing_to_do_and_crea
     assert activedb_tables(make_fresh_url) == set(), f"{command} created activedb's tables"
 
 
+@pytest.mark.parametrize("command", [["--retry"], ["--prune-done", "0"], ["--retry", "--prune-done", "60"]])
+def test_a_prune_or_retry_with_json_on_a_new_database_prints_an_empty_outbox_as_json(make_fresh_url, command):
+    """``activedb outbox --retry --json`` prints the outbox as JSON on standard output after retrying (its messages on
+    standard error); on a database that never had activedb's tables it printed nothing there (exit 0), so a script
+    reading the JSON failed on an empty document. It prints the empty outbox's document, and creates no table."""
+    import json
+
+    result = invoke(make_fresh_url, "outbox", *command, "--json")
+    assert result.exit_code == 0, result.output
+    assert "nothing to" in result.stderr and "no activedb tables" in result.stderr, result.stderr
+    document = json.loads(result.stdout)
+    assert (document["failed"], document["pending_without_rule"]) == ([], []), document
+    assert {name: document["statistics"][name] for name in ("pending", "done", "failed", "per_rule")} == \
+        {"pending": 0, "done": 0, "failed": 0, "per_rule": {}}, document
+    assert activedb_tables(make_fresh_url) == set()
+
+
 @pytest.mark.parametrize("dry_run", [[], ["--dry-run"]])
 def test_compensating_a_batch_on_a_new_database_fails_as_for_an_unknown_batch_and_creates_no_table(
         url, make_fresh_url, dry_run):
