@@ -28,6 +28,7 @@ import re
 import sys
 import sysconfig
 import traceback
+from collections.abc import Iterable
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Unpack
@@ -427,8 +428,7 @@ def outbox(ctx: click.Context, retry: bool, ids: tuple[int, ...], app: str | Non
     registered its rule (a running one picks it up within seconds, or the next one at its start); --app APP
     registers APP's rules here and runs them now; --prune-done SECONDS deletes the records of firings done
     longer ago."""
-    import dataclasses
-    import json
+    from activedb.outbox import OutboxStatistics
 
     if ids and not retry:
         raise click.UsageError("IDs are the failed firings to --retry")
@@ -437,10 +437,15 @@ def outbox(ctx: click.Context, retry: bool, ids: tuple[int, ...], app: str | Non
     with open_database(ctx, writes=pruning_or_retrying or module is not None,
                        new_as_is=pruning_or_retrying and module is None) as database:
         if pruning_or_retrying and module is None and has_no_tables(database):
-            # (A retry or a prune can only do nothing there: no table is created for it.)
+            # (A retry or a prune can only do nothing there: no table is created for it; an id given is no failed
+            # firing there, refused as in an empty table.)
+            if retry and ids:
+                raise _no_failed_firing(ids)
             asked = " or ".join(word for word, given in (("retry", retry), ("prune", prune_done is not None)) if given)
             click.echo(f"nothing to {asked}: {database.describe()} has no activedb tables yet, so no detached firing "
                        f"was recorded", err=as_json)
+            if as_json:     # (the document a --json reader expects: the empty outbox's)
+                click.echo(_outbox_json(OutboxStatistics(pending=0, done=0, failed=0), [], []))
             return
         if prune_done is not None:
             click.echo(f"deleted {database.outbox.prune(older_than=prune_done):,} record(s) of firings done more than "
@@ -448,12 +453,9 @@ def outbox(ctx: click.Context, retry: bool, ids: tuple[int, ...], app: str | Non
         if retry:
             if ids:     # (an id that is no failed firing is refused, as `rules enable` refuses an unknown name)
                 listed = {failure.id for failure in database.outbox.failures(limit=len(set(ids)), ids=ids)}
-                unknown = sorted(set(ids) - listed)
+                unknown = set(ids) - listed
                 if unknown:
-                    raise click.ClickException(
-                        f"no failed firing with id {', '.join(map(str, unknown))} in activedb_outbox (`activedb "
-                        f"outbox` lists the failed ones with their ids; a pending or done firing needs no retry); "
-                        f"nothing was changed")
+                    raise _no_failed_firing(unknown)
             count = database.outbox.retry_failed(ids or None)
             click.echo(f"{count} failed firing(s) are pending again", err=as_json)
             if count and module is None:
@@ -468,10 +470,7 @@ def outbox(ctx: click.Context, retry: bool, ids: tuple[int, ...], app: str | Non
         failures = database.outbox.failures(limit=limit or statistics.failed)     # (0: all, as dead-letters')
         without_rule = pending_without_rule(database, statistics)
     if as_json:
-        click.echo(json.dumps({"statistics": dataclasses.asdict(statistics),
-                               "failed": [dataclasses.asdict(failure) for failure in failures],
-                               "pending_without_rule": pending_without_rule_json(without_rule)},
-                              indent=2, default=json_default))
+        click.echo(_outbox_json(statistics, failures, without_rule))
         return
     from rich.table import Table
 
@@ -490,6 +489,24 @@ def outbox(ctx: click.Context, retry: bool, ids: tuple[int, ...], app: str | Non
     if len(failures) < statistics.failed:
         out.print(f"(the {len(failures):,} most recent of {statistics.failed:,} failed firings; `activedb outbox "
                   f"--limit 0` lists them all)", highlight=False, soft_wrap=True)
+
+
+def _outbox_json(statistics: OutboxStatistics, failures: list[FailedFiring],
+                 without_rule: list[tuple[str, int, str]]) -> str:
+    """``activedb outbox --json``'s document."""
+    import dataclasses
+    import json
+
+    return json.dumps({"statistics": dataclasses.asdict(statistics),
+                       "failed": [dataclasses.asdict(failure) for failure in failures],
+                       "pending_without_rule": pending_without_rule_json(without_rule)}, indent=2, default=json_default)
+
+
+def _no_failed_firing(ids: Iterable[int]) -> click.ClickException:
+    """The refusal of ``outbox --retry IDS`` whose ``ids`` are no failed firings."""
+    return click.ClickException(
+        f"no failed firing with id {', '.join(map(str, sorted(set(ids))))} in activedb_outbox (`activedb outbox` lists "
+        f"the failed ones with their ids; a pending or done firing needs no retry); nothing was changed")
 
 
 _DECLARE_AGAIN = ("declare the rule again in a process that runs the outbox (it runs them then; `activedb outbox "

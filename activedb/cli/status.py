@@ -42,7 +42,8 @@ def _a_query_name(ctx: click.Context, param: click.Parameter, value: str | None)
 @click.pass_context
 def status_command(ctx: click.Context, query_name: str | None, as_json: bool) -> None:
     """Show what ingestion has committed, per query, from PostgreSQL's ledger, the batches in progress (with
-    their oldest rule firing, as their processes report them), and the detached rule firings (pending, done,
+    their oldest rule firing, as their processes report them: an ingestion with deadlines reports its batch —
+    `activedb run` and `capture consume` report theirs; `activedb.ingest.feed()` and `run --partitions` report none), and the detached rule firings (pending, done,
     failed — with the failures' rule, trigger, event and error; pending firings of a removed rule, or one not in the
     rule registry, are flagged: no process runs them until the rule is declared again)."""
     from activedb.atomic import split_status

@@ -592,16 +592,20 @@ def request(pid: int, directory: str | Path | None = None, *, timeout: float = 1
 
     check_seconds("request", "timeout", timeout, none=None, zero=False)    # (before anything is sent)
     if pid > _LARGEST_PID:           # (no process has it; os.pidfd_open and os.kill would overflow on it)
-        raise PictureError(f"no process {pid}")
+        raise _no_process(pid)
     folder = explain_directory(directory)
     registration_path = folder / f"{pid}{REGISTRATION_SUFFIX}"
     path = folder / f"{pid}.json"
-    target = _open_process(pid)
+    try:
+        target = _open_process(pid)
+    except ProcessLookupError:
+        registration_path.unlink(missing_ok=True)          # left by a process killed before its exit
+        raise _no_process(pid) from None
     try:
         started = process_start_time(pid)
         if started is None and not _exists(pid):
             registration_path.unlink(missing_ok=True)      # left by a process killed before its exit
-            raise PictureError(f"no process {pid}")
+            raise _no_process(pid)
         registration = read_registration(registration_path)
         if registration is None or registration.pid != pid or not _same_owner(pid, registration_path):
             raise PictureError(
@@ -628,6 +632,13 @@ def request(pid: int, directory: str | Path | None = None, *, timeout: float = 1
     return Explanation.load(path)
 
 
+def _no_process(pid: int) -> PictureError:
+    """The refusal of a pid that names no running process."""
+    return PictureError(f"no process {pid} is running: give the pid of a running process that serves explanations "
+                        f"(`activedb run`, `activedb demo`, or one that called activedb.explain.serve_on_signal(db)), "
+                        f"or draw a saved explanation: activedb explain SNAPSHOT")
+
+
 def _same_owner(pid: int, registration: Path) -> bool:
     """The registration file belongs to the user the process runs as (where ``/proc`` says)."""
     try:
@@ -651,14 +662,14 @@ _LARGEST_PID = 2**31 - 1
 
 
 def _open_process(pid: int) -> int | None:
-    """A pidfd of ``pid`` (Linux 5.3+), or None where there is none; raises :class:`PictureError` for no
-    such process."""
+    """A pidfd of ``pid`` (Linux 5.3+), or None where there is none; raises ProcessLookupError for no such
+    process."""
     if not hasattr(os, "pidfd_open"):
         return None
     try:
         return os.pidfd_open(pid)
     except ProcessLookupError:
-        raise PictureError(f"no process {pid}") from None
+        raise
     except OSError:          # no pidfds here (ENOSYS) or not allowed: checked by pid alone
         return None
 

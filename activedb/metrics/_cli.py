@@ -33,7 +33,8 @@ def _checked_listen(ctx: click.Context, param: click.Parameter, value: str | Non
     try:
         parse_listen(value)
     except MetricsError as error:
-        raise click.BadParameter(str(error).removeprefix(f"--metrics-port {value.strip()!r}: "), ctx, param) from None
+        reason = str(error).removeprefix(f"--metrics-port {value.strip()!r}: ")
+        raise click.BadParameter(f"{value.strip()!r} is no [ADDRESS:]PORT: {reason}", ctx, param) from None
     return value
 
 

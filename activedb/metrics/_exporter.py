@@ -24,7 +24,7 @@ def parse_listen(text: str | int) -> tuple[str, int]:
     if not 0 <= number <= 65535 or not _an_address(address) or (":" in address and not bracketed):
         raise MetricsError(f"--metrics-port {value!r}: give a port (e.g. 9464) or ADDRESS:PORT "
                            f"(e.g. 0.0.0.0:9464 to be scraped from other hosts; an IPv6 address in brackets, "
-                           f"[::1]:9464)")
+                           f"[::1]:9464); a port is 0 to 65535")
     return address or DEFAULT_ADDRESS, number
 
 

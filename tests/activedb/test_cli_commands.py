@@ -958,3 +958,19 @@ def test_ctrl_c_at_a_confirmation_is_an_interruption_that_changed_nothing(databa
     assert "activedb: interrupted at the question; nothing was changed" in output and "Aborted!" not in output, output
     remaining = json.loads(invoke(database_url, "dead-letters", "list", "--json").output)
     assert [letter["id"] for letter in remaining] == letters
+
+
+def test_status_help_says_which_ingestions_report_their_batch_in_progress():
+    """``activedb status`` lists "the batches in progress … as their processes report them", and only an ingestion
+    with deadlines reports one (``activedb run`` and ``capture consume`` by default, ``Ingestion(deadlines=…)``); a
+    program feeding with ``activedb.ingest.feed`` or ``run --partitions`` reports none, so while such a batch ran for
+    minutes status showed nothing in progress and nothing said why. The help says which report."""
+    from click.testing import CliRunner
+
+    from activedb.cli import main
+
+    result = CliRunner().invoke(main, ["status", "--help"], terminal_width=400)
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.replace("`", "").split())
+    assert "activedb run and capture consume report theirs" in text, text
+    assert "feed() and run --partitions report none" in text, text

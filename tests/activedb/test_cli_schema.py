@@ -124,17 +124,34 @@ def make_fresh_url(pg_server):
     drop_database(pg_server, "t_cli_schema_fresh")
 
 
-@pytest.mark.parametrize("command", [["outbox", "--retry"], ["outbox", "--retry", "7"], ["outbox", "--prune-done", "0"],
+@pytest.mark.parametrize("command", [["outbox", "--retry"], ["outbox", "--prune-done", "0"],
                                      ["outbox", "--retry", "--prune-done", "60"], ["batches", "prune", "--older-than", "0"]])
 def test_a_prune_or_retry_on_a_new_database_says_there_is_nothing_to_do_and_creates_no_table(make_fresh_url, command):
-    """On a database that never had activedb's tables, a prune or a retry can only do nothing: it says so in one line
-    (exit 0) and creates none.  Before, it created every activedb table first (``created activedb's tables``), then
-    pruned or retried nothing."""
+    """On a database that never had activedb's tables, a prune or a retry of every failed firing can only do nothing:
+    it says so in one line (exit 0) and creates none.  Before, it created every activedb table first (``created
+    activedb's tables``), then pruned or retried nothing.  (A retry of given ids is refused there, below.)"""
     result = invoke(make_fresh_url, *command)
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
     assert len(lines) == 1 and "nothing to" in lines[0] and "no activedb tables" in lines[0], result.output
     assert activedb_tables(make_fresh_url) == set(), f"{command} created activedb's tables"
+
+
+@pytest.mark.parametrize("command", [["--retry"], ["--prune-done", "0"], ["--retry", "--prune-done", "60"]])
+def test_a_prune_or_retry_with_json_on_a_new_database_prints_an_empty_outbox_as_json(make_fresh_url, command):
+    """``activedb outbox --retry --json`` prints the outbox as JSON on standard output after retrying (its messages on
+    standard error); on a database that never had activedb's tables it printed nothing there (exit 0), so a script
+    reading the JSON failed on an empty document. It prints the empty outbox's document, and creates no table."""
+    import json
+
+    result = invoke(make_fresh_url, "outbox", *command, "--json")
+    assert result.exit_code == 0, result.output
+    assert "nothing to" in result.stderr and "no activedb tables" in result.stderr, result.stderr
+    document = json.loads(result.stdout)
+    assert (document["failed"], document["pending_without_rule"]) == ([], []), document
+    assert {name: document["statistics"][name] for name in ("pending", "done", "failed", "per_rule")} == \
+        {"pending": 0, "done": 0, "failed": 0, "per_rule": {}}, document
+    assert activedb_tables(make_fresh_url) == set()
 
 
 @pytest.mark.parametrize("dry_run", [[], ["--dry-run"]])
@@ -544,6 +561,22 @@ def test_changing_rules_of_a_new_database_answers_as_for_an_empty_registry_and_c
     fresh = invoke(make_fresh_url, *command)
     assert (fresh.exit_code, fresh.output) == (migrated.exit_code, migrated.output)
     assert activedb_tables(make_fresh_url) == set(), f"{command} created activedb's tables"
+
+
+@pytest.mark.parametrize("ids", [["987654321"], ["987654321", "987654322"]])
+def test_retrying_firings_by_id_in_a_new_database_is_refused_as_in_an_empty_outbox_and_creates_nothing(url,
+                                                                                                     make_fresh_url,
+                                                                                                     ids):
+    """``activedb outbox --retry ID`` names a failed firing, of which a database that never had activedb's tables has
+    none: it is refused exactly as on a migrated database without that firing ('no failed firing with id …; nothing
+    was changed', exit 1, as ``--help`` says) and creates no table.  Before, it said 'nothing to retry: … has no
+    activedb tables yet' and exited 0, so a script retrying a mistyped id on the wrong database went on as if done."""
+    assert invoke(url, "db", "upgrade").exit_code == 0
+    migrated = invoke(url, "outbox", "--retry", *ids)
+    assert migrated.exit_code == 1 and "no failed firing with id" in migrated.output, migrated.output
+    fresh = invoke(make_fresh_url, "outbox", "--retry", *ids)
+    assert (fresh.exit_code, fresh.output) == (migrated.exit_code, migrated.output)
+    assert activedb_tables(make_fresh_url) == set()
 
 
 @pytest.mark.parametrize("newer", ["0012", "0012_stream_state_as_json", _migrate.head()])

@@ -429,10 +429,37 @@ def test_a_pid_no_process_can_have_is_no_process_in_one_line(tmp_path, pid):
     from activedb.cli import main
     from activedb.explain import request
 
-    with pytest.raises(activedb.PictureError, match=rf"^no process {pid}$"):
+    with pytest.raises(activedb.PictureError, match=rf"^no process {pid} is running: "):
         request(pid, tmp_path)
     result = CliRunner().invoke(main, ["--home", str(tmp_path / "home"), "explain", "--pid", str(pid)])
-    assert result.exit_code == 1 and result.output == f"activedb: error: no process {pid}\n", result.output
+    assert result.exit_code == 1 and result.output.startswith(f"activedb: error: no process {pid} is running: "), \
+        result.output
+    assert result.output.count("\n") == 1, result.output
+
+
+def test_explain_of_a_process_that_is_gone_says_what_to_do_and_removes_its_registration(tmp_path):
+    """``activedb explain --pid P`` of a process that served explanations and was killed (SIGKILL: its registration
+    stays) said only "no process P", nothing of what to give instead, and left ``P.serving`` behind where Linux has
+    pidfds (the pidfd's ProcessLookupError came before the look that removes it). It says the process is not running
+    and what to give, in one line, and removes the registration."""
+    import json
+    import subprocess
+
+    from click.testing import CliRunner
+
+    from activedb.cli import main
+
+    home = tmp_path / "home"
+    gone = subprocess.Popen(["true"])
+    gone.wait(TIMEOUT)
+    registration = home / "explain" / f"{gone.pid}.serving"
+    registration.parent.mkdir(parents=True)
+    registration.write_text(json.dumps({"pid": gone.pid, "start_time": 1}))
+    result = CliRunner().invoke(main, ["--home", str(home), "explain", "--pid", str(gone.pid)])
+    assert result.exit_code == 1, result.output
+    assert result.output.startswith(f"activedb: error: no process {gone.pid} is running: "), result.output
+    assert "serve_on_signal" in result.output and result.output.count("\n") == 1, result.output
+    assert not registration.exists(), "the registration of a process that is gone is removed"
 
 
 def test_a_picture_or_snapshot_that_cannot_be_written_or_read_is_a_picture_error_and_one_line(tmp_path):

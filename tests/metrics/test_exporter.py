@@ -456,3 +456,19 @@ def test_a_second_start_of_a_serving_exporter_is_refused_naming_where_it_serves(
             exporter.start("127.0.0.1:0")
         assert exporter.url == url
         assert "activedb_rule_firings_total" in scrape(url)
+
+
+@pytest.mark.parametrize("bad", ["abc", "99999", "localhost:abc", "[::1]"])
+def test_a_metrics_port_that_is_no_port_is_refused_naming_the_value_and_the_port_range(bad):
+    """``--metrics-port 99999`` was refused with "Invalid value for '--metrics-port': give a port (e.g. 9464) or
+    ADDRESS:PORT …": the value given was cut from the message (click's other usage errors name it) and nothing said
+    that 99999, which reads as a port, is beyond the ports there are. The message names the value and the range."""
+    from click.testing import CliRunner
+
+    from activedb.cli import main
+
+    result = CliRunner().invoke(main, ["capture", "consume", "app.py", "--metrics-port", bad])
+    assert result.exit_code == 2, result.output
+    assert f"Invalid value for '--metrics-port': {bad!r} is no [ADDRESS:]PORT: give a port (e.g. 9464)" \
+        in result.output, result.output
+    assert "a port is 0 to 65535" in result.output, result.output
