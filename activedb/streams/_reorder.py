@@ -173,9 +173,9 @@ class ReorderBuffer:
         durable engine's saved state, so a later run of the stream meets it) it says how to start a new run."""
         late = f"late: {event.describe()} (ts {format_ts(event.ts)})"
         if released is END_OF_STREAM:
-            return (f"{late} came after the end of the stream (END_OF_STREAM), which engine {self.name} released; "
-                    f"an ended stream takes no more events — to feed a new run of it, call engine.reset_state() "
-                    f"first, or give the engine another name")
+            return (f"{late} came after the end of the stream (the punctuation END_OF_STREAM), which engine "
+                    f"{self.name} released; an ended stream takes no more events — to feed a new run of it, call "
+                    f"engine.reset_state() first, or give the engine another name")
         return (f"{late} is older than the punctuation {format_ts(released)} already released by engine {self.name}; "
                 f"every event before it has been processed, so this one can no longer be put in order")
 

@@ -924,8 +924,8 @@ def test_an_event_after_the_end_of_the_stream_is_a_late_letter_saying_how_to_sta
     assert made.feed([badge("EXIT", 1, "w0")], punctuation=streams.END_OF_STREAM).released == 1
     again = engine(db, name="ended", record_history=False)
     (letter,) = again.feed([badge("EXIT", 2, "w0")], punctuation=3).dead_letters
-    assert letter.reason.startswith("late: EXIT^2 (ts 2) came after the end of the stream (END_OF_STREAM), which "
-                                    "engine ended released"), letter.reason
+    assert letter.reason.startswith("late: EXIT^2 (ts 2) came after the end of the stream (the punctuation "
+                                    "END_OF_STREAM), which engine ended released"), letter.reason
     assert "engine.reset_state()" in letter.reason and "another name" in letter.reason, letter.reason
     again.reset_state()
     assert again.feed([badge("EXIT", 2, "w0")], punctuation=3).released == 1
