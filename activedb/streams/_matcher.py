@@ -13,11 +13,11 @@ import functools
 import time
 from typing import TYPE_CHECKING, Hashable, Iterable, NamedTuple, Sequence
 
-from activedb.events import seconds
+from activedb.events import Instant, seconds
 from activedb.streams import algebra as ast
 from activedb.streams._compile import CompiledQuery
 from activedb.streams._expressions import Ctx, Fn
-from activedb.streams._events import Output, StreamEvent, make_output
+from activedb.streams._events import END_OF_STREAM, Output, Punctuation, StreamEvent, make_output
 
 if TYPE_CHECKING:  # pragma: no cover
     from activedb.streams._view import StoreView
@@ -45,6 +45,43 @@ def _all(predicates: Iterable[Fn], ctx: Ctx) -> bool:
         if predicate(ctx) is not True:
             return False
     return True
+
+
+def _keep_within(buffers: list[tuple[StreamEvent, ...]], runs: tuple[tuple[StreamEvent, ...], ...], ts: Instant,
+                 within: float) -> tuple[tuple[StreamEvent, ...], ...]:
+    """Drop from ``buffers`` (in place) the events more than ``within`` seconds before ``ts``, and return ``runs``
+    without those whose first event is (the same object if none is).  WITHIN includes its bound: an event exactly
+    ``within`` before ``ts`` is kept.  Precondition: each buffer, and the runs by their first event, are in release
+    order (so in timestamp order).  :func:`outside` is the same comparison."""
+    if ts.__class__ is float or ts.__class__ is int:      # (a difference of numbers is in seconds)
+        for index, buffer in enumerate(buffers):
+            if buffer and ts - buffer[0].ts > within:
+                buffers[index] = tuple(kept for kept in buffer if ts - kept.ts <= within)
+        if runs and ts - runs[0][0].ts > within:
+            runs = tuple(run for run in runs if ts - run[0].ts <= within)
+    else:
+        for index, buffer in enumerate(buffers):
+            if buffer and seconds(ts - buffer[0].ts) > within:
+                buffers[index] = tuple(kept for kept in buffer if seconds(ts - kept.ts) <= within)
+        if runs and seconds(ts - runs[0][0].ts) > within:
+            runs = tuple(run for run in runs if seconds(ts - run[0].ts) <= within)
+    return runs
+
+
+def outside(later: Punctuation, earlier: Instant, within: float) -> bool:
+    """Is an event at ``earlier`` more than ``within`` seconds before ``later`` — outside the window of any event at
+    or after ``later`` (:func:`_keep_within`'s comparison; END_OF_STREAM: always)?"""
+    if later is END_OF_STREAM:
+        return True
+    if later.__class__ is float or later.__class__ is int:
+        return bool(later - earlier > within)  # type: ignore[operator]
+    return seconds(later - earlier) > within  # type: ignore[operator]
+
+
+def earliest(state: PartitionState) -> Instant:
+    """The timestamp of ``state``'s earliest event.  Precondition: ``state`` holds an event."""
+    times: list[Instant] = [buffer[0].ts for buffer in state.buffers if buffer] + [run[0].ts for run in state.runs[:1]]
+    return min(times)  # (the times of one engine are of one kind: they compare)
 
 
 class Matcher:
@@ -76,6 +113,24 @@ class Matcher:
         accepting = self.query.accepting
         return any(index != accepting for index in self.by_type.get(event_type, ()))
 
+    def expire(self, state: PartitionState, punctuation: Punctuation) -> PartitionState | None:
+        """``state`` once ``punctuation`` is released: without the events and runs no later event can be matched
+        with — those more than the query's ``WITHIN`` before ``punctuation`` (every later event has a timestamp at
+        or after it), or all of them at ``END_OF_STREAM`` (no later event comes); None if nothing is left.  It is
+        what :meth:`prepare` drops first for any later event, so pruning early changes no output.  A query without
+        ``WITHIN`` keeps ``state`` whole before the end."""
+        if punctuation is END_OF_STREAM:
+            return None
+        within = self.query.within
+        if within is None:
+            return state
+        buffers = list(state.buffers)
+        runs = _keep_within(buffers, state.runs, punctuation, within)
+        if not any(buffers) and not runs:
+            return None
+        unchanged = runs is state.runs and all(kept is buffer for kept, buffer in zip(buffers, state.buffers))
+        return state if unchanged else _state((tuple(buffers), runs))
+
     def partition_key(self, event: StreamEvent) -> tuple[Hashable, ...]:
         attributes = event.attributes
         return tuple(attributes.get(attribute) for attribute in self.query.partition)
@@ -91,19 +146,7 @@ class Matcher:
         buffers = list(state.buffers)
         runs = state.runs
         if within is not None:
-            ts = event.ts
-            if ts.__class__ is float or ts.__class__ is int:      # (a difference of numbers is in seconds)
-                for index, buffer in enumerate(buffers):
-                    if buffer and ts - buffer[0].ts > within:
-                        buffers[index] = tuple(kept for kept in buffer if ts - kept.ts <= within)
-                if runs:
-                    runs = tuple(run for run in runs if ts - run[0].ts <= within)
-            else:
-                for index, buffer in enumerate(buffers):
-                    if buffer and seconds(ts - buffer[0].ts) > within:
-                        buffers[index] = tuple(kept for kept in buffer if seconds(ts - kept.ts) <= within)
-                if runs:
-                    runs = tuple(run for run in runs if seconds(ts - run[0].ts) <= within)
+            runs = _keep_within(buffers, runs, event.ts, within)
         ctx = None
         matches: dict[int, bool] = {}
         for index in indices:
