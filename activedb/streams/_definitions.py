@@ -135,6 +135,11 @@ class Definitions:
         with self._mutex:
             return dict(self._streams)
 
+    def matchers_by_query(self) -> dict[str, Matcher]:
+        """Every defined query's matcher, by the query's name."""
+        with self._mutex:
+            return dict(self._matchers)
+
     def matchers(self, stream: str, event_type: str) -> tuple[tuple[int, Matcher], ...]:
         """The (query rank, matcher) pairs consuming events of ``event_type`` on ``stream``."""
         return self._by_type.get((stream, event_type), ())

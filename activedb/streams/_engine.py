@@ -3,7 +3,7 @@ release, run the s-transactions on the scheduler, record dead letters and save t
 the caller's transaction.  The design note (steps, exactly once, mutex order) is
 ``activedb/streams/README.md``.
 
-Thread-safety: ``_mutex`` protects ``_state``, ``_pending`` and the definitions; it is taken
+Thread-safety: ``_mutex`` protects ``_state``, ``_pending``, ``_windows`` and the definitions; it is taken
 before ``BatchRun._mutex`` and never held while running user code, the store or the scheduler.
 """
 
@@ -27,13 +27,13 @@ from activedb.streams._builders import PatternLike, Returns, RuleAction, query_d
 from activedb.streams._catalog import StoreCatalog, StreamSchema, TableAliases, fold
 from activedb.streams._compile import CompiledQuery, CompiledRule
 from activedb.streams._definitions import Definitions
-from activedb.streams._events import DeadLetter, Punctuation, StreamEvent
+from activedb.streams._events import DeadLetter, Punctuation, StreamEvent, ts_less
 from activedb.streams._history import StreamHistory
 from activedb.streams._matcher import PartitionState
 from activedb.streams._metrics import Metrics, StreamStatistics
 from activedb.streams._reorder import ReorderBuffer, letter_rows
 from activedb.streams._scheduler import Scheduler, SchedulerKind, make_scheduler
-from activedb.streams._state import BatchOutcome, Pending, State
+from activedb.streams._state import BatchOutcome, Pending, State, WindowIndex
 from activedb.streams.errors import StreamError, StreamStateError, UnknownQuery
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -107,6 +107,9 @@ class StreamEngine:
                                       (lambda event: _persist.unsaveable(event, name)) if durable else None)
         self._state = State()
         self._pending: Pending | None = None
+        # The partitions of queries with WITHIN by their earliest event (a hint: cleared whenever the state is read
+        # or a batch's is dropped).
+        self._windows = WindowIndex()
         self._loaded = not durable
         self._processing = threading.Lock()
         self._processing_thread: int | None = None     # (whose batch it is: a re-entry is told apart)
@@ -279,6 +282,7 @@ class StreamEngine:
             raise
         self.metrics.arrived(len(events), now)
         admitted = len(events) - len(letters)
+        previous = pending.released
         released = self._reorder.release(pending, bound, now)
         self.metrics.phase(buffer=time.perf_counter() - began)
         matchers = self._definitions.matchers
@@ -299,6 +303,10 @@ class StreamEngine:
         run.dead_letters.sort(key=lambda letter: letter.event.position)  # type: ignore[arg-type,return-value]
         letters.extend(run.dead_letters)
         started = time.perf_counter()
+        if pending.released is not None and (previous is None or ts_less(previous, pending.released)):
+            # Every released event is matched: drop what the punctuation put out of every window.
+            with self._mutex:
+                self._windows.expire(pending, self._definitions.matchers_by_query(), pending.released)
         if letters and self.record_dead_letters:
             deadletters.insert(tx, f"streams:{self.name}", batch_id, [
                 deadletters.Letter(letter.reason, *letter_rows(letter.event)) for letter in letters])
@@ -322,6 +330,7 @@ class StreamEngine:
             if committed:
                 self._state = pending.materialize()
                 return
+            self._windows.clear()       # (the batch's pruning took entries of partitions the state still holds)
             if self.history is not None and pending.units:
                 self.history.abort_units(pending.units)     # their subtransactions were undone with the batch
             if pending.saved_rows:
@@ -332,6 +341,7 @@ class StreamEngine:
         Precondition: the caller holds ``_mutex``."""
         if not self._loaded:
             self._state, self._loaded = _persist.load(self), True
+            self._windows.clear()
 
     def _committed(self) -> State:
         """The committed state, for inspection: the in-memory one, or (not yet loaded) the saved one, read but not
@@ -349,6 +359,7 @@ class StreamEngine:
             if self.durable:
                 _persist.delete(self)
             self._state = State()
+            self._windows.clear()
             self._loaded = True
 
     def buffered(self) -> list[StreamEvent]:

@@ -1,17 +1,21 @@
 """The stream engine's state: the committed :class:`State` between batches, a batch's
-:class:`Pending` laid over it (partitions as an overlay, the rest as copies), and the
-:class:`BatchOutcome` participant that settles it when the batch's transaction ends.  Neither
-state class locks: the engine's ``_mutex`` protects the committed state and the pointer to the
-pending one, and ``BatchRun._mutex`` the overlay while a batch runs.
+:class:`Pending` laid over it (partitions as an overlay, the rest as copies), the
+:class:`BatchOutcome` participant that settles it when the batch's transaction ends, and the
+:class:`WindowIndex` that finds the partitions a released punctuation has put out of every window.
+None of them locks: the engine's ``_mutex`` protects the committed state, the pointer to the
+pending one and the index, and ``BatchRun._mutex`` the overlay while a batch runs.
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Hashable
+from typing import TYPE_CHECKING, Callable, Hashable, Mapping
 
-from activedb.streams._events import Punctuation, StreamEvent
-from activedb.streams._matcher import PartitionState
+from activedb.events import Instant
+from activedb.streams._events import END_OF_STREAM, Punctuation, StreamEvent
+from activedb.streams._matcher import Matcher, PartitionState, earliest, outside
 from activedb.streams._persist import PartitionRows
 from activedb.txn import CommitParticipant
 
@@ -99,3 +103,90 @@ class BatchOutcome(CommitParticipant):
         pending, self.pending = self.pending, None
         if pending is not None:
             self.settle(pending, committed)
+
+
+class WindowIndex:
+    """The partitions of the queries with ``WITHIN``, by the timestamp of their earliest event: :meth:`expire` finds
+    those a released punctuation has put outside every window without visiting the others (the design note's
+    "State between batches").
+
+    A hint, never the state.  Invariant: every partition of an indexed query (one in ``_heaps``) that holds events
+    in the state :meth:`expire` is given is in ``_indexed`` and has one heap entry, whose timestamp is at most that
+    of its earliest event — events are released in timestamp order, so a partition's earliest event only gets
+    later (also when it empties and fills again), and an entry stays a lower bound.  A batch that aborts may have
+    taken entries of partitions its committed state still holds: the engine then calls :meth:`clear`, and the next
+    :meth:`expire` indexes each query anew, as after the saved state is loaded.
+
+    Not thread-safe: the engine's ``_mutex`` protects it."""
+
+    def __init__(self) -> None:
+        # Per query: a heap of (earliest event's ts, serial, partition key); the serial orders equal timestamps (two
+        # keys need not compare).
+        self._heaps: dict[str, list[tuple[Instant, int, tuple[Hashable, ...]]]] = {}
+        self._indexed: set[tuple[str, tuple[Hashable, ...]]] = set()
+        self._serials = itertools.count()
+
+    def clear(self) -> None:
+        """Forget every entry: the next :meth:`expire` indexes each query from the state it is given."""
+        self._heaps.clear()
+        self._indexed.clear()
+
+    def expire(self, pending: Pending, matchers: Mapping[str, Matcher], punctuation: Punctuation) -> int:
+        """Prune ``pending``'s partitions once ``punctuation`` is released (:meth:`Matcher.expire`): the events no
+        later event can be matched with are dropped, and a partition left with none is removed (None in the
+        overlay, as the matcher removes one it empties), so the batch's save writes the change.  ``matchers``: the
+        defined queries' by name.  Returns how many partitions changed.
+
+        Cost: ``END_OF_STREAM`` removes every partition of every query (one pass, once: no event comes after it).
+        Otherwise, per query with ``WITHIN``, a look at each partition the overlay holds (indexing those new since
+        the last call) and one heap operation per partition whose earliest event is outside the window — a
+        partition that keeps events is entered again by its new earliest one; a query not indexed yet (after the
+        state is loaded, or a batch aborted) costs one pass over its partitions.  A query without ``WITHIN`` is not
+        looked at before the end.  Precondition: every released event has been matched (the batch's
+        s-transactions have ended)."""
+        overlay = pending.overlay
+        if punctuation is END_OF_STREAM:
+            ended = [partition for partition in {**pending.base.partitions, **overlay}
+                     if pending.partition(partition) is not None]
+            for partition in ended:
+                overlay[partition] = None
+            self.clear()
+            return len(ended)
+        windowed = {name: matcher for name, matcher in matchers.items() if matcher.query.within is not None}
+        heaps, indexed = self._heaps, self._indexed
+        for partition, state in overlay.items():        # the partitions new since the last call
+            if state is not None and partition not in indexed and partition[0] in heaps:
+                self._push(partition, state)
+        fresh = [name for name in windowed if name not in heaps]
+        if fresh:
+            for name in fresh:
+                heaps[name] = []
+            for partition in {**pending.base.partitions, **overlay}:
+                if partition[0] in fresh and partition not in indexed:
+                    state = pending.partition(partition)
+                    if state is not None:
+                        self._push(partition, state)
+        changed = 0
+        for name, matcher in windowed.items():
+            heap = heaps[name]
+            within: float = matcher.query.within  # type: ignore[assignment]  # (windowed)
+            while heap and outside(punctuation, heap[0][0], within):
+                _, _, key = heapq.heappop(heap)
+                partition = (name, key)
+                indexed.discard(partition)
+                state = pending.partition(partition)
+                if state is None:
+                    continue                            # (the matcher emptied it)
+                pruned = matcher.expire(state, punctuation)
+                if pruned is not state:
+                    overlay[partition] = pruned
+                    changed += 1
+                if pruned is not None:
+                    self._push(partition, pruned)     # (its earliest event is inside the window: the loop ends)
+        return changed
+
+    def _push(self, partition: tuple[str, tuple[Hashable, ...]], state: PartitionState) -> None:
+        """Enter ``partition`` by its earliest event.  Precondition: ``state`` holds an event; the partition's query
+        is indexed and the partition is not."""
+        heapq.heappush(self._heaps[partition[0]], (earliest(state), next(self._serials), partition[1]))
+        self._indexed.add(partition)

@@ -1,0 +1,163 @@
+"""The engine's kept state under a released punctuation (the design note's "State between batches"): a partition's
+events that a punctuation has put outside its query's ``WITHIN`` of every later event are dropped then, under every
+scheduler, in memory and in the saved state — a stream of ever new keys (an order number) keeps only what can
+still match — and nothing that can still match is dropped (the outputs are those of one batch with no punctuation
+before the end)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+
+import pytest
+import sqlalchemy as sa
+
+from activedb import streams
+
+WINDOW = 10        # WITHIN 10 sec
+
+QUERIES = f"""
+CREATE QUERY Shipped ON orders
+PATTERN SEQ(PLACED, !CANCELLED, SHIPPED)
+WHERE [orderno]
+WITHIN {WINDOW} sec
+RETURN SHIPPED.orderno;
+CREATE QUERY NextShipped ON orders
+PATTERN SEQ(PLACED, SHIPPED)
+WHERE [orderno]
+WITHIN {WINDOW} sec
+MATCHING SKIP TILL NEXT MATCH
+RETURN SHIPPED.orderno;
+CREATE QUERY Ever ON orders
+PATTERN SEQ(PLACED, SHIPPED)
+WHERE [orderno]
+RETURN SHIPPED.orderno
+"""
+WINDOWED = ("Shipped", "NextShipped")
+
+
+def orders_engine(db, name: str, scheduler: str = "sei", **options: object) -> streams.StreamEngine:
+    engine = streams.StreamEngine(db, name=name, scheduler=scheduler, **options)  # type: ignore[arg-type]
+    engine.create_stream("orders", types=("PLACED", "CANCELLED", "SHIPPED"), attributes=("orderno",))
+    engine.define(QUERIES)
+    return engine
+
+
+def order(event_type: str, ts: object, number: int) -> streams.StreamEvent:
+    return streams.StreamEvent(event_type, ts, {"orderno": number})
+
+
+def kept(engine: streams.StreamEngine, query: str) -> dict[tuple[object, ...], int]:
+    """The events ``engine`` keeps for ``query``, by partition (its committed state)."""
+    return {key: state.size() for key, state in engine.partitions(query).items()}
+
+
+def saved_partition_events(db, name: str) -> int:
+    """How many events the saved partition rows of engine ``name`` hold (each event once per row)."""
+    with db.engine.connect() as connection:
+        values = connection.execute(sa.text("SELECT value FROM activedb_stream_state WHERE engine = :name AND "
+                                            "kind = 'partitions'"), {"name": name}).scalars().all()
+    return sum(len((value if isinstance(value, dict) else json.loads(value))["events"]["ts"]) for value in values)
+
+
+def outputs(result: streams.BatchResult) -> list[tuple[str, object, object]]:
+    return sorted((output.query, output.ts, output.attributes["orderno"]) for output in result.outputs)
+
+
+@pytest.mark.parametrize("scheduler", ["sei", "s2pl", "lwm"])
+def test_a_punctuation_drops_the_partitions_of_keys_that_never_come_again(db, scheduler):
+    """Orders placed once each, never shipped, fed in batches each punctuated past its events: a partition whose
+    events are all more than WITHIN before the released punctuation is dropped by that batch, in memory and in the
+    saved state.  Before, every partition stayed (a key that never came again was never looked at), so the state
+    grew with every batch — 30 batches of 20 orders kept 600 partitions, and the saved rows their 600 events."""
+    name = f"orders-{scheduler}"
+    engine = orders_engine(db, name, scheduler)
+    size = 20
+    for batch in range(30):
+        first = batch * size
+        engine.feed([order("PLACED", ts, ts) for ts in range(first, first + size)], punctuation=first + size)
+    punctuation = 30 * size
+    # What can still match: a later event has ts >= the punctuation, and WITHIN keeps an event it is at most
+    # WINDOW after — so the orders placed at punctuation - WINDOW and later.
+    still = {(number,): 1 for number in range(punctuation - WINDOW, punctuation)}
+    for query in WINDOWED:
+        assert kept(engine, query) == still, query
+    assert len(kept(engine, "Ever")) == punctuation          # no WITHIN: every partition is kept (until the end)
+    restarted = orders_engine(db, name, scheduler)            # the saved state, read by a new engine object
+    for query in WINDOWED:
+        assert kept(restarted, query) == still, query
+    # The saved rows hold each kept event once (the queries share it): the kept orders, and Ever's every order.
+    assert saved_partition_events(db, name) == punctuation
+
+
+@pytest.mark.parametrize("scheduler", ["sei", "s2pl", "lwm"])
+def test_an_event_within_the_window_of_the_punctuation_is_kept_and_still_matches(db, scheduler):
+    """The boundary is the matcher's: an event exactly WITHIN before the punctuation may still pair with an event
+    at the punctuation (WITHIN includes its bound), so it is kept and matches; one a little earlier is dropped and
+    could not match anyway.  The outputs equal those of one batch with no punctuation before the end."""
+    events = [order("PLACED", 100, 1), order("PLACED", 89.5, 2), order("PLACED", 95, 3), order("CANCELLED", 96, 3),
+              order("PLACED", 99, 4), order("CANCELLED", 88, 4), order("PLACED", 90, 5)]
+    later = [order("SHIPPED", 100, 1), order("SHIPPED", 100, 2), order("SHIPPED", 100, 3), order("SHIPPED", 100, 4),
+             order("SHIPPED", 100, 5)]
+    engine = orders_engine(db, f"boundary-{scheduler}", scheduler)
+    engine.feed(events, punctuation=100)         # releases all but order 1's PLACED (at the punctuation)
+    for query in WINDOWED:
+        assert set(kept(engine, query)) == {(3,), (4,), (5,)}, query        # order 2 (at 89.5) is dropped
+    # Order 4's CANCELLED (at 88) is dropped; order 3's (at 96) is kept: it may still sit between a kept PLACED and
+    # a SHIPPED.
+    assert kept(engine, "Shipped") == {(3,): 2, (4,): 1, (5,): 1}
+    got = engine.feed(later, punctuation=streams.END_OF_STREAM)
+    reference = orders_engine(db, f"boundary-reference-{scheduler}", scheduler, durable=False)
+    expected = reference.feed(events + later, punctuation=streams.END_OF_STREAM)
+    assert outputs(got) == outputs(expected)
+    assert ("Shipped", 100, 5) in outputs(got) and ("NextShipped", 100, 5) in outputs(got)      # exactly WITHIN
+    assert ("Shipped", 100, 3) not in outputs(got)        # cancelled in between: the kept negative still kills it
+    assert not [found for found in outputs(got) if found[0] != "Ever" and found[2] == 2]
+
+
+def test_the_end_of_the_stream_drops_every_partition(db):
+    """After END_OF_STREAM no event is admitted, so no partition can match any more: the end drops them all, those
+    of a query without WITHIN too."""
+    engine = orders_engine(db, "ended")
+    engine.feed([order("PLACED", ts, ts) for ts in range(5)], punctuation=3)
+    assert kept(engine, "Ever") == {(number,): 1 for number in range(3)}
+    engine.feed([], punctuation=streams.END_OF_STREAM)
+    assert not any(kept(engine, query) for query in ("Shipped", "NextShipped", "Ever"))
+    assert saved_partition_events(db, "ended") == 0
+    assert not any(kept(orders_engine(db, "ended"), query) for query in ("Shipped", "NextShipped", "Ever"))
+
+
+def test_datetime_timestamps_are_pruned_by_the_same_window(db):
+    """Timestamps that are datetimes: WITHIN counts seconds of their difference, as the matcher does."""
+    start = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
+
+    def at(seconds: float) -> dt.datetime:
+        return start + dt.timedelta(seconds=seconds)
+
+    engine = orders_engine(db, "datetimes")
+    engine.feed([order("PLACED", at(ts), ts) for ts in range(40)], punctuation=at(40))
+    for query in WINDOWED:
+        assert set(kept(engine, query)) == {(number,) for number in range(40 - WINDOW, 40)}, query
+    result = engine.feed([order("SHIPPED", at(40), 30), order("SHIPPED", at(40), 29)], punctuation=at(41))
+    assert sorted((output.query, output.attributes["orderno"]) for output in result.outputs) == [
+        ("Ever", 29), ("Ever", 30), ("NextShipped", 30), ("Shipped", 30)]
+
+
+def test_a_batch_that_aborts_after_pruning_leaves_the_partitions_to_the_next_one(db):
+    """A batch's pruning is part of its state: when its transaction aborts the partitions stay as committed, and the
+    next batch that passes them drops them."""
+    engine = orders_engine(db, "aborted")
+    engine.feed([order("PLACED", ts, ts) for ts in range(20)], punctuation=20)
+    before = kept(engine, "Shipped")
+    assert set(before) == {(number,) for number in range(10, 20)}
+    with pytest.raises(RuntimeError, match="gives up"):
+        with db.transaction() as tx:
+            engine.process(tx, [], punctuation=100)
+            raise RuntimeError("the caller gives up")
+    assert kept(engine, "Shipped") == before
+    assert kept(orders_engine(db, "aborted"), "Shipped") == before
+    engine.feed([], punctuation=25)
+    assert set(kept(engine, "Shipped")) == {(number,) for number in range(15, 20)}
+    engine.feed([], punctuation=100)
+    assert not kept(engine, "Shipped") and not kept(engine, "NextShipped")
+    assert not kept(orders_engine(db, "aborted"), "Shipped")
