@@ -13,6 +13,7 @@ import pytest
 import sqlalchemy as sa
 
 from activedb import streams
+from activedb.streams._matcher import Matcher, PartitionState
 
 WINDOW = 10        # WITHIN 10 sec
 
@@ -161,3 +162,23 @@ def test_a_batch_that_aborts_after_pruning_leaves_the_partitions_to_the_next_one
     engine.feed([], punctuation=100)
     assert not kept(engine, "Shipped") and not kept(engine, "NextShipped")
     assert not kept(orders_engine(db, "aborted"), "Shipped")
+
+
+def test_a_punctuation_looks_only_at_the_partitions_it_prunes(db, monkeypatch):
+    """The partitions to prune are found by their earliest event (``WindowIndex``): a batch whose punctuation puts one
+    more order out of the window prunes that partition of each windowed query and looks at none of those that stay
+    (nor at the query without WITHIN)."""
+    engine = orders_engine(db, "indexed", durable=False)
+    engine.feed([order("PLACED", ts, ts) for ts in range(1000)], punctuation=1000)
+    looked: list[tuple[str, object]] = []
+    expire = Matcher.expire
+
+    def counted(self: Matcher, state: PartitionState, punctuation: object) -> PartitionState | None:
+        looked.append((self.query.name, punctuation))
+        return expire(self, state, punctuation)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Matcher, "expire", counted)
+    engine.feed([order("PLACED", 1000, 1000)], punctuation=1001)
+    assert sorted(looked) == [("NextShipped", 1001), ("Shipped", 1001)]
+    for query in WINDOWED:
+        assert set(kept(engine, query)) == {(number,) for number in range(1001 - WINDOW, 1001)}, query
