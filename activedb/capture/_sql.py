@@ -22,6 +22,9 @@ CHANNEL = "activedb_capture"
 #: their name)``.
 SEQUENCER_LOCK_CLASS = 0x61646263
 CONSUMER_LOCK_CLASS = SEQUENCER_LOCK_CLASS + 1
+#: Advisory-lock class a consumer standing by holds *shared* on the same key, in its listener session, until it leads
+#: or stops (``pg_locks`` then lists who waits: ``db.capture.status()``'s ``standby``).
+STANDBY_LOCK_CLASS = SEQUENCER_LOCK_CLASS + 2
 
 TABLES = "activedb_capture_tables"
 CHANGES = "activedb_capture_changes"
@@ -343,3 +346,10 @@ RETAINED = f"SELECT count(*) FROM {CHANGES}"
 LEADERS = f"""
 SELECT objid::bigint AS key, pid FROM pg_locks
 WHERE locktype = 'advisory' AND classid = {CONSUMER_LOCK_CLASS} AND objsubid = 2 AND granted"""
+
+# The sessions of consumers standing by now: per lock key, each backend, the name its session has and where it
+# connects from (NULL: a Unix-domain socket, or a role that may not see it).
+STANDBYS = f"""
+SELECT l.objid::bigint AS key, l.pid, a.application_name, host(a.client_addr) AS client_address
+FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid
+WHERE l.locktype = 'advisory' AND l.classid = {STANDBY_LOCK_CLASS} AND l.objsubid = 2 AND l.granted ORDER BY l.pid"""
