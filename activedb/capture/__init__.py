@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from activedb import lazy
 from activedb.capture.errors import (CaptureConflict, CaptureError, CaptureNotEnabledWarning, CaptureNotInstalled,
-                                     ConsumerStopped)
+                                     CapturePendingChanges, ConsumerStopped)
 
 # imported on first use: `import activedb.capture` stays fast (the CLI's start)
 _EXPORTS = {
@@ -28,7 +28,8 @@ _EXPORTS = {
                                  "capture_status"],
     "activedb.capture._firing": ["is_capture_source"],
 }
-__all__ = ["CaptureConflict", "CaptureError", "CaptureNotEnabledWarning", "CaptureNotInstalled", "ConsumerStopped",
+__all__ = ["CaptureConflict", "CaptureError", "CaptureNotEnabledWarning", "CaptureNotInstalled", "CapturePendingChanges",
+           "ConsumerStopped",
            *(name for names in _EXPORTS.values() for name in names)]
 __getattr__, __dir__ = lazy.exports(__name__, _EXPORTS)
 

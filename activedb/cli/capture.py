@@ -136,9 +136,10 @@ def disable_command(ctx: click.Context, tables: tuple[str, ...], yes: bool) -> N
                     + ", ".join(f"{table}: {count:,}" for table, count in counts.items()) + f"; {why})")
             _confirm(f"stop capturing {', '.join(tables)} and drop {what}?", yes)
         for table in tables:
-            database.capture.remove(table)
-            click.echo(f"no longer capturing {table}"
-                       + (f" ({_pending_changes(pending[table])} dropped)" if pending[table] else ""))
+            # (asked, or --yes: what is pending now is dropped — also a change committed since the count; without
+            # either, one committed since is refused by remove, and nothing of that table changes)
+            dropped = database.capture.remove(table, discard_pending=yes or bool(counts))
+            click.echo(f"no longer capturing {table}" + (f" ({_pending_changes(dropped)} dropped)" if dropped else ""))
 
 
 def _pending_changes(count: int) -> str:

@@ -715,6 +715,45 @@ def test_a_captured_table_renamed_says_its_trigger_is_not_installed(clean, conni
         assert installed["moving"] is False, installed
 
 
+def _retained_of(db, table: str) -> int:
+    with db.engine.connect() as connection:
+        return connection.execute(sa.text("SELECT count(*) FROM activedb_capture_changes WHERE table_oid = "
+                                          "to_regclass(:table)"), {"table": table}).scalar_one()
+
+
+def test_remove_refuses_to_drop_pending_changes_unless_told_to(clean, conninfo):
+    """``db.capture.remove(table)`` dropped the table's captured changes no consumer had handled yet, without a word:
+    their rules never heard of them.  It refuses, saying how many are pending and what to do, and changes nothing;
+    changes every consumer handled (kept by a retention) are no reason to refuse; ``discard_pending=True`` drops
+    them on purpose and says how many."""
+    from activedb.capture.errors import CapturePendingChanges
+
+    db = clean
+    _app.register(db)
+    db.capture("order_log")
+    try:
+        with psycopg.connect(conninfo, autocommit=True) as psql:
+            psql.execute("INSERT INTO order_log (rule, kind) VALUES ('external', 'x'), ('external', 'y')")
+        with pytest.raises(CapturePendingChanges, match=(
+                r"cannot stop capturing 'order_log': 2 of its captured changes are pending .* handle the pending changes first .*"
+                r"db\.capture\.remove\('order_log', discard_pending=True\).*nothing was changed")) as refused:
+            db.capture.remove("order_log")
+        assert refused.value.pending == 2 and isinstance(refused.value, activedb.ActivedbError)
+        assert db.capture.is_captured("order_log") and _retained_of(db, "order_log") == 2     # nothing changed
+
+        db.capture.consumer(retention=float("inf")).run_until_caught_up()     # handled, and kept
+        assert _retained_of(db, "order_log") == 2
+        assert db.capture.remove("order_log") == 0 and not db.capture.is_captured("order_log")
+
+        db.capture("order_log")
+        with psycopg.connect(conninfo, autocommit=True) as psql:
+            psql.execute("INSERT INTO order_log (rule, kind) VALUES ('external', 'z')")
+        assert db.capture.remove("order_log", discard_pending=True) == 1
+        assert not db.capture.is_captured("order_log") and _retained_of(db, "order_log") == 0
+    finally:
+        db.capture.remove("order_log", discard_pending=True)
+
+
 def test_capture_can_be_turned_on_and_off_at_run_time(clean, conninfo):
     db = clean
     seen = []
@@ -727,7 +766,7 @@ def test_capture_can_be_turned_on_and_off_at_run_time(clean, conninfo):
 
     with psycopg.connect(conninfo, autocommit=True) as psql:
         psql.execute("INSERT INTO order_log (rule, kind) VALUES ('external', 'x')")
-        db.capture.remove("order_log")
+        db.capture.remove("order_log", discard_pending=True)
         assert not db.capture.is_captured("order_log")
         psql.execute("INSERT INTO order_log (rule, kind) VALUES ('not captured', 'x')")
     db.capture.consumer().run_until_caught_up()
