@@ -175,6 +175,7 @@ class CaptureConsumer:
         # The position as this consumer last committed it while leading (None: read it from PostgreSQL).
         self._known_position: Position | None = None
         self._last_prune = 0.0
+        self._registered = False        # (its row made sure of: as it first stood by or led)
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
         self._loop_error: BaseException | None = None
@@ -203,6 +204,13 @@ class CaptureConsumer:
     def leadership_lock(self) -> tuple[int, int]:
         """The session advisory lock ``(classid, objid)`` the leader of this name holds (``pg_locks``)."""
         return self._listener.lock
+
+    @property
+    def session_pid(self) -> int | None:
+        """The PostgreSQL backend pid of this consumer's listener session — the one that holds its name's lead while
+        it leads, and is listed standing by (``db.capture.status()``) while another leads — or None while it has none
+        (not started, reconnecting, stopped)."""
+        return self._listener.backend_pid
 
     def leader_pid(self) -> int | None:
         """The PostgreSQL backend pid of the session that leads this consumer's name now — this consumer's listener
@@ -394,8 +402,12 @@ class CaptureConsumer:
         if not self._listener.take(wait):
             with self._mutex:
                 self._state = ConsumerState.STANDBY
+            if not self._registered:    # (its name listed, and its changes kept from pruning, while it waits)
+                register(self._database, self.name)
+                self._registered = True
             return False
         register(self._database, self.name)
+        self._registered = True
         self._known_position = None
         with self._mutex:
             self._state = ConsumerState.LEADING

@@ -1,12 +1,14 @@
 """A capture consumer's listener connection: it ``LISTEN``\\ s for commit notifications and holds the
 session advisory lock that makes one consumer of a name the leader (the lock goes with the session, e.g.
-when the process is killed).  Design note: ``README.md`` in this package."""
+when the process is killed), or, while another leads, the shared lock that shows it standing by.  Design note:
+``README.md`` in this package."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
 import math
+import re
 from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
@@ -35,11 +37,22 @@ class Listener:
         self.database = database
         self.name = name
         self._connection: "psycopg.Connection | None" = None
+        #: The backend pid of the session (None while not connected); read by any thread.
+        self.backend_pid: int | None = None
+        # Invariant: _leading is True only while this session holds the name's lock (take() got it), _standing_by
+        # only while it holds the name's standby lock (shared); never both.  Both False while not connected.
+        self._leading = False
+        self._standing_by = False
 
     @property
     def lock(self) -> tuple[int, int]:
         """The session advisory lock ``(classid, objid)`` the leader of this name holds (``pg_locks``)."""
         return _sql.CONSUMER_LOCK_CLASS, _sql.consumer_lock_key(self.name)
+
+    @property
+    def standby_lock(self) -> tuple[int, int]:
+        """The session advisory lock ``(classid, objid)`` a consumer of this name standing by holds, shared."""
+        return _sql.STANDBY_LOCK_CLASS, _sql.consumer_lock_key(self.name)
 
     @property
     def connected(self) -> bool:
@@ -70,12 +83,21 @@ class Listener:
             raise DatabaseUnavailable(f"capture consumer {self.name!r} lost its new listener connection to "
                                       f"PostgreSQL ({self.database.describe()}): {str(error).strip()}") from None
         self._connection = connection
+        self.backend_pid = connection.info.backend_pid
 
     def close(self) -> None:
-        """End the session: the leadership lock is released."""
+        """End the session: the leadership lock (or the standby lock) is released before this returns, and a leader
+        notifies the channel, so that a consumer of any name standing by tries to take over at once (not after its
+        ``idle_wait``)."""
         connection, self._connection = self._connection, None
-        if connection is not None:
-            close_detached(connection)      # (the lock released now, not when the server sees the session go)
+        leading, self._leading, self._standing_by, self.backend_pid = self._leading, False, False, None
+        if connection is None:
+            return
+        if leading:
+            with contextlib.suppress(Exception):        # (a broken session: the server releases it as it goes)
+                connection.execute("SELECT pg_advisory_unlock_all()")
+                connection.execute("SELECT pg_notify(%s, 'released')", (_sql.CHANNEL,))
+        close_detached(connection)      # (the locks released now, not when the server sees the session go)
 
     def still_held(self) -> bool:
         """Drop notifications already received (the next batch reads what they announced) and find out
@@ -101,21 +123,32 @@ class Listener:
 
         connection = self._connection
         assert connection is not None       # (the precondition)
+        if self._leading:
+            return True
         try:
+            if not self._standing_by:       # (shown standing by while it waits, also in the lock wait below)
+                connection.execute("SELECT pg_advisory_lock_shared(%s, %s)", self.standby_lock)
+                self._standing_by = True
             if wait <= 0:
                 row = connection.execute("SELECT pg_try_advisory_lock(%s, %s)", self.lock).fetchone()
-                return bool(row is not None and row[0])
-            # Whole milliseconds, at least one: 0 is "no timeout" to PostgreSQL — what a wait beyond its limit (or
-            # for ever) becomes.
-            milliseconds = math.ceil(wait * 1000) if wait * 1000 <= _LOCK_TIMEOUT_LIMIT else 0
-            connection.execute(f"SET lock_timeout = {milliseconds}")
-            try:
-                connection.execute("SELECT pg_advisory_lock(%s, %s)", self.lock)
-                return True
-            except psycopg.errors.LockNotAvailable:
-                return False
-            finally:
-                connection.execute("RESET lock_timeout")
+                taken = bool(row is not None and row[0])
+            else:
+                # Whole milliseconds, at least one: 0 is "no timeout" to PostgreSQL — what a wait beyond its limit (or
+                # for ever) becomes.
+                milliseconds = math.ceil(wait * 1000) if wait * 1000 <= _LOCK_TIMEOUT_LIMIT else 0
+                connection.execute(f"SET lock_timeout = {milliseconds}")
+                try:
+                    connection.execute("SELECT pg_advisory_lock(%s, %s)", self.lock)
+                    taken = True
+                except psycopg.errors.LockNotAvailable:
+                    taken = False
+                finally:
+                    connection.execute("RESET lock_timeout")
+            if taken:
+                self._leading = True
+                connection.execute("SELECT pg_advisory_unlock_shared(%s, %s)", self.standby_lock)
+                self._standing_by = False
+            return taken
         except psycopg.OperationalError as error:
             self.close()
             raise DatabaseUnavailable(f"capture consumer {self.name!r} lost its connection: {error}") from None
@@ -144,3 +177,14 @@ def wake(database: "Database", name: str, why: str) -> None:
                                {"channel": _sql.CHANNEL, "payload": why})
     except sa.exc.DBAPIError as error:
         logger.warning("capture consumer %r: could not notify (%s)", name, error)
+
+
+# How activedb's sessions name themselves unless the application names them (``EngineOptions``: libpq's
+# ``fallback_application_name``, ``activedb <process id>``).
+_SESSION_NAME = re.compile(r"activedb (\d+)")
+
+
+def process_of(session_name: str | None) -> int | None:
+    """The process id in an ``application_name`` activedb gave its session, or None (a name the application chose)."""
+    match = _SESSION_NAME.fullmatch(session_name or "")
+    return int(match.group(1)) if match else None

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import datetime as dt
 import threading
-from typing import TYPE_CHECKING, Unpack
+from typing import TYPE_CHECKING, Callable, Unpack
 
 import sqlalchemy as sa
 
@@ -17,7 +17,7 @@ from activedb.capture._firing import source_of
 from activedb.capture._position import prune
 from activedb.capture._status import (BEHIND_CHANGES, BEHIND_SECONDS, CapturedTable, CaptureStatus, capture_status,
                                       captured_tables)
-from activedb.capture.errors import CaptureError, CaptureNotInstalled
+from activedb.capture.errors import CaptureError, CaptureNotInstalled, CapturePendingChanges
 from activedb.errors import LOCK_NOT_AVAILABLE, check_seconds, check_whole_number, sqlstate_of
 from activedb.events import age_seconds
 from activedb.ingest import forget_run
@@ -58,12 +58,32 @@ class CaptureManager:
         self._run(_sql.install_statements(table), f"capture {table!r}")
         return next(captured for captured in self.tables() if captured.name == table)
 
-    def remove(self, table: str) -> None:
+    def remove(self, table: str, *, discard_pending: bool = False) -> int:
         """Stop capturing ``table``: its trigger, its registry row and its captured changes not yet pruned
-        go (what ``disable_capture`` does in a migration).  Dropping the trigger takes ownership of the table: another
-        role (one that could capture it with the TRIGGER privilege) gets a :class:`CaptureError` naming the owner, and
-        nothing changes."""
-        self._run(_sql.remove_statements(table), f"stop capturing {table!r}")
+        go (what ``disable_capture`` does in a migration); returns how many of those were pending (not yet handled
+        by every consumer — every one retained when no consumer is registered).  With changes pending it refuses
+        (:class:`CapturePendingChanges`, saying how many; nothing changes) unless ``discard_pending=True``: their rules
+        would never hear of them.  Dropping the trigger takes ownership of the table: another role (one that could
+        capture it with the TRIGGER privilege) gets a :class:`CaptureError` naming the owner, and nothing changes."""
+        if not isinstance(discard_pending, bool):
+            raise CaptureError(f"db.capture.remove(discard_pending={discard_pending!r}) takes True or False")
+        dropped = 0
+
+        def count_dropped(connection: sa.Connection) -> None:
+            nonlocal dropped
+            dropped = int(connection.execute(sa.text(_sql.DROPPED_PENDING)).scalar() or 0)
+            if dropped and not discard_pending:
+                raise CapturePendingChanges(
+                    f"cannot stop capturing {table!r}: {dropped:,} of its captured changes "
+                    f"{'are' if dropped != 1 else 'is'} pending (not yet handled by every consumer), and stopping "
+                    f"capture drops what is pending, unheard by the rules. Let the consumers handle the pending "
+                    f"changes first (activedb capture consume APP --until-caught-up, or consumer.run_until_caught_up(); a "
+                    f"consumer that no longer runs: db.capture.drop_consumer(name)), or drop them on purpose: "
+                    f"db.capture.remove({table!r}, discard_pending=True) (activedb capture disable asks first); "
+                    f"nothing was changed", dropped)
+
+        self._run(_sql.remove_statements(table), f"stop capturing {table!r}", then=count_dropped)
+        return dropped
 
     def check_capturable(self, table: str) -> None:
         """Raise :class:`CaptureError` if ``table`` names a view or a materialized view, which capture cannot record,
@@ -84,11 +104,15 @@ class CaptureManager:
     def is_captured(self, table: str) -> bool:
         return any(captured.name == table and captured.trigger_installed for captured in self.tables())
 
-    def _run(self, statements: list[sa.TextClause], what: str) -> None:
+    def _run(self, statements: list[sa.TextClause], what: str,
+             then: Callable[[sa.Connection], None] | None = None) -> None:
+        """Run ``statements`` in one transaction, then ``then`` in it (which may raise to roll it all back)."""
         try:
             with self._database.engine.begin() as connection:
                 for statement in statements:
                     connection.execute(statement)
+                if then is not None:
+                    then(connection)
         except sa.exc.DBAPIError as error:
             message = str(error.orig).strip().splitlines()[0] if error.orig is not None else str(error)
             hint = getattr(getattr(error.orig, "diag", None), "message_hint", None)

@@ -22,6 +22,9 @@ CHANNEL = "activedb_capture"
 #: their name)``.
 SEQUENCER_LOCK_CLASS = 0x61646263
 CONSUMER_LOCK_CLASS = SEQUENCER_LOCK_CLASS + 1
+#: Advisory-lock class a consumer standing by holds *shared* on the same key, in its listener session, until it leads
+#: or stops (``pg_locks`` then lists who waits: ``db.capture.status()``'s ``standby``).
+STANDBY_LOCK_CLASS = SEQUENCER_LOCK_CLASS + 2
 
 TABLES = "activedb_capture_tables"
 CHANGES = "activedb_capture_changes"
@@ -49,6 +52,8 @@ def consumer_lock_key(name: str) -> int:
 # the name is a bind parameter, and PostgreSQL quotes it (quote_ident, a regclass) wherever SQL needs it.
 # No % in them: offline SQL of a dialect with the pyformat paramstyle would double it.
 _ARGUMENT = "activedb.capture_table"
+# How many of the changes _REMOVE dropped were pending (a transaction-local setting: DO returns nothing).
+_DROPPED = "activedb.capture_dropped_pending"
 _PASS_TABLE = f"SELECT set_config('{_ARGUMENT}', :table, false)"
 
 _INSTALL = f"""
@@ -154,8 +159,10 @@ DECLARE
     registered oid;
     named text;
     owner text;
+    pending bigint := 0;
 BEGIN
     PERFORM set_config('{_ARGUMENT}', '', false);
+    PERFORM set_config('{_DROPPED}', '0', true);
     IF target IS NOT NULL THEN{_owner_only("target")}
         EXECUTE 'DROP TRIGGER IF EXISTS {TRIGGER_NAME} ON ' || target::text;
     END IF;
@@ -169,14 +176,26 @@ BEGIN
         IF registered IS DISTINCT FROM target AND EXISTS (SELECT FROM pg_class WHERE oid = registered) THEN{_owner_only("registered")}
             EXECUTE 'DROP TRIGGER IF EXISTS {TRIGGER_NAME} ON ' || registered::regclass::text;
         END IF;
+        -- (pending: a change some consumer has not handled — every one when no consumer is registered; counted
+        -- after the triggers are dropped, so no writer adds one uncounted)
+        SELECT count(*) INTO pending FROM {CHANGES} ch JOIN {COMMITS} c ON c.xid = ch.xid
+        WHERE ch.table_oid IN (registered, target)
+          AND (NOT EXISTS (SELECT FROM {CONSUMERS})
+               OR EXISTS (SELECT FROM {CONSUMERS} k WHERE (c.position, ch.id) > (k.position, k.change_id)));
         DELETE FROM {CHANGES} WHERE table_oid IN (registered, target);
     ELSE
+        SELECT count(*) INTO pending FROM {CHANGES} WHERE table_name = captured;
         DELETE FROM {CHANGES} WHERE table_name = captured;
         DELETE FROM {TABLES} WHERE table_name = captured;
     END IF;
     DELETE FROM {COMMITS} c WHERE NOT EXISTS (SELECT FROM {CHANGES} ch WHERE ch.xid = c.xid);
+    PERFORM set_config('{_DROPPED}', pending::text, true);
 END
 $body$"""
+
+
+#: After :func:`remove_statements`, in its transaction: the pending changes they dropped (NULL or '' if none ran).
+DROPPED_PENDING = f"SELECT current_setting('{_DROPPED}', true)"
 
 
 def install_statements(table: str) -> list[sa.TextClause]:
@@ -189,8 +208,9 @@ def install_statements(table: str) -> list[sa.TextClause]:
 def remove_statements(table: str) -> list[sa.TextClause]:
     """What removing capture from ``table`` takes: the trigger (on the table of that name, and on the table
     registered under it if renamed since), the registry row, and the table's captured changes not yet pruned (with
-    the commit rows left without changes).  Idempotent; works whether or not
-    activedb's capture tables (still) exist and whether or not the table does."""
+    the commit rows left without changes); how many of those were pending is then :data:`DROPPED_PENDING` in the
+    transaction.  Idempotent; works whether or not activedb's capture tables (still) exist and whether or not the
+    table does."""
     return [sa.text(_PASS_TABLE).bindparams(table=check_table_name(table)), sa.text(_REMOVE)]
 
 
@@ -343,3 +363,10 @@ RETAINED = f"SELECT count(*) FROM {CHANGES}"
 LEADERS = f"""
 SELECT objid::bigint AS key, pid FROM pg_locks
 WHERE locktype = 'advisory' AND classid = {CONSUMER_LOCK_CLASS} AND objsubid = 2 AND granted"""
+
+# The sessions of consumers standing by now: per lock key, each backend, the name its session has and where it
+# connects from (NULL: a Unix-domain socket, or a role that may not see it).
+STANDBYS = f"""
+SELECT l.objid::bigint AS key, l.pid, a.application_name, host(a.client_addr) AS client_address
+FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid
+WHERE l.locktype = 'advisory' AND l.classid = {STANDBY_LOCK_CLASS} AND l.objsubid = 2 AND l.granted ORDER BY l.pid"""

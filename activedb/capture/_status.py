@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 
 from activedb.capture import _sql
+from activedb.capture._leader import process_of
 from activedb.capture._position import Position, privileges_said
 
 #: Defaults of the "behind" thresholds.
@@ -42,6 +43,23 @@ class TableBacklog:
 
 
 @dataclass(frozen=True)
+class StandbyConsumer:
+    """A consumer standing by while another session leads its name: the PostgreSQL backend of its listener session,
+    the process it runs in (None when its session does not say: the application named it), and the address it
+    connects from (None: a Unix-domain socket — the server's machine —, or hidden from this role)."""
+
+    backend_pid: int
+    process_id: int | None
+    client_address: str | None
+
+    def describe(self) -> str:
+        """``pid <backend> (process <id> at <address>)``, as the command line shows it."""
+        process = "process unknown" if self.process_id is None else f"process {self.process_id}"
+        address = "" if self.client_address is None else f" at {self.client_address}"
+        return f"pid {self.backend_pid} ({process}{address})"
+
+
+@dataclass(frozen=True)
 class ConsumerBacklog:
     """One consumer's position and what waits for it."""
 
@@ -56,6 +74,9 @@ class ConsumerBacklog:
     #: The PostgreSQL backend of the session that leads the name now (its consumer runs there; others of the name
     #: stand by), or None: no process consumes under it.
     leader_pid: int | None = None
+    #: The consumers of the name standing by now (each leads once the leader's session lets go), from when each starts
+    #: waiting until it leads or stops.
+    standby: tuple[StandbyConsumer, ...] = ()
 
     @property
     def changes(self) -> int:
@@ -115,6 +136,7 @@ def capture_status(engine: sa.Engine, *, behind_changes: int = BEHIND_CHANGES,
         now: dt.datetime = connection.execute(sa.text("SELECT now()")).scalar_one()
         consumers = []
         leaders = leader_pids(connection)
+        standbys = standby_consumers(connection)
         for row in connection.execute(sa.text(_sql.CONSUMER_ROWS)).all():
             position = Position(row.position, row.change_id)
             backlog = _backlog(connection, position)
@@ -126,7 +148,8 @@ def capture_status(engine: sa.Engine, *, behind_changes: int = BEHIND_CHANGES,
                 name=row.name, position=position, handled=row.handled,
                 failed=row.failed, updated_at=row.updated_at, tables=backlog, lag_seconds=lag,
                 behind=pending > behind_changes or (lag is not None and lag > behind_seconds),
-                leader_pid=leaders.get(_sql.consumer_lock_key(row.name))))
+                leader_pid=leaders.get(_sql.consumer_lock_key(row.name)),
+                standby=standbys.get(_sql.consumer_lock_key(row.name), ())))
         unconsumed = () if consumers else _backlog(connection, Position())
         retained = connection.execute(sa.text(_sql.RETAINED)).scalar()
         latest = connection.execute(sa.text(_sql.LATEST_POSITION)).scalar()
@@ -138,6 +161,15 @@ def leader_pids(connection: sa.Connection) -> dict[int, int]:
     """Per consumer lock key (``_sql.consumer_lock_key`` of a name), the backend pid of the session that leads the
     name now (names whose keys collide take turns, and share the entry)."""
     return {row.key: row.pid for row in connection.execute(sa.text(_sql.LEADERS))}
+
+
+def standby_consumers(connection: sa.Connection) -> dict[int, tuple[StandbyConsumer, ...]]:
+    """Per consumer lock key, the consumers standing by now (names whose keys collide share the entry)."""
+    standbys: dict[int, list[StandbyConsumer]] = {}
+    for row in connection.execute(sa.text(_sql.STANDBYS)):
+        standbys.setdefault(row.key, []).append(
+            StandbyConsumer(row.pid, process_of(row.application_name), row.client_address))
+    return {key: tuple(consumers) for key, consumers in standbys.items()}
 
 
 def captured_tables(connection: sa.Connection) -> tuple[CapturedTable, ...]:

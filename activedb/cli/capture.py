@@ -42,8 +42,8 @@ def capture_group() -> None:
 @click.pass_context
 def status_command(ctx: click.Context, as_json: bool, behind_changes: int, behind_seconds: float) -> None:
     """Captured tables and the backlog per consumer and table, with the backend pid of the session that leads each
-    consumer name (none: no process consumes under it; others of the name stand by); says which consumer is far
-    behind (exit code 0 either way)."""
+    consumer name (none: no process consumes under it) and of each consumer of the name standing by (with its process
+    and client address); says which consumer is far behind (exit code 0 either way)."""
     with open_database(ctx, writes=False) as database:
         status = database.capture.status(behind_changes=behind_changes, behind_seconds=behind_seconds)
     if as_json:
@@ -61,22 +61,25 @@ def status_command(ctx: click.Context, as_json: bool, behind_changes: int, behin
             tables.add_row(literal(table.name), table.enabled_at.isoformat(timespec="seconds"),
                            "yes" if table.trigger_installed else "MISSING")
         console.print(tables)
-    backlog = Table("consumer", "leader", "position", "handled", "failed", "table", "pending changes", "transactions",
-                    "oldest pending", "state", title=f"backlog ({status.retained_changes:,} changes retained, "
-                                                     f"latest commit position {status.latest_position})")
+    backlog = Table("consumer", "leader", "standing by", "position", "handled", "failed", "table", "pending changes",
+                    "transactions", "oldest pending", "state",
+                    title=f"backlog ({status.retained_changes:,} changes retained, latest commit position "
+                          f"{status.latest_position})")
     for consumer in status.consumers:
         position = f"{consumer.position.commit}/{consumer.position.change_id}"
         state = "BEHIND" if consumer.behind else "FAILURES" if consumer.failed else "ok"
         leader = "none" if consumer.leader_pid is None else f"pid {consumer.leader_pid}"
-        counts = (literal(consumer.name), leader, position, f"{consumer.handled:,}", f"{consumer.failed:,}")
+        standby = ", ".join(standby.describe() for standby in consumer.standby) or "-"
+        counts = (literal(consumer.name), leader, literal(standby), position, f"{consumer.handled:,}",
+                  f"{consumer.failed:,}")
         if not consumer.tables:
             backlog.add_row(*counts, "-", "0", "0", "-", state)
         for pending in consumer.tables:
             backlog.add_row(*counts, literal(pending.table), f"{pending.changes:,}", f"{pending.transactions:,}",
                             _when(pending.oldest_committed_at), state)
     for pending in status.unconsumed:
-        backlog.add_row("(none)", "-", "-", "-", "-", literal(pending.table), f"{pending.changes:,}", f"{pending.transactions:,}",
-                        _when(pending.oldest_committed_at), "no consumer")
+        backlog.add_row("(none)", "-", "-", "-", "-", "-", literal(pending.table), f"{pending.changes:,}",
+                        f"{pending.transactions:,}", _when(pending.oldest_committed_at), "no consumer")
     console.print(backlog)
     for line in status.warnings():
         console.print(f"[yellow]warning:[/yellow] {literal(line)}", highlight=False)
@@ -133,9 +136,10 @@ def disable_command(ctx: click.Context, tables: tuple[str, ...], yes: bool) -> N
                     + ", ".join(f"{table}: {count:,}" for table, count in counts.items()) + f"; {why})")
             _confirm(f"stop capturing {', '.join(tables)} and drop {what}?", yes)
         for table in tables:
-            database.capture.remove(table)
-            click.echo(f"no longer capturing {table}"
-                       + (f" ({_pending_changes(pending[table])} dropped)" if pending[table] else ""))
+            # (asked, or --yes: what is pending now is dropped — also a change committed since the count; without
+            # either, one committed since is refused by remove, and nothing of that table changes)
+            dropped = database.capture.remove(table, discard_pending=yes or bool(counts))
+            click.echo(f"no longer capturing {table}" + (f" ({_pending_changes(dropped)} dropped)" if dropped else ""))
 
 
 def _pending_changes(count: int) -> str:
@@ -319,7 +323,8 @@ def _say_state(consumer: CaptureConsumer, said: ConsumerState | None) -> Consume
             leader = consumer.leader_pid()
         except sa.exc.SQLAlchemyError:      # (the server is away: the consumer's thread waits for it; said later)
             return said
-        if leader is not None:
+        # (its own session leads once it took the lock, before its state says so: it is about to run, not standing by)
+        if leader is not None and leader != consumer.session_pid:
             click.echo(f"capture consumer {consumer.name!r} standing by: another session leads its name (PostgreSQL "
                        f"backend pid {leader}); it takes over when that session ends (Ctrl-C stops)")
             return state

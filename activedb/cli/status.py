@@ -170,6 +170,8 @@ def print_capture_backlog(console: Console, capture: CaptureStatus) -> None:
     for consumer in capture.consumers:
         waiting = ", ".join(f"{table.table} {table.changes:,}" for table in consumer.tables) or "nothing"
         leader = "no process leads it" if consumer.leader_pid is None else f"led by pid {consumer.leader_pid}"
+        if consumer.standby:
+            leader += f", standing by: {', '.join(standby.describe() for standby in consumer.standby)}"
         lines.append(f"consumer {consumer.name!r} ({leader}): {consumer.changes:,} changes pending ({waiting})"
                      f"{' — BEHIND' if consumer.behind else ''}")
     for table in capture.unconsumed:

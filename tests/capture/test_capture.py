@@ -487,6 +487,74 @@ def test_consumers_of_one_name_never_both_handle_a_change_and_a_standby_takes_ov
     assert logged(db) == [("inserted", order) for order in range(50, 81)]
 
 
+def _standby_of(db, name: str = "default") -> list[tuple[int, int | None]]:
+    """What ``db.capture.status()`` lists as standing by for consumer ``name``: (backend pid, process id)."""
+    consumers = {consumer.name: consumer for consumer in db.capture.status().consumers}
+    assert name in consumers, f"status lists no consumer {name!r}: {sorted(consumers)}"
+    return [(standby.backend_pid, standby.process_id) for standby in consumers[name].standby]
+
+
+def test_a_standby_consumer_is_listed_in_status_from_when_it_waits_until_it_stops(clean):
+    """``db.capture.status()`` listed only a name's leader: a consumer standing by behind it was nowhere.  It is
+    listed under its name — its session's backend pid and its process — from when it waits until it stops."""
+    import os
+
+    db = clean
+    _app.register(db)
+    with Watchdog(WATCHDOG_SECONDS, db.transactions.locks):
+        first = db.capture.start(idle_wait=0.1)
+        wait_until(lambda: first.state is ConsumerState.LEADING, 30, "the first consumer leads")
+        assert _standby_of(db) == []
+        second = db.capture.start(idle_wait=0.1)
+        wait_until(lambda: _standby_of(db) != [], 30, "status to list the second consumer standing by",
+                   describe=lambda: f"{second.state}, {db.capture.status()}")
+        assert _standby_of(db) == [(second.session_pid, os.getpid())]
+        [listed] = db.capture.status().consumers
+        assert listed.leader_pid == first.session_pid != second.session_pid and second.state is ConsumerState.STANDBY
+        second.close()                                   # gone with it
+        assert _standby_of(db) == []
+        first.close()
+
+
+def test_a_leader_that_stops_wakes_the_standby_which_leads_at_once(clean):
+    """A leader's ``close()`` released its lock silently: a consumer standing by noticed only when its ``idle_wait``
+    ran out and it tried again.  The leader notifies as it lets go, and the standby takes over then (here its
+    ``idle_wait`` is an hour: it must be woken)."""
+    db = clean
+    _app.register(db)
+    with Watchdog(WATCHDOG_SECONDS, db.transactions.locks):
+        first = db.capture.start()
+        wait_until(lambda: first.state is ConsumerState.LEADING, 30, "the first consumer leads")
+        second = db.capture.start(idle_wait=3600)
+        wait_until(lambda: _standby_of(db) != [] and second.state is ConsumerState.STANDBY, 30,
+                   "the second consumer to stand by", describe=lambda: f"{second.state}, {db.capture.status()}")
+        first.close()
+        wait_until(lambda: second.state is ConsumerState.LEADING, 30, "the standby to take over as it is woken",
+                   describe=lambda: f"{second.state}, {db.capture.status()}")
+        assert _standby_of(db) == [] and db.capture.status().consumers[0].leader_pid == second.session_pid
+        second.close()
+
+
+def test_a_consumer_that_never_led_is_listed_standing_by_under_its_name(clean, conninfo):
+    """A consumer whose name another session holds (it never led, so its name had no position row) was missing from
+    ``db.capture.status()``: its name is listed, led by that session, with the consumer standing by."""
+    from activedb.capture._sql import CONSUMER_LOCK_CLASS, consumer_lock_key
+
+    db = clean
+    _app.register(db)
+    with psycopg.connect(conninfo, autocommit=True) as holder, Watchdog(WATCHDOG_SECONDS, db.transactions.locks):
+        holder.execute("SELECT pg_advisory_lock(%s, %s)", (CONSUMER_LOCK_CLASS, consumer_lock_key("never-led")))
+        assert [consumer.name for consumer in db.capture.status().consumers] == []
+        waiting = db.capture.start("never-led", idle_wait=0.1)
+        wait_until(lambda: any(consumer.standby for consumer in db.capture.status().consumers), 30,
+                   "status to list the consumer standing by", describe=lambda: f"{db.capture.status()}")
+        [listed] = db.capture.status().consumers
+        assert listed.name == "never-led" and listed.leader_pid == holder.info.backend_pid
+        assert [standby.backend_pid for standby in listed.standby] == [waiting.session_pid]
+        waiting.close()
+        assert _standby_of(db, "never-led") == []
+
+
 def test_a_batch_whose_position_moved_meanwhile_keeps_nothing(clean, conninfo, database_url):
     """The leader loses its lock (its session is terminated) while its batch runs; another process's
     consumer takes over and handles the changes; the first one's flush finds the position moved and keeps
@@ -647,6 +715,45 @@ def test_a_captured_table_renamed_says_its_trigger_is_not_installed(clean, conni
         assert installed["moving"] is False, installed
 
 
+def _retained_of(db, table: str) -> int:
+    with db.engine.connect() as connection:
+        return connection.execute(sa.text("SELECT count(*) FROM activedb_capture_changes WHERE table_oid = "
+                                          "to_regclass(:table)"), {"table": table}).scalar_one()
+
+
+def test_remove_refuses_to_drop_pending_changes_unless_told_to(clean, conninfo):
+    """``db.capture.remove(table)`` dropped the table's captured changes no consumer had handled yet, without a word:
+    their rules never heard of them.  It refuses, saying how many are pending and what to do, and changes nothing;
+    changes every consumer handled (kept by a retention) are no reason to refuse; ``discard_pending=True`` drops
+    them on purpose and says how many."""
+    from activedb.capture.errors import CapturePendingChanges
+
+    db = clean
+    _app.register(db)
+    db.capture("order_log")
+    try:
+        with psycopg.connect(conninfo, autocommit=True) as psql:
+            psql.execute("INSERT INTO order_log (rule, kind) VALUES ('external', 'x'), ('external', 'y')")
+        with pytest.raises(CapturePendingChanges, match=(
+                r"cannot stop capturing 'order_log': 2 of its captured changes are pending .* handle the pending changes first .*"
+                r"db\.capture\.remove\('order_log', discard_pending=True\).*nothing was changed")) as refused:
+            db.capture.remove("order_log")
+        assert refused.value.pending == 2 and isinstance(refused.value, activedb.ActivedbError)
+        assert db.capture.is_captured("order_log") and _retained_of(db, "order_log") == 2     # nothing changed
+
+        db.capture.consumer(retention=float("inf")).run_until_caught_up()     # handled, and kept
+        assert _retained_of(db, "order_log") == 2
+        assert db.capture.remove("order_log") == 0 and not db.capture.is_captured("order_log")
+
+        db.capture("order_log")
+        with psycopg.connect(conninfo, autocommit=True) as psql:
+            psql.execute("INSERT INTO order_log (rule, kind) VALUES ('external', 'z')")
+        assert db.capture.remove("order_log", discard_pending=True) == 1
+        assert not db.capture.is_captured("order_log") and _retained_of(db, "order_log") == 0
+    finally:
+        db.capture.remove("order_log", discard_pending=True)
+
+
 def test_capture_can_be_turned_on_and_off_at_run_time(clean, conninfo):
     db = clean
     seen = []
@@ -659,7 +766,7 @@ def test_capture_can_be_turned_on_and_off_at_run_time(clean, conninfo):
 
     with psycopg.connect(conninfo, autocommit=True) as psql:
         psql.execute("INSERT INTO order_log (rule, kind) VALUES ('external', 'x')")
-        db.capture.remove("order_log")
+        db.capture.remove("order_log", discard_pending=True)
         assert not db.capture.is_captured("order_log")
         psql.execute("INSERT INTO order_log (rule, kind) VALUES ('not captured', 'x')")
     db.capture.consumer().run_until_caught_up()

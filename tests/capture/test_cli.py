@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import threading
 
 import psycopg
@@ -447,3 +449,37 @@ def test_a_retention_of_inf_keeps_every_consumed_change(make_database_url):
     refused = CliRunner().invoke(main, ["--url", url, "capture", "consume", APP_FILE, "--until-caught-up",
                                         "--retention", "nan"])
     assert refused.exit_code == 2 and "nan is no number of seconds (inf: for ever)" in refused.output, refused.output
+
+
+def _leaders_of(database_url: str, name: str) -> list[int]:
+    """The backends that hold consumer ``name``'s leadership lock now (``pg_locks``)."""
+    from activedb.capture import _sql
+
+    with psycopg.connect(libpq(database_url), autocommit=True) as psql:
+        return [pid for (pid,) in psql.execute(
+            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND classid = %s AND objid = %s AND objsubid = 2 "
+            "AND granted", (_sql.CONSUMER_LOCK_CLASS, _sql.consumer_lock_key(name))).fetchall()]
+
+
+@pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGINT])
+def test_a_consumer_stopped_by_a_signal_releases_its_lead_so_the_next_leads_at_once(database_url, tmp_path,
+                                                                                     stop_signal):
+    """``capture consume`` ended by SIGTERM (as a service manager stops it) or Ctrl-C gives up its name's leadership
+    before it exits: the next consumer of the name leads at once, never standing by behind the one that ended.  (A
+    SIGKILL'd one's lock goes when PostgreSQL sees its session end.)"""
+    from activedb.testing import wait_until
+
+    capture_orders(database_url)
+    name = f"signalled-{stop_signal.name}"
+    first_home, second_home = tmp_path / "first", tmp_path / "second"
+    first_home.mkdir()
+    second_home.mkdir()
+    with consume_process(database_url, first_home, APP_FILE, "--name", name) as first:
+        wait_until(first.printed("running (Ctrl-C stops)"), 120, "the first consumer to lead", describe=first.text)
+        os.killpg(first.process.pid, stop_signal)
+        assert first.process.wait(timeout=60) == 0, first.text()
+    assert _leaders_of(database_url, name) == [], f"the ended consumer's lead outlived it:\n{first.text()}"
+    with consume_process(database_url, second_home, APP_FILE, "--name", name) as second:
+        wait_until(lambda: "running (Ctrl-C stops)" in second.text() or "standing by" in second.text(), 120,
+                   "the second consumer to lead or stand by", describe=second.text)
+        assert "standing by" not in second.text(), second.text()

@@ -183,10 +183,13 @@ def test_a_consumer_on_standby_is_shown_standing_by_in_consume_and_status(databa
     holder.execute("SELECT pg_advisory_lock(%s, %s)", (CONSUMER_LOCK_CLASS, consumer_lock_key("standby")))
     holder_pid = holder.info.backend_pid
 
-    def leader() -> dict[str, int | None]:
+    def consumers() -> dict[str, dict]:
         status = CliRunner().invoke(main, ["--url", database_url, "capture", "status", "--json"])
         assert status.exit_code == 0, status.output
-        return {consumer["name"]: consumer["leader_pid"] for consumer in json.loads(status.output)["consumers"]}
+        return {consumer["name"]: consumer for consumer in json.loads(status.output)["consumers"]}
+
+    def leader() -> dict[str, int | None]:
+        return {name: consumer["leader_pid"] for name, consumer in consumers().items()}
 
     try:
         with consume_process(database_url, tmp_path, _app.__file__, "--name", "standby") as consume:
@@ -196,10 +199,19 @@ def test_a_consumer_on_standby_is_shown_standing_by_in_consume_and_status(databa
                     f"pid {holder_pid})") in said, said
             assert "running" not in said, said
             assert leader().get("standby") == holder_pid
+            # status lists the consumer standing by (from when it waits for the lock): its session's backend, its process
+            wait_until(lambda: consumers()["standby"]["standby"], 60, "status to list the consumer standing by",
+                       describe=consumers)
+            [standing] = consumers()["standby"]["standby"]
+            assert standing["process_id"] == consume.process.pid, standing
+            overall = CliRunner().invoke(main, ["--url", database_url, "status"])
+            assert (f"consumer 'standby' (led by pid {holder_pid}, standing by: pid {standing['backend_pid']} (process "
+                    f"{consume.process.pid}))") in overall.output, overall.output
             holder.close()                                  # the leader's session ends: the consumer takes over
             wait_until(consume.printed("capture consumer 'standby' running (Ctrl-C stops)"), 60, "the consumer to lead",
                        describe=consume.text)
             wait_until(lambda: leader().get("standby") not in (None, holder_pid), 60, "status to show the new leader")
+            assert consumers()["standby"]["standby"] == []  # it leads: no longer standing by
             table = CliRunner().invoke(main, ["--url", database_url, "capture", "status"])
             assert f"pid {leader()['standby']}" in table.output, table.output
             overall = CliRunner().invoke(main, ["--url", database_url, "status"])      # (`activedb status` too)
@@ -231,7 +243,7 @@ def test_status_keeps_the_latest_commit_position_once_its_changes_are_pruned_or_
     assert db.capture.status().latest_position == latest
     with psycopg.connect(conninfo, autocommit=True) as psql:
         psql.execute("INSERT INTO orders (id, customer, amount) VALUES (94003, 'c', 1)")
-    db.capture.remove("orders")                                      # its pending change dropped with it
+    db.capture.remove("orders", discard_pending=True)      # its pending change dropped with it
     try:
         status = db.capture.status()
         assert status.retained_changes == 0 and status.latest_position == latest + 1

@@ -80,7 +80,7 @@ def test_a_scrape_during_a_run_returns_the_families_with_the_runs_numbers(tmp_pa
             assert all(sample.value == 1 for sample in families["activedb_metrics_source_up"])
             served.interrupt(TIMEOUT_SECONDS)
     finally:
-        database.capture.remove("items")
+        database.capture.remove("items", discard_pending=True)
         database.close()
 
 
