@@ -160,6 +160,12 @@ def check_call_fits(owner: str, called: str, function: Callable[..., object], po
         raise error(f"{owner} runs {called}; {plain.__name__}{signature} cannot be: {refused}") from None
 
 
+def rule_past_deadline(rule: str, deadline: float) -> str:
+    """``rule 'r' did not return within its deadline of N s``: how every rule deadline (an ingestion's,
+    ``activedb.ingest.Deadlines``; the outbox's, ``OutboxOptions.rule_deadline``) names the firing it gave up."""
+    return f"rule {rule!r} did not return within its deadline of {deadline:g} s"
+
+
 def finite_number(value: float) -> bool:
     """Whether ``value`` (an int or a float) is finite as a float: False for NaN, an infinity and an int no float
     holds (``math.isfinite`` raises OverflowError for it) — the one test of every number activedb takes only finite

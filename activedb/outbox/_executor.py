@@ -22,7 +22,8 @@ import sqlalchemy as sa
 
 from activedb import lowlevel
 from activedb.errors import (DuplicateKey, Failure, LockWaitTimeout, RecordsTakenOver, RuleDeadlineExceeded,
-                             RuleFailed, TransactionError, causes, classify, shown_error, sqlstate_of)
+                             RuleFailed, TransactionError, causes, classify, rule_past_deadline, shown_error,
+                             sqlstate_of)
 from activedb.outbox import _records
 from activedb.store import is_connection_failure, storable_text
 from activedb.txn import Along, CommitParticipant, FiringOutcome
@@ -581,8 +582,8 @@ class Executor:
         assert self.rule_deadline is not None
         rule = work.firing.rule.name
         error = RuleDeadlineExceeded(
-            f"rule {rule!r} did not return within its deadline of {self.rule_deadline:g} s (it ran {seconds:,.0f} s "
-            f"on {work.firing.event.describe()}): its firing was given up and nothing it wrote commits, even if it "
+            f"{rule_past_deadline(rule, self.rule_deadline)} (it ran {seconds:,.0f} s on "
+            f"{work.firing.event.describe()}): its firing was given up and nothing it wrote commits, even if it "
             f"returns; make the rule return (a lock or statement timeout, a timeout of its own), then run it again "
             f"with `activedb outbox --retry {work.record_id}`", rule=rule, record_id=work.record_id)
         with self._mutex:
