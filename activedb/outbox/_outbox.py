@@ -469,7 +469,12 @@ class Outbox:
                 f"{counts['parked']:,} parked. A firing runs in a group transaction of its group runner, one after "
                 f"another: a rule that never returns holds one of the outbox's group runners (max_groups = "
                 f"{self.options.max_groups}) and the firings after it wait; make the rule return (a lock or statement "
-                f"timeout, a deadline of its own), or wait longer")
+                f"timeout, a deadline of its own), give the outbox a rule deadline (OutboxOptions(rule_deadline=…): "
+                f"{self._deadline_said()}), or wait longer")
+
+    def _deadline_said(self) -> str:
+        deadline = self.options.rule_deadline
+        return "none now" if deadline is None else f"{deadline:g} s now"
 
     @property
     def running(self) -> int:

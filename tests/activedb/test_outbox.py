@@ -1304,6 +1304,7 @@ def test_wait_idle_that_times_out_names_the_rules_of_the_firings_still_running(d
         text = str(raised.value)
         assert "running: slow_to_return (1)" in text, text
         assert "a rule that never returns holds one of the outbox's group runners" in text, text
+        assert "OutboxOptions(rule_deadline=…): none now" in text, text
     finally:
         release.set()
     db.rules.wait_idle(TIMEOUT)
@@ -1558,22 +1559,31 @@ def test_a_detached_firing_past_its_rule_deadline_is_given_up_and_the_firings_af
         database.close()
 
 
+def stuck_firing(migrated, rule: str, release: threading.Event, **options):
+    """A database (``connect(migrated, **options)``, its outbox empty) whose detached rule ``rule`` on signal ``stuck``
+    blocks until ``release`` is set, and the event its firing sets once it runs."""
+    database = activedb.connect(migrated, **options)
+    with database.engine.begin() as connection:
+        connection.execute(sa.text("TRUNCATE activedb_outbox RESTART IDENTITY"))
+    started = threading.Event()
+
+    def never_returns(tx, event):
+        started.set()
+        release.wait(TIMEOUT * 10)
+
+    database.rule(on=database.signalled("stuck"), coupling=Coupling.DETACHED, name=rule)(never_returns)
+    return database, started
+
+
 def test_close_with_a_firing_that_never_returns_returns_and_names_it(migrated, monkeypatch, caplog):
     """``Database.close()`` with a detached firing that never returns waits a bounded time (``CLOSE_WAIT``) and then
     says which firing it left running: its rule, its event and its record."""
     from activedb.outbox import _outbox
 
     monkeypatch.setattr(_outbox, "CLOSE_WAIT", 0.05)
-    database = activedb.connect(migrated, outbox_options={"recovery_interval": None})
-    with database.engine.begin() as connection:
-        connection.execute(sa.text("TRUNCATE activedb_outbox RESTART IDENTITY"))
-    started, release = threading.Event(), threading.Event()
-
-    @database.rule(on=database.signalled("stuck"), coupling=Coupling.DETACHED, name="never_returns_at_close")
-    def never_returns_at_close(tx, event):
-        started.set()
-        release.wait(TIMEOUT * 10)
-
+    release = threading.Event()
+    database, started = stuck_firing(migrated, "never_returns_at_close", release,
+                                     outbox_options={"recovery_interval": None})
     try:
         with database.transaction() as tx:
             tx.signal("stuck", n="7")
@@ -1632,3 +1642,28 @@ def test_the_members_of_a_group_around_a_firing_given_up_run_again_once(migrated
 def test_a_rule_deadline_that_is_no_positive_number_of_seconds_is_refused(value):
     with pytest.raises(activedb.BadArgument, match=r"OutboxOptions\(rule_deadline="):
         activedb.OutboxOptions(rule_deadline=value)
+
+
+def test_close_after_a_firing_was_given_up_names_its_thread_still_running(migrated, caplog):
+    """``close()`` after a firing was given up past the rule deadline does not wait for its thread (its runner was
+    released) and says which firing it leaves running."""
+    clock, release = ManualClock(), threading.Event()
+    database, started = stuck_firing(migrated, "given_up_at_close", release, clock=clock,
+                                     outbox_options={"recovery_interval": None, "rule_deadline": 5})
+    try:
+        with database.transaction() as tx:
+            tx.signal("stuck")
+        assert started.wait(TIMEOUT), "the firing never started"
+        wait_until(lambda: clock.sleepers >= 1, TIMEOUT, "the deadline watcher waits on the clock")
+        clock.advance(6)
+        wait_until(lambda: database.outbox.statistics().given_up == 1, TIMEOUT, "the firing given up")
+        with caplog.at_level("WARNING", logger="activedb.outbox"):
+            database.close()
+        [warning] = [record.getMessage() for record in caplog.records if "given up past the rule deadline still run"
+                     in record.getMessage()]
+        assert "rule 'given_up_at_close' on signal stuck" in warning and "(record 1)" in warning, warning
+        assert not [record.getMessage() for record in caplog.records if "group transaction(s) still run" in
+                    record.getMessage()]
+    finally:
+        release.set()
+        database.close()
