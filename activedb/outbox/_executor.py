@@ -366,6 +366,7 @@ class Executor:
                     if not given_up:
                         self._release(self._groups.pop(me))
                     self._idle.notify_all()
+                self._watch_wake.set()      # (the deadline watcher looks again: it ends with the last group once closed)
             if given_up:                    # (its runner was released when it was given up)
                 return
 

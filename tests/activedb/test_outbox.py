@@ -1557,6 +1557,8 @@ def test_a_detached_firing_past_its_rule_deadline_is_given_up_and_the_firings_af
     finally:
         release.set()
         database.close()
+    executor = database.outbox._executor
+    wait_until(lambda: executor._watcher is None, TIMEOUT, "the deadline watcher ended with close()")
 
 
 def stuck_firing(migrated, rule: str, release: threading.Event, **options):
