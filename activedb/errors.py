@@ -30,7 +30,7 @@ __all__ = ["ActivedbError", "BadDatabaseURL", "BatchAlreadyCommitted", "CascadeL
            "DatabaseError", "DatabaseUnavailable", "DiskFull", "DuplicateKey", "EmbeddedServerError", "Failure",
            "GeneratedKeysReset", "BadArgument", "InvalidChoice", "InvalidKey", "InvalidTime", "InvalidValue", "NestedTooDeep",
            "MigrationError", "OutboxError",
-           "PictureError", "RecordsTakenOver", "RuleDefinitionChangedWarning", "RuleError",
+           "PictureError", "RecordsTakenOver", "RuleDeadlineExceeded", "RuleDefinitionChangedWarning", "RuleError",
            "RuleFailed", "SchemaError", "SchemaNotAtHead", "SerializationConflict", "ServerDiskFull",
            "TransactionAborted", "TransactionError", "Unconnected", "UnknownColumn", "UnknownTable", "WaitTimeout"]
 
@@ -158,6 +158,12 @@ def check_call_fits(owner: str, called: str, function: Callable[..., object], po
         signature.bind(*([None] * positional), **dict.fromkeys(keywords))
     except TypeError as refused:
         raise error(f"{owner} runs {called}; {plain.__name__}{signature} cannot be: {refused}") from None
+
+
+def rule_past_deadline(rule: str, deadline: float) -> str:
+    """``rule 'r' did not return within its deadline of N s``: how every rule deadline (an ingestion's,
+    ``activedb.ingest.Deadlines``; the outbox's, ``OutboxOptions.rule_deadline``) names the firing it gave up."""
+    return f"rule {rule!r} did not return within its deadline of {deadline:g} s"
 
 
 def finite_number(value: float) -> bool:
@@ -816,6 +822,26 @@ class RecordsTakenOver(OutboxError, SerializationConflict):
     """Outbox records this process was running were claimed by another process meanwhile (this process
     lost its liveness lock, e.g. after its connection broke): the transaction that would have marked them
     done wrote nothing; the other process runs them."""
+
+
+class RuleDeadlineExceeded(OutboxError):
+    """A detached-family firing did not return within the outbox's rule deadline (``OutboxOptions(rule_deadline=…)``)
+    and was given up: its group transaction was doomed — nothing it wrote commits, even if its thread returns —, its
+    record failed with this message, its group runner freed.  Python cannot stop a thread: the rule's thread runs on,
+    holding the lock-manager locks of what it wrote until it returns.  ``rule``: the rule's name; ``record_id``: its
+    outbox record (``activedb outbox --retry ID`` runs it again, once the rule is fixed)."""
+
+    def __init__(self, message: str, *, rule: str, record_id: int) -> None:
+        super().__init__(message)
+        self.rule = rule
+        self.record_id = record_id
+
+    def __reduce__(self) -> tuple[object, ...]:       # (pickled with its keywords)
+        return _rebuild_deadline, (str(self), self.rule, self.record_id)
+
+
+def _rebuild_deadline(message: str, rule: str, record_id: int) -> RuleDeadlineExceeded:
+    return RuleDeadlineExceeded(message, rule=rule, record_id=record_id)
 
 
 # --- ingestion ------------------------------------------------------------------------

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, TypeVar
 import sqlalchemy as sa
 
 from activedb import deadletters, lowlevel
-from activedb.errors import finite_number
+from activedb.errors import finite_number, rule_past_deadline
 from activedb.ingest._interface import RowEvent, row_count
 from activedb.ingest._letters import BatchLetters
 from activedb.ingest._outcome import BatchInProgress, FiringInProgress
@@ -330,9 +330,9 @@ class Watch:
         rule_late = (firing is not None and self.deadlines.rule is not None and firing.seconds >= self.deadlines.rule)
         where = f"batch {batch.batch_id} of {batch.query_id}"
         if rule_late:
-            assert firing is not None
-            what = (f"rule {firing.rule!r} did not return within its deadline of {self.deadlines.rule:g} s (it has "
-                    f"run {firing.seconds:,.0f} s on {firing.event})")
+            assert firing is not None and self.deadlines.rule is not None
+            what = (f"{rule_past_deadline(firing.rule, self.deadlines.rule)} (it has run {firing.seconds:,.0f} s on "
+                    f"{firing.event})")
         else:
             running = ("" if firing is None
                        else f"; rule {firing.rule!r} has run {firing.seconds:,.0f} s on {firing.event}")
@@ -349,9 +349,9 @@ class Watch:
             lowlevel.abandon(root, error)
         culprit = event_in_progress() if rule_late and not committed else None
         if culprit is not None:
-            assert firing is not None
-            reason = (f"rule {firing.rule!r} did not return within its deadline of {self.deadlines.rule:g} s on this "
-                      f"event: the batch was applied without it (fix the rule, then replay this dead letter)")
+            assert firing is not None and self.deadlines.rule is not None
+            reason = (f"{rule_past_deadline(firing.rule, self.deadlines.rule)} on this event: the batch was applied "
+                      f"without it (fix the rule, then replay this dead letter)")
             letter = BatchLetters(rows, batch.query_id, batch.batch_id, self.mapping).for_events([(culprit, reason)])[0]
             try:
                 error.letter_id = deadletters.insert_ahead(self.db, batch.query_id, batch.batch_id, culprit.position,

@@ -1,24 +1,29 @@
 """Running recorded firings: group commit, retries, failures.  Design note: the package's ``README.md``
 ("Group commit, and why subtransactions", "Failures and retries").
 
-Thread-safety: ``_mutex`` protects ``_ready``, ``_parked``, ``_runners``, ``_running``, ``_taken``, ``_groups``,
-``_runner_threads`` and ``_pacer``; runners take work under it and run groups without it.  No mutex is held while
-running a group or calling the pacer.
+Thread-safety: ``_mutex`` protects ``_ready``, ``_parked``, ``_runners``, ``_running``, ``_taken``, ``_groups`` (and
+the fields of its ``_GroupRun``s), ``_given_up``, ``_runner_threads``, ``_watcher`` and ``_pacer``; runners take work
+under it and run groups without it.  No mutex is held while running a group, calling the pacer, or giving a firing up
+(its SQL, its log).
 """
 
 from __future__ import annotations
 
 import collections
 import logging
+import sys
 import threading
+import traceback
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 import psycopg
 import sqlalchemy as sa
 
-from activedb.errors import (DuplicateKey, Failure, LockWaitTimeout, RecordsTakenOver, RuleFailed, TransactionError,
-                             causes, classify, shown_error, sqlstate_of)
+from activedb import lowlevel
+from activedb.errors import (DuplicateKey, Failure, LockWaitTimeout, RecordsTakenOver, RuleDeadlineExceeded,
+                             RuleFailed, TransactionError, causes, classify, rule_past_deadline, shown_error,
+                             sqlstate_of)
 from activedb.outbox import _records
 from activedb.store import is_connection_failure, storable_text
 from activedb.txn import Along, CommitParticipant, FiringOutcome
@@ -132,6 +137,26 @@ class Work:
     uncounted: bool = False
 
 
+@dataclass(eq=False)
+class _GroupRun:
+    """What a group runner runs now (``Executor._groups``, by its thread), for the rule deadline: the group it took,
+    the group transaction of its current attempt, the firing running in it and since when (the outbox's clock).
+    Fields are the executor's ``_mutex``'s."""
+
+    works: list[Work]
+    thread: int
+    root: "Transaction | None" = None
+    work: Work | None = None             # the firing running now (None between firings)
+    since: float = 0.0
+    settled: set[int] = field(default_factory=set)   # id() of the works settled: committed, failed, parked, re-queued
+    given_up: RuleDeadlineExceeded | None = None     # Invariant: set => this run is in _given_up, not in _groups
+
+
+class _GivenUp(Exception):
+    """Raised in a runner whose firing was given up past the rule deadline, once its thread returns: its group
+    transaction aborts, and the runner ends without settling anything (the deadline watcher did)."""
+
+
 class _Outcome:
     DONE = "done"            # its subtransaction committed (condition true or false)
     RETRY = "retry"          # failed retryably; stays pending
@@ -157,13 +182,15 @@ class GroupMarks(CommitParticipant):
 class Executor:
     """Runs ready firings in groups on the transaction manager's worker pool.  Thread-safe."""
 
-    def __init__(self, outbox: "Outbox", *, group_size: int, max_groups: int, max_attempts: int):
+    def __init__(self, outbox: "Outbox", *, group_size: int, max_groups: int, max_attempts: int,
+                 rule_deadline: float | None = None):
         if group_size < 1 or max_groups < 1 or max_attempts < 1:
             raise ValueError("group_size, max_groups and max_attempts must be at least 1")
         self._outbox = outbox
         self.group_size = group_size
         self.max_groups = max_groups
         self.max_attempts = max_attempts
+        self.rule_deadline = rule_deadline
         self._mutex = threading.Lock()
         self._idle = threading.Condition(self._mutex)
         self._ready: collections.deque[Work] = collections.deque()
@@ -171,7 +198,13 @@ class Executor:
         self._runners = 0                        # Invariant: 0 <= _runners <= max_groups
         self._running = 0                        # works taken by runners and not yet settled
         self._taken: collections.Counter[int] = collections.Counter()   # their record ids (Invariant: total == _running)
-        self._groups: dict[int, list[Work]] = {}  # the groups runners run now, by id (Invariant: their works are _running's)
+        # The groups runners run now, by runner thread (Invariant: their works are _running's).
+        self._groups: dict[int, _GroupRun] = {}
+        # Runs given up past the rule deadline whose threads have not returned, by thread (their works are not
+        # _running's, their runners not _runners: released when given up).
+        self._given_up: dict[int, _GroupRun] = {}
+        self._watcher: threading.Thread | None = None   # gives up firings past the rule deadline (started with one)
+        self._watch_wake = threading.Event()           # a firing started, or close(): the watcher looks again
         self._runner_threads: set[int] = set()    # the threads running a runner now (close() must not wait for its own)
         self._idle_waiters = 0                   # threads in wait_idle
         self._closed = False
@@ -246,15 +279,23 @@ class Executor:
     def statistics(self) -> dict[str, int]:
         with self._mutex:
             return {"ready": len(self._ready), "running": self._running, "parked": len(self._parked),
-                    "groups": self.groups, "splits": self.splits}
+                    "groups": self.groups, "splits": self.splits, "given_up": len(self._given_up)}
 
     def running_rules(self) -> tuple[int, collections.Counter[str]]:
         """How many groups run now, and how many of their firings each rule has (the members of a group a runner runs:
         one of them is running, the others wait for it or ran already)."""
         with self._mutex:
-            groups = list(self._groups.values())
+            groups = [run.works for run in self._groups.values()]
         return len(groups), collections.Counter(work.firing.rule.name if work.firing is not None else "(none)"
                                                 for group in groups for work in group)
+
+    def running_firings(self) -> tuple[list[str], list[str]]:
+        """The firings the group runners run now, and those given up past the rule deadline whose threads still run:
+        each as ``rule 'r' on <event> (record N)``."""
+        with self._mutex:
+            running = [run.work for run in self._groups.values() if run.work is not None]
+            given_up = [run.work for run in self._given_up.values() if run.work is not None]
+        return [_described(work) for work in running], [_described(work) for work in given_up]
 
     def wait_idle(self, timeout: float | None) -> bool:
         bounded = None if timeout is None else min(timeout, threading.TIMEOUT_MAX)  # (inf: no thread waits so long)
@@ -275,6 +316,7 @@ class Executor:
             self._ready.clear()
             self._idle.notify_all()
             mine = 1 if threading.get_ident() in self._runner_threads else 0
+            self._watch_wake.set()
             return self._idle.wait_for(lambda: self._runners <= mine, wait)
 
     # --- runners ----------------------------------------------------------------------------
@@ -300,9 +342,11 @@ class Executor:
                 group = self._take()
                 self._running += len(group)
                 self._taken.update(work.record_id for work in group)
-                self._groups[id(group)] = group
+                self._groups[me] = _GroupRun(group, me)
             try:
                 self._run(group, retried=False)
+            except _GivenUp:                # (the watcher settled its group and released this runner)
+                pass
             except BaseException as error:  # never lose the accounting; the records stay pending in PostgreSQL
                 if interrupts_the_process(error):      # (Ctrl-C: parked, and the program stops)
                     with self._mutex:
@@ -318,11 +362,27 @@ class Executor:
                     self._parked.extend(group)
             finally:
                 with self._mutex:
-                    self._running -= len(group)
-                    del self._groups[id(group)]
-                    self._taken.subtract(work.record_id for work in group)
-                    self._taken += collections.Counter()        # (drops the ids at zero)
+                    given_up = self._given_up.pop(me, None) is not None
+                    if not given_up:
+                        self._release(self._groups.pop(me))
                     self._idle.notify_all()
+                self._watch_wake.set()      # (the deadline watcher looks again: it ends with the last group once closed)
+            if given_up:                    # (its runner was released when it was given up)
+                return
+
+    def _release(self, run: _GroupRun) -> None:
+        """Caller holds ``_mutex``: ``run``'s works are no longer running (``_running``, ``_taken``)."""
+        self._running -= len(run.works)
+        self._taken.subtract(work.record_id for work in run.works)
+        self._taken += collections.Counter()        # (drops the ids at zero)
+
+    def _settled(self, works: list[Work]) -> None:
+        """``works``, of the calling runner's group, are settled (committed, failed, parked or queued again): a firing
+        of the group given up later leaves them as they are."""
+        with self._mutex:
+            run = self._groups.get(threading.get_ident())
+            if run is not None:
+                run.settled.update(id(work) for work in works)
 
     def _take(self) -> list[Work]:
         """Caller holds ``_mutex``, with ``_ready`` not empty: the next group, taken from ``_ready`` — the first ready
@@ -354,6 +414,8 @@ class Executor:
         # What runs the group's members again runs outside the except clause: there, what a rule raised would get the
         # group's failure as its context (``__context__``), which ``is_retryable`` reads — a rule's own error after a
         # take-over or a conflict would pass for that conflict and be retried instead of failing for good.
+        if isinstance(failure, _GivenUp):
+            raise failure
         if outcomes is not None:
             self._settle(group, outcomes)
         elif isinstance(failure, RecordsTakenOver):
@@ -361,6 +423,7 @@ class Executor:
             remaining = [work for work in group if work.record_id in mine]
             # (Those another process runs now: this attempt, which the group's abort undid, was this process's last.)
             _undone(outbox, [work for work in group if work.record_id not in mine])
+            self._settled([work for work in group if work.record_id not in mine])
             logger.warning("%d outbox record(s) were taken over by another process; running the %d still ours",
                            len(group) - len(remaining), len(remaining))
             if remaining:
@@ -376,6 +439,7 @@ class Executor:
         if is_connection_failure(error):
             logger.warning("outbox: PostgreSQL unreachable while running %d firing(s) (%s); they wait for the "
                            "next recovery pass", len(group), describe_error(error))
+            self._settled(group)
             with self._mutex:
                 self._parked.extend(group)
             return
@@ -395,6 +459,7 @@ class Executor:
         if retryable and work.attempts < self.max_attempts:
             self._run(group, retried=True)
             return
+        self._settled(group)
         outbox.fail_alone(work, error)
 
     def _attempt(self, group: list[Work]) -> list[str]:
@@ -412,6 +477,8 @@ class Executor:
             for work in group:
                 firing = work.firing
                 again, work.ran = work.ran or work.claimed, True
+                self._firing_starts(root, work)
+                counted = True           # (whether the rule manager counted the outcome of this attempt)
                 try:
                     # (The rule manager's outcome, as its counters count it: ``fire`` runs it in a subtransaction; a
                     # run after the first, or a claimed record's first, is an attempt of its own: ``fired`` once more.)
@@ -419,10 +486,12 @@ class Executor:
                 except BaseException as raised:
                     if interrupts_the_process(raised):
                         raise
-                    if not isinstance(raised, Exception):    # (the rule manager counted it, logged it not)
+                    counted = not isinstance(raised, Exception)     # (an error of the transaction itself: not)
+                    if counted:                     # (the rule manager counted it, logged it not)
                         logger.error("detached rule %r raised %s on %s: it failed for good", firing.rule.name,
                                      describe_error(raised), firing.event.describe())
                     outcome, error = FiringOutcome.FAILED, raised
+                self._firing_ended(work, outcome if counted else None)
                 if outcome is FiringOutcome.EXECUTED or outcome is FiringOutcome.CONDITION_FALSE:
                     work.executed = work.uncounted = outcome is FiringOutcome.EXECUTED
                     outcomes.append(_Outcome.DONE)
@@ -445,8 +514,103 @@ class Executor:
         again = [work for work, outcome in zip(group, outcomes) if outcome is _Outcome.RETRY]
         for work in again:
             work.attempts += 1
+        self._settled(group)
         with self._mutex:
             self.groups += 1
         if again:
             self.submit(again)
 
+
+    # --- the rule deadline (README, "A rule that never returns") --------------------------------
+
+    def _firing_starts(self, root: "Transaction", work: Work) -> None:
+        """The calling runner starts ``work``'s firing in its group transaction ``root`` (what ``close()`` names if it
+        does not return); timed, if there is a rule deadline (the watcher is started with the first)."""
+        now = self._outbox.clock.now() if self.rule_deadline is not None else 0.0
+        with self._mutex:
+            run = self._groups[threading.get_ident()]
+            run.root, run.work, run.since = root, work, now
+            if self.rule_deadline is None:
+                return
+            if self._watcher is None:
+                self._watcher = threading.Thread(target=self._watch, name="activedb-outbox-deadlines", daemon=True)
+                self._watcher.start()
+        self._watch_wake.set()
+
+    def _firing_ended(self, work: Work, outcome: FiringOutcome | None) -> None:
+        """``work``'s firing returned (``outcome``, as the rule manager counted it; None: it counted none — an error of
+        the transaction itself, a doomed one's, came through); raises :class:`_GivenUp` if it was
+        given up meanwhile — after taking back the outcome the rule manager counted for it, as the give-up counted
+        that attempt failed (rules README, "Counters count attempts")."""
+        with self._mutex:
+            run = self._given_up.get(threading.get_ident())
+            if run is None:
+                self._groups[threading.get_ident()].work = None
+                return
+        if outcome is FiringOutcome.FAILED:
+            self._outbox.rules.count(work.firing.rule, "failed", -1)
+        elif outcome is FiringOutcome.CANCELLED:
+            self._outbox.rules.count(work.firing.rule, "cancelled", -1)
+        raise _GivenUp(f"the firing of rule {work.firing.rule.name!r} returned after it was given up")
+
+    def _watch(self) -> None:
+        """The watcher's thread: gives up each firing that has run ``rule_deadline`` seconds (the outbox's clock),
+        waking when a firing starts and when the first deadline comes; ends once closed with no group running."""
+        clock, deadline = self._outbox.clock, self.rule_deadline
+        assert deadline is not None
+        while True:
+            with self._mutex:
+                if self._closed and not self._groups:
+                    self._watcher = None
+                    return
+                self._watch_wake.clear()        # (under the mutex: a firing that starts after sets it again)
+                timed = [(run, run.work, run.since) for run in self._groups.values() if run.work is not None]
+            now = clock.now()
+            soonest: float | None = None
+            for run, work, since in timed:
+                left = deadline - (now - since)
+                if left <= 0:
+                    self._give_up(run, work, since, now - since)
+                else:
+                    soonest = left if soonest is None else min(soonest, left)
+            clock.wait(self._watch_wake, soonest)
+
+    def _give_up(self, run: _GroupRun, work: Work, since: float, seconds: float) -> None:
+        """Give up ``work``'s firing, which ``run``'s runner has run ``seconds`` (since ``since``) unless it has
+        returned meanwhile: under the mutex, its run leaves the running groups (its runner released); then its group
+        transaction is abandoned (``lowlevel.abandon``: doomed, its reads for update ended), its record marked failed
+        and counted so, the stuck thread's stack logged, and the group's other unsettled works queued again."""
+        assert self.rule_deadline is not None
+        rule = work.firing.rule.name
+        error = RuleDeadlineExceeded(
+            f"{rule_past_deadline(rule, self.rule_deadline)} (it ran {seconds:,.0f} s on "
+            f"{work.firing.event.describe()}): its firing was given up and nothing it wrote commits, even if it "
+            f"returns; make the rule return (a lock or statement timeout, a timeout of its own), then run it again "
+            f"with `activedb outbox --retry {work.record_id}`", rule=rule, record_id=work.record_id)
+        with self._mutex:
+            if self._groups.get(run.thread) is not run or run.work is not work or run.since != since:
+                return                          # (it returned, or the runner went on: nothing to give up)
+            run.given_up = error
+            del self._groups[run.thread]
+            self._given_up[run.thread] = run
+            self._release(run)
+            self._runners -= 1
+            self._runner_threads.discard(run.thread)
+            # (Its group's other works not settled yet run again, first: what ran in the doomed group never commits.)
+            self._ready.extendleft(reversed([other for other in run.works
+                                             if other is not work and id(other) not in run.settled]))
+            start = self._start_runners()
+            self._idle.notify_all()
+        if run.root is not None:
+            lowlevel.abandon(run.root, error)
+        frame = sys._current_frames().get(run.thread)
+        stack = "".join(traceback.format_stack(frame)) if frame is not None else "(its thread has ended)\n"
+        logger.error("outbox: %s. Its thread still runs, at:\n%s", error, stack.rstrip())
+        if self._outbox.mark_failed(work.record_id, error):
+            self._outbox.count([work.firing], "failed")
+        for _ in range(start):
+            self._submit_runner()
+
+
+def _described(work: Work) -> str:
+    return f"rule {work.firing.rule.name!r} on {work.firing.event.describe()} (record {work.record_id})"

@@ -79,6 +79,7 @@ class OutboxStatistics:
     parked: int = 0             # in this process: waiting for PostgreSQL to come back
     groups: int = 0             # group transactions this process committed
     splits: int = 0             # groups split to isolate a failing member
+    given_up: int = 0           # in this process: firings given up past the rule deadline whose threads still run
     lost: int = 0               # firings this process could not record (PostgreSQL unreachable at an abort); a firing
                                 # whose event the outbox cannot keep is no loss: its rule counts it ``failed``
 
@@ -96,6 +97,11 @@ class OutboxOptions:
       then; zero or below is refused (``BadArgument``).  The
       interval is measured on the outbox's ``clock`` (the database's: a test with a ``ManualClock`` moves it to
       start a pass).
+    * ``rule_deadline`` — seconds (of the outbox's ``clock``, the database's) a detached-family firing may run before
+      it is given up (README, "A rule that never returns"): its group transaction is doomed (nothing it wrote
+      commits), its record failed saying so (``activedb outbox --retry ID`` runs it again), its group runner freed for
+      the firings after it.  ``None`` (the default): no deadline — a firing that never returns holds its runner, as
+      a long one must be free to run; zero or below is refused (``BadArgument``).
     * ``inserts_in_commit`` — a batch run at commit (a lowered micro-batch) runs the detached-family firings whose
       actions only insert rows in its own commit, with no record (``activedb/batch/README.md``, "Detached firings
       that only insert"); False: every firing is recorded here and run by a group transaction of its own.
@@ -106,6 +112,7 @@ class OutboxOptions:
     max_attempts: int = 5
     recovery_interval: float | None = 10.0
     inserts_in_commit: bool = True
+    rule_deadline: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("group_size", "max_groups", "max_attempts"):
@@ -114,6 +121,8 @@ class OutboxOptions:
         check_seconds("OutboxOptions", "recovery_interval", self.recovery_interval, zero=False,
                       none="passes only when a rule is registered and on recover()")
         check_switch("OutboxOptions", "inserts_in_commit", self.inserts_in_commit)
+        check_seconds("OutboxOptions", "rule_deadline", self.rule_deadline, zero=False, finite=True,
+                      none="no deadline")
 
 
 class Outbox:
@@ -131,7 +140,7 @@ class Outbox:
         #: This process's liveness key (the owner of the records it runs); see ``_records``.
         self.owner = secrets.randbits(62) + 1
         self._executor = Executor(self, group_size=options.group_size, max_groups=options.max_groups,
-                                  max_attempts=options.max_attempts)
+                                  max_attempts=options.max_attempts, rule_deadline=options.rule_deadline)
         self._mutex = threading.Lock()        # protects _started, _closed, _lost, _thread, _unsettled
         self._started = False
         self._closed = False
@@ -191,10 +200,15 @@ class Outbox:
             thread.join(timeout=CLOSE_WAIT)
         if not idle and not self._executor.close(CLOSE_WAIT):
             groups, rules = self._executor.running_rules()
-            logger.warning("outbox: closing while %d group transaction(s) still run after %g s (rules: %s); each "
-                           "commits its firings later or, if another process takes their records over meanwhile, "
-                           "writes nothing — the records run once either way", groups, CLOSE_WAIT,
-                           ", ".join(sorted(rules)) or "none")
+            running, _ = self._executor.running_firings()
+            logger.warning("outbox: closing while %d group transaction(s) still run after %g s (rules: %s; running "
+                           "now: %s); each commits its firings later or, if another process takes their records over "
+                           "meanwhile, writes nothing — the records run once either way", groups, CLOSE_WAIT,
+                           ", ".join(sorted(rules)) or "none", "; ".join(running) or "none")
+        _, given_up = self._executor.running_firings()
+        if given_up:
+            logger.warning("outbox: closing while %d firing(s) given up past the rule deadline still run: %s; nothing "
+                           "they write commits", len(given_up), "; ".join(given_up))
         self._liveness.release()
 
     # --- recording (the detached runner's hook) ----------------------------------------------
@@ -417,7 +431,7 @@ class Outbox:
         here and was claimed (``Work.claimed``): no ``fired`` here awaits an outcome then."""
         logger.error("detached rule %r failed for good on %s after %d attempt(s): %s", work.firing.rule.name,
                      work.firing.event.describe(), work.attempts, describe_error(error))
-        if self._mark_failed(work.record_id, error) and (work.uncounted or not (work.ran or work.claimed)):
+        if self.mark_failed(work.record_id, error) and (work.uncounted or not (work.ran or work.claimed)):
             work.uncounted = False
             self.count([work.firing], "failed")
 
@@ -425,9 +439,9 @@ class Outbox:
         """Mark record ``record_id``, of which no firing could be made (``error``: an event this version cannot
         decode, say), failed in a transaction of its own; counted for no rule."""
         logger.error("outbox record %d cannot be run: %s", record_id, describe_error(error))
-        self._mark_failed(record_id, error)
+        self.mark_failed(record_id, error)
 
-    def _mark_failed(self, record_id: int, error: BaseException) -> bool:
+    def mark_failed(self, record_id: int, error: BaseException) -> bool:
         """Mark record ``record_id`` failed with ``error`` in a transaction of its own; False if that failed (logged:
         the record stays pending)."""
         try:
@@ -455,7 +469,12 @@ class Outbox:
                 f"{counts['parked']:,} parked. A firing runs in a group transaction of its group runner, one after "
                 f"another: a rule that never returns holds one of the outbox's group runners (max_groups = "
                 f"{self.options.max_groups}) and the firings after it wait; make the rule return (a lock or statement "
-                f"timeout, a deadline of its own), or wait longer")
+                f"timeout, a deadline of its own), give the outbox a rule deadline (OutboxOptions(rule_deadline=…): "
+                f"{self._deadline_said()}), or wait longer")
+
+    def _deadline_said(self) -> str:
+        deadline = self.options.rule_deadline
+        return "none now" if deadline is None else f"{deadline:g} s now"
 
     @property
     def running(self) -> int:

@@ -30,6 +30,7 @@ from click.testing import CliRunner
 import activedb
 from activedb import Coupling, Event, EventKind, lowlevel
 from activedb.cli import main
+from activedb.clock import ManualClock
 from activedb.errors import GeneratedKeysReset, OutboxError, RuleDefinitionChangedWarning, SerializationConflict
 from activedb.outbox import _records
 from activedb.testing import wait_until
@@ -1303,6 +1304,7 @@ def test_wait_idle_that_times_out_names_the_rules_of_the_firings_still_running(d
         text = str(raised.value)
         assert "running: slow_to_return (1)" in text, text
         assert "a rule that never returns holds one of the outbox's group runners" in text, text
+        assert "OutboxOptions(rule_deadline=…): none now" in text, text
     finally:
         release.set()
     db.rules.wait_idle(TIMEOUT)
@@ -1485,3 +1487,185 @@ def test_the_failed_firings_table_says_how_often_a_firing_failed_not_how_often_i
     assert shown.exit_code == 0, shown.output
     header = next(line for line in shown.output.splitlines() if re.search(r"\bid\b.*\brule\b.*\btrigger\b", line))
     assert "times failed" in header and "attempts" not in header, shown.output
+
+
+def test_a_detached_firing_past_its_rule_deadline_is_given_up_and_the_firings_after_it_run(migrated, caplog):
+    """A detached rule that never returned held its group runner for good: the firings queued behind it never ran,
+    and nothing recorded the stuck firing as failed.  With ``OutboxOptions(rule_deadline=…)`` (seconds of
+    ``db.clock``: a ``ManualClock`` passes it here) the firing is given up: its group transaction is doomed (what it
+    wrote never commits, even once its thread returns), its record failed with a reason saying what to do, counted
+    failed, logged once with the stuck thread's stack, and its runner freed.  ``--retry`` then runs it once."""
+    clock = ManualClock()
+    database = activedb.connect(migrated, clock=clock, outbox_options={
+        "recovery_interval": None, "max_groups": 1, "rule_deadline": 30})
+    with database.engine.begin() as connection:
+        connection.execute(sa.text("TRUNCATE events_seen, activedb_outbox RESTART IDENTITY"))
+    started, release, fixed = threading.Event(), threading.Event(), threading.Event()
+
+    @database.rule(on=database.signalled("stuck"), coupling=Coupling.DETACHED, name="never_returns")
+    def never_returns(tx, event):
+        tx.insert("events_seen", rule="never_returns", detail="fixed" if fixed.is_set() else "stuck")
+        if not fixed.is_set():
+            started.set()
+            release.wait(TIMEOUT * 10)         # set only at the end of the test
+
+    @database.rule(on=database.signalled("next"), coupling=Coupling.DETACHED, name="runs_next")
+    def runs_next(tx, event):
+        tx.insert("events_seen", rule="runs_next", detail=event.payload["n"])
+
+    try:
+        with caplog.at_level("ERROR", logger="activedb.outbox"):
+            try:
+                with database.transaction() as tx:
+                    tx.signal("stuck")
+                assert started.wait(TIMEOUT), "the firing never started"
+                with database.transaction() as tx:
+                    tx.signal("next", n="1")            # behind the stuck firing: max_groups=1
+
+                # (the outbox's deadline watcher sleeps on the clock until the stuck firing's deadline)
+                wait_until(lambda: clock.sleepers >= 1, TIMEOUT, "the deadline watcher waits on the clock")
+                clock.advance(31)
+                wait_until(lambda: records(database)[:1] == [("never_returns", "failed", "committed", True)], TIMEOUT,
+                           "the stuck firing given up", lambda: records(database))
+                wait_until(lambda: ("runs_next", "1") in seen(database), TIMEOUT,
+                           "the firing after the stuck one ran", lambda: seen(database))
+                database.rules.wait_idle(TIMEOUT)     # (the given-up firing holds no runner any more)
+                [failure] = database.outbox.failures()
+                assert failure.rule == "never_returns", failure
+                assert "rule 'never_returns' did not return within its deadline of 30 s" in failure.error, failure
+                assert "activedb outbox --retry" in failure.error, failure
+                assert database.rules.statistics().per_rule["never_returns"].failed == 1
+                assert database.outbox.statistics().given_up == 1
+            finally:
+                release.set()
+            wait_until(lambda: database.outbox.statistics().given_up == 0, TIMEOUT,
+                       "the given-up firing's thread returned")
+        assert seen(database) == [("runs_next", "1")], "the given-up firing's write committed"
+        logged = [record for record in caplog.records if "did not return within its deadline" in record.getMessage()]
+        assert len(logged) == 1, [record.getMessage() for record in logged]
+        assert "release.wait" in logged[0].getMessage(), logged[0].getMessage()      # the stuck thread's stack
+        counters = database.rules.statistics().per_rule["never_returns"]
+        assert (counters.fired, counters.failed, counters.cancelled, counters.executed) == (1, 1, 0, 0), counters
+
+        fixed.set()
+        assert database.outbox.retry_failed([failure.id]) == 1
+        wait_until(lambda: ("never_returns", "fixed") in seen(database), TIMEOUT, "the retried firing ran",
+                   lambda: seen(database))
+        database.rules.wait_idle(TIMEOUT)
+        assert seen(database) == [("never_returns", "fixed"), ("runs_next", "1")]
+        assert [status for rule, status, *_ in records(database)] == ["done", "done"]
+    finally:
+        release.set()
+        database.close()
+    executor = database.outbox._executor
+    wait_until(lambda: executor._watcher is None, TIMEOUT, "the deadline watcher ended with close()")
+
+
+def stuck_firing(migrated, rule: str, release: threading.Event, **options):
+    """A database (``connect(migrated, **options)``, its outbox empty) whose detached rule ``rule`` on signal ``stuck``
+    blocks until ``release`` is set, and the event its firing sets once it runs."""
+    database = activedb.connect(migrated, **options)
+    with database.engine.begin() as connection:
+        connection.execute(sa.text("TRUNCATE activedb_outbox RESTART IDENTITY"))
+    started = threading.Event()
+
+    def never_returns(tx, event):
+        started.set()
+        release.wait(TIMEOUT * 10)
+
+    database.rule(on=database.signalled("stuck"), coupling=Coupling.DETACHED, name=rule)(never_returns)
+    return database, started
+
+
+def test_close_with_a_firing_that_never_returns_returns_and_names_it(migrated, monkeypatch, caplog):
+    """``Database.close()`` with a detached firing that never returns waits a bounded time (``CLOSE_WAIT``) and then
+    says which firing it left running: its rule, its event and its record."""
+    from activedb.outbox import _outbox
+
+    monkeypatch.setattr(_outbox, "CLOSE_WAIT", 0.05)
+    release = threading.Event()
+    database, started = stuck_firing(migrated, "never_returns_at_close", release,
+                                     outbox_options={"recovery_interval": None})
+    try:
+        with database.transaction() as tx:
+            tx.signal("stuck", n="7")
+        assert started.wait(TIMEOUT), "the firing never started"
+        with caplog.at_level("WARNING", logger="activedb.outbox"):
+            database.close()
+        [warning] = [record.getMessage() for record in caplog.records if "closing while" in record.getMessage()]
+        assert "never_returns_at_close" in warning and "record 1" in warning and "stuck" in warning, warning
+    finally:
+        release.set()
+        database.close()
+
+
+def test_the_members_of_a_group_around_a_firing_given_up_run_again_once(migrated):
+    """A group's firings before the one given up ran in its group transaction, which the give-up dooms, and those
+    after it had not run: both run again, in another group, and commit once; the given-up firing's write never
+    does."""
+    clock = ManualClock()
+    database = activedb.connect(migrated, clock=clock, outbox_options={
+        "recovery_interval": None, "group_size": 64, "rule_deadline": 5})
+    with database.engine.begin() as connection:
+        connection.execute(sa.text("TRUNCATE events_seen, activedb_outbox RESTART IDENTITY"))
+    started, release = threading.Event(), threading.Event()
+
+    @database.rule(on=database.signalled("go"), coupling=Coupling.DETACHED, name="stuck_in_the_middle")
+    def stuck_in_the_middle(tx, event):
+        tx.insert("events_seen", rule="stuck_in_the_middle", detail=event.payload["n"])
+        if event.payload["n"] == "2" and not release.is_set():
+            started.set()
+            release.wait(TIMEOUT * 10)
+
+    try:
+        with database.transaction() as tx:
+            for number in ("1", "2", "3"):
+                tx.signal("go", n=number)           # one group: 1 runs, 2 never returns, 3 waits behind it
+        assert started.wait(TIMEOUT), "the firing never started"
+        wait_until(lambda: clock.sleepers >= 1, TIMEOUT, "the deadline watcher waits on the clock")
+        clock.advance(6)
+        wait_until(lambda: seen(database) == [("stuck_in_the_middle", "1"), ("stuck_in_the_middle", "3")], TIMEOUT,
+                   "the group's other members committed", lambda: (seen(database), records(database)))
+        database.rules.wait_idle(TIMEOUT)
+        assert [status for _, status, *_ in records(database)] == ["done", "failed", "done"]
+    finally:
+        release.set()
+    wait_until(lambda: database.outbox.statistics().given_up == 0, TIMEOUT, "the given-up firing's thread returned")
+    try:
+        assert seen(database) == [("stuck_in_the_middle", "1"), ("stuck_in_the_middle", "3")]
+        counters = database.rules.statistics().per_rule["stuck_in_the_middle"]
+        # 1 ran twice (its first run undone: cancelled), 2 once (failed), 3 once.
+        assert (counters.fired, counters.executed, counters.failed, counters.cancelled) == (4, 2, 1, 1), counters
+    finally:
+        database.close()
+
+
+@pytest.mark.parametrize("value", [0, -1, float("nan"), float("inf"), "30", True])
+def test_a_rule_deadline_that_is_no_positive_number_of_seconds_is_refused(value):
+    with pytest.raises(activedb.BadArgument, match=r"OutboxOptions\(rule_deadline="):
+        activedb.OutboxOptions(rule_deadline=value)
+
+
+def test_close_after_a_firing_was_given_up_names_its_thread_still_running(migrated, caplog):
+    """``close()`` after a firing was given up past the rule deadline does not wait for its thread (its runner was
+    released) and says which firing it leaves running."""
+    clock, release = ManualClock(), threading.Event()
+    database, started = stuck_firing(migrated, "given_up_at_close", release, clock=clock,
+                                     outbox_options={"recovery_interval": None, "rule_deadline": 5})
+    try:
+        with database.transaction() as tx:
+            tx.signal("stuck")
+        assert started.wait(TIMEOUT), "the firing never started"
+        wait_until(lambda: clock.sleepers >= 1, TIMEOUT, "the deadline watcher waits on the clock")
+        clock.advance(6)
+        wait_until(lambda: database.outbox.statistics().given_up == 1, TIMEOUT, "the firing given up")
+        with caplog.at_level("WARNING", logger="activedb.outbox"):
+            database.close()
+        [warning] = [record.getMessage() for record in caplog.records if "given up past the rule deadline still run"
+                     in record.getMessage()]
+        assert "rule 'given_up_at_close' on signal stuck" in warning and "(record 1)" in warning, warning
+        assert not [record.getMessage() for record in caplog.records if "group transaction(s) still run" in
+                    record.getMessage()]
+    finally:
+        release.set()
+        database.close()
