@@ -331,7 +331,8 @@ def run_command(ctx: click.Context, app: str, source_text: str, checkpoint: str 
     held = contextlib.ExitStack()        # the checkpoint's lock, until the end of the run
     held.enter_context(_checkpoint_lock(checkpoint_dir, name))
     try:
-        database = open_database(ctx, writes=True, outbox_options={"inserts_in_commit": not record_detached})
+        database = open_database(ctx, writes=True, outbox_options={"inserts_in_commit": not record_detached,
+                                                                   "rule_deadline": rule_deadline or None})
     except BaseException:
         held.close()
         raise

@@ -199,7 +199,8 @@ def consume_command(ctx: click.Context, app: str, name: str, batch_size: int, re
 
     loaded = load_application(app)        # (MIGRATIONS relative to the application's file, as `activedb run` reads it)
     restart_environment: dict[str, str] | None = None   # to restart this command in (a deadline passed)
-    with open_database(ctx, writes=True) as database:
+    # (--rule-deadline gives up a detached-family firing of the rules too: the outbox's rule deadline)
+    with open_database(ctx, writes=True, outbox_options={"rule_deadline": rule_deadline or None}) as database:
         metrics = start_metrics(database, metrics_port)
         try:
             if metrics is not None:

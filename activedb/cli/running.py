@@ -66,7 +66,8 @@ def deadline_options(unwatched: str = "") -> Callable[[_Command], _Command]:
             "--rule-deadline", type=Seconds(), default=RULE_DEADLINE_SECONDS, show_default=True, metavar="SECONDS",
             help=f"A rule firing that has not returned after this long fails its batch: the event becomes a dead "
                  f"letter, the batch is rolled back and this command restarts itself to apply it without the event "
-                 f"(0: no limit{unwatched}).")(command)
+                 f"(0: no limit{unwatched}). A detached-family firing past it is given up: its outbox record "
+                 f"fails saying so (`activedb outbox --retry ID` runs it again).")(command)
     return add
 
 

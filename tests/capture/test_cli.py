@@ -483,3 +483,60 @@ def test_a_consumer_stopped_by_a_signal_releases_its_lead_so_the_next_leads_at_o
         wait_until(lambda: "running (Ctrl-C stops)" in second.text() or "standing by" in second.text(), 120,
                    "the second consumer to lead or stand by", describe=second.text)
         assert "standing by" not in second.text(), second.text()
+
+
+DETACHED_STUCK_APP = '''"""A rule on captured orders signals `stuck` for each; the detached rule on `stuck` never returns."""
+import threading
+
+from activedb import Coupling
+
+
+def register(db):
+    @db.rule(on=db.captured("orders", "inserted"), coupling=Coupling.DETACHED)     # (in the consumer's batch)
+    def signals(tx, event):
+        tx.signal("stuck", order=event.key)
+
+    @db.rule(on=db.signalled("stuck"), coupling=Coupling.DETACHED)
+    def never_returns(tx, event):
+        threading.Event().wait()
+'''
+
+
+def test_consumes_rule_deadline_gives_up_a_detached_firing_of_its_rules_that_never_returns(database_url, tmp_path):
+    """``capture consume --rule-deadline`` timed the firings of its batches only: a detached firing of the
+    application's rules (run by the outbox's group runners after the batch committed) that never returned held its
+    runner until the process ended, and its record stayed pending.  The command passes the deadline to the outbox
+    (``OutboxOptions.rule_deadline``): the firing is given up and its record fails saying so and what to do."""
+    from activedb.testing import wait_until
+
+    capture_orders(database_url)
+    app_file = tmp_path / "detached_stuck_app.py"
+    app_file.write_text(DETACHED_STUCK_APP)
+    home = tmp_path / "consumer"
+    home.mkdir()
+    with psycopg.connect(libpq(database_url), autocommit=True) as psql:
+        psql.execute("INSERT INTO orders (id, customer, amount) VALUES (79001, 'stuck', 1)")
+
+    def failed() -> list[tuple[str, str]]:
+        with psycopg.connect(libpq(database_url), autocommit=True) as psql:
+            return psql.execute("SELECT rule, error FROM activedb_outbox WHERE rule = 'never_returns' AND "
+                                "status = 'failed'").fetchall()
+
+    with consume_process(database_url, home, str(app_file), "--name", "detached-deadline",
+                         "--rule-deadline", "1") as consumer:
+        def given_up() -> bool:
+            assert consumer.process.poll() is None, f"consume exited ({consumer.process.returncode}):\n{consumer.text()}"
+            return bool(failed())
+
+        wait_until(given_up, 120, "the stuck detached firing to be given up",
+                   describe=lambda: f"{consumer.text()}\noutbox: {_outbox_rows(database_url)}")
+        os.killpg(consumer.process.pid, signal.SIGINT)
+        assert consumer.process.wait(timeout=60) == 0, consumer.text()
+    [(rule, error)] = failed()
+    assert "rule 'never_returns' did not return within its deadline of 1 s" in error, error
+    assert "activedb outbox --retry" in error, error
+
+
+def _outbox_rows(database_url: str) -> list[tuple[object, ...]]:
+    with psycopg.connect(libpq(database_url), autocommit=True) as psql:
+        return psql.execute("SELECT id, rule, status, error FROM activedb_outbox ORDER BY id").fetchall()
