@@ -16,7 +16,7 @@ import pickle
 import uuid
 from typing import TYPE_CHECKING, Any, Callable
 
-from activedb.store._nesting import EXACT_DEPTH, Deeper, too_deep
+from activedb.store._nesting import EXACT_DEPTH, Deeper, within
 from activedb.store._schema import text_problem
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -31,10 +31,7 @@ def exact_json(value: object) -> Json:
     """``value`` as JSON ``jsonb`` accepts, decodable by :func:`from_exact_json` into an equal value.  A value whose
     lists, dicts, tuples and sets nest deeper than ``EXACT_DEPTH`` levels is refused:
     :class:`~activedb.errors.NestedTooDeep` (its encoding and decoding would run out of Python's stack)."""
-    try:
-        return _exact(value, EXACT_DEPTH)
-    except Deeper:
-        raise too_deep(value, EXACT_DEPTH) from None
+    return within(_exact, value, EXACT_DEPTH)
 
 
 def _exact(value: object, levels: int) -> Json:
@@ -132,6 +129,7 @@ def _pickled(value: object) -> str:
     return base64.b64encode(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)).decode("ascii")
 
 
+# The tags of values that nest nothing: the value decoded from the tag's item.
 _DECODERS: dict[str, Callable[[Any], object]] = {
     "$float": float,
     "$str": lambda text: base64.b64decode(text).decode("utf-8", "surrogatepass"),
@@ -142,23 +140,44 @@ _DECODERS: dict[str, Callable[[Any], object]] = {
     "$decimal": decimal.Decimal,
     "$bytes": base64.b64decode,
     "$uuid": uuid.UUID,
-    "$tuple": lambda items: tuple(from_exact_json(item) for item in items),
-    "$set": lambda items: {from_exact_json(item) for item in items},
-    "$frozenset": lambda items: frozenset(from_exact_json(item) for item in items),
-    "$map": lambda pairs: {from_exact_json(key): from_exact_json(item) for key, item in pairs},
     "$pickle": lambda text: pickle.loads(base64.b64decode(text)),
 }
+# The tags of collections, one level of nesting each (as ``exact_json`` counts them): the collection of the
+# decoded items of the tag's list.
+_COLLECTIONS: dict[str, Callable[[list[object]], object]] = {"$tuple": tuple, "$set": set, "$frozenset": frozenset}
+
+#: What to do about a stored value nested deeper than ``from_exact_json`` decodes (``exact_json`` writes none).
+_NOT_EXACT = ("exact_json writes none so deep, so something else wrote it: read it as plain JSON, or write it again "
+              "through activedb")
 
 
 def from_exact_json(value: Any) -> Any:
-    """The inverse of :func:`exact_json`."""
+    """The inverse of :func:`exact_json`.  A value that nests deeper than ``EXACT_DEPTH`` levels as ``exact_json``
+    counts them (its lists, dicts, tuples, sets and ``$map`` pairs), which ``exact_json`` never writes, is refused:
+    :class:`~activedb.errors.NestedTooDeep` (its decoding would run out of Python's stack)."""
+    return within(_decoded, value, EXACT_DEPTH, advice=_NOT_EXACT)
+
+
+def _decoded(value: Any, levels: int) -> Any:
+    """:func:`from_exact_json` of ``value``, allowed ``levels`` more levels of nesting (:class:`Deeper` beyond them)."""
     if isinstance(value, list):
-        return [from_exact_json(item) for item in value]
+        if not levels:
+            raise Deeper
+        return [_decoded(item, levels - 1) for item in value]
     if isinstance(value, dict):
         if len(value) == 1:
             (key, item), = value.items()
             decoder = _DECODERS.get(key)
             if decoder is not None:
                 return decoder(item)
-        return {key: from_exact_json(item) for key, item in value.items()}
+            collection = _COLLECTIONS.get(key)
+            if collection is not None or key == "$map":
+                if not levels:
+                    raise Deeper
+                if collection is not None:
+                    return collection([_decoded(element, levels - 1) for element in item])
+                return {_decoded(pair_key, levels - 1): _decoded(pair_item, levels - 1) for pair_key, pair_item in item}
+        if not levels:
+            raise Deeper
+        return {key: _decoded(item, levels - 1) for key, item in value.items()}
     return value
