@@ -21,7 +21,7 @@ import sqlalchemy as sa
 from activedb.errors import (BadArgument, BatchAlreadyCommitted, GeneratedKeysReset, NestedTooDeep, check_switch,
                              check_whole_number)
 from activedb.extras import Extra, needs
-from activedb.store import (EXACT_DEPTH, Catalog, Json, exact_json, from_exact_json, jsonable, nesting_depth,
+from activedb.store import (EXACT_DEPTH, Catalog, Json, exact_json, from_exact_json, from_jsonable, jsonable, nesting_depth,
                             storable_text)
 from activedb.txn import CommitParticipant, enlist
 
@@ -116,7 +116,8 @@ class Letter:
 
     ``row`` is the original, kept exactly (any value :func:`activedb.store.exact_json` takes, or a one-row
     ``pyarrow.Table``); ``shown`` the readable form for ``raw`` (default: ``jsonable(row, tagged=True)`` — bytes and
-    non-finite floats tagged, not shown as text —, wrapped as ``{"value": ...}`` unless it is a mapping)."""
+    non-finite floats tagged, not shown as text, and keys starting with ``$`` escaped —, wrapped as
+    ``{"value": ...}`` unless it is a mapping; one given is made the same way, as ``BatchLetters`` makes it)."""
 
     reason: str
     row: Any = field(hash=False)
@@ -152,10 +153,10 @@ class LetterRecord:
 
     def row(self) -> object:
         """The row as its writer had it (a one-row ``pyarrow.Table`` for rows Spark delivered, else a
-        dict or the value); ``raw`` for letters written before originals were kept.  A letter kept cut
-        (:meth:`cut`) has no row: BadArgument."""
+        dict or the value); for letters written before originals were kept, ``raw`` read back (``from_jsonable``:
+        its tags the values they stand for).  A letter kept cut (:meth:`cut`) has no row: BadArgument."""
         if self.original is None:
-            return self.raw
+            return from_jsonable(self.raw)
         return decode_original(self.original)
 
     def cut(self) -> bool:

@@ -226,6 +226,38 @@ def test_letters_are_split_by_bytes_as_well_as_by_count():
     assert [len(chunk) for chunk in _statements_of(many, many)] == [deadletters.LETTERS_PER_STATEMENT] * 2 + [1]
 
 
+def test_a_users_dict_that_looks_like_a_tag_is_stored_apart_from_the_value_it_looks_like(db):
+    """``raw`` shows bytes as ``{"$bytes": ...}`` and a dict of the user's with such a key escaped (``$$bytes``); a
+    letter without an original (written before originals were kept) replays its ``raw`` read back, each as it was."""
+    rows = [{"blob": b"hi", "users": {"$bytes": "aGk="}, "nan": {"$float": "nan"}, "deep": [{"$none": True}]},
+            {"blob": {"$bytes": "aGk="}}, {"$float": math.nan}]
+    with db.transaction() as tx:
+        deadletters.insert(tx, "look-alike@q", 1, [Letter("look-alike", row) for row in rows])
+    stored = deadletters.select(db, LetterFilter(query="look-alike"))
+    assert stored[0].raw == {"blob": {"$bytes": "aGk="}, "users": {"$$bytes": "aGk="}, "nan": {"$$float": "nan"},
+                             "deep": [{"$$none": True}]}
+    assert stored[1].raw == {"blob": {"$$bytes": "aGk="}}
+    assert [record.row() for record in stored[:2]] == rows[:2]
+    with db.engine.begin() as connection:      # (as letters written before originals were kept)
+        connection.execute(sa.text("UPDATE activedb_dead_letters SET original = NULL WHERE query_id = 'look-alike@q'"))
+    without = deadletters.select(db, LetterFilter(query="look-alike"))
+    assert [record.row() for record in without[:2]] == rows[:2]
+    assert _nan_equal(without[2].row(), rows[2])
+
+
+def test_an_arrow_rows_column_named_like_a_tag_is_shown_escaped_and_its_original_kept():
+    """Spark's rows are shown column by column (``jsonable_rows``): a column whose name starts with ``$`` is escaped
+    as a mapping's key is, so a one-column row ``$bytes`` does not read as bytes."""
+    from activedb.ingest._letters import BatchLetters
+    from activedb.store import from_jsonable
+
+    table = pa.table({"$bytes": ["aGk="]})
+    [letter] = BatchLetters(table, "arrow-tag@q", 1).all_rows("rejected: a reason")
+    assert letter.raw() == {"$$bytes": "aGk="}
+    assert from_jsonable(letter.raw()) == {"$bytes": "aGk="}
+    assert letter.row.to_pylist() == [{"$bytes": "aGk="}]
+
+
 def test_a_reason_quoting_unstorable_text_is_stored_spelled_out(db):
     """A rule's message may quote the very value PostgreSQL refused; the letter must still be written."""
     with db.transaction() as tx:
