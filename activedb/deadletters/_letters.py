@@ -21,8 +21,8 @@ import sqlalchemy as sa
 from activedb.errors import (BadArgument, BatchAlreadyCommitted, GeneratedKeysReset, NestedTooDeep, check_switch,
                              check_whole_number)
 from activedb.extras import Extra, needs
-from activedb.store import (EXACT_DEPTH, Catalog, Json, exact_json, from_exact_json, from_jsonable, jsonable, nesting_depth,
-                            storable_text)
+from activedb.store import (EXACT_DEPTH, Catalog, Json, exact_json, from_exact_json, from_jsonable, jsonable,
+                            nesting_depth, storable_text)
 from activedb.txn import CommitParticipant, enlist
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -47,8 +47,8 @@ class BatchLetters:
         _, originals, left_out = self._taken([item.position for item in from_rows])
         taken = {id(item): (original, names) for item, original, names in zip(from_rows, originals, left_out)}
         # A rejection that is no row of the batch (position -1) keeps what it describes.
-        return [Letter(item.reason, taken[id(item)][0], _without(item.row, _shown(taken[id(item)][1]))) if id(item) in taken
-                else Letter(item.reason, item.row, item.row) for item in bad]
+        return [Letter(item.reason, taken[id(item)][0], _without(item.row, _shown(taken[id(item)][1])))
+                if id(item) in taken else Letter(item.reason, item.row, item.row) for item in bad]
 
     def for_events(self, failed: Sequence[tuple[RowEvent, str]]) -> list[Letter]:
         """Letters for events of this batch, each ``(event, reason)``, with the row each came from (the event's

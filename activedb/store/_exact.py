@@ -196,7 +196,8 @@ def _decoded(value: Any, levels: int, form: _Form = _EXACT) -> Any:
     if isinstance(value, list):
         if not levels:
             raise Deeper
-        return [_decoded(item, levels - 1, form) for item in value]
+        levels -= 1     # (its plain items as themselves, without a call each, as ``_exact``'s)
+        return [item if type(item) in _PLAIN else _decoded(item, levels, form) for item in value]
     if isinstance(value, dict):
         if len(value) == 1:
             (key, item), = value.items()
@@ -213,8 +214,13 @@ def _decoded(value: Any, levels: int, form: _Form = _EXACT) -> Any:
                         for pair_key, pair_item in item}
         if not levels:
             raise Deeper
+        levels -= 1
         if form.escaped:
-            return {key[1:] if key.startswith("$$") else key: _decoded(item, levels - 1, form)
-                    for key, item in value.items()}
-        return {key: _decoded(item, levels - 1, form) for key, item in value.items()}
+            return {key[1:] if key.startswith("$$") else key:
+                    item if type(item) in _PLAIN else _decoded(item, levels, form) for key, item in value.items()}
+        return {key: item if type(item) in _PLAIN else _decoded(item, levels, form) for key, item in value.items()}
     return value
+
+
+#: The types of JSON values that are themselves, decoded.
+_PLAIN = frozenset((str, int, float, bool, type(None)))

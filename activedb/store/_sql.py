@@ -112,7 +112,8 @@ def _jsonable(value: object, tagged: bool, depth: int) -> Json:
         return f"<{type(value).__name__} nested deeper than {JSONABLE_DEPTH} levels: not shown>"
     if isinstance(value, Mapping):
         if tagged:
-            return {tagged_key(storable_text(str(key))): _jsonable(item, tagged, depth - 1) for key, item in value.items()}
+            return {tagged_key(storable_text(str(key))): _jsonable(item, tagged, depth - 1)
+                    for key, item in value.items()}
         return {storable_text(str(key)): _jsonable(item, tagged, depth - 1) for key, item in value.items()}
     if nested:
         return [_jsonable(item, tagged, depth - 1) for item in value]     # type: ignore[attr-defined]
