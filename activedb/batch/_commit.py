@@ -618,7 +618,8 @@ def _send(connection: sa.Connection, statements: list[_Statement], check: KeysCh
     entered already and the savepoint set in it (the rows sent while the batch ran, ``_EarlyWrites``): the statements
     go on in it, under that savepoint, released at the end; on a failure rolled back to (as ``savepoint``)."""
     driver = _driver(connection)
-    checking = inserting = letters = None
+    checking = letters = None
+    inserting: list[psycopg.Cursor[TupleRow]] = []
     if opened is not None:
         assert savepoint is None
         savepoint = opened[1]
@@ -632,7 +633,7 @@ def _send(connection: sa.Connection, statements: list[_Statement], check: KeysCh
                 _execute(connection, statement)
             letters = then() if then is not None else None
             if letters is not None:
-                inserting = driver.execute(letters.sql, letters.parameters)
+                inserting = [driver.execute(letters.sql, parameters) for parameters in letters.chunks]
             if savepoint is not None:
                 # (After the dead letters: a refusal of theirs is rolled back to the savepoint too, which a released
                 # one no longer is.)
@@ -649,8 +650,8 @@ def _send(connection: sa.Connection, statements: list[_Statement], check: KeysCh
         raise driver_error("the batch's writes (one pipeline)", None, error, driver) from None
     if check is not None and checking is not None:
         check.judge(checking.fetchall())
-    if letters is not None and inserting is not None:
-        letters.done(inserting.rowcount)
+    if letters is not None and inserting:
+        letters.done(sum(cursor.rowcount for cursor in inserting))
     return sum(len(rows) for _, _, _, rows in statements)
 
 

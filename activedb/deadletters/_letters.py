@@ -14,16 +14,16 @@ import json
 import re
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Unpack
+from typing import TYPE_CHECKING, Any, TypeVar, Unpack
 
 import sqlalchemy as sa
 
 from activedb.errors import (BadArgument, BatchAlreadyCommitted, GeneratedKeysReset, NestedTooDeep, check_switch,
                              check_whole_number)
 from activedb.extras import Extra, needs
-from activedb.store import (EXACT_DEPTH, Catalog, Json, exact_json, from_exact_json, jsonable, nesting_depth,
-                            storable_text)
-from activedb.txn import CommitParticipant
+from activedb.store import (EXACT_DEPTH, Catalog, Json, exact_json, from_exact_json, from_jsonable, jsonable,
+                            nesting_depth, storable_text)
+from activedb.txn import CommitParticipant, enlist
 
 if TYPE_CHECKING:  # pragma: no cover
     from activedb._handle import DatabaseHandle
@@ -42,6 +42,14 @@ _CUT_TAG = "$cut"
 #: row (:meth:`LetterRecord.cut`).  The bound keeps a letter within what PostgreSQL takes in one value.
 LETTER_BYTES = 16 * 2**20
 CUT_PREVIEW_CHARS = 1_000
+
+#: The most letters one statement inserts, and the most bytes of their JSON together (each letter's as
+#: :data:`LETTER_BYTES` measures it): a batch's letters beyond either bound go out in more statements, one after
+#: another in the same transaction.  A statement's letters travel as one JSON document, one value, which PostgreSQL
+#: takes at most 1 GB of and which the driver and the server each hold whole in memory.  A letter larger alone than
+#: ``STATEMENT_BYTES`` goes in a statement of its own (``LETTER_BYTES`` bounds it).
+LETTERS_PER_STATEMENT = 1_000
+STATEMENT_BYTES = 64 * 2**20
 
 
 class FinalReason(str):
@@ -108,7 +116,8 @@ class Letter:
 
     ``row`` is the original, kept exactly (any value :func:`activedb.store.exact_json` takes, or a one-row
     ``pyarrow.Table``); ``shown`` the readable form for ``raw`` (default: ``jsonable(row, tagged=True)`` — bytes and
-    non-finite floats tagged, not shown as text —, wrapped as ``{"value": ...}`` unless it is a mapping)."""
+    non-finite floats tagged, not shown as text, and keys starting with ``$`` escaped —, wrapped as
+    ``{"value": ...}`` unless it is a mapping; one given is made the same way, as ``BatchLetters`` makes it)."""
 
     reason: str
     row: Any = field(hash=False)
@@ -144,10 +153,10 @@ class LetterRecord:
 
     def row(self) -> object:
         """The row as its writer had it (a one-row ``pyarrow.Table`` for rows Spark delivered, else a
-        dict or the value); ``raw`` for letters written before originals were kept.  A letter kept cut
-        (:meth:`cut`) has no row: BadArgument."""
+        dict or the value); for letters written before originals were kept, ``raw`` read back (``from_jsonable``:
+        its tags the values they stand for).  A letter kept cut (:meth:`cut`) has no row: BadArgument."""
         if self.original is None:
-            return self.raw
+            return from_jsonable(self.raw)
         return decode_original(self.original)
 
     def cut(self) -> bool:
@@ -343,7 +352,14 @@ def _columns(letters: Sequence[Letter]) -> list[dict[str, object]]:
     """Each letter's own columns: its reason (text PostgreSQL cannot store, such as a NUL character or a lone
     surrogate, spelled out), its readable form and its original — or, for a letter whose reason, readable form and
     original are together larger than :data:`LETTER_BYTES` of JSON, the letter cut (:func:`_cut`)."""
+    return _sized_columns(letters)[0]
+
+
+def _sized_columns(letters: Sequence[Letter]) -> tuple[list[dict[str, object]], list[int]]:
+    """:func:`_columns` of ``letters``, and the bytes of JSON each letter's columns hold (about: for a letter kept
+    cut, a bound of its preview's)."""
     columns: list[dict[str, object]] = []
+    sizes: list[int] = []
     for letter, original in zip(letters, encode_originals([letter.row for letter in letters])):
         raw = letter.raw()
         # (ASCII: the encoder escapes the rest, so characters are bytes; the readable form encoded once, for its size
@@ -352,9 +368,30 @@ def _columns(letters: Sequence[Letter]) -> list[dict[str, object]]:
         reason = storable_text(letter.reason)
         size = (len(reason) if reason.isascii() else len(reason.encode("utf-8"))) + len(shown) + len(
             _ENCODER.encode(original))
-        columns.append({"reason": reason, "raw": raw, "original": original} if size <= LETTER_BYTES
-                       else _cut(reason, shown, size))
-    return columns
+        if size <= LETTER_BYTES:
+            columns.append({"reason": reason, "raw": raw, "original": original})
+        else:
+            columns.append(_cut(reason, shown, size))
+            size = 2 * (len(str(columns[-1]["reason"])) + CUT_PREVIEW_CHARS) + 64    # (escapes at most double them)
+        sizes.append(size)
+    return columns, sizes
+
+
+_Item = TypeVar("_Item")
+
+
+def _statements_of(items: Sequence[_Item], sizes: Sequence[int]) -> list[list[_Item]]:
+    """``items`` (letters, ``sizes`` their bytes of JSON) in order, split into the statements that write them: each at
+    most :data:`LETTERS_PER_STATEMENT` of them and :data:`STATEMENT_BYTES` together — at least one each."""
+    statements: list[list[_Item]] = []
+    bytes_in_last = 0
+    for item, size in zip(items, sizes):
+        if not statements or len(statements[-1]) == LETTERS_PER_STATEMENT or bytes_in_last + size > STATEMENT_BYTES:
+            statements.append([])
+            bytes_in_last = 0
+        statements[-1].append(item)
+        bytes_in_last += size
+    return statements
 
 
 def _cut(reason: str, shown: str, size: int) -> dict[str, object]:
@@ -378,58 +415,78 @@ def _cut_size(original: object) -> int | None:
 
 
 def insert(tx: Transaction, query_id: str | None, batch_id: int | None, letters: Sequence[Letter]) -> None:
-    """Insert ``letters`` in ``tx`` (an activedb transaction); they commit with it.  Their ids are generated keys
-    (``Transaction.insert``: drawn in blocks, checked at the flush), so no round trip per letter or per call."""
-    for row in _rows(query_id, batch_id, letters):
-        tx.insert(TABLE, **row)
+    """Insert ``letters`` in ``tx`` (an activedb transaction); they commit with it — written in its flush, in as many
+    statements as their bounds take (:data:`LETTERS_PER_STATEMENT`, :data:`STATEMENT_BYTES`;
+    :func:`insert_in_flush`), by a commit participant enlisted in ``tx`` (dropped if ``tx`` aborts, as its own
+    writes are).  Their ids are drawn in the flush."""
+    if letters:
+        enlist(tx, _InFlush(query_id, batch_id, list(letters)))
+
+
+class _InFlush(CommitParticipant):
+    """Writes ``letters`` in the flush of the transaction it is enlisted in (:func:`insert`).  Immutable after
+    construction; a flush runs it on one thread."""
+
+    def __init__(self, query_id: str | None, batch_id: int | None, letters: list[Letter]):
+        self._query_id, self._batch_id, self._letters = query_id, batch_id, letters
+
+    def write(self, transaction: Transaction, connection: sa.Connection) -> None:
+        insert_in_flush(transaction, connection, self._query_id, self._batch_id, self._letters)
 
 
 def insert_in_flush(transaction: Transaction, connection: sa.Connection, query_id: str | None, batch_id: int | None,
                     letters: Sequence[Letter], *, table: str = TABLE) -> None:
     """Insert ``letters`` on ``connection`` inside the flush of ``transaction`` (for a commit participant writing
-    in its own flush: they commit with it), into ``table``; their ids come from where :func:`insert`'s come from."""
+    in its own flush: they commit with it), into ``table``, in the statements of :func:`insert_statement`, one after
+    another; their ids come from where :func:`insert`'s come from."""
     if letters:
         statement = insert_statement(transaction, connection.dialect, query_id, batch_id, letters, table=table)
-        statement.done(connection.exec_driver_sql(statement.sql, statement.parameters).rowcount)
+        statement.done(sum(connection.exec_driver_sql(statement.sql, parameters).rowcount
+                           for parameters in statement.chunks))
 
 
 @dataclass(frozen=True)
 class LettersInsert:
-    """The one statement that inserts a batch's letters (:func:`insert_statement`): driver SQL and its parameters, to
-    send on the flush's connection (alone, or in a driver pipeline with other statements); then :meth:`done` with the
-    row count it reports.  Immutable."""
+    """The statements that insert a batch's letters (:func:`insert_statement`): driver SQL and, per statement, its
+    parameters (``chunks``: one statement carries at most :data:`LETTERS_PER_STATEMENT` letters and
+    :data:`STATEMENT_BYTES` of them), to send on the flush's connection in order, in its transaction (alone, or in a
+    driver pipeline with other statements); then :meth:`done` with the row counts they report, summed.  Immutable."""
 
     sql: str
-    parameters: tuple[object, ...]
+    chunks: tuple[tuple[object, ...], ...]
     count: int
     reset: Callable[[], GeneratedKeysReset]
 
     def done(self, rowcount: int) -> None:
         """Raise ``GeneratedKeysReset`` (nothing was inserted: the letters' ids were given out again by a reset of
         their sequence since they were drawn; a conflict, the transaction must not commit) unless every letter was
-        inserted."""
+        inserted (``rowcount``: the statements' together)."""
         if rowcount != self.count:
             raise self.reset()
 
 
 def insert_statement(transaction: Transaction, dialect: sa.Dialect, query_id: str | None, batch_id: int | None,
                      letters: Sequence[Letter], *, table: str = TABLE) -> LettersInsert:
-    """The statement that inserts ``letters`` (at least one) in the flush of ``transaction``, into ``table``: their
-    ids drawn where :func:`insert`'s come from, every row encoded (the work of writing them but the round trip)."""
+    """The statements that insert ``letters`` (at least one) in the flush of ``transaction``, into ``table``: their
+    ids drawn where :func:`insert`'s come from, every row encoded (the work of writing them but the round trips)."""
     catalog = transaction.manager.catalog
     info = catalog.table_info(table)
     sequence = catalog.sequence_of(info, "id")
     assert sequence is not None, table        # (an identity column: the migrations')
     ids, storage = catalog.generated_keys(sequence, len(letters), transaction.root.began_at)
-    document = _ENCODER.encode([{"id": letter_id, **columns} for letter_id, columns in zip(ids, _columns(letters))])
+    columns, sizes = _sized_columns(letters)
+    rows = [{"id": letter_id, **row} for letter_id, row in zip(ids, columns)]
     name = dialect.identifier_preparer.format_table(info.table)
-    return LettersInsert(_INSERT.format(table=name), (query_id, batch_id, document, storage, ids[-1], sequence),
+    return LettersInsert(_INSERT.format(table=name),
+                         tuple((query_id, batch_id, _ENCODER.encode(chunk), storage, ids[-1], sequence)
+                               for chunk in _statements_of(rows, sizes)),
                          len(letters), functools.partial(catalog.keys_reset, sequence, ids[-1]))
 
 
-# One statement for a batch's letters, however many: a JSON array of them, one object a letter (one call of the C
-# encoder), whose ids are checked by the statement itself against a reset of their sequence since they were drawn
-# (``Catalog.STILL_DRAWN``: nothing is inserted then).  Driver SQL (``%%`` in the table's name is doubled already).
+# One statement for a batch's letters, up to their bounds (``_statements_of``): a JSON array of them, one object a
+# letter (one call of the C encoder), whose ids are checked by the statement itself against a reset of their sequence
+# since they were drawn (``Catalog.STILL_DRAWN``: nothing is inserted then; each statement checks them all).  Driver
+# SQL (``%%`` in the table's name is doubled already).
 _INSERT = ("INSERT INTO {table} (id, query_id, batch_id, reason, raw, original) "
            "SELECT v.id, %s, %s, v.reason, v.raw, v.original FROM jsonb_to_recordset(%s::jsonb) "
            "AS v(id bigint, reason text, raw jsonb, original jsonb) WHERE " + Catalog.STILL_DRAWN)

@@ -28,7 +28,7 @@ from activedb.ingest._mapping import (
     event_id, invalid_utf8_reason, lone_surrogate_reason, raw_events, to_utc, type_converter,
 )
 from activedb.ingest.errors import MappingError
-from activedb.store import jsonable
+from activedb.store import jsonable, tagged_key
 
 if TYPE_CHECKING:  # pragma: no cover
     import pyarrow as pa
@@ -367,8 +367,8 @@ def _arrow_rejections(table: pa.Table | pa.RecordBatch, errors: Mapping[int, str
 
 def jsonable_rows(table: pa.Table | pa.RecordBatch) -> list[dict[str, Json]]:
     """The rows of ``table`` as dicts of storable JSON values, as a dead letter shows them (``jsonable(value,
-    tagged=True)``: bytes and non-finite floats tagged)."""
-    names = table.schema.names
+    tagged=True)``: bytes and non-finite floats tagged, a column's name that starts with ``$`` escaped)."""
+    names = [tagged_key(name) for name in table.schema.names]
     columns = [arrow_values(table.column(index)) for index in range(table.num_columns)]
     return [{name: jsonable(values[index], tagged=True) for name, values in zip(names, columns)}
             for index in range(table.num_rows)]

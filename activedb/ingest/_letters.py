@@ -11,6 +11,7 @@ from activedb import deadletters
 from activedb.deadletters import Letter
 from activedb.ingest._interface import row_count
 from activedb.ingest._mapping import EventMapping, Rejected, lone_surrogate_reason
+from activedb.store import tagged_key
 
 if TYPE_CHECKING:  # pragma: no cover
     import pyarrow as pa
@@ -46,8 +47,8 @@ class BatchLetters:
         _, originals, left_out = self._taken([item.position for item in from_rows])
         taken = {id(item): (original, names) for item, original, names in zip(from_rows, originals, left_out)}
         # A rejection that is no row of the batch (position -1) keeps what it describes.
-        return [Letter(item.reason, taken[id(item)][0], _without(item.row, taken[id(item)][1])) if id(item) in taken
-                else Letter(item.reason, item.row, item.row) for item in bad]
+        return [Letter(item.reason, taken[id(item)][0], _without(item.row, _shown(taken[id(item)][1])))
+                if id(item) in taken else Letter(item.reason, item.row, item.row) for item in bad]
 
     def for_events(self, failed: Sequence[tuple[RowEvent, str]]) -> list[Letter]:
         """Letters for events of this batch, each ``(event, reason)``, with the row each came from (the event's
@@ -66,7 +67,7 @@ class BatchLetters:
         from activedb.ingest._arrow import _invalid_text_rows, jsonable_rows
 
         shown = jsonable_rows(_invalid_text_rows(taken, None)[0])
-        return [Letter(reason, original, _without(readable, names))
+        return [Letter(reason, original, _without(readable, _shown(names)))
                 for original, readable, names in zip(originals, shown, left_out)]
 
     def insert(self, tx: Transaction, letters: Sequence[Letter]) -> None:
@@ -83,7 +84,7 @@ class BatchLetters:
             return originals, [None] * len(originals)
         from activedb.ingest._arrow import jsonable_rows
 
-        return originals, [_without(readable, names) for readable, names in zip(jsonable_rows(taken), left_out)]
+        return originals, [_without(readable, _shown(names)) for readable, names in zip(jsonable_rows(taken), left_out)]
 
     def _taken(self, positions: list[int]
                ) -> tuple[pa.Table | pa.RecordBatch | None, list[object], list[tuple[str, ...]]]:
@@ -181,6 +182,11 @@ def _without(row: Mapping[str, _Value] | None, names: tuple[str, ...]) -> Mappin
     if not names or not isinstance(row, Mapping):
         return row
     return {key: value for key, value in row.items() if key not in names}
+
+
+def _shown(names: tuple[str, ...]) -> tuple[str, ...]:
+    """Columns ``names`` as a readable form's keys have them (``tagged_key``: one starting with ``$`` escaped)."""
+    return tuple(map(tagged_key, names)) if names else names
 
 
 def _without_columns(table: pa.Table | pa.RecordBatch, names: tuple[str, ...]) -> pa.Table | pa.RecordBatch:

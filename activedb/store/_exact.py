@@ -1,5 +1,5 @@
 """Values as JSON PostgreSQL's ``jsonb`` holds, and back — exactly (:func:`exact_json`,
-:func:`from_exact_json`; ``jsonable`` is the readable, lossy twin).
+:func:`from_exact_json`; ``jsonable`` is the readable, lossy twin, whose tagged form :func:`from_jsonable` reads).
 
 Plain JSON values are stored as themselves; every other value is a one-key object whose key starts with
 ``$`` (a dict whose keys could be mistaken for such a tag is ``{"$map": [[key, value], ...]}``); a value of
@@ -11,18 +11,20 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import decimal
+import functools
 import math
 import pickle
 import uuid
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
-from activedb.store._nesting import EXACT_DEPTH, Deeper, too_deep
+from activedb.store._nesting import EXACT_DEPTH, Deeper, within
 from activedb.store._schema import text_problem
 
 if TYPE_CHECKING:  # pragma: no cover
     from activedb.store._sql import Json
 
-__all__ = ["exact_json", "from_exact_json"]
+__all__ = ["exact_json", "from_exact_json", "from_jsonable"]
 
 _TAG = "$"
 
@@ -31,10 +33,7 @@ def exact_json(value: object) -> Json:
     """``value`` as JSON ``jsonb`` accepts, decodable by :func:`from_exact_json` into an equal value.  A value whose
     lists, dicts, tuples and sets nest deeper than ``EXACT_DEPTH`` levels is refused:
     :class:`~activedb.errors.NestedTooDeep` (its encoding and decoding would run out of Python's stack)."""
-    try:
-        return _exact(value, EXACT_DEPTH)
-    except Deeper:
-        raise too_deep(value, EXACT_DEPTH) from None
+    return within(_exact, value, EXACT_DEPTH)
 
 
 def _exact(value: object, levels: int) -> Json:
@@ -132,6 +131,7 @@ def _pickled(value: object) -> str:
     return base64.b64encode(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)).decode("ascii")
 
 
+# The tags of values that nest nothing: the value decoded from the tag's item.
 _DECODERS: dict[str, Callable[[Any], object]] = {
     "$float": float,
     "$str": lambda text: base64.b64decode(text).decode("utf-8", "surrogatepass"),
@@ -142,23 +142,85 @@ _DECODERS: dict[str, Callable[[Any], object]] = {
     "$decimal": decimal.Decimal,
     "$bytes": base64.b64decode,
     "$uuid": uuid.UUID,
-    "$tuple": lambda items: tuple(from_exact_json(item) for item in items),
-    "$set": lambda items: {from_exact_json(item) for item in items},
-    "$frozenset": lambda items: frozenset(from_exact_json(item) for item in items),
-    "$map": lambda pairs: {from_exact_json(key): from_exact_json(item) for key, item in pairs},
     "$pickle": lambda text: pickle.loads(base64.b64decode(text)),
 }
+# The tags of collections, one level of nesting each (as ``exact_json`` counts them): the collection of the
+# decoded items of the tag's list.
+_COLLECTIONS: dict[str, Callable[[list[object]], object]] = {"$tuple": tuple, "$set": set, "$frozenset": frozenset}
+
+
+@dataclass(frozen=True)
+class _Form:
+    """What the tags of a JSON form are, for :func:`_decoded`: ``scalars``, the tags of values that nest nothing, and
+    the value each stands for; ``collections``: whether the tags of collections (``_COLLECTIONS``, ``$map``) are
+    read; ``escaped``: whether a key that starts with ``$$`` is a key of the value's own escaped (``tagged_key``)."""
+
+    scalars: dict[str, Callable[[Any], object]]
+    collections: bool
+    escaped: bool
+
+
+_EXACT = _Form(_DECODERS, True, False)
+# (Never ``$pickle``: a readable form is no exact one, and a letter written before keys were escaped may hold any
+# user's dict; a tag whose item is no text is such a dict, and stays one.)
+_READABLE = _Form({"$bytes": lambda text: base64.b64decode(text) if isinstance(text, str) else {"$bytes": text},
+                   "$float": lambda text: float(text) if isinstance(text, str) else {"$float": text}}, False, True)
+
+#: What to do about a stored value nested deeper than ``from_exact_json`` decodes (``exact_json`` writes none).
+_NOT_EXACT = ("exact_json writes none so deep, so something else wrote it: read it as plain JSON, or write it again "
+              "through activedb")
 
 
 def from_exact_json(value: Any) -> Any:
-    """The inverse of :func:`exact_json`."""
+    """The inverse of :func:`exact_json`.  A value that nests deeper than ``EXACT_DEPTH`` levels as ``exact_json``
+    counts them (its lists, dicts, tuples, sets and ``$map`` pairs), which ``exact_json`` never writes, is refused:
+    :class:`~activedb.errors.NestedTooDeep` (its decoding would run out of Python's stack)."""
+    return within(_decoded, value, EXACT_DEPTH, advice=_NOT_EXACT)
+
+
+def from_jsonable(value: Json) -> object:
+    """The value :func:`~activedb.store.jsonable` ``(…, tagged=True)`` showed as ``value``, as far as that form keeps
+    it: a tag (``{"$bytes": base64}``, ``{"$float": "nan"}``: a one-key object) is the value it stands for, a key
+    escaped (:func:`~activedb.store.tagged_key`: ``$$bytes``) loses its added ``$``, everything else is itself
+    (datetimes stay ISO text, tuples lists).  A form written before keys were escaped reads alike unless a mapping in
+    it had a key starting with ``$$``, or was itself ``{"$bytes": text}`` or ``{"$float": text}``.  A form nested
+    deeper than ``EXACT_DEPTH`` levels (``jsonable`` writes none deeper than ``JSONABLE_DEPTH``) is refused:
+    :class:`~activedb.errors.NestedTooDeep`."""
+    return within(functools.partial(_decoded, form=_READABLE), value, EXACT_DEPTH,
+                  advice="jsonable writes none so deep: read it as plain JSON")
+
+
+def _decoded(value: Any, levels: int, form: _Form = _EXACT) -> Any:
+    """The value of ``value``, JSON of ``form``, allowed ``levels`` more levels of nesting (:class:`Deeper` beyond
+    them)."""
     if isinstance(value, list):
-        return [from_exact_json(item) for item in value]
+        if not levels:
+            raise Deeper
+        levels -= 1     # (its plain items as themselves, without a call each, as ``_exact``'s)
+        return [item if type(item) in _PLAIN else _decoded(item, levels, form) for item in value]
     if isinstance(value, dict):
         if len(value) == 1:
             (key, item), = value.items()
-            decoder = _DECODERS.get(key)
+            decoder = form.scalars.get(key)
             if decoder is not None:
                 return decoder(item)
-        return {key: from_exact_json(item) for key, item in value.items()}
+            collection = _COLLECTIONS.get(key)
+            if form.collections and (collection is not None or key == "$map"):
+                if not levels:
+                    raise Deeper
+                if collection is not None:
+                    return collection([_decoded(element, levels - 1, form) for element in item])
+                return {_decoded(pair_key, levels - 1, form): _decoded(pair_item, levels - 1, form)
+                        for pair_key, pair_item in item}
+        if not levels:
+            raise Deeper
+        levels -= 1
+        if form.escaped:
+            return {key[1:] if key.startswith("$$") else key:
+                    item if type(item) in _PLAIN else _decoded(item, levels, form) for key, item in value.items()}
+        return {key: item if type(item) in _PLAIN else _decoded(item, levels, form) for key, item in value.items()}
     return value
+
+
+#: The types of JSON values that are themselves, decoded.
+_PLAIN = frozenset((str, int, float, bool, type(None)))

@@ -3,16 +3,19 @@ form (:data:`JSONABLE_DEPTH`), the more generous one of a stored JSON value and 
 (:data:`EXACT_DEPTH`), and the refusal of a deeper value (:func:`too_deep`: :class:`~activedb.errors.NestedTooDeep`).
 Pure code, thread-safe.
 
-The walks that recurse over a value (``own_value`` and ``copy_nested``, ``exact_json``, ``jsonable``) count the levels
-left as they go and stop at their bound — raising :class:`Deeper`, which their public entry turns into ``too_deep``
-of the whole value —, so no value exhausts Python's stack in them, however deep it is or if it holds itself.  Only
-the refusal measures the value (:func:`nesting_depth`, without recursion), to say how deep it is.
+The walks that recurse over a value (``own_value`` and ``copy_nested``, ``exact_json`` and ``from_exact_json``,
+``json_problem``, ``jsonable`` and ``from_jsonable``) count the levels left as they go and stop at their bound —
+raising :class:`Deeper`, which their public entry turns into ``too_deep`` of the whole value (:func:`within`, but
+``jsonable``, which shows a text in its place) —, so no value exhausts Python's stack in them, however deep it is or
+if it holds itself.  The walks that compare (``same_image``, ``holds_nan``) take no bound: they keep their pending
+items in a list, not on the stack.  Only the refusal measures the value (:func:`nesting_depth`, without recursion),
+to say how deep it is.
 """
 
 from __future__ import annotations
 
 from itertools import chain
-from typing import Iterable, Iterator, Mapping
+from typing import Callable, Iterable, Iterator, Mapping, TypeVar
 
 from activedb.errors import NestedTooDeep
 
@@ -75,11 +78,30 @@ def nesting_depth(value: object) -> int | None:
 _END = object()
 
 
-def too_deep(value: object, bound: int, name: str | None = None) -> NestedTooDeep:
+#: What to do about a value refused for its depth where it enters the engine (:func:`too_deep`'s default).
+FLATTEN_IT = "flatten it or store it as JSON text"
+
+
+def too_deep(value: object, bound: int, name: str | None = None, advice: str = FLATTEN_IT) -> NestedTooDeep:
     """The refusal of ``value`` (the value of field or column ``name``, if given), nested deeper than ``bound``
-    levels: how deep it is, the bound and what to do."""
+    levels: how deep it is, the bound and what to do (``advice``)."""
     what = f"{name!r} is a {type(value).__name__}" if name is not None else f"a {type(value).__name__}"
     depth = nesting_depth(value)
     how = (f"nested {depth:,} levels deep, deeper than the {bound} levels a value may nest" if depth is not None else
            f"nested deeper than the {bound} levels a value may nest (it holds itself, or is too large to measure)")
-    return NestedTooDeep(f"{what} {how}; flatten it or store it as JSON text")
+    return NestedTooDeep(f"{what} {how}; {advice}")
+
+
+_Walked = TypeVar("_Walked")
+_Result = TypeVar("_Result")
+
+
+def within(walk: Callable[[_Walked, int], _Result], value: _Walked, bound: int, name: str | None = None,
+           advice: str = FLATTEN_IT) -> _Result:
+    """``walk(value, bound)``: a walk over ``value`` that recurses with its nesting, allowed ``bound`` levels, raising
+    :class:`Deeper` beyond them (``UNBOUNDED``: never) — its Deeper made the refusal of the whole value
+    (:func:`too_deep` with ``name`` and ``advice``).  The one place a walk's bound becomes its caller's error."""
+    try:
+        return walk(value, bound)
+    except Deeper:
+        raise too_deep(value, bound, name, advice) from None

@@ -21,8 +21,8 @@ import sqlalchemy as sa
 from psycopg.types.numeric import Float4
 from sqlalchemy.dialects import postgresql
 
-from activedb.errors import InvalidKey, InvalidValue, UnknownColumn
-from activedb.store._nesting import EXACT_DEPTH, nesting_depth, too_deep
+from activedb.errors import InvalidKey, InvalidValue, NestedTooDeep, UnknownColumn
+from activedb.store._nesting import EXACT_DEPTH, Deeper, nesting_depth, too_deep, within
 from activedb.store._writeset import Key
 
 _Statement = TypeVar("_Statement")
@@ -297,8 +297,9 @@ class TableInfo:
         if check is not None:
             try:
                 problem = check(value)
-            except RecursionError:
-                # (a JSON or ARRAY value deeper than the check's walk goes: refused as its copy would refuse it)
+            except (RecursionError, NestedTooDeep):
+                # (a JSON or ARRAY value deeper than the check's walk goes: refused as its copy would refuse it, naming
+                # the column)
                 depth = nesting_depth(value)
                 if depth is not None and depth <= EXACT_DEPTH:
                     raise
@@ -432,24 +433,31 @@ def text_problem(value: str) -> str | None:
 def json_problem(value: object, path: str = "$") -> str | None:
     """Why PostgreSQL ``jsonb`` cannot store ``value``, or None (a depth-first check).  A value of plain
     built-in types is checked without naming paths (``_json_ok``); only a value it cannot clear is walked
-    again with the path of each element, to say where the problem is."""
-    if _json_ok(value):
+    again with the path of each element, to say where the problem is.  A value whose lists, tuples and dicts nest
+    deeper than ``EXACT_DEPTH`` levels (deeper than a column's value may: its copy refuses it) is refused,
+    :class:`~activedb.errors.NestedTooDeep`."""
+    if within(_json_ok, value, EXACT_DEPTH):
         return None
-    return _json_problem(value, path)
+    return within(lambda item, levels: _json_problem(item, path, levels), value, EXACT_DEPTH)
 
 
-def _json_ok(value: Any) -> bool:  # (exact-type dispatch, which mypy does not narrow)
+def _json_ok(value: Any, levels: int) -> bool:  # (exact-type dispatch, which mypy does not narrow)
     """True if ``value`` is made of ``dict`` (with ``str`` keys), ``list``, ``tuple``, ``str``, ``int``,
     ``bool``, finite ``float`` and None, and none of its texts is one PostgreSQL rejects; False if not, or
-    if it holds anything else (a subclass, a ``Mapping``: ``_json_problem`` decides those)."""
+    if it holds anything else (a subclass, a ``Mapping``: ``_json_problem`` decides those).  ``levels``: the levels of
+    nesting it may have (:class:`Deeper` beyond them)."""
     kind = type(value)
     if kind is str:
         return "\x00" not in value and (value.isascii() or text_problem(value) is None)
     if kind is int or kind is bool or value is None:
         return True
+    if kind is dict or kind is list or kind is tuple:
+        if not levels:
+            raise Deeper
+        levels -= 1
     if kind is dict:
         for key, item in value.items():
-            if type(key) is not str or not _json_ok(key) or not _json_ok(item):
+            if type(key) is not str or not _json_ok(key, levels) or not _json_ok(item, levels):
                 return False
         return True
     if kind is list or kind is tuple:
@@ -465,7 +473,7 @@ def _json_ok(value: Any) -> bool:  # (exact-type dispatch, which mypy does not n
                 if "\x00" in item or not (item.isascii() or text_problem(item) is None):
                     return False
                 continue
-            if not _json_ok(item):
+            if not _json_ok(item, levels):
                 return False
         return True
     if kind is float:
@@ -473,13 +481,13 @@ def _json_ok(value: Any) -> bool:  # (exact-type dispatch, which mypy does not n
     return False
 
 
-def _json_problem(value: object, path: str) -> str | None:
-    """``json_problem`` naming the path of every element it looks at (the slow walk)."""
+def _json_problem(value: object, path: str, levels: int) -> str | None:
+    """``json_problem`` naming the path of every element it looks at (the slow walk); ``levels`` as ``_json_ok``'s."""
     # the exact containers first: an ABC check (``Mapping``) costs far more
     if type(value) is dict:
-        return _object_problem(value, path)
+        return _object_problem(value, path, levels)
     if type(value) is list:
-        return _array_problem(value, path)
+        return _array_problem(value, path, levels)
     if value is None or isinstance(value, (bool, int)):
         return None
     if isinstance(value, float):
@@ -488,25 +496,29 @@ def _json_problem(value: object, path: str) -> str | None:
         problem = text_problem(value)
         return None if problem is None else f"{path}: {problem}"
     if isinstance(value, Mapping):
-        return _object_problem(value, path)
+        return _object_problem(value, path, levels)
     if isinstance(value, (list, tuple)):
-        return _array_problem(value, path)
+        return _array_problem(value, path, levels)
     return f"{path} is a {type(value).__name__} ({value!r:.60}), which is not a JSON value"
 
 
-def _object_problem(value: Mapping[object, object], path: str) -> str | None:
+def _object_problem(value: Mapping[object, object], path: str, levels: int) -> str | None:
+    if not levels:
+        raise Deeper
     for key, item in value.items():
         if type(key) is not str and not isinstance(key, str):
             return f"{path} has the key {key!r} ({type(key).__name__}); JSON object keys are strings"
-        problem = text_problem(key) or _json_problem(item, f"{path}.{key}")
+        problem = text_problem(key) or _json_problem(item, f"{path}.{key}", levels - 1)
         if problem is not None:
             return problem
     return None
 
 
-def _array_problem(value: list[object] | tuple[object, ...], path: str) -> str | None:
+def _array_problem(value: list[object] | tuple[object, ...], path: str, levels: int) -> str | None:
+    if not levels:
+        raise Deeper
     for index, item in enumerate(value):
-        problem = _json_problem(item, f"{path}[{index}]")
+        problem = _json_problem(item, f"{path}[{index}]", levels - 1)
         if problem is not None:
             return problem
     return None

@@ -77,9 +77,17 @@ def jsonable(value: object, *, tagged: bool = False) -> Json:
     bound; text PostgreSQL cannot store is made storable (:func:`storable_text`); anything else
     becomes its ``repr``.  ``tagged`` (a dead letter's readable form): bytes and non-finite floats are tagged as
     :func:`~activedb.store.exact_json` tags them, ``{"$bytes": base64}`` and ``{"$float": "nan"}``, so they are not
-    mistaken for text.  Used for dead letters, logs and annotations.
+    mistaken for text, and a mapping's key that starts with ``$`` gets one more (:func:`tagged_key`), so no mapping
+    of the value's reads as a tag: :func:`from_jsonable` reads the form back.  Used for dead letters, logs and
+    annotations.
     """
     return _jsonable(value, tagged, JSONABLE_DEPTH)
+
+
+def tagged_key(key: str) -> str:
+    """``key``, a mapping's key, as :func:`jsonable` with ``tagged`` shows it: one that starts with ``$`` with one ``$``
+    more (``$bytes`` → ``$$bytes``), so that only a tag is a one-key object whose key starts with a single ``$``."""
+    return f"${key}" if key.startswith("$") else key
 
 
 def _jsonable(value: object, tagged: bool, depth: int) -> Json:
@@ -103,6 +111,9 @@ def _jsonable(value: object, tagged: bool, depth: int) -> Json:
     if nested and depth <= 0:
         return f"<{type(value).__name__} nested deeper than {JSONABLE_DEPTH} levels: not shown>"
     if isinstance(value, Mapping):
+        if tagged:
+            return {tagged_key(storable_text(str(key))): _jsonable(item, tagged, depth - 1)
+                    for key, item in value.items()}
         return {storable_text(str(key)): _jsonable(item, tagged, depth - 1) for key, item in value.items()}
     if nested:
         return [_jsonable(item, tagged, depth - 1) for item in value]     # type: ignore[attr-defined]

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Hashable, Mapping, TypeAlias
 
 from activedb.errors import DuplicateKey
-from activedb.store._nesting import UNBOUNDED, Deeper, nesting_depth, too_deep
+from activedb.store._nesting import UNBOUNDED, Deeper, nesting_depth, within
 
 if TYPE_CHECKING:  # pragma: no cover
     import sqlalchemy as sa
@@ -99,10 +99,7 @@ def copy_nested(image: dict[str, object], names: "frozenset[str]", levels: int =
     for name in names:
         value = image.get(name)
         if value is not None:
-            try:
-                image[name] = _owned(value, levels)
-            except Deeper:
-                raise too_deep(value, levels, name) from None
+            image[name] = within(_owned, value, levels, name)
     return image
 
 
@@ -121,10 +118,7 @@ def own_image(image: dict[str, object], *, fresh: bool = False, levels: int = UN
 def own_value(value: object, levels: int = UNBOUNDED) -> object:
     """``value`` with every list and dict in it copied (what a JSON or ARRAY value is made of); anything else — a
     scalar, a tuple of scalars — is kept: it cannot be changed in place.  ``levels``: as ``copy_nested``'s."""
-    try:
-        return _owned(value, levels)
-    except Deeper:
-        raise too_deep(value, levels) from None
+    return within(_owned, value, levels)
 
 
 def _owned(value: object, levels: int) -> object:
@@ -173,14 +167,33 @@ def same_image(one: object, other: object) -> bool:
     """Whether two images read of a row (or two values in them, or two scans' rows by key) hold the same data:
     ``==``, except that a NaN (``float``, ``Decimal``) is the same as a NaN, as PostgreSQL has it (``'NaN' = 'NaN'``
     is true there) — else a row holding one would look changed to every check of a transaction that read it.
-    The plain ``==`` decides whenever it finds them equal (the common case costs nothing more)."""
-    if one == other:
-        return True
-    if type(one) is dict and type(other) is dict:
-        return one.keys() == other.keys() and all(same_image(value, other[name]) for name, value in one.items())
-    if isinstance(one, (list, tuple)) and type(one) is type(other):
-        return len(one) == len(other) and all(map(same_image, one, other))
-    return _is_nan(one) and _is_nan(other)
+    The plain ``==`` decides whenever it finds them equal (the common case costs nothing more); else their dicts,
+    lists and tuples are walked without recursion, however deep they nest (a pair of them met again, in values that
+    hold themselves, is not walked twice)."""
+    try:
+        if one == other:
+            return True
+    except RecursionError:      # (C's ``==`` through values nested deeper than the interpreter's stack: walked here)
+        pass
+    pending: list[tuple[object, object]] = [(one, other)]
+    walked: set[tuple[int, int]] = set()      # the pairs of dicts, lists and tuples walked already, by id()
+    while pending:
+        left, right = pending.pop()
+        if type(left) is dict and type(right) is dict:
+            if (id(left), id(right)) not in walked:
+                walked.add((id(left), id(right)))
+                if left.keys() != right.keys():
+                    return False
+                pending.extend((value, right[name]) for name, value in left.items())
+        elif isinstance(left, (list, tuple)) and type(left) is type(right):
+            if (id(left), id(right)) not in walked:
+                walked.add((id(left), id(right)))
+                if len(left) != len(right):
+                    return False
+                pending.extend(zip(left, right))
+        elif not (left == right or (_is_nan(left) and _is_nan(right))):
+            return False
+    return True
 
 
 def _is_nan(value: object) -> bool:
@@ -189,10 +202,18 @@ def _is_nan(value: object) -> bool:
 
 def holds_nan(value: object) -> bool:
     """Whether ``value`` is a NaN (``float``, ``Decimal``) or a tuple holding one: equal to nothing, itself included,
-    it cannot key a partition or a row — a dict would tell two NaNs apart by the object alone."""
-    if isinstance(value, tuple):
-        return any(holds_nan(item) for item in value)
-    return _is_nan(value)
+    it cannot key a partition or a row — a dict would tell two NaNs apart by the object alone.  Walks nested tuples
+    without recursion."""
+    if not isinstance(value, tuple):
+        return _is_nan(value)
+    pending: list[object] = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, tuple):
+            pending.extend(item)
+        elif _is_nan(item):
+            return True
+    return False
 
 
 def matches(image: dict[str, object], where: Mapping[str, object] | Callable[[dict[str, object]], bool] | None) -> bool:

@@ -155,6 +155,108 @@ def test_letters_sent_in_the_round_trip_of_a_batchs_rows_are_checked_as_well(db)
             lowlevel.enlist(tx, PipedLetters())
     assert deadletters.select(db, LetterFilter(query="piped")) == []
 
+# --- a batch's letters in statements of bounded size ----------------------------------------------------
+
+def _counting_letter_inserts(engine):
+    """A ``before_cursor_execute`` listener on ``engine`` counting the statements that insert dead letters; returns
+    ``(counted, remove)``."""
+    counted = []
+
+    def count(connection, cursor, statement, parameters, context, executemany):
+        if statement.lstrip().upper().startswith("INSERT INTO") and deadletters.TABLE in statement:
+            counted.append(statement)
+
+    sa.event.listen(engine, "before_cursor_execute", count)
+    return counted, lambda: sa.event.remove(engine, "before_cursor_execute", count)
+
+
+def test_a_batchs_letters_beyond_one_statements_count_go_out_in_several_statements_and_all_land(db):
+    """A batch with more letters than one statement carries (``LETTERS_PER_STATEMENT``) writes them in several
+    statements of the same transaction: every letter lands, in the order the batch lists them."""
+    from activedb.ingest._letters import BatchLetters
+
+    count = 2 * deadletters.LETTERS_PER_STATEMENT + 3
+    batch = BatchLetters([{"seq": seq, "blob": b"\x00", "$bytes": "aGk="} for seq in range(count)], "chunks@q", 4)
+    letters = batch.all_rows("rejected: the batch was refused")
+    counted, remove = _counting_letter_inserts(db.engine)
+    try:
+        with db.transaction() as tx:
+            batch.insert(tx, letters)
+    finally:
+        remove()
+    assert len(counted) == 3, [statement[:80] for statement in counted]
+    stored = deadletters.select(db, LetterFilter(query="chunks"))
+    assert [record.row()["seq"] for record in stored] == list(range(count))
+    assert all(record.batch_id == 4 and record.row()["blob"] == b"\x00" for record in stored)
+
+
+def test_a_batchs_letters_in_several_statements_are_all_or_nothing_with_the_batch(db):
+    """The statements of a batch's letters run in the batch's PostgreSQL transaction: when it fails after they were
+    sent, none of its letters is kept (nor the batch's other rows)."""
+    from activedb.ingest._letters import BatchLetters
+
+    class FailsBeforeCommit(CommitParticipant):
+        def about_to_commit(self, transaction, connection):
+            raise RuntimeError("the batch fails after its letters were sent")
+
+    count = deadletters.LETTERS_PER_STATEMENT + 1
+    batch = BatchLetters([{"seq": seq} for seq in range(count)], "undone@q", 5)
+    counted, remove = _counting_letter_inserts(db.engine)
+    try:
+        with pytest.raises(RuntimeError, match="after its letters were sent"):
+            with db.transaction() as tx:
+                batch.insert(tx, batch.all_rows("rejected: the batch was refused"))
+                lowlevel.enlist(tx, FailsBeforeCommit())
+    finally:
+        remove()
+    assert len(counted) == 2
+    assert deadletters.count(db, LetterFilter(query="undone")) == 0
+
+
+def test_letters_are_split_by_bytes_as_well_as_by_count():
+    """A statement's letters are at most ``LETTERS_PER_STATEMENT`` and, together, at most ``STATEMENT_BYTES`` of
+    JSON — but for one letter larger alone, which goes in a statement of its own."""
+    from activedb.deadletters._letters import _statements_of
+
+    big = deadletters.STATEMENT_BYTES // 3 + 1
+    sizes = [big, big, big, 10, deadletters.STATEMENT_BYTES + 5, 10]
+    assert [[index for index, _ in chunk] for chunk in _statements_of(list(enumerate(sizes)), sizes)] == [
+        [0, 1], [2, 3], [4], [5]]
+    many = [1] * (deadletters.LETTERS_PER_STATEMENT * 2 + 1)
+    assert [len(chunk) for chunk in _statements_of(many, many)] == [deadletters.LETTERS_PER_STATEMENT] * 2 + [1]
+
+
+def test_a_users_dict_that_looks_like_a_tag_is_stored_apart_from_the_value_it_looks_like(db):
+    """``raw`` shows bytes as ``{"$bytes": ...}`` and a dict of the user's with such a key escaped (``$$bytes``); a
+    letter without an original (written before originals were kept) replays its ``raw`` read back, each as it was."""
+    rows = [{"blob": b"hi", "users": {"$bytes": "aGk="}, "nan": {"$float": "nan"}, "deep": [{"$none": True}]},
+            {"blob": {"$bytes": "aGk="}}, {"$float": math.nan}]
+    with db.transaction() as tx:
+        deadletters.insert(tx, "look-alike@q", 1, [Letter("look-alike", row) for row in rows])
+    stored = deadletters.select(db, LetterFilter(query="look-alike"))
+    assert stored[0].raw == {"blob": {"$bytes": "aGk="}, "users": {"$$bytes": "aGk="}, "nan": {"$$float": "nan"},
+                             "deep": [{"$$none": True}]}
+    assert stored[1].raw == {"blob": {"$$bytes": "aGk="}}
+    assert [record.row() for record in stored[:2]] == rows[:2]
+    with db.engine.begin() as connection:      # (as letters written before originals were kept)
+        connection.execute(sa.text("UPDATE activedb_dead_letters SET original = NULL WHERE query_id = 'look-alike@q'"))
+    without = deadletters.select(db, LetterFilter(query="look-alike"))
+    assert [record.row() for record in without[:2]] == rows[:2]
+    assert _nan_equal(without[2].row(), rows[2])
+
+
+def test_an_arrow_rows_column_named_like_a_tag_is_shown_escaped_and_its_original_kept():
+    """Spark's rows are shown column by column (``jsonable_rows``): a column whose name starts with ``$`` is escaped
+    as a mapping's key is, so a one-column row ``$bytes`` does not read as bytes."""
+    from activedb.ingest._letters import BatchLetters
+    from activedb.store import from_jsonable
+
+    table = pa.table({"$bytes": ["aGk="]})
+    [letter] = BatchLetters(table, "arrow-tag@q", 1).all_rows("rejected: a reason")
+    assert letter.raw() == {"$$bytes": "aGk="}
+    assert from_jsonable(letter.raw()) == {"$bytes": "aGk="}
+    assert letter.row.to_pylist() == [{"$bytes": "aGk="}]
+
 
 def test_a_reason_quoting_unstorable_text_is_stored_spelled_out(db):
     """A rule's message may quote the very value PostgreSQL refused; the letter must still be written."""
