@@ -329,13 +329,23 @@ def _confirm(question: str, yes: bool) -> None:
 
 # --- explain ----------------------------------------------------------------------------
 
+def _picture_option(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """A picture's path option (``explain -o``): a ``.png`` or ``.svg`` file — or no suffix, drawn as PNG, as
+    :meth:`activedb.explain.Explanation.render` draws it.  Any other kind is a command line the command cannot use,
+    click's usage error naming the option (exit 2), before anything is read or a process asked."""
+    kind = Path(value).suffix.lower().lstrip(".") if value is not None else ""
+    if kind not in ("", "png", "svg"):
+        raise click.BadParameter(f"the picture is a .png or .svg file, not {kind!r}", ctx=ctx, param=param)
+    return value
+
+
 @main.command()
 @click.argument("snapshot", required=False, type=click.Path(dir_okay=False))
 @click.option("--pid", type=int, default=None,
               help="Ask this live process for its transactions now. Only a process that registered itself as "
                    "serving explanations (activedb.explain.serve_on_signal(db); `activedb run` and `demo` do) "
                    "under the same ACTIVEDB_HOME is signalled; any other pid is refused.")
-@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
+@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None, callback=_picture_option,
               help="Write the picture here (.png or .svg).")
 @click.option("--text", "as_text", is_flag=True, help="Print the picture in words too.")
 @click.option("--timeout", type=Seconds(above=True), default=10.0, show_default=True,
