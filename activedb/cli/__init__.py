@@ -27,6 +27,7 @@ import os
 import re
 import sys
 import sysconfig
+import textwrap
 import traceback
 from collections.abc import Iterable
 from pathlib import Path
@@ -339,6 +340,24 @@ def _picture_option(ctx: click.Context, param: click.Parameter, value: str | Non
     return value
 
 
+def _echo_wrapped(text: str) -> None:
+    """Print ``text``, lines of words: on a terminal wrapped to its width between words (a line's rest indented four
+    columns deeper than the line), where the terminal would cut a word; into a file or a pipe each line whole."""
+    shown = console()
+    if not shown.is_terminal:
+        click.echo(text)
+        return
+    width = shown.width
+    wrapped = []
+    for line in text.split("\n"):
+        words = line.lstrip(" ")
+        indent = line[:len(line) - len(words)]
+        deeper = " " * min(len(indent) + 4, width // 2)
+        wrapped.extend(textwrap.wrap(words, width, initial_indent=indent, subsequent_indent=deeper,
+                                     break_on_hyphens=False) or [line])
+    click.echo("\n".join(wrapped))
+
+
 @main.command()
 @click.argument("snapshot", required=False, type=click.Path(dir_okay=False))
 @click.option("--pid", type=int, default=None,
@@ -367,12 +386,12 @@ def explain(ctx: click.Context, snapshot: str | None, pid: int | None, output: s
     else:
         explanation = Explanation.load(snapshot)  # type: ignore[arg-type]  # (no --pid: a SNAPSHOT)
     if as_text or output is None:
-        click.echo(explanation.text())
+        _echo_wrapped(explanation.text())
     if output is not None:
         written = explanation.render(output)
         graph = explanation.graph
-        click.echo(f"wrote {written}: {graph.number_of_nodes()} transactions, {graph.number_of_edges()} edges "
-                   f"({', '.join(sorted(explanation.edge_kinds())) or 'none'})")
+        _echo_wrapped(f"wrote {written}: {graph.number_of_nodes()} transactions, {graph.number_of_edges()} edges "
+                      f"({', '.join(sorted(explanation.edge_kinds())) or 'none'})")
 
 
 # --- demo -------------------------------------------------------------------------------

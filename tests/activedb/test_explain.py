@@ -518,6 +518,36 @@ def test_serving_explanations_removes_the_snapshots_of_processes_that_are_gone(d
         explain.process_start_time(os.getpid())
 
 
+def test_explain_on_a_narrow_terminal_wraps_its_text_between_words(tmp_path):
+    """``activedb explain SNAPSHOT`` printed each line whole: on a terminal 40 columns wide a tree's line of locks
+    ran on over the edge, split wherever the terminal cut it, in the middle of a word.  On a terminal it wraps to the
+    terminal's width between words, a line's rest indented under it; into a pipe each line stays whole (for grep)."""
+    import os
+    import subprocess
+    import sys
+
+    from activedb.explain import ExplainEdge, ExplainNode, HeldLock
+    from tests._terminal import run_on_terminal
+
+    locks = tuple(HeldLock(f"items['customer number {number}']", "exclusive") for number in range(4))
+    explanation = Explanation(nodes=(
+        ExplainNode("T1", None, "monthly settlement of accounts", "active", 0, held=locks),
+        ExplainNode("T1.1", "T1", "recompute the balances", "active", 1, retained=locks,
+                    waiting_for=HeldLock("table accounts", "share")),
+    ), edges=(ExplainEdge("T1.1", "T1", "retained", "items['customer number 0']"),), title="wrapping between words")
+    snapshot = explanation.save(tmp_path / "narrow.json")
+    command = [sys.executable, "-m", "activedb", "--home", str(tmp_path / "home"), "explain", str(snapshot)]
+    environment = {**os.environ, "PYTHONPATH": os.getcwd(), "COLUMNS": "40"}
+    code, errors, drawn = run_on_terminal(command, environment, terminal="stdout")
+    assert code == 0, errors
+    lines = drawn.decode().replace("\r\n", "\n").rstrip("\n").split("\n")
+    assert all(len(line) <= 40 for line in lines), lines
+    assert " ".join(drawn.decode().split()) == " ".join(explanation.text().split()), lines    # no word split
+    assert "  holds: exclusive items['customer" in lines and "      number 0'], exclusive" in lines, lines
+    piped = subprocess.run(command, env=environment, capture_output=True, text=True, timeout=TIMEOUT)
+    assert piped.returncode == 0 and piped.stdout == explanation.text() + "\n", piped.stderr
+
+
 def test_a_picture_or_snapshot_that_cannot_be_written_or_read_is_a_picture_error_and_one_line(tmp_path):
     """``render`` into a folder that cannot be made (a file is in the way) let the OSError out — ``activedb explain
     SNAPSHOT -o PATH`` printed its traceback —, and ``Explanation.load`` of a directory let IsADirectoryError out:
