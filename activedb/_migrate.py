@@ -45,6 +45,10 @@ logger = logging.getLogger("activedb.migrate")
 # (a look at an application's version table beside another's upgrade) ran on each other's context.  Reentrant: a
 # run reads its version table (:func:`_recorded_heads`) holding it.  Taken after ``MIGRATION_LOCK``, never held
 # while waiting for it (a run waiting its turn behind another process holds nothing of this process's).
+# One for the process, not one per database URL: what it protects is process-wide whatever database a run uses —
+# ``EnvironmentContext`` and ``Operations`` install themselves as module globals of ``alembic.context`` and
+# ``alembic.op`` — so two env.py runs on two databases at once would still read and replace each other's.  Runs of
+# one database are serialised by ``MIGRATION_LOCK`` already; this mutex only keeps this process's runs apart.
 _ENVIRONMENT_MUTEX = threading.RLock()
 
 
