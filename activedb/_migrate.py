@@ -880,8 +880,11 @@ def _recorded_heads(config: Config, script: ScriptDirectory, location: Path) -> 
     from alembic.runtime.environment import EnvironmentContext
 
     recorded: list[list[str]] = []
+    passed = dict.get(config.attributes, "connection")     # (not through _Attributes.get: activedb's read, not env.py's)
 
     def record(revision: object, context: MigrationContext) -> Sequence[RevisionStep]:
+        if isinstance(passed, sa.Connection) and not _same_connection(context.connection, passed):
+            raise MigrationError(_own_connection(location))
         if _activedbs_version_table(context):
             raise MigrationError(_borrowed_version_table(location))
         recorded.append(list(context.get_current_heads()))
@@ -892,6 +895,25 @@ def _recorded_heads(config: Config, script: ScriptDirectory, location: Path) -> 
     if not recorded:
         raise MigrationError(_never_ran(location))
     return sorted(recorded[-1])
+
+
+def _same_connection(configured: sa.Connection | None, passed: sa.Connection) -> bool:
+    """Whether the connection an env.py configured Alembic with is (a handle of the same session as) ``passed``."""
+    if configured is None:
+        return False
+    try:
+        return configured is passed or configured.connection.dbapi_connection is passed.connection.dbapi_connection
+    except sa.exc.SQLAlchemyError:          # (a connection closed or invalidated: no session to compare)
+        return False
+
+
+def _own_connection(location: Path) -> str:
+    """What an application's env.py that configures Alembic with a connection it made itself is told."""
+    return (f"{location / 'env.py'} configures Alembic with a connection of its own, not the one activedb passes "
+            f"(config.attributes[\"connection\"]): its revisions would run outside activedb's transaction — not "
+            f"rolled back with it, nor under its migration lock and lock timeout —, on whatever database it connects "
+            f"to. Have it run context.configure(connection=config.attributes[\"connection\"], …) when that is given, "
+            f"as activedb.alembic_env.run_env does (the env.py `activedb app init` writes); nothing was run")
 
 
 def _activedbs_version_table(context: MigrationContext) -> bool:
