@@ -45,6 +45,10 @@ logger = logging.getLogger("activedb.migrate")
 # (a look at an application's version table beside another's upgrade) ran on each other's context.  Reentrant: a
 # run reads its version table (:func:`_recorded_heads`) holding it.  Taken after ``MIGRATION_LOCK``, never held
 # while waiting for it (a run waiting its turn behind another process holds nothing of this process's).
+# One for the process, not one per database URL: what it protects is process-wide whatever database a run uses —
+# ``EnvironmentContext`` and ``Operations`` install themselves as module globals of ``alembic.context`` and
+# ``alembic.op`` — so two env.py runs on two databases at once would still read and replace each other's.  Runs of
+# one database are serialised by ``MIGRATION_LOCK`` already; this mutex only keeps this process's runs apart.
 _ENVIRONMENT_MUTEX = threading.RLock()
 
 
@@ -876,8 +880,11 @@ def _recorded_heads(config: Config, script: ScriptDirectory, location: Path) -> 
     from alembic.runtime.environment import EnvironmentContext
 
     recorded: list[list[str]] = []
+    passed = dict.get(config.attributes, "connection")     # (not through _Attributes.get: activedb's read, not env.py's)
 
     def record(revision: object, context: MigrationContext) -> Sequence[RevisionStep]:
+        if isinstance(passed, sa.Connection) and not _same_connection(context.connection, passed):
+            raise MigrationError(_own_connection(location))
         if _activedbs_version_table(context):
             raise MigrationError(_borrowed_version_table(location))
         recorded.append(list(context.get_current_heads()))
@@ -888,6 +895,25 @@ def _recorded_heads(config: Config, script: ScriptDirectory, location: Path) -> 
     if not recorded:
         raise MigrationError(_never_ran(location))
     return sorted(recorded[-1])
+
+
+def _same_connection(configured: sa.Connection | None, passed: sa.Connection) -> bool:
+    """Whether the connection an env.py configured Alembic with is (a handle of the same session as) ``passed``."""
+    if configured is None:
+        return False
+    try:
+        return configured is passed or configured.connection.dbapi_connection is passed.connection.dbapi_connection
+    except sa.exc.SQLAlchemyError:          # (a connection closed or invalidated: no session to compare)
+        return False
+
+
+def _own_connection(location: Path) -> str:
+    """What an application's env.py that configures Alembic with a connection it made itself is told."""
+    return (f"{location / 'env.py'} configures Alembic with a connection of its own, not the one activedb passes "
+            f"(config.attributes[\"connection\"]): its revisions would run outside activedb's transaction — not "
+            f"rolled back with it, nor under its migration lock and lock timeout —, on whatever database it connects "
+            f"to. Have it run context.configure(connection=config.attributes[\"connection\"], …) when that is given, "
+            f"as activedb.alembic_env.run_env does (the env.py `activedb app init` writes); nothing was run")
 
 
 def _activedbs_version_table(context: MigrationContext) -> bool:
@@ -999,6 +1025,9 @@ def downgrade() -> None:
 #: ``NAME_items`` PostgreSQL's identifiers (63 bytes; a longer one is cut, and no longer found by its name).
 APP_NAME_LENGTH = 24
 
+#: The longest revision id Alembic's version column holds (``alembic_version.version_num`` is ``VARCHAR(32)``).
+REVISION_ID_LENGTH = 32
+
 
 def _short_name(name: str) -> str:
     """``name`` (lower-case letters, digits and ``_``) if it has at most :data:`APP_NAME_LENGTH` characters; else
@@ -1054,9 +1083,11 @@ def new_app_revision(script_location: str | Path, message: str, *, merge: bool =
     from its ``script.py.mako``, as ``alembic revision -m MESSAGE`` does — and return its file and the revisions it
     follows.  Its id continues the numbering of the head's (``bank_0002`` after ``bank_0001`` or ``bank_0001b``, in
     ``0002_SLUG.py``, as :func:`init_app` names the first); after a head not so numbered (Alembic's hex ids) it gets
-    Alembic's random id and file name.  A directory of two or more heads is refused unless ``merge``: then the
-    revision follows all of them (``alembic merge heads``).  The database is not read: the directory's files say
-    where the chain ends."""
+    Alembic's random id and file name.  The id has at most :data:`REVISION_ID_LENGTH` characters, what Alembic's
+    version column holds: after a prefix too long for that, the number follows the prefix's short form (its start
+    and a hash, as :func:`init_app` shortens a long name), and a number too long even then gets Alembic's id.  A
+    directory of two or more heads is refused unless ``merge``: then the revision follows all of them (``alembic
+    merge heads``).  The database is not read: the directory's files say where the chain ends."""
     location = app_location(script_location)
     if not isinstance(message, str) or not message.strip():
         raise MigrationError("a revision needs a message saying what it changes (-m 'add the owner column')")
@@ -1086,10 +1117,16 @@ def new_app_revision(script_location: str | Path, message: str, *, merge: bool =
         if digits:
             taken = {step.revision for step in script.walk_revisions()}
             number = int(digits) + 1
+            if len(f"{prefix}{number:0{len(digits)}d}") > REVISION_ID_LENGTH and prefix.strip("_"):
+                # A prefix too long to number on (a head written by hand, a long version table's name): its short
+                # form, as init_app shortens a long name — the same for every revision after it.
+                prefix = f"{_short_name(prefix.rstrip('_'))}_"
             while f"{prefix}{number:0{len(digits)}d}" in taken:      # (another branch may have taken the number)
                 number += 1
-            rev_id = f"{prefix}{number:0{len(digits)}d}"
-            config.set_main_option("file_template", f"{number:0{len(digits)}d}_%%(slug)s")
+            if len(f"{prefix}{number:0{len(digits)}d}") <= REVISION_ID_LENGTH:
+                rev_id = f"{prefix}{number:0{len(digits)}d}"
+                config.set_main_option("file_template", f"{number:0{len(digits)}d}_%%(slug)s")
+            # (else Alembic's random id, 12 characters: a number too long to fit even after a short prefix)
         with redirect_stdout(io.StringIO()):          # (Alembic's "Generating …": the caller says what it wrote)
             written = (command.merge(config, "heads", message=message, rev_id=rev_id) if len(heads) > 1
                        else command.revision(config, message=message, rev_id=rev_id))

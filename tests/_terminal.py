@@ -1,5 +1,6 @@
-"""A command run with its standard error on a terminal (a pseudo-terminal this process reads), as a user at a shell
-runs it: what a command draws only for a person (progress bars, the revisions as they start) is tested so."""
+"""A command run with its standard error (or output) on a terminal (a pseudo-terminal this process reads), as a user at
+a shell runs it: what a command draws only for a person (progress bars, the revisions as they start, text wrapped to
+the terminal's width) is tested so."""
 
 from __future__ import annotations
 
@@ -9,16 +10,18 @@ import select
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
+from typing import Literal
 
 SECONDS = 120       # (a bound for the command on a busy machine: it fails with what it drew so far)
 
 
-def run_on_terminal(command: Sequence[str], env: Mapping[str, str] | None = None) -> tuple[int, str, bytes]:
-    """Run ``command`` with stderr on a pseudo-terminal and stdout piped; its exit code, its stdout and what it drew
-    on the terminal (bytes, with the terminal's ``\\r``)."""
+def run_on_terminal(command: Sequence[str], env: Mapping[str, str] | None = None, *,
+                    terminal: Literal["stderr", "stdout"] = "stderr") -> tuple[int, str, bytes]:
+    """Run ``command`` with ``terminal`` (stderr, or stdout) on a pseudo-terminal and the other piped; its exit code,
+    what it wrote to the pipe and what it drew on the terminal (bytes, with the terminal's ``\\r``)."""
     primary, secondary = pty.openpty()
-    process = subprocess.Popen(list(command), stdout=subprocess.PIPE, stderr=secondary,
-                               env=None if env is None else dict(env))
+    streams = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, terminal: secondary}
+    process = subprocess.Popen(list(command), **streams, env=None if env is None else dict(env))
     os.close(secondary)
     drawn = b""
     deadline = time.monotonic() + SECONDS
@@ -34,5 +37,6 @@ def run_on_terminal(command: Sequence[str], env: Mapping[str, str] | None = None
         elif process.poll() is not None:
             break
     os.close(primary)
-    out = process.communicate(timeout=SECONDS)[0].decode()
+    piped = process.communicate(timeout=SECONDS)
+    out = (piped[1] if terminal == "stdout" else piped[0]).decode()
     return process.returncode, out, drawn

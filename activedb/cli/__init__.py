@@ -27,6 +27,7 @@ import os
 import re
 import sys
 import sysconfig
+import textwrap
 import traceback
 from collections.abc import Iterable
 from pathlib import Path
@@ -329,13 +330,41 @@ def _confirm(question: str, yes: bool) -> None:
 
 # --- explain ----------------------------------------------------------------------------
 
+def _picture_option(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """A picture's path option (``explain -o``): a ``.png`` or ``.svg`` file — or no suffix, drawn as PNG, as
+    :meth:`activedb.explain.Explanation.render` draws it.  Any other kind is a command line the command cannot use,
+    click's usage error naming the option (exit 2), before anything is read or a process asked."""
+    kind = Path(value).suffix.lower().lstrip(".") if value is not None else ""
+    if kind not in ("", "png", "svg"):
+        raise click.BadParameter(f"the picture is a .png or .svg file, not {kind!r}", ctx=ctx, param=param)
+    return value
+
+
+def _echo_wrapped(text: str) -> None:
+    """Print ``text``, lines of words: on a terminal wrapped to its width between words (a line's rest indented four
+    columns deeper than the line), where the terminal would cut a word; into a file or a pipe each line whole."""
+    shown = console()
+    if not shown.is_terminal:
+        click.echo(text)
+        return
+    width = shown.width
+    wrapped = []
+    for line in text.split("\n"):
+        words = line.lstrip(" ")
+        indent = line[:len(line) - len(words)]
+        deeper = " " * min(len(indent) + 4, width // 2)
+        wrapped.extend(textwrap.wrap(words, width, initial_indent=indent, subsequent_indent=deeper,
+                                     break_on_hyphens=False) or [line])
+    click.echo("\n".join(wrapped))
+
+
 @main.command()
 @click.argument("snapshot", required=False, type=click.Path(dir_okay=False))
 @click.option("--pid", type=int, default=None,
               help="Ask this live process for its transactions now. Only a process that registered itself as "
                    "serving explanations (activedb.explain.serve_on_signal(db); `activedb run` and `demo` do) "
                    "under the same ACTIVEDB_HOME is signalled; any other pid is refused.")
-@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
+@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None, callback=_picture_option,
               help="Write the picture here (.png or .svg).")
 @click.option("--text", "as_text", is_flag=True, help="Print the picture in words too.")
 @click.option("--timeout", type=Seconds(above=True), default=10.0, show_default=True,
@@ -357,12 +386,12 @@ def explain(ctx: click.Context, snapshot: str | None, pid: int | None, output: s
     else:
         explanation = Explanation.load(snapshot)  # type: ignore[arg-type]  # (no --pid: a SNAPSHOT)
     if as_text or output is None:
-        click.echo(explanation.text())
+        _echo_wrapped(explanation.text())
     if output is not None:
         written = explanation.render(output)
         graph = explanation.graph
-        click.echo(f"wrote {written}: {graph.number_of_nodes()} transactions, {graph.number_of_edges()} edges "
-                   f"({', '.join(sorted(explanation.edge_kinds())) or 'none'})")
+        _echo_wrapped(f"wrote {written}: {graph.number_of_nodes()} transactions, {graph.number_of_edges()} edges "
+                      f"({', '.join(sorted(explanation.edge_kinds())) or 'none'})")
 
 
 # --- demo -------------------------------------------------------------------------------

@@ -52,8 +52,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from activedb._handle import DatabaseHandle as Database
 
 __all__ = ["Explanation", "ExplainNode", "ExplainEdge", "HeldLock", "explain", "from_snapshot",
-           "find_deadlock", "serve_on_signal", "request", "Registration", "process_start_time", "DeadlockExplainer",
-           "EDGE_KINDS", "PictureError"]
+           "find_deadlock", "serve_on_signal", "request", "remove_gone", "Registration", "process_start_time",
+           "DeadlockExplainer", "EDGE_KINDS", "PictureError"]
 
 @dataclass(frozen=True)
 class HeldLock:
@@ -542,6 +542,42 @@ def _register(folder: Path) -> None:
         if not _registered:
             atexit.register(_unregister_all)
         _registered.add(registration)
+    remove_gone(folder)
+
+
+def remove_gone(folder: Path) -> list[Path]:
+    """Remove from ``folder`` the snapshots (``PID.json``) and registrations (``PID.serving``) of processes that are
+    gone, and return their paths: a file is kept only while ``PID.serving`` registers the process running as ``PID``
+    now (its start time the same: a reused pid is another process).  :func:`serve_on_signal` and :func:`request` (so
+    ``activedb explain --pid``) call it, so that the folder holds no more files than processes serving explanations;
+    copy a snapshot elsewhere to keep it after its process ends.  Other files are left, and so is what this user may
+    not remove."""
+    try:
+        entries = sorted(folder.iterdir())
+    except OSError:                 # (no folder yet, or one this user may not read: nothing to remove)
+        return []
+    removed = []
+    for path in entries:
+        pid_text = path.name.removesuffix(".json").removesuffix(REGISTRATION_SUFFIX)
+        if pid_text == path.name or not (pid_text.isascii() and pid_text.isdigit()) or _serves(folder, int(pid_text)):
+            continue
+        try:
+            path.unlink()
+        except OSError:             # (gone meanwhile, another user's, a folder)
+            continue
+        removed.append(path)
+    return removed
+
+
+def _serves(folder: Path, pid: int) -> bool:
+    """Whether ``folder/PID.serving`` registers the process running as ``pid`` now."""
+    registration = read_registration(folder / f"{pid}{REGISTRATION_SUFFIX}")
+    if registration is None or registration.pid != pid or pid > _LARGEST_PID:
+        return False
+    started = process_start_time(pid)
+    if started is not None:
+        return started == registration.start_time
+    return not Path("/proc/self").exists() and _exists(pid)    # (no /proc: the pid alone says it)
 
 
 #: Numbers the temporary files of ``_write_atomically`` (``next`` of an ``itertools.count`` is atomic): two writes at
@@ -587,13 +623,22 @@ def request(pid: int, directory: str | Path | None = None, *, timeout: float = 1
     Only a process registered in ``directory`` (:func:`serve_on_signal` with the same directory, by
     default ``$ACTIVEDB_HOME/explain``) whose start time matches is signalled; any other pid raises
     :class:`PictureError` saying why, and nothing is sent.  The check and the signal go through a pidfd
-    where Linux has one, so a pid reused in between is never signalled."""
-    import time
-
+    where Linux has one, so a pid reused in between is never signalled.  Then the snapshots and registrations of
+    processes that are gone are removed from ``directory`` (:func:`remove_gone`)."""
     check_seconds("request", "timeout", timeout, none=None, zero=False)    # (before anything is sent)
     if pid > _LARGEST_PID:           # (no process has it; os.pidfd_open and os.kill would overflow on it)
         raise _no_process(pid)
     folder = explain_directory(directory)
+    try:
+        return _request(pid, folder, timeout)
+    finally:                # (after: the pid asked is refused with why, a stale registration of its own included)
+        remove_gone(folder)
+
+
+def _request(pid: int, folder: Path, timeout: float) -> Explanation:
+    """:func:`request` of ``pid`` in ``folder``, its arguments checked."""
+    import time
+
     registration_path = folder / f"{pid}{REGISTRATION_SUFFIX}"
     path = folder / f"{pid}.json"
     try:

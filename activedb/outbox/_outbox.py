@@ -141,7 +141,12 @@ class Outbox:
         self.owner = secrets.randbits(62) + 1
         self._executor = Executor(self, group_size=options.group_size, max_groups=options.max_groups,
                                   max_attempts=options.max_attempts, rule_deadline=options.rule_deadline)
-        self._mutex = threading.Lock()        # protects _started, _closed, _lost, _thread, _unsettled
+        self._mutex = threading.Lock()        # protects _started, _closed, _lost, _thread, _unsettled, _passing
+        # Notified when the recovery thread ends a pass or stops (wait_recovery_idle); a condition of ``_mutex``.
+        self._recovery_idle = threading.Condition(self._mutex)
+        # The recovery thread runs a pass now.  Invariant: set before the thread clears ``_wake`` for that pass, so a
+        # wake is never consumed while neither shows (``wait_recovery_idle`` would return with a pass to come).
+        self._passing = False
         self._started = False
         self._closed = False
         self._lost = 0
@@ -513,6 +518,23 @@ class Outbox:
         """Threads in :meth:`wait_idle` now (waiting, or about to, for this process's firings to be run)."""
         return self._executor.idle_waiters
 
+    def wait_recovery_idle(self, timeout: float | None) -> bool:
+        """Wait until the recovery thread neither runs a pass nor has one due: it waits for its next wake (a rule
+        registered, :meth:`retry_failed`, the ``recovery_interval``) — or it does not run (not started, or closed).
+        True then; False if ``timeout`` seconds passed first (None: no limit).  What a test synchronises on before it
+        breaks PostgreSQL's sessions: a pass woken by a rule's registration may otherwise run late, meet the broken
+        connection first and have the pool reconnect.  Passes run by a direct :meth:`recover` call are not waited
+        for."""
+        bounded = None if timeout is None else min(timeout, threading.TIMEOUT_MAX)
+
+        def idle() -> bool:
+            if self._thread is None or not self._thread.is_alive():
+                return True
+            return not self._passing and (self._closed or not self._wake.is_set())   # (closed: no pass starts)
+
+        with self._recovery_idle:
+            return self._recovery_idle.wait_for(idle, bounded)
+
     @property
     def recovery_running(self) -> bool:
         """Whether this process's recovery thread runs: started by :meth:`start` (its liveness lock taken), until
@@ -609,16 +631,22 @@ class Outbox:
             interval = self.recovery_interval
             # (for ever: no pass by the clock, as None — no thread wait may be that long)
             self.clock.wait(self._wake, None if interval is not None and math.isinf(interval) else interval)
-            self._wake.clear()
             with self._mutex:
                 if self._closed:
+                    self._recovery_idle.notify_all()
                     return
+                self._passing = True
+            self._wake.clear()
             try:
                 self._liveness.check()
                 while self.recover() == CLAIM_LIMIT:
                     pass
             except Exception as error:       # PostgreSQL down, schema missing: try again next pass
                 logger.warning("outbox recovery pass failed: %s", describe_error(error))
+            finally:
+                with self._mutex:
+                    self._passing = False
+                    self._recovery_idle.notify_all()
 
     # --- what the outbox holds ------------------------------------------------------------------
 

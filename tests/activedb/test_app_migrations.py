@@ -154,6 +154,36 @@ def test_an_env_whose_revisions_do_not_stay_run_is_a_failure_saying_where_the_ve
                      result.output), result.output
 
 
+# An env.py that reads the connection activedb passes, and still connects by itself to the URL it was written with:
+# the same database, so its revisions run — outside the run's transaction, migration lock and lock timeout.
+SELFISH_ENV = '''from alembic import context
+from sqlalchemy import create_engine, pool
+
+passed = context.config.attributes.get("connection")       # (read, and not used)
+with create_engine({url!r}, poolclass=pool.NullPool).connect() as connection:
+    context.configure(connection=connection, version_table="selfish_alembic_version")
+    with context.begin_transaction():
+        context.run_migrations()
+'''
+
+
+def test_an_env_that_connects_by_itself_to_the_same_database_is_refused_before_it_runs_anything(url, tmp_path):
+    """An ``env.py`` that connects to its own URL — the same database — instead of using the connection activedb
+    passes was caught only when its revisions did not reach the version table activedb then read: one whose run
+    succeeded passed, its revisions run outside the run's transaction (no rollback with it), its migration lock and
+    its lock timeout.  The connection Alembic is configured with is checked when env.py first runs: another one is
+    refused saying so and what env.py must do, nothing run — the CLI, ``db.upgrade_app`` and a look at the version
+    table alike."""
+    location = _plain_directory(tmp_path, "selfish", SELFISH_ENV.format(url=url))
+    said = (r"env\.py configures Alembic with a connection of its own, not the one activedb passes "
+            r"\(config\.attributes\[.connection.\]\).*run_env")
+    for command in (["upgrade"], ["stamp", "head", "--yes"], ["current"]):
+        result = invoke(url, "app", *command[:1], str(location), *command[1:])
+        assert result.exit_code == 1 and re.search(said, result.output), (command, result.output)
+    _upgrade_app_refused(url, location, said)
+    assert not {"selfish_items", "selfish_alembic_version"} & set(table_names(url))
+
+
 def _waiting_for_advisory_locks(url) -> int:
     engine = sa.create_engine(url)
     try:

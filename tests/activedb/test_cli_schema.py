@@ -1292,6 +1292,37 @@ def test_app_revision_with_two_heads_is_refused_unless_merge_and_without_env_or_
     assert sorted(file.name for file in (path / "versions").glob("*.py")) == before
 
 
+@pytest.mark.parametrize("head, version_table", [
+    ("customer_relationship_management_0001", None),        # a head written by hand, its id over 32 characters
+    ("inventory_of_the_warehouses_9999", None),              # 32 characters: the next number, 10000, is one more
+    (None, "inventory_of_the_eastern_warehouses_alembic_version"),   # no revision: the name env.py gives
+], ids=["long-head", "number-grows", "long-version-table"])
+def test_app_revision_writes_an_id_alembics_version_column_holds(tmp_path, head, version_table):
+    """Alembic's version column is VARCHAR(32): `app revision` numbered on from a head whose prefix was long (a
+    revision written by hand, a version table widened for it) or from env.py's version table of a long name, and
+    wrote an id over 32 characters that no upgrade could record.  The id it writes has at most 32: numbered on after
+    a short form of the prefix (its start and a hash, as `app init` shortens a long name), else Alembic's random id."""
+    path = tmp_path / "migrations"
+    _migrate.init_app(path, "shop")
+    (path / "versions" / "0001_first_tables.py").unlink()
+    if head is not None:
+        (path / "versions" / "0001_by_hand.py").write_text(
+            f'revision = "{head}"\ndown_revision = None\n\n\ndef upgrade():\n    pass\n\n\n'
+            f"def downgrade():\n    pass\n")
+    else:
+        env = path / "env.py"
+        env.write_text(env.read_text().replace('"shop_alembic_version"', f'"{version_table}"'))
+    result = CliRunner().invoke(main, ["app", "revision", str(path), "-m", "next"])
+    assert result.exit_code == 0, result.output
+    [written] = [file for file in (path / "versions").glob("*.py") if file.name != "0001_by_hand.py"]
+    revision = re.search(r"^revision = '(\w+)'$", written.read_text(), re.MULTILINE)
+    assert revision is not None and len(revision[1]) <= 32, (revision, written.read_text())
+    assert f"down_revision = {head!r}" in written.read_text(), written.read_text()
+    again, _ = _migrate.new_app_revision(path, "after it")      # (numbered on from the short form)
+    following = re.search(r"^revision = '(\w+)'$", again.read_text(), re.MULTILINE)
+    assert following is not None and len(following[1]) <= 32 and following[1] != revision[1], following
+
+
 def test_app_upgrade_and_downgrade_with_sql_print_the_applications_sql_and_touch_no_database(url, tmp_path):
     """`db upgrade --sql` printed activedb's own SQL for a DBA to run; an application's had no offline mode.  `app
     upgrade PATH --sql` (from base, or FROM:TO) and `app downgrade PATH FROM:TO --sql` print its revisions' SQL with

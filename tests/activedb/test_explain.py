@@ -462,6 +462,92 @@ def test_explain_of_a_process_that_is_gone_says_what_to_do_and_removes_its_regis
     assert not registration.exists(), "the registration of a process that is gone is removed"
 
 
+def _serving_folder(folder, tmp_path):
+    """``folder`` holding the snapshot and registration of a process that is gone, of one whose pid was reused (another
+    process runs as it now), of this live process, and files that are no process's; returns the names of those of
+    this process and the others', which stay."""
+    import json
+    import os
+    import subprocess
+
+    from activedb.explain import process_start_time
+
+    gone = subprocess.Popen(["true"])
+    gone.wait(TIMEOUT)
+    folder.mkdir(parents=True)
+    for pid, start_time in ((gone.pid, 1), (os.getppid(), -1), (os.getpid(), process_start_time(os.getpid()))):
+        (folder / f"{pid}.serving").write_text(json.dumps({"pid": pid, "start_time": start_time}))
+        Explanation(nodes=(), edges=(), title=f"process {pid}").save(folder / f"{pid}.json")
+    Explanation(nodes=(), edges=()).save(folder / "kept-by-hand.json")
+    (folder / "12345.txt").write_text("no snapshot")
+    return {f"{os.getpid()}.json", f"{os.getpid()}.serving", "kept-by-hand.json", "12345.txt"}
+
+
+def test_explain_removes_the_snapshots_of_processes_that_are_gone_and_keeps_those_of_live_ones(tmp_path):
+    """``$ACTIVEDB_HOME/explain/PID.json`` stayed after its process ended, one more for every process ever asked:
+    ``activedb explain --pid`` removes the snapshots and registrations of processes that are gone (a reused pid is
+    another process), whatever it is asked, and keeps those of live ones and files of no process."""
+    from click.testing import CliRunner
+
+    from activedb.cli import main
+
+    home = tmp_path / "home"
+    kept = _serving_folder(home / "explain", tmp_path)
+    result = CliRunner().invoke(main, ["--home", str(home), "explain", "--pid", str(2**31 - 2)])
+    assert result.exit_code == 1 and "is running" in result.output, result.output
+    assert {path.name for path in (home / "explain").iterdir()} == kept
+
+
+def test_serving_explanations_removes_the_snapshots_of_processes_that_are_gone(db, tmp_path):
+    """A process that starts serving explanations (``serve_on_signal``, as ``activedb run`` does) removes the snapshots
+    and registrations of processes that are gone from its folder, and keeps those of live ones."""
+    import os
+    import signal
+
+    from activedb import explain
+
+    folder = tmp_path / "explain"
+    kept = _serving_folder(folder, tmp_path)
+    before = signal.getsignal(signal.SIGUSR1)
+    try:
+        explain.serve_on_signal(db, folder)
+    finally:
+        signal.signal(signal.SIGUSR1, before)
+    assert {path.name for path in folder.iterdir()} == kept
+    assert explain.read_registration(folder / f"{os.getpid()}.serving").start_time == \
+        explain.process_start_time(os.getpid())
+
+
+def test_explain_on_a_narrow_terminal_wraps_its_text_between_words(tmp_path):
+    """``activedb explain SNAPSHOT`` printed each line whole: on a terminal 40 columns wide a tree's line of locks
+    ran on over the edge, split wherever the terminal cut it, in the middle of a word.  On a terminal it wraps to the
+    terminal's width between words, a line's rest indented under it; into a pipe each line stays whole (for grep)."""
+    import os
+    import subprocess
+    import sys
+
+    from activedb.explain import ExplainEdge, ExplainNode, HeldLock
+    from tests._terminal import run_on_terminal
+
+    locks = tuple(HeldLock(f"items['customer number {number}']", "exclusive") for number in range(4))
+    explanation = Explanation(nodes=(
+        ExplainNode("T1", None, "monthly settlement of accounts", "active", 0, held=locks),
+        ExplainNode("T1.1", "T1", "recompute the balances", "active", 1, retained=locks,
+                    waiting_for=HeldLock("table accounts", "share")),
+    ), edges=(ExplainEdge("T1.1", "T1", "retained", "items['customer number 0']"),), title="wrapping between words")
+    snapshot = explanation.save(tmp_path / "narrow.json")
+    command = [sys.executable, "-m", "activedb", "--home", str(tmp_path / "home"), "explain", str(snapshot)]
+    environment = {**os.environ, "PYTHONPATH": os.getcwd(), "COLUMNS": "40"}
+    code, errors, drawn = run_on_terminal(command, environment, terminal="stdout")
+    assert code == 0, errors
+    lines = drawn.decode().replace("\r\n", "\n").rstrip("\n").split("\n")
+    assert all(len(line) <= 40 for line in lines), lines
+    assert " ".join(drawn.decode().split()) == " ".join(explanation.text().split()), lines    # no word split
+    assert "  holds: exclusive items['customer" in lines and "      number 0'], exclusive" in lines, lines
+    piped = subprocess.run(command, env=environment, capture_output=True, text=True, timeout=TIMEOUT)
+    assert piped.returncode == 0 and piped.stdout == explanation.text() + "\n", piped.stderr
+
+
 def test_a_picture_or_snapshot_that_cannot_be_written_or_read_is_a_picture_error_and_one_line(tmp_path):
     """``render`` into a folder that cannot be made (a file is in the way) let the OSError out — ``activedb explain
     SNAPSHOT -o PATH`` printed its traceback —, and ``Explanation.load`` of a directory let IsADirectoryError out:
