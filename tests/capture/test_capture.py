@@ -1392,6 +1392,39 @@ def test_dropping_a_consumer_that_runs_is_refused_and_the_consumer_goes_on_exact
     assert db.capture.status().consumers == ()
 
 
+def test_dropping_a_consumer_name_with_a_consumer_standing_by_is_refused_and_it_stays_listed(clean, conninfo):
+    """A consumer standing by for its name — here behind a session that held the lead and ended without a word, as a
+    SIGKILL'd leader's does (no 'released' notification: the standby tries again only after its ``idle_wait``) — was
+    no protection against ``drop_consumer``: the name's row went under it, ``db.capture.status()`` no longer listed
+    the consumer although it still waited, and once it led it started from the oldest retained change, firing the
+    rules again on what the name had handled.  A consumer standing by runs as a leader does: the drop is refused (a
+    CaptureError naming it and saying to stop it first), nothing dropped, and it stays listed; once it is closed, the
+    name is dropped."""
+    from activedb.capture._sql import CONSUMER_LOCK_CLASS, consumer_lock_key
+
+    db = clean
+    _app.register(db)
+    name = "standby-dropped"
+    with Watchdog(WATCHDOG_SECONDS, db.transactions.locks):
+        with psycopg.connect(conninfo, autocommit=True) as holder:
+            holder.execute("SELECT pg_advisory_lock(%s, %s)", (CONSUMER_LOCK_CLASS, consumer_lock_key(name)))
+            waiting = db.capture.start(name, idle_wait=3600)        # (woken only by a notification)
+            wait_until(lambda: any(consumer.standby for consumer in db.capture.status().consumers), 30,
+                       "status to list the consumer standing by",
+                       describe=lambda: f"{waiting.state}, {db.capture.status()}")
+        # The holder's session ended: the lead is free, and the consumer still waits (its idle_wait is an hour).
+        wait_until(lambda: db.capture.status().consumers[0].leader_pid is None, 30, "the holder's lock to go",
+                   describe=lambda: f"{db.capture.status()}")
+        with pytest.raises(CaptureError, match=rf"consumer {name!r} has a consumer standing by: pid "
+                                               rf"{waiting.session_pid} .*stop it first.*nothing was dropped"):
+            db.capture.drop_consumer(name)
+        assert waiting.state is ConsumerState.STANDBY
+        assert [standby for standby, _ in _standby_of(db, name)] == [waiting.session_pid]
+        waiting.close()
+        db.capture.drop_consumer(name)
+        assert db.capture.status().consumers == ()
+
+
 @pytest.mark.parametrize("name", [None, 5, "", "a@b"])
 def test_dropping_what_is_no_consumer_name_is_refused_saying_what_one_is(clean, name):
     """``db.capture.drop_consumer(name)`` of what is no consumer name failed with a bare AttributeError from hashing it
