@@ -1425,6 +1425,53 @@ def test_dropping_a_consumer_name_with_a_consumer_standing_by_is_refused_and_it_
         assert db.capture.status().consumers == ()
 
 
+def test_a_standby_whose_session_was_lost_while_its_name_was_dropped_is_listed_again(clean, conninfo):
+    """A consumer standing by whose listener session is lost stands by nowhere until it reconnects: its name may be
+    dropped then (nothing runs under it).  Reconnected, it stood by again without its name's row — it made sure of it
+    only as it first stood by —, so ``db.capture.status()`` did not list it until it led.  A new session stands by
+    as the first did: the name's row made sure of (anew, from the oldest retained change: the name was dropped), the
+    consumer listed standing by."""
+    from activedb.capture import Step
+    from activedb.capture._sql import CONSUMER_LOCK_CLASS, consumer_lock_key
+
+    db = clean
+    _app.register(db)
+    name = "standby-reconnects"
+    idle, go_on = threading.Event(), threading.Event()
+
+    def hold_when_idle(step: Step, detail: int) -> None:
+        if step is Step.IDLE and not go_on.is_set():
+            idle.set()
+            assert go_on.wait(WATCHDOG_SECONDS), "the test never let the consumer go on"
+
+    with Watchdog(WATCHDOG_SECONDS, db.transactions.locks), \
+            psycopg.connect(conninfo, autocommit=True) as holder:
+        holder.execute("SELECT pg_advisory_lock(%s, %s)", (CONSUMER_LOCK_CLASS, consumer_lock_key(name)))
+        waiting = db.capture.start(name, idle_wait=3600, on_step=hold_when_idle)
+        try:
+            assert idle.wait(30), f"the consumer never waited: {waiting.state}, {waiting.failure}"
+            assert [standby for standby, _ in _standby_of(db, name)] == [waiting.session_pid]
+            lost = waiting.session_pid
+            holder.execute("SELECT pg_terminate_backend(%s)", (lost,))      # its session lost while it is held
+            wait_until(lambda: all(not consumer.standby for consumer in db.capture.status().consumers), 30,
+                       "the lost session's standby lock to go", describe=lambda: f"{db.capture.status()}")
+            lock = (CONSUMER_LOCK_CLASS, consumer_lock_key(name))
+            holder.execute("SELECT pg_advisory_unlock(%s, %s)", lock)
+            db.capture.drop_consumer(name)          # (nothing stands by or leads under the name now)
+            assert db.capture.status().consumers == ()
+            holder.execute("SELECT pg_advisory_lock(%s, %s)", lock)        # (the consumer stands by again)
+            go_on.set()
+            wait_until(lambda: any(consumer.standby for consumer in db.capture.status().consumers), 30,
+                       "status to list the reconnected consumer standing by",
+                       describe=lambda: f"{waiting.state}, {waiting.session_pid}, {db.capture.status()}")
+            [listed] = db.capture.status().consumers
+            assert listed.name == name and listed.handled == 0 and listed.leader_pid == holder.info.backend_pid
+            assert [standby.backend_pid for standby in listed.standby] == [waiting.session_pid] != [lost]
+        finally:
+            go_on.set()
+            waiting.close()
+
+
 @pytest.mark.parametrize("name", [None, 5, "", "a@b"])
 def test_dropping_what_is_no_consumer_name_is_refused_saying_what_one_is(clean, name):
     """``db.capture.drop_consumer(name)`` of what is no consumer name failed with a bare AttributeError from hashing it
