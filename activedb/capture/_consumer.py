@@ -175,7 +175,7 @@ class CaptureConsumer:
         # The position as this consumer last committed it while leading (None: read it from PostgreSQL).
         self._known_position: Position | None = None
         self._last_prune = 0.0
-        self._registered = False        # (its row made sure of: as it first stood by or led)
+        self._registered = False        # (its row made sure of in its session: as it first stood by there, or led)
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
         self._loop_error: BaseException | None = None
@@ -399,6 +399,9 @@ class CaptureConsumer:
             with self._mutex:
                 self._state = ConsumerState.STANDBY
             self._listener.connect()
+            # (A new session stands by as the first did: the name may have been dropped while none held its standby
+            # lock — the last one lost —, and its row is made sure of again as it stands by.)
+            self._registered = False
         if not self._listener.take(wait):
             with self._mutex:
                 self._state = ConsumerState.STANDBY

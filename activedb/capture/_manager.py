@@ -16,7 +16,7 @@ from activedb.capture._consumer import CaptureConsumer, ConsumerOptions, check_c
 from activedb.capture._firing import source_of
 from activedb.capture._position import prune
 from activedb.capture._status import (BEHIND_CHANGES, BEHIND_SECONDS, CapturedTable, CaptureStatus, capture_status,
-                                      captured_tables)
+                                      captured_tables, standby_consumers)
 from activedb.capture.errors import CaptureError, CaptureNotInstalled, CapturePendingChanges
 from activedb.errors import LOCK_NOT_AVAILABLE, check_seconds, check_whole_number, sqlstate_of
 from activedb.events import age_seconds
@@ -141,23 +141,28 @@ class CaptureManager:
     def drop_consumer(self, name: str) -> None:
         """Forget consumer ``name``'s position and its batches in the ingestion ledger (it no longer holds back
         pruning; if it runs again, it starts from the oldest retained change, as new).  A consumer of the name that
-        runs — it leads the name, in this process or another — is not dropped: :class:`CaptureError`, stop it first
-        (its ``close()``, or end its process); its next batch would otherwise fire again on the changes it handled."""
+        runs — it leads the name, or stands by to lead it, in this process or another — is not dropped:
+        :class:`CaptureError`, stop it first (its ``close()``, or end its process); its next batch (a standby's first,
+        once it leads) would otherwise fire again on the changes the name handled."""
         check_consumer_name(name)
+        key = _sql.consumer_lock_key(name)
         with self._database.engine.begin() as connection:
-            # The leader's lock, for the drop's transaction: none can lead meanwhile (one that leads after it starts
-            # anew).  Waited for a little: a consumer's close() releases it at once, but a consumer whose process
-            # died holds it until the server notices its session is gone.
+            # The standby lock, then the leader's, exclusive for the drop's transaction (in the order a consumer takes
+            # them: no deadlock with one that stands by and waits for the lead): none stands by or leads meanwhile
+            # (one that does after it starts anew).  Each waited for a little: a consumer's close() releases it at
+            # once, but a consumer whose process died holds it until the server notices its session is gone.
             connection.execute(sa.text(f"SET LOCAL lock_timeout = {_DROP_LOCK_WAIT_MS}"))
-            try:
-                connection.execute(sa.text("SELECT pg_advisory_xact_lock(:class, :key)"),
-                                   {"class": _sql.CONSUMER_LOCK_CLASS, "key": _sql.consumer_lock_key(name)})
-            except sa.exc.OperationalError as error:
-                if sqlstate_of(error) != LOCK_NOT_AVAILABLE:
-                    raise
+            if not _xact_lock(connection, _sql.STANDBY_LOCK_CLASS, key):
+                with self._database.engine.connect() as other:      # (the drop's transaction failed: its wait)
+                    standing_by = "; ".join(standby.describe() for standby in standby_consumers(other).get(key, ()))
+                raise CaptureError(f"capture consumer {name!r} has a consumer standing by: {standing_by or 'one'} "
+                                   f"(it waits to lead the name, and would start from the oldest retained change if "
+                                   f"the name were dropped): stop it first — its close(), or end its process — then "
+                                   f"drop it; nothing was dropped")
+            if not _xact_lock(connection, _sql.CONSUMER_LOCK_CLASS, key):
                 raise CaptureError(f"capture consumer {name!r} is running (it leads its name in a PostgreSQL session): "
                                    f"stop it first — its close(), or end its process — then drop it; nothing was "
-                                   f"dropped") from None
+                                   f"dropped")
             connection.execute(sa.text(f"DELETE FROM {_sql.CONSUMERS} WHERE name = :name"), {"name": name})
             forget_run(connection, source_of(name))
 
@@ -182,3 +187,15 @@ class CaptureManager:
             consumers, self._consumers = self._consumers, []
         for consumer in consumers:
             consumer.close()
+
+
+def _xact_lock(connection: sa.Connection, lock_class: int, key: int) -> bool:
+    """Take advisory lock ``(lock_class, key)`` exclusive for ``connection``'s transaction, waiting at most its
+    ``lock_timeout``; False if it timed out (the transaction has failed then: the caller raises)."""
+    try:
+        connection.execute(sa.text("SELECT pg_advisory_xact_lock(:class, :key)"), {"class": lock_class, "key": key})
+    except sa.exc.OperationalError as error:
+        if sqlstate_of(error) != LOCK_NOT_AVAILABLE:
+            raise
+        return False
+    return True

@@ -4,11 +4,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
 import functools
 import json
 import shlex
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, NoReturn
 
 import click
@@ -193,7 +195,8 @@ def consume_command(ctx: click.Context, app: str, name: str, batch_size: int, re
     APP is a module name or a .py file with register(db) declaring the rules on db.captured(...) (and
     optionally MIGRATIONS, its Alembic directory, upgraded first). Runs until Ctrl-C / SIGTERM (the batch
     in progress finishes; a second Ctrl-C ends the process at once and PostgreSQL rolls the batch back:
-    exactly once either way), or with --until-caught-up until nothing is pending. A rule that does not return
+    exactly once either way), or with --until-caught-up until nothing is pending (there Ctrl-C or SIGTERM
+    interrupts the batch, which PostgreSQL rolls back, exit code 130). A rule that does not return
     within --rule-deadline makes its change a dead letter, and the command restarts itself to go on without it."""
     from activedb.cli.application import disabled_rules_note, load_app as load_application, require_rules
 
@@ -221,7 +224,8 @@ def consume_command(ctx: click.Context, app: str, name: str, batch_size: int, re
                 from activedb.ingest.errors import BatchDeadlineExceeded
 
                 try:
-                    handled = consumer.run_until_caught_up(lead_timeout=lead_timeout)
+                    with _signals_stop(consumer, interrupts=True):
+                        handled = consumer.run_until_caught_up(lead_timeout=lead_timeout)
                 except BatchDeadlineExceeded:
                     restart_environment = _restart_after_deadline(consumer)
                     if restart_environment is None:
@@ -247,14 +251,27 @@ def _restart_after_deadline(consumer: CaptureConsumer) -> dict[str, str] | None:
     return restart_after_deadline(consumer.ingestion, make_console(), consumer.statistics().batches > 0)
 
 
-def _consume_until_stopped(consumer: CaptureConsumer, name: str) -> dict[str, str] | None:
-    """Run ``consumer`` on its thread until Ctrl-C / SIGTERM or its thread dies; the environment to restart the command
-    in if it died of a deadline (:func:`_restart_after_deadline`), else None; any other failure raises."""
-    stop = StopRequest()
-    # (the second Ctrl-C: a rule that never returns holds the batch, and the orderly stop would wait for it)
+@contextlib.contextmanager
+def _signals_stop(consumer: CaptureConsumer, *, interrupts: bool = False) -> Iterator[StopRequest]:
+    """SIGINT and SIGTERM handled alike while ``consumer`` runs (:class:`StopRequest`: the first asks it to stop —
+    ``interrupts``: by a ``KeyboardInterrupt`` in the main thread, where ``run_until_caught_up`` runs it —, the second
+    ends the process at once, :func:`exit_at_once`: a rule that never returns holds the batch, and the orderly stop
+    would wait for it).  On the way out the consumer is closed, its name's lead released, before the handlers are
+    restored: a signal while it closes ends the process at once too."""
+    stop = StopRequest(interrupts=interrupts)
     stop.at_once = functools.partial(exit_at_once, make_console(), consumer.ingestion)
     stop.install()
     try:
+        yield stop
+    finally:
+        consumer.close()
+        stop.restore()
+
+
+def _consume_until_stopped(consumer: CaptureConsumer, name: str) -> dict[str, str] | None:
+    """Run ``consumer`` on its thread until Ctrl-C / SIGTERM or its thread dies; the environment to restart the command
+    in if it died of a deadline (:func:`_restart_after_deadline`), else None; any other failure raises."""
+    with _signals_stop(consumer) as stop:
         consumer.start()
         said: ConsumerState | None = None
         # Woken by the signal handler; the timeout re-checks that the consumer's thread is alive, and its state.
@@ -267,9 +284,6 @@ def _consume_until_stopped(consumer: CaptureConsumer, name: str) -> dict[str, st
             doing = ("no batch is in progress" if batch is None else
                      f"letting batch {batch.batch_id} finish ({describe_in_progress(batch)})")
             click.echo(f"stopping: {doing} — Ctrl-C again to stop at once")
-    finally:
-        consumer.close()
-        stop.restore()          # (after the stop: a second Ctrl-C while it waits ends the process)
     from activedb.ingest.errors import BatchDeadlineExceeded
 
     failure = consumer.failure

@@ -169,10 +169,13 @@ def progress_line(statistics: IngestStatistics, waiting_since: float | None = No
 
 class StopRequest:
     """SIGINT/SIGTERM handler state. ``_mutex`` protects ``_count``; ``event`` is set on the first signal, which
-    only records it (the command's main loop acts on it); the second sets ``forced`` and calls ``at_once``, which
-    ends the process (:func:`exit_at_once`)."""
+    only records it (the command's main loop acts on it) — or, ``interrupts``, raises ``KeyboardInterrupt`` in the
+    main thread as Python's own SIGINT handler does, for a command whose work runs on the main thread with no loop to
+    look at ``event`` (``capture consume --until-caught-up``: a SIGTERM ends it as a Ctrl-C does, exit 130); the
+    second sets ``forced`` and calls ``at_once``, which ends the process (:func:`exit_at_once`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, interrupts: bool = False) -> None:
+        self.interrupts = interrupts
         self.event = threading.Event()
         self.forced = threading.Event()
         self._mutex = threading.RLock()     # (re-entrant: a signal's handler may run inside the previous one's)
@@ -200,6 +203,8 @@ class StopRequest:
             self.forced.set()
             if self.at_once is not None:
                 self.at_once()
+        elif self.interrupts:
+            raise KeyboardInterrupt
 
 
 def _flush() -> None:

@@ -30,7 +30,7 @@ from activedb.txn import Along, CommitParticipant, FiringOutcome
 
 if TYPE_CHECKING:  # pragma: no cover
     from activedb.outbox._outbox import Outbox
-    from activedb.rules import Firing
+    from activedb.rules import Firing, RuleCounter
     from activedb.txn import Transaction
 
 logger = logging.getLogger("activedb.outbox")
@@ -478,20 +478,21 @@ class Executor:
                 firing = work.firing
                 again, work.ran = work.ran or work.claimed, True
                 self._firing_starts(root, work)
-                counted = True           # (whether the rule manager counted the outcome of this attempt)
+                # (What the rule manager counted for this attempt as its run ended: also when an error of the
+                # transaction itself came through after it — its group doomed meanwhile, given up.)
+                counted: list[FiringOutcome] = []
                 try:
                     # (The rule manager's outcome, as its counters count it: ``fire`` runs it in a subtransaction; a
                     # run after the first, or a claimed record's first, is an attempt of its own: ``fired`` once more.)
-                    [(outcome, error)] = fire(root, [firing], again=again)
+                    [(outcome, error)] = fire(root, [firing], again=again, counted=counted)
                 except BaseException as raised:
                     if interrupts_the_process(raised):
                         raise
-                    counted = not isinstance(raised, Exception)     # (an error of the transaction itself: not)
-                    if counted:                     # (the rule manager counted it, logged it not)
+                    if not isinstance(raised, Exception):   # (the rule manager counted it failed, logged it not)
                         logger.error("detached rule %r raised %s on %s: it failed for good", firing.rule.name,
                                      describe_error(raised), firing.event.describe())
                     outcome, error = FiringOutcome.FAILED, raised
-                self._firing_ended(work, outcome if counted else None)
+                self._firing_ended(work, counted[0] if counted else None)
                 if outcome is FiringOutcome.EXECUTED or outcome is FiringOutcome.CONDITION_FALSE:
                     work.executed = work.uncounted = outcome is FiringOutcome.EXECUTED
                     outcomes.append(_Outcome.DONE)
@@ -538,19 +539,20 @@ class Executor:
         self._watch_wake.set()
 
     def _firing_ended(self, work: Work, outcome: FiringOutcome | None) -> None:
-        """``work``'s firing returned (``outcome``, as the rule manager counted it; None: it counted none — an error of
-        the transaction itself, a doomed one's, came through); raises :class:`_GivenUp` if it was
-        given up meanwhile — after taking back the outcome the rule manager counted for it, as the give-up counted
-        that attempt failed (rules README, "Counters count attempts")."""
+        """``work``'s firing returned (``outcome``, as the rule manager counted it as its run ended — also when an error
+        of the transaction itself, a doomed one's, came through after —; None: its run never ended, the error came
+        through before); raises :class:`_GivenUp` if it was
+        given up meanwhile — after taking back the outcome the rule manager counted for it
+        (``_COUNTED_BY_THE_RULE_MANAGER``), as the give-up counted that attempt failed (rules README, "Counters count
+        attempts"); an EXECUTED one is counted by :meth:`_settle` only, which a given-up firing never reaches."""
         with self._mutex:
             run = self._given_up.get(threading.get_ident())
             if run is None:
                 self._groups[threading.get_ident()].work = None
                 return
-        if outcome is FiringOutcome.FAILED:
-            self._outbox.rules.count(work.firing.rule, "failed", -1)
-        elif outcome is FiringOutcome.CANCELLED:
-            self._outbox.rules.count(work.firing.rule, "cancelled", -1)
+        counted = None if outcome is None else _COUNTED_BY_THE_RULE_MANAGER.get(outcome)
+        if counted is not None:
+            self._outbox.rules.count(work.firing.rule, counted, -1)
         raise _GivenUp(f"the firing of rule {work.firing.rule.name!r} returned after it was given up")
 
     def _watch(self) -> None:
@@ -610,6 +612,13 @@ class Executor:
             self._outbox.count([work.firing], "failed")
         for _ in range(start):
             self._submit_runner()
+
+
+#: The outcomes of a detached firing that the rule manager counts as its run returns (``RuleManager._execute``), by
+#: the counter it adds to; EXECUTED is not among them: the outbox counts it once the group commits (``_settle``).
+_COUNTED_BY_THE_RULE_MANAGER: dict[FiringOutcome, RuleCounter] = {
+    FiringOutcome.FAILED: "failed", FiringOutcome.CANCELLED: "cancelled",
+    FiringOutcome.CONDITION_FALSE: "condition_false"}
 
 
 def _described(work: Work) -> str:

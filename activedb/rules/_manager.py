@@ -462,7 +462,7 @@ class RuleManager(TransactionExtension):
         return [firing for group in priority_groups(firings) for firing in group]
 
     def fire(self, transaction: Transaction, firings: list[Firing], *, shared: bool = False,
-             again: bool = False) -> list[Fired]:
+             again: bool = False, counted: list[FiringOutcome] | None = None) -> list[Fired]:
         """Run ``firings`` (:meth:`plan`'s: the capture consumer's) in order, each as :meth:`execute` does
         in a subtransaction of its own, and tell each one's :class:`FiringOutcome` as :meth:`execute` counted it (a
         rule that raises is FAILED; one whose action let a nested firing's failure or the cascade limit through, or
@@ -471,27 +471,35 @@ class RuleManager(TransactionExtension):
         An error of the transaction itself (deadlock, serialization conflict) propagates either way.
         ``again``: the firings ran before in this tree, in an attempt that did not last (a shared run that failed, a
         transient failure): each counts ``fired`` once more, an attempt with an outcome of its own, in the counters
-        (``statistics``) — not in the tree's firing record (its transaction-log row), which has each planned once."""
+        (``statistics``) — not in the tree's firing record (its transaction-log row), which has each planned once.
+        ``counted``: each firing's outcome as its run counted it is appended to it as the run ends, also when an error
+        then propagates — a condition that returned false counted CONDITION_FALSE before its subtransaction's commit
+        raised (its tree doomed meanwhile); EXECUTED is counted when its tree commits (a detached firing's, by the
+        caller), not by its run."""
         if again:
             self.record.attempted(firings)
         fired = []
         for firing in firings:
-            if shared:
-                executed = self.execute(transaction, firing)
-            else:
-                ended: list[Fired] = []
-
-                def run(child: Transaction, firing: Firing, ended: list[Fired] = ended) -> bool:
-                    return self._execute(child, firing, ended)
-                try:
-                    executed = run_inline(transaction, run, firing, _transaction_name(firing.rule), Firing)
-                except (RuleFailed, CascadeLimitExceeded) as error:
-                    # As ``_execute`` ended it (and counted it); a failure it did not see — raised by the firing's
-                    # commit after its run, a deferred firing an observer queued then — stopped it from outside:
-                    # cancelled.
-                    fired.append(ended[0] if ended and ended[0].outcome in (_FAILED, _CANCELLED)
-                                 else Fired(_CANCELLED, error))
-                    continue
+            ended: list[Fired] = []
+            try:
+                if shared:
+                    set_slot(transaction, Firing, firing)
+                    executed = self._execute(transaction, firing, ended)
+                else:
+                    def run(child: Transaction, firing: Firing, ended: list[Fired] = ended) -> bool:
+                        return self._execute(child, firing, ended)
+                    try:
+                        executed = run_inline(transaction, run, firing, _transaction_name(firing.rule), Firing)
+                    except (RuleFailed, CascadeLimitExceeded) as error:
+                        # As ``_execute`` ended it (and counted it); a failure it did not see — raised by the
+                        # firing's commit after its run, a deferred firing an observer queued then — stopped it from
+                        # outside: cancelled.
+                        fired.append(ended[0] if ended and ended[0].outcome in (_FAILED, _CANCELLED)
+                                     else Fired(_CANCELLED, error))
+                        continue
+            finally:
+                if counted is not None and ended:
+                    counted.append(ended[0].outcome)
             if executed:
                 self._executed(transaction, [firing])
             fired.append(Fired(FiringOutcome.EXECUTED if executed else FiringOutcome.CONDITION_FALSE))

@@ -1537,7 +1537,9 @@ def test_a_detached_firing_past_its_rule_deadline_is_given_up_and_the_firings_af
                 assert failure.rule == "never_returns", failure
                 assert "rule 'never_returns' did not return within its deadline of 30 s" in failure.error, failure
                 assert "activedb outbox --retry" in failure.error, failure
-                assert database.rules.statistics().per_rule["never_returns"].failed == 1
+                # (counted by the deadline watcher once it marked the record failed)
+                wait_until(lambda: database.rules.statistics().per_rule["never_returns"].failed == 1, TIMEOUT,
+                           "the given-up firing counted failed", lambda: database.rules.statistics().per_rule)
                 assert database.outbox.statistics().given_up == 1
             finally:
                 release.set()
@@ -1562,6 +1564,64 @@ def test_a_detached_firing_past_its_rule_deadline_is_given_up_and_the_firings_af
         database.close()
     executor = database.outbox._executor
     wait_until(lambda: executor._watcher is None, TIMEOUT, "the deadline watcher ended with close()")
+
+
+@pytest.mark.parametrize("returns", ["executed", "condition_false"])
+def test_a_given_up_firing_whose_thread_returns_normally_is_counted_once_failed(migrated, returns):
+    """The give-up counted the firing's attempt failed; when its thread returns afterwards its outcome is not counted
+    again: an action that returns (executed in the rule manager's eyes, but its group never commits) and a condition
+    that returns false (which the rule manager counts ``condition_false`` as it returns) both leave the attempt
+    counted once, failed — and nothing the firing wrote commits."""
+    clock, release, rule = ManualClock(), threading.Event(), f"returns_late_{returns}"
+    database = activedb.connect(migrated, clock=clock, outbox_options={"recovery_interval": None, "rule_deadline": 5})
+    with database.engine.begin() as connection:
+        connection.execute(sa.text("TRUNCATE events_seen, activedb_outbox RESTART IDENTITY"))
+    started = threading.Event()
+
+    def blocks(tx, event) -> None:
+        tx.insert("events_seen", rule=rule, detail=returns)
+        started.set()
+        release.wait(TIMEOUT * 10)
+
+    def condition(tx, event) -> bool:
+        blocks(tx, event)
+        return False
+
+    if returns == "executed":
+        database.rule(on=database.signalled("stuck"), coupling=Coupling.DETACHED, name=rule)(blocks)
+    else:
+        database.rule(on=database.signalled("stuck"), when=condition, coupling=Coupling.DETACHED,
+                      name=rule)(lambda tx, event: None)
+    try:
+        pass_the_deadline_of_a_stuck_firing(database, clock, started)
+        # (given up: its record marked failed, then counted so, by the deadline watcher)
+        wait_until(lambda: database.rules.statistics().per_rule[rule].failed == 1, TIMEOUT,
+                   "the firing given up", lambda: (records(database), database.rules.statistics().per_rule))
+        assert database.outbox.statistics().given_up == 1
+        release.set()
+        wait_until(lambda: database.outbox.statistics().given_up == 0, TIMEOUT, "the given-up firing's thread returned")
+        database.rules.wait_idle(TIMEOUT)
+        counters = database.rules.statistics().per_rule[rule]
+        assert (counters.fired, counters.failed, counters.executed, counters.condition_false, counters.cancelled) \
+            == (1, 1, 0, 0, 0), counters
+        statistics = database.outbox.statistics()
+        assert (statistics.pending, statistics.done, statistics.failed) == (0, 0, 1), statistics
+        assert statistics.per_rule == {rule: {"failed": 1}}, statistics
+        assert [status for _, status, *_ in records(database)] == ["failed"]
+        assert seen(database) == [], "the given-up firing's write committed"
+    finally:
+        release.set()
+        database.close()
+
+
+def pass_the_deadline_of_a_stuck_firing(database, clock: ManualClock, started: threading.Event) -> None:
+    """Signal ``stuck``, wait for its firing to run (``started``) and for the deadline watcher to wait on ``clock``,
+    then pass a rule deadline of 5 s: the watcher gives the firing up (after this returns)."""
+    with database.transaction() as tx:
+        tx.signal("stuck")
+    assert started.wait(TIMEOUT), "the firing never started"
+    wait_until(lambda: clock.sleepers >= 1, TIMEOUT, "the deadline watcher waits on the clock")
+    clock.advance(6)
 
 
 def stuck_firing(migrated, rule: str, release: threading.Event, **options):
@@ -1656,11 +1716,7 @@ def test_close_after_a_firing_was_given_up_names_its_thread_still_running(migrat
     database, started = stuck_firing(migrated, "given_up_at_close", release, clock=clock,
                                      outbox_options={"recovery_interval": None, "rule_deadline": 5})
     try:
-        with database.transaction() as tx:
-            tx.signal("stuck")
-        assert started.wait(TIMEOUT), "the firing never started"
-        wait_until(lambda: clock.sleepers >= 1, TIMEOUT, "the deadline watcher waits on the clock")
-        clock.advance(6)
+        pass_the_deadline_of_a_stuck_firing(database, clock, started)
         wait_until(lambda: database.outbox.statistics().given_up == 1, TIMEOUT, "the firing given up")
         with caplog.at_level("WARNING", logger="activedb.outbox"):
             database.close()

@@ -1392,6 +1392,86 @@ def test_dropping_a_consumer_that_runs_is_refused_and_the_consumer_goes_on_exact
     assert db.capture.status().consumers == ()
 
 
+def test_dropping_a_consumer_name_with_a_consumer_standing_by_is_refused_and_it_stays_listed(clean, conninfo):
+    """A consumer standing by for its name — here behind a session that held the lead and ended without a word, as a
+    SIGKILL'd leader's does (no 'released' notification: the standby tries again only after its ``idle_wait``) — was
+    no protection against ``drop_consumer``: the name's row went under it, ``db.capture.status()`` no longer listed
+    the consumer although it still waited, and once it led it started from the oldest retained change, firing the
+    rules again on what the name had handled.  A consumer standing by runs as a leader does: the drop is refused (a
+    CaptureError naming it and saying to stop it first), nothing dropped, and it stays listed; once it is closed, the
+    name is dropped."""
+    from activedb.capture._sql import CONSUMER_LOCK_CLASS, consumer_lock_key
+
+    db = clean
+    _app.register(db)
+    name = "standby-dropped"
+    with Watchdog(WATCHDOG_SECONDS, db.transactions.locks):
+        with psycopg.connect(conninfo, autocommit=True) as holder:
+            holder.execute("SELECT pg_advisory_lock(%s, %s)", (CONSUMER_LOCK_CLASS, consumer_lock_key(name)))
+            waiting = db.capture.start(name, idle_wait=3600)        # (woken only by a notification)
+            wait_until(lambda: any(consumer.standby for consumer in db.capture.status().consumers), 30,
+                       "status to list the consumer standing by",
+                       describe=lambda: f"{waiting.state}, {db.capture.status()}")
+        # The holder's session ended: the lead is free, and the consumer still waits (its idle_wait is an hour).
+        wait_until(lambda: db.capture.status().consumers[0].leader_pid is None, 30, "the holder's lock to go",
+                   describe=lambda: f"{db.capture.status()}")
+        with pytest.raises(CaptureError, match=rf"consumer {name!r} has a consumer standing by: pid "
+                                               rf"{waiting.session_pid} .*stop it first.*nothing was dropped"):
+            db.capture.drop_consumer(name)
+        assert waiting.state is ConsumerState.STANDBY
+        assert [standby for standby, _ in _standby_of(db, name)] == [waiting.session_pid]
+        waiting.close()
+        db.capture.drop_consumer(name)
+        assert db.capture.status().consumers == ()
+
+
+def test_a_standby_whose_session_was_lost_while_its_name_was_dropped_is_listed_again(clean, conninfo):
+    """A consumer standing by whose listener session is lost stands by nowhere until it reconnects: its name may be
+    dropped then (nothing runs under it).  Reconnected, it stood by again without its name's row — it made sure of it
+    only as it first stood by —, so ``db.capture.status()`` did not list it until it led.  A new session stands by
+    as the first did: the name's row made sure of (anew, from the oldest retained change: the name was dropped), the
+    consumer listed standing by."""
+    from activedb.capture import Step
+    from activedb.capture._sql import CONSUMER_LOCK_CLASS, consumer_lock_key
+
+    db = clean
+    _app.register(db)
+    name = "standby-reconnects"
+    idle, go_on = threading.Event(), threading.Event()
+
+    def hold_when_idle(step: Step, detail: int) -> None:
+        if step is Step.IDLE and not go_on.is_set():
+            idle.set()
+            assert go_on.wait(WATCHDOG_SECONDS), "the test never let the consumer go on"
+
+    with Watchdog(WATCHDOG_SECONDS, db.transactions.locks), \
+            psycopg.connect(conninfo, autocommit=True) as holder:
+        holder.execute("SELECT pg_advisory_lock(%s, %s)", (CONSUMER_LOCK_CLASS, consumer_lock_key(name)))
+        waiting = db.capture.start(name, idle_wait=3600, on_step=hold_when_idle)
+        try:
+            assert idle.wait(30), f"the consumer never waited: {waiting.state}, {waiting.failure}"
+            assert [standby for standby, _ in _standby_of(db, name)] == [waiting.session_pid]
+            lost = waiting.session_pid
+            holder.execute("SELECT pg_terminate_backend(%s)", (lost,))      # its session lost while it is held
+            wait_until(lambda: all(not consumer.standby for consumer in db.capture.status().consumers), 30,
+                       "the lost session's standby lock to go", describe=lambda: f"{db.capture.status()}")
+            lock = (CONSUMER_LOCK_CLASS, consumer_lock_key(name))
+            holder.execute("SELECT pg_advisory_unlock(%s, %s)", lock)
+            db.capture.drop_consumer(name)          # (nothing stands by or leads under the name now)
+            assert db.capture.status().consumers == ()
+            holder.execute("SELECT pg_advisory_lock(%s, %s)", lock)        # (the consumer stands by again)
+            go_on.set()
+            wait_until(lambda: any(consumer.standby for consumer in db.capture.status().consumers), 30,
+                       "status to list the reconnected consumer standing by",
+                       describe=lambda: f"{waiting.state}, {waiting.session_pid}, {db.capture.status()}")
+            [listed] = db.capture.status().consumers
+            assert listed.name == name and listed.handled == 0 and listed.leader_pid == holder.info.backend_pid
+            assert [standby.backend_pid for standby in listed.standby] == [waiting.session_pid] != [lost]
+        finally:
+            go_on.set()
+            waiting.close()
+
+
 @pytest.mark.parametrize("name", [None, 5, "", "a@b"])
 def test_dropping_what_is_no_consumer_name_is_refused_saying_what_one_is(clean, name):
     """``db.capture.drop_consumer(name)`` of what is no consumer name failed with a bare AttributeError from hashing it

@@ -485,6 +485,63 @@ def test_a_consumer_stopped_by_a_signal_releases_its_lead_so_the_next_leads_at_o
         assert "standing by" not in second.text(), second.text()
 
 
+GATED_APP = '''"""A rule on captured orders that logs each, and on the order of customer 'gated' first waits until the file
+GATE exists (saying "in the rule" as it starts waiting)."""
+import os
+import threading
+
+
+def register(db):
+    @db.rule(on=db.captured("orders", "inserted"), coupling="detached")
+    def gated(tx, event):
+        if event.new["customer"] == "gated" and not os.path.exists(GATE):
+            print("in the rule", flush=True)
+            while not os.path.exists(GATE):
+                threading.Event().wait(0.05)
+        tx.insert("order_log", rule="gated", kind="inserted", order_id=event.key)
+'''
+
+
+def test_sigterm_ends_consume_until_caught_up_as_ctrl_c_does(database_url, tmp_path):
+    """``capture consume --until-caught-up`` had no SIGTERM handler: a service manager's ``kill -TERM`` killed it
+    (exit -15) wherever it was, as a SIGKILL would.  It now ends as a Ctrl-C does there: exit 130, "activedb:
+    interrupted" and no traceback, its name's lead released before it exits, the batch in progress not committed —
+    and the next consume handles the pending changes, each once."""
+    from activedb.testing import wait_until
+
+    capture_orders(database_url)
+    gate = tmp_path / "gate"
+    app_file = tmp_path / "gated_app.py"
+    app_file.write_text(GATED_APP.replace("GATE", repr(str(gate))))
+    first_home, second_home = tmp_path / "first", tmp_path / "second"
+    first_home.mkdir()
+    second_home.mkdir()
+    name = "sigterm-until-caught-up"
+    with psycopg.connect(libpq(database_url), autocommit=True) as psql:
+        psql.execute("INSERT INTO orders (id, customer, amount) VALUES (79101, 'gated', 1), (79102, 'next', 1)")
+    # (no deadline: the rule waits for the test alone)
+    deadlines = ("--rule-deadline", "0", "--batch-deadline", "0")
+    with consume_process(database_url, first_home, str(app_file), "--name", name, "--until-caught-up",
+                         *deadlines) as first:
+        wait_until(first.printed("in the rule"), 120, "the rule to run", describe=first.text)
+        assert _leaders_of(database_url, name) != [], first.text()
+        os.killpg(first.process.pid, signal.SIGTERM)
+        assert first.process.wait(timeout=60) == 130, first.text()
+    said = first.text()
+    assert "activedb: interrupted" in said and "Traceback" not in said, said
+    assert _leaders_of(database_url, name) == [], f"the ended consumer's lead outlived it:\n{said}"
+
+    gate.touch()
+    with consume_process(database_url, second_home, str(app_file), "--name", name, "--until-caught-up",
+                         *deadlines) as second:
+        assert second.process.wait(timeout=120) == 0, second.text()
+    assert f"capture consumer {name!r}: handled" in second.text(), second.text()   # (and the module's earlier orders)
+    with psycopg.connect(libpq(database_url)) as connection:
+        logged = connection.execute("SELECT order_id FROM order_log WHERE rule = 'gated' AND order_id IN (79101, "
+                                    "79102) ORDER BY order_id").fetchall()
+    assert logged == [(79101,), (79102,)], logged
+
+
 DETACHED_STUCK_APP = '''"""A rule on captured orders signals `stuck` for each; the detached rule on `stuck` never returns."""
 import threading
 
