@@ -330,7 +330,7 @@ def save(engine: StreamEngine, tx: Transaction, pending: Pending) -> int:
         pending.buffer_added = {}
     saved, written, overlay = pending.base.partitions, pending.written, pending.overlay
     changed: dict[tuple[str, Key], PartitionState | None] = {}
-    unsaved, pending.unsaved = pending.unsaved, set()
+    unsaved, pending.unsaved = pending.unsaved, {}
     for partition in unsaved:
         state = overlay[partition]
         if state == (written[partition] if partition in written else saved.get(partition)):

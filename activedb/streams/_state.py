@@ -55,8 +55,9 @@ class Pending:
         # empties it) and since the window index last looked (``WindowIndex.expire`` empties it): a call of
         # ``process`` visits these, not every partition its transaction changed before it.
         # Invariant: each is a subset of ``overlay``'s keys, and holds every key whose entry was set since then.
-        self.unsaved: set[tuple[str, tuple[Hashable, ...]]] = set()
-        self.unindexed: set[tuple[str, tuple[Hashable, ...]]] = set()
+        # (Dicts as ordered sets: a save writes its partitions in the order they were set, whatever the hash seed.)
+        self.unsaved: dict[tuple[str, tuple[Hashable, ...]], None] = {}
+        self.unindexed: dict[tuple[str, tuple[Hashable, ...]], None] = {}
         self.buffer = list(base.buffer)
         self.released = base.released
         self.punctuations = dict(base.punctuations)
@@ -77,8 +78,8 @@ class Pending:
     def put(self, key: tuple[str, tuple[Hashable, ...]], state: PartitionState | None) -> None:
         """The batch's state of partition ``key`` is ``state`` (None: emptied)."""
         self.overlay[key] = state
-        self.unsaved.add(key)
-        self.unindexed.add(key)
+        self.unsaved[key] = None
+        self.unindexed[key] = None
 
     def materialize(self) -> State:
         partitions = self.base.partitions
@@ -167,7 +168,7 @@ class WindowIndex:
             return len(ended)
         windowed = {name: matcher for name, matcher in matchers.items() if matcher.query.within is not None}
         heaps, indexed = self._heaps, self._indexed
-        unindexed, pending.unindexed = pending.unindexed, set()
+        unindexed, pending.unindexed = pending.unindexed, {}
         visited = len(unindexed)
         for partition in unindexed:                     # the partitions set since the last call
             if partition[0] in heaps and partition not in indexed:
