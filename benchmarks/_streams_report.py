@@ -238,3 +238,18 @@ def plot(results: dict[str, Any], path: Path, *, cost: float, threads: int) -> N
     figure.tight_layout()
     figure.savefig(path, dpi=90)
     pyplot.close(figure)
+
+
+def write_alone(report: BenchReport, file_name: str, document: dict[str, Any], load: float) -> None:
+    """The end of a part run alone (``ACTIVEDB_BENCH_STREAMS_ONLY``): ``document`` with ``report``'s rows as JSON in
+    ``file_name`` of the benchmark's folder, and a note of the load average at the start (``load``) and the end."""
+    import json
+    import os
+
+    from benchmarks.report import output_folder
+
+    out = output_folder("streams")
+    (out / file_name).write_text(json.dumps({"rows": [row.__dict__ for row in report.rows], **document}, indent=2,
+                                            default=str))
+    report.notes.append(f"load average {load} at the start, {os.getloadavg()[0]:.2f} at the end; numbers: "
+                        f"{out / file_name}")

@@ -269,11 +269,10 @@ def sweep_rows(report: BenchReport, sweep: dict[str, Any]) -> None:
 
 def run_alone(quick: bool = False) -> BenchReport:
     """Only this part (``ACTIVEDB_BENCH_STREAMS_ONLY=independent-mix activedb bench streams``): a quarter of an hour."""
-    import json
     import os
 
     from benchmarks import streams as bench
-    from benchmarks.report import output_folder
+    from benchmarks._streams_report import write_alone
 
     report = BenchReport("stream transactions: LWM vs S2PL on the independent mix (activedb bench streams)")
     database = bench.connect()
@@ -286,9 +285,5 @@ def run_alone(quick: bool = False) -> BenchReport:
     finally:
         database.close()
     sweep_rows(report, sweep)
-    out = output_folder("streams")
-    (out / "streams-independent-mix.json").write_text(json.dumps({"rows": [row.__dict__ for row in report.rows],
-                                                                  "sweep": sweep}, indent=2, default=str))
-    report.notes.append(f"load average {load} at the start, {os.getloadavg()[0]:.2f} at the end; numbers: "
-                        f"{out / 'streams-independent-mix.json'}")
+    write_alone(report, "streams-independent-mix.json", {"sweep": sweep}, load)
     return report

@@ -73,6 +73,10 @@ before its commit: ``activedb/streams/README.md``, the benchmark section.
 **3. The independent mix** swept over the workload choices that decide LWM's lead with tuple locks:
 ``benchmarks/_streams_sweep.py``'s docstring (``ACTIVEDB_BENCH_STREAMS_ONLY=independent-mix`` runs it alone).
 
+**4. The kept state over ever new keys**: a query with ``WITHIN`` whose partitions a punctuation prunes, against the
+same query without, and many ``process`` calls in one transaction: ``benchmarks/_streams_window.py``'s docstring
+(``ACTIVEDB_BENCH_STREAMS_ONLY=window-state`` runs it alone).
+
 **Checked, not only measured.**  Every run of part 2 (each scheduler at each point, every repetition) records
 its stream history and ``activedb.testing.check_stream_history`` checks Definition 6 on it, by timestamps; the
 table has a "Definition 6 violations" row per experiment and scheduler listing the count per point (0 expected;
@@ -109,6 +113,8 @@ from benchmarks._streams_model import (THREADS, CostedEngine, SleepCost, WriterC
                                       model_operations, quiet_heap, slept, smoke_run)
 from benchmarks._streams_report import SCHEDULERS, definition_6_rows, headline, plot
 from benchmarks._streams_sweep import run_alone, run_sweep, sweep_rows
+from benchmarks._streams_window import run_window_state, window_rows
+from benchmarks._streams_window import run_alone as run_window_alone
 from benchmarks.report import BenchReport, Row, output_folder
 
 WORKERS = 100
@@ -582,6 +588,8 @@ def run_experiments(database, quick: bool) -> dict[str, Any]:
 def run(quick: bool = False) -> BenchReport:
     if os.environ.get("ACTIVEDB_BENCH_STREAMS_ONLY") == "independent-mix":
         return run_alone(quick)
+    if os.environ.get("ACTIVEDB_BENCH_STREAMS_ONLY") == "window-state":
+        return run_window_alone(quick)
     report = BenchReport("stream transactions: SEI vs S2PL vs LWM (activedb bench streams)")
     sizes = (1000,) if quick else (1000, 10_000, 100_000)
     database = connect()
@@ -589,10 +597,12 @@ def run(quick: bool = False) -> BenchReport:
         with smoke_run() if quick else contextlib.nullcontext():
             part_1 = _hand_hygiene(report, database, sizes, 1 if quick else REPEAT)
             results = run_experiments(database, quick)
+            results["window_state"] = run_window_state(database, quick)
     finally:
         database.close()
     headline(report, results)
     sweep_rows(report, results["independent_mix"])
+    window_rows(report, results["window_state"])
     definition_6_rows(report, results, part_1)
     summarised = [row for row in report.rows if row.unit.startswith("x") or row.unit == "of model"
                   or (row.target and row.unit != "violations")]

@@ -186,13 +186,13 @@ class BatchRun:
         one thread (``one_thread``)."""
         touched, fired = result
         installed_at = self._installed_at
-        overlay = self.pending.overlay
+        put = self.pending.put
         for key, state in touched.items():
             if position is not None:
                 if installed_at.get(key, -1) > position:
                     continue
                 installed_at[key] = position
-            overlay[key] = state if any(state.buffers) or any(state.runs) else None
+            put(key, state if any(state.buffers) or any(state.runs) else None)
         self.processed += 1
         if fired and self.engine.keep_outputs:
             for _, _, outputs in fired:

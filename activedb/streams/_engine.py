@@ -306,14 +306,16 @@ class StreamEngine:
         if pending.released is not None and (previous is None or ts_less(previous, pending.released)):
             # Every released event is matched: drop what the punctuation put out of every window.
             with self._mutex:
-                self._windows.expire(pending, self._definitions.matchers_by_query(), pending.released)
+                visited = self._windows.expire(pending, self._definitions.matchers_by_query(), pending.released)
+        else:
+            visited = 0
         if letters and self.record_dead_letters:
             deadletters.insert(tx, f"streams:{self.name}", batch_id, [
                 deadletters.Letter(letter.reason, *letter_rows(letter.event)) for letter in letters])
         if self.durable:
-            _persist.save(self, tx, pending)
+            visited += _persist.save(self, tx, pending)
         self.metrics.phase(state=time.perf_counter() - started)
-        self.metrics.add(processing=time.perf_counter() - began)
+        self.metrics.add(processing=time.perf_counter() - began, visited=visited)
         return BatchResult(admitted=admitted, released=len(released), processed=run.processed, failed=run.failed,
                            outputs=tuple(run.outputs), dead_letters=tuple(letters), buffered=len(pending.buffer),
                            punctuation=pending.released)

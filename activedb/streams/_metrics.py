@@ -54,12 +54,16 @@ class StreamStatistics:
     phase_seconds: Mapping[str, float] = field(default_factory=dict)
     per_query: Mapping[str, QueryCounters] = field(default_factory=dict)
     lowered: int = 0                   # s-transactions SEI ran on the batch's overlay, no subtransaction each
+    # Partition states the batches' ends looked at, to index or prune them (queries with WITHIN) and to save them
+    # (durable engines): a batch looks at those it changed and those its punctuation prunes, not at the ones the
+    # earlier batches of its transaction changed (the design note's "State between batches").
+    partitions_visited: int = 0
 
 
 class Metrics:
     """The engine's counters, summed by :meth:`add` (``processed``, ``failed``, ``dead_letters``, ``late``,
     ``outputs``, ``rule_instances``, ``reads``, ``writes``, ``processing``, ``query_latency``,
-    ``rule_latency``, ``reorder_delay``, ``released``, ``ties_by_content``, ``lowered``)."""
+    ``rule_latency``, ``reorder_delay``, ``released``, ``ties_by_content``, ``lowered``, ``visited``)."""
 
     def __init__(self, scheduler: str):
         self.scheduler = scheduler
@@ -117,4 +121,4 @@ class Metrics:
                 mean_reorder_delay=counts["reorder_delay"] / counts["released"] if counts["released"] else None,
                 ties_by_content=counts["ties_by_content"], phase_seconds=dict(self.phases),
                 per_query={name: QueryCounters(*counters) for name, counters in self.per_query.items()},
-                lowered=counts["lowered"])
+                lowered=counts["lowered"], partitions_visited=counts["visited"])

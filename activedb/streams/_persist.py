@@ -312,8 +312,10 @@ def _decode_state(value: dict[str, Json]) -> PartitionState:
                             for name in ("buffers", "runs")))
 
 
-def save(engine: StreamEngine, tx: Transaction, pending: Pending) -> None:
-    """Write what ``pending`` changed into ``tx`` (see the module docstring)."""
+def save(engine: StreamEngine, tx: Transaction, pending: Pending) -> int:
+    """Write what ``pending`` changed since its last save into ``tx`` (see the module docstring): the partitions set
+    since then (``Pending.unsaved``), not every one its transaction's earlier batches set.  Returns how many
+    partitions it looked at."""
     name = engine.name
     chunks, released = pending.chunks, pending.released
     for item in [item for item, latest in chunks.items()
@@ -326,9 +328,11 @@ def save(engine: StreamEngine, tx: Transaction, pending: Pending) -> None:
                  value={"arrivals": list(pending.buffer_added), **encode_events(list(pending.buffer_added.values()))})
         chunks[item] = ts_extreme((event.ts for event in pending.buffer_added.values()), latest=True)
         pending.buffer_added = {}
-    saved, written = pending.base.partitions, pending.written
+    saved, written, overlay = pending.base.partitions, pending.written, pending.overlay
     changed: dict[tuple[str, Key], PartitionState | None] = {}
-    for partition, state in pending.overlay.items():
+    unsaved, pending.unsaved = pending.unsaved, {}
+    for partition in unsaved:
+        state = overlay[partition]
         if state == (written[partition] if partition in written else saved.get(partition)):
             continue                                   # the rows already hold it (or there is none)
         written[partition] = changed[partition] = state
@@ -352,6 +356,7 @@ def save(engine: StreamEngine, tx: Transaction, pending: Pending) -> None:
             "position": pending.position, "arrivals": pending.arrivals, "time_kind": pending.time_kind,
             "fingerprints": {query.name: query.fingerprint for query in engine.queries.values()}}
     tx.write(TABLE, (name, "meta", ""), value=meta)
+    return len(unsaved)
 
 
 def load(engine: StreamEngine) -> State:

@@ -51,6 +51,13 @@ class Pending:
         self.node = node
         self.base = base
         self.overlay: dict[tuple[str, tuple[Hashable, ...]], PartitionState | None] = {}
+        # The partitions whose overlay entry was set (``put``) since the batch's last save (``_persist.save``
+        # empties it) and since the window index last looked (``WindowIndex.expire`` empties it): a call of
+        # ``process`` visits these, not every partition its transaction changed before it.
+        # Invariant: each is a subset of ``overlay``'s keys, and holds every key whose entry was set since then.
+        # (Dicts as ordered sets: a save writes its partitions in the order they were set, whatever the hash seed.)
+        self.unsaved: dict[tuple[str, tuple[Hashable, ...]], None] = {}
+        self.unindexed: dict[tuple[str, tuple[Hashable, ...]], None] = {}
         self.buffer = list(base.buffer)
         self.released = base.released
         self.punctuations = dict(base.punctuations)
@@ -67,6 +74,12 @@ class Pending:
         if key in self.overlay:
             return self.overlay[key]
         return self.base.partitions.get(key)
+
+    def put(self, key: tuple[str, tuple[Hashable, ...]], state: PartitionState | None) -> None:
+        """The batch's state of partition ``key`` is ``state`` (None: emptied)."""
+        self.overlay[key] = state
+        self.unsaved[key] = None
+        self.unindexed[key] = None
 
     def materialize(self) -> State:
         partitions = self.base.partitions
@@ -134,44 +147,50 @@ class WindowIndex:
     def expire(self, pending: Pending, matchers: Mapping[str, Matcher], punctuation: Punctuation) -> int:
         """Prune ``pending``'s partitions once ``punctuation`` is released (:meth:`Matcher.expire`): the events no
         later event can be matched with are dropped, and a partition left with none is removed (None in the
-        overlay, as the matcher removes one it empties), so the batch's save writes the change.  ``matchers``: the
-        defined queries' by name.  Returns how many partitions changed.
+        overlay, ``Pending.put``, as the matcher removes one it empties), so the batch's save writes the change.
+        ``matchers``: the defined queries' by name.  Returns how many partitions it looked at (the engine's
+        ``statistics().partitions_visited``).
 
         Cost: ``END_OF_STREAM`` removes every partition of every query (one pass, once: no event comes after it).
-        Otherwise, per query with ``WITHIN``, a look at each partition the overlay holds (indexing those new since
-        the last call) and one heap operation per partition whose earliest event is outside the window — a
-        partition that keeps events is entered again by its new earliest one; a query not indexed yet (after the
-        state is loaded, or a batch aborted) costs one pass over its partitions.  A query without ``WITHIN`` is not
-        looked at before the end.  Precondition: every released event has been matched (the batch's
-        s-transactions have ended)."""
-        overlay = pending.overlay
+        Otherwise, per query with ``WITHIN``, a look at each partition set in the overlay since the last call
+        (``Pending.unindexed``: indexing those new), not at those the transaction's earlier batches set, and one
+        heap operation per partition whose earliest event is outside the window — a partition that keeps events is
+        entered again by its new earliest one; a query not indexed yet (after the state is loaded, or a batch
+        aborted) costs one pass over its partitions.  A query without ``WITHIN`` is not looked at before the end.
+        Precondition: every released event has been matched (the batch's s-transactions have ended)."""
         if punctuation is END_OF_STREAM:
-            ended = [partition for partition in {**pending.base.partitions, **overlay}
+            ended = [partition for partition in {**pending.base.partitions, **pending.overlay}
                      if pending.partition(partition) is not None]
             for partition in ended:
-                overlay[partition] = None
+                pending.put(partition, None)
             self.clear()
+            pending.unindexed.clear()
             return len(ended)
         windowed = {name: matcher for name, matcher in matchers.items() if matcher.query.within is not None}
         heaps, indexed = self._heaps, self._indexed
-        for partition, state in overlay.items():        # the partitions new since the last call
-            if state is not None and partition not in indexed and partition[0] in heaps:
-                self._push(partition, state)
+        unindexed, pending.unindexed = pending.unindexed, {}
+        visited = len(unindexed)
+        for partition in unindexed:                     # the partitions set since the last call
+            if partition[0] in heaps and partition not in indexed:
+                state = pending.overlay[partition]
+                if state is not None:
+                    self._push(partition, state)
         fresh = [name for name in windowed if name not in heaps]
         if fresh:
             for name in fresh:
                 heaps[name] = []
-            for partition in {**pending.base.partitions, **overlay}:
+            for partition in {**pending.base.partitions, **pending.overlay}:
                 if partition[0] in fresh and partition not in indexed:
+                    visited += 1
                     state = pending.partition(partition)
                     if state is not None:
                         self._push(partition, state)
-        changed = 0
         for name, matcher in windowed.items():
             heap = heaps[name]
             within: float = matcher.query.within  # type: ignore[assignment]  # (windowed)
             while heap and outside(punctuation, heap[0][0], within):
                 _, _, key = heapq.heappop(heap)
+                visited += 1
                 partition = (name, key)
                 indexed.discard(partition)
                 state = pending.partition(partition)
@@ -179,11 +198,11 @@ class WindowIndex:
                     continue                            # (the matcher emptied it)
                 pruned = matcher.expire(state, punctuation)
                 if pruned is not state:
-                    overlay[partition] = pruned
-                    changed += 1
+                    pending.put(partition, pruned)
                 if pruned is not None:
                     self._push(partition, pruned)     # (its earliest event is inside the window: the loop ends)
-        return changed
+        pending.unindexed.clear()                       # (what this call set: entered again already, or emptied)
+        return visited
 
     def _push(self, partition: tuple[str, tuple[Hashable, ...]], state: PartitionState) -> None:
         """Enter ``partition`` by its earliest event.  Precondition: ``state`` holds an event; the partition's query

@@ -6,6 +6,7 @@ before the end)."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 
@@ -182,3 +183,40 @@ def test_a_punctuation_looks_only_at_the_partitions_it_prunes(db, monkeypatch):
     assert sorted(looked) == [("NextShipped", 1001), ("Shipped", 1001)]
     for query in WINDOWED:
         assert set(kept(engine, query)) == {(number,) for number in range(1001 - WINDOW, 1001)}, query
+
+
+def test_many_calls_in_one_transaction_each_visit_only_what_they_changed(db):
+    """A caller that calls ``process`` many times in one transaction: each call's end looks at the partitions that
+    call changed and those its punctuation prunes (``statistics().partitions_visited``), not at every partition the
+    transaction changed before it — the window index and the save each walked the whole pending overlay, so N calls
+    of new orders looked at N(N+1)/2 calls' worth of partitions.  Every other call gives no punctuation (its events
+    wait in the buffer for the next call's).  A call looks at as many as it would in a transaction of its own, as
+    many as the same kind of call before it, and the state saved at the commit is the one in memory."""
+    size, calls = 10, 60
+
+    def run(name: str, one_transaction: bool) -> list[int]:
+        engine = orders_engine(db, name)
+        visits = []
+        with (db.transaction() if one_transaction else contextlib.nullcontext()) as together:
+            for call in range(calls):
+                first = call * size
+                events = [order("PLACED", ts, ts) for ts in range(first, first + size)]
+                punctuation = first + size if call % 2 else None
+                before = engine.statistics().partitions_visited
+                if together is not None:
+                    engine.process(together, events, punctuation=punctuation)
+                else:
+                    engine.feed(events, punctuation=punctuation)
+                visits.append(engine.statistics().partitions_visited - before)
+        loaded = orders_engine(db, name)
+        for query in (*WINDOWED, "Ever"):
+            assert kept(loaded, query) == kept(engine, query), query
+        return visits
+
+    together, apart = run("calls-together", True), run("calls-apart", False)
+    assert together == apart                      # (a call looks at what a transaction of its own would)
+    steady = together[10:]
+    assert len(set(steady[::2])) == 1 and len(set(steady[1::2])) == 1, together
+    for query in WINDOWED:
+        assert set(kept(orders_engine(db, "calls-together"), query)) == {
+            (number,) for number in range(calls * size - WINDOW, calls * size)}, query
