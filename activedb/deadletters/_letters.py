@@ -22,7 +22,7 @@ from activedb.errors import (BadArgument, BatchAlreadyCommitted, GeneratedKeysRe
                              check_whole_number)
 from activedb.extras import Extra, needs
 from activedb.store import (EXACT_DEPTH, Catalog, Json, exact_json, from_exact_json, from_jsonable, jsonable,
-                            nesting_depth, storable_text)
+                            nesting_depth, statement_spans, storable_text)
 from activedb.txn import CommitParticipant, enlist
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -43,13 +43,13 @@ _CUT_TAG = "$cut"
 LETTER_BYTES = 16 * 2**20
 CUT_PREVIEW_CHARS = 1_000
 
-#: The most letters one statement inserts, and the most bytes of their JSON together (each letter's as
-#: :data:`LETTER_BYTES` measures it): a batch's letters beyond either bound go out in more statements, one after
-#: another in the same transaction.  A statement's letters travel as one JSON document, one value, which PostgreSQL
-#: takes at most 1 GB of and which the driver and the server each hold whole in memory.  A letter larger alone than
-#: ``STATEMENT_BYTES`` goes in a statement of its own (``LETTER_BYTES`` bounds it).
+#: The most letters one statement inserts; the most bytes of their JSON together (each letter's as
+#: :data:`LETTER_BYTES` measures it) is the store's :data:`~activedb.store.STATEMENT_BYTES`: a batch's letters beyond
+#: either bound go out in more statements, one after another in the same transaction
+#: (:func:`~activedb.store.statement_spans`).  A statement's letters travel as one JSON document, one value, which
+#: PostgreSQL takes at most 1 GB of and which the driver and the server each hold whole in memory.  A letter larger
+#: alone than ``STATEMENT_BYTES`` goes in a statement of its own (``LETTER_BYTES`` bounds it).
 LETTERS_PER_STATEMENT = 1_000
-STATEMENT_BYTES = 64 * 2**20
 
 
 class FinalReason(str):
@@ -382,16 +382,9 @@ _Item = TypeVar("_Item")
 
 def _statements_of(items: Sequence[_Item], sizes: Sequence[int]) -> list[list[_Item]]:
     """``items`` (letters, ``sizes`` their bytes of JSON) in order, split into the statements that write them: each at
-    most :data:`LETTERS_PER_STATEMENT` of them and :data:`STATEMENT_BYTES` together — at least one each."""
-    statements: list[list[_Item]] = []
-    bytes_in_last = 0
-    for item, size in zip(items, sizes):
-        if not statements or len(statements[-1]) == LETTERS_PER_STATEMENT or bytes_in_last + size > STATEMENT_BYTES:
-            statements.append([])
-            bytes_in_last = 0
-        statements[-1].append(item)
-        bytes_in_last += size
-    return statements
+    most :data:`LETTERS_PER_STATEMENT` of them and :data:`~activedb.store.STATEMENT_BYTES` together — at least one
+    each (:func:`~activedb.store.statement_spans`)."""
+    return [list(items[start:stop]) for start, stop in statement_spans(sizes, LETTERS_PER_STATEMENT)]
 
 
 def _cut(reason: str, shown: str, size: int) -> dict[str, object]:
@@ -416,7 +409,7 @@ def _cut_size(original: object) -> int | None:
 
 def insert(tx: Transaction, query_id: str | None, batch_id: int | None, letters: Sequence[Letter]) -> None:
     """Insert ``letters`` in ``tx`` (an activedb transaction); they commit with it — written in its flush, in as many
-    statements as their bounds take (:data:`LETTERS_PER_STATEMENT`, :data:`STATEMENT_BYTES`;
+    statements as their bounds take (:data:`LETTERS_PER_STATEMENT`, :data:`~activedb.store.STATEMENT_BYTES`;
     :func:`insert_in_flush`), by a commit participant enlisted in ``tx`` (dropped if ``tx`` aborts, as its own
     writes are).  Their ids are drawn in the flush."""
     if letters:
@@ -449,8 +442,9 @@ def insert_in_flush(transaction: Transaction, connection: sa.Connection, query_i
 class LettersInsert:
     """The statements that insert a batch's letters (:func:`insert_statement`): driver SQL and, per statement, its
     parameters (``chunks``: one statement carries at most :data:`LETTERS_PER_STATEMENT` letters and
-    :data:`STATEMENT_BYTES` of them), to send on the flush's connection in order, in its transaction (alone, or in a
-    driver pipeline with other statements); then :meth:`done` with the row counts they report, summed.  Immutable."""
+    :data:`~activedb.store.STATEMENT_BYTES` of them), to send on the flush's connection in order, in its transaction
+    (alone, or in a driver pipeline with other statements); then :meth:`done` with the row counts they report,
+    summed.  Immutable."""
 
     sql: str
     chunks: tuple[tuple[object, ...], ...]

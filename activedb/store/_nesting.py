@@ -4,7 +4,7 @@ form (:data:`JSONABLE_DEPTH`), the more generous one of a stored JSON value and 
 Pure code, thread-safe.
 
 The walks that recurse over a value (``own_value`` and ``copy_nested``, ``exact_json`` and ``from_exact_json``,
-``json_problem``, ``jsonable`` and ``from_jsonable``) count the levels left as they go and stop at their bound —
+``json_problem`` and an array column's check in ``TableInfo.check_value``, ``jsonable`` and ``from_jsonable``) count the levels left as they go and stop at their bound —
 raising :class:`Deeper`, which their public entry turns into ``too_deep`` of the whole value (:func:`within`, but
 ``jsonable``, which shows a text in its place) —, so no value exhausts Python's stack in them, however deep it is or
 if it holds itself.  The walks that compare (``same_image``, ``holds_nan``) take no bound: they keep their pending

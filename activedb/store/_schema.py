@@ -22,7 +22,7 @@ from psycopg.types.numeric import Float4
 from sqlalchemy.dialects import postgresql
 
 from activedb.errors import InvalidKey, InvalidValue, NestedTooDeep, UnknownColumn
-from activedb.store._nesting import EXACT_DEPTH, Deeper, nesting_depth, too_deep, within
+from activedb.store._nesting import EXACT_DEPTH, Deeper, too_deep, within
 from activedb.store._writeset import Key
 
 _Statement = TypeVar("_Statement")
@@ -297,12 +297,9 @@ class TableInfo:
         if check is not None:
             try:
                 problem = check(value)
-            except (RecursionError, NestedTooDeep):
-                # (a JSON or ARRAY value deeper than the check's walk goes: refused as its copy would refuse it, naming
-                # the column)
-                depth = nesting_depth(value)
-                if depth is not None and depth <= EXACT_DEPTH:
-                    raise
+            except NestedTooDeep:
+                # (a JSON or ARRAY value nested deeper than the check's bounded walk goes, EXACT_DEPTH: refused as its
+                # copy would refuse it, naming the column)
                 raise too_deep(value, EXACT_DEPTH, name) from None
             if problem is not None:
                 raise InvalidValue(f"column {self.name}.{name} ({column.type}): {problem}; nothing was written")
@@ -530,7 +527,8 @@ def _extra_check(column: sa.Column[Any]) -> Callable[[Any], str | None] | None:
     column_type = column.type
     if isinstance(column_type, sa.ARRAY):
         element = sa.Column("element", column_type.item_type)
-        return partial(_elements_problem, _python_type(element), _extra_check(element), str(column_type.item_type))
+        return partial(_array_value_problem, _python_type(element), _extra_check(element),
+                       str(column_type.item_type))
     if isinstance(column_type, sa.Enum) and column_type.enums:
         return partial(_enum_problem, tuple(column_type.enums))
     if isinstance(column_type, (sa.String, sa.Text, sa.Enum)):
@@ -556,14 +554,26 @@ def _extra_check(column: sa.Column[Any]) -> Callable[[Any], str | None] | None:
     return None
 
 
-def _elements_problem(accepted: tuple[type, ...] | None, check: Callable[[object], str | None] | None,
-                      element_type: str, value: Iterable[object], path: str = "") -> str | None:
+def _array_value_problem(accepted: tuple[type, ...] | None, check: Callable[[object], str | None] | None,
+                         element_type: str, value: Iterable[object]) -> str | None:
     """Why an array column whose elements are ``element_type`` (Python types ``accepted``, further check ``check``,
     as ``TableInfo.check_value`` has them for such a column; None: left to PostgreSQL) cannot take ``value`` (a list
-    or tuple), or None: its first element that is no such value.  None is NULL; a list or tuple where the element
-    type takes none is a further dimension, walked the same way; the array's shape first (``_shape_problem``)."""
+    or tuple), or None (``_elements_problem``).  A value whose sub-arrays nest deeper than ``EXACT_DEPTH`` levels
+    (deeper than a column's value may: its copy refuses it) is refused, :class:`~activedb.errors.NestedTooDeep`."""
+    return within(lambda array, levels: _elements_problem(accepted, check, element_type, array, "", levels), value,
+                  EXACT_DEPTH)
+
+
+def _elements_problem(accepted: tuple[type, ...] | None, check: Callable[[object], str | None] | None,
+                      element_type: str, value: Iterable[object], path: str, levels: int) -> str | None:
+    """``_array_value_problem``: the first element of ``value`` (the array, or its sub-array at ``path``) that is no
+    value of the element type.  None is NULL; a list or tuple where the element type takes none is a further
+    dimension, walked the same way; the array's shape first (``_shape_problem``).  ``levels``: the levels of nesting
+    ``value`` may have, itself one of them (:class:`Deeper` beyond them)."""
+    if not levels:
+        raise Deeper
     if not path and isinstance(value, (list, tuple)):     # (the whole value: a list or tuple, its type checked)
-        shape = _shape_problem(accepted, value, "")
+        shape = _shape_problem(accepted, value, "", levels)
         if isinstance(shape, str):
             return shape
     for index, item in enumerate(value):
@@ -571,7 +581,7 @@ def _elements_problem(accepted: tuple[type, ...] | None, check: Callable[[object
         if item is None:
             continue
         if isinstance(item, (list, tuple)) and (accepted is None or not isinstance(item, accepted)):
-            problem = _elements_problem(accepted, check, element_type, item, where)
+            problem = _elements_problem(accepted, check, element_type, item, where, levels - 1)
             if problem is not None:
                 return problem
             continue
@@ -586,12 +596,15 @@ def _elements_problem(accepted: tuple[type, ...] | None, check: Callable[[object
 
 
 def _shape_problem(accepted: tuple[type, ...] | None, value: list[object] | tuple[object, ...],
-                   path: str) -> tuple[int, ...] | str:
+                   path: str, levels: int) -> tuple[int, ...] | str:
     """The shape of the array ``value`` (its length per dimension), or why PostgreSQL would refuse it: a
     multidimensional array is rectangular — each level all sub-arrays (a list or tuple where the element type takes
     none, as ``_elements_problem`` has it) or all elements (None, NULL, among them), the sub-arrays of a level none
     empty and all of one shape. (The driver sends what PostgreSQL refuses as it is, and ``[[[1]], [2]]`` as an
-    empty array.)"""
+    empty array.)  ``levels``: as ``_elements_problem``'s."""
+    if not levels:
+        raise Deeper
+
     def is_sub(item: object) -> bool:
         return isinstance(item, (list, tuple)) and (accepted is None or not isinstance(item, accepted))
 
@@ -612,7 +625,8 @@ def _shape_problem(accepted: tuple[type, ...] | None, value: list[object] | tupl
         if not item:
             return (f"{path}[{index}] is an empty sub-array, which PostgreSQL does not take in a multidimensional "
                     f"array; write [] for an empty array")
-        found = _shape_problem(accepted, item, f"{path}[{index}]")  # type: ignore[arg-type]  # (a sub-array)
+        found = _shape_problem(accepted, item,  # type: ignore[arg-type]  # (a sub-array)
+                               f"{path}[{index}]", levels - 1)
         if isinstance(found, str):
             return found
         if shape is None:

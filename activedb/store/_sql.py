@@ -10,7 +10,11 @@ import base64
 import contextlib
 import datetime
 import decimal
+import enum
+import json
+import json.encoder
 import math
+from itertools import chain, repeat
 from typing import Callable, Iterable, Iterator, Literal, Mapping, Sequence, TypeAlias, TypeVar, Unpack, overload
 
 import psycopg
@@ -22,6 +26,7 @@ from activedb.store import _prepared as prepared
 from activedb.store._choices import IsolationLevel
 from activedb.store._nesting import JSONABLE_DEPTH
 from activedb.store._schema import TableInfo
+from activedb.store._statements import in_one_statement, statement_spans
 from activedb.store._writeset import Entry, EntryKind, Key
 
 
@@ -280,7 +285,9 @@ def _result_processors(dialect: sa.Dialect, info: TableInfo, description: Sequen
 def apply_write_set(connection: sa.Connection, infos: Mapping[str, TableInfo],
                     writes: Mapping[tuple[str, Key], Entry], *, along: tuple[str, tuple[object, ...]] | None = None,
                     commit: bool = False, leading: Sequence[tuple[str, tuple[object, ...] | dict[str, object]]] = ()) -> int:
-    """Apply a merged write set with one batched statement per (table, kind, columns).
+    """Apply a merged write set with one batched statement per (table, kind, columns) — more, one after another in
+    the same transaction, for a group past :data:`ROWS_PER_STATEMENT` rows or
+    :data:`~activedb.store.STATEMENT_BYTES` of values (``_statements_of``).
 
     A PATCH that names every required column is an ``INSERT ... ON CONFLICT DO UPDATE``.
     One that does not (an update of some columns of an existing row) is an ``UPDATE``
@@ -352,10 +359,10 @@ def apply_write_set(connection: sa.Connection, infos: Mapping[str, TableInfo],
                 f"insert into {table_name!r}: the row {next(iter(found))!r}, which this transaction inserted and "
                 f"deleted again, was inserted by another transaction since; nothing was written — re-run the "
                 f"transaction", table=table_name)
-    plan: list[tuple[TableInfo, str, tuple[str, ...], list[list[object]]]] = []
+    plan: list[_Planned] = []
     for table_name, keys in deletes.items():
         info = infos[table_name]
-        plan.append((info, "delete", tuple(info.key_columns), [list(values) for values in zip(*keys)]))
+        plan.extend(_statements_of(info, "delete", tuple(info.key_columns), [list(values) for values in zip(*keys)]))
     if partial:     # the deletes go first (as ever), before the rows to update are locked
         _run(connection, plan, None)
         plan = []
@@ -378,12 +385,12 @@ def apply_write_set(connection: sa.Connection, infos: Mapping[str, TableInfo],
     for statement_kind, groups in (("update", updates), ("upsert", upserts), ("insert", inserts)):
         for (table_name, columns), pairs in groups.items():
             info = infos[table_name]
-            plan.append((info, statement_kind, *_as_columns(info, columns, pairs)))
+            plan.extend(_statements_of(info, statement_kind, *_as_columns(info, columns, pairs)))
     _run(connection, plan, along, commit=commit, leading=leading)
     return len(writes)
 
 
-def _run(connection: sa.Connection, plan: list[tuple[TableInfo, str, tuple[str, ...], list[list[object]]]],
+def _run(connection: sa.Connection, plan: list[_Planned],
          along: tuple[str, tuple[object, ...]] | None, *, commit: bool = False,
          leading: Sequence[tuple[str, tuple[object, ...] | dict[str, object]]] = ()) -> None:
     """Send the statements of ``plan`` in order, then ``along`` (folded into the last one if it can be);
@@ -490,6 +497,103 @@ def _raise_insert_error(table_name: str, error: sa.exc.IntegrityError, primary_k
 
 #: Rows from which a group travels as one ``unnest`` statement rather than ``executemany``.
 UNNEST_MIN = 2
+
+#: The most rows of one table, kind and column set one statement of a flush writes; the most bytes of their values
+#: together is :data:`~activedb.store.STATEMENT_BYTES` (as ``_statements_of`` estimates them): a group beyond either
+#: bound goes out in more statements, one after another in the flush's transaction (``statement_spans``, the dead
+#: letters' split).  Large enough that a common flush is one statement; read at each flush (a test may lower it).
+ROWS_PER_STATEMENT = 10_000
+
+#: One statement of a flush's plan: the table, the kind of statement (``insert``, ``upsert``, ``update``,
+#: ``delete``), its columns' order (the key columns first) and one list of values per column of it.
+_Planned: TypeAlias = tuple[TableInfo, str, tuple[str, ...], list[list[object]]]
+
+
+def _statements_of(info: TableInfo, kind: str, order: tuple[str, ...], columns: list[list[object]]) -> list[_Planned]:
+    """The statements of ``kind`` that write ``info``'s rows whose values ``columns`` lists (one list per column of
+    ``order``): one — what a flush sends for all but a group past a bound —, or as many as ``statement_spans`` splits
+    them into, at most :data:`ROWS_PER_STATEMENT` rows and :data:`~activedb.store.STATEMENT_BYTES` of values each, in
+    the rows' order.  A value's bytes are estimated (``_Size``): a column of a fixed-size type costs its bound a row,
+    a text's or bytes' length and a number's digits are counted in C, a JSON, array or unknown column's values
+    encoded as JSON by the C encoder (``_values_bytes``); a row's sizes are listed only for a group to split."""
+    count = len(columns[0])
+    if count < 2:
+        return [(info, kind, order, columns)]
+    fixed, measured = info.cached(("statement_bytes", order), lambda: _row_bytes(info, order))
+    total = fixed * count
+    for index, size in measured:
+        values = columns[index]
+        total += (sum(map(len, filter(None, values))) if size is _Size.LENGTH else      # type: ignore[arg-type]
+                  sum(map(len, map(str, values))) if size is _Size.DIGITS else _values_bytes(values))
+    if in_one_statement(count, total, ROWS_PER_STATEMENT):
+        return [(info, kind, order, columns)]
+    sizes = [fixed] * count
+    for index, _ in measured:
+        sizes = [row + value for row, value in zip(sizes, map(_value_bytes, columns[index]))]
+    return [(info, kind, order, [values[start:stop] for values in columns])
+            for start, stop in statement_spans(sizes, ROWS_PER_STATEMENT)]
+
+
+class _Size(enum.Enum):
+    """How ``_statements_of`` estimates the bytes of a column's values."""
+
+    LENGTH = "a text's or bytes' length (None: 0)"
+    DIGITS = "the length of the number's text"
+    MEASURED = "each value's bytes as _value_bytes estimates them"
+
+
+#: The bytes a value of a fixed-size type (a number but ``numeric``, a bool, a time, a uuid) is counted as: at most
+#: about its text's length.
+_FIXED_BYTES = 40
+
+
+def _row_bytes(info: TableInfo, order: tuple[str, ...]) -> tuple[int, tuple[tuple[int, _Size], ...]]:
+    """The bytes a row's columns ``order`` of ``info`` of a fixed-size type take together, and the index and
+    ``_Size`` of each other column (``_statements_of``)."""
+    fixed = 0
+    measured: list[tuple[int, _Size]] = []
+    for index, name in enumerate(order):
+        column_type = info.columns[name].type
+        if isinstance(column_type, (sa.String, sa.LargeBinary)):       # (text, varchar, an enum; bytea)
+            measured.append((index, _Size.LENGTH))
+        elif isinstance(column_type, (sa.Boolean, sa.Integer, sa.Float, sa.DateTime, sa.Date, sa.Uuid)):
+            fixed += _FIXED_BYTES
+        elif isinstance(column_type, sa.Numeric):
+            measured.append((index, _Size.DIGITS))
+        else:       # (JSON, an array, a time or interval given as text, a type the store does not know)
+            measured.append((index, _Size.MEASURED))
+    return fixed, tuple(measured)
+
+
+def _value_bytes(value: object) -> int:
+    """About the bytes ``value`` takes as a statement's parameter: a text's or bytes' length, else the length of its
+    JSON text (lists and dicts, numbers; anything else as its ``str``)."""
+    if value is None:
+        return 0
+    if isinstance(value, (str, bytes, bytearray, memoryview)):
+        return len(value)
+    try:
+        return sum(map(len, _json_parts(value, 0)))
+    except (TypeError, ValueError):
+        return len(str(value))
+
+
+def _values_bytes(values: list[object]) -> int:
+    """The sum of ``_value_bytes`` over ``values`` (about: a text counts its quotes too), without a Python call per
+    value — the C encoder's over all of them — unless one is no JSON value (a key that is no text: each measured)."""
+    try:
+        return sum(map(len, chain.from_iterable(map(_json_parts, values, repeat(0)))))
+    except (TypeError, ValueError):
+        return sum(map(_value_bytes, values))
+
+
+#: A value's compact JSON text in parts (``_json_parts(value, 0)``): the C encoder where the interpreter has it; a value
+#: of another type than JSON's as its ``str``.  Values reach a flush checked: none holds itself.
+_C_ENCODER: Callable[..., Callable[[object, int], Iterable[str]]] | None = getattr(json.encoder, "c_make_encoder", None)
+_json_parts: Callable[[object, int], Iterable[str]] = (
+    _C_ENCODER(None, str, json.encoder.encode_basestring_ascii, None, ":", ",", False, False, True)
+    if _C_ENCODER is not None else
+    lambda value, _: json.JSONEncoder(check_circular=False, separators=(",", ":"), default=str).iterencode(value))
 
 
 def _as_columns(info: TableInfo, columns: frozenset[str], pairs: list[tuple[Key, Mapping[str, object]]]

@@ -20,6 +20,7 @@ from activedb.errors import GeneratedKeysReset
 from activedb.ingest import Batch, RulesHandler, feed
 from activedb.txn import CommitParticipant
 from tests._sessions import end_sessions
+from tests.conftest import open_db
 from tests.spark_bridge import app_counters
 
 BIG = "k" * 1_000_000
@@ -466,14 +467,25 @@ def test_a_filter_that_is_no_letter_filter_is_refused_saying_what_to_give(db, ca
         getattr(deadletters, call)(db, letters)
 
 
+@pytest.fixture(scope="module")
+def lost_connection_url(make_database_url, db_options) -> str:
+    """A database of the lost-connection tests' own, with the tables ``migrated`` has: they end every session of the
+    database they use (``end_sessions``), which in the module's database left ``db`` with dead connections — a test
+    using it after them failed (its first statement ``AdminShutdown``, a key drawn ``DatabaseUnavailable``), so the
+    module's tests passed in one order only."""
+    url = make_database_url("lost_connection")
+    open_db(url, db_options).close()
+    return url
+
+
 @pytest.mark.parametrize("call", ["select", "count", "count_by_reason", "count_by_kind"])
-def test_reading_letters_over_a_lost_connection_is_unavailable_and_the_next_read_works(migrated, call):
+def test_reading_letters_over_a_lost_connection_is_unavailable_and_the_next_read_works(lost_connection_url, call):
     """The reads of ``activedb_dead_letters`` meet a connection PostgreSQL ended (a restart, ``pg_terminate_backend``,
     a server timeout) as every read does: a ``DatabaseUnavailable`` saying so — not the driver's exception with the
     statement — and the next read works."""
     import activedb
 
-    database = activedb.connect(migrated, outbox_options={"recovery_interval": None})
+    database = activedb.connect(lost_connection_url, outbox_options={"recovery_interval": None})
     try:
         read = getattr(deadletters, call)
         read(database)                  # (the table is known, a connection kept)
@@ -487,14 +499,14 @@ def test_reading_letters_over_a_lost_connection_is_unavailable_and_the_next_read
 
 @pytest.mark.parametrize("call", ["purge", "insert_ahead"])
 def test_writing_letters_over_a_lost_connection_is_unavailable_saying_what_was_written_and_the_next_write_works(
-        migrated, call):
+        lost_connection_url, call):
     """``purge`` (``activedb dead-letters purge``) and ``insert_ahead`` (a stream's letter for a rule past its
     deadline) meet a connection PostgreSQL ended (a restart, ``pg_terminate_backend``, a server timeout): a
     ``DatabaseUnavailable`` saying so and what became of the change — not the driver's exception with the statement
     and its parameters — and the next write works."""
     import activedb
 
-    database = activedb.connect(migrated, outbox_options={"recovery_interval": None})
+    database = activedb.connect(lost_connection_url, outbox_options={"recovery_interval": None})
     try:
         selected = LetterFilter(query="lost-connection")
         deadletters.purge(database, selected)
@@ -533,8 +545,8 @@ def test_the_list_prints_reasons_rows_and_query_names_with_square_brackets_as_th
     style, and an error naming ``[/tmp]`` ended the command with a MarkupError (a traceback)."""
     import activedb
 
-    database = activedb.connect(migrated, outbox_options={"recovery_interval": None})  # (the module's tests above
-    try:                                                                               # end the shared one's sessions)
+    database = activedb.connect(migrated, outbox_options={"recovery_interval": None})
+    try:
         with database.transaction() as tx:
             deadletters.insert(tx, "orders[eu]", 1, [Letter("rule 'discount[vip]' failed: cannot write [/tmp]",
                                                             {"tier": "[vip]"})])

@@ -454,3 +454,97 @@ def test_a_row_locked_elsewhere_fails_a_nowait_read_by_key_with_sqlalchemys_erro
         assert getattr(raised.value.orig, "sqlstate", None) == "55P03"
         reader.rollback()
         holder.rollback()
+
+
+class FlushStatements:
+    """The statements a flush makes of its plan, as (kind, rows) — whichever way each is sent (the last one may go with
+    the COMMIT as one query string, which SQLAlchemy's cursor events do not see): a spy on ``_sql._statement``,
+    which builds each one's SQL and parameters."""
+
+    def __init__(self, monkeypatch):
+        from activedb.store import _sql
+
+        self.made: list[tuple[str, int]] = []
+        build = _sql._statement
+
+        def spy(connection, info, kind, order, columns, binary=True):
+            if info.name == "typed_samples":
+                self.made.append((kind, len(columns[0])))
+            return build(connection, info, kind, order, columns, binary)
+
+        monkeypatch.setattr(_sql, "_statement", spy)
+
+    def take(self) -> list[tuple[str, int]]:
+        made, self.made = self.made, []
+        return made
+
+
+def test_a_flush_of_more_rows_than_one_statement_carries_writes_them_all_in_several_statements(samples, monkeypatch):
+    """A table's rows of one kind and column set go out in statements of at most ``ROWS_PER_STATEMENT`` rows and
+    ``STATEMENT_BYTES`` of values (both lowered here), one after another in the flush's transaction, every row
+    stored as given; a group within both bounds is one statement, as before.  Before, a flush sent one statement per
+    table, kind and column set however many rows and bytes it carried — one array per column, each a value
+    PostgreSQL takes at most 1 GB of."""
+    from activedb.store import _sql, _statements
+
+    db = samples
+    made = FlushStatements(monkeypatch)
+    expected = {number: sample(number) for number in range(8)}
+    for values in expected.values():
+        for name in values:
+            values[name] = values[name] if name in ARRAYABLE else None
+
+    def insert_all(rows: dict) -> None:
+        with db.transaction() as tx:
+            for number, values in rows.items():
+                tx.insert("typed_samples", id=number, **{name: value for name, value in values.items()
+                                                         if value is not None})
+
+    insert_all(expected)
+    assert made.take() == [("insert", 8)]       # (the bounds as shipped: one statement)
+    assert stored(db) == expected
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("TRUNCATE typed_samples"))
+    monkeypatch.setattr(_sql, "ROWS_PER_STATEMENT", 3)
+    with Statements(db) as statements:
+        insert_all(expected)
+    assert made.take() == [("insert", 3), ("insert", 3), ("insert", 2)]
+    assert all("unnest" in statement for statement in statements.sent if statement.startswith("INSERT"))
+    assert stored(db) == expected
+    with db.transaction() as tx:
+        for number in expected:
+            tx.write("typed_samples", number, label=f"again {number}")
+    assert made.take() == [("upsert", 3), ("upsert", 3), ("upsert", 2)]
+    assert {number: row["label"] for number, row in stored(db).items()} == {
+        number: f"again {number}" for number in expected}
+    with db.transaction() as tx:
+        for number in expected:
+            tx.delete("typed_samples", number)
+    assert made.take() == [("delete", 3), ("delete", 3), ("delete", 2)]
+    assert stored(db) == {}
+
+    monkeypatch.setattr(_sql, "ROWS_PER_STATEMENT", 10_000)
+    monkeypatch.setattr(_statements, "STATEMENT_BYTES", 2_500)
+    labels = {number: {"label": str(number) * 1_000, "doc": {"n": number}} for number in range(7)}
+    labels[3]["doc"] = {"big": "x" * 5_000}         # (larger alone than a statement: one of its own)
+    insert_all(labels)
+    assert made.take() == [("insert", 2), ("insert", 1), ("insert", 1), ("insert", 2), ("insert", 1)]
+    assert {number: {"label": row["label"], "doc": row["doc"]} for number, row in stored(db).items()} == labels
+
+
+def test_a_failure_in_a_later_statement_of_a_flush_leaves_nothing_of_the_earlier_ones(samples, monkeypatch):
+    """The statements of one flush's rows run in one PostgreSQL transaction: when a later one fails (a key
+    committed by another session meanwhile), the rows the earlier ones wrote are not kept."""
+    from activedb.store import _sql
+
+    db = samples
+    made = FlushStatements(monkeypatch)
+    monkeypatch.setattr(_sql, "ROWS_PER_STATEMENT", 3)
+    with pytest.raises(DuplicateKey, match=r"typed_samples.*\(id\)=\(6\) already exists"):
+        with db.transaction() as tx:
+            for number in range(7):
+                tx.insert("typed_samples", id=number, label=f"mine {number}")
+            with db.engine.begin() as connection:
+                connection.execute(sa.text("INSERT INTO typed_samples (id, label) VALUES (6, 'theirs')"))
+    assert made.take() == [("insert", 3), ("insert", 3), ("insert", 1)]
+    assert stored(db) == {6: {**{name: None for name in sample(0)}, "label": "theirs"}}

@@ -6,6 +6,8 @@ from __future__ import annotations
 import datetime
 import decimal
 import re
+import sys
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -469,3 +471,55 @@ def test_an_interval_with_fields_is_truncated_as_postgresql_stores_it_key_and_va
         assert tx.read("field_spans", key) == stored
         with pytest.raises(activedb.DuplicateKey):
             tx.insert("field_spans", span=key)
+
+
+def _nested_list(levels: int, inner: object) -> object:
+    """``inner`` inside ``levels`` levels of lists, built without recursion."""
+    value = inner
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
+def test_a_value_nested_far_deeper_than_the_stack_is_refused_naming_its_column_and_nothing_is_written(db):
+    """A value nested 100,000 levels deep (or one level deeper than ``EXACT_DEPTH``) given for an array or a
+    ``jsonb`` column — written, or compared with in a scan — is refused with ``NestedTooDeep`` naming the column,
+    the bound and what to do, and nothing is written; a value nested within the bound is written and found (an
+    array to PostgreSQL's six dimensions).  The array check's walks are bounded themselves: they refuse the value
+    beyond their bound however high Python's recursion limit is.  Before, they recursed with the value's nesting
+    and the check caught the ``RecursionError`` of a value deeper than the stack: a scan's array one level deeper
+    than the bound passed the check (PostgreSQL refused it: ``DatabaseError``), and with a higher recursion limit the
+    walks of a value 100,000 levels deep ran for a minute and let it pass."""
+    from activedb.store import EXACT_DEPTH
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("CREATE TABLE deep_values (id integer PRIMARY KEY, grid integer[], doc jsonb)"))
+
+    def refused(column: str, levels: int) -> Any:
+        return pytest.raises(activedb.NestedTooDeep, match=(
+            rf"'{column}' is a list nested {levels:,} levels deep, deeper than the {EXACT_DEPTH} levels a value may "
+            rf"nest; flatten it or store it as JSON text"))
+
+    for column, levels in (("grid", EXACT_DEPTH + 1), ("grid", 100_000), ("doc", EXACT_DEPTH + 1), ("doc", 100_000)):
+        with db.transaction() as tx:
+            with refused(column, levels):
+                tx.scan("deep_values", {column: _nested_list(levels, 1)})
+            with refused(column, levels):
+                tx.write("deep_values", 1, **{column: _nested_list(levels, 1)})
+            tx.write("deep_values", 2, doc=_nested_list(EXACT_DEPTH, 1), grid=_nested_list(6, 7))
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(1_000_000)       # (the bound refuses the value, not the interpreter's stack)
+    try:
+        with db.transaction() as tx:
+            with refused("grid", 100_000):
+                tx.scan("deep_values", {"grid": _nested_list(100_000, 1)})
+            with refused("grid", 100_000):
+                tx.write("deep_values", 1, grid=_nested_list(100_000, 1))
+    finally:
+        sys.setrecursionlimit(limit)
+    with db.engine.connect() as connection:
+        assert connection.execute(sa.text("SELECT id FROM deep_values")).scalars().all() == [2]
+    with db.transaction() as tx:
+        stored = {"id": 2, "doc": _nested_list(EXACT_DEPTH, 1), "grid": _nested_list(6, 7)}
+        assert tx.read("deep_values", 2) == stored
+        assert tx.scan("deep_values", {"grid": _nested_list(6, 7)}) == [stored]
+        assert tx.scan("deep_values", {"doc": _nested_list(EXACT_DEPTH, 1)}) == [stored]
