@@ -11,8 +11,9 @@
 * ``make_database_url`` (module): ``make(suffix)`` -> the URL of another fresh database (tests that
   compare two runs).
 * ``spark`` (session): a ``local[2]`` SparkSession, UI off (see
-  ``tests/spark_bridge/conftest.py``).  A session that runs several Spark tests first builds its Spark drivers
-  a class-data archive (``tests/_spark_archive.py``; none if it cannot be built).
+  ``tests/spark_bridge/conftest.py``).  A session that runs several Spark tests builds its Spark drivers a
+  class-data archive in the background, once for all the processes of a pytest-xdist run, which the drivers use once
+  it is ready (``tests/_spark_archive.py``; none if it cannot be built).
 
 **Another server.** With ``ACTIVEDB_TEST_SERVER=1`` the databases are created on the server of
 ``ACTIVEDB_DATABASE_URL`` instead (a user that may create databases, e.g.
