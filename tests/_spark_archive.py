@@ -19,6 +19,7 @@ explicitly) makes a mismatch non-fatal, and with CDS's log off the JVM prints no
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -111,6 +112,7 @@ class Build:
         self._mutex = threading.Lock()
         self._process: subprocess.Popen[bytes] | None = None
         self._stopped = False
+        self._thread: threading.Thread | None = None
         try:
             os.close(os.open(directory / "claimed", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
         except FileExistsError:
@@ -145,7 +147,7 @@ class Build:
         with self._mutex:
             self._stopped = True
             if self._process is not None and self._process.poll() is None:
-                os.killpg(self._process.pid, signal.SIGKILL)
-        thread = getattr(self, "_thread", None)
-        if thread is not None:
-            thread.join(self._timeout)
+                with contextlib.suppress(ProcessLookupError):     # (its group may have ended since)
+                    os.killpg(self._process.pid, signal.SIGKILL)
+        if self._thread is not None:
+            self._thread.join(self._timeout)
