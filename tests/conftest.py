@@ -11,8 +11,9 @@
 * ``make_database_url`` (module): ``make(suffix)`` -> the URL of another fresh database (tests that
   compare two runs).
 * ``spark`` (session): a ``local[2]`` SparkSession, UI off (see
-  ``tests/spark_bridge/conftest.py``).  A session that runs several Spark tests first builds its Spark drivers
-  a class-data archive (``tests/_spark_archive.py``; none if it cannot be built).
+  ``tests/spark_bridge/conftest.py``).  A session that runs several Spark tests builds its Spark drivers a
+  class-data archive in the background, once for all the processes of a pytest-xdist run, which the drivers use once
+  it is ready (``tests/_spark_archive.py``; none if it cannot be built).
 
 **Another server.** With ``ACTIVEDB_TEST_SERVER=1`` the databases are created on the server of
 ``ACTIVEDB_DATABASE_URL`` instead (a user that may create databases, e.g.
@@ -60,9 +61,12 @@ settings.load_profile("activedb-suite")
 # one compiler thread, and collect with the serial collector (G1's concurrent threads, like a second compiler thread,
 # take the tests' cores for a heap this small; measured in benchmarks/RESULTS.md, "The suite's Spark drivers").
 # Spark's launcher adds SPARK_SUBMIT_OPTS to a driver's java command; what Spark computes is the same. A value of
-# your own (SPARK_SUBMIT_OPTS= for the JVM's default) wins, and then no class-data archive is added either.
-_OWN_SUBMIT_OPTS = "SPARK_SUBMIT_OPTS" in os.environ
-os.environ.setdefault("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1 -XX:CICompilerCount=1 -XX:+UseSerialGC")
+# your own (SPARK_SUBMIT_OPTS= for the JVM's default) wins, and then no class-data archive is added either.  The
+# suite's own value is no value of yours: pytest-xdist's workers inherit it from the process that started them, which
+# set it when it loaded this file (taken for a value of the user's, it kept every worker from adding the archive).
+_DRIVER_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:CICompilerCount=1 -XX:+UseSerialGC"
+_OWN_SUBMIT_OPTS = os.environ.get("SPARK_SUBMIT_OPTS", _DRIVER_OPTIONS) != _DRIVER_OPTIONS
+os.environ.setdefault("SPARK_SUBMIT_OPTS", _DRIVER_OPTIONS)
 #: The drivers' class-data archive (tests/_spark_archive.py): built when a session runs this many Spark tests (it
 #: costs about as much as a few driver starts save), within this many seconds (longer: no archive).
 ARCHIVE_MIN_SPARK_TESTS = 5
@@ -182,23 +186,51 @@ def log_home(tmp_path_factory) -> Path:
     return home
 
 
-_ARCHIVE_TRIED = pytest.StashKey[bool]()
+#: The session's archive build (``None``: none, or its options already added); absent until the first Spark test.
+_ARCHIVE = pytest.StashKey["_spark_archive.Build | None"]()
+#: The key of ``workerinput`` (pytest-xdist) that names the directory of the run's one class-data archive.
+_ARCHIVE_DIRECTORY = "activedb_spark_archive"
+_SHARED_ARCHIVE = pytest.StashKey[Path]()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    """(pytest-xdist's controlling process, for each worker it starts.)  Every worker is given the same directory for
+    the Spark drivers' class-data archive, so that the run builds it once (``_spark_archive.Build``), not once per
+    worker; the controlling process removes the directory at its end, after its workers'."""
+    config = node.config
+    directory = config.stash.get(_SHARED_ARCHIVE, None)
+    if directory is None:
+        directory = config.stash[_SHARED_ARCHIVE] = Path(tempfile.mkdtemp(prefix="activedb-test-jsa-"))
+        config.add_cleanup(lambda: shutil.rmtree(directory, ignore_errors=True))
+    node.workerinput[_ARCHIVE_DIRECTORY] = str(directory)
 
 
 def _spark_class_archive(session: pytest.Session) -> None:
-    """Once per session, before the first Spark test, if the session runs at least ``ARCHIVE_MIN_SPARK_TESTS`` of
-    them: add the class-data archive of ``tests/_spark_archive.py`` to ``SPARK_SUBMIT_OPTS`` (removed, and the
-    variable restored, at the session's end)."""
+    """Before each Spark test of a session that runs at least ``ARCHIVE_MIN_SPARK_TESTS`` of them: the first starts
+    the build of the class-data archive of ``tests/_spark_archive.py`` in the background (or, in a pytest-xdist
+    worker, finds it started by another worker: ``pytest_configure_node``); the first to find it built adds it to
+    ``SPARK_SUBMIT_OPTS`` (removed, and the variable restored, at the session's end; a build still running then is
+    killed).  The tests before that run their drivers without it."""
     config = session.config
-    if _OWN_SUBMIT_OPTS or config.stash.get(_ARCHIVE_TRIED, False):
+    if _OWN_SUBMIT_OPTS:
         return
-    config.stash[_ARCHIVE_TRIED] = True
-    if sum(1 for item in session.items if item.get_closest_marker("spark")) < ARCHIVE_MIN_SPARK_TESTS:
-        return
-    directory = Path(tempfile.mkdtemp(prefix="activedb-test-jsa-"))
-    config.add_cleanup(lambda: shutil.rmtree(directory, ignore_errors=True))
-    options = _spark_archive.build(directory, ARCHIVE_BUILD_SECONDS)
+    if _ARCHIVE not in config.stash:
+        config.stash[_ARCHIVE] = None
+        if sum(1 for item in session.items if item.get_closest_marker("spark")) < ARCHIVE_MIN_SPARK_TESTS:
+            return
+        shared = getattr(config, "workerinput", {}).get(_ARCHIVE_DIRECTORY)
+        if shared:                                  # a pytest-xdist worker: the run's one archive
+            directory = Path(shared)
+        else:
+            directory = Path(tempfile.mkdtemp(prefix="activedb-test-jsa-"))
+            config.add_cleanup(lambda: shutil.rmtree(directory, ignore_errors=True))
+        build = config.stash[_ARCHIVE] = _spark_archive.Build(directory, ARCHIVE_BUILD_SECONDS)
+        config.add_cleanup(build.stop)              # (before the directory's removal: cleanups run last first)
+    build = config.stash[_ARCHIVE]
+    options = build.ready() if build is not None else None
     if options:
+        config.stash[_ARCHIVE] = None
         before = os.environ["SPARK_SUBMIT_OPTS"]
         os.environ["SPARK_SUBMIT_OPTS"] = f"{before} {options}"
         config.add_cleanup(lambda: os.environ.update(SPARK_SUBMIT_OPTS=before))
