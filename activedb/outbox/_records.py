@@ -20,13 +20,20 @@ import sqlalchemy as sa
 
 from activedb.errors import INVALID_TEXT_REPRESENTATION, RecordsTakenOver, sqlstate_of
 from activedb.events import Event, EventKind
-from activedb.store import Catalog, close_detached, detached_connection, exact_json, from_exact_json
+from activedb.store import (Catalog, close_detached, detached_connection, exact_json, from_exact_json, in_one_statement,
+                            statement_spans)
 
 logger = logging.getLogger("activedb.outbox")
 
 TABLE = "activedb_outbox"
 STATUSES = ("pending", "done", "failed")
 ERROR_LIMIT = 4000      # characters of an error kept in a failed record
+
+#: The most records one statement inserts; the most bytes of their JSON together is the store's
+#: :data:`~activedb.store.STATEMENT_BYTES`: a flush's records beyond either bound go out in more statements, one after
+#: another in the same transaction (:func:`~activedb.store.statement_spans`).  A statement's records travel as one JSON
+#: document, one value, which PostgreSQL takes at most 1 GB of.  Read at each insert (a test may lower it).
+RECORDS_PER_STATEMENT = 10_000
 
 
 @dataclass
@@ -61,9 +68,9 @@ def decode_event(data: Mapping[str, object]) -> Event:
                  transaction=from_exact_json(data["transaction"]))
 
 
-# One statement for any number of records: a JSON array of them, one object a record, made by one call of
-# the C encoder (an array per column cost the driver a Python call per element); ``jsonb_to_recordset``
-# turns a record's ``chain``, a JSON array, into ``text[]`` in order.
+# One statement for a flush's records, up to their bounds (``RECORDS_PER_STATEMENT``, ``STATEMENT_BYTES``): a JSON
+# array of them, one object a record, made by one call of the C encoder (an array per column cost the driver a Python
+# call per element); ``jsonb_to_recordset`` turns a record's ``chain``, a JSON array, into ``text[]`` in order.
 _INSERT = (
     "INSERT INTO activedb_outbox (id, rule, coupling, event, chain, trigger_id, trigger_log_id, trigger_outcome, "
     "owner) "
@@ -79,15 +86,28 @@ _ENCODER = json.JSONEncoder(allow_nan=False, check_circular=False, separators=("
 
 
 def insert(connection: sa.Connection, records: Sequence[NewRecord], owner: int, sequence: str, storage: int) -> bool:
-    """Insert ``records`` as pending, owned by ``owner``: one statement, one round trip, whatever their
-    number; False (nothing inserted) if ``sequence``, which gave their ids with ``storage``, was reset since
-    (``Catalog.STILL_DRAWN``).  (Every value is plain JSON: the event went through ``exact_json``; a text
-    PostgreSQL cannot hold — a NUL, a lone surrogate — is refused by it as in any text column.)"""
+    """Insert ``records`` as pending, owned by ``owner``: one statement, one round trip, within
+    :data:`RECORDS_PER_STATEMENT` records and :data:`~activedb.store.STATEMENT_BYTES` of JSON — beyond, as many
+    statements as the bounds take, one after another on ``connection`` (its transaction's: all or nothing).  False if
+    ``sequence``, which gave their ids with ``storage``, was reset since (``Catalog.STILL_DRAWN``): nothing inserted,
+    or, by a reset between two of the statements, a part — the caller's transaction must roll back.  (Every value is
+    plain JSON: the event went through ``exact_json``; a text PostgreSQL cannot hold — a NUL, a lone surrogate — is
+    refused by it as in any text column.)"""
     if not records:
         return True
-    document = _ENCODER.encode([record.__dict__ for record in records])
     highest = max(record.id for record in records)
-    return connection.exec_driver_sql(_INSERT, (owner, document, storage, highest, sequence)).rowcount == len(records)
+    # (ASCII: the encoder escapes the rest, so the document's characters are its bytes)
+    document = _ENCODER.encode([record.__dict__ for record in records])
+    if in_one_statement(len(records), len(document), RECORDS_PER_STATEMENT):
+        documents = [document]
+    else:       # (each record encoded again, alone, for its size; its text joined into its statement's document)
+        encoded = [_ENCODER.encode(record.__dict__) for record in records]
+        documents = ["[" + ",".join(encoded[start:stop]) + "]"
+                     for start, stop in statement_spans(list(map(len, encoded)), RECORDS_PER_STATEMENT)]
+    inserted = 0
+    for part in documents:
+        inserted += connection.exec_driver_sql(_INSERT, (owner, part, storage, highest, sequence)).rowcount
+    return inserted == len(records)
 
 
 # Fails unless it marked every record: no row count to read, so it can ride in another statement's round trip

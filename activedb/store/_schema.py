@@ -554,12 +554,18 @@ def _extra_check(column: sa.Column[Any]) -> Callable[[Any], str | None] | None:
     return None
 
 
+#: The most dimensions an array column's value may have: PostgreSQL's (``MAXDIM``), which refuses more (SQLSTATE
+#: 54000) at the statement — a scan's, or the flush's, with everything else the tree wrote.
+ARRAY_DIMENSIONS = 6
+
+
 def _array_value_problem(accepted: tuple[type, ...] | None, check: Callable[[object], str | None] | None,
                          element_type: str, value: Iterable[object]) -> str | None:
     """Why an array column whose elements are ``element_type`` (Python types ``accepted``, further check ``check``,
     as ``TableInfo.check_value`` has them for such a column; None: left to PostgreSQL) cannot take ``value`` (a list
-    or tuple), or None (``_elements_problem``).  A value whose sub-arrays nest deeper than ``EXACT_DEPTH`` levels
-    (deeper than a column's value may: its copy refuses it) is refused, :class:`~activedb.errors.NestedTooDeep`."""
+    or tuple), or None (``_elements_problem``): more dimensions than :data:`ARRAY_DIMENSIONS` is one.  A value whose
+    sub-arrays nest deeper than ``EXACT_DEPTH`` levels (deeper than a column's value may: its copy refuses it) is
+    refused, :class:`~activedb.errors.NestedTooDeep`."""
     return within(lambda array, levels: _elements_problem(accepted, check, element_type, array, "", levels), value,
                   EXACT_DEPTH)
 
@@ -568,14 +574,19 @@ def _elements_problem(accepted: tuple[type, ...] | None, check: Callable[[object
                       element_type: str, value: Iterable[object], path: str, levels: int) -> str | None:
     """``_array_value_problem``: the first element of ``value`` (the array, or its sub-array at ``path``) that is no
     value of the element type.  None is NULL; a list or tuple where the element type takes none is a further
-    dimension, walked the same way; the array's shape first (``_shape_problem``).  ``levels``: the levels of nesting
-    ``value`` may have, itself one of them (:class:`Deeper` beyond them)."""
+    dimension, walked the same way; the array's shape first (``_shape_problem``), then its dimensions (at most
+    :data:`ARRAY_DIMENSIONS`).  ``levels``: the levels of nesting ``value`` may have, itself one of them
+    (:class:`Deeper` beyond them)."""
     if not levels:
         raise Deeper
     if not path and isinstance(value, (list, tuple)):     # (the whole value: a list or tuple, its type checked)
         shape = _shape_problem(accepted, value, "", levels)
         if isinstance(shape, str):
             return shape
+        if len(shape) > ARRAY_DIMENSIONS:
+            return (f"the array has {len(shape)} dimensions, more than the {ARRAY_DIMENSIONS} PostgreSQL takes; "
+                    f"give it at most {ARRAY_DIMENSIONS} (flatten the inner ones), or store the value in a jsonb "
+                    f"column")
     for index, item in enumerate(value):
         where = f"{path}[{index}]"
         if item is None:

@@ -1,5 +1,6 @@
 """Outbox records go to PostgreSQL in one statement (``jsonb_to_recordset`` of one JSON array) inside the
-caller's transaction, and come back exactly: the event (through the exact JSON codec), the cascade chain
+caller's transaction — in several, one after another, beyond ``RECORDS_PER_STATEMENT`` records or ``STATEMENT_BYTES``
+of JSON —, and come back exactly: the event (through the exact JSON codec), the cascade chain
 in order whatever characters its rule names hold, a missing trigger log id.  Real PostgreSQL."""
 
 from __future__ import annotations
@@ -34,8 +35,9 @@ def new_records(outbox, count: int) -> tuple[list[_records.NewRecord], int]:
             for number, (record_id, event) in enumerate(zip(ids, events))], storage
 
 
-def statements_during(engine: sa.Engine, action) -> list[str]:
-    seen: list[str] = []
+def statements_during(engine: sa.Engine, action, seen: list[str] | None = None) -> list[str]:
+    """The statements sent while ``action`` runs (also into ``seen``, which holds them if it raises)."""
+    seen = [] if seen is None else seen
 
     def listen(connection, cursor, statement, parameters, context, executemany):
         seen.append(statement)
@@ -82,6 +84,76 @@ def test_records_are_part_of_the_callers_transaction(db):
             transaction.rollback()
         assert connection.execute(sa.text("SELECT count(*) FROM activedb_outbox WHERE id = ANY(:ids)"),
                                   {"ids": ids}).scalar() == 0
+
+
+def outbox_inserts(statements: list[str]) -> int:
+    return sum(statement.startswith("INSERT INTO activedb_outbox") for statement in statements)
+
+
+@pytest.mark.parametrize("bound", ["records", "bytes"])
+def test_a_flush_s_records_beyond_one_statement_s_bounds_go_in_several_statements_and_all_run(migrated, monkeypatch,
+                                                                                             bound):
+    """A tree whose detached firings' records are more than one statement carries (one JSON document, one value:
+    PostgreSQL takes at most 1 GB of it) writes them in several statements of its flush, and every record runs.  They
+    went as one statement however many, so a flush whose records' events passed 1 GB could not commit."""
+    from activedb.store import _statements
+
+    if bound == "records":
+        monkeypatch.setattr(_records, "RECORDS_PER_STATEMENT", 3)          # 3 + 3 + 1
+    else:
+        monkeypatch.setattr(_statements, "STATEMENT_BYTES", 1)             # a record alone each
+    database = activedb.connect(migrated, outbox_options={"recovery_interval": None})
+    try:
+        with database.engine.begin() as connection:
+            connection.execute(sa.text("DELETE FROM events_seen WHERE rule = 'split'"))
+            connection.execute(sa.text("DELETE FROM activedb_outbox WHERE rule = 'split'"))
+        database.rule(on=database.signalled("split"), coupling=activedb.Coupling.DETACHED, name="split")(
+            lambda tx, event: tx.insert("events_seen", rule="split", detail=event.payload["n"]))
+
+        def signal_seven() -> None:
+            with database.transaction() as tx:
+                for number in range(7):
+                    tx.signal("split", n=str(number))
+
+        statements = statements_during(database.engine, signal_seven)
+        database.outbox.wait_idle(TIMEOUT)
+        assert outbox_inserts(statements) == (3 if bound == "records" else 7), statements
+        with database.engine.connect() as connection:
+            seen = connection.execute(sa.text("SELECT detail FROM events_seen WHERE rule = 'split'")).scalars().all()
+            statuses = connection.execute(sa.text(
+                "SELECT status, count(*) FROM activedb_outbox WHERE rule = 'split' GROUP BY status")).all()
+        assert sorted(seen) == [str(number) for number in range(7)]
+        assert dict(statuses) == {"done": 7}
+    finally:
+        database.close()
+
+
+def test_a_failure_in_a_later_statement_keeps_none_of_the_records(db, monkeypatch):
+    """The records' statements are one transaction's: the third failing (a record whose id another session committed
+    meanwhile), the first two's records are not kept either."""
+    monkeypatch.setattr(_records, "RECORDS_PER_STATEMENT", 3)
+    outbox = db.outbox
+    records, storage = new_records(outbox, 7)
+    ids = [record.id for record in records]
+    with db.engine.begin() as connection:                # another session takes the last record's id
+        outbox.insert(connection, records[-1:], storage)
+    statements: list[str] = []
+
+    def insert_all() -> None:
+        with db.engine.begin() as connection:
+            outbox.insert(connection, records, storage)
+
+    try:
+        with pytest.raises(sa.exc.IntegrityError, match=r"duplicate key .*activedb_outbox"):
+            statements_during(db.engine, insert_all, statements)
+        with db.engine.connect() as connection:
+            kept = connection.execute(sa.text("SELECT id FROM activedb_outbox WHERE id = ANY(:ids)"),
+                                      {"ids": ids}).scalars().all()
+        assert outbox_inserts(statements) == 3, statements
+        assert kept == [ids[-1]], "the records of the statements before the failing one were kept"
+    finally:
+        with db.engine.begin() as connection:
+            connection.execute(sa.text("DELETE FROM activedb_outbox WHERE id = ANY(:ids)"), {"ids": ids})
 
 
 def test_no_records_send_no_statement(db):

@@ -523,3 +523,30 @@ def test_a_value_nested_far_deeper_than_the_stack_is_refused_naming_its_column_a
         assert tx.read("deep_values", 2) == stored
         assert tx.scan("deep_values", {"grid": _nested_list(6, 7)}) == [stored]
         assert tx.scan("deep_values", {"doc": _nested_list(EXACT_DEPTH, 1)}) == [stored]
+
+
+@pytest.mark.parametrize("dimensions", [7, 8, 200])
+def test_an_array_of_more_dimensions_than_postgresql_s_six_is_refused_naming_its_column_and_nothing_is_written(
+        db, dimensions):
+    """An array column's value of more than six dimensions (PostgreSQL's most) — written, or compared with in a scan —
+    is refused with ``InvalidValue`` naming the column, the limit and what to do, and nothing is written; six still
+    work.  Before, a value of 7 to ``EXACT_DEPTH`` dimensions passed the check (its nesting within the bound, its shape
+    rectangular) and PostgreSQL refused it: the scan, or the commit of the whole tree, failed with ``DatabaseError``
+    (SQLSTATE 54000, "number of array dimensions (7) exceeds the maximum allowed (6)")."""
+    with db.engine.begin() as connection:
+        connection.execute(sa.text(f"CREATE TABLE dimensioned_{dimensions} (id integer PRIMARY KEY, grid integer[])"))
+    table = f"dimensioned_{dimensions}"
+    message = (rf"column {table}\.grid \([^)]*\): the array has {dimensions} dimensions, more than the 6 "
+               rf"PostgreSQL takes; .*jsonb")
+    with db.transaction() as tx:
+        with pytest.raises(activedb.InvalidValue, match=message):
+            tx.scan(table, {"grid": _nested_list(dimensions, 1)})
+        with pytest.raises(activedb.InvalidValue, match=message):
+            tx.write(table, 1, grid=_nested_list(dimensions, 1))
+        with pytest.raises(activedb.InvalidValue, match=message):
+            tx.write_many(table, {3: {"grid": _nested_list(dimensions, 1)}})
+        tx.write(table, 2, grid=_nested_list(6, 7))
+    with db.transaction() as tx:
+        stored = {"id": 2, "grid": _nested_list(6, 7)}
+        assert tx.scan(table, {"grid": _nested_list(6, 7)}) == [stored]
+        assert tx.scan(table, {}) == [stored]
