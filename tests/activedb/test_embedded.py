@@ -25,6 +25,7 @@ import activedb
 from activedb import _embedded
 from activedb.testing import wait_until
 from tests._lines import Lines
+from tests._processes import exited
 
 CLIENT = textwrap.dedent(
     """
@@ -61,15 +62,6 @@ def _finish(process: subprocess.Popen) -> None:
     assert process.wait(timeout=60) == 0, process.stderr.read()
 
 
-def _stopped(pid: int) -> bool:
-    """Whether the process ``pid`` has exited: gone, or a zombie.  A postmaster's parent is init (``pg_ctl``
-    daemonises it), and the init of some containers reaps only every second or two: until then the pid exists."""
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
-
-
 def _postmasters(pgdata: Path) -> list[psutil.Process]:
     found = []
     for proc in psutil.process_iter(attrs=["name", "cmdline"]):
@@ -102,9 +94,9 @@ def test_two_processes_share_one_server_which_stops_after_the_last(tmp_path):
     assert second_info["marks"] == 2            # both wrote to the same database
     assert len(_postmasters(home.resolve() / "pgdata")) == 1
     _finish(first)
-    assert not _stopped(first_info["postmaster"])        # still used by the second process
+    assert not exited(first_info["postmaster"])          # still used by the second process
     _finish(second)
-    wait_until(lambda: _stopped(first_info["postmaster"]), 30, "server stop")
+    wait_until(lambda: exited(first_info["postmaster"]), 30, "server stop")
 
 
 def test_connect_close_twice_in_one_process_still_stops_the_server_at_exit(initialised_home, tmp_path):
@@ -125,7 +117,7 @@ def test_connect_close_twice_in_one_process_still_stops_the_server_at_exit(initi
                           timeout=120)
     assert done.returncode == 0, done.stderr
     postmaster = json.loads(done.stdout.strip().splitlines()[-1])["postmaster"]
-    wait_until(lambda: _stopped(postmaster), 30, "server stop after the last user exited")
+    wait_until(lambda: exited(postmaster), 30, "server stop after the last user exited")
 
 
 def test_keep_server_spelled_false_in_the_environment_stops_the_server_at_exit(initialised_home, tmp_path):
@@ -140,7 +132,7 @@ def test_keep_server_spelled_false_in_the_environment_stops_the_server_at_exit(i
     assert done.returncode == 0, done.stderr
     postmaster = int(done.stdout.strip().splitlines()[-1])
     try:
-        wait_until(lambda: _stopped(postmaster), 30, "server stop after the last user exited")
+        wait_until(lambda: exited(postmaster), 30, "server stop after the last user exited")
     finally:
         for process in _postmasters(home.resolve() / "pgdata"):        # (left running: stop it)
             process.send_signal(signal.SIGINT)
@@ -155,7 +147,7 @@ def test_killed_user_is_pruned_and_server_still_stops(initialised_home, tmp_path
     survivor = _start_client(home)
     assert _ready(survivor)["postmaster"] == info["postmaster"]   # reused, not restarted
     _finish(survivor)
-    wait_until(lambda: _stopped(info["postmaster"]), 30, "server stop")
+    wait_until(lambda: exited(info["postmaster"]), 30, "server stop")
 
 
 def test_stale_postmaster_pid_after_crash_is_recovered(initialised_home, tmp_path):
