@@ -4,12 +4,32 @@ counted (no lost update); no timing assertions."""
 
 from __future__ import annotations
 
+import sqlalchemy as sa
+
 from benchmarks import BenchReport
 from benchmarks.hotkeys import PROCESSES, run
 
 
+def _detect_deadlocks_soon(database_url: str) -> None:
+    """The database's sessions look for a deadlock after 50 ms of waiting instead of PostgreSQL's default second
+    (``deadlock_timeout``): the pairs' cycles through two processes' backends each waited that second, most of a quick
+    run's time.  The detector finds the same cycles, and only real ones, whenever it looks.  A role that may not set
+    it (neither a superuser nor granted SET) leaves the default."""
+    engine = sa.create_engine(database_url, isolation_level="AUTOCOMMIT")
+    try:
+        with engine.connect() as connection:
+            name = connection.exec_driver_sql("SELECT current_database()").scalar_one()
+            try:
+                connection.exec_driver_sql(f"ALTER DATABASE \"{name}\" SET deadlock_timeout = '50ms'")
+            except sa.exc.ProgrammingError as error:
+                assert getattr(error.orig, "sqlstate", None) == "42501", error       # (insufficient privilege)
+    finally:
+        engine.dispose()
+
+
 def test_hotkeys_benchmark_quick(database_url, monkeypatch):
     monkeypatch.setenv("ACTIVEDB_DATABASE_URL", database_url)     # the test's database, not the user's
+    _detect_deadlocks_soon(database_url)
     report = run(quick=True)          # raises AssertionError if a run lost an update
     assert isinstance(report, BenchReport)
     assert [row.name.split(": ")[1] for row in report.rows] == [

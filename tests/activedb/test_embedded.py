@@ -25,6 +25,7 @@ import activedb
 from activedb import _embedded
 from activedb.testing import wait_until
 from tests._lines import Lines
+from tests._processes import exited
 
 CLIENT = textwrap.dedent(
     """
@@ -93,13 +94,13 @@ def test_two_processes_share_one_server_which_stops_after_the_last(tmp_path):
     assert second_info["marks"] == 2            # both wrote to the same database
     assert len(_postmasters(home.resolve() / "pgdata")) == 1
     _finish(first)
-    assert psutil.pid_exists(first_info["postmaster"])   # still used by the second process
+    assert not exited(first_info["postmaster"])          # still used by the second process
     _finish(second)
-    wait_until(lambda: not psutil.pid_exists(first_info["postmaster"]), 30, "server stop")
+    wait_until(lambda: exited(first_info["postmaster"]), 30, "server stop")
 
 
-def test_connect_close_twice_in_one_process_still_stops_the_server_at_exit(tmp_path):
-    home = tmp_path / "home"
+def test_connect_close_twice_in_one_process_still_stops_the_server_at_exit(initialised_home, tmp_path):
+    home = _copy_of(initialised_home, tmp_path)
     script = textwrap.dedent(
         """
         import json, sys
@@ -116,13 +117,13 @@ def test_connect_close_twice_in_one_process_still_stops_the_server_at_exit(tmp_p
                           timeout=120)
     assert done.returncode == 0, done.stderr
     postmaster = json.loads(done.stdout.strip().splitlines()[-1])["postmaster"]
-    wait_until(lambda: not psutil.pid_exists(postmaster), 30, "server stop after the last user exited")
+    wait_until(lambda: exited(postmaster), 30, "server stop after the last user exited")
 
 
-def test_keep_server_spelled_false_in_the_environment_stops_the_server_at_exit(tmp_path):
+def test_keep_server_spelled_false_in_the_environment_stops_the_server_at_exit(initialised_home, tmp_path):
     """ACTIVEDB_KEEP_SERVER=False (as Python or a settings file spells it) is false, as 'false' is: the server stops
     when its last user exits (it was left running: only '', '0', 'false' and 'no' were read as false)."""
-    home = tmp_path / "home"
+    home = _copy_of(initialised_home, tmp_path)
     script = "import activedb, sys; db = activedb.connect(home=sys.argv[1]); print(db.embedded.pid, flush=True)"
     env = dict(os.environ, ACTIVEDB_KEEP_SERVER="False")
     env.pop("ACTIVEDB_DATABASE_URL", None)
@@ -131,14 +132,14 @@ def test_keep_server_spelled_false_in_the_environment_stops_the_server_at_exit(t
     assert done.returncode == 0, done.stderr
     postmaster = int(done.stdout.strip().splitlines()[-1])
     try:
-        wait_until(lambda: not psutil.pid_exists(postmaster), 30, "server stop after the last user exited")
+        wait_until(lambda: exited(postmaster), 30, "server stop after the last user exited")
     finally:
         for process in _postmasters(home.resolve() / "pgdata"):        # (left running: stop it)
             process.send_signal(signal.SIGINT)
 
 
-def test_killed_user_is_pruned_and_server_still_stops(tmp_path):
-    home = tmp_path / "home"
+def test_killed_user_is_pruned_and_server_still_stops(initialised_home, tmp_path):
+    home = _copy_of(initialised_home, tmp_path)
     victim = _start_client(home)
     info = _ready(victim)
     victim.send_signal(signal.SIGKILL)
@@ -146,11 +147,11 @@ def test_killed_user_is_pruned_and_server_still_stops(tmp_path):
     survivor = _start_client(home)
     assert _ready(survivor)["postmaster"] == info["postmaster"]   # reused, not restarted
     _finish(survivor)
-    wait_until(lambda: not psutil.pid_exists(info["postmaster"]), 30, "server stop")
+    wait_until(lambda: exited(info["postmaster"]), 30, "server stop")
 
 
-def test_stale_postmaster_pid_after_crash_is_recovered(tmp_path):
-    home = tmp_path / "home"
+def test_stale_postmaster_pid_after_crash_is_recovered(initialised_home, tmp_path):
+    home = _copy_of(initialised_home, tmp_path)
     client = _start_client(home, keep=True)
     info = _ready(client)
     _finish(client)
@@ -169,13 +170,14 @@ def test_stale_postmaster_pid_after_crash_is_recovered(tmp_path):
     _finish(restarted)
 
 
-def test_an_empty_lock_file_a_killed_postgres_left_is_stale_also_when_the_password_is_set_again(tmp_path):
+def test_an_empty_lock_file_a_killed_postgres_left_is_stale_also_when_the_password_is_set_again(initialised_home,
+                                                                                                  tmp_path):
     """A postgres killed before it wrote its ``postmaster.pid`` (the single-user one that sets a lost password, past
     its timeout on a loaded machine) leaves the file empty.  The next start took it for stale, but ran the single-user
     postgres again with the file still there, which refused: "lock file postmaster.pid is empty".  Now the file goes
     before either postgres runs, when no process works in the data directory."""
-    home = tmp_path / "home"
-    pgdata = _started_and_stopped(home)
+    home = _copy_of(initialised_home, tmp_path)
+    pgdata = home.resolve() / "pgdata"
     (home / "password").unlink()                                      # lost: set again in single-user mode
     (pgdata / "postmaster.pid").write_text("")                        # what the killed postgres left
     _locked_down_when_started(home)
@@ -218,13 +220,9 @@ def test_non_postgres_directory_is_refused_and_kept(tmp_path):
     assert (pgdata / "thesis.tex").read_text() == "precious"
 
 
-def test_corrupted_data_directory_is_a_clear_error_and_kept(tmp_path):
-    home = tmp_path / "home"
-    client = _start_client(home)
-    _ready(client)
-    _finish(client)
+def test_corrupted_data_directory_is_a_clear_error_and_kept(initialised_home, tmp_path):
+    home = _copy_of(initialised_home, tmp_path)
     pgdata = home.resolve() / "pgdata"
-    wait_until(lambda: not _postmasters(pgdata), 30, "server stop")
     (pgdata / "global" / "pg_control").write_bytes(b"garbage")
     with pytest.raises(activedb.EmbeddedServerError, match="did not start.*nothing was deleted"):
         _embedded.start(home)
@@ -275,6 +273,18 @@ def _started_and_stopped(home: Path) -> Path:
     _embedded.stop(home)
     wait_until(lambda: not _postmasters(pgdata), 30, "server stop")
     return pgdata
+
+
+@pytest.fixture(scope="module")
+def initialised_home(tmp_path_factory) -> Path:
+    """A home whose server was initialised (``initdb``, most of a first start's time) and stopped, once for the
+    module: a test whose subject is not a first start takes a copy of its own (``_copy_of``)."""
+    return _started_and_stopped(tmp_path_factory.mktemp("initialised") / "home").parent
+
+
+def _copy_of(initialised_home: Path, tmp_path: Path) -> Path:
+    """``tmp_path / "home"``: a copy of ``initialised_home``, a stopped server's home as it leaves it."""
+    return Path(shutil.copytree(initialised_home, tmp_path / "home", symlinks=True))
 
 
 def _locked_down_when_started(home: Path) -> None:
@@ -335,9 +345,9 @@ def test_a_planted_socket_directory_is_refused(tmp_path):
         socket_directory.rmdir()
 
 
-def test_an_older_trusting_data_directory_and_a_lost_password_are_locked_again(tmp_path):
-    home = tmp_path / "home"
-    pgdata = _started_and_stopped(home)
+def test_an_older_trusting_data_directory_and_a_lost_password_are_locked_again(initialised_home, tmp_path):
+    home = _copy_of(initialised_home, tmp_path)
+    pgdata = home.resolve() / "pgdata"
     (pgdata / "pg_hba.conf").write_text("local all all trust\n")       # what pgserver's initdb wrote
     (home / "password").unlink()
     _locked_down_when_started(home)
@@ -501,14 +511,14 @@ def test_a_file_the_server_needs_that_cannot_be_read_or_run_is_the_embedded_serv
     _locked_down_when_started(home)                         # the faults gone: it starts
 
 
-def test_a_postmaster_pid_that_cannot_be_read_is_the_embedded_servers_error(tmp_path):
+def test_a_postmaster_pid_that_cannot_be_read_is_the_embedded_servers_error(initialised_home, tmp_path):
     """``postmaster.pid`` that is a directory (or unreadable) where connect() or the last user's exit looks for the
     running server: ``EmbeddedServerError`` naming the file and saying what to do, nothing deleted.  Before,
     ``IsADirectoryError`` escaped from ``postmaster()`` (its read caught only a missing file): a traceback."""
     from activedb._embedded._server import postmaster, stop_postgres
 
-    home = tmp_path / "home"
-    pgdata = _started_and_stopped(home)
+    home = _copy_of(initialised_home, tmp_path)
+    pgdata = home.resolve() / "pgdata"
     (pgdata / "postmaster.pid").mkdir()
     said = r"cannot read .*pgdata/postmaster.pid: .*Is a directory.*remove it.*nothing was deleted"
     with pytest.raises(activedb.EmbeddedServerError, match=said):

@@ -27,6 +27,8 @@ from activedb import _embedded
 from activedb.errors import (BadDatabaseURL, DatabaseError, DatabaseUnavailable, DiskFull, Failure, ServerDiskFull,
                              classify, database_failure, disk_full_panic)
 from activedb.store import driver_error
+from activedb.testing import wait_until
+from tests._processes import exited
 from tests.conftest import APP_MIGRATIONS
 
 
@@ -43,7 +45,7 @@ def _kill_server(database: activedb.Database) -> None:
     for process in processes:
         with contextlib.suppress(psutil.NoSuchProcess):       # (a backend may end on its own meanwhile)
             process.kill()
-    psutil.wait_procs(processes, timeout=120)
+    wait_until(lambda: all(exited(process) for process in processes), 120, "the killed server's processes to end")
 
 
 # --- the classifier -----------------------------------------------------------------------------
