@@ -29,11 +29,13 @@ one server; its databases live per module (``activedb_database_scope`` there).
 from __future__ import annotations
 
 import collections
+import compileall
 import importlib.metadata
 import logging
 import os
 import re
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -191,6 +193,19 @@ _ARCHIVE = pytest.StashKey["_spark_archive.Build | None"]()
 #: The key of ``workerinput`` (pytest-xdist) that names the directory of the run's one class-data archive.
 _ARCHIVE_DIRECTORY = "activedb_spark_archive"
 _SHARED_ARCHIVE = pytest.StashKey[Path]()
+
+
+def pytest_configure(config):
+    """(The run's first process only: not in a pytest-xdist worker.)  Under ``PYTHONDONTWRITEBYTECODE`` (set on some CI
+    machines) no process writes the sources' bytecode, so every Python process the suite starts — the CLI runs, crash
+    drivers, Spark's Python workers, the workers themselves — compiled the project's sources again; they are compiled
+    once here, into ``__pycache__`` (ignored by git), which the variable does not keep a process from reading."""
+    if not sys.dont_write_bytecode or hasattr(config, "workerinput"):
+        return
+    root = Path(__file__).resolve().parent.parent
+    for package in ("activedb", "lockmgr", "coupling", "spark_bridge", "benchmarks", "tests"):
+        if (root / package).is_dir():
+            compileall.compile_dir(root / package, quiet=2)
 
 
 @pytest.hookimpl(optionalhook=True)
