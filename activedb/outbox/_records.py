@@ -18,7 +18,7 @@ from typing import Any, Collection, Iterable, Mapping, Sequence
 
 import sqlalchemy as sa
 
-from activedb.errors import INVALID_TEXT_REPRESENTATION, RecordsTakenOver, sqlstate_of
+from activedb.errors import INVALID_TEXT_REPRESENTATION, OutboxError, RecordsTakenOver, sqlstate_of
 from activedb.events import Event, EventKind
 from activedb.store import (Catalog, close_detached, detached_connection, exact_json, from_exact_json, in_one_statement,
                             statement_spans)
@@ -34,6 +34,12 @@ ERROR_LIMIT = 4000      # characters of an error kept in a failed record
 #: another in the same transaction (:func:`~activedb.store.statement_spans`).  A statement's records travel as one JSON
 #: document, one value, which PostgreSQL takes at most 1 GB of.  Read at each insert (a test may lower it).
 RECORDS_PER_STATEMENT = 10_000
+
+#: The most bytes of JSON one record may take (its event, encoded, most of it).  A record is not cut — its event is
+#: its rule's input — and one beyond PostgreSQL's 1 GB for a value could never be inserted: :func:`insert` refuses a
+#: record larger than this with an ``OutboxError`` before any statement, and the trigger's tree aborts with it.  Well
+#: below 1 GB (the statement's document adds its own bytes).  Read at each insert (a test may lower it).
+RECORD_BYTES = 256 * 2**20
 
 
 @dataclass
@@ -98,16 +104,33 @@ def insert(connection: sa.Connection, records: Sequence[NewRecord], owner: int, 
     highest = max(record.id for record in records)
     # (ASCII: the encoder escapes the rest, so the document's characters are its bytes)
     document = _ENCODER.encode([record.__dict__ for record in records])
-    if in_one_statement(len(records), len(document), RECORDS_PER_STATEMENT):
+    # (A document within ``RECORD_BYTES`` holds no record beyond it; one beyond ``STATEMENT_BYTES`` is split anyway.)
+    if len(document) <= RECORD_BYTES and in_one_statement(len(records), len(document), RECORDS_PER_STATEMENT):
         documents = [document]
     else:       # (each record encoded again, alone, for its size; its text joined into its statement's document)
         encoded = [_ENCODER.encode(record.__dict__) for record in records]
+        for record, text in zip(records, encoded):
+            if len(text) > RECORD_BYTES:
+                raise too_large(record, len(text))
         documents = ["[" + ",".join(encoded[start:stop]) + "]"
                      for start, stop in statement_spans(list(map(len, encoded)), RECORDS_PER_STATEMENT)]
     inserted = 0
     for part in documents:
         inserted += connection.exec_driver_sql(_INSERT, (owner, part, storage, highest, sequence)).rowcount
     return inserted == len(records)
+
+
+def too_large(record: NewRecord, size: int) -> OutboxError:
+    """The refusal of ``record``, ``size`` bytes of JSON, beyond :data:`RECORD_BYTES`."""
+    event = record.event
+    described = Event(EventKind(str(event["kind"])), from_exact_json(event["source"]),
+                      key=from_exact_json(event["key"]), transaction=from_exact_json(event["transaction"])).describe()
+    return OutboxError(
+        f"detached rule {record.rule!r} fired on {described}: its outbox record is {size} bytes of JSON, more than the "
+        f"{RECORD_BYTES} an outbox record may take (RECORD_BYTES, activedb/outbox/_records.py; PostgreSQL takes at "
+        f"most 1 GB in a value), so it is not recorded and the trigger's transaction, committing, aborts with nothing "
+        f"of it written — the event of a detached-family firing is recorded whole: put a reference to the data in "
+        f"it (a row's key, a file's path) rather than the data, and let the rule read the data")
 
 
 # Fails unless it marked every record: no row count to read, so it can ride in another statement's round trip

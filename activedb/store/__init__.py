@@ -7,7 +7,7 @@ values, in key-column order); the closed sets :class:`Granularity`, :class:`Isol
 """
 
 from activedb.store._catalog import KEY_BLOCK, Catalog, KeysCheck
-from activedb.store._choices import Granularity, IsolationLevel
+from activedb.store._choices import Checked, Granularity, IsolationLevel
 from activedb.store._exact import exact_json, from_exact_json, from_jsonable
 from activedb.store._nesting import EXACT_DEPTH, JSONABLE_DEPTH, nesting_depth
 from activedb.store._schema import TableInfo, json_problem, not_a_time, text_problem
@@ -18,6 +18,6 @@ from activedb.store._sql import (ROWS_PER_STATEMENT, Json, apply_write_set, arra
 from activedb.store._writeset import (NESTED_TYPES, Entry, EntryKind, Key, Row, RowImage, TableRef, copy_nested, holds_nan, matches, own_image,
                                       own_value, resolve, same_image)
 
-__all__ = ["KEY_BLOCK", "Catalog", "KeysCheck", "TableInfo", "Entry", "EntryKind", "Json", "Key", "Row", "RowImage", "TableRef", "resolve", "fetch_rows", "rows_by_key", "driver_error", "lock_row",
+__all__ = ["Checked", "KEY_BLOCK", "Catalog", "KeysCheck", "TableInfo", "Entry", "EntryKind", "Json", "Key", "Row", "RowImage", "TableRef", "resolve", "fetch_rows", "rows_by_key", "driver_error", "lock_row",
            "apply_write_set", "ROWS_PER_STATEMENT", "STATEMENT_BYTES", "statement_spans", "in_one_statement", "array_literal", "is_connection_failure", "JSONABLE_DEPTH", "EXACT_DEPTH", "nesting_depth", "jsonable", "tagged_key", "from_jsonable", "storable_text", "json_problem", "text_problem", "not_a_time",
            "exact_json", "from_exact_json", "detached_connection", "close_detached", "matches", "same_image", "copy_nested", "holds_nan", "own_image", "NESTED_TYPES", "own_value", "Granularity", "IsolationLevel"]

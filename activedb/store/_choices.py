@@ -19,3 +19,15 @@ class IsolationLevel(ClosedSet):
     REPEATABLE_READ = "REPEATABLE READ"
     SERIALIZABLE = "SERIALIZABLE"
     AUTOCOMMIT = "AUTOCOMMIT"      # no transaction: each statement commits on its own
+
+
+class Checked(ClosedSet):
+    """What a value ``TableInfo.check_value`` checks is for, and so what its refusal says was not done."""
+
+    WRITE = "write"        # a value to write: nothing was written
+    SCAN = "scan"          # a scan's filter value: the scan was not run (a scan writes nothing)
+
+    @property
+    def undone(self) -> str:
+        """The end of a refusal's message: what did not happen."""
+        return "nothing was written" if self is Checked.WRITE else "the scan was not run"

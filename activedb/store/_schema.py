@@ -22,6 +22,7 @@ from psycopg.types.numeric import Float4
 from sqlalchemy.dialects import postgresql
 
 from activedb.errors import InvalidKey, InvalidValue, NestedTooDeep, UnknownColumn
+from activedb.store._choices import Checked
 from activedb.store._nesting import EXACT_DEPTH, Deeper, too_deep, within
 from activedb.store._writeset import Key
 
@@ -263,7 +264,9 @@ class TableInfo:
         for value in values:
             self.check_value(name, value)
 
-    def check_value(self, name: str, value: object) -> None:
+    def check_value(self, name: str, value: object, checked: Checked = Checked.WRITE) -> None:
+        """Raise if PostgreSQL would refuse ``value`` for column ``name`` (``InvalidValue``, ``UnknownColumn``,
+        ``NestedTooDeep``); ``checked`` says what the value is for, which the refusal names."""
         accepts = self._quick.get(name)
         if accepts is not None and accepts(value):
             return
@@ -302,7 +305,7 @@ class TableInfo:
                 # copy would refuse it, naming the column)
                 raise too_deep(value, EXACT_DEPTH, name) from None
             if problem is not None:
-                raise InvalidValue(f"column {self.name}.{name} ({column.type}): {problem}; nothing was written")
+                raise InvalidValue(f"column {self.name}.{name} ({column.type}): {problem}; {checked.undone}")
 
     def equals(self, name: str, value: object) -> sa.ColumnElement[bool]:
         """The SQL condition "column ``name`` equals ``value``" (a scan's equality): a ``json`` column, which has no

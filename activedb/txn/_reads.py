@@ -10,7 +10,7 @@ from lockmgr import Mode
 
 from activedb._closedset import ClosedSet
 from activedb.errors import BadArgument, check_switch
-from activedb.store import RowImage, TableRef, copy_nested, matches
+from activedb.store import Checked, RowImage, TableRef, copy_nested, matches
 from activedb.txn import _view
 from activedb.txn._hotkeys import HotKeys
 
@@ -119,7 +119,7 @@ class Reads:
         info = self.manager.catalog.table_info(table)
         if isinstance(where, Mapping):
             for column, value in where.items():
-                info.check_value(column, value)
+                info.check_value(column, value, Checked.SCAN)
             # (as the rows read back hold them: the rows PostgreSQL matches are compared again in Python, ``matches``)
             where = {column: info.normalised(column, value) for column, value in where.items()}
         elif where is not None and not callable(where):

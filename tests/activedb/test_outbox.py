@@ -816,6 +816,36 @@ def test_an_event_the_outbox_cannot_keep_is_refused_with_an_outbox_error_naming_
     assert seen(db) == []
 
 
+def test_a_record_larger_than_record_bytes_refuses_the_commit_with_an_outbox_error_and_nothing_commits(
+        db, monkeypatch):
+    """A detached firing whose event's JSON is larger than ``RECORD_BYTES`` (lowered here: the real bound is a
+    quarter of PostgreSQL's 1 GB) refuses its trigger's commit with an ``OutboxError`` naming the rule, the event,
+    the size, the bound and what to pass instead; nothing of the tree commits and the rule never runs.  A record
+    within the bound is recorded and run.  Before, one record over 1 GB went alone into its statement and PostgreSQL
+    refused the commit with a bare ``DatabaseError``."""
+    monkeypatch.setattr(_records, "RECORD_BYTES", 4000)
+
+    @db.rule(on=db.signalled("go"), coupling=Coupling.DETACHED, name="takes_the_data")
+    def takes_the_data(tx, event):
+        tx.insert("events_seen", rule="takes_the_data", detail=str(len(event.payload["data"])))
+
+    with pytest.raises(OutboxError, match=r"detached rule 'takes_the_data' fired on signal go .*: its outbox record is "
+                                          r"\d+ bytes of JSON, more than the 4000 .*RECORD_BYTES.*a row's key"):
+        with db.transaction() as tx:
+            tx.insert("items", key="large", value=1)
+            tx.signal("go", data="x" * 5000)
+    with db.transaction() as tx:
+        tx.insert("items", key="small", value=2)
+        tx.signal("go", data="x" * 100)
+    db.rules.wait_idle(TIMEOUT)
+    with db.engine.connect() as connection:
+        assert connection.execute(sa.text("SELECT key FROM items WHERE key IN ('large', 'small')")).scalars().all() == [
+            "small"]
+        assert connection.execute(sa.text(
+            "SELECT count(*) FROM activedb_outbox WHERE rule = 'takes_the_data'")).scalar() == 1
+    assert seen(db) == [("takes_the_data", "100")]
+
+
 @pytest.mark.parametrize("how", ["the-commit-refused", "the-body-raised"])
 def test_a_firing_the_outbox_cannot_keep_at_an_abort_fails_its_rule_and_is_not_lost(db, caplog, how):
     """A detached firing whose event the outbox cannot keep (a lambda in the payload) is refused again when its

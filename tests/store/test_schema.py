@@ -550,3 +550,23 @@ def test_an_array_of_more_dimensions_than_postgresql_s_six_is_refused_naming_its
         stored = {"id": 2, "grid": _nested_list(6, 7)}
         assert tx.scan(table, {"grid": _nested_list(6, 7)}) == [stored]
         assert tx.scan(table, {}) == [stored]
+
+
+def test_a_value_refused_in_a_scan_says_the_scan_was_not_run_and_one_refused_in_a_write_that_nothing_was_written(db):
+    """A value check's refusal names the operation it stopped: a scan's filter value says the scan was not run (a scan
+    writes nothing, so "nothing was written" misled), a written value that nothing was written.  Before, every such
+    refusal ended "; nothing was written", a scan's too."""
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("CREATE TABLE scanned_refusals (id integer PRIMARY KEY, grid integer[], "
+                                   "amount smallint)"))
+    with db.transaction() as tx:
+        for where in ({"grid": _nested_list(7, 1)}, {"amount": 2**20}):
+            with pytest.raises(activedb.InvalidValue, match=r"; the scan was not run$") as refused:
+                tx.scan("scanned_refusals", where)
+            assert "nothing was written" not in str(refused.value)
+        with pytest.raises(activedb.InvalidValue, match=r"; nothing was written$") as refused:
+            tx.write("scanned_refusals", 1, grid=_nested_list(7, 1))
+        assert "scan was not run" not in str(refused.value)
+        with pytest.raises(activedb.InvalidValue, match=r"; nothing was written$"):
+            tx.write("scanned_refusals", 1, amount=2**20)
+        assert tx.scan("scanned_refusals", {"amount": 1}) == []
