@@ -50,27 +50,37 @@ def nesting_depth(value: object) -> int | None:
     of them); None if it holds itself, or holds more than ``_MEASURED`` of them.  Walks without recursion."""
     deepest = 0
     looked = 0
-    path: list[tuple[Iterator[object], int]] = []     # per container being walked: its children left, its id()
-    on_path: set[int] = set()         # Invariant: on_path == {identity for _, identity in path}
+    walking: list[Iterator[object]] = []   # per container being walked: its children left ...
+    identities: list[int] = []             # ... and its id()
+    on_path: set[int] = set()         # Invariant: on_path == set(identities)
     item: object = value
     while True:
         children: Iterable[object] | None = None
-        if isinstance(item, Mapping):
+        kind = item.__class__
+        if kind is list or kind is tuple:               # (the common containers first: an ABC's check is slow)
+            children = item  # type: ignore[assignment]
+        elif kind is dict:
+            children = chain(item.keys(), item.values())  # type: ignore[attr-defined]
+        elif isinstance(item, Mapping):
             children = chain(item.keys(), item.values())
         elif isinstance(item, (list, tuple, set, frozenset)):
             children = item
         if children is not None:
             looked += 1
-            if id(item) in on_path or looked > _MEASURED:
+            identity = id(item)
+            if identity in on_path or looked > _MEASURED:
                 return None
-            path.append((iter(children), id(item)))
-            on_path.add(id(item))
-            deepest = max(deepest, len(path))
-        while path:
-            item = next(path[-1][0], _END)
+            walking.append(iter(children))
+            identities.append(identity)
+            on_path.add(identity)
+            if len(walking) > deepest:
+                deepest = len(walking)
+        while walking:
+            item = next(walking[-1], _END)
             if item is not _END:
                 break
-            on_path.discard(path.pop()[1])
+            walking.pop()
+            on_path.discard(identities.pop())
         else:
             return deepest
 
