@@ -345,18 +345,23 @@ class Outbox:
         """Record ``(firing, trigger id, trigger log id, trigger committed)`` items in a transaction of their
         own, then run them (their outcome is already decided: an ended or aborted trigger).  A sequence reset
         between the draw of their ids and the insert is retried with fresh ids (``retries`` times).  A firing whose
-        event the outbox cannot keep (``new_record``'s ``OutboxError``) fails for good, counted ``failed`` for its
-        rule; the others are recorded without it.  Firings not recorded because PostgreSQL failed are ``lost``."""
+        event the outbox cannot keep (``new_record``'s ``OutboxError``) or whose record is beyond
+        ``_records.RECORD_BYTES`` fails for good, counted ``failed`` for its rule; the others are recorded without
+        it.  Firings not recorded because PostgreSQL failed are ``lost``."""
         records: list[_records.NewRecord] = []
         firings: list[Firing] = []
         for item in items:
             try:
-                records.append(new_record(0, *item))        # (its id drawn below, once the records are known)
+                # (its id drawn below, once the records are known; meanwhile the widest bigint, so that its size,
+                # measured here, is no less than at the insert: one record beyond the bound would refuse them all)
+                record = new_record(-2**63, *item)
+                _records.encode_record(record)
             except OutboxError as refused:
                 self.count([item[0]], "failed")
                 logger.error("outbox: the detached firing of rule %r by ended transaction %s fails for good, not "
                              "recorded: %s", item[0].rule.name, item[1], refused)
                 continue
+            records.append(record)
             firings.append(item[0])
         if records:
             self._insert_now(records, firings, retries)

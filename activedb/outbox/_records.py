@@ -108,16 +108,21 @@ def insert(connection: sa.Connection, records: Sequence[NewRecord], owner: int, 
     if len(document) <= RECORD_BYTES and in_one_statement(len(records), len(document), RECORDS_PER_STATEMENT):
         documents = [document]
     else:       # (each record encoded again, alone, for its size; its text joined into its statement's document)
-        encoded = [_ENCODER.encode(record.__dict__) for record in records]
-        for record, text in zip(records, encoded):
-            if len(text) > RECORD_BYTES:
-                raise too_large(record, len(text))
+        encoded = [encode_record(record) for record in records]
         documents = ["[" + ",".join(encoded[start:stop]) + "]"
                      for start, stop in statement_spans(list(map(len, encoded)), RECORDS_PER_STATEMENT)]
     inserted = 0
     for part in documents:
         inserted += connection.exec_driver_sql(_INSERT, (owner, part, storage, highest, sequence)).rowcount
     return inserted == len(records)
+
+
+def encode_record(record: NewRecord) -> str:
+    """``record``'s JSON alone (ASCII); :func:`too_large`'s ``OutboxError`` if it is beyond :data:`RECORD_BYTES`."""
+    text = _ENCODER.encode(record.__dict__)
+    if len(text) > RECORD_BYTES:
+        raise too_large(record, len(text))
+    return text
 
 
 def too_large(record: NewRecord, size: int) -> OutboxError:
@@ -128,8 +133,8 @@ def too_large(record: NewRecord, size: int) -> OutboxError:
     return OutboxError(
         f"detached rule {record.rule!r} fired on {described}: its outbox record is {size} bytes of JSON, more than the "
         f"{RECORD_BYTES} an outbox record may take (RECORD_BYTES, activedb/outbox/_records.py; PostgreSQL takes at "
-        f"most 1 GB in a value), so it is not recorded and the trigger's transaction, committing, aborts with nothing "
-        f"of it written — the event of a detached-family firing is recorded whole: put a reference to the data in "
+        f"most 1 GB in a value), so it is not recorded: a trigger's transaction that is committing aborts with "
+        f"nothing of it written, and a firing of one that already ended fails for good — the event of a detached-family firing is recorded whole: put a reference to the data in "
         f"it (a row's key, a file's path) rather than the data, and let the rule read the data")
 
 

@@ -847,6 +847,36 @@ def test_a_record_larger_than_record_bytes_refuses_the_commit_with_an_outbox_err
 
 
 @pytest.mark.parametrize("how", ["the-commit-refused", "the-body-raised"])
+def test_a_record_larger_than_record_bytes_at_an_abort_fails_its_rule_and_the_others_are_recorded(
+        db, monkeypatch, caplog, how):
+    """At an abort (the body raised, or the oversized record refused the commit) the tree's detached firings are
+    recorded in a transaction of their own: one record beyond ``RECORD_BYTES`` (lowered here) made that insert
+    raise, and every firing of the batch was counted ``lost`` and logged "they are lost".  Now the oversized firing
+    alone fails for good, as one whose event the outbox cannot keep: counted failed for its rule, logged once with
+    the size and the bound; the firing within the bound is recorded and run, and nothing is lost."""
+    monkeypatch.setattr(_records, "RECORD_BYTES", 4000)
+    db.rule(on=db.signalled("go"), coupling=Coupling.DETACHED, name="takes_the_data")(
+        lambda tx, event: tx.insert("events_seen", rule="takes_the_data", detail=str(len(event.payload["data"]))))
+    lost = db.outbox.statistics().lost
+    with caplog.at_level("WARNING", logger="activedb.outbox"):
+        with pytest.raises(OutboxError if how == "the-commit-refused" else ZeroDivisionError):
+            with db.transaction() as tx:
+                tx.signal("go", data="x" * 5000)
+                tx.signal("go", data="x" * 100)
+                if how == "the-body-raised":
+                    raise ZeroDivisionError("the body failed")
+        db.rules.wait_idle(TIMEOUT)
+    assert seen(db) == [("takes_the_data", "100")]
+    assert records(db) == [("takes_the_data", "done", "aborted", False)]
+    assert db.outbox.statistics().lost == lost
+    assert db.rules.statistics().per_rule["takes_the_data"].failed == 1
+    messages = [(record.levelname, record.getMessage()) for record in caplog.records]
+    assert not [message for _, message in messages if "are lost" in message], messages
+    [(level, message)] = [(level, message) for level, message in messages if "takes_the_data" in message]
+    assert level == "ERROR" and "fails for good" in message and "more than the 4000" in message, message
+
+
+@pytest.mark.parametrize("how", ["the-commit-refused", "the-body-raised"])
 def test_a_firing_the_outbox_cannot_keep_at_an_abort_fails_its_rule_and_is_not_lost(db, caplog, how):
     """A detached firing whose event the outbox cannot keep (a lambda in the payload) is refused again when its
     trigger's tree aborts (a detached firing runs after an abort too): it was counted in
