@@ -26,8 +26,11 @@ class Checked(ClosedSet):
 
     WRITE = "write"        # a value to write: nothing was written
     SCAN = "scan"          # a scan's filter value: the scan was not run (a scan writes nothing)
+    READ = "read"          # a key to read (``TableInfo.key``'s, from the read paths): nothing was read
 
     @property
     def undone(self) -> str:
-        """The end of a refusal's message: what did not happen."""
-        return "nothing was written" if self is Checked.WRITE else "the scan was not run"
+        """The end of a refusal's message: what did not happen (chosen when it is raised, never on a check passed)."""
+        if self is Checked.WRITE:
+            return "nothing was written"
+        return "the scan was not run" if self is Checked.SCAN else "nothing was read"

@@ -136,7 +136,9 @@ class TableInfo:
                                 if isinstance(column.type, (sa.JSON, sa.ARRAY, postgresql.HSTORE)))
         self._statements: dict[Hashable, Any] = {}
 
-    def key(self, key: object) -> Key:
+    def key(self, key: object, checked: Checked = Checked.WRITE) -> Key:
+        """``key`` as the table names its row (a tuple of its key columns' values, each checked, converted as stored);
+        ``checked``: what the key is for — ``Checked.READ`` from the read paths —, which a refusal names."""
         if key.__class__ is str and self._key_columns_text and key.isascii() and "\x00" not in key:
             return (key,)         # (``_quick_text`` inline)
         quick = self._quick_key
@@ -153,7 +155,7 @@ class TableInfo:
         for name, value in zip(self.key_columns, key):
             if value is None:
                 raise InvalidKey(f"primary key column {self.name}.{name} cannot be None")
-            self.check_value(name, value)
+            self.check_value(name, value, checked)
             if (isinstance(value, float) and value != value) or (
                     isinstance(value, decimal.Decimal) and value.is_nan()):     # (``!=`` of a signalling one raises)
                 self._refuse_nan_key(name, value)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Callable, Hashable, Mapping
 
 from activedb.errors import DuplicateKey
-from activedb.store import Entry, EntryKind, copy_nested, matches, own_image, own_value
+from activedb.store import Checked, Entry, EntryKind, copy_nested, matches, own_image, own_value
 from activedb.streams._view import Stamp, StoreView, _as_key
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -270,7 +270,7 @@ class OverlayView(StoreView):
         """A Read's steps (StoreView's, inline: the one operation of most s-transactions) with the row and the
         overlay's own image of it — the caller copies what it hands out."""
         if key.__class__ is not tuple:
-            key = _as_key(self.tx, table, key)
+            key = _as_key(self.tx, table, key, Checked.READ)
         if self._cost is not None:
             self._cost("read")
         overlay = self._overlay

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Callable, Hashable, Mapping, NamedTuple, TypeVar
 
 from activedb.errors import DuplicateKey
-from activedb.store import own_image
+from activedb.store import Checked, own_image
 from activedb.streams._locks import LockMode
 from activedb.streams._versions import DeferredWrite
 from activedb.streams.errors import UndeclaredAccess
@@ -38,12 +38,12 @@ class Stamp(NamedTuple):
     position: int
 
 
-def _as_key(tx: Transaction, table: str, key: object) -> Key:
+def _as_key(tx: Transaction, table: str, key: object, checked: Checked = Checked.WRITE) -> Key:
     """``key`` as the store names its row (``TableInfo.key``: ``0.1`` of a numeric key is ``Decimal('0.1')``, a uuid's
     text its ``UUID``, a list of a key of several columns the tuple of its values): what an operation locks, versions
     and records, so that two values of one row are one row, as in a plan (``Definitions.access_plans``).  A key the
-    table refuses raises the tree's error."""
-    return tx.manager.catalog.table_info(table).key(key)
+    table refuses raises the tree's error (``checked``: what the key is for, which the refusal names)."""
+    return tx.manager.catalog.table_info(table).key(key, checked)
 
 
 def _kept(value: object) -> object:
@@ -102,7 +102,7 @@ class StoreView:
     # --- the store API --------------------------------------------------------------------------
 
     def read(self, table: str, key: Hashable) -> RowImage | None:
-        key = _as_key(self.tx, table, key)
+        key = _as_key(self.tx, table, key, Checked.READ)
         self._before("read", table, key)
         return self._read(table, key, self.tx.read(table, key))
 
@@ -248,7 +248,7 @@ class VersionedView(LockedView):
         self._validate = validate
 
     def read(self, table: str, key: Hashable) -> RowImage | None:
-        key = _as_key(self.tx, table, key)
+        key = _as_key(self.tx, table, key, Checked.READ)
         if not self._versions.tracks(table, key):
             # No plan of the batch reads the row: the tree shows it as this Read must see it
             # (the design note's "What a Read sees").

@@ -21,7 +21,7 @@ import lockmgr
 from lockmgr import Mode, TxnState
 
 from activedb.errors import DuplicateKey, TransactionAborted
-from activedb.store import Entry, EntryKind, RowImage, TableRef, copy_nested
+from activedb.store import Checked, Entry, EntryKind, RowImage, TableRef, copy_nested
 from activedb.txn import _children
 from activedb.txn._children import _EMPTY, run_inline
 from activedb.txn._hotkeys import HotKeys
@@ -173,7 +173,7 @@ class Savepoint(Transaction):
         manager = self.manager
         root = self.root
         info = manager.catalog.table_info(table)
-        key = info.key(key)
+        key = info.key(key, Checked.READ)
         name = info.name
         row = (name, key)
         slots = root._slots

@@ -49,7 +49,7 @@ class Reads:
             # (``for_update`` is typed bool, the type it is meant to have; the test is of what a caller may pass.)
             check_switch("tx.read", "for_update", for_update)  # type: ignore[unreachable]
         info = self.manager.catalog.table_info(table)
-        key = info.key(key)
+        key = info.key(key, Checked.READ)
         slots = self.root._slots          # (``_slot(HotKeys, create=False)`` without its call: every read)
         hot = slots.get(HotKeys) if slots is not None else None
         if for_update or (hot is not None and info.name in hot.update_intent):
@@ -72,7 +72,8 @@ class Reads:
         info = self.manager.catalog.table_info(table)
         _check_collection("prefetch", info.name, keys)
         chain, name = (self, *self.ancestors), info.name
-        wanted = list(dict.fromkeys(key for key in map(info.key, keys) if not any(
+        keyed = (info.key(given, Checked.READ) for given in keys)
+        wanted = list(dict.fromkeys(key for key in keyed if not any(
             (name, key) in node._db_reads or (name, key) in node._writes for node in chain)))
         self.manager.locking.acquire_rows(self, info, wanted, Mode.READ)
         # (A root always has its read base: only a frame's is None.)
@@ -95,7 +96,7 @@ class Reads:
             if isinstance(given, list):     # (a key of several columns as a list: by its tuple, ``TableInfo.named``)
                 given = info.named(given)
             if given not in normalised:
-                normalised[given] = info.key(given)
+                normalised[given] = info.key(given, Checked.READ)
         locking = self.manager.locking
         if lock is BulkLock.TABLE:
             locking.acquire(self, info, None, Mode.WRITE)

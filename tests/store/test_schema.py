@@ -13,6 +13,8 @@ import pytest
 import sqlalchemy as sa
 
 import activedb
+from activedb.streams._overlay import Overlay
+from activedb.streams._view import Stamp, StoreView
 
 
 def _inserted_and_stored(db, table):
@@ -570,3 +572,35 @@ def test_a_value_refused_in_a_scan_says_the_scan_was_not_run_and_one_refused_in_
         with pytest.raises(activedb.InvalidValue, match=r"; nothing was written$"):
             tx.write("scanned_refusals", 1, amount=2**20)
         assert tx.scan("scanned_refusals", {"amount": 1}) == []
+
+
+def test_a_key_refused_in_a_read_says_nothing_was_read_and_one_refused_in_a_write_that_nothing_was_written(db):
+    """A key the column check refuses in a read (``tx.read``, for update too, a savepoint's, ``read_many``,
+    ``prefetch``, a stream's Read on the store or on a batch's overlay) says the row was not read: a read writes
+    nothing, so "nothing was written" misled; the same key written still says nothing was written.  Before,
+    ``TableInfo.key``, shared by reads and writes, checked every key as a value to write."""
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("CREATE TABLE probe_keys (id smallint PRIMARY KEY, n integer)"))
+
+    def savepoint_read(tx):
+        with tx.subtransaction() as savepoint:
+            assert type(savepoint).__name__ == "Savepoint"      # (the lean run's read, not a frame's)
+            savepoint.read("probe_keys", 2**20)
+
+    reads = {"read": lambda tx: tx.read("probe_keys", 2**20),
+             "read for update": lambda tx: tx.read("probe_keys", 2**20, for_update=True),
+             "a savepoint's read": savepoint_read,
+             "read_many": lambda tx: tx.read_many("probe_keys", [1, 2**20]),
+             "prefetch": lambda tx: tx.prefetch("probe_keys", [1, 2**20]),
+             "a stream's Read": lambda tx: StoreView(tx, Stamp("u", "S0", None, 0, 0)).read("probe_keys", 2**20),
+             "a Read on an overlay": lambda tx: Overlay(tx).view(Stamp("u", "S0", None, 0, 0)).read("probe_keys",
+                                                                                                   2**20)}
+    with db.transaction() as tx:
+        for how, read in reads.items():
+            with pytest.raises(activedb.InvalidValue, match=r"1048576 is outside the column's range .*; nothing was "
+                                                            r"read$") as refused:
+                read(tx)
+            assert "nothing was written" not in str(refused.value), how
+        with pytest.raises(activedb.InvalidValue, match=r"1048576 is outside .*; nothing was written$") as refused:
+            tx.write("probe_keys", 2**20, n=1)
+        assert "nothing was read" not in str(refused.value)
