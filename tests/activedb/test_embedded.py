@@ -24,6 +24,7 @@ import pytest
 import activedb
 from activedb import _embedded
 from activedb.testing import wait_until
+from tests._homes import copy_of, postmasters, started_and_stopped
 from tests._lines import Lines
 from tests._processes import exited
 
@@ -62,15 +63,6 @@ def _finish(process: subprocess.Popen) -> None:
     assert process.wait(timeout=60) == 0, process.stderr.read()
 
 
-def _postmasters(pgdata: Path) -> list[psutil.Process]:
-    found = []
-    for proc in psutil.process_iter(attrs=["name", "cmdline"]):
-        cmdline = proc.info["cmdline"] or []
-        if proc.info["name"] == "postgres" and str(pgdata) in cmdline and "-D" in cmdline:
-            found.append(proc)
-    return found
-
-
 def _working_in(directory: Path) -> list[psutil.Process]:
     """The processes whose working directory is ``directory`` or under it."""
     found = []
@@ -92,7 +84,7 @@ def test_two_processes_share_one_server_which_stops_after_the_last(tmp_path):
     second_info = _ready(second)
     assert first_info["postmaster"] == second_info["postmaster"]
     assert second_info["marks"] == 2            # both wrote to the same database
-    assert len(_postmasters(home.resolve() / "pgdata")) == 1
+    assert len(postmasters(home.resolve() / "pgdata")) == 1
     _finish(first)
     assert not exited(first_info["postmaster"])          # still used by the second process
     _finish(second)
@@ -100,7 +92,7 @@ def test_two_processes_share_one_server_which_stops_after_the_last(tmp_path):
 
 
 def test_connect_close_twice_in_one_process_still_stops_the_server_at_exit(initialised_home, tmp_path):
-    home = _copy_of(initialised_home, tmp_path)
+    home = copy_of(initialised_home, tmp_path)
     script = textwrap.dedent(
         """
         import json, sys
@@ -123,7 +115,7 @@ def test_connect_close_twice_in_one_process_still_stops_the_server_at_exit(initi
 def test_keep_server_spelled_false_in_the_environment_stops_the_server_at_exit(initialised_home, tmp_path):
     """ACTIVEDB_KEEP_SERVER=False (as Python or a settings file spells it) is false, as 'false' is: the server stops
     when its last user exits (it was left running: only '', '0', 'false' and 'no' were read as false)."""
-    home = _copy_of(initialised_home, tmp_path)
+    home = copy_of(initialised_home, tmp_path)
     script = "import activedb, sys; db = activedb.connect(home=sys.argv[1]); print(db.embedded.pid, flush=True)"
     env = dict(os.environ, ACTIVEDB_KEEP_SERVER="False")
     env.pop("ACTIVEDB_DATABASE_URL", None)
@@ -134,12 +126,12 @@ def test_keep_server_spelled_false_in_the_environment_stops_the_server_at_exit(i
     try:
         wait_until(lambda: exited(postmaster), 30, "server stop after the last user exited")
     finally:
-        for process in _postmasters(home.resolve() / "pgdata"):        # (left running: stop it)
+        for process in postmasters(home.resolve() / "pgdata"):        # (left running: stop it)
             process.send_signal(signal.SIGINT)
 
 
 def test_killed_user_is_pruned_and_server_still_stops(initialised_home, tmp_path):
-    home = _copy_of(initialised_home, tmp_path)
+    home = copy_of(initialised_home, tmp_path)
     victim = _start_client(home)
     info = _ready(victim)
     victim.send_signal(signal.SIGKILL)
@@ -151,7 +143,7 @@ def test_killed_user_is_pruned_and_server_still_stops(initialised_home, tmp_path
 
 
 def test_stale_postmaster_pid_after_crash_is_recovered(initialised_home, tmp_path):
-    home = _copy_of(initialised_home, tmp_path)
+    home = copy_of(initialised_home, tmp_path)
     client = _start_client(home, keep=True)
     info = _ready(client)
     _finish(client)
@@ -176,7 +168,7 @@ def test_an_empty_lock_file_a_killed_postgres_left_is_stale_also_when_the_passwo
     its timeout on a loaded machine) leaves the file empty.  The next start took it for stale, but ran the single-user
     postgres again with the file still there, which refused: "lock file postmaster.pid is empty".  Now the file goes
     before either postgres runs, when no process works in the data directory."""
-    home = _copy_of(initialised_home, tmp_path)
+    home = copy_of(initialised_home, tmp_path)
     pgdata = home.resolve() / "pgdata"
     (home / "password").unlink()                                      # lost: set again in single-user mode
     (pgdata / "postmaster.pid").write_text("")                        # what the killed postgres left
@@ -221,7 +213,7 @@ def test_non_postgres_directory_is_refused_and_kept(tmp_path):
 
 
 def test_corrupted_data_directory_is_a_clear_error_and_kept(initialised_home, tmp_path):
-    home = _copy_of(initialised_home, tmp_path)
+    home = copy_of(initialised_home, tmp_path)
     pgdata = home.resolve() / "pgdata"
     (pgdata / "global" / "pg_control").write_bytes(b"garbage")
     with pytest.raises(activedb.EmbeddedServerError, match="did not start.*nothing was deleted"):
@@ -267,26 +259,6 @@ def _assert_locked_down(server) -> None:
         assert _nobody_reaches_socket(server.socket_directory) == "PermissionError"
 
 
-def _started_and_stopped(home: Path) -> Path:
-    """Start the embedded server of ``home`` and stop it, waiting for its postmaster to end: its data directory."""
-    pgdata = _embedded.start(home).data_directory
-    _embedded.stop(home)
-    wait_until(lambda: not _postmasters(pgdata), 30, "server stop")
-    return pgdata
-
-
-@pytest.fixture(scope="module")
-def initialised_home(tmp_path_factory) -> Path:
-    """A home whose server was initialised (``initdb``, most of a first start's time) and stopped, once for the
-    module: a test whose subject is not a first start takes a copy of its own (``_copy_of``)."""
-    return _started_and_stopped(tmp_path_factory.mktemp("initialised") / "home").parent
-
-
-def _copy_of(initialised_home: Path, tmp_path: Path) -> Path:
-    """``tmp_path / "home"``: a copy of ``initialised_home``, a stopped server's home as it leaves it."""
-    return Path(shutil.copytree(initialised_home, tmp_path / "home", symlinks=True))
-
-
 def _locked_down_when_started(home: Path) -> None:
     """Start the embedded server of ``home``, assert it is locked down (``_assert_locked_down``), and stop it, waiting
     for its postmaster to end."""
@@ -295,7 +267,7 @@ def _locked_down_when_started(home: Path) -> None:
         _assert_locked_down(server)
     finally:
         _embedded.stop(home)
-    wait_until(lambda: not _postmasters(server.data_directory), 30, "server stop")
+    wait_until(lambda: not postmasters(server.data_directory), 30, "server stop")
 
 
 def test_the_server_is_locked_down_and_no_parent_directory_changes_mode(tmp_path):
@@ -334,7 +306,7 @@ def test_a_planted_socket_directory_is_refused(tmp_path):
     server = _embedded.start(home)
     socket_directory = Path(server.socket_directory)
     _embedded.stop(home)
-    wait_until(lambda: not _postmasters(home.resolve() / "pgdata"), 30, "server stop")
+    wait_until(lambda: not postmasters(home.resolve() / "pgdata"), 30, "server stop")
     assert not socket_directory.exists()                 # removed with the server it served
     socket_directory.mkdir()
     os.chmod(socket_directory, 0o777)                    # as if another user had made it for us
@@ -346,7 +318,7 @@ def test_a_planted_socket_directory_is_refused(tmp_path):
 
 
 def test_an_older_trusting_data_directory_and_a_lost_password_are_locked_again(initialised_home, tmp_path):
-    home = _copy_of(initialised_home, tmp_path)
+    home = copy_of(initialised_home, tmp_path)
     pgdata = home.resolve() / "pgdata"
     (pgdata / "pg_hba.conf").write_text("local all all trust\n")       # what pgserver's initdb wrote
     (home / "password").unlink()
@@ -384,7 +356,7 @@ def test_a_normal_user_runs_the_server_as_itself(tmp_path):
                           "home": str(base / ".local" / "share" / "activedb")}
         assert stat.S_IMODE(base.stat().st_mode) == 0o700       # mkdtemp's mode, untouched
     finally:
-        wait_until(lambda: not _postmasters(base / ".local" / "share" / "activedb" / "pgdata"), 30, "server stop")
+        wait_until(lambda: not postmasters(base / ".local" / "share" / "activedb" / "pgdata"), 30, "server stop")
         shutil.rmtree(base, ignore_errors=True)
 
 
@@ -447,7 +419,7 @@ def test_an_initdb_or_a_password_setting_that_cannot_run_or_finish_is_the_embedd
     # directory until it reads the end of its input (the next start refuses to discard what it writes meanwhile).
     wait_until(lambda: not _working_in(home / "pgdata"), 30, "the killed initdb's processes to end")
 
-    _started_and_stopped(home)
+    started_and_stopped(home)
     (home / "password").unlink()                                      # lost: set again in single-user mode
     monkeypatch.setitem(_server.Runner.run.__kwdefaults__, "timeout", 0.001)
     with pytest.raises(activedb.EmbeddedServerError, match=r"could not set the password of the embedded server in "
@@ -477,7 +449,7 @@ def test_a_file_the_server_needs_that_cannot_be_read_or_run_is_the_embedded_serv
     server = _embedded.start(home)
     pgdata = server.data_directory
     _embedded.stop(home)
-    wait_until(lambda: not _postmasters(pgdata), 30, "server stop")
+    wait_until(lambda: not postmasters(pgdata), 30, "server stop")
     hba = (pgdata / "pg_hba.conf").read_text()
     (pgdata / "pg_hba.conf").unlink()
     (pgdata / "pg_hba.conf").mkdir()
@@ -517,7 +489,7 @@ def test_a_postmaster_pid_that_cannot_be_read_is_the_embedded_servers_error(init
     ``IsADirectoryError`` escaped from ``postmaster()`` (its read caught only a missing file): a traceback."""
     from activedb._embedded._server import postmaster, stop_postgres
 
-    home = _copy_of(initialised_home, tmp_path)
+    home = copy_of(initialised_home, tmp_path)
     pgdata = home.resolve() / "pgdata"
     (pgdata / "postmaster.pid").mkdir()
     said = r"cannot read .*pgdata/postmaster.pid: .*Is a directory.*remove it.*nothing was deleted"
@@ -557,4 +529,4 @@ def test_a_ctrl_c_during_initdb_leaves_a_home_the_next_command_starts_in(tmp_pat
     wait_until(lambda: not _working_in(home / "pgdata"), 30, "the killed initdb's processes to end")
     again = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
     assert again.returncode == 1 and "has no activedb tables yet" in again.stderr, again.stderr
-    wait_until(lambda: not _postmasters(home / "pgdata"), 30, "server stop")
+    wait_until(lambda: not postmasters(home / "pgdata"), 30, "server stop")

@@ -1,6 +1,8 @@
 """The test kit's pytest plugin (``activedb.testing.pytest_plugin``), tested as a user meets it: pytest's ``pytester``
-runs a small project of tests in a new process, on the real embedded PostgreSQL of a fresh ``ACTIVEDB_HOME`` (and
-on a server given by URL), and reads what pytest reported.  The project includes the how-to's test modules
+runs a small project of tests in a new process, on the real embedded PostgreSQL of an ``ACTIVEDB_HOME`` of its own
+(and on a server given by URL), and reads what pytest reported.  That home is fresh, as in a user's first run, unless
+the test's subject is not the server's first start: then it is a copy of a home initialised and stopped once for the
+module (``initialised_project_home``), as in a user's later runs.  The project includes the how-to's test modules
 (``docs/howto/testing-rules.md``), each block as printed, and checks what the page says one of them prints."""
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import psycopg
 import pytest
 
 from activedb.examples.orders import MIGRATIONS
+from tests._homes import copy_of
 from tests.conftest import _plugin_comes_by_entry_point
 
 HOW_TO = Path(__file__).resolve().parents[2] / "docs" / "howto" / "testing-rules.md"
@@ -96,6 +99,13 @@ def project(pytester, monkeypatch):
     # it, and this file starts about 30 pytest processes.
     monkeypatch.setenv("PYTEST_ADDOPTS", "-p no:hypothesispytest")
     return pytester
+
+
+@pytest.fixture
+def initialised_project_home(project, initialised_home) -> Path:
+    """The project's ``ACTIVEDB_HOME`` as a copy of ``initialised_home`` (its server initialised and stopped), for a
+    test whose subject is not the embedded server's first start: its server starts without ``initdb``."""
+    return copy_of(initialised_home, project.path)
 
 
 def how_to() -> tuple[dict[str, str], str]:
@@ -276,6 +286,7 @@ def test_true():
                                  "watchdog fails the test, a number above 0 (e.g. 60)*"])
 
 
+@pytest.mark.usefixtures("initialised_project_home")
 def test_migrations_that_do_not_exist_are_named_with_where_they_were_given_and_not_taken_for_a_directory_to_make(
         project):
     # a typo in the setting was answered "is not an Alembic directory (no env.py there); make one with: activedb app
@@ -290,6 +301,7 @@ def test_migrations_that_do_not_exist_are_named_with_where_they_were_given_and_n
                                  f"{project.path / 'migration'}"])
 
 
+@pytest.mark.usefixtures("initialised_project_home")
 @pytest.mark.parametrize("given", ["5", "[None]"])
 def test_a_mark_whose_migrations_are_no_directories_says_what_to_give(project, given):
     """``@pytest.mark.activedb(migrations=5)`` (or ``[None]``) failed the fixture with Python's TypeError ('int'
@@ -370,6 +382,7 @@ def test_never():
     assert "OverflowError" not in result.stdout.str()
 
 
+@pytest.mark.usefixtures("initialised_project_home")
 def test_a_clock_factory_in_a_modules_mark_gives_each_test_a_clock_of_its_own(project):
     """A clock in a module's ``pytestmark`` is one object in all its tests; a factory (the class itself, or a
     function) makes one per database."""
@@ -415,6 +428,7 @@ def test_slow():
     assert "activedb_watchdog: the test still ran" not in output, output[-3000:]
 
 
+@pytest.mark.usefixtures("initialised_project_home")
 def test_a_watchdog_shows_a_parent_waiting_for_its_child_which_the_lock_manager_does_not_have(project):
     """A transaction that waits for a child its own thread runs (``spawn(...).result()``, a rule firing's children:
     help-while-waiting) keeps that wait on the thread, an edge the lock manager registers only when the thread is
