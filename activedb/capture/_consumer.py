@@ -25,8 +25,7 @@ import sqlalchemy as sa
 from activedb.capture import _leader, _sql
 from activedb.capture._fetch import ChangeReader, Entry
 from activedb.capture._firing import TRANSIENT, CaptureHandler, CapturedEvent, RetryBatch, source_of
-from activedb.capture._position import (KINDS, CapturedChange, Position, PositionWriter, Step, prune, read_position,
-                                        register)
+from activedb.capture._position import KINDS, CapturedChange, Position, PositionWriter, Step, prune, read_position
 from activedb.capture._status import leader_pids
 from activedb.capture.errors import CaptureConflict, CaptureError, CaptureNotInstalled, ConsumerStopped
 from activedb.errors import (DatabaseUnavailable, TransactionAborted, WaitTimeout, check_seconds,
@@ -175,7 +174,6 @@ class CaptureConsumer:
         # The position as this consumer last committed it while leading (None: read it from PostgreSQL).
         self._known_position: Position | None = None
         self._last_prune = 0.0
-        self._registered = False        # (its row made sure of in its session: as it first stood by there, or led)
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
         self._loop_error: BaseException | None = None
@@ -201,8 +199,9 @@ class CaptureConsumer:
             return self._loop_error
 
     @property
-    def leadership_lock(self) -> tuple[int, int]:
-        """The session advisory lock ``(classid, objid)`` the leader of this name holds (``pg_locks``)."""
+    def leadership_lock(self) -> tuple[int, int] | None:
+        """The session advisory lock ``(classid, objid)`` the leader of this name holds (``pg_locks``): ``objid`` is the
+        id of the name's row, which no other name has; None until this consumer's session first stood by or led."""
         return self._listener.lock
 
     @property
@@ -216,7 +215,7 @@ class CaptureConsumer:
         """The PostgreSQL backend pid of the session that leads this consumer's name now — this consumer's listener
         session while it leads, another process's while it stands by — or None when no session holds the lead."""
         with self._database.engine.connect() as connection:
-            return leader_pids(connection).get(_sql.consumer_lock_key(self.name))
+            return leader_pids(connection).get(self.name)
 
     def statistics(self) -> ConsumerStatistics:
         with self._mutex:
@@ -398,19 +397,13 @@ class CaptureConsumer:
         if not self._listener.connected:
             with self._mutex:
                 self._state = ConsumerState.STANDBY
-            self._listener.connect()
             # (A new session stands by as the first did: the name may have been dropped while none held its standby
-            # lock — the last one lost —, and its row is made sure of again as it stands by.)
-            self._registered = False
+            # lock — the last one lost —, and the listener makes sure of its row again as it takes the locks.)
+            self._listener.connect()
         if not self._listener.take(wait):
             with self._mutex:
                 self._state = ConsumerState.STANDBY
-            if not self._registered:    # (its name listed, and its changes kept from pruning, while it waits)
-                register(self._database, self.name)
-                self._registered = True
             return False
-        register(self._database, self.name)
-        self._registered = True
         self._known_position = None
         with self._mutex:
             self._state = ConsumerState.LEADING

@@ -1,7 +1,7 @@
 """A capture consumer's listener connection: it ``LISTEN``\\ s for commit notifications and holds the
 session advisory lock that makes one consumer of a name the leader (the lock goes with the session, e.g.
-when the process is killed), or, while another leads, the shared lock that shows it standing by.  Design note:
-``README.md`` in this package."""
+when the process is killed), or, while another leads, the shared lock that shows it standing by.  Both are keyed by
+the id of the name's row in ``activedb_capture_consumers``.  Design note: ``README.md`` in this package."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import sqlalchemy as sa
 
 from activedb.capture import _sql
+from activedb.capture._position import register
 from activedb.errors import DatabaseUnavailable, database_failure
 from activedb.store import close_detached
 
@@ -39,20 +40,26 @@ class Listener:
         self._connection: "psycopg.Connection | None" = None
         #: The backend pid of the session (None while not connected); read by any thread.
         self.backend_pid: int | None = None
+        # The id of the name's row, the second key of both locks: read as the session first takes them (None: not
+        # yet in this session).  Invariant: the session holds a lock only on the id of the name's row, checked once
+        # the lock was taken (a row dropped before that is no longer the name's: its locks are let go).
+        self._key: int | None = None
         # Invariant: _leading is True only while this session holds the name's lock (take() got it), _standing_by
         # only while it holds the name's standby lock (shared); never both.  Both False while not connected.
         self._leading = False
         self._standing_by = False
 
     @property
-    def lock(self) -> tuple[int, int]:
-        """The session advisory lock ``(classid, objid)`` the leader of this name holds (``pg_locks``)."""
-        return _sql.CONSUMER_LOCK_CLASS, _sql.consumer_lock_key(self.name)
+    def lock(self) -> tuple[int, int] | None:
+        """The session advisory lock ``(classid, objid)`` the leader of this name holds (``pg_locks``): ``objid`` is
+        the id of the name's row; None until this session first stood by or led."""
+        return None if self._key is None else (_sql.CONSUMER_LOCK_CLASS, self._key)
 
     @property
-    def standby_lock(self) -> tuple[int, int]:
-        """The session advisory lock ``(classid, objid)`` a consumer of this name standing by holds, shared."""
-        return _sql.STANDBY_LOCK_CLASS, _sql.consumer_lock_key(self.name)
+    def standby_lock(self) -> tuple[int, int] | None:
+        """The session advisory lock ``(classid, objid)`` a consumer of this name standing by holds, shared (None
+        until this session first stood by or led)."""
+        return None if self._key is None else (_sql.STANDBY_LOCK_CLASS, self._key)
 
     @property
     def connected(self) -> bool:
@@ -64,7 +71,7 @@ class Listener:
         detached from its pool: it holds ``LISTEN`` and the lead's lock for as long as this consumer leads."""
         import psycopg
 
-        self._connection = None
+        self._connection, self._key = None, None
         try:
             pooled = self.database.engine.raw_connection()
         except (psycopg.OperationalError, sa.exc.OperationalError) as error:    # (the pool's is the driver's own)
@@ -89,7 +96,7 @@ class Listener:
         """End the session: the leadership lock (or the standby lock) is released before this returns, and a leader
         notifies the channel, so that a consumer of any name standing by tries to take over at once (not after its
         ``idle_wait``)."""
-        connection, self._connection = self._connection, None
+        connection, self._connection, self._key = self._connection, None, None
         leading, self._leading, self._standing_by, self.backend_pid = self._leading, False, False, None
         if connection is None:
             return
@@ -117,8 +124,10 @@ class Listener:
 
     def take(self, wait: float = 0.0) -> bool:
         """Take the name's lock if it is free (or once it is, within ``wait`` seconds: a lock wait in
-        PostgreSQL bounded by ``lock_timeout``; beyond its limit, or infinite, without a bound).  Precondition:
-        :attr:`connected`."""
+        PostgreSQL bounded by ``lock_timeout``; beyond its limit, or infinite, without a bound), standing by until
+        then.  The name's row is made sure of as the session first takes its locks (``register``: listed, and its
+        changes kept from pruning, while it stands by), and again if it was dropped before they were taken.
+        Precondition: :attr:`connected`."""
         import psycopg
 
         connection = self._connection
@@ -126,32 +135,52 @@ class Listener:
         if self._leading:
             return True
         try:
-            if not self._standing_by:       # (shown standing by while it waits, also in the lock wait below)
-                connection.execute("SELECT pg_advisory_lock_shared(%s, %s)", self.standby_lock)
-                self._standing_by = True
-            if wait <= 0:
-                row = connection.execute("SELECT pg_try_advisory_lock(%s, %s)", self.lock).fetchone()
-                taken = bool(row is not None and row[0])
-            else:
-                # Whole milliseconds, at least one: 0 is "no timeout" to PostgreSQL — what a wait beyond its limit (or
-                # for ever) becomes.
-                milliseconds = math.ceil(wait * 1000) if wait * 1000 <= _LOCK_TIMEOUT_LIMIT else 0
-                connection.execute(f"SET lock_timeout = {milliseconds}")
-                try:
-                    connection.execute("SELECT pg_advisory_lock(%s, %s)", self.lock)
-                    taken = True
-                except psycopg.errors.LockNotAvailable:
-                    taken = False
-                finally:
-                    connection.execute("RESET lock_timeout")
+            while True:
+                if self._key is None:
+                    self._key = register(self.database, self.name)
+                standby_lock, lock = (_sql.STANDBY_LOCK_CLASS, self._key), (_sql.CONSUMER_LOCK_CLASS, self._key)
+                if not self._standing_by:       # (shown standing by while it waits, also in the lock wait below)
+                    connection.execute("SELECT pg_advisory_lock_shared(%s, %s)", standby_lock)
+                    self._standing_by = True
+                taken = self._take_lock(connection, lock, wait)
+                row = connection.execute(_sql.STILL_REGISTERED, (self._key, self.name)).fetchone()
+                if row is not None and row[0]:
+                    break
+                # Dropped (db.capture.drop_consumer, which took both locks for its transaction) before this session
+                # had them: the id is no longer the name's.  Let go of its locks and make sure of the name again.
+                if taken:
+                    connection.execute("SELECT pg_advisory_unlock(%s, %s)", lock)
+                connection.execute("SELECT pg_advisory_unlock_shared(%s, %s)", standby_lock)
+                self._standing_by, self._key = False, None
             if taken:
                 self._leading = True
-                connection.execute("SELECT pg_advisory_unlock_shared(%s, %s)", self.standby_lock)
+                connection.execute("SELECT pg_advisory_unlock_shared(%s, %s)", standby_lock)
                 self._standing_by = False
             return taken
         except psycopg.OperationalError as error:
             self.close()
             raise DatabaseUnavailable(f"capture consumer {self.name!r} lost its connection: {error}") from None
+
+    @staticmethod
+    def _take_lock(connection: "psycopg.Connection", lock: tuple[int, int], wait: float) -> bool:
+        """Take the session advisory lock ``lock`` if it is free, or once it is within ``wait`` seconds (see
+        :meth:`take`)."""
+        import psycopg
+
+        if wait <= 0:
+            row = connection.execute("SELECT pg_try_advisory_lock(%s, %s)", lock).fetchone()
+            return bool(row is not None and row[0])
+        # Whole milliseconds, at least one: 0 is "no timeout" to PostgreSQL — what a wait beyond its limit (or for
+        # ever) becomes.
+        milliseconds = math.ceil(wait * 1000) if wait * 1000 <= _LOCK_TIMEOUT_LIMIT else 0
+        connection.execute(f"SET lock_timeout = {milliseconds}")
+        try:
+            connection.execute("SELECT pg_advisory_lock(%s, %s)", lock)
+            return True
+        except psycopg.errors.LockNotAvailable:
+            return False
+        finally:
+            connection.execute("RESET lock_timeout")
 
     def wait_for_notification(self, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds for a commit notification; False if the connection was lost

@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from activedb.capture import _sql
 from activedb.capture._consumer import CaptureConsumer, ConsumerOptions, check_consumer_name
 from activedb.capture._firing import source_of
-from activedb.capture._position import prune
+from activedb.capture._position import prune, registered_id
 from activedb.capture._status import (BEHIND_CHANGES, BEHIND_SECONDS, CapturedTable, CaptureStatus, capture_status,
                                       captured_tables, standby_consumers)
 from activedb.capture.errors import CaptureError, CaptureNotInstalled, CapturePendingChanges
@@ -145,16 +145,18 @@ class CaptureManager:
         :class:`CaptureError`, stop it first (its ``close()``, or end its process); its next batch (a standby's first,
         once it leads) would otherwise fire again on the changes the name handled."""
         check_consumer_name(name)
-        key = _sql.consumer_lock_key(name)
         with self._database.engine.begin() as connection:
-            # The standby lock, then the leader's, exclusive for the drop's transaction (in the order a consumer takes
-            # them: no deadlock with one that stands by and waits for the lead): none stands by or leads meanwhile
-            # (one that does after it starts anew).  Each waited for a little: a consumer's close() releases it at
-            # once, but a consumer whose process died holds it until the server notices its session is gone.
+            # The name's row (made now if it has none: until the drop commits, a consumer that registers the name
+            # waits for it) gives the id its consumers lock.  The standby lock, then the leader's, exclusive for the
+            # drop's transaction (in the order a consumer takes them: no deadlock with one that stands by and waits
+            # for the lead): none stands by or leads meanwhile (one that took them after finds the row gone, and
+            # starts anew).  Each waited for a little: a consumer's close() releases it at once, but a consumer whose
+            # process died holds it until the server notices its session is gone.
+            key = registered_id(connection, name)
             connection.execute(sa.text(f"SET LOCAL lock_timeout = {_DROP_LOCK_WAIT_MS}"))
             if not _xact_lock(connection, _sql.STANDBY_LOCK_CLASS, key):
                 with self._database.engine.connect() as other:      # (the drop's transaction failed: its wait)
-                    standing_by = "; ".join(standby.describe() for standby in standby_consumers(other).get(key, ()))
+                    standing_by = "; ".join(standby.describe() for standby in standby_consumers(other).get(name, ()))
                 raise CaptureError(f"capture consumer {name!r} has a consumer standing by: {standing_by or 'one'} "
                                    f"(it waits to lead the name, and would start from the oldest retained change if "
                                    f"the name were dropped): stop it first — its close(), or end its process — then "

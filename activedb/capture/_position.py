@@ -145,9 +145,10 @@ def privileges_said(engine: sa.Engine, needed: tuple[tuple[str, tuple[str, ...]]
         raise refusal from None
 
 
-def register(database: "Database", name: str) -> None:
-    """Make sure consumer ``name`` has its row (position ``(0, 0)`` when new); :class:`CaptureError` naming what to
-    grant if the session's role lacks a privilege on capture's tables that consuming takes."""
+def register(database: "Database", name: str) -> int:
+    """Make sure consumer ``name`` has its row (position ``(0, 0)`` when new) and return the row's id, the key of the
+    name's advisory locks (:data:`_sql.CONSUMER_ID`); :class:`CaptureError` naming what to grant if the session's role
+    lacks a privilege on capture's tables that consuming takes."""
     try:
         with database.engine.begin() as connection:
             refusal = privileges_refusal(connection, _sql.CONSUMER_PRIVILEGES,
@@ -157,13 +158,23 @@ def register(database: "Database", name: str) -> None:
                                          "take their own); nothing was consumed")
             if refusal is not None:
                 raise refusal
-            connection.execute(sa.text(_sql.REGISTER_CONSUMER), {"name": name})
+            return registered_id(connection, name)
     except sa.exc.ProgrammingError as error:
         if sqlstate_of(error) == UNDEFINED_TABLE:
             raise CaptureNotInstalled(
                 f"activedb's capture tables are missing in {database.describe()}; upgrade activedb's "
                 f"schema (activedb db upgrade, or db.schema.upgrade())") from None
         raise
+
+
+def registered_id(connection: sa.Connection, name: str) -> int:
+    """The id of consumer ``name``'s row, made in ``connection``'s transaction if there is none (at position
+    ``(0, 0)``; another transaction registering the name then waits for this one to end)."""
+    while True:     # (each statement sees what committed before it: a row dropped in between is made anew)
+        connection.execute(sa.text(_sql.REGISTER_CONSUMER), {"name": name})
+        key = connection.execute(sa.text(_sql.CONSUMER_ID), {"name": name}).scalar()
+        if key is not None:
+            return int(key)
 
 
 def read_position(database: "Database", name: str) -> Position:

@@ -1,12 +1,10 @@
 """The SQL of change capture that is not in activedb's migrations (``0004_capture``, ``0013_capture_trust``,
-``0014_capture_sequencer_lock``): installing and removing the per-table trigger (:func:`install_statements`,
-run by ``db.capture(table)`` or ``enable_capture``), and the statements consumers and the status run.  Every
-function takes what it runs on; none opens a connection.
+``0014_capture_sequencer_lock``, ``0020_capture_consumer_ids``): installing and removing the per-table trigger
+(:func:`install_statements`, run by ``db.capture(table)`` or ``enable_capture``), and the statements consumers and the
+status run.  Every function takes what it runs on; none opens a connection.
 """
 
 from __future__ import annotations
-
-import zlib
 
 import sqlalchemy as sa
 from psycopg import sql
@@ -18,11 +16,12 @@ TRIGGER_NAME = "activedb_capture"
 #: The channel the commit sequencer notifies (payload ``commit``) and stopping consumers use (``stop``).
 CHANNEL = "activedb_capture"
 #: Advisory-lock class of the commit sequencer until revision ``0014_capture_sequencer_lock`` (since then a
-#: table lock on ``activedb_capture_sequencer``); consumers take ``pg_try_advisory_lock(class + 1, hash of
-#: their name)``.
+#: table lock on ``activedb_capture_sequencer``); consumers take ``pg_try_advisory_lock(class + 1, id)``, ``id``
+#: their name's row's in :data:`CONSUMERS` (revision ``0020_capture_consumer_ids``; until then a hash of the name,
+#: which two names could share).
 SEQUENCER_LOCK_CLASS = 0x61646263
 CONSUMER_LOCK_CLASS = SEQUENCER_LOCK_CLASS + 1
-#: Advisory-lock class a consumer standing by holds *shared* on the same key, in its listener session, until it leads
+#: Advisory-lock class a consumer standing by holds *shared* on the same id, in its listener session, until it leads
 #: or stops (``pg_locks`` then lists who waits: ``db.capture.status()``'s ``standby``).
 STANDBY_LOCK_CLASS = SEQUENCER_LOCK_CLASS + 2
 
@@ -41,11 +40,6 @@ def check_table_name(name: object) -> str:
         raise UnknownTable(f"not a table name: {name!r}; name the table to capture by a non-empty string without "
                            f"NUL characters, as the table is called in PostgreSQL")
     return name
-
-
-def consumer_lock_key(name: str) -> int:
-    """The second half of a consumer's advisory-lock key (a collision only makes two names take turns)."""
-    return zlib.crc32(name.encode("utf-8")) & 0x7FFFFFFF
 
 
 # The table a DO block below works on travels as the value of this setting (a DO block takes no parameters):
@@ -228,7 +222,16 @@ FROM {TABLES} t ORDER BY t.table_name"""
 # found as _INSTALL finds it.
 RELATION_KIND = "SELECT relkind FROM pg_class WHERE oid = to_regclass(quote_ident(:name))"
 
-REGISTER_CONSUMER = f"INSERT INTO {CONSUMERS} (name) VALUES (:name) ON CONFLICT (name) DO NOTHING"
+# (A name already registered spends no id: the identity's next value is drawn only for a row to insert.)
+REGISTER_CONSUMER = f"""
+INSERT INTO {CONSUMERS} (name) SELECT :name WHERE NOT EXISTS (SELECT FROM {CONSUMERS} WHERE name = :name)
+ON CONFLICT (name) DO NOTHING"""
+#: The id of a consumer name's row: the second key of the name's advisory locks (the leader's, the standby's).  Ids
+#: are unique and never given to another row, so no two names share a lock.
+CONSUMER_ID = f"SELECT id FROM {CONSUMERS} WHERE name = :name"
+#: Whether the row of id ``%s`` still holds name ``%s`` (psycopg's placeholders: run on the listener connection),
+#: asked once its locks are taken: a row dropped before that (``drop_consumer``) is no longer the name's.
+STILL_REGISTERED = f"SELECT EXISTS (SELECT FROM {CONSUMERS} WHERE id = %s AND name = %s)"
 
 #: What a consumer does to capture's tables (positions; reading and pruning changes and commits; the registry).
 CONSUMER_PRIVILEGES = ((CONSUMERS, ("SELECT", "INSERT", "UPDATE")), (CHANGES, ("SELECT", "DELETE")),
@@ -359,14 +362,20 @@ SELECT name, position, change_id, handled, failed, created_at, updated_at FROM {
 
 RETAINED = f"SELECT count(*) FROM {CHANGES}"
 
-# The sessions that lead consumer names now: per lock key (consumer_lock_key of a name), the backend holding it.
-LEADERS = f"""
-SELECT objid::bigint AS key, pid FROM pg_locks
-WHERE locktype = 'advisory' AND classid = {CONSUMER_LOCK_CLASS} AND objsubid = 2 AND granted"""
 
-# The sessions of consumers standing by now: per lock key, each backend, the name its session has and where it
+def _consumer_locks(lock_class: int) -> str:
+    """A FROM item: the advisory locks of ``lock_class`` granted on a consumer's id (``l``) in this database — one of
+    another database on the server is another lock —, each with that consumer's row (``k``)."""
+    return f"""pg_locks l JOIN {CONSUMERS} k ON l.objid = k.id::oid
+    AND l.locktype = 'advisory' AND l.classid = {lock_class} AND l.objsubid = 2 AND l.granted
+    AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())"""
+
+
+# The sessions that lead consumer names now: per name, the backend holding its lock.
+LEADERS = f"SELECT k.name, l.pid FROM {_consumer_locks(CONSUMER_LOCK_CLASS)}"
+
+# The sessions of consumers standing by now: per name, each backend, the name its session has and where it
 # connects from (NULL: a Unix-domain socket, or a role that may not see it).
 STANDBYS = f"""
-SELECT l.objid::bigint AS key, l.pid, a.application_name, host(a.client_addr) AS client_address
-FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid
-WHERE l.locktype = 'advisory' AND l.classid = {STANDBY_LOCK_CLASS} AND l.objsubid = 2 AND l.granted ORDER BY l.pid"""
+SELECT k.name, l.pid, a.application_name, host(a.client_addr) AS client_address
+FROM {_consumer_locks(STANDBY_LOCK_CLASS)} LEFT JOIN pg_stat_activity a ON a.pid = l.pid ORDER BY l.pid"""

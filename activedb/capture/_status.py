@@ -148,8 +148,7 @@ def capture_status(engine: sa.Engine, *, behind_changes: int = BEHIND_CHANGES,
                 name=row.name, position=position, handled=row.handled,
                 failed=row.failed, updated_at=row.updated_at, tables=backlog, lag_seconds=lag,
                 behind=pending > behind_changes or (lag is not None and lag > behind_seconds),
-                leader_pid=leaders.get(_sql.consumer_lock_key(row.name)),
-                standby=standbys.get(_sql.consumer_lock_key(row.name), ())))
+                leader_pid=leaders.get(row.name), standby=standbys.get(row.name, ())))
         unconsumed = () if consumers else _backlog(connection, Position())
         retained = connection.execute(sa.text(_sql.RETAINED)).scalar()
         latest = connection.execute(sa.text(_sql.LATEST_POSITION)).scalar()
@@ -157,17 +156,16 @@ def capture_status(engine: sa.Engine, *, behind_changes: int = BEHIND_CHANGES,
                          retained_changes=retained, latest_position=latest)  # type: ignore[arg-type]
 
 
-def leader_pids(connection: sa.Connection) -> dict[int, int]:
-    """Per consumer lock key (``_sql.consumer_lock_key`` of a name), the backend pid of the session that leads the
-    name now (names whose keys collide take turns, and share the entry)."""
-    return {row.key: row.pid for row in connection.execute(sa.text(_sql.LEADERS))}
+def leader_pids(connection: sa.Connection) -> dict[str, int]:
+    """Per consumer name, the backend pid of the session that leads it now (that holds the lock of its row's id)."""
+    return {row.name: row.pid for row in connection.execute(sa.text(_sql.LEADERS))}
 
 
-def standby_consumers(connection: sa.Connection) -> dict[int, tuple[StandbyConsumer, ...]]:
-    """Per consumer lock key, the consumers standing by now (names whose keys collide share the entry)."""
-    standbys: dict[int, list[StandbyConsumer]] = {}
+def standby_consumers(connection: sa.Connection) -> dict[str, tuple[StandbyConsumer, ...]]:
+    """Per consumer name, the consumers standing by now (the sessions holding its row's standby lock)."""
+    standbys: dict[str, list[StandbyConsumer]] = {}
     for row in connection.execute(sa.text(_sql.STANDBYS)):
-        standbys.setdefault(row.key, []).append(
+        standbys.setdefault(row.name, []).append(
             StandbyConsumer(row.pid, process_of(row.application_name), row.client_address))
     return {key: tuple(consumers) for key, consumers in standbys.items()}
 

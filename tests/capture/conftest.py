@@ -6,7 +6,8 @@
 * ``conninfo``: a libpq connection string for raw psycopg writers ("another service");
 * ``make_database_url``: a further fresh database (an uninterrupted reference run);
 * ``capture_orders(url)``: the app's tables in the database at ``url``, with ``orders`` captured;
-* ``consume_process(url, home, *arguments)``: ``activedb capture consume`` in a process of its own.
+* ``consume_process(url, home, *arguments)``: ``activedb capture consume`` in a process of its own;
+* ``leadership_lock(connection, name)``: the advisory lock the leader of consumer ``name`` holds.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import psycopg
 import pytest
 import sqlalchemy as sa
 
@@ -30,6 +32,17 @@ TABLES = ("orders", "order_log", "order_totals", "typed_samples")
 def libpq(url: str) -> str:
     """A SQLAlchemy URL as a libpq connection string (psycopg's)."""
     return sa.make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+def leadership_lock(connection: "psycopg.Connection", name: str) -> tuple[int, int]:
+    """The session advisory lock ``(class, id)`` the leader of consumer ``name`` holds (``id``: its row's), the
+    name registered first (at position (0, 0)) if it has no row, as a consumer registers it as it first stands by."""
+    from activedb.capture import _sql
+
+    connection.execute(f"INSERT INTO {_sql.CONSUMERS} (name) VALUES (%s) ON CONFLICT (name) DO NOTHING", (name,))
+    row = connection.execute(f"SELECT id FROM {_sql.CONSUMERS} WHERE name = %s", (name,)).fetchone()
+    assert row is not None, f"consumer {name!r} has no row"
+    return _sql.CONSUMER_LOCK_CLASS, row[0]
 
 
 def capture_orders(database_url: str) -> None:

@@ -25,6 +25,7 @@ from activedb.ingest import Deadlines, ingestion_status
 from activedb.ingest.errors import BatchDeadlineExceeded, IngestError
 from activedb.testing import Watchdog, wait_until
 from tests.capture import _app
+from tests.capture.conftest import leadership_lock
 
 WATCHDOG_SECONDS = 60
 
@@ -537,14 +538,13 @@ def test_a_leader_that_stops_wakes_the_standby_which_leads_at_once(clean):
 
 def test_a_consumer_that_never_led_is_listed_standing_by_under_its_name(clean, conninfo):
     """A consumer whose name another session holds (it never led, so its name had no position row) was missing from
-    ``db.capture.status()``: its name is listed, led by that session, with the consumer standing by."""
-    from activedb.capture._sql import CONSUMER_LOCK_CLASS, consumer_lock_key
-
+    ``db.capture.status()``: its name is listed, led by that session, with the consumer standing by.  (The name's lock
+    is keyed by its row's id: the holder registers the name to take it, as a consumer does as it first stands by.)"""
     db = clean
     _app.register(db)
     with psycopg.connect(conninfo, autocommit=True) as holder, Watchdog(WATCHDOG_SECONDS, db.transactions.locks):
-        holder.execute("SELECT pg_advisory_lock(%s, %s)", (CONSUMER_LOCK_CLASS, consumer_lock_key("never-led")))
-        assert [consumer.name for consumer in db.capture.status().consumers] == []
+        holder.execute("SELECT pg_advisory_lock(%s, %s)", leadership_lock(holder, "never-led"))
+        assert [(consumer.name, consumer.standby) for consumer in db.capture.status().consumers] == [("never-led", ())]
         waiting = db.capture.start("never-led", idle_wait=0.1)
         wait_until(lambda: any(consumer.standby for consumer in db.capture.status().consumers), 30,
                    "status to list the consumer standing by", describe=lambda: f"{db.capture.status()}")
@@ -553,6 +553,43 @@ def test_a_consumer_that_never_led_is_listed_standing_by_under_its_name(clean, c
         assert [standby.backend_pid for standby in listed.standby] == [waiting.session_pid]
         waiting.close()
         assert _standby_of(db, "never-led") == []
+
+
+# Two consumer names whose lock keys were one under the key a name's hash gave, zlib.crc32(name) & 0x7FFFFFFF
+# (0x59c7696a): found by hashing "consumer-0", "consumer-1", … until a key came a second time.
+COLLIDING_NAMES = ("consumer-3985819", "consumer-4420602")
+
+
+def test_consumers_of_two_names_whose_hashes_collide_lead_at_once(clean, conninfo):
+    """A name's lead was the advisory lock of its name's hash: two names whose hashes collided shared it, so a
+    consumer of one stood by behind a consumer of the other (``run_until_caught_up`` said it was on standby), and
+    ``db.capture.status()`` gave both names the same leader.  A name's locks are those of its own row: both lead
+    at once, each handles the change, and each name is listed led by its own consumer's session."""
+    import zlib
+
+    db = clean
+    _app.register(db)
+    first_name, second_name = COLLIDING_NAMES
+    assert zlib.crc32(first_name.encode()) & 0x7FFFFFFF == zlib.crc32(second_name.encode()) & 0x7FFFFFFF
+    with Watchdog(WATCHDOG_SECONDS, db.transactions.locks):
+        first, second = db.capture.consumer(first_name), db.capture.consumer(second_name)
+        try:
+            # Both lead (and are registered: the first one's pruning keeps the change for the second) …
+            assert first.run_until_caught_up() == 0 and second.run_until_caught_up() == 0
+            with psycopg.connect(conninfo, autocommit=True) as psql:
+                psql.execute("INSERT INTO orders (id, customer, amount) VALUES (95, 'x', 1)")
+            # … and go on leading: each handles the change.
+            assert first.run_until_caught_up() == 1 and second.run_until_caught_up() == 1
+            assert first.state is ConsumerState.LEADING and second.state is ConsumerState.LEADING
+            assert first.leadership_lock != second.leadership_lock
+            leaders = {consumer.name: (consumer.leader_pid, consumer.standby)
+                       for consumer in db.capture.status().consumers}
+            assert leaders == {first_name: (first.session_pid, ()), second_name: (second.session_pid, ())}
+            assert first.leader_pid() == first.session_pid != second.session_pid == second.leader_pid()
+        finally:
+            first.close()
+            second.close()
+    assert logged(db) == [("inserted", 95), ("inserted", 95)]
 
 
 def test_a_batch_whose_position_moved_meanwhile_keeps_nothing(clean, conninfo, database_url):
@@ -1400,14 +1437,12 @@ def test_dropping_a_consumer_name_with_a_consumer_standing_by_is_refused_and_it_
     rules again on what the name had handled.  A consumer standing by runs as a leader does: the drop is refused (a
     CaptureError naming it and saying to stop it first), nothing dropped, and it stays listed; once it is closed, the
     name is dropped."""
-    from activedb.capture._sql import CONSUMER_LOCK_CLASS, consumer_lock_key
-
     db = clean
     _app.register(db)
     name = "standby-dropped"
     with Watchdog(WATCHDOG_SECONDS, db.transactions.locks):
         with psycopg.connect(conninfo, autocommit=True) as holder:
-            holder.execute("SELECT pg_advisory_lock(%s, %s)", (CONSUMER_LOCK_CLASS, consumer_lock_key(name)))
+            holder.execute("SELECT pg_advisory_lock(%s, %s)", leadership_lock(holder, name))
             waiting = db.capture.start(name, idle_wait=3600)        # (woken only by a notification)
             wait_until(lambda: any(consumer.standby for consumer in db.capture.status().consumers), 30,
                        "status to list the consumer standing by",
@@ -1432,7 +1467,6 @@ def test_a_standby_whose_session_was_lost_while_its_name_was_dropped_is_listed_a
     as the first did: the name's row made sure of (anew, from the oldest retained change: the name was dropped), the
     consumer listed standing by."""
     from activedb.capture import Step
-    from activedb.capture._sql import CONSUMER_LOCK_CLASS, consumer_lock_key
 
     db = clean
     _app.register(db)
@@ -1446,7 +1480,8 @@ def test_a_standby_whose_session_was_lost_while_its_name_was_dropped_is_listed_a
 
     with Watchdog(WATCHDOG_SECONDS, db.transactions.locks), \
             psycopg.connect(conninfo, autocommit=True) as holder:
-        holder.execute("SELECT pg_advisory_lock(%s, %s)", (CONSUMER_LOCK_CLASS, consumer_lock_key(name)))
+        lock = leadership_lock(holder, name)
+        holder.execute("SELECT pg_advisory_lock(%s, %s)", lock)
         waiting = db.capture.start(name, idle_wait=3600, on_step=hold_when_idle)
         try:
             assert idle.wait(30), f"the consumer never waited: {waiting.state}, {waiting.failure}"
@@ -1455,11 +1490,12 @@ def test_a_standby_whose_session_was_lost_while_its_name_was_dropped_is_listed_a
             holder.execute("SELECT pg_terminate_backend(%s)", (lost,))      # its session lost while it is held
             wait_until(lambda: all(not consumer.standby for consumer in db.capture.status().consumers), 30,
                        "the lost session's standby lock to go", describe=lambda: f"{db.capture.status()}")
-            lock = (CONSUMER_LOCK_CLASS, consumer_lock_key(name))
             holder.execute("SELECT pg_advisory_unlock(%s, %s)", lock)
             db.capture.drop_consumer(name)          # (nothing stands by or leads under the name now)
             assert db.capture.status().consumers == ()
-            holder.execute("SELECT pg_advisory_lock(%s, %s)", lock)        # (the consumer stands by again)
+            # (the name registered anew, from the oldest retained change, and its new row's lock held: the consumer
+            # stands by again)
+            holder.execute("SELECT pg_advisory_lock(%s, %s)", leadership_lock(holder, name))
             go_on.set()
             wait_until(lambda: any(consumer.standby for consumer in db.capture.status().consumers), 30,
                        "status to list the reconnected consumer standing by",
@@ -1470,6 +1506,42 @@ def test_a_standby_whose_session_was_lost_while_its_name_was_dropped_is_listed_a
         finally:
             go_on.set()
             waiting.close()
+
+
+def test_a_consumer_whose_names_row_was_dropped_before_it_had_its_locks_leads_under_the_names_new_row(
+        clean, conninfo):
+    """A name's locks are keyed by the id of its row.  A consumer that read the id, then waited for the locks while
+    the name was dropped (``drop_consumer`` holds both locks of the id for its transaction), would lead under an id
+    that is no longer its name's: a consumer registering the name anew would lead under the new id at the same time,
+    and ``db.capture.status()`` would not show it leading.  Once it has the locks, it finds the row gone, lets them go,
+    registers the name anew and leads under the new row's id."""
+    from activedb.capture import _sql
+
+    db = clean
+    _app.register(db)
+    name = "dropped-while-waiting"
+    with Watchdog(WATCHDOG_SECONDS, db.transactions.locks), psycopg.connect(conninfo) as dropper:
+        _, old_id = leadership_lock(dropper, name)
+        dropper.commit()
+        # What drop_consumer does, held open: both locks of the id for the transaction, then the row deleted.
+        dropper.execute("SELECT pg_advisory_xact_lock(%s, %s)", (_sql.STANDBY_LOCK_CLASS, old_id))
+        dropper.execute("SELECT pg_advisory_xact_lock(%s, %s)", (_sql.CONSUMER_LOCK_CLASS, old_id))
+        dropper.execute(f"DELETE FROM {_sql.CONSUMERS} WHERE name = %s", (name,))
+        consumer = db.capture.start(name, idle_wait=3600)
+        try:
+            wait_until(lambda: _waits_for_an_advisory_lock(conninfo), 30, "the consumer to wait for the name's locks",
+                       describe=lambda: f"{consumer.state}, {consumer.failure}")
+            dropper.commit()
+            wait_until(lambda: consumer.state is ConsumerState.LEADING, 30, "the consumer to lead",
+                       describe=lambda: f"{consumer.state}, {consumer.failure}, {db.capture.status()}")
+            with db.engine.connect() as connection:
+                new_id = connection.execute(sa.text(f"SELECT id FROM {_sql.CONSUMERS} WHERE name = :name"),
+                                            {"name": name}).scalar_one()
+            assert new_id != old_id and consumer.leadership_lock == (_sql.CONSUMER_LOCK_CLASS, new_id)
+            [listed] = db.capture.status().consumers
+            assert (listed.name, listed.leader_pid, listed.standby) == (name, consumer.session_pid, ())
+        finally:
+            consumer.close()
 
 
 @pytest.mark.parametrize("name", [None, 5, "", "a@b"])
@@ -1571,20 +1643,20 @@ def test_the_listener_connects_as_the_databases_engine_does(clean, database_url)
     alone: the engine's ``connect_args`` (TLS settings, say) were left out of it, and its timeout was 5 s whatever
     the URL said.  It is a session of the database's engine now, detached from the pool: an ``application_name``
     given as a ``connect_args`` is the listener's too."""
-    from activedb.capture import _sql
-
     own = activedb.connect(database_url, engine=activedb.EngineOptions(
         create_engine={"connect_args": {"application_name": "listener-test"}}))
     try:
         _app.register(own)
         consumer = own.capture.consumer("named-listener")
         assert consumer.run_until_caught_up() == 0 and consumer.state is ConsumerState.LEADING
+        assert consumer.leadership_lock is not None
+        lock_class, key = consumer.leadership_lock
         with clean.engine.connect() as connection:
             holders = connection.execute(sa.text(
                 "SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a USING (pid) WHERE l.locktype = "
                 "'advisory' AND l.granted AND l.classid = :class AND l.objid = :key AND l.database = "
                 "(SELECT oid FROM pg_database WHERE datname = current_database())"),
-                {"class": _sql.CONSUMER_LOCK_CLASS, "key": _sql.consumer_lock_key("named-listener")}).scalars().all()
+                {"class": lock_class, "key": key}).scalars().all()
         assert holders == ["listener-test"], holders
         consumer.close()
     finally:

@@ -452,13 +452,14 @@ def test_a_retention_of_inf_keeps_every_consumed_change(make_database_url):
 
 
 def _leaders_of(database_url: str, name: str) -> list[int]:
-    """The backends that hold consumer ``name``'s leadership lock now (``pg_locks``)."""
+    """The backends that hold consumer ``name``'s leadership lock now (``pg_locks``: the lock of its row's id)."""
     from activedb.capture import _sql
 
     with psycopg.connect(libpq(database_url), autocommit=True) as psql:
         return [pid for (pid,) in psql.execute(
-            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND classid = %s AND objid = %s AND objsubid = 2 "
-            "AND granted", (_sql.CONSUMER_LOCK_CLASS, _sql.consumer_lock_key(name))).fetchall()]
+            f"SELECT l.pid FROM pg_locks l JOIN {_sql.CONSUMERS} k ON l.objid = k.id::oid WHERE l.locktype = "
+            f"'advisory' AND l.classid = %s AND l.objsubid = 2 AND l.granted AND k.name = %s",
+            (_sql.CONSUMER_LOCK_CLASS, name)).fetchall()]
 
 
 @pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGINT])

@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from activedb.capture import Position
 from activedb.cli import main
 from tests.capture import _app
-from tests.capture.conftest import capture_orders, consume_process, libpq
+from tests.capture.conftest import capture_orders, consume_process, leadership_lock, libpq
 
 
 def retained(db) -> list[tuple[int, int]]:
@@ -170,7 +170,6 @@ def test_a_consumer_on_standby_is_shown_standing_by_in_consume_and_status(databa
     name's leadership lock and it consumed nothing (on standby), and ``capture status`` showed no difference between a
     name some process leads and one none does.  ``consume`` says it stands by, naming the leader's backend pid, and
     that it runs once it leads; ``status`` shows the leader's pid per consumer (or that none leads)."""
-    from activedb.capture._sql import CONSUMER_LOCK_CLASS, consumer_lock_key
     from activedb.testing import wait_until
 
     capture_orders(database_url)
@@ -180,7 +179,7 @@ def test_a_consumer_on_standby_is_shown_standing_by_in_consume_and_status(databa
     assert ran.exit_code == 0, ran.output
     # … and now another process leads the name: it holds the lock the leader holds, in a session of its own.
     holder = psycopg.connect(libpq(database_url), autocommit=True)
-    holder.execute("SELECT pg_advisory_lock(%s, %s)", (CONSUMER_LOCK_CLASS, consumer_lock_key("standby")))
+    holder.execute("SELECT pg_advisory_lock(%s, %s)", leadership_lock(holder, "standby"))
     holder_pid = holder.info.backend_pid
 
     def consumers() -> dict[str, dict]:

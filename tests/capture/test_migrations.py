@@ -155,3 +155,34 @@ def test_the_trust_revision_keeps_pending_changes_across_its_upgrade_and_downgra
         assert seen == [1, 2]
     finally:
         db.close()
+
+
+def test_the_consumer_ids_revision_gives_each_registered_consumer_an_id_its_locks_are_keyed_by_and_round_trips(
+        database_url):
+    """``0020_capture_consumer_ids`` gives the consumers registered before it ids of their own (distinct: a name's
+    advisory locks are keyed by its row's id, no longer by a hash two names could share), keeps their positions, and
+    its downgrade drops the column and keeps the rows."""
+    db = activedb.connect(database_url)
+    try:
+        db.schema.downgrade("0019_split_salt")
+        with db.engine.begin() as connection:
+            connection.execute(sa.text("DELETE FROM activedb_capture_consumers"))    # (the module's database)
+            connection.execute(sa.text("INSERT INTO activedb_capture_consumers (name, position, change_id) "
+                                       "VALUES ('before-a', 7, 3), ('before-b', 0, 0)"))
+        db.schema.upgrade("head")
+        ids = dict(rows(db, "SELECT name, id FROM activedb_capture_consumers"))
+        assert sorted(ids) == ["before-a", "before-b"] and None not in ids.values() and len(set(ids.values())) == 2
+        consumer = db.capture.consumer("before-a")
+        try:
+            assert consumer.run_until_caught_up() == 0
+            assert consumer.leadership_lock is not None and consumer.leadership_lock[1] == ids["before-a"]
+            assert consumer.position == activedb.capture.Position(7, 3)
+        finally:
+            consumer.close()
+        db.schema.downgrade("0019_split_salt")
+        assert rows(db, "SELECT name, position, change_id FROM activedb_capture_consumers ORDER BY name") == [
+            ("before-a", 7, 3), ("before-b", 0, 0)]
+        db.schema.upgrade("head")
+        assert len(set(dict(rows(db, "SELECT name, id FROM activedb_capture_consumers")).values())) == 2
+    finally:
+        db.close()
