@@ -25,7 +25,7 @@ from activedb.ingest import Deadlines, ingestion_status
 from activedb.ingest.errors import BatchDeadlineExceeded, IngestError
 from activedb.testing import Watchdog, wait_until
 from tests.capture import _app
-from tests.capture.conftest import leadership_lock
+from tests.capture.conftest import MIGRATIONS, leadership_lock
 
 WATCHDOG_SECONDS = 60
 
@@ -590,6 +590,41 @@ def test_consumers_of_two_names_whose_hashes_collide_lead_at_once(clean, conninf
             first.close()
             second.close()
     assert logged(db) == [("inserted", 95), ("inserted", 95)]
+
+
+def test_status_lists_as_a_names_leader_no_session_of_another_database_on_the_server(clean, make_database_url):
+    """An advisory lock belongs to its database, but the status read every database's from ``pg_locks``: a consumer
+    of a name leading in another database on the same server was listed as the leader of that name here, where
+    nothing ran under it (and its ``leader_pid()`` named it).  Only this database's locks count — here the name's row
+    has the same id in both databases, so their locks have the same keys."""
+    from activedb.capture import _sql
+
+    db = clean
+    _app.register(db)
+    resting = db.capture.consumer("default")
+    assert resting.run_until_caught_up() == 0
+    resting.close()                                  # (registered here; nothing leads it)
+    with db.engine.connect() as connection:
+        key = connection.execute(sa.text("SELECT id FROM activedb_capture_consumers WHERE name = 'default'")).scalar()
+    url = make_database_url("other_leader")
+    other = activedb.connect(url)
+    try:
+        other.upgrade_app(MIGRATIONS, "c0002")
+        with other.engine.begin() as connection:    # (its next id: the one the name has here)
+            connection.execute(sa.text(f"ALTER TABLE activedb_capture_consumers ALTER COLUMN id RESTART WITH {key}"))
+        _app.register(other)
+        elsewhere = other.capture.consumer("default")
+        try:
+            assert elsewhere.run_until_caught_up() == 0 and elsewhere.state is ConsumerState.LEADING
+            assert elsewhere.leadership_lock == (_sql.CONSUMER_LOCK_CLASS, key)     # (the key of the name's here)
+            assert [consumer.leader_pid for consumer in other.capture.status().consumers] == [elsewhere.session_pid]
+            [listed] = db.capture.status().consumers
+            assert (listed.name, listed.leader_pid, listed.standby) == ("default", None, ())
+            assert db.capture.consumer("default").leader_pid() is None
+        finally:
+            elsewhere.close()
+    finally:
+        other.close()
 
 
 def test_a_batch_whose_position_moved_meanwhile_keeps_nothing(clean, conninfo, database_url):
