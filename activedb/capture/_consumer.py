@@ -411,6 +411,23 @@ class CaptureConsumer:
         self._step(Step.LEADING, 0)
         return True
 
+    def _read_start(self) -> Position | None:
+        """The committed position of this consumer's name, read as it leads; None if it no longer leads.  A name whose
+        row was deleted by hand under its leader: the locks it holds are those of an id no longer the name's (a
+        consumer of the name would lead the new row's at the same time), so it lets them go and leads anew, under the
+        name's new row (from the oldest retained change).  Caller holds ``_run_mutex``."""
+        position = read_position(self._database, self.name)
+        if position is None:
+            logger.warning("capture consumer %r: its name's row was deleted while it led (by hand: drop_consumer "
+                           "refuses a name that is led); it leads anew, from the oldest retained change", self.name)
+            with self._mutex:
+                self._state = ConsumerState.STANDBY
+            self._listener.close()
+            if not self._lead():
+                return None
+            position = read_position(self._database, self.name)
+        return position
+
     def _wait_for_changes(self) -> None:
         """Wait on the listener connection for a commit notification (or ``idle_wait``).  Loop thread only,
         outside ``_run_mutex`` (no batch runs meanwhile: batches run on this thread)."""
@@ -435,7 +452,9 @@ class CaptureConsumer:
             attempt += 1
             start = self._known_position
             if start is None:
-                start = self._known_position = read_position(self._database, self.name)
+                start = self._known_position = self._read_start()
+                if start is None:
+                    return 0, None
             with self._mutex:
                 self._fetches_begun += 1
                 fetch = self._fetches_begun

@@ -177,14 +177,12 @@ def registered_id(connection: sa.Connection, name: str) -> int:
             return int(key)
 
 
-def read_position(database: "Database", name: str) -> Position:
-    """Consumer ``name``'s committed position (registering it again if its row was dropped meanwhile)."""
+def read_position(database: "Database", name: str) -> Position | None:
+    """Consumer ``name``'s committed position, or None if the name has no row: its leader found it there when it took
+    its locks, so it was deleted since, by hand (``drop_consumer`` refuses a name that is led)."""
     with database.engine.connect() as connection:
         row = connection.execute(sa.text(_sql.READ_POSITION), {"name": name}).first()
-    if row is None:    # dropped (db.capture.drop_consumer) while this consumer did not lead: a new one, from (0, 0)
-        register(database, name)
-        return Position()
-    return Position(row.position, row.change_id)
+    return None if row is None else Position(row.position, row.change_id)
 
 
 def prune(engine: sa.Engine, retention_seconds: float) -> int:

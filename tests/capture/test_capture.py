@@ -1579,6 +1579,40 @@ def test_a_consumer_whose_names_row_was_dropped_before_it_had_its_locks_leads_un
             consumer.close()
 
 
+def test_a_leader_whose_names_row_was_deleted_by_hand_leads_the_names_new_row_and_no_other_consumer_does(
+        clean, conninfo):
+    """A name's row deleted by hand (plain SQL, not ``drop_consumer``, which refuses while the name is led) under its
+    leader: the leader made the row anew as its next batch read no position, but went on holding the locks of the
+    old row's id — so ``db.capture.status()`` showed no leader for the name, and a second consumer of the name led it
+    at the same time under the new row's id.  The leader leads anew: it lets go of the old id's locks and takes the
+    new row's, and the second consumer stands by."""
+    from activedb.capture import _sql
+
+    db = clean
+    _app.register(db)
+    name = "deleted-by-hand"
+    with Watchdog(WATCHDOG_SECONDS, db.transactions.locks):
+        first = db.capture.consumer(name)
+        second = db.capture.consumer(name)
+        try:
+            assert first.run_until_caught_up() == 0 and first.state is ConsumerState.LEADING
+            with psycopg.connect(conninfo, autocommit=True) as psql:
+                psql.execute(f"DELETE FROM {_sql.CONSUMERS} WHERE name = %s", (name,))
+                psql.execute("INSERT INTO orders (id, customer, amount) VALUES (96, 'x', 1)")
+            assert first.run_until_caught_up() == 1 and first.state is ConsumerState.LEADING
+            with db.engine.connect() as connection:
+                new_id = connection.execute(sa.text(f"SELECT id FROM {_sql.CONSUMERS} WHERE name = :name"),
+                                            {"name": name}).scalar_one()
+            assert first.leadership_lock == (_sql.CONSUMER_LOCK_CLASS, new_id)
+            assert [(consumer.name, consumer.leader_pid) for consumer in db.capture.status().consumers] == [
+                (name, first.session_pid)]
+            assert second.run_once() == 0 and second.state is ConsumerState.STANDBY
+        finally:
+            first.close()
+            second.close()
+    assert logged(db) == [("inserted", 96)]
+
+
 @pytest.mark.parametrize("name", [None, 5, "", "a@b"])
 def test_dropping_what_is_no_consumer_name_is_refused_saying_what_one_is(clean, name):
     """``db.capture.drop_consumer(name)`` of what is no consumer name failed with a bare AttributeError from hashing it
