@@ -225,6 +225,20 @@ class PartitionRows:
         self.holders: dict[tuple[str, Key], set[str]] = {}
         self.entries: dict[str, set[tuple[str, Key]]] = {}
         self.legacy: set[tuple[str, Key]] = set()
+        # Invariant: no row added (saved or loaded) has an item after ``newest`` (loading applies rows by item).
+        self.newest: str | None = None
+
+    def next_item(self, position: int) -> str:
+        """The item of a new row saved at release position ``position``: the position (12 digits), or — a row was
+        saved at that position already (a batch that released nothing and pruned, or a second save in one
+        transaction) — that row's item with a serial after a dot, so that the new row neither overwrites it nor
+        sorts before it (``.`` sorts before every digit; the serial has 6 digits)."""
+        item = f"{position:012d}"
+        newest = self.newest
+        if newest is None or newest < item:
+            return item
+        base, _, serial = newest.partition(".")
+        return f"{base}.{int(serial or 0) + 1:06d}"
 
     def add(self, item: str, partitions: Mapping[tuple[str, Key], PartitionState | None]) -> set[str]:
         """Row ``item`` holds the latest entry of each of ``partitions`` (a state, or None: emptied).  Returns the
@@ -236,6 +250,8 @@ class PartitionRows:
             holders.add(item)
             self.latest[partition] = (item, state is None)
         self.entries[item] = set(partitions)
+        if self.newest is None or self.newest < item:
+            self.newest = item
         return older
 
     def unneeded(self, candidates: set[str]) -> list[str]:
@@ -346,7 +362,7 @@ def save(engine: StreamEngine, tx: Transaction, pending: Pending) -> int:
         recorded = {partition: state for partition, state in changed.items()
                     if state is not None or partition in rows.holders}
         if recorded:
-            item = f"{pending.position:012d}"         # one row per batch that changed partitions (positions advance)
+            item = rows.next_item(pending.position)   # one row per save that changed partitions
             tx.write(TABLE, (name, "partitions", item), value=_encode_states(recorded))
             older = rows.add(item, recorded)
             for gone in rows.unneeded(older - {item}):

@@ -220,3 +220,35 @@ def test_many_calls_in_one_transaction_each_visit_only_what_they_changed(db):
     for query in WINDOWED:
         assert set(kept(orders_engine(db, "calls-together"), query)) == {
             (number,) for number in range(calls * size - WINDOW, calls * size)}, query
+
+
+def saved(db, name: str, query: str) -> dict[tuple[object, ...], int]:
+    """The events a new engine object loads for ``query`` of engine ``name``, by partition (the saved state)."""
+    return kept(orders_engine(db, name), query)
+
+
+@pytest.mark.parametrize("together", [False, True], ids=["a-transaction-each", "one-transaction"])
+def test_a_batch_that_prunes_and_releases_nothing_keeps_the_saved_rows_of_the_batch_before(db, together):
+    """A batch that releases no event but a later punctuation prunes partitions, at the release position of the
+    batch before it: its ``partitions`` row had that batch's item (the next release position) and overwrote that
+    batch's row, so the partitions that stayed lost their saved state — after a restart orders 15-19 were gone
+    from every query (and Ever's every order).  Each save's row now has an item of its own, after the one before.
+    The same in one transaction (two calls of ``process``, the second releasing nothing)."""
+    name = f"same-position-{'together' if together else 'apart'}"
+    engine = orders_engine(db, name)
+    placed = [order("PLACED", ts, ts) for ts in range(20)]
+    if together:
+        with db.transaction() as tx:
+            engine.process(tx, placed, punctuation=20)
+            engine.process(tx, [], punctuation=25)
+    else:
+        engine.feed(placed, punctuation=20)
+        engine.feed([], punctuation=25)
+    assert set(kept(engine, "Shipped")) == {(number,) for number in range(15, 20)}
+    for query in (*WINDOWED, "Ever"):
+        assert saved(db, name, query) == kept(engine, query), query
+    engine.feed([], punctuation=27)                             # (a third save at that position)
+    engine.feed([order("PLACED", 30, 30)], punctuation=31)      # (and one after it)
+    for query in (*WINDOWED, "Ever"):
+        assert saved(db, name, query) == kept(engine, query), query
+    assert set(kept(engine, "Shipped")) == {(30,)} and len(kept(engine, "Ever")) == 21
