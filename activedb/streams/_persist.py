@@ -254,6 +254,25 @@ class PartitionRows:
             self.newest = item
         return older
 
+    def record(self, item: str, partitions: Mapping[tuple[str, Key], PartitionState | None]
+               ) -> tuple[dict[tuple[str, Key], PartitionState | None], list[str]]:
+        """A new row ``item`` with the latest entries of ``partitions`` (:meth:`add`): returns the entries it must
+        hold — none: the row is not written — and the older rows no longer needed (:meth:`unneeded`), to delete.
+
+        An emptied entry whose partition no older row holds once those are gone is needed by nothing (the
+        invariant): it is left out, not written — a partition pruned in the batch after the one that saved it, with
+        every other partition of that row, costs the delete of that row and nothing more."""
+        gone = self.unneeded(self.add(item, partitions) - {item})
+        if item in gone:                                  # (every entry of it was such an emptied one)
+            gone.remove(item)
+            return {}, gone
+        kept = self.entries[item]
+        for partition, state in partitions.items():
+            if state is None and self.holders[partition] == {item}:
+                kept.discard(partition)
+                del self.holders[partition], self.latest[partition]
+        return {partition: partitions[partition] for partition in partitions if partition in kept}, gone
+
     def unneeded(self, candidates: set[str]) -> list[str]:
         """Forget every row among ``candidates`` that is no longer needed (the class invariant), and the rows that
         are no longer needed once those are gone; returns their items, to delete."""
@@ -363,9 +382,10 @@ def save(engine: StreamEngine, tx: Transaction, pending: Pending) -> int:
                     if state is not None or partition in rows.holders}
         if recorded:
             item = rows.next_item(pending.position)   # one row per save that changed partitions
-            tx.write(TABLE, (name, "partitions", item), value=_encode_states(recorded))
-            older = rows.add(item, recorded)
-            for gone in rows.unneeded(older - {item}):
+            entries, gone_rows = rows.record(item, recorded)
+            if entries:
+                tx.write(TABLE, (name, "partitions", item), value=_encode_states(entries))
+            for gone in gone_rows:
                 tx.delete(TABLE, (name, "partitions", gone))
     meta = {"released": encode_value(pending.released),
             "punctuations": {stream: encode_value(value) for stream, value in pending.punctuations.items()},
