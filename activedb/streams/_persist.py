@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import decimal
+import heapq
 import json
 from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterator, Mapping
 
@@ -206,6 +207,39 @@ def decode_events(data: dict[str, Json]) -> list[StreamEvent]:
                 *(_expand(data[field], count) for field in ("t", "ts", "s", "p"))))]
 
 
+class BufferChunks:
+    """The saved chunks of the buffer (the design note's "Exactly once": one ``buffer`` row per batch with the events
+    it left buffered), each by the latest timestamp of its events: ``latest[item]``.  :meth:`release` finds the chunks
+    a released punctuation empties by a heap of those timestamps — a look at each chunk released and one more, not
+    at every chunk saved.
+
+    Invariant: every chunk in ``latest`` whose latest timestamp is not None has one entry in ``_heap``, and the heap
+    holds no other.  (Timestamps of one engine compare: admission gives them one kind; ties order by item.)
+    Mutated only by :func:`save` and :func:`load`, as :class:`PartitionRows`: a batch whose transaction aborts after
+    its save changed them makes the engine load its state again.  Not locked: the engine has one batch in progress
+    at a time, whose save alone changes it."""
+
+    def __init__(self) -> None:
+        self.latest: dict[str, Punctuation | None] = {}
+        self._heap: list[tuple[Punctuation, str]] = []
+
+    def add(self, item: str, latest: Punctuation | None) -> None:
+        """Chunk ``item`` is saved, its latest event at ``latest`` (None: it has none, and is never released)."""
+        self.latest[item] = latest
+        if latest is not None:
+            heapq.heappush(self._heap, (latest, item))
+
+    def release(self, released: Punctuation) -> list[str]:
+        """Forget the chunks whose every event is older than ``released`` (released: the buffer holds none of them
+        any more) and return their items, to delete."""
+        heap, gone = self._heap, []
+        while heap and ts_less(heap[0][0], released):
+            _, item = heapq.heappop(heap)
+            del self.latest[item]
+            gone.append(item)
+        return gone
+
+
 class PartitionRows:
     """Which saved rows hold the partitions' states (the design note's "Exactly once": one ``partitions`` row per
     batch with the partitions it changed, each row kept while it holds a partition's latest state).
@@ -352,17 +386,17 @@ def save(engine: StreamEngine, tx: Transaction, pending: Pending) -> int:
     since then (``Pending.unsaved``), not every one its transaction's earlier batches set.  Returns how many
     partitions it looked at."""
     name = engine.name
-    chunks, released = pending.chunks, pending.released
-    for item in [item for item, latest in chunks.items()
-                 if released is not None and latest is not None and ts_less(latest, released)]:
+    chunks = pending.base.chunks
+    for item in chunks.release(pending.released) if pending.released is not None else ():
         tx.delete(TABLE, (name, "buffer", item))       # every event of the chunk was released
-        del chunks[item]
+        pending.saved_rows = True
     if pending.buffer_added:
         item = f"{min(pending.buffer_added):012d}"
         tx.write(TABLE, (name, "buffer", item),
                  value={"arrivals": list(pending.buffer_added), **encode_events(list(pending.buffer_added.values()))})
-        chunks[item] = ts_extreme((event.ts for event in pending.buffer_added.values()), latest=True)
+        chunks.add(item, ts_extreme((event.ts for event in pending.buffer_added.values()), latest=True))
         pending.buffer_added = {}
+        pending.saved_rows = True
     saved, written, overlay = pending.base.partitions, pending.written, pending.overlay
     changed: dict[tuple[str, Key], PartitionState | None] = {}
     unsaved, pending.unsaved = pending.unsaved, {}
@@ -468,7 +502,7 @@ def _load_row(engine: StreamEngine, state: State, kind: str, item: str, value: J
         events = list(zip(map(_whole, _items(value["arrivals"])), decode_events(value))) \
             if isinstance(value, dict) and "arrivals" in value \
             else [(int(item), decode_event(value))]       # a row of one event (the earlier layout)
-        state.chunks[item] = ts_extreme((event.ts for _, event in events), latest=True)
+        state.chunks.add(item, ts_extreme((event.ts for _, event in events), latest=True))
         buffered.extend(events)
     elif kind == "partition":             # the earlier layout: one row per partition
         partition = _decode_partition(*json.loads(item))

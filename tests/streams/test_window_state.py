@@ -324,3 +324,45 @@ def test_random_batches_and_punctuations_load_as_the_engine_holds_them(db, case)
         restarted = orders_engine(db, name)
         for query in (*WINDOWED, "Ever"):
             assert kept(restarted, query) == kept(engine, query), (query, case)
+
+
+def buffer_rows(db, name: str) -> int:
+    with db.engine.connect() as connection:
+        return connection.execute(sa.text("SELECT count(*) FROM activedb_stream_state WHERE engine = :name AND "
+                                          "kind = 'buffer'"), {"name": name}).scalar_one()
+
+
+def test_a_save_looks_only_at_the_buffer_chunks_its_punctuation_releases(db, monkeypatch):
+    """Each batch's events left in the buffer are one saved chunk (a ``buffer`` row), deleted by the save of the
+    batch that releases its last event.  A save finds those chunks by their latest event, not by comparing every
+    chunk saved so far with the released punctuation: with a chunk more left buffered by every batch, each batch's
+    save compared as many chunks as the batches before it (counted: the save's timestamp comparisons).  Releasing
+    them costs a comparison per chunk released; a transaction that aborts keeps them (in memory and saved), and a
+    new engine object loads the buffer the engine holds."""
+    name = "chunk-visits"
+    engine = orders_engine(db, name)
+    compared: list[None] = []
+    saves: list[int] = []                 # per save: the timestamp comparisons it made
+    less, save = _persist.ts_less, _persist.save
+
+    def counted_save(*arguments: object) -> int:
+        compared.clear()
+        visited = save(*arguments)  # type: ignore[arg-type]
+        saves.append(len(compared))
+        return visited
+
+    monkeypatch.setattr(_persist, "ts_less", lambda first, second: compared.append(None) or less(first, second))
+    monkeypatch.setattr(_persist, "save", counted_save)
+    for call in range(40):         # an order released now, and one far ahead that stays buffered: a chunk a call
+        engine.feed([order("PLACED", call, call), order("PLACED", 1000 + call, 1000 + call)], punctuation=call + 1)
+    assert len(saves) == 40 and len(set(saves[2:])) == 1, saves
+    assert buffer_rows(db, name) == 40 and orders_engine(db, name).buffered() == engine.buffered()
+    with pytest.raises(RuntimeError, match="gives up"):
+        with db.transaction() as tx:
+            engine.process(tx, [], punctuation=1010)
+            raise RuntimeError("the caller gives up")
+    assert len(engine.buffered()) == 40 and buffer_rows(db, name) == 40
+    engine.feed([], punctuation=1010)             # releases the chunks of 1000-1009
+    assert buffer_rows(db, name) == 30 and len(engine.buffered()) == 30
+    assert saves[-1] == saves[39] + 10, saves            # (a comparison per chunk released, and the one left first)
+    assert orders_engine(db, name).buffered() == engine.buffered()
