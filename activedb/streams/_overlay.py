@@ -137,12 +137,13 @@ class Overlay:
 
     # --- the store operations -------------------------------------------------------------------------
 
-    def _row(self, table: str, key: Key) -> _Row:
+    def _row(self, table: str, key: Key, checked: Checked = Checked.WRITE) -> _Row:
         """The row ``key`` (a tuple, as the view gives it) of ``table``.  A one-column key is looked up first as
         it was given, with its value's class (``1``, ``1.0`` and ``True`` are equal keys of a dict, not equally
-        valid keys of a table), so that only a row's first touch pays for the checks of its table and key."""
+        valid keys of a table), so that only a row's first touch pays for the checks of its table and key
+        (``checked``: what the key is for — ``Checked.READ`` from a Read —, which a refusal names)."""
         if len(key) != 1:
-            return self._find(table, key)
+            return self._find(table, key, checked)
         value = key[0]
         given = (table, value, value.__class__)
         try:
@@ -150,13 +151,13 @@ class Overlay:
         except KeyError:
             pass
         except TypeError:               # (an unhashable key: the checks say what is wrong with it)
-            return self._find(table, key)
-        row = self._given[given] = self._find(table, key)
+            return self._find(table, key, checked)
+        row = self._given[given] = self._find(table, key, checked)
         return row
 
-    def _find(self, table: str, key: Key) -> _Row:
+    def _find(self, table: str, key: Key, checked: Checked) -> _Row:
         info = self._table_info(table)
-        key = info.key(key[0] if len(key) == 1 else key)
+        key = info.key(key[0] if len(key) == 1 else key, checked)
         row = self._rows.get((info.name, key))
         if row is None:
             row = self._rows[(info.name, key)] = _Row(info, key)
@@ -274,7 +275,7 @@ class OverlayView(StoreView):
         if self._cost is not None:
             self._cost("read")
         overlay = self._overlay
-        row = overlay._row(table, key)
+        row = overlay._row(table, key, Checked.READ)
         image = overlay._image(row)
         self.reads += 1
         if self._history is not None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import decimal
+import heapq
 import json
 from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterator, Mapping
 
@@ -206,6 +207,39 @@ def decode_events(data: dict[str, Json]) -> list[StreamEvent]:
                 *(_expand(data[field], count) for field in ("t", "ts", "s", "p"))))]
 
 
+class BufferChunks:
+    """The saved chunks of the buffer (the design note's "Exactly once": one ``buffer`` row per batch with the events
+    it left buffered), each by the latest timestamp of its events: ``latest[item]``.  :meth:`release` finds the chunks
+    a released punctuation empties by a heap of those timestamps — a look at each chunk released and one more, not
+    at every chunk saved.
+
+    Invariant: every chunk in ``latest`` whose latest timestamp is not None has one entry in ``_heap``, and the heap
+    holds no other.  (Timestamps of one engine compare: admission gives them one kind; ties order by item.)
+    Mutated only by :func:`save` and :func:`load`, as :class:`PartitionRows`: a batch whose transaction aborts after
+    its save changed them makes the engine load its state again.  Not locked: the engine has one batch in progress
+    at a time, whose save alone changes it."""
+
+    def __init__(self) -> None:
+        self.latest: dict[str, Punctuation | None] = {}
+        self._heap: list[tuple[Punctuation, str]] = []
+
+    def add(self, item: str, latest: Punctuation | None) -> None:
+        """Chunk ``item`` is saved, its latest event at ``latest`` (None: it has none, and is never released)."""
+        self.latest[item] = latest
+        if latest is not None:
+            heapq.heappush(self._heap, (latest, item))
+
+    def release(self, released: Punctuation) -> list[str]:
+        """Forget the chunks whose every event is older than ``released`` (released: the buffer holds none of them
+        any more) and return their items, to delete."""
+        heap, gone = self._heap, []
+        while heap and ts_less(heap[0][0], released):
+            _, item = heapq.heappop(heap)
+            del self.latest[item]
+            gone.append(item)
+        return gone
+
+
 class PartitionRows:
     """Which saved rows hold the partitions' states (the design note's "Exactly once": one ``partitions`` row per
     batch with the partitions it changed, each row kept while it holds a partition's latest state).
@@ -225,6 +259,20 @@ class PartitionRows:
         self.holders: dict[tuple[str, Key], set[str]] = {}
         self.entries: dict[str, set[tuple[str, Key]]] = {}
         self.legacy: set[tuple[str, Key]] = set()
+        # Invariant: no row added (saved or loaded) has an item after ``newest`` (loading applies rows by item).
+        self.newest: str | None = None
+
+    def next_item(self, position: int) -> str:
+        """The item of a new row saved at release position ``position``: the position (12 digits), or — a row was
+        saved at that position already (a batch that released nothing and pruned, or a second save in one
+        transaction) — that row's item with a serial after a dot, so that the new row neither overwrites it nor
+        sorts before it (``.`` sorts before every digit; the serial has 6 digits)."""
+        item = f"{position:012d}"
+        newest = self.newest
+        if newest is None or newest < item:
+            return item
+        base, _, serial = newest.partition(".")
+        return f"{base}.{int(serial or 0) + 1:06d}"
 
     def add(self, item: str, partitions: Mapping[tuple[str, Key], PartitionState | None]) -> set[str]:
         """Row ``item`` holds the latest entry of each of ``partitions`` (a state, or None: emptied).  Returns the
@@ -236,7 +284,28 @@ class PartitionRows:
             holders.add(item)
             self.latest[partition] = (item, state is None)
         self.entries[item] = set(partitions)
+        if self.newest is None or self.newest < item:
+            self.newest = item
         return older
+
+    def record(self, item: str, partitions: Mapping[tuple[str, Key], PartitionState | None]
+               ) -> tuple[dict[tuple[str, Key], PartitionState | None], list[str]]:
+        """A new row ``item`` with the latest entries of ``partitions`` (:meth:`add`): returns the entries it must
+        hold — none: the row is not written — and the older rows no longer needed (:meth:`unneeded`), to delete.
+
+        An emptied entry whose partition no older row holds once those are gone is needed by nothing (the
+        invariant): it is left out, not written — a partition pruned in the batch after the one that saved it, with
+        every other partition of that row, costs the delete of that row and nothing more."""
+        gone = self.unneeded(self.add(item, partitions) - {item})
+        if item in gone:                                  # (every entry of it was such an emptied one)
+            gone.remove(item)
+            return {}, gone
+        kept = self.entries[item]
+        for partition, state in partitions.items():
+            if state is None and self.holders[partition] == {item}:
+                kept.discard(partition)
+                del self.holders[partition], self.latest[partition]
+        return {partition: partitions[partition] for partition in partitions if partition in kept}, gone
 
     def unneeded(self, candidates: set[str]) -> list[str]:
         """Forget every row among ``candidates`` that is no longer needed (the class invariant), and the rows that
@@ -317,17 +386,17 @@ def save(engine: StreamEngine, tx: Transaction, pending: Pending) -> int:
     since then (``Pending.unsaved``), not every one its transaction's earlier batches set.  Returns how many
     partitions it looked at."""
     name = engine.name
-    chunks, released = pending.chunks, pending.released
-    for item in [item for item, latest in chunks.items()
-                 if released is not None and latest is not None and ts_less(latest, released)]:
+    chunks = pending.base.chunks
+    for item in chunks.release(pending.released) if pending.released is not None else ():
         tx.delete(TABLE, (name, "buffer", item))       # every event of the chunk was released
-        del chunks[item]
+        pending.saved_rows = True
     if pending.buffer_added:
         item = f"{min(pending.buffer_added):012d}"
         tx.write(TABLE, (name, "buffer", item),
                  value={"arrivals": list(pending.buffer_added), **encode_events(list(pending.buffer_added.values()))})
-        chunks[item] = ts_extreme((event.ts for event in pending.buffer_added.values()), latest=True)
+        chunks.add(item, ts_extreme((event.ts for event in pending.buffer_added.values()), latest=True))
         pending.buffer_added = {}
+        pending.saved_rows = True
     saved, written, overlay = pending.base.partitions, pending.written, pending.overlay
     changed: dict[tuple[str, Key], PartitionState | None] = {}
     unsaved, pending.unsaved = pending.unsaved, {}
@@ -346,10 +415,11 @@ def save(engine: StreamEngine, tx: Transaction, pending: Pending) -> int:
         recorded = {partition: state for partition, state in changed.items()
                     if state is not None or partition in rows.holders}
         if recorded:
-            item = f"{pending.position:012d}"         # one row per batch that changed partitions (positions advance)
-            tx.write(TABLE, (name, "partitions", item), value=_encode_states(recorded))
-            older = rows.add(item, recorded)
-            for gone in rows.unneeded(older - {item}):
+            item = rows.next_item(pending.position)   # one row per save that changed partitions
+            entries, gone_rows = rows.record(item, recorded)
+            if entries:
+                tx.write(TABLE, (name, "partitions", item), value=_encode_states(entries))
+            for gone in gone_rows:
                 tx.delete(TABLE, (name, "partitions", gone))
     meta = {"released": encode_value(pending.released),
             "punctuations": {stream: encode_value(value) for stream, value in pending.punctuations.items()},
@@ -432,7 +502,7 @@ def _load_row(engine: StreamEngine, state: State, kind: str, item: str, value: J
         events = list(zip(map(_whole, _items(value["arrivals"])), decode_events(value))) \
             if isinstance(value, dict) and "arrivals" in value \
             else [(int(item), decode_event(value))]       # a row of one event (the earlier layout)
-        state.chunks[item] = ts_extreme((event.ts for _, event in events), latest=True)
+        state.chunks.add(item, ts_extreme((event.ts for _, event in events), latest=True))
         buffered.extend(events)
     elif kind == "partition":             # the earlier layout: one row per partition
         partition = _decode_partition(*json.loads(item))

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Callable, Hashable, Mapping
 from activedb.events import Instant
 from activedb.streams._events import END_OF_STREAM, Punctuation, StreamEvent
 from activedb.streams._matcher import Matcher, PartitionState, earliest, outside
-from activedb.streams._persist import PartitionRows
+from activedb.streams._persist import BufferChunks, PartitionRows
 from activedb.txn import CommitParticipant
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -35,8 +35,8 @@ class State:
     position: int = 0                 # the next release position
     arrivals: int = 0                 # the next arrival number
     time_kind: str | None = None      # "number" or "datetime", fixed by the first event admitted or punctuation
-    # The saved chunks of the buffer (durable engines): row item -> the latest ts of its events.
-    chunks: dict[str, Punctuation | None] = field(default_factory=dict)
+    # The saved chunks of the buffer (durable engines; ``_persist.BufferChunks``), by the latest ts of their events.
+    chunks: BufferChunks = field(default_factory=BufferChunks)
     # Which saved rows hold the partitions' states (durable engines; ``_persist.PartitionRows``).
     partition_rows: PartitionRows = field(default_factory=PartitionRows)
 
@@ -64,11 +64,11 @@ class Pending:
         self.position = base.position
         self.arrivals = base.arrivals
         self.time_kind = base.time_kind
-        self.chunks = dict(base.chunks)
         self.buffer_added: dict[int, StreamEvent] = {}     # arrival -> event, admitted and still buffered
         self.written: dict[tuple[str, tuple[Hashable, ...]], PartitionState | None] = {}    # partitions saved in this batch
         self.units: list[str] = []          # history units run in this batch (aborted with it)
-        self.saved_rows = False             # the batch's save changed base.partition_rows (undone by loading again)
+        # The batch's save changed base.partition_rows or base.chunks (undone by loading again).
+        self.saved_rows = False
 
     def partition(self, key: tuple[str, tuple[Hashable, ...]]) -> PartitionState | None:
         if key in self.overlay:
@@ -90,7 +90,7 @@ class Pending:
                 partitions[key] = value
         return State(partitions=partitions, buffer=self.buffer, released=self.released,
                      punctuations=self.punctuations, position=self.position, arrivals=self.arrivals,
-                     time_kind=self.time_kind, chunks=self.chunks, partition_rows=self.base.partition_rows)
+                     time_kind=self.time_kind, chunks=self.base.chunks, partition_rows=self.base.partition_rows)
 
 
 class BatchOutcome(CommitParticipant):

@@ -1259,6 +1259,29 @@ def test_an_event_whose_row_key_the_table_refuses_is_a_dead_letter_and_the_strea
     assert observe(db, result.outputs) == expected
 
 
+@pytest.mark.parametrize("scheduler", ["sei", "s2pl", "lwm"])
+def test_a_read_key_out_of_the_column_s_range_says_nothing_was_read(db, scheduler):
+    """A query's Read whose key the table refuses by its range (2**40 for ``stream_cells.cell``, an integer) is the
+    event's dead letter saying nothing was read — not "nothing was written": a Read writes nothing
+    (``Checked.READ``).  Under every scheduler's view: SEI's overlay, S2PL's ``LockedView`` and LWM's
+    ``VersionedView.read``, whose refusal had no test of its own.  The other event is processed as usual.  Before,
+    SEI's Read of a key given as a tuple (a subquery's) was checked by the overlay's row lookup (``Overlay._row``) as
+    a key to write, and said "nothing was written"."""
+    made = streams.StreamEngine(db, name=f"read-range-{scheduler}", scheduler=scheduler, durable=False)
+    made.create_stream("s", types=("A",), attributes=("k",))
+    made.define("CREATE QUERY Probe PATTERN SEQ(A) WHERE (SELECT value FROM stream_cells WHERE cell = A.k) <= 5 "
+                "RETURN A.k")
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("INSERT INTO stream_cells (cell, value) VALUES (1, 0)"))
+    result = made.feed([streams.StreamEvent("A", 1, {"k": 2**40}), streams.StreamEvent("A", 2, {"k": 1})],
+                       punctuation=streams.END_OF_STREAM)
+    [letter] = result.dead_letters
+    assert letter.event.attributes == {"k": 2**40}
+    assert "1099511627776 is outside the column's range" in letter.reason, letter.reason
+    assert letter.reason.endswith("; nothing was read") and "nothing was written" not in letter.reason, letter.reason
+    assert [output.attributes["k"] for output in result.outputs] == [1]
+
+
 @pytest.mark.parametrize("bad", [float("nan"), dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)],
                          ids=["nan", "a-datetime-for-number-timestamps"])
 @pytest.mark.parametrize("first", [True, False], ids=["first-batch", "later-batch"])
