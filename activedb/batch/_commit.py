@@ -855,10 +855,17 @@ def _new_rows(catalog: Catalog, inserted: Mapping[str, list[RowImage]], drawn: C
         info = catalog.table_info(table)
         given = bool(info.always_generated) and drawn is not None and table not in drawn
         by_columns: dict[frozenset[str], list[RowImage]] = {}
+        # (A row with the columns of the row before it joins that row's list without a set made of its columns: the
+        # rows one rule inserts come one after the other, and ``keys() ==`` compares them as sets, in C.)
+        previous: RowImage = {}
+        group: list[RowImage] = []
         for row in inserted[table]:
             if given and type(row) is not DrawnRow:
                 info.refuse_given_identity(row, f"a row inserted into {table!r}", NO_GIVEN_KEY)
-            by_columns.setdefault(frozenset(row), []).append(row)
+            if not group or row.keys() != previous.keys():
+                group = by_columns.setdefault(frozenset(row), [])
+            group.append(row)
+            previous = row
         for columns, rows in by_columns.items():
             names = sorted(columns)
             check_required(info, columns, f"a row inserted into {table!r}")

@@ -522,8 +522,8 @@ class _RowTransaction:
     **payload)`` the signals (the events ``tx.signal`` makes, in ``transaction``).  Any other use is a deviation
     (``deviated``), whether or not the rule catches the error raised for it."""
 
-    __slots__ = ("_table", "_nested", "_key", "_image", "_created", "written", "deviated", "_inserts", "inserted",
-                 "_keyed", "_signals", "signals", "transaction", "deferring", "checking", "_checked_now")
+    __slots__ = ("_table", "_nested", "_key", "_image", "_created", "written", "deviated", "_inserting", "inserted",
+                 "_signals", "signals", "transaction", "deferring", "checking")
 
     def __init__(self, table: str, key: Hashable, image: RowImage | None,
                  created: Callable[[Hashable], RowImage], inserts: Mapping[str, TableInfo] | None = None,
@@ -537,15 +537,18 @@ class _RowTransaction:
         self._created = created          # key -> the blank row with that key: a created row besides its writes
         self.written: dict[str, object] | None = None
         self.deviated = False
-        self._inserts = inserts or {}    # the tables the chain may insert into (each key a sequence's)
-        # The tables whose rows ``insert`` checks as it takes them in any case: those whose check converts a value
-        # (``TableInfo.rounds``: the row keeps what PostgreSQL will store), and those with list or dict columns, whose
-        # values it copies then too (``copy_nested``, as ``tx.insert`` copies them: a change the rule makes after the
-        # call is not stored).
-        self._checked_now = frozenset(name for name, info in self._inserts.items() if info.rounds or info.nested)
+        # Per table the chain may insert into (each key a sequence's), what ``insert`` needs of it, looked up once per
+        # row: its ``TableInfo``, its key columns, whether it checks each row as it takes it in any case — a table
+        # whose check converts a value (``TableInfo.rounds``: the row keeps what PostgreSQL will store), or one with
+        # list or dict columns, whose values it copies then too (``copy_nested``, as ``tx.insert`` copies them: a
+        # change the rule makes after the call is not stored) —, and what draws its next generated key (``keyed``:
+        # rules hear its rows' data events; None: the table's sequence gives it at the commit).
+        drawing = keyed or {}
+        self._inserting: dict[str, tuple[TableInfo, tuple[str, ...], bool, Callable[[], int] | None]] = {
+            name: (info, tuple(info.key_columns), bool(info.rounds or info.nested), drawing.get(name))
+            for name, info in (inserts or {}).items()}
         #: The rows inserted so far, per table (None: none).
         self.inserted: dict[str, list[dict[str, object]]] | None = None
-        self._keyed = keyed or {}        # table -> draws its next generated key (rules hear its rows' data events)
         self._signals = signals          # the names the chain may signal
         #: The signals raised so far (None: none), each the event ``tx.signal`` makes.
         self.signals: list[Event] | None = None
@@ -594,20 +597,20 @@ class _RowTransaction:
         ``_checked_now`` (every table with such columns); else the commit checks them, every row's, a column at a
         time, and a value it refuses makes it run the batch again with ``checking`` set, where this raises as
         ``tx.insert`` does."""
-        info = self._inserts.get(table)
-        if info is None:
+        found = self._inserting.get(table)
+        if found is None:
             raise self._deviate(f"inserted into {table!r} {sorted(values)}")
-        for column in info.key_columns:      # (a loop, not ``any``: no generator per row)
+        info, key_columns, checked_now, draw = found
+        for column in key_columns:      # (a loop, not ``any``: no generator per row)
             if values.get(column) is not None:
                 raise self._deviate(f"inserted into {table!r} {sorted(values)}")
-        if self.checking or table in self._checked_now:
+        if checked_now or self.checking:
             values = info.check_values(values, copy=False)
             if info.nested:      # (as it is now, as ``tx.insert`` takes it: the rule's list stays the rule's)
                 copy_nested(values, info.nested, EXACT_DEPTH)
-        draw = self._keyed.get(table)
         if draw is not None:
             values = DrawnRow(values)      # (the marker: its key is drawn, not given)
-            values[info.key_columns[0]] = draw()
+            values[key_columns[0]] = draw()
         inserted = self.inserted
         if inserted is None:
             self.inserted = {table: [values]}
@@ -1008,9 +1011,12 @@ def _chain_runner(chain: LearnedDeclaration) -> Callable[[BatchEvent, Hashable, 
                   "            rejected_rows[event.position] = stand_in.inserted"]
     ran = "[r for r in (" + "".join(f"r{i}, " for i in steps) + ") if r is not None]" if conditional else "None"
     lines += [f"        return raised(event.position, stream_event, stand_in, error, step, {ran})",
-              "    if rejected:",
-              "        rejected.pop(event.position, None)      # (a run again that did not raise)",
-              "        rejected_rows.pop(event.position, None)"]
+              # (A run again that did not raise: its event is rejected no longer.  A membership test first, not a
+              # ``pop`` per event: once one event of the batch was rejected, every later one would call it.)
+              "    if rejected and event.position in rejected:",
+              "        del rejected[event.position]",
+              "    if rejected_rows and event.position in rejected_rows:",
+              "        del rejected_rows[event.position]"]
     if signalling:
         lines += ["    if deferred or event.position in signals:",
                   "        signalled(event.position, stand_in, deferred)"]

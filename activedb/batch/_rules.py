@@ -728,9 +728,10 @@ def apply_lowered(rules: "RuleManager", transaction: "Transaction", events: Iter
             # A learned chain: each rule's action ran where its condition held, up to a rule that raised, if one did
             # (its event a dead letter: that rule failed, the rules after it did not run).
             if positions is None:
-                positions = {}
+                # (Each type's list made first: an ``append`` per event, not a ``setdefault`` and an ``append``.)
+                positions = {kind: [] for kind in per_type}
                 for event in pending.batch:
-                    positions.setdefault(event.event_type, []).append(event.position)
+                    positions[event.event_type].append(event.position)
             _count_chain(tally, chain, declaration, positions.get(event_type, []))
         inserted = result.inserted() if reactions is not None and reactions.keyed else {}
         if reactions is not None:
