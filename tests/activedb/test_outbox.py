@@ -33,7 +33,7 @@ from activedb.cli import main
 from activedb.clock import ManualClock
 from activedb.errors import GeneratedKeysReset, OutboxError, RuleDefinitionChangedWarning, SerializationConflict
 from activedb.outbox import _records
-from activedb.testing import wait_until
+from activedb.testing import Watchdog, wait_until
 from tests._sessions import end_sessions, sessions
 from tests._unshowable import Unshowable
 
@@ -1669,6 +1669,48 @@ def test_a_given_up_firing_whose_thread_returns_normally_is_counted_once_failed(
         assert statistics.per_rule == {rule: {"failed": 1}}, statistics
         assert [status for _, status, *_ in records(database)] == ["failed"]
         assert seen(database) == [], "the given-up firing's write committed"
+    finally:
+        release.set()
+        database.close()
+
+
+def test_a_firing_given_up_past_the_deadline_releases_its_locks_to_a_later_firing_on_the_same_row(migrated):
+    """A given-up firing's thread kept the lock-manager locks of what it wrote until it returned: a later firing that
+    writes the same row waited behind a thread that never returns.  The give-up ends the group transaction in the lock
+    manager too (``lowlevel.abandon``: its tree doomed before it began to commit, so it never flushes): the later
+    firing gets the row, commits, and the given-up firing's write never does, also once its thread returns."""
+    clock, started, release = ManualClock(), threading.Event(), threading.Event()
+    database = activedb.connect(migrated, clock=clock, outbox_options={"recovery_interval": None, "rule_deadline": 5})
+    with database.engine.begin() as connection:
+        connection.execute(sa.text("TRUNCATE items, activedb_outbox RESTART IDENTITY"))
+
+    @database.rule(on=database.signalled("stuck"), coupling=Coupling.DETACHED, name="holds_the_row")
+    def holds_the_row(tx, event):
+        tx.write("items", "shared", value=int(event.payload.get("n", 1)))
+        if event.payload.get("n") is None:
+            started.set()
+            release.wait(TIMEOUT * 10)     # set only at the end of the test
+
+    def shared_value():
+        with database.engine.connect() as connection:
+            return connection.execute(sa.text("SELECT value FROM items WHERE key = 'shared'")).scalar()
+
+    try:
+        with Watchdog(TIMEOUT * 4, database.transactions.locks, on_fire=release.set):
+            pass_the_deadline_of_a_stuck_firing(database, clock, started)
+            wait_until(lambda: database.outbox.statistics().given_up == 1, TIMEOUT, "the firing given up")
+            with database.transaction() as tx:
+                tx.signal("stuck", n=2)         # a later firing on the same row, in a group of its own
+            wait_until(lambda: shared_value() == 2, TIMEOUT, "the later firing on the same row committed",
+                       lambda: (records(database), database.transactions.locks.statistics()))
+            database.rules.wait_idle(TIMEOUT)
+            assert [status for _, status, *_ in records(database)] == ["failed", "done"]
+            release.set()
+            wait_until(lambda: database.outbox.statistics().given_up == 0, TIMEOUT,
+                       "the given-up firing's thread returned")
+        assert shared_value() == 2, "the given-up firing's write committed"
+        counters = database.rules.statistics().per_rule["holds_the_row"]
+        assert (counters.fired, counters.executed, counters.failed, counters.cancelled) == (2, 1, 1, 0), counters
     finally:
         release.set()
         database.close()
