@@ -126,7 +126,8 @@ class Work:
     (a dead process's, or one ``retry_failed`` made pending: no dispatch here counted ``fired`` for this run — that
     process's did, or the attempt here that ended failed —, so its first run here counts it too); ``uncounted``,
     whether its last run executed and its group has not committed yet (its ``executed`` is counted then;
-    ``cancelled`` if the group's abort undid it and it runs again, ``failed`` if it fails for good)."""
+    ``cancelled`` if the group's abort undid it and it runs again, here or — dropped by ``close()`` — in the next process,
+    ``failed`` if it fails for good)."""
 
     record_id: int
     firing: "Firing"
@@ -308,15 +309,21 @@ class Executor:
                 self._idle_waiters -= 1
 
     def close(self, wait: float = 0.0) -> bool:
-        """Run no more groups (the queued works are dropped: their records stay pending in PostgreSQL) and wait up to
-        ``wait`` seconds for the groups running now (not for one whose runner is the calling thread); False if some
-        still run."""
+        """Run no more groups (the queued and parked works are dropped: their records stay pending in PostgreSQL, for
+        the next process) and wait up to ``wait`` seconds for the groups running now (not for one whose runner is the
+        calling thread); False if some still run.  A dropped work whose last run executed in a group whose abort undid
+        it (``Work.uncounted``) has that attempt counted ``cancelled``: it runs again elsewhere, as :func:`_undone`
+        counts a run again here."""
         with self._idle:
             self._closed = True
+            dropped = [work for work in (*self._ready, *self._parked) if work.uncounted]
             self._ready.clear()
+            self._parked.clear()
             self._idle.notify_all()
             mine = 1 if threading.get_ident() in self._runner_threads else 0
             self._watch_wake.set()
+        _undone(self._outbox, dropped)          # (no mutex held: it calls the rule manager)
+        with self._idle:
             return self._idle.wait_for(lambda: self._runners <= mine, wait)
 
     # --- runners ----------------------------------------------------------------------------
@@ -349,8 +356,7 @@ class Executor:
                 pass
             except BaseException as error:  # never lose the accounting; the records stay pending in PostgreSQL
                 if interrupts_the_process(error):      # (Ctrl-C: parked, and the program stops)
-                    with self._mutex:
-                        self._parked.extend(group)
+                    self._park(group)
                     raise
                 if isinstance(error, Exception) and classify(error) is not Failure.BUG:   # (an outage, a refusal)
                     logger.warning("outbox group runner stopped: %s; its %d record(s) wait for the next recovery "
@@ -358,8 +364,7 @@ class Executor:
                 else:                       # a bug: its traceback
                     logger.exception("outbox group runner failed; its %d record(s) wait for the next recovery pass",
                                      len(group))
-                with self._mutex:
-                    self._parked.extend(group)
+                self._park(group)
             finally:
                 with self._mutex:
                     given_up = self._given_up.pop(me, None) is not None
@@ -369,6 +374,15 @@ class Executor:
                 self._watch_wake.set()      # (the deadline watcher looks again: it ends with the last group once closed)
             if given_up:                    # (its runner was released when it was given up)
                 return
+
+    def _park(self, works: list[Work]) -> None:
+        """Park ``works`` until the next recovery pass (PostgreSQL unreachable, or their runner stopped) — or, once
+        closed, drop them as :meth:`close` drops the parked ones (their records stay pending)."""
+        with self._mutex:
+            if not self._closed:
+                self._parked.extend(works)
+                return
+        _undone(self._outbox, works)
 
     def _release(self, run: _GroupRun) -> None:
         """Caller holds ``_mutex``: ``run``'s works are no longer running (``_running``, ``_taken``)."""
@@ -440,8 +454,7 @@ class Executor:
             logger.warning("outbox: PostgreSQL unreachable while running %d firing(s) (%s); they wait for the "
                            "next recovery pass", len(group), describe_error(error))
             self._settled(group)
-            with self._mutex:
-                self._parked.extend(group)
+            self._park(group)
             return
         retryable = is_retryable(error) or isinstance(error, DuplicateKey)
         if len(group) > 1:

@@ -162,6 +162,96 @@ def test_a_member_whose_writes_postgresql_refuses_fails_alone_and_the_rest_commi
     assert_seven_fails_alone(db, "sometimes_huge", "54000")
 
 
+@pytest.mark.parametrize("abort", ["refused", "conflict"])
+def test_a_group_that_aborts_after_its_members_actions_ran_counts_one_outcome_per_attempt(db, abort):
+    """A group whose commit fails after its members' actions ran undoes those runs: each such attempt counted
+    ``fired`` and must end in one outcome — ``cancelled`` when the member runs again, ``failed`` when it fails for good
+    — so that ``fired`` stays the sum of the outcomes (rules README, "Counters count attempts").  ``refused``:
+    PostgreSQL refuses one member's row at the flush (not retryable: the group is split until that member is alone);
+    ``conflict``: another transaction changes the row the only member read, after its action ran and before its
+    group's flush (a serialization conflict: the group runs again)."""
+    rule = f"group_aborts_{abort}"
+    changed = threading.Event()
+
+    @db.rule(on=db.signalled("go"), coupling=Coupling.DETACHED, name=rule)
+    def action(tx, event):
+        number = event.payload["n"]
+        if abort == "refused":
+            key = "x" * 900_000 + uuid.uuid4().hex * 2000 if number == 7 else f"k{number}"   # too large to index
+            tx.write("items", key, value=number)
+            return
+        current = tx.read("items", "counted")
+        if not changed.is_set():            # (its first run only: the change its group's flush then finds)
+            changed.set()
+            with db.engine.begin() as connection:
+                connection.execute(sa.text("UPDATE items SET value = value + 100 WHERE key = 'counted'"))
+        tx.write("items", "counted", value=current["value"] + 1)
+
+    if abort == "conflict":
+        with db.transaction() as tx:
+            tx.insert("items", key="counted", value=0)
+    with db.transaction() as tx:
+        for number in range(20 if abort == "refused" else 1):
+            tx.signal("go", n=number)
+    db.rules.wait_idle(TIMEOUT)
+    counters = db.rules.statistics().per_rule[rule]
+    assert counters.fired == (counters.executed + counters.failed + counters.cancelled + counters.condition_false), \
+        counters
+    if abort == "refused":
+        assert (counters.executed, counters.failed) == (19, 1), counters
+        assert counters.cancelled == counters.fired - 20 > 0, counters       # (each run undone by a split)
+    else:
+        assert (counters.fired, counters.executed, counters.cancelled, counters.failed) == (2, 1, 1, 0), counters
+        with db.engine.connect() as connection:
+            assert connection.execute(sa.text("SELECT value FROM items WHERE key = 'counted'")).scalar() == 101
+    assert [status for _, status, *_ in records(db)].count("done") == (19 if abort == "refused" else 1)
+
+
+class EndsItsSession(lowlevel.CommitParticipant):
+    """Ends its own PostgreSQL session in the flush of the tree it was enlisted in: the connection breaks there,
+    after the tree's work ran (PostgreSQL's ``pg_terminate_backend`` of the flush's own backend)."""
+
+    def write(self, transaction, connection) -> None:
+        connection.exec_driver_sql("SELECT pg_terminate_backend(pg_backend_pid())")
+
+
+@pytest.mark.parametrize("then", ["recover", "close"])
+def test_a_group_parked_after_its_members_actions_ran_counts_one_outcome_per_attempt(migrated, then):
+    """A group whose flush loses its connection after its members' actions ran is parked for the next recovery pass:
+    the attempt counted ``fired`` and its action ran, but nothing committed.  Run again (``recover``), that attempt
+    ends ``cancelled`` and the run again ``executed``; dropped from memory by ``close()`` (its record stays pending
+    for the next process), it ends ``cancelled`` too — ``fired`` stays the sum of the outcomes."""
+    database = activedb.connect(migrated, outbox_options={"recovery_interval": None})
+    with database.engine.begin() as connection:
+        connection.execute(sa.text("TRUNCATE items, activedb_outbox RESTART IDENTITY"))
+    rule = f"parked_then_{then}"
+    broke = threading.Event()
+
+    @database.rule(on=database.signalled("go"), coupling=Coupling.DETACHED, name=rule)
+    def action(tx, event):
+        tx.write("items", rule, value=1)
+        if not broke.is_set():              # (its first run: its group's flush loses the connection)
+            broke.set()
+            lowlevel.enlist(tx, EndsItsSession())
+
+    try:
+        with database.transaction() as tx:
+            tx.signal("go")
+        wait_until(lambda: database.outbox.statistics().parked == 1, TIMEOUT, "the group parked",
+                   lambda: (database.outbox.statistics(), records(database)))
+        if then == "recover":
+            database.outbox.recover()
+            database.rules.wait_idle(TIMEOUT)
+    finally:
+        database.close()
+    counters = database.rules.statistics().per_rule[rule]
+    assert counters.fired == (counters.executed + counters.failed + counters.cancelled + counters.condition_false), \
+        counters
+    expected = (2, 1, 1) if then == "recover" else (1, 0, 1)
+    assert (counters.fired, counters.executed, counters.cancelled) == expected, counters
+    assert [status for _, status, *_ in records(database)] == ["done" if then == "recover" else "pending"]
+
+
 def assert_seven_fails_alone(db, rule: str, sqlstate: str) -> None:
     """Twenty signals ``go`` (n = 0..19) in one transaction, whose detached firings run as one group: the member
     for n = 7 fails alone with ``sqlstate``, the other 19 commit their ``items`` rows."""
