@@ -1806,6 +1806,64 @@ def test_a_firing_given_up_past_the_deadline_releases_its_locks_to_a_later_firin
         database.close()
 
 
+def test_a_group_waiting_in_its_commit_past_the_rule_deadline_frees_its_runner_and_commits_when_it_can(migrated):
+    """The rule deadline timed only the rules' runs: a group whose firings had returned but whose commit waited in
+    PostgreSQL (another session holds a row it writes) held its runner, and the firings queued after it never ran
+    while that session kept its lock.  Past the deadline the runner is released (a new one runs what is queued); the
+    group is not given up — its commit may be under way in PostgreSQL —: it commits once the lock is free, its
+    firing done and counted executed once, nothing failed."""
+    clock = ManualClock()
+    database = activedb.connect(migrated, clock=clock, outbox_options={"recovery_interval": None, "rule_deadline": 5})
+    with database.engine.begin() as connection:
+        connection.execute(sa.text("TRUNCATE items, activedb_outbox RESTART IDENTITY"))
+        connection.execute(sa.text("INSERT INTO items (key, value) VALUES ('held', 0)"))
+
+    @database.rule(on=database.signalled("held"), coupling=Coupling.DETACHED, name="writes_a_held_row")
+    def writes_a_held_row(tx, event):
+        tx.write("items", "held", value=1)
+
+    @database.rule(on=database.signalled("next"), coupling=Coupling.DETACHED, name="runs_after_the_waiting_group")
+    def runs_after_the_waiting_group(tx, event):
+        tx.write("items", "next", value=2)
+
+    def value(key):
+        with database.engine.connect() as connection:
+            return connection.execute(sa.text("SELECT value FROM items WHERE key = :key"), {"key": key}).scalar()
+
+    def waiting_for_a_lock():
+        with database.engine.connect() as connection:
+            return connection.execute(sa.text("SELECT count(*) FROM pg_stat_activity WHERE datname = "
+                                              "current_database() AND wait_event_type = 'Lock'")).scalar()
+
+    holder = database.engine.connect()
+    try:
+        with Watchdog(TIMEOUT * 4, database.transactions.locks):
+            transaction = holder.begin()
+            holder.execute(sa.text("SELECT value FROM items WHERE key = 'held' FOR UPDATE"))
+            with database.transaction() as tx:
+                tx.signal("held")
+            wait_until(lambda: waiting_for_a_lock() == 1, TIMEOUT, "the group's commit waits for the held row",
+                       lambda: (records(database), database.outbox.statistics()))
+            wait_until(lambda: clock.sleepers >= 1, TIMEOUT, "the deadline watcher waits on the clock")
+            clock.advance(6)
+            with database.transaction() as tx:
+                tx.signal("next")
+            wait_until(lambda: value("next") == 2, TIMEOUT, "the firing queued after the waiting group ran",
+                       lambda: (records(database), database.outbox.statistics()))
+            assert value("held") == 0 and waiting_for_a_lock() == 1
+            transaction.rollback()
+            database.rules.wait_idle(TIMEOUT)
+        assert value("held") == 1
+        assert [status for _, status, *_ in records(database)] == ["done", "done"]
+        statistics = database.outbox.statistics()
+        assert (statistics.given_up, statistics.failed) == (0, 0), statistics
+        counters = database.rules.statistics().per_rule["writes_a_held_row"]
+        assert (counters.fired, counters.executed, counters.failed, counters.cancelled) == (1, 1, 0, 0), counters
+    finally:
+        holder.close()
+        database.close()
+
+
 def pass_the_deadline_of_a_stuck_firing(database, clock: ManualClock, started: threading.Event) -> None:
     """Signal ``stuck``, wait for its firing to run (``started``) and for the deadline watcher to wait on ``clock``,
     then pass a rule deadline of 5 s: the watcher gives the firing up (after this returns)."""
