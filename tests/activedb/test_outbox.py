@@ -1788,12 +1788,15 @@ def test_a_firing_given_up_past_the_deadline_releases_its_locks_to_a_later_firin
     try:
         with Watchdog(TIMEOUT * 4, database.transactions.locks, on_fire=release.set):
             pass_the_deadline_of_a_stuck_firing(database, clock, started)
-            wait_until(lambda: database.outbox.statistics().given_up == 1, TIMEOUT, "the firing given up")
+            # (given up: its record marked failed, then counted so, by the deadline watcher)
+            wait_until(lambda: database.rules.statistics().per_rule["holds_the_row"].failed == 1, TIMEOUT,
+                       "the firing given up", lambda: (records(database), database.outbox.statistics()))
             with database.transaction() as tx:
                 tx.signal("stuck", n=2)         # a later firing on the same row, in a group of its own
             wait_until(lambda: shared_value() == 2, TIMEOUT, "the later firing on the same row committed",
                        lambda: (records(database), database.transactions.locks.statistics()))
             database.rules.wait_idle(TIMEOUT)
+            assert database.outbox.statistics().given_up == 1
             assert [status for _, status, *_ in records(database)] == ["failed", "done"]
             release.set()
             wait_until(lambda: database.outbox.statistics().given_up == 0, TIMEOUT,
@@ -1844,7 +1847,11 @@ def test_a_group_waiting_in_its_commit_past_the_rule_deadline_frees_its_runner_a
                 tx.signal("held")
             wait_until(lambda: waiting_for_a_lock() == 1, TIMEOUT, "the group's commit waits for the held row",
                        lambda: (records(database), database.outbox.statistics()))
-            wait_until(lambda: clock.sleepers >= 1, TIMEOUT, "the deadline watcher waits on the clock")
+            # (The commit's start woke the deadline watcher: once it cleared that wake-up, the firing's sleep is over,
+            # and a sleeper is the watcher timing the commit — advanced before that, its new sleep would start later.)
+            executor = database.outbox._executor
+            wait_until(lambda: not executor._watch_wake.is_set() and clock.sleepers >= 1, TIMEOUT,
+                       "the deadline watcher times the group's commit")
             clock.advance(6)
             with database.transaction() as tx:
                 tx.signal("next")
