@@ -827,9 +827,10 @@ class RecordsTakenOver(OutboxError, SerializationConflict):
 class RuleDeadlineExceeded(OutboxError):
     """A detached-family firing did not return within the outbox's rule deadline (``OutboxOptions(rule_deadline=…)``)
     and was given up: its group transaction was doomed — nothing it wrote commits, even if its thread returns —, its
-    record failed with this message, its group runner freed.  Python cannot stop a thread: the rule's thread runs on,
-    holding the lock-manager locks of what it wrote until it returns.  ``rule``: the rule's name; ``record_id``: its
-    outbox record (``activedb outbox --retry ID`` runs it again, once the rule is fixed)."""
+    record failed with this message, its group runner freed, its lock-manager locks released.  Python cannot stop a
+    thread: the rule's thread runs on until it returns, and what it does outside the database is not undone.
+    ``rule``: the rule's name; ``record_id``: its outbox record (``activedb outbox --retry ID`` runs it again, once the
+    rule is fixed)."""
 
     def __init__(self, message: str, *, rule: str, record_id: int) -> None:
         super().__init__(message)

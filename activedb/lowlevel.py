@@ -9,7 +9,7 @@ draws transactions — needs more, and finds it here, in one place and documente
 * a transaction's extender calls, as functions of the transaction: :func:`slot` / :func:`set_slot` (a package's
   per-transaction state, in a type it owns), :func:`enlist` (a :class:`CommitParticipant` in the top-level
   commit), :func:`doom` (mark a subtree for abort), :func:`abandon` (give up a tree whose thread may never return:
-  doomed, its PostgreSQL row locks released now), :func:`want_end_hooks` and :func:`materialize` (frames and
+  doomed, its PostgreSQL row locks released now, and its lock-manager locks if it had not begun to commit), :func:`want_end_hooks` and :func:`materialize` (frames and
   lazy subtransactions, txn README "Frames"), :func:`wait_children`, :func:`run_subtransaction` and
   :func:`run_inline` (an inline child as one call), :func:`run_group` (siblings that may run concurrently),
   :func:`read_then_written` (hot-key learning), :func:`outcome_unknown` (an abort that may hide a commit: the

@@ -126,7 +126,8 @@ class Work:
     (a dead process's, or one ``retry_failed`` made pending: no dispatch here counted ``fired`` for this run — that
     process's did, or the attempt here that ended failed —, so its first run here counts it too); ``uncounted``,
     whether its last run executed and its group has not committed yet (its ``executed`` is counted then;
-    ``cancelled`` if the group's abort undid it and it runs again, ``failed`` if it fails for good)."""
+    ``cancelled`` if the group's abort undid it and it runs again, here or — dropped by ``close()`` — in the next process,
+    ``failed`` if it fails for good)."""
 
     record_id: int
     firing: "Firing"
@@ -140,8 +141,8 @@ class Work:
 @dataclass(eq=False)
 class _GroupRun:
     """What a group runner runs now (``Executor._groups``, by its thread), for the rule deadline: the group it took,
-    the group transaction of its current attempt, the firing running in it and since when (the outbox's clock).
-    Fields are the executor's ``_mutex``'s."""
+    the group transaction of its current attempt, the firing running in it — or whether that transaction commits —
+    and since when (the outbox's clock).  Fields are the executor's ``_mutex``'s."""
 
     works: list[Work]
     thread: int
@@ -150,6 +151,10 @@ class _GroupRun:
     since: float = 0.0
     settled: set[int] = field(default_factory=set)   # id() of the works settled: committed, failed, parked, re-queued
     given_up: RuleDeadlineExceeded | None = None     # Invariant: set => this run is in _given_up, not in _groups
+    committing: bool = False             # its group transaction commits now (every firing of the attempt returned)
+    # Its runner was released while its commit waited past the rule deadline (Invariant: set => its thread is neither
+    # in _runners nor in _runner_threads; it ends once its group is settled).
+    released: bool = False
 
 
 class _GivenUp(Exception):
@@ -308,16 +313,23 @@ class Executor:
                 self._idle_waiters -= 1
 
     def close(self, wait: float = 0.0) -> bool:
-        """Run no more groups (the queued works are dropped: their records stay pending in PostgreSQL) and wait up to
-        ``wait`` seconds for the groups running now (not for one whose runner is the calling thread); False if some
-        still run."""
+        """Run no more groups (the queued and parked works are dropped: their records stay pending in PostgreSQL, for
+        the next process) and wait up to ``wait`` seconds for the groups running now (not for one whose runner is the
+        calling thread); False if some still run.  A dropped work whose last run executed in a group whose abort undid
+        it (``Work.uncounted``) has that attempt counted ``cancelled``: it runs again elsewhere, as :func:`_undone`
+        counts a run again here."""
         with self._idle:
             self._closed = True
+            dropped = [work for work in (*self._ready, *self._parked) if work.uncounted]
             self._ready.clear()
+            self._parked.clear()
             self._idle.notify_all()
             mine = 1 if threading.get_ident() in self._runner_threads else 0
             self._watch_wake.set()
-            return self._idle.wait_for(lambda: self._runners <= mine, wait)
+        _undone(self._outbox, dropped)          # (no mutex held: it calls the rule manager)
+        with self._idle:       # (a runner released while its group commits still runs that group)
+            return self._idle.wait_for(
+                lambda: self._runners + sum(run.released for run in self._groups.values()) <= mine, wait)
 
     # --- runners ----------------------------------------------------------------------------
 
@@ -349,8 +361,7 @@ class Executor:
                 pass
             except BaseException as error:  # never lose the accounting; the records stay pending in PostgreSQL
                 if interrupts_the_process(error):      # (Ctrl-C: parked, and the program stops)
-                    with self._mutex:
-                        self._parked.extend(group)
+                    self._park(group)
                     raise
                 if isinstance(error, Exception) and classify(error) is not Failure.BUG:   # (an outage, a refusal)
                     logger.warning("outbox group runner stopped: %s; its %d record(s) wait for the next recovery "
@@ -358,17 +369,26 @@ class Executor:
                 else:                       # a bug: its traceback
                     logger.exception("outbox group runner failed; its %d record(s) wait for the next recovery pass",
                                      len(group))
-                with self._mutex:
-                    self._parked.extend(group)
+                self._park(group)
             finally:
                 with self._mutex:
-                    given_up = self._given_up.pop(me, None) is not None
-                    if not given_up:
-                        self._release(self._groups.pop(me))
+                    run = self._given_up.pop(me, None)
+                    if run is None:
+                        run = self._groups.pop(me)
+                        self._release(run)
                     self._idle.notify_all()
                 self._watch_wake.set()      # (the deadline watcher looks again: it ends with the last group once closed)
-            if given_up:                    # (its runner was released when it was given up)
+            if run.given_up is not None or run.released:    # (its runner was released past the deadline)
                 return
+
+    def _park(self, works: list[Work]) -> None:
+        """Park ``works`` until the next recovery pass (PostgreSQL unreachable, or their runner stopped) — or, once
+        closed, drop them as :meth:`close` drops the parked ones (their records stay pending)."""
+        with self._mutex:
+            if not self._closed:
+                self._parked.extend(works)
+                return
+        _undone(self._outbox, works)
 
     def _release(self, run: _GroupRun) -> None:
         """Caller holds ``_mutex``: ``run``'s works are no longer running (``_running``, ``_taken``)."""
@@ -440,8 +460,7 @@ class Executor:
             logger.warning("outbox: PostgreSQL unreachable while running %d firing(s) (%s); they wait for the "
                            "next recovery pass", len(group), describe_error(error))
             self._settled(group)
-            with self._mutex:
-                self._parked.extend(group)
+            self._park(group)
             return
         retryable = is_retryable(error) or isinstance(error, DuplicateKey)
         if len(group) > 1:
@@ -468,42 +487,51 @@ class Executor:
         it; one that failed or was cancelled was counted and logged by the rule manager — a BaseException that is no Exception (SystemExit, a KeyboardInterrupt of the rule's own)
         too, as failed (logged here), unless it is a Ctrl-C of the process (:func:`interrupts_the_process`)."""
         outbox = self._outbox
-        fire = outbox.rules.fire
         marks = GroupMarks(outbox.owner)
         outcomes: list[str] = []
         # A run after an attempt the group's abort undid: that attempt ends cancelled (``Work.uncounted``).
         _undone(outbox, group)
-        with outbox.transactions.transaction(name=GROUP_TRANSACTION, participants=[marks]) as root:
-            for work in group:
-                firing = work.firing
-                again, work.ran = work.ran or work.claimed, True
-                self._firing_starts(root, work)
-                # (What the rule manager counted for this attempt as its run ended: also when an error of the
-                # transaction itself came through after it — its group doomed meanwhile, given up.)
-                counted: list[FiringOutcome] = []
-                try:
-                    # (The rule manager's outcome, as its counters count it: ``fire`` runs it in a subtransaction; a
-                    # run after the first, or a claimed record's first, is an attempt of its own: ``fired`` once more.)
-                    [(outcome, error)] = fire(root, [firing], again=again, counted=counted)
-                except BaseException as raised:
-                    if interrupts_the_process(raised):
-                        raise
-                    if not isinstance(raised, Exception):   # (the rule manager counted it failed, logged it not)
-                        logger.error("detached rule %r raised %s on %s: it failed for good", firing.rule.name,
-                                     describe_error(raised), firing.event.describe())
-                    outcome, error = FiringOutcome.FAILED, raised
-                self._firing_ended(work, counted[0] if counted else None)
-                if outcome is FiringOutcome.EXECUTED or outcome is FiringOutcome.CONDITION_FALSE:
-                    work.executed = work.uncounted = outcome is FiringOutcome.EXECUTED
-                    outcomes.append(_Outcome.DONE)
-                    marks.done.append(work.record_id)
-                elif (error is not None and is_retryable(error, raised_by_rule=True)
-                      and work.attempts + 1 < self.max_attempts):
-                    outcomes.append(_Outcome.RETRY)
-                else:
-                    outcomes.append(_Outcome.FAILED)
-                    marks.failed.append((work.record_id, _record_error(outcome, error)))
+        try:
+            with outbox.transactions.transaction(name=GROUP_TRANSACTION, participants=[marks]) as root:
+                self._attempt_members(root, group, marks, outcomes)
+                self._commit_starts()
+        finally:
+            self._commit_ended()
         return outcomes
+
+    def _attempt_members(self, root: "Transaction", group: list[Work], marks: GroupMarks, outcomes: list[str]) -> None:
+        """Run each of ``group`` in a subtransaction of the group transaction ``root`` (:meth:`_attempt`), adding its
+        outcome to ``outcomes`` and its mark to ``marks``."""
+        fire = self._outbox.rules.fire
+        for work in group:
+            firing = work.firing
+            again, work.ran = work.ran or work.claimed, True
+            self._firing_starts(root, work)
+            # (What the rule manager counted for this attempt as its run ended: also when an error of the
+            # transaction itself came through after it — its group doomed meanwhile, given up.)
+            counted: list[FiringOutcome] = []
+            try:
+                # (The rule manager's outcome, as its counters count it: ``fire`` runs it in a subtransaction; a
+                # run after the first, or a claimed record's first, is an attempt of its own: ``fired`` once more.)
+                [(outcome, error)] = fire(root, [firing], again=again, counted=counted)
+            except BaseException as raised:
+                if interrupts_the_process(raised):
+                    raise
+                if not isinstance(raised, Exception):   # (the rule manager counted it failed, logged it not)
+                    logger.error("detached rule %r raised %s on %s: it failed for good", firing.rule.name,
+                                 describe_error(raised), firing.event.describe())
+                outcome, error = FiringOutcome.FAILED, raised
+            self._firing_ended(work, counted[0] if counted else None)
+            if outcome is FiringOutcome.EXECUTED or outcome is FiringOutcome.CONDITION_FALSE:
+                work.executed = work.uncounted = outcome is FiringOutcome.EXECUTED
+                outcomes.append(_Outcome.DONE)
+                marks.done.append(work.record_id)
+            elif (error is not None and is_retryable(error, raised_by_rule=True)
+                  and work.attempts + 1 < self.max_attempts):
+                outcomes.append(_Outcome.RETRY)
+            else:
+                outcomes.append(_Outcome.FAILED)
+                marks.failed.append((work.record_id, _record_error(outcome, error)))
 
     def _settle(self, group: list[Work], outcomes: list[str]) -> None:
         """After the group committed: count (once per rule), and queue the retryable members again."""
@@ -555,6 +583,48 @@ class Executor:
             self._outbox.rules.count(work.firing.rule, counted, -1)
         raise _GivenUp(f"the firing of rule {work.firing.rule.name!r} returned after it was given up")
 
+    def _commit_starts(self) -> None:
+        """Every firing of the calling runner's group attempt returned, and its group transaction commits now: timed as
+        a firing is, if there is a rule deadline (:meth:`_release_committing`)."""
+        if self.rule_deadline is None:
+            return
+        now = self._outbox.clock.now()
+        with self._mutex:
+            run = self._groups[threading.get_ident()]
+            run.committing, run.since = True, now
+        self._watch_wake.set()
+
+    def _commit_ended(self) -> None:
+        """The calling runner's group transaction ended (committed, or aborted: also before its commit)."""
+        if self.rule_deadline is None:
+            return
+        with self._mutex:
+            run = self._groups.get(threading.get_ident())
+            if run is not None:
+                run.committing = False
+
+    def _release_committing(self, run: _GroupRun, since: float, seconds: float) -> None:
+        """``run``'s group transaction has been committing ``seconds`` (since ``since``): release its runner, unless its
+        commit ended meanwhile, and start one for what is queued.  The group is not given up — its commit may be under
+        way in PostgreSQL, and only its end says whether its firings committed —: its thread settles it when the commit
+        returns, and then ends (README, "A rule that never returns")."""
+        with self._mutex:
+            if self._groups.get(run.thread) is not run or not run.committing or run.since != since or run.released:
+                return
+            run.released = True
+            self._runners -= 1
+            self._runner_threads.discard(run.thread)
+            rules = sorted({work.firing.rule.name for work in run.works})
+            start = self._start_runners()
+            self._idle.notify_all()
+        logger.warning("outbox: a group transaction of %d firing(s) (rules %s) has waited %s s in its commit, past the "
+                       "rule deadline of %s s (PostgreSQL: another session may hold a row it writes); its runner is "
+                       "released and the firings queued after it run on another; it settles its firings when its "
+                       "commit returns", len(run.works), ", ".join(repr(rule) for rule in rules), f"{seconds:,.0f}",
+                       f"{self.rule_deadline:,}")
+        for _ in range(start):
+            self._submit_runner()
+
     def _watch(self) -> None:
         """The watcher's thread: gives up each firing that has run ``rule_deadline`` seconds (the outbox's clock),
         waking when a firing starts and when the first deadline comes; ends once closed with no group running."""
@@ -566,15 +636,18 @@ class Executor:
                     self._watcher = None
                     return
                 self._watch_wake.clear()        # (under the mutex: a firing that starts after sets it again)
-                timed = [(run, run.work, run.since) for run in self._groups.values() if run.work is not None]
+                timed = [(run, run.work, run.since) for run in self._groups.values()
+                         if run.work is not None or (run.committing and not run.released)]
             now = clock.now()
             soonest: float | None = None
             for run, work, since in timed:
                 left = deadline - (now - since)
-                if left <= 0:
+                if left > 0:
+                    soonest = left if soonest is None else min(soonest, left)
+                elif work is not None:
                     self._give_up(run, work, since, now - since)
                 else:
-                    soonest = left if soonest is None else min(soonest, left)
+                    self._release_committing(run, since, now - since)
             clock.wait(self._watch_wake, soonest)
 
     def _give_up(self, run: _GroupRun, work: Work, since: float, seconds: float) -> None:
@@ -596,8 +669,9 @@ class Executor:
             del self._groups[run.thread]
             self._given_up[run.thread] = run
             self._release(run)
-            self._runners -= 1
-            self._runner_threads.discard(run.thread)
+            if not run.released:        # (a runner released while its commit waited counts no more already)
+                self._runners -= 1
+                self._runner_threads.discard(run.thread)
             # (Its group's other works not settled yet run again, first: what ran in the doomed group never commits.)
             self._ready.extendleft(reversed([other for other in run.works
                                              if other is not work and id(other) not in run.settled]))

@@ -100,7 +100,8 @@ class OutboxOptions:
     * ``rule_deadline`` — seconds (of the outbox's ``clock``, the database's) a detached-family firing may run before
       it is given up (README, "A rule that never returns"): its group transaction is doomed (nothing it wrote
       commits), its record failed saying so (``activedb outbox --retry ID`` runs it again), its group runner freed for
-      the firings after it.  ``None`` (the default): no deadline — a firing that never returns holds its runner, as
+      the firings after it; a group transaction whose commit waits in PostgreSQL past it frees its runner and
+      commits when it can (not given up).  ``None`` (the default): no deadline — a firing that never returns holds its runner, as
       a long one must be free to run; zero or below is refused (``BadArgument``).
     * ``inserts_in_commit`` — a batch run at commit (a lowered micro-batch) runs the detached-family firings whose
       actions only insert rows in its own commit, with no record (``activedb/batch/README.md``, "Detached firings

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import lockmgr
+from lockmgr import TxnState
 
 from activedb.errors import causes
 from activedb.txn import _ids
@@ -61,12 +62,14 @@ def wait_children(transaction: Transaction, timeout: float | None = None) -> Non
 
 
 def abandon(transaction: Transaction, reason: BaseException) -> None:
-    """For a tree whose thread may never return (an ingestion's deadline: Python cannot stop a thread), from another
-    thread: doom ``transaction``'s whole tree, so that it never commits and its thread raises ``reason`` at its next
-    operation, and end what it holds in PostgreSQL now — the transaction of its reads for update is rolled back
-    (a statement running on it cancelled, its connection closed), so other processes get its rows' locks.  Nothing
-    waits for the tree's threads.  What it cannot do: the tree's lock-manager locks stay held by the thread that
-    still runs in it, so this process must not run more work on the rows they cover — it should end or restart
+    """For a tree whose thread may never return (an ingestion's or a detached rule's deadline: Python cannot stop a
+    thread), from another thread: doom ``transaction``'s whole tree, so that it never commits and its thread raises
+    ``reason`` at its next operation, and end what it holds now — the transaction of its reads for update is rolled
+    back (a statement running on it cancelled, its connection closed), so other processes get its rows' locks; and,
+    if the tree had not begun to commit (its root still active), its lock-manager transaction is aborted, so other
+    trees of this process get its locks (a lock request of its thread waiting then fails; its later ones raise
+    ``reason``).  A tree that was committing keeps its lock-manager locks until its thread ends it: its flush may be
+    under way, and what it writes must stay isolated until PostgreSQL has it.  Nothing waits for the tree's threads
     (txn README, "Abandoning a tree")."""
     from activedb.txn._rowlocks import RowLocks
 
@@ -75,6 +78,12 @@ def abandon(transaction: Transaction, reason: BaseException) -> None:
     session = RowLocks.of(root, create=False)
     if session is not None:
         session.abandon()
+    # Doomed first, then seen active under the root's mutex: its commit, which leaves ACTIVE under that mutex, then
+    # finds the doom before its flush (``Transaction._commit_after_hooks``) and aborts — it never flushes.
+    with root._mutex:
+        before_its_commit = root._state is TxnState.ACTIVE
+    if before_its_commit:
+        root.manager.locking.abort(root)
 
 
 def outcome_unknown(transaction: Transaction) -> bool:

@@ -387,6 +387,8 @@ class Transaction(Reads, Writes, Children):
                 manager.locking.release_holds(self)
             if self._tasks:                # only spawned children have tasks (an inline child has ended)
                 self._wait_children()
+            # (Every flush passes this check after the state left ACTIVE: ``lowlevel.abandon`` aborts the lock-manager
+            # transaction of a root it doomed while that root was still ACTIVE, relying on it.)
             if self._doomed is not None:
                 raise TransactionAborted(f"transaction {self.id} was aborted ({self._doomed})") from self._doomed
             if self.parent is not None:

@@ -493,7 +493,8 @@ def test_a_participant_writing_at_about_to_commit_writes_before_the_held_transac
 
 def test_an_abandoned_tree_releases_its_row_locks_now_and_never_commits(db):
     """``lowlevel.abandon`` from another thread, while the tree's thread waits (a rule that does not return): the
-    row the tree read for update is free for another process at once; when the thread goes on, its next operation
+    row the tree read for update is free for another process at once, and — the tree had not begun to commit — for
+    another tree of this process too (its lock-manager locks released); when the thread goes on, its next operation
     raises the reason and nothing of the tree is written."""
     reading, release = threading.Event(), threading.Event()
     trees, outcome = [], {}
@@ -504,7 +505,7 @@ def test_an_abandoned_tree_releases_its_row_locks_now_and_never_commits(db):
                 trees.append(tx)
                 tx.read("accounts", 1, for_update=True)
                 reading.set()
-                assert release.wait(TIMEOUT)
+                assert release.wait(TIMEOUT * 4)     # (longer than the other tree's wait below)
                 tx.write("accounts", 1, balance=99)
             outcome["end"] = "committed"
         except Exception as error:
@@ -520,10 +521,14 @@ def test_an_abandoned_tree_releases_its_row_locks_now_and_never_commits(db):
     reason = RuntimeError("past its deadline")
     lowlevel.abandon(trees[0], reason)
     assert not locked_elsewhere()
+    other = threading.Thread(target=lambda: db.run(lambda tx: tx.write("accounts", 1, balance=5)))
+    other.start()                   # (another tree of this process writes the abandoned tree's row)
+    other.join(TIMEOUT)
+    assert not other.is_alive(), f"another tree waited for the abandoned one: {db.transactions.locks.statistics()}"
     release.set()
     thread.join(TIMEOUT)
     assert isinstance(outcome["end"], activedb.TransactionAborted) and outcome["end"].__cause__ is reason
-    assert balances(db)[1] == 0
+    assert balances(db)[1] == 5
 
 
 def test_a_flush_that_would_wait_in_postgresql_for_a_tree_waiting_for_it_in_the_lock_manager_is_a_deadlock(db):

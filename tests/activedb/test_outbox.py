@@ -33,7 +33,7 @@ from activedb.cli import main
 from activedb.clock import ManualClock
 from activedb.errors import GeneratedKeysReset, OutboxError, RuleDefinitionChangedWarning, SerializationConflict
 from activedb.outbox import _records
-from activedb.testing import wait_until
+from activedb.testing import Watchdog, wait_until
 from tests._sessions import end_sessions, sessions
 from tests._unshowable import Unshowable
 
@@ -160,6 +160,96 @@ def test_a_member_whose_writes_postgresql_refuses_fails_alone_and_the_rest_commi
         tx.write("items", key, value=number)
 
     assert_seven_fails_alone(db, "sometimes_huge", "54000")
+
+
+@pytest.mark.parametrize("abort", ["refused", "conflict"])
+def test_a_group_that_aborts_after_its_members_actions_ran_counts_one_outcome_per_attempt(db, abort):
+    """A group whose commit fails after its members' actions ran undoes those runs: each such attempt counted
+    ``fired`` and must end in one outcome — ``cancelled`` when the member runs again, ``failed`` when it fails for good
+    — so that ``fired`` stays the sum of the outcomes (rules README, "Counters count attempts").  ``refused``:
+    PostgreSQL refuses one member's row at the flush (not retryable: the group is split until that member is alone);
+    ``conflict``: another transaction changes the row the only member read, after its action ran and before its
+    group's flush (a serialization conflict: the group runs again)."""
+    rule = f"group_aborts_{abort}"
+    changed = threading.Event()
+
+    @db.rule(on=db.signalled("go"), coupling=Coupling.DETACHED, name=rule)
+    def action(tx, event):
+        number = event.payload["n"]
+        if abort == "refused":
+            key = "x" * 900_000 + uuid.uuid4().hex * 2000 if number == 7 else f"k{number}"   # too large to index
+            tx.write("items", key, value=number)
+            return
+        current = tx.read("items", "counted")
+        if not changed.is_set():            # (its first run only: the change its group's flush then finds)
+            changed.set()
+            with db.engine.begin() as connection:
+                connection.execute(sa.text("UPDATE items SET value = value + 100 WHERE key = 'counted'"))
+        tx.write("items", "counted", value=current["value"] + 1)
+
+    if abort == "conflict":
+        with db.transaction() as tx:
+            tx.insert("items", key="counted", value=0)
+    with db.transaction() as tx:
+        for number in range(20 if abort == "refused" else 1):
+            tx.signal("go", n=number)
+    db.rules.wait_idle(TIMEOUT)
+    counters = db.rules.statistics().per_rule[rule]
+    assert counters.fired == (counters.executed + counters.failed + counters.cancelled + counters.condition_false), \
+        counters
+    if abort == "refused":
+        assert (counters.executed, counters.failed) == (19, 1), counters
+        assert counters.cancelled == counters.fired - 20 > 0, counters       # (each run undone by a split)
+    else:
+        assert (counters.fired, counters.executed, counters.cancelled, counters.failed) == (2, 1, 1, 0), counters
+        with db.engine.connect() as connection:
+            assert connection.execute(sa.text("SELECT value FROM items WHERE key = 'counted'")).scalar() == 101
+    assert [status for _, status, *_ in records(db)].count("done") == (19 if abort == "refused" else 1)
+
+
+class EndsItsSession(lowlevel.CommitParticipant):
+    """Ends its own PostgreSQL session in the flush of the tree it was enlisted in: the connection breaks there,
+    after the tree's work ran (PostgreSQL's ``pg_terminate_backend`` of the flush's own backend)."""
+
+    def write(self, transaction, connection) -> None:
+        connection.exec_driver_sql("SELECT pg_terminate_backend(pg_backend_pid())")
+
+
+@pytest.mark.parametrize("then", ["recover", "close"])
+def test_a_group_parked_after_its_members_actions_ran_counts_one_outcome_per_attempt(migrated, then):
+    """A group whose flush loses its connection after its members' actions ran is parked for the next recovery pass:
+    the attempt counted ``fired`` and its action ran, but nothing committed.  Run again (``recover``), that attempt
+    ends ``cancelled`` and the run again ``executed``; dropped from memory by ``close()`` (its record stays pending
+    for the next process), it ends ``cancelled`` too — ``fired`` stays the sum of the outcomes."""
+    database = activedb.connect(migrated, outbox_options={"recovery_interval": None})
+    with database.engine.begin() as connection:
+        connection.execute(sa.text("TRUNCATE items, activedb_outbox RESTART IDENTITY"))
+    rule = f"parked_then_{then}"
+    broke = threading.Event()
+
+    @database.rule(on=database.signalled("go"), coupling=Coupling.DETACHED, name=rule)
+    def action(tx, event):
+        tx.write("items", rule, value=1)
+        if not broke.is_set():              # (its first run: its group's flush loses the connection)
+            broke.set()
+            lowlevel.enlist(tx, EndsItsSession())
+
+    try:
+        with database.transaction() as tx:
+            tx.signal("go")
+        wait_until(lambda: database.outbox.statistics().parked == 1, TIMEOUT, "the group parked",
+                   lambda: (database.outbox.statistics(), records(database)))
+        if then == "recover":
+            database.outbox.recover()
+            database.rules.wait_idle(TIMEOUT)
+    finally:
+        database.close()
+    counters = database.rules.statistics().per_rule[rule]
+    assert counters.fired == (counters.executed + counters.failed + counters.cancelled + counters.condition_false), \
+        counters
+    expected = (2, 1, 1) if then == "recover" else (1, 0, 1)
+    assert (counters.fired, counters.executed, counters.cancelled) == expected, counters
+    assert [status for _, status, *_ in records(database)] == ["done" if then == "recover" else "pending"]
 
 
 def assert_seven_fails_alone(db, rule: str, sqlstate: str) -> None:
@@ -1671,6 +1761,113 @@ def test_a_given_up_firing_whose_thread_returns_normally_is_counted_once_failed(
         assert seen(database) == [], "the given-up firing's write committed"
     finally:
         release.set()
+        database.close()
+
+
+def test_a_firing_given_up_past_the_deadline_releases_its_locks_to_a_later_firing_on_the_same_row(migrated):
+    """A given-up firing's thread kept the lock-manager locks of what it wrote until it returned: a later firing that
+    writes the same row waited behind a thread that never returns.  The give-up ends the group transaction in the lock
+    manager too (``lowlevel.abandon``: its tree doomed before it began to commit, so it never flushes): the later
+    firing gets the row, commits, and the given-up firing's write never does, also once its thread returns."""
+    clock, started, release = ManualClock(), threading.Event(), threading.Event()
+    database = activedb.connect(migrated, clock=clock, outbox_options={"recovery_interval": None, "rule_deadline": 5})
+    with database.engine.begin() as connection:
+        connection.execute(sa.text("TRUNCATE items, activedb_outbox RESTART IDENTITY"))
+
+    @database.rule(on=database.signalled("stuck"), coupling=Coupling.DETACHED, name="holds_the_row")
+    def holds_the_row(tx, event):
+        tx.write("items", "shared", value=int(event.payload.get("n", 1)))
+        if event.payload.get("n") is None:
+            started.set()
+            release.wait(TIMEOUT * 10)     # set only at the end of the test
+
+    def shared_value():
+        with database.engine.connect() as connection:
+            return connection.execute(sa.text("SELECT value FROM items WHERE key = 'shared'")).scalar()
+
+    try:
+        with Watchdog(TIMEOUT * 4, database.transactions.locks, on_fire=release.set):
+            pass_the_deadline_of_a_stuck_firing(database, clock, started)
+            # (given up: its record marked failed, then counted so, by the deadline watcher)
+            wait_until(lambda: database.rules.statistics().per_rule["holds_the_row"].failed == 1, TIMEOUT,
+                       "the firing given up", lambda: (records(database), database.outbox.statistics()))
+            with database.transaction() as tx:
+                tx.signal("stuck", n=2)         # a later firing on the same row, in a group of its own
+            wait_until(lambda: shared_value() == 2, TIMEOUT, "the later firing on the same row committed",
+                       lambda: (records(database), database.transactions.locks.statistics()))
+            database.rules.wait_idle(TIMEOUT)
+            assert database.outbox.statistics().given_up == 1
+            assert [status for _, status, *_ in records(database)] == ["failed", "done"]
+            release.set()
+            wait_until(lambda: database.outbox.statistics().given_up == 0, TIMEOUT,
+                       "the given-up firing's thread returned")
+        assert shared_value() == 2, "the given-up firing's write committed"
+        counters = database.rules.statistics().per_rule["holds_the_row"]
+        assert (counters.fired, counters.executed, counters.failed, counters.cancelled) == (2, 1, 1, 0), counters
+    finally:
+        release.set()
+        database.close()
+
+
+def test_a_group_waiting_in_its_commit_past_the_rule_deadline_frees_its_runner_and_commits_when_it_can(migrated):
+    """The rule deadline timed only the rules' runs: a group whose firings had returned but whose commit waited in
+    PostgreSQL (another session holds a row it writes) held its runner, and the firings queued after it never ran
+    while that session kept its lock.  Past the deadline the runner is released (a new one runs what is queued); the
+    group is not given up — its commit may be under way in PostgreSQL —: it commits once the lock is free, its
+    firing done and counted executed once, nothing failed."""
+    clock = ManualClock()
+    database = activedb.connect(migrated, clock=clock, outbox_options={"recovery_interval": None, "rule_deadline": 5})
+    with database.engine.begin() as connection:
+        connection.execute(sa.text("TRUNCATE items, activedb_outbox RESTART IDENTITY"))
+        connection.execute(sa.text("INSERT INTO items (key, value) VALUES ('held', 0)"))
+
+    @database.rule(on=database.signalled("held"), coupling=Coupling.DETACHED, name="writes_a_held_row")
+    def writes_a_held_row(tx, event):
+        tx.write("items", "held", value=1)
+
+    @database.rule(on=database.signalled("next"), coupling=Coupling.DETACHED, name="runs_after_the_waiting_group")
+    def runs_after_the_waiting_group(tx, event):
+        tx.write("items", "next", value=2)
+
+    def value(key):
+        with database.engine.connect() as connection:
+            return connection.execute(sa.text("SELECT value FROM items WHERE key = :key"), {"key": key}).scalar()
+
+    def waiting_for_a_lock():
+        with database.engine.connect() as connection:
+            return connection.execute(sa.text("SELECT count(*) FROM pg_stat_activity WHERE datname = "
+                                              "current_database() AND wait_event_type = 'Lock'")).scalar()
+
+    holder = database.engine.connect()
+    try:
+        with Watchdog(TIMEOUT * 4, database.transactions.locks):
+            transaction = holder.begin()
+            holder.execute(sa.text("SELECT value FROM items WHERE key = 'held' FOR UPDATE"))
+            with database.transaction() as tx:
+                tx.signal("held")
+            wait_until(lambda: waiting_for_a_lock() == 1, TIMEOUT, "the group's commit waits for the held row",
+                       lambda: (records(database), database.outbox.statistics()))
+            # (The commit's start woke the deadline watcher: once it cleared that wake-up, the firing's sleep is over,
+            # and a sleeper is the watcher timing the commit — advanced before that, its new sleep would start later.)
+            executor = database.outbox._executor
+            wait_until(lambda: not executor._watch_wake.is_set() and clock.sleepers >= 1, TIMEOUT,
+                       "the deadline watcher times the group's commit")
+            clock.advance(6)
+            with database.transaction() as tx:
+                tx.signal("next")
+            wait_until(lambda: value("next") == 2, TIMEOUT, "the firing queued after the waiting group ran",
+                       lambda: (records(database), database.outbox.statistics()))
+            assert value("held") == 0 and waiting_for_a_lock() == 1
+            transaction.rollback()
+            database.rules.wait_idle(TIMEOUT)
+        assert value("held") == 1
+        assert [status for _, status, *_ in records(database)] == ["done", "done"]
+        statistics = database.outbox.statistics()
+        assert (statistics.given_up, statistics.failed) == (0, 0), statistics
+        counters = database.rules.statistics().per_rule["writes_a_held_row"]
+        assert (counters.fired, counters.executed, counters.failed, counters.cancelled) == (1, 1, 0, 0), counters
+    finally:
+        holder.close()
         database.close()
 
 
