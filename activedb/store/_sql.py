@@ -139,7 +139,9 @@ def fetch_rows(connection: sa.Connection, info: TableInfo, keys: Iterable[Key], 
     """Committed images of ``keys`` (missing keys absent from the result); ``lock`` ``"share"`` or
     ``"update"`` locks them (``nowait``: PostgreSQL refuses with SQLSTATE 55P03 instead of waiting for a row
     another transaction has locked; ``lock_timeout``: after waiting that long, as ``lock_row``, and so does every
-    later lock wait of the transaction)."""
+    later lock wait of the transaction).  The keys go in statements of at most :data:`ROWS_PER_STATEMENT` keys and
+    :data:`~activedb.store.STATEMENT_BYTES` of them (a one-column key's as one array each; others in an ``IN`` list
+    of at most :data:`FETCH_CHUNK` parameters), one after another in ``connection``'s transaction."""
     keys = list(keys)
     if not keys:
         return {}
@@ -147,9 +149,17 @@ def fetch_rows(connection: sa.Connection, info: TableInfo, keys: Iterable[Key], 
     if len(names) == 1 and _uniform(bound := [key[0] for key in keys]):
         sql = info.select_by_key_array(connection.dialect, lock, nowait, lock_timeout)
         if sql is not None:
-            # One array parameter: no limit on the number of keys (integers and floats as one array literal:
-            # ``array_literal``).
-            return _fetch_by_array(connection, info, sql, array_literal(bound, True) or bound)
+            # One array parameter a statement (integers and floats as one array literal: ``array_literal``), at most
+            # ROWS_PER_STATEMENT keys and STATEMENT_BYTES of them each, one statement after another in the
+            # caller's transaction.
+            spans = _spans(info, tuple(names), [bound], ROWS_PER_STATEMENT)
+            if spans is None:
+                return _fetch_by_array(connection, info, sql, array_literal(bound, True) or bound)
+            in_spans: dict[Key, dict[str, object]] = {}
+            for start, stop in spans:
+                part = bound[start:stop]
+                in_spans.update(_fetch_by_array(connection, info, sql, array_literal(part, True) or part))
+            return in_spans
     statement = info.select_by_keys()
     if lock_timeout is not None:
         statement = statement.where(sa.func.set_config("lock_timeout", lock_timeout, True).is_not(None))
@@ -159,10 +169,10 @@ def fetch_rows(connection: sa.Connection, info: TableInfo, keys: Iterable[Key], 
         statement = statement.with_for_update(nowait=nowait)
     found: dict[Key, dict[str, object]] = {}
     bound_keys = [key if len(names) > 1 else key[0] for key in keys]
-    # One statement per FETCH_CHUNK keys: PostgreSQL takes at most 65,535 bind parameters per statement.
-    step = FETCH_CHUNK // len(names)
-    for start in range(0, len(bound_keys), step):
-        rows_by_key(connection.execute(statement, {"keys": bound_keys[start:start + step]}), names, found)
+    # At most FETCH_CHUNK parameters a statement (PostgreSQL takes at most 65,535), within the flush's bounds too.
+    most = min(FETCH_CHUNK // len(names), ROWS_PER_STATEMENT)
+    for start, stop in _spans(info, tuple(names), list(zip(*keys)), most) or [(0, len(bound_keys))]:
+        rows_by_key(connection.execute(statement, {"keys": bound_keys[start:stop]}), names, found)
     return found
 
 
@@ -506,7 +516,8 @@ UNNEST_MIN = 2
 #: The most rows of one table, kind and column set one statement of a flush writes; the most bytes of their values
 #: together is :data:`~activedb.store.STATEMENT_BYTES` (as ``_statements_of`` estimates them): a group beyond either
 #: bound goes out in more statements, one after another in the flush's transaction (``statement_spans``, the dead
-#: letters' split).  Large enough that a common flush is one statement; read at each flush (a test may lower it).
+#: letters' split).  The same bounds hold the keys of one statement of :func:`fetch_rows` (a one-column key's array).
+#: Large enough that a common flush is one statement; read at each flush and fetch (a test may lower it).
 ROWS_PER_STATEMENT = 10_000
 
 #: One statement of a flush's plan: the table, the kind of statement (``insert``, ``upsert``, ``update``,

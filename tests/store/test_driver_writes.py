@@ -618,3 +618,40 @@ def test_the_store_encodes_json_as_the_driver_would(samples):
     values = [None, True, 0, -1.5, "é \" \\ \x00", [], {}, {"a": [1, 2.5, None, {"b": "c"}], "d": {"e": "\u2028"}}]
     assert [_sql._encoded_json(value) for value in values] == [json.dumps(value) for value in values]
 
+
+@pytest.mark.parametrize("path", ["array", "in-list"])
+@pytest.mark.parametrize("lock", [None, "update"])
+def test_reading_many_rows_by_key_sends_them_in_statements_within_the_bounds(samples, monkeypatch, lock, path):
+    """``fetch_rows`` sends its keys in statements of at most ``ROWS_PER_STATEMENT`` keys and ``STATEMENT_BYTES`` of
+    them (both lowered here), one after another in the caller's transaction — a one-column key's as one array each,
+    or (a key that cannot travel in an array, forced here) as an ``IN`` list: every committed row is found and, with
+    ``lock``, every one is locked until that transaction ends.  Before, a one-column key's keys all went in one array
+    parameter, however many and however large, and an ``IN`` list took up to ``FETCH_CHUNK`` keys whatever their
+    bytes."""
+    from activedb.store import _sql, _statements
+
+    db = samples
+    if path == "in-list":
+        monkeypatch.setattr(TableInfo, "select_by_key_array", lambda *arguments, **options: None)
+    sign = "ANY(CAST(" if path == "array" else " IN ("
+    with db.transaction() as tx:
+        for number in range(0, 10):
+            tx.insert("typed_samples", id=number, label=f"row {number}")
+    info = db.catalog.table_info("typed_samples")
+    keys = [(number,) for number in range(12)]
+    expected = {(number,): {"id": number, **{name: None for name in ARRAYABLE + ("clock", "span", "tags")},
+                            "label": f"row {number}"} for number in range(10)}
+    for rows, statement_bytes, count in [(3, 2**20, 4), (10_000, 2 * _sql._FIXED_BYTES, 6), (10_000, 2**20, 1)]:
+        monkeypatch.setattr(_sql, "ROWS_PER_STATEMENT", rows)
+        monkeypatch.setattr(_statements, "STATEMENT_BYTES", statement_bytes)
+        with Statements(db) as statements:
+            with db.engine.begin() as connection:
+                assert fetch_rows(connection, info, keys, lock=lock) == expected
+                assert len(statements.sent) == count and all(sign in sql for sql in statements.sent), (
+                    statements.sent)
+                with db.engine.connect() as other:
+                    locked = other.execute(sa.text(
+                        "SELECT id FROM typed_samples WHERE id = ANY(:ids) FOR UPDATE SKIP LOCKED"),
+                        {"ids": list(range(10))}).scalars().all()
+                    other.rollback()
+                assert sorted(locked) == ([] if lock else list(range(10)))
