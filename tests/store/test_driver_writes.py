@@ -610,6 +610,29 @@ def test_a_flush_encodes_each_json_value_once(samples, monkeypatch, rows_per_sta
         **{100 + number: {**doc, "n": 100 + number} for number, doc in docs.items()}}
 
 
+@pytest.mark.parametrize("makes", ["text", "bytes"])
+def test_a_flush_encodes_json_with_the_drivers_encoder_of_the_connection(samples, monkeypatch, makes):
+    """The encoder the flush uses for a JSON column is the driver's (what the engine's ``json_serializer`` or
+    psycopg's ``set_json_dumps`` makes it; one of text or of bytes, patched here), called once a value, and what it
+    made is what is stored."""
+    from psycopg.types import json as psycopg_json
+
+    db = samples
+    called: list[object] = []
+
+    def dumps(value):
+        called.append(value)
+        text = json.dumps({**value, "encoded": True})
+        return text if makes == "text" else text.encode()
+
+    monkeypatch.setattr(psycopg_json._JsonDumper, "_dumps", dumps)
+    with db.transaction() as tx:
+        for number in range(3):
+            tx.insert("typed_samples", id=number, doc={"n": number})
+    assert called == [{"n": number} for number in range(3)]
+    assert {number: row["doc"] for number, row in stored(db).items()} == {
+        number: {"n": number, "encoded": True} for number in range(3)}
+
 def test_the_store_encodes_json_as_the_driver_would(samples):
     """The text the flush hands the driver for a JSON value is the one the driver's own encoder (``json.dumps``)
     makes — what a ``json`` column keeps verbatim."""
