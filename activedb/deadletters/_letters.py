@@ -355,26 +355,31 @@ def _columns(letters: Sequence[Letter]) -> list[dict[str, object]]:
     return _sized_columns(letters)[0]
 
 
-def _sized_columns(letters: Sequence[Letter]) -> tuple[list[dict[str, object]], list[int]]:
-    """:func:`_columns` of ``letters``, and the bytes of JSON each letter's columns hold (about: for a letter kept
-    cut, a bound of its preview's)."""
+def _sized_columns(letters: Sequence[Letter]) -> tuple[list[dict[str, object]], list[int], list[str]]:
+    """:func:`_columns` of ``letters``, the bytes of JSON each letter's columns hold (about: for a letter kept cut, a
+    bound of its preview's), and each letter's columns as the members of its row's JSON object (``"reason":…,
+    "raw":…,"original":…``, what ``_ENCODER`` makes of them), each column encoded once: the text measured is the
+    text a statement sends (:func:`insert_statement`)."""
     columns: list[dict[str, object]] = []
     sizes: list[int] = []
+    members: list[str] = []
     for letter, original in zip(letters, encode_originals([letter.row for letter in letters])):
         raw = letter.raw()
-        # (ASCII: the encoder escapes the rest, so characters are bytes; the readable form encoded once, for its size
-        # and a cut letter's preview)
+        # (ASCII: the encoder escapes the rest, so characters are bytes; the readable form encoded once, for its size,
+        # a cut letter's preview and the statement's document)
         shown = _ENCODER.encode(raw)
+        encoded_original = _ENCODER.encode(original)
         reason = storable_text(letter.reason)
-        size = (len(reason) if reason.isascii() else len(reason.encode("utf-8"))) + len(shown) + len(
-            _ENCODER.encode(original))
+        size = (len(reason) if reason.isascii() else len(reason.encode("utf-8"))) + len(shown) + len(encoded_original)
         if size <= LETTER_BYTES:
             columns.append({"reason": reason, "raw": raw, "original": original})
+            members.append(f'"reason":{_ENCODER.encode(reason)},"raw":{shown},"original":{encoded_original}')
         else:
             columns.append(_cut(reason, shown, size))
             size = 2 * (len(str(columns[-1]["reason"])) + CUT_PREVIEW_CHARS) + 64    # (escapes at most double them)
+            members.append(_ENCODER.encode(columns[-1])[1:-1])
         sizes.append(size)
-    return columns, sizes
+    return columns, sizes, members
 
 
 _Item = TypeVar("_Item")
@@ -468,17 +473,19 @@ def insert_statement(transaction: Transaction, dialect: sa.Dialect, query_id: st
     sequence = catalog.sequence_of(info, "id")
     assert sequence is not None, table        # (an identity column: the migrations')
     ids, storage = catalog.generated_keys(sequence, len(letters), transaction.root.began_at)
-    columns, sizes = _sized_columns(letters)
-    rows = [{"id": letter_id, **row} for letter_id, row in zip(ids, columns)]
+    _, sizes, members = _sized_columns(letters)
+    # Each row's JSON object made of its id and its columns' text (encoded once, measured as it is sent): the document
+    # is what ``_ENCODER`` makes of the rows of the statement, ``{"id": …, "reason": …, "raw": …, "original": …}``.
+    rows = [f'{{"id":{letter_id},{row}}}' for letter_id, row in zip(ids, members)]
     name = dialect.identifier_preparer.format_table(info.table)
     return LettersInsert(_INSERT.format(table=name),
-                         tuple((query_id, batch_id, _ENCODER.encode(chunk), storage, ids[-1], sequence)
+                         tuple((query_id, batch_id, f"[{','.join(chunk)}]", storage, ids[-1], sequence)
                                for chunk in _statements_of(rows, sizes)),
                          len(letters), functools.partial(catalog.keys_reset, sequence, ids[-1]))
 
 
 # One statement for a batch's letters, up to their bounds (``_statements_of``): a JSON array of them, one object a
-# letter (one call of the C encoder), whose ids are checked by the statement itself against a reset of their sequence
+# letter (its columns' text encoded once, ``_sized_columns``), whose ids are checked by the statement itself against a reset of their sequence
 # since they were drawn (``Catalog.STILL_DRAWN``: nothing is inserted then; each statement checks them all).  Driver
 # SQL (``%%`` in the table's name is doubled already).
 _INSERT = ("INSERT INTO {table} (id, query_id, batch_id, reason, raw, original) "

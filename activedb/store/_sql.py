@@ -14,10 +14,14 @@ import enum
 import json
 import json.encoder
 import math
+import operator
 from itertools import chain, repeat
-from typing import Callable, Iterable, Iterator, Literal, Mapping, Sequence, TypeAlias, TypeVar, Unpack, overload
+from types import MappingProxyType
+from typing import Callable, Iterable, Iterator, Literal, Mapping, Sequence, TypeAlias, TypeVar, Unpack, cast, overload
 
 import psycopg
+import psycopg.adapt
+import psycopg.types.json
 from psycopg.rows import TupleRow
 import sqlalchemy as sa
 
@@ -135,7 +139,9 @@ def fetch_rows(connection: sa.Connection, info: TableInfo, keys: Iterable[Key], 
     """Committed images of ``keys`` (missing keys absent from the result); ``lock`` ``"share"`` or
     ``"update"`` locks them (``nowait``: PostgreSQL refuses with SQLSTATE 55P03 instead of waiting for a row
     another transaction has locked; ``lock_timeout``: after waiting that long, as ``lock_row``, and so does every
-    later lock wait of the transaction)."""
+    later lock wait of the transaction).  The keys go in statements of at most :data:`ROWS_PER_STATEMENT` keys and
+    :data:`~activedb.store.STATEMENT_BYTES` of them (a one-column key's as one array each; others in an ``IN`` list
+    of at most :data:`FETCH_CHUNK` parameters), one after another in ``connection``'s transaction."""
     keys = list(keys)
     if not keys:
         return {}
@@ -143,9 +149,17 @@ def fetch_rows(connection: sa.Connection, info: TableInfo, keys: Iterable[Key], 
     if len(names) == 1 and _uniform(bound := [key[0] for key in keys]):
         sql = info.select_by_key_array(connection.dialect, lock, nowait, lock_timeout)
         if sql is not None:
-            # One array parameter: no limit on the number of keys (integers and floats as one array literal:
-            # ``array_literal``).
-            return _fetch_by_array(connection, info, sql, array_literal(bound, True) or bound)
+            # One array parameter a statement (integers and floats as one array literal: ``array_literal``), at most
+            # ROWS_PER_STATEMENT keys and STATEMENT_BYTES of them each, one statement after another in the
+            # caller's transaction.
+            spans = _spans(info, tuple(names), [bound], ROWS_PER_STATEMENT)
+            if spans is None:
+                return _fetch_by_array(connection, info, sql, array_literal(bound, True) or bound)
+            in_spans: dict[Key, dict[str, object]] = {}
+            for start, stop in spans:
+                part = bound[start:stop]
+                in_spans.update(_fetch_by_array(connection, info, sql, array_literal(part, True) or part))
+            return in_spans
     statement = info.select_by_keys()
     if lock_timeout is not None:
         statement = statement.where(sa.func.set_config("lock_timeout", lock_timeout, True).is_not(None))
@@ -155,10 +169,10 @@ def fetch_rows(connection: sa.Connection, info: TableInfo, keys: Iterable[Key], 
         statement = statement.with_for_update(nowait=nowait)
     found: dict[Key, dict[str, object]] = {}
     bound_keys = [key if len(names) > 1 else key[0] for key in keys]
-    # One statement per FETCH_CHUNK keys: PostgreSQL takes at most 65,535 bind parameters per statement.
-    step = FETCH_CHUNK // len(names)
-    for start in range(0, len(bound_keys), step):
-        rows_by_key(connection.execute(statement, {"keys": bound_keys[start:start + step]}), names, found)
+    # At most FETCH_CHUNK parameters a statement (PostgreSQL takes at most 65,535), within the flush's bounds too.
+    most = min(FETCH_CHUNK // len(names), ROWS_PER_STATEMENT)
+    for start, stop in _spans(info, tuple(names), list(zip(*keys)), most) or [(0, len(bound_keys))]:
+        rows_by_key(connection.execute(statement, {"keys": bound_keys[start:stop]}), names, found)
     return found
 
 
@@ -362,7 +376,8 @@ def apply_write_set(connection: sa.Connection, infos: Mapping[str, TableInfo],
     plan: list[_Planned] = []
     for table_name, keys in deletes.items():
         info = infos[table_name]
-        plan.extend(_statements_of(info, "delete", tuple(info.key_columns), [list(values) for values in zip(*keys)]))
+        plan.extend(_statements_of(connection, info, "delete", tuple(info.key_columns),
+                                   [list(values) for values in zip(*keys)]))
     if partial:     # the deletes go first (as ever), before the rows to update are locked
         _run(connection, plan, None)
         plan = []
@@ -385,7 +400,7 @@ def apply_write_set(connection: sa.Connection, infos: Mapping[str, TableInfo],
     for statement_kind, groups in (("update", updates), ("upsert", upserts), ("insert", inserts)):
         for (table_name, columns), pairs in groups.items():
             info = infos[table_name]
-            plan.extend(_statements_of(info, statement_kind, *_as_columns(info, columns, pairs)))
+            plan.extend(_statements_of(connection, info, statement_kind, *_as_columns(info, columns, pairs)))
     _run(connection, plan, along, commit=commit, leading=leading)
     return len(writes)
 
@@ -501,7 +516,8 @@ UNNEST_MIN = 2
 #: The most rows of one table, kind and column set one statement of a flush writes; the most bytes of their values
 #: together is :data:`~activedb.store.STATEMENT_BYTES` (as ``_statements_of`` estimates them): a group beyond either
 #: bound goes out in more statements, one after another in the flush's transaction (``statement_spans``, the dead
-#: letters' split).  Large enough that a common flush is one statement; read at each flush (a test may lower it).
+#: letters' split).  The same bounds hold the keys of one statement of :func:`fetch_rows` (a one-column key's array).
+#: Large enough that a common flush is one statement; read at each flush and fetch (a test may lower it).
 ROWS_PER_STATEMENT = 10_000
 
 #: One statement of a flush's plan: the table, the kind of statement (``insert``, ``upsert``, ``update``,
@@ -509,29 +525,60 @@ ROWS_PER_STATEMENT = 10_000
 _Planned: TypeAlias = tuple[TableInfo, str, tuple[str, ...], list[list[object]]]
 
 
-def _statements_of(info: TableInfo, kind: str, order: tuple[str, ...], columns: list[list[object]]) -> list[_Planned]:
+def _statements_of(connection: sa.Connection, info: TableInfo, kind: str, order: tuple[str, ...],
+                   columns: list[list[object]]) -> list[_Planned]:
     """The statements of ``kind`` that write ``info``'s rows whose values ``columns`` lists (one list per column of
-    ``order``): one — what a flush sends for all but a group past a bound —, or as many as ``statement_spans`` splits
-    them into, at most :data:`ROWS_PER_STATEMENT` rows and :data:`~activedb.store.STATEMENT_BYTES` of values each, in
-    the rows' order.  A value's bytes are estimated (``_Size``): a column of a fixed-size type costs its bound a row,
-    a text's or bytes' length and a number's digits are counted in C, a JSON, array or unknown column's values
-    encoded as JSON by the C encoder (``_values_bytes``); a row's sizes are listed only for a group to split."""
+    ``order``), each column's values through its type's bind processor (``TableInfo.driver_processors``): one — what
+    a flush sends for all but a group past a bound —, or as many as ``statement_spans`` splits them into, at most
+    :data:`ROWS_PER_STATEMENT` rows and :data:`~activedb.store.STATEMENT_BYTES` of values each, in the rows' order
+    (``_spans``).  A JSON column's values of a group are encoded here, once: the text the driver sends is what is
+    measured, and the driver is handed that text (``_encode_json``)."""
+    processors = info.driver_processors(connection.dialect)
+    given = columns
+    columns = [values if (processor := processors.get(name)) is None else list(map(processor, values))
+               for name, values in zip(order, given)]
+    if len(given[0]) < 2:
+        return [(info, kind, order, columns)]
+    encoded: dict[int, int] = {}
+    for index, size in info.cached(("statement_bytes", order), lambda: _row_bytes(info, order))[1]:
+        if size is _Size.ENCODED and (encoded_bytes := _encode_json(connection, columns[index])) is not None:
+            encoded[index] = encoded_bytes
+    spans = _spans(info, order, given, ROWS_PER_STATEMENT, {index: columns[index] for index in encoded}, encoded)
+    if spans is None:
+        return [(info, kind, order, columns)]
+    return [(info, kind, order, [values[start:stop] for values in columns]) for start, stop in spans]
+
+
+def _spans(info: TableInfo, order: tuple[str, ...], columns: Sequence[Sequence[object]], most: int,
+           encoded: Mapping[int, Sequence[object]] = MappingProxyType({}),
+           encoded_bytes: Mapping[int, int] = MappingProxyType({})) -> list[tuple[int, int]] | None:
+    """The ``(start, stop)`` of the statements that carry the rows whose values ``columns`` lists (one list per
+    column of ``order``), at most ``most`` rows and :data:`~activedb.store.STATEMENT_BYTES` of values each
+    (``statement_spans``); None when they all go in one — what the common case learns from the total alone.  A
+    value's bytes are estimated (``_Size``): a column of a fixed-size type costs its bound a row, a text's or bytes'
+    length and a number's digits are counted in C, an array's or unknown column's values encoded as JSON by the C
+    encoder (``_values_bytes``); a JSON column ``encoded`` lists (its values as the driver takes them: its encoded
+    text's wrappers, ``_encode_json``) counts its text's length, ``encoded_bytes`` its total.  A row's sizes are
+    listed only for rows to split."""
     count = len(columns[0])
     if count < 2:
-        return [(info, kind, order, columns)]
+        return None
     fixed, measured = info.cached(("statement_bytes", order), lambda: _row_bytes(info, order))
     total = fixed * count
     for index, size in measured:
         values = columns[index]
-        total += (sum(map(len, filter(None, values))) if size is _Size.LENGTH else      # type: ignore[arg-type]
+        total += (encoded_bytes[index] if index in encoded_bytes else
+                  sum(map(len, filter(None, values))) if size is _Size.LENGTH else      # type: ignore[arg-type]
                   sum(map(len, map(str, values))) if size is _Size.DIGITS else _values_bytes(values))
-    if in_one_statement(count, total, ROWS_PER_STATEMENT):
-        return [(info, kind, order, columns)]
+    if in_one_statement(count, total, most):
+        return None
     sizes = [fixed] * count
     for index, _ in measured:
-        sizes = [row + value for row, value in zip(sizes, map(_value_bytes, columns[index]))]
-    return [(info, kind, order, [values[start:stop] for values in columns])
-            for start, stop in statement_spans(sizes, ROWS_PER_STATEMENT)]
+        row_bytes: Iterable[int] = ([0 if value is None else len(value.obj)      # type: ignore[attr-defined]
+                                     for value in encoded[index]] if index in encoded else
+                                    map(_value_bytes, columns[index]))
+        sizes = [row + value for row, value in zip(sizes, row_bytes)]
+    return statement_spans(sizes, most)
 
 
 class _Size(enum.Enum):
@@ -540,6 +587,7 @@ class _Size(enum.Enum):
     LENGTH = "a text's or bytes' length (None: 0)"
     DIGITS = "the length of the number's text"
     MEASURED = "each value's bytes as _value_bytes estimates them"
+    ENCODED = "a JSON value's text as the driver sends it, encoded once by _encode_json"
 
 
 #: The bytes a value of a fixed-size type (a number but ``numeric``, a bool, a time, a uuid) is counted as: at most
@@ -560,7 +608,9 @@ def _row_bytes(info: TableInfo, order: tuple[str, ...]) -> tuple[int, tuple[tupl
             fixed += _FIXED_BYTES
         elif isinstance(column_type, sa.Numeric):
             measured.append((index, _Size.DIGITS))
-        else:       # (JSON, an array, a time or interval given as text, a type the store does not know)
+        elif isinstance(column_type, sa.JSON):          # (json, jsonb)
+            measured.append((index, _Size.ENCODED))
+        else:       # (an array, a time or interval given as text, a type the store does not know)
             measured.append((index, _Size.MEASURED))
     return fixed, tuple(measured)
 
@@ -578,7 +628,7 @@ def _value_bytes(value: object) -> int:
         return len(str(value))
 
 
-def _values_bytes(values: list[object]) -> int:
+def _values_bytes(values: Sequence[object]) -> int:
     """The sum of ``_value_bytes`` over ``values`` (about: a text counts its quotes too), without a Python call per
     value — the C encoder's over all of them — unless one is no JSON value (a key that is no text: each measured)."""
     try:
@@ -594,6 +644,54 @@ _json_parts: Callable[[object, int], Iterable[str]] = (
     _C_ENCODER(None, str, json.encoder.encode_basestring_ascii, None, ":", ",", False, False, True)
     if _C_ENCODER is not None else
     lambda value, _: json.JSONEncoder(check_circular=False, separators=(",", ":"), default=str).iterencode(value))
+
+
+def _encode_json(connection: sa.Connection, values: list[object]) -> int | None:
+    """Encode the values of a JSON column of a flush, as its type's bind processor gave them (psycopg's ``Json`` or
+    ``Jsonb`` wrapper of a value, None for SQL NULL), once, in place: each wrapper then holds its value's text, as the
+    driver's own encoder makes it (``json.dumps`` unless the engine's ``json_serializer`` or psycopg's
+    ``set_json_dumps`` chose another), and hands it over as it is (its ``dumps``: ``str``, or ``bytes`` for an
+    encoder that makes bytes) — the driver sends it without encoding the value again.  Returns the texts' length
+    together; None, the values left as they were for the driver to encode, when they are not such wrappers or
+    the encoder refuses one (the driver's error, as before)."""
+    present = list(filter(None, values))     # (a wrapper is true)
+    kinds = set(map(type, present))
+    if not present or len(kinds) != 1 or not kinds <= _DRIVER_JSON:
+        return None
+    wrappers = cast("list[psycopg.types.json.Json | psycopg.types.json.Jsonb]", present)
+    driver: psycopg.Connection[TupleRow] = connection.connection.driver_connection  # type: ignore[assignment]
+    dumps = getattr(driver.adapters.get_dumper(kinds.pop(), psycopg.adapt.PyFormat.AUTO), "_dumps", None)
+    if dumps is None:
+        return None
+    try:
+        texts = (list(map("".join, map(_dumps_parts, map(_OBJECT, wrappers), repeat(0)))) if dumps is json.dumps
+                 else list(map(dumps, map(_OBJECT, wrappers))))
+    except (TypeError, ValueError):
+        return None
+    verbatim = _VERBATIM.get(frozenset(map(type, texts)))
+    if verbatim is None:
+        return None
+    for wrapper, text in zip(wrappers, texts):
+        wrapper.obj = text
+        wrapper.dumps = verbatim
+    return sum(map(len, texts))
+
+
+def _encoded_json(value: object) -> str:
+    """``json.dumps(value)``, as ``_encode_json`` makes it."""
+    return "".join(_dumps_parts(value, 0))
+
+
+_DRIVER_JSON = frozenset({psycopg.types.json.Json, psycopg.types.json.Jsonb})
+_OBJECT = operator.attrgetter("obj")
+#: The identity a wrapper's ``dumps`` is made, by the type of the encoded texts (``_encode_json``).
+_VERBATIM: dict[frozenset[type], psycopg.types.json.JsonDumpsFunction] = {
+    frozenset({str}): str, frozenset({bytes}): bytes}
+#: ``json.dumps``'s text of a value in parts (``_dumps_parts(value, 0)``): its C encoder with its settings.
+_dumps_parts: Callable[[object, int], Iterable[str]] = (
+    _C_ENCODER(None, json.JSONEncoder().default, json.encoder.encode_basestring_ascii, None, ": ", ", ", False, False,
+               True)
+    if _C_ENCODER is not None else lambda value, _: (json.dumps(value),))
 
 
 def _as_columns(info: TableInfo, columns: frozenset[str], pairs: list[tuple[Key, Mapping[str, object]]]
@@ -617,12 +715,10 @@ def _statement(connection: sa.Connection, info: TableInfo, kind: str, order: tup
                columns: list[list[object]], binary: bool = True
                ) -> tuple[str, tuple[object, ...] | list[tuple[object, ...]]]:
     """One ``kind`` statement (``insert``, ``upsert``, ``update``, ``delete``) of ``info``'s table for the rows whose
-    values ``columns`` lists (one list per column of ``order``, the key columns first), as driver SQL and its
-    parameters: a tuple when it is sent once, a list of tuples for the driver's ``executemany``.  ``binary``: JSON
-    arrays may travel in the driver's binary format (:data:`BINARY_ARRAYS`)."""
-    processors = info.driver_processors(connection.dialect)
-    columns = [values if (processor := processors.get(name)) is None else list(map(processor, values))
-               for name, values in zip(order, columns)]
+    values ``columns`` lists (one list per column of ``order``, the key columns first; each value as the driver takes
+    it, through its type's bind processor: ``_statements_of``), as driver SQL and its parameters: a tuple when it is
+    sent once, a list of tuples for the driver's ``executemany``.  ``binary``: JSON arrays may travel in the
+    driver's binary format (:data:`BINARY_ARRAYS`)."""
     if len(columns[0]) >= UNNEST_MIN:
         casts = info.array_types(connection.dialect, order)
         if casts is not None and all(_uniform(values) for values in columns):

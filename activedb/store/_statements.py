@@ -1,6 +1,6 @@
 """How much one statement carries: the statements that write many items (a flush's rows of a table, a batch's dead
-letters) are split by a bound on their number and one on their bytes, :data:`STATEMENT_BYTES` — one split,
-:func:`statement_spans`, for all of them.  Pure code, thread-safe.
+letters) or read many rows by key (``fetch_rows``) are split by a bound on their number and one on their bytes,
+:data:`STATEMENT_BYTES` — one split, :func:`statement_spans`, for all of them.  Pure code, thread-safe.
 
 An item's parameters travel as one value (an array per column, a JSON document), and PostgreSQL takes at most 1 GB
 of one value, of one message (a statement's parameters together) and of what it builds from it; the driver and the

@@ -227,6 +227,42 @@ def test_letters_are_split_by_bytes_as_well_as_by_count():
     assert [len(chunk) for chunk in _statements_of(many, many)] == [deadletters.LETTERS_PER_STATEMENT] * 2 + [1]
 
 
+def test_a_batchs_letters_are_encoded_once_into_the_documents_their_statements_send(db, monkeypatch):
+    """Each letter's readable form and original are encoded as JSON once (each letter's ``"n":number,`` and
+    ``["n",number]`` are made once each, in its readable form and in its original): the text measured for the letter's bound and the statement's is the text the statement's
+    document holds, and the documents are the JSON of the letters' rows as ever (a letter kept cut among them), in
+    statements split as the bounds say.  Before, the readable form and the original were encoded to measure them,
+    and the rows were encoded again into each statement's document (four times)."""
+    from activedb.deadletters import _letters
+    from activedb.store import _statements
+
+    encoder = _letters._ENCODER
+    made = dict.fromkeys(range(7), 0)
+
+    class Counting:
+        def encode(self, value):
+            text = encoder.encode(value)
+            for number in made:
+                made[number] += text.count(f'"n":{number},') + text.count(f'["n",{number}]')
+            return text
+
+    monkeypatch.setattr(_letters, "_ENCODER", Counting())
+    monkeypatch.setattr(_letters, "LETTERS_PER_STATEMENT", 3)
+    monkeypatch.setattr(_statements, "STATEMENT_BYTES", 2_000)
+    letters = [Letter(f"reason {number} \"é\"", {"n": number, "blob": b"\x00", "$bytes": "aGk=", "x": "y" * 100})
+               for number in range(7)]
+    letters[4] = Letter("too large", {"n": 4, "x": "z" * deadletters.LETTER_BYTES})     # (kept cut)
+    with db.transaction() as tx:
+        statement = deadletters.insert_statement(tx, db.engine.dialect, "once@q", 1, letters)
+    documents = [parameters[2] for parameters in statement.chunks]
+    assert made == dict.fromkeys(range(7), 2)
+    rows = [{"id": letter_id, **columns} for letter_id, columns in zip(
+        [row["id"] for document in documents for row in json.loads(document)], _letters._columns(letters))]
+    assert [len(json.loads(document)) for document in documents] == [3, 1, 1, 2]
+    assert "".join(documents) == "".join(encoder.encode(rows[start:stop]) for start, stop in [(0, 3), (3, 4),
+                                                                                           (4, 5), (5, 7)])
+
+
 def test_a_users_dict_that_looks_like_a_tag_is_stored_apart_from_the_value_it_looks_like(db):
     """``raw`` shows bytes as ``{"$bytes": ...}`` and a dict of the user's with such a key escaped (``$$bytes``); a
     letter without an original (written before originals were kept) replays its ``raw`` read back, each as it was."""

@@ -548,3 +548,133 @@ def test_a_failure_in_a_later_statement_of_a_flush_leaves_nothing_of_the_earlier
                 connection.execute(sa.text("INSERT INTO typed_samples (id, label) VALUES (6, 'theirs')"))
     assert made.take() == [("insert", 3), ("insert", 3), ("insert", 1)]
     assert stored(db) == {6: {**{name: None for name in sample(0)}, "label": "theirs"}}
+
+
+class JsonEncodings:
+    """How many times each ``doc`` value ``{"n": number, …}`` of a flush is encoded as JSON, by number: by the store's
+    measuring encoder (``_sql._json_parts``) and by the driver's (psycopg's JSON dumper's ``dumps``), each call
+    counted."""
+
+    def __init__(self, monkeypatch):
+        from psycopg.types import json as psycopg_json
+
+        from activedb.store import _sql
+
+        self.counted: dict[int, int] = {}
+        measure, dumps = _sql._json_parts, psycopg_json._JsonDumper._dumps
+
+        def counted(encode):
+            def encoding(value, *rest):
+                if isinstance(value, dict) and "n" in value:
+                    self.counted[value["n"]] = self.counted.get(value["n"], 0) + 1
+                return encode(value, *rest)
+            return encoding
+
+        monkeypatch.setattr(_sql, "_json_parts", counted(measure))
+        monkeypatch.setattr(psycopg_json._JsonDumper, "_dumps", counted(dumps))
+
+    def take(self) -> dict[int, int]:
+        counted, self.counted = self.counted, {}
+        return counted
+
+
+@pytest.mark.parametrize("rows_per_statement", [10_000, 3], ids=["one-statement", "split"])
+def test_a_flush_encodes_each_json_value_once(samples, monkeypatch, rows_per_statement):
+    """A JSON column's value is encoded once per flush — measured for the statement's bound as the text the driver
+    sends, that text handed to the driver — whether the group goes in one statement or is split, in an ``unnest``
+    of arrays or row by row; what is stored is what was given.  Before, the flush encoded each value to measure it
+    (twice for a group it split: the total, then each row's) and the driver encoded it again."""
+    from activedb.store import _sql
+
+    db = samples
+    monkeypatch.setattr(_sql, "ROWS_PER_STATEMENT", rows_per_statement)
+    made = FlushStatements(monkeypatch)
+    encodings = JsonEncodings(monkeypatch)
+    docs = {number: {"n": number, "text": f"é \"{number}\"", "list": [1.5, None, {"deep": [number]}]}
+            for number in range(8)}
+    with db.transaction() as tx:
+        for number, doc in docs.items():
+            tx.insert("typed_samples", id=number, doc=doc)
+    with db.transaction() as tx:        # (row by row: an array column, ``tags``, cannot travel in an array)
+        for number, doc in docs.items():
+            tx.insert("typed_samples", id=100 + number, doc={**doc, "n": 100 + number}, tags=["t", str(number)])
+    assert encodings.take() == {number: 1 for number in [*docs, *(100 + number for number in docs)]}
+    assert made.take() == [("insert", 8), ("insert", 8)] if rows_per_statement > 8 else [
+        ("insert", 3), ("insert", 3), ("insert", 2)] * 2
+    with db.transaction() as tx:
+        for number, doc in docs.items():
+            tx.write("typed_samples", number, doc={**doc, "text": "again"})
+    assert encodings.take() == {number: 1 for number in docs}
+    assert {number: row["doc"] for number, row in stored(db).items()} == {
+        **{number: {**doc, "text": "again"} for number, doc in docs.items()},
+        **{100 + number: {**doc, "n": 100 + number} for number, doc in docs.items()}}
+
+
+@pytest.mark.parametrize("makes", ["text", "bytes"])
+def test_a_flush_encodes_json_with_the_drivers_encoder_of_the_connection(samples, monkeypatch, makes):
+    """The encoder the flush uses for a JSON column is the driver's (what the engine's ``json_serializer`` or
+    psycopg's ``set_json_dumps`` makes it; one of text or of bytes, patched here), called once a value, and what it
+    made is what is stored."""
+    from psycopg.types import json as psycopg_json
+
+    db = samples
+    called: list[object] = []
+
+    def dumps(value):
+        called.append(value)
+        text = json.dumps({**value, "encoded": True})
+        return text if makes == "text" else text.encode()
+
+    monkeypatch.setattr(psycopg_json._JsonDumper, "_dumps", dumps)
+    with db.transaction() as tx:
+        for number in range(3):
+            tx.insert("typed_samples", id=number, doc={"n": number})
+    assert called == [{"n": number} for number in range(3)]
+    assert {number: row["doc"] for number, row in stored(db).items()} == {
+        number: {"n": number, "encoded": True} for number in range(3)}
+
+def test_the_store_encodes_json_as_the_driver_would(samples):
+    """The text the flush hands the driver for a JSON value is the one the driver's own encoder (``json.dumps``)
+    makes — what a ``json`` column keeps verbatim."""
+    from activedb.store import _sql
+
+    values = [None, True, 0, -1.5, "é \" \\ \x00", [], {}, {"a": [1, 2.5, None, {"b": "c"}], "d": {"e": "\u2028"}}]
+    assert [_sql._encoded_json(value) for value in values] == [json.dumps(value) for value in values]
+
+
+@pytest.mark.parametrize("path", ["array", "in-list"])
+@pytest.mark.parametrize("lock", [None, "update"])
+def test_reading_many_rows_by_key_sends_them_in_statements_within_the_bounds(samples, monkeypatch, lock, path):
+    """``fetch_rows`` sends its keys in statements of at most ``ROWS_PER_STATEMENT`` keys and ``STATEMENT_BYTES`` of
+    them (both lowered here), one after another in the caller's transaction — a one-column key's as one array each,
+    or (a key that cannot travel in an array, forced here) as an ``IN`` list: every committed row is found and, with
+    ``lock``, every one is locked until that transaction ends.  Before, a one-column key's keys all went in one array
+    parameter, however many and however large, and an ``IN`` list took up to ``FETCH_CHUNK`` keys whatever their
+    bytes."""
+    from activedb.store import _sql, _statements
+
+    db = samples
+    if path == "in-list":
+        monkeypatch.setattr(TableInfo, "select_by_key_array", lambda *arguments, **options: None)
+    sign = "ANY(CAST(" if path == "array" else " IN ("
+    with db.transaction() as tx:
+        for number in range(0, 10):
+            tx.insert("typed_samples", id=number, label=f"row {number}")
+    info = db.catalog.table_info("typed_samples")
+    keys = [(number,) for number in range(12)]
+    expected = {(number,): {"id": number, **{name: None for name in ARRAYABLE + ("clock", "span", "tags")},
+                            "label": f"row {number}"} for number in range(10)}
+    for rows, statement_bytes, count in [(3, 2**20, 4), (10_000, 2 * _sql._FIXED_BYTES, 6), (10_000, 2**20, 1)]:
+        monkeypatch.setattr(_sql, "ROWS_PER_STATEMENT", rows)
+        monkeypatch.setattr(_statements, "STATEMENT_BYTES", statement_bytes)
+        with Statements(db) as statements:
+            with db.engine.begin() as connection:
+                assert fetch_rows(connection, info, keys, lock=lock) == expected
+                assert len(statements.sent) == count and all(sign in sql for sql in statements.sent), (
+                    statements.sent)
+                with db.engine.connect() as other:
+                    locked = other.execute(sa.text(
+                        "SELECT id FROM typed_samples WHERE id = ANY(:ids) FOR UPDATE SKIP LOCKED"),
+                        {"ids": list(range(10))}).scalars().all()
+                    other.rollback()
+                assert sorted(locked) == ([] if lock else list(range(10)))
