@@ -6,7 +6,6 @@ it works on the batch's :class:`~activedb.streams._state.Pending` (only the batc
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
 import datetime as dt
 from typing import Any, Callable, Iterable, Mapping, cast
@@ -114,35 +113,27 @@ class ReorderBuffer:
             slots.append(len(letters))
             pending.buffer_added[arrival] = event
         if added:
-            buffer = pending.buffer + added
-            try:
-                buffer.sort()
-            except TypeError:       # (two tie keys that do not compare: the list is left part sorted)
-                buffer = self._insert_comparable(pending, added, slots, letters)
-            pending.buffer = buffer
+            self._refuse_incomparable(pending, added, slots, letters)
         return letters
 
-    def _insert_comparable(self, pending: Pending, added: list[tuple[tuple[object, ...], int, StreamEvent]],
-                           slots: list[int], letters: list[DeadLetter]
-                           ) -> list[tuple[tuple[object, ...], int, StreamEvent]]:
-        """The buffer with ``added`` put in one by one, an event whose tie key does not compare with one it meets
-        (a text and a number: sorting would fail every batch from now on) a dead letter instead, at its place among
-        ``letters`` (``slots``: how many letters came before each added event)."""
-        buffer = list(pending.buffer)
+    def _refuse_incomparable(self, pending: Pending, added: list[tuple[tuple[object, ...], int, StreamEvent]],
+                             slots: list[int], letters: list[DeadLetter]) -> None:
+        """Put ``added`` in the buffer, an event whose tie key does not compare with one it meets (a text and a
+        number: sorting would fail every batch from now on) a dead letter instead, at its place among ``letters``
+        (``slots``: how many letters came before each added event)."""
+        refused = pending.buffer.add(added)
+        if not refused:
+            return
+        first = added[0][1]                 # (the arrival numbers of ``added`` are consecutive)
         shift = 0
-        for entry, slot in zip(added, slots):
-            try:
-                bisect.insort(buffer, entry)
-            except TypeError as error:
-                key, arrival, event = entry
-                tie = cast(tuple[int, object], key[2])[1]       # (order_key's tie part: (0, tie))
-                del pending.buffer_added[arrival]
-                letters.insert(slot + shift, self._reject(event, (
-                    f"rejected: the tie_key of stream {event.stream} gave {tie!r} for {event.describe()}, "
-                    f"which does not compare with the tie key of an event of the same time and priority ({error}); "
-                    f"make the tie_key return values of one kind (e.g. all texts)")))
-                shift += 1
-        return buffer
+        for (key, arrival, event), error in refused:
+            tie = cast(tuple[int, object], key[2])[1]       # (order_key's tie part: (0, tie))
+            del pending.buffer_added[arrival]
+            letters.insert(slots[arrival - first] + shift, self._reject(event, (
+                f"rejected: the tie_key of stream {event.stream} gave {tie!r} for {event.describe()}, "
+                f"which does not compare with the tie key of an event of the same time and priority ({error}); "
+                f"make the tie_key return values of one kind (e.g. all texts)")))
+            shift += 1
 
     def _resolve(self, event: StreamEvent, streams: dict[str, StreamSchema]
                  ) -> tuple[StreamSchema, str, float | None] | str:
@@ -186,16 +177,16 @@ class ReorderBuffer:
     @staticmethod
     def mark(pending: Pending) -> AdmissionMark:
         """What ``admit_all`` and ``bound`` change in ``pending``, to take them back with :meth:`undo`."""
-        return AdmissionMark(pending.buffer, pending.arrivals, pending.time_kind, dict(pending.punctuations))
+        return AdmissionMark(pending.arrivals, pending.time_kind, dict(pending.punctuations))
 
     @staticmethod
     def undo(pending: Pending, mark: AdmissionMark) -> None:
         """``pending`` as it was at ``mark``: the events admitted since out of the buffer again, the kind and the
-        punctuations as they were.  (``admit_all`` puts a new list in ``pending.buffer``; the marked one is
-        unchanged.)"""
+        punctuations as they were."""
         for arrival in range(mark.arrivals, pending.arrivals):
             pending.buffer_added.pop(arrival, None)
-        pending.buffer, pending.arrivals, pending.time_kind = mark.buffer, mark.arrivals, mark.time_kind
+        pending.buffer.drop_from(mark.arrivals)
+        pending.arrivals, pending.time_kind = mark.arrivals, mark.time_kind
         pending.punctuations = mark.punctuations
 
     def bound(self, pending: Pending, streams: Mapping[str, StreamSchema], punctuation: Punctuation | None,
@@ -270,21 +261,15 @@ class ReorderBuffer:
     def release(self, pending: Pending, bound: Punctuation | None, now: float) -> list[StreamEvent]:
         if bound is None or bound is pending.released and not pending.buffer:
             return []
-        buffer = pending.buffer
-        # The buffer is sorted by order key, whose first part is the timestamp: the events older than the bound
-        # are its first ``cut`` entries.
-        if bound is END_OF_STREAM:
-            cut = len(buffer)
-        else:
-            cut = bisect.bisect_left(buffer, True, key=lambda entry: not ts_less(entry[2].ts, bound))
         pending.released = bound
-        if not cut:
+        entries = pending.buffer.release(bound)
+        if not entries:
             return []
         released = []
         ties = 0
         previous = None
         delay = 0.0
-        for key, arrival, event in buffer[:cut]:
+        for key, arrival, event in entries:
             if previous is not None and previous[:4] == key[:4]:
                 ties += 1
             previous = key
@@ -295,7 +280,6 @@ class ReorderBuffer:
             if event.sts is not None:
                 delay += now - event.sts
             pending.buffer_added.pop(arrival, None)
-        del buffer[:cut]
         self.metrics.add(released=len(released), reorder_delay=delay, ties_by_content=ties)
         return released
 
@@ -304,7 +288,6 @@ class ReorderBuffer:
 class AdmissionMark:
     """A batch's admission state before a call's admission (:meth:`ReorderBuffer.mark`)."""
 
-    buffer: list[tuple[tuple[object, ...], int, StreamEvent]]
     arrivals: int
     time_kind: str | None
     punctuations: dict[str, Punctuation]

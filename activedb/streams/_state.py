@@ -1,5 +1,6 @@
 """The stream engine's state: the committed :class:`State` between batches, a batch's
-:class:`Pending` laid over it (partitions as an overlay, the rest as copies), the
+:class:`Pending` laid over it (partitions and the reorder buffer as overlays, :class:`BufferOverlay` the latter's;
+the rest as copies), the
 :class:`BatchOutcome` participant that settles it when the batch's transaction ends, and the
 :class:`WindowIndex` that finds the partitions a released punctuation has put out of every window.
 None of them locks: the engine's ``_mutex`` protects the committed state, the pointer to the
@@ -8,13 +9,14 @@ pending one and the index, and ``BatchRun._mutex`` the overlay while a batch run
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import itertools
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Hashable, Mapping
+from typing import TYPE_CHECKING, Callable, Hashable, Iterator, Mapping
 
 from activedb.events import Instant
-from activedb.streams._events import END_OF_STREAM, Punctuation, StreamEvent
+from activedb.streams._events import END_OF_STREAM, Punctuation, StreamEvent, ts_less
 from activedb.streams._matcher import Matcher, PartitionState, earliest, outside
 from activedb.streams._persist import BufferChunks, PartitionRows
 from activedb.txn import CommitParticipant
@@ -23,13 +25,17 @@ if TYPE_CHECKING:  # pragma: no cover
     from activedb.txn import Transaction
 
 
+# A buffered event: (order key, arrival number, event).
+BufferEntry = tuple[tuple[object, ...], int, StreamEvent]
+
+
 @dataclass
 class State:
     """The engine's state between batches (the committed one) or during one (pending)."""
 
     partitions: dict[tuple[str, tuple[Hashable, ...]], PartitionState] = field(default_factory=dict)
     # Invariant: sorted by (order key, arrival number); no entry is older than `released`.
-    buffer: list[tuple[tuple[object, ...], int, StreamEvent]] = field(default_factory=list)
+    buffer: list[BufferEntry] = field(default_factory=list)
     released: Punctuation | None = None   # every event older than this was released (None: nothing yet)
     punctuations: dict[str, Punctuation] = field(default_factory=dict)
     position: int = 0                 # the next release position
@@ -58,7 +64,7 @@ class Pending:
         # (Dicts as ordered sets: a save writes its partitions in the order they were set, whatever the hash seed.)
         self.unsaved: dict[tuple[str, tuple[Hashable, ...]], None] = {}
         self.unindexed: dict[tuple[str, tuple[Hashable, ...]], None] = {}
-        self.buffer = list(base.buffer)
+        self.buffer = BufferOverlay(base.buffer)
         self.released = base.released
         self.punctuations = dict(base.punctuations)
         self.position = base.position
@@ -88,9 +94,109 @@ class Pending:
                 partitions.pop(key, None)
             else:
                 partitions[key] = value
-        return State(partitions=partitions, buffer=self.buffer, released=self.released,
+        return State(partitions=partitions, buffer=self.buffer.commit(), released=self.released,
                      punctuations=self.punctuations, position=self.position, arrivals=self.arrivals,
                      time_kind=self.time_kind, chunks=self.base.chunks, partition_rows=self.base.partition_rows)
+
+
+class BufferOverlay:
+    """A batch's reorder buffer laid over the committed one (``State.buffer``), which it leaves as it is until
+    :meth:`commit`: an aborted batch's committed buffer is the one before it, and a call costs what it changes — a
+    binary search of the committed buffer per event admitted, a step per event released — not a copy of every
+    buffered event.
+
+    The buffer it stands for is ``base[taken:]`` with each entry of ``added`` put before ``base[slot]``.
+    Invariant: ``added`` is sorted by (slot, entry) and every slot is in ``taken..len(base)``; ``base[slot - 1]``
+    (if any) sorts before the entry and ``base[slot]`` (if any) after it — so the buffer is sorted, and merging the
+    two compares no entries.
+
+    Not thread-safe: only the batch's thread touches it (as :class:`Pending`)."""
+
+    def __init__(self, base: list[BufferEntry]):
+        self.base = base                # the committed buffer, unchanged until commit
+        self.taken = 0                  # base[:taken] was released by the batch
+        self.added: list[tuple[int, BufferEntry]] = []     # (slot, entry): admitted by the batch, not released
+
+    def __len__(self) -> int:
+        return len(self.base) - self.taken + len(self.added)
+
+    def __iter__(self) -> Iterator[BufferEntry]:
+        """The entries in their order (for inspection: it visits every one)."""
+        return iter(self._merged(len(self.base), len(self.added)))
+
+    def add(self, entries: list[BufferEntry]) -> list[tuple[BufferEntry, TypeError]]:
+        """Put ``entries`` in the buffer; returns those left out, with the error of comparing their order key with
+        an entry's of the same time and priority (two tie keys that do not compare), in their order."""
+        base, taken = self.base, self.taken
+        refused: list[tuple[BufferEntry, TypeError]] = []
+        placed: list[tuple[int, BufferEntry]] = []
+        for entry in entries:
+            try:
+                placed.append((bisect.bisect_right(base, entry, taken), entry))
+            except TypeError as error:
+                refused.append((entry, error))
+        merged = self.added + placed
+        try:
+            merged.sort()
+        except TypeError:           # (the list is left part sorted: put them in one by one)
+            merged = list(self.added)
+            for slotted in placed:
+                try:
+                    bisect.insort(merged, slotted)
+                except TypeError as error:
+                    refused.append((slotted[1], error))
+            refused.sort(key=lambda pair: pair[0][1])       # (by arrival: the order they came in)
+        self.added = merged
+        return refused
+
+    def drop_from(self, arrival: int) -> None:
+        """Take out the entries admitted with an arrival number of at least ``arrival`` (none was released)."""
+        self.added = [slotted for slotted in self.added if slotted[1][1] < arrival]
+
+    def release(self, bound: Punctuation) -> list[BufferEntry]:
+        """Take out the entries whose events are older than ``bound`` (all of them for END_OF_STREAM) and return
+        them in their order.  The order key's first part is the timestamp: they are the first ones of ``base[taken:]``
+        and of ``added``."""
+        base, added = self.base, self.added
+        if bound is END_OF_STREAM:
+            base_cut, added_cut = len(base), len(added)
+        else:
+            base_cut = bisect.bisect_left(base, True, self.taken, key=lambda entry: not ts_less(entry[2].ts, bound))
+            added_cut = bisect.bisect_left(added, True, key=lambda slotted: not ts_less(slotted[1][2].ts, bound))
+        released = self._merged(base_cut, added_cut)
+        self.taken = base_cut
+        del added[:added_cut]
+        return released
+
+    def _merged(self, base_cut: int, added_cut: int) -> list[BufferEntry]:
+        """``base[taken:base_cut]`` and ``added[:added_cut]`` in their order.  Precondition: those added entries'
+        slots are at most ``base_cut`` (an entry older than a bound is not put after one that is not)."""
+        base = self.base
+        merged: list[BufferEntry] = []
+        start = self.taken
+        for slot, entry in itertools.islice(self.added, added_cut):
+            if slot > start:
+                merged.extend(base[start:slot])
+                start = slot
+            merged.append(entry)
+        merged.extend(base[start:base_cut])
+        return merged
+
+    def commit(self) -> list[BufferEntry]:
+        """The committed buffer with the batch's changes, made in place (an insertion or the deletion of the released
+        entries moves the references after it, visiting no entry).  Once, when the batch commits."""
+        base, added = self.base, self.added
+        end = len(added)
+        while end:                      # from the last slot back: an insertion moves no slot still to come
+            slot = added[end - 1][0]
+            start = end - 1
+            while start and added[start - 1][0] == slot:
+                start -= 1
+            base[slot:slot] = [entry for _, entry in added[start:end]]
+            end = start
+        del base[:self.taken]
+        self.taken, self.added = 0, []
+        return base
 
 
 class BatchOutcome(CommitParticipant):
@@ -99,8 +205,8 @@ class BatchOutcome(CommitParticipant):
     transaction's locks).
 
     It lets go of the pending state when it has told: the transaction keeps its participants, and the pending
-    state names its transaction (``root``), so holding on would keep every batch's pending state — its copy of
-    the buffer, its partition states — alive until Python's cyclic collector finds the pair."""
+    state names its transaction (``root``), so holding on would keep every batch's pending state —
+    the events it admitted, its partition states — alive until Python's cyclic collector finds the pair."""
 
     def __init__(self, pending: Pending, settle: Callable[[Pending, bool], None]):
         self.pending: Pending | None = pending

@@ -366,3 +366,55 @@ def test_a_save_looks_only_at_the_buffer_chunks_its_punctuation_releases(db, mon
     assert buffer_rows(db, name) == 30 and len(engine.buffered()) == 30
     assert saves[-1] == saves[39] + 10, saves            # (a comparison per chunk released, and the one left first)
     assert orders_engine(db, name).buffered() == engine.buffered()
+
+
+class CountingBuffer(list):  # type: ignore[type-arg]
+    """A committed buffer that counts the entries read from it (iterated, indexed or sliced)."""
+
+    read = 0
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        CountingBuffer.read += len(self)
+        return super().__iter__()
+
+    def __getitem__(self, index):  # type: ignore[no-untyped-def]
+        CountingBuffer.read += len(range(*index.indices(len(self)))) if isinstance(index, slice) else 1
+        return super().__getitem__(index)
+
+
+def test_a_call_reads_the_buffer_entries_it_changes_not_every_buffered_one(db):
+    """A stream whose punctuation lags keeps many events buffered: each call read the whole buffer (a batch's pending
+    state began with a copy of it), so a call cost as much as the events waiting.  A call reads a few entries per
+    event it admits (a binary search for its place) and the ones it releases (counted: the entries read from the
+    committed buffer), in its own transaction or not; an aborted batch leaves the buffer as it was, and a new engine
+    object loads the buffer the engine holds."""
+    name = "buffer-reads"
+    engine = orders_engine(db, name)
+    waiting = 2000
+    engine.feed([order("PLACED", 10_000 + number, number) for number in range(waiting)])   # far ahead: they wait
+    reads = []
+    with db.transaction() as together:
+        for call in range(20):
+            engine._state.buffer = CountingBuffer(engine._state.buffer)
+            CountingBuffer.read = 0
+            # An order in time, one late (before the one in time: out of order), and one far ahead that waits.
+            events = [order("PLACED", 100 + call, 1), order("PLACED", 99 + call - 0.5, 2),
+                      order("PLACED", 20_000 + call, 3)]
+            if call < 10:
+                engine.feed(events, punctuation=99 + call)
+            else:
+                engine.process(together, events, punctuation=99 + call)
+            reads.append(CountingBuffer.read)
+    # (a binary search of the committed buffer per event admitted, and one for the release: none is released from it)
+    assert max(reads) <= 4 * (waiting.bit_length() + 1), reads
+    assert len(engine.buffered()) == waiting + 20 + 2
+    with pytest.raises(RuntimeError, match="gives up"):
+        with db.transaction() as tx:
+            engine.process(tx, [order("PLACED", 30_000, 4)], punctuation=15_000)
+            raise RuntimeError("the caller gives up")
+    buffered = engine.buffered()
+    assert len(buffered) == waiting + 22 and buffered == sorted(buffered, key=lambda event: event.ts)
+    assert orders_engine(db, name).buffered() == buffered
+    engine.feed([order("PLACED", 15_000, 5)], punctuation=15_000)
+    assert [event.ts for event in engine.buffered()] == [15_000, *(20_000 + call for call in range(20))]
+    assert orders_engine(db, name).buffered() == engine.buffered()
