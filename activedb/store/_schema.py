@@ -138,12 +138,21 @@ class TableInfo:
 
     def key(self, key: object, checked: Checked = Checked.WRITE) -> Key:
         """``key`` as the table names its row (a tuple of its key columns' values, each checked, converted as stored);
-        ``checked``: what the key is for — ``Checked.READ`` from the read paths —, which a refusal names."""
+        ``checked``: what the key is for — ``Checked.READ`` from the read paths —, which every refusal's message ends
+        with (``Checked.undone``)."""
         if key.__class__ is str and self._key_columns_text and key.isascii() and "\x00" not in key:
             return (key,)         # (``_quick_text`` inline)
         quick = self._quick_key
         if quick is not None and quick(key):
             return (key,)         # a one-column key whose value the full check would accept
+        try:
+            return self._checked_key(key)
+        except (InvalidKey, InvalidValue, UnknownColumn) as refusal:
+            _end(refusal, checked)
+            raise
+
+    def _checked_key(self, key: object) -> Key:
+        """``key``'s full check and conversion (:meth:`key`), its refusal not yet ended."""
         if not isinstance(key, tuple):
             key = named if isinstance(named := self.named(key), tuple) else (key,)
         if len(key) != len(self.key_columns):
@@ -155,7 +164,7 @@ class TableInfo:
         for name, value in zip(self.key_columns, key):
             if value is None:
                 raise InvalidKey(f"primary key column {self.name}.{name} cannot be None")
-            self.check_value(name, value, checked)
+            self._check_value(name, value)
             if (isinstance(value, float) and value != value) or (
                     isinstance(value, decimal.Decimal) and value.is_nan()):     # (``!=`` of a signalling one raises)
                 self._refuse_nan_key(name, value)
@@ -268,10 +277,19 @@ class TableInfo:
 
     def check_value(self, name: str, value: object, checked: Checked = Checked.WRITE) -> None:
         """Raise if PostgreSQL would refuse ``value`` for column ``name`` (``InvalidValue``, ``UnknownColumn``,
-        ``NestedTooDeep``); ``checked`` says what the value is for, which the refusal names."""
+        ``NestedTooDeep``); ``checked`` says what the value is for, which every refusal's message ends with
+        (``Checked.undone``)."""
         accepts = self._quick.get(name)
         if accepts is not None and accepts(value):
             return
+        try:
+            self._check_value(name, value)
+        except (InvalidValue, UnknownColumn) as refusal:
+            _end(refusal, checked)
+            raise
+
+    def _check_value(self, name: str, value: object) -> None:
+        """:meth:`check_value` past its quick test, its refusal not yet ended."""
         column = self.columns.get(name)
         if column is None:
             raise UnknownColumn(
@@ -307,7 +325,7 @@ class TableInfo:
                 # copy would refuse it, naming the column)
                 raise too_deep(value, EXACT_DEPTH, name) from None
             if problem is not None:
-                raise InvalidValue(f"column {self.name}.{name} ({column.type}): {problem}; {checked.undone}")
+                raise InvalidValue(f"column {self.name}.{name} ({column.type}): {problem}")
 
     def equals(self, name: str, value: object) -> sa.ColumnElement[bool]:
         """The SQL condition "column ``name`` equals ``value``" (a scan's equality): a ``json`` column, which has no
@@ -417,6 +435,13 @@ class TableInfo:
     def delete(self) -> sa.Delete:
         return self.cached("delete", lambda: self.table.delete().where(
             sa.and_(*[self.compared(name) == sa.bindparam(f"k_{name}") for name in self.key_columns])))
+
+
+def _end(refusal: InvalidKey | InvalidValue | UnknownColumn, checked: Checked) -> None:
+    """End ``refusal``'s message the way ``checked`` says what was not done ("; nothing was read", "; nothing was
+    written", "; the scan was not run"): the one place a key's or a value's refusal (:meth:`TableInfo.key`,
+    :meth:`TableInfo.check_value`) gets it, whichever check refused."""
+    refusal.args = (f"{refusal}; {checked.undone}", *refusal.args[1:])
 
 
 def text_problem(value: str) -> str | None:

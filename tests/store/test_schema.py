@@ -604,3 +604,71 @@ def test_a_key_refused_in_a_read_says_nothing_was_read_and_one_refused_in_a_writ
         with pytest.raises(activedb.InvalidValue, match=r"1048576 is outside .*; nothing was written$") as refused:
             tx.write("probe_keys", 2**20, n=1)
         assert "nothing was read" not in str(refused.value)
+
+
+def _refusing_table(db, operation: str) -> str:
+    """A table of a text key and a NOT NULL integer, one per test (``refusing_<operation>``)."""
+    table = f"refusing_{operation}"
+    with db.engine.begin() as connection:
+        connection.execute(sa.text(f"CREATE TABLE {table} (name text PRIMARY KEY, n integer NOT NULL)"))
+    return table
+
+
+def test_a_key_refused_for_its_type_in_a_read_says_nothing_was_read(db):
+    """Every refusal of a key in a read ends the way a range refusal does, "; nothing was read" — its type, its
+    number of columns alike (``Checked.READ``).  Before, only a
+    refusal by the column's check said what was not done: ``tx.read("workerstatus", 5)`` of a TEXT key said "column
+    workerstatus.workerid is TEXT; got 5 (int)" and no more."""
+    refusing_table = _refusing_table(db, "read")
+    with db.transaction() as tx:
+        with pytest.raises(activedb.InvalidValue, match=r"^column refusing_\w+\.name is TEXT; got 5 \(int\); "
+                                                        r"nothing was read$"):
+            tx.read(refusing_table, 5)
+        reads = {"a key's type": lambda: tx.read(refusing_table, 5),
+                 "a key's columns": lambda: tx.read(refusing_table, ("a", "b")),
+                 "a list key": lambda: tx.read(refusing_table, [5]),
+                 "for update": lambda: tx.read(refusing_table, 5, for_update=True),
+                 "read_many's key": lambda: tx.read_many(refusing_table, ["a", 5]),
+                 "read_many's columns": lambda: tx.read_many(refusing_table, ["a", ("a", "b")]),
+                 "prefetch": lambda: tx.prefetch(refusing_table, ["a", 5])}
+        for how, read in reads.items():
+            with pytest.raises(activedb.SchemaError, match=r"; nothing was read$") as refused:
+                read()
+            assert "nothing was written" not in str(refused.value), how
+
+
+def test_a_key_or_value_refused_for_its_type_in_a_write_says_nothing_was_written(db):
+    """Every refusal of a written key or value ends "; nothing was written" (``Checked.WRITE``): a key or a value of
+    the wrong type, a key of the wrong number of columns, None for a NOT NULL column, a column the table has not.
+    Before, only a refusal by the column's check (a range, a precision) said so."""
+    refusing_table = _refusing_table(db, "write")
+    with db.transaction() as tx:
+        with pytest.raises(activedb.InvalidValue, match=r"^column refusing_\w+\.name is TEXT; got 5 \(int\); "
+                                                        r"nothing was written$"):
+            tx.write(refusing_table, 5, n=1)
+        writes = {"a key's type": lambda: tx.write(refusing_table, 5, n=1),
+                  "a key's columns": lambda: tx.write(refusing_table, ("a", "b"), n=1),
+                  "a value's type": lambda: tx.write(refusing_table, "a", n="one"),
+                  "a NOT NULL value": lambda: tx.write(refusing_table, "a", n=None),
+                  "a column": lambda: tx.write(refusing_table, "a", n=1, missing=2),
+                  "an insert's value": lambda: tx.insert(refusing_table, name="a", n="one"),
+                  "write_many's value": lambda: tx.write_many(refusing_table, {"a": {"n": "one"}})}
+        for how, write in writes.items():
+            with pytest.raises(activedb.SchemaError, match=r"; nothing was written$") as refused:
+                write()
+            assert "nothing was read" not in str(refused.value), how
+        assert tx.scan(refusing_table, {}) == []
+
+
+def test_a_filter_value_refused_for_its_type_in_a_scan_says_the_scan_was_not_run(db):
+    """Every refusal of a scan's filter value ends "; the scan was not run" (``Checked.SCAN``): its type, a column
+    the table has not.  Before, only a refusal by the column's check said so."""
+    refusing_table = _refusing_table(db, "scan")
+    with db.transaction() as tx:
+        with pytest.raises(activedb.InvalidValue, match=r"^column refusing_\w+\.n is INTEGER; got 'one' \(str\); "
+                                                        r"the scan was not run$"):
+            tx.scan(refusing_table, {"n": "one"})
+        for where in ({"name": 5}, {"n": "one"}, {"missing": 1}):
+            with pytest.raises(activedb.SchemaError, match=r"; the scan was not run$") as refused:
+                tx.scan(refusing_table, where)
+            assert "nothing was" not in str(refused.value), where
