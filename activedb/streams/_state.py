@@ -105,29 +105,34 @@ class BufferOverlay:
     binary search of the committed buffer per event admitted, a step per event released — not a copy of every
     buffered event.
 
-    The buffer it stands for is ``base[taken:]`` with each entry of ``added`` put before ``base[slot]``.
+    The buffer it stands for is ``base[taken:]`` with each entry of ``added`` put before ``base[slot]`` (``parts``).
     Invariant: ``added`` is sorted by (slot, entry) and every slot is in ``taken..len(base)``; ``base[slot - 1]``
     (if any) sorts before the entry and ``base[slot]`` (if any) after it — so the buffer is sorted, and merging the
     two compares no entries.
 
-    Not thread-safe: only the batch's thread touches it (as :class:`Pending`)."""
+    Only the batch's thread changes it (as :class:`Pending`); each change replaces ``parts`` whole (new lists, one
+    assignment), so an inspection from another thread under the engine's ``_mutex`` (``len``, iteration: the
+    engine's ``buffered()`` and ``statistics()``) sees the buffer before or after a change, not half of one."""
 
     def __init__(self, base: list[BufferEntry]):
         self.base = base                # the committed buffer, unchanged until commit
-        self.taken = 0                  # base[:taken] was released by the batch
-        self.added: list[tuple[int, BufferEntry]] = []     # (slot, entry): admitted by the batch, not released
+        # (taken, added): base[:taken] was released by the batch; added holds (slot, entry) of the events the batch
+        # admitted and has not released.
+        self.parts: tuple[int, list[tuple[int, BufferEntry]]] = (0, [])
 
     def __len__(self) -> int:
-        return len(self.base) - self.taken + len(self.added)
+        taken, added = self.parts
+        return len(self.base) - taken + len(added)
 
     def __iter__(self) -> Iterator[BufferEntry]:
         """The entries in their order (for inspection: it visits every one)."""
-        return iter(self._merged(len(self.base), len(self.added)))
+        taken, added = self.parts
+        return iter(self._merged(taken, added, len(self.base), len(added)))
 
     def add(self, entries: list[BufferEntry]) -> list[tuple[BufferEntry, TypeError]]:
         """Put ``entries`` in the buffer; returns those left out, with the error of comparing their order key with
         an entry's of the same time and priority (two tie keys that do not compare), in their order."""
-        base, taken = self.base, self.taken
+        base, (taken, added) = self.base, self.parts
         refused: list[tuple[BufferEntry, TypeError]] = []
         placed: list[tuple[int, BufferEntry]] = []
         for entry in entries:
@@ -135,46 +140,47 @@ class BufferOverlay:
                 placed.append((bisect.bisect_right(base, entry, taken), entry))
             except TypeError as error:
                 refused.append((entry, error))
-        merged = self.added + placed
+        merged = added + placed
         try:
             merged.sort()
         except TypeError:           # (the list is left part sorted: put them in one by one)
-            merged = list(self.added)
+            merged = list(added)
             for slotted in placed:
                 try:
                     bisect.insort(merged, slotted)
                 except TypeError as error:
                     refused.append((slotted[1], error))
             refused.sort(key=lambda pair: pair[0][1])       # (by arrival: the order they came in)
-        self.added = merged
+        self.parts = (taken, merged)
         return refused
 
     def drop_from(self, arrival: int) -> None:
         """Take out the entries admitted with an arrival number of at least ``arrival`` (none was released)."""
-        self.added = [slotted for slotted in self.added if slotted[1][1] < arrival]
+        taken, added = self.parts
+        self.parts = (taken, [slotted for slotted in added if slotted[1][1] < arrival])
 
     def release(self, bound: Punctuation) -> list[BufferEntry]:
         """Take out the entries whose events are older than ``bound`` (all of them for END_OF_STREAM) and return
         them in their order.  The order key's first part is the timestamp: they are the first ones of ``base[taken:]``
         and of ``added``."""
-        base, added = self.base, self.added
+        base, (taken, added) = self.base, self.parts
         if bound is END_OF_STREAM:
             base_cut, added_cut = len(base), len(added)
         else:
-            base_cut = bisect.bisect_left(base, True, self.taken, key=lambda entry: not ts_less(entry[2].ts, bound))
+            base_cut = bisect.bisect_left(base, True, taken, key=lambda entry: not ts_less(entry[2].ts, bound))
             added_cut = bisect.bisect_left(added, True, key=lambda slotted: not ts_less(slotted[1][2].ts, bound))
-        released = self._merged(base_cut, added_cut)
-        self.taken = base_cut
-        del added[:added_cut]
+        released = self._merged(taken, added, base_cut, added_cut)
+        self.parts = (base_cut, added[added_cut:])
         return released
 
-    def _merged(self, base_cut: int, added_cut: int) -> list[BufferEntry]:
+    def _merged(self, taken: int, added: list[tuple[int, BufferEntry]], base_cut: int, added_cut: int
+                ) -> list[BufferEntry]:
         """``base[taken:base_cut]`` and ``added[:added_cut]`` in their order.  Precondition: those added entries'
         slots are at most ``base_cut`` (an entry older than a bound is not put after one that is not)."""
         base = self.base
         merged: list[BufferEntry] = []
-        start = self.taken
-        for slot, entry in itertools.islice(self.added, added_cut):
+        start = taken
+        for slot, entry in itertools.islice(added, added_cut):
             if slot > start:
                 merged.extend(base[start:slot])
                 start = slot
@@ -185,7 +191,7 @@ class BufferOverlay:
     def commit(self) -> list[BufferEntry]:
         """The committed buffer with the batch's changes, made in place (an insertion or the deletion of the released
         entries moves the references after it, visiting no entry).  Once, when the batch commits."""
-        base, added = self.base, self.added
+        base, (taken, added) = self.base, self.parts
         end = len(added)
         while end:                      # from the last slot back: an insertion moves no slot still to come
             slot = added[end - 1][0]
@@ -194,8 +200,8 @@ class BufferOverlay:
                 start -= 1
             base[slot:slot] = [entry for _, entry in added[start:end]]
             end = start
-        del base[:self.taken]
-        self.taken, self.added = 0, []
+        del base[:taken]
+        self.parts = (0, [])
         return base
 
 
