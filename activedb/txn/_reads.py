@@ -95,7 +95,12 @@ class Reads:
         for given in keys:
             if isinstance(given, list):     # (a key of several columns as a list: by its tuple, ``TableInfo.named``)
                 given = info.named(given)
-            if given not in normalised:
+            try:
+                seen = given in normalised
+            except TypeError:   # (unhashable — a one-column key's list, a dict —: no key is; its check says why)
+                info.key(given, Checked.READ)
+                raise
+            if not seen:
                 normalised[given] = info.key(given, Checked.READ)
         locking = self.manager.locking
         if lock is BulkLock.TABLE:

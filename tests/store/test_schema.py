@@ -630,6 +630,10 @@ def test_a_key_refused_for_its_type_in_a_read_says_nothing_was_read(db):
                  "for update": lambda: tx.read(refusing_table, 5, for_update=True),
                  "read_many's key": lambda: tx.read_many(refusing_table, ["a", 5]),
                  "read_many's columns": lambda: tx.read_many(refusing_table, ["a", ("a", "b")]),
+                 # (unhashable keys: before, a bare TypeError "unhashable type" from read_many's mapping)
+                 "read_many's list key": lambda: tx.read_many(refusing_table, ["a", [5]]),
+                 "read_many's dict key": lambda: tx.read_many(refusing_table, ["a", {"name": "a"}]),
+                 "prefetch's list key": lambda: tx.prefetch(refusing_table, ["a", [5]]),
                  "prefetch": lambda: tx.prefetch(refusing_table, ["a", 5])}
         for how, read in reads.items():
             with pytest.raises(activedb.SchemaError, match=r"; nothing was read$") as refused:
