@@ -28,6 +28,11 @@ the test hanging); slept until the deadline, an advance past it before the sleep
 for a sleeper (``clock.sleepers``) before advancing when it means the advance to find the caller asleep, but no
 longer to keep the caller's deadline where it was.
 
+A clock of one's own implements :class:`Clock`: ``now``, ``wall`` and ``wait_until``.  A class written for the
+earlier protocol — ``wait(wake, seconds)``, relative, and no ``wait_until`` — is refused where a clock is given
+(``connect(clock=...)``, ``Config``, ``CompositionEngine``, the pytest plugin's mark) with a
+:class:`~activedb.errors.BadArgument` saying to add ``wait_until`` (:func:`outdated_clock`).
+
 Thread-safety: every clock may be used from any thread.  ``ManualClock._mutex`` is a leaf.
 """
 
@@ -195,6 +200,22 @@ class ManualClock:
         if "_mutex" not in vars(self):        # (its __init__ raised: seen in a traceback's locals, a debugger)
             return "ManualClock(<not made>)"
         return f"ManualClock(now={self.now()!r}, wall={self.wall().isoformat()})"
+
+
+def outdated_clock(value: object, given: str) -> str | None:
+    """What to tell the user who gave ``value`` as ``given`` (e.g. ``"Config(clock=...)"``) if it is a clock written
+    for activedb's earlier :class:`Clock` protocol — ``now``, ``wall`` and a relative ``wait(wake, seconds)``, but no
+    ``wait_until`` —; None otherwise (a clock, or something that is no clock at all, which its caller refuses as it
+    does).  The callers raise their :class:`~activedb.errors.ActivedbError` with it."""
+    if isinstance(value, (Clock, type)) or not all(callable(getattr(value, name, None))
+                                                   for name in ("now", "wall", "wait")):
+        return None
+    return (f"{given}: {value!r} is a clock of activedb's earlier Clock protocol: it has wait(wake, seconds), a "
+            f"relative sleep, but not wait_until(wake, deadline). activedb now sleeps until a deadline on the clock's "
+            f"own now() scale, so that a clock moved between reading now() and sleeping still wakes the sleeper: give "
+            f"{type(value).__name__} a method wait_until(wake, deadline) that returns True once wake is set and False "
+            f"once now() has reached deadline (None: no limit), as activedb.clock.Clock says, or use ManualClock or "
+            f"SystemClock")
 
 
 def _finite_seconds(value: object, given: str, what: str) -> float:

@@ -184,3 +184,27 @@ def test_the_system_clock_sleeps_until_a_deadline_on_its_now_scale():
     woken.set()
     assert clock.wait_until(woken, clock.now() + 3600.0) is True and clock.wait_until(woken, None) is True
 
+
+class EarlierProtocolClock:
+    """A user's clock written for the earlier protocol: a relative ``wait`` and no ``wait_until``."""
+
+    def now(self) -> float:
+        return 0.0
+
+    def wall(self) -> dt.datetime:
+        return dt.datetime(2000, 1, 1, tzinfo=dt.timezone.utc)
+
+    def wait(self, wake: threading.Event, seconds: float | None) -> bool:
+        return wake.wait(seconds)
+
+
+@pytest.mark.parametrize("give", [lambda clock: activedb.Config(clock=clock),
+                                  lambda clock: composite.CompositionEngine(clock=clock)],
+                         ids=["config", "composition_engine"])
+def test_a_clock_of_the_earlier_protocol_is_refused_saying_to_add_wait_until(give):
+    """A clock class of one's own with ``wait(wake, seconds)`` but no ``wait_until`` is no ``Clock`` any more: it is
+    refused with an activedb error naming the method to add, not a TypeError that it is no clock."""
+    with pytest.raises(activedb.ActivedbError, match=r"earlier Clock protocol.*give EarlierProtocolClock a method "
+                                                     r"wait_until\(wake, deadline\)"):
+        give(EarlierProtocolClock())
+    assert not isinstance(EarlierProtocolClock(), Clock)
