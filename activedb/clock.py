@@ -24,14 +24,15 @@ a number of seconds: a caller with a deadline — the outbox's rule-deadline wat
 ingestion's :class:`~activedb.ingest.Deadlines` — reads ``now()``, decides when to wake, and sleeps until then.  A
 relative sleep would start counting when the sleep begins, so a :class:`ManualClock` advanced by a test between the
 caller's read and its sleep would move the caller's deadline later by the advance (the watcher missing its deadline,
-the test hanging); slept until the deadline, an advance past it before the sleep ends the sleep at once.  A test still waits
-for a sleeper (``clock.sleepers``) before advancing when it means the advance to find the caller asleep, but no
-longer to keep the caller's deadline where it was.
+the test hanging); slept until the deadline, an advance past it before the sleep ends the sleep at once.  A test
+still waits for a sleeper (``clock.sleepers``) before advancing when it means the advance to find the caller
+asleep, but no longer to keep the caller's deadline where it was.
 
 A clock of one's own implements :class:`Clock`: ``now``, ``wall`` and ``wait_until``.  A class written for the
 earlier protocol — ``wait(wake, seconds)``, relative, and no ``wait_until`` — is refused where a clock is given
-(``connect(clock=...)``, ``Config``, ``CompositionEngine``, the pytest plugin's mark) with a
-:class:`~activedb.errors.BadArgument` saying to add ``wait_until`` (:func:`outdated_clock`).
+with an activedb error saying to add ``wait_until`` (:func:`outdated_clock`): a
+:class:`~activedb.errors.BadArgument` from ``connect(clock=...)`` and ``Config``, a ``CompositeError`` from a
+``CompositionEngine``, a ``DatabaseFixtureError`` from the pytest plugin's mark.
 
 Thread-safety: every clock may be used from any thread.  ``ManualClock._mutex`` is a leaf.
 """
