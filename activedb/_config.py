@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Mapping, TypedDict, Unpack
 from lockmgr import VictimChooser, VictimPolicy
 
 from activedb._url import CONNECT_TIMEOUT, timeout_args
-from activedb.clock import Clock
+from activedb.clock import Clock, outdated_clock
 from activedb.errors import BadArgument, check_seconds, check_switch, check_whole_number
 from activedb.outbox import OutboxOptions
 from activedb.rules import RuleExecution
@@ -148,6 +148,9 @@ class Config:
         object.__setattr__(self, "rule_execution", RuleExecution.parse(self.rule_execution, "rule_execution"))
         if not callable(self.victim_policy):
             object.__setattr__(self, "victim_policy", _victim_policy(self.victim_policy))
+        outdated = outdated_clock(self.clock, "Config(clock=...)")
+        if outdated is not None:
+            raise BadArgument(outdated)
         if self.clock is not None and (isinstance(self.clock, type) or not isinstance(self.clock, Clock)):
             raise TypeError(f"Config(clock=...) takes an activedb.clock.Clock (an instance: ManualClock(), "
                             f"SystemClock()) or None for the system's, got {self.clock!r}")

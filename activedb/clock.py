@@ -19,6 +19,21 @@ would turn a failing test into a hanging one; figures that measure the process i
 latencies); and timestamps compared with the server's (the transaction log's ``began_at``, change capture's
 lag), which must be the server's calendar.
 
+Sleeping on a clock is until a deadline on its own :meth:`~Clock.now` scale (:meth:`Clock.wait_until`), never for
+a number of seconds: a caller with a deadline — the outbox's rule-deadline watcher and recovery passes, an
+ingestion's :class:`~activedb.ingest.Deadlines` — reads ``now()``, decides when to wake, and sleeps until then.  A
+relative sleep would start counting when the sleep begins, so a :class:`ManualClock` advanced by a test between the
+caller's read and its sleep would move the caller's deadline later by the advance (the watcher missing its deadline,
+the test hanging); slept until the deadline, an advance past it before the sleep ends the sleep at once.  A test
+still waits for a sleeper (``clock.sleepers``) before advancing when it means the advance to find the caller
+asleep, but no longer to keep the caller's deadline where it was.
+
+A clock of one's own implements :class:`Clock`: ``now``, ``wall`` and ``wait_until``.  A class written for the
+earlier protocol — ``wait(wake, seconds)``, relative, and no ``wait_until`` — is refused where a clock is given
+with an activedb error saying to add ``wait_until`` (:func:`outdated_clock`): a
+:class:`~activedb.errors.BadArgument` from ``connect(clock=...)`` and ``Config``, a ``CompositeError`` from a
+``CompositionEngine``, a ``DatabaseFixtureError`` from the pytest plugin's mark.
+
 Thread-safety: every clock may be used from any thread.  ``ManualClock._mutex`` is a leaf.
 """
 
@@ -51,10 +66,11 @@ class Clock(Protocol):
         """The time of day, an aware ``datetime`` in UTC."""
         ...
 
-    def wait(self, wake: threading.Event, seconds: float | None) -> bool:
-        """Block until ``wake`` is set (True) or ``seconds`` of this clock have passed (False); None: no time
-        limit.  A clock may set ``wake`` itself when the time has passed (a manual clock wakes its waiters that
-        way): a caller that waits again clears it first."""
+    def wait_until(self, wake: threading.Event, deadline: float | None) -> bool:
+        """Block until ``wake`` is set (True) or this clock's :meth:`now` has reached ``deadline`` (False: also at
+        once if it has already); None: no time limit.  ``deadline`` is on :meth:`now`'s scale, so time that passes
+        between the caller's reading of :meth:`now` and this call counts.  A clock may set ``wake`` itself when the
+        time has come (a manual clock wakes its waiters that way): a caller that waits again clears it first."""
         ...
 
 
@@ -67,8 +83,16 @@ class SystemClock:
     def wall(self) -> dt.datetime:
         return dt.datetime.now(_UTC)
 
-    def wait(self, wake: threading.Event, seconds: float | None) -> bool:
-        return wake.wait(seconds)
+    def wait_until(self, wake: threading.Event, deadline: float | None) -> bool:
+        if deadline is None:
+            return wake.wait()
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return wake.is_set()
+            # (no thread wait may be longer than TIMEOUT_MAX: a later deadline is slept towards in steps)
+            if wake.wait(min(remaining, threading.TIMEOUT_MAX)):
+                return True
 
     def __repr__(self) -> str:
         return "SystemClock()"
@@ -91,9 +115,9 @@ class _Sleeper:
 class ManualClock:
     """A clock that moves only when told (:meth:`advance`), for tests: ``now()`` starts at ``start`` and
     ``wall()`` at ``wall`` (default 2000-01-01 UTC); both move together.  Times are floats: a ``Decimal`` or
-    ``Fraction`` given for ``start`` or to :meth:`advance` is taken as the float nearest it.  A thread in :meth:`wait` wakes when
-    the clock is advanced past its deadline (or when its event is set), never by itself; :attr:`sleepers`
-    tells a test how many wait (``wait_until(lambda: clock.sleepers == 1)`` before it advances).
+    ``Fraction`` given for ``start`` or to :meth:`advance` is taken as the float nearest it.  A thread in
+    :meth:`wait_until` wakes when the clock is advanced to its deadline (or when its event is set), never by itself;
+    :attr:`sleepers` tells a test how many wait (``wait_until(lambda: clock.sleepers == 1)`` before it advances).
 
     Thread-safety: ``_mutex`` (a leaf) protects ``_now`` and ``_sleepers``.
     """
@@ -150,19 +174,20 @@ class ManualClock:
 
     @property
     def sleepers(self) -> int:
-        """How many threads wait in :meth:`wait` for the clock to move."""
+        """How many threads wait in :meth:`wait_until` for the clock to move."""
         with self._mutex:
             return len(self._sleepers)
 
-    def wait(self, wake: threading.Event, seconds: float | None) -> bool:
-        """Block until ``wake`` is set (True) or the clock has been advanced by ``seconds`` (False: ``wake`` is
-        then set by :meth:`advance`)."""
-        if seconds is None:
+    def wait_until(self, wake: threading.Event, deadline: float | None) -> bool:
+        """Block until ``wake`` is set (True) or the clock has been advanced to ``deadline`` (False: ``wake`` is
+        then set by :meth:`advance`; at once if :meth:`now` is there already — also when an advance came after the
+        caller read :meth:`now` and before this call)."""
+        if deadline is None:
             return wake.wait()
         with self._mutex:
             if wake.is_set():
                 return True
-            sleeper = _Sleeper(self._now + max(0.0, float(seconds)), wake)
+            sleeper = _Sleeper(float(deadline), wake)
             if sleeper.deadline <= self._now:
                 return False
             self._sleepers.append(sleeper)
@@ -176,6 +201,22 @@ class ManualClock:
         if "_mutex" not in vars(self):        # (its __init__ raised: seen in a traceback's locals, a debugger)
             return "ManualClock(<not made>)"
         return f"ManualClock(now={self.now()!r}, wall={self.wall().isoformat()})"
+
+
+def outdated_clock(value: object, given: str) -> str | None:
+    """What to tell the user who gave ``value`` as ``given`` (e.g. ``"Config(clock=...)"``) if it is a clock written
+    for activedb's earlier :class:`Clock` protocol — ``now``, ``wall`` and a relative ``wait(wake, seconds)``, but no
+    ``wait_until`` —; None otherwise (a clock, or something that is no clock at all, which its caller refuses as it
+    does).  The callers raise their :class:`~activedb.errors.ActivedbError` with it."""
+    if isinstance(value, (Clock, type)) or not all(callable(getattr(value, name, None))
+                                                   for name in ("now", "wall", "wait")):
+        return None
+    return (f"{given}: {value!r} is a clock of activedb's earlier Clock protocol: it has wait(wake, seconds), a "
+            f"relative sleep, but not wait_until(wake, deadline). activedb now sleeps until a deadline on the clock's "
+            f"own now() scale, so that a clock moved between reading now() and sleeping still wakes the sleeper: give "
+            f"{type(value).__name__} a method wait_until(wake, deadline) that returns True once wake is set and False "
+            f"once now() has reached deadline (None: no limit), as activedb.clock.Clock says, or use ManualClock or "
+            f"SystemClock")
 
 
 def _finite_seconds(value: object, given: str, what: str) -> float:

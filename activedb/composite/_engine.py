@@ -14,7 +14,7 @@ import reprlib
 import threading
 from typing import TYPE_CHECKING, Callable, Iterable, Mapping, NoReturn, Sequence, TypedDict
 
-from activedb.clock import SYSTEM_CLOCK, Clock
+from activedb.clock import SYSTEM_CLOCK, Clock, outdated_clock
 from activedb.composite._evaluation import Evaluation
 from activedb.composite._input import InputNode
 from activedb.composite._members import Members
@@ -77,6 +77,9 @@ class CompositionEngine:
         check_seconds("CompositionEngine", "timeout", timeout, none="wait forever", zero=False, error=CompositeError)
         check_whole_number("CompositionEngine", "window", window, 0,
                            " (how many arrivals and composites window() keeps)", error=CompositeError)
+        outdated = outdated_clock(clock, "CompositionEngine(clock=...)")
+        if outdated is not None:
+            raise CompositeError(outdated)
         if clock is not None and (not isinstance(clock, Clock) or isinstance(clock, type)):
             raise CompositeError(f"clock is an activedb.clock.Clock (ManualClock() in tests) or None (the database's, "
                                  f"else the system's), got {clock!r}")

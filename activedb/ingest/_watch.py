@@ -253,11 +253,14 @@ class Watch:
 
     def in_progress(self) -> BatchInProgress | None:
         """The batch running now, its oldest firing and the time to its first deadline; None between batches."""
+        return self._in_progress(self._time.now())
+
+    def _in_progress(self, now: float) -> BatchInProgress | None:
+        """:meth:`in_progress` as of ``now`` (the watch's clock)."""
         with self._mutex:
             current = self._current
         if current is None:
             return None
-        now = self._time.now()
         seconds = now - current.started
         firing = None
         remaining = [] if self.deadlines.batch is None else [self.deadlines.batch - seconds]
@@ -294,14 +297,16 @@ class Watch:
                 ended.clear()               # (before looking: an end after the look sets it again)
                 if handle.done():
                     break
-                batch = self.in_progress()
+                now = self._time.now()
+                batch = self._in_progress(now)
                 if batch is not None:       # (always: None is between batches)
                     if batch.deadline_in is not None and batch.deadline_in <= 0:
                         self._abandon(batch, rows, event_in_progress)      # raises
                     if batch.seconds >= next_report:
                         reported = self._report(batch) or reported
                         next_report = batch.seconds + REPORT_EVERY_SECONDS
-                self._time.wait(ended, self._wait(next_report))
+                # (until a time on the clock, not for the time left: a clock moved since ``now`` still wakes it)
+                self._time.wait_until(ended, self._next_look(batch, now, next_report))
         finally:
             with self._mutex:
                 self._current = None
@@ -309,16 +314,16 @@ class Watch:
                 self._unreport(query_id)
         return handle.result()
 
-    def _wait(self, next_report: float) -> float:
-        """How long to wait before looking again: until the next report or the first deadline, at most a second (of
-        the watch's clock)."""
-        batch = self.in_progress()
+    @staticmethod
+    def _next_look(batch: BatchInProgress | None, now: float, next_report: float) -> float:
+        """When to look again at ``batch`` as it was at ``now`` (the watch's clock, whose scale the result is on):
+        at the next report or the first deadline, at most a second later."""
         if batch is None:
-            return 0.05
+            return now + 0.05
         until = [next_report - batch.seconds, 1.0]
         if batch.deadline_in is not None:
             until.append(batch.deadline_in)
-        return max(0.01, min(until))
+        return now + max(0.01, min(until))
 
     def _abandon(self, batch: BatchInProgress, rows: Rows, event_in_progress: Callable[[], RowEvent | None]) -> None:
         """Give up ``batch``: its transaction is doomed and its PostgreSQL transaction ended now

@@ -639,16 +639,17 @@ class Executor:
                 timed = [(run, run.work, run.since) for run in self._groups.values()
                          if run.work is not None or (run.committing and not run.released)]
             now = clock.now()
-            soonest: float | None = None
+            soonest: float | None = None        # the first deadline to come, on the clock's now() scale
             for run, work, since in timed:
-                left = deadline - (now - since)
-                if left > 0:
-                    soonest = left if soonest is None else min(soonest, left)
+                due = since + deadline
+                if due > now:
+                    soonest = due if soonest is None else min(soonest, due)
                 elif work is not None:
                     self._give_up(run, work, since, now - since)
                 else:
                     self._release_committing(run, since, now - since)
-            clock.wait(self._watch_wake, soonest)
+            # (until the deadline, not for the time left: a clock moved since the read above still wakes it)
+            clock.wait_until(self._watch_wake, soonest)
 
     def _give_up(self, run: _GroupRun, work: Work, since: float, seconds: float) -> None:
         """Give up ``work``'s firing, which ``run``'s runner has run ``seconds`` (since ``since``) unless it has

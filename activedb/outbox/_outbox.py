@@ -635,8 +635,9 @@ class Outbox:
     def _recovery_loop(self) -> None:
         while True:
             interval = self.recovery_interval
-            # (for ever: no pass by the clock, as None — no thread wait may be that long)
-            self.clock.wait(self._wake, None if interval is not None and math.isinf(interval) else interval)
+            # (the next pass an interval after this one ended; for ever: no pass by the clock, as None)
+            self.clock.wait_until(self._wake, None if interval is None or math.isinf(interval)
+                                  else self.clock.now() + interval)
             with self._mutex:
                 if self._closed:
                     self._recovery_idle.notify_all()

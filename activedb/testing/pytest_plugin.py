@@ -56,7 +56,7 @@ import pluggy
 import pytest
 
 from activedb._closedset import ClosedSet
-from activedb.clock import Clock, ManualClock
+from activedb.clock import Clock, ManualClock, outdated_clock
 from activedb.errors import ActivedbError, BadArgument
 from activedb.testing._databases import Server, ServerAtUrl, Templates, drop_database
 from activedb.testing.errors import DatabaseFixtureError
@@ -323,7 +323,8 @@ def activedb_settings(request: pytest.FixtureRequest) -> DatabaseSettings:
                                        f"activedb app init {directory}"))
     clock = options.pop("clock", None)
     if clock is not None and not _a_clock(clock) and not callable(clock):
-        _fail(DatabaseFixtureError(f"@pytest.mark.activedb(clock=...) takes an activedb.clock.Clock or a function "
+        _fail(DatabaseFixtureError(outdated_clock(clock, "@pytest.mark.activedb(clock=...)") or
+                                   f"@pytest.mark.activedb(clock=...) takes an activedb.clock.Clock or a function "
                                    f"making one (ManualClock), not {clock!r}"))
     from activedb._config import configured
 

@@ -17,6 +17,7 @@ from activedb import Coupling, composite
 from activedb.cli import main
 from activedb.clock import SYSTEM_CLOCK, Clock, ManualClock, SystemClock
 from activedb.testing import wait_until
+from tests._clocks import ReadPausingClock
 
 TIMEOUT = 60
 
@@ -26,8 +27,8 @@ def test_a_manual_clock_moves_only_when_told_and_wakes_its_waiters_then():
     assert isinstance(clock, Clock) and isinstance(SYSTEM_CLOCK, Clock) and isinstance(SYSTEM_CLOCK, SystemClock)
     woken, timed_out = threading.Event(), threading.Event()
     results: dict[str, bool] = {}
-    threads = [threading.Thread(target=lambda: results.__setitem__("woken", clock.wait(woken, 20.0))),
-               threading.Thread(target=lambda: results.__setitem__("timed out", clock.wait(timed_out, 10.0)))]
+    threads = [threading.Thread(target=lambda: results.__setitem__("woken", clock.wait_until(woken, 120.0))),
+               threading.Thread(target=lambda: results.__setitem__("timed out", clock.wait_until(timed_out, 110.0)))]
     for thread in threads:
         thread.start()
     wait_until(lambda: clock.sleepers == 2, TIMEOUT, "both threads waiting on the clock")
@@ -39,7 +40,7 @@ def test_a_manual_clock_moves_only_when_told_and_wakes_its_waiters_then():
     threads[1].join(TIMEOUT)
     assert results == {"woken": True, "timed out": False} and clock.sleepers == 0
     assert clock.now() == 110.0 and clock.wall() == dt.datetime(2024, 5, 1, 12, 0, 10, tzinfo=dt.timezone.utc)
-    assert clock.wait(threading.Event(), 0) is False
+    assert clock.wait_until(threading.Event(), 110.0) is False and clock.wait_until(threading.Event(), 0) is False
     with pytest.raises(ValueError, match="does not move backwards"):
         clock.advance(-1)
     with pytest.raises(ValueError, match="aware datetime"):
@@ -150,3 +151,60 @@ def test_a_manual_clock_whose_making_failed_has_a_repr_that_says_so():
     frame = refused.traceback[-1].frame
     half_made = frame.f_locals["self"]
     assert isinstance(half_made, ManualClock) and repr(half_made) == "ManualClock(<not made>)"
+
+
+def test_a_sleeper_until_a_deadline_wakes_when_the_clock_passed_it_between_its_reading_and_its_sleep():
+    """A caller with a deadline read ``now()``, computed the time left and slept that long (``Clock.wait``, relative):
+    a ``ManualClock`` advanced between the read and the sleep moved its deadline later by the advance, and it slept
+    on.  ``wait_until`` takes the deadline itself, on ``now()``'s scale: the advance passed it, so the sleep ends."""
+    clock = ReadPausingClock()
+    woken = threading.Event()
+    results: list[bool] = []
+
+    def sleeper() -> None:
+        deadline = clock.now() + 10.0            # (stopped after this read: the test advances meanwhile)
+        results.append(clock.wait_until(woken, deadline))
+
+    clock.pause_next_read("sleeper")
+    thread = threading.Thread(target=sleeper, name="sleeper", daemon=True)
+    thread.start()
+    assert clock.read.wait(TIMEOUT), "the sleeper never read the clock"
+    clock.advance(15)
+    clock.go.set()
+    thread.join(TIMEOUT)
+    assert not thread.is_alive(), f"the sleeper still sleeps past its deadline: {clock}, {clock.sleepers} sleeper(s)"
+    assert results == [False] and clock.sleepers == 0 and not woken.is_set()
+
+
+def test_the_system_clock_sleeps_until_a_deadline_on_its_now_scale():
+    clock = SystemClock()
+    assert clock.wait_until(threading.Event(), clock.now() - 1.0) is False
+    assert clock.wait_until(threading.Event(), clock.now() + 0.01) is False
+    woken = threading.Event()
+    woken.set()
+    assert clock.wait_until(woken, clock.now() + 3600.0) is True and clock.wait_until(woken, None) is True
+
+
+class EarlierProtocolClock:
+    """A user's clock written for the earlier protocol: a relative ``wait`` and no ``wait_until``."""
+
+    def now(self) -> float:
+        return 0.0
+
+    def wall(self) -> dt.datetime:
+        return dt.datetime(2000, 1, 1, tzinfo=dt.timezone.utc)
+
+    def wait(self, wake: threading.Event, seconds: float | None) -> bool:
+        return wake.wait(seconds)
+
+
+@pytest.mark.parametrize("give", [lambda clock: activedb.Config(clock=clock),
+                                  lambda clock: composite.CompositionEngine(clock=clock)],
+                         ids=["config", "composition_engine"])
+def test_a_clock_of_the_earlier_protocol_is_refused_saying_to_add_wait_until(give):
+    """A clock class of one's own with ``wait(wake, seconds)`` but no ``wait_until`` is no ``Clock`` any more: it is
+    refused with an activedb error naming the method to add, not a TypeError that it is no clock."""
+    with pytest.raises(activedb.ActivedbError, match=r"earlier Clock protocol.*give EarlierProtocolClock a method "
+                                                     r"wait_until\(wake, deadline\)"):
+        give(EarlierProtocolClock())
+    assert not isinstance(EarlierProtocolClock(), Clock)

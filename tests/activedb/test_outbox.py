@@ -34,6 +34,7 @@ from activedb.clock import ManualClock
 from activedb.errors import GeneratedKeysReset, OutboxError, RuleDefinitionChangedWarning, SerializationConflict
 from activedb.outbox import _records
 from activedb.testing import Watchdog, wait_until
+from tests._clocks import ReadPausingClock
 from tests._sessions import end_sessions, sessions
 from tests._unshowable import Unshowable
 
@@ -1847,11 +1848,8 @@ def test_a_group_waiting_in_its_commit_past_the_rule_deadline_frees_its_runner_a
                 tx.signal("held")
             wait_until(lambda: waiting_for_a_lock() == 1, TIMEOUT, "the group's commit waits for the held row",
                        lambda: (records(database), database.outbox.statistics()))
-            # (The commit's start woke the deadline watcher: once it cleared that wake-up, the firing's sleep is over,
-            # and a sleeper is the watcher timing the commit — advanced before that, its new sleep would start later.)
-            executor = database.outbox._executor
-            wait_until(lambda: not executor._watch_wake.is_set() and clock.sleepers >= 1, TIMEOUT,
-                       "the deadline watcher times the group's commit")
+            # (The deadline watcher sleeps until a time on the clock, Clock.wait_until: the advance passes the commit's
+            # deadline whether the watcher sleeps yet, still times the firing, or has only just read the clock.)
             clock.advance(6)
             with database.transaction() as tx:
                 tx.signal("next")
@@ -1984,4 +1982,36 @@ def test_close_after_a_firing_was_given_up_names_its_thread_still_running(migrat
                     record.getMessage()]
     finally:
         release.set()
+        database.close()
+
+
+def test_the_deadline_watcher_wakes_for_a_deadline_the_clock_passed_between_its_reading_and_its_sleep(migrated):
+    """The deadline watcher read ``clock.now()``, computed how long until the first deadline and slept that long
+    (``Clock.wait``, a relative timeout): a ``ManualClock`` advanced between the read and the sleep started the sleep
+    from the advanced time, so the deadline it slept until was later by the advance, and the stuck firing here was
+    never given up.  The watcher sleeps until the deadline itself now (``Clock.wait_until``): an advance past it,
+    before or during the sleep, ends the sleep."""
+    clock, release = ReadPausingClock(), threading.Event()
+    database, started = stuck_firing(migrated, "stuck_past_a_read", release, clock=clock, outbox_options={
+        "recovery_interval": None, "max_groups": 1, "rule_deadline": 5})
+    try:
+        with database.transaction() as tx:
+            tx.signal("stuck")
+        assert started.wait(TIMEOUT), "the firing never started"
+        executor = database.outbox._executor
+        wait_until(lambda: not executor._watch_wake.is_set() and clock.sleepers == 1, TIMEOUT,
+                   "the deadline watcher sleeps until the firing's deadline")
+        # A wake-up (what a firing's or a commit's start gives the watcher, the only one to come here): the watcher's
+        # next read of the clock is stopped, the clock passes the deadline, and only then does the watcher sleep.
+        clock.pause_next_read("activedb-outbox-deadlines")
+        executor._watch_wake.set()
+        assert clock.read.wait(TIMEOUT), "the deadline watcher never read the clock again"
+        clock.advance(6)
+        clock.go.set()
+        wait_until(lambda: [status for _, status, *_ in records(database)] == ["failed"], TIMEOUT,
+                   "the firing given up", lambda: (records(database), clock, clock.sleepers))
+        assert database.outbox.statistics().given_up == 1
+    finally:
+        release.set()
+        clock.go.set()
         database.close()

@@ -347,9 +347,23 @@ def test_no_clock(activedb_db):
 @pytest.mark.activedb(record_history="yes")
 def test_no_switch(activedb_db):
     pass
+
+class EarlierProtocolClock:
+    def now(self):
+        return 0.0
+
+    def wall(self):
+        raise AssertionError("never read")
+
+    def wait(self, wake, seconds):
+        return wake.wait(seconds)
+
+@pytest.mark.activedb(clock=EarlierProtocolClock())
+def test_earlier_protocol_clock(activedb_db):
+    pass
 """)
     result = project.runpytest_subprocess("-p", "no:cacheprovider", f"--activedb-url={activedb_server.url('postgres')}")
-    result.assert_outcomes(errors=5)
+    result.assert_outcomes(errors=6)
     output = result.stdout.str()
     report = output.split("short test summary info")[0]
     for line in ("DatabaseFixtureError: @pytest.mark.activedb(bogus=1): connect() got unknown keyword(s) bogus: it "
@@ -362,6 +376,11 @@ def test_no_switch(activedb_db):
                  "DatabaseFixtureError: @pytest.mark.activedb(record_history='yes'): Config(record_history='yes') takes "
                  "True or False"):
         assert any(shown.startswith(line) for shown in report.splitlines()), (line, output)
+    # (a clock of the earlier protocol, wait(wake, seconds) and no wait_until, is told what to add: activedb/clock.py)
+    refused = "DatabaseFixtureError: @pytest.mark.activedb(clock=...): <test_marks.EarlierProtocolClock"
+    assert any(shown.startswith(refused)
+               and "is a clock of activedb's earlier Clock protocol" in shown and "wait_until(wake, deadline)" in shown
+               for shown in report.splitlines()), output
     assert "def activedb_settings" not in report and "def activedb_db" not in report, output
     assert "_config.py" not in report and "pytest_plugin.py" not in report, output
 

@@ -21,6 +21,7 @@ from activedb.clock import ManualClock
 from activedb.ingest import Deadlines, Ingestion, batches_in_progress
 from activedb.ingest._watch import REPORT_AFTER_SECONDS
 from activedb.ingest.errors import BatchDeadlineExceeded, IngestError
+from tests._clocks import ReadPausingClock
 from tests.spark_bridge import app_counters
 from tests.spark_bridge._streams import BASE_TIME, app_database, app_state, apply_directly, counter_locked, iso
 
@@ -276,3 +277,44 @@ def test_a_deadline_that_is_no_number_of_seconds_above_0_is_refused_saying_what_
     for name in ("batch", "rule"):
         with pytest.raises(IngestError, match=rf"Deadlines\({name}=…\) takes a number of seconds > 0"):
             Deadlines(**{name: seconds})
+
+
+def test_the_watch_passes_a_deadline_the_clock_passed_between_its_reading_and_its_sleep(make_database_url, released):
+    """The waiting thread read the clock, computed how long until it should look again and slept that long
+    (``Clock.wait``, relative): a ``ManualClock`` advanced between the read and the sleep moved the time it woke later
+    by the advance, past the batch's deadline, and the batch was not given up.  It sleeps until a time on the clock
+    now (``Clock.wait_until``): the advance passed it, so it looks again at once and gives the batch up."""
+    clock = ReadPausingClock()
+    database = _stuck_database(make_database_url("late_read"), released, threading.Event(), clock)
+    ingestion = Ingestion(database, app_counters.MAPPING, source="read", deadlines=Deadlines(batch=2))
+    reading, go = threading.Event(), threading.Event()
+    raised: list[BaseException] = []
+
+    def process() -> None:
+        try:
+            ingestion.process(_RowsReadLate([_row(1, "k1")], reading, go), 0, query_id="read@run")
+        except BaseException as error:
+            raised.append(error)
+
+    caller = threading.Thread(target=process, name="ingest-caller", daemon=True)
+    try:
+        caller.start()
+        assert reading.wait(TIMEOUT), "the batch's thread never read its rows"
+        testing.wait_until(lambda: clock.sleepers == 1, TIMEOUT, "the watch to wait on the clock", lambda: clock)
+        clock.pause_next_read("ingest-caller")
+        clock.advance(1)                # the watch looks again (a second later): its read of the clock is stopped
+        assert clock.read.wait(TIMEOUT), "the watch never read the clock again"
+        clock.advance(1)                # the batch's deadline, passed before the watch goes to sleep
+        clock.go.set()
+        caller.join(TIMEOUT)
+        assert not caller.is_alive(), \
+            f"the watch sleeps past the batch's deadline: {clock}, {clock.sleepers} sleeper(s)"
+        [error] = raised
+        assert isinstance(error, BatchDeadlineExceeded) and "did not finish within its deadline of 2 s" in str(error)
+    finally:
+        clock.go.set()
+        go.set()
+        clock.advance(3600)             # (a watch still asleep wakes: the test ends its threads)
+        caller.join(TIMEOUT)
+        ingestion.close()
+        database.close()
