@@ -223,8 +223,8 @@ class TableInfo:
         missing = [name for name in self.key_columns if values.get(name) is None]
         if missing:
             raise InvalidKey(
-                f"insert into {self.name!r} needs the primary key column(s) {', '.join(missing)}"
-            )
+                f"insert into {self.name!r} needs the primary key column(s) {', '.join(missing)}; "
+                f"{Checked.WRITE.undone}")
         return tuple(values[name] for name in self.key_columns)
 
     def check_values(self, values: Mapping[str, object], *, copy: bool = True) -> dict[str, object]:
@@ -258,7 +258,8 @@ class TableInfo:
         for name, key_value in zip(self.key_columns, key):
             if name in values:
                 if self.normalised(name, values.pop(name)) != key_value:      # (a float, an unrounded decimal)
-                    raise InvalidKey(f"{self.name}.{name} is part of the key {key!r}; it cannot be changed by write()")
+                    raise InvalidKey(f"{self.name}.{name} is part of the key {key!r}; it cannot be changed by write(); "
+                                     f"{Checked.WRITE.undone}")
         return values
 
     def check_column(self, name: str, values: Iterable[object]) -> None:

@@ -12,8 +12,8 @@ from lockmgr import Mode, TxnState
 
 from activedb.errors import BadArgument, DuplicateKey, InvalidKey, InvalidTime
 from activedb.events import AccuracyInterval, EventKind, Timestamp, check_time, new_event
-from activedb.store import (EXACT_DEPTH, JSONABLE_DEPTH, NESTED_TYPES, Entry, EntryKind, Key, RowImage, TableInfo,
-                            TableRef, copy_nested, own_image)
+from activedb.store import (EXACT_DEPTH, JSONABLE_DEPTH, NESTED_TYPES, Checked, Entry, EntryKind, Key, RowImage,
+                            TableInfo, TableRef, copy_nested, own_image)
 from activedb.txn import _view
 from activedb.txn._hotkeys import HotKeys
 from activedb.txn._reads import BulkLock
@@ -304,7 +304,7 @@ def _generated_key(node: "Transaction", info: TableInfo, values: Mapping[str, ob
     if len(info.key_columns) != 1:      # (no sequence draws a key of several columns)
         missing = [name for name in info.key_columns if values.get(name) is None]
         raise InvalidKey(f"insert into {info.name!r} needs the key columns {', '.join(info.key_columns)}: give "
-                         f"{', '.join(missing)}")
+                         f"{', '.join(missing)}; {Checked.WRITE.undone}")
     column = info.key_columns[0]
     catalog = node.manager.catalog
     sequence = catalog.sequence_of(info, column)
@@ -316,10 +316,8 @@ def _generated_key(node: "Transaction", info: TableInfo, values: Mapping[str, ob
             raise InvalidKey(
                 f"insert into {info.name!r} needs a value for the key column {column!r}: its default ({default}) is "
                 f"no identity or serial sequence, which activedb cannot draw before the row is sent; give the key "
-                f"(e.g. {column}=uuid.uuid4() for a uuid)"
-            )
+                f"(e.g. {column}=uuid.uuid4() for a uuid); {Checked.WRITE.undone}")
         raise InvalidKey(
             f"insert into {info.name!r} needs a value for the key column {column!r} "
-            f"(it has no identity or serial default)"
-        )
+            f"(it has no identity or serial default); {Checked.WRITE.undone}")
     return {column: catalog.next_generated_key(sequence, node.root.began_at)}

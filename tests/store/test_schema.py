@@ -656,7 +656,10 @@ def test_a_key_or_value_refused_for_its_type_in_a_write_says_nothing_was_written
                   "a NOT NULL value": lambda: tx.write(refusing_table, "a", n=None),
                   "a column": lambda: tx.write(refusing_table, "a", n=1, missing=2),
                   "an insert's value": lambda: tx.insert(refusing_table, name="a", n="one"),
-                  "write_many's value": lambda: tx.write_many(refusing_table, {"a": {"n": "one"}})}
+                  "write_many's value": lambda: tx.write_many(refusing_table, {"a": {"n": "one"}}),
+                  # (two refusals of the key that no column check makes: before, they ended without saying so)
+                  "an insert without its key": lambda: tx.insert(refusing_table, n=1),
+                  "a write changing its key": lambda: tx.write(refusing_table, "a", name="b", n=1)}
         for how, write in writes.items():
             with pytest.raises(activedb.SchemaError, match=r"; nothing was written$") as refused:
                 write()
