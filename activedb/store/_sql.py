@@ -664,7 +664,7 @@ def _encode_json(connection: sa.Connection, values: list[object]) -> int | None:
     if dumps is None:
         return None
     try:
-        texts = (list(map("".join, map(_dumps_parts, map(_OBJECT, wrappers), repeat(0)))) if dumps is json.dumps
+        texts = (_encoded_json(list(map(_OBJECT, wrappers))) if dumps is json.dumps
                  else list(map(dumps, map(_OBJECT, wrappers))))
     except (TypeError, ValueError):
         return None
@@ -677,9 +677,9 @@ def _encode_json(connection: sa.Connection, values: list[object]) -> int | None:
     return sum(map(len, texts))
 
 
-def _encoded_json(value: object) -> str:
-    """``json.dumps(value)``, as ``_encode_json`` makes it."""
-    return "".join(_dumps_parts(value, 0))
+def _encoded_json(values: Sequence[object]) -> list[str]:
+    """``json.dumps`` of each of ``values``, as ``_encode_json`` makes them (its C encoder, no Python call a value)."""
+    return list(map("".join, map(_dumps_parts, values, repeat(0))))
 
 
 _DRIVER_JSON = frozenset({psycopg.types.json.Json, psycopg.types.json.Jsonb})
