@@ -104,6 +104,18 @@ def _undone(outbox: "Outbox", works: list[Work]) -> None:
         outbox.count([work.firing for work in undone], "cancelled")
 
 
+def _dropped(outbox: "Outbox", works: list[Work]) -> None:
+    """Count ``cancelled`` the attempt of each of ``works``, dropped from memory once the outbox closed (their records
+    stay pending, for the database's next process), that awaits an outcome here: its last run executed in a group
+    whose abort undid it (``Work.uncounted``, :func:`_undone`), or it never ran here and no recovery pass claimed it
+    (the dispatch that recorded it counted its ``fired``: ``Work.ran``, ``Work.claimed``).  The next process's run of
+    a record is an attempt of its own there."""
+    unrun = [work for work in works if not (work.ran or work.claimed or work.uncounted)]
+    _undone(outbox, works)
+    if unrun:
+        outbox.count([work.firing for work in unrun], "cancelled")
+
+
 def _driver_summary(error: BaseException) -> str | None:
     """``Type (SQLSTATE s): PostgreSQL's first line`` of a driver's error (SQLAlchemy's, or psycopg's own), as
     :func:`activedb.errors.database_failure` reads it: without the statement, its parameters or PostgreSQL's
@@ -315,18 +327,18 @@ class Executor:
     def close(self, wait: float = 0.0) -> bool:
         """Run no more groups (the queued and parked works are dropped: their records stay pending in PostgreSQL, for
         the next process) and wait up to ``wait`` seconds for the groups running now (not for one whose runner is the
-        calling thread); False if some still run.  A dropped work whose last run executed in a group whose abort undid
-        it (``Work.uncounted``) has that attempt counted ``cancelled``: it runs again elsewhere, as :func:`_undone`
-        counts a run again here."""
+        calling thread); False if some still run.  A dropped work whose attempt awaits an outcome here — its last run
+        executed in a group whose abort undid it, or it never ran (:func:`_dropped`) — has that attempt counted
+        ``cancelled``: it runs again elsewhere, as :func:`_undone` counts a run again here."""
         with self._idle:
             self._closed = True
-            dropped = [work for work in (*self._ready, *self._parked) if work.uncounted]
+            dropped = [*self._ready, *self._parked]
             self._ready.clear()
             self._parked.clear()
             self._idle.notify_all()
             mine = 1 if threading.get_ident() in self._runner_threads else 0
             self._watch_wake.set()
-        _undone(self._outbox, dropped)          # (no mutex held: it calls the rule manager)
+        _dropped(self._outbox, dropped)         # (no mutex held: it calls the rule manager)
         with self._idle:       # (a runner released while its group commits still runs that group)
             return self._idle.wait_for(
                 lambda: self._runners + sum(run.released for run in self._groups.values()) <= mine, wait)
@@ -363,13 +375,11 @@ class Executor:
                 if interrupts_the_process(error):      # (Ctrl-C: parked, and the program stops)
                     self._park(group)
                     raise
+                where = _where_parked(self._park(group), f"its {len(group)} record(s)")
                 if isinstance(error, Exception) and classify(error) is not Failure.BUG:   # (an outage, a refusal)
-                    logger.warning("outbox group runner stopped: %s; its %d record(s) wait for the next recovery "
-                                   "pass", describe_error(error), len(group))
+                    logger.warning("outbox group runner stopped: %s; %s", describe_error(error), where)
                 else:                       # a bug: its traceback
-                    logger.exception("outbox group runner failed; its %d record(s) wait for the next recovery pass",
-                                     len(group))
-                self._park(group)
+                    logger.exception("outbox group runner failed; %s", where)
             finally:
                 with self._mutex:
                     run = self._given_up.pop(me, None)
@@ -381,14 +391,16 @@ class Executor:
             if run.given_up is not None or run.released:    # (its runner was released past the deadline)
                 return
 
-    def _park(self, works: list[Work]) -> None:
+    def _park(self, works: list[Work]) -> bool:
         """Park ``works`` until the next recovery pass (PostgreSQL unreachable, or their runner stopped) — or, once
-        closed, drop them as :meth:`close` drops the parked ones (their records stay pending)."""
+        closed, drop them as :meth:`close` drops the parked ones (their records stay pending, for the database's next
+        process).  Returns whether they were parked (False: dropped)."""
         with self._mutex:
             if not self._closed:
                 self._parked.extend(works)
-                return
-        _undone(self._outbox, works)
+                return True
+        _dropped(self._outbox, works)
+        return False
 
     def _release(self, run: _GroupRun) -> None:
         """Caller holds ``_mutex``: ``run``'s works are no longer running (``_running``, ``_taken``)."""
@@ -457,10 +469,9 @@ class Executor:
         if isinstance(error, DuplicateKey):
             outbox.catalog.invalidate_key_blocks()
         if is_connection_failure(error):
-            logger.warning("outbox: PostgreSQL unreachable while running %d firing(s) (%s); they wait for the "
-                           "next recovery pass", len(group), describe_error(error))
             self._settled(group)
-            self._park(group)
+            logger.warning("outbox: PostgreSQL unreachable while running %d firing(s) (%s); %s", len(group),
+                           describe_error(error), _where_parked(self._park(group), "they"))
             return
         retryable = is_retryable(error) or isinstance(error, DuplicateKey)
         if len(group) > 1:
@@ -694,6 +705,14 @@ class Executor:
 _COUNTED_BY_THE_RULE_MANAGER: dict[FiringOutcome, RuleCounter] = {
     FiringOutcome.FAILED: "failed", FiringOutcome.CANCELLED: "cancelled",
     FiringOutcome.CONDITION_FALSE: "condition_false"}
+
+
+def _where_parked(parked: bool, works: str) -> str:
+    """What became of ``works`` (``they``, ``its 2 record(s)``) that :meth:`Executor._park` parked (``parked``) or,
+    the outbox closed, dropped: what a log line about them says."""
+    if parked:
+        return f"{works} wait for the next recovery pass"
+    return f"the outbox is closed: {works} stay pending in PostgreSQL for the database's next process"
 
 
 def _described(work: Work) -> str:

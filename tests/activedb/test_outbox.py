@@ -253,6 +253,83 @@ def test_a_group_parked_after_its_members_actions_ran_counts_one_outcome_per_att
     assert [status for _, status, *_ in records(database)] == ["done" if then == "recover" else "pending"]
 
 
+def test_a_group_that_loses_its_connection_after_close_is_dropped_cancelled_and_runs_once_in_the_next_process(
+        migrated, caplog):
+    """A group whose flush loses its connection after ``close()`` began (``close()`` waits for it) parks once closed:
+    dropped from memory at once, as ``close()`` drops the parked ones — each member whose action ran counted
+    ``cancelled`` (the group's abort undid that attempt), nothing of it written, every record pending for the
+    database's next process, which runs each once.  The test holds the group's first member until ``close()`` has
+    dropped the firing queued after the group (so the executor is closed), then lets the group's flush end its own
+    session (``EndsItsSession``)."""
+    database = activedb.connect(migrated, outbox_options={"recovery_interval": None, "group_size": 2,
+                                                          "max_groups": 1})
+    with database.engine.begin() as connection:
+        connection.execute(sa.text("TRUNCATE items, activedb_outbox RESTART IDENTITY"))
+    rule = "loses_its_connection_after_close"
+    started, go_on = threading.Event(), threading.Event()
+
+    @database.rule(on=database.signalled("go"), coupling=Coupling.DETACHED, name=rule)
+    def action(tx, event):
+        number = event.payload["n"]
+        tx.write("items", f"after_close_{number}", value=number)
+        if number == 0 and not started.is_set():    # (the group's first member, its first run: held until close())
+            started.set()
+            assert go_on.wait(TIMEOUT), "the test never let the held member go on"
+            lowlevel.enlist(tx, EndsItsSession())
+
+    def items() -> list[tuple]:
+        with database.engine.connect() as connection:
+            return connection.execute(sa.text("SELECT key, value FROM items WHERE key LIKE 'after_close_%' "
+                                              "ORDER BY key")).all()
+
+    closing = threading.Thread(target=database.close, name="closes-the-database")
+    try:
+        assert database.outbox.wait_recovery_idle(TIMEOUT), "the pass the rule's registration woke never ended"
+        with caplog.at_level("WARNING", logger="activedb.outbox"):
+            with database.transaction() as tx:
+                for number in range(3):         # (a group of 0 and 1; 2 queued after it)
+                    tx.signal("go", n=number)
+            assert started.wait(TIMEOUT), "the group never started"
+            assert database.outbox.running == 3, database.outbox.running
+            closing.start()
+            wait_until(lambda: database.outbox.running == 2, TIMEOUT, "close() dropped the firing queued after the group",
+                       lambda: database.outbox.running)
+            go_on.set()
+            closing.join(TIMEOUT)
+            assert not closing.is_alive(), "close() did not return once the group parked"
+        assert (database.outbox.running, database.outbox.runners) == (0, 0)
+        counters = database.rules.statistics().per_rule[rule]
+        # (Each attempt ends in one outcome: 0 and 1 ran in the group its lost connection undid, 2 never ran.)
+        assert counters.fired == (counters.executed + counters.failed + counters.cancelled
+                                  + counters.condition_false), counters
+        assert (counters.fired, counters.executed, counters.cancelled, counters.failed) == (3, 0, 3, 0), counters
+        said = [record.getMessage() for record in caplog.records]
+        assert not [message for message in said if "closing while" in message], said
+        [lost] = [message for message in said if "PostgreSQL unreachable" in message]
+        assert "next recovery pass" not in lost and "next process" in lost, lost
+    finally:
+        go_on.set()
+        if closing.ident is not None:
+            closing.join(TIMEOUT)
+        database.close()
+    assert items() == []
+    assert [status for _, status, *_ in records(database)] == ["pending"] * 3
+    following = activedb.connect(migrated, outbox_options={"recovery_interval": None})
+    try:
+        following.rule(on=following.signalled("go"), coupling=Coupling.DETACHED, name=rule)(action)
+        wait_until(lambda: following.outbox.statistics().done == 3, TIMEOUT, "the next process ran the records",
+                   lambda: records(following))
+        following.rules.wait_idle(TIMEOUT)
+        assert [status for _, status, *_ in records(following)] == ["done"] * 3
+        with following.engine.connect() as connection:
+            assert connection.execute(sa.text("SELECT key, value FROM items ORDER BY key")).all() == [
+                ("after_close_0", 0), ("after_close_1", 1), ("after_close_2", 2)]
+        counters = following.rules.statistics().per_rule[rule]
+        assert (counters.fired, counters.executed, counters.cancelled, counters.failed) == (3, 3, 0, 0), counters
+    finally:
+        following.close()
+
+
 def assert_seven_fails_alone(db, rule: str, sqlstate: str) -> None:
     """Twenty signals ``go`` (n = 0..19) in one transaction, whose detached firings run as one group: the member
     for n = 7 fails alone with ``sqlstate``, the other 19 commit their ``items`` rows."""
