@@ -532,7 +532,8 @@ def _statements_of(connection: sa.Connection, info: TableInfo, kind: str, order:
     a flush sends for all but a group past a bound —, or as many as ``statement_spans`` splits them into, at most
     :data:`ROWS_PER_STATEMENT` rows and :data:`~activedb.store.STATEMENT_BYTES` of values each, in the rows' order
     (``_spans``).  A JSON column's values of a group are encoded here, once: the text the driver sends is what is
-    measured, and the driver is handed that text (``_encode_json``)."""
+    measured, and the driver is handed that text (``_encode_json``); so is an array column's value the store can write
+    as an array literal (``_array_texts``), which the driver sends as it is."""
     processors = info.driver_processors(connection.dialect)
     given = columns
     columns = [values if (processor := processors.get(name)) is None else list(map(processor, values))
@@ -540,10 +541,14 @@ def _statements_of(connection: sa.Connection, info: TableInfo, kind: str, order:
     if len(given[0]) < 2:
         return [(info, kind, order, columns)]
     encoded: dict[int, int] = {}
+    sized: dict[int, list[int]] = {}
     for index, size in info.cached(("statement_bytes", order), lambda: _row_bytes(info, order))[1]:
         if size is _Size.ENCODED and (encoded_bytes := _encode_json(connection, columns[index])) is not None:
             encoded[index] = encoded_bytes
-    spans = _spans(info, order, given, ROWS_PER_STATEMENT, {index: columns[index] for index in encoded}, encoded)
+        elif size is _Size.ARRAY:
+            columns[index], sized[index] = _array_texts(columns[index])
+    spans = _spans(info, order, given, ROWS_PER_STATEMENT, {index: columns[index] for index in encoded}, encoded,
+                   sized)
     if spans is None:
         return [(info, kind, order, columns)]
     return [(info, kind, order, [values[start:stop] for values in columns]) for start, stop in spans]
@@ -551,15 +556,17 @@ def _statements_of(connection: sa.Connection, info: TableInfo, kind: str, order:
 
 def _spans(info: TableInfo, order: tuple[str, ...], columns: Sequence[Sequence[object]], most: int,
            encoded: Mapping[int, Sequence[object]] = MappingProxyType({}),
-           encoded_bytes: Mapping[int, int] = MappingProxyType({})) -> list[tuple[int, int]] | None:
+           encoded_bytes: Mapping[int, int] = MappingProxyType({}),
+           sized: Mapping[int, Sequence[int]] = MappingProxyType({})) -> list[tuple[int, int]] | None:
     """The ``(start, stop)`` of the statements that carry the rows whose values ``columns`` lists (one list per
     column of ``order``), at most ``most`` rows and :data:`~activedb.store.STATEMENT_BYTES` of values each
     (``statement_spans``); None when they all go in one — what the common case learns from the total alone.  A
     value's bytes are estimated (``_Size``): a column of a fixed-size type costs its bound a row, a text's or bytes'
-    length and a number's digits are counted in C, an array's or unknown column's values encoded as JSON by the C
-    encoder (``_values_bytes``); a JSON column ``encoded`` lists (its values as the driver takes them: its encoded
-    text's wrappers, ``_encode_json``) counts its text's length, ``encoded_bytes`` its total.  A row's sizes are
-    listed only for rows to split."""
+    length and a number's digits are counted in C, an unknown column's values (a time given as text, an array of
+    another element type) encoded as JSON by the C encoder (``_values_bytes``); a JSON column ``encoded`` lists (its
+    values as the driver takes them: its encoded text's wrappers, ``_encode_json``) counts its text's length,
+    ``encoded_bytes`` its total; a column ``sized`` lists (an array column's, ``_array_texts``) counts the sizes listed,
+    measured once.  A row's sizes are listed only for rows to split."""
     count = len(columns[0])
     if count < 2:
         return None
@@ -567,7 +574,7 @@ def _spans(info: TableInfo, order: tuple[str, ...], columns: Sequence[Sequence[o
     total = fixed * count
     for index, size in measured:
         values = columns[index]
-        total += (encoded_bytes[index] if index in encoded_bytes else
+        total += (encoded_bytes[index] if index in encoded_bytes else sum(sized[index]) if index in sized else
                   sum(map(len, filter(None, values))) if size is _Size.LENGTH else      # type: ignore[arg-type]
                   sum(map(len, map(str, values))) if size is _Size.DIGITS else _values_bytes(values))
     if in_one_statement(count, total, most):
@@ -576,7 +583,7 @@ def _spans(info: TableInfo, order: tuple[str, ...], columns: Sequence[Sequence[o
     for index, _ in measured:
         row_bytes: Iterable[int] = ([0 if value is None else len(value.obj)      # type: ignore[attr-defined]
                                      for value in encoded[index]] if index in encoded else
-                                    map(_value_bytes, columns[index]))
+                                    sized[index] if index in sized else map(_value_bytes, columns[index]))
         sizes = [row + value for row, value in zip(sizes, row_bytes)]
     return statement_spans(sizes, most)
 
@@ -588,6 +595,7 @@ class _Size(enum.Enum):
     DIGITS = "the length of the number's text"
     MEASURED = "each value's bytes as _value_bytes estimates them"
     ENCODED = "a JSON value's text as the driver sends it, encoded once by _encode_json"
+    ARRAY = "an array's literal as the driver sends it, made once by _array_texts (else as MEASURED)"
 
 
 #: The bytes a value of a fixed-size type (a number but ``numeric``, a bool, a time, a uuid) is counted as: at most
@@ -610,9 +618,49 @@ def _row_bytes(info: TableInfo, order: tuple[str, ...]) -> tuple[int, tuple[tupl
             measured.append((index, _Size.DIGITS))
         elif isinstance(column_type, sa.JSON):          # (json, jsonb)
             measured.append((index, _Size.ENCODED))
+        elif isinstance(column_type, sa.ARRAY) and isinstance(column_type.item_type, _LITERAL_ITEMS):
+            measured.append((index, _Size.ARRAY))
         else:       # (an array, a time or interval given as text, a type the store does not know)
             measured.append((index, _Size.MEASURED))
     return fixed, tuple(measured)
+
+
+#: The element types of an array column whose values may travel as array literals (``_array_texts``): a literal
+#: of integers, floats or quoted texts is read by the element type's own input function, as the driver's text would be.
+_LITERAL_ITEMS = (sa.Integer, sa.Float, sa.String)
+
+
+def _array_texts(values: list[object]) -> tuple[list[object], list[int]]:
+    """The values of an array column of a group of rows (``_LITERAL_ITEMS``), each list the store can write as one
+    array literal (``_array_text``) replaced by that text — a parameter of unknown type, which PostgreSQL reads as the
+    column's type, as it reads the driver's own array text —, and each value's size: the literal's length, the
+    bytes ``_value_bytes`` estimates for a value left to the driver (an array of other elements, nested lists), 0 for
+    None.  Each value is encoded once: the text measured is the text sent."""
+    texts = list(map(_array_text, values))
+    sent = [value if text is None else text for value, text in zip(values, texts)]
+    return sent, [_value_bytes(value) for value in sent]
+
+
+def _array_text(value: object) -> str | None:
+    """``value`` as one array literal if it is a list of exact ints, of exact floats, or of exact texts without NUL,
+    any of them with None elements (``NULL``), or empty; else None (left to the driver).  ``array_literal``'s
+    text where it makes one; the elements of the others quoted and escaped as it quotes them."""
+    if value.__class__ is not list:
+        return None
+    literal = array_literal(value, False)
+    if literal is not None or not value:
+        return literal if value else "{}"
+    kinds = set(map(type, value))
+    if None not in value or not (kinds <= _INT_OR_NONE or kinds <= _STR_OR_NONE):
+        return None
+    if kinds <= _INT_OR_NONE:
+        return "{" + ",".join(["NULL" if item is None else str(item) for item in value]) + "}"
+    present: list[str] = [item for item in value if item is not None]
+    if "\x00".join(present).count("\x00") != len(present) - 1:
+        return None
+    return "{" + ",".join(["NULL" if item is None else
+                           '"' + item.replace("\\", "\\\\").replace('"', '\\"') + '"'
+                           for item in value]) + "}"
 
 
 def _value_bytes(value: object) -> int:
@@ -761,6 +809,7 @@ def array_literal(values: Sequence[object], binary: bool) -> str | None:
 
 
 _INT_ONLY, _FLOAT_OR_NONE, _STR_ONLY = {int}, {float, type(None)}, {str}
+_INT_OR_NONE, _STR_OR_NONE = {int, type(None)}, {str, type(None)}
 
 
 def _uniform(values: Sequence[object]) -> bool:

@@ -459,18 +459,23 @@ def test_a_row_locked_elsewhere_fails_a_nowait_read_by_key_with_sqlalchemys_erro
 class FlushStatements:
     """The statements a flush makes of its plan, as (kind, rows) — whichever way each is sent (the last one may go with
     the COMMIT as one query string, which SQLAlchemy's cursor events do not see): a spy on ``_sql._statement``,
-    which builds each one's SQL and parameters."""
+    which builds each one's SQL and parameters — of table ``table``; ``parameters``: the rows each statement sent row
+    by row carries, as the driver is handed them."""
 
-    def __init__(self, monkeypatch):
+    def __init__(self, monkeypatch, table: str = "typed_samples"):
         from activedb.store import _sql
 
         self.made: list[tuple[str, int]] = []
+        self.parameters: list[list[tuple]] = []
         build = _sql._statement
 
         def spy(connection, info, kind, order, columns, binary=True):
-            if info.name == "typed_samples":
+            statement, parameters = build(connection, info, kind, order, columns, binary)
+            if info.name == table:
                 self.made.append((kind, len(columns[0])))
-            return build(connection, info, kind, order, columns, binary)
+                if "unnest" not in statement:
+                    self.parameters.append(parameters if isinstance(parameters, list) else [parameters])
+            return statement, parameters
 
         monkeypatch.setattr(_sql, "_statement", spy)
 
@@ -678,3 +683,111 @@ def test_reading_many_rows_by_key_sends_them_in_statements_within_the_bounds(sam
                         {"ids": list(range(10))}).scalars().all()
                     other.rollback()
                 assert sorted(locked) == ([] if lock else list(range(10)))
+
+
+class ArrayEncodings:
+    """How many times a flush encodes an array column's list value: by the store's measuring JSON encoder
+    (``_sql._json_parts``, called with a list) and by the driver's array dumpers (psycopg's ``ListDumper`` and
+    ``ListBinaryDumper``), each call counted."""
+
+    def __init__(self, monkeypatch):
+        from psycopg.types import array as psycopg_array
+
+        from activedb.store import _sql
+
+        self.counted = {"measured": 0, "dumped": 0}
+
+        def counted(what, encode):
+            def encoding(*arguments):
+                if any(isinstance(argument, list) for argument in arguments):
+                    self.counted[what] += 1
+                return encode(*arguments)
+            return encoding
+
+        monkeypatch.setattr(_sql, "_json_parts", counted("measured", _sql._json_parts))
+        for dumper in (psycopg_array.ListDumper, psycopg_array.ListBinaryDumper):
+            monkeypatch.setattr(dumper, "dump", counted("dumped", dumper.dump))
+
+    def take(self) -> dict[str, int]:
+        counted, self.counted = self.counted, {"measured": 0, "dumped": 0}
+        return counted
+
+
+@pytest.fixture
+def arrays(db):
+    """``db`` with a table ``array_samples`` (an integer, a bigint, a float and a text array; dropped after)."""
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("DROP TABLE IF EXISTS array_samples"))
+        connection.execute(sa.text("CREATE TABLE array_samples (id bigint PRIMARY KEY, small integer[], big bigint[], "
+                                   "real double precision[], tags text[], days date[])"))
+    yield db
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("DROP TABLE array_samples"))
+
+
+def stored_arrays(db) -> dict[int, dict]:
+    with db.engine.connect() as connection:
+        return {row["id"]: {name: value for name, value in row.items() if name != "id" and value is not None}
+                for row in connection.execute(sa.text("SELECT * FROM array_samples")).mappings()}
+
+
+@pytest.mark.parametrize("rows_per_statement", [10_000, 3], ids=["one-statement", "split"])
+def test_a_flush_encodes_each_array_value_once(arrays, monkeypatch, rows_per_statement):
+    """An array column's list of integers, floats or texts (NULL elements, quotes, backslashes, braces, commas, the
+    text ``NULL``, non-ASCII, empty lists included) is encoded once per flush: written as one array literal, whose
+    length is what the statement's bound counts, and sent by the driver as it is; what is stored is what was given,
+    whether the group goes in one statement or is split.  An array of other elements (dates) is left to the driver,
+    measured as before.  Before, the flush encoded each list as JSON to measure it (twice for a group it split: the
+    total, then each row's) and the driver then wrote its own array text of it."""
+    from activedb.store import _sql
+
+    db = arrays
+    monkeypatch.setattr(_sql, "ROWS_PER_STATEMENT", rows_per_statement)
+    made = FlushStatements(monkeypatch, "array_samples")
+    encodings = ArrayEncodings(monkeypatch)
+    given = {number: {"small": [number, None, -2147483648] if number % 2 else [number, 2147483647],
+                      "big": [9223372036854775807 - number, -number],
+                      "real": [0.1 + number, None, -1e300, float("inf")],
+                      "tags": ([f'q"{number}', None, "back \\ slash", "{,}", "NULL", "é \u2028", ""] if number % 2
+                               else ["plain", f"{number}"]) if number % 3 else []}
+             for number in range(8)}
+    with db.transaction() as tx:
+        for number, values in given.items():
+            tx.insert("array_samples", id=number, **values)
+    assert encodings.take() == {"measured": 0, "dumped": 0}
+    assert made.take() == [("insert", 8)] if rows_per_statement > 8 else [("insert", 3), ("insert", 3), ("insert", 2)]
+    assert stored_arrays(db) == given
+    days = {number: [dt.date(2000, 1, 1) + dt.timedelta(days=number), None] for number in range(8)}
+    with db.transaction() as tx:        # (an update of existing rows: literals as the values of its SET)
+        for number, values in days.items():
+            tx.write("array_samples", number, days=values, tags=["again", None, f'"{number}"'])
+    assert encodings.take()["measured"] >= len(days)        # (left to the driver, measured as before)
+    assert {number: (row["days"], row["tags"]) for number, row in stored_arrays(db).items()} == {
+        number: (values, ["again", None, f'"{number}"']) for number, values in days.items()}
+
+
+@pytest.mark.parametrize("over", [0, 1, 10_000], ids=["at-the-bound", "one-over", "one-row-over-alone"])
+def test_array_rows_near_and_over_the_statement_bound_are_split_so_no_statement_carries_more(arrays, monkeypatch,
+                                                                                               over):
+    """``STATEMENT_BYTES`` bounds what one statement of a flush carries (PostgreSQL takes at most 1 GB of one value
+    and of one message, and the driver and the server hold a statement's parameters whole): a group of rows whose
+    array texts together reach the bound exactly is one statement; a byte more and the last row goes in a statement of
+    its own; a row larger than the bound alone is a statement of its own.  What the statements carry — the array
+    texts sent, and the fixed-size key's bound — is never more than the bound for a statement of several rows, and
+    every row is stored as given.  Lowered here to 1,000 bytes."""
+    from activedb.store import _statements
+
+    db = arrays
+    monkeypatch.setattr(_statements, "STATEMENT_BYTES", 1_000)
+    made = FlushStatements(monkeypatch, "array_samples")
+    # Each row: its key counted at 40 bytes, its text array as a literal of 4 + the text's length ({"…"}).
+    given = {number: ["x" * (250 - 40 - 4)] for number in range(4)}
+    given[3] = ["y" * (250 - 40 - 4 + over)]
+    with db.transaction() as tx:
+        for number, tags in given.items():
+            tx.insert("array_samples", id=number, tags=tags)
+    assert [kind_rows[1] for kind_rows in made.take()] == ([4] if over == 0 else [3, 1])
+    for statement_rows in made.parameters:
+        carried = sum(40 + sum(len(value) for value in row if isinstance(value, str)) for row in statement_rows)
+        assert len(statement_rows) == 1 or carried <= 1_000, (len(statement_rows), carried)
+    assert {number: row["tags"] for number, row in stored_arrays(db).items()} == given
