@@ -268,7 +268,6 @@ def test_a_group_that_loses_its_connection_after_close_is_dropped_cancelled_and_
     rule = "loses_its_connection_after_close"
     started, go_on = threading.Event(), threading.Event()
 
-    @database.rule(on=database.signalled("go"), coupling=Coupling.DETACHED, name=rule)
     def action(tx, event):
         number = event.payload["n"]
         tx.write("items", f"after_close_{number}", value=number)
@@ -276,6 +275,8 @@ def test_a_group_that_loses_its_connection_after_close_is_dropped_cancelled_and_
             started.set()
             assert go_on.wait(TIMEOUT), "the test never let the held member go on"
             lowlevel.enlist(tx, EndsItsSession())
+
+    database.rule(on=database.signalled("go"), coupling=Coupling.DETACHED, name=rule)(action)
 
     def items() -> list[tuple]:
         with database.engine.connect() as connection:
