@@ -232,13 +232,19 @@ class Executor:
     # --- queue ------------------------------------------------------------------------------
 
     def submit(self, works: list[Work]) -> None:
+        """Queue ``works`` to run; once closed, drop them as :meth:`close` drops the queued ones (:meth:`_drop`: a
+        tree that committed while ``close()`` ran hands its recorded firings over, a group its retried members)."""
         if not works:
             return
+        start = 0
         with self._mutex:
-            if self._closed:            # (their records stay pending in PostgreSQL for the next process)
-                return
-            self._ready.extend(works)
-            start = self._start_runners()
+            closed = self._closed
+            if not closed:
+                self._ready.extend(works)
+                start = self._start_runners()
+        if closed:
+            self._drop(works, "handed to the outbox after it closed")
+            return
         for _ in range(start):
             self._submit_runner()
 
@@ -401,6 +407,14 @@ class Executor:
                 return True
         _dropped(self._outbox, works)
         return False
+
+    def _drop(self, works: list[Work], why: str) -> None:
+        """Drop ``works``, which reached the queue once closed (``why``), as :meth:`close` drops the queued ones
+        (:func:`_dropped`), and say so: their records stay pending, for the database's next process."""
+        _dropped(self._outbox, works)
+        rules = ", ".join(sorted({repr(work.firing.rule.name) for work in works}))
+        logger.warning("outbox: %d firing(s) of rule(s) %s %s are not run here; %s", len(works), rules, why,
+                       _where_parked(False, f"their {len(works)} record(s)"))
 
     def _release(self, run: _GroupRun) -> None:
         """Caller holds ``_mutex``: ``run``'s works are no longer running (``_running``, ``_taken``)."""
@@ -684,9 +698,12 @@ class Executor:
             if not run.released:        # (a runner released while its commit waited counts no more already)
                 self._runners -= 1
                 self._runner_threads.discard(run.thread)
-            # (Its group's other works not settled yet run again, first: what ran in the doomed group never commits.)
-            self._ready.extendleft(reversed([other for other in run.works
-                                             if other is not work and id(other) not in run.settled]))
+            # (Its group's other works not settled yet run again, first: what ran in the doomed group never commits;
+            # once closed, they are dropped as close() drops the queued ones.)
+            again = [other for other in run.works if other is not work and id(other) not in run.settled]
+            dropped = again if self._closed else []
+            if not dropped:
+                self._ready.extendleft(reversed(again))
             start = self._start_runners()
             self._idle.notify_all()
         if run.root is not None:
@@ -694,6 +711,8 @@ class Executor:
         frame = sys._current_frames().get(run.thread)
         stack = "".join(traceback.format_stack(frame)) if frame is not None else "(its thread has ended)\n"
         logger.error("outbox: %s. Its thread still runs, at:\n%s", error, stack.rstrip())
+        if dropped:
+            self._drop(dropped, f"of the group whose firing of rule {rule!r} was given up past the rule deadline")
         if self._outbox.mark_failed(work.record_id, error):
             self._outbox.count([work.firing], "failed")
         for _ in range(start):

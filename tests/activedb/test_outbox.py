@@ -253,6 +253,30 @@ def test_a_group_parked_after_its_members_actions_ran_counts_one_outcome_per_att
     assert [status for _, status, *_ in records(database)] == ["done" if then == "recover" else "pending"]
 
 
+def item_rows(db) -> list[tuple]:
+    with db.engine.connect() as connection:
+        return [tuple(row) for row in connection.execute(sa.text("SELECT key, value FROM items ORDER BY key"))]
+
+
+def assert_the_next_process_runs_each_once(migrated, rule: str, action, statuses: list[str], rows, expected) -> None:
+    """The database's next process (``migrated``'s last one closed), with ``action`` declared again as detached rule
+    ``rule`` on signal ``go``, runs each pending record once: the records end as ``statuses``, ``rows(db)`` as
+    ``expected``, and each run is counted ``fired`` and ``executed`` once."""
+    following = activedb.connect(migrated, outbox_options={"recovery_interval": None})
+    try:
+        following.rule(on=following.signalled("go"), coupling=Coupling.DETACHED, name=rule)(action)
+        ran = statuses.count("done")
+        wait_until(lambda: following.outbox.statistics().done == ran, TIMEOUT, "the next process ran the records",
+                   lambda: records(following))
+        following.rules.wait_idle(TIMEOUT)
+        assert [status for _, status, *_ in records(following)] == statuses
+        assert rows(following) == expected
+        counters = following.rules.statistics().per_rule[rule]
+        assert (counters.fired, counters.executed, counters.cancelled, counters.failed) == (ran, ran, 0, 0), counters
+    finally:
+        following.close()
+
+
 def test_a_group_that_loses_its_connection_after_close_is_dropped_cancelled_and_runs_once_in_the_next_process(
         migrated, caplog):
     """A group whose flush loses its connection after ``close()`` began (``close()`` waits for it) parks once closed:
@@ -315,20 +339,8 @@ def test_a_group_that_loses_its_connection_after_close_is_dropped_cancelled_and_
         database.close()
     assert items() == []
     assert [status for _, status, *_ in records(database)] == ["pending"] * 3
-    following = activedb.connect(migrated, outbox_options={"recovery_interval": None})
-    try:
-        following.rule(on=following.signalled("go"), coupling=Coupling.DETACHED, name=rule)(action)
-        wait_until(lambda: following.outbox.statistics().done == 3, TIMEOUT, "the next process ran the records",
-                   lambda: records(following))
-        following.rules.wait_idle(TIMEOUT)
-        assert [status for _, status, *_ in records(following)] == ["done"] * 3
-        with following.engine.connect() as connection:
-            assert connection.execute(sa.text("SELECT key, value FROM items ORDER BY key")).all() == [
-                ("after_close_0", 0), ("after_close_1", 1), ("after_close_2", 2)]
-        counters = following.rules.statistics().per_rule[rule]
-        assert (counters.fired, counters.executed, counters.cancelled, counters.failed) == (3, 3, 0, 0), counters
-    finally:
-        following.close()
+    assert_the_next_process_runs_each_once(migrated, rule, action, ["done"] * 3, item_rows, [
+        ("after_close_0", 0), ("after_close_1", 1), ("after_close_2", 2)])
 
 
 def assert_seven_fails_alone(db, rule: str, sqlstate: str) -> None:
@@ -1233,19 +1245,40 @@ def test_an_outbox_whose_liveness_lock_could_not_be_taken_starts_at_the_next_att
         database.close()
 
 
-def test_firings_handed_to_a_closed_outbox_are_left_pending_and_wait_idle_returns(migrated):
-    """Work handed to the outbox's runners after ``close()`` (a group's retried members, a firing recorded as the
-    process shuts down) stays pending in PostgreSQL for the next process, as ``close()`` says of queued work; it was
-    queued where no runner would ever take it, and ``wait_idle`` then waited out its whole timeout and raised
-    TimeoutError."""
+def test_firings_handed_to_a_closed_outbox_end_cancelled_stay_pending_and_run_once_in_the_next_process(
+        migrated, caplog):
+    """A tree that commits once the outbox closed (``Database.close()`` runs while it commits) records its firings in
+    its flush and hands them to the closed outbox: they are dropped from memory as ``close()`` drops the queued ones —
+    each counted ``cancelled`` (its dispatch counted ``fired``), a warning saying that its record stays pending for the
+    database's next process —, ``wait_idle`` returns at once, and the next process runs each record once."""
     database = activedb.connect(migrated, outbox_options={"recovery_interval": None})
+    with database.engine.begin() as connection:
+        connection.execute(sa.text("TRUNCATE items, activedb_outbox RESTART IDENTITY"))
+    rule = "handed_over_after_close"
+
+    def action(tx, event):
+        number = event.payload["n"]
+        tx.write("items", f"handed_after_close_{number}", value=number)
+
+    database.rule(on=database.signalled("go"), coupling=Coupling.DETACHED, name=rule)(action)
     try:
-        database.outbox.close()
-        database.outbox.run_recorded([(1, None, 0)])   # type: ignore[list-item]
-        assert database.outbox.running == 0
+        with caplog.at_level("WARNING", logger="activedb.outbox"):
+            with database.transaction() as tx:
+                for number in range(2):
+                    tx.signal("go", n=number)
+                database.outbox.close()         # (before the tree's flush: it records, then hands over)
+        assert database.outbox.running == 0, database.outbox.running
         database.outbox.wait_idle(TIMEOUT)
+        counters = database.rules.statistics().per_rule[rule]
+        assert (counters.fired, counters.executed, counters.cancelled, counters.failed) == (2, 0, 2, 0), counters
+        said = [record.getMessage() for record in caplog.records]
+        [dropped] = [message for message in said if "closed" in message]
+        assert "2 record(s)" in dropped and "next process" in dropped and rule in dropped, said
     finally:
         database.close()
+    assert [status for _, status, *_ in records(database)] == ["pending"] * 2
+    assert_the_next_process_runs_each_once(migrated, rule, action, ["done"] * 2, item_rows, [
+        ("handed_after_close_0", 0), ("handed_after_close_1", 1)])
 
 
 def test_failures_lists_the_most_recent_failure_first(db):
@@ -2037,6 +2070,62 @@ def test_the_members_of_a_group_around_a_firing_given_up_run_again_once(migrated
         assert (counters.fired, counters.executed, counters.failed, counters.cancelled) == (4, 2, 1, 1), counters
     finally:
         database.close()
+
+
+def test_the_members_a_give_up_after_close_puts_back_end_cancelled_and_run_once_in_the_next_process(
+        migrated, monkeypatch, caplog):
+    """A firing given up past the rule deadline after ``close()`` returned (it stopped waiting for the group, its
+    ``CLOSE_WAIT`` over): the group's other members (1 ran in the doomed group, 3 never ran) are dropped from memory, as
+    ``close()`` drops the queued ones (4, queued after the group) — each attempt counted ``cancelled``, a warning
+    saying that their records stay pending for the database's next process — instead of being queued where no runner
+    takes them; the next process runs each once."""
+    from activedb.outbox import _outbox
+
+    monkeypatch.setattr(_outbox, "CLOSE_WAIT", 0.05)
+    clock, release = ManualClock(), threading.Event()
+    database = activedb.connect(migrated, clock=clock, outbox_options={
+        "recovery_interval": None, "group_size": 3, "max_groups": 1, "rule_deadline": 5})
+    with database.engine.begin() as connection:
+        connection.execute(sa.text("TRUNCATE events_seen, activedb_outbox RESTART IDENTITY"))
+    rule, started = "given_up_after_close", threading.Event()
+
+    def stuck_at_two(tx, event):
+        tx.insert("events_seen", rule=rule, detail=event.payload["n"])
+        if event.payload["n"] == "2" and not release.is_set():
+            started.set()
+            release.wait(TIMEOUT * 10)
+
+    def counted():
+        return database.rules.statistics().per_rule[rule]
+
+    database.rule(on=database.signalled("go"), coupling=Coupling.DETACHED, name=rule)(stuck_at_two)
+    try:
+        with caplog.at_level("WARNING", logger="activedb.outbox"):
+            with database.transaction() as tx:
+                for number in ("1", "2", "3", "4"):
+                    tx.signal("go", n=number)       # a group of 1, 2 (never returns), 3; 4 queued after it
+            assert started.wait(TIMEOUT), "the firing never started"
+            database.outbox.close()                 # (drops 4; the group still runs when it returns)
+            assert database.outbox.running == 3, database.outbox.running
+            wait_until(lambda: clock.sleepers >= 1, TIMEOUT, "the deadline watcher waits on the clock")
+            clock.advance(6)
+            wait_until(lambda: counted().failed == 1, TIMEOUT, "the firing given up was counted failed", counted)
+        assert (database.outbox.running, database.outbox.runners) == (0, 0)
+        assert database.outbox.statistics().given_up == 1
+        # (1's run undone by the give-up, 2 given up, 3 and 4 never ran: one outcome each.)
+        counters = counted()
+        assert (counters.fired, counters.executed, counters.failed, counters.cancelled) == (4, 0, 1, 3), counters
+        said = [record.getMessage() for record in caplog.records]
+        [dropped] = [message for message in said if "given up" in message and "next process" in message]
+        assert "2 record(s)" in dropped and rule in dropped, said
+    finally:
+        release.set()
+    wait_until(lambda: database.outbox.statistics().given_up == 0, TIMEOUT, "the given-up firing's thread returned")
+    database.close()
+    assert [status for _, status, *_ in records(database)] == ["pending", "failed", "pending", "pending"]
+    assert seen(database) == []
+    assert_the_next_process_runs_each_once(migrated, rule, stuck_at_two, ["done", "failed", "done", "done"], seen,
+                                           [(rule, "1"), (rule, "3"), (rule, "4")])
 
 
 @pytest.mark.parametrize("value", [0, -1, float("nan"), float("inf"), "30", True])
