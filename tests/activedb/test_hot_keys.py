@@ -975,7 +975,9 @@ def test_a_cycle_through_the_lock_manager_and_another_clients_row_locks_has_this
             [board] = _publishing_backends(db)
             with db.engine.connect() as connection:
                 assert connection.execute(sa.text("SELECT pg_terminate_backend(:pid, 30000)"), {"pid": board}).scalar()
-            assert _publishing_backends(db) == []
+            # (Its session's edge is gone with it; the engine's checker may already have published it again on a
+            # session of its own — what the test is about — so the old backend is what must be missing.)
+            assert board not in _publishing_backends(db)
             go["client"].set()
         for thread in threads.values():
             thread.join(TIMEOUT)
