@@ -22,7 +22,8 @@ import activedb.ingest
 import spark_bridge
 from activedb import testing
 from activedb.cli import main
-from tests.spark_bridge._streams import APP_FILE, app_database, app_state, apply_directly, counter_workload, write_files
+from tests.spark_bridge._streams import (APP_FILE, app_database, app_state, apply_directly, counter_workload,
+                                         new_app_database, write_files)
 from tests.spark_bridge._waits import DRIVER_WAIT_SECONDS, run_to_completion
 
 TIMEOUT_SECONDS = DRIVER_WAIT_SECONDS      # minutes: holds under 5-8x CPU load, fails with what it saw
@@ -69,7 +70,7 @@ def test_run_ingests_a_file_source_until_ctrl_c_stops_it_cleanly(tmp_path, make_
             assert " WARN " not in text and "WARNING:" not in text, "Spark's warnings belong in the log file"
             assert (tmp_path / "home" / "logs" / "spark.log").exists()
 
-            direct = app_database(make_database_url("cli_direct"))
+            direct = new_app_database(make_database_url, "cli_direct")
             try:
                 reference = apply_directly(direct, workload.good)
                 assert app_state(database) == app_state(direct)
