@@ -178,7 +178,7 @@ def test_a_process_killed_between_flush_and_return_leaves_nothing_twice(make_dat
     commit (before ``feed`` returned), run 3 feeds the same batches to the end: the ledger skips what
     committed, and every table, ledger row and dead letter equals the uninterrupted run's."""
     state, ledger, dead = reference
-    url = make_database_url("killed")
+    url = make_database_url("killed", migrations=(app_counters.MIGRATIONS,))
     app_database(url).close()
     killed_and_fed_again(url, tmp_path, "--seed", str(SEED), "--files", str(FILES))
     database = app_database(url)

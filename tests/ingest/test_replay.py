@@ -161,7 +161,7 @@ def test_replaying_letters_when_no_rule_listens_to_a_stream_is_refused_and_marks
     only one disabled) reported it "applied" and marked it replayed — no rule ran on its row, which ``dead-letters
     list`` then no longer showed: the row was lost with its letter's reason.  Now the replay is refused before any
     letter is replayed, saying to declare or enable the rules first; with the rules declared, the letter applies."""
-    url = make_database_url("replay_no_rules")
+    url = make_database_url("replay_no_rules", migrations=(app_counters.MIGRATIONS,))
     app_database(url).close()      # the tables
     database = activedb.connect(url)
     try:
@@ -248,7 +248,7 @@ def test_the_command_draws_a_bar_on_a_terminal_and_prints_only_its_line_otherwis
 
     from tests._terminal import run_on_terminal
 
-    url = make_database_url("replay_bar")
+    url = make_database_url("replay_bar", migrations=(app_counters.MIGRATIONS,))
     database = app_database(url)
     try:
         first, second, third = (letter.id for letter in _three_letters(database))
