@@ -9,7 +9,8 @@
   other options says so once, ``pytestmark = pytest.mark.db(record_history=True)`` (see ``db_options``);
   ``migrated`` (module) is the same database's URL for tests that connect on their own.
 * ``make_database_url`` (module): ``make(suffix)`` -> the URL of another fresh database (tests that
-  compare two runs).
+  compare two runs); ``make(suffix, migrations=[...])`` -> one already migrated as ``db`` is, copied from the
+  session's template.
 * ``spark`` (session): a ``local[2]`` SparkSession, UI off (see
   ``tests/spark_bridge/conftest.py``).  A session that runs several Spark tests builds its Spark drivers a
   class-data archive in the background, once for all the processes of a pytest-xdist run, which the drivers use once
@@ -335,16 +336,20 @@ def db(database_url, db_options, request):
 
 
 @pytest.fixture(scope="module")
-def make_database_url(pg_server, request):
+def make_database_url(pg_server, activedb_templates, request):
     """``make(suffix)`` -> the URL of a fresh, empty PostgreSQL database (dropped at the
-    end of the module), for tests that compare two runs in separate databases."""
+    end of the module), for tests that compare two runs in separate databases.
+    ``make(suffix, migrations=[directory, ...])`` -> a fresh database as ``activedb.connect`` and ``upgrade_app`` of
+    each directory would leave it: a copy of the session's template migrated so (the test kit's
+    ``activedb_templates``, as ``database_url``), which PostgreSQL copies instead of every revision running again."""
     module = re.sub(r"[^a-z0-9_]", "_", request.module.__name__.lower())[-40:]
     created: list[str] = []
 
-    def make(suffix: str) -> str:
+    def make(suffix: str, migrations=None) -> str:
         name = f"t_{module}_{suffix}"[:63]
+        template = None if migrations is None else activedb_templates.template(migrations)
         created.append(name)
-        return create_database(pg_server, name)
+        return create_database(pg_server, name, template)
 
     yield make
     for name in created:

@@ -156,7 +156,7 @@ def state(database) -> dict[str, object]:
 
 
 def test_which_detached_rules_run_in_their_batchs_commit_and_why_not(make_database_url):
-    database = activedb.connect(make_database_url("in_commit_verdicts"))
+    database = activedb.connect(make_database_url("in_commit_verdicts", migrations=()))
     try:
         declare(database, (chatty, Coupling.DETACHED), (clocked, Coupling.DETACHED), (timed, Coupling.DETACHED),
                 (reads, Coupling.DETACHED))
@@ -184,8 +184,9 @@ def test_which_detached_rules_run_in_their_batchs_commit_and_why_not(make_databa
 @pytest.fixture
 def pair(make_database_url):
     """Two databases with the rules above: firings run in the commit (the default), and every firing recorded."""
-    made = [activedb.connect(make_database_url("in_commit_on")),
-            activedb.connect(make_database_url("in_commit_off"), outbox_options={"inserts_in_commit": False})]
+    made = [activedb.connect(make_database_url("in_commit_on", migrations=())),
+            activedb.connect(make_database_url("in_commit_off", migrations=()),
+                             outbox_options={"inserts_in_commit": False})]
     try:
         for database in made:
             declare(database)
@@ -199,7 +200,7 @@ def test_an_action_that_reaches_a_global_object_is_recorded_not_run_in_the_commi
     """A side effect run in the trigger's commit happens though that commit fails, and again when the batch re-runs:
     an action that may reach an object of its module (held in a local, passed to a built-in or a function, in a
     tuple, a default or a closure) is recorded; one that reads values of its module still runs in the commit."""
-    database = activedb.connect(make_database_url("in_commit_reaches"))
+    database = activedb.connect(make_database_url("in_commit_reaches", migrations=()))
     try:
         fooling = (held_in_local, mapped, keyed, passed_on, in_a_tuple, defaulted, closed)
         declare(database, *((rule, Coupling.DETACHED) for rule in fooling + (computes,)))
@@ -290,7 +291,7 @@ def test_firings_inserting_into_a_table_whose_key_is_generated_always_run_in_the
     of its own, batch after batch."""
     from tests.conftest import APP_MIGRATIONS
 
-    database = activedb.connect(make_database_url("in_commit_always"))
+    database = activedb.connect(make_database_url("in_commit_always", migrations=()))
     try:
         declare(database, (ticket, Coupling.DETACHED))
         database.upgrade_app(APP_MIGRATIONS)

@@ -446,7 +446,7 @@ def databases(make_database_url):
     made = []
     try:
         for suffix in ("equiv_on", "equiv_off"):
-            database = activedb.connect(make_database_url(suffix))
+            database = activedb.connect(make_database_url(suffix, migrations=()))
             made.append(database)
             database.upgrade_app(app_counters.MIGRATIONS)
             with database.engine.begin() as connection:       # (``listed``'s: a jsonb list and dict, an identity key)

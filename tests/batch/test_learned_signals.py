@@ -27,7 +27,7 @@ def databases(make_database_url):
     made = []
     try:
         for suffix in ("signals_on", "signals_off"):
-            database = activedb.connect(make_database_url(suffix))
+            database = activedb.connect(make_database_url(suffix, migrations=()))
             made.append(database)
             database.upgrade_app(MIGRATIONS)
             app.register(database)
@@ -74,7 +74,7 @@ def test_a_lowered_batch_leaves_nothing_of_itself_once_its_transaction_ended(mak
     log record of a rejected event's rule, which this test's log capture keeps (it holds the error as text)."""
     import gc
 
-    database = activedb.connect(make_database_url("garbage"))
+    database = activedb.connect(make_database_url("garbage", migrations=()))
     enabled = gc.isenabled()
     try:
         database.upgrade_app(MIGRATIONS)
@@ -121,7 +121,7 @@ def signal_twice(tx, event):
 
 
 def test_a_rule_signalling_twice_falls_back_to_firing(make_database_url):
-    database = activedb.connect(make_database_url("signal_twice"))
+    database = activedb.connect(make_database_url("signal_twice", migrations=()))
     try:
         database.upgrade_app(MIGRATIONS)
         app.declare_status_rules(database, app.declarer(database, {}))
@@ -157,7 +157,7 @@ def audit_mark(tx, event):
 
 
 def test_rules_on_a_signal_a_batch_cannot_run_keep_the_type_on_the_rule_path(make_database_url):
-    database = activedb.connect(make_database_url("signal_refusals"))
+    database = activedb.connect(make_database_url("signal_refusals", migrations=()))
     try:
         database.upgrade_app(MIGRATIONS)
         database.rule(on=database.stream("mark"), name="mark")(mark)
@@ -221,7 +221,7 @@ def test_a_lowered_batch_inserts_rows_with_drawn_keys_into_a_table_whose_key_is_
     statement (SQLSTATE 428C9) and ``feed`` raised ``DatabaseError`` for every such batch: the stream stopped."""
     from tests.conftest import APP_MIGRATIONS
 
-    database = activedb.connect(make_database_url("keyed_always"))
+    database = activedb.connect(make_database_url("keyed_always", migrations=()))
     try:
         database.upgrade_app(MIGRATIONS)
         database.upgrade_app(APP_MIGRATIONS)
@@ -255,7 +255,7 @@ def test_a_rule_writing_a_new_row_under_its_own_key_into_a_generated_always_tabl
     and the stream goes on."""
     from tests.conftest import APP_MIGRATIONS
 
-    database = activedb.connect(make_database_url("keyed_always_own"))
+    database = activedb.connect(make_database_url("keyed_always_own", migrations=()))
     try:
         database.upgrade_app(MIGRATIONS)
         database.upgrade_app(APP_MIGRATIONS)
@@ -285,7 +285,7 @@ def test_a_lowered_rule_writing_a_new_row_under_the_event_key_into_a_generated_a
     the rule path, whose flush makes those events dead letters; the existing row is updated."""
     from tests.conftest import APP_MIGRATIONS
 
-    database = activedb.connect(make_database_url("keyed_always_lowered"))
+    database = activedb.connect(make_database_url("keyed_always_lowered", migrations=()))
     try:
         database.upgrade_app(MIGRATIONS)
         database.upgrade_app(APP_MIGRATIONS)
@@ -324,7 +324,7 @@ def test_a_signals_payload_is_the_one_raised_lowered_as_fired(make_database_url,
     """A rule that signals with a list and then appends to it: the deferred rule on the signal sees the list as
     signalled, lowered as fired (``tx.signal`` copies the payload's lists).  Before, the fired rule saw 'a,after' —
     and, once ``tx.signal`` copied, the lowered one still did (the learned stand-in's signal copied the dict only)."""
-    database = activedb.connect(make_database_url(f"signal_payload_{int(lower)}"))
+    database = activedb.connect(make_database_url(f"signal_payload_{int(lower)}", migrations=()))
     try:
         database.upgrade_app(MIGRATIONS)
         database.rule(on=database.stream("tag"), name="mark_tagged")(mark_tagged)

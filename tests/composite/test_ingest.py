@@ -156,7 +156,7 @@ def test_a_row_the_engine_refuses_as_late_is_a_dead_letter_and_the_batch_commits
     expected = [dict(item.payload()) for batch in (batches[0], [row for row in batches[1] if row is not late])
                 for item in feed_batch(direct, batch, mapping).composites]
     assert expected, "the rows must compose"
-    database = activedb.connect(make_database_url("late"))
+    database = activedb.connect(make_database_url("late", migrations=()))
     try:
         engine = pairs_engine(database)
         outcomes = feed(database, batches, source="pairs", mapping=mapping,
@@ -210,7 +210,7 @@ def test_a_batch_with_a_composition_whose_return_raises_commits_with_a_dead_lett
     beats = [row("heartbeat", 110.0, "P0"), row("heartbeat", 110.0, "P1")]
     later = [row("heartbeat", 120.0, "P0"), row("heartbeat", 120.0, "P1")]
     bad = row("B", 101.0, "P1", "b0", y=0)
-    database = activedb.connect(make_database_url("ratio"))
+    database = activedb.connect(make_database_url("ratio", migrations=()))
     try:
         engine = composite.CompositionEngine(database, name="ratio", clock=composite.ManualClock(), timeout=None)
         engine.create_stream("s", types=["A", "B"], attributes=["id", "k", "x", "y"])
@@ -274,7 +274,7 @@ def test_an_uncertain_order_without_on_uncertain_is_a_dead_letter_and_the_stream
     uncertain = row("B", 100.2, "P1", "b0", accuracy=0.5)            # its order against a0 is uncertain
     batches = [[row("A", 100.0, "P0", "a0", accuracy=0.5), uncertain, *beats(110.0)],
                [row("A", 111.0, "P0", "a1"), row("B", 112.0, "P1", "b1"), *beats(120.0)]]
-    database = activedb.connect(make_database_url("uncertain"))
+    database = activedb.connect(make_database_url("uncertain", migrations=()))
     try:
         engine = make(database)
         outcomes = feed(database, batches, source="pairs", mapping=mapping,
@@ -313,7 +313,7 @@ def test_an_event_whose_return_raises_in_one_query_is_composed_once_by_every_que
     mapping, row, beats = RATIO_MAPPING, ratio_row, ratio_beats
 
     bad = row("B", 101.0, "P1", "b0", y=0)
-    database = activedb.connect(make_database_url("ratios"))
+    database = activedb.connect(make_database_url("ratios", migrations=()))
     try:
         engine = composite.CompositionEngine(database, name="ratios", clock=composite.ManualClock(), timeout=None)
         engine.create_stream("s", types=["A", "B"], attributes=["id", "k", "x", "y"])
@@ -361,7 +361,7 @@ def test_a_mapping_with_an_event_id_column_is_refused_since_the_handler_reads_it
     mapping = EventMapping("type", "k", "ts", producer_column="producer", accuracy_column="accuracy",
                            heartbeat_type="heartbeat", payload_columns=["id"], id_column="id")
     a0 = ratio_row("A", 100.0, "P0", "a0")
-    database = activedb.connect(make_database_url("ids"))
+    database = activedb.connect(make_database_url("ids", migrations=()))
     try:
         engine = seq_engine(database, "ids")
         with pytest.raises(activedb.ingest.errors.IngestError,
@@ -383,7 +383,7 @@ def test_a_row_delivered_twice_in_a_batch_is_two_dead_letters_when_both_copies_a
     mapping = EventMapping("type", "k", "ts", producer_column="producer", accuracy_column="accuracy",
                            heartbeat_type="heartbeat", payload_columns=["id"])
     a0 = ratio_row("A", 100.0, "P0", "a0")
-    database = activedb.connect(make_database_url("twice"))
+    database = activedb.connect(make_database_url("twice", migrations=()))
     try:
         engine = seq_engine(database, "twice")
         [outcome] = feed(database, [[a0, dict(a0), ratio_row("B", 101.0, "P1", "b0"), *ratio_beats(110.0)]],
@@ -418,7 +418,7 @@ def test_a_rule_that_raises_on_a_composite_makes_its_constituents_dead_letters_a
     a1, b1 = ratio_row("A", 102.0, "P0", "a1"), ratio_row("B", 103.0, "P1", "b1")
     a2, b2 = ratio_row("A", 111.0, "P0", "a2"), ratio_row("B", 112.0, "P1", "b2")
     batches = [[a0, b0, a1, b1, *ratio_beats(110.0)], [a2, b2, *ratio_beats(120.0)]]
-    database = open_db(make_database_url("rulefails"), {})
+    database = open_db(make_database_url("rulefails", migrations=()), {})
     try:
         engine = seq_engine(database, "rulefails")
 
@@ -478,7 +478,7 @@ def test_an_ingestion_refuses_an_engine_whose_timeout_raises_and_with_exclude_th
         yield [ratio_row("A", 111.0, "P0", "a1"), ratio_row("B", 112.0, "P0", "bx"), ratio_row("heartbeat", 120.0, "P0")]
         yield [b1, ratio_row("A", 123.0, "P0", "a2")]
 
-    database = activedb.connect(make_database_url("timeout"))
+    database = activedb.connect(make_database_url("timeout", migrations=()))
     try:
         raising = engine_on(database, "raising")
         with pytest.raises(activedb.ingest.errors.IngestError, match=r"on_timeout='exclude'.*timeout=None"):

@@ -23,7 +23,8 @@ from activedb.ingest._watch import REPORT_AFTER_SECONDS
 from activedb.ingest.errors import BatchDeadlineExceeded, IngestError
 from tests._clocks import ReadPausingClock
 from tests.spark_bridge import app_counters
-from tests.spark_bridge._streams import BASE_TIME, app_database, app_state, apply_directly, counter_locked, iso
+from tests.spark_bridge._streams import (BASE_TIME, app_database, app_state, apply_directly, counter_locked, iso,
+                                         new_app_database)
 
 STUCK_SEQ = 99
 TIMEOUT = 120
@@ -64,7 +65,7 @@ def _stuck_database(url: str, released: threading.Event, started: threading.Even
 
 
 def test_a_rule_past_its_deadline_is_a_dead_letter_and_a_new_process_applies_the_rest(make_database_url, released):
-    url = make_database_url("deadline")
+    url = make_database_url("deadline", migrations=(app_counters.MIGRATIONS,))
     first = [_row(1, "k1", 30), _row(2, "k2")]
     second = [_row(3, "k1"), _row(STUCK_SEQ, "k1"), _row(4, "k2")]
     started = threading.Event()
@@ -132,7 +133,7 @@ def test_a_rule_past_its_deadline_is_a_dead_letter_and_a_new_process_applies_the
             ledger = connection.execute(sa.text(
                 "SELECT batch_id, events, dead_letters FROM activedb_ingestion_ledger ORDER BY 1")).all()
         assert [tuple(row) for row in ledger] == [(0, 2, 0), (1, 2, 1)]
-        direct = app_database(make_database_url("deadline_direct"))
+        direct = new_app_database(make_database_url, "deadline_direct")
         try:
             apply_directly(direct, first + [row for row in second if row["seq"] != STUCK_SEQ])
             assert app_state(restarted) == app_state(direct)
@@ -144,7 +145,8 @@ def test_a_rule_past_its_deadline_is_a_dead_letter_and_a_new_process_applies_the
 
 def test_a_batch_past_its_own_deadline_blames_no_event(make_database_url, released):
     started = threading.Event()
-    database = _stuck_database(make_database_url("batch_deadline"), released, started)
+    database = _stuck_database(make_database_url("batch_deadline", migrations=(app_counters.MIGRATIONS,)),
+                               released, started)
     ingestion = Ingestion(database, app_counters.MAPPING, source="slow", deadlines=Deadlines(batch=2))
     try:
         with pytest.raises(BatchDeadlineExceeded, match="did not finish within its deadline of 2 s") as raised:
@@ -191,7 +193,8 @@ def test_a_batch_given_up_before_its_transaction_began_never_commits(make_databa
     the batch the caller had been told was given up ("nothing of the batch is applied").  That transaction is now
     doomed at its begin: it aborts for the deadline, and nothing of the batch is in the tables or the ledger."""
     clock = ManualClock()
-    database = _stuck_database(make_database_url("late_begin"), released, threading.Event(), clock)
+    database = _stuck_database(make_database_url("late_begin", migrations=(app_counters.MIGRATIONS,)),
+                               released, threading.Event(), clock)
     ends = database.observe(_BatchEnds())
     ingestion = Ingestion(database, app_counters.MAPPING, source="late", deadlines=Deadlines(batch=2))
     reading, go = threading.Event(), threading.Event()
@@ -240,7 +243,8 @@ def test_a_batch_past_its_deadline_after_its_commit_is_said_to_be_committed(make
     BatchDeadlineExceeded said the batch was rolled back, nothing of it applied, and a re-run would run it as it was —
     although its effects and ledger row were committed, and a re-run skips it.  It now says the batch committed."""
     clock = ManualClock()
-    database = _stuck_database(make_database_url("late_after_commit"), released, threading.Event(), clock)
+    database = _stuck_database(make_database_url("late_after_commit", migrations=(app_counters.MIGRATIONS,)),
+                               released, threading.Event(), clock)
     ingestion = Ingestion(database, app_counters.MAPPING, source="after", deadlines=Deadlines(batch=2))
     inside = threading.Event()
     try:
@@ -285,7 +289,8 @@ def test_the_watch_passes_a_deadline_the_clock_passed_between_its_reading_and_it
     by the advance, past the batch's deadline, and the batch was not given up.  It sleeps until a time on the clock
     now (``Clock.wait_until``): the advance passed it, so it looks again at once and gives the batch up."""
     clock = ReadPausingClock()
-    database = _stuck_database(make_database_url("late_read"), released, threading.Event(), clock)
+    database = _stuck_database(make_database_url("late_read", migrations=(app_counters.MIGRATIONS,)),
+                               released, threading.Event(), clock)
     ingestion = Ingestion(database, app_counters.MAPPING, source="read", deadlines=Deadlines(batch=2))
     reading, go = threading.Event(), threading.Event()
     raised: list[BaseException] = []

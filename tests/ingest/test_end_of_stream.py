@@ -30,7 +30,7 @@ SEED = 4242
 
 @pytest.fixture()
 def database(make_database_url, request):
-    database = activedb.connect(make_database_url(request.node.name[5:40]))
+    database = activedb.connect(make_database_url(request.node.name[5:40], migrations=(APP_MIGRATIONS,)))
     database.upgrade_app(APP_MIGRATIONS)
     _reset_hygiene(database)
     yield database

@@ -26,7 +26,7 @@ from lockmgr.testing import wait_until
 from tests.ingest.feed_driver import RUN, SOURCE, killed_and_fed_again, workload_batches
 from tests._sessions import end_sessions
 from tests.spark_bridge import app_counters
-from tests.spark_bridge._streams import BASE_TIME, app_database, app_state, dead_letters
+from tests.spark_bridge._streams import BASE_TIME, app_database, app_state, dead_letters, new_app_database
 
 SEED, FILES = 5, 6
 
@@ -46,7 +46,7 @@ def ledger_rows(database) -> list[tuple]:
 @pytest.fixture(scope="module")
 def reference(make_database_url):
     """The workload fed once, uninterrupted: its state, ledger and dead letters."""
-    database = app_database(make_database_url("reference"))
+    database = new_app_database(make_database_url, "reference")
     try:
         outcomes = feed(database, workload_batches(SEED, FILES), source=SOURCE, run=RUN, mapping=app_counters.MAPPING)
         database.rules.wait_idle(60)
@@ -58,7 +58,7 @@ def reference(make_database_url):
 
 def test_feeding_the_same_batches_again_applies_nothing_twice(make_database_url, reference):
     state, ledger, dead = reference
-    database = app_database(make_database_url("again"))
+    database = new_app_database(make_database_url, "again")
     try:
         batches = workload_batches(SEED, FILES)
         first = feed(database, batches[:3], source=SOURCE, run=RUN, mapping=app_counters.MAPPING)
@@ -76,7 +76,7 @@ def test_feeding_the_same_batches_again_applies_nothing_twice(make_database_url,
 
 
 def test_a_feed_takes_arrow_tables_and_numbered_batches_with_their_watermark(make_database_url):
-    database = app_database(make_database_url("arrow"))
+    database = new_app_database(make_database_url, "arrow")
     try:
         rows = [{"type": "add", "key": "k", "ts": BASE_TIME + dt.timedelta(seconds=second), "amount": 1, "seq": second}
                 for second in range(4)]
@@ -178,7 +178,7 @@ def test_a_process_killed_between_flush_and_return_leaves_nothing_twice(make_dat
     commit (before ``feed`` returned), run 3 feeds the same batches to the end: the ledger skips what
     committed, and every table, ledger row and dead letter equals the uninterrupted run's."""
     state, ledger, dead = reference
-    url = make_database_url("killed")
+    url = make_database_url("killed", migrations=(app_counters.MIGRATIONS,))
     app_database(url).close()
     killed_and_fed_again(url, tmp_path, "--seed", str(SEED), "--files", str(FILES))
     database = app_database(url)
@@ -1304,7 +1304,7 @@ def test_a_connection_lost_inside_a_rule_fails_the_batch_as_unavailable_not_as_t
     DatabaseUnavailable(…)", sending whoever reads the error (``activedb run``'s one line, a connector deciding whether
     to retry) to a rule that did nothing wrong.  Now the batch fails with the ``DatabaseUnavailable`` itself, nothing
     applied, no dead letter; fed again, it applies once."""
-    database = app_database(make_database_url("lost_in_rule"))
+    database = new_app_database(make_database_url, "lost_in_rule")
     ended = []
 
     @database.rule(on=database.stream("read"), coupling=Coupling.IMMEDIATE, name="reader")
@@ -1367,7 +1367,7 @@ def test_a_rules_own_error_raised_while_it_handled_a_conflict_rejects_its_event(
     the batch commits once."""
     from activedb.errors import SerializationConflict
 
-    database = app_database(make_database_url("own_error_in_except"))
+    database = new_app_database(make_database_url, "own_error_in_except")
 
     @database.rule(on=database.stream("read"), coupling=Coupling.IMMEDIATE, name="translator")
     def translator(tx, event):

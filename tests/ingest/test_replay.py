@@ -12,7 +12,7 @@ from activedb import Coupling, deadletters
 from activedb.ingest import Ingestion, feed, replay_dead_letters
 from activedb.ingest.errors import IngestError
 from tests.spark_bridge import app_counters
-from tests.spark_bridge._streams import BASE_TIME, app_database, app_state
+from tests.spark_bridge._streams import BASE_TIME, app_database, app_state, new_app_database
 
 APP = types.SimpleNamespace(mapping=app_counters.MAPPING, known_types=None, prefetch=None)
 
@@ -23,7 +23,7 @@ def test_a_letter_without_an_id_is_refused_before_any_letter_is_replayed(make_da
     ``id``) failed with Batch's "a batch number is an integer from 0", which names no letter, after the letters
     before it had been replayed — their outcomes lost with the error.  Now an IngestError names the letter and what
     to give, and no letter is replayed."""
-    database = app_database(make_database_url("replay_no_id"))
+    database = new_app_database(make_database_url, "replay_no_id")
     try:
         row = {"type": "add", "key": "k", "ts": BASE_TIME.isoformat(), "amount": 1, "seq": 1}
         with database.transaction() as tx:
@@ -44,7 +44,7 @@ def test_one_letter_where_the_letters_belong_is_refused_saying_what_to_give(make
     """``replay_dead_letters`` takes a collection of letters: one letter's row (a dict) was iterated, each of its
     column names failing LetterRecord with a bare AttributeError ('str' object has no attribute 'get'), and one
     LetterRecord failed with a TypeError (not iterable)."""
-    database = app_database(make_database_url("replay_one"))
+    database = new_app_database(make_database_url, "replay_one")
     try:
         row = {"type": "add", "key": "k", "ts": BASE_TIME.isoformat(), "amount": 1, "seq": 1}
         with database.transaction() as tx:
@@ -61,7 +61,7 @@ def test_a_letter_that_no_longer_exists_is_reported_not_found_and_nothing_is_app
     """Replaying a letter that is not in the table (purged since it was read, or a mistyped id) applies nothing, as
     before, but says so: its outcome is ``not found`` — it was ``already replayed``, which sent the user looking for a
     replay that never happened.  The letters after it are still replayed."""
-    database = app_database(make_database_url("replay_missing"))
+    database = new_app_database(make_database_url, "replay_missing")
     try:
         row = {"type": "add", "key": "k", "ts": BASE_TIME.isoformat(), "amount": 1, "seq": 1}
         with database.transaction() as tx:
@@ -85,7 +85,7 @@ def test_arrow_letters_without_a_column_the_mapping_names_are_refused_before_any
     replayed, and a new dead letter of the same row written under replay:NAME.  Now ``check_columns`` refuses it,
     naming the letter, before any letter is replayed."""
     pa = pytest.importorskip("pyarrow")
-    database = app_database(make_database_url("replay_columns"))
+    database = new_app_database(make_database_url, "replay_columns")
     try:
         row = {"type": "add", "key": "k", "ts": BASE_TIME.isoformat(), "amount": 1, "seq": 1}
         renamed = pa.Table.from_pylist([{"type": "add", "worker": "k", "ts": BASE_TIME, "amount": 1, "seq": 2}])
@@ -109,7 +109,7 @@ def test_letters_of_a_source_named_with_an_at_are_refused_before_any_letter_is_r
     failed inside ``feed`` with "pass LedgerId.parse('replay:orders@eu')" after the letters before it had been
     replayed — their outcomes lost with the error.  Now an IngestError names the letters and the source before any
     letter is replayed."""
-    database = app_database(make_database_url("replay_at"))
+    database = new_app_database(make_database_url, "replay_at")
     try:
         row = {"type": "add", "key": "k", "ts": BASE_TIME.isoformat(), "amount": 1, "seq": 1}
         with database.transaction() as tx:
@@ -133,7 +133,7 @@ def test_letters_of_a_source_whose_replay_name_is_too_long_are_refused_before_an
     give a shorter name (nothing was applied)" after the letters before it had been replayed — applied, marked, their
     outcomes lost with the error, which named an argument the caller never gave.  Now an IngestError names the
     letter, its source and what to do before any letter is replayed; a source whose replay's name fits replays."""
-    database = app_database(make_database_url("replay_long"))
+    database = new_app_database(make_database_url, "replay_long")
     try:
         row = {"type": "add", "key": "k", "ts": BASE_TIME.isoformat(), "amount": 1, "seq": 1}
         fits = "f" * (2048 - len("replay:"))
@@ -161,7 +161,7 @@ def test_replaying_letters_when_no_rule_listens_to_a_stream_is_refused_and_marks
     only one disabled) reported it "applied" and marked it replayed — no rule ran on its row, which ``dead-letters
     list`` then no longer showed: the row was lost with its letter's reason.  Now the replay is refused before any
     letter is replayed, saying to declare or enable the rules first; with the rules declared, the letter applies."""
-    url = make_database_url("replay_no_rules")
+    url = make_database_url("replay_no_rules", migrations=(app_counters.MIGRATIONS,))
     app_database(url).close()      # the tables
     database = activedb.connect(url)
     try:
@@ -188,7 +188,7 @@ def test_a_feed_under_a_source_name_replay_or_capture_owns_is_refused_and_the_le
     and of a capture consumer.  ``feed(source="replay:badges")`` was taken: its batch 0 filled the ledger slot of the
     replay of letter 0, which then reported "already replayed" for ever, its row never applied.  Now a feed or an
     Ingestion under such a name is refused, naming the prefix and why, and the letter replays."""
-    database = app_database(make_database_url(f"replay_reserved_{prefix[:-1]}"))
+    database = new_app_database(make_database_url, f"replay_reserved_{prefix[:-1]}")
     row = {"type": "add", "key": "reserved", "ts": BASE_TIME.isoformat(), "amount": 1, "seq": 1}
     try:
         with pytest.raises(IngestError, match=rf"feed\(source='{prefix}badges'\) begins with '{prefix}', which is "
@@ -218,7 +218,7 @@ def test_progress_is_told_of_each_letter_and_what_it_raises_stops_the_replay_the
     """A replay runs a transaction per letter — thousands take a while — and said nothing until it ended: now
     ``progress(outcome, done, total)`` is called after each letter's transaction (a bar's update); what it raises (a
     Ctrl-C in it) stops the replay there, the letters replayed so far staying replayed, the rest replayed later."""
-    database = app_database(make_database_url("replay_progress"))
+    database = new_app_database(make_database_url, "replay_progress")
     try:
         stored = _three_letters(database)
         told: list[tuple[int, str, int, int]] = []
@@ -248,7 +248,7 @@ def test_the_command_draws_a_bar_on_a_terminal_and_prints_only_its_line_otherwis
 
     from tests._terminal import run_on_terminal
 
-    url = make_database_url("replay_bar")
+    url = make_database_url("replay_bar", migrations=(app_counters.MIGRATIONS,))
     database = app_database(url)
     try:
         first, second, third = (letter.id for letter in _three_letters(database))

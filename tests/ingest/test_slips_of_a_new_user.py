@@ -24,7 +24,7 @@ from activedb.ingest import Ingestion, feed
 from activedb.ingest.errors import IngestError
 from activedb.store import EXACT_DEPTH, JSONABLE_DEPTH, exact_json, from_exact_json, jsonable
 from tests.spark_bridge import app_counters
-from tests.spark_bridge._streams import BASE_TIME, app_database, app_state
+from tests.spark_bridge._streams import BASE_TIME, app_state, new_app_database
 
 APP = str(Path(app_counters.__file__).resolve())
 
@@ -48,7 +48,7 @@ def stored_letters(database) -> list[dict[str, object]]:
 
 @pytest.fixture()
 def database(make_database_url, request):
-    database = app_database(make_database_url(request.node.name[5:40]))
+    database = new_app_database(make_database_url, request.node.name[5:40])
     yield database
     database.close()
 

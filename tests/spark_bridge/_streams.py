@@ -117,6 +117,12 @@ def app_database(url: str, app=app_counters) -> activedb.Database:
     return database
 
 
+def new_app_database(make_database_url, suffix: str, app=app_counters) -> activedb.Database:
+    """``app_database`` on a new database of the module (``make_database_url``, the fixture, with ``suffix``): a copy
+    of the session's template migrated with ``app``'s migrations, so only the rules are registered here."""
+    return app_database(make_database_url(suffix, migrations=(app.MIGRATIONS,)), app)
+
+
 @dataclass
 class DirectRun:
     applied: int

@@ -22,7 +22,9 @@ import activedb.ingest
 import spark_bridge
 from activedb import testing
 from activedb.cli import main
-from tests.spark_bridge._streams import APP_FILE, app_database, app_state, apply_directly, counter_workload, write_files
+from tests.spark_bridge import app_counters
+from tests.spark_bridge._streams import (APP_FILE, app_database, app_state, apply_directly, counter_workload,
+                                         new_app_database, write_files)
 from tests.spark_bridge._waits import DRIVER_WAIT_SECONDS, run_to_completion
 
 TIMEOUT_SECONDS = DRIVER_WAIT_SECONDS      # minutes: holds under 5-8x CPU load, fails with what it saw
@@ -69,7 +71,7 @@ def test_run_ingests_a_file_source_until_ctrl_c_stops_it_cleanly(tmp_path, make_
             assert " WARN " not in text and "WARNING:" not in text, "Spark's warnings belong in the log file"
             assert (tmp_path / "home" / "logs" / "spark.log").exists()
 
-            direct = app_database(make_database_url("cli_direct"))
+            direct = new_app_database(make_database_url, "cli_direct")
             try:
                 reference = apply_directly(direct, workload.good)
                 assert app_state(database) == app_state(direct)
@@ -254,7 +256,7 @@ def test_reset_is_refused_when_the_query_has_progress_in_the_ledger_or_the_check
     from activedb.ingest import ledger_query_id
     from tests.spark_bridge.test_sink import _event
 
-    url = make_database_url("reset_guard")
+    url = make_database_url("reset_guard", migrations=(app_counters.MIGRATIONS,))
     database = app_database(url)
     try:
         sink = spark_bridge.IngestSink(database, spark_bridge.EventMapping("type", "key", "ts", payload_columns=(
@@ -390,7 +392,7 @@ def test_run_reset_refuses_an_app_that_declares_no_rule_before_emptying_its_tabl
     rule: its reset(db) emptied the tables, and then the run was refused ("declared no rule … nothing was applied") —
     the user lost the tables' contents to a run that never started.  The refusal comes before reset(db) now: the
     tables keep what they held."""
-    url = make_database_url("ruleless_reset")
+    url = make_database_url("ruleless_reset", migrations=(app_counters.MIGRATIONS,))
     database = app_database(url)
     try:
         apply_directly(database, counter_workload(1, 10, seed=3, keys=2).good)
@@ -418,7 +420,7 @@ def test_run_says_when_every_rule_of_its_app_is_disabled(tmp_path, make_database
     """With every rule of the application disabled (``activedb rules disable``, the operator's choice), ``activedb
     run`` applies its batches with no rule run on their events and records them as done — and said only "3 rules".
     It says so before Spark starts now, naming the command that enables them; the run goes on."""
-    url = make_database_url("all_disabled_run")
+    url = make_database_url("all_disabled_run", migrations=(app_counters.MIGRATIONS,))
     database = app_database(url)
     try:
         names = database.rules.names()

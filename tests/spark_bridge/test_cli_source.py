@@ -113,8 +113,8 @@ def test_blank_lines_of_a_socket_source_are_skipped_and_counted_not_dead_letters
     import spark_bridge
     from spark_bridge._sources import SourceSpec, build_stream
     from tests.spark_bridge import app_counters
-    from tests.spark_bridge._streams import (BASE_TIME, STREAM_TIMEOUT_SECONDS, app_database, app_state,
-                                             apply_directly, dead_letters, iso)
+    from tests.spark_bridge._streams import (BASE_TIME, STREAM_TIMEOUT_SECONDS, app_state,
+                                             apply_directly, dead_letters, iso, new_app_database)
 
     rows = [{"type": "add", "key": f"k{seq}", "ts": iso(BASE_TIME + dt.timedelta(seconds=seq)), "amount": 5,
              "seq": seq} for seq in (1, 2)]
@@ -130,7 +130,8 @@ def test_blank_lines_of_a_socket_source_are_skipped_and_counted_not_dead_letters
 
     sender = threading.Thread(target=serve, daemon=True)
     sender.start()
-    ingested, direct = app_database(make_database_url("blank_socket")), app_database(make_database_url("blank_d"))
+    ingested = new_app_database(make_database_url, "blank_socket")
+    direct = new_app_database(make_database_url, "blank_d")
     query = None
     try:
         loaded = spark_bridge.load_app(str(app_counters.__file__), require_mapping=True)

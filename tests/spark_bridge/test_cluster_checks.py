@@ -23,7 +23,7 @@ import spark_bridge
 from spark_bridge import _cluster
 from spark_bridge.errors import IngestError
 from tests.spark_bridge import app_counters
-from tests.spark_bridge._streams import BASE_TIME, app_database, iso, write_files
+from tests.spark_bridge._streams import BASE_TIME, iso, new_app_database, write_files
 
 
 @pytest.mark.parametrize("master, local", [("local", True), ("local[2]", True), ("local[*]", True),
@@ -86,7 +86,7 @@ def test_a_failed_scale_out_task_fails_the_batch_with_its_python_exception(spark
     app = tmp_path / "failing_app.py"
     app.write_text(FAILING_APP)
     write_files(tmp_path / "in", [[{"type": "add", "key": "k", "ts": iso(BASE_TIME), "amount": 1, "seq": 1}]])
-    database = app_database(make_database_url("failing"))
+    database = new_app_database(make_database_url, "failing")
     try:
         frame = spark.readStream.schema(app_counters.SCHEMA).json(str(tmp_path / "in"))
         query = spark_bridge.ingest(database, frame, mapping=app_counters.MAPPING, query_name="failing",

@@ -24,7 +24,7 @@ from tests.spark_bridge._streams import BASE_TIME, dead_letters, ledger
 
 @pytest.fixture()
 def database(make_database_url, request):
-    database = activedb.connect(make_database_url(request.node.name[5:40]))
+    database = activedb.connect(make_database_url(request.node.name[5:40], migrations=(app_declared.MIGRATIONS,)))
     database.upgrade_app(app_declared.MIGRATIONS)
     yield database
     database.close()

@@ -17,7 +17,8 @@ import activedb.ingest
 import spark_bridge
 from spark_bridge._file_order import FileOrder, check_file_order, contradictions, scan_files
 from spark_bridge.errors import SourceError
-from tests.spark_bridge._streams import APP_FILE, app_database, app_state, apply_directly, counter_workload, write_files
+from tests.spark_bridge._streams import (APP_FILE, app_database, app_state, apply_directly, counter_workload,
+                                         new_app_database, write_files)
 from tests.spark_bridge._waits import DRIVER_WAIT_SECONDS
 
 SHUFFLE = [2, 0, 3, 1]       # file i gets the i-th of these modification times: not the events' order
@@ -109,7 +110,7 @@ def test_run_refuses_a_shuffled_copy_then_reads_it_in_the_events_order(tmp_path,
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "set the modification times of the 4 files" in " ".join(done.stdout.split())
     database = app_database(url)
-    direct = app_database(make_database_url("file_order_direct"))
+    direct = new_app_database(make_database_url, "file_order_direct")
     try:
         reference = apply_directly(direct, workload.good)
         assert app_state(database) == app_state(direct)                  # the events' order, not the copy's

@@ -37,6 +37,7 @@ from tests.spark_bridge._streams import (
     dead_letters,
     iso,
     ledger,
+    new_app_database,
     run_to_end,
     write_files,
 )
@@ -92,8 +93,8 @@ def test_stream_to_the_end_equals_the_events_applied_directly_and_a_replay_is_sk
         spark, tmp_path, make_database_url):
     workload = counter_workload(files=4, rows_per_file=40, seed=11)
     write_files(tmp_path / "in", workload.batches)
-    streamed_url = make_database_url("streamed")
-    streamed, direct = app_database(streamed_url), app_database(make_database_url("direct"))
+    streamed_url = make_database_url("streamed", migrations=(app_counters.MIGRATIONS,))
+    streamed, direct = app_database(streamed_url), new_app_database(make_database_url, "direct")
     resumed = None
     try:
         query = _ingest(spark, streamed, tmp_path / "in", tmp_path / "checkpoint", "counters",
@@ -156,7 +157,7 @@ def test_malformed_rows_and_rejected_payloads_become_dead_letters_and_the_rest_i
         {"type": "sub", "key": "a", "ts": iso(minute + dt.timedelta(seconds=3)), "amount": 20, "seq": 7},
     ]
     write_files(tmp_path / "in", [rows])
-    database = app_database(make_database_url("letters"))
+    database = new_app_database(make_database_url, "letters")
     try:
         query = _ingest(spark, database, tmp_path / "in", tmp_path / "checkpoint", "letters")
         run_to_end(query)
@@ -186,7 +187,7 @@ def test_out_of_order_rows_of_a_batch_are_applied_in_application_time_order(spar
     rows = [{"type": "add", "key": f"k{seq % 2}", "ts": iso(BASE_TIME + dt.timedelta(seconds=seq)), "amount": 1,
              "seq": seq} for seq in range(20)]
     write_files(tmp_path / "in", [list(reversed(rows))])
-    database = app_database(make_database_url("order"))
+    database = new_app_database(make_database_url, "order")
     try:
         run_to_end(_ingest(spark, database, tmp_path / "in", tmp_path / "checkpoint", "order"))
         trails = {key: trail for key, _, _, trail, _ in app_state(database)["counters"]}
@@ -208,7 +209,7 @@ def test_the_watermark_is_punctuated_and_events_older_than_it_are_dead_letters(s
         [row(6, 1, 30)],                               # watermark 1:00 - 10 s = 0:50
     ]
     write_files(tmp_path / "in", batches)
-    database = app_database(make_database_url("watermark"))
+    database = new_app_database(make_database_url, "watermark")
     try:
         query = _ingest(spark, database, tmp_path / "in", tmp_path / "checkpoint", "late", watermark_delay="10 seconds")
         run_to_end(query)
@@ -239,7 +240,7 @@ def test_a_sink_restarted_with_a_watermark_reads_it_though_its_first_run_had_non
         return {"type": "add", "key": "w", "ts": iso(BASE_TIME + dt.timedelta(seconds=second)), "amount": 1, "seq": seq}
 
     write_files(tmp_path / "in", [[row(1, 10)], [row(2, 50)]])
-    database = app_database(make_database_url("rewatermark"))
+    database = new_app_database(make_database_url, "rewatermark")
     try:
         query = _ingest(spark, database, tmp_path / "in", tmp_path / "checkpoint", "rewm")
         run_to_end(query)
@@ -274,7 +275,7 @@ def test_a_plan_without_a_watermark_node_is_not_taken_for_one_by_a_column_s_name
     from spark_bridge import _sink
 
     write_files(tmp_path / "in", [[{"type": "add", "key": "w", "ts": iso(BASE_TIME), "amount": 1, "seq": 1}]])
-    database = app_database(make_database_url("namedlike"))
+    database = new_app_database(make_database_url, "namedlike")
     try:
         named = _stream(spark, tmp_path / "in").withColumn("watermark_x", F.lit(1))
         for name, frame, declared in (("named", named, False),
@@ -318,7 +319,7 @@ def test_the_batches_after_start_returned_ask_spark_neither_the_query_id_nor_whe
         if phase == "fetched" and batch_id == 0:
             assert returned.wait(STREAM_TIMEOUT_SECONDS), "ingest() did not return while batch 0 waited"
 
-    database = app_database(make_database_url("known_run"))
+    database = new_app_database(make_database_url, "known_run")
     try:
         query = _ingest(spark, database, tmp_path / "in", tmp_path / "checkpoint", "known", on_phase=hold_the_first,
                         watermark_delay="10 seconds")
@@ -353,7 +354,7 @@ def test_the_batches_of_a_run_share_one_python_session_wrapper(spark, tmp_path, 
 
     write_files(tmp_path / "in", [[{"type": "add", "key": "w", "ts": iso(BASE_TIME + dt.timedelta(seconds=second)),
                                     "amount": 1, "seq": second}] for second in (1, 2, 3)])
-    database = app_database(make_database_url("one_wrapper"))
+    database = new_app_database(make_database_url, "one_wrapper")
     try:
         query = _ingest(spark, database, tmp_path / "in", tmp_path / "checkpoint", "wrapper")
         monkeypatch.setattr(pyspark_session.SparkSession, "__init__", counting_init)
@@ -372,7 +373,7 @@ def test_a_writer_handed_back_unstarted_runs_its_batches_asking_spark_as_a_sink_
     (it could be started twice): each batch asks Spark for the query id, and the ledger keys them under it."""
     write_files(tmp_path / "in", [[{"type": "add", "key": "w", "ts": iso(BASE_TIME + dt.timedelta(seconds=second)),
                                     "amount": 1, "seq": second}] for second in (1, 2)])
-    database = app_database(make_database_url("unstarted"))
+    database = new_app_database(make_database_url, "unstarted")
     try:
         writer = _ingest(spark, database, tmp_path / "in", tmp_path / "checkpoint", "later", start=False)
         query = writer.start()
@@ -388,7 +389,8 @@ def test_a_writer_handed_back_unstarted_runs_its_batches_asking_spark_as_a_sink_
 def test_scale_out_path_applies_each_key_partition_in_its_own_engine(spark, tmp_path, make_database_url):
     workload = counter_workload(files=3, rows_per_file=40, seed=23, keys=8)
     write_files(tmp_path / "in", workload.batches)
-    streamed, direct = app_database(make_database_url("scaled")), app_database(make_database_url("scaled_direct"))
+    streamed = new_app_database(make_database_url, "scaled")
+    direct = new_app_database(make_database_url, "scaled_direct")
     try:
         query = _ingest(spark, streamed, tmp_path / "in", tmp_path / "checkpoint", "scaled", partition_by_key=2,
                         app=APP_FILE)
@@ -498,7 +500,7 @@ def test_options_that_are_no_ingest_options_are_refused_with_what_to_give(option
 
 @pytest.mark.spark
 def test_the_scale_out_path_needs_the_app_and_app_needs_the_scale_out_path(spark, tmp_path, make_database_url):
-    database = app_database(make_database_url("misuse"))
+    database = new_app_database(make_database_url, "misuse")
     try:
         frame = _stream(spark, tmp_path)
         with pytest.raises(IngestError, match="needs app="):
@@ -539,7 +541,7 @@ def test_a_trigger_spark_cannot_read_is_an_ingest_error_saying_what_to_give(spar
     """A processing-time interval Spark does not read (a typo, a negative or not-a-number of seconds) or a keyword
     ``DataStreamWriter.trigger`` does not take was Spark's own error (an ``IllegalArgumentException`` from the JVM,
     or pyspark's), not an ``IngestError``: ``activedb run --trigger 5s`` ended in a traceback."""
-    database = app_database(make_database_url("trigger"))
+    database = new_app_database(make_database_url, "trigger")
     try:
         for trigger in ("5s", -5, float("nan"), {"every": 5}):
             with pytest.raises(IngestError, match=r"trigger=.* is not one Spark takes .*'5 seconds'"):
@@ -555,7 +557,7 @@ def test_a_watermark_delay_spark_cannot_read_is_an_ingest_error_saying_what_to_g
                                                                                    make_database_url):
     """A watermark delay Spark does not read (a typo, a negative delay) was Spark's own error from ``withWatermark``,
     not an ``IngestError``: ``activedb run --watermark-delay 30s`` ended in a traceback."""
-    database = app_database(make_database_url("delay"))
+    database = new_app_database(make_database_url, "delay")
     try:
         for delay in ("30s", "-5 seconds", dt.timedelta(seconds=-5)):
             with pytest.raises(IngestError, match=r"watermark_delay=.* is not a delay Spark takes .*'30 seconds'"):
@@ -575,7 +577,7 @@ def test_a_watermark_on_another_column_than_the_mapping_s_time_is_refused_naming
     (With ``watermark_delay=`` besides, a frame's watermark is refused on any column: the next test.)"""
     from pyspark.sql import functions as F
 
-    database = app_database(make_database_url("wmcolumn"))
+    database = new_app_database(make_database_url, "wmcolumn")
     try:
         arriving = _stream(spark, tmp_path).withColumn("arrived", F.col("ts"))
         refused = {"declared": (arriving.withWatermark("arrived", "10 seconds"), {}),
@@ -614,7 +616,7 @@ def test_a_watermark_on_another_column_is_refused_for_a_sink_wired_with_foreach_
                 "seq": seq}
 
     write_files(tmp_path / "in", [[row(1, 10)], [row(2, 20)]])
-    database = app_database(make_database_url("wmdirect"))
+    database = new_app_database(make_database_url, "wmdirect")
     try:
         arriving = (_stream(spark, tmp_path / "in").withColumn("arrived", F.col("ts") + F.expr("INTERVAL 1 HOUR"))
                     .withWatermark("arrived", "10 seconds"))
@@ -641,7 +643,7 @@ def test_a_query_name_already_running_is_an_ingest_error_saying_what_to_do(spark
     ``IllegalArgumentException`` ("Cannot start query with name … as a query with that name is already active"),
     not an ``IngestError`` saying what to do."""
     (tmp_path / "in").mkdir()
-    database = app_database(make_database_url("samename"))
+    database = new_app_database(make_database_url, "samename")
     running = spark_bridge.ingest(database, _stream(spark, tmp_path / "in"), mapping=app_counters.MAPPING,
                                   query_name="twice", checkpoint_location=str(tmp_path / "c1"))
     try:
@@ -663,7 +665,7 @@ def test_a_column_arrow_cannot_convert_is_refused_at_ingest_naming_it(spark, tmp
     it): ``ingest()`` refuses such a column, naming it; a day-time interval, which Arrow takes, is accepted."""
     from pyspark.sql import functions as F
 
-    database = app_database(make_database_url("arrowtypes"))
+    database = new_app_database(make_database_url, "arrowtypes")
     try:
         frame = _stream(spark, tmp_path)
         for column in (F.make_interval(F.lit(0), F.lit(0), F.lit(0), F.lit(1)), F.make_ym_interval(F.lit(1))):
@@ -691,7 +693,7 @@ def test_a_column_arrow_cannot_convert_is_refused_at_ingest_on_the_scale_out_pat
     accepted there as before."""
     from pyspark.sql import functions as F
 
-    database = app_database(make_database_url("arrowtypes_scaled"))
+    database = new_app_database(make_database_url, "arrowtypes_scaled")
     try:
         frame = _stream(spark, tmp_path)
         scaled = dict(mapping=app_counters.MAPPING, query_name="x", checkpoint_location=str(tmp_path / "c"),
@@ -721,7 +723,7 @@ def test_a_struct_with_duplicate_field_names_is_refused_on_the_scale_out_path_as
     from pyspark.sql import functions as F
 
     write_files(tmp_path / "in", [[{"type": "add", "key": "k", "ts": iso(BASE_TIME), "amount": 1, "seq": 1}]])
-    database = app_database(make_database_url("duplicate_fields_scaled"))
+    database = new_app_database(make_database_url, "duplicate_fields_scaled")
     pair = F.struct(F.lit(1).alias("x"), F.lit(2).alias("x"))
     error = r"column 'pair' \((array<)?struct<x:int,x:int>>?\) cannot be converted to Arrow.*[Dd]uplicate.*'x'"
     try:
@@ -746,7 +748,7 @@ def test_two_columns_of_one_name_are_refused_by_ingest_and_by_a_sink_wired_direc
     from pyspark.sql import functions as F
 
     write_files(tmp_path / "in", [[{"type": "add", "key": "k", "ts": iso(BASE_TIME), "amount": 1, "seq": 1}]])
-    database = app_database(make_database_url("duplicate_columns"))
+    database = new_app_database(make_database_url, "duplicate_columns")
     error = r"the stream has 2 columns named 'key'.*rename or drop one"
     try:
         frame = _stream(spark, tmp_path / "in").select("type", "key", "ts", "amount", "seq", F.lit("z").alias("key"))
@@ -772,7 +774,7 @@ def test_a_sink_wired_with_foreach_batch_directly_refuses_a_missing_or_unconvert
     from pyspark.sql import functions as F
 
     write_files(tmp_path / "in", [[{"type": "add", "key": "k", "ts": iso(BASE_TIME), "amount": 1, "seq": 1}]])
-    database = app_database(make_database_url("directcols" + ("_scaled" if scale_out else "")))
+    database = new_app_database(make_database_url, "directcols" + ("_scaled" if scale_out else ""))
     unconvertible = (F.make_ym_interval(F.lit(1), F.lit(2)) if scale_out
                      else F.make_interval(F.lit(0), F.lit(0), F.lit(0), F.lit(1)))
     cases = {"missing": (_stream(spark, tmp_path / "in").drop("seq"),
@@ -800,7 +802,7 @@ def test_a_batch_spark_re_runs_in_another_partition_layout_is_refused_not_applie
     scaled = dict(partition_by_key=2, app=APP_FILE)
     for name, first, others in (("split", scaled, [{}, dict(partition_by_key=3, app=APP_FILE)]),
                                 ("whole", {}, [scaled])):
-        database = app_database(make_database_url(f"layout_{name}"))
+        database = new_app_database(make_database_url, f"layout_{name}")
         checkpoint = tmp_path / f"checkpoint-{name}"
         try:
             run_to_end(_ingest(spark, database, tmp_path / "in", checkpoint, name, **first))
@@ -842,7 +844,7 @@ def test_end_of_stream_of_a_query_still_running_is_refused(spark, tmp_path, data
 @pytest.mark.spark
 def test_a_checkpoint_resumed_under_another_query_name_is_refused(spark, tmp_path, make_database_url):
     write_files(tmp_path / "in", [[{"type": "add", "key": "r", "ts": iso(BASE_TIME), "amount": 1, "seq": 1}]])
-    database = app_database(make_database_url("renamed"))
+    database = new_app_database(make_database_url, "renamed")
     try:
         run_to_end(_ingest(spark, database, tmp_path / "in", tmp_path / "checkpoint", "original"))
         (tmp_path / "checkpoint" / "commits" / "0").unlink()
@@ -868,7 +870,7 @@ def test_a_column_named_like_the_key_but_for_case_is_applied_as_on_the_one_task_
     workload = counter_workload(files=2, rows_per_file=12, seed=31, keys=4)
     write_files(tmp_path / "in", workload.batches)
     name = "cased_scaled" if scale_out else "cased"
-    streamed, direct = app_database(make_database_url(name)), app_database(make_database_url(f"{name}_direct"))
+    streamed, direct = new_app_database(make_database_url, name), new_app_database(make_database_url, f"{name}_direct")
     options = dict(partition_by_key=2, app=APP_FILE) if scale_out else {}
     try:
         frame = _stream(spark, tmp_path / "in").select("*", F.lit("shadow").alias("KEY"))
@@ -905,7 +907,7 @@ def test_a_watermark_delay_on_a_time_column_named_like_another_but_for_case_is_d
 
     write_files(tmp_path / "in", [[row(1, 0, 10), row(2, 0, 50)], [row(3, 1, 0), row(4, 0, 20)]])
     name = "cased_time_scaled" if scale_out else "cased_time"
-    database = app_database(make_database_url(name))
+    database = new_app_database(make_database_url, name)
     options = dict(partition_by_key=2, app=APP_FILE) if scale_out else {}
     try:
         frame = _stream(spark, tmp_path / "in").select("*", F.lit("local").alias("TS"))
@@ -931,7 +933,7 @@ def test_a_watermark_delay_on_a_time_column_that_is_no_timestamp_says_how_to_con
     conversion for it."""
     from pyspark.sql import functions as F
 
-    database = app_database(make_database_url("delay_types"))
+    database = new_app_database(make_database_url, "delay_types")
     frame = _stream(spark, tmp_path)
     cases = {"timestamp_ntz": (app_counters.MAPPING, r"F\.col\('ts'\)\.cast\('timestamp'\)"),
              "string": (app_counters.MAPPING, r"F\.to_timestamp\('ts'\)"),
@@ -959,7 +961,7 @@ def test_a_watermark_delay_given_as_a_timedelta_is_the_delay_to_the_millisecond(
         return {"type": "add", "key": "w", "ts": iso(BASE_TIME + dt.timedelta(seconds=seconds)), "amount": 1, "seq": seq}
 
     write_files(tmp_path / "in", [[row(1, 10), row(2, 50)], [row(3, 60), row(4, 48.999)]])
-    database = app_database(make_database_url("delay_ms"))
+    database = new_app_database(make_database_url, "delay_ms")
     try:
         query = _ingest(spark, database, tmp_path / "in", tmp_path / "checkpoint", "delay_ms",
                         watermark_delay=dt.timedelta(milliseconds=1001))
@@ -981,7 +983,7 @@ def test_connect_options_activedb_connect_refuses_are_refused_by_ingest_before_t
     to …*, sending the user after the network, the server or the password.  ``ingest()`` refuses them before the
     query starts, naming ``connect_options`` and ``connect()``'s reason; a sink built directly as well."""
     write_files(tmp_path / "in", [[{"type": "add", "key": "k", "ts": iso(BASE_TIME), "amount": 1, "seq": 1}]])
-    database = app_database(make_database_url("bad_options"))
+    database = new_app_database(make_database_url, "bad_options")
     try:
         for options, reason in [({"lock_timout": 5.0}, r"unknown keyword\(s\) lock_timout"),
                                 ({"lock_timeout": -1.0}, r"lock_timeout"),
@@ -1017,7 +1019,7 @@ def test_a_sink_s_event_ids_under_counts_on_the_scale_out_path_as_on_the_one_tas
             for seq in (1, 2)]
     write_files(tmp_path / "in", [rows])
     name = "ids_scaled" if scale_out else "ids"
-    database = app_database(make_database_url(name))
+    database = new_app_database(make_database_url, name)
     try:
         feed(database, [[rows[0]]], source="earlier", mapping=mapping)        # (id 1 ingested under 'earlier')
         common = dict(query_name=name, spark_session=spark, event_ids_under="earlier", batch_attempts=5)
@@ -1046,7 +1048,7 @@ def test_an_ingest_that_fails_after_building_its_sink_leaves_nothing_on_the_data
     them event by event), besides the observer's two calls per firing.  The sink is closed when ``ingest()`` fails."""
     from pyspark.sql import functions as F
 
-    database = app_database(make_database_url("leftover"))
+    database = new_app_database(make_database_url, "leftover")
     deadlines = activedb.ingest.Deadlines(batch=60.0, rule=5.0)
     try:
         before = list(database.transactions.observers)
@@ -1076,7 +1078,7 @@ def test_a_watermark_delay_on_a_frame_that_declares_a_watermark_already_is_refus
     starts nothing."""
     write_files(tmp_path / "in", [[{"type": "add", "key": "k", "ts": iso(BASE_TIME + dt.timedelta(minutes=index)),
                                     "amount": 1, "seq": index}] for index in range(2)])
-    database = app_database(make_database_url("two_watermarks"))
+    database = new_app_database(make_database_url, "two_watermarks")
     try:
         stream = _stream(spark, tmp_path / "in")
         for frame in (stream.withWatermark("ts", "10 seconds"),
@@ -1105,7 +1107,7 @@ def test_a_key_column_of_a_type_no_key_can_have_is_refused_at_ingest_naming_it(s
     taken."""
     from pyspark.sql import functions as F
 
-    database = app_database(make_database_url("keytypes"))
+    database = new_app_database(make_database_url, "keytypes")
     try:
         frame = _stream(spark, tmp_path)
         refused = {"map<string,int>": F.create_map(F.col("key"), F.lit(1)), "array<string>": F.array("key"),
@@ -1142,7 +1144,7 @@ def test_a_one_task_sink_wired_with_foreach_batch_directly_refuses_a_key_column_
     from pyspark.sql import functions as F
 
     write_files(tmp_path / "in", [[{"type": "add", "key": "k", "ts": iso(BASE_TIME), "amount": 1, "seq": 1}]])
-    database = app_database(make_database_url("directkey"))
+    database = new_app_database(make_database_url, "directkey")
     try:
         _refused_by_a_direct_sink(spark, database, _stream(spark, tmp_path / "in").withColumn("key", F.lit(1.5)),
                                   "direct", tmp_path / "cd", r"key column 'key' is double: .*string or an integer",
@@ -1174,7 +1176,7 @@ def test_a_stream_into_a_database_without_any_rule_stops_at_its_first_batch_and_
     applies the batch."""
     rows = [{"type": "add", "key": "nr", "ts": iso(BASE_TIME), "amount": 5, "seq": seq} for seq in range(3)]
     write_files(tmp_path / "in", [rows])
-    database = activedb.connect(make_database_url("no_rule"))
+    database = activedb.connect(make_database_url("no_rule", migrations=(app_counters.MIGRATIONS,)))
     try:
         database.upgrade_app(app_counters.MIGRATIONS)
         assert database.rules.names() == []

@@ -36,12 +36,12 @@ from spark_bridge._sources import with_corrupt_column
 from tests.spark_bridge import app_counters
 from tests.spark_bridge._streams import (
     BASE_TIME,
-    app_database,
     app_state,
     apply_directly,
     dead_letters,
     iso,
     ledger,
+    new_app_database,
     run_to_end,
 )
 
@@ -55,7 +55,7 @@ def _row(seq: int, key: str, amount: int = 5, kind: str = "add") -> dict:
 @pytest.fixture()
 def databases(make_database_url, request):
     name = request.node.name[5:30]
-    ingested, direct = app_database(make_database_url(name)), app_database(make_database_url(name + "_d"))
+    ingested, direct = new_app_database(make_database_url, name), new_app_database(make_database_url, name + "_d")
     yield ingested, direct
     ingested.close()
     direct.close()

@@ -22,7 +22,7 @@ from activedb.deadletters import LetterFilter
 from spark_bridge import EventMapping, IngestSink
 from activedb.ingest import replay_dead_letters
 from tests.spark_bridge import app_counters
-from tests.spark_bridge._streams import BASE_TIME, app_database, app_state
+from tests.spark_bridge._streams import BASE_TIME, app_state, new_app_database
 
 MAPPING = EventMapping("type", "key", "ts", payload_columns=("amount", "seq"), id_column="seq")
 QUERY = "counters@00000000-0000-0000-0000-0000000000c1"
@@ -58,7 +58,7 @@ BATCH_1 = [row(1, "add", "k", 10),                           # re-sent: a duplic
 
 @pytest.fixture()
 def databases(make_database_url):
-    ingested, direct = app_database(make_database_url("ingested")), app_database(make_database_url("direct"))
+    ingested, direct = new_app_database(make_database_url, "ingested"), new_app_database(make_database_url, "direct")
     yield ingested, direct
     ingested.close()
     direct.close()

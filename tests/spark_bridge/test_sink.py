@@ -23,7 +23,7 @@ from activedb.ingest import BatchHandler, RulesHandler
 from spark_bridge import IngestOptions, IngestSink, ingest
 from spark_bridge.errors import IngestError
 from tests.spark_bridge import app_counters
-from tests.spark_bridge._streams import BASE_TIME, app_database, app_state, dead_letters, ledger
+from tests.spark_bridge._streams import BASE_TIME, app_state, dead_letters, ledger, new_app_database
 
 
 def _event(seq: int, key: str = "k", *, kind: str = "add", amount: int = 1, seconds: float | None = None) -> dict:
@@ -33,7 +33,7 @@ def _event(seq: int, key: str = "k", *, kind: str = "add", amount: int = 1, seco
 
 @pytest.fixture()
 def database(make_database_url, request):
-    database = app_database(make_database_url(request.node.name[5:40]))
+    database = new_app_database(make_database_url, request.node.name[5:40])
     yield database
     database.close()
 

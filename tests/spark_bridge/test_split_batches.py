@@ -37,18 +37,12 @@ from tests.spark_bridge._streams import (
     apply_directly,
     counter_workload,
     iso,
+    new_app_database,
     run_to_end,
     write_files,
 )
 
 APP_FILE = app_split.__file__
-
-
-def split_database(url: str) -> activedb.Database:
-    database = activedb.connect(url)
-    database.upgrade_app(app_split.MIGRATIONS)
-    app_split.register(database)
-    return database
 
 
 def counters(database) -> list[tuple]:
@@ -69,7 +63,7 @@ def _row(seq: int, key: str, minute: int, amount: int = 5) -> dict:
 # --- lineage, without Spark ------------------------------------------------------------------------------------
 
 def test_every_batch_transaction_records_the_source_batch_it_consumed(make_database_url):
-    database = split_database(make_database_url("lineage"))
+    database = new_app_database(make_database_url, "lineage", app_split)
     try:
         spark_id = str(uuid.uuid4())
         driver, partition = f"q@{spark_id}", f"q@{spark_id}#p1"
@@ -97,7 +91,7 @@ def test_a_driver_that_died_before_compensating_is_resumed_by_the_replay(make_da
     compensation — once."""
     from activedb import atomic as _atomic
 
-    database = split_database(make_database_url("resume"))
+    database = new_app_database(make_database_url, "resume", app_split)
     try:
         source = f"q@{uuid.uuid4()}"
         sink = IngestSink(database, app_split.MAPPING, query_name="q")
@@ -122,7 +116,7 @@ def test_a_driver_that_died_before_compensating_is_resumed_by_the_replay(make_da
 
 @pytest.mark.spark
 def test_on_partition_failure_is_checked_and_belongs_to_the_scale_out_path(spark, tmp_path, make_database_url):
-    database = split_database(make_database_url("misuse"))
+    database = new_app_database(make_database_url, "misuse", app_split)
     try:
         frame = spark.readStream.schema(app_split.SCHEMA).json(str(tmp_path))
         common = dict(mapping=app_split.MAPPING, query_name="x", checkpoint_location=str(tmp_path / "c"))
@@ -145,7 +139,7 @@ def test_compensate_without_lineage_is_refused_as_it_could_undo_nothing(make_dat
     stayed, while the failed one's rows were dead letters — half a batch applied, reported as none.  The
     combination is refused when the sink is built (``ingest()``: before the query starts); ``forward`` needs no
     lineage and is taken without it."""
-    database = split_database(make_database_url("no_lineage"))
+    database = new_app_database(make_database_url, "no_lineage", app_split)
     try:
         common = dict(partitions=2, app=APP_FILE, query_name="x")
         with pytest.raises(IngestError, match=r"on_partition_failure='compensate' needs lineage.*lineage=True.*"
@@ -167,7 +161,7 @@ def test_connect_options_the_tasks_cannot_be_sent_are_refused_naming_the_option(
     A lambda ``victim_policy`` is sent (cloudpickle takes it)."""
     from activedb.clock import ManualClock
 
-    database = split_database(make_database_url("unsendable"))
+    database = new_app_database(make_database_url, "unsendable", app_split)
     try:
         frame = spark.readStream.schema(app_split.SCHEMA).json(str(tmp_path))
         common = dict(mapping=app_split.MAPPING, query_name="x", checkpoint_location=str(tmp_path / "c"),
@@ -193,7 +187,8 @@ def _poisoned(directory, make_database_url, name: str):
     poison = [_row(1000 + number, app_split.POISON_KEY, 1, amount=7) for number in range(2)]
     workload.batches[1].extend(poison)
     write_files(directory, workload.batches)
-    streamed, direct = split_database(make_database_url(name)), split_database(make_database_url(f"{name}_d"))
+    streamed = new_app_database(make_database_url, name, app_split)
+    direct = new_app_database(make_database_url, f"{name}_d", app_split)
     try:
         yield workload, poison, streamed, direct
     finally:
@@ -363,7 +358,7 @@ def test_a_replayed_batch_s_key_is_checked_by_column_and_spark_type_when_it_was_
     checked."""
     from spark_bridge._sink import check_layout
 
-    database = split_database(make_database_url("layout_key"))
+    database = new_app_database(make_database_url, "layout_key", app_split)
     try:
         query_id = f"q@{uuid.uuid4()}"
         sink = IngestSink(database, app_split.MAPPING, query_name="q")
@@ -391,7 +386,7 @@ def test_an_application_file_that_is_not_there_is_refused_before_the_query_start
     a path with no file there started the query, and its first batch's tasks failed with ``AppLoadError: no such
     application file``.  It is refused by ``ingest()`` (and a sink built directly), naming the path; a module name,
     which the tasks import from their own environment, is not looked up on the driver."""
-    database = split_database(make_database_url("no_app_file"))
+    database = new_app_database(make_database_url, "no_app_file", app_split)
     try:
         frame = spark.readStream.schema(app_split.SCHEMA).json(str(tmp_path))
         missing = tmp_path / "nope.py"
@@ -488,7 +483,7 @@ def test_a_replayed_batch_is_checked_against_the_run_s_recorded_salt(make_databa
     refuses it, naming both salts.  A run recorded before salts (NULL) split with none, as salt 0 does."""
     from spark_bridge._sink import check_layout
 
-    database = split_database(make_database_url("layout_salt"))
+    database = new_app_database(make_database_url, "layout_salt", app_split)
     try:
         query_id = f"q@{uuid.uuid4()}"
         sink = IngestSink(database, app_split.MAPPING, query_name="q")

@@ -30,8 +30,8 @@ import activedb
 from activedb import deadletters, testing
 from activedb.cli import main
 from tests.spark_bridge import app_stuck
-from tests.spark_bridge._streams import (BASE_TIME, app_database, app_state, apply_directly, counter_locked, iso,
-                                        ledger)
+from tests.spark_bridge._streams import (BASE_TIME, app_state, apply_directly, counter_locked, iso,
+                                        ledger, new_app_database)
 from tests.spark_bridge._waits import DRIVER_WAIT_SECONDS
 
 APP_FILE = str(Path(app_stuck.__file__).resolve())
@@ -163,7 +163,7 @@ def test_a_rule_that_never_returns_is_seen_stopped_and_passed_by_its_deadline(tm
         assert f"rule 'apply_add' {passed}" in letter.reason, letter.reason
         assert _status(url)["in_progress"] == []
 
-        direct = app_database(make_database_url("stuck_direct"))
+        direct = new_app_database(make_database_url, "stuck_direct")
         try:
             apply_directly(direct, [row for row in ROWS if row["seq"] != app_stuck.STUCK_SEQ])
             assert app_state(database) == app_state(direct)

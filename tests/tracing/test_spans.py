@@ -13,7 +13,7 @@ import pytest
 from activedb.tracing import BatchTracing, tracer
 from spark_bridge import IngestSink
 from tests.spark_bridge import app_counters
-from tests.spark_bridge._streams import app_database
+from tests.spark_bridge._streams import new_app_database
 
 
 def test_one_batch_makes_a_tree_of_spans_labelled_with_its_ledger_id(make_database_url):
@@ -55,7 +55,7 @@ def test_one_batch_makes_a_tree_of_spans_labelled_with_its_ledger_id(make_databa
 
 def test_without_an_sdk_nothing_is_made_and_no_observer_is_added(make_database_url):
     assert tracer() is None
-    database = app_database(make_database_url("untraced"))
+    database = new_app_database(make_database_url, "untraced")
     try:
         observers = list(database.transactions.observers)
         assert BatchTracing(database, "untraced").start("untraced@1", 0, 1) is None
