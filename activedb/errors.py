@@ -15,6 +15,7 @@ from __future__ import annotations
 import datetime as _dt
 import enum
 import inspect as _inspect
+import logging as _logging
 import math
 import re
 from types import FunctionType as _FunctionType, MethodType as _MethodType
@@ -810,6 +811,23 @@ class RuleFailed(TransactionError):
         """The failure of rule ``rule`` whose condition or action raised ``error`` on ``event`` (an
         ``activedb.Event``: its ``describe()`` names it); the caller raises it ``from error``."""
         return cls(f"rule {rule!r} failed on {event.describe()}: {shown_error(error)}", rule, event)
+
+    @classmethod
+    def logged(cls, rule: str, event: _Described, error: BaseException) -> "RuleFailed":
+        """:meth:`raised`, the failure logged: the one record of a rule's failure, whether firing ran the rule or a
+        lowered batch did (which rejects the event for it) — at ERROR to the rules' log (``activedb.rules``), its
+        message the failure's, "rule NAME failed on EVENT: ERROR".  The event is described and the error shown once,
+        for the failure and the record alike (a rejected event's dead letter is named by the failure).  The record
+        holds the error as text, not the error: a handler that keeps records (a test's capture, a buffer) would
+        otherwise keep its traceback's frames and all they hold, a micro-batch included.  The caller raises the
+        failure ``from error``."""
+        described, shown = event.describe(), shown_error(error)
+        _RULES_LOG.error("rule %r failed on %s: %s", rule, described, shown, stacklevel=2)
+        return cls(f"rule {rule!r} failed on {described}: {shown}", rule, event)
+
+
+#: The log of rules' failures (:meth:`RuleFailed.logged`); ``activedb.rules`` logs its other records there too.
+_RULES_LOG = _logging.getLogger("activedb.rules")
 
 
 # --- the outbox of detached rule firings -----------------------------------------------

@@ -19,7 +19,6 @@ from __future__ import annotations
 import ast
 import functools
 import inspect
-import logging
 import os
 import textwrap
 import weakref
@@ -36,9 +35,6 @@ from activedb.store import EXACT_DEPTH, JSONABLE_DEPTH, RowImage, TableInfo, cop
 
 __all__ = ["FALL_BACK", "Learned", "LearnedDeclaration", "NotLearned", "Rejection", "Step", "learned_condition",
            "learned_table", "why_not_learned"]
-
-#: The logger firing logs a rule's failure to (``activedb.rules``): a lowered batch logs it the same way.
-_RULES_LOGGER = logging.getLogger("activedb.rules")
 
 #: The event attributes a learned action may read: those a stream event and a batch event both carry.
 _EVENT_ATTRIBUTES = frozenset({"key", "ts", "payload", "source"})
@@ -927,19 +923,18 @@ class LearnedDeclaration:
                 ran: list[bool] | None) -> _FallBack:
         """Rule ``step``'s condition or action raised ``error`` on the event at ``position``: if firing would reject
         the event for it — an error of the rule's own (``classify``: a bug, not the database's, not one of
-        activedb's), the stand-in not deviated — log it and count it as firing does and raise :class:`Abort` with
-        the event's dead-letter reason, else :data:`FALL_BACK`."""
+        activedb's), the stand-in not deviated — log it as firing does (:meth:`RuleFailed.logged`, the one record
+        of a rule's failure), count it so and raise :class:`Abort` with the event's dead-letter reason, else
+        :data:`FALL_BACK`."""
         rejection = self._rejection
         if (rejection is None or stand_in.deviated or isinstance(error, ActivedbError)
                 or classify(error) is not Failure.BUG):
             return FALL_BACK
-        name = self.names[step]
-        event = _as_made(event)          # (the failure keeps it: not a scratch event, whose values change)
-        _RULES_LOGGER.error("rule %r failed on %s: %s", name, event.describe(), repr(error))   # (as firing logs it)
+        # (The failure keeps its event: one of its own, not the scratch event, whose values change.)
+        failure = RuleFailed.logged(self.names[step], _as_made(event), error)
         self.rejected[position] = step
         if ran is not None:
             self.outcomes[position] = tuple(ran)
-        failure = RuleFailed.raised(name, event, error)
         failure.__cause__ = error
         raise Abort(FinalReason(rejection(failure))) from error
 

@@ -601,10 +601,7 @@ class RuleManager(TransactionExtension):
         """Count and log the failure of ``rule``'s condition or action, which raised ``error`` on ``event``, and raise
         it as ``RuleFailed``."""
         self.count(rule, "failed")
-        # (The error as text: a handler that keeps records — a test's log capture, a buffer — would otherwise keep
-        # its traceback's frames and all they hold, a micro-batch included.)
-        logger.error("rule %r failed on %s: %s", rule.name, event.describe(), shown_error(error))
-        raise RuleFailed.raised(rule.name, event, error) from error
+        raise RuleFailed.logged(rule.name, event, error) from error
 
     def _executed(self, transaction: Transaction, firings: "list[Firing]") -> None:
         """The actions of ``firings`` ran and their transactions (children of ``transaction``) committed: counted

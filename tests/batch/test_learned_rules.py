@@ -7,6 +7,7 @@ firing, and rules that do anything else are not lowered."""
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import math
 import os
 import re
@@ -20,6 +21,7 @@ from activedb import batch
 from activedb.batch._learn import learned_table, why_not_learned
 from activedb.errors import InvalidValue
 from activedb.ingest import Batch, RulesHandler, feed
+from tests._unshowable import Unshowable
 from tests.spark_bridge import app_counters
 
 BASE = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
@@ -528,6 +530,61 @@ def test_an_action_that_raises_rejects_its_event_in_the_lowered_batch_as_firing_
                                      "key='raise-a': ValueError('negative amount -1 for raise-a')")
     on, off = (counts(database, ["add_or_refuse"]) for database in databases)
     assert on == off == {"add_or_refuse": (8, 7, 1, 0, 0)}
+
+
+class Unshown(Unshowable):
+    """A rule's error whose ``repr`` raises, counting its calls (``shown``): each is a description of the failure."""
+
+    shown = 0
+
+    def __repr__(self) -> str:
+        type(self).shown += 1
+        return super().__repr__()
+
+
+def add_or_refuse_unshowably(tx, event):
+    if event.payload["amount"] < 0:
+        raise Unshown()
+    row = tx.read("counters", event.key) or {"total": 0, "events": 0}
+    tx.write("counters", event.key, total=row["total"] + event.payload["amount"], events=row["events"] + 1)
+
+
+def test_a_rejected_event_is_logged_as_firing_logs_it_its_error_shown_once(databases, caplog):
+    """The record of an event a rule rejects is one, and the same in a lowered batch as in firing event by event
+    (``RuleFailed.logged``), and the rule's error is shown once for it: the record and the dead letter's reason share
+    the text.  Before, a lowered batch showed the error with ``repr`` of its own, a second time beside the failure's
+    message, and firing twice too — and an error whose ``repr`` raises escaped the lowered batch's rejection, which
+    refused the attempt: the batch ran again event by event, and so did every later batch of the rule."""
+    def register(database):
+        database.rule(on=database.stream("unshown"), name="unshowable")(add_or_refuse_unshowably)
+
+    source = "unshown"
+    batches = [rows(0, [("unshown", "unshown-a", 1), ("unshown", "unshown-b", -1), ("unshown", "unshown-a", 2)]),
+               rows(1, [("unshown", "unshown-a", -2), ("unshown", "unshown-c", 3)])]
+    on, off = databases
+    register(on)
+    register(off)
+    lowering, firing = RulesHandler(), RulesHandler(lower_declared=False)
+    logged: dict[str, list[str]] = {"on": [], "off": []}
+    shown: dict[str, int] = {"on": 0, "off": 0}
+    for batch in batches:
+        for side, database, handler in (("on", on, lowering), ("off", off, firing)):
+            Unshown.shown = 0
+            caplog.clear()
+            with caplog.at_level(logging.ERROR, logger="activedb.rules"):
+                [outcome] = feed(database, [batch], source=source, mapping=app_counters.MAPPING, handler=handler)
+            assert (outcome.events, outcome.dead_letters) == (len(batch.rows) - 1, 1), (side, outcome)
+            logged[side] += [re.sub(r" in T[0-9.]+", "", record.getMessage()) for record in caplog.records
+                             if record.name == "activedb.rules"]
+            shown[side] += Unshown.shown
+        assert lowering.last_lowered is not None, "the batch with the rejected event ran lowered"
+    assert logged["on"] == logged["off"] == [
+        f"rule 'unshowable' failed on stream unshown key='{key}': Unshown(<repr failed: RuntimeError: repr broke>)"
+        for key in ("unshown-b", "unshown-a")], logged
+    assert shown == {"on": 2, "off": 2}, shown
+    assert letters(on, source) == letters(off, source)
+    assert [reason for _, reason, _ in letters(on, source)] == [f"rejected by rule 'unshowable': {line}"
+                                                                  for line in logged["on"]]
 
 
 class Unrecoverable(activedb.ActivedbError):
