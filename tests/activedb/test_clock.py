@@ -204,13 +204,16 @@ def test_a_databases_built_in_clock_still_sleeps_a_number_of_seconds(migrated):
                                                            r"of seconds, or None for no time limit"):
                 database.clock.wait(threading.Event(), refused)
     clock = ManualClock(100.0)
-    with activedb.connect(migrated, upgrade=False, clock=clock) as database:
+    # (no recovery passes: the outbox's thread would sleep on the clock too, and clock.sleepers would count it)
+    with activedb.connect(migrated, upgrade=False, clock=clock, outbox_options={"recovery_interval": None}) as database:
         assert database.clock is clock
         timed_out, woken = threading.Event(), threading.Event()
         results: dict[str, bool] = {}
         threads = [
-            threading.Thread(target=lambda: results.__setitem__("timed out", database.clock.wait(timed_out, 5))),
-            threading.Thread(target=lambda: results.__setitem__("woken", database.clock.wait(woken, None)))]
+            threading.Thread(target=lambda: results.__setitem__("timed out", database.clock.wait(timed_out, 5)),
+                             daemon=True),
+            threading.Thread(target=lambda: results.__setitem__("woken", database.clock.wait(woken, None)),
+                             daemon=True)]
         for thread in threads:
             thread.start()
         wait_until(lambda: clock.sleepers == 1, TIMEOUT, "the sleeper of 5 seconds waiting on the clock",
