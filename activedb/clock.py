@@ -28,6 +28,11 @@ the test hanging); slept until the deadline, an advance past it before the sleep
 still waits for a sleeper (``clock.sleepers``) before advancing when it means the advance to find the caller
 asleep, but no longer to keep the caller's deadline where it was.
 
+:class:`SystemClock` and :class:`ManualClock` also keep ``wait(wake, seconds)``, the relative sleep of the earlier
+protocol, for an application's own code that calls it (``db.clock.wait(...)``): ``wait_until(wake, now() +
+seconds)``, counted from its own reading of :meth:`~Clock.now`.  It is a convenience of these two classes, not part
+of :class:`Clock`: activedb never calls it, and a clock of one's own need not have it.
+
 A clock of one's own implements :class:`Clock`: ``now``, ``wall`` and ``wait_until``.  A class written for the
 earlier protocol — ``wait(wake, seconds)``, relative, and no ``wait_until`` — is refused where a clock is given
 with an activedb error saying to add ``wait_until`` (:func:`outdated_clock`): a
@@ -93,6 +98,11 @@ class SystemClock:
             # (no thread wait may be longer than TIMEOUT_MAX: a later deadline is slept towards in steps)
             if wake.wait(min(remaining, threading.TIMEOUT_MAX)):
                 return True
+
+    def wait(self, wake: threading.Event, seconds: float | None) -> bool:
+        """Block until ``wake`` is set (True) or ``seconds`` have passed (False); None: no time limit (see
+        :func:`_wait_for`).  A convenience, not part of :class:`Clock`."""
+        return _wait_for(self, wake, seconds)
 
     def __repr__(self) -> str:
         return "SystemClock()"
@@ -197,6 +207,12 @@ class ManualClock:
                 self._sleepers.remove(sleeper)
             return not sleeper.expired
 
+    def wait(self, wake: threading.Event, seconds: float | None) -> bool:
+        """Block until ``wake`` is set (True) or the clock has been advanced by ``seconds`` from its :meth:`now`
+        as this call reads it (False); None: no time limit (see :func:`_wait_for`).  A convenience, not part of
+        :class:`Clock`."""
+        return _wait_for(self, wake, seconds)
+
     def __repr__(self) -> str:
         if "_mutex" not in vars(self):        # (its __init__ raised: seen in a traceback's locals, a debugger)
             return "ManualClock(<not made>)"
@@ -217,6 +233,18 @@ def outdated_clock(value: object, given: str) -> str | None:
             f"{type(value).__name__} a method wait_until(wake, deadline) that returns True once wake is set and False "
             f"once now() has reached deadline (None: no limit), as activedb.clock.Clock says, or use ManualClock or "
             f"SystemClock")
+
+
+def _wait_for(clock: Clock, wake: threading.Event, seconds: float | None) -> bool:
+    """The built-in clocks' relative sleep: ``clock.wait_until(wake, clock.now() + seconds)`` (None: no time limit; a
+    negative number of seconds as 0 — ``wake``'s state at once, as ``threading.Event.wait`` gives it).  A ``Decimal``
+    or ``Fraction`` is taken as the float nearest it; anything else that is no finite number is a
+    :class:`BadArgument` saying what ``wait`` takes."""
+    if seconds is None:
+        return clock.wait_until(wake, None)
+    amount = _finite_seconds(seconds, f"{type(clock).__name__}.wait(wake, seconds)",
+                             "a finite number of seconds, or None for no time limit")
+    return clock.wait_until(wake, clock.now() + max(0.0, amount))
 
 
 def _finite_seconds(value: object, given: str, what: str) -> float:

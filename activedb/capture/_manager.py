@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from activedb.capture import _sql
 from activedb.capture._consumer import CaptureConsumer, ConsumerOptions, check_consumer_name
 from activedb.capture._firing import source_of
-from activedb.capture._position import prune, registered_id
+from activedb.capture._position import consumer_id, prune, registration_key
 from activedb.capture._status import (BEHIND_CHANGES, BEHIND_SECONDS, CapturedTable, CaptureStatus, capture_status,
                                       captured_tables, standby_consumers)
 from activedb.capture.errors import CaptureError, CaptureNotInstalled, CapturePendingChanges
@@ -146,27 +146,41 @@ class CaptureManager:
         once it leads) would otherwise fire again on the changes the name handled."""
         check_consumer_name(name)
         with self._database.engine.begin() as connection:
-            # The name's row (made now if it has none: until the drop commits, a consumer that registers the name
-            # waits for it) gives the id its consumers lock.  The standby lock, then the leader's, exclusive for the
-            # drop's transaction (in the order a consumer takes them: no deadlock with one that stands by and waits
-            # for the lead): none stands by or leads meanwhile (one that took them after finds the row gone, and
-            # starts anew).  Each waited for a little: a consumer's close() releases it at once, but a consumer whose
-            # process died holds it until the server notices its session is gone.
-            key = registered_id(connection, name)
+            # Each lock below is waited for a little: a consumer's close() releases its locks at once, but a consumer
+            # whose process died holds them until the server notices its session is gone.
             connection.execute(sa.text(f"SET LOCAL lock_timeout = {_DROP_LOCK_WAIT_MS}"))
-            if not _xact_lock(connection, _sql.STANDBY_LOCK_CLASS, key):
-                with self._database.engine.connect() as other:      # (the drop's transaction failed: its wait)
-                    standing_by = "; ".join(standby.describe() for standby in standby_consumers(other).get(name, ()))
-                raise CaptureError(f"capture consumer {name!r} has a consumer standing by: {standing_by or 'one'} "
-                                   f"(it waits to lead the name, and would start from the oldest retained change if "
-                                   f"the name were dropped): stop it first — its close(), or end its process — then "
-                                   f"drop it; nothing was dropped")
-            if not _xact_lock(connection, _sql.CONSUMER_LOCK_CLASS, key):
-                raise CaptureError(f"capture consumer {name!r} is running (it leads its name in a PostgreSQL session): "
-                                   f"stop it first — its close(), or end its process — then drop it; nothing was "
-                                   f"dropped")
-            connection.execute(sa.text(f"DELETE FROM {_sql.CONSUMERS} WHERE name = :name"), {"name": name})
+            key = consumer_id(connection, name)
+            if key is None:
+                # No row, and none is made (that would take INSERT on the registry, which a drop needs no more than
+                # reading and deleting): the name's registration lock instead, exclusive for the drop's transaction.
+                # A consumer registering the name now holds it shared until its row is committed, then read here; one
+                # registering later waits for the drop to commit.
+                if not _xact_lock(connection, _sql.REGISTRATION_LOCK_CLASS, registration_key(name)):
+                    raise CaptureError(f"capture consumer {name!r} is being registered or dropped in another session "
+                                       f"(it held the name for {_DROP_LOCK_WAIT_MS / 1000:g} s): drop it again once "
+                                       f"that session is done; nothing was dropped")
+                key = consumer_id(connection, name)
+            if key is not None:
+                self._lock_out_consumers(connection, name, key)
+                connection.execute(sa.text(f"DELETE FROM {_sql.CONSUMERS} WHERE name = :name"), {"name": name})
             forget_run(connection, source_of(name))
+
+    def _lock_out_consumers(self, connection: sa.Connection, name: str, key: int) -> None:
+        """Take the locks of the name's row's id ``key`` exclusive for ``connection``'s transaction — the standby lock,
+        then the leader's (in the order a consumer takes them: no deadlock with one that stands by and waits for the
+        lead) —, so that none stands by or leads meanwhile (one that took them after finds the row gone, and starts
+        anew); :class:`CaptureError` if a consumer of the name stands by or leads (the transaction has failed)."""
+        if not _xact_lock(connection, _sql.STANDBY_LOCK_CLASS, key):
+            with self._database.engine.connect() as other:      # (the drop's transaction failed: its wait)
+                standing_by = "; ".join(standby.describe() for standby in standby_consumers(other).get(name, ()))
+            raise CaptureError(f"capture consumer {name!r} has a consumer standing by: {standing_by or 'one'} "
+                               f"(it waits to lead the name, and would start from the oldest retained change if "
+                               f"the name were dropped): stop it first — its close(), or end its process — then "
+                               f"drop it; nothing was dropped")
+        if not _xact_lock(connection, _sql.CONSUMER_LOCK_CLASS, key):
+            raise CaptureError(f"capture consumer {name!r} is running (it leads its name in a PostgreSQL session): "
+                               f"stop it first — its close(), or end its process — then drop it; nothing was "
+                               f"dropped")
 
     def prune(self, retention: float | dt.timedelta = 0.0) -> int:
         """Remove changes every consumer has handled and older than ``retention``; returns the commits

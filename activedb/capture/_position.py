@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import enum
+import hashlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Iterator
 
@@ -169,12 +170,27 @@ def register(database: "Database", name: str) -> int:
 
 def registered_id(connection: sa.Connection, name: str) -> int:
     """The id of consumer ``name``'s row, made in ``connection``'s transaction if there is none (at position
-    ``(0, 0)``; another transaction registering the name then waits for this one to end)."""
+    ``(0, 0)``; another transaction registering the name then waits for this one to end).  It holds the name's
+    registration lock shared until that transaction ends: a ``drop_consumer`` of the name in progress that found no
+    row is waited for, and one that starts meanwhile waits for this registration and finds the row."""
+    connection.execute(sa.text(_sql.LOCK_REGISTRATION), {"key": registration_key(name)})
     while True:     # (each statement sees what committed before it: a row dropped in between is made anew)
         connection.execute(sa.text(_sql.REGISTER_CONSUMER), {"name": name})
-        key = connection.execute(sa.text(_sql.CONSUMER_ID), {"name": name}).scalar()
+        key = consumer_id(connection, name)
         if key is not None:
-            return int(key)
+            return key
+
+
+def consumer_id(connection: sa.Connection, name: str) -> int | None:
+    """The id of consumer ``name``'s row as ``connection`` sees it now; None: the name has no row."""
+    key = connection.execute(sa.text(_sql.CONSUMER_ID), {"name": name}).scalar()
+    return None if key is None else int(key)
+
+
+def registration_key(name: str) -> int:
+    """The second key of consumer ``name``'s registration lock (:data:`_sql.REGISTRATION_LOCK_CLASS`): a hash of the
+    name, the same in every process, in PostgreSQL's range of a lock key (a signed 32-bit integer)."""
+    return int.from_bytes(hashlib.blake2b(name.encode(), digest_size=4).digest(), "big", signed=True)
 
 
 def read_position(database: "Database", name: str) -> Position | None:

@@ -24,6 +24,11 @@ CONSUMER_LOCK_CLASS = SEQUENCER_LOCK_CLASS + 1
 #: Advisory-lock class a consumer standing by holds *shared* on the same id, in its listener session, until it leads
 #: or stops (``pg_locks`` then lists who waits: ``db.capture.status()``'s ``standby``).
 STANDBY_LOCK_CLASS = SEQUENCER_LOCK_CLASS + 2
+#: Advisory-lock class of a name's registration, keyed by a hash of the name (``_position.registration_key``): a
+#: consumer making sure of its name's row holds it *shared* for that transaction; ``drop_consumer`` of a name that has
+#: no row holds it exclusive for its own, so that no consumer registers the name before the drop has committed.  Of two
+#: names of one hash, the registration of one only waits for the drop of the other; they never share a row or a lead.
+REGISTRATION_LOCK_CLASS = SEQUENCER_LOCK_CLASS + 3
 
 TABLES = "activedb_capture_tables"
 CHANGES = "activedb_capture_changes"
@@ -229,6 +234,9 @@ ON CONFLICT (name) DO NOTHING"""
 #: The id of a consumer name's row: the second key of the name's advisory locks (the leader's, the standby's).  Ids
 #: are unique and never given to another row, so no two names share a lock.
 CONSUMER_ID = f"SELECT id FROM {CONSUMERS} WHERE name = :name"
+#: A registration's lock (:data:`REGISTRATION_LOCK_CLASS`), shared, for the transaction: taken before
+#: :data:`REGISTER_CONSUMER`.
+LOCK_REGISTRATION = f"SELECT pg_advisory_xact_lock_shared({REGISTRATION_LOCK_CLASS}, :key)"
 #: Whether the row of id ``%s`` still holds name ``%s`` (psycopg's placeholders: run on the listener connection),
 #: asked once its locks are taken: a row dropped before that (``drop_consumer``) is no longer the name's.
 STILL_REGISTERED = f"SELECT EXISTS (SELECT FROM {CONSUMERS} WHERE id = %s AND name = %s)"

@@ -185,6 +185,52 @@ def test_the_system_clock_sleeps_until_a_deadline_on_its_now_scale():
     assert clock.wait_until(woken, clock.now() + 3600.0) is True and clock.wait_until(woken, None) is True
 
 
+def test_a_databases_built_in_clock_still_sleeps_a_number_of_seconds(migrated):
+    """``db.clock.wait(wake, seconds)``, the relative sleep of the earlier protocol, failed with a bare AttributeError
+    once the protocol's sleep became ``wait_until``: code of an application that called it on the built-in clocks
+    broke.  Both keep it, as ``wait_until(wake, now() + seconds)``: a ``ManualClock``'s sleeper wakes when the clock
+    has been advanced by its seconds, not before; what is no number of seconds is a BadArgument saying what it
+    takes."""
+    with activedb.connect(migrated, upgrade=False) as database:
+        assert isinstance(database.clock, SystemClock)
+        woken = threading.Event()
+        woken.set()
+        assert database.clock.wait(woken, 3600) is True and database.clock.wait(woken, None) is True
+        assert database.clock.wait(threading.Event(), 0) is False
+        assert database.clock.wait(threading.Event(), -1.0) is False
+        assert database.clock.wait(threading.Event(), 0.001) is False
+        for refused in ("5", float("nan"), float("inf"), True):
+            with pytest.raises(activedb.BadArgument, match=r"SystemClock.wait\(wake, seconds\) takes a finite number "
+                                                           r"of seconds, or None for no time limit"):
+                database.clock.wait(threading.Event(), refused)
+    clock = ManualClock(100.0)
+    # (no recovery passes: the outbox's thread would sleep on the clock too, and clock.sleepers would count it)
+    with activedb.connect(migrated, upgrade=False, clock=clock, outbox_options={"recovery_interval": None}) as database:
+        assert database.clock is clock
+        timed_out, woken = threading.Event(), threading.Event()
+        results: dict[str, bool] = {}
+        threads = [
+            threading.Thread(target=lambda: results.__setitem__("timed out", database.clock.wait(timed_out, 5)),
+                             daemon=True),
+            threading.Thread(target=lambda: results.__setitem__("woken", database.clock.wait(woken, None)),
+                             daemon=True)]
+        for thread in threads:
+            thread.start()
+        wait_until(lambda: clock.sleepers == 1, TIMEOUT, "the sleeper of 5 seconds waiting on the clock",
+                   describe=lambda: f"{clock.sleepers} sleeper(s), {results}")
+        clock.advance(4)
+        assert clock.sleepers == 1 and threads[0].is_alive() and results == {}
+        woken.set()
+        threads[1].join(TIMEOUT)
+        assert results == {"woken": True}
+        clock.advance(1)
+        threads[0].join(TIMEOUT)
+        assert results == {"woken": True, "timed out": False} and clock.sleepers == 0 and timed_out.is_set()
+        assert database.clock.wait(threading.Event(), 0) is False and clock.now() == 105.0
+        with pytest.raises(activedb.BadArgument, match=r"ManualClock.wait\(wake, seconds\) takes a finite number"):
+            database.clock.wait(threading.Event(), "5")
+
+
 class EarlierProtocolClock:
     """A user's clock written for the earlier protocol: a relative ``wait`` and no ``wait_until``."""
 

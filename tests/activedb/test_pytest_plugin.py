@@ -29,6 +29,7 @@ import pytest
 import sqlalchemy as sa
 
 from activedb.clock import ManualClock, SystemClock
+from activedb.testing import wait_until
 
 
 def count(db, table):
@@ -46,10 +47,23 @@ def test_each_test_has_a_database_of_its_own(activedb_db):
     assert count(activedb_db, "customers") == 0
 
 
+# (no recovery passes: the outbox's thread would sleep on the clock too, and activedb_clock.sleepers would count it)
+@pytest.mark.activedb(outbox_options={"recovery_interval": None})
 def test_the_database_runs_on_a_manual_clock(activedb_db, activedb_clock):
     assert activedb_db.clock is activedb_clock and isinstance(activedb_clock, ManualClock)
     activedb_clock.advance(90)
     assert activedb_db.clock.wall() == dt.datetime(2000, 1, 1, 0, 1, 30, tzinfo=dt.timezone.utc)
+    # (a sleep of some seconds on the clock, woken when the test has advanced it by them)
+    results = []
+    sleeper = threading.Thread(target=lambda: results.append(activedb_db.clock.wait(threading.Event(), 30)),
+                               daemon=True)
+    sleeper.start()
+    wait_until(lambda: activedb_clock.sleepers == 1, 60, "the sleeper on the clock")
+    activedb_clock.advance(29)
+    assert activedb_clock.sleepers == 1 and results == []
+    activedb_clock.advance(1)
+    sleeper.join(60)
+    assert results == [False] and activedb_clock.sleepers == 0
 
 
 @pytest.mark.activedb(clock=SystemClock(), record_history=True, migrations=[])

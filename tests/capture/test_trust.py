@@ -8,8 +8,10 @@ part) ``ACTIVEDB_TEST_OTHER_URL`` names one (``.ci/with-distribution-postgres`` 
 
 from __future__ import annotations
 
+import contextlib
 import io
 import re
+import threading
 
 import psycopg
 import pytest
@@ -18,8 +20,11 @@ from psycopg import sql
 
 import activedb
 from activedb import UnknownTable
-from activedb.capture import CaptureError
+from activedb.capture import CaptureError, ConsumerState
+from activedb.testing import Watchdog, wait_until
 from tests._roles import other_role
+
+TIMEOUT = 60
 
 
 @pytest.fixture(scope="module")
@@ -357,3 +362,145 @@ def test_remove_by_a_role_that_may_capture_but_does_not_own_the_table_says_who_c
             connection.execute(sa.text(f"REVOKE ALL ON FUNCTION activedb_capture_row() FROM {role}"))
     db.capture.remove("orders")                                      # its owner may
     assert not db.capture.is_captured("orders")
+
+
+def _consumed_once(db, conninfo, name: str, key: int) -> None:
+    """Consumer ``name`` (activedb's role) handles the insert of ``orders`` row ``key``, filing a batch of its run in
+    the ingestion ledger, and is closed."""
+    db.capture("orders")            # (an earlier test of the module stops capturing it)
+    with psycopg.connect(conninfo, autocommit=True) as owner:
+        owner.execute("INSERT INTO orders (id, customer, amount) VALUES (%s, 'dropped', 1)", (key,))
+    consumer = db.capture.consumer(name)
+    try:
+        assert consumer.run_until_caught_up() >= 1
+    finally:
+        consumer.close()
+
+
+def _registry_and_ledger(db, name: str) -> tuple[int, bool]:
+    """How many rows consumer ``name`` has in the registry, and whether its run has batches in the ingestion
+    ledger."""
+    from activedb.capture._firing import source_of
+
+    with db.engine.connect() as connection:
+        return (connection.execute(sa.text("SELECT count(*) FROM activedb_capture_consumers WHERE name = :name"),
+                                   {"name": name}).scalar_one(),
+                connection.execute(sa.text("SELECT count(*) FROM activedb_ingestion_ledger WHERE query_id = :id"),
+                                   {"id": source_of(name)}).scalar_one() > 0)
+
+
+@contextlib.contextmanager
+def _may_only_read_and_delete_the_registry_and_the_ledger(db, other: str, database_url: str):
+    """activedb connected as the second role, granted SELECT and DELETE on capture's consumer registry and on the
+    ingestion ledger, and nothing else of activedb's; revoked again at the end."""
+    role = _role(other)
+    with db.engine.begin() as connection:
+        connection.execute(sa.text(f"GRANT SELECT, DELETE ON activedb_capture_consumers, activedb_ingestion_ledger "
+                                   f"TO {role}"))
+    as_other = connected_as(other, database_url)
+    try:
+        yield as_other
+    finally:
+        as_other.close()
+        with db.engine.begin() as connection:
+            connection.execute(sa.text(f"REVOKE ALL ON activedb_capture_consumers, activedb_ingestion_ledger "
+                                       f"FROM {role}"))
+
+
+def test_a_role_that_may_read_and_delete_the_registry_drops_consumer_names_and_no_running_one(
+        clean, conninfo, database_url, other):
+    """``db.capture.drop_consumer(name)`` of a name without a row in the registry inserted one, only to lock its id:
+    a role with SELECT and DELETE on the registry (what dropping a row takes) was refused by PostgreSQL ("permission
+    denied for table activedb_capture_consumers").  Such a role drops a name never registered (no row is left
+    behind), a name whose row is gone but whose run the ledger still holds (the run forgotten), and a consumer that
+    stopped (its row and its run); a consumer that runs is still refused, nothing dropped."""
+    db = clean
+    collect_inserted(db)
+    _consumed_once(db, conninfo, "stopped", 1)
+    _consumed_once(db, conninfo, "orphan", 2)
+    with db.engine.begin() as connection:       # (its row deleted by hand: its run stays in the ledger)
+        connection.execute(sa.text("DELETE FROM activedb_capture_consumers WHERE name = 'orphan'"))
+    assert (_registry_and_ledger(db, "stopped"), _registry_and_ledger(db, "orphan")) == ((1, True), (0, True))
+    running = db.capture.consumer("running")
+    try:
+        running.run_until_caught_up()
+        assert running.state is ConsumerState.LEADING
+        with _may_only_read_and_delete_the_registry_and_the_ledger(db, other, database_url) as as_other:
+            as_other.capture.drop_consumer("never-registered")
+            assert _registry_and_ledger(db, "never-registered") == (0, False)
+            as_other.capture.drop_consumer("orphan")
+            assert _registry_and_ledger(db, "orphan") == (0, False)
+            as_other.capture.drop_consumer("stopped")
+            assert _registry_and_ledger(db, "stopped") == (0, False)
+            with pytest.raises(CaptureError, match=r"consumer 'running' is running.*stop it first.*nothing was "
+                                                   r"dropped"):
+                as_other.capture.drop_consumer("running")
+        assert _registry_and_ledger(db, "running")[0] == 1
+    finally:
+        running.close()
+
+
+def test_a_consumer_starting_while_its_unregistered_name_is_dropped_registers_it_once_the_drop_committed(
+        clean, conninfo, database_url, other, monkeypatch):
+    """A drop of a name without a row keeps consumers from registering the name until it has committed (it made the
+    row itself before, which took INSERT): a consumer starting meanwhile neither registers nor leads while the drop
+    is in progress — held here in its forgetting of the name's run, whose ledger row a session of the test locks —,
+    then registers the name anew and leads, and the run the drop forgot stays forgotten."""
+    from activedb.capture import _manager
+    from activedb.capture._firing import source_of
+
+    db = clean
+    collect_inserted(db)
+    name = "dropped-while-starting"
+    _consumed_once(db, conninfo, name, 1)
+    with db.engine.begin() as connection:       # (its row deleted by hand; nothing retained for the next consumer)
+        connection.execute(sa.text("DELETE FROM activedb_capture_consumers WHERE name = :name"), {"name": name})
+        connection.execute(sa.text("TRUNCATE activedb_capture_changes, activedb_capture_commits"))
+    assert _registry_and_ledger(db, name) == (0, True)
+    # (the drop's lock waits are bounded by a lock timeout; here it waits for the test's session instead)
+    monkeypatch.setattr(_manager, "_DROP_LOCK_WAIT_MS", 1000 * TIMEOUT)
+    dropped: list[BaseException | None] = []
+    with _may_only_read_and_delete_the_registry_and_the_ledger(db, other, database_url) as as_other, \
+            Watchdog(TIMEOUT, db.transactions.locks), psycopg.connect(conninfo) as holder:
+        holder.execute("SELECT 1 FROM activedb_ingestion_ledger WHERE query_id = %s FOR UPDATE", (source_of(name),))
+        dropper = threading.Thread(target=lambda: dropped.append(_outcome(as_other.capture.drop_consumer, name)))
+        dropper.start()
+        consumer = None
+        try:
+            wait_until(lambda: dropped or _waiting_for_a_lock(conninfo, _role(other)), TIMEOUT,
+                       "the drop to wait for the ledger's row", describe=lambda: f"{dropped}")
+            assert dropped == [], dropped
+            consumer = db.capture.start(name, idle_wait=3600)
+            wait_until(lambda: consumer.state is ConsumerState.LEADING
+                       or _waiting_for_a_lock(conninfo, db.engine.url.username, "advisory"), TIMEOUT,
+                       "the consumer to wait for the drop", describe=lambda: f"{consumer.state}, {consumer.failure}")
+            assert _registry_and_ledger(db, name) == (0, True) and consumer.state is not ConsumerState.LEADING
+            holder.rollback()
+            dropper.join(TIMEOUT)
+            assert dropped == [None]
+            wait_until(lambda: consumer.state is ConsumerState.LEADING, TIMEOUT, "the consumer to lead",
+                       describe=lambda: f"{consumer.state}, {consumer.failure}, {db.capture.status()}")
+            assert _registry_and_ledger(db, name) == (1, False)
+            [listed] = db.capture.status().consumers
+            assert (listed.name, listed.leader_pid, listed.handled) == (name, consumer.session_pid, 0)
+        finally:
+            holder.rollback()
+            dropper.join(TIMEOUT)
+            if consumer is not None:
+                consumer.close()
+
+
+def _outcome(call, *arguments) -> BaseException | None:
+    try:
+        call(*arguments)
+    except BaseException as error:  # noqa: BLE001 — (what the test reports)
+        return error
+    return None
+
+
+def _waiting_for_a_lock(conninfo: str, role: str, locktype: str | None = None) -> bool:
+    """Whether a session of ``role`` waits for a lock (of ``locktype``, if given)."""
+    with psycopg.connect(conninfo, autocommit=True) as psql:
+        return psql.execute("SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+                            "WHERE NOT l.granted AND a.usename = %s AND (%s::text IS NULL OR l.locktype = %s)",
+                            (role, locktype, locktype)).fetchone()[0] > 0
