@@ -162,8 +162,17 @@ class CaptureManager:
                 key = consumer_id(connection, name)
             if key is not None:
                 self._lock_out_consumers(connection, name, key)
-                connection.execute(sa.text(f"DELETE FROM {_sql.CONSUMERS} WHERE name = :name"), {"name": name})
-            forget_run(connection, source_of(name))
+            try:
+                if key is not None:     # (the row whose locks are held: one made since, by another id, is not touched)
+                    connection.execute(sa.text(f"DELETE FROM {_sql.CONSUMERS} WHERE id = :id"), {"id": key})
+                forget_run(connection, source_of(name))
+            except sa.exc.OperationalError as error:
+                if sqlstate_of(error) != LOCK_NOT_AVAILABLE:
+                    raise
+                raise CaptureError(f"capture consumer {name!r}: its row in {_sql.CONSUMERS} or its batches in the "
+                                   f"ingestion ledger are locked by another session (for more than "
+                                   f"{_DROP_LOCK_WAIT_MS / 1000:g} s; pg_locks shows which): drop it again once that "
+                                   f"session is done; nothing was dropped") from error
 
     def _lock_out_consumers(self, connection: sa.Connection, name: str, key: int) -> None:
         """Take the locks of the name's row's id ``key`` exclusive for ``connection``'s transaction — the standby lock,

@@ -1464,6 +1464,44 @@ def test_dropping_a_consumer_that_runs_is_refused_and_the_consumer_goes_on_exact
     assert db.capture.status().consumers == ()
 
 
+def test_dropping_a_consumer_whose_ledger_rows_another_session_locks_is_refused_and_drops_nothing(
+        clean, conninfo, monkeypatch):
+    """A drop whose rows another session holds locked — here a session holding the name's ledger row ``FOR UPDATE``
+    — waits for them as it waits for the name's locks, at most its lock timeout; past it, it is refused with a
+    CaptureError saying what held it and that nothing was dropped (before, PostgreSQL's bare lock-timeout error), and
+    the name's row and batches are still there; once the session is done, the drop goes through."""
+    from activedb.capture import _manager
+    from activedb.capture._firing import source_of
+
+    db = clean
+    _app.register(db)
+    consumer = db.capture.consumer("held-ledger")
+    with psycopg.connect(conninfo, autocommit=True) as psql:
+        psql.execute("INSERT INTO orders (id, customer, amount) VALUES (140, 'a', 1)")
+    consumer.run_until_caught_up()
+    consumer.close()
+
+    def registry_and_ledger() -> tuple[int, int]:
+        with db.engine.connect() as connection:
+            return (connection.execute(sa.text("SELECT count(*) FROM activedb_capture_consumers WHERE name = "
+                                               "'held-ledger'")).scalar_one(),
+                    connection.execute(sa.text("SELECT count(*) FROM activedb_ingestion_ledger WHERE query_id = :id"),
+                                       {"id": source_of("held-ledger")}).scalar_one())
+
+    before = registry_and_ledger()
+    assert before[0] == 1 and before[1] >= 1, before
+    monkeypatch.setattr(_manager, "_DROP_LOCK_WAIT_MS", 100)     # (the holder below never lets go meanwhile)
+    with psycopg.connect(conninfo) as holder:
+        holder.execute("SELECT 1 FROM activedb_ingestion_ledger WHERE query_id = %s FOR UPDATE",
+                       (source_of("held-ledger"),))
+        with pytest.raises(CaptureError, match=r"consumer 'held-ledger': .* locked by another session .*pg_locks "
+                                               r"shows which.*nothing was dropped"):
+            db.capture.drop_consumer("held-ledger")
+        assert registry_and_ledger() == before
+    db.capture.drop_consumer("held-ledger")
+    assert registry_and_ledger() == (0, 0)
+
+
 def test_dropping_a_consumer_name_with_a_consumer_standing_by_is_refused_and_it_stays_listed(clean, conninfo):
     """A consumer standing by for its name — here behind a session that held the lead and ended without a word, as a
     SIGKILL'd leader's does (no 'released' notification: the standby tries again only after its ``idle_wait``) — was
