@@ -415,6 +415,7 @@ def test_a_role_that_may_read_and_delete_the_registry_drops_consumer_names_and_n
     behind), a name whose row is gone but whose run the ledger still holds (the run forgotten), and a consumer that
     stopped (its row and its run); a consumer that runs is still refused, nothing dropped."""
     db = clean
+    db.capture("orders")        # (before its rule, which would warn that it is not captured: an earlier test stops it)
     collect_inserted(db)
     _consumed_once(db, conninfo, "stopped", 1)
     _consumed_once(db, conninfo, "orphan", 2)
@@ -450,6 +451,7 @@ def test_a_consumer_starting_while_its_unregistered_name_is_dropped_registers_it
     from activedb.capture._firing import source_of
 
     db = clean
+    db.capture("orders")        # (before its rule, as above)
     collect_inserted(db)
     name = "dropped-while-starting"
     _consumed_once(db, conninfo, name, 1)
